@@ -1,0 +1,154 @@
+// Package metal is the engine pool of a macfleet node: it decides which models are in
+// memory on one Mac, keeps requests and unloads from racing, keeps the Mac under its
+// memory ceiling and measures what every unload gave back. It has no Kubernetes imports.
+//
+// This file holds the seams: a Runner is one engine process serving one model (started
+// by a RunnerFactory), a Gauge measures memory. The pool depends only on these
+// interfaces; process.go and gauge_*.go implement them for real, fakes live in tests.
+package metal
+
+import (
+	"context"
+	"net/http"
+	"time"
+)
+
+// Residency says how a model stays in memory.
+type Residency string
+
+const (
+	// Resident models are reserved and loaded eagerly; LRU may evict them under pressure.
+	Resident Residency = "Resident"
+	// Pinned models are like Resident ones but never evicted by LRU or idle timeout.
+	Pinned Residency = "Pinned"
+	// OnDemand models reserve nothing until loaded, load on first request and unload
+	// after their idle timeout or under pressure.
+	OnDemand Residency = "OnDemand"
+)
+
+// ModelSpec is everything the pool needs to know to load one model.
+type ModelSpec struct {
+	// Name is the served model name (the OpenAI "model" field).
+	Name string
+	// Aliases are further names the model answers to.
+	Aliases []string
+	// Path is the local GGUF file.
+	Path string
+	// ContextLength is the total context across all parallel slots.
+	ContextLength int
+	// Parallel is the number of sequences decoded together.
+	Parallel int
+	// KVCacheType is f16 (default), q8_0 or q4_0.
+	KVCacheType string
+	Residency   Residency
+	// IdleTimeout unloads an idle OnDemand model; zero means the pool default.
+	IdleTimeout time.Duration
+	// EstimatedBytes is the memory the model is expected to take once loaded; it is
+	// reserved in the pool's committed account from before the runner starts until
+	// after its memory has settled on unload.
+	EstimatedBytes int64
+	// Dims are the model's dimensions, used by the prefill guard.
+	Dims ModelDims
+}
+
+// ModelDims are the GGUF dimensions the prefill guard needs.
+type ModelDims struct {
+	Layers     int
+	Embedding  int
+	Heads      int
+	KVHeads    int
+	Vocab      int
+	KVTypeSize float64 // bytes per KV element (2 for f16)
+}
+
+// RunnerStatus is a runner's own report (GET /status of docs/runner-protocol.md).
+type RunnerStatus struct {
+	State               string `json:"state"`
+	PID                 int    `json:"pid"`
+	FootprintBytes      int64  `json:"footprint_bytes"`
+	MetalAllocatedBytes int64  `json:"metal_allocated_bytes"`
+	KVCellsUsed         int    `json:"kv_cells_used"`
+	KVCellsTotal        int    `json:"kv_cells_total"`
+	SlotsTotal          int    `json:"slots_total"`
+	SlotsBusy           int    `json:"slots_busy"`
+	RequestsActive      int    `json:"requests_active"`
+}
+
+// Limits are pushed to every runner on every enforcer poll.
+type Limits struct {
+	// CeilingBytes is the runner's own ceiling (its reservation); it refuses prefill
+	// that would take its footprint over it.
+	CeilingBytes int64 `json:"ceiling_bytes"`
+	// HardLimitBytes is the host's hard watermark.
+	HardLimitBytes int64 `json:"hard_limit_bytes"`
+	// HostUsedBytes is the host usage the enforcer measured at this poll.
+	HostUsedBytes int64 `json:"host_used_bytes"`
+}
+
+// CacheClearResult is a runner's answer to a prompt-cache clear.
+type CacheClearResult struct {
+	BytesReclaimed int64 `json:"bytes_reclaimed"`
+	EntriesCleared int   `json:"entries_cleared"`
+}
+
+// Runner is one engine process serving one model.
+type Runner interface {
+	// WaitReady blocks until the runner has loaded its model (nil), failed or exited
+	// (an error), or ctx ends.
+	WaitReady(ctx context.Context) error
+	// Client is an HTTP client whose transport reaches the runner (unix socket or
+	// loopback); requests go to BaseURL()+path.
+	Client() *http.Client
+	BaseURL() string
+	Status(ctx context.Context) (RunnerStatus, error)
+	SetLimits(ctx context.Context, l Limits) error
+	// Abort ends every in-flight generation at once and returns how many it ended.
+	Abort(ctx context.Context) (int, error)
+	ClearCache(ctx context.Context) (CacheClearResult, error)
+	// Stop asks for a graceful shutdown, escalates to SIGTERM and then SIGKILL after
+	// grace, and returns once the process has been reaped. Idempotent.
+	Stop(ctx context.Context, grace time.Duration) error
+	// PID is the process id, for measuring the runner from outside.
+	PID() int
+	// Exited is closed when the process has exited for any reason; ExitErr says why
+	// (nil after a requested stop).
+	Exited() <-chan struct{}
+	ExitErr() error
+}
+
+// RunnerFactory starts runners. ceilingBytes is the runner's own memory ceiling.
+type RunnerFactory interface {
+	Start(ctx context.Context, spec ModelSpec, ceilingBytes int64) (Runner, error)
+}
+
+// HostMemory is one sample of the host's memory.
+type HostMemory struct {
+	// TotalBytes is the physical (unified) memory.
+	TotalBytes int64
+	// UsedBytes is memory in use by everything on the host (total - available).
+	UsedBytes int64
+	// AvailableBytes is what the OS reports could be handed out without swapping.
+	AvailableBytes int64
+}
+
+// Hardware is what bounds the pool on this machine. Zero means "absent".
+type Hardware struct {
+	TotalBytes int64
+	// MetalWorkingSetBytes is the Metal recommended max working set (darwin only).
+	MetalWorkingSetBytes int64
+	// WiredLimitBytes is iogpu.wired_limit_mb when set (darwin only).
+	WiredLimitBytes int64
+	Chip            string
+	CPUCores        int
+	GPUCores        int
+}
+
+// Gauge measures memory. Implementations: gauge_linux.go (/proc), gauge_darwin.go
+// (sysctl, host_statistics64, proc_pid_rusage via purego), fakes in tests.
+type Gauge interface {
+	Hardware() (Hardware, error)
+	Host() (HostMemory, error)
+	// Process is a process's footprint: smaps_rollup Rss (Pss when shared pages
+	// matter) on Linux, phys_footprint on darwin.
+	Process(pid int) (int64, error)
+}

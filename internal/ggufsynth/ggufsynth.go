@@ -1,0 +1,382 @@
+// Package ggufsynth writes small llama-architecture GGUF models with deterministic
+// pseudo-random weights, a byte-level SentencePiece-style vocabulary and a chatml chat
+// template. Nothing can be downloaded from a model hub here, so every test that needs a
+// real model synthesizes one; the same Spec always produces the same bytes, and greedy
+// generation on the result is deterministic.
+package ggufsynth
+
+import (
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"io"
+	"math"
+	"os"
+	"path/filepath"
+
+	"github.com/ollama/ollama/fs/ggml"
+	"github.com/x448/float16"
+)
+
+// DType is the storage type of the weight matrices (norm vectors are always F32).
+type DType string
+
+const (
+	// F16 stores matrices as IEEE half floats.
+	F16 DType = "f16"
+	// F32 stores matrices as single floats.
+	F32 DType = "f32"
+)
+
+// ChatMLTemplate is the Jinja chat template written into every model; llama.cpp
+// recognises it as chatml.
+const ChatMLTemplate = "{% for message in messages %}" +
+	"{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}" +
+	"{% endfor %}" +
+	"{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+
+// Special token ids. Byte tokens <0x00>..<0xFF> follow at FirstByteToken.
+const (
+	UnknownToken   = 0 // <unk>
+	BOSToken       = 1 // <s>
+	EOSToken       = 2 // </s>
+	IMStartToken   = 3 // <|im_start|>
+	IMEndToken     = 4 // <|im_end|>
+	FirstByteToken = 5
+	// FirstNormalToken is the id of the first ordinary (merged) token.
+	FirstNormalToken = FirstByteToken + 256
+)
+
+// token types as llama.cpp reads tokenizer.ggml.token_type.
+const (
+	tokenTypeNormal  int32 = 1
+	tokenTypeUnknown int32 = 2
+	tokenTypeControl int32 = 3
+	tokenTypeByte    int32 = 6
+)
+
+// Spec describes a model to synthesize. The zero value is not useful; start from a
+// preset (Tiny, Small, Mid) and override fields.
+type Spec struct {
+	// Name goes to general.name.
+	Name string
+	// Vocab is the vocabulary size, at least FirstNormalToken+96.
+	Vocab int
+	// Embd is the embedding (hidden) size; a multiple of Heads.
+	Embd int
+	// Layers is the number of transformer blocks.
+	Layers int
+	// Heads is the number of attention heads.
+	Heads int
+	// KVHeads is the number of key/value heads (grouped-query attention); divides Heads.
+	KVHeads int
+	// FF is the feed-forward (SwiGLU) hidden size.
+	FF int
+	// Ctx is the training context length written to the model.
+	Ctx int
+	// DType is the storage type of the weight matrices.
+	DType DType
+	// Seed selects the pseudo-random weights.
+	Seed uint64
+}
+
+// Tiny is a ≈2 MB model (vocab 512, embd 128, 2 layers) for fast functional tests.
+func Tiny() Spec {
+	return Spec{Name: "macfleet-tiny", Vocab: 512, Embd: 128, Layers: 2, Heads: 4, KVHeads: 2,
+		FF: 512, Ctx: 2048, DType: F32, Seed: 1}
+}
+
+// Small is a ≈20 MB model.
+func Small() Spec {
+	return Spec{Name: "macfleet-small", Vocab: 8192, Embd: 384, Layers: 4, Heads: 6, KVHeads: 2,
+		FF: 1152, Ctx: 4096, DType: F16, Seed: 1}
+}
+
+// Mid is a ≈175 MiB model (vocab 32000, embd 1024, 8 layers, 16 heads / 4 KV heads)
+// used for throughput measurements.
+func Mid() Spec {
+	return Spec{Name: "macfleet-mid", Vocab: 32000, Embd: 1024, Layers: 8, Heads: 16, KVHeads: 4,
+		FF: 1536, Ctx: 4096, DType: F16, Seed: 1}
+}
+
+// Preset returns the named preset: "tiny", "small" or "mid".
+func Preset(name string) (Spec, error) {
+	switch name {
+	case "tiny":
+		return Tiny(), nil
+	case "small":
+		return Small(), nil
+	case "mid":
+		return Mid(), nil
+	}
+	return Spec{}, fmt.Errorf("unknown preset %q (want tiny, small or mid)", name)
+}
+
+// HeadDim is the size of one attention head.
+func (s Spec) HeadDim() int { return s.Embd / s.Heads }
+
+// EmbdKV is the width of the key (and value) projection.
+func (s Spec) EmbdKV() int { return s.HeadDim() * s.KVHeads }
+
+// KVBytesPerToken is the KV-cache size of one token (keys and values of every layer)
+// when each element takes elemBytes (2 for f16).
+func (s Spec) KVBytesPerToken(elemBytes float64) float64 {
+	return float64(2*s.Layers*s.EmbdKV()) * elemBytes
+}
+
+// Params is the number of parameters (the output projection is tied to the embedding).
+func (s Spec) Params() int64 {
+	e, kv, ff := int64(s.Embd), int64(s.EmbdKV()), int64(s.FF)
+	perLayer := 2*e*e + 2*e*kv + 3*e*ff + 2*e
+	return int64(s.Vocab)*e + e + int64(s.Layers)*perLayer
+}
+
+// Validate reports the first inconsistency in s.
+func (s Spec) Validate() error {
+	switch {
+	case s.Vocab < FirstNormalToken+96:
+		return fmt.Errorf("vocab %d is below the minimum %d", s.Vocab, FirstNormalToken+96)
+	case s.Embd <= 0 || s.Layers <= 0 || s.Heads <= 0 || s.KVHeads <= 0 || s.FF <= 0 || s.Ctx <= 0:
+		return errors.New("embd, layers, heads, kv heads, ff and ctx must be positive")
+	case s.Embd%s.Heads != 0:
+		return fmt.Errorf("embd %d is not a multiple of heads %d", s.Embd, s.Heads)
+	case s.Heads%s.KVHeads != 0:
+		return fmt.Errorf("heads %d is not a multiple of kv heads %d", s.Heads, s.KVHeads)
+	case s.HeadDim()%2 != 0:
+		return fmt.Errorf("head dimension %d must be even (rotary embedding)", s.HeadDim())
+	case s.DType != F16 && s.DType != F32:
+		return fmt.Errorf("dtype %q is not f16 or f32", s.DType)
+	}
+	return nil
+}
+
+// Write synthesizes the model described by spec into path (created or truncated).
+func Write(path string, spec Spec) (err error) {
+	if err := spec.Validate(); err != nil {
+		return fmt.Errorf("invalid model spec: %w", err)
+	}
+	// Write to a temporary name and rename so a reader never sees a partial model.
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
+	if err != nil {
+		return fmt.Errorf("creating model file: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			_ = f.Close()
+			_ = os.Remove(f.Name())
+		}
+	}()
+	if err := ggml.WriteGGUF(f, metadata(spec), tensors(spec)); err != nil {
+		return fmt.Errorf("writing %s: %w", path, err)
+	}
+	if err := f.Chmod(0o644); err != nil {
+		return fmt.Errorf("writing %s: %w", path, err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("writing %s: %w", path, err)
+	}
+	if err := os.Rename(f.Name(), path); err != nil {
+		return fmt.Errorf("writing %s: %w", path, err)
+	}
+	return nil
+}
+
+func metadata(s Spec) ggml.KV {
+	tokens, scores, types := Vocabulary(s.Vocab)
+	fileType := uint32(1) // mostly F16
+	if s.DType == F32 {
+		fileType = 0
+	}
+	return ggml.KV{
+		"general.architecture":                   "llama",
+		"general.name":                           s.Name,
+		"general.file_type":                      fileType,
+		"llama.context_length":                   uint32(s.Ctx),
+		"llama.embedding_length":                 uint32(s.Embd),
+		"llama.block_count":                      uint32(s.Layers),
+		"llama.feed_forward_length":              uint32(s.FF),
+		"llama.attention.head_count":             uint32(s.Heads),
+		"llama.attention.head_count_kv":          uint32(s.KVHeads),
+		"llama.attention.layer_norm_rms_epsilon": float32(1e-5),
+		"llama.rope.dimension_count":             uint32(s.HeadDim()),
+		"llama.rope.freq_base":                   float32(10000),
+		"llama.vocab_size":                       uint32(s.Vocab),
+		"tokenizer.ggml.model":                   "llama",
+		"tokenizer.ggml.tokens":                  tokens,
+		"tokenizer.ggml.scores":                  scores,
+		"tokenizer.ggml.token_type":              types,
+		"tokenizer.ggml.bos_token_id":            uint32(BOSToken),
+		"tokenizer.ggml.eos_token_id":            uint32(EOSToken),
+		"tokenizer.ggml.unknown_token_id":        uint32(UnknownToken),
+		"tokenizer.ggml.add_bos_token":           true,
+		"tokenizer.ggml.add_eos_token":           false,
+		"tokenizer.chat_template":                ChatMLTemplate,
+	}
+}
+
+// Vocabulary returns the tokens, scores and token types of a vocabulary of n entries:
+// control tokens, the 256 byte tokens, then ordinary tokens (the word-start marker,
+// printable ASCII, then letter n-grams) until n is reached. Ordinary tokens listed
+// earlier get higher scores, so the tokenizer prefers them when merging.
+func Vocabulary(n int) ([]string, []float32, []int32) {
+	tokens := make([]string, 0, n)
+	types := make([]int32, 0, n)
+	add := func(tok string, typ int32) {
+		if len(tokens) < n {
+			tokens = append(tokens, tok)
+			types = append(types, typ)
+		}
+	}
+	add("<unk>", tokenTypeUnknown)
+	add("<s>", tokenTypeControl)
+	add("</s>", tokenTypeControl)
+	add("<|im_start|>", tokenTypeControl)
+	add("<|im_end|>", tokenTypeControl)
+	for b := range 256 {
+		add(fmt.Sprintf("<0x%02X>", b), tokenTypeByte)
+	}
+	const space = "\u2581" // SentencePiece word-start marker
+	add(space, tokenTypeNormal)
+	for c := byte('!'); c <= '~'; c++ {
+		add(string(c), tokenTypeNormal)
+	}
+	// n-grams of lowercase letters, optionally prefixed by the word-start marker,
+	// shortest first; enumerated as base-27 numbers so the order is fixed.
+	firsts := make([]string, 0, 27)
+	firsts = append(firsts, space)
+	for c := 'a'; c <= 'z'; c++ {
+		firsts = append(firsts, string(c))
+	}
+	for length := 2; len(tokens) < n; length++ {
+		total := 27
+		for range length - 1 {
+			total *= 26
+		}
+		for i := 0; i < total && len(tokens) < n; i++ {
+			rest := make([]byte, length-1)
+			v := i
+			for j := length - 2; j >= 0; j-- {
+				rest[j] = byte('a' + v%26)
+				v /= 26
+			}
+			add(firsts[v]+string(rest), tokenTypeNormal)
+		}
+	}
+	scores := make([]float32, len(tokens))
+	for i := FirstNormalToken; i < len(tokens); i++ {
+		scores[i] = -float32(i - FirstNormalToken)
+	}
+	return tokens, scores, types
+}
+
+func tensors(s Spec) []*ggml.Tensor {
+	e, kv, ff := uint64(s.Embd), uint64(s.EmbdKV()), uint64(s.FF)
+	var ts []*ggml.Tensor
+	matrix := func(name string, cols, rows uint64) {
+		// Uniform in ±sqrt(3)·σ with σ = 1/sqrt(cols): unit-variance outputs.
+		scale := float32(math.Sqrt(3 / float64(cols)))
+		ts = append(ts, newTensor(s, name, s.DType, []uint64{cols, rows}, scale))
+	}
+	norm := func(name string) {
+		ts = append(ts, newTensor(s, name, F32, []uint64{e}, 0))
+	}
+	// The embedding doubles as the output projection (tied), so its scale sets the
+	// logit spread: σ = 1/sqrt(embd) gives unit-variance logits.
+	matrix("token_embd.weight", e, uint64(s.Vocab))
+	norm("output_norm.weight")
+	for i := range s.Layers {
+		p := fmt.Sprintf("blk.%d.", i)
+		norm(p + "attn_norm.weight")
+		matrix(p+"attn_q.weight", e, e)
+		matrix(p+"attn_k.weight", e, kv)
+		matrix(p+"attn_v.weight", e, kv)
+		matrix(p+"attn_output.weight", e, e)
+		norm(p + "ffn_norm.weight")
+		matrix(p+"ffn_gate.weight", e, ff)
+		matrix(p+"ffn_up.weight", e, ff)
+		matrix(p+"ffn_down.weight", ff, e)
+	}
+	return ts
+}
+
+func newTensor(s Spec, name string, dt DType, shape []uint64, scale float32) *ggml.Tensor {
+	kind := uint32(ggml.TensorTypeF32)
+	if dt == F16 {
+		kind = uint32(ggml.TensorTypeF16)
+	}
+	n := uint64(1)
+	for _, d := range shape {
+		n *= d
+	}
+	h := fnv.New64a()
+	_, _ = io.WriteString(h, name)
+	return &ggml.Tensor{
+		Name:  name,
+		Kind:  kind,
+		Shape: shape,
+		WriterTo: &weights{
+			n: n, dtype: dt, scale: scale,
+			state: s.Seed*0x9E3779B97F4A7C15 ^ h.Sum64(),
+		},
+	}
+}
+
+// weights streams n pseudo-random values: uniform in [-scale, scale], or all ones when
+// scale is zero (norm vectors). Each tensor has its own generator keyed by the seed and
+// its name, so the bytes do not depend on the order tensors are written in.
+type weights struct {
+	n     uint64
+	dtype DType
+	scale float32
+	state uint64
+}
+
+// next is splitmix64: tiny, fast and fully specified, so files are stable across Go
+// versions.
+func (w *weights) next() uint64 {
+	w.state += 0x9E3779B97F4A7C15
+	z := w.state
+	z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9
+	z = (z ^ (z >> 27)) * 0x94D049BB133111EB
+	return z ^ (z >> 31)
+}
+
+func (w *weights) value() float32 {
+	if w.scale == 0 {
+		return 1
+	}
+	u := float32(w.next()>>40) / float32(1<<24) // [0,1)
+	return (2*u - 1) * w.scale
+}
+
+// WriteTo implements io.WriterTo.
+func (w *weights) WriteTo(dst io.Writer) (int64, error) {
+	const chunk = 1 << 16
+	elem := uint64(4)
+	if w.dtype == F16 {
+		elem = 2
+	}
+	buf := make([]byte, 0, chunk*elem)
+	var written int64
+	for left := w.n; left > 0; {
+		k := min(left, chunk)
+		buf = buf[:0]
+		for range k {
+			v := w.value()
+			if w.dtype == F16 {
+				b := float16.Fromfloat32(v).Bits()
+				buf = append(buf, byte(b), byte(b>>8))
+			} else {
+				b := math.Float32bits(v)
+				buf = append(buf, byte(b), byte(b>>8), byte(b>>16), byte(b>>24))
+			}
+		}
+		m, err := dst.Write(buf)
+		written += int64(m)
+		if err != nil {
+			return written, err
+		}
+		left -= k
+	}
+	return written, nil
+}

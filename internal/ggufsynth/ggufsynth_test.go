@@ -1,0 +1,198 @@
+package ggufsynth
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	parser "github.com/gpustack/gguf-parser-go"
+)
+
+func TestWriteParsesBack(t *testing.T) {
+	for _, name := range []string{"tiny", "small"} {
+		t.Run(name, func(t *testing.T) {
+			spec, err := Preset(name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			path := filepath.Join(t.TempDir(), name+".gguf")
+			if err := Write(path, spec); err != nil {
+				t.Fatal(err)
+			}
+			gf, err := parser.ParseGGUFFile(path)
+			if err != nil {
+				t.Fatalf("parsing written model: %v", err)
+			}
+
+			type dims struct {
+				Arch                                  string
+				Ctx, Embd, Layers, Heads, KVHeads, FF uint64
+				Tensors                               int
+				Tokenizer                             string
+				Vocab, BOS, EOS                       int64
+			}
+			a, tok := gf.Architecture(), gf.Tokenizer()
+			ff := uint64(0)
+			if len(a.FeedForwardLength) > 0 {
+				ff = a.FeedForwardLength[0]
+			}
+			got := dims{
+				Arch: a.Architecture, Ctx: a.MaximumContextLength, Embd: a.EmbeddingLength,
+				Layers: a.BlockCount, Heads: a.AttentionHeadCount, KVHeads: a.AttentionHeadCountKV, FF: ff,
+				Tensors:   len(gf.TensorInfos),
+				Tokenizer: tok.Model, Vocab: int64(tok.TokensLength), BOS: tok.BOSTokenID, EOS: tok.EOSTokenID,
+			}
+			want := dims{
+				Arch: "llama", Ctx: uint64(spec.Ctx), Embd: uint64(spec.Embd),
+				Layers: uint64(spec.Layers), Heads: uint64(spec.Heads), KVHeads: uint64(spec.KVHeads), FF: uint64(spec.FF),
+				Tensors:   2 + 9*spec.Layers,
+				Tokenizer: "llama", Vocab: int64(spec.Vocab), BOS: BOSToken, EOS: EOSToken,
+			}
+			if d := cmp.Diff(want, got); d != "" {
+				t.Errorf("parsed metadata (-want +got):\n%s", d)
+			}
+
+			var elems int64
+			for _, ti := range gf.TensorInfos {
+				n := int64(1)
+				for _, d := range ti.Dimensions {
+					n *= int64(d)
+				}
+				elems += n
+			}
+			if elems != spec.Params() {
+				t.Errorf("tensor elements = %d, Spec.Params() = %d", elems, spec.Params())
+			}
+			if tmpl, ok := gf.Header.MetadataKV.Get("tokenizer.chat_template"); !ok || tmpl.ValueString() != ChatMLTemplate {
+				t.Errorf("chat template missing or wrong: %v", tmpl)
+			}
+		})
+	}
+}
+
+func TestWriteIsDeterministic(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name string, spec Spec) []byte {
+		t.Helper()
+		p := filepath.Join(dir, name)
+		if err := Write(p, spec); err != nil {
+			t.Fatal(err)
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	a := write("a.gguf", Tiny())
+	b := write("b.gguf", Tiny())
+	if !bytes.Equal(a, b) {
+		t.Error("the same spec produced different bytes")
+	}
+	other := Tiny()
+	other.Seed = 2
+	if bytes.Equal(a, write("c.gguf", other)) {
+		t.Error("a different seed produced identical bytes")
+	}
+	// Tiny must stay tiny: ≈2 MB.
+	if n := len(a); n < 1<<20 || n > 3<<20 {
+		t.Errorf("tiny model is %d bytes, want about 2 MB", n)
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		if strings.HasPrefix(e.Name(), ".") {
+			t.Errorf("temporary file %s left behind", e.Name())
+		}
+	}
+}
+
+func TestPresetSizes(t *testing.T) {
+	const mib = 1 << 20
+	tests := []struct {
+		preset         string
+		elemBytes      int64
+		minMiB, maxMiB int64
+	}{
+		{"tiny", 4, 1, 3},
+		{"small", 2, 15, 25},
+		{"mid", 2, 165, 185},
+	}
+	for _, tt := range tests {
+		spec, err := Preset(tt.preset)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := spec.Validate(); err != nil {
+			t.Errorf("%s: %v", tt.preset, err)
+		}
+		size := spec.Params() * tt.elemBytes / mib
+		if size < tt.minMiB || size > tt.maxMiB {
+			t.Errorf("%s: weights are %d MiB, want %d..%d", tt.preset, size, tt.minMiB, tt.maxMiB)
+		}
+	}
+	if _, err := Preset("huge"); err == nil {
+		t.Error("unknown preset accepted")
+	}
+}
+
+func TestKVBytesPerToken(t *testing.T) {
+	// mid: 8 layers × (K+V) × 4 kv heads × 64 dims × 2 bytes = 8192 bytes per token.
+	if got := Mid().KVBytesPerToken(2); got != 8192 {
+		t.Errorf("mid KV bytes per token = %v, want 8192", got)
+	}
+}
+
+func TestValidate(t *testing.T) {
+	tests := []struct {
+		name   string
+		mutate func(*Spec)
+		want   string
+	}{
+		{"small vocab", func(s *Spec) { s.Vocab = 100 }, "vocab"},
+		{"heads do not divide embd", func(s *Spec) { s.Heads = 3 }, "multiple of heads"},
+		{"kv heads do not divide heads", func(s *Spec) { s.KVHeads = 3 }, "multiple of kv heads"},
+		{"zero layers", func(s *Spec) { s.Layers = 0 }, "positive"},
+		{"bad dtype", func(s *Spec) { s.DType = "q4" }, "dtype"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := Tiny()
+			tt.mutate(&s)
+			err := s.Validate()
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("Validate() = %v, want an error mentioning %q", err, tt.want)
+			}
+			if err := Write(filepath.Join(t.TempDir(), "x.gguf"), s); err == nil {
+				t.Error("Write accepted an invalid spec")
+			}
+		})
+	}
+}
+
+func TestVocabulary(t *testing.T) {
+	for _, n := range []int{Tiny().Vocab, Mid().Vocab} {
+		tokens, scores, types := Vocabulary(n)
+		if len(tokens) != n || len(scores) != n || len(types) != n {
+			t.Fatalf("vocab %d: got %d tokens, %d scores, %d types", n, len(tokens), len(scores), len(types))
+		}
+		seen := make(map[string]bool, n)
+		for _, tok := range tokens {
+			if seen[tok] {
+				t.Fatalf("vocab %d: duplicate token %q", n, tok)
+			}
+			seen[tok] = true
+		}
+		if tokens[FirstByteToken] != "<0x00>" || tokens[FirstByteToken+255] != "<0xFF>" || types[FirstByteToken+10] != tokenTypeByte {
+			t.Errorf("vocab %d: byte tokens misplaced", n)
+		}
+		if tokens[IMEndToken] != "<|im_end|>" || types[IMEndToken] != tokenTypeControl {
+			t.Errorf("vocab %d: <|im_end|> misplaced", n)
+		}
+	}
+}

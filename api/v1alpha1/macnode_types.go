@@ -1,0 +1,172 @@
+package v1alpha1
+
+import (
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// MacNode condition types.
+const (
+	// MacNodeReady is True while the node's agent renews its Lease and its pool is
+	// healthy; the macnode controller sets it Unknown when the Lease expires.
+	MacNodeReady = "Ready"
+	// MacNodeMemoryPressure is True while the pool is at or above its soft watermark.
+	MacNodeMemoryPressure = "MemoryPressure"
+)
+
+// MacNode condition reasons.
+const (
+	// ReasonAgentReady: the agent is running and renewing its Lease.
+	ReasonAgentReady = "AgentReady"
+	// ReasonLeaseExpired: the agent stopped renewing its Lease (set by the controller).
+	ReasonLeaseExpired = "NodeLeaseExpired"
+	// ReasonAgentStopping: the agent is shutting down cleanly.
+	ReasonAgentStopping = "AgentStopping"
+	// ReasonPressureOK, ReasonPressureSoft, … mirror the pool's pressure level.
+	ReasonPressureOK        = "PressureOK"
+	ReasonPressureSoft      = "SoftWatermarkExceeded"
+	ReasonPressureHard      = "HardWatermarkExceeded"
+	ReasonPressureEmergency = "CeilingExceeded"
+)
+
+// PressureLevel is the pool's memory pressure.
+// +kubebuilder:validation:Enum=OK;Soft;Hard;Emergency
+type PressureLevel string
+
+const (
+	PressureOK        PressureLevel = "OK"
+	PressureSoft      PressureLevel = "Soft"
+	PressureHard      PressureLevel = "Hard"
+	PressureEmergency PressureLevel = "Emergency"
+)
+
+// MacNodeSpec is what an administrator sets on a Mac.
+type MacNodeSpec struct {
+	// unschedulable cordons the Mac: no new replicas are placed on it; the ones it has
+	// keep running.
+	// +optional
+	Unschedulable bool `json:"unschedulable,omitempty"`
+
+	// memoryCeiling overrides the memory the pool may use on this Mac. It can only lower
+	// the ceiling the agent derives from the hardware.
+	// +optional
+	// +kubebuilder:validation:XValidation:rule="quantity(string(self)).isGreaterThan(quantity('0'))",message="memoryCeiling must be positive"
+	MemoryCeiling *resource.Quantity `json:"memoryCeiling,omitempty"`
+}
+
+// HardwareStatus is what the agent detected.
+type HardwareStatus struct {
+	// chip is the SoC name, e.g. "Apple M2 Max".
+	// +optional
+	// +kubebuilder:validation:MaxLength=128
+	Chip string `json:"chip,omitempty"`
+	// cpuCores is the number of CPU cores.
+	// +optional
+	CPUCores int32 `json:"cpuCores,omitempty"`
+	// gpuCores is the number of GPU cores, when known.
+	// +optional
+	GPUCores int32 `json:"gpuCores,omitempty"`
+	// unifiedMemory is the Mac's physical memory.
+	// +optional
+	UnifiedMemory *resource.Quantity `json:"unifiedMemory,omitempty"`
+	// metalWorkingSet is Metal's recommended maximum working set size.
+	// +optional
+	MetalWorkingSet *resource.Quantity `json:"metalWorkingSet,omitempty"`
+	// wiredLimit is iogpu.wired_limit_mb when set.
+	// +optional
+	WiredLimit *resource.Quantity `json:"wiredLimit,omitempty"`
+}
+
+// AgentStatus describes the node agent.
+type AgentStatus struct {
+	// version is the agent's version.
+	// +optional
+	// +kubebuilder:validation:MaxLength=64
+	Version string `json:"version,omitempty"`
+	// address is where the agent serves the OpenAI API, host:port.
+	// +optional
+	// +kubebuilder:validation:MaxLength=256
+	Address string `json:"address,omitempty"`
+}
+
+// NodeMemoryStatus is the pool's memory account on this Mac.
+type NodeMemoryStatus struct {
+	// ceiling is the most memory the pool may use: min(unified memory − reserve,
+	// Metal working set or wired limit, spec.memoryCeiling).
+	// +optional
+	Ceiling *resource.Quantity `json:"ceiling,omitempty"`
+	// softWatermark (90% of ceiling): new loads pause, idle models are evicted.
+	// +optional
+	SoftWatermark *resource.Quantity `json:"softWatermark,omitempty"`
+	// hardWatermark (95% of ceiling): in-flight work of the LRU model is aborted.
+	// +optional
+	HardWatermark *resource.Quantity `json:"hardWatermark,omitempty"`
+	// used is the measured footprint of the runners plus the agent.
+	// +optional
+	Used *resource.Quantity `json:"used,omitempty"`
+	// committed is the sum of the reservations of loaded and loading models.
+	// +optional
+	Committed *resource.Quantity `json:"committed,omitempty"`
+	// pressure is the current pressure level.
+	// +optional
+	Pressure PressureLevel `json:"pressure,omitempty"`
+	// evictions counts models the pool evicted since the agent started.
+	// +optional
+	Evictions int64 `json:"evictions,omitempty"`
+	// freedBytesTotal is the memory all unloads gave back since the agent started.
+	// +optional
+	FreedBytesTotal int64 `json:"freedBytesTotal,omitempty"`
+}
+
+// MacNodeStatus is written by the node's agent (and the Ready condition by the
+// controller when the agent's Lease expires).
+type MacNodeStatus struct {
+	// +optional
+	Hardware HardwareStatus `json:"hardware,omitempty"`
+	// +optional
+	Agent AgentStatus `json:"agent,omitempty"`
+	// +optional
+	Memory NodeMemoryStatus `json:"memory,omitempty"`
+	// conditions are Ready and MemoryPressure.
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	// +kubebuilder:validation:MaxItems=16
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// MacNode is one Apple Silicon Mac in the fleet. Its agent creates it.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:scope=Cluster,shortName=mn,categories=macfleet
+// +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
+// +kubebuilder:printcolumn:name="Chip",type=string,JSONPath=`.status.hardware.chip`
+// +kubebuilder:printcolumn:name="Ceiling",type=string,JSONPath=`.status.memory.ceiling`
+// +kubebuilder:printcolumn:name="Used",type=string,JSONPath=`.status.memory.used`
+// +kubebuilder:printcolumn:name="Committed",type=string,JSONPath=`.status.memory.committed`
+// +kubebuilder:printcolumn:name="Pressure",type=string,JSONPath=`.status.memory.pressure`
+// +kubebuilder:printcolumn:name="Cordoned",type=boolean,JSONPath=`.spec.unschedulable`,priority=1
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type MacNode struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// +optional
+	Spec MacNodeSpec `json:"spec,omitempty"`
+	// +optional
+	Status MacNodeStatus `json:"status,omitempty"`
+}
+
+// MacNodeList is a list of MacNodes.
+//
+// +kubebuilder:object:root=true
+type MacNodeList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []MacNode `json:"items"`
+}
+
+func init() {
+	SchemeBuilder.Register(&MacNode{}, &MacNodeList{})
+}

@@ -1,0 +1,194 @@
+package v1alpha1
+
+import (
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// ModelDeployment condition types.
+const (
+	// DeploymentAvailable is True when at least replicas − maxUnavailable (0 during a
+	// rollout: every desired replica) are Ready — Deployment semantics with
+	// maxUnavailable 0.
+	DeploymentAvailable = "Available"
+	// DeploymentProgressing is True while replicas are being created, placed, loaded or
+	// replaced, and False with a reason when progress is blocked.
+	DeploymentProgressing = "Progressing"
+	// DeploymentScheduled is False when a replica cannot be placed or its memory cannot
+	// be estimated; the message says why.
+	DeploymentScheduled = "Scheduled"
+)
+
+// ModelDeployment condition reasons.
+const (
+	ReasonMinimumReplicasAvailable   = "MinimumReplicasAvailable"
+	ReasonMinimumReplicasUnavailable = "MinimumReplicasUnavailable"
+	ReasonNewReplicasAvailable       = "NewReplicasAvailable"
+	ReasonReplicasUpdating           = "ReplicasUpdating"
+	ReasonScalingReplicas            = "ScalingReplicas"
+	ReasonAllReplicasScheduled       = "AllReplicasScheduled"
+	ReasonEstimateFailed             = "MemoryEstimateFailed"
+	ReasonUnschedulable              = "Unschedulable"
+	ReasonNoReplicas                 = "NoReplicasRequested"
+	ReasonScheduledPending           = "SchedulingPending"
+)
+
+// PlacementStrategy scores the Macs a replica fits on.
+// +kubebuilder:validation:Enum=BinPack;Spread
+type PlacementStrategy string
+
+const (
+	// BinPack puts a replica on the Mac it fills most tightly, keeping whole Macs free
+	// for large models.
+	BinPack PlacementStrategy = "BinPack"
+	// Spread puts a replica on the Mac with the fewest replicas of its deployment, then
+	// the most free memory.
+	Spread PlacementStrategy = "Spread"
+)
+
+// Placement constrains and scores where replicas go.
+type Placement struct {
+	// nodeSelector restricts replicas to MacNodes with these labels.
+	// +optional
+	// +kubebuilder:validation:MaxProperties=32
+	NodeSelector map[string]string `json:"nodeSelector,omitempty"`
+
+	// strategy is BinPack (default) or Spread.
+	// +optional
+	// +kubebuilder:default=BinPack
+	Strategy PlacementStrategy `json:"strategy,omitempty"`
+
+	// maxReplicasPerNode caps how many replicas of this deployment share one Mac.
+	// +optional
+	// +kubebuilder:default=1
+	// +kubebuilder:validation:XValidation:rule="self >= 1 && self <= 64",message="maxReplicasPerNode must be between 1 and 64"
+	MaxReplicasPerNode int32 `json:"maxReplicasPerNode,omitempty"`
+}
+
+// ModelResources overrides what the controller would estimate.
+type ModelResources struct {
+	// memory is the memory to reserve for one replica. Required for file:// sources,
+	// whose GGUF header the controller cannot read; otherwise it overrides the
+	// estimate from the GGUF header.
+	// +optional
+	// +kubebuilder:validation:XValidation:rule="quantity(string(self)).isGreaterThan(quantity('0'))",message="resources.memory must be positive"
+	Memory *resource.Quantity `json:"memory,omitempty"`
+}
+
+// ModelDeploymentSpec is the desired state of a model served by the fleet.
+//
+// +kubebuilder:validation:XValidation:rule="!has(self.idleTimeout) || (has(self.residency) && self.residency == 'OnDemand')",message="idleTimeout is only allowed with residency OnDemand"
+// +kubebuilder:validation:XValidation:rule="!self.model.source.startsWith('file://') || (has(self.resources) && has(self.resources.memory))",message="a file:// source needs resources.memory: the controller cannot read the GGUF header of a file on a Mac"
+type ModelDeploymentSpec struct {
+	// model is the GGUF file to serve and the names it answers to.
+	// +required
+	Model ModelSource `json:"model"`
+
+	// engine configures the llama.cpp engine.
+	// +optional
+	Engine EngineSpec `json:"engine,omitempty"`
+
+	// replicas is the number of Macs that serve the model.
+	// +optional
+	// +kubebuilder:default=1
+	// +kubebuilder:validation:XValidation:rule="self >= 0",message="replicas must not be negative"
+	Replicas *int32 `json:"replicas,omitempty"`
+
+	// residency is Resident (default), Pinned or OnDemand.
+	// +optional
+	// +kubebuilder:default=Resident
+	Residency Residency `json:"residency,omitempty"`
+
+	// idleTimeout unloads an OnDemand model after this long without requests.
+	// +optional
+	IdleTimeout *metav1.Duration `json:"idleTimeout,omitempty"`
+
+	// resources overrides the memory estimate.
+	// +optional
+	Resources *ModelResources `json:"resources,omitempty"`
+
+	// placement constrains and scores the Macs replicas go to.
+	// +optional
+	Placement Placement `json:"placement,omitempty"`
+}
+
+// ModelDeploymentStatus is written by the modeldeployment controller only.
+type ModelDeploymentStatus struct {
+	// observedGeneration is the generation the controller last acted on successfully.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+	// replicas is the number of ModelReplicas that exist.
+	// +optional
+	Replicas int32 `json:"replicas,omitempty"`
+	// readyReplicas is the number of replicas whose model is loaded and serving.
+	// +optional
+	ReadyReplicas int32 `json:"readyReplicas,omitempty"`
+	// updatedReplicas is the number of replicas of the current template.
+	// +optional
+	UpdatedReplicas int32 `json:"updatedReplicas,omitempty"`
+	// ready is readyReplicas/replicas-desired, for display.
+	// +optional
+	// +kubebuilder:validation:MaxLength=32
+	Ready string `json:"ready,omitempty"`
+	// selector is the label selector of the replicas, for the scale subresource.
+	// +optional
+	// +kubebuilder:validation:MaxLength=512
+	Selector string `json:"selector,omitempty"`
+	// nodes are the Macs that hold a replica.
+	// +optional
+	// +listType=set
+	// +kubebuilder:validation:MaxItems=1024
+	// +kubebuilder:validation:items:MaxLength=253
+	Nodes []string `json:"nodes,omitempty"`
+	// estimatedMemory is the memory reserved per replica (estimate or override).
+	// +optional
+	EstimatedMemory *resource.Quantity `json:"estimatedMemory,omitempty"`
+	// measuredMemory is the largest footprint a loaded replica measured.
+	// +optional
+	MeasuredMemory *resource.Quantity `json:"measuredMemory,omitempty"`
+	// endpoint is the in-cluster URL of the deployment's Service.
+	// +optional
+	// +kubebuilder:validation:MaxLength=512
+	Endpoint string `json:"endpoint,omitempty"`
+	// conditions are Available, Progressing and Scheduled.
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	// +kubebuilder:validation:MaxItems=16
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// ModelDeployment is a model served by N replicas on the fleet's Macs.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:subresource:scale:specpath=.spec.replicas,statuspath=.status.replicas,selectorpath=.status.selector
+// +kubebuilder:resource:shortName=md,categories=macfleet
+// +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.ready`
+// +kubebuilder:printcolumn:name="Model",type=string,JSONPath=`.spec.model.source`
+// +kubebuilder:printcolumn:name="Memory",type=string,JSONPath=`.status.estimatedMemory`
+// +kubebuilder:printcolumn:name="Measured",type=string,JSONPath=`.status.measuredMemory`,priority=1
+// +kubebuilder:printcolumn:name="Nodes",type=string,JSONPath=`.status.nodes`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type ModelDeployment struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// +required
+	Spec ModelDeploymentSpec `json:"spec"`
+	// +optional
+	Status ModelDeploymentStatus `json:"status,omitempty"`
+}
+
+// ModelDeploymentList is a list of ModelDeployments.
+//
+// +kubebuilder:object:root=true
+type ModelDeploymentList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []ModelDeployment `json:"items"`
+}
+
+func init() {
+	SchemeBuilder.Register(&ModelDeployment{}, &ModelDeploymentList{})
+}

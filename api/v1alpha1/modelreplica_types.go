@@ -1,0 +1,165 @@
+package v1alpha1
+
+import (
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// ModelReplica condition types. Scheduled is written by the scheduler (before
+// binding); the others only by the agent of the replica's node.
+const (
+	// ReplicaScheduled is True once the replica is bound to a Mac, False with a
+	// kube-scheduler-style message while no Mac fits.
+	ReplicaScheduled = "Scheduled"
+	// ReplicaDownloaded is True when the model file is in the node's store and verified.
+	ReplicaDownloaded = "Downloaded"
+	// ReplicaLoaded is True while a runner holds the model in memory.
+	ReplicaLoaded = "Loaded"
+	// ReplicaReady is True while the replica serves requests (OnDemand replicas are
+	// Ready when they can be loaded on the first request).
+	ReplicaReady = "Ready"
+)
+
+// ModelReplica condition reasons.
+const (
+	ReasonBound            = "Bound"
+	ReasonDownloading      = "Downloading"
+	ReasonDownloadFailed   = "DownloadFailed"
+	ReasonChecksumMismatch = "ChecksumMismatch"
+	ReasonStored           = "Stored"
+	ReasonLoading          = "Loading"
+	ReasonLoadFailed       = "LoadFailed"
+	ReasonRunnerReady      = "RunnerReady"
+	ReasonWaitingForDemand = "WaitingForDemand"
+	ReasonUnloaded         = "Unloaded"
+	ReasonDraining         = "Draining"
+)
+
+// ReplicaPhase summarises a replica's lifecycle for display.
+// +kubebuilder:validation:Enum=Pending;Downloading;Loading;Ready;Standby;Draining;Failed
+type ReplicaPhase string
+
+const (
+	ReplicaPending     ReplicaPhase = "Pending"
+	ReplicaDownloading ReplicaPhase = "Downloading"
+	ReplicaLoading     ReplicaPhase = "Loading"
+	ReplicaRunning     ReplicaPhase = "Ready"
+	// ReplicaStandby: an OnDemand replica whose model is on disk but not in memory.
+	ReplicaStandby  ReplicaPhase = "Standby"
+	ReplicaDraining ReplicaPhase = "Draining"
+	ReplicaFailed   ReplicaPhase = "Failed"
+)
+
+// ModelReplicaTemplate is the part of a ModelDeployment's spec that a replica runs.
+// A change to it rolls the deployment's replicas.
+type ModelReplicaTemplate struct {
+	// +required
+	Model ModelSource `json:"model"`
+	// +optional
+	Engine EngineSpec `json:"engine,omitempty"`
+	// +optional
+	// +kubebuilder:default=Resident
+	Residency Residency `json:"residency,omitempty"`
+	// +optional
+	IdleTimeout *metav1.Duration `json:"idleTimeout,omitempty"`
+}
+
+// ModelReplicaSpec is one replica of a model, bound to at most one Mac.
+//
+// +kubebuilder:validation:XValidation:rule="!has(oldSelf.nodeName) || size(oldSelf.nodeName) == 0 || (has(self.nodeName) && self.nodeName == oldSelf.nodeName)",message="nodeName is immutable once set: delete the replica to move it"
+// +kubebuilder:validation:XValidation:rule="self.template == oldSelf.template",message="template is immutable: the deployment replaces replicas instead"
+type ModelReplicaSpec struct {
+	// template is the model and engine this replica runs.
+	// +required
+	Template ModelReplicaTemplate `json:"template"`
+
+	// templateHash identifies the template; replicas of the deployment's current
+	// template are "updated".
+	// +required
+	// +kubebuilder:validation:MaxLength=64
+	TemplateHash string `json:"templateHash"`
+
+	// memoryReservation is the memory the scheduler reserves for the replica on its
+	// Mac (Resident and Pinned) or requires free under the ceiling (OnDemand).
+	// +required
+	MemoryReservation resource.Quantity `json:"memoryReservation"`
+
+	// nodeName is the Mac the replica is bound to, set once by the scheduler.
+	// +optional
+	// +kubebuilder:validation:MaxLength=253
+	NodeName string `json:"nodeName,omitempty"`
+}
+
+// DownloadProgress is how far the node has fetched the model file.
+type DownloadProgress struct {
+	// +optional
+	DownloadedBytes int64 `json:"downloadedBytes,omitempty"`
+	// +optional
+	TotalBytes int64 `json:"totalBytes,omitempty"`
+}
+
+// ModelReplicaStatus is written by the agent of the replica's node (and the Scheduled
+// condition by the scheduler before the replica is bound).
+type ModelReplicaStatus struct {
+	// +optional
+	Phase ReplicaPhase `json:"phase,omitempty"`
+	// observedTemplateHash is the template the agent last acted on.
+	// +optional
+	// +kubebuilder:validation:MaxLength=64
+	ObservedTemplateHash string `json:"observedTemplateHash,omitempty"`
+	// +optional
+	Progress *DownloadProgress `json:"progress,omitempty"`
+	// endpoint is host:port of the agent serving this replica.
+	// +optional
+	// +kubebuilder:validation:MaxLength=256
+	Endpoint string `json:"endpoint,omitempty"`
+	// +optional
+	Memory ReplicaMemory `json:"memory,omitempty"`
+	// lastUnload is what the agent measured when it last unloaded this replica's model.
+	// +optional
+	LastUnload *UnloadReport `json:"lastUnload,omitempty"`
+	// conditions are Scheduled, Downloaded, Loaded and Ready.
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	// +kubebuilder:validation:MaxItems=16
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// ModelReplica is one copy of a ModelDeployment's model, placed on one Mac. The
+// deployment controller creates and deletes them, the scheduler binds them, the
+// node's agent loads them and reports their status.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:shortName=mr,categories=macfleet
+// +kubebuilder:selectablefield:JSONPath=`.spec.nodeName`
+// +kubebuilder:printcolumn:name="Node",type=string,JSONPath=`.spec.nodeName`
+// +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
+// +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`
+// +kubebuilder:printcolumn:name="Reserved",type=string,JSONPath=`.spec.memoryReservation`
+// +kubebuilder:printcolumn:name="Resident",type=string,JSONPath=`.status.memory.resident`
+// +kubebuilder:printcolumn:name="Freed",type=integer,JSONPath=`.status.lastUnload.freedBytes`,priority=1
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type ModelReplica struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// +required
+	Spec ModelReplicaSpec `json:"spec"`
+	// +optional
+	Status ModelReplicaStatus `json:"status,omitempty"`
+}
+
+// ModelReplicaList is a list of ModelReplicas.
+//
+// +kubebuilder:object:root=true
+type ModelReplicaList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []ModelReplica `json:"items"`
+}
+
+func init() {
+	SchemeBuilder.Register(&ModelReplica{}, &ModelReplicaList{})
+}

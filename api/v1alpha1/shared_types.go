@@ -1,0 +1,151 @@
+package v1alpha1
+
+import (
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// Well-known labels and annotations.
+const (
+	// LabelDeployment names the ModelDeployment a ModelReplica belongs to.
+	LabelDeployment = "macfleet.dev/deployment"
+	// LabelTemplateHash is the hash of the replica template a ModelReplica was made from.
+	LabelTemplateHash = "macfleet.dev/template-hash"
+	// LabelChip is the Mac's chip, e.g. "Apple-M2-Max" (set by the agent).
+	LabelChip = "macfleet.dev/chip"
+	// LabelMemoryGiB is the Mac's unified memory in GiB (set by the agent).
+	LabelMemoryGiB = "macfleet.dev/memory-gib"
+	// NodeLeaseNamespace holds one coordination.k8s.io Lease per MacNode, renewed by its agent.
+	NodeLeaseNamespace = "macfleet-node-lease"
+	// ReplicaNodeNameField is the selectable field agents use to watch only their replicas.
+	ReplicaNodeNameField = "spec.nodeName"
+)
+
+// Residency says how a model stays in a Mac's memory.
+// +kubebuilder:validation:Enum=Resident;Pinned;OnDemand
+type Residency string
+
+const (
+	// ResidencyResident reserves the model's memory on its node and loads it eagerly.
+	// LRU may still evict it under memory pressure.
+	ResidencyResident Residency = "Resident"
+	// ResidencyPinned is Resident and never evicted by LRU or idle timeout.
+	ResidencyPinned Residency = "Pinned"
+	// ResidencyOnDemand reserves nothing: the model must fit its node alone, is loaded
+	// on the first request and unloaded after idleTimeout or under pressure.
+	ResidencyOnDemand Residency = "OnDemand"
+)
+
+// KVCacheType is the element type of the KV cache.
+// +kubebuilder:validation:Enum=f16;q8_0;q4_0
+type KVCacheType string
+
+const (
+	KVCacheF16  KVCacheType = "f16"
+	KVCacheQ8_0 KVCacheType = "q8_0"
+	KVCacheQ4_0 KVCacheType = "q4_0"
+)
+
+// ModelSource says where a model's GGUF file comes from.
+type ModelSource struct {
+	// source is the GGUF file's location: hf://<org>/<repo>/<file>.gguf,
+	// ollama://<name>:<tag>, http(s)://… or file:///absolute/path on the Mac.
+	// +required
+	// +kubebuilder:validation:MinLength=8
+	// +kubebuilder:validation:MaxLength=2048
+	// +kubebuilder:validation:XValidation:rule="self.matches('^(hf|ollama|https?|file)://.+')",message="source must start with hf://, ollama://, http://, https:// or file:// and name a file"
+	// +kubebuilder:validation:XValidation:rule="!self.startsWith('file://') || self.startsWith('file:///')",message="a file:// source must be an absolute path (file:///path/to/model.gguf)"
+	Source string `json:"source"`
+
+	// sha256 is the expected SHA-256 of the file, verified after download.
+	// +optional
+	// +kubebuilder:validation:MaxLength=64
+	// +kubebuilder:validation:XValidation:rule="self.matches('^[a-f0-9]{64}$')",message="sha256 must be 64 lowercase hexadecimal characters"
+	SHA256 string `json:"sha256,omitempty"`
+
+	// servedName is the name clients put in the OpenAI "model" field; defaults to the
+	// deployment's name.
+	// +optional
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:XValidation:rule="self.matches('^[A-Za-z0-9][A-Za-z0-9._:/-]*$')",message="servedName may contain letters, digits, '.', '_', ':', '/' and '-', and must start with a letter or digit"
+	ServedName string `json:"servedName,omitempty"`
+
+	// aliases are further names the model answers to.
+	// +optional
+	// +listType=set
+	// +kubebuilder:validation:MaxItems=16
+	// +kubebuilder:validation:items:MaxLength=253
+	Aliases []string `json:"aliases,omitempty"`
+}
+
+// EngineSpec configures the llama.cpp engine that serves the model.
+type EngineSpec struct {
+	// contextLength is the total context in tokens, shared by the parallel sequences.
+	// +optional
+	// +kubebuilder:default=4096
+	// +kubebuilder:validation:XValidation:rule="self >= 256 && self <= 1048576",message="contextLength must be between 256 and 1048576 tokens"
+	ContextLength int32 `json:"contextLength,omitempty"`
+
+	// parallel is the number of sequences decoded together (continuous batching).
+	// +optional
+	// +kubebuilder:default=1
+	// +kubebuilder:validation:XValidation:rule="self >= 1 && self <= 64",message="parallel must be between 1 and 64"
+	Parallel int32 `json:"parallel,omitempty"`
+
+	// kvCacheType is the KV cache element type.
+	// +optional
+	// +kubebuilder:default=f16
+	KVCacheType KVCacheType `json:"kvCacheType,omitempty"`
+}
+
+// ReplicaMemory is what a replica reserved and what its runner measured.
+type ReplicaMemory struct {
+	// estimated is the memory the controller reserved for the model.
+	// +optional
+	Estimated *resource.Quantity `json:"estimated,omitempty"`
+	// resident is the runner's measured footprint now.
+	// +optional
+	Resident *resource.Quantity `json:"resident,omitempty"`
+	// peak is the highest footprint measured since the model was loaded.
+	// +optional
+	Peak *resource.Quantity `json:"peak,omitempty"`
+}
+
+// UnloadOutcome says whether the memory freed by an unload could be measured.
+// +kubebuilder:validation:Enum=Settled;Indeterminate;TimedOut
+type UnloadOutcome string
+
+const (
+	// UnloadSettled: the host gauge showed the model's memory back within the settle window.
+	UnloadSettled UnloadOutcome = "Settled"
+	// UnloadIndeterminate: other engines were working, so the host gauge could not
+	// attribute freed memory to this unload; freedBytes is the runner's last footprint.
+	UnloadIndeterminate UnloadOutcome = "Indeterminate"
+	// UnloadTimedOut: the memory had not come back when the settle window ended.
+	UnloadTimedOut UnloadOutcome = "TimedOut"
+)
+
+// UnloadReport is what the agent measured when it last unloaded a model.
+type UnloadReport struct {
+	// reason is why the model was unloaded, e.g. Deleted, Idle, Pressure, Evicted, Admin.
+	// +required
+	// +kubebuilder:validation:MaxLength=64
+	Reason string `json:"reason"`
+	// freedBytes is the memory the unload gave back (never negative).
+	// +required
+	// +kubebuilder:validation:Minimum=0
+	FreedBytes int64 `json:"freedBytes"`
+	// residentBytes is the runner's footprint just before it was stopped.
+	// +required
+	// +kubebuilder:validation:Minimum=0
+	ResidentBytes int64 `json:"residentBytes"`
+	// outcome says how freedBytes was measured.
+	// +required
+	Outcome UnloadOutcome `json:"outcome"`
+	// duration is the time from the unload decision to the report.
+	// +required
+	Duration metav1.Duration `json:"duration"`
+	// time is when the unload finished.
+	// +required
+	Time metav1.Time `json:"time"`
+}

@@ -1,0 +1,685 @@
+// Package scheduler places ModelReplicas on MacNodes. The decision is a pure function,
+// Solve, over a Snapshot of the fleet: it has no client, no clock and no logger, so the
+// reconciler that gathers the snapshot and writes the bindings stays thin, and the same
+// code answers "what if" questions (Explain) and is benchmarked on its own.
+//
+// Filters run in a fixed order and a node is counted once, under the first filter that
+// rejects it: not ready, cordoned, node selector mismatch, max replicas of the
+// deployment per node, insufficient memory. Scores: BinPack (the default) takes the
+// feasible node left with the least allocatable memory; Spread takes the node running
+// the fewest replicas of the deployment, then the one with the most allocatable memory.
+// A non-reserving (OnDemand) replica under BinPack prefers the node where it also fits
+// the free memory most tightly, then the node where it overflows the free memory least.
+// Ties go to the lexically smallest node name.
+package scheduler
+
+import (
+	"cmp"
+	"fmt"
+	"maps"
+	"math"
+	"slices"
+	"strings"
+)
+
+// Strategy is how a deployment's replicas are spread over the feasible nodes.
+type Strategy string
+
+const (
+	// BinPack fills the tightest-fitting node first, keeping whole Macs free for big models.
+	BinPack Strategy = "BinPack"
+	// Spread puts each replica on the node running the fewest replicas of its deployment.
+	Spread Strategy = "Spread"
+)
+
+// Node is one Mac as the solver sees it.
+type Node struct {
+	Name   string
+	Labels map[string]string
+	// Ready is false while the node's lease is expired or its agent reports not ready.
+	Ready bool
+	// Unschedulable is the cordon flag (MacNode spec.unschedulable).
+	Unschedulable bool
+	// Ceiling is the memory the node may give to models, in bytes.
+	Ceiling int64
+	// Committed is the sum of the reservations of the reserving (Resident or Pinned)
+	// replicas already bound to the node, in bytes.
+	Committed int64
+	// ReplicasByDeployment counts the replicas already bound to the node, by deployment
+	// key (namespace/name), for maxReplicasPerNode.
+	ReplicasByDeployment map[string]int
+}
+
+// Replica is one unbound ModelReplica waiting for a node.
+type Replica struct {
+	// Key is the replica's namespace/name. Keys are unique within a snapshot.
+	Key string
+	// Deployment is the owning deployment's namespace/name.
+	Deployment string
+	// Memory is the replica's memory reservation in bytes.
+	Memory int64
+	// Reserves is true for Resident and Pinned replicas: they must fit the node's
+	// allocatable memory (ceiling minus committed) and take it. OnDemand replicas
+	// reserve nothing and only have to fit the ceiling.
+	Reserves bool
+	// NodeSelector must match the node's labels exactly (every key present, same value).
+	NodeSelector map[string]string
+	// Strategy defaults to BinPack.
+	Strategy Strategy
+	// MaxPerNode caps the replicas of the deployment on one node; 0 means 1.
+	MaxPerNode int
+}
+
+// Snapshot is the solver's whole input: the fleet and the replicas to place.
+// Node names are unique.
+type Snapshot struct {
+	Nodes   []Node
+	Pending []Replica
+}
+
+// Options tunes a solve. The zero value is the documented behaviour; there is nothing
+// to tune yet, the parameter keeps Solve's signature stable when there is.
+type Options struct{}
+
+// Binding assigns a replica (by key) to a node (by name).
+type Binding struct {
+	Replica string
+	Node    string
+}
+
+// Result is what a solve decided. Bindings are in placement order (largest memory
+// first, then by replica key); every pending replica is either bound or in Unplaceable.
+type Result struct {
+	Bindings    []Binding
+	Unplaceable map[string]Reason
+}
+
+// ReasonCode is a machine-readable reason, usable as a condition reason. For an
+// unplaceable replica it names the filter that rejected the most nodes (on a tie, the
+// filter evaluated first).
+type ReasonCode string
+
+const (
+	// ReasonSchedulable is returned by Explain when at least one node fits.
+	ReasonSchedulable ReasonCode = "Schedulable"
+	// ReasonNoNodes means the snapshot has no nodes at all.
+	ReasonNoNodes ReasonCode = "NoNodes"
+	// ReasonNodeNotReady: nodes not Ready.
+	ReasonNodeNotReady ReasonCode = "NodeNotReady"
+	// ReasonNodeCordoned: nodes marked unschedulable.
+	ReasonNodeCordoned ReasonCode = "NodeCordoned"
+	// ReasonNodeSelectorMismatch: nodes whose labels do not match the node selector.
+	ReasonNodeSelectorMismatch ReasonCode = "NodeSelectorMismatch"
+	// ReasonMaxReplicasPerNode: nodes already running maxReplicasPerNode replicas of
+	// the deployment.
+	ReasonMaxReplicasPerNode ReasonCode = "MaxReplicasPerNode"
+	// ReasonInsufficientMemory: nodes without the memory.
+	ReasonInsufficientMemory ReasonCode = "InsufficientMemory"
+)
+
+// Reason explains where a replica can or cannot go.
+//
+// Message is kube-scheduler style, e.g.
+// "0/3 Macs fit: 2 insufficient memory (need 9.1GiB, largest free 6.0GiB), 1 not ready":
+// every node is counted once, under the first filter that rejected it; the parts are
+// ordered by count, largest first, ties in filter order. Code is the first part's code.
+type Reason struct {
+	Code    ReasonCode
+	Message string
+}
+
+// filter identifies the filter that rejected a node; the order is the evaluation order.
+type filter int
+
+const (
+	filterNotReady filter = iota
+	filterCordoned
+	filterSelector
+	filterMaxPerNode
+	filterMemory
+	numFilters
+)
+
+var filterCodes = [numFilters]ReasonCode{
+	filterNotReady:   ReasonNodeNotReady,
+	filterCordoned:   ReasonNodeCordoned,
+	filterSelector:   ReasonNodeSelectorMismatch,
+	filterMaxPerNode: ReasonMaxReplicasPerNode,
+	filterMemory:     ReasonInsufficientMemory,
+}
+
+// breakdown is a replica's verdict over every node: how many fit and, for the rest,
+// how many each filter rejected first.
+type breakdown struct {
+	total    int
+	fit      int
+	rejected [numFilters]int
+	// maxPerNode is the replica's effective maxReplicasPerNode.
+	maxPerNode int
+	// need is the replica's memory; largest is the most memory offered by a node that
+	// the memory filter rejected: allocatable for reserving replicas, ceiling otherwise.
+	need, largest int64
+	reserves      bool
+}
+
+// reason renders the breakdown.
+func (b *breakdown) reason() Reason {
+	if b.total == 0 {
+		return Reason{Code: ReasonNoNodes, Message: "0/0 Macs fit: no Macs in the fleet"}
+	}
+	order := make([]filter, 0, numFilters)
+	for f := range numFilters {
+		if b.rejected[f] > 0 {
+			order = append(order, f)
+		}
+	}
+	// Stable: equal counts keep filter order.
+	slices.SortStableFunc(order, func(x, y filter) int { return cmp.Compare(b.rejected[y], b.rejected[x]) })
+
+	var sb strings.Builder
+	fmt.Fprintf(&sb, "%d/%d Macs fit", b.fit, b.total)
+	for i, f := range order {
+		if i == 0 {
+			sb.WriteString(": ")
+		} else {
+			sb.WriteString(", ")
+		}
+		n := b.rejected[f]
+		switch f {
+		case filterNotReady:
+			fmt.Fprintf(&sb, "%d not ready", n)
+		case filterCordoned:
+			fmt.Fprintf(&sb, "%d cordoned", n)
+		case filterSelector:
+			fmt.Fprintf(&sb, "%d node selector mismatch", n)
+		case filterMaxPerNode:
+			fmt.Fprintf(&sb, "%d already run this deployment (max %d per Mac)", n, b.maxPerNode)
+		case filterMemory:
+			offered := "free"
+			if !b.reserves {
+				offered = "ceiling"
+			}
+			fmt.Fprintf(&sb, "%d insufficient memory (need %s, largest %s %s)",
+				n, gib(b.need, math.Ceil), offered, gib(max(b.largest, 0), math.Floor))
+		}
+	}
+	code := ReasonSchedulable
+	if b.fit == 0 {
+		code = filterCodes[order[0]]
+	}
+	return Reason{Code: code, Message: sb.String()}
+}
+
+// gib formats bytes as GiB with one decimal, rounded by round (math.Ceil for what a
+// replica needs, math.Floor for what a node offers, so a message never reads as if
+// the replica fitted).
+func gib(bytes int64, round func(float64) float64) string {
+	return fmt.Sprintf("%.1fGiB", round(float64(bytes)/(1<<30)*10)/10)
+}
+
+// Solve places the snapshot's pending replicas. Replicas are placed one at a time,
+// largest memory first (first-fit decreasing packs better), ties by key; each binding
+// updates the node's allocatable memory and per-deployment count before the next
+// replica is considered. The result depends only on the snapshot's contents, not on
+// the order of its slices.
+func Solve(snap Snapshot, _ Options) Result {
+	return solve(snap, defaultTuning)
+}
+
+// tuning holds internal knobs that change how fast Solve is, never what it returns;
+// tests set them to force every code path.
+type tuning struct {
+	// walkFrom is the number of candidate nodes from which a group is searched by
+	// walking the nodes ordered by allocatable memory rather than scanning its own
+	// node list. Walking finds a tight fit in a few steps when the group may use most
+	// nodes; scanning is cheaper for a selective node selector.
+	walkFrom int
+}
+
+var defaultTuning = tuning{walkFrom: 64}
+
+func solve(snap Snapshot, tun tuning) Result {
+	s := newSolver(snap.Nodes, snap.Pending, tun)
+	res := Result{
+		Bindings:    make([]Binding, 0, len(snap.Pending)),
+		Unplaceable: make(map[string]Reason),
+	}
+
+	order := make([]int32, len(snap.Pending))
+	for i := range order {
+		order[i] = int32(i)
+	}
+	slices.SortStableFunc(order, func(a, b int32) int {
+		ra, rb := &snap.Pending[a], &snap.Pending[b]
+		if c := cmp.Compare(memoryOf(rb), memoryOf(ra)); c != 0 {
+			return c
+		}
+		return strings.Compare(ra.Key, rb.Key)
+	})
+
+	for _, pi := range order {
+		r := &snap.Pending[pi]
+		g := s.groupFor(r)
+		mem := memoryOf(r)
+		// Allocatable only shrinks and counts only grow during a solve, so once a
+		// replica of a group failed, any later one of that group at least as large
+		// fails too: skip the search.
+		node := int32(-1)
+		if !g.failed || mem < g.failedMemory {
+			node = s.pick(g, mem)
+		}
+		if node < 0 {
+			g.failed, g.failedMemory = true, mem
+			// Nothing changed since the same group failed at the same size: the
+			// reason is the same too.
+			if g.lastReason.Code != "" && g.lastReasonAt == s.bound && g.lastReasonMemory == mem {
+				res.Unplaceable[r.Key] = g.lastReason
+				continue
+			}
+			b := s.explain(g, mem)
+			g.lastReason, g.lastReasonAt, g.lastReasonMemory = b.reason(), s.bound, mem
+			res.Unplaceable[r.Key] = g.lastReason
+			continue
+		}
+		s.bind(g, node, mem)
+		res.Bindings = append(res.Bindings, Binding{Replica: r.Key, Node: s.nodes[node].Name})
+	}
+	return res
+}
+
+// Explain says where replica r could go in the snapshot as it is, ignoring the
+// snapshot's pending replicas. Code is ReasonSchedulable when at least one node fits.
+// It runs the same filters as Solve.
+func Explain(snap Snapshot, r Replica) Reason {
+	s := newSolver(snap.Nodes, []Replica{r}, defaultTuning)
+	b := s.explain(s.groupFor(&r), memoryOf(&r))
+	return b.reason()
+}
+
+// memoryOf is the replica's memory; a negative reservation counts as none.
+func memoryOf(r *Replica) int64 { return max(r.Memory, 0) }
+
+// solver is the mutable state of one solve. Nodes are indexed in name order, so that
+// scanning a node list in index order and keeping the first best candidate breaks ties
+// by name.
+type solver struct {
+	tuning
+	nodes []*Node
+	// alloc is each node's allocatable memory (ceiling minus committed), updated as
+	// reserving replicas are bound; ceiling is each node's ceiling.
+	alloc, ceiling []int64
+	// notReady and cordoned count the nodes the first two filters reject.
+	notReady, cordoned int
+	// schedulable is the set of ready, uncordoned nodes.
+	schedulable *nodeSet
+	// byAlloc lists the schedulable nodes ordered by (allocatable, index); pos[i] is
+	// node i's position in it.
+	byAlloc, pos []int32
+	// sets caches the schedulable nodes matching a node selector, by canonical selector.
+	sets map[string]*nodeSet
+	deps map[string]*deployment
+	// bound counts the bindings made so far.
+	bound int
+}
+
+// nodeSet is a set of schedulable nodes, as a list in index order and as a bitset.
+type nodeSet struct {
+	nodes []int32
+	// member is nil for the set of all schedulable nodes.
+	member []uint64
+}
+
+func (ns *nodeSet) has(i int32) bool {
+	return ns.member == nil || ns.member[i>>6]&(1<<(uint32(i)&63)) != 0
+}
+
+// deployment tracks how many replicas of one deployment each node runs. Most nodes run
+// none, so counts is sparse and the bitset answers "none" without a map lookup.
+type deployment struct {
+	some   []uint64
+	counts map[int32]int32
+	groups []*group
+}
+
+func (d *deployment) count(i int32) int32 {
+	if d.some[i>>6]&(1<<(uint32(i)&63)) == 0 {
+		return 0
+	}
+	return d.counts[i]
+}
+
+func (d *deployment) add(i int32) {
+	if d.counts == nil {
+		d.counts = make(map[int32]int32)
+	}
+	d.counts[i]++
+	d.some[i>>6] |= 1 << (uint32(i) & 63)
+}
+
+// group is the replicas of a deployment that share every placement input but memory.
+type group struct {
+	dep        *deployment
+	selector   map[string]string
+	strategy   Strategy
+	maxPerNode int32
+	reserves   bool
+	// set is the schedulable nodes matching the selector.
+	set *nodeSet
+
+	failed           bool
+	failedMemory     int64
+	lastReason       Reason
+	lastReasonAt     int
+	lastReasonMemory int64
+}
+
+func newSolver(nodes []Node, pending []Replica, tun tuning) *solver {
+	s := &solver{
+		tuning:  tun,
+		nodes:   make([]*Node, len(nodes)),
+		alloc:   make([]int64, len(nodes)),
+		ceiling: make([]int64, len(nodes)),
+		pos:     make([]int32, len(nodes)),
+		sets:    make(map[string]*nodeSet),
+		deps:    make(map[string]*deployment),
+	}
+	for i := range nodes {
+		s.nodes[i] = &nodes[i]
+	}
+	slices.SortStableFunc(s.nodes, func(a, b *Node) int { return strings.Compare(a.Name, b.Name) })
+
+	s.schedulable = &nodeSet{nodes: make([]int32, 0, len(nodes))}
+	for i, n := range s.nodes {
+		s.alloc[i] = n.Ceiling - n.Committed
+		s.ceiling[i] = n.Ceiling
+		switch {
+		case !n.Ready:
+			s.notReady++
+		case n.Unschedulable:
+			s.cordoned++
+		default:
+			s.schedulable.nodes = append(s.schedulable.nodes, int32(i))
+		}
+	}
+	s.byAlloc = slices.Clone(s.schedulable.nodes)
+	slices.SortFunc(s.byAlloc, s.compareAlloc)
+	for k, i := range s.byAlloc {
+		s.pos[i] = int32(k)
+	}
+
+	// Per-deployment counts, only for deployments with pending replicas. The bitsets
+	// share one allocation.
+	words := (len(nodes) + 63) / 64
+	for i := range pending {
+		if _, ok := s.deps[pending[i].Deployment]; !ok {
+			s.deps[pending[i].Deployment] = nil
+		}
+	}
+	slab := make([]uint64, words*len(s.deps))
+	ds := make([]deployment, len(s.deps))
+	k := 0
+	for key := range s.deps {
+		ds[k].some = slab[k*words : (k+1)*words : (k+1)*words]
+		s.deps[key] = &ds[k]
+		k++
+	}
+	for i, n := range s.nodes {
+		for key, c := range n.ReplicasByDeployment {
+			if d := s.deps[key]; d != nil && c > 0 {
+				if d.counts == nil {
+					d.counts = make(map[int32]int32)
+				}
+				d.counts[int32(i)] = int32(min(c, math.MaxInt32))
+				d.some[i>>6] |= 1 << (uint(i) & 63)
+			}
+		}
+	}
+	return s
+}
+
+// compareAlloc orders nodes by allocatable memory, then index (name).
+func (s *solver) compareAlloc(a, b int32) int {
+	if c := cmp.Compare(s.alloc[a], s.alloc[b]); c != 0 {
+		return c
+	}
+	return cmp.Compare(a, b)
+}
+
+// groupFor returns the group of replica r, creating it on first use.
+func (s *solver) groupFor(r *Replica) *group {
+	d := s.deps[r.Deployment]
+	strategy := r.Strategy
+	if strategy != Spread {
+		strategy = BinPack
+	}
+	maxPerNode := int32(min(max(r.MaxPerNode, 1), math.MaxInt32))
+	for _, g := range d.groups {
+		if g.strategy == strategy && g.maxPerNode == maxPerNode && g.reserves == r.Reserves &&
+			maps.Equal(g.selector, r.NodeSelector) {
+			return g
+		}
+	}
+	g := &group{
+		dep:        d,
+		selector:   r.NodeSelector,
+		strategy:   strategy,
+		maxPerNode: maxPerNode,
+		reserves:   r.Reserves,
+		set:        s.matching(r.NodeSelector),
+	}
+	d.groups = append(d.groups, g)
+	return g
+}
+
+// matching returns the schedulable nodes whose labels match the selector.
+func (s *solver) matching(selector map[string]string) *nodeSet {
+	if len(selector) == 0 {
+		return s.schedulable
+	}
+	keys := slices.Sorted(maps.Keys(selector))
+	var sb strings.Builder
+	for _, k := range keys {
+		sb.WriteString(k)
+		sb.WriteByte(0)
+		sb.WriteString(selector[k])
+		sb.WriteByte(0)
+	}
+	canon := sb.String()
+	if set, ok := s.sets[canon]; ok {
+		return set
+	}
+	set := &nodeSet{member: make([]uint64, (len(s.nodes)+63)/64)}
+	for _, i := range s.schedulable.nodes {
+		if selectorMatches(selector, s.nodes[i].Labels) {
+			set.nodes = append(set.nodes, i)
+			set.member[i>>6] |= 1 << (uint32(i) & 63)
+		}
+	}
+	s.sets[canon] = set
+	return set
+}
+
+func selectorMatches(selector, labels map[string]string) bool {
+	for k, v := range selector {
+		if got, ok := labels[k]; !ok || got != v {
+			return false
+		}
+	}
+	return true
+}
+
+// fits is the memory filter: a reserving replica must fit the allocatable memory, a
+// non-reserving one the ceiling.
+func (s *solver) fits(g *group, i int32, mem int64) bool {
+	if g.reserves {
+		return s.alloc[i] >= mem
+	}
+	return s.ceiling[i] >= mem
+}
+
+// underMax is the maxReplicasPerNode filter.
+func (s *solver) underMax(g *group, i int32) bool {
+	return g.dep.count(i) < g.maxPerNode
+}
+
+// pick returns the best feasible node for a replica of group g needing mem bytes, or
+// -1. Small groups scan their own nodes; groups that may use many nodes walk the nodes
+// ordered by allocatable memory, which finds the answer in a few steps.
+func (s *solver) pick(g *group, mem int64) int32 {
+	switch {
+	case len(g.set.nodes) < s.walkFrom:
+		return s.scan(g, mem)
+	case g.strategy == BinPack && g.reserves:
+		return s.walkTightest(g, mem)
+	case g.strategy == Spread:
+		return s.walkSpread(g, mem)
+	default:
+		return s.scan(g, mem)
+	}
+}
+
+// scan picks by visiting every node of the group in name order; only a strictly
+// better candidate replaces the current best, which breaks ties by name.
+func (s *solver) scan(g *group, mem int64) int32 {
+	best := int32(-1)
+	switch {
+	case g.strategy == BinPack && g.reserves:
+		// Tightest fit: least allocatable left after placement.
+		bestLeft := int64(math.MaxInt64)
+		for _, i := range g.set.nodes {
+			left := s.alloc[i] - mem
+			if left < 0 || left >= bestLeft || !s.underMax(g, i) {
+				continue
+			}
+			best, bestLeft = i, left
+			if left == 0 {
+				break
+			}
+		}
+	case g.strategy == BinPack:
+		// A non-reserving replica leaves allocatable unchanged. Prefer the node where
+		// it also fits the free memory most tightly (it can load without pushing
+		// anything out); failing that, the node where it overflows the least.
+		bestOver, bestKey := true, int64(math.MaxInt64)
+		for _, i := range g.set.nodes {
+			if !s.fits(g, i, mem) || !s.underMax(g, i) {
+				continue
+			}
+			left := s.alloc[i] - mem
+			over, key := left < 0, left
+			if over {
+				key = -left
+			}
+			if best < 0 || (bestOver && !over) || (over == bestOver && key < bestKey) {
+				best, bestOver, bestKey = i, over, key
+			}
+		}
+	default:
+		// Spread: fewest replicas of the deployment, then most allocatable.
+		var bestCount int32
+		var bestAlloc int64
+		for _, i := range g.set.nodes {
+			if !s.fits(g, i, mem) {
+				continue
+			}
+			c := g.dep.count(i)
+			if c >= g.maxPerNode {
+				continue
+			}
+			if best < 0 || c < bestCount || (c == bestCount && s.alloc[i] > bestAlloc) {
+				best, bestCount, bestAlloc = i, c, s.alloc[i]
+			}
+		}
+	}
+	return best
+}
+
+// walkTightest is BinPack for a reserving replica: the first feasible node at or above
+// mem in (allocatable, name) order is the tightest fit, ties to the smallest name.
+func (s *solver) walkTightest(g *group, mem int64) int32 {
+	start, _ := slices.BinarySearchFunc(s.byAlloc, mem, func(i int32, mem int64) int {
+		return cmp.Compare(s.alloc[i], mem)
+	})
+	for _, i := range s.byAlloc[start:] {
+		if g.set.has(i) && s.underMax(g, i) {
+			return i
+		}
+	}
+	return -1
+}
+
+// walkSpread is Spread: walking down from the most allocatable node, the first feasible
+// node without replicas of the deployment wins once its equals in allocatable memory
+// (met in descending name order) are seen; a node already running some only wins if
+// no such node exists, so then the walk goes on.
+func (s *solver) walkSpread(g *group, mem int64) int32 {
+	best := int32(-1)
+	var bestCount int32
+	var bestAlloc int64
+	for k := len(s.byAlloc) - 1; k >= 0; k-- {
+		i := s.byAlloc[k]
+		a := s.alloc[i]
+		if (g.reserves && a < mem) || (best >= 0 && bestCount == 0 && a < bestAlloc) {
+			break
+		}
+		if !g.set.has(i) || !s.fits(g, i, mem) {
+			continue
+		}
+		c := g.dep.count(i)
+		if c >= g.maxPerNode {
+			continue
+		}
+		if best < 0 || c < bestCount || (c == bestCount && (a > bestAlloc || (a == bestAlloc && i < best))) {
+			best, bestCount, bestAlloc = i, c, a
+		}
+	}
+	return best
+}
+
+// bind records a replica of group g on node i.
+func (s *solver) bind(g *group, i int32, mem int64) {
+	if g.reserves && mem > 0 {
+		s.alloc[i] -= mem
+		// Move i down byAlloc to its new place, shifting the nodes in between up.
+		from := int(s.pos[i])
+		to, _ := slices.BinarySearchFunc(s.byAlloc[:from], i, s.compareAlloc)
+		copy(s.byAlloc[to+1:from+1], s.byAlloc[to:from])
+		s.byAlloc[to] = i
+		for k := to; k <= from; k++ {
+			s.pos[s.byAlloc[k]] = int32(k)
+		}
+	}
+	g.dep.add(i)
+	s.bound++
+}
+
+// explain runs every filter over every node for a replica of group g needing mem
+// bytes, counting each node under the first filter that rejects it.
+func (s *solver) explain(g *group, mem int64) breakdown {
+	b := breakdown{
+		total:      len(s.nodes),
+		maxPerNode: int(g.maxPerNode),
+		need:       mem,
+		largest:    math.MinInt64,
+		reserves:   g.reserves,
+	}
+	b.rejected[filterNotReady] = s.notReady
+	b.rejected[filterCordoned] = s.cordoned
+	b.rejected[filterSelector] = len(s.schedulable.nodes) - len(g.set.nodes)
+	for _, i := range g.set.nodes {
+		switch {
+		case !s.underMax(g, i):
+			b.rejected[filterMaxPerNode]++
+		case !s.fits(g, i, mem):
+			b.rejected[filterMemory]++
+			offered := s.ceiling[i]
+			if g.reserves {
+				offered = s.alloc[i]
+			}
+			b.largest = max(b.largest, offered)
+		default:
+			b.fit++
+		}
+	}
+	return b
+}

@@ -1,0 +1,426 @@
+// Package estimate computes the memory llama.cpp needs to serve a GGUF model from the
+// model's header alone, read from a local file or over HTTP range requests (a few MiB of
+// a multi-GiB file).
+//
+// The figure is github.com/gpustack/gguf-parser-go's unified-memory ("UMA", the macOS
+// case where CPU and GPU share one memory) estimate of a llama.cpp run with every layer
+// and the output offloaded to the GPU (Metal), without mmap:
+//
+//		Total = Weights + KVCache + Compute + Overhead
+//
+//	  - KVCache: keys and values of every attention layer for ContextLength cells,
+//	    2 × layers × kvHeads × headDim × contextLength × bytesPerElement (f16: 2; q8_0
+//	    and q4_0: their block sizes), with the model's real KV head count (grouped-query
+//	    attention). ContextLength is the *total* context shared by the Parallel slots —
+//	    llama.cpp's n_ctx, of which each slot gets n_ctx/parallel cells, as the runner's
+//	    --ctx — so parallel does not multiply the KV cache. llama.cpp pads n_ctx up to a
+//	    multiple of 32 (256 with flash attention); so does the estimate.
+//	  - Compute: the host compute buffers — graph metadata, scheduler overhead, the
+//	    input tensors, one 512-token micro-batch and the logits.
+//	  - Overhead: tokenizer tables, the header, the output buffer and a 5 MiB allowance.
+//	  - Weights: the rest — the model's tensors, with a tied output projection counted
+//	    a second time (llama.cpp duplicates the token embedding onto the output device).
+//
+// The parser also sizes a GPU compute graph (Result.GPUGraph) that its UMA figure does
+// not include; it is reported, not added.
+//
+// How it relates to what a runner measures: the figure is a conservative upper bound.
+// On the synthesized 175 MiB model (ggufsynth.Mid) it is about 1.65× the runner's
+// measured resident footprint, partly because it counts the tied output tensor twice
+// (in the runner both are the same file pages) and because the buffers are sized for
+// the worst case. The KV figure itself is exact. So the controller reserves this figure
+// for a replica's first placement, and the footprint the agent measures
+// (ModelReplica status.memory) is what later decisions should trust.
+//
+// A quantized KV type (q8_0, q4_0) is estimated with flash attention on, because
+// llama.cpp keeps a quantized V cache only with flash attention; without it the parser
+// would size the V cache as f16.
+package estimate
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"time"
+
+	gguf "github.com/gpustack/gguf-parser-go"
+
+	"github.com/macfleet/macfleet/internal/source"
+)
+
+// KVCacheType is the element type of the KV cache.
+type KVCacheType string
+
+const (
+	KVF16  KVCacheType = "f16"
+	KVQ8_0 KVCacheType = "q8_0"
+	KVQ4_0 KVCacheType = "q4_0"
+)
+
+// Params says which model to estimate and how the engine will run it.
+type Params struct {
+	// URL is an http(s) URL serving the GGUF file; Path a GGUF file on the local disk.
+	// Exactly one must be set.
+	URL  string
+	Path string
+
+	// ContextLength is the total context in tokens, shared by the Parallel slots; 0
+	// means the model's training context.
+	ContextLength int32
+	// Parallel is the number of sequences decoded together; 0 means 1.
+	Parallel int32
+	// KVCacheType is the KV element type; empty means f16.
+	KVCacheType KVCacheType
+
+	// Header is added to every request for URL (e.g. Authorization for a gated repo).
+	Header http.Header
+	// HTTPClient makes the first request to URL, which classifies failures (unreachable,
+	// HTTP status, not a GGUF file, no range support); nil means a client with a 30 s
+	// timeout. The parser's own range requests use its transport, bounded by ctx.
+	HTTPClient *http.Client
+}
+
+// Dims are the model's hyperparameters that the engine pool needs (its prefill guard
+// sizes KV growth per token from them).
+type Dims struct {
+	Architecture string
+	// Layers is the number of transformer blocks.
+	Layers int64
+	// Heads and KVHeads are the attention and key/value head counts.
+	Heads, KVHeads int64
+	// HeadDimK and HeadDimV are the key and value head sizes.
+	HeadDimK, HeadDimV int64
+	// Embd is the embedding width.
+	Embd int64
+	// Vocab is the vocabulary size.
+	Vocab int64
+	// CtxTrain is the context length the model was trained with.
+	CtxTrain int64
+	// Params is the number of parameters.
+	Params int64
+}
+
+// Result is the memory estimate for one engine serving the model.
+type Result struct {
+	// Total is the memory to reserve: Weights + KVCache + Compute + Overhead.
+	Total int64
+	// Weights are the model's tensors (a tied output projection counted twice).
+	Weights int64
+	// KVCache is the keys and values of ContextLength cells.
+	KVCache int64
+	// Compute is the host compute buffers: graph metadata, inputs, one micro-batch's
+	// activations and the logits.
+	Compute int64
+	// Overhead is the tokenizer tables, the header, the output buffer and a fixed load
+	// allowance.
+	Overhead int64
+	// GPUGraph is the parser's size of the GPU compute graph, which its unified-memory
+	// figure — and so Total — leaves out. Informational.
+	GPUGraph int64
+
+	// ContextLength is the context the KV cache was sized for, after padding.
+	ContextLength int64
+	// Parallel is the number of sequences the estimate assumed.
+	Parallel int32
+	// KVCacheType is the KV element type the estimate assumed.
+	KVCacheType KVCacheType
+	// FlashAttention says whether the estimate assumed flash attention.
+	FlashAttention bool
+
+	// FileSize is the size of the GGUF file (all shards).
+	FileSize int64
+	// Dims are the model's hyperparameters.
+	Dims Dims
+}
+
+// NotGGUFError is a file that does not start with the GGUF magic.
+type NotGGUFError struct {
+	Location string
+	// Magic is the first bytes read (at most 4).
+	Magic []byte
+}
+
+func (e *NotGGUFError) Error() string {
+	return fmt.Sprintf("%s is not a GGUF file (starts with %q)", e.Location, e.Magic)
+}
+
+// NoRangeError is a server that does not answer range requests, so the header could
+// only be read by downloading the whole file.
+type NoRangeError struct {
+	URL string
+}
+
+func (e *NoRangeError) Error() string {
+	return fmt.Sprintf("%s does not support HTTP range requests: the GGUF header cannot be read without downloading the model; set resources.memory", e.URL)
+}
+
+// ParseError is a GGUF file whose header could not be parsed (truncated or corrupt).
+type ParseError struct {
+	Location string
+	Err      error
+}
+
+func (e *ParseError) Error() string {
+	return fmt.Sprintf("parsing the GGUF header of %s: %v", e.Location, e.Err)
+}
+
+func (e *ParseError) Unwrap() error { return e.Err }
+
+// UnsupportedModelError is a GGUF file that is not a language model llama.cpp serves
+// on its own (a projector, an adapter, an imatrix) or lacks the attention
+// hyperparameters.
+type UnsupportedModelError struct {
+	Location     string
+	Type         string
+	Architecture string
+	Reason       string
+}
+
+func (e *UnsupportedModelError) Error() string {
+	return fmt.Sprintf("%s: %s (type %q, architecture %q)", e.Location, e.Reason, e.Type, e.Architecture)
+}
+
+// ParamsError is an invalid Params.
+type ParamsError struct{ Reason string }
+
+func (e *ParamsError) Error() string { return "invalid estimate parameters: " + e.Reason }
+
+// ggufMagic is "GGUF" as it appears at the start of every GGUF file.
+var ggufMagic = []byte("GGUF")
+
+// readBufferSize is the parser's range-request buffer: each request asks for this
+// much, so a header of a few hundred KiB costs one or two requests.
+const readBufferSize = 1 << 20
+
+// Estimate reads the GGUF header at p.URL or p.Path and returns llama.cpp's memory
+// needs for p's engine settings. Failures are typed: *source.UnreachableError,
+// *source.StatusError, *NotGGUFError, *NoRangeError, *ParseError,
+// *UnsupportedModelError, *ParamsError, or a wrapped os error for a local path.
+func Estimate(ctx context.Context, p Params) (Result, error) {
+	if err := p.validate(); err != nil {
+		return Result{}, err
+	}
+	var (
+		gf  *gguf.GGUFFile
+		err error
+	)
+	if p.Path != "" {
+		gf, err = parseLocal(p.Path)
+	} else {
+		gf, err = parseRemote(ctx, p)
+	}
+	if err != nil {
+		return Result{}, err
+	}
+	return compute(gf, p.location(), p)
+}
+
+func (p Params) location() string {
+	if p.Path != "" {
+		return p.Path
+	}
+	return p.URL
+}
+
+func (p Params) validate() error {
+	switch {
+	case (p.URL == "") == (p.Path == ""):
+		return &ParamsError{Reason: "exactly one of URL and Path must be set"}
+	case p.ContextLength < 0:
+		return &ParamsError{Reason: fmt.Sprintf("contextLength %d is negative", p.ContextLength)}
+	case p.Parallel < 0:
+		return &ParamsError{Reason: fmt.Sprintf("parallel %d is negative", p.Parallel)}
+	}
+	if _, err := p.KVCacheType.ggml(); err != nil {
+		return err
+	}
+	return nil
+}
+
+func (t KVCacheType) ggml() (gguf.GGMLType, error) {
+	switch t {
+	case "", KVF16:
+		return gguf.GGMLTypeF16, nil
+	case KVQ8_0:
+		return gguf.GGMLTypeQ8_0, nil
+	case KVQ4_0:
+		return gguf.GGMLTypeQ4_0, nil
+	}
+	return 0, &ParamsError{Reason: fmt.Sprintf("unknown KV cache type %q (want f16, q8_0 or q4_0)", t)}
+}
+
+func parseLocal(path string) (*gguf.GGUFFile, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("opening model file: %w", err)
+	}
+	magic := make([]byte, len(ggufMagic))
+	n, err := io.ReadFull(f, magic)
+	_ = f.Close()
+	if err != nil && !errors.Is(err, io.ErrUnexpectedEOF) && !errors.Is(err, io.EOF) {
+		return nil, fmt.Errorf("reading model file %s: %w", path, err)
+	}
+	if string(magic[:n]) != string(ggufMagic) {
+		return nil, &NotGGUFError{Location: path, Magic: magic[:n]}
+	}
+	return parse(path, func() (*gguf.GGUFFile, error) {
+		return gguf.ParseGGUFFile(path, gguf.SkipLargeMetadata())
+	})
+}
+
+func parseRemote(ctx context.Context, p Params) (*gguf.GGUFFile, error) {
+	if err := probe(ctx, p); err != nil {
+		return nil, err
+	}
+	opts := []gguf.GGUFReadOption{gguf.SkipLargeMetadata(), gguf.UseBufferSize(readBufferSize), gguf.SkipCache()}
+	if len(p.Header) > 0 {
+		h := make(map[string]string, len(p.Header))
+		for k := range p.Header {
+			h[k] = p.Header.Get(k)
+		}
+		opts = append(opts, gguf.UseHeaders(h))
+	}
+	return parse(p.URL, func() (*gguf.GGUFFile, error) {
+		gf, err := gguf.ParseGGUFFileRemote(ctx, p.URL, opts...)
+		if err != nil && ctx.Err() != nil {
+			return nil, fmt.Errorf("reading the GGUF header of %s: %w", p.URL, ctx.Err())
+		}
+		return gf, err
+	})
+}
+
+// parse runs the parser, turning its errors and panics (it panics on some corrupt
+// headers) into *ParseError.
+func parse(loc string, f func() (*gguf.GGUFFile, error)) (gf *gguf.GGUFFile, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			gf, err = nil, &ParseError{Location: loc, Err: fmt.Errorf("parser panicked: %v", r)}
+		}
+	}()
+	gf, err = f()
+	if err != nil {
+		if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+			return nil, err
+		}
+		return nil, &ParseError{Location: loc, Err: err}
+	}
+	return gf, nil
+}
+
+var defaultClient = &http.Client{Timeout: 30 * time.Second}
+
+// probe asks for the first bytes of the file with a range request, so that the
+// common failures get a precise, typed error before the parser runs (its own errors
+// are untyped strings, and it retries unreachable servers for seconds).
+func probe(ctx context.Context, p Params) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, p.URL, nil)
+	if err != nil {
+		return &ParamsError{Reason: fmt.Sprintf("URL %q: %v", p.URL, err)}
+	}
+	for k, vs := range p.Header {
+		for _, v := range vs {
+			req.Header.Add(k, v)
+		}
+	}
+	req.Header.Set("Range", fmt.Sprintf("bytes=0-%d", len(ggufMagic)-1))
+	cli := p.HTTPClient
+	if cli == nil {
+		cli = defaultClient
+	}
+	resp, err := cli.Do(req)
+	if err != nil {
+		if ctx.Err() != nil {
+			return fmt.Errorf("reading the GGUF header of %s: %w", p.URL, ctx.Err())
+		}
+		return source.Unreachable(p.URL, err)
+	}
+	defer func() { _ = resp.Body.Close() }()
+	switch resp.StatusCode {
+	case http.StatusPartialContent:
+	case http.StatusOK:
+		// The server ignored the range: it would send the whole file.
+		return &NoRangeError{URL: p.URL}
+	default:
+		return &source.StatusError{URL: p.URL, StatusCode: resp.StatusCode, Status: resp.Status}
+	}
+	magic := make([]byte, len(ggufMagic))
+	n, err := io.ReadFull(resp.Body, magic)
+	if err != nil && !errors.Is(err, io.ErrUnexpectedEOF) && !errors.Is(err, io.EOF) {
+		return source.Unreachable(p.URL, err)
+	}
+	if string(magic[:n]) != string(ggufMagic) {
+		return &NotGGUFError{Location: p.URL, Magic: magic[:n]}
+	}
+	return nil
+}
+
+func compute(gf *gguf.GGUFFile, loc string, p Params) (Result, error) {
+	a := gf.Architecture()
+	if a.Type != "model" {
+		return Result{}, &UnsupportedModelError{Location: loc, Type: a.Type, Architecture: a.Architecture,
+			Reason: "not a language model llama.cpp can serve on its own"}
+	}
+	if a.BlockCount == 0 || a.EmbeddingLength == 0 {
+		return Result{}, &UnsupportedModelError{Location: loc, Type: a.Type, Architecture: a.Architecture,
+			Reason: "the header lacks block_count or embedding_length"}
+	}
+	kvType, _ := p.KVCacheType.ggml()
+	parallel := max(p.Parallel, 1)
+	opts := []gguf.GGUFRunEstimateOption{
+		gguf.WithParallelSize(parallel),
+		gguf.WithLLaMACppCacheKeyType(kvType),
+		gguf.WithLLaMACppCacheValueType(kvType),
+	}
+	flash := kvType != gguf.GGMLTypeF16
+	if flash {
+		opts = append(opts, gguf.WithFlashAttention())
+	}
+	if p.ContextLength > 0 {
+		opts = append(opts, gguf.WithLLaMACppContextSize(p.ContextLength))
+	}
+	e := gf.EstimateLLaMACppRun(opts...)
+
+	// The parser's unified-memory figure (Apple Silicon: host and GPU share one
+	// memory) for a run without mmap; weights are what is left of it after the KV
+	// cache, the host compute buffers and the overhead.
+	sum := e.SummarizeItem(false, 0, 0)
+	var r Result
+	r.Total = int64(sum.RAM.UMA)
+	for _, v := range sum.VRAMs {
+		r.Total += int64(v.UMA)
+	}
+	for i, d := range e.Devices {
+		r.KVCache += int64(d.KVCache.Sum())
+		r.Overhead += int64(d.Footprint)
+		if i == 0 {
+			r.Compute += int64(d.Computation.Sum())
+		} else {
+			r.GPUGraph += int64(d.Computation.Sum())
+		}
+	}
+	r.Weights = r.Total - r.KVCache - r.Compute - r.Overhead
+	r.ContextLength = int64(e.ContextSize)
+	r.Parallel = parallel
+	r.KVCacheType = p.KVCacheType
+	if r.KVCacheType == "" {
+		r.KVCacheType = KVF16
+	}
+	r.FlashAttention = e.FlashAttention
+	r.FileSize = int64(gf.Size)
+	r.Dims = Dims{
+		Architecture: a.Architecture,
+		Layers:       int64(a.BlockCount),
+		Heads:        int64(a.AttentionHeadCount),
+		KVHeads:      int64(a.AttentionHeadCountKV),
+		HeadDimK:     int64(a.AttentionKeyLength),
+		HeadDimV:     int64(a.AttentionValueLength),
+		Embd:         int64(a.EmbeddingLength),
+		Vocab:        int64(a.VocabularyLength),
+		CtxTrain:     int64(a.MaximumContextLength),
+		Params:       int64(gf.ModelParameters),
+	}
+	return r, nil
+}

@@ -1,0 +1,347 @@
+package estimate
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/macfleet/macfleet/internal/ggufsynth"
+	"github.com/macfleet/macfleet/internal/source"
+)
+
+// models are synthesized once per test binary into one temp dir.
+var (
+	modelsOnce sync.Once
+	modelsDir  string
+	modelsErr  error
+)
+
+func model(t *testing.T, spec ggufsynth.Spec) string {
+	t.Helper()
+	modelsOnce.Do(func() { modelsDir, modelsErr = os.MkdirTemp("", "estimate-test-") })
+	if modelsErr != nil {
+		t.Fatal(modelsErr)
+	}
+	p := filepath.Join(modelsDir, spec.Name+".gguf")
+	if _, err := os.Stat(p); err == nil {
+		return p
+	}
+	if err := ggufsynth.Write(p, spec); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if modelsDir != "" {
+		_ = os.RemoveAll(modelsDir)
+	}
+	os.Exit(code)
+}
+
+// fileServer serves one file with http.ServeContent (which answers HEAD and range
+// requests) and counts what it was asked for and what it sent.
+type fileServer struct {
+	*httptest.Server
+	requests    atomic.Int64
+	ranged      atomic.Int64
+	bytesSent   atomic.Int64
+	ignoreRange bool
+}
+
+func serveFile(t *testing.T, path string) *fileServer {
+	t.Helper()
+	fsrv := &fileServer{}
+	fsrv.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fsrv.requests.Add(1)
+		if r.Header.Get("Range") != "" {
+			fsrv.ranged.Add(1)
+		}
+		if fsrv.ignoreRange {
+			r.Header.Del("Range")
+			w = noRanges{w}
+		}
+		f, err := os.Open(path)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		defer f.Close()
+		fi, _ := f.Stat()
+		cw := &countingWriter{ResponseWriter: w, n: &fsrv.bytesSent}
+		http.ServeContent(cw, r, filepath.Base(path), fi.ModTime(), f)
+	}))
+	t.Cleanup(fsrv.Close)
+	return fsrv
+}
+
+type countingWriter struct {
+	http.ResponseWriter
+	n *atomic.Int64
+}
+
+func (c *countingWriter) Write(p []byte) (int, error) {
+	n, err := c.ResponseWriter.Write(p)
+	c.n.Add(int64(n))
+	return n, err
+}
+
+// noRanges hides the Accept-Ranges header ServeContent would set.
+type noRanges struct{ http.ResponseWriter }
+
+func (n noRanges) WriteHeader(code int) {
+	n.Header().Del("Accept-Ranges")
+	n.ResponseWriter.WriteHeader(code)
+}
+
+// kvBytes is the KV cache of spec for ctx cells: 2 × layers × kvHeads × headDim × ctx
+// elements, each of bytesPerElem (f16 2; q8_0 34/32; q4_0 18/32).
+func kvBytes(spec ggufsynth.Spec, ctx int64, kv KVCacheType) int64 {
+	elems := 2 * int64(spec.Layers) * int64(spec.KVHeads) * int64(spec.HeadDim()) * ctx
+	switch kv {
+	case KVQ8_0:
+		return elems / 32 * 34
+	case KVQ4_0:
+		return elems / 32 * 18
+	}
+	return elems * 2
+}
+
+func TestKVCacheMatchesFormula(t *testing.T) {
+	for _, spec := range []ggufsynth.Spec{ggufsynth.Tiny(), ggufsynth.Small()} {
+		path := model(t, spec)
+		srv := serveFile(t, path)
+		for _, tc := range []struct {
+			ctx int32
+			kv  KVCacheType
+		}{
+			{2048, KVF16}, {4096, KVF16}, {8192, ""}, {32768, KVF16},
+			{4096, KVQ8_0}, {4096, KVQ4_0}, {16384, KVQ8_0},
+		} {
+			for _, where := range []string{"local", "remote"} {
+				t.Run(fmt.Sprintf("%s/ctx=%d/kv=%s/%s", spec.Name, tc.ctx, tc.kv, where), func(t *testing.T) {
+					p := Params{ContextLength: tc.ctx, Parallel: 2, KVCacheType: tc.kv}
+					if where == "local" {
+						p.Path = path
+					} else {
+						p.URL = srv.URL + "/model.gguf"
+					}
+					r, err := Estimate(t.Context(), p)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if want := kvBytes(spec, int64(tc.ctx), tc.kv); r.KVCache != want {
+						t.Errorf("KVCache = %d, want 2×%d layers×%d kv heads×%d head dim×%d ctx×elem = %d",
+							r.KVCache, spec.Layers, spec.KVHeads, spec.HeadDim(), tc.ctx, want)
+					}
+					if r.ContextLength != int64(tc.ctx) {
+						t.Errorf("ContextLength = %d, want %d", r.ContextLength, tc.ctx)
+					}
+					if sum := r.Weights + r.KVCache + r.Compute + r.Overhead; r.Total != sum {
+						t.Errorf("Total %d != Weights+KVCache+Compute+Overhead %d", r.Total, sum)
+					}
+					if r.Weights < r.FileSize/2 || r.Overhead <= 0 || r.Compute <= 0 {
+						t.Errorf("implausible breakdown %+v", r)
+					}
+					if r.FlashAttention != (tc.kv == KVQ8_0 || tc.kv == KVQ4_0) {
+						t.Errorf("FlashAttention = %v for kv %q", r.FlashAttention, tc.kv)
+					}
+				})
+			}
+		}
+	}
+}
+
+func TestDims(t *testing.T) {
+	spec := ggufsynth.Mid()
+	r, err := Estimate(t.Context(), Params{Path: model(t, spec), ContextLength: 4096})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Dims{
+		Architecture: "llama", Layers: int64(spec.Layers), Heads: int64(spec.Heads), KVHeads: int64(spec.KVHeads),
+		HeadDimK: int64(spec.HeadDim()), HeadDimV: int64(spec.HeadDim()), Embd: int64(spec.Embd),
+		Vocab: int64(spec.Vocab), CtxTrain: int64(spec.Ctx), Params: spec.Params(),
+	}
+	if diff := cmp.Diff(want, r.Dims); diff != "" {
+		t.Errorf("Dims mismatch (-want +got):\n%s", diff)
+	}
+	if want := kvBytes(spec, 4096, KVF16); r.KVCache != want {
+		t.Errorf("KVCache = %d, want %d", r.KVCache, want)
+	}
+	fi, _ := os.Stat(model(t, spec))
+	if r.FileSize != fi.Size() {
+		t.Errorf("FileSize = %d, want %d", r.FileSize, fi.Size())
+	}
+	// The parser counts the tied output projection a second time: weights exceed the
+	// file's tensors by about the embedding.
+	embd := int64(spec.Vocab) * int64(spec.Embd) * 2
+	if r.Weights < fi.Size()+embd*9/10 {
+		t.Errorf("Weights = %d, want at least the file (%d) plus the tied embedding (%d)", r.Weights, fi.Size(), embd)
+	}
+	t.Logf("mid: total %.1f MiB = weights %.1f + kv %.1f + compute %.1f + overhead %.1f (file %.1f MiB; GPU graph %.1f MiB not included)",
+		mib(r.Total), mib(r.Weights), mib(r.KVCache), mib(r.Compute), mib(r.Overhead), mib(r.FileSize), mib(r.GPUGraph))
+}
+
+func mib(n int64) float64 { return float64(n) / (1 << 20) }
+
+// The default context is the model's training context.
+func TestDefaults(t *testing.T) {
+	spec := ggufsynth.Tiny()
+	r, err := Estimate(t.Context(), Params{Path: model(t, spec)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.ContextLength != int64(spec.Ctx) || r.Parallel != 1 || r.KVCacheType != KVF16 {
+		t.Errorf("defaults: ctx %d parallel %d kv %q, want %d, 1, f16", r.ContextLength, r.Parallel, r.KVCacheType, spec.Ctx)
+	}
+	if want := kvBytes(spec, int64(spec.Ctx), KVF16); r.KVCache != want {
+		t.Errorf("KVCache = %d, want %d", r.KVCache, want)
+	}
+}
+
+func TestGrowsWithContextNotParallel(t *testing.T) {
+	path := model(t, ggufsynth.Small())
+	est := func(ctx, par int32) Result {
+		t.Helper()
+		r, err := Estimate(t.Context(), Params{Path: path, ContextLength: ctx, Parallel: par})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	prev := est(1024, 1)
+	for _, ctx := range []int32{2048, 4096, 8192, 16384} {
+		r := est(ctx, 1)
+		if r.Total <= prev.Total || r.KVCache <= prev.KVCache {
+			t.Errorf("ctx %d: total %d kv %d, not above ctx/2: total %d kv %d", ctx, r.Total, r.KVCache, prev.Total, prev.KVCache)
+		}
+		prev = r
+	}
+	// contextLength is the total context shared by the slots (llama.cpp n_ctx), so more
+	// slots never shrink the estimate and do not multiply the KV cache.
+	base := est(8192, 1)
+	for _, par := range []int32{2, 4, 16} {
+		r := est(8192, par)
+		if r.Total < base.Total || r.KVCache != base.KVCache {
+			t.Errorf("parallel %d: total %d kv %d; parallel 1: total %d kv %d", par, r.Total, r.KVCache, base.Total, base.KVCache)
+		}
+	}
+}
+
+// A remote estimate reads the header with range requests: a few MiB of a 175 MiB model.
+func TestRemoteUsesRangeRequests(t *testing.T) {
+	path := model(t, ggufsynth.Mid())
+	fi, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := serveFile(t, path)
+	remote, err := Estimate(t.Context(), Params{URL: srv.URL + "/mid.gguf", ContextLength: 8192, Parallel: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	local, err := Estimate(t.Context(), Params{Path: path, ContextLength: 8192, Parallel: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(local, remote); diff != "" {
+		t.Errorf("remote and local estimates differ (-local +remote):\n%s", diff)
+	}
+	sent, reqs, ranged := srv.bytesSent.Load(), srv.requests.Load(), srv.ranged.Load()
+	t.Logf("served %d of %d bytes (%.2f%%) in %d requests, %d with Range", sent, fi.Size(), 100*float64(sent)/float64(fi.Size()), reqs, ranged)
+	if ranged == 0 {
+		t.Errorf("the server saw no Range header in %d requests", reqs)
+	}
+	if sent > fi.Size()/20 {
+		t.Errorf("served %d bytes of a %d byte model, want under 5%%", sent, fi.Size())
+	}
+}
+
+func TestErrors(t *testing.T) {
+	tiny := model(t, ggufsynth.Tiny())
+	good := serveFile(t, tiny)
+
+	noRange := serveFile(t, tiny)
+	noRange.ignoreRange = true
+
+	textPath := filepath.Join(t.TempDir(), "readme.gguf")
+	if err := os.WriteFile(textPath, []byte("<html>not a model</html>"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	text := serveFile(t, textPath)
+
+	data, err := os.ReadFile(tiny)
+	if err != nil {
+		t.Fatal(err)
+	}
+	truncPath := filepath.Join(t.TempDir(), "trunc.gguf")
+	if err := os.WriteFile(truncPath, data[:200], 0o644); err != nil {
+		t.Fatal(err)
+	}
+	trunc := serveFile(t, truncPath)
+
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := "http://" + l.Addr().String() + "/m.gguf"
+	_ = l.Close()
+
+	notFound := httptest.NewServer(http.NotFoundHandler())
+	t.Cleanup(notFound.Close)
+
+	as := func(target any) func(error) bool {
+		return func(err error) bool { return errors.As(err, target) }
+	}
+	tests := []struct {
+		name    string
+		p       Params
+		is      func(error) bool
+		wantMsg string
+	}{
+		{"unreachable", Params{URL: dead}, as(new(*source.UnreachableError)), "unreachable"},
+		{"404", Params{URL: notFound.URL + "/m.gguf"}, func(err error) bool {
+			var se *source.StatusError
+			return errors.As(err, &se) && se.NotFound()
+		}, "404 Not Found"},
+		{"not a GGUF remote", Params{URL: text.URL + "/x.gguf"}, as(new(*NotGGUFError)), `not a GGUF file (starts with "<htm")`},
+		{"not a GGUF local", Params{Path: textPath}, as(new(*NotGGUFError)), "not a GGUF file"},
+		{"no range support", Params{URL: noRange.URL + "/x.gguf"}, as(new(*NoRangeError)), "does not support HTTP range requests"},
+		{"truncated remote", Params{URL: trunc.URL + "/x.gguf"}, as(new(*ParseError)), "parsing the GGUF header"},
+		{"truncated local", Params{Path: truncPath}, as(new(*ParseError)), "parsing the GGUF header"},
+		{"missing local", Params{Path: filepath.Join(t.TempDir(), "none.gguf")}, func(err error) bool { return errors.Is(err, fs.ErrNotExist) }, "no such file"},
+		{"no location", Params{}, as(new(*ParamsError)), "exactly one of URL and Path"},
+		{"both locations", Params{URL: good.URL, Path: tiny}, as(new(*ParamsError)), "exactly one of URL and Path"},
+		{"bad kv type", Params{Path: tiny, KVCacheType: "q5_1"}, as(new(*ParamsError)), `unknown KV cache type "q5_1"`},
+		{"negative ctx", Params{Path: tiny, ContextLength: -1}, as(new(*ParamsError)), "negative"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			start := time.Now()
+			_, err := Estimate(t.Context(), tt.p)
+			if err == nil || !tt.is(err) {
+				t.Fatalf("Estimate error = %v (%T), wrong type", err, err)
+			}
+			if !strings.Contains(err.Error(), tt.wantMsg) {
+				t.Errorf("error %q does not contain %q", err, tt.wantMsg)
+			}
+			if d := time.Since(start); d > 5*time.Second {
+				t.Errorf("took %v to fail", d)
+			}
+		})
+	}
+}

@@ -20,6 +20,8 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/macfleet/macfleet/internal/ggufsynth"
 )
 
 // TestProcessRunner runs real processes of metal/internal/fakerunner, a program that
@@ -419,6 +421,93 @@ func TestProcessRunner(t *testing.T) {
 			})
 		}
 	})
+}
+
+// TestProcessRunnerRealRunner starts the real macfleet-runner on a synthesized tiny
+// model and serves completions through Client().
+func TestProcessRunnerRealRunner(t *testing.T) {
+	bin := os.Getenv(RunnerEnv)
+	if bin == "" {
+		t.Skipf("%s is unset: build the runner with `make runner` and point %s at bin/macfleet-runner (`make test` does both)", RunnerEnv, RunnerEnv)
+	}
+	if _, err := os.Stat(bin); err != nil {
+		t.Fatalf("%s=%s: %v", RunnerEnv, bin, err)
+	}
+	model := filepath.Join(t.TempDir(), "tiny.gguf")
+	if err := ggufsynth.Write(model, ggufsynth.Tiny()); err != nil {
+		t.Fatal(err)
+	}
+	var out procSyncBuffer
+	f := NewProcessFactory(ProcessConfig{RunnerPath: bin, Threads: 2, Output: &out})
+	spec := ModelSpec{Name: "tiny", Path: model, ContextLength: 1024, Parallel: 2}
+	began := time.Now()
+	r := procStart(t, f, spec, 1<<30)
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	if err := r.WaitReady(ctx); err != nil {
+		t.Fatalf("WaitReady: %v\nrunner output:\n%s", err, out.String())
+	}
+	t.Logf("real runner: listening after %v, ready after %v", r.StartupDuration(), time.Since(began))
+
+	st, err := r.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.State != "ready" || st.PID != r.PID() || st.SlotsTotal != 2 || st.FootprintBytes <= 0 {
+		t.Errorf("Status = %+v: want ready, pid %d, 2 slots, a footprint", st, r.PID())
+	}
+	gauge, err := NewGauge()
+	if err != nil {
+		t.Fatal(err)
+	}
+	fp, err := gauge.Process(r.PID())
+	if err != nil || fp <= 0 {
+		t.Errorf("measured footprint %d, %v", fp, err)
+	}
+	t.Logf("footprint: runner says %d bytes, the gauge measures %d", st.FootprintBytes, fp)
+
+	body := procPost(t, r, `{"prompt":"Hello","max_tokens":8,"temperature":0}`)
+	var cr struct {
+		Choices []struct {
+			Text         string `json:"text"`
+			FinishReason string `json:"finish_reason"`
+		} `json:"choices"`
+		Usage struct {
+			PromptTokens     int `json:"prompt_tokens"`
+			CompletionTokens int `json:"completion_tokens"`
+		} `json:"usage"`
+	}
+	if err := json.Unmarshal([]byte(body), &cr); err != nil {
+		t.Fatalf("completion %s: %v", body, err)
+	}
+	if len(cr.Choices) != 1 || !slices.Contains([]string{"stop", "length"}, cr.Choices[0].FinishReason) ||
+		cr.Usage.PromptTokens <= 0 || cr.Usage.CompletionTokens > 8 {
+		t.Errorf("completion = %s", body)
+	}
+	events, err := procStream(ctx, r, 8)
+	if err != nil || events[len(events)-1] != "[DONE]" {
+		t.Errorf("stream: %v, events %q", err, events)
+	}
+
+	if err := r.SetLimits(ctx, Limits{CeilingBytes: 1 << 30, HardLimitBytes: 8 << 30, HostUsedBytes: 1 << 30}); err != nil {
+		t.Errorf("SetLimits: %v", err)
+	}
+	if _, err := r.ClearCache(ctx); err != nil {
+		t.Errorf("ClearCache: %v", err)
+	}
+	if n, err := r.Abort(ctx); err != nil || n != 0 {
+		t.Errorf("Abort = %d, %v", n, err)
+	}
+
+	began = time.Now()
+	if err := r.Stop(ctx, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("real runner stopped by %s in %v", r.StoppedBy(), time.Since(began))
+	procCheckGone(t, r)
+	if r.StoppedBy() != StopShutdown || r.ExitErr() != nil {
+		t.Errorf("StoppedBy %q, ExitErr %v: want a graceful stop", r.StoppedBy(), r.ExitErr())
+	}
 }
 
 const (

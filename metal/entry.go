@@ -1,0 +1,215 @@
+package metal
+
+import (
+	"context"
+	"time"
+)
+
+// State is an entry's place in its life cycle:
+// Absent → Loading → Ready → Draining → Stopping → Unloaded, and Failed.
+type State string
+
+const (
+	// StateAbsent: registered, never loaded.
+	StateAbsent State = "Absent"
+	// StateLoading: admitted (or being admitted), reservation held, runner starting.
+	StateLoading State = "Loading"
+	// StateReady: serving; accepts leases.
+	StateReady State = "Ready"
+	// StateDraining: refuses new leases, waits for the ones in flight, then aborts.
+	StateDraining State = "Draining"
+	// StateStopping: runner being stopped and its memory settling.
+	StateStopping State = "Stopping"
+	// StateUnloaded: was loaded, now stopped; the next Acquire loads it again.
+	StateUnloaded State = "Unloaded"
+	// StateFailed: the last load failed or the runner crashed; sticky until the
+	// backoff passes, then the next Acquire loads it again.
+	StateFailed State = "Failed"
+)
+
+// transient states have an owner goroutine driving them forward under a deadline.
+func (s State) transient() bool {
+	return s == StateLoading || s == StateDraining || s == StateStopping
+}
+
+// UnloadReason says why an engine was stopped.
+type UnloadReason string
+
+const (
+	ReasonAdmin       UnloadReason = "admin"
+	ReasonIdle        UnloadReason = "idle"
+	ReasonEviction    UnloadReason = "eviction"     // admission made room for another model
+	ReasonPressure    UnloadReason = "pressure"     // the memory enforcer
+	ReasonOverCeiling UnloadReason = "over-ceiling" // runner exceeded its own ceiling by >10%
+	ReasonRemoved     UnloadReason = "removed"      // the model left the configuration
+	ReasonShutdown    UnloadReason = "shutdown"
+	ReasonCrash       UnloadReason = "crash"
+	ReasonLoadFailed  UnloadReason = "load-failed"
+	ReasonLoadAborted UnloadReason = "load-aborted"
+)
+
+// graceful reasons wait the long drain deadline; pressure reasons the short one.
+func (r UnloadReason) graceful() bool {
+	switch r {
+	case ReasonPressure, ReasonOverCeiling:
+		return false
+	}
+	return true
+}
+
+// evicts says whether the reason counts as an eviction in the pool's counters.
+func (r UnloadReason) evicts() bool {
+	return r == ReasonEviction || r == ReasonPressure || r == ReasonOverCeiling
+}
+
+// SettleOutcome is how the settle barrier ended.
+type SettleOutcome string
+
+const (
+	// Settled: the host gauge gave back the runner's footprint (within tolerance).
+	Settled SettleOutcome = "Settled"
+	// Indeterminate: another engine was loading or serving, so the global gauge could
+	// not be attributed to this unload; FreedBytes is the runner's last footprint.
+	Indeterminate SettleOutcome = "Indeterminate"
+	// TimedOut: the memory did not come back within the settle timeout.
+	TimedOut SettleOutcome = "TimedOut"
+)
+
+// UnloadReport is what one unload gave back.
+type UnloadReport struct {
+	Reason UnloadReason `json:"reason"`
+	// FreedBytes is never negative. Settled/TimedOut: the drop of the host gauge;
+	// Indeterminate: the runner's last measured footprint.
+	FreedBytes int64 `json:"freedBytes"`
+	// ResidentBytes is the runner's footprint measured just before it was stopped.
+	ResidentBytes int64         `json:"residentBytes"`
+	Outcome       SettleOutcome `json:"outcome"`
+	// Duration runs from the start of the drain to the end of the settle.
+	Duration time.Duration `json:"duration"`
+	Time     time.Time     `json:"time"`
+	// Aborted is the number of in-flight generations the drain had to abort.
+	Aborted int `json:"aborted,omitempty"`
+}
+
+// entry is one registered model. Every field is guarded by Pool.mu.
+type entry struct {
+	// spec is the desired spec, used by the next load. A loaded engine keeps the spec
+	// it was started with (engine.spec), so a config reload never replaces it.
+	spec  ModelSpec
+	state State
+	// eng is the engine of the current load (Loading with a reservation, Ready,
+	// Draining, Stopping); nil otherwise.
+	eng *engine
+	// attempt is the load in progress while Loading.
+	attempt *loadAttempt
+	// transition is closed when the entry next reaches a stable state; nil while stable.
+	transition chan struct{}
+
+	lastUsed   time.Time
+	failures   int
+	failReason string
+	retryAt    time.Time
+	lastErr    error
+	lastUnload *UnloadReport
+	// removed entries are deleted once their engine has stopped.
+	removed bool
+}
+
+// loadAttempt is one load; waiters block on done and then read err.
+type loadAttempt struct {
+	done   chan struct{}
+	err    error
+	cancel context.CancelCauseFunc
+	// cancelReason is set when someone (unload, pressure, shutdown) cancels the load.
+	cancelReason UnloadReason
+	cancelErr    error
+	started      time.Time
+}
+
+// engine is one runner lifetime. Leases point at an engine, not at the entry, so
+// counters of a stopped engine can never leak into the next one. Fields are guarded
+// by Pool.mu except where noted.
+type engine struct {
+	entry *entry
+	name  string
+	gen   uint64
+	// spec is what the runner was started with (immutable).
+	spec ModelSpec
+	// reservation is held in Pool.committed from admission until after settle.
+	reservation int64
+	// runner, pid are set once the factory returned, before any lease exists.
+	runner Runner
+	pid    int
+
+	inUse int
+	// released is closed when inUse reaches zero while the drain waits for it.
+	released chan struct{}
+	// stopped is closed when the engine is invalidated (stopping or crashed); stopErr
+	// (written before the close) says why.
+	stopped chan struct{}
+	stopErr error
+	// tearingDown marks that an owner goroutine is stopping this engine.
+	tearingDown bool
+
+	footprint      int64
+	peak           int64
+	activeReported int
+	requests       int64
+	loadedAt       time.Time
+	// overCeilingSince guards against acting twice on one over-ceiling runner.
+	overCeiling bool
+}
+
+func newEngine(e *entry, spec ModelSpec, gen uint64, reservation int64) *engine {
+	return &engine{
+		entry:       e,
+		name:        spec.Name,
+		gen:         gen,
+		spec:        spec,
+		reservation: reservation,
+		stopped:     make(chan struct{}),
+	}
+}
+
+// invalidateLocked closes the engine's handle: leases report err from now on.
+func (g *engine) invalidateLocked(err error) {
+	select {
+	case <-g.stopped:
+		return
+	default:
+	}
+	g.stopErr = err
+	close(g.stopped)
+}
+
+// setStableLocked moves e to a stable state and wakes everyone waiting for it.
+func (e *entry) setStableLocked(s State) {
+	e.state = s
+	if e.transition != nil {
+		close(e.transition)
+		e.transition = nil
+	}
+}
+
+// setTransientLocked moves e to a transient state, opening a transition if needed.
+func (e *entry) setTransientLocked(s State) {
+	e.state = s
+	if e.transition == nil {
+		e.transition = make(chan struct{})
+	}
+}
+
+// serving says whether e has work in flight on a live engine.
+func (e *entry) servingLocked() bool {
+	return e.eng != nil && e.eng.inUse > 0 && (e.state == StateReady || e.state == StateDraining)
+}
+
+func (e *entry) idleTimeout(def time.Duration) time.Duration {
+	if e.spec.Residency != OnDemand && e.spec.Residency != "" {
+		return 0
+	}
+	if e.spec.IdleTimeout > 0 {
+		return e.spec.IdleTimeout
+	}
+	return def
+}

@@ -90,6 +90,7 @@ func (p *Pool) admit(ctx context.Context, e *entry, spec ModelSpec, gen uint64) 
 			}
 			g := newEngine(e, spec, gen, est)
 			p.committed += est
+			p.activity++
 			e.eng = g
 			p.mu.Unlock()
 			return g, nil

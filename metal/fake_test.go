@@ -67,15 +67,14 @@ func (g *fakeGauge) Host() (HostMemory, error) {
 	}
 	kept := g.residues[:0]
 	for _, r := range g.residues {
-		used += r.bytes
-		if r.left < 0 {
-			kept = append(kept, r)
+		if r.left == 0 {
 			continue
 		}
+		used += r.bytes
 		if r.left > 0 {
 			r.left--
-			kept = append(kept, r)
 		}
+		kept = append(kept, r)
 	}
 	g.residues = kept
 	return HostMemory{TotalBytes: g.hw.TotalBytes, UsedBytes: used, AvailableBytes: g.hw.TotalBytes - used}, nil
@@ -342,9 +341,9 @@ func (r *fakeRunner) Abort(ctx context.Context) (int, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.aborts++
+	r.f.event("abort:" + r.spec.Name)
 	close(r.abortCh)
 	r.abortCh = make(chan struct{})
-	r.f.event("abort:" + r.spec.Name)
 	return 1, nil
 }
 
@@ -467,9 +466,20 @@ var epoch = time.Date(2026, 3, 1, 9, 0, 0, 0, time.UTC)
 // (soft 9 GiB, hard 9.5 GiB) unless cfg says otherwise.
 func newHarness(t *testing.T, cfg Config) *harness {
 	t.Helper()
-	g := newFakeGauge(64 * gib)
-	if cfg.CeilingBytes == 0 {
+	return newHarnessHW(t, cfg, Hardware{TotalBytes: 64 * gib, Chip: "fake"})
+}
+
+// newHarnessHW is newHarness on given hardware; a negative CeilingBytes means no
+// configured ceiling.
+func newHarnessHW(t *testing.T, cfg Config, hw Hardware) *harness {
+	t.Helper()
+	g := newFakeGauge(hw.TotalBytes)
+	g.hw = hw
+	switch {
+	case cfg.CeilingBytes == 0:
 		cfg.CeilingBytes = 10 * gib
+	case cfg.CeilingBytes < 0:
+		cfg.CeilingBytes = 0
 	}
 	cfg.AgentPID = fakeAgentPID
 	h := &harness{t: t, clk: testingclock.NewFakeClock(epoch), g: g, f: newFakeFactory(g), obs: &recorder{}}

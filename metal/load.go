@@ -15,7 +15,6 @@ func (p *Pool) startLoadLocked(e *entry) *loadAttempt {
 	e.attempt = a
 	e.setTransientLocked(StateLoading)
 	p.gen++
-	p.activity++
 	go p.runLoad(ctx, e, a, e.spec, prev, p.gen)
 	p.signal(p.wakeNow)
 	return a
@@ -38,6 +37,7 @@ func (p *Pool) runLoad(ctx context.Context, e *entry, a *loadAttempt, spec Model
 		p.mu.Lock()
 		g.runner, g.pid = runner, runner.PID()
 		p.engines[g] = struct{}{}
+		p.activity++
 		p.mu.Unlock()
 		p.signal(p.wakeNow) // measure it and push its limits while it loads
 		err = runner.WaitReady(ctx)

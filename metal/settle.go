@@ -48,7 +48,9 @@ func (p *Pool) othersBusy(self *entry, activity uint64) bool {
 		if e == self {
 			continue
 		}
-		if e.state == StateLoading || e.servingLocked() {
+		// A load still in admission has allocated nothing; one that was admitted
+		// (it has an engine) is starting or loading a runner.
+		if (e.state == StateLoading && e.eng != nil) || e.servingLocked() {
 			return true
 		}
 	}

@@ -1,0 +1,303 @@
+// Package modeldeployment is the ModelDeployment controller. It keeps spec.replicas
+// ModelReplicas of the deployment's current template, each reserving the memory from
+// spec.resources.memory or from an estimate read from the model's GGUF header; rolls
+// template changes one surge replica at a time without ever dropping below the
+// desired number of ready replicas; and aggregates the replicas' status into the
+// deployment's.
+package modeldeployment
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/sets"
+	"k8s.io/klog/v2"
+	"k8s.io/utils/clock"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+
+	"github.com/macfleet/macfleet/api/v1alpha1"
+	"github.com/macfleet/macfleet/internal/estimate"
+	"github.com/macfleet/macfleet/internal/source"
+)
+
+// ControllerName names the controller in metrics and logs.
+const ControllerName = "modeldeployment"
+
+// Defaults for unset Reconciler fields.
+const (
+	DefaultEstimateTimeout         = 30 * time.Second
+	DefaultEstimateRetryInitial    = 5 * time.Second
+	DefaultEstimateRetryMax        = 5 * time.Minute
+	DefaultMaxConcurrentReconciles = 4
+)
+
+// Reconciler keeps each ModelDeployment's replicas and status.
+type Reconciler struct {
+	// Client reads deployments and replicas (the manager's cache) and writes replicas
+	// and deployment status. Default: mgr.GetClient().
+	Client client.Client
+	// Scheme sets the replicas' controller owner references. Default: mgr.GetScheme().
+	Scheme *runtime.Scheme
+	// Clock stamps condition transitions and times estimate retries.
+	// Default: clock.RealClock{}.
+	Clock clock.PassiveClock
+	// Resolver turns hf:// and ollama:// sources into URLs; its HTTPClient also makes
+	// the estimate's first request. Default: &source.Resolver{} (production endpoints).
+	Resolver *source.Resolver
+	// Estimate reads a GGUF header and estimates its memory. Default: estimate.Estimate.
+	Estimate func(context.Context, estimate.Params) (estimate.Result, error)
+	// EstimateTimeout bounds one estimate (resolve + header read).
+	// Default: DefaultEstimateTimeout.
+	EstimateTimeout time.Duration
+	// EstimateRetryInitial and EstimateRetryMax bound the exponential backoff between
+	// attempts to estimate a model that failed. Defaults: DefaultEstimateRetryInitial,
+	// DefaultEstimateRetryMax.
+	EstimateRetryInitial, EstimateRetryMax time.Duration
+	// MaxConcurrentReconciles lets an estimate of one deployment (network bound) not
+	// hold up the others. Default: DefaultMaxConcurrentReconciles.
+	MaxConcurrentReconciles int
+
+	estimates estimateCache
+	expect    expectations
+}
+
+// +kubebuilder:rbac:groups=macfleet.dev,resources=modeldeployments,verbs=get;list;watch
+// +kubebuilder:rbac:groups=macfleet.dev,resources=modeldeployments/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups=macfleet.dev,resources=modelreplicas,verbs=get;list;watch;create;delete
+
+// SetupWithManager registers the controller with mgr, filling in unset fields.
+func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
+	return r.setup(mgr, controller.Options{})
+}
+
+func (r *Reconciler) setup(mgr ctrl.Manager, opts controller.Options) error {
+	if r.Client == nil {
+		r.Client = mgr.GetClient()
+	}
+	if r.Scheme == nil {
+		r.Scheme = mgr.GetScheme()
+	}
+	if r.Clock == nil {
+		r.Clock = clock.RealClock{}
+	}
+	if r.Resolver == nil {
+		r.Resolver = &source.Resolver{}
+	}
+	if r.Estimate == nil {
+		r.Estimate = estimate.Estimate
+	}
+	if r.EstimateTimeout <= 0 {
+		r.EstimateTimeout = DefaultEstimateTimeout
+	}
+	if r.EstimateRetryInitial <= 0 {
+		r.EstimateRetryInitial = DefaultEstimateRetryInitial
+	}
+	if r.EstimateRetryMax < r.EstimateRetryInitial {
+		r.EstimateRetryMax = max(DefaultEstimateRetryMax, r.EstimateRetryInitial)
+	}
+	if r.MaxConcurrentReconciles <= 0 {
+		r.MaxConcurrentReconciles = DefaultMaxConcurrentReconciles
+	}
+	opts.MaxConcurrentReconciles = r.MaxConcurrentReconciles
+	return ctrl.NewControllerManagedBy(mgr).
+		Named(ControllerName).
+		// Spec changes only: the controller's own status patches need no pass.
+		For(&v1alpha1.ModelDeployment{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		// Every replica change — created, bound, Ready, measured, deleted — wakes its
+		// deployment.
+		Owns(&v1alpha1.ModelReplica{}).
+		WithOptions(opts).
+		Complete(r)
+}
+
+// Reconcile moves one deployment's replicas toward its spec and reports their state.
+func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	md := &v1alpha1.ModelDeployment{}
+	if err := r.Client.Get(ctx, req.NamespacedName, md); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	if md.DeletionTimestamp != nil {
+		return ctrl.Result{}, nil // the garbage collector deletes the owned replicas
+	}
+	before := md.DeepCopy()
+
+	replicas, err := r.listReplicas(ctx, md)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	tmpl := replicaTemplate(md)
+	hash := templateHash(tmpl)
+	res := r.reservationFor(ctx, md, tmpl)
+	current := isCurrent(hash, res)
+
+	var syncErr error
+	if res.Quantity != nil {
+		syncErr = r.sync(ctx, md, tmpl, hash, *res.Quantity, replicas, current)
+	}
+
+	setStatus(md, summarize(replicas, current), statusInput{
+		Desired: desiredReplicas(md), Reservation: res.Quantity, EstimateErr: res.Err, Now: r.Clock.Now(),
+	})
+	if syncErr == nil && res.Err == nil {
+		md.Status.ObservedGeneration = md.Generation
+	}
+	if !equality.Semantic.DeepEqual(before.Status, md.Status) {
+		if err := r.Client.Status().Patch(ctx, md, client.MergeFrom(before)); err != nil {
+			return ctrl.Result{}, errors.Join(syncErr, fmt.Errorf("patching status: %w", err))
+		}
+	}
+	if syncErr != nil {
+		return ctrl.Result{}, syncErr
+	}
+	if res.Err != nil {
+		log.FromContext(ctx).V(2).Info("Memory estimate failed, retrying later", "retryAfter", res.RetryAfter, "error", res.Err.Error())
+		return ctrl.Result{RequeueAfter: res.RetryAfter}, nil
+	}
+	return ctrl.Result{}, nil
+}
+
+func desiredReplicas(md *v1alpha1.ModelDeployment) int32 {
+	if md.Spec.Replicas == nil {
+		return 1
+	}
+	return max(*md.Spec.Replicas, 0)
+}
+
+// isCurrent says whether a replica is of the deployment's current template: same
+// template hash and, when the reservation is explicit (spec.resources.memory), the
+// same reservation, so that changing resources.memory rolls the replicas onto
+// reservations the scheduler accounts for. A changed *estimate* does not roll them.
+func isCurrent(hash string, res reservation) func(*v1alpha1.ModelReplica) bool {
+	return func(mr *v1alpha1.ModelReplica) bool {
+		if mr.Spec.TemplateHash != hash {
+			return false
+		}
+		return !res.Explicit || mr.Spec.MemoryReservation.Cmp(*res.Quantity) == 0
+	}
+}
+
+// listReplicas returns the replicas md controls, from the cache.
+func (r *Reconciler) listReplicas(ctx context.Context, md *v1alpha1.ModelDeployment) ([]v1alpha1.ModelReplica, error) {
+	var list v1alpha1.ModelReplicaList
+	if err := r.Client.List(ctx, &list, client.InNamespace(md.Namespace), client.MatchingLabels(selectorLabels(md))); err != nil {
+		return nil, fmt.Errorf("listing replicas: %w", err)
+	}
+	owned := list.Items[:0]
+	for _, mr := range list.Items {
+		if metav1.IsControlledBy(&mr, md) {
+			owned = append(owned, mr)
+		}
+	}
+	return owned, nil
+}
+
+// sync creates and deletes replicas as plan decides, unless the cache does not show
+// the previous pass's changes yet (their watch events wake the deployment again).
+func (r *Reconciler) sync(ctx context.Context, md *v1alpha1.ModelDeployment, tmpl v1alpha1.ModelReplicaTemplate, hash string,
+	q resource.Quantity, replicas []v1alpha1.ModelReplica, current func(*v1alpha1.ModelReplica) bool) error {
+	logger := log.FromContext(ctx)
+	listed, live := sets.New[string](), sets.New[string]()
+	var infos []replicaInfo
+	for i := range replicas {
+		mr := &replicas[i]
+		listed.Insert(mr.Name)
+		if mr.DeletionTimestamp != nil {
+			continue
+		}
+		live.Insert(mr.Name)
+		infos = append(infos, replicaInfo{Name: mr.Name, Created: mr.CreationTimestamp.Time,
+			Current: current(mr), Ready: isReady(mr), Bound: mr.Spec.NodeName != ""})
+	}
+	now := r.Clock.Now()
+	if !r.expect.satisfied(md.UID, now, listed, live) {
+		logger.V(2).Info("Waiting for the cache to show the last changes")
+		return nil
+	}
+	act := plan(int(desiredReplicas(md)), infos)
+	if act.Create == 0 && len(act.Delete) == 0 {
+		return nil
+	}
+
+	var (
+		mu      sync.Mutex
+		created []string
+	)
+	createErr := slowStartBatch(act.Create, func() error {
+		mr, err := newReplica(md, tmpl, hash, q, r.Scheme)
+		if err != nil {
+			return err
+		}
+		if err := r.Client.Create(ctx, mr); err != nil {
+			return fmt.Errorf("creating a replica: %w", err)
+		}
+		mu.Lock()
+		created = append(created, mr.Name)
+		mu.Unlock()
+		return nil
+	})
+	var deleted []string
+	var deleteErr error
+	for _, name := range act.Delete {
+		mr := &v1alpha1.ModelReplica{ObjectMeta: metav1.ObjectMeta{Namespace: md.Namespace, Name: name}}
+		if err := r.Client.Delete(ctx, mr); err != nil && !apierrors.IsNotFound(err) {
+			deleteErr = fmt.Errorf("deleting replica %s: %w", name, err)
+			break
+		}
+		deleted = append(deleted, name)
+	}
+	r.expect.expect(md.UID, now, created, deleted)
+	if len(created) > 0 || len(deleted) > 0 {
+		logger.V(2).Info("Scaled replicas", "created", created, "deleted", deleted, "templateHash", hash, "reservation", q.String())
+	}
+	return errors.Join(createErr, deleteErr)
+}
+
+// newReplica is a replica of md's current template reserving q.
+func newReplica(md *v1alpha1.ModelDeployment, tmpl v1alpha1.ModelReplicaTemplate, hash string, q resource.Quantity, scheme *runtime.Scheme) (*v1alpha1.ModelReplica, error) {
+	mr := &v1alpha1.ModelReplica{
+		ObjectMeta: metav1.ObjectMeta{
+			GenerateName: fmt.Sprintf("%s-%s-", md.Name, hash),
+			Namespace:    md.Namespace,
+			Labels:       map[string]string{v1alpha1.LabelDeployment: md.Name, v1alpha1.LabelTemplateHash: hash},
+		},
+		Spec: v1alpha1.ModelReplicaSpec{Template: *tmpl.DeepCopy(), TemplateHash: hash, MemoryReservation: q.DeepCopy()},
+	}
+	if err := controllerutil.SetControllerReference(md, mr, scheme); err != nil {
+		return nil, fmt.Errorf("owning replica by %s: %w", klog.KObj(md), err)
+	}
+	return mr, nil
+}
+
+// slowStartBatch calls fn n times, in batches of 1, 2, 4, … run in parallel, and
+// stops after the first batch with an error: a scale-up to hundreds of replicas is
+// quick, and one that fails (quota, validation) fails after one call, not hundreds.
+func slowStartBatch(n int, fn func() error) error {
+	for done, batch := 0, 1; done < n; batch *= 2 {
+		size := min(batch, n-done)
+		errs := make([]error, size)
+		var wg sync.WaitGroup
+		for i := range size {
+			wg.Go(func() { errs[i] = fn() })
+		}
+		wg.Wait()
+		if err := errors.Join(errs...); err != nil {
+			return err
+		}
+		done += size
+	}
+	return nil
+}

@@ -1,0 +1,155 @@
+package modeldeployment
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/resource"
+
+	"github.com/macfleet/macfleet/api/v1alpha1"
+	"github.com/macfleet/macfleet/internal/estimate"
+	"github.com/macfleet/macfleet/internal/source"
+)
+
+// maxCachedEstimates bounds the estimate cache; beyond it the oldest entry goes.
+const maxCachedEstimates = 4096
+
+// reservation is the memory one replica of a deployment reserves.
+type reservation struct {
+	// Quantity is the reservation, nil when it is not known.
+	Quantity *resource.Quantity
+	// Explicit: Quantity is spec.resources.memory, not an estimate.
+	Explicit bool
+	// Err says why Quantity is nil.
+	Err error
+	// RetryAfter is when to try estimating again after Err.
+	RetryAfter time.Duration
+}
+
+// estimateKey identifies one estimate: the same model with the same engine settings
+// always needs the same memory.
+type estimateKey struct {
+	Source        string
+	ContextLength int32
+	Parallel      int32
+	KVCacheType   v1alpha1.KVCacheType
+}
+
+type estimateEntry struct {
+	result   *estimate.Result
+	err      error
+	failures int
+	retryAt  time.Time
+}
+
+// estimateCache remembers estimates so that reconciles do not read the GGUF header
+// again, and failures with the time of the next attempt so that every reconcile in
+// between (replica status changes wake the deployment often) reuses the failure
+// instead of hammering the server.
+type estimateCache struct {
+	mu    sync.Mutex
+	m     map[estimateKey]*estimateEntry
+	order []estimateKey
+}
+
+func (c *estimateCache) get(k estimateKey) (estimateEntry, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e, ok := c.m[k]
+	if !ok {
+		return estimateEntry{}, false
+	}
+	return *e, true
+}
+
+func (c *estimateCache) put(k estimateKey, e estimateEntry) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.m == nil {
+		c.m = make(map[estimateKey]*estimateEntry)
+	}
+	if _, ok := c.m[k]; !ok {
+		c.order = append(c.order, k)
+		if len(c.order) > maxCachedEstimates {
+			delete(c.m, c.order[0])
+			c.order = c.order[1:]
+		}
+	}
+	c.m[k] = &e
+}
+
+// ErrFileSourceNeedsMemory is the estimate failure of a file:// source without
+// spec.resources.memory (the API rejects that combination; this guards the controller
+// anyway).
+var ErrFileSourceNeedsMemory = errors.New("a file:// source needs spec.resources.memory: the controller cannot read the GGUF header of a file on a Mac")
+
+// reservationFor returns the per-replica reservation of md: spec.resources.memory if
+// set, else the (cached) estimate from the model's GGUF header, rounded up to whole
+// MiB.
+func (r *Reconciler) reservationFor(ctx context.Context, md *v1alpha1.ModelDeployment, t v1alpha1.ModelReplicaTemplate) reservation {
+	if res := md.Spec.Resources; res != nil && res.Memory != nil {
+		q := res.Memory.DeepCopy()
+		return reservation{Quantity: &q, Explicit: true}
+	}
+	k := estimateKey{Source: t.Model.Source, ContextLength: t.Engine.ContextLength, Parallel: t.Engine.Parallel, KVCacheType: t.Engine.KVCacheType}
+	now := r.Clock.Now()
+	e, ok := r.estimates.get(k)
+	switch {
+	case ok && e.err == nil:
+		return reservation{Quantity: roundUpMiB(e.result.Total)}
+	case ok && now.Before(e.retryAt):
+		return reservation{Err: e.err, RetryAfter: e.retryAt.Sub(now)}
+	}
+
+	res, err := r.estimate(ctx, k)
+	if err != nil {
+		err = fmt.Errorf("estimating the memory of %s: %w", k.Source, err)
+		failures := e.failures + 1
+		delay := r.retryDelay(failures)
+		r.estimates.put(k, estimateEntry{err: err, failures: failures, retryAt: now.Add(delay)})
+		return reservation{Err: err, RetryAfter: delay}
+	}
+	r.estimates.put(k, estimateEntry{result: &res})
+	return reservation{Quantity: roundUpMiB(res.Total)}
+}
+
+func (r *Reconciler) estimate(ctx context.Context, k estimateKey) (estimate.Result, error) {
+	src, err := source.Parse(k.Source)
+	if err != nil {
+		return estimate.Result{}, err
+	}
+	if src.Scheme == source.File {
+		return estimate.Result{}, ErrFileSourceNeedsMemory
+	}
+	ctx, cancel := context.WithTimeout(ctx, r.EstimateTimeout)
+	defer cancel()
+	loc, err := r.Resolver.Resolve(ctx, src)
+	if err != nil {
+		return estimate.Result{}, err
+	}
+	return r.Estimate(ctx, estimate.Params{
+		URL:           loc.URL,
+		ContextLength: k.ContextLength,
+		Parallel:      k.Parallel,
+		KVCacheType:   estimate.KVCacheType(k.KVCacheType),
+		HTTPClient:    r.Resolver.HTTPClient,
+	})
+}
+
+// retryDelay is the wait after the n-th consecutive failure: EstimateRetryInitial
+// doubling up to EstimateRetryMax.
+func (r *Reconciler) retryDelay(failures int) time.Duration {
+	d := r.EstimateRetryInitial
+	for i := 1; i < failures && d < r.EstimateRetryMax; i++ {
+		d *= 2
+	}
+	return min(d, r.EstimateRetryMax)
+}
+
+func roundUpMiB(n int64) *resource.Quantity {
+	const mib = 1 << 20
+	return resource.NewQuantity((n+mib-1)/mib*mib, resource.BinarySI)
+}

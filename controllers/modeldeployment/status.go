@@ -1,0 +1,213 @@
+package modeldeployment
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+
+	"github.com/macfleet/macfleet/api/v1alpha1"
+)
+
+// ServicePort is the port of the per-deployment Service the endpoints controller
+// creates.
+const ServicePort = 8080
+
+// maxMessageLength bounds the condition messages copied from errors and replicas.
+const maxMessageLength = 1024
+
+// replicaSummary is what the deployment's status says about its replicas.
+type replicaSummary struct {
+	// Total, Ready, Updated (current template) and UpdatedReady count replicas that
+	// are not being deleted.
+	Total, Ready, Updated, UpdatedReady int32
+	// Old counts replicas of another template.
+	Old int32
+	// Unbound counts replicas without a node.
+	Unbound int32
+	// Unschedulable counts replicas whose Scheduled condition is False; First is the
+	// first of them by name.
+	Unschedulable      int32
+	FirstUnschedulable *metav1.Condition
+	// Nodes are the Macs holding a replica, sorted and unique.
+	Nodes []string
+	// Measured is the largest peak or resident footprint a replica reported.
+	Measured *resource.Quantity
+}
+
+// summarize counts replicas (those being deleted are skipped); current says whether
+// a replica is of the deployment's current template.
+func summarize(replicas []v1alpha1.ModelReplica, current func(*v1alpha1.ModelReplica) bool) replicaSummary {
+	var s replicaSummary
+	var firstName string
+	for i := range replicas {
+		r := &replicas[i]
+		if r.DeletionTimestamp != nil {
+			continue
+		}
+		s.Total++
+		ready := isReady(r)
+		if ready {
+			s.Ready++
+		}
+		if current(r) {
+			s.Updated++
+			if ready {
+				s.UpdatedReady++
+			}
+		} else {
+			s.Old++
+		}
+		if r.Spec.NodeName == "" {
+			s.Unbound++
+		} else if !slices.Contains(s.Nodes, r.Spec.NodeName) {
+			s.Nodes = append(s.Nodes, r.Spec.NodeName)
+		}
+		if c := meta.FindStatusCondition(r.Status.Conditions, v1alpha1.ReplicaScheduled); c != nil && c.Status == metav1.ConditionFalse && r.Spec.NodeName == "" {
+			s.Unschedulable++
+			if s.FirstUnschedulable == nil || r.Name < firstName {
+				s.FirstUnschedulable, firstName = c, r.Name
+			}
+		}
+		for _, q := range []*resource.Quantity{r.Status.Memory.Peak, r.Status.Memory.Resident} {
+			if q != nil && (s.Measured == nil || q.Cmp(*s.Measured) > 0) {
+				s.Measured = q
+			}
+		}
+	}
+	slices.Sort(s.Nodes)
+	if s.Measured != nil {
+		m := s.Measured.DeepCopy()
+		s.Measured = &m
+	}
+	return s
+}
+
+func isReady(r *v1alpha1.ModelReplica) bool {
+	return meta.IsStatusConditionTrue(r.Status.Conditions, v1alpha1.ReplicaReady)
+}
+
+// statusInput is everything besides the replicas that the status reflects.
+type statusInput struct {
+	// Desired is spec.replicas.
+	Desired int32
+	// Reservation is the per-replica memory, nil when unknown.
+	Reservation *resource.Quantity
+	// EstimateErr is why the reservation is unknown.
+	EstimateErr error
+	// Now stamps condition transitions.
+	Now time.Time
+}
+
+// setStatus writes md's status from the replica summary and in. It does not touch
+// observedGeneration.
+func setStatus(md *v1alpha1.ModelDeployment, s replicaSummary, in statusInput) {
+	st := &md.Status
+	st.Replicas = s.Total
+	st.ReadyReplicas = s.Ready
+	st.UpdatedReplicas = s.Updated
+	st.Ready = fmt.Sprintf("%d/%d", s.Ready, in.Desired)
+	st.Selector = labels.SelectorFromSet(selectorLabels(md)).String()
+	st.Nodes = s.Nodes
+	st.EstimatedMemory = nil
+	if in.Reservation != nil {
+		q := in.Reservation.DeepCopy()
+		st.EstimatedMemory = &q
+	}
+	st.MeasuredMemory = s.Measured
+	st.Endpoint = fmt.Sprintf("http://%s.%s.svc:%d", md.Name, md.Namespace, ServicePort)
+	setAvailableCondition(md, s, in)
+	setProgressingCondition(md, s, in)
+	setScheduledCondition(md, s, in)
+}
+
+func setCondition(md *v1alpha1.ModelDeployment, now time.Time, typ string, status metav1.ConditionStatus, reason, msg string) {
+	meta.SetStatusCondition(&md.Status.Conditions, metav1.Condition{
+		Type:               typ,
+		Status:             status,
+		ObservedGeneration: md.Generation,
+		LastTransitionTime: metav1.NewTime(now),
+		Reason:             reason,
+		Message:            truncate(msg),
+	})
+}
+
+// setAvailableCondition follows Deployment semantics with maxUnavailable 0: available
+// while at least the desired number of replicas are ready, of any template.
+func setAvailableCondition(md *v1alpha1.ModelDeployment, s replicaSummary, in statusInput) {
+	if s.Ready >= in.Desired {
+		setCondition(md, in.Now, v1alpha1.DeploymentAvailable, metav1.ConditionTrue, v1alpha1.ReasonMinimumReplicasAvailable,
+			fmt.Sprintf("%d of %d replicas ready", s.Ready, in.Desired))
+		return
+	}
+	setCondition(md, in.Now, v1alpha1.DeploymentAvailable, metav1.ConditionFalse, v1alpha1.ReasonMinimumReplicasUnavailable,
+		fmt.Sprintf("%d of %d replicas ready", s.Ready, in.Desired))
+}
+
+// setProgressingCondition is False while the reservation is unknown (nothing can
+// progress), True with NewReplicasAvailable once every desired replica is of the
+// current template and ready and no other remains, and True with ReplicasUpdating
+// (old replicas left) or ScalingReplicas otherwise.
+func setProgressingCondition(md *v1alpha1.ModelDeployment, s replicaSummary, in statusInput) {
+	switch {
+	case in.EstimateErr != nil:
+		setCondition(md, in.Now, v1alpha1.DeploymentProgressing, metav1.ConditionFalse, v1alpha1.ReasonEstimateFailed,
+			"waiting for a memory estimate: "+in.EstimateErr.Error())
+	case s.Old > 0:
+		setCondition(md, in.Now, v1alpha1.DeploymentProgressing, metav1.ConditionTrue, v1alpha1.ReasonReplicasUpdating,
+			fmt.Sprintf("%d of %d replicas updated, %d ready; %d old replicas left", s.Updated, in.Desired, s.UpdatedReady, s.Old))
+	case s.Total == in.Desired && s.UpdatedReady == in.Desired:
+		setCondition(md, in.Now, v1alpha1.DeploymentProgressing, metav1.ConditionTrue, v1alpha1.ReasonNewReplicasAvailable,
+			fmt.Sprintf("all %d replicas updated and ready", in.Desired))
+	default:
+		setCondition(md, in.Now, v1alpha1.DeploymentProgressing, metav1.ConditionTrue, v1alpha1.ReasonScalingReplicas,
+			fmt.Sprintf("%d replicas, %d wanted, %d ready", s.Total, in.Desired, s.Ready))
+	}
+}
+
+// setScheduledCondition is False with MemoryEstimateFailed while the reservation is
+// unknown; False with the reason and message of the first unschedulable replica,
+// prefixed with how many are, when any is; Unknown while replicas wait for the
+// scheduler; True when every replica is bound.
+func setScheduledCondition(md *v1alpha1.ModelDeployment, s replicaSummary, in statusInput) {
+	switch {
+	case in.EstimateErr != nil:
+		setCondition(md, in.Now, v1alpha1.DeploymentScheduled, metav1.ConditionFalse, v1alpha1.ReasonEstimateFailed,
+			in.EstimateErr.Error())
+	case s.Unschedulable > 0:
+		c := s.FirstUnschedulable
+		reason := c.Reason
+		if reason == "" {
+			reason = v1alpha1.ReasonUnschedulable
+		}
+		setCondition(md, in.Now, v1alpha1.DeploymentScheduled, metav1.ConditionFalse, reason,
+			fmt.Sprintf("%d of %d replicas unschedulable: %s", s.Unschedulable, s.Total, c.Message))
+	case s.Unbound > 0 || s.Total < in.Desired:
+		// Replicas not created yet wait too.
+		setCondition(md, in.Now, v1alpha1.DeploymentScheduled, metav1.ConditionUnknown, v1alpha1.ReasonScheduledPending,
+			fmt.Sprintf("%d of %d replicas waiting for a Mac", s.Unbound+max(0, in.Desired-s.Total), max(s.Total, in.Desired)))
+	case s.Total == 0 && in.Desired == 0:
+		setCondition(md, in.Now, v1alpha1.DeploymentScheduled, metav1.ConditionTrue, v1alpha1.ReasonNoReplicas,
+			"no replicas requested")
+	default:
+		setCondition(md, in.Now, v1alpha1.DeploymentScheduled, metav1.ConditionTrue, v1alpha1.ReasonAllReplicasScheduled,
+			fmt.Sprintf("all %d replicas bound to a Mac", s.Total))
+	}
+}
+
+func truncate(s string) string {
+	if len(s) <= maxMessageLength {
+		return s
+	}
+	return strings.ToValidUTF8(s[:maxMessageLength-3], "") + "..."
+}
+
+// selectorLabels are the labels that select md's replicas.
+func selectorLabels(md *v1alpha1.ModelDeployment) map[string]string {
+	return map[string]string{v1alpha1.LabelDeployment: md.Name}
+}

@@ -1,0 +1,71 @@
+package modeldeployment
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"slices"
+
+	"github.com/macfleet/macfleet/api/v1alpha1"
+)
+
+// Defaults the API server applies (kubebuilder:default markers); the template applies
+// them again so that an object written without them (an older API server, a client
+// that bypassed defaulting, a unit test) hashes like one written with them.
+const (
+	defaultContextLength = 4096
+	defaultParallel      = 1
+	defaultKVCacheType   = v1alpha1.KVCacheF16
+	defaultResidency     = v1alpha1.ResidencyResident
+)
+
+// hashLength is how many hex digits of the SHA-256 go into the template hash.
+const hashLength = 10
+
+// replicaTemplate returns the template md's replicas run, with every default written
+// out: engine settings, residency, and servedName (the deployment's name). Aliases are
+// sorted, since they are a set.
+func replicaTemplate(md *v1alpha1.ModelDeployment) v1alpha1.ModelReplicaTemplate {
+	t := v1alpha1.ModelReplicaTemplate{
+		Model:       *md.Spec.Model.DeepCopy(),
+		Engine:      md.Spec.Engine,
+		Residency:   md.Spec.Residency,
+		IdleTimeout: md.Spec.IdleTimeout.DeepCopy(),
+	}
+	if t.Model.ServedName == "" {
+		t.Model.ServedName = md.Name
+	}
+	if len(t.Model.Aliases) == 0 {
+		t.Model.Aliases = nil
+	} else {
+		slices.Sort(t.Model.Aliases)
+		t.Model.Aliases = slices.Compact(t.Model.Aliases)
+	}
+	if t.Engine.ContextLength == 0 {
+		t.Engine.ContextLength = defaultContextLength
+	}
+	if t.Engine.Parallel == 0 {
+		t.Engine.Parallel = defaultParallel
+	}
+	if t.Engine.KVCacheType == "" {
+		t.Engine.KVCacheType = defaultKVCacheType
+	}
+	if t.Residency == "" {
+		t.Residency = defaultResidency
+	}
+	return t
+}
+
+// templateHash is a short stable hash of the template's JSON. encoding/json writes
+// struct fields in declaration order and a metav1.Duration in its canonical form
+// ("1m0s"), so equal templates give equal bytes.
+func templateHash(t v1alpha1.ModelReplicaTemplate) string {
+	b, err := json.Marshal(t)
+	if err != nil {
+		// The template is plain data; Marshal cannot fail on it.
+		panic(fmt.Sprintf("marshalling a replica template: %v", err))
+	}
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:])[:hashLength]
+}

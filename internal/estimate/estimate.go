@@ -25,12 +25,13 @@
 // not include; it is reported, not added.
 //
 // How it relates to what a runner measures: the figure is a conservative upper bound.
-// On the synthesized 175 MiB model (ggufsynth.Mid) it is about 1.65× the runner's
-// measured resident footprint, partly because it counts the tied output tensor twice
-// (in the runner both are the same file pages) and because the buffers are sized for
-// the worst case. The KV figure itself is exact. So the controller reserves this figure
-// for a replica's first placement, and the footprint the agent measures
-// (ModelReplica status.memory) is what later decisions should trust.
+// Measured against a runner on a synthesized model (the project's TOOLCHAIN notes),
+// the parser's estimate came out about 1.65× the resident footprint — partly because
+// it counts the tied output tensor twice (in the runner both are the same file pages)
+// and because its buffers are sized for the worst case — while its KV figure was
+// exact. So the controller reserves this figure for a replica's first placement, and
+// the footprint the agent measures (ModelReplica status.memory) is what later
+// decisions should trust.
 //
 // A quantized KV type (q8_0, q4_0) is estimated with flash attention on, because
 // llama.cpp keeps a quantized V cache only with flash attention; without it the parser

@@ -465,6 +465,9 @@ func TestProcessRunnerRealRunner(t *testing.T) {
 		t.Errorf("measured footprint %d, %v", fp, err)
 	}
 	t.Logf("footprint: runner says %d bytes, the gauge measures %d", st.FootprintBytes, fp)
+	if d := st.FootprintBytes - fp; d > 16<<20 || d < -16<<20 {
+		t.Errorf("the runner's footprint %d and the gauge's %d differ by more than 16 MiB", st.FootprintBytes, fp)
+	}
 
 	body := procPost(t, r, `{"prompt":"Hello","max_tokens":8,"temperature":0}`)
 	var cr struct {
@@ -507,6 +510,24 @@ func TestProcessRunnerRealRunner(t *testing.T) {
 	procCheckGone(t, r)
 	if r.StoppedBy() != StopShutdown || r.ExitErr() != nil {
 		t.Errorf("StoppedBy %q, ExitErr %v: want a graceful stop", r.StoppedBy(), r.ExitErr())
+	}
+
+	// A file that is not a GGUF: the load fails with the runner's own message and
+	// the process exits with the protocol's load-failure status.
+	bad := filepath.Join(t.TempDir(), "bad.gguf")
+	if err := os.WriteFile(bad, bytes.Repeat([]byte("not a model "), 100), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r = procStart(t, f, ModelSpec{Name: "bad", Path: bad}, 0)
+	err = r.WaitReady(ctx)
+	var re *RunnerError
+	if !errors.As(err, &re) || re.Phase != PhaseLoad || re.Message == "" {
+		t.Fatalf("WaitReady on a bad model = %v, want a load *RunnerError with the runner's message", err)
+	}
+	t.Logf("bad model: %v", err)
+	procWaitClosed(t, r.Exited(), 30*time.Second, "the runner to exit after a failed load")
+	if !errors.As(r.ExitErr(), &re) || re.ExitCode != RunnerExitLoadFailed {
+		t.Errorf("ExitErr = %v, want exit status %d", r.ExitErr(), RunnerExitLoadFailed)
 	}
 }
 

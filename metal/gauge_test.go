@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"testing/fstest"
 
@@ -278,27 +279,42 @@ func TestSystemGaugeLinux(t *testing.T) {
 		t.Errorf("host %+v: used and available must be positive and add up to total", host)
 	}
 
-	// Our own footprint grows by what we touch: allocate and fault in 64 MiB.
+	// Our own footprint grows by what we touch: map 64 MiB of fresh anonymous memory
+	// (not the Go heap, which may reuse pages that are already resident) and fault it in.
 	before, err := g.Process(os.Getpid())
 	if err != nil {
 		t.Fatal(err)
 	}
-	ballast := make([]byte, 64<<20)
-	for i := 0; i < len(ballast); i += 4096 {
-		ballast[i] = 1 // one write per page faults it in
+	const size = 64 << 20
+	mem, err := syscall.Mmap(-1, 0, size, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_ANON|syscall.MAP_PRIVATE)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < size; i += os.Getpagesize() {
+		mem[i] = 1 // one write per page faults it in
 	}
 	after, err := g.Process(os.Getpid())
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("self rss %d before, %d after touching 64 MiB", before, after)
-	if after-before < 60<<20 {
-		t.Errorf("rss grew by %d bytes after touching 64 MiB", after-before)
-	}
 	// statm from the same kernel agrees to within what a few allocations change.
 	b, err := os.ReadFile("/proc/self/statm")
 	if err != nil {
 		t.Fatal(err)
+	}
+	if err := syscall.Munmap(mem); err != nil {
+		t.Fatal(err)
+	}
+	released, err := g.Process(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("self rss %d before, %d with 64 MiB touched, %d after unmapping it", before, after, released)
+	if after-before < size-(4<<20) {
+		t.Errorf("rss grew by %d bytes after touching 64 MiB", after-before)
+	}
+	if after-released < size-(4<<20) {
+		t.Errorf("rss fell by %d bytes after unmapping 64 MiB", after-released)
 	}
 	pages, err := strconv.ParseInt(strings.Fields(string(b))[1], 10, 64)
 	if err != nil {
@@ -307,7 +323,6 @@ func TestSystemGaugeLinux(t *testing.T) {
 	if statm := pages * int64(os.Getpagesize()); absDiff(statm, after) > 16<<20 {
 		t.Errorf("smaps_rollup rss %d and statm rss %d disagree", after, statm)
 	}
-	ballast[0] = ballast[len(ballast)-1] // keep the ballast alive until here
 
 	// A reaped child is not found.
 	cmd := exec.Command("true")

@@ -1,0 +1,313 @@
+package v1alpha1_test
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
+	"github.com/macfleet/macfleet/internal/testenv"
+)
+
+var env *testenv.Env
+
+func TestMain(m *testing.M) {
+	testenv.Main(m, &env, testenv.WithScheme(mfv1.AddToScheme))
+}
+
+const goodSHA = "3b1d7c0e9a5f4e2d8c6b0a1f2e3d4c5b6a7f8e9d0c1b2a3f4e5d6c7b8a9f0e1d"
+
+func validDeployment() mfv1.ModelDeploymentSpec {
+	return mfv1.ModelDeploymentSpec{
+		Model: mfv1.ModelSource{Source: "hf://Qwen/Qwen2.5-0.5B-Instruct-GGUF/qwen2.5-0.5b-instruct-q4_k_m.gguf"},
+	}
+}
+
+// TestModelDeploymentValidation applies each manifest to the real API server and checks
+// that it is accepted, or rejected with the human message of the rule it breaks.
+func TestModelDeploymentValidation(t *testing.T) {
+	ns := testenv.NewNamespace(t, env.Client)
+	cases := []struct {
+		name    string
+		mutate  func(*mfv1.ModelDeploymentSpec)
+		wantErr string // empty: accepted
+	}{
+		{name: "minimal hf source", mutate: func(*mfv1.ModelDeploymentSpec) {}},
+		{name: "ollama source", mutate: func(s *mfv1.ModelDeploymentSpec) { s.Model.Source = "ollama://qwen2.5:0.5b" }},
+		{name: "https source with sha256", mutate: func(s *mfv1.ModelDeploymentSpec) {
+			s.Model.Source, s.Model.SHA256 = "https://models.example/x.gguf", goodSHA
+		}},
+		{name: "unknown scheme", mutate: func(s *mfv1.ModelDeploymentSpec) { s.Model.Source = "s3://bucket/model.gguf" },
+			wantErr: "source must start with hf://, ollama://, http://, https:// or file://"},
+		{name: "scheme without a file", mutate: func(s *mfv1.ModelDeploymentSpec) { s.Model.Source = "https://" },
+			wantErr: "spec.model.source"},
+		{name: "relative file path", mutate: func(s *mfv1.ModelDeploymentSpec) {
+			s.Model.Source = "file://models/x.gguf"
+			s.Resources = &mfv1.ModelResources{Memory: ptr.To(resource.MustParse("1Gi"))}
+		}, wantErr: "a file:// source must be an absolute path"},
+		{name: "short sha256", mutate: func(s *mfv1.ModelDeploymentSpec) { s.Model.SHA256 = "abc123" },
+			wantErr: "sha256 must be 64 lowercase hexadecimal characters"},
+		{name: "uppercase sha256", mutate: func(s *mfv1.ModelDeploymentSpec) { s.Model.SHA256 = strings.ToUpper(goodSHA) },
+			wantErr: "sha256 must be 64 lowercase hexadecimal characters"},
+		{name: "negative replicas", mutate: func(s *mfv1.ModelDeploymentSpec) { s.Replicas = ptr.To[int32](-1) },
+			wantErr: "replicas must not be negative"},
+		{name: "zero replicas", mutate: func(s *mfv1.ModelDeploymentSpec) { s.Replicas = ptr.To[int32](0) }},
+		{name: "idleTimeout with default residency", mutate: func(s *mfv1.ModelDeploymentSpec) {
+			s.IdleTimeout = &metav1.Duration{Duration: time.Minute}
+		}, wantErr: "idleTimeout is only allowed with residency OnDemand"},
+		{name: "idleTimeout with Pinned", mutate: func(s *mfv1.ModelDeploymentSpec) {
+			s.Residency, s.IdleTimeout = mfv1.ResidencyPinned, &metav1.Duration{Duration: time.Minute}
+		}, wantErr: "idleTimeout is only allowed with residency OnDemand"},
+		{name: "idleTimeout with OnDemand", mutate: func(s *mfv1.ModelDeploymentSpec) {
+			s.Residency, s.IdleTimeout = mfv1.ResidencyOnDemand, &metav1.Duration{Duration: time.Minute}
+		}},
+		{name: "unknown residency", mutate: func(s *mfv1.ModelDeploymentSpec) { s.Residency = "Sometimes" },
+			wantErr: `spec.residency: Unsupported value: "Sometimes"`},
+		{name: "context too short", mutate: func(s *mfv1.ModelDeploymentSpec) { s.Engine.ContextLength = 128 },
+			wantErr: "contextLength must be between 256 and 1048576 tokens"},
+		{name: "context too long", mutate: func(s *mfv1.ModelDeploymentSpec) { s.Engine.ContextLength = 2 << 20 },
+			wantErr: "contextLength must be between 256 and 1048576 tokens"},
+		{name: "too many parallel sequences", mutate: func(s *mfv1.ModelDeploymentSpec) { s.Engine.Parallel = 65 },
+			wantErr: "parallel must be between 1 and 64"},
+		{name: "unknown kv cache type", mutate: func(s *mfv1.ModelDeploymentSpec) { s.Engine.KVCacheType = "f32" },
+			wantErr: `spec.engine.kvCacheType: Unsupported value: "f32"`},
+		{name: "file source without memory", mutate: func(s *mfv1.ModelDeploymentSpec) { s.Model.Source = "file:///opt/models/x.gguf" },
+			wantErr: "a file:// source needs resources.memory"},
+		{name: "file source with memory", mutate: func(s *mfv1.ModelDeploymentSpec) {
+			s.Model.Source = "file:///opt/models/x.gguf"
+			s.Resources = &mfv1.ModelResources{Memory: ptr.To(resource.MustParse("7Gi"))}
+		}},
+		{name: "zero memory", mutate: func(s *mfv1.ModelDeploymentSpec) {
+			s.Resources = &mfv1.ModelResources{Memory: ptr.To(resource.MustParse("0"))}
+		}, wantErr: "resources.memory must be positive"},
+		{name: "bad served name", mutate: func(s *mfv1.ModelDeploymentSpec) { s.Model.ServedName = "-qwen" },
+			wantErr: "servedName may contain letters, digits"},
+		{name: "unknown strategy", mutate: func(s *mfv1.ModelDeploymentSpec) { s.Placement.Strategy = "Random" },
+			wantErr: `spec.placement.strategy: Unsupported value: "Random"`},
+		{name: "zero-valued maxReplicasPerNode defaults", mutate: func(s *mfv1.ModelDeploymentSpec) { s.Placement.MaxReplicasPerNode = 0 }},
+		{name: "too many replicas per node", mutate: func(s *mfv1.ModelDeploymentSpec) { s.Placement.MaxReplicasPerNode = 100 },
+			wantErr: "maxReplicasPerNode must be between 1 and 64"},
+	}
+	for i, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			spec := validDeployment()
+			tc.mutate(&spec)
+			md := &mfv1.ModelDeployment{
+				ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "md-" + strings.Repeat("x", i%3) + string(rune('a'+i))},
+				Spec:       spec,
+			}
+			err := env.Client.Create(t.Context(), md)
+			checkErr(t, err, tc.wantErr)
+		})
+	}
+}
+
+// TestModelDeploymentDefaults checks the defaults the API server fills in.
+func TestModelDeploymentDefaults(t *testing.T) {
+	ns := testenv.NewNamespace(t, env.Client)
+	md := &mfv1.ModelDeployment{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "defaults"}, Spec: validDeployment()}
+	if err := env.Client.Create(t.Context(), md); err != nil {
+		t.Fatalf("creating: %v", err)
+	}
+	want := mfv1.ModelDeploymentSpec{
+		Model:     md.Spec.Model,
+		Engine:    mfv1.EngineSpec{ContextLength: 4096, Parallel: 1, KVCacheType: mfv1.KVCacheF16},
+		Replicas:  ptr.To[int32](1),
+		Residency: mfv1.ResidencyResident,
+		Placement: mfv1.Placement{Strategy: mfv1.BinPack, MaxReplicasPerNode: 1},
+	}
+	if diff := cmp.Diff(want, md.Spec); diff != "" {
+		t.Errorf("defaulted spec (-want +got):\n%s", diff)
+	}
+}
+
+func TestModelReplicaImmutability(t *testing.T) {
+	ns := testenv.NewNamespace(t, env.Client)
+	ctx := t.Context()
+	mr := &mfv1.ModelReplica{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "r1"},
+		Spec: mfv1.ModelReplicaSpec{
+			Template:          mfv1.ModelReplicaTemplate{Model: validDeployment().Model},
+			TemplateHash:      "abc",
+			MemoryReservation: resource.MustParse("1Gi"),
+		},
+	}
+	if err := env.Client.Create(ctx, mr); err != nil {
+		t.Fatalf("creating: %v", err)
+	}
+	// Binding an unbound replica is allowed, once.
+	mr.Spec.NodeName = "mac-a"
+	if err := env.Client.Update(ctx, mr); err != nil {
+		t.Fatalf("binding: %v", err)
+	}
+	steps := []struct {
+		name    string
+		mutate  func(*mfv1.ModelReplica)
+		wantErr string
+	}{
+		{name: "rebind", mutate: func(r *mfv1.ModelReplica) { r.Spec.NodeName = "mac-b" }, wantErr: "nodeName is immutable once set"},
+		{name: "unbind", mutate: func(r *mfv1.ModelReplica) { r.Spec.NodeName = "" }, wantErr: "nodeName is immutable once set"},
+		{name: "change template", mutate: func(r *mfv1.ModelReplica) { r.Spec.Template.Engine.ContextLength = 8192 },
+			wantErr: "template is immutable"},
+		{name: "change reservation", mutate: func(r *mfv1.ModelReplica) { r.Spec.MemoryReservation = resource.MustParse("2Gi") }},
+	}
+	for _, s := range steps {
+		t.Run(s.name, func(t *testing.T) {
+			cur := &mfv1.ModelReplica{}
+			if err := env.Client.Get(ctx, client.ObjectKeyFromObject(mr), cur); err != nil {
+				t.Fatal(err)
+			}
+			s.mutate(cur)
+			checkErr(t, env.Client.Update(ctx, cur), s.wantErr)
+		})
+	}
+}
+
+// TestModelReplicaSelectableNodeName proves agents can list only their own replicas
+// with a field selector served by the API server itself.
+func TestModelReplicaSelectableNodeName(t *testing.T) {
+	ns := testenv.NewNamespace(t, env.Client)
+	ctx := t.Context()
+	for name, node := range map[string]string{"a1": "mac-a", "a2": "mac-a", "b1": "mac-b", "u1": ""} {
+		mr := &mfv1.ModelReplica{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+			Spec: mfv1.ModelReplicaSpec{
+				Template:          mfv1.ModelReplicaTemplate{Model: validDeployment().Model},
+				TemplateHash:      "abc",
+				MemoryReservation: resource.MustParse("1Gi"),
+				NodeName:          node,
+			},
+		}
+		if err := env.Client.Create(ctx, mr); err != nil {
+			t.Fatalf("creating %s: %v", name, err)
+		}
+	}
+	var list mfv1.ModelReplicaList
+	if err := env.Client.List(ctx, &list, client.InNamespace(ns), client.MatchingFields{mfv1.ReplicaNodeNameField: "mac-a"}); err != nil {
+		t.Fatalf("listing by %s: %v", mfv1.ReplicaNodeNameField, err)
+	}
+	var got []string
+	for _, r := range list.Items {
+		got = append(got, r.Name)
+	}
+	if diff := cmp.Diff([]string{"a1", "a2"}, got); diff != "" {
+		t.Errorf("replicas on mac-a (-want +got):\n%s", diff)
+	}
+}
+
+func TestMacNodeValidation(t *testing.T) {
+	cases := []struct {
+		name    string
+		ceiling string
+		wantErr string
+	}{
+		{name: "positive ceiling", ceiling: "48Gi"},
+		{name: "negative ceiling", ceiling: "-1Gi", wantErr: "memoryCeiling must be positive"},
+		{name: "zero ceiling", ceiling: "0", wantErr: "memoryCeiling must be positive"},
+	}
+	for i, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			mn := &mfv1.MacNode{
+				ObjectMeta: metav1.ObjectMeta{Name: "validation-mac-" + string(rune('a'+i))},
+				Spec:       mfv1.MacNodeSpec{MemoryCeiling: ptr.To(resource.MustParse(tc.ceiling))},
+			}
+			err := env.Client.Create(t.Context(), mn)
+			if err == nil {
+				t.Cleanup(func() { _ = env.Client.Delete(t.Context(), mn) })
+			}
+			checkErr(t, err, tc.wantErr)
+		})
+	}
+}
+
+// TestSamplesApplyAndPrint applies config/samples with kubectl and checks that
+// `kubectl get md,mr,mn` prints the printer columns.
+func TestSamplesApplyAndPrint(t *testing.T) {
+	root, err := testenv.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	assets, err := testenv.AssetsDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := os.WriteFile(kubeconfig, env.KubeConfig, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ns := testenv.NewNamespace(t, env.Client)
+	kubectl := func(args ...string) string {
+		t.Helper()
+		cmd := exec.CommandContext(t.Context(), filepath.Join(assets, "kubectl"), append([]string{"--kubeconfig", kubeconfig}, args...)...)
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("kubectl %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+		return string(out)
+	}
+	kubectl("apply", "-n", ns, "-f", filepath.Join(root, "config", "samples"))
+
+	mn := &mfv1.MacNode{ObjectMeta: metav1.ObjectMeta{Name: "print-mac"}}
+	if err := env.Client.Create(t.Context(), mn); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = env.Client.Delete(t.Context(), mn) })
+	mr := &mfv1.ModelReplica{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "print-replica"},
+		Spec: mfv1.ModelReplicaSpec{
+			Template:          mfv1.ModelReplicaTemplate{Model: validDeployment().Model},
+			TemplateHash:      "abc",
+			MemoryReservation: resource.MustParse("1Gi"),
+		},
+	}
+	if err := env.Client.Create(t.Context(), mr); err != nil {
+		t.Fatal(err)
+	}
+
+	for _, tc := range []struct {
+		kind    string
+		columns []string
+		names   []string
+	}{
+		{kind: "md", columns: []string{"NAME", "READY", "MODEL", "MEMORY", "NODES", "AGE"}, names: []string{"qwen-7b", "nomic-embed", "llama-8b-local"}},
+		{kind: "mr", columns: []string{"NAME", "NODE", "READY", "PHASE", "RESERVED", "RESIDENT", "AGE"}, names: []string{"print-replica"}},
+		{kind: "mn", columns: []string{"NAME", "READY", "CHIP", "CEILING", "USED", "COMMITTED", "PRESSURE", "AGE"}, names: []string{"print-mac"}},
+	} {
+		out := kubectl("get", "-n", ns, tc.kind)
+		lines := strings.Split(strings.TrimSpace(out), "\n")
+		if diff := cmp.Diff(tc.columns, strings.Fields(lines[0])); diff != "" {
+			t.Errorf("kubectl get %s columns (-want +got):\n%s\n%s", tc.kind, diff, out)
+		}
+		for _, n := range tc.names {
+			if !strings.Contains(out, n) {
+				t.Errorf("kubectl get %s does not list %s:\n%s", tc.kind, n, out)
+			}
+		}
+	}
+	// The macfleet category lists all three kinds.
+	if out := kubectl("get", "-n", ns, "macfleet"); !strings.Contains(out, "modeldeployment.macfleet.dev/qwen-7b") ||
+		!strings.Contains(out, "modelreplica.macfleet.dev/print-replica") {
+		t.Errorf("kubectl get macfleet misses objects:\n%s", out)
+	}
+}
+
+func checkErr(t *testing.T, err error, want string) {
+	t.Helper()
+	switch {
+	case want == "" && err != nil:
+		t.Fatalf("rejected, want accepted: %v", err)
+	case want != "" && err == nil:
+		t.Fatalf("accepted, want rejected with %q", want)
+	case want != "" && !strings.Contains(err.Error(), want):
+		t.Fatalf("rejected with\n  %v\nwant a message containing\n  %q", err, want)
+	}
+}

@@ -1,0 +1,163 @@
+package scheduler
+
+import (
+	"maps"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/macfleet/macfleet/api/v1alpha1"
+)
+
+// view is the fleet as one solve sees it: the solver's input and, to write the result
+// back, the objects behind it. It only points into the objects it was built from and
+// never changes them (they may be the cache's own).
+type view struct {
+	snap Snapshot
+	// pending maps each pending replica's key (namespace/name) to its object.
+	pending map[string]*v1alpha1.ModelReplica
+	// bound are the bound replicas, in input order.
+	bound []boundReplica
+	// orphans are unbound replicas left out of the solve because their deployment is
+	// not known (not in the cache yet, or being deleted).
+	orphans []*v1alpha1.ModelReplica
+}
+
+// boundReplica is a replica and the node it is bound to.
+type boundReplica struct {
+	replica *v1alpha1.ModelReplica
+	node    string
+}
+
+// buildView maps the cached MacNodes, ModelReplicas and ModelDeployments to a solver
+// snapshot.
+//
+// A replica is bound when its spec.nodeName is set, or when assumed returns a node for
+// it: a binding this scheduler wrote that the cache does not show yet. Bound replicas
+// count towards their node's per-deployment replicas, and reserving ones (Resident,
+// Pinned) towards its Committed memory. Unbound replicas that are not being deleted
+// are pending, with their placement taken from the deployment named by their
+// macfleet.dev/deployment label; those whose deployment is unknown are orphans.
+func buildView(nodes []v1alpha1.MacNode, replicas []v1alpha1.ModelReplica, deployments []v1alpha1.ModelDeployment,
+	assumed func(*v1alpha1.ModelReplica) string) view {
+	v := view{
+		snap:    Snapshot{Nodes: make([]Node, len(nodes))},
+		pending: make(map[string]*v1alpha1.ModelReplica),
+	}
+	index := make(map[string]*Node, len(nodes))
+	for i := range nodes {
+		v.snap.Nodes[i] = solverNode(&nodes[i])
+		index[nodes[i].Name] = &v.snap.Nodes[i]
+	}
+	deps := make(map[string]*v1alpha1.ModelDeployment, len(deployments))
+	for i := range deployments {
+		if d := &deployments[i]; d.DeletionTimestamp == nil {
+			deps[d.Namespace+"/"+d.Name] = d
+		}
+	}
+
+	for i := range replicas {
+		r := &replicas[i]
+		node := r.Spec.NodeName
+		if node == "" && assumed != nil {
+			node = assumed(r)
+		}
+		dep := deploymentKey(r)
+		if node != "" {
+			v.bound = append(v.bound, boundReplica{replica: r, node: node})
+			n := index[node]
+			if n == nil {
+				continue
+			}
+			if reserves(r) {
+				n.Committed += r.Spec.MemoryReservation.Value()
+			}
+			if dep != "" {
+				if n.ReplicasByDeployment == nil {
+					n.ReplicasByDeployment = make(map[string]int)
+				}
+				n.ReplicasByDeployment[dep]++
+			}
+			continue
+		}
+		if r.DeletionTimestamp != nil {
+			continue
+		}
+		d := deps[dep]
+		if d == nil {
+			v.orphans = append(v.orphans, r)
+			continue
+		}
+		key := r.Namespace + "/" + r.Name
+		v.pending[key] = r
+		v.snap.Pending = append(v.snap.Pending, Replica{
+			Key:          key,
+			Deployment:   dep,
+			Memory:       r.Spec.MemoryReservation.Value(),
+			Reserves:     reserves(r),
+			NodeSelector: d.Spec.Placement.NodeSelector,
+			Strategy:     Strategy(d.Spec.Placement.Strategy),
+			MaxPerNode:   int(d.Spec.Placement.MaxReplicasPerNode),
+		})
+	}
+	return v
+}
+
+// solverNode maps a MacNode to the solver's Node, without the bound replicas
+// (Committed, ReplicasByDeployment). A node is Ready when its Ready condition is True,
+// its agent has reported a memory ceiling and it is not being deleted.
+func solverNode(mn *v1alpha1.MacNode) Node {
+	ceiling, ok := nodeCeiling(mn)
+	return Node{
+		Name:          mn.Name,
+		Labels:        mn.Labels,
+		Ready:         ok && mn.DeletionTimestamp == nil && meta.IsStatusConditionTrue(mn.Status.Conditions, v1alpha1.MacNodeReady),
+		Unschedulable: mn.Spec.Unschedulable,
+		Ceiling:       ceiling,
+	}
+}
+
+// nodeCeiling is the memory a node may give to models: the ceiling its agent reports
+// (status.memory.ceiling), or spec.memoryCeiling when that is lower and the agent has
+// not applied it yet. ok is false while the agent has reported no ceiling.
+func nodeCeiling(mn *v1alpha1.MacNode) (ceiling int64, ok bool) {
+	if mn.Status.Memory.Ceiling == nil {
+		return 0, false
+	}
+	ceiling = mn.Status.Memory.Ceiling.Value()
+	if s := mn.Spec.MemoryCeiling; s != nil {
+		ceiling = min(ceiling, s.Value())
+	}
+	return ceiling, true
+}
+
+// nodeChanged reports whether an update of a MacNode changes anything the solver looks
+// at (agents update the status often, mostly the used memory).
+func nodeChanged(old, cur *v1alpha1.MacNode) bool {
+	a, b := solverNode(old), solverNode(cur)
+	return a.Ready != b.Ready || a.Unschedulable != b.Unschedulable || a.Ceiling != b.Ceiling ||
+		!maps.Equal(a.Labels, b.Labels)
+}
+
+// deploymentKey is the namespace/name of the replica's deployment: its
+// macfleet.dev/deployment label, else its controller owner if that is a
+// ModelDeployment; "" when neither names one.
+func deploymentKey(r *v1alpha1.ModelReplica) string {
+	name := r.Labels[v1alpha1.LabelDeployment]
+	if name == "" {
+		if ref := metav1.GetControllerOf(r); ref != nil && ref.Kind == "ModelDeployment" &&
+			ref.APIVersion == v1alpha1.GroupVersion.String() {
+			name = ref.Name
+		}
+	}
+	if name == "" {
+		return ""
+	}
+	return r.Namespace + "/" + name
+}
+
+// reserves reports whether the replica reserves its memory on its node: Resident
+// (the default) and Pinned do, OnDemand does not.
+func reserves(r *v1alpha1.ModelReplica) bool {
+	return r.Spec.Template.Residency != v1alpha1.ResidencyOnDemand
+}

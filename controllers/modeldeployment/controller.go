@@ -156,7 +156,11 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		md.Status.ObservedGeneration = md.Generation
 	}
 	if !equality.Semantic.DeepEqual(before.Status, md.Status) {
-		if err := r.Client.Status().Patch(ctx, md, client.MergeFrom(before)); err != nil {
+		// The optimistic lock matters although no one else writes this status: a merge
+		// patch only carries the fields that differ from before, so a before from a cache
+		// that has not seen this controller's previous patch would leave stale fields.
+		// On a conflict the pass is retried on a fresher cache.
+		if err := r.Client.Status().Patch(ctx, md, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{})); err != nil {
 			return ctrl.Result{}, errors.Join(syncErr, fmt.Errorf("patching status: %w", err))
 		}
 	}
@@ -232,6 +236,22 @@ func (r *Reconciler) sync(ctx context.Context, md *v1alpha1.ModelDeployment, tmp
 		return nil
 	}
 
+	// Deletions first, so that a rolling step never has more than desired+maxSurge
+	// replicas.
+	var deleted []string
+	var deleteErr error
+	for _, name := range act.Delete {
+		mr := &v1alpha1.ModelReplica{ObjectMeta: metav1.ObjectMeta{Namespace: md.Namespace, Name: name}}
+		if err := r.Client.Delete(ctx, mr); err != nil && !apierrors.IsNotFound(err) {
+			deleteErr = fmt.Errorf("deleting replica %s: %w", name, err)
+			break
+		}
+		deleted = append(deleted, name)
+	}
+	if deleteErr != nil {
+		r.expect.expect(md.UID, now, nil, deleted)
+		return deleteErr
+	}
 	var (
 		mu      sync.Mutex
 		created []string
@@ -249,21 +269,11 @@ func (r *Reconciler) sync(ctx context.Context, md *v1alpha1.ModelDeployment, tmp
 		mu.Unlock()
 		return nil
 	})
-	var deleted []string
-	var deleteErr error
-	for _, name := range act.Delete {
-		mr := &v1alpha1.ModelReplica{ObjectMeta: metav1.ObjectMeta{Namespace: md.Namespace, Name: name}}
-		if err := r.Client.Delete(ctx, mr); err != nil && !apierrors.IsNotFound(err) {
-			deleteErr = fmt.Errorf("deleting replica %s: %w", name, err)
-			break
-		}
-		deleted = append(deleted, name)
-	}
 	r.expect.expect(md.UID, now, created, deleted)
 	if len(created) > 0 || len(deleted) > 0 {
 		logger.V(2).Info("Scaled replicas", "created", created, "deleted", deleted, "templateHash", hash, "reservation", q.String())
 	}
-	return errors.Join(createErr, deleteErr)
+	return createErr
 }
 
 // newReplica is a replica of md's current template reserving q.

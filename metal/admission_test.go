@@ -1,7 +1,6 @@
 package metal
 
 import (
-	"context"
 	"net/http"
 	"testing"
 	"time"
@@ -83,7 +82,7 @@ func TestModelTooLargeNamesTheBindingCeiling(t *testing.T) {
 			h.register("huge", float64(tc.ceiling+gib)/float64(gib), OnDemand)
 			h.load("small")
 
-			_, err := h.p.Acquire(context.Background(), "huge")
+			_, err := h.p.Acquire(h.ctx(), "huge")
 			status, code := statusOf(t, err)
 			if status != http.StatusInsufficientStorage || code != CodeModelTooLarge {
 				t.Fatalf("got %d %s (%v)", status, code, err)
@@ -120,7 +119,7 @@ func TestWholeHostAdmissionCountsCoResidentModels_LLMKube640(t *testing.T) {
 	h.register("b", 4.5, OnDemand)
 	h.load("a")
 
-	_, err := h.p.Acquire(context.Background(), "b") // committed 8.5 fits; measured 10.5 does not
+	_, err := h.p.Acquire(h.ctx(), "b") // committed 8.5 fits; measured 10.5 does not
 	status, code := statusOf(t, err)
 	if status != http.StatusInsufficientStorage || code != CodeInsufficientMemory {
 		t.Fatalf("got %d %s (%v)", status, code, err)
@@ -140,7 +139,7 @@ func TestAdmissionCountsCommittedReservations_oMLX1623(t *testing.T) {
 	h.register("a", 6, OnDemand)
 	h.register("b", 6, OnDemand)
 	go func() {
-		if l, err := h.p.Acquire(context.Background(), "a"); err == nil {
+		if l, err := h.p.Acquire(h.ctx(), "a"); err == nil {
 			l.Release()
 		}
 	}()
@@ -149,7 +148,7 @@ func TestAdmissionCountsCommittedReservations_oMLX1623(t *testing.T) {
 		t.Fatalf("the loading runner is visible to the gauge (%d): the test needs a lagging gauge", fp)
 	}
 
-	_, err := h.p.Acquire(context.Background(), "b")
+	_, err := h.p.Acquire(h.ctx(), "b")
 	if status, code := statusOf(t, err); status != http.StatusInsufficientStorage || code != CodeInsufficientMemory {
 		t.Fatalf("b admitted next to a loading a: %d %s (%v)", status, code, err)
 	}
@@ -171,7 +170,7 @@ func TestEvictedModelsReloadAndReportFreedBytes_LLMKube(t *testing.T) {
 
 	got := make(chan error, 1)
 	go func() {
-		l, err := h.p.Acquire(context.Background(), "b")
+		l, err := h.p.Acquire(h.ctx(), "b")
 		if err == nil {
 			l.Release()
 		}
@@ -216,7 +215,7 @@ func TestAdmissionWaitsForUnloadsInProgress(t *testing.T) {
 	}
 	got := make(chan error, 1)
 	go func() {
-		l, err := h.p.Acquire(context.Background(), "b")
+		l, err := h.p.Acquire(h.ctx(), "b")
 		if err == nil {
 			l.Release()
 		}

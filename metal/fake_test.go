@@ -543,6 +543,13 @@ func (h *harness) register(name string, estGiB float64, res Residency) ModelSpec
 	return spec
 }
 
+// ctx bounds a call of a test in real time, so a regression fails instead of hanging.
+func (h *harness) ctx() context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	h.t.Cleanup(cancel)
+	return ctx
+}
+
 func (h *harness) acquire(name string) *Lease {
 	h.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

@@ -57,7 +57,7 @@ func TestAcquireResolvesAliasesAndRejectsUnknownModels(t *testing.T) {
 	if got := h.state("qwen"); got != StateReady {
 		t.Fatalf("state = %s, want Ready", got)
 	}
-	_, err := h.p.Acquire(context.Background(), "nope")
+	_, err := h.p.Acquire(h.ctx(), "nope")
 	if status, code := statusOf(t, err); status != http.StatusNotFound || code != CodeModelNotFound {
 		t.Fatalf("unknown model: %d %s", status, code)
 	}
@@ -75,7 +75,7 @@ func TestConcurrentAcquiresShareOneLoad(t *testing.T) {
 	leases := make(chan *Lease, 5)
 	for range 5 {
 		wg.Go(func() {
-			l, err := h.p.Acquire(context.Background(), "a")
+			l, err := h.p.Acquire(h.ctx(), "a")
 			if err != nil {
 				t.Error(err)
 				return
@@ -108,7 +108,7 @@ func TestLeaseHeldFromRoutingPreventsEviction_oMLX1667(t *testing.T) {
 	h.load("a")
 
 	l := h.acquire("a") // routed, not yet proxied
-	_, err := h.p.Acquire(context.Background(), "b")
+	_, err := h.p.Acquire(h.ctx(), "b")
 	if status, code := statusOf(t, err); status != http.StatusInsufficientStorage || code != CodeInsufficientMemory {
 		t.Fatalf("admitting b next to a leased a: %d %s (%v)", status, code, err)
 	}
@@ -149,14 +149,18 @@ func TestCountersResetOnStop_oMLX1595(t *testing.T) {
 		t.Fatal("the drain deadline passed without an abort")
 	}
 
-	h.load("a") // a fresh engine
-	stuck.end() // the old request finally returns and releases its stale lease
+	h.load("a") // a fresh engine, while the old request is still stuck
 	if m := h.model("a"); m.Leases != 0 {
-		t.Fatalf("new engine's leases = %d after a stale release, want 0", m.Leases)
+		t.Fatalf("new engine's leases = %d, want 0 (a phantom count survived the stop)", m.Leases)
 	}
 	h.acquire("b").Release()
 	if got := h.state("a"); got != StateUnloaded {
 		t.Fatalf("a = %s, want it evicted for b (no phantom busy count)", got)
+	}
+	stuck.end() // the old request finally returns and releases its stale lease
+	h.load("a")
+	if m := h.model("a"); m.Leases != 0 || m.State != StateReady {
+		t.Fatalf("after a stale release: %+v", m)
 	}
 }
 
@@ -207,7 +211,7 @@ func TestDrainingRefusesLeasesAndHandlesInvalidated_oMLX2431(t *testing.T) {
 	if _, err := h.p.StartUnload("a"); err != nil {
 		t.Fatal(err)
 	}
-	_, err := h.p.Acquire(context.Background(), "a")
+	_, err := h.p.Acquire(h.ctx(), "a")
 	status, code := statusOf(t, err)
 	se, _ := AsStatusError(err)
 	if status != http.StatusServiceUnavailable || code != CodeModelDraining || se.RetryAfter() < time.Second {
@@ -292,7 +296,7 @@ func TestLockNeverHeldAcrossIO_oMLX1970(t *testing.T) {
 	h.f.mu.Unlock()
 	loaded := make(chan error, 1)
 	go func() {
-		l, err := h.p.Acquire(context.Background(), "b")
+		l, err := h.p.Acquire(h.ctx(), "b")
 		if err == nil {
 			l.Release()
 		}
@@ -338,7 +342,7 @@ func TestConfigReloadNeverReplacesLoadedEntries_oMLX2307(t *testing.T) {
 
 	got := make(chan *Lease, 1)
 	go func() {
-		l, err := h.p.Acquire(context.Background(), "a")
+		l, err := h.p.Acquire(h.ctx(), "a")
 		if err != nil {
 			t.Error(err)
 		}
@@ -371,7 +375,7 @@ func TestConfigReloadNeverReplacesLoadedEntries_oMLX2307(t *testing.T) {
 	}
 	l.Release()
 
-	if _, err := h.p.Unload(context.Background(), "a"); err != nil {
+	if _, err := h.p.Unload(h.ctx(), "a"); err != nil {
 		t.Fatal(err)
 	}
 	h.f.mu.Lock()
@@ -387,7 +391,7 @@ func TestConfigReloadNeverReplacesLoadedEntries_oMLX2307(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := h.p.Acquire(context.Background(), "a"); err == nil {
+	if _, err := h.p.Acquire(h.ctx(), "a"); err == nil {
 		t.Fatal("a removed model was still leased")
 	}
 	if s := h.p.Snapshot(); s.Runners != 1 || s.CommittedBytes != 4*gib {
@@ -429,7 +433,7 @@ func TestRunnerCrashFailsLeasesAndReloadsAfterBackoff(t *testing.T) {
 		t.Fatalf("another model's crash affected b: %s", got)
 	}
 
-	_, err := h.p.Acquire(context.Background(), "a")
+	_, err := h.p.Acquire(h.ctx(), "a")
 	status, code := statusOf(t, err)
 	se, _ := AsStatusError(err)
 	if status != http.StatusServiceUnavailable || code != CodeModelLoadFailed || se.RetryAfter() != time.Second {

@@ -1,7 +1,6 @@
 package metal
 
 import (
-	"context"
 	"testing"
 	"time"
 )
@@ -25,7 +24,7 @@ func TestSettleIndeterminateNeverNegativeNeverStalls_oMLX1774(t *testing.T) {
 		var rep *UnloadReport
 		mustReturn(t, "unloading a while b serves", func() {
 			var err error
-			rep, err = h.p.Unload(context.Background(), "a") // no clock step: must not wait
+			rep, err = h.p.Unload(h.ctx(), "a") // no clock step: must not wait
 			if err != nil {
 				t.Error(err)
 			}
@@ -72,11 +71,11 @@ func TestSettleIndeterminateWhileAnotherModelLoads(t *testing.T) {
 	h.f.mu.Lock()
 	h.f.manualReady = true
 	h.f.mu.Unlock()
-	go func() { _ = h.p.Load(context.Background(), "b") }()
+	go func() { _ = h.p.Load(h.ctx(), "b") }()
 	rb := h.f.waitRunner(t, "b", 1)
 	defer rb.MarkReady()
 
-	rep, err := h.p.Unload(context.Background(), "a")
+	rep, err := h.p.Unload(h.ctx(), "a")
 	if err != nil || rep == nil || rep.Outcome != Indeterminate || rep.FreedBytes != 3*gib {
 		t.Fatalf("report %+v, %v", rep, err)
 	}

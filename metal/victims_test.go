@@ -1,7 +1,6 @@
 package metal
 
 import (
-	"context"
 	"testing"
 	"time"
 )
@@ -66,7 +65,7 @@ func TestVictimCandidates(t *testing.T) {
 	h.f.mu.Lock()
 	h.f.manualReady = true
 	h.f.mu.Unlock()
-	go func() { _ = h.p.Load(context.Background(), "loading") }()
+	go func() { _ = h.p.Load(h.ctx(), "loading") }()
 	h.f.waitRunner(t, "loading", 1)
 
 	h.p.mu.Lock()

@@ -160,6 +160,7 @@ type ModelDeploymentStatus struct {
 
 // ModelDeployment is a model served by N replicas on the fleet's Macs.
 //
+// +kubebuilder:validation:XValidation:rule="size(self.metadata.name) <= 63",message="a ModelDeployment's name must be at most 63 characters: it names its Service and labels its replicas"
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
 // +kubebuilder:subresource:scale:specpath=.spec.replicas,statuspath=.status.replicas,selectorpath=.status.selector

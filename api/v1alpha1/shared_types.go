@@ -80,13 +80,15 @@ type ModelSource struct {
 
 // EngineSpec configures the llama.cpp engine that serves the model.
 type EngineSpec struct {
-	// contextLength is the total context in tokens, shared by the parallel sequences.
+	// contextLength is the context of one sequence in tokens. The engine's KV cache
+	// holds contextLength × parallel tokens, and the memory estimate counts them all.
 	// +optional
 	// +kubebuilder:default=4096
 	// +kubebuilder:validation:XValidation:rule="self >= 256 && self <= 1048576",message="contextLength must be between 256 and 1048576 tokens"
 	ContextLength int32 `json:"contextLength,omitempty"`
 
-	// parallel is the number of sequences decoded together (continuous batching).
+	// parallel is the number of sequences decoded together (continuous batching), each
+	// with its own contextLength.
 	// +optional
 	// +kubebuilder:default=1
 	// +kubebuilder:validation:XValidation:rule="self >= 1 && self <= 64",message="parallel must be between 1 and 64"

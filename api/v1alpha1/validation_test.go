@@ -111,6 +111,20 @@ func TestModelDeploymentValidation(t *testing.T) {
 	}
 }
 
+func TestModelDeploymentNameLength(t *testing.T) {
+	ns := testenv.NewNamespace(t, env.Client)
+	for _, tc := range []struct {
+		name    string
+		wantErr string
+	}{
+		{name: strings.Repeat("a", 63)},
+		{name: strings.Repeat("a", 64), wantErr: "a ModelDeployment's name must be at most 63 characters"},
+	} {
+		md := &mfv1.ModelDeployment{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: tc.name}, Spec: validDeployment()}
+		checkErr(t, env.Client.Create(t.Context(), md), tc.wantErr)
+	}
+}
+
 // TestModelDeploymentDefaults checks the defaults the API server fills in.
 func TestModelDeploymentDefaults(t *testing.T) {
 	ns := testenv.NewNamespace(t, env.Client)

@@ -132,7 +132,8 @@ func (r *Reconciler) estimate(ctx context.Context, k estimateKey) (estimate.Resu
 	}
 	return r.Estimate(ctx, estimate.Params{
 		URL:           loc.URL,
-		ContextLength: k.ContextLength,
+		// contextLength is per sequence; the engine's KV cache holds every sequence.
+		ContextLength: k.ContextLength * max(k.Parallel, 1),
 		Parallel:      k.Parallel,
 		KVCacheType:   estimate.KVCacheType(k.KVCacheType),
 		HTTPClient:    r.Resolver.HTTPClient,

@@ -86,7 +86,7 @@ func (e *UnavailableError) Error() string {
 		msg += ": " + e.Reason
 	}
 	if e.Retry > 0 {
-		msg += fmt.Sprintf("; retry in %s", e.Retry.Round(time.Second))
+		msg += fmt.Sprintf("; retry in %s", e.RetryAfter())
 	}
 	return msg
 }
@@ -94,11 +94,13 @@ func (e *UnavailableError) Unwrap() error   { return e.Err }
 func (e *UnavailableError) HTTPStatus() int { return http.StatusServiceUnavailable }
 func (e *UnavailableError) Code() string    { return e.ErrCode }
 func (e *UnavailableError) Type() string    { return typeUnavailable }
+
+// RetryAfter is at least a second, rounded up to whole seconds (the header's unit).
 func (e *UnavailableError) RetryAfter() time.Duration {
 	if e.Retry < time.Second {
 		return time.Second
 	}
-	return e.Retry
+	return (e.Retry + time.Second - 1).Truncate(time.Second)
 }
 func (e *UnavailableError) Fields() map[string]any { return nil }
 

@@ -42,7 +42,7 @@ func (p *Pool) Unload(ctx context.Context, model string) (*UnloadReport, error) 
 		p.mu.Unlock()
 		return nil, &UnknownModelError{Model: model}
 	}
-	loaded := e.state == StateReady || e.state.transient()
+	before := e.lastUnload
 	done := p.startUnloadLocked(e, ReasonAdmin)
 	p.mu.Unlock()
 	select {
@@ -50,13 +50,10 @@ func (p *Pool) Unload(ctx context.Context, model string) (*UnloadReport, error) 
 	case <-ctx.Done():
 		return nil, fmt.Errorf("unloading %s: %w", model, context.Cause(ctx))
 	}
-	if !loaded {
-		return nil, nil
-	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if e.lastUnload == nil {
-		return nil, nil
+	if e.lastUnload == nil || e.lastUnload == before {
+		return nil, nil // nothing was running (or a load was canceled before its runner started)
 	}
 	r := *e.lastUnload
 	return &r, nil

@@ -120,7 +120,19 @@ type LoadEvent struct {
 }
 
 // Pool is the engine pool of one node. Create it with New, drive its memory enforcer
-// with Run, and take a Lease per request with Acquire.
+// with Run, and take a Lease per request with Acquire:
+//
+//	p, _ := metal.New(cfg, metal.NewProcessFactory(pcfg), gauge, clock.RealClock{}, log)
+//	go p.Run(ctx)                       // enforcer; unloads everything when ctx ends
+//	_ = p.Register(spec)                // from flags/config; Update on reload
+//	_ = p.Load(ctx, "qwen")             // eager load (Resident, Pinned, admin)
+//	l, err := p.Acquire(ctx, "qwen")    // per request, at routing; err is a StatusError
+//	defer l.Release()                   // after the last byte (stream goroutine returned)
+//	r, err := l.Runner()                // r.Client(), r.BaseURL() to proxy to
+//	err = p.CheckPrefill("qwen", n)     // before the first response byte
+//
+// Loads, unloads and settles run in owner goroutines; the pool mutex only guards
+// state transitions, so nothing that serves ever waits behind them.
 type Pool struct {
 	cfg     Config
 	factory RunnerFactory

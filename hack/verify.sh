@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Checks CI runs before the tests (`make verify`):
+#   - `make generate manifests` leaves api/ and config/ unchanged (generated code and
+#     manifests are committed and reproducible);
+#   - go.mod/go.sum of the module and of the tool modules are tidy;
+#   - gofmt and `go vet` (pure Go, CGO_ENABLED=0) are clean;
+#   - cmd/macfleet cross-compiles for darwin/arm64 without cgo.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+failed=()
+step() { # step NAME COMMAND...
+	local name=$1 start=$SECONDS
+	shift
+	echo "==> $name"
+	if "$@"; then
+		echo "<== $name: ok ($((SECONDS - start))s)"
+	else
+		echo "<== $name: FAILED ($((SECONDS - start))s)"
+		failed+=("$name")
+	fi
+}
+
+generated_unchanged() {
+	${MAKE:-make} --no-print-directory generate manifests || return
+	local changes
+	changes=$(git status --porcelain --untracked-files=all -- api config)
+	[[ -z $changes ]] && return
+	echo "generation changed files under api/ or config/; run \`make generate manifests\` and commit:"
+	echo "$changes"
+	git --no-pager diff -- api config
+	return 1
+}
+
+tidy() {
+	local dir rc=0
+	for dir in . hack/tools hack/envtest hack/envtest/etcd; do
+		if ! (cd "$dir" && go mod tidy -diff); then
+			echo "$dir/go.mod is not tidy (diff above)"
+			rc=1
+		fi
+	done
+	return $rc
+}
+
+gofmt_clean() {
+	local files unformatted
+	mapfile -t files < <(git ls-files --cached --others --exclude-standard -- '*.go')
+	unformatted=$(gofmt -l "${files[@]}")
+	[[ -z $unformatted ]] && return
+	echo "not gofmt'ed:"
+	echo "$unformatted"
+	return 1
+}
+
+step "generate manifests" generated_unchanged
+step "go mod tidy" tidy
+step "gofmt" gofmt_clean
+step "go vet" env CGO_ENABLED=0 go vet ./...
+step "build darwin/arm64" env GOOS=darwin GOARCH=arm64 CGO_ENABLED=0 go build -trimpath -o /dev/null ./cmd/macfleet
+
+if ((${#failed[@]})); then
+	echo "verify failed: ${failed[*]}"
+	exit 1
+fi
+echo "verify: ok"

@@ -1,0 +1,198 @@
+// Package api holds the runner's wire types: the private protocol between the node
+// agent and a macfleet-runner process (docs/runner-protocol.md) and the OpenAI request
+// and response shapes the runner serves, with the parsing and validation of requests.
+// It is pure Go so the agent, tests and benchmarks can share it.
+package api
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+)
+
+// ListeningEvent is the single JSON line the runner prints to stdout once it listens.
+type ListeningEvent struct {
+	Event  string `json:"event"` // "listening"
+	Addr   string `json:"addr,omitempty"`
+	Socket string `json:"socket,omitempty"`
+	PID    int    `json:"pid"`
+}
+
+// Runner states reported by /health and /status.
+const (
+	StateLoading  = "loading"
+	StateReady    = "ready"
+	StateFailed   = "failed"
+	StateStopping = "stopping"
+)
+
+// Health is the body of GET /health.
+type Health struct {
+	Status   string  `json:"status"`
+	Progress float64 `json:"progress"`
+	Error    string  `json:"error,omitempty"`
+}
+
+// ModelInfo describes the loaded model in /status.
+type ModelInfo struct {
+	Path         string `json:"path"`
+	SizeBytes    int64  `json:"size_bytes"`
+	NCtxTrain    int    `json:"n_ctx_train"`
+	NEmbd        int    `json:"n_embd"`
+	NLayer       int    `json:"n_layer"`
+	NHead        int    `json:"n_head"`
+	NHeadKV      int    `json:"n_head_kv"`
+	NVocab       int    `json:"n_vocab"`
+	KVType       string `json:"kv_type"`
+	ChatTemplate bool   `json:"chat_template"`
+	// KVBytesPerToken is the KV cache size of one token (all layers, keys and values).
+	KVBytesPerToken int64 `json:"kv_bytes_per_token"`
+}
+
+// Status is the body of GET /status.
+type Status struct {
+	State               string     `json:"state"`
+	PID                 int        `json:"pid"`
+	FootprintBytes      int64      `json:"footprint_bytes"`
+	MetalAllocatedBytes int64      `json:"metal_allocated_bytes"`
+	KVCellsUsed         int        `json:"kv_cells_used"`
+	KVCellsTotal        int        `json:"kv_cells_total"`
+	SlotsTotal          int        `json:"slots_total"`
+	SlotsBusy           int        `json:"slots_busy"`
+	RequestsActive      int        `json:"requests_active"`
+	CeilingBytes        int64      `json:"ceiling_bytes"`
+	Model               *ModelInfo `json:"model,omitempty"`
+}
+
+// Limits is the body of POST /limits.
+type Limits struct {
+	CeilingBytes   int64 `json:"ceiling_bytes"`
+	HardLimitBytes int64 `json:"hard_limit_bytes"`
+	HostUsedBytes  int64 `json:"host_used_bytes"`
+}
+
+// CacheClear is the answer to POST /cache/clear.
+type CacheClear struct {
+	BytesReclaimed int64 `json:"bytes_reclaimed"`
+	EntriesCleared int   `json:"entries_cleared"`
+}
+
+// Abort is the answer to POST /abort.
+type Abort struct {
+	Aborted int `json:"aborted"`
+}
+
+// TokenizeRequest is the body of POST /tokenize: content, or messages rendered with
+// the chat template (generation prompt added).
+type TokenizeRequest struct {
+	Content  *string   `json:"content,omitempty"`
+	Messages []Message `json:"messages,omitempty"`
+	// AddSpecial adds BOS as the model is configured to (default true).
+	AddSpecial *bool `json:"add_special,omitempty"`
+}
+
+// TokenizeResponse is the answer to POST /tokenize.
+type TokenizeResponse struct {
+	Tokens []int32 `json:"tokens"`
+	Count  int     `json:"count"`
+}
+
+// Error codes used by the runner (the OpenAI "code" field).
+const (
+	CodeInvalidJSON           = "invalid_json"
+	CodeInvalidValue          = "invalid_value"
+	CodeContextLengthExceeded = "context_length_exceeded"
+	CodePrefillMemoryExceeded = "prefill_memory_exceeded"
+	CodeAborted               = "aborted"
+	CodeShuttingDown          = "shutting_down"
+	CodeLoading               = "model_loading"
+	CodeLoadFailed            = "model_load_failed"
+	CodeNotFound              = "not_found"
+	CodeMethodNotAllowed      = "method_not_allowed"
+	CodeInternal              = "internal_error"
+)
+
+// Error types (the OpenAI "type" field).
+const (
+	TypeInvalidRequest = "invalid_request_error"
+	TypeServer         = "server_error"
+	TypeUnavailable    = "service_unavailable"
+)
+
+// Error is an OpenAI-shaped error with the HTTP status it is sent with.
+type Error struct {
+	Status  int
+	Message string
+	Type    string
+	Code    string
+	Param   string
+	// EstimatedBytes and LimitBytes accompany prefill_memory_exceeded.
+	EstimatedBytes, LimitBytes int64
+}
+
+func (e *Error) Error() string { return e.Message }
+
+// MarshalJSON renders {"error":{...}}.
+func (e *Error) MarshalJSON() ([]byte, error) {
+	type body struct {
+		Message        string  `json:"message"`
+		Type           string  `json:"type"`
+		Code           string  `json:"code,omitempty"`
+		Param          *string `json:"param"`
+		EstimatedBytes int64   `json:"estimated_bytes,omitempty"`
+		LimitBytes     int64   `json:"limit_bytes,omitempty"`
+	}
+	b := body{Message: e.Message, Type: e.Type, Code: e.Code, EstimatedBytes: e.EstimatedBytes, LimitBytes: e.LimitBytes}
+	if e.Param != "" {
+		b.Param = &e.Param
+	}
+	return json.Marshal(struct {
+		Error body `json:"error"`
+	}{b})
+}
+
+// ErrorBody is the parsed form of an error response, for clients.
+type ErrorBody struct {
+	Error struct {
+		Message        string  `json:"message"`
+		Type           string  `json:"type"`
+		Code           string  `json:"code"`
+		Param          *string `json:"param"`
+		EstimatedBytes int64   `json:"estimated_bytes"`
+		LimitBytes     int64   `json:"limit_bytes"`
+	} `json:"error"`
+}
+
+// InvalidRequest is a 400 error.
+func InvalidRequest(code, param, format string, args ...any) *Error {
+	return &Error{Status: http.StatusBadRequest, Type: TypeInvalidRequest, Code: code, Param: param,
+		Message: fmt.Sprintf(format, args...)}
+}
+
+// Unavailable is a 503 error.
+func Unavailable(code, format string, args ...any) *Error {
+	return &Error{Status: http.StatusServiceUnavailable, Type: TypeUnavailable, Code: code,
+		Message: fmt.Sprintf(format, args...)}
+}
+
+// Internal is a 500 error.
+func Internal(format string, args ...any) *Error {
+	return &Error{Status: http.StatusInternalServerError, Type: TypeServer, Code: CodeInternal,
+		Message: fmt.Sprintf(format, args...)}
+}
+
+// PrefillTooLarge is the 413 refusal of a prefill over the runner's ceiling.
+func PrefillTooLarge(estimated, footprint, limit int64) *Error {
+	return &Error{Status: http.StatusRequestEntityTooLarge, Type: TypeInvalidRequest, Code: CodePrefillMemoryExceeded,
+		EstimatedBytes: estimated, LimitBytes: limit,
+		Message: fmt.Sprintf("prefill needs about %d bytes on top of the runner's %d; its ceiling is %d bytes",
+			estimated, footprint, limit)}
+}
+
+// ContextExceeded is the 400 refusal of a prompt longer than a slot's context.
+func ContextExceeded(promptTokens, slotCtx int) *Error {
+	return &Error{Status: http.StatusBadRequest, Type: TypeInvalidRequest, Code: CodeContextLengthExceeded,
+		Param: "messages",
+		Message: fmt.Sprintf("this model's context is %d tokens per request; the prompt has %d tokens",
+			slotCtx, promptTokens)}
+}

@@ -1,0 +1,397 @@
+package api
+
+import (
+	"bytes"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"strings"
+)
+
+// Message is one chat message. Content is a string or an array of text parts.
+type Message struct {
+	Role    string         `json:"role"`
+	Content MessageContent `json:"content"`
+}
+
+// MessageContent is the text of a message: OpenAI allows a string, null, or an array
+// of content parts of which the runner accepts the text ones.
+type MessageContent string
+
+// UnmarshalJSON implements json.Unmarshaler.
+func (c *MessageContent) UnmarshalJSON(b []byte) error {
+	b = bytes.TrimSpace(b)
+	switch {
+	case bytes.Equal(b, []byte("null")):
+		*c = ""
+		return nil
+	case len(b) > 0 && b[0] == '"':
+		var s string
+		if err := json.Unmarshal(b, &s); err != nil {
+			return err
+		}
+		*c = MessageContent(s)
+		return nil
+	case len(b) > 0 && b[0] == '[':
+		var parts []struct {
+			Type string  `json:"type"`
+			Text *string `json:"text"`
+		}
+		if err := json.Unmarshal(b, &parts); err != nil {
+			return err
+		}
+		var sb strings.Builder
+		for _, p := range parts {
+			if p.Type != "text" || p.Text == nil {
+				return fmt.Errorf("content part of type %q is not supported (text only)", p.Type)
+			}
+			sb.WriteString(*p.Text)
+		}
+		*c = MessageContent(sb.String())
+		return nil
+	}
+	return errors.New("content must be a string or an array of text parts")
+}
+
+// StringList is a string or an array of strings.
+type StringList []string
+
+// UnmarshalJSON implements json.Unmarshaler.
+func (l *StringList) UnmarshalJSON(b []byte) error {
+	b = bytes.TrimSpace(b)
+	if bytes.Equal(b, []byte("null")) {
+		*l = nil
+		return nil
+	}
+	if len(b) > 0 && b[0] == '"' {
+		var s string
+		if err := json.Unmarshal(b, &s); err != nil {
+			return err
+		}
+		*l = StringList{s}
+		return nil
+	}
+	var ss []string
+	if err := json.Unmarshal(b, &ss); err != nil {
+		return errors.New("must be a string or an array of strings")
+	}
+	*l = ss
+	return nil
+}
+
+// Input is an embeddings input or a completions prompt: a string, an array of
+// strings, an array of token ids, or an array of token-id arrays. Exactly one of
+// Texts and Tokens is set after unmarshalling.
+type Input struct {
+	Texts  []string
+	Tokens [][]int32
+}
+
+// UnmarshalJSON implements json.Unmarshaler.
+func (in *Input) UnmarshalJSON(b []byte) error {
+	b = bytes.TrimSpace(b)
+	*in = Input{}
+	if len(b) > 0 && b[0] == '"' {
+		var s string
+		if err := json.Unmarshal(b, &s); err != nil {
+			return err
+		}
+		in.Texts = []string{s}
+		return nil
+	}
+	var raw []json.RawMessage
+	if err := json.Unmarshal(b, &raw); err != nil || len(raw) == 0 {
+		return errors.New("must be a string, an array of strings or an array of token ids")
+	}
+	first := bytes.TrimSpace(raw[0])
+	switch {
+	case len(first) > 0 && first[0] == '"':
+		var ss []string
+		if err := json.Unmarshal(b, &ss); err != nil {
+			return errors.New("mixes strings with other values")
+		}
+		in.Texts = ss
+	case len(first) > 0 && first[0] == '[':
+		var tt [][]int32
+		if err := json.Unmarshal(b, &tt); err != nil {
+			return errors.New("must be arrays of token ids")
+		}
+		in.Tokens = tt
+	default:
+		var t []int32
+		if err := json.Unmarshal(b, &t); err != nil {
+			return errors.New("must be an array of token ids")
+		}
+		in.Tokens = [][]int32{t}
+	}
+	return nil
+}
+
+// Len is the number of inputs.
+func (in Input) Len() int { return len(in.Texts) + len(in.Tokens) }
+
+// StreamOptions are OpenAI's stream_options.
+type StreamOptions struct {
+	IncludeUsage bool `json:"include_usage"`
+}
+
+// Sampling holds the generation fields shared by chat and text completions.
+type Sampling struct {
+	MaxTokens           *int           `json:"max_tokens,omitempty"`
+	MaxCompletionTokens *int           `json:"max_completion_tokens,omitempty"`
+	Temperature         *float64       `json:"temperature,omitempty"`
+	TopP                *float64       `json:"top_p,omitempty"`
+	TopK                *int           `json:"top_k,omitempty"`
+	MinP                *float64       `json:"min_p,omitempty"`
+	Seed                *int64         `json:"seed,omitempty"`
+	Stop                StringList     `json:"stop,omitempty"`
+	PresencePenalty     *float64       `json:"presence_penalty,omitempty"`
+	FrequencyPenalty    *float64       `json:"frequency_penalty,omitempty"`
+	N                   *int           `json:"n,omitempty"`
+	Stream              bool           `json:"stream,omitempty"`
+	StreamOptions       *StreamOptions `json:"stream_options,omitempty"`
+}
+
+// ChatRequest is the body of POST /v1/chat/completions.
+type ChatRequest struct {
+	Model    string    `json:"model"`
+	Messages []Message `json:"messages"`
+	Sampling
+}
+
+// CompletionRequest is the body of POST /v1/completions.
+type CompletionRequest struct {
+	Model  string `json:"model"`
+	Prompt *Input `json:"prompt"`
+	Echo   bool   `json:"echo,omitempty"`
+	Sampling
+}
+
+// EmbeddingRequest is the body of POST /v1/embeddings.
+type EmbeddingRequest struct {
+	Model          string `json:"model"`
+	Input          *Input `json:"input"`
+	EncodingFormat string `json:"encoding_format,omitempty"`
+	Dimensions     *int   `json:"dimensions,omitempty"`
+}
+
+// Options are validated generation options with OpenAI's defaults filled in.
+type Options struct {
+	// MaxTokens caps the completion; 0 means until the context is full.
+	MaxTokens                         int
+	Temperature, TopP, MinP           float32
+	TopK                              int
+	Seed                              uint32
+	SeedSet                           bool
+	PresencePenalty, FrequencyPenalty float32
+	Stop                              []string
+	Stream, IncludeUsage              bool
+}
+
+// Limits of request fields.
+const (
+	MaxStopStrings = 16
+	MaxStopLength  = 256
+)
+
+// Options validates the sampling fields and fills in defaults (temperature 1, top_p 1,
+// everything else off).
+func (s Sampling) Options() (Options, *Error) {
+	o := Options{Temperature: 1, TopP: 1, Stream: s.Stream}
+	maxTok := s.MaxCompletionTokens
+	param := "max_completion_tokens"
+	if maxTok == nil {
+		maxTok, param = s.MaxTokens, "max_tokens"
+	}
+	if maxTok != nil {
+		if *maxTok < 1 {
+			return o, InvalidRequest(CodeInvalidValue, param, "%s must be at least 1, got %d", param, *maxTok)
+		}
+		o.MaxTokens = *maxTok
+	}
+	ranged := func(p *float64, name string, lo, hi float64, dst *float32) *Error {
+		if p == nil {
+			return nil
+		}
+		if math.IsNaN(*p) || *p < lo || *p > hi {
+			return InvalidRequest(CodeInvalidValue, name, "%s must be between %g and %g, got %g", name, lo, hi, *p)
+		}
+		*dst = float32(*p)
+		return nil
+	}
+	for _, f := range []struct {
+		p      *float64
+		name   string
+		lo, hi float64
+		dst    *float32
+	}{
+		{s.Temperature, "temperature", 0, 2, &o.Temperature},
+		{s.TopP, "top_p", 0, 1, &o.TopP},
+		{s.MinP, "min_p", 0, 1, &o.MinP},
+		{s.PresencePenalty, "presence_penalty", -2, 2, &o.PresencePenalty},
+		{s.FrequencyPenalty, "frequency_penalty", -2, 2, &o.FrequencyPenalty},
+	} {
+		if err := ranged(f.p, f.name, f.lo, f.hi, f.dst); err != nil {
+			return o, err
+		}
+	}
+	if s.TopK != nil {
+		if *s.TopK < 0 {
+			return o, InvalidRequest(CodeInvalidValue, "top_k", "top_k must not be negative, got %d", *s.TopK)
+		}
+		o.TopK = *s.TopK
+	}
+	if s.Seed != nil {
+		o.Seed, o.SeedSet = uint32(uint64(*s.Seed)), true
+	}
+	if s.N != nil && *s.N != 1 {
+		return o, InvalidRequest(CodeInvalidValue, "n", "only n=1 is supported, got %d", *s.N)
+	}
+	if len(s.Stop) > MaxStopStrings {
+		return o, InvalidRequest(CodeInvalidValue, "stop", "at most %d stop strings are allowed, got %d", MaxStopStrings, len(s.Stop))
+	}
+	for _, st := range s.Stop {
+		if len(st) > MaxStopLength {
+			return o, InvalidRequest(CodeInvalidValue, "stop", "stop strings are limited to %d bytes", MaxStopLength)
+		}
+		if st != "" {
+			o.Stop = append(o.Stop, st)
+		}
+	}
+	if s.StreamOptions != nil {
+		if !s.Stream {
+			return o, InvalidRequest(CodeInvalidValue, "stream_options", "stream_options is only allowed with stream: true")
+		}
+		o.IncludeUsage = s.StreamOptions.IncludeUsage
+	}
+	return o, nil
+}
+
+// DecodeJSON parses a request body into v, mapping failures to 400 errors: malformed
+// JSON is invalid_json, a well-formed body with a wrong value is invalid_value.
+func DecodeJSON(body []byte, v any) *Error {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	if err := dec.Decode(v); err != nil {
+		var se *json.SyntaxError
+		var ute *json.UnmarshalTypeError
+		switch {
+		case errors.As(err, &se), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, io.EOF):
+			return InvalidRequest(CodeInvalidJSON, "", "invalid JSON body: %v", err)
+		case errors.As(err, &ute):
+			return InvalidRequest(CodeInvalidValue, ute.Field, "invalid value for %s: %v", ute.Field, err)
+		default:
+			return InvalidRequest(CodeInvalidValue, "", "invalid request: %v", err)
+		}
+	}
+	if dec.More() {
+		return InvalidRequest(CodeInvalidJSON, "", "invalid JSON body: trailing data after the object")
+	}
+	return nil
+}
+
+// Usage is OpenAI's token accounting.
+type Usage struct {
+	PromptTokens        int                  `json:"prompt_tokens"`
+	CompletionTokens    int                  `json:"completion_tokens"`
+	TotalTokens         int                  `json:"total_tokens"`
+	PromptTokensDetails *PromptTokensDetails `json:"prompt_tokens_details,omitempty"`
+}
+
+// PromptTokensDetails reports prompt tokens served from the slot's prefix cache.
+type PromptTokensDetails struct {
+	CachedTokens int `json:"cached_tokens"`
+}
+
+// ChatMessageOut is the assistant message of a chat completion.
+type ChatMessageOut struct {
+	Role    string `json:"role"`
+	Content string `json:"content"`
+}
+
+// ChatChoice is one choice of a chat completion.
+type ChatChoice struct {
+	Index        int              `json:"index"`
+	Message      ChatMessageOut   `json:"message"`
+	Logprobs     *json.RawMessage `json:"logprobs"`
+	FinishReason string           `json:"finish_reason"`
+}
+
+// ChatCompletion is a non-streamed chat completion.
+type ChatCompletion struct {
+	ID      string       `json:"id"`
+	Object  string       `json:"object"` // chat.completion
+	Created int64        `json:"created"`
+	Model   string       `json:"model"`
+	Choices []ChatChoice `json:"choices"`
+	Usage   *Usage       `json:"usage,omitempty"`
+}
+
+// ChatDelta is the incremental message of a stream chunk.
+type ChatDelta struct {
+	Role    string  `json:"role,omitempty"`
+	Content *string `json:"content,omitempty"`
+}
+
+// ChatChunkChoice is one choice of a stream chunk.
+type ChatChunkChoice struct {
+	Index        int              `json:"index"`
+	Delta        ChatDelta        `json:"delta"`
+	Logprobs     *json.RawMessage `json:"logprobs"`
+	FinishReason *string          `json:"finish_reason"`
+}
+
+// ChatCompletionChunk is one SSE event of a streamed chat completion.
+type ChatCompletionChunk struct {
+	ID      string            `json:"id"`
+	Object  string            `json:"object"` // chat.completion.chunk
+	Created int64             `json:"created"`
+	Model   string            `json:"model"`
+	Choices []ChatChunkChoice `json:"choices"`
+	// Usage is set only on the final chunk when stream_options.include_usage is set.
+	Usage *Usage `json:"usage,omitempty"`
+}
+
+// TextChoice is one choice of a text completion (streamed or not).
+type TextChoice struct {
+	Index        int              `json:"index"`
+	Text         string           `json:"text"`
+	Logprobs     *json.RawMessage `json:"logprobs"`
+	FinishReason *string          `json:"finish_reason"`
+}
+
+// Completion is a text completion or one chunk of a streamed one.
+type Completion struct {
+	ID      string       `json:"id"`
+	Object  string       `json:"object"` // text_completion
+	Created int64        `json:"created"`
+	Model   string       `json:"model"`
+	Choices []TextChoice `json:"choices"`
+	Usage   *Usage       `json:"usage,omitempty"`
+}
+
+// Embedding is one vector of an embeddings response; Embedding is []float32 or a
+// base64 string.
+type Embedding struct {
+	Object    string `json:"object"` // embedding
+	Index     int    `json:"index"`
+	Embedding any    `json:"embedding"`
+}
+
+// EmbeddingResponse is the answer to POST /v1/embeddings.
+type EmbeddingResponse struct {
+	Object string      `json:"object"` // list
+	Data   []Embedding `json:"data"`
+	Model  string      `json:"model"`
+	Usage  Usage       `json:"usage"`
+}
+
+// NewID returns a random id with the given prefix ("chatcmpl-", "cmpl-").
+func NewID(prefix string) string {
+	var b [12]byte
+	_, _ = rand.Read(b[:])
+	return prefix + hex.EncodeToString(b[:])
+}

@@ -279,6 +279,26 @@ func TestUnschedulableRetried(t *testing.T) {
 	}
 }
 
+// TestRetriedWhenReservationFreed: a replica that does not fit because of another
+// replica's reservation is bound once that replica is deleted.
+func TestRetriedWhenReservationFreed(t *testing.T) {
+	f := newFixture(t)
+	f.createNode(nodeSpec{name: "a", ceiling: 10})
+	f.createDeployment("hog", v1alpha1.Placement{})
+	f.createDeployment("d", v1alpha1.Placement{})
+	hog := f.createReplica(replicaSpec{name: "hog-0", deployment: "hog", memory: 8, node: "a"})
+	f.startScheduler()
+	f.createReplica(replicaSpec{name: "d-0", deployment: "d", memory: 6})
+	f.waitScheduled("d-0", metav1.ConditionFalse, string(ReasonInsufficientMemory))
+
+	if err := f.c.Delete(t.Context(), hog); err != nil {
+		t.Fatal(err)
+	}
+	if r := f.waitScheduled("d-0", metav1.ConditionTrue, v1alpha1.ReasonBound); r.Spec.NodeName != f.node("a") {
+		t.Errorf("d-0 bound to %s, want %s", r.Spec.NodeName, f.node("a"))
+	}
+}
+
 // TestBoundReplicaNeverMoves: once bound, a replica stays where it is when its node is
 // cordoned or lost and a better node appears; the API server refuses a rebind.
 func TestBoundReplicaNeverMoves(t *testing.T) {

@@ -29,7 +29,7 @@ generate: ## Generate deepcopy functions.
 
 .PHONY: manifests
 manifests: ## Generate CRDs and RBAC from markers.
-	$(CONTROLLER_GEN) crd rbac:roleName=macfleet-manager paths=./api/... paths=./controllers/... \
+	$(CONTROLLER_GEN) crd rbac:roleName=macfleet-manager paths=./api/... paths=./controllers/... paths=./internal/manager/... \
 		output:crd:artifacts:config=config/crd/bases output:rbac:artifacts:config=config/rbac
 
 ##@ Build

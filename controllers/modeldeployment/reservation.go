@@ -131,7 +131,7 @@ func (r *Reconciler) estimate(ctx context.Context, k estimateKey) (estimate.Resu
 		return estimate.Result{}, err
 	}
 	return r.Estimate(ctx, estimate.Params{
-		URL:           loc.URL,
+		URL: loc.URL,
 		// contextLength is per sequence; the engine's KV cache holds every sequence.
 		ContextLength: k.ContextLength * max(k.Parallel, 1),
 		Parallel:      k.Parallel,

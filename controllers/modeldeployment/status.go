@@ -2,6 +2,7 @@ package modeldeployment
 
 import (
 	"fmt"
+	"github.com/macfleet/macfleet/controllers/endpoints"
 	"slices"
 	"strings"
 	"time"
@@ -13,10 +14,6 @@ import (
 
 	"github.com/macfleet/macfleet/api/v1alpha1"
 )
-
-// ServicePort is the port of the per-deployment Service the endpoints controller
-// creates.
-const ServicePort = 8080
 
 // maxMessageLength bounds the condition messages copied from errors and replicas.
 const maxMessageLength = 1024
@@ -120,7 +117,7 @@ func setStatus(md *v1alpha1.ModelDeployment, s replicaSummary, in statusInput) {
 		st.EstimatedMemory = &q
 	}
 	st.MeasuredMemory = s.Measured
-	st.Endpoint = fmt.Sprintf("http://%s.%s.svc:%d", md.Name, md.Namespace, ServicePort)
+	st.Endpoint = fmt.Sprintf("http://%s.%s.svc:%d", endpoints.ServiceName(md.Name), md.Namespace, endpoints.ServicePort)
 	setAvailableCondition(md, s, in)
 	setProgressingCondition(md, s, in)
 	setScheduledCondition(md, s, in)

@@ -1,0 +1,137 @@
+// Package manager runs the macfleet control plane: the modeldeployment, scheduler,
+// macnode and endpoints controllers in one controller-runtime manager with leader
+// election, health probes and Prometheus metrics.
+package manager
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"net/http"
+	"time"
+
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/config"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
+	"github.com/macfleet/macfleet/controllers/endpoints"
+	"github.com/macfleet/macfleet/controllers/macnode"
+	"github.com/macfleet/macfleet/controllers/modeldeployment"
+	"github.com/macfleet/macfleet/controllers/scheduler"
+	"github.com/macfleet/macfleet/internal/source"
+)
+
+// Config is everything the manager needs; cmd/macfleet fills it from flags.
+type Config struct {
+	// RestConfig reaches the API server.
+	RestConfig *rest.Config
+	// MetricsAddr serves /metrics; "0" disables it.
+	MetricsAddr string
+	// ProbeAddr serves /healthz and /readyz; "0" disables it.
+	ProbeAddr string
+	// LeaderElection makes only one manager replica act at a time.
+	LeaderElection bool
+	// LeaderElectionNamespace holds the election Lease; empty means the namespace the
+	// manager runs in (in cluster).
+	LeaderElectionNamespace string
+	// NodeLossGrace is how long a Mac's Lease stays expired before its replicas are
+	// rescheduled elsewhere.
+	NodeLossGrace time.Duration
+	// SchedulerWorkers is how many binding writes run in parallel.
+	SchedulerWorkers int
+	// Resolver maps hf:// and ollama:// sources to URLs for the memory estimate.
+	Resolver source.Resolver
+	// SkipNameValidation lets one process build several managers (tests do).
+	SkipNameValidation bool
+}
+
+// The election Lease lives in the manager's namespace (the chart's macfleet-system).
+// +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;list;watch;create;update;patch;delete,namespace=macfleet-system
+// +kubebuilder:rbac:groups="",resources=events,verbs=create;patch,namespace=macfleet-system
+
+// LeaderElectionID names the election Lease.
+const LeaderElectionID = "macfleet-manager.macfleet.dev"
+
+// Scheme returns the scheme with the client-go and macfleet types.
+func Scheme() (*runtime.Scheme, error) {
+	s := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(s); err != nil {
+		return nil, err
+	}
+	if err := mfv1.AddToScheme(s); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// New builds the manager with every controller set up, ready to Start.
+func New(cfg Config) (ctrl.Manager, error) {
+	scheme, err := Scheme()
+	if err != nil {
+		return nil, fmt.Errorf("building the scheme: %w", err)
+	}
+	mgr, err := ctrl.NewManager(cfg.RestConfig, ctrl.Options{
+		Scheme:                        scheme,
+		Metrics:                       metricsserver.Options{BindAddress: cfg.MetricsAddr},
+		HealthProbeBindAddress:        cfg.ProbeAddr,
+		LeaderElection:                cfg.LeaderElection,
+		LeaderElectionID:              LeaderElectionID,
+		LeaderElectionNamespace:       cfg.LeaderElectionNamespace,
+		LeaderElectionReleaseOnCancel: true,
+		Controller:                    config.Controller{SkipNameValidation: &cfg.SkipNameValidation},
+		// Cache only the Leases, Services and EndpointSlices that are macfleet's.
+		Cache: cache.Options{ByObject: maps.Collect(func(yield func(client.Object, cache.ByObject) bool) {
+			for _, m := range []map[client.Object]cache.ByObject{macnode.CacheByObject(), endpoints.CacheByObject()} {
+				for k, v := range m {
+					if !yield(k, v) {
+						return
+					}
+				}
+			}
+		})},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("creating the manager: %w", err)
+	}
+	resolver := cfg.Resolver
+	reconcilers := []interface{ SetupWithManager(ctrl.Manager) error }{
+		&modeldeployment.Reconciler{Resolver: &resolver},
+		&scheduler.Reconciler{Workers: cfg.SchedulerWorkers},
+		&macnode.Reconciler{NodeLossGrace: cfg.NodeLossGrace},
+		&endpoints.Reconciler{},
+	}
+	for _, r := range reconcilers {
+		if err := r.SetupWithManager(mgr); err != nil {
+			return nil, fmt.Errorf("setting up %T: %w", r, err)
+		}
+	}
+	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
+		return nil, err
+	}
+	if err := mgr.AddReadyzCheck("readyz", func(req *http.Request) error {
+		if !mgr.GetCache().WaitForCacheSync(req.Context()) {
+			return fmt.Errorf("informer caches are not synced")
+		}
+		return nil
+	}); err != nil {
+		return nil, err
+	}
+	return mgr, nil
+}
+
+// Run builds the manager and runs it until ctx ends.
+func Run(ctx context.Context, cfg Config) error {
+	mgr, err := New(cfg)
+	if err != nil {
+		return err
+	}
+	ctrl.LoggerFrom(ctx).Info("Starting manager", "leaderElection", cfg.LeaderElection, "nodeLossGrace", cfg.NodeLossGrace)
+	return mgr.Start(ctx)
+}

@@ -86,7 +86,7 @@ func TestReservationBackoffAndCache(t *testing.T) {
 		md.Spec.Engine = v1alpha1.EngineSpec{ContextLength: 16384, Parallel: 2}
 	})
 	r.reservationFor(t.Context(), md2, replicaTemplate(md2))
-	if len(calls) != n+1 || calls[n].ContextLength != 16384 {
+	if len(calls) != n+1 || calls[n].ContextLength != 16384*2 {
 		t.Errorf("new context length did not estimate again: %+v", calls[n:])
 	}
 }

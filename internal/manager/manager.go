@@ -77,7 +77,13 @@ func New(cfg Config) (ctrl.Manager, error) {
 	if err != nil {
 		return nil, fmt.Errorf("building the scheme: %w", err)
 	}
-	mgr, err := ctrl.NewManager(cfg.RestConfig, ctrl.Options{
+	// The scheduler writes two objects per binding; the client's default 20 QPS would
+	// take ~100 s to place 1,000 replicas.
+	rc := rest.CopyConfig(cfg.RestConfig)
+	if rc.QPS == 0 {
+		rc.QPS, rc.Burst = 200, 400
+	}
+	mgr, err := ctrl.NewManager(rc, ctrl.Options{
 		Scheme:                        scheme,
 		Metrics:                       metricsserver.Options{BindAddress: cfg.MetricsAddr},
 		HealthProbeBindAddress:        cfg.ProbeAddr,

@@ -107,7 +107,7 @@ func TestModelTooLargeNamesTheBindingCeiling(t *testing.T) {
 
 // Admission is whole-host: it counts what co-resident models measure, not only
 // their estimates, and names what holds the memory.
-func TestWholeHostAdmissionCountsCoResidentModels_LLMKube640(t *testing.T) {
+func TestWholeHostAdmissionCountsCoResidentModels(t *testing.T) {
 	h := newHarness(t, Config{})
 	h.f.footprint = func(s ModelSpec) int64 {
 		if s.Name == "a" {
@@ -132,7 +132,7 @@ func TestWholeHostAdmissionCountsCoResidentModels_LLMKube640(t *testing.T) {
 
 // Reservations count in admission: a second large model is refused while the first
 // is still loading and invisible to the gauges.
-func TestAdmissionCountsCommittedReservations_oMLX1623(t *testing.T) {
+func TestAdmissionCountsCommittedReservations(t *testing.T) {
 	h := newHarness(t, Config{})
 	h.f.manualReady = true
 	h.f.lagOnLoad = true
@@ -161,7 +161,7 @@ func TestAdmissionCountsCommittedReservations_oMLX1623(t *testing.T) {
 
 // Evicted models come back on the next request (no restart needed), and every
 // eviction reports what it measurably freed.
-func TestEvictedModelsReloadAndReportFreedBytes_LLMKube(t *testing.T) {
+func TestEvictedModelsReloadAndReportFreedBytes(t *testing.T) {
 	h := newHarness(t, Config{})
 	h.g.setLag(2) // the host gauge gives memory back two samples after exit
 	h.register("a", 6, OnDemand)

@@ -7,7 +7,7 @@ import (
 // Cache clear reaches every live runner — including one whose model was removed
 // while a request still drains it — and runner exit gives everything back: with
 // nothing loaded, nothing is held and the largest model that fits is admitted.
-func TestCacheClearReachesEveryRunnerAndExitReclaims_oMLX1713(t *testing.T) {
+func TestCacheClearReachesEveryRunnerAndExitReclaims(t *testing.T) {
 	h := newHarness(t, Config{})
 	h.register("a", 3, OnDemand)
 	h.register("b", 3, OnDemand)

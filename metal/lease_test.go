@@ -101,7 +101,7 @@ func TestConcurrentAcquiresShareOneLoad(t *testing.T) {
 
 // A request holds its lease from routing to its last byte: an engine with a lease
 // that has not yet been "used" is never evicted, expired or pressure-unloaded.
-func TestLeaseHeldFromRoutingPreventsEviction_oMLX1667(t *testing.T) {
+func TestLeaseHeldFromRoutingPreventsEviction(t *testing.T) {
 	h := newHarness(t, Config{IdleTimeout: time.Minute})
 	h.register("a", 6, OnDemand)
 	h.register("b", 6, OnDemand)
@@ -131,7 +131,7 @@ func TestLeaseHeldFromRoutingPreventsEviction_oMLX1667(t *testing.T) {
 
 // When an engine stops, its request counters go with it: a request stuck past the
 // drain and abort deadlines cannot leave a phantom busy count that blocks eviction.
-func TestCountersResetOnStop_oMLX1595(t *testing.T) {
+func TestCountersResetOnStop(t *testing.T) {
 	h := newHarness(t, Config{})
 	h.register("a", 6, OnDemand)
 	h.register("b", 6, OnDemand)
@@ -166,7 +166,7 @@ func TestCountersResetOnStop_oMLX1595(t *testing.T) {
 
 // Stop waits for every request goroutine that touched the engine (up to the drain
 // deadline, then aborts and waits again), and process exit returns every byte.
-func TestStopWaitsForRequestGoroutines_oMLX1593(t *testing.T) {
+func TestStopWaitsForRequestGoroutines(t *testing.T) {
 	h := newHarness(t, Config{})
 	h.register("a", 6, OnDemand)
 	h.register("b", 8, OnDemand)
@@ -202,7 +202,7 @@ func TestStopWaitsForRequestGoroutines_oMLX1593(t *testing.T) {
 
 // Draining refuses leases (503 + Retry-After, no reload outside accounting), and a
 // handle to a stopped engine reports an error instead of handing out a dead engine.
-func TestDrainingRefusesLeasesAndHandlesInvalidated_oMLX2431(t *testing.T) {
+func TestDrainingRefusesLeasesAndHandlesInvalidated(t *testing.T) {
 	h := newHarness(t, Config{})
 	h.register("a", 3, OnDemand)
 	h.load("a")
@@ -239,7 +239,7 @@ func TestDrainingRefusesLeasesAndHandlesInvalidated_oMLX2431(t *testing.T) {
 // Every transient state has one owner and a deadline: a request that never ends
 // and a runner that ignores its stop cannot latch the entry; nor can a load that
 // never finishes.
-func TestTransientStatesHaveOwnerAndDeadline_oMLX3363(t *testing.T) {
+func TestTransientStatesHaveOwnerAndDeadline(t *testing.T) {
 	t.Run("unload", func(t *testing.T) {
 		h := newHarness(t, Config{})
 		h.register("a", 3, OnDemand)
@@ -282,7 +282,7 @@ func TestTransientStatesHaveOwnerAndDeadline_oMLX3363(t *testing.T) {
 
 // The pool mutex is never held across a load, a stop or a settle: serving loaded
 // models, status and config changes go on while another engine starts or stops.
-func TestLockNeverHeldAcrossIO_oMLX1970(t *testing.T) {
+func TestLockNeverHeldAcrossIO(t *testing.T) {
 	h := newHarness(t, Config{})
 	h.register("a", 2, OnDemand)
 	h.register("b", 2, OnDemand)
@@ -335,7 +335,7 @@ func TestLockNeverHeldAcrossIO_oMLX1970(t *testing.T) {
 // A config reload (Register/Update) never replaces a Loading or Ready entry: the
 // running engine keeps its spec and its reservation; the new spec applies at the
 // next load; Remove unloads through the normal path.
-func TestConfigReloadNeverReplacesLoadedEntries_oMLX2307(t *testing.T) {
+func TestConfigReloadNeverReplacesLoadedEntries(t *testing.T) {
 	h := newHarness(t, Config{})
 	h.f.manualReady = true
 	old := h.register("a", 3, OnDemand)

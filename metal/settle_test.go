@@ -8,7 +8,7 @@ import (
 // The settle barrier never reads a global gauge as if it were alone: while another
 // model serves, it reports Indeterminate at once (no stall of the serving engine),
 // never a negative figure, and it holds no lock while it waits.
-func TestSettleIndeterminateNeverNegativeNeverStalls_oMLX1774(t *testing.T) {
+func TestSettleIndeterminateNeverNegativeNeverStalls(t *testing.T) {
 	t.Run("another model serving", func(t *testing.T) {
 		h := newHarness(t, Config{})
 		h.register("a", 3, OnDemand)

@@ -83,7 +83,7 @@ func TestVictimCandidates(t *testing.T) {
 // Eviction is size-aware LRU: the least recently used model that alone makes room
 // goes, not a small one that would force a second eviction, and not simply the
 // largest.
-func TestSizeAwareLRUEviction_Ollama(t *testing.T) {
+func TestSizeAwareLRUEviction(t *testing.T) {
 	h := newHarness(t, Config{})
 	h.register("x", 1, OnDemand) // least recently used, too small alone
 	h.register("y", 4, OnDemand) // next LRU, big enough

@@ -35,13 +35,15 @@ const ChatMLTemplate = "{% for message in messages %}" +
 	"{% endfor %}" +
 	"{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 
-// Special token ids. Byte tokens <0x00>..<0xFF> follow at FirstByteToken.
+// Special token ids. Byte tokens <0x00>..<0xFF> follow at FirstByteToken. As in
+// chatml models, the end of a turn (<|im_end|>) is the end-of-sequence token.
 const (
 	UnknownToken   = 0 // <unk>
 	BOSToken       = 1 // <s>
-	EOSToken       = 2 // </s>
+	EndOfText      = 2 // </s>
 	IMStartToken   = 3 // <|im_start|>
 	IMEndToken     = 4 // <|im_end|>
+	EOSToken       = IMEndToken
 	FirstByteToken = 5
 	// FirstNormalToken is the id of the first ordinary (merged) token.
 	FirstNormalToken = FirstByteToken + 256
@@ -207,6 +209,7 @@ func metadata(s Spec) ggml.KV {
 		"tokenizer.ggml.token_type":              types,
 		"tokenizer.ggml.bos_token_id":            uint32(BOSToken),
 		"tokenizer.ggml.eos_token_id":            uint32(EOSToken),
+		"tokenizer.ggml.eot_token_id":            uint32(IMEndToken),
 		"tokenizer.ggml.unknown_token_id":        uint32(UnknownToken),
 		"tokenizer.ggml.add_bos_token":           true,
 		"tokenizer.ggml.add_eos_token":           false,

@@ -1,0 +1,113 @@
+//go:build cgo && !race
+
+// Command macfleet-runner serves one GGUF model through llama.cpp (Metal on Apple
+// Silicon, CPU elsewhere) over the private protocol of docs/runner-protocol.md. The
+// node agent starts one per loaded model.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"runtime"
+	"syscall"
+
+	"github.com/go-logr/logr/funcr"
+	"github.com/spf13/pflag"
+
+	"github.com/macfleet/macfleet/runner/llama"
+	"github.com/macfleet/macfleet/runner/server"
+)
+
+// Exit codes of docs/runner-protocol.md.
+const (
+	exitOK         = 0
+	exitFailed     = 1
+	exitBadFlags   = 2
+	exitLoadFailed = 3
+)
+
+func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
+
+func run(args []string, stdout, stderr io.Writer) int {
+	cfg, verbosity, err := parseFlags(args, stderr)
+	if err != nil {
+		if errors.Is(err, pflag.ErrHelp) {
+			return exitOK
+		}
+		fmt.Fprintln(stderr, "macfleet-runner:", err)
+		return exitBadFlags
+	}
+	cfg.Stdout = stdout
+	cfg.Log = funcr.NewJSON(func(obj string) { fmt.Fprintln(stderr, obj) },
+		funcr.Options{Verbosity: verbosity, LogTimestamp: true}).WithName("runner")
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	err = server.Run(ctx, cfg)
+	var le *server.LoadError
+	switch {
+	case err == nil:
+		return exitOK
+	case errors.As(err, &le):
+		fmt.Fprintln(stderr, "macfleet-runner:", err)
+		return exitLoadFailed
+	default:
+		fmt.Fprintln(stderr, "macfleet-runner:", err)
+		return exitFailed
+	}
+}
+
+func parseFlags(args []string, stderr io.Writer) (server.Config, int, error) {
+	var cfg server.Config
+	fs := pflag.NewFlagSet("macfleet-runner", pflag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&cfg.ModelPath, "model", "", "GGUF model file (required)")
+	fs.StringVar(&cfg.Socket, "socket", "", "serve on this unix socket")
+	fs.StringVar(&cfg.Addr, "addr", "", "serve on this TCP address (loopback; port 0 picks one)")
+	fs.IntVar(&cfg.Ctx, "ctx", 0, "total context in tokens across all slots (0: the model's training context per slot)")
+	fs.IntVar(&cfg.Parallel, "parallel", 1, "slots: sequences decoded together")
+	fs.IntVar(&cfg.Batch, "batch", 512, "most tokens decoded per step (n_batch)")
+	fs.IntVar(&cfg.Threads, "threads", runtime.NumCPU(), "CPU threads")
+	fs.StringVar(&cfg.KVType, "kv-type", "f16", "KV cache type: f16, q8_0 or q4_0")
+	fs.Int64Var(&cfg.CeilingBytes, "ceiling-bytes", 0, "memory ceiling; prefill that would exceed it is refused (0: none)")
+	fs.StringVar(&cfg.Alias, "alias", "", "model name in responses")
+	fs.IntVar(&cfg.GPULayers, "gpu-layers", 999, "layers offloaded to the GPU (Metal)")
+	fs.BoolVar(&cfg.Mmap, "mmap", runtime.GOOS == "darwin", "map the model file instead of reading it into memory")
+	verbose := fs.BoolP("verbose", "v", false, "log llama.cpp's info messages and per-request details")
+	if err := fs.Parse(args); err != nil {
+		return cfg, 0, err
+	}
+	cfg.Verbose = *verbose
+	verbosity := 0
+	if cfg.Verbose {
+		verbosity = 4
+	}
+	switch {
+	case fs.NArg() > 0:
+		return cfg, 0, fmt.Errorf("unexpected arguments %q", fs.Args())
+	case cfg.ModelPath == "":
+		return cfg, 0, errors.New("--model is required")
+	case (cfg.Socket == "") == (cfg.Addr == ""):
+		return cfg, 0, errors.New("exactly one of --socket and --addr is required")
+	case cfg.Parallel < 1 || cfg.Parallel > 64:
+		return cfg, 0, fmt.Errorf("--parallel must be between 1 and 64, got %d", cfg.Parallel)
+	case cfg.Batch < cfg.Parallel:
+		return cfg, 0, fmt.Errorf("--batch %d must be at least --parallel %d", cfg.Batch, cfg.Parallel)
+	case cfg.Ctx < 0:
+		return cfg, 0, fmt.Errorf("--ctx must not be negative, got %d", cfg.Ctx)
+	case cfg.Ctx > 0 && cfg.Ctx < cfg.Parallel*8:
+		return cfg, 0, fmt.Errorf("--ctx %d leaves fewer than 8 tokens per slot", cfg.Ctx)
+	case cfg.Threads < 1:
+		return cfg, 0, fmt.Errorf("--threads must be positive, got %d", cfg.Threads)
+	case cfg.CeilingBytes < 0:
+		return cfg, 0, fmt.Errorf("--ceiling-bytes must not be negative, got %d", cfg.CeilingBytes)
+	}
+	if _, err := llama.KVTypeSize(cfg.KVType); err != nil {
+		return cfg, 0, err
+	}
+	return cfg, verbosity, nil
+}

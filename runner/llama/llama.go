@@ -1,0 +1,642 @@
+//go:build cgo && !race
+
+// Package llama is a thin cgo binding over llama.h: models, contexts, batches,
+// decoding, sequence memory and state, samplers, tokenization, chat templates and
+// metadata. The compiled llama.cpp and ggml come from the ollama module's cgo packages
+// (blank-imported below); the header include paths come from CGO_CPPFLAGS, which
+// hack/go-env.sh sets. Only the runner imports this package, and it has no tests of its
+// own, so `go test -race ./...` never compiles llama.cpp a second time.
+//
+// Nothing here is safe for concurrent use except the read-only Model methods
+// (tokenization, pieces, metadata): one goroutine owns a Context and its batches.
+package llama
+
+/*
+#cgo CXXFLAGS: -std=c++17
+#include <stdlib.h>
+#include <stdio.h>
+#include <stdint.h>
+#include "llama.h"
+
+static int mf_log_verbose = 0;
+static enum ggml_log_level mf_log_last = GGML_LOG_LEVEL_INFO;
+
+static void mf_log(enum ggml_log_level level, const char *text, void *user) {
+	(void)user;
+	if (level != GGML_LOG_LEVEL_CONT) {
+		mf_log_last = level;
+	}
+	if (mf_log_verbose || mf_log_last >= GGML_LOG_LEVEL_WARN) {
+		fputs(text, stderr);
+	}
+}
+
+static void mf_log_init(int verbose) {
+	mf_log_verbose = verbose;
+	llama_log_set(mf_log, NULL);
+}
+
+extern _Bool mfGoProgress(float progress, uintptr_t handle);
+
+static _Bool mf_progress(float progress, void *user) {
+	return mfGoProgress(progress, (uintptr_t)user);
+}
+
+static struct llama_model *mf_load_model(const char *path, int n_gpu_layers, _Bool use_mmap, uintptr_t handle) {
+	struct llama_model_params p = llama_model_default_params();
+	p.n_gpu_layers = n_gpu_layers;
+	p.use_mmap = use_mmap;
+	p.progress_callback = mf_progress;
+	p.progress_callback_user_data = (void *)handle;
+	return llama_model_load_from_file(path, p);
+}
+
+static void mf_batch_set(struct llama_batch *b, int i, llama_token tok, llama_pos pos, llama_seq_id seq, _Bool output) {
+	b->token[i] = tok;
+	b->pos[i] = pos;
+	b->n_seq_id[i] = 1;
+	b->seq_id[i][0] = seq;
+	b->logits[i] = output;
+}
+
+static uint64_t mf_gpu_allocated(void) {
+	uint64_t used = 0;
+	for (size_t i = 0; i < ggml_backend_dev_count(); i++) {
+		ggml_backend_dev_t dev = ggml_backend_dev_get(i);
+		enum ggml_backend_dev_type t = ggml_backend_dev_type(dev);
+		if (t == GGML_BACKEND_DEVICE_TYPE_GPU || t == GGML_BACKEND_DEVICE_TYPE_IGPU) {
+			size_t free = 0, total = 0;
+			ggml_backend_dev_memory(dev, &free, &total);
+			if (total > free) {
+				used += total - free;
+			}
+		}
+	}
+	return used;
+}
+
+#if defined(__GLIBC__)
+#include <malloc.h>
+static void mf_trim_heap(void) { malloc_trim(0); }
+#elif defined(__APPLE__)
+#include <malloc/malloc.h>
+static void mf_trim_heap(void) { malloc_zone_pressure_relief(NULL, 0); }
+#else
+static void mf_trim_heap(void) {}
+#endif
+
+static int mf_gpu_count(void) {
+	int n = 0;
+	for (size_t i = 0; i < ggml_backend_dev_count(); i++) {
+		enum ggml_backend_dev_type t = ggml_backend_dev_type(ggml_backend_dev_get(i));
+		if (t == GGML_BACKEND_DEVICE_TYPE_GPU || t == GGML_BACKEND_DEVICE_TYPE_IGPU) {
+			n++;
+		}
+	}
+	return n;
+}
+*/
+import "C"
+
+import (
+	"errors"
+	"fmt"
+	"runtime/cgo"
+	"strings"
+	"sync"
+	"unsafe"
+
+	// The compiled llama.cpp (and through it ggml with the CPU backend, plus Metal
+	// and Accelerate on darwin/arm64).
+	_ "github.com/ollama/ollama/llama/llama.cpp/src"
+)
+
+var initOnce sync.Once
+
+// Init initialises the backends once; verbose forwards llama.cpp's info logs to stderr
+// (warnings and errors always go there).
+func Init(verbose bool) {
+	initOnce.Do(func() {
+		v := C.int(0)
+		if verbose {
+			v = 1
+		}
+		C.mf_log_init(v)
+		C.llama_backend_init()
+	})
+}
+
+// GPUCount is the number of GPU devices ggml registered (Metal on Apple Silicon).
+func GPUCount() int { return int(C.mf_gpu_count()) }
+
+// GPUAllocatedBytes is the memory the GPU devices report in use (best effort; zero
+// without a GPU).
+func GPUAllocatedBytes() uint64 { return uint64(C.mf_gpu_allocated()) }
+
+// TrimHeap returns free heap pages to the operating system (glibc malloc_trim, darwin
+// malloc_zone_pressure_relief).
+func TrimHeap() { C.mf_trim_heap() }
+
+//export mfGoProgress
+func mfGoProgress(progress C.float, handle C.uintptr_t) C._Bool {
+	fn := cgo.Handle(handle).Value().(func(float32) bool)
+	return C._Bool(fn(float32(progress)))
+}
+
+// ModelParams configures LoadModel.
+type ModelParams struct {
+	// GPULayers is the number of layers offloaded to the GPU (a large number means all).
+	GPULayers int
+	// Mmap maps the file instead of reading it into memory.
+	Mmap bool
+	// Progress is called during the load with a fraction in [0,1]; returning false
+	// cancels the load.
+	Progress func(float32) bool
+}
+
+// Model is a loaded model. Its read-only methods are safe for concurrent use.
+type Model struct {
+	c      *C.struct_llama_model
+	vocab  *C.struct_llama_vocab
+	pieces [][]byte // token id → text piece (control tokens render empty)
+	eog    []bool
+}
+
+// LoadModel loads a GGUF file.
+func LoadModel(path string, p ModelParams) (*Model, error) {
+	progress := p.Progress
+	if progress == nil {
+		progress = func(float32) bool { return true }
+	}
+	h := cgo.NewHandle(progress)
+	defer h.Delete()
+	cpath := C.CString(path)
+	defer C.free(unsafe.Pointer(cpath))
+	c := C.mf_load_model(cpath, C.int(p.GPULayers), C._Bool(p.Mmap), C.uintptr_t(h))
+	if c == nil {
+		return nil, fmt.Errorf("llama.cpp could not load %s (see its log on stderr)", path)
+	}
+	m := &Model{c: c, vocab: C.llama_model_get_vocab(c)}
+	n := m.NVocab()
+	m.pieces = make([][]byte, n)
+	m.eog = make([]bool, n)
+	buf := make([]byte, 256)
+	for i := range n {
+		k := C.llama_token_to_piece(m.vocab, C.llama_token(i), (*C.char)(unsafe.Pointer(&buf[0])), C.int32_t(len(buf)), 0, false)
+		if k < 0 {
+			buf = make([]byte, -k)
+			k = C.llama_token_to_piece(m.vocab, C.llama_token(i), (*C.char)(unsafe.Pointer(&buf[0])), C.int32_t(len(buf)), 0, false)
+		}
+		if k > 0 {
+			m.pieces[i] = append([]byte(nil), buf[:k]...)
+		}
+		m.eog[i] = bool(C.llama_vocab_is_eog(m.vocab, C.llama_token(i)))
+	}
+	return m, nil
+}
+
+// Free releases the model. The model must not be used afterwards.
+func (m *Model) Free() {
+	if m.c != nil {
+		C.llama_model_free(m.c)
+		m.c = nil
+	}
+}
+
+// NVocab is the vocabulary size.
+func (m *Model) NVocab() int { return int(C.llama_vocab_n_tokens(m.vocab)) }
+
+// NLayer is the number of transformer blocks.
+func (m *Model) NLayer() int { return int(C.llama_model_n_layer(m.c)) }
+
+// NHead is the number of attention heads.
+func (m *Model) NHead() int { return int(C.llama_model_n_head(m.c)) }
+
+// NHeadKV is the number of key/value heads.
+func (m *Model) NHeadKV() int { return int(C.llama_model_n_head_kv(m.c)) }
+
+// NEmbd is the embedding size.
+func (m *Model) NEmbd() int { return int(C.llama_model_n_embd(m.c)) }
+
+// NCtxTrain is the training context length.
+func (m *Model) NCtxTrain() int { return int(C.llama_model_n_ctx_train(m.c)) }
+
+// Size is the total size of the weights in bytes.
+func (m *Model) Size() uint64 { return uint64(C.llama_model_size(m.c)) }
+
+// NParams is the number of parameters.
+func (m *Model) NParams() uint64 { return uint64(C.llama_model_n_params(m.c)) }
+
+// Desc is llama.cpp's one-line description of the model.
+func (m *Model) Desc() string {
+	buf := make([]byte, 256)
+	n := C.llama_model_desc(m.c, (*C.char)(unsafe.Pointer(&buf[0])), C.size_t(len(buf)))
+	if n <= 0 {
+		return ""
+	}
+	return string(buf[:min(int(n), len(buf)-1)])
+}
+
+// Meta returns a metadata value as a string.
+func (m *Model) Meta(key string) (string, bool) {
+	ckey := C.CString(key)
+	defer C.free(unsafe.Pointer(ckey))
+	buf := make([]byte, 1024)
+	n := C.llama_model_meta_val_str(m.c, ckey, (*C.char)(unsafe.Pointer(&buf[0])), C.size_t(len(buf)))
+	if n < 0 {
+		return "", false
+	}
+	if int(n) >= len(buf) {
+		buf = make([]byte, int(n)+1)
+		n = C.llama_model_meta_val_str(m.c, ckey, (*C.char)(unsafe.Pointer(&buf[0])), C.size_t(len(buf)))
+	}
+	return string(buf[:n]), true
+}
+
+// ChatTemplate is the model's default chat template, empty when it has none.
+func (m *Model) ChatTemplate() string {
+	t := C.llama_model_chat_template(m.c, nil)
+	if t == nil {
+		return ""
+	}
+	return C.GoString(t)
+}
+
+// HasEncoder reports an encoder-decoder model (not supported by the runner).
+func (m *Model) HasEncoder() bool { return bool(C.llama_model_has_encoder(m.c)) }
+
+// AddBOS reports whether the tokenizer prepends BOS when adding special tokens.
+func (m *Model) AddBOS() bool { return bool(C.llama_vocab_get_add_bos(m.vocab)) }
+
+// IsEOG reports an end-of-generation token.
+func (m *Model) IsEOG(tok int32) bool { return tok >= 0 && int(tok) < len(m.eog) && m.eog[tok] }
+
+// Piece is the text of a token (empty for control tokens). The slice must not be
+// modified.
+func (m *Model) Piece(tok int32) []byte {
+	if tok < 0 || int(tok) >= len(m.pieces) {
+		return nil
+	}
+	return m.pieces[tok]
+}
+
+// Tokenize converts text to tokens. addSpecial adds BOS (and EOS) as the model is
+// configured to; parseSpecial turns control-token text such as <|im_start|> into the
+// control tokens.
+func (m *Model) Tokenize(text string, addSpecial, parseSpecial bool) ([]int32, error) {
+	if len(text) > 1<<30 {
+		return nil, errors.New("text too long to tokenize")
+	}
+	var ptr *C.char
+	if len(text) > 0 {
+		ptr = (*C.char)(unsafe.Pointer(unsafe.StringData(text)))
+	}
+	out := make([]int32, len(text)+4)
+	n := C.llama_tokenize(m.vocab, ptr, C.int32_t(len(text)), (*C.llama_token)(unsafe.Pointer(&out[0])),
+		C.int32_t(len(out)), C._Bool(addSpecial), C._Bool(parseSpecial))
+	if n < 0 {
+		if n == C.INT32_MIN {
+			return nil, errors.New("tokenization overflow")
+		}
+		out = make([]int32, -n)
+		n = C.llama_tokenize(m.vocab, ptr, C.int32_t(len(text)), (*C.llama_token)(unsafe.Pointer(&out[0])),
+			C.int32_t(len(out)), C._Bool(addSpecial), C._Bool(parseSpecial))
+		if n < 0 {
+			return nil, fmt.Errorf("tokenization failed (%d)", int(n))
+		}
+	}
+	return out[:n], nil
+}
+
+// ChatMessage is one message for ApplyChatTemplate.
+type ChatMessage struct {
+	Role, Content string
+}
+
+// ErrUnsupportedTemplate means llama.cpp does not recognise the chat template.
+var ErrUnsupportedTemplate = errors.New("chat template not supported")
+
+// ApplyChatTemplate formats msgs with tmpl, one of the templates llama.cpp recognises
+// (an empty tmpl means chatml), adding the assistant prefix when addAssistant is set.
+func ApplyChatTemplate(tmpl string, msgs []ChatMessage, addAssistant bool) (string, error) {
+	// Everything handed to C lives in C memory: the message array holds pointers.
+	var ctmpl *C.char
+	if tmpl != "" {
+		ctmpl = C.CString(tmpl)
+		defer C.free(unsafe.Pointer(ctmpl))
+	}
+	n := len(msgs)
+	var cmsgs *C.struct_llama_chat_message
+	total := 0
+	if n > 0 {
+		cmsgs = (*C.struct_llama_chat_message)(C.calloc(C.size_t(n), C.size_t(unsafe.Sizeof(C.struct_llama_chat_message{}))))
+		defer C.free(unsafe.Pointer(cmsgs))
+		arr := unsafe.Slice(cmsgs, n)
+		for i, msg := range msgs {
+			if strings.IndexByte(msg.Content, 0) >= 0 || strings.IndexByte(msg.Role, 0) >= 0 {
+				return "", errors.New("message contains a NUL byte")
+			}
+			arr[i].role = C.CString(msg.Role)
+			arr[i].content = C.CString(msg.Content)
+			defer C.free(unsafe.Pointer(arr[i].role))
+			defer C.free(unsafe.Pointer(arr[i].content))
+			total += len(msg.Role) + len(msg.Content)
+		}
+	}
+	size := 2*total + 256
+	for range 2 {
+		buf := (*C.char)(C.malloc(C.size_t(size)))
+		r := C.llama_chat_apply_template(ctmpl, cmsgs, C.size_t(n), C._Bool(addAssistant), buf, C.int32_t(size))
+		if r < 0 {
+			C.free(unsafe.Pointer(buf))
+			return "", ErrUnsupportedTemplate
+		}
+		if int(r) <= size {
+			s := C.GoStringN(buf, r)
+			C.free(unsafe.Pointer(buf))
+			return s, nil
+		}
+		C.free(unsafe.Pointer(buf))
+		size = int(r)
+	}
+	return "", errors.New("chat template output changed size between calls")
+}
+
+// ContextParams configures NewContext.
+type ContextParams struct {
+	// NCtx is the total context in cells, split evenly across NSeqMax sequences.
+	NCtx int
+	// NBatch is the most tokens one Decode may carry (larger batches abort the process).
+	NBatch int
+	// NSeqMax is the number of sequences (slots).
+	NSeqMax int
+	// Threads is the number of CPU threads.
+	Threads int
+	// KVType is the KV cache element type: f16, q8_0 or q4_0.
+	KVType string
+	// Embeddings makes every output row carry its embedding as well as its logits.
+	Embeddings bool
+}
+
+// KVTypeSize is the size in bytes of one KV element of type t (block-averaged).
+func KVTypeSize(t string) (float64, error) {
+	switch t {
+	case "", "f16":
+		return 2, nil
+	case "q8_0":
+		return 34.0 / 32, nil
+	case "q4_0":
+		return 18.0 / 32, nil
+	}
+	return 0, fmt.Errorf("unknown KV cache type %q (want f16, q8_0 or q4_0)", t)
+}
+
+func kvType(t string) (C.enum_ggml_type, error) {
+	switch t {
+	case "", "f16":
+		return C.GGML_TYPE_F16, nil
+	case "q8_0":
+		return C.GGML_TYPE_Q8_0, nil
+	case "q4_0":
+		return C.GGML_TYPE_Q4_0, nil
+	}
+	return 0, fmt.Errorf("unknown KV cache type %q (want f16, q8_0 or q4_0)", t)
+}
+
+// Context is an inference context: the KV cache and compute buffers.
+type Context struct {
+	c     *C.struct_llama_context
+	mem   C.llama_memory_t
+	model *Model
+	nEmbd int
+}
+
+// NewContext creates a context for m. Each sequence gets its own KV stream of
+// NCtx/NSeqMax cells, so sequences never compete for cells.
+func NewContext(m *Model, p ContextParams) (*Context, error) {
+	kt, err := kvType(p.KVType)
+	if err != nil {
+		return nil, err
+	}
+	cp := C.llama_context_default_params()
+	cp.n_ctx = C.uint32_t(p.NCtx)
+	cp.n_batch = C.uint32_t(p.NBatch)
+	cp.n_ubatch = C.uint32_t(p.NBatch)
+	cp.n_seq_max = C.uint32_t(p.NSeqMax)
+	cp.n_threads = C.int32_t(p.Threads)
+	cp.n_threads_batch = C.int32_t(p.Threads)
+	cp.type_k = kt
+	cp.type_v = kt
+	cp.embeddings = C._Bool(p.Embeddings)
+	cp.kv_unified = false
+	if kt != C.GGML_TYPE_F16 {
+		// A quantized V cache needs flash attention.
+		cp.flash_attn_type = C.LLAMA_FLASH_ATTN_TYPE_ENABLED
+	}
+	c := C.llama_init_from_model(m.c, cp)
+	if c == nil {
+		return nil, errors.New("llama.cpp could not create a context (see its log on stderr)")
+	}
+	return &Context{c: c, mem: C.llama_get_memory(c), model: m, nEmbd: m.NEmbd()}, nil
+}
+
+// Free releases the context (KV cache and compute buffers).
+func (c *Context) Free() {
+	if c.c != nil {
+		C.llama_free(c.c)
+		c.c = nil
+	}
+}
+
+// NCtx is the total number of KV cells.
+func (c *Context) NCtx() int { return int(C.llama_n_ctx(c.c)) }
+
+// NCtxSeq is the number of KV cells of one sequence.
+func (c *Context) NCtxSeq() int { return int(C.llama_n_ctx_seq(c.c)) }
+
+// NBatch is the most tokens one Decode accepts.
+func (c *Context) NBatch() int { return int(C.llama_n_batch(c.c)) }
+
+// NSeqMax is the number of sequences.
+func (c *Context) NSeqMax() int { return int(C.llama_n_seq_max(c.c)) }
+
+// ErrNoKVSlot is returned by Decode when the KV cache has no room for the batch.
+var ErrNoKVSlot = errors.New("no KV cache slot for the batch")
+
+// Decode runs the model over the batch. The caller must have checked that the batch
+// holds at most NBatch tokens and that every sequence stays within NCtxSeq positions:
+// llama.cpp aborts the process otherwise.
+func (c *Context) Decode(b *Batch) error {
+	if b.N() == 0 {
+		return errors.New("empty batch")
+	}
+	if b.N() > c.NBatch() {
+		return fmt.Errorf("batch of %d tokens exceeds n_batch %d", b.N(), c.NBatch())
+	}
+	switch r := C.llama_decode(c.c, b.c); {
+	case r == 0:
+		return nil
+	case r == 1:
+		return ErrNoKVSlot
+	default:
+		return fmt.Errorf("llama_decode failed (%d)", int(r))
+	}
+}
+
+// SeqRm removes positions [p0, p1) of seq (p1 < 0: to the end). Removing a whole
+// sequence never fails.
+func (c *Context) SeqRm(seq, p0, p1 int) bool {
+	return bool(C.llama_memory_seq_rm(c.mem, C.llama_seq_id(seq), C.llama_pos(p0), C.llama_pos(p1)))
+}
+
+// SeqPosMax is the largest position of seq in the cache, -1 when empty.
+func (c *Context) SeqPosMax(seq int) int {
+	return int(C.llama_memory_seq_pos_max(c.mem, C.llama_seq_id(seq)))
+}
+
+// ClearMemory drops every sequence from the KV cache.
+func (c *Context) ClearMemory() { C.llama_memory_clear(c.mem, true) }
+
+// SeqState returns the serialized KV state of seq.
+func (c *Context) SeqState(seq int) []byte {
+	n := C.llama_state_seq_get_size(c.c, C.llama_seq_id(seq))
+	if n == 0 {
+		return nil
+	}
+	buf := C.malloc(n)
+	defer C.free(buf)
+	got := C.llama_state_seq_get_data(c.c, (*C.uint8_t)(buf), n, C.llama_seq_id(seq))
+	return C.GoBytes(buf, C.int(got))
+}
+
+// SetSeqState restores a state returned by SeqState into seq.
+func (c *Context) SetSeqState(seq int, state []byte) error {
+	if len(state) == 0 {
+		return errors.New("empty sequence state")
+	}
+	buf := C.CBytes(state)
+	defer C.free(buf)
+	if C.llama_state_seq_set_data(c.c, (*C.uint8_t)(buf), C.size_t(len(state)), C.llama_seq_id(seq)) == 0 {
+		return errors.New("llama.cpp rejected the sequence state")
+	}
+	return nil
+}
+
+// AddEmbedding adds the embedding of output row i (batch index) to dst, which has
+// NEmbd elements; it reports false when the row has no embedding.
+func (c *Context) AddEmbedding(dst []float32, i int) bool {
+	e := C.llama_get_embeddings_ith(c.c, C.int32_t(i))
+	if e == nil {
+		return false
+	}
+	for j, v := range unsafe.Slice((*float32)(unsafe.Pointer(e)), c.nEmbd) {
+		dst[j] += v
+	}
+	return true
+}
+
+// Batch is a reusable token batch. Each token belongs to one sequence.
+type Batch struct {
+	c   C.struct_llama_batch
+	cap int
+}
+
+// NewBatch allocates a batch of up to n tokens.
+func NewBatch(n int) *Batch {
+	return &Batch{c: C.llama_batch_init(C.int32_t(n), 0, 1), cap: n}
+}
+
+// Free releases the batch.
+func (b *Batch) Free() {
+	if b.cap > 0 {
+		C.llama_batch_free(b.c)
+		b.cap = 0
+	}
+}
+
+// N is the number of tokens in the batch.
+func (b *Batch) N() int { return int(b.c.n_tokens) }
+
+// Cap is the batch capacity.
+func (b *Batch) Cap() int { return b.cap }
+
+// Clear empties the batch.
+func (b *Batch) Clear() { b.c.n_tokens = 0 }
+
+// Add appends a token at pos of seq and returns its index in the batch; output asks
+// for its logits (and embedding). It panics when the batch is full: callers size
+// their batches.
+func (b *Batch) Add(tok int32, pos, seq int, output bool) int {
+	i := int(b.c.n_tokens)
+	if i >= b.cap {
+		panic("llama: batch overflow")
+	}
+	C.mf_batch_set(&b.c, C.int(i), C.llama_token(tok), C.llama_pos(pos), C.llama_seq_id(seq), C._Bool(output))
+	b.c.n_tokens++
+	return i
+}
+
+// SamplerParams selects the samplers of a chain. The zero value is greedy decoding
+// without penalties; set Temperature > 0 for random sampling.
+type SamplerParams struct {
+	Temperature float32
+	TopK        int     // 0: off
+	TopP        float32 // 0 or 1: off
+	MinP        float32 // 0: off
+	Seed        uint32
+	// PresencePenalty and FrequencyPenalty follow OpenAI's definitions over the last
+	// PenaltyLastN tokens.
+	PresencePenalty, FrequencyPenalty float32
+	PenaltyLastN                      int
+}
+
+// Sampler is a sampler chain; it remembers the tokens it produced (for penalties).
+type Sampler struct {
+	c *C.struct_llama_sampler
+}
+
+// NewSampler builds a chain: penalties, top-k, top-p, min-p, temperature and a seeded
+// distribution, or greedy when Temperature is 0.
+func NewSampler(p SamplerParams) *Sampler {
+	cp := C.llama_sampler_chain_default_params()
+	cp.no_perf = true
+	chain := C.llama_sampler_chain_init(cp)
+	if p.PresencePenalty != 0 || p.FrequencyPenalty != 0 {
+		lastN := p.PenaltyLastN
+		if lastN <= 0 {
+			lastN = 64
+		}
+		C.llama_sampler_chain_add(chain, C.llama_sampler_init_penalties(C.int32_t(lastN), 1.0,
+			C.float(p.FrequencyPenalty), C.float(p.PresencePenalty)))
+	}
+	if p.Temperature <= 0 {
+		C.llama_sampler_chain_add(chain, C.llama_sampler_init_greedy())
+		return &Sampler{c: chain}
+	}
+	if p.TopK > 0 {
+		C.llama_sampler_chain_add(chain, C.llama_sampler_init_top_k(C.int32_t(p.TopK)))
+	}
+	if p.TopP > 0 && p.TopP < 1 {
+		C.llama_sampler_chain_add(chain, C.llama_sampler_init_top_p(C.float(p.TopP), 1))
+	}
+	if p.MinP > 0 {
+		C.llama_sampler_chain_add(chain, C.llama_sampler_init_min_p(C.float(p.MinP), 1))
+	}
+	C.llama_sampler_chain_add(chain, C.llama_sampler_init_temp(C.float(p.Temperature)))
+	C.llama_sampler_chain_add(chain, C.llama_sampler_init_dist(C.uint32_t(p.Seed)))
+	return &Sampler{c: chain}
+}
+
+// Sample picks a token from the logits of output row i (batch index) of the last
+// Decode and records it in the chain's history.
+func (s *Sampler) Sample(c *Context, i int) int32 {
+	return int32(C.llama_sampler_sample(s.c, c.c, C.int32_t(i)))
+}
+
+// Free releases the chain.
+func (s *Sampler) Free() {
+	if s.c != nil {
+		C.llama_sampler_free(s.c)
+		s.c = nil
+	}
+}

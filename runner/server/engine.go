@@ -1,0 +1,540 @@
+//go:build cgo && !race
+
+package server
+
+import (
+	"math"
+	"math/rand/v2"
+	"sync"
+
+	"github.com/go-logr/logr"
+
+	"github.com/macfleet/macfleet/runner/api"
+	"github.com/macfleet/macfleet/runner/llama"
+	"github.com/macfleet/macfleet/runner/textstream"
+)
+
+// embedChunk bounds the tokens of an embedding input decoded per step: every one of
+// them is an output row, and llama.cpp sizes its output buffer (logits included) by
+// the largest number of output rows it has seen.
+const embedChunk = 64
+
+// engine owns the llama.cpp context and runs the continuous-batching loop on one
+// goroutine: every step it decodes one llama_batch holding the next token of every
+// generating slot plus prefill chunks of the others, bounded by n_batch. Requests join
+// between steps. Nothing else touches the context.
+type engine struct {
+	log   logr.Logger
+	model *llama.Model
+	ctx   *llama.Context
+	batch *llama.Batch
+
+	nBatch, nCtxSeq int
+	slots           []*slot
+	tick            uint64
+	// guard refuses a prefill chunk of n tokens that would exceed the ceiling.
+	guard func(n int) *api.Error
+
+	wake chan struct{}
+	cmds chan func()
+	quit chan struct{}
+	done chan struct{}
+
+	mu       sync.Mutex // guards the fields below
+	pending  []*job
+	active   map[*job]struct{} // pending or in a slot, until the engine lets go of it
+	closed   bool
+	closeErr *api.Error
+	busy     int
+	kvUsed   int
+}
+
+type slotPhase int
+
+const (
+	phaseIdle slotPhase = iota
+	phasePrefill
+	phaseGenerate
+)
+
+// slot is one sequence of the context (its id is the sequence id). cached mirrors the
+// tokens whose KV the sequence holds at positions 0..len-1; it outlives the job so the
+// next prompt with the same prefix skips that part of the prefill.
+type slot struct {
+	id       int
+	cached   []int32
+	lastUsed uint64
+	admitted uint64
+
+	job     *job
+	phase   slotPhase
+	fed     int // prompt tokens in the cache
+	sampler *llama.Sampler
+	stream  *textstream.Stream
+	next    int32 // sampled token to decode next
+	emb     []float32
+
+	take   int // tokens in this step's batch
+	first  int // batch index of the first of them
+	outIdx int // batch index whose logits are sampled, -1 for none
+}
+
+func newEngine(log logr.Logger, model *llama.Model, ctx *llama.Context, guard func(int) *api.Error) *engine {
+	e := &engine{
+		log: log, model: model, ctx: ctx,
+		nBatch: ctx.NBatch(), nCtxSeq: ctx.NCtxSeq(),
+		batch:  llama.NewBatch(ctx.NBatch()),
+		guard:  guard,
+		wake:   make(chan struct{}, 1),
+		cmds:   make(chan func()),
+		quit:   make(chan struct{}),
+		done:   make(chan struct{}),
+		active: map[*job]struct{}{},
+	}
+	for i := range ctx.NSeqMax() {
+		e.slots = append(e.slots, &slot{id: i})
+	}
+	return e
+}
+
+// submit queues a job; it fails once the engine is closing.
+func (e *engine) submit(j *job) *api.Error {
+	e.mu.Lock()
+	if e.closed {
+		err := e.closeErr
+		e.mu.Unlock()
+		return err
+	}
+	e.pending = append(e.pending, j)
+	e.active[j] = struct{}{}
+	e.mu.Unlock()
+	e.poke()
+	return nil
+}
+
+func (e *engine) poke() {
+	select {
+	case e.wake <- struct{}{}:
+	default:
+	}
+}
+
+// abortAll ends every job with err at once (their handlers send it); the engine frees
+// their slots at its next step. It returns how many jobs it ended.
+func (e *engine) abortAll(err *api.Error) int {
+	e.mu.Lock()
+	n := 0
+	for j := range e.active {
+		if j.fail(err) {
+			n++
+		}
+	}
+	e.mu.Unlock()
+	e.poke()
+	return n
+}
+
+// close refuses new jobs with err, aborts the current ones and waits for the loop to
+// exit.
+func (e *engine) close(err *api.Error) {
+	e.mu.Lock()
+	already := e.closed
+	e.closed, e.closeErr = true, err
+	e.mu.Unlock()
+	e.abortAll(err)
+	if !already {
+		close(e.quit)
+	}
+	<-e.done
+	e.batch.Free()
+}
+
+// do runs fn on the engine goroutine between steps and waits for it.
+func (e *engine) do(fn func()) bool {
+	ran := make(chan struct{})
+	select {
+	case e.cmds <- func() { fn(); close(ran) }:
+		<-ran
+		return true
+	case <-e.done:
+		return false
+	}
+}
+
+// stats returns the slots in use, the KV cells holding tokens and the live jobs.
+func (e *engine) stats() (busy, kvUsed, requests int) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.busy, e.kvUsed, len(e.active)
+}
+
+func (e *engine) run() {
+	defer close(e.done)
+	for {
+		e.reap()
+		e.admit()
+		e.publish()
+		if !e.anyBusy() {
+			select {
+			case <-e.wake:
+			case fn := <-e.cmds:
+				fn()
+			case <-e.quit:
+				e.shutdown()
+				return
+			}
+			continue
+		}
+		select {
+		case fn := <-e.cmds:
+			fn()
+		case <-e.quit:
+			e.shutdown()
+			return
+		default:
+		}
+		e.step()
+	}
+}
+
+func (e *engine) shutdown() {
+	for _, s := range e.slots {
+		if s.job != nil {
+			s.job.fail(e.closeErr)
+			e.release(s)
+		}
+	}
+	e.mu.Lock()
+	for _, j := range e.pending {
+		j.fail(e.closeErr)
+		delete(e.active, j)
+	}
+	e.pending = nil
+	e.mu.Unlock()
+	e.publish()
+}
+
+func (e *engine) anyBusy() bool {
+	for _, s := range e.slots {
+		if s.job != nil {
+			return true
+		}
+	}
+	return false
+}
+
+// reap frees the slots of jobs that ended outside the engine (client gone, aborted).
+func (e *engine) reap() {
+	for _, s := range e.slots {
+		if s.job != nil && s.job.finished() {
+			e.release(s)
+		}
+	}
+}
+
+func (e *engine) release(s *slot) {
+	j := s.job
+	if s.sampler != nil {
+		s.sampler.Free()
+		s.sampler = nil
+	}
+	s.job, s.phase, s.stream, s.emb = nil, phaseIdle, nil, nil
+	e.tick++
+	s.lastUsed = e.tick
+	e.mu.Lock()
+	delete(e.active, j)
+	e.mu.Unlock()
+}
+
+// publish refreshes the figures /status reports.
+func (e *engine) publish() {
+	busy, kv := 0, 0
+	for _, s := range e.slots {
+		if s.job != nil {
+			busy++
+		}
+		kv += len(s.cached)
+	}
+	e.mu.Lock()
+	e.busy, e.kvUsed = busy, kv
+	e.mu.Unlock()
+}
+
+// admit moves pending jobs into free slots, choosing for each the free slot whose
+// cached tokens share the longest prefix with its prompt.
+func (e *engine) admit() {
+	for {
+		e.mu.Lock()
+		if len(e.pending) == 0 {
+			e.mu.Unlock()
+			return
+		}
+		j := e.pending[0]
+		if j.finished() {
+			e.pending = e.pending[1:]
+			delete(e.active, j)
+			e.mu.Unlock()
+			continue
+		}
+		s, keep := e.pickSlot(j)
+		if s == nil {
+			e.mu.Unlock()
+			return
+		}
+		e.pending = e.pending[1:]
+		e.mu.Unlock()
+		e.assign(s, j, keep)
+	}
+}
+
+func (e *engine) pickSlot(j *job) (*slot, int) {
+	var best *slot
+	bestKeep := -1
+	for _, s := range e.slots {
+		if s.job != nil {
+			continue
+		}
+		keep := 0
+		if !j.embed {
+			keep = commonPrefix(s.cached, j.tokens)
+		}
+		if keep > bestKeep || (keep == bestKeep && s.lastUsed < best.lastUsed) {
+			best, bestKeep = s, keep
+		}
+	}
+	return best, bestKeep
+}
+
+func commonPrefix(a, b []int32) int {
+	n := min(len(a), len(b))
+	for i := range n {
+		if a[i] != b[i] {
+			return i
+		}
+	}
+	return n
+}
+
+func (e *engine) assign(s *slot, j *job, keep int) {
+	// A generation must decode at least its last prompt token to get logits.
+	if !j.embed && keep >= len(j.tokens) {
+		keep = len(j.tokens) - 1
+	}
+	if keep < len(s.cached) {
+		if !e.ctx.SeqRm(s.id, keep, -1) {
+			e.ctx.SeqRm(s.id, -1, -1)
+			keep = 0
+		}
+		s.cached = s.cached[:keep]
+	}
+	e.tick++
+	s.job, s.phase, s.fed, s.admitted = j, phasePrefill, keep, e.tick
+	j.mu.Lock()
+	j.cached = keep
+	j.mu.Unlock()
+	if j.embed {
+		s.emb = make([]float32, e.model.NEmbd())
+		return
+	}
+	o := j.opts
+	seed := o.Seed
+	if !o.SeedSet {
+		seed = rand.Uint32()
+	}
+	s.sampler = llama.NewSampler(llama.SamplerParams{
+		Temperature: o.Temperature, TopK: o.TopK, TopP: o.TopP, MinP: o.MinP, Seed: seed,
+		PresencePenalty: o.PresencePenalty, FrequencyPenalty: o.FrequencyPenalty,
+		PenaltyLastN: e.nCtxSeq,
+	})
+	s.stream = textstream.New(o.Stop)
+}
+
+// step decodes one batch and handles its outputs.
+func (e *engine) step() {
+	b := e.batch
+	b.Clear()
+	budget := e.nBatch
+	var prefill []*slot
+	for _, s := range e.slots {
+		s.take, s.outIdx = 0, -1
+		switch {
+		case s.job == nil:
+		case s.phase == phaseGenerate:
+			s.take = 1
+			budget--
+		case s.phase == phasePrefill:
+			prefill = append(prefill, s)
+		}
+	}
+	// Prefill in admission order so an early long prompt is not starved.
+	sortByAdmission(prefill)
+	for _, s := range prefill {
+		if budget <= 0 {
+			break
+		}
+		n := min(budget, len(s.job.tokens)-s.fed)
+		if s.job.embed {
+			n = min(n, embedChunk)
+		}
+		if err := e.guard(n); err != nil {
+			s.job.fail(err)
+			e.release(s)
+			continue
+		}
+		s.take = n
+		budget -= n
+	}
+	// Tokens go in sequence-id order: llama.cpp splits a batch over per-sequence KV
+	// streams into micro-batches of consecutive sequence ids.
+	for _, s := range e.slots {
+		if s.take == 0 {
+			continue
+		}
+		pos := len(s.cached)
+		if s.phase == phaseGenerate {
+			s.first = b.Add(s.next, pos, s.id, true)
+			s.outIdx = s.first
+			continue
+		}
+		for k := range s.take {
+			i := s.fed + k
+			last := i == len(s.job.tokens)-1
+			idx := b.Add(s.job.tokens[i], pos+k, s.id, s.job.embed || last)
+			if k == 0 {
+				s.first = idx
+			}
+			if last && !s.job.embed {
+				s.outIdx = idx
+			}
+		}
+	}
+	if b.N() == 0 {
+		return
+	}
+	if b.N() > e.nBatch || b.N() > b.Cap() {
+		// Unreachable by construction; decoding it would abort the process.
+		e.log.Error(nil, "Refusing an oversize batch", "tokens", b.N(), "nBatch", e.nBatch)
+		e.failStep(api.Internal("internal error: oversize batch"))
+		return
+	}
+	if err := e.ctx.Decode(b); err != nil {
+		e.log.Error(err, "Decode failed", "tokens", b.N())
+		e.failStep(api.Internal("decode failed: %v", err))
+		return
+	}
+	for _, s := range e.slots {
+		if s.take == 0 {
+			continue
+		}
+		switch {
+		case s.phase == phaseGenerate:
+			s.cached = append(s.cached, s.next)
+			e.sample(s)
+		case s.job.embed:
+			for k := range s.take {
+				e.ctx.AddEmbedding(s.emb, s.first+k)
+			}
+			s.cached = append(s.cached, s.job.tokens[s.fed:s.fed+s.take]...)
+			s.fed += s.take
+			if s.fed == len(s.job.tokens) {
+				e.finishEmbedding(s)
+			}
+		default:
+			s.cached = append(s.cached, s.job.tokens[s.fed:s.fed+s.take]...)
+			s.fed += s.take
+			if s.fed == len(s.job.tokens) {
+				s.phase = phaseGenerate
+				e.sample(s)
+			}
+		}
+	}
+}
+
+// failStep ends every job of the failed batch and drops their sequences' KV, whose
+// state is unknown after a failed decode.
+func (e *engine) failStep(err *api.Error) {
+	for _, s := range e.slots {
+		if s.take == 0 {
+			continue
+		}
+		s.job.fail(err)
+		e.ctx.SeqRm(s.id, -1, -1)
+		s.cached = nil
+		e.release(s)
+	}
+}
+
+// sample picks the next token of a generating slot from this step's logits and
+// decides whether the generation ends.
+func (e *engine) sample(s *slot) {
+	j := s.job
+	tok := s.sampler.Sample(e.ctx, s.outIdx)
+	if e.model.IsEOG(tok) {
+		j.emit(s.stream.Flush(), 1)
+		e.finish(s, "stop")
+		return
+	}
+	text, stopped := s.stream.Push(e.model.Piece(tok))
+	j.emit(text, 1)
+	j.mu.Lock()
+	generated := j.generated
+	j.mu.Unlock()
+	switch {
+	case stopped:
+		e.finish(s, "stop")
+	case j.opts.MaxTokens > 0 && generated >= j.opts.MaxTokens,
+		len(s.cached) >= e.nCtxSeq: // no cell left to decode the token into
+		j.emit(s.stream.Flush(), 0)
+		e.finish(s, "length")
+	default:
+		s.next = tok
+	}
+}
+
+func (e *engine) finish(s *slot, reason string) {
+	s.job.complete(reason)
+	e.release(s)
+}
+
+func (e *engine) finishEmbedding(s *slot) {
+	v := s.emb
+	n := float32(len(s.job.tokens))
+	var norm float64
+	for i := range v {
+		v[i] /= n
+		norm += float64(v[i]) * float64(v[i])
+	}
+	if norm > 0 {
+		inv := float32(1 / math.Sqrt(norm))
+		for i := range v {
+			v[i] *= inv
+		}
+	}
+	j := s.job
+	j.mu.Lock()
+	j.embedding = v
+	j.mu.Unlock()
+	e.finish(s, "stop")
+}
+
+// clearIdle drops the cached prefixes of idle slots and returns how many it dropped.
+func (e *engine) clearIdle() int {
+	n := 0
+	for _, s := range e.slots {
+		if s.job == nil && len(s.cached) > 0 {
+			e.ctx.SeqRm(s.id, -1, -1)
+			s.cached = nil
+			n++
+		}
+	}
+	e.publish()
+	return n
+}
+
+func sortByAdmission(ss []*slot) {
+	for i := 1; i < len(ss); i++ {
+		for k := i; k > 0 && ss[k].admitted < ss[k-1].admitted; k-- {
+			ss[k], ss[k-1] = ss[k-1], ss[k]
+		}
+	}
+}

@@ -1,0 +1,590 @@
+//go:build cgo && !race
+
+package server
+
+import (
+	"encoding/base64"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/macfleet/macfleet/runner/api"
+	"github.com/macfleet/macfleet/runner/llama"
+)
+
+var knownPaths = map[string]bool{
+	"/health": true, "/status": true, "/v1/chat/completions": true, "/v1/completions": true,
+	"/v1/embeddings": true, "/tokenize": true, "/limits": true, "/cache/clear": true,
+	"/abort": true, "/shutdown": true,
+}
+
+func (s *Server) routes() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /health", s.handleHealth)
+	mux.HandleFunc("GET /status", s.handleStatus)
+	mux.HandleFunc("POST /v1/chat/completions", s.handleChat)
+	mux.HandleFunc("POST /v1/completions", s.handleCompletion)
+	mux.HandleFunc("POST /v1/embeddings", s.handleEmbeddings)
+	mux.HandleFunc("POST /tokenize", s.handleTokenize)
+	mux.HandleFunc("POST /limits", s.handleLimits)
+	mux.HandleFunc("POST /cache/clear", s.handleCacheClear)
+	mux.HandleFunc("POST /abort", s.handleAbort)
+	mux.HandleFunc("POST /shutdown", s.handleShutdown)
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		if knownPaths[r.URL.Path] {
+			writeError(w, &api.Error{Status: http.StatusMethodNotAllowed, Type: api.TypeInvalidRequest,
+				Code: api.CodeMethodNotAllowed, Message: fmt.Sprintf("%s is not allowed on %s", r.Method, r.URL.Path)})
+			return
+		}
+		writeError(w, &api.Error{Status: http.StatusNotFound, Type: api.TypeInvalidRequest,
+			Code: api.CodeNotFound, Message: fmt.Sprintf("no such endpoint: %s %s", r.Method, r.URL.Path)})
+	})
+	return s.recoverer(mux)
+}
+
+// recoverer turns a handler panic into a 500 (if nothing was sent yet) instead of a
+// dropped connection; the process keeps serving.
+func (s *Server) recoverer(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		defer func() {
+			if v := recover(); v != nil {
+				if v == http.ErrAbortHandler {
+					panic(v)
+				}
+				s.log.Error(fmt.Errorf("%v", v), "Handler panicked", "path", r.URL.Path)
+				writeError(w, api.Internal("internal error"))
+			}
+		}()
+		next.ServeHTTP(w, r)
+	})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		status = http.StatusInternalServerError
+		b, _ = json.Marshal(api.Internal("encoding the response: %v", err))
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_, _ = w.Write(append(b, '\n'))
+}
+
+func writeError(w http.ResponseWriter, e *api.Error) {
+	if e.Status == http.StatusServiceUnavailable {
+		w.Header().Set("Retry-After", "1")
+	}
+	writeJSON(w, e.Status, e)
+}
+
+// readJSON reads and strictly decodes a bounded request body.
+func readJSON(w http.ResponseWriter, r *http.Request, v any) *api.Error {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return &api.Error{Status: http.StatusRequestEntityTooLarge, Type: api.TypeInvalidRequest,
+				Code: api.CodeInvalidValue, Message: fmt.Sprintf("request body exceeds %d bytes", mbe.Limit)}
+		}
+		return api.InvalidRequest(api.CodeInvalidJSON, "", "reading the body: %v", err)
+	}
+	return api.DecodeJSON(body, v)
+}
+
+func (s *Server) handleHealth(w http.ResponseWriter, _ *http.Request) {
+	state, progress, loadErr := s.getState()
+	h := api.Health{Status: state, Progress: progress}
+	status := http.StatusServiceUnavailable
+	switch state {
+	case api.StateReady:
+		status = http.StatusOK
+	case api.StateFailed:
+		h.Error = loadErr
+		defer s.failureSeenOnce.Do(func() { close(s.failureSeen) })
+	}
+	writeJSON(w, status, h)
+}
+
+func (s *Server) handleStatus(w http.ResponseWriter, _ *http.Request) {
+	state, _, _ := s.getState()
+	st := api.Status{
+		State: state, PID: pidSelf, FootprintBytes: s.footprint(0), SlotsTotal: s.cfg.Parallel,
+		CeilingBytes: s.ceiling.Load(),
+	}
+	if state == api.StateReady || state == api.StateStopping {
+		if s.eng != nil {
+			st.SlotsBusy, st.KVCellsUsed, st.RequestsActive = s.eng.stats()
+			st.KVCellsTotal = s.nCtxSeq * s.cfg.Parallel
+			info := s.info
+			st.Model = &info
+			st.MetalAllocatedBytes = int64(llama.GPUAllocatedBytes())
+		}
+	}
+	writeJSON(w, http.StatusOK, st)
+}
+
+func (s *Server) handleLimits(w http.ResponseWriter, r *http.Request) {
+	var l api.Limits
+	if err := readJSON(w, r, &l); err != nil {
+		writeError(w, err)
+		return
+	}
+	if l.CeilingBytes < 0 || l.HardLimitBytes < 0 || l.HostUsedBytes < 0 {
+		writeError(w, api.InvalidRequest(api.CodeInvalidValue, "ceiling_bytes", "limits must not be negative"))
+		return
+	}
+	s.ceiling.Store(l.CeilingBytes)
+	writeJSON(w, http.StatusOK, l)
+}
+
+func (s *Server) handleCacheClear(w http.ResponseWriter, _ *http.Request) {
+	eng, herr := s.readyEngine()
+	if herr != nil {
+		writeError(w, herr)
+		return
+	}
+	before := s.footprint(0)
+	n := 0
+	eng.do(func() { n = eng.clearIdle() })
+	llama.TrimHeap()
+	after := s.footprint(0)
+	writeJSON(w, http.StatusOK, api.CacheClear{BytesReclaimed: max(0, before-after), EntriesCleared: n})
+}
+
+func (s *Server) handleAbort(w http.ResponseWriter, _ *http.Request) {
+	n := 0
+	if eng, herr := s.readyEngine(); herr == nil {
+		n = eng.abortAll(api.Unavailable(api.CodeAborted, "the request was aborted by the node agent"))
+	}
+	writeJSON(w, http.StatusOK, api.Abort{Aborted: n})
+}
+
+func (s *Server) handleShutdown(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusAccepted, map[string]string{"status": api.StateStopping})
+	s.requestStop()
+}
+
+func (s *Server) handleTokenize(w http.ResponseWriter, r *http.Request) {
+	if _, herr := s.readyEngine(); herr != nil {
+		writeError(w, herr)
+		return
+	}
+	var req api.TokenizeRequest
+	if err := readJSON(w, r, &req); err != nil {
+		writeError(w, err)
+		return
+	}
+	addSpecial := req.AddSpecial == nil || *req.AddSpecial
+	var text string
+	parseSpecial := false
+	switch {
+	case req.Content != nil && req.Messages != nil:
+		writeError(w, api.InvalidRequest(api.CodeInvalidValue, "content", "give content or messages, not both"))
+		return
+	case req.Content != nil:
+		text = *req.Content
+	case req.Messages != nil:
+		prompt, herr := s.renderChat(req.Messages)
+		if herr != nil {
+			writeError(w, herr)
+			return
+		}
+		text, parseSpecial = prompt, true
+	default:
+		writeError(w, api.InvalidRequest(api.CodeInvalidValue, "content", "content or messages is required"))
+		return
+	}
+	toks, err := s.model.Tokenize(text, addSpecial, parseSpecial)
+	if err != nil {
+		writeError(w, api.InvalidRequest(api.CodeInvalidValue, "content", "tokenizing: %v", err))
+		return
+	}
+	writeJSON(w, http.StatusOK, api.TokenizeResponse{Tokens: toks, Count: len(toks)})
+}
+
+// renderChat formats messages with the chat template (generation prompt added).
+func (s *Server) renderChat(msgs []api.Message) (string, *api.Error) {
+	if len(msgs) == 0 {
+		return "", api.InvalidRequest(api.CodeInvalidValue, "messages", "messages must not be empty")
+	}
+	cm := make([]llama.ChatMessage, len(msgs))
+	for i, m := range msgs {
+		role := m.Role
+		switch role {
+		case "system", "user", "assistant", "tool":
+		case "developer":
+			role = "system"
+		default:
+			return "", api.InvalidRequest(api.CodeInvalidValue, fmt.Sprintf("messages[%d].role", i),
+				"unsupported role %q", m.Role)
+		}
+		if strings.IndexByte(string(m.Content), 0) >= 0 {
+			return "", api.InvalidRequest(api.CodeInvalidValue, fmt.Sprintf("messages[%d].content", i),
+				"content must not contain NUL bytes")
+		}
+		cm[i] = llama.ChatMessage{Role: role, Content: string(m.Content)}
+	}
+	prompt, err := llama.ApplyChatTemplate(s.tmpl, cm, true)
+	if err != nil {
+		return "", api.Internal("applying the chat template: %v", err)
+	}
+	return prompt, nil
+}
+
+func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
+	eng, herr := s.readyEngine()
+	if herr != nil {
+		writeError(w, herr)
+		return
+	}
+	var req api.ChatRequest
+	if err := readJSON(w, r, &req); err != nil {
+		writeError(w, err)
+		return
+	}
+	opts, herr := req.Options()
+	if herr != nil {
+		writeError(w, herr)
+		return
+	}
+	prompt, herr := s.renderChat(req.Messages)
+	if herr != nil {
+		writeError(w, herr)
+		return
+	}
+	toks, err := s.model.Tokenize(prompt, true, true)
+	if err != nil {
+		writeError(w, api.InvalidRequest(api.CodeInvalidValue, "messages", "tokenizing: %v", err))
+		return
+	}
+	s.generate(w, r, eng, true, s.modelName(req.Model), toks, opts)
+}
+
+func (s *Server) handleCompletion(w http.ResponseWriter, r *http.Request) {
+	eng, herr := s.readyEngine()
+	if herr != nil {
+		writeError(w, herr)
+		return
+	}
+	var req api.CompletionRequest
+	if err := readJSON(w, r, &req); err != nil {
+		writeError(w, err)
+		return
+	}
+	opts, herr := req.Options()
+	if herr != nil {
+		writeError(w, herr)
+		return
+	}
+	if req.Prompt == nil || req.Prompt.Len() != 1 {
+		writeError(w, api.InvalidRequest(api.CodeInvalidValue, "prompt", "prompt must be one string or one array of token ids"))
+		return
+	}
+	if req.Echo {
+		writeError(w, api.InvalidRequest(api.CodeInvalidValue, "echo", "echo is not supported"))
+		return
+	}
+	toks, herr := s.inputTokens(*req.Prompt, 0, "prompt", true)
+	if herr != nil {
+		writeError(w, herr)
+		return
+	}
+	s.generate(w, r, eng, false, s.modelName(req.Model), toks, opts)
+}
+
+// inputTokens tokenizes input i of in (text gets BOS; token ids are checked).
+func (s *Server) inputTokens(in api.Input, i int, param string, parseSpecial bool) ([]int32, *api.Error) {
+	if in.Texts != nil {
+		toks, err := s.model.Tokenize(in.Texts[i], true, parseSpecial)
+		if err != nil {
+			return nil, api.InvalidRequest(api.CodeInvalidValue, param, "tokenizing: %v", err)
+		}
+		return toks, nil
+	}
+	toks := in.Tokens[i]
+	n := int32(s.info.NVocab)
+	for _, t := range toks {
+		if t < 0 || t >= n {
+			return nil, api.InvalidRequest(api.CodeInvalidValue, param, "token id %d is outside the vocabulary (0..%d)", t, n-1)
+		}
+	}
+	return toks, nil
+}
+
+// generate runs a chat or text completion job and writes its response.
+func (s *Server) generate(w http.ResponseWriter, r *http.Request, eng *engine, chat bool, model string, toks []int32, opts api.Options) {
+	param := "prompt"
+	if chat {
+		param = "messages"
+	}
+	switch {
+	case len(toks) == 0:
+		writeError(w, api.InvalidRequest(api.CodeInvalidValue, param, "the prompt is empty"))
+		return
+	case len(toks) >= s.nCtxSeq:
+		writeError(w, api.ContextExceeded(len(toks), s.nCtxSeq))
+		return
+	}
+	if herr := s.guard(len(toks)); herr != nil {
+		writeError(w, herr)
+		return
+	}
+	j := newJob(r.Context(), toks, opts, false)
+	if herr := eng.submit(j); herr != nil {
+		writeError(w, herr)
+		return
+	}
+	out := responder{w: w, chat: chat, id: api.NewID(map[bool]string{true: "chatcmpl-", false: "cmpl-"}[chat]),
+		created: time.Now().Unix(), model: model, promptTokens: len(toks), includeUsage: opts.IncludeUsage}
+	if opts.Stream {
+		out.stream(r, j)
+	} else {
+		out.whole(r, j)
+	}
+}
+
+// responder writes one completion in OpenAI's shapes.
+type responder struct {
+	w            http.ResponseWriter
+	chat         bool
+	id           string
+	created      int64
+	model        string
+	promptTokens int
+	includeUsage bool
+}
+
+func (o *responder) usage(u update) *api.Usage {
+	us := &api.Usage{PromptTokens: o.promptTokens, CompletionTokens: u.generated,
+		TotalTokens: o.promptTokens + u.generated}
+	if u.cached > 0 {
+		us.PromptTokensDetails = &api.PromptTokensDetails{CachedTokens: u.cached}
+	}
+	return us
+}
+
+func (o *responder) whole(r *http.Request, j *job) {
+	var sb strings.Builder
+	for {
+		select {
+		case <-j.notify:
+		case <-r.Context().Done():
+			return
+		}
+		u := j.take()
+		sb.WriteString(u.text)
+		if !u.done {
+			continue
+		}
+		if u.err != nil {
+			writeError(o.w, u.err)
+			return
+		}
+		if o.chat {
+			writeJSON(o.w, http.StatusOK, api.ChatCompletion{
+				ID: o.id, Object: "chat.completion", Created: o.created, Model: o.model,
+				Choices: []api.ChatChoice{{Message: api.ChatMessageOut{Role: "assistant", Content: sb.String()},
+					FinishReason: u.finish}},
+				Usage: o.usage(u),
+			})
+			return
+		}
+		finish := u.finish
+		writeJSON(o.w, http.StatusOK, api.Completion{
+			ID: o.id, Object: "text_completion", Created: o.created, Model: o.model,
+			Choices: []api.TextChoice{{Text: sb.String(), FinishReason: &finish}},
+			Usage:   o.usage(u),
+		})
+		return
+	}
+}
+
+// stream sends SSE events. The status line goes out with the first text (or the end),
+// so a failure before any output is an ordinary error response with its status.
+func (o *responder) stream(r *http.Request, j *job) {
+	rc := http.NewResponseController(o.w)
+	started := false
+	send := func(v any) bool {
+		b, err := json.Marshal(v)
+		if err != nil {
+			return false
+		}
+		if _, err := fmt.Fprintf(o.w, "data: %s\n\n", b); err != nil {
+			return false
+		}
+		return rc.Flush() == nil
+	}
+	for {
+		select {
+		case <-j.notify:
+		case <-r.Context().Done():
+			return
+		}
+		u := j.take()
+		if !started {
+			if u.err != nil {
+				writeError(o.w, u.err)
+				return
+			}
+			if u.text == "" && !u.done {
+				continue
+			}
+			h := o.w.Header()
+			h.Set("Content-Type", "text/event-stream")
+			h.Set("Cache-Control", "no-cache")
+			h.Set("X-Accel-Buffering", "no")
+			o.w.WriteHeader(http.StatusOK)
+			started = true
+			if o.chat && !send(o.chatChunk(api.ChatDelta{Role: "assistant", Content: ptr("")}, nil)) {
+				return
+			}
+		}
+		if u.text != "" && !send(o.textChunk(u.text)) {
+			return
+		}
+		if !u.done {
+			continue
+		}
+		if u.err != nil {
+			send(u.err)
+			return
+		}
+		finish := u.finish
+		var final any = o.chatChunk(api.ChatDelta{}, &finish)
+		if !o.chat {
+			final = api.Completion{ID: o.id, Object: "text_completion", Created: o.created, Model: o.model,
+				Choices: []api.TextChoice{{Text: "", FinishReason: &finish}}}
+		}
+		if !send(final) {
+			return
+		}
+		if o.includeUsage {
+			obj := "chat.completion.chunk"
+			if !o.chat {
+				obj = "text_completion"
+			}
+			if !send(struct {
+				ID      string     `json:"id"`
+				Object  string     `json:"object"`
+				Created int64      `json:"created"`
+				Model   string     `json:"model"`
+				Choices []struct{} `json:"choices"`
+				Usage   *api.Usage `json:"usage"`
+			}{o.id, obj, o.created, o.model, []struct{}{}, o.usage(u)}) {
+				return
+			}
+		}
+		if _, err := io.WriteString(o.w, "data: [DONE]\n\n"); err == nil {
+			_ = rc.Flush()
+		}
+		return
+	}
+}
+
+func (o *responder) chatChunk(d api.ChatDelta, finish *string) api.ChatCompletionChunk {
+	return api.ChatCompletionChunk{ID: o.id, Object: "chat.completion.chunk", Created: o.created, Model: o.model,
+		Choices: []api.ChatChunkChoice{{Delta: d, FinishReason: finish}}}
+}
+
+func (o *responder) textChunk(text string) any {
+	if o.chat {
+		return o.chatChunk(api.ChatDelta{Content: &text}, nil)
+	}
+	return api.Completion{ID: o.id, Object: "text_completion", Created: o.created, Model: o.model,
+		Choices: []api.TextChoice{{Text: text}}}
+}
+
+func ptr[T any](v T) *T { return &v }
+
+func (s *Server) handleEmbeddings(w http.ResponseWriter, r *http.Request) {
+	eng, herr := s.readyEngine()
+	if herr != nil {
+		writeError(w, herr)
+		return
+	}
+	var req api.EmbeddingRequest
+	if err := readJSON(w, r, &req); err != nil {
+		writeError(w, err)
+		return
+	}
+	switch {
+	case req.Input == nil || req.Input.Len() == 0:
+		writeError(w, api.InvalidRequest(api.CodeInvalidValue, "input", "input is required"))
+		return
+	case req.Input.Len() > 2048:
+		writeError(w, api.InvalidRequest(api.CodeInvalidValue, "input", "at most 2048 inputs are allowed"))
+		return
+	case req.EncodingFormat != "" && req.EncodingFormat != "float" && req.EncodingFormat != "base64":
+		writeError(w, api.InvalidRequest(api.CodeInvalidValue, "encoding_format", "encoding_format must be float or base64"))
+		return
+	case req.Dimensions != nil && *req.Dimensions != s.info.NEmbd:
+		writeError(w, api.InvalidRequest(api.CodeInvalidValue, "dimensions",
+			"this model's embeddings have %d dimensions", s.info.NEmbd))
+		return
+	}
+	jobs := make([]*job, req.Input.Len())
+	total := 0
+	for i := range jobs {
+		toks, herr := s.inputTokens(*req.Input, i, "input", false)
+		switch {
+		case herr != nil:
+		case len(toks) == 0:
+			herr = api.InvalidRequest(api.CodeInvalidValue, "input", "input %d is empty", i)
+		case len(toks) > s.nCtxSeq:
+			herr = api.ContextExceeded(len(toks), s.nCtxSeq)
+			herr.Param = "input"
+		default:
+			herr = s.guard(len(toks))
+		}
+		if herr != nil {
+			writeError(w, herr)
+			return
+		}
+		total += len(toks)
+		jobs[i] = newJob(r.Context(), toks, api.Options{}, true)
+	}
+	for _, j := range jobs {
+		if herr := eng.submit(j); herr != nil {
+			writeError(w, herr)
+			return
+		}
+	}
+	resp := api.EmbeddingResponse{Object: "list", Model: s.modelName(req.Model),
+		Usage: api.Usage{PromptTokens: total, TotalTokens: total}}
+	for i, j := range jobs {
+		for {
+			u := j.take()
+			if u.done {
+				if u.err != nil {
+					writeError(w, u.err)
+					return
+				}
+				break
+			}
+			select {
+			case <-j.notify:
+			case <-r.Context().Done():
+				return
+			}
+		}
+		j.mu.Lock()
+		vec := j.embedding
+		j.mu.Unlock()
+		var enc any = vec
+		if req.EncodingFormat == "base64" {
+			b := make([]byte, 4*len(vec))
+			for k, v := range vec {
+				binary.LittleEndian.PutUint32(b[4*k:], math.Float32bits(v))
+			}
+			enc = base64.StdEncoding.EncodeToString(b)
+		}
+		resp.Data = append(resp.Data, api.Embedding{Object: "embedding", Index: i, Embedding: enc})
+	}
+	writeJSON(w, http.StatusOK, resp)
+}

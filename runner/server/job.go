@@ -1,0 +1,113 @@
+//go:build cgo && !race
+
+package server
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/macfleet/macfleet/runner/api"
+)
+
+// job is one unit of work for the engine: a generation (chat or text completion) or
+// one embedding input. The engine goroutine produces its output; the HTTP handler
+// consumes it. The engine never blocks on a job: output accumulates under the job's
+// mutex and a notification channel of capacity one wakes the handler.
+type job struct {
+	ctx    context.Context
+	embed  bool
+	tokens []int32
+	opts   api.Options
+
+	notify chan struct{}
+
+	mu        sync.Mutex
+	text      strings.Builder // produced but not yet taken by the handler
+	done      bool
+	finish    string     // stop or length, when done without error
+	err       *api.Error // when done with an error
+	generated int        // completion tokens
+	cached    int        // prompt tokens reused from the slot's KV cache
+	embedding []float32
+	firstAt   time.Time // first generated token
+}
+
+func newJob(ctx context.Context, tokens []int32, opts api.Options, embed bool) *job {
+	return &job{ctx: ctx, tokens: tokens, opts: opts, embed: embed, notify: make(chan struct{}, 1)}
+}
+
+func (j *job) wake() {
+	select {
+	case j.notify <- struct{}{}:
+	default:
+	}
+}
+
+// emit appends generated text; ignored once the job is done.
+func (j *job) emit(text string, tokens int) {
+	j.mu.Lock()
+	if !j.done {
+		j.text.WriteString(text)
+		j.generated += tokens
+		if j.firstAt.IsZero() && tokens > 0 {
+			j.firstAt = time.Now()
+		}
+	}
+	j.mu.Unlock()
+	j.wake()
+}
+
+// complete ends the job successfully; it reports false if it had already ended.
+func (j *job) complete(finish string) bool {
+	j.mu.Lock()
+	ok := !j.done
+	if ok {
+		j.done, j.finish = true, finish
+	}
+	j.mu.Unlock()
+	j.wake()
+	return ok
+}
+
+// fail ends the job with err; it reports false if it had already ended.
+func (j *job) fail(err *api.Error) bool {
+	j.mu.Lock()
+	ok := !j.done
+	if ok {
+		j.done, j.err = true, err
+	}
+	j.mu.Unlock()
+	j.wake()
+	return ok
+}
+
+// finished reports whether the job has ended or its client has gone.
+func (j *job) finished() bool {
+	if j.ctx.Err() != nil {
+		return true
+	}
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.done
+}
+
+// update is what a handler takes from the job at one wake-up.
+type update struct {
+	text      string
+	done      bool
+	finish    string
+	err       *api.Error
+	generated int
+	cached    int
+}
+
+func (j *job) take() update {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	u := update{text: j.text.String(), done: j.done, finish: j.finish, err: j.err,
+		generated: j.generated, cached: j.cached}
+	j.text.Reset()
+	return u
+}

@@ -1,0 +1,392 @@
+//go:build cgo && !race
+
+// Package server is the macfleet-runner process: one model loaded through llama.cpp,
+// served over the private protocol of docs/runner-protocol.md (health, status, limits,
+// OpenAI chat/completions/embeddings, tokenize, abort, cache clear, shutdown) on a unix
+// socket or loopback TCP. It has no tests of its own (linking llama.cpp into a -race
+// test binary would compile it twice); runner/e2e exercises the built binary.
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-logr/logr"
+
+	"github.com/macfleet/macfleet/runner/api"
+	"github.com/macfleet/macfleet/runner/llama"
+	"github.com/macfleet/macfleet/runner/procmem"
+)
+
+// Config is the runner's configuration (its command-line flags).
+type Config struct {
+	ModelPath string
+	// Exactly one of Socket and Addr is set.
+	Socket, Addr string
+	// Ctx is the total context in tokens, split evenly across the Parallel slots; zero
+	// gives every slot the model's training context.
+	Ctx      int
+	Parallel int
+	// Batch is n_batch: the most tokens decoded in one step.
+	Batch   int
+	Threads int
+	KVType  string
+	// CeilingBytes is the initial memory ceiling (0: none); /limits replaces it.
+	CeilingBytes int64
+	// Alias is the model name in responses (default: the request's model, else the
+	// file name).
+	Alias     string
+	GPULayers int
+	Mmap      bool
+	Verbose   bool
+	// Stdout receives the listening event.
+	Stdout io.Writer
+	Log    logr.Logger
+}
+
+// LoadError means the model could not be loaded (the process exits with code 3).
+type LoadError struct{ Err error }
+
+func (e *LoadError) Error() string { return "loading model: " + e.Err.Error() }
+func (e *LoadError) Unwrap() error { return e.Err }
+
+var pidSelf = os.Getpid()
+
+// maxBody bounds request bodies.
+const maxBody = 64 << 20
+
+// Server is one runner.
+type Server struct {
+	cfg Config
+	log logr.Logger
+
+	mu       sync.Mutex
+	state    string
+	progress float64
+	loadErr  string
+
+	failureSeen     chan struct{}
+	failureSeenOnce sync.Once
+	stopReq         chan struct{}
+	stopOnce        sync.Once
+	cancelLoad      atomic.Bool
+
+	// Set once by load, before the state becomes ready.
+	model      *llama.Model
+	lctx       *llama.Context
+	eng        *engine
+	info       api.ModelInfo
+	tmpl       string
+	nCtxSeq    int
+	kvPerToken int64
+	defaultID  string
+
+	ceiling atomic.Int64
+
+	fpMu sync.Mutex
+	fpAt time.Time
+	fp   int64
+}
+
+// Run serves until ctx ends or /shutdown is called, then stops gracefully. It listens
+// before loading the model so load progress is visible on /health.
+func Run(ctx context.Context, cfg Config) error {
+	s := &Server{
+		cfg: cfg, log: cfg.Log, state: api.StateLoading,
+		failureSeen: make(chan struct{}), stopReq: make(chan struct{}),
+		defaultID: strings.TrimSuffix(filepath.Base(cfg.ModelPath), filepath.Ext(cfg.ModelPath)),
+	}
+	s.ceiling.Store(cfg.CeilingBytes)
+
+	ln, err := listen(cfg)
+	if err != nil {
+		return err
+	}
+	if cfg.Socket != "" {
+		defer os.Remove(cfg.Socket)
+	}
+	srv := &http.Server{Handler: s.routes(), ReadHeaderTimeout: 30 * time.Second}
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- srv.Serve(ln) }()
+
+	ev := api.ListeningEvent{Event: "listening", PID: os.Getpid()}
+	if cfg.Socket != "" {
+		ev.Socket = cfg.Socket
+	} else {
+		ev.Addr = ln.Addr().String()
+	}
+	line, _ := json.Marshal(ev)
+	if _, err := fmt.Fprintf(cfg.Stdout, "%s\n", line); err != nil {
+		return fmt.Errorf("announcing the listener: %w", err)
+	}
+	s.log.Info("Listening", "addr", ev.Addr, "socket", ev.Socket, "model", cfg.ModelPath)
+
+	loaded := make(chan error, 1)
+	go func() { loaded <- s.load() }()
+
+	stopping := func() {
+		s.setState(api.StateStopping, "")
+		s.cancelLoad.Store(true)
+	}
+	select {
+	case err = <-loaded:
+	case <-ctx.Done():
+		stopping()
+		err = <-loaded
+	case <-s.stopReq:
+		stopping()
+		err = <-loaded
+	case err := <-serveErr:
+		return fmt.Errorf("serving: %w", err)
+	}
+	if err != nil {
+		if s.cancelLoad.Load() {
+			s.log.Info("Stopped while loading")
+			if s.shutdownHTTP(srv) {
+				s.free()
+			}
+			return nil
+		}
+		s.log.Error(err, "Loading the model failed")
+		s.setState(api.StateFailed, err.Error())
+		// Let the agent read the failure on /health (bounded: the exit code and stderr
+		// tell it too).
+		select {
+		case <-s.failureSeen:
+		case <-time.After(2 * time.Second):
+		case <-ctx.Done():
+		case <-s.stopReq:
+		}
+		s.shutdownHTTP(srv)
+		return &LoadError{Err: err}
+	}
+	s.setState(api.StateReady, "")
+	s.log.Info("Ready", "model", s.info.Path, "slots", s.cfg.Parallel, "slotContext", s.nCtxSeq,
+		"kvCells", s.lctx.NCtx(), "batch", s.lctx.NBatch())
+
+	select {
+	case <-ctx.Done():
+	case <-s.stopReq:
+	case err := <-serveErr:
+		s.eng.close(api.Unavailable(api.CodeShuttingDown, "the runner is stopping"))
+		return fmt.Errorf("serving: %w", err)
+	}
+	s.log.Info("Stopping")
+	s.setState(api.StateStopping, "")
+	s.eng.close(api.Unavailable(api.CodeShuttingDown, "the runner is stopping"))
+	if s.shutdownHTTP(srv) {
+		s.free()
+	}
+	s.log.Info("Stopped")
+	return nil
+}
+
+func listen(cfg Config) (net.Listener, error) {
+	if cfg.Socket == "" {
+		ln, err := net.Listen("tcp", cfg.Addr)
+		if err != nil {
+			return nil, fmt.Errorf("listening on %s: %w", cfg.Addr, err)
+		}
+		return ln, nil
+	}
+	if fi, err := os.Lstat(cfg.Socket); err == nil && fi.Mode()&os.ModeSocket != 0 {
+		_ = os.Remove(cfg.Socket) // a stale socket of an earlier runner
+	}
+	ln, err := net.Listen("unix", cfg.Socket)
+	if err != nil {
+		return nil, fmt.Errorf("listening on %s: %w", cfg.Socket, err)
+	}
+	if err := os.Chmod(cfg.Socket, 0o600); err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("restricting %s: %w", cfg.Socket, err)
+	}
+	return ln, nil
+}
+
+// shutdownHTTP stops the listener and waits (bounded) for the handlers to return; it
+// reports whether they all did.
+func (s *Server) shutdownHTTP(srv *http.Server) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(ctx); err != nil {
+		_ = srv.Close()
+		return false
+	}
+	return true
+}
+
+// free releases the context and the model. It is only called once no handler can use
+// them; when handlers did not return in time the process exit frees everything.
+func (s *Server) free() {
+	if s.lctx != nil {
+		s.lctx.Free()
+		s.lctx = nil
+	}
+	if s.model != nil {
+		s.model.Free()
+		s.model = nil
+	}
+}
+
+func (s *Server) setState(state, errMsg string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.state == api.StateStopping && state != api.StateStopping {
+		return
+	}
+	s.state = state
+	if errMsg != "" {
+		s.loadErr = errMsg
+	}
+	if state == api.StateReady {
+		s.progress = 1
+	}
+}
+
+func (s *Server) getState() (string, float64, string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.state, s.progress, s.loadErr
+}
+
+// requestStop asks Run to stop gracefully.
+func (s *Server) requestStop() { s.stopOnce.Do(func() { close(s.stopReq) }) }
+
+// load loads the model and creates the context and the engine.
+func (s *Server) load() error {
+	cfg := s.cfg
+	llama.Init(cfg.Verbose)
+	st, err := os.Stat(cfg.ModelPath)
+	if err != nil {
+		return err
+	}
+	start := time.Now()
+	m, err := llama.LoadModel(cfg.ModelPath, llama.ModelParams{
+		GPULayers: cfg.GPULayers, Mmap: cfg.Mmap,
+		Progress: func(p float32) bool {
+			s.mu.Lock()
+			// The context is created after the weights: keep 5% for it.
+			s.progress = 0.95 * float64(p)
+			s.mu.Unlock()
+			return !s.cancelLoad.Load()
+		},
+	})
+	if err != nil {
+		return err
+	}
+	s.model = m
+	if m.HasEncoder() {
+		return errors.New("encoder-decoder models are not supported")
+	}
+	ctxTotal := cfg.Ctx
+	if ctxTotal <= 0 {
+		ctxTotal = m.NCtxTrain() * cfg.Parallel
+	}
+	lctx, err := llama.NewContext(m, llama.ContextParams{
+		NCtx: ctxTotal, NBatch: cfg.Batch, NSeqMax: cfg.Parallel, Threads: cfg.Threads,
+		KVType: cfg.KVType, Embeddings: true,
+	})
+	if err != nil {
+		return err
+	}
+	s.lctx = lctx
+	if lctx.NBatch() < cfg.Parallel {
+		return fmt.Errorf("n_batch %d is below the %d slots", lctx.NBatch(), cfg.Parallel)
+	}
+	kvSize, _ := llama.KVTypeSize(cfg.KVType)
+	headDim := m.NEmbd() / max(m.NHead(), 1)
+	s.kvPerToken = int64(float64(2*m.NLayer()*m.NHeadKV()*headDim) * kvSize)
+	s.nCtxSeq = lctx.NCtxSeq()
+	s.tmpl = s.pickTemplate(m.ChatTemplate())
+	kvType := cfg.KVType
+	if kvType == "" {
+		kvType = "f16"
+	}
+	s.info = api.ModelInfo{
+		Path: cfg.ModelPath, SizeBytes: st.Size(), NCtxTrain: m.NCtxTrain(), NEmbd: m.NEmbd(),
+		NLayer: m.NLayer(), NHead: m.NHead(), NHeadKV: m.NHeadKV(), NVocab: m.NVocab(),
+		KVType: kvType, ChatTemplate: m.ChatTemplate() != "", KVBytesPerToken: s.kvPerToken,
+	}
+	s.eng = newEngine(s.log.WithName("engine"), m, lctx, s.guard)
+	go s.eng.run()
+	s.log.Info("Model loaded", "desc", m.Desc(), "params", m.NParams(), "took", time.Since(start).Round(time.Millisecond),
+		"gpus", llama.GPUCount())
+	return nil
+}
+
+// pickTemplate returns the template to format chats with: the model's own when
+// llama.cpp recognises it, else chatml (the empty template).
+func (s *Server) pickTemplate(t string) string {
+	if t == "" {
+		return ""
+	}
+	if _, err := llama.ApplyChatTemplate(t, []llama.ChatMessage{{Role: "user", Content: "hi"}}, true); err != nil {
+		s.log.Info("The model's chat template is not supported; using chatml", "error", err.Error())
+		return ""
+	}
+	return t
+}
+
+// footprint is the runner's memory footprint, sampled at most every maxAge.
+func (s *Server) footprint(maxAge time.Duration) int64 {
+	s.fpMu.Lock()
+	defer s.fpMu.Unlock()
+	if maxAge > 0 && time.Since(s.fpAt) < maxAge {
+		return s.fp
+	}
+	if fp, err := procmem.Self(); err == nil {
+		s.fp, s.fpAt = fp, time.Now()
+	}
+	return s.fp
+}
+
+// guard refuses a prefill of n tokens whose KV would take the footprint over the
+// ceiling pushed with /limits.
+func (s *Server) guard(n int) *api.Error {
+	c := s.ceiling.Load()
+	if c <= 0 {
+		return nil
+	}
+	fp := s.footprint(50 * time.Millisecond)
+	est := int64(n) * s.kvPerToken
+	if fp+est > c {
+		return api.PrefillTooLarge(est, fp, c)
+	}
+	return nil
+}
+
+// readyEngine returns the engine when the runner serves requests.
+func (s *Server) readyEngine() (*engine, *api.Error) {
+	state, progress, loadErr := s.getState()
+	switch state {
+	case api.StateReady:
+		return s.eng, nil
+	case api.StateLoading:
+		return nil, api.Unavailable(api.CodeLoading, "the model is loading (%.0f%%)", 100*progress)
+	case api.StateFailed:
+		return nil, api.Unavailable(api.CodeLoadFailed, "the model failed to load: %s", loadErr)
+	default:
+		return nil, api.Unavailable(api.CodeShuttingDown, "the runner is stopping")
+	}
+}
+
+func (s *Server) modelName(requested string) string {
+	if s.cfg.Alias != "" {
+		return s.cfg.Alias
+	}
+	if requested != "" {
+		return requested
+	}
+	return s.defaultID
+}

@@ -77,6 +77,7 @@ func parseFlags(args []string, stderr io.Writer) (server.Config, int, error) {
 	fs.StringVar(&cfg.Alias, "alias", "", "model name in responses")
 	fs.IntVar(&cfg.GPULayers, "gpu-layers", 999, "layers offloaded to the GPU (Metal)")
 	fs.BoolVar(&cfg.Mmap, "mmap", runtime.GOOS == "darwin", "map the model file instead of reading it into memory")
+	fs.BoolVar(&cfg.ExitWithParent, "exit-with-parent", true, "stop when the parent process (the agent) exits")
 	verbose := fs.BoolP("verbose", "v", false, "log llama.cpp's info messages and per-request details")
 	if err := fs.Parse(args); err != nil {
 		return cfg, 0, err

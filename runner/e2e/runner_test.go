@@ -726,3 +726,40 @@ func TestOpenAIClient(t *testing.T) {
 		t.Errorf("bad temperature: %v", err)
 	}
 }
+
+// A runner whose parent (the agent) dies stops by itself instead of holding memory.
+func TestExitsWithParent(t *testing.T) {
+	bin := runnerBinary(t)
+	m := model(t, "tiny")
+	sh := exec.Command("sh", "-c", `"$0" --model "$1" --addr 127.0.0.1:0 --threads 1 2>/dev/null & wait`, bin, m)
+	out, err := sh.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sh.Start(); err != nil {
+		t.Fatal(err)
+	}
+	// The listening line names the runner's pid; once it is printed the runner watches
+	// its parent.
+	var ev api.ListeningEvent
+	if err := json.NewDecoder(out).Decode(&ev); err != nil || ev.PID == 0 {
+		t.Fatalf("listening line: %+v %v", ev, err)
+	}
+	pid := ev.PID
+	t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGKILL) })
+	alive := func() bool {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			return false
+		}
+		// The state follows the parenthesised command name; a zombie has exited.
+		f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
+		return len(f) > 0 && f[0] != "Z"
+	}
+	if !alive() {
+		t.Skip("cannot observe processes through /proc")
+	}
+	_ = sh.Process.Kill()
+	_ = sh.Wait()
+	waitFor(t, 15*time.Second, "the orphaned runner to exit", func() bool { return !alive() })
+}

@@ -50,6 +50,9 @@ type Config struct {
 	GPULayers int
 	Mmap      bool
 	Verbose   bool
+	// ExitWithParent stops the runner gracefully when its parent process (the agent)
+	// exits, so a crashed agent never leaves orphaned runners holding memory.
+	ExitWithParent bool
 	// Stdout receives the listening event.
 	Stdout io.Writer
 	Log    logr.Logger
@@ -132,6 +135,9 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	s.log.Info("Listening", "addr", ev.Addr, "socket", ev.Socket, "model", cfg.ModelPath)
 
+	if cfg.ExitWithParent {
+		go s.watchParent(ctx, os.Getppid())
+	}
 	loaded := make(chan error, 1)
 	go func() { loaded <- s.load() }()
 
@@ -258,6 +264,26 @@ func (s *Server) getState() (string, float64, string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.state, s.progress, s.loadErr
+}
+
+// watchParent requests a stop once the process is re-parented (its parent exited).
+func (s *Server) watchParent(ctx context.Context, ppid int) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.stopReq:
+			return
+		case <-t.C:
+			if os.Getppid() != ppid {
+				s.log.Info("Parent process exited; stopping", "parentPID", ppid)
+				s.requestStop()
+				return
+			}
+		}
+	}
 }
 
 // requestStop asks Run to stop gracefully.

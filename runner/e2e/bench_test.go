@@ -1,0 +1,150 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/macfleet/macfleet/runner/api"
+)
+
+// BenchmarkRunnerMid measures the runner on the mid model (≈175 MiB, 92M parameters):
+// single-stream decode, aggregate decode of 4 concurrent streams, prefill and time to
+// first token. Threads come from $MACFLEET_BENCH_THREADS (default 2).
+//
+//	MACFLEET_RUNNER=bin/macfleet-runner go test -run '^$' -bench RunnerMid -benchtime 3x ./runner/e2e
+func BenchmarkRunnerMid(b *testing.B) {
+	threads := os.Getenv("MACFLEET_BENCH_THREADS")
+	if threads == "" {
+		threads = "2"
+	}
+	r := startReady(b, model(b, "mid"), "--parallel", "4", "--ctx", "8192", "--threads", threads)
+	const genTokens = 128
+
+	b.Run("decode-1-stream", func(b *testing.B) {
+		var rate float64
+		for i := range b.N {
+			s := timedStream(b, r, fmt.Sprintf("decode %d", i), genTokens)
+			rate += s.decodeRate()
+		}
+		b.ReportMetric(rate/float64(b.N), "tok/s")
+	})
+	b.Run("decode-4-streams", func(b *testing.B) {
+		var agg, per float64
+		for i := range b.N {
+			var wg sync.WaitGroup
+			stats := make([]streamStats, 4)
+			start := time.Now()
+			for k := range stats {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					stats[k] = timedStream(b, r, fmt.Sprintf("stream %d of round %d", k, i), genTokens)
+				}()
+			}
+			wg.Wait()
+			wall := time.Since(start)
+			total := 0
+			for _, s := range stats {
+				total += s.tokens
+				per += s.decodeRate() / 4
+			}
+			agg += float64(total) / wall.Seconds()
+		}
+		b.ReportMetric(agg/float64(b.N), "aggregate-tok/s")
+		b.ReportMetric(per/float64(b.N), "per-stream-tok/s")
+	})
+	b.Run("prefill", func(b *testing.B) {
+		var rate float64
+		for i := range b.N {
+			// A fresh prompt each time so no prefix is reused.
+			prompt := fmt.Sprintf("round %d: %s", i, strings.Repeat("lorem ipsum dolor sit amet ", 60))
+			start := time.Now()
+			c := completeTextB(b, r, prompt, 1)
+			rate += float64(c.Usage.PromptTokens) / time.Since(start).Seconds()
+		}
+		b.ReportMetric(rate/float64(b.N), "tok/s")
+	})
+	b.Run("ttft", func(b *testing.B) {
+		var ttft time.Duration
+		for i := range b.N {
+			s := timedStream(b, r, fmt.Sprintf("first token %d", i), 1)
+			ttft += s.ttft
+		}
+		b.ReportMetric(float64(ttft.Microseconds())/1000/float64(b.N), "ms")
+	})
+}
+
+type streamStats struct {
+	ttft        time.Duration // request sent → first content chunk
+	first, last time.Time     // first and last content chunk
+	tokens      int           // completion tokens (usage)
+}
+
+// decodeRate is tokens per second after the first token (prefill excluded).
+func (s streamStats) decodeRate() float64 {
+	d := s.last.Sub(s.first).Seconds()
+	if d <= 0 || s.tokens < 2 {
+		return 0
+	}
+	return float64(s.tokens-1) / d
+}
+
+func timedStream(b testing.TB, r *runner, prompt string, maxTokens int) streamStats {
+	b.Helper()
+	body := chatBody(prompt, maxTokens, true)
+	body["stream_options"] = map[string]any{"include_usage": true}
+	start := time.Now()
+	resp, err := r.post(context.Background(), "/v1/chat/completions", body)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		b.Fatalf("status %d", resp.StatusCode)
+	}
+	var s streamStats
+	_, done, err := readSSE(b, resp.Body, func(ev sseEvent) bool {
+		var c struct {
+			Choices []struct {
+				Delta struct {
+					Content *string `json:"content"`
+				} `json:"delta"`
+			} `json:"choices"`
+			Usage *api.Usage `json:"usage"`
+		}
+		if err := json.Unmarshal([]byte(ev.data), &c); err != nil {
+			b.Fatalf("chunk %q: %v", ev.data, err)
+		}
+		if c.Usage != nil {
+			s.tokens = c.Usage.CompletionTokens
+		}
+		if len(c.Choices) > 0 && c.Choices[0].Delta.Content != nil && *c.Choices[0].Delta.Content != "" {
+			now := time.Now()
+			if s.first.IsZero() {
+				s.first, s.ttft = now, now.Sub(start)
+			}
+			s.last = now
+		}
+		return true
+	})
+	if err != nil || !done {
+		b.Fatalf("stream ended early: %v", err)
+	}
+	return s
+}
+
+func completeTextB(b testing.TB, r *runner, prompt string, maxTokens int) api.Completion {
+	b.Helper()
+	var c api.Completion
+	if code := r.postJSON("/v1/completions", map[string]any{"prompt": prompt, "temperature": 0, "max_tokens": maxTokens}, &c); code != http.StatusOK {
+		b.Fatalf("completion: %d", code)
+	}
+	return c
+}

@@ -1,0 +1,412 @@
+// Package config is the configuration of a standalone node agent (`macfleet serve`):
+// the models it serves (name → GGUF path and engine settings), its memory ceiling, its
+// listen address and API key. It is read from a YAML file and from flags, flags
+// winning, and validated as a whole so every mistake is reported at once with the
+// field it concerns.
+package config
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/resource"
+	"sigs.k8s.io/yaml"
+)
+
+// Defaults.
+const (
+	DefaultListen       = "127.0.0.1:8080"
+	DefaultMaxBodyBytes = 16 << 20
+	// MaxModelNameLength bounds model names and aliases.
+	MaxModelNameLength = 128
+)
+
+// Residency values (the same strings as metal.Residency).
+const (
+	ResidencyOnDemand = "OnDemand"
+	ResidencyResident = "Resident"
+	ResidencyPinned   = "Pinned"
+)
+
+// KV cache types the runner accepts.
+var kvCacheTypes = []string{"f16", "q8_0", "q4_0"}
+
+// Config is the whole agent configuration. The YAML file uses the lowerCamel field
+// names below; sizes are Kubernetes quantities ("12Gi", "512Mi", "2G") or bytes.
+type Config struct {
+	// Listen is the address of the OpenAI and admin API (host:port).
+	Listen string `json:"listen,omitempty"`
+	// APIKey, when set, is required as "Authorization: Bearer KEY" on every endpoint
+	// but /healthz and /readyz. APIKeyFile reads it from a file instead.
+	APIKey     string `json:"apiKey,omitempty"`
+	APIKeyFile string `json:"apiKeyFile,omitempty"`
+	// Runner is the macfleet-runner binary; empty means $MACFLEET_RUNNER, else next to
+	// the macfleet binary, else on $PATH.
+	Runner string `json:"runner,omitempty"`
+	// MemoryCeiling caps the pool below the machine's own ceiling (0: none).
+	MemoryCeiling Size `json:"memoryCeiling,omitempty"`
+	// MemoryReserve is what the static ceiling leaves to the OS (0: 4 GiB below 24 GiB
+	// of memory, else 6 GiB).
+	MemoryReserve Size `json:"memoryReserve,omitempty"`
+	// IdleTimeout is the default idle timeout of OnDemand models (0: 5m; negative:
+	// never).
+	IdleTimeout Duration `json:"idleTimeout,omitempty"`
+	// MaxBodyBytes bounds request bodies (0: 16 MiB).
+	MaxBodyBytes Size `json:"maxBodyBytes,omitempty"`
+	// Models are the models served, in order.
+	Models []Model `json:"models,omitempty"`
+}
+
+// Model is one served model.
+type Model struct {
+	// Name is the OpenAI "model" value clients use.
+	Name string `json:"name"`
+	// Aliases are further names for the same model.
+	Aliases []string `json:"aliases,omitempty"`
+	// Path is the local GGUF file.
+	Path string `json:"path"`
+	// ContextLength is the total context shared by the Parallel slots (0: the model's
+	// training context per slot, as the runner decides).
+	ContextLength int `json:"contextLength,omitempty"`
+	// Parallel is the number of sequences decoded together (0: 1).
+	Parallel int `json:"parallel,omitempty"`
+	// KVCacheType is f16 (default), q8_0 or q4_0.
+	KVCacheType string `json:"kvCacheType,omitempty"`
+	// Residency is OnDemand (default), Resident or Pinned.
+	Residency string `json:"residency,omitempty"`
+	// IdleTimeout overrides the agent's default for this model.
+	IdleTimeout Duration `json:"idleTimeout,omitempty"`
+	// Memory overrides the memory estimate read from the GGUF header.
+	Memory Size `json:"memory,omitempty"`
+}
+
+// Size is a byte count written as a Kubernetes quantity or a plain integer.
+type Size int64
+
+// ParseSize parses "12Gi", "512Mi", "2G", "1048576" or "0".
+func ParseSize(s string) (Size, error) {
+	s = strings.TrimSpace(s)
+	// Accept the common "GiB"/"MiB" spellings too.
+	for _, suf := range []string{"KiB", "MiB", "GiB", "TiB"} {
+		if strings.HasSuffix(s, suf) {
+			s = strings.TrimSuffix(s, "B")
+			break
+		}
+	}
+	q, err := resource.ParseQuantity(s)
+	if err != nil {
+		return 0, fmt.Errorf("%q is not a size (use bytes or a quantity such as 512Mi, 12Gi or 2G)", s)
+	}
+	v := q.Value() // rounded up
+	if q.Cmp(*resource.NewQuantity(v, resource.DecimalSI)) != 0 {
+		return 0, fmt.Errorf("%q is not a whole number of bytes", s)
+	}
+	if v < 0 {
+		return 0, fmt.Errorf("size %q is negative", s)
+	}
+	return Size(v), nil
+}
+
+// UnmarshalJSON accepts a quantity string or a number.
+func (s *Size) UnmarshalJSON(b []byte) error {
+	str := strings.Trim(string(b), `"`)
+	if str == "null" || str == "" {
+		*s = 0
+		return nil
+	}
+	v, err := ParseSize(str)
+	if err != nil {
+		return err
+	}
+	*s = v
+	return nil
+}
+
+// MarshalJSON writes the byte count as a number.
+func (s Size) MarshalJSON() ([]byte, error) { return []byte(strconv.FormatInt(int64(s), 10)), nil }
+
+// String renders the size as a quantity ("12Gi").
+func (s Size) String() string { return resource.NewQuantity(int64(s), resource.BinarySI).String() }
+
+// Duration is a time.Duration written as "5m" or "90s".
+type Duration time.Duration
+
+// UnmarshalJSON accepts a Go duration string.
+func (d *Duration) UnmarshalJSON(b []byte) error {
+	str := strings.Trim(string(b), `"`)
+	if str == "null" || str == "" {
+		*d = 0
+		return nil
+	}
+	v, err := time.ParseDuration(str)
+	if err != nil {
+		return fmt.Errorf("%q is not a duration (use e.g. 90s, 5m, 1h)", str)
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// MarshalJSON writes the duration as a string.
+func (d Duration) MarshalJSON() ([]byte, error) {
+	return []byte(strconv.Quote(time.Duration(d).String())), nil
+}
+
+// Load reads a YAML (or JSON) configuration file. Unknown fields are errors, so a
+// misspelt key does not silently fall back to a default.
+func Load(path string) (Config, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return Config{}, fmt.Errorf("reading the configuration: %w", err)
+	}
+	var c Config
+	if err := yaml.UnmarshalStrict(b, &c); err != nil {
+		return Config{}, fmt.Errorf("parsing %s: %w", path, err)
+	}
+	return c, nil
+}
+
+// ParseModelFlag parses the --model flag:
+//
+//	NAME=PATH[:key=value,key=value...]
+//
+// with keys ctx (context length), parallel, residency, idle (idle timeout), memory
+// (estimate override), kv (KV cache type) and alias (repeatable, or several joined
+// with "|"). The options suffix is recognised only when everything after the last
+// ":" is a list of known keys, so a path containing ":" still works.
+func ParseModelFlag(s string) (Model, error) {
+	name, rest, ok := strings.Cut(s, "=")
+	if !ok || name == "" || rest == "" {
+		return Model{}, fmt.Errorf("--model %q: want NAME=PATH[:ctx=N,parallel=N,residency=R,idle=D,memory=SIZE,kv=T,alias=A]", s)
+	}
+	m := Model{Name: name, Path: rest}
+	i := strings.LastIndexByte(rest, ':')
+	if i < 0 || !isOptionList(rest[i+1:]) {
+		return m, nil
+	}
+	m.Path = rest[:i]
+	for _, kv := range strings.Split(rest[i+1:], ",") {
+		k, v, _ := strings.Cut(kv, "=")
+		var err error
+		switch k {
+		case "ctx", "context":
+			m.ContextLength, err = strconv.Atoi(v)
+		case "parallel":
+			m.Parallel, err = strconv.Atoi(v)
+		case "residency":
+			m.Residency = canonicalResidency(v)
+		case "idle", "idleTimeout":
+			var d time.Duration
+			d, err = time.ParseDuration(v)
+			m.IdleTimeout = Duration(d)
+		case "memory":
+			m.Memory, err = ParseSize(v)
+		case "kv", "kvCacheType":
+			m.KVCacheType = v
+		case "alias":
+			m.Aliases = append(m.Aliases, strings.Split(v, "|")...)
+		}
+		if err != nil {
+			return Model{}, fmt.Errorf("--model %q: option %s: %w", s, k, err)
+		}
+	}
+	return m, nil
+}
+
+var optionKeys = []string{"ctx", "context", "parallel", "residency", "idle", "idleTimeout", "memory", "kv", "kvCacheType", "alias"}
+
+func isOptionList(s string) bool {
+	if s == "" {
+		return false
+	}
+	for _, kv := range strings.Split(s, ",") {
+		k, _, ok := strings.Cut(kv, "=")
+		if !ok || !slices.Contains(optionKeys, k) {
+			return false
+		}
+	}
+	return true
+}
+
+// canonicalResidency accepts any capitalisation ("ondemand", "pinned").
+func canonicalResidency(s string) string {
+	for _, r := range []string{ResidencyOnDemand, ResidencyResident, ResidencyPinned} {
+		if strings.EqualFold(s, r) {
+			return r
+		}
+	}
+	return s
+}
+
+// Merge applies the set fields of over (flags) onto c (the file) and appends over's
+// models. Validation reports duplicate names.
+func (c Config) Merge(over Config) Config {
+	if over.Listen != "" {
+		c.Listen = over.Listen
+	}
+	if over.APIKey != "" {
+		c.APIKey, c.APIKeyFile = over.APIKey, ""
+	}
+	if over.APIKeyFile != "" {
+		c.APIKeyFile, c.APIKey = over.APIKeyFile, ""
+	}
+	if over.Runner != "" {
+		c.Runner = over.Runner
+	}
+	if over.MemoryCeiling != 0 {
+		c.MemoryCeiling = over.MemoryCeiling
+	}
+	if over.MemoryReserve != 0 {
+		c.MemoryReserve = over.MemoryReserve
+	}
+	if over.IdleTimeout != 0 {
+		c.IdleTimeout = over.IdleTimeout
+	}
+	if over.MaxBodyBytes != 0 {
+		c.MaxBodyBytes = over.MaxBodyBytes
+	}
+	c.Models = append(slices.Clone(c.Models), over.Models...)
+	return c
+}
+
+// Complete fills in defaults, reads the API key file, and validates. The returned
+// error lists every problem found, one per line.
+func (c Config) Complete() (Config, error) {
+	if c.Listen == "" {
+		c.Listen = DefaultListen
+	}
+	if c.MaxBodyBytes == 0 {
+		c.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	var errs []error
+	if c.APIKeyFile != "" {
+		b, err := os.ReadFile(c.APIKeyFile)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("apiKeyFile: %w", err))
+		} else if c.APIKey = strings.TrimSpace(string(b)); c.APIKey == "" {
+			errs = append(errs, fmt.Errorf("apiKeyFile: %s is empty", c.APIKeyFile))
+		}
+	}
+	c.Models = slices.Clone(c.Models)
+	for i := range c.Models {
+		m := &c.Models[i]
+		if m.Residency == "" {
+			m.Residency = ResidencyOnDemand
+		}
+		m.Residency = canonicalResidency(m.Residency)
+		if m.KVCacheType == "" {
+			m.KVCacheType = "f16"
+		}
+	}
+	errs = append(errs, c.validate()...)
+	if len(errs) > 0 {
+		return c, &InvalidError{Errs: errs}
+	}
+	return c, nil
+}
+
+// InvalidError lists every problem of a configuration.
+type InvalidError struct{ Errs []error }
+
+func (e *InvalidError) Error() string {
+	msgs := make([]string, len(e.Errs))
+	for i, err := range e.Errs {
+		msgs[i] = err.Error()
+	}
+	return "invalid configuration:\n  " + strings.Join(msgs, "\n  ")
+}
+
+func (e *InvalidError) Unwrap() []error { return e.Errs }
+
+// modelName: what a model name or alias may look like. No "/" so it fits one path
+// segment of /api/models/{id}/load.
+var modelName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:@+-]*$`)
+
+func (c Config) validate() []error {
+	var errs []error
+	add := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+
+	if host, port, err := net.SplitHostPort(c.Listen); err != nil {
+		add("listen: %q is not host:port: %v", c.Listen, err)
+	} else if p, err := strconv.Atoi(port); err != nil || p < 0 || p > 65535 {
+		add("listen: %q has an invalid port", c.Listen)
+	} else if host != "" && host != "localhost" && net.ParseIP(host) == nil {
+		add("listen: %q: the host must be an IP address or localhost", c.Listen)
+	}
+	if c.MaxBodyBytes < 1024 {
+		add("maxBodyBytes: %d is too small (at least 1024)", c.MaxBodyBytes)
+	}
+	if c.MemoryCeiling != 0 && c.MemoryCeiling < 64<<20 {
+		add("memoryCeiling: %s is too small to hold any model (at least 64Mi)", c.MemoryCeiling)
+	}
+	if len(c.Models) == 0 {
+		add("models: at least one model is required (--model NAME=PATH or models: in --config)")
+	}
+	names := map[string]string{} // name or alias → the model that claims it
+	claim := func(n, owner, field string) {
+		switch {
+		case n == "":
+			add("%s: must not be empty", field)
+		case len(n) > MaxModelNameLength:
+			add("%s: %q is longer than %d characters", field, n, MaxModelNameLength)
+		case !modelName.MatchString(n):
+			add("%s: %q may only contain letters, digits and . _ : @ + - (and must start with a letter or digit)", field, n)
+		}
+		if prev, ok := names[n]; ok && n != "" {
+			if prev == owner {
+				add("%s: %q is given twice", field, n)
+			} else {
+				add("%s: %q is already used by model %q", field, n, prev)
+			}
+			return
+		}
+		names[n] = owner
+	}
+	for i, m := range c.Models {
+		f := fmt.Sprintf("models[%d]", i)
+		if m.Name != "" {
+			f = fmt.Sprintf("models[%d] (%s)", i, m.Name)
+		}
+		claim(m.Name, m.Name, f+".name")
+		for _, a := range m.Aliases {
+			claim(a, m.Name, f+".aliases")
+		}
+		switch st, err := os.Stat(m.Path); {
+		case m.Path == "":
+			add("%s.path: a GGUF file is required", f)
+		case err != nil:
+			add("%s.path: %v", f, err)
+		case !st.Mode().IsRegular():
+			add("%s.path: %s is not a regular file", f, m.Path)
+		}
+		if m.ContextLength < 0 {
+			add("%s.contextLength: %d is negative", f, m.ContextLength)
+		}
+		if m.Parallel < 0 || m.Parallel > 256 {
+			add("%s.parallel: %d is not between 1 and 256", f, m.Parallel)
+		}
+		if m.ContextLength > 0 && m.Parallel > 0 && m.ContextLength < m.Parallel*16 {
+			add("%s.contextLength: %d leaves fewer than 16 tokens to each of %d parallel slots", f, m.ContextLength, m.Parallel)
+		}
+		if !slices.Contains(kvCacheTypes, m.KVCacheType) {
+			add("%s.kvCacheType: %q is not one of %s", f, m.KVCacheType, strings.Join(kvCacheTypes, ", "))
+		}
+		switch m.Residency {
+		case ResidencyOnDemand, ResidencyResident, ResidencyPinned:
+		default:
+			add("%s.residency: %q is not OnDemand, Resident or Pinned", f, m.Residency)
+		}
+		if m.IdleTimeout < 0 {
+			add("%s.idleTimeout: %s is negative", f, time.Duration(m.IdleTimeout))
+		}
+		if m.IdleTimeout != 0 && m.Residency != ResidencyOnDemand {
+			add("%s.idleTimeout: only OnDemand models expire (this one is %s)", f, m.Residency)
+		}
+	}
+	return errs
+}

@@ -1,0 +1,164 @@
+package server
+
+import (
+	"context"
+	"net/http"
+	"slices"
+	"strconv"
+
+	"github.com/macfleet/macfleet/metal"
+)
+
+// StatusResponse is the body of GET /api/status: the pool's snapshot (per model: state,
+// leases, active requests, estimated and resident bytes, last unload report; pool:
+// ceiling and what binds it, watermarks, usage, committed, pressure) and the agent's
+// readiness.
+type StatusResponse struct {
+	Ready bool `json:"ready"`
+	metal.Snapshot
+}
+
+func (s *Server) handleStatus(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, StatusResponse{Ready: s.ready.Load(), Snapshot: s.pool.Snapshot()})
+}
+
+// ModelActionResponse is the body of the load and unload endpoints.
+type ModelActionResponse struct {
+	Model string      `json:"model"`
+	State metal.State `json:"state"`
+	// Unloaded says whether this call stopped an engine (false: it was not loaded).
+	Unloaded bool `json:"unloaded,omitempty"`
+	// LastUnload is the model's latest unload report.
+	LastUnload *metal.UnloadReport `json:"lastUnload,omitempty"`
+	// Status is the model's full entry of /api/status.
+	Status *metal.ModelSnapshot `json:"status,omitempty"`
+}
+
+func (s *Server) modelSnapshot(name string) *metal.ModelSnapshot {
+	for _, m := range s.pool.Snapshot().Models {
+		if m.Name == name || slices.Contains(m.Aliases, name) {
+			return &m
+		}
+	}
+	return nil
+}
+
+func (s *Server) actionResponse(name string) ModelActionResponse {
+	out := ModelActionResponse{Model: name}
+	if m := s.modelSnapshot(name); m != nil {
+		out.Model, out.State, out.LastUnload, out.Status = m.Name, m.State, m.LastUnload, m
+	}
+	return out
+}
+
+// wantWait reads ?wait=true|false.
+func wantWait(r *http.Request, def bool) (bool, *apiError) {
+	v := r.URL.Query().Get("wait")
+	if v == "" {
+		return def, nil
+	}
+	b, err := strconv.ParseBool(v)
+	if err != nil {
+		return false, invalid(codeInvalidValue, "wait", "wait must be true or false, got %q", v)
+	}
+	return b, nil
+}
+
+// handleLoad loads a model: 200 once it is Ready; with ?wait=false, 202 at once while
+// it loads in the background. Pool errors keep their status (404, 503, 507).
+func (s *Server) handleLoad(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	wait, aerr := wantWait(r, true)
+	if aerr != nil {
+		writeError(w, aerr)
+		return
+	}
+	if s.modelSnapshot(id) == nil {
+		writeError(w, fromPool(&metal.UnknownModelError{Model: id}))
+		return
+	}
+	if !wait {
+		// The pool bounds the load itself; this goroutine only reports its end.
+		go func() {
+			if err := s.pool.Load(context.WithoutCancel(r.Context()), id); err != nil {
+				s.log.Info("Background load failed", "model", id, "err", err.Error())
+			}
+		}()
+		writeJSON(w, http.StatusAccepted, s.actionResponse(id))
+		return
+	}
+	if err := s.pool.Load(r.Context(), id); err != nil {
+		if r.Context().Err() == nil {
+			writeError(w, fromPool(err))
+		}
+		return
+	}
+	writeJSON(w, http.StatusOK, s.actionResponse(id))
+}
+
+// handleUnload unloads a model: 202 while it drains (the report appears in
+// /api/status), 200 with the unload report once it is done — at once when it was
+// not loaded, or after waiting with ?wait=true.
+func (s *Server) handleUnload(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	wait, aerr := wantWait(r, false)
+	if aerr != nil {
+		writeError(w, aerr)
+		return
+	}
+	before := s.modelSnapshot(id)
+	if before == nil {
+		writeError(w, fromPool(&metal.UnknownModelError{Model: id}))
+		return
+	}
+	if wait {
+		rep, err := s.pool.Unload(r.Context(), id)
+		if err != nil {
+			if r.Context().Err() == nil {
+				writeError(w, fromPool(err))
+			}
+			return
+		}
+		out := s.actionResponse(id)
+		out.Unloaded = rep != nil
+		if rep != nil {
+			out.LastUnload = rep
+		}
+		writeJSON(w, http.StatusOK, out)
+		return
+	}
+	done, err := s.pool.StartUnload(id)
+	if err != nil {
+		writeError(w, fromPool(err))
+		return
+	}
+	select {
+	case <-done:
+		out := s.actionResponse(id)
+		out.Unloaded = before.State == metal.StateReady || before.State == metal.StateLoading ||
+			before.State == metal.StateDraining || before.State == metal.StateStopping
+		writeJSON(w, http.StatusOK, out)
+	default:
+		w.Header().Set("Location", "/api/status")
+		writeJSON(w, http.StatusAccepted, s.actionResponse(id))
+	}
+}
+
+// CacheClearResponse is the body of POST /api/cache/clear, summed over every runner.
+type CacheClearResponse struct {
+	BytesReclaimed int64                    `json:"bytes_reclaimed"`
+	EntriesCleared int                      `json:"entries_cleared"`
+	Runners        []metal.RunnerCacheClear `json:"runners"`
+}
+
+func (s *Server) handleCacheClear(w http.ResponseWriter, r *http.Request) {
+	rep := s.pool.ClearCache(r.Context())
+	out := CacheClearResponse{BytesReclaimed: rep.BytesReclaimed, Runners: rep.Runners}
+	if out.Runners == nil {
+		out.Runners = []metal.RunnerCacheClear{}
+	}
+	for _, rc := range rep.Runners {
+		out.EntriesCleared += rc.EntriesCleared
+	}
+	writeJSON(w, http.StatusOK, out)
+}

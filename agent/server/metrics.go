@@ -1,0 +1,110 @@
+package server
+
+import (
+	"context"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/macfleet/macfleet/metal"
+)
+
+// metrics are the agent's request metrics, recorded by the handlers. The pool's own
+// metrics (memory gauges, pressure level, loads, unloads, freed bytes, evictions,
+// per-model state) come from metal.NewMetrics, registered next to them.
+type metrics struct {
+	requests        *prometheus.CounterVec
+	ttft            *prometheus.HistogramVec
+	generatedTokens *prometheus.CounterVec
+	tokensPerSecond *prometheus.HistogramVec
+}
+
+func newMetrics(reg prometheus.Registerer, pool *metal.Pool) (*metrics, error) {
+	m := &metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "macfleet_agent_requests_total",
+			Help: "OpenAI requests answered by the node agent, by served model and HTTP status (499: the client went away first).",
+		}, []string{"model", "code"}),
+		ttft: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "macfleet_agent_ttft_seconds",
+			Help:    "Time from a streamed request's arrival to its first event sent to the client.",
+			Buckets: prometheus.ExponentialBuckets(0.005, 2, 14), // 5ms .. ~41s
+		}, []string{"model"}),
+		generatedTokens: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "macfleet_agent_generated_tokens_total",
+			Help: "Completion tokens generated, by served model.",
+		}, []string{"model"}),
+		tokensPerSecond: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "macfleet_agent_tokens_per_second",
+			Help: "Decode rate of each completion: tokens after the first over the time after the first event " +
+				"(streams), or tokens over the whole request (non-streamed).",
+			Buckets: prometheus.ExponentialBuckets(1, 2, 14), // 1 .. 8192 tokens/s
+		}, []string{"model"}),
+	}
+	for _, c := range []prometheus.Collector{m.requests, m.ttft, m.generatedTokens, m.tokensPerSecond,
+		metal.NewMetrics(pool)} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
+// observeGeneration records a finished completion of n tokens. For a stream, d runs
+// from the first event to the end and the first token is not counted in the rate;
+// otherwise d is the whole request.
+func (m *metrics) observeGeneration(model string, n int, d time.Duration, stream bool) {
+	if n <= 0 {
+		return
+	}
+	m.generatedTokens.WithLabelValues(model).Add(float64(n))
+	rateTokens := n
+	if stream {
+		rateTokens = n - 1
+	}
+	if rateTokens > 0 && d > 0 {
+		m.tokensPerSecond.WithLabelValues(model).Observe(float64(rateTokens) / d.Seconds())
+	}
+}
+
+func (s *Server) metricsHandler() http.Handler {
+	return promhttp.HandlerFor(s.opts.Gatherer, promhttp.HandlerOpts{})
+}
+
+// reqInfo follows one OpenAI request for its metrics and log line.
+type reqInfo struct {
+	start time.Time
+	model string
+}
+
+type reqInfoKey struct{}
+
+// requestInfo returns the request's info (a throwaway one outside instrument).
+func requestInfo(ctx context.Context) *reqInfo {
+	if i, ok := ctx.Value(reqInfoKey{}).(*reqInfo); ok {
+		return i
+	}
+	return &reqInfo{start: time.Now()}
+}
+
+func (i *reqInfo) setModel(m string) { i.model = m }
+
+// instrument counts an OpenAI request by model and status and logs it.
+func (s *Server) instrument(h http.HandlerFunc) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		info := &reqInfo{start: time.Now()}
+		sw := &statusWriter{ResponseWriter: w}
+		r = r.WithContext(context.WithValue(r.Context(), reqInfoKey{}, info))
+		h(sw, r)
+		code := sw.status
+		if code == 0 {
+			code = 499 // nothing sent: the client went away first
+		}
+		s.metrics.requests.WithLabelValues(info.model, strconv.Itoa(code)).Inc()
+		s.log.V(2).Info("Request", "method", r.Method, "path", r.URL.Path, "model", info.model,
+			"status", code, "duration", time.Since(info.start).Round(time.Microsecond))
+	})
+}

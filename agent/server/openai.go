@@ -1,0 +1,292 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"slices"
+	"strings"
+
+	"github.com/macfleet/macfleet/metal"
+	"github.com/macfleet/macfleet/runner/api"
+)
+
+// Runner endpoints the agent calls.
+const (
+	pathChat        = "/v1/chat/completions"
+	pathCompletions = "/v1/completions"
+	pathEmbeddings  = "/v1/embeddings"
+	pathTokenize    = "/tokenize"
+)
+
+// maxEmbeddingInputs is the most inputs one embeddings request may carry (as the runner).
+const maxEmbeddingInputs = 2048
+
+// chatRoles are the message roles the runner's chat templates accept.
+var chatRoles = []string{"system", "user", "assistant", "tool", "developer"}
+
+// readBody reads the request body up to the configured limit.
+func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *apiError) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.opts.MaxBodyBytes))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return nil, &apiError{Status: http.StatusRequestEntityTooLarge, Type: typeInvalidRequest,
+				Code:    codeRequestTooLarge,
+				Message: fmt.Sprintf("the request body exceeds the node agent's limit of %s", formatBytes(mbe.Limit))}
+		}
+		return nil, invalid(codeInvalidJSON, "", "reading the request body: %v", err)
+	}
+	return body, nil
+}
+
+// generation is one validated chat or text completion request.
+type generation struct {
+	path         string
+	model        string
+	body         []byte
+	stream       bool
+	includeUsage bool
+	// tokenize is the runner /tokenize request whose count the prefill guard needs;
+	// tokens, when positive, is that count already known (a prompt of token ids).
+	tokenize api.TokenizeRequest
+	tokens   int
+}
+
+func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
+	body, aerr := s.readBody(w, r)
+	if aerr != nil {
+		writeError(w, aerr)
+		return
+	}
+	var req api.ChatRequest
+	if e := api.DecodeJSON(body, &req); e != nil {
+		writeError(w, fromRunnerAPI(e))
+		return
+	}
+	if aerr := requireModel(req.Model); aerr != nil {
+		writeError(w, aerr)
+		return
+	}
+	if len(req.Messages) == 0 {
+		writeError(w, invalid(codeMissingField, "messages", "messages must be a non-empty array"))
+		return
+	}
+	for i, m := range req.Messages {
+		if !slices.Contains(chatRoles, m.Role) {
+			writeError(w, invalid(codeInvalidValue, fmt.Sprintf("messages[%d].role", i),
+				"unsupported role %q (one of %s)", m.Role, strings.Join(chatRoles, ", ")))
+			return
+		}
+	}
+	opts, e := req.Options()
+	if e != nil {
+		writeError(w, fromRunnerAPI(e))
+		return
+	}
+	s.generate(w, r, generation{path: pathChat, model: req.Model, body: body, stream: opts.Stream,
+		includeUsage: opts.IncludeUsage, tokenize: api.TokenizeRequest{Messages: req.Messages}})
+}
+
+func (s *Server) handleCompletion(w http.ResponseWriter, r *http.Request) {
+	body, aerr := s.readBody(w, r)
+	if aerr != nil {
+		writeError(w, aerr)
+		return
+	}
+	var req api.CompletionRequest
+	if e := api.DecodeJSON(body, &req); e != nil {
+		writeError(w, fromRunnerAPI(e))
+		return
+	}
+	if aerr := requireModel(req.Model); aerr != nil {
+		writeError(w, aerr)
+		return
+	}
+	switch {
+	case req.Prompt == nil:
+		writeError(w, invalid(codeMissingField, "prompt", "prompt is required"))
+		return
+	case req.Prompt.Len() != 1:
+		writeError(w, invalid(codeInvalidValue, "prompt", "prompt must be one string or one array of token ids, got %d prompts", req.Prompt.Len()))
+		return
+	case req.Echo:
+		writeError(w, invalid(codeInvalidValue, "echo", "echo is not supported"))
+		return
+	}
+	opts, e := req.Options()
+	if e != nil {
+		writeError(w, fromRunnerAPI(e))
+		return
+	}
+	g := generation{path: pathCompletions, model: req.Model, body: body, stream: opts.Stream,
+		includeUsage: opts.IncludeUsage}
+	if req.Prompt.Texts != nil {
+		g.tokenize.Content = &req.Prompt.Texts[0]
+	} else if g.tokens = len(req.Prompt.Tokens[0]); g.tokens == 0 {
+		writeError(w, invalid(codeInvalidValue, "prompt", "the prompt is empty"))
+		return
+	}
+	s.generate(w, r, g)
+}
+
+func (s *Server) handleEmbeddings(w http.ResponseWriter, r *http.Request) {
+	body, aerr := s.readBody(w, r)
+	if aerr != nil {
+		writeError(w, aerr)
+		return
+	}
+	var req api.EmbeddingRequest
+	if e := api.DecodeJSON(body, &req); e != nil {
+		writeError(w, fromRunnerAPI(e))
+		return
+	}
+	if aerr := requireModel(req.Model); aerr != nil {
+		writeError(w, aerr)
+		return
+	}
+	switch {
+	case req.Input == nil || req.Input.Len() == 0:
+		writeError(w, invalid(codeMissingField, "input", "input is required (a string, an array of strings or token ids)"))
+		return
+	case req.Input.Len() > maxEmbeddingInputs:
+		writeError(w, invalid(codeInvalidValue, "input", "at most %d inputs are allowed, got %d", maxEmbeddingInputs, req.Input.Len()))
+		return
+	case req.EncodingFormat != "" && req.EncodingFormat != "float" && req.EncodingFormat != "base64":
+		writeError(w, invalid(codeInvalidValue, "encoding_format", "encoding_format must be float or base64, got %q", req.EncodingFormat))
+		return
+	}
+	// The guard sizes the batch as one prompt of every input's tokens: the runner
+	// may hold them all in its slots at once.
+	g := generation{path: pathEmbeddings, model: req.Model, body: body}
+	if req.Input.Texts != nil {
+		joined := strings.Join(req.Input.Texts, "\n")
+		g.tokenize.Content = &joined
+	} else {
+		for _, t := range req.Input.Tokens {
+			g.tokens += len(t)
+		}
+	}
+	s.generate(w, r, g)
+}
+
+func requireModel(m string) *apiError {
+	if m == "" {
+		return invalid(codeMissingField, "model", "model is required")
+	}
+	return nil
+}
+
+// generate routes a validated request: lease → prefill guard → proxy. The lease is
+// held from here until proxy has written the last byte and returned.
+func (s *Server) generate(w http.ResponseWriter, r *http.Request, g generation) {
+	ctx := r.Context()
+	info := requestInfo(ctx)
+	lease, err := s.pool.Acquire(ctx, g.model)
+	if err != nil {
+		info.setModel(s.canonicalName(g.model))
+		if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
+			return // the client went away while the model loaded
+		}
+		writeError(w, fromPool(err))
+		return
+	}
+	defer lease.Release()
+	info.setModel(lease.Model())
+	rn, err := lease.Runner()
+	if err != nil {
+		writeError(w, fromPool(err))
+		return
+	}
+
+	// Prefill guard: before any byte of the response.
+	n := g.tokens
+	if n == 0 {
+		n, err = s.countTokens(ctx, rn, g.tokenize)
+		if err != nil {
+			s.writeUpstreamError(w, r, lease, rn, err)
+			return
+		}
+	}
+	if err := s.pool.CheckPrefill(lease.Model(), n); err != nil {
+		writeError(w, fromPool(err))
+		return
+	}
+
+	body := g.body
+	stripUsage := false
+	if g.stream && !g.includeUsage {
+		// Ask for the usage chunk anyway (it counts the generated tokens for the
+		// metrics) and drop it from what the client sees.
+		if b, err := withUsage(body); err == nil {
+			body, stripUsage = b, true
+		}
+	}
+	s.proxy(w, r, lease, rn, proxyRequest{path: g.path, body: body, stream: g.stream, stripUsage: stripUsage,
+		requested: g.model, served: lease.Model(), generates: g.path != pathEmbeddings})
+}
+
+// countTokens asks the runner for the prompt's token count.
+func (s *Server) countTokens(ctx context.Context, rn metal.Runner, req api.TokenizeRequest) (int, error) {
+	var out api.TokenizeResponse
+	if err := callRunner(ctx, rn, pathTokenize, req, &out); err != nil {
+		return 0, err
+	}
+	return out.Count, nil
+}
+
+// canonicalName resolves a name or alias to the served name for metric labels;
+// unknown names give "" so clients cannot grow the label set.
+func (s *Server) canonicalName(name string) string {
+	for _, m := range s.pool.Snapshot().Models {
+		if m.Name == name || slices.Contains(m.Aliases, name) {
+			return m.Name
+		}
+	}
+	return ""
+}
+
+// modelObject is one entry of GET /v1/models.
+type modelObject struct {
+	ID      string `json:"id"`
+	Object  string `json:"object"`
+	Created int64  `json:"created"`
+	OwnedBy string `json:"owned_by"`
+}
+
+func (s *Server) modelObject(id string) modelObject {
+	return modelObject{ID: id, Object: "model", Created: s.started.Unix(), OwnedBy: "macfleet"}
+}
+
+func (s *Server) handleListModels(w http.ResponseWriter, _ *http.Request) {
+	snap := s.pool.Snapshot()
+	data := make([]modelObject, 0, len(snap.Models))
+	for _, m := range snap.Models {
+		data = append(data, s.modelObject(m.Name))
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": data})
+}
+
+func (s *Server) handleGetModel(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	if s.canonicalName(id) == "" {
+		writeError(w, fromPool(&metal.UnknownModelError{Model: id}))
+		return
+	}
+	writeJSON(w, http.StatusOK, s.modelObject(id))
+}
+
+// formatBytes renders a byte count for messages.
+func formatBytes(b int64) string {
+	switch {
+	case b >= 1<<30:
+		return fmt.Sprintf("%.1f GiB", float64(b)/(1<<30))
+	case b >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20))
+	case b >= 1<<10:
+		return fmt.Sprintf("%.1f KiB", float64(b)/(1<<10))
+	}
+	return fmt.Sprintf("%d B", b)
+}

@@ -1,0 +1,341 @@
+package server
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/macfleet/macfleet/metal"
+)
+
+// maxResponseBytes bounds a non-streamed runner answer the agent buffers.
+const maxResponseBytes = 256 << 20
+
+// proxyRequest is one request forwarded to a runner.
+type proxyRequest struct {
+	path   string
+	body   []byte
+	stream bool
+	// stripUsage drops the usage chunk the agent asked for on the client's behalf.
+	stripUsage bool
+	// requested is the model name the client sent, served the name the runner
+	// answers with; responses carry requested.
+	requested, served string
+	// generates: a completion (TTFT and token metrics), not embeddings.
+	generates bool
+}
+
+// proxy forwards pr to the runner with the client's context, so a client that goes
+// away cancels the upstream request and the runner frees its slot. It returns only
+// once the response is completely written (or abandoned by the client).
+func (s *Server) proxy(w http.ResponseWriter, r *http.Request, lease *metal.Lease, rn metal.Runner, pr proxyRequest) {
+	ctx := r.Context()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, rn.BaseURL()+pr.path, bytes.NewReader(pr.body))
+	if err != nil {
+		writeError(w, fromPool(err))
+		return
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if pr.stream {
+		req.Header.Set("Accept", "text/event-stream")
+	}
+	resp, err := rn.Client().Do(req)
+	if err != nil {
+		s.writeUpstreamError(w, r, lease, rn, err)
+		return
+	}
+	defer resp.Body.Close()
+
+	if pr.stream && resp.StatusCode == http.StatusOK &&
+		strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+		s.copyStream(w, r, lease, rn, resp.Body, pr)
+		return
+	}
+
+	b, err := io.ReadAll(io.LimitReader(resp.Body, maxResponseBytes))
+	if err != nil {
+		s.writeUpstreamError(w, r, lease, rn, err)
+		return
+	}
+	if resp.StatusCode/100 != 2 {
+		s.writeUpstreamError(w, r, lease, rn, upstreamStatus(resp, b))
+		return
+	}
+	if pr.generates {
+		var out struct {
+			Usage *struct {
+				CompletionTokens int `json:"completion_tokens"`
+			} `json:"usage"`
+		}
+		if json.Unmarshal(b, &out) == nil && out.Usage != nil {
+			info := requestInfo(ctx)
+			s.metrics.observeGeneration(pr.served, out.Usage.CompletionTokens, time.Since(info.start), false)
+		}
+	}
+	b = rewriteModel(b, pr.served, pr.requested)
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(resp.StatusCode)
+	_, _ = w.Write(b)
+}
+
+// upstreamStatus turns a runner's non-2xx answer into a *runnerError.
+func upstreamStatus(resp *http.Response, b []byte) error {
+	return &runnerError{status: resp.StatusCode, body: b, retryAfter: resp.Header.Get("Retry-After")}
+}
+
+// copyStream relays the runner's SSE events one by one, flushing each, so tokens reach
+// the client as they are generated. Events pass through as bytes; only the "model"
+// field is rewritten when the client named the model by an alias, and the usage chunk
+// is dropped when the client did not ask for it. A stream that ends without [DONE] or
+// an error event (the runner died, the connection broke) gets a final error event.
+func (s *Server) copyStream(w http.ResponseWriter, r *http.Request, lease *metal.Lease, rn metal.Runner, body io.Reader, pr proxyRequest) {
+	ctx := r.Context()
+	info := requestInfo(ctx)
+	h := w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-cache")
+	h.Set("X-Accel-Buffering", "no")
+	w.WriteHeader(http.StatusOK)
+	rc := http.NewResponseController(w)
+
+	var (
+		br         = bufio.NewReaderSize(body, 32<<10)
+		event      []byte
+		ended      bool
+		first      time.Time
+		completion = -1
+		readErr    error
+	)
+	for !ended {
+		line, err := readLine(br)
+		if len(line) > 0 {
+			event = append(event, line...)
+		}
+		if err != nil {
+			readErr = err
+			break
+		}
+		if !isBlank(line) {
+			continue
+		}
+		// One complete event.
+		data := eventData(event)
+		switch {
+		case bytes.Equal(data, []byte("[DONE]")):
+			ended = true
+		case bytes.HasPrefix(data, []byte(`{"error"`)):
+			ended = true
+		case bytes.Contains(data, []byte(`"usage":`)):
+			completion = completionTokens(data)
+			if pr.stripUsage {
+				event = event[:0]
+				continue
+			}
+		}
+		out := rewriteModel(event, pr.served, pr.requested)
+		if _, err := w.Write(out); err != nil {
+			return // the client went away; returning closes the upstream request
+		}
+		if err := rc.Flush(); err != nil {
+			return
+		}
+		if first.IsZero() && pr.generates {
+			first = time.Now()
+			s.metrics.ttft.WithLabelValues(pr.served).Observe(first.Sub(info.start).Seconds())
+		}
+		event = event[:0]
+	}
+	if !ended {
+		if ctx.Err() != nil {
+			return
+		}
+		if readErr == nil || readErr == io.EOF {
+			readErr = io.ErrUnexpectedEOF
+		}
+		e := s.upstreamFailure(ctx, lease, rn, fmt.Errorf("the runner's stream broke off: %w", readErr))
+		if e == nil {
+			return
+		}
+		s.log.Info("Stream ended by an error", "model", pr.served, "err", e.Message)
+		_, _ = w.Write(sseError(e))
+		_ = rc.Flush()
+		return
+	}
+	if pr.generates && completion >= 0 && !first.IsZero() {
+		s.metrics.observeGeneration(pr.served, completion, time.Since(first), true)
+	}
+}
+
+// readLine reads one line including its "\n" (or the tail before EOF), however long.
+func readLine(br *bufio.Reader) ([]byte, error) {
+	line, err := br.ReadSlice('\n')
+	if err != bufio.ErrBufferFull {
+		return line, err
+	}
+	long := append([]byte(nil), line...)
+	for err == bufio.ErrBufferFull {
+		line, err = br.ReadSlice('\n')
+		long = append(long, line...)
+	}
+	return long, err
+}
+
+func isBlank(line []byte) bool { return len(bytes.TrimRight(line, "\r\n")) == 0 }
+
+// eventData is the payload of an event's data lines (the runner sends one per event).
+func eventData(event []byte) []byte {
+	var data []byte
+	for len(event) > 0 {
+		line := event
+		if i := bytes.IndexByte(event, '\n'); i >= 0 {
+			line, event = event[:i], event[i+1:]
+		} else {
+			event = nil
+		}
+		line = bytes.TrimRight(line, "\r")
+		if v, ok := bytes.CutPrefix(line, []byte("data:")); ok {
+			v = bytes.TrimPrefix(v, []byte(" "))
+			if data != nil {
+				data = append(data, '\n')
+			}
+			data = append(data, v...)
+		}
+	}
+	return data
+}
+
+// completionTokens reads usage.completion_tokens from a chunk; -1 if absent.
+func completionTokens(data []byte) int {
+	var c struct {
+		Usage *struct {
+			CompletionTokens int `json:"completion_tokens"`
+		} `json:"usage"`
+	}
+	if json.Unmarshal(data, &c) != nil || c.Usage == nil {
+		return -1
+	}
+	return c.Usage.CompletionTokens
+}
+
+// rewriteModel replaces the runner's "model" value by the name the client used. The
+// runner sends the served name, which is JSON-encoded identically every time; a
+// string value of the same bytes inside generated text would be escaped ("\"model\"")
+// and so never matches.
+func rewriteModel(b []byte, served, requested string) []byte {
+	if served == requested {
+		return b
+	}
+	from, _ := json.Marshal(served)
+	to, _ := json.Marshal(requested)
+	return bytes.Replace(b, append([]byte(`"model":`), from...), append([]byte(`"model":`), to...), 1)
+}
+
+// withUsage sets stream_options.include_usage in a request body.
+func withUsage(body []byte) ([]byte, error) {
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(body, &m); err != nil {
+		return nil, err
+	}
+	opts := map[string]json.RawMessage{}
+	if raw, ok := m["stream_options"]; ok && !bytes.Equal(bytes.TrimSpace(raw), []byte("null")) {
+		if err := json.Unmarshal(raw, &opts); err != nil {
+			return nil, err
+		}
+	}
+	opts["include_usage"] = json.RawMessage("true")
+	b, err := json.Marshal(opts)
+	if err != nil {
+		return nil, err
+	}
+	m["stream_options"] = b
+	return json.Marshal(m)
+}
+
+// callRunner does one JSON request to a runner under ctx; a non-2xx answer is a
+// *runnerError.
+func callRunner(ctx context.Context, rn metal.Runner, path string, in, out any) error {
+	b, err := json.Marshal(in)
+	if err != nil {
+		return err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, rn.BaseURL()+path, bytes.NewReader(b))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := rn.Client().Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	rb, err := io.ReadAll(io.LimitReader(resp.Body, maxResponseBytes))
+	if err != nil {
+		return err
+	}
+	if resp.StatusCode/100 != 2 {
+		return upstreamStatus(resp, rb)
+	}
+	if err := json.Unmarshal(rb, out); err != nil {
+		return fmt.Errorf("decoding the runner's answer to %s: %w", path, err)
+	}
+	return nil
+}
+
+// writeUpstreamError answers a request whose runner call failed before anything was
+// written: the runner's own error passes through; a broken connection says whether
+// the runner died. Nothing is written if the client has gone.
+func (s *Server) writeUpstreamError(w http.ResponseWriter, r *http.Request, lease *metal.Lease, rn metal.Runner, err error) {
+	if re, ok := asRunnerError(err); ok && json.Valid(re.body) {
+		re.write(w)
+		return
+	}
+	if e := s.upstreamFailure(r.Context(), lease, rn, err); e != nil {
+		writeError(w, e)
+	}
+}
+
+// upstreamFailure explains a failed runner call: nil when the client went away (there
+// is no one to tell), 503 engine_stopped + Retry-After when the runner stopped or died
+// (the pool marks it Failed and the next request reloads it after its backoff), 502
+// otherwise.
+func (s *Server) upstreamFailure(ctx context.Context, lease *metal.Lease, rn metal.Runner, err error) *apiError {
+	if ctx.Err() != nil {
+		return nil
+	}
+	// A connection that broke because the runner died is usually noticed here before
+	// the process is reaped: give the reaper a moment to say so.
+	t := time.NewTimer(s.opts.ExitWait)
+	defer t.Stop()
+	select {
+	case <-rn.Exited():
+	case <-lease.Done():
+	case <-ctx.Done():
+		return nil
+	case <-t.C:
+	}
+	if perr := lease.Err(); perr != nil {
+		return fromPool(perr)
+	}
+	select {
+	case <-rn.Exited():
+		msg := fmt.Sprintf("the engine of model %q stopped", lease.Model())
+		if xerr := rn.ExitErr(); xerr != nil {
+			msg += ": " + xerr.Error()
+		}
+		return &apiError{Status: http.StatusServiceUnavailable, Type: typeUnavailable, Code: metal.CodeEngineStopped,
+			Message: msg + "; it will be reloaded by the next request", RetryAfter: time.Second}
+	default:
+	}
+	if re, ok := asRunnerError(err); ok {
+		err = errors.New(re.Error())
+	}
+	return &apiError{Status: http.StatusBadGateway, Type: typeServer, Code: codeUpstream,
+		Message: fmt.Sprintf("the runner of model %q failed: %v", lease.Model(), err)}
+}

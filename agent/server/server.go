@@ -1,0 +1,227 @@
+// Package server is the node agent's HTTP API: the OpenAI endpoints clients and the
+// gateway call (/v1/chat/completions, /v1/completions, /v1/embeddings, /v1/models),
+// proxied to the model's runner process under a lease of the engine pool, and the
+// admin endpoints (/api/status, model load and unload, cache clear, /metrics,
+// /healthz, /readyz).
+//
+// Every generation request goes: validate the body (400) → acquire a lease (routing;
+// 404, 503 + Retry-After, 507) → prefill guard (tokenize through the runner, then the
+// pool's check; 413 before any byte is written) → proxy to the runner with the
+// request's context (a client that goes away cancels the generation) → release the
+// lease once the last byte is written. Status codes follow the contract of
+// ENGINE_POOL.md.
+package server
+
+import (
+	"crypto/subtle"
+	"errors"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/macfleet/macfleet/metal"
+)
+
+// Defaults of Options.
+const (
+	DefaultMaxBodyBytes = 16 << 20
+	// DefaultExitWait bounds how long a request whose runner connection broke waits
+	// to learn whether the runner died, to tell the client which.
+	DefaultExitWait = 2 * time.Second
+)
+
+// Options configure a Server.
+type Options struct {
+	// APIKey, when set, is required as "Authorization: Bearer KEY" everywhere but
+	// /healthz and /readyz.
+	APIKey string
+	// MaxBodyBytes bounds request bodies (413 above it); zero means 16 MiB.
+	MaxBodyBytes int64
+	// Registerer receives the agent's metrics and Gatherer serves /metrics; nil means
+	// a new registry for both (a Registerer that is also a Gatherer serves itself).
+	Registerer prometheus.Registerer
+	Gatherer   prometheus.Gatherer
+	// ExitWait: see DefaultExitWait.
+	ExitWait time.Duration
+	Log      logr.Logger
+}
+
+// Server serves the agent's API over one engine pool.
+type Server struct {
+	pool    *metal.Pool
+	opts    Options
+	log     logr.Logger
+	metrics *metrics
+	started time.Time
+	ready   atomic.Bool
+	handler http.Handler
+}
+
+// New builds the server over pool and registers its metrics — the request metrics and
+// the pool's own (metal.NewMetrics) — on opts.Registerer. The server is not ready
+// (/readyz answers 503) until SetReady(true).
+func New(pool *metal.Pool, opts Options) (*Server, error) {
+	if opts.MaxBodyBytes <= 0 {
+		opts.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if opts.ExitWait <= 0 {
+		opts.ExitWait = DefaultExitWait
+	}
+	if opts.Registerer == nil {
+		reg := prometheus.NewRegistry()
+		opts.Registerer, opts.Gatherer = reg, reg
+	}
+	if opts.Gatherer == nil {
+		g, ok := opts.Registerer.(prometheus.Gatherer)
+		if !ok {
+			return nil, errors.New("server: a Registerer that is not a Gatherer needs Options.Gatherer for /metrics")
+		}
+		opts.Gatherer = g
+	}
+	m, err := newMetrics(opts.Registerer, pool)
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{pool: pool, opts: opts, log: opts.Log, metrics: m, started: time.Now()}
+	s.handler = s.recoverer(s.authenticate(s.routes()))
+	return s, nil
+}
+
+// Handler is the whole API.
+func (s *Server) Handler() http.Handler { return s.handler }
+
+// SetReady switches /readyz.
+func (s *Server) SetReady(ready bool) { s.ready.Store(ready) }
+
+func (s *Server) routes() http.Handler {
+	mux := http.NewServeMux()
+	openai := func(pattern string, h http.HandlerFunc) { mux.Handle(pattern, s.instrument(h)) }
+	openai("POST /v1/chat/completions", s.handleChat)
+	openai("POST /v1/completions", s.handleCompletion)
+	openai("POST /v1/embeddings", s.handleEmbeddings)
+	mux.HandleFunc("GET /v1/models", s.handleListModels)
+	mux.HandleFunc("GET /v1/models/{id...}", s.handleGetModel)
+
+	mux.HandleFunc("GET /api/status", s.handleStatus)
+	mux.HandleFunc("POST /api/models/{id}/load", s.handleLoad)
+	mux.HandleFunc("POST /api/models/{id}/unload", s.handleUnload)
+	mux.HandleFunc("POST /api/cache/clear", s.handleCacheClear)
+	mux.Handle("GET /metrics", s.metricsHandler())
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if !s.ready.Load() {
+			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "not ready"})
+			return
+		}
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+	})
+	mux.HandleFunc("/", s.handleUnknownRoute)
+	return mux
+}
+
+// knownPaths answer 405 rather than 404 to a wrong method.
+var knownPaths = []string{"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/models",
+	"/api/status", "/api/cache/clear", "/metrics", "/healthz", "/readyz"}
+
+func (s *Server) handleUnknownRoute(w http.ResponseWriter, r *http.Request) {
+	p := r.URL.Path
+	known := strings.HasPrefix(p, "/v1/models/") ||
+		(strings.HasPrefix(p, "/api/models/") && (strings.HasSuffix(p, "/load") || strings.HasSuffix(p, "/unload")))
+	for _, k := range knownPaths {
+		known = known || p == k
+	}
+	if known {
+		writeError(w, &apiError{Status: http.StatusMethodNotAllowed, Type: typeInvalidRequest, Code: codeMethodNotAllowed,
+			Message: r.Method + " is not allowed on " + p})
+		return
+	}
+	writeError(w, &apiError{Status: http.StatusNotFound, Type: typeInvalidRequest, Code: codeNotFound,
+		Message: "no such endpoint: " + r.Method + " " + p})
+}
+
+// authenticate requires the API key, if one is configured, on everything but the
+// health probes.
+func (s *Server) authenticate(next http.Handler) http.Handler {
+	if s.opts.APIKey == "" {
+		return next
+	}
+	want := []byte("Bearer " + s.opts.APIKey)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/healthz" || r.URL.Path == "/readyz" {
+			next.ServeHTTP(w, r)
+			return
+		}
+		got := r.Header.Get("Authorization")
+		if subtle.ConstantTimeCompare([]byte(got), want) != 1 {
+			msg := "invalid API key: send it as Authorization: Bearer KEY"
+			if got == "" {
+				msg = "missing API key: send it as Authorization: Bearer KEY"
+			}
+			writeError(w, &apiError{Status: http.StatusUnauthorized, Type: typeAuthentication, Code: codeInvalidAPIKey,
+				Message: msg})
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// recoverer turns a handler panic into a logged 500 (when nothing was sent yet) so one
+// bad request never takes the agent down. It is a last resort: handlers validate.
+func (s *Server) recoverer(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		sw := &statusWriter{ResponseWriter: w}
+		defer func() {
+			v := recover()
+			if v == nil {
+				return
+			}
+			if v == http.ErrAbortHandler {
+				panic(v)
+			}
+			s.log.Error(nil, "Handler panicked", "method", r.Method, "path", r.URL.Path, "panic", v)
+			if sw.status == 0 {
+				writeError(sw, &apiError{Status: http.StatusInternalServerError, Type: typeServer, Code: codeInternal,
+					Message: "internal error; it was logged by the node agent"})
+				return
+			}
+			// Headers are gone: end the response abruptly so the client sees a failure.
+			panic(http.ErrAbortHandler)
+		}()
+		next.ServeHTTP(sw, r)
+	})
+}
+
+// statusWriter remembers the status sent. Unwrap keeps http.ResponseController
+// (flushes, deadlines) working through it.
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if w.status == 0 {
+		w.status = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+func (w *statusWriter) Flush() {
+	if f, ok := w.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }

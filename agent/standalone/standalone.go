@@ -1,0 +1,298 @@
+// Package standalone runs one node agent without Kubernetes (`macfleet serve`): the
+// engine pool over real runner processes and memory gauges, and the OpenAI + admin
+// HTTP API in front of it, configured by agent/config.
+package standalone
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	"k8s.io/utils/clock"
+
+	"github.com/macfleet/macfleet/agent/config"
+	"github.com/macfleet/macfleet/agent/server"
+	"github.com/macfleet/macfleet/internal/estimate"
+	"github.com/macfleet/macfleet/metal"
+)
+
+// HTTP server timeouts. There is deliberately no write timeout: a stream lasts as long
+// as generation does, and the client's disconnect is what cancels it.
+const (
+	readHeaderTimeout = 10 * time.Second
+	idleTimeout       = 2 * time.Minute
+)
+
+// DefaultShutdownTimeout bounds a graceful shutdown: draining requests, unloading every
+// model and settling its memory.
+const DefaultShutdownTimeout = 90 * time.Second
+
+// Options are what the command line does not configure.
+type Options struct {
+	Log logr.Logger
+	// RunnerOutput, when set, receives every runner's output lines prefixed with the
+	// model name.
+	RunnerOutput io.Writer
+	// Pool tunes the engine pool (timeouts, backoff); the ceiling, reserve and idle
+	// timeout come from the configuration.
+	Pool metal.Config
+	// Listener, when set, is served instead of listening on the configured address.
+	Listener net.Listener
+	// Started, when set, is called with the address being served.
+	Started func(addr string)
+	// ShutdownTimeout: DefaultShutdownTimeout when zero.
+	ShutdownTimeout time.Duration
+}
+
+// BuildSpec turns a configured model into the pool's spec: the memory estimate and the
+// dimensions the prefill guard needs are read from the GGUF header (internal/estimate)
+// unless the configuration gives the memory. A model without a context length gets
+// its training context in each slot, as the runner does.
+func BuildSpec(ctx context.Context, m config.Model) (metal.ModelSpec, error) {
+	p := estimate.Params{Path: m.Path, ContextLength: int32(m.ContextLength), Parallel: int32(max(m.Parallel, 1)),
+		KVCacheType: estimate.KVCacheType(m.KVCacheType)}
+	est, err := estimate.Estimate(ctx, p)
+	if err != nil {
+		return metal.ModelSpec{}, fmt.Errorf("model %q: estimating its memory: %w", m.Name, err)
+	}
+	ctxLen := m.ContextLength
+	if ctxLen == 0 && est.Dims.CtxTrain > 0 {
+		ctxLen = int(est.Dims.CtxTrain) * max(m.Parallel, 1)
+		p.ContextLength = int32(ctxLen)
+		if est, err = estimate.Estimate(ctx, p); err != nil {
+			return metal.ModelSpec{}, fmt.Errorf("model %q: estimating its memory: %w", m.Name, err)
+		}
+	}
+	spec := metal.ModelSpec{
+		Name: m.Name, Aliases: m.Aliases, Path: m.Path, ContextLength: ctxLen, Parallel: max(m.Parallel, 1),
+		KVCacheType: m.KVCacheType, Residency: metal.Residency(m.Residency), IdleTimeout: time.Duration(m.IdleTimeout),
+		EstimatedBytes: est.Total,
+		Dims: metal.ModelDims{Layers: int(est.Dims.Layers), Embedding: int(est.Dims.Embd), Heads: int(est.Dims.Heads),
+			KVHeads: int(est.Dims.KVHeads), Vocab: int(est.Dims.Vocab), KVTypeSize: kvTypeSize(m.KVCacheType)},
+	}
+	if m.Memory > 0 {
+		spec.EstimatedBytes = int64(m.Memory)
+	}
+	return spec, nil
+}
+
+// kvTypeSize is the bytes per KV element of a cache type (block sizes for quantized ones).
+func kvTypeSize(t string) float64 {
+	switch t {
+	case "q8_0":
+		return 34.0 / 32
+	case "q4_0":
+		return 18.0 / 32
+	}
+	return 2
+}
+
+// Run serves cfg (already completed by config.Complete) until ctx ends, then shuts
+// down gracefully: it stops accepting connections, lets requests drain, and unloads
+// every model, logging each unload's report.
+func Run(ctx context.Context, cfg config.Config, opts Options) error {
+	log := opts.Log
+	gauge, err := metal.NewGauge()
+	if err != nil {
+		return fmt.Errorf("measuring memory: %w", err)
+	}
+	runnerPath, err := metal.ResolveRunnerPath(cfg.Runner)
+	if err != nil {
+		return err
+	}
+	specs := make([]metal.ModelSpec, 0, len(cfg.Models))
+	for _, m := range cfg.Models {
+		spec, err := BuildSpec(ctx, m)
+		if err != nil {
+			return err
+		}
+		specs = append(specs, spec)
+	}
+
+	factory := metal.NewProcessFactory(metal.ProcessConfig{RunnerPath: runnerPath,
+		Log: log.WithName("runner"), Output: opts.RunnerOutput})
+	pcfg := opts.Pool
+	pcfg.CeilingBytes = int64(cfg.MemoryCeiling)
+	pcfg.ReserveBytes = int64(cfg.MemoryReserve)
+	if cfg.IdleTimeout != 0 {
+		pcfg.IdleTimeout = time.Duration(cfg.IdleTimeout)
+	}
+	pool, err := metal.New(pcfg, factory, gauge, clock.RealClock{}, log.WithName("pool"))
+	if err != nil {
+		return err
+	}
+	obs := &logObserver{log: log, pool: pool}
+	pool.AddObserver(obs)
+	for _, spec := range specs {
+		if err := pool.Register(spec); err != nil {
+			return err
+		}
+		log.Info("Model registered", "model", spec.Name, "path", spec.Path, "residency", spec.Residency,
+			"contextLength", spec.ContextLength, "parallel", spec.Parallel, "estimatedBytes", spec.EstimatedBytes)
+	}
+	c := pool.Ceiling()
+	log.Info("Memory ceiling", "bytes", c.Bytes, "bound", c.Bound, "softBytes", c.SoftBytes, "hardBytes", c.HardBytes,
+		"detail", c.Describe())
+
+	srv, err := server.New(pool, server.Options{APIKey: cfg.APIKey, MaxBodyBytes: int64(cfg.MaxBodyBytes),
+		Log: log.WithName("http")})
+	if err != nil {
+		return err
+	}
+	ln := opts.Listener
+	if ln == nil {
+		if ln, err = net.Listen("tcp", cfg.Listen); err != nil {
+			return fmt.Errorf("listening on %s: %w", cfg.Listen, err)
+		}
+	}
+	httpSrv := &http.Server{
+		Handler:           srv.Handler(),
+		ReadHeaderTimeout: readHeaderTimeout,
+		IdleTimeout:       idleTimeout,
+		ErrorLog:          nil,
+	}
+
+	poolCtx, stopPool := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopPool()
+	poolDone := make(chan error, 1)
+	go func() { poolDone <- pool.Run(poolCtx) }()
+	serveDone := make(chan error, 1)
+	go func() { serveDone <- httpSrv.Serve(ln) }()
+	addr := ln.Addr().String()
+	log.Info("Serving the OpenAI and admin API", "addr", addr, "apiKey", cfg.APIKey != "", "runner", runnerPath)
+	if opts.Started != nil {
+		opts.Started(addr)
+	}
+
+	// Resident and Pinned models load now; the agent is ready once each has loaded
+	// or failed (a failure is logged and retried by the next request).
+	var eager sync.WaitGroup
+	for _, spec := range specs {
+		if spec.Residency == metal.OnDemand {
+			continue
+		}
+		eager.Go(func() {
+			if err := pool.Load(ctx, spec.Name); err != nil && ctx.Err() == nil {
+				log.Error(err, "Loading a resident model failed", "model", spec.Name)
+			}
+		})
+	}
+	go func() {
+		eager.Wait()
+		if ctx.Err() == nil {
+			srv.SetReady(true)
+			log.Info("Ready")
+		}
+	}()
+
+	var serveErr error
+	select {
+	case <-ctx.Done():
+	case serveErr = <-serveDone:
+		log.Error(serveErr, "The HTTP server stopped")
+	}
+	err = shutdown(log, srv, httpSrv, stopPool, poolDone, serveErr, opts.ShutdownTimeout)
+	obs.flush()
+	if err == nil {
+		log.Info("Stopped")
+	}
+	return err
+}
+
+// shutdown stops accepting connections and drains the requests in flight while the
+// pool unloads every model (its drain lets leases finish, then aborts what remains).
+func shutdown(log logr.Logger, srv *server.Server, httpSrv *http.Server, stopPool context.CancelFunc,
+	poolDone <-chan error, serveErr error, timeout time.Duration) error {
+	if timeout <= 0 {
+		timeout = DefaultShutdownTimeout
+	}
+	log.Info("Shutting down: draining requests and unloading models", "timeout", timeout)
+	srv.SetReady(false)
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+
+	httpDone := make(chan error, 1)
+	go func() { httpDone <- httpSrv.Shutdown(ctx) }()
+	stopPool()
+
+	var errs []error
+	if serveErr != nil && !errors.Is(serveErr, http.ErrServerClosed) {
+		errs = append(errs, serveErr)
+	}
+	select {
+	case err := <-poolDone:
+		if err != nil {
+			errs = append(errs, fmt.Errorf("unloading models: %w", err))
+		}
+	case <-ctx.Done():
+		errs = append(errs, errors.New("unloading models: shutdown timed out"))
+	}
+	if err := <-httpDone; err != nil {
+		_ = httpSrv.Close()
+		errs = append(errs, fmt.Errorf("draining requests: %w", err))
+	}
+	return errors.Join(errs...)
+}
+
+// logObserver logs one line per load and unload with the bytes measured.
+type logObserver struct {
+	log  logr.Logger
+	pool *metal.Pool
+
+	mu sync.Mutex
+	// logged is the time of the last unload report logged per model.
+	logged map[string]time.Time
+}
+
+func (o *logObserver) LoadFinished(ev metal.LoadEvent) {
+	if ev.Err != nil {
+		o.log.Error(ev.Err, "Model load failed", "model", ev.Model, "duration", ev.Duration.Round(time.Millisecond))
+		return
+	}
+	var resident, reserved int64
+	var pid int
+	for _, m := range o.pool.Snapshot().Models {
+		if m.Name == ev.Model {
+			resident, reserved, pid = m.ResidentBytes, m.ReservedBytes, m.PID
+		}
+	}
+	o.log.Info("Model loaded", "model", ev.Model, "duration", ev.Duration.Round(time.Millisecond),
+		"residentBytes", resident, "reservedBytes", reserved, "pid", pid)
+}
+
+func (o *logObserver) Unloaded(model string, r metal.UnloadReport) {
+	o.mu.Lock()
+	if o.logged == nil {
+		o.logged = map[string]time.Time{}
+	}
+	seen := o.logged[model].Equal(r.Time)
+	o.logged[model] = r.Time
+	o.mu.Unlock()
+	if seen {
+		return
+	}
+	o.log.Info("Model unloaded", "model", model, "reason", r.Reason, "outcome", r.Outcome,
+		"freedBytes", r.FreedBytes, "residentBytes", r.ResidentBytes, "aborted", r.Aborted,
+		"duration", r.Duration.Round(time.Millisecond))
+}
+
+// flush logs the unload reports the pool made that no callback has logged yet: the
+// pool notifies observers after an unload's waiters are released, so the reports of
+// the final shutdown can still be on their way when the pool has closed.
+func (o *logObserver) flush() {
+	for _, m := range o.pool.Snapshot().Models {
+		if m.LastUnload != nil {
+			o.Unloaded(m.Name, *m.LastUnload)
+		}
+	}
+}
+
+func (o *logObserver) PressureChanged(from, to metal.PressureLevel) {
+	o.log.Info("Memory pressure changed", "from", from, "to", to)
+}

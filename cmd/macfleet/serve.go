@@ -1,0 +1,121 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/go-logr/logr/funcr"
+	"github.com/spf13/cobra"
+
+	"github.com/macfleet/macfleet/agent/config"
+	"github.com/macfleet/macfleet/agent/standalone"
+)
+
+func init() { root.AddCommand(newServeCommand()) }
+
+func newServeCommand() *cobra.Command {
+	var (
+		configFile             string
+		models                 []string
+		flags                  config.Config
+		ceiling, reserve, body string
+		idle                   time.Duration
+		verbosity              int
+		runnerOutput           bool
+	)
+	cmd := &cobra.Command{
+		Use:   "serve --model NAME=PATH[:ctx=N,parallel=N,residency=R] [flags]",
+		Short: "Serve GGUF models through an OpenAI-compatible API on this machine, without Kubernetes",
+		Long: "Runs the node agent standalone: each model is served by its own runner process, " +
+			"loaded on demand (or at start for Resident and Pinned models) within the memory ceiling, " +
+			"behind the OpenAI API (/v1/...) and the admin API (/api/status, /metrics). Flags override " +
+			"the --config file; --model adds models to it.\n\n" +
+			"--model options after the path: ctx (total context), parallel (slots), residency " +
+			"(OnDemand, Resident, Pinned), idle (idle timeout), memory (estimate override, e.g. 2Gi), " +
+			"kv (f16, q8_0, q4_0), alias (another name; repeat or join with |).",
+		Example: "  macfleet serve --model qwen=/models/qwen2.5-7b-q4_k_m.gguf\n" +
+			"  macfleet serve --model qwen=/m/q.gguf:ctx=16384,parallel=4,residency=Pinned --memory-ceiling 12Gi\n" +
+			"  macfleet serve --config agent.yaml --api-key \"$KEY\"",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var cfg config.Config
+			if configFile != "" {
+				var err error
+				if cfg, err = config.Load(configFile); err != nil {
+					return err
+				}
+			}
+			for _, m := range models {
+				mc, err := config.ParseModelFlag(m)
+				if err != nil {
+					return err
+				}
+				flags.Models = append(flags.Models, mc)
+			}
+			for _, f := range []struct {
+				name string
+				in   string
+				dst  *config.Size
+			}{{"memory-ceiling", ceiling, &flags.MemoryCeiling}, {"memory-reserve", reserve, &flags.MemoryReserve},
+				{"max-body", body, &flags.MaxBodyBytes}} {
+				if f.in == "" {
+					continue
+				}
+				v, err := config.ParseSize(f.in)
+				if err != nil {
+					return fmt.Errorf("--%s: %w", f.name, err)
+				}
+				*f.dst = v
+			}
+			flags.IdleTimeout = config.Duration(idle)
+			cfg, err := cfg.Merge(flags).Complete()
+			if err != nil {
+				return err
+			}
+
+			log := newLogger(verbosity)
+			opts := standalone.Options{Log: log}
+			if runnerOutput {
+				opts.RunnerOutput = cmd.ErrOrStderr()
+			}
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			go func() {
+				// After the first signal, a second one kills the agent at once.
+				<-ctx.Done()
+				stop()
+			}()
+			return standalone.Run(ctx, cfg, opts)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&configFile, "config", "", "YAML configuration file (listen, apiKey, memoryCeiling, models: [{name, path, contextLength, parallel, residency, idleTimeout, memory, aliases}])")
+	f.StringArrayVar(&models, "model", nil, "a model to serve: NAME=PATH[:ctx=N,parallel=N,residency=OnDemand|Resident|Pinned,idle=D,memory=SIZE,kv=T,alias=A] (repeatable)")
+	f.StringVar(&flags.Listen, "listen", "", "address of the API (default "+config.DefaultListen+")")
+	f.StringVar(&ceiling, "memory-ceiling", "", "cap the memory of all models together, e.g. 12Gi (default: the machine's ceiling)")
+	f.StringVar(&reserve, "memory-reserve", "", "memory left to the OS below the machine's ceiling (default 4Gi below 24Gi of RAM, else 6Gi)")
+	f.StringVar(&flags.APIKey, "api-key", "", "require this key as Authorization: Bearer KEY (not on /healthz, /readyz)")
+	f.StringVar(&flags.APIKeyFile, "api-key-file", "", "read the API key from a file")
+	f.StringVar(&flags.Runner, "runner", "", "the macfleet-runner binary (default $MACFLEET_RUNNER, else next to macfleet, else on $PATH)")
+	f.DurationVar(&idle, "idle-timeout", 0, "unload OnDemand models idle this long (default 5m)")
+	f.StringVar(&body, "max-body", "", "request body limit (default 16Mi)")
+	f.IntVarP(&verbosity, "verbosity", "v", 0, "log verbosity (1: runner output and more, 2: every request)")
+	f.BoolVar(&runnerOutput, "runner-output", false, "copy every runner's output to stderr, prefixed with its model")
+	return cmd
+}
+
+// newLogger logs "time level message key=value..." lines to stderr.
+func newLogger(verbosity int) logr.Logger {
+	return funcr.New(func(prefix, args string) {
+		ts := time.Now().Format("2006-01-02T15:04:05.000Z07:00")
+		if prefix != "" {
+			fmt.Fprintln(os.Stderr, ts, prefix+":", args)
+			return
+		}
+		fmt.Fprintln(os.Stderr, ts, args)
+	}, funcr.Options{Verbosity: verbosity})
+}

@@ -10,6 +10,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"sync"
 	"time"
 
@@ -105,6 +106,11 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 	runnerPath, err := metal.ResolveRunnerPath(cfg.Runner)
 	if err != nil {
 		return err
+	}
+	if st, err := os.Stat(runnerPath); err != nil {
+		return fmt.Errorf("the runner binary: %w", err)
+	} else if !st.Mode().IsRegular() || st.Mode().Perm()&0o111 == 0 {
+		return fmt.Errorf("the runner binary %s is not an executable file", runnerPath)
 	}
 	specs := make([]metal.ModelSpec, 0, len(cfg.Models))
 	for _, m := range cfg.Models {

@@ -29,36 +29,36 @@ const (
 // ModelSpec is everything the pool needs to know to load one model.
 type ModelSpec struct {
 	// Name is the served model name (the OpenAI "model" field).
-	Name string
+	Name string `json:"name"`
 	// Aliases are further names the model answers to.
-	Aliases []string
+	Aliases []string `json:"aliases,omitempty"`
 	// Path is the local GGUF file.
-	Path string
+	Path string `json:"path"`
 	// ContextLength is the total context across all parallel slots.
-	ContextLength int
+	ContextLength int `json:"contextLength"`
 	// Parallel is the number of sequences decoded together.
-	Parallel int
+	Parallel int `json:"parallel"`
 	// KVCacheType is f16 (default), q8_0 or q4_0.
-	KVCacheType string
-	Residency   Residency
+	KVCacheType string    `json:"kvCacheType,omitempty"`
+	Residency   Residency `json:"residency"`
 	// IdleTimeout unloads an idle OnDemand model; zero means the pool default.
-	IdleTimeout time.Duration
+	IdleTimeout time.Duration `json:"idleTimeout,omitempty"`
 	// EstimatedBytes is the memory the model is expected to take once loaded; it is
 	// reserved in the pool's committed account from before the runner starts until
 	// after its memory has settled on unload.
-	EstimatedBytes int64
+	EstimatedBytes int64 `json:"estimatedBytes"`
 	// Dims are the model's dimensions, used by the prefill guard.
-	Dims ModelDims
+	Dims ModelDims `json:"dims"`
 }
 
 // ModelDims are the GGUF dimensions the prefill guard needs.
 type ModelDims struct {
-	Layers     int
-	Embedding  int
-	Heads      int
-	KVHeads    int
-	Vocab      int
-	KVTypeSize float64 // bytes per KV element (2 for f16)
+	Layers     int     `json:"layers"`
+	Embedding  int     `json:"embedding"`
+	Heads      int     `json:"heads"`
+	KVHeads    int     `json:"kvHeads"`
+	Vocab      int     `json:"vocab"`
+	KVTypeSize float64 `json:"kvTypeSize"` // bytes per KV element (2 for f16)
 }
 
 // RunnerStatus is a runner's own report (GET /status of docs/runner-protocol.md).

@@ -8,6 +8,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -29,15 +30,15 @@ func BenchmarkRunnerMid(b *testing.B) {
 
 	b.Run("decode-1-stream", func(b *testing.B) {
 		var rate float64
-		for i := range b.N {
-			s := timedStream(b, r, fmt.Sprintf("decode %d", i), genTokens)
+		for range b.N {
+			s := timedStream(b, r, fmt.Sprintf("%d decode", benchRound.Add(1)), genTokens)
 			rate += s.decodeRate()
 		}
 		b.ReportMetric(rate/float64(b.N), "tok/s")
 	})
 	b.Run("decode-4-streams", func(b *testing.B) {
 		var agg, per float64
-		for i := range b.N {
+		for range b.N {
 			var wg sync.WaitGroup
 			stats := make([]streamStats, 4)
 			start := time.Now()
@@ -45,7 +46,7 @@ func BenchmarkRunnerMid(b *testing.B) {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
-					stats[k] = timedStream(b, r, fmt.Sprintf("stream %d of round %d", k, i), genTokens)
+					stats[k] = timedStream(b, r, fmt.Sprintf("%d stream", benchRound.Add(1)), genTokens)
 				}()
 			}
 			wg.Wait()
@@ -62,9 +63,9 @@ func BenchmarkRunnerMid(b *testing.B) {
 	})
 	b.Run("prefill", func(b *testing.B) {
 		var rate float64
-		for i := range b.N {
-			// A fresh prompt each time so no prefix is reused.
-			prompt := fmt.Sprintf("round %d: %s", i, strings.Repeat("lorem ipsum dolor sit amet ", 60))
+		for range b.N {
+			// A fresh prompt each time so no cached prefix is reused.
+			prompt := fmt.Sprintf("round %d: %s", benchRound.Add(1), strings.Repeat("lorem ipsum dolor sit amet ", 60))
 			start := time.Now()
 			c := completeTextB(b, r, prompt, 1)
 			rate += float64(c.Usage.PromptTokens) / time.Since(start).Seconds()
@@ -73,13 +74,16 @@ func BenchmarkRunnerMid(b *testing.B) {
 	})
 	b.Run("ttft", func(b *testing.B) {
 		var ttft time.Duration
-		for i := range b.N {
-			s := timedStream(b, r, fmt.Sprintf("first token %d", i), 1)
+		for range b.N {
+			s := timedStream(b, r, fmt.Sprintf("%d first token", benchRound.Add(1)), 1)
 			ttft += s.ttft
 		}
 		b.ReportMetric(float64(ttft.Microseconds())/1000/float64(b.N), "ms")
 	})
 }
+
+// benchRound makes every benchmark prompt unique (no prefix reuse across runs).
+var benchRound atomic.Int64
 
 type streamStats struct {
 	ttft        time.Duration // request sent → first content chunk

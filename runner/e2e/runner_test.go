@@ -560,15 +560,29 @@ func TestLimitsRefusePrefill(t *testing.T) {
 	completeText(t, r, long, 2, nil)
 }
 
-func TestAbort(t *testing.T) {
-	r := startReady(t, model(t, "tiny"), "--parallel", "2")
+func TestAbortEndsRunningAndQueuedRequests(t *testing.T) {
+	r := startReady(t, model(t, "tiny"), "--parallel", "1")
+	queued := make(chan *api.ErrorBody, 1)
 	n := 0
 	_, _, done, errEv := streamChat(t, r, context.Background(), chatBody("go on forever", 100000, true), func(chunk) bool {
 		n++
 		if n == 2 {
+			// A second request waits for the only slot.
+			go func() {
+				var eb api.ErrorBody
+				code := r.postJSON("/v1/chat/completions", chatBody("me next", 4, false), &eb)
+				if code != http.StatusServiceUnavailable {
+					t.Errorf("queued request: status %d, want 503", code)
+				}
+				queued <- &eb
+			}()
+			waitFor(t, 10*time.Second, "the second request to queue", func() bool {
+				st := r.status()
+				return st.RequestsActive == 2 && st.SlotsBusy == 1
+			})
 			var a api.Abort
-			if code := r.postJSON("/abort", nil, &a); code != 200 || a.Aborted != 1 {
-				t.Errorf("abort: %d %+v", code, a)
+			if code := r.postJSON("/abort", nil, &a); code != 200 || a.Aborted != 2 {
+				t.Errorf("abort: %d %+v, want 2 aborted", code, a)
 			}
 		}
 		return true
@@ -576,7 +590,13 @@ func TestAbort(t *testing.T) {
 	if done || errEv == nil || errEv.Error.Code != api.CodeAborted {
 		t.Fatalf("aborted stream ended with done=%v error=%+v", done, errEv)
 	}
-	waitFor(t, 10*time.Second, "the slot to be freed", func() bool { return r.status().SlotsBusy == 0 })
+	if eb := <-queued; eb.Error.Code != api.CodeAborted {
+		t.Errorf("queued request ended with %+v", eb.Error)
+	}
+	waitFor(t, 10*time.Second, "the runner to be idle", func() bool {
+		st := r.status()
+		return st.SlotsBusy == 0 && st.RequestsActive == 0
+	})
 	completeText(t, r, "after abort", 2, nil)
 }
 

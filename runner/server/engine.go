@@ -260,9 +260,22 @@ func (e *engine) publish() {
 	e.mu.Unlock()
 }
 
-// admit moves pending jobs into free slots, choosing for each the free slot whose
-// cached tokens share the longest prefix with its prompt.
+// admit drops queued jobs that ended (client gone, aborted) and moves the others into
+// free slots in arrival order, choosing for each the free slot whose cached tokens
+// share the longest prefix with its prompt.
 func (e *engine) admit() {
+	e.mu.Lock()
+	live := e.pending[:0]
+	for _, j := range e.pending {
+		if j.finished() {
+			delete(e.active, j)
+			continue
+		}
+		live = append(live, j)
+	}
+	clear(e.pending[len(live):])
+	e.pending = live
+	e.mu.Unlock()
 	for {
 		e.mu.Lock()
 		if len(e.pending) == 0 {
@@ -270,12 +283,6 @@ func (e *engine) admit() {
 			return
 		}
 		j := e.pending[0]
-		if j.finished() {
-			e.pending = e.pending[1:]
-			delete(e.active, j)
-			e.mu.Unlock()
-			continue
-		}
 		s, keep := e.pickSlot(j)
 		if s == nil {
 			e.mu.Unlock()

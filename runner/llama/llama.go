@@ -67,9 +67,9 @@ static uint64_t mf_gpu_allocated(void) {
 		if (t == GGML_BACKEND_DEVICE_TYPE_GPU || t == GGML_BACKEND_DEVICE_TYPE_IGPU) {
 			size_t free = 0, total = 0;
 			ggml_backend_dev_memory(dev, &free, &total);
-			if (total > free) {
-				used += total - free;
-			}
+			// Metal reports free = working set - allocated; unsigned arithmetic gives
+			// the allocated size back even when it exceeds the working set.
+			used += (uint64_t)(total - free);
 		}
 	}
 	return used;

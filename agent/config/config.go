@@ -49,6 +49,8 @@ type Config struct {
 	// Runner is the macfleet-runner binary; empty means $MACFLEET_RUNNER, else next to
 	// the macfleet binary, else on $PATH.
 	Runner string `json:"runner,omitempty"`
+	// RunnerThreads is the CPU threads of each runner (0: the runner chooses).
+	RunnerThreads int `json:"runnerThreads,omitempty"`
 	// MemoryCeiling caps the pool below the machine's own ceiling (0: none).
 	MemoryCeiling Size `json:"memoryCeiling,omitempty"`
 	// MemoryReserve is what the static ceiling leaves to the OS (0: 4 GiB below 24 GiB
@@ -258,6 +260,9 @@ func (c Config) Merge(over Config) Config {
 	if over.Runner != "" {
 		c.Runner = over.Runner
 	}
+	if over.RunnerThreads != 0 {
+		c.RunnerThreads = over.RunnerThreads
+	}
 	if over.MemoryCeiling != 0 {
 		c.MemoryCeiling = over.MemoryCeiling
 	}
@@ -337,6 +342,9 @@ func (c Config) validate() []error {
 		add("listen: %q has an invalid port", c.Listen)
 	} else if host != "" && host != "localhost" && net.ParseIP(host) == nil {
 		add("listen: %q: the host must be an IP address or localhost", c.Listen)
+	}
+	if c.RunnerThreads < 0 || c.RunnerThreads > 1024 {
+		add("runnerThreads: %d is not between 0 (the runner chooses) and 1024", c.RunnerThreads)
 	}
 	if c.MaxBodyBytes < 1024 {
 		add("maxBodyBytes: %d is too small (at least 1024)", c.MaxBodyBytes)

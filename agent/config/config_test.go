@@ -117,13 +117,13 @@ models:
 	if err != nil {
 		t.Fatal(err)
 	}
-	flags := Config{Listen: "127.0.0.1:0", MemoryCeiling: 8 << 30, Models: []Model{{Name: "embed", Path: other}}}
+	flags := Config{Listen: "127.0.0.1:0", MemoryCeiling: 8 << 30, RunnerThreads: 2, Models: []Model{{Name: "embed", Path: other}}}
 	got, err := fromFile.Merge(flags).Complete()
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := Config{
-		Listen: "127.0.0.1:0", APIKey: "s3cret", APIKeyFile: keyFile, MemoryCeiling: 8 << 30,
+		Listen: "127.0.0.1:0", APIKey: "s3cret", APIKeyFile: keyFile, MemoryCeiling: 8 << 30, RunnerThreads: 2,
 		IdleTimeout: Duration(10 * time.Minute), MaxBodyBytes: DefaultMaxBodyBytes,
 		Models: []Model{
 			{Name: "qwen", Aliases: []string{"q"}, Path: model, ContextLength: 8192, Parallel: 4,
@@ -160,8 +160,8 @@ func TestCompleteReportsEveryProblem(t *testing.T) {
 		{name: "no models", cfg: Config{}, want: []string{"at least one model"}},
 		{
 			name: "bad listen and body limit",
-			cfg:  Config{Listen: "8080", MaxBodyBytes: 10, Models: []Model{{Name: "a", Path: model}}},
-			want: []string{`listen: "8080" is not host:port`, "maxBodyBytes: 10 is too small"},
+			cfg:  Config{Listen: "8080", MaxBodyBytes: 10, RunnerThreads: -1, Models: []Model{{Name: "a", Path: model}}},
+			want: []string{`listen: "8080" is not host:port`, "maxBodyBytes: 10 is too small", "runnerThreads: -1"},
 		},
 		{
 			name: "bad model fields",

@@ -166,8 +166,10 @@ func startAgent(t *testing.T, o agentOptions) *testAgent {
 	def(&cfg.BackoffInitial, 100*time.Millisecond)
 	def(&cfg.StopGrace, 3*time.Second)
 	def(&cfg.PollActive, 200*time.Millisecond)
+	// One thread per runner: on a busy 2-core machine, llama.cpp's worker threads
+	// waiting on each other make decoding far slower than one thread alone.
 	factory := &recordingFactory{RunnerFactory: metal.NewProcessFactory(metal.ProcessConfig{RunnerPath: rp,
-		SocketDir: t.TempDir()}), runners: map[int]metal.Runner{}}
+		SocketDir: t.TempDir(), Threads: 1}), runners: map[int]metal.Runner{}}
 	pool, err := metal.New(cfg, factory, gauge, nil, logr.Discard())
 	if err != nil {
 		t.Fatal(err)

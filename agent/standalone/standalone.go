@@ -121,7 +121,7 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 		specs = append(specs, spec)
 	}
 
-	factory := metal.NewProcessFactory(metal.ProcessConfig{RunnerPath: runnerPath,
+	factory := metal.NewProcessFactory(metal.ProcessConfig{RunnerPath: runnerPath, Threads: cfg.RunnerThreads,
 		Log: log.WithName("runner"), Output: opts.RunnerOutput})
 	pcfg := opts.Pool
 	pcfg.CeilingBytes = int64(cfg.MemoryCeiling)

@@ -129,6 +129,7 @@ func TestRunServesAndShutsDown(t *testing.T) {
 	path := tinyModel(t)
 	cfg, err := config.Config{
 		Runner:        runner,
+		RunnerThreads: 1,
 		MemoryCeiling: 2 << 30,
 		Listen:        "127.0.0.1:0",
 		Models: []config.Model{
@@ -209,7 +210,7 @@ func TestRunServesAndShutsDown(t *testing.T) {
 	}
 
 	// The OnDemand model loads on its first request: a stream left running.
-	body := `{"model":"lazy","stream":true,"max_tokens":30000,"messages":[{"role":"user","content":"go on"}]}`
+	body := `{"model":"lazy","stream":true,"max_tokens":30000,"temperature":0,"messages":[{"role":"user","content":"go on"}]}`
 	resp, err := http.Post(base+"/v1/chat/completions", "application/json", strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)

@@ -101,6 +101,7 @@ func newServeCommand() *cobra.Command {
 	f.StringVar(&flags.APIKey, "api-key", "", "require this key as Authorization: Bearer KEY (not on /healthz, /readyz)")
 	f.StringVar(&flags.APIKeyFile, "api-key-file", "", "read the API key from a file")
 	f.StringVar(&flags.Runner, "runner", "", "the macfleet-runner binary (default $MACFLEET_RUNNER, else next to macfleet, else on $PATH)")
+	f.IntVar(&flags.RunnerThreads, "runner-threads", 0, "CPU threads of each runner (default: the runner chooses)")
 	f.DurationVar(&idle, "idle-timeout", 0, "unload OnDemand models idle this long (default 5m)")
 	f.StringVar(&body, "max-body", "", "request body limit (default 16Mi)")
 	f.IntVarP(&verbosity, "verbosity", "v", 0, "log verbosity (1: runner output and more, 2: every request)")

@@ -120,9 +120,7 @@ func TestErrorStatuses(t *testing.T) {
 		t.Errorf("GET /readyz when not ready: %d, want 503", resp.StatusCode)
 	}
 	// Refusals are counted: the unknown model under no model label, the 400s too.
-	if n, _ := a.metric("macfleet_agent_requests_total", "model", "", "code", "404"); n != 2 {
-		t.Errorf(`requests_total{model="",code="404"} = %v, want 2`, n)
-	}
+	a.expectMetric(2, "macfleet_agent_requests_total", "model", "", "code", "404")
 	if s := a.status(); s.Runners != 0 || s.Loads != 0 {
 		t.Errorf("refused requests started %d runners (%d loads); want none", s.Runners, s.Loads)
 	}
@@ -164,9 +162,7 @@ func TestModelTooLarge(t *testing.T) {
 	if s := a.status(); s.Runners != 0 {
 		t.Errorf("%d runners started for a model that cannot fit", s.Runners)
 	}
-	if n, _ := a.metric("macfleet_agent_requests_total", "model", "huge", "code", "507"); n != 1 {
-		t.Errorf(`requests_total{model="huge",code="507"} = %v, want 1`, n)
-	}
+	a.expectMetric(1, "macfleet_agent_requests_total", "model", "huge", "code", "507")
 }
 
 // TestPressureMetrics: with a ceiling below what the agent itself uses, the enforcer

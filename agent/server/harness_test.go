@@ -356,6 +356,25 @@ func (a *testAgent) metric(name string, labels ...string) (float64, bool) {
 	return 0, false
 }
 
+// expectMetric waits for a metric to reach want: request metrics are recorded once
+// the handler returns and pool events after their waiters are released, so both may
+// trail the response the test just read.
+func (a *testAgent) expectMetric(want float64, name string, labels ...string) {
+	a.t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		got, _ := a.metric(name, labels...)
+		if got == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			a.t.Errorf("%s%v = %v, want %v", name, labels, got, want)
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 func labelsMatch(m *dto.Metric, labels []string) bool {
 	for i := 0; i+1 < len(labels); i += 2 {
 		found := false

@@ -55,9 +55,7 @@ func TestConcurrentStreamsShareOneRunner(t *testing.T) {
 	}
 	g.Wait(t)
 	eventually(t, 10*time.Second, "leases to reach zero", func() bool { return a.model("tiny").Leases == 0 })
-	if n, _ := a.metric("macfleet_agent_generated_tokens_total", "model", "tiny"); n != streams*maxTokens {
-		t.Errorf("generated_tokens_total = %v, want %d", n, streams*maxTokens)
-	}
+	a.expectMetric(streams*maxTokens, "macfleet_agent_generated_tokens_total", "model", "tiny")
 }
 
 // TestClientDisconnectFreesTheSlot: a client that goes away mid-generation cancels it,
@@ -105,9 +103,7 @@ func TestClientDisconnectFreesTheSlot(t *testing.T) {
 			eventually(t, 5*time.Second, "the lease to be released", func() bool { return a.model("tiny").Leases == 0 })
 		})
 	}
-	if n, _ := a.metric("macfleet_agent_requests_total", "model", "tiny", "code", "499"); n != 1 {
-		t.Errorf(`requests_total{code="499"} = %v, want 1 (the non-streamed request sent nothing)`, n)
-	}
+	a.expectMetric(1, "macfleet_agent_requests_total", "model", "tiny", "code", "499")
 }
 
 // runnerSlotsBusy asks the model's runner for its busy slots without taking a lease.
@@ -174,9 +170,7 @@ func TestDrainingAndLeaseToLastByte(t *testing.T) {
 	if r.Reason != metal.ReasonAdmin || r.Aborted != 0 || r.ResidentBytes <= 0 || r.FreedBytes < 0 {
 		t.Errorf("unload report %+v; want reason admin, nothing aborted, resident bytes measured, freed >= 0", *r)
 	}
-	if n, _ := a.metric(metal.MetricUnloads, "reason", "admin", "outcome", string(r.Outcome)); n != 1 {
-		t.Errorf("unloads_total{admin,%s} = %v, want 1", r.Outcome, n)
-	}
+	a.expectMetric(1, metal.MetricUnloads, "reason", "admin", "outcome", string(r.Outcome))
 	// The model loads again on the next request.
 	if resp, b := a.do(http.MethodPost, "/v1/chat/completions", chatBody("tiny", 4, false)); resp.StatusCode != http.StatusOK {
 		t.Errorf("after the unload: %d %s", resp.StatusCode, b)
@@ -201,9 +195,7 @@ func TestUnloadReportAndLoadEndpoint(t *testing.T) {
 		act.Model != "tiny" || act.Status == nil || act.Status.PID == 0 {
 		t.Fatalf("load: %d %s; want 200 Ready with the model's status", resp.StatusCode, b)
 	}
-	if n, _ := a.metric(metal.MetricLoads, "result", "ok"); n != 1 {
-		t.Errorf("loads_total = %v, want 1", n)
-	}
+	a.expectMetric(1, metal.MetricLoads, "result", "ok")
 	pid := act.Status.PID
 
 	resp, b = a.do(http.MethodPost, "/api/models/tiny/unload?wait=true", nil)
@@ -268,9 +260,7 @@ func TestEvictionAndBusyModels(t *testing.T) {
 	if m := a.model("a"); m.State != metal.StateUnloaded || m.LastUnload == nil || m.LastUnload.Reason != metal.ReasonEviction {
 		t.Fatalf("a after b loaded: %s %+v; want Unloaded by eviction", m.State, m.LastUnload)
 	}
-	if n, _ := a.metric(metal.MetricEvictions); n != 1 {
-		t.Errorf("evictions_total = %v, want 1", n)
-	}
+	a.expectMetric(1, metal.MetricEvictions)
 
 	// b is busy now: a stream holds it. Loading a must not evict it.
 	s := a.openStream(ctx, true, "/v1/chat/completions", chatBody("b", 100, true))
@@ -291,9 +281,7 @@ func TestEvictionAndBusyModels(t *testing.T) {
 	if events := s.all(); events[len(events)-1] != "[DONE]" {
 		t.Errorf("b's stream ended with %q", events[len(events)-1])
 	}
-	if n, _ := a.metric(metal.MetricEvictions); n != 1 {
-		t.Errorf("evictions_total = %v after the refused load, want still 1", n)
-	}
+	a.expectMetric(1, metal.MetricEvictions)
 }
 
 // TestRunnerKilledMidStream: SIGKILL of the runner during a stream ends the stream
@@ -357,12 +345,8 @@ func TestRunnerKilledMidStream(t *testing.T) {
 	if s := a.status(); s.Crashes != 1 {
 		t.Errorf("crashes = %d, want 1", s.Crashes)
 	}
-	if n, _ := a.metric(metal.MetricLoads, "result", "ok"); n != 2 {
-		t.Errorf("loads_total{ok} = %v, want 2", n)
-	}
-	if n, _ := a.metric(metal.MetricUnloads, "reason", "crash"); n != 1 {
-		t.Errorf("unloads_total{reason=crash} = %v, want 1", n)
-	}
+	a.expectMetric(2, metal.MetricLoads, "result", "ok")
+	a.expectMetric(1, metal.MetricUnloads, "reason", "crash")
 }
 
 // procIdle asks the runner with this pid whether it has no generation in flight.
@@ -429,9 +413,7 @@ func TestPrefillGuard(t *testing.T) {
 	if resp.StatusCode != http.StatusOK {
 		t.Errorf("with room: %d %s", resp.StatusCode, b)
 	}
-	if n, _ := a.metric("macfleet_agent_requests_total", "model", "tiny", "code", "413"); n != 3 {
-		t.Errorf(`requests_total{code="413"} = %v, want 3`, n)
-	}
+	a.expectMetric(3, "macfleet_agent_requests_total", "model", "tiny", "code", "413")
 }
 
 // TestCacheClear reaches every runner and sums what they dropped.

@@ -137,21 +137,11 @@ func TestOpenAIClientChatAndCompletions(t *testing.T) {
 	})
 
 	t.Run("metrics", func(t *testing.T) {
-		if n, _ := a.metric("macfleet_agent_requests_total", "model", "tiny", "code", "200"); n != 6 {
-			t.Errorf("requests_total{model=tiny,code=200} = %v, want 6", n)
-		}
-		if n, _ := a.metric("macfleet_agent_ttft_seconds", "model", "tiny"); n != 3 {
-			t.Errorf("ttft observations = %v, want 3 (one per stream)", n)
-		}
-		if n, _ := a.metric("macfleet_agent_generated_tokens_total", "model", "tiny"); n != 6*maxTokens {
-			t.Errorf("generated_tokens_total = %v, want %d", n, 6*maxTokens)
-		}
-		if n, _ := a.metric("macfleet_agent_tokens_per_second", "model", "tiny"); n != 6 {
-			t.Errorf("tokens_per_second observations = %v, want 6", n)
-		}
-		if n, _ := a.metric(metal.MetricLoads, "result", "ok"); n != 1 {
-			t.Errorf("loads_total = %v, want 1", n)
-		}
+		a.expectMetric(6, "macfleet_agent_requests_total", "model", "tiny", "code", "200")
+		a.expectMetric(3, "macfleet_agent_ttft_seconds", "model", "tiny")
+		a.expectMetric(6*maxTokens, "macfleet_agent_generated_tokens_total", "model", "tiny")
+		a.expectMetric(6, "macfleet_agent_tokens_per_second", "model", "tiny")
+		a.expectMetric(1, metal.MetricLoads, "result", "ok")
 		if n, _ := a.metric(metal.MetricMemoryCommitted); n <= 0 {
 			t.Errorf("memory_committed_bytes = %v with a model loaded, want > 0", n)
 		}
@@ -242,9 +232,7 @@ func TestSSEFraming(t *testing.T) {
 		})
 	}
 	// The usage the client did not ask for was still counted.
-	if n, _ := a.metric("macfleet_agent_generated_tokens_total", "model", "tiny"); n != 3*maxTokens {
-		t.Errorf("generated_tokens_total = %v, want %d", n, 3*maxTokens)
-	}
+	a.expectMetric(3*maxTokens, "macfleet_agent_generated_tokens_total", "model", "tiny")
 }
 
 func TestEmbeddings(t *testing.T) {

@@ -287,6 +287,7 @@ func TestEvictionAndBusyModels(t *testing.T) {
 // TestRunnerKilledMidStream: SIGKILL of the runner during a stream ends the stream
 // with an SSE error event (no hang, no [DONE]); the agent stays up, requests during
 // the failure backoff get 503 + Retry-After, and a later request reloads the model.
+// A non-streamed request of a runner killed under it gets a 503 body.
 func TestRunnerKilledMidStream(t *testing.T) {
 	a := startAgent(t, agentOptions{pool: metal.Config{BackoffInitial: 300 * time.Millisecond},
 		specs: []metal.ModelSpec{tinySpec(t, config.Model{Name: "tiny", ContextLength: 32768, Parallel: 1})}})
@@ -347,6 +348,31 @@ func TestRunnerKilledMidStream(t *testing.T) {
 	}
 	a.expectMetric(2, metal.MetricLoads, "result", "ok")
 	a.expectMetric(1, metal.MetricUnloads, "reason", "crash")
+
+	// A non-streamed request whose runner dies gets a 503 body, never a hang.
+	type answer struct {
+		resp *http.Response
+		body []byte
+	}
+	answers := make(chan answer, 1)
+	go func() {
+		resp, b := a.do(http.MethodPost, "/v1/chat/completions", chatBody("tiny", 30000, false))
+		answers <- answer{resp, b}
+	}()
+	eventually(t, 60*time.Second, "the runner to start generating", func() bool {
+		return a.model("tiny").Leases == 1 && runnerSlotsBusy(a, "tiny") == 1
+	})
+	if err := syscall.Kill(a.model("tiny").PID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	ans := <-answers
+	if ans.resp.StatusCode != http.StatusServiceUnavailable || ans.resp.Header.Get("Retry-After") == "" {
+		t.Fatalf("non-streamed request of a killed runner: %d (Retry-After %q) %s; want 503 with Retry-After",
+			ans.resp.StatusCode, ans.resp.Header.Get("Retry-After"), ans.body)
+	}
+	if e := decodeError(t, ans.body); e.Error.Code != metal.CodeEngineStopped {
+		t.Errorf("non-streamed request of a killed runner: code %q, want %s", e.Error.Code, metal.CodeEngineStopped)
+	}
 }
 
 // procIdle asks the runner with this pid whether it has no generation in flight.

@@ -23,7 +23,18 @@ type metrics struct {
 }
 
 func newMetrics(reg prometheus.Registerer, pool *metal.Pool) (*metrics, error) {
-	m := &metrics{
+	m := newRequestMetrics()
+	for _, c := range []prometheus.Collector{m.requests, m.ttft, m.generatedTokens, m.tokensPerSecond,
+		metal.NewMetrics(pool)} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
+func newRequestMetrics() *metrics {
+	return &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "macfleet_agent_requests_total",
 			Help: "OpenAI requests answered by the node agent, by served model and HTTP status (499: the client went away first).",
@@ -44,13 +55,6 @@ func newMetrics(reg prometheus.Registerer, pool *metal.Pool) (*metrics, error) {
 			Buckets: prometheus.ExponentialBuckets(1, 2, 14), // 1 .. 8192 tokens/s
 		}, []string{"model"}),
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.ttft, m.generatedTokens, m.tokensPerSecond,
-		metal.NewMetrics(pool)} {
-		if err := reg.Register(c); err != nil {
-			return nil, err
-		}
-	}
-	return m, nil
 }
 
 // observeGeneration records a finished completion of n tokens. For a stream, d runs

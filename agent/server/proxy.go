@@ -105,6 +105,7 @@ func (s *Server) copyStream(w http.ResponseWriter, r *http.Request, lease *metal
 	w.WriteHeader(http.StatusOK)
 	rc := http.NewResponseController(w)
 
+	rewrite := newModelRewrite(pr.served, pr.requested)
 	var (
 		br         = bufio.NewReaderSize(body, 32<<10)
 		event      []byte
@@ -139,7 +140,7 @@ func (s *Server) copyStream(w http.ResponseWriter, r *http.Request, lease *metal
 				continue
 			}
 		}
-		out := rewriteModel(event, pr.served, pr.requested)
+		out := rewrite.apply(event)
 		if _, err := w.Write(out); err != nil {
 			return // the client went away; returning closes the upstream request
 		}
@@ -189,9 +190,11 @@ func readLine(br *bufio.Reader) ([]byte, error) {
 
 func isBlank(line []byte) bool { return len(bytes.TrimRight(line, "\r\n")) == 0 }
 
-// eventData is the payload of an event's data lines (the runner sends one per event).
+// eventData is the payload of an event's data lines. The runner sends one data line
+// per event, which is returned without copying.
 func eventData(event []byte) []byte {
 	var data []byte
+	lines := 0
 	for len(event) > 0 {
 		line := event
 		if i := bytes.IndexByte(event, '\n'); i >= 0 {
@@ -200,12 +203,18 @@ func eventData(event []byte) []byte {
 			event = nil
 		}
 		line = bytes.TrimRight(line, "\r")
-		if v, ok := bytes.CutPrefix(line, []byte("data:")); ok {
-			v = bytes.TrimPrefix(v, []byte(" "))
-			if data != nil {
-				data = append(data, '\n')
-			}
-			data = append(data, v...)
+		v, ok := bytes.CutPrefix(line, []byte("data:"))
+		if !ok {
+			continue
+		}
+		v = bytes.TrimPrefix(v, []byte(" "))
+		switch lines++; lines {
+		case 1:
+			data = v
+		case 2:
+			data = append(append(append([]byte(nil), data...), '\n'), v...)
+		default:
+			data = append(append(data, '\n'), v...)
 		}
 	}
 	return data
@@ -224,17 +233,30 @@ func completionTokens(data []byte) int {
 	return c.Usage.CompletionTokens
 }
 
-// rewriteModel replaces the runner's "model" value by the name the client used. The
-// runner sends the served name, which is JSON-encoded identically every time; a
-// string value of the same bytes inside generated text would be escaped ("\"model\"")
-// and so never matches.
-func rewriteModel(b []byte, served, requested string) []byte {
+// modelRewrite replaces the runner's "model" value by the name the client used. The
+// runner sends the served name, JSON-encoded identically every time; the same bytes
+// inside generated text would be escaped ("\"model\"") and so never match.
+type modelRewrite struct{ from, to []byte }
+
+func newModelRewrite(served, requested string) *modelRewrite {
 	if served == requested {
-		return b
+		return nil
 	}
 	from, _ := json.Marshal(served)
 	to, _ := json.Marshal(requested)
-	return bytes.Replace(b, append([]byte(`"model":`), from...), append([]byte(`"model":`), to...), 1)
+	return &modelRewrite{from: append([]byte(`"model":`), from...), to: append([]byte(`"model":`), to...)}
+}
+
+// apply rewrites the first "model" field of b; a nil rewrite returns b.
+func (m *modelRewrite) apply(b []byte) []byte {
+	if m == nil {
+		return b
+	}
+	return bytes.Replace(b, m.from, m.to, 1)
+}
+
+func rewriteModel(b []byte, served, requested string) []byte {
+	return newModelRewrite(served, requested).apply(b)
 }
 
 // withUsage sets stream_options.include_usage in a request body.

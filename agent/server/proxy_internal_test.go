@@ -2,6 +2,7 @@ package server
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
@@ -117,4 +118,27 @@ func TestRecovererAnswers500OnlyBeforeHeaders(t *testing.T) {
 	}()
 	after.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest(http.MethodGet, "/x", nil))
 	t.Error("a panic after the headers did not abort the response")
+}
+
+// BenchmarkCopyStream measures the relay of one SSE event (a chat chunk of one token)
+// from the runner's body to the client, flushed, with and without an alias rewrite.
+func BenchmarkCopyStream(b *testing.B) {
+	chunk := []byte(`data: {"id":"chatcmpl-0123456789abcdef01234567","object":"chat.completion.chunk","created":1795220491,"model":"qwen","choices":[{"index":0,"delta":{"content":" word"},"logprobs":null,"finish_reason":null}]}` + "\n\n")
+	const events = 1000
+	body := bytes.Repeat(chunk, events)
+	body = append(body, "data: [DONE]\n\n"...)
+	for _, requested := range []string{"qwen", "q"} {
+		b.Run("model="+requested, func(b *testing.B) {
+			s := &Server{log: logr.Discard(), metrics: newRequestMetrics()}
+			req := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", nil)
+			b.SetBytes(int64(len(chunk)))
+			b.ReportAllocs()
+			b.ResetTimer()
+			for range b.N / events {
+				rec := httptest.NewRecorder()
+				s.copyStream(rec, req, nil, nil, bytes.NewReader(body),
+					proxyRequest{stream: true, served: "qwen", requested: requested, generates: true})
+			}
+		})
+	}
 }

@@ -273,16 +273,16 @@ func (o *logObserver) LoadFinished(ev metal.LoadEvent) {
 }
 
 func (o *logObserver) Unloaded(model string, r metal.UnloadReport) {
+	// Logged under the lock, so flush cannot skip a report whose line is not out yet.
 	o.mu.Lock()
+	defer o.mu.Unlock()
 	if o.logged == nil {
 		o.logged = map[string]time.Time{}
 	}
-	seen := o.logged[model].Equal(r.Time)
-	o.logged[model] = r.Time
-	o.mu.Unlock()
-	if seen {
+	if o.logged[model].Equal(r.Time) {
 		return
 	}
+	o.logged[model] = r.Time
 	o.log.Info("Model unloaded", "model", model, "reason", r.Reason, "outcome", r.Outcome,
 		"freedBytes", r.FreedBytes, "residentBytes", r.ResidentBytes, "aborted", r.Aborted,
 		"duration", r.Duration.Round(time.Millisecond))

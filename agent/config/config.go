@@ -73,8 +73,8 @@ type Model struct {
 	Aliases []string `json:"aliases,omitempty"`
 	// Path is the local GGUF file.
 	Path string `json:"path"`
-	// ContextLength is the total context shared by the Parallel slots (0: the model's
-	// training context per slot, as the runner decides).
+	// ContextLength is the context of one sequence, as in a ModelDeployment: the engine
+	// holds ContextLength × Parallel tokens (0: the model's training context per slot).
 	ContextLength int `json:"contextLength,omitempty"`
 	// Parallel is the number of sequences decoded together (0: 1).
 	Parallel int `json:"parallel,omitempty"`
@@ -398,8 +398,8 @@ func (c Config) validate() []error {
 		if m.Parallel < 0 || m.Parallel > 256 {
 			add("%s.parallel: %d is not between 1 and 256", f, m.Parallel)
 		}
-		if m.ContextLength > 0 && m.Parallel > 0 && m.ContextLength < m.Parallel*16 {
-			add("%s.contextLength: %d leaves fewer than 16 tokens to each of %d parallel slots", f, m.ContextLength, m.Parallel)
+		if m.ContextLength > 0 && m.ContextLength < 16 {
+			add("%s.contextLength: %d is fewer than 16 tokens per sequence", f, m.ContextLength)
 		}
 		if !slices.Contains(kvCacheTypes, m.KVCacheType) {
 			add("%s.kvCacheType: %q is not one of %s", f, m.KVCacheType, strings.Join(kvCacheTypes, ", "))

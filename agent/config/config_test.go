@@ -196,7 +196,7 @@ func TestCompleteReportsEveryProblem(t *testing.T) {
 		},
 		{
 			name: "ceiling too small and tiny slots",
-			cfg:  Config{MemoryCeiling: 1 << 20, Models: []Model{{Name: "a", Path: model, ContextLength: 32, Parallel: 4}}},
+			cfg:  Config{MemoryCeiling: 1 << 20, Models: []Model{{Name: "a", Path: model, ContextLength: 8, Parallel: 4}}},
 			want: []string{"memoryCeiling: 1Mi is too small", "fewer than 16 tokens"},
 		},
 	}

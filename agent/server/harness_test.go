@@ -177,7 +177,7 @@ func startAgent(t *testing.T, o agentOptions) *testAgent {
 	specs := o.specs
 	if specs == nil {
 		specs = []metal.ModelSpec{tinySpec(t, config.Model{Name: "tiny", Aliases: []string{"tiny-alias"},
-			ContextLength: 8192, Parallel: 2})}
+			ContextLength: 4096, Parallel: 2})}
 	}
 	for _, s := range specs {
 		if err := pool.Register(s); err != nil {

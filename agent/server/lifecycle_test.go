@@ -21,7 +21,7 @@ import (
 // served together by one runner process, each holding its lease until its last byte.
 func TestConcurrentStreamsShareOneRunner(t *testing.T) {
 	a := startAgent(t, agentOptions{specs: []metal.ModelSpec{
-		tinySpec(t, config.Model{Name: "tiny", ContextLength: 8192, Parallel: 4})}})
+		tinySpec(t, config.Model{Name: "tiny", ContextLength: 2048, Parallel: 4})}})
 	ctx := testContext(t)
 	const streams, maxTokens = 4, 200
 

@@ -54,15 +54,16 @@ type Options struct {
 // BuildSpec turns a configured model into the pool's spec: the memory estimate and the
 // dimensions the prefill guard needs are read from the GGUF header (internal/estimate)
 // unless the configuration gives the memory. A model without a context length gets
-// its training context in each slot, as the runner does.
+// its training context in each slot, as the runner does. ContextLength is per sequence,
+// as in a ModelDeployment: the engine holds ContextLength × Parallel tokens.
 func BuildSpec(ctx context.Context, m config.Model) (metal.ModelSpec, error) {
-	p := estimate.Params{Path: m.Path, ContextLength: int32(m.ContextLength), Parallel: int32(max(m.Parallel, 1)),
+	ctxLen := m.ContextLength * max(m.Parallel, 1)
+	p := estimate.Params{Path: m.Path, ContextLength: int32(ctxLen), Parallel: int32(max(m.Parallel, 1)),
 		KVCacheType: estimate.KVCacheType(m.KVCacheType)}
 	est, err := estimate.Estimate(ctx, p)
 	if err != nil {
 		return metal.ModelSpec{}, fmt.Errorf("model %q: estimating its memory: %w", m.Name, err)
 	}
-	ctxLen := m.ContextLength
 	if ctxLen == 0 && est.Dims.CtxTrain > 0 {
 		ctxLen = int(est.Dims.CtxTrain) * max(m.Parallel, 1)
 		p.ContextLength = int32(ctxLen)

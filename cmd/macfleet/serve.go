@@ -34,7 +34,7 @@ func newServeCommand() *cobra.Command {
 			"loaded on demand (or at start for Resident and Pinned models) within the memory ceiling, " +
 			"behind the OpenAI API (/v1/...) and the admin API (/api/status, /metrics). Flags override " +
 			"the --config file; --model adds models to it.\n\n" +
-			"--model options after the path: ctx (total context), parallel (slots), residency " +
+			"--model options after the path: ctx (context per sequence; the engine holds ctx × parallel tokens), parallel (slots), residency " +
 			"(OnDemand, Resident, Pinned), idle (idle timeout), memory (estimate override, e.g. 2Gi), " +
 			"kv (f16, q8_0, q4_0), alias (another name; repeat or join with |).",
 		Example: "  macfleet serve --model qwen=/models/qwen2.5-7b-q4_k_m.gguf\n" +

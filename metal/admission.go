@@ -20,6 +20,14 @@ import (
 // Admissions are serialized (loads wait for each other, serving does not); the pool
 // mutex is only taken to decide, never across a measurement or an eviction.
 func (p *Pool) admit(ctx context.Context, e *entry, spec ModelSpec, gen uint64) (*engine, error) {
+	// A model that can never fit says so at once, before waiting for other admissions
+	// (whose wait a pressure cancel could otherwise turn into insufficient_memory).
+	p.mu.Lock()
+	ceiling := p.ceiling
+	p.mu.Unlock()
+	if spec.EstimatedBytes > ceiling.Bytes {
+		return nil, &ModelTooLargeError{Model: spec.Name, EstimatedBytes: spec.EstimatedBytes, Ceiling: ceiling}
+	}
 	select {
 	case p.admitting <- struct{}{}:
 	case <-ctx.Done():

@@ -12,7 +12,7 @@ const (
 	MetricMemoryWatermark = "macfleet_agent_memory_watermark_bytes"
 	MetricMemoryUsed      = "macfleet_agent_memory_used_bytes"
 	MetricMemoryCommitted = "macfleet_agent_memory_committed_bytes"
-	MetricMemoryPressure  = "macfleet_agent_memory_pressure_level"
+	MetricMemoryPressure  = "macfleet_agent_pressure_level"
 	MetricEvictions       = "macfleet_agent_evictions_total"
 	MetricFreedBytesTotal = "macfleet_agent_unload_freed_bytes_total"
 	MetricRunnerCrashes   = "macfleet_agent_runner_crashes_total"

@@ -111,6 +111,9 @@ func Run(ctx context.Context, cfg Config) error {
 		defaultID: strings.TrimSuffix(filepath.Base(cfg.ModelPath), filepath.Ext(cfg.ModelPath)),
 	}
 	s.ceiling.Store(cfg.CeilingBytes)
+	// Taken before the listening line: once the agent has read it, a parent exit is
+	// always noticed.
+	ppid := os.Getppid()
 
 	ln, err := listen(cfg)
 	if err != nil {
@@ -136,7 +139,7 @@ func Run(ctx context.Context, cfg Config) error {
 	s.log.Info("Listening", "addr", ev.Addr, "socket", ev.Socket, "model", cfg.ModelPath)
 
 	if cfg.ExitWithParent {
-		go s.watchParent(ctx, os.Getppid())
+		go s.watchParent(ctx, ppid)
 	}
 	loaded := make(chan error, 1)
 	go func() { loaded <- s.load() }()

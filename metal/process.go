@@ -329,7 +329,11 @@ func (f *ProcessFactory) Start(ctx context.Context, spec ModelSpec, ceilingBytes
 	// No Timeout on the client either: streams last as long as generation does.
 	r.client = &http.Client{Transport: r.transport}
 	listening := make(chan listenEvent, 1)
-	go r.readStdout(outR, listening)
+	stdoutEOF := make(chan struct{})
+	go func() {
+		defer close(stdoutEOF)
+		r.readStdout(outR, listening)
+	}()
 	go r.readStderr(errR)
 	go r.reap()
 
@@ -339,7 +343,17 @@ func (f *ProcessFactory) Start(ctx context.Context, spec ModelSpec, ceilingBytes
 	select {
 	case ev = <-listening:
 	case <-r.exited:
-		return nil, r.startFailure(errors.New("exited before listening"))
+		// It may have announced itself and then failed fast (a load error): read what
+		// it wrote before deciding, so that the failure is reported as a load failure.
+		select {
+		case <-stdoutEOF:
+		case <-time.After(time.Second):
+		}
+		select {
+		case ev = <-listening:
+		default:
+			return nil, r.startFailure(errors.New("exited before listening"))
+		}
 	case <-timer.C:
 		return nil, r.startFailure(fmt.Errorf("no listening line within %s", f.cfg.ListenTimeout))
 	case <-ctx.Done():

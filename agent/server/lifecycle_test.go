@@ -27,7 +27,9 @@ func TestConcurrentStreamsShareOneRunner(t *testing.T) {
 
 	opened := make([]*sseStream, streams)
 	for i := range opened {
-		opened[i] = a.openStream(ctx, true, "/v1/chat/completions", chatBody("tiny", maxTokens, true))
+		body := chatBody("tiny", maxTokens, true)
+		body["stream_options"] = map[string]any{"include_usage": true}
+		opened[i] = a.openStream(ctx, true, "/v1/chat/completions", body)
 		if _, err := opened[i].next(); err != nil {
 			t.Fatal(err)
 		}
@@ -46,9 +48,20 @@ func TestConcurrentStreamsShareOneRunner(t *testing.T) {
 	var g goGroup
 	for i, s := range opened {
 		g.Go(func() error {
+			// Complete: it ends with [DONE] after a usage chunk counting every token
+			// (how many SSE events carry them depends on how the text splits).
 			events := s.all()
-			if len(events) < maxTokens/2 || events[len(events)-1] != "[DONE]" {
-				return fmt.Errorf("stream %d: %d events ending %q; want a complete stream", i, len(events), events[len(events)-1])
+			if len(events) < 2 || events[len(events)-1] != "[DONE]" {
+				return fmt.Errorf("stream %d: %d events ending %q; want [DONE] last", i, len(events), events[len(events)-1])
+			}
+			var last struct {
+				Usage *struct {
+					CompletionTokens int `json:"completion_tokens"`
+				} `json:"usage"`
+			}
+			if err := json.Unmarshal([]byte(events[len(events)-2]), &last); err != nil || last.Usage == nil ||
+				last.Usage.CompletionTokens != maxTokens {
+				return fmt.Errorf("stream %d: last chunk %q; want usage with %d completion tokens", i, events[len(events)-2], maxTokens)
 			}
 			return nil
 		})

@@ -71,7 +71,10 @@ func parseFlags(args []string, stderr io.Writer) (server.Config, int, error) {
 	fs.IntVar(&cfg.Ctx, "ctx", 0, "total context in tokens across all slots (0: the model's training context per slot)")
 	fs.IntVar(&cfg.Parallel, "parallel", 1, "slots: sequences decoded together")
 	fs.IntVar(&cfg.Batch, "batch", 512, "most tokens decoded per step (n_batch)")
-	fs.IntVar(&cfg.Threads, "threads", runtime.NumCPU(), "CPU threads")
+	// One core is left to the agent and the runner's own Go code: ggml's thread
+	// barriers spin, and a descheduled thread stalls every step (on a busy 2-core host
+	// two threads decoded 10x slower than one).
+	fs.IntVar(&cfg.Threads, "threads", max(1, runtime.NumCPU()-1), "CPU threads")
 	fs.StringVar(&cfg.KVType, "kv-type", "f16", "KV cache type: f16, q8_0 or q4_0")
 	fs.Int64Var(&cfg.CeilingBytes, "ceiling-bytes", 0, "memory ceiling; prefill that would exceed it is refused (0: none)")
 	fs.StringVar(&cfg.Alias, "alias", "", "model name in responses")

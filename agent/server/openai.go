@@ -56,18 +56,9 @@ type generation struct {
 }
 
 func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
-	body, aerr := s.readBody(w, r)
-	if aerr != nil {
-		writeError(w, aerr)
-		return
-	}
 	var req api.ChatRequest
-	if e := api.DecodeJSON(body, &req); e != nil {
-		writeError(w, fromRunnerAPI(e))
-		return
-	}
-	if aerr := requireModel(req.Model); aerr != nil {
-		writeError(w, aerr)
+	body, ok := s.decodeRequest(w, r, &req, func() string { return req.Model })
+	if !ok {
 		return
 	}
 	if len(req.Messages) == 0 {
@@ -91,18 +82,9 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) handleCompletion(w http.ResponseWriter, r *http.Request) {
-	body, aerr := s.readBody(w, r)
-	if aerr != nil {
-		writeError(w, aerr)
-		return
-	}
 	var req api.CompletionRequest
-	if e := api.DecodeJSON(body, &req); e != nil {
-		writeError(w, fromRunnerAPI(e))
-		return
-	}
-	if aerr := requireModel(req.Model); aerr != nil {
-		writeError(w, aerr)
+	body, ok := s.decodeRequest(w, r, &req, func() string { return req.Model })
+	if !ok {
 		return
 	}
 	switch {
@@ -133,18 +115,9 @@ func (s *Server) handleCompletion(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) handleEmbeddings(w http.ResponseWriter, r *http.Request) {
-	body, aerr := s.readBody(w, r)
-	if aerr != nil {
-		writeError(w, aerr)
-		return
-	}
 	var req api.EmbeddingRequest
-	if e := api.DecodeJSON(body, &req); e != nil {
-		writeError(w, fromRunnerAPI(e))
-		return
-	}
-	if aerr := requireModel(req.Model); aerr != nil {
-		writeError(w, aerr)
+	body, ok := s.decodeRequest(w, r, &req, func() string { return req.Model })
+	if !ok {
 		return
 	}
 	switch {
@@ -289,4 +262,23 @@ func formatBytes(b int64) string {
 		return fmt.Sprintf("%.1f KiB", float64(b)/(1<<10))
 	}
 	return fmt.Sprintf("%d B", b)
+}
+
+// decodeRequest reads the body into req and checks that it names a model (model reads
+// it from req). On failure it has written the OpenAI error and returns false.
+func (s *Server) decodeRequest(w http.ResponseWriter, r *http.Request, req any, model func() string) ([]byte, bool) {
+	body, aerr := s.readBody(w, r)
+	if aerr != nil {
+		writeError(w, aerr)
+		return nil, false
+	}
+	if e := api.DecodeJSON(body, req); e != nil {
+		writeError(w, fromRunnerAPI(e))
+		return nil, false
+	}
+	if aerr := requireModel(model()); aerr != nil {
+		writeError(w, aerr)
+		return nil, false
+	}
+	return body, true
 }

@@ -1,0 +1,653 @@
+package engine
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/macfleet/macfleet/internal/ggufsynth"
+	"github.com/macfleet/macfleet/metal"
+)
+
+// workDir holds the macfleet binary and the synthesized models of one test binary.
+var workDir string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "macfleet-bench-engine-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	workDir = dir
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// runnerBinary returns the absolute path of $MACFLEET_RUNNER, or skips.
+func runnerBinary(b *testing.B) string {
+	b.Helper()
+	p := os.Getenv(metal.RunnerEnv)
+	if p == "" {
+		b.Skip("MACFLEET_RUNNER is not set, skipping the engine benchmarks: build the runner with `make runner` " +
+			"and run `MACFLEET_RUNNER=$PWD/bin/macfleet-runner hack/bench.sh engine` (or `make bench`)")
+	}
+	if !filepath.IsAbs(p) {
+		// hack/bench.sh runs from the module root; go test runs this package from its
+		// own directory.
+		if _, err := os.Stat(p); err != nil {
+			if root, rerr := moduleRoot(); rerr == nil {
+				p = filepath.Join(root, p)
+			}
+		}
+	}
+	abs, err := filepath.Abs(p)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if _, err := os.Stat(abs); err != nil {
+		b.Fatalf("MACFLEET_RUNNER=%s: %v", p, err)
+	}
+	return abs
+}
+
+// moduleRoot walks up from the working directory to the directory holding go.mod.
+func moduleRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", errors.New("go.mod not found above the working directory")
+		}
+		dir = parent
+	}
+}
+
+var (
+	buildOnce sync.Once
+	buildPath string
+	buildErr  error
+)
+
+// macfleetBinary builds ./cmd/macfleet once per test binary with CGO_ENABLED=0, as it
+// ships, unless $MACFLEET_BIN names a prebuilt one.
+func macfleetBinary(b *testing.B) string {
+	b.Helper()
+	if p := os.Getenv("MACFLEET_BIN"); p != "" {
+		abs, err := filepath.Abs(p)
+		if err != nil {
+			b.Fatal(err)
+		}
+		return abs
+	}
+	buildOnce.Do(func() {
+		goBin, err := exec.LookPath("go")
+		if err != nil {
+			buildErr = fmt.Errorf("finding the go command to build macfleet: %w", err)
+			return
+		}
+		buildPath = filepath.Join(workDir, "macfleet")
+		cmd := exec.Command(goBin, "build", "-trimpath", "-o", buildPath, "github.com/macfleet/macfleet/cmd/macfleet")
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			buildErr = fmt.Errorf("building cmd/macfleet: %w\n%s", err, out)
+		}
+	})
+	if buildErr != nil {
+		b.Fatal(buildErr)
+	}
+	return buildPath
+}
+
+var (
+	modelsMu sync.Mutex
+	models   = map[string]string{}
+)
+
+// Models the benchmarks synthesize: the presets, a second mid-sized model with other
+// weights, and a large one (the mid model with 56 layers, ≈ 890 MB).
+const (
+	modelMid   = "mid"
+	modelMidB  = "mid-b"
+	modelSmall = "small"
+	modelLarge = "large"
+)
+
+// modelPath synthesizes one of the models above once per test binary.
+func modelPath(b *testing.B, name string) string {
+	b.Helper()
+	modelsMu.Lock()
+	defer modelsMu.Unlock()
+	if p, ok := models[name]; ok {
+		return p
+	}
+	var spec ggufsynth.Spec
+	switch name {
+	case modelMid:
+		spec = ggufsynth.Mid()
+	case modelMidB:
+		spec = ggufsynth.Mid()
+		spec.Seed = 2
+	case modelSmall:
+		spec = ggufsynth.Small()
+	case modelLarge:
+		spec = ggufsynth.Mid()
+		spec.Name, spec.Layers = "macfleet-large", 56
+	default:
+		b.Fatalf("unknown benchmark model %q", name)
+	}
+	p := filepath.Join(workDir, name+".gguf")
+	if err := ggufsynth.Write(p, spec); err != nil {
+		b.Fatal(err)
+	}
+	// Write the file back to disk now, as a model file at rest would be: a freshly
+	// written one is dirty page cache whose writeback disturbs the memory gauges.
+	if err := syncFile(p); err != nil {
+		b.Fatal(err)
+	}
+	models[name] = p
+	return p
+}
+
+func syncFile(p string) error {
+	f, err := os.Open(p)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return f.Sync()
+}
+
+// served is one model given to `macfleet serve --model`.
+type served struct {
+	name     string // also the synthesized model's name
+	ctx      int    // context per sequence; the runner holds ctx × parallel tokens
+	parallel int
+}
+
+// agent is one `macfleet serve` process on a loopback port.
+type agent struct {
+	b      *testing.B
+	cmd    *exec.Cmd
+	stderr *lockedBuffer
+	exited chan struct{}
+	waitEr error
+	endpoint
+}
+
+// startAgent runs `macfleet serve` with the given models (all OnDemand, never idle out
+// during the benchmark), waits for /readyz and loads every model through the admin API.
+func startAgent(b *testing.B, ms ...served) *agent {
+	b.Helper()
+	runner := runnerBinary(b)
+	bin := macfleetBinary(b)
+	addr := freeLoopbackAddr(b)
+	// The runners' output goes to the agent's stderr, shown if the benchmark fails.
+	args := []string{"serve", "--listen", addr, "--runner", runner, "--idle-timeout", "1h", "--runner-output"}
+	for _, m := range ms {
+		args = append(args, "--model", fmt.Sprintf("%s=%s:ctx=%d,parallel=%d", m.name, modelPath(b, m.name), m.ctx, max(m.parallel, 1)))
+	}
+	cmd := exec.Command(bin, args...)
+	cmd.Env = append(os.Environ(), metal.RunnerEnv+"="+runner)
+	a := &agent{b: b, cmd: cmd, stderr: &lockedBuffer{}, exited: make(chan struct{}),
+		endpoint: endpoint{name: "agent", base: "http://" + addr, client: newClient(nil)}}
+	cmd.Stdout, cmd.Stderr = a.stderr, a.stderr
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	go func() {
+		a.waitEr = cmd.Wait()
+		close(a.exited)
+	}()
+	b.Cleanup(func() {
+		a.stop()
+		if b.Failed() {
+			b.Logf("macfleet serve output:\n%s", tail(a.stderr.String(), 6000))
+		}
+	})
+	a.poll(30*time.Second, "GET /readyz answers 200", func() bool {
+		resp, err := a.client.Get(a.base + "/readyz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	})
+	for _, m := range ms {
+		a.load(m.name)
+	}
+	return a
+}
+
+// stop sends SIGTERM (the agent drains and unloads every model) and waits; SIGKILL
+// after 60 s. The runners die with the agent in any case.
+func (a *agent) stop() {
+	select {
+	case <-a.exited:
+		return
+	default:
+	}
+	_ = a.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-a.exited:
+	case <-time.After(60 * time.Second):
+		_ = a.cmd.Process.Kill()
+		<-a.exited
+	}
+}
+
+// poll checks cond every 10 ms until it holds; it fails the benchmark after timeout or
+// when the agent exits.
+func (a *agent) poll(timeout time.Duration, what string, cond func() bool) {
+	a.b.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		select {
+		case <-a.exited:
+			a.b.Fatalf("macfleet serve exited (%v) while waiting until %s; output:\n%s", a.waitEr, what,
+				tail(a.stderr.String(), 6000))
+		default:
+		}
+		if time.Now().After(deadline) {
+			a.b.Fatalf("timed out after %v waiting until %s", timeout, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// statusResponse is the body of GET /api/status.
+type statusResponse struct {
+	Ready bool `json:"ready"`
+	metal.Snapshot
+}
+
+// modelActionResponse is the body of POST /api/models/{id}/load and .../unload.
+type modelActionResponse struct {
+	Model      string              `json:"model"`
+	State      metal.State         `json:"state"`
+	Unloaded   bool                `json:"unloaded"`
+	LastUnload *metal.UnloadReport `json:"lastUnload"`
+}
+
+func (a *agent) status() statusResponse {
+	a.b.Helper()
+	var st statusResponse
+	if code := a.do(http.MethodGet, "/api/status", &st); code != http.StatusOK {
+		a.b.Fatalf("GET /api/status: %d", code)
+	}
+	return st
+}
+
+func (a *agent) model(name string) metal.ModelSnapshot {
+	a.b.Helper()
+	for _, m := range a.status().Models {
+		if m.Name == name {
+			return m
+		}
+	}
+	a.b.Fatalf("model %q is not in /api/status", name)
+	return metal.ModelSnapshot{}
+}
+
+// load loads a model and waits until it is Ready.
+func (a *agent) load(name string) {
+	a.b.Helper()
+	var out modelActionResponse
+	if code := a.do(http.MethodPost, "/api/models/"+name+"/load", &out); code != http.StatusOK || out.State != metal.StateReady {
+		a.b.Fatalf("POST /api/models/%s/load: %d, state %q", name, code, out.State)
+	}
+}
+
+// unload unloads a model, waiting for its report, and returns the answer.
+func (a *agent) unload(name string) modelActionResponse {
+	a.b.Helper()
+	var out modelActionResponse
+	if code := a.do(http.MethodPost, "/api/models/"+name+"/unload?wait=true", &out); code != http.StatusOK {
+		a.b.Fatalf("POST /api/models/%s/unload?wait=true: %d", name, code)
+	}
+	return out
+}
+
+// do sends an admin request with no body and decodes the JSON answer into v.
+func (a *agent) do(method, path string, v any) int {
+	a.b.Helper()
+	code, err := a.call(context.Background(), method, path, v)
+	if err != nil {
+		a.b.Fatal(err)
+	}
+	return code
+}
+
+// call is do that returns its error, for other goroutines than the benchmark's.
+func (a *agent) call(ctx context.Context, method, path string, v any) (int, error) {
+	req, err := http.NewRequestWithContext(ctx, method, a.base+path, http.NoBody)
+	if err != nil {
+		return 0, err
+	}
+	resp, err := a.client.Do(req)
+	if err != nil {
+		return 0, fmt.Errorf("%s %s: %w", method, path, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return resp.StatusCode, fmt.Errorf("%s %s: reading: %w", method, path, err)
+	}
+	if err := json.Unmarshal(body, v); err != nil {
+		return resp.StatusCode, fmt.Errorf("%s %s: %d: decoding %q: %w", method, path, resp.StatusCode, tail(string(body), 500), err)
+	}
+	return resp.StatusCode, nil
+}
+
+// direct returns an endpoint talking to the socket of the runner the agent started for
+// model, bypassing the agent: the same process, model and KV cache, so a comparison
+// against the agent isolates what the agent's path adds.
+func (a *agent) direct(model string) endpoint {
+	a.b.Helper()
+	m := a.model(model)
+	if m.PID == 0 {
+		a.b.Fatalf("model %q has no runner (state %s)", model, m.State)
+	}
+	args, err := processArgs(m.PID)
+	if err != nil {
+		a.b.Fatalf("reading the arguments of runner %d: %v", m.PID, err)
+	}
+	for i, arg := range args {
+		if i+1 >= len(args) {
+			break
+		}
+		switch arg {
+		case "--socket":
+			sock := args[i+1]
+			return endpoint{name: "direct", base: "http://runner", client: newClient(func(ctx context.Context) (net.Conn, error) {
+				var d net.Dialer
+				return d.DialContext(ctx, "unix", sock)
+			})}
+		case "--addr":
+			return endpoint{name: "direct", base: "http://" + args[i+1], client: newClient(nil)}
+		}
+	}
+	a.b.Fatalf("runner %d was started without --socket or --addr: %q", m.PID, args)
+	return endpoint{}
+}
+
+// processArgs returns a process's command line: /proc on Linux, ps elsewhere.
+func processArgs(pid int) ([]string, error) {
+	if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid)); err == nil {
+		return strings.Split(strings.TrimRight(string(b), "\x00"), "\x00"), nil
+	}
+	out, err := exec.Command("ps", "-ww", "-o", "args=", "-p", strconv.Itoa(pid)).Output()
+	if err != nil {
+		return nil, err
+	}
+	return strings.Fields(string(out)), nil
+}
+
+// freeLoopbackAddr returns a loopback address with a port free a moment ago.
+func freeLoopbackAddr(b *testing.B) string {
+	b.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// newClient returns an HTTP client that keeps its connections alive; dial, when set,
+// replaces TCP (a unix socket).
+func newClient(dial func(ctx context.Context) (net.Conn, error)) *http.Client {
+	t := &http.Transport{DisableCompression: true, MaxIdleConnsPerHost: 16, IdleConnTimeout: 5 * time.Minute}
+	if dial != nil {
+		t.DialContext = func(ctx context.Context, _, _ string) (net.Conn, error) { return dial(ctx) }
+	}
+	return &http.Client{Transport: t}
+}
+
+// endpoint speaks the OpenAI API: the agent, or a runner directly.
+type endpoint struct {
+	name   string
+	base   string
+	client *http.Client
+}
+
+// chatRequest is a greedy, streamed chat completion asking for its usage.
+type chatRequest struct {
+	Model         string          `json:"model"`
+	Messages      []chatMessage   `json:"messages"`
+	MaxTokens     int             `json:"max_tokens"`
+	Temperature   float64         `json:"temperature"`
+	Seed          int64           `json:"seed"`
+	Stream        bool            `json:"stream"`
+	StreamOptions map[string]bool `json:"stream_options"`
+}
+
+type chatMessage struct {
+	Role    string `json:"role"`
+	Content string `json:"content"`
+}
+
+// chunk is what the benchmarks read of a chat.completion.chunk.
+type chunk struct {
+	Choices []struct {
+		Delta struct {
+			Content string `json:"content"`
+		} `json:"delta"`
+		FinishReason *string `json:"finish_reason"`
+	} `json:"choices"`
+	Usage *struct {
+		PromptTokens     int `json:"prompt_tokens"`
+		CompletionTokens int `json:"completion_tokens"`
+	} `json:"usage"`
+	Error *struct {
+		Message string `json:"message"`
+	} `json:"error"`
+}
+
+// stream is the timing of one streamed completion, every offset from the moment the
+// request was sent.
+type stream struct {
+	// ttft is the offset of the first chunk carrying text.
+	ttft time.Duration
+	// pieces are the offsets of every chunk carrying text.
+	pieces []time.Duration
+	// finish is the offset of the chunk carrying finish_reason.
+	finish           time.Duration
+	finishReason     string
+	promptTokens     int
+	completionTokens int
+	text             string
+}
+
+// decodeRate is tokens per second after the first: completion tokens minus one over
+// the time from the first text to the finish chunk.
+func (s stream) decodeRate() float64 {
+	d := s.finish - s.ttft
+	if d <= 0 || s.completionTokens < 2 {
+		return 0
+	}
+	return float64(s.completionTokens-1) / d.Seconds()
+}
+
+// gaps are the inter-token latencies: the time between consecutive text chunks.
+func (s stream) gaps() []time.Duration {
+	var out []time.Duration
+	for i := 1; i < len(s.pieces); i++ {
+		out = append(out, s.pieces[i]-s.pieces[i-1])
+	}
+	return out
+}
+
+// chat streams a greedy chat completion of maxTokens tokens. onPiece, when set, is
+// called after every text chunk with the number of chunks so far. The stream must end
+// with [DONE] and report its usage.
+func (e endpoint) chat(ctx context.Context, model, prompt string, maxTokens int, onPiece func(n int)) (stream, error) {
+	body, err := json.Marshal(chatRequest{Model: model, Messages: []chatMessage{{Role: "user", Content: prompt}},
+		MaxTokens: maxTokens, Temperature: 0, Seed: 1, Stream: true,
+		StreamOptions: map[string]bool{"include_usage": true}})
+	if err != nil {
+		return stream{}, err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, e.base+"/v1/chat/completions", bytes.NewReader(body))
+	if err != nil {
+		return stream{}, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "text/event-stream")
+	start := time.Now()
+	resp, err := e.client.Do(req)
+	if err != nil {
+		return stream{}, fmt.Errorf("%s: %w", e.name, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(resp.Body)
+		return stream{}, fmt.Errorf("%s: %s: %s", e.name, resp.Status, tail(string(b), 500))
+	}
+	var (
+		s    stream
+		text strings.Builder
+		br   = bufio.NewReaderSize(resp.Body, 64<<10)
+		done bool
+	)
+	for !done {
+		line, err := br.ReadSlice('\n')
+		at := time.Since(start)
+		if err != nil {
+			return s, fmt.Errorf("%s: stream ended without [DONE]: %w", e.name, err)
+		}
+		data, ok := bytes.CutPrefix(bytes.TrimRight(line, "\r\n"), []byte("data: "))
+		if !ok {
+			continue // the blank line between events
+		}
+		if string(data) == "[DONE]" {
+			done = true
+			continue
+		}
+		var c chunk
+		if err := json.Unmarshal(data, &c); err != nil {
+			return s, fmt.Errorf("%s: bad event %q: %w", e.name, data, err)
+		}
+		if c.Error != nil {
+			return s, fmt.Errorf("%s: error event: %s", e.name, c.Error.Message)
+		}
+		if c.Usage != nil {
+			s.promptTokens, s.completionTokens = c.Usage.PromptTokens, c.Usage.CompletionTokens
+		}
+		for _, ch := range c.Choices {
+			if ch.Delta.Content != "" {
+				if len(s.pieces) == 0 {
+					s.ttft = at
+				}
+				s.pieces = append(s.pieces, at)
+				text.WriteString(ch.Delta.Content)
+				if onPiece != nil {
+					onPiece(len(s.pieces))
+				}
+			}
+			if ch.FinishReason != nil {
+				s.finish, s.finishReason = at, *ch.FinishReason
+			}
+		}
+	}
+	s.text = text.String()
+	switch {
+	case s.completionTokens == 0:
+		return s, fmt.Errorf("%s: the stream reported no usage", e.name)
+	case len(s.pieces) == 0 || s.finishReason == "":
+		return s, fmt.Errorf("%s: the stream had %d text chunks and finish reason %q", e.name, len(s.pieces), s.finishReason)
+	}
+	return s, nil
+}
+
+// mustChat is chat that fails the benchmark on an error, and unless the generation
+// ran to maxTokens: every figure compares generations of the same length.
+func (e endpoint) mustChat(b *testing.B, model, prompt string, maxTokens int, onPiece func(int)) stream {
+	b.Helper()
+	s, err := e.chat(context.Background(), model, prompt, maxTokens, onPiece)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if s.completionTokens != maxTokens || s.finishReason != "length" {
+		b.Fatalf("%s: prompt %q generated %d of %d tokens (finish %q): pick a prompt that runs to max_tokens",
+			e.name, prompt, s.completionTokens, maxTokens, s.finishReason)
+	}
+	return s
+}
+
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+func tail(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return "..." + s[len(s)-n:]
+}
+
+// reportOthers reports the CPU other processes used during the measurement and
+// returns it for the benchmark's log line.
+func reportOthers(b *testing.B, m *cpuMeter) string {
+	if c, ok := m.others(); ok {
+		b.ReportMetric(c, "other-cpus")
+	}
+	return m.describe()
+}
+
+// tokenize times POST /tokenize of the chat prompt: the round trip the agent makes to
+// the runner before proxying a chat completion (its prefill guard counts the tokens).
+func (e endpoint) tokenize(b *testing.B, model, prompt string) time.Duration {
+	b.Helper()
+	body, err := json.Marshal(map[string]any{"model": model, "messages": []chatMessage{{Role: "user", Content: prompt}}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	start := time.Now()
+	resp, err := e.client.Post(e.base+"/tokenize", "application/json", bytes.NewReader(body))
+	if err != nil {
+		b.Fatalf("%s: POST /tokenize: %v", e.name, err)
+	}
+	defer resp.Body.Close()
+	var out struct {
+		Count int `json:"count"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil || resp.StatusCode != http.StatusOK || out.Count == 0 {
+		b.Fatalf("%s: POST /tokenize: %s, count %d, %v", e.name, resp.Status, out.Count, err)
+	}
+	return time.Since(start)
+}

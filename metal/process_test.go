@@ -22,6 +22,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/macfleet/macfleet/internal/ggufsynth"
+	"github.com/macfleet/macfleet/internal/syncbuf"
 )
 
 // TestProcessRunner runs real processes of metal/internal/fakerunner, a program that
@@ -37,7 +38,7 @@ func TestProcessRunner(t *testing.T) {
 
 	t.Run("ReadyAndControlCalls", func(t *testing.T) {
 		t.Parallel()
-		var out procSyncBuffer
+		var out syncbuf.Buffer
 		f := NewProcessFactory(ProcessConfig{RunnerPath: bin, Output: &out, Threads: 2,
 			Args: []string{"--fake-load-time", "200ms", "--fake-chatty"}})
 		ctx := t.Context()
@@ -448,7 +449,7 @@ func TestProcessRunnerRealRunner(t *testing.T) {
 	if err := ggufsynth.Write(model, ggufsynth.Tiny()); err != nil {
 		t.Fatal(err)
 	}
-	var out procSyncBuffer
+	var out syncbuf.Buffer
 	f := NewProcessFactory(ProcessConfig{RunnerPath: bin, Threads: 2, Output: &out})
 	spec := ModelSpec{Name: "tiny", Path: model, ContextLength: 1024, Parallel: 2}
 	began := time.Now()
@@ -726,22 +727,4 @@ func procStream(ctx context.Context, r Runner, maxTokens int) ([]string, error) 
 		return events, io.ErrUnexpectedEOF
 	}
 	return events, nil
-}
-
-// procSyncBuffer is a bytes.Buffer safe for concurrent writers.
-type procSyncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *procSyncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *procSyncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/macfleet/macfleet/internal/ggufsynth"
+	"github.com/macfleet/macfleet/internal/syncbuf"
 	"github.com/macfleet/macfleet/metal"
 )
 
@@ -190,7 +191,7 @@ type served struct {
 type agent struct {
 	b      *testing.B
 	cmd    *exec.Cmd
-	stderr *lockedBuffer
+	stderr *syncbuf.Buffer
 	exited chan struct{}
 	waitEr error
 	endpoint
@@ -210,7 +211,7 @@ func startAgent(b *testing.B, ms ...served) *agent {
 	}
 	cmd := exec.Command(bin, args...)
 	cmd.Env = append(os.Environ(), metal.RunnerEnv+"="+runner)
-	a := &agent{b: b, cmd: cmd, stderr: &lockedBuffer{}, exited: make(chan struct{}),
+	a := &agent{b: b, cmd: cmd, stderr: &syncbuf.Buffer{}, exited: make(chan struct{}),
 		endpoint: endpoint{name: "agent", base: "http://" + addr, client: newClient(nil)}}
 	cmd.Stdout, cmd.Stderr = a.stderr, a.stderr
 	if err := cmd.Start(); err != nil {
@@ -594,23 +595,6 @@ func (e endpoint) mustChat(b *testing.B, model, prompt string, maxTokens int, on
 			e.name, prompt, s.completionTokens, maxTokens, s.finishReason)
 	}
 	return s
-}
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 func tail(s string, n int) string {

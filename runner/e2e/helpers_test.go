@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"github.com/macfleet/macfleet/internal/ggufsynth"
+	"github.com/macfleet/macfleet/internal/syncbuf"
 	"github.com/macfleet/macfleet/runner/api"
 )
 
@@ -88,26 +89,9 @@ type runner struct {
 	cmd     *exec.Cmd
 	base    string
 	client  *http.Client
-	stderr  *lockedBuffer
+	stderr  *syncbuf.Buffer
 	exited  chan struct{}
 	waitErr error
-}
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 // startRunner starts the runner on modelPath with extra flags, waits for its listening
@@ -133,7 +117,7 @@ func startRunner(t testing.TB, modelPath string, flags ...string) *runner {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &runner{t: t, cmd: cmd, stderr: &lockedBuffer{}, exited: make(chan struct{})}
+	r := &runner{t: t, cmd: cmd, stderr: &syncbuf.Buffer{}, exited: make(chan struct{})}
 	cmd.Stderr = r.stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

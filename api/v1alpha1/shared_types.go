@@ -19,6 +19,20 @@ const (
 	NodeLeaseNamespace = "macfleet-node-lease"
 	// ReplicaNodeNameField is the selectable field agents use to watch only their replicas.
 	ReplicaNodeNameField = "spec.nodeName"
+	// SystemNamespace is where the manager, the gateway and the fleet token live.
+	SystemNamespace = "macfleet-system"
+	// NodeIdentityNamespace holds one ServiceAccount per Mac, named like its MacNode;
+	// the agent of that Mac authenticates as it.
+	NodeIdentityNamespace = "macfleet-nodes"
+	// AgentClusterRole is the ClusterRole bound to every node identity.
+	AgentClusterRole = "macfleet-agent"
+	// FleetTokenSecret (in SystemNamespace) holds the token that the gateway and other
+	// in-cluster clients present to agents, under FleetTokenKey.
+	FleetTokenSecret = "macfleet-fleet-token"
+	FleetTokenKey    = "token"
+	// HeaderReplica is set by the gateway on requests it forwards to an agent: the
+	// namespace/name of the ModelReplica that must serve the request.
+	HeaderReplica = "X-Macfleet-Replica"
 )
 
 // Residency says how a model stays in a Mac's memory.

@@ -243,7 +243,7 @@ func TestMacNodeValidation(t *testing.T) {
 	}
 }
 
-// TestSamplesApplyAndPrint applies config/samples with kubectl and checks that
+// TestSamplesApplyAndPrint applies config/samples and docs/examples with kubectl and checks that
 // `kubectl get md,mr,mn` prints the printer columns.
 func TestSamplesApplyAndPrint(t *testing.T) {
 	root, err := testenv.RepoRoot()
@@ -268,7 +268,7 @@ func TestSamplesApplyAndPrint(t *testing.T) {
 		}
 		return string(out)
 	}
-	kubectl("apply", "-n", ns, "-f", filepath.Join(root, "config", "samples"))
+	kubectl("apply", "-n", ns, "-f", filepath.Join(root, "config", "samples"), "-f", filepath.Join(root, "docs", "examples"))
 
 	mn := &mfv1.MacNode{ObjectMeta: metav1.ObjectMeta{Name: "print-mac"}}
 	if err := env.Client.Create(t.Context(), mn); err != nil {
@@ -292,7 +292,7 @@ func TestSamplesApplyAndPrint(t *testing.T) {
 		columns []string
 		names   []string
 	}{
-		{kind: "md", columns: []string{"NAME", "READY", "MODEL", "MEMORY", "NODES", "AGE"}, names: []string{"qwen-7b", "nomic-embed", "llama-8b-local"}},
+		{kind: "md", columns: []string{"NAME", "READY", "MODEL", "MEMORY", "NODES", "AGE"}, names: []string{"qwen-7b", "nomic-embed", "llama-8b-local", "tiny-chat", "tiny-chat-ondemand"}},
 		{kind: "mr", columns: []string{"NAME", "NODE", "READY", "PHASE", "RESERVED", "RESIDENT", "AGE"}, names: []string{"print-replica"}},
 		{kind: "mn", columns: []string{"NAME", "READY", "CHIP", "CEILING", "USED", "COMMITTED", "PRESSURE", "AGE"}, names: []string{"print-mac"}},
 	} {

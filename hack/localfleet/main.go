@@ -1,0 +1,76 @@
+// Command localfleet runs a whole macfleet on this machine for `make demo`: kube-apiserver
+// and etcd, the manager, the gateway, two agents simulating Macs with different memory
+// ceilings, and an HTTP server holding a synthesized model (internal/localfleet). Once
+// the fleet is up it writes an env file (KUBECONFIG, GATEWAY, ...) that hack/demo.sh
+// sources, and runs until interrupted.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/macfleet/macfleet/internal/ggufsynth"
+	"github.com/macfleet/macfleet/internal/localfleet"
+)
+
+func main() {
+	var (
+		dir     = flag.String("dir", ".cache/demo/fleet", "directory for kubeconfigs, logs, model stores and models")
+		binary  = flag.String("binary", "bin/macfleet", "the macfleet executable")
+		runner  = flag.String("runner", "bin/macfleet-runner", "the runner executable")
+		envFile = flag.String("env-file", ".cache/demo/fleet.env", "written once the fleet is up")
+		models  = flag.String("models-addr", "127.0.0.1:18090", "where the model server listens (config/samples/ name it)")
+	)
+	flag.Parse()
+	if err := run(*dir, *binary, *runner, *envFile, *models); err != nil {
+		fmt.Fprintln(os.Stderr, "localfleet:", err)
+		os.Exit(1)
+	}
+}
+
+func run(dir, binary, runner, envFile, modelsAddr string) error {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	_ = os.Remove(envFile)
+	if err := os.RemoveAll(dir); err != nil {
+		return err
+	}
+	start := time.Now()
+	startCtx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+	defer cancel()
+	fleet, err := localfleet.Start(startCtx, localfleet.Options{Binary: binary, Runner: runner, Dir: dir, ModelsAddr: modelsAddr, Log: os.Stdout})
+	if err != nil {
+		return err
+	}
+	defer fleet.Stop()
+
+	// The model the samples in config/samples/ name: a synthesized chat model, served
+	// by the fleet's model server as a model hub would serve a real one.
+	spec, err := ggufsynth.Preset("small")
+	if err != nil {
+		return err
+	}
+	if err := ggufsynth.Write(filepath.Join(fleet.ModelsDir, "tiny-chat.gguf"), spec); err != nil {
+		return err
+	}
+
+	env := fmt.Sprintf("KUBECONFIG=%s\nGATEWAY=%s\nMODELS_URL=%s\nFLEET_TOKEN=%s\nLOGS=%s\n",
+		fleet.AdminKubeconfig, fleet.GatewayURL, fleet.ModelsURL, fleet.FleetToken, fleet.LogDir())
+	if err := os.WriteFile(envFile+".tmp", []byte(env), 0o600); err != nil {
+		return err
+	}
+	if err := os.Rename(envFile+".tmp", envFile); err != nil {
+		return err
+	}
+	fmt.Printf("Fleet up in %.1fs\n", time.Since(start).Seconds())
+	<-ctx.Done()
+	stop() // a second Ctrl-C kills at once
+	fmt.Println("\nStopping the fleet")
+	return nil
+}

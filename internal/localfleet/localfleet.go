@@ -1,0 +1,575 @@
+// Package localfleet starts a whole macfleet on one machine from the real binaries: a
+// kube-apiserver and etcd (the envtest binaries), `macfleet manager`, `macfleet
+// gateway`, one `macfleet agent` per simulated Mac (each with its own node credential
+// and memory ceiling) and an HTTP server holding model files. `make demo` runs it
+// through hack/localfleet and the end-to-end tests in test/e2e drive it directly.
+//
+// The fleet's components reach the API server through a TCP relay (Fleet.CutAPIServer
+// and RestoreAPIServer make the API server unreachable and reachable again), and each
+// agent listens on the host's first non-loopback IPv4 address: the API server refuses
+// loopback addresses in EndpointSlices.
+package localfleet
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/clientcmd"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/macfleet/macfleet/api/v1alpha1"
+	"github.com/macfleet/macfleet/internal/testenv"
+)
+
+// Node is one simulated Mac.
+type Node struct {
+	// Name is the MacNode's name.
+	Name string
+	// MemoryCeiling is the agent's --memory-ceiling, e.g. "2Gi".
+	MemoryCeiling string
+	// Chip and UnifiedMemory are what the agent reports as its hardware.
+	Chip          string
+	UnifiedMemory string
+}
+
+// Options configure a fleet.
+type Options struct {
+	// Binary is the macfleet executable (bin/macfleet).
+	Binary string
+	// Runner is the runner executable (bin/macfleet-runner).
+	Runner string
+	// Dir holds the fleet's kubeconfigs, logs, model store, state and models.
+	Dir string
+	// Nodes are the simulated Macs; two different ones when empty.
+	Nodes []Node
+	// NodeLossGrace is the manager's --node-loss-grace; 0 leaves its default.
+	NodeLossGrace time.Duration
+	// LeaseDuration is each agent's --lease-duration; 0 leaves its default.
+	LeaseDuration time.Duration
+	// ModelsAddr is where the model server listens; 127.0.0.1 on a free port when empty.
+	ModelsAddr string
+	// AgentArgs are extra arguments for every agent.
+	AgentArgs []string
+	// Log receives one line per step; nil discards them.
+	Log io.Writer
+}
+
+// DefaultNodes are two Macs with different memory ceilings.
+var DefaultNodes = []Node{
+	{Name: "mac-studio-1", MemoryCeiling: "3Gi", Chip: "Apple M2 Ultra (simulated)", UnifiedMemory: "64Gi"},
+	{Name: "mac-mini-1", MemoryCeiling: "1536Mi", Chip: "Apple M4 (simulated)", UnifiedMemory: "16Gi"},
+}
+
+// Fleet is a running local fleet.
+type Fleet struct {
+	opts Options
+	// Env is the API server; Env.Client is an admin client straight to it.
+	Env *testenv.Env
+	// Client is an admin client.
+	Client client.Client
+	// AdminKubeconfig is a kubeconfig file for an admin, through the relay.
+	AdminKubeconfig string
+	// GatewayURL is the gateway's base URL (http://127.0.0.1:port).
+	GatewayURL string
+	// ModelsURL is the base URL of the model server; files in ModelsDir are under it.
+	ModelsURL string
+	ModelsDir string
+	// FleetToken authenticates calls to the agents.
+	FleetToken string
+	// HostIP is the address the agents listen on.
+	HostIP string
+
+	relay   *relay
+	manager *Process
+	gateway *Process
+	models  *http.Server
+
+	mu     sync.Mutex
+	agents map[string]*Agent
+}
+
+// Agent is one simulated Mac's agent.
+type Agent struct {
+	Node Node
+	// Addr is host:port of its HTTP API.
+	Addr       string
+	Kubeconfig string
+	StateDir   string
+	proc       *Process
+}
+
+// Start brings up a fleet and waits until every Mac is Ready and the gateway serves.
+// The context bounds the start only; Stop ends the fleet.
+func Start(ctx context.Context, opts Options) (_ *Fleet, err error) {
+	if opts.Log == nil {
+		opts.Log = io.Discard
+	}
+	if len(opts.Nodes) == 0 {
+		opts.Nodes = DefaultNodes
+	}
+	for _, p := range []*string{&opts.Binary, &opts.Runner, &opts.Dir} {
+		if *p, err = filepath.Abs(*p); err != nil {
+			return nil, err
+		}
+	}
+	for _, bin := range []string{opts.Binary, opts.Runner} {
+		if st, err := os.Stat(bin); err != nil || st.IsDir() {
+			return nil, fmt.Errorf("localfleet: %s is missing: run `make build runner`", bin)
+		}
+	}
+	f := &Fleet{opts: opts, agents: map[string]*Agent{}, ModelsDir: filepath.Join(opts.Dir, "models")}
+	defer func() {
+		if err != nil {
+			f.Stop()
+		}
+	}()
+	for _, d := range []string{opts.Dir, f.ModelsDir, filepath.Join(opts.Dir, "logs")} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return nil, err
+		}
+	}
+	if f.HostIP, err = HostIP(); err != nil {
+		return nil, err
+	}
+
+	f.logf("Starting kube-apiserver and etcd")
+	if f.Env, err = testenv.New(testenv.WithScheme(v1alpha1.AddToScheme)); err != nil {
+		return nil, err
+	}
+	f.Client = f.Env.Client
+	if f.relay, err = newRelay(f.Env.Config.Host); err != nil {
+		return nil, err
+	}
+	if f.AdminKubeconfig, err = f.writeKubeconfig(f.Env.KubeConfig, "admin.kubeconfig"); err != nil {
+		return nil, err
+	}
+	if err := f.installManifests(ctx); err != nil {
+		return nil, err
+	}
+
+	if err := f.serveModels(); err != nil {
+		return nil, err
+	}
+
+	f.logf("Starting the manager")
+	probe, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	margs := []string{"manager", "--kubeconfig", f.AdminKubeconfig, "--metrics-bind-address", "0",
+		"--health-probe-bind-address", "127.0.0.1:" + strconv.Itoa(probe)}
+	if opts.NodeLossGrace > 0 {
+		margs = append(margs, "--node-loss-grace", opts.NodeLossGrace.String())
+	}
+	if f.manager, err = f.start("manager", margs...); err != nil {
+		return nil, err
+	}
+	if err := waitHTTP(ctx, fmt.Sprintf("http://127.0.0.1:%d/readyz", probe), f.manager); err != nil {
+		return nil, fmt.Errorf("the manager: %w", err)
+	}
+
+	for _, n := range opts.Nodes {
+		if err := f.addAgent(ctx, n); err != nil {
+			return nil, err
+		}
+	}
+	if f.FleetToken, err = f.readFleetToken(ctx); err != nil {
+		return nil, err
+	}
+	tokenFile := filepath.Join(opts.Dir, "fleet-token")
+	if err := os.WriteFile(tokenFile, []byte(f.FleetToken), 0o600); err != nil {
+		return nil, err
+	}
+
+	f.logf("Starting the gateway")
+	gw, gwProbe := 0, 0
+	if gw, err = freePort(); err == nil {
+		gwProbe, err = freePort()
+	}
+	if err != nil {
+		return nil, err
+	}
+	f.GatewayURL = "http://127.0.0.1:" + strconv.Itoa(gw)
+	if f.gateway, err = f.start("gateway", "gateway", "--kubeconfig", f.AdminKubeconfig,
+		"--listen", "127.0.0.1:"+strconv.Itoa(gw), "--metrics-bind-address", "0",
+		"--health-probe-bind-address", "127.0.0.1:"+strconv.Itoa(gwProbe),
+		"--fleet-token-file", tokenFile); err != nil {
+		return nil, err
+	}
+	if err := waitHTTP(ctx, fmt.Sprintf("http://127.0.0.1:%d/readyz", gwProbe), f.gateway); err != nil {
+		return nil, fmt.Errorf("the gateway: %w", err)
+	}
+
+	for _, n := range opts.Nodes {
+		if err := f.WaitNodeReady(ctx, n.Name); err != nil {
+			return nil, err
+		}
+	}
+	f.logf("Fleet up: %d Macs, gateway %s", len(opts.Nodes), f.GatewayURL)
+	return f, nil
+}
+
+func (f *Fleet) logf(format string, args ...any) {
+	fmt.Fprintf(f.opts.Log, "%s localfleet: %s\n", time.Now().Format("15:04:05.000"), fmt.Sprintf(format, args...))
+}
+
+// installManifests creates the namespaces and applies the node RBAC and the admission
+// policy from config/, as an installation from config/ (or the chart) would.
+func (f *Fleet) installManifests(ctx context.Context) error {
+	for _, ns := range []string{v1alpha1.SystemNamespace, v1alpha1.NodeIdentityNamespace, v1alpha1.NodeLeaseNamespace} {
+		err := f.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})
+		if err != nil && !apierrors.IsAlreadyExists(err) {
+			return fmt.Errorf("creating namespace %s: %w", ns, err)
+		}
+	}
+	root, err := testenv.RepoRoot()
+	if err != nil {
+		return err
+	}
+	assets, err := testenv.AssetsDir()
+	if err != nil {
+		return err
+	}
+	for _, dir := range []string{"config/agent", "config/admission"} {
+		out, err := exec.CommandContext(ctx, filepath.Join(assets, "kubectl"), "--kubeconfig", f.AdminKubeconfig,
+			"apply", "-f", filepath.Join(root, dir)).CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("kubectl apply -f %s: %w\n%s", dir, err, out)
+		}
+	}
+	return nil
+}
+
+// serveModels serves ModelsDir over HTTP on loopback, with range requests (the
+// manager reads GGUF headers with them, agents resume downloads with them).
+func (f *Fleet) serveModels() error {
+	addr := f.opts.ModelsAddr
+	if addr == "" {
+		addr = "127.0.0.1:0"
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("the model server: %w", err)
+	}
+	f.ModelsURL = "http://" + ln.Addr().String()
+	f.models = &http.Server{Handler: http.FileServer(http.Dir(f.ModelsDir)), ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = f.models.Serve(ln) }()
+	return nil
+}
+
+// addAgent mints the Mac's credential and starts its agent.
+func (f *Fleet) addAgent(ctx context.Context, n Node) error {
+	f.logf("Minting a credential for %s", n.Name)
+	kc := filepath.Join(f.opts.Dir, n.Name+".kubeconfig")
+	if out, err := exec.CommandContext(ctx, f.opts.Binary, "nodes", "credentials", n.Name,
+		"--kubeconfig", f.AdminKubeconfig, "-o", kc).CombinedOutput(); err != nil {
+		return fmt.Errorf("macfleet nodes credentials %s: %w\n%s", n.Name, err, out)
+	}
+	port, err := freePortOn(f.HostIP)
+	if err != nil {
+		return err
+	}
+	a := &Agent{Node: n, Addr: net.JoinHostPort(f.HostIP, strconv.Itoa(port)), Kubeconfig: kc,
+		StateDir: filepath.Join(f.opts.Dir, "agents", n.Name, "state")}
+	f.mu.Lock()
+	f.agents[n.Name] = a
+	f.mu.Unlock()
+	return f.StartAgent(n.Name)
+}
+
+// StartAgent starts (or restarts) the agent of a Mac.
+func (f *Fleet) StartAgent(name string) error {
+	a := f.Agent(name)
+	if a == nil {
+		return fmt.Errorf("no Mac %q in this fleet", name)
+	}
+	f.logf("Starting the agent of %s on %s", name, a.Addr)
+	base := filepath.Join(f.opts.Dir, "agents", name)
+	args := []string{"agent", "--kubeconfig", a.Kubeconfig, "--node-name", name, "--listen", a.Addr,
+		"--advertise-address", a.Addr, "--store-dir", filepath.Join(base, "models"), "--state-dir", a.StateDir,
+		"--memory-ceiling", a.Node.MemoryCeiling, "--runner", f.opts.Runner}
+	if a.Node.Chip != "" {
+		args = append(args, "--chip", a.Node.Chip)
+	}
+	if a.Node.UnifiedMemory != "" {
+		args = append(args, "--unified-memory", a.Node.UnifiedMemory)
+	}
+	if f.opts.LeaseDuration > 0 {
+		args = append(args, "--lease-duration", f.opts.LeaseDuration.String())
+	}
+	args = append(args, f.opts.AgentArgs...)
+	p, err := f.start("agent-"+name, args...)
+	if err != nil {
+		return err
+	}
+	f.mu.Lock()
+	a.proc = p
+	f.mu.Unlock()
+	return nil
+}
+
+// Agent returns a Mac's agent, nil if there is none.
+func (f *Fleet) Agent(name string) *Agent {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.agents[name]
+}
+
+// Agents returns the agents by Mac name.
+func (f *Fleet) Agents() map[string]*Agent {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	m := make(map[string]*Agent, len(f.agents))
+	for k, v := range f.agents {
+		m[k] = v
+	}
+	return m
+}
+
+// KillAgent kills a Mac's agent with SIGKILL, as a crash or a pulled cable would
+// (its runners are left as they are).
+func (f *Fleet) KillAgent(name string) error {
+	a := f.Agent(name)
+	if a == nil || a.proc == nil {
+		return fmt.Errorf("no running agent %q", name)
+	}
+	f.logf("Killing the agent of %s", name)
+	return a.proc.Kill()
+}
+
+// StopAgent stops a Mac's agent with SIGTERM and waits for it to exit.
+func (f *Fleet) StopAgent(name string, timeout time.Duration) error {
+	a := f.Agent(name)
+	if a == nil || a.proc == nil {
+		return fmt.Errorf("no running agent %q", name)
+	}
+	return a.proc.Stop(timeout)
+}
+
+// AgentLog returns what an agent has logged so far.
+func (f *Fleet) AgentLog(name string) string {
+	b, _ := os.ReadFile(filepath.Join(f.opts.Dir, "logs", "agent-"+name+".log"))
+	return string(b)
+}
+
+// LogDir is where every process logs.
+func (f *Fleet) LogDir() string { return filepath.Join(f.opts.Dir, "logs") }
+
+// CutAPIServer makes the API server unreachable for the fleet: the relay closes every
+// connection and refuses new ones.
+func (f *Fleet) CutAPIServer() { f.logf("Cutting the fleet off the API server"); f.relay.cut() }
+
+// RestoreAPIServer makes it reachable again.
+func (f *Fleet) RestoreAPIServer() error {
+	f.logf("Restoring the API server")
+	return f.relay.restore()
+}
+
+// WaitNodeReady waits until a MacNode's Ready condition is True.
+func (f *Fleet) WaitNodeReady(ctx context.Context, name string) error {
+	return poll(ctx, 90*time.Second, func() (bool, error) {
+		var n v1alpha1.MacNode
+		if err := f.Client.Get(ctx, client.ObjectKey{Name: name}, &n); err != nil {
+			return false, client.IgnoreNotFound(err)
+		}
+		for _, c := range n.Status.Conditions {
+			if c.Type == v1alpha1.MacNodeReady && c.Status == metav1.ConditionTrue {
+				return true, nil
+			}
+		}
+		return false, nil
+	}, func() string { return "MacNode " + name + " to be Ready\n" + tail(f.AgentLog(name), 20) })
+}
+
+// Stop ends every process, the model server and the API server. Runners the agents
+// left behind are stopped too.
+func (f *Fleet) Stop() {
+	var procs []*Process
+	f.mu.Lock()
+	for _, a := range f.agents {
+		if a.proc != nil {
+			procs = append(procs, a.proc)
+		}
+	}
+	f.mu.Unlock()
+	procs = append(procs, f.gateway, f.manager)
+	for _, p := range procs {
+		if p != nil {
+			_ = p.Stop(30 * time.Second)
+		}
+	}
+	for _, a := range f.Agents() {
+		killRecordedRunners(a.StateDir)
+	}
+	if f.models != nil {
+		_ = f.models.Close()
+	}
+	if f.relay != nil {
+		f.relay.close()
+	}
+	if f.Env != nil {
+		if err := f.Env.Stop(); err != nil {
+			f.logf("%v", err)
+		}
+	}
+}
+
+// killRecordedRunners SIGKILLs the runner processes whose records are in an agent's
+// state directory: an agent killed by a test leaves them running for its successor.
+func killRecordedRunners(stateDir string) {
+	entries, _ := os.ReadDir(stateDir)
+	for _, e := range entries {
+		b, err := os.ReadFile(filepath.Join(stateDir, e.Name()))
+		if err != nil {
+			continue
+		}
+		for _, pid := range recordedPIDs(string(b)) {
+			if p, err := os.FindProcess(pid); err == nil && isRunner(pid) {
+				_ = p.Signal(syscall.SIGKILL)
+			}
+		}
+	}
+}
+
+// recordedPIDs finds "pid": N in a runner record without depending on its format.
+func recordedPIDs(s string) []int {
+	var pids []int
+	for {
+		i := strings.Index(s, `"pid":`)
+		if i < 0 {
+			return pids
+		}
+		s = strings.TrimLeft(s[i+len(`"pid":`):], " ")
+		j := 0
+		for j < len(s) && s[j] >= '0' && s[j] <= '9' {
+			j++
+		}
+		if n, err := strconv.Atoi(s[:j]); err == nil && n > 1 {
+			pids = append(pids, n)
+		}
+	}
+}
+
+// isRunner reports whether pid runs the macfleet runner.
+func isRunner(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	return err == nil && strings.Contains(string(b), "macfleet-runner")
+}
+
+func (f *Fleet) readFleetToken(ctx context.Context) (string, error) {
+	var s corev1.Secret
+	key := client.ObjectKey{Namespace: v1alpha1.SystemNamespace, Name: v1alpha1.FleetTokenSecret}
+	if err := f.Client.Get(ctx, key, &s); err != nil {
+		return "", fmt.Errorf("reading the fleet token: %w", err)
+	}
+	t := strings.TrimSpace(string(s.Data[v1alpha1.FleetTokenKey]))
+	if t == "" {
+		return "", errors.New("the fleet token Secret is empty")
+	}
+	return t, nil
+}
+
+// writeKubeconfig rewrites a kubeconfig to reach the API server through the relay.
+func (f *Fleet) writeKubeconfig(src []byte, name string) (string, error) {
+	cfg, err := clientcmd.Load(src)
+	if err != nil {
+		return "", err
+	}
+	for _, c := range cfg.Clusters {
+		c.Server = "https://" + f.relay.addr()
+	}
+	path := filepath.Join(f.opts.Dir, name)
+	return path, clientcmd.WriteToFile(*cfg, path)
+}
+
+func (f *Fleet) start(name string, args ...string) (*Process, error) {
+	logPath := filepath.Join(f.opts.Dir, "logs", name+".log")
+	return startProcess(name, logPath, f.opts.Binary, args, []string{"MACFLEET_RUNNER=" + f.opts.Runner})
+}
+
+// HostIP is the first non-loopback IPv4 address of this machine.
+func HostIP() (string, error) {
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return "", err
+	}
+	for _, a := range addrs {
+		if ipn, ok := a.(*net.IPNet); ok && ipn.IP.To4() != nil && !ipn.IP.IsLoopback() && !ipn.IP.IsLinkLocalUnicast() {
+			return ipn.IP.String(), nil
+		}
+	}
+	return "", errors.New("localfleet: this machine has no non-loopback IPv4 address; " +
+		"agents need one (the API server refuses loopback addresses in EndpointSlices)")
+}
+
+func freePort() (int, error) { return freePortOn("127.0.0.1") }
+
+func freePortOn(host string) (int, error) {
+	ln, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+	if err != nil {
+		return 0, err
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port, nil
+}
+
+// waitHTTP polls url until it answers 200, the process exits or ctx ends.
+func waitHTTP(ctx context.Context, url string, p *Process) error {
+	c := &http.Client{Timeout: 2 * time.Second}
+	return poll(ctx, 2*time.Minute, func() (bool, error) {
+		if p.Exited() {
+			return false, fmt.Errorf("%s exited: %v\n%s", p.Name, p.Err(), tail(p.Log(), 30))
+		}
+		resp, err := c.Get(url)
+		if err != nil {
+			return false, nil
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK, nil
+	}, func() string { return url + "\n" + tail(p.Log(), 30) })
+}
+
+// poll calls cond every 100 ms until it is done, fails, or the deadline passes.
+func poll(ctx context.Context, timeout time.Duration, cond func() (bool, error), what func() string) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	t := time.NewTicker(100 * time.Millisecond)
+	defer t.Stop()
+	for {
+		done, err := cond()
+		if err != nil {
+			return err
+		}
+		if done {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("timed out waiting for %s", what())
+		case <-t.C:
+		}
+	}
+}
+
+func tail(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}

@@ -1,0 +1,306 @@
+// Package store is the node agent's persistent model store: it downloads the GGUF files
+// that ModelDeployments name (http(s)://, hf://, ollama:// registry blobs) and checks
+// file:// ones in place.
+//
+// Layout under the store's directory:
+//
+//	blobs/sha256-<hex>             a complete, verified file, named by its SHA-256
+//	blobs/sha256-<hex>.partial     a download in progress whose digest is known
+//	blobs/src-<hash>.partial       a download in progress whose digest is not (hash of the source)
+//	blobs/<name>.partial.json      what a resume needs: URL, validators, size, hash state
+//	refs/<hash>.json               source → digest of the file it last gave, so that a
+//	                               source without sha256 is found again without network
+//	local/<hash>.json              a file:// source's SHA-256 keyed by size, mtime and inode
+//
+// Downloads resume with Range/If-Range requests, are hashed as they arrive and become
+// visible only after verification, by an atomic rename. Every Fetch of the same file
+// waits for one download; a file lock on the partial keeps two agents sharing a
+// directory from writing it at once.
+package store
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	"k8s.io/utils/clock"
+
+	"github.com/macfleet/macfleet/internal/source"
+)
+
+// Defaults for Options left zero.
+const (
+	DefaultProgressInterval      = 500 * time.Millisecond
+	DefaultStallTimeout          = time.Minute
+	DefaultResponseHeaderTimeout = time.Minute
+	// manifestTimeout bounds resolving an ollama manifest.
+	manifestTimeout = time.Minute
+)
+
+// Options configure a Store.
+type Options struct {
+	// HFEndpoint is the Hugging Face hub (source.DefaultHFEndpoint when empty).
+	HFEndpoint string
+	// HFToken, when set, is sent as a bearer token with hf:// downloads (gated models).
+	// The HTTP client drops it on redirects to other hosts.
+	HFToken string
+	// OllamaRegistry is the ollama registry (source.DefaultOllamaRegistry when empty).
+	OllamaRegistry string
+	// HTTPClient makes every request. It must not have an overall Timeout: downloads
+	// take as long as they take; stalls are caught by StallTimeout. When nil, a client
+	// with DefaultResponseHeaderTimeout.
+	HTTPClient *http.Client
+	// Log receives the store's V(2) messages.
+	Log logr.Logger
+	// Clock times progress reports; the real clock when nil.
+	Clock clock.PassiveClock
+	// ProgressInterval is the longest a download goes without a progress report while
+	// bytes arrive (DefaultProgressInterval when zero); a report is also due every 1%.
+	ProgressInterval time.Duration
+	// StallTimeout aborts a download that receives nothing for this long
+	// (DefaultStallTimeout when zero); the partial file is kept.
+	StallTimeout time.Duration
+}
+
+// Store is a directory of model files. Its methods are safe for concurrent use.
+type Store struct {
+	dir, blobs, refs, local string
+
+	resolver         *source.Resolver
+	client           *http.Client
+	hfToken          string
+	log              logr.Logger
+	clock            clock.PassiveClock
+	progressInterval time.Duration
+	stallTimeout     time.Duration
+
+	mu      sync.Mutex
+	flights map[string]*flight
+}
+
+// New opens (creating it if needed) the store in dir. Files completed by an earlier
+// Store on the same directory are found without network.
+func New(dir string, opts Options) (*Store, error) {
+	if dir == "" {
+		return nil, errors.New("model store: no directory")
+	}
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return nil, fmt.Errorf("model store %s: %w", dir, err)
+	}
+	s := &Store{
+		dir:              abs,
+		blobs:            filepath.Join(abs, "blobs"),
+		refs:             filepath.Join(abs, "refs"),
+		local:            filepath.Join(abs, "local"),
+		client:           opts.HTTPClient,
+		hfToken:          opts.HFToken,
+		log:              opts.Log,
+		clock:            opts.Clock,
+		progressInterval: opts.ProgressInterval,
+		stallTimeout:     opts.StallTimeout,
+		flights:          map[string]*flight{},
+	}
+	for _, d := range []string{s.blobs, s.refs, s.local} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return nil, fmt.Errorf("model store: %w", err)
+		}
+	}
+	if s.client == nil {
+		tr := http.DefaultTransport.(*http.Transport).Clone()
+		tr.ResponseHeaderTimeout = DefaultResponseHeaderTimeout
+		tr.DisableCompression = true
+		s.client = &http.Client{Transport: tr}
+	}
+	if s.clock == nil {
+		s.clock = clock.RealClock{}
+	}
+	if s.progressInterval <= 0 {
+		s.progressInterval = DefaultProgressInterval
+	}
+	if s.stallTimeout <= 0 {
+		s.stallTimeout = DefaultStallTimeout
+	}
+	s.resolver = &source.Resolver{HFEndpoint: opts.HFEndpoint, OllamaRegistry: opts.OllamaRegistry, HTTPClient: s.client}
+	s.removeTemp()
+	return s, nil
+}
+
+// Dir is the store's directory.
+func (s *Store) Dir() string { return s.dir }
+
+// Fetch returns the path of a verified local copy of the model at rawSource,
+// downloading it if the store does not hold it yet. sha256 (64 hex digits, optionally
+// prefixed "sha256:") is verified when given; an ollama:// source is verified against
+// its registry digest in any case. file:// sources are not copied: the file is checked
+// in place (exists, regular, GGUF magic, sha256 when given) and its own path returned.
+//
+// progress, when not nil, is called from another goroutine, never concurrently and
+// never after Fetch returns: at the start, then every 1% or ProgressInterval, and with
+// (size, size) on success. total is -1 while unknown.
+//
+// Concurrent calls for the same file share one download. When ctx is done Fetch
+// returns; the download stops once no caller waits for it, and its partial file is
+// kept for the next Fetch to resume. Errors say which source failed; see Retryable.
+func (s *Store) Fetch(ctx context.Context, rawSource, sha256 string, progress func(done, total int64)) (string, error) {
+	want, err := normalizeDigest(rawSource, sha256)
+	if err != nil {
+		return "", err
+	}
+	src, err := source.Parse(rawSource)
+	if err != nil {
+		return "", err
+	}
+	if err := ctx.Err(); err != nil {
+		return "", fmt.Errorf("fetching %s: %w", rawSource, err)
+	}
+	if src.Scheme == source.File {
+		return s.join(ctx, "file:"+src.LocalPath+"@"+want, rawSource, progress, func(ctx context.Context, report func(int64, int64)) (string, int64, error) {
+			return s.verifyLocal(ctx, src, want, report)
+		})
+	}
+
+	// What is already here needs no network.
+	digest := want
+	if digest == "" {
+		digest = s.readRef(src)
+	}
+	if digest != "" {
+		if p, size, ok := s.complete(digest); ok {
+			if progress != nil {
+				progress(size, size)
+			}
+			return p, nil
+		}
+	}
+
+	key := "src:" + src.String()
+	if want != "" {
+		key = "sha256:" + want
+	}
+	return s.join(ctx, key, rawSource, progress, func(ctx context.Context, report func(int64, int64)) (string, int64, error) {
+		return s.download(ctx, src, want, report)
+	})
+}
+
+// normalizeDigest returns the lowercase hex of a sha256 argument, or "" for none.
+func normalizeDigest(src, d string) (string, error) {
+	if d == "" {
+		return "", nil
+	}
+	h := strings.ToLower(strings.TrimPrefix(d, "sha256:"))
+	if len(h) != sha256.Size*2 {
+		return "", &DigestError{Source: src, Digest: d, Reason: "is not a SHA-256: want 64 hexadecimal digits"}
+	}
+	if _, err := hex.DecodeString(h); err != nil {
+		return "", &DigestError{Source: src, Digest: d, Reason: "is not a SHA-256: want 64 hexadecimal digits"}
+	}
+	return h, nil
+}
+
+// blobPath is where the verified file of a digest lives.
+func (s *Store) blobPath(digest string) string {
+	return filepath.Join(s.blobs, "sha256-"+digest)
+}
+
+// complete reports whether the store holds the file of digest.
+func (s *Store) complete(digest string) (string, int64, bool) {
+	p := s.blobPath(digest)
+	fi, err := os.Stat(p)
+	if err != nil || !fi.Mode().IsRegular() {
+		return "", 0, false
+	}
+	return p, fi.Size(), true
+}
+
+// hashName is a file name for an arbitrary string (a source, a path).
+func hashName(s string) string {
+	sum := sha256.Sum256([]byte(s))
+	return hex.EncodeToString(sum[:16])
+}
+
+type ref struct {
+	Source string `json:"source"`
+	Digest string `json:"digest"`
+}
+
+func (s *Store) refPath(src source.Source) string {
+	return filepath.Join(s.refs, hashName(src.String())+".json")
+}
+
+// readRef returns the digest of the file src gave last time, or "".
+func (s *Store) readRef(src source.Source) string {
+	b, err := os.ReadFile(s.refPath(src))
+	if err != nil {
+		return ""
+	}
+	var r ref
+	if json.Unmarshal(b, &r) != nil || r.Source != src.String() {
+		return ""
+	}
+	if _, err := normalizeDigest("", r.Digest); err != nil {
+		return ""
+	}
+	return r.Digest
+}
+
+func (s *Store) writeRef(src source.Source, digest string) {
+	b, _ := json.Marshal(ref{Source: src.String(), Digest: digest})
+	if err := writeFileAtomic(s.refPath(src), b); err != nil {
+		s.log.V(2).Info("Cannot record the digest of a source", "source", src.String(), "err", err.Error())
+	}
+}
+
+const tempSuffix = ".tmp"
+
+// writeFileAtomic replaces path with b: a reader sees the old or the new content.
+func writeFileAtomic(path string, b []byte) error {
+	f, err := os.CreateTemp(filepath.Dir(path), filepath.Base(path)+".*"+tempSuffix)
+	if err != nil {
+		return err
+	}
+	tmp := f.Name()
+	_, err = f.Write(b)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Chmod(tmp, 0o644)
+	}
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err != nil {
+		_ = os.Remove(tmp)
+	}
+	return err
+}
+
+// staleTemp is the age after which a temporary file is surely abandoned (another agent
+// sharing the directory may be writing a young one).
+const staleTemp = time.Hour
+
+// removeTemp deletes what interrupted writeFileAtomic calls left. Partial downloads stay.
+func (s *Store) removeTemp() {
+	for _, d := range []string{s.blobs, s.refs, s.local} {
+		entries, _ := os.ReadDir(d)
+		for _, e := range entries {
+			if e.IsDir() || !strings.HasSuffix(e.Name(), tempSuffix) {
+				continue
+			}
+			if fi, err := e.Info(); err == nil && s.clock.Since(fi.ModTime()) > staleTemp {
+				_ = os.Remove(filepath.Join(d, e.Name()))
+			}
+		}
+	}
+}

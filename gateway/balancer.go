@@ -1,0 +1,180 @@
+package gateway
+
+import (
+	"hash/fnv"
+	"math"
+	"slices"
+	"sync"
+)
+
+// Balancing defaults.
+const (
+	// DefaultLoadBound is c in consistent hashing with bounded loads: a replica takes a
+	// request for its prefix only while its load stays within c × the average.
+	DefaultLoadBound = 1.25
+	// DefaultPrefixBytes is how much of a prompt's text (roles and contents of the
+	// messages, or the prompt, in order) decides its replica under prefix affinity.
+	DefaultPrefixBytes = 512
+	// ringPoints is the number of points each replica has on the hash ring.
+	ringPoints = 128
+)
+
+// ring is a consistent-hash ring of a route's backends: ringPoints points per backend,
+// hashed from the replica's key, so every gateway replica builds the same ring from
+// the same replicas.
+type ring struct {
+	points []uint64
+	owner  []int // index into Route.Backends, per point
+}
+
+func newRing(backends []Backend) ring {
+	type pt struct {
+		h uint64
+		o int
+	}
+	pts := make([]pt, 0, len(backends)*ringPoints)
+	var buf []byte
+	for i, b := range backends {
+		for v := range ringPoints {
+			buf = append(append(buf[:0], b.Key...), '#', byte(v), byte(v>>8))
+			pts = append(pts, pt{hashKey(buf), i})
+		}
+	}
+	slices.SortFunc(pts, func(a, b pt) int {
+		switch {
+		case a.h < b.h:
+			return -1
+		case a.h > b.h:
+			return 1
+		}
+		return a.o - b.o
+	})
+	r := ring{points: make([]uint64, len(pts)), owner: make([]int, len(pts))}
+	for i, p := range pts {
+		r.points[i], r.owner[i] = p.h, p.o
+	}
+	return r
+}
+
+// hashKey is FNV-1a followed by a 64-bit finalizer (splitmix64), so that keys that
+// differ in one byte land far apart on the ring. It is stable across processes.
+func hashKey(b []byte) uint64 {
+	h := fnv.New64a()
+	_, _ = h.Write(b)
+	x := h.Sum64()
+	x ^= x >> 30
+	x *= 0xbf58476d1ce4e5b9
+	x ^= x >> 27
+	x *= 0x94d049bb133111eb
+	x ^= x >> 31
+	return x
+}
+
+// chooseBounded walks the ring clockwise from h and returns the first eligible
+// backend whose load after taking the request stays within
+// ceil(c × (total load + 1) / eligible backends): consistent hashing with bounded
+// loads. Some eligible backend always qualifies (the least loaded one is at most
+// average); -1 only when none is eligible.
+func chooseBounded(r ring, loads []int, eligible []bool, h uint64, c float64) int {
+	n, total := 0, 0
+	for i, ok := range eligible {
+		if ok {
+			n++
+			total += loads[i]
+		}
+	}
+	if n == 0 || len(r.points) == 0 {
+		return -1
+	}
+	bound := int(math.Ceil(c * float64(total+1) / float64(n)))
+	start, _ := slices.BinarySearch(r.points, h)
+	for k := range len(r.points) {
+		o := r.owner[(start+k)%len(r.points)]
+		if eligible[o] && loads[o]+1 <= bound {
+			return o
+		}
+	}
+	return chooseLeast(loads, eligible, 0)
+}
+
+// chooseLeast returns the eligible backend with the fewest outstanding requests, ties
+// going to the first one found scanning from start (which the caller rotates so that
+// idle replicas share sequential requests); -1 when none is eligible.
+func chooseLeast(loads []int, eligible []bool, start int) int {
+	best := -1
+	for k := range len(loads) {
+		i := (start + k) % len(loads)
+		if eligible[i] && (best < 0 || loads[i] < loads[best]) {
+			best = i
+		}
+	}
+	return best
+}
+
+// balancer keeps the gateway's own count of outstanding requests per replica and
+// picks a replica for each attempt.
+type balancer struct {
+	c float64
+
+	mu       sync.Mutex
+	inflight map[string]int
+	next     uint
+}
+
+func newBalancer(c float64) *balancer {
+	if c < 1 {
+		c = DefaultLoadBound
+	}
+	return &balancer{c: c, inflight: map[string]int{}}
+}
+
+// pick chooses a backend of rt that is not excluded and counts a request on it;
+// the caller must release it. With affinity it hashes the prompt prefix h onto the
+// route's ring, else it takes the least loaded.
+func (b *balancer) pick(rt *Route, excluded map[string]bool, affinity bool, h uint64) (Backend, bool) {
+	n := len(rt.Backends)
+	if n == 0 {
+		return Backend{}, false
+	}
+	loads := make([]int, n)
+	eligible := make([]bool, n)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	some := false
+	for i, be := range rt.Backends {
+		loads[i] = b.inflight[be.Key]
+		eligible[i] = !excluded[be.Key]
+		some = some || eligible[i]
+	}
+	if !some {
+		return Backend{}, false
+	}
+	var i int
+	if affinity {
+		i = chooseBounded(rt.ring, loads, eligible, h, b.c)
+	} else {
+		i = chooseLeast(loads, eligible, int(b.next%uint(n)))
+		b.next++
+	}
+	be := rt.Backends[i]
+	b.inflight[be.Key]++
+	return be, true
+}
+
+// release ends a request counted by pick.
+func (b *balancer) release(key string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.inflight[key] <= 1 {
+		delete(b.inflight, key)
+		return
+	}
+	b.inflight[key]--
+}
+
+// outstanding is the gateway's count of requests in flight on a replica.
+func (b *balancer) outstanding(key string) int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.inflight[key]
+}

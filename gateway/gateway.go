@@ -1,0 +1,243 @@
+// Package gateway is the fleet-wide OpenAI endpoint (`macfleet gateway`). It keeps a
+// routing table of every ModelDeployment's routable replicas, fed by informers on
+// ModelDeployments, ModelReplicas and MacNodes, and proxies each OpenAI request to the
+// agent of one replica:
+//
+//   - Routing: the body's "model" is a deployment's served name or alias;
+//     "<namespace>/<name>" always works; a bare name served in several namespaces is a
+//     400 asking the client to qualify it; an unknown one is a 404 model_not_found.
+//   - Balancing: least outstanding requests (the gateway's own in-flight count per
+//     replica); with prefix affinity, consistent hashing with bounded loads on a ring
+//     of replica keys, keyed by the prompt's first bytes, so every gateway replica
+//     sends the same prefix to the same replica while its load allows.
+//   - Proxying: method, path and body unchanged to http://<endpoint><path> with the
+//     fleet token and X-Macfleet-Replica; responses stream through unbuffered; a
+//     connect error, 503 or 507 before the first byte is retried on another replica;
+//     other statuses pass through. With no routable replica of an existing deployment,
+//     the request is held until one appears (a cold start), up to ColdStartTimeout,
+//     then answered 503 with Retry-After.
+//   - GET /v1/models lists one entry per deployment (see handleListModels).
+//   - Optional client API keys (a file, one per line, re-read when it changes),
+//     Prometheus metrics, and the client's disconnect cancels the upstream request.
+//
+// Only POST /v1/... is forwarded: the agents' admin API (/api/...) is never reachable
+// through the gateway, which holds the fleet token.
+package gateway
+
+import (
+	"errors"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Defaults of Options.
+const (
+	DefaultColdStartTimeout = 2 * time.Minute
+	DefaultMaxBodyBytes     = 16 << 20
+	// DefaultConnectTimeout bounds dialing an agent; a Mac that does not answer is
+	// skipped for another replica.
+	DefaultConnectTimeout = 3 * time.Second
+)
+
+// Options configure a Gateway.
+type Options struct {
+	// FleetToken returns the token sent to agents as "Authorization: Bearer <token>";
+	// nil or "" sends none.
+	FleetToken func() string
+	// Authorize, when set, says whether a client's API key (sent as "Authorization:
+	// Bearer <key>") is accepted; nil means no client auth (see KeysFile).
+	Authorize func(key string) bool
+	// ColdStartTimeout bounds how long a request waits for a routable replica.
+	ColdStartTimeout time.Duration
+	// PrefixAffinity routes by consistent hashing with bounded loads on the prompt's
+	// first PrefixBytes bytes instead of pure least-outstanding.
+	PrefixAffinity bool
+	PrefixBytes    int
+	// LoadBound is c of the bounded loads (DefaultLoadBound when < 1).
+	LoadBound float64
+	// MaxBodyBytes bounds request bodies (413 above it).
+	MaxBodyBytes int64
+	// Registerer receives the metrics; nil means a new registry.
+	Registerer prometheus.Registerer
+	// Transport reaches the agents; nil means one tuned for many streams to few hosts.
+	Transport http.RoundTripper
+	Log       logr.Logger
+}
+
+// Gateway is the HTTP handler of the fleet's OpenAI API.
+type Gateway struct {
+	opts      Options
+	log       logr.Logger
+	table     atomic.Pointer[Table]
+	bal       *balancer
+	metrics   *metrics
+	transport http.RoundTripper
+	handler   http.Handler
+}
+
+// New builds a gateway with an empty table: every model is unknown until SetTable.
+func New(opts Options) (*Gateway, error) {
+	if opts.ColdStartTimeout <= 0 {
+		opts.ColdStartTimeout = DefaultColdStartTimeout
+	}
+	if opts.MaxBodyBytes <= 0 {
+		opts.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if opts.PrefixBytes <= 0 {
+		opts.PrefixBytes = DefaultPrefixBytes
+	}
+	if opts.Registerer == nil {
+		opts.Registerer = prometheus.NewRegistry()
+	}
+	if opts.FleetToken == nil {
+		opts.FleetToken = func() string { return "" }
+	}
+	m, err := newMetrics(opts.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	g := &Gateway{opts: opts, log: opts.Log, bal: newBalancer(opts.LoadBound), metrics: m, transport: opts.Transport}
+	if g.transport == nil {
+		g.transport = NewTransport()
+	}
+	g.table.Store(emptyTable())
+	g.handler = g.recoverer(g.authenticate(g.routes()))
+	return g, nil
+}
+
+// NewTransport is the transport to agents: HTTP/1.1 (streams are independent
+// connections, no head-of-line blocking), keep-alive pools sized for many concurrent
+// streams per agent, no transparent compression (clients' Accept-Encoding passes
+// through), a bounded connect time and no overall timeout (a generation lasts as long
+// as it lasts; the client's disconnect ends it).
+func NewTransport() *http.Transport {
+	d := &net.Dialer{Timeout: DefaultConnectTimeout, KeepAlive: 30 * time.Second}
+	return &http.Transport{
+		DialContext:           d.DialContext,
+		MaxIdleConns:          1024,
+		MaxIdleConnsPerHost:   256,
+		IdleConnTimeout:       90 * time.Second,
+		DisableCompression:    true,
+		ExpectContinueTimeout: 0,
+		ForceAttemptHTTP2:     false,
+	}
+}
+
+// Handler is the whole API.
+func (g *Gateway) Handler() http.Handler { return g.handler }
+
+// SetTable replaces the routing table and wakes requests waiting for a replica.
+func (g *Gateway) SetTable(t *Table) {
+	old := g.table.Swap(t)
+	if old != nil && old != t {
+		close(old.changed)
+	}
+}
+
+// Table is the current routing table.
+func (g *Gateway) Table() *Table { return g.table.Load() }
+
+func (g *Gateway) routes() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/{path...}", g.handleProxy)
+	mux.HandleFunc("GET /v1/models", g.handleListModels)
+	mux.HandleFunc("GET /v1/models/{id...}", g.handleGetModel)
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/v1/models" || strings.HasPrefix(r.URL.Path, "/v1/models/") || strings.HasPrefix(r.URL.Path, "/v1/") {
+			(&apiError{Status: http.StatusMethodNotAllowed, Type: typeInvalidRequest, Code: codeMethodNotAllowed,
+				Message: r.Method + " is not allowed on " + r.URL.Path}).write(w)
+			return
+		}
+		(&apiError{Status: http.StatusNotFound, Type: typeInvalidRequest, Code: codeNotFound,
+			Message: "no such endpoint: " + r.Method + " " + r.URL.Path + " (the gateway serves the OpenAI API under /v1/)"}).write(w)
+	})
+	return mux
+}
+
+// authenticate requires a client API key when keys are configured.
+func (g *Gateway) authenticate(next http.Handler) http.Handler {
+	if g.opts.Authorize == nil {
+		return next
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		auth := r.Header.Get("Authorization")
+		key, ok := strings.CutPrefix(auth, "Bearer ")
+		if !ok || key == "" || !g.opts.Authorize(key) {
+			msg := "invalid API key: send a key of this fleet as Authorization: Bearer KEY"
+			if auth == "" {
+				msg = "missing API key: send it as Authorization: Bearer KEY"
+			}
+			e := &apiError{Status: http.StatusUnauthorized, Type: typeAuthentication, Code: codeInvalidAPIKey,
+				Message: msg, reason: "unauthorized"}
+			g.count("", e.Status, e.reason)
+			e.write(w)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// recoverer turns a handler panic into a logged 500 when nothing was sent yet, so one
+// request never takes the gateway down; a panic after the status aborts the response.
+func (g *Gateway) recoverer(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		sw := &statusWriter{ResponseWriter: w}
+		defer func() {
+			v := recover()
+			if v == nil {
+				return
+			}
+			if err, ok := v.(error); ok && errors.Is(err, http.ErrAbortHandler) {
+				panic(v)
+			}
+			g.log.Error(nil, "Handler panicked", "method", r.Method, "path", r.URL.Path, "panic", v)
+			if sw.status == 0 {
+				(&apiError{Status: http.StatusInternalServerError, Type: typeServer, Code: "internal_error",
+					Message: "internal error in the gateway; it was logged"}).write(sw)
+				return
+			}
+			panic(http.ErrAbortHandler)
+		}()
+		next.ServeHTTP(sw, r)
+	})
+}
+
+// statusWriter remembers whether a status was sent; Unwrap keeps
+// http.ResponseController (flushes) working through it.
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if w.status == 0 {
+		w.status = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// count records a finished request.
+func (g *Gateway) count(model string, status int, reason string) {
+	g.metrics.requests.WithLabelValues(model, statusLabel(status)).Inc()
+	if reason != "" {
+		g.metrics.errors.WithLabelValues(model, reason).Inc()
+	}
+}
+
+func statusLabel(code int) string { return strconv.Itoa(code) }

@@ -1,0 +1,56 @@
+package gateway
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics are the gateway's Prometheus series. The model label is the deployment's
+// "<namespace>/<name>" (bounded by the deployments that exist), or "" for requests
+// that named no deployment.
+type metrics struct {
+	requests *prometheus.CounterVec
+	errors   *prometheus.CounterVec
+	ttft     *prometheus.HistogramVec
+	inflight *prometheus.GaugeVec
+	retries  *prometheus.CounterVec
+	held     *prometheus.HistogramVec
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "macfleet_gateway_requests_total",
+			Help: "Requests answered by the gateway, by deployment (namespace/name) and HTTP status (499: the client went away).",
+		}, []string{"model", "code"}),
+		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "macfleet_gateway_errors_total",
+			Help: "Requests that failed, by deployment and reason (model_not_found, ambiguous_model, bad_request, " +
+				"body_too_large, unauthorized, no_ready_replica, upstream_unavailable, upstream_connect, stream_broken, client_gone).",
+		}, []string{"model", "reason"}),
+		ttft: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "macfleet_gateway_ttft_seconds",
+			Help: "Time from a request's arrival to the first byte of its response body sent to the client " +
+				"(the first event of a stream), including holds and retries.",
+			Buckets: []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120},
+		}, []string{"model"}),
+		inflight: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "macfleet_gateway_inflight",
+			Help: "Requests in flight through the gateway (held or proxied), by deployment.",
+		}, []string{"model"}),
+		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "macfleet_gateway_upstream_retries_total",
+			Help: "Attempts that failed before the first byte and were retried (reason connect, status_503, status_507, transport).",
+		}, []string{"model", "reason"}),
+		held: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "macfleet_gateway_hold_seconds",
+			Help:    "Time requests waited for a routable replica (cold starts), by deployment; only requests that waited.",
+			Buckets: []float64{0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300},
+		}, []string{"model"}),
+	}
+	for _, c := range []prometheus.Collector{m.requests, m.errors, m.ttft, m.inflight, m.retries, m.held} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}

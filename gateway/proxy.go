@@ -1,0 +1,370 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
+)
+
+// Waiting for a replica after every routable one failed: the pause before trying
+// them again doubles from minBackoff to maxBackoff (a table change wakes the request
+// sooner). A cold start that ends in a 503 tells the client to retry after
+// coldRetryAfter.
+const (
+	minBackoff     = 100 * time.Millisecond
+	maxBackoff     = 2 * time.Second
+	coldRetryAfter = 5 * time.Second
+	// failureBodyLimit bounds what is kept of a 503/507 body for passing it through.
+	failureBodyLimit = 64 << 10
+)
+
+// statusClientGone is the status recorded (never sent) for a client that went away.
+const statusClientGone = 499
+
+var copyBufs = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+
+// failure is an attempt that failed before any byte reached the client, so another
+// replica (or the same one later) may still serve the request.
+type failure struct {
+	backend Backend
+	reason  string // connect, transport, status_503, status_507
+	status  int    // 0 for a transport error
+	header  http.Header
+	body    []byte
+	err     error
+}
+
+// final: a 507 without Retry-After says the model cannot be loaded there; waiting for
+// the same replica again does not help.
+func (f *failure) final() bool {
+	return f.status == http.StatusInsufficientStorage && f.header.Get("Retry-After") == ""
+}
+
+func (f *failure) String() string {
+	if f.status == 0 {
+		return fmt.Sprintf("replica %s at %s: %v", f.backend.Key, f.backend.Endpoint, f.err)
+	}
+	return fmt.Sprintf("replica %s answered %d", f.backend.Key, f.status)
+}
+
+// writeThrough sends an agent's 503/507 answer to the client as it came.
+func (f *failure) writeThrough(w http.ResponseWriter) {
+	copyResponseHeaders(w.Header(), f.header)
+	w.Header().Del("Content-Length")
+	w.WriteHeader(f.status)
+	_, _ = w.Write(f.body)
+}
+
+// outcome is how one attempt ended.
+type outcome struct {
+	status int
+	// reason labels errors_total; "" for a success.
+	reason string
+	// failure is set when the attempt may be retried: nothing was written.
+	failure *failure
+	// abort: the response broke after its status was sent and the connection must be
+	// cut so the client sees a failure.
+	abort bool
+}
+
+// handleProxy serves POST /v1/...: resolve the model, then try replicas until one
+// answers (or the request's patience runs out).
+func (g *Gateway) handleProxy(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
+	body, aerr := readBody(w, r, g.opts.MaxBodyBytes)
+	if aerr != nil {
+		g.fail(w, "", aerr)
+		return
+	}
+	prefixBytes := 0
+	if g.opts.PrefixAffinity {
+		prefixBytes = g.opts.PrefixBytes
+	}
+	head, aerr := parseHead(body, prefixBytes)
+	if aerr != nil {
+		g.fail(w, "", aerr)
+		return
+	}
+	rt, aerr := g.Table().Resolve(head.Model)
+	if aerr != nil {
+		g.fail(w, "", aerr)
+		return
+	}
+	model := rt.ID()
+	gauge := g.metrics.inflight.WithLabelValues(model)
+	gauge.Inc()
+	defer gauge.Dec()
+	var h uint64
+	if g.opts.PrefixAffinity {
+		h = hashKey(head.prefix)
+	}
+	res := g.serve(w, r, model, head.Model, h, body, start)
+	g.count(model, res.status, res.reason)
+	if res.abort {
+		panic(http.ErrAbortHandler)
+	}
+}
+
+func (g *Gateway) fail(w http.ResponseWriter, model string, e *apiError) {
+	g.count(model, e.Status, e.reason)
+	e.write(w)
+}
+
+// serve tries replicas of the model's deployment. A failed attempt (connect error,
+// 503, 507) excludes its replica and tries another; when none is left it waits for
+// the table to change or a backoff to pass (then every replica may be tried again),
+// until ColdStartTimeout after the request arrived.
+func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, model, name string, h uint64, body []byte, start time.Time) outcome {
+	ctx := r.Context()
+	deadline := time.NewTimer(time.Until(start.Add(g.opts.ColdStartTimeout)))
+	defer deadline.Stop()
+	excluded := map[string]bool{}
+	// waitable: some failure since the last reset may go away by waiting.
+	waitable := false
+	var last *failure
+	var heldSince time.Time
+	backoff := minBackoff
+	observeHold := func() {
+		if !heldSince.IsZero() {
+			g.metrics.held.WithLabelValues(model).Observe(time.Since(heldSince).Seconds())
+		}
+	}
+	for {
+		tbl := g.Table()
+		rt, aerr := tbl.Resolve(name)
+		if aerr != nil { // the deployment went away while the request waited
+			aerr.write(w)
+			return outcome{status: aerr.Status, reason: aerr.reason}
+		}
+		if be, ok := g.bal.pick(rt, excluded, g.opts.PrefixAffinity, h); ok {
+			res := g.attempt(ctx, w, r, model, be, body, start)
+			g.bal.release(be.Key)
+			if res.failure == nil {
+				observeHold()
+				return res
+			}
+			last = res.failure
+			excluded[be.Key] = true
+			waitable = waitable || !last.final()
+			g.metrics.retries.WithLabelValues(model, last.reason).Inc()
+			g.log.V(1).Info("Attempt failed before the first byte; trying another replica", "model", model,
+				"replica", be.Key, "endpoint", be.Endpoint, "reason", last.reason, "status", last.status, "err", last.err)
+			continue
+		}
+
+		// Nothing to try right now.
+		if len(rt.Backends) == 0 && rt.Unavailable != "" {
+			e := &apiError{Status: http.StatusServiceUnavailable, Type: typeUnavailable, Code: codeNoReplica,
+				Message: rt.Unavailable, RetryAfter: coldRetryAfter, reason: "no_ready_replica"}
+			e.write(w)
+			observeHold()
+			return outcome{status: e.Status, reason: e.reason}
+		}
+		if last != nil && len(excluded) > 0 && !waitable {
+			last.writeThrough(w)
+			observeHold()
+			return outcome{status: last.status, reason: "upstream_unavailable"}
+		}
+		if heldSince.IsZero() {
+			heldSince = time.Now()
+		}
+		var retry <-chan time.Time
+		var bt *time.Timer
+		if len(excluded) > 0 {
+			bt = time.NewTimer(backoff)
+			retry = bt.C
+		}
+		select {
+		case <-ctx.Done():
+			stopTimer(bt)
+			observeHold()
+			return outcome{status: statusClientGone, reason: "client_gone"}
+		case <-deadline.C:
+			stopTimer(bt)
+			observeHold()
+			e := g.holdTimeout(rt, last)
+			e.write(w)
+			return outcome{status: e.Status, reason: e.reason}
+		case <-tbl.Changed():
+			stopTimer(bt)
+		case <-retry:
+			clear(excluded)
+			waitable = false
+			backoff = min(2*backoff, maxBackoff)
+		}
+	}
+}
+
+func stopTimer(t *time.Timer) {
+	if t != nil {
+		t.Stop()
+	}
+}
+
+// holdTimeout is the 503 of a request that found no replica to serve it in time.
+func (g *Gateway) holdTimeout(rt *Route, last *failure) *apiError {
+	msg := fmt.Sprintf("no replica of deployment %s became ready within %v", rt.ID(), g.opts.ColdStartTimeout)
+	switch {
+	case last != nil:
+		msg += fmt.Sprintf(" (last attempt: %s)", last)
+	case rt.Replicas == 0:
+		msg += " (no replica exists yet)"
+	default:
+		msg += fmt.Sprintf(" (%d replicas exist, none is Ready on a Ready Mac)", rt.Replicas)
+	}
+	return &apiError{Status: http.StatusServiceUnavailable, Type: typeUnavailable, Code: codeNoReplica,
+		Message: msg, RetryAfter: coldRetryAfter, reason: "no_ready_replica"}
+}
+
+// attempt sends the request to one replica. Before the response's status is committed
+// to the client it can fail retryably; after that it streams the body through,
+// flushing every chunk, until the upstream ends or either side goes away.
+func (g *Gateway) attempt(ctx context.Context, w http.ResponseWriter, r *http.Request, model string, be Backend, body []byte, start time.Time) outcome {
+	out, err := http.NewRequestWithContext(ctx, r.Method, "http://"+be.Endpoint+r.URL.RequestURI(), bytes.NewReader(body))
+	if err != nil {
+		return outcome{failure: &failure{backend: be, reason: "transport", err: err}}
+	}
+	copyRequestHeaders(out.Header, r)
+	if tok := g.opts.FleetToken(); tok != "" {
+		out.Header.Set("Authorization", "Bearer "+tok)
+	}
+	out.Header.Set(mfv1.HeaderReplica, be.Key)
+	resp, err := g.transport.RoundTrip(out)
+	if err != nil {
+		if ctx.Err() != nil {
+			return outcome{status: statusClientGone, reason: "client_gone"}
+		}
+		reason := "transport"
+		if opErr, ok := errors.AsType[*net.OpError](err); ok && opErr.Op == "dial" {
+			reason = "connect"
+		}
+		return outcome{failure: &failure{backend: be, reason: reason, err: err}}
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode == http.StatusServiceUnavailable || resp.StatusCode == http.StatusInsufficientStorage {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, failureBodyLimit))
+		return outcome{failure: &failure{backend: be, reason: fmt.Sprintf("status_%d", resp.StatusCode),
+			status: resp.StatusCode, header: resp.Header.Clone(), body: b}}
+	}
+
+	copyResponseHeaders(w.Header(), resp.Header)
+	w.WriteHeader(resp.StatusCode)
+	res := outcome{status: resp.StatusCode}
+	if resp.StatusCode >= 400 {
+		res.reason = "upstream_status"
+	}
+	rc := http.NewResponseController(w)
+	bp := copyBufs.Get().(*[]byte)
+	defer copyBufs.Put(bp)
+	buf := *bp
+	first := resp.StatusCode < 400
+	for {
+		n, rerr := resp.Body.Read(buf)
+		if n > 0 {
+			if first {
+				g.metrics.ttft.WithLabelValues(model).Observe(time.Since(start).Seconds())
+				first = false
+			}
+			if _, werr := w.Write(buf[:n]); werr != nil {
+				return outcome{status: statusClientGone, reason: "client_gone"}
+			}
+			_ = rc.Flush()
+		}
+		if rerr == io.EOF {
+			return res
+		}
+		if rerr != nil {
+			if ctx.Err() != nil {
+				return outcome{status: statusClientGone, reason: "client_gone"}
+			}
+			g.log.Info("Upstream response broke after it started; not retried", "model", model,
+				"replica", be.Key, "endpoint", be.Endpoint, "err", rerr.Error())
+			e := &apiError{Status: http.StatusBadGateway, Type: typeServer, Code: codeUpstream,
+				Message: fmt.Sprintf("the response of replica %s broke off: %v", be.Key, rerr)}
+			if isEventStream(resp.Header) {
+				_, _ = w.Write(e.sseEvent())
+				_ = rc.Flush()
+				return outcome{status: resp.StatusCode, reason: "stream_broken"}
+			}
+			return outcome{status: resp.StatusCode, reason: "stream_broken", abort: true}
+		}
+	}
+}
+
+func isEventStream(h http.Header) bool {
+	mt, _, _ := mime.ParseMediaType(h.Get("Content-Type"))
+	return mt == "text/event-stream"
+}
+
+// hopHeaders are connection-level headers that a proxy must not forward.
+var hopHeaders = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate",
+	"Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade"}
+
+// copyRequestHeaders copies the client's headers except the hop-by-hop ones, its API
+// key (the agent gets the fleet token instead), its length (the body is replayed) and
+// any replica header it tried to set.
+func copyRequestHeaders(dst http.Header, r *http.Request) {
+	skip := connectionTokens(r.Header)
+	for k, vs := range r.Header {
+		if skip[k] || isHop(k) {
+			continue
+		}
+		switch k {
+		case "Authorization", "Content-Length", mfv1.HeaderReplica, "X-Forwarded-For":
+			continue
+		}
+		dst[k] = vs
+	}
+	if ip, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
+		if prior := r.Header.Values("X-Forwarded-For"); len(prior) > 0 {
+			ip = strings.Join(prior, ", ") + ", " + ip
+		}
+		dst.Set("X-Forwarded-For", ip)
+	}
+}
+
+func copyResponseHeaders(dst, src http.Header) {
+	skip := connectionTokens(src)
+	for k, vs := range src {
+		if skip[k] || isHop(k) {
+			continue
+		}
+		dst[k] = vs
+	}
+}
+
+func isHop(k string) bool {
+	for _, h := range hopHeaders {
+		if k == h {
+			return true
+		}
+	}
+	return false
+}
+
+// connectionTokens are the headers a Connection header names as hop-by-hop.
+func connectionTokens(h http.Header) map[string]bool {
+	vs := h.Values("Connection")
+	if len(vs) == 0 {
+		return nil
+	}
+	m := map[string]bool{}
+	for _, v := range vs {
+		for f := range strings.SplitSeq(v, ",") {
+			if f = strings.TrimSpace(f); f != "" {
+				m[http.CanonicalHeaderKey(f)] = true
+			}
+		}
+	}
+	return m
+}

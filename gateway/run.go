@@ -1,0 +1,281 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	toolscache "k8s.io/client-go/tools/cache"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
+)
+
+// The gateway only reads the fleet; it writes nothing. controller-gen generates its
+// ClusterRole from these markers (roleName macfleet-gateway).
+// +kubebuilder:rbac:groups=macfleet.dev,resources=modeldeployments;modelreplicas;macnodes,verbs=get;list;watch
+
+// Server timeouts: no write timeout, since a stream lasts as long as generation does.
+const (
+	readHeaderTimeout = 10 * time.Second
+	idleTimeout       = 2 * time.Minute
+	// ShutdownTimeout bounds draining requests in flight on shutdown.
+	ShutdownTimeout = 30 * time.Second
+)
+
+// Config is everything `macfleet gateway` needs; cmd/macfleet fills it from flags.
+type Config struct {
+	RestConfig *rest.Config
+	// Listen is the OpenAI API's address (ignored when Listener is set).
+	Listen   string
+	Listener net.Listener
+	// MetricsAddr serves /metrics and ProbeAddr /healthz and /readyz; "0" disables one.
+	MetricsAddr string
+	ProbeAddr   string
+	// FleetTokenFile holds the token presented to agents; empty sends none.
+	FleetTokenFile string
+	// APIKeysFile holds the client API keys; empty means no client auth.
+	APIKeysFile      string
+	ColdStartTimeout time.Duration
+	PrefixAffinity   bool
+	// FilePoll is how often the two files are checked for changes (DefaultFilePoll).
+	FilePoll time.Duration
+	// Registerer receives the gateway's metrics; nil means controller-runtime's
+	// registry, which the metrics server serves.
+	Registerer prometheus.Registerer
+	// Started, when set, is called with the API's address once it listens.
+	Started func(addr string)
+}
+
+// Scheme has the client-go and macfleet types.
+func Scheme() (*runtime.Scheme, error) {
+	s := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(s); err != nil {
+		return nil, err
+	}
+	if err := mfv1.AddToScheme(s); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// Run serves the gateway until ctx ends: a controller-runtime manager (no leader
+// election: every gateway replica serves) runs the informers, the table feeder, the
+// API server, the metrics server and the probes. /readyz passes once the informers
+// have synced and the first table is in place.
+func Run(ctx context.Context, cfg Config) error {
+	log := ctrl.LoggerFrom(ctx).WithName("gateway")
+	opts := Options{ColdStartTimeout: cfg.ColdStartTimeout, PrefixAffinity: cfg.PrefixAffinity,
+		Registerer: cfg.Registerer, Log: log}
+	if opts.Registerer == nil {
+		opts.Registerer = ctrlmetrics.Registry
+	}
+	poll := cfg.FilePoll
+	if poll <= 0 {
+		poll = DefaultFilePoll
+	}
+	var watchers []func(context.Context)
+	if cfg.FleetTokenFile != "" {
+		tf, err := LoadTokenFile(cfg.FleetTokenFile)
+		if err != nil {
+			return fmt.Errorf("the fleet token: %w", err)
+		}
+		opts.FleetToken = tf.Token
+		watchers = append(watchers, func(ctx context.Context) { tf.Watch(ctx, poll, log) })
+	} else {
+		log.Info("No --fleet-token-file: requests reach agents without a token, which agents in cluster mode refuse")
+	}
+	if cfg.APIKeysFile != "" {
+		kf, err := LoadKeysFile(cfg.APIKeysFile)
+		if err != nil {
+			return fmt.Errorf("the API keys: %w", err)
+		}
+		opts.Authorize = kf.Allows
+		watchers = append(watchers, func(ctx context.Context) { kf.Watch(ctx, poll, log) })
+	}
+	g, err := New(opts)
+	if err != nil {
+		return err
+	}
+
+	scheme, err := Scheme()
+	if err != nil {
+		return err
+	}
+	mgr, err := ctrl.NewManager(cfg.RestConfig, ctrl.Options{
+		Scheme:                 scheme,
+		Metrics:                metricsserver.Options{BindAddress: cfg.MetricsAddr},
+		HealthProbeBindAddress: cfg.ProbeAddr,
+		Logger:                 log,
+	})
+	if err != nil {
+		return fmt.Errorf("creating the manager: %w", err)
+	}
+	f := NewFeeder(mgr.GetCache(), g, log)
+	if err := mgr.Add(f); err != nil {
+		return err
+	}
+	ln := cfg.Listener
+	if ln == nil {
+		if ln, err = net.Listen("tcp", cfg.Listen); err != nil {
+			return fmt.Errorf("listening on %s: %w", cfg.Listen, err)
+		}
+	}
+	if err := mgr.Add(&apiServer{handler: g.Handler(), ln: ln, log: log, started: cfg.Started}); err != nil {
+		return err
+	}
+	for _, w := range watchers {
+		if err := mgr.Add(manager.RunnableFunc(func(ctx context.Context) error { w(ctx); return nil })); err != nil {
+			return err
+		}
+	}
+	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
+		return err
+	}
+	if err := mgr.AddReadyzCheck("table", func(*http.Request) error {
+		if !f.Synced() {
+			return errors.New("the routing table has not been built from synced informers yet")
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+	log.Info("Starting gateway", "listen", ln.Addr().String(), "coldStartTimeout", opts.ColdStartTimeout,
+		"prefixAffinity", cfg.PrefixAffinity, "apiKeys", cfg.APIKeysFile != "")
+	return mgr.Start(ctx)
+}
+
+// apiServer serves the OpenAI API as a manager Runnable.
+type apiServer struct {
+	handler http.Handler
+	ln      net.Listener
+	log     logr.Logger
+	started func(string)
+}
+
+func (s *apiServer) Start(ctx context.Context) error {
+	srv := &http.Server{Handler: s.handler, ReadHeaderTimeout: readHeaderTimeout, IdleTimeout: idleTimeout}
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(s.ln) }()
+	s.log.Info("Serving the OpenAI API", "addr", s.ln.Addr().String())
+	if s.started != nil {
+		s.started(s.ln.Addr().String())
+	}
+	select {
+	case err := <-done:
+		return fmt.Errorf("serving the API: %w", err)
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), ShutdownTimeout)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		_ = srv.Close()
+		s.log.Info("Requests still in flight were cut at shutdown", "err", err.Error())
+	}
+	return nil
+}
+
+// Feeder keeps a gateway's table in step with the informers: every add, update or
+// delete of a ModelDeployment, ModelReplica or MacNode schedules a rebuild from the
+// cache; bursts of events coalesce into one rebuild.
+type Feeder struct {
+	cache  cache.Cache
+	g      *Gateway
+	log    logr.Logger
+	kick   chan struct{}
+	synced atomic.Bool
+}
+
+// NewFeeder feeds g from c's informers once started (it is a manager Runnable).
+func NewFeeder(c cache.Cache, g *Gateway, log logr.Logger) *Feeder {
+	return &Feeder{cache: c, g: g, log: log, kick: make(chan struct{}, 1)}
+}
+
+// Synced reports whether a table built from synced informers is in place.
+func (f *Feeder) Synced() bool { return f.synced.Load() }
+
+func (f *Feeder) poke() {
+	select {
+	case f.kick <- struct{}{}:
+	default:
+	}
+}
+
+// Start registers the event handlers, waits for the caches and rebuilds on every
+// change until ctx ends.
+func (f *Feeder) Start(ctx context.Context) error {
+	h := toolscache.ResourceEventHandlerFuncs{
+		AddFunc:    func(any) { f.poke() },
+		UpdateFunc: func(any, any) { f.poke() },
+		DeleteFunc: func(any) { f.poke() },
+	}
+	for _, obj := range []client.Object{&mfv1.ModelDeployment{}, &mfv1.ModelReplica{}, &mfv1.MacNode{}} {
+		inf, err := f.cache.GetInformer(ctx, obj)
+		if err != nil {
+			return fmt.Errorf("informer for %T: %w", obj, err)
+		}
+		if _, err := inf.AddEventHandler(h); err != nil {
+			return fmt.Errorf("watching %T: %w", obj, err)
+		}
+	}
+	if !f.cache.WaitForCacheSync(ctx) {
+		return ctx.Err()
+	}
+	retry := time.NewTimer(0)
+	<-retry.C
+	f.poke()
+	for {
+		select {
+		case <-ctx.Done():
+			retry.Stop()
+			return nil
+		case <-f.kick:
+		case <-retry.C:
+		}
+		if err := f.rebuild(ctx); err != nil {
+			f.log.Error(err, "Rebuilding the routing table; keeping the previous one")
+			retry.Reset(time.Second)
+			continue
+		}
+		f.synced.Store(true)
+	}
+}
+
+func (f *Feeder) rebuild(ctx context.Context) error {
+	var (
+		mds mfv1.ModelDeploymentList
+		mrs mfv1.ModelReplicaList
+		mns mfv1.MacNodeList
+	)
+	// The table only reads the objects: no copies of the cache's.
+	for _, l := range []client.ObjectList{&mds, &mrs, &mns} {
+		if err := f.cache.List(ctx, l, client.UnsafeDisableDeepCopy); err != nil {
+			return fmt.Errorf("listing %T: %w", l, err)
+		}
+	}
+	t := BuildTable(mds.Items, mrs.Items, mns.Items)
+	f.g.SetTable(t)
+	if f.log.V(2).Enabled() {
+		n := 0
+		for _, rt := range t.routes {
+			n += len(rt.Backends)
+		}
+		f.log.V(2).Info("Routing table rebuilt", "deployments", len(t.routes), "routableReplicas", n)
+	}
+	return nil
+}

@@ -1,0 +1,177 @@
+package gateway
+
+import (
+	"fmt"
+	"net/http"
+	"slices"
+	"strings"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
+)
+
+// Backend is one routable replica.
+type Backend struct {
+	// Key is the replica's "<namespace>/<name>", sent as X-Macfleet-Replica and used as
+	// its identity for balancing.
+	Key string
+	// Endpoint is the host:port of the agent serving it.
+	Endpoint string
+}
+
+// Route is one ModelDeployment as the gateway sees it.
+type Route struct {
+	Namespace  string
+	Deployment string
+	// ServedName is spec.model.servedName, or the deployment's name.
+	ServedName string
+	Aliases    []string
+	Created    time.Time
+	// Backends are the routable replicas, sorted by key.
+	Backends []Backend
+	// Replicas counts the deployment's replicas that exist, routable or not.
+	Replicas int
+	// Unavailable, when not empty, says why no replica is coming (scaled to zero, or
+	// the deployment cannot be placed): a request that finds no backend fails at once
+	// instead of being held for a cold start.
+	Unavailable string
+
+	ring ring
+}
+
+// ID is "<namespace>/<deployment>", the route's label in metrics and logs.
+func (r *Route) ID() string { return r.Namespace + "/" + r.Deployment }
+
+// Table is an immutable snapshot of every deployment's routable replicas, indexed by
+// the names clients use. A new snapshot replaces it whenever an informer reports a
+// change; Changed is closed then, waking requests held for a cold start.
+type Table struct {
+	routes    []*Route
+	bare      map[string][]*Route
+	qualified map[string][]*Route
+	changed   chan struct{}
+	built     bool
+}
+
+// emptyTable is served before the informers have synced.
+func emptyTable() *Table {
+	return &Table{bare: map[string][]*Route{}, qualified: map[string][]*Route{}, changed: make(chan struct{})}
+}
+
+// Changed is closed when a newer table replaces this one.
+func (t *Table) Changed() <-chan struct{} { return t.changed }
+
+// Routes lists the deployments sorted by namespace and name.
+func (t *Table) Routes() []*Route { return t.routes }
+
+// BuildTable computes the routing table from the deployments, replicas and Macs. A
+// replica is routable when its Ready condition is True, its status.endpoint is set,
+// it is not being deleted and its MacNode's Ready condition is True. Replicas belong
+// to the deployment named by their macfleet.dev/deployment label in their namespace
+// and are routed under the deployment's current names (like a Service's endpoints,
+// replicas of the previous template keep serving during a rollout).
+func BuildTable(deployments []mfv1.ModelDeployment, replicas []mfv1.ModelReplica, nodes []mfv1.MacNode) *Table {
+	t := emptyTable()
+	t.built = true
+	nodeReady := make(map[string]bool, len(nodes))
+	for i := range nodes {
+		nodeReady[nodes[i].Name] = meta.IsStatusConditionTrue(nodes[i].Status.Conditions, mfv1.MacNodeReady)
+	}
+	byID := make(map[string]*Route, len(deployments))
+	for i := range deployments {
+		d := &deployments[i]
+		if d.DeletionTimestamp != nil {
+			continue
+		}
+		rt := &Route{Namespace: d.Namespace, Deployment: d.Name, ServedName: d.Spec.Model.ServedName,
+			Created: d.CreationTimestamp.Time}
+		if rt.ServedName == "" {
+			rt.ServedName = d.Name
+		}
+		for _, a := range d.Spec.Model.Aliases {
+			if a != "" && a != rt.ServedName && !slices.Contains(rt.Aliases, a) {
+				rt.Aliases = append(rt.Aliases, a)
+			}
+		}
+		rt.Unavailable = unavailable(d)
+		byID[rt.ID()] = rt
+		t.routes = append(t.routes, rt)
+	}
+	for i := range replicas {
+		r := &replicas[i]
+		rt := byID[r.Namespace+"/"+r.Labels[mfv1.LabelDeployment]]
+		if rt == nil || r.DeletionTimestamp != nil {
+			continue
+		}
+		rt.Replicas++
+		if meta.IsStatusConditionTrue(r.Status.Conditions, mfv1.ReplicaReady) && r.Status.Endpoint != "" &&
+			r.Spec.NodeName != "" && nodeReady[r.Spec.NodeName] {
+			rt.Backends = append(rt.Backends, Backend{Key: r.Namespace + "/" + r.Name, Endpoint: r.Status.Endpoint})
+		}
+	}
+	slices.SortFunc(t.routes, func(a, b *Route) int { return strings.Compare(a.ID(), b.ID()) })
+	for _, rt := range t.routes {
+		slices.SortFunc(rt.Backends, func(a, b Backend) int { return strings.Compare(a.Key, b.Key) })
+		rt.ring = newRing(rt.Backends)
+		for _, name := range append([]string{rt.ServedName}, rt.Aliases...) {
+			t.bare[name] = append(t.bare[name], rt)
+			q := rt.Namespace + "/" + name
+			t.qualified[q] = append(t.qualified[q], rt)
+		}
+	}
+	return t
+}
+
+// unavailable says why a deployment will have no routable replica however long a
+// request waits, or "" when replicas are (or may soon be) coming.
+func unavailable(d *mfv1.ModelDeployment) string {
+	if d.Spec.Replicas != nil && *d.Spec.Replicas == 0 {
+		return fmt.Sprintf("deployment %s/%s is scaled to zero replicas", d.Namespace, d.Name)
+	}
+	c := meta.FindStatusCondition(d.Status.Conditions, mfv1.DeploymentScheduled)
+	if c != nil && c.Status == metav1.ConditionFalse &&
+		(c.Reason == mfv1.ReasonUnschedulable || c.Reason == mfv1.ReasonEstimateFailed) {
+		return fmt.Sprintf("deployment %s/%s cannot be placed: %s", d.Namespace, d.Name, c.Message)
+	}
+	return ""
+}
+
+// Resolve finds the deployment a request's model names: "<namespace>/<name>" first
+// (it always works), then the bare served name or alias. A bare name served in
+// several namespaces is a 400 asking the client to qualify it.
+func (t *Table) Resolve(model string) (*Route, *apiError) {
+	if rs := t.qualified[model]; len(rs) > 0 {
+		return one(model, rs)
+	}
+	rs := t.bare[model]
+	if len(rs) == 0 {
+		return nil, modelNotFound(model)
+	}
+	return one(model, rs)
+}
+
+func one(model string, rs []*Route) (*Route, *apiError) {
+	if len(rs) == 1 {
+		return rs[0], nil
+	}
+	var namespaces, ids []string
+	for _, rt := range rs {
+		if !slices.Contains(namespaces, rt.Namespace) {
+			namespaces = append(namespaces, rt.Namespace)
+		}
+		ids = append(ids, rt.ID())
+	}
+	if len(namespaces) > 1 {
+		return nil, &apiError{Status: http.StatusBadRequest, Type: typeInvalidRequest, Code: codeAmbiguousModel,
+			Param: "model", reason: "ambiguous_model",
+			Message: fmt.Sprintf("model %q is served in namespaces %s: qualify it as \"<namespace>/%s\", e.g. %q",
+				model, strings.Join(namespaces, ", "), model, namespaces[0]+"/"+model)}
+	}
+	return nil, &apiError{Status: http.StatusBadRequest, Type: typeInvalidRequest, Code: codeAmbiguousModel,
+		Param: "model", reason: "ambiguous_model",
+		Message: fmt.Sprintf("model %q names several deployments (%s): give each a distinct servedName or alias",
+			model, strings.Join(ids, ", "))}
+}

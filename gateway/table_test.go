@@ -1,0 +1,143 @@
+package gateway
+
+import (
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
+	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
+)
+
+func TestBuildTableRoutableReplicas(t *testing.T) {
+	const T, F, U = metav1.ConditionTrue, metav1.ConditionFalse, metav1.ConditionUnknown
+	deleting := replica("a", "qwen-gone", "qwen", "mac1", "10.0.0.1:8080", T)
+	deleting.DeletionTimestamp = &metav1.Time{}
+	tests := []struct {
+		name     string
+		replicas []mfv1.ModelReplica
+		want     []Backend
+		existing int
+	}{
+		{
+			name: "ready replica on a ready Mac",
+			replicas: []mfv1.ModelReplica{replica("a", "qwen-1", "qwen", "mac1", "10.0.0.1:8080", T),
+				replica("a", "qwen-0", "qwen", "mac2", "10.0.0.2:8080", T)},
+			want:     []Backend{{"a/qwen-0", "10.0.0.2:8080"}, {"a/qwen-1", "10.0.0.1:8080"}},
+			existing: 2,
+		},
+		{name: "replica not ready", replicas: []mfv1.ModelReplica{replica("a", "q", "qwen", "mac1", "10.0.0.1:8080", F)}, existing: 1},
+		{name: "no ready condition yet", replicas: []mfv1.ModelReplica{replica("a", "q", "qwen", "mac1", "10.0.0.1:8080", "")}, existing: 1},
+		{name: "no endpoint", replicas: []mfv1.ModelReplica{replica("a", "q", "qwen", "mac1", "", T)}, existing: 1},
+		{name: "unbound", replicas: []mfv1.ModelReplica{replica("a", "q", "qwen", "", "10.0.0.1:8080", T)}, existing: 1},
+		{name: "Mac NotReady (lease expired)", replicas: []mfv1.ModelReplica{replica("a", "q", "qwen", "mac3", "10.0.0.3:8080", T)}, existing: 1},
+		{name: "Mac Ready unknown", replicas: []mfv1.ModelReplica{replica("a", "q", "qwen", "mac4", "10.0.0.4:8080", T)}, existing: 1},
+		{name: "Mac missing", replicas: []mfv1.ModelReplica{replica("a", "q", "qwen", "nomac", "10.0.0.5:8080", T)}, existing: 1},
+		{name: "being deleted", replicas: []mfv1.ModelReplica{deleting}},
+		{name: "other namespace's deployment", replicas: []mfv1.ModelReplica{replica("b", "q", "qwen", "mac1", "10.0.0.1:8080", T)}},
+		{name: "no deployment label", replicas: []mfv1.ModelReplica{replica("a", "q", "", "mac1", "10.0.0.1:8080", T)}},
+	}
+	nodes := []mfv1.MacNode{node("mac1", T), node("mac2", T), node("mac3", F), node("mac4", U)}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			tbl := BuildTable([]mfv1.ModelDeployment{deployment("a", "qwen", "")}, tt.replicas, nodes)
+			rt, aerr := tbl.Resolve("qwen")
+			if aerr != nil {
+				t.Fatal(aerr)
+			}
+			if d := cmp.Diff(tt.want, rt.Backends); d != "" {
+				t.Errorf("backends (-want +got):\n%s", d)
+			}
+			if rt.Replicas != tt.existing {
+				t.Errorf("replicas %d, want %d", rt.Replicas, tt.existing)
+			}
+		})
+	}
+}
+
+func TestResolve(t *testing.T) {
+	deps := []mfv1.ModelDeployment{
+		deployment("team-a", "qwen", "", "q7", "chat"),
+		deployment("team-b", "qwen", ""),
+		deployment("team-b", "llama", "meta/llama-3", "chat"),
+		deployment("team-c", "dup1", "same"),
+		deployment("team-c", "dup2", "same"),
+	}
+	tbl := BuildTable(deps, nil, nil)
+	tests := []struct {
+		model  string
+		want   string // route ID
+		status int
+		msg    []string
+	}{
+		{model: "q7", want: "team-a/qwen"},
+		{model: "team-a/qwen", want: "team-a/qwen"},
+		{model: "team-b/qwen", want: "team-b/qwen"},
+		{model: "team-a/chat", want: "team-a/qwen"},
+		{model: "team-b/chat", want: "team-b/llama"},
+		{model: "meta/llama-3", want: "team-b/llama"},
+		{model: "team-b/meta/llama-3", want: "team-b/llama"},
+		{model: "qwen", status: http.StatusBadRequest, msg: []string{"team-a, team-b", `"team-a/qwen"`}},
+		{model: "chat", status: http.StatusBadRequest, msg: []string{"team-a, team-b"}},
+		{model: "same", status: http.StatusBadRequest, msg: []string{"team-c/dup1, team-c/dup2"}},
+		{model: "nope", status: http.StatusNotFound, msg: []string{`"nope"`}},
+		{model: "team-a/llama", status: http.StatusNotFound},
+		{model: "team-a/", status: http.StatusNotFound},
+	}
+	for _, tt := range tests {
+		t.Run(tt.model, func(t *testing.T) {
+			rt, aerr := tbl.Resolve(tt.model)
+			if tt.status != 0 {
+				if aerr == nil {
+					t.Fatalf("resolved to %s, want status %d", rt.ID(), tt.status)
+				}
+				if aerr.Status != tt.status {
+					t.Errorf("status %d, want %d (%s)", aerr.Status, tt.status, aerr.Message)
+				}
+				for _, m := range tt.msg {
+					if !strings.Contains(aerr.Message, m) {
+						t.Errorf("message %q lacks %q", aerr.Message, m)
+					}
+				}
+				return
+			}
+			if aerr != nil {
+				t.Fatal(aerr)
+			}
+			if rt.ID() != tt.want {
+				t.Errorf("resolved to %s, want %s", rt.ID(), tt.want)
+			}
+		})
+	}
+}
+
+func TestUnavailable(t *testing.T) {
+	zero := deployment("a", "zero", "")
+	zero.Spec.Replicas = ptr.To[int32](0)
+	unsched := deployment("a", "big", "")
+	unsched.Status.Conditions = []metav1.Condition{{Type: mfv1.DeploymentScheduled, Status: metav1.ConditionFalse,
+		Reason: mfv1.ReasonUnschedulable, Message: "0/2 Macs have 96Gi free"}}
+	pending := deployment("a", "pending", "")
+	pending.Status.Conditions = []metav1.Condition{{Type: mfv1.DeploymentScheduled, Status: metav1.ConditionFalse,
+		Reason: mfv1.ReasonScheduledPending}}
+	defaulted := deployment("a", "default", "")
+	defaulted.Spec.Replicas = nil
+	tests := []struct {
+		d    mfv1.ModelDeployment
+		want string
+	}{
+		{zero, "scaled to zero"},
+		{unsched, "cannot be placed: 0/2 Macs have 96Gi free"},
+		{pending, ""},
+		{defaulted, ""},
+	}
+	for _, tt := range tests {
+		got := unavailable(&tt.d)
+		if (tt.want == "") != (got == "") || !strings.Contains(got, tt.want) {
+			t.Errorf("unavailable(%s) = %q, want %q", tt.d.Name, got, tt.want)
+		}
+	}
+}

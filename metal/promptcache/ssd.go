@@ -1,0 +1,865 @@
+package promptcache
+
+import (
+	"container/list"
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// Clock is the time source (k8s.io/utils/clock.PassiveClock satisfies it).
+type Clock interface{ Now() time.Time }
+
+type realClock struct{}
+
+func (realClock) Now() time.Time { return time.Now() }
+
+// Defaults of SSDConfig.
+const (
+	DefaultQueueDepth          = 4
+	DefaultQueueWait           = time.Second
+	DefaultDiskSampleInterval  = 30 * time.Second
+	DefaultMaxEvictionsPerSave = 32
+	DefaultForgetWait          = 2 * time.Second
+	DefaultClearWait           = 5 * time.Second
+	// DiskShare is the share of (tracked + free disk) the quota may use.
+	DiskShare = 0.99
+)
+
+// ErrClosed is returned by Save after Close.
+var ErrClosed = errors.New("prompt cache closed")
+
+// ErrWaitTimeout is returned by Forget and Clear when the writer's in-flight item did
+// not finish in time; the item removes its own file when it does finish.
+var ErrWaitTimeout = errors.New("timed out waiting for the prompt cache writer")
+
+// SSDConfig configures an SSD tier.
+type SSDConfig struct {
+	// Dir is the cache directory shared by all models (the agent's cache dir). It must
+	// be dedicated to the prompt cache: every file under it counts toward the quota,
+	// and files that are not this identity's entries are evicted first.
+	Dir string
+	// Identity selects this tier's directory (Dir/Identity.DirName()).
+	Identity Identity
+	// QuotaBytes is the configured quota; <= 0 leaves only the disk bound. The
+	// effective quota is min(QuotaBytes, 0.99 × (tracked bytes + free disk)).
+	QuotaBytes int64
+	// QueueDepth bounds the writes waiting for the writer (default 4).
+	QueueDepth int
+	// QueueWait is how long a save waits for room in a full queue before writing
+	// inline (default 1 s).
+	QueueWait time.Duration
+	// DiskSampleInterval is the least time between two reads of the free disk space
+	// (default 30 s); an ENOSPC forces a read.
+	DiskSampleInterval time.Duration
+	// MaxEvictionsPerSave caps the files one save unlinks (default 32).
+	MaxEvictionsPerSave int
+	// ForgetWait and ClearWait bound how long Forget and Clear wait for an in-flight
+	// write (defaults 2 s and 5 s).
+	ForgetWait, ClearWait time.Duration
+	// Sync fsyncs every file before it is renamed into place. Off by default: a file
+	// torn by a crash fails its checksum and is a miss, so durability buys nothing
+	// but write latency.
+	Sync bool
+	// Statfs returns the free bytes of the file system holding a path (default
+	// FreeBytes).
+	Statfs func(path string) (int64, error)
+	// Clock defaults to the wall clock.
+	Clock Clock
+
+	// writeFile replaces writeEntryFile in tests (error injection, blocking).
+	writeFile func(path string, header, payload []byte, sync bool) error
+}
+
+// SSDStats is a snapshot of the SSD tier, for /api/status and /metrics.
+type SSDStats struct {
+	// Saves counts saves accepted. At rest Saves = SavesPersisted + Duplicates +
+	// QuotaRejects + Cancelled + Errors.
+	Saves int64 `json:"saves"`
+	// SavesPersisted counts files renamed into place.
+	SavesPersisted int64 `json:"savesPersisted"`
+	// Duplicates counts saves of a key already stored or pending (not written again).
+	Duplicates int64 `json:"duplicates"`
+	// QuotaRejects counts saves that did not fit under the quota after this save's
+	// evictions (the state stays in the hot tier).
+	QuotaRejects int64 `json:"quotaRejects"`
+	// Cancelled counts saves dropped by Forget or Clear before they persisted.
+	Cancelled int64 `json:"cancelled"`
+	// Errors counts failed writes (ENOSPC included).
+	Errors int64 `json:"errors"`
+	Hits   int64 `json:"hits"`
+	Misses int64 `json:"misses"`
+	// Corrupt counts files found invalid (each also a miss when read), all removed.
+	Corrupt         int64 `json:"corrupt"`
+	Evictions       int64 `json:"evictions"`
+	UnlinkFailures  int64 `json:"unlinkFailures"`
+	InlineFallbacks int64 `json:"inlineFallbacks"`
+
+	Entries int `json:"entries"`
+	// Bytes is this identity's files; ForeignBytes the other files under Dir.
+	Bytes        int64 `json:"bytes"`
+	ForeignBytes int64 `json:"foreignBytes"`
+	ForeignFiles int   `json:"foreignFiles"`
+	// QuotaBytes is the effective quota; FreeBytes the last free-disk reading (-1
+	// when it failed).
+	QuotaBytes int64 `json:"quotaBytes"`
+	FreeBytes  int64 `json:"freeBytes"`
+	Queued     int   `json:"queued"`
+}
+
+// SSD is the on-disk tier of one identity. All methods are safe for concurrent use.
+type SSD struct {
+	cfg    SSDConfig
+	dir    string
+	idHash [32]byte
+
+	queue      chan *item
+	stop       chan struct{}
+	writerDone chan struct{}
+	savers     sync.WaitGroup
+
+	// sampleMu serializes free-disk readings (which do I/O outside mu).
+	sampleMu sync.Mutex
+
+	mu       sync.Mutex
+	closed   bool
+	entries  map[Key]*entry
+	lru      list.List // of *entry, front = most recently used
+	foreign  []*entry  // oldest first
+	pending  map[Key][]*item
+	ownBytes int64
+	forBytes int64
+	reserved int64
+	// diskCap is tracked + free bytes at the last reading, -1 if it failed.
+	diskCap    int64
+	freeBytes  int64
+	lastSample time.Time
+	st         SSDStats
+}
+
+type entry struct {
+	key     Key
+	path    string
+	size    int64
+	lastUse time.Time
+	elem    *list.Element
+}
+
+type itemState int
+
+const (
+	itemQueued itemState = iota
+	itemWriting
+	itemDone
+)
+
+type item struct {
+	key       Key
+	data      []byte
+	state     itemState
+	cancelled bool
+	done      chan struct{}
+	err       error
+}
+
+// Open opens (creating it if needed) the SSD tier of cfg.Identity under cfg.Dir,
+// rebuilds the index from the files there (removing corrupt and temporary ones),
+// reads the free disk and starts the writer.
+func Open(cfg SSDConfig) (*SSD, error) {
+	if cfg.Dir == "" {
+		return nil, errors.New("prompt cache: no directory")
+	}
+	if cfg.QueueDepth <= 0 {
+		cfg.QueueDepth = DefaultQueueDepth
+	}
+	if cfg.QueueWait <= 0 {
+		cfg.QueueWait = DefaultQueueWait
+	}
+	if cfg.DiskSampleInterval <= 0 {
+		cfg.DiskSampleInterval = DefaultDiskSampleInterval
+	}
+	if cfg.MaxEvictionsPerSave <= 0 {
+		cfg.MaxEvictionsPerSave = DefaultMaxEvictionsPerSave
+	}
+	if cfg.ForgetWait <= 0 {
+		cfg.ForgetWait = DefaultForgetWait
+	}
+	if cfg.ClearWait <= 0 {
+		cfg.ClearWait = DefaultClearWait
+	}
+	if cfg.Statfs == nil {
+		cfg.Statfs = FreeBytes
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = realClock{}
+	}
+	if cfg.writeFile == nil {
+		cfg.writeFile = writeEntryFile
+	}
+	s := &SSD{
+		cfg:        cfg,
+		dir:        filepath.Join(cfg.Dir, cfg.Identity.DirName()),
+		idHash:     cfg.Identity.Hash(),
+		queue:      make(chan *item, cfg.QueueDepth),
+		stop:       make(chan struct{}),
+		writerDone: make(chan struct{}),
+		entries:    map[Key]*entry{},
+		pending:    map[Key][]*item{},
+		diskCap:    -1,
+		freeBytes:  -1,
+	}
+	if err := os.MkdirAll(s.dir, 0o700); err != nil {
+		return nil, fmt.Errorf("creating prompt cache directory: %w", err)
+	}
+	if err := s.loadIndex(); err != nil {
+		return nil, err
+	}
+	s.sample(true)
+	go s.writer()
+	return s, nil
+}
+
+// Dir is this identity's directory.
+func (s *SSD) Dir() string { return s.dir }
+
+// loadIndex indexes this identity's files: valid entries are kept (the newest per
+// key), temporary and corrupt files removed, anything else left as foreign.
+func (s *SSD) loadIndex() error {
+	des, err := os.ReadDir(s.dir)
+	if err != nil {
+		return fmt.Errorf("reading prompt cache directory: %w", err)
+	}
+	for _, de := range des {
+		if !de.Type().IsRegular() {
+			continue
+		}
+		name := de.Name()
+		path := filepath.Join(s.dir, name)
+		if strings.HasSuffix(name, tempSuffix) {
+			_ = os.Remove(path)
+			continue
+		}
+		key, ok := parseEntryFileName(name)
+		if !ok {
+			continue // not ours: picked up by the foreign scan
+		}
+		info, err := de.Info()
+		if err != nil {
+			continue
+		}
+		size, err := checkEntryHeader(path, s.idHash, key)
+		if err != nil {
+			if errors.Is(err, errCorrupt) {
+				s.st.Corrupt++
+				_ = os.Remove(path)
+			}
+			continue
+		}
+		if old, ok := s.entries[key]; ok {
+			// Two files for one key (a crash between rename and cleanup): keep the newer.
+			if !info.ModTime().After(old.lastUse) {
+				_ = os.Remove(path)
+				continue
+			}
+			s.dropEntryLocked(old)
+			_ = os.Remove(old.path)
+		}
+		s.addEntryLocked(&entry{key: key, path: path, size: size, lastUse: info.ModTime()})
+	}
+	// Rebuild the LRU order from the files' times (most recent first).
+	all := make([]*entry, 0, len(s.entries))
+	for e := s.lru.Front(); e != nil; e = e.Next() {
+		all = append(all, e.Value.(*entry))
+	}
+	slices.SortStableFunc(all, func(a, b *entry) int { return b.lastUse.Compare(a.lastUse) })
+	s.lru.Init()
+	for _, en := range all {
+		en.elem = s.lru.PushBack(en)
+	}
+	return nil
+}
+
+// scanForeign lists the regular files under Dir that are not this identity's
+// entries, oldest first.
+func (s *SSD) scanForeign() []*entry {
+	var out []*entry
+	_ = filepath.WalkDir(s.cfg.Dir, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return nil //nolint:nilerr // unreadable parts are skipped
+		}
+		if d.IsDir() {
+			return nil
+		}
+		if !d.Type().IsRegular() {
+			return nil
+		}
+		if filepath.Dir(path) == s.dir {
+			name := d.Name()
+			if _, ok := parseEntryFileName(name); ok || strings.HasSuffix(name, tempSuffix) {
+				return nil
+			}
+		}
+		info, err := d.Info()
+		if err != nil {
+			return nil //nolint:nilerr // vanished meanwhile
+		}
+		out = append(out, &entry{path: path, size: info.Size(), lastUse: info.ModTime()})
+		return nil
+	})
+	slices.SortStableFunc(out, func(a, b *entry) int { return a.lastUse.Compare(b.lastUse) })
+	return out
+}
+
+// sample re-reads the foreign files and the free disk when forced or when the last
+// reading is DiskSampleInterval old.
+func (s *SSD) sample(force bool) {
+	s.sampleMu.Lock()
+	defer s.sampleMu.Unlock()
+	now := s.cfg.Clock.Now()
+	s.mu.Lock()
+	due := force || s.lastSample.IsZero() || now.Sub(s.lastSample) >= s.cfg.DiskSampleInterval
+	s.mu.Unlock()
+	if !due {
+		return
+	}
+	foreign := s.scanForeign()
+	free, err := s.cfg.Statfs(s.cfg.Dir)
+
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.foreign = foreign
+	s.forBytes = 0
+	for _, f := range foreign {
+		s.forBytes += f.size
+	}
+	if err != nil {
+		s.diskCap, s.freeBytes = -1, -1
+	} else {
+		s.freeBytes = free
+		s.diskCap = s.usedLocked() + free
+	}
+	s.lastSample = now
+}
+
+func (s *SSD) usedLocked() int64 { return s.ownBytes + s.forBytes + s.reserved }
+
+// quotaLocked is min(configured, 0.99 × (tracked + free)); without a disk reading
+// only the configured quota applies (0 when there is none: nothing is persisted).
+func (s *SSD) quotaLocked() int64 {
+	q := s.cfg.QuotaBytes
+	if s.diskCap >= 0 {
+		d := int64(DiskShare * float64(s.diskCap))
+		if q <= 0 || d < q {
+			q = d
+		}
+	}
+	return max(q, 0)
+}
+
+// SetQuota changes the configured quota; the next save evicts toward it.
+func (s *SSD) SetQuota(quotaBytes int64) {
+	s.mu.Lock()
+	s.cfg.QuotaBytes = quotaBytes
+	s.mu.Unlock()
+}
+
+// Save queues data to be written under key. It returns once the write is queued, or,
+// when the queue stayed full for QueueWait, after writing it inline (never dropping
+// it). A key already stored or pending is not written again. data must not be
+// modified afterwards.
+func (s *SSD) Save(key Key, data []byte) error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return ErrClosed
+	}
+	s.st.Saves++
+	if e, ok := s.entries[key]; ok {
+		s.st.Duplicates++
+		s.touchLocked(e)
+		s.mu.Unlock()
+		return nil
+	}
+	for _, it := range s.pending[key] {
+		if !it.cancelled {
+			s.st.Duplicates++
+			s.mu.Unlock()
+			return nil
+		}
+	}
+	it := &item{key: key, data: data, done: make(chan struct{})}
+	s.pending[key] = append(s.pending[key], it)
+	s.savers.Add(1)
+	s.mu.Unlock()
+	defer s.savers.Done()
+
+	select {
+	case s.queue <- it:
+		return nil
+	default:
+	}
+	t := time.NewTimer(s.cfg.QueueWait)
+	defer t.Stop()
+	select {
+	case s.queue <- it:
+		return nil
+	case <-t.C:
+	}
+	s.mu.Lock()
+	s.st.InlineFallbacks++
+	s.mu.Unlock()
+	s.write(it)
+	return it.err
+}
+
+func (s *SSD) writer() {
+	defer close(s.writerDone)
+	for {
+		select {
+		case it := <-s.queue:
+			s.write(it)
+		case <-s.stop:
+			for {
+				select {
+				case it := <-s.queue:
+					s.write(it)
+				default:
+					return
+				}
+			}
+		}
+	}
+}
+
+// write persists one item: evict to make room (at most MaxEvictionsPerSave unlinks),
+// write a temporary file, rename it into place, index it. A cancelled item writes
+// nothing, or removes its own file if it was cancelled during the write.
+func (s *SSD) write(it *item) {
+	defer close(it.done)
+	s.sample(false)
+
+	size := int64(headerSize + len(it.data))
+	s.mu.Lock()
+	if it.cancelled {
+		s.finishLocked(it)
+		s.mu.Unlock()
+		return
+	}
+	it.state = itemWriting
+	victims, ok := s.reserveLocked(size)
+	s.mu.Unlock()
+
+	if failed := s.unlinkVictims(victims); failed && ok {
+		// A victim that could not be removed still holds its bytes.
+		s.mu.Lock()
+		if s.usedLocked() > s.quotaLocked() {
+			s.reserved -= size
+			ok = false
+		}
+		s.mu.Unlock()
+	}
+	if !ok {
+		s.mu.Lock()
+		if it.cancelled {
+			s.st.Cancelled++
+		} else {
+			s.st.QuotaRejects++
+		}
+		s.finishLocked(it)
+		s.mu.Unlock()
+		return
+	}
+
+	path := filepath.Join(s.dir, entryFileName(it.key, rand.Uint32()))
+	tmp := path + tempSuffix
+	err := s.cfg.writeFile(tmp, encodeHeader(s.idHash, it.key, it.data), it.data, s.cfg.Sync)
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err != nil {
+		_ = os.Remove(tmp)
+		s.mu.Lock()
+		s.reserved -= size
+		s.mu.Unlock()
+		if errors.Is(err, syscall.ENOSPC) {
+			// The last reading was wrong: read again now, before the next save.
+			s.sample(true)
+		}
+		s.mu.Lock()
+		s.st.Errors++
+		it.err = fmt.Errorf("writing prompt cache entry: %w", err)
+		s.finishLocked(it)
+		s.mu.Unlock()
+		return
+	}
+
+	s.mu.Lock()
+	s.reserved -= size
+	if it.cancelled {
+		s.st.Cancelled++
+		s.finishLocked(it)
+		s.mu.Unlock()
+		s.unlink(path)
+		return
+	}
+	var replaced string
+	if old, ok := s.entries[it.key]; ok {
+		replaced = old.path
+		s.dropEntryLocked(old)
+	}
+	s.addEntryLocked(&entry{key: it.key, path: path, size: size, lastUse: s.cfg.Clock.Now()})
+	s.st.SavesPersisted++
+	s.finishLocked(it)
+	s.mu.Unlock()
+	if replaced != "" {
+		s.unlink(replaced)
+	}
+}
+
+// reserveLocked makes room for size bytes: while the tier would exceed its quota it
+// takes victims, foreign files first (oldest first), then this identity's least
+// recently used entries, at most MaxEvictionsPerSave of them. The victims leave the
+// index now and are unlinked by the caller; when size then fits it is reserved.
+func (s *SSD) reserveLocked(size int64) ([]*entry, bool) {
+	quota := s.quotaLocked()
+	if size > quota {
+		return nil, false
+	}
+	var victims []*entry
+	for s.usedLocked()+size > quota && len(victims) < s.cfg.MaxEvictionsPerSave {
+		var v *entry
+		switch {
+		case len(s.foreign) > 0:
+			v = s.foreign[0]
+			s.foreign = s.foreign[1:]
+			s.forBytes -= v.size
+		case s.lru.Len() > 0:
+			v = s.lru.Back().Value.(*entry)
+			s.dropEntryLocked(v)
+		default:
+			return victims, false
+		}
+		victims = append(victims, v)
+	}
+	if s.usedLocked()+size > quota {
+		return victims, false
+	}
+	s.reserved += size
+	return victims, true
+}
+
+// unlinkVictims removes evicted files; one that cannot be removed goes back to the
+// foreign list (its bytes still count) and is reported.
+func (s *SSD) unlinkVictims(victims []*entry) (failed bool) {
+	for _, v := range victims {
+		err := os.Remove(v.path)
+		s.mu.Lock()
+		switch {
+		case err == nil || errors.Is(err, fs.ErrNotExist):
+			s.st.Evictions++
+		default:
+			failed = true
+			s.st.UnlinkFailures++
+			v.key = Key{}
+			s.foreign = append(s.foreign, v)
+			s.forBytes += v.size
+		}
+		s.mu.Unlock()
+	}
+	return failed
+}
+
+// unlink removes a file this tier no longer indexes, counting a failure.
+func (s *SSD) unlink(path string) {
+	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		s.mu.Lock()
+		s.st.UnlinkFailures++
+		s.mu.Unlock()
+	}
+}
+
+func (s *SSD) finishLocked(it *item) {
+	it.state = itemDone
+	s.removePendingLocked(it)
+}
+
+func (s *SSD) removePendingLocked(it *item) {
+	list := s.pending[it.key]
+	if i := slices.Index(list, it); i >= 0 {
+		list = slices.Delete(list, i, i+1)
+	}
+	if len(list) == 0 {
+		delete(s.pending, it.key)
+	} else {
+		s.pending[it.key] = list
+	}
+}
+
+func (s *SSD) addEntryLocked(e *entry) {
+	s.entries[e.key] = e
+	e.elem = s.lru.PushFront(e)
+	s.ownBytes += e.size
+}
+
+func (s *SSD) dropEntryLocked(e *entry) {
+	if s.entries[e.key] == e {
+		delete(s.entries, e.key)
+	}
+	if e.elem != nil {
+		s.lru.Remove(e.elem)
+		e.elem = nil
+		s.ownBytes -= e.size
+	}
+}
+
+func (s *SSD) touchLocked(e *entry) {
+	e.lastUse = s.cfg.Clock.Now()
+	if e.elem != nil {
+		s.lru.MoveToFront(e.elem)
+	}
+}
+
+// Has reports whether key is indexed (its file may still turn out corrupt).
+func (s *SSD) Has(key Key) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_, ok := s.entries[key]
+	return ok
+}
+
+// Load reads and verifies the state under key. A missing, truncated or corrupt file
+// is a miss; a corrupt one is removed.
+func (s *SSD) Load(key Key) ([]byte, bool) {
+	data, ok := s.load(key)
+	s.count(ok)
+	return data, ok
+}
+
+func (s *SSD) load(key Key) ([]byte, bool) {
+	s.mu.Lock()
+	e, ok := s.entries[key]
+	s.mu.Unlock()
+	if !ok {
+		return nil, false
+	}
+	data, err := readEntry(e.path, s.idHash, key)
+	if err != nil {
+		s.mu.Lock()
+		if errors.Is(err, errCorrupt) {
+			s.st.Corrupt++
+		}
+		indexed := s.entries[key] == e
+		if indexed {
+			s.dropEntryLocked(e)
+		}
+		s.mu.Unlock()
+		if indexed && !errors.Is(err, fs.ErrNotExist) {
+			s.unlink(e.path)
+		}
+		return nil, false
+	}
+	s.mu.Lock()
+	if s.entries[key] == e {
+		s.touchLocked(e)
+	}
+	s.mu.Unlock()
+	// Keep the LRU order across restarts (Open orders by modification time, so this
+	// is wall-clock time like the files' own); failing that only costs order.
+	now := time.Now()
+	_ = os.Chtimes(e.path, now, now)
+	return data, true
+}
+
+// deepest loads the deepest of keys[from:] that is stored and valid, returning its
+// index or -1, without counting.
+func (s *SSD) deepest(keys []Key, from int) (int, []byte) {
+	for i := len(keys) - 1; i >= from; i-- {
+		if !s.Has(keys[i]) {
+			continue
+		}
+		if data, ok := s.load(keys[i]); ok {
+			return i, data
+		}
+	}
+	return -1, nil
+}
+
+func (s *SSD) count(hit bool) {
+	s.mu.Lock()
+	if hit {
+		s.st.Hits++
+	} else {
+		s.st.Misses++
+	}
+	s.mu.Unlock()
+}
+
+// Forget removes the states under keys (e.g. every key of one conversation): queued
+// writes are cancelled, a write in flight is waited for (up to ForgetWait) and
+// removes its file itself, stored files are unlinked. Nothing is remembered for keys
+// that had nothing pending. It returns the number of stored files removed.
+func (s *SSD) Forget(keys ...Key) (int, error) {
+	s.mu.Lock()
+	var waits []chan struct{}
+	var paths []string
+	for _, k := range keys {
+		w, p := s.cancelLocked(k)
+		waits = append(waits, w...)
+		paths = append(paths, p...)
+	}
+	s.mu.Unlock()
+	for _, p := range paths {
+		s.unlink(p)
+	}
+	return len(paths), waitAll(waits, s.cfg.ForgetWait)
+}
+
+// cancelLocked cancels every pending item of k and drops its entry; it returns the
+// done channels of items being written and the path to unlink.
+func (s *SSD) cancelLocked(k Key) (waits []chan struct{}, paths []string) {
+	for _, it := range slices.Clone(s.pending[k]) {
+		if it.cancelled {
+			if it.state == itemWriting {
+				waits = append(waits, it.done)
+			}
+			continue
+		}
+		it.cancelled = true
+		switch it.state {
+		case itemWriting:
+			waits = append(waits, it.done)
+		case itemQueued:
+			// The writer skips it; nothing else refers to it.
+			s.st.Cancelled++
+			s.removePendingLocked(it)
+		}
+	}
+	if e, ok := s.entries[k]; ok {
+		s.dropEntryLocked(e)
+		paths = append(paths, e.path)
+	}
+	return waits, paths
+}
+
+// Clear removes every state of this identity: pending writes are cancelled, writes
+// in flight waited for (up to ClearWait), files unlinked. It returns the bytes and
+// entries removed.
+func (s *SSD) Clear() (bytes int64, entries int, err error) {
+	s.mu.Lock()
+	var waits []chan struct{}
+	var paths []string
+	keys := make([]Key, 0, len(s.entries)+len(s.pending))
+	for k := range s.entries {
+		keys = append(keys, k)
+	}
+	for k := range s.pending {
+		if _, ok := s.entries[k]; !ok {
+			keys = append(keys, k)
+		}
+	}
+	bytes = s.ownBytes
+	for _, k := range keys {
+		w, p := s.cancelLocked(k)
+		waits = append(waits, w...)
+		paths = append(paths, p...)
+	}
+	s.mu.Unlock()
+	for _, p := range paths {
+		s.unlink(p)
+	}
+	err = waitAll(waits, s.cfg.ClearWait)
+	// Files this process does not index (another runner of the same identity, or
+	// left by a write that outlived the wait) go too.
+	if des, rerr := os.ReadDir(s.dir); rerr == nil {
+		s.mu.Lock()
+		indexed := make(map[string]bool, len(s.entries))
+		for _, e := range s.entries {
+			indexed[e.path] = true // saved after the clear began
+		}
+		s.mu.Unlock()
+		for _, de := range des {
+			p := filepath.Join(s.dir, de.Name())
+			if _, ok := parseEntryFileName(de.Name()); ok && !indexed[p] {
+				s.unlink(p)
+			}
+		}
+	}
+	return bytes, len(paths), err
+}
+
+func waitAll(waits []chan struct{}, d time.Duration) error {
+	if len(waits) == 0 {
+		return nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	for _, w := range waits {
+		select {
+		case <-w:
+		case <-t.C:
+			return fmt.Errorf("%w after %s", ErrWaitTimeout, d)
+		}
+	}
+	return nil
+}
+
+// Stats returns a snapshot of the counters and sizes.
+func (s *SSD) Stats() SSDStats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := s.st
+	st.Entries = len(s.entries)
+	st.Bytes = s.ownBytes
+	st.ForeignBytes = s.forBytes
+	st.ForeignFiles = len(s.foreign)
+	st.QuotaBytes = s.quotaLocked()
+	st.FreeBytes = s.freeBytes
+	st.Queued = len(s.queue)
+	return st
+}
+
+// Close stops accepting saves and lets the writer finish the queue; when ctx ends
+// first the writes still queued are cancelled and ctx's error returned.
+func (s *SSD) Close(ctx context.Context) error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		<-s.writerDone
+		return nil
+	}
+	s.closed = true
+	s.mu.Unlock()
+	s.savers.Wait()
+	close(s.stop)
+	select {
+	case <-s.writerDone:
+		return nil
+	case <-ctx.Done():
+	}
+	select {
+	case <-s.writerDone:
+		return nil
+	default:
+	}
+	s.mu.Lock()
+	for k := range s.pending {
+		for _, it := range s.pending[k] {
+			if it.state == itemQueued && !it.cancelled {
+				it.cancelled = true
+				s.st.Cancelled++
+			}
+		}
+	}
+	s.mu.Unlock()
+	<-s.writerDone
+	return ctx.Err()
+}

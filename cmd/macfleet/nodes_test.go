@@ -1,0 +1,113 @@
+package main
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/clientcmd"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/macfleet/macfleet/api/v1alpha1"
+	"github.com/macfleet/macfleet/internal/testenv"
+)
+
+// TestNodesCredentials runs `macfleet nodes credentials` against a real API server on
+// which only the namespaces exist (no agent RBAC, no policy).
+func TestNodesCredentials(t *testing.T) {
+	env := testenv.Start(t)
+	for _, ns := range []string{v1alpha1.NodeIdentityNamespace, v1alpha1.SystemNamespace} {
+		if err := env.Client.Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dir := t.TempDir()
+	adminKC := filepath.Join(dir, "admin.kubeconfig")
+	if err := os.WriteFile(adminKC, env.KubeConfig, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	run := func(args ...string) (stdout, stderr string, err error) {
+		var out, errOut bytes.Buffer
+		cmd := nodesCredentialsCmd()
+		cmd.SetArgs(args)
+		cmd.SetOut(&out)
+		cmd.SetErr(&errOut)
+		cmd.SilenceUsage = true
+		err = cmd.ExecuteContext(t.Context())
+		return out.String(), errOut.String(), err
+	}
+
+	t.Run("prints a kubeconfig", func(t *testing.T) {
+		stdout, stderr, err := run("mac-a", "--kubeconfig", adminKC, "--server", "https://mac-facing.example:6443")
+		if err != nil {
+			t.Fatal(err)
+		}
+		kc, err := clientcmd.Load([]byte(stdout))
+		if err != nil {
+			t.Fatalf("stdout is not a kubeconfig: %v\n%s", err, stdout)
+		}
+		cur := kc.Contexts[kc.CurrentContext]
+		if cur == nil || kc.AuthInfos[cur.AuthInfo] == nil || kc.AuthInfos[cur.AuthInfo].Token == "" {
+			t.Fatalf("kubeconfig has no current context with a token:\n%s", stdout)
+		}
+		if got := kc.Clusters[cur.Cluster].Server; got != "https://mac-facing.example:6443" {
+			t.Errorf("server = %q, want the --server URL", got)
+		}
+		for _, want := range []string{"Warning: ClusterRoleBinding macfleet-agent does not exist", "Warning: ValidatingAdmissionPolicyBinding macfleet-node-restriction does not exist"} {
+			if !strings.Contains(stderr, want) {
+				t.Errorf("stderr lacks %q:\n%s", want, stderr)
+			}
+		}
+	})
+
+	t.Run("writes a 0600 file", func(t *testing.T) {
+		path := filepath.Join(dir, "mac-b.kubeconfig")
+		stdout, stderr, err := run("mac-b", "--kubeconfig", adminKC, "-o", path, "--duration", "1h")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if stdout != "" {
+			t.Errorf("stdout = %q, want nothing when -o is given", stdout)
+		}
+		fi, err := os.Stat(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fi.Mode().Perm() != 0o600 {
+			t.Errorf("kubeconfig mode %v, want 0600", fi.Mode().Perm())
+		}
+		rc, err := clientcmd.BuildConfigFromFlags("", path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rc.Host != strings.TrimSuffix(env.Config.Host, "/") || rc.BearerToken == "" {
+			t.Errorf("kubeconfig reaches %q with token %t, want %q with a token", rc.Host, rc.BearerToken != "", env.Config.Host)
+		}
+		if !strings.Contains(stderr, "Wrote the kubeconfig of node mac-b to "+path+" (mode 0600)") {
+			t.Errorf("stderr does not say where the kubeconfig went:\n%s", stderr)
+		}
+	})
+
+	t.Run("rejects a bad name", func(t *testing.T) {
+		_, _, err := run("Mac_C", "--kubeconfig", adminKC)
+		if err == nil || !strings.Contains(err.Error(), `invalid node name "Mac_C"`) {
+			t.Fatalf("error = %v, want an invalid node name", err)
+		}
+		err = env.Client.Get(t.Context(), client.ObjectKey{Namespace: v1alpha1.NodeIdentityNamespace, Name: "Mac_C"}, &corev1.ServiceAccount{})
+		if !apierrors.IsNotFound(err) {
+			t.Errorf("ServiceAccount for a rejected name: %v, want NotFound", err)
+		}
+	})
+
+	t.Run("explains a missing kubeconfig", func(t *testing.T) {
+		_, _, err := run("mac-d", "--kubeconfig", filepath.Join(dir, "nope"))
+		if err == nil || !strings.Contains(err.Error(), "loading the administrator kubeconfig") {
+			t.Fatalf("error = %v, want one about the administrator kubeconfig", err)
+		}
+	})
+}

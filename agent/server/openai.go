@@ -157,9 +157,17 @@ func requireModel(m string) *apiError {
 func (s *Server) generate(w http.ResponseWriter, r *http.Request, g generation) {
 	ctx := r.Context()
 	info := requestInfo(ctx)
-	lease, err := s.pool.Acquire(ctx, g.model)
+	entry := g.model
+	if s.opts.ResolveModel != nil {
+		var err error
+		if entry, err = s.opts.ResolveModel(r, g.model); err != nil {
+			writeError(w, fromPool(err))
+			return
+		}
+	}
+	lease, err := s.pool.Acquire(ctx, entry)
 	if err != nil {
-		info.setModel(s.canonicalName(g.model))
+		info.setModel(s.canonicalName(entry))
 		if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
 			return // the client went away while the model loaded
 		}
@@ -234,6 +242,15 @@ func (s *Server) modelObject(id string) modelObject {
 }
 
 func (s *Server) handleListModels(w http.ResponseWriter, _ *http.Request) {
+	if s.opts.ListModels != nil {
+		ids := s.opts.ListModels()
+		data := make([]modelObject, 0, len(ids))
+		for _, id := range ids {
+			data = append(data, s.modelObject(id))
+		}
+		writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": data})
+		return
+	}
 	snap := s.pool.Snapshot()
 	data := make([]modelObject, 0, len(snap.Models))
 	for _, m := range snap.Models {
@@ -244,7 +261,11 @@ func (s *Server) handleListModels(w http.ResponseWriter, _ *http.Request) {
 
 func (s *Server) handleGetModel(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
-	if s.canonicalName(id) == "" {
+	known := s.canonicalName(id) != ""
+	if s.opts.ListModels != nil {
+		known = slices.Contains(s.opts.ListModels(), id)
+	}
+	if !known {
 		writeError(w, fromPool(&metal.UnknownModelError{Model: id}))
 		return
 	}

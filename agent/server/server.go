@@ -47,7 +47,16 @@ type Options struct {
 	Gatherer   prometheus.Gatherer
 	// ExitWait: see DefaultExitWait.
 	ExitWait time.Duration
-	Log      logr.Logger
+	// ResolveModel, when set, names the pool entry that serves a generation request,
+	// from the request (its headers) and the model named in its body; without it the
+	// body's model is the entry's name or alias (standalone). Errors implementing
+	// metal.StatusError keep their status and code (for example 400 for a name that
+	// is ambiguous, 404 for an unknown one).
+	ResolveModel func(r *http.Request, model string) (string, error)
+	// ListModels, when set, gives the ids GET /v1/models lists instead of the pool's
+	// entries.
+	ListModels func() []string
+	Log        logr.Logger
 }
 
 // Server serves the agent's API over one engine pool.

@@ -1,0 +1,462 @@
+package cluster_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr/funcr"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/rest"
+
+	"github.com/macfleet/macfleet/agent/cluster"
+	"github.com/macfleet/macfleet/agent/server"
+	"github.com/macfleet/macfleet/api/v1alpha1"
+	"github.com/macfleet/macfleet/internal/ggufsynth"
+	"github.com/macfleet/macfleet/internal/testenv"
+	"github.com/macfleet/macfleet/metal"
+)
+
+var (
+	env *testenv.Env
+	// tinyModel is a synthesized ggufsynth.Tiny model shared by the package's tests.
+	tinyModel string
+)
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "macfleet-cluster-test-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	tinyModel = filepath.Join(dir, "tiny.gguf")
+	if err := ggufsynth.Write(tinyModel, ggufsynth.Tiny()); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	defer os.RemoveAll(dir)
+	testenv.Main(m, &env, testenv.WithScheme(v1alpha1.AddToScheme))
+}
+
+const fleetToken = "fleet-token-for-tests"
+
+// nodeSeq numbers the node names of the test binary's agents.
+var nodeSeq atomic.Int64
+
+// runnerPath returns $MACFLEET_RUNNER or skips the test.
+func runnerPath(t *testing.T) string {
+	t.Helper()
+	p := os.Getenv(metal.RunnerEnv)
+	if p == "" {
+		t.Skip("MACFLEET_RUNNER is not set: build the runner with `make runner` and export MACFLEET_RUNNER=$PWD/bin/macfleet-runner")
+	}
+	if _, err := os.Stat(p); err != nil {
+		t.Fatalf("MACFLEET_RUNNER=%s: %v", p, err)
+	}
+	return p
+}
+
+// fileStore serves file:// sources in place, verifying the sha256 when one is given.
+type fileStore struct{}
+
+type checksumError struct{ got, want string }
+
+func (e *checksumError) Error() string {
+	return fmt.Sprintf("sha256 of the file is %s, want %s", e.got, e.want)
+}
+func (e *checksumError) ChecksumMismatch() bool { return true }
+
+func (fileStore) Fetch(ctx context.Context, source, sum string, progress func(done, total int64)) (string, error) {
+	u, err := url.Parse(source)
+	if err != nil || u.Scheme != "file" {
+		return "", fmt.Errorf("the test store only fetches file:// sources, not %q", source)
+	}
+	b, err := os.ReadFile(u.Path)
+	if err != nil {
+		return "", err
+	}
+	if sum != "" {
+		h := sha256.Sum256(b)
+		if got := hex.EncodeToString(h[:]); got != sum {
+			return "", &checksumError{got: got, want: sum}
+		}
+	}
+	progress(int64(len(b)), int64(len(b)))
+	return u.Path, nil
+}
+
+// testAgent is one `macfleet agent` run in-process against the test API server.
+type testAgent struct {
+	t        *testing.T
+	node     string
+	url      string
+	endpoint string
+	logs     *logBuffer
+}
+
+type agentOptions struct {
+	node string
+	// rest overrides the API server's config (e.g. through a proxy).
+	rest  *rest.Config
+	store cluster.Store
+}
+
+type logBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *logBuffer) line(prefix, args string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	fmt.Fprintln(&l.b, prefix, args)
+}
+
+func (l *logBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+func startAgent(t *testing.T, o agentOptions) *testAgent {
+	t.Helper()
+	rp := runnerPath(t)
+	if o.node == "" {
+		// Unique per run: envtest never deletes namespaces, so replicas of an earlier
+		// run (-count) are still bound to the node names it used.
+		o.node = fmt.Sprintf("mac-%s-%d", strings.ToLower(strings.NewReplacer("/", "-", "_", "-").Replace(t.Name())),
+			nodeSeq.Add(1))
+	}
+	if o.rest == nil {
+		o.rest = env.Config
+	}
+	if o.store == nil {
+		o.store = fileStore{}
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := &logBuffer{}
+	log := funcr.New(logs.line, funcr.Options{Verbosity: 2})
+	a := &testAgent{t: t, node: o.node, url: "http://" + ln.Addr().String(), endpoint: ln.Addr().String(), logs: logs}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	cfg := cluster.Config{
+		RestConfig: o.rest, NodeName: o.node, Listener: ln, AdvertiseAddress: a.endpoint, FleetToken: fleetToken,
+		Store: o.store, RunnerPath: rp, RunnerThreads: 1, SocketDir: t.TempDir(),
+		Pool: metal.Config{CeilingBytes: 4 << 30, DrainTimeout: 10 * time.Second, BackoffInitial: 100 * time.Millisecond,
+			StopGrace: 3 * time.Second, PollActive: 200 * time.Millisecond, SettleTimeout: time.Second},
+		Syncer:          cluster.SyncerOptions{ResyncPeriod: 2 * time.Second, FetchBackoffInitial: 200 * time.Millisecond},
+		ShutdownTimeout: time.Minute,
+		Log:             log,
+	}
+	go func() { done <- cluster.Run(ctx, cfg) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("the agent stopped with: %v", err)
+			}
+		case <-time.After(2 * time.Minute):
+			t.Errorf("the agent did not stop within 2m")
+		}
+		if t.Failed() {
+			t.Logf("agent log:\n%s", logs.String())
+		}
+	})
+	testenv.Eventually(t, 30*time.Second, 50*time.Millisecond, func() (bool, string) {
+		resp, err := http.Get(a.url + "/readyz")
+		if err != nil {
+			return false, err.Error()
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK, fmt.Sprintf("/readyz answered %d", resp.StatusCode)
+	})
+	return a
+}
+
+// do sends a request to the agent with optional header pairs and returns the
+// response with its body read.
+func (a *testAgent) do(method, path string, body any, header ...string) (*http.Response, []byte) {
+	a.t.Helper()
+	var r io.Reader
+	if body != nil {
+		j, err := json.Marshal(body)
+		if err != nil {
+			a.t.Fatal(err)
+		}
+		r = bytes.NewReader(j)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, method, a.url+path, r)
+	if err != nil {
+		a.t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		a.t.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		a.t.Fatalf("%s %s: reading the body: %v", method, path, err)
+	}
+	return resp, b
+}
+
+var auth = []string{"Authorization", "Bearer " + fleetToken}
+
+// chat sends a short chat completion for model (with extra header pairs) and returns
+// the status and body.
+func (a *testAgent) chat(model string, header ...string) (int, string) {
+	a.t.Helper()
+	body := map[string]any{"model": model, "max_tokens": 4, "temperature": 0,
+		"messages": []map[string]string{{"role": "user", "content": "hello"}}}
+	resp, b := a.do(http.MethodPost, "/v1/chat/completions", body, header...)
+	return resp.StatusCode, string(b)
+}
+
+func (a *testAgent) status() server.StatusResponse {
+	a.t.Helper()
+	resp, b := a.do(http.MethodGet, "/api/status", nil, auth...)
+	if resp.StatusCode != http.StatusOK {
+		a.t.Fatalf("GET /api/status: %d %s", resp.StatusCode, b)
+	}
+	var s server.StatusResponse
+	if err := json.Unmarshal(b, &s); err != nil {
+		a.t.Fatalf("decoding /api/status: %v\n%s", err, b)
+	}
+	return s
+}
+
+// model is the pool entry named name, if any.
+func (a *testAgent) model(name string) (metal.ModelSnapshot, bool) {
+	for _, m := range a.status().Models {
+		if m.Name == name {
+			return m, true
+		}
+	}
+	return metal.ModelSnapshot{}, false
+}
+
+type replicaOpts struct {
+	deployment, servedName string
+	residency              v1alpha1.Residency
+	hash                   string
+	idle                   time.Duration
+	source                 string
+	sha                    string
+	ctxLen                 int32
+}
+
+// newReplica creates a ModelReplica bound to node, as the deployment controller and
+// the scheduler would.
+func newReplica(t *testing.T, ns, name, node string, o replicaOpts) *v1alpha1.ModelReplica {
+	t.Helper()
+	if o.deployment == "" {
+		o.deployment = "tiny"
+	}
+	if o.hash == "" {
+		o.hash = "h1"
+	}
+	if o.source == "" {
+		o.source = "file://" + tinyModel
+	}
+	if o.residency == "" {
+		o.residency = v1alpha1.ResidencyResident
+	}
+	if o.ctxLen == 0 {
+		o.ctxLen = 512
+	}
+	mr := &v1alpha1.ModelReplica{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name,
+			Labels: map[string]string{v1alpha1.LabelDeployment: o.deployment, v1alpha1.LabelTemplateHash: o.hash}},
+		Spec: v1alpha1.ModelReplicaSpec{
+			Template: v1alpha1.ModelReplicaTemplate{
+				Model:     v1alpha1.ModelSource{Source: o.source, SHA256: o.sha, ServedName: o.servedName},
+				Engine:    v1alpha1.EngineSpec{ContextLength: o.ctxLen, Parallel: 1, KVCacheType: v1alpha1.KVCacheF16},
+				Residency: o.residency,
+			},
+			TemplateHash:      o.hash,
+			MemoryReservation: resource.MustParse("512Mi"),
+			NodeName:          node,
+		},
+	}
+	if o.idle > 0 {
+		mr.Spec.Template.IdleTimeout = &metav1.Duration{Duration: o.idle}
+	}
+	if err := env.Client.Create(t.Context(), mr); err != nil {
+		t.Fatalf("creating replica %s: %v", name, err)
+	}
+	return mr
+}
+
+func getReplica(t *testing.T, ns, name string) *v1alpha1.ModelReplica {
+	t.Helper()
+	var mr v1alpha1.ModelReplica
+	if err := env.Client.Get(t.Context(), types.NamespacedName{Namespace: ns, Name: name}, &mr); err != nil {
+		t.Fatalf("reading replica %s: %v", name, err)
+	}
+	return &mr
+}
+
+// waitReplica polls the replica until cond accepts it.
+func waitReplica(t *testing.T, timeout time.Duration, ns, name string, cond func(*v1alpha1.ModelReplica) (bool, string)) *v1alpha1.ModelReplica {
+	t.Helper()
+	var last *v1alpha1.ModelReplica
+	testenv.Eventually(t, timeout, 100*time.Millisecond, func() (bool, string) {
+		last = getReplica(t, ns, name)
+		ok, msg := cond(last)
+		return ok, fmt.Sprintf("replica %s: %s (status %s)", name, msg, statusJSON(last))
+	})
+	return last
+}
+
+func statusJSON(mr *v1alpha1.ModelReplica) string {
+	b, _ := json.Marshal(mr.Status)
+	return string(b)
+}
+
+// condIs checks a condition's status and reason.
+func condIs(mr *v1alpha1.ModelReplica, typ string, status metav1.ConditionStatus, reason string) (bool, string) {
+	c := meta.FindStatusCondition(mr.Status.Conditions, typ)
+	if c == nil {
+		return false, typ + " not set"
+	}
+	if c.Status != status || c.Reason != reason {
+		return false, fmt.Sprintf("%s is %s/%s (%s), want %s/%s", typ, c.Status, c.Reason, c.Message, status, reason)
+	}
+	return true, ""
+}
+
+func allOf(checks ...func() (bool, string)) (bool, string) {
+	for _, c := range checks {
+		if ok, msg := c(); !ok {
+			return false, msg
+		}
+	}
+	return true, ""
+}
+
+// tcpProxy forwards connections to target; Cut closes the listener and every
+// connection (the API server becomes unreachable), Restore listens again on the
+// same address.
+type tcpProxy struct {
+	t      *testing.T
+	target string
+	addr   string
+
+	mu    sync.Mutex
+	ln    net.Listener
+	conns map[net.Conn]struct{}
+}
+
+func newTCPProxy(t *testing.T, target string) *tcpProxy {
+	p := &tcpProxy{t: t, target: target, conns: map[net.Conn]struct{}{}}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.addr = ln.Addr().String()
+	p.serve(ln)
+	t.Cleanup(p.Cut)
+	return p
+}
+
+func (p *tcpProxy) serve(ln net.Listener) {
+	p.mu.Lock()
+	p.ln = ln
+	p.mu.Unlock()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			up, err := net.Dial("tcp", p.target)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			p.mu.Lock()
+			if p.ln != ln {
+				p.mu.Unlock()
+				c.Close()
+				up.Close()
+				return
+			}
+			p.conns[c], p.conns[up] = struct{}{}, struct{}{}
+			p.mu.Unlock()
+			go func() { _, _ = io.Copy(up, c); up.Close(); c.Close() }()
+			go func() { _, _ = io.Copy(c, up); up.Close(); c.Close() }()
+		}
+	}()
+}
+
+func (p *tcpProxy) Cut() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.ln != nil {
+		p.ln.Close()
+		p.ln = nil
+	}
+	for c := range p.conns {
+		c.Close()
+	}
+	clear(p.conns)
+}
+
+func (p *tcpProxy) Restore() {
+	var ln net.Listener
+	var err error
+	// The port was just released; another process could take it, which would be a
+	// test failure, not a hang.
+	for range 50 {
+		if ln, err = net.Listen("tcp", p.addr); err == nil {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err != nil {
+		p.t.Fatalf("listening again on %s: %v", p.addr, err)
+	}
+	p.serve(ln)
+}
+
+// throughProxy is env.Config with its host replaced by the proxy's address.
+func throughProxy(t *testing.T) (*rest.Config, *tcpProxy) {
+	u, err := url.Parse(env.Config.Host)
+	if err != nil || u.Host == "" {
+		t.Fatalf("API server host %q: %v", env.Config.Host, err)
+	}
+	p := newTCPProxy(t, u.Host)
+	rc := rest.CopyConfig(env.Config)
+	u.Host = p.addr
+	rc.Host = u.String()
+	rc.Timeout = 5 * time.Second
+	return rc, p
+}

@@ -1,0 +1,129 @@
+package cluster
+
+import (
+	"cmp"
+	"fmt"
+	"net/http"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/macfleet/macfleet/api/v1alpha1"
+	"github.com/macfleet/macfleet/metal"
+)
+
+// AmbiguousModelError: the requested name is served by replicas of more than one
+// deployment on this node (400).
+type AmbiguousModelError struct {
+	Model       string
+	Deployments []string
+}
+
+func (e *AmbiguousModelError) Error() string {
+	return fmt.Sprintf("model %q is served by several deployments on this node (%s): name the replica with the %s header "+
+		"or use a name only one of them serves", e.Model, strings.Join(e.Deployments, ", "), v1alpha1.HeaderReplica)
+}
+func (e *AmbiguousModelError) HTTPStatus() int           { return http.StatusBadRequest }
+func (e *AmbiguousModelError) Code() string              { return "model_ambiguous" }
+func (e *AmbiguousModelError) Type() string              { return "invalid_request_error" }
+func (e *AmbiguousModelError) RetryAfter() time.Duration { return 0 }
+func (e *AmbiguousModelError) Fields() map[string]any    { return nil }
+
+// candidate is one replica a request may go to.
+type candidate struct {
+	key        string
+	deployment string // namespace/deployment
+	ready      bool
+	registered bool
+}
+
+// Resolve picks the pool entry of a request: the replica named by the
+// X-Macfleet-Replica header, else a replica whose served name or alias (optionally
+// qualified "namespace/name") is model — preferring loaded replicas. It never calls
+// the API server.
+func (s *Syncer) Resolve(r *http.Request, model string) (string, error) {
+	snap := s.opts.Pool.Snapshot()
+	if h := r.Header.Get(v1alpha1.HeaderReplica); h != "" {
+		s.mu.Lock()
+		rep := s.replicas[h]
+		s.mu.Unlock()
+		if rep == nil {
+			return "", &metal.UnknownModelError{Model: h}
+		}
+		if findModel(snap, h) == nil {
+			return "", downloadingError(h)
+		}
+		return h, nil
+	}
+	var cands []candidate
+	s.mu.Lock()
+	for _, rep := range s.replicas {
+		if rep.phase == phaseRemoving || !answersTo(rep, model) {
+			continue
+		}
+		m := findModel(snap, rep.key)
+		cands = append(cands, candidate{key: rep.key, deployment: rep.namespace + "/" + rep.deployment,
+			registered: rep.phase == phaseRegistered && m != nil, ready: m != nil && m.State == metal.StateReady})
+	}
+	s.mu.Unlock()
+	if len(cands) == 0 {
+		return "", &metal.UnknownModelError{Model: model}
+	}
+	var deps []string
+	for _, c := range cands {
+		if !slices.Contains(deps, c.deployment) {
+			deps = append(deps, c.deployment)
+		}
+	}
+	if len(deps) > 1 {
+		slices.Sort(deps)
+		return "", &AmbiguousModelError{Model: model, Deployments: deps}
+	}
+	slices.SortFunc(cands, func(a, b candidate) int {
+		return cmp.Or(-cmpBool(a.registered, b.registered), -cmpBool(a.ready, b.ready), cmp.Compare(a.key, b.key))
+	})
+	if !cands[0].registered {
+		return "", downloadingError(model)
+	}
+	return cands[0].key, nil
+}
+
+// ListModels is what GET /v1/models shows: the served names of the replicas on this
+// node.
+func (s *Syncer) ListModels() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []string
+	for _, rep := range s.replicas {
+		if n := servedName(rep.template, rep.deployment); n != "" && !slices.Contains(out, n) && rep.phase != phaseRemoving {
+			out = append(out, n)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+func answersTo(rep *replica, model string) bool {
+	names := append([]string{servedName(rep.template, rep.deployment)}, rep.template.Model.Aliases...)
+	for _, n := range names {
+		if n != "" && (model == n || model == rep.namespace+"/"+n) {
+			return true
+		}
+	}
+	return false
+}
+
+func cmpBool(a, b bool) int {
+	switch {
+	case a == b:
+		return 0
+	case a:
+		return 1
+	}
+	return -1
+}
+
+func downloadingError(model string) error {
+	return &metal.UnavailableError{Model: model, State: metal.StateAbsent, ErrCode: metal.CodeModelLoading,
+		Reason: "the model is still being downloaded to this node", Retry: 5 * time.Second}
+}

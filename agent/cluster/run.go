@@ -1,0 +1,315 @@
+// Package cluster runs the node agent in cluster mode (`macfleet agent`): it watches
+// the ModelReplicas bound to its MacNode, drives its engine pool through an explicit
+// transition table (table.go), downloads models through the store, reports each
+// replica's status, and serves the OpenAI + admin API to the gateway and the
+// per-deployment Services behind the fleet token. The API server is never on the
+// request path: the agent keeps serving while it is unreachable and resyncs when it
+// returns.
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/go-logr/logr"
+	"golang.org/x/sync/errgroup"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	toolscache "k8s.io/client-go/tools/cache"
+	"k8s.io/utils/clock"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/macfleet/macfleet/agent/server"
+	"github.com/macfleet/macfleet/api/v1alpha1"
+	"github.com/macfleet/macfleet/metal"
+)
+
+// DefaultShutdownTimeout bounds a graceful shutdown: draining requests and unloading
+// every model.
+const DefaultShutdownTimeout = 90 * time.Second
+
+// Env is what the agent's other loops (MacNode registration, Lease, memory status)
+// share with the replica sync.
+type Env struct {
+	NodeName string
+	// Endpoint is the advertised host:port of the agent's API.
+	Endpoint string
+	Pool     *metal.Pool
+	// Client reads and writes the API server directly (no cache).
+	Client client.Client
+	// Ready reports whether the agent has synced its replicas.
+	Ready func() bool
+}
+
+// Runnable is a loop that runs beside the agent until ctx ends. An error stops the
+// agent.
+type Runnable func(ctx context.Context, env Env) error
+
+// Config is the agent's configuration.
+type Config struct {
+	// RestConfig reaches the API server with the node's credential.
+	RestConfig *rest.Config
+	NodeName   string
+	// Listen is the API's address (":8080"); Listener, when set, is served instead.
+	Listen   string
+	Listener net.Listener
+	// AdvertiseAddress is host:port written into replica status; empty means the
+	// first non-loopback IPv4 address with the listen port.
+	AdvertiseAddress string
+	// FleetToken is required as "Authorization: Bearer TOKEN" on every API call but
+	// /healthz and /readyz.
+	FleetToken string
+	Store      Store
+	// RunnerPath: see metal.ProcessConfig.RunnerPath. RunnerThreads zero lets the
+	// runner choose. RunnerOutput, when set, receives every runner's output lines.
+	RunnerPath    string
+	RunnerThreads int
+	RunnerOutput  io.Writer
+	// SocketDir holds the runners' sockets (metal.ProcessConfig.SocketDir).
+	SocketDir string
+	// Pool tunes the engine pool (ceiling, reserve, timeouts).
+	Pool metal.Config
+	// Gauge measures memory; nil means metal.NewGauge().
+	Gauge metal.Gauge
+	// Runnables run beside the agent (node registration, Lease).
+	Runnables []Runnable
+	// Syncer tunes the replica sync (periods, backoffs); the rest of its options
+	// come from here.
+	Syncer          SyncerOptions
+	ShutdownTimeout time.Duration
+	Log             logr.Logger
+	// Started, when set, is called with the address served and the endpoint advertised.
+	Started func(addr, endpoint string)
+}
+
+// Run runs the agent until ctx ends, then shuts down gracefully.
+func Run(ctx context.Context, cfg Config) error {
+	log := cfg.Log
+	if cfg.RestConfig == nil || cfg.NodeName == "" || cfg.Store == nil {
+		return errors.New("cluster: the agent needs a rest config, a node name and a store")
+	}
+	if cfg.FleetToken == "" {
+		return errors.New("cluster: the agent needs a fleet token")
+	}
+	rc := rest.CopyConfig(cfg.RestConfig)
+	if rc.QPS == 0 {
+		rc.QPS, rc.Burst = 20, 40
+	}
+	scheme := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+		return err
+	}
+	if err := v1alpha1.AddToScheme(scheme); err != nil {
+		return err
+	}
+	direct, err := client.New(rc, client.Options{Scheme: scheme})
+	if err != nil {
+		return fmt.Errorf("creating the API client: %w", err)
+	}
+	rcache, err := cache.New(rc, cache.Options{Scheme: scheme, ByObject: map[client.Object]cache.ByObject{
+		&v1alpha1.ModelReplica{}: {Field: fields.OneTermEqualSelector(v1alpha1.ReplicaNodeNameField, cfg.NodeName)},
+	}})
+	if err != nil {
+		return fmt.Errorf("creating the replica cache: %w", err)
+	}
+	inf, err := rcache.GetInformer(ctx, &v1alpha1.ModelReplica{}, cache.BlockUntilSynced(false))
+	if err != nil {
+		return fmt.Errorf("watching replicas: %w", err)
+	}
+	sii, ok := inf.(toolscache.SharedIndexInformer)
+	if !ok {
+		return fmt.Errorf("the replica informer is a %T, not a shared index informer", inf)
+	}
+
+	gauge := cfg.Gauge
+	if gauge == nil {
+		if gauge, err = metal.NewGauge(); err != nil {
+			return fmt.Errorf("measuring memory: %w", err)
+		}
+	}
+	runnerPath, err := metal.ResolveRunnerPath(cfg.RunnerPath)
+	if err != nil {
+		return err
+	}
+	if st, err := os.Stat(runnerPath); err != nil {
+		return fmt.Errorf("the runner binary: %w", err)
+	} else if !st.Mode().IsRegular() || st.Mode().Perm()&0o111 == 0 {
+		return fmt.Errorf("the runner binary %s is not an executable file", runnerPath)
+	}
+	factory := metal.NewProcessFactory(metal.ProcessConfig{RunnerPath: runnerPath, Threads: cfg.RunnerThreads,
+		SocketDir: cfg.SocketDir, Log: log.WithName("runner"), Output: cfg.RunnerOutput})
+	pool, err := metal.New(cfg.Pool, factory, gauge, clock.RealClock{}, log.WithName("pool"))
+	if err != nil {
+		return err
+	}
+
+	ln := cfg.Listener
+	if ln == nil {
+		if ln, err = net.Listen("tcp", cfg.Listen); err != nil {
+			return fmt.Errorf("listening on %s: %w", cfg.Listen, err)
+		}
+	}
+	endpoint := cfg.AdvertiseAddress
+	if endpoint == "" {
+		if endpoint, err = DefaultAdvertiseAddress(ln.Addr().String()); err != nil {
+			ln.Close()
+			return err
+		}
+	}
+
+	so := cfg.Syncer
+	so.NodeName, so.Endpoint, so.Cache, so.Informer, so.Live, so.Client = cfg.NodeName, endpoint, rcache, sii, direct, direct
+	so.Pool, so.Store, so.Log = pool, cfg.Store, log.WithName("sync")
+	syncer, err := NewSyncer(so)
+	if err != nil {
+		ln.Close()
+		return err
+	}
+	srv, err := server.New(pool, server.Options{APIKey: cfg.FleetToken, ResolveModel: syncer.Resolve,
+		ListModels: syncer.ListModels, Log: log.WithName("http")})
+	if err != nil {
+		ln.Close()
+		return err
+	}
+	httpSrv := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
+
+	// The pool outlives ctx: it unloads everything on shutdown, after the HTTP
+	// server stopped taking requests.
+	poolCtx, stopPool := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopPool()
+	poolDone := make(chan error, 1)
+	go func() { poolDone <- pool.Run(poolCtx) }()
+	serveDone := make(chan error, 1)
+	go func() { serveDone <- httpSrv.Serve(ln) }()
+	log.Info("Serving the OpenAI and admin API", "addr", ln.Addr().String(), "endpoint", endpoint, "node", cfg.NodeName,
+		"runner", runnerPath, "ceiling", pool.Ceiling().Describe())
+	if cfg.Started != nil {
+		cfg.Started(ln.Addr().String(), endpoint)
+	}
+
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error {
+		if err := rcache.Start(gctx); err != nil && gctx.Err() == nil {
+			return fmt.Errorf("the replica cache stopped: %w", err)
+		}
+		return nil
+	})
+	g.Go(func() error { return syncer.Run(gctx) })
+	g.Go(func() error {
+		if !rcache.WaitForCacheSync(gctx) {
+			return nil
+		}
+		srv.SetReady(true)
+		log.Info("Ready")
+		return nil
+	})
+	env := Env{NodeName: cfg.NodeName, Endpoint: endpoint, Pool: pool, Client: direct, Ready: sii.HasSynced}
+	for _, r := range cfg.Runnables {
+		g.Go(func() error { return r(gctx, env) })
+	}
+	g.Go(func() error {
+		select {
+		case <-gctx.Done():
+			return nil
+		case err := <-serveDone:
+			serveDone <- err
+			return fmt.Errorf("the HTTP server stopped: %w", err)
+		}
+	})
+	runErr := g.Wait()
+	if errors.Is(runErr, context.Canceled) {
+		runErr = nil
+	}
+
+	timeout := cfg.ShutdownTimeout
+	if timeout <= 0 {
+		timeout = DefaultShutdownTimeout
+	}
+	log.Info("Shutting down: draining requests and unloading models", "timeout", timeout)
+	srv.SetReady(false)
+	sctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	httpDone := make(chan error, 1)
+	go func() { httpDone <- httpSrv.Shutdown(sctx) }()
+	stopPool()
+	errs := []error{runErr}
+	select {
+	case err := <-poolDone:
+		if err != nil {
+			errs = append(errs, fmt.Errorf("unloading models: %w", err))
+		}
+	case <-sctx.Done():
+		errs = append(errs, errors.New("unloading models: shutdown timed out"))
+	}
+	if err := <-httpDone; err != nil {
+		_ = httpSrv.Close()
+		errs = append(errs, fmt.Errorf("draining requests: %w", err))
+	}
+	err = errors.Join(errs...)
+	if err == nil {
+		log.Info("Stopped")
+	}
+	return err
+}
+
+// DefaultAdvertiseAddress is the first non-loopback IPv4 address of this host with
+// the port of listenAddr. The API server refuses loopback addresses in
+// EndpointSlices, so even a fleet on one machine advertises its real address.
+func DefaultAdvertiseAddress(listenAddr string) (string, error) {
+	_, port, err := net.SplitHostPort(listenAddr)
+	if err != nil {
+		return "", fmt.Errorf("the listen address %q: %w", listenAddr, err)
+	}
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return "", fmt.Errorf("listing this host's addresses: %w", err)
+	}
+	for _, a := range addrs {
+		ipn, ok := a.(*net.IPNet)
+		if !ok {
+			continue
+		}
+		if ip4 := ipn.IP.To4(); ip4 != nil && !ip4.IsLoopback() && !ip4.IsLinkLocalUnicast() {
+			return net.JoinHostPort(ip4.String(), port), nil
+		}
+	}
+	return "", errors.New("this host has no non-loopback IPv4 address to advertise: set --advertise-address")
+}
+
+// LoadFleetToken reads the fleet token from file when set, else from the Secret
+// macfleet-system/macfleet-fleet-token (key "token") with the agent's credential.
+func LoadFleetToken(ctx context.Context, c client.Reader, file string) (string, error) {
+	if file != "" {
+		b, err := os.ReadFile(file)
+		if err != nil {
+			return "", fmt.Errorf("reading the fleet token: %w", err)
+		}
+		tok := strings.TrimSpace(string(b))
+		if tok == "" {
+			return "", fmt.Errorf("the fleet token file %s is empty", file)
+		}
+		return tok, nil
+	}
+	var sec corev1.Secret
+	key := types.NamespacedName{Namespace: v1alpha1.SystemNamespace, Name: v1alpha1.FleetTokenSecret}
+	if err := c.Get(ctx, key, &sec); err != nil {
+		return "", fmt.Errorf("reading the fleet token from Secret %s (or pass --fleet-token-file): %w", key, err)
+	}
+	tok := strings.TrimSpace(string(sec.Data[v1alpha1.FleetTokenKey]))
+	if tok == "" {
+		return "", fmt.Errorf("Secret %s has no %q key", key, v1alpha1.FleetTokenKey)
+	}
+	return tok, nil
+}

@@ -1,0 +1,35 @@
+package cluster
+
+import (
+	"context"
+
+	"github.com/macfleet/macfleet/agent/config"
+	"github.com/macfleet/macfleet/agent/standalone"
+	"github.com/macfleet/macfleet/api/v1alpha1"
+	"github.com/macfleet/macfleet/metal"
+)
+
+// BuildSpec is the pool spec of a replica's entry: its engine settings, residency and
+// idle timeout, the dimensions the prefill guard needs from the GGUF header (as the
+// standalone agent builds it), and the scheduler's reservation as the estimate, so
+// the pool admits what the control plane placed. The entry has no aliases: served
+// names are resolved by the agent (several replicas on one Mac may share them).
+func BuildSpec(ctx context.Context, name, path string, mr *v1alpha1.ModelReplica) (metal.ModelSpec, error) {
+	t := mr.Spec.Template
+	m := config.Model{
+		Name:          name,
+		Path:          path,
+		ContextLength: int(t.Engine.ContextLength),
+		Parallel:      int(t.Engine.Parallel),
+		KVCacheType:   string(t.Engine.KVCacheType),
+		Residency:     string(t.Residency),
+		Memory:        config.Size(mr.Spec.MemoryReservation.Value()),
+	}
+	if m.Residency == "" {
+		m.Residency = string(v1alpha1.ResidencyResident)
+	}
+	if t.IdleTimeout != nil {
+		m.IdleTimeout = config.Duration(t.IdleTimeout.Duration)
+	}
+	return standalone.BuildSpec(ctx, m)
+}

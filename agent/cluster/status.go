@@ -1,0 +1,231 @@
+package cluster
+
+import (
+	"fmt"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/macfleet/macfleet/api/v1alpha1"
+	"github.com/macfleet/macfleet/metal"
+)
+
+// localView is a copy of the fields of a replica record that its status shows, taken
+// under the syncer's lock.
+type localView struct {
+	phase       localPhase
+	hash        string
+	done, total int64
+	fetchErr    error
+	fetchReason string
+	retryAt     time.Time
+	path        string
+}
+
+func (r *replica) view() *localView {
+	if r == nil {
+		return nil
+	}
+	return &localView{phase: r.phase, hash: r.hash, done: r.done, total: r.total, fetchErr: r.fetchErr,
+		fetchReason: r.fetchReason, retryAt: r.retryAt, path: r.path}
+}
+
+// ownedStatus is the agent's part of a replica's status from what it observes: the
+// replica (spec), its local record, its pool entry and the agent's address. Only
+// the conditions Downloaded, Loaded and Ready are set in the result; Scheduled
+// belongs to the scheduler.
+func ownedStatus(mr *v1alpha1.ModelReplica, local *localView, m *metal.ModelSnapshot, endpoint string,
+	now time.Time) v1alpha1.ModelReplicaStatus {
+	st := v1alpha1.ModelReplicaStatus{Endpoint: endpoint}
+	est := mr.Spec.MemoryReservation.DeepCopy()
+	st.Memory.Estimated = &est
+	onDemand := mr.Spec.Template.Residency == v1alpha1.ResidencyOnDemand
+	cond := func(t string, s metav1.ConditionStatus, reason, msg string) {
+		st.Conditions = append(st.Conditions, metav1.Condition{Type: t, Status: s, Reason: reason, Message: msg,
+			ObservedGeneration: mr.Generation})
+	}
+	if local == nil {
+		st.Phase = v1alpha1.ReplicaPending
+		cond(v1alpha1.ReplicaDownloaded, metav1.ConditionFalse, v1alpha1.ReasonDownloading, "the node has not started the download yet")
+		cond(v1alpha1.ReplicaLoaded, metav1.ConditionFalse, v1alpha1.ReasonDownloading, "waiting for the download")
+		cond(v1alpha1.ReplicaReady, metav1.ConditionFalse, v1alpha1.ReasonDownloading, "waiting for the download")
+		return st
+	}
+	st.ObservedTemplateHash = local.hash
+	if local.total > 0 || local.done > 0 {
+		st.Progress = &v1alpha1.DownloadProgress{DownloadedBytes: local.done, TotalBytes: local.total}
+	}
+
+	switch local.phase {
+	case phaseDownloading:
+		st.Phase = v1alpha1.ReplicaDownloading
+		msg := "downloading " + mr.Spec.Template.Model.Source + ": " + progressText(local.done, local.total)
+		cond(v1alpha1.ReplicaDownloaded, metav1.ConditionFalse, v1alpha1.ReasonDownloading, msg)
+		cond(v1alpha1.ReplicaLoaded, metav1.ConditionFalse, v1alpha1.ReasonDownloading, "waiting for the download")
+		cond(v1alpha1.ReplicaReady, metav1.ConditionFalse, v1alpha1.ReasonDownloading, "waiting for the download")
+		return st
+	case phaseDownloadFailed:
+		st.Phase = v1alpha1.ReplicaFailed
+		reason := local.fetchReason
+		if reason == "" {
+			reason = v1alpha1.ReasonDownloadFailed
+		}
+		msg := fmt.Sprintf("%v; retrying at %s", local.fetchErr, local.retryAt.UTC().Format(time.RFC3339))
+		cond(v1alpha1.ReplicaDownloaded, metav1.ConditionFalse, reason, truncate(msg))
+		cond(v1alpha1.ReplicaLoaded, metav1.ConditionFalse, reason, "the model could not be downloaded")
+		cond(v1alpha1.ReplicaReady, metav1.ConditionFalse, reason, "the model could not be downloaded")
+		return st
+	}
+
+	cond(v1alpha1.ReplicaDownloaded, metav1.ConditionTrue, v1alpha1.ReasonStored, "stored at "+local.path)
+	if m != nil {
+		if r := m.LastUnload; r != nil {
+			st.LastUnload = unloadReport(*r)
+		}
+	}
+	state := metal.StateAbsent
+	if m != nil {
+		state = m.State
+	}
+	if local.phase == phaseRemoving {
+		state = metal.StateDraining
+	}
+	switch state {
+	case metal.StateReady:
+		st.Phase = v1alpha1.ReplicaRunning
+		st.Memory.Resident = quantity(m.ResidentBytes)
+		st.Memory.Peak = quantity(m.PeakBytes)
+		msg := fmt.Sprintf("runner pid %d holds the model (%s resident)", m.PID, formatBytes(m.ResidentBytes))
+		cond(v1alpha1.ReplicaLoaded, metav1.ConditionTrue, v1alpha1.ReasonRunnerReady, msg)
+		cond(v1alpha1.ReplicaReady, metav1.ConditionTrue, v1alpha1.ReasonRunnerReady, "serving requests")
+	case metal.StateLoading:
+		st.Phase = v1alpha1.ReplicaLoading
+		cond(v1alpha1.ReplicaLoaded, metav1.ConditionFalse, v1alpha1.ReasonLoading, "a runner is loading the model")
+		if onDemand {
+			cond(v1alpha1.ReplicaReady, metav1.ConditionTrue, v1alpha1.ReasonWaitingForDemand,
+				"loading for the first request; requests wait for it")
+		} else {
+			cond(v1alpha1.ReplicaReady, metav1.ConditionFalse, v1alpha1.ReasonLoading, "a runner is loading the model")
+		}
+	case metal.StateDraining, metal.StateStopping:
+		st.Phase = v1alpha1.ReplicaDraining
+		cond(v1alpha1.ReplicaLoaded, metav1.ConditionFalse, v1alpha1.ReasonDraining, "the model is being unloaded")
+		if onDemand && local.phase != phaseRemoving {
+			cond(v1alpha1.ReplicaReady, metav1.ConditionTrue, v1alpha1.ReasonWaitingForDemand,
+				"unloading; the next request loads the model again")
+		} else {
+			cond(v1alpha1.ReplicaReady, metav1.ConditionFalse, v1alpha1.ReasonDraining, "the model is being unloaded")
+		}
+	case metal.StateFailed:
+		st.Phase = v1alpha1.ReplicaFailed
+		msg := "the model failed to load"
+		if m.LastError != "" {
+			msg = m.LastError
+		}
+		if !m.RetryAt.IsZero() {
+			msg += "; retrying at " + m.RetryAt.UTC().Format(time.RFC3339)
+		}
+		cond(v1alpha1.ReplicaLoaded, metav1.ConditionFalse, v1alpha1.ReasonLoadFailed, truncate(msg))
+		cond(v1alpha1.ReplicaReady, metav1.ConditionFalse, v1alpha1.ReasonLoadFailed, "the model failed to load")
+	default: // registered or about to be, not in memory
+		msg := "not loaded"
+		if st.LastUnload != nil {
+			msg = "unloaded (" + st.LastUnload.Reason + ")"
+		}
+		if onDemand {
+			st.Phase = v1alpha1.ReplicaStandby
+			cond(v1alpha1.ReplicaLoaded, metav1.ConditionFalse, v1alpha1.ReasonUnloaded, msg+"; the first request loads it")
+			cond(v1alpha1.ReplicaReady, metav1.ConditionTrue, v1alpha1.ReasonWaitingForDemand,
+				"the model is on disk; the first request loads it")
+		} else {
+			st.Phase = v1alpha1.ReplicaLoading
+			cond(v1alpha1.ReplicaLoaded, metav1.ConditionFalse, v1alpha1.ReasonUnloaded, msg+"; loading it")
+			cond(v1alpha1.ReplicaReady, metav1.ConditionFalse, v1alpha1.ReasonLoading, msg+"; loading it")
+		}
+	}
+	return st
+}
+
+// applyOwned writes the agent's fields of owned into st, keeping the conditions of
+// other writers and the transition times of conditions whose status did not change.
+func applyOwned(st *v1alpha1.ModelReplicaStatus, owned v1alpha1.ModelReplicaStatus, now time.Time) {
+	st.Phase = owned.Phase
+	st.ObservedTemplateHash = owned.ObservedTemplateHash
+	st.Progress = owned.Progress
+	st.Endpoint = owned.Endpoint
+	st.Memory = owned.Memory
+	if owned.LastUnload != nil {
+		st.LastUnload = owned.LastUnload
+	}
+	for _, c := range owned.Conditions {
+		c.LastTransitionTime = metav1.NewTime(now)
+		meta.SetStatusCondition(&st.Conditions, c)
+	}
+}
+
+// unloadReasons maps the pool's unload reasons to the ones replica status shows.
+var unloadReasons = map[metal.UnloadReason]string{
+	metal.ReasonAdmin:       "Admin",
+	metal.ReasonIdle:        "Idle",
+	metal.ReasonEviction:    "Evicted",
+	metal.ReasonPressure:    "Pressure",
+	metal.ReasonOverCeiling: "OverCeiling",
+	metal.ReasonRemoved:     "Deleted",
+	metal.ReasonShutdown:    "Shutdown",
+	metal.ReasonCrash:       "Crashed",
+	metal.ReasonLoadFailed:  "LoadFailed",
+	metal.ReasonLoadAborted: "LoadAborted",
+}
+
+func unloadReport(r metal.UnloadReport) *v1alpha1.UnloadReport {
+	reason, ok := unloadReasons[r.Reason]
+	if !ok {
+		reason = string(r.Reason)
+	}
+	outcome := v1alpha1.UnloadOutcome(r.Outcome)
+	switch r.Outcome {
+	case metal.Settled, metal.Indeterminate, metal.TimedOut:
+	default:
+		outcome = v1alpha1.UnloadIndeterminate
+	}
+	return &v1alpha1.UnloadReport{Reason: reason, FreedBytes: max(r.FreedBytes, 0), ResidentBytes: max(r.ResidentBytes, 0),
+		Outcome: outcome, Duration: metav1.Duration{Duration: r.Duration}, Time: metav1.NewTime(r.Time.Truncate(time.Second))}
+}
+
+func quantity(b int64) *resource.Quantity {
+	if b <= 0 {
+		return nil
+	}
+	return resource.NewQuantity(b, resource.BinarySI)
+}
+
+func progressText(done, total int64) string {
+	if total <= 0 {
+		return formatBytes(done) + " so far"
+	}
+	return fmt.Sprintf("%s of %s (%d%%)", formatBytes(done), formatBytes(total), done*100/total)
+}
+
+// maxMessage bounds condition messages (the API allows 32768 bytes).
+const maxMessage = 4096
+
+func truncate(s string) string {
+	if len(s) <= maxMessage {
+		return s
+	}
+	return s[:maxMessage-3] + "..."
+}
+
+func formatBytes(b int64) string {
+	switch {
+	case b >= 1<<30:
+		return fmt.Sprintf("%.1f GiB", float64(b)/(1<<30))
+	case b >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20))
+	case b >= 1<<10:
+		return fmt.Sprintf("%.1f KiB", float64(b)/(1<<10))
+	}
+	return fmt.Sprintf("%d B", b)
+}

@@ -1,0 +1,510 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
+	toolscache "k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/util/workqueue"
+	"k8s.io/klog/v2"
+	"k8s.io/utils/clock"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/macfleet/macfleet/api/v1alpha1"
+	"github.com/macfleet/macfleet/metal"
+)
+
+// Store fetches models into the node's persistent store (agent/store implements it).
+type Store interface {
+	// Fetch makes the model at source (verified against sha256 when set) available
+	// locally and returns its path, reporting progress as it downloads.
+	Fetch(ctx context.Context, source, sha256 string, progress func(done, total int64)) (string, error)
+}
+
+// ChecksumError is implemented by fetch errors that mean the file did not match the
+// expected sha256; the replica's Downloaded condition then says ChecksumMismatch.
+type ChecksumError interface {
+	error
+	ChecksumMismatch() bool
+}
+
+// SpecBuilder turns a downloaded replica into the pool's spec of its entry.
+type SpecBuilder func(ctx context.Context, name, path string, mr *v1alpha1.ModelReplica) (metal.ModelSpec, error)
+
+// SyncerOptions configure a Syncer.
+type SyncerOptions struct {
+	// NodeName is the MacNode whose replicas this agent serves.
+	NodeName string
+	// Endpoint is the host:port written into every replica's status.endpoint.
+	Endpoint string
+	// Cache reads the replicas bound to NodeName (an informer with a field selector);
+	// Informer is its event source. Live reads the API server directly and Client
+	// writes statuses.
+	Cache    client.Reader
+	Informer toolscache.SharedIndexInformer
+	Live     client.Reader
+	Client   client.StatusClient
+
+	Pool  *metal.Pool
+	Store Store
+	// BuildSpec defaults to BuildSpec.
+	BuildSpec SpecBuilder
+	Clock     clock.WithTicker
+	Log       logr.Logger
+	// ResyncPeriod re-examines every replica (memory figures, missed events): 30s.
+	ResyncPeriod time.Duration
+	// ProgressInterval throttles status writes of download progress: 1s.
+	ProgressInterval time.Duration
+	// FetchBackoffInitial doubles per consecutive download failure up to
+	// FetchBackoffMax: 2s and 5m.
+	FetchBackoffInitial, FetchBackoffMax time.Duration
+	// StatusWritten, when set, is called after every successful status write.
+	StatusWritten func(types.NamespacedName)
+}
+
+// Syncer drives the engine pool from the ModelReplicas bound to this node and
+// reports each replica's status: every informer event, pool event and resync puts
+// the replica's key on a queue; one worker compares what the API asks for (Desired)
+// with what the node has (Observed) and runs the action of the transition table.
+// Downloads, loads and unloads run in their own goroutines and requeue the key when
+// they end, so the worker never blocks on them.
+type Syncer struct {
+	opts   SyncerOptions
+	log    logr.Logger
+	queue  workqueue.TypedRateLimitingInterface[string]
+	writer *statusWriter
+
+	mu       sync.Mutex
+	ctx      context.Context
+	replicas map[string]*replica
+	wg       sync.WaitGroup
+}
+
+// NewSyncer builds a syncer; Run starts it.
+func NewSyncer(opts SyncerOptions) (*Syncer, error) {
+	if opts.Pool == nil || opts.Store == nil || opts.Cache == nil || opts.Informer == nil || opts.Client == nil {
+		return nil, errors.New("cluster: a syncer needs a pool, a store, a cache, its informer and a client")
+	}
+	if opts.NodeName == "" {
+		return nil, errors.New("cluster: a syncer needs the node name")
+	}
+	if opts.Clock == nil {
+		opts.Clock = clock.RealClock{}
+	}
+	if opts.Live == nil {
+		opts.Live = opts.Cache
+	}
+	if opts.BuildSpec == nil {
+		opts.BuildSpec = BuildSpec
+	}
+	def := func(d *time.Duration, v time.Duration) {
+		if *d <= 0 {
+			*d = v
+		}
+	}
+	def(&opts.ResyncPeriod, 30*time.Second)
+	def(&opts.ProgressInterval, time.Second)
+	def(&opts.FetchBackoffInitial, 2*time.Second)
+	def(&opts.FetchBackoffMax, 5*time.Minute)
+	s := &Syncer{
+		opts: opts,
+		log:  opts.Log,
+		queue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
+			workqueue.TypedRateLimitingQueueConfig[string]{Name: "modelreplicas"}),
+		replicas: map[string]*replica{},
+	}
+	s.writer = newStatusWriter(opts.Cache, opts.Live, opts.Client, opts.Clock, opts.Log)
+	s.writer.written = opts.StatusWritten
+	return s, nil
+}
+
+// Run syncs replicas until ctx ends. The informer must be running (or started by
+// the caller's cache); Run waits for it to sync first. The pool is not unloaded when
+// Run returns: the pool's own Run does that on shutdown.
+func (s *Syncer) Run(ctx context.Context) error {
+	s.mu.Lock()
+	s.ctx = ctx
+	s.mu.Unlock()
+	reg, err := s.opts.Informer.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+		AddFunc:    s.enqueueObject,
+		UpdateFunc: func(_, obj any) { s.enqueueObject(obj) },
+		DeleteFunc: s.enqueueObject,
+	})
+	if err != nil {
+		return fmt.Errorf("watching replicas: %w", err)
+	}
+	defer func() { _ = s.opts.Informer.RemoveEventHandler(reg) }()
+	s.opts.Pool.AddObserver(poolObserver{s})
+	s.writer.start(ctx)
+
+	if !toolscache.WaitForCacheSync(ctx.Done(), reg.HasSynced) {
+		s.shutdown()
+		return ctx.Err()
+	}
+	s.log.Info("Watching the replicas bound to this node", "node", s.opts.NodeName)
+
+	s.wg.Go(func() {
+		t := s.opts.Clock.NewTicker(s.opts.ResyncPeriod)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C():
+				s.resyncAll()
+			}
+		}
+	})
+	s.wg.Go(func() {
+		<-ctx.Done()
+		s.queue.ShutDown()
+	})
+	for s.processNext(ctx) {
+	}
+	s.shutdown()
+	return nil
+}
+
+func (s *Syncer) shutdown() {
+	s.queue.ShutDown()
+	s.mu.Lock()
+	for _, r := range s.replicas {
+		if r.cancelFetch != nil {
+			r.cancelFetch()
+		}
+	}
+	s.mu.Unlock()
+	s.wg.Wait()
+	s.writer.wait()
+}
+
+func (s *Syncer) enqueueObject(obj any) {
+	if d, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
+		s.queue.Add(d.Key)
+		return
+	}
+	if mr, ok := obj.(*v1alpha1.ModelReplica); ok {
+		s.queue.Add(mr.Namespace + "/" + mr.Name)
+	}
+}
+
+// enqueue puts key on the queue (a pool or download event).
+func (s *Syncer) enqueue(key string) { s.queue.Add(key) }
+
+// resyncAll queues every replica in the cache and every local record.
+func (s *Syncer) resyncAll() {
+	for _, k := range s.opts.Informer.GetStore().ListKeys() {
+		s.queue.Add(k)
+	}
+	s.mu.Lock()
+	for k := range s.replicas {
+		s.queue.Add(k)
+	}
+	s.mu.Unlock()
+}
+
+func (s *Syncer) processNext(ctx context.Context) bool {
+	key, quit := s.queue.Get()
+	if quit {
+		return false
+	}
+	defer s.queue.Done(key)
+	after, err := s.sync(ctx, key)
+	switch {
+	case err != nil:
+		s.log.Error(err, "Syncing a replica failed", "replica", key)
+		s.queue.AddRateLimited(key)
+	case after > 0:
+		s.queue.Forget(key)
+		s.queue.AddAfter(key, after)
+	default:
+		s.queue.Forget(key)
+	}
+	return true
+}
+
+// sync runs one step of the transition table for key and submits the replica's
+// status. It returns when to look again (0: on the next event).
+func (s *Syncer) sync(ctx context.Context, key string) (time.Duration, error) {
+	ns, name, err := toolscache.SplitMetaNamespaceKey(key)
+	if err != nil {
+		return 0, nil
+	}
+	var mr *v1alpha1.ModelReplica
+	var obj v1alpha1.ModelReplica
+	switch err := s.opts.Cache.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, &obj); {
+	case err == nil:
+		mr = &obj
+	case !apierrors.IsNotFound(err):
+		return 0, fmt.Errorf("reading replica %s from the cache: %w", key, err)
+	}
+
+	snap := s.opts.Pool.Snapshot()
+	s.mu.Lock()
+	local := s.replicas[key]
+	desired := desiredOf(mr, local, s.opts.NodeName)
+	observed := observedOf(local, findModel(snap, key))
+	action := Decide(desired, observed)
+	s.log.V(2).Info("Sync", "replica", key, "desired", desired, "observed", observed, "action", action)
+	after, err := s.actLocked(ctx, action, key, mr, local, snap)
+	local = s.replicas[key]
+	view := local.view()
+	s.mu.Unlock()
+	if err != nil {
+		return 0, err
+	}
+
+	if mr != nil && desiredOf(mr, local, s.opts.NodeName) != DesiredAbsent {
+		owned := ownedStatus(mr, view, findModel(s.opts.Pool.Snapshot(), key), s.opts.Endpoint, s.opts.Clock.Now())
+		s.writer.submit(statusUpdate{key: types.NamespacedName{Namespace: ns, Name: name}, uid: mr.UID, owned: owned})
+	}
+	return after, nil
+}
+
+// actLocked runs action. Long work runs in goroutines that requeue key when done.
+func (s *Syncer) actLocked(ctx context.Context, action Action, key string, mr *v1alpha1.ModelReplica,
+	local *replica, snap metal.Snapshot) (time.Duration, error) {
+	now := s.opts.Clock.Now()
+	switch action {
+	case ActionNone:
+		return 0, nil
+	case ActionFetch:
+		s.startFetchLocked(ctx, key, mr)
+		return 0, nil
+	case ActionRetryFetch:
+		if wait := local.retryAt.Sub(now); wait > 0 {
+			return wait, nil
+		}
+		failures := local.fetchFailures
+		s.startFetchLocked(ctx, key, mr)
+		s.replicas[key].fetchFailures = failures
+		return 0, nil
+	case ActionRegisterLoad, ActionRegister:
+		return s.registerLocked(ctx, local, mr, action == ActionRegisterLoad)
+	case ActionLoad:
+		s.loadLocked(ctx, local)
+		return 0, nil
+	case ActionRetryLoad:
+		if m := findModel(snap, key); m != nil && m.RetryAt.After(now) {
+			return m.RetryAt.Sub(now), nil
+		}
+		s.loadLocked(ctx, local)
+		return 0, nil
+	case ActionUpdate:
+		return s.updateLocked(ctx, local, mr)
+	case ActionRemove:
+		s.removeLocked(local)
+		return 0, nil
+	}
+	return 0, fmt.Errorf("no action for replica %s (%s)", key, action)
+}
+
+// startFetchLocked starts downloading mr's model, replacing any record of key.
+func (s *Syncer) startFetchLocked(ctx context.Context, key string, mr *v1alpha1.ModelReplica) {
+	r := s.replicas[key]
+	gen := 1
+	if r != nil {
+		gen = r.fetchGen + 1
+	}
+	fctx, cancel := context.WithCancel(ctx)
+	r = &replica{key: key, namespace: mr.Namespace, name: mr.Name, uid: mr.UID, hash: mr.Spec.TemplateHash,
+		template: *mr.Spec.Template.DeepCopy(), deployment: mr.Labels[v1alpha1.LabelDeployment],
+		phase: phaseDownloading, fetchGen: gen, cancelFetch: cancel}
+	s.replicas[key] = r
+	src, sum := mr.Spec.Template.Model.Source, mr.Spec.Template.Model.SHA256
+	log := s.log.WithValues("ModelReplica", klog.KObj(mr), "source", src)
+	log.Info("Fetching the model")
+	s.wg.Go(func() {
+		defer cancel()
+		path, err := s.opts.Store.Fetch(fctx, src, sum, func(done, total int64) { s.progress(key, gen, done, total) })
+		s.mu.Lock()
+		cur := s.replicas[key]
+		if cur != r || cur.fetchGen != gen || cur.phase != phaseDownloading {
+			s.mu.Unlock()
+			return // replaced or removed meanwhile
+		}
+		r.cancelFetch = nil
+		if err != nil {
+			r.phase = phaseDownloadFailed
+			r.fetchErr = err
+			r.fetchReason = v1alpha1.ReasonDownloadFailed
+			var ce ChecksumError
+			if errors.As(err, &ce) && ce.ChecksumMismatch() {
+				r.fetchReason = v1alpha1.ReasonChecksumMismatch
+			}
+			r.fetchFailures++
+			r.retryAt = s.opts.Clock.Now().Add(backoff(r.fetchFailures, s.opts.FetchBackoffInitial, s.opts.FetchBackoffMax))
+			if fctx.Err() == nil {
+				log.Error(err, "Fetching the model failed", "failures", r.fetchFailures, "retryAt", r.retryAt)
+			}
+		} else {
+			r.phase = phaseDownloaded
+			r.path = path
+			r.fetchErr, r.fetchFailures = nil, 0
+			if r.total == 0 {
+				if fi, statErr := statSize(path); statErr == nil {
+					r.done, r.total = fi, fi
+				}
+			} else {
+				r.done = r.total
+			}
+			log.Info("Model stored", "path", path)
+		}
+		s.mu.Unlock()
+		s.enqueue(key)
+	})
+}
+
+// progress records download progress and requeues the replica at most once per
+// ProgressInterval, so its status shows the progress without a write per chunk.
+func (s *Syncer) progress(key string, gen int, done, total int64) {
+	s.mu.Lock()
+	r := s.replicas[key]
+	if r == nil || r.fetchGen != gen || r.phase != phaseDownloading {
+		s.mu.Unlock()
+		return
+	}
+	r.done, r.total = done, total
+	now := s.opts.Clock.Now()
+	due := now.Sub(r.lastProgress) >= s.opts.ProgressInterval
+	if due {
+		r.lastProgress = now
+	}
+	s.mu.Unlock()
+	if due {
+		s.enqueue(key)
+	}
+}
+
+// registerLocked adds the downloaded model to the pool, and loads it when load.
+func (s *Syncer) registerLocked(ctx context.Context, r *replica, mr *v1alpha1.ModelReplica, load bool) (time.Duration, error) {
+	spec, err := s.opts.BuildSpec(ctx, r.key, r.path, mr)
+	if err != nil {
+		// The file is there but unusable: a download failure, retried after a backoff.
+		r.phase = phaseDownloadFailed
+		r.fetchErr = fmt.Errorf("the stored file is not a usable model: %w", err)
+		r.fetchReason = v1alpha1.ReasonDownloadFailed
+		r.fetchFailures++
+		r.retryAt = s.opts.Clock.Now().Add(backoff(r.fetchFailures, s.opts.FetchBackoffInitial, s.opts.FetchBackoffMax))
+		return r.retryAt.Sub(s.opts.Clock.Now()), nil
+	}
+	if err := s.opts.Pool.Register(spec); err != nil {
+		// An entry of that name is still there (an earlier replica of the same name
+		// being removed, or an adopted runner): make it ours.
+		if uerr := s.opts.Pool.Update(spec); uerr != nil {
+			return 0, fmt.Errorf("registering %s in the pool: %w", r.key, errors.Join(err, uerr))
+		}
+	}
+	r.phase, r.spec = phaseRegistered, spec
+	s.log.Info("Model registered", "replica", r.key, "residency", spec.Residency, "contextLength", spec.ContextLength,
+		"parallel", spec.Parallel, "estimatedBytes", spec.EstimatedBytes)
+	if load {
+		s.loadLocked(ctx, r)
+	}
+	return 0, nil
+}
+
+// loadLocked loads r's model in a goroutine, unless one of ours already does.
+func (s *Syncer) loadLocked(ctx context.Context, r *replica) {
+	if r.loading {
+		return
+	}
+	r.loading = true
+	s.wg.Go(func() {
+		err := s.opts.Pool.Load(ctx, r.key)
+		if err != nil && ctx.Err() == nil {
+			s.log.Error(err, "Loading the model failed", "replica", r.key)
+		}
+		s.mu.Lock()
+		r.loading = false
+		s.mu.Unlock()
+		s.enqueue(r.key)
+	})
+}
+
+// updateLocked applies a new template (or a new replica of the same name) to r. A
+// different file starts over; otherwise the pool entry takes the new spec — residency,
+// idle timeout at once, engine settings by unloading the engine so that it is loaded
+// again with them.
+func (s *Syncer) updateLocked(ctx context.Context, r *replica, mr *v1alpha1.ModelReplica) (time.Duration, error) {
+	if r.phase == phaseRemoving {
+		return 0, nil // the removal requeues the key when it is done
+	}
+	if mr.Spec.Template.Model.Source != r.template.Model.Source || mr.Spec.Template.Model.SHA256 != r.template.Model.SHA256 {
+		s.removeLocked(r)
+		return 0, nil
+	}
+	spec, err := s.opts.BuildSpec(ctx, r.key, r.path, mr)
+	if err != nil {
+		s.removeLocked(r)
+		return 0, nil
+	}
+	if err := s.opts.Pool.Update(spec); err != nil {
+		return 0, fmt.Errorf("updating %s in the pool: %w", r.key, err)
+	}
+	s.log.Info("Replica template changed", "replica", r.key, "from", r.hash, "to", mr.Spec.TemplateHash,
+		"residency", spec.Residency)
+	r.uid, r.hash, r.template, r.spec = mr.UID, mr.Spec.TemplateHash, *mr.Spec.Template.DeepCopy(), spec
+	r.deployment = mr.Labels[v1alpha1.LabelDeployment]
+	if m := findModel(s.opts.Pool.Snapshot(), r.key); m != nil && m.PendingRestart &&
+		(m.State == metal.StateReady || m.State == metal.StateLoading) {
+		// The engine runs with the old settings: unload it; the table loads it again.
+		// The pool's unload event requeues the key.
+		if _, err := s.opts.Pool.StartUnload(r.key); err != nil {
+			return 0, fmt.Errorf("unloading %s to apply its new engine settings: %w", r.key, err)
+		}
+	}
+	return 0, nil
+}
+
+// removeLocked cancels r's download, or drains, unloads and removes its pool entry,
+// and forgets r once that is done.
+func (s *Syncer) removeLocked(r *replica) {
+	switch r.phase {
+	case phaseRemoving:
+		return
+	case phaseDownloading, phaseDownloadFailed, phaseDownloaded:
+		if r.cancelFetch != nil {
+			r.cancelFetch()
+		}
+		delete(s.replicas, r.key)
+		s.log.Info("Replica forgotten", "replica", r.key)
+		s.enqueue(r.key)
+		return
+	}
+	done, err := s.opts.Pool.Remove(r.key)
+	r.phase = phaseRemoving
+	if err != nil {
+		var unknown *metal.UnknownModelError
+		if !errors.As(err, &unknown) {
+			s.log.Error(err, "Removing the model from the pool", "replica", r.key)
+		}
+		delete(s.replicas, r.key)
+		s.enqueue(r.key)
+		return
+	}
+	s.log.Info("Unloading and removing the model", "replica", r.key)
+	s.wg.Go(func() {
+		<-done
+		s.mu.Lock()
+		if s.replicas[r.key] == r {
+			delete(s.replicas, r.key)
+		}
+		s.mu.Unlock()
+		s.log.Info("Model removed", "replica", r.key)
+		s.enqueue(r.key)
+	})
+}
+
+// poolObserver requeues the replica of every load and unload, so its status follows.
+type poolObserver struct{ s *Syncer }
+
+func (o poolObserver) LoadFinished(ev metal.LoadEvent)             { o.s.enqueue(ev.Model) }
+func (o poolObserver) Unloaded(model string, _ metal.UnloadReport) { o.s.enqueue(model) }
+func (o poolObserver) PressureChanged(_, _ metal.PressureLevel)    {}

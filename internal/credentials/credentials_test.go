@@ -2,6 +2,7 @@ package credentials_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	authenticationv1 "k8s.io/api/authentication/v1"
+	authorizationv1 "k8s.io/api/authorization/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -125,7 +127,9 @@ func lease(name string) *coordinationv1.Lease { return newLease(v1alpha1.NodeLea
 // pass admission without writing anything.
 func waitForPolicy(t *testing.T, c client.Client) {
 	t.Helper()
-	testenv.Eventually(t, 30*time.Second, 100*time.Millisecond, func() (bool, string) {
+	start := time.Now()
+	defer func() { t.Logf("Waited %v for the policy to deny", time.Since(start).Round(time.Millisecond)) }()
+	testenv.Eventually(t, 30*time.Second, 50*time.Millisecond, func() (bool, string) {
 		err := c.Create(t.Context(), macNode("mac-b"), client.DryRunAll)
 		if apierrors.IsForbidden(err) && strings.Contains(err.Error(), "may only modify its own MacNode") {
 			return true, ""
@@ -235,6 +239,19 @@ func TestNodeIsolation(t *testing.T) {
 				InvolvedObject: corev1.ObjectReference{Kind: "ModelReplica", Namespace: ns, Name: "on-a"},
 				Reason:         "Loaded", Message: "model loaded", Type: corev1.EventTypeNormal,
 			})
+		}, nil},
+
+		{"ask what it may do (kubectl auth can-i)", a, func(c client.Client) error {
+			r := &authorizationv1.SelfSubjectAccessReview{Spec: authorizationv1.SelfSubjectAccessReviewSpec{
+				ResourceAttributes: &authorizationv1.ResourceAttributes{Group: "macfleet.dev", Resource: "macnodes", Verb: "update", Name: "mac-a"},
+			}}
+			if err := c.Create(ctx, r); err != nil {
+				return err
+			}
+			if !r.Status.Allowed {
+				return fmt.Errorf("RBAC says mac-a may not update MacNodes: %s", r.Status.Reason)
+			}
+			return nil
 		}, nil},
 
 		{"create another node's MacNode", a, func(c client.Client) error { return c.Create(ctx, macNode("mac-c")) },

@@ -157,6 +157,7 @@ func TestNodeIsolation(t *testing.T) {
 	install(t)
 	admin := env.Client
 	ctx := t.Context()
+	forget(t, "mac-a", "mac-b")
 	a, _ := issue(t, "mac-a")
 	b, _ := issue(t, "mac-b")
 	waitForPolicy(t, a)
@@ -177,6 +178,7 @@ func TestNodeIsolation(t *testing.T) {
 	}
 	other := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: v1alpha1.SystemNamespace, Name: "other"}, StringData: map[string]string{"k": "v"}}
 	must(admin.Create(ctx, other))
+	t.Cleanup(func() { _ = admin.Delete(context.Background(), other) })
 
 	const (
 		policy = "denied request: " // how the API server prefixes a policy's message
@@ -357,6 +359,7 @@ func TestNodeIsolation(t *testing.T) {
 // it (the spec freeze applies to updates), but not labels other than its own.
 func TestNodeCanCreateItselfWithSpec(t *testing.T) {
 	install(t)
+	forget(t, "mac-spec")
 	c, _ := issue(t, "mac-spec")
 	waitForPolicy(t, c)
 	n := macNode("mac-spec")
@@ -376,6 +379,7 @@ func TestNodeCanCreateItselfWithSpec(t *testing.T) {
 // including other service accounts with the same RBAC.
 func TestAdminUnaffected(t *testing.T) {
 	install(t)
+	forget(t, "admin-made")
 	a, _ := issue(t, "mac-x")
 	waitForPolicy(t, a)
 	ctx := t.Context()
@@ -573,6 +577,7 @@ func TestPolicyBeyondRBAC(t *testing.T) {
 	install(t)
 	ctx := t.Context()
 	admin := env.Client
+	forget(t, "mac-r")
 	c, _ := issue(t, "mac-r")
 	waitForPolicy(t, c)
 	ns := testenv.NewNamespace(t, admin)

@@ -2,8 +2,11 @@ package credentials_test
 
 import (
 	"context"
+	"testing"
+	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -67,4 +70,20 @@ func patchReplicaStatus(ctx context.Context, c client.Client, ns, name string, m
 	before := r.DeepCopy()
 	mutate(&r)
 	return c.Status().Patch(ctx, &r, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{}))
+}
+
+// forget deletes, when the test ends, the MacNodes and node Leases of these names:
+// they are cluster-wide (or in a shared namespace), unlike the test's namespace.
+func forget(t *testing.T, names ...string) {
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		for _, n := range names {
+			for _, o := range []client.Object{&v1alpha1.MacNode{ObjectMeta: metav1.ObjectMeta{Name: n}}, newLease(v1alpha1.NodeLeaseNamespace, n)} {
+				if err := env.Client.Delete(ctx, o); err != nil && !apierrors.IsNotFound(err) {
+					t.Errorf("deleting %T %s: %v", o, n, err)
+				}
+			}
+		}
+	})
 }

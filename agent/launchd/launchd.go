@@ -23,9 +23,18 @@ import (
 // Label is the launchd label of the agent service.
 const Label = "dev.macfleet.agent"
 
-// StoreFlag is the agent flag naming its model store directory. Render adds it with
-// the default store when the agent flags do not set it.
-const StoreFlag = "--model-store"
+// Agent flags Render reads or adds.
+const (
+	// StoreFlag names the agent's model store; Render adds it with the default store
+	// under Application Support when the agent flags do not set it (a LaunchDaemon
+	// runs as root, whose home is not where the store belongs).
+	StoreFlag = "--store-dir"
+	// StateFlag names the agent's state directory; defaulted beside the store.
+	StateFlag = "--state-dir"
+	// KubeconfigFlag names the node's kubeconfig; launchd passes no KUBECONFIG, so
+	// the service needs it.
+	KubeconfigFlag = "--kubeconfig"
+)
 
 // Options describe the service to install.
 type Options struct {
@@ -40,7 +49,17 @@ type Options struct {
 	Home string
 	// UID is the user's id, naming the gui/<uid> domain of a LaunchAgent.
 	UID int
+	// Dir, when set, is the directory relative paths in AgentArgs are relative to
+	// (the installing shell's): the values of PathFlags are made absolute against it,
+	// since launchd starts the agent elsewhere.
+	Dir string
+	// Kubeconfig is added as KubeconfigFlag when AgentArgs lack it (the installing
+	// shell's $KUBECONFIG). Without either Render fails.
+	Kubeconfig string
 }
+
+// PathFlags are the agent flags whose values are files or directories.
+var PathFlags = []string{KubeconfigFlag, "--fleet-token-file", "--runner", StoreFlag, StateFlag}
 
 // Plan is a rendered service: what Install writes and loads.
 type Plan struct {
@@ -51,8 +70,13 @@ type Plan struct {
 	LogDir     string
 	StdoutPath string
 	StderrPath string
-	// StoreDir is the model store the agent is given.
+	// DataDir is the agent's data directory under Application Support and its
+	// working directory.
+	DataDir string
+	// StoreDir and StateDir are the model store and state directory the agent is
+	// given.
 	StoreDir string
+	StateDir string
 	// Domain is the launchctl domain: gui/<uid> or system.
 	Domain string
 	// ProgramArguments is the command launchd runs.
@@ -61,9 +85,10 @@ type Plan struct {
 	Plist []byte
 }
 
-// Render builds the service for o. The model store is the one given with StoreFlag
-// in the agent flags, else the default under Application Support; a store under /tmp
-// is refused (macOS empties it).
+// Render builds the service for o. The model store and state directory are the ones
+// given in the agent flags, else defaults under Application Support; either under a
+// temporary directory is refused (macOS empties them). Relative paths are made
+// absolute against o.Dir.
 func Render(o Options) (*Plan, error) {
 	if !filepath.IsAbs(o.Executable) {
 		return nil, fmt.Errorf("the macfleet executable must be an absolute path, got %q", o.Executable)
@@ -86,22 +111,52 @@ func Render(o Options) (*Plan, error) {
 	p.StdoutPath = filepath.Join(p.LogDir, "agent.log")
 	p.StderrPath = filepath.Join(p.LogDir, "agent.err.log")
 
+	p.DataDir = filepath.Join(base, "Library", "Application Support", "macfleet")
+
 	args := slices.Clone(o.AgentArgs)
-	store, found, err := storeArg(args)
+	for _, flag := range PathFlags {
+		// Before anything is appended: a trailing flag would take it as its value.
+		if _, _, err := flagValue(args, flag); err != nil {
+			return nil, err
+		}
+	}
+	if _, found, _ := flagValue(args, KubeconfigFlag); !found && o.Kubeconfig != "" {
+		args = append(args, KubeconfigFlag+"="+o.Kubeconfig)
+	}
+	if o.Dir != "" {
+		absolutize(args, o.Dir)
+	}
+	kubeconfig, found, err := flagValue(args, KubeconfigFlag)
 	if err != nil {
 		return nil, err
 	}
-	if !found {
-		store = filepath.Join(base, "Library", "Application Support", "macfleet", "models")
-		args = append(args, StoreFlag+"="+store)
+	if !found || !filepath.IsAbs(kubeconfig) {
+		return nil, fmt.Errorf("the agent needs %s with an absolute path (launchd passes no KUBECONFIG): "+
+			"macfleet agent install -- %s /path/to/node.kubeconfig", KubeconfigFlag, KubeconfigFlag)
 	}
-	if !filepath.IsAbs(store) {
-		return nil, fmt.Errorf("%s must be an absolute path for a launchd service, got %q", StoreFlag, store)
+	for _, d := range []struct {
+		flag, sub, what string
+		dst             *string
+	}{
+		{StoreFlag, "models", "models would be downloaded again after every restart", &p.StoreDir},
+		{StateFlag, "state", "the agent could not adopt its runners after a restart", &p.StateDir},
+	} {
+		dir, found, err := flagValue(args, d.flag)
+		if err != nil {
+			return nil, err
+		}
+		if !found {
+			dir = filepath.Join(p.DataDir, d.sub)
+			args = append(args, d.flag+"="+dir)
+		}
+		if !filepath.IsAbs(dir) {
+			return nil, fmt.Errorf("%s must be an absolute path for a launchd service, got %q", d.flag, dir)
+		}
+		if temporary(dir) {
+			return nil, fmt.Errorf("%s %s is in a temporary directory that macOS empties: %s", d.flag, dir, d.what)
+		}
+		*d.dst = filepath.Clean(dir)
 	}
-	if temporary(store) {
-		return nil, fmt.Errorf("%s %s is in a temporary directory that macOS empties: models would be downloaded again after every restart", StoreFlag, store)
-	}
-	p.StoreDir = filepath.Clean(store)
 	p.ProgramArguments = append([]string{o.Executable, "agent"}, args...)
 
 	d := dict{
@@ -112,7 +167,7 @@ func Render(o Options) (*Plan, error) {
 		// launchd waits this long before restarting an agent that exited.
 		{"ThrottleInterval", 10},
 		{"ProcessType", "Interactive"},
-		{"WorkingDirectory", filepath.Dir(p.StoreDir)},
+		{"WorkingDirectory", p.DataDir},
 		{"StandardOutPath", p.StdoutPath},
 		{"StandardErrorPath", p.StderrPath},
 	}
@@ -128,30 +183,59 @@ func Render(o Options) (*Plan, error) {
 	return p, nil
 }
 
-// storeArg finds StoreFlag in args ("--model-store DIR" or "--model-store=DIR", one
-// or two dashes).
-func storeArg(args []string) (dir string, found bool, err error) {
-	name := strings.TrimLeft(StoreFlag, "-")
-	for i, a := range args {
-		if a == "--" {
-			break
-		}
-		if !strings.HasPrefix(a, "-") {
-			continue
-		}
-		flag, value, hasValue := strings.Cut(strings.TrimLeft(a, "-"), "=")
-		if flag != name {
+// flagValue finds flag in args ("--flag VALUE" or "--flag=VALUE", one or two
+// dashes); the last one wins, as with the flag parser.
+func flagValue(args []string, flag string) (value string, found bool, err error) {
+	for i := range args {
+		v, ok, hasValue := flagAt(args, i, flag)
+		if !ok {
 			continue
 		}
 		if !hasValue {
-			if i+1 >= len(args) {
-				return "", false, fmt.Errorf("%s needs a directory", StoreFlag)
-			}
-			value = args[i+1]
+			return "", false, fmt.Errorf("%s needs a value", flag)
 		}
-		dir, found = value, true
+		value, found = v, true
 	}
-	return dir, found, nil
+	return value, found, nil
+}
+
+// flagAt says whether args[i] is flag and returns its value, taken from the next
+// argument when not given with '='; hasValue is false when there is none.
+func flagAt(args []string, i int, flag string) (value string, ok, hasValue bool) {
+	if slices.Contains(args[:i], "--") || !strings.HasPrefix(args[i], "-") {
+		return "", false, false
+	}
+	name, value, inline := strings.Cut(strings.TrimLeft(args[i], "-"), "=")
+	if name != strings.TrimLeft(flag, "-") {
+		return "", false, false
+	}
+	if inline {
+		return value, true, true
+	}
+	if i+1 >= len(args) {
+		return "", true, false
+	}
+	return args[i+1], true, true
+}
+
+// absolutize makes the relative values of PathFlags in args absolute against dir,
+// in place.
+func absolutize(args []string, dir string) {
+	for i := range args {
+		for _, flag := range PathFlags {
+			v, ok, hasValue := flagAt(args, i, flag)
+			if !ok || !hasValue || v == "" || filepath.IsAbs(v) {
+				continue
+			}
+			abs := filepath.Join(dir, v)
+			if strings.Contains(args[i], "=") {
+				name, _, _ := strings.Cut(args[i], "=")
+				args[i] = name + "=" + abs
+			} else {
+				args[i+1] = abs
+			}
+		}
+	}
 }
 
 // temporary says whether dir is under a directory macOS clears.
@@ -244,11 +328,11 @@ const bootstrapAttempts = 10
 // bootstrapRetry is the pause between bootstrap attempts (a variable for tests).
 var bootstrapRetry = 500 * time.Millisecond
 
-// Install creates the log and store directories, writes the property list (mode
+// Install creates the log, data, store and state directories, writes the property list (mode
 // 0644) and loads it into the plan's domain, booting out a loaded service of the same
 // label first. Call CheckPlatform before.
 func Install(ctx context.Context, p *Plan, launchctl Launchctl) error {
-	for _, dir := range []string{p.LogDir, p.StoreDir, filepath.Dir(p.PlistPath)} {
+	for _, dir := range []string{p.LogDir, p.DataDir, p.StoreDir, p.StateDir, filepath.Dir(p.PlistPath)} {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return fmt.Errorf("creating %s: %w", dir, err)
 		}

@@ -24,7 +24,19 @@ func strs(ss ...string) []any {
 }
 
 func TestRender(t *testing.T) {
-	const exe = "/usr/local/bin/macfleet"
+	const (
+		exe  = "/usr/local/bin/macfleet"
+		kc   = "/Users/ada/.macfleet/node.kubeconfig"
+		ada  = "/Users/ada/Library/Application Support/macfleet"
+		logs = "/Users/ada/Library/Logs/macfleet"
+	)
+	common := func(args []any, workDir, logDir string) map[string]any {
+		return map[string]any{
+			"Label": "dev.macfleet.agent", "ProgramArguments": args,
+			"RunAtLoad": true, "KeepAlive": true, "ThrottleInterval": int64(10), "ProcessType": "Interactive",
+			"WorkingDirectory": workDir, "StandardOutPath": logDir + "/agent.log", "StandardErrorPath": logDir + "/agent.err.log",
+		}
+	}
 	tests := []struct {
 		name       string
 		o          Options
@@ -32,55 +44,52 @@ func TestRender(t *testing.T) {
 		wantPlist  string
 		wantDomain string
 		wantStore  string
+		wantState  string
 	}{
 		{
 			name: "user agent with the default store",
-			o: Options{Executable: exe, Home: "/Users/ada", UID: 501,
-				AgentArgs: []string{"--kubeconfig", "/Users/ada/.macfleet/node.kubeconfig", "--node-name", "studio-1"}},
-			want: map[string]any{
-				"Label": "dev.macfleet.agent",
-				"ProgramArguments": strs(exe, "agent", "--kubeconfig", "/Users/ada/.macfleet/node.kubeconfig", "--node-name", "studio-1",
-					"--model-store=/Users/ada/Library/Application Support/macfleet/models"),
-				"RunAtLoad": true, "KeepAlive": true, "ThrottleInterval": int64(10), "ProcessType": "Interactive",
-				"WorkingDirectory":  "/Users/ada/Library/Application Support/macfleet",
-				"StandardOutPath":   "/Users/ada/Library/Logs/macfleet/agent.log",
-				"StandardErrorPath": "/Users/ada/Library/Logs/macfleet/agent.err.log",
-			},
+			o:    Options{Executable: exe, Home: "/Users/ada", UID: 501, AgentArgs: []string{"--kubeconfig", kc, "--node-name", "studio-1"}},
+			want: common(strs(exe, "agent", "--kubeconfig", kc, "--node-name", "studio-1",
+				"--store-dir="+ada+"/models", "--state-dir="+ada+"/state"), ada, logs),
 			wantPlist:  "/Users/ada/Library/LaunchAgents/dev.macfleet.agent.plist",
 			wantDomain: "gui/501",
-			wantStore:  "/Users/ada/Library/Application Support/macfleet/models",
+			wantStore:  ada + "/models",
+			wantState:  ada + "/state",
 		},
 		{
-			name: "system daemon",
-			o:    Options{Executable: exe, System: true, AgentArgs: []string{"--node-name=mini-2"}},
-			want: map[string]any{
-				"Label":            "dev.macfleet.agent",
-				"ProgramArguments": strs(exe, "agent", "--node-name=mini-2", "--model-store=/Library/Application Support/macfleet/models"),
-				"RunAtLoad":        true, "KeepAlive": true, "ThrottleInterval": int64(10), "ProcessType": "Interactive",
-				"WorkingDirectory":  "/Library/Application Support/macfleet",
-				"StandardOutPath":   "/Library/Logs/macfleet/agent.log",
-				"StandardErrorPath": "/Library/Logs/macfleet/agent.err.log",
-			},
+			name: "system daemon, kubeconfig from the shell",
+			o:    Options{Executable: exe, System: true, AgentArgs: []string{"--node-name=mini-2"}, Kubeconfig: "/etc/macfleet/node.kubeconfig"},
+			want: common(strs(exe, "agent", "--node-name=mini-2", "--kubeconfig=/etc/macfleet/node.kubeconfig",
+				"--store-dir=/Library/Application Support/macfleet/models", "--state-dir=/Library/Application Support/macfleet/state"),
+				"/Library/Application Support/macfleet", "/Library/Logs/macfleet"),
 			wantPlist:  "/Library/LaunchDaemons/dev.macfleet.agent.plist",
 			wantDomain: "system",
 			wantStore:  "/Library/Application Support/macfleet/models",
+			wantState:  "/Library/Application Support/macfleet/state",
 		},
 		{
 			name: "the user's store and characters XML must escape",
-			o: Options{Executable: "/Users/ada/bin/mac&fleet", Home: "/Users/ada", UID: 502,
-				AgentArgs: []string{"--model-store", "/Volumes/SSD <fast>/models", "--advertise-address", "10.0.0.5:8080"}},
-			want: map[string]any{
-				"Label": "dev.macfleet.agent",
-				"ProgramArguments": strs("/Users/ada/bin/mac&fleet", "agent", "--model-store", "/Volumes/SSD <fast>/models",
-					"--advertise-address", "10.0.0.5:8080"),
-				"RunAtLoad": true, "KeepAlive": true, "ThrottleInterval": int64(10), "ProcessType": "Interactive",
-				"WorkingDirectory":  "/Volumes/SSD <fast>",
-				"StandardOutPath":   "/Users/ada/Library/Logs/macfleet/agent.log",
-				"StandardErrorPath": "/Users/ada/Library/Logs/macfleet/agent.err.log",
-			},
+			o: Options{Executable: "/Users/ada/bin/mac&fleet", Home: "/Users/ada", UID: 502, Kubeconfig: "/ignored",
+				AgentArgs: []string{"--store-dir", "/Volumes/SSD <fast>/models", "--kubeconfig=" + kc, "--advertise-address", "10.0.0.5:8080"}},
+			want: common(strs("/Users/ada/bin/mac&fleet", "agent", "--store-dir", "/Volumes/SSD <fast>/models", "--kubeconfig="+kc,
+				"--advertise-address", "10.0.0.5:8080", "--state-dir="+ada+"/state"), ada, logs),
 			wantPlist:  "/Users/ada/Library/LaunchAgents/dev.macfleet.agent.plist",
 			wantDomain: "gui/502",
 			wantStore:  "/Volumes/SSD <fast>/models",
+			wantState:  ada + "/state",
+		},
+		{
+			name: "relative paths become absolute against the installing directory",
+			o: Options{Executable: exe, Home: "/Users/ada", UID: 501, Dir: "/Users/ada/fleet",
+				AgentArgs: []string{"--kubeconfig", "node.kubeconfig", "--fleet-token-file=secrets/token", "--node-name", "rel",
+					"-store-dir", "../models", "--state-dir=st", "--", "--runner", "kept"}},
+			want: common(strs(exe, "agent", "--kubeconfig", "/Users/ada/fleet/node.kubeconfig",
+				"--fleet-token-file=/Users/ada/fleet/secrets/token", "--node-name", "rel", "-store-dir", "/Users/ada/models",
+				"--state-dir=/Users/ada/fleet/st", "--", "--runner", "kept"), ada, logs),
+			wantPlist:  "/Users/ada/Library/LaunchAgents/dev.macfleet.agent.plist",
+			wantDomain: "gui/501",
+			wantStore:  "/Users/ada/models",
+			wantState:  "/Users/ada/fleet/st",
 		},
 	}
 	for _, tt := range tests {
@@ -96,9 +105,9 @@ func TestRender(t *testing.T) {
 			if diff := cmp.Diff(tt.want, got); diff != "" {
 				t.Errorf("plist (-want +got):\n%s\n%s", diff, p.Plist)
 			}
-			if p.PlistPath != tt.wantPlist || p.Domain != tt.wantDomain || p.StoreDir != tt.wantStore {
-				t.Errorf("plan: plist %s, domain %s, store %s; want %s, %s, %s", p.PlistPath, p.Domain, p.StoreDir,
-					tt.wantPlist, tt.wantDomain, tt.wantStore)
+			if p.PlistPath != tt.wantPlist || p.Domain != tt.wantDomain || p.StoreDir != tt.wantStore || p.StateDir != tt.wantState {
+				t.Errorf("plan: plist %s, domain %s, store %s, state %s; want %s, %s, %s, %s", p.PlistPath, p.Domain, p.StoreDir,
+					p.StateDir, tt.wantPlist, tt.wantDomain, tt.wantStore, tt.wantState)
 			}
 			if !strings.HasPrefix(string(p.Plist), `<?xml version="1.0" encoding="UTF-8"?>`) ||
 				!strings.Contains(string(p.Plist), `<!DOCTYPE plist PUBLIC "-//Apple//DTD PLIST 1.0//EN"`) {
@@ -125,19 +134,22 @@ func stringsOf(t *testing.T, v any) []string {
 }
 
 func TestRenderRefuses(t *testing.T) {
-	const exe = "/usr/local/bin/macfleet"
+	const exe, kc = "/usr/local/bin/macfleet", "/Users/ada/node.kubeconfig"
 	tests := []struct {
 		name string
 		o    Options
 		want string
 	}{
-		{"relative executable", Options{Executable: "macfleet", Home: "/Users/ada"}, "absolute path"},
-		{"no home", Options{Executable: exe}, "home directory"},
-		{"store under /tmp", Options{Executable: exe, Home: "/Users/ada", AgentArgs: []string{"--model-store=/tmp/models"}}, "temporary"},
-		{"store under /private/tmp", Options{Executable: exe, Home: "/Users/ada", AgentArgs: []string{"--model-store", "/private/tmp/m"}}, "temporary"},
-		{"store under TMPDIR", Options{Executable: exe, Home: "/Users/ada", AgentArgs: []string{"-model-store=/var/folders/xy/T/m"}}, "temporary"},
-		{"relative store", Options{Executable: exe, Home: "/Users/ada", AgentArgs: []string{"--model-store=models"}}, "absolute path"},
-		{"store flag without a value", Options{Executable: exe, Home: "/Users/ada", AgentArgs: []string{"--model-store"}}, "needs a directory"},
+		{"relative executable", Options{Executable: "macfleet", Home: "/Users/ada", Kubeconfig: kc}, "absolute path"},
+		{"no home", Options{Executable: exe, Kubeconfig: kc}, "home directory"},
+		{"no kubeconfig", Options{Executable: exe, Home: "/Users/ada"}, "--kubeconfig"},
+		{"relative kubeconfig", Options{Executable: exe, Home: "/Users/ada", AgentArgs: []string{"--kubeconfig=kc"}}, "--kubeconfig"},
+		{"store under /tmp", Options{Executable: exe, Home: "/Users/ada", Kubeconfig: kc, AgentArgs: []string{"--store-dir=/tmp/models"}}, "temporary"},
+		{"store under /private/tmp", Options{Executable: exe, Home: "/Users/ada", Kubeconfig: kc, AgentArgs: []string{"--store-dir", "/private/tmp/m"}}, "temporary"},
+		{"store under TMPDIR", Options{Executable: exe, Home: "/Users/ada", Kubeconfig: kc, AgentArgs: []string{"-store-dir=/var/folders/xy/T/m"}}, "temporary"},
+		{"state under /tmp", Options{Executable: exe, Home: "/Users/ada", Kubeconfig: kc, AgentArgs: []string{"--state-dir=/tmp"}}, "adopt"},
+		{"relative store", Options{Executable: exe, Home: "/Users/ada", Kubeconfig: kc, AgentArgs: []string{"--store-dir=models"}}, "absolute path"},
+		{"store flag without a value", Options{Executable: exe, Home: "/Users/ada", Kubeconfig: kc, AgentArgs: []string{"--store-dir"}}, "needs a value"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -256,13 +268,16 @@ func TestInstall(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			p, err := Render(Options{Executable: "/usr/local/bin/macfleet", Home: "/Users/ada", UID: 501, AgentArgs: []string{"--node-name=m1"}})
+			p, err := Render(Options{Executable: "/usr/local/bin/macfleet", Home: "/Users/ada", UID: 501,
+				AgentArgs: []string{"--node-name=m1", "--kubeconfig=/Users/ada/node.kubeconfig"}})
 			if err != nil {
 				t.Fatal(err)
 			}
 			// Install where the test may write (Render refuses a store under /tmp).
 			root := t.TempDir()
-			p.PlistPath, p.LogDir, p.StoreDir = filepath.Join(root, p.PlistPath), filepath.Join(root, p.LogDir), filepath.Join(root, p.StoreDir)
+			for _, path := range []*string{&p.PlistPath, &p.LogDir, &p.DataDir, &p.StoreDir, &p.StateDir} {
+				*path = filepath.Join(root, *path)
+			}
 			// An older plist is replaced.
 			if err := os.MkdirAll(filepath.Dir(p.PlistPath), 0o755); err != nil {
 				t.Fatal(err)
@@ -302,7 +317,7 @@ func TestInstall(t *testing.T) {
 			if fi, err := os.Stat(p.PlistPath); err != nil || fi.Mode().Perm() != 0o644 {
 				t.Errorf("plist mode = %v, %v; want 0644", fi.Mode(), err)
 			}
-			for _, dir := range []string{p.LogDir, p.StoreDir} {
+			for _, dir := range []string{p.LogDir, p.DataDir, p.StoreDir, p.StateDir} {
 				if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
 					t.Errorf("%s not created: %v", dir, err)
 				}

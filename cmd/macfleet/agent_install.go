@@ -1,0 +1,145 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/macfleet/macfleet/agent/launchd"
+)
+
+// newAgentInstallCmd is `macfleet agent install`; the agent command adds it.
+func newAgentInstallCmd() *cobra.Command {
+	var (
+		system, dryRun bool
+		executable     string
+	)
+	cmd := &cobra.Command{
+		Use:   "install [--system] [--dry-run] -- AGENT-FLAGS...",
+		Short: "Install the node agent as a launchd service on this Mac",
+		Long: `Write a launchd property list that runs "macfleet agent" with the flags given after
+--, keeps it alive (restarted if it exits, started at login or boot) and logs to
+~/Library/Logs/macfleet/agent.log and agent.err.log, then load it with
+"launchctl bootstrap", replacing a loaded older one. Models are stored under
+~/Library/Application Support/macfleet/models unless --store-dir is given.
+
+The service is a LaunchAgent of the current user (~/Library/LaunchAgents), or with
+--system a LaunchDaemon of the machine (/Library/LaunchDaemons, logs in
+/Library/Logs/macfleet; needs sudo). Relative paths in the agent flags are made
+absolute; --kubeconfig defaults to $KUBECONFIG, as launchd does not pass it on.
+--dry-run prints the property list instead, on any operating system.`,
+		Example: "  macfleet agent install -- --kubeconfig ~/macfleet/mac-1.kubeconfig --node-name mac-1\n" +
+			"  macfleet agent install --dry-run -- --kubeconfig mac-1.kubeconfig --memory-ceiling 24Gi\n" +
+			"  sudo macfleet agent install --system -- --kubeconfig /etc/macfleet/mac-1.kubeconfig\n" +
+			"  tail -f ~/Library/Logs/macfleet/agent.err.log",
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(args) > 0 && cmd.ArgsLenAtDash() != 0 {
+				return fmt.Errorf("unexpected argument %q: the agent's flags go after --, e.g. macfleet agent install -- --kubeconfig node.kubeconfig", args[0])
+			}
+			if !dryRun {
+				if err := launchd.CheckPlatform(runtime.GOOS); err != nil {
+					return err
+				}
+			}
+			exe, err := installExecutable(executable)
+			if err != nil {
+				return err
+			}
+			o := launchd.Options{Executable: exe, AgentArgs: args, System: system, UID: os.Getuid(),
+				Kubeconfig: firstPath(os.Getenv("KUBECONFIG"))}
+			if o.Dir, err = os.Getwd(); err != nil {
+				return fmt.Errorf("the current directory: %w", err)
+			}
+			if !system {
+				if o.Home, err = os.UserHomeDir(); err != nil {
+					return fmt.Errorf("a LaunchAgent lives in the home directory: %w", err)
+				}
+			}
+			plan, err := launchd.Render(o)
+			if err != nil {
+				return err
+			}
+			tmpExe := inTempDir(exe)
+			if dryRun {
+				if _, err := cmd.OutOrStdout().Write(plan.Plist); err != nil {
+					return err
+				}
+				fmt.Fprintf(cmd.ErrOrStderr(), "Dry run: would write %s and load it into %s (logs in %s, models in %s)\n",
+					plan.PlistPath, plan.Domain, plan.LogDir, plan.StoreDir)
+				if tmpExe {
+					fmt.Fprintf(cmd.ErrOrStderr(), "Warning: %s is in a temporary directory; install macfleet (and macfleet-runner beside it) somewhere permanent first\n", exe)
+				}
+				return nil
+			}
+			if tmpExe {
+				return fmt.Errorf("%s is in a temporary directory (go run?): install macfleet and macfleet-runner somewhere permanent, e.g. /usr/local/bin, or pass --executable", exe)
+			}
+			switch euid := os.Geteuid(); {
+			case system && euid != 0:
+				return fmt.Errorf("--system installs a LaunchDaemon into /Library/LaunchDaemons: run it with sudo")
+			case !system && euid == 0:
+				return fmt.Errorf("running as root: use --system for a LaunchDaemon, or run without sudo for a LaunchAgent of your user")
+			}
+			if err := launchd.Install(cmd.Context(), plan, launchd.ExecLaunchctl); err != nil {
+				return err
+			}
+			out := cmd.OutOrStdout()
+			fmt.Fprintf(out, "Installed %s and loaded it into %s\n", plan.PlistPath, plan.Domain)
+			fmt.Fprintf(out, "Command: %s\n", strings.Join(plan.ProgramArguments, " "))
+			fmt.Fprintf(out, "Logs:    %s, %s\n", plan.StdoutPath, plan.StderrPath)
+			fmt.Fprintf(out, "Models:  %s\n", plan.StoreDir)
+			fmt.Fprintf(out, "Remove:  launchctl bootout %s/%s && rm %s\n", plan.Domain, plan.Label, plan.PlistPath)
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.BoolVar(&system, "system", false, "Install a LaunchDaemon for the whole machine (/Library/LaunchDaemons; needs sudo) instead of a LaunchAgent of your user")
+	f.BoolVar(&dryRun, "dry-run", false, "Print the property list and where it would go; change nothing")
+	f.StringVar(&executable, "executable", "", "The macfleet binary launchd runs (default: this one)")
+	return cmd
+}
+
+// installExecutable is the absolute, symlink-free path of the binary to run.
+func installExecutable(flag string) (string, error) {
+	exe := flag
+	if exe == "" {
+		var err error
+		if exe, err = os.Executable(); err != nil {
+			return "", fmt.Errorf("finding the macfleet binary (pass --executable): %w", err)
+		}
+	}
+	abs, err := filepath.Abs(exe)
+	if err != nil {
+		return "", fmt.Errorf("the macfleet binary %s: %w", exe, err)
+	}
+	if resolved, err := filepath.EvalSymlinks(abs); err == nil {
+		abs = resolved
+	} else if flag == "" {
+		return "", fmt.Errorf("the macfleet binary %s: %w", abs, err)
+	}
+	return abs, nil
+}
+
+// inTempDir says whether path is under the temporary directory (where go run builds).
+func inTempDir(path string) bool {
+	for _, dir := range []string{os.TempDir(), "/tmp", "/private/tmp", "/private/var/folders", "/var/folders"} {
+		if dir = filepath.Clean(dir); strings.HasPrefix(path, dir+string(filepath.Separator)) {
+			return true
+		}
+	}
+	return false
+}
+
+// firstPath is the first entry of a path list such as $KUBECONFIG.
+func firstPath(list string) string {
+	for _, p := range filepath.SplitList(list) {
+		if p != "" {
+			return p
+		}
+	}
+	return ""
+}

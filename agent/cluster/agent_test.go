@@ -1,19 +1,25 @@
 package cluster_test
 
 import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/macfleet/macfleet/agent/store"
 	"github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/internal/testenv"
 	"github.com/macfleet/macfleet/metal"
@@ -331,5 +337,49 @@ func TestAPIServerOutage(t *testing.T) {
 	t.Logf("engine pid %d before the change, %d after", before.PID, after.PID)
 	if !slices.ContainsFunc(a.status().Models, func(m metal.ModelSnapshot) bool { return m.Name == ns+"/od-0" }) {
 		t.Errorf("od-0 left the pool")
+	}
+}
+
+// TestHTTPSourceThroughStore: a replica whose model comes over HTTP is downloaded by
+// the real model store, verified against its sha256, and served; a second replica of
+// the same file shares the stored copy.
+func TestHTTPSourceThroughStore(t *testing.T) {
+	b, err := os.ReadFile(tinyModel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(b)
+	var gets atomic.Int64
+	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodGet {
+			gets.Add(1)
+		}
+		http.ServeContent(w, r, "tiny.gguf", time.Time{}, bytes.NewReader(b))
+	}))
+	t.Cleanup(hs.Close)
+	st, err := store.New(t.TempDir(), store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := startAgent(t, agentOptions{store: st})
+	ns := testenv.NewNamespace(t, env.Client)
+	src := hs.URL + "/models/tiny.gguf"
+	newReplica(t, ns, "web-0", a.node, replicaOpts{deployment: "web", source: src, sha: hex.EncodeToString(sum[:])})
+	mr := waitReplica(t, time.Minute, ns, "web-0", func(mr *v1alpha1.ModelReplica) (bool, string) {
+		return condIs(mr, v1alpha1.ReplicaReady, metav1.ConditionTrue, v1alpha1.ReasonRunnerReady)
+	})
+	if p := mr.Status.Progress; p == nil || p.TotalBytes != int64(len(b)) || p.DownloadedBytes != p.TotalBytes {
+		t.Errorf("progress %+v, want %d of %d bytes", p, len(b), len(b))
+	}
+	newReplica(t, ns, "web-1", a.node, replicaOpts{deployment: "web", source: src, sha: hex.EncodeToString(sum[:]),
+		residency: v1alpha1.ResidencyOnDemand})
+	waitReplica(t, time.Minute, ns, "web-1", func(mr *v1alpha1.ModelReplica) (bool, string) {
+		return condIs(mr, v1alpha1.ReplicaReady, metav1.ConditionTrue, v1alpha1.ReasonWaitingForDemand)
+	})
+	if n := gets.Load(); n != 1 {
+		t.Errorf("the model was downloaded %d times, want once for both replicas", n)
+	}
+	if code, body := a.chat("web", auth...); code != http.StatusOK {
+		t.Errorf("chat: %d %s", code, body)
 	}
 }

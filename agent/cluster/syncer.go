@@ -16,6 +16,7 @@ import (
 	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/macfleet/macfleet/agent/store"
 	"github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/metal"
 )
@@ -32,6 +33,17 @@ type Store interface {
 type ChecksumError interface {
 	error
 	ChecksumMismatch() bool
+}
+
+// isChecksumMismatch says whether a fetch failed because the file's sha256 was not
+// the expected one.
+func isChecksumMismatch(err error) bool {
+	var se *store.ChecksumError
+	if errors.As(err, &se) {
+		return true
+	}
+	var ce ChecksumError
+	return errors.As(err, &ce) && ce.ChecksumMismatch()
 }
 
 // SpecBuilder turns a downloaded replica into the pool's spec of its entry.
@@ -334,8 +346,7 @@ func (s *Syncer) startFetchLocked(ctx context.Context, key string, mr *v1alpha1.
 			r.phase = phaseDownloadFailed
 			r.fetchErr = err
 			r.fetchReason = v1alpha1.ReasonDownloadFailed
-			var ce ChecksumError
-			if errors.As(err, &ce) && ce.ChecksumMismatch() {
+			if isChecksumMismatch(err) {
 				r.fetchReason = v1alpha1.ReasonChecksumMismatch
 			}
 			r.fetchFailures++

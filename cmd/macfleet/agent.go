@@ -1,0 +1,275 @@
+package main
+
+import (
+	"context"
+	"errors"
+	goflag "flag"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"runtime"
+	"runtime/debug"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+
+	"github.com/macfleet/macfleet/agent/cluster"
+	"github.com/macfleet/macfleet/agent/config"
+	"github.com/macfleet/macfleet/agent/hardware"
+	"github.com/macfleet/macfleet/agent/node"
+	"github.com/macfleet/macfleet/agent/store"
+	"github.com/macfleet/macfleet/internal/source"
+	"github.com/macfleet/macfleet/metal"
+)
+
+func init() { root.AddCommand(newAgentCmd()) }
+
+// agentFlags are the command line of `macfleet agent`.
+type agentFlags struct {
+	kubeconfig, nodeName, listen, advertise     string
+	storeDir, stateDir, fleetTokenFile          string
+	runner                                      string
+	runnerThreads                               int
+	runnerOutput                                bool
+	leaseDuration                               time.Duration
+	ceiling, reserve                            string
+	hfEndpoint, ollamaRegistry                  string
+	chip, unifiedMemory, workingSet, wiredLimit string
+	cpuCores, gpuCores                          int
+}
+
+func newAgentCmd() *cobra.Command {
+	var (
+		fl      agentFlags
+		zapOpts = zap.Options{Development: false}
+	)
+	host, _ := os.Hostname()
+	host = strings.ToLower(strings.SplitN(host, ".", 2)[0])
+	cmd := &cobra.Command{
+		Use:   "agent --kubeconfig node.kubeconfig [--node-name NAME] [flags]",
+		Short: "Run the node agent of a Mac in a fleet: register it, load the replicas bound to it, serve them",
+		Long: `Run the node agent in cluster mode. It registers this Mac as a MacNode (hardware,
+labels), renews its Lease, and watches the ModelReplicas the scheduler binds to it:
+each is downloaded into the model store (resumable, sha256-verified), loaded into the
+engine pool (Resident and Pinned at once, OnDemand on the first request) and reported
+in the replica's status (Downloaded, Loaded, Ready, endpoint, memory, last unload).
+The OpenAI and admin API on --listen requires the fleet token as
+"Authorization: Bearer TOKEN" (all but /healthz and /readyz); requests pick their
+replica by the X-Macfleet-Replica header or by served name. The agent keeps serving
+while the API server is unreachable and resyncs when it returns.`,
+		Example: "  macfleet agent --kubeconfig mac-1.kubeconfig\n" +
+			"  macfleet agent --kubeconfig kc --node-name mac-2 --listen :8081 --memory-ceiling 12Gi \\\n" +
+			"      --unified-memory 16Gi --chip 'Apple M2' --fleet-token-file token",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			log := zap.New(zap.UseFlagOptions(&zapOpts))
+			ctrl.SetLogger(log)
+			cfg, ov, err := fl.config()
+			if err != nil {
+				return err
+			}
+			rc, err := restConfig(fl.kubeconfig)
+			if err != nil {
+				return err
+			}
+			cfg.RestConfig = rc
+			cfg.Log = log
+			if fl.runnerOutput {
+				cfg.RunnerOutput = cmd.ErrOrStderr()
+			}
+			ctx := ctrl.SetupSignalHandler()
+
+			direct, err := client.New(rc, client.Options{Scheme: clientgoscheme.Scheme})
+			if err != nil {
+				return fmt.Errorf("creating the API client: %w", err)
+			}
+			if cfg.FleetToken, err = loadTokenRetrying(ctx, direct, fl.fleetTokenFile, log.Info); err != nil {
+				return err
+			}
+			st, err := store.New(fl.storeDir, store.Options{HFEndpoint: fl.hfEndpoint, OllamaRegistry: fl.ollamaRegistry,
+				Log: log.WithName("store")})
+			if err != nil {
+				return err
+			}
+			cfg.Store = st
+			gauge, err := metal.NewGauge()
+			if err != nil {
+				return fmt.Errorf("measuring memory: %w", err)
+			}
+			cfg.Gauge = hardware.OverrideGauge(gauge, ov)
+			cfg.Runnables = append(cfg.Runnables, nodeSession(fl, cfg.Pool.CeilingBytes))
+			log.Info("Starting the node agent", "node", cfg.NodeName, "store", fl.storeDir, "state", fl.stateDir,
+				"listen", cfg.Listen)
+			return cluster.Run(ctx, cfg)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&fl.kubeconfig, "kubeconfig", "", "Path to the node's kubeconfig (from macfleet nodes credentials); default: $KUBECONFIG, then in-cluster")
+	f.StringVar(&fl.nodeName, "node-name", host, "Name of this Mac's MacNode (and of its node identity)")
+	f.StringVar(&fl.listen, "listen", ":8080", "Address of the OpenAI and admin API")
+	f.StringVar(&fl.advertise, "advertise-address", "", "host:port the gateway and Services reach this agent at (default: the first non-loopback IPv4 address and the listen port)")
+	f.StringVar(&fl.storeDir, "store-dir", defaultDataDir("models"), "Model store directory (persistent; shared by the replicas of one file)")
+	f.StringVar(&fl.stateDir, "state-dir", defaultDataDir("state"), "Directory for the agent's own state (runner records for adoption)")
+	f.StringVar(&fl.fleetTokenFile, "fleet-token-file", "", "File holding the fleet token; default: Secret "+
+		"macfleet-system/macfleet-fleet-token, key token, read with the node's credential")
+	f.DurationVar(&fl.leaseDuration, "lease-duration", node.DefaultLeaseDuration, "The node Lease's duration; it is renewed every quarter of it")
+	f.StringVar(&fl.ceiling, "memory-ceiling", "", "Cap the memory of all models together, e.g. 12Gi (default: the Mac's ceiling; the MacNode's spec.memoryCeiling lowers it)")
+	f.StringVar(&fl.reserve, "memory-reserve", "", "Memory left to the OS below the Mac's ceiling (default 4Gi below 24Gi of RAM, else 6Gi)")
+	f.StringVar(&fl.runner, "runner", "", "The macfleet-runner binary (default $MACFLEET_RUNNER, else next to macfleet, else on $PATH)")
+	f.IntVar(&fl.runnerThreads, "runner-threads", 0, "CPU threads of each runner (default: the runner chooses)")
+	f.BoolVar(&fl.runnerOutput, "runner-output", false, "Copy every runner's output to stderr, prefixed with its replica")
+	f.StringVar(&fl.hfEndpoint, "hf-endpoint", source.DefaultHFEndpoint, "Model hub that hf:// sources download from")
+	f.StringVar(&fl.ollamaRegistry, "ollama-registry", source.DefaultOllamaRegistry, "Registry that ollama:// sources download from")
+	f.StringVar(&fl.chip, "chip", "", "Override the detected chip name (to simulate a Mac), e.g. 'Apple M2 Max'")
+	f.StringVar(&fl.unifiedMemory, "unified-memory", "", "Override the detected memory, e.g. 16Gi (the ceiling follows)")
+	f.IntVar(&fl.cpuCores, "cpu-cores", 0, "Override the detected CPU cores")
+	f.IntVar(&fl.gpuCores, "gpu-cores", 0, "Override the detected GPU cores")
+	f.StringVar(&fl.workingSet, "metal-working-set", "", "Override Metal's recommended working set, e.g. 12Gi")
+	f.StringVar(&fl.wiredLimit, "wired-limit", "", "Override iogpu.wired_limit_mb, as a size, e.g. 14Gi")
+	gfs := goflag.NewFlagSet("zap", goflag.ContinueOnError)
+	zapOpts.BindFlags(gfs)
+	f.AddGoFlagSet(gfs)
+	return cmd
+}
+
+// config turns the flags into the agent's configuration and hardware overrides.
+func (fl agentFlags) config() (cluster.Config, hardware.Overrides, error) {
+	var cfg cluster.Config
+	var ov hardware.Overrides
+	if fl.nodeName == "" {
+		return cfg, ov, fmt.Errorf("--node-name is required (the hostname is not available)")
+	}
+	sizes := []struct {
+		name string
+		in   string
+		dst  *int64
+	}{
+		{"memory-ceiling", fl.ceiling, &cfg.Pool.CeilingBytes}, {"memory-reserve", fl.reserve, &cfg.Pool.ReserveBytes},
+		{"unified-memory", fl.unifiedMemory, &ov.UnifiedMemoryBytes}, {"metal-working-set", fl.workingSet, &ov.MetalWorkingSetBytes},
+		{"wired-limit", fl.wiredLimit, &ov.WiredLimitBytes},
+	}
+	for _, s := range sizes {
+		if s.in == "" {
+			continue
+		}
+		v, err := config.ParseSize(s.in)
+		if err != nil {
+			return cfg, ov, fmt.Errorf("--%s: %w", s.name, err)
+		}
+		*s.dst = int64(v)
+	}
+	ov.Chip, ov.CPUCores, ov.GPUCores = fl.chip, fl.cpuCores, fl.gpuCores
+	if err := ov.Validate(); err != nil {
+		return cfg, ov, err
+	}
+	for _, d := range []struct{ flag, dir string }{{"store-dir", fl.storeDir}, {"state-dir", fl.stateDir}} {
+		if d.dir == "" {
+			return cfg, ov, fmt.Errorf("--%s is required (no home directory to default to)", d.flag)
+		}
+		if err := os.MkdirAll(d.dir, 0o755); err != nil {
+			return cfg, ov, fmt.Errorf("--%s: %w", d.flag, err)
+		}
+	}
+	cfg.NodeName, cfg.Listen, cfg.AdvertiseAddress = fl.nodeName, fl.listen, fl.advertise
+	cfg.RunnerPath, cfg.RunnerThreads = fl.runner, fl.runnerThreads
+	return cfg, ov, nil
+}
+
+// nodeSession registers the MacNode and renews its Lease beside the replica sync;
+// the pool's loads, unloads and pressure changes trigger memory status writes, and
+// the MacNode's spec.memoryCeiling lowers the pool's ceiling (the smaller of it and
+// --memory-ceiling wins).
+func nodeSession(fl agentFlags, flagCeiling int64) cluster.Runnable {
+	return func(ctx context.Context, env cluster.Env) error {
+		s, err := node.New(node.Config{
+			Client: env.Client, NodeName: env.NodeName, Hardware: hardware.FromMetal(env.Pool.Hardware()),
+			Address: env.Endpoint, Version: agentVersion(), Memory: node.PoolMemory(env.Pool),
+			LeaseDuration: fl.leaseDuration, Log: ctrl.Log.WithName("node"),
+			OnCeilingOverride: func(b int64) {
+				c := flagCeiling
+				if b > 0 && (c == 0 || b < c) {
+					c = b
+				}
+				env.Pool.SetConfiguredCeiling(c)
+			},
+		})
+		if err != nil {
+			return err
+		}
+		env.Pool.AddObserver(notifyObserver{s})
+		return s.Run(ctx)
+	}
+}
+
+// notifyObserver asks the node session for a memory status write on pool events.
+type notifyObserver struct{ s *node.Session }
+
+func (o notifyObserver) LoadFinished(metal.LoadEvent)             { o.s.NotifyChanged() }
+func (o notifyObserver) Unloaded(string, metal.UnloadReport)      { o.s.NotifyChanged() }
+func (o notifyObserver) PressureChanged(_, _ metal.PressureLevel) { o.s.NotifyChanged() }
+
+// loadTokenRetrying reads the fleet token, retrying while the API server cannot be
+// reached (an agent started before the control plane waits for it); a missing or
+// forbidden Secret is an error at once.
+func loadTokenRetrying(ctx context.Context, c client.Reader, file string, info func(string, ...any)) (string, error) {
+	delay := time.Second
+	for {
+		tok, err := cluster.LoadFleetToken(ctx, c, file)
+		if err == nil || file != "" || !retryableAPIError(err) {
+			return tok, err
+		}
+		info("Waiting for the API server to read the fleet token", "err", err.Error(), "retryIn", delay)
+		select {
+		case <-ctx.Done():
+			return "", err
+		case <-time.After(delay):
+		}
+		delay = min(2*delay, 30*time.Second)
+	}
+}
+
+// agentVersion is the module version the binary was built from.
+func agentVersion() string {
+	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
+		return bi.Main.Version
+	}
+	return "dev"
+}
+
+// defaultDataDir is where the agent keeps sub persistently: on macOS
+// ~/Library/Application Support/macfleet/<sub>, elsewhere $XDG_DATA_HOME/macfleet/<sub>
+// or ~/.local/share/macfleet/<sub>. Never a temporary directory: models are large.
+func defaultDataDir(sub string) string {
+	if runtime.GOOS == "darwin" {
+		if home, err := os.UserHomeDir(); err == nil {
+			return filepath.Join(home, "Library", "Application Support", "macfleet", sub)
+		}
+		return ""
+	}
+	if x := os.Getenv("XDG_DATA_HOME"); filepath.IsAbs(x) {
+		return filepath.Join(x, "macfleet", sub)
+	}
+	if home, err := os.UserHomeDir(); err == nil {
+		return filepath.Join(home, ".local", "share", "macfleet", sub)
+	}
+	return ""
+}
+
+// retryableAPIError: the API server could not be reached or answered with a
+// transient error; a missing Secret or key, or a denied read, is final.
+func retryableAPIError(err error) bool {
+	var status apierrors.APIStatus
+	if errors.As(err, &status) {
+		return apierrors.IsServerTimeout(err) || apierrors.IsTimeout(err) || apierrors.IsTooManyRequests(err) ||
+			apierrors.IsServiceUnavailable(err) || apierrors.IsInternalError(err)
+	}
+	var ne net.Error
+	return errors.As(err, &ne)
+}

@@ -82,6 +82,10 @@ func (s *Store) download(ctx context.Context, src source.Source, want string, re
 	for restarts := 0; ; restarts++ {
 		restart, err := s.transfer(ctx, part, src, loc, digest, report)
 		if err != nil {
+			if part.off == 0 {
+				// Nothing to resume: leave no trace.
+				part.remove()
+			}
 			return "", 0, err
 		}
 		if !restart {

@@ -12,8 +12,8 @@ const (
 	// DefaultLoadBound is c in consistent hashing with bounded loads: a replica takes a
 	// request for its prefix only while its load stays within c × the average.
 	DefaultLoadBound = 1.25
-	// DefaultPrefixBytes is how much of a prompt's text (roles and contents of the
-	// messages, or the prompt, in order) decides its replica under prefix affinity.
+	// DefaultPrefixBytes is how much of a prompt's text (see promptPrefix) decides its
+	// replica under prefix affinity.
 	DefaultPrefixBytes = 512
 	// ringPoints is the number of points each replica has on the hash ring.
 	ringPoints = 128

@@ -75,11 +75,13 @@ func parseHead(body []byte, prefixBytes int) (requestHead, *apiError) {
 	return out, nil
 }
 
-// promptPrefix is up to n bytes of a prompt's text: each chat message's role and text
-// content in order, else the (first) completion prompt, else the (first) embeddings
-// input. JSON formatting does not change it, so clients that serialize differently
-// still share a prefix. It is empty when there is no text; malformed parts are skipped
-// (the agent validates the request).
+// promptPrefix is up to n bytes of a prompt's text: for a chat, the role and text
+// content of each message up to and including the first user message (the system
+// prompt and the question that opened the conversation — what every later turn of the
+// same conversation repeats, so all its turns find their KV cache on one replica);
+// else the (first) completion prompt, else the (first) embeddings input. JSON
+// formatting does not change it. It is empty when there is no text; malformed parts
+// are skipped (the agent validates the request).
 func promptPrefix(messages, prompt, input json.RawMessage, n int) []byte {
 	out := make([]byte, 0, n)
 	add := func(s string) bool {
@@ -101,7 +103,7 @@ func promptPrefix(messages, prompt, input json.RawMessage, n int) []byte {
 					return out
 				}
 			}
-			if add("\n") {
+			if add("\n") || m.Role == "user" {
 				return out
 			}
 		}

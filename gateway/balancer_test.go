@@ -218,7 +218,7 @@ func TestPromptPrefix(t *testing.T) {
 			want: "system:Be brief.\nuser:Hi\n"},
 		{name: "later turns keep the prefix",
 			messages: raw(`[{"role":"system","content":"Be brief."},{"role":"user","content":"Hi"},{"role":"assistant","content":"Hello"},{"role":"user","content":"More"}]`),
-			n: 100, want: "system:Be brief.\nuser:Hi\n"},
+			n:        100, want: "system:Be brief.\nuser:Hi\n"},
 		{name: "formatting does not matter",
 			messages: raw("[ {\"content\" : \"Be brief.\",\n \"role\":\"system\"}, {\"role\":\"user\",\"content\":\"Hi\"}]"), n: 100,
 			want: "system:Be brief.\nuser:Hi\n"},

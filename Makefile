@@ -14,9 +14,19 @@ RUNNER        := $(BIN)/macfleet-runner
 GO_TEST_FLAGS ?= -race -p 2 -timeout 30m
 TOOLS         := go tool -modfile=hack/tools/go.mod
 CONTROLLER_GEN := $(TOOLS) controller-gen
+HELM          := $(BIN)/helm
+HELM_VERSION  := $(shell awk '$$1 == "helm.sh/helm/v3" {print $$2}' hack/tools/go.mod)
+# helm assumes this Kubernetes version when no cluster is asked (template, lint): the
+# minor of the client-go it is built with, as helm's own release builds do.
+HELM_K8S_MINOR := $(shell awk '$$1 == "k8s.io/client-go" {split($$2, v, "."); print v[2]}' hack/tools/go.mod)
+HELM_LDFLAGS  := -X helm.sh/helm/v3/internal/version.version=$(HELM_VERSION) \
+	$(foreach p,pkg/chartutil pkg/lint/rules,-X helm.sh/helm/v3/$(p).k8sVersionMajor=1 -X helm.sh/helm/v3/$(p).k8sVersionMinor=$(HELM_K8S_MINOR))
+CHART         := charts/macfleet
+CHART_SYNC    := go run ./test/chart/chartsync
 
 export KUBEBUILDER_ASSETS := $(ENVTEST_DIR)
 export MACFLEET_RUNNER    := $(RUNNER)
+export MACFLEET_HELM      := $(HELM)
 
 .PHONY: all
 all: generate manifests build
@@ -28,9 +38,11 @@ generate: ## Generate deepcopy functions.
 	$(CONTROLLER_GEN) object:headerFile=hack/boilerplate.go.txt paths=./api/...
 
 .PHONY: manifests
-manifests: ## Generate CRDs and RBAC from markers.
+manifests: ## Generate CRDs and RBAC from markers; copy them into the chart.
 	$(CONTROLLER_GEN) crd rbac:roleName=macfleet-manager paths=./api/... paths=./controllers/... paths=./internal/manager/... \
 		output:crd:artifacts:config=config/crd/bases output:rbac:artifacts:config=config/rbac
+	$(CONTROLLER_GEN) rbac:roleName=macfleet-gateway paths=./gateway/... output:rbac:artifacts:config=config/rbac/gateway
+	$(CHART_SYNC)
 
 ##@ Build
 
@@ -55,12 +67,32 @@ verify: ## Fail if generation leaves a diff; vet; cross-compile for darwin/arm64
 	hack/verify.sh
 
 .PHONY: test
-test: envtest runner ## Run every test (race detector, real API server, real runners).
+test: envtest runner helm ## Run every test (race detector, real API server, real runners).
 	hack/go-env.sh go test $(GO_TEST_FLAGS) ./...
 
 .PHONY: bench
 bench: envtest runner ## Run the benchmarks named in docs/benchmarks.md.
 	hack/bench.sh
+
+##@ Helm chart
+
+.PHONY: helm
+helm: $(HELM) ## Build helm from Go modules (version pinned in hack/tools/go.mod).
+$(HELM): hack/tools/go.mod hack/tools/go.sum
+	go build -modfile=hack/tools/go.mod -trimpath -ldflags "$(HELM_LDFLAGS)" -o $@ helm.sh/helm/v3/cmd/helm
+
+.PHONY: chart-sync
+chart-sync: ## Copy the CRDs, RBAC, node namespaces and admission policy from config/ into the chart.
+	$(CHART_SYNC)
+
+.PHONY: chart-verify
+chart-verify: helm ## Fail if the chart's copies of config/ are stale or `helm lint --strict` complains.
+	$(CHART_SYNC) -check
+	$(HELM) lint --strict $(CHART)
+
+.PHONY: chart-test
+chart-test: envtest helm ## Render the chart and install, upgrade and uninstall it on a real API server.
+	hack/go-env.sh go test $(GO_TEST_FLAGS) ./test/chart/...
 
 ##@ Local
 

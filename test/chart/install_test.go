@@ -1,0 +1,144 @@
+package chart
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/macfleet/macfleet/internal/testenv"
+)
+
+// installNamespace is where the agents look for the fleet token.
+const installNamespace = "macfleet-system"
+
+// TestInstallUpgradeUninstall installs the chart into a real API server that has no
+// CRDs yet (the chart brings them), upgrades it and uninstalls it. No kubelet runs, so
+// the Deployments exist without pods.
+func TestInstallUpgradeUninstall(t *testing.T) {
+	env := testenv.Start(t, testenv.WithCRDPaths())
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := os.WriteFile(kubeconfig, env.KubeConfig, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c := env.Client
+	ctx := t.Context()
+
+	mustHelm(t, "install", "macfleet", chartDir(t), "--kubeconfig", kubeconfig,
+		"--namespace", installNamespace, "--create-namespace")
+
+	// Everything the chart renders for this namespace must now exist: CRDs included.
+	rendered := decodeObjects(t, []byte(mustHelm(t, "template", "macfleet", chartDir(t),
+		"--namespace", installNamespace, "--include-crds")))
+	if len(rendered) < 20 {
+		t.Fatalf("rendered only %d objects", len(rendered))
+	}
+	for _, o := range rendered {
+		if err := c.Get(ctx, client.ObjectKeyFromObject(o), newEmpty(o)); err != nil {
+			t.Errorf("after install, %s: %v", describe(o), err)
+		}
+	}
+	for _, o := range rendered {
+		if o.GetKind() == "CustomResourceDefinition" {
+			waitEstablished(t, c, o.GetName())
+		}
+	}
+
+	token := fleetToken(t, c)
+	if len(token) != 48 {
+		t.Errorf("fleet token has %d characters, want 48", len(token))
+	}
+
+	mustHelm(t, "upgrade", "macfleet", chartDir(t), "--kubeconfig", kubeconfig,
+		"--namespace", installNamespace, "--set", "gateway.replicas=3", "--set", "manager.replicas=2")
+	if got := fleetToken(t, c); got != token {
+		t.Errorf("upgrade changed the fleet token: %q, then %q", token, got)
+	}
+	for name, want := range map[string]int32{"macfleet-gateway": 3, "macfleet-manager": 2} {
+		var d appsv1.Deployment
+		if err := c.Get(ctx, client.ObjectKey{Namespace: installNamespace, Name: name}, &d); err != nil {
+			t.Fatal(err)
+		}
+		if got := ptr.Deref(d.Spec.Replicas, 0); got != want {
+			t.Errorf("after upgrade, %s has %d replicas, want %d", name, got, want)
+		}
+	}
+
+	// A custom resource can be created against the chart's CRDs.
+	node := &unstructured.Unstructured{}
+	node.SetGroupVersionKind(schema.GroupVersionKind{Group: "macfleet.dev", Version: "v1alpha1", Kind: "MacNode"})
+	node.SetName("mac-1")
+	if err := c.Create(ctx, node); err != nil {
+		t.Fatalf("creating a MacNode with the chart's CRDs: %v", err)
+	}
+
+	mustHelm(t, "uninstall", "macfleet", "--kubeconfig", kubeconfig, "--namespace", installNamespace)
+	for _, o := range rendered {
+		testenv.Eventually(t, 10*time.Second, 50*time.Millisecond, func() (bool, string) {
+			obj := newEmpty(o)
+			err := c.Get(ctx, client.ObjectKeyFromObject(o), obj)
+			switch {
+			case o.GetKind() == "CustomResourceDefinition":
+				// Helm never deletes the CRDs it installed from crds/, so that
+				// uninstalling cannot delete every ModelDeployment.
+				return err == nil, fmt.Sprintf("%s: %v", describe(o), err)
+			case apierrors.IsNotFound(err):
+				return true, ""
+			case err == nil && o.GetKind() == "Namespace" && obj.GetDeletionTimestamp() != nil:
+				return true, "" // no namespace controller in envtest to finish the deletion
+			default:
+				return false, fmt.Sprintf("%s still exists after uninstall (get: %v)", describe(o), err)
+			}
+		})
+	}
+}
+
+func newEmpty(o *unstructured.Unstructured) *unstructured.Unstructured {
+	e := &unstructured.Unstructured{}
+	e.SetGroupVersionKind(o.GroupVersionKind())
+	return e
+}
+
+func describe(o *unstructured.Unstructured) string {
+	if o.GetNamespace() == "" {
+		return o.GetKind() + " " + o.GetName()
+	}
+	return o.GetKind() + " " + o.GetNamespace() + "/" + o.GetName()
+}
+
+func fleetToken(t *testing.T, c client.Client) string {
+	t.Helper()
+	var s corev1.Secret
+	if err := c.Get(t.Context(), client.ObjectKey{Namespace: installNamespace, Name: "macfleet-fleet-token"}, &s); err != nil {
+		t.Fatalf("getting the fleet token: %v", err)
+	}
+	return string(s.Data["token"])
+}
+
+func waitEstablished(t *testing.T, c client.Client, name string) {
+	t.Helper()
+	testenv.Eventually(t, 30*time.Second, 100*time.Millisecond, func() (bool, string) {
+		crd := &unstructured.Unstructured{}
+		crd.SetGroupVersionKind(schema.GroupVersionKind{Group: "apiextensions.k8s.io", Version: "v1", Kind: "CustomResourceDefinition"})
+		if err := c.Get(context.Background(), client.ObjectKey{Name: name}, crd); err != nil {
+			return false, err.Error()
+		}
+		conds, _, _ := unstructured.NestedSlice(crd.Object, "status", "conditions")
+		for _, cond := range conds {
+			if m, ok := cond.(map[string]any); ok && m["type"] == "Established" && m["status"] == "True" {
+				return true, ""
+			}
+		}
+		return false, fmt.Sprintf("CRD %s is not Established: %v", name, conds)
+	})
+}

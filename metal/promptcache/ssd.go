@@ -827,13 +827,13 @@ func (s *SSD) Stats() SSDStats {
 	return st
 }
 
-// Close stops accepting saves and lets the writer finish the queue; when ctx ends
-// first the writes still queued are cancelled and ctx's error returned.
+// Close stops accepting saves and lets the writer finish the queue. When ctx ends
+// first, the writes still queued are cancelled and ctx's error returned at once; a
+// write already in flight completes on its own.
 func (s *SSD) Close(ctx context.Context) error {
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
-		<-s.writerDone
 		return nil
 	}
 	s.closed = true
@@ -851,8 +851,8 @@ func (s *SSD) Close(ctx context.Context) error {
 	default:
 	}
 	s.mu.Lock()
-	for k := range s.pending {
-		for _, it := range s.pending[k] {
+	for _, items := range s.pending {
+		for _, it := range items {
 			if it.state == itemQueued && !it.cancelled {
 				it.cancelled = true
 				s.st.Cancelled++
@@ -860,6 +860,5 @@ func (s *SSD) Close(ctx context.Context) error {
 		}
 	}
 	s.mu.Unlock()
-	<-s.writerDone
 	return ctx.Err()
 }

@@ -2,6 +2,7 @@ package promptcache
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"os"
@@ -618,4 +619,53 @@ func TestSSDUnlinkFailure(t *testing.T) {
 	if !slices.Equal(filesOf(t, s, key(2)), nil) || len(filesOf(t, s, key(3))) != 1 {
 		t.Errorf("files: key 2 %v, key 3 %v", filesOf(t, s, key(2)), filesOf(t, s, key(3)))
 	}
+}
+
+// TestSSDClose: Close persists what is queued; with its context ended while the
+// writer is stuck, it returns at once, cancels the queued writes, and the stuck write
+// still lands.
+func TestSSDClose(t *testing.T) {
+	t.Run("drains the queue", func(t *testing.T) {
+		dir := t.TempDir()
+		s, err := Open(SSDConfig{Dir: dir, Identity: testID, QueueDepth: 8})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range 8 {
+			s.Save(key(i), payload(i, 64<<10))
+		}
+		if err := s.Close(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		if st := s.Stats(); st.SavesPersisted != 8 || !settled(st) {
+			t.Errorf("after Close: %+v", st)
+		}
+		if err := s.Close(t.Context()); err != nil {
+			t.Errorf("second Close: %v", err)
+		}
+	})
+	t.Run("context ends first", func(t *testing.T) {
+		g := newGate(func(n int) bool { return n == 1 })
+		s, err := Open(SSDConfig{Dir: t.TempDir(), Identity: testID, QueueDepth: 8, writeFile: g.writeFile})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range 4 {
+			s.Save(key(i), payload(i, entrySize))
+		}
+		eventually(t, 5*time.Second, "the first write to start", func() bool { return g.count() == 1 })
+		ctx, cancel := context.WithTimeout(t.Context(), 20*time.Millisecond)
+		defer cancel()
+		if err := s.Close(ctx); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Close = %v, want the context's error", err)
+		}
+		g.open()
+		st := waitSettled(t, s)
+		if st.SavesPersisted != 1 || st.Cancelled != 3 {
+			t.Errorf("after Close: %+v, want the in-flight write persisted and 3 cancelled", st)
+		}
+		if _, files := diskUsage(t, s.Dir()); files != 1 {
+			t.Errorf("%d files, want 1", files)
+		}
+	})
 }

@@ -92,6 +92,10 @@ type Syncer struct {
 	queue  workqueue.TypedRateLimitingInterface[string]
 	writer *statusWriter
 
+	// initialDone is closed once every replica present at the first cache sync has
+	// settled (see settled).
+	initialDone chan struct{}
+
 	mu       sync.Mutex
 	ctx      context.Context
 	replicas map[string]*replica
@@ -129,7 +133,8 @@ func NewSyncer(opts SyncerOptions) (*Syncer, error) {
 		log:  opts.Log,
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "modelreplicas"}),
-		replicas: map[string]*replica{},
+		replicas:    map[string]*replica{},
+		initialDone: make(chan struct{}),
 	}
 	s.writer = newStatusWriter(opts.Cache, opts.Live, opts.Client, opts.Clock, opts.Log)
 	s.writer.written = opts.StatusWritten
@@ -160,6 +165,8 @@ func (s *Syncer) Run(ctx context.Context) error {
 		return ctx.Err()
 	}
 	s.log.Info("Watching the replicas bound to this node", "node", s.opts.NodeName)
+	initial := s.opts.Informer.GetStore().ListKeys()
+	s.wg.Go(func() { s.watchInitial(ctx, initial) })
 
 	s.wg.Go(func() {
 		t := s.opts.Clock.NewTicker(s.opts.ResyncPeriod)
@@ -181,6 +188,61 @@ func (s *Syncer) Run(ctx context.Context) error {
 	}
 	s.shutdown()
 	return nil
+}
+
+// InitialSync is closed once every replica bound to the node when the agent started
+// has settled: loaded (or failed to), registered when OnDemand, or failed to
+// download. Runners of an earlier agent that no replica claimed by then can be stopped.
+func (s *Syncer) InitialSync() <-chan struct{} { return s.initialDone }
+
+// watchInitial closes initialDone once the replicas of keys have settled.
+func (s *Syncer) watchInitial(ctx context.Context, keys []string) {
+	t := s.opts.Clock.NewTicker(100 * time.Millisecond)
+	defer t.Stop()
+	for {
+		snap := s.opts.Pool.Snapshot()
+		pending := keys[:0:0]
+		for _, k := range keys {
+			if !s.settled(ctx, k, snap) {
+				pending = append(pending, k)
+			}
+		}
+		if keys = pending; len(keys) == 0 {
+			s.log.V(1).Info("Initial sync done")
+			close(s.initialDone)
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C():
+		}
+	}
+}
+
+// settled says whether replica key needs nothing more of a runner that an earlier
+// agent may have left: it is gone, loaded or failed, registered as OnDemand, or its
+// download failed.
+func (s *Syncer) settled(ctx context.Context, key string, snap metal.Snapshot) bool {
+	ns, name, _ := toolscache.SplitMetaNamespaceKey(key)
+	var obj v1alpha1.ModelReplica
+	var mr *v1alpha1.ModelReplica
+	if err := s.opts.Cache.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, &obj); err == nil {
+		mr = &obj
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	local := s.replicas[key]
+	d := desiredOf(mr, local, s.opts.NodeName)
+	switch observedOf(local, findModel(snap, key)) {
+	case ObservedLoaded, ObservedLoadFailed, ObservedDownloadFailed, ObservedUnloading:
+		return true
+	case ObservedStandby:
+		return d == DesiredOnDemand || d == DesiredAbsent
+	case ObservedNotRegistered:
+		return d == DesiredAbsent
+	}
+	return false
 }
 
 func (s *Syncer) shutdown() {

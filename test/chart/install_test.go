@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -34,8 +35,15 @@ func TestInstallUpgradeUninstall(t *testing.T) {
 	c := env.Client
 	ctx := t.Context()
 
-	mustHelm(t, "install", "macfleet", chartDir(t), "--kubeconfig", kubeconfig,
+	notes := mustHelm(t, "install", "macfleet", chartDir(t), "--kubeconfig", kubeconfig,
 		"--namespace", installNamespace, "--create-namespace")
+	// NOTES.txt tells what to do next: node credentials, agents, the gateway.
+	for _, want := range []string{"macfleet nodes credentials <mac> -o", "macfleet agent --kubeconfig", "macfleet agent install --",
+		"port-forward svc/macfleet-gateway 8080:80", "/v1/chat/completions"} {
+		if !strings.Contains(notes, want) {
+			t.Errorf("helm install output lacks %q:\n%s", want, notes)
+		}
+	}
 
 	// Everything the chart renders for this namespace must now exist: CRDs included.
 	rendered := decodeObjects(t, []byte(mustHelm(t, "template", "macfleet", chartDir(t),

@@ -1,0 +1,322 @@
+package promptcache
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"syscall"
+	"time"
+)
+
+// sample re-reads the foreign files and the free disk when forced or when the last
+// reading is DiskSampleInterval old.
+func (s *SSD) sample(force bool) {
+	s.sampleMu.Lock()
+	defer s.sampleMu.Unlock()
+	now := s.cfg.Clock.Now()
+	s.mu.Lock()
+	due := force || s.lastSample.IsZero() || now.Sub(s.lastSample) >= s.cfg.DiskSampleInterval
+	s.mu.Unlock()
+	if !due {
+		return
+	}
+	foreign := s.scanForeign()
+	free, err := s.cfg.Statfs(s.cfg.Dir)
+
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.foreign = foreign
+	s.forBytes = 0
+	for _, f := range foreign {
+		s.forBytes += f.size
+	}
+	if err != nil {
+		s.diskCap, s.freeBytes = -1, -1
+	} else {
+		s.freeBytes = free
+		s.diskCap = s.usedLocked() + free
+	}
+	s.lastSample = now
+}
+
+func (s *SSD) usedLocked() int64 { return s.ownBytes + s.forBytes + s.reserved }
+
+// quotaLocked is min(configured, 0.99 × (tracked + free)); without a disk reading
+// only the configured quota applies (0 when there is none: nothing is persisted).
+func (s *SSD) quotaLocked() int64 {
+	q := s.cfg.QuotaBytes
+	if s.diskCap >= 0 {
+		d := int64(DiskShare * float64(s.diskCap))
+		if q <= 0 || d < q {
+			q = d
+		}
+	}
+	return max(q, 0)
+}
+
+// SetQuota changes the configured quota; the next save evicts toward it.
+func (s *SSD) SetQuota(quotaBytes int64) {
+	s.mu.Lock()
+	s.cfg.QuotaBytes = quotaBytes
+	s.mu.Unlock()
+}
+
+// Save queues data to be written under key. It returns once the write is queued, or,
+// when the queue stayed full for QueueWait, after writing it inline (never dropping
+// it). A key already stored or pending is not written again. data must not be
+// modified afterwards.
+func (s *SSD) Save(key Key, data []byte) error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return ErrClosed
+	}
+	s.st.Saves++
+	if e, ok := s.entries[key]; ok {
+		s.st.Duplicates++
+		s.touchLocked(e)
+		s.mu.Unlock()
+		return nil
+	}
+	for _, it := range s.pending[key] {
+		if !it.cancelled {
+			s.st.Duplicates++
+			s.mu.Unlock()
+			return nil
+		}
+	}
+	it := &item{key: key, data: data, done: make(chan struct{})}
+	s.pending[key] = append(s.pending[key], it)
+	s.savers.Add(1)
+	s.mu.Unlock()
+	defer s.savers.Done()
+
+	select {
+	case s.queue <- it:
+		return nil
+	default:
+	}
+	t := time.NewTimer(s.cfg.QueueWait)
+	defer t.Stop()
+	select {
+	case s.queue <- it:
+		return nil
+	case <-t.C:
+	}
+	s.mu.Lock()
+	s.st.InlineFallbacks++
+	s.mu.Unlock()
+	s.write(it)
+	return it.err
+}
+
+func (s *SSD) writer() {
+	defer close(s.writerDone)
+	for {
+		select {
+		case it := <-s.queue:
+			s.write(it)
+		case <-s.stop:
+			for {
+				select {
+				case it := <-s.queue:
+					s.write(it)
+				default:
+					return
+				}
+			}
+		}
+	}
+}
+
+// write persists one item: evict to make room (at most MaxEvictionsPerSave unlinks),
+// write a temporary file, rename it into place, index it. A cancelled item writes
+// nothing, or removes its own file if it was cancelled during the write.
+func (s *SSD) write(it *item) {
+	defer close(it.done)
+	s.sample(false)
+
+	size := int64(headerSize + len(it.data))
+	s.mu.Lock()
+	if it.cancelled {
+		s.finishLocked(it)
+		s.mu.Unlock()
+		return
+	}
+	it.state = itemWriting
+	victims, ok := s.reserveLocked(size)
+	s.mu.Unlock()
+
+	if failed := s.unlinkVictims(victims); failed && ok {
+		// A victim that could not be removed still holds its bytes.
+		s.mu.Lock()
+		if s.usedLocked() > s.quotaLocked() {
+			s.reserved -= size
+			ok = false
+		}
+		s.mu.Unlock()
+	}
+	if !ok {
+		s.mu.Lock()
+		if it.cancelled {
+			s.st.Cancelled++
+		} else {
+			s.st.QuotaRejects++
+		}
+		s.finishLocked(it)
+		s.mu.Unlock()
+		return
+	}
+
+	path := filepath.Join(s.dir, entryFileName(it.key, rand.Uint32()))
+	tmp := path + tempSuffix
+	err := s.cfg.writeFile(tmp, encodeHeader(s.idHash, it.key, it.data), it.data, s.cfg.Sync)
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err != nil {
+		_ = os.Remove(tmp)
+		s.mu.Lock()
+		s.reserved -= size
+		s.mu.Unlock()
+		if errors.Is(err, syscall.ENOSPC) {
+			// The last reading was wrong: read again now, before the next save.
+			s.sample(true)
+		}
+		s.mu.Lock()
+		s.st.Errors++
+		it.err = fmt.Errorf("writing prompt cache entry: %w", err)
+		s.finishLocked(it)
+		s.mu.Unlock()
+		return
+	}
+
+	s.mu.Lock()
+	s.reserved -= size
+	if it.cancelled {
+		s.st.Cancelled++
+		s.finishLocked(it)
+		s.mu.Unlock()
+		s.unlink(path)
+		return
+	}
+	var replaced string
+	if old, ok := s.entries[it.key]; ok {
+		replaced = old.path
+		s.dropEntryLocked(old)
+	}
+	s.addEntryLocked(&entry{key: it.key, path: path, size: size, lastUse: s.cfg.Clock.Now()})
+	s.st.SavesPersisted++
+	s.finishLocked(it)
+	s.mu.Unlock()
+	if replaced != "" {
+		s.unlink(replaced)
+	}
+}
+
+// reserveLocked makes room for size bytes: while the tier would exceed its quota it
+// takes victims, foreign files first (oldest first), then this identity's least
+// recently used entries, at most MaxEvictionsPerSave of them. The victims leave the
+// index now and are unlinked by the caller; when size then fits it is reserved.
+func (s *SSD) reserveLocked(size int64) ([]*entry, bool) {
+	quota := s.quotaLocked()
+	if size > quota {
+		return nil, false
+	}
+	var victims []*entry
+	for s.usedLocked()+size > quota && len(victims) < s.cfg.MaxEvictionsPerSave {
+		var v *entry
+		switch {
+		case len(s.foreign) > 0:
+			v = s.foreign[0]
+			s.foreign = s.foreign[1:]
+			s.forBytes -= v.size
+		case s.lru.Len() > 0:
+			v = s.lru.Back().Value.(*entry)
+			s.dropEntryLocked(v)
+		default:
+			return victims, false
+		}
+		victims = append(victims, v)
+	}
+	if s.usedLocked()+size > quota {
+		return victims, false
+	}
+	s.reserved += size
+	return victims, true
+}
+
+// unlinkVictims removes evicted files; one that cannot be removed goes back to the
+// foreign list (its bytes still count) and is reported.
+func (s *SSD) unlinkVictims(victims []*entry) (failed bool) {
+	for _, v := range victims {
+		err := os.Remove(v.path)
+		s.mu.Lock()
+		switch {
+		case err == nil || errors.Is(err, fs.ErrNotExist):
+			s.st.Evictions++
+		default:
+			failed = true
+			s.st.UnlinkFailures++
+			v.key = Key{}
+			s.foreign = append(s.foreign, v)
+			s.forBytes += v.size
+		}
+		s.mu.Unlock()
+	}
+	return failed
+}
+
+// unlink removes a file this tier no longer indexes, counting a failure.
+func (s *SSD) unlink(path string) {
+	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		s.mu.Lock()
+		s.st.UnlinkFailures++
+		s.mu.Unlock()
+	}
+}
+
+func (s *SSD) finishLocked(it *item) {
+	it.state = itemDone
+	s.removePendingLocked(it)
+}
+
+func (s *SSD) removePendingLocked(it *item) {
+	list := s.pending[it.key]
+	if i := slices.Index(list, it); i >= 0 {
+		list = slices.Delete(list, i, i+1)
+	}
+	if len(list) == 0 {
+		delete(s.pending, it.key)
+	} else {
+		s.pending[it.key] = list
+	}
+}
+
+func (s *SSD) addEntryLocked(e *entry) {
+	s.entries[e.key] = e
+	e.elem = s.lru.PushFront(e)
+	s.ownBytes += e.size
+}
+
+func (s *SSD) dropEntryLocked(e *entry) {
+	if s.entries[e.key] == e {
+		delete(s.entries, e.key)
+	}
+	if e.elem != nil {
+		s.lru.Remove(e.elem)
+		e.elem = nil
+		s.ownBytes -= e.size
+	}
+}
+
+func (s *SSD) touchLocked(e *entry) {
+	e.lastUse = s.cfg.Clock.Now()
+	if e.elem != nil {
+		s.lru.MoveToFront(e.elem)
+	}
+}

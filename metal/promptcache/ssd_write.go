@@ -176,6 +176,20 @@ func (s *SSD) write(it *item) {
 	tmp := path + tempSuffix
 	err := s.cfg.writeFile(tmp, encodeHeader(s.idHash, it.key, it.data), it.data, s.cfg.Sync)
 	if err == nil {
+		s.mu.Lock()
+		cancelled := it.cancelled
+		s.mu.Unlock()
+		if cancelled {
+			// Forgotten during the write: never put it in place. (A cancellation
+			// after this check is caught after the rename.)
+			_ = os.Remove(tmp)
+			s.mu.Lock()
+			s.reserved -= size
+			s.st.Cancelled++
+			s.finishLocked(it)
+			s.mu.Unlock()
+			return
+		}
 		err = os.Rename(tmp, path)
 	}
 	if err != nil {

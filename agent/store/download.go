@@ -406,16 +406,18 @@ func (s *Store) finish(p *partial, src source.Source, url, digest string) (path,
 	if err := p.f.Sync(); err != nil {
 		return "", "", fmt.Errorf("model store: %w", err)
 	}
-	got = hex.EncodeToString(p.h.Sum(nil))
-	if digest != "" && got != digest {
-		p.remove()
-		return "", "", &ChecksumError{Source: src.Raw, Expected: digest, Got: got, Of: "the downloaded file"}
-	}
+	// The format first: an error page served as the file is better named as such than
+	// as a checksum mismatch.
 	magic := make([]byte, len(ggufMagic))
 	n, _ := p.f.ReadAt(magic, 0)
 	if string(magic[:n]) != ggufMagic {
 		p.remove()
 		return "", "", &FormatError{Location: url, Magic: magic[:n]}
+	}
+	got = hex.EncodeToString(p.h.Sum(nil))
+	if digest != "" && got != digest {
+		p.remove()
+		return "", "", &ChecksumError{Source: src.Raw, Expected: digest, Got: got, Of: "the downloaded file"}
 	}
 	path = s.blobPath(got)
 	if _, err := os.Stat(path); err == nil {

@@ -3,6 +3,7 @@ package store
 import (
 	"bytes"
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"math/rand/v2"
 	"net/http"
@@ -22,10 +23,9 @@ import (
 // model returns n bytes that look like a GGUF file: the magic, then noise.
 func model(n int, seed uint64) []byte {
 	b := make([]byte, n)
-	r := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
-	for i := range b {
-		b[i] = byte(r.Uint32())
-	}
+	var key [32]byte
+	binary.LittleEndian.PutUint64(key[:], seed)
+	_, _ = rand.NewChaCha8(key).Read(b)
 	copy(b, ggufMagic)
 	return b
 }

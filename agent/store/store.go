@@ -145,9 +145,11 @@ func (s *Store) Dir() string { return s.dir }
 // its registry digest in any case. file:// sources are not copied: the file is checked
 // in place (exists, regular, GGUF magic, sha256 when given) and its own path returned.
 //
-// progress, when not nil, is called from another goroutine, never concurrently and
-// never after Fetch returns: at the start, then every 1% or ProgressInterval, and with
-// (size, size) on success. total is -1 while unknown.
+// progress, when not nil, is called (possibly from another goroutine, never
+// concurrently, never after Fetch returns) when the transfer starts, then every 1% or
+// ProgressInterval while bytes arrive, and with (size, size) on success; total is -1
+// while unknown. Hashing a file:// source reports the same way. A slow callback slows
+// the download it watches.
 //
 // Concurrent calls for the same file share one download. When ctx is done Fetch
 // returns; the download stops once no caller waits for it, and its partial file is

@@ -7,10 +7,12 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"runtime"
 	"runtime/debug"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -84,7 +86,13 @@ while the API server is unreachable and resyncs when it returns.`,
 			if fl.runnerOutput {
 				cfg.RunnerOutput = cmd.ErrOrStderr()
 			}
-			ctx := ctrl.SetupSignalHandler()
+			// The first SIGINT or SIGTERM shuts down gracefully, a second one kills.
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			go func() {
+				<-ctx.Done()
+				stop()
+			}()
 
 			direct, err := client.New(rc, client.Options{Scheme: clientgoscheme.Scheme})
 			if err != nil {
@@ -136,6 +144,7 @@ while the API server is unreachable and resyncs when it returns.`,
 	gfs := goflag.NewFlagSet("zap", goflag.ContinueOnError)
 	zapOpts.BindFlags(gfs)
 	f.AddGoFlagSet(gfs)
+	cmd.AddCommand(newAgentInstallCmd())
 	return cmd
 }
 

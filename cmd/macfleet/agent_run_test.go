@@ -1,0 +1,162 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/macfleet/macfleet/api/v1alpha1"
+	"github.com/macfleet/macfleet/internal/ggufsynth"
+	"github.com/macfleet/macfleet/internal/testenv"
+	"github.com/macfleet/macfleet/metal"
+)
+
+// TestAgentCommand runs `macfleet agent` in-process against a real API server: it
+// reads the fleet token from the Secret, registers its MacNode with the simulated
+// hardware, renews its Lease, serves a replica bound to it from the model store, and
+// shuts down cleanly.
+func TestAgentCommand(t *testing.T) {
+	rp := os.Getenv(metal.RunnerEnv)
+	if rp == "" {
+		t.Skip("MACFLEET_RUNNER is not set: build the runner with `make runner` and export MACFLEET_RUNNER=$PWD/bin/macfleet-runner")
+	}
+	env := testenv.Start(t, testenv.WithScheme(v1alpha1.AddToScheme))
+	ctx := t.Context()
+	for _, ns := range []string{v1alpha1.SystemNamespace, v1alpha1.NodeLeaseNamespace} {
+		if err := env.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const token = "s3cret-fleet-token"
+	if err := env.Client.Create(ctx, &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Namespace: v1alpha1.SystemNamespace, Name: v1alpha1.FleetTokenSecret},
+		Data:       map[string][]byte{v1alpha1.FleetTokenKey: []byte(token + "\n")},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	kc := filepath.Join(dir, "node.kubeconfig")
+	if err := os.WriteFile(kc, env.KubeConfig, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	model := filepath.Join(dir, "tiny.gguf")
+	if err := ggufsynth.Write(model, ggufsynth.Tiny()); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+
+	const node = "mac-cmd"
+	cmd := newAgentCmd()
+	cmd.SetArgs([]string{"--kubeconfig", kc, "--node-name", node, "--listen", addr, "--advertise-address", addr,
+		"--store-dir", filepath.Join(dir, "models"), "--state-dir", filepath.Join(dir, "state"), "--runner", rp,
+		"--runner-threads", "1", "--memory-ceiling", "2Gi", "--unified-memory", "16Gi", "--chip", "Apple M2",
+		"--lease-duration", "8s"})
+	cmd.SetOut(io.Discard)
+	cmd.SetErr(io.Discard)
+	runCtx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- cmd.ExecuteContext(runCtx) }()
+	stopped := false
+	stop := func() {
+		if stopped {
+			return
+		}
+		stopped = true
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("the agent stopped with: %v", err)
+			}
+		case <-time.After(2 * time.Minute):
+			t.Errorf("the agent did not stop within 2m")
+		}
+	}
+	t.Cleanup(stop)
+
+	var mn v1alpha1.MacNode
+	testenv.Eventually(t, time.Minute, 100*time.Millisecond, func() (bool, string) {
+		if err := env.Client.Get(ctx, types.NamespacedName{Name: node}, &mn); err != nil {
+			return false, err.Error()
+		}
+		return mn.Status.Agent.Address == addr, "agent address " + mn.Status.Agent.Address
+	})
+	if mn.Labels[v1alpha1.LabelMemoryGiB] != "16" || mn.Status.Hardware.Chip != "Apple M2" {
+		t.Errorf("MacNode labels %v, hardware %+v; want the simulated 16 GiB Apple M2", mn.Labels, mn.Status.Hardware)
+	}
+	var lease coordinationv1.Lease
+	if err := env.Client.Get(ctx, types.NamespacedName{Namespace: v1alpha1.NodeLeaseNamespace, Name: node}, &lease); err != nil {
+		t.Errorf("the node's Lease: %v", err)
+	}
+
+	ns := testenv.NewNamespace(t, env.Client)
+	mr := &v1alpha1.ModelReplica{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "tiny-0", Labels: map[string]string{v1alpha1.LabelDeployment: "tiny"}},
+		Spec: v1alpha1.ModelReplicaSpec{
+			Template: v1alpha1.ModelReplicaTemplate{Model: v1alpha1.ModelSource{Source: "file://" + model},
+				Engine: v1alpha1.EngineSpec{ContextLength: 512, Parallel: 1}, Residency: v1alpha1.ResidencyResident},
+			TemplateHash: "h1", MemoryReservation: resource.MustParse("512Mi"), NodeName: node,
+		},
+	}
+	if err := env.Client.Create(ctx, mr); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, time.Minute, 100*time.Millisecond, func() (bool, string) {
+		if err := env.Client.Get(ctx, types.NamespacedName{Namespace: ns, Name: "tiny-0"}, mr); err != nil {
+			return false, err.Error()
+		}
+		b, _ := json.Marshal(mr.Status)
+		return meta.IsStatusConditionTrue(mr.Status.Conditions, v1alpha1.ReplicaReady) && mr.Status.Endpoint == addr, string(b)
+	})
+
+	chat := func(header ...string) int {
+		body := []byte(`{"model":"tiny","max_tokens":2,"messages":[{"role":"user","content":"hi"}]}`)
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+addr+"/v1/chat/completions", bytes.NewReader(body))
+		for i := 0; i+1 < len(header); i += 2 {
+			req.Header.Set(header[i], header[i+1])
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		_, _ = io.Copy(io.Discard, resp.Body)
+		return resp.StatusCode
+	}
+	if code := chat(); code != http.StatusUnauthorized {
+		t.Errorf("chat without the fleet token: %d, want 401", code)
+	}
+	if code := chat("Authorization", "Bearer "+token); code != http.StatusOK {
+		t.Errorf("chat with the fleet token from the Secret: %d, want 200", code)
+	}
+
+	stop()
+	if err := env.Client.Get(ctx, types.NamespacedName{Name: node}, &mn); err != nil {
+		t.Fatal(err)
+	}
+	if c := meta.FindStatusCondition(mn.Status.Conditions, v1alpha1.MacNodeReady); c == nil || c.Status != metav1.ConditionFalse {
+		t.Errorf("MacNode Ready after the agent stopped: %+v, want False", c)
+	}
+	if _, err := http.Get("http://" + addr + "/healthz"); err == nil {
+		t.Errorf("the agent still serves on %s after it stopped", addr)
+	}
+}

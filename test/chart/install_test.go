@@ -14,6 +14,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -82,13 +83,7 @@ func TestInstallUpgradeUninstall(t *testing.T) {
 		}
 	}
 
-	// A custom resource can be created against the chart's CRDs.
-	node := &unstructured.Unstructured{}
-	node.SetGroupVersionKind(schema.GroupVersionKind{Group: "macfleet.dev", Version: "v1alpha1", Kind: "MacNode"})
-	node.SetName("mac-1")
-	if err := c.Create(ctx, node); err != nil {
-		t.Fatalf("creating a MacNode with the chart's CRDs: %v", err)
-	}
+	checkNodeIdentity(t, env)
 
 	mustHelm(t, "uninstall", "macfleet", "--kubeconfig", kubeconfig, "--namespace", installNamespace)
 	for _, o := range rendered {
@@ -149,4 +144,49 @@ func waitEstablished(t *testing.T, c client.Client, name string) {
 		}
 		return false, fmt.Sprintf("CRD %s is not Established: %v", name, conds)
 	})
+}
+
+// checkNodeIdentity acts as the agent of Mac mac-1 (ServiceAccount macfleet-nodes/mac-1)
+// with the RBAC and admission policy the chart installed: it reads the fleet token and
+// registers its own MacNode, but cannot list Secrets or register another Mac.
+func checkNodeIdentity(t *testing.T, env *testenv.Env) {
+	t.Helper()
+	ctx := t.Context()
+	cfg := rest.CopyConfig(env.Config)
+	cfg.Impersonate = rest.ImpersonationConfig{
+		UserName: "system:serviceaccount:macfleet-nodes:mac-1",
+		Groups:   []string{"system:serviceaccounts", "system:serviceaccounts:macfleet-nodes", "system:authenticated"},
+	}
+	nc, err := client.New(cfg, client.Options{Scheme: env.Scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	var token corev1.Secret
+	if err := nc.Get(ctx, client.ObjectKey{Namespace: installNamespace, Name: "macfleet-fleet-token"}, &token); err != nil {
+		t.Errorf("node mac-1 cannot read the fleet token: %v", err)
+	}
+	if err := nc.List(ctx, &corev1.SecretList{}, client.InNamespace(installNamespace)); !apierrors.IsForbidden(err) {
+		t.Errorf("node mac-1 listing Secrets: %v, want Forbidden", err)
+	}
+
+	macNode := func(name string) *unstructured.Unstructured {
+		n := &unstructured.Unstructured{}
+		n.SetGroupVersionKind(schema.GroupVersionKind{Group: "macfleet.dev", Version: "v1alpha1", Kind: "MacNode"})
+		n.SetName(name)
+		return n
+	}
+	// The API server loads a new admission policy asynchronously: wait for the denial.
+	testenv.Eventually(t, 30*time.Second, 100*time.Millisecond, func() (bool, string) {
+		err := nc.Create(ctx, macNode("mac-2"))
+		if err == nil {
+			if err := env.Client.Delete(ctx, macNode("mac-2")); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return apierrors.IsForbidden(err), fmt.Sprintf("node mac-1 creating MacNode mac-2: %v, want Forbidden", err)
+	})
+	if err := nc.Create(ctx, macNode("mac-1")); err != nil {
+		t.Errorf("node mac-1 cannot register its own MacNode: %v", err)
+	}
 }

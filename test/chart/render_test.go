@@ -293,6 +293,12 @@ func TestTemplateDeployments(t *testing.T) {
 			if diff := cmp.Diff(g.Spec.Selector.MatchLabels, svc.Spec.Selector); diff != "" {
 				t.Errorf("gateway Service selects other pods than the Deployment's (-deployment +service):\n%s", diff)
 			}
+			hasPDB := slices.ContainsFunc(objs, func(o *unstructured.Unstructured) bool {
+				return o.GetKind() == "PodDisruptionBudget" && o.GetName() == "macfleet-gateway"
+			})
+			if want := tc.wantGatewayN > 1; hasPDB != want {
+				t.Errorf("gateway PodDisruptionBudget rendered: %v, want %v with %d replicas", hasPDB, want, tc.wantGatewayN)
+			}
 			ports := g.Spec.Template.Spec.Containers[0].Ports
 			if !slices.ContainsFunc(ports, func(p corev1.ContainerPort) bool { return p.Name == "http" && p.ContainerPort == 8080 }) {
 				t.Errorf("gateway container ports %v lack http=8080", ports)

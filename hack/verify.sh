@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Checks CI runs before the tests (`make verify`):
-#   - `make generate manifests` leaves api/ and config/ unchanged (generated code and
-#     manifests are committed and reproducible);
+#   - `make generate manifests` leaves api/, config/ and charts/ unchanged (generated
+#     code, manifests and the chart's copies of them are committed and reproducible);
+#   - `helm lint --strict` is clean on the chart;
 #   - go.mod/go.sum of the module and of the tool modules are tidy;
 #   - gofmt and `go vet` (pure Go, CGO_ENABLED=0) are clean;
 #   - cmd/macfleet cross-compiles for darwin/arm64 without cgo.
@@ -24,11 +25,11 @@ step() { # step NAME COMMAND...
 generated_unchanged() {
 	${MAKE:-make} --no-print-directory generate manifests || return
 	local changes
-	changes=$(git status --porcelain --untracked-files=all -- api config)
+	changes=$(git status --porcelain --untracked-files=all -- api config charts)
 	[[ -z $changes ]] && return
-	echo "generation changed files under api/ or config/; run \`make generate manifests\` and commit:"
+	echo "generation changed files under api/, config/ or charts/; run \`make generate manifests\` and commit:"
 	echo "$changes"
-	git --no-pager diff -- api config
+	git --no-pager diff -- api config charts
 	return 1
 }
 
@@ -54,6 +55,7 @@ gofmt_clean() {
 }
 
 step "generate manifests" generated_unchanged
+step "helm lint" ${MAKE:-make} --no-print-directory chart-verify
 step "go mod tidy" tidy
 step "gofmt" gofmt_clean
 step "go vet" env CGO_ENABLED=0 go vet ./...

@@ -1,0 +1,58 @@
+package main
+
+import (
+	goflag "flag"
+
+	"github.com/spf13/cobra"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+
+	"github.com/macfleet/macfleet/gateway"
+)
+
+func init() {
+	root.AddCommand(newGatewayCmd())
+}
+
+func newGatewayCmd() *cobra.Command {
+	var (
+		cfg        gateway.Config
+		kubeconfig string
+		zapOpts    = zap.Options{Development: false}
+	)
+	cmd := &cobra.Command{
+		Use:   "gateway",
+		Short: "Run the fleet-wide OpenAI endpoint that routes requests to Ready replicas",
+		Long: `Run the gateway: one OpenAI API for the whole fleet. It routes each request by its
+"model" (a deployment's served name or alias, or "<namespace>/<name>") to a Ready
+replica on a Ready Mac, balancing by least outstanding requests (optionally with
+prefix affinity), retries another replica on a connect error, 503 or 507 before the
+first byte, holds requests while an OnDemand model cold-starts, and streams responses
+through unbuffered. GET /v1/models lists the deployments.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctrl.SetLogger(zap.New(zap.UseFlagOptions(&zapOpts)))
+			rc, err := restConfig(kubeconfig)
+			if err != nil {
+				return err
+			}
+			cfg.RestConfig = rc
+			return gateway.Run(ctrl.SetupSignalHandler(), cfg)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&kubeconfig, "kubeconfig", "", "Path to a kubeconfig; default: $KUBECONFIG, then in-cluster")
+	f.StringVar(&cfg.Listen, "listen", ":8080", "Address of the OpenAI API")
+	f.StringVar(&cfg.MetricsAddr, "metrics-bind-address", ":9090", `Address of the Prometheus /metrics endpoint; "0" disables it`)
+	f.StringVar(&cfg.ProbeAddr, "health-probe-bind-address", ":8081", `Address of /healthz and /readyz; "0" disables them`)
+	f.StringVar(&cfg.FleetTokenFile, "fleet-token-file", "", "File holding the fleet token presented to agents (re-read when it changes)")
+	f.StringVar(&cfg.APIKeysFile, "api-keys-file", "", "File of client API keys, one per line (re-read when it changes); empty: no client auth")
+	f.DurationVar(&cfg.ColdStartTimeout, "cold-start-timeout", gateway.DefaultColdStartTimeout,
+		"How long a request waits for a routable replica (e.g. an OnDemand model loading) before a 503")
+	f.BoolVar(&cfg.PrefixAffinity, "prefix-affinity", false,
+		"Route requests sharing a prompt prefix to the same replica (consistent hashing with bounded load)")
+	gfs := goflag.NewFlagSet("zap", goflag.ContinueOnError)
+	zapOpts.BindFlags(gfs)
+	f.AddGoFlagSet(gfs)
+	return cmd
+}

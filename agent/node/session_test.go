@@ -81,8 +81,10 @@ type logSink struct {
 	lines []string
 }
 
-func (s *logSink) logger() logr.Logger {
+// logger records into s and into the test's log.
+func (s *logSink) logger(t *testing.T) logr.Logger {
 	return funcr.New(func(prefix, args string) {
+		t.Log(prefix, args)
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		s.lines = append(s.lines, args)
@@ -132,6 +134,11 @@ func start(t *testing.T, cfg Config) *running {
 	}
 	if cfg.Log.GetSink() == nil {
 		cfg.Log = testLogger(t)
+	}
+	if cfg.RequestTimeout == 0 {
+		// Generous: other packages' tests load the machine, and the API server holds
+		// the first create of a custom resource for 2s after its CRD is established.
+		cfg.RequestTimeout = 10 * time.Second
 	}
 	s, err := New(cfg)
 	if err != nil {
@@ -376,7 +383,6 @@ func TestMemoryStatus(t *testing.T) {
 	// A notification writes within MinNotifyInterval (1s), long before the renewal.
 	mem.update(func(m *Memory) { m.UsedBytes, m.CommittedBytes = 2*gib, 6*gib })
 	r.s.NotifyChanged()
-	r.s.NotifyChanged() // coalesced
 	step(t, clk, time.Second)
 	if err := r.round(t); err != nil {
 		t.Fatal(err)
@@ -414,6 +420,20 @@ func TestMemoryStatus(t *testing.T) {
 	}
 	if node.Status.Memory.Evictions != 3 {
 		t.Errorf("evictions = %d, want 3", node.Status.Memory.Evictions)
+	}
+}
+
+// TestNotifyCoalesces: notifications before the session takes them are one.
+func TestNotifyCoalesces(t *testing.T) {
+	s, err := New(Config{Client: env.Client, NodeName: "coalesce"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 100 {
+		s.NotifyChanged()
+	}
+	if n := len(s.notify); n != 1 {
+		t.Errorf("%d notifications pending, want 1", n)
 	}
 }
 
@@ -512,7 +532,7 @@ func TestReregisters(t *testing.T) {
 	name := nodeName(t)
 	logs := &logSink{}
 	start(t, Config{NodeName: name, Hardware: mac, Address: "10.1.2.3:8080", Memory: newMemory(), LeaseDuration: 2 * time.Second,
-		Log: logs.logger()})
+		Log: logs.logger(t)})
 	old := readyIs(t, name, metav1.ConditionTrue, v1alpha1.ReasonAgentReady)
 	if err := env.Client.Delete(t.Context(), old); err != nil {
 		t.Fatal(err)
@@ -662,10 +682,12 @@ func TestAPIOutage(t *testing.T) {
 	name := nodeName(t)
 	logs := &logSink{}
 	r := start(t, Config{Client: c, NodeName: name, Hardware: mac, Address: "10.1.2.3:8080", Memory: newMemory(),
-		LeaseDuration: 2 * time.Second, RequestTimeout: time.Second, Log: logs.logger()})
+		LeaseDuration: 2 * time.Second, RequestTimeout: 5 * time.Second, Log: logs.logger(t)})
 	readyIs(t, name, metav1.ConditionTrue, v1alpha1.ReasonAgentReady)
 
 	for outage := 1; outage <= 2; outage++ {
+		// Under load a round may also time out before the cut: count from here.
+		outages, recoveries := logs.count(outageMsg), logs.count(recoveryMsg)
 		proxy.cut()
 		// Drain rounds that finished before the cut, then see several fail.
 		failed := 0
@@ -679,8 +701,8 @@ func TestAPIOutage(t *testing.T) {
 			}
 			return failed >= 4, fmt.Sprintf("%d failed rounds", failed)
 		})
-		if n := logs.count(outageMsg); n != outage {
-			t.Errorf("outage %d: logged %d times in all, want once per outage", outage, n)
+		if n := logs.count(outageMsg) - outages; n != 1 {
+			t.Errorf("outage %d: logged %d times, want once", outage, n)
 		}
 		select {
 		case err := <-r.done:
@@ -705,8 +727,8 @@ func TestAPIOutage(t *testing.T) {
 		})
 		readyIs(t, name, metav1.ConditionTrue, v1alpha1.ReasonAgentReady)
 		testenv.Eventually(t, wait, poll, func() (bool, string) {
-			n := logs.count(recoveryMsg)
-			return n == outage, fmt.Sprintf("recovery logged %d times, want %d", n, outage)
+			n := logs.count(recoveryMsg) - recoveries
+			return n >= 1, fmt.Sprintf("recovery logged %d times", n)
 		})
 	}
 }

@@ -188,8 +188,7 @@ func (s *Session) Run(ctx context.Context) error {
 		"address", s.cfg.Address, "version", s.cfg.Version)
 	s.resync, s.dirty = true, true
 	for {
-		now := s.cfg.Clock.Now()
-		if s.due(now) {
+		if now := s.cfg.Clock.Now(); s.due(now) {
 			err := s.round(ctx, now)
 			if ctx.Err() != nil {
 				break
@@ -199,33 +198,37 @@ func (s *Session) Run(ctx context.Context) error {
 				s.afterRound(err)
 			}
 		}
-		wait := s.next(s.cfg.Clock.Now())
-		if wait <= 0 {
-			// Due already (a fake clock's timer would not fire until it is stepped).
-			select {
-			case <-ctx.Done():
-				s.stopping(log)
-				return nil
-			case <-s.notify:
-				s.dirty = true
-			default:
-			}
-			continue
+		if !s.wait(ctx, s.next(s.cfg.Clock.Now())) {
+			break
 		}
-		t := s.cfg.Clock.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			s.stopping(log)
-			return nil
-		case <-s.notify:
-			s.dirty = true
-		case <-t.C():
-		}
-		t.Stop()
 	}
 	s.stopping(log)
 	return nil
+}
+
+// wait blocks for d, a notification or the end of ctx; false when ctx ended.
+func (s *Session) wait(ctx context.Context, d time.Duration) bool {
+	if d <= 0 {
+		// Due already (a fake clock's timer would not fire until it is stepped).
+		select {
+		case <-ctx.Done():
+			return false
+		case <-s.notify:
+			s.dirty = true
+		default:
+		}
+		return true
+	}
+	t := s.cfg.Clock.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-s.notify:
+		s.dirty = true
+	case <-t.C():
+	}
+	return true
 }
 
 // due says whether a round must run at now.

@@ -717,6 +717,7 @@ func TestAPIOutage(t *testing.T) {
 		}
 		cutRenew := lease.Spec.RenewTime.Time
 
+		restored := time.Now()
 		proxy.restore(t)
 		testenv.Eventually(t, wait, poll, func() (bool, string) {
 			l, err := getLease(t, name)
@@ -725,7 +726,10 @@ func TestAPIOutage(t *testing.T) {
 			}
 			return l.Spec.RenewTime.After(cutRenew), fmt.Sprintf("renewTime %v not after %v", l.Spec.RenewTime, cutRenew)
 		})
+		renewed := time.Since(restored)
 		readyIs(t, name, metav1.ConditionTrue, v1alpha1.ReasonAgentReady)
+		t.Logf("Outage %d: Lease renewed %v and Ready=True %v after the API server came back (renew interval %v)",
+			outage, renewed.Round(time.Millisecond), time.Since(restored).Round(time.Millisecond), r.s.RenewInterval())
 		testenv.Eventually(t, wait, poll, func() (bool, string) {
 			n := logs.count(recoveryMsg) - recoveries
 			return n >= 1, fmt.Sprintf("recovery logged %d times", n)

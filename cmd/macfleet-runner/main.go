@@ -81,6 +81,8 @@ func parseFlags(args []string, stderr io.Writer) (server.Config, int, error) {
 	fs.IntVar(&cfg.GPULayers, "gpu-layers", 999, "layers offloaded to the GPU (Metal)")
 	fs.BoolVar(&cfg.Mmap, "mmap", runtime.GOOS == "darwin", "map the model file instead of reading it into memory")
 	fs.BoolVar(&cfg.ExitWithParent, "exit-with-parent", true, "stop when the parent process (the agent) exits")
+	fs.StringVar(&cfg.Nonce, "nonce", "", "opaque token echoed on /health, so an agent adopting this runner can tell it from a stale socket or a recycled pid")
+	fs.DurationVar(&cfg.OrphanTimeout, "orphan-timeout", 0, "stop after receiving no request at all for this long (0: never); for runners that outlive their agent")
 	verbose := fs.BoolP("verbose", "v", false, "log llama.cpp's info messages and per-request details")
 	if err := fs.Parse(args); err != nil {
 		return cfg, 0, err
@@ -107,6 +109,8 @@ func parseFlags(args []string, stderr io.Writer) (server.Config, int, error) {
 		return cfg, 0, fmt.Errorf("--ctx %d leaves fewer than 8 tokens per slot", cfg.Ctx)
 	case cfg.Threads < 1:
 		return cfg, 0, fmt.Errorf("--threads must be positive, got %d", cfg.Threads)
+	case cfg.OrphanTimeout < 0:
+		return cfg, 0, fmt.Errorf("--orphan-timeout must not be negative, got %s", cfg.OrphanTimeout)
 	case cfg.CeilingBytes < 0:
 		return cfg, 0, fmt.Errorf("--ceiling-bytes must not be negative, got %d", cfg.CeilingBytes)
 	}

@@ -31,6 +31,9 @@ type Health struct {
 	Status   string  `json:"status"`
 	Progress float64 `json:"progress"`
 	Error    string  `json:"error,omitempty"`
+	// Nonce echoes --nonce: an agent adopting a runner it did not start checks it, so
+	// a stale socket or a recycled pid is never taken for the runner it recorded.
+	Nonce string `json:"nonce,omitempty"`
 }
 
 // ModelInfo describes the loaded model in /status.

@@ -45,7 +45,7 @@ func (s *Server) routes() http.Handler {
 		writeError(w, &api.Error{Status: http.StatusNotFound, Type: api.TypeInvalidRequest,
 			Code: api.CodeNotFound, Message: fmt.Sprintf("no such endpoint: %s %s", r.Method, r.URL.Path)})
 	})
-	return s.recoverer(mux)
+	return s.tracked(s.recoverer(mux))
 }
 
 // recoverer turns a handler panic into a 500 (if nothing was sent yet) instead of a
@@ -99,7 +99,7 @@ func readJSON(w http.ResponseWriter, r *http.Request, v any) *api.Error {
 
 func (s *Server) handleHealth(w http.ResponseWriter, _ *http.Request) {
 	state, progress, loadErr := s.getState()
-	h := api.Health{Status: state, Progress: progress}
+	h := api.Health{Status: state, Progress: progress, Nonce: s.cfg.Nonce}
 	status := http.StatusServiceUnavailable
 	switch state {
 	case api.StateReady:

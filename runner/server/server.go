@@ -53,6 +53,12 @@ type Config struct {
 	// ExitWithParent stops the runner gracefully when its parent process (the agent)
 	// exits, so a crashed agent never leaves orphaned runners holding memory.
 	ExitWithParent bool
+	// Nonce is echoed on /health (an agent adopting the runner checks it).
+	Nonce string
+	// OrphanTimeout, when positive, stops the runner once it has received no request
+	// at all (health checks and limit pushes count) for that long and none is in
+	// flight: a detached runner whose agent never came back does not hold memory forever.
+	OrphanTimeout time.Duration
 	// Stdout receives the listening event.
 	Stdout io.Writer
 	Log    logr.Logger
@@ -100,6 +106,10 @@ type Server struct {
 	fpMu sync.Mutex
 	fpAt time.Time
 	fp   int64
+
+	// lastRequest (unix nanoseconds) and inFlight drive the orphan timeout.
+	lastRequest atomic.Int64
+	inFlight    atomic.Int64
 }
 
 // Run serves until ctx ends or /shutdown is called, then stops gracefully. It listens
@@ -111,6 +121,7 @@ func Run(ctx context.Context, cfg Config) error {
 		defaultID: strings.TrimSuffix(filepath.Base(cfg.ModelPath), filepath.Ext(cfg.ModelPath)),
 	}
 	s.ceiling.Store(cfg.CeilingBytes)
+	s.lastRequest.Store(time.Now().UnixNano())
 	// Taken before the listening line: once the agent has read it, a parent exit is
 	// always noticed.
 	ppid := os.Getppid()
@@ -140,6 +151,9 @@ func Run(ctx context.Context, cfg Config) error {
 
 	if cfg.ExitWithParent {
 		go s.watchParent(ctx, ppid)
+	}
+	if cfg.OrphanTimeout > 0 {
+		go s.watchOrphaned(ctx, cfg.OrphanTimeout)
 	}
 	loaded := make(chan error, 1)
 	go func() { loaded <- s.load() }()
@@ -287,6 +301,42 @@ func (s *Server) watchParent(ctx context.Context, ppid int) {
 			}
 		}
 	}
+}
+
+// watchOrphaned requests a stop once no request has arrived for timeout and none is
+// in flight.
+func (s *Server) watchOrphaned(ctx context.Context, timeout time.Duration) {
+	t := time.NewTicker(min(time.Second, max(timeout/4, 10*time.Millisecond)))
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.stopReq:
+			return
+		case <-t.C:
+			idle := time.Since(time.Unix(0, s.lastRequest.Load()))
+			if s.inFlight.Load() == 0 && idle >= timeout {
+				s.log.Info("No request within the orphan timeout; stopping", "timeout", timeout)
+				s.requestStop()
+				return
+			}
+		}
+	}
+}
+
+// tracked counts requests for the orphan timeout: one in flight is activity, and its
+// end restarts the idle clock.
+func (s *Server) tracked(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s.inFlight.Add(1)
+		s.lastRequest.Store(time.Now().UnixNano())
+		defer func() {
+			s.lastRequest.Store(time.Now().UnixNano())
+			s.inFlight.Add(-1)
+		}()
+		next.ServeHTTP(w, r)
+	})
 }
 
 // requestStop asks Run to stop gracefully.

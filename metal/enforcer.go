@@ -58,8 +58,8 @@ func classifyPressure(usage int64, c Ceiling, emergencyMargin int64, overRun int
 	return PressureOK, overRun
 }
 
-// Run drives the memory enforcer until ctx ends, then unloads every model and
-// returns. Polls are adaptive — PollActive while anything loads, serves or unloads
+// Run drives the memory enforcer until ctx ends, then unloads every model (or, with
+// Config.KeepRunnersOnExit, detaches the runners that can outlive it) and returns. Polls are adaptive — PollActive while anything loads, serves or unloads
 // or pressure is not ok, PollIdle with models loaded, PollEmpty without — and are
 // brought forward by loads, unloads and the first request on an idle engine.
 func (p *Pool) Run(ctx context.Context) error {
@@ -99,6 +99,11 @@ func (p *Pool) shutdown() error {
 	d := p.cfg.DrainTimeout + p.cfg.AbortWaitTimeout + p.cfg.StopTimeout + p.cfg.SettleTimeout + 5*time.Second
 	ctx, cancel := p.withDeadline(context.Background(), d, "shutting down the engine pool")
 	defer cancel()
+	if p.cfg.KeepRunnersOnExit {
+		kept, err := p.Detach(ctx)
+		p.log.Info("Engine pool stopped; runners left running for the next agent", "runners", kept)
+		return err
+	}
 	return p.Close(ctx)
 }
 

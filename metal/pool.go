@@ -62,6 +62,10 @@ type Config struct {
 	// AgentPID is the process whose footprint counts as the agent's own:
 	// os.Getpid() by default, negative to leave it out.
 	AgentPID int
+	// KeepRunnersOnExit makes Run, when its context ends, Detach instead of Close:
+	// the runners of Ready models are left running for the next agent to adopt
+	// (ProcessConfig.StateDir). For an agent that restarts; `macfleet serve` unloads.
+	KeepRunnersOnExit bool
 }
 
 func (c Config) withDefaults() Config {
@@ -449,6 +453,51 @@ func closedChan() chan struct{} {
 	ch := make(chan struct{})
 	close(ch)
 	return ch
+}
+
+// Detach stops the pool while leaving the runners of Ready models running: it refuses
+// new leases, lets go of every runner that can outlive the pool (a Detacher whose
+// Detach succeeds, e.g. a process started with ProcessConfig.StateDir) without
+// stopping it, and unloads the rest like Close (loads in progress are canceled). Leases
+// already taken keep working until the agent exits. It returns how many runners
+// were left running.
+func (p *Pool) Detach(ctx context.Context) (int, error) {
+	p.mu.Lock()
+	p.closed = true
+	kept := 0
+	var waits []<-chan struct{}
+	for _, e := range p.entries {
+		g := e.eng
+		if e.state == StateReady && g != nil && !g.tearingDown {
+			// Detach only closes idle connections and ends watchers: no I/O to wait on.
+			if d, ok := g.runner.(Detacher); ok && d.Detach() {
+				g.tearingDown = true // the crash watcher must not report it
+				g.invalidateLocked(&UnavailableError{Model: g.name, State: StateStopping, ErrCode: CodePoolClosed,
+					Reason: "the node agent is shutting down", Retry: p.cfg.RetryAfter})
+				p.committed -= g.reservation
+				delete(p.engines, g)
+				e.eng = nil
+				e.setStableLocked(StateUnloaded)
+				kept++
+				p.log.V(2).Info("Runner left running for the next agent", "model", g.name, "pid", g.pid)
+				continue
+			}
+		}
+		if e.state == StateReady || e.state.transient() {
+			waits = append(waits, p.startUnloadLocked(e, ReasonShutdown))
+		}
+	}
+	p.mu.Unlock()
+	for _, w := range waits {
+		select {
+		case <-w:
+		case <-ctx.Done():
+			p.baseCancel()
+			return kept, fmt.Errorf("detaching the engine pool: %w", ctx.Err())
+		}
+	}
+	p.baseCancel()
+	return kept, nil
 }
 
 // Close refuses new leases, unloads every model (reason shutdown) and waits for them

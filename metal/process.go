@@ -56,12 +56,27 @@ type ProcessConfig struct {
 	ListenTimeout time.Duration
 	// KillAfter is how long Stop waits after SIGTERM before SIGKILL. Default 2s.
 	KillAfter time.Duration
+
+	// StateDir, when set, makes runners outlive the agent so that the next agent can
+	// adopt them instead of reloading every model. Runners are started detached (their
+	// own session, no parent-death signal, --exit-with-parent=false, --orphan-timeout)
+	// with their output in a log file, and each one is recorded in StateDir: pid,
+	// process start time, address, a fingerprint of everything the engine depends on,
+	// its ceiling and a random nonce it echoes on /health. Start adopts a recorded
+	// runner whose fingerprint matches and which proves to be the recorded process;
+	// StopUnclaimed stops the recorded runners nobody adopted.
+	StateDir string
+	// OrphanTimeout is passed as --orphan-timeout to detached runners: one that
+	// receives no request at all for this long (the pool contacts every runner at
+	// least every PollIdle, 10s) exits by itself. Default 5m; negative disables it.
+	OrphanTimeout time.Duration
 }
 
 // Defaults of ProcessConfig.
 const (
 	DefaultListenTimeout = 30 * time.Second
 	DefaultKillAfter     = 2 * time.Second
+	DefaultOrphanTimeout = 5 * time.Minute
 )
 
 // RunnerEnv names the environment variable that points at the runner binary.
@@ -203,6 +218,11 @@ func ResolveRunnerPath(configured string) (string, error) {
 type ProcessFactory struct {
 	cfg   ProcessConfig
 	outMu sync.Mutex // serialises lines of all runners on cfg.Output
+
+	// claimMu guards claimed: the ids of runner records this factory started, adopted
+	// or is stopping, so no record is ever taken twice.
+	claimMu sync.Mutex
+	claimed map[string]bool
 }
 
 var _ RunnerFactory = (*ProcessFactory)(nil)
@@ -215,13 +235,18 @@ func NewProcessFactory(cfg ProcessConfig) *ProcessFactory {
 	if cfg.KillAfter <= 0 {
 		cfg.KillAfter = DefaultKillAfter
 	}
-	return &ProcessFactory{cfg: cfg}
+	if cfg.OrphanTimeout == 0 {
+		cfg.OrphanTimeout = DefaultOrphanTimeout
+	}
+	return &ProcessFactory{cfg: cfg, claimed: map[string]bool{}}
 }
 
 // Start execs a runner for spec in a new process group and returns once it listens
 // (before the model is loaded: follow the load with WaitReady). ctx bounds the start
 // only, not the runner's life. If anything fails after the exec, the process is
-// killed and reaped before Start returns.
+// killed and reaped before Start returns. With a StateDir, a recorded runner with the
+// same fingerprint that is alive and proves its identity is adopted instead (see
+// ProcessConfig.StateDir); Adopted reports it.
 func (f *ProcessFactory) Start(ctx context.Context, spec ModelSpec, ceilingBytes int64) (Runner, error) {
 	startErr := func(err error) error {
 		return &RunnerError{Model: spec.Name, Phase: PhaseStart, ExitCode: -1, Err: err}
@@ -230,111 +255,120 @@ func (f *ProcessFactory) Start(ctx context.Context, spec ModelSpec, ceilingBytes
 	if err != nil {
 		return nil, startErr(err)
 	}
+	log := f.cfg.Log
+	if log.GetSink() == nil {
+		log = logr.FromContextOrDiscard(ctx)
+	}
+	engineArgs := f.engineArgs(spec, ceilingBytes)
+	var rec *runnerRecord
+	if f.cfg.StateDir != "" {
+		fp, err := f.fingerprint(path, spec, engineArgs)
+		if err != nil {
+			return nil, startErr(err)
+		}
+		if r := f.adopt(ctx, spec, fp, log); r != nil {
+			return r, nil
+		}
+		if rec, err = f.newRecord(spec.Name, fp, ceilingBytes); err != nil {
+			return nil, startErr(err)
+		}
+	}
+
 	// The socket directory is made even for loopback runners: it is the runner's
 	// private scratch directory, removed when the process is reaped.
 	dir, sock, err := makeSocketDir(f.cfg.SocketDir)
 	if err != nil {
 		return nil, startErr(err)
 	}
-
 	args := []string{"--model", spec.Path, "--socket", sock}
 	if f.cfg.Loopback {
 		args = []string{"--model", spec.Path, "--addr", "127.0.0.1:0"}
 	}
-	addInt := func(flag string, v int64) {
-		if v > 0 {
-			args = append(args, flag, strconv.FormatInt(v, 10))
+	args = append(args, engineArgs...)
+	if rec != nil {
+		args = append(args, "--exit-with-parent=false", "--nonce", rec.Nonce)
+		if f.cfg.OrphanTimeout > 0 {
+			args = append(args, "--orphan-timeout", f.cfg.OrphanTimeout.String())
 		}
 	}
-	addInt("--ctx", int64(spec.ContextLength))
-	addInt("--parallel", int64(spec.Parallel))
-	addInt("--ceiling-bytes", ceilingBytes)
-	addInt("--threads", int64(f.cfg.Threads))
-	addInt("--batch", int64(f.cfg.Batch))
-	if spec.KVCacheType != "" {
-		args = append(args, "--kv-type", spec.KVCacheType)
-	}
-	if spec.Name != "" {
-		args = append(args, "--alias", spec.Name)
-	}
-	args = append(args, f.cfg.Args...)
 
-	log := f.cfg.Log
-	if log.GetSink() == nil {
-		log = logr.FromContextOrDiscard(ctx)
-	}
-
-	// The runner writes straight into pipes we own, so cmd.Wait never waits on a copy
-	// goroutine (a grandchild holding a pipe open cannot stall the reaper).
-	outR, outW, err := os.Pipe()
-	if err != nil {
-		os.RemoveAll(dir)
-		return nil, startErr(err)
-	}
-	errR, errW, err := os.Pipe()
-	if err != nil {
-		outR.Close()
-		outW.Close()
-		os.RemoveAll(dir)
-		return nil, startErr(err)
-	}
 	cmd := exec.Command(path, args...)
 	cmd.Env = append(os.Environ(), f.cfg.Env...)
-	cmd.Stdout = outW
-	cmd.Stderr = errW
-	// A new process group: signals to the agent's group (a terminal's ^C) do not reach
-	// the runner, and Stop can signal the runner together with anything it spawned.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	dieWithParent(cmd.SysProcAttr)
+	// The runner writes straight into pipes (or, detached, a log file) we own, so
+	// cmd.Wait never waits on a copy goroutine (a grandchild holding a pipe open
+	// cannot stall the reaper).
+	var outR, errR, logFile *os.File
+	closeAll := func() {
+		for _, f := range []*os.File{outR, errR, logFile} {
+			if f != nil {
+				f.Close()
+			}
+		}
+		os.RemoveAll(dir)
+	}
+	if rec != nil {
+		// A detached runner must not write into pipes: once the agent is gone a write
+		// would kill it with SIGPIPE. Its output goes to a log file that every agent
+		// owning it follows.
+		logFile, err = os.OpenFile(f.logPath(rec.ID), os.O_WRONLY|os.O_CREATE|os.O_TRUNC|os.O_APPEND, 0o600)
+		if err != nil {
+			closeAll()
+			return nil, startErr(fmt.Errorf("creating the runner's log: %w", err))
+		}
+		cmd.Stdout, cmd.Stderr = logFile, logFile
+		// A session of its own: no terminal's hangup or ^C, no process group of the
+		// agent's service manager reaches it.
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	} else {
+		var outW, errW *os.File
+		if outR, outW, err = os.Pipe(); err != nil {
+			closeAll()
+			return nil, startErr(err)
+		}
+		if errR, errW, err = os.Pipe(); err != nil {
+			outW.Close()
+			closeAll()
+			return nil, startErr(err)
+		}
+		cmd.Stdout, cmd.Stderr = outW, errW
+		// A new process group: signals to the agent's group (a terminal's ^C) do not
+		// reach the runner, and Stop can signal the runner together with anything it
+		// spawned.
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+		dieWithParent(cmd.SysProcAttr)
+	}
 	began := time.Now()
 	err = cmd.Start()
-	outW.Close()
-	errW.Close()
+	if cmd.Stdout != nil && outR != nil {
+		// Our copies of the write ends: the runner holds its own.
+		cmd.Stdout.(*os.File).Close()
+		cmd.Stderr.(*os.File).Close()
+	}
 	if err != nil {
-		outR.Close()
-		errR.Close()
-		os.RemoveAll(dir)
+		closeAll()
 		return nil, startErr(err)
 	}
 
-	r := &ProcessRunner{
-		model:     spec.Name,
-		cmd:       cmd,
-		pid:       cmd.Process.Pid,
-		dir:       dir,
-		log:       log.WithValues("model", spec.Name, "pid", cmd.Process.Pid),
-		factory:   f,
-		killAfter: f.cfg.KillAfter,
-		stderr:    newTailBuffer(8, 32, 1024),
-		exited:    make(chan struct{}),
-		stderrEOF: make(chan struct{}),
-	}
-	r.transport = &http.Transport{
-		// Never a proxy from the environment: the runner is local.
-		Proxy: nil,
-		// dialNetwork and dialAddress are set below, before Start returns the runner
-		// and anything can make a request.
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			var d net.Dialer
-			return d.DialContext(ctx, r.dialNetwork, r.dialAddress)
-		},
-		ForceAttemptHTTP2:   false,
-		DisableCompression:  true,
-		MaxIdleConns:        64,
-		MaxIdleConnsPerHost: 64,
-		IdleConnTimeout:     90 * time.Second,
-		// No response-header timeout: a non-streamed completion sends its headers only
-		// when generation has finished. Callers bound requests with their contexts.
-	}
-	// No Timeout on the client either: streams last as long as generation does.
-	r.client = &http.Client{Transport: r.transport}
+	r := f.newRunner(spec.Name, cmd.Process.Pid, dir, log)
+	r.cmd = cmd
 	listening := make(chan listenEvent, 1)
 	stdoutEOF := make(chan struct{})
-	go func() {
-		defer close(stdoutEOF)
-		r.readStdout(outR, listening)
-	}()
-	go r.readStderr(errR)
+	if rec != nil {
+		logFile.Close()
+		rec.PID, rec.Dir = r.pid, dir
+		// A failure here only weakens a later adoption (the nonce still proves it).
+		rec.StartTime, _ = procStartTime(r.pid)
+		r.rec = rec
+		f.claim(rec.ID)
+		go r.followLog(f.logPath(rec.ID), false, listening)
+		stdoutEOF = r.stderrEOF
+	} else {
+		go func() {
+			defer close(stdoutEOF)
+			r.readStdout(outR, listening)
+		}()
+		go r.readStderr(errR)
+	}
 	go r.reap()
 
 	timer := time.NewTimer(f.cfg.ListenTimeout)
@@ -360,21 +394,97 @@ func (f *ProcessFactory) Start(ctx context.Context, spec ModelSpec, ceilingBytes
 		return nil, r.startFailure(ctx.Err())
 	}
 
-	switch {
-	case ev.Socket != "":
-		// Normally the path we gave; a runner may report it resolved (on macOS /tmp
-		// is a symlink to /private/tmp), and it listens where it says.
-		r.dialNetwork, r.dialAddress = "unix", ev.Socket
-		r.baseURL = "http://runner"
-	case ev.Addr != "":
-		r.dialNetwork, r.dialAddress = "tcp", ev.Addr
-		r.baseURL = "http://" + ev.Addr
-	default:
-		return nil, r.startFailure(errors.New("listening line names neither a socket nor an address"))
+	if err := r.setAddress(ev.Socket, ev.Addr); err != nil {
+		return nil, r.startFailure(err)
+	}
+	if rec != nil {
+		rec.Network, rec.Address = r.dialNetwork, r.dialAddress
+		if err := writeRecord(f.cfg.StateDir, rec); err != nil {
+			return nil, r.startFailure(err)
+		}
 	}
 	r.startedIn = time.Since(began)
-	r.log.V(1).Info("Runner listening", "runner", path, "address", r.dialAddress, "startup", r.startedIn)
+	r.log.V(1).Info("Runner listening", "runner", path, "address", r.dialAddress, "startup", r.startedIn,
+		"detached", rec != nil)
 	return r, nil
+}
+
+// engineArgs are the runner flags that shape the engine (everything but where it
+// listens and how it relates to the agent).
+func (f *ProcessFactory) engineArgs(spec ModelSpec, ceilingBytes int64) []string {
+	var args []string
+	addInt := func(flag string, v int64) {
+		if v > 0 {
+			args = append(args, flag, strconv.FormatInt(v, 10))
+		}
+	}
+	addInt("--ctx", int64(spec.ContextLength))
+	addInt("--parallel", int64(spec.Parallel))
+	addInt("--ceiling-bytes", ceilingBytes)
+	addInt("--threads", int64(f.cfg.Threads))
+	addInt("--batch", int64(f.cfg.Batch))
+	if spec.KVCacheType != "" {
+		args = append(args, "--kv-type", spec.KVCacheType)
+	}
+	if spec.Name != "" {
+		args = append(args, "--alias", spec.Name)
+	}
+	return append(args, f.cfg.Args...)
+}
+
+// newRunner makes the ProcessRunner of a started or adopted process; the caller sets
+// cmd or handle and the address.
+func (f *ProcessFactory) newRunner(model string, pid int, dir string, log logr.Logger) *ProcessRunner {
+	r := &ProcessRunner{
+		model:     model,
+		pid:       pid,
+		dir:       dir,
+		log:       log.WithValues("model", model, "pid", pid),
+		factory:   f,
+		killAfter: f.cfg.KillAfter,
+		stderr:    newTailBuffer(8, 32, 1024),
+		exited:    make(chan struct{}),
+		stderrEOF: make(chan struct{}),
+		gone:      make(chan struct{}),
+		detached:  make(chan struct{}),
+	}
+	r.transport = &http.Transport{
+		// Never a proxy from the environment: the runner is local.
+		Proxy: nil,
+		// dialNetwork and dialAddress are set before Start returns the runner and
+		// anything can make a request.
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, r.dialNetwork, r.dialAddress)
+		},
+		ForceAttemptHTTP2:   false,
+		DisableCompression:  true,
+		MaxIdleConns:        64,
+		MaxIdleConnsPerHost: 64,
+		IdleConnTimeout:     90 * time.Second,
+		// No response-header timeout: a non-streamed completion sends its headers only
+		// when generation has finished. Callers bound requests with their contexts.
+	}
+	// No Timeout on the client either: streams last as long as generation does.
+	r.client = &http.Client{Transport: r.transport}
+	return r
+}
+
+// setAddress points the client at where the runner says it listens.
+func (r *ProcessRunner) setAddress(socket, addr string) error {
+	switch {
+	case socket != "":
+		// Normally the path we gave; a runner may report it resolved (on macOS /tmp
+		// is a symlink to /private/tmp), and it listens where it says.
+		r.dialNetwork, r.dialAddress = "unix", socket
+		r.baseURL = "http://runner"
+	case addr != "":
+		r.dialNetwork, r.dialAddress = "tcp", addr
+		r.baseURL = "http://" + addr
+	default:
+		return errors.New("listening line names neither a socket nor an address")
+	}
+	return nil
 }
 
 // makeSocketDir creates a private directory for one runner's socket and returns it
@@ -399,8 +509,10 @@ func makeSocketDir(base string) (dir, sock string, err error) {
 
 // ProcessRunner is one runner process. It implements Runner.
 type ProcessRunner struct {
-	model     string
+	model string
+	// cmd is the process this agent started; handle watches one it adopted.
 	cmd       *exec.Cmd
+	handle    procHandle
 	pid       int
 	dir       string
 	log       logr.Logger
@@ -418,8 +530,13 @@ type ProcessRunner struct {
 	stderrEOF chan struct{}
 	progress  atomic.Uint64 // math.Float64bits of the last /health progress
 
+	// rec is the runner's record in the StateDir (detached runners only).
+	rec *runnerRecord
+
 	stopOnce sync.Once
 	exited   chan struct{} // closed by reap after cmd.Wait returned
+	gone     chan struct{} // closed by reap once the process has exited: the log follower drains and ends
+	detached chan struct{} // closed by Detach: the log follower ends
 
 	mu            sync.Mutex
 	reaped        bool // cmd.Wait has returned: the pid may be reused, never signal it
@@ -427,6 +544,9 @@ type ProcessRunner struct {
 	stoppedBy     StopStep
 	exitErr       error
 	state         *os.ProcessState
+	// handedOff: Detach let go of the process; it is left running and never
+	// signalled, and its record stays for the next agent.
+	handedOff bool
 }
 
 var _ Runner = (*ProcessRunner)(nil)
@@ -512,29 +632,46 @@ func readLines(rd io.Reader, fn func(string)) {
 	}
 }
 
-// reap is the only caller of cmd.Wait. It records why the process exited and closes
-// Exited.
+// reap is the only caller of cmd.Wait (or, for an adopted runner, of the handle's
+// wait). It records why the process exited, cleans up after it and closes Exited.
 func (r *ProcessRunner) reap() {
-	_ = r.cmd.Wait() // the ProcessState says everything the error would
+	if r.cmd != nil {
+		_ = r.cmd.Wait() // the ProcessState says everything the error would
+	} else if !r.handle.wait() {
+		return // Detach closed the handle: the process runs on, someone else's now
+	}
 	r.mu.Lock()
 	r.reaped = true
-	r.state = r.cmd.ProcessState
+	if r.cmd != nil {
+		r.state = r.cmd.ProcessState
+	}
+	handedOff := r.handedOff
 	r.mu.Unlock()
-	// Let the stderr reader catch what the runner wrote just before dying, without
+	close(r.gone)
+	// Let the output reader catch what the runner wrote just before dying, without
 	// waiting on a grandchild that may still hold the pipe.
 	select {
 	case <-r.stderrEOF:
 	case <-time.After(time.Second):
 	}
 	r.mu.Lock()
-	if !r.stopRequested {
+	if !r.stopRequested && !handedOff {
 		r.exitErr = r.describe(PhaseExit)
 	}
 	r.mu.Unlock()
-	os.RemoveAll(r.dir)
+	if !handedOff {
+		os.RemoveAll(r.dir)
+		if r.rec != nil {
+			r.factory.dropRecord(r.rec)
+		}
+	}
 	r.transport.CloseIdleConnections()
 	close(r.exited)
-	r.log.V(1).Info("Runner exited", "state", r.state.String())
+	state := "unknown (adopted)"
+	if r.state != nil {
+		state = r.state.String()
+	}
+	r.log.V(1).Info("Runner exited", "state", state)
 }
 
 // describe describes the runner as a *RunnerError: its exit status once reaped,
@@ -546,6 +683,9 @@ func (r *ProcessRunner) describe(phase RunnerPhase) *RunnerError {
 		if ws, ok := st.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
 			e.Signal = ws.Signal().String()
 		}
+	}
+	if r.cmd == nil && r.reaped {
+		e.Err = errors.New("exit status unknown: the runner was adopted, not started, by this agent")
 	}
 	// Bad flags are explained first, before the usage text.
 	e.Message = r.stderr.message(e.ExitCode == RunnerExitBadFlags)
@@ -580,10 +720,15 @@ func (r *ProcessRunner) startFailure(cause error) error {
 func (r *ProcessRunner) signal(sig syscall.Signal) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.reaped {
+	if r.reaped || r.handedOff {
 		return
 	}
-	// The runner leads its own group (Setpgid), so -pid is the group.
+	if r.handle != nil {
+		// Adopted: only the process the handle names (it spawns no children).
+		_ = r.handle.signal(sig)
+		return
+	}
+	// The runner leads its own group (Setpgid or Setsid), so -pid is the group.
 	if err := syscall.Kill(-r.pid, sig); err != nil {
 		// The group can be gone while the leader is a zombie: signal the leader alone.
 		_ = r.cmd.Process.Signal(sig)
@@ -634,6 +779,7 @@ type health struct {
 	Status   string  `json:"status"`
 	Progress float64 `json:"progress"`
 	Error    string  `json:"error"`
+	Nonce    string  `json:"nonce"`
 }
 
 // WaitReady polls /health until the model is loaded (nil), the load failed or the
@@ -796,6 +942,10 @@ func (r *ProcessRunner) call(ctx context.Context, method, path string, in, out a
 // an error only if the process could not be reaped after SIGKILL.
 func (r *ProcessRunner) Stop(ctx context.Context, grace time.Duration) error {
 	r.mu.Lock()
+	if r.handedOff {
+		r.mu.Unlock()
+		return fmt.Errorf("runner of %q (pid %d) was detached: it is not this agent's to stop", r.model, r.pid)
+	}
 	r.stopRequested = true
 	r.mu.Unlock()
 	r.stopOnce.Do(func() { go r.stopSequence(grace) })

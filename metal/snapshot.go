@@ -112,6 +112,22 @@ func (p *Pool) Snapshot() Snapshot {
 
 // needsRestart says whether moving from a to b changes the engine itself.
 func needsRestart(a, b ModelSpec) bool {
-	return a.Path != b.Path || a.ContextLength != b.ContextLength || a.Parallel != b.Parallel ||
-		a.KVCacheType != b.KVCacheType || a.EstimatedBytes != b.EstimatedBytes || a.Dims != b.Dims
+	return engineIdentityOf(a) != engineIdentityOf(b)
+}
+
+// engineIdentity is every field of a ModelSpec a running engine depends on: a change
+// of any of them needs a new runner. The process factory fingerprints it to decide
+// whether a recorded runner may be adopted.
+type engineIdentity struct {
+	Path           string    `json:"path"`
+	ContextLength  int       `json:"contextLength"`
+	Parallel       int       `json:"parallel"`
+	KVCacheType    string    `json:"kvCacheType"`
+	EstimatedBytes int64     `json:"estimatedBytes"`
+	Dims           ModelDims `json:"dims"`
+}
+
+func engineIdentityOf(s ModelSpec) engineIdentity {
+	return engineIdentity{Path: s.Path, ContextLength: s.ContextLength, Parallel: s.Parallel,
+		KVCacheType: s.KVCacheType, EstimatedBytes: s.EstimatedBytes, Dims: s.Dims}
 }

@@ -70,6 +70,41 @@ Pss:                 288 kB
 Shared_Clean:       1596 kB
 `
 
+// Two zones of a two-CPU machine (per-node stats cut short).
+const sampleZoneinfo = `Node 0, zone      DMA
+  per-node stats
+      nr_inactive_anon 218541
+  pages free     3840
+  pagesets
+    cpu: 0
+              count:    0
+              high:     0
+              batch:    1
+  vm stats threshold: 4
+    cpu: 1
+              count:    3
+              high:     0
+              batch:    1
+  node_unreclaimable:  0
+  start_pfn:           1
+Node 0, zone   Normal
+  pages free     1834129
+  pagesets
+    cpu: 0
+              count:    1000
+              high:     58982
+              batch:    63
+              high_min: 9660
+              high_max: 299008
+  vm stats threshold: 40
+    cpu: 1
+              count:    250
+              high:     1559
+              batch:    63
+  node_unreclaimable:  0
+  start_pfn:           1048576
+`
+
 func file(s string) *fstest.MapFile { return &fstest.MapFile{Data: []byte(s)} }
 
 func TestProcGaugeHardware(t *testing.T) {
@@ -125,11 +160,31 @@ func TestProcGaugeHardware(t *testing.T) {
 func TestProcGaugeHost(t *testing.T) {
 	const GiB = 1 << 30
 	tests := []struct {
-		name    string
-		meminfo string
-		want    HostMemory
-		wantErr error
+		name     string
+		meminfo  string
+		zoneinfo string
+		want     HostMemory
+		wantErr  error
 	}{{
+		// Freed pages waiting on the per-CPU lists are available: 1000 + 3 + 250 pages.
+		name:     "per-CPU free lists count as available",
+		meminfo:  sampleMeminfo,
+		zoneinfo: sampleZoneinfo,
+		want: HostMemory{
+			TotalBytes:     24682416 * 1024,
+			UsedBytes:      (24682416-23760260)*1024 - 1253*4096,
+			AvailableBytes: 23760260*1024 + 1253*4096,
+		},
+	}, {
+		name:     "an unparsable zoneinfo is left out",
+		meminfo:  sampleMeminfo,
+		zoneinfo: "  pagesets\n    cpu: 0\n              count:    many\n",
+		want: HostMemory{
+			TotalBytes:     24682416 * 1024,
+			UsedBytes:      (24682416 - 23760260) * 1024,
+			AvailableBytes: 23760260 * 1024,
+		},
+	}, {
 		name:    "used is total minus available",
 		meminfo: sampleMeminfo,
 		want: HostMemory{
@@ -160,7 +215,11 @@ func TestProcGaugeHost(t *testing.T) {
 	}}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, err := NewProcGauge(fstest.MapFS{"meminfo": file(tt.meminfo)}, "/proc", 4096).Host()
+			fsys := fstest.MapFS{"meminfo": file(tt.meminfo)}
+			if tt.zoneinfo != "" {
+				fsys["zoneinfo"] = file(tt.zoneinfo)
+			}
+			got, err := NewProcGauge(fsys, "/proc", 4096).Host()
 			checkGaugeErr(t, err, tt.wantErr)
 			if d := cmp.Diff(tt.want, got); d != "" {
 				t.Errorf("Host (-want +got):\n%s", d)

@@ -596,15 +596,22 @@ func TestResolveRunnerPath(t *testing.T) {
 // procBuildFakeRunner builds metal/internal/fakerunner into t.TempDir().
 func procBuildFakeRunner(t *testing.T) string {
 	t.Helper()
+	return procBuildHelper(t, "fakerunner")
+}
+
+// procBuildHelper builds the program metal/internal/NAME into t.TempDir(), without
+// the race detector.
+func procBuildHelper(t *testing.T, name string) string {
+	t.Helper()
 	goBin, err := exec.LookPath("go")
 	if err != nil {
-		t.Fatalf("the go command is needed to build the fake runner: %v", err)
+		t.Fatalf("the go command is needed to build %s: %v", name, err)
 	}
-	out := filepath.Join(t.TempDir(), "fakerunner")
-	cmd := exec.Command(goBin, "build", "-o", out, "./internal/fakerunner")
+	out := filepath.Join(t.TempDir(), name)
+	cmd := exec.Command(goBin, "build", "-o", out, "./internal/"+name)
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if b, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("building the fake runner: %v\n%s", err, b)
+		t.Fatalf("building %s: %v\n%s", name, err, b)
 	}
 	return out
 }

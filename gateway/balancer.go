@@ -151,7 +151,7 @@ func (b *balancer) pick(rt *Route, excluded map[string]bool, affinity bool, h ui
 	}
 	var i int
 	if affinity {
-		i = chooseBounded(rt.ring, loads, eligible, h, b.c)
+		i = chooseBounded(rt.hashRing(), loads, eligible, h, b.c)
 	} else {
 		i = chooseLeast(loads, eligible, int(b.next%uint(n)))
 		b.next++

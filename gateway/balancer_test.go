@@ -167,7 +167,6 @@ func TestChooseLeast(t *testing.T) {
 // evenly; sequential ones rotate over idle replicas.
 func TestBalancerSpreads(t *testing.T) {
 	rt := &Route{Backends: backends(3)}
-	rt.ring = newRing(rt.Backends)
 	b := newBalancer(DefaultLoadBound)
 	got := map[string]int{}
 	for range 9 {

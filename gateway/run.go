@@ -220,8 +220,12 @@ func (f *Feeder) poke() {
 // change until ctx ends.
 func (f *Feeder) Start(ctx context.Context) error {
 	h := toolscache.ResourceEventHandlerFuncs{
-		AddFunc:    func(any) { f.poke() },
-		UpdateFunc: func(any, any) { f.poke() },
+		AddFunc: func(any) { f.poke() },
+		UpdateFunc: func(old, obj any) {
+			if routingKey(old) != routingKey(obj) {
+				f.poke()
+			}
+		},
 		DeleteFunc: func(any) { f.poke() },
 	}
 	for _, obj := range []client.Object{&mfv1.ModelDeployment{}, &mfv1.ModelReplica{}, &mfv1.MacNode{}} {

@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -39,7 +40,15 @@ type Route struct {
 	// instead of being held for a cold start.
 	Unavailable string
 
-	ring ring
+	// ring is built on the first prefix-affinity pick (most tables never need one).
+	ringOnce sync.Once
+	ring     ring
+}
+
+// hashRing is the route's consistent-hash ring of its backends.
+func (r *Route) hashRing() ring {
+	r.ringOnce.Do(func() { r.ring = newRing(r.Backends) })
+	return r.ring
 }
 
 // ID is "<namespace>/<deployment>", the route's label in metrics and logs.
@@ -53,7 +62,6 @@ type Table struct {
 	bare      map[string][]*Route
 	qualified map[string][]*Route
 	changed   chan struct{}
-	built     bool
 }
 
 // emptyTable is served before the informers have synced.
@@ -75,7 +83,6 @@ func (t *Table) Routes() []*Route { return t.routes }
 // replicas of the previous template keep serving during a rollout).
 func BuildTable(deployments []mfv1.ModelDeployment, replicas []mfv1.ModelReplica, nodes []mfv1.MacNode) *Table {
 	t := emptyTable()
-	t.built = true
 	nodeReady := make(map[string]bool, len(nodes))
 	for i := range nodes {
 		nodeReady[nodes[i].Name] = meta.IsStatusConditionTrue(nodes[i].Status.Conditions, mfv1.MacNodeReady)
@@ -115,7 +122,6 @@ func BuildTable(deployments []mfv1.ModelDeployment, replicas []mfv1.ModelReplica
 	slices.SortFunc(t.routes, func(a, b *Route) int { return strings.Compare(a.ID(), b.ID()) })
 	for _, rt := range t.routes {
 		slices.SortFunc(rt.Backends, func(a, b Backend) int { return strings.Compare(a.Key, b.Key) })
-		rt.ring = newRing(rt.Backends)
 		for _, name := range append([]string{rt.ServedName}, rt.Aliases...) {
 			t.bare[name] = append(t.bare[name], rt)
 			q := rt.Namespace + "/" + name
@@ -174,4 +180,41 @@ func one(model string, rs []*Route) (*Route, *apiError) {
 		Param: "model", reason: "ambiguous_model",
 		Message: fmt.Sprintf("model %q names several deployments (%s): give each a distinct servedName or alias",
 			model, strings.Join(ids, ", "))}
+}
+
+// routingKey is what of an object the table depends on: an informer update that leaves
+// it unchanged (download progress, memory figures, heartbeats) does not rebuild the
+// table.
+func routingKey(obj any) string {
+	var b strings.Builder
+	cond := func(conds []metav1.Condition, typ string) {
+		if c := meta.FindStatusCondition(conds, typ); c != nil {
+			b.WriteString(string(c.Status) + "|" + c.Reason + "|" + c.Message)
+		}
+		b.WriteByte(0)
+	}
+	switch o := obj.(type) {
+	case *mfv1.MacNode:
+		b.WriteString(o.Name + "\x00")
+		cond(o.Status.Conditions, mfv1.MacNodeReady)
+	case *mfv1.ModelReplica:
+		fmt.Fprintf(&b, "%s\x00%s\x00%s\x00%s\x00%v\x00", o.Namespace, o.Name, o.Labels[mfv1.LabelDeployment],
+			o.Spec.NodeName, o.DeletionTimestamp != nil)
+		b.WriteString(o.Status.Endpoint + "\x00")
+		cond(o.Status.Conditions, mfv1.ReplicaReady)
+	case *mfv1.ModelDeployment:
+		fmt.Fprintf(&b, "%s\x00%s\x00%s\x00%q\x00%v\x00%d\x00%v\x00", o.Namespace, o.Name, o.Spec.Model.ServedName,
+			o.Spec.Model.Aliases, o.Spec.Replicas == nil, ptrValue(o.Spec.Replicas), o.DeletionTimestamp != nil)
+		cond(o.Status.Conditions, mfv1.DeploymentScheduled)
+	default:
+		return fmt.Sprintf("%T %p", obj, obj) // unknown: always rebuild
+	}
+	return b.String()
+}
+
+func ptrValue(p *int32) int32 {
+	if p == nil {
+		return 0
+	}
+	return *p
 }

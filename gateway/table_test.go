@@ -141,3 +141,69 @@ func TestUnavailable(t *testing.T) {
 		}
 	}
 }
+
+// TestRoutingKey: only changes that can change the table rebuild it.
+func TestRoutingKey(t *testing.T) {
+	r := replica("a", "r", "m", "mac", "10.0.0.1:8080", metav1.ConditionTrue)
+	n := node("mac", metav1.ConditionTrue)
+	d := deployment("a", "m", "")
+	tests := []struct {
+		name   string
+		before any
+		change func() any
+		want   bool // rebuild
+	}{
+		{"replica download progress", &r, func() any {
+			c := r.DeepCopy()
+			c.Status.Progress = &mfv1.DownloadProgress{DownloadedBytes: 5}
+			c.Status.Phase = mfv1.ReplicaDownloading
+			return c
+		}, false},
+		{"replica ready", &r, func() any {
+			c := r.DeepCopy()
+			c.Status.Conditions[0].Status = metav1.ConditionFalse
+			return c
+		}, true},
+		{"replica endpoint", &r, func() any {
+			c := r.DeepCopy()
+			c.Status.Endpoint = "10.0.0.2:8080"
+			return c
+		}, true},
+		{"replica deleted", &r, func() any {
+			c := r.DeepCopy()
+			c.DeletionTimestamp = &metav1.Time{}
+			return c
+		}, true},
+		{"node memory", &n, func() any {
+			c := n.DeepCopy()
+			c.Status.Agent.Address = "x"
+			c.Labels = map[string]string{"a": "b"}
+			return c
+		}, false},
+		{"node not ready", &n, func() any {
+			c := n.DeepCopy()
+			c.Status.Conditions[0].Status = metav1.ConditionUnknown
+			return c
+		}, true},
+		{"deployment status counts", &d, func() any {
+			c := d.DeepCopy()
+			c.Status.ReadyReplicas = 3
+			return c
+		}, false},
+		{"deployment alias", &d, func() any {
+			c := d.DeepCopy()
+			c.Spec.Model.Aliases = []string{"x"}
+			return c
+		}, true},
+		{"deployment scaled", &d, func() any {
+			c := d.DeepCopy()
+			c.Spec.Replicas = ptr.To[int32](0)
+			return c
+		}, true},
+	}
+	for _, tt := range tests {
+		if got := routingKey(tt.before) != routingKey(tt.change()); got != tt.want {
+			t.Errorf("%s: rebuild %v, want %v", tt.name, got, tt.want)
+		}
+	}
+}

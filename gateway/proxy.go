@@ -126,9 +126,11 @@ func (g *Gateway) fail(w http.ResponseWriter, model string, e *apiError) {
 // until ColdStartTimeout after the request arrived.
 func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, model, name string, h uint64, body []byte, start time.Time) outcome {
 	ctx := r.Context()
-	deadline := time.NewTimer(time.Until(start.Add(g.opts.ColdStartTimeout)))
-	defer deadline.Stop()
-	excluded := map[string]bool{}
+	// The deadline timer and the exclusions are made only once an attempt fails or
+	// nothing is routable: most requests need neither.
+	var deadline *time.Timer
+	defer func() { stopTimer(deadline) }()
+	var excluded map[string]bool
 	// waitable: some failure since the last reset may go away by waiting.
 	waitable := false
 	var last *failure
@@ -154,6 +156,9 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, model, name stri
 				return res
 			}
 			last = res.failure
+			if excluded == nil {
+				excluded = map[string]bool{}
+			}
 			excluded[be.Key] = true
 			waitable = waitable || !last.final()
 			g.metrics.retries.WithLabelValues(model, last.reason).Inc()
@@ -177,6 +182,9 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, model, name stri
 		}
 		if heldSince.IsZero() {
 			heldSince = time.Now()
+		}
+		if deadline == nil {
+			deadline = time.NewTimer(time.Until(start.Add(g.opts.ColdStartTimeout)))
 		}
 		var retry <-chan time.Time
 		var bt *time.Timer

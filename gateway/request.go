@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 )
 
@@ -20,7 +19,12 @@ type requestHead struct {
 // readBody reads the whole body, bounded by limit (413 above it), so that it can be
 // replayed to another replica.
 func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, *apiError) {
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
+	var buf bytes.Buffer
+	if r.ContentLength > 0 && r.ContentLength <= limit {
+		buf.Grow(int(r.ContentLength) + 1) // +1: ReadFrom wants room to see EOF
+	}
+	_, err := buf.ReadFrom(http.MaxBytesReader(w, r.Body, limit))
+	body := buf.Bytes()
 	if err != nil {
 		if mbe, ok := errors.AsType[*http.MaxBytesError](err); ok {
 			return nil, &apiError{Status: http.StatusRequestEntityTooLarge, Type: typeInvalidRequest,

@@ -23,6 +23,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -159,6 +160,31 @@ func (f *ProcessFactory) StopUnclaimed(ctx context.Context) (int, error) {
 	}
 	wg.Wait()
 	return stopped, errors.Join(errs...)
+}
+
+// RecordedModels lists the models (ModelSpec.Name) of the runners recorded in the
+// StateDir that this factory has not claimed: what an earlier agent left running. A
+// restarted agent loads those of them it still wants (adoption takes milliseconds; an
+// OnDemand model is otherwise only loaded on its first request) before it calls
+// StopUnclaimed.
+func (f *ProcessFactory) RecordedModels() ([]string, error) {
+	if f.cfg.StateDir == "" {
+		return nil, nil
+	}
+	recs, err := f.readRecords()
+	if err != nil {
+		return nil, err
+	}
+	f.claimMu.Lock()
+	defer f.claimMu.Unlock()
+	var names []string
+	for _, rec := range recs {
+		if !f.claimed[rec.ID] {
+			names = append(names, rec.Model)
+		}
+	}
+	slices.Sort(names)
+	return slices.Compact(names), nil
 }
 
 // stopRecorded stops the runner of one claimed record if it is still the recorded

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -125,8 +126,14 @@ func TestAdoptRunners(t *testing.T) {
 		}
 
 		f2 := env.factory()
+		if got, err := f2.RecordedModels(); err != nil || !slices.Equal(got, []string{"tiny"}) {
+			t.Errorf("RecordedModels = %q, %v; want [tiny]", got, err)
+		}
 		began := time.Now()
 		r2 := adoptStart(t, f2, env.spec())
+		if got, err := f2.RecordedModels(); err != nil || len(got) != 0 {
+			t.Errorf("RecordedModels after adoption = %q, %v; want none unclaimed", got, err)
+		}
 		t.Logf("adopted pid %d and ready in %v", r2.PID(), time.Since(began))
 		if r2.PID() != r1.PID() || !r2.Adopted() {
 			t.Fatalf("second factory: pid %d adopted %v; want the first runner's pid %d, adopted", r2.PID(), r2.Adopted(), r1.PID())
@@ -281,6 +288,31 @@ func TestAdoptRunners(t *testing.T) {
 					t.Errorf("stale record kept: %v", err)
 				}
 			})
+		}
+	})
+
+	t.Run("FailedLoadLeavesNothingBehind", func(t *testing.T) {
+		bad := filepath.Join(t.TempDir(), "bad.gguf")
+		if err := os.WriteFile(bad, []byte(strings.Repeat("not a model ", 100)), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		spec := env.spec()
+		spec.Path = bad
+		r, err := env.factory().Start(t.Context(), spec, 0)
+		if err != nil {
+			t.Fatalf("Start: %v", err)
+		}
+		var re *RunnerError
+		if err := r.WaitReady(t.Context()); !errors.As(err, &re) || re.Phase != PhaseLoad {
+			t.Fatalf("WaitReady = %v, want a load failure", err)
+		}
+		procWaitClosed(t, r.Exited(), 30*time.Second, "the runner to exit after a failed load")
+		// A detached runner is still our child: its exit status is known.
+		if !errors.As(r.ExitErr(), &re) || re.ExitCode != RunnerExitLoadFailed {
+			t.Errorf("ExitErr = %v, want exit status %d", r.ExitErr(), RunnerExitLoadFailed)
+		}
+		if left, _ := filepath.Glob(filepath.Join(env.stateDir, "*")); len(left) != 0 {
+			t.Errorf("state directory not empty after the runner exited: %v", left)
 		}
 	})
 

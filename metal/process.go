@@ -299,12 +299,15 @@ func (f *ProcessFactory) Start(ctx context.Context, spec ModelSpec, ceilingBytes
 	// cannot stall the reaper).
 	var outR, errR, logFile *os.File
 	closeAll := func() {
-		for _, f := range []*os.File{outR, errR, logFile} {
-			if f != nil {
-				f.Close()
+		for _, file := range []*os.File{outR, errR, logFile} {
+			if file != nil {
+				file.Close()
 			}
 		}
 		os.RemoveAll(dir)
+		if rec != nil {
+			os.Remove(f.logPath(rec.ID))
+		}
 	}
 	if rec != nil {
 		// A detached runner must not write into pipes: once the agent is gone a write

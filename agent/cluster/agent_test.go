@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -382,4 +383,57 @@ func TestHTTPSourceThroughStore(t *testing.T) {
 	if code, body := a.chat("web", auth...); code != http.StatusOK {
 		t.Errorf("chat: %d %s", code, body)
 	}
+}
+
+// TestRestartAdoptsRunners: with a state directory, a stopped agent leaves its
+// runners running; the next agent of the node adopts the runner of a replica that
+// is still bound (same process, Ready again) and stops the runner of a replica that
+// was deleted meanwhile.
+func TestRestartAdoptsRunners(t *testing.T) {
+	stateDir := t.TempDir()
+	a1 := startAgent(t, agentOptions{stateDir: stateDir})
+	ns := testenv.NewNamespace(t, env.Client)
+	newReplica(t, ns, "keep-0", a1.node, replicaOpts{deployment: "keep", servedName: "keep"})
+	gone := newReplica(t, ns, "gone-0", a1.node, replicaOpts{deployment: "gone", servedName: "gone"})
+	for _, name := range []string{"keep-0", "gone-0"} {
+		waitReplica(t, time.Minute, ns, name, func(mr *v1alpha1.ModelReplica) (bool, string) {
+			return condIs(mr, v1alpha1.ReplicaReady, metav1.ConditionTrue, v1alpha1.ReasonRunnerReady)
+		})
+	}
+	keep, _ := a1.model(ns + "/keep-0")
+	old, _ := a1.model(ns + "/gone-0")
+	t.Cleanup(func() {
+		// Runners left by the last agent of the test.
+		for _, pid := range []int{keep.PID, old.PID} {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	})
+	a1.stop()
+	for _, pid := range []int{keep.PID, old.PID} {
+		if processGone(pid) == nil {
+			t.Fatalf("runner pid %d exited with the agent; it should be left for the next one", pid)
+		}
+	}
+	if err := env.Client.Delete(t.Context(), gone); err != nil {
+		t.Fatal(err)
+	}
+
+	a2 := startAgent(t, agentOptions{node: a1.node, stateDir: stateDir})
+	testenv.Eventually(t, time.Minute, 100*time.Millisecond, func() (bool, string) {
+		m, ok := a2.model(ns + "/keep-0")
+		return ok && m.State == metal.StateReady, fmt.Sprintf("keep-0 in the new agent: %v %s", ok, m.State)
+	})
+	if m, _ := a2.model(ns + "/keep-0"); m.PID != keep.PID {
+		t.Errorf("keep-0 runs in pid %d after the restart, want the adopted %d", m.PID, keep.PID)
+	}
+	testenv.Eventually(t, time.Minute, 100*time.Millisecond, func() (bool, string) {
+		err := processGone(old.PID)
+		return err == nil, fmt.Sprint(err)
+	})
+	if code, body := a2.chat("keep", auth...); code != http.StatusOK {
+		t.Errorf("chat to the adopted runner: %d %s", code, body)
+	}
+	waitReplica(t, time.Minute, ns, "keep-0", func(mr *v1alpha1.ModelReplica) (bool, string) {
+		return condIs(mr, v1alpha1.ReplicaReady, metav1.ConditionTrue, v1alpha1.ReasonRunnerReady)
+	})
 }

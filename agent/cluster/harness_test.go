@@ -109,6 +109,8 @@ type testAgent struct {
 	url      string
 	endpoint string
 	logs     *logBuffer
+	// stop stops the agent and waits for it (idempotent).
+	stop func()
 }
 
 type agentOptions struct {
@@ -116,6 +118,8 @@ type agentOptions struct {
 	// rest overrides the API server's config (e.g. through a proxy).
 	rest  *rest.Config
 	store cluster.Store
+	// stateDir makes runners outlive the agent for the next one to adopt.
+	stateDir string
 }
 
 type logBuffer struct {
@@ -161,7 +165,7 @@ func startAgent(t *testing.T, o agentOptions) *testAgent {
 	done := make(chan error, 1)
 	cfg := cluster.Config{
 		RestConfig: o.rest, NodeName: o.node, Listener: ln, AdvertiseAddress: a.endpoint, FleetToken: fleetToken,
-		Store: o.store, RunnerPath: rp, RunnerThreads: 1, SocketDir: t.TempDir(),
+		Store: o.store, RunnerPath: rp, RunnerThreads: 1, SocketDir: t.TempDir(), StateDir: o.stateDir,
 		Pool: metal.Config{CeilingBytes: 4 << 30, DrainTimeout: 10 * time.Second, BackoffInitial: 100 * time.Millisecond,
 			StopGrace: 3 * time.Second, PollActive: 200 * time.Millisecond, SettleTimeout: time.Second},
 		Syncer:          cluster.SyncerOptions{ResyncPeriod: 2 * time.Second, FetchBackoffInitial: 200 * time.Millisecond},
@@ -169,18 +173,24 @@ func startAgent(t *testing.T, o agentOptions) *testAgent {
 		Log:             log,
 	}
 	go func() { done <- cluster.Run(ctx, cfg) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("the agent stopped with: %v", err)
+	var once sync.Once
+	a.stop = func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Errorf("the agent stopped with: %v", err)
+				}
+			case <-time.After(2 * time.Minute):
+				t.Errorf("the agent did not stop within 2m")
 			}
-		case <-time.After(2 * time.Minute):
-			t.Errorf("the agent did not stop within 2m")
-		}
+		})
+	}
+	t.Cleanup(func() {
+		a.stop()
 		if t.Failed() {
-			t.Logf("agent log:\n%s", logs.String())
+			t.Logf("agent %s log:\n%s", a.node, logs.String())
 		}
 	})
 	testenv.Eventually(t, 30*time.Second, 50*time.Millisecond, func() (bool, string) {

@@ -15,15 +15,13 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"strings"
+	"path/filepath"
 	"time"
 
 	"github.com/go-logr/logr"
 	"golang.org/x/sync/errgroup"
-	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/types"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
@@ -69,8 +67,10 @@ type Config struct {
 	// first non-loopback IPv4 address with the listen port.
 	AdvertiseAddress string
 	// FleetToken is required as "Authorization: Bearer TOKEN" on every API call but
-	// /healthz and /readyz.
+	// /healthz and /readyz. Token, when set, supplies it instead and follows its
+	// rotation.
 	FleetToken string
+	Token      *TokenSource
 	Store      Store
 	// RunnerPath: see metal.ProcessConfig.RunnerPath. RunnerThreads zero lets the
 	// runner choose. RunnerOutput, when set, receives every runner's output lines.
@@ -79,6 +79,11 @@ type Config struct {
 	RunnerOutput  io.Writer
 	// SocketDir holds the runners' sockets (metal.ProcessConfig.SocketDir).
 	SocketDir string
+	// StateDir, when set, is the agent's own state directory: runners are recorded
+	// in StateDir/runners and left running when the agent stops, so that the next
+	// agent adopts the ones whose replica and engine are unchanged instead of
+	// reloading them; the ones no replica claims are stopped after the first sync.
+	StateDir string
 	// Pool tunes the engine pool (ceiling, reserve, timeouts).
 	Pool metal.Config
 	// Gauge measures memory; nil means metal.NewGauge().
@@ -100,7 +105,11 @@ func Run(ctx context.Context, cfg Config) error {
 	if cfg.RestConfig == nil || cfg.NodeName == "" || cfg.Store == nil {
 		return errors.New("cluster: the agent needs a rest config, a node name and a store")
 	}
-	if cfg.FleetToken == "" {
+	tokenFunc := func() string { return cfg.FleetToken }
+	if cfg.Token != nil {
+		tokenFunc = cfg.Token.Token
+	}
+	if tokenFunc() == "" {
 		return errors.New("cluster: the agent needs a fleet token")
 	}
 	rc := rest.CopyConfig(cfg.RestConfig)
@@ -148,9 +157,15 @@ func Run(ctx context.Context, cfg Config) error {
 	} else if !st.Mode().IsRegular() || st.Mode().Perm()&0o111 == 0 {
 		return fmt.Errorf("the runner binary %s is not an executable file", runnerPath)
 	}
-	factory := metal.NewProcessFactory(metal.ProcessConfig{RunnerPath: runnerPath, Threads: cfg.RunnerThreads,
-		SocketDir: cfg.SocketDir, Log: log.WithName("runner"), Output: cfg.RunnerOutput})
-	pool, err := metal.New(cfg.Pool, factory, gauge, clock.RealClock{}, log.WithName("pool"))
+	pcfg := metal.ProcessConfig{RunnerPath: runnerPath, Threads: cfg.RunnerThreads, SocketDir: cfg.SocketDir,
+		Log: log.WithName("runner"), Output: cfg.RunnerOutput}
+	poolCfg := cfg.Pool
+	if cfg.StateDir != "" {
+		pcfg.StateDir = filepath.Join(cfg.StateDir, "runners")
+		poolCfg.KeepRunnersOnExit = true
+	}
+	factory := metal.NewProcessFactory(pcfg)
+	pool, err := metal.New(poolCfg, factory, gauge, clock.RealClock{}, log.WithName("pool"))
 	if err != nil {
 		return err
 	}
@@ -177,7 +192,7 @@ func Run(ctx context.Context, cfg Config) error {
 		ln.Close()
 		return err
 	}
-	srv, err := server.New(pool, server.Options{APIKey: cfg.FleetToken, ResolveModel: syncer.Resolve,
+	srv, err := server.New(pool, server.Options{APIKeyFunc: tokenFunc, ResolveModel: syncer.Resolve,
 		ListModels: syncer.ListModels, Log: log.WithName("http")})
 	if err != nil {
 		ln.Close()
@@ -207,6 +222,9 @@ func Run(ctx context.Context, cfg Config) error {
 		return nil
 	})
 	g.Go(func() error { return syncer.Run(gctx) })
+	if cfg.Token != nil {
+		g.Go(func() error { return cfg.Token.Run(gctx) })
+	}
 	g.Go(func() error {
 		if !rcache.WaitForCacheSync(gctx) {
 			return nil
@@ -215,6 +233,24 @@ func Run(ctx context.Context, cfg Config) error {
 		log.Info("Ready")
 		return nil
 	})
+	if cfg.StateDir != "" {
+		// Runners an earlier agent left that no replica claimed in the first sync
+		// (deleted, changed, or OnDemand) are stopped.
+		g.Go(func() error {
+			select {
+			case <-syncer.InitialSync():
+			case <-gctx.Done():
+				return nil
+			}
+			n, err := factory.StopUnclaimed(gctx)
+			if err != nil && gctx.Err() == nil {
+				log.Error(err, "Stopping the runners no replica claimed")
+			} else if n > 0 {
+				log.Info("Stopped the runners of an earlier agent that no replica claimed", "runners", n)
+			}
+			return nil
+		})
+	}
 	env := Env{NodeName: cfg.NodeName, Endpoint: endpoint, Pool: pool, Client: direct, Ready: sii.HasSynced}
 	for _, r := range cfg.Runnables {
 		g.Go(func() error { return r(gctx, env) })
@@ -286,30 +322,4 @@ func DefaultAdvertiseAddress(listenAddr string) (string, error) {
 		}
 	}
 	return "", errors.New("this host has no non-loopback IPv4 address to advertise: set --advertise-address")
-}
-
-// LoadFleetToken reads the fleet token from file when set, else from the Secret
-// macfleet-system/macfleet-fleet-token (key "token") with the agent's credential.
-func LoadFleetToken(ctx context.Context, c client.Reader, file string) (string, error) {
-	if file != "" {
-		b, err := os.ReadFile(file)
-		if err != nil {
-			return "", fmt.Errorf("reading the fleet token: %w", err)
-		}
-		tok := strings.TrimSpace(string(b))
-		if tok == "" {
-			return "", fmt.Errorf("the fleet token file %s is empty", file)
-		}
-		return tok, nil
-	}
-	var sec corev1.Secret
-	key := types.NamespacedName{Namespace: v1alpha1.SystemNamespace, Name: v1alpha1.FleetTokenSecret}
-	if err := c.Get(ctx, key, &sec); err != nil {
-		return "", fmt.Errorf("reading the fleet token from Secret %s (or pass --fleet-token-file): %w", key, err)
-	}
-	tok := strings.TrimSpace(string(sec.Data[v1alpha1.FleetTokenKey]))
-	if tok == "" {
-		return "", fmt.Errorf("Secret %s has no %q key", key, v1alpha1.FleetTokenKey)
-	}
-	return tok, nil
 }

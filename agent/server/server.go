@@ -39,6 +39,9 @@ type Options struct {
 	// APIKey, when set, is required as "Authorization: Bearer KEY" everywhere but
 	// /healthz and /readyz.
 	APIKey string
+	// APIKeyFunc, when set, is called per request for the key instead of APIKey, so
+	// that a rotated key takes effect at once. It must be cheap and never return "".
+	APIKeyFunc func() string
 	// MaxBodyBytes bounds request bodies (413 above it); zero means 16 MiB.
 	MaxBodyBytes int64
 	// Registerer receives the agent's metrics and Gatherer serves /metrics; nil means
@@ -157,17 +160,22 @@ func (s *Server) handleUnknownRoute(w http.ResponseWriter, r *http.Request) {
 // authenticate requires the API key, if one is configured, on everything but the
 // health probes.
 func (s *Server) authenticate(next http.Handler) http.Handler {
-	if s.opts.APIKey == "" {
-		return next
+	key := s.opts.APIKeyFunc
+	if key == nil {
+		if s.opts.APIKey == "" {
+			return next
+		}
+		static := s.opts.APIKey
+		key = func() string { return static }
 	}
-	want := []byte("Bearer " + s.opts.APIKey)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/healthz" || r.URL.Path == "/readyz" {
 			next.ServeHTTP(w, r)
 			return
 		}
 		got := r.Header.Get("Authorization")
-		if subtle.ConstantTimeCompare([]byte(got), want) != 1 {
+		k := key()
+		if k == "" || subtle.ConstantTimeCompare([]byte(got), []byte("Bearer "+k)) != 1 {
 			msg := "invalid API key: send it as Authorization: Bearer KEY"
 			if got == "" {
 				msg = "missing API key: send it as Authorization: Bearer KEY"

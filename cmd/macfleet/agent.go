@@ -98,9 +98,11 @@ while the API server is unreachable and resyncs when it returns.`,
 			if err != nil {
 				return fmt.Errorf("creating the API client: %w", err)
 			}
-			if cfg.FleetToken, err = loadTokenRetrying(ctx, direct, fl.fleetTokenFile, log.Info); err != nil {
+			tok, err := loadTokenRetrying(ctx, direct, fl.fleetTokenFile, log.Info)
+			if err != nil {
 				return err
 			}
+			cfg.Token = cluster.NewTokenSource(tok, direct, fl.fleetTokenFile, 0, log.WithName("token"))
 			st, err := store.New(fl.storeDir, store.Options{HFEndpoint: fl.hfEndpoint, OllamaRegistry: fl.ollamaRegistry,
 				Log: log.WithName("store")})
 			if err != nil {
@@ -187,7 +189,7 @@ func (fl agentFlags) config() (cluster.Config, hardware.Overrides, error) {
 		}
 	}
 	cfg.NodeName, cfg.Listen, cfg.AdvertiseAddress = fl.nodeName, fl.listen, fl.advertise
-	cfg.RunnerPath, cfg.RunnerThreads = fl.runner, fl.runnerThreads
+	cfg.RunnerPath, cfg.RunnerThreads, cfg.StateDir = fl.runner, fl.runnerThreads, fl.stateDir
 	return cfg, ov, nil
 }
 

@@ -163,7 +163,7 @@ func (p *Pool) poll() {
 		if g.runner == nil || isClosed(g.stopped) {
 			continue
 		}
-		pushes = append(pushes, push{g.name, g.runner, Limits{CeilingBytes: g.reservation, HardLimitBytes: p.ceiling.HardBytes, HostUsedBytes: measured}})
+		pushes = append(pushes, push{g.name, g.runner, Limits{CeilingBytes: runnerCeiling(g.reservation), HardLimitBytes: p.ceiling.HardBytes, HostUsedBytes: measured}})
 	}
 	aborts := p.actLocked(level, measured, now)
 	obs := p.observersLocked()
@@ -219,7 +219,7 @@ func (p *Pool) actLocked(level PressureLevel, usage int64, now time.Time) []*eng
 		if e.state != StateReady || g == nil || g.reservation <= 0 || g.overCeiling {
 			continue
 		}
-		if g.footprint > g.reservation+g.reservation/10 {
+		if g.footprint > runnerCeiling(g.reservation) {
 			g.overCeiling = true
 			p.log.Info("Runner is over its own ceiling", "model", e.spec.Name, "footprintBytes", g.footprint, "ceilingBytes", g.reservation)
 			if g.inUse > 0 {

@@ -233,9 +233,9 @@ func TestLimitsPushedToEveryRunnerEveryPoll(t *testing.T) {
 		polls int
 		want  Limits
 	}{
-		{"a", 3, Limits{CeilingBytes: 3 * gib, HardLimitBytes: hard, HostUsedBytes: usage}},
-		{"b", 1, Limits{CeilingBytes: 1 * gib, HardLimitBytes: hard, HostUsedBytes: usage}},
-		{"c", 1, Limits{CeilingBytes: 1 * gib, HardLimitBytes: hard, HostUsedBytes: usage}},
+		{"a", 3, Limits{CeilingBytes: runnerCeiling(3 * gib), HardLimitBytes: hard, HostUsedBytes: usage}},
+		{"b", 1, Limits{CeilingBytes: runnerCeiling(1 * gib), HardLimitBytes: hard, HostUsedBytes: usage}},
+		{"c", 1, Limits{CeilingBytes: runnerCeiling(1 * gib), HardLimitBytes: hard, HostUsedBytes: usage}},
 	} {
 		got := h.f.last(t, tc.model).Limits()
 		if len(got) != tc.polls {

@@ -32,7 +32,7 @@ func (p *Pool) runLoad(ctx context.Context, e *entry, a *loadAttempt, spec Model
 		p.refuseLoad(e, a, prev, err)
 		return
 	}
-	runner, err := p.factory.Start(ctx, spec, g.reservation)
+	runner, err := p.factory.Start(ctx, spec, runnerCeiling(g.reservation))
 	if err == nil {
 		p.mu.Lock()
 		g.runner, g.pid = runner, runner.PID()
@@ -164,3 +164,10 @@ func (p *Pool) watch(g *engine) {
 	p.log.Info("Runner exited unexpectedly", "model", g.name, "pid", g.pid, "err", cause.Error())
 	p.teardown(e, g, teardownPlan{reason: ReasonCrash, final: StateFailed, cause: cause, crashed: true})
 }
+
+// runnerCeiling is the memory ceiling a runner enforces on itself with its prefill
+// guard: its reservation plus the 10% tolerance past which the enforcer unloads it. A
+// reservation is an estimate, so refusing work at exactly the estimate would refuse
+// prompts the enforcer lets run (a small model's runner process alone can be close to
+// its estimate).
+func runnerCeiling(reservation int64) int64 { return reservation + reservation/10 }

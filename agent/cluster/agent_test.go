@@ -437,3 +437,41 @@ func TestRestartAdoptsRunners(t *testing.T) {
 		return condIs(mr, v1alpha1.ReplicaReady, metav1.ConditionTrue, v1alpha1.ReasonRunnerReady)
 	})
 }
+
+// TestLoadRefusedBacksOff: a Resident replica the pool cannot admit (its reservation
+// exceeds the node's ceiling) reports LoadFailed with the pool's reason and is retried
+// with backoff, not in a loop.
+func TestLoadRefusedBacksOff(t *testing.T) {
+	a := startAgent(t, agentOptions{})
+	ns := testenv.NewNamespace(t, env.Client)
+	newReplica(t, ns, "big-0", a.node, replicaOpts{reservation: "8Gi"})
+	mr := waitReplica(t, time.Minute, ns, "big-0", func(mr *v1alpha1.ModelReplica) (bool, string) {
+		return condIs(mr, v1alpha1.ReplicaLoaded, metav1.ConditionFalse, v1alpha1.ReasonLoadFailed)
+	})
+	if ok, msg := condIs(mr, v1alpha1.ReplicaReady, metav1.ConditionFalse, v1alpha1.ReasonLoadFailed); !ok || mr.Status.Phase != v1alpha1.ReplicaFailed {
+		t.Errorf("Ready/phase: %s %s", msg, mr.Status.Phase)
+	}
+	c := meta.FindStatusCondition(mr.Status.Conditions, v1alpha1.ReplicaLoaded)
+	if !strings.Contains(c.Message, "pool ceiling") || !strings.Contains(c.Message, "retrying at") {
+		t.Errorf("Loaded message %q should give the pool's reason and the retry", c.Message)
+	}
+	start := time.Now()
+	attempts := func() int {
+		n := 0
+		for _, l := range strings.Split(a.logs.String(), "\n") {
+			if strings.Contains(l, `"Loading the model failed"`) && strings.Contains(l, `"replica"="`+ns+`/big-0"`) {
+				n++
+			}
+		}
+		return n
+	}
+	first := attempts()
+	// Backoff 1s, 2s, 4s...: within 3.5s at most three more attempts; a loop would
+	// make hundreds.
+	testenv.Eventually(t, 10*time.Second, 100*time.Millisecond, func() (bool, string) {
+		return time.Since(start) > 3500*time.Millisecond, ""
+	})
+	if n := attempts() - first; n < 1 || n > 3 {
+		t.Errorf("%d load attempts in 3.5s after the first failure; want a backoff of 1s, 2s, ...", n)
+	}
+}

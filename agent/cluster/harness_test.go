@@ -281,6 +281,7 @@ type replicaOpts struct {
 	source                 string
 	sha                    string
 	ctxLen                 int32
+	reservation            string
 }
 
 // newReplica creates a ModelReplica bound to node, as the deployment controller and
@@ -302,6 +303,9 @@ func newReplica(t *testing.T, ns, name, node string, o replicaOpts) *v1alpha1.Mo
 	if o.ctxLen == 0 {
 		o.ctxLen = 512
 	}
+	if o.reservation == "" {
+		o.reservation = "512Mi"
+	}
 	mr := &v1alpha1.ModelReplica{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name,
 			Labels: map[string]string{v1alpha1.LabelDeployment: o.deployment, v1alpha1.LabelTemplateHash: o.hash}},
@@ -312,7 +316,7 @@ func newReplica(t *testing.T, ns, name, node string, o replicaOpts) *v1alpha1.Mo
 				Residency: o.residency,
 			},
 			TemplateHash:      o.hash,
-			MemoryReservation: resource.MustParse("512Mi"),
+			MemoryReservation: resource.MustParse(o.reservation),
 			NodeName:          node,
 		},
 	}

@@ -50,6 +50,10 @@ type replica struct {
 
 	// loading is set while a Load goroutine of the agent runs for this entry.
 	loading bool
+	// loadErr is the last eager load's failure; the next is not before loadRetryAt.
+	loadErr      error
+	loadFailures int
+	loadRetryAt  time.Time
 	// spec is what was registered in the pool.
 	spec metal.ModelSpec
 }

@@ -22,6 +22,8 @@ type localView struct {
 	fetchReason string
 	retryAt     time.Time
 	path        string
+	loadErr     error
+	loadRetryAt time.Time
 }
 
 func (r *replica) view() *localView {
@@ -29,7 +31,7 @@ func (r *replica) view() *localView {
 		return nil
 	}
 	return &localView{phase: r.phase, hash: r.hash, done: r.done, total: r.total, fetchErr: r.fetchErr,
-		fetchReason: r.fetchReason, retryAt: r.retryAt, path: r.path}
+		fetchReason: r.fetchReason, retryAt: r.retryAt, path: r.path, loadErr: r.loadErr, loadRetryAt: r.loadRetryAt}
 }
 
 // ownedStatus is the agent's part of a replica's status from what it observes: the
@@ -134,7 +136,12 @@ func ownedStatus(mr *v1alpha1.ModelReplica, local *localView, m *metal.ModelSnap
 		if st.LastUnload != nil {
 			msg = "unloaded (" + st.LastUnload.Reason + ")"
 		}
-		if onDemand {
+		if local.loadErr != nil && !onDemand {
+			st.Phase = v1alpha1.ReplicaFailed
+			msg := fmt.Sprintf("%v; retrying at %s", local.loadErr, local.loadRetryAt.UTC().Format(time.RFC3339))
+			cond(v1alpha1.ReplicaLoaded, metav1.ConditionFalse, v1alpha1.ReasonLoadFailed, truncate(msg))
+			cond(v1alpha1.ReplicaReady, metav1.ConditionFalse, v1alpha1.ReasonLoadFailed, "the model could not be loaded")
+		} else if onDemand {
 			st.Phase = v1alpha1.ReplicaStandby
 			cond(v1alpha1.ReplicaLoaded, metav1.ConditionFalse, v1alpha1.ReasonUnloaded, msg+"; the first request loads it")
 			cond(v1alpha1.ReplicaReady, metav1.ConditionTrue, v1alpha1.ReasonWaitingForDemand,

@@ -76,6 +76,9 @@ type SyncerOptions struct {
 	// FetchBackoffInitial doubles per consecutive download failure up to
 	// FetchBackoffMax: 2s and 5m.
 	FetchBackoffInitial, FetchBackoffMax time.Duration
+	// LoadBackoffInitial doubles per consecutive load the pool refused or failed, up
+	// to LoadBackoffMax: 1s and 5m.
+	LoadBackoffInitial, LoadBackoffMax time.Duration
 	// StatusWritten, when set, is called after every successful status write.
 	StatusWritten func(types.NamespacedName)
 }
@@ -128,6 +131,8 @@ func NewSyncer(opts SyncerOptions) (*Syncer, error) {
 	def(&opts.ProgressInterval, time.Second)
 	def(&opts.FetchBackoffInitial, 2*time.Second)
 	def(&opts.FetchBackoffMax, 5*time.Minute)
+	def(&opts.LoadBackoffInitial, time.Second)
+	def(&opts.LoadBackoffMax, 5*time.Minute)
 	s := &Syncer{
 		opts: opts,
 		log:  opts.Log,
@@ -326,7 +331,24 @@ func (s *Syncer) sync(ctx context.Context, key string) (time.Duration, error) {
 	observed := observedOf(local, findModel(snap, key))
 	action := Decide(desired, observed)
 	s.log.V(2).Info("Sync", "replica", key, "desired", desired, "observed", observed, "action", action)
-	after, err := s.actLocked(ctx, action, key, mr, local, snap)
+	if observed == ObservedLoaded && local.loadErr != nil {
+		local.loadErr, local.loadFailures, local.loadRetryAt = nil, 0, time.Time{}
+	}
+	var sb specResult
+	if needsSpec(action) && local != nil && mr != nil && local.phase != phaseRemoving {
+		// The GGUF header is read without the lock, which requests take to resolve
+		// their replica; the record must be unchanged afterwards.
+		path, phase := local.path, local.phase
+		s.mu.Unlock()
+		sb.spec, sb.err = s.opts.BuildSpec(ctx, key, path, mr)
+		s.mu.Lock()
+		if s.replicas[key] != local || local.phase != phase || local.path != path {
+			s.mu.Unlock()
+			s.enqueue(key) // changed meanwhile: decide again
+			return 0, nil
+		}
+	}
+	after, err := s.actLocked(ctx, action, key, mr, local, snap, sb)
 	local = s.replicas[key]
 	view := local.view()
 	s.mu.Unlock()
@@ -341,9 +363,20 @@ func (s *Syncer) sync(ctx context.Context, key string) (time.Duration, error) {
 	return after, nil
 }
 
+// specResult is the pool spec built for a replica before an action that needs it.
+type specResult struct {
+	spec metal.ModelSpec
+	err  error
+}
+
+// needsSpec says whether action registers or updates a pool entry.
+func needsSpec(a Action) bool {
+	return a == ActionRegisterLoad || a == ActionRegister || a == ActionUpdate
+}
+
 // actLocked runs action. Long work runs in goroutines that requeue key when done.
 func (s *Syncer) actLocked(ctx context.Context, action Action, key string, mr *v1alpha1.ModelReplica,
-	local *replica, snap metal.Snapshot) (time.Duration, error) {
+	local *replica, snap metal.Snapshot, sb specResult) (time.Duration, error) {
 	now := s.opts.Clock.Now()
 	switch action {
 	case ActionNone:
@@ -360,8 +393,11 @@ func (s *Syncer) actLocked(ctx context.Context, action Action, key string, mr *v
 		s.replicas[key].fetchFailures = failures
 		return 0, nil
 	case ActionRegisterLoad, ActionRegister:
-		return s.registerLocked(ctx, local, mr, action == ActionRegisterLoad)
+		return s.registerLocked(ctx, local, sb, action == ActionRegisterLoad)
 	case ActionLoad:
+		if wait := local.loadRetryAt.Sub(now); wait > 0 {
+			return wait, nil
+		}
 		s.loadLocked(ctx, local)
 		return 0, nil
 	case ActionRetryLoad:
@@ -371,7 +407,7 @@ func (s *Syncer) actLocked(ctx context.Context, action Action, key string, mr *v
 		s.loadLocked(ctx, local)
 		return 0, nil
 	case ActionUpdate:
-		return s.updateLocked(ctx, local, mr)
+		return s.updateLocked(local, mr, sb)
 	case ActionRemove:
 		s.removeLocked(local)
 		return 0, nil
@@ -456,8 +492,8 @@ func (s *Syncer) progress(key string, gen int, done, total int64) {
 }
 
 // registerLocked adds the downloaded model to the pool, and loads it when load.
-func (s *Syncer) registerLocked(ctx context.Context, r *replica, mr *v1alpha1.ModelReplica, load bool) (time.Duration, error) {
-	spec, err := s.opts.BuildSpec(ctx, r.key, r.path, mr)
+func (s *Syncer) registerLocked(ctx context.Context, r *replica, sb specResult, load bool) (time.Duration, error) {
+	spec, err := sb.spec, sb.err
 	if err != nil {
 		// The file is there but unusable: a download failure, retried after a backoff.
 		r.phase = phaseDownloadFailed
@@ -491,11 +527,19 @@ func (s *Syncer) loadLocked(ctx context.Context, r *replica) {
 	r.loading = true
 	s.wg.Go(func() {
 		err := s.opts.Pool.Load(ctx, r.key)
-		if err != nil && ctx.Err() == nil {
-			s.log.Error(err, "Loading the model failed", "replica", r.key)
-		}
 		s.mu.Lock()
 		r.loading = false
+		switch {
+		case err == nil:
+			r.loadErr, r.loadFailures, r.loadRetryAt = nil, 0, time.Time{}
+		case ctx.Err() == nil:
+			// A refused load (no memory) leaves the entry unloaded rather than
+			// Failed: the agent's own backoff keeps it from retrying at once.
+			r.loadErr = err
+			r.loadFailures++
+			r.loadRetryAt = s.opts.Clock.Now().Add(backoff(r.loadFailures, s.opts.LoadBackoffInitial, s.opts.LoadBackoffMax))
+			s.log.Error(err, "Loading the model failed", "replica", r.key, "failures", r.loadFailures, "retryAt", r.loadRetryAt)
+		}
 		s.mu.Unlock()
 		s.enqueue(r.key)
 	})
@@ -505,7 +549,7 @@ func (s *Syncer) loadLocked(ctx context.Context, r *replica) {
 // different file starts over; otherwise the pool entry takes the new spec — residency,
 // idle timeout at once, engine settings by unloading the engine so that it is loaded
 // again with them.
-func (s *Syncer) updateLocked(ctx context.Context, r *replica, mr *v1alpha1.ModelReplica) (time.Duration, error) {
+func (s *Syncer) updateLocked(r *replica, mr *v1alpha1.ModelReplica, sb specResult) (time.Duration, error) {
 	if r.phase == phaseRemoving {
 		return 0, nil // the removal requeues the key when it is done
 	}
@@ -513,8 +557,8 @@ func (s *Syncer) updateLocked(ctx context.Context, r *replica, mr *v1alpha1.Mode
 		s.removeLocked(r)
 		return 0, nil
 	}
-	spec, err := s.opts.BuildSpec(ctx, r.key, r.path, mr)
-	if err != nil {
+	spec := sb.spec
+	if sb.err != nil {
 		s.removeLocked(r)
 		return 0, nil
 	}

@@ -37,7 +37,7 @@ var copyBufs = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b 
 // replica (or the same one later) may still serve the request.
 type failure struct {
 	backend Backend
-	reason  string // connect, transport, status_503, status_507
+	reason  string // connect, transport, status_503, status_507, replica_gone
 	status  int    // 0 for a transport error
 	header  http.Header
 	body    []byte
@@ -121,7 +121,7 @@ func (g *Gateway) fail(w http.ResponseWriter, model string, e *apiError) {
 }
 
 // serve tries replicas of the model's deployment. A failed attempt (connect error,
-// 503, 507) excludes its replica and tries another; when none is left it waits for
+// 503, 507, or a 404 from an agent that no longer has the replica) excludes its replica and tries another; when none is left it waits for
 // the table to change or a backoff to pass (then every replica may be tried again),
 // until ColdStartTimeout after the request arrived.
 func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, model, name string, h uint64, body []byte, start time.Time) outcome {
@@ -263,6 +263,21 @@ func (g *Gateway) attempt(ctx context.Context, w http.ResponseWriter, r *http.Re
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, failureBodyLimit))
 		return outcome{failure: &failure{backend: be, reason: fmt.Sprintf("status_%d", resp.StatusCode),
 			status: resp.StatusCode, header: resp.Header.Clone(), body: b}}
+	}
+	if resp.StatusCode == http.StatusNotFound {
+		// The table named this replica, so an agent that does not know it has just
+		// removed it (a rolling update or scale-down deleted it before the table
+		// caught up): another replica can serve the request.
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, failureBodyLimit))
+		if bytes.Contains(b, []byte(`"model_not_found"`)) {
+			return outcome{failure: &failure{backend: be, reason: "replica_gone",
+				status: resp.StatusCode, header: resp.Header.Clone(), body: b}}
+		}
+		copyResponseHeaders(w.Header(), resp.Header)
+		w.Header().Del("Content-Length")
+		w.WriteHeader(resp.StatusCode)
+		_, _ = w.Write(b)
+		return outcome{status: resp.StatusCode, reason: "upstream_status"}
 	}
 
 	copyResponseHeaders(w.Header(), resp.Header)

@@ -208,6 +208,11 @@ func TestRetries(t *testing.T) {
 		{name: "503 then success", bad: status(503, "1"), wantStatus: 200, reason: "status_503"},
 		{name: "507 then success", bad: status(507, ""), wantStatus: 200, reason: "status_507"},
 		{name: "connection refused", bad: nil, wantStatus: 200, reason: "connect"},
+		{name: "replica gone from its agent", bad: func(_ int, w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusNotFound)
+			fmt.Fprint(w, `{"error":{"message":"model \"a/r0\" does not exist on this node","type":"invalid_request_error","code":"model_not_found"}}`)
+		}, wantStatus: 200, reason: "replica_gone"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

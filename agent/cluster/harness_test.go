@@ -166,6 +166,7 @@ func startAgent(t *testing.T, o agentOptions) *testAgent {
 	cfg := cluster.Config{
 		RestConfig: o.rest, NodeName: o.node, Listener: ln, AdvertiseAddress: a.endpoint, FleetToken: fleetToken,
 		Store: o.store, RunnerPath: rp, RunnerThreads: 1, SocketDir: t.TempDir(), StateDir: o.stateDir,
+		KeepRunners: o.stateDir != "",
 		Pool: metal.Config{CeilingBytes: 4 << 30, DrainTimeout: 10 * time.Second, BackoffInitial: 100 * time.Millisecond,
 			StopGrace: 3 * time.Second, PollActive: 200 * time.Millisecond, SettleTimeout: time.Second},
 		Syncer:          cluster.SyncerOptions{ResyncPeriod: 2 * time.Second, FetchBackoffInitial: 200 * time.Millisecond},

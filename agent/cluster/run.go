@@ -80,10 +80,13 @@ type Config struct {
 	// SocketDir holds the runners' sockets (metal.ProcessConfig.SocketDir).
 	SocketDir string
 	// StateDir, when set, is the agent's own state directory: runners are recorded
-	// in StateDir/runners and left running when the agent stops, so that the next
-	// agent adopts the ones whose replica and engine are unchanged instead of
+	// in StateDir/runners so that the next agent adopts the ones an earlier agent
+	// left (KeepRunners, or a crash) whose replica and engine are unchanged instead of
 	// reloading them; the ones no replica claims are stopped after the first sync.
 	StateDir string
+	// KeepRunners leaves the runners of loaded models running when the agent stops
+	// (needs StateDir); otherwise every model is unloaded on exit.
+	KeepRunners bool
 	// Pool tunes the engine pool (ceiling, reserve, timeouts).
 	Pool metal.Config
 	// Gauge measures memory; nil means metal.NewGauge().
@@ -162,7 +165,7 @@ func Run(ctx context.Context, cfg Config) error {
 	poolCfg := cfg.Pool
 	if cfg.StateDir != "" {
 		pcfg.StateDir = filepath.Join(cfg.StateDir, "runners")
-		poolCfg.KeepRunnersOnExit = true
+		poolCfg.KeepRunnersOnExit = cfg.KeepRunners
 	}
 	factory := metal.NewProcessFactory(pcfg)
 	pool, err := metal.New(poolCfg, factory, gauge, clock.RealClock{}, log.WithName("pool"))

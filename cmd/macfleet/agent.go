@@ -39,7 +39,7 @@ type agentFlags struct {
 	storeDir, stateDir, fleetTokenFile          string
 	runner                                      string
 	runnerThreads                               int
-	runnerOutput                                bool
+	runnerOutput, keepRunners                   bool
 	leaseDuration                               time.Duration
 	ceiling, reserve                            string
 	hfEndpoint, ollamaRegistry                  string
@@ -134,6 +134,8 @@ while the API server is unreachable and resyncs when it returns.`,
 	f.StringVar(&fl.reserve, "memory-reserve", "", "Memory left to the OS below the Mac's ceiling (default 4Gi below 24Gi of RAM, else 6Gi)")
 	f.StringVar(&fl.runner, "runner", "", "The macfleet-runner binary (default $MACFLEET_RUNNER, else next to macfleet, else on $PATH)")
 	f.IntVar(&fl.runnerThreads, "runner-threads", 0, "CPU threads of each runner (default: the runner chooses)")
+	f.BoolVar(&fl.keepRunners, "keep-runners", true, "Leave the runners of loaded models running when the agent stops, for the next agent "+
+		"to adopt (recorded under --state-dir; an unadopted runner exits after 5m without requests); false unloads everything on exit")
 	f.BoolVar(&fl.runnerOutput, "runner-output", false, "Copy every runner's output to stderr, prefixed with its replica")
 	f.StringVar(&fl.hfEndpoint, "hf-endpoint", source.DefaultHFEndpoint, "Model hub that hf:// sources download from")
 	f.StringVar(&fl.ollamaRegistry, "ollama-registry", source.DefaultOllamaRegistry, "Registry that ollama:// sources download from")
@@ -190,6 +192,7 @@ func (fl agentFlags) config() (cluster.Config, hardware.Overrides, error) {
 	}
 	cfg.NodeName, cfg.Listen, cfg.AdvertiseAddress = fl.nodeName, fl.listen, fl.advertise
 	cfg.RunnerPath, cfg.RunnerThreads, cfg.StateDir = fl.runner, fl.runnerThreads, fl.stateDir
+	cfg.KeepRunners = fl.keepRunners
 	return cfg, ov, nil
 }
 

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"syscall"
 	"testing"
 	"time"
 
@@ -69,7 +70,7 @@ func TestAgentCommand(t *testing.T) {
 	cmd.SetArgs([]string{"--kubeconfig", kc, "--node-name", node, "--listen", addr, "--advertise-address", addr,
 		"--store-dir", filepath.Join(dir, "models"), "--state-dir", filepath.Join(dir, "state"), "--runner", rp,
 		"--runner-threads", "1", "--memory-ceiling", "2Gi", "--unified-memory", "16Gi", "--chip", "Apple M2",
-		"--lease-duration", "8s"})
+		"--lease-duration", "8s", "--keep-runners=false"})
 	cmd.SetOut(io.Discard)
 	cmd.SetErr(io.Discard)
 	runCtx, cancel := context.WithCancel(context.Background())
@@ -149,7 +150,28 @@ func TestAgentCommand(t *testing.T) {
 		t.Errorf("chat with the fleet token from the Secret: %d, want 200", code)
 	}
 
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/api/status", nil)
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st struct {
+		Models []struct {
+			PID int `json:"pid"`
+		} `json:"models"`
+	}
+	err = json.NewDecoder(resp.Body).Decode(&st)
+	resp.Body.Close()
+	if err != nil || len(st.Models) != 1 || st.Models[0].PID == 0 {
+		t.Fatalf("/api/status: %+v %v", st, err)
+	}
+
 	stop()
+	// --keep-runners=false: the runner went with the agent.
+	if err := syscall.Kill(st.Models[0].PID, 0); err == nil {
+		t.Errorf("runner pid %d still runs after the agent stopped with --keep-runners=false", st.Models[0].PID)
+	}
 	if err := env.Client.Get(ctx, types.NamespacedName{Name: node}, &mn); err != nil {
 		t.Fatal(err)
 	}

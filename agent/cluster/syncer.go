@@ -100,7 +100,6 @@ type Syncer struct {
 	initialDone chan struct{}
 
 	mu       sync.Mutex
-	ctx      context.Context
 	replicas map[string]*replica
 	wg       sync.WaitGroup
 }
@@ -150,9 +149,6 @@ func NewSyncer(opts SyncerOptions) (*Syncer, error) {
 // the caller's cache); Run waits for it to sync first. The pool is not unloaded when
 // Run returns: the pool's own Run does that on shutdown.
 func (s *Syncer) Run(ctx context.Context) error {
-	s.mu.Lock()
-	s.ctx = ctx
-	s.mu.Unlock()
 	reg, err := s.opts.Informer.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
 		AddFunc:    s.enqueueObject,
 		UpdateFunc: func(_, obj any) { s.enqueueObject(obj) },

@@ -166,17 +166,23 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	if err := r.Client.Get(ctx, req.NamespacedName, &node); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
-	var lease *coordinationv1.Lease
-	var l coordinationv1.Lease
-	switch err := r.Client.Get(ctx, types.NamespacedName{Namespace: v1alpha1.NodeLeaseNamespace, Name: node.Name}, &l); {
-	case err == nil:
-		lease = &l
-	case !apierrors.IsNotFound(err):
-		return ctrl.Result{}, fmt.Errorf("getting the Lease of MacNode %s: %w", node.Name, err)
+	lease, err := getLease(ctx, r.Client, node.Name)
+	if err != nil {
+		return ctrl.Result{}, err
 	}
 
 	now := r.Clock.Now()
 	live := nodeLiveness(lease, &node, now, r.NodeLossGrace)
+	if live.ready != "" {
+		// The cache can be behind the API server: after the manager itself lost the
+		// API server, its informers replay old Leases for a while, and every node
+		// would look expired although its agent has renewed since. Mark a node lost
+		// (or delete its replicas) only on a Lease read from the API server.
+		if lease, err = r.liveLease(ctx, node.Name); err != nil {
+			return ctrl.Result{}, err
+		}
+		live = nodeLiveness(lease, &node, now, r.NodeLossGrace)
+	}
 
 	if live.ready != "" {
 		before := node.DeepCopy()
@@ -195,6 +201,24 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		}
 	}
 	return ctrl.Result{RequeueAfter: live.requeueAfter}, nil
+}
+
+// getLease reads a node's Lease; nil when there is none.
+func getLease(ctx context.Context, c client.Reader, node string) (*coordinationv1.Lease, error) {
+	var l coordinationv1.Lease
+	switch err := c.Get(ctx, types.NamespacedName{Namespace: v1alpha1.NodeLeaseNamespace, Name: node}, &l); {
+	case err == nil:
+		return &l, nil
+	case apierrors.IsNotFound(err):
+		return nil, nil
+	default:
+		return nil, fmt.Errorf("getting the Lease of MacNode %s: %w", node, err)
+	}
+}
+
+// liveLease reads a node's Lease from the API server, bypassing the cache.
+func (r *Reconciler) liveLease(ctx context.Context, node string) (*coordinationv1.Lease, error) {
+	return getLease(ctx, r.APIReader, node)
 }
 
 // deleteReplicas deletes the replicas bound to a lost node, in every namespace, and

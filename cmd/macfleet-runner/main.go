@@ -83,6 +83,11 @@ func parseFlags(args []string, stderr io.Writer) (server.Config, int, error) {
 	fs.BoolVar(&cfg.ExitWithParent, "exit-with-parent", true, "stop when the parent process (the agent) exits")
 	fs.StringVar(&cfg.Nonce, "nonce", "", "opaque token echoed on /health, so an agent adopting this runner can tell it from a stale socket or a recycled pid")
 	fs.DurationVar(&cfg.OrphanTimeout, "orphan-timeout", 0, "stop after receiving no request at all for this long (0: never); for runners that outlive their agent")
+	fs.StringVar(&cfg.PromptCache.Dir, "prompt-cache-dir", "", "prompt cache SSD tier directory for this runner (empty: no SSD tier)")
+	fs.Int64Var(&cfg.PromptCache.HotBytes, "prompt-cache-hot-bytes", 0, "prompt cache hot (memory) tier budget in bytes; POST /cache/budget changes it (0: none)")
+	fs.Int64Var(&cfg.PromptCache.SSDBytes, "prompt-cache-ssd-bytes", 0, "prompt cache SSD tier quota in bytes (0: bounded by 99% of the free disk only)")
+	fs.IntVar(&cfg.PromptCache.BlockTokens, "prompt-cache-block", server.DefaultPromptCacheBlock, "prompt cache block size in tokens (states are keyed by block-aligned prefixes)")
+	fs.StringVar(&cfg.PromptCache.ModelID, "prompt-cache-model-id", "", "names the model in the prompt cache identity, e.g. its digest (default: derived from the file)")
 	verbose := fs.BoolP("verbose", "v", false, "log llama.cpp's info messages and per-request details")
 	if err := fs.Parse(args); err != nil {
 		return cfg, 0, err
@@ -111,6 +116,10 @@ func parseFlags(args []string, stderr io.Writer) (server.Config, int, error) {
 		return cfg, 0, fmt.Errorf("--threads must be positive, got %d", cfg.Threads)
 	case cfg.OrphanTimeout < 0:
 		return cfg, 0, fmt.Errorf("--orphan-timeout must not be negative, got %s", cfg.OrphanTimeout)
+	case cfg.PromptCache.HotBytes < 0 || cfg.PromptCache.SSDBytes < 0:
+		return cfg, 0, errors.New("--prompt-cache-hot-bytes and --prompt-cache-ssd-bytes must not be negative")
+	case cfg.PromptCache.BlockTokens < 1:
+		return cfg, 0, fmt.Errorf("--prompt-cache-block must be positive, got %d", cfg.PromptCache.BlockTokens)
 	case cfg.CeilingBytes < 0:
 		return cfg, 0, fmt.Errorf("--ceiling-bytes must not be negative, got %d", cfg.CeilingBytes)
 	}

@@ -65,6 +65,8 @@ type Status struct {
 	RequestsActive      int        `json:"requests_active"`
 	CeilingBytes        int64      `json:"ceiling_bytes"`
 	Model               *ModelInfo `json:"model,omitempty"`
+	// PromptCache is absent until the model is loaded.
+	PromptCache *PromptCacheStatus `json:"prompt_cache,omitempty"`
 }
 
 // Limits is the body of POST /limits.
@@ -78,6 +80,10 @@ type Limits struct {
 type CacheClear struct {
 	BytesReclaimed int64 `json:"bytes_reclaimed"`
 	EntriesCleared int   `json:"entries_cleared"`
+	// HotEntriesCleared and HotBytesCleared are the prompt cache hot tier's share of
+	// the entries, and the bytes it accounted for them.
+	HotEntriesCleared int   `json:"hot_entries_cleared"`
+	HotBytesCleared   int64 `json:"hot_bytes_cleared"`
 }
 
 // Abort is the answer to POST /abort.

@@ -102,6 +102,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime/cgo"
+	"runtime/debug"
 	"strings"
 	"sync"
 	"unsafe"
@@ -124,6 +125,26 @@ func Init(verbose bool) {
 		C.mf_log_init(v)
 		C.llama_backend_init()
 	})
+}
+
+// EngineVersion names the llama.cpp build linked in: the version of the ollama module
+// that vendors it (and its sum when the build recorded one). Serialized states are only
+// restorable into the engine version that wrote them.
+func EngineVersion() string {
+	const mod = "github.com/ollama/ollama"
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "unknown"
+	}
+	for _, d := range bi.Deps {
+		if d.Path == mod {
+			if d.Replace != nil {
+				d = d.Replace
+			}
+			return d.Path + "@" + d.Version + " " + d.Sum
+		}
+	}
+	return "unknown"
 }
 
 // GPUCount is the number of GPU devices ggml registered (Metal on Apple Silicon).
@@ -497,26 +518,33 @@ func (c *Context) SeqPosMax(seq int) int {
 // ClearMemory drops every sequence from the KV cache.
 func (c *Context) ClearMemory() { C.llama_memory_clear(c.mem, true) }
 
-// SeqState returns the serialized KV state of seq.
-func (c *Context) SeqState(seq int) []byte {
-	n := C.llama_state_seq_get_size(c.c, C.llama_seq_id(seq))
-	if n == 0 {
-		return nil
-	}
-	buf := C.malloc(n)
-	defer C.free(buf)
-	got := C.llama_state_seq_get_data(c.c, (*C.uint8_t)(buf), n, C.llama_seq_id(seq))
-	return C.GoBytes(buf, C.int(got))
+// SeqStateSize is the size in bytes of the serialized KV state of seq.
+func (c *Context) SeqStateSize(seq int) int {
+	return int(C.llama_state_seq_get_size(c.c, C.llama_seq_id(seq)))
 }
 
-// SetSeqState restores a state returned by SeqState into seq.
+// SeqState returns prefix followed by the serialized KV state of seq, written straight
+// into the returned slice (no intermediate C copy: states of long contexts are large).
+func (c *Context) SeqState(seq int, prefix []byte) []byte {
+	n := C.llama_state_seq_get_size(c.c, C.llama_seq_id(seq))
+	out := make([]byte, len(prefix)+int(n))
+	copy(out, prefix)
+	if n == 0 {
+		return out
+	}
+	got := C.llama_state_seq_get_data(c.c, (*C.uint8_t)(unsafe.Pointer(&out[len(prefix)])), n, C.llama_seq_id(seq))
+	return out[:len(prefix)+int(got)]
+}
+
+// SetSeqState restores a state returned by SeqState (without its prefix) into seq,
+// replacing what seq held. On failure seq is left empty.
 func (c *Context) SetSeqState(seq int, state []byte) error {
 	if len(state) == 0 {
 		return errors.New("empty sequence state")
 	}
-	buf := C.CBytes(state)
-	defer C.free(buf)
-	if C.llama_state_seq_set_data(c.c, (*C.uint8_t)(buf), C.size_t(len(state)), C.llama_seq_id(seq)) == 0 {
+	// llama.cpp only reads the buffer during the call: no copy into C memory needed.
+	if C.llama_state_seq_set_data(c.c, (*C.uint8_t)(unsafe.Pointer(&state[0])), C.size_t(len(state)), C.llama_seq_id(seq)) == 0 {
+		C.llama_memory_seq_rm(c.mem, C.llama_seq_id(seq), -1, -1)
 		return errors.New("llama.cpp rejected the sequence state")
 	}
 	return nil

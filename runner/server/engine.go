@@ -3,6 +3,8 @@
 package server
 
 import (
+	"errors"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"sync"
@@ -34,6 +36,8 @@ type engine struct {
 	tick            uint64
 	// guard refuses a prefill chunk of n tokens that would exceed the ceiling.
 	guard func(n int) *api.Error
+	// pc is the prompt cache (nil: none). Set before run starts.
+	pc *promptCache
 
 	wake chan struct{}
 	cmds chan func()
@@ -295,7 +299,7 @@ func (e *engine) admit() {
 }
 
 func (e *engine) pickSlot(j *job) (*slot, int) {
-	var best *slot
+	var best, lru *slot
 	bestKeep := -1
 	for _, s := range e.slots {
 		if s.job != nil {
@@ -308,6 +312,14 @@ func (e *engine) pickSlot(j *job) (*slot, int) {
 		if keep > bestKeep || (keep == bestKeep && s.lastUsed < best.lastUsed) {
 			best, bestKeep = s, keep
 		}
+		if lru == nil || s.lastUsed < lru.lastUsed {
+			lru = s
+		}
+	}
+	// A cached state deeper than every slot's prefix is restored into the least
+	// recently used slot, sparing the others' prefixes.
+	if r := j.restore; r != nil && best != nil && r.n > bestKeep {
+		return lru, commonPrefix(lru.cached, j.tokens)
 	}
 	return best, bestKeep
 }
@@ -327,6 +339,10 @@ func (e *engine) assign(s *slot, j *job, keep int) {
 	if !j.embed && keep >= len(j.tokens) {
 		keep = len(j.tokens) - 1
 	}
+	if r := j.restore; r != nil && !j.embed && r.n > keep && r.n < len(j.tokens) {
+		keep = e.restore(s, r)
+	}
+	j.restore = nil // the state may be large: let it go
 	if keep < len(s.cached) {
 		if !e.ctx.SeqRm(s.id, keep, -1) {
 			e.ctx.SeqRm(s.id, -1, -1)
@@ -499,8 +515,48 @@ func (e *engine) sample(s *slot) {
 }
 
 func (e *engine) finish(s *slot, reason string) {
+	// Saved before the job completes, so a client's next turn, sent as soon as this
+	// answer ends, finds the state.
+	if !s.job.embed {
+		e.saveState(s)
+	}
 	s.job.complete(reason)
 	e.release(s)
+}
+
+// restore replaces the slot's sequence with a cached state trimmed to its first r.n
+// tokens and returns how many prompt tokens the slot now holds (0 when llama.cpp
+// refused the state: the slot is then empty and the prompt is prefilled in full).
+func (e *engine) restore(s *slot, r *restoreState) int {
+	err := e.ctx.SetSeqState(s.id, r.state)
+	if err == nil && e.ctx.SeqPosMax(s.id) < r.n-1 {
+		err = fmt.Errorf("the state holds %d tokens, not %d", e.ctx.SeqPosMax(s.id)+1, r.n)
+	}
+	if err == nil && !e.ctx.SeqRm(s.id, r.n, -1) {
+		err = errors.New("could not trim the restored sequence")
+	}
+	if err != nil {
+		e.ctx.SeqRm(s.id, -1, -1)
+		s.cached = s.cached[:0]
+		e.pc.restoreFailures.Add(1)
+		e.log.Info("Restoring a cached prompt state failed; prefilling in full", "tokens", r.n, "tier", r.tier, "error", err.Error())
+		return 0
+	}
+	s.cached = append(s.cached[:0], r.tokens...)
+	e.pc.restores.Add(1)
+	e.pc.restoredTokens.Add(int64(r.n))
+	e.log.V(1).Info("Restored a cached prompt state", "tokens", r.n, "tier", r.tier, "slot", s.id)
+	return r.n
+}
+
+// saveState hands the slot's sequence state to the prompt cache.
+func (e *engine) saveState(s *slot) {
+	if !e.pc.active() || len(s.cached) < e.pc.block {
+		return
+	}
+	e.pc.save(s.cached, len(s.job.tokens), e.ctx.SeqStateSize(s.id), func(header []byte) []byte {
+		return e.ctx.SeqState(s.id, header)
+	})
 }
 
 func (e *engine) finishEmbedding(s *slot) {

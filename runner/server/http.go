@@ -20,7 +20,7 @@ import (
 
 var knownPaths = map[string]bool{
 	"/health": true, "/status": true, "/v1/chat/completions": true, "/v1/completions": true,
-	"/v1/embeddings": true, "/tokenize": true, "/limits": true, "/cache/clear": true,
+	"/v1/embeddings": true, "/tokenize": true, "/limits": true, "/cache/clear": true, "/cache/budget": true,
 	"/abort": true, "/shutdown": true,
 }
 
@@ -34,6 +34,7 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("POST /tokenize", s.handleTokenize)
 	mux.HandleFunc("POST /limits", s.handleLimits)
 	mux.HandleFunc("POST /cache/clear", s.handleCacheClear)
+	mux.HandleFunc("POST /cache/budget", s.handleCacheBudget)
 	mux.HandleFunc("POST /abort", s.handleAbort)
 	mux.HandleFunc("POST /shutdown", s.handleShutdown)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
@@ -124,6 +125,7 @@ func (s *Server) handleStatus(w http.ResponseWriter, _ *http.Request) {
 			info := s.info
 			st.Model = &info
 			st.MetalAllocatedBytes = int64(llama.GPUAllocatedBytes())
+			st.PromptCache = s.promptCacheStatus()
 		}
 	}
 	writeJSON(w, http.StatusOK, st)
@@ -152,9 +154,11 @@ func (s *Server) handleCacheClear(w http.ResponseWriter, _ *http.Request) {
 	before := s.footprint(0)
 	n := 0
 	eng.do(func() { n = eng.clearIdle() })
+	hotBytes, hotEntries := s.clearPromptCacheHot()
 	llama.TrimHeap()
 	after := s.footprint(0)
-	writeJSON(w, http.StatusOK, api.CacheClear{BytesReclaimed: max(0, before-after), EntriesCleared: n})
+	writeJSON(w, http.StatusOK, api.CacheClear{BytesReclaimed: max(0, before-after), EntriesCleared: n + hotEntries,
+		HotEntriesCleared: hotEntries, HotBytesCleared: hotBytes})
 }
 
 func (s *Server) handleAbort(w http.ResponseWriter, _ *http.Request) {
@@ -336,6 +340,7 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, eng *engine, c
 		return
 	}
 	j := newJob(r.Context(), toks, opts, false)
+	j.restore = s.lookupPrompt(toks)
 	if herr := eng.submit(j); herr != nil {
 		writeError(w, herr)
 		return

@@ -20,6 +20,9 @@ type job struct {
 	embed  bool
 	tokens []int32
 	opts   api.Options
+	// restore is a cached state of a prefix of tokens (set before submit; the engine
+	// takes it at admission).
+	restore *restoreState
 
 	notify chan struct{}
 

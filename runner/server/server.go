@@ -59,6 +59,8 @@ type Config struct {
 	// at all (health checks and limit pushes count) for that long and none is in
 	// flight: a detached runner whose agent never came back does not hold memory forever.
 	OrphanTimeout time.Duration
+	// PromptCache configures the prompt cache (hot and SSD tiers).
+	PromptCache PromptCacheConfig
 	// Stdout receives the listening event.
 	Stdout io.Writer
 	Log    logr.Logger
@@ -95,6 +97,7 @@ type Server struct {
 	model      *llama.Model
 	lctx       *llama.Context
 	eng        *engine
+	pc         *promptCache // nil when it could not be opened
 	info       api.ModelInfo
 	tmpl       string
 	nCtxSeq    int
@@ -208,6 +211,7 @@ func Run(ctx context.Context, cfg Config) error {
 	s.log.Info("Stopping")
 	s.setState(api.StateStopping, "")
 	s.eng.close(api.Unavailable(api.CodeShuttingDown, "the runner is stopping"))
+	s.closePromptCache()
 	if s.shutdownHTTP(srv) {
 		s.free()
 	}
@@ -398,6 +402,7 @@ func (s *Server) load() error {
 		KVType: kvType, ChatTemplate: m.ChatTemplate() != "", KVBytesPerToken: s.kvPerToken,
 	}
 	s.eng = newEngine(s.log.WithName("engine"), m, lctx, s.guard)
+	s.openPromptCache()
 	go s.eng.run()
 	s.log.Info("Model loaded", "desc", m.Desc(), "params", m.NParams(), "took", time.Since(start).Round(time.Millisecond),
 		"gpus", llama.GPUCount())

@@ -1,0 +1,86 @@
+package api
+
+// PromptCacheStatus is the prompt cache part of GET /status: how the runner uses the
+// cache and the counters of its two tiers (the hot tier in the runner's memory, the
+// SSD tier under --prompt-cache-dir).
+type PromptCacheStatus struct {
+	// BlockTokens is the block size: states are keyed by block-aligned token prefixes.
+	BlockTokens int `json:"block_tokens"`
+	// Identity is what a state can be restored into (model and state format); Dir is
+	// this model's SSD directory (empty without an SSD tier).
+	Model  string `json:"model"`
+	Format string `json:"format"`
+	Dir    string `json:"dir,omitempty"`
+
+	// Restores counts states restored into a slot, RestoredTokens the prompt tokens
+	// they spared from prefill, RestoreFailures states llama.cpp refused (a miss).
+	Restores        int64 `json:"restores"`
+	RestoredTokens  int64 `json:"restored_tokens"`
+	RestoreFailures int64 `json:"restore_failures"`
+	// StatesSaved counts states taken from slots after a request; SaveSkipped those
+	// not taken (no full block, or no tier could hold them).
+	StatesSaved  int64 `json:"states_saved"`
+	SavesSkipped int64 `json:"saves_skipped"`
+	// SavesPending counts entries handed to the SSD tier that it has not accepted yet
+	// (its queue is full for up to a second before it writes inline).
+	SavesPending int64 `json:"saves_pending"`
+
+	Hot PromptCacheHot  `json:"hot"`
+	SSD *PromptCacheSSD `json:"ssd,omitempty"`
+}
+
+// PromptCacheHot is the hot tier: an LRU under a byte budget set by
+// --prompt-cache-hot-bytes and POST /cache/budget.
+type PromptCacheHot struct {
+	Entries     int   `json:"entries"`
+	Bytes       int64 `json:"bytes"`
+	BudgetBytes int64 `json:"budget_bytes"`
+	Hits        int64 `json:"hits"`
+	Misses      int64 `json:"misses"`
+	Puts        int64 `json:"puts"`
+	Evictions   int64 `json:"evictions"`
+	// Rejected counts states larger than the whole budget.
+	Rejected int64 `json:"rejected"`
+}
+
+// PromptCacheSSD is the SSD tier. At rest saves = saves_persisted + duplicates +
+// quota_rejects + cancelled + errors.
+type PromptCacheSSD struct {
+	Saves           int64 `json:"saves"`
+	SavesPersisted  int64 `json:"saves_persisted"`
+	Duplicates      int64 `json:"duplicates"`
+	QuotaRejects    int64 `json:"quota_rejects"`
+	Cancelled       int64 `json:"cancelled"`
+	Errors          int64 `json:"errors"`
+	Hits            int64 `json:"hits"`
+	Misses          int64 `json:"misses"`
+	Corrupt         int64 `json:"corrupt"`
+	Evictions       int64 `json:"evictions"`
+	UnlinkFailures  int64 `json:"unlink_failures"`
+	InlineFallbacks int64 `json:"inline_fallbacks"`
+	Entries         int   `json:"entries"`
+	Bytes           int64 `json:"bytes"`
+	ForeignBytes    int64 `json:"foreign_bytes"`
+	ForeignFiles    int   `json:"foreign_files"`
+	// QuotaBytes is the effective quota: min(--prompt-cache-ssd-bytes, 0.99 × (bytes
+	// tracked + free disk)); FreeBytes the last free-disk reading (-1 when it failed).
+	QuotaBytes int64 `json:"quota_bytes"`
+	FreeBytes  int64 `json:"free_bytes"`
+	Queued     int   `json:"queued"`
+}
+
+// CacheBudget is the body of POST /cache/budget: the agent moves hot-tier shares
+// between its runners (and may change the SSD quota). Absent fields are unchanged.
+type CacheBudget struct {
+	HotBytes *int64 `json:"hot_bytes,omitempty"`
+	SSDBytes *int64 `json:"ssd_bytes,omitempty"`
+}
+
+// CacheBudgetResult is the answer to POST /cache/budget: the budgets now in force and
+// what the hot tier evicted to fit the new one.
+type CacheBudgetResult struct {
+	HotBytes       int64 `json:"hot_bytes"`
+	SSDBytes       int64 `json:"ssd_bytes"`
+	EvictedBytes   int64 `json:"evicted_bytes"`
+	EvictedEntries int   `json:"evicted_entries"`
+}

@@ -1,0 +1,525 @@
+//go:build cgo && !race
+
+package server
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"os"
+	"path/filepath"
+	"runtime/debug"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"github.com/go-logr/logr"
+
+	"github.com/macfleet/macfleet/metal/promptcache"
+	"github.com/macfleet/macfleet/runner/api"
+	"github.com/macfleet/macfleet/runner/llama"
+)
+
+// PromptCacheConfig configures the prompt cache (the --prompt-cache-* flags).
+type PromptCacheConfig struct {
+	// Dir is this runner's SSD tier directory; empty means no SSD tier. The states go
+	// to Dir/<identity>/, and every other file under Dir counts toward the quota and
+	// is evicted first: Dir must not be shared with another running runner.
+	Dir string
+	// HotBytes is the initial hot-tier budget (POST /cache/budget changes it); 0 keeps
+	// nothing in memory.
+	HotBytes int64
+	// SSDBytes is the configured SSD quota (0: bounded by the free disk only).
+	SSDBytes int64
+	// BlockTokens is the block size of the prefix keys (default DefaultPromptCacheBlock).
+	BlockTokens int
+	// ModelID names the weights in the cache identity (e.g. the model's digest); empty
+	// derives it from the file (see modelIdentity).
+	ModelID string
+}
+
+// DefaultPromptCacheBlock is the default block size in tokens: a restore re-prefills
+// at most this many tokens of the saved conversation.
+const DefaultPromptCacheBlock = 64
+
+// memoryLimitSlack is added to the hot budget for the Go runtime's soft memory limit
+// (request bodies, states on their way to the SSD, SSD reads).
+const memoryLimitSlack = 512 << 20
+
+// A cached blob is a small header, the tokens the state holds, and the llama.cpp
+// sequence state:
+//
+//	0   magic "MFKV"
+//	4   version (uint32, little endian)
+//	8   kind (uint32): 0 state, 1 reference
+//	12  state: token count n (uint32), then n tokens (int32), then the state bytes
+//	    reference: the key (32 bytes) of the state it points to
+//
+// A reference is what the key of the prompt's deepest block holds when the state was
+// saved deeper (prompt + generated tokens): a next turn whose prompt re-tokenizes the
+// generated text differently still finds the prompt's part, without storing the state
+// twice.
+const (
+	blobMagic   = "MFKV"
+	blobVersion = 1
+	kindState   = 0
+	kindRef     = 1
+	blobHeader  = 16
+	refSize     = 12 + 32
+)
+
+// promptTailTokens is how many of a prompt's last tokens the reference skips: a chat
+// prompt ends with the template's generation prefix ("<|im_start|>assistant\n"), whose
+// last tokens the next turn's prompt may tokenize differently, merged with the reply.
+const promptTailTokens = 8
+
+var errBadBlob = errors.New("malformed prompt cache entry")
+
+func encodeStateHeader(tokens []int32) []byte {
+	b := make([]byte, blobHeader+4*len(tokens))
+	copy(b, blobMagic)
+	binary.LittleEndian.PutUint32(b[4:], blobVersion)
+	binary.LittleEndian.PutUint32(b[8:], kindState)
+	binary.LittleEndian.PutUint32(b[12:], uint32(len(tokens)))
+	for i, t := range tokens {
+		binary.LittleEndian.PutUint32(b[blobHeader+4*i:], uint32(t))
+	}
+	return b
+}
+
+func encodeRef(key promptcache.Key) []byte {
+	b := make([]byte, refSize)
+	copy(b, blobMagic)
+	binary.LittleEndian.PutUint32(b[4:], blobVersion)
+	binary.LittleEndian.PutUint32(b[8:], kindRef)
+	copy(b[12:], key[:])
+	return b
+}
+
+// decodeBlob returns a state's tokens and state bytes, or the key a reference points
+// to (ref true).
+func decodeBlob(b []byte) (tokens []int32, state []byte, ref promptcache.Key, isRef bool, err error) {
+	if len(b) < 12 || string(b[:4]) != blobMagic || binary.LittleEndian.Uint32(b[4:]) != blobVersion {
+		return nil, nil, ref, false, errBadBlob
+	}
+	switch binary.LittleEndian.Uint32(b[8:]) {
+	case kindRef:
+		if len(b) != refSize {
+			return nil, nil, ref, false, errBadBlob
+		}
+		return nil, nil, promptcache.Key(b[12:]), true, nil
+	case kindState:
+	default:
+		return nil, nil, ref, false, errBadBlob
+	}
+	if len(b) < blobHeader {
+		return nil, nil, ref, false, errBadBlob
+	}
+	n := int(binary.LittleEndian.Uint32(b[12:]))
+	if n == 0 || (len(b)-blobHeader)/4 < n || len(b) == blobHeader+4*n {
+		return nil, nil, ref, false, errBadBlob
+	}
+	tokens = make([]int32, n)
+	for i := range tokens {
+		tokens[i] = int32(binary.LittleEndian.Uint32(b[blobHeader+4*i:]))
+	}
+	return tokens, b[blobHeader+4*n:], ref, false, nil
+}
+
+// restoreState is a cached state found for a prompt: restoring it and keeping its
+// first n tokens spares their prefill.
+type restoreState struct {
+	n      int
+	tokens []int32 // the first n tokens of the prompt
+	state  []byte
+	tier   promptcache.Tier
+}
+
+// promptCache is the runner's side of the prompt cache: the identity of its states,
+// the block size, and the two tiers. Lookups run on the request handlers, saves and
+// restores on the engine goroutine (the only one touching the llama.cpp context).
+type promptCache struct {
+	log   logr.Logger
+	id    promptcache.Identity
+	block int
+	c     *promptcache.Cache
+
+	mu       sync.Mutex // guards closed and savers.Add
+	closed   bool
+	savers   sync.WaitGroup
+	ssdQuota atomic.Int64
+
+	restores, restoredTokens, restoreFailures atomic.Int64
+	statesSaved, savesSkipped, savesPending   atomic.Int64
+}
+
+// newPromptCache opens the tiers for the loaded model. kvType, nSeq and offload go
+// into the state format: llama.cpp refuses (or would misread) a state of another KV
+// type, stream count or backend layout.
+func newPromptCache(log logr.Logger, cfg PromptCacheConfig, modelPath string, kvType string, nSeq int, offload string) (*promptCache, error) {
+	block := cfg.BlockTokens
+	if block <= 0 {
+		block = DefaultPromptCacheBlock
+	}
+	modelID := cfg.ModelID
+	if modelID == "" {
+		var err error
+		if modelID, err = modelIdentity(modelPath); err != nil {
+			return nil, fmt.Errorf("prompt cache identity: %w", err)
+		}
+	}
+	id := promptcache.Identity{
+		Model:  modelID,
+		Format: fmt.Sprintf("%s;state=v%d;kv=%s;seqs=%d;offload=%s", llama.EngineVersion(), blobVersion, kvType, nSeq, offload),
+	}
+	var ssd *promptcache.SSD
+	if cfg.Dir != "" {
+		var err error
+		ssd, err = promptcache.Open(promptcache.SSDConfig{Dir: cfg.Dir, Identity: id, QuotaBytes: cfg.SSDBytes})
+		if err != nil {
+			return nil, fmt.Errorf("opening the prompt cache SSD tier: %w", err)
+		}
+	}
+	pc := &promptCache{log: log, id: id, block: block, c: promptcache.New(promptcache.NewHot(cfg.HotBytes), ssd)}
+	pc.ssdQuota.Store(cfg.SSDBytes)
+	pc.setMemoryLimit(cfg.HotBytes)
+	return pc, nil
+}
+
+// modelIdentity names the weights: a content-addressed file name (sha256-<hex>, as
+// the agent's model store names blobs) is used as is; otherwise the file name plus a
+// hash of its absolute path, size, modification time and first MiB (the GGUF header
+// and metadata), so a replaced file never restores another model's states.
+func modelIdentity(path string) (string, error) {
+	base := filepath.Base(path)
+	if h, ok := strings.CutPrefix(base, "sha256-"); ok && len(h) == 64 {
+		if _, err := hex.DecodeString(h); err == nil {
+			return base, nil
+		}
+	}
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return "", err
+	}
+	f, err := os.Open(abs)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return "", err
+	}
+	h := sha256.New()
+	fmt.Fprintf(h, "%s\x00%d\x00%d\x00", abs, st.Size(), st.ModTime().UnixNano())
+	if _, err := io.Copy(h, io.LimitReader(f, 1<<20)); err != nil {
+		return "", err
+	}
+	return strings.TrimSuffix(base, filepath.Ext(base)) + "@" + hex.EncodeToString(h.Sum(nil)[:12]), nil
+}
+
+// setMemoryLimit keeps the Go heap near what the hot tier may hold: without a limit
+// the collector lets garbage (evicted states) grow to the size of the live heap
+// before it runs, doubling the runner's footprint.
+func (pc *promptCache) setMemoryLimit(hotBytes int64) {
+	limit := int64(math.MaxInt64)
+	if hotBytes > 0 {
+		limit = hotBytes + memoryLimitSlack
+	}
+	debug.SetMemoryLimit(limit)
+}
+
+// active reports whether a state could be stored or found anywhere.
+func (pc *promptCache) active() bool {
+	return pc != nil && (pc.c.SSD != nil || pc.c.Hot.Stats().BudgetBytes > 0)
+}
+
+// lookup finds the longest cached prefix of tokens, hot tier first, then the SSD. It
+// leaves the last token out: a generation must prefill at least one token to get
+// logits. It runs on the request's handler, so SSD reads never stall the engine.
+func (pc *promptCache) lookup(tokens []int32) *restoreState {
+	if !pc.active() || len(tokens) < 2 {
+		return nil
+	}
+	keys := promptcache.BlockKeys(pc.id, tokens[:len(tokens)-1], pc.block)
+	for len(keys) > 0 {
+		depth, data, tier := pc.c.Longest(keys)
+		if depth == 0 {
+			return nil
+		}
+		n := depth * pc.block
+		r, err := pc.resolve(data, tokens[:n])
+		if err == nil {
+			r.n, r.tier = n, tier
+			return r
+		}
+		// A dangling reference, or an entry that does not hold these tokens (which a
+		// key collision would take): drop it and look for a shallower one.
+		pc.log.V(1).Info("Dropping an unusable prompt cache entry", "tokens", n, "tier", tier, "reason", err.Error())
+		pc.forget(keys[depth-1])
+		keys = keys[:depth-1]
+	}
+	return nil
+}
+
+// resolve follows a reference and checks that the state holds want.
+func (pc *promptCache) resolve(data []byte, want []int32) (*restoreState, error) {
+	toks, state, ref, isRef, err := decodeBlob(data)
+	if err != nil {
+		return nil, err
+	}
+	if isRef {
+		data, ok := pc.c.Hot.Get(ref)
+		if !ok && pc.c.SSD != nil {
+			if data, ok = pc.c.SSD.Load(ref); ok && !pc.c.NoPromote {
+				pc.c.Hot.Put(ref, data)
+			}
+		}
+		if !ok {
+			return nil, errors.New("the referenced state is gone")
+		}
+		if toks, state, _, isRef, err = decodeBlob(data); err != nil {
+			return nil, err
+		}
+		if isRef {
+			return nil, errors.New("a reference to a reference")
+		}
+	}
+	if len(toks) < len(want) || !slices.Equal(toks[:len(want)], want) {
+		return nil, errors.New("the state holds other tokens")
+	}
+	return &restoreState{tokens: toks[:len(want)], state: state}, nil
+}
+
+// forget drops key from both tiers without waiting on the caller (the SSD tier may
+// wait for its writer).
+func (pc *promptCache) forget(key promptcache.Key) {
+	pc.c.Hot.Remove(key)
+	if pc.c.SSD == nil {
+		return
+	}
+	if !pc.addSaver() {
+		return
+	}
+	go func() {
+		defer pc.savers.Done()
+		if _, err := pc.c.SSD.Forget(key); err != nil {
+			pc.log.V(1).Info("Forgetting a prompt cache entry", "error", err.Error())
+		}
+	}()
+}
+
+func (pc *promptCache) addSaver() bool {
+	pc.mu.Lock()
+	defer pc.mu.Unlock()
+	if pc.closed {
+		return false
+	}
+	pc.savers.Add(1)
+	return true
+}
+
+// save stores the state of a slot holding tokens (prompt + generated, the first
+// promptLen of them the prompt) under the key of its deepest full block, and a
+// reference to it under the key of the deepest full block of the prompt without its
+// last promptTailTokens. state is called
+// (on the engine goroutine) to serialize the sequence after the header.
+func (pc *promptCache) save(tokens []int32, promptLen int, stateSize int, state func(header []byte) []byte) {
+	if !pc.active() {
+		return
+	}
+	keys := promptcache.BlockKeys(pc.id, tokens, pc.block)
+	if len(keys) == 0 {
+		pc.savesSkipped.Add(1)
+		return
+	}
+	size := int64(blobHeader + 4*len(tokens) + stateSize)
+	if pc.c.SSD == nil && size > pc.c.Hot.Stats().BudgetBytes {
+		pc.savesSkipped.Add(1) // the hot tier would refuse it: spare the copy
+		return
+	}
+	blob := state(encodeStateHeader(tokens))
+	if len(blob) <= blobHeader+4*len(tokens) {
+		pc.savesSkipped.Add(1)
+		return
+	}
+	pc.statesSaved.Add(1)
+	full := keys[len(keys)-1]
+	pc.put(full, blob)
+	if pd := (promptLen - promptTailTokens) / pc.block; pd >= 1 && pd < len(keys) {
+		pc.put(keys[pd-1], encodeRef(full))
+	}
+}
+
+// put stores data in the hot tier at once and hands it to the SSD tier on another
+// goroutine (a full queue makes SSD.Save wait up to a second, then write inline).
+func (pc *promptCache) put(key promptcache.Key, data []byte) {
+	pc.c.Hot.Put(key, data)
+	if pc.c.SSD == nil || !pc.addSaver() {
+		return
+	}
+	pc.savesPending.Add(1)
+	go func() {
+		defer pc.savers.Done()
+		defer pc.savesPending.Add(-1)
+		if err := pc.c.SSD.Save(key, data); err != nil && !errors.Is(err, promptcache.ErrClosed) {
+			pc.log.Info("Saving a prompt cache state to the SSD tier failed", "error", err.Error())
+		}
+	}()
+}
+
+// setBudget applies a new hot budget and/or SSD quota.
+func (pc *promptCache) setBudget(b api.CacheBudget) api.CacheBudgetResult {
+	var res api.CacheBudgetResult
+	if b.HotBytes != nil {
+		res.EvictedBytes, res.EvictedEntries = pc.c.Hot.SetBudget(*b.HotBytes)
+		pc.setMemoryLimit(*b.HotBytes)
+		if res.EvictedBytes > 0 {
+			debug.FreeOSMemory()
+		}
+	}
+	if b.SSDBytes != nil {
+		pc.ssdQuota.Store(*b.SSDBytes)
+		if pc.c.SSD != nil {
+			pc.c.SSD.SetQuota(*b.SSDBytes)
+		}
+	}
+	res.HotBytes = pc.c.Hot.Stats().BudgetBytes
+	res.SSDBytes = pc.ssdQuota.Load()
+	return res
+}
+
+// clearHot empties the hot tier and returns the freed heap to the operating system.
+func (pc *promptCache) clearHot() (bytes int64, entries int) {
+	bytes, entries = pc.c.Hot.Clear()
+	debug.FreeOSMemory()
+	return bytes, entries
+}
+
+// status is the prompt cache part of /status.
+func (pc *promptCache) status() *api.PromptCacheStatus {
+	st := pc.c.Stats()
+	out := &api.PromptCacheStatus{
+		BlockTokens: pc.block, Model: pc.id.Model, Format: pc.id.Format,
+		Restores: pc.restores.Load(), RestoredTokens: pc.restoredTokens.Load(), RestoreFailures: pc.restoreFailures.Load(),
+		StatesSaved: pc.statesSaved.Load(), SavesSkipped: pc.savesSkipped.Load(), SavesPending: pc.savesPending.Load(),
+		Hot: api.PromptCacheHot{
+			Entries: st.Hot.Entries, Bytes: st.Hot.Bytes, BudgetBytes: st.Hot.BudgetBytes, Hits: st.Hot.Hits,
+			Misses: st.Hot.Misses, Puts: st.Hot.Puts, Evictions: st.Hot.Evictions, Rejected: st.Hot.Rejected,
+		},
+	}
+	if s := st.SSD; s != nil {
+		out.Dir = pc.c.SSD.Dir()
+		out.SSD = &api.PromptCacheSSD{
+			Saves: s.Saves, SavesPersisted: s.SavesPersisted, Duplicates: s.Duplicates, QuotaRejects: s.QuotaRejects,
+			Cancelled: s.Cancelled, Errors: s.Errors, Hits: s.Hits, Misses: s.Misses, Corrupt: s.Corrupt,
+			Evictions: s.Evictions, UnlinkFailures: s.UnlinkFailures, InlineFallbacks: s.InlineFallbacks,
+			Entries: s.Entries, Bytes: s.Bytes, ForeignBytes: s.ForeignBytes, ForeignFiles: s.ForeignFiles,
+			QuotaBytes: s.QuotaBytes, FreeBytes: s.FreeBytes, Queued: s.Queued,
+		}
+	}
+	return out
+}
+
+// close waits for the saves handed to the SSD tier, lets its writer drain the queue
+// (bounded by ctx) and drops the hot tier.
+func (pc *promptCache) close(ctx context.Context) error {
+	pc.mu.Lock()
+	pc.closed = true
+	pc.mu.Unlock()
+	pc.savers.Wait()
+	return pc.c.Close(ctx)
+}
+
+// openPromptCache creates the prompt cache of the loaded model and hands it to the
+// engine (before the engine runs). A cache that cannot be opened is logged and left
+// out: the runner serves without it.
+func (s *Server) openPromptCache() {
+	cfg := s.cfg.PromptCache
+	offload := "cpu"
+	if llama.GPUCount() > 0 && s.cfg.GPULayers > 0 {
+		offload = fmt.Sprintf("gpu%d", min(s.cfg.GPULayers, s.model.NLayer()+1))
+	}
+	pc, err := newPromptCache(s.log.WithName("promptcache"), cfg, s.cfg.ModelPath, s.info.KVType, s.cfg.Parallel, offload)
+	if err != nil && cfg.Dir != "" {
+		s.log.Error(err, "The prompt cache's SSD tier is unusable; keeping the hot tier only", "dir", cfg.Dir)
+		cfg.Dir = ""
+		pc, err = newPromptCache(s.log.WithName("promptcache"), cfg, s.cfg.ModelPath, s.info.KVType, s.cfg.Parallel, offload)
+	}
+	if err != nil {
+		s.log.Error(err, "The prompt cache is unusable; serving without it")
+		return
+	}
+	s.pc, s.eng.pc = pc, pc
+	s.log.Info("Prompt cache", "model", pc.id.Model, "format", pc.id.Format, "blockTokens", pc.block,
+		"hotBytes", cfg.HotBytes, "ssdDir", cfg.Dir, "ssdBytes", cfg.SSDBytes)
+}
+
+// closePromptCache flushes the SSD tier's queue (at most 5 s) once the engine has
+// stopped.
+func (s *Server) closePromptCache() {
+	if s.pc == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), promptcache.DefaultClearWait)
+	defer cancel()
+	if err := s.pc.close(ctx); err != nil {
+		s.log.Info("The prompt cache's SSD queue was not drained", "error", err.Error())
+	}
+}
+
+// handleCacheBudget is POST /cache/budget: the agent's hot-tier share for this runner.
+func (s *Server) handleCacheBudget(w http.ResponseWriter, r *http.Request) {
+	if _, herr := s.readyEngine(); herr != nil {
+		writeError(w, herr)
+		return
+	}
+	var b api.CacheBudget
+	if err := readJSON(w, r, &b); err != nil {
+		writeError(w, err)
+		return
+	}
+	switch {
+	case b.HotBytes != nil && *b.HotBytes < 0:
+		writeError(w, api.InvalidRequest(api.CodeInvalidValue, "hot_bytes", "hot_bytes must not be negative"))
+		return
+	case b.SSDBytes != nil && *b.SSDBytes < 0:
+		writeError(w, api.InvalidRequest(api.CodeInvalidValue, "ssd_bytes", "ssd_bytes must not be negative"))
+		return
+	case s.pc == nil:
+		writeError(w, api.Unavailable(api.CodeInternal, "the prompt cache could not be opened (see the runner's log)"))
+		return
+	}
+	writeJSON(w, http.StatusOK, s.pc.setBudget(b))
+}
+
+// lookupPrompt finds a cached state for a generation's prompt (nil: none).
+func (s *Server) lookupPrompt(toks []int32) *restoreState {
+	if s.pc == nil {
+		return nil
+	}
+	return s.pc.lookup(toks)
+}
+
+// promptCacheStatus is the /status part (nil without a cache).
+func (s *Server) promptCacheStatus() *api.PromptCacheStatus {
+	if s.pc == nil {
+		return nil
+	}
+	return s.pc.status()
+}
+
+// clearPromptCacheHot empties the hot tier (bytes accounted, entries).
+func (s *Server) clearPromptCacheHot() (int64, int) {
+	if s.pc == nil {
+		return 0, 0
+	}
+	return s.pc.clearHot()
+}

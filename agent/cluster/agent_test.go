@@ -386,30 +386,39 @@ func TestHTTPSourceThroughStore(t *testing.T) {
 }
 
 // TestRestartAdoptsRunners: with a state directory, a stopped agent leaves its
-// runners running; the next agent of the node adopts the runner of a replica that
-// is still bound (same process, Ready again) and stops the runner of a replica that
-// was deleted meanwhile.
+// runners running; the next agent of the node adopts the runners of replicas still
+// bound (same processes, a loaded OnDemand one included) and stops the runner of a
+// replica that was deleted meanwhile.
 func TestRestartAdoptsRunners(t *testing.T) {
 	stateDir := t.TempDir()
 	a1 := startAgent(t, agentOptions{stateDir: stateDir})
 	ns := testenv.NewNamespace(t, env.Client)
 	newReplica(t, ns, "keep-0", a1.node, replicaOpts{deployment: "keep", servedName: "keep"})
 	gone := newReplica(t, ns, "gone-0", a1.node, replicaOpts{deployment: "gone", servedName: "gone"})
+	newReplica(t, ns, "od-0", a1.node, replicaOpts{deployment: "od", servedName: "od",
+		residency: v1alpha1.ResidencyOnDemand, idle: time.Hour})
 	for _, name := range []string{"keep-0", "gone-0"} {
 		waitReplica(t, time.Minute, ns, name, func(mr *v1alpha1.ModelReplica) (bool, string) {
 			return condIs(mr, v1alpha1.ReplicaReady, metav1.ConditionTrue, v1alpha1.ReasonRunnerReady)
 		})
 	}
+	waitReplica(t, time.Minute, ns, "od-0", func(mr *v1alpha1.ModelReplica) (bool, string) {
+		return condIs(mr, v1alpha1.ReplicaReady, metav1.ConditionTrue, v1alpha1.ReasonWaitingForDemand)
+	})
+	if code, body := a1.chat("od", auth...); code != http.StatusOK {
+		t.Fatalf("chat to the OnDemand replica: %d %s", code, body)
+	}
 	keep, _ := a1.model(ns + "/keep-0")
 	old, _ := a1.model(ns + "/gone-0")
+	od, _ := a1.model(ns + "/od-0")
 	t.Cleanup(func() {
 		// Runners left by the last agent of the test.
-		for _, pid := range []int{keep.PID, old.PID} {
+		for _, pid := range []int{keep.PID, old.PID, od.PID} {
 			_ = syscall.Kill(pid, syscall.SIGKILL)
 		}
 	})
 	a1.stop()
-	for _, pid := range []int{keep.PID, old.PID} {
+	for _, pid := range []int{keep.PID, old.PID, od.PID} {
 		if processGone(pid) == nil {
 			t.Fatalf("runner pid %d exited with the agent; it should be left for the next one", pid)
 		}
@@ -426,12 +435,23 @@ func TestRestartAdoptsRunners(t *testing.T) {
 	if m, _ := a2.model(ns + "/keep-0"); m.PID != keep.PID {
 		t.Errorf("keep-0 runs in pid %d after the restart, want the adopted %d", m.PID, keep.PID)
 	}
+	// The OnDemand replica's runner is adopted too, not stopped.
+	testenv.Eventually(t, time.Minute, 100*time.Millisecond, func() (bool, string) {
+		m, ok := a2.model(ns + "/od-0")
+		return ok && m.State == metal.StateReady && m.PID == od.PID,
+			fmt.Sprintf("od-0 in the new agent: %v %s pid %d (was %d)", ok, m.State, m.PID, od.PID)
+	})
 	testenv.Eventually(t, time.Minute, 100*time.Millisecond, func() (bool, string) {
 		err := processGone(old.PID)
 		return err == nil, fmt.Sprint(err)
 	})
-	if code, body := a2.chat("keep", auth...); code != http.StatusOK {
-		t.Errorf("chat to the adopted runner: %d %s", code, body)
+	for _, model := range []string{"keep", "od"} {
+		if code, body := a2.chat(model, auth...); code != http.StatusOK {
+			t.Errorf("chat to the adopted runner of %s: %d %s", model, code, body)
+		}
+	}
+	if m, _ := a2.model(ns + "/od-0"); m.PID != od.PID {
+		t.Errorf("od-0 runs in pid %d, want the adopted %d", m.PID, od.PID)
 	}
 	waitReplica(t, time.Minute, ns, "keep-0", func(mr *v1alpha1.ModelReplica) (bool, string) {
 		return condIs(mr, v1alpha1.ReplicaReady, metav1.ConditionTrue, v1alpha1.ReasonRunnerReady)

@@ -48,8 +48,9 @@ type replica struct {
 	retryAt       time.Time
 	lastProgress  time.Time
 
-	// loading is set while a Load goroutine of the agent runs for this entry.
-	loading bool
+	// loading is set while a Load goroutine of the agent runs for this entry;
+	// adopting while that load is for a runner an earlier agent left.
+	loading, adopting bool
 	// loadErr is the last eager load's failure; the next is not before loadRetryAt.
 	loadErr      error
 	loadFailures int

@@ -188,6 +188,13 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 
 	so := cfg.Syncer
+	if cfg.StateDir != "" {
+		if so.Recorded, err = factory.RecordedModels(); err != nil {
+			log.Error(err, "Reading the records of runners an earlier agent left; they will be stopped, not adopted")
+		} else if len(so.Recorded) > 0 {
+			log.Info("Runners of an earlier agent to adopt", "models", so.Recorded)
+		}
+	}
 	so.NodeName, so.Endpoint, so.Cache, so.Informer, so.Live, so.Client = cfg.NodeName, endpoint, rcache, sii, direct, direct
 	so.Pool, so.Store, so.Log = pool, cfg.Store, log.WithName("sync")
 	syncer, err := NewSyncer(so)

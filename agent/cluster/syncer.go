@@ -79,6 +79,10 @@ type SyncerOptions struct {
 	// LoadBackoffInitial doubles per consecutive load the pool refused or failed, up
 	// to LoadBackoffMax: 1s and 5m.
 	LoadBackoffInitial, LoadBackoffMax time.Duration
+	// Recorded names the pool entries whose runners an earlier agent left running
+	// (metal.ProcessFactory.RecordedModels): they are loaded at their first
+	// registration even when OnDemand, so that their runners are adopted.
+	Recorded []string
 	// StatusWritten, when set, is called after every successful status write.
 	StatusWritten func(types.NamespacedName)
 }
@@ -101,6 +105,8 @@ type Syncer struct {
 
 	mu       sync.Mutex
 	replicas map[string]*replica
+	// recorded holds the entries of Recorded not registered yet.
+	recorded map[string]bool
 	wg       sync.WaitGroup
 }
 
@@ -139,6 +145,10 @@ func NewSyncer(opts SyncerOptions) (*Syncer, error) {
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "modelreplicas"}),
 		replicas:    map[string]*replica{},
 		initialDone: make(chan struct{}),
+		recorded:    map[string]bool{},
+	}
+	for _, n := range opts.Recorded {
+		s.recorded[n] = true
 	}
 	s.writer = newStatusWriter(opts.Cache, opts.Live, opts.Client, opts.Clock, opts.Log)
 	s.writer.written = opts.StatusWritten
@@ -239,7 +249,7 @@ func (s *Syncer) settled(ctx context.Context, key string, snap metal.Snapshot) b
 	case ObservedLoaded, ObservedLoadFailed, ObservedDownloadFailed, ObservedUnloading:
 		return true
 	case ObservedStandby:
-		return d == DesiredOnDemand || d == DesiredAbsent
+		return (d == DesiredOnDemand && !local.adopting && !s.recorded[key]) || d == DesiredAbsent
 	case ObservedNotRegistered:
 		return d == DesiredAbsent
 	}
@@ -509,6 +519,13 @@ func (s *Syncer) registerLocked(ctx context.Context, r *replica, sb specResult, 
 	r.phase, r.spec = phaseRegistered, spec
 	s.log.Info("Model registered", "replica", r.key, "residency", spec.Residency, "contextLength", spec.ContextLength,
 		"parallel", spec.Parallel, "estimatedBytes", spec.EstimatedBytes)
+	if s.recorded[r.key] {
+		// An earlier agent left this model's runner: load now to adopt it (an
+		// OnDemand one then idles out as usual).
+		delete(s.recorded, r.key)
+		r.adopting = true
+		load = true
+	}
 	if load {
 		s.loadLocked(ctx, r)
 	}
@@ -524,7 +541,7 @@ func (s *Syncer) loadLocked(ctx context.Context, r *replica) {
 	s.wg.Go(func() {
 		err := s.opts.Pool.Load(ctx, r.key)
 		s.mu.Lock()
-		r.loading = false
+		r.loading, r.adopting = false, false
 		switch {
 		case err == nil:
 			r.loadErr, r.loadFailures, r.loadRetryAt = nil, 0, time.Time{}

@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net"
 	"net/http"
 	"os"
@@ -302,7 +303,10 @@ func (f *Fleet) StartAgent(name string) error {
 	base := filepath.Join(f.opts.Dir, "agents", name)
 	args := []string{"agent", "--kubeconfig", a.Kubeconfig, "--node-name", name, "--listen", a.Addr,
 		"--advertise-address", a.Addr, "--store-dir", filepath.Join(base, "models"), "--state-dir", a.StateDir,
-		"--memory-ceiling", a.Node.MemoryCeiling, "--runner", f.opts.Runner}
+		"--memory-ceiling", a.Node.MemoryCeiling, "--runner", f.opts.Runner,
+		// A fleet that stops is gone for good: its agents take their runners with
+		// them. A killed agent leaves them for its successor (see Stop).
+		"--keep-runners=false"}
 	if a.Node.Chip != "" {
 		args = append(args, "--chip", a.Node.Chip)
 	}
@@ -432,18 +436,21 @@ func (f *Fleet) Stop() {
 // killRecordedRunners SIGKILLs the runner processes whose records are in an agent's
 // state directory: an agent killed by a test leaves them running for its successor.
 func killRecordedRunners(stateDir string) {
-	entries, _ := os.ReadDir(stateDir)
-	for _, e := range entries {
-		b, err := os.ReadFile(filepath.Join(stateDir, e.Name()))
+	_ = filepath.WalkDir(stateDir, func(path string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() || !strings.HasSuffix(path, ".json") {
+			return nil
+		}
+		b, err := os.ReadFile(path)
 		if err != nil {
-			continue
+			return nil
 		}
 		for _, pid := range recordedPIDs(string(b)) {
 			if p, err := os.FindProcess(pid); err == nil && isRunner(pid) {
 				_ = p.Signal(syscall.SIGKILL)
 			}
 		}
-	}
+		return nil
+	})
 }
 
 // recordedPIDs finds "pid": N in a runner record without depending on its format.

@@ -30,6 +30,7 @@ func startProcess(name, logPath, bin string, args, env []string) (*Process, erro
 	cmd := exec.Command(bin, args...)
 	cmd.Env = append(os.Environ(), env...)
 	cmd.Stdout, cmd.Stderr = logf, logf
+	dieWithParent(cmd)
 	if err := cmd.Start(); err != nil {
 		logf.Close()
 		return nil, fmt.Errorf("starting %s: %w", name, err)

@@ -17,7 +17,8 @@
 //	    multiple of 32 (256 with flash attention); so does the estimate.
 //	  - Compute: the host compute buffers — graph metadata, scheduler overhead, the
 //	    input tensors, one 512-token micro-batch and the logits.
-//	  - Overhead: tokenizer tables, the header, the output buffer and a 5 MiB allowance.
+//	  - Overhead: tokenizer tables, the header, the output buffer, a 5 MiB allowance,
+//	    and RunnerBaseline, the runner process's own memory.
 //	  - Weights: the rest — the model's tensors, with a tied output projection counted
 //	    a second time (llama.cpp duplicates the token embedding onto the output device).
 //
@@ -195,6 +196,13 @@ var ggufMagic = []byte("GGUF")
 // readBufferSize is the parser's range-request buffer: each request asks for this
 // much, so a header of a few hundred KiB costs one or two requests.
 const readBufferSize = 1 << 20
+
+// RunnerBaseline is the memory a runner process holds whatever its model: its code,
+// the C++ runtime, ggml's backend state and thread stacks. A runner serving a model of
+// a few MB was measured at 20-22 MB resident on Linux. Without it a small model's
+// reservation sits below what its runner measures, and the runner's own ceiling (the
+// reservation plus 10%) refuses prompts.
+const RunnerBaseline = 24 << 20
 
 // Estimate reads the GGUF header at p.URL or p.Path and returns llama.cpp's memory
 // needs for p's engine settings. Failures are typed: *source.UnreachableError,
@@ -402,6 +410,8 @@ func compute(gf *gguf.GGUFFile, loc string, p Params) (Result, error) {
 			r.GPUGraph += int64(d.Computation.Sum())
 		}
 	}
+	r.Overhead += RunnerBaseline
+	r.Total += RunnerBaseline
 	r.Weights = r.Total - r.KVCache - r.Compute - r.Overhead
 	r.ContextLength = int64(e.ContextSize)
 	r.Parallel = parallel

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs the benchmarks named in docs/benchmarks.md, each against a baseline measured in
-# the same run, and prints the results. Usage: hack/bench.sh [control-plane|engine|all]
+# the same run, and prints the results. Usage: hack/bench.sh [control-plane|engine|fleet|all]
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 what=${1:-all}
@@ -18,4 +18,11 @@ if [[ $what == all || $what == engine ]]; then
 	if compgen -G 'bench/engine/*_test.go' >/dev/null; then
 		run hack/go-env.sh go test -run '^$' -bench . -benchtime 1x -timeout 30m ./bench/engine/
 	fi
+fi
+if [[ $what == all || $what == fleet ]]; then
+	# A whole local fleet (test/e2e): the gateway against calling the agent directly
+	# (one-token completions of a trivial model, interleaved), and node-loss recovery
+	# (an agent killed: Lease expiry to endpoint not ready and to a replacement Ready).
+	run go test -run '^$' -bench GatewayOverhead -benchtime 400x -timeout 20m ./test/e2e/
+	run bash -c "go test -run 'TestNodeLossMovesReplicas' -v -count 1 -timeout 20m ./test/e2e/ | grep -E 'node loss|^(ok|FAIL|---)'"
 fi

@@ -127,7 +127,7 @@ func create(t *testing.T, obj client.Object) {
 
 // waitReady waits until the deployment has want ready replicas, all of the current
 // template, and returns its replicas.
-func waitReady(t *testing.T, ns, name string, want int32, timeout time.Duration) []v1alpha1.ModelReplica {
+func waitReady(t testing.TB, ns, name string, want int32, timeout time.Duration) []v1alpha1.ModelReplica {
 	t.Helper()
 	var replicas []v1alpha1.ModelReplica
 	testenv.Eventually(t, timeout, 200*time.Millisecond, func() (bool, string) {
@@ -282,7 +282,7 @@ func TestChatThroughGatewayAndEndpointSlice(t *testing.T) {
 
 // sliceAddresses waits until the deployment's EndpointSlices hold want ready
 // endpoints and returns them as host:port.
-func sliceAddresses(t *testing.T, ns, name string, want int) []string {
+func sliceAddresses(t testing.TB, ns, name string, want int) []string {
 	t.Helper()
 	var addrs []string
 	testenv.Eventually(t, time.Minute, 200*time.Millisecond, func() (bool, string) {

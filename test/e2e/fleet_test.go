@@ -30,7 +30,7 @@ import (
 
 // readySliceAddresses returns host:port of the ready endpoints in a deployment's
 // EndpointSlices.
-func readySliceAddresses(t *testing.T, ns, name string) []string {
+func readySliceAddresses(t testing.TB, ns, name string) []string {
 	t.Helper()
 	var slices discoveryv1.EndpointSliceList
 	if err := fleet.Client.List(t.Context(), &slices, client.InNamespace(ns),

@@ -1,0 +1,97 @@
+package e2e
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"net/http"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/macfleet/macfleet/api/v1alpha1"
+	"github.com/macfleet/macfleet/internal/testenv"
+)
+
+// BenchmarkGatewayOverhead measures what the gateway adds in front of an agent: the
+// same one-token completion of a trivial model, interleaved, straight to the agent
+// that serves it (with the fleet token, as a client of the deployment's Service does)
+// and through the gateway. It reports p50/p99 of both, the added p50/p99, and
+// requests/s of both with 4 concurrent clients and their ratio.
+//
+//	go test ./test/e2e -run '^$' -bench GatewayOverhead -benchtime 400x
+func BenchmarkGatewayOverhead(b *testing.B) {
+	ns := testenv.NewNamespace(b, fleet.Client)
+	md := deployment(ns, "bench", 1, func(md *v1alpha1.ModelDeployment) { md.Spec.Engine.Parallel = 4 })
+	if err := fleet.Client.Create(b.Context(), md); err != nil {
+		b.Fatal(err)
+	}
+	waitReady(b, ns, "bench", 1, 3*time.Minute)
+	addrs := sliceAddresses(b, ns, "bench", 1)
+	body := []byte(`{"model":"bench","max_tokens":1,"temperature":0,"messages":[{"role":"user","content":"hi"}]}`)
+	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 16}}
+	send := func(url, token string) time.Duration {
+		req, _ := http.NewRequestWithContext(b.Context(), http.MethodPost, url, bytes.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		start := time.Now()
+		resp, err := hc.Do(req)
+		if err != nil {
+			b.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			b.Fatalf("%s: %d", url, resp.StatusCode)
+		}
+		return time.Since(start)
+	}
+	direct := "http://" + addrs[0] + "/v1/chat/completions"
+	viaGW := fleet.GatewayURL + "/v1/chat/completions"
+	for range 20 {
+		send(direct, fleet.FleetToken)
+		send(viaGW, "")
+	}
+	var d, g []time.Duration
+	b.ResetTimer()
+	for b.Loop() {
+		d = append(d, send(direct, fleet.FleetToken))
+		g = append(g, send(viaGW, ""))
+	}
+	b.StopTimer()
+	pct := func(xs []time.Duration, p float64) time.Duration {
+		s := slices.Clone(xs)
+		slices.Sort(s)
+		return s[min(len(s)-1, int(float64(len(s))*p))]
+	}
+	ms := func(x time.Duration) float64 { return float64(x.Microseconds()) / 1000 }
+	b.ReportMetric(ms(pct(d, 0.5)), "direct-p50-ms")
+	b.ReportMetric(ms(pct(g, 0.5)), "gateway-p50-ms")
+	b.ReportMetric(ms(pct(g, 0.5)-pct(d, 0.5)), "added-p50-ms")
+	b.ReportMetric(ms(pct(g, 0.99)-pct(d, 0.99)), "added-p99-ms")
+
+	const clients, each = 4, 100
+	rps := func(url, token string) float64 {
+		var wg sync.WaitGroup
+		start := time.Now()
+		for range clients {
+			wg.Go(func() {
+				for range each {
+					send(url, token)
+				}
+			})
+		}
+		wg.Wait()
+		return clients * each / time.Since(start).Seconds()
+	}
+	dr, gr := rps(direct, fleet.FleetToken), rps(viaGW, "")
+	b.ReportMetric(dr, "direct-req/s")
+	b.ReportMetric(gr, "gateway-req/s")
+	b.ReportMetric(gr/dr, "gateway/direct")
+	fmt.Printf("gateway overhead, one-token completions of the tiny model, %d interleaved pairs: p50 %.2f ms direct, %.2f ms gateway "+
+		"(+%.2f ms); p99 +%.2f ms; %d clients: %.0f req/s direct, %.0f via the gateway (%.2f)\n",
+		len(d), ms(pct(d, 0.5)), ms(pct(g, 0.5)), ms(pct(g, 0.5)-pct(d, 0.5)), ms(pct(g, 0.99)-pct(d, 0.99)), clients, dr, gr, gr/dr)
+}

@@ -1,0 +1,9 @@
+//go:build !linux
+
+package promptcache
+
+import "testing"
+
+const canDropPageCache = false
+
+func dropPageCache(*testing.B, string) {}

@@ -108,7 +108,10 @@ func (r *ProcessRunner) Detach() bool {
 		return false
 	}
 	r.handedOff = true
+	cacheDir := r.cacheDir
+	r.cacheDir = ""
 	r.mu.Unlock()
+	r.factory.releaseCacheDir(cacheDir)
 	close(r.detached)
 	if r.handle != nil {
 		r.handle.close()

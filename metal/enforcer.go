@@ -153,6 +153,21 @@ func (p *Pool) poll() {
 	prev := p.level
 	level, run := classifyPressure(measured, p.ceiling, p.cfg.EmergencyMarginBytes, p.overCeilingRun)
 	p.usage, p.level, p.overCeilingRun, p.lastPoll = measured, level, run, now
+	// Hot tiers are what goes first under hard pressure: shrinking them costs no
+	// request and no reload (their states are on the SSD as well).
+	hotReclaim := int64(0)
+	switch {
+	case level.atLeast(PressureHard):
+		if !p.hotShrunk {
+			hotReclaim = p.hotHeldLocked()
+			p.log.Info("Shrinking the prompt cache hot tiers under memory pressure", "level", string(level), "hotBytes", hotReclaim)
+		}
+		p.hotShrunk = true
+	case level == PressureOK:
+		p.hotShrunk = false
+	}
+	decreases, increases := p.planHotLocked()
+	aborts := p.actLocked(level, measured, now, hotReclaim)
 	type push struct {
 		name string
 		r    Runner
@@ -163,9 +178,8 @@ func (p *Pool) poll() {
 		if g.runner == nil || isClosed(g.stopped) {
 			continue
 		}
-		pushes = append(pushes, push{g.name, g.runner, Limits{CeilingBytes: runnerCeiling(g.reservation), HardLimitBytes: p.ceiling.HardBytes, HostUsedBytes: measured}})
+		pushes = append(pushes, push{g.name, g.runner, Limits{CeilingBytes: g.ownCeiling(), HardLimitBytes: p.ceiling.HardBytes, HostUsedBytes: measured}})
 	}
-	aborts := p.actLocked(level, measured, now)
 	obs := p.observersLocked()
 	p.mu.Unlock()
 
@@ -175,7 +189,11 @@ func (p *Pool) poll() {
 			o.PressureChanged(prev, level)
 		}
 	}
+	// Budgets that shrink first (and before any abort), then the ones that grow.
+	p.pushBudgets(decreases)
+	p.pushBudgets(increases)
 	var wg sync.WaitGroup
+	wg.Go(p.refreshCacheStats)
 	for _, ps := range pushes {
 		wg.Go(func() {
 			ctx, cancel := p.withDeadline(context.Background(), p.cfg.RunnerCallTimeout, "pushing limits to "+ps.name)
@@ -198,7 +216,7 @@ func (p *Pool) poll() {
 
 // actLocked applies the level's actions: it starts unloads and cancels loads itself
 // and returns the engines whose in-flight requests must be aborted.
-func (p *Pool) actLocked(level PressureLevel, usage int64, now time.Time) []*engine {
+func (p *Pool) actLocked(level PressureLevel, usage int64, now time.Time, hotReclaim int64) []*engine {
 	var aborts []*engine
 	pending := int64(0)
 	nonPinned := 0
@@ -219,9 +237,10 @@ func (p *Pool) actLocked(level PressureLevel, usage int64, now time.Time) []*eng
 		if e.state != StateReady || g == nil || g.reservation <= 0 || g.overCeiling {
 			continue
 		}
-		if g.footprint > runnerCeiling(g.reservation) {
+		if g.footprint > g.ownCeiling() {
 			g.overCeiling = true
-			p.log.Info("Runner is over its own ceiling", "model", e.spec.Name, "footprintBytes", g.footprint, "ceilingBytes", g.reservation)
+			p.log.Info("Runner is over its own ceiling", "model", e.spec.Name, "footprintBytes", g.footprint,
+				"ceilingBytes", g.ownCeiling(), "reservedBytes", g.reservation, "hotBudgetBytes", g.hotBudget)
 			if g.inUse > 0 {
 				aborts = append(aborts, g)
 			}
@@ -249,7 +268,7 @@ func (p *Pool) actLocked(level PressureLevel, usage int64, now time.Time) []*eng
 				p.startUnloadLocked(e, ReasonPressure)
 			}
 		}
-		if need := usage - p.ceiling.SoftBytes - pending; need > 0 {
+		if need := usage - p.ceiling.SoftBytes - pending - hotReclaim; need > 0 {
 			if v := p.pickVictimLocked(nil, need); v != nil {
 				p.startUnloadLocked(v, ReasonPressure)
 			} else if busy := p.lruBusyLocked(); busy != nil {

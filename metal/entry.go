@@ -111,6 +111,9 @@ type entry struct {
 	retryAt    time.Time
 	lastErr    error
 	lastUnload *UnloadReport
+	// lastCache is the latest prompt cache report of the entry's engines; it outlives
+	// the engine so counters do not vanish on unload.
+	lastCache *PromptCacheStats
 	// removed entries are deleted once their engine has stopped.
 	removed bool
 }
@@ -158,6 +161,12 @@ type engine struct {
 	loadedAt       time.Time
 	// overCeilingSince guards against acting twice on one over-ceiling runner.
 	overCeiling bool
+
+	// hotShare is the share of the agent's hot budget the pool decided for the
+	// runner; hotBudget the budget the runner last confirmed (-1: not known yet).
+	hotShare, hotBudget int64
+	// cache is the runner's last prompt cache report.
+	cache *PromptCacheStats
 }
 
 func newEngine(e *entry, spec ModelSpec, gen uint64, reservation int64) *engine {
@@ -168,6 +177,7 @@ func newEngine(e *entry, spec ModelSpec, gen uint64, reservation int64) *engine 
 		spec:        spec,
 		reservation: reservation,
 		stopped:     make(chan struct{}),
+		hotBudget:   -1,
 	}
 }
 

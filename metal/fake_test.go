@@ -12,6 +12,8 @@ import (
 
 	"github.com/go-logr/logr/funcr"
 	testingclock "k8s.io/utils/clock/testing"
+
+	"github.com/macfleet/macfleet/runner/api"
 )
 
 // This file holds the fakes the pool's timing tests use: a Gauge whose host figure is
@@ -182,7 +184,7 @@ func (f *fakeFactory) Start(ctx context.Context, spec ModelSpec, ceiling int64) 
 	f.mu.Lock()
 	f.nextPID++
 	r := &fakeRunner{
-		f: f, spec: spec, ceiling: ceiling, pid: f.nextPID,
+		f: f, spec: spec, ceiling: ceiling, pid: f.nextPID, hotBudget: 0,
 		ready: make(chan struct{}), exited: make(chan struct{}), abortCh: make(chan struct{}),
 	}
 	fp := spec.EstimatedBytes
@@ -257,6 +259,14 @@ type fakeRunner struct {
 	stopGate chan struct{}
 	clears   int
 	cache    int64
+	// Prompt cache hot tier: budget (-1 before the pool set one), bytes held, and
+	// every budget the pool pushed.
+	hotBudget int64
+	hotBytes  int64
+	budgets   []int64
+	budgetErr error
+	// ssd is what Status reports as the SSD tier (nil: none).
+	ssd *api.PromptCacheSSD
 }
 
 var _ Runner = (*fakeRunner)(nil)
@@ -320,7 +330,63 @@ func (r *fakeRunner) ExitErr() error {
 
 func (r *fakeRunner) Status(ctx context.Context) (RunnerStatus, error) {
 	fp, _ := r.f.g.Process(r.pid)
-	return RunnerStatus{State: "ready", PID: r.pid, FootprintBytes: fp}, nil
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	pc := &api.PromptCacheStatus{Hot: api.PromptCacheHot{Bytes: r.hotBytes, BudgetBytes: r.hotBudget}, SSD: r.ssd}
+	return RunnerStatus{State: "ready", PID: r.pid, FootprintBytes: fp, PromptCache: pc}, nil
+}
+
+// SetCacheBudget records the budget and frees the hot bytes over it, like the runner.
+func (r *fakeRunner) SetCacheBudget(ctx context.Context, b api.CacheBudget) (api.CacheBudgetResult, error) {
+	r.mu.Lock()
+	if r.budgetErr != nil {
+		defer r.mu.Unlock()
+		return api.CacheBudgetResult{}, r.budgetErr
+	}
+	var res api.CacheBudgetResult
+	if b.HotBytes != nil {
+		r.hotBudget = *b.HotBytes
+		r.budgets = append(r.budgets, r.hotBudget)
+		r.f.event(fmt.Sprintf("budget:%s=%d", r.spec.Name, r.hotBudget))
+		if over := r.hotBytes - r.hotBudget; over > 0 {
+			r.hotBytes -= over
+			res.EvictedBytes, res.EvictedEntries = over, 1
+			r.mu.Unlock()
+			r.f.g.addProc(r.pid, -over)
+			r.mu.Lock()
+		}
+	}
+	res.HotBytes = r.hotBudget
+	r.mu.Unlock()
+	return res, nil
+}
+
+// fillHot simulates states saved in the hot tier: up to the budget.
+func (r *fakeRunner) fillHot(b int64) int64 {
+	r.mu.Lock()
+	add := min(b, max(r.hotBudget-r.hotBytes, 0))
+	r.hotBytes += add
+	r.mu.Unlock()
+	r.f.g.addProc(r.pid, add)
+	return add
+}
+
+func (r *fakeRunner) Budgets() []int64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]int64(nil), r.budgets...)
+}
+
+func (r *fakeRunner) HotBudget() int64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.hotBudget
+}
+
+func (r *fakeRunner) HotBytes() int64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.hotBytes
 }
 
 func (r *fakeRunner) SetLimits(ctx context.Context, l Limits) error {
@@ -362,8 +428,8 @@ func (r *fakeRunner) abortSignal() <-chan struct{} {
 func (r *fakeRunner) ClearCache(ctx context.Context) (CacheClearResult, error) {
 	r.mu.Lock()
 	r.clears++
-	freed := r.cache
-	r.cache = 0
+	freed := r.cache + r.hotBytes
+	r.cache, r.hotBytes = 0, 0
 	r.mu.Unlock()
 	r.f.g.addProc(r.pid, -freed)
 	return CacheClearResult{BytesReclaimed: freed, EntriesCleared: 1}, nil

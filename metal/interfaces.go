@@ -11,6 +11,8 @@ import (
 	"context"
 	"net/http"
 	"time"
+
+	"github.com/macfleet/macfleet/runner/api"
 )
 
 // Residency says how a model stays in memory.
@@ -49,6 +51,22 @@ type ModelSpec struct {
 	EstimatedBytes int64 `json:"estimatedBytes"`
 	// Dims are the model's dimensions, used by the prefill guard.
 	Dims ModelDims `json:"dims"`
+	// PromptCache configures the runner's prompt cache (hot and SSD tiers).
+	PromptCache PromptCacheSpec `json:"promptCache"`
+}
+
+// PromptCacheSpec is one model's prompt cache settings. The agent's own settings
+// (Config.PromptCacheHotBytes, ProcessConfig.PromptCacheDir and PromptCacheSSDBytes)
+// bound them: a model narrows what the agent allows, never widens it.
+type PromptCacheSpec struct {
+	// Enabled turns the prompt cache on for the model's runners.
+	Enabled bool `json:"enabled"`
+	// HotBytes caps the model's share of the agent's hot budget: 0 no cap of its own,
+	// negative no hot tier.
+	HotBytes int64 `json:"hotBytes,omitempty"`
+	// SSDBytes is the model's SSD quota: 0 the agent's per-model quota, positive at
+	// most that, negative no SSD tier.
+	SSDBytes int64 `json:"ssdBytes,omitempty"`
 }
 
 // ModelDims are the GGUF dimensions the prefill guard needs.
@@ -72,6 +90,8 @@ type RunnerStatus struct {
 	SlotsTotal          int    `json:"slots_total"`
 	SlotsBusy           int    `json:"slots_busy"`
 	RequestsActive      int    `json:"requests_active"`
+	// PromptCache is the prompt cache's report (absent until the model is loaded).
+	PromptCache *api.PromptCacheStatus `json:"prompt_cache,omitempty"`
 }
 
 // Limits are pushed to every runner on every enforcer poll.
@@ -105,6 +125,9 @@ type Runner interface {
 	// Abort ends every in-flight generation at once and returns how many it ended.
 	Abort(ctx context.Context) (int, error)
 	ClearCache(ctx context.Context) (CacheClearResult, error)
+	// SetCacheBudget is POST /cache/budget: the hot-tier budget (and SSD quota) the
+	// agent gives the runner's prompt cache; absent fields stay as they are.
+	SetCacheBudget(ctx context.Context, b api.CacheBudget) (api.CacheBudgetResult, error)
 	// Stop asks for a graceful shutdown, escalates to SIGTERM and then SIGKILL after
 	// grace, and returns once the process has been reaped. Idempotent.
 	Stop(ctx context.Context, grace time.Duration) error

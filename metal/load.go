@@ -36,6 +36,9 @@ func (p *Pool) runLoad(ctx context.Context, e *entry, a *loadAttempt, spec Model
 	if err == nil {
 		p.mu.Lock()
 		g.runner, g.pid = runner, runner.PID()
+		if a, ok := runner.(interface{ Adopted() bool }); !ok || !a.Adopted() {
+			g.hotBudget = 0 // a fresh runner starts without a hot tier; an adopted one's is learnt
+		}
 		p.engines[g] = struct{}{}
 		p.activity++
 		p.mu.Unlock()

@@ -26,7 +26,35 @@ const (
 	MetricUnloadFreed     = "macfleet_agent_unload_freed_bytes"
 	MetricUnloadDuration  = "macfleet_agent_unload_duration_seconds"
 	MetricPressureChanges = "macfleet_agent_memory_pressure_changes_total"
+
+	// Prompt cache, per model: the counters of the SSD tier (ENGINE_POOL.md), of the
+	// hot tier and of restores, and the bytes each tier holds.
+	MetricPromptCachePrefix = "macfleet_agent_prompt_cache_"
+	MetricPromptCacheHot    = "macfleet_agent_prompt_cache_hot_bytes"
+	MetricPromptCacheBudget = "macfleet_agent_prompt_cache_hot_budget_bytes"
+	MetricPromptCacheSSD    = "macfleet_agent_prompt_cache_ssd_bytes"
 )
+
+// promptCacheCounters are the per-model prompt cache counters exported as
+// macfleet_agent_prompt_cache_<name>_total.
+var promptCacheCounters = []struct {
+	name, help string
+	get        func(*PromptCacheStats) int64
+}{
+	{"saves", "States handed to the SSD tier (accepted).", func(s *PromptCacheStats) int64 { return s.Saves }},
+	{"saves_persisted", "States written to the SSD tier (renamed into place).", func(s *PromptCacheStats) int64 { return s.SavesPersisted }},
+	{"errors", "SSD tier writes that failed.", func(s *PromptCacheStats) int64 { return s.Errors }},
+	{"hits", "SSD tier lookups that found a state.", func(s *PromptCacheStats) int64 { return s.Hits }},
+	{"misses", "SSD tier lookups that found none (a corrupt or truncated file is a miss).", func(s *PromptCacheStats) int64 { return s.Misses }},
+	{"evictions", "SSD tier files evicted to stay within the quota.", func(s *PromptCacheStats) int64 { return s.Evictions }},
+	{"unlink_failures", "SSD tier files that could not be removed.", func(s *PromptCacheStats) int64 { return s.UnlinkFailures }},
+	{"inline_fallbacks", "SSD tier writes done inline because the write queue stayed full for 1s.", func(s *PromptCacheStats) int64 { return s.InlineFallbacks }},
+	{"hot_hits", "Hot tier lookups that found a state.", func(s *PromptCacheStats) int64 { return s.HotHits }},
+	{"hot_misses", "Hot tier lookups that found none.", func(s *PromptCacheStats) int64 { return s.HotMisses }},
+	{"hot_evictions", "Hot tier states evicted to stay within the budget.", func(s *PromptCacheStats) int64 { return s.HotEvictions }},
+	{"restores", "Cached states restored into a slot instead of a prefill.", func(s *PromptCacheStats) int64 { return s.Restores }},
+	{"restored_tokens", "Prompt tokens a restore spared from prefill.", func(s *PromptCacheStats) int64 { return s.RestoredTokens }},
+}
 
 var allStates = []State{StateAbsent, StateLoading, StateReady, StateDraining, StateStopping, StateUnloaded, StateFailed}
 
@@ -45,6 +73,8 @@ type Metrics struct {
 
 	ceiling, watermark, used, committed, level, evictions, freed, crashes *prometheus.Desc
 	state, leases, resident, reserved                                     *prometheus.Desc
+	pcCounters                                                            []*prometheus.Desc
+	pcHot, pcBudget, pcSSD                                                *prometheus.Desc
 }
 
 // NewMetrics subscribes to p's events and returns its collector.
@@ -83,6 +113,13 @@ func NewMetrics(p *Pool) *Metrics {
 		resident:  prometheus.NewDesc(MetricModelResident, "Each loaded model's runner footprint as measured from outside.", []string{"model"}, nil),
 		reserved:  prometheus.NewDesc(MetricModelReserved, "Each loaded model's reservation.", []string{"model"}, nil),
 	}
+	for _, c := range promptCacheCounters {
+		m.pcCounters = append(m.pcCounters, prometheus.NewDesc(MetricPromptCachePrefix+c.name+"_total",
+			"Prompt cache: "+c.help+" Counted by the model's current runner.", []string{"model"}, nil))
+	}
+	m.pcHot = prometheus.NewDesc(MetricPromptCacheHot, "Bytes the prompt cache hot tier of each model's runner holds.", []string{"model"}, nil)
+	m.pcBudget = prometheus.NewDesc(MetricPromptCacheBudget, "Each model's share of the agent's prompt cache hot budget, as its runner confirmed it.", []string{"model"}, nil)
+	m.pcSSD = prometheus.NewDesc(MetricPromptCacheSSD, "Bytes of each model's prompt cache SSD tier.", []string{"model"}, nil)
 	p.AddObserver(m)
 	return m
 }
@@ -126,7 +163,10 @@ func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 	m.unloadDuration.Describe(ch)
 	m.pressure.Describe(ch)
 	for _, d := range []*prometheus.Desc{m.ceiling, m.watermark, m.used, m.committed, m.level, m.evictions,
-		m.freed, m.crashes, m.state, m.leases, m.resident, m.reserved} {
+		m.freed, m.crashes, m.state, m.leases, m.resident, m.reserved, m.pcHot, m.pcBudget, m.pcSSD} {
+		ch <- d
+	}
+	for _, d := range m.pcCounters {
 		ch <- d
 	}
 }
@@ -167,5 +207,13 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 		gauge(m.leases, float64(ms.Leases), ms.Name)
 		gauge(m.resident, float64(ms.ResidentBytes), ms.Name)
 		gauge(m.reserved, float64(ms.ReservedBytes), ms.Name)
+		if pc := ms.PromptCache; pc != nil {
+			for i, c := range promptCacheCounters {
+				ch <- prometheus.MustNewConstMetric(m.pcCounters[i], prometheus.CounterValue, float64(c.get(pc)), ms.Name)
+			}
+			gauge(m.pcHot, float64(pc.HotBytes), ms.Name)
+			gauge(m.pcBudget, float64(max(pc.HotBudgetBytes, 0)), ms.Name)
+			gauge(m.pcSSD, float64(pc.SSDBytes), ms.Name)
+		}
 	}
 }

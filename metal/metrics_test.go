@@ -1,10 +1,13 @@
 package metal
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/macfleet/macfleet/runner/api"
 )
 
 func TestMetricsExportPoolStateAndEvents(t *testing.T) {
@@ -50,5 +53,62 @@ macfleet_agent_unloads_total{outcome="Settled",reason="eviction"} 1
 	}
 	if n := testutil.CollectAndCount(m, MetricModelState); n != 2*len(allStates) {
 		t.Fatalf("%d state series, want one per model and state", n)
+	}
+}
+
+// Each model's prompt cache counters and tier sizes are exported per model, from its
+// runner's report.
+func TestMetricsExportPromptCacheCounters(t *testing.T) {
+	h := newHarness(t, Config{PromptCacheHotBytes: gib})
+	m := NewMetrics(h.p)
+	h.registerCached("c", 1, OnDemand, 0)
+	h.register("off", 1, OnDemand)
+	h.load("c")
+	h.load("off")
+	r := h.f.last(t, "c")
+	r.mu.Lock()
+	r.ssd = &api.PromptCacheSSD{Saves: 7, SavesPersisted: 6, Errors: 1, Hits: 3, Misses: 4, Evictions: 5,
+		UnlinkFailures: 1, InlineFallbacks: 2, Bytes: 4096}
+	r.mu.Unlock()
+	h.p.poll() // pushes the share, reads the report
+	r.fillHot(1000)
+	h.p.RefreshPromptCacheStats()
+
+	if problems, err := testutil.CollectAndLint(m); err != nil || len(problems) > 0 {
+		t.Fatalf("lint: %v %+v", err, problems)
+	}
+	var want strings.Builder
+	for _, c := range []struct {
+		name string
+		v    int
+	}{{"saves", 7}, {"saves_persisted", 6}, {"errors", 1}, {"hits", 3}, {"misses", 4}, {"evictions", 5},
+		{"unlink_failures", 1}, {"inline_fallbacks", 2}} {
+		for _, pc := range promptCacheCounters {
+			if pc.name == c.name {
+				fmt.Fprintf(&want, "# HELP %s%s_total Prompt cache: %s Counted by the model's current runner.\n", MetricPromptCachePrefix, c.name, pc.help)
+			}
+		}
+		fmt.Fprintf(&want, "# TYPE %s%s_total counter\n%s%s_total{model=\"c\"} %d\n", MetricPromptCachePrefix, c.name, MetricPromptCachePrefix, c.name, c.v)
+	}
+	names := []string{}
+	for _, c := range []string{"saves", "saves_persisted", "errors", "hits", "misses", "evictions", "unlink_failures", "inline_fallbacks"} {
+		names = append(names, MetricPromptCachePrefix+c+"_total")
+	}
+	if err := testutil.CollectAndCompare(m, strings.NewReader(want.String()), names...); err != nil {
+		t.Fatal(err)
+	}
+	const gauges = `
+# HELP macfleet_agent_prompt_cache_hot_budget_bytes Each model's share of the agent's prompt cache hot budget, as its runner confirmed it.
+# TYPE macfleet_agent_prompt_cache_hot_budget_bytes gauge
+macfleet_agent_prompt_cache_hot_budget_bytes{model="c"} 1.073741824e+09
+# HELP macfleet_agent_prompt_cache_hot_bytes Bytes the prompt cache hot tier of each model's runner holds.
+# TYPE macfleet_agent_prompt_cache_hot_bytes gauge
+macfleet_agent_prompt_cache_hot_bytes{model="c"} 1000
+# HELP macfleet_agent_prompt_cache_ssd_bytes Bytes of each model's prompt cache SSD tier.
+# TYPE macfleet_agent_prompt_cache_ssd_bytes gauge
+macfleet_agent_prompt_cache_ssd_bytes{model="c"} 4096
+`
+	if err := testutil.CollectAndCompare(m, strings.NewReader(gauges), MetricPromptCacheBudget, MetricPromptCacheHot, MetricPromptCacheSSD); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -66,6 +66,10 @@ type Config struct {
 	// the runners of Ready models are left running for the next agent to adopt
 	// (ProcessConfig.StateDir). For an agent that restarts; `macfleet serve` unloads.
 	KeepRunnersOnExit bool
+	// PromptCacheHotBytes is the agent's prompt cache hot budget, shared among the
+	// runners whose model enables the cache (see hotcache.go): 0 means
+	// DefaultPromptCacheHotFraction of the ceiling, negative no hot tier.
+	PromptCacheHotBytes int64
 }
 
 func (c Config) withDefaults() Config {
@@ -173,6 +177,9 @@ type Pool struct {
 	level          PressureLevel
 	overCeilingRun int
 	lastPoll       time.Time
+	// hotShrunk: hard pressure took every hot tier to zero; they stay there until
+	// pressure is ok again.
+	hotShrunk bool
 	// Counters.
 	loads, loadFailures, crashes, unloads, evictions int64
 	freedTotal                                       int64

@@ -23,6 +23,8 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+
+	"github.com/macfleet/macfleet/runner/api"
 )
 
 // ProcessConfig configures the runner processes a ProcessFactory starts.
@@ -66,6 +68,14 @@ type ProcessConfig struct {
 	// runner whose fingerprint matches and which proves to be the recorded process;
 	// StopUnclaimed stops the recorded runners nobody adopted.
 	StateDir string
+	// PromptCacheDir is the root of the prompt cache's SSD tier: each runner with
+	// the SSD tier keeps its states in a directory of its own below it, named by the
+	// model file (see PromptCacheModelID). Empty: no SSD tier.
+	PromptCacheDir string
+	// PromptCacheSSDBytes is each runner's SSD quota, and the most a model's own
+	// (ModelSpec.PromptCache.SSDBytes) may ask for; 0 means no SSD tier.
+	PromptCacheSSDBytes int64
+
 	// OrphanTimeout is passed as --orphan-timeout to detached runners: one that
 	// receives no request at all for this long (the pool contacts every runner at
 	// least every PollIdle, 10s) exits by itself. Default 5m; negative disables it.
@@ -223,6 +233,9 @@ type ProcessFactory struct {
 	// or is stopping, so no record is ever taken twice.
 	claimMu sync.Mutex
 	claimed map[string]bool
+	// cacheDirs are the prompt cache directories of the runners of this factory
+	// (guarded by claimMu).
+	cacheDirs map[string]bool
 }
 
 var _ RunnerFactory = (*ProcessFactory)(nil)
@@ -238,7 +251,7 @@ func NewProcessFactory(cfg ProcessConfig) *ProcessFactory {
 	if cfg.OrphanTimeout == 0 {
 		cfg.OrphanTimeout = DefaultOrphanTimeout
 	}
-	return &ProcessFactory{cfg: cfg, claimed: map[string]bool{}}
+	return &ProcessFactory{cfg: cfg, claimed: map[string]bool{}, cacheDirs: map[string]bool{}}
 }
 
 // Start execs a runner for spec in a new process group and returns once it listens
@@ -259,7 +272,14 @@ func (f *ProcessFactory) Start(ctx context.Context, spec ModelSpec, ceilingBytes
 	if log.GetSink() == nil {
 		log = logr.FromContextOrDiscard(ctx)
 	}
-	engineArgs := f.engineArgs(spec, ceilingBytes)
+	cacheDir := f.claimCacheDir(spec)
+	handedDir := false
+	defer func() {
+		if !handedDir {
+			f.releaseCacheDir(cacheDir)
+		}
+	}()
+	engineArgs := append(f.engineArgs(spec, ceilingBytes), f.promptCacheArgs(spec, cacheDir)...)
 	var rec *runnerRecord
 	if f.cfg.StateDir != "" {
 		fp, err := f.fingerprint(path, spec, engineArgs)
@@ -267,6 +287,7 @@ func (f *ProcessFactory) Start(ctx context.Context, spec ModelSpec, ceilingBytes
 			return nil, startErr(err)
 		}
 		if r := f.adopt(ctx, spec, fp, log); r != nil {
+			handedDir = r.setCacheDir(cacheDir)
 			return r, nil
 		}
 		if rec, err = f.newRecord(spec.Name, fp, ceilingBytes); err != nil {
@@ -354,6 +375,7 @@ func (f *ProcessFactory) Start(ctx context.Context, spec ModelSpec, ceilingBytes
 
 	r := f.newRunner(spec.Name, cmd.Process.Pid, dir, log)
 	r.cmd = cmd
+	handedDir = r.setCacheDir(cacheDir)
 	listening := make(chan listenEvent, 1)
 	stdoutEOF := make(chan struct{})
 	if rec != nil {
@@ -550,6 +572,21 @@ type ProcessRunner struct {
 	// handedOff: Detach let go of the process; it is left running and never
 	// signalled, and its record stays for the next agent.
 	handedOff bool
+	// cacheDir is the prompt cache directory the runner holds (see claimCacheDir);
+	// released once it is reaped or detached.
+	cacheDir string
+}
+
+// setCacheDir hands the runner its claimed prompt cache directory. It reports false
+// when the runner is already gone (the caller keeps the claim and releases it).
+func (r *ProcessRunner) setCacheDir(dir string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.reaped || r.handedOff {
+		return false
+	}
+	r.cacheDir = dir
+	return true
 }
 
 var _ Runner = (*ProcessRunner)(nil)
@@ -649,7 +686,10 @@ func (r *ProcessRunner) reap() {
 		r.state = r.cmd.ProcessState
 	}
 	handedOff := r.handedOff
+	cacheDir := r.cacheDir
+	r.cacheDir = ""
 	r.mu.Unlock()
+	r.factory.releaseCacheDir(cacheDir)
 	close(r.gone)
 	// Let the output reader catch what the runner wrote just before dying, without
 	// waiting on a grandchild that may still hold the pipe.
@@ -863,6 +903,13 @@ func (r *ProcessRunner) Abort(ctx context.Context) (int, error) {
 func (r *ProcessRunner) ClearCache(ctx context.Context) (CacheClearResult, error) {
 	var out CacheClearResult
 	err := r.call(ctx, http.MethodPost, "/cache/clear", struct{}{}, &out)
+	return out, err
+}
+
+// SetCacheBudget is POST /cache/budget.
+func (r *ProcessRunner) SetCacheBudget(ctx context.Context, b api.CacheBudget) (api.CacheBudgetResult, error) {
+	var out api.CacheBudgetResult
+	err := r.call(ctx, http.MethodPost, "/cache/budget", b, &out)
 	return out, err
 }
 

@@ -61,6 +61,9 @@ type ModelSnapshot struct {
 	FailureReason  string        `json:"failureReason,omitempty"`
 	RetryAt        time.Time     `json:"retryAt,omitzero"`
 	LastError      string        `json:"lastError,omitempty"`
+	// PromptCache is the latest prompt cache report of the model's runner (kept
+	// after an unload); absent when its cache is disabled or it never reported.
+	PromptCache *PromptCacheStats `json:"promptCache,omitempty"`
 }
 
 // Snapshot returns the pool's state. Models are sorted by name.
@@ -95,6 +98,15 @@ func (p *Pool) Snapshot() Snapshot {
 			r := *e.lastUnload
 			m.LastUnload = &r
 		}
+		if c := e.lastCache; c != nil {
+			pc := *c
+			if g := e.eng; g != nil {
+				pc.HotShareBytes = g.hotShare
+			} else {
+				pc.HotShareBytes = 0
+			}
+			m.PromptCache = &pc
+		}
 		if g := e.eng; g != nil {
 			loaded := g.spec
 			loaded.Aliases = slices.Clone(g.spec.Aliases)
@@ -119,15 +131,16 @@ func needsRestart(a, b ModelSpec) bool {
 // of any of them needs a new runner. The process factory fingerprints it to decide
 // whether a recorded runner may be adopted.
 type engineIdentity struct {
-	Path           string    `json:"path"`
-	ContextLength  int       `json:"contextLength"`
-	Parallel       int       `json:"parallel"`
-	KVCacheType    string    `json:"kvCacheType"`
-	EstimatedBytes int64     `json:"estimatedBytes"`
-	Dims           ModelDims `json:"dims"`
+	Path           string          `json:"path"`
+	ContextLength  int             `json:"contextLength"`
+	Parallel       int             `json:"parallel"`
+	KVCacheType    string          `json:"kvCacheType"`
+	EstimatedBytes int64           `json:"estimatedBytes"`
+	Dims           ModelDims       `json:"dims"`
+	PromptCache    PromptCacheSpec `json:"promptCache"`
 }
 
 func engineIdentityOf(s ModelSpec) engineIdentity {
 	return engineIdentity{Path: s.Path, ContextLength: s.ContextLength, Parallel: s.Parallel,
-		KVCacheType: s.KVCacheType, EstimatedBytes: s.EstimatedBytes, Dims: s.Dims}
+		KVCacheType: s.KVCacheType, EstimatedBytes: s.EstimatedBytes, Dims: s.Dims, PromptCache: s.PromptCache}
 }

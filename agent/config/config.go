@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
@@ -25,6 +26,9 @@ const (
 	DefaultMaxBodyBytes = 16 << 20
 	// MaxModelNameLength bounds model names and aliases.
 	MaxModelNameLength = 128
+	// DefaultPromptCacheSSDBytes is each model's prompt cache SSD quota when the
+	// agent sets none.
+	DefaultPromptCacheSSDBytes = 10 << 30
 )
 
 // Residency values (the same strings as metal.Residency).
@@ -61,6 +65,17 @@ type Config struct {
 	IdleTimeout Duration `json:"idleTimeout,omitempty"`
 	// MaxBodyBytes bounds request bodies (0: 16 MiB).
 	MaxBodyBytes Size `json:"maxBodyBytes,omitempty"`
+	// PromptCacheDir is the root of the prompt cache's SSD tier: each model's runner
+	// keeps its states in a directory below it named by the model file, so a
+	// restarted agent finds them again. Empty: no SSD tier (`macfleet serve` defaults
+	// it to the agent's data directory).
+	PromptCacheDir string `json:"promptCacheDir,omitempty"`
+	// PromptCacheHotBytes is the prompt cache hot (memory) budget shared by all
+	// runners (unset: a tenth of the memory ceiling; 0: no hot tier).
+	PromptCacheHotBytes *Size `json:"promptCacheHotBytes,omitempty"`
+	// PromptCacheSSDBytes is each model's SSD quota and the most a model may ask for
+	// (unset: DefaultPromptCacheSSDBytes; 0: no SSD tier).
+	PromptCacheSSDBytes *Size `json:"promptCacheSSDBytes,omitempty"`
 	// Models are the models served, in order.
 	Models []Model `json:"models,omitempty"`
 }
@@ -86,7 +101,25 @@ type Model struct {
 	IdleTimeout Duration `json:"idleTimeout,omitempty"`
 	// Memory overrides the memory estimate read from the GGUF header.
 	Memory Size `json:"memory,omitempty"`
+	// PromptCache configures the model's prompt cache (unset: enabled with the
+	// agent's settings).
+	PromptCache *PromptCache `json:"promptCache,omitempty"`
 }
+
+// PromptCache is one model's prompt cache settings. The agent's settings bound them.
+type PromptCache struct {
+	// Enabled turns the prompt cache on or off (unset: on).
+	Enabled *bool `json:"enabled,omitempty"`
+	// HotBytes caps the model's share of the agent's hot budget (unset: no cap of
+	// its own; 0: no hot tier).
+	HotBytes *Size `json:"hotBytes,omitempty"`
+	// SSDBytes is the model's SSD quota, at most the agent's (unset: the agent's;
+	// 0: no SSD tier).
+	SSDBytes *Size `json:"ssdBytes,omitempty"`
+}
+
+// IsEnabled says whether the cache is on (it is unless set off).
+func (p *PromptCache) IsEnabled() bool { return p == nil || p.Enabled == nil || *p.Enabled }
 
 // Size is a byte count written as a Kubernetes quantity or a plain integer.
 type Size int64
@@ -178,13 +211,14 @@ func Load(path string) (Config, error) {
 //	NAME=PATH[:key=value,key=value...]
 //
 // with keys ctx (context length), parallel, residency, idle (idle timeout), memory
-// (estimate override), kv (KV cache type) and alias (repeatable, or several joined
-// with "|"). The options suffix is recognised only when everything after the last
+// (estimate override), kv (KV cache type), alias (repeatable, or several joined
+// with "|"), cache (on or off: the prompt cache), hot (its hot budget cap) and ssd
+// (its SSD quota). The options suffix is recognised only when everything after the last
 // ":" is a list of known keys, so a path containing ":" still works.
 func ParseModelFlag(s string) (Model, error) {
 	name, rest, ok := strings.Cut(s, "=")
 	if !ok || name == "" || rest == "" {
-		return Model{}, fmt.Errorf("--model %q: want NAME=PATH[:ctx=N,parallel=N,residency=R,idle=D,memory=SIZE,kv=T,alias=A]", s)
+		return Model{}, fmt.Errorf("--model %q: want NAME=PATH[:ctx=N,parallel=N,residency=R,idle=D,memory=SIZE,kv=T,alias=A,cache=on|off,hot=SIZE,ssd=SIZE]", s)
 	}
 	m := Model{Name: name, Path: rest}
 	i := strings.LastIndexByte(rest, ':')
@@ -212,6 +246,24 @@ func ParseModelFlag(s string) (Model, error) {
 			m.KVCacheType = v
 		case "alias":
 			m.Aliases = append(m.Aliases, strings.Split(v, "|")...)
+		case "cache":
+			var on bool
+			switch strings.ToLower(v) {
+			case "on", "true", "yes":
+				on = true
+			case "off", "false", "no":
+			default:
+				err = fmt.Errorf("%q is not on or off", v)
+			}
+			m.promptCache().Enabled = &on
+		case "hot":
+			var sz Size
+			sz, err = ParseSize(v)
+			m.promptCache().HotBytes = &sz
+		case "ssd":
+			var sz Size
+			sz, err = ParseSize(v)
+			m.promptCache().SSDBytes = &sz
 		}
 		if err != nil {
 			return Model{}, fmt.Errorf("--model %q: option %s: %w", s, k, err)
@@ -220,7 +272,15 @@ func ParseModelFlag(s string) (Model, error) {
 	return m, nil
 }
 
-var optionKeys = []string{"ctx", "context", "parallel", "residency", "idle", "idleTimeout", "memory", "kv", "kvCacheType", "alias"}
+var optionKeys = []string{"ctx", "context", "parallel", "residency", "idle", "idleTimeout", "memory", "kv", "kvCacheType", "alias",
+	"cache", "hot", "ssd"}
+
+func (m *Model) promptCache() *PromptCache {
+	if m.PromptCache == nil {
+		m.PromptCache = &PromptCache{}
+	}
+	return m.PromptCache
+}
 
 func isOptionList(s string) bool {
 	if s == "" {
@@ -275,6 +335,15 @@ func (c Config) Merge(over Config) Config {
 	if over.MaxBodyBytes != 0 {
 		c.MaxBodyBytes = over.MaxBodyBytes
 	}
+	if over.PromptCacheDir != "" {
+		c.PromptCacheDir = over.PromptCacheDir
+	}
+	if over.PromptCacheHotBytes != nil {
+		c.PromptCacheHotBytes = over.PromptCacheHotBytes
+	}
+	if over.PromptCacheSSDBytes != nil {
+		c.PromptCacheSSDBytes = over.PromptCacheSSDBytes
+	}
 	c.Models = append(slices.Clone(c.Models), over.Models...)
 	return c
 }
@@ -289,6 +358,13 @@ func (c Config) Complete() (Config, error) {
 		c.MaxBodyBytes = DefaultMaxBodyBytes
 	}
 	var errs []error
+	if c.PromptCacheDir != "" {
+		if abs, err := filepath.Abs(c.PromptCacheDir); err != nil {
+			errs = append(errs, fmt.Errorf("promptCacheDir: %w", err))
+		} else {
+			c.PromptCacheDir = abs
+		}
+	}
 	if c.APIKeyFile != "" {
 		b, err := os.ReadFile(c.APIKeyFile)
 		if err != nil {
@@ -414,6 +490,9 @@ func (c Config) validate() []error {
 		}
 		if m.IdleTimeout != 0 && m.Residency != ResidencyOnDemand {
 			add("%s.idleTimeout: only OnDemand models expire (this one is %s)", f, m.Residency)
+		}
+		if pc := m.PromptCache; pc != nil && !pc.IsEnabled() && (pc.HotBytes != nil || pc.SSDBytes != nil) {
+			add("%s.promptCache: hotBytes and ssdBytes need the prompt cache enabled (remove them or enable it)", f)
 		}
 	}
 	return errs

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"k8s.io/utils/ptr"
 )
 
 func TestParseSize(t *testing.T) {
@@ -63,6 +64,12 @@ func TestParseModelFlag(t *testing.T) {
 		{in: "=x.gguf", wantErr: "want NAME=PATH"},
 		{in: "q=/m/q.gguf:ctx=lots", wantErr: "option ctx"},
 		{in: "q=/m/q.gguf:memory=big", wantErr: "option memory"},
+		{in: "c=/m/c.gguf:cache=off", want: Model{Name: "c", Path: "/m/c.gguf", PromptCache: &PromptCache{Enabled: ptr.To(false)}}},
+		{in: "c=/m/c.gguf:ctx=64,cache=on,hot=512Mi,ssd=20Gi", want: Model{Name: "c", Path: "/m/c.gguf", ContextLength: 64,
+			PromptCache: &PromptCache{Enabled: ptr.To(true), HotBytes: ptr.To(Size(512 << 20)), SSDBytes: ptr.To(Size(20 << 30))}}},
+		{in: "c=/m/c.gguf:hot=0", want: Model{Name: "c", Path: "/m/c.gguf", PromptCache: &PromptCache{HotBytes: ptr.To(Size(0))}}},
+		{in: "c=/m/c.gguf:cache=maybe", wantErr: `option cache: "maybe" is not on or off`},
+		{in: "c=/m/c.gguf:ssd=lots", wantErr: "option ssd"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.in, func(t *testing.T) {
@@ -102,6 +109,9 @@ listen: 127.0.0.1:9000
 apiKeyFile: ` + keyFile + `
 memoryCeiling: 12Gi
 idleTimeout: 10m
+promptCacheDir: ` + dir + `/cache
+promptCacheHotBytes: 2Gi
+promptCacheSSDBytes: 50Gi
 models:
   - name: qwen
     path: ` + model + `
@@ -109,6 +119,7 @@ models:
     parallel: 4
     residency: resident
     aliases: [q]
+    promptCache: {hotBytes: 1Gi, ssdBytes: 5Gi}
 `
 	if err := os.WriteFile(file, []byte(yamlText), 0o644); err != nil {
 		t.Fatal(err)
@@ -117,7 +128,8 @@ models:
 	if err != nil {
 		t.Fatal(err)
 	}
-	flags := Config{Listen: "127.0.0.1:0", MemoryCeiling: 8 << 30, RunnerThreads: 2, Models: []Model{{Name: "embed", Path: other}}}
+	flags := Config{Listen: "127.0.0.1:0", MemoryCeiling: 8 << 30, RunnerThreads: 2, PromptCacheSSDBytes: ptr.To(Size(0)),
+		Models: []Model{{Name: "embed", Path: other, PromptCache: &PromptCache{Enabled: ptr.To(false)}}}}
 	got, err := fromFile.Merge(flags).Complete()
 	if err != nil {
 		t.Fatal(err)
@@ -125,10 +137,13 @@ models:
 	want := Config{
 		Listen: "127.0.0.1:0", APIKey: "s3cret", APIKeyFile: keyFile, MemoryCeiling: 8 << 30, RunnerThreads: 2,
 		IdleTimeout: Duration(10 * time.Minute), MaxBodyBytes: DefaultMaxBodyBytes,
+		PromptCacheDir: filepath.Join(dir, "cache"), PromptCacheHotBytes: ptr.To(Size(2 << 30)), PromptCacheSSDBytes: ptr.To(Size(0)),
 		Models: []Model{
 			{Name: "qwen", Aliases: []string{"q"}, Path: model, ContextLength: 8192, Parallel: 4,
-				KVCacheType: "f16", Residency: ResidencyResident},
-			{Name: "embed", Path: other, KVCacheType: "f16", Residency: ResidencyOnDemand},
+				KVCacheType: "f16", Residency: ResidencyResident,
+				PromptCache: &PromptCache{HotBytes: ptr.To(Size(1 << 30)), SSDBytes: ptr.To(Size(5 << 30))}},
+			{Name: "embed", Path: other, KVCacheType: "f16", Residency: ResidencyOnDemand,
+				PromptCache: &PromptCache{Enabled: ptr.To(false)}},
 		},
 	}
 	if d := cmp.Diff(want, got); d != "" {
@@ -198,6 +213,12 @@ func TestCompleteReportsEveryProblem(t *testing.T) {
 			name: "ceiling too small and tiny slots",
 			cfg:  Config{MemoryCeiling: 1 << 20, Models: []Model{{Name: "a", Path: model, ContextLength: 8, Parallel: 4}}},
 			want: []string{"memoryCeiling: 1Mi is too small", "fewer than 16 tokens"},
+		},
+		{
+			name: "prompt cache sizes with the cache off",
+			cfg: Config{Models: []Model{{Name: "a", Path: model,
+				PromptCache: &PromptCache{Enabled: ptr.To(false), HotBytes: ptr.To(Size(1 << 30))}}}},
+			want: []string{"models[0] (a).promptCache: hotBytes and ssdBytes need the prompt cache enabled"},
 		},
 	}
 	for _, tt := range tests {

@@ -10,7 +10,8 @@ import (
 )
 
 // StatusResponse is the body of GET /api/status: the pool's snapshot (per model: state,
-// leases, active requests, estimated and resident bytes, last unload report; pool:
+// leases, active requests, estimated and resident bytes, last unload report, prompt
+// cache counters and hot-tier share; pool:
 // ceiling and what binds it, watermarks, usage, committed, pressure) and the agent's
 // readiness.
 type StatusResponse struct {
@@ -19,6 +20,8 @@ type StatusResponse struct {
 }
 
 func (s *Server) handleStatus(w http.ResponseWriter, _ *http.Request) {
+	// The prompt cache counters are read from the runners now, not at the last poll.
+	s.pool.RefreshPromptCacheStats()
 	writeJSON(w, http.StatusOK, StatusResponse{Ready: s.ready.Load(), Snapshot: s.pool.Snapshot()})
 }
 
@@ -144,7 +147,11 @@ func (s *Server) handleUnload(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// CacheClearResponse is the body of POST /api/cache/clear, summed over every runner.
+// CacheClearResponse is the body of POST /api/cache/clear, summed over every runner:
+// every runner still running — a model being unloaded included — drops its idle slots'
+// prompt prefixes and its prompt cache hot tier (the SSD tier stays). BytesReclaimed is
+// the drop of the runners' footprints measured from outside, EntriesCleared what the
+// runners report they dropped.
 type CacheClearResponse struct {
 	BytesReclaimed int64                    `json:"bytes_reclaimed"`
 	EntriesCleared int                      `json:"entries_cleared"`

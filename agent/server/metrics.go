@@ -75,7 +75,12 @@ func (m *metrics) observeGeneration(model string, n int, d time.Duration, stream
 }
 
 func (s *Server) metricsHandler() http.Handler {
-	return promhttp.HandlerFor(s.opts.Gatherer, promhttp.HandlerOpts{})
+	h := promhttp.HandlerFor(s.opts.Gatherer, promhttp.HandlerOpts{})
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// The prompt cache counters are read from the runners at scrape time.
+		s.pool.RefreshPromptCacheStats()
+		h.ServeHTTP(w, r)
+	})
 }
 
 // reqInfo follows one OpenAI request for its metrics and log line.

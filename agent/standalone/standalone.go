@@ -77,11 +77,53 @@ func BuildSpec(ctx context.Context, m config.Model) (metal.ModelSpec, error) {
 		EstimatedBytes: est.Total,
 		Dims: metal.ModelDims{Layers: int(est.Dims.Layers), Embedding: int(est.Dims.Embd), Heads: int(est.Dims.Heads),
 			KVHeads: int(est.Dims.KVHeads), Vocab: int(est.Dims.Vocab), KVTypeSize: kvTypeSize(m.KVCacheType)},
+		PromptCache: PromptCacheSpec(m.PromptCache),
 	}
 	if m.Memory > 0 {
 		spec.EstimatedBytes = int64(m.Memory)
 	}
 	return spec, nil
+}
+
+// PromptCacheSpec is the pool's form of a model's prompt cache settings: unset means
+// enabled with the agent's settings; a size of 0 turns that tier off.
+func PromptCacheSpec(pc *config.PromptCache) metal.PromptCacheSpec {
+	out := metal.PromptCacheSpec{Enabled: pc.IsEnabled()}
+	if pc == nil || !out.Enabled {
+		return out
+	}
+	tier := func(s *config.Size) int64 {
+		switch {
+		case s == nil:
+			return 0
+		case *s == 0:
+			return -1
+		}
+		return int64(*s)
+	}
+	out.HotBytes, out.SSDBytes = tier(pc.HotBytes), tier(pc.SSDBytes)
+	return out
+}
+
+// PromptCacheHotBytes is the pool's form (metal.Config.PromptCacheHotBytes) of the
+// agent's hot budget: unset is the default fraction of the ceiling, 0 none.
+func PromptCacheHotBytes(s *config.Size) int64 {
+	switch {
+	case s == nil:
+		return 0
+	case *s == 0:
+		return -1
+	}
+	return int64(*s)
+}
+
+// PromptCacheSSDBytes is the factory's form (metal.ProcessConfig.PromptCacheSSDBytes)
+// of the agent's per-model SSD quota: unset is config.DefaultPromptCacheSSDBytes.
+func PromptCacheSSDBytes(s *config.Size) int64 {
+	if s == nil {
+		return config.DefaultPromptCacheSSDBytes
+	}
+	return int64(*s)
 }
 
 // kvTypeSize is the bytes per KV element of a cache type (block sizes for quantized ones).
@@ -123,8 +165,10 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 	}
 
 	factory := metal.NewProcessFactory(metal.ProcessConfig{RunnerPath: runnerPath, Threads: cfg.RunnerThreads,
-		Log: log.WithName("runner"), Output: opts.RunnerOutput})
+		Log: log.WithName("runner"), Output: opts.RunnerOutput,
+		PromptCacheDir: cfg.PromptCacheDir, PromptCacheSSDBytes: PromptCacheSSDBytes(cfg.PromptCacheSSDBytes)})
 	pcfg := opts.Pool
+	pcfg.PromptCacheHotBytes = PromptCacheHotBytes(cfg.PromptCacheHotBytes)
 	pcfg.CeilingBytes = int64(cfg.MemoryCeiling)
 	pcfg.ReserveBytes = int64(cfg.MemoryReserve)
 	if cfg.IdleTimeout != 0 {
@@ -141,11 +185,14 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 			return err
 		}
 		log.Info("Model registered", "model", spec.Name, "path", spec.Path, "residency", spec.Residency,
-			"contextLength", spec.ContextLength, "parallel", spec.Parallel, "estimatedBytes", spec.EstimatedBytes)
+			"contextLength", spec.ContextLength, "parallel", spec.Parallel, "estimatedBytes", spec.EstimatedBytes,
+			"promptCache", spec.PromptCache.Enabled)
 	}
 	c := pool.Ceiling()
 	log.Info("Memory ceiling", "bytes", c.Bytes, "bound", c.Bound, "softBytes", c.SoftBytes, "hardBytes", c.HardBytes,
 		"detail", c.Describe())
+	log.Info("Prompt cache", "ssdDir", cfg.PromptCacheDir, "ssdBytesPerModel", PromptCacheSSDBytes(cfg.PromptCacheSSDBytes),
+		"hotBytes", pool.PromptCacheHotBudget())
 
 	srv, err := server.New(pool, server.Options{APIKey: cfg.APIKey, MaxBodyBytes: int64(cfg.MaxBodyBytes),
 		Log: log.WithName("http")})

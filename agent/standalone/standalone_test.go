@@ -19,6 +19,7 @@ import (
 
 	"github.com/go-logr/logr/funcr"
 	"github.com/google/go-cmp/cmp"
+	"k8s.io/utils/ptr"
 
 	"github.com/macfleet/macfleet/agent/config"
 	"github.com/macfleet/macfleet/agent/server"
@@ -52,7 +53,7 @@ func TestBuildSpec(t *testing.T) {
 			name: "training context per slot",
 			in:   config.Model{Name: "t", Path: path, Parallel: 2, KVCacheType: "f16", Residency: "Pinned"},
 			want: metal.ModelSpec{Name: "t", Path: path, ContextLength: 2 * tiny.Ctx, Parallel: 2, KVCacheType: "f16",
-				Residency: metal.Pinned, Dims: dims},
+				Residency: metal.Pinned, Dims: dims, PromptCache: metal.PromptCacheSpec{Enabled: true}},
 			estimated: true,
 		},
 		{
@@ -62,7 +63,23 @@ func TestBuildSpec(t *testing.T) {
 			want: metal.ModelSpec{Name: "t", Aliases: []string{"a"}, Path: path, ContextLength: 1024, Parallel: 1,
 				KVCacheType: "q8_0", Residency: metal.OnDemand, IdleTimeout: time.Minute, EstimatedBytes: 3 << 20,
 				Dims: metal.ModelDims{Layers: dims.Layers, Embedding: dims.Embedding, Heads: dims.Heads,
-					KVHeads: dims.KVHeads, Vocab: dims.Vocab, KVTypeSize: 34.0 / 32}},
+					KVHeads: dims.KVHeads, Vocab: dims.Vocab, KVTypeSize: 34.0 / 32},
+				PromptCache: metal.PromptCacheSpec{Enabled: true}},
+		},
+		{
+			name: "prompt cache capped, without an SSD tier",
+			in: config.Model{Name: "t", Path: path, ContextLength: 512, KVCacheType: "f16", Residency: "OnDemand", Memory: 1 << 20,
+				PromptCache: &config.PromptCache{HotBytes: ptr.To(config.Size(64 << 20)), SSDBytes: ptr.To(config.Size(0))}},
+			want: metal.ModelSpec{Name: "t", Path: path, ContextLength: 512, Parallel: 1, KVCacheType: "f16",
+				Residency: metal.OnDemand, EstimatedBytes: 1 << 20, Dims: dims,
+				PromptCache: metal.PromptCacheSpec{Enabled: true, HotBytes: 64 << 20, SSDBytes: -1}},
+		},
+		{
+			name: "prompt cache off",
+			in: config.Model{Name: "t", Path: path, ContextLength: 512, KVCacheType: "f16", Residency: "OnDemand", Memory: 1 << 20,
+				PromptCache: &config.PromptCache{Enabled: ptr.To(false)}},
+			want: metal.ModelSpec{Name: "t", Path: path, ContextLength: 512, Parallel: 1, KVCacheType: "f16",
+				Residency: metal.OnDemand, EstimatedBytes: 1 << 20, Dims: dims},
 		},
 	}
 	for _, tt := range tests {

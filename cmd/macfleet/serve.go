@@ -23,6 +23,7 @@ func newServeCommand() *cobra.Command {
 		models                 []string
 		flags                  config.Config
 		ceiling, reserve, body string
+		pcHot, pcSSD           string
 		idle                   time.Duration
 		verbosity              int
 		runnerOutput           bool
@@ -36,9 +37,15 @@ func newServeCommand() *cobra.Command {
 			"the --config file; --model adds models to it.\n\n" +
 			"--model options after the path: ctx (context per sequence; the engine holds ctx × parallel tokens), parallel (slots), residency " +
 			"(OnDemand, Resident, Pinned), idle (idle timeout), memory (estimate override, e.g. 2Gi), " +
-			"kv (f16, q8_0, q4_0), alias (another name; repeat or join with |).",
+			"kv (f16, q8_0, q4_0), alias (another name; repeat or join with |), cache (on or off: the prompt cache, " +
+			"on by default), hot (cap of the model's share of the hot budget; 0: no hot tier), ssd (the model's " +
+			"SSD quota, at most --prompt-cache-ssd-bytes; 0: no SSD tier).\n\n" +
+			"The prompt cache keeps the KV state of recent conversations so the next turn restores it instead of " +
+			"prefilling it again: in memory (the hot tier, one budget shared by all models) and on disk under " +
+			"--prompt-cache-dir (the SSD tier, one directory per model file, kept across restarts).",
 		Example: "  macfleet serve --model qwen=/models/qwen2.5-7b-q4_k_m.gguf\n" +
 			"  macfleet serve --model qwen=/m/q.gguf:ctx=16384,parallel=4,residency=Pinned --memory-ceiling 12Gi\n" +
+			"  macfleet serve --model qwen=/m/q.gguf:hot=2Gi,ssd=20Gi --prompt-cache-hot-bytes 4Gi\n" +
 			"  macfleet serve --config agent.yaml --api-key \"$KEY\"",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -71,8 +78,26 @@ func newServeCommand() *cobra.Command {
 				}
 				*f.dst = v
 			}
+			for _, f := range []struct {
+				name string
+				in   string
+				dst  **config.Size
+			}{{"prompt-cache-hot-bytes", pcHot, &flags.PromptCacheHotBytes}, {"prompt-cache-ssd-bytes", pcSSD, &flags.PromptCacheSSDBytes}} {
+				if f.in == "" {
+					continue
+				}
+				v, err := config.ParseSize(f.in)
+				if err != nil {
+					return fmt.Errorf("--%s: %w", f.name, err)
+				}
+				*f.dst = &v
+			}
 			flags.IdleTimeout = config.Duration(idle)
-			cfg, err := cfg.Merge(flags).Complete()
+			cfg = cfg.Merge(flags)
+			if cfg.PromptCacheDir == "" {
+				cfg.PromptCacheDir = defaultDataDir("prompt-cache")
+			}
+			cfg, err := cfg.Complete()
 			if err != nil {
 				return err
 			}
@@ -93,8 +118,9 @@ func newServeCommand() *cobra.Command {
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&configFile, "config", "", "YAML configuration file (listen, apiKey, memoryCeiling, models: [{name, path, contextLength, parallel, residency, idleTimeout, memory, aliases}])")
-	f.StringArrayVar(&models, "model", nil, "a model to serve: NAME=PATH[:ctx=N,parallel=N,residency=OnDemand|Resident|Pinned,idle=D,memory=SIZE,kv=T,alias=A] (repeatable)")
+	f.StringVar(&configFile, "config", "", "YAML configuration file (listen, apiKey, memoryCeiling, promptCacheDir, promptCacheHotBytes, promptCacheSSDBytes, "+
+		"models: [{name, path, contextLength, parallel, residency, idleTimeout, memory, aliases, promptCache: {enabled, hotBytes, ssdBytes}}])")
+	f.StringArrayVar(&models, "model", nil, "a model to serve: NAME=PATH[:ctx=N,parallel=N,residency=OnDemand|Resident|Pinned,idle=D,memory=SIZE,kv=T,alias=A,cache=on|off,hot=SIZE,ssd=SIZE] (repeatable)")
 	f.StringVar(&flags.Listen, "listen", "", "address of the API (default "+config.DefaultListen+")")
 	f.StringVar(&ceiling, "memory-ceiling", "", "cap the memory of all models together, e.g. 12Gi (default: the machine's ceiling)")
 	f.StringVar(&reserve, "memory-reserve", "", "memory left to the OS below the machine's ceiling (default 4Gi below 24Gi of RAM, else 6Gi)")
@@ -104,6 +130,10 @@ func newServeCommand() *cobra.Command {
 	f.IntVar(&flags.RunnerThreads, "runner-threads", 0, "CPU threads of each runner (default: the runner chooses)")
 	f.DurationVar(&idle, "idle-timeout", 0, "unload OnDemand models idle this long (default 5m)")
 	f.StringVar(&body, "max-body", "", "request body limit (default 16Mi)")
+	f.StringVar(&flags.PromptCacheDir, "prompt-cache-dir", "", "directory of the prompt cache's SSD tier, one subdirectory per model file (default "+
+		defaultDataDir("prompt-cache")+")")
+	f.StringVar(&pcHot, "prompt-cache-hot-bytes", "", "prompt cache memory (hot tier) shared by all models, e.g. 4Gi; 0 turns the hot tier off (default: a tenth of the memory ceiling)")
+	f.StringVar(&pcSSD, "prompt-cache-ssd-bytes", "", "prompt cache SSD quota of each model, and the most a model's ssd= may set; 0 turns the SSD tier off (default 10Gi)")
 	f.IntVarP(&verbosity, "verbosity", "v", 0, "log verbosity (1: runner output and more, 2: every request)")
 	f.BoolVar(&runnerOutput, "runner-output", false, "copy every runner's output to stderr, prefixed with its model")
 	return cmd

@@ -112,6 +112,39 @@ type EngineSpec struct {
 	// +optional
 	// +kubebuilder:default=f16
 	KVCacheType KVCacheType `json:"kvCacheType,omitempty"`
+
+	// promptCache configures the prompt cache of the replicas' runners: the KV state
+	// of recent conversations, kept in memory (the hot tier, a share of the Mac's hot
+	// budget) and on the Mac's disk (the SSD tier, kept across agent restarts), so the
+	// next turn of a conversation restores its prefix instead of prefilling it again.
+	// Unset: enabled, with the agent's settings.
+	// +optional
+	PromptCache *PromptCacheSpec `json:"promptCache,omitempty"`
+}
+
+// PromptCacheSpec is a deployment's prompt cache settings. The agent's own settings
+// (--prompt-cache-hot-bytes, --prompt-cache-ssd-bytes) bound them: a deployment can
+// narrow what a Mac allows, never widen it.
+//
+// +kubebuilder:validation:XValidation:rule="!has(self.enabled) || self.enabled || (!has(self.hotBytes) && !has(self.ssdBytes))",message="hotBytes and ssdBytes need the prompt cache enabled: remove them or set enabled to true"
+type PromptCacheSpec struct {
+	// enabled turns the prompt cache on or off.
+	// +optional
+	// +kubebuilder:default=true
+	Enabled *bool `json:"enabled,omitempty"`
+
+	// hotBytes caps each replica's share of its Mac's hot budget, which the agent
+	// shares equally among the runners that use the cache. 0 keeps nothing in memory.
+	// Unset: no cap of its own.
+	// +optional
+	// +kubebuilder:validation:XValidation:rule="!quantity(string(self)).isLessThan(quantity('0'))",message="hotBytes must not be negative"
+	HotBytes *resource.Quantity `json:"hotBytes,omitempty"`
+
+	// ssdBytes is each replica's SSD quota, at most the agent's per-model quota. 0
+	// keeps nothing on disk. Unset: the agent's quota.
+	// +optional
+	// +kubebuilder:validation:XValidation:rule="!quantity(string(self)).isLessThan(quantity('0'))",message="ssdBytes must not be negative"
+	SSDBytes *resource.Quantity `json:"ssdBytes,omitempty"`
 }
 
 // ReplicaMemory is what a replica reserved and what its runner measured.

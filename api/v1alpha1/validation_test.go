@@ -4,6 +4,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -96,13 +97,31 @@ func TestModelDeploymentValidation(t *testing.T) {
 		{name: "zero-valued maxReplicasPerNode defaults", mutate: func(s *mfv1.ModelDeploymentSpec) { s.Placement.MaxReplicasPerNode = 0 }},
 		{name: "too many replicas per node", mutate: func(s *mfv1.ModelDeploymentSpec) { s.Placement.MaxReplicasPerNode = 100 },
 			wantErr: "maxReplicasPerNode must be between 1 and 64"},
+		{name: "prompt cache sizes", mutate: func(s *mfv1.ModelDeploymentSpec) {
+			s.Engine.PromptCache = &mfv1.PromptCacheSpec{HotBytes: ptr.To(resource.MustParse("2Gi")), SSDBytes: ptr.To(resource.MustParse("20Gi"))}
+		}},
+		{name: "prompt cache tiers off", mutate: func(s *mfv1.ModelDeploymentSpec) {
+			s.Engine.PromptCache = &mfv1.PromptCacheSpec{Enabled: ptr.To(true), HotBytes: ptr.To(resource.MustParse("0")), SSDBytes: ptr.To(resource.MustParse("0"))}
+		}},
+		{name: "prompt cache disabled", mutate: func(s *mfv1.ModelDeploymentSpec) {
+			s.Engine.PromptCache = &mfv1.PromptCacheSpec{Enabled: ptr.To(false)}
+		}},
+		{name: "negative hot bytes", mutate: func(s *mfv1.ModelDeploymentSpec) {
+			s.Engine.PromptCache = &mfv1.PromptCacheSpec{HotBytes: ptr.To(resource.MustParse("-1Gi"))}
+		}, wantErr: "hotBytes must not be negative"},
+		{name: "negative ssd bytes", mutate: func(s *mfv1.ModelDeploymentSpec) {
+			s.Engine.PromptCache = &mfv1.PromptCacheSpec{SSDBytes: ptr.To(resource.MustParse("-5"))}
+		}, wantErr: "ssdBytes must not be negative"},
+		{name: "sizes with the prompt cache disabled", mutate: func(s *mfv1.ModelDeploymentSpec) {
+			s.Engine.PromptCache = &mfv1.PromptCacheSpec{Enabled: ptr.To(false), SSDBytes: ptr.To(resource.MustParse("1Gi"))}
+		}, wantErr: "hotBytes and ssdBytes need the prompt cache enabled: remove them or set enabled to true"},
 	}
 	for i, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			spec := validDeployment()
 			tc.mutate(&spec)
 			md := &mfv1.ModelDeployment{
-				ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "md-" + strings.Repeat("x", i%3) + string(rune('a'+i))},
+				ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "md-" + strconv.Itoa(i)},
 				Spec:       spec,
 			}
 			err := env.Client.Create(t.Context(), md)
@@ -141,6 +160,17 @@ func TestModelDeploymentDefaults(t *testing.T) {
 	}
 	if diff := cmp.Diff(want, md.Spec); diff != "" {
 		t.Errorf("defaulted spec (-want +got):\n%s", diff)
+	}
+
+	// A promptCache given without enabled is enabled.
+	pc := &mfv1.ModelDeployment{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "cache-defaults"}, Spec: validDeployment()}
+	pc.Spec.Engine.PromptCache = &mfv1.PromptCacheSpec{HotBytes: ptr.To(resource.MustParse("1Gi"))}
+	if err := env.Client.Create(t.Context(), pc); err != nil {
+		t.Fatalf("creating: %v", err)
+	}
+	wantPC := &mfv1.PromptCacheSpec{Enabled: ptr.To(true), HotBytes: ptr.To(resource.MustParse("1Gi"))}
+	if diff := cmp.Diff(wantPC, pc.Spec.Engine.PromptCache); diff != "" {
+		t.Errorf("defaulted promptCache (-want +got):\n%s", diff)
 	}
 }
 

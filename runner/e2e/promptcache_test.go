@@ -282,3 +282,25 @@ func TestPromptCacheBudgetAndClear(t *testing.T) {
 		t.Errorf("malformed budget: %d", code)
 	}
 }
+
+// TestPromptCacheClearReclaimsFootprint checks that clearing a hot tier holding tens of
+// MB gives the memory back to the OS: bytes_reclaimed (the measured footprint drop)
+// covers most of what the hot tier accounted.
+func TestPromptCacheClearReclaimsFootprint(t *testing.T) {
+	r := startReady(t, model(t, "small"), "--prompt-cache-hot-bytes", fmt.Sprint(1<<30))
+	for i := range 6 {
+		chatTurn(t, r, []chatMsg{{"role": "user", "content": words(uint64(100+i), 500)}}, 4)
+	}
+	pc := promptCacheStatus(t, r)
+	if pc.Hot.Bytes < 12<<20 || pc.StatesSaved != 6 {
+		t.Fatalf("hot tier after 6 long prompts: %+v (states saved %d)", pc.Hot, pc.StatesSaved)
+	}
+	cc := clearCache(t, r)
+	if cc.HotBytesCleared != pc.Hot.Bytes || cc.HotEntriesCleared != pc.Hot.Entries {
+		t.Errorf("clear %+v, hot tier held %+v", cc, pc.Hot)
+	}
+	if cc.BytesReclaimed < cc.HotBytesCleared/2 {
+		t.Errorf("clearing %d hot bytes reclaimed only %d bytes of footprint", cc.HotBytesCleared, cc.BytesReclaimed)
+	}
+	t.Logf("hot tier %d bytes in %d entries; footprint drop %d bytes", cc.HotBytesCleared, cc.HotEntriesCleared, cc.BytesReclaimed)
+}

@@ -247,6 +247,19 @@ func TestPromptCacheRestoreMatchesFullPrefill(t *testing.T) {
 			t.Errorf("after corruption: restores %d, ssd %+v", pc.Restores, pc.SSD)
 		}
 	})
+	t.Run("restore-into-another-slot", func(t *testing.T) {
+		// Two slots: the first turn runs in slot 0; after a clear both are empty and the
+		// least recently used one (slot 1) takes the restored state.
+		d := startReady(t, m, "--parallel", "2", "--prompt-cache-block", fmt.Sprint(pcBlock),
+			"--prompt-cache-hot-bytes", fmt.Sprint(1<<30), "--prompt-cache-dir", t.TempDir())
+		check(t, d, 0, "two slots, first turn")
+		clearCache(t, d)
+		u := check(t, d, 1, "two slots, restored into the other slot")
+		wantRestored(t, u, p1, "two slots")
+		if pc := promptCacheStatus(t, d); pc.Restores != 1 || pc.RestoreFailures != 0 {
+			t.Errorf("two slots: %+v", pc)
+		}
+	})
 }
 
 // TestPromptCacheBudgetAndClear covers POST /cache/budget and the hot tier's part of

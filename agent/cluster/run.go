@@ -87,7 +87,13 @@ type Config struct {
 	// KeepRunners leaves the runners of loaded models running when the agent stops
 	// (needs StateDir); otherwise every model is unloaded on exit.
 	KeepRunners bool
-	// Pool tunes the engine pool (ceiling, reserve, timeouts).
+	// PromptCacheDir is the root of the prompt cache's SSD tier (a directory per model
+	// file below it, found again after a restart); empty: no SSD tier.
+	// PromptCacheSSDBytes is each replica's SSD quota and the most its deployment may
+	// ask for (0: no SSD tier). The hot budget is Pool.PromptCacheHotBytes.
+	PromptCacheDir      string
+	PromptCacheSSDBytes int64
+	// Pool tunes the engine pool (ceiling, reserve, timeouts, prompt cache hot budget).
 	Pool metal.Config
 	// Gauge measures memory; nil means metal.NewGauge().
 	Gauge metal.Gauge
@@ -161,7 +167,8 @@ func Run(ctx context.Context, cfg Config) error {
 		return fmt.Errorf("the runner binary %s is not an executable file", runnerPath)
 	}
 	pcfg := metal.ProcessConfig{RunnerPath: runnerPath, Threads: cfg.RunnerThreads, SocketDir: cfg.SocketDir,
-		Log: log.WithName("runner"), Output: cfg.RunnerOutput}
+		Log: log.WithName("runner"), Output: cfg.RunnerOutput,
+		PromptCacheDir: cfg.PromptCacheDir, PromptCacheSSDBytes: cfg.PromptCacheSSDBytes}
 	poolCfg := cfg.Pool
 	if cfg.StateDir != "" {
 		pcfg.StateDir = filepath.Join(cfg.StateDir, "runners")

@@ -3,6 +3,8 @@ package cluster
 import (
 	"context"
 
+	"k8s.io/apimachinery/pkg/api/resource"
+
 	"github.com/macfleet/macfleet/agent/config"
 	"github.com/macfleet/macfleet/agent/standalone"
 	"github.com/macfleet/macfleet/api/v1alpha1"
@@ -31,5 +33,26 @@ func BuildSpec(ctx context.Context, name, path string, mr *v1alpha1.ModelReplica
 	if t.IdleTimeout != nil {
 		m.IdleTimeout = config.Duration(t.IdleTimeout.Duration)
 	}
+	m.PromptCache = promptCache(t.Engine.PromptCache)
 	return standalone.BuildSpec(ctx, m)
+}
+
+// promptCache is a deployment's prompt cache settings in the agent's terms (nil:
+// enabled with the agent's settings).
+func promptCache(pc *v1alpha1.PromptCacheSpec) *config.PromptCache {
+	if pc == nil {
+		return nil
+	}
+	size := func(q *resource.Quantity) *config.Size {
+		if q == nil {
+			return nil
+		}
+		s := config.Size(max(q.Value(), 0))
+		return &s
+	}
+	out := &config.PromptCache{Enabled: pc.Enabled, HotBytes: size(pc.HotBytes), SSDBytes: size(pc.SSDBytes)}
+	if !out.IsEnabled() {
+		out.HotBytes, out.SSDBytes = nil, nil
+	}
+	return out
 }

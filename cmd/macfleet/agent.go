@@ -26,6 +26,7 @@ import (
 	"github.com/macfleet/macfleet/agent/config"
 	"github.com/macfleet/macfleet/agent/hardware"
 	"github.com/macfleet/macfleet/agent/node"
+	"github.com/macfleet/macfleet/agent/standalone"
 	"github.com/macfleet/macfleet/agent/store"
 	"github.com/macfleet/macfleet/internal/source"
 	"github.com/macfleet/macfleet/metal"
@@ -45,6 +46,7 @@ type agentFlags struct {
 	hfEndpoint, ollamaRegistry                  string
 	chip, unifiedMemory, workingSet, wiredLimit string
 	cpuCores, gpuCores                          int
+	promptCacheDir, pcHot, pcSSD                string
 }
 
 func newAgentCmd() *cobra.Command {
@@ -136,6 +138,9 @@ while the API server is unreachable and resyncs when it returns.`,
 	f.IntVar(&fl.runnerThreads, "runner-threads", 0, "CPU threads of each runner (default: the runner chooses)")
 	f.BoolVar(&fl.keepRunners, "keep-runners", true, "Leave the runners of loaded models running when the agent stops, for the next agent "+
 		"to adopt (recorded under --state-dir; an unadopted runner exits after 5m without requests); false unloads everything on exit")
+	f.StringVar(&fl.promptCacheDir, "prompt-cache-dir", defaultDataDir("prompt-cache"), "Directory of the prompt cache's SSD tier: one subdirectory per model file, kept across restarts (empty: no SSD tier)")
+	f.StringVar(&fl.pcHot, "prompt-cache-hot-bytes", "", "Prompt cache memory (hot tier) shared by the replicas on this Mac, e.g. 4Gi; 0 turns the hot tier off (default: a tenth of the memory ceiling)")
+	f.StringVar(&fl.pcSSD, "prompt-cache-ssd-bytes", "", "Prompt cache SSD quota of each replica, and the most a deployment's promptCache.ssdBytes may set; 0 turns the SSD tier off (default 10Gi)")
 	f.BoolVar(&fl.runnerOutput, "runner-output", false, "Copy every runner's output to stderr, prefixed with its replica")
 	f.StringVar(&fl.hfEndpoint, "hf-endpoint", source.DefaultHFEndpoint, "Model hub that hf:// sources download from")
 	f.StringVar(&fl.ollamaRegistry, "ollama-registry", source.DefaultOllamaRegistry, "Registry that ollama:// sources download from")
@@ -177,6 +182,30 @@ func (fl agentFlags) config() (cluster.Config, hardware.Overrides, error) {
 			return cfg, ov, fmt.Errorf("--%s: %w", s.name, err)
 		}
 		*s.dst = int64(v)
+	}
+	cfg.PromptCacheSSDBytes = config.DefaultPromptCacheSSDBytes
+	for _, pc := range []struct {
+		name, in string
+		set      func(config.Size)
+	}{
+		{"prompt-cache-hot-bytes", fl.pcHot, func(v config.Size) { cfg.Pool.PromptCacheHotBytes = standalone.PromptCacheHotBytes(&v) }},
+		{"prompt-cache-ssd-bytes", fl.pcSSD, func(v config.Size) { cfg.PromptCacheSSDBytes = int64(v) }},
+	} {
+		if pc.in == "" {
+			continue
+		}
+		v, err := config.ParseSize(pc.in)
+		if err != nil {
+			return cfg, ov, fmt.Errorf("--%s: %w", pc.name, err)
+		}
+		pc.set(v)
+	}
+	if fl.promptCacheDir != "" {
+		dir, err := filepath.Abs(fl.promptCacheDir)
+		if err != nil {
+			return cfg, ov, fmt.Errorf("--prompt-cache-dir: %w", err)
+		}
+		cfg.PromptCacheDir = dir
 	}
 	ov.Chip, ov.CPUCores, ov.GPUCores = fl.chip, fl.cpuCores, fl.gpuCores
 	if err := ov.Validate(); err != nil {

@@ -21,11 +21,19 @@ func TestAgentFlagsConfig(t *testing.T) {
 		ceiling int64
 		ov      hardware.Overrides
 		err     string
+		// Prompt cache: the pool's hot budget, the SSD quota, the directory.
+		hot, ssd int64
+		pcDir    string
 	}{
-		{name: "defaults", edit: func(*agentFlags) {}},
+		{name: "defaults", edit: func(*agentFlags) {}, ssd: 10 << 30},
+		{name: "prompt cache", edit: func(f *agentFlags) {
+			f.promptCacheDir, f.pcHot, f.pcSSD = filepath.Join(dir, "pc"), "3Gi", "40Gi"
+		}, hot: 3 << 30, ssd: 40 << 30, pcDir: filepath.Join(dir, "pc")},
+		{name: "prompt cache tiers off", edit: func(f *agentFlags) { f.pcHot, f.pcSSD = "0", "0" }, hot: -1},
+		{name: "bad prompt cache size", edit: func(f *agentFlags) { f.pcSSD = "much" }, err: "--prompt-cache-ssd-bytes"},
 		{name: "sizes and a simulated Mac", edit: func(f *agentFlags) {
 			f.ceiling, f.unifiedMemory, f.chip, f.cpuCores = "2Gi", "16Gi", "Apple M2", 8
-		}, ceiling: 2 << 30, ov: hardware.Overrides{Chip: "Apple M2", UnifiedMemoryBytes: 16 << 30, CPUCores: 8}},
+		}, ceiling: 2 << 30, ov: hardware.Overrides{Chip: "Apple M2", UnifiedMemoryBytes: 16 << 30, CPUCores: 8}, ssd: 10 << 30},
 		{name: "bad size", edit: func(f *agentFlags) { f.reserve = "lots" }, err: "--memory-reserve"},
 		{name: "working set above memory", edit: func(f *agentFlags) { f.unifiedMemory, f.workingSet = "8Gi", "9Gi" },
 			err: "working set"},
@@ -47,6 +55,10 @@ func TestAgentFlagsConfig(t *testing.T) {
 			}
 			if cfg.Pool.CeilingBytes != tt.ceiling || cfg.NodeName != "mac-1" || cfg.Listen != ":8080" {
 				t.Errorf("config %+v", cfg)
+			}
+			if cfg.Pool.PromptCacheHotBytes != tt.hot || cfg.PromptCacheSSDBytes != tt.ssd || cfg.PromptCacheDir != tt.pcDir {
+				t.Errorf("prompt cache: hot %d ssd %d dir %q; want %d %d %q", cfg.Pool.PromptCacheHotBytes,
+					cfg.PromptCacheSSDBytes, cfg.PromptCacheDir, tt.hot, tt.ssd, tt.pcDir)
 			}
 			if d := cmp.Diff(tt.ov, ov); d != "" {
 				t.Errorf("overrides (-want +got):\n%s", d)

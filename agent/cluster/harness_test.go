@@ -120,6 +120,8 @@ type agentOptions struct {
 	store cluster.Store
 	// stateDir makes runners outlive the agent for the next one to adopt.
 	stateDir string
+	// promptCacheDir gives the runners an SSD tier there (10Gi each).
+	promptCacheDir string
 }
 
 type logBuffer struct {
@@ -166,7 +168,7 @@ func startAgent(t *testing.T, o agentOptions) *testAgent {
 	cfg := cluster.Config{
 		RestConfig: o.rest, NodeName: o.node, Listener: ln, AdvertiseAddress: a.endpoint, FleetToken: fleetToken,
 		Store: o.store, RunnerPath: rp, RunnerThreads: 1, SocketDir: t.TempDir(), StateDir: o.stateDir,
-		KeepRunners: o.stateDir != "",
+		KeepRunners: o.stateDir != "", PromptCacheDir: o.promptCacheDir, PromptCacheSSDBytes: 10 << 30,
 		Pool: metal.Config{CeilingBytes: 4 << 30, DrainTimeout: 10 * time.Second, BackoffInitial: 100 * time.Millisecond,
 			StopGrace: 3 * time.Second, PollActive: 200 * time.Millisecond, SettleTimeout: time.Second},
 		Syncer:          cluster.SyncerOptions{ResyncPeriod: 2 * time.Second, FetchBackoffInitial: 200 * time.Millisecond},
@@ -283,6 +285,7 @@ type replicaOpts struct {
 	sha                    string
 	ctxLen                 int32
 	reservation            string
+	promptCache            *v1alpha1.PromptCacheSpec
 }
 
 // newReplica creates a ModelReplica bound to node, as the deployment controller and
@@ -313,7 +316,8 @@ func newReplica(t *testing.T, ns, name, node string, o replicaOpts) *v1alpha1.Mo
 		Spec: v1alpha1.ModelReplicaSpec{
 			Template: v1alpha1.ModelReplicaTemplate{
 				Model:     v1alpha1.ModelSource{Source: o.source, SHA256: o.sha, ServedName: o.servedName},
-				Engine:    v1alpha1.EngineSpec{ContextLength: o.ctxLen, Parallel: 1, KVCacheType: v1alpha1.KVCacheF16},
+				Engine: v1alpha1.EngineSpec{ContextLength: o.ctxLen, Parallel: 1, KVCacheType: v1alpha1.KVCacheF16,
+					PromptCache: o.promptCache},
 				Residency: o.residency,
 			},
 			TemplateHash:      o.hash,

@@ -315,7 +315,7 @@ func newReplica(t *testing.T, ns, name, node string, o replicaOpts) *v1alpha1.Mo
 			Labels: map[string]string{v1alpha1.LabelDeployment: o.deployment, v1alpha1.LabelTemplateHash: o.hash}},
 		Spec: v1alpha1.ModelReplicaSpec{
 			Template: v1alpha1.ModelReplicaTemplate{
-				Model:     v1alpha1.ModelSource{Source: o.source, SHA256: o.sha, ServedName: o.servedName},
+				Model: v1alpha1.ModelSource{Source: o.source, SHA256: o.sha, ServedName: o.servedName},
 				Engine: v1alpha1.EngineSpec{ContextLength: o.ctxLen, Parallel: 1, KVCacheType: v1alpha1.KVCacheF16,
 					PromptCache: o.promptCache},
 				Residency: o.residency,

@@ -18,6 +18,8 @@ if [[ $what == all || $what == engine ]]; then
 	if compgen -G 'bench/engine/*_test.go' >/dev/null; then
 		run hack/go-env.sh go test -run '^$' -bench . -benchtime 1x -timeout 30m ./bench/engine/
 	fi
+	# Prompt cache: TTFT of a 2,000-token conversation's second turn, hot and SSD vs none.
+	run hack/go-env.sh go test -run '^$' -bench . -benchtime 1x -timeout 30m ./bench/promptcache/
 fi
 if [[ $what == all || $what == fleet ]]; then
 	# A whole local fleet (test/e2e): the gateway against calling the agent directly

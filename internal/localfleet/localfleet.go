@@ -303,6 +303,7 @@ func (f *Fleet) StartAgent(name string) error {
 	base := filepath.Join(f.opts.Dir, "agents", name)
 	args := []string{"agent", "--kubeconfig", a.Kubeconfig, "--node-name", name, "--listen", a.Addr,
 		"--advertise-address", a.Addr, "--store-dir", filepath.Join(base, "models"), "--state-dir", a.StateDir,
+		"--prompt-cache-dir", filepath.Join(base, "prompt-cache"),
 		"--memory-ceiling", a.Node.MemoryCeiling, "--runner", f.opts.Runner,
 		// A fleet that stops is gone for good: its agents take their runners with
 		// them. A killed agent leaves them for its successor (see Stop).

@@ -205,7 +205,10 @@ func startAgent(b *testing.B, ms ...served) *agent {
 	bin := macfleetBinary(b)
 	addr := freeLoopbackAddr(b)
 	// The runners' output goes to the agent's stderr, shown if the benchmark fails.
-	args := []string{"serve", "--listen", addr, "--runner", runner, "--idle-timeout", "1h", "--runner-output"}
+	// The prompt cache is off: these benchmarks compare the agent with the same runner
+	// called directly (bench/promptcache measures the cache).
+	args := []string{"serve", "--listen", addr, "--runner", runner, "--idle-timeout", "1h", "--runner-output",
+		"--prompt-cache-hot-bytes", "0", "--prompt-cache-ssd-bytes", "0"}
 	for _, m := range ms {
 		args = append(args, "--model", fmt.Sprintf("%s=%s:ctx=%d,parallel=%d", m.name, modelPath(b, m.name), m.ctx, max(m.parallel, 1)))
 	}

@@ -68,7 +68,7 @@ func TestAgentCommand(t *testing.T) {
 	const node = "mac-cmd"
 	cmd := newAgentCmd()
 	cmd.SetArgs([]string{"--kubeconfig", kc, "--node-name", node, "--listen", addr, "--advertise-address", addr,
-		"--store-dir", filepath.Join(dir, "models"), "--state-dir", filepath.Join(dir, "state"), "--runner", rp,
+		"--store-dir", filepath.Join(dir, "models"), "--state-dir", filepath.Join(dir, "state"), "--prompt-cache-dir", filepath.Join(dir, "prompt-cache"), "--runner", rp,
 		"--runner-threads", "1", "--memory-ceiling", "2Gi", "--unified-memory", "16Gi", "--chip", "Apple M2",
 		"--lease-duration", "8s", "--keep-runners=false"})
 	cmd.SetOut(io.Discard)

@@ -76,7 +76,20 @@ func (f *ProcessFactory) claimCacheDir(spec ModelSpec) string {
 	if f.promptCacheSSDQuota(spec) == 0 {
 		return ""
 	}
-	base := filepath.Join(f.cfg.PromptCacheDir, PromptCacheModelID(spec.Path))
+	base := f.cacheDirBase(spec)
+	// Directories of recorded runners not adopted (yet) are still in use: a runner of
+	// the previous agent may be adopted after this one starts, or is about to be
+	// stopped by StopUnclaimed.
+	recorded := map[string]bool{}
+	if f.cfg.StateDir != "" {
+		if recs, err := f.readRecords(); err == nil {
+			for _, rec := range recs {
+				if rec.CacheDir != "" {
+					recorded[rec.CacheDir] = true
+				}
+			}
+		}
+	}
 	f.claimMu.Lock()
 	defer f.claimMu.Unlock()
 	for i := 1; ; i++ {
@@ -84,11 +97,27 @@ func (f *ProcessFactory) claimCacheDir(spec ModelSpec) string {
 		if i > 1 {
 			dir = base + "~" + strconv.Itoa(i)
 		}
-		if !f.cacheDirs[dir] {
+		if !f.cacheDirs[dir] && !recorded[dir] {
 			f.cacheDirs[dir] = true
 			return dir
 		}
 	}
+}
+
+// cacheDirBase is the SSD directory of spec's model file before any index; "" when
+// it has no SSD tier.
+func (f *ProcessFactory) cacheDirBase(spec ModelSpec) string {
+	if f.promptCacheSSDQuota(spec) == 0 {
+		return ""
+	}
+	return filepath.Join(f.cfg.PromptCacheDir, PromptCacheModelID(spec.Path))
+}
+
+// claimCacheDirExact marks dir as held by an adopted runner.
+func (f *ProcessFactory) claimCacheDirExact(dir string) {
+	f.claimMu.Lock()
+	defer f.claimMu.Unlock()
+	f.cacheDirs[dir] = true
 }
 
 func (f *ProcessFactory) releaseCacheDir(dir string) {

@@ -111,8 +111,8 @@ func TestPromptCacheDirsOfRealRunners(t *testing.T) {
 	if other.Adopted() {
 		t.Fatal("a runner with other prompt cache flags was adopted")
 	}
-	if other.cacheDir != base {
-		t.Errorf("the new factory's runner got %q, want %q", other.cacheDir, base)
+	if other.cacheDir != base+"~2" {
+		t.Errorf("the new factory's runner got %q, want %q (the detached runner still holds %q)", other.cacheDir, base+"~2", base)
 	}
 	if err := other.Stop(t.Context(), time.Second); err != nil {
 		t.Fatal(err)
@@ -123,5 +123,52 @@ func TestPromptCacheDirsOfRealRunners(t *testing.T) {
 	}
 	if err := same.Stop(t.Context(), time.Second); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestAdoptionKeepsEachRunnersCacheDir: two runners of one file hold <id> and <id>~2;
+// the next agent starts their models in the other order and still adopts both, each
+// with the directory it has (the index is not part of the fingerprint).
+func TestAdoptionKeepsEachRunnersCacheDir(t *testing.T) {
+	env := newAdoptEnv(t)
+	pcDir := t.TempDir()
+	withCache := func(c *ProcessConfig) { c.PromptCacheDir, c.PromptCacheSSDBytes = pcDir, 1<<30 }
+	spec := env.spec()
+	spec.PromptCache = PromptCacheSpec{Enabled: true}
+	spec2 := spec
+	spec2.Name = "tiny-2"
+	base := filepath.Join(pcDir, PromptCacheModelID(env.model))
+
+	f := env.factory(withCache)
+	r1, r2 := adoptStart(t, f, spec), adoptStart(t, f, spec2)
+	if r1.cacheDir != base || r2.cacheDir != base+"~2" {
+		t.Fatalf("cache dirs %q and %q, want %q and %q", r1.cacheDir, r2.cacheDir, base, base+"~2")
+	}
+	if !r1.Detach() || !r2.Detach() {
+		t.Fatal("Detach = false")
+	}
+
+	next := env.factory(withCache)
+	a2, a1 := adoptStart(t, next, spec2), adoptStart(t, next, spec)
+	for _, c := range []struct {
+		name     string
+		got, was *ProcessRunner
+		dir      string
+	}{{"tiny-2", a2, r2, base + "~2"}, {"tiny", a1, r1, base}} {
+		if !c.got.Adopted() || c.got.PID() != c.was.PID() || c.got.cacheDir != c.dir {
+			t.Errorf("%s: adopted %v pid %d dir %q; want pid %d adopted with %q", c.name, c.got.Adopted(), c.got.PID(),
+				c.got.cacheDir, c.was.PID(), c.dir)
+		}
+	}
+	// A third runner of the file gets a directory neither holds.
+	spec3 := spec
+	spec3.Name = "tiny-3"
+	if got := next.claimCacheDir(spec3); got != base+"~3" {
+		t.Errorf("a third runner's directory %q, want %q", got, base+"~3")
+	}
+	for _, r := range []*ProcessRunner{a1, a2} {
+		if err := r.Stop(t.Context(), time.Second); err != nil {
+			t.Error(err)
+		}
 	}
 }

@@ -272,28 +272,39 @@ func (f *ProcessFactory) Start(ctx context.Context, spec ModelSpec, ceilingBytes
 	if log.GetSink() == nil {
 		log = logr.FromContextOrDiscard(ctx)
 	}
-	cacheDir := f.claimCacheDir(spec)
+	var cacheDir string
 	handedDir := false
 	defer func() {
 		if !handedDir {
 			f.releaseCacheDir(cacheDir)
 		}
 	}()
-	engineArgs := append(f.engineArgs(spec, ceilingBytes), f.promptCacheArgs(spec, cacheDir)...)
 	var rec *runnerRecord
 	if f.cfg.StateDir != "" {
-		fp, err := f.fingerprint(path, spec, engineArgs)
+		// The fingerprint names the file's cache directory without the index a second
+		// runner of the same file gets (claimCacheDir): that depends on start order.
+		fpArgs := append(f.engineArgs(spec, ceilingBytes), f.promptCacheArgs(spec, f.cacheDirBase(spec))...)
+		fp, err := f.fingerprint(path, spec, fpArgs)
 		if err != nil {
 			return nil, startErr(err)
 		}
 		if r := f.adopt(ctx, spec, fp, log); r != nil {
-			handedDir = r.setCacheDir(cacheDir)
+			if r.rec != nil && r.rec.CacheDir != "" {
+				cacheDir = r.rec.CacheDir
+				f.claimCacheDirExact(cacheDir)
+				handedDir = r.setCacheDir(cacheDir)
+			}
 			return r, nil
 		}
 		if rec, err = f.newRecord(spec.Name, fp, ceilingBytes); err != nil {
 			return nil, startErr(err)
 		}
 	}
+	cacheDir = f.claimCacheDir(spec)
+	if rec != nil {
+		rec.CacheDir = cacheDir
+	}
+	engineArgs := append(f.engineArgs(spec, ceilingBytes), f.promptCacheArgs(spec, cacheDir)...)
 
 	// The socket directory is made even for loopback runners: it is the runner's
 	// private scratch directory, removed when the process is reaped.

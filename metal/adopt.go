@@ -71,15 +71,15 @@ type runnerRecord struct {
 	Dir string `json:"dir"`
 	// Fingerprint covers everything the engine depends on (runner binary, model
 	// file, flags, the restart-relevant ModelSpec fields, the ceiling).
-	Fingerprint  string    `json:"fingerprint"`
-	CeilingBytes int64     `json:"ceilingBytes"`
+	Fingerprint  string `json:"fingerprint"`
+	CeilingBytes int64  `json:"ceilingBytes"`
 	// CacheDir is the prompt cache directory the runner was started with ("" for
 	// none). It is not in the fingerprint: which of a file's directories (<id>,
 	// <id>~2, ...) a runner got depends on the order runners started in, and an
 	// adopted runner keeps the one it has.
-	CacheDir string `json:"cacheDir,omitempty"`
-	Nonce        string    `json:"nonce"`
-	Created      time.Time `json:"created"`
+	CacheDir string    `json:"cacheDir,omitempty"`
+	Nonce    string    `json:"nonce"`
+	Created  time.Time `json:"created"`
 }
 
 // Timeouts of adoption.

@@ -61,7 +61,15 @@ func TestCPUMeterSeesOtherProcesses(t *testing.T) {
 	if _, err := os.Stat("/proc/stat"); err != nil {
 		t.Skip("no /proc on this system")
 	}
-	m := startCPU(os.Getppid())
+	// The "agent" is an idle process of our own. (The parent `go test` would not do:
+	// when another package's test binary exits in the window, everything it and its
+	// children ever used lands in the parent's reaped-children time at once.)
+	agent := exec.Command("sleep", "60")
+	if err := agent.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = agent.Process.Kill(); _ = agent.Wait() })
+	m := startCPU(agent.Process.Pid)
 	if _, ok := m.others(); !ok {
 		t.Fatal("the meter could not read /proc")
 	}

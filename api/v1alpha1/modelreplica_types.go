@@ -33,6 +33,10 @@ const (
 	ReasonWaitingForDemand = "WaitingForDemand"
 	ReasonUnloaded         = "Unloaded"
 	ReasonDraining         = "Draining"
+	// ReasonNodeUnreachable: the macnode controller set Ready=Unknown because the
+	// replica's Mac stopped renewing its Lease (the Mac's agent, when it is back,
+	// writes Ready again).
+	ReasonNodeUnreachable = "NodeUnreachable"
 )
 
 // ReplicaPhase summarises a replica's lifecycle for display.
@@ -99,7 +103,8 @@ type DownloadProgress struct {
 }
 
 // ModelReplicaStatus is written by the agent of the replica's node (and the Scheduled
-// condition by the scheduler before the replica is bound).
+// condition by the scheduler before the replica is bound, and Ready=Unknown by the
+// macnode controller while the node is lost).
 type ModelReplicaStatus struct {
 	// +optional
 	Phase ReplicaPhase `json:"phase,omitempty"`

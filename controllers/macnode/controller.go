@@ -7,6 +7,7 @@ package macnode
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -81,6 +82,7 @@ func CacheByObject() map[client.Object]cache.ByObject {
 // +kubebuilder:rbac:groups=macfleet.dev,resources=macnodes,verbs=get;list;watch
 // +kubebuilder:rbac:groups=macfleet.dev,resources=macnodes/status,verbs=patch
 // +kubebuilder:rbac:groups=macfleet.dev,resources=modelreplicas,verbs=list;watch;delete
+// +kubebuilder:rbac:groups=macfleet.dev,resources=modelreplicas/status,verbs=patch
 // +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;list;watch
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 
@@ -199,8 +201,36 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		if err := r.deleteReplicas(ctx, &node); err != nil {
 			return ctrl.Result{}, err
 		}
+	} else if live.ready != "" {
+		if err := r.markReplicasUnreachable(ctx, &node, now); err != nil {
+			return ctrl.Result{}, err
+		}
 	}
 	return ctrl.Result{RequeueAfter: live.requeueAfter}, nil
+}
+
+// markReplicasUnreachable sets Ready=Unknown on the replicas bound to a lost node that
+// still say Ready=True, so that deployments stop counting them during the grace
+// period. Read from the API server: a replica's status is written by its agent, and
+// the cache may not have the last write.
+func (r *Reconciler) markReplicasUnreachable(ctx context.Context, node *v1alpha1.MacNode, now time.Time) error {
+	var list v1alpha1.ModelReplicaList
+	if err := r.APIReader.List(ctx, &list, client.MatchingFields{v1alpha1.ReplicaNodeNameField: node.Name}); err != nil {
+		return fmt.Errorf("listing the replicas of lost MacNode %s: %w", node.Name, err)
+	}
+	var errs []error
+	for i := range list.Items {
+		mr := &list.Items[i]
+		before := mr.DeepCopy()
+		if mr.DeletionTimestamp != nil || mr.Spec.NodeName != node.Name || !setReplicaUnreachable(mr, node.Name, now) {
+			continue
+		}
+		err := r.Client.Status().Patch(ctx, mr, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{}))
+		if err != nil && !apierrors.IsNotFound(err) {
+			errs = append(errs, fmt.Errorf("setting replica %s/%s Ready=Unknown: %w", mr.Namespace, mr.Name, err))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // getLease reads a node's Lease; nil when there is none.

@@ -270,6 +270,27 @@ func (f *fixture) replica(ns, name, nodeName string) *v1alpha1.ModelReplica {
 	return mr
 }
 
+// replicaReady plays the replica's agent reporting Ready=True.
+func (f *fixture) replicaReady(mr *v1alpha1.ModelReplica) {
+	f.t.Helper()
+	before := mr.DeepCopy()
+	meta.SetStatusCondition(&mr.Status.Conditions, metav1.Condition{Type: v1alpha1.ReplicaReady,
+		Status: metav1.ConditionTrue, Reason: v1alpha1.ReasonRunnerReady, Message: "serving"})
+	if err := f.c.Status().Patch(f.t.Context(), mr, client.MergeFrom(before)); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
+// replicaCondition is the replica's Ready condition as the API server has it.
+func (f *fixture) replicaCondition(mr *v1alpha1.ModelReplica) *metav1.Condition {
+	f.t.Helper()
+	var cur v1alpha1.ModelReplica
+	if err := f.c.Get(f.t.Context(), client.ObjectKeyFromObject(mr), &cur); err != nil {
+		f.t.Fatal(err)
+	}
+	return meta.FindStatusCondition(cur.Status.Conditions, v1alpha1.ReplicaReady)
+}
+
 // replicas returns the names of the replicas that still exist (and are not being
 // deleted) among mrs.
 func (f *fixture) replicas(mrs ...*v1alpha1.ModelReplica) []string {
@@ -362,6 +383,9 @@ func TestLeaseExpiry(t *testing.T) {
 	a1, a2 := f.replica(f.ns, "a1", lost), f.replica(ns2, "a2", lost)
 	unbound, b1 := f.replica(f.ns, "unbound", ""), f.replica(f.ns, "b1", alive)
 	all := []*v1alpha1.ModelReplica{a1, a2, unbound, b1}
+	// Their agents said they serve.
+	f.replicaReady(a1)
+	f.replicaReady(b1)
 
 	if c := f.waitUnknown(never); c.Message != fmt.Sprintf("Lease macfleet-node-lease/%s does not exist: the agent has not started or cannot reach the API server", never) {
 		t.Errorf("Ready message of a node without a Lease: %q", c.Message)
@@ -376,6 +400,15 @@ func TestLeaseExpiry(t *testing.T) {
 	}
 	if c := f.ready(alive); c.Status != metav1.ConditionTrue {
 		t.Errorf("the live node's Ready is %+v", c)
+	}
+	// The lost node's replica no longer counts as ready; the live node's does.
+	testenv.Eventually(t, wait, poll, func() (bool, string) {
+		c := f.replicaCondition(a1)
+		return c != nil && c.Status == metav1.ConditionUnknown && c.Reason == v1alpha1.ReasonNodeUnreachable,
+			fmt.Sprintf("replica a1 on the lost node: Ready %+v", c)
+	})
+	if c := f.replicaCondition(b1); c == nil || c.Status != metav1.ConditionTrue {
+		t.Errorf("replica b1 on the live node: Ready %+v", c)
 	}
 
 	// Just before the end of the grace period nothing is deleted.

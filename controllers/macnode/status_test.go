@@ -5,7 +5,9 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 
 	"github.com/macfleet/macfleet/api/v1alpha1"
 )
@@ -59,6 +61,42 @@ func TestSetReadyUnknown(t *testing.T) {
 			}
 			if diff := cmp.Diff(tt.wantConds, n.Status.Conditions); diff != "" {
 				t.Errorf("conditions (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestSetReplicaUnreachable(t *testing.T) {
+	now := time.Date(2026, 11, 21, 3, 0, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		name        string
+		ready       *metav1.ConditionStatus
+		wantChanged bool
+	}{
+		{name: "ready replica", ready: ptr.To(metav1.ConditionTrue), wantChanged: true},
+		{name: "not ready", ready: ptr.To(metav1.ConditionFalse)},
+		{name: "already unknown", ready: ptr.To(metav1.ConditionUnknown)},
+		{name: "no Ready condition", ready: nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			mr := &v1alpha1.ModelReplica{}
+			if tc.ready != nil {
+				mr.Status.Conditions = []metav1.Condition{{Type: v1alpha1.ReplicaReady, Status: *tc.ready, Reason: "X"}}
+			}
+			before := mr.DeepCopy()
+			if got := setReplicaUnreachable(mr, "mac-1", now); got != tc.wantChanged {
+				t.Fatalf("changed = %v, want %v", got, tc.wantChanged)
+			}
+			if !tc.wantChanged {
+				if diff := cmp.Diff(before, mr); diff != "" {
+					t.Errorf("unchanged replica was modified (-before +after):\n%s", diff)
+				}
+				return
+			}
+			c := meta.FindStatusCondition(mr.Status.Conditions, v1alpha1.ReplicaReady)
+			if c.Status != metav1.ConditionUnknown || c.Reason != v1alpha1.ReasonNodeUnreachable ||
+				!c.LastTransitionTime.Time.Equal(now) || c.Message == "" {
+				t.Errorf("Ready = %+v", c)
 			}
 		})
 	}

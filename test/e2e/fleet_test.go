@@ -443,6 +443,15 @@ func TestNodeLossMovesReplicas(t *testing.T) {
 		return true, ""
 	})
 	notReadyAfter := time.Since(killed)
+	// The deployment stops counting the lost Mac's replica (Ready=Unknown,
+	// NodeUnreachable) while it waits out the grace period.
+	testenv.Eventually(t, 10*time.Second, 100*time.Millisecond, func() (bool, string) {
+		var md v1alpha1.ModelDeployment
+		if err := fleet.Client.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: "moving"}, &md); err != nil {
+			return false, err.Error()
+		}
+		return md.Status.ReadyReplicas == 1, fmt.Sprintf("readyReplicas %d, want 1 while %s is lost", md.Status.ReadyReplicas, lost)
+	})
 	// After the grace period the lost Mac's replica is deleted and replaced on the
 	// surviving Mac (the replica on the dead Mac still says Ready: nobody is left to
 	// say otherwise, as with a Pod on a lost kubelet).

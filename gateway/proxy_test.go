@@ -333,9 +333,11 @@ func TestColdStart(t *testing.T) {
 		case <-time.After(10 * time.Second):
 			t.Fatal("the held request was not served after a replica became ready")
 		}
-		if n := testutil.CollectAndCount(g.metrics.held); n != 1 {
-			t.Errorf("hold histogram has %d series, want 1", n)
-		}
+		// Observed after the response's last byte: poll.
+		testenv.Eventually(t, 5*time.Second, 5*time.Millisecond, func() (bool, string) {
+			n := testutil.CollectAndCount(g.metrics.held)
+			return n == 1, fmt.Sprintf("hold histogram has %d series, want 1", n)
+		})
 	})
 	t.Run("timeout", func(t *testing.T) {
 		g := newTestGateway(t, Options{ColdStartTimeout: 300 * time.Millisecond})

@@ -1,19 +1,19 @@
 package gateway
 
 import (
-	"encoding/json"
 	"fmt"
 	"net/http"
-	"strconv"
 	"time"
+
+	"github.com/macfleet/macfleet/internal/openaierr"
 )
 
 // OpenAI error types, as the node agent uses them.
 const (
-	typeInvalidRequest = "invalid_request_error"
-	typeAuthentication = "authentication_error"
-	typeServer         = "server_error"
-	typeUnavailable    = "service_unavailable"
+	typeInvalidRequest = openaierr.TypeInvalidRequest
+	typeAuthentication = openaierr.TypeAuthentication
+	typeServer         = openaierr.TypeServer
+	typeUnavailable    = openaierr.TypeUnavailable
 )
 
 // Error codes of the gateway's own errors.
@@ -46,36 +46,17 @@ type apiError struct {
 
 func (e *apiError) Error() string { return e.Message }
 
-func (e *apiError) body() []byte {
-	obj := map[string]any{"message": e.Message, "type": e.Type, "param": nil, "code": e.Code}
-	if e.Param != "" {
-		obj["param"] = e.Param
-	}
-	b, _ := json.Marshal(map[string]any{"error": obj})
-	return append(b, '\n')
+// wire is e as the OpenAI error response the agent sends too (internal/openaierr).
+func (e *apiError) wire() *openaierr.Error {
+	return &openaierr.Error{Status: e.Status, Type: e.Type, Code: e.Code, Message: e.Message, Param: e.Param,
+		RetryAfter: e.RetryAfter}
 }
 
 // write sends e as the whole response; nothing may have been written before.
-func (e *apiError) write(w http.ResponseWriter) {
-	h := w.Header()
-	if e.RetryAfter > 0 {
-		secs := int64((e.RetryAfter + time.Second - 1) / time.Second)
-		h.Set("Retry-After", strconv.FormatInt(max(secs, 1), 10))
-	}
-	if e.Status == http.StatusUnauthorized {
-		h.Set("WWW-Authenticate", `Bearer realm="macfleet"`)
-	}
-	h.Set("Content-Type", "application/json")
-	h.Set("X-Content-Type-Options", "nosniff")
-	w.WriteHeader(e.Status)
-	_, _ = w.Write(e.body())
-}
+func (e *apiError) write(w http.ResponseWriter) { e.wire().Write(w) }
 
 // sseEvent renders e as the last event of a stream whose status was already sent.
-func (e *apiError) sseEvent() []byte {
-	b := e.body()
-	return append(append([]byte("data: "), b[:len(b)-1]...), '\n', '\n')
-}
+func (e *apiError) sseEvent() []byte { return e.wire().SSEEvent() }
 
 func invalidRequest(code, param, reason, format string, args ...any) *apiError {
 	return &apiError{Status: http.StatusBadRequest, Type: typeInvalidRequest, Code: code, Param: param,

@@ -25,7 +25,6 @@
 package gateway
 
 import (
-	"errors"
 	"net"
 	"net/http"
 	"strconv"
@@ -35,6 +34,8 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/macfleet/macfleet/internal/openaierr"
 )
 
 // Defaults of Options.
@@ -187,50 +188,8 @@ func (g *Gateway) authenticate(next http.Handler) http.Handler {
 // recoverer turns a handler panic into a logged 500 when nothing was sent yet, so one
 // request never takes the gateway down; a panic after the status aborts the response.
 func (g *Gateway) recoverer(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		sw := &statusWriter{ResponseWriter: w}
-		defer func() {
-			v := recover()
-			if v == nil {
-				return
-			}
-			if err, ok := v.(error); ok && errors.Is(err, http.ErrAbortHandler) {
-				panic(v)
-			}
-			g.log.Error(nil, "Handler panicked", "method", r.Method, "path", r.URL.Path, "panic", v)
-			if sw.status == 0 {
-				(&apiError{Status: http.StatusInternalServerError, Type: typeServer, Code: "internal_error",
-					Message: "internal error in the gateway; it was logged"}).write(sw)
-				return
-			}
-			panic(http.ErrAbortHandler)
-		}()
-		next.ServeHTTP(sw, r)
-	})
+	return openaierr.Recover(next, g.log, "internal error in the gateway; it was logged")
 }
-
-// statusWriter remembers whether a status was sent; Unwrap keeps
-// http.ResponseController (flushes) working through it.
-type statusWriter struct {
-	http.ResponseWriter
-	status int
-}
-
-func (w *statusWriter) WriteHeader(code int) {
-	if w.status == 0 {
-		w.status = code
-	}
-	w.ResponseWriter.WriteHeader(code)
-}
-
-func (w *statusWriter) Write(b []byte) (int, error) {
-	if w.status == 0 {
-		w.status = http.StatusOK
-	}
-	return w.ResponseWriter.Write(b)
-}
-
-func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // count records a finished request.
 func (g *Gateway) count(model string, status int, reason string) {

@@ -5,19 +5,19 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"strconv"
 	"time"
 
+	"github.com/macfleet/macfleet/internal/openaierr"
 	"github.com/macfleet/macfleet/metal"
 	"github.com/macfleet/macfleet/runner/api"
 )
 
 // OpenAI error types of the agent's own errors (the pool's carry their own).
 const (
-	typeInvalidRequest = "invalid_request_error"
-	typeAuthentication = "authentication_error"
-	typeServer         = "server_error"
-	typeUnavailable    = "service_unavailable"
+	typeInvalidRequest = openaierr.TypeInvalidRequest
+	typeAuthentication = openaierr.TypeAuthentication
+	typeServer         = openaierr.TypeServer
+	typeUnavailable    = openaierr.TypeUnavailable
 )
 
 // Error codes of the agent's own errors.
@@ -30,74 +30,25 @@ const (
 	codeNotFound         = "not_found"
 	codeMethodNotAllowed = "method_not_allowed"
 	codeUpstream         = "upstream_error"
-	codeInternal         = "internal_error"
+	codeInternal         = openaierr.CodeInternal
 )
 
-// apiError is one error response: its status, the OpenAI error body
-// {"error":{"message","type","param","code",...fields}} and an optional Retry-After.
-type apiError struct {
-	Status     int
-	Type       string
-	Code       string
-	Message    string
-	Param      string
-	RetryAfter time.Duration
-	// Fields are extra members of the error object (estimated_bytes, limit_bytes…).
-	Fields map[string]any
-}
-
-func (e *apiError) Error() string { return e.Message }
+// apiError is one error response of the agent (internal/openaierr).
+type apiError = openaierr.Error
 
 func invalid(code, param, format string, args ...any) *apiError {
 	return &apiError{Status: http.StatusBadRequest, Type: typeInvalidRequest, Code: code, Param: param,
 		Message: fmt.Sprintf(format, args...)}
 }
 
-// body renders the OpenAI error body.
-func (e *apiError) body() map[string]any {
-	obj := map[string]any{"message": e.Message, "type": e.Type, "param": nil, "code": e.Code}
-	if e.Param != "" {
-		obj["param"] = e.Param
-	}
-	for k, v := range e.Fields {
-		if _, taken := obj[k]; !taken {
-			obj[k] = v
-		}
-	}
-	return map[string]any{"error": obj}
-}
-
 // writeError sends e as the whole response. It must be called before anything else
 // was written.
-func writeError(w http.ResponseWriter, e *apiError) {
-	if e.RetryAfter > 0 {
-		secs := int64((e.RetryAfter + time.Second - 1) / time.Second)
-		w.Header().Set("Retry-After", strconv.FormatInt(max(secs, 1), 10))
-	}
-	if e.Status == http.StatusUnauthorized {
-		w.Header().Set("WWW-Authenticate", `Bearer realm="macfleet"`)
-	}
-	writeJSON(w, e.Status, e.body())
-}
+func writeError(w http.ResponseWriter, e *apiError) { e.Write(w) }
 
 // sseError renders e as the final event of a stream whose status line was already sent.
-func sseError(e *apiError) []byte {
-	b, _ := json.Marshal(e.body())
-	return append(append([]byte("data: "), b...), '\n', '\n')
-}
+func sseError(e *apiError) []byte { return e.SSEEvent() }
 
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	b, err := json.Marshal(v)
-	if err != nil {
-		status = http.StatusInternalServerError
-		b, _ = json.Marshal((&apiError{Status: status, Type: typeServer, Code: codeInternal,
-			Message: "encoding the response: " + err.Error()}).body())
-	}
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("X-Content-Type-Options", "nosniff")
-	w.WriteHeader(status)
-	_, _ = w.Write(append(b, '\n'))
-}
+func writeJSON(w http.ResponseWriter, status int, v any) { openaierr.WriteJSON(w, status, v) }
 
 // fromPool maps an error of the engine pool. The pool's errors carry their status,
 // code and Retry-After (metal.StatusError); anything else is a bug or an interrupted

@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/macfleet/macfleet/internal/openaierr"
 	"github.com/macfleet/macfleet/metal"
 )
 
@@ -105,10 +106,10 @@ func (i *reqInfo) setModel(m string) { i.model = m }
 func (s *Server) instrument(h http.HandlerFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		info := &reqInfo{start: time.Now()}
-		sw := &statusWriter{ResponseWriter: w}
+		sw := &openaierr.StatusWriter{ResponseWriter: w}
 		r = r.WithContext(context.WithValue(r.Context(), reqInfoKey{}, info))
 		h(sw, r)
-		code := sw.status
+		code := sw.Status
 		if code == 0 {
 			code = 499 // nothing sent: the client went away first
 		}

@@ -23,6 +23,7 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/macfleet/macfleet/internal/openaierr"
 	"github.com/macfleet/macfleet/metal"
 )
 
@@ -191,54 +192,5 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 // recoverer turns a handler panic into a logged 500 (when nothing was sent yet) so one
 // bad request never takes the agent down. It is a last resort: handlers validate.
 func (s *Server) recoverer(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		sw := &statusWriter{ResponseWriter: w}
-		defer func() {
-			v := recover()
-			if v == nil {
-				return
-			}
-			if v == http.ErrAbortHandler {
-				panic(v)
-			}
-			s.log.Error(nil, "Handler panicked", "method", r.Method, "path", r.URL.Path, "panic", v)
-			if sw.status == 0 {
-				writeError(sw, &apiError{Status: http.StatusInternalServerError, Type: typeServer, Code: codeInternal,
-					Message: "internal error; it was logged by the node agent"})
-				return
-			}
-			// Headers are gone: end the response abruptly so the client sees a failure.
-			panic(http.ErrAbortHandler)
-		}()
-		next.ServeHTTP(sw, r)
-	})
+	return openaierr.Recover(next, s.log, "internal error; it was logged by the node agent")
 }
-
-// statusWriter remembers the status sent. Unwrap keeps http.ResponseController
-// (flushes, deadlines) working through it.
-type statusWriter struct {
-	http.ResponseWriter
-	status int
-}
-
-func (w *statusWriter) WriteHeader(code int) {
-	if w.status == 0 {
-		w.status = code
-	}
-	w.ResponseWriter.WriteHeader(code)
-}
-
-func (w *statusWriter) Write(b []byte) (int, error) {
-	if w.status == 0 {
-		w.status = http.StatusOK
-	}
-	return w.ResponseWriter.Write(b)
-}
-
-func (w *statusWriter) Flush() {
-	if f, ok := w.ResponseWriter.(http.Flusher); ok {
-		f.Flush()
-	}
-}
-
-func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }

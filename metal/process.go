@@ -223,6 +223,22 @@ func ResolveRunnerPath(configured string) (string, error) {
 	return p, nil
 }
 
+// RunnerExecutable is ResolveRunnerPath, checked: the path must be an executable
+// regular file, so that an agent refuses to start without a runner instead of failing
+// every load.
+func RunnerExecutable(configured string) (string, error) {
+	path, err := ResolveRunnerPath(configured)
+	if err != nil {
+		return "", err
+	}
+	if st, err := os.Stat(path); err != nil {
+		return "", fmt.Errorf("the runner binary: %w", err)
+	} else if !st.Mode().IsRegular() || st.Mode().Perm()&0o111 == 0 {
+		return "", fmt.Errorf("the runner binary %s is not an executable file", path)
+	}
+	return path, nil
+}
+
 // ProcessFactory starts each model in its own runner process (docs/runner-protocol.md)
 // and talks to it over a unix socket.
 type ProcessFactory struct {

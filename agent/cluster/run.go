@@ -14,7 +14,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"os"
 	"path/filepath"
 	"time"
 
@@ -157,14 +156,9 @@ func Run(ctx context.Context, cfg Config) error {
 			return fmt.Errorf("measuring memory: %w", err)
 		}
 	}
-	runnerPath, err := metal.ResolveRunnerPath(cfg.RunnerPath)
+	runnerPath, err := metal.RunnerExecutable(cfg.RunnerPath)
 	if err != nil {
 		return err
-	}
-	if st, err := os.Stat(runnerPath); err != nil {
-		return fmt.Errorf("the runner binary: %w", err)
-	} else if !st.Mode().IsRegular() || st.Mode().Perm()&0o111 == 0 {
-		return fmt.Errorf("the runner binary %s is not an executable file", runnerPath)
 	}
 	pcfg := metal.ProcessConfig{RunnerPath: runnerPath, Threads: cfg.RunnerThreads, SocketDir: cfg.SocketDir,
 		Log: log.WithName("runner"), Output: cfg.RunnerOutput,

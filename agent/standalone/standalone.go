@@ -10,7 +10,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"os"
 	"sync"
 	"time"
 
@@ -146,14 +145,9 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 	if err != nil {
 		return fmt.Errorf("measuring memory: %w", err)
 	}
-	runnerPath, err := metal.ResolveRunnerPath(cfg.Runner)
+	runnerPath, err := metal.RunnerExecutable(cfg.Runner)
 	if err != nil {
 		return err
-	}
-	if st, err := os.Stat(runnerPath); err != nil {
-		return fmt.Errorf("the runner binary: %w", err)
-	} else if !st.Mode().IsRegular() || st.Mode().Perm()&0o111 == 0 {
-		return fmt.Errorf("the runner binary %s is not an executable file", runnerPath)
 	}
 	specs := make([]metal.ModelSpec, 0, len(cfg.Models))
 	for _, m := range cfg.Models {

@@ -15,7 +15,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"net"
 	"net/http"
 	"os"
@@ -24,7 +23,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -35,6 +33,7 @@ import (
 
 	"github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/internal/testenv"
+	"github.com/macfleet/macfleet/metal"
 )
 
 // Node is one simulated Mac.
@@ -419,7 +418,9 @@ func (f *Fleet) Stop() {
 		}
 	}
 	for _, a := range f.Agents() {
-		killRecordedRunners(a.StateDir)
+		if err := stopRecordedRunners(a.StateDir); err != nil {
+			f.logf("stopping the runners %s left: %v", a.Node.Name, err)
+		}
 	}
 	if f.models != nil {
 		_ = f.models.Close()
@@ -434,49 +435,14 @@ func (f *Fleet) Stop() {
 	}
 }
 
-// killRecordedRunners SIGKILLs the runner processes whose records are in an agent's
-// state directory: an agent killed by a test leaves them running for its successor.
-func killRecordedRunners(stateDir string) {
-	_ = filepath.WalkDir(stateDir, func(path string, d fs.DirEntry, err error) error {
-		if err != nil || d.IsDir() || !strings.HasSuffix(path, ".json") {
-			return nil
-		}
-		b, err := os.ReadFile(path)
-		if err != nil {
-			return nil
-		}
-		for _, pid := range recordedPIDs(string(b)) {
-			if p, err := os.FindProcess(pid); err == nil && isRunner(pid) {
-				_ = p.Signal(syscall.SIGKILL)
-			}
-		}
-		return nil
-	})
-}
-
-// recordedPIDs finds "pid": N in a runner record without depending on its format.
-func recordedPIDs(s string) []int {
-	var pids []int
-	for {
-		i := strings.Index(s, `"pid":`)
-		if i < 0 {
-			return pids
-		}
-		s = strings.TrimLeft(s[i+len(`"pid":`):], " ")
-		j := 0
-		for j < len(s) && s[j] >= '0' && s[j] <= '9' {
-			j++
-		}
-		if n, err := strconv.Atoi(s[:j]); err == nil && n > 1 {
-			pids = append(pids, n)
-		}
-	}
-}
-
-// isRunner reports whether pid runs the macfleet runner.
-func isRunner(pid int) bool {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-	return err == nil && strings.Contains(string(b), "macfleet-runner")
+// stopRecordedRunners stops the runners an agent recorded in its state directory
+// (metal's adoption records) and left running: an agent killed by a test leaves them
+// for its successor. The records prove which processes are runners.
+func stopRecordedRunners(stateDir string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_, err := metal.NewProcessFactory(metal.ProcessConfig{StateDir: filepath.Join(stateDir, "runners")}).StopUnclaimed(ctx)
+	return err
 }
 
 func (f *Fleet) readFleetToken(ctx context.Context) (string, error) {

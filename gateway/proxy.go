@@ -291,6 +291,7 @@ func (g *Gateway) attempt(ctx context.Context, w http.ResponseWriter, r *http.Re
 	defer copyBufs.Put(bp)
 	buf := *bp
 	first := resp.StatusCode < 400
+	var sent delivery
 	for {
 		n, rerr := resp.Body.Read(buf)
 		if n > 0 {
@@ -302,12 +303,19 @@ func (g *Gateway) attempt(ctx context.Context, w http.ResponseWriter, r *http.Re
 				return outcome{status: statusClientGone, reason: "client_gone"}
 			}
 			_ = rc.Flush()
+			sent.add(buf[:n])
 		}
 		if rerr == io.EOF {
 			return res
 		}
 		if rerr != nil {
 			if ctx.Err() != nil {
+				// A client that hangs up once it has the whole answer (a stream's
+				// [DONE], or every byte of a sized body) before the upstream's EOF
+				// reached us was served.
+				if sent.complete(resp) {
+					return res
+				}
 				return outcome{status: statusClientGone, reason: "client_gone"}
 			}
 			g.log.Info("Upstream response broke after it started; not retried", "model", model,
@@ -322,6 +330,37 @@ func (g *Gateway) attempt(ctx context.Context, w http.ResponseWriter, r *http.Re
 			return outcome{status: resp.StatusCode, reason: "stream_broken", abort: true}
 		}
 	}
+}
+
+// doneEvent is the last event of an OpenAI stream.
+const doneEvent = "data: [DONE]\n\n"
+
+// delivery is what of a response reached the client: its size and its last bytes.
+type delivery struct {
+	bytes int64
+	tail  [len(doneEvent)]byte
+	full  int // bytes of tail in use
+}
+
+func (d *delivery) add(b []byte) {
+	d.bytes += int64(len(b))
+	if len(b) >= len(d.tail) {
+		copy(d.tail[:], b[len(b)-len(d.tail):])
+		d.full = len(d.tail)
+		return
+	}
+	copy(d.tail[:], d.tail[len(b):])
+	copy(d.tail[len(d.tail)-len(b):], b)
+	d.full = min(d.full+len(b), len(d.tail))
+}
+
+// complete reports whether the client has the whole response: a body of known size
+// fully sent, or an event stream that ended with [DONE].
+func (d *delivery) complete(resp *http.Response) bool {
+	if resp.ContentLength >= 0 {
+		return d.bytes == resp.ContentLength
+	}
+	return isEventStream(resp.Header) && d.full == len(d.tail) && string(d.tail[:]) == doneEvent
 }
 
 func isEventStream(h http.Header) bool {

@@ -756,3 +756,51 @@ func FuzzHandler(f *testing.F) {
 		}
 	})
 }
+
+// TestClientHangsUpAfterDone: a client that closes the connection once it read the
+// stream's [DONE], while the upstream has not ended its response yet, was served: it
+// counts as a 200, not as a client gone (499). One that leaves before [DONE] is gone.
+func TestClientHangsUpAfterDone(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		events string
+		code   string
+		reason string
+	}{
+		{name: "after done", events: "data: {\"n\":1}\n\ndata: [DONE]\n\n", code: "200"},
+		{name: "before done", events: "data: {\"n\":1}\n\n", code: "499", reason: "client_gone"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			up := newUpstream(t, func(_ int, w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Content-Type", "text/event-stream")
+				fmt.Fprint(w, tc.events)
+				_ = http.NewResponseController(w).Flush()
+				<-r.Context().Done() // the upstream keeps its response open
+			})
+			g := newTestGateway(t, Options{})
+			g.serveReplicas(up.host())
+			resp, _ := func() (*http.Response, error) {
+				req, _ := http.NewRequest(http.MethodPost, g.url+"/v1/chat/completions",
+					strings.NewReader(`{"model":"m","stream":true,"messages":[]}`))
+				return http.DefaultClient.Do(req)
+			}()
+			if resp == nil {
+				t.Fatal("no response")
+			}
+			got := make([]byte, len(tc.events))
+			if _, err := io.ReadFull(resp.Body, got); err != nil || string(got) != tc.events {
+				t.Fatalf("read %q, %v; want %q", got, err, tc.events)
+			}
+			resp.Body.Close() // hang up with the upstream response still open
+			testenv.Eventually(t, 5*time.Second, 10*time.Millisecond, func() (bool, string) {
+				n := testutil.ToFloat64(g.metrics.requests.WithLabelValues("a/m", tc.code))
+				return n == 1, fmt.Sprintf("requests{code=%s} = %v, want 1", tc.code, n)
+			})
+			if tc.reason != "" {
+				if n := testutil.ToFloat64(g.metrics.errors.WithLabelValues("a/m", tc.reason)); n != 1 {
+					t.Errorf("errors{reason=%s} = %v, want 1", tc.reason, n)
+				}
+			}
+		})
+	}
+}

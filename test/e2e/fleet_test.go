@@ -403,6 +403,17 @@ func TestNodeLossMovesReplicas(t *testing.T) {
 		md.Spec.Engine.Parallel = 1
 	}))
 	replicas := waitReady(t, ns, "moving", 2, 3*time.Minute)
+	// The gateway routes it before the loss. (After the earlier test cut the fleet off
+	// the API server, the gateway's informers may still be in client-go's reconnect
+	// backoff, up to about 30 s: until then it does not know new deployments.)
+	known := time.Now()
+	testenv.Eventually(t, time.Minute, 200*time.Millisecond, func() (bool, string) {
+		_, err := chat(t.Context(), gatewayClient(), "moving", false)
+		return err == nil, fmt.Sprintf("chat through the gateway: %v", err)
+	})
+	if d := time.Since(known); d > time.Second {
+		t.Logf("the gateway routed the new deployment %.1fs after it was Ready", d.Seconds())
+	}
 	var onLost string
 	for _, r := range replicas {
 		if r.Spec.NodeName == lost {

@@ -3,10 +3,13 @@ package scheduler
 import (
 	"context"
 	"fmt"
+	"regexp"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 
+	"github.com/go-logr/logr/funcr"
 	"github.com/google/go-cmp/cmp"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -217,12 +220,14 @@ func TestPlacement(t *testing.T) {
 // fitting Mac becomes ready — driven by the MacNode events, not by polling.
 func TestUnschedulableRetried(t *testing.T) {
 	f := newFixture(t)
-	f.startScheduler()
+	sched := f.startScheduler()
 	bindings0 := testutil.ToFloat64(bindingsTotal)
 	latency0 := histogramCount(t, schedulingLatency)
 
 	f.createNode(nodeSpec{name: "small", ceiling: 8})
 	f.createDeployment("big", v1alpha1.Placement{})
+	// The first verdict must already be the final one: it is counted below.
+	f.waitCached(sched, []string{"small"}, []string{"big"})
 	f.createReplica(replicaSpec{name: "big-0", deployment: "big", memory: 20})
 
 	r := f.waitScheduled("big-0", metav1.ConditionFalse, string(ReasonInsufficientMemory))
@@ -303,7 +308,7 @@ func TestRetriedWhenReservationFreed(t *testing.T) {
 // cordoned or lost and a better node appears; the API server refuses a rebind.
 func TestBoundReplicaNeverMoves(t *testing.T) {
 	f := newFixture(t)
-	f.startScheduler()
+	sched := f.startScheduler()
 	f.createNode(nodeSpec{name: "a", ceiling: 16})
 	f.createDeployment("d", v1alpha1.Placement{MaxReplicasPerNode: 2})
 	f.createReplica(replicaSpec{name: "d-0", deployment: "d", memory: 8})
@@ -312,7 +317,9 @@ func TestBoundReplicaNeverMoves(t *testing.T) {
 	f.patchNode("a", false, func(n *v1alpha1.MacNode) { n.Spec.Unschedulable = true })
 	f.patchNode("a", true, func(n *v1alpha1.MacNode) { n.Status.Conditions[0].Status = metav1.ConditionUnknown })
 	f.createNode(nodeSpec{name: "b", ceiling: 64})
-	// A new replica proves the scheduler solved after all of that.
+	// A new replica proves the scheduler solved after all of that, once its cache has
+	// it all (d-1 still fits on a, so a solve on an older fleet would put it there).
+	f.waitCached(sched, []string{"a", "b"}, nil)
 	f.createReplica(replicaSpec{name: "d-1", deployment: "d", memory: 8})
 	if r := f.waitScheduled("d-1", metav1.ConditionTrue, v1alpha1.ReasonBound); r.Spec.NodeName != f.node("b") {
 		t.Errorf("d-1 bound to %s, want %s", r.Spec.NodeName, f.node("b"))
@@ -372,7 +379,9 @@ func TestTwoSchedulersBindOnce(t *testing.T) {
 }
 
 // TestBurstCoalesces: replicas waiting when the scheduler starts are placed by a
-// handful of solves, not one per replica.
+// handful of solves, not one per replica. Counted are the solves that wrote: the
+// scheduler's own bindings come back as watch events and each may trigger one more
+// solve, which finds nothing to do; how many do depends on how loaded the machine is.
 func TestBurstCoalesces(t *testing.T) {
 	const nodes, deployments, perDeployment = 10, 20, 10
 	f := newFixture(t)
@@ -389,7 +398,18 @@ func TestBurstCoalesces(t *testing.T) {
 		}
 	}
 	solves0 := histogramCount(t, solveDuration)
-	f.startScheduler()
+	var mu sync.Mutex
+	writing := 0 // solves that wrote something
+	writes := regexp.MustCompile(`"writes"=(\d+)`)
+	f.startScheduler(func(o *ctrl.Options) {
+		o.Logger = funcr.New(func(_, args string) {
+			if m := writes.FindStringSubmatch(args); strings.Contains(args, `"msg"="Solved the fleet"`) && m != nil && m[1] != "0" {
+				mu.Lock()
+				writing++
+				mu.Unlock()
+			}
+		}, funcr.Options{Verbosity: 2})
+	})
 
 	perNode := map[string]int{}
 	for _, name := range names {
@@ -397,9 +417,12 @@ func TestBurstCoalesces(t *testing.T) {
 		perNode[r.Spec.NodeName]++
 	}
 	solves := histogramCount(t, solveDuration) - solves0
-	t.Logf("%d replicas placed by %d solves", len(names), solves)
-	if solves > 10 {
-		t.Errorf("%d solves for %d replicas, want at most 10", solves, len(names))
+	mu.Lock()
+	wrote := writing
+	mu.Unlock()
+	t.Logf("%d replicas placed by %d solves (%d solves in all)", len(names), wrote, solves)
+	if wrote == 0 || wrote > 10 {
+		t.Errorf("%d solves wrote for %d replicas, want 1 to 10", wrote, len(names))
 	}
 	// Spread with one replica per Mac: every Mac runs one replica of each deployment.
 	for node, n := range perNode {

@@ -80,11 +80,12 @@ func newFixture(t *testing.T) *fixture {
 	return &fixture{t: t, c: e.Client, ns: testenv.NewNamespace(t, e.Client)}
 }
 
-// startScheduler runs a manager with a scheduler Reconciler until the test ends.
-func (f *fixture) startScheduler() *Reconciler {
+// startScheduler runs a manager with a scheduler Reconciler until the test ends;
+// opts adjust the manager's options.
+func (f *fixture) startScheduler(opts ...func(*ctrl.Options)) *Reconciler {
 	f.t.Helper()
 	e := apiServer(f.t)
-	mgr, err := ctrl.NewManager(e.Config, ctrl.Options{
+	mopts := ctrl.Options{
 		Scheme:                 e.Scheme,
 		Metrics:                metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress: "0",
@@ -95,7 +96,11 @@ func (f *fixture) startScheduler() *Reconciler {
 				&v1alpha1.MacNode{}: {Label: labels.SelectorFromSet(labels.Set{runLabel: f.ns})},
 			},
 		},
-	})
+	}
+	for _, o := range opts {
+		o(&mopts)
+	}
+	mgr, err := ctrl.NewManager(e.Config, mopts)
 	if err != nil {
 		f.t.Fatalf("creating a manager: %v", err)
 	}
@@ -113,6 +118,35 @@ func (f *fixture) startScheduler() *Reconciler {
 		}
 	})
 	return r
+}
+
+// waitCached waits until the scheduler's cache holds the API server's current version
+// of each MacNode (by short name) and ModelDeployment. The cache's informers are
+// independent, one per kind: without this, the event of a replica created next may
+// trigger a solve that still sees an older fleet.
+func (f *fixture) waitCached(r *Reconciler, nodes []string, deployments []string) {
+	f.t.Helper()
+	var objs []client.Object
+	for _, n := range nodes {
+		objs = append(objs, &v1alpha1.MacNode{ObjectMeta: metav1.ObjectMeta{Name: f.node(n)}})
+	}
+	for _, d := range deployments {
+		objs = append(objs, &v1alpha1.ModelDeployment{ObjectMeta: metav1.ObjectMeta{Name: d, Namespace: f.ns}})
+	}
+	for _, obj := range objs {
+		key := client.ObjectKeyFromObject(obj)
+		if err := f.c.Get(f.t.Context(), key, obj); err != nil {
+			f.t.Fatalf("getting %T %s: %v", obj, key, err)
+		}
+		want := obj.GetResourceVersion()
+		testenv.Eventually(f.t, wait, poll, func() (bool, string) {
+			if err := r.Client.Get(f.t.Context(), key, obj); err != nil {
+				return false, fmt.Sprintf("the scheduler's cache: %T %s: %v", obj, key, err)
+			}
+			return obj.GetResourceVersion() == want, fmt.Sprintf("the scheduler's cache has %T %s at resourceVersion %s, want %s",
+				obj, key, obj.GetResourceVersion(), want)
+		})
+	}
 }
 
 // node is the cluster-wide name of the test's node called short.

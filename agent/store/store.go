@@ -11,11 +11,15 @@
 //	refs/<hash>.json               source → digest of the file it last gave, so that a
 //	                               source without sha256 is found again without network
 //	local/<hash>.json              a file:// source's SHA-256 keyed by size, mtime and inode
+//	used/sha256-<hex>              an empty file whose mtime is the last use of that blob
 //
 // Downloads resume with Range/If-Range requests, are hashed as they arrive and become
 // visible only after verification, by an atomic rename. Every Fetch of the same file
 // waits for one download; a file lock on the partial keeps two agents sharing a
 // directory from writing it at once.
+//
+// Nothing is deleted unless Prune is called (prune.go): it removes the files no model in
+// use needs that no agent sharing the directory used for a retention period.
 package store
 
 import (
@@ -74,7 +78,7 @@ type Options struct {
 
 // Store is a directory of model files. Its methods are safe for concurrent use.
 type Store struct {
-	dir, blobs, refs, local string
+	dir, blobs, refs, local, used string
 
 	resolver         *source.Resolver
 	client           *http.Client
@@ -86,6 +90,8 @@ type Store struct {
 
 	mu      sync.Mutex
 	flights map[string]*flight
+	// pruneMu serializes Prune calls.
+	pruneMu sync.Mutex
 }
 
 // New opens (creating it if needed) the store in dir. Files completed by an earlier
@@ -103,6 +109,7 @@ func New(dir string, opts Options) (*Store, error) {
 		blobs:            filepath.Join(abs, "blobs"),
 		refs:             filepath.Join(abs, "refs"),
 		local:            filepath.Join(abs, "local"),
+		used:             filepath.Join(abs, "used"),
 		client:           opts.HTTPClient,
 		hfToken:          opts.HFToken,
 		log:              opts.Log,
@@ -111,7 +118,7 @@ func New(dir string, opts Options) (*Store, error) {
 		stallTimeout:     opts.StallTimeout,
 		flights:          map[string]*flight{},
 	}
-	for _, d := range []string{s.blobs, s.refs, s.local} {
+	for _, d := range []string{s.blobs, s.refs, s.local, s.used} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return nil, fmt.Errorf("model store: %w", err)
 		}
@@ -172,6 +179,27 @@ func (s *Store) Fetch(ctx context.Context, rawSource, sha256 string, progress fu
 		})
 	}
 
+	for attempt := 0; ; attempt++ {
+		p, err := s.fetchStored(ctx, src, rawSource, want, progress)
+		if err != nil {
+			return "", err
+		}
+		// Recording the use is what keeps a concurrent Prune from removing the file.
+		switch err := s.markUsed(p); {
+		case err == nil:
+			return p, nil
+		case !errors.Is(err, errPruned):
+			s.log.V(2).Info("Cannot record the use of a model file", "path", p, "err", err.Error())
+			return p, nil
+		case attempt == maxPrunedRetries:
+			return "", fmt.Errorf("fetching %s: %w %d times in a row", rawSource, err, attempt+1)
+		}
+		s.log.V(2).Info("The stored file was pruned while fetching it; fetching it again", "source", rawSource, "path", p)
+	}
+}
+
+// fetchStored returns the path of the store's file of src, downloading it if needed.
+func (s *Store) fetchStored(ctx context.Context, src source.Source, rawSource, want string, progress func(done, total int64)) (string, error) {
 	// What is already here needs no network.
 	digest := want
 	if digest == "" {

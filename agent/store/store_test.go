@@ -78,7 +78,7 @@ func TestResumeAfterCut(t *testing.T) {
 	if first := prog.calls[0]; first[0] != cutAt {
 		t.Errorf("first progress = %v, want to start at the resumed offset %d", first, cutAt)
 	}
-	if diff := cmp.Diff([]string{"blobs/sha256-" + sum(content), "refs/" + hashName(url) + ".json"}, files(t, dir)); diff != "" {
+	if diff := cmp.Diff([]string{"blobs/sha256-" + sum(content), "refs/" + hashName(url) + ".json", "used/sha256-" + sum(content)}, files(t, dir)); diff != "" {
 		t.Errorf("store files (-want +got):\n%s", diff)
 	}
 }
@@ -140,7 +140,8 @@ func TestResumeStartsOver(t *testing.T) {
 			if want := filepath.Join(s.Dir(), "blobs", "sha256-"+sum(tt.wantContent)); p != want {
 				t.Errorf("path = %s, want %s", p, want)
 			}
-			if diff := cmp.Diff([]string{"blobs/sha256-" + sum(tt.wantContent), "refs/" + hashName(url) + ".json"}, files(t, s.Dir())); diff != "" {
+			if diff := cmp.Diff([]string{"blobs/sha256-" + sum(tt.wantContent), "refs/" + hashName(url) + ".json",
+				"used/sha256-" + sum(tt.wantContent)}, files(t, s.Dir())); diff != "" {
 				t.Errorf("store files (-want +got):\n%s", diff)
 			}
 		})

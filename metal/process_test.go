@@ -219,9 +219,10 @@ func TestProcessRunner(t *testing.T) {
 				if err := r.ExitErr(); err != nil {
 					t.Errorf("ExitErr after a requested stop = %v", err)
 				}
-				// Idempotent: a second Stop returns at once.
+				// Idempotent: a second Stop returns at once, not after another grace
+				// period (the bound leaves room for a loaded machine).
 				began = time.Now()
-				if err := r.Stop(t.Context(), grace); err != nil || time.Since(began) > 100*time.Millisecond {
+				if err := r.Stop(t.Context(), grace); err != nil || time.Since(began) >= grace {
 					t.Errorf("second Stop = %v after %v", err, time.Since(began))
 				}
 			})

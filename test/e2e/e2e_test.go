@@ -89,6 +89,9 @@ func run(m *testing.M) int {
 	return code
 }
 
+// maxLogLine bounds each line dumpLogs prints.
+const maxLogLine = 600
+
 // dumpLogs prints the tail of every component's log, for a failed run.
 func dumpLogs(dir string) {
 	entries, _ := os.ReadDir(dir)
@@ -97,6 +100,13 @@ func dumpLogs(dir string) {
 		lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
 		if len(lines) > 60 {
 			lines = lines[len(lines)-60:]
+		}
+		// Stack traces make a line kilobytes long and push the test's own output out of
+		// a CI log's tail.
+		for i, l := range lines {
+			if len(l) > maxLogLine {
+				lines[i] = l[:maxLogLine] + " …"
+			}
 		}
 		fmt.Fprintf(os.Stderr, "\n===== %s (last %d lines)\n%s\n", e.Name(), len(lines), strings.Join(lines, "\n"))
 	}
@@ -125,8 +135,8 @@ func create(t *testing.T, obj client.Object) {
 	}
 }
 
-// waitReady waits until the deployment has want ready replicas, all of the current
-// template, and returns its replicas.
+// waitReady waits until the manager has seen the deployment's latest spec and it has
+// want ready replicas, all of the current template, and returns its replicas.
 func waitReady(t testing.TB, ns, name string, want int32, timeout time.Duration) []v1alpha1.ModelReplica {
 	t.Helper()
 	var replicas []v1alpha1.ModelReplica
@@ -148,8 +158,11 @@ func waitReady(t testing.TB, ns, name string, want int32, timeout time.Duration)
 			}
 		}
 		s := md.Status
-		done := s.ReadyReplicas == want && s.UpdatedReplicas == want && int32(len(list.Items)) == want && int32(ready) == want
-		return done, fmt.Sprintf("deployment %s/%s: status %+v; %d replicas, %d Ready: %s", ns, name, s, len(list.Items), ready,
+		// Until the manager has observed the latest generation, the counts describe the
+		// previous template.
+		done := s.ObservedGeneration == md.Generation &&
+			s.ReadyReplicas == want && s.UpdatedReplicas == want && int32(len(list.Items)) == want && int32(ready) == want
+		return done, fmt.Sprintf("deployment %s/%s (generation %d): status %+v; %d replicas, %d Ready: %s", ns, name, md.Generation, s, len(list.Items), ready,
 			describeReplicas(list.Items))
 	})
 	return replicas

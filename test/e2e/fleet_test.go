@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -424,6 +425,12 @@ func TestNodeLossMovesReplicas(t *testing.T) {
 		t.Fatalf("no replica on %s: %s", lost, describeReplicas(replicas))
 	}
 	lostAddr := fleet.Agent(lost).Addr
+	// The EndpointSlice lists the Mac as a ready endpoint before the loss, or the check
+	// below would pass on a slice that is merely behind.
+	testenv.Eventually(t, 30*time.Second, 100*time.Millisecond, func() (bool, string) {
+		addrs := readySliceAddresses(t, ns, "moving")
+		return slices.Contains(addrs, lostAddr), fmt.Sprintf("ready endpoints %v, want %s among them", addrs, lostAddr)
+	})
 
 	if err := fleet.KillAgent(lost); err != nil {
 		t.Fatal(err)

@@ -122,6 +122,7 @@ type agentOptions struct {
 	stateDir string
 	// promptCacheDir gives the runners an SSD tier there (10Gi each).
 	promptCacheDir string
+	janitor        cluster.JanitorOptions
 }
 
 type logBuffer struct {
@@ -172,6 +173,7 @@ func startAgent(t *testing.T, o agentOptions) *testAgent {
 		Pool: metal.Config{CeilingBytes: 4 << 30, DrainTimeout: 10 * time.Second, BackoffInitial: 100 * time.Millisecond,
 			StopGrace: 3 * time.Second, PollActive: 200 * time.Millisecond, SettleTimeout: time.Second},
 		Syncer:          cluster.SyncerOptions{ResyncPeriod: 2 * time.Second, FetchBackoffInitial: 200 * time.Millisecond},
+		Janitor:         o.janitor,
 		ShutdownTimeout: time.Minute,
 		Log:             log,
 	}

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/errgroup"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -100,7 +101,11 @@ type Config struct {
 	Runnables []Runnable
 	// Syncer tunes the replica sync (periods, backoffs); the rest of its options
 	// come from here.
-	Syncer          SyncerOptions
+	Syncer SyncerOptions
+	// Janitor removes the store's files no replica needs (when Store implements
+	// StorePruner) and the prompt cache directories of models gone; it is off when
+	// both its retentions are zero.
+	Janitor         JanitorOptions
 	ShutdownTimeout time.Duration
 	Log             logr.Logger
 	// Started, when set, is called with the address served and the endpoint advertised.
@@ -203,11 +208,21 @@ func Run(ctx context.Context, cfg Config) error {
 		ln.Close()
 		return err
 	}
+	reg := prometheus.NewRegistry()
 	srv, err := server.New(pool, server.Options{APIKeyFunc: tokenFunc, ResolveModel: syncer.Resolve,
-		ListModels: syncer.ListModels, Log: log.WithName("http")})
+		ListModels: syncer.ListModels, Log: log.WithName("http"), Registerer: reg})
 	if err != nil {
 		ln.Close()
 		return err
+	}
+	jan := newJanitor(cfg.Janitor, cfg.Store, factory, syncer.inUse, log.WithName("janitor"))
+	if jan != nil {
+		for _, c := range jan.collectors() {
+			if err := reg.Register(c); err != nil {
+				ln.Close()
+				return err
+			}
+		}
 	}
 	httpSrv := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
 
@@ -261,6 +276,9 @@ func Run(ctx context.Context, cfg Config) error {
 			}
 			return nil
 		})
+	}
+	if jan != nil {
+		g.Go(func() error { return jan.run(gctx, rcache.WaitForCacheSync) })
 	}
 	env := Env{NodeName: cfg.NodeName, Endpoint: endpoint, Pool: pool, Client: direct, Ready: sii.HasSynced}
 	for _, r := range cfg.Runnables {

@@ -48,7 +48,20 @@ type Options struct {
 	Started func(addr string)
 	// ShutdownTimeout: DefaultShutdownTimeout when zero.
 	ShutdownTimeout time.Duration
+	// PromptCacheRetention, when positive, removes the prompt cache directories of
+	// model files that are no longer configured once nothing in them changed for this
+	// long. The model files themselves are the user's and never deleted.
+	PromptCacheRetention time.Duration
+	// GCInterval is the time between those passes (DefaultGCInterval when zero); the
+	// first runs GCFirstDelay (DefaultGCFirstDelay when zero) after the start.
+	GCInterval, GCFirstDelay time.Duration
 }
+
+// Defaults of Options.GCInterval and Options.GCFirstDelay.
+const (
+	DefaultGCInterval   = time.Hour
+	DefaultGCFirstDelay = time.Minute
+)
 
 // BuildSpec turns a configured model into the pool's spec: the memory estimate and the
 // dimensions the prefill guard needs are read from the GGUF header (internal/estimate)
@@ -172,6 +185,18 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 	if err != nil {
 		return err
 	}
+	if opts.PromptCacheRetention > 0 && cfg.PromptCacheDir != "" {
+		gcCtx, stopGC := context.WithCancel(ctx)
+		gcDone := make(chan struct{})
+		go func() {
+			defer close(gcDone)
+			pruneCacheDirs(gcCtx, factory, pool, opts, log.WithName("janitor"))
+		}()
+		defer func() {
+			stopGC()
+			<-gcDone
+		}()
+	}
 	obs := &logObserver{log: log, pool: pool}
 	pool.AddObserver(obs)
 	for _, spec := range specs {
@@ -251,6 +276,50 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 		log.Info("Stopped")
 	}
 	return err
+}
+
+// pruneCacheDirs removes, every opts.GCInterval until ctx ends, the prompt cache
+// directories that belong to none of the pool's models.
+func pruneCacheDirs(ctx context.Context, factory *metal.ProcessFactory, pool *metal.Pool, opts Options, log logr.Logger) {
+	interval, first := opts.GCInterval, opts.GCFirstDelay
+	if interval <= 0 {
+		interval = DefaultGCInterval
+	}
+	if first <= 0 {
+		first = DefaultGCFirstDelay
+	}
+	wait := time.NewTimer(first)
+	defer wait.Stop()
+	select {
+	case <-ctx.Done():
+		return
+	case <-wait.C:
+	}
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		var keep []string
+		for _, m := range pool.Snapshot().Models {
+			keep = append(keep, m.Spec.Path)
+			if m.LoadedSpec != nil {
+				keep = append(keep, m.LoadedSpec.Path)
+			}
+		}
+		rep, err := factory.PrunePromptCacheDirs(ctx, metal.PromptCachePruneOptions{Now: time.Now(),
+			Retention: opts.PromptCacheRetention, KeepModels: keep})
+		if len(rep.Removed) > 0 {
+			log.Info("Removed the prompt cache directories of models no longer served", "dirs", rep.Removed,
+				"freedBytes", rep.FreedBytes, "retention", opts.PromptCacheRetention)
+		}
+		if err != nil && ctx.Err() == nil {
+			log.Error(err, "Pruning the prompt cache directories")
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
 }
 
 // shutdown stops accepting connections and drains the requests in flight while the

@@ -47,6 +47,7 @@ type agentFlags struct {
 	chip, unifiedMemory, workingSet, wiredLimit string
 	cpuCores, gpuCores                          int
 	promptCacheDir, pcHot, pcSSD                string
+	storeRetention, pcRetention, gcInterval     time.Duration
 }
 
 func newAgentCmd() *cobra.Command {
@@ -141,6 +142,12 @@ while the API server is unreachable and resyncs when it returns.`,
 	f.StringVar(&fl.promptCacheDir, "prompt-cache-dir", defaultDataDir("prompt-cache"), "Directory of the prompt cache's SSD tier: one subdirectory per model file, kept across restarts (empty: no SSD tier)")
 	f.StringVar(&fl.pcHot, "prompt-cache-hot-bytes", "", "Prompt cache memory (hot tier) shared by the replicas on this Mac, e.g. 4Gi; 0 turns the hot tier off (default: a tenth of the memory ceiling)")
 	f.StringVar(&fl.pcSSD, "prompt-cache-ssd-bytes", "", "Prompt cache SSD quota of each replica, and the most a deployment's promptCache.ssdBytes may set; 0 turns the SSD tier off (default 10Gi)")
+	f.DurationVar(&fl.storeRetention, "store-retention", 24*time.Hour, "Delete the model store's files that no replica bound to this Mac needs "+
+		"once no agent sharing --store-dir used them for this long, and partial downloads idle this long; 0 never deletes")
+	f.DurationVar(&fl.pcRetention, "prompt-cache-retention", 24*time.Hour, "Delete the prompt cache directories of model files no replica on this Mac uses "+
+		"once nothing in them changed for this long; 0 never deletes")
+	f.DurationVar(&fl.gcInterval, "gc-interval", cluster.DefaultGCInterval, "How often the store and prompt cache directories are pruned "+
+		"(the first time a minute after the replicas are known)")
 	f.BoolVar(&fl.runnerOutput, "runner-output", false, "Copy every runner's output to stderr, prefixed with its replica")
 	f.StringVar(&fl.hfEndpoint, "hf-endpoint", source.DefaultHFEndpoint, "Model hub that hf:// sources download from")
 	f.StringVar(&fl.ollamaRegistry, "ollama-registry", source.DefaultOllamaRegistry, "Registry that ollama:// sources download from")
@@ -207,6 +214,16 @@ func (fl agentFlags) config() (cluster.Config, hardware.Overrides, error) {
 		}
 		cfg.PromptCacheDir = dir
 	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"store-retention", fl.storeRetention}, {"prompt-cache-retention", fl.pcRetention}, {"gc-interval", fl.gcInterval}} {
+		if d.v < 0 {
+			return cfg, ov, fmt.Errorf("--%s: %s is negative", d.name, d.v)
+		}
+	}
+	cfg.Janitor = cluster.JanitorOptions{StoreRetention: fl.storeRetention, PromptCacheRetention: fl.pcRetention,
+		Interval: fl.gcInterval}
 	ov.Chip, ov.CPUCores, ov.GPUCores = fl.chip, fl.cpuCores, fl.gpuCores
 	if err := ov.Validate(); err != nil {
 		return cfg, ov, err

@@ -25,6 +25,7 @@ func newServeCommand() *cobra.Command {
 		ceiling, reserve, body string
 		pcHot, pcSSD           string
 		idle                   time.Duration
+		pcRetention, gcEvery   time.Duration
 		verbosity              int
 		runnerOutput           bool
 	)
@@ -102,8 +103,11 @@ func newServeCommand() *cobra.Command {
 				return err
 			}
 
+			if pcRetention < 0 || gcEvery < 0 {
+				return fmt.Errorf("--prompt-cache-retention and --gc-interval must not be negative")
+			}
 			log := newLogger(verbosity)
-			opts := standalone.Options{Log: log}
+			opts := standalone.Options{Log: log, PromptCacheRetention: pcRetention, GCInterval: gcEvery}
 			if runnerOutput {
 				opts.RunnerOutput = cmd.ErrOrStderr()
 			}
@@ -134,6 +138,9 @@ func newServeCommand() *cobra.Command {
 		defaultDataDir("prompt-cache")+")")
 	f.StringVar(&pcHot, "prompt-cache-hot-bytes", "", "prompt cache memory (hot tier) shared by all models, e.g. 4Gi; 0 turns the hot tier off (default: a tenth of the memory ceiling)")
 	f.StringVar(&pcSSD, "prompt-cache-ssd-bytes", "", "prompt cache SSD quota of each model, and the most a model's ssd= may set; 0 turns the SSD tier off (default 10Gi)")
+	f.DurationVar(&pcRetention, "prompt-cache-retention", 24*time.Hour, "delete the prompt cache directories of model files no longer served "+
+		"once nothing in them changed for this long; 0 never deletes (model files are never deleted)")
+	f.DurationVar(&gcEvery, "gc-interval", standalone.DefaultGCInterval, "how often the prompt cache directories are pruned (the first time a minute after the start)")
 	f.IntVarP(&verbosity, "verbosity", "v", 0, "log verbosity (1: runner output and more, 2: every request)")
 	f.BoolVar(&runnerOutput, "runner-output", false, "copy every runner's output to stderr, prefixed with its model")
 	return cmd

@@ -2,6 +2,8 @@ package cluster
 
 import (
 	"context"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -143,8 +145,17 @@ func (j *janitor) pass(ctx context.Context) {
 		}
 	}
 	if j.factory != nil {
+		keep := slices.Clone(paths)
+		for _, m := range models {
+			if h := strings.ToLower(strings.TrimPrefix(m.SHA256, "sha256:")); h != "" {
+				// A stored file's directory is named by its digest alone
+				// (metal.PromptCacheModelID): it stays while a replica is bound, even
+				// one whose file is not (back) in the store yet.
+				keep = append(keep, "sha256-"+h)
+			}
+		}
 		rep, err := j.factory.PrunePromptCacheDirs(ctx, metal.PromptCachePruneOptions{Now: j.opts.Clock.Now(),
-			Retention: j.opts.PromptCacheRetention, KeepModels: paths})
+			Retention: j.opts.PromptCacheRetention, KeepModels: keep})
 		j.removed.WithLabelValues(KindPromptCacheDir).Add(float64(len(rep.Removed)))
 		j.freed.WithLabelValues(KindPromptCacheDir).Add(float64(rep.FreedBytes))
 		if len(rep.Removed) > 0 {

@@ -13,7 +13,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -145,26 +144,6 @@ func decodeErr(t *testing.T, body string) errBody {
 	return e
 }
 
-// closedAddr is a loopback address nothing listens on, for the whole test: a socket
-// holds the port bound but does not listen, so connections are refused and no other
-// process can take the port meanwhile (as it could a listener's port once closed).
-func closedAddr(t *testing.T) string {
-	t.Helper()
-	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = syscall.Close(fd) })
-	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
-		t.Fatal(err)
-	}
-	sa, err := syscall.Getsockname(fd)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return fmt.Sprintf("127.0.0.1:%d", sa.(*syscall.SockaddrInet4).Port)
-}
-
 // TestForwardsUnchanged: method, path, query and body arrive unchanged with the fleet
 // token (not the client's key) and the replica header; the response comes back as sent.
 func TestForwardsUnchanged(t *testing.T) {
@@ -232,7 +211,7 @@ func TestRetries(t *testing.T) {
 				}
 				okJSON(w, r)
 			})
-			badAddr := closedAddr(t)
+			badAddr := testenv.ReservePort(t).Addr
 			var bad *upstream
 			if tt.bad != nil {
 				bad = newUpstream(t, tt.bad)

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -19,6 +18,7 @@ import (
 
 	"github.com/macfleet/macfleet/internal/ggufsynth"
 	"github.com/macfleet/macfleet/internal/source"
+	"github.com/macfleet/macfleet/internal/testenv"
 )
 
 // models are synthesized once per test binary into one temp dir.
@@ -294,12 +294,7 @@ func TestErrors(t *testing.T) {
 	}
 	trunc := serveFile(t, truncPath)
 
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dead := "http://" + l.Addr().String() + "/m.gguf"
-	_ = l.Close()
+	dead := "http://" + testenv.ReservePort(t).Addr + "/m.gguf"
 
 	notFound := httptest.NewServer(http.NotFoundHandler())
 	t.Cleanup(notFound.Close)

@@ -3,13 +3,14 @@ package source
 import (
 	"context"
 	"errors"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/macfleet/macfleet/internal/testenv"
 )
 
 func TestParse(t *testing.T) {
@@ -170,13 +171,8 @@ func TestResolveDefaults(t *testing.T) {
 
 func TestResolveErrors(t *testing.T) {
 	srv := registry(t)
-	// A listener closed at once gives an address that refuses connections.
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dead := "http://" + l.Addr().String()
-	_ = l.Close()
+	// A reserved port refuses connections for the whole test.
+	dead := "http://" + testenv.ReservePort(t).Addr
 
 	tests := []struct {
 		name     string

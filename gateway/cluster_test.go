@@ -66,15 +66,16 @@ func cluster(t *testing.T) *testenv.Env {
 
 const fleetToken = "fleet-token-for-tests"
 
-// freeAddr is a loopback address that was free a moment ago.
-func freeAddr(t *testing.T) string {
+// loopback is a listener on a port of its own for the gateway to serve: the port is
+// never free between choosing it and serving it.
+func loopback(t *testing.T) net.Listener {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
-	return ln.Addr().String()
+	t.Cleanup(func() { ln.Close() })
+	return ln
 }
 
 type runningGateway struct {
@@ -91,17 +92,11 @@ func startGateway(t *testing.T, e *testenv.Env, cfg gateway.Config) runningGatew
 	if err := os.WriteFile(tok, []byte(fleetToken+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ln := loopback(t)
 	cfg.RestConfig = e.Config
 	cfg.Listener = ln
 	cfg.FleetTokenFile = tok
-	cfg.ProbeAddr = freeAddr(t)
-	if cfg.MetricsAddr == "" {
-		cfg.MetricsAddr = "0"
-	}
+	cfg.ProbeListener = loopback(t)
 	ctx, cancel := context.WithCancel(ctrl.LoggerInto(context.Background(), testr.New(t)))
 	done := make(chan error, 1)
 	go func() { done <- gateway.Run(ctx, cfg) }()
@@ -116,7 +111,10 @@ func startGateway(t *testing.T, e *testenv.Env, cfg gateway.Config) runningGatew
 			t.Error("gateway.Run did not return")
 		}
 	})
-	g := runningGateway{url: "http://" + ln.Addr().String(), probes: "http://" + cfg.ProbeAddr, metrics: "http://" + cfg.MetricsAddr}
+	g := runningGateway{url: "http://" + ln.Addr().String(), probes: "http://" + cfg.ProbeListener.Addr().String()}
+	if cfg.MetricsListener != nil {
+		g.metrics = "http://" + cfg.MetricsListener.Addr().String()
+	}
 	testenv.Eventually(t, time.Minute, 50*time.Millisecond, func() (bool, string) {
 		select {
 		case err := <-done:
@@ -301,7 +299,7 @@ func TestThroughRealAgent(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The default registry: the metrics server must serve the gateway's series.
-	g := startGateway(t, e, gateway.Config{APIKeysFile: keys, MetricsAddr: freeAddr(t), ColdStartTimeout: 30 * time.Second})
+	g := startGateway(t, e, gateway.Config{APIKeysFile: keys, MetricsListener: loopback(t), ColdStartTimeout: 30 * time.Second})
 
 	f := &fleet{t: t, c: e.Client, ns: testenv.NewNamespace(t, e.Client)}
 	mac := "mac-" + f.ns

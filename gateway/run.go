@@ -24,6 +24,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
+	"github.com/macfleet/macfleet/internal/mgrhttp"
 )
 
 // The gateway only reads the fleet; it writes nothing. controller-gen generates its
@@ -44,9 +45,12 @@ type Config struct {
 	// Listen is the OpenAI API's address (ignored when Listener is set).
 	Listen   string
 	Listener net.Listener
-	// MetricsAddr serves /metrics and ProbeAddr /healthz and /readyz; "0" disables one.
-	MetricsAddr string
-	ProbeAddr   string
+	// MetricsAddr serves /metrics and ProbeAddr /healthz and /readyz; "" or "0"
+	// disables one. MetricsListener and ProbeListener, when set, are served instead.
+	MetricsAddr     string
+	MetricsListener net.Listener
+	ProbeAddr       string
+	ProbeListener   net.Listener
 	// FleetTokenFile holds the token presented to agents; empty sends none.
 	FleetTokenFile string
 	// APIKeysFile holds the client API keys; empty means no client auth.
@@ -118,9 +122,10 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	mgr, err := ctrl.NewManager(cfg.RestConfig, ctrl.Options{
-		Scheme:                 scheme,
-		Metrics:                metricsserver.Options{BindAddress: cfg.MetricsAddr},
-		HealthProbeBindAddress: cfg.ProbeAddr,
+		Scheme: scheme,
+		// Probes and metrics are served on listeners of our own (mgrhttp).
+		Metrics:                metricsserver.Options{BindAddress: "0"},
+		HealthProbeBindAddress: "0",
 		Logger:                 log,
 	})
 	if err != nil {
@@ -144,15 +149,23 @@ func Run(ctx context.Context, cfg Config) error {
 			return err
 		}
 	}
-	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
+	probeLn, err := mgrhttp.Listen(cfg.ProbeListener, cfg.ProbeAddr)
+	if err != nil {
 		return err
 	}
-	if err := mgr.AddReadyzCheck("table", func(*http.Request) error {
-		if !f.Synced() {
-			return errors.New("the routing table has not been built from synced informers yet")
-		}
-		return nil
-	}); err != nil {
+	metricsLn, err := mgrhttp.Listen(cfg.MetricsListener, cfg.MetricsAddr)
+	if err != nil {
+		return err
+	}
+	if err := mgrhttp.Add(mgr, probeLn, mgrhttp.Probes{
+		Healthz: map[string]healthz.Checker{"healthz": healthz.Ping},
+		Readyz: map[string]healthz.Checker{"table": func(*http.Request) error {
+			if !f.Synced() {
+				return errors.New("the routing table has not been built from synced informers yet")
+			}
+			return nil
+		}},
+	}, metricsLn); err != nil {
 		return err
 	}
 	log.Info("Starting gateway", "listen", ln.Addr().String(), "coldStartTimeout", opts.ColdStartTimeout,

@@ -7,6 +7,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"net"
 	"net/http"
 	"time"
 
@@ -25,6 +26,7 @@ import (
 	"github.com/macfleet/macfleet/controllers/macnode"
 	"github.com/macfleet/macfleet/controllers/modeldeployment"
 	"github.com/macfleet/macfleet/controllers/scheduler"
+	"github.com/macfleet/macfleet/internal/mgrhttp"
 	"github.com/macfleet/macfleet/internal/source"
 )
 
@@ -32,10 +34,14 @@ import (
 type Config struct {
 	// RestConfig reaches the API server.
 	RestConfig *rest.Config
-	// MetricsAddr serves /metrics; "0" disables it.
-	MetricsAddr string
-	// ProbeAddr serves /healthz and /readyz; "0" disables it.
-	ProbeAddr string
+	// MetricsAddr serves /metrics; "" or "0" disables it. MetricsListener, when set, is
+	// served instead.
+	MetricsAddr     string
+	MetricsListener net.Listener
+	// ProbeAddr serves /healthz and /readyz; "" or "0" disables it. ProbeListener, when
+	// set, is served instead.
+	ProbeAddr     string
+	ProbeListener net.Listener
 	// LeaderElection makes only one manager replica act at a time.
 	LeaderElection bool
 	// LeaderElectionNamespace holds the election Lease; empty means the namespace the
@@ -84,9 +90,10 @@ func New(cfg Config) (ctrl.Manager, error) {
 		rc.QPS, rc.Burst = 200, 400
 	}
 	mgr, err := ctrl.NewManager(rc, ctrl.Options{
-		Scheme:                        scheme,
-		Metrics:                       metricsserver.Options{BindAddress: cfg.MetricsAddr},
-		HealthProbeBindAddress:        cfg.ProbeAddr,
+		Scheme: scheme,
+		// Probes and metrics are served on listeners of our own (mgrhttp).
+		Metrics:                       metricsserver.Options{BindAddress: "0"},
+		HealthProbeBindAddress:        "0",
 		LeaderElection:                cfg.LeaderElection,
 		LeaderElectionID:              LeaderElectionID,
 		LeaderElectionNamespace:       cfg.LeaderElectionNamespace,
@@ -118,15 +125,29 @@ func New(cfg Config) (ctrl.Manager, error) {
 			return nil, fmt.Errorf("setting up %T: %w", r, err)
 		}
 	}
-	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
+	probes := mgrhttp.Probes{
+		Healthz: map[string]healthz.Checker{"healthz": healthz.Ping},
+		Readyz: map[string]healthz.Checker{"readyz": func(req *http.Request) error {
+			if !mgr.GetCache().WaitForCacheSync(req.Context()) {
+				return fmt.Errorf("informer caches are not synced")
+			}
+			return nil
+		}},
+	}
+	probeLn, err := mgrhttp.Listen(cfg.ProbeListener, cfg.ProbeAddr)
+	if err != nil {
 		return nil, err
 	}
-	if err := mgr.AddReadyzCheck("readyz", func(req *http.Request) error {
-		if !mgr.GetCache().WaitForCacheSync(req.Context()) {
-			return fmt.Errorf("informer caches are not synced")
+	metricsLn, err := mgrhttp.Listen(cfg.MetricsListener, cfg.MetricsAddr)
+	if err == nil {
+		err = mgrhttp.Add(mgr, probeLn, probes, metricsLn)
+	}
+	if err != nil {
+		for _, ln := range []net.Listener{probeLn, metricsLn} {
+			if ln != nil {
+				ln.Close()
+			}
 		}
-		return nil
-	}); err != nil {
 		return nil, err
 	}
 	return mgr, nil

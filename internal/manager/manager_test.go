@@ -32,14 +32,16 @@ func TestMain(m *testing.M) {
 	testenv.Main(m, &env, testenv.WithScheme(mfv1.AddToScheme))
 }
 
-func freeAddr(t *testing.T) string {
+// loopback is a listener on a port of its own for the manager to serve: the port is
+// never free between choosing it and serving it.
+func loopback(t *testing.T) net.Listener {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Close()
-	return l.Addr().String()
+	t.Cleanup(func() { l.Close() })
+	return l
 }
 
 // TestControlPlaneWiring runs the manager exactly as `macfleet manager` does and walks
@@ -49,11 +51,12 @@ func freeAddr(t *testing.T) string {
 func TestControlPlaneWiring(t *testing.T) {
 	c := env.Client
 	ctx := t.Context()
-	metricsAddr, probeAddr := freeAddr(t), freeAddr(t)
+	metricsLn, probeLn := loopback(t), loopback(t)
+	metricsAddr, probeAddr := metricsLn.Addr().String(), probeLn.Addr().String()
 	mgr, err := manager.New(manager.Config{
 		RestConfig:       env.Config,
-		MetricsAddr:      metricsAddr,
-		ProbeAddr:        probeAddr,
+		MetricsListener:  metricsLn,
+		ProbeListener:    probeLn,
 		NodeLossGrace:    2 * time.Second,
 		SchedulerWorkers: 2,
 		// -count=N builds the manager N times in one process.

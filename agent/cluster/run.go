@@ -64,7 +64,8 @@ type Config struct {
 	Listen   string
 	Listener net.Listener
 	// AdvertiseAddress is host:port written into replica status; empty means the
-	// first non-loopback IPv4 address with the listen port.
+	// first non-loopback IPv4 address with the listen port, and port 0 the listen
+	// port (which a listen address with port 0 leaves to the kernel).
 	AdvertiseAddress string
 	// FleetToken is required as "Authorization: Bearer TOKEN" on every API call but
 	// /healthz and /readyz. Token, when set, supplies it instead and follows its
@@ -191,6 +192,9 @@ func Run(ctx context.Context, cfg Config) error {
 			ln.Close()
 			return err
 		}
+	} else if host, port, err := net.SplitHostPort(endpoint); err == nil && port == "0" {
+		_, lport, _ := net.SplitHostPort(ln.Addr().String())
+		endpoint = net.JoinHostPort(host, lport)
 	}
 
 	so := cfg.Syncer

@@ -58,16 +58,12 @@ func TestAgentCommand(t *testing.T) {
 	if err := ggufsynth.Write(model, ggufsynth.Tiny()); err != nil {
 		t.Fatal(err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-
+	// The kernel picks the port as the agent listens, and the agent advertises it:
+	// no port is chosen here that another process could take first.
+	const anyPort = "127.0.0.1:0"
 	const node = "mac-cmd"
 	cmd := newAgentCmd()
-	cmd.SetArgs([]string{"--kubeconfig", kc, "--node-name", node, "--listen", addr, "--advertise-address", addr,
+	cmd.SetArgs([]string{"--kubeconfig", kc, "--node-name", node, "--listen", anyPort, "--advertise-address", anyPort,
 		"--store-dir", filepath.Join(dir, "models"), "--state-dir", filepath.Join(dir, "state"), "--prompt-cache-dir", filepath.Join(dir, "prompt-cache"), "--runner", rp,
 		"--runner-threads", "1", "--memory-ceiling", "2Gi", "--unified-memory", "16Gi", "--chip", "Apple M2",
 		"--lease-duration", "8s", "--keep-runners=false"})
@@ -99,8 +95,10 @@ func TestAgentCommand(t *testing.T) {
 		if err := env.Client.Get(ctx, types.NamespacedName{Name: node}, &mn); err != nil {
 			return false, err.Error()
 		}
-		return mn.Status.Agent.Address == addr, "agent address " + mn.Status.Agent.Address
+		host, port, err := net.SplitHostPort(mn.Status.Agent.Address)
+		return err == nil && host == "127.0.0.1" && port != "0", "agent address " + mn.Status.Agent.Address
 	})
+	addr := mn.Status.Agent.Address
 	if mn.Labels[v1alpha1.LabelMemoryGiB] != "16" || mn.Status.Hardware.Chip != "Apple M2" {
 		t.Errorf("MacNode labels %v, hardware %+v; want the simulated 16 GiB Apple M2", mn.Labels, mn.Status.Hardware)
 	}

@@ -390,6 +390,8 @@ type tcpProxy struct {
 	t      *testing.T
 	target string
 	addr   string
+	// port stays reserved while the proxy is cut, so Restore always gets it back.
+	port *testenv.Port
 
 	mu    sync.Mutex
 	ln    net.Listener
@@ -397,12 +399,12 @@ type tcpProxy struct {
 }
 
 func newTCPProxy(t *testing.T, target string) *tcpProxy {
-	p := &tcpProxy{t: t, target: target, conns: map[net.Conn]struct{}{}}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	p := &tcpProxy{t: t, target: target, port: testenv.ReservePort(t), conns: map[net.Conn]struct{}{}}
+	ln, err := p.port.Listen()
 	if err != nil {
 		t.Fatal(err)
 	}
-	p.addr = ln.Addr().String()
+	p.addr = p.port.Addr
 	p.serve(ln)
 	t.Cleanup(p.Cut)
 	return p
@@ -452,16 +454,7 @@ func (p *tcpProxy) Cut() {
 }
 
 func (p *tcpProxy) Restore() {
-	var ln net.Listener
-	var err error
-	// The port was just released; another process could take it, which would be a
-	// test failure, not a hang.
-	for range 50 {
-		if ln, err = net.Listen("tcp", p.addr); err == nil {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	ln, err := p.port.Listen()
 	if err != nil {
 		p.t.Fatalf("listening again on %s: %v", p.addr, err)
 	}

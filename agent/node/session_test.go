@@ -574,6 +574,8 @@ func TestReregisters(t *testing.T) {
 type tcpProxy struct {
 	target string
 	addr   string
+	// port stays reserved while the proxy is cut, so restore always gets it back.
+	port *testenv.Port
 
 	mu    sync.Mutex
 	ln    net.Listener
@@ -582,11 +584,12 @@ type tcpProxy struct {
 
 func newTCPProxy(t *testing.T, target string) *tcpProxy {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	port := testenv.ReservePort(t)
+	ln, err := port.Listen()
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &tcpProxy{target: target, addr: ln.Addr().String(), conns: map[net.Conn]struct{}{}}
+	p := &tcpProxy{target: target, addr: port.Addr, port: port, conns: map[net.Conn]struct{}{}}
 	p.serve(ln)
 	t.Cleanup(p.cut)
 	return p
@@ -652,12 +655,10 @@ func (p *tcpProxy) cut() {
 // restore listens on the same address again.
 func (p *tcpProxy) restore(t *testing.T) {
 	t.Helper()
-	var ln net.Listener
-	testenv.Eventually(t, wait, 50*time.Millisecond, func() (bool, string) {
-		var err error
-		ln, err = net.Listen("tcp", p.addr)
-		return err == nil, fmt.Sprintf("listening on %s again: %v", p.addr, err)
-	})
+	ln, err := p.port.Listen()
+	if err != nil {
+		t.Fatalf("listening on %s again: %v", p.addr, err)
+	}
 	p.serve(ln)
 }
 

@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -203,11 +204,12 @@ func startAgent(b *testing.B, ms ...served) *agent {
 	b.Helper()
 	runner := runnerBinary(b)
 	bin := macfleetBinary(b)
-	addr := freeLoopbackAddr(b)
 	// The runners' output goes to the agent's stderr, shown if the benchmark fails.
 	// The prompt cache is off: these benchmarks compare the agent with the same runner
 	// called directly (bench/promptcache measures the cache).
-	args := []string{"serve", "--listen", addr, "--runner", runner, "--idle-timeout", "1h", "--runner-output",
+	// The kernel picks the port as the agent listens, and the agent logs it: no port
+	// is chosen here that another process could take first.
+	args := []string{"serve", "--listen", "127.0.0.1:0", "--runner", runner, "--idle-timeout", "1h", "--runner-output",
 		"--prompt-cache-hot-bytes", "0", "--prompt-cache-ssd-bytes", "0"}
 	for _, m := range ms {
 		args = append(args, "--model", fmt.Sprintf("%s=%s:ctx=%d,parallel=%d", m.name, modelPath(b, m.name), m.ctx, max(m.parallel, 1)))
@@ -215,7 +217,7 @@ func startAgent(b *testing.B, ms ...served) *agent {
 	cmd := exec.Command(bin, args...)
 	cmd.Env = append(os.Environ(), metal.RunnerEnv+"="+runner)
 	a := &agent{b: b, cmd: cmd, stderr: &syncbuf.Buffer{}, exited: make(chan struct{}),
-		endpoint: endpoint{name: "agent", base: "http://" + addr, client: newClient(nil)}}
+		endpoint: endpoint{name: "agent", client: newClient(nil)}}
 	cmd.Stdout, cmd.Stderr = a.stderr, a.stderr
 	if err := cmd.Start(); err != nil {
 		b.Fatal(err)
@@ -229,6 +231,14 @@ func startAgent(b *testing.B, ms ...served) *agent {
 		if b.Failed() {
 			b.Logf("macfleet serve output:\n%s", tail(a.stderr.String(), 6000))
 		}
+	})
+	a.poll(30*time.Second, "the agent logs the address it serves", func() bool {
+		m := servingLine.FindStringSubmatch(a.stderr.String())
+		if m == nil {
+			return false
+		}
+		a.base = "http://" + m[1]
+		return true
 	})
 	a.poll(30*time.Second, "GET /readyz answers 200", func() bool {
 		resp, err := a.client.Get(a.base + "/readyz")
@@ -408,16 +418,8 @@ func processArgs(pid int) ([]string, error) {
 	return strings.Fields(string(out)), nil
 }
 
-// freeLoopbackAddr returns a loopback address with a port free a moment ago.
-func freeLoopbackAddr(b *testing.B) string {
-	b.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
+// servingLine is the log line of `macfleet serve` with the address it serves.
+var servingLine = regexp.MustCompile(`"msg"="Serving the OpenAI and admin API" "addr"="([^"]+)"`)
 
 // newClient returns an HTTP client that keeps its connections alive; dial, when set,
 // replaces TCP (a unix socket).

@@ -127,7 +127,7 @@ while the API server is unreachable and resyncs when it returns.`,
 	f.StringVar(&fl.kubeconfig, "kubeconfig", "", "Path to the node's kubeconfig (from macfleet nodes credentials); default: $KUBECONFIG, then in-cluster")
 	f.StringVar(&fl.nodeName, "node-name", host, "Name of this Mac's MacNode (and of its node identity)")
 	f.StringVar(&fl.listen, "listen", ":8080", "Address of the OpenAI and admin API")
-	f.StringVar(&fl.advertise, "advertise-address", "", "host:port the gateway and Services reach this agent at (default: the first non-loopback IPv4 address and the listen port)")
+	f.StringVar(&fl.advertise, "advertise-address", "", "host:port the gateway and Services reach this agent at (default: the first non-loopback IPv4 address and the listen port; port 0 means the listen port)")
 	f.StringVar(&fl.storeDir, "store-dir", defaultDataDir("models"), "Model store directory (persistent; shared by the replicas of one file)")
 	f.StringVar(&fl.stateDir, "state-dir", defaultDataDir("state"), "Directory for the agent's own state (runner records for adoption)")
 	f.StringVar(&fl.fleetTokenFile, "fleet-token-file", "", "File holding the fleet token; default: Secret "+

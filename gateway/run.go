@@ -24,6 +24,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
+	"github.com/macfleet/macfleet/internal/informers"
 	"github.com/macfleet/macfleet/internal/mgrhttp"
 )
 
@@ -123,6 +124,8 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	mgr, err := ctrl.NewManager(cfg.RestConfig, ctrl.Options{
 		Scheme: scheme,
+		// The routing table catches up within a second of an API server outage's end.
+		Cache: cache.Options{NewInformer: informers.NewInformer(informers.Options{Log: log.WithName("informers")})},
 		// Probes and metrics are served on listeners of our own (mgrhttp).
 		Metrics:                metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress: "0",

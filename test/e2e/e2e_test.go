@@ -54,7 +54,12 @@ func run(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, "e2e:", err)
 		return 1
 	}
-	defer os.RemoveAll(dir)
+	if os.Getenv("MACFLEET_E2E_KEEP") != "" {
+		// The fleet's logs, kubeconfigs and stores stay for a post-mortem.
+		defer fmt.Fprintf(os.Stderr, "e2e: the fleet's files are kept in %s\n", dir)
+	} else {
+		defer os.RemoveAll(dir)
+	}
 	bin := filepath.Join(dir, "macfleet")
 	build := exec.Command("go", "build", "-o", bin, "./cmd/macfleet")
 	build.Dir, build.Env = root, append(os.Environ(), "CGO_ENABLED=0")

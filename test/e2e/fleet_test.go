@@ -404,11 +404,13 @@ func TestNodeLossMovesReplicas(t *testing.T) {
 		md.Spec.Engine.Parallel = 1
 	}))
 	replicas := waitReady(t, ns, "moving", 2, 3*time.Minute)
-	// The gateway routes it before the loss. (After the earlier test cut the fleet off
-	// the API server, the gateway's informers may still be in client-go's reconnect
-	// backoff, up to about 30 s: until then it does not know new deployments.)
+	// The gateway routes it before the loss. The earlier test cut the fleet off the
+	// API server; the informers retry every 0.6–0.9 s while it is unreachable
+	// (internal/informers), so they know a new deployment about a second after it
+	// returns. Without that, client-go's reconnect backoff left them blind for up to a
+	// minute: 15 s tells the two apart on a loaded machine.
 	known := time.Now()
-	testenv.Eventually(t, time.Minute, 200*time.Millisecond, func() (bool, string) {
+	testenv.Eventually(t, 15*time.Second, 200*time.Millisecond, func() (bool, string) {
 		_, err := chat(t.Context(), gatewayClient(), "moving", false)
 		return err == nil, fmt.Sprintf("chat through the gateway: %v", err)
 	})

@@ -398,12 +398,32 @@ func TestAgentRestartAdoptsRunners(t *testing.T) {
 func TestNodeLossMovesReplicas(t *testing.T) {
 	ns := testenv.NewNamespace(t, fleet.Client)
 	lost, survivor := localfleetNode(1), localfleetNode(0)
+	// One replica per Mac: a replica waits for a Mac the scheduler does not see as
+	// Ready yet (the previous test restarted an agent) instead of doubling up on the
+	// other one.
 	create(t, deployment(ns, "moving", 2, func(md *v1alpha1.ModelDeployment) {
 		md.Spec.Placement.Strategy = v1alpha1.Spread
-		md.Spec.Placement.MaxReplicasPerNode = 2
+		md.Spec.Placement.MaxReplicasPerNode = 1
 		md.Spec.Engine.Parallel = 1
 	}))
 	replicas := waitReady(t, ns, "moving", 2, 3*time.Minute)
+	// The replacement must fit next to the survivor's replica. Placement is not part of
+	// the replica template: this rolls nothing.
+	patch := client.RawPatch(types.MergePatchType, []byte(`{"spec":{"placement":{"maxReplicasPerNode":2}}}`))
+	if err := fleet.Client.Patch(t.Context(), &v1alpha1.ModelDeployment{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "moving"}}, patch); err != nil {
+		t.Fatal(err)
+	}
+	placed := func(rs []v1alpha1.ModelReplica) []string {
+		var out []string
+		for _, r := range rs {
+			out = append(out, r.Name+"@"+r.Spec.NodeName)
+		}
+		slices.Sort(out)
+		return out
+	}
+	if again := waitReady(t, ns, "moving", 2, time.Minute); !slices.Equal(placed(again), placed(replicas)) {
+		t.Fatalf("raising maxReplicasPerNode changed the replicas:%s\nbefore:%s", describeReplicas(again), describeReplicas(replicas))
+	}
 	// The gateway routes it before the loss. The earlier test cut the fleet off the
 	// API server; the informers retry every 0.6–0.9 s while it is unreachable
 	// (internal/informers), so they know a new deployment about a second after it

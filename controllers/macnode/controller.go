@@ -68,6 +68,11 @@ type Reconciler struct {
 	// NodeLossGrace is how long a Lease stays expired before the node's replicas are
 	// deleted (the manager's --node-loss-grace). Zero or negative: DefaultNodeLossGrace.
 	NodeLossGrace time.Duration
+	// Contact, when set, tells since when the manager has been in contact with the API
+	// server without a break (internal/informers.Contact): a Lease counts as live until
+	// a full lease duration after that, so a Mac is not called lost for not renewing
+	// while nobody could. Nil: contact is assumed unbroken.
+	Contact interface{ Since(now time.Time) time.Time }
 }
 
 // CacheByObject restricts the manager's Lease cache to NodeLeaseNamespace, so that
@@ -174,7 +179,11 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	}
 
 	now := r.Clock.Now()
-	live := nodeLiveness(lease, &node, now, r.NodeLossGrace)
+	var contact time.Time
+	if r.Contact != nil {
+		contact = r.Contact.Since(now)
+	}
+	live := nodeLiveness(lease, &node, now, contact, r.NodeLossGrace)
 	if live.ready != "" {
 		// The cache can be behind the API server: after the manager itself lost the
 		// API server, its informers replay old Leases for a while, and every node
@@ -183,7 +192,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		if lease, err = r.liveLease(ctx, node.Name); err != nil {
 			return ctrl.Result{}, err
 		}
-		live = nodeLiveness(lease, &node, now, r.NodeLossGrace)
+		live = nodeLiveness(lease, &node, now, contact, r.NodeLossGrace)
 	}
 
 	if live.ready != "" {

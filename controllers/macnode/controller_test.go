@@ -133,9 +133,13 @@ type fixture struct {
 	ns     string
 	prefix string
 	stop   func()
+	// contact is the Reconciler's Contact (nil: none).
+	contact interface{ Since(time.Time) time.Time }
 }
 
-func newFixture(t *testing.T) *fixture {
+func newFixture(t *testing.T) *fixture { return newFixtureWith(t, nil) }
+
+func newFixtureWith(t *testing.T, contact interface{ Since(time.Time) time.Time }) *fixture {
 	ns := testenv.NewNamespace(t, env.Client)
 	leaseNS := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: v1alpha1.NodeLeaseNamespace}}
 	if err := env.Client.Create(t.Context(), leaseNS); err != nil && !apierrors.IsAlreadyExists(err) {
@@ -143,7 +147,7 @@ func newFixture(t *testing.T) *fixture {
 	}
 	// Whole seconds: lastTransitionTime is stored with second precision.
 	clk := clocktesting.NewFakeClock(time.Now().Truncate(time.Second))
-	f := &fixture{t: t, c: env.Client, clk: clk, obs: &observer{clk: clk}, ns: ns, prefix: ns}
+	f := &fixture{t: t, c: env.Client, clk: clk, obs: &observer{clk: clk}, ns: ns, prefix: ns, contact: contact}
 	f.start()
 	t.Cleanup(func() { f.stop() })
 	return f
@@ -162,7 +166,7 @@ func (f *fixture) start() {
 	if err != nil {
 		f.t.Fatal(err)
 	}
-	r := &Reconciler{Clock: f.clk, NodeLossGrace: grace}
+	r := &Reconciler{Clock: f.clk, NodeLossGrace: grace, Contact: f.contact}
 	f.obs.reset()
 	if err := r.setup(mgr, f.obs.hooks()); err != nil {
 		f.t.Fatal(err)
@@ -441,6 +445,56 @@ func TestLeaseExpiry(t *testing.T) {
 	f.waitReplicas(nil, late)
 	if diff := cmp.Diff([]string{"unbound", "b1"}, f.replicas(all...)); diff != "" {
 		t.Errorf("replicas at the end (-want +got):\n%s", diff)
+	}
+}
+
+// contactSince is a settable Contact: since when the manager has been in touch with
+// the API server.
+type contactSince struct {
+	mu    sync.Mutex
+	since time.Time
+}
+
+func (c *contactSince) Since(time.Time) time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.since
+}
+
+func (c *contactSince) set(t time.Time) {
+	c.mu.Lock()
+	c.since = t
+	c.mu.Unlock()
+}
+
+// TestOwnOutageGivesAgentsALease: when the manager itself was cut off from the API
+// server, a Lease that expired meanwhile (its agent could not renew either) counts
+// as live for a lease duration after contact came back; a Mac whose agent still does
+// not renew is lost then, not before.
+func TestOwnOutageGivesAgentsALease(t *testing.T) {
+	contact := &contactSince{}
+	f := newFixtureWith(t, contact)
+	start := f.clk.Now()
+	n := f.node("n", false, leaseSeconds*time.Second)
+	f.obs.waitRequeue(t, n, start.Add(leaseSeconds*time.Second))
+
+	// The manager was cut off from before the Lease's expiry until 5 s after it.
+	back := start.Add((leaseSeconds + 5) * time.Second)
+	contact.set(back)
+	f.clk.Step((leaseSeconds + 5) * time.Second)
+	f.touch(n)
+	if p := f.obs.waitPass(t, n, f.clk.Now()); p.res.RequeueAfter != leaseSeconds*time.Second {
+		t.Errorf("right after the outage: requeue after %s, want a whole lease (%ds)", p.res.RequeueAfter, leaseSeconds)
+	}
+	if c := f.ready(n); c.Status != metav1.ConditionTrue {
+		t.Errorf("right after the outage the node's Ready is %+v, want it untouched", c)
+	}
+
+	// Its agent never renews: lost a lease duration after contact.
+	f.clk.Step(leaseSeconds * time.Second)
+	c := f.waitUnknown(n)
+	if want := back.Add(leaseSeconds * time.Second); !c.LastTransitionTime.Time.Equal(want) {
+		t.Errorf("Ready turned Unknown at %s, want a lease after contact, %s", c.LastTransitionTime, want)
 	}
 }
 

@@ -39,13 +39,25 @@ type liveness struct {
 // the agent never set Ready back to True). Cordoning (spec.unschedulable) plays no
 // part: a cordoned node keeps its replicas while it is alive and loses them like
 // any other node when it is lost.
-func nodeLiveness(lease *coordinationv1.Lease, node *v1alpha1.MacNode, now time.Time, grace time.Duration) liveness {
-	expiry, hasExpiry := leaseExpiry(lease)
+//
+// contact is when the controller's own unbroken contact with the API server began
+// (zero: always had it). An agent cannot renew a Lease while the API server is away
+// either, so a Lease counts as live until at least a full lease duration after
+// contact: after an outage, every agent gets the time to renew before its Mac is
+// called lost.
+func nodeLiveness(lease *coordinationv1.Lease, node *v1alpha1.MacNode, now, contact time.Time, grace time.Duration) liveness {
+	leaseExpiry, hasExpiry := leaseExpiry(lease)
+	expiry := leaseExpiry
+	if hasExpiry && !contact.IsZero() {
+		if e := contact.Add(leaseDuration(lease)); e.After(expiry) {
+			expiry = e
+		}
+	}
 	if hasExpiry && now.Before(expiry) {
 		return liveness{requeueAfter: expiry.Sub(now)}
 	}
 
-	lost := liveness{ready: metav1.ConditionUnknown, message: expiredMessage(lease, node.Name, expiry, hasExpiry)}
+	lost := liveness{ready: metav1.ConditionUnknown, message: expiredMessage(lease, node.Name, leaseExpiry, hasExpiry)}
 	start := now // the Ready=Unknown this pass sets starts the grace period
 	if c := meta.FindStatusCondition(node.Status.Conditions, v1alpha1.MacNodeReady); c != nil && c.Status == metav1.ConditionUnknown {
 		start = c.LastTransitionTime.Time
@@ -68,11 +80,15 @@ func leaseExpiry(lease *coordinationv1.Lease) (time.Time, bool) {
 	if lease == nil || lease.Spec.RenewTime == nil {
 		return time.Time{}, false
 	}
-	var d time.Duration
+	return lease.Spec.RenewTime.Add(leaseDuration(lease)), true
+}
+
+// leaseDuration is the Lease's leaseDurationSeconds; a missing one counts as zero.
+func leaseDuration(lease *coordinationv1.Lease) time.Duration {
 	if s := lease.Spec.LeaseDurationSeconds; s != nil {
-		d = time.Duration(*s) * time.Second
+		return time.Duration(*s) * time.Second
 	}
-	return lease.Spec.RenewTime.Add(d), true
+	return 0
 }
 
 // expiredMessage explains why a node is not alive. It depends only on the Lease's

@@ -44,7 +44,9 @@ func TestNodeLiveness(t *testing.T) {
 		lease *coordinationv1.Lease
 		node  *v1alpha1.MacNode
 		now   time.Time
-		want  liveness
+		// contact: when the controller's unbroken contact with the API server began.
+		contact time.Time
+		want    liveness
 	}{{
 		name:  "live lease requeues at its exact expiry",
 		lease: lease(t0, 40),
@@ -142,10 +144,38 @@ func TestNodeLiveness(t *testing.T) {
 		now:   t0,
 		want: liveness{ready: metav1.ConditionUnknown, requeueAfter: grace,
 			message: "The agent stopped renewing Lease macfleet-node-lease/mac-1; it expired at 2026-03-01T12:00:00Z"},
+	}, {
+		name:    "lease expired while the controller was cut off: live until a lease duration after contact",
+		lease:   lease(t0, 40),
+		node:    node(false, ready(metav1.ConditionTrue, t0)),
+		now:     t0.Add(70 * time.Second),
+		contact: t0.Add(60 * time.Second),
+		want:    liveness{requeueAfter: 30 * time.Second},
+	}, {
+		name:    "controller cut off right now: every lease counts as live",
+		lease:   lease(t0, 40),
+		node:    node(false, ready(metav1.ConditionTrue, t0)),
+		now:     t0.Add(500 * time.Second),
+		contact: t0.Add(500 * time.Second),
+		want:    liveness{requeueAfter: 40 * time.Second},
+	}, {
+		name:    "not renewed for a lease duration after contact: lost, grace from then",
+		lease:   lease(t0, 40),
+		node:    node(false, ready(metav1.ConditionTrue, t0)),
+		now:     t0.Add(100 * time.Second),
+		contact: t0.Add(60 * time.Second),
+		want:    liveness{ready: metav1.ConditionUnknown, message: expiredMsg, requeueAfter: grace},
+	}, {
+		name:    "contact long before the lease's expiry changes nothing",
+		lease:   lease(t0, 40),
+		node:    node(false, ready(metav1.ConditionTrue, t0)),
+		now:     t0.Add(50 * time.Second),
+		contact: t0.Add(-time.Hour),
+		want:    liveness{ready: metav1.ConditionUnknown, message: expiredMsg, requeueAfter: grace},
 	}}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got := nodeLiveness(tt.lease, tt.node, tt.now, grace)
+			got := nodeLiveness(tt.lease, tt.node, tt.now, tt.contact, grace)
 			if diff := cmp.Diff(tt.want, got, cmp.AllowUnexported(liveness{})); diff != "" {
 				t.Errorf("nodeLiveness (-want +got):\n%s", diff)
 			}
@@ -154,7 +184,7 @@ func TestNodeLiveness(t *testing.T) {
 }
 
 func TestNodeLivenessZeroGrace(t *testing.T) {
-	got := nodeLiveness(lease(t0, 40), node(false, ready(metav1.ConditionTrue, t0)), t0.Add(40*time.Second), 0)
+	got := nodeLiveness(lease(t0, 40), node(false, ready(metav1.ConditionTrue, t0)), t0.Add(40*time.Second), time.Time{}, 0)
 	if !got.deleteReplicas || got.requeueAfter != 0 {
 		t.Errorf("with no grace, an expired lease must delete at once: %+v", got)
 	}

@@ -52,6 +52,51 @@ type Options struct {
 	Interval time.Duration
 	// Clock is the real clock when nil.
 	Clock clock.WithTicker
+	// Contact, when set, is told when each informer loses and regains the API server.
+	Contact *Contact
+}
+
+// Contact is what a process's informers know of its own connection to the API
+// server: whether one of them cannot reach it now, and when the last outage ended.
+// A controller that judges other components by how recently they wrote (a node's
+// Lease) must not judge them by the time it could not see: after the process itself
+// lost the API server, every Lease looks old until its holder had a chance to renew
+// it. Safe for concurrent use; the zero value is ready.
+type Contact struct {
+	mu      sync.Mutex
+	lost    int       // informers in an outage now
+	resumed time.Time // when the last outage ended
+}
+
+func (c *Contact) lose() {
+	c.mu.Lock()
+	c.lost++
+	c.mu.Unlock()
+}
+
+func (c *Contact) regain(now time.Time) {
+	c.mu.Lock()
+	c.lost--
+	c.resumed = now
+	c.mu.Unlock()
+}
+
+func (c *Contact) abandon() {
+	c.mu.Lock()
+	c.lost--
+	c.mu.Unlock()
+}
+
+// Since is the time from which the process has been in contact with the API server
+// without a break: now while an informer cannot reach it, the end of the last outage
+// after one, and the zero time if there was none.
+func (c *Contact) Since(now time.Time) time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.lost > 0 {
+		return now
+	}
+	return c.resumed
 }
 
 // NewInformer is a cache.Options.NewInformer: the shared index informer controller-runtime
@@ -141,6 +186,8 @@ func retry[T any](ctx context.Context, r *retrying, verb string, call func() (T,
 			// Any answer, even an error, means the API server is reachable again.
 			if ctx.Err() == nil {
 				r.reached()
+			} else {
+				r.abandon()
 			}
 			return v, err
 		}
@@ -149,6 +196,7 @@ func retry[T any](ctx context.Context, r *retrying, verb string, call func() (T,
 		select {
 		case <-ctx.Done():
 			t.Stop()
+			r.abandon()
 			return v, err
 		case <-t.C():
 		}
@@ -162,6 +210,9 @@ func (r *retrying) lost(verb string, err error) {
 		return
 	}
 	r.since = r.opts.Clock.Now()
+	if r.opts.Contact != nil {
+		r.opts.Contact.lose()
+	}
 	r.opts.Log.Info("API server unreachable, retrying until it returns", "verb", verb,
 		"every", r.opts.Interval, "err", err.Error())
 }
@@ -174,6 +225,23 @@ func (r *retrying) reached() {
 	}
 	r.opts.Log.Info("API server reachable again", "unreachableFor", r.opts.Clock.Since(r.since).Round(time.Millisecond))
 	r.since = time.Time{}
+	if r.opts.Contact != nil {
+		r.opts.Contact.regain(r.opts.Clock.Now())
+	}
+}
+
+// abandon ends the outage of an informer that stops during it, without calling it
+// over: a stopped informer must not hold its Contact in an outage forever.
+func (r *retrying) abandon() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.since.IsZero() {
+		return
+	}
+	r.since = time.Time{}
+	if r.opts.Contact != nil {
+		r.opts.Contact.abandon()
+	}
 }
 
 // Unreachable reports whether err says the API server could not be reached, rather

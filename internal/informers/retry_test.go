@@ -246,3 +246,59 @@ func TestKeepsWatchListSupport(t *testing.T) {
 		})
 	}
 }
+
+// TestContactFollowsOutages: Contact.Since is now while any wrapped list or watch
+// cannot reach the API server, the end of the outage once all can, and an informer
+// that stops during an outage does not keep it in one.
+func TestContactFollowsOutages(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC))
+	contact := &informers.Contact{}
+	if got := contact.Since(clk.Now()); !got.IsZero() {
+		t.Fatalf("before any outage Since = %v, want the zero time", got)
+	}
+
+	// An outage that ends: one refusal, then an answer a minute later.
+	var calls atomic.Int32
+	lw := informers.Wrap(scripted([]error{refused}, &calls), informers.Options{Clock: clk, Contact: contact})
+	done := make(chan error, 1)
+	go func() {
+		_, err := lw.ListWithContext(t.Context(), metav1.ListOptions{})
+		done <- err
+	}()
+	testenv.Eventually(t, 5*time.Second, time.Millisecond, func() (bool, string) {
+		return clk.HasWaiters(), "the list is not waiting to retry"
+	})
+	if now := clk.Now(); !contact.Since(now).Equal(now) {
+		t.Errorf("during the outage Since = %v, want now (%v)", contact.Since(now), now)
+	}
+	clk.Step(time.Minute)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	resumed := clk.Now()
+	clk.Step(time.Hour)
+	if got := contact.Since(clk.Now()); !got.Equal(resumed) {
+		t.Errorf("after the outage Since = %v, want its end %v", got, resumed)
+	}
+
+	// An informer that stops during an outage: the outage is not called over, and
+	// contact is no longer held in it.
+	var calls2 atomic.Int32
+	lw2 := informers.Wrap(scripted([]error{refused, refused}, &calls2), informers.Options{Clock: clk, Contact: contact})
+	ctx, cancel := context.WithCancel(t.Context())
+	go func() {
+		_, err := lw2.WatchWithContext(ctx, metav1.ListOptions{})
+		done <- err
+	}()
+	testenv.Eventually(t, 5*time.Second, time.Millisecond, func() (bool, string) {
+		return clk.HasWaiters(), "the watch is not waiting to retry"
+	})
+	if now := clk.Now(); !contact.Since(now).Equal(now) {
+		t.Errorf("during the second outage Since = %v, want now", contact.Since(now))
+	}
+	cancel()
+	<-done
+	if got := contact.Since(clk.Now()); !got.Equal(resumed) {
+		t.Errorf("after an informer stopped mid-outage Since = %v, want the last end %v", got, resumed)
+	}
+}

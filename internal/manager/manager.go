@@ -90,6 +90,9 @@ func New(cfg Config) (ctrl.Manager, error) {
 	if rc.QPS == 0 {
 		rc.QPS, rc.Burst = 200, 400
 	}
+	// The informers tell the macnode controller when the manager itself lost the API
+	// server, so that it does not call every Mac lost when it returns.
+	contact := &informers.Contact{}
 	mgr, err := ctrl.NewManager(rc, ctrl.Options{
 		Scheme: scheme,
 		// Probes and metrics are served on listeners of our own (mgrhttp).
@@ -102,7 +105,7 @@ func New(cfg Config) (ctrl.Manager, error) {
 		Controller:                    config.Controller{SkipNameValidation: &cfg.SkipNameValidation},
 		// Cache only the Leases, Services and EndpointSlices that are macfleet's; the
 		// informers catch up within a second of an API server outage's end.
-		Cache: cache.Options{NewInformer: informers.NewInformer(informers.Options{Log: ctrl.Log.WithName("informers")}), ByObject: maps.Collect(func(yield func(client.Object, cache.ByObject) bool) {
+		Cache: cache.Options{NewInformer: informers.NewInformer(informers.Options{Log: ctrl.Log.WithName("informers"), Contact: contact}), ByObject: maps.Collect(func(yield func(client.Object, cache.ByObject) bool) {
 			for _, m := range []map[client.Object]cache.ByObject{macnode.CacheByObject(), endpoints.CacheByObject()} {
 				for k, v := range m {
 					if !yield(k, v) {
@@ -119,7 +122,7 @@ func New(cfg Config) (ctrl.Manager, error) {
 	reconcilers := []interface{ SetupWithManager(ctrl.Manager) error }{
 		&modeldeployment.Reconciler{Resolver: &resolver},
 		&scheduler.Reconciler{Workers: cfg.SchedulerWorkers},
-		&macnode.Reconciler{NodeLossGrace: cfg.NodeLossGrace},
+		&macnode.Reconciler{NodeLossGrace: cfg.NodeLossGrace, Contact: contact},
 		&endpoints.Reconciler{},
 	}
 	for _, r := range reconcilers {

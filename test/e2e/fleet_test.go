@@ -18,6 +18,7 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/clientcmd"
@@ -325,6 +326,7 @@ func TestServingSurvivesAPIServerOutage(t *testing.T) {
 		t.Fatal(err)
 	}
 	restored = true
+	restoredAt := time.Now()
 	ok, errs := l.finish()
 	if len(errs) > 0 {
 		t.Errorf("%d of %d gateway requests failed during the outage; first: %v", len(errs), ok+int64(len(errs)), errs[0])
@@ -343,6 +345,31 @@ func TestServingSurvivesAPIServerOutage(t *testing.T) {
 	}
 	scale(t, ns, "outage", 1)
 	waitReady(t, ns, "outage", 1, 2*time.Minute)
+
+	// No Mac was called lost for not renewing its Lease while nobody could: once every
+	// agent has renewed after the outage, each MacNode has been Ready since before the
+	// cut (the manager lost the API server too, and gives every agent a lease duration
+	// after it returns).
+	for _, a := range fleet.Agents() {
+		name := a.Node.Name
+		testenv.Eventually(t, time.Minute, 100*time.Millisecond, func() (bool, string) {
+			var lease coordinationv1.Lease
+			if err := fleet.Client.Get(t.Context(), client.ObjectKey{Namespace: v1alpha1.NodeLeaseNamespace, Name: name}, &lease); err != nil {
+				return false, err.Error()
+			}
+			rt := lease.Spec.RenewTime
+			return rt != nil && rt.After(restoredAt), fmt.Sprintf("Lease of %s last renewed %v, before the API server returned", name, rt)
+		})
+		var n v1alpha1.MacNode
+		if err := fleet.Client.Get(t.Context(), client.ObjectKey{Name: name}, &n); err != nil {
+			t.Fatal(err)
+		}
+		c := meta.FindStatusCondition(n.Status.Conditions, v1alpha1.MacNodeReady)
+		if c == nil || c.Status != metav1.ConditionTrue || !c.LastTransitionTime.Time.Before(cutAt) {
+			t.Errorf("MacNode %s Ready condition %+v: it changed during or after the outage (cut at %s)", name, c,
+				cutAt.UTC().Format(time.RFC3339Nano))
+		}
+	}
 }
 
 // openaiDirect is an OpenAI client that calls one agent with the fleet token.

@@ -8,6 +8,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"sync"
+	"time"
 
 	"github.com/go-logr/logr"
 
@@ -528,6 +529,7 @@ func (e *engine) finish(s *slot, reason string) {
 // tokens and returns how many prompt tokens the slot now holds (0 when llama.cpp
 // refused the state: the slot is then empty and the prompt is prefilled in full).
 func (e *engine) restore(s *slot, r *restoreState) int {
+	start := time.Now()
 	err := e.ctx.SetSeqState(s.id, r.state)
 	if err == nil && e.ctx.SeqPosMax(s.id) < r.n-1 {
 		err = fmt.Errorf("the state holds %d tokens, not %d", e.ctx.SeqPosMax(s.id)+1, r.n)
@@ -545,7 +547,8 @@ func (e *engine) restore(s *slot, r *restoreState) int {
 	s.cached = append(s.cached[:0], r.tokens...)
 	e.pc.restores.Add(1)
 	e.pc.restoredTokens.Add(int64(r.n))
-	e.log.V(1).Info("Restored a cached prompt state", "tokens", r.n, "tier", r.tier, "slot", s.id)
+	e.log.V(1).Info("Restored a cached prompt state", "tokens", r.n, "tier", r.tier, "slot", s.id, "bytes", len(r.state),
+		"lookup", r.found.Round(time.Microsecond), "restore", time.Since(start).Round(time.Microsecond))
 	return r.n
 }
 

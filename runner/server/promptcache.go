@@ -19,6 +19,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/go-logr/logr"
 
@@ -140,6 +141,7 @@ type restoreState struct {
 	tokens []int32 // the first n tokens of the prompt
 	state  []byte
 	tier   promptcache.Tier
+	found  time.Duration // how long the lookup took
 }
 
 // promptCache is the runner's side of the prompt cache: the identity of its states,
@@ -248,6 +250,7 @@ func (pc *promptCache) lookup(tokens []int32) *restoreState {
 	if !pc.active() || len(tokens) < 2 {
 		return nil
 	}
+	start := time.Now()
 	keys := promptcache.BlockKeys(pc.id, tokens[:len(tokens)-1], pc.block)
 	for len(keys) > 0 {
 		depth, data, tier := pc.c.Longest(keys)
@@ -257,7 +260,7 @@ func (pc *promptCache) lookup(tokens []int32) *restoreState {
 		n := depth * pc.block
 		r, err := pc.resolve(data, tokens[:n])
 		if err == nil {
-			r.n, r.tier = n, tier
+			r.n, r.tier, r.found = n, tier, time.Since(start)
 			return r
 		}
 		// A dangling reference, or an entry that does not hold these tokens (which a

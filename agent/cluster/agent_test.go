@@ -311,7 +311,9 @@ func TestAPIServerOutage(t *testing.T) {
 	if got := getReplica(t, ns, "od-0"); got.Status.LastUnload != nil {
 		t.Fatalf("lastUnload written with the API server cut off? %s", statusJSON(got))
 	}
-	proxy.Restore()
+	if err := proxy.Restore(); err != nil {
+		t.Fatal(err)
+	}
 
 	waitReplica(t, time.Minute, ns, "od-0", func(mr *v1alpha1.ModelReplica) (bool, string) {
 		if u := mr.Status.LastUnload; u == nil || u.Reason != "Idle" {

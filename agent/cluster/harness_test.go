@@ -383,94 +383,9 @@ func allOf(checks ...func() (bool, string)) (bool, string) {
 	return true, ""
 }
 
-// tcpProxy forwards connections to target; Cut closes the listener and every
-// connection (the API server becomes unreachable), Restore listens again on the
-// same address.
-type tcpProxy struct {
-	t      *testing.T
-	target string
-	addr   string
-	// port stays reserved while the proxy is cut, so Restore always gets it back.
-	port *testenv.Port
-
-	mu    sync.Mutex
-	ln    net.Listener
-	conns map[net.Conn]struct{}
-}
-
-func newTCPProxy(t *testing.T, target string) *tcpProxy {
-	p := &tcpProxy{t: t, target: target, port: testenv.ReservePort(t), conns: map[net.Conn]struct{}{}}
-	ln, err := p.port.Listen()
-	if err != nil {
-		t.Fatal(err)
-	}
-	p.addr = p.port.Addr
-	p.serve(ln)
-	t.Cleanup(p.Cut)
-	return p
-}
-
-func (p *tcpProxy) serve(ln net.Listener) {
-	p.mu.Lock()
-	p.ln = ln
-	p.mu.Unlock()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			up, err := net.Dial("tcp", p.target)
-			if err != nil {
-				c.Close()
-				continue
-			}
-			p.mu.Lock()
-			if p.ln != ln {
-				p.mu.Unlock()
-				c.Close()
-				up.Close()
-				return
-			}
-			p.conns[c], p.conns[up] = struct{}{}, struct{}{}
-			p.mu.Unlock()
-			go func() { _, _ = io.Copy(up, c); up.Close(); c.Close() }()
-			go func() { _, _ = io.Copy(c, up); up.Close(); c.Close() }()
-		}
-	}()
-}
-
-func (p *tcpProxy) Cut() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.ln != nil {
-		p.ln.Close()
-		p.ln = nil
-	}
-	for c := range p.conns {
-		c.Close()
-	}
-	clear(p.conns)
-}
-
-func (p *tcpProxy) Restore() {
-	ln, err := p.port.Listen()
-	if err != nil {
-		p.t.Fatalf("listening again on %s: %v", p.addr, err)
-	}
-	p.serve(ln)
-}
-
-// throughProxy is env.Config with its host replaced by the proxy's address.
-func throughProxy(t *testing.T) (*rest.Config, *tcpProxy) {
-	u, err := url.Parse(env.Config.Host)
-	if err != nil || u.Host == "" {
-		t.Fatalf("API server host %q: %v", env.Config.Host, err)
-	}
-	p := newTCPProxy(t, u.Host)
-	rc := rest.CopyConfig(env.Config)
-	u.Host = p.addr
-	rc.Host = u.String()
+// throughProxy is env.Config through a relay that can cut it off the API server.
+func throughProxy(t *testing.T) (*rest.Config, *testenv.Relay) {
+	rc, r := testenv.RelayConfig(t, env.Config)
 	rc.Timeout = 5 * time.Second
-	return rc, p
+	return rc, r
 }

@@ -3,9 +3,6 @@ package node
 import (
 	"context"
 	"fmt"
-	"io"
-	"net"
-	"net/url"
 	"strings"
 	"sync"
 	"testing"
@@ -21,7 +18,6 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	utilrand "k8s.io/apimachinery/pkg/util/rand"
-	"k8s.io/client-go/rest"
 	clocktesting "k8s.io/utils/clock/testing"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -570,111 +566,12 @@ func TestReregisters(t *testing.T) {
 	}
 }
 
-// tcpProxy forwards connections to the API server until it is cut.
-type tcpProxy struct {
-	target string
-	addr   string
-	// port stays reserved while the proxy is cut, so restore always gets it back.
-	port *testenv.Port
-
-	mu    sync.Mutex
-	ln    net.Listener
-	conns map[net.Conn]struct{}
-}
-
-func newTCPProxy(t *testing.T, target string) *tcpProxy {
-	t.Helper()
-	port := testenv.ReservePort(t)
-	ln, err := port.Listen()
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &tcpProxy{target: target, addr: port.Addr, port: port, conns: map[net.Conn]struct{}{}}
-	p.serve(ln)
-	t.Cleanup(p.cut)
-	return p
-}
-
-func (p *tcpProxy) serve(ln net.Listener) {
-	p.mu.Lock()
-	p.ln = ln
-	p.mu.Unlock()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go p.forward(c)
-		}
-	}()
-}
-
-func (p *tcpProxy) track(cs ...net.Conn) bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.ln == nil {
-		return false
-	}
-	for _, c := range cs {
-		p.conns[c] = struct{}{}
-	}
-	return true
-}
-
-func (p *tcpProxy) forward(c net.Conn) {
-	up, err := net.Dial("tcp", p.target)
-	if err != nil {
-		c.Close()
-		return
-	}
-	if !p.track(c, up) {
-		c.Close()
-		up.Close()
-		return
-	}
-	go func() { io.Copy(up, c); up.Close() }()
-	io.Copy(c, up)
-	c.Close()
-}
-
-// cut closes the listener and every connection: the API server is unreachable.
-func (p *tcpProxy) cut() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.ln != nil {
-		p.ln.Close()
-		p.ln = nil
-	}
-	for c := range p.conns {
-		c.Close()
-		delete(p.conns, c)
-	}
-}
-
-// restore listens on the same address again.
-func (p *tcpProxy) restore(t *testing.T) {
-	t.Helper()
-	ln, err := p.port.Listen()
-	if err != nil {
-		t.Fatalf("listening on %s again: %v", p.addr, err)
-	}
-	p.serve(ln)
-}
-
 // TestAPIOutage: with the API server unreachable the session keeps running, logs the
 // outage once, and when the server is back it renews the Lease and restores the
 // Ready=True the controller took away meanwhile.
 func TestAPIOutage(t *testing.T) {
 	t.Parallel()
-	u, err := url.Parse(env.Config.Host)
-	if err != nil || u.Host == "" {
-		t.Fatalf("API server address %q: %v", env.Config.Host, err)
-	}
-	proxy := newTCPProxy(t, u.Host)
-	cfg := rest.CopyConfig(env.Config)
-	u.Host = proxy.addr
-	cfg.Host = u.String()
+	cfg, proxy := testenv.RelayConfig(t, env.Config)
 	c, err := client.New(cfg, client.Options{Scheme: env.Scheme})
 	if err != nil {
 		t.Fatal(err)
@@ -689,7 +586,7 @@ func TestAPIOutage(t *testing.T) {
 	for outage := 1; outage <= 2; outage++ {
 		// Under load a round may also time out before the cut: count from here.
 		outages, recoveries := logs.count(outageMsg), logs.count(recoveryMsg)
-		proxy.cut()
+		proxy.Cut()
 		// Drain rounds that finished before the cut, then see several fail.
 		failed := 0
 		testenv.Eventually(t, wait, poll, func() (bool, string) {
@@ -719,7 +616,9 @@ func TestAPIOutage(t *testing.T) {
 		cutRenew := lease.Spec.RenewTime.Time
 
 		restored := time.Now()
-		proxy.restore(t)
+		if err := proxy.Restore(); err != nil {
+			t.Fatal(err)
+		}
 		testenv.Eventually(t, wait, poll, func() (bool, string) {
 			l, err := getLease(t, name)
 			if err != nil {

@@ -85,7 +85,9 @@ func TestInformerResumesRightAfterOutage(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal(ctx.Err())
 	}
-	relay.Restore()
+	if err := relay.Restore(); err != nil {
+		t.Fatal(err)
+	}
 	after := create("after")
 	created := time.Now()
 

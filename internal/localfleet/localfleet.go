@@ -17,6 +17,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -32,6 +33,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/macfleet/macfleet/api/v1alpha1"
+	"github.com/macfleet/macfleet/internal/tcprelay"
 	"github.com/macfleet/macfleet/internal/testenv"
 	"github.com/macfleet/macfleet/metal"
 )
@@ -94,7 +96,7 @@ type Fleet struct {
 	// HostIP is the address the agents listen on.
 	HostIP string
 
-	relay   *relay
+	relay   *tcprelay.Relay
 	manager *Process
 	gateway *Process
 	models  *http.Server
@@ -152,7 +154,11 @@ func Start(ctx context.Context, opts Options) (_ *Fleet, err error) {
 		return nil, err
 	}
 	f.Client = f.Env.Client
-	if f.relay, err = newRelay(f.Env.Config.Host); err != nil {
+	u, err := url.Parse(f.Env.Config.Host)
+	if err != nil {
+		return nil, fmt.Errorf("the API server's address %q: %w", f.Env.Config.Host, err)
+	}
+	if f.relay, err = tcprelay.New(u.Host); err != nil {
 		return nil, err
 	}
 	if f.AdminKubeconfig, err = f.writeKubeconfig(f.Env.KubeConfig, "admin.kubeconfig"); err != nil {
@@ -376,12 +382,12 @@ func (f *Fleet) LogDir() string { return filepath.Join(f.opts.Dir, "logs") }
 
 // CutAPIServer makes the API server unreachable for the fleet: the relay closes every
 // connection and refuses new ones.
-func (f *Fleet) CutAPIServer() { f.logf("Cutting the fleet off the API server"); f.relay.cut() }
+func (f *Fleet) CutAPIServer() { f.logf("Cutting the fleet off the API server"); f.relay.Cut() }
 
 // RestoreAPIServer makes it reachable again.
 func (f *Fleet) RestoreAPIServer() error {
 	f.logf("Restoring the API server")
-	return f.relay.restore()
+	return f.relay.Restore()
 }
 
 // WaitNodeReady waits until a MacNode's Ready condition is True.
@@ -426,7 +432,7 @@ func (f *Fleet) Stop() {
 		_ = f.models.Close()
 	}
 	if f.relay != nil {
-		f.relay.close()
+		f.relay.Close()
 	}
 	if f.Env != nil {
 		if err := f.Env.Stop(); err != nil {
@@ -465,7 +471,7 @@ func (f *Fleet) writeKubeconfig(src []byte, name string) (string, error) {
 		return "", err
 	}
 	for _, c := range cfg.Clusters {
-		c.Server = "https://" + f.relay.addr()
+		c.Server = "https://" + f.relay.Addr()
 	}
 	path := filepath.Join(f.opts.Dir, name)
 	return path, clientcmd.WriteToFile(*cfg, path)

@@ -27,6 +27,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/macfleet/macfleet/agent/cluster"
+	"github.com/macfleet/macfleet/agent/janitor"
 	"github.com/macfleet/macfleet/agent/server"
 	"github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/internal/ggufsynth"
@@ -122,7 +123,7 @@ type agentOptions struct {
 	stateDir string
 	// promptCacheDir gives the runners an SSD tier there (10Gi each).
 	promptCacheDir string
-	janitor        cluster.JanitorOptions
+	janitor        janitor.Options
 }
 
 type logBuffer struct {

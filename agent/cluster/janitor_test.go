@@ -17,7 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	clocktesting "k8s.io/utils/clock/testing"
 
-	"github.com/macfleet/macfleet/agent/cluster"
+	"github.com/macfleet/macfleet/agent/janitor"
 	"github.com/macfleet/macfleet/agent/store"
 	"github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/internal/ggufsynth"
@@ -80,7 +80,7 @@ func TestJanitorRemovesTheFilesOfDeletedReplicas(t *testing.T) {
 		}
 	}
 
-	a := startAgent(t, agentOptions{store: st, promptCacheDir: cacheDir, janitor: cluster.JanitorOptions{
+	a := startAgent(t, agentOptions{store: st, promptCacheDir: cacheDir, janitor: janitor.Options{
 		StoreRetention: time.Hour, PromptCacheRetention: 24 * time.Hour, Interval: 100 * time.Millisecond, FirstDelay: time.Millisecond}})
 	ns := testenv.NewNamespace(t, env.Client)
 	keepSHA, goneSHA := fileSHA(t, tinyModel), fileSHA(t, second)
@@ -133,10 +133,10 @@ func TestJanitorRemovesTheFilesOfDeletedReplicas(t *testing.T) {
 		t.Fatalf("/metrics: %d", resp.StatusCode)
 	}
 	for series, want := range map[string]float64{
-		cluster.MetricGCRemoved + `{kind="blob"}`:             1,
-		cluster.MetricGCFreed + `{kind="blob"}`:               float64(sizeOf(t, second)),
-		cluster.MetricGCRemoved + `{kind="prompt_cache_dir"}`: 1,
-		cluster.MetricGCFreed + `{kind="prompt_cache_dir"}`:   4096,
+		janitor.MetricGCRemoved + `{kind="blob"}`:             1,
+		janitor.MetricGCFreed + `{kind="blob"}`:               float64(sizeOf(t, second)),
+		janitor.MetricGCRemoved + `{kind="prompt_cache_dir"}`: 1,
+		janitor.MetricGCFreed + `{kind="prompt_cache_dir"}`:   4096,
 	} {
 		if got, ok := metricValue(string(body), series); !ok || got != want {
 			t.Errorf("%s = %v (found %v), want %v:\n%s", series, got, ok, want, grepLines(string(body), "macfleet_agent_gc_"))

@@ -29,6 +29,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/macfleet/macfleet/agent/janitor"
 	"github.com/macfleet/macfleet/agent/server"
 	"github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/internal/informers"
@@ -105,9 +106,9 @@ type Config struct {
 	// come from here.
 	Syncer SyncerOptions
 	// Janitor removes the store's files no replica needs (when Store implements
-	// StorePruner) and the prompt cache directories of models gone; it is off when
+	// janitor.StorePruner) and the prompt cache directories of models gone; it is off when
 	// both its retentions are zero.
-	Janitor         JanitorOptions
+	Janitor         janitor.Options
 	ShutdownTimeout time.Duration
 	Log             logr.Logger
 	// Started, when set, is called with the address served and the endpoint advertised.
@@ -221,9 +222,13 @@ func Run(ctx context.Context, cfg Config) error {
 		ln.Close()
 		return err
 	}
-	jan := newJanitor(cfg.Janitor, cfg.Store, factory, syncer.inUse, log.WithName("janitor"))
+	var pruner janitor.StorePruner
+	if p, ok := cfg.Store.(janitor.StorePruner); ok {
+		pruner = p
+	}
+	jan := janitor.New(cfg.Janitor, pruner, factory, syncer.inUse, log.WithName("janitor"))
 	if jan != nil {
-		for _, c := range jan.collectors() {
+		for _, c := range jan.Collectors() {
 			if err := reg.Register(c); err != nil {
 				ln.Close()
 				return err
@@ -284,7 +289,7 @@ func Run(ctx context.Context, cfg Config) error {
 		})
 	}
 	if jan != nil {
-		g.Go(func() error { return jan.run(gctx, rcache.WaitForCacheSync) })
+		g.Go(func() error { return jan.Run(gctx, rcache.WaitForCacheSync) })
 	}
 	env := Env{NodeName: cfg.NodeName, Endpoint: endpoint, Pool: pool, Client: direct, Ready: sii.HasSynced}
 	for _, r := range cfg.Runnables {

@@ -638,3 +638,31 @@ type poolObserver struct{ s *Syncer }
 func (o poolObserver) LoadFinished(ev metal.LoadEvent)             { o.s.enqueue(ev.Model) }
 func (o poolObserver) Unloaded(model string, _ metal.UnloadReport) { o.s.enqueue(model) }
 func (o poolObserver) PressureChanged(_, _ metal.PressureLevel)    {}
+
+// inUse names the models this node needs: the source of every replica bound to it
+// in the informer's cache, whatever its state, and of every local record (a replica
+// being removed), with the files of those records and of every pool entry.
+func (s *Syncer) inUse() ([]store.Model, []string) {
+	var models []store.Model
+	var paths []string
+	for _, obj := range s.opts.Informer.GetStore().List() {
+		if mr, ok := obj.(*v1alpha1.ModelReplica); ok {
+			models = append(models, store.Model{Source: mr.Spec.Template.Model.Source, SHA256: mr.Spec.Template.Model.SHA256})
+		}
+	}
+	s.mu.Lock()
+	for _, r := range s.replicas {
+		models = append(models, store.Model{Source: r.template.Model.Source, SHA256: r.template.Model.SHA256})
+		if r.path != "" {
+			paths = append(paths, r.path)
+		}
+	}
+	s.mu.Unlock()
+	for _, m := range s.opts.Pool.Snapshot().Models {
+		paths = append(paths, m.Spec.Path)
+		if m.LoadedSpec != nil {
+			paths = append(paths, m.LoadedSpec.Path)
+		}
+	}
+	return models, paths
+}

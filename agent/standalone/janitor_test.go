@@ -83,7 +83,7 @@ func TestServePrunesTheCacheDirsOfModelsGone(t *testing.T) {
 			t.Errorf("model file %s: %v", p, err)
 		}
 	}
-	if !strings.Contains(logs.String(), "Removed the prompt cache directories of models no longer served") {
+	if !strings.Contains(logs.String(), "Removed the prompt cache directories of models no longer in use") {
 		t.Errorf("nothing logged about the removal:\n%s", logs.String())
 	}
 }

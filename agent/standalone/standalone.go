@@ -17,7 +17,9 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/macfleet/macfleet/agent/config"
+	"github.com/macfleet/macfleet/agent/janitor"
 	"github.com/macfleet/macfleet/agent/server"
+	"github.com/macfleet/macfleet/agent/store"
 	"github.com/macfleet/macfleet/internal/estimate"
 	"github.com/macfleet/macfleet/metal"
 )
@@ -52,16 +54,10 @@ type Options struct {
 	// model files that are no longer configured once nothing in them changed for this
 	// long. The model files themselves are the user's and never deleted.
 	PromptCacheRetention time.Duration
-	// GCInterval is the time between those passes (DefaultGCInterval when zero); the
-	// first runs GCFirstDelay (DefaultGCFirstDelay when zero) after the start.
+	// GCInterval is the time between those passes (janitor.DefaultInterval when zero);
+	// the first runs GCFirstDelay (janitor.DefaultFirstDelay when zero) after the start.
 	GCInterval, GCFirstDelay time.Duration
 }
-
-// Defaults of Options.GCInterval and Options.GCFirstDelay.
-const (
-	DefaultGCInterval   = time.Hour
-	DefaultGCFirstDelay = time.Minute
-)
 
 // BuildSpec turns a configured model into the pool's spec: the memory estimate and the
 // dimensions the prefill guard needs are read from the GGUF header (internal/estimate)
@@ -104,22 +100,17 @@ func PromptCacheSpec(pc *config.PromptCache) metal.PromptCacheSpec {
 	if pc == nil || !out.Enabled {
 		return out
 	}
-	tier := func(s *config.Size) int64 {
-		switch {
-		case s == nil:
-			return 0
-		case *s == 0:
-			return -1
-		}
-		return int64(*s)
-	}
-	out.HotBytes, out.SSDBytes = tier(pc.HotBytes), tier(pc.SSDBytes)
+	out.HotBytes, out.SSDBytes = sizeOrOff(pc.HotBytes), sizeOrOff(pc.SSDBytes)
 	return out
 }
 
 // PromptCacheHotBytes is the pool's form (metal.Config.PromptCacheHotBytes) of the
 // agent's hot budget: unset is the default fraction of the ceiling, 0 none.
-func PromptCacheHotBytes(s *config.Size) int64 {
+func PromptCacheHotBytes(s *config.Size) int64 { return sizeOrOff(s) }
+
+// sizeOrOff is the pool's form of a configured size where unset means the default
+// (0) and an explicit 0 turns the thing off (-1).
+func sizeOrOff(s *config.Size) int64 {
 	switch {
 	case s == nil:
 		return 0
@@ -188,9 +179,21 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 	if opts.PromptCacheRetention > 0 && cfg.PromptCacheDir != "" {
 		gcCtx, stopGC := context.WithCancel(ctx)
 		gcDone := make(chan struct{})
+		// The model files are the user's: only prompt cache directories are pruned.
+		jan := janitor.New(janitor.Options{PromptCacheRetention: opts.PromptCacheRetention, Interval: opts.GCInterval,
+			FirstDelay: opts.GCFirstDelay}, nil, factory, func() ([]store.Model, []string) {
+			var keep []string
+			for _, m := range pool.Snapshot().Models {
+				keep = append(keep, m.Spec.Path)
+				if m.LoadedSpec != nil {
+					keep = append(keep, m.LoadedSpec.Path)
+				}
+			}
+			return nil, keep
+		}, log.WithName("janitor"))
 		go func() {
 			defer close(gcDone)
-			pruneCacheDirs(gcCtx, factory, pool, opts, log.WithName("janitor"))
+			_ = jan.Run(gcCtx, func(context.Context) bool { return true })
 		}()
 		defer func() {
 			stopGC()
@@ -276,50 +279,6 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 		log.Info("Stopped")
 	}
 	return err
-}
-
-// pruneCacheDirs removes, every opts.GCInterval until ctx ends, the prompt cache
-// directories that belong to none of the pool's models.
-func pruneCacheDirs(ctx context.Context, factory *metal.ProcessFactory, pool *metal.Pool, opts Options, log logr.Logger) {
-	interval, first := opts.GCInterval, opts.GCFirstDelay
-	if interval <= 0 {
-		interval = DefaultGCInterval
-	}
-	if first <= 0 {
-		first = DefaultGCFirstDelay
-	}
-	wait := time.NewTimer(first)
-	defer wait.Stop()
-	select {
-	case <-ctx.Done():
-		return
-	case <-wait.C:
-	}
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		var keep []string
-		for _, m := range pool.Snapshot().Models {
-			keep = append(keep, m.Spec.Path)
-			if m.LoadedSpec != nil {
-				keep = append(keep, m.LoadedSpec.Path)
-			}
-		}
-		rep, err := factory.PrunePromptCacheDirs(ctx, metal.PromptCachePruneOptions{Now: time.Now(),
-			Retention: opts.PromptCacheRetention, KeepModels: keep})
-		if len(rep.Removed) > 0 {
-			log.Info("Removed the prompt cache directories of models no longer served", "dirs", rep.Removed,
-				"freedBytes", rep.FreedBytes, "retention", opts.PromptCacheRetention)
-		}
-		if err != nil && ctx.Err() == nil {
-			log.Error(err, "Pruning the prompt cache directories")
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-	}
 }
 
 // shutdown stops accepting connections and drains the requests in flight while the

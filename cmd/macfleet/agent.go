@@ -25,6 +25,7 @@ import (
 	"github.com/macfleet/macfleet/agent/cluster"
 	"github.com/macfleet/macfleet/agent/config"
 	"github.com/macfleet/macfleet/agent/hardware"
+	"github.com/macfleet/macfleet/agent/janitor"
 	"github.com/macfleet/macfleet/agent/node"
 	"github.com/macfleet/macfleet/agent/standalone"
 	"github.com/macfleet/macfleet/agent/store"
@@ -146,7 +147,7 @@ while the API server is unreachable and resyncs when it returns.`,
 		"once no agent sharing --store-dir used them for this long, and partial downloads idle this long; 0 never deletes")
 	f.DurationVar(&fl.pcRetention, "prompt-cache-retention", 24*time.Hour, "Delete the prompt cache directories of model files no replica on this Mac uses "+
 		"once nothing in them changed for this long; 0 never deletes")
-	f.DurationVar(&fl.gcInterval, "gc-interval", cluster.DefaultGCInterval, "How often the store and prompt cache directories are pruned "+
+	f.DurationVar(&fl.gcInterval, "gc-interval", janitor.DefaultInterval, "How often the store and prompt cache directories are pruned "+
 		"(the first time a minute after the replicas are known)")
 	f.BoolVar(&fl.runnerOutput, "runner-output", false, "Copy every runner's output to stderr, prefixed with its replica")
 	f.StringVar(&fl.hfEndpoint, "hf-endpoint", source.DefaultHFEndpoint, "Model hub that hf:// sources download from")
@@ -222,7 +223,7 @@ func (fl agentFlags) config() (cluster.Config, hardware.Overrides, error) {
 			return cfg, ov, fmt.Errorf("--%s: %s is negative", d.name, d.v)
 		}
 	}
-	cfg.Janitor = cluster.JanitorOptions{StoreRetention: fl.storeRetention, PromptCacheRetention: fl.pcRetention,
+	cfg.Janitor = janitor.Options{StoreRetention: fl.storeRetention, PromptCacheRetention: fl.pcRetention,
 		Interval: fl.gcInterval}
 	ov.Chip, ov.CPUCores, ov.GPUCores = fl.chip, fl.cpuCores, fl.gpuCores
 	if err := ov.Validate(); err != nil {

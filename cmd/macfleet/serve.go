@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/macfleet/macfleet/agent/config"
+	"github.com/macfleet/macfleet/agent/janitor"
 	"github.com/macfleet/macfleet/agent/standalone"
 )
 
@@ -140,7 +141,7 @@ func newServeCommand() *cobra.Command {
 	f.StringVar(&pcSSD, "prompt-cache-ssd-bytes", "", "prompt cache SSD quota of each model, and the most a model's ssd= may set; 0 turns the SSD tier off (default 10Gi)")
 	f.DurationVar(&pcRetention, "prompt-cache-retention", 24*time.Hour, "delete the prompt cache directories of model files no longer served "+
 		"once nothing in them changed for this long; 0 never deletes (model files are never deleted)")
-	f.DurationVar(&gcEvery, "gc-interval", standalone.DefaultGCInterval, "how often the prompt cache directories are pruned (the first time a minute after the start)")
+	f.DurationVar(&gcEvery, "gc-interval", janitor.DefaultInterval, "how often the prompt cache directories are pruned (the first time a minute after the start)")
 	f.IntVarP(&verbosity, "verbosity", "v", 0, "log verbosity (1: runner output and more, 2: every request)")
 	f.BoolVar(&runnerOutput, "runner-output", false, "copy every runner's output to stderr, prefixed with its model")
 	return cmd

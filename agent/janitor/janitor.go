@@ -1,4 +1,9 @@
-package cluster
+// Package janitor keeps a Mac's disk from filling up: every interval it removes the
+// model store's files that nothing on the Mac needs (and that no agent sharing the
+// store used) and the prompt cache directories of models gone. The cluster agent runs
+// it over the store and the prompt cache; `macfleet serve`, whose model files are the
+// user's, over the prompt cache only.
+package janitor
 
 import (
 	"context"
@@ -11,14 +16,13 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/macfleet/macfleet/agent/store"
-	"github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/metal"
 )
 
-// Defaults of JanitorOptions.
+// Defaults of Options.
 const (
-	DefaultGCInterval   = time.Hour
-	DefaultGCFirstDelay = time.Minute
+	DefaultInterval   = time.Hour
+	DefaultFirstDelay = time.Minute
 )
 
 // Metric names of the janitor, exported by the agent's /metrics. kind is what was
@@ -36,31 +40,28 @@ type StorePruner interface {
 	Prune(ctx context.Context, opts store.PruneOptions) (store.PruneReport, error)
 }
 
-// JanitorOptions configure the janitor that keeps the disk from filling up: it
-// removes the model store's files that no replica bound to this node needs (and that
-// no agent sharing the store used) and the prompt cache directories of models gone.
-type JanitorOptions struct {
+// Options configure a Janitor.
+type Options struct {
 	// StoreRetention is how long the store keeps a file nothing uses, or an idle
 	// partial download; 0 never prunes the store.
 	StoreRetention time.Duration
 	// PromptCacheRetention is how long a prompt cache directory no model uses is kept
 	// after its last write; 0 never prunes them.
 	PromptCacheRetention time.Duration
-	// Interval is the time between passes (DefaultGCInterval when zero); the first
-	// pass runs FirstDelay (DefaultGCFirstDelay when zero) after the replica informer
-	// synced.
+	// Interval is the time between passes (DefaultInterval when zero); the first
+	// pass runs FirstDelay (DefaultFirstDelay when zero) after Run's synced returned.
 	Interval, FirstDelay time.Duration
 	// Clock times the passes and dates the prompt cache directories; the real clock
 	// when nil. The store dates its files with its own clock.
 	Clock clock.WithTicker
 }
 
-// janitor runs the passes.
-type janitor struct {
-	opts    JanitorOptions
+// Janitor runs the passes.
+type Janitor struct {
+	opts    Options
 	store   StorePruner // nil: no store pruning
 	factory *metal.ProcessFactory
-	// inUse names the models this node needs.
+	// inUse names the models (store sources) and files the Mac needs.
 	inUse func() ([]store.Model, []string)
 	log   logr.Logger
 
@@ -68,11 +69,13 @@ type janitor struct {
 	errors         prometheus.Counter
 }
 
-// newJanitor returns nil when there is nothing to prune.
-func newJanitor(opts JanitorOptions, st Store, factory *metal.ProcessFactory, inUse func() ([]store.Model, []string), log logr.Logger) *janitor {
-	j := &janitor{opts: opts, factory: factory, inUse: inUse, log: log}
-	if p, ok := st.(StorePruner); ok && opts.StoreRetention > 0 {
-		j.store = p
+// New returns a Janitor over st (nil: the store is not pruned) and the prompt cache
+// directories of factory, keeping what inUse names; nil when there is nothing to
+// prune.
+func New(opts Options, st StorePruner, factory *metal.ProcessFactory, inUse func() ([]store.Model, []string), log logr.Logger) *Janitor {
+	j := &Janitor{opts: opts, factory: factory, inUse: inUse, log: log}
+	if st != nil && opts.StoreRetention > 0 {
+		j.store = st
 	}
 	if opts.PromptCacheRetention <= 0 {
 		j.factory = nil
@@ -81,10 +84,10 @@ func newJanitor(opts JanitorOptions, st Store, factory *metal.ProcessFactory, in
 		return nil
 	}
 	if j.opts.Interval <= 0 {
-		j.opts.Interval = DefaultGCInterval
+		j.opts.Interval = DefaultInterval
 	}
 	if j.opts.FirstDelay <= 0 {
-		j.opts.FirstDelay = DefaultGCFirstDelay
+		j.opts.FirstDelay = DefaultFirstDelay
 	}
 	if j.opts.Clock == nil {
 		j.opts.Clock = clock.RealClock{}
@@ -99,13 +102,14 @@ func newJanitor(opts JanitorOptions, st Store, factory *metal.ProcessFactory, in
 	return j
 }
 
-func (j *janitor) collectors() []prometheus.Collector {
+// Collectors are the janitor's metrics, for the agent's registry.
+func (j *Janitor) Collectors() []prometheus.Collector {
 	return []prometheus.Collector{j.removed, j.freed, j.errors}
 }
 
-// run waits for synced (the replica informer's sync: before it the agent does not
+// Run waits for synced (e.g. the replica informer's sync: before it the agent does not
 // know which models it needs), then prunes every Interval until ctx ends.
-func (j *janitor) run(ctx context.Context, synced func(context.Context) bool) error {
+func (j *Janitor) Run(ctx context.Context, synced func(context.Context) bool) error {
 	if !synced(ctx) {
 		return nil
 	}
@@ -131,7 +135,7 @@ func (j *janitor) run(ctx context.Context, synced func(context.Context) bool) er
 }
 
 // pass prunes the store and the prompt cache directories once.
-func (j *janitor) pass(ctx context.Context) {
+func (j *Janitor) pass(ctx context.Context) {
 	models, paths := j.inUse()
 	if j.store != nil {
 		rep, err := j.store.Prune(ctx, store.PruneOptions{Keep: models, KeepPaths: paths, Retention: j.opts.StoreRetention})
@@ -159,7 +163,7 @@ func (j *janitor) pass(ctx context.Context) {
 		j.removed.WithLabelValues(KindPromptCacheDir).Add(float64(len(rep.Removed)))
 		j.freed.WithLabelValues(KindPromptCacheDir).Add(float64(rep.FreedBytes))
 		if len(rep.Removed) > 0 {
-			j.log.Info("Removed the prompt cache directories of models gone", "dirs", rep.Removed, "freedBytes", rep.FreedBytes,
+			j.log.Info("Removed the prompt cache directories of models no longer in use", "dirs", rep.Removed, "freedBytes", rep.FreedBytes,
 				"retention", j.opts.PromptCacheRetention)
 		}
 		if err != nil && ctx.Err() == nil {
@@ -167,32 +171,4 @@ func (j *janitor) pass(ctx context.Context) {
 			j.log.Error(err, "Pruning the prompt cache directories")
 		}
 	}
-}
-
-// inUse names the models this node needs: the source of every replica bound to it
-// in the informer's cache, whatever its state, and of every local record (a replica
-// being removed), with the files of those records and of every pool entry.
-func (s *Syncer) inUse() ([]store.Model, []string) {
-	var models []store.Model
-	var paths []string
-	for _, obj := range s.opts.Informer.GetStore().List() {
-		if mr, ok := obj.(*v1alpha1.ModelReplica); ok {
-			models = append(models, store.Model{Source: mr.Spec.Template.Model.Source, SHA256: mr.Spec.Template.Model.SHA256})
-		}
-	}
-	s.mu.Lock()
-	for _, r := range s.replicas {
-		models = append(models, store.Model{Source: r.template.Model.Source, SHA256: r.template.Model.SHA256})
-		if r.path != "" {
-			paths = append(paths, r.path)
-		}
-	}
-	s.mu.Unlock()
-	for _, m := range s.opts.Pool.Snapshot().Models {
-		paths = append(paths, m.Spec.Path)
-		if m.LoadedSpec != nil {
-			paths = append(paths, m.LoadedSpec.Path)
-		}
-	}
-	return models, paths
 }

@@ -314,26 +314,7 @@ func Run(ctx context.Context, cfg Config) error {
 		timeout = DefaultShutdownTimeout
 	}
 	log.Info("Shutting down: draining requests and unloading models", "timeout", timeout)
-	srv.SetReady(false)
-	sctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	httpDone := make(chan error, 1)
-	go func() { httpDone <- httpSrv.Shutdown(sctx) }()
-	stopPool()
-	errs := []error{runErr}
-	select {
-	case err := <-poolDone:
-		if err != nil {
-			errs = append(errs, fmt.Errorf("unloading models: %w", err))
-		}
-	case <-sctx.Done():
-		errs = append(errs, errors.New("unloading models: shutdown timed out"))
-	}
-	if err := <-httpDone; err != nil {
-		_ = httpSrv.Close()
-		errs = append(errs, fmt.Errorf("draining requests: %w", err))
-	}
-	err = errors.Join(errs...)
+	err = errors.Join(runErr, srv.Shutdown(httpSrv, stopPool, poolDone, timeout))
 	if err == nil {
 		log.Info("Stopped")
 	}

@@ -13,8 +13,10 @@
 package server
 
 import (
+	"context"
 	"crypto/subtle"
 	"errors"
+	"fmt"
 	"net/http"
 	"strings"
 	"sync/atomic"
@@ -109,6 +111,33 @@ func (s *Server) Handler() http.Handler { return s.handler }
 
 // SetReady switches /readyz.
 func (s *Server) SetReady(ready bool) { s.ready.Store(ready) }
+
+// Shutdown takes the agent out of service within timeout: /readyz fails, httpSrv
+// stops accepting connections and drains the requests in flight while the pool
+// unloads every model (stopPool ends the pool's Run, whose result poolDone
+// delivers; its drain lets leases finish, then aborts what remains).
+func (s *Server) Shutdown(httpSrv *http.Server, stopPool func(), poolDone <-chan error, timeout time.Duration) error {
+	s.SetReady(false)
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	httpDone := make(chan error, 1)
+	go func() { httpDone <- httpSrv.Shutdown(ctx) }()
+	stopPool()
+	var errs []error
+	select {
+	case err := <-poolDone:
+		if err != nil {
+			errs = append(errs, fmt.Errorf("unloading models: %w", err))
+		}
+	case <-ctx.Done():
+		errs = append(errs, errors.New("unloading models: shutdown timed out"))
+	}
+	if err := <-httpDone; err != nil {
+		_ = httpSrv.Close()
+		errs = append(errs, fmt.Errorf("draining requests: %w", err))
+	}
+	return errors.Join(errs...)
+}
 
 func (s *Server) routes() http.Handler {
 	mux := http.NewServeMux()

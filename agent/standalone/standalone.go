@@ -289,31 +289,11 @@ func shutdown(log logr.Logger, srv *server.Server, httpSrv *http.Server, stopPoo
 		timeout = DefaultShutdownTimeout
 	}
 	log.Info("Shutting down: draining requests and unloading models", "timeout", timeout)
-	srv.SetReady(false)
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-
-	httpDone := make(chan error, 1)
-	go func() { httpDone <- httpSrv.Shutdown(ctx) }()
-	stopPool()
-
 	var errs []error
 	if serveErr != nil && !errors.Is(serveErr, http.ErrServerClosed) {
 		errs = append(errs, serveErr)
 	}
-	select {
-	case err := <-poolDone:
-		if err != nil {
-			errs = append(errs, fmt.Errorf("unloading models: %w", err))
-		}
-	case <-ctx.Done():
-		errs = append(errs, errors.New("unloading models: shutdown timed out"))
-	}
-	if err := <-httpDone; err != nil {
-		_ = httpSrv.Close()
-		errs = append(errs, fmt.Errorf("draining requests: %w", err))
-	}
-	return errors.Join(errs...)
+	return errors.Join(append(errs, srv.Shutdown(httpSrv, stopPool, poolDone, timeout))...)
 }
 
 // logObserver logs one line per load and unload with the bytes measured.

@@ -7,7 +7,6 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"net/url"
@@ -214,34 +213,7 @@ func startAgent(t *testing.T, o agentOptions) *testAgent {
 // response with its body read.
 func (a *testAgent) do(method, path string, body any, header ...string) (*http.Response, []byte) {
 	a.t.Helper()
-	var r io.Reader
-	if body != nil {
-		j, err := json.Marshal(body)
-		if err != nil {
-			a.t.Fatal(err)
-		}
-		r = bytes.NewReader(j)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, method, a.url+path, r)
-	if err != nil {
-		a.t.Fatal(err)
-	}
-	req.Header.Set("Content-Type", "application/json")
-	for i := 0; i+1 < len(header); i += 2 {
-		req.Header.Set(header[i], header[i+1])
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		a.t.Fatalf("%s %s: %v", method, path, err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		a.t.Fatalf("%s %s: reading the body: %v", method, path, err)
-	}
-	return resp, b
+	return testenv.Do(a.t, method, a.url+path, body, header...)
 }
 
 var auth = []string{"Authorization", "Bearer " + fleetToken}

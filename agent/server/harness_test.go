@@ -27,6 +27,7 @@ import (
 	"github.com/macfleet/macfleet/agent/server"
 	"github.com/macfleet/macfleet/agent/standalone"
 	"github.com/macfleet/macfleet/internal/ggufsynth"
+	"github.com/macfleet/macfleet/internal/testenv"
 	"github.com/macfleet/macfleet/metal"
 	"github.com/macfleet/macfleet/runner/api"
 )
@@ -262,40 +263,7 @@ func (c *gatedConn) Write(b []byte) (int, error) {
 // do sends a JSON request and returns the response with its body read.
 func (a *testAgent) do(method, path string, body any, header ...string) (*http.Response, []byte) {
 	a.t.Helper()
-	var r io.Reader
-	switch b := body.(type) {
-	case nil:
-	case string:
-		r = strings.NewReader(b)
-	case []byte:
-		r = bytes.NewReader(b)
-	default:
-		j, err := json.Marshal(b)
-		if err != nil {
-			a.t.Fatal(err)
-		}
-		r = bytes.NewReader(j)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, method, a.url+path, r)
-	if err != nil {
-		a.t.Fatal(err)
-	}
-	req.Header.Set("Content-Type", "application/json")
-	for i := 0; i+1 < len(header); i += 2 {
-		req.Header.Set(header[i], header[i+1])
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		a.t.Fatalf("%s %s: %v", method, path, err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		a.t.Fatalf("%s %s: reading the body: %v", method, path, err)
-	}
-	return resp, b
+	return testenv.Do(a.t, method, a.url+path, body, header...)
 }
 
 // status is GET /api/status.

@@ -16,6 +16,21 @@ import (
 type Message struct {
 	Role    string         `json:"role"`
 	Content MessageContent `json:"content"`
+	// Name is the participant's name (user, system) or the tool's (tool).
+	Name string `json:"name,omitempty"`
+	// ToolCalls are the calls of an assistant message in the history.
+	ToolCalls []ToolCall `json:"tool_calls,omitempty"`
+	// ToolCallID is the call a tool message answers.
+	ToolCallID string `json:"tool_call_id,omitempty"`
+	// ReasoningContent is an assistant message's reasoning, for templates that show
+	// it (most drop it from past turns).
+	ReasoningContent string `json:"reasoning_content,omitempty"`
+	// Refusal, Annotations, Audio and FunctionCall come back with an assistant message
+	// that a client returns in the history; they are accepted when empty.
+	Refusal      *string         `json:"refusal,omitempty"`
+	Annotations  json.RawMessage `json:"annotations,omitempty"`
+	Audio        json.RawMessage `json:"audio,omitempty"`
+	FunctionCall json.RawMessage `json:"function_call,omitempty"`
 }
 
 // MessageContent is the text of a message: OpenAI allows a string, null, or an array
@@ -47,7 +62,7 @@ func (c *MessageContent) UnmarshalJSON(b []byte) error {
 		var sb strings.Builder
 		for _, p := range parts {
 			if p.Type != "text" || p.Text == nil {
-				return fmt.Errorf("content part of type %q is not supported (text only)", p.Type)
+				return fmt.Errorf("content part of type %q is not supported: the models served are text-only", p.Type)
 			}
 			sb.WriteString(*p.Text)
 		}
@@ -161,6 +176,49 @@ type ChatRequest struct {
 	Model    string    `json:"model"`
 	Messages []Message `json:"messages"`
 	Sampling
+	ChatTools
+	Unsupported
+	// ChatTemplateKwargs are extra variables for the model's chat template (e.g.
+	// enable_thinking).
+	ChatTemplateKwargs map[string]json.RawMessage `json:"chat_template_kwargs,omitempty"`
+}
+
+// Check validates the fields beyond sampling: tools, the unsupported ones, the
+// template variables.
+func (r *ChatRequest) Check() *Error {
+	if e := r.Unsupported.Check(); e != nil {
+		return e
+	}
+	if e := r.CheckTools(); e != nil {
+		return e
+	}
+	for k := range r.ChatTemplateKwargs {
+		switch k {
+		case "messages", "tools", "add_generation_prompt", "bos_token", "eos_token":
+			return InvalidRequest(CodeInvalidValue, "chat_template_kwargs", "chat_template_kwargs must not set %q", k)
+		}
+	}
+	for i, m := range r.Messages {
+		param := fmt.Sprintf("messages[%d]", i)
+		switch {
+		case m.Refusal != nil && *m.Refusal != "" && m.Content == "":
+			return InvalidRequest(CodeUnsupportedParameter, param+".refusal", "a refusal in the history is not supported: send it as content")
+		case !isNull(m.Audio):
+			return InvalidRequest(CodeUnsupportedParameter, param+".audio", "audio in messages is not supported")
+		case !isNull(m.FunctionCall):
+			return InvalidRequest(CodeUnsupportedParameter, param+".function_call", "function_call is deprecated and not supported: send tool_calls")
+		case len(m.ToolCalls) > 0 && m.Role != "assistant":
+			return InvalidRequest(CodeInvalidValue, param+".tool_calls", "only assistant messages carry tool_calls")
+		case m.Role == "tool" && m.ToolCallID == "":
+			return InvalidRequest(CodeInvalidValue, param+".tool_call_id", "a tool message needs the tool_call_id it answers")
+		}
+		for j, c := range m.ToolCalls {
+			if c.Function.Name == "" {
+				return InvalidRequest(CodeInvalidValue, fmt.Sprintf("%s.tool_calls[%d].function.name", param, j), "a tool call needs a function name")
+			}
+		}
+	}
+	return nil
 }
 
 // CompletionRequest is the body of POST /v1/completions.
@@ -169,6 +227,26 @@ type CompletionRequest struct {
 	Prompt *Input `json:"prompt"`
 	Echo   bool   `json:"echo,omitempty"`
 	Sampling
+	User      string          `json:"user,omitempty"`
+	Suffix    *string         `json:"suffix,omitempty"`
+	Logprobs  *int            `json:"logprobs,omitempty"`
+	BestOf    *int            `json:"best_of,omitempty"`
+	LogitBias json.RawMessage `json:"logit_bias,omitempty"`
+}
+
+// Check refuses the completion fields macfleet does not serve.
+func (r *CompletionRequest) Check() *Error {
+	switch {
+	case r.Suffix != nil && *r.Suffix != "":
+		return InvalidRequest(CodeUnsupportedParameter, "suffix", "suffix (fill in the middle) is not supported")
+	case r.Logprobs != nil && *r.Logprobs > 0:
+		return InvalidRequest(CodeUnsupportedParameter, "logprobs", "logprobs is not supported yet")
+	case r.BestOf != nil && *r.BestOf != 1:
+		return InvalidRequest(CodeUnsupportedParameter, "best_of", "best_of is not supported")
+	case !isNull(r.LogitBias) && string(bytes.TrimSpace(r.LogitBias)) != "{}":
+		return InvalidRequest(CodeUnsupportedParameter, "logit_bias", "logit_bias is not supported")
+	}
+	return nil
 }
 
 // EmbeddingRequest is the body of POST /v1/embeddings.
@@ -177,6 +255,7 @@ type EmbeddingRequest struct {
 	Input          *Input `json:"input"`
 	EncodingFormat string `json:"encoding_format,omitempty"`
 	Dimensions     *int   `json:"dimensions,omitempty"`
+	User           string `json:"user,omitempty"`
 }
 
 // Options are validated generation options with OpenAI's defaults filled in.
@@ -249,7 +328,10 @@ func (s Sampling) Options() (Options, *Error) {
 		o.Seed, o.SeedSet = uint32(uint64(*s.Seed)), true
 	}
 	if s.N != nil && *s.N != 1 {
-		return o, InvalidRequest(CodeInvalidValue, "n", "only n=1 is supported, got %d", *s.N)
+		if *s.N < 1 {
+			return o, InvalidRequest(CodeInvalidValue, "n", "n must be at least 1, got %d", *s.N)
+		}
+		return o, InvalidRequest(CodeUnsupportedParameter, "n", "n > 1 is not supported yet, got %d", *s.N)
 	}
 	if len(s.Stop) > MaxStopStrings {
 		return o, InvalidRequest(CodeInvalidValue, "stop", "at most %d stop strings are allowed, got %d", MaxStopStrings, len(s.Stop))
@@ -272,10 +354,16 @@ func (s Sampling) Options() (Options, *Error) {
 }
 
 // DecodeJSON parses a request body into v, mapping failures to 400 errors: malformed
-// JSON is invalid_json, a well-formed body with a wrong value is invalid_value.
+// JSON is invalid_json, a well-formed body with a wrong value is invalid_value, a
+// field the request type does not have is unknown_parameter (nothing is silently
+// dropped).
 func DecodeJSON(body []byte, v any) *Error {
 	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
+		if field, ok := unknownField(err); ok {
+			return InvalidRequest(CodeUnknownParameter, field, "unknown or unsupported field %q", field)
+		}
 		var se *json.SyntaxError
 		var ute *json.UnmarshalTypeError
 		switch {

@@ -1,0 +1,294 @@
+package chat
+
+import (
+	"strings"
+
+	"github.com/macfleet/macfleet/runner/api"
+)
+
+// Delta is what a piece of model output adds to the answer.
+type Delta struct {
+	Content   string
+	Reasoning string
+	// ToolCalls are complete calls, Index set to their position in the answer.
+	ToolCalls []api.ToolCall
+}
+
+// Empty reports a delta with nothing in it.
+func (d Delta) Empty() bool { return d.Content == "" && d.Reasoning == "" && len(d.ToolCalls) == 0 }
+
+// Options configure a Parser.
+type Options struct {
+	Format Format
+	// Tools: the request offered tools, so calls are parsed out of the output.
+	Tools bool
+	// Parallel: more than one call may be returned (parallel_tool_calls).
+	Parallel bool
+	// Thinking: <think>…</think> at the start of the output is reasoning.
+	Thinking bool
+	// InReasoning: the prompt ended inside an open <think> block.
+	InReasoning bool
+}
+
+type phase int
+
+const (
+	phaseStart phase = iota // nothing but whitespace seen yet
+	phaseReasoning
+	phaseContent
+	phaseCall // inside a call region, buffered until it closes or the output ends
+)
+
+const (
+	thinkOpen  = "<think>"
+	thinkClose = "</think>"
+)
+
+// Parser splits streamed model output into content, reasoning and tool calls. Text
+// that may be the start of a marker is held back until it is decided, so no marker
+// ever reaches the client; a malformed call is returned as content. Not safe for
+// concurrent use.
+type Parser struct {
+	o     Options
+	phase phase
+	buf   string // undecided text
+	call  string // text of the current call region
+	calls int
+	// thought: a reasoning block has closed; no second one opens.
+	thought bool
+	// harmony output is parsed when it ends.
+	harmony strings.Builder
+}
+
+// NewParser returns a parser for one answer.
+func NewParser(o Options) *Parser {
+	p := &Parser{o: o}
+	if o.InReasoning {
+		p.phase = phaseReasoning
+	}
+	return p
+}
+
+// Calls is the number of tool calls returned so far.
+func (p *Parser) Calls() int { return p.calls }
+
+// startMarker is the marker that opens a call region in the content phase.
+func (p *Parser) startMarker() string {
+	switch p.o.Format {
+	case FormatHermes, FormatNone:
+		return "<tool_call>"
+	case FormatMistral:
+		return "[TOOL_CALLS]"
+	case FormatLlama3:
+		return "<|python_tag|>"
+	}
+	return ""
+}
+
+// Push adds output text and returns what can be said of it now.
+func (p *Parser) Push(text string) Delta {
+	if p.o.Format == FormatHarmony && p.o.Tools {
+		p.harmony.WriteString(text)
+		return Delta{}
+	}
+	p.buf += text
+	var d Delta
+	p.drain(&d, false)
+	return d
+}
+
+// Finish ends the output and returns the rest.
+func (p *Parser) Finish() Delta {
+	var d Delta
+	if p.o.Format == FormatHarmony && p.o.Tools {
+		return p.finishHarmony()
+	}
+	p.drain(&d, true)
+	switch p.phase {
+	case phaseReasoning:
+		d.Reasoning += p.buf
+	case phaseCall:
+		p.closeCall(&d, p.call+p.buf)
+	default:
+		d.Content += p.buf
+	}
+	p.buf, p.call = "", ""
+	return d
+}
+
+func (p *Parser) drain(d *Delta, final bool) {
+	for p.buf != "" {
+		switch p.phase {
+		case phaseStart:
+			trimmed := strings.TrimLeft(p.buf, " \t\r\n")
+			if trimmed == "" {
+				if final {
+					d.Content += p.buf
+					p.buf = ""
+				}
+				return
+			}
+			if p.o.Thinking && !p.thought {
+				if strings.HasPrefix(trimmed, thinkOpen) {
+					p.buf = trimmed[len(thinkOpen):]
+					p.phase = phaseReasoning
+					continue
+				}
+				if !final && strings.HasPrefix(thinkOpen, trimmed) {
+					return // maybe <think>
+				}
+			}
+			if p.o.Tools && p.o.Format == FormatLlama3 && strings.HasPrefix(trimmed, "{") {
+				// A Llama 3 answer that opens with a JSON object is a call region to
+				// the end of the output.
+				p.buf = trimmed
+				p.phase = phaseCall
+				continue
+			}
+			if p.thought {
+				p.buf = trimmed // the blank lines after </think>
+			}
+			p.phase = phaseContent
+		case phaseReasoning:
+			i := strings.Index(p.buf, thinkClose)
+			if i < 0 {
+				keep := 0
+				if !final {
+					keep = partialSuffix(p.buf, thinkClose)
+				}
+				d.Reasoning += p.buf[:len(p.buf)-keep]
+				p.buf = p.buf[len(p.buf)-keep:]
+				return
+			}
+			d.Reasoning += p.buf[:i]
+			p.buf = p.buf[i+len(thinkClose):]
+			p.phase, p.thought = phaseStart, true
+		case phaseContent:
+			marker := ""
+			if p.o.Tools && (p.o.Parallel || p.calls == 0) {
+				marker = p.startMarker()
+			}
+			if marker == "" {
+				d.Content += p.buf
+				p.buf = ""
+				return
+			}
+			i := strings.Index(p.buf, marker)
+			if i < 0 {
+				keep := 0
+				if !final {
+					keep = partialSuffix(p.buf, marker)
+				}
+				d.Content += p.buf[:len(p.buf)-keep]
+				p.buf = p.buf[len(p.buf)-keep:]
+				return
+			}
+			d.Content += p.buf[:i]
+			p.buf = p.buf[i:]
+			p.phase = phaseCall
+		case phaseCall:
+			if p.o.Format != FormatHermes && p.o.Format != FormatNone {
+				// Llama 3 and Mistral calls run to the end of the output.
+				p.call += p.buf
+				p.buf = ""
+				return
+			}
+			const end = "</tool_call>"
+			p.call += p.buf
+			p.buf = ""
+			i := strings.Index(p.call, end)
+			if i < 0 {
+				return
+			}
+			region := p.call[:i+len(end)]
+			p.buf, p.call = p.call[i+len(end):], ""
+			p.closeCall(d, region)
+		}
+	}
+}
+
+// closeCall parses a finished call region into calls, or returns it as content.
+func (p *Parser) closeCall(d *Delta, region string) {
+	text := region
+	if p.o.Format == FormatHermes || p.o.Format == FormatNone {
+		text = strings.TrimSuffix(strings.TrimPrefix(strings.TrimSpace(region), "<tool_call>"), "</tool_call>")
+	}
+	calls := parseCalls(p.o.Format, text)
+	if calls == nil {
+		d.Content += region
+		p.phase = phaseContent
+		return
+	}
+	for _, c := range calls {
+		if !p.o.Parallel && p.calls > 0 {
+			break
+		}
+		i := p.calls
+		c.Index = &i
+		d.ToolCalls = append(d.ToolCalls, c)
+		p.calls++
+	}
+	p.phase = phaseContent
+}
+
+// partialSuffix is the length of the longest suffix of s that is a proper prefix of
+// marker: text that may still become the marker.
+func partialSuffix(s, marker string) int {
+	for n := min(len(s), len(marker)-1); n > 0; n-- {
+		if strings.HasSuffix(s, marker[:n]) {
+			return n
+		}
+	}
+	return 0
+}
+
+// finishHarmony parses gpt-oss output: messages of the form
+// [<|start|>assistant]<|channel|>NAME[ to=functions.F][ <|constrain|>json]<|message|>BODY<|end|>|<|call|>|<|return|>.
+func (p *Parser) finishHarmony() Delta {
+	var d Delta
+	text := p.harmony.String()
+	for text != "" {
+		text = strings.TrimPrefix(strings.TrimLeft(text, " \t\r\n"), "<|start|>assistant")
+		i := strings.Index(text, "<|channel|>")
+		j := strings.Index(text, "<|message|>")
+		if i < 0 || j < i {
+			d.Content += text
+			break
+		}
+		header := text[i+len("<|channel|>") : j]
+		body := text[j+len("<|message|>"):]
+		end := len(body)
+		for _, m := range []string{"<|end|>", "<|call|>", "<|return|>"} {
+			if k := strings.Index(body, m); k >= 0 && k < end {
+				end = k
+			}
+		}
+		msg := body[:end]
+		text = body[end:]
+		for _, m := range []string{"<|end|>", "<|call|>", "<|return|>"} {
+			text = strings.TrimPrefix(text, m)
+		}
+		channel, recipient, _ := strings.Cut(strings.TrimSpace(header), " ")
+		recipient = strings.TrimSpace(strings.Split(recipient, "<|constrain|>")[0])
+		switch {
+		case strings.HasPrefix(recipient, "to=functions."):
+			name := strings.TrimPrefix(recipient, "to=functions.")
+			args, ok := argumentString([]byte(msg))
+			if !ok || (!p.o.Parallel && p.calls > 0) {
+				if !ok {
+					d.Content += msg
+				}
+				continue
+			}
+			i := p.calls
+			d.ToolCalls = append(d.ToolCalls, api.ToolCall{Index: &i, ID: NewCallID(), Type: "function",
+				Function: api.FunctionCall{Name: name, Arguments: args}})
+			p.calls++
+		case channel == "analysis":
+			d.Reasoning += msg
+		default:
+			d.Content += msg
+		}
+	}
+	return d
+}

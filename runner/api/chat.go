@@ -1,0 +1,246 @@
+package api
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"strings"
+)
+
+// Error codes for request fields.
+const (
+	// CodeUnknownParameter is a field that is not part of the API.
+	CodeUnknownParameter = "unknown_parameter"
+	// CodeUnsupportedParameter is a field of the API that macfleet does not serve
+	// (yet), or a value of it that it does not.
+	CodeUnsupportedParameter = "unsupported_parameter"
+	// CodeTemplateError is a conversation the model's chat template refuses or fails
+	// to render.
+	CodeTemplateError = "chat_template_error"
+)
+
+// ToolCall is a function call of an assistant message (request history or response).
+type ToolCall struct {
+	// Index is the call's position, sent only in stream deltas.
+	Index    *int         `json:"index,omitempty"`
+	ID       string       `json:"id,omitempty"`
+	Type     string       `json:"type,omitempty"` // function
+	Function FunctionCall `json:"function"`
+}
+
+// FunctionCall names the function and carries its arguments as a JSON string.
+type FunctionCall struct {
+	Name      string `json:"name,omitempty"`
+	Arguments string `json:"arguments"`
+}
+
+// Tool is a tool the model may call.
+type Tool struct {
+	Type     string   `json:"type"`
+	Function Function `json:"function"`
+}
+
+// Function describes a callable function: its parameters are a JSON schema.
+type Function struct {
+	Name        string          `json:"name"`
+	Description string          `json:"description,omitempty"`
+	Parameters  json.RawMessage `json:"parameters,omitempty"`
+	Strict      *bool           `json:"strict,omitempty"`
+}
+
+// ToolChoice is "none", "auto", "required" or a named function.
+type ToolChoice struct {
+	Mode     string // none, auto, required, function
+	Function string // with Mode function
+}
+
+// UnmarshalJSON implements json.Unmarshaler.
+func (c *ToolChoice) UnmarshalJSON(b []byte) error {
+	b = bytes.TrimSpace(b)
+	if len(b) > 0 && b[0] == '"' {
+		var s string
+		if err := json.Unmarshal(b, &s); err != nil {
+			return err
+		}
+		switch s {
+		case "none", "auto", "required":
+			c.Mode = s
+			return nil
+		}
+		return fmt.Errorf("tool_choice must be none, auto, required or {\"type\":\"function\",\"function\":{\"name\":...}}, got %q", s)
+	}
+	var named struct {
+		Type     string `json:"type"`
+		Function struct {
+			Name string `json:"name"`
+		} `json:"function"`
+	}
+	if err := json.Unmarshal(b, &named); err != nil || named.Type != "function" || named.Function.Name == "" {
+		return fmt.Errorf("tool_choice must be none, auto, required or {\"type\":\"function\",\"function\":{\"name\":...}}")
+	}
+	c.Mode, c.Function = "function", named.Function.Name
+	return nil
+}
+
+// ChatTools are the tool fields of a chat request.
+type ChatTools struct {
+	Tools             []Tool      `json:"tools,omitempty"`
+	ToolChoice        *ToolChoice `json:"tool_choice,omitempty"`
+	ParallelToolCalls *bool       `json:"parallel_tool_calls,omitempty"`
+	// Functions and FunctionCall are the deprecated forms of tools and tool_choice.
+	Functions    json.RawMessage `json:"functions,omitempty"`
+	FunctionCall json.RawMessage `json:"function_call,omitempty"`
+}
+
+// Unsupported are OpenAI chat fields macfleet accepts only in their neutral form; any
+// other value is refused with a 400 naming the field.
+type Unsupported struct {
+	ResponseFormat  json.RawMessage `json:"response_format,omitempty"`
+	Logprobs        *bool           `json:"logprobs,omitempty"`
+	TopLogprobs     *int            `json:"top_logprobs,omitempty"`
+	LogitBias       json.RawMessage `json:"logit_bias,omitempty"`
+	Audio           json.RawMessage `json:"audio,omitempty"`
+	Modalities      []string        `json:"modalities,omitempty"`
+	Prediction      json.RawMessage `json:"prediction,omitempty"`
+	WebSearch       json.RawMessage `json:"web_search_options,omitempty"`
+	Store           *bool           `json:"store,omitempty"`
+	Metadata        json.RawMessage `json:"metadata,omitempty"`
+	ServiceTier     string          `json:"service_tier,omitempty"`
+	Verbosity       string          `json:"verbosity,omitempty"`
+	PromptCacheKey  string          `json:"prompt_cache_key,omitempty"`
+	SafetyID        string          `json:"safety_identifier,omitempty"`
+	User            string          `json:"user,omitempty"`
+	ReasoningEffort string          `json:"reasoning_effort,omitempty"`
+}
+
+func isNull(b json.RawMessage) bool {
+	t := bytes.TrimSpace(b)
+	return len(t) == 0 || bytes.Equal(t, []byte("null"))
+}
+
+// Check refuses the fields whose value macfleet cannot honour.
+func (u Unsupported) Check() *Error {
+	unsupported := func(param, format string, args ...any) *Error {
+		return InvalidRequest(CodeUnsupportedParameter, param, format, args...)
+	}
+	switch {
+	case !isNull(u.ResponseFormat):
+		var rf struct {
+			Type string `json:"type"`
+		}
+		if json.Unmarshal(u.ResponseFormat, &rf) != nil || rf.Type != "text" {
+			return unsupported("response_format", "response_format %s is not supported yet (only {\"type\": \"text\"})", compact(u.ResponseFormat))
+		}
+	}
+	switch {
+	case u.Logprobs != nil && *u.Logprobs:
+		return unsupported("logprobs", "logprobs is not supported yet")
+	case u.TopLogprobs != nil && *u.TopLogprobs > 0:
+		return unsupported("top_logprobs", "top_logprobs is not supported yet")
+	case !isNull(u.LogitBias) && string(bytes.TrimSpace(u.LogitBias)) != "{}":
+		return unsupported("logit_bias", "logit_bias is not supported")
+	case !isNull(u.Audio):
+		return unsupported("audio", "audio output is not supported: the models served are text-only")
+	case len(u.Modalities) > 0 && (len(u.Modalities) != 1 || u.Modalities[0] != "text"):
+		return unsupported("modalities", "only the text modality is supported, got %v", u.Modalities)
+	case !isNull(u.Prediction):
+		return unsupported("prediction", "predicted outputs are not supported")
+	case !isNull(u.WebSearch):
+		return unsupported("web_search_options", "web search is not supported")
+	case u.Store != nil && *u.Store:
+		return unsupported("store", "store: true is not supported: completions are not stored")
+	case u.ServiceTier != "" && u.ServiceTier != "auto" && u.ServiceTier != "default":
+		return unsupported("service_tier", "service_tier %q is not supported (auto or default)", u.ServiceTier)
+	case u.Verbosity != "" && u.Verbosity != "medium":
+		return unsupported("verbosity", "verbosity %q is not supported", u.Verbosity)
+	}
+	switch u.ReasoningEffort {
+	case "", "none", "minimal", "low", "medium", "high":
+	default:
+		return InvalidRequest(CodeInvalidValue, "reasoning_effort", "reasoning_effort must be none, minimal, low, medium or high, got %q", u.ReasoningEffort)
+	}
+	return nil
+}
+
+func compact(b json.RawMessage) string {
+	var buf bytes.Buffer
+	if json.Compact(&buf, b) != nil {
+		return string(b)
+	}
+	s := buf.String()
+	if len(s) > 120 {
+		s = s[:120] + "…"
+	}
+	return s
+}
+
+// CheckTools validates the tool fields against each other.
+func (t ChatTools) CheckTools() *Error {
+	switch {
+	case !isNull(t.Functions):
+		return InvalidRequest(CodeUnsupportedParameter, "functions", "functions is deprecated and not supported: send tools instead")
+	case !isNull(t.FunctionCall):
+		return InvalidRequest(CodeUnsupportedParameter, "function_call", "function_call is deprecated and not supported: send tool_choice instead")
+	case len(t.Tools) > MaxTools:
+		return InvalidRequest(CodeInvalidValue, "tools", "at most %d tools are allowed, got %d", MaxTools, len(t.Tools))
+	}
+	names := map[string]bool{}
+	for i, tool := range t.Tools {
+		param := fmt.Sprintf("tools[%d]", i)
+		switch {
+		case tool.Type != "function":
+			return InvalidRequest(CodeInvalidValue, param+".type", "tool type must be \"function\", got %q", tool.Type)
+		case !validFunctionName(tool.Function.Name):
+			return InvalidRequest(CodeInvalidValue, param+".function.name",
+				"function names are 1 to 64 letters, digits, underscores and dashes, got %q", tool.Function.Name)
+		case names[tool.Function.Name]:
+			return InvalidRequest(CodeInvalidValue, param+".function.name", "function %q is defined twice", tool.Function.Name)
+		}
+		names[tool.Function.Name] = true
+		if p := bytes.TrimSpace(tool.Function.Parameters); len(p) > 0 && p[0] != '{' && !isNull(p) {
+			return InvalidRequest(CodeInvalidValue, param+".function.parameters", "parameters must be a JSON schema object")
+		}
+		if tool.Function.Strict != nil && *tool.Function.Strict {
+			return InvalidRequest(CodeUnsupportedParameter, param+".function.strict", "strict function calling is not supported yet")
+		}
+	}
+	if c := t.ToolChoice; c != nil {
+		switch {
+		case c.Mode == "required" || c.Mode == "function":
+			if len(t.Tools) == 0 {
+				return InvalidRequest(CodeInvalidValue, "tool_choice", "tool_choice %q needs tools", c.Mode)
+			}
+			if c.Mode == "function" && !names[c.Function] {
+				return InvalidRequest(CodeInvalidValue, "tool_choice", "tool_choice names function %q, which is not among the tools", c.Function)
+			}
+			return InvalidRequest(CodeUnsupportedParameter, "tool_choice",
+				"tool_choice %q is not supported yet (it needs grammar-constrained sampling); use \"auto\"", c.Mode)
+		}
+	}
+	return nil
+}
+
+// MaxTools bounds the tools of one request.
+const MaxTools = 128
+
+func validFunctionName(s string) bool {
+	if s == "" || len(s) > 64 {
+		return false
+	}
+	for _, c := range s {
+		if !(c == '_' || c == '-' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9') {
+			return false
+		}
+	}
+	return true
+}
+
+// unknownField extracts the field name from encoding/json's unknown-field error.
+func unknownField(err error) (string, bool) {
+	const prefix = "json: unknown field "
+	msg := err.Error()
+	if !strings.HasPrefix(msg, prefix) {
+		return "", false
+	}
+	return strings.Trim(strings.TrimPrefix(msg, prefix), `"`), true
+}

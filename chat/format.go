@@ -192,4 +192,3 @@ func parseCalls(f Format, text string) []api.ToolCall {
 		return nil
 	}
 }
-

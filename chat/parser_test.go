@@ -128,10 +128,10 @@ func TestCallIDs(t *testing.T) {
 
 func TestDetectFormat(t *testing.T) {
 	for src, want := range map[string]Format{
-		"{% for m in messages %}<tool_call>{% endfor %}":                                           FormatHermes,
-		"[TOOL_CALLS] {{ x }}":                                                                     FormatMistral,
-		"<|start_header_id|>{% if tools %}x{% endif %}":                                            FormatLlama3,
-		"<|channel|>final<|message|>":                                                              FormatHarmony,
+		"{% for m in messages %}<tool_call>{% endfor %}": FormatHermes,
+		"[TOOL_CALLS] {{ x }}":                           FormatMistral,
+		"<|start_header_id|>{% if tools %}x{% endif %}":  FormatLlama3,
+		"<|channel|>final<|message|>":                    FormatHarmony,
 		"{% for message in messages %}<|im_start|>{{ message['content'] }}<|im_end|>{% endfor %}": FormatNone,
 	} {
 		if got := DetectFormat(src); got != want {

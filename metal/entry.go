@@ -3,6 +3,8 @@ package metal
 import (
 	"context"
 	"time"
+
+	"github.com/macfleet/macfleet/runner/api"
 )
 
 // State is an entry's place in its life cycle:
@@ -167,6 +169,8 @@ type engine struct {
 	hotShare, hotBudget int64
 	// cache is the runner's last prompt cache report.
 	cache *PromptCacheStats
+	// chat is how the runner renders chat prompts (nil until it reported).
+	chat *api.ChatInfo
 }
 
 func newEngine(e *entry, spec ModelSpec, gen uint64, reservation int64) *engine {

@@ -241,7 +241,9 @@ func (p *Pool) refreshCacheStats() {
 	p.mu.Lock()
 	var targets []target
 	for g := range p.engines {
-		if g.spec.PromptCache.Enabled && g.runner != nil && !isClosed(g.stopped) {
+		// Engines without a prompt cache are read until they report their chat
+		// rendering, which never changes.
+		if g.runner != nil && !isClosed(g.stopped) && (g.spec.PromptCache.Enabled || g.chat == nil) {
 			targets = append(targets, target{g, g.name, g.runner})
 		}
 	}
@@ -252,12 +254,18 @@ func (p *Pool) refreshCacheStats() {
 			ctx, cancel := p.withDeadline(context.Background(), p.cfg.RunnerCallTimeout, "reading the status of "+t.name)
 			defer cancel()
 			st, err := t.r.Status(ctx)
-			if err != nil || st.PromptCache == nil {
+			if err != nil {
+				return
+			}
+			p.mu.Lock()
+			defer p.mu.Unlock()
+			if st.Chat != nil {
+				t.g.chat = st.Chat
+			}
+			if st.PromptCache == nil || !t.g.spec.PromptCache.Enabled {
 				return
 			}
 			s := promptCacheStats(st.PromptCache)
-			p.mu.Lock()
-			defer p.mu.Unlock()
 			s.Enabled = true
 			s.HotShareBytes = t.g.hotShare
 			t.g.cache = s

@@ -92,6 +92,8 @@ type RunnerStatus struct {
 	RequestsActive      int    `json:"requests_active"`
 	// PromptCache is the prompt cache's report (absent until the model is loaded).
 	PromptCache *api.PromptCacheStatus `json:"prompt_cache,omitempty"`
+	// Chat says how the runner renders chat prompts (absent until loaded).
+	Chat *api.ChatInfo `json:"chat,omitempty"`
 }
 
 // Limits are pushed to every runner on every enforcer poll.

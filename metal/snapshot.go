@@ -4,6 +4,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/macfleet/macfleet/runner/api"
 )
 
 // Snapshot is everything the agent's status API, metrics and the MacNode and
@@ -64,6 +66,9 @@ type ModelSnapshot struct {
 	// PromptCache is the latest prompt cache report of the model's runner (kept
 	// after an unload); absent when its cache is disabled or it never reported.
 	PromptCache *PromptCacheStats `json:"promptCache,omitempty"`
+	// Chat is how the loaded engine renders chat prompts: its renderer (the model's
+	// own Jinja template or llama.cpp's built-in ones) and tool-call format.
+	Chat *api.ChatInfo `json:"chat,omitempty"`
 }
 
 // Snapshot returns the pool's state. Models are sorted by name.
@@ -108,6 +113,7 @@ func (p *Pool) Snapshot() Snapshot {
 			m.PromptCache = &pc
 		}
 		if g := e.eng; g != nil {
+			m.Chat = g.chat
 			loaded := g.spec
 			loaded.Aliases = slices.Clone(g.spec.Aliases)
 			m.LoadedSpec = &loaded

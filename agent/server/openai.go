@@ -73,12 +73,16 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	opts, e := req.Options()
+	if e == nil {
+		e = req.Check()
+	}
 	if e != nil {
 		writeError(w, fromRunnerAPI(e))
 		return
 	}
+	// The runner renders the whole request (tools, template variables) to count it.
 	s.generate(w, r, generation{path: pathChat, model: req.Model, body: body, stream: opts.Stream,
-		includeUsage: opts.IncludeUsage, tokenize: api.TokenizeRequest{Messages: req.Messages}})
+		includeUsage: opts.IncludeUsage, tokenize: api.TokenizeRequest{Chat: body}})
 }
 
 func (s *Server) handleCompletion(w http.ResponseWriter, r *http.Request) {
@@ -99,6 +103,9 @@ func (s *Server) handleCompletion(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	opts, e := req.Options()
+	if e == nil {
+		e = req.Check()
+	}
 	if e != nil {
 		writeError(w, fromRunnerAPI(e))
 		return

@@ -186,7 +186,7 @@ func (r *runner) chat(msgs []map[string]string, maxTokens int) string {
 	if len(c.Choices) != 1 {
 		r.b.Fatalf("chat: %+v", c)
 	}
-	return c.Choices[0].Message.Content
+	return c.Choices[0].Message.Text()
 }
 
 // ttft streams a one-token greedy chat and returns the time until the response

@@ -80,6 +80,11 @@ type Spec struct {
 	DType DType
 	// Seed selects the pseudo-random weights.
 	Seed uint64
+	// Tokenizer, when set, is a real vocabulary written instead of the synthetic one
+	// (Vocab must equal its size).
+	Tokenizer *Tokenizer
+	// ChatTemplate, when set, replaces ChatMLTemplate.
+	ChatTemplate string
 }
 
 // Tiny is a ≈2 MB model (vocab 512, embd 128, 2 layers) for fast functional tests.
@@ -135,8 +140,13 @@ func (s Spec) Params() int64 {
 
 // Validate reports the first inconsistency in s.
 func (s Spec) Validate() error {
+	if s.Tokenizer != nil {
+		if err := s.Tokenizer.validate(s.Vocab); err != nil {
+			return err
+		}
+	}
 	switch {
-	case s.Vocab < FirstNormalToken+96:
+	case s.Tokenizer == nil && s.Vocab < FirstNormalToken+96:
 		return fmt.Errorf("vocab %d is below the minimum %d", s.Vocab, FirstNormalToken+96)
 	case s.Embd <= 0 || s.Layers <= 0 || s.Heads <= 0 || s.KVHeads <= 0 || s.FF <= 0 || s.Ctx <= 0:
 		return errors.New("embd, layers, heads, kv heads, ff and ctx must be positive")
@@ -184,12 +194,17 @@ func Write(path string, spec Spec) (err error) {
 }
 
 func metadata(s Spec) ggml.KV {
-	tokens, scores, types := Vocabulary(s.Vocab)
+	var tokens []string
+	var scores []float32
+	var types []int32
+	if s.Tokenizer == nil {
+		tokens, scores, types = Vocabulary(s.Vocab)
+	}
 	fileType := uint32(1) // mostly F16
 	if s.DType == F32 {
 		fileType = 0
 	}
-	return ggml.KV{
+	kv := ggml.KV{
 		"general.architecture":                   "llama",
 		"general.name":                           s.Name,
 		"general.file_type":                      fileType,
@@ -215,6 +230,13 @@ func metadata(s Spec) ggml.KV {
 		"tokenizer.ggml.add_eos_token":           false,
 		"tokenizer.chat_template":                ChatMLTemplate,
 	}
+	if s.Tokenizer != nil {
+		s.Tokenizer.kv(kv)
+	}
+	if s.ChatTemplate != "" {
+		kv["tokenizer.chat_template"] = s.ChatTemplate
+	}
+	return kv
 }
 
 // Vocabulary returns the tokens, scores and token types of a vocabulary of n entries:

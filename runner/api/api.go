@@ -52,6 +52,30 @@ type ModelInfo struct {
 	KVBytesPerToken int64 `json:"kv_bytes_per_token"`
 }
 
+// Renderers of chat prompts.
+const (
+	// RendererJinja renders with the model's own Jinja chat template.
+	RendererJinja = "jinja"
+	// RendererBuiltin is llama.cpp's built-in template guesser: for models without a
+	// template, or whose template does not parse.
+	RendererBuiltin = "llama.cpp-builtin"
+)
+
+// ChatInfo describes a model's chat rendering.
+type ChatInfo struct {
+	// Renderer is RendererJinja or RendererBuiltin.
+	Renderer string `json:"renderer"`
+	// ToolFormat is the tool-call syntax parsed from the output ("none" without
+	// tools support).
+	ToolFormat string `json:"tool_format"`
+	// Tools reports that the template renders tools.
+	Tools bool `json:"tools"`
+	// Thinking reports that <think> reasoning is split from the content.
+	Thinking bool `json:"thinking"`
+	// TemplateError is why the model's own template is not used, if it is not.
+	TemplateError string `json:"template_error,omitempty"`
+}
+
 // Status is the body of GET /status.
 type Status struct {
 	State               string     `json:"state"`
@@ -67,6 +91,8 @@ type Status struct {
 	Model               *ModelInfo `json:"model,omitempty"`
 	// PromptCache is absent until the model is loaded.
 	PromptCache *PromptCacheStatus `json:"prompt_cache,omitempty"`
+	// Chat is absent until the model is loaded.
+	Chat *ChatInfo `json:"chat,omitempty"`
 }
 
 // Limits is the body of POST /limits.
@@ -92,10 +118,12 @@ type Abort struct {
 }
 
 // TokenizeRequest is the body of POST /tokenize: content, or messages rendered with
-// the chat template (generation prompt added).
+// the chat template (generation prompt added), or a whole chat request rendered as
+// the chat endpoint renders it (tools and template variables included).
 type TokenizeRequest struct {
-	Content  *string   `json:"content,omitempty"`
-	Messages []Message `json:"messages,omitempty"`
+	Content  *string         `json:"content,omitempty"`
+	Messages []Message       `json:"messages,omitempty"`
+	Chat     json.RawMessage `json:"chat,omitempty"`
 	// AddSpecial adds BOS as the model is configured to (default true).
 	AddSpecial *bool `json:"add_special,omitempty"`
 }

@@ -394,10 +394,21 @@ type PromptTokensDetails struct {
 	CachedTokens int `json:"cached_tokens"`
 }
 
-// ChatMessageOut is the assistant message of a chat completion.
+// ChatMessageOut is the assistant message of a chat completion. Content is null
+// when the answer is only tool calls.
 type ChatMessageOut struct {
-	Role    string `json:"role"`
-	Content string `json:"content"`
+	Role             string     `json:"role"`
+	Content          *string    `json:"content"`
+	ReasoningContent string     `json:"reasoning_content,omitempty"`
+	ToolCalls        []ToolCall `json:"tool_calls,omitempty"`
+}
+
+// Text is the content, empty when null.
+func (m ChatMessageOut) Text() string {
+	if m.Content == nil {
+		return ""
+	}
+	return *m.Content
 }
 
 // ChatChoice is one choice of a chat completion.
@@ -420,8 +431,10 @@ type ChatCompletion struct {
 
 // ChatDelta is the incremental message of a stream chunk.
 type ChatDelta struct {
-	Role    string  `json:"role,omitempty"`
-	Content *string `json:"content,omitempty"`
+	Role             string     `json:"role,omitempty"`
+	Content          *string    `json:"content,omitempty"`
+	ReasoningContent *string    `json:"reasoning_content,omitempty"`
+	ToolCalls        []ToolCall `json:"tool_calls,omitempty"`
 }
 
 // ChatChunkChoice is one choice of a stream chunk.

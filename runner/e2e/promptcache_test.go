@@ -34,7 +34,7 @@ func chatTurn(t *testing.T, r *runner, msgs []chatMsg, maxTokens int) (string, a
 	if len(c.Choices) != 1 || c.Usage == nil {
 		t.Fatalf("chat answer without one choice and usage: %+v", c)
 	}
-	return c.Choices[0].Message.Content, *c.Usage
+	return c.Choices[0].Message.Text(), *c.Usage
 }
 
 func cachedTokens(u api.Usage) int {

@@ -190,8 +190,8 @@ func TestStreamingFraming(t *testing.T) {
 	if errEv != nil || !done {
 		t.Fatalf("stream ended without [DONE] (error %+v)", errEv)
 	}
-	if content != whole.Choices[0].Message.Content {
-		t.Errorf("streamed content %q differs from the non-streamed %q", content, whole.Choices[0].Message.Content)
+	if content != whole.Choices[0].Message.Text() {
+		t.Errorf("streamed content %q differs from the non-streamed %q", content, whole.Choices[0].Message.Text())
 	}
 	if len(chunks) < 4 {
 		t.Fatalf("only %d chunks", len(chunks))
@@ -382,7 +382,10 @@ func TestErrors(t *testing.T) {
 		{"bad role", "/v1/chat/completions", `{"messages":[{"role":"wizard","content":"x"}]}`, 400, api.CodeInvalidValue},
 		{"image part", "/v1/chat/completions", `{"messages":[{"role":"user","content":[{"type":"image_url"}]}]}`, 400, api.CodeInvalidValue},
 		{"temperature", "/v1/chat/completions", `{"messages":[{"role":"user","content":"x"}],"temperature":5}`, 400, api.CodeInvalidValue},
-		{"n", "/v1/chat/completions", `{"messages":[{"role":"user","content":"x"}],"n":2}`, 400, api.CodeInvalidValue},
+		{"n", "/v1/chat/completions", `{"messages":[{"role":"user","content":"x"}],"n":2}`, 400, api.CodeUnsupportedParameter},
+		{"unknown field", "/v1/chat/completions", `{"messages":[{"role":"user","content":"x"}],"cache_prompt":true}`, 400, api.CodeUnknownParameter},
+		{"tools without template support", "/v1/chat/completions", `{"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"f"}}]}`, 400, api.CodeUnsupportedParameter},
+		{"completion suffix", "/v1/completions", `{"prompt":"x","suffix":"y"}`, 400, api.CodeUnsupportedParameter},
 		{"max_tokens", "/v1/chat/completions", `{"messages":[{"role":"user","content":"x"}],"max_tokens":0}`, 400, api.CodeInvalidValue},
 		{"stream_options without stream", "/v1/chat/completions", `{"messages":[{"role":"user","content":"x"}],"stream_options":{"include_usage":true}}`, 400, api.CodeInvalidValue},
 		{"nul byte", "/v1/chat/completions", `{"messages":[{"role":"user","content":"a\u0000b"}]}`, 400, api.CodeInvalidValue},
@@ -519,8 +522,8 @@ func TestPrefixReuse(t *testing.T) {
 	if second.Usage.PromptTokensDetails == nil || second.Usage.PromptTokensDetails.CachedTokens != second.Usage.PromptTokens-1 {
 		t.Errorf("second request: usage %+v, want all but the last prompt token cached", second.Usage)
 	}
-	if first.Choices[0].Message.Content != second.Choices[0].Message.Content {
-		t.Errorf("reused prefix changed the output: %q vs %q", first.Choices[0].Message.Content, second.Choices[0].Message.Content)
+	if first.Choices[0].Message.Text() != second.Choices[0].Message.Text() {
+		t.Errorf("reused prefix changed the output: %q vs %q", first.Choices[0].Message.Text(), second.Choices[0].Message.Text())
 	}
 	st := r.status()
 	if st.KVCellsUsed == 0 || st.SlotsBusy != 0 {

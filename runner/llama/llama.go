@@ -283,6 +283,30 @@ func (m *Model) ChatTemplate() string {
 	return C.GoString(t)
 }
 
+// BOS is the beginning-of-sequence token, -1 when the model has none.
+func (m *Model) BOS() int32 { return int32(C.llama_vocab_bos(m.vocab)) }
+
+// EOS is the end-of-sequence token, -1 when the model has none.
+func (m *Model) EOS() int32 { return int32(C.llama_vocab_eos(m.vocab)) }
+
+// TokenText is the text of a token with control tokens rendered too (the text
+// Piece leaves out, e.g. "<|python_tag|>").
+func (m *Model) TokenText(tok int32) string {
+	if tok < 0 || int(tok) >= len(m.pieces) {
+		return ""
+	}
+	buf := make([]byte, 256)
+	k := C.llama_token_to_piece(m.vocab, C.llama_token(tok), (*C.char)(unsafe.Pointer(&buf[0])), C.int32_t(len(buf)), 0, true)
+	if k < 0 {
+		buf = make([]byte, -k)
+		k = C.llama_token_to_piece(m.vocab, C.llama_token(tok), (*C.char)(unsafe.Pointer(&buf[0])), C.int32_t(len(buf)), 0, true)
+	}
+	if k <= 0 {
+		return ""
+	}
+	return string(buf[:k])
+}
+
 // HasEncoder reports an encoder-decoder model (not supported by the runner).
 func (m *Model) HasEncoder() bool { return bool(C.llama_model_has_encoder(m.c)) }
 

@@ -498,7 +498,11 @@ func (e *engine) sample(s *slot) {
 		e.finish(s, "stop")
 		return
 	}
-	text, stopped := s.stream.Push(e.model.Piece(tok))
+	piece := e.model.Piece(tok)
+	if p, ok := j.special[tok]; ok {
+		piece = p
+	}
+	text, stopped := s.stream.Push(piece)
 	j.emit(text, 1)
 	j.mu.Lock()
 	generated := j.generated

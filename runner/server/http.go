@@ -11,9 +11,9 @@ import (
 	"io"
 	"math"
 	"net/http"
-	"strings"
 	"time"
 
+	"github.com/macfleet/macfleet/chat"
 	"github.com/macfleet/macfleet/runner/api"
 	"github.com/macfleet/macfleet/runner/llama"
 )
@@ -126,6 +126,8 @@ func (s *Server) handleStatus(w http.ResponseWriter, _ *http.Request) {
 			st.Model = &info
 			st.MetalAllocatedBytes = int64(llama.GPUAllocatedBytes())
 			st.PromptCache = s.promptCacheStatus()
+			ci := s.chatInfo
+			st.Chat = &ci
 		}
 	}
 	writeJSON(w, http.StatusOK, st)
@@ -188,13 +190,29 @@ func (s *Server) handleTokenize(w http.ResponseWriter, r *http.Request) {
 	var text string
 	parseSpecial := false
 	switch {
-	case req.Content != nil && req.Messages != nil:
-		writeError(w, api.InvalidRequest(api.CodeInvalidValue, "content", "give content or messages, not both"))
+	case (req.Content != nil && req.Messages != nil) || (req.Chat != nil && (req.Content != nil || req.Messages != nil)):
+		writeError(w, api.InvalidRequest(api.CodeInvalidValue, "content", "give one of content, messages and chat"))
 		return
 	case req.Content != nil:
 		text = *req.Content
 	case req.Messages != nil:
-		prompt, herr := s.renderChat(req.Messages)
+		prompt, herr := s.renderChat(&api.ChatRequest{Messages: req.Messages})
+		if herr != nil {
+			writeError(w, herr)
+			return
+		}
+		text, parseSpecial = prompt, true
+	case req.Chat != nil:
+		var chatReq api.ChatRequest
+		if herr := api.DecodeJSON(req.Chat, &chatReq); herr != nil {
+			writeError(w, herr)
+			return
+		}
+		if herr := chatReq.Check(); herr != nil {
+			writeError(w, herr)
+			return
+		}
+		prompt, herr := s.renderChat(&chatReq)
 		if herr != nil {
 			writeError(w, herr)
 			return
@@ -212,64 +230,6 @@ func (s *Server) handleTokenize(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, api.TokenizeResponse{Tokens: toks, Count: len(toks)})
 }
 
-// renderChat formats messages with the chat template (generation prompt added).
-func (s *Server) renderChat(msgs []api.Message) (string, *api.Error) {
-	if len(msgs) == 0 {
-		return "", api.InvalidRequest(api.CodeInvalidValue, "messages", "messages must not be empty")
-	}
-	cm := make([]llama.ChatMessage, len(msgs))
-	for i, m := range msgs {
-		role := m.Role
-		switch role {
-		case "system", "user", "assistant", "tool":
-		case "developer":
-			role = "system"
-		default:
-			return "", api.InvalidRequest(api.CodeInvalidValue, fmt.Sprintf("messages[%d].role", i),
-				"unsupported role %q", m.Role)
-		}
-		if strings.IndexByte(string(m.Content), 0) >= 0 {
-			return "", api.InvalidRequest(api.CodeInvalidValue, fmt.Sprintf("messages[%d].content", i),
-				"content must not contain NUL bytes")
-		}
-		cm[i] = llama.ChatMessage{Role: role, Content: string(m.Content)}
-	}
-	prompt, err := llama.ApplyChatTemplate(s.tmpl, cm, true)
-	if err != nil {
-		return "", api.Internal("applying the chat template: %v", err)
-	}
-	return prompt, nil
-}
-
-func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
-	eng, herr := s.readyEngine()
-	if herr != nil {
-		writeError(w, herr)
-		return
-	}
-	var req api.ChatRequest
-	if err := readJSON(w, r, &req); err != nil {
-		writeError(w, err)
-		return
-	}
-	opts, herr := req.Options()
-	if herr != nil {
-		writeError(w, herr)
-		return
-	}
-	prompt, herr := s.renderChat(req.Messages)
-	if herr != nil {
-		writeError(w, herr)
-		return
-	}
-	toks, err := s.model.Tokenize(prompt, true, true)
-	if err != nil {
-		writeError(w, api.InvalidRequest(api.CodeInvalidValue, "messages", "tokenizing: %v", err))
-		return
-	}
-	s.generate(w, r, eng, true, s.modelName(req.Model), toks, opts)
-}
-
 func (s *Server) handleCompletion(w http.ResponseWriter, r *http.Request) {
 	eng, herr := s.readyEngine()
 	if herr != nil {
@@ -282,6 +242,9 @@ func (s *Server) handleCompletion(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	opts, herr := req.Options()
+	if herr == nil {
+		herr = req.Check()
+	}
 	if herr != nil {
 		writeError(w, herr)
 		return
@@ -299,7 +262,7 @@ func (s *Server) handleCompletion(w http.ResponseWriter, r *http.Request) {
 		writeError(w, herr)
 		return
 	}
-	s.generate(w, r, eng, false, s.modelName(req.Model), toks, opts)
+	s.generate(w, r, eng, nil, s.modelName(req.Model), toks, opts)
 }
 
 // inputTokens tokenizes input i of in (text gets BOS; token ids are checked).
@@ -321,10 +284,11 @@ func (s *Server) inputTokens(in api.Input, i int, param string, parseSpecial boo
 	return toks, nil
 }
 
-// generate runs a chat or text completion job and writes its response.
-func (s *Server) generate(w http.ResponseWriter, r *http.Request, eng *engine, chat bool, model string, toks []int32, opts api.Options) {
+// generate runs a chat (co set) or text completion job and writes its response.
+func (s *Server) generate(w http.ResponseWriter, r *http.Request, eng *engine, co *chat.Options, model string, toks []int32, opts api.Options) {
+	isChat := co != nil
 	param := "prompt"
-	if chat {
+	if isChat {
 		param = "messages"
 	}
 	switch {
@@ -341,168 +305,23 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, eng *engine, c
 	}
 	j := newJob(r.Context(), toks, opts, false)
 	j.restore = s.lookupPrompt(toks)
+	if isChat && (co.Tools || co.Thinking) {
+		j.special = s.markers
+	}
 	if herr := eng.submit(j); herr != nil {
 		writeError(w, herr)
 		return
 	}
-	out := responder{w: w, chat: chat, id: api.NewID(map[bool]string{true: "chatcmpl-", false: "cmpl-"}[chat]),
+	out := responder{w: w, chat: isChat, id: api.NewID(map[bool]string{true: "chatcmpl-", false: "cmpl-"}[isChat]),
 		created: time.Now().Unix(), model: model, promptTokens: len(toks), includeUsage: opts.IncludeUsage}
+	if isChat {
+		out.parser = chat.NewParser(*co)
+	}
 	if opts.Stream {
 		out.stream(r, j)
 	} else {
 		out.whole(r, j)
 	}
-}
-
-// responder writes one completion in OpenAI's shapes.
-type responder struct {
-	w            http.ResponseWriter
-	chat         bool
-	id           string
-	created      int64
-	model        string
-	promptTokens int
-	includeUsage bool
-}
-
-func (o *responder) usage(u update) *api.Usage {
-	us := &api.Usage{PromptTokens: o.promptTokens, CompletionTokens: u.generated,
-		TotalTokens: o.promptTokens + u.generated}
-	if u.cached > 0 {
-		us.PromptTokensDetails = &api.PromptTokensDetails{CachedTokens: u.cached}
-	}
-	return us
-}
-
-func (o *responder) whole(r *http.Request, j *job) {
-	var sb strings.Builder
-	for {
-		select {
-		case <-j.notify:
-		case <-r.Context().Done():
-			return
-		}
-		u := j.take()
-		sb.WriteString(u.text)
-		if !u.done {
-			continue
-		}
-		if u.err != nil {
-			writeError(o.w, u.err)
-			return
-		}
-		if o.chat {
-			writeJSON(o.w, http.StatusOK, api.ChatCompletion{
-				ID: o.id, Object: "chat.completion", Created: o.created, Model: o.model,
-				Choices: []api.ChatChoice{{Message: api.ChatMessageOut{Role: "assistant", Content: sb.String()},
-					FinishReason: u.finish}},
-				Usage: o.usage(u),
-			})
-			return
-		}
-		finish := u.finish
-		writeJSON(o.w, http.StatusOK, api.Completion{
-			ID: o.id, Object: "text_completion", Created: o.created, Model: o.model,
-			Choices: []api.TextChoice{{Text: sb.String(), FinishReason: &finish}},
-			Usage:   o.usage(u),
-		})
-		return
-	}
-}
-
-// stream sends SSE events. The status line goes out with the first text (or the end),
-// so a failure before any output is an ordinary error response with its status.
-func (o *responder) stream(r *http.Request, j *job) {
-	rc := http.NewResponseController(o.w)
-	started := false
-	send := func(v any) bool {
-		b, err := json.Marshal(v)
-		if err != nil {
-			return false
-		}
-		if _, err := fmt.Fprintf(o.w, "data: %s\n\n", b); err != nil {
-			return false
-		}
-		return rc.Flush() == nil
-	}
-	for {
-		select {
-		case <-j.notify:
-		case <-r.Context().Done():
-			return
-		}
-		u := j.take()
-		if !started {
-			if u.err != nil {
-				writeError(o.w, u.err)
-				return
-			}
-			if u.text == "" && !u.done {
-				continue
-			}
-			h := o.w.Header()
-			h.Set("Content-Type", "text/event-stream")
-			h.Set("Cache-Control", "no-cache")
-			h.Set("X-Accel-Buffering", "no")
-			o.w.WriteHeader(http.StatusOK)
-			started = true
-			if o.chat && !send(o.chatChunk(api.ChatDelta{Role: "assistant", Content: ptr("")}, nil)) {
-				return
-			}
-		}
-		if u.text != "" && !send(o.textChunk(u.text)) {
-			return
-		}
-		if !u.done {
-			continue
-		}
-		if u.err != nil {
-			send(u.err)
-			return
-		}
-		finish := u.finish
-		var final any = o.chatChunk(api.ChatDelta{}, &finish)
-		if !o.chat {
-			final = api.Completion{ID: o.id, Object: "text_completion", Created: o.created, Model: o.model,
-				Choices: []api.TextChoice{{Text: "", FinishReason: &finish}}}
-		}
-		if !send(final) {
-			return
-		}
-		if o.includeUsage {
-			obj := "chat.completion.chunk"
-			if !o.chat {
-				obj = "text_completion"
-			}
-			if !send(struct {
-				ID      string     `json:"id"`
-				Object  string     `json:"object"`
-				Created int64      `json:"created"`
-				Model   string     `json:"model"`
-				Choices []struct{} `json:"choices"`
-				Usage   *api.Usage `json:"usage"`
-			}{o.id, obj, o.created, o.model, []struct{}{}, o.usage(u)}) {
-				return
-			}
-		}
-		if _, err := io.WriteString(o.w, "data: [DONE]\n\n"); err == nil {
-			_ = rc.Flush()
-		}
-		return
-	}
-}
-
-func (o *responder) chatChunk(d api.ChatDelta, finish *string) api.ChatCompletionChunk {
-	return api.ChatCompletionChunk{ID: o.id, Object: "chat.completion.chunk", Created: o.created, Model: o.model,
-		Choices: []api.ChatChunkChoice{{Delta: d, FinishReason: finish}}}
-}
-
-func (o *responder) textChunk(text string) any {
-	if o.chat {
-		return o.chatChunk(api.ChatDelta{Content: &text}, nil)
-	}
-	return api.Completion{ID: o.id, Object: "text_completion", Created: o.created, Model: o.model,
-		Choices: []api.TextChoice{{Text: text}}}
 }
 
 func ptr[T any](v T) *T { return &v }

@@ -24,6 +24,7 @@ import (
 
 	"github.com/go-logr/logr"
 
+	"github.com/macfleet/macfleet/chat"
 	"github.com/macfleet/macfleet/runner/api"
 	"github.com/macfleet/macfleet/runner/llama"
 	"github.com/macfleet/macfleet/runner/procmem"
@@ -99,7 +100,10 @@ type Server struct {
 	eng        *engine
 	pc         *promptCache // nil when it could not be opened
 	info       api.ModelInfo
-	tmpl       string
+	tmpl       string           // llama.cpp built-in template, when chat is nil
+	chat       *chat.Template   // the model's own template (nil: none that parses)
+	chatInfo   api.ChatInfo     // reported in /status
+	markers    map[int32][]byte // control tokens the output parser must see
 	nCtxSeq    int
 	kvPerToken int64
 	defaultID  string
@@ -391,7 +395,7 @@ func (s *Server) load() error {
 	headDim := m.NEmbd() / max(m.NHead(), 1)
 	s.kvPerToken = int64(float64(2*m.NLayer()*m.NHeadKV()*headDim) * kvSize)
 	s.nCtxSeq = lctx.NCtxSeq()
-	s.tmpl = s.pickTemplate(m.ChatTemplate())
+	s.setupChat(m)
 	kvType := cfg.KVType
 	if kvType == "" {
 		kvType = "f16"

@@ -102,11 +102,14 @@ func TestRequestFields(t *testing.T) {
 		body, code, param string
 	}{
 		{`{"model":"m","messages":[],"frobnicate":1}`, api.CodeUnknownParameter, "frobnicate"},
-		{`{"model":"m","messages":[],"response_format":{"type":"json_object"}}`, api.CodeUnsupportedParameter, "response_format"},
+		{`{"model":"m","messages":[],"response_format":{"type":"json"}}`, api.CodeInvalidValue, "response_format.type"},
+		{`{"model":"m","messages":[],"response_format":{"type":"json_schema","json_schema":{"name":"a b","schema":{}}}}`, api.CodeInvalidValue, "response_format.json_schema.name"},
+		{`{"model":"m","messages":[],"response_format":{"type":"json_object","json_schema":{"name":"a","schema":{}}}}`, api.CodeInvalidValue, "response_format.json_schema"},
 		{`{"model":"m","messages":[],"logprobs":true}`, api.CodeUnsupportedParameter, "logprobs"},
 		{`{"model":"m","messages":[],"n":2}`, api.CodeUnsupportedParameter, "n"},
 		{`{"model":"m","messages":[],"audio":{"voice":"x"}}`, api.CodeUnsupportedParameter, "audio"},
-		{`{"model":"m","messages":[],"tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":"required"}`, api.CodeUnsupportedParameter, "tool_choice"},
+		{`{"model":"m","messages":[],"tool_choice":"required"}`, api.CodeInvalidValue, "tool_choice"},
+		{`{"model":"m","messages":[],"tools":[{"type":"function","function":{"name":"f","strict":true}}]}`, api.CodeUnsupportedParameter, "tools[0].function.strict"},
 		{`{"model":"m","messages":[],"tool_choice":{"type":"function","function":{"name":"g"}},"tools":[{"type":"function","function":{"name":"f"}}]}`, api.CodeInvalidValue, "tool_choice"},
 		{`{"model":"m","messages":[],"tools":[{"type":"function","function":{"name":"bad name"}}]}`, api.CodeInvalidValue, "tools[0].function.name"},
 		{`{"model":"m","messages":[{"role":"tool","content":"x"}]}`, api.CodeInvalidValue, "messages[0].tool_call_id"},
@@ -124,5 +127,6 @@ func TestRequestFields(t *testing.T) {
 		}
 	}
 	// What the official clients send back in the history is accepted.
+	request(t, `{"model":"m","messages":[],"tools":[{"type":"function","function":{"name":"f","strict":true}}],"tool_choice":"required","response_format":{"type":"json_schema","json_schema":{"name":"a","strict":true,"schema":{"type":"object"}}}}`)
 	request(t, `{"model":"m","user":"u1","store":false,"messages":[{"role":"assistant","content":"hi","refusal":null,"annotations":[],"audio":null}],"parallel_tool_calls":true,"tool_choice":"auto","tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}]}`)
 }

@@ -7,9 +7,10 @@
 # baseline build). hack/build-runner.sh and `make test` both go through here, so every
 # cgo package is compiled with identical flags and the build cache is shared.
 #
-# The runner links only llama.cpp's core and ggml (not ollama's `llama` wrapper, its
-# `common` helpers or mtmd), so the headers missing from the ollama module zip
-# (nlohmann/json, stb, miniaudio) are not needed.
+# The runner links llama.cpp's core, ggml and the `common` helpers (for the
+# JSON-schema-to-grammar converter), not ollama's `llama` wrapper or mtmd. Of the
+# headers missing from the ollama module zip only nlohmann/json is needed (Debian:
+# nlohmann-json3-dev; macOS: `brew install nlohmann-json`).
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -28,7 +29,7 @@ for h in llama/llama.cpp/include/llama.h ml/backend/ggml/ggml/include/ggml.h; do
 done
 
 export CGO_ENABLED=1
-export CGO_CPPFLAGS="-I$ollama_dir/llama/llama.cpp/include -I$ollama_dir/ml/backend/ggml/ggml/include${CGO_CPPFLAGS:+ $CGO_CPPFLAGS}"
+export CGO_CPPFLAGS="-I$ollama_dir/llama/llama.cpp/include -I$ollama_dir/llama/llama.cpp/common -I$ollama_dir/ml/backend/ggml/ggml/include${CGO_CPPFLAGS:+ $CGO_CPPFLAGS}"
 
 if [[ "$(go env GOOS)" == linux && "$(go env GOARCH)" == amd64 ]]; then
 	opt="-O3"

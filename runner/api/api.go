@@ -138,6 +138,7 @@ type TokenizeResponse struct {
 const (
 	CodeInvalidJSON           = "invalid_json"
 	CodeInvalidValue          = "invalid_value"
+	CodeMissingField          = "missing_required_parameter"
 	CodeContextLengthExceeded = "context_length_exceeded"
 	CodePrefillMemoryExceeded = "prefill_memory_exceeded"
 	CodeAborted               = "aborted"

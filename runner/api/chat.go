@@ -95,7 +95,6 @@ type ChatTools struct {
 // Unsupported are OpenAI chat fields macfleet accepts only in their neutral form; any
 // other value is refused with a 400 naming the field.
 type Unsupported struct {
-	ResponseFormat  json.RawMessage `json:"response_format,omitempty"`
 	Logprobs        *bool           `json:"logprobs,omitempty"`
 	TopLogprobs     *int            `json:"top_logprobs,omitempty"`
 	LogitBias       json.RawMessage `json:"logit_bias,omitempty"`
@@ -122,15 +121,6 @@ func isNull(b json.RawMessage) bool {
 func (u Unsupported) Check() *Error {
 	unsupported := func(param, format string, args ...any) *Error {
 		return InvalidRequest(CodeUnsupportedParameter, param, format, args...)
-	}
-	switch {
-	case !isNull(u.ResponseFormat):
-		var rf struct {
-			Type string `json:"type"`
-		}
-		if json.Unmarshal(u.ResponseFormat, &rf) != nil || rf.Type != "text" {
-			return unsupported("response_format", "response_format %s is not supported yet (only {\"type\": \"text\"})", compact(u.ResponseFormat))
-		}
 	}
 	switch {
 	case u.Logprobs != nil && *u.Logprobs:
@@ -200,25 +190,82 @@ func (t ChatTools) CheckTools() *Error {
 		if p := bytes.TrimSpace(tool.Function.Parameters); len(p) > 0 && p[0] != '{' && !isNull(p) {
 			return InvalidRequest(CodeInvalidValue, param+".function.parameters", "parameters must be a JSON schema object")
 		}
-		if tool.Function.Strict != nil && *tool.Function.Strict {
-			return InvalidRequest(CodeUnsupportedParameter, param+".function.strict", "strict function calling is not supported yet")
+	}
+	forced := t.Forced()
+	if c := t.ToolChoice; forced {
+		if len(t.Tools) == 0 {
+			return InvalidRequest(CodeInvalidValue, "tool_choice", "tool_choice %q needs tools", c.Mode)
+		}
+		if c.Mode == "function" && !names[c.Function] {
+			return InvalidRequest(CodeInvalidValue, "tool_choice", "tool_choice names function %q, which is not among the tools", c.Function)
 		}
 	}
-	if c := t.ToolChoice; c != nil {
-		switch {
-		case c.Mode == "required" || c.Mode == "function":
-			if len(t.Tools) == 0 {
-				return InvalidRequest(CodeInvalidValue, "tool_choice", "tool_choice %q needs tools", c.Mode)
-			}
-			if c.Mode == "function" && !names[c.Function] {
-				return InvalidRequest(CodeInvalidValue, "tool_choice", "tool_choice names function %q, which is not among the tools", c.Function)
-			}
-			return InvalidRequest(CodeUnsupportedParameter, "tool_choice",
-				"tool_choice %q is not supported yet (it needs grammar-constrained sampling); use \"auto\"", c.Mode)
+	for i, tool := range t.Tools {
+		if tool.Function.Strict != nil && *tool.Function.Strict && !forced && !t.None() {
+			return InvalidRequest(CodeUnsupportedParameter, fmt.Sprintf("tools[%d].function.strict", i),
+				"strict arguments are enforced only when the call is forced: set tool_choice to \"required\" or name the function")
 		}
 	}
 	return nil
 }
+
+// Forced reports whether the model must call a tool: tool_choice "required" or a
+// named function.
+func (t ChatTools) Forced() bool {
+	return t.ToolChoice != nil && (t.ToolChoice.Mode == "required" || t.ToolChoice.Mode == "function")
+}
+
+// None reports whether tool_choice is "none".
+func (t ChatTools) None() bool { return t.ToolChoice != nil && t.ToolChoice.Mode == "none" }
+
+// ResponseFormat is the response_format of a chat request.
+type ResponseFormat struct {
+	Type       string            `json:"type"` // text, json_object or json_schema
+	JSONSchema *JSONSchemaFormat `json:"json_schema,omitempty"`
+}
+
+// JSONSchemaFormat is the schema of a json_schema response format. macfleet enforces
+// the schema with grammar-constrained sampling whether strict is set or not.
+type JSONSchemaFormat struct {
+	Name        string          `json:"name"`
+	Description string          `json:"description,omitempty"`
+	Schema      json.RawMessage `json:"schema,omitempty"`
+	Strict      *bool           `json:"strict,omitempty"`
+}
+
+// Check validates the format's shape (the schema's keywords are checked where the
+// grammar is built).
+func (f *ResponseFormat) Check() *Error {
+	if f == nil {
+		return nil
+	}
+	switch f.Type {
+	case "text", "json_object":
+		if f.JSONSchema != nil {
+			return InvalidRequest(CodeInvalidValue, "response_format.json_schema", "json_schema goes with type \"json_schema\", not %q", f.Type)
+		}
+		return nil
+	case "json_schema":
+	default:
+		return InvalidRequest(CodeInvalidValue, "response_format.type", "response_format type must be text, json_object or json_schema, got %q", f.Type)
+	}
+	s := f.JSONSchema
+	switch {
+	case s == nil:
+		return InvalidRequest(CodeMissingField, "response_format.json_schema", "a json_schema response format needs json_schema: {name, schema}")
+	case !validFunctionName(s.Name):
+		return InvalidRequest(CodeInvalidValue, "response_format.json_schema.name",
+			"the schema name is 1 to 64 letters, digits, underscores and dashes, got %q", s.Name)
+	case isNull(s.Schema):
+		return InvalidRequest(CodeMissingField, "response_format.json_schema.schema", "a json_schema response format needs a schema")
+	case bytes.TrimSpace(s.Schema)[0] != '{':
+		return InvalidRequest(CodeInvalidValue, "response_format.json_schema.schema", "the schema must be a JSON object")
+	}
+	return nil
+}
+
+// Constrained reports whether the format constrains the output.
+func (f *ResponseFormat) Constrained() bool { return f != nil && f.Type != "text" }
 
 // MaxTools bounds the tools of one request.
 const MaxTools = 128

@@ -177,6 +177,7 @@ type ChatRequest struct {
 	Messages []Message `json:"messages"`
 	Sampling
 	ChatTools
+	ResponseFormat *ResponseFormat `json:"response_format,omitempty"`
 	Unsupported
 	// ChatTemplateKwargs are extra variables for the model's chat template (e.g.
 	// enable_thinking).
@@ -190,6 +191,9 @@ func (r *ChatRequest) Check() *Error {
 		return e
 	}
 	if e := r.CheckTools(); e != nil {
+		return e
+	}
+	if e := r.ResponseFormat.Check(); e != nil {
 		return e
 	}
 	for k := range r.ChatTemplateKwargs {
@@ -269,6 +273,9 @@ type Options struct {
 	PresencePenalty, FrequencyPenalty float32
 	Stop                              []string
 	Stream, IncludeUsage              bool
+	// Grammar constrains the output (GBNF, root rule "root"); the runner sets it from
+	// response_format and tool_choice.
+	Grammar string
 }
 
 // Limits of request fields.

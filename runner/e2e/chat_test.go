@@ -142,10 +142,10 @@ func TestChatTemplateRealVocabulary(t *testing.T) {
 		code  string
 	}{
 		{option.WithJSONSet("frobnicate", true), "frobnicate", api.CodeUnknownParameter},
-		{option.WithJSONSet("response_format", map[string]any{"type": "json_object"}), "response_format", api.CodeUnsupportedParameter},
+		{option.WithJSONSet("prediction", map[string]any{"type": "content", "content": "x"}), "prediction", api.CodeUnsupportedParameter},
 		{option.WithJSONSet("logprobs", true), "logprobs", api.CodeUnsupportedParameter},
 		{option.WithJSONSet("n", 2), "n", api.CodeUnsupportedParameter},
-		{option.WithJSONSet("tool_choice", "required"), "tool_choice", api.CodeUnsupportedParameter},
+		{option.WithJSONSet("tool_choice", map[string]any{"type": "function", "function": map[string]any{"name": "nope"}}), "tool_choice", api.CodeInvalidValue},
 	} {
 		_, err := client.Chat.Completions.New(ctx, params, tc.opt)
 		var apiErr *openai.Error

@@ -181,6 +181,9 @@ type Model struct {
 	vocab  *C.struct_llama_vocab
 	pieces [][]byte // token id → text piece (control tokens render empty)
 	eog    []bool
+
+	utf8Once sync.Once
+	utf8     *utf8Table // UTF-8 classes of the pieces, for sampling under a grammar
 }
 
 // LoadModel loads a GGUF file.
@@ -626,69 +629,4 @@ func (b *Batch) Add(tok int32, pos, seq int, output bool) int {
 	C.mf_batch_set(&b.c, C.int(i), C.llama_token(tok), C.llama_pos(pos), C.llama_seq_id(seq), C._Bool(output))
 	b.c.n_tokens++
 	return i
-}
-
-// SamplerParams selects the samplers of a chain. The zero value is greedy decoding
-// without penalties; set Temperature > 0 for random sampling.
-type SamplerParams struct {
-	Temperature float32
-	TopK        int     // 0: off
-	TopP        float32 // 0 or 1: off
-	MinP        float32 // 0: off
-	Seed        uint32
-	// PresencePenalty and FrequencyPenalty follow OpenAI's definitions over the last
-	// PenaltyLastN tokens.
-	PresencePenalty, FrequencyPenalty float32
-	PenaltyLastN                      int
-}
-
-// Sampler is a sampler chain; it remembers the tokens it produced (for penalties).
-type Sampler struct {
-	c *C.struct_llama_sampler
-}
-
-// NewSampler builds a chain: penalties, top-k, top-p, min-p, temperature and a seeded
-// distribution, or greedy when Temperature is 0.
-func NewSampler(p SamplerParams) *Sampler {
-	cp := C.llama_sampler_chain_default_params()
-	cp.no_perf = true
-	chain := C.llama_sampler_chain_init(cp)
-	if p.PresencePenalty != 0 || p.FrequencyPenalty != 0 {
-		lastN := p.PenaltyLastN
-		if lastN <= 0 {
-			lastN = 64
-		}
-		C.llama_sampler_chain_add(chain, C.llama_sampler_init_penalties(C.int32_t(lastN), 1.0,
-			C.float(p.FrequencyPenalty), C.float(p.PresencePenalty)))
-	}
-	if p.Temperature <= 0 {
-		C.llama_sampler_chain_add(chain, C.llama_sampler_init_greedy())
-		return &Sampler{c: chain}
-	}
-	if p.TopK > 0 {
-		C.llama_sampler_chain_add(chain, C.llama_sampler_init_top_k(C.int32_t(p.TopK)))
-	}
-	if p.TopP > 0 && p.TopP < 1 {
-		C.llama_sampler_chain_add(chain, C.llama_sampler_init_top_p(C.float(p.TopP), 1))
-	}
-	if p.MinP > 0 {
-		C.llama_sampler_chain_add(chain, C.llama_sampler_init_min_p(C.float(p.MinP), 1))
-	}
-	C.llama_sampler_chain_add(chain, C.llama_sampler_init_temp(C.float(p.Temperature)))
-	C.llama_sampler_chain_add(chain, C.llama_sampler_init_dist(C.uint32_t(p.Seed)))
-	return &Sampler{c: chain}
-}
-
-// Sample picks a token from the logits of output row i (batch index) of the last
-// Decode and records it in the chain's history.
-func (s *Sampler) Sample(c *Context, i int) int32 {
-	return int32(C.llama_sampler_sample(s.c, c.c, C.int32_t(i)))
-}
-
-// Free releases the chain.
-func (s *Sampler) Free() {
-	if s.c != nil {
-		C.llama_sampler_free(s.c)
-		s.c = nil
-	}
 }

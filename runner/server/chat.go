@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/macfleet/macfleet/chat"
+	"github.com/macfleet/macfleet/chat/grammar"
 	"github.com/macfleet/macfleet/runner/api"
 	"github.com/macfleet/macfleet/runner/llama"
 )
@@ -136,5 +137,32 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	co := s.chatOptions(&req, prompt)
+	if opts.Grammar, herr = s.chatGrammar(&req, co); herr != nil {
+		writeError(w, herr)
+		return
+	}
 	s.generate(w, r, eng, &co, s.modelName(req.Model), toks, opts)
+}
+
+// chatGrammar builds the grammar that response_format and tool_choice put the output
+// under, or "" when the output is free.
+func (s *Server) chatGrammar(req *api.ChatRequest, co chat.Options) (string, *api.Error) {
+	spec, herr := grammar.ForChat(grammar.Input{Format: co.Format, Tools: req.Tools, ToolChoice: req.ToolChoice,
+		Parallel: co.Parallel, ResponseFormat: req.ResponseFormat, InReasoning: co.InReasoning})
+	if herr != nil || spec == nil {
+		return "", herr
+	}
+	if req.Forced() && s.chat == nil {
+		return "", api.InvalidRequest(api.CodeUnsupportedParameter, "tools",
+			"this model has no chat template that renders tools, so it cannot call them")
+	}
+	schemas, rules := spec.JSON()
+	g, err := llama.BuildGrammar(schemas, rules)
+	if err == nil {
+		err = llama.CheckGrammar(s.model, g)
+	}
+	if err != nil {
+		return "", api.InvalidRequest(api.CodeInvalidValue, spec.Param, "the schema cannot be enforced: %v", err)
+	}
+	return g, nil
 }

@@ -370,6 +370,14 @@ func (e *engine) assign(s *slot, j *job, keep int) {
 		PresencePenalty: o.PresencePenalty, FrequencyPenalty: o.FrequencyPenalty,
 		PenaltyLastN: e.nCtxSeq,
 	})
+	if o.Grammar != "" {
+		if err := s.sampler.Constrain(e.model, o.Grammar); err != nil {
+			// The handler checked the grammar; this is not the client's fault.
+			j.fail(api.Internal("constraining the output: %v", err))
+			e.release(s)
+			return
+		}
+	}
 	s.stream = textstream.New(o.Stop)
 }
 
@@ -492,7 +500,12 @@ func (e *engine) failStep(err *api.Error) {
 // decides whether the generation ends.
 func (e *engine) sample(s *slot) {
 	j := s.job
-	tok := s.sampler.Sample(e.ctx, s.outIdx)
+	tok, err := s.sampler.Sample(e.ctx, s.outIdx)
+	if err != nil {
+		j.fail(api.Internal("sampling: %v", err))
+		e.release(s)
+		return
+	}
 	if e.model.IsEOG(tok) {
 		j.emit(s.stream.Flush(), 1)
 		e.finish(s, "stop")

@@ -1,0 +1,36 @@
+#pragma once
+
+#include <stdint.h>
+
+#include "llama.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// mf_build_grammar builds a GBNF grammar from schemas, a JSON object of named JSON
+// schemas, and rules, a JSON object of named GBNF rule bodies (one named root) in
+// which {{name}} stands for the rule of the schema of that name. On failure it
+// returns NULL and sets *err. Both strings are malloc'd.
+char *mf_build_grammar(const char *schemas, const char *rules, char **err);
+
+// mf_grammar_init parses a GBNF grammar for the model's vocabulary.
+struct llama_sampler *mf_grammar_init(const struct llama_model *model, const char *gbnf, char **err);
+
+// mf_sample samples row idx of the last decode with the chain, under grammar when it is
+// not NULL, and accepts the token in both. cur holds n_vocab entries of scratch space.
+// It returns -1 when there are no logits and -2 when the grammar allows nothing.
+// Under a grammar the output also stays valid UTF-8: utf8_class and utf8_first have
+// each token's class (see utf8.go) and first byte, *utf8_state what the output needs.
+llama_token mf_sample(struct llama_sampler *chain, struct llama_sampler *grammar, const uint16_t *utf8_class,
+                      const uint8_t *utf8_first, int32_t *utf8_state, struct llama_context *ctx, int32_t idx,
+                      llama_token_data *cur, int32_t n_vocab, int32_t *resampled);
+
+// mf_logprobs returns the log-probability of chosen in row idx and writes the k most
+// likely tokens with theirs (k <= 20), most likely first.
+float mf_logprobs(struct llama_context *ctx, int32_t idx, int32_t n_vocab, llama_token chosen, int32_t k,
+                  llama_token *top_ids, float *top_lps);
+
+#ifdef __cplusplus
+}
+#endif

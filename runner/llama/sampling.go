@@ -1,0 +1,202 @@
+//go:build cgo && !race
+
+package llama
+
+/*
+#cgo CXXFLAGS: -std=c++17
+#include <stdlib.h>
+#include "llama.h"
+#include "grammar.h"
+*/
+import "C"
+
+import (
+	"errors"
+	"unsafe"
+
+	// llama.cpp's common helpers, for its JSON-schema-to-grammar converter (called
+	// from grammar.cpp). Debian's nlohmann-json3-dev provides the JSON headers the
+	// module zip leaves out.
+	_ "github.com/ollama/ollama/llama/llama.cpp/common"
+)
+
+// SamplerParams selects the samplers of a chain. The zero value is greedy decoding
+// without penalties; set Temperature > 0 for random sampling.
+type SamplerParams struct {
+	Temperature float32
+	TopK        int     // 0: off
+	TopP        float32 // 0 or 1: off
+	MinP        float32 // 0: off
+	Seed        uint32
+	// PresencePenalty and FrequencyPenalty follow OpenAI's definitions over the last
+	// PenaltyLastN tokens.
+	PresencePenalty, FrequencyPenalty float32
+	PenaltyLastN                      int
+}
+
+// Sampler is a sampler chain, optionally under a grammar; it remembers the tokens it
+// produced (for penalties and the grammar's state).
+type Sampler struct {
+	c       *C.struct_llama_sampler
+	grammar *C.struct_llama_sampler
+	cur     []C.llama_token_data // scratch: one entry per vocabulary token
+	utf8    *utf8Table           // the model's token UTF-8 classes, under a grammar
+	state   C.int32_t            // what the output needs next to stay valid UTF-8
+	// Resampled counts the tokens the grammar rejected from the chain's first choice.
+	Resampled int
+}
+
+// NewSampler builds a chain: penalties, top-k, top-p, min-p, temperature and a seeded
+// distribution, or greedy when Temperature is 0.
+func NewSampler(p SamplerParams) *Sampler {
+	cp := C.llama_sampler_chain_default_params()
+	cp.no_perf = true
+	chain := C.llama_sampler_chain_init(cp)
+	if p.PresencePenalty != 0 || p.FrequencyPenalty != 0 {
+		lastN := p.PenaltyLastN
+		if lastN <= 0 {
+			lastN = 64
+		}
+		C.llama_sampler_chain_add(chain, C.llama_sampler_init_penalties(C.int32_t(lastN), 1.0,
+			C.float(p.FrequencyPenalty), C.float(p.PresencePenalty)))
+	}
+	if p.Temperature <= 0 {
+		C.llama_sampler_chain_add(chain, C.llama_sampler_init_greedy())
+		return &Sampler{c: chain}
+	}
+	if p.TopK > 0 {
+		C.llama_sampler_chain_add(chain, C.llama_sampler_init_top_k(C.int32_t(p.TopK)))
+	}
+	if p.TopP > 0 && p.TopP < 1 {
+		C.llama_sampler_chain_add(chain, C.llama_sampler_init_top_p(C.float(p.TopP), 1))
+	}
+	if p.MinP > 0 {
+		C.llama_sampler_chain_add(chain, C.llama_sampler_init_min_p(C.float(p.MinP), 1))
+	}
+	C.llama_sampler_chain_add(chain, C.llama_sampler_init_temp(C.float(p.Temperature)))
+	C.llama_sampler_chain_add(chain, C.llama_sampler_init_dist(C.uint32_t(p.Seed)))
+	return &Sampler{c: chain}
+}
+
+// ErrGrammarDeadEnd is a grammar that allows no token of the vocabulary.
+var ErrGrammarDeadEnd = errors.New("the grammar allows no next token")
+
+// Constrain puts the sampler under a GBNF grammar (root rule "root") for m's
+// vocabulary. Call it before the first Sample.
+func (s *Sampler) Constrain(m *Model, gbnf string) error {
+	g, err := parseGrammar(m, gbnf)
+	if err != nil {
+		return err
+	}
+	if s.grammar != nil {
+		C.llama_sampler_free(s.grammar)
+	}
+	s.grammar = g
+	s.utf8 = m.utf8Classes()
+	return nil
+}
+
+// Sample picks a token from the logits of output row i (batch index) of the last
+// Decode and records it in the chain's history (and the grammar's state). Under a
+// grammar it first checks the chain's choice alone and masks the vocabulary only when
+// the grammar rejects it, so output the grammar allows anyway costs almost nothing.
+func (s *Sampler) Sample(c *Context, i int) (int32, error) {
+	n := c.model.NVocab()
+	if len(s.cur) < n {
+		s.cur = make([]C.llama_token_data, n)
+	}
+	var resampled C.int32_t
+	var classes *C.uint16_t
+	var first *C.uint8_t
+	if s.grammar != nil {
+		classes = (*C.uint16_t)(unsafe.Pointer(&s.utf8.class[0]))
+		first = (*C.uint8_t)(unsafe.Pointer(&s.utf8.first[0]))
+	}
+	tok := C.mf_sample(s.c, s.grammar, classes, first, &s.state, c.c, C.int32_t(i), &s.cur[0], C.int32_t(n), &resampled)
+	s.Resampled += int(resampled)
+	switch tok {
+	case -1:
+		return 0, errors.New("no logits for the sampled row")
+	case -2:
+		return 0, ErrGrammarDeadEnd
+	}
+	return int32(tok), nil
+}
+
+// Free releases the chain and its grammar.
+func (s *Sampler) Free() {
+	if s.c != nil {
+		C.llama_sampler_free(s.c)
+		s.c = nil
+	}
+	if s.grammar != nil {
+		C.llama_sampler_free(s.grammar)
+		s.grammar = nil
+	}
+	s.cur = nil
+}
+
+// utf8Classes are the UTF-8 classes of the model's token pieces, computed once.
+func (m *Model) utf8Classes() *utf8Table {
+	m.utf8Once.Do(func() { m.utf8 = newUTF8Table(m.pieces) })
+	return m.utf8
+}
+
+// CheckGrammar reports whether gbnf parses for m's vocabulary.
+func CheckGrammar(m *Model, gbnf string) error {
+	g, err := parseGrammar(m, gbnf)
+	if err == nil {
+		C.llama_sampler_free(g)
+	}
+	return err
+}
+
+func parseGrammar(m *Model, gbnf string) (*C.struct_llama_sampler, error) {
+	cs := C.CString(gbnf)
+	defer C.free(unsafe.Pointer(cs))
+	var cerr *C.char
+	g := C.mf_grammar_init(m.c, cs, &cerr)
+	if cerr != nil {
+		defer C.free(unsafe.Pointer(cerr))
+		return nil, errors.New(C.GoString(cerr))
+	}
+	return g, nil
+}
+
+// BuildGrammar builds a GBNF grammar with llama.cpp's JSON-schema converter: schemas
+// is a JSON object of named JSON schemas, rules a JSON object of named GBNF rule bodies
+// (one of them "root") in which {{name}} stands for a value of the schema of that
+// name. A schema the converter cannot express is an error that says why.
+func BuildGrammar(schemas, rules []byte) (string, error) {
+	cs, cr := C.CString(string(schemas)), C.CString(string(rules))
+	defer C.free(unsafe.Pointer(cs))
+	defer C.free(unsafe.Pointer(cr))
+	var cerr *C.char
+	out := C.mf_build_grammar(cs, cr, &cerr)
+	if cerr != nil {
+		defer C.free(unsafe.Pointer(cerr))
+		return "", errors.New(C.GoString(cerr))
+	}
+	defer C.free(unsafe.Pointer(out))
+	return C.GoString(out), nil
+}
+
+// TopLogprob is a token and its log-probability.
+type TopLogprob struct {
+	Token   int32
+	Logprob float32
+}
+
+// Logprobs returns the log-probability of tok in output row i of the last Decode
+// (the model's distribution before sampling) and the k most likely tokens (k ≤ 20).
+func (c *Context) Logprobs(i int, tok int32, k int) (float32, []TopLogprob) {
+	k = max(0, min(k, 20))
+	var ids [20]C.llama_token
+	var lps [20]C.float
+	lp := C.mf_logprobs(c.c, C.int32_t(i), C.int32_t(c.model.NVocab()), C.llama_token(tok), C.int32_t(k), &ids[0], &lps[0])
+	top := make([]TopLogprob, k)
+	for j := range k {
+		top[j] = TopLogprob{Token: int32(ids[j]), Logprob: float32(lps[j])}
+	}
+	return float32(lp), top
+}

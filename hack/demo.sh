@@ -4,6 +4,7 @@
 # simulating Macs with different memory ceilings (each with its own node credential),
 # and a model server holding a synthesized GGUF model. It applies config/samples/,
 # waits for the replicas to be Ready, streams a chat completion through the gateway,
+# makes a tool call,
 # shows `kubectl get md,mr,mn`, and keeps the fleet running until Ctrl-C
 # (DEMO_EXIT=1 exits instead).
 set -euo pipefail
@@ -53,6 +54,15 @@ curl -sSN "$GATEWAY/v1/chat/completions" -H 'Content-Type: application/json' \
 	-d '{"model":"tiny-chat","stream":true,"max_tokens":24,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"Say hello to the fleet."}]}' |
 	tee "$work/stream.txt" | sed -n '1,4p;/usage/p;/DONE/p' | cut -c1-200
 grep -q '^data: \[DONE\]' "$work/stream.txt" || { echo "the stream did not end with [DONE]" >&2; exit 1; }
+
+say "A tool call: the model's own chat template renders the tools, tool_choice \"required\" constrains sampling"
+tool_body='{"model":"tiny-chat","max_tokens":64,"tool_choice":"required","messages":[{"role":"user","content":"Weather in Paris?"}],
+ "tools":[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object",
+ "properties":{"city":{"type":"string","maxLength":24}},"required":["city"],"additionalProperties":false}}}]}'
+echo "\$ curl $GATEWAY/v1/chat/completions -d '{\"model\":\"tiny-chat\",\"tool_choice\":\"required\",\"tools\":[get_weather],...}'"
+curl -sS "$GATEWAY/v1/chat/completions" -H 'Content-Type: application/json' -d "$tool_body" | tee "$work/tool.json" | cut -c1-400
+echo
+grep -q '"finish_reason":"tool_calls"' "$work/tool.json" || { echo "no tool call came back" >&2; exit 1; }
 
 say "The OnDemand sample loads on its first request (the gateway holds it meanwhile)"
 "$kubectl" wait --for=condition=Available md/tiny-chat-ondemand --timeout=300s

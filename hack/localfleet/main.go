@@ -17,6 +17,7 @@ import (
 
 	"github.com/macfleet/macfleet/internal/ggufsynth"
 	"github.com/macfleet/macfleet/internal/localfleet"
+	"github.com/macfleet/macfleet/internal/testassets"
 )
 
 func main() {
@@ -50,9 +51,11 @@ func run(dir, binary, runner, envFile, modelsAddr string) error {
 	}
 	defer fleet.Stop()
 
-	// The model the samples in config/samples/ name: a synthesized chat model, served
-	// by the fleet's model server as a model hub would serve a real one.
-	spec, err := ggufsynth.Preset("small")
+	// The model the samples in config/samples/ name: a synthesized chat model with
+	// random weights but the real Llama 3 vocabulary and Llama 3.1 chat template (read
+	// from the Go module cache), so it renders tools and answers with tool calls;
+	// served by the fleet's model server as a model hub would serve a real one.
+	spec, err := testassets.Llama31Spec()
 	if err != nil {
 		return err
 	}

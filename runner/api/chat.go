@@ -95,8 +95,6 @@ type ChatTools struct {
 // Unsupported are OpenAI chat fields macfleet accepts only in their neutral form; any
 // other value is refused with a 400 naming the field.
 type Unsupported struct {
-	Logprobs        *bool           `json:"logprobs,omitempty"`
-	TopLogprobs     *int            `json:"top_logprobs,omitempty"`
 	LogitBias       json.RawMessage `json:"logit_bias,omitempty"`
 	Audio           json.RawMessage `json:"audio,omitempty"`
 	Modalities      []string        `json:"modalities,omitempty"`
@@ -123,10 +121,6 @@ func (u Unsupported) Check() *Error {
 		return InvalidRequest(CodeUnsupportedParameter, param, format, args...)
 	}
 	switch {
-	case u.Logprobs != nil && *u.Logprobs:
-		return unsupported("logprobs", "logprobs is not supported yet")
-	case u.TopLogprobs != nil && *u.TopLogprobs > 0:
-		return unsupported("top_logprobs", "top_logprobs is not supported yet")
 	case !isNull(u.LogitBias) && string(bytes.TrimSpace(u.LogitBias)) != "{}":
 		return unsupported("logit_bias", "logit_bias is not supported")
 	case !isNull(u.Audio):

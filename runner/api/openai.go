@@ -176,6 +176,8 @@ type ChatRequest struct {
 	Model    string    `json:"model"`
 	Messages []Message `json:"messages"`
 	Sampling
+	Logprobs    *bool `json:"logprobs,omitempty"`
+	TopLogprobs *int  `json:"top_logprobs,omitempty"`
 	ChatTools
 	ResponseFormat *ResponseFormat `json:"response_format,omitempty"`
 	Unsupported
@@ -243,8 +245,8 @@ func (r *CompletionRequest) Check() *Error {
 	switch {
 	case r.Suffix != nil && *r.Suffix != "":
 		return InvalidRequest(CodeUnsupportedParameter, "suffix", "suffix (fill in the middle) is not supported")
-	case r.Logprobs != nil && *r.Logprobs > 0:
-		return InvalidRequest(CodeUnsupportedParameter, "logprobs", "logprobs is not supported yet")
+	case r.Logprobs != nil && (*r.Logprobs < 0 || *r.Logprobs > MaxTopLogprobs):
+		return InvalidRequest(CodeInvalidValue, "logprobs", "logprobs must be between 0 and %d, got %d", MaxTopLogprobs, *r.Logprobs)
 	case r.BestOf != nil && *r.BestOf != 1:
 		return InvalidRequest(CodeUnsupportedParameter, "best_of", "best_of is not supported")
 	case !isNull(r.LogitBias) && string(bytes.TrimSpace(r.LogitBias)) != "{}":
@@ -273,6 +275,13 @@ type Options struct {
 	PresencePenalty, FrequencyPenalty float32
 	Stop                              []string
 	Stream, IncludeUsage              bool
+	// N is the number of choices, each its own sequence (choice i samples with seed
+	// Seed+i).
+	N int
+	// Logprobs asks for each generated token's log-probability and TopLogprobs for
+	// that many most likely alternatives (at most MaxTopLogprobs).
+	Logprobs    bool
+	TopLogprobs int
 	// Grammar constrains the output (GBNF, root rule "root"); the runner sets it from
 	// response_format and tool_choice.
 	Grammar string
@@ -280,6 +289,8 @@ type Options struct {
 
 // Limits of request fields.
 const (
+	MaxChoices     = 16
+	MaxTopLogprobs = 20
 	MaxStopStrings = 16
 	MaxStopLength  = 256
 )
@@ -334,11 +345,12 @@ func (s Sampling) Options() (Options, *Error) {
 	if s.Seed != nil {
 		o.Seed, o.SeedSet = uint32(uint64(*s.Seed)), true
 	}
-	if s.N != nil && *s.N != 1 {
-		if *s.N < 1 {
-			return o, InvalidRequest(CodeInvalidValue, "n", "n must be at least 1, got %d", *s.N)
+	o.N = 1
+	if s.N != nil {
+		if *s.N < 1 || *s.N > MaxChoices {
+			return o, InvalidRequest(CodeInvalidValue, "n", "n must be between 1 and %d, got %d", MaxChoices, *s.N)
 		}
-		return o, InvalidRequest(CodeUnsupportedParameter, "n", "n > 1 is not supported yet, got %d", *s.N)
+		o.N = *s.N
 	}
 	if len(s.Stop) > MaxStopStrings {
 		return o, InvalidRequest(CodeInvalidValue, "stop", "at most %d stop strings are allowed, got %d", MaxStopStrings, len(s.Stop))
@@ -420,9 +432,9 @@ func (m ChatMessageOut) Text() string {
 
 // ChatChoice is one choice of a chat completion.
 type ChatChoice struct {
-	Index        int              `json:"index"`
-	Message      ChatMessageOut   `json:"message"`
-	Logprobs     *json.RawMessage `json:"logprobs"`
+	Index        int            `json:"index"`
+	Message      ChatMessageOut `json:"message"`
+	Logprobs     *ChatLogprobs  `json:"logprobs"`
 	FinishReason string           `json:"finish_reason"`
 }
 
@@ -446,9 +458,9 @@ type ChatDelta struct {
 
 // ChatChunkChoice is one choice of a stream chunk.
 type ChatChunkChoice struct {
-	Index        int              `json:"index"`
-	Delta        ChatDelta        `json:"delta"`
-	Logprobs     *json.RawMessage `json:"logprobs"`
+	Index        int           `json:"index"`
+	Delta        ChatDelta     `json:"delta"`
+	Logprobs     *ChatLogprobs `json:"logprobs"`
 	FinishReason *string          `json:"finish_reason"`
 }
 
@@ -465,9 +477,9 @@ type ChatCompletionChunk struct {
 
 // TextChoice is one choice of a text completion (streamed or not).
 type TextChoice struct {
-	Index        int              `json:"index"`
-	Text         string           `json:"text"`
-	Logprobs     *json.RawMessage `json:"logprobs"`
+	Index        int           `json:"index"`
+	Text         string        `json:"text"`
+	Logprobs     *TextLogprobs `json:"logprobs"`
 	FinishReason *string          `json:"finish_reason"`
 }
 
@@ -502,4 +514,84 @@ func NewID(prefix string) string {
 	var b [12]byte
 	_, _ = rand.Read(b[:])
 	return prefix + hex.EncodeToString(b[:])
+}
+
+// TokenLogprob is a generated token's log-probability under the model (before
+// sampling and any grammar), with the most likely alternatives at that position.
+type TokenLogprob struct {
+	Token       string       `json:"token"`
+	Logprob     float64      `json:"logprob"`
+	Bytes       []int        `json:"bytes"`
+	TopLogprobs []TopLogprob `json:"top_logprobs"`
+}
+
+// TopLogprob is one alternative token.
+type TopLogprob struct {
+	Token   string  `json:"token"`
+	Logprob float64 `json:"logprob"`
+	Bytes   []int   `json:"bytes"`
+}
+
+// ChatLogprobs are the logprobs of a chat choice or chunk.
+type ChatLogprobs struct {
+	Content []TokenLogprob `json:"content"`
+	Refusal []TokenLogprob `json:"refusal"`
+}
+
+// TextLogprobs are the logprobs of a text completion choice, in the legacy shape.
+type TextLogprobs struct {
+	Tokens        []string             `json:"tokens"`
+	TokenLogprobs []float64            `json:"token_logprobs"`
+	TopLogprobs   []map[string]float64 `json:"top_logprobs"`
+	TextOffset    []int                `json:"text_offset"`
+}
+
+// TextLogprobsOf converts token logprobs to the legacy shape; offset is the length of
+// the text before the first token.
+func TextLogprobsOf(lps []TokenLogprob, offset int) *TextLogprobs {
+	out := &TextLogprobs{Tokens: []string{}, TokenLogprobs: []float64{}, TopLogprobs: []map[string]float64{}, TextOffset: []int{}}
+	for _, lp := range lps {
+		out.Tokens = append(out.Tokens, lp.Token)
+		out.TokenLogprobs = append(out.TokenLogprobs, lp.Logprob)
+		top := make(map[string]float64, len(lp.TopLogprobs))
+		for _, t := range lp.TopLogprobs {
+			if _, dup := top[t.Token]; !dup {
+				top[t.Token] = t.Logprob
+			}
+		}
+		out.TopLogprobs = append(out.TopLogprobs, top)
+		out.TextOffset = append(out.TextOffset, offset)
+		offset += len(lp.Token)
+	}
+	return out
+}
+
+// Options are the sampling options with the chat request's logprobs.
+func (r *ChatRequest) Options() (Options, *Error) {
+	o, e := r.Sampling.Options()
+	if e != nil {
+		return o, e
+	}
+	o.Logprobs = r.Logprobs != nil && *r.Logprobs
+	if r.TopLogprobs != nil {
+		switch k := *r.TopLogprobs; {
+		case k < 0 || k > MaxTopLogprobs:
+			return o, InvalidRequest(CodeInvalidValue, "top_logprobs", "top_logprobs must be between 0 and %d, got %d", MaxTopLogprobs, k)
+		case k > 0 && !o.Logprobs:
+			return o, InvalidRequest(CodeInvalidValue, "top_logprobs", "top_logprobs needs logprobs: true")
+		default:
+			o.TopLogprobs = k
+		}
+	}
+	return o, nil
+}
+
+// Options are the sampling options with the completion request's logprobs (the
+// legacy integer: that many alternatives per token).
+func (r *CompletionRequest) Options() (Options, *Error) {
+	o, e := r.Sampling.Options()
+	if e == nil && r.Logprobs != nil {
+		o.Logprobs, o.TopLogprobs = true, *r.Logprobs
+	}
+	return o, e
 }

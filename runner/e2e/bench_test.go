@@ -102,7 +102,16 @@ func (s streamStats) decodeRate() float64 {
 
 func timedStream(b testing.TB, r *runner, prompt string, maxTokens int) streamStats {
 	b.Helper()
+	return timedStreamWith(b, r, prompt, maxTokens, nil)
+}
+
+// timedStreamWith is timedStream with extra request fields.
+func timedStreamWith(b testing.TB, r *runner, prompt string, maxTokens int, extra map[string]any) streamStats {
+	b.Helper()
 	body := chatBody(prompt, maxTokens, true)
+	for k, v := range extra {
+		body[k] = v
+	}
 	body["stream_options"] = map[string]any{"include_usage": true}
 	start := time.Now()
 	resp, err := r.post(context.Background(), "/v1/chat/completions", body)
@@ -151,4 +160,42 @@ func completeTextB(b testing.TB, r *runner, prompt string, maxTokens int) api.Co
 		b.Fatalf("completion: %d", code)
 	}
 	return c
+}
+
+// BenchmarkGrammarMid measures decode under a grammar against free decode, in the
+// same run on the mid model: a JSON answer whose tokens are mostly string content
+// (the grammar usually allows the sampler's first choice: the fast path), and one
+// that is all structure (numbers and enums: the grammar rejects most first choices
+// of a random-weight model, so nearly every token masks the whole vocabulary).
+//
+//	MACFLEET_RUNNER=bin/macfleet-runner go test -run '^$' -bench GrammarMid -benchtime 3x ./runner/e2e
+func BenchmarkGrammarMid(b *testing.B) {
+	threads := os.Getenv("MACFLEET_BENCH_THREADS")
+	if threads == "" {
+		threads = "2"
+	}
+	r := startReady(b, model(b, "mid"), "--ctx", "4096", "--threads", threads)
+	const genTokens = 128
+	format := func(schema string) map[string]any {
+		return map[string]any{"response_format": map[string]any{"type": "json_schema",
+			"json_schema": map[string]any{"name": "bench", "schema": json.RawMessage(schema)}}}
+	}
+	for _, tc := range []struct {
+		name  string
+		extra map[string]any
+	}{
+		{"free", nil},
+		{"json-string-content", format(`{"type":"object","properties":{"text":{"type":"string"}},"required":["text"]}`)},
+		{"json-all-structure", format(`{"type":"array","items":{"type":"object","properties":{"n":{"type":"integer"},
+			"c":{"enum":["red","green","blue"]},"b":{"type":"boolean"}},"required":["n","c","b"]}}`)},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			var rate float64
+			for range b.N {
+				s := timedStreamWith(b, r, fmt.Sprintf("%d grammar", benchRound.Add(1)), genTokens, tc.extra)
+				rate += s.decodeRate()
+			}
+			b.ReportMetric(rate/float64(b.N), "tok/s")
+		})
+	}
 }

@@ -143,8 +143,8 @@ func TestChatTemplateRealVocabulary(t *testing.T) {
 	}{
 		{option.WithJSONSet("frobnicate", true), "frobnicate", api.CodeUnknownParameter},
 		{option.WithJSONSet("prediction", map[string]any{"type": "content", "content": "x"}), "prediction", api.CodeUnsupportedParameter},
-		{option.WithJSONSet("logprobs", true), "logprobs", api.CodeUnsupportedParameter},
-		{option.WithJSONSet("n", 2), "n", api.CodeUnsupportedParameter},
+		{option.WithJSONSet("audio", map[string]any{"voice": "alloy", "format": "mp3"}), "audio", api.CodeUnsupportedParameter},
+		{option.WithJSONSet("n", 2), "n", api.CodeInvalidValue}, // one slot
 		{option.WithJSONSet("tool_choice", map[string]any{"type": "function", "function": map[string]any{"name": "nope"}}), "tool_choice", api.CodeInvalidValue},
 	} {
 		_, err := client.Chat.Completions.New(ctx, params, tc.opt)

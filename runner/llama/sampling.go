@@ -101,6 +101,9 @@ func (s *Sampler) Constrain(m *Model, gbnf string) error {
 // grammar it first checks the chain's choice alone and masks the vocabulary only when
 // the grammar rejects it, so output the grammar allows anyway costs almost nothing.
 func (s *Sampler) Sample(c *Context, i int) (int32, error) {
+	if s.grammar == nil { // llama.cpp's own path, unchanged
+		return int32(C.llama_sampler_sample(s.c, c.c, C.int32_t(i))), nil
+	}
 	n := c.model.NVocab()
 	if len(s.cur) < n {
 		s.cur = make([]C.llama_token_data, n)

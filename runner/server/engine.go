@@ -507,7 +507,7 @@ func (e *engine) sample(s *slot) {
 		return
 	}
 	if e.model.IsEOG(tok) {
-		j.emit(s.stream.Flush(), 1)
+		j.emit(s.stream.Flush(), 1, nil)
 		e.finish(s, "stop")
 		return
 	}
@@ -515,8 +515,12 @@ func (e *engine) sample(s *slot) {
 	if p, ok := j.special[tok]; ok {
 		piece = p
 	}
+	var lp *api.TokenLogprob
+	if j.opts.Logprobs {
+		lp = e.logprob(s.outIdx, tok, j.opts.TopLogprobs)
+	}
 	text, stopped := s.stream.Push(piece)
-	j.emit(text, 1)
+	j.emit(text, 1, lp)
 	j.mu.Lock()
 	generated := j.generated
 	j.mu.Unlock()
@@ -525,11 +529,36 @@ func (e *engine) sample(s *slot) {
 		e.finish(s, "stop")
 	case j.opts.MaxTokens > 0 && generated >= j.opts.MaxTokens,
 		len(s.cached) >= e.nCtxSeq: // no cell left to decode the token into
-		j.emit(s.stream.Flush(), 0)
+		j.emit(s.stream.Flush(), 0, nil)
 		e.finish(s, "length")
 	default:
 		s.next = tok
 	}
+}
+
+// logprob is the log-probability of tok at output row i with the top k alternatives.
+func (e *engine) logprob(i int, tok int32, k int) *api.TokenLogprob {
+	lp, top := e.ctx.Logprobs(i, tok, k)
+	text, b := e.tokenText(tok)
+	out := &api.TokenLogprob{Token: text, Logprob: float64(lp), Bytes: b, TopLogprobs: make([]api.TopLogprob, len(top))}
+	for i, t := range top {
+		text, b := e.tokenText(t.Token)
+		out.TopLogprobs[i] = api.TopLogprob{Token: text, Logprob: float64(t.Logprob), Bytes: b}
+	}
+	return out
+}
+
+// tokenText is a token's text (a control token's own text) and its bytes.
+func (e *engine) tokenText(tok int32) (string, []int) {
+	p := e.model.Piece(tok)
+	if len(p) == 0 {
+		p = []byte(e.model.TokenText(tok))
+	}
+	b := make([]int, len(p))
+	for i, c := range p {
+		b[i] = int(c)
+	}
+	return string(p), b
 }
 
 func (e *engine) finish(s *slot, reason string) {

@@ -303,24 +303,40 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, eng *engine, c
 		writeError(w, herr)
 		return
 	}
-	j := newJob(r.Context(), toks, opts, false)
-	j.restore = s.lookupPrompt(toks)
-	if isChat && (co.Tools || co.Thinking) {
-		j.special = s.markers
-	}
-	if herr := eng.submit(j); herr != nil {
-		writeError(w, herr)
+	if opts.N > len(eng.slots) {
+		writeError(w, api.InvalidRequest(api.CodeInvalidValue, "n",
+			"n is %d but this model serves at most %d sequences at once (its parallel slots)", opts.N, len(eng.slots)))
 		return
 	}
 	out := responder{w: w, chat: isChat, id: api.NewID(map[bool]string{true: "chatcmpl-", false: "cmpl-"}[isChat]),
-		created: time.Now().Unix(), model: model, promptTokens: len(toks), includeUsage: opts.IncludeUsage}
-	if isChat {
-		out.parser = chat.NewParser(*co)
+		created: time.Now().Unix(), model: model, promptTokens: len(toks), includeUsage: opts.IncludeUsage,
+		logprobs: opts.Logprobs, notify: make(chan struct{}, 1)}
+	restore := s.lookupPrompt(toks)
+	for i := range opts.N {
+		o := opts
+		o.Seed += uint32(i) // each choice its own reproducible sequence
+		j := newJob(r.Context(), toks, o, false)
+		j.notify = out.notify
+		if i == 0 {
+			j.restore = restore
+		}
+		if isChat && (co.Tools || co.Thinking) {
+			j.special = s.markers
+		}
+		c := &choice{index: i, j: j}
+		if isChat {
+			c.parser = chat.NewParser(*co)
+		}
+		if herr := eng.submit(j); herr != nil {
+			writeError(w, herr)
+			return
+		}
+		out.choices = append(out.choices, c)
 	}
 	if opts.Stream {
-		out.stream(r, j)
+		out.stream(r)
 	} else {
-		out.whole(r, j)
+		out.whole(r)
 	}
 }
 

@@ -31,6 +31,7 @@ type job struct {
 
 	mu        sync.Mutex
 	text      strings.Builder // produced but not yet taken by the handler
+	logprobs  []api.TokenLogprob
 	done      bool
 	finish    string     // stop or length, when done without error
 	err       *api.Error // when done with an error
@@ -51,11 +52,15 @@ func (j *job) wake() {
 	}
 }
 
-// emit appends generated text; ignored once the job is done.
-func (j *job) emit(text string, tokens int) {
+// emit appends generated text (and the token's logprob, when asked for); ignored
+// once the job is done.
+func (j *job) emit(text string, tokens int, lp *api.TokenLogprob) {
 	j.mu.Lock()
 	if !j.done {
 		j.text.WriteString(text)
+		if lp != nil {
+			j.logprobs = append(j.logprobs, *lp)
+		}
 		j.generated += tokens
 		if j.firstAt.IsZero() && tokens > 0 {
 			j.firstAt = time.Now()
@@ -102,6 +107,7 @@ func (j *job) finished() bool {
 // update is what a handler takes from the job at one wake-up.
 type update struct {
 	text      string
+	logprobs  []api.TokenLogprob
 	done      bool
 	finish    string
 	err       *api.Error
@@ -112,8 +118,9 @@ type update struct {
 func (j *job) take() update {
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	u := update{text: j.text.String(), done: j.done, finish: j.finish, err: j.err,
+	u := update{text: j.text.String(), logprobs: j.logprobs, done: j.done, finish: j.finish, err: j.err,
 		generated: j.generated, cached: j.cached}
 	j.text.Reset()
+	j.logprobs = nil
 	return u
 }

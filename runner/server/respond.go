@@ -13,84 +13,147 @@ import (
 	"github.com/macfleet/macfleet/runner/api"
 )
 
-// responder writes one completion in OpenAI's shapes. For a chat, parser splits the
-// model's text into content, reasoning and tool calls.
+// responder writes one completion in OpenAI's shapes: n choices, each its own job.
+// For a chat, each choice's parser splits the model's text into content, reasoning
+// and tool calls.
 type responder struct {
 	w            http.ResponseWriter
 	chat         bool
-	parser       *chat.Parser
+	choices      []*choice
+	notify       chan struct{} // shared by the choices' jobs
 	id           string
 	created      int64
 	model        string
 	promptTokens int
 	includeUsage bool
+	logprobs     bool
 }
 
-func (o *responder) usage(u update) *api.Usage {
-	us := &api.Usage{PromptTokens: o.promptTokens, CompletionTokens: u.generated,
-		TotalTokens: o.promptTokens + u.generated}
-	if u.cached > 0 {
-		us.PromptTokensDetails = &api.PromptTokensDetails{CachedTokens: u.cached}
+// choice is one sequence of a completion.
+type choice struct {
+	index  int
+	j      *job
+	parser *chat.Parser
+	text   strings.Builder    // whole response: everything generated
+	lps    []api.TokenLogprob // logprobs not yet sent (stream) or all (whole)
+	offset int                // text sent so far, for the legacy text_offset
+	last   update             // the final update, once done
+	done   bool
+}
+
+// poll takes what each unfinished choice produced; it returns the first error and
+// whether every choice is done.
+func (o *responder) poll(each func(c *choice, u update) bool) (err *api.Error, all, ok bool) {
+	all = true
+	for _, c := range o.choices {
+		if c.done {
+			continue
+		}
+		u := c.j.take()
+		if u.err != nil && err == nil {
+			err = u.err
+		}
+		if u.done {
+			c.done, c.last = true, u
+		} else {
+			all = false
+		}
+		if !each(c, u) {
+			return err, all, false
+		}
+	}
+	return err, all, true
+}
+
+func (o *responder) usage() *api.Usage {
+	us := &api.Usage{PromptTokens: o.promptTokens}
+	for _, c := range o.choices {
+		us.CompletionTokens += c.last.generated
+	}
+	us.TotalTokens = us.PromptTokens + us.CompletionTokens
+	if cached := o.choices[0].last.cached; cached > 0 {
+		us.PromptTokensDetails = &api.PromptTokensDetails{CachedTokens: cached}
 	}
 	return us
 }
 
 // finishReason is tool_calls when the model stopped after calling tools.
-func (o *responder) finishReason(finish string) string {
-	if finish == "stop" && o.parser != nil && o.parser.Calls() > 0 {
+func (c *choice) finishReason() string {
+	if c.last.finish == "stop" && c.parser != nil && c.parser.Calls() > 0 {
 		return "tool_calls"
 	}
-	return finish
+	return c.last.finish
 }
 
-func (o *responder) whole(r *http.Request, j *job) {
-	var sb strings.Builder
-	for {
-		select {
-		case <-j.notify:
-		case <-r.Context().Done():
+func (o *responder) wait(r *http.Request) bool {
+	select {
+	case <-o.notify:
+		return true
+	case <-r.Context().Done():
+		return false
+	}
+}
+
+func (o *responder) whole(r *http.Request) {
+	for o.wait(r) {
+		err, all, _ := o.poll(func(c *choice, u update) bool {
+			c.text.WriteString(u.text)
+			c.lps = append(c.lps, u.logprobs...)
+			return true
+		})
+		if err != nil {
+			writeError(o.w, err)
 			return
 		}
-		u := j.take()
-		sb.WriteString(u.text)
-		if !u.done {
+		if !all {
 			continue
 		}
-		if u.err != nil {
-			writeError(o.w, u.err)
-			return
-		}
 		if !o.chat {
-			finish := u.finish
-			writeJSON(o.w, http.StatusOK, api.Completion{
-				ID: o.id, Object: "text_completion", Created: o.created, Model: o.model,
-				Choices: []api.TextChoice{{Text: sb.String(), FinishReason: &finish}},
-				Usage:   o.usage(u),
-			})
+			out := api.Completion{ID: o.id, Object: "text_completion", Created: o.created, Model: o.model, Usage: o.usage()}
+			for _, c := range o.choices {
+				finish := c.last.finish
+				tc := api.TextChoice{Index: c.index, Text: c.text.String(), FinishReason: &finish}
+				if o.logprobs {
+					tc.Logprobs = api.TextLogprobsOf(c.lps, 0)
+				}
+				out.Choices = append(out.Choices, tc)
+			}
+			writeJSON(o.w, http.StatusOK, out)
 			return
 		}
-		d := o.parser.Push(sb.String())
-		rest := o.parser.Finish()
-		msg := api.ChatMessageOut{Role: "assistant", ReasoningContent: d.Reasoning + rest.Reasoning,
-			ToolCalls: append(d.ToolCalls, rest.ToolCalls...)}
-		if content := d.Content + rest.Content; content != "" || len(msg.ToolCalls) == 0 {
-			msg.Content = &content
+		out := api.ChatCompletion{ID: o.id, Object: "chat.completion", Created: o.created, Model: o.model, Usage: o.usage()}
+		for _, c := range o.choices {
+			d := c.parser.Push(c.text.String())
+			rest := c.parser.Finish()
+			msg := api.ChatMessageOut{Role: "assistant", ReasoningContent: d.Reasoning + rest.Reasoning,
+				ToolCalls: append(d.ToolCalls, rest.ToolCalls...)}
+			if content := d.Content + rest.Content; content != "" || len(msg.ToolCalls) == 0 {
+				msg.Content = &content
+			}
+			for i := range msg.ToolCalls {
+				msg.ToolCalls[i].Index = nil
+			}
+			cc := api.ChatChoice{Index: c.index, Message: msg, FinishReason: c.finishReason()}
+			if o.logprobs {
+				cc.Logprobs = &api.ChatLogprobs{Content: nonNil(c.lps), Refusal: []api.TokenLogprob{}}
+			}
+			out.Choices = append(out.Choices, cc)
 		}
-		for i := range msg.ToolCalls {
-			msg.ToolCalls[i].Index = nil
-		}
-		writeJSON(o.w, http.StatusOK, api.ChatCompletion{
-			ID: o.id, Object: "chat.completion", Created: o.created, Model: o.model,
-			Choices: []api.ChatChoice{{Message: msg, FinishReason: o.finishReason(u.finish)}},
-			Usage:   o.usage(u),
-		})
+		writeJSON(o.w, http.StatusOK, out)
 		return
 	}
 }
 
+func nonNil(l []api.TokenLogprob) []api.TokenLogprob {
+	if l == nil {
+		return []api.TokenLogprob{}
+	}
+	return l
+}
+
 // stream sends SSE events. The status line goes out with the first text (or the end),
 // so a failure before any output is an ordinary error response with its status.
-func (o *responder) stream(r *http.Request, j *job) {
+func (o *responder) stream(r *http.Request) {
 	rc := http.NewResponseController(o.w)
 	started := false
 	send := func(v any) bool {
@@ -103,19 +166,32 @@ func (o *responder) stream(r *http.Request, j *job) {
 		}
 		return rc.Flush() == nil
 	}
-	for {
-		select {
-		case <-j.notify:
-		case <-r.Context().Done():
+	var pending []func() bool // output taken before the stream started
+	for o.wait(r) {
+		err, all, ok := o.poll(func(c *choice, u update) bool {
+			c.lps = append(c.lps, u.logprobs...)
+			text, done := u.text, u.done && u.err == nil
+			step := func() bool {
+				if text != "" && !o.sendText(send, c, text) {
+					return false
+				}
+				return !done || o.sendEnd(send, c)
+			}
+			if !started {
+				pending = append(pending, step)
+				return true
+			}
+			return step()
+		})
+		if !ok {
 			return
 		}
-		u := j.take()
 		if !started {
-			if u.err != nil {
-				writeError(o.w, u.err)
+			if err != nil {
+				writeError(o.w, err)
 				return
 			}
-			if u.text == "" && !u.done {
+			if len(pending) == 0 {
 				continue
 			}
 			h := o.w.Header()
@@ -124,31 +200,24 @@ func (o *responder) stream(r *http.Request, j *job) {
 			h.Set("X-Accel-Buffering", "no")
 			o.w.WriteHeader(http.StatusOK)
 			started = true
-			if o.chat && !send(o.chatChunk(api.ChatDelta{Role: "assistant", Content: ptr("")}, nil)) {
-				return
+			for _, c := range o.choices {
+				if o.chat && !send(o.chatChunk(c, api.ChatDelta{Role: "assistant", Content: ptr("")}, nil)) {
+					return
+				}
 			}
+			for _, step := range pending {
+				if !step() {
+					return
+				}
+			}
+			pending = nil
 		}
-		if u.text != "" && !o.sendText(send, u.text) {
+		if err != nil {
+			send(err)
 			return
 		}
-		if !u.done {
+		if !all {
 			continue
-		}
-		if u.err != nil {
-			send(u.err)
-			return
-		}
-		if o.chat && !o.sendDelta(send, o.parser.Finish()) {
-			return
-		}
-		finish := o.finishReason(u.finish)
-		var final any = o.chatChunk(api.ChatDelta{}, &finish)
-		if !o.chat {
-			final = api.Completion{ID: o.id, Object: "text_completion", Created: o.created, Model: o.model,
-				Choices: []api.TextChoice{{Text: "", FinishReason: &finish}}}
-		}
-		if !send(final) {
-			return
 		}
 		if o.includeUsage {
 			obj := "chat.completion.chunk"
@@ -162,7 +231,7 @@ func (o *responder) stream(r *http.Request, j *job) {
 				Model   string     `json:"model"`
 				Choices []struct{} `json:"choices"`
 				Usage   *api.Usage `json:"usage"`
-			}{o.id, obj, o.created, o.model, []struct{}{}, o.usage(u)}) {
+			}{o.id, obj, o.created, o.model, []struct{}{}, o.usage()}) {
 				return
 			}
 		}
@@ -173,37 +242,68 @@ func (o *responder) stream(r *http.Request, j *job) {
 	}
 }
 
-// sendText sends generated text: as is for a text completion, through the parser for
-// a chat.
-func (o *responder) sendText(send func(any) bool, text string) bool {
+// sendEnd sends the end of a choice: what its parser still held, then the chunk with
+// its finish reason.
+func (o *responder) sendEnd(send func(any) bool, c *choice) bool {
+	if o.chat && !o.sendDelta(send, c, c.parser.Finish()) {
+		return false
+	}
+	finish := c.finishReason()
 	if !o.chat {
 		return send(api.Completion{ID: o.id, Object: "text_completion", Created: o.created, Model: o.model,
-			Choices: []api.TextChoice{{Text: text}}})
+			Choices: []api.TextChoice{{Index: c.index, Text: "", Logprobs: o.textLogprobs(c, ""), FinishReason: &finish}}})
 	}
-	return o.sendDelta(send, o.parser.Push(text))
+	return send(o.chatChunk(c, api.ChatDelta{}, &finish))
+}
+
+// sendText sends generated text: as is for a text completion, through the parser for
+// a chat.
+func (o *responder) sendText(send func(any) bool, c *choice, text string) bool {
+	if !o.chat {
+		return send(api.Completion{ID: o.id, Object: "text_completion", Created: o.created, Model: o.model,
+			Choices: []api.TextChoice{{Index: c.index, Text: text, Logprobs: o.textLogprobs(c, text)}}})
+	}
+	return o.sendDelta(send, c, c.parser.Push(text))
+}
+
+func (o *responder) textLogprobs(c *choice, text string) *api.TextLogprobs {
+	if !o.logprobs {
+		return nil
+	}
+	lp := api.TextLogprobsOf(c.lps, c.offset)
+	c.offset += len(text)
+	c.lps = nil
+	return lp
 }
 
 // sendDelta sends what the parser decided: reasoning, content, then each tool call as
 // OpenAI streams them (a first chunk with id, type and name, then the arguments).
-func (o *responder) sendDelta(send func(any) bool, d chat.Delta) bool {
-	if d.Reasoning != "" && !send(o.chatChunk(api.ChatDelta{ReasoningContent: &d.Reasoning}, nil)) {
+func (o *responder) sendDelta(send func(any) bool, c *choice, d chat.Delta) bool {
+	if d.Reasoning != "" && !send(o.chatChunk(c, api.ChatDelta{ReasoningContent: &d.Reasoning}, nil)) {
 		return false
 	}
-	if d.Content != "" && !send(o.chatChunk(api.ChatDelta{Content: &d.Content}, nil)) {
+	if d.Content != "" && !send(o.chatChunk(c, api.ChatDelta{Content: &d.Content}, nil)) {
 		return false
 	}
-	for _, c := range d.ToolCalls {
-		head := api.ToolCall{Index: c.Index, ID: c.ID, Type: c.Type, Function: api.FunctionCall{Name: c.Function.Name}}
-		args := api.ToolCall{Index: c.Index, Function: api.FunctionCall{Arguments: c.Function.Arguments}}
-		if !send(o.chatChunk(api.ChatDelta{ToolCalls: []api.ToolCall{head}}, nil)) ||
-			!send(o.chatChunk(api.ChatDelta{ToolCalls: []api.ToolCall{args}}, nil)) {
+	for _, tc := range d.ToolCalls {
+		head := api.ToolCall{Index: tc.Index, ID: tc.ID, Type: tc.Type, Function: api.FunctionCall{Name: tc.Function.Name}}
+		args := api.ToolCall{Index: tc.Index, Function: api.FunctionCall{Arguments: tc.Function.Arguments}}
+		if !send(o.chatChunk(c, api.ChatDelta{ToolCalls: []api.ToolCall{head}}, nil)) ||
+			!send(o.chatChunk(c, api.ChatDelta{ToolCalls: []api.ToolCall{args}}, nil)) {
 			return false
 		}
 	}
 	return true
 }
 
-func (o *responder) chatChunk(d api.ChatDelta, finish *string) api.ChatCompletionChunk {
+// chatChunk is a chunk of choice c; it carries the logprobs produced since the last
+// chunk that carried any.
+func (o *responder) chatChunk(c *choice, d api.ChatDelta, finish *string) api.ChatCompletionChunk {
+	ch := api.ChatChunkChoice{Index: c.index, Delta: d, FinishReason: finish}
+	if o.logprobs && (len(c.lps) > 0 || finish != nil) {
+		ch.Logprobs = &api.ChatLogprobs{Content: nonNil(c.lps), Refusal: []api.TokenLogprob{}}
+		c.lps = nil
+	}
 	return api.ChatCompletionChunk{ID: o.id, Object: "chat.completion.chunk", Created: o.created, Model: o.model,
-		Choices: []api.ChatChunkChoice{{Delta: d, FinishReason: finish}}}
+		Choices: []api.ChatChunkChoice{ch}}
 }

@@ -435,7 +435,7 @@ type ChatChoice struct {
 	Index        int            `json:"index"`
 	Message      ChatMessageOut `json:"message"`
 	Logprobs     *ChatLogprobs  `json:"logprobs"`
-	FinishReason string           `json:"finish_reason"`
+	FinishReason string         `json:"finish_reason"`
 }
 
 // ChatCompletion is a non-streamed chat completion.
@@ -461,7 +461,7 @@ type ChatChunkChoice struct {
 	Index        int           `json:"index"`
 	Delta        ChatDelta     `json:"delta"`
 	Logprobs     *ChatLogprobs `json:"logprobs"`
-	FinishReason *string          `json:"finish_reason"`
+	FinishReason *string       `json:"finish_reason"`
 }
 
 // ChatCompletionChunk is one SSE event of a streamed chat completion.
@@ -480,7 +480,7 @@ type TextChoice struct {
 	Index        int           `json:"index"`
 	Text         string        `json:"text"`
 	Logprobs     *TextLogprobs `json:"logprobs"`
-	FinishReason *string          `json:"finish_reason"`
+	FinishReason *string       `json:"finish_reason"`
 }
 
 // Completion is a text completion or one chunk of a streamed one.

@@ -240,6 +240,35 @@ func TestPromptPrefix(t *testing.T) {
 	}
 }
 
+// TestPrefixAcrossAPIs: one conversation sent as a chat completion, an Anthropic
+// message and a Responses request has one prefix, so it lands on the same replica.
+func TestPrefixAcrossAPIs(t *testing.T) {
+	chat := `{"model":"m","messages":[{"role":"system","content":"Be brief."},{"role":"user","content":"Hi there"},{"role":"assistant","content":"Hello"}]}`
+	want := "system:Be brief.\nuser:Hi there\n"
+	for _, body := range []string{
+		chat,
+		`{"model":"m","messages":[{"role":"developer","content":[{"type":"text","text":"Be brief."}]},{"role":"user","content":"Hi there"}]}`,
+		`{"model":"m","system":"Be brief.","messages":[{"role":"user","content":[{"type":"text","text":"Hi there"}]}],"max_tokens":5}`,
+		`{"model":"m","system":[{"type":"text","text":"Be brief."}],"messages":[{"role":"user","content":"Hi there"}],"max_tokens":5}`,
+		`{"model":"m","instructions":"Be brief.","input":"Hi there"}`,
+		`{"model":"m","instructions":"Be brief.","input":[{"role":"user","content":[{"type":"input_text","text":"Hi there"}]},{"type":"function_call","call_id":"c","name":"f","arguments":"{}"}]}`,
+		`{"model":"m","input":[{"type":"message","role":"system","content":"Be brief."},{"role":"user","content":"Hi there"}]}`,
+	} {
+		h, aerr := parseHead([]byte(body), 64)
+		if aerr != nil {
+			t.Fatal(aerr)
+		}
+		if string(h.prefix) != want {
+			t.Errorf("%s: prefix %q, want %q", body, h.prefix, want)
+		}
+	}
+	for _, body := range []string{`{"model":"m","input":"Hi there"}`, `{"model":"m","instructions":"Other.","input":"Hi there"}`} {
+		if h, _ := parseHead([]byte(body), 64); string(h.prefix) == want {
+			t.Errorf("%s: the prefix of another conversation", body)
+		}
+	}
+}
+
 func TestParseHead(t *testing.T) {
 	tests := []struct {
 		body   string

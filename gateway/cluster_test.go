@@ -372,8 +372,8 @@ func TestThroughRealAgent(t *testing.T) {
 		testenv.Eventually(t, 10*time.Second, 20*time.Millisecond, func() (bool, string) {
 			code, body := get(g.metrics + "/metrics")
 			for _, want := range []string{
-				fmt.Sprintf(`macfleet_gateway_requests_total{code="200",model="%s/tiny"} 2`, f.ns),
-				fmt.Sprintf(`macfleet_gateway_ttft_seconds_count{model="%s/tiny"} 2`, f.ns),
+				fmt.Sprintf(`macfleet_gateway_requests_total{code="200",endpoint="chat_completions",model="%s/tiny"} 2`, f.ns),
+				fmt.Sprintf(`macfleet_gateway_ttft_seconds_count{endpoint="chat_completions",model="%s/tiny"} 2`, f.ns),
 				`macfleet_gateway_errors_total{model="",reason="unauthorized"} `,
 			} {
 				if !strings.Contains(body, want) {

@@ -177,7 +177,7 @@ func (g *Gateway) authenticate(next http.Handler) http.Handler {
 			}
 			e := &apiError{Status: http.StatusUnauthorized, Type: typeAuthentication, Code: codeInvalidAPIKey,
 				Message: msg, reason: "unauthorized"}
-			g.count("", e.Status, e.reason)
+			g.count("", endpointLabel(r.URL.Path), e.Status, e.reason)
 			e.write(w)
 			return
 		}
@@ -192,8 +192,8 @@ func (g *Gateway) recoverer(next http.Handler) http.Handler {
 }
 
 // count records a finished request.
-func (g *Gateway) count(model string, status int, reason string) {
-	g.metrics.requests.WithLabelValues(model, statusLabel(status)).Inc()
+func (g *Gateway) count(model, endpoint string, status int, reason string) {
+	g.metrics.requests.WithLabelValues(model, endpoint, statusLabel(status)).Inc()
 	if reason != "" {
 		g.metrics.errors.WithLabelValues(model, reason).Inc()
 	}

@@ -23,8 +23,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "macfleet_gateway_requests_total",
-			Help: "Requests answered by the gateway, by deployment (namespace/name) and HTTP status (499: the client went away).",
-		}, []string{"model", "code"}),
+			Help: "Requests answered by the gateway, by deployment (namespace/name), endpoint (chat_completions, completions, " +
+				"embeddings, responses, messages, other) and HTTP status (499: the client went away).",
+		}, []string{"model", "endpoint", "code"}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "macfleet_gateway_errors_total",
 			Help: "Requests that failed, by deployment and reason (model_not_found, ambiguous_model, bad_request, " +
@@ -35,7 +36,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Time from a request's arrival to the first byte of its response body sent to the client " +
 				"(the first event of a stream), including holds and retries.",
 			Buckets: []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120},
-		}, []string{"model"}),
+		}, []string{"model", "endpoint"}),
 		inflight: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "macfleet_gateway_inflight",
 			Help: "Requests in flight through the gateway (held or proxied), by deployment.",
@@ -83,4 +84,24 @@ func register(reg prometheus.Registerer, c prometheus.Collector) (prometheus.Col
 		return are.ExistingCollector, nil
 	}
 	return nil, fmt.Errorf("registering the gateway's metrics: %w", err)
+}
+
+// endpointLabel names an API path for the metrics; any other path is "other", so the
+// label stays bounded.
+func endpointLabel(path string) string {
+	switch path {
+	case "/v1/chat/completions":
+		return "chat_completions"
+	case "/v1/completions":
+		return "completions"
+	case "/v1/embeddings":
+		return "embeddings"
+	case "/v1/responses":
+		return "responses"
+	case "/v1/messages":
+		return "messages"
+	case "/v1/messages/count_tokens":
+		return "messages_count_tokens"
+	}
+	return "other"
 }

@@ -81,9 +81,10 @@ type outcome struct {
 // answers (or the request's patience runs out).
 func (g *Gateway) handleProxy(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
+	endpoint := endpointLabel(r.URL.Path)
 	body, aerr := readBody(w, r, g.opts.MaxBodyBytes)
 	if aerr != nil {
-		g.fail(w, "", aerr)
+		g.fail(w, "", endpoint, aerr)
 		return
 	}
 	prefixBytes := 0
@@ -92,12 +93,12 @@ func (g *Gateway) handleProxy(w http.ResponseWriter, r *http.Request) {
 	}
 	head, aerr := parseHead(body, prefixBytes)
 	if aerr != nil {
-		g.fail(w, "", aerr)
+		g.fail(w, "", endpoint, aerr)
 		return
 	}
 	rt, aerr := g.Table().Resolve(head.Model)
 	if aerr != nil {
-		g.fail(w, "", aerr)
+		g.fail(w, "", endpoint, aerr)
 		return
 	}
 	model := rt.ID()
@@ -109,14 +110,14 @@ func (g *Gateway) handleProxy(w http.ResponseWriter, r *http.Request) {
 		h = hashKey(head.prefix)
 	}
 	res := g.serve(w, r, model, head.Model, h, body, start)
-	g.count(model, res.status, res.reason)
+	g.count(model, endpoint, res.status, res.reason)
 	if res.abort {
 		panic(http.ErrAbortHandler)
 	}
 }
 
-func (g *Gateway) fail(w http.ResponseWriter, model string, e *apiError) {
-	g.count(model, e.Status, e.reason)
+func (g *Gateway) fail(w http.ResponseWriter, model, endpoint string, e *apiError) {
+	g.count(model, endpoint, e.Status, e.reason)
 	e.write(w)
 }
 
@@ -296,7 +297,7 @@ func (g *Gateway) attempt(ctx context.Context, w http.ResponseWriter, r *http.Re
 		n, rerr := resp.Body.Read(buf)
 		if n > 0 {
 			if first {
-				g.metrics.ttft.WithLabelValues(model).Observe(time.Since(start).Seconds())
+				g.metrics.ttft.WithLabelValues(model, endpointLabel(r.URL.Path)).Observe(time.Since(start).Seconds())
 				first = false
 			}
 			if _, werr := w.Write(buf[:n]); werr != nil {

@@ -237,7 +237,7 @@ func TestRetries(t *testing.T) {
 			}
 			// Counted after the response's last byte: poll.
 			testenv.Eventually(t, 5*time.Second, 5*time.Millisecond, func() (bool, string) {
-				n := testutil.ToFloat64(g.metrics.requests.WithLabelValues("a/m", "200"))
+				n := testutil.ToFloat64(g.metrics.requests.WithLabelValues("a/m", "chat_completions", "200"))
 				return n == 4, fmt.Sprintf("requests{code=200} = %v, want 4", n)
 			})
 			if bad != nil && bad.calls.Load() == 0 {
@@ -509,7 +509,7 @@ func TestClientDisconnectCancelsUpstream(t *testing.T) {
 	}
 	<-errc
 	testenv.Eventually(t, 5*time.Second, 10*time.Millisecond, func() (bool, string) {
-		n := testutil.ToFloat64(g.metrics.requests.WithLabelValues("a/m", "499"))
+		n := testutil.ToFloat64(g.metrics.requests.WithLabelValues("a/m", "chat_completions", "499"))
 		return n == 1 && g.bal.outstanding("a/r0") == 0, fmt.Sprintf("requests{499}=%v outstanding=%d", n, g.bal.outstanding("a/r0"))
 	})
 }
@@ -782,7 +782,7 @@ func TestClientHangsUpAfterDone(t *testing.T) {
 			}
 			resp.Body.Close() // hang up with the upstream response still open
 			testenv.Eventually(t, 5*time.Second, 10*time.Millisecond, func() (bool, string) {
-				n := testutil.ToFloat64(g.metrics.requests.WithLabelValues("a/m", tc.code))
+				n := testutil.ToFloat64(g.metrics.requests.WithLabelValues("a/m", "chat_completions", tc.code))
 				return n == 1, fmt.Sprintf("requests{code=%s} = %v, want 1", tc.code, n)
 			})
 			if tc.reason != "" {

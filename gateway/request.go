@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 )
 
 // requestHead is what the gateway reads of a request body: the model, and under prefix
@@ -44,10 +45,8 @@ func parseHead(body []byte, prefixBytes int) (requestHead, *apiError) {
 			"the request body is empty: send a JSON object with a \"model\"")
 	}
 	var head struct {
-		Model    *json.RawMessage `json:"model"`
-		Messages json.RawMessage  `json:"messages"`
-		Prompt   json.RawMessage  `json:"prompt"`
-		Input    json.RawMessage  `json:"input"`
+		Model *json.RawMessage `json:"model"`
+		conversation
 	}
 	var err error
 	if prefixBytes > 0 {
@@ -74,18 +73,71 @@ func parseHead(body []byte, prefixBytes int) (requestHead, *apiError) {
 		return requestHead{}, invalidRequest(codeInvalidValue, "model", "bad_request", "\"model\" must be a non-empty string")
 	}
 	if prefixBytes > 0 {
-		out.prefix = promptPrefix(head.Messages, head.Prompt, head.Input, prefixBytes)
+		out.prefix = head.conversation.prefix(prefixBytes)
 	}
 	return out, nil
 }
 
-// promptPrefix is up to n bytes of a prompt's text: for a chat, the role and text
-// content of each message up to and including the first user message (the system
-// prompt and the question that opened the conversation — what every later turn of the
-// same conversation repeats, so all its turns find their KV cache on one replica);
-// else the (first) completion prompt, else the (first) embeddings input. JSON
-// formatting does not change it. It is empty when there is no text; malformed parts
-// are skipped (the agent validates the request).
+// conversation is what the three chat APIs carry of a conversation: chat completions
+// and Anthropic messages have messages (Anthropic's system prompt apart), Responses
+// has instructions and input (a string or a list of items), text completions a
+// prompt, embeddings an input.
+type conversation struct {
+	Messages     json.RawMessage `json:"messages"`
+	System       json.RawMessage `json:"system"`
+	Instructions json.RawMessage `json:"instructions"`
+	Prompt       json.RawMessage `json:"prompt"`
+	Input        json.RawMessage `json:"input"`
+}
+
+// message is a chat message, an Anthropic message or a Responses message item.
+type message struct {
+	Type    string          `json:"type"`
+	Role    string          `json:"role"`
+	Content json.RawMessage `json:"content"`
+}
+
+// prefix is the start of the conversation in one form for all three chat APIs (the
+// system prompt, then each message as "role:text\n" up to the first user message), so
+// that one conversation sent through any of them lands on the same replica; for a
+// text completion or an embedding, the start of the first input.
+func (c conversation) prefix(n int) []byte {
+	var msgs []message
+	var system []string
+	switch {
+	case len(c.Messages) > 0:
+		if json.Unmarshal(c.Messages, &msgs) != nil {
+			return nil
+		}
+		system = texts(c.System)
+	case len(c.Instructions) > 0 || isArrayOfObjects(c.Input):
+		system = texts(c.Instructions)
+		if isArrayOfObjects(c.Input) {
+			if json.Unmarshal(c.Input, &msgs) != nil {
+				return nil
+			}
+		} else if ts := texts(c.Input); len(ts) > 0 {
+			msgs = []message{{Role: "user", Content: c.Input}}
+		}
+	default:
+		return promptPrefix(nil, c.Prompt, c.Input, n)
+	}
+	if len(system) > 0 {
+		content, _ := json.Marshal(strings.Join(system, ""))
+		msgs = append([]message{{Role: "system", Content: content}}, msgs...)
+	}
+	raw, _ := json.Marshal(msgs)
+	return promptPrefix(raw, nil, nil, n)
+}
+
+func isArrayOfObjects(raw json.RawMessage) bool {
+	raw = bytes.TrimSpace(raw)
+	return len(raw) > 1 && raw[0] == '[' && bytes.TrimSpace(raw[1:])[0] == '{'
+}
+
+// promptPrefix is up to n bytes of the prompt: the messages as "role:text\n" up to
+// and including the first user message (a developer message counts as system), or the
+// first string of prompt or input.
 func promptPrefix(messages, prompt, input json.RawMessage, n int) []byte {
 	out := make([]byte, 0, n)
 	add := func(s string) bool {
@@ -93,13 +145,17 @@ func promptPrefix(messages, prompt, input json.RawMessage, n int) []byte {
 		return len(out) >= n
 	}
 	if len(messages) > 0 {
-		var msgs []struct {
-			Role    string          `json:"role"`
-			Content json.RawMessage `json:"content"`
-		}
+		var msgs []message
 		_ = json.Unmarshal(messages, &msgs)
 		for _, m := range msgs {
-			if add(m.Role) || add(":") {
+			if m.Type != "" && m.Type != "message" {
+				continue // a Responses item that is not a message (a function call, its output)
+			}
+			role := m.Role
+			if role == "developer" {
+				role = "system"
+			}
+			if add(role) || add(":") {
 				return out
 			}
 			for _, text := range texts(m.Content) {

@@ -129,5 +129,6 @@ func TestRequestFields(t *testing.T) {
 	}
 	// What the official clients send back in the history is accepted.
 	request(t, `{"model":"m","messages":[],"tools":[{"type":"function","function":{"name":"f","strict":true}}],"tool_choice":"required","response_format":{"type":"json_schema","json_schema":{"name":"a","strict":true,"schema":{"type":"object"}}}}`)
+	request(t, `{"model":"m","messages":[{"role":"assistant","content":null,"parsed":null,"tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":"{}","parsed_arguments":{}}}]},{"role":"tool","tool_call_id":"c","content":"1"}],"tools":[{"type":"function","function":{"name":"f"}}]}`)
 	request(t, `{"model":"m","user":"u1","store":false,"messages":[{"role":"assistant","content":"hi","refusal":null,"annotations":[],"audio":null}],"parallel_tool_calls":true,"tool_choice":"auto","tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}]}`)
 }

@@ -32,6 +32,9 @@ type ToolCall struct {
 type FunctionCall struct {
 	Name      string `json:"name,omitempty"`
 	Arguments string `json:"arguments"`
+	// ParsedArguments is what the official SDKs' stream helpers add to a call they
+	// hand back; it is derived from the arguments and ignored.
+	ParsedArguments json.RawMessage `json:"parsed_arguments,omitempty"`
 }
 
 // Tool is a tool the model may call.

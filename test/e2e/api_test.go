@@ -1,0 +1,174 @@
+package e2e
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/openai/openai-go/v3"
+
+	"github.com/macfleet/macfleet/api/v1alpha1"
+	"github.com/macfleet/macfleet/internal/ggufsynth"
+	"github.com/macfleet/macfleet/internal/testassets"
+	"github.com/macfleet/macfleet/internal/testenv"
+)
+
+// apiModel is a random-weight model with the real Llama 3 vocabulary and Llama 3.1
+// chat template, written once to the fleet's model server.
+var apiModel = sync.OnceValue(func() error {
+	spec, err := testassets.Llama31Spec()
+	if err != nil {
+		return err
+	}
+	return ggufsynth.Write(filepath.Join(fleet.ModelsDir, "llama31.gguf"), spec)
+})
+
+// apiDeployment serves apiModel in a new namespace and returns the model name.
+func apiDeployment(t *testing.T) string {
+	t.Helper()
+	if err := apiModel(); err != nil {
+		t.Fatal(err)
+	}
+	ns := testenv.NewNamespace(t, fleet.Client)
+	create(t, deployment(ns, "assistant", 1, func(md *v1alpha1.ModelDeployment) {
+		md.Spec.Model.Source = fleet.ModelsURL + "/llama31.gguf"
+		md.Spec.Engine.ContextLength = 4096
+	}))
+	waitReady(t, ns, "assistant", 1, 3*time.Minute)
+	return ns + "/assistant"
+}
+
+const e2eWeatherTool = `{"type":"function","function":{"name":"get_weather","description":"Current weather for a city",
+	"parameters":{"type":"object","properties":{"city":{"type":"string","maxLength":24}},"required":["city"],"additionalProperties":false}}}`
+
+func params(t testing.TB, body string) openai.ChatCompletionNewParams {
+	t.Helper()
+	var p openai.ChatCompletionNewParams
+	if err := json.Unmarshal([]byte(body), &p); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// TestAPIThroughGateway: the serving surface end to end through the gateway, with the
+// official OpenAI Go client: a tool call round trip (forced call, streamed and
+// reassembled by the SDK, then the tool's result and an answer), strict json_schema
+// output on 20 seeded runs, logprobs, two choices, and a field that is refused by name.
+// Then the same through the official openai npm package, run by node.
+func TestAPIThroughGateway(t *testing.T) {
+	model := apiDeployment(t)
+	c := gatewayClient()
+	ctx := t.Context()
+
+	stream := c.Chat.Completions.NewStreaming(ctx, params(t, fmt.Sprintf(`{"model":%q,"max_tokens":64,"seed":1,
+		"tool_choice":"required","parallel_tool_calls":false,"tools":[%s],
+		"messages":[{"role":"user","content":"Weather in Paris?"}]}`, model, e2eWeatherTool)))
+	acc := openai.ChatCompletionAccumulator{}
+	for stream.Next() {
+		acc.AddChunk(stream.Current())
+	}
+	if err := stream.Err(); err != nil {
+		t.Fatal(err)
+	}
+	msg := acc.Choices[0].Message
+	if acc.Choices[0].FinishReason != "tool_calls" || len(msg.ToolCalls) != 1 || msg.ToolCalls[0].Function.Name != "get_weather" {
+		t.Fatalf("finish %q, message %+v: want one get_weather call", acc.Choices[0].FinishReason, msg)
+	}
+	call := msg.ToolCalls[0]
+	var args struct{ City string }
+	if err := json.Unmarshal([]byte(call.Function.Arguments), &args); err != nil || len([]rune(args.City)) > 24 {
+		t.Fatalf("arguments %q: %v", call.Function.Arguments, err)
+	}
+	answer, err := c.Chat.Completions.New(ctx, params(t, fmt.Sprintf(`{"model":%q,"max_tokens":16,"seed":1,"tools":[%s],"messages":[
+		{"role":"user","content":"Weather in Paris?"},
+		{"role":"assistant","content":null,"tool_calls":[{"id":%q,"type":"function","function":{"name":"get_weather","arguments":%q}}]},
+		{"role":"tool","tool_call_id":%q,"content":"{\"temperature\": 21}"}]}`, model, e2eWeatherTool, call.ID, call.Function.Arguments, call.ID)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if answer.Usage.PromptTokens <= acc.Usage.PromptTokens && acc.Usage.PromptTokens > 0 || answer.Choices[0].FinishReason == "" {
+		t.Errorf("answer to the tool result: %+v", answer)
+	}
+
+	schema := `{"type":"object","properties":{"name":{"type":"string","maxLength":16},"age":{"type":"integer","minimum":0,"maximum":120},
+		"pet":{"enum":["cat","dog","none"]}},"required":["name","age","pet"],"additionalProperties":false}`
+	for seed := range 20 {
+		r, err := c.Chat.Completions.New(ctx, params(t, fmt.Sprintf(`{"model":%q,"max_tokens":200,"seed":%d,"temperature":1,
+			"messages":[{"role":"user","content":"A person, please."}],
+			"response_format":{"type":"json_schema","json_schema":{"name":"person","strict":true,"schema":%s}}}`, model, seed, schema)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var p struct {
+			Name string
+			Age  *int
+			Pet  string
+		}
+		content := r.Choices[0].Message.Content
+		dec := json.NewDecoder(strings.NewReader(content))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&p); err != nil || p.Age == nil || *p.Age < 0 || *p.Age > 120 || len([]rune(p.Name)) > 16 ||
+			(p.Pet != "cat" && p.Pet != "dog" && p.Pet != "none") || r.Choices[0].FinishReason != "stop" {
+			t.Errorf("seed %d: %q (finish %s) does not match the schema: %v", seed, content, r.Choices[0].FinishReason, err)
+		}
+	}
+
+	two, err := c.Chat.Completions.New(ctx, params(t, fmt.Sprintf(`{"model":%q,"max_tokens":6,"n":2,"seed":3,"logprobs":true,"top_logprobs":2,
+		"messages":[{"role":"user","content":"Hello"}]}`, model)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(two.Choices) != 2 {
+		t.Fatalf("%d choices, want 2", len(two.Choices))
+	}
+	for _, ch := range two.Choices {
+		if len(ch.Logprobs.Content) == 0 || len(ch.Logprobs.Content[0].TopLogprobs) != 2 {
+			t.Errorf("choice %d logprobs %+v", ch.Index, ch.Logprobs)
+		}
+	}
+
+	_, err = c.Chat.Completions.New(ctx, params(t, fmt.Sprintf(`{"model":%q,"logit_bias":{"1":5},"messages":[{"role":"user","content":"x"}]}`, model)))
+	var apiErr *openai.Error
+	if !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusBadRequest || apiErr.Param != "logit_bias" {
+		t.Errorf("logit_bias through the gateway: %v, want a 400 naming it", err)
+	}
+
+	t.Run("openai npm package", func(t *testing.T) { runNodeClient(t, model) })
+}
+
+// runNodeClient runs testdata/openai-node.cjs with node against the gateway. The
+// package comes from $MACFLEET_NODE_MODULES (default ~/.cache/macfleet/npm/node_modules,
+// where .ci/run installs it); without it the test is skipped, except in CI.
+func runNodeClient(t *testing.T, model string) {
+	modules := os.Getenv("MACFLEET_NODE_MODULES")
+	if modules == "" {
+		home, _ := os.UserHomeDir()
+		modules = filepath.Join(home, ".cache", "macfleet", "npm", "node_modules")
+	}
+	node, err := exec.LookPath("node")
+	if _, serr := os.Stat(filepath.Join(modules, "openai")); err != nil || serr != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("node (%v) or the openai package in %s (%v) is missing; .ci/run installs both", err, modules, serr)
+		}
+		t.Skipf("node or the openai npm package is missing (%s); .ci/run installs them", modules)
+	}
+	cmd := exec.CommandContext(t.Context(), node, filepath.Join("testdata", "openai-node.cjs"))
+	cmd.Env = append(os.Environ(), "NODE_PATH="+modules, "OPENAI_BASE_URL="+fleet.GatewayURL+"/v1",
+		"OPENAI_API_KEY=unused", "MODEL="+model)
+	out, err := cmd.CombinedOutput()
+	t.Logf("node:\n%s", out)
+	if err != nil {
+		t.Fatalf("the openai npm client failed: %v", err)
+	}
+	if !strings.Contains(string(out), "all checks passed") {
+		t.Fatal("the script did not report its checks")
+	}
+}

@@ -243,8 +243,9 @@ func (pc *promptCache) active() bool {
 	return pc != nil && (pc.c.SSD != nil || pc.c.Hot.Stats().BudgetBytes > 0)
 }
 
-// lookup finds the longest cached prefix of tokens, hot tier first, then the SSD. It
-// leaves the last token out: a generation must prefill at least one token to get
+// lookup finds the longest cached prefix of tokens, hot tier first, then the SSD: the
+// deepest block key found, extended to every token its state shares with the prompt.
+// It leaves the last token out: a generation must prefill at least one token to get
 // logits. It runs on the request's handler, so SSD reads never stall the engine.
 func (pc *promptCache) lookup(tokens []int32) *restoreState {
 	if !pc.active() || len(tokens) < 2 {
@@ -260,6 +261,10 @@ func (pc *promptCache) lookup(tokens []int32) *restoreState {
 		n := depth * pc.block
 		r, err := pc.resolve(data, tokens[:n])
 		if err == nil {
+			// The state usually holds more than the block-aligned key: the rest of the
+			// last turn's prompt and its answer. Restore all that the prompt shares.
+			n = commonPrefix(r.tokens, tokens[:len(tokens)-1])
+			r.tokens = r.tokens[:n]
 			r.n, r.tier, r.found = n, tier, time.Since(start)
 			return r
 		}
@@ -298,8 +303,9 @@ func (pc *promptCache) resolve(data []byte, want []int32) (*restoreState, error)
 	if len(toks) < len(want) || !slices.Equal(toks[:len(want)], want) {
 		return nil, errors.New("the state holds other tokens")
 	}
-	return &restoreState{tokens: toks[:len(want)], state: state}, nil
+	return &restoreState{tokens: toks, state: state}, nil
 }
+
 
 // forget drops key from both tiers without waiting on the caller (the SSD tier may
 // wait for its writer).

@@ -1,9 +1,13 @@
 package gateway
 
 import (
+	"encoding/json"
 	"fmt"
 	"net/http"
+	"strings"
 	"time"
+
+	"github.com/macfleet/macfleet/chat/translate"
 
 	"github.com/macfleet/macfleet/internal/openaierr"
 )
@@ -68,3 +72,69 @@ func modelNotFound(model string) *apiError {
 		Message: fmt.Sprintf("model %q is not served by this fleet: no ModelDeployment serves it under that name "+
 			"or alias (GET /v1/models lists them)", model), reason: "model_not_found"}
 }
+
+// anthropicErrors answers the gateway's own errors on the Anthropic Messages API in
+// that API's shape (the agents already answer theirs so): an OpenAI-shaped error body
+// is rewritten, everything else passes through unbuffered.
+func anthropicErrors(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/v1/messages" && r.URL.Path != "/v1/messages/count_tokens" {
+			next.ServeHTTP(w, r)
+			return
+		}
+		aw := &anthropicErrorWriter{ResponseWriter: w}
+		next.ServeHTTP(aw, r)
+		if aw.held { // not one JSON object after all: send it as it was
+			aw.ResponseWriter.WriteHeader(aw.status)
+			_, _ = aw.ResponseWriter.Write(aw.buf)
+		}
+	})
+}
+
+type anthropicErrorWriter struct {
+	http.ResponseWriter
+	status int
+	held   bool // an error body is being held to be rewritten
+	buf    []byte
+}
+
+func (a *anthropicErrorWriter) WriteHeader(status int) {
+	a.status = status
+	if status >= 400 && strings.HasPrefix(a.Header().Get("Content-Type"), "application/json") {
+		a.held = true
+		return
+	}
+	a.ResponseWriter.WriteHeader(status)
+}
+
+func (a *anthropicErrorWriter) Write(p []byte) (int, error) {
+	if a.status == 0 {
+		a.WriteHeader(http.StatusOK)
+	}
+	if !a.held {
+		return a.ResponseWriter.Write(p)
+	}
+	a.buf = append(a.buf, p...)
+	// Error bodies are one small JSON object: rewrite it once it is whole.
+	if json.Valid(a.buf) {
+		body, ok := translate.AnthropicErrorBody(a.status, a.buf)
+		if !ok {
+			body = a.buf
+		}
+		a.held = false
+		a.Header().Del("Content-Length")
+		a.ResponseWriter.WriteHeader(a.status)
+		if _, err := a.ResponseWriter.Write(body); err != nil {
+			return 0, err
+		}
+	}
+	return len(p), nil
+}
+
+func (a *anthropicErrorWriter) Flush() {
+	if !a.held {
+		_ = http.NewResponseController(a.ResponseWriter).Flush()
+	}
+}
+
+func (a *anthropicErrorWriter) Unwrap() http.ResponseWriter { return a.ResponseWriter }

@@ -109,7 +109,7 @@ func New(opts Options) (*Gateway, error) {
 		g.transport = NewTransport()
 	}
 	g.table.Store(emptyTable())
-	g.handler = g.recoverer(g.authenticate(g.routes()))
+	g.handler = g.recoverer(anthropicErrors(g.authenticate(g.routes())))
 	return g, nil
 }
 
@@ -169,11 +169,14 @@ func (g *Gateway) authenticate(next http.Handler) http.Handler {
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		auth := r.Header.Get("Authorization")
+		if x := r.Header.Get("X-Api-Key"); auth == "" && x != "" {
+			auth = "Bearer " + x // Anthropic clients send the key as x-api-key
+		}
 		key, ok := strings.CutPrefix(auth, "Bearer ")
 		if !ok || key == "" || !g.opts.Authorize(key) {
-			msg := "invalid API key: send a key of this fleet as Authorization: Bearer KEY"
+			msg := "invalid API key: send a key of this fleet as Authorization: Bearer KEY (or x-api-key: KEY)"
 			if auth == "" {
-				msg = "missing API key: send it as Authorization: Bearer KEY"
+				msg = "missing API key: send it as Authorization: Bearer KEY (or x-api-key: KEY)"
 			}
 			e := &apiError{Status: http.StatusUnauthorized, Type: typeAuthentication, Code: codeInvalidAPIKey,
 				Message: msg, reason: "unauthorized"}

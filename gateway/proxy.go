@@ -383,7 +383,7 @@ func copyRequestHeaders(dst http.Header, r *http.Request) {
 			continue
 		}
 		switch k {
-		case "Authorization", "Content-Length", mfv1.HeaderReplica, "X-Forwarded-For":
+		case "Authorization", "X-Api-Key", "Content-Length", mfv1.HeaderReplica, "X-Forwarded-For":
 			continue
 		}
 		dst[k] = vs

@@ -705,6 +705,28 @@ func TestAPIKeys(t *testing.T) {
 	}
 	check("", 401)
 	check("nope", 401)
+	// Anthropic clients send the key as x-api-key; on /v1/messages the gateway's own
+	// errors come in Anthropic's shape.
+	resp, body := post(t, g.url, chatBody, "X-Api-Key", "key-one")
+	if resp.StatusCode != 200 {
+		t.Errorf("x-api-key: %d %s", resp.StatusCode, body)
+	}
+	req, _ := http.NewRequest(http.MethodPost, g.url+"/v1/messages", strings.NewReader(`{"model":"m","max_tokens":1,"messages":[]}`))
+	req.Header.Set("X-Api-Key", "nope")
+	if resp, err := http.DefaultClient.Do(req); err != nil {
+		t.Error(err)
+	} else {
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		var e struct {
+			Type  string
+			Error struct{ Type, Message string }
+		}
+		if resp.StatusCode != 401 || json.Unmarshal(b, &e) != nil || e.Type != "error" || e.Error.Type != "authentication_error" ||
+			!strings.Contains(e.Error.Message, "x-api-key") {
+			t.Errorf("/v1/messages with a wrong key: %d %s, want Anthropic's authentication_error", resp.StatusCode, b)
+		}
+	}
 	check("# clients", 401)
 	check("key-one", 200)
 	check("key-two", 200)

@@ -25,6 +25,7 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/macfleet/macfleet/chat/translate"
 	"github.com/macfleet/macfleet/internal/openaierr"
 	"github.com/macfleet/macfleet/metal"
 )
@@ -143,6 +144,9 @@ func (s *Server) routes() http.Handler {
 	mux := http.NewServeMux()
 	openai := func(pattern string, h http.HandlerFunc) { mux.Handle(pattern, s.instrument(h)) }
 	openai("POST /v1/chat/completions", s.handleChat)
+	// The Responses and Anthropic Messages APIs, translated to and from chat.
+	mux.Handle("POST /v1/responses", s.instrument(translate.Responses(http.HandlerFunc(s.handleChat)).ServeHTTP))
+	mux.Handle("POST /v1/messages", s.instrument(translate.Anthropic(http.HandlerFunc(s.handleChat)).ServeHTTP))
 	openai("POST /v1/completions", s.handleCompletion)
 	openai("POST /v1/embeddings", s.handleEmbeddings)
 	mux.HandleFunc("GET /v1/models", s.handleListModels)
@@ -168,7 +172,7 @@ func (s *Server) routes() http.Handler {
 }
 
 // knownPaths answer 405 rather than 404 to a wrong method.
-var knownPaths = []string{"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/models",
+var knownPaths = []string{"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/models", "/v1/responses", "/v1/messages",
 	"/api/status", "/api/cache/clear", "/metrics", "/healthz", "/readyz"}
 
 func (s *Server) handleUnknownRoute(w http.ResponseWriter, r *http.Request) {
@@ -204,11 +208,14 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 			return
 		}
 		got := r.Header.Get("Authorization")
+		if x := r.Header.Get("X-Api-Key"); got == "" && x != "" {
+			got = "Bearer " + x // Anthropic clients send the key as x-api-key
+		}
 		k := key()
 		if k == "" || subtle.ConstantTimeCompare([]byte(got), []byte("Bearer "+k)) != 1 {
-			msg := "invalid API key: send it as Authorization: Bearer KEY"
+			msg := "invalid API key: send it as Authorization: Bearer KEY (or x-api-key: KEY)"
 			if got == "" {
-				msg = "missing API key: send it as Authorization: Bearer KEY"
+				msg = "missing API key: send it as Authorization: Bearer KEY (or x-api-key: KEY)"
 			}
 			writeError(w, &apiError{Status: http.StatusUnauthorized, Type: typeAuthentication, Code: codeInvalidAPIKey,
 				Message: msg})

@@ -18,6 +18,7 @@ import (
 
 	"github.com/macfleet/macfleet/internal/ggufsynth"
 	"github.com/macfleet/macfleet/internal/syncbuf"
+	"github.com/macfleet/macfleet/internal/testassets"
 	"github.com/macfleet/macfleet/runner/api"
 )
 
@@ -54,6 +55,32 @@ func runnerBinary(b *testing.B) string {
 	}
 	return abs
 }
+
+// toolsModel synthesizes the mid preset's shape with the real Llama 3 vocabulary and
+// Llama 3.1 chat template (tools, tool calls and their results), once.
+func toolsModel(b *testing.B) string {
+	toolsOnce.Do(func() {
+		spec, err := testassets.Llama31Spec()
+		if err != nil {
+			toolsErr = err
+			return
+		}
+		mid := ggufsynth.Mid()
+		spec.Embd, spec.Layers, spec.Heads, spec.KVHeads, spec.FF, spec.Ctx = mid.Embd, mid.Layers, mid.Heads, mid.KVHeads, mid.FF, mid.Ctx
+		toolsFile = filepath.Join(modelDir, "mid-llama31.gguf")
+		toolsErr = ggufsynth.Write(toolsFile, spec)
+	})
+	if toolsErr != nil {
+		b.Fatal(toolsErr)
+	}
+	return toolsFile
+}
+
+var (
+	toolsOnce sync.Once
+	toolsFile string
+	toolsErr  error
+)
 
 // midModel synthesizes the mid preset once.
 func midModel(b *testing.B) string {
@@ -172,17 +199,28 @@ func (r *runner) status() api.Status {
 	return st
 }
 
-func (r *runner) tokens(msgs []map[string]string) int {
+// body is a chat request of msgs, with the tools when the conversation has them.
+func body(msgs msgs, fields map[string]any) map[string]any {
+	b := map[string]any{"model": "mid", "messages": msgs, "temperature": 0}
+	if hasToolCalls(msgs) {
+		b["tools"] = []any{weatherTool}
+	}
+	for k, v := range fields {
+		b[k] = v
+	}
+	return b
+}
+
+func (r *runner) tokens(msgs msgs) int {
 	var tr api.TokenizeResponse
-	r.post("/tokenize", map[string]any{"messages": msgs}, &tr)
+	r.post("/tokenize", map[string]any{"chat": body(msgs, nil)}, &tr)
 	return tr.Count
 }
 
 // chat runs a greedy chat completion and returns the reply.
-func (r *runner) chat(msgs []map[string]string, maxTokens int) string {
+func (r *runner) chat(msgs msgs, maxTokens int) string {
 	var c api.ChatCompletion
-	r.post("/v1/chat/completions", map[string]any{"model": "mid", "messages": msgs, "temperature": 0,
-		"max_tokens": maxTokens}, &c)
+	r.post("/v1/chat/completions", body(msgs, map[string]any{"max_tokens": maxTokens}), &c)
 	if len(c.Choices) != 1 {
 		r.b.Fatalf("chat: %+v", c)
 	}
@@ -192,9 +230,9 @@ func (r *runner) chat(msgs []map[string]string, maxTokens int) string {
 // ttft streams a one-token greedy chat and returns the time until the response
 // arrives (the runner sends the status line with the first token) and the prompt
 // tokens the runner did not prefill.
-func (r *runner) ttft(msgs []map[string]string) (time.Duration, int) {
-	buf, _ := json.Marshal(map[string]any{"model": "mid", "messages": msgs, "temperature": 0, "max_tokens": 1,
-		"stream": true, "stream_options": map[string]any{"include_usage": true}})
+func (r *runner) ttft(msgs msgs) (time.Duration, int) {
+	buf, _ := json.Marshal(body(msgs, map[string]any{"max_tokens": 1, "stream": true,
+		"stream_options": map[string]any{"include_usage": true}}))
 	start := time.Now()
 	resp, err := r.client.Post(r.base+"/v1/chat/completions", "application/json", bytes.NewReader(buf))
 	if err != nil {

@@ -35,7 +35,21 @@ func words(seed uint64, n int) string {
 	return strings.Join(out, " ")
 }
 
-type msgs = []map[string]string
+type msgs = []map[string]any
+
+// weatherTool is the tool of the conversations with tool calls.
+var weatherTool = map[string]any{"type": "function", "function": map[string]any{"name": "get_weather",
+	"description": "Current weather for a city", "parameters": map[string]any{"type": "object",
+		"properties": map[string]any{"city": map[string]any{"type": "string"}}, "required": []string{"city"}}}}
+
+func hasToolCalls(m msgs) bool {
+	for _, x := range m {
+		if x["tool_calls"] != nil {
+			return true
+		}
+	}
+	return false
+}
 
 // conversation is one two-turn chat sized so that the second turn's prompt is about
 // conversationTokens tokens.
@@ -46,9 +60,21 @@ type conversation struct {
 
 // newConversation sizes the first message so that the first turn's prompt plus extra
 // tokens (the reply, re-tokenized, and the second message) make conversationTokens.
-func newConversation(r *runner, seed uint64, extra int) conversation {
+// With tools, the first turn has a system prompt, the user's message, a tool call
+// and its result; the reply answers it.
+func newConversation(r *runner, seed uint64, extra int, tools bool) conversation {
 	second := words(seed+1_000_000, secondUserWords)
-	first := func(n int) msgs { return msgs{{"role": "user", "content": words(seed, n)}} }
+	first := func(n int) msgs {
+		user := map[string]any{"role": "user", "content": words(seed, n)}
+		if !tools {
+			return msgs{user}
+		}
+		id := fmt.Sprintf("call_%d", seed)
+		return msgs{{"role": "system", "content": "You answer questions about the weather."}, user,
+			{"role": "assistant", "content": nil, "tool_calls": []any{map[string]any{"id": id, "type": "function",
+				"function": map[string]any{"name": "get_weather", "arguments": `{"city":"` + words(seed+3, 1) + `"}`}}}},
+			{"role": "tool", "tool_call_id": id, "content": `{"temperature": 21, "sky": "` + words(seed+4, 2) + `"}`}}
+	}
 	// The fewest words reaching the target (each word is several tokens).
 	lo, hi := 1, 64
 	for r.tokens(first(hi))+extra < conversationTokens {
@@ -64,8 +90,8 @@ func newConversation(r *runner, seed uint64, extra int) conversation {
 	}
 	m := first(hi)
 	return conversation{first: m, second: func(reply string) msgs {
-		return append(slices.Clone(m), map[string]string{"role": "assistant", "content": reply},
-			map[string]string{"role": "user", "content": second})
+		return append(slices.Clone(m), map[string]any{"role": "assistant", "content": reply},
+			map[string]any{"role": "user", "content": second})
 	}}
 }
 
@@ -85,9 +111,14 @@ type sample struct {
 // a warm-up round. Threads: $MACFLEET_BENCH_THREADS
 // (default 1: ggml's spinning barriers collapse when a thread is descheduled on a busy
 // small machine).
-func BenchmarkSecondTurnTTFT(b *testing.B) {
+func BenchmarkSecondTurnTTFT(b *testing.B) { secondTurn(b, midModel(b), false) }
+
+// BenchmarkSecondTurnTTFTTools is BenchmarkSecondTurnTTFT with the real Llama 3
+// vocabulary and Llama 3.1 template, and a tool call and its result in the history.
+func BenchmarkSecondTurnTTFTTools(b *testing.B) { secondTurn(b, toolsModel(b), true) }
+
+func secondTurn(b *testing.B, model string, tools bool) {
 	bin := runnerBinary(b)
-	model := midModel(b)
 	threads := os.Getenv("MACFLEET_BENCH_THREADS")
 	if threads == "" {
 		threads = "1"
@@ -118,7 +149,7 @@ func BenchmarkSecondTurnTTFT(b *testing.B) {
 		if name == "none" {
 			r = plain
 		}
-		conv := newConversation(r, seed, extra)
+		conv := newConversation(r, seed, extra, tools)
 		reply := r.chat(conv.first, firstReplyTokens)
 		second := conv.second(reply)
 		if !record {

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -14,6 +15,7 @@ import (
 	"time"
 
 	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/responses"
 
 	"github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/internal/ggufsynth"
@@ -141,7 +143,122 @@ func TestAPIThroughGateway(t *testing.T) {
 		t.Errorf("logit_bias through the gateway: %v, want a 400 naming it", err)
 	}
 
+	t.Run("responses", func(t *testing.T) { checkResponses(t, c, model) })
+	t.Run("anthropic messages", func(t *testing.T) { checkAnthropic(t, model) })
 	t.Run("openai npm package", func(t *testing.T) { runNodeClient(t, model) })
+}
+
+// checkResponses: the Responses API through the gateway with the official Go client:
+// text, a stream, and a forced function call.
+func checkResponses(t *testing.T, c openai.Client, model string) {
+	ctx := t.Context()
+	text := responses.ResponseNewParams{Model: model, Instructions: openai.String("Be brief."),
+		Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("Hello")}, MaxOutputTokens: openai.Int(16)}
+	r, err := c.Responses.New(ctx, text)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.OutputText() == "" || r.Usage.InputTokens == 0 || r.Usage.OutputTokens == 0 || !strings.HasPrefix(r.ID, "resp_") {
+		t.Errorf("response %+v", r)
+	}
+	stream := c.Responses.NewStreaming(ctx, text)
+	var deltas strings.Builder
+	var final responses.Response
+	for stream.Next() {
+		switch ev := stream.Current(); ev.Type {
+		case "response.output_text.delta":
+			deltas.WriteString(ev.Delta)
+		case "response.completed", "response.incomplete":
+			final = ev.Response
+		}
+	}
+	if err := stream.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if deltas.Len() == 0 || final.OutputText() != deltas.String() || final.Usage.OutputTokens == 0 {
+		t.Errorf("streamed %q, final %+v", deltas.String(), final)
+	}
+	call := responses.ResponseNewParams{Model: model, Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("Weather in Paris?")},
+		MaxOutputTokens: openai.Int(128), ParallelToolCalls: openai.Bool(false),
+		ToolChoice:      responses.ResponseNewParamsToolChoiceUnion{OfToolChoiceMode: openai.Opt(responses.ToolChoiceOptionsRequired)},
+		Tools: []responses.ToolUnionParam{{OfFunction: &responses.FunctionToolParam{Name: "get_weather", Strict: openai.Bool(true),
+			Parameters: map[string]any{"type": "object", "properties": map[string]any{"city": map[string]any{"type": "string", "maxLength": 24}},
+				"required": []string{"city"}, "additionalProperties": false}}}}}
+	r, err = c.Responses.New(ctx, call)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var fc *responses.ResponseFunctionToolCall
+	for _, item := range r.Output {
+		if item.Type == "function_call" {
+			x := item.AsFunctionCall()
+			fc = &x
+		}
+	}
+	if fc == nil || fc.Name != "get_weather" || !json.Valid([]byte(fc.Arguments)) || fc.CallID == "" {
+		t.Fatalf("forced function call: %+v", r.Output)
+	}
+}
+
+// checkAnthropic: the Anthropic Messages API through the gateway, raw HTTP with
+// x-api-key: a message, a forced tool use, a stream, and an error in Anthropic's shape.
+func checkAnthropic(t *testing.T, model string) {
+	send := func(body string) (*http.Response, []byte) {
+		t.Helper()
+		req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, fleet.GatewayURL+"/v1/messages", strings.NewReader(body))
+		req.Header.Set("x-api-key", "unused")
+		req.Header.Set("anthropic-version", "2023-06-01")
+		req.Header.Set("content-type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp, b
+	}
+	var msg struct {
+		Type       string
+		StopReason string `json:"stop_reason"`
+		Content    []struct {
+			Type, Text, Name string
+			Input            map[string]any
+		}
+		Usage struct {
+			InputTokens  int `json:"input_tokens"`
+			OutputTokens int `json:"output_tokens"`
+		}
+	}
+	resp, b := send(fmt.Sprintf(`{"model":%q,"max_tokens":12,"system":"Be brief.","messages":[{"role":"user","content":"Hello"}]}`, model))
+	if err := json.Unmarshal(b, &msg); err != nil || resp.StatusCode != 200 || msg.Usage.InputTokens == 0 || len(msg.Content) == 0 {
+		t.Fatalf("message: %d %s", resp.StatusCode, b)
+	}
+	resp, b = send(fmt.Sprintf(`{"model":%q,"max_tokens":64,"tool_choice":{"type":"any"},"messages":[{"role":"user","content":"Weather in Paris?"}],
+		"tools":[{"name":"get_weather","input_schema":{"type":"object","properties":{"city":{"type":"string","maxLength":24}},"required":["city"]}}]}`, model))
+	msg.Content = nil
+	if err := json.Unmarshal(b, &msg); err != nil || resp.StatusCode != 200 || msg.StopReason != "tool_use" ||
+		msg.Content[len(msg.Content)-1].Type != "tool_use" || msg.Content[len(msg.Content)-1].Input["city"] == nil {
+		t.Fatalf("tool use: %d %s", resp.StatusCode, b)
+	}
+	resp, b = send(fmt.Sprintf(`{"model":%q,"max_tokens":8,"stream":true,"messages":[{"role":"user","content":"Hello"}]}`, model))
+	var events []string
+	for _, line := range strings.Split(string(b), "\n") {
+		if e, ok := strings.CutPrefix(line, "event: "); ok {
+			events = append(events, e)
+		}
+	}
+	if resp.StatusCode != 200 || len(events) < 5 || events[0] != "message_start" || events[len(events)-1] != "message_stop" ||
+		events[len(events)-2] != "message_delta" {
+		t.Errorf("stream: %d events %v", resp.StatusCode, events)
+	}
+	resp, b = send(`{"model":"no-such-model","max_tokens":8,"messages":[{"role":"user","content":"Hello"}]}`)
+	var e struct {
+		Type  string
+		Error struct{ Type, Message string }
+	}
+	if json.Unmarshal(b, &e) != nil || resp.StatusCode != 404 || e.Type != "error" || e.Error.Type != "not_found_error" {
+		t.Errorf("unknown model: %d %s, want Anthropic's not_found_error", resp.StatusCode, b)
+	}
 }
 
 // runNodeClient runs testdata/openai-node.cjs with node against the gateway. The

@@ -77,6 +77,22 @@ async function main() {
     check(e instanceof BadRequestError && e.param === "logit_bias", "logit_bias refused with a 400 naming it",
       { status: e.status, param: e.param, message: e.message });
   }
+  // The Responses API: text, a stream the SDK assembles, a forced function call.
+  const resp = await client.responses.create({ model, input: "Hello", instructions: "Be brief.", max_output_tokens: 12 });
+  check(resp.output_text.length > 0 && resp.usage.input_tokens > 0, "responses: text", resp.output);
+  const rs = client.responses.stream({ model, input: "Hello", max_output_tokens: 12 });
+  let deltas = "";
+  rs.on("response.output_text.delta", (e) => { deltas += e.delta; });
+  const final = await rs.finalResponse();
+  // The stream helper's final response has no output_text: join the message parts.
+  const streamed = final.output.filter((i) => i.type === "message").flatMap((i) => i.content).map((c) => c.text).join("");
+  check(deltas.length > 0 && streamed === deltas, "responses: stream", { deltas, streamed });
+  const called2 = await client.responses.create({
+    model, input: "Weather in Paris?", max_output_tokens: 128, tool_choice: "required", parallel_tool_calls: false,
+    tools: [{ type: "function", name: "get_weather", strict: true, parameters: weather.function.parameters }],
+  });
+  const fc = called2.output.find((i) => i.type === "function_call");
+  check(fc && fc.name === "get_weather" && typeof JSON.parse(fc.arguments).city === "string", "responses: function call", called2.output);
   console.log("all checks passed");
 }
 

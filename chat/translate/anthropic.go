@@ -1,0 +1,442 @@
+package translate
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+
+	"github.com/macfleet/macfleet/runner/api"
+)
+
+// MessagesRequest is the body of POST /v1/messages (Anthropic Messages API).
+type MessagesRequest struct {
+	Model         string             `json:"model"`
+	MaxTokens     *int               `json:"max_tokens"`
+	Messages      []AnthropicMessage `json:"messages"`
+	System        json.RawMessage    `json:"system,omitempty"`
+	StopSequences []string           `json:"stop_sequences,omitempty"`
+	Temperature   *float64           `json:"temperature,omitempty"`
+	TopP          *float64           `json:"top_p,omitempty"`
+	TopK          *int               `json:"top_k,omitempty"`
+	Stream        bool               `json:"stream,omitempty"`
+	Tools         []AnthropicTool    `json:"tools,omitempty"`
+	ToolChoice    *struct {
+		Type                   string `json:"type"`
+		Name                   string `json:"name,omitempty"`
+		DisableParallelToolUse bool   `json:"disable_parallel_tool_use,omitempty"`
+	} `json:"tool_choice,omitempty"`
+	Metadata *struct {
+		UserID string `json:"user_id,omitempty"`
+	} `json:"metadata,omitempty"`
+	Thinking *struct {
+		Type         string `json:"type"`
+		BudgetTokens int    `json:"budget_tokens,omitempty"`
+	} `json:"thinking,omitempty"`
+	ServiceTier string `json:"service_tier,omitempty"`
+}
+
+// AnthropicMessage is one message: its content a string or a list of blocks.
+type AnthropicMessage struct {
+	Role    string          `json:"role"`
+	Content json.RawMessage `json:"content"`
+}
+
+// AnthropicTool is a client tool.
+type AnthropicTool struct {
+	Type        string          `json:"type,omitempty"`
+	Name        string          `json:"name"`
+	Description string          `json:"description,omitempty"`
+	InputSchema json.RawMessage `json:"input_schema"`
+}
+
+// block is a content block of a request (the fields of every kind served).
+type block struct {
+	Type      string          `json:"type"`
+	Text      string          `json:"text"`
+	ID        string          `json:"id"`
+	Name      string          `json:"name"`
+	Input     json.RawMessage `json:"input"`
+	ToolUseID string          `json:"tool_use_id"`
+	Content   json.RawMessage `json:"content"`
+	IsError   bool            `json:"is_error"`
+	Thinking  string          `json:"thinking"`
+	Signature string          `json:"signature"`
+	Data      string          `json:"data"`
+	Citations json.RawMessage `json:"citations"`
+	Cache     json.RawMessage `json:"cache_control"`
+}
+
+// blocks reads a string or a list of content blocks.
+func blocks(raw json.RawMessage, param string) ([]block, *chatError) {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 || raw[0] == '"' {
+		var s string
+		if len(raw) > 0 && json.Unmarshal(raw, &s) != nil {
+			return nil, invalid(param, "content must be a string or a list of content blocks")
+		}
+		return []block{{Type: "text", Text: s}}, nil
+	}
+	var out []block
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&out); err != nil {
+		return nil, invalid(param, "content must be a string or a list of content blocks: %v", err)
+	}
+	return out, nil
+}
+
+// textOf joins the text blocks of a tool result or system prompt.
+func textOf(bs []block, param string) (string, *chatError) {
+	var sb strings.Builder
+	for i, b := range bs {
+		if b.Type != "text" {
+			return "", unsupported(fmt.Sprintf("%s[%d].type", param, i), "only text blocks are supported here, got %q", b.Type)
+		}
+		sb.WriteString(b.Text)
+	}
+	return sb.String(), nil
+}
+
+// chatFromMessages translates a Messages request into a chat completion request.
+func chatFromMessages(m *MessagesRequest) (map[string]any, *chatError) {
+	if m.MaxTokens == nil {
+		return nil, invalid("max_tokens", "max_tokens is required")
+	}
+	if len(m.Messages) == 0 {
+		return nil, invalid("messages", "messages must not be empty")
+	}
+	var msgs []api.Message
+	if len(m.System) > 0 {
+		bs, e := blocks(m.System, "system")
+		if e != nil {
+			return nil, e
+		}
+		text, e := textOf(bs, "system")
+		if e != nil {
+			return nil, e
+		}
+		msgs = append(msgs, api.Message{Role: "system", Content: api.MessageContent(text)})
+	}
+	for i, msg := range m.Messages {
+		param := fmt.Sprintf("messages[%d]", i)
+		if msg.Role != "user" && msg.Role != "assistant" {
+			return nil, invalid(param+".role", "role must be user or assistant, got %q", msg.Role)
+		}
+		bs, e := blocks(msg.Content, param+".content")
+		if e != nil {
+			return nil, e
+		}
+		out := api.Message{Role: msg.Role}
+		var text strings.Builder
+		for j, b := range bs {
+			bp := fmt.Sprintf("%s.content[%d]", param, j)
+			switch {
+			case b.Type == "text":
+				text.WriteString(b.Text)
+			case b.Type == "tool_use" && msg.Role == "assistant":
+				input := bytes.TrimSpace(b.Input)
+				if len(input) == 0 {
+					input = []byte("{}")
+				}
+				out.ToolCalls = append(out.ToolCalls, api.ToolCall{ID: b.ID, Type: "function",
+					Function: api.FunctionCall{Name: b.Name, Arguments: string(input)}})
+			case b.Type == "thinking" && msg.Role == "assistant":
+				out.ReasoningContent += b.Thinking
+			case b.Type == "redacted_thinking" && msg.Role == "assistant":
+			case b.Type == "tool_result" && msg.Role == "user":
+				rb, e := blocks(b.Content, bp+".content")
+				if e != nil {
+					return nil, e
+				}
+				result, e := textOf(rb, bp+".content")
+				if e != nil {
+					return nil, e
+				}
+				if b.IsError {
+					result = "Error: " + result
+				}
+				msgs = append(msgs, api.Message{Role: "tool", ToolCallID: b.ToolUseID, Content: api.MessageContent(result)})
+			default:
+				return nil, unsupported(bp+".type", "a %q block in a %s message is not supported: the models served are text-only", b.Type, msg.Role)
+			}
+		}
+		if text.Len() > 0 || len(out.ToolCalls) > 0 || out.ReasoningContent != "" {
+			out.Content = api.MessageContent(text.String())
+			msgs = append(msgs, out)
+		}
+	}
+	chat := map[string]any{"model": m.Model, "messages": msgs, "max_tokens": *m.MaxTokens, "stream": m.Stream}
+	if m.Stream {
+		chat["stream_options"] = map[string]any{"include_usage": true}
+	}
+	if len(m.StopSequences) > 0 {
+		chat["stop"] = m.StopSequences
+	}
+	if m.Temperature != nil {
+		if *m.Temperature < 0 || *m.Temperature > 1 {
+			return nil, invalid("temperature", "temperature must be between 0 and 1, got %g", *m.Temperature)
+		}
+		chat["temperature"] = *m.Temperature
+	}
+	if m.TopP != nil {
+		chat["top_p"] = *m.TopP
+	}
+	if m.TopK != nil {
+		chat["top_k"] = *m.TopK
+	}
+	if m.Metadata != nil && m.Metadata.UserID != "" {
+		chat["user"] = m.Metadata.UserID
+	}
+	if len(m.Tools) > 0 {
+		var tools []api.Tool
+		for i, t := range m.Tools {
+			if t.Type != "" && t.Type != "custom" {
+				return nil, unsupported(fmt.Sprintf("tools[%d].type", i), "server tools (%q) are not supported: define client tools with input_schema", t.Type)
+			}
+			tools = append(tools, api.Tool{Type: "function", Function: api.Function{Name: t.Name, Description: t.Description, Parameters: t.InputSchema}})
+		}
+		chat["tools"] = tools
+	}
+	if c := m.ToolChoice; c != nil {
+		switch c.Type {
+		case "auto":
+			chat["tool_choice"] = "auto"
+		case "any":
+			chat["tool_choice"] = "required"
+		case "none":
+			chat["tool_choice"] = "none"
+		case "tool":
+			chat["tool_choice"] = map[string]any{"type": "function", "function": map[string]any{"name": c.Name}}
+		default:
+			return nil, invalid("tool_choice.type", "tool_choice type must be auto, any, tool or none, got %q", c.Type)
+		}
+		if c.DisableParallelToolUse {
+			chat["parallel_tool_calls"] = false
+		}
+	}
+	if t := m.Thinking; t != nil {
+		switch t.Type {
+		case "enabled", "disabled":
+			chat["chat_template_kwargs"] = map[string]any{"enable_thinking": t.Type == "enabled"}
+		default:
+			return nil, invalid("thinking.type", "thinking type must be enabled or disabled, got %q", t.Type)
+		}
+	}
+	return chat, nil
+}
+
+// Anthropic serves POST /v1/messages over a chat completions handler.
+func Anthropic(chat http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, e := readBody(w, r)
+		var req MessagesRequest
+		if e == nil {
+			e = decodeStrict(body, &req)
+		}
+		var chatReq map[string]any
+		if e == nil {
+			chatReq, e = chatFromMessages(&req)
+		}
+		if e != nil {
+			anthropicError(w, e)
+			return
+		}
+		b, _ := json.Marshal(chatReq)
+		var out sink = &anthropicWhole{w: w}
+		if req.Stream {
+			out = &anthropicStream{w: w, sse: newSSE(w), model: req.Model}
+		}
+		serveChat(chat, r, b, out)
+	})
+}
+
+// anthropicErrorType maps an HTTP status to Anthropic's error type.
+func anthropicErrorType(status int) string {
+	switch status {
+	case http.StatusBadRequest, http.StatusUnprocessableEntity:
+		return "invalid_request_error"
+	case http.StatusUnauthorized:
+		return "authentication_error"
+	case http.StatusForbidden:
+		return "permission_error"
+	case http.StatusNotFound:
+		return "not_found_error"
+	case http.StatusRequestEntityTooLarge:
+		return "request_too_large"
+	case http.StatusTooManyRequests:
+		return "rate_limit_error"
+	case http.StatusServiceUnavailable, http.StatusInsufficientStorage, 529:
+		return "overloaded_error"
+	}
+	return "api_error"
+}
+
+func anthropicErrorBody(e *chatError) map[string]any {
+	msg := e.Message
+	if e.Param != "" && !strings.Contains(msg, e.Param) {
+		msg = e.Param + ": " + msg
+	}
+	return map[string]any{"type": "error", "error": map[string]any{"type": anthropicErrorType(e.Status), "message": msg}}
+}
+
+// AnthropicErrorBody converts an OpenAI error body with its HTTP status into
+// Anthropic's shape; ok is false when body is not an OpenAI error.
+func AnthropicErrorBody(status int, body []byte) (out []byte, ok bool) {
+	var probe struct {
+		Type  string          `json:"type"`
+		Error json.RawMessage `json:"error"`
+	}
+	if json.Unmarshal(body, &probe) != nil || probe.Type == "error" || len(probe.Error) == 0 {
+		return nil, false
+	}
+	out, _ = json.Marshal(anthropicErrorBody(parseError(status, body)))
+	return out, true
+}
+
+func anthropicError(w http.ResponseWriter, e *chatError) {
+	writeJSON(w, e.Status, anthropicErrorBody(e))
+}
+
+// stopReason maps a chat finish reason.
+func stopReason(finish string) string {
+	switch finish {
+	case "length":
+		return "max_tokens"
+	case "tool_calls":
+		return "tool_use"
+	}
+	return "end_turn"
+}
+
+type anthropicWhole struct{ w http.ResponseWriter }
+
+func (a *anthropicWhole) whole(c *api.ChatCompletion) {
+	ch := c.Choices[0]
+	content := []map[string]any{}
+	if ch.Message.ReasoningContent != "" {
+		content = append(content, map[string]any{"type": "thinking", "thinking": ch.Message.ReasoningContent, "signature": ""})
+	}
+	if t := ch.Message.Text(); t != "" {
+		content = append(content, map[string]any{"type": "text", "text": t})
+	}
+	for _, tc := range ch.Message.ToolCalls {
+		content = append(content, map[string]any{"type": "tool_use", "id": toolUseID(tc.ID), "name": tc.Function.Name,
+			"input": argsObject(tc.Function.Arguments)})
+	}
+	var in, out int
+	if c.Usage != nil {
+		in, out = c.Usage.PromptTokens, c.Usage.CompletionTokens
+	}
+	writeJSON(a.w, http.StatusOK, map[string]any{"id": "msg_" + strings.TrimPrefix(c.ID, "chatcmpl-"), "type": "message",
+		"role": "assistant", "model": c.Model, "content": content, "stop_reason": stopReason(ch.FinishReason),
+		"stop_sequence": nil, "usage": map[string]any{"input_tokens": in, "output_tokens": out}})
+}
+
+func (a *anthropicWhole) chunk(*api.ChatCompletionChunk) {}
+func (a *anthropicWhole) end(*chatError)                 {}
+func (a *anthropicWhole) fail(e *chatError)              { anthropicError(a.w, e) }
+
+// toolUseID keeps a call's id, in Anthropic's form.
+func toolUseID(id string) string { return "toolu_" + strings.TrimPrefix(id, "call_") }
+
+// anthropicStream turns chat chunks into Anthropic stream events: one content block
+// at a time (thinking, text, each tool use), then message_delta and message_stop.
+type anthropicStream struct {
+	w       http.ResponseWriter
+	sse     *sse
+	model   string
+	started bool
+	index   int    // the open block's index
+	open    string // the open block's kind: "", thinking, text, tool_use
+	finish  string
+	usage   *api.Usage
+}
+
+func (a *anthropicStream) start(id string) {
+	if a.started {
+		return
+	}
+	a.started = true
+	a.sse.send("message_start", map[string]any{"type": "message_start", "message": map[string]any{
+		"id": "msg_" + strings.TrimPrefix(id, "chatcmpl-"), "type": "message", "role": "assistant", "model": a.model,
+		"content": []any{}, "stop_reason": nil, "stop_sequence": nil,
+		"usage": map[string]any{"input_tokens": 0, "output_tokens": 0}}})
+}
+
+// block opens a block of kind (closing the open one) unless it is already open.
+func (a *anthropicStream) block(kind string, cb map[string]any) {
+	if a.open == kind && kind != "tool_use" {
+		return
+	}
+	a.closeBlock()
+	a.open = kind
+	a.sse.send("content_block_start", map[string]any{"type": "content_block_start", "index": a.index, "content_block": cb})
+}
+
+func (a *anthropicStream) closeBlock() {
+	if a.open == "" {
+		return
+	}
+	a.sse.send("content_block_stop", map[string]any{"type": "content_block_stop", "index": a.index})
+	a.open = ""
+	a.index++
+}
+
+func (a *anthropicStream) delta(d map[string]any) {
+	a.sse.send("content_block_delta", map[string]any{"type": "content_block_delta", "index": a.index, "delta": d})
+}
+
+func (a *anthropicStream) chunk(c *api.ChatCompletionChunk) {
+	a.start(c.ID)
+	if c.Usage != nil {
+		a.usage = c.Usage
+	}
+	for _, ch := range c.Choices {
+		d := ch.Delta
+		if d.ReasoningContent != nil && *d.ReasoningContent != "" {
+			a.block("thinking", map[string]any{"type": "thinking", "thinking": "", "signature": ""})
+			a.delta(map[string]any{"type": "thinking_delta", "thinking": *d.ReasoningContent})
+		}
+		if d.Content != nil && *d.Content != "" {
+			a.block("text", map[string]any{"type": "text", "text": ""})
+			a.delta(map[string]any{"type": "text_delta", "text": *d.Content})
+		}
+		for _, tc := range d.ToolCalls {
+			if tc.ID != "" {
+				a.block("tool_use", map[string]any{"type": "tool_use", "id": toolUseID(tc.ID), "name": tc.Function.Name,
+					"input": map[string]any{}})
+			}
+			if tc.Function.Arguments != "" {
+				a.delta(map[string]any{"type": "input_json_delta", "partial_json": tc.Function.Arguments})
+			}
+		}
+		if ch.FinishReason != nil {
+			a.finish = *ch.FinishReason
+		}
+	}
+}
+
+func (a *anthropicStream) end(err *chatError) {
+	if err != nil {
+		if !a.started {
+			a.fail(err)
+			return
+		}
+		a.sse.send("error", anthropicErrorBody(err))
+		return
+	}
+	a.start("")
+	a.closeBlock()
+	usage := map[string]any{"output_tokens": 0}
+	if a.usage != nil {
+		usage = map[string]any{"input_tokens": a.usage.PromptTokens, "output_tokens": a.usage.CompletionTokens}
+	}
+	a.sse.send("message_delta", map[string]any{"type": "message_delta",
+		"delta": map[string]any{"stop_reason": stopReason(a.finish), "stop_sequence": nil}, "usage": usage})
+	a.sse.send("message_stop", map[string]any{"type": "message_stop"})
+}
+
+func (a *anthropicStream) whole(*api.ChatCompletion) {}
+func (a *anthropicStream) fail(e *chatError)         { anthropicError(a.w, e) }

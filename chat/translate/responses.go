@@ -1,0 +1,284 @@
+package translate
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/macfleet/macfleet/runner/api"
+)
+
+// ResponsesRequest is the body of POST /v1/responses (OpenAI Responses API).
+type ResponsesRequest struct {
+	Model             string          `json:"model"`
+	Input             json.RawMessage `json:"input"`
+	Instructions      *string         `json:"instructions,omitempty"`
+	Tools             []ResponsesTool `json:"tools,omitempty"`
+	ToolChoice        json.RawMessage `json:"tool_choice,omitempty"`
+	ParallelToolCalls *bool           `json:"parallel_tool_calls,omitempty"`
+	Text              *struct {
+		Format    json.RawMessage `json:"format,omitempty"`
+		Verbosity string          `json:"verbosity,omitempty"`
+	} `json:"text,omitempty"`
+	MaxOutputTokens *int     `json:"max_output_tokens,omitempty"`
+	Temperature     *float64 `json:"temperature,omitempty"`
+	TopP            *float64 `json:"top_p,omitempty"`
+	Stream          bool     `json:"stream,omitempty"`
+	Reasoning       *struct {
+		Effort  string `json:"effort,omitempty"`
+		Summary string `json:"summary,omitempty"`
+	} `json:"reasoning,omitempty"`
+	Metadata           json.RawMessage `json:"metadata,omitempty"`
+	User               string          `json:"user,omitempty"`
+	Store              *bool           `json:"store,omitempty"`
+	PreviousResponseID string          `json:"previous_response_id,omitempty"`
+	Truncation         string          `json:"truncation,omitempty"`
+	ServiceTier        string          `json:"service_tier,omitempty"`
+	Include            []string        `json:"include,omitempty"`
+	StreamOptions      json.RawMessage `json:"stream_options,omitempty"`
+	Background         *bool           `json:"background,omitempty"`
+	Seed               *int64          `json:"seed,omitempty"`
+}
+
+// ResponsesTool is a function tool.
+type ResponsesTool struct {
+	Type        string          `json:"type"`
+	Name        string          `json:"name"`
+	Description string          `json:"description,omitempty"`
+	Parameters  json.RawMessage `json:"parameters,omitempty"`
+	Strict      *bool           `json:"strict,omitempty"`
+}
+
+// item is an input item (the fields of every kind served).
+type item struct {
+	Type      string          `json:"type"`
+	ID        string          `json:"id"`
+	Role      string          `json:"role"`
+	Content   json.RawMessage `json:"content"`
+	Status    string          `json:"status"`
+	CallID    string          `json:"call_id"`
+	Name      string          `json:"name"`
+	Arguments string          `json:"arguments"`
+	Output    json.RawMessage `json:"output"`
+	Summary   json.RawMessage `json:"summary"`
+}
+
+// partsText joins the text parts of a message's content (a string or a list).
+func partsText(raw json.RawMessage, param string) (string, *chatError) {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) > 0 && raw[0] == '"' {
+		var s string
+		_ = json.Unmarshal(raw, &s)
+		return s, nil
+	}
+	var parts []struct {
+		Type        string          `json:"type"`
+		Text        string          `json:"text"`
+		Annotations json.RawMessage `json:"annotations"`
+		Logprobs    json.RawMessage `json:"logprobs"`
+	}
+	if err := json.Unmarshal(raw, &parts); err != nil {
+		return "", invalid(param, "content must be a string or a list of parts")
+	}
+	var sb strings.Builder
+	for i, p := range parts {
+		switch p.Type {
+		case "input_text", "output_text", "text":
+			sb.WriteString(p.Text)
+		default:
+			return "", unsupported(fmt.Sprintf("%s[%d].type", param, i), "a %q part is not supported: the models served are text-only", p.Type)
+		}
+	}
+	return sb.String(), nil
+}
+
+// chatFromResponses translates a Responses request into a chat completion request.
+func chatFromResponses(q *ResponsesRequest) (map[string]any, *chatError) {
+	switch {
+	case q.PreviousResponseID != "":
+		return nil, unsupported("previous_response_id",
+			"responses are not stored, so previous_response_id cannot be followed: send the whole conversation as input")
+	case q.Background != nil && *q.Background:
+		return nil, unsupported("background", "background responses are not supported")
+	case len(q.Include) > 0:
+		return nil, unsupported("include", "include is not supported")
+	case q.Truncation != "" && q.Truncation != "disabled":
+		return nil, unsupported("truncation", "truncation %q is not supported", q.Truncation)
+	}
+	var msgs []api.Message
+	if q.Instructions != nil && *q.Instructions != "" {
+		msgs = append(msgs, api.Message{Role: "system", Content: api.MessageContent(*q.Instructions)})
+	}
+	in := bytes.TrimSpace(q.Input)
+	if len(in) == 0 {
+		return nil, invalid("input", "input is required")
+	}
+	if in[0] == '"' {
+		var s string
+		_ = json.Unmarshal(in, &s)
+		msgs = append(msgs, api.Message{Role: "user", Content: api.MessageContent(s)})
+	} else {
+		var items []item
+		dec := json.NewDecoder(bytes.NewReader(in))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&items); err != nil {
+			return nil, invalid("input", "input must be a string or a list of items: %v", err)
+		}
+		for i, it := range items {
+			param := fmt.Sprintf("input[%d]", i)
+			switch it.Type {
+			case "", "message":
+				text, e := partsText(it.Content, param+".content")
+				if e != nil {
+					return nil, e
+				}
+				switch it.Role {
+				case "user", "system", "developer":
+					msgs = append(msgs, api.Message{Role: it.Role, Content: api.MessageContent(text)})
+				case "assistant":
+					msgs = append(msgs, api.Message{Role: "assistant", Content: api.MessageContent(text)})
+				default:
+					return nil, invalid(param+".role", "role must be user, assistant, system or developer, got %q", it.Role)
+				}
+			case "function_call":
+				call := api.ToolCall{ID: it.CallID, Type: "function", Function: api.FunctionCall{Name: it.Name, Arguments: it.Arguments}}
+				// Consecutive calls are one assistant turn.
+				if n := len(msgs); n > 0 && msgs[n-1].Role == "assistant" && (len(msgs[n-1].ToolCalls) > 0 || msgs[n-1].Content == "") {
+					msgs[n-1].ToolCalls = append(msgs[n-1].ToolCalls, call)
+				} else {
+					msgs = append(msgs, api.Message{Role: "assistant", ToolCalls: []api.ToolCall{call}})
+				}
+			case "function_call_output":
+				var out string
+				if json.Unmarshal(it.Output, &out) != nil {
+					var e *chatError
+					if out, e = partsText(it.Output, param+".output"); e != nil {
+						return nil, e
+					}
+				}
+				msgs = append(msgs, api.Message{Role: "tool", ToolCallID: it.CallID, Content: api.MessageContent(out)})
+			case "reasoning":
+				// Past reasoning: templates drop it from earlier turns.
+			default:
+				return nil, unsupported(param+".type", "input items of type %q are not supported", it.Type)
+			}
+		}
+	}
+	chat := map[string]any{"model": q.Model, "messages": msgs, "stream": q.Stream}
+	if q.Stream {
+		chat["stream_options"] = map[string]any{"include_usage": true}
+	}
+	if q.MaxOutputTokens != nil {
+		chat["max_completion_tokens"] = *q.MaxOutputTokens
+	}
+	for k, v := range map[string]any{"temperature": q.Temperature, "top_p": q.TopP, "seed": q.Seed, "parallel_tool_calls": q.ParallelToolCalls} {
+		if !isNil(v) {
+			chat[k] = v
+		}
+	}
+	if q.User != "" {
+		chat["user"] = q.User
+	}
+	if q.Reasoning != nil && q.Reasoning.Effort != "" {
+		chat["reasoning_effort"] = q.Reasoning.Effort
+	}
+	if len(q.Tools) > 0 {
+		var tools []api.Tool
+		for i, t := range q.Tools {
+			if t.Type != "function" {
+				return nil, unsupported(fmt.Sprintf("tools[%d].type", i), "tools of type %q are not supported: define function tools", t.Type)
+			}
+			tools = append(tools, api.Tool{Type: "function", Function: api.Function{Name: t.Name, Description: t.Description,
+				Parameters: t.Parameters, Strict: t.Strict}})
+		}
+		chat["tools"] = tools
+	}
+	if tc := bytes.TrimSpace(q.ToolChoice); len(tc) > 0 {
+		if tc[0] == '"' {
+			chat["tool_choice"] = json.RawMessage(tc)
+		} else {
+			var named struct {
+				Type string `json:"type"`
+				Name string `json:"name"`
+			}
+			if json.Unmarshal(tc, &named) != nil || named.Type != "function" || named.Name == "" {
+				return nil, invalid("tool_choice", "tool_choice must be none, auto, required or {\"type\":\"function\",\"name\":...}")
+			}
+			chat["tool_choice"] = map[string]any{"type": "function", "function": map[string]any{"name": named.Name}}
+		}
+	}
+	if q.Text != nil && len(q.Text.Format) > 0 {
+		var f struct {
+			Type        string          `json:"type"`
+			Name        string          `json:"name"`
+			Description string          `json:"description"`
+			Schema      json.RawMessage `json:"schema"`
+			Strict      *bool           `json:"strict"`
+		}
+		if err := json.Unmarshal(q.Text.Format, &f); err != nil {
+			return nil, invalid("text.format", "text.format must be an object")
+		}
+		switch f.Type {
+		case "text", "json_object":
+			chat["response_format"] = map[string]any{"type": f.Type}
+		case "json_schema":
+			chat["response_format"] = map[string]any{"type": "json_schema", "json_schema": map[string]any{
+				"name": f.Name, "description": f.Description, "schema": f.Schema, "strict": f.Strict}}
+		default:
+			return nil, invalid("text.format.type", "text.format type must be text, json_object or json_schema, got %q", f.Type)
+		}
+	}
+	return chat, nil
+}
+
+func isNil(v any) bool {
+	switch p := v.(type) {
+	case *float64:
+		return p == nil
+	case *int64:
+		return p == nil
+	case *bool:
+		return p == nil
+	}
+	return v == nil
+}
+
+// Responses serves POST /v1/responses over a chat completions handler.
+func Responses(chat http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, e := readBody(w, r)
+		var req ResponsesRequest
+		if e == nil {
+			e = decodeStrict(body, &req)
+		}
+		var chatReq map[string]any
+		if e == nil {
+			chatReq, e = chatFromResponses(&req)
+		}
+		if e != nil {
+			openAIError(w, e)
+			return
+		}
+		b, _ := json.Marshal(chatReq)
+		rs := &responseState{w: w, req: &req, created: time.Now().Unix()}
+		if req.Stream {
+			rs.sse = newSSE(w)
+		}
+		serveChat(chat, r, b, rs)
+	})
+}
+
+func openAIError(w http.ResponseWriter, e *chatError) {
+	var param any
+	if e.Param != "" {
+		param = e.Param
+	}
+	var code any
+	if e.Code != "" {
+		code = e.Code
+	}
+	writeJSON(w, e.Status, map[string]any{"error": map[string]any{"message": e.Message, "type": e.Type, "param": param, "code": code}})
+}

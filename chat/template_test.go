@@ -2,6 +2,7 @@ package chat
 
 import (
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -131,4 +132,56 @@ func TestRequestFields(t *testing.T) {
 	request(t, `{"model":"m","messages":[],"tools":[{"type":"function","function":{"name":"f","strict":true}}],"tool_choice":"required","response_format":{"type":"json_schema","json_schema":{"name":"a","strict":true,"schema":{"type":"object"}}}}`)
 	request(t, `{"model":"m","messages":[{"role":"assistant","content":null,"parsed":null,"tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":"{}","parsed_arguments":{}}}]},{"role":"tool","tool_call_id":"c","content":"1"}],"tools":[{"type":"function","function":{"name":"f"}}]}`)
 	request(t, `{"model":"m","user":"u1","store":false,"messages":[{"role":"assistant","content":"hi","refusal":null,"annotations":[],"audio":null}],"parallel_tool_calls":true,"tool_choice":"auto","tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}]}`)
+}
+
+// BenchmarkRenderRequest: a 50-message conversation with tools, tool calls and tool
+// results through the real Llama 3.1 template, as the runner does per request
+// ("render": decode, then render), against decoding the request alone ("decode"), the
+// baseline every request pays (target for render: under 1 ms).
+func BenchmarkRenderRequest(b *testing.B) {
+	src, err := testassets.Find("llama3-instruct", "tool_calls")
+	if err != nil {
+		b.Fatal(err)
+	}
+	tmpl, err := NewTemplate(src.Source, "<|begin_of_text|>", "<|eot_id|>")
+	if err != nil {
+		b.Fatal(err)
+	}
+	var sb strings.Builder
+	sb.WriteString(`{"model":"m","tools":[{"type":"function","function":{"name":"search","description":"Search the docs","parameters":{"type":"object","properties":{"query":{"type":"string"},"limit":{"type":"integer"}},"required":["query"]}}}],"messages":[{"role":"system","content":"You are a helpful assistant."}`)
+	for i := 1; i < 50; i++ {
+		switch i % 4 {
+		case 1:
+			fmt.Fprintf(&sb, `,{"role":"user","content":"Question %d about the fleet: how much memory does the model on mac-%d use right now?"}`, i, i)
+		case 2:
+			fmt.Fprintf(&sb, `,{"role":"assistant","content":null,"tool_calls":[{"id":"call_%d","type":"function","function":{"name":"search","arguments":"{\"query\":\"memory mac-%d\",\"limit\":3}"}}]}`, i, i)
+		case 3:
+			fmt.Fprintf(&sb, `,{"role":"tool","tool_call_id":"call_%d","content":"{\"resident_bytes\": %d}"}`, i-1, i*1000000)
+		default:
+			fmt.Fprintf(&sb, `,{"role":"assistant","content":"The model on mac-%d holds about %d MB resident."}`, i, i)
+		}
+	}
+	sb.WriteString(`]}`)
+	body := []byte(sb.String())
+	b.Run("decode", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			var req api.ChatRequest
+			if e := api.DecodeJSON(body, &req); e != nil {
+				b.Fatal(e)
+			}
+		}
+	})
+	b.Run("render", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			var req api.ChatRequest
+			if e := api.DecodeJSON(body, &req); e != nil {
+				b.Fatal(e)
+			}
+			if _, e := tmpl.Render(InputOf(&req), true); e != nil {
+				b.Fatal(e)
+			}
+		}
+	})
 }

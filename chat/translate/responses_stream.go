@@ -101,7 +101,9 @@ func (s *responseState) status() string {
 	return "completed"
 }
 
-func reasoningText(text string) map[string]any { return map[string]any{"type": "reasoning_text", "text": text} }
+func reasoningText(text string) map[string]any {
+	return map[string]any{"type": "reasoning_text", "text": text}
+}
 
 func reasoningItem(id, text, status string) map[string]any {
 	content := []map[string]any{}

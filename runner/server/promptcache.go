@@ -306,7 +306,6 @@ func (pc *promptCache) resolve(data []byte, want []int32) (*restoreState, error)
 	return &restoreState{tokens: toks, state: state}, nil
 }
 
-
 // forget drops key from both tiers without waiting on the caller (the SSD tier may
 // wait for its writer).
 func (pc *promptCache) forget(key promptcache.Key) {

@@ -180,7 +180,7 @@ func checkResponses(t *testing.T, c openai.Client, model string) {
 	}
 	call := responses.ResponseNewParams{Model: model, Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("Weather in Paris?")},
 		MaxOutputTokens: openai.Int(128), ParallelToolCalls: openai.Bool(false),
-		ToolChoice:      responses.ResponseNewParamsToolChoiceUnion{OfToolChoiceMode: openai.Opt(responses.ToolChoiceOptionsRequired)},
+		ToolChoice: responses.ResponseNewParamsToolChoiceUnion{OfToolChoiceMode: openai.Opt(responses.ToolChoiceOptionsRequired)},
 		Tools: []responses.ToolUnionParam{{OfFunction: &responses.FunctionToolParam{Name: "get_weather", Strict: openai.Bool(true),
 			Parameters: map[string]any{"type": "object", "properties": map[string]any{"city": map[string]any{"type": "string", "maxLength": 24}},
 				"required": []string{"city"}, "additionalProperties": false}}}}}

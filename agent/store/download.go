@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/macfleet/macfleet/internal/source"
+	"github.com/macfleet/macfleet/sourcepolicy"
 )
 
 // ggufMagic starts every GGUF file.
@@ -110,7 +111,12 @@ func (s *Store) resolve(ctx context.Context, src source.Source) (source.Location
 		ctx, cancel = context.WithTimeout(ctx, manifestTimeout)
 		defer cancel()
 	}
-	return s.resolver.Resolve(ctx, src)
+	loc, err := s.resolver.Resolve(ctx, src)
+	var denied *sourcepolicy.DeniedError
+	if errors.As(err, &denied) {
+		return loc, fmt.Errorf("resolving %s: %w", src.Raw, denied)
+	}
+	return loc, err
 }
 
 // partialMeta is what resuming a download needs, beside the partial file.
@@ -398,6 +404,10 @@ func (s *Store) transferErr(ctx, rctx context.Context, url string, err error) er
 	if errors.Is(context.Cause(rctx), errStalled) {
 		return &StalledError{URL: url, After: s.stallTimeout.String()}
 	}
+	var denied *sourcepolicy.DeniedError
+	if errors.As(err, &denied) {
+		return fmt.Errorf("downloading %s: %w", url, denied)
+	}
 	return fmt.Errorf("downloading %s: %w", url, source.Unreachable(url, err))
 }
 
@@ -412,7 +422,7 @@ func (s *Store) finish(p *partial, src source.Source, url, digest string) (path,
 	n, _ := p.f.ReadAt(magic, 0)
 	if string(magic[:n]) != ggufMagic {
 		p.remove()
-		return "", "", &FormatError{Location: url, Magic: magic[:n]}
+		return "", "", &FormatError{Location: url}
 	}
 	got = hex.EncodeToString(p.h.Sum(nil))
 	if digest != "" && got != digest {

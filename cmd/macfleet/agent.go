@@ -31,6 +31,7 @@ import (
 	"github.com/macfleet/macfleet/agent/store"
 	"github.com/macfleet/macfleet/internal/source"
 	"github.com/macfleet/macfleet/metal"
+	"github.com/macfleet/macfleet/sourcepolicy"
 )
 
 func init() { root.AddCommand(newAgentCmd()) }
@@ -107,12 +108,15 @@ while the API server is unreachable and resyncs when it returns.`,
 				return err
 			}
 			cfg.Token = cluster.NewTokenSource(tok, direct, fl.fleetTokenFile, 0, log.WithName("token"))
+			// The store's downloads and file opens follow the cluster's SourcePolicy, which
+			// the agent watches.
+			policy := sourcepolicy.NewHolder(nil)
 			st, err := store.New(fl.storeDir, store.Options{HFEndpoint: fl.hfEndpoint, OllamaRegistry: fl.ollamaRegistry,
-				Log: log.WithName("store")})
+				Log: log.WithName("store"), Policy: policy})
 			if err != nil {
 				return err
 			}
-			cfg.Store = st
+			cfg.Store, cfg.SourcePolicy = st, policy
 			gauge, err := metal.NewGauge()
 			if err != nil {
 				return fmt.Errorf("measuring memory: %w", err)

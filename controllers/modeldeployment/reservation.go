@@ -65,6 +65,22 @@ func (c *estimateCache) get(k estimateKey) (estimateEntry, bool) {
 	return *e, true
 }
 
+// forgetFailures drops the failed estimates, so that the next pass tries again at
+// once.
+func (c *estimateCache) forgetFailures() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	kept := c.order[:0]
+	for _, k := range c.order {
+		if e := c.m[k]; e != nil && e.err != nil {
+			delete(c.m, k)
+			continue
+		}
+		kept = append(kept, k)
+	}
+	c.order = kept
+}
+
 func (c *estimateCache) put(k estimateKey, e estimateEntry) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -137,6 +153,7 @@ func (r *Reconciler) estimate(ctx context.Context, k estimateKey) (estimate.Resu
 		Parallel:      k.Parallel,
 		KVCacheType:   estimate.KVCacheType(k.KVCacheType),
 		HTTPClient:    r.Resolver.HTTPClient,
+		Dial:          r.policy.Dialer().DialContext,
 	})
 }
 

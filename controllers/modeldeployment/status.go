@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/macfleet/macfleet/api/v1alpha1"
+	"github.com/macfleet/macfleet/sourcepolicy"
 )
 
 // maxMessageLength bounds the condition messages copied from errors and replicas.
@@ -97,6 +98,9 @@ type statusInput struct {
 	Reservation *resource.Quantity
 	// EstimateErr is why the reservation is unknown.
 	EstimateErr error
+	// SourceErr is the source policy's denial of the deployment's source, which
+	// stops everything else.
+	SourceErr error
 	// Now stamps condition transitions.
 	Now time.Time
 }
@@ -152,6 +156,12 @@ func setAvailableCondition(md *v1alpha1.ModelDeployment, s replicaSummary, in st
 // (old replicas left) or ScalingReplicas otherwise.
 func setProgressingCondition(md *v1alpha1.ModelDeployment, s replicaSummary, in statusInput) {
 	switch {
+	case in.SourceErr != nil:
+		setCondition(md, in.Now, v1alpha1.DeploymentProgressing, metav1.ConditionFalse, v1alpha1.ReasonSourceNotAllowed,
+			in.SourceErr.Error())
+	case in.EstimateErr != nil && sourcepolicy.IsDenied(in.EstimateErr):
+		setCondition(md, in.Now, v1alpha1.DeploymentProgressing, metav1.ConditionFalse, v1alpha1.ReasonSourceNotAllowed,
+			in.EstimateErr.Error())
 	case in.EstimateErr != nil:
 		setCondition(md, in.Now, v1alpha1.DeploymentProgressing, metav1.ConditionFalse, v1alpha1.ReasonEstimateFailed,
 			"waiting for a memory estimate: "+in.EstimateErr.Error())
@@ -173,6 +183,12 @@ func setProgressingCondition(md *v1alpha1.ModelDeployment, s replicaSummary, in 
 // scheduler; True when every replica is bound.
 func setScheduledCondition(md *v1alpha1.ModelDeployment, s replicaSummary, in statusInput) {
 	switch {
+	case in.SourceErr != nil:
+		setCondition(md, in.Now, v1alpha1.DeploymentScheduled, metav1.ConditionFalse, v1alpha1.ReasonSourceNotAllowed,
+			in.SourceErr.Error())
+	case in.EstimateErr != nil && sourcepolicy.IsDenied(in.EstimateErr):
+		setCondition(md, in.Now, v1alpha1.DeploymentScheduled, metav1.ConditionFalse, v1alpha1.ReasonSourceNotAllowed,
+			in.EstimateErr.Error())
 	case in.EstimateErr != nil:
 		setCondition(md, in.Now, v1alpha1.DeploymentScheduled, metav1.ConditionFalse, v1alpha1.ReasonEstimateFailed,
 			in.EstimateErr.Error())

@@ -169,6 +169,9 @@ func (p *Policy) DecideSource(namespace, raw string) Decision {
 		}
 		return deny("source host %q is not allowed for namespace %q: %s", host, namespace, fix("hosts"))
 	case source.File:
+		if !plainFilePath(raw) {
+			return deny("file source %s must name a plain absolute path: no . or .. segments, no //, no %%-escapes but %%20, no query or fragment", raw)
+		}
 		for _, r := range rules {
 			if UnderAny(src.LocalPath, r.FileDirectories) {
 				return allow()
@@ -178,6 +181,28 @@ func (p *Policy) DecideSource(namespace, raw string) Decision {
 			src.LocalPath, namespace, namespace, p.name)
 	}
 	return deny("model source %q has an unknown scheme", raw)
+}
+
+// plainFilePath reports whether the path of the file:// source raw is written
+// plainly: no %-escapes but %20 (a space), no . or .. segments, no "//", no query or
+// fragment. The admission policy cannot unescape and clean a path as Parse does, so
+// both refuse what would need it, and a path is checked as it is written.
+func plainFilePath(raw string) bool {
+	_, rest, _ := strings.Cut(raw, "://")
+	i := strings.IndexByte(rest, '/')
+	if i < 0 {
+		return false
+	}
+	p := strings.ReplaceAll(rest[i:], "%20", " ")
+	if strings.ContainsAny(p, "%?#") || strings.Contains(p, "//") {
+		return false
+	}
+	for seg := range strings.SplitSeq(p, "/") {
+		if seg == "." || seg == ".." {
+			return false
+		}
+	}
+	return true
 }
 
 // FileDirectories are the directories file:// sources of namespace may be under.

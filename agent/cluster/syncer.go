@@ -397,9 +397,12 @@ func (s *Syncer) actLocked(ctx context.Context, action Action, key string, mr *v
 		if wait := local.retryAt.Sub(now); wait > 0 {
 			return wait, nil
 		}
-		failures := local.fetchFailures
+		failures, lastErr, lastReason := local.fetchFailures, local.fetchErr, local.fetchReason
 		s.startFetchLocked(ctx, key, mr)
-		s.replicas[key].fetchFailures = failures
+		// The failure stays in status while the retry runs, so that the deployment
+		// keeps showing it until an attempt succeeds.
+		r := s.replicas[key]
+		r.fetchFailures, r.fetchErr, r.fetchReason = failures, lastErr, lastReason
 		return 0, nil
 	case ActionRegisterLoad, ActionRegister:
 		return s.registerLocked(ctx, local, sb, action == ActionRegisterLoad)

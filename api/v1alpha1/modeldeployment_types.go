@@ -17,6 +17,10 @@ const (
 	// DeploymentScheduled is False when a replica cannot be placed or its memory cannot
 	// be estimated; the message says why.
 	DeploymentScheduled = "Scheduled"
+	// DeploymentReplicaFailure is True while a replica cannot download or load its
+	// model (checksum mismatch, not a GGUF file, a source the policy denies, a runner
+	// that fails to load it): reason and message are the first failing replica's.
+	DeploymentReplicaFailure = "ReplicaFailure"
 )
 
 // ModelDeployment condition reasons.
@@ -31,6 +35,8 @@ const (
 	ReasonUnschedulable              = "Unschedulable"
 	ReasonNoReplicas                 = "NoReplicasRequested"
 	ReasonScheduledPending           = "SchedulingPending"
+	// ReasonNoReplicaFailures: ReplicaFailure is False, no replica is failing.
+	ReasonNoReplicaFailures = "NoReplicaFailures"
 )
 
 // PlacementStrategy scores the Macs a replica fits on.

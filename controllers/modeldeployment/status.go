@@ -11,6 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/util/sets"
 
 	"github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/sourcepolicy"
@@ -32,10 +33,38 @@ type replicaSummary struct {
 	// first of them by name.
 	Unschedulable      int32
 	FirstUnschedulable *metav1.Condition
+	// Failing counts replicas that cannot download or load their model (see
+	// replicaFailure); FirstFailing is the first of them by name.
+	Failing      int32
+	FirstFailing *replicaFailureInfo
 	// Nodes are the Macs holding a replica, sorted and unique.
 	Nodes []string
 	// Measured is the largest peak or resident footprint a replica reported.
 	Measured *resource.Quantity
+}
+
+// replicaFailureInfo is a failing replica and the condition that says why.
+type replicaFailureInfo struct {
+	Replica, Node string
+	Condition     metav1.Condition
+}
+
+// failureReasons are the replica condition reasons that mean the replica cannot
+// become ready without a change (of the source, the file, the policy) or a
+// successful retry.
+var failureReasons = sets.New(v1alpha1.ReasonDownloadFailed, v1alpha1.ReasonChecksumMismatch,
+	v1alpha1.ReasonSourceNotAllowed, v1alpha1.ReasonLoadFailed)
+
+// replicaFailure returns the condition of r that says it is failing — Downloaded,
+// then Loaded, False with one of failureReasons — or nil.
+func replicaFailure(r *v1alpha1.ModelReplica) *metav1.Condition {
+	for _, typ := range []string{v1alpha1.ReplicaDownloaded, v1alpha1.ReplicaLoaded} {
+		c := meta.FindStatusCondition(r.Status.Conditions, typ)
+		if c != nil && c.Status == metav1.ConditionFalse && failureReasons.Has(c.Reason) {
+			return c
+		}
+	}
+	return nil
 }
 
 // summarize counts replicas (those being deleted are skipped); current says whether
@@ -70,6 +99,12 @@ func summarize(replicas []v1alpha1.ModelReplica, current func(*v1alpha1.ModelRep
 			s.Unschedulable++
 			if s.FirstUnschedulable == nil || r.Name < firstName {
 				s.FirstUnschedulable, firstName = c, r.Name
+			}
+		}
+		if c := replicaFailure(r); c != nil {
+			s.Failing++
+			if s.FirstFailing == nil || r.Name < s.FirstFailing.Replica {
+				s.FirstFailing = &replicaFailureInfo{Replica: r.Name, Node: r.Spec.NodeName, Condition: *c}
 			}
 		}
 		for _, q := range []*resource.Quantity{r.Status.Memory.Peak, r.Status.Memory.Resident} {
@@ -125,6 +160,7 @@ func setStatus(md *v1alpha1.ModelDeployment, s replicaSummary, in statusInput) {
 	setAvailableCondition(md, s, in)
 	setProgressingCondition(md, s, in)
 	setScheduledCondition(md, s, in)
+	setReplicaFailureCondition(md, s, in)
 }
 
 func setCondition(md *v1alpha1.ModelDeployment, now time.Time, typ string, status metav1.ConditionStatus, reason, msg string) {
@@ -211,6 +247,26 @@ func setScheduledCondition(md *v1alpha1.ModelDeployment, s replicaSummary, in st
 		setCondition(md, in.Now, v1alpha1.DeploymentScheduled, metav1.ConditionTrue, v1alpha1.ReasonAllReplicasScheduled,
 			fmt.Sprintf("all %d replicas bound to a Mac", s.Total))
 	}
+}
+
+// setReplicaFailureCondition is True, with the reason and message of the first
+// failing replica (by name), while any replica cannot download or load its model,
+// and False otherwise — so that `kubectl describe md` says what is wrong without a
+// look at the replicas.
+func setReplicaFailureCondition(md *v1alpha1.ModelDeployment, s replicaSummary, in statusInput) {
+	if s.Failing == 0 {
+		setCondition(md, in.Now, v1alpha1.DeploymentReplicaFailure, metav1.ConditionFalse, v1alpha1.ReasonNoReplicaFailures,
+			"no replica is failing")
+		return
+	}
+	f := s.FirstFailing
+	node := f.Node
+	if node == "" {
+		node = "no Mac"
+	}
+	setCondition(md, in.Now, v1alpha1.DeploymentReplicaFailure, metav1.ConditionTrue, f.Condition.Reason,
+		fmt.Sprintf("%d of %d replicas failing; replica %s on %s: %s: %s", s.Failing, s.Total, f.Replica, node,
+			f.Condition.Type+" "+f.Condition.Reason, f.Condition.Message))
 }
 
 func truncate(s string) string {

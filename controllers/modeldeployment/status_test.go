@@ -54,6 +54,13 @@ func memory(peak, resident string) func(*v1alpha1.ModelReplica) {
 	}
 }
 
+// failing sets condition typ of a replica False with reason and msg.
+func failing(typ, reason, msg string) func(*v1alpha1.ModelReplica) {
+	return func(mr *v1alpha1.ModelReplica) {
+		meta.SetStatusCondition(&mr.Status.Conditions, metav1.Condition{Type: typ, Status: metav1.ConditionFalse, Reason: reason, Message: msg})
+	}
+}
+
 func deleting(mr *v1alpha1.ModelReplica) {
 	now := metav1.Now()
 	mr.DeletionTimestamp = &now
@@ -102,13 +109,13 @@ func TestSetStatus(t *testing.T) {
 			name: "all ready", desired: 2,
 			replicas: []v1alpha1.ModelReplica{replica("a", "h", bound("m1"), ready), replica("b", "h", bound("m2"), ready)},
 			want: conds{"Available": "True/MinimumReplicasAvailable", "Progressing": "True/NewReplicasAvailable",
-				"Scheduled": "True/AllReplicasScheduled"},
+				"Scheduled": "True/AllReplicasScheduled", "ReplicaFailure": "False/NoReplicaFailures"},
 			wantReady: "2/2",
 		},
 		{
 			name: "creating", desired: 2,
 			want: conds{"Available": "False/MinimumReplicasUnavailable", "Progressing": "True/ScalingReplicas",
-				"Scheduled": "Unknown/SchedulingPending"},
+				"Scheduled": "Unknown/SchedulingPending", "ReplicaFailure": "False/NoReplicaFailures"},
 			wantReady: "0/2",
 			wantMsg:   map[string]string{"Scheduled": "2 of 2 replicas waiting for a Mac"},
 		},
@@ -116,7 +123,7 @@ func TestSetStatus(t *testing.T) {
 			name: "waiting for the scheduler", desired: 2,
 			replicas: []v1alpha1.ModelReplica{replica("a", "h", bound("m1"), ready), replica("b", "h")},
 			want: conds{"Available": "False/MinimumReplicasUnavailable", "Progressing": "True/ScalingReplicas",
-				"Scheduled": "Unknown/SchedulingPending"},
+				"Scheduled": "Unknown/SchedulingPending", "ReplicaFailure": "False/NoReplicaFailures"},
 			wantReady: "1/2",
 			wantMsg:   map[string]string{"Scheduled": "1 of 2 replicas waiting for a Mac", "Available": "1 of 2 replicas ready"},
 		},
@@ -128,7 +135,7 @@ func TestSetStatus(t *testing.T) {
 				replica("b", "h", unschedulable("0/3 Macs fit: 3 not ready")),
 			},
 			want: conds{"Available": "False/MinimumReplicasUnavailable", "Progressing": "True/ScalingReplicas",
-				"Scheduled": "False/Unschedulable"},
+				"Scheduled": "False/Unschedulable", "ReplicaFailure": "False/NoReplicaFailures"},
 			wantReady: "1/3",
 			wantMsg:   map[string]string{"Scheduled": "2 of 3 replicas unschedulable: 0/3 Macs fit: 3 not ready"},
 		},
@@ -139,7 +146,7 @@ func TestSetStatus(t *testing.T) {
 				replica("n1", "h", bound("m3")),
 			},
 			want: conds{"Available": "True/MinimumReplicasAvailable", "Progressing": "True/ReplicasUpdating",
-				"Scheduled": "True/AllReplicasScheduled"},
+				"Scheduled": "True/AllReplicasScheduled", "ReplicaFailure": "False/NoReplicaFailures"},
 			wantReady: "2/2",
 			wantMsg:   map[string]string{"Progressing": "1 of 2 replicas updated, 0 ready; 2 old replicas left"},
 		},
@@ -147,21 +154,52 @@ func TestSetStatus(t *testing.T) {
 			name: "estimate failed", desired: 2,
 			in: statusInput{EstimateErr: errors.New("estimating the memory of hf://o/r/x.gguf: GET x: 404 Not Found")},
 			want: conds{"Available": "False/MinimumReplicasUnavailable", "Progressing": "False/MemoryEstimateFailed",
-				"Scheduled": "False/MemoryEstimateFailed"},
+				"Scheduled": "False/MemoryEstimateFailed", "ReplicaFailure": "False/NoReplicaFailures"},
 			wantReady: "0/2",
 			wantMsg:   map[string]string{"Scheduled": "404 Not Found"},
 		},
 		{
+			name: "a replica fails its checksum", desired: 2,
+			replicas: []v1alpha1.ModelReplica{
+				replica("a", "h", bound("m1"), ready),
+				replica("c", "h", bound("m3"), failing(v1alpha1.ReplicaDownloaded, v1alpha1.ReasonDownloadFailed, "GET x: 404 Not Found")),
+				replica("b", "h", bound("m2"), failing(v1alpha1.ReplicaDownloaded, v1alpha1.ReasonChecksumMismatch,
+					"sha256 mismatch for hf://o/r/x.gguf: expected aa, the downloaded file has bb; retrying at 2026-03-01T12:00:10Z")),
+			},
+			want: conds{"Available": "False/MinimumReplicasUnavailable", "Progressing": "True/ScalingReplicas",
+				"Scheduled": "True/AllReplicasScheduled", "ReplicaFailure": "True/ChecksumMismatch"},
+			wantReady: "1/2",
+			wantMsg: map[string]string{"ReplicaFailure": "2 of 3 replicas failing; replica b on m2: Downloaded ChecksumMismatch: " +
+				"sha256 mismatch for hf://o/r/x.gguf: expected aa, the downloaded file has bb"},
+		},
+		{
+			name: "a replica fails to load", desired: 1,
+			replicas: []v1alpha1.ModelReplica{replica("a", "h", bound("m1"),
+				failing(v1alpha1.ReplicaLoaded, v1alpha1.ReasonLoadFailed, "the runner exited: unknown model architecture"))},
+			want: conds{"Available": "False/MinimumReplicasUnavailable", "Progressing": "True/ScalingReplicas",
+				"Scheduled": "True/AllReplicasScheduled", "ReplicaFailure": "True/LoadFailed"},
+			wantReady: "0/1",
+			wantMsg:   map[string]string{"ReplicaFailure": "replica a on m1: Loaded LoadFailed: the runner exited"},
+		},
+		{
+			name: "source not allowed", desired: 2,
+			in: statusInput{SourceErr: errors.New(`source host "x.example" is not allowed for namespace "ns": add it`)},
+			want: conds{"Available": "False/MinimumReplicasUnavailable", "Progressing": "False/SourceNotAllowed",
+				"Scheduled": "False/SourceNotAllowed", "ReplicaFailure": "False/NoReplicaFailures"},
+			wantReady: "0/2",
+			wantMsg:   map[string]string{"Progressing": `source host "x.example" is not allowed`, "Scheduled": "add it"},
+		},
+		{
 			name: "zero replicas", desired: 0,
 			want: conds{"Available": "True/MinimumReplicasAvailable", "Progressing": "True/NewReplicasAvailable",
-				"Scheduled": "True/NoReplicasRequested"},
+				"Scheduled": "True/NoReplicasRequested", "ReplicaFailure": "False/NoReplicaFailures"},
 			wantReady: "0/0",
 		},
 		{
 			name: "scaling down", desired: 1,
 			replicas: []v1alpha1.ModelReplica{replica("a", "h", bound("m1"), ready), replica("b", "h", bound("m2"), ready)},
 			want: conds{"Available": "True/MinimumReplicasAvailable", "Progressing": "True/ScalingReplicas",
-				"Scheduled": "True/AllReplicasScheduled"},
+				"Scheduled": "True/AllReplicasScheduled", "ReplicaFailure": "False/NoReplicaFailures"},
 			wantReady: "2/1",
 		},
 	}

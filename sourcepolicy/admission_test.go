@@ -140,8 +140,12 @@ func TestAdmissionMatchesDecide(t *testing.T) {
 		t.Errorf("scaling a deployment whose source the policy no longer allows: %v", err)
 	}
 	old.Spec.Model.Source = "https://evil.example/m.gguf"
-	if err := c.Update(ctx, old); err == nil || !strings.Contains(err.Error(), `source host "evil.example" is not allowed for namespace "team-z"`) {
-		t.Errorf("changing the source to a denied one: %v", err)
+	err := c.Update(ctx, old)
+	const want = `modeldeployments.macfleet.dev "grandfathered" is forbidden: ValidatingAdmissionPolicy 'macfleet-source-policy' ` +
+		`with binding 'macfleet-source-policy' denied request: source host "evil.example" is not allowed for namespace "team-z": ` +
+		`add it to spec.rules[].hosts of a rule for namespace "team-z" in SourcePolicy "default"`
+	if !apierrors.IsForbidden(err) || err.Error() != want {
+		t.Errorf("changing the source to a denied one: %v\nwant the 403\n%s", err, want)
 	}
 }
 

@@ -15,7 +15,7 @@ import (
 // TestReplicaFailureOnTheDeployment: a replica that keeps failing (the agent writes
 // ChecksumMismatch on its Downloaded condition) makes the deployment's
 // ReplicaFailure condition True with the replica's reason and message; once the
-// replica gets past it, the condition goes False.
+// replica gets past it, the condition goes away.
 func TestReplicaFailureOnTheDeployment(t *testing.T) {
 	f := newFixture(t)
 	f.start(&Reconciler{Estimate: noEstimate(t)})
@@ -24,9 +24,8 @@ func TestReplicaFailureOnTheDeployment(t *testing.T) {
 	f.bind(&mr, "mac-1")
 
 	f.waitStatus("bad", func(md *v1alpha1.ModelDeployment) (bool, string) {
-		c := meta.FindStatusCondition(md.Status.Conditions, v1alpha1.DeploymentReplicaFailure)
-		return c != nil && c.Status == metav1.ConditionFalse && c.Reason == v1alpha1.ReasonNoReplicaFailures,
-			condition(md, v1alpha1.DeploymentReplicaFailure)
+		return md.Status.Nodes != nil && meta.FindStatusCondition(md.Status.Conditions, v1alpha1.DeploymentReplicaFailure) == nil,
+			fmt.Sprintf("%+v", md.Status)
 	})
 
 	const msg = "sha256 mismatch for https://models.example/bad.gguf: expected aa, the downloaded file has bb; retrying at 2026-03-01T12:00:10Z"
@@ -56,6 +55,6 @@ func TestReplicaFailureOnTheDeployment(t *testing.T) {
 	f.markReady(&mr)
 	f.waitStatus("bad", func(md *v1alpha1.ModelDeployment) (bool, string) {
 		c := meta.FindStatusCondition(md.Status.Conditions, v1alpha1.DeploymentReplicaFailure)
-		return c != nil && c.Status == metav1.ConditionFalse && md.Status.ReadyReplicas == 1, condition(md, v1alpha1.DeploymentReplicaFailure)
+		return c == nil && md.Status.ReadyReplicas == 1, condition(md, v1alpha1.DeploymentReplicaFailure)
 	})
 }

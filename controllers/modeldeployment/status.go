@@ -249,14 +249,13 @@ func setScheduledCondition(md *v1alpha1.ModelDeployment, s replicaSummary, in st
 	}
 }
 
-// setReplicaFailureCondition is True, with the reason and message of the first
-// failing replica (by name), while any replica cannot download or load its model,
-// and False otherwise — so that `kubectl describe md` says what is wrong without a
-// look at the replicas.
+// setReplicaFailureCondition sets ReplicaFailure True, with the reason and message
+// of the first failing replica (by name), while any replica cannot download or load
+// its model, and removes it otherwise (as a Deployment does), so that `kubectl get md`
+// shows the reason in its Failure column and `kubectl describe md` the message.
 func setReplicaFailureCondition(md *v1alpha1.ModelDeployment, s replicaSummary, in statusInput) {
 	if s.Failing == 0 {
-		setCondition(md, in.Now, v1alpha1.DeploymentReplicaFailure, metav1.ConditionFalse, v1alpha1.ReasonNoReplicaFailures,
-			"no replica is failing")
+		meta.RemoveStatusCondition(&md.Status.Conditions, v1alpha1.DeploymentReplicaFailure)
 		return
 	}
 	f := s.FirstFailing

@@ -53,15 +53,23 @@ func TestSourcePolicyAndReplicaFailure(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	out, err := exec.CommandContext(t.Context(), filepath.Join(assets, "kubectl"), "--kubeconfig", fleet.AdminKubeconfig,
-		"describe", "md", "-n", ns, "corrupt").CombinedOutput()
-	if err != nil {
-		t.Fatalf("kubectl describe md: %v\n%s", err, out)
+	kubectl := func(args ...string) string {
+		t.Helper()
+		out, err := exec.CommandContext(t.Context(), filepath.Join(assets, "kubectl"),
+			append([]string{"--kubeconfig", fleet.AdminKubeconfig, "-n", ns}, args...)...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("kubectl %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+		return string(out)
 	}
+	if out := kubectl("get", "md", "corrupt"); !strings.Contains(out, "FAILURE") || !strings.Contains(out, "ChecksumMismatch") {
+		t.Errorf("kubectl get md does not show the failure:\n%s", out)
+	}
+	out := kubectl("describe", "md", "corrupt")
 	// describe wraps long messages; the reason and the start of the message are on
 	// one line.
 	for _, want := range []string{"ReplicaFailure", "ChecksumMismatch", "1 of 1 replicas failing", "sha256 mismatch"} {
-		if !strings.Contains(string(out), want) {
+		if !strings.Contains(out, want) {
 			t.Errorf("kubectl describe md lacks %q:\n%s", want, out)
 		}
 	}

@@ -348,6 +348,9 @@ func (s *Store) transfer(ctx context.Context, p *partial, src source.Source, loc
 	if total < 0 && loc.Size > 0 {
 		total = loc.Size
 	}
+	if s.maxBytes > 0 && total > s.maxBytes {
+		return false, &TooLargeError{URL: url, Size: total, Max: s.maxBytes}
+	}
 	p.meta.URL, p.meta.Total = url, total
 	if etag != "" || lastMod != "" {
 		p.meta.ETag, p.meta.LastModified = etag, lastMod
@@ -365,6 +368,12 @@ func (s *Store) transfer(ctx context.Context, p *partial, src source.Source, loc
 	report(p.off, total)
 	for {
 		n, rerr := resp.Body.Read(buf)
+		if s.maxBytes > 0 && p.off+int64(n) > s.maxBytes {
+			// A server that did not say the size, or said less than it sends.
+			_ = p.reset(url)
+			_ = p.saveMeta()
+			return false, &TooLargeError{URL: url, Size: -1, Max: s.maxBytes}
+		}
 		if n > 0 {
 			stall.Reset(s.stallTimeout)
 			if _, werr := p.f.Write(buf[:n]); werr != nil {

@@ -95,10 +95,26 @@ func (e *IncompleteError) Error() string {
 	return fmt.Sprintf("downloading %s: the response ended at %d of %d bytes", e.URL, e.Got, e.Want)
 }
 
+// TooLargeError is a download over the store's MaxModelBytes.
+type TooLargeError struct {
+	URL string
+	// Size is the size the server announced, -1 when it did not say (the body went
+	// past the cap).
+	Size, Max int64
+}
+
+func (e *TooLargeError) Error() string {
+	if e.Size < 0 {
+		return fmt.Sprintf("downloading %s: the file is larger than this Mac's limit of %s (macfleet agent --max-model-bytes)", e.URL, bytesString(uint64(e.Max)))
+	}
+	return fmt.Sprintf("downloading %s: the file is %s, larger than this Mac's limit of %s (macfleet agent --max-model-bytes)",
+		e.URL, bytesString(uint64(e.Size)), bytesString(uint64(e.Max)))
+}
+
 // Retryable reports whether fetching again later may succeed. It is false for what
 // only a change of the source, the file or the source policy fixes: a checksum
 // mismatch, a malformed source or digest, a source or address the policy denies, a
-// file that is not GGUF, a missing or unreadable local file, a registry manifest
+// download over MaxModelBytes, a file that is not GGUF, a missing or unreadable local file, a registry manifest
 // without a model, and HTTP answers such as 404, 401 and 403. It is
 // true for the rest: unreachable servers, 5xx, 429, cut connections, stalls, a full
 // disk, cancellation, and errors it does not know.
@@ -115,10 +131,12 @@ func Retryable(err error) bool {
 		manifest *source.ManifestError
 		status   *source.StatusError
 		denied   *sourcepolicy.DeniedError
+		tooLarge *TooLargeError
 	)
 	switch {
 	case errors.As(err, &checksum), errors.As(err, &digest), errors.As(err, &format),
-		errors.As(err, &local), errors.As(err, &parse), errors.As(err, &manifest), errors.As(err, &denied):
+		errors.As(err, &local), errors.As(err, &parse), errors.As(err, &manifest), errors.As(err, &denied),
+		errors.As(err, &tooLarge):
 		return false
 	case errors.As(err, &status):
 		switch c := status.StatusCode; {

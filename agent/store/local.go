@@ -30,8 +30,9 @@ type localRecord struct {
 // allowedLocalPath resolves the symbolic links of path and returns the real path when
 // it lies below one of dirs (whose links are resolved too), so that a link inside an
 // allowed directory cannot lead out of it. A path that does not exist is checked as
-// written, so that the error says it is missing rather than denied.
-func allowedLocalPath(path string, dirs []string) (string, error) {
+// written, so that the error says it is missing rather than denied. whose names the
+// allowance in the error ("allowed for its namespace").
+func allowedLocalPath(path string, dirs []string, whose string) (string, error) {
 	real, err := filepath.EvalSymlinks(path)
 	if err != nil {
 		if !errors.Is(err, fs.ErrNotExist) {
@@ -48,9 +49,9 @@ func allowedLocalPath(path string, dirs []string) (string, error) {
 	}
 	if !sourcepolicy.UnderAny(real, resolved) {
 		if real != filepath.Clean(path) {
-			return "", fmt.Errorf("file %s (a link to %s) is not under a directory allowed for its namespace", path, real)
+			return "", fmt.Errorf("file %s (a link to %s) is not under a directory %s", path, real, whose)
 		}
-		return "", fmt.Errorf("file %s is not under a directory allowed for its namespace", path)
+		return "", fmt.Errorf("file %s is not under a directory %s", path, whose)
 	}
 	return real, nil
 }

@@ -155,3 +155,69 @@ func TestFetchLocalFilePolicy(t *testing.T) {
 		t.Errorf("the error echoes the file's content: %q", err.Error())
 	}
 }
+
+func TestMaxModelBytes(t *testing.T) {
+	content := model(64<<10, 33)
+	o := newOrigin(t, content)
+	chunked := newOrigin(t, nil)
+	chunked.handle = func(w http.ResponseWriter, r *http.Request, _ int) {
+		// No Content-Length: the size shows only as the body arrives.
+		for off := 0; off < len(content); off += 4096 {
+			_, _ = w.Write(content[off : off+4096])
+			w.(http.Flusher).Flush()
+		}
+	}
+	for _, tc := range []struct {
+		name, src string
+		max       int64
+		want      string
+	}{
+		{"announced", o.URL + "/m.gguf", 32 << 10, "the file is 65.5 kB, larger than this Mac's limit of 32.8 kB (macfleet agent --max-model-bytes)"},
+		{"unannounced", chunked.URL + "/m.gguf", 32 << 10, "the file is larger than this Mac's limit of 32.8 kB"},
+		{"under the cap", o.URL + "/m.gguf", 64 << 10, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newStore(t, t.TempDir(), nil, func(opts *Options) { opts.MaxModelBytes = tc.max })
+			p, err := s.Fetch(t.Context(), testNS, tc.src, "", nil)
+			if tc.want == "" {
+				if err != nil {
+					t.Fatalf("Fetch under the cap: %v", err)
+				}
+				if b, _ := os.ReadFile(p); string(b) != string(content) {
+					t.Fatal("stored file differs")
+				}
+				return
+			}
+			var tl *TooLargeError
+			if !errors.As(err, &tl) || !strings.Contains(err.Error(), tc.want) || Retryable(err) {
+				t.Fatalf("Fetch = %q, %v; want a non-retryable *TooLargeError containing %q", p, err, tc.want)
+			}
+			if got := files(t, filepath.Join(s.Dir(), "blobs")); len(got) != 0 {
+				t.Errorf("the store kept %v after refusing the download", got)
+			}
+		})
+	}
+}
+
+// The Mac's own --allow-file-dir list narrows what the cluster's policy allows.
+func TestLocalFileDirs(t *testing.T) {
+	root := t.TempDir()
+	mine, shared := filepath.Join(root, "mine"), filepath.Join(root, "shared")
+	content := model(4096, 34)
+	for _, d := range []string{mine, shared} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(d, "m.gguf"), content, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h := policyHolder(t, v1alpha1.SourcePolicySpec{Rules: []v1alpha1.SourcePolicyRule{
+		{Namespaces: []string{testNS}, FileDirectories: []string{root}}}})
+	s := newStore(t, t.TempDir(), nil, noNetwork(t), func(o *Options) { o.Policy, o.LocalFileDirs = h, []string{mine} })
+	if _, err := s.Fetch(t.Context(), testNS, "file://"+filepath.Join(mine, "m.gguf"), sum(content), nil); err != nil {
+		t.Fatalf("a file both allow: %v", err)
+	}
+	_, err := s.Fetch(t.Context(), testNS, "file://"+filepath.Join(shared, "m.gguf"), sum(content), nil)
+	wantDenied(t, err, "file "+filepath.Join(shared, "m.gguf")+" is not under a directory this Mac allows: the Mac's agent opens files only under its --allow-file-dir directories")
+}

@@ -80,6 +80,14 @@ type Options struct {
 	// ProgressInterval is the longest a download goes without a progress report while
 	// bytes arrive (DefaultProgressInterval when zero); a report is also due every 1%.
 	ProgressInterval time.Duration
+	// LocalFileDirs, when not empty, confines file:// sources to these directories on
+	// this machine, on top of Policy's fileDirectories (the Mac owner's own limit).
+	LocalFileDirs []string
+	// MaxModelBytes, when positive, caps the size of a download: a file announced
+	// larger is refused before a byte is stored, and one that turns out larger is
+	// discarded once it passes the cap (a *TooLargeError either way). file:// sources
+	// are not capped: they take no space.
+	MaxModelBytes int64
 	// StallTimeout aborts a download that receives nothing for this long
 	// (DefaultStallTimeout when zero); the partial file is kept.
 	StallTimeout time.Duration
@@ -97,6 +105,8 @@ type Store struct {
 	clock            clock.PassiveClock
 	progressInterval time.Duration
 	stallTimeout     time.Duration
+	maxBytes         int64
+	localDirs        []string
 
 	mu      sync.Mutex
 	flights map[string]*flight
@@ -126,6 +136,8 @@ func New(dir string, opts Options) (*Store, error) {
 		clock:            opts.Clock,
 		progressInterval: opts.ProgressInterval,
 		stallTimeout:     opts.StallTimeout,
+		maxBytes:         opts.MaxModelBytes,
+		localDirs:        opts.LocalFileDirs,
 		flights:          map[string]*flight{},
 	}
 	for _, d := range []string{s.blobs, s.refs, s.local, s.used} {
@@ -197,10 +209,16 @@ func (s *Store) Fetch(ctx context.Context, namespace, rawSource, sha256 string, 
 		return "", fmt.Errorf("fetching %s: %w", rawSource, err)
 	}
 	if src.Scheme == source.File {
-		real, err := allowedLocalPath(src.LocalPath, policy.FileDirectories(namespace))
+		real, err := allowedLocalPath(src.LocalPath, policy.FileDirectories(namespace), "allowed for its namespace")
 		if err != nil {
 			return "", &sourcepolicy.DeniedError{Namespace: namespace, Source: rawSource, Reason: err.Error() +
 				fmt.Sprintf(": add its directory to spec.rules[].fileDirectories of a rule for namespace %q in %s", namespace, policy.Name())}
+		}
+		if len(s.localDirs) > 0 {
+			if _, err := allowedLocalPath(src.LocalPath, s.localDirs, "this Mac allows"); err != nil {
+				return "", &sourcepolicy.DeniedError{Namespace: namespace, Source: rawSource,
+					Reason: err.Error() + ": the Mac's agent opens files only under its --allow-file-dir directories"}
+			}
 		}
 		return s.join(ctx, "file:"+real+"@"+want, rawSource, progress, func(ctx context.Context, report func(int64, int64)) (string, int64, error) {
 			return s.verifyLocal(ctx, src, real, want, report)

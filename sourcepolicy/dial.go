@@ -1,6 +1,7 @@
 package sourcepolicy
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -105,14 +106,48 @@ func (h *Holder) Transport(base *http.Transport) *http.Transport {
 	return t
 }
 
+// sourceKey is the context key of ForSource.
+type sourceKey struct{}
+
+type sourceCtx struct{ namespace, source string }
+
+// ForSource returns ctx for requests that fetch the http(s) source raw for
+// namespace: the clients from Holder.Client check every redirect's target against
+// the namespace's hosts, as they would the source itself. Registry sources (hf://,
+// ollama://) need not: their hubs redirect to CDNs whose addresses are still checked.
+func ForSource(ctx context.Context, namespace, raw string) context.Context {
+	return context.WithValue(ctx, sourceKey{}, sourceCtx{namespace: namespace, source: raw})
+}
+
+// maxRedirects is as many redirects as net/http follows by default.
+const maxRedirects = 10
+
 // Client returns a copy of c (a new client when nil) whose transport checks the
 // policy on every connection: an *http.Transport is cloned and guarded, a nil one is
 // http.DefaultTransport's settings guarded. Another RoundTripper is kept as it is: its
-// owner answers for where it connects.
+// owner answers for where it connects. Redirects of requests made with a ForSource
+// context must lead to hosts the namespace may use.
 func (h *Holder) Client(c *http.Client) *http.Client {
 	var out http.Client
 	if c != nil {
 		out = *c
+	}
+	next := out.CheckRedirect
+	out.CheckRedirect = func(req *http.Request, via []*http.Request) error {
+		if sc, ok := req.Context().Value(sourceKey{}).(sourceCtx); ok {
+			target := req.URL.String()
+			if d := h.Policy().DecideSource(sc.namespace, target); !d.Allowed {
+				return &DeniedError{Namespace: sc.namespace, Source: sc.source,
+					Reason: fmt.Sprintf("%s redirects to %s: %s", via[len(via)-1].URL, target, d.Reason)}
+			}
+		}
+		if next != nil {
+			return next(req, via)
+		}
+		if len(via) >= maxRedirects {
+			return fmt.Errorf("stopped after %d redirects", maxRedirects)
+		}
+		return nil
 	}
 	switch t := out.Transport.(type) {
 	case nil:

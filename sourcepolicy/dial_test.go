@@ -1,6 +1,7 @@
 package sourcepolicy
 
 import (
+	"context"
 	"errors"
 	"net"
 	"net/http"
@@ -69,5 +70,47 @@ func TestClientKeepsItsSettings(t *testing.T) {
 	}
 	if base.Transport != nil {
 		t.Fatalf("Client changed the client it was given")
+	}
+}
+
+// A redirect of an http(s) source must lead to a host the namespace may use; without
+// ForSource (a registry's CDN) only the address is checked.
+func TestClientChecksRedirectTargets(t *testing.T) {
+	target := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = w.Write([]byte("model")) }))
+	t.Cleanup(target.Close)
+	_, port, _ := net.SplitHostPort(target.Listener.Addr().String())
+	origin := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// To the same server under another name: only the host differs.
+		http.Redirect(w, r, "http://localhost:"+port+"/m.gguf", http.StatusFound)
+	}))
+	t.Cleanup(origin.Close)
+	p, err := Compile(&v1alpha1.SourcePolicy{ObjectMeta: metav1.ObjectMeta{Name: "default"},
+		Spec: v1alpha1.SourcePolicySpec{
+			Rules:           []v1alpha1.SourcePolicyRule{{Namespaces: []string{"team-a"}, Hosts: []string{"127.0.0.1"}, AllowPlainHTTP: true}},
+			AllowedNetworks: []string{"127.0.0.0/8", "::1/128"},
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := NewHolder(p)
+	cli := h.Client(nil)
+	get := func(ctx context.Context) error {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, origin.URL+"/m.gguf", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, err := cli.Do(req)
+		if err == nil {
+			_ = resp.Body.Close()
+		}
+		return err
+	}
+	err = get(ForSource(t.Context(), "team-a", origin.URL+"/m.gguf"))
+	var de *DeniedError
+	if !errors.As(err, &de) || !strings.Contains(err.Error(), `redirects to http://localhost:`+port+`/m.gguf: source host "localhost" is not allowed for namespace "team-a"`) {
+		t.Fatalf("redirect to an unlisted host: %v, want a denial naming it", err)
+	}
+	if err := get(t.Context()); err != nil {
+		t.Fatalf("the same redirect without ForSource (a registry): %v", err)
 	}
 }

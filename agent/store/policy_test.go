@@ -72,13 +72,18 @@ func TestFetchChecksTheResolvedAddress(t *testing.T) {
 	}
 }
 
-// A redirect is a new connection: its address is checked like the first.
+// A redirect is a new connection: its address is checked like the first, even when
+// the policy lists the host.
 func TestFetchRefusesARedirectToLinkLocal(t *testing.T) {
 	o := newOrigin(t, nil)
 	o.handle = func(w http.ResponseWriter, r *http.Request, _ int) {
 		http.Redirect(w, r, "http://169.254.169.254/latest/meta-data/m.gguf", http.StatusFound)
 	}
-	s := newStore(t, t.TempDir(), o)
+	h := policyHolder(t, v1alpha1.SourcePolicySpec{
+		Rules: []v1alpha1.SourcePolicyRule{{Namespaces: []string{testNS}, Hosts: []string{"127.0.0.1", "169.254.169.254"},
+			AllowPlainHTTP: true}},
+		AllowedNetworks: []string{"127.0.0.0/8", "::1/128"}})
+	s := newStore(t, t.TempDir(), o, func(opts *Options) { opts.Policy = h })
 	_, err := s.Fetch(t.Context(), testNS, o.URL+"/m.gguf", "", nil)
 	wantDenied(t, err, "address 169.254.169.254 is link-local")
 }
@@ -220,4 +225,24 @@ func TestLocalFileDirs(t *testing.T) {
 	}
 	_, err := s.Fetch(t.Context(), testNS, "file://"+filepath.Join(shared, "m.gguf"), sum(content), nil)
 	wantDenied(t, err, "file "+filepath.Join(shared, "m.gguf")+" is not under a directory this Mac allows: the Mac's agent opens files only under its --allow-file-dir directories")
+}
+
+// A redirect of an http(s) source must stay on hosts the namespace may use.
+func TestFetchRefusesARedirectToAnUnlistedHost(t *testing.T) {
+	content := model(4096, 35)
+	o := newOrigin(t, content)
+	_, port, _ := net.SplitHostPort(o.Listener.Addr().String())
+	o.handle = func(w http.ResponseWriter, r *http.Request, _ int) {
+		if r.URL.Path == "/m.gguf" {
+			http.Redirect(w, r, "http://localhost:"+port+"/elsewhere.gguf", http.StatusFound)
+			return
+		}
+		_, _ = w.Write(content)
+	}
+	h := policyHolder(t, v1alpha1.SourcePolicySpec{
+		Rules:           []v1alpha1.SourcePolicyRule{{Namespaces: []string{testNS}, Hosts: []string{"127.0.0.1"}, AllowPlainHTTP: true}},
+		AllowedNetworks: []string{"127.0.0.0/8", "::1/128"}})
+	s := newStore(t, t.TempDir(), o, func(opts *Options) { opts.Policy = h })
+	_, err := s.Fetch(t.Context(), testNS, o.URL+"/m.gguf", "", nil)
+	wantDenied(t, err, "redirects to http://localhost:"+port+`/elsewhere.gguf: source host "localhost" is not allowed for namespace "team-test"`)
 }

@@ -205,6 +205,10 @@ func (s *Store) Fetch(ctx context.Context, namespace, rawSource, sha256 string, 
 	if err := policy.DecideSource(namespace, rawSource).Err(namespace, rawSource); err != nil {
 		return "", err
 	}
+	if src.Scheme == source.HTTP {
+		// Redirects must stay on hosts the namespace may use.
+		ctx = sourcepolicy.ForSource(ctx, namespace, rawSource)
+	}
 	if err := ctx.Err(); err != nil {
 		return "", fmt.Errorf("fetching %s: %w", rawSource, err)
 	}

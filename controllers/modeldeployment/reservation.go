@@ -12,6 +12,7 @@ import (
 	"github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/internal/estimate"
 	"github.com/macfleet/macfleet/internal/source"
+	"github.com/macfleet/macfleet/sourcepolicy"
 )
 
 // maxCachedEstimates bounds the estimate cache; beyond it the oldest entry goes.
@@ -120,6 +121,10 @@ func (r *Reconciler) reservationFor(ctx context.Context, md *v1alpha1.ModelDeplo
 		return reservation{Err: e.err, RetryAfter: e.retryAt.Sub(now)}
 	}
 
+	if src, perr := source.Parse(k.Source); perr == nil && src.Scheme == source.HTTP {
+		// Redirects must stay on hosts the namespace may use.
+		ctx = sourcepolicy.ForSource(ctx, md.Namespace, k.Source)
+	}
 	res, err := r.estimate(ctx, k)
 	if err != nil {
 		err = fmt.Errorf("estimating the memory of %s: %w", k.Source, err)

@@ -360,7 +360,7 @@ func TestHTTPSourceThroughStore(t *testing.T) {
 		http.ServeContent(w, r, "tiny.gguf", time.Time{}, bytes.NewReader(b))
 	}))
 	t.Cleanup(hs.Close)
-	st, err := store.New(t.TempDir(), store.Options{})
+	st, err := store.New(t.TempDir(), store.Options{Policy: loopbackPolicy(t)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -32,6 +32,7 @@ import (
 	"github.com/macfleet/macfleet/internal/ggufsynth"
 	"github.com/macfleet/macfleet/internal/testenv"
 	"github.com/macfleet/macfleet/metal"
+	"github.com/macfleet/macfleet/sourcepolicy"
 )
 
 var (
@@ -73,6 +74,21 @@ func runnerPath(t *testing.T) string {
 	return p
 }
 
+// loopbackPolicy lets every namespace fetch over plain HTTP from the tests' loopback
+// servers (the default policy denies loopback addresses).
+func loopbackPolicy(t *testing.T) *sourcepolicy.Holder {
+	t.Helper()
+	p, err := sourcepolicy.Compile(&v1alpha1.SourcePolicy{ObjectMeta: metav1.ObjectMeta{Name: v1alpha1.SourcePolicyName},
+		Spec: v1alpha1.SourcePolicySpec{
+			Rules:           []v1alpha1.SourcePolicyRule{{Namespaces: []string{"*"}, Hosts: []string{"127.0.0.1"}, AllowPlainHTTP: true}},
+			AllowedNetworks: []string{"127.0.0.0/8"},
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sourcepolicy.NewHolder(p)
+}
+
 // fileStore serves file:// sources in place, verifying the sha256 when one is given.
 type fileStore struct{}
 
@@ -83,7 +99,7 @@ func (e *checksumError) Error() string {
 }
 func (e *checksumError) ChecksumMismatch() bool { return true }
 
-func (fileStore) Fetch(ctx context.Context, source, sum string, progress func(done, total int64)) (string, error) {
+func (fileStore) Fetch(ctx context.Context, _, source, sum string, progress func(done, total int64)) (string, error) {
 	u, err := url.Parse(source)
 	if err != nil || u.Scheme != "file" {
 		return "", fmt.Errorf("the test store only fetches file:// sources, not %q", source)
@@ -123,6 +139,8 @@ type agentOptions struct {
 	// promptCacheDir gives the runners an SSD tier there (10Gi each).
 	promptCacheDir string
 	janitor        janitor.Options
+	// sourcePolicy is kept at the cluster's SourcePolicy by the agent.
+	sourcePolicy *sourcepolicy.Holder
 }
 
 type logBuffer struct {
@@ -174,6 +192,7 @@ func startAgent(t *testing.T, o agentOptions) *testAgent {
 			StopGrace: 3 * time.Second, PollActive: 200 * time.Millisecond, SettleTimeout: time.Second},
 		Syncer:          cluster.SyncerOptions{ResyncPeriod: 2 * time.Second, FetchBackoffInitial: 200 * time.Millisecond},
 		Janitor:         o.janitor,
+		SourcePolicy:    o.sourcePolicy,
 		ShutdownTimeout: time.Minute,
 		Log:             log,
 	}

@@ -60,7 +60,7 @@ func TestJanitorRemovesTheFilesOfDeletedReplicas(t *testing.T) {
 	clk := clocktesting.NewFakeClock(time.Now())
 	storeDir := t.TempDir()
 	var storeLog logBuffer
-	st, err := store.New(storeDir, store.Options{Clock: clk, Log: funcr.New(storeLog.line, funcr.Options{Verbosity: 2})})
+	st, err := store.New(storeDir, store.Options{Clock: clk, Policy: loopbackPolicy(t), Log: funcr.New(storeLog.line, funcr.Options{Verbosity: 2})})
 	if err != nil {
 		t.Fatal(err)
 	}

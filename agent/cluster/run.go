@@ -34,6 +34,7 @@ import (
 	"github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/internal/informers"
 	"github.com/macfleet/macfleet/metal"
+	"github.com/macfleet/macfleet/sourcepolicy"
 )
 
 // DefaultShutdownTimeout bounds a graceful shutdown: draining requests and unloading
@@ -75,6 +76,10 @@ type Config struct {
 	FleetToken string
 	Token      *TokenSource
 	Store      Store
+	// SourcePolicy, when set, is kept at the cluster's SourcePolicy "default" (the
+	// built-in default while there is none), and replicas are fetched only once it is
+	// known. Give the store the same holder so that its downloads follow the policy.
+	SourcePolicy *sourcepolicy.Holder
 	// RunnerPath: see metal.ProcessConfig.RunnerPath. RunnerThreads zero lets the
 	// runner choose. RunnerOutput, when set, receives every runner's output lines.
 	RunnerPath    string
@@ -157,6 +162,12 @@ func Run(ctx context.Context, cfg Config) error {
 	sii, ok := inf.(toolscache.SharedIndexInformer)
 	if !ok {
 		return fmt.Errorf("the replica informer is a %T, not a shared index informer", inf)
+	}
+	policySynced := func() bool { return true }
+	if cfg.SourcePolicy != nil {
+		if policySynced, err = watchSourcePolicy(ctx, rcache, cfg.SourcePolicy, log.WithName("sourcepolicy")); err != nil {
+			return err
+		}
 	}
 
 	gauge := cfg.Gauge
@@ -258,7 +269,12 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 		return nil
 	})
-	g.Go(func() error { return syncer.Run(gctx) })
+	g.Go(func() error {
+		if !toolscache.WaitForCacheSync(gctx.Done(), policySynced) {
+			return nil
+		}
+		return syncer.Run(gctx)
+	})
 	if cfg.Token != nil {
 		g.Go(func() error { return cfg.Token.Run(gctx) })
 	}

@@ -64,7 +64,16 @@ func ownedStatus(mr *v1alpha1.ModelReplica, local *localView, m *metal.ModelSnap
 	case phaseDownloading:
 		st.Phase = v1alpha1.ReplicaDownloading
 		msg := "downloading " + mr.Spec.Template.Model.Source + ": " + progressText(local.done, local.total)
-		cond(v1alpha1.ReplicaDownloaded, metav1.ConditionFalse, v1alpha1.ReasonDownloading, msg)
+		reason := v1alpha1.ReasonDownloading
+		if local.fetchErr != nil {
+			// A retry: the last failure stays the reason until an attempt succeeds.
+			reason = local.fetchReason
+			if reason == "" {
+				reason = v1alpha1.ReasonDownloadFailed
+			}
+			msg = truncate(fmt.Sprintf("retrying (%s) after: %v", msg, local.fetchErr))
+		}
+		cond(v1alpha1.ReplicaDownloaded, metav1.ConditionFalse, reason, msg)
 		cond(v1alpha1.ReplicaLoaded, metav1.ConditionFalse, v1alpha1.ReasonDownloading, "waiting for the download")
 		cond(v1alpha1.ReplicaReady, metav1.ConditionFalse, v1alpha1.ReasonDownloading, "waiting for the download")
 		return st

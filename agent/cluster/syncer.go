@@ -19,13 +19,16 @@ import (
 	"github.com/macfleet/macfleet/agent/store"
 	"github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/metal"
+	"github.com/macfleet/macfleet/sourcepolicy"
 )
 
 // Store fetches models into the node's persistent store (agent/store implements it).
 type Store interface {
 	// Fetch makes the model at source (verified against sha256 when set) available
-	// locally and returns its path, reporting progress as it downloads.
-	Fetch(ctx context.Context, source, sha256 string, progress func(done, total int64)) (string, error)
+	// locally for a replica in namespace and returns its path, reporting progress as
+	// it downloads. A source the fleet's source policy denies namespace fails with a
+	// *sourcepolicy.DeniedError.
+	Fetch(ctx context.Context, namespace, source, sha256 string, progress func(done, total int64)) (string, error)
 }
 
 // ChecksumError is implemented by fetch errors that mean the file did not match the
@@ -394,9 +397,12 @@ func (s *Syncer) actLocked(ctx context.Context, action Action, key string, mr *v
 		if wait := local.retryAt.Sub(now); wait > 0 {
 			return wait, nil
 		}
-		failures := local.fetchFailures
+		failures, lastErr, lastReason := local.fetchFailures, local.fetchErr, local.fetchReason
 		s.startFetchLocked(ctx, key, mr)
-		s.replicas[key].fetchFailures = failures
+		// The failure stays in status while the retry runs, so that the deployment
+		// keeps showing it until an attempt succeeds.
+		r := s.replicas[key]
+		r.fetchFailures, r.fetchErr, r.fetchReason = failures, lastErr, lastReason
 		return 0, nil
 	case ActionRegisterLoad, ActionRegister:
 		return s.registerLocked(ctx, local, sb, action == ActionRegisterLoad)
@@ -438,7 +444,7 @@ func (s *Syncer) startFetchLocked(ctx context.Context, key string, mr *v1alpha1.
 	log.Info("Fetching the model")
 	s.wg.Go(func() {
 		defer cancel()
-		path, err := s.opts.Store.Fetch(fctx, src, sum, func(done, total int64) { s.progress(key, gen, done, total) })
+		path, err := s.opts.Store.Fetch(fctx, mr.Namespace, src, sum, func(done, total int64) { s.progress(key, gen, done, total) })
 		s.mu.Lock()
 		cur := s.replicas[key]
 		if cur != r || cur.fetchGen != gen || cur.phase != phaseDownloading {
@@ -450,8 +456,11 @@ func (s *Syncer) startFetchLocked(ctx context.Context, key string, mr *v1alpha1.
 			r.phase = phaseDownloadFailed
 			r.fetchErr = err
 			r.fetchReason = v1alpha1.ReasonDownloadFailed
-			if isChecksumMismatch(err) {
+			switch {
+			case isChecksumMismatch(err):
 				r.fetchReason = v1alpha1.ReasonChecksumMismatch
+			case sourcepolicy.IsDenied(err):
+				r.fetchReason = v1alpha1.ReasonSourceNotAllowed
 			}
 			r.fetchFailures++
 			r.retryAt = s.opts.Clock.Now().Add(backoff(r.fetchFailures, s.opts.FetchBackoffInitial, s.opts.FetchBackoffMax))

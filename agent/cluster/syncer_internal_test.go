@@ -24,7 +24,7 @@ import (
 // pathStore returns file:// paths as they are.
 type pathStore struct{}
 
-func (pathStore) Fetch(_ context.Context, source, _ string, progress func(done, total int64)) (string, error) {
+func (pathStore) Fetch(_ context.Context, _, source, _ string, progress func(done, total int64)) (string, error) {
 	p := source[len("file://"):]
 	fi, err := os.Stat(p)
 	if err != nil {

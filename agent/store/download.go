@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/macfleet/macfleet/internal/source"
+	"github.com/macfleet/macfleet/sourcepolicy"
 )
 
 // ggufMagic starts every GGUF file.
@@ -110,7 +111,12 @@ func (s *Store) resolve(ctx context.Context, src source.Source) (source.Location
 		ctx, cancel = context.WithTimeout(ctx, manifestTimeout)
 		defer cancel()
 	}
-	return s.resolver.Resolve(ctx, src)
+	loc, err := s.resolver.Resolve(ctx, src)
+	var denied *sourcepolicy.DeniedError
+	if errors.As(err, &denied) {
+		return loc, fmt.Errorf("resolving %s: %w", src.Raw, denied)
+	}
+	return loc, err
 }
 
 // partialMeta is what resuming a download needs, beside the partial file.
@@ -342,6 +348,9 @@ func (s *Store) transfer(ctx context.Context, p *partial, src source.Source, loc
 	if total < 0 && loc.Size > 0 {
 		total = loc.Size
 	}
+	if s.maxBytes > 0 && total > s.maxBytes {
+		return false, &TooLargeError{URL: url, Size: total, Max: s.maxBytes}
+	}
 	p.meta.URL, p.meta.Total = url, total
 	if etag != "" || lastMod != "" {
 		p.meta.ETag, p.meta.LastModified = etag, lastMod
@@ -359,6 +368,12 @@ func (s *Store) transfer(ctx context.Context, p *partial, src source.Source, loc
 	report(p.off, total)
 	for {
 		n, rerr := resp.Body.Read(buf)
+		if s.maxBytes > 0 && p.off+int64(n) > s.maxBytes {
+			// A server that did not say the size, or said less than it sends.
+			_ = p.reset(url)
+			_ = p.saveMeta()
+			return false, &TooLargeError{URL: url, Size: -1, Max: s.maxBytes}
+		}
 		if n > 0 {
 			stall.Reset(s.stallTimeout)
 			if _, werr := p.f.Write(buf[:n]); werr != nil {
@@ -398,6 +413,10 @@ func (s *Store) transferErr(ctx, rctx context.Context, url string, err error) er
 	if errors.Is(context.Cause(rctx), errStalled) {
 		return &StalledError{URL: url, After: s.stallTimeout.String()}
 	}
+	var denied *sourcepolicy.DeniedError
+	if errors.As(err, &denied) {
+		return fmt.Errorf("downloading %s: %w", url, denied)
+	}
 	return fmt.Errorf("downloading %s: %w", url, source.Unreachable(url, err))
 }
 
@@ -412,7 +431,7 @@ func (s *Store) finish(p *partial, src source.Source, url, digest string) (path,
 	n, _ := p.f.ReadAt(magic, 0)
 	if string(magic[:n]) != ggufMagic {
 		p.remove()
-		return "", "", &FormatError{Location: url, Magic: magic[:n]}
+		return "", "", &FormatError{Location: url}
 	}
 	got = hex.EncodeToString(p.h.Sum(nil))
 	if digest != "" && got != digest {

@@ -6,6 +6,7 @@ import (
 	"net/http"
 
 	"github.com/macfleet/macfleet/internal/source"
+	"github.com/macfleet/macfleet/sourcepolicy"
 )
 
 // The error types below are what a caller branches on (errors.As); their messages are
@@ -39,16 +40,15 @@ func (e *DigestError) Error() string {
 }
 
 // FormatError is a file that is not a GGUF model: a login page served with 200, a
-// truncated or wrong file.
+// truncated or wrong file. It never carries the file's bytes: its message ends up in
+// status, which other users may read.
 type FormatError struct {
 	// Location is the path or URL the file came from.
 	Location string
-	// Magic is what the file starts with (at most 4 bytes).
-	Magic []byte
 }
 
 func (e *FormatError) Error() string {
-	return fmt.Sprintf("%s is not a GGUF file: it starts with %q, want \"GGUF\"", e.Location, e.Magic)
+	return fmt.Sprintf("%s is not a GGUF file: it does not start with the GGUF magic", e.Location)
 }
 
 // LocalFileError is a file:// source that cannot be used as a model: missing, not a
@@ -95,10 +95,27 @@ func (e *IncompleteError) Error() string {
 	return fmt.Sprintf("downloading %s: the response ended at %d of %d bytes", e.URL, e.Got, e.Want)
 }
 
+// TooLargeError is a download over the store's MaxModelBytes.
+type TooLargeError struct {
+	URL string
+	// Size is the size the server announced, -1 when it did not say (the body went
+	// past the cap).
+	Size, Max int64
+}
+
+func (e *TooLargeError) Error() string {
+	if e.Size < 0 {
+		return fmt.Sprintf("downloading %s: the file is larger than this Mac's limit of %s (macfleet agent --max-model-bytes)", e.URL, bytesString(uint64(e.Max)))
+	}
+	return fmt.Sprintf("downloading %s: the file is %s, larger than this Mac's limit of %s (macfleet agent --max-model-bytes)",
+		e.URL, bytesString(uint64(e.Size)), bytesString(uint64(e.Max)))
+}
+
 // Retryable reports whether fetching again later may succeed. It is false for what
-// only a change of the source or the file fixes: a checksum mismatch, a malformed
-// source or digest, a file that is not GGUF, a missing or unreadable local file, a
-// registry manifest without a model, and HTTP answers such as 404, 401 and 403. It is
+// only a change of the source, the file or the source policy fixes: a checksum
+// mismatch, a malformed source or digest, a source or address the policy denies, a
+// download over MaxModelBytes, a file that is not GGUF, a missing or unreadable local file, a registry manifest
+// without a model, and HTTP answers such as 404, 401 and 403. It is
 // true for the rest: unreachable servers, 5xx, 429, cut connections, stalls, a full
 // disk, cancellation, and errors it does not know.
 func Retryable(err error) bool {
@@ -113,10 +130,13 @@ func Retryable(err error) bool {
 		parse    *source.ParseError
 		manifest *source.ManifestError
 		status   *source.StatusError
+		denied   *sourcepolicy.DeniedError
+		tooLarge *TooLargeError
 	)
 	switch {
 	case errors.As(err, &checksum), errors.As(err, &digest), errors.As(err, &format),
-		errors.As(err, &local), errors.As(err, &parse), errors.As(err, &manifest):
+		errors.As(err, &local), errors.As(err, &parse), errors.As(err, &manifest), errors.As(err, &denied),
+		errors.As(err, &tooLarge):
 		return false
 	case errors.As(err, &status):
 		switch c := status.StatusCode; {

@@ -18,6 +18,10 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/macfleet/macfleet/api/v1alpha1"
+	"github.com/macfleet/macfleet/sourcepolicy"
 )
 
 // model returns n bytes that look like a GGUF file: the magic, then noise.
@@ -137,9 +141,32 @@ func (c *countingWriter) Write(b []byte) (int, error) {
 
 func (c *countingWriter) Flush() { c.ResponseWriter.(http.Flusher).Flush() }
 
+// testNS is the namespace the tests fetch for.
+const testNS = "team-test"
+
+// testPolicy lets testNS use the registries, plain HTTP from the loopback test
+// servers, and files under the temporary directory, and lets downloads connect to
+// loopback (the tests' servers listen there; the default policy denies it).
+func testPolicy(t testing.TB) *sourcepolicy.Holder {
+	t.Helper()
+	p, err := sourcepolicy.Compile(&v1alpha1.SourcePolicy{ObjectMeta: metav1.ObjectMeta{Name: "default"},
+		Spec: v1alpha1.SourcePolicySpec{
+			Rules: []v1alpha1.SourcePolicyRule{{Namespaces: []string{testNS},
+				Registries:      []v1alpha1.SourceRegistry{v1alpha1.RegistryHF, v1alpha1.RegistryOllama},
+				Hosts:           []string{"127.0.0.1", "localhost", "elsewhere.example"},
+				AllowPlainHTTP:  true,
+				FileDirectories: []string{os.TempDir()}}},
+			AllowedNetworks: []string{"127.0.0.0/8", "::1/128"},
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sourcepolicy.NewHolder(p)
+}
+
 func newStore(t *testing.T, dir string, o *origin, mod ...func(*Options)) *Store {
 	t.Helper()
-	opts := Options{Log: logr.Discard()}
+	opts := Options{Log: logr.Discard(), Policy: testPolicy(t)}
 	if o != nil {
 		opts.HTTPClient, opts.HFEndpoint, opts.OllamaRegistry = o.Client(), o.URL+"/hub", o.URL
 	}

@@ -14,6 +14,7 @@ import (
 	"syscall"
 
 	"github.com/macfleet/macfleet/internal/source"
+	"github.com/macfleet/macfleet/sourcepolicy"
 )
 
 // localRecord is the SHA-256 of a local file as it was when hashed: it stays valid
@@ -26,11 +27,40 @@ type localRecord struct {
 	SHA256  string `json:"sha256"`
 }
 
-// verifyLocal checks a file:// source in place: a regular file starting with the GGUF
-// magic, and with the wanted SHA-256 when given. The hash is remembered, so that a
-// restarted agent does not read a multi-gigabyte file again.
-func (s *Store) verifyLocal(ctx context.Context, src source.Source, want string, report func(int64, int64)) (string, int64, error) {
-	path := src.LocalPath
+// allowedLocalPath resolves the symbolic links of path and returns the real path when
+// it lies below one of dirs (whose links are resolved too), so that a link inside an
+// allowed directory cannot lead out of it. A path that does not exist is checked as
+// written, so that the error says it is missing rather than denied. whose names the
+// allowance in the error ("allowed for its namespace").
+func allowedLocalPath(path string, dirs []string, whose string) (string, error) {
+	real, err := filepath.EvalSymlinks(path)
+	if err != nil {
+		if !errors.Is(err, fs.ErrNotExist) {
+			return "", fmt.Errorf("file %s cannot be checked against the allowed directories: %v", path, err)
+		}
+		real = filepath.Clean(path)
+	}
+	resolved := make([]string, 0, 2*len(dirs))
+	for _, d := range dirs {
+		resolved = append(resolved, d)
+		if r, err := filepath.EvalSymlinks(d); err == nil {
+			resolved = append(resolved, r)
+		}
+	}
+	if !sourcepolicy.UnderAny(real, resolved) {
+		if real != filepath.Clean(path) {
+			return "", fmt.Errorf("file %s (a link to %s) is not under a directory %s", path, real, whose)
+		}
+		return "", fmt.Errorf("file %s is not under a directory %s", path, whose)
+	}
+	return real, nil
+}
+
+// verifyLocal checks a file:// source in place, at path (its resolved LocalPath): a
+// regular file starting with the GGUF magic, and with the wanted SHA-256 when given.
+// The hash is remembered, so that a restarted agent does not read a multi-gigabyte
+// file again.
+func (s *Store) verifyLocal(ctx context.Context, src source.Source, path, want string, report func(int64, int64)) (string, int64, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		switch {
@@ -52,7 +82,7 @@ func (s *Store) verifyLocal(ctx context.Context, src source.Source, want string,
 	magic := make([]byte, len(ggufMagic))
 	n, _ := io.ReadFull(f, magic)
 	if string(magic[:n]) != ggufMagic {
-		return "", 0, &FormatError{Location: path, Magic: magic[:n]}
+		return "", 0, &FormatError{Location: path}
 	}
 	size := fi.Size()
 	if want == "" {

@@ -71,7 +71,7 @@ func fetchAll(t *testing.T, s *Store, f *fleet, names ...string) map[string]stri
 	t.Helper()
 	paths := map[string]string{}
 	for _, n := range names {
-		p, err := s.Fetch(t.Context(), f.url(n), f.sha(n), nil)
+		p, err := s.Fetch(t.Context(), testNS, f.url(n), f.sha(n), nil)
 		if err != nil {
 			t.Fatalf("Fetch %s: %v", n, err)
 		}
@@ -306,7 +306,7 @@ func TestPruneLeavesADownloadInProgress(t *testing.T) {
 	dir := t.TempDir()
 	s := newStore(t, dir, f.origin, withClock(clk))
 	done := make(chan error, 1)
-	go func() { _, err := s.Fetch(t.Context(), f.url("a"), f.sha("a"), nil); done <- err }()
+	go func() { _, err := s.Fetch(t.Context(), testNS, f.url("a"), f.sha("a"), nil); done <- err }()
 	eventually(t, "the download's request", func() bool { return len(f.requests()) == 1 })
 	partial := filepath.Join(dir, "blobs", "sha256-"+sum(f.content["a"])+".partial")
 	clk.Step(10 * retention)
@@ -341,7 +341,7 @@ func TestPruneRecordsThatPointToNothing(t *testing.T) {
 		if err := os.WriteFile(p, f.content["a"], 0o644); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := s.Fetch(t.Context(), "file://"+p, f.sha("a"), nil); err != nil {
+		if _, err := s.Fetch(t.Context(), testNS, "file://"+p, f.sha("a"), nil); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -421,7 +421,7 @@ func TestConcurrentFetchAndPrune(t *testing.T) {
 				rng := rand.New(rand.NewPCG(uint64(round), uint64(i)))
 				for range 5 {
 					n := names[rng.IntN(len(names))]
-					p, err := stores[i%2].Fetch(t.Context(), f.url(n), f.sha(n), nil)
+					p, err := stores[i%2].Fetch(t.Context(), testNS, f.url(n), f.sha(n), nil)
 					if err != nil {
 						t.Errorf("round %d: Fetch %s: %v", round, n, err)
 						return

@@ -40,6 +40,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/macfleet/macfleet/internal/source"
+	"github.com/macfleet/macfleet/sourcepolicy"
 )
 
 // Defaults for Options left zero.
@@ -62,8 +63,16 @@ type Options struct {
 	OllamaRegistry string
 	// HTTPClient makes every request. It must not have an overall Timeout: downloads
 	// take as long as they take; stalls are caught by StallTimeout. When nil, a client
-	// with DefaultResponseHeaderTimeout.
+	// with DefaultResponseHeaderTimeout. An *http.Transport (or none) is cloned to dial
+	// through Policy's address check and no proxy; another RoundTripper is used as it
+	// is, unchecked.
 	HTTPClient *http.Client
+	// Policy is the fleet's source policy: which sources each namespace may fetch,
+	// which directories its file:// sources may be in, and which addresses downloads
+	// may connect to (checked on every connection, redirects included). When nil,
+	// sourcepolicy.Default(): hf:// and ollama:// only, no loopback or link-local
+	// addresses.
+	Policy *sourcepolicy.Holder
 	// Log receives the store's V(2) messages.
 	Log logr.Logger
 	// Clock times progress reports; the real clock when nil.
@@ -71,6 +80,14 @@ type Options struct {
 	// ProgressInterval is the longest a download goes without a progress report while
 	// bytes arrive (DefaultProgressInterval when zero); a report is also due every 1%.
 	ProgressInterval time.Duration
+	// LocalFileDirs, when not empty, confines file:// sources to these directories on
+	// this machine, on top of Policy's fileDirectories (the Mac owner's own limit).
+	LocalFileDirs []string
+	// MaxModelBytes, when positive, caps the size of a download: a file announced
+	// larger is refused before a byte is stored, and one that turns out larger is
+	// discarded once it passes the cap (a *TooLargeError either way). file:// sources
+	// are not capped: they take no space.
+	MaxModelBytes int64
 	// StallTimeout aborts a download that receives nothing for this long
 	// (DefaultStallTimeout when zero); the partial file is kept.
 	StallTimeout time.Duration
@@ -82,11 +99,14 @@ type Store struct {
 
 	resolver         *source.Resolver
 	client           *http.Client
+	policy           *sourcepolicy.Holder
 	hfToken          string
 	log              logr.Logger
 	clock            clock.PassiveClock
 	progressInterval time.Duration
 	stallTimeout     time.Duration
+	maxBytes         int64
+	localDirs        []string
 
 	mu      sync.Mutex
 	flights map[string]*flight
@@ -110,12 +130,14 @@ func New(dir string, opts Options) (*Store, error) {
 		refs:             filepath.Join(abs, "refs"),
 		local:            filepath.Join(abs, "local"),
 		used:             filepath.Join(abs, "used"),
-		client:           opts.HTTPClient,
+		policy:           opts.Policy,
 		hfToken:          opts.HFToken,
 		log:              opts.Log,
 		clock:            opts.Clock,
 		progressInterval: opts.ProgressInterval,
 		stallTimeout:     opts.StallTimeout,
+		maxBytes:         opts.MaxModelBytes,
+		localDirs:        opts.LocalFileDirs,
 		flights:          map[string]*flight{},
 	}
 	for _, d := range []string{s.blobs, s.refs, s.local, s.used} {
@@ -123,8 +145,13 @@ func New(dir string, opts Options) (*Store, error) {
 			return nil, fmt.Errorf("model store: %w", err)
 		}
 	}
-	if s.client == nil {
-		tr := http.DefaultTransport.(*http.Transport).Clone()
+	if s.policy == nil {
+		s.policy = sourcepolicy.NewHolder(nil)
+	}
+	if opts.HTTPClient != nil {
+		s.client = s.policy.Client(opts.HTTPClient)
+	} else {
+		tr := s.policy.Transport(nil)
 		tr.ResponseHeaderTimeout = DefaultResponseHeaderTimeout
 		tr.DisableCompression = true
 		s.client = &http.Client{Transport: tr}
@@ -146,11 +173,15 @@ func New(dir string, opts Options) (*Store, error) {
 // Dir is the store's directory.
 func (s *Store) Dir() string { return s.dir }
 
-// Fetch returns the path of a verified local copy of the model at rawSource,
-// downloading it if the store does not hold it yet. sha256 (64 hex digits, optionally
+// Fetch returns the path of a verified local copy of the model at rawSource for a
+// replica in namespace, downloading it if the store does not hold it yet. The source
+// policy decides first whether namespace may use rawSource (a *sourcepolicy.DeniedError
+// otherwise). sha256 (64 hex digits, optionally
 // prefixed "sha256:") is verified when given; an ollama:// source is verified against
 // its registry digest in any case. file:// sources are not copied: the file is checked
-// in place (exists, regular, GGUF magic, sha256 when given) and its own path returned.
+// in place (below a directory the policy allows namespace after resolving symbolic
+// links, exists, regular, GGUF magic, sha256 when given) and its resolved path
+// returned.
 //
 // progress, when not nil, is called (possibly from another goroutine, never
 // concurrently, never after Fetch returns) when the transfer starts, then every 1% or
@@ -161,7 +192,7 @@ func (s *Store) Dir() string { return s.dir }
 // Concurrent calls for the same file share one download. When ctx is done Fetch
 // returns; the download stops once no caller waits for it, and its partial file is
 // kept for the next Fetch to resume. Errors say which source failed; see Retryable.
-func (s *Store) Fetch(ctx context.Context, rawSource, sha256 string, progress func(done, total int64)) (string, error) {
+func (s *Store) Fetch(ctx context.Context, namespace, rawSource, sha256 string, progress func(done, total int64)) (string, error) {
 	want, err := normalizeDigest(rawSource, sha256)
 	if err != nil {
 		return "", err
@@ -170,12 +201,31 @@ func (s *Store) Fetch(ctx context.Context, rawSource, sha256 string, progress fu
 	if err != nil {
 		return "", err
 	}
+	policy := s.policy.Policy()
+	if err := policy.DecideSource(namespace, rawSource).Err(namespace, rawSource); err != nil {
+		return "", err
+	}
+	if src.Scheme == source.HTTP {
+		// Redirects must stay on hosts the namespace may use.
+		ctx = sourcepolicy.ForSource(ctx, namespace, rawSource)
+	}
 	if err := ctx.Err(); err != nil {
 		return "", fmt.Errorf("fetching %s: %w", rawSource, err)
 	}
 	if src.Scheme == source.File {
-		return s.join(ctx, "file:"+src.LocalPath+"@"+want, rawSource, progress, func(ctx context.Context, report func(int64, int64)) (string, int64, error) {
-			return s.verifyLocal(ctx, src, want, report)
+		real, err := allowedLocalPath(src.LocalPath, policy.FileDirectories(namespace), "allowed for its namespace")
+		if err != nil {
+			return "", &sourcepolicy.DeniedError{Namespace: namespace, Source: rawSource, Reason: err.Error() +
+				fmt.Sprintf(": add its directory to spec.rules[].fileDirectories of a rule for namespace %q in %s", namespace, policy.Name())}
+		}
+		if len(s.localDirs) > 0 {
+			if _, err := allowedLocalPath(src.LocalPath, s.localDirs, "this Mac allows"); err != nil {
+				return "", &sourcepolicy.DeniedError{Namespace: namespace, Source: rawSource,
+					Reason: err.Error() + ": the Mac's agent opens files only under its --allow-file-dir directories"}
+			}
+		}
+		return s.join(ctx, "file:"+real+"@"+want, rawSource, progress, func(ctx context.Context, report func(int64, int64)) (string, int64, error) {
+			return s.verifyLocal(ctx, src, real, want, report)
 		})
 	}
 

@@ -37,7 +37,7 @@ func TestResumeAfterCut(t *testing.T) {
 	dir := t.TempDir()
 	url := o.URL + "/models/m.gguf"
 
-	_, err := newStore(t, dir, o).Fetch(t.Context(), url, sum(content), nil)
+	_, err := newStore(t, dir, o).Fetch(t.Context(), testNS, url, sum(content), nil)
 	if err == nil || !Retryable(err) {
 		t.Fatalf("first Fetch error = %v, want a retryable error", err)
 	}
@@ -58,7 +58,7 @@ func TestResumeAfterCut(t *testing.T) {
 	// A restarted store resumes where the first one stopped.
 	var prog progressLog
 	prog.t = t
-	p, err := newStore(t, dir, o).Fetch(t.Context(), url, sum(content), prog.fn)
+	p, err := newStore(t, dir, o).Fetch(t.Context(), testNS, url, sum(content), prog.fn)
 	if err != nil {
 		t.Fatalf("second Fetch: %v", err)
 	}
@@ -123,10 +123,10 @@ func TestResumeStartsOver(t *testing.T) {
 			}
 			s := newStore(t, t.TempDir(), o)
 			url := o.URL + "/m.gguf"
-			if _, err := s.Fetch(t.Context(), url, "", nil); err == nil {
+			if _, err := s.Fetch(t.Context(), testNS, url, "", nil); err == nil {
 				t.Fatal("first Fetch succeeded through a cut connection")
 			}
-			p, err := s.Fetch(t.Context(), url, "", nil)
+			p, err := s.Fetch(t.Context(), testNS, url, "", nil)
 			if err != nil {
 				t.Fatalf("second Fetch: %v", err)
 			}
@@ -163,7 +163,7 @@ func TestCompletePartialIsNotDownloadedAgain(t *testing.T) {
 	if err := os.WriteFile(partial+".json", meta, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	p, err := s.Fetch(t.Context(), url, sum(content), nil)
+	p, err := s.Fetch(t.Context(), testNS, url, sum(content), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -181,7 +181,7 @@ func TestChecksumMismatch(t *testing.T) {
 	s := newStore(t, t.TempDir(), o)
 	wrong := sum([]byte("something else"))
 	src := o.URL + "/m.gguf"
-	_, err := s.Fetch(t.Context(), src, strings.ToUpper(wrong), nil)
+	_, err := s.Fetch(t.Context(), testNS, src, strings.ToUpper(wrong), nil)
 	var ce *ChecksumError
 	if !errors.As(err, &ce) {
 		t.Fatalf("Fetch error = %v, want a *ChecksumError", err)
@@ -234,7 +234,7 @@ func TestConcurrentFetchesShareOneDownload(t *testing.T) {
 			ctx = cancelFirst
 		}
 		wg.Go(func() {
-			p, err := s.Fetch(ctx, src, sha, logs[i].fn)
+			p, err := s.Fetch(ctx, testNS, src, sha, logs[i].fn)
 			results[i] = result{p, err}
 		})
 	}
@@ -286,9 +286,9 @@ func TestAgentsSharingADirectoryDownloadOnce(t *testing.T) {
 	})
 	src, sha := o.URL+"/m.gguf", sum(content)
 	errs := make(chan error, 2)
-	go func() { _, err := a.Fetch(t.Context(), src, sha, nil); errs <- err }()
+	go func() { _, err := a.Fetch(t.Context(), testNS, src, sha, nil); errs <- err }()
 	eventually(t, "the first agent's request", func() bool { return len(o.requests()) == 1 })
-	go func() { _, err := b.Fetch(t.Context(), src, sha, nil); errs <- err }()
+	go func() { _, err := b.Fetch(t.Context(), testNS, src, sha, nil); errs <- err }()
 	select {
 	case <-blocked:
 	case <-time.After(10 * time.Second):
@@ -309,7 +309,7 @@ func TestHuggingFace(t *testing.T) {
 	content := model(100_000, 8)
 	o := newOrigin(t, content)
 	s := newStore(t, t.TempDir(), o, func(opts *Options) { opts.HFToken = "hf_secret" })
-	p, err := s.Fetch(t.Context(), "hf://org/repo/dir/m.gguf@v2", sum(content), nil)
+	p, err := s.Fetch(t.Context(), testNS, "hf://org/repo/dir/m.gguf@v2", sum(content), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -358,7 +358,7 @@ func TestOllama(t *testing.T) {
 				}
 			}
 			dir := t.TempDir()
-			p, err := newStore(t, dir, o).Fetch(t.Context(), "ollama://tiny:q4", tt.sha, nil)
+			p, err := newStore(t, dir, o).Fetch(t.Context(), testNS, "ollama://tiny:q4", tt.sha, nil)
 			reqs := o.requests()
 			if got := len(reqs) == 2 && strings.Contains(reqs[1].Path, "/blobs/"); got != tt.wantBlobGET {
 				t.Errorf("requests %+v: blob fetched = %v, want %v", reqs, got, tt.wantBlobGET)
@@ -382,7 +382,7 @@ func TestOllama(t *testing.T) {
 			o.Close()
 			var prog progressLog
 			prog.t = t
-			p2, err := newStore(t, dir, nil, noNetwork(t)).Fetch(t.Context(), "ollama://library/tiny:q4", "", prog.fn)
+			p2, err := newStore(t, dir, nil, noNetwork(t)).Fetch(t.Context(), testNS, "ollama://library/tiny:q4", "", prog.fn)
 			if err != nil || p2 != p {
 				t.Errorf("after restart: %q, %v; want %q", p2, err, p)
 			}
@@ -416,11 +416,11 @@ func TestRestartFindsCompletedFiles(t *testing.T) {
 	}
 	dir := t.TempDir()
 	s := newStore(t, dir, o)
-	pa, err := s.Fetch(t.Context(), o.URL+"/a.gguf", sum(a), nil)
+	pa, err := s.Fetch(t.Context(), testNS, o.URL+"/a.gguf", sum(a), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	pb, err := s.Fetch(t.Context(), o.URL+"/b.gguf", "", nil)
+	pb, err := s.Fetch(t.Context(), testNS, o.URL+"/b.gguf", "", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -435,7 +435,7 @@ func TestRestartFindsCompletedFiles(t *testing.T) {
 		// The same file under another name is found by its digest.
 		{"https://elsewhere.example/copy.gguf", "sha256:" + sum(a), pa},
 	} {
-		p, err := s2.Fetch(t.Context(), c.src, c.sha, nil)
+		p, err := s2.Fetch(t.Context(), testNS, c.src, c.sha, nil)
 		if err != nil || p != c.want {
 			t.Errorf("Fetch(%s, %q) after restart = %q, %v; want %q", c.src, c.sha, p, err, c.want)
 		}
@@ -462,7 +462,7 @@ func TestCancelKeepsPartial(t *testing.T) {
 	src := o.URL + "/m.gguf"
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
-	_, err := s.Fetch(ctx, src, "", func(done, total int64) {
+	_, err := s.Fetch(ctx, testNS, src, "", func(done, total int64) {
 		if done >= half {
 			cancel()
 		}
@@ -474,7 +474,7 @@ func TestCancelKeepsPartial(t *testing.T) {
 	if fi, err := os.Stat(partial); err != nil || fi.Size() != half {
 		t.Fatalf("partial after cancel: %v, size %d; want %d", err, sizeOf(fi), half)
 	}
-	p, err := s.Fetch(t.Context(), src, "", nil)
+	p, err := s.Fetch(t.Context(), testNS, src, "", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -496,7 +496,7 @@ func TestStalledDownload(t *testing.T) {
 		<-r.Context().Done()
 	}
 	s := newStore(t, t.TempDir(), o, func(opts *Options) { opts.StallTimeout = 200 * time.Millisecond })
-	_, err := s.Fetch(t.Context(), o.URL+"/m.gguf", "", nil)
+	_, err := s.Fetch(t.Context(), testNS, o.URL+"/m.gguf", "", nil)
 	var se *StalledError
 	if !errors.As(err, &se) || !Retryable(err) {
 		t.Fatalf("Fetch error = %v, want a retryable *StalledError", err)
@@ -525,7 +525,7 @@ func TestFetchErrors(t *testing.T) {
 		{src: o.URL + "/status/500/m.gguf", wantErr: "500 Internal Server Error", wantRetryable: true},
 		{src: o.URL + "/status/503/m.gguf", wantErr: "503 Service Unavailable", wantRetryable: true},
 		{src: o.URL + "/status/429/m.gguf", wantErr: "429 Too Many Requests", wantRetryable: true},
-		{src: o.URL + "/login.gguf", wantErr: `/login.gguf is not a GGUF file: it starts with "<htm"`},
+		{src: o.URL + "/login.gguf", wantErr: `/login.gguf is not a GGUF file: it does not start with the GGUF magic`},
 		{src: o.URL + "/login.gguf", sha: sum([]byte("model")), wantErr: `/login.gguf is not a GGUF file`},
 		{src: "http://127.0.0.1:1/m.gguf", wantErr: "unreachable", wantRetryable: true},
 		{src: "ollama://nope", wantErr: "resolving ollama://nope: ollama manifest " + o.URL + "/v2/library/nope/manifests/latest: not JSON"},
@@ -539,7 +539,7 @@ func TestFetchErrors(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.src+tt.sha, func(t *testing.T) {
 			s := newStore(t, t.TempDir(), o)
-			p, err := s.Fetch(t.Context(), tt.src, tt.sha, nil)
+			p, err := s.Fetch(t.Context(), testNS, tt.src, tt.sha, nil)
 			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
 				t.Fatalf("Fetch = %q, %v; want an error containing %q", p, err, tt.wantErr)
 			}
@@ -578,7 +578,7 @@ func TestLocalFiles(t *testing.T) {
 			wantErr: "sha256 mismatch for " + goodURL + ": expected " + sum([]byte("other")) + ", the file has " + sum(content)},
 		{name: "missing", src: "file://" + dir + "/missing.gguf", wantErr: "model file " + dir + "/missing.gguf does not exist"},
 		{name: "directory", src: "file://" + dir, wantErr: "is not a regular file"},
-		{name: "not GGUF", src: "file://" + notGGUF, wantErr: notGGUF + ` is not a GGUF file: it starts with "hell"`},
+		{name: "not GGUF", src: "file://" + notGGUF, wantErr: notGGUF + ` is not a GGUF file: it does not start with the GGUF magic`},
 		{name: "relative", src: "file://models/m.gguf", wantErr: "invalid model source"},
 	}
 	for _, tt := range tests {
@@ -586,7 +586,7 @@ func TestLocalFiles(t *testing.T) {
 			s := newStore(t, filepath.Join(t.TempDir(), "store"), nil, noNetwork(t))
 			var prog progressLog
 			prog.t = t
-			p, err := s.Fetch(t.Context(), tt.src, tt.sha, prog.fn)
+			p, err := s.Fetch(t.Context(), testNS, tt.src, tt.sha, prog.fn)
 			if tt.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tt.wantErr) || Retryable(err) {
 					t.Fatalf("Fetch = %q, %v; want a non-retryable error containing %q", p, err, tt.wantErr)
@@ -625,7 +625,7 @@ func TestLocalVerificationIsRemembered(t *testing.T) {
 	write(content, modTime)
 	storeDir := t.TempDir()
 	src := "file://" + path
-	if _, err := newStore(t, storeDir, nil).Fetch(t.Context(), src, sum(content), nil); err != nil {
+	if _, err := newStore(t, storeDir, nil).Fetch(t.Context(), testNS, src, sum(content), nil); err != nil {
 		t.Fatal(err)
 	}
 
@@ -636,7 +636,7 @@ func TestLocalVerificationIsRemembered(t *testing.T) {
 	write(tampered, modTime)
 	var prog progressLog
 	prog.t = t
-	if _, err := newStore(t, storeDir, nil).Fetch(t.Context(), src, sum(content), prog.fn); err != nil {
+	if _, err := newStore(t, storeDir, nil).Fetch(t.Context(), testNS, src, sum(content), prog.fn); err != nil {
 		t.Fatalf("Fetch with an unchanged size and mtime: %v (the file was hashed again)", err)
 	}
 	if prog.len() != 1 {
@@ -645,7 +645,7 @@ func TestLocalVerificationIsRemembered(t *testing.T) {
 
 	// A new mtime makes it hash again and find the change.
 	write(tampered, modTime.Add(time.Second))
-	_, err := newStore(t, storeDir, nil).Fetch(t.Context(), src, sum(content), nil)
+	_, err := newStore(t, storeDir, nil).Fetch(t.Context(), testNS, src, sum(content), nil)
 	var ce *ChecksumError
 	if !errors.As(err, &ce) || ce.Got != sum(tampered) {
 		t.Errorf("Fetch after the file changed = %v, want a *ChecksumError with the new digest", err)
@@ -661,7 +661,7 @@ func TestLocalHashingCancelled(t *testing.T) {
 	s := newStore(t, t.TempDir(), nil)
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
-	_, err := s.Fetch(ctx, "file://"+path, sum([]byte("x")), func(done, total int64) {
+	_, err := s.Fetch(ctx, testNS, "file://"+path, sum([]byte("x")), func(done, total int64) {
 		if done > 0 {
 			cancel()
 		}
@@ -671,7 +671,7 @@ func TestLocalHashingCancelled(t *testing.T) {
 	}
 	// Whether or not the hash finished before the cancellation reached it, the next
 	// Fetch gets the right answer.
-	_, err = s.Fetch(t.Context(), "file://"+path, sum([]byte("x")), nil)
+	_, err = s.Fetch(t.Context(), testNS, "file://"+path, sum([]byte("x")), nil)
 	var ce *ChecksumError
 	if !errors.As(err, &ce) || ce.Got != sum(content) {
 		t.Errorf("Fetch after a cancelled one = %v, want a *ChecksumError naming the file's digest", err)
@@ -848,11 +848,11 @@ func BenchmarkFetch(b *testing.B) {
 	sha := sum(content)
 	b.SetBytes(int64(len(content)))
 	for b.Loop() {
-		s, err := New(b.TempDir(), Options{HTTPClient: srv.Client()})
+		s, err := New(b.TempDir(), Options{HTTPClient: srv.Client(), Policy: testPolicy(b)})
 		if err != nil {
 			b.Fatal(err)
 		}
-		if _, err := s.Fetch(b.Context(), srv.URL+"/m.gguf", sha, nil); err != nil {
+		if _, err := s.Fetch(b.Context(), testNS, srv.URL+"/m.gguf", sha, nil); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -17,6 +17,11 @@ const (
 	// DeploymentScheduled is False when a replica cannot be placed or its memory cannot
 	// be estimated; the message says why.
 	DeploymentScheduled = "Scheduled"
+	// DeploymentReplicaFailure is True while a replica cannot download or load its
+	// model (checksum mismatch, not a GGUF file, a source the policy denies, a runner
+	// that fails to load it): reason and message are the first failing replica's. It
+	// is absent otherwise, as on a Deployment.
+	DeploymentReplicaFailure = "ReplicaFailure"
 )
 
 // ModelDeployment condition reasons.
@@ -170,6 +175,7 @@ type ModelDeploymentStatus struct {
 // +kubebuilder:printcolumn:name="Memory",type=string,JSONPath=`.status.estimatedMemory`
 // +kubebuilder:printcolumn:name="Measured",type=string,JSONPath=`.status.measuredMemory`,priority=1
 // +kubebuilder:printcolumn:name="Nodes",type=string,JSONPath=`.status.nodes`
+// +kubebuilder:printcolumn:name="Failure",type=string,JSONPath=`.status.conditions[?(@.type=="ReplicaFailure")].reason`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type ModelDeployment struct {
 	metav1.TypeMeta   `json:",inline"`

@@ -31,6 +31,7 @@ import (
 	"github.com/macfleet/macfleet/agent/store"
 	"github.com/macfleet/macfleet/internal/source"
 	"github.com/macfleet/macfleet/metal"
+	"github.com/macfleet/macfleet/sourcepolicy"
 )
 
 func init() { root.AddCommand(newAgentCmd()) }
@@ -49,6 +50,8 @@ type agentFlags struct {
 	cpuCores, gpuCores                          int
 	promptCacheDir, pcHot, pcSSD                string
 	storeRetention, pcRetention, gcInterval     time.Duration
+	maxModelBytes                               string
+	allowFileDirs                               []string
 }
 
 func newAgentCmd() *cobra.Command {
@@ -107,12 +110,19 @@ while the API server is unreachable and resyncs when it returns.`,
 				return err
 			}
 			cfg.Token = cluster.NewTokenSource(tok, direct, fl.fleetTokenFile, 0, log.WithName("token"))
-			st, err := store.New(fl.storeDir, store.Options{HFEndpoint: fl.hfEndpoint, OllamaRegistry: fl.ollamaRegistry,
-				Log: log.WithName("store")})
+			// The store's downloads and file opens follow the cluster's SourcePolicy, which
+			// the agent watches.
+			sopts, err := fl.storeOptions()
 			if err != nil {
 				return err
 			}
-			cfg.Store = st
+			policy := sourcepolicy.NewHolder(nil)
+			sopts.Log, sopts.Policy = log.WithName("store"), policy
+			st, err := store.New(fl.storeDir, sopts)
+			if err != nil {
+				return err
+			}
+			cfg.Store, cfg.SourcePolicy = st, policy
 			gauge, err := metal.NewGauge()
 			if err != nil {
 				return fmt.Errorf("measuring memory: %w", err)
@@ -130,6 +140,9 @@ while the API server is unreachable and resyncs when it returns.`,
 	f.StringVar(&fl.listen, "listen", ":8080", "Address of the OpenAI and admin API")
 	f.StringVar(&fl.advertise, "advertise-address", "", "host:port the gateway and Services reach this agent at (default: the first non-loopback IPv4 address and the listen port; port 0 means the listen port)")
 	f.StringVar(&fl.storeDir, "store-dir", defaultDataDir("models"), "Model store directory (persistent; shared by the replicas of one file)")
+	f.StringVar(&fl.maxModelBytes, "max-model-bytes", "", "Refuse to download a model file larger than this, e.g. 60Gi (default: no limit)")
+	f.StringSliceVar(&fl.allowFileDirs, "allow-file-dir", nil, "Directory on this Mac that file:// sources may be in, besides what the cluster's "+
+		"SourcePolicy allows (repeatable; default: the SourcePolicy alone decides)")
 	f.StringVar(&fl.stateDir, "state-dir", defaultDataDir("state"), "Directory for the agent's own state (runner records for adoption)")
 	f.StringVar(&fl.fleetTokenFile, "fleet-token-file", "", "File holding the fleet token; default: Secret "+
 		"macfleet-system/macfleet-fleet-token, key token, read with the node's credential")
@@ -163,6 +176,26 @@ while the API server is unreachable and resyncs when it returns.`,
 	f.AddGoFlagSet(gfs)
 	cmd.AddCommand(newAgentInstallCmd())
 	return cmd
+}
+
+// storeOptions are the model store's options from the flags (without the log and
+// the source policy, which the caller sets).
+func (fl agentFlags) storeOptions() (store.Options, error) {
+	opts := store.Options{HFEndpoint: fl.hfEndpoint, OllamaRegistry: fl.ollamaRegistry}
+	if fl.maxModelBytes != "" {
+		v, err := config.ParseSize(fl.maxModelBytes)
+		if err != nil {
+			return opts, fmt.Errorf("--max-model-bytes: %w", err)
+		}
+		opts.MaxModelBytes = int64(v)
+	}
+	for _, d := range fl.allowFileDirs {
+		if !filepath.IsAbs(d) {
+			return opts, fmt.Errorf("--allow-file-dir %q: want an absolute directory", d)
+		}
+		opts.LocalFileDirs = append(opts.LocalFileDirs, filepath.Clean(d))
+	}
+	return opts, nil
 }
 
 // config turns the flags into the agent's configuration and hardware overrides.

@@ -58,6 +58,12 @@ func TestAgentCommand(t *testing.T) {
 	if err := ggufsynth.Write(model, ggufsynth.Tiny()); err != nil {
 		t.Fatal(err)
 	}
+	// The agent opens file:// sources only under the directories the cluster's
+	// SourcePolicy allows.
+	if err := env.Client.Create(ctx, &v1alpha1.SourcePolicy{ObjectMeta: metav1.ObjectMeta{Name: v1alpha1.SourcePolicyName},
+		Spec: v1alpha1.SourcePolicySpec{Rules: []v1alpha1.SourcePolicyRule{{Namespaces: []string{"*"}, FileDirectories: []string{dir}}}}}); err != nil {
+		t.Fatal(err)
+	}
 	// The kernel picks the port as the agent listens, and the agent advertises it:
 	// no port is chosen here that another process could take first.
 	const anyPort = "127.0.0.1:0"

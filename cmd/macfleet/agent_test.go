@@ -72,6 +72,38 @@ func TestAgentFlagsConfig(t *testing.T) {
 	}
 }
 
+func TestAgentStoreOptions(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		fl   agentFlags
+		max  int64
+		dirs []string
+		err  string
+	}{
+		{name: "defaults"},
+		{name: "limits", fl: agentFlags{maxModelBytes: "60Gi", allowFileDirs: []string{"/opt/models/", "/Volumes/m"}},
+			max: 60 << 30, dirs: []string{"/opt/models", "/Volumes/m"}},
+		{name: "bad size", fl: agentFlags{maxModelBytes: "huge"}, err: "--max-model-bytes"},
+		{name: "relative directory", fl: agentFlags{allowFileDirs: []string{"models"}}, err: `--allow-file-dir "models": want an absolute directory`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			opts, err := tc.fl.storeOptions()
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) {
+					t.Fatalf("error %v, want one containing %q", err, tc.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if opts.MaxModelBytes != tc.max || !cmp.Equal(opts.LocalFileDirs, tc.dirs) {
+				t.Errorf("options %+v, want max %d, dirs %v", opts, tc.max, tc.dirs)
+			}
+		})
+	}
+}
+
 func TestDefaultDataDir(t *testing.T) {
 	home, err := os.UserHomeDir()
 	if err != nil {

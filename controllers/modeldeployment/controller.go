@@ -26,12 +26,14 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 
 	"github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/internal/estimate"
 	"github.com/macfleet/macfleet/internal/source"
+	"github.com/macfleet/macfleet/sourcepolicy"
 )
 
 // ControllerName names the controller in metrics and logs.
@@ -73,11 +75,15 @@ type Reconciler struct {
 
 	estimates estimateCache
 	expect    expectations
+	// policy is the current SourcePolicy, read at the start of every pass; the
+	// estimate's connections check their addresses against it.
+	policy *sourcepolicy.Holder
 }
 
 // +kubebuilder:rbac:groups=macfleet.dev,resources=modeldeployments,verbs=get;list;watch
 // +kubebuilder:rbac:groups=macfleet.dev,resources=modeldeployments/status,verbs=get;update;patch
 // +kubebuilder:rbac:groups=macfleet.dev,resources=modelreplicas,verbs=get;list;watch;create;delete
+// +kubebuilder:rbac:groups=macfleet.dev,resources=sourcepolicies,verbs=get;list;watch
 
 // SetupWithManager registers the controller with mgr, filling in unset fields.
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
@@ -97,6 +103,15 @@ func (r *Reconciler) setup(mgr ctrl.Manager, opts controller.Options) error {
 	if r.Resolver == nil {
 		r.Resolver = &source.Resolver{}
 	}
+	// The estimate connects only where the source policy allows: its client and the
+	// parser's dialer check every address they connect to.
+	r.policy = sourcepolicy.NewHolder(nil)
+	guarded := *r.Resolver
+	guarded.HTTPClient = r.policy.Client(guarded.HTTPClient)
+	if r.Resolver.HTTPClient == nil {
+		guarded.HTTPClient.Timeout = 30 * time.Second
+	}
+	r.Resolver = &guarded
 	if r.Estimate == nil {
 		r.Estimate = estimate.Estimate
 	}
@@ -120,6 +135,8 @@ func (r *Reconciler) setup(mgr ctrl.Manager, opts controller.Options) error {
 		// Every replica change — created, bound, Ready, measured, deleted — wakes its
 		// deployment.
 		Owns(&v1alpha1.ModelReplica{}).
+		// A policy change may allow or deny any deployment's source.
+		Watches(&v1alpha1.SourcePolicy{}, handler.EnqueueRequestsFromMapFunc(r.policyChanged)).
 		WithOptions(opts).
 		Complete(r)
 }
@@ -139,9 +156,18 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	if err != nil {
 		return ctrl.Result{}, err
 	}
+	policy, err := r.loadPolicy(ctx)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
 	tmpl := replicaTemplate(md)
 	hash := templateHash(tmpl)
-	res := r.reservationFor(ctx, md, tmpl)
+	// A source the policy denies gets no estimate and no new replicas.
+	sourceErr := policy.DecideSource(md.Namespace, tmpl.Model.Source).Err(md.Namespace, tmpl.Model.Source)
+	var res reservation
+	if sourceErr == nil {
+		res = r.reservationFor(ctx, md, tmpl)
+	}
 	current := isCurrent(hash, res)
 
 	var syncErr error
@@ -150,9 +176,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	}
 
 	setStatus(md, summarize(replicas, current), statusInput{
-		Desired: desiredReplicas(md), Reservation: res.Quantity, EstimateErr: res.Err, Now: r.Clock.Now(),
+		Desired: desiredReplicas(md), Reservation: res.Quantity, EstimateErr: res.Err, SourceErr: sourceErr, Now: r.Clock.Now(),
 	})
-	if syncErr == nil && res.Err == nil {
+	if syncErr == nil && res.Err == nil && sourceErr == nil {
 		md.Status.ObservedGeneration = md.Generation
 	}
 	if !equality.Semantic.DeepEqual(before.Status, md.Status) {
@@ -172,6 +198,41 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		return ctrl.Result{RequeueAfter: res.RetryAfter}, nil
 	}
 	return ctrl.Result{}, nil
+}
+
+// loadPolicy reads the SourcePolicy from the cache (the built-in default when there is
+// none) and makes it the one the estimate's connections check.
+func (r *Reconciler) loadPolicy(ctx context.Context) (*sourcepolicy.Policy, error) {
+	sp := &v1alpha1.SourcePolicy{}
+	err := r.Client.Get(ctx, client.ObjectKey{Name: v1alpha1.SourcePolicyName}, sp)
+	switch {
+	case apierrors.IsNotFound(err):
+		sp = nil
+	case err != nil:
+		return nil, fmt.Errorf("reading the source policy: %w", err)
+	}
+	p, err := sourcepolicy.Compile(sp)
+	if err != nil {
+		return nil, err
+	}
+	r.policy.Set(p)
+	return p, nil
+}
+
+// policyChanged wakes every deployment, forgetting the estimate failures: a source
+// the old policy denied may be allowed now.
+func (r *Reconciler) policyChanged(ctx context.Context, _ client.Object) []ctrl.Request {
+	r.estimates.forgetFailures()
+	var list v1alpha1.ModelDeploymentList
+	if err := r.Client.List(ctx, &list); err != nil {
+		log.FromContext(ctx).Error(err, "Listing deployments after a source policy change")
+		return nil
+	}
+	reqs := make([]ctrl.Request, 0, len(list.Items))
+	for _, md := range list.Items {
+		reqs = append(reqs, ctrl.Request{NamespacedName: client.ObjectKeyFromObject(&md)})
+	}
+	return reqs
 }
 
 func desiredReplicas(md *v1alpha1.ModelDeployment) int32 {

@@ -12,6 +12,7 @@ import (
 	"github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/internal/estimate"
 	"github.com/macfleet/macfleet/internal/source"
+	"github.com/macfleet/macfleet/sourcepolicy"
 )
 
 // maxCachedEstimates bounds the estimate cache; beyond it the oldest entry goes.
@@ -65,6 +66,22 @@ func (c *estimateCache) get(k estimateKey) (estimateEntry, bool) {
 	return *e, true
 }
 
+// forgetFailures drops the failed estimates, so that the next pass tries again at
+// once.
+func (c *estimateCache) forgetFailures() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	kept := c.order[:0]
+	for _, k := range c.order {
+		if e := c.m[k]; e != nil && e.err != nil {
+			delete(c.m, k)
+			continue
+		}
+		kept = append(kept, k)
+	}
+	c.order = kept
+}
+
 func (c *estimateCache) put(k estimateKey, e estimateEntry) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -104,6 +121,10 @@ func (r *Reconciler) reservationFor(ctx context.Context, md *v1alpha1.ModelDeplo
 		return reservation{Err: e.err, RetryAfter: e.retryAt.Sub(now)}
 	}
 
+	if src, perr := source.Parse(k.Source); perr == nil && src.Scheme == source.HTTP {
+		// Redirects must stay on hosts the namespace may use.
+		ctx = sourcepolicy.ForSource(ctx, md.Namespace, k.Source)
+	}
 	res, err := r.estimate(ctx, k)
 	if err != nil {
 		err = fmt.Errorf("estimating the memory of %s: %w", k.Source, err)
@@ -137,6 +158,7 @@ func (r *Reconciler) estimate(ctx context.Context, k estimateKey) (estimate.Resu
 		Parallel:      k.Parallel,
 		KVCacheType:   estimate.KVCacheType(k.KVCacheType),
 		HTTPClient:    r.Resolver.HTTPClient,
+		Dial:          r.policy.Dialer().DialContext,
 	})
 }
 

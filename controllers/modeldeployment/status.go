@@ -11,8 +11,10 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/util/sets"
 
 	"github.com/macfleet/macfleet/api/v1alpha1"
+	"github.com/macfleet/macfleet/sourcepolicy"
 )
 
 // maxMessageLength bounds the condition messages copied from errors and replicas.
@@ -31,10 +33,38 @@ type replicaSummary struct {
 	// first of them by name.
 	Unschedulable      int32
 	FirstUnschedulable *metav1.Condition
+	// Failing counts replicas that cannot download or load their model (see
+	// replicaFailure); FirstFailing is the first of them by name.
+	Failing      int32
+	FirstFailing *replicaFailureInfo
 	// Nodes are the Macs holding a replica, sorted and unique.
 	Nodes []string
 	// Measured is the largest peak or resident footprint a replica reported.
 	Measured *resource.Quantity
+}
+
+// replicaFailureInfo is a failing replica and the condition that says why.
+type replicaFailureInfo struct {
+	Replica, Node string
+	Condition     metav1.Condition
+}
+
+// failureReasons are the replica condition reasons that mean the replica cannot
+// become ready without a change (of the source, the file, the policy) or a
+// successful retry.
+var failureReasons = sets.New(v1alpha1.ReasonDownloadFailed, v1alpha1.ReasonChecksumMismatch,
+	v1alpha1.ReasonSourceNotAllowed, v1alpha1.ReasonLoadFailed)
+
+// replicaFailure returns the condition of r that says it is failing — Downloaded,
+// then Loaded, False with one of failureReasons — or nil.
+func replicaFailure(r *v1alpha1.ModelReplica) *metav1.Condition {
+	for _, typ := range []string{v1alpha1.ReplicaDownloaded, v1alpha1.ReplicaLoaded} {
+		c := meta.FindStatusCondition(r.Status.Conditions, typ)
+		if c != nil && c.Status == metav1.ConditionFalse && failureReasons.Has(c.Reason) {
+			return c
+		}
+	}
+	return nil
 }
 
 // summarize counts replicas (those being deleted are skipped); current says whether
@@ -71,6 +101,12 @@ func summarize(replicas []v1alpha1.ModelReplica, current func(*v1alpha1.ModelRep
 				s.FirstUnschedulable, firstName = c, r.Name
 			}
 		}
+		if c := replicaFailure(r); c != nil {
+			s.Failing++
+			if s.FirstFailing == nil || r.Name < s.FirstFailing.Replica {
+				s.FirstFailing = &replicaFailureInfo{Replica: r.Name, Node: r.Spec.NodeName, Condition: *c}
+			}
+		}
 		for _, q := range []*resource.Quantity{r.Status.Memory.Peak, r.Status.Memory.Resident} {
 			if q != nil && (s.Measured == nil || q.Cmp(*s.Measured) > 0) {
 				s.Measured = q
@@ -97,6 +133,9 @@ type statusInput struct {
 	Reservation *resource.Quantity
 	// EstimateErr is why the reservation is unknown.
 	EstimateErr error
+	// SourceErr is the source policy's denial of the deployment's source, which
+	// stops everything else.
+	SourceErr error
 	// Now stamps condition transitions.
 	Now time.Time
 }
@@ -121,6 +160,7 @@ func setStatus(md *v1alpha1.ModelDeployment, s replicaSummary, in statusInput) {
 	setAvailableCondition(md, s, in)
 	setProgressingCondition(md, s, in)
 	setScheduledCondition(md, s, in)
+	setReplicaFailureCondition(md, s, in)
 }
 
 func setCondition(md *v1alpha1.ModelDeployment, now time.Time, typ string, status metav1.ConditionStatus, reason, msg string) {
@@ -152,6 +192,12 @@ func setAvailableCondition(md *v1alpha1.ModelDeployment, s replicaSummary, in st
 // (old replicas left) or ScalingReplicas otherwise.
 func setProgressingCondition(md *v1alpha1.ModelDeployment, s replicaSummary, in statusInput) {
 	switch {
+	case in.SourceErr != nil:
+		setCondition(md, in.Now, v1alpha1.DeploymentProgressing, metav1.ConditionFalse, v1alpha1.ReasonSourceNotAllowed,
+			in.SourceErr.Error())
+	case in.EstimateErr != nil && sourcepolicy.IsDenied(in.EstimateErr):
+		setCondition(md, in.Now, v1alpha1.DeploymentProgressing, metav1.ConditionFalse, v1alpha1.ReasonSourceNotAllowed,
+			in.EstimateErr.Error())
 	case in.EstimateErr != nil:
 		setCondition(md, in.Now, v1alpha1.DeploymentProgressing, metav1.ConditionFalse, v1alpha1.ReasonEstimateFailed,
 			"waiting for a memory estimate: "+in.EstimateErr.Error())
@@ -173,6 +219,12 @@ func setProgressingCondition(md *v1alpha1.ModelDeployment, s replicaSummary, in 
 // scheduler; True when every replica is bound.
 func setScheduledCondition(md *v1alpha1.ModelDeployment, s replicaSummary, in statusInput) {
 	switch {
+	case in.SourceErr != nil:
+		setCondition(md, in.Now, v1alpha1.DeploymentScheduled, metav1.ConditionFalse, v1alpha1.ReasonSourceNotAllowed,
+			in.SourceErr.Error())
+	case in.EstimateErr != nil && sourcepolicy.IsDenied(in.EstimateErr):
+		setCondition(md, in.Now, v1alpha1.DeploymentScheduled, metav1.ConditionFalse, v1alpha1.ReasonSourceNotAllowed,
+			in.EstimateErr.Error())
 	case in.EstimateErr != nil:
 		setCondition(md, in.Now, v1alpha1.DeploymentScheduled, metav1.ConditionFalse, v1alpha1.ReasonEstimateFailed,
 			in.EstimateErr.Error())
@@ -195,6 +247,25 @@ func setScheduledCondition(md *v1alpha1.ModelDeployment, s replicaSummary, in st
 		setCondition(md, in.Now, v1alpha1.DeploymentScheduled, metav1.ConditionTrue, v1alpha1.ReasonAllReplicasScheduled,
 			fmt.Sprintf("all %d replicas bound to a Mac", s.Total))
 	}
+}
+
+// setReplicaFailureCondition sets ReplicaFailure True, with the reason and message
+// of the first failing replica (by name), while any replica cannot download or load
+// its model, and removes it otherwise (as a Deployment does), so that `kubectl get md`
+// shows the reason in its Failure column and `kubectl describe md` the message.
+func setReplicaFailureCondition(md *v1alpha1.ModelDeployment, s replicaSummary, in statusInput) {
+	if s.Failing == 0 {
+		meta.RemoveStatusCondition(&md.Status.Conditions, v1alpha1.DeploymentReplicaFailure)
+		return
+	}
+	f := s.FirstFailing
+	node := f.Node
+	if node == "" {
+		node = "no Mac"
+	}
+	setCondition(md, in.Now, v1alpha1.DeploymentReplicaFailure, metav1.ConditionTrue, f.Condition.Reason,
+		fmt.Sprintf("%d of %d replicas failing; replica %s on %s: %s: %s", s.Failing, s.Total, f.Replica, node,
+			f.Condition.Type+" "+f.Condition.Reason, f.Condition.Message))
 }
 
 func truncate(s string) string {

@@ -54,6 +54,13 @@ func memory(peak, resident string) func(*v1alpha1.ModelReplica) {
 	}
 }
 
+// failing sets condition typ of a replica False with reason and msg.
+func failing(typ, reason, msg string) func(*v1alpha1.ModelReplica) {
+	return func(mr *v1alpha1.ModelReplica) {
+		meta.SetStatusCondition(&mr.Status.Conditions, metav1.Condition{Type: typ, Status: metav1.ConditionFalse, Reason: reason, Message: msg})
+	}
+}
+
 func deleting(mr *v1alpha1.ModelReplica) {
 	now := metav1.Now()
 	mr.DeletionTimestamp = &now
@@ -150,6 +157,37 @@ func TestSetStatus(t *testing.T) {
 				"Scheduled": "False/MemoryEstimateFailed"},
 			wantReady: "0/2",
 			wantMsg:   map[string]string{"Scheduled": "404 Not Found"},
+		},
+		{
+			name: "a replica fails its checksum", desired: 2,
+			replicas: []v1alpha1.ModelReplica{
+				replica("a", "h", bound("m1"), ready),
+				replica("c", "h", bound("m3"), failing(v1alpha1.ReplicaDownloaded, v1alpha1.ReasonDownloadFailed, "GET x: 404 Not Found")),
+				replica("b", "h", bound("m2"), failing(v1alpha1.ReplicaDownloaded, v1alpha1.ReasonChecksumMismatch,
+					"sha256 mismatch for hf://o/r/x.gguf: expected aa, the downloaded file has bb; retrying at 2026-03-01T12:00:10Z")),
+			},
+			want: conds{"Available": "False/MinimumReplicasUnavailable", "Progressing": "True/ScalingReplicas",
+				"Scheduled": "True/AllReplicasScheduled", "ReplicaFailure": "True/ChecksumMismatch"},
+			wantReady: "1/2",
+			wantMsg: map[string]string{"ReplicaFailure": "2 of 3 replicas failing; replica b on m2: Downloaded ChecksumMismatch: " +
+				"sha256 mismatch for hf://o/r/x.gguf: expected aa, the downloaded file has bb"},
+		},
+		{
+			name: "a replica fails to load", desired: 1,
+			replicas: []v1alpha1.ModelReplica{replica("a", "h", bound("m1"),
+				failing(v1alpha1.ReplicaLoaded, v1alpha1.ReasonLoadFailed, "the runner exited: unknown model architecture"))},
+			want: conds{"Available": "False/MinimumReplicasUnavailable", "Progressing": "True/ScalingReplicas",
+				"Scheduled": "True/AllReplicasScheduled", "ReplicaFailure": "True/LoadFailed"},
+			wantReady: "0/1",
+			wantMsg:   map[string]string{"ReplicaFailure": "replica a on m1: Loaded LoadFailed: the runner exited"},
+		},
+		{
+			name: "source not allowed", desired: 2,
+			in: statusInput{SourceErr: errors.New(`source host "x.example" is not allowed for namespace "ns": add it`)},
+			want: conds{"Available": "False/MinimumReplicasUnavailable", "Progressing": "False/SourceNotAllowed",
+				"Scheduled": "False/SourceNotAllowed"},
+			wantReady: "0/2",
+			wantMsg:   map[string]string{"Progressing": `source host "x.example" is not allowed`, "Scheduled": "add it"},
 		},
 		{
 			name: "zero replicas", desired: 0,

@@ -49,11 +49,30 @@ func TestMain(m *testing.M) {
 
 func apiServer(tb testing.TB) *testenv.Env {
 	tb.Helper()
-	envOnce.Do(func() { env, envErr = testenv.New(testenv.WithScheme(v1alpha1.AddToScheme)) })
+	envOnce.Do(func() {
+		if env, envErr = testenv.New(testenv.WithScheme(v1alpha1.AddToScheme)); envErr == nil {
+			envErr = env.Client.Create(context.Background(), testSourcePolicy())
+		}
+	})
 	if envErr != nil {
 		tb.Fatal(envErr)
 	}
 	return env
+}
+
+// testSourcePolicy lets every namespace use the sources the tests name: the
+// registries, the loopback test servers and models.example over plain HTTP, and files
+// under /Users/shared/models; fetches may connect to loopback.
+func testSourcePolicy() *v1alpha1.SourcePolicy {
+	return &v1alpha1.SourcePolicy{ObjectMeta: metav1.ObjectMeta{Name: v1alpha1.SourcePolicyName},
+		Spec: v1alpha1.SourcePolicySpec{
+			Rules: []v1alpha1.SourcePolicyRule{{Namespaces: []string{"*"},
+				Registries:      []v1alpha1.SourceRegistry{v1alpha1.RegistryHF, v1alpha1.RegistryOllama},
+				Hosts:           []string{"127.0.0.1", "localhost", "models.example"},
+				AllowPlainHTTP:  true,
+				FileDirectories: []string{"/Users/shared/models"}}},
+			AllowedNetworks: []string{"127.0.0.0/8", "::1/128"},
+		}}
 }
 
 const (

@@ -51,6 +51,7 @@ import (
 	gguf "github.com/gpustack/gguf-parser-go"
 
 	"github.com/macfleet/macfleet/internal/source"
+	"github.com/macfleet/macfleet/sourcepolicy"
 )
 
 // KVCacheType is the element type of the KV cache.
@@ -83,6 +84,11 @@ type Params struct {
 	// HTTP status, not a GGUF file, no range support); nil means a client with a 30 s
 	// timeout. The parser's own range requests use its transport, bounded by ctx.
 	HTTPClient *http.Client
+	// Dial, when set, makes every connection of the parser's range requests (a
+	// policy-checked dialer; give HTTPClient one too): they go through a forward proxy
+	// on loopback that dials with it, and the first error it returns is the
+	// estimate's.
+	Dial DialFunc
 }
 
 // Dims are the model's hyperparameters that the engine pool needs (its prefill guard
@@ -138,15 +144,15 @@ type Result struct {
 	Dims Dims
 }
 
-// NotGGUFError is a file that does not start with the GGUF magic.
+// NotGGUFError is a file that does not start with the GGUF magic. It never carries
+// the file's bytes: its message ends up in status, and the bytes are not the
+// reader's to show.
 type NotGGUFError struct {
 	Location string
-	// Magic is the first bytes read (at most 4).
-	Magic []byte
 }
 
 func (e *NotGGUFError) Error() string {
-	return fmt.Sprintf("%s is not a GGUF file (starts with %q)", e.Location, e.Magic)
+	return fmt.Sprintf("%s is not a GGUF file (it does not start with the GGUF magic)", e.Location)
 }
 
 // NoRangeError is a server that does not answer range requests, so the header could
@@ -273,7 +279,7 @@ func parseLocal(path string) (*gguf.GGUFFile, error) {
 		return nil, fmt.Errorf("reading model file %s: %w", path, err)
 	}
 	if string(magic[:n]) != string(ggufMagic) {
-		return nil, &NotGGUFError{Location: path, Magic: magic[:n]}
+		return nil, &NotGGUFError{Location: path}
 	}
 	return parse(path, func() (*gguf.GGUFFile, error) {
 		return gguf.ParseGGUFFile(path, gguf.SkipLargeMetadata())
@@ -292,13 +298,28 @@ func parseRemote(ctx context.Context, p Params) (*gguf.GGUFFile, error) {
 		}
 		opts = append(opts, gguf.UseHeaders(h))
 	}
-	return parse(p.URL, func() (*gguf.GGUFFile, error) {
+	var proxy *dialProxy
+	if p.Dial != nil {
+		var err error
+		if proxy, err = startDialProxy(p.Dial); err != nil {
+			return nil, err
+		}
+		defer proxy.close()
+		opts = append(opts, gguf.UseProxy(proxy.URL()))
+	}
+	gf, err := parse(p.URL, func() (*gguf.GGUFFile, error) {
 		gf, err := gguf.ParseGGUFFileRemote(ctx, p.URL, opts...)
 		if err != nil && ctx.Err() != nil {
 			return nil, fmt.Errorf("reading the GGUF header of %s: %w", p.URL, ctx.Err())
 		}
 		return gf, err
 	})
+	if err != nil && proxy != nil {
+		if derr := proxy.dialErr(); derr != nil {
+			return nil, fmt.Errorf("reading the GGUF header of %s: %w", p.URL, derr)
+		}
+	}
+	return gf, err
 }
 
 // parse runs the parser, turning its errors and panics (it panics on some corrupt
@@ -320,6 +341,15 @@ func parse(loc string, f func() (*gguf.GGUFFile, error)) (gf *gguf.GGUFFile, err
 }
 
 var defaultClient = &http.Client{Timeout: 30 * time.Second}
+
+// deniedError is the source policy's refusal inside a transport error, or nil.
+func deniedError(err error) error {
+	var de *sourcepolicy.DeniedError
+	if errors.As(err, &de) {
+		return de
+	}
+	return nil
+}
 
 // probe asks for the first bytes of the file with a range request, so that the
 // common failures get a precise, typed error before the parser runs (its own errors
@@ -344,6 +374,10 @@ func probe(ctx context.Context, p Params) error {
 		if ctx.Err() != nil {
 			return fmt.Errorf("reading the GGUF header of %s: %w", p.URL, ctx.Err())
 		}
+		if de := deniedError(err); de != nil {
+			// The client's dialer refused the address (a source policy).
+			return fmt.Errorf("reading the GGUF header of %s: %w", p.URL, de)
+		}
 		return source.Unreachable(p.URL, err)
 	}
 	defer func() { _ = resp.Body.Close() }()
@@ -361,7 +395,7 @@ func probe(ctx context.Context, p Params) error {
 		return source.Unreachable(p.URL, err)
 	}
 	if string(magic[:n]) != string(ggufMagic) {
-		return &NotGGUFError{Location: p.URL, Magic: magic[:n]}
+		return &NotGGUFError{Location: p.URL}
 	}
 	return nil
 }

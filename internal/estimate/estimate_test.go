@@ -313,7 +313,7 @@ func TestErrors(t *testing.T) {
 			var se *source.StatusError
 			return errors.As(err, &se) && se.NotFound()
 		}, "404 Not Found"},
-		{"not a GGUF remote", Params{URL: text.URL + "/x.gguf"}, as(new(*NotGGUFError)), `not a GGUF file (starts with "<htm")`},
+		{"not a GGUF remote", Params{URL: text.URL + "/x.gguf"}, as(new(*NotGGUFError)), `not a GGUF file (it does not start with the GGUF magic)`},
 		{"not a GGUF local", Params{Path: textPath}, as(new(*NotGGUFError)), "not a GGUF file"},
 		{"no range support", Params{URL: noRange.URL + "/x.gguf"}, as(new(*NoRangeError)), "does not support HTTP range requests"},
 		{"truncated remote", Params{URL: trunc.URL + "/x.gguf"}, as(new(*ParseError)), "parsing the GGUF header"},

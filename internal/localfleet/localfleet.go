@@ -21,6 +21,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -171,6 +172,9 @@ func Start(ctx context.Context, opts Options) (_ *Fleet, err error) {
 	if err := f.serveModels(); err != nil {
 		return nil, err
 	}
+	if err := f.allowLocalSources(ctx); err != nil {
+		return nil, err
+	}
 
 	f.logf("Starting the manager")
 	probe, err := freePort()
@@ -257,6 +261,35 @@ func (f *Fleet) installManifests(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("kubectl apply -f %s: %w\n%s", dir, err, out)
 		}
+	}
+	return nil
+}
+
+// allowLocalSources creates the SourcePolicy of a fleet on one machine: every
+// namespace may use the registries, the model server (plain HTTP on loopback) and the
+// files in ModelsDir, and fetches may connect to loopback — which the default policy
+// denies everywhere else.
+func (f *Fleet) allowLocalSources(ctx context.Context) error {
+	u, err := url.Parse(f.ModelsURL)
+	if err != nil {
+		return fmt.Errorf("the model server's address %q: %w", f.ModelsURL, err)
+	}
+	hosts := []string{u.Hostname(), "localhost", f.HostIP}
+	slices.Sort(hosts)
+	hosts = slices.Compact(hosts) // a set: the API refuses duplicates
+	sp := &v1alpha1.SourcePolicy{ObjectMeta: metav1.ObjectMeta{Name: v1alpha1.SourcePolicyName},
+		Spec: v1alpha1.SourcePolicySpec{
+			Rules: []v1alpha1.SourcePolicyRule{{
+				Namespaces:      []string{"*"},
+				Registries:      []v1alpha1.SourceRegistry{v1alpha1.RegistryHF, v1alpha1.RegistryOllama},
+				Hosts:           hosts,
+				AllowPlainHTTP:  true,
+				FileDirectories: []string{f.ModelsDir},
+			}},
+			AllowedNetworks: []string{"127.0.0.0/8", "::1/128"},
+		}}
+	if err := f.Client.Create(ctx, sp); err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("creating the local fleet's SourcePolicy: %w", err)
 	}
 	return nil
 }

@@ -110,6 +110,11 @@ func TestControlPlaneWiring(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// The deployment's source must be one the SourcePolicy allows its namespace.
+	if err := c.Create(ctx, &mfv1.SourcePolicy{ObjectMeta: metav1.ObjectMeta{Name: mfv1.SourcePolicyName},
+		Spec: mfv1.SourcePolicySpec{Rules: []mfv1.SourcePolicyRule{{Namespaces: []string{"*"}, Hosts: []string{"models.example"}}}}}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
 	md := &mfv1.ModelDeployment{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "chat"},
 		Spec: mfv1.ModelDeploymentSpec{

@@ -40,7 +40,8 @@ func TestInstallUpgradeUninstall(t *testing.T) {
 		"--namespace", installNamespace, "--create-namespace")
 	// NOTES.txt tells what to do next: node credentials, agents, the gateway.
 	for _, want := range []string{"macfleet nodes credentials <mac> -o", "macfleet agent --kubeconfig", "macfleet agent install --",
-		"port-forward svc/macfleet-gateway 8080:80", "/v1/chat/completions"} {
+		"port-forward svc/macfleet-gateway 8080:80", "/v1/chat/completions",
+		`SourcePolicy "default" grants its namespace (from the chart's sourcePolicy values):`, "kubectl get sourcepolicy default"} {
 		if !strings.Contains(notes, want) {
 			t.Errorf("helm install output lacks %q:\n%s", want, notes)
 		}

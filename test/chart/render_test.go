@@ -121,6 +121,7 @@ func TestTemplateObjects(t *testing.T) {
 		{"Deployment", testNamespace, "macfleet-gateway"},
 		{"Service", testNamespace, "macfleet-gateway"},
 		{"Secret", testNamespace, "macfleet-fleet-token"},
+		{"SourcePolicy", "", "default"},
 	} {
 		want[k] = nil
 	}

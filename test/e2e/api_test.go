@@ -179,7 +179,7 @@ func checkResponses(t *testing.T, c openai.Client, model string) {
 		t.Errorf("streamed %q, final %+v", deltas.String(), final)
 	}
 	call := responses.ResponseNewParams{Model: model, Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("Weather in Paris?")},
-		MaxOutputTokens: openai.Int(128), ParallelToolCalls: openai.Bool(false),
+		MaxOutputTokens: openai.Int(200), ParallelToolCalls: openai.Bool(false),
 		ToolChoice: responses.ResponseNewParamsToolChoiceUnion{OfToolChoiceMode: openai.Opt(responses.ToolChoiceOptionsRequired)},
 		Tools: []responses.ToolUnionParam{{OfFunction: &responses.FunctionToolParam{Name: "get_weather", Strict: openai.Bool(true),
 			Parameters: map[string]any{"type": "object", "properties": map[string]any{"city": map[string]any{"type": "string", "maxLength": 24}},
@@ -233,7 +233,7 @@ func checkAnthropic(t *testing.T, model string) {
 	if err := json.Unmarshal(b, &msg); err != nil || resp.StatusCode != 200 || msg.Usage.InputTokens == 0 || len(msg.Content) == 0 {
 		t.Fatalf("message: %d %s", resp.StatusCode, b)
 	}
-	resp, b = send(fmt.Sprintf(`{"model":%q,"max_tokens":64,"tool_choice":{"type":"any"},"messages":[{"role":"user","content":"Weather in Paris?"}],
+	resp, b = send(fmt.Sprintf(`{"model":%q,"max_tokens":200,"tool_choice":{"type":"any","disable_parallel_tool_use":true},"messages":[{"role":"user","content":"Weather in Paris?"}],
 		"tools":[{"name":"get_weather","input_schema":{"type":"object","properties":{"city":{"type":"string","maxLength":24}},"required":["city"]}}]}`, model))
 	msg.Content = nil
 	if err := json.Unmarshal(b, &msg); err != nil || resp.StatusCode != 200 || msg.StopReason != "tool_use" ||

@@ -88,7 +88,7 @@ async function main() {
   const streamed = final.output.filter((i) => i.type === "message").flatMap((i) => i.content).map((c) => c.text).join("");
   check(deltas.length > 0 && streamed === deltas, "responses: stream", { deltas, streamed });
   const called2 = await client.responses.create({
-    model, input: "Weather in Paris?", max_output_tokens: 128, tool_choice: "required", parallel_tool_calls: false,
+    model, input: "Weather in Paris?", max_output_tokens: 200, tool_choice: "required", parallel_tool_calls: false,
     tools: [{ type: "function", name: "get_weather", strict: true, parameters: weather.function.parameters }],
   });
   const fc = called2.output.find((i) => i.type === "function_call");

@@ -203,7 +203,8 @@ func secondTurn(b *testing.B, model string, tools bool) {
 		med[name] = ds[len(ds)/2]
 		b.ReportMetric(float64(med[name].Microseconds())/1000, "ms-"+name)
 		// What is left to prefill decides a restored turn's TTFT: the conversations of
-		// each case differ, and where a restore stops is block-aligned.
+		// each case differ, and so do their replies (a reply whose text is not what the
+		// model generated, U+FFFD for bytes that are not UTF-8, is prefilled again).
 		var rounds []string
 		for _, x := range s {
 			rounds = append(rounds, fmt.Sprintf("%.0f ms/%d", float64(x.ttft.Microseconds())/1000, x.prompt-x.cached))

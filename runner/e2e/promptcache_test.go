@@ -8,7 +8,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
+	"github.com/macfleet/macfleet/internal/testassets"
 	"github.com/macfleet/macfleet/runner/api"
 )
 
@@ -317,4 +319,56 @@ func TestPromptCacheClearReclaimsFootprint(t *testing.T) {
 		t.Errorf("clearing %d hot bytes reclaimed only %d bytes of footprint", cc.HotBytesCleared, cc.BytesReclaimed)
 	}
 	t.Logf("hot tier %d bytes in %d entries; footprint drop %d bytes", cc.HotBytesCleared, cc.HotEntriesCleared, cc.BytesReclaimed)
+}
+
+// TestPromptCacheReadsRepliesAsGenerated proves that a second turn prefills only what
+// follows the first turn's reply even when the reply's text re-tokenizes into other
+// tokens than the model generated (a random-weight model with the real Llama 3
+// vocabulary does that on most replies): the prompt continues the state's tokens as
+// far as its text does.
+func TestPromptCacheReadsRepliesAsGenerated(t *testing.T) {
+	r := startReady(t, specModel(t, "llama31", testassets.Llama31Spec), "--prompt-cache-block", "32",
+		"--prompt-cache-hot-bytes", fmt.Sprint(1<<30))
+	const replyTokens = 40
+	checked := 0
+	for seed := uint64(1); seed <= 8 && checked < 2; seed++ {
+		first := []chatMsg{{"role": "system", "content": "You answer in one sentence."},
+			{"role": "user", "content": words(seed, 60)}}
+		reply, u1 := chatTurn(t, r, first, replyTokens)
+		second := append(append([]chatMsg(nil), first...), chatMsg{"role": "assistant", "content": reply},
+			chatMsg{"role": "user", "content": words(seed+100, 12)})
+		empty := append(append([]chatMsg(nil), second[:2]...), chatMsg{"role": "assistant", "content": ""}, second[3])
+		// A reply whose text is not the generated text cannot be read as generated: the
+		// template trims leading white space, and bytes that are not UTF-8 come back as
+		// U+FFFD. The reply's usual tokens: the prompt with it less without it.
+		reTokenized := tokenCount(t, r, second) - tokenCount(t, r, empty)
+		if strings.TrimSpace(reply) != reply || strings.ContainsRune(reply, utf8.RuneError) ||
+			u1.CompletionTokens != replyTokens || reTokenized == u1.CompletionTokens {
+			t.Logf("seed %d: reply %q (%d tokens, %d re-tokenized): not one that re-tokenizes otherwise", seed, reply,
+				u1.CompletionTokens, reTokenized)
+			continue
+		}
+		checked++
+		// Another conversation takes the only slot: the state comes from the hot tier.
+		chatTurn(t, r, []chatMsg{{"role": "user", "content": words(seed+200, 8)}}, 2)
+		before := promptCacheStatus(t, r)
+		_, u2 := chatTurn(t, r, second, 4)
+		after := promptCacheStatus(t, r)
+		if after.Restores != before.Restores+1 {
+			t.Fatalf("seed %d: the second turn restored nothing: %+v", seed, after)
+		}
+		// What follows the reply: end of turn, the user's message, the generation
+		// prefix; plus the last generated token (never decoded, so not in the state)
+		// and a token or two where its text joins what follows.
+		after2 := tokenCount(t, r, empty) - u1.PromptTokens
+		prefilled := u2.PromptTokens - cachedTokens(u2)
+		t.Logf("seed %d: reply %q of %d tokens re-tokenizes into %d; second turn %d prompt tokens, %d prefilled (%d follow the reply)",
+			seed, reply, u1.CompletionTokens, reTokenized, u2.PromptTokens, prefilled, after2)
+		if prefilled > after2+3 || prefilled < 1 {
+			t.Errorf("seed %d: %d tokens prefilled, want at most %d: the reply was prefilled again", seed, prefilled, after2+3)
+		}
+	}
+	if checked < 2 {
+		t.Fatalf("only %d of 8 replies re-tokenize into other tokens than generated: this test cannot tell", checked)
+	}
 }

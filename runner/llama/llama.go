@@ -177,10 +177,11 @@ type ModelParams struct {
 
 // Model is a loaded model. Its read-only methods are safe for concurrent use.
 type Model struct {
-	c      *C.struct_llama_model
-	vocab  *C.struct_llama_vocab
-	pieces [][]byte // token id → text piece (control tokens render empty)
-	eog    []bool
+	c       *C.struct_llama_model
+	vocab   *C.struct_llama_vocab
+	pieces  [][]byte         // token id → text piece (control tokens render empty)
+	control map[int32][]byte // the text of the tokens whose piece is empty (control tokens)
+	eog     []bool
 
 	utf8Once sync.Once
 	utf8     *utf8Table // UTF-8 classes of the pieces, for sampling under a grammar
@@ -200,7 +201,7 @@ func LoadModel(path string, p ModelParams) (*Model, error) {
 	if c == nil {
 		return nil, fmt.Errorf("llama.cpp could not load %s (see its log on stderr)", path)
 	}
-	m := &Model{c: c, vocab: C.llama_model_get_vocab(c)}
+	m := &Model{c: c, vocab: C.llama_model_get_vocab(c), control: map[int32][]byte{}}
 	n := m.NVocab()
 	m.pieces = make([][]byte, n)
 	m.eog = make([]bool, n)
@@ -213,6 +214,8 @@ func LoadModel(path string, p ModelParams) (*Model, error) {
 		}
 		if k > 0 {
 			m.pieces[i] = append([]byte(nil), buf[:k]...)
+		} else if t := m.TokenText(int32(i)); t != "" {
+			m.control[int32(i)] = []byte(t)
 		}
 		m.eog[i] = bool(C.llama_vocab_is_eog(m.vocab, C.llama_token(i)))
 	}
@@ -326,6 +329,16 @@ func (m *Model) Piece(tok int32) []byte {
 		return nil
 	}
 	return m.pieces[tok]
+}
+
+// PromptText is the text a token stands for in a prompt: its piece, or for a control
+// token the text that tokenizes to it with special tokens parsed. The slice must not
+// be modified.
+func (m *Model) PromptText(tok int32) []byte {
+	if p := m.Piece(tok); len(p) > 0 {
+		return p
+	}
+	return m.control[tok]
 }
 
 // Tokenize converts text to tokens. addSpecial adds BOS (and EOS) as the model is

@@ -141,7 +141,7 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 		writeError(w, herr)
 		return
 	}
-	s.generate(w, r, eng, &co, s.modelName(req.Model), toks, opts)
+	s.generate(w, r, eng, &co, s.modelName(req.Model), prompt, toks, opts)
 }
 
 // chatGrammar builds the grammar that response_format and tool_choice put the output

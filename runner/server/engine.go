@@ -325,16 +325,6 @@ func (e *engine) pickSlot(j *job) (*slot, int) {
 	return best, bestKeep
 }
 
-func commonPrefix(a, b []int32) int {
-	n := min(len(a), len(b))
-	for i := range n {
-		if a[i] != b[i] {
-			return i
-		}
-	}
-	return n
-}
-
 func (e *engine) assign(s *slot, j *job, keep int) {
 	// A generation must decode at least its last prompt token to get logits.
 	if !j.embed && keep >= len(j.tokens) {

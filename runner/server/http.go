@@ -262,7 +262,11 @@ func (s *Server) handleCompletion(w http.ResponseWriter, r *http.Request) {
 		writeError(w, herr)
 		return
 	}
-	s.generate(w, r, eng, nil, s.modelName(req.Model), toks, opts)
+	text := ""
+	if req.Prompt.Texts != nil {
+		text = req.Prompt.Texts[0]
+	}
+	s.generate(w, r, eng, nil, s.modelName(req.Model), text, toks, opts)
 }
 
 // inputTokens tokenizes input i of in (text gets BOS; token ids are checked).
@@ -285,17 +289,23 @@ func (s *Server) inputTokens(in api.Input, i int, param string, parseSpecial boo
 }
 
 // generate runs a chat (co set) or text completion job and writes its response.
-func (s *Server) generate(w http.ResponseWriter, r *http.Request, eng *engine, co *chat.Options, model string, toks []int32, opts api.Options) {
+// text is the prompt's text when it was tokenized from one ("" for token ids).
+func (s *Server) generate(w http.ResponseWriter, r *http.Request, eng *engine, co *chat.Options, model string,
+	text string, toks []int32, opts api.Options) {
 	isChat := co != nil
 	param := "prompt"
 	if isChat {
 		param = "messages"
 	}
-	switch {
-	case len(toks) == 0:
+	if len(toks) == 0 {
 		writeError(w, api.InvalidRequest(api.CodeInvalidValue, param, "the prompt is empty"))
 		return
-	case len(toks) >= s.nCtxSeq:
+	}
+	var restore *restoreState
+	if len(toks) < s.nCtxSeq {
+		restore, toks = s.lookupPrompt(text, toks)
+	}
+	if len(toks) >= s.nCtxSeq {
 		writeError(w, api.ContextExceeded(len(toks), s.nCtxSeq))
 		return
 	}
@@ -311,7 +321,6 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, eng *engine, c
 	out := responder{w: w, chat: isChat, id: api.NewID(map[bool]string{true: "chatcmpl-", false: "cmpl-"}[isChat]),
 		created: time.Now().Unix(), model: model, promptTokens: len(toks), includeUsage: opts.IncludeUsage,
 		logprobs: opts.Logprobs, notify: make(chan struct{}, 1)}
-	restore := s.lookupPrompt(toks)
 	for i := range opts.N {
 		o := opts
 		o.Seed += uint32(i) // each choice its own reproducible sequence

@@ -245,28 +245,33 @@ func (pc *promptCache) active() bool {
 
 // lookup finds the longest cached prefix of tokens, hot tier first, then the SSD: the
 // deepest block key found, extended to every token its state shares with the prompt.
-// It leaves the last token out: a generation must prefill at least one token to get
-// logits. It runs on the request's handler, so SSD reads never stall the engine.
-func (pc *promptCache) lookup(tokens []int32) *restoreState {
+// align (nil: none) may give the prompt other tokens that share more with the state;
+// lookup returns the tokens to generate from. It leaves the last token out: a
+// generation must prefill at least one token to get logits. It runs on the request's
+// handler, so SSD reads never stall the engine.
+func (pc *promptCache) lookup(tokens []int32, align func(saved []int32) []int32) (*restoreState, []int32) {
 	if !pc.active() || len(tokens) < 2 {
-		return nil
+		return nil, tokens
 	}
 	start := time.Now()
 	keys := promptcache.BlockKeys(pc.id, tokens[:len(tokens)-1], pc.block)
 	for len(keys) > 0 {
 		depth, data, tier := pc.c.Longest(keys)
 		if depth == 0 {
-			return nil
+			return nil, tokens
 		}
 		n := depth * pc.block
 		r, err := pc.resolve(data, tokens[:n])
 		if err == nil {
 			// The state usually holds more than the block-aligned key: the rest of the
 			// last turn's prompt and its answer. Restore all that the prompt shares.
+			if align != nil {
+				tokens = align(r.tokens)
+			}
 			n = commonPrefix(r.tokens, tokens[:len(tokens)-1])
 			r.tokens = r.tokens[:n]
 			r.n, r.tier, r.found = n, tier, time.Since(start)
-			return r
+			return r, tokens
 		}
 		// A dangling reference, or an entry that does not hold these tokens (which a
 		// key collision would take): drop it and look for a shallower one.
@@ -274,7 +279,7 @@ func (pc *promptCache) lookup(tokens []int32) *restoreState {
 		pc.forget(keys[depth-1])
 		keys = keys[:depth-1]
 	}
-	return nil
+	return nil, tokens
 }
 
 // resolve follows a reference and checks that the state holds want.
@@ -508,12 +513,29 @@ func (s *Server) handleCacheBudget(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, s.pc.setBudget(b))
 }
 
-// lookupPrompt finds a cached state for a generation's prompt (nil: none).
-func (s *Server) lookupPrompt(toks []int32) *restoreState {
+// lookupPrompt finds a cached state for a generation's prompt (nil: none) and
+// returns the tokens to generate from: when text is the prompt's text, they continue
+// the state's tokens as far as the text does (see alignPrompt).
+func (s *Server) lookupPrompt(text string, toks []int32) (*restoreState, []int32) {
 	if s.pc == nil {
-		return nil
+		return nil, toks
 	}
-	return s.pc.lookup(toks)
+	var align func([]int32) []int32
+	if text != "" {
+		align = func(saved []int32) []int32 {
+			return alignPrompt(promptVocab{s.model}, text, toks, saved, s.model.BOS())
+		}
+	}
+	return s.pc.lookup(toks, align)
+}
+
+// promptVocab is the loaded model's vocabulary for alignPrompt.
+type promptVocab struct{ m *llama.Model }
+
+func (v promptVocab) PromptText(tok int32) []byte { return v.m.PromptText(tok) }
+
+func (v promptVocab) TokenizeTail(text string) ([]int32, error) {
+	return v.m.Tokenize(text, false, true)
 }
 
 // promptCacheStatus is the /status part (nil without a cache).

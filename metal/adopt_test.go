@@ -334,7 +334,10 @@ func TestAdoptRunners(t *testing.T) {
 		if err != nil || !strings.Contains(string(logText), "No request within the orphan timeout") {
 			t.Errorf("the runner's log (%v) does not say it stopped for the orphan timeout:\n%s", err, logText)
 		}
-		// Its record is left for the next agent, which cleans it up.
+		// Its record is left for the next agent, which cleans it up. (Until this
+		// process, its parent here, has reaped it, a zombie still answers to its pid and
+		// start time, and would be "stopped".)
+		procWaitClosed(t, r.Exited(), 15*time.Second, "the orphaned runner to be reaped")
 		if n, err := env.factory().StopUnclaimed(t.Context()); n != 0 || err != nil {
 			t.Errorf("StopUnclaimed = %d, %v; want 0, nil", n, err)
 		}

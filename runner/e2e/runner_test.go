@@ -294,46 +294,61 @@ func TestConcurrentStreamsMatchAlone(t *testing.T) {
 				t.Fatalf("cache clear: %d", code)
 			}
 
-			got := make([]string, n)
-			var maxBusy int
-			var wg sync.WaitGroup
-			start := make(chan struct{})
-			for i, p := range prompts {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					<-start
-					_, got[i], _, _ = streamChat(t, r, context.Background(), chatBody(p, 48, true), func(chunk) bool {
-						return true
-					})
-				}()
-			}
-			stopPoll := make(chan struct{})
-			polled := make(chan struct{})
-			go func() {
-				defer close(polled)
-				for {
-					select {
-					case <-stopPoll:
-						return
-					default:
-					}
-					var st api.Status
-					if _, err := r.getJSON("/status", &st); err == nil && st.SlotsBusy > maxBusy {
-						maxBusy = st.SlotsBusy
-					}
-					time.Sleep(2 * time.Millisecond)
+			// The comparison means something only if the streams shared the engine: on a
+			// busy machine one may end before another starts, so a run that did not
+			// overlap is run again (three runs at most).
+			concurrent := func() (got []string, maxBusy int) {
+				got = make([]string, n)
+				var wg sync.WaitGroup
+				start := make(chan struct{})
+				for i, p := range prompts {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						<-start
+						_, got[i], _, _ = streamChat(t, r, context.Background(), chatBody(p, 48, true), func(chunk) bool {
+							return true
+						})
+					}()
 				}
-			}()
-			close(start)
-			wg.Wait()
-			close(stopPoll)
-			<-polled
-			if d := cmp.Diff(alone, got); d != "" {
-				t.Errorf("concurrent outputs differ from solo outputs (-alone +concurrent):\n%s", d)
+				stopPoll := make(chan struct{})
+				polled := make(chan struct{})
+				go func() {
+					defer close(polled)
+					for {
+						select {
+						case <-stopPoll:
+							return
+						default:
+						}
+						var st api.Status
+						if _, err := r.getJSON("/status", &st); err == nil && st.SlotsBusy > maxBusy {
+							maxBusy = st.SlotsBusy
+						}
+						time.Sleep(2 * time.Millisecond)
+					}
+				}()
+				close(start)
+				wg.Wait()
+				close(stopPoll)
+				<-polled
+				return got, maxBusy
 			}
-			if maxBusy < 2 {
-				t.Errorf("at most %d slot(s) were busy at once; the streams did not overlap", maxBusy)
+			for run := 1; ; run++ {
+				got, maxBusy := concurrent()
+				if d := cmp.Diff(alone, got); d != "" {
+					t.Errorf("concurrent outputs differ from solo outputs (-alone +concurrent):\n%s", d)
+				}
+				if maxBusy >= 2 {
+					break
+				}
+				if run == 3 {
+					t.Fatalf("in %d runs at most %d slot(s) were busy at once; the streams did not overlap", run, maxBusy)
+				}
+				t.Logf("run %d: at most %d slot(s) busy at once; running again", run, maxBusy)
+				if code := r.postJSON("/cache/clear", nil, &cc); code != http.StatusOK {
+					t.Fatalf("cache clear: %d", code)
+				}
 			}
 		})
 	}

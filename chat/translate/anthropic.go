@@ -299,15 +299,18 @@ func anthropicError(w http.ResponseWriter, e *chatError) {
 	writeJSON(w, e.Status, anthropicErrorBody(e))
 }
 
-// stopReason maps a chat finish reason.
-func stopReason(finish string) string {
-	switch finish {
-	case "length":
-		return "max_tokens"
-	case "tool_calls":
-		return "tool_use"
+// stopReason maps a chat finish reason and the stop string that ended the answer to
+// Anthropic's stop_reason and stop_sequence.
+func stopReason(finish, stopSeq string) (string, any) {
+	switch {
+	case finish == "length":
+		return "max_tokens", nil
+	case finish == "tool_calls":
+		return "tool_use", nil
+	case stopSeq != "":
+		return "stop_sequence", stopSeq
 	}
-	return "end_turn"
+	return "end_turn", nil
 }
 
 type anthropicWhole struct{ w http.ResponseWriter }
@@ -329,9 +332,10 @@ func (a *anthropicWhole) whole(c *api.ChatCompletion) {
 	if c.Usage != nil {
 		in, out = c.Usage.PromptTokens, c.Usage.CompletionTokens
 	}
+	reason, seq := stopReason(ch.FinishReason, ch.StopSequence)
 	writeJSON(a.w, http.StatusOK, map[string]any{"id": "msg_" + strings.TrimPrefix(c.ID, "chatcmpl-"), "type": "message",
-		"role": "assistant", "model": c.Model, "content": content, "stop_reason": stopReason(ch.FinishReason),
-		"stop_sequence": nil, "usage": map[string]any{"input_tokens": in, "output_tokens": out}})
+		"role": "assistant", "model": c.Model, "content": content, "stop_reason": reason,
+		"stop_sequence": seq, "usage": map[string]any{"input_tokens": in, "output_tokens": out}})
 }
 
 func (a *anthropicWhole) chunk(*api.ChatCompletionChunk) {}
@@ -351,6 +355,7 @@ type anthropicStream struct {
 	index   int    // the open block's index
 	open    string // the open block's kind: "", thinking, text, tool_use
 	finish  string
+	stopSeq string
 	usage   *api.Usage
 }
 
@@ -413,7 +418,7 @@ func (a *anthropicStream) chunk(c *api.ChatCompletionChunk) {
 			}
 		}
 		if ch.FinishReason != nil {
-			a.finish = *ch.FinishReason
+			a.finish, a.stopSeq = *ch.FinishReason, ch.StopSequence
 		}
 	}
 }
@@ -433,8 +438,9 @@ func (a *anthropicStream) end(err *chatError) {
 	if a.usage != nil {
 		usage = map[string]any{"input_tokens": a.usage.PromptTokens, "output_tokens": a.usage.CompletionTokens}
 	}
+	reason, seq := stopReason(a.finish, a.stopSeq)
 	a.sse.send("message_delta", map[string]any{"type": "message_delta",
-		"delta": map[string]any{"stop_reason": stopReason(a.finish), "stop_sequence": nil}, "usage": usage})
+		"delta": map[string]any{"stop_reason": reason, "stop_sequence": seq}, "usage": usage})
 	a.sse.send("message_stop", map[string]any{"type": "message_stop"})
 }
 

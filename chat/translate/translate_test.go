@@ -320,3 +320,22 @@ func TestResponsesWithTheOfficialClient(t *testing.T) {
 		t.Errorf("streamed text %q args %q, final %+v", text.String(), args.String(), final)
 	}
 }
+
+func TestAnthropicStopReason(t *testing.T) {
+	for _, tc := range []struct {
+		finish, stopSeq string
+		reason          string
+		seq             any
+	}{
+		{"stop", "", "end_turn", nil},
+		{"stop", "END", "stop_sequence", "END"},
+		{"length", "", "max_tokens", nil},
+		{"tool_calls", "", "tool_use", nil},
+		{"tool_calls", "END", "tool_use", nil}, // the calls are what the client must act on
+	} {
+		reason, seq := stopReason(tc.finish, tc.stopSeq)
+		if reason != tc.reason || seq != tc.seq {
+			t.Errorf("stopReason(%q, %q) = %q, %v; want %q, %v", tc.finish, tc.stopSeq, reason, seq, tc.reason, tc.seq)
+		}
+	}
+}

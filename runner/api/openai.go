@@ -439,6 +439,9 @@ type ChatChoice struct {
 	Message      ChatMessageOut `json:"message"`
 	Logprobs     *ChatLogprobs  `json:"logprobs"`
 	FinishReason string         `json:"finish_reason"`
+	// StopSequence is the stop string that ended the choice (an extension of
+	// OpenAI's shape; the Anthropic API reports it).
+	StopSequence string `json:"stop_sequence,omitempty"`
 }
 
 // ChatCompletion is a non-streamed chat completion.
@@ -465,6 +468,7 @@ type ChatChunkChoice struct {
 	Delta        ChatDelta     `json:"delta"`
 	Logprobs     *ChatLogprobs `json:"logprobs"`
 	FinishReason *string       `json:"finish_reason"`
+	StopSequence string        `json:"stop_sequence,omitempty"` // on the chunk with finish_reason
 }
 
 // ChatCompletionChunk is one SSE event of a streamed chat completion.
@@ -484,6 +488,7 @@ type TextChoice struct {
 	Text         string        `json:"text"`
 	Logprobs     *TextLogprobs `json:"logprobs"`
 	FinishReason *string       `json:"finish_reason"`
+	StopSequence string        `json:"stop_sequence,omitempty"` // as ChatChoice's
 }
 
 // Completion is a text completion or one chunk of a streamed one.

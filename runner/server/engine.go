@@ -516,6 +516,9 @@ func (e *engine) sample(s *slot) {
 	j.mu.Unlock()
 	switch {
 	case stopped:
+		j.mu.Lock()
+		j.stopSeq = s.stream.Matched()
+		j.mu.Unlock()
 		e.finish(s, "stop")
 	case j.opts.MaxTokens > 0 && generated >= j.opts.MaxTokens,
 		len(s.cached) >= e.nCtxSeq: // no cell left to decode the token into

@@ -34,6 +34,7 @@ type job struct {
 	logprobs  []api.TokenLogprob
 	done      bool
 	finish    string     // stop or length, when done without error
+	stopSeq   string     // the stop string that ended the generation
 	err       *api.Error // when done with an error
 	generated int        // completion tokens
 	cached    int        // prompt tokens reused from the slot's KV cache
@@ -113,13 +114,14 @@ type update struct {
 	err       *api.Error
 	generated int
 	cached    int
+	stopSeq   string
 }
 
 func (j *job) take() update {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	u := update{text: j.text.String(), logprobs: j.logprobs, done: j.done, finish: j.finish, err: j.err,
-		generated: j.generated, cached: j.cached}
+		generated: j.generated, cached: j.cached, stopSeq: j.stopSeq}
 	j.text.Reset()
 	j.logprobs = nil
 	return u

@@ -112,7 +112,7 @@ func (o *responder) whole(r *http.Request) {
 			out := api.Completion{ID: o.id, Object: "text_completion", Created: o.created, Model: o.model, Usage: o.usage()}
 			for _, c := range o.choices {
 				finish := c.last.finish
-				tc := api.TextChoice{Index: c.index, Text: c.text.String(), FinishReason: &finish}
+				tc := api.TextChoice{Index: c.index, Text: c.text.String(), FinishReason: &finish, StopSequence: c.last.stopSeq}
 				if o.logprobs {
 					tc.Logprobs = api.TextLogprobsOf(c.lps, 0)
 				}
@@ -133,7 +133,7 @@ func (o *responder) whole(r *http.Request) {
 			for i := range msg.ToolCalls {
 				msg.ToolCalls[i].Index = nil
 			}
-			cc := api.ChatChoice{Index: c.index, Message: msg, FinishReason: c.finishReason()}
+			cc := api.ChatChoice{Index: c.index, Message: msg, FinishReason: c.finishReason(), StopSequence: c.last.stopSeq}
 			if o.logprobs {
 				cc.Logprobs = &api.ChatLogprobs{Content: nonNil(c.lps), Refusal: []api.TokenLogprob{}}
 			}
@@ -251,9 +251,12 @@ func (o *responder) sendEnd(send func(any) bool, c *choice) bool {
 	finish := c.finishReason()
 	if !o.chat {
 		return send(api.Completion{ID: o.id, Object: "text_completion", Created: o.created, Model: o.model,
-			Choices: []api.TextChoice{{Index: c.index, Text: "", Logprobs: o.textLogprobs(c, ""), FinishReason: &finish}}})
+			Choices: []api.TextChoice{{Index: c.index, Text: "", Logprobs: o.textLogprobs(c, ""), FinishReason: &finish,
+				StopSequence: c.last.stopSeq}}})
 	}
-	return send(o.chatChunk(c, api.ChatDelta{}, &finish))
+	chunk := o.chatChunk(c, api.ChatDelta{}, &finish)
+	chunk.Choices[0].StopSequence = c.last.stopSeq
+	return send(chunk)
 }
 
 // sendText sends generated text: as is for a text completion, through the parser for

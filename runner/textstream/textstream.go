@@ -14,6 +14,7 @@ type Stream struct {
 	raw     []byte // bytes of an incomplete UTF-8 character
 	held    string // decoded text that may be the start of a stop string
 	stopped bool
+	matched string // the stop string that ended the stream
 }
 
 // New returns a Stream that ends at the first occurrence of any of stops (empty
@@ -40,8 +41,8 @@ func (s *Stream) Push(piece []byte) (out string, stopped bool) {
 	s.raw = append(s.raw[:0], s.raw[n:]...)
 	s.held = ""
 
-	if i := s.firstStop(text); i >= 0 {
-		s.stopped = true
+	if i, st := s.firstStop(text); i >= 0 {
+		s.stopped, s.matched = true, st
 		s.raw = nil
 		return text[:i], true
 	}
@@ -64,14 +65,19 @@ func (s *Stream) Flush() string {
 // Stopped reports whether a stop string ended the stream.
 func (s *Stream) Stopped() bool { return s.stopped }
 
-func (s *Stream) firstStop(text string) int {
-	best := -1
+// Matched is the stop string that ended the stream ("" while it has not).
+func (s *Stream) Matched() string { return s.matched }
+
+// firstStop finds the stop string that occurs first in text (the longest of those at
+// the same place) and where.
+func (s *Stream) firstStop(text string) (int, string) {
+	best, which := -1, ""
 	for _, st := range s.stops {
-		if i := strings.Index(text, st); i >= 0 && (best < 0 || i < best) {
-			best = i
+		if i := strings.Index(text, st); i >= 0 && (best < 0 || i < best || (i == best && len(st) > len(which))) {
+			best, which = i, st
 		}
 	}
-	return best
+	return best, which
 }
 
 // holdBack is the length of the longest suffix of text that is a proper prefix of a

@@ -16,6 +16,7 @@ func TestStream(t *testing.T) {
 		wantChunks  []string // output of each Push
 		wantFlush   string
 		wantStopped bool
+		wantMatched string
 	}{
 		{
 			name:       "plain text passes through",
@@ -44,6 +45,7 @@ func TestStream(t *testing.T) {
 			pieces:      [][]byte{[]byte("abcENDdef"), []byte("more")},
 			wantChunks:  []string{"abc", ""},
 			wantStopped: true,
+			wantMatched: "END",
 		},
 		{
 			name:        "a stop string across pieces is never sent",
@@ -51,6 +53,7 @@ func TestStream(t *testing.T) {
 			pieces:      [][]byte{[]byte("ok <"), []byte("/"), []byte("s>tail")},
 			wantChunks:  []string{"ok ", "", ""},
 			wantStopped: true,
+			wantMatched: "</s>",
 		},
 		{
 			name:       "a false start is released once it diverges",
@@ -71,6 +74,15 @@ func TestStream(t *testing.T) {
 			pieces:      [][]byte{[]byte("abzz")},
 			wantChunks:  []string{"a"},
 			wantStopped: true,
+			wantMatched: "b",
+		},
+		{
+			name:        "of stops at the same place the longest is the one matched",
+			stops:       []string{"en", "end"},
+			pieces:      [][]byte{[]byte("the end")},
+			wantChunks:  []string{"the "},
+			wantStopped: true,
+			wantMatched: "end",
 		},
 		{
 			name:       "empty stop strings are ignored",
@@ -95,6 +107,9 @@ func TestStream(t *testing.T) {
 			}
 			if s.Stopped() != tt.wantStopped {
 				t.Errorf("Stopped() = %v, want %v", s.Stopped(), tt.wantStopped)
+			}
+			if s.Matched() != tt.wantMatched {
+				t.Errorf("Matched() = %q, want %q", s.Matched(), tt.wantMatched)
 			}
 		})
 	}

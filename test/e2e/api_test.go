@@ -218,9 +218,10 @@ func checkAnthropic(t *testing.T, model string) {
 		return resp, b
 	}
 	var msg struct {
-		Type       string
-		StopReason string `json:"stop_reason"`
-		Content    []struct {
+		Type         string
+		StopReason   string  `json:"stop_reason"`
+		StopSequence *string `json:"stop_sequence"`
+		Content      []struct {
 			Type, Text, Name string
 			Input            map[string]any
 		}
@@ -239,6 +240,35 @@ func checkAnthropic(t *testing.T, model string) {
 	if err := json.Unmarshal(b, &msg); err != nil || resp.StatusCode != 200 || msg.StopReason != "tool_use" ||
 		msg.Content[len(msg.Content)-1].Type != "tool_use" || msg.Content[len(msg.Content)-1].Input["city"] == nil {
 		t.Fatalf("tool use: %d %s", resp.StatusCode, b)
+	}
+	// A stop sequence taken from the middle of a greedy answer ends the same answer
+	// there, and is reported as Anthropic reports it.
+	greedy := fmt.Sprintf(`{"model":%q,"max_tokens":24,"temperature":0,"messages":[{"role":"user","content":"Tell a story"}]`, model)
+	resp, b = send(greedy + "}")
+	msg.Content = nil
+	if err := json.Unmarshal(b, &msg); err != nil || resp.StatusCode != 200 || len(msg.Content) != 1 ||
+		msg.StopReason != "max_tokens" || msg.StopSequence != nil {
+		t.Fatalf("greedy answer: %d %s", resp.StatusCode, b)
+	}
+	full := []rune(msg.Content[0].Text)
+	if len(full) < 8 {
+		t.Fatalf("greedy answer too short to take a stop sequence from: %q", string(full))
+	}
+	stop := string(full[len(full)/2 : len(full)/2+3])
+	want := string(full)[:strings.Index(string(full), stop)]
+	stopJSON, _ := json.Marshal([]string{stop})
+	resp, b = send(greedy + `,"stop_sequences":` + string(stopJSON) + "}")
+	msg.Content, msg.StopSequence = nil, nil
+	if err := json.Unmarshal(b, &msg); err != nil || resp.StatusCode != 200 || msg.StopReason != "stop_sequence" ||
+		msg.StopSequence == nil || *msg.StopSequence != stop {
+		t.Fatalf("stop sequence %q: %d %s", stop, resp.StatusCode, b)
+	}
+	text := ""
+	if len(msg.Content) > 0 {
+		text = msg.Content[0].Text
+	}
+	if text != want {
+		t.Errorf("stopped at %q: content %q, want %q", stop, text, want)
 	}
 	resp, b = send(fmt.Sprintf(`{"model":%q,"max_tokens":8,"stream":true,"messages":[{"role":"user","content":"Hello"}]}`, model))
 	var events []string

@@ -77,6 +77,7 @@ func TestAutoscalerWiring(t *testing.T) {
 		}
 	})
 
+	allowModelsExample(t, c)
 	md := &mfv1.ModelDeployment{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "elastic"},
 		Spec: mfv1.ModelDeploymentSpec{

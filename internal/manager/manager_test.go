@@ -110,11 +110,7 @@ func TestControlPlaneWiring(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// The deployment's source must be one the SourcePolicy allows its namespace.
-	if err := c.Create(ctx, &mfv1.SourcePolicy{ObjectMeta: metav1.ObjectMeta{Name: mfv1.SourcePolicyName},
-		Spec: mfv1.SourcePolicySpec{Rules: []mfv1.SourcePolicyRule{{Namespaces: []string{"*"}, Hosts: []string{"models.example"}}}}}); err != nil && !apierrors.IsAlreadyExists(err) {
-		t.Fatal(err)
-	}
+	allowModelsExample(t, c)
 	md := &mfv1.ModelDeployment{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "chat"},
 		Spec: mfv1.ModelDeploymentSpec{
@@ -247,4 +243,14 @@ func names(rs []mfv1.ModelReplica) []string {
 		out = append(out, r.Name+"@"+r.Spec.NodeName)
 	}
 	return out
+}
+
+// allowModelsExample makes the cluster's SourcePolicy allow every namespace the
+// https://models.example sources the tests' deployments use.
+func allowModelsExample(t *testing.T, c client.Client) {
+	t.Helper()
+	if err := c.Create(t.Context(), &mfv1.SourcePolicy{ObjectMeta: metav1.ObjectMeta{Name: mfv1.SourcePolicyName},
+		Spec: mfv1.SourcePolicySpec{Rules: []mfv1.SourcePolicyRule{{Namespaces: []string{"*"}, Hosts: []string{"models.example"}}}}}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
 }

@@ -43,12 +43,12 @@ const (
 //
 // API writes per autoscaled deployment: measuring writes nothing; a pass writes
 // spec.replicas only when it scales and the status only when the decision or its
-// episode changes (Recommend's messages carry no per-measurement numbers). Steady
-// load costs no write; each scale costs a spec patch, a status patch and an Event,
-// and each episode that does not scale yet (ScaleUpStabilizing, ScaleDownDelayed)
-// one status patch. The hard bound is two writes and an Event per Interval (24 a
-// minute at 5s), reached only if every measurement changed the decision;
-// macfleet_autoscaler_api_writes_total counts them.
+// episode changes (Recommend's messages carry no per-measurement numbers, and an
+// episode outlasts breaks of up to StaleAfter). Steady load costs no write; each
+// scale costs a spec patch, a status patch, the next measurement's status patch and
+// an Event; each episode that does not scale yet (ScaleUpStabilizing,
+// ScaleDownDelayed, AtMaxReplicas) one status patch. TestAutoscalerWriteBudget
+// measures it; macfleet_autoscaler_api_writes_total counts it in production.
 type Reconciler struct {
 	// Client reads deployments (the manager's cache) and writes their spec.replicas and
 	// status. Default: mgr.GetClient().

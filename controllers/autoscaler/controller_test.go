@@ -89,7 +89,7 @@ func TestAutoscalerFollowsLoad(t *testing.T) {
 	// A step to 6 in flight: held back for the window, then 3 replicas.
 	f.tick(name, 10*time.Second, Load{InFlight: 6})
 	f.waitFor(name, 1, v1alpha1.ReasonScaleUpStabilizing,
-		"the load has needed more than 1 replicas since 2026-11-22T12:00:10Z; scaling up at 2026-11-22T12:00:40Z if it lasts")
+		"the load has needed more than 1 replicas since 2026-11-22T12:00:10Z with no break over 30s; scaling up once it has for a whole stabilizationWindow (30s)")
 	for range 2 {
 		f.tick(name, 10*time.Second, Load{InFlight: 6})
 	}
@@ -113,8 +113,8 @@ func TestAutoscalerFollowsLoad(t *testing.T) {
 
 	// Load falls to 3: replicas stay for the delay, then 2.
 	f.tick(name, 10*time.Second, Load{InFlight: 3})
-	f.waitFor(name, 4, v1alpha1.ReasonScaleDownDelayed, "the load has fitted fewer than 4 replicas since 2026-11-22T12:01:30Z; "+
-		"scaling down at 2026-11-22T12:03:30Z if it stays low")
+	f.waitFor(name, 4, v1alpha1.ReasonScaleDownDelayed, "the load has fitted fewer than 4 replicas since 2026-11-22T12:01:30Z with no break over 30s; "+
+		"scaling down once it has for a whole scaleDownDelay (2m0s)")
 	for range 11 {
 		f.tick(name, 10*time.Second, Load{InFlight: 3})
 	}
@@ -147,7 +147,7 @@ func TestAutoscalerScaleToZeroAndLimits(t *testing.T) {
 	md.Spec.Replicas = ptr.To[int32](2)
 	f.create(md)
 
-	f.waitFor(name, 2, v1alpha1.ReasonScaleDownDelayed, "scaling down at 2026-11-22T12:01:00Z")
+	f.waitFor(name, 2, v1alpha1.ReasonScaleDownDelayed, "since 2026-11-22T12:00:00Z with no break over 30s; scaling down once it has for a whole scaleDownDelay (1m0s)")
 	for range 5 {
 		f.tick(name, 10*time.Second, Load{})
 	}

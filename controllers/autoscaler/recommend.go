@@ -155,39 +155,89 @@ func Recommend(history []Sample, p Policy, current int32, now time.Time) Recomme
 			Message: fmt.Sprintf("scaled down from %d to %d: at most %d requests in flight for %s, target %d per replica",
 				current, to, downLoad, p.ScaleDownDelay, p.Target)}
 	}
-	return hold(hist, p, current, floor)
+	return hold(hist, p, current, floor, now)
 }
 
-// hold explains why the current replicas stay.
-func hold(hist []Sample, p Policy, current, floor int32) Recommendation {
-	latestNeed := p.Need(hist[len(hist)-1].Load())
+// hold explains why the current replicas stay. The explanation names an episode —
+// the load needing more replicas (ScaleUpStabilizing, AtMaxReplicas) or fitting fewer
+// (ScaleDownDelayed) — and when it began, and it holds while the load keeps coming
+// back to that side with no break over StaleAfter (3 measurements): a load hovering
+// at a replica boundary is one episode, not one per measurement, so its status is
+// written once (see TestAutoscalerWriteBudget). The latest sample picks the side when
+// both episodes are open.
+func hold(hist []Sample, p Policy, current, floor int32, now time.Time) Recommendation {
+	gap := p.StaleAfter
+	need := func(s Sample) int32 { return p.Need(s.Load()) }
+	upSince, up := episode(hist, now, gap, func(s Sample) bool { return need(s) > current })
+	downSince, down := episode(hist, now, gap, func(s Sample) bool { return need(s) < current })
+	down = down && current > floor
+	switch latest := need(hist[len(hist)-1]); {
+	case latest > current:
+		down = false
+	case latest < current && down:
+		up = false
+	}
+	horizon := now.Add(-max(p.ScaleDownDelay, p.StabilizationWindow))
 	rec := Recommendation{Replicas: current}
 	switch {
-	case latestNeed > current && current >= p.Max:
+	case up && current >= p.Max:
 		rec.Reason = v1alpha1.ReasonAtMaxReplicas
 		rec.Message = fmt.Sprintf("the load needs more than maxReplicas (%d replicas at target %d requests in flight each)", p.Max, p.Target)
-	case latestNeed > current:
-		since := runStart(hist, func(s Sample) bool { return p.Need(s.Load()) > current })
+	case up:
 		rec.Reason = v1alpha1.ReasonScaleUpStabilizing
-		rec.Message = fmt.Sprintf("the load has needed more than %d replicas since %s; scaling up at %s if it lasts",
-			current, stamp(since), stamp(since.Add(p.StabilizationWindow)))
-	case latestNeed < current && current > floor:
-		since := runStart(hist, func(s Sample) bool { return p.Need(s.Load()) < current })
+		rec.Message = fmt.Sprintf("the load has needed more than %d replicas %s with no break over %s; scaling up once it has for a whole stabilizationWindow (%s)",
+			current, sinceOrOver(upSince, horizon, now), gap, p.StabilizationWindow)
+	case down:
 		rec.Reason = v1alpha1.ReasonScaleDownDelayed
-		rec.Message = fmt.Sprintf("the load has fitted fewer than %d replicas since %s; scaling down at %s if it stays low",
-			current, stamp(since), stamp(since.Add(p.ScaleDownDelay)))
+		rec.Message = fmt.Sprintf("the load has fitted fewer than %d replicas %s with no break over %s; scaling down once it has for a whole scaleDownDelay (%s)",
+			current, sinceOrOver(downSince, horizon, now), gap, p.ScaleDownDelay)
 	default:
 		rec.Reason = v1alpha1.ReasonWithinTarget
 		switch {
 		case current == 0:
 			rec.Message = "0 replicas: no request in flight (minReplicas is 0)"
-		case current == p.Min && latestNeed < current:
+		case current == p.Min && need(hist[len(hist)-1]) < current:
 			rec.Message = fmt.Sprintf("%d replicas, the minimum", current)
 		default:
 			rec.Message = fmt.Sprintf("%d replicas for the load at target %d requests in flight each", current, p.Target)
 		}
 	}
 	return rec
+}
+
+// episode finds the latest episode of samples satisfying in: open when one of them is
+// at most gap before now, and begun at the earliest of a chain of them reaching back
+// from there with no two consecutive ones more than gap apart.
+func episode(hist []Sample, now time.Time, gap time.Duration, in func(Sample) bool) (since time.Time, open bool) {
+	i := len(hist) - 1
+	for i >= 0 && !in(hist[i]) {
+		i--
+	}
+	if i < 0 || hist[i].Time.Before(now.Add(-gap)) {
+		return time.Time{}, false
+	}
+	first := i
+	for k := i - 1; k >= 0; k-- {
+		if !in(hist[k]) {
+			continue
+		}
+		if hist[first].Time.Sub(hist[k].Time) > gap {
+			break
+		}
+		first = k
+	}
+	return hist[first].Time, true
+}
+
+// sinceOrOver says since when an episode has lasted, or, once it began before
+// horizon — the longest window — for over how long: Prune keeps StaleAfter more than
+// that window, so an episode's start is exact up to horizon, and an episode that
+// outlasts it keeps one message rather than one per measurement as old samples go.
+func sinceOrOver(since, horizon, now time.Time) string {
+	if !since.After(horizon) {
+		return "for over " + now.Sub(horizon).String()
+	}
+	return "since " + stamp(since)
 }
 
 // unknown keeps the replicas, within min..max, while there is no fresh measurement.
@@ -219,16 +269,6 @@ func window(hist []Sample, now time.Time, d time.Duration) ([]Sample, bool) {
 	return hist, false
 }
 
-// runStart is the time of the first sample of the latest run of samples that all
-// satisfy in (the history ends with one).
-func runStart(hist []Sample, in func(Sample) bool) time.Time {
-	i := len(hist) - 1
-	for i > 0 && in(hist[i-1]) {
-		i--
-	}
-	return hist[i].Time
-}
-
 func minLoad(s []Sample) int32 {
 	m := s[0].Load()
 	for _, x := range s[1:] {
@@ -248,9 +288,11 @@ func maxLoad(s []Sample) int32 {
 func stamp(t time.Time) string { return t.UTC().Format(time.RFC3339) }
 
 // Prune drops the samples no window of p can need at now: those before the last
-// sample at or before now − max(window, delay), which is kept.
+// sample at or before now − (max(window, delay) + StaleAfter), which is kept. The
+// extra StaleAfter lets hold tell where an episode that began within the longest
+// window began.
 func Prune(history []Sample, p Policy, now time.Time) []Sample {
-	w, covered := window(history, now, max(p.ScaleDownDelay, p.StabilizationWindow))
+	w, covered := window(history, now, max(p.ScaleDownDelay, p.StabilizationWindow)+p.StaleAfter)
 	if !covered {
 		return history
 	}

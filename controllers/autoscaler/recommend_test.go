@@ -72,7 +72,7 @@ func TestRecommend(t *testing.T) {
 			reason: v1alpha1.ReasonLoadUnknown, msg: "replicas brought from 9 within minReplicas..maxReplicas (1..5)"},
 		{name: "a spike waits for the window", policy: base, loads: cat(repeat(5, 1), []int32{8}), current: 1, want: 1,
 			reason: v1alpha1.ReasonScaleUpStabilizing,
-			msg:    "the load has needed more than 1 replicas since 2026-11-22T12:00:50Z; scaling up at 2026-11-22T12:01:20Z if it lasts"},
+			msg:    "the load has needed more than 1 replicas since 2026-11-22T12:00:50Z with no break over 15s; scaling up once it has for a whole stabilizationWindow (30s)"},
 		{name: "sustained load scales up", policy: base, loads: cat(repeat(3, 1), repeat(4, 8)), current: 1, want: 4,
 			reason: v1alpha1.ReasonScaledUp, msg: "scaled up from 1 to 4: at least 8 requests in flight for 30s, target 2 per replica"},
 		{name: "the lowest load of the window decides", policy: base, loads: []int32{1, 8, 6, 9, 7}, current: 1, want: 3,
@@ -89,7 +89,7 @@ func TestRecommend(t *testing.T) {
 			reason: v1alpha1.ReasonScaleUpStabilizing},
 		{name: "low load waits for the delay", policy: base, loads: cat(repeat(20, 8), repeat(7, 2)), current: 4, want: 4,
 			reason: v1alpha1.ReasonScaleDownDelayed,
-			msg:    "the load has fitted fewer than 4 replicas since 2026-11-22T12:03:20Z; scaling down at 2026-11-22T12:05:20Z if it stays low"},
+			msg:    "the load has fitted fewer than 4 replicas since 2026-11-22T12:03:20Z with no break over 15s; scaling down once it has for a whole scaleDownDelay (2m0s)"},
 		{name: "low load for the whole delay scales down", policy: base, loads: cat(repeat(5, 8), repeat(13, 2)), current: 4, want: 1,
 			reason: v1alpha1.ReasonScaledDown, msg: "scaled down from 4 to 1: at most 2 requests in flight for 2m0s, target 2 per replica"},
 		{name: "the highest load of the delay decides", policy: base, loads: cat(repeat(5, 8), []int32{2, 2, 5, 2, 1, 2, 2, 2, 2, 1, 2, 2, 2}),
@@ -104,7 +104,7 @@ func TestRecommend(t *testing.T) {
 			loads: repeat(13, 0), current: 1, want: 0, reason: v1alpha1.ReasonScaledDown, msg: "scaled down from 1 to 0"},
 		{name: "one request in the delay keeps a replica", policy: with(func(p *Policy) { p.Min = 0 }),
 			loads: cat(repeat(3, 0), []int32{1}, repeat(9, 0)), current: 1, want: 1, reason: v1alpha1.ReasonScaleDownDelayed,
-			msg: "since 2026-11-22T12:00:40Z; scaling down at 2026-11-22T12:02:40Z"},
+			msg: "since 2026-11-22T12:00:40Z with no break over 15s"},
 		{name: "never below one while a request is in flight", policy: with(func(p *Policy) { p.Min = 0; p.ScaleDownDelay = 0 }),
 			loads: []int32{1}, current: 1, want: 1, reason: v1alpha1.ReasonWithinTarget},
 		{name: "held requests wake a deployment at zero at once", policy: with(func(p *Policy) { p.Min = 0 }),
@@ -140,19 +140,67 @@ func TestRecommend(t *testing.T) {
 	}
 }
 
-// TestRecommendMessageIsStable proves a steady episode keeps one message, so that the
-// status is not rewritten on every measurement.
+// TestRecommendMessageIsStable proves an episode keeps one decision and message over
+// the measurements it lasts — a steady fall, and loads hovering at a replica boundary
+// on either side — so that the status is not rewritten on every measurement; and that
+// a break longer than StaleAfter starts a new episode.
 func TestRecommendMessageIsStable(t *testing.T) {
-	p := Policy{Min: 1, Max: 5, Target: 2, StabilizationWindow: 30 * time.Second, ScaleDownDelay: 2 * time.Minute, StaleAfter: time.Minute}
+	p := Policy{Min: 1, Max: 5, Target: 2, StabilizationWindow: 30 * time.Second, ScaleDownDelay: 2 * time.Minute, StaleAfter: 15 * time.Second}
+	for _, tc := range []struct {
+		name    string
+		history []int32 // before the first recommendation
+		next    []int32 // each adds a sample 5s later; the recommendation must not change
+		current int32
+		reason  string
+	}{
+		{name: "falling", history: cat(repeat(20, 8), []int32{2}), next: []int32{1, 3, 0, 2, 3}, current: 4,
+			reason: v1alpha1.ReasonScaleDownDelayed},
+		{name: "hovering above", history: []int32{4, 4, 5}, next: []int32{4, 5, 4, 4, 5, 4, 5, 4, 4, 5}, current: 2,
+			reason: v1alpha1.ReasonScaleUpStabilizing},
+		{name: "hovering below", history: []int32{3, 3, 2}, next: []int32{3, 2, 3, 3, 2, 3, 2, 2, 3, 2, 3, 3, 2}, current: 2,
+			reason: v1alpha1.ReasonScaleDownDelayed},
+		{name: "hovering at max", history: []int32{10, 11}, next: []int32{10, 11, 10, 10, 11}, current: 5,
+			reason: v1alpha1.ReasonAtMaxReplicas},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clk := clocktesting.NewFakeClock(t0)
+			h := measured(clk, 5*time.Second, 0, tc.history...)
+			first := Recommend(h, p, tc.current, clk.Now())
+			if first.Reason != tc.reason || first.Replicas != tc.current {
+				t.Fatalf("Recommend = %+v, want %d replicas, %s", first, tc.current, tc.reason)
+			}
+			for i, l := range tc.next {
+				clk.Step(5 * time.Second)
+				h = append(h, Sample{Time: clk.Now(), InFlight: l})
+				if got := Recommend(h, p, tc.current, clk.Now()); got != first {
+					t.Fatalf("after load %d (sample %d): %+v, want the episode's %+v", l, i, got, first)
+				}
+			}
+		})
+	}
+
+	// A break of 20s (> StaleAfter) ends the episode; the next one names its own start.
 	clk := clocktesting.NewFakeClock(t0)
-	h := measured(clk, 10*time.Second, 0, cat(repeat(20, 8), []int32{2})...)
-	first := Recommend(h, p, 4, clk.Now())
-	for _, l := range []int32{1, 3, 0, 2, 3} {
-		clk.Step(10 * time.Second)
-		h = append(h, Sample{Time: clk.Now(), InFlight: l})
-		if got := Recommend(h, p, 4, clk.Now()); got != first {
-			t.Fatalf("after load %d: %+v, want the episode's %+v", l, got, first)
-		}
+	h := measured(clk, 5*time.Second, 0, 2, 5, 4, 4, 4, 4, 5)
+	got := Recommend(h, p, 2, clk.Now())
+	if want := "since 2026-11-22T12:00:30Z with no break over 15s"; got.Reason != v1alpha1.ReasonScaleUpStabilizing || !strings.Contains(got.Message, want) {
+		t.Errorf("after a 20s break: %+v, want ScaleUpStabilizing %q", got, want)
+	}
+	// An episode older than the history says for over how long, and keeps saying it.
+	p.ScaleDownDelay = time.Minute
+	var hover []int32
+	for i := range 40 {
+		hover = append(hover, 4+int32(i%2)) // needs 2, then 3: the window's lowest fits 2
+	}
+	h = Prune(measured(clk, 5*time.Second, 0, hover...), p, clk.Now())
+	got = Recommend(h, p, 2, clk.Now())
+	if want := "needed more than 2 replicas for over 1m0s with no break over 15s"; !strings.Contains(got.Message, want) {
+		t.Errorf("an episode beyond the history: %q, want %q", got.Message, want)
+	}
+	clk.Step(5 * time.Second)
+	h = Prune(append(h, Sample{Time: clk.Now(), InFlight: 5}), p, clk.Now())
+	if again := Recommend(h, p, 2, clk.Now()); again != got {
+		t.Errorf("the next measurement: %+v, want the episode's %+v", again, got)
 	}
 }
 

@@ -121,8 +121,8 @@ func start(t *testing.T) *fixture {
 		t.Fatalf("creating a manager: %v", err)
 	}
 	// Measurements every 20ms of real time; the windows are on the fake clock, which
-	// only the test moves.
-	r := &Reconciler{Source: f.src, Clock: f.clk, Interval: 20 * time.Millisecond, StaleAfter: time.Minute}
+	// only the test moves (by up to 10s a step, within StaleAfter).
+	r := &Reconciler{Source: f.src, Clock: f.clk, Interval: 20 * time.Millisecond, StaleAfter: 30 * time.Second}
 	if err := r.setup(mgr, controller.Options{SkipNameValidation: ptr.To(true)}); err != nil {
 		t.Fatalf("setting up the autoscaler: %v", err)
 	}

@@ -12,6 +12,7 @@ import (
 	eventsv1 "k8s.io/api/events/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -163,13 +164,16 @@ func TestAutoscalerScaleToZeroAndLimits(t *testing.T) {
 	f.waitScaled(name, 2, v1alpha1.ReasonScaledUp, "scaled up from 0 to 2: 2 requests arrived with no replica")
 
 	// Someone scales to 5 through the scale subresource: back to max.
-	cur := f.get(name)
-	scale := &autoscalingv1.Scale{}
-	if err := f.e.Client.SubResource("scale").Get(t.Context(), cur, scale); err != nil {
-		t.Fatalf("getting scale: %v", err)
-	}
-	scale.Spec.Replicas = 5
-	if err := f.e.Client.SubResource("scale").Update(t.Context(), cur, client.WithSubResourceBody(scale)); err != nil {
+	// (The autoscaler may write between the read and the update: read again then.)
+	if err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		cur := f.get(name)
+		scale := &autoscalingv1.Scale{}
+		if err := f.e.Client.SubResource("scale").Get(t.Context(), cur, scale); err != nil {
+			return err
+		}
+		scale.Spec.Replicas = 5
+		return f.e.Client.SubResource("scale").Update(t.Context(), cur, client.WithSubResourceBody(scale))
+	}); err != nil {
 		t.Fatalf("scaling to 5: %v", err)
 	}
 	f.waitScaled(name, 2, v1alpha1.ReasonOutsideLimits, "scaled down from 5 to 2: spec.replicas was above maxReplicas")

@@ -28,33 +28,16 @@ import (
 
 // One API server for the package, started on first use, so that the pure tests run
 // without one.
-var (
-	envOnce sync.Once
-	env     *testenv.Env
-	envErr  error
-)
+var shared = testenv.NewLazy(testenv.WithScheme(v1alpha1.AddToScheme))
 
 func TestMain(m *testing.M) {
 	ctrl.SetLogger(zap.New(zap.WriteTo(os.Stderr), zap.ConsoleEncoder()))
-	code := m.Run()
-	if env != nil {
-		if err := env.Stop(); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			if code == 0 {
-				code = 1
-			}
-		}
-	}
-	os.Exit(code)
+	os.Exit(shared.Run(m))
 }
 
 func apiServer(tb testing.TB) *testenv.Env {
 	tb.Helper()
-	envOnce.Do(func() { env, envErr = testenv.New(testenv.WithScheme(v1alpha1.AddToScheme)) })
-	if envErr != nil {
-		tb.Fatal(envErr)
-	}
-	return env
+	return shared.Get(tb)
 }
 
 const (

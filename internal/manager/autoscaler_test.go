@@ -1,7 +1,6 @@
 package manager_test
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -56,25 +55,12 @@ func TestAutoscalerWiring(t *testing.T) {
 	}))
 	t.Cleanup(agent.Close)
 
-	mgr, err := manager.New(manager.Config{
+	startManager(t, manager.Config{
 		RestConfig:         env.Config,
 		MetricsAddr:        "0",
 		ProbeAddr:          "0",
 		FleetTokenFile:     tokenFile,
 		AutoscalerInterval: 50 * time.Millisecond,
-		SkipNameValidation: true,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	mgrCtx, stop := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- mgr.Start(mgrCtx) }()
-	t.Cleanup(func() {
-		stop()
-		if err := <-done; err != nil {
-			t.Errorf("manager: %v", err)
-		}
 	})
 
 	allowModelsExample(t, c)

@@ -84,6 +84,7 @@ type history struct {
 // +kubebuilder:rbac:groups=macfleet.dev,resources=modeldeployments,verbs=get;list;watch;patch
 // +kubebuilder:rbac:groups=macfleet.dev,resources=modeldeployments/status,verbs=get;update;patch
 // +kubebuilder:rbac:groups=macfleet.dev,resources=modelreplicas,verbs=get;list;watch
+// +kubebuilder:rbac:groups=macfleet.dev,resources=macnodes,verbs=get;list;watch
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 
 // SetupWithManager registers the controller with mgr, filling in unset fields.

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -46,12 +47,16 @@ const (
 // waiting for a sequence slot. Every request reaches the agent whichever gateway replica
 // (or the deployment's Service) sent it, so the sum over the replicas is the
 // deployment's load across every gateway, with no write to the API server. Replicas
-// that are not Ready serve nothing and are skipped. Requests held by a gateway before
-// reaching a replica are not visible here (Held is 0).
+// that are not Ready, or whose Mac is not Ready (its Lease expired: the endpoints and
+// the gateways no longer route to it), serve nothing new and are skipped, so that a
+// lost Mac does not leave the deployment without a measurement when it needs
+// replicas most. Requests held by a gateway before reaching a replica are not visible
+// here (Held is 0).
 //
 // One status read per Mac serves every deployment measured within StatusMaxAge.
 type AgentSource struct {
-	// Client lists the deployment's replicas (the manager's cache).
+	// Client lists the deployment's replicas and reads their MacNodes (the manager's
+	// cache).
 	Client client.Reader
 	// HTTP reaches the agents. Default: a client with DefaultAgentTimeout.
 	HTTP *http.Client
@@ -87,6 +92,11 @@ func (s *AgentSource) Measure(ctx context.Context, md *v1alpha1.ModelDeployment)
 			!meta.IsStatusConditionTrue(r.Status.Conditions, v1alpha1.ReplicaReady) {
 			continue
 		}
+		if up, err := s.macReady(ctx, r.Spec.NodeName); err != nil {
+			return Load{}, err
+		} else if !up {
+			continue
+		}
 		st := s.status(ctx, r.Status.Endpoint)
 		if st.err != nil {
 			return Load{}, fmt.Errorf("reading the load of replica %s from its agent at %s: %w", r.Name, r.Status.Endpoint, st.err)
@@ -94,6 +104,22 @@ func (s *AgentSource) Measure(ctx context.Context, md *v1alpha1.ModelDeployment)
 		load.InFlight += st.leases[r.Namespace+"/"+r.Name]
 	}
 	return load, nil
+}
+
+// macReady says whether the Mac named node is Ready; a replica not bound to a Mac
+// counts as on a Ready one, a Mac that no longer exists as not Ready.
+func (s *AgentSource) macReady(ctx context.Context, node string) (bool, error) {
+	if node == "" {
+		return true, nil
+	}
+	mn := &v1alpha1.MacNode{}
+	if err := s.Client.Get(ctx, client.ObjectKey{Name: node}, mn); err != nil {
+		if apierrors.IsNotFound(err) {
+			return false, nil
+		}
+		return false, fmt.Errorf("reading MacNode %s: %w", node, err)
+	}
+	return meta.IsStatusConditionTrue(mn.Status.Conditions, v1alpha1.MacNodeReady), nil
 }
 
 // status returns the agent's status, read now unless a read of the last StatusMaxAge

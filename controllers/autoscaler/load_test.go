@@ -1,6 +1,7 @@
 package autoscaler
 
 import (
+	"context"
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
@@ -44,13 +45,15 @@ func newFakeAgent(t *testing.T, token string, models ...metal.ModelSnapshot) *fa
 
 func (a *fakeAgent) endpoint() string { return strings.TrimPrefix(a.srv.URL, "http://") }
 
-// replica creates a ModelReplica of the deployment with the endpoint, Ready or not.
-func replica(t *testing.T, ns, deployment, name, endpoint string, ready bool) {
+// replica creates a ModelReplica of the deployment on the Mac node ("": unbound)
+// with the endpoint, Ready or not.
+func replica(t *testing.T, ns, deployment, name, node, endpoint string, ready bool) {
 	t.Helper()
 	e := apiServer(t)
 	mr := &v1alpha1.ModelReplica{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: map[string]string{v1alpha1.LabelDeployment: deployment}},
 		Spec: v1alpha1.ModelReplicaSpec{
+			NodeName:          node,
 			Template:          v1alpha1.ModelReplicaTemplate{Model: v1alpha1.ModelSource{Source: "hf://org/repo/model.gguf"}},
 			TemplateHash:      "h",
 			MemoryReservation: resource.MustParse("1Gi"),
@@ -70,9 +73,9 @@ func replica(t *testing.T, ns, deployment, name, endpoint string, ready bool) {
 	}
 }
 
-// TestAgentSource measures a deployment spread over two Macs through real HTTP: the
-// leases of its Ready replicas are summed (other deployments' and not-Ready replicas'
-// are not), the fleet token is sent, one read per Mac serves measurements within
+// TestAgentSource measures a deployment spread over Macs through real HTTP: the
+// leases of its Ready replicas are summed (other deployments', not-Ready replicas' and
+// those on a Mac that is not Ready or gone are not, and their agents are not asked), the fleet token is sent, one read per Mac serves measurements within
 // StatusMaxAge, and an agent that refuses answers with an error naming the replica
 // and the agent.
 func TestAgentSource(t *testing.T) {
@@ -85,10 +88,17 @@ func TestAgentSource(t *testing.T) {
 	macB := newFakeAgent(t, token,
 		metal.ModelSnapshot{Name: ns + "/chat-1", Leases: 2},
 		metal.ModelSnapshot{Name: ns + "/chat-2", Leases: 9}) // not Ready: skipped
-	replica(t, ns, "chat", "chat-0", macA.endpoint(), true)
-	replica(t, ns, "chat", "chat-1", macB.endpoint(), true)
-	replica(t, ns, "chat", "chat-2", macB.endpoint(), false)
-	replica(t, ns, "other", "other-0", macA.endpoint(), true)
+	// A third Mac was lost (its Lease expired): its agent does not answer, and its
+	// replica, still Ready in its last status, serves nothing new.
+	lost := httptest.NewServer(http.NotFoundHandler())
+	lost.Close()
+	nodeA, nodeLost := macNode(t, ns+"-a", metav1.ConditionTrue), macNode(t, ns+"-lost", metav1.ConditionUnknown)
+	replica(t, ns, "chat", "chat-0", nodeA, macA.endpoint(), true)
+	replica(t, ns, "chat", "chat-1", "", macB.endpoint(), true)
+	replica(t, ns, "chat", "chat-2", "", macB.endpoint(), false)
+	replica(t, ns, "chat", "chat-3", nodeLost, strings.TrimPrefix(lost.URL, "http://"), true)
+	replica(t, ns, "chat", "chat-4", ns+"-gone", strings.TrimPrefix(lost.URL, "http://"), true) // its MacNode was deleted
+	replica(t, ns, "other", "other-0", nodeA, macA.endpoint(), true)
 
 	clk := clocktesting.NewFakeClock(t0)
 	src := &AgentSource{Client: e.Client, Token: func() string { return token }, Clock: clk, StatusMaxAge: time.Second}
@@ -122,6 +132,22 @@ func TestAgentSource(t *testing.T) {
 		!strings.Contains(err.Error(), "401 Unauthorized") {
 		t.Errorf("Measure with a wrong token: %v; want an error naming chat-0, its agent and the 401", err)
 	}
+}
+
+// macNode creates a MacNode with the Ready condition status, deleted when the test ends.
+func macNode(t *testing.T, name string, ready metav1.ConditionStatus) string {
+	t.Helper()
+	e := apiServer(t)
+	mn := &v1alpha1.MacNode{ObjectMeta: metav1.ObjectMeta{Name: name}}
+	if err := e.Client.Create(t.Context(), mn); err != nil {
+		t.Fatalf("creating MacNode %s: %v", name, err)
+	}
+	t.Cleanup(func() { _ = e.Client.Delete(context.Background(), mn) })
+	meta.SetStatusCondition(&mn.Status.Conditions, metav1.Condition{Type: v1alpha1.MacNodeReady, Status: ready, Reason: "Test"})
+	if err := e.Client.Status().Update(t.Context(), mn); err != nil {
+		t.Fatalf("writing MacNode %s status: %v", name, err)
+	}
+	return name
 }
 
 func writeJSONBody(t *testing.T, w http.ResponseWriter, v any) {

@@ -115,9 +115,15 @@ type ModelDeploymentSpec struct {
 	// placement constrains and scores the Macs replicas go to.
 	// +optional
 	Placement Placement `json:"placement,omitempty"`
+
+	// autoscaling, when set, makes the autoscaler own replicas: it sizes the
+	// deployment from the requests in flight on its replicas.
+	// +optional
+	Autoscaling *AutoscalingSpec `json:"autoscaling,omitempty"`
 }
 
-// ModelDeploymentStatus is written by the modeldeployment controller only.
+// ModelDeploymentStatus is written by the modeldeployment controller, but for
+// autoscaling and the Autoscaling condition, which the autoscaler writes.
 type ModelDeploymentStatus struct {
 	// observedGeneration is the generation the controller last acted on successfully.
 	// +optional
@@ -155,7 +161,11 @@ type ModelDeploymentStatus struct {
 	// +optional
 	// +kubebuilder:validation:MaxLength=512
 	Endpoint string `json:"endpoint,omitempty"`
-	// conditions are Available, Progressing and Scheduled.
+	// autoscaling is the autoscaler's last recommendation, while spec.autoscaling is set.
+	// +optional
+	Autoscaling *AutoscalingStatus `json:"autoscaling,omitempty"`
+	// conditions are Available, Progressing and Scheduled, and Autoscaling while
+	// spec.autoscaling is set.
 	// +optional
 	// +listType=map
 	// +listMapKey=type

@@ -276,28 +276,8 @@ func TestMacNodeValidation(t *testing.T) {
 // TestSamplesApplyAndPrint applies config/samples and docs/examples with kubectl and checks that
 // `kubectl get md,mr,mn` prints the printer columns.
 func TestSamplesApplyAndPrint(t *testing.T) {
-	root, err := testenv.RepoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	assets, err := testenv.AssetsDir()
-	if err != nil {
-		t.Fatal(err)
-	}
-	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
-	if err := os.WriteFile(kubeconfig, env.KubeConfig, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	root, kubectl := kubectlFor(t)
 	ns := testenv.NewNamespace(t, env.Client)
-	kubectl := func(args ...string) string {
-		t.Helper()
-		cmd := exec.CommandContext(t.Context(), filepath.Join(assets, "kubectl"), append([]string{"--kubeconfig", kubeconfig}, args...)...)
-		out, err := cmd.CombinedOutput()
-		if err != nil {
-			t.Fatalf("kubectl %s: %v\n%s", strings.Join(args, " "), err, out)
-		}
-		return string(out)
-	}
 	kubectl("apply", "-n", ns, "-f", filepath.Join(root, "config", "samples"), "-f", filepath.Join(root, "docs", "examples"))
 
 	mn := &mfv1.MacNode{ObjectMeta: metav1.ObjectMeta{Name: "print-mac"}}
@@ -322,10 +302,11 @@ func TestSamplesApplyAndPrint(t *testing.T) {
 		columns []string
 		names   []string
 	}{
-		{kind: "md", columns: []string{"NAME", "READY", "MODEL", "MEMORY", "NODES", "FAILURE", "AGE"}, names: []string{"qwen-7b", "nomic-embed", "llama-8b-local", "tiny-chat", "tiny-chat-ondemand"}},
+		{kind: "md", columns: []string{"NAME", "READY", "MODEL", "MEMORY", "NODES", "FAILURE", "AGE"}, names: []string{"qwen-7b", "nomic-embed", "llama-8b-local", "tiny-chat", "tiny-chat-ondemand", "qwen-7b-elastic"}},
 		{kind: "mr", columns: []string{"NAME", "NODE", "READY", "PHASE", "RESERVED", "RESIDENT", "AGE"}, names: []string{"print-replica"}},
 		{kind: "mn", columns: []string{"NAME", "READY", "CHIP", "CEILING", "USED", "COMMITTED", "PRESSURE", "AGE"}, names: []string{"print-mac"}},
 		{kind: "sp", columns: []string{"NAME", "AGE"}, names: []string{"default"}},
+		{kind: "hpa", columns: []string{"NAME", "REFERENCE", "TARGETS", "MINPODS", "MAXPODS", "REPLICAS", "AGE"}, names: []string{"ModelDeployment/qwen-7b"}},
 	} {
 		out := kubectl("get", "-n", ns, tc.kind)
 		lines := strings.Split(strings.TrimSpace(out), "\n")
@@ -342,6 +323,33 @@ func TestSamplesApplyAndPrint(t *testing.T) {
 	if out := kubectl("get", "-n", ns, "macfleet"); !strings.Contains(out, "modeldeployment.macfleet.dev/qwen-7b") ||
 		!strings.Contains(out, "modelreplica.macfleet.dev/print-replica") {
 		t.Errorf("kubectl get macfleet misses objects:\n%s", out)
+	}
+}
+
+// kubectlFor returns the repository's root and a kubectl bound to the test API
+// server, failing the test when a command fails.
+func kubectlFor(t *testing.T) (root string, kubectl func(args ...string) string) {
+	t.Helper()
+	root, err := testenv.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	assets, err := testenv.AssetsDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := os.WriteFile(kubeconfig, env.KubeConfig, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return root, func(args ...string) string {
+		t.Helper()
+		cmd := exec.CommandContext(t.Context(), filepath.Join(assets, "kubectl"), append([]string{"--kubeconfig", kubeconfig}, args...)...)
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("kubectl %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+		return string(out)
 	}
 }
 

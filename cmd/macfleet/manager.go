@@ -11,6 +11,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
+	"github.com/macfleet/macfleet/controllers/autoscaler"
 	"github.com/macfleet/macfleet/controllers/macnode"
 	"github.com/macfleet/macfleet/controllers/scheduler"
 	"github.com/macfleet/macfleet/internal/manager"
@@ -32,8 +33,9 @@ func newManagerCmd() *cobra.Command {
 		Short: "Run the control plane: deployments, scheduler, Mac liveness and endpoints",
 		Long: `Run the macfleet controllers in one manager: the modeldeployment controller keeps
 each ModelDeployment's replicas, the scheduler binds replicas to Macs with the memory
-for them, the macnode controller watches each Mac's Lease, and the endpoints controller
-publishes a Service and EndpointSlices per deployment.`,
+for them, the macnode controller watches each Mac's Lease, the endpoints controller
+publishes a Service and EndpointSlices per deployment, and the autoscaler sizes
+deployments with spec.autoscaling from the requests in flight on their agents.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctrl.SetLogger(zap.New(zap.UseFlagOptions(&zapOpts)))
@@ -53,6 +55,8 @@ publishes a Service and EndpointSlices per deployment.`,
 	f.StringVar(&cfg.LeaderElectionNamespace, "leader-election-namespace", "", "Namespace of the leader election Lease (default: the manager's own)")
 	f.DurationVar(&cfg.NodeLossGrace, "node-loss-grace", macnode.DefaultNodeLossGrace, "How long a Mac's Lease stays expired before its replicas move to other Macs")
 	f.IntVar(&cfg.SchedulerWorkers, "scheduler-workers", scheduler.DefaultWorkers, "Bindings written in parallel")
+	f.StringVar(&cfg.FleetTokenFile, "fleet-token-file", "", "File holding the fleet token the autoscaler presents to agents to read their load (re-read when it changes)")
+	f.DurationVar(&cfg.AutoscalerInterval, "autoscaler-interval", autoscaler.DefaultInterval, "How often the load of each autoscaled ModelDeployment is measured")
 	f.StringVar(&cfg.Resolver.HFEndpoint, "hf-endpoint", source.DefaultHFEndpoint, "Model hub that hf:// sources resolve against")
 	f.StringVar(&cfg.Resolver.OllamaRegistry, "ollama-registry", source.DefaultOllamaRegistry, "Registry that ollama:// sources resolve against")
 	gfs := goflag.NewFlagSet("zap", goflag.ContinueOnError)

@@ -84,6 +84,7 @@ type Reconciler struct {
 // +kubebuilder:rbac:groups=macfleet.dev,resources=modeldeployments/status,verbs=get;update;patch
 // +kubebuilder:rbac:groups=macfleet.dev,resources=modelreplicas,verbs=get;list;watch;create;delete
 // +kubebuilder:rbac:groups=macfleet.dev,resources=sourcepolicies,verbs=get;list;watch
+// +kubebuilder:rbac:groups=macfleet.dev,resources=macnodes,verbs=get;list;watch
 
 // SetupWithManager registers the controller with mgr, filling in unset fields.
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
@@ -292,7 +293,11 @@ func (r *Reconciler) sync(ctx context.Context, md *v1alpha1.ModelDeployment, tmp
 		logger.V(2).Info("Waiting for the cache to show the last changes")
 		return nil
 	}
-	act := plan(int(desiredReplicas(md)), infos)
+	desired := int(desiredReplicas(md))
+	if len(infos) > desired { // some may go: rank them by their Mac's memory pressure
+		r.rankPressure(ctx, replicas, infos)
+	}
+	act := plan(desired, infos)
 	if act.Create == 0 && len(act.Delete) == 0 {
 		return nil
 	}
@@ -371,4 +376,32 @@ func slowStartBatch(n int, fn func() error) error {
 		done += size
 	}
 	return nil
+}
+
+// rankPressure sets the Pressure of each bound replica in infos from its MacNode's
+// status.memory.pressure (the manager's cache). A Mac that cannot be read ranks as no
+// pressure: the order falls back to age, as before pressure was known.
+func (r *Reconciler) rankPressure(ctx context.Context, replicas []v1alpha1.ModelReplica, infos []replicaInfo) {
+	nodeOf := map[string]string{}
+	for i := range replicas {
+		nodeOf[replicas[i].Name] = replicas[i].Spec.NodeName
+	}
+	ranks := map[string]int{}
+	for i := range infos {
+		node := nodeOf[infos[i].Name]
+		if node == "" {
+			continue
+		}
+		rank, ok := ranks[node]
+		if !ok {
+			mn := &v1alpha1.MacNode{}
+			if err := r.Client.Get(ctx, client.ObjectKey{Name: node}, mn); err == nil {
+				rank = pressureRank(mn.Status.Memory.Pressure)
+			} else if !apierrors.IsNotFound(err) {
+				log.FromContext(ctx).V(1).Info("Reading the memory pressure of a Mac failed", "MacNode", node, "error", err.Error())
+			}
+			ranks[node] = rank
+		}
+		infos[i].Pressure = rank
+	}
 }

@@ -4,6 +4,8 @@ import (
 	"cmp"
 	"slices"
 	"time"
+
+	"github.com/macfleet/macfleet/api/v1alpha1"
 )
 
 // maxSurge is how many replicas above the desired count a rolling update may run.
@@ -22,6 +24,9 @@ type replicaInfo struct {
 	Ready bool
 	// Bound: the scheduler has set its nodeName.
 	Bound bool
+	// Pressure ranks the memory pressure of its Mac: 0 OK (or unknown), 1 Soft,
+	// 2 Hard, 3 Emergency (pressureRank).
+	Pressure int
 }
 
 // actions is what one reconcile pass should do.
@@ -44,7 +49,8 @@ type actions struct {
 //     replicas left still cover desired. A current replica that never becomes ready
 //     stalls the rollout with the old replicas serving.
 //
-// Deletion order (deletionOrder): unbound first, then not ready, then newest.
+// Deletion order (deletionOrder): unbound first, then not ready, then the one whose
+// Mac is under the most memory pressure, then newest.
 func plan(desired int, replicas []replicaInfo) actions {
 	desired = max(desired, 0)
 	var act actions
@@ -93,13 +99,17 @@ func plan(desired int, replicas []replicaInfo) actions {
 }
 
 // deletionOrder sorts replicas in the order they are deleted on scale-down: unbound
-// before bound, not ready before ready, newer before older, and by name to be
-// deterministic.
+// before bound, not ready before ready, on a Mac under more memory pressure before
+// less (removing it frees the memory where it is scarce), newer before older, and by
+// name to be deterministic.
 func deletionOrder(a, b replicaInfo) int {
 	if c := cmp.Compare(boolRank(a.Bound), boolRank(b.Bound)); c != 0 {
 		return c
 	}
 	if c := cmp.Compare(boolRank(a.Ready), boolRank(b.Ready)); c != 0 {
+		return c
+	}
+	if c := cmp.Compare(b.Pressure, a.Pressure); c != 0 {
 		return c
 	}
 	if c := b.Created.Compare(a.Created); c != 0 {
@@ -111,6 +121,20 @@ func deletionOrder(a, b replicaInfo) int {
 func boolRank(b bool) int {
 	if b {
 		return 1
+	}
+	return 0
+}
+
+// pressureRank orders a Mac's memory pressure for deletionOrder; an unknown level
+// ranks as OK.
+func pressureRank(p v1alpha1.PressureLevel) int {
+	switch p {
+	case v1alpha1.PressureSoft:
+		return 1
+	case v1alpha1.PressureHard:
+		return 2
+	case v1alpha1.PressureEmergency:
+		return 3
 	}
 	return 0
 }

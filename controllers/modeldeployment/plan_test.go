@@ -29,6 +29,12 @@ func rep(name, flags string, age int) replicaInfo {
 	return r
 }
 
+// pressed sets the pressure rank of r's Mac.
+func pressed(r replicaInfo, rank int) replicaInfo {
+	r.Pressure = rank
+	return r
+}
+
 func TestPlan(t *testing.T) {
 	tests := []struct {
 		name     string
@@ -56,6 +62,15 @@ func TestPlan(t *testing.T) {
 		{"newest unbound before older unbound", 1, []replicaInfo{
 			rep("u1", "c", 1), rep("u2", "c", 2), rep("u3", "c", 3),
 		}, actions{Delete: []string{"u3", "u2"}}},
+		{"scale down: the Mac under most memory pressure first", 2, []replicaInfo{
+			rep("calm-new", "crb", 9), pressed(rep("hard-old", "crb", 1), 2), pressed(rep("soft", "crb", 5), 1),
+		}, actions{Delete: []string{"hard-old"}}},
+		{"scale down: pressure, then newest", 1, []replicaInfo{
+			rep("calm-new", "crb", 9), pressed(rep("soft-old", "crb", 1), 1), pressed(rep("soft-new", "crb", 5), 1),
+		}, actions{Delete: []string{"soft-new", "soft-old"}}},
+		{"scale down: not ready before pressure", 2, []replicaInfo{
+			pressed(rep("emergency", "crb", 1), 3), rep("loading", "cb", 2), rep("ready", "crb", 3),
+		}, actions{Delete: []string{"loading"}}},
 		{"same age: by name, last first", 1, []replicaInfo{
 			rep("x-a", "crb", 1), rep("x-c", "crb", 1), rep("x-b", "crb", 1),
 		}, actions{Delete: []string{"x-c", "x-b"}}},

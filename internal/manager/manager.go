@@ -1,5 +1,5 @@
 // Package manager runs the macfleet control plane: the modeldeployment, scheduler,
-// macnode and endpoints controllers in one controller-runtime manager with leader
+// macnode, endpoints and autoscaler controllers in one controller-runtime manager with leader
 // election, health probes and Prometheus metrics.
 package manager
 
@@ -19,13 +19,16 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	ctrlmanager "sigs.k8s.io/controller-runtime/pkg/manager"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
+	"github.com/macfleet/macfleet/controllers/autoscaler"
 	"github.com/macfleet/macfleet/controllers/endpoints"
 	"github.com/macfleet/macfleet/controllers/macnode"
 	"github.com/macfleet/macfleet/controllers/modeldeployment"
 	"github.com/macfleet/macfleet/controllers/scheduler"
+	"github.com/macfleet/macfleet/gateway"
 	"github.com/macfleet/macfleet/internal/informers"
 	"github.com/macfleet/macfleet/internal/mgrhttp"
 	"github.com/macfleet/macfleet/internal/source"
@@ -55,6 +58,13 @@ type Config struct {
 	SchedulerWorkers int
 	// Resolver maps hf:// and ollama:// sources to URLs for the memory estimate.
 	Resolver source.Resolver
+	// FleetTokenFile holds the token presented to agents when the autoscaler reads
+	// their load (re-read when it changes); "" sends none, which agents in cluster mode
+	// refuse: autoscaled deployments then report LoadUnknown.
+	FleetTokenFile string
+	// AutoscalerInterval is how often an autoscaled deployment's load is measured;
+	// 0 means autoscaler.DefaultInterval.
+	AutoscalerInterval time.Duration
 	// SkipNameValidation lets one process build several managers (tests do).
 	SkipNameValidation bool
 }
@@ -118,12 +128,28 @@ func New(cfg Config) (ctrl.Manager, error) {
 	if err != nil {
 		return nil, fmt.Errorf("creating the manager: %w", err)
 	}
+	var token func() string
+	if cfg.FleetTokenFile != "" {
+		tf, err := gateway.LoadTokenFile(cfg.FleetTokenFile)
+		if err != nil {
+			return nil, fmt.Errorf("the fleet token: %w", err)
+		}
+		token = tf.Token
+		if err := mgr.Add(ctrlmanager.RunnableFunc(func(ctx context.Context) error {
+			tf.Watch(ctx, gateway.DefaultFilePoll, ctrl.Log.WithName("fleet-token"))
+			return nil
+		})); err != nil {
+			return nil, err
+		}
+	}
 	resolver := cfg.Resolver
 	reconcilers := []interface{ SetupWithManager(ctrl.Manager) error }{
 		&modeldeployment.Reconciler{Resolver: &resolver},
 		&scheduler.Reconciler{Workers: cfg.SchedulerWorkers},
 		&macnode.Reconciler{NodeLossGrace: cfg.NodeLossGrace, Contact: contact},
 		&endpoints.Reconciler{},
+		&autoscaler.Reconciler{Interval: cfg.AutoscalerInterval, Source: &autoscaler.AgentSource{
+			Client: mgr.GetClient(), Token: token}},
 	}
 	for _, r := range reconcilers {
 		if err := r.SetupWithManager(mgr); err != nil {

@@ -53,26 +53,12 @@ func TestControlPlaneWiring(t *testing.T) {
 	ctx := t.Context()
 	metricsLn, probeLn := loopback(t), loopback(t)
 	metricsAddr, probeAddr := metricsLn.Addr().String(), probeLn.Addr().String()
-	mgr, err := manager.New(manager.Config{
+	startManager(t, manager.Config{
 		RestConfig:       env.Config,
 		MetricsListener:  metricsLn,
 		ProbeListener:    probeLn,
 		NodeLossGrace:    2 * time.Second,
 		SchedulerWorkers: 2,
-		// -count=N builds the manager N times in one process.
-		SkipNameValidation: true,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	mgrCtx, stop := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- mgr.Start(mgrCtx) }()
-	t.Cleanup(func() {
-		stop()
-		if err := <-done; err != nil {
-			t.Errorf("manager: %v", err)
-		}
 	})
 
 	// The agent's part: a Mac with a ceiling (at a documentation address: the API
@@ -110,11 +96,7 @@ func TestControlPlaneWiring(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// The deployment's source must be one the SourcePolicy allows its namespace.
-	if err := c.Create(ctx, &mfv1.SourcePolicy{ObjectMeta: metav1.ObjectMeta{Name: mfv1.SourcePolicyName},
-		Spec: mfv1.SourcePolicySpec{Rules: []mfv1.SourcePolicyRule{{Namespaces: []string{"*"}, Hosts: []string{"models.example"}}}}}); err != nil && !apierrors.IsAlreadyExists(err) {
-		t.Fatal(err)
-	}
+	allowModelsExample(t, c)
 	md := &mfv1.ModelDeployment{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "chat"},
 		Spec: mfv1.ModelDeploymentSpec{
@@ -247,4 +229,35 @@ func names(rs []mfv1.ModelReplica) []string {
 		out = append(out, r.Name+"@"+r.Spec.NodeName)
 	}
 	return out
+}
+
+// allowModelsExample makes the cluster's SourcePolicy allow every namespace the
+// https://models.example sources the tests' deployments use.
+func allowModelsExample(t *testing.T, c client.Client) {
+	t.Helper()
+	if err := c.Create(t.Context(), &mfv1.SourcePolicy{ObjectMeta: metav1.ObjectMeta{Name: mfv1.SourcePolicyName},
+		Spec: mfv1.SourcePolicySpec{Rules: []mfv1.SourcePolicyRule{{Namespaces: []string{"*"}, Hosts: []string{"models.example"}}}}}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+}
+
+// startManager builds the manager from cfg as `macfleet manager` does and runs it until
+// the test ends. (-count=N builds the manager N times in one process: names are not
+// checked for uniqueness.)
+func startManager(t *testing.T, cfg manager.Config) {
+	t.Helper()
+	cfg.SkipNameValidation = true
+	mgr, err := manager.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mgrCtx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- mgr.Start(mgrCtx) }()
+	t.Cleanup(func() {
+		stop()
+		if err := <-done; err != nil {
+			t.Errorf("manager: %v", err)
+		}
+	})
 }

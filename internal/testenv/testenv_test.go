@@ -243,3 +243,22 @@ func TestRepoRoot(t *testing.T) {
 		t.Errorf("RepoRoot() does not contain this package (-want +got):\n%s", diff)
 	}
 }
+
+// TestLazy: nothing starts before the first Get, every Get returns the one server,
+// and stopping stops it.
+func TestLazy(t *testing.T) {
+	l := NewLazy(WithCRDPaths("testdata/crd"))
+	if err := l.stop(); err != nil || l.env != nil {
+		t.Fatalf("stop before Get: %v, env %v", err, l.env)
+	}
+	e := l.Get(t)
+	if again := l.Get(t); again != e {
+		t.Errorf("a second Get returned another API server")
+	}
+	if err := e.Client.List(t.Context(), &corev1.NamespaceList{}); err != nil {
+		t.Errorf("the API server does not answer: %v", err)
+	}
+	if err := l.stop(); err != nil {
+		t.Errorf("stop: %v", err)
+	}
+}

@@ -208,7 +208,7 @@ func TestTemplateDeployments(t *testing.T) {
 		name:      "defaults",
 		wantImage: "ghcr.io/macfleet/macfleet:0.1.0",
 		wantManager: []string{"manager", "--metrics-bind-address=:8080", "--health-probe-bind-address=:8081",
-			"--leader-elect=false", "--node-loss-grace=60s", "--scheduler-workers=8", "--zap-log-level=info"},
+			"--leader-elect=false", "--node-loss-grace=60s", "--scheduler-workers=8", "--fleet-token-file=/etc/macfleet/fleet-token/token", "--zap-log-level=info"},
 		wantStrategy: appsv1.RecreateDeploymentStrategyType,
 		wantGateway: []string{"gateway", "--listen=:8080", "--metrics-bind-address=:9090", "--health-probe-bind-address=:8081",
 			"--fleet-token-file=/etc/macfleet/fleet-token/token", "--cold-start-timeout=2m", "--prefix-affinity=false",
@@ -227,7 +227,7 @@ func TestTemplateDeployments(t *testing.T) {
 		},
 		wantImage: "registry.example/mf:v9",
 		wantManager: []string{"manager", "--metrics-bind-address=:8080", "--health-probe-bind-address=:8081",
-			"--leader-elect=true", "--node-loss-grace=5m", "--scheduler-workers=2", "--hf-endpoint=https://hf.example",
+			"--leader-elect=true", "--node-loss-grace=5m", "--scheduler-workers=2", "--fleet-token-file=/etc/macfleet/fleet-token/token", "--hf-endpoint=https://hf.example",
 			"--zap-log-level=debug", "--zap-devel"},
 		wantStrategy: "",
 		wantGateway: []string{"gateway", "--listen=:8080", "--metrics-bind-address=:9090", "--health-probe-bind-address=:8081",
@@ -241,7 +241,7 @@ func TestTemplateDeployments(t *testing.T) {
 		set:       []string{"gateway.enabled=false"},
 		wantImage: "ghcr.io/macfleet/macfleet:0.1.0",
 		wantManager: []string{"manager", "--metrics-bind-address=:8080", "--health-probe-bind-address=:8081",
-			"--leader-elect=false", "--node-loss-grace=60s", "--scheduler-workers=8", "--zap-log-level=info"},
+			"--leader-elect=false", "--node-loss-grace=60s", "--scheduler-workers=8", "--fleet-token-file=/etc/macfleet/fleet-token/token", "--zap-log-level=info"},
 		wantStrategy: appsv1.RecreateDeploymentStrategyType,
 	}}
 	for _, tc := range tests {
@@ -253,6 +253,13 @@ func TestTemplateDeployments(t *testing.T) {
 				t.Errorf("manager strategy = %q, want %q", got, tc.wantStrategy)
 			}
 			checkPod(t, &m.Spec.Template.Spec, "macfleet-manager", tc.wantImage, tc.wantManager)
+			if diff := cmp.Diff([]corev1.Volume{tokenVolume}, m.Spec.Template.Spec.Volumes); diff != "" {
+				t.Errorf("manager volumes (-want +got):\n%s", diff)
+			}
+			if vm := m.Spec.Template.Spec.Containers[0].VolumeMounts; len(vm) != 1 || vm[0].Name != "fleet-token" ||
+				!vm[0].ReadOnly || vm[0].MountPath != "/etc/macfleet/fleet-token" {
+				t.Errorf("manager volume mounts %+v, want the fleet token read-only at /etc/macfleet/fleet-token", vm)
+			}
 
 			var gw []string
 			for _, o := range objs {

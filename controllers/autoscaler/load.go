@@ -1,0 +1,199 @@
+package autoscaler
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"sync"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/utils/clock"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/macfleet/macfleet/api/v1alpha1"
+)
+
+// Load is a deployment's load at one moment.
+type Load struct {
+	// InFlight is the requests on the deployment's replicas, summed.
+	InFlight int32
+	// Held is the requests waiting for a replica before reaching one.
+	Held int32
+}
+
+// LoadSource measures a deployment's load now. The decision code only sees Samples:
+// a source may read agents, gateways or anything else, but must not write to the API
+// server per request.
+type LoadSource interface {
+	Measure(ctx context.Context, md *v1alpha1.ModelDeployment) (Load, error)
+}
+
+// Defaults of AgentSource.
+const (
+	DefaultAgentTimeout = 2 * time.Second
+	// DefaultStatusMaxAge lets the deployments on one Mac share one status read.
+	DefaultStatusMaxAge = 2 * time.Second
+	// maxStatusBytes bounds an agent's /api/status body.
+	maxStatusBytes = 8 << 20
+)
+
+// AgentSource measures in-flight requests where they are served: it reads the
+// /api/status of the agent of each Ready replica (its status.endpoint), whose pool
+// reports the leases each replica's engine holds — one per request being generated or
+// waiting for a sequence slot. Every request reaches the agent whichever gateway replica
+// (or the deployment's Service) sent it, so the sum over the replicas is the
+// deployment's load across every gateway, with no write to the API server. Replicas
+// that are not Ready, or whose Mac is not Ready (its Lease expired: the endpoints and
+// the gateways no longer route to it), serve nothing new and are skipped, so that a
+// lost Mac does not leave the deployment without a measurement when it needs
+// replicas most. Requests held by a gateway before reaching a replica are not visible
+// here (Held is 0).
+//
+// One status read per Mac serves every deployment measured within StatusMaxAge.
+type AgentSource struct {
+	// Client lists the deployment's replicas and reads their MacNodes (the manager's
+	// cache).
+	Client client.Reader
+	// HTTP reaches the agents. Default: a client with DefaultAgentTimeout.
+	HTTP *http.Client
+	// Token is the fleet token agents require ("" sends none).
+	Token func() string
+	// Clock times the status cache. Default: clock.RealClock{}.
+	Clock clock.PassiveClock
+	// StatusMaxAge is how long one agent's status is reused. Default: DefaultStatusMaxAge.
+	StatusMaxAge time.Duration
+
+	mu    sync.Mutex
+	cache map[string]agentStatus
+}
+
+// agentStatus is what the source keeps of one agent's /api/status.
+type agentStatus struct {
+	at     time.Time
+	leases map[string]int32 // pool entry name ("<namespace>/<replica>") → leases
+	err    error
+}
+
+// Measure sums the leases of md's Ready replicas on their agents.
+func (s *AgentSource) Measure(ctx context.Context, md *v1alpha1.ModelDeployment) (Load, error) {
+	var list v1alpha1.ModelReplicaList
+	if err := s.Client.List(ctx, &list, client.InNamespace(md.Namespace),
+		client.MatchingLabels{v1alpha1.LabelDeployment: md.Name}); err != nil {
+		return Load{}, fmt.Errorf("listing the replicas of %s: %w", md.Name, err)
+	}
+	var load Load
+	for i := range list.Items {
+		r := &list.Items[i]
+		if r.DeletionTimestamp != nil || r.Status.Endpoint == "" ||
+			!meta.IsStatusConditionTrue(r.Status.Conditions, v1alpha1.ReplicaReady) {
+			continue
+		}
+		if up, err := s.macReady(ctx, r.Spec.NodeName); err != nil {
+			return Load{}, err
+		} else if !up {
+			continue
+		}
+		st := s.status(ctx, r.Status.Endpoint)
+		if st.err != nil {
+			return Load{}, fmt.Errorf("reading the load of replica %s from its agent at %s: %w", r.Name, r.Status.Endpoint, st.err)
+		}
+		load.InFlight += st.leases[r.Namespace+"/"+r.Name]
+	}
+	return load, nil
+}
+
+// macReady says whether the Mac named node is Ready; a replica not bound to a Mac
+// counts as on a Ready one, a Mac that no longer exists as not Ready.
+func (s *AgentSource) macReady(ctx context.Context, node string) (bool, error) {
+	if node == "" {
+		return true, nil
+	}
+	mn := &v1alpha1.MacNode{}
+	if err := s.Client.Get(ctx, client.ObjectKey{Name: node}, mn); err != nil {
+		if apierrors.IsNotFound(err) {
+			return false, nil
+		}
+		return false, fmt.Errorf("reading MacNode %s: %w", node, err)
+	}
+	return meta.IsStatusConditionTrue(mn.Status.Conditions, v1alpha1.MacNodeReady), nil
+}
+
+// status returns the agent's status, read now unless a read of the last StatusMaxAge
+// (successful or not) is at hand.
+func (s *AgentSource) status(ctx context.Context, endpoint string) agentStatus {
+	now := s.clock().Now()
+	s.mu.Lock()
+	if s.cache == nil {
+		s.cache = map[string]agentStatus{}
+	}
+	st, ok := s.cache[endpoint]
+	maxAge := s.StatusMaxAge
+	if maxAge <= 0 {
+		maxAge = DefaultStatusMaxAge
+	}
+	s.mu.Unlock()
+	if ok && now.Sub(st.at) < maxAge && !now.Before(st.at) {
+		return st
+	}
+	st = agentStatus{at: now}
+	st.leases, st.err = s.read(ctx, endpoint)
+	s.mu.Lock()
+	for k, v := range s.cache { // forget agents not read for a while
+		if now.Sub(v.at) > 10*maxAge {
+			delete(s.cache, k)
+		}
+	}
+	s.cache[endpoint] = st
+	s.mu.Unlock()
+	return st
+}
+
+func (s *AgentSource) clock() clock.PassiveClock {
+	if s.Clock == nil {
+		return clock.RealClock{}
+	}
+	return s.Clock
+}
+
+// read fetches GET http://<endpoint>/api/status.
+func (s *AgentSource) read(ctx context.Context, endpoint string) (map[string]int32, error) {
+	hc := s.HTTP
+	if hc == nil {
+		hc = &http.Client{Timeout: DefaultAgentTimeout}
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+endpoint+"/api/status", nil)
+	if err != nil {
+		return nil, err
+	}
+	if s.Token != nil {
+		if tok := s.Token(); tok != "" {
+			req.Header.Set("Authorization", "Bearer "+tok)
+		}
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("GET /api/status answered %s", resp.Status)
+	}
+	var body struct {
+		Models []struct {
+			Name   string `json:"name"`
+			Leases int32  `json:"leases"`
+		} `json:"models"`
+	}
+	if err := json.NewDecoder(io.LimitReader(resp.Body, maxStatusBytes)).Decode(&body); err != nil {
+		return nil, fmt.Errorf("decoding /api/status: %w", err)
+	}
+	out := make(map[string]int32, len(body.Models))
+	for _, m := range body.Models {
+		out[m.Name] = max(m.Leases, 0)
+	}
+	return out, nil
+}

@@ -1,0 +1,158 @@
+package autoscaler
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/macfleet/macfleet/agent/server"
+	"github.com/macfleet/macfleet/api/v1alpha1"
+	"github.com/macfleet/macfleet/internal/testenv"
+	"github.com/macfleet/macfleet/metal"
+)
+
+// fakeAgent serves /api/status with the agent's own response type, requiring the
+// fleet token, and counts the reads.
+type fakeAgent struct {
+	srv    *httptest.Server
+	reads  atomic.Int32
+	models []metal.ModelSnapshot
+}
+
+func newFakeAgent(t *testing.T, token string, models ...metal.ModelSnapshot) *fakeAgent {
+	a := &fakeAgent{models: models}
+	a.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		a.reads.Add(1)
+		if r.URL.Path != "/api/status" || r.Header.Get("Authorization") != "Bearer "+token {
+			http.Error(w, "unauthorized", http.StatusUnauthorized)
+			return
+		}
+		writeJSONBody(t, w, server.StatusResponse{Ready: true, Snapshot: metal.Snapshot{Models: a.models}})
+	}))
+	t.Cleanup(a.srv.Close)
+	return a
+}
+
+func (a *fakeAgent) endpoint() string { return strings.TrimPrefix(a.srv.URL, "http://") }
+
+// replica creates a ModelReplica of the deployment on the Mac node ("": unbound)
+// with the endpoint, Ready or not.
+func replica(t *testing.T, ns, deployment, name, node, endpoint string, ready bool) {
+	t.Helper()
+	e := apiServer(t)
+	mr := &v1alpha1.ModelReplica{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: map[string]string{v1alpha1.LabelDeployment: deployment}},
+		Spec: v1alpha1.ModelReplicaSpec{
+			NodeName:          node,
+			Template:          v1alpha1.ModelReplicaTemplate{Model: v1alpha1.ModelSource{Source: "hf://org/repo/model.gguf"}},
+			TemplateHash:      "h",
+			MemoryReservation: resource.MustParse("1Gi"),
+		},
+	}
+	if err := e.Client.Create(t.Context(), mr); err != nil {
+		t.Fatalf("creating replica %s: %v", name, err)
+	}
+	status := metav1.ConditionFalse
+	if ready {
+		status = metav1.ConditionTrue
+	}
+	mr.Status.Endpoint = endpoint
+	meta.SetStatusCondition(&mr.Status.Conditions, metav1.Condition{Type: v1alpha1.ReplicaReady, Status: status, Reason: "Test"})
+	if err := e.Client.Status().Update(t.Context(), mr); err != nil {
+		t.Fatalf("writing replica %s status: %v", name, err)
+	}
+}
+
+// TestAgentSource measures a deployment spread over Macs through real HTTP: the
+// leases of its Ready replicas are summed (other deployments', not-Ready replicas' and
+// those on a Mac that is not Ready or gone are not, and their agents are not asked), the fleet token is sent, one read per Mac serves measurements within
+// StatusMaxAge, and an agent that refuses answers with an error naming the replica
+// and the agent.
+func TestAgentSource(t *testing.T) {
+	e := apiServer(t)
+	ns := testenv.NewNamespace(t, e.Client)
+	const token = "fleet-secret"
+	macA := newFakeAgent(t, token,
+		metal.ModelSnapshot{Name: ns + "/chat-0", Leases: 3},
+		metal.ModelSnapshot{Name: ns + "/other-0", Leases: 7})
+	macB := newFakeAgent(t, token,
+		metal.ModelSnapshot{Name: ns + "/chat-1", Leases: 2},
+		metal.ModelSnapshot{Name: ns + "/chat-2", Leases: 9}) // not Ready: skipped
+	// A third Mac was lost (its Lease expired): its agent does not answer, and its
+	// replica, still Ready in its last status, serves nothing new.
+	lost := httptest.NewServer(http.NotFoundHandler())
+	lost.Close()
+	nodeA, nodeLost := macNode(t, ns+"-a", metav1.ConditionTrue), macNode(t, ns+"-lost", metav1.ConditionUnknown)
+	replica(t, ns, "chat", "chat-0", nodeA, macA.endpoint(), true)
+	replica(t, ns, "chat", "chat-1", "", macB.endpoint(), true)
+	replica(t, ns, "chat", "chat-2", "", macB.endpoint(), false)
+	replica(t, ns, "chat", "chat-3", nodeLost, strings.TrimPrefix(lost.URL, "http://"), true)
+	replica(t, ns, "chat", "chat-4", ns+"-gone", strings.TrimPrefix(lost.URL, "http://"), true) // its MacNode was deleted
+	replica(t, ns, "other", "other-0", nodeA, macA.endpoint(), true)
+
+	clk := clocktesting.NewFakeClock(t0)
+	src := &AgentSource{Client: e.Client, Token: func() string { return token }, Clock: clk, StatusMaxAge: time.Second}
+	md := &v1alpha1.ModelDeployment{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "chat"}}
+	other := &v1alpha1.ModelDeployment{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "other"}}
+
+	got, err := src.Measure(t.Context(), md)
+	if err != nil || got != (Load{InFlight: 5}) {
+		t.Fatalf("Measure = %+v, %v; want 5 in flight", got, err)
+	}
+	if got, err := src.Measure(t.Context(), other); err != nil || got != (Load{InFlight: 7}) {
+		t.Fatalf("Measure(other) = %+v, %v; want 7 in flight", got, err)
+	}
+	if a, b := macA.reads.Load(), macB.reads.Load(); a != 1 || b != 1 {
+		t.Errorf("status reads within StatusMaxAge: mac-a %d, mac-b %d; want 1 each", a, b)
+	}
+
+	macA.models[0].Leases = 0
+	clk.Step(2 * time.Second)
+	if got, err := src.Measure(t.Context(), md); err != nil || got != (Load{InFlight: 2}) {
+		t.Fatalf("Measure after StatusMaxAge = %+v, %v; want 2 in flight", got, err)
+	}
+	if a := macA.reads.Load(); a != 2 {
+		t.Errorf("mac-a read %d times, want a fresh read after StatusMaxAge", a)
+	}
+
+	clk.Step(2 * time.Second)
+	src.Token = func() string { return "wrong" }
+	_, err = src.Measure(t.Context(), md)
+	if err == nil || !strings.Contains(err.Error(), "reading the load of replica chat-0 from its agent at "+macA.endpoint()) ||
+		!strings.Contains(err.Error(), "401 Unauthorized") {
+		t.Errorf("Measure with a wrong token: %v; want an error naming chat-0, its agent and the 401", err)
+	}
+}
+
+// macNode creates a MacNode with the Ready condition status, deleted when the test ends.
+func macNode(t *testing.T, name string, ready metav1.ConditionStatus) string {
+	t.Helper()
+	e := apiServer(t)
+	mn := &v1alpha1.MacNode{ObjectMeta: metav1.ObjectMeta{Name: name}}
+	if err := e.Client.Create(t.Context(), mn); err != nil {
+		t.Fatalf("creating MacNode %s: %v", name, err)
+	}
+	t.Cleanup(func() { _ = e.Client.Delete(context.Background(), mn) })
+	meta.SetStatusCondition(&mn.Status.Conditions, metav1.Condition{Type: v1alpha1.MacNodeReady, Status: ready, Reason: "Test"})
+	if err := e.Client.Status().Update(t.Context(), mn); err != nil {
+		t.Fatalf("writing MacNode %s status: %v", name, err)
+	}
+	return name
+}
+
+func writeJSONBody(t *testing.T, w http.ResponseWriter, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	if err := json.NewEncoder(w).Encode(v); err != nil {
+		t.Errorf("encoding: %v", err)
+	}
+}

@@ -272,8 +272,10 @@ func (p *Parser) finishHarmony() Delta {
 		recipient = strings.TrimSpace(strings.Split(recipient, "<|constrain|>")[0])
 		switch {
 		case strings.HasPrefix(recipient, "to=functions."):
-			name := strings.TrimPrefix(recipient, "to=functions.")
+			// The name, without a content type written after it ("f json").
+			name, _, _ := strings.Cut(strings.TrimPrefix(recipient, "to=functions."), " ")
 			args, ok := argumentString([]byte(msg))
+			ok = ok && name != ""
 			if !ok || (!p.o.Parallel && p.calls > 0) {
 				if !ok {
 					d.Content += msg

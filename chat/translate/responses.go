@@ -197,8 +197,12 @@ func chatFromResponses(q *ResponsesRequest) (map[string]any, *chatError) {
 		chat["tools"] = tools
 	}
 	if tc := bytes.TrimSpace(q.ToolChoice); len(tc) > 0 {
-		if tc[0] == '"' {
-			chat["tool_choice"] = json.RawMessage(tc)
+		var mode string
+		if json.Unmarshal(tc, &mode) == nil {
+			if mode != "none" && mode != "auto" && mode != "required" {
+				return nil, invalid("tool_choice", "tool_choice must be none, auto, required or {\"type\":\"function\",\"name\":...}, got %q", mode)
+			}
+			chat["tool_choice"] = mode
 		} else {
 			var named struct {
 				Type string `json:"type"`

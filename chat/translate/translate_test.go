@@ -339,3 +339,23 @@ func TestAnthropicStopReason(t *testing.T) {
 		}
 	}
 }
+
+func TestResponsesToolChoiceOfResponses(t *testing.T) {
+	for body, want := range map[string]int{
+		`{"model":"m","input":"x","tool_choice":"required"}`:                        http.StatusOK,
+		`{"model":"m","input":"x","tool_choice":{"type":"function","name":"f"}}`:    http.StatusOK,
+		`{"model":"m","input":"x","tool_choice":""}`:                                http.StatusBadRequest,
+		`{"model":"m","input":"x","tool_choice":"any"}`:                             http.StatusBadRequest,
+		`{"model":"m","input":"x","tool_choice":{"type":"function","function":{}}}`: http.StatusBadRequest,
+	} {
+		f := &fakeChat{whole: toolWhole}
+		w := post(t, Responses(f), "/v1/responses", body)
+		if w.Code != want {
+			t.Errorf("%s: %d %s, want %d", body, w.Code, w.Body, want)
+			continue
+		}
+		if want != http.StatusOK && (f.got != nil || !strings.Contains(w.Body.String(), `{\"type\":\"function\",\"name\":...}`)) {
+			t.Errorf("%s: forwarded %v, answered %s; want the Responses form of tool_choice in the error", body, f.got, w.Body)
+		}
+	}
+}

@@ -70,6 +70,10 @@ verify: ## Fail if generation leaves a diff; vet; cross-compile for darwin/arm64
 test: envtest runner helm ## Run every test (race detector, real API server, real runners).
 	hack/go-env.sh go test $(GO_TEST_FLAGS) ./...
 
+.PHONY: fuzz
+fuzz: ## Run every fuzz target for FUZZTIME each (default 10s).
+	hack/fuzz.sh
+
 .PHONY: bench
 bench: envtest runner ## Run the benchmarks named in docs/benchmarks.md.
 	hack/bench.sh

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Runs every Go fuzz target of the module for $FUZZTIME each (default 10s): the
+# parsers of untrusted input (request bodies, model sources, GGUF headers, plists,
+# model output). A failure leaves the crashing input under the package's
+# testdata/fuzz/<Target>/, which `go test` then replays as a regular test.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+fuzztime=${FUZZTIME:-10s}
+failed=()
+while IFS= read -r file; do
+	pkg=./$(dirname "$file")
+	for target in $(sed -n 's/^func \(Fuzz[A-Za-z0-9_]*\)(f \*testing\.F).*/\1/p' "$file"); do
+		echo "=== $pkg $target ($fuzztime)"
+		if ! hack/go-env.sh go test -run '^$' -fuzz "^${target}\$" -fuzztime "$fuzztime" "$pkg"; then
+			failed+=("$pkg $target")
+		fi
+	done
+done < <(grep -rl --include='*_test.go' '^func Fuzz' . | sed 's|^\./||' | sort)
+if ((${#failed[@]})); then
+	printf 'fuzz target failed: %s\n' "${failed[@]}"
+	exit 1
+fi

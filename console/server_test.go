@@ -120,7 +120,9 @@ func TestSignInSetsACookieTheChatUses(t *testing.T) {
 	srv, got := serve(t, func(k string) bool { return k == testKey }, fixed(hostile()))
 	jar, _ := cookiejar.New(nil)
 	c := noRedirect(jar)
-	form := func(key string) io.Reader { return strings.NewReader(url.Values{"key": {key}, "next": {"/ui/models"}}.Encode()) }
+	form := func(key string) io.Reader {
+		return strings.NewReader(url.Values{"key": {key}, "next": {"/ui/models"}}.Encode())
+	}
 	formHdr := map[string]string{"Content-Type": "application/x-www-form-urlencoded"}
 
 	resp, body := do(t, c, "POST", srv.URL+"/ui/login", form("wrong"), formHdr)

@@ -1,7 +1,6 @@
 package gateway_test
 
 import (
-	"context"
 	"fmt"
 	"net/http"
 	"os"
@@ -18,67 +17,10 @@ import (
 
 	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/gateway"
+	"github.com/macfleet/macfleet/internal/browsertest"
 	"github.com/macfleet/macfleet/internal/testenv"
 	"github.com/macfleet/macfleet/metal"
 )
-
-// chromium is the browser the console test drives: $MACFLEET_CHROMIUM, else the
-// Debian package's. Without one the test skips, except in CI, where .ci/run installs
-// it and a missing browser is a failure.
-func chromium(t *testing.T) string {
-	t.Helper()
-	for _, p := range []string{os.Getenv("MACFLEET_CHROMIUM"), "/usr/bin/chromium", "/usr/bin/chromium-browser"} {
-		if p == "" {
-			continue
-		}
-		if _, err := os.Stat(p); err == nil {
-			return p
-		}
-	}
-	if os.Getenv("CI") != "" {
-		t.Fatal("CI is set but there is no chromium: install the Debian package chromium (.ci/run does) or set MACFLEET_CHROMIUM")
-	}
-	t.Skip("no chromium: install the Debian package chromium (or set MACFLEET_CHROMIUM) to run the console's browser test")
-	return ""
-}
-
-// artifactDir keeps the screenshots: under $ARTIFACTS when set, else the test's
-// temporary directory.
-func artifactDir(t *testing.T) string {
-	t.Helper()
-	d := os.Getenv("ARTIFACTS")
-	if d == "" {
-		return t.TempDir()
-	}
-	d = filepath.Join(d, t.Name())
-	if err := os.MkdirAll(d, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	return d
-}
-
-// browser starts a headless Chromium with a fresh profile for the test.
-func browser(t *testing.T, bin string) context.Context {
-	t.Helper()
-	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(),
-		chromedp.ExecPath(bin),
-		chromedp.Flag("headless", true),
-		chromedp.NoSandbox,
-		chromedp.DisableGPU,
-		chromedp.Flag("disable-background-networking", true),
-		chromedp.Flag("disable-component-update", true),
-		chromedp.Flag("disable-sync", true),
-		chromedp.Flag("disable-dev-shm-usage", true),
-		chromedp.NoFirstRun,
-		chromedp.NoDefaultBrowserCheck,
-		chromedp.UserDataDir(t.TempDir()),
-		chromedp.WindowSize(1280, 900),
-	)
-	ctx, cancel := chromedp.NewContext(actx, chromedp.WithLogf(t.Logf))
-	ctx, cancelTimeout := context.WithTimeout(ctx, 4*time.Minute)
-	t.Cleanup(func() { cancelTimeout(); cancel(); cancelAlloc() })
-	return ctx
-}
 
 func value(q *resource.Quantity) int64 {
 	if q == nil {
@@ -120,7 +62,7 @@ func (f *fleet) updateReplica(name string, change func(*mfv1.ModelReplicaStatus)
 // one changes, the unload with its freed bytes, and a streamed playground answer.
 // Screenshots of each page are written to the artifact directory.
 func TestConsoleInBrowser(t *testing.T) {
-	bin := chromium(t)
+	bin := browsertest.Chromium(t)
 	runner := os.Getenv(metal.RunnerEnv)
 	if runner == "" {
 		t.Skip("MACFLEET_RUNNER is not set: the playground needs a real agent (make runner)")
@@ -154,17 +96,9 @@ func TestConsoleInBrowser(t *testing.T) {
 	})
 	waitModel(t, g, "tiny", f.ns, 1)
 
-	art := artifactDir(t)
-	shot := func(name string) chromedp.Action[chromedp.Void] {
-		return chromedp.Func(func(ctx context.Context, _ *chromedp.Target) error {
-			png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100)) // quality 100 is a PNG
-			if err != nil {
-				return err
-			}
-			return os.WriteFile(filepath.Join(art, name), png, 0o644)
-		})
-	}
-	ctx := browser(t, bin)
+	art := browsertest.ArtifactDir(t)
+	shot := func(name string) chromedp.Action[chromedp.Void] { return browsertest.Screenshot(art, name) }
+	ctx := browsertest.New(t, bin, 4*time.Minute)
 	row := func(mac, sel string) chromedp.CSS { return chromedp.CSS(fmt.Sprintf(`tr[data-node=%q] %s`, mac, sel)) }
 
 	// Signing in: the console sends a browser without the cookie to the form.

@@ -172,30 +172,7 @@ func TestConsoleInBrowser(t *testing.T) {
 	}
 
 	// The playground streams an answer from the real agent through the gateway.
-	if err := chromedp.Do(ctx,
-		chromedp.Navigate(g.url+"/ui/playground"),
-		chromedp.WaitVisible(chromedp.CSS(`#pg-model`)),
-		chromedp.SetValue(chromedp.CSS(`#pg-model`), "tiny"),
-		chromedp.SetValue(chromedp.CSS(`#pg-max`), "8"),
-		chromedp.Click(chromedp.CSS(`#playground button`)),
-		chromedp.WaitVisible(chromedp.CSS(`#pg-answer[data-done]`)),
-	); err != nil {
-		t.Fatalf("playground: %v", err)
-	}
-	answer, err := chromedp.Run(ctx, chromedp.Text(chromedp.CSS(`#pg-answer`)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	status, err := chromedp.Run(ctx, chromedp.Text(chromedp.CSS(`#pg-status`)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := chromedp.Do(ctx, shot("console-playground.png")); err != nil {
-		t.Fatal(err)
-	}
-	if answer == "" || !strings.HasPrefix(status, "Done:") {
-		t.Errorf("playground answer %q, status %q", answer, status)
-	}
+	browsertest.Playground(t, ctx, g.url+"/ui/playground", "tiny", art, "console-playground.png")
 
 	// A phone: the page itself never scrolls sideways (wide tables scroll in their box).
 	if err := chromedp.Do(ctx, chromedp.EmulateViewport(390, 844, chromedp.EmulateMobile, chromedp.EmulateScale(2)),

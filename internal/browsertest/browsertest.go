@@ -7,6 +7,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -81,4 +82,33 @@ func Screenshot(dir, name string) chromedp.Action[chromedp.Void] {
 		}
 		return os.WriteFile(filepath.Join(dir, name), png, 0o644)
 	})
+}
+
+// Playground sends the page's default message to model on the console's playground page
+// at url, waits for the stream to end and screenshots the page into dir/shot. It fails
+// the test unless an answer streamed and the status says it is done.
+func Playground(t testing.TB, ctx context.Context, url, model, dir, shot string) {
+	t.Helper()
+	if err := chromedp.Do(ctx,
+		chromedp.Navigate(url),
+		chromedp.WaitVisible(chromedp.CSS(`#pg-model`)),
+		chromedp.SetValue(chromedp.CSS(`#pg-model`), model),
+		chromedp.SetValue(chromedp.CSS(`#pg-max`), "8"),
+		chromedp.Click(chromedp.CSS(`#playground button`)),
+		chromedp.WaitVisible(chromedp.CSS(`#pg-answer[data-done]`)),
+		Screenshot(dir, shot),
+	); err != nil {
+		t.Fatalf("playground: %v", err)
+	}
+	var out [2]string
+	for i, sel := range []chromedp.CSS{`#pg-answer`, `#pg-status`} {
+		v, err := chromedp.Run(ctx, chromedp.Text(sel))
+		if err != nil {
+			t.Fatalf("playground %s: %v", sel, err)
+		}
+		out[i] = v
+	}
+	if out[0] == "" || !strings.HasPrefix(out[1], "Done:") {
+		t.Errorf("playground: answer %q, status %q", out[0], out[1])
+	}
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -72,28 +71,7 @@ func TestConsoleOnFleet(t *testing.T) {
 	}
 
 	// The playground streams from the Resident model.
-	if err := chromedp.Do(ctx,
-		chromedp.Navigate(ui+"/playground"),
-		chromedp.WaitVisible(chromedp.CSS(`#pg-model`)),
-		chromedp.SetValue(chromedp.CSS(`#pg-model`), "console-chat"),
-		chromedp.SetValue(chromedp.CSS(`#pg-max`), "8"),
-		chromedp.Click(chromedp.CSS(`#playground button`)),
-		chromedp.WaitVisible(chromedp.CSS(`#pg-answer[data-done]`)),
-		browsertest.Screenshot(art, "playground.png"),
-	); err != nil {
-		t.Fatalf("playground: %v", err)
-	}
-	status, err := chromedp.Run(ctx, chromedp.Text(chromedp.CSS(`#pg-status`)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	answer, err := chromedp.Run(ctx, chromedp.Text(chromedp.CSS(`#pg-answer`)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !strings.HasPrefix(status, "Done:") || answer == "" {
-		t.Errorf("playground: answer %q, status %q", answer, status)
-	}
+	browsertest.Playground(t, ctx, ui+"/playground", "console-chat", art, "playground.png")
 
 	// An unload: the OnDemand model loads on a request and unloads when idle; the
 	// unloads page shows the bytes its agent reported.

@@ -249,16 +249,10 @@ func waitModel(t *testing.T, g runningGateway, id, ns string, n int) {
 	})
 }
 
-// TestThroughRealAgent: a chat completion, streamed and not, from the official OpenAI
-// client through the gateway to a real agent (engine pool, runner process,
-// synthesized model) that the gateway found through the API server. The agent
-// requires the fleet token; the gateway requires a client key.
-func TestThroughRealAgent(t *testing.T) {
-	runner := os.Getenv(metal.RunnerEnv)
-	if runner == "" {
-		t.Skip("MACFLEET_RUNNER is not set: build the runner with `make runner` and export MACFLEET_RUNNER=$PWD/bin/macfleet-runner")
-	}
-	e := cluster(t)
+// startAgent runs a real standalone agent serving the synthesized model "tiny" with
+// the fleet token, until the test ends; it returns the agent's host:port once ready.
+func startAgent(t *testing.T, runner string) string {
+	t.Helper()
 	model := filepath.Join(t.TempDir(), "tiny.gguf")
 	if err := ggufsynth.Write(model, ggufsynth.Tiny()); err != nil {
 		t.Fatal(err)
@@ -293,6 +287,20 @@ func TestThroughRealAgent(t *testing.T) {
 		code, body := get("http://" + agent + "/readyz")
 		return code == http.StatusOK, fmt.Sprintf("agent /readyz: %d %s", code, body)
 	})
+	return agent
+}
+
+// TestThroughRealAgent: a chat completion, streamed and not, from the official OpenAI
+// client through the gateway to a real agent (engine pool, runner process,
+// synthesized model) that the gateway found through the API server. The agent
+// requires the fleet token; the gateway requires a client key.
+func TestThroughRealAgent(t *testing.T) {
+	runner := os.Getenv(metal.RunnerEnv)
+	if runner == "" {
+		t.Skip("MACFLEET_RUNNER is not set: build the runner with `make runner` and export MACFLEET_RUNNER=$PWD/bin/macfleet-runner")
+	}
+	e := cluster(t)
+	agent := startAgent(t, runner)
 
 	keys := filepath.Join(t.TempDir(), "keys")
 	if err := os.WriteFile(keys, []byte("client-key\n"), 0o600); err != nil {

@@ -24,6 +24,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
+	"github.com/macfleet/macfleet/console"
 	"github.com/macfleet/macfleet/internal/informers"
 	"github.com/macfleet/macfleet/internal/mgrhttp"
 )
@@ -58,6 +59,8 @@ type Config struct {
 	APIKeysFile      string
 	ColdStartTimeout time.Duration
 	PrefixAffinity   bool
+	// DisableConsole turns off the web console at /ui (see package console).
+	DisableConsole bool
 	// FilePoll is how often the two files are checked for changes (DefaultFilePoll).
 	FilePoll time.Duration
 	// Registerer receives the gateway's metrics; nil means controller-runtime's
@@ -144,7 +147,13 @@ func Run(ctx context.Context, cfg Config) error {
 			return fmt.Errorf("listening on %s: %w", cfg.Listen, err)
 		}
 	}
-	if err := mgr.Add(&apiServer{handler: g.Handler(), ln: ln, log: log, started: cfg.Started}); err != nil {
+	handler := g.Handler()
+	if !cfg.DisableConsole {
+		if handler, err = withConsole(g, mgr.GetCache(), opts.Authorize, log); err != nil {
+			return err
+		}
+	}
+	if err := mgr.Add(&apiServer{handler: handler, ln: ln, log: log, started: cfg.Started}); err != nil {
 		return err
 	}
 	for _, w := range watchers {
@@ -172,8 +181,42 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	log.Info("Starting gateway", "listen", ln.Addr().String(), "coldStartTimeout", opts.ColdStartTimeout,
-		"prefixAffinity", cfg.PrefixAffinity, "apiKeys", cfg.APIKeysFile != "")
+		"prefixAffinity", cfg.PrefixAffinity, "apiKeys", cfg.APIKeysFile != "", "console", !cfg.DisableConsole)
 	return mgr.Start(ctx)
+}
+
+// withConsole serves the web console under /ui beside the API. Its pages read the
+// same informer cache as the routing table; its playground goes through g's handler,
+// so it is authenticated and routed like any client.
+func withConsole(g *Gateway, c cache.Cache, authorize func(string) bool, log logr.Logger) (http.Handler, error) {
+	ui, err := console.New(console.Options{
+		Source: func(ctx context.Context) (console.Snapshot, error) {
+			var (
+				s   console.Snapshot
+				mds mfv1.ModelDeploymentList
+				mrs mfv1.ModelReplicaList
+				mns mfv1.MacNodeList
+			)
+			for _, l := range []client.ObjectList{&mds, &mrs, &mns} {
+				if err := c.List(ctx, l); err != nil {
+					return s, fmt.Errorf("listing %T: %w", l, err)
+				}
+			}
+			s.Deployments, s.Replicas, s.Nodes = mds.Items, mrs.Items, mns.Items
+			return s, nil
+		},
+		API:       g.Handler(),
+		Authorize: authorize,
+		Log:       log.WithName("console"),
+	})
+	if err != nil {
+		return nil, err
+	}
+	mux := http.NewServeMux()
+	mux.Handle(console.Prefix+"/", ui)
+	mux.Handle(console.Prefix, ui)
+	mux.Handle("/", g.Handler())
+	return mux, nil
 }
 
 // apiServer serves the OpenAI API as a manager Runnable.

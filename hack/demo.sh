@@ -74,6 +74,7 @@ say "kubectl get md,mr,mn"
 
 say "Running"
 echo "Gateway:  $GATEWAY/v1   (models: curl $GATEWAY/v1/models)"
+echo "Console:  $GATEWAY/ui/   (Macs, models, unloads, playground; no API keys on the local fleet)"
 echo "Kube:     export KUBECONFIG=$KUBECONFIG"
 echo "Logs:     $LOGS/"
 if [[ ${DEMO_EXIT:-0} == 1 ]]; then

@@ -28,7 +28,8 @@ func newGatewayCmd() *cobra.Command {
 replica on a Ready Mac, balancing by least outstanding requests (optionally with
 prefix affinity), retries another replica on a connect error, 503 or 507 before the
 first byte, holds requests while an OnDemand model cold-starts, and streams responses
-through unbuffered. GET /v1/models lists the deployments.`,
+through unbuffered. GET /v1/models lists the deployments. The web console at /ui shows the Macs, the
+models, the recent unloads and a chat playground (see docs/console.md).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctrl.SetLogger(zap.New(zap.UseFlagOptions(&zapOpts)))
@@ -49,6 +50,8 @@ through unbuffered. GET /v1/models lists the deployments.`,
 	f.StringVar(&cfg.APIKeysFile, "api-keys-file", "", "File of client API keys, one per line (re-read when it changes); empty: no client auth")
 	f.DurationVar(&cfg.ColdStartTimeout, "cold-start-timeout", gateway.DefaultColdStartTimeout,
 		"How long a request waits for a routable replica (e.g. an OnDemand model loading) before a 503")
+	f.BoolVar(&cfg.DisableConsole, "disable-console", false,
+		"Do not serve the web console at /ui (it uses the same API keys as the API)")
 	f.BoolVar(&cfg.PrefixAffinity, "prefix-affinity", false,
 		"Route requests sharing a prompt prefix to the same replica (consistent hashing with bounded load)")
 	gfs := goflag.NewFlagSet("zap", goflag.ContinueOnError)

@@ -230,7 +230,7 @@ func Start(ctx context.Context, opts Options) (_ *Fleet, err error) {
 			return nil, err
 		}
 	}
-	f.logf("Fleet up: %d Macs, gateway %s", len(opts.Nodes), f.GatewayURL)
+	f.logf("Fleet up: %d Macs, gateway %s, console %s/ui/", len(opts.Nodes), f.GatewayURL, f.GatewayURL)
 	return f, nil
 }
 

@@ -1,0 +1,188 @@
+package console
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/cookiejar"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr/testr"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
+)
+
+const testKey = "key-1"
+
+// seen is what the fake API received from the playground.
+type seen struct{ path, auth, cookie, console, body string }
+
+func serve(t *testing.T, authorize func(string) bool, source func(context.Context) (Snapshot, error)) (*httptest.Server, chan seen) {
+	t.Helper()
+	got := make(chan seen, 1)
+	api := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		got <- seen{r.URL.Path, r.Header.Get("Authorization"), r.Header.Get("Cookie"), r.Header.Get(ConsoleHeader), string(b)}
+		w.Header().Set("Content-Type", "text/event-stream")
+		_, _ = io.WriteString(w, "data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\ndata: [DONE]\n\n")
+	})
+	h, err := New(Options{Source: source, API: api, Authorize: authorize, Now: func() time.Time { return now }, Log: testr.New(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	return srv, got
+}
+
+func fixed(s Snapshot) func(context.Context) (Snapshot, error) {
+	return func(context.Context) (Snapshot, error) { return s, nil }
+}
+
+// noRedirect is a client that shows redirects instead of following them.
+func noRedirect(jar http.CookieJar) *http.Client {
+	return &http.Client{Jar: jar, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+}
+
+func do(t *testing.T, c *http.Client, method, u string, body io.Reader, hdr map[string]string) (*http.Response, string) {
+	t.Helper()
+	req, err := http.NewRequest(method, u, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp, string(b)
+}
+
+func hostile() Snapshot {
+	n := mac("mac-1", metav1.ConditionTrue, time.Minute, mfv1.NodeMemoryStatus{Ceiling: q("8Gi"), Used: q("3Gi")})
+	n.Status.Hardware.Chip = `<script>alert("chip")</script>`
+	return Snapshot{Nodes: []mfv1.MacNode{n}}
+}
+
+func TestPagesRequireAKey(t *testing.T) {
+	srv, _ := serve(t, func(k string) bool { return k == testKey }, fixed(hostile()))
+	c := noRedirect(nil)
+	for _, p := range []string{"/ui/", "/ui/models", "/ui/unloads", "/ui/playground"} {
+		resp, _ := do(t, c, "GET", srv.URL+p, nil, nil)
+		if resp.StatusCode != http.StatusSeeOther || resp.Header.Get("Location") != "/ui/login?next="+url.QueryEscape(p) {
+			t.Errorf("GET %s without a key: %d %q", p, resp.StatusCode, resp.Header.Get("Location"))
+		}
+		resp, _ = do(t, c, "GET", srv.URL+p, nil, map[string]string{"Authorization": "Bearer wrong"})
+		if resp.StatusCode != http.StatusSeeOther {
+			t.Errorf("GET %s with a wrong key: %d", p, resp.StatusCode)
+		}
+		resp, body := do(t, c, "GET", srv.URL+p, nil, map[string]string{"Authorization": "Bearer " + testKey})
+		if resp.StatusCode != http.StatusOK || !strings.Contains(body, "<h1>") {
+			t.Errorf("GET %s with the key: %d %s", p, resp.StatusCode, body)
+		}
+		if csp := resp.Header.Get("Content-Security-Policy"); csp != ContentSecurityPolicy {
+			t.Errorf("GET %s: CSP %q", p, csp)
+		}
+	}
+	resp, body := do(t, c, "GET", srv.URL+"/ui/static/console.js", nil, nil)
+	if resp.StatusCode != http.StatusOK || !strings.Contains(body, "replaceChildren") {
+		t.Errorf("the script is public: %d", resp.StatusCode)
+	}
+	if resp, _ := do(t, c, "GET", srv.URL+"/ui/nope", nil, map[string]string{"Authorization": "Bearer " + testKey}); resp.StatusCode != http.StatusNotFound {
+		t.Errorf("unknown page: %d", resp.StatusCode)
+	}
+}
+
+func TestPagesEscapeWhatTheyShow(t *testing.T) {
+	srv, _ := serve(t, nil, fixed(hostile()))
+	_, body := do(t, http.DefaultClient, "GET", srv.URL+"/ui/", nil, nil)
+	if strings.Contains(body, `<script>alert`) || !strings.Contains(body, `&lt;script&gt;alert(&#34;chip&#34;)&lt;/script&gt;`) {
+		t.Errorf("the chip is not escaped:\n%s", body)
+	}
+	for _, want := range []string{`data-node="mac-1"`, `data-bytes="3221225472"`, `3.0 GiB used of 8.0 GiB ceiling`, `role="img"`} {
+		if !strings.Contains(body, want) {
+			t.Errorf("fleet page lacks %q", want)
+		}
+	}
+}
+
+func TestSignInSetsACookieTheChatUses(t *testing.T) {
+	srv, got := serve(t, func(k string) bool { return k == testKey }, fixed(hostile()))
+	jar, _ := cookiejar.New(nil)
+	c := noRedirect(jar)
+	form := func(key string) io.Reader {
+		return strings.NewReader(url.Values{"key": {key}, "next": {"/ui/models"}}.Encode())
+	}
+	formHdr := map[string]string{"Content-Type": "application/x-www-form-urlencoded"}
+
+	resp, body := do(t, c, "POST", srv.URL+"/ui/login", form("wrong"), formHdr)
+	if resp.StatusCode != http.StatusUnauthorized || !strings.Contains(body, "not an API key") || len(resp.Cookies()) != 0 {
+		t.Fatalf("a wrong key: %d %v", resp.StatusCode, resp.Cookies())
+	}
+	resp, _ = do(t, c, "POST", srv.URL+"/ui/login", form(testKey), formHdr)
+	if resp.StatusCode != http.StatusSeeOther || resp.Header.Get("Location") != "/ui/models" {
+		t.Fatalf("sign-in: %d %q", resp.StatusCode, resp.Header.Get("Location"))
+	}
+	ck := resp.Cookies()
+	if len(ck) != 1 || !ck[0].HttpOnly || ck[0].SameSite != http.SameSiteStrictMode || ck[0].Path != "/ui" {
+		t.Fatalf("cookie %+v", ck)
+	}
+	if resp, _ := do(t, c, "GET", srv.URL+"/ui/", nil, nil); resp.StatusCode != http.StatusOK {
+		t.Errorf("with the cookie: %d", resp.StatusCode)
+	}
+
+	chat := `{"model":"tiny","stream":true,"messages":[{"role":"user","content":"hi"}]}`
+	if resp, _ := do(t, c, "POST", srv.URL+"/ui/chat", strings.NewReader(chat), nil); resp.StatusCode != http.StatusForbidden {
+		t.Errorf("chat without the console header: %d", resp.StatusCode)
+	}
+	if resp, _ := do(t, c, "POST", srv.URL+"/ui/chat", strings.NewReader(chat),
+		map[string]string{ConsoleHeader: "1", "Sec-Fetch-Site": "cross-site"}); resp.StatusCode != http.StatusForbidden {
+		t.Errorf("a cross-site chat: %d", resp.StatusCode)
+	}
+	resp, body = do(t, c, "POST", srv.URL+"/ui/chat", strings.NewReader(chat), map[string]string{ConsoleHeader: "1"})
+	if resp.StatusCode != http.StatusOK || !strings.Contains(body, `"content":"hi"`) {
+		t.Fatalf("chat: %d %s", resp.StatusCode, body)
+	}
+	want := seen{path: "/v1/chat/completions", auth: "Bearer " + testKey, body: chat}
+	if s := <-got; s != want {
+		t.Errorf("the API got %+v, want %+v", s, want)
+	}
+
+	resp, _ = do(t, c, "POST", srv.URL+"/ui/logout", nil, nil)
+	if resp.StatusCode != http.StatusSeeOther {
+		t.Errorf("sign-out: %d", resp.StatusCode)
+	}
+	if resp, _ := do(t, c, "GET", srv.URL+"/ui/", nil, nil); resp.StatusCode != http.StatusSeeOther {
+		t.Errorf("after sign-out: %d", resp.StatusCode)
+	}
+	if resp, _ := do(t, c, "POST", srv.URL+"/ui/chat", strings.NewReader(chat), map[string]string{ConsoleHeader: "1"}); resp.StatusCode != http.StatusUnauthorized {
+		t.Errorf("chat after sign-out: %d", resp.StatusCode)
+	}
+}
+
+func TestSafeNext(t *testing.T) {
+	for in, want := range map[string]string{"/ui/models": "/ui/models", "": "/ui/", "https://evil.example/": "/ui/",
+		"//evil.example/ui/": "/ui/", "/ui/\\evil": "/ui/", "/other": "/ui/"} {
+		if got := safeNext(in); got != want {
+			t.Errorf("safeNext(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+func TestUnreadableFleet(t *testing.T) {
+	srv, _ := serve(t, nil, func(context.Context) (Snapshot, error) { return Snapshot{}, errors.New("cache not synced") })
+	resp, body := do(t, http.DefaultClient, "GET", srv.URL+"/ui/", nil, nil)
+	if resp.StatusCode != http.StatusServiceUnavailable || strings.Contains(body, "cache not synced") {
+		t.Errorf("%d %s", resp.StatusCode, body)
+	}
+}

@@ -251,7 +251,9 @@ func TestDownloadFailureRetries(t *testing.T) {
 		return condIs(mr, v1alpha1.ReplicaDownloaded, metav1.ConditionFalse, v1alpha1.ReasonDownloadFailed)
 	})
 	for _, c := range mr.Status.Conditions {
-		if c.Type == v1alpha1.ReplicaDownloaded && (!strings.Contains(c.Message, "later.gguf") || !strings.Contains(c.Message, "retrying at")) {
+		// "… retrying at T" until the retry starts, "retrying (downloading …) after: …"
+		// while it runs.
+		if c.Type == v1alpha1.ReplicaDownloaded && (!strings.Contains(c.Message, "later.gguf") || !strings.Contains(c.Message, "retrying")) {
 			t.Errorf("Downloaded message %q should name the file and the retry", c.Message)
 		}
 	}

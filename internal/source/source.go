@@ -189,7 +189,8 @@ func parseFile(raw string) (Source, error) {
 	if u.Host != "" && u.Host != "localhost" {
 		return Source{}, parseErr(raw, "host %q: a file:// source names a file on the Mac itself (file:///path)", u.Host)
 	}
-	if !path.IsAbs(u.Path) || u.Path == "/" {
+	// The root itself, however spelled ("/", "/.", "/.."), names no file.
+	if !path.IsAbs(u.Path) || path.Clean(u.Path) == "/" {
 		return Source{}, parseErr(raw, "want an absolute file path (file:///path/to/model.gguf)")
 	}
 	if u.RawQuery != "" || u.Fragment != "" {

@@ -51,6 +51,8 @@ func TestParse(t *testing.T) {
 		{in: "file://localhost/opt/x.gguf", want: Source{Scheme: File, LocalPath: "/opt/x.gguf"}},
 		{in: "file://mac-1/opt/x.gguf", wantErr: `host "mac-1"`},
 		{in: "file:///", wantErr: "absolute file path"},
+		{in: "file:///.", wantErr: "absolute file path"},
+		{in: "file:///a/..", wantErr: "absolute file path"},
 
 		{in: "s3://bucket/x.gguf", wantErr: `unknown scheme "s3"`},
 		{in: "/path/x.gguf", wantErr: "no scheme"},

@@ -71,7 +71,7 @@ test: envtest runner helm ## Run every test (race detector, real API server, rea
 	hack/go-env.sh go test $(GO_TEST_FLAGS) ./...
 
 .PHONY: fuzz
-fuzz: ## Run every fuzz target for FUZZTIME each (default 10s).
+fuzz: ## Run every fuzz target for FUZZTIME each (default 10000x: inputs, not seconds).
 	hack/fuzz.sh
 
 .PHONY: bench

@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"testing"
+	"time"
 
 	"github.com/macfleet/macfleet/runner/api"
 )
@@ -46,7 +48,14 @@ func (c *checkingChat) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // the chat API to refuse, a translation's own mistake may not.
 func fuzzTranslation(t *testing.T, h func(http.Handler) http.Handler, path string, body []byte, errShape func(map[string]any) bool) {
 	c := &checkingChat{fakeChat: fakeChat{whole: toolWhole, chunks: toolStream}}
-	w := post(t, h(c), path, string(body))
+	done := make(chan *httptest.ResponseRecorder, 1)
+	go func() { done <- post(t, h(c), path, string(body)) }()
+	var w *httptest.ResponseRecorder
+	select {
+	case w = <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatalf("%s %s: no answer in 5s", path, body)
+	}
 	if e := c.refused; e != nil && c.form {
 		forwarded, _ := json.Marshal(c.got)
 		t.Fatalf("%s %s was translated into a chat request refused for its form: %s\n%s", path, body, e.Message, forwarded)

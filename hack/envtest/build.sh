@@ -90,13 +90,18 @@ build etcd "$here/etcd" go.etcd.io/etcd/server/v3
 build kube-apiserver "$here" k8s.io/kubernetes/cmd/kube-apiserver
 build kubectl "$here" k8s.io/kubernetes/cmd/kubectl
 
-# Prove they run and report the versions the cache directory is named after.
-"$tmp/kube-apiserver" --version | grep -qx "Kubernetes v$k8s" ||
-	die "kube-apiserver reports $("$tmp/kube-apiserver" --version)"
-"$tmp/kubectl" version --client | grep -qx "Client Version: v$k8s" ||
-	die "kubectl reports $("$tmp/kubectl" version --client)"
-"$tmp/etcd" --version | grep -qx "etcd Version: $etcd" ||
-	die "etcd reports $("$tmp/etcd" --version)"
+# Prove they run and report the versions the cache directory is named after. Their
+# output is read whole first: `grep -q` stops reading at its match, and under pipefail
+# a binary still writing its next line would fail the pipe with SIGPIPE.
+reports() { # reports WANT BINARY ARGS...
+	local want=$1 out
+	shift
+	out=$("$@") || die "$* failed: $out"
+	grep -qx "$want" <<<"$out" || die "$(basename "$1") reports $out"
+}
+reports "Kubernetes v$k8s" "$tmp/kube-apiserver" --version
+reports "Client Version: v$k8s" "$tmp/kubectl" version --client
+reports "etcd Version: $etcd" "$tmp/etcd" --version
 
 chmod 755 "$tmp"
 rm -rf "$dir"

@@ -4,7 +4,7 @@
 # simulating Macs with different memory ceilings (each with its own node credential),
 # and a model server holding a synthesized GGUF model. It applies config/samples/,
 # waits for the replicas to be Ready, streams a chat completion through the gateway,
-# makes a tool call,
+# makes a tool call, wakes the autoscaled sample from zero replicas with a request,
 # shows `kubectl get md,mr,mn`, and keeps the fleet running until Ctrl-C
 # (DEMO_EXIT=1 exits instead).
 set -euo pipefail
@@ -56,7 +56,10 @@ curl -sSN "$GATEWAY/v1/chat/completions" -H 'Content-Type: application/json' \
 grep -q '^data: \[DONE\]' "$work/stream.txt" || { echo "the stream did not end with [DONE]" >&2; exit 1; }
 
 say "A tool call: the model's own chat template renders the tools, tool_choice \"required\" constrains sampling"
-tool_body='{"model":"tiny-chat","max_tokens":64,"tool_choice":"required","messages":[{"role":"user","content":"Weather in Paris?"}],
+# One call (parallel_tool_calls false), greedy: the random-weight model pads JSON with
+# all the white space the grammar allows, and sampled freely it may start a second
+# call that max_tokens cuts (then the text comes back as content).
+tool_body='{"model":"tiny-chat","max_tokens":160,"temperature":0,"parallel_tool_calls":false,"tool_choice":"required","messages":[{"role":"user","content":"Weather in Paris?"}],
  "tools":[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object",
  "properties":{"city":{"type":"string","maxLength":24}},"required":["city"],"additionalProperties":false}}}]}'
 echo "\$ curl $GATEWAY/v1/chat/completions -d '{\"model\":\"tiny-chat\",\"tool_choice\":\"required\",\"tools\":[get_weather],...}'"
@@ -68,6 +71,14 @@ say "The OnDemand sample loads on its first request (the gateway holds it meanwh
 "$kubectl" wait --for=condition=Available md/tiny-chat-ondemand --timeout=300s
 curl -sS "$GATEWAY/v1/chat/completions" -H 'Content-Type: application/json' -w '\n' \
 	-d '{"model":"tiny-chat-ondemand","max_tokens":8,"messages":[{"role":"user","content":"Hi"}]}' | cut -c1-300
+
+say "The autoscaled sample is at zero replicas; its first request wakes it (the gateway holds it meanwhile)"
+"$kubectl" get md tiny-chat-autoscaled
+curl -sS "$GATEWAY/v1/chat/completions" -H 'Content-Type: application/json' -w '\n' \
+	-d '{"model":"tiny-chat-autoscaled","max_tokens":8,"messages":[{"role":"user","content":"Hi"}]}' |
+	tee "$work/wake.json" | cut -c1-300
+grep -q '"finish_reason"' "$work/wake.json" || { echo "the autoscaled sample did not answer from zero" >&2; exit 1; }
+"$kubectl" get md tiny-chat-autoscaled
 
 say "kubectl get md,mr,mn"
 "$kubectl" get md,mr,mn -o wide

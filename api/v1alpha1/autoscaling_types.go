@@ -1,6 +1,8 @@
 package v1alpha1
 
 import (
+	"time"
+
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
@@ -10,6 +12,15 @@ import (
 // load measurement and keeps the replicas it has. Its message states that the
 // autoscaler owns spec.replicas and why it chose the last recommendation.
 const DeploymentAutoscaling = "Autoscaling"
+
+// The wake signal (AnnotationWakeRequested): a gateway renews it every
+// WakeRenewInterval while it holds requests, and the autoscaler counts it as a held
+// request for WakeHold after the time it carries (in either direction, so clocks may
+// differ by up to WakeHold minus WakeRenewInterval).
+const (
+	WakeRenewInterval = 10 * time.Second
+	WakeHold          = 30 * time.Second
+)
 
 // Reasons of the Autoscaling condition; status.autoscaling.reason repeats the last one.
 const (

@@ -15,6 +15,13 @@ const (
 	LabelChip = "macfleet.dev/chip"
 	// LabelMemoryGiB is the Mac's unified memory in GiB (set by the agent).
 	LabelMemoryGiB = "macfleet.dev/memory-gib"
+	// AnnotationWakeRequested is set on an autoscaled ModelDeployment by a gateway that
+	// holds requests for it while no replica is routable (at zero replicas, or while its
+	// replicas load): an RFC 3339 time, renewed every WakeRenewInterval while requests
+	// are held. The autoscaler counts a request held while the time is within WakeHold
+	// of its clock, so it scales a deployment at zero up to one replica and keeps a
+	// loading replica while requests wait for it.
+	AnnotationWakeRequested = "autoscaling.macfleet.dev/wake-requested"
 	// NodeLeaseNamespace holds one coordination.k8s.io Lease per MacNode, renewed by its agent.
 	NodeLeaseNamespace = "macfleet-node-lease"
 	// ReplicaNodeNameField is the selectable field agents use to watch only their replicas.

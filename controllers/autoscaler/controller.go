@@ -121,9 +121,11 @@ func (r *Reconciler) setup(mgr ctrl.Manager, opts controller.Options) error {
 	opts.MaxConcurrentReconciles = r.MaxConcurrentReconciles
 	return ctrl.NewControllerManagedBy(mgr).
 		Named(ControllerName).
-		// Spec changes (autoscaling set or changed, replicas scaled by someone) start a
-		// pass at once; RequeueAfter paces the measurements.
-		For(&v1alpha1.ModelDeployment{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		// Spec changes (autoscaling set or changed, replicas scaled by someone) and a
+		// gateway's wake (an annotation) start a pass at once; RequeueAfter paces the
+		// measurements.
+		For(&v1alpha1.ModelDeployment{}, builder.WithPredicates(predicate.Or(
+			predicate.GenerationChangedPredicate{}, predicate.AnnotationChangedPredicate{}))).
 		WithOptions(opts).
 		Complete(r)
 }
@@ -169,6 +171,10 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 // fails) and returns the history with what no window needs any more dropped.
 func (r *Reconciler) measure(ctx context.Context, md *v1alpha1.ModelDeployment, p Policy, now time.Time) ([]Sample, error) {
 	load, err := r.Source.Measure(ctx, md)
+	if woken, _ := Woken(md, now); woken && err == nil {
+		// A gateway holds requests no replica can take yet: at least one is held.
+		load.Held = max(load.Held, 1)
+	}
 	key := client.ObjectKeyFromObject(md)
 	r.mu.Lock()
 	defer r.mu.Unlock()

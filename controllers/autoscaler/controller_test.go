@@ -12,6 +12,7 @@ import (
 	eventsv1 "k8s.io/api/events/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -224,4 +225,47 @@ func TestAutoscalerLetsGo(t *testing.T) {
 	if md := f.get(name); ptr.Deref(md.Spec.Replicas, 0) != 3 {
 		t.Errorf("spec.replicas = %d after autoscaling was removed, want the user's 3", *md.Spec.Replicas)
 	}
+}
+
+// TestAutoscalerWakeFromZero: a gateway's wake annotation on a deployment at zero
+// replicas counts as a held request: one replica at once, kept while the wake is
+// renewed and for a whole scaleDownDelay after it stops, then zero again.
+func TestAutoscalerWakeFromZero(t *testing.T) {
+	f := start(t)
+	const name = "woken"
+	md := autoscaled(name, v1alpha1.AutoscalingSpec{MinReplicas: ptr.To[int32](0), MaxReplicas: 2, TargetInFlight: ptr.To[int32](1),
+		ScaleDownDelay: &metav1.Duration{Duration: time.Minute}})
+	md.Spec.Replicas = ptr.To[int32](0)
+	f.create(md)
+	f.tick(name, 10*time.Second, Load{})
+	f.waitFor(name, 0, v1alpha1.ReasonWithinTarget, "0 replicas: no request in flight (minReplicas is 0)")
+
+	wake := func() {
+		t.Helper()
+		patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:%q}}}`, v1alpha1.AnnotationWakeRequested,
+			f.clk.Now().Format(time.RFC3339Nano))
+		if err := f.e.Client.Patch(t.Context(), f.get(name), client.RawPatch(types.MergePatchType, []byte(patch))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	wake()
+	f.waitScaled(name, 1, v1alpha1.ReasonScaledUp, "scaled up from 0 to 1: a request arrived with no replica")
+
+	// The replica loads for 40s while the gateway renews its wake every 10s: the held
+	// request keeps it, as the agents report nothing in flight yet.
+	for range 4 {
+		f.tick(name, v1alpha1.WakeRenewInterval, Load{})
+		wake()
+	}
+	// Then the request is served and no other comes. The last wake counts as a held
+	// request for WakeHold (30s), and then the load must fit zero replicas for a whole
+	// scaleDownDelay (1m): 90s after the last wake the replica is still there.
+	for range 8 {
+		f.tick(name, 10*time.Second, Load{})
+	}
+	if md := f.get(name); ptr.Deref(md.Spec.Replicas, 0) != 1 {
+		t.Fatalf("scaled to %d within WakeHold + scaleDownDelay of the last wake", *md.Spec.Replicas)
+	}
+	f.tick(name, 10*time.Second, Load{})
+	f.waitScaled(name, 0, v1alpha1.ReasonScaledDown, "scaled down from 1 to 0")
 }

@@ -136,8 +136,12 @@ func Recommend(history []Sample, p Policy, current int32, now time.Time) Recomme
 			return Recommendation{Replicas: to, Reason: v1alpha1.ReasonOutsideLimits,
 				Message: fmt.Sprintf("scaled up from %d to %d: spec.replicas was below minReplicas (%d)", current, to, p.Min)}
 		}
+		why := fmt.Sprintf("%d requests arrived with no replica", latest.Load())
+		if latest.Load() == 1 {
+			why = "a request arrived with no replica"
+		}
 		return Recommendation{Replicas: to, Reason: v1alpha1.ReasonScaledUp,
-			Message: fmt.Sprintf("scaled up from %d to %d: %d requests arrived with no replica", current, to, latest.Load())}
+			Message: fmt.Sprintf("scaled up from %d to %d: %s", current, to, why)}
 	case current > p.Max:
 		return Recommendation{Replicas: p.Max, Reason: v1alpha1.ReasonOutsideLimits,
 			Message: fmt.Sprintf("scaled down from %d to %d: spec.replicas was above maxReplicas", current, p.Max)}

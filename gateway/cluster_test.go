@@ -93,7 +93,9 @@ func startGateway(t *testing.T, e *testenv.Env, cfg gateway.Config) runningGatew
 		t.Fatal(err)
 	}
 	ln := loopback(t)
-	cfg.RestConfig = e.Config
+	if cfg.RestConfig == nil {
+		cfg.RestConfig = e.Config
+	}
 	cfg.Listener = ln
 	cfg.FleetTokenFile = tok
 	cfg.ProbeListener = loopback(t)

@@ -15,7 +15,8 @@
 //     connect error, 503 or 507 before the first byte is retried on another replica;
 //     other statuses pass through. With no routable replica of an existing deployment,
 //     the request is held until one appears (a cold start), up to ColdStartTimeout,
-//     then answered 503 with Retry-After.
+//     then answered 503 with Retry-After. An autoscaled deployment is woken first,
+//     even from zero replicas: the gateway writes its wake annotation (see waker).
 //   - GET /v1/models lists one entry per deployment (see handleListModels).
 //   - Optional client API keys (a file, one per line, re-read when it changes),
 //     Prometheus metrics, and the client's disconnect cancels the upstream request.
@@ -57,6 +58,10 @@ type Options struct {
 	Authorize func(key string) bool
 	// ColdStartTimeout bounds how long a request waits for a routable replica.
 	ColdStartTimeout time.Duration
+	// Wake, when set, records that requests are held for an autoscaled deployment with
+	// no routable replica, so the autoscaler brings one (scale from zero). Without it
+	// a deployment at zero replicas is a 503 at once.
+	Wake WakeFunc
 	// PrefixAffinity routes by consistent hashing with bounded loads on the prompt's
 	// first PrefixBytes bytes instead of pure least-outstanding.
 	PrefixAffinity bool
@@ -79,6 +84,7 @@ type Gateway struct {
 	table     atomic.Pointer[Table]
 	bal       *balancer
 	metrics   *metrics
+	waker     *waker
 	transport http.RoundTripper
 	handler   http.Handler
 }
@@ -109,6 +115,9 @@ func New(opts Options) (*Gateway, error) {
 		g.transport = NewTransport()
 	}
 	g.table.Store(emptyTable())
+	if opts.Wake != nil {
+		g.waker = newWaker(opts.Wake, g.Table, m.wakes, opts.Log.WithName("wake"))
+	}
 	g.handler = g.recoverer(anthropicErrors(g.authenticate(g.routes())))
 	return g, nil
 }

@@ -17,6 +17,7 @@ type metrics struct {
 	inflight *prometheus.GaugeVec
 	retries  *prometheus.CounterVec
 	held     *prometheus.HistogramVec
+	wakes    *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -29,7 +30,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "macfleet_gateway_errors_total",
 			Help: "Requests that failed, by deployment and reason (model_not_found, ambiguous_model, bad_request, " +
-				"body_too_large, unauthorized, no_ready_replica, upstream_unavailable, upstream_connect, stream_broken, client_gone).",
+				"body_too_large, unauthorized, no_ready_replica, wake_failed, upstream_unavailable, upstream_connect, stream_broken, client_gone).",
 		}, []string{"model", "reason"}),
 		ttft: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "macfleet_gateway_ttft_seconds",
@@ -50,6 +51,11 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help:    "Time requests waited for a routable replica (cold starts), by deployment; only requests that waited.",
 			Buckets: []float64{0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300},
 		}, []string{"model"}),
+		wakes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "macfleet_gateway_wakes_total",
+			Help: "Writes of the wake annotation that asks the autoscaler for a replica of an autoscaled deployment " +
+				"with held requests, by deployment and result (written, error).",
+		}, []string{"model", "result"}),
 	}
 	var err error
 	reg1 := func(c prometheus.Collector) prometheus.Collector {
@@ -66,6 +72,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m.inflight = reg1(m.inflight).(*prometheus.GaugeVec)
 	m.retries = reg1(m.retries).(*prometheus.CounterVec)
 	m.held = reg1(m.held).(*prometheus.HistogramVec)
+	m.wakes = reg1(m.wakes).(*prometheus.CounterVec)
 	if err != nil {
 		return nil, err
 	}

@@ -137,6 +137,13 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, model, name stri
 	var last *failure
 	var heldSince time.Time
 	backoff := minBackoff
+	// release ends this request's part in waking the deployment (see waker).
+	var release func()
+	defer func() {
+		if release != nil {
+			release()
+		}
+	}()
 	observeHold := func() {
 		if !heldSince.IsZero() {
 			g.metrics.held.WithLabelValues(model).Observe(time.Since(heldSince).Seconds())
@@ -150,6 +157,10 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, model, name stri
 			return outcome{status: aerr.Status, reason: aerr.reason}
 		}
 		if be, ok := g.bal.pick(rt, excluded, g.opts.PrefixAffinity, h); ok {
+			if release != nil {
+				release()
+				release = nil
+			}
 			res := g.attempt(ctx, w, r, model, be, body, start)
 			g.bal.release(be.Key)
 			if res.failure == nil {
@@ -168,13 +179,28 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, model, name stri
 			continue
 		}
 
-		// Nothing to try right now.
-		if len(rt.Backends) == 0 && rt.Unavailable != "" {
+		// Nothing to try right now. An autoscaled deployment is woken: its
+		// autoscaler brings a replica, even from zero.
+		wakeable := len(rt.Backends) == 0 && rt.Autoscaled && g.waker != nil
+		if len(rt.Backends) == 0 && rt.Unavailable != "" && !(wakeable && rt.ScaledToZero) {
 			e := &apiError{Status: http.StatusServiceUnavailable, Type: typeUnavailable, Code: codeNoReplica,
 				Message: rt.Unavailable, RetryAfter: coldRetryAfter, reason: "no_ready_replica"}
 			e.write(w)
 			observeHold()
 			return outcome{status: e.Status, reason: e.reason}
+		}
+		if wakeable && release == nil {
+			rel, err := g.waker.hold(ctx, rt)
+			if err != nil {
+				observeHold()
+				if ctx.Err() != nil {
+					return outcome{status: statusClientGone, reason: "client_gone"}
+				}
+				e := wakeError(err)
+				e.write(w)
+				return outcome{status: e.Status, reason: e.reason}
+			}
+			release = rel
 		}
 		if last != nil && len(excluded) > 0 && !waitable {
 			last.writeThrough(w)
@@ -226,6 +252,8 @@ func (g *Gateway) holdTimeout(rt *Route, last *failure) *apiError {
 	switch {
 	case last != nil:
 		msg += fmt.Sprintf(" (last attempt: %s)", last)
+	case rt.Replicas == 0 && rt.Autoscaled && g.waker != nil:
+		msg += " (the autoscaler was asked for one; see the deployment's Autoscaling condition)"
 	case rt.Replicas == 0:
 		msg += " (no replica exists yet)"
 	default:

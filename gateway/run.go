@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -11,7 +12,9 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
@@ -29,9 +32,12 @@ import (
 	"github.com/macfleet/macfleet/internal/mgrhttp"
 )
 
-// The gateway only reads the fleet; it writes nothing. controller-gen generates its
-// ClusterRole from these markers (roleName macfleet-gateway).
+// The gateway reads the fleet. Its one write is the wake annotation on an autoscaled
+// ModelDeployment it holds requests for (see waker); the chart's
+// macfleet-gateway-restriction policy keeps its identity to that annotation.
+// controller-gen generates its ClusterRole from these markers (roleName macfleet-gateway).
 // +kubebuilder:rbac:groups=macfleet.dev,resources=modeldeployments;modelreplicas;macnodes,verbs=get;list;watch
+// +kubebuilder:rbac:groups=macfleet.dev,resources=modeldeployments,verbs=patch
 
 // Server timeouts: no write timeout, since a stream lasts as long as generation does.
 const (
@@ -116,15 +122,20 @@ func Run(ctx context.Context, cfg Config) error {
 		opts.Authorize = kf.Allows
 		watchers = append(watchers, func(ctx context.Context) { kf.Watch(ctx, poll, log) })
 	}
+	scheme, err := Scheme()
+	if err != nil {
+		return err
+	}
+	writer, err := client.New(cfg.RestConfig, client.Options{Scheme: scheme})
+	if err != nil {
+		return fmt.Errorf("creating the client: %w", err)
+	}
+	opts.Wake = PatchWake(writer)
 	g, err := New(opts)
 	if err != nil {
 		return err
 	}
 
-	scheme, err := Scheme()
-	if err != nil {
-		return err
-	}
 	mgr, err := ctrl.NewManager(cfg.RestConfig, ctrl.Options{
 		Scheme: scheme,
 		// The routing table catches up within a second of an API server outage's end.
@@ -183,6 +194,20 @@ func Run(ctx context.Context, cfg Config) error {
 	log.Info("Starting gateway", "listen", ln.Addr().String(), "coldStartTimeout", opts.ColdStartTimeout,
 		"prefixAffinity", cfg.PrefixAffinity, "apiKeys", cfg.APIKeysFile != "", "console", !cfg.DisableConsole)
 	return mgr.Start(ctx)
+}
+
+// PatchWake records a wake with a merge patch of the annotation alone: nothing else
+// of the deployment is sent, so the write cannot undo another writer's change.
+func PatchWake(c client.Client) WakeFunc {
+	return func(ctx context.Context, namespace, name string, at time.Time) error {
+		patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{
+			mfv1.AnnotationWakeRequested: at.UTC().Format(time.RFC3339Nano)}}})
+		if err != nil {
+			return err
+		}
+		md := &mfv1.ModelDeployment{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name}}
+		return c.Patch(ctx, md, client.RawPatch(types.MergePatchType, patch))
+	}
 }
 
 // withConsole serves the web console under /ui beside the API. Its pages read the

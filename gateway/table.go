@@ -37,8 +37,13 @@ type Route struct {
 	Replicas int
 	// Unavailable, when not empty, says why no replica is coming (scaled to zero, or
 	// the deployment cannot be placed): a request that finds no backend fails at once
-	// instead of being held for a cold start.
+	// instead of being held for a cold start, unless the gateway can wake it.
 	Unavailable string
+	// Autoscaled: the deployment has spec.autoscaling, so a request held for it wakes
+	// it (see waker); ScaledToZero: its spec.replicas is 0.
+	Autoscaled, ScaledToZero bool
+	// WakeRequested is the time in its AnnotationWakeRequested, zero when none.
+	WakeRequested time.Time
 
 	// ring is built on the first prefix-affinity pick (most tables never need one).
 	ringOnce sync.Once
@@ -104,6 +109,11 @@ func BuildTable(deployments []mfv1.ModelDeployment, replicas []mfv1.ModelReplica
 			}
 		}
 		rt.Unavailable = unavailable(d)
+		rt.Autoscaled = d.Spec.Autoscaling != nil
+		rt.ScaledToZero = d.Spec.Replicas != nil && *d.Spec.Replicas == 0
+		if v, ok := d.Annotations[mfv1.AnnotationWakeRequested]; ok {
+			rt.WakeRequested, _ = time.Parse(time.RFC3339Nano, v)
+		}
 		byID[rt.ID()] = rt
 		t.routes = append(t.routes, rt)
 	}
@@ -203,8 +213,9 @@ func routingKey(obj any) string {
 		b.WriteString(o.Status.Endpoint + "\x00")
 		cond(o.Status.Conditions, mfv1.ReplicaReady)
 	case *mfv1.ModelDeployment:
-		fmt.Fprintf(&b, "%s\x00%s\x00%s\x00%q\x00%v\x00%d\x00%v\x00", o.Namespace, o.Name, o.Spec.Model.ServedName,
-			o.Spec.Model.Aliases, o.Spec.Replicas == nil, ptrValue(o.Spec.Replicas), o.DeletionTimestamp != nil)
+		fmt.Fprintf(&b, "%s\x00%s\x00%s\x00%q\x00%v\x00%d\x00%v\x00%v\x00%s\x00", o.Namespace, o.Name, o.Spec.Model.ServedName,
+			o.Spec.Model.Aliases, o.Spec.Replicas == nil, ptrValue(o.Spec.Replicas), o.DeletionTimestamp != nil,
+			o.Spec.Autoscaling != nil, o.Annotations[mfv1.AnnotationWakeRequested])
 		cond(o.Status.Conditions, mfv1.DeploymentScheduled)
 	default:
 		return fmt.Sprintf("%T %p", obj, obj) // unknown: always rebuild

@@ -27,7 +27,8 @@ func newGatewayCmd() *cobra.Command {
 "model" (a deployment's served name or alias, or "<namespace>/<name>") to a Ready
 replica on a Ready Mac, balancing by least outstanding requests (optionally with
 prefix affinity), retries another replica on a connect error, 503 or 507 before the
-first byte, holds requests while an OnDemand model cold-starts, and streams responses
+first byte, holds requests while an OnDemand model cold-starts or an autoscaled
+deployment is woken from zero replicas (see docs/autoscaling.md), and streams responses
 through unbuffered. GET /v1/models lists the deployments. The web console at /ui shows the Macs, the
 models, the recent unloads and a chat playground (see docs/console.md).`,
 		Args: cobra.NoArgs,
@@ -49,7 +50,7 @@ models, the recent unloads and a chat playground (see docs/console.md).`,
 	f.StringVar(&cfg.FleetTokenFile, "fleet-token-file", "", "File holding the fleet token presented to agents (re-read when it changes)")
 	f.StringVar(&cfg.APIKeysFile, "api-keys-file", "", "File of client API keys, one per line (re-read when it changes); empty: no client auth")
 	f.DurationVar(&cfg.ColdStartTimeout, "cold-start-timeout", gateway.DefaultColdStartTimeout,
-		"How long a request waits for a routable replica (e.g. an OnDemand model loading) before a 503")
+		"How long a request waits for a routable replica (an OnDemand model loading, an autoscaled deployment woken from zero) before a 503")
 	f.BoolVar(&cfg.DisableConsole, "disable-console", false,
 		"Do not serve the web console at /ui (it uses the same API keys as the API)")
 	f.BoolVar(&cfg.PrefixAffinity, "prefix-affinity", false,

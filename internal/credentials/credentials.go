@@ -105,7 +105,7 @@ func EnsureNode(ctx context.Context, cs kubernetes.Interface, name string) error
 	if err := ensureServiceAccount(ctx, cs, name); err != nil {
 		return err
 	}
-	return ensureFleetToken(ctx, cs)
+	return EnsureFleetToken(ctx, cs)
 }
 
 func ensureServiceAccount(ctx context.Context, cs kubernetes.Interface, name string) error {
@@ -148,7 +148,9 @@ func ensureServiceAccount(ctx context.Context, cs kubernetes.Interface, name str
 	return nil
 }
 
-func ensureFleetToken(ctx context.Context, cs kubernetes.Interface) error {
+// EnsureFleetToken creates the fleet token Secret with a random token unless it
+// exists, and checks that it holds a token.
+func EnsureFleetToken(ctx context.Context, cs kubernetes.Interface) error {
 	secrets := cs.CoreV1().Secrets(v1alpha1.SystemNamespace)
 	ref := v1alpha1.SystemNamespace + "/" + v1alpha1.FleetTokenSecret
 	existing, err := secrets.Get(ctx, v1alpha1.FleetTokenSecret, metav1.GetOptions{})

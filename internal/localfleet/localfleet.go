@@ -30,10 +30,12 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/macfleet/macfleet/api/v1alpha1"
+	"github.com/macfleet/macfleet/internal/credentials"
 	"github.com/macfleet/macfleet/internal/tcprelay"
 	"github.com/macfleet/macfleet/internal/testenv"
 	"github.com/macfleet/macfleet/metal"
@@ -176,13 +178,30 @@ func Start(ctx context.Context, opts Options) (_ *Fleet, err error) {
 		return nil, err
 	}
 
+	// The fleet token first: the manager's autoscaler presents it to the agents to read
+	// their load, as the gateway does to proxy requests.
+	cs, err := kubernetes.NewForConfig(f.Env.Config)
+	if err != nil {
+		return nil, err
+	}
+	if err := credentials.EnsureFleetToken(ctx, cs); err != nil {
+		return nil, err
+	}
+	if f.FleetToken, err = f.readFleetToken(ctx); err != nil {
+		return nil, err
+	}
+	tokenFile := filepath.Join(opts.Dir, "fleet-token")
+	if err := os.WriteFile(tokenFile, []byte(f.FleetToken), 0o600); err != nil {
+		return nil, err
+	}
+
 	f.logf("Starting the manager")
 	probe, err := freePort()
 	if err != nil {
 		return nil, err
 	}
 	margs := []string{"manager", "--kubeconfig", f.AdminKubeconfig, "--metrics-bind-address", "0",
-		"--health-probe-bind-address", "127.0.0.1:" + strconv.Itoa(probe)}
+		"--health-probe-bind-address", "127.0.0.1:" + strconv.Itoa(probe), "--fleet-token-file", tokenFile}
 	if opts.NodeLossGrace > 0 {
 		margs = append(margs, "--node-loss-grace", opts.NodeLossGrace.String())
 	}
@@ -197,13 +216,6 @@ func Start(ctx context.Context, opts Options) (_ *Fleet, err error) {
 		if err := f.addAgent(ctx, n); err != nil {
 			return nil, err
 		}
-	}
-	if f.FleetToken, err = f.readFleetToken(ctx); err != nil {
-		return nil, err
-	}
-	tokenFile := filepath.Join(opts.Dir, "fleet-token")
-	if err := os.WriteFile(tokenFile, []byte(f.FleetToken), 0o600); err != nil {
-		return nil, err
 	}
 
 	f.logf("Starting the gateway")

@@ -95,3 +95,42 @@ func BenchmarkGatewayOverhead(b *testing.B) {
 		"(+%.2f ms); p99 +%.2f ms; %d clients: %.0f req/s direct, %.0f via the gateway (%.2f)\n",
 		len(d), ms(pct(d, 0.5)), ms(pct(g, 0.5)), ms(pct(g, 0.5)-pct(d, 0.5)), ms(pct(g, 0.99)-pct(d, 0.99)), clients, dr, gr, gr/dr)
 }
+
+// BenchmarkColdStartFromZero measures a request for an autoscaled deployment at zero
+// replicas through the gateway — the wake, the autoscaler's scale, placement, the
+// fetch from the Mac's store and the load, then the answer — against a warm request to
+// the replica it woke, the next moment. Each iteration waits for the deployment to be
+// back at zero (WakeHold + scaleDownDelay, about 45 s).
+//
+//	go test ./test/e2e -run '^$' -bench ColdStartFromZero -benchtime 3x
+func BenchmarkColdStartFromZero(b *testing.B) {
+	ns := testenv.NewNamespace(b, fleet.Client)
+	atZero(b, ns, "lazy")
+	c := gatewayClient()
+	var cold, warm []time.Duration
+	timed := func() time.Duration {
+		start := time.Now()
+		if _, err := chat(b.Context(), c, ns+"/lazy", true); err != nil {
+			b.Fatal(err)
+		}
+		return time.Since(start)
+	}
+	for b.Loop() {
+		b.StopTimer()
+		waitZero(b, ns, "lazy", v1alpha1.WakeHold+zeroDelay+time.Minute)
+		b.StartTimer()
+		cold = append(cold, timed())
+		warm = append(warm, timed())
+	}
+	med := func(xs []time.Duration) time.Duration {
+		s := slices.Clone(xs)
+		slices.Sort(s)
+		return s[len(s)/2]
+	}
+	ms := func(x time.Duration) float64 { return float64(x.Microseconds()) / 1000 }
+	b.ReportMetric(ms(med(cold)), "cold-p50-ms")
+	b.ReportMetric(ms(med(warm)), "warm-p50-ms")
+	b.ReportMetric(float64(med(cold))/float64(med(warm)), "cold/warm")
+	fmt.Printf("cold start from zero through the gateway, streamed 8-token chat of the tiny model, %d rounds: cold %v, warm %v (median %.0f ms vs %.1f ms, %.0fx)\n",
+		len(cold), cold, warm, ms(med(cold)), ms(med(warm)), float64(med(cold))/float64(med(warm)))
+}

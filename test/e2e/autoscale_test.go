@@ -1,0 +1,116 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/macfleet/macfleet/api/v1alpha1"
+	"github.com/macfleet/macfleet/internal/testenv"
+)
+
+// scaleDownDelay of the scale-to-zero deployments: short, so that a test sees a
+// deployment return to zero (a wake counts as a held request for WakeHold first).
+const zeroDelay = 10 * time.Second
+
+// atZero creates an autoscaled deployment with minReplicas 0 at zero replicas and
+// waits until the autoscaler reports on it.
+func atZero(t testing.TB, ns, name string) {
+	t.Helper()
+	md := deployment(ns, name, 0, func(md *v1alpha1.ModelDeployment) {
+		md.Spec.Autoscaling = &v1alpha1.AutoscalingSpec{MinReplicas: ptr.To[int32](0), MaxReplicas: 2,
+			ScaleDownDelay: &metav1.Duration{Duration: zeroDelay}}
+	})
+	if err := fleet.Client.Create(context.Background(), md); err != nil {
+		t.Fatal(err)
+	}
+	waitZero(t, ns, name, time.Minute)
+}
+
+// waitZero waits until the deployment is at zero replicas with none left, as its
+// Autoscaling condition reports.
+func waitZero(t testing.TB, ns, name string, timeout time.Duration) {
+	t.Helper()
+	testenv.Eventually(t, timeout, 200*time.Millisecond, func() (bool, string) {
+		var md v1alpha1.ModelDeployment
+		if err := fleet.Client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name}, &md); err != nil {
+			return false, err.Error()
+		}
+		var list v1alpha1.ModelReplicaList
+		if err := fleet.Client.List(context.Background(), &list, client.InNamespace(ns),
+			client.MatchingLabels{v1alpha1.LabelDeployment: name}); err != nil {
+			return false, err.Error()
+		}
+		c := meta.FindStatusCondition(md.Status.Conditions, v1alpha1.DeploymentAutoscaling)
+		return ptr.Deref(md.Spec.Replicas, -1) == 0 && len(list.Items) == 0 && c != nil,
+			fmt.Sprintf("spec.replicas %d, %d replicas (%s), Autoscaling %+v", ptr.Deref(md.Spec.Replicas, -1),
+				len(list.Items), describeReplicas(list.Items), c)
+	})
+}
+
+// committed is the memory the Macs have committed to replicas, summed.
+func committed(t testing.TB) int64 {
+	t.Helper()
+	var nodes v1alpha1.MacNodeList
+	if err := fleet.Client.List(context.Background(), &nodes); err != nil {
+		t.Fatal(err)
+	}
+	var sum int64
+	for _, n := range nodes.Items {
+		if c := n.Status.Memory.Committed; c != nil {
+			sum += c.Value()
+		}
+	}
+	return sum
+}
+
+// TestScaleFromZeroThroughGateway: a request for an autoscaled deployment at zero
+// replicas is held by the gateway, wakes the deployment and is answered once a
+// replica is placed, fetched and loaded; after scaleDownDelay without requests the
+// deployment is at zero again and the Macs' committed memory is back where it was;
+// and it wakes again.
+func TestScaleFromZeroThroughGateway(t *testing.T) {
+	ns := testenv.NewNamespace(t, fleet.Client)
+	atZero(t, ns, "lazy")
+	base := committed(t)
+	c := gatewayClient()
+
+	for round := 1; round <= 2; round++ {
+		start := time.Now()
+		if _, err := chat(t.Context(), c, ns+"/lazy", true); err != nil {
+			t.Fatalf("round %d: a request at zero replicas: %v", round, err)
+		}
+		cold := time.Since(start)
+		start = time.Now()
+		if _, err := chat(t.Context(), c, ns+"/lazy", true); err != nil {
+			t.Fatalf("round %d: a request once woken: %v", round, err)
+		}
+		t.Logf("round %d: cold start from zero through the gateway %v, then a warm request %v", round, cold, time.Since(start))
+		// The agents report what their Macs committed on their own pace.
+		testenv.Eventually(t, 30*time.Second, 200*time.Millisecond, func() (bool, string) {
+			up := committed(t)
+			return up > base, fmt.Sprintf("round %d: committed memory %d with a replica, %d at zero", round, up, base)
+		})
+		var md v1alpha1.ModelDeployment
+		if err := fleet.Client.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: "lazy"}, &md); err != nil {
+			t.Fatal(err)
+		}
+		if md.Annotations[v1alpha1.AnnotationWakeRequested] == "" {
+			t.Errorf("round %d: served from zero without a wake annotation: %v", round, md.Annotations)
+		}
+
+		// No more requests: back to zero after WakeHold + scaleDownDelay, and the
+		// reservation goes with the replica.
+		waitZero(t, ns, "lazy", v1alpha1.WakeHold+zeroDelay+time.Minute)
+		testenv.Eventually(t, 30*time.Second, 200*time.Millisecond, func() (bool, string) {
+			now := committed(t)
+			return now == base, fmt.Sprintf("committed %d at zero again, %d before the wake", now, base)
+		})
+	}
+}

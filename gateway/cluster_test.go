@@ -146,6 +146,19 @@ func get(url string, key ...string) (int, string) {
 	return resp.StatusCode, string(b)
 }
 
+// chatVia posts a chat completion for model to the gateway and returns the status and
+// body (status 0 and the error when the request failed).
+func chatVia(g runningGateway, model string) (int, string) {
+	resp, err := http.Post(g.url+"/v1/chat/completions", "application/json",
+		strings.NewReader(`{"model":"`+model+`","messages":[{"role":"user","content":"hi"}]}`))
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
 // fleet writes the objects the gateway reads, as the controllers and agents would.
 type fleet struct {
 	t  *testing.T
@@ -459,16 +472,7 @@ func TestTableFollowsCluster(t *testing.T) {
 	f.setReplica("m-bad", metav1.ConditionTrue, endpoint)
 	waitModel(t, g, served, f.ns, 1)
 
-	chat := func(model string) (int, string) {
-		resp, err := http.Post(g.url+"/v1/chat/completions", "application/json",
-			strings.NewReader(`{"model":"`+model+`","messages":[]}`))
-		if err != nil {
-			return 0, err.Error()
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(b)
-	}
+	chat := func(model string) (int, string) { return chatVia(g, model) }
 	for range 4 {
 		if code, body := chat(served); code != 200 || body != fmt.Sprintf(`{"replica":"%s/m-good"}`, f.ns) {
 			t.Fatalf("%d %s", code, body)

@@ -2,7 +2,6 @@ package gateway_test
 
 import (
 	"fmt"
-	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -79,15 +78,8 @@ func TestScaleFromZeroAsGateway(t *testing.T) {
 	}
 	done := make(chan answer, 1)
 	go func() {
-		resp, err := http.Post(g.url+"/v1/chat/completions", "application/json",
-			strings.NewReader(`{"model":"`+served+`","messages":[{"role":"user","content":"hi"}]}`))
-		if err != nil {
-			done <- answer{body: err.Error()}
-			return
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		done <- answer{resp.StatusCode, string(b)}
+		code, body := chatVia(g, served)
+		done <- answer{code, body}
 	}()
 	var woken time.Time
 	testenv.Eventually(t, 30*time.Second, 20*time.Millisecond, func() (bool, string) {

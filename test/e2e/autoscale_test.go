@@ -114,3 +114,41 @@ func TestScaleFromZeroThroughGateway(t *testing.T) {
 		})
 	}
 }
+
+// TestAutoscaleStepUnderLoad: a load step scales an autoscaled deployment up, and when
+// the step ends the autoscaler scales it down while a lighter load goes on; no request
+// of either load fails, through the scale-up nor the removal of a replica.
+func TestAutoscaleStepUnderLoad(t *testing.T) {
+	ns := testenv.NewNamespace(t, fleet.Client)
+	create(t, deployment(ns, "elastic", 1, func(md *v1alpha1.ModelDeployment) {
+		md.Spec.Replicas = nil
+		md.Spec.Placement.MaxReplicasPerNode = 2
+		md.Spec.Autoscaling = &v1alpha1.AutoscalingSpec{MinReplicas: ptr.To[int32](1), MaxReplicas: 2,
+			TargetInFlight: ptr.To[int32](1), StabilizationWindow: &metav1.Duration{Duration: 5 * time.Second},
+			ScaleDownDelay: &metav1.Duration{Duration: zeroDelay}}
+	}))
+	waitReady(t, ns, "elastic", 1, 3*time.Minute)
+	model := ns + "/elastic"
+	light := startLoad(t.Context(), model, 1)
+	heavy := startLoad(t.Context(), model, 3)
+	waitReady(t, ns, "elastic", 2, 2*time.Minute)
+	heavyOK, heavyErrs := heavy.finish()
+	// The light load alone needs one replica: down to one after scaleDownDelay.
+	waitReady(t, ns, "elastic", 1, zeroDelay+2*time.Minute)
+	lightOK, lightErrs := light.finish()
+	t.Logf("step: %d requests served, %d failed; light load throughout: %d served, %d failed",
+		heavyOK, len(heavyErrs), lightOK, len(lightErrs))
+	for _, err := range append(heavyErrs, lightErrs...) {
+		t.Errorf("a failed request: %v", err)
+	}
+	if heavyOK == 0 || lightOK == 0 {
+		t.Errorf("no request served: step %d, light %d", heavyOK, lightOK)
+	}
+	var md v1alpha1.ModelDeployment
+	if err := fleet.Client.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: "elastic"}, &md); err != nil {
+		t.Fatal(err)
+	}
+	if md.Status.Autoscaling == nil || md.Status.Autoscaling.LastScaleTime == nil {
+		t.Errorf("no scale recorded in status.autoscaling: %+v", md.Status.Autoscaling)
+	}
+}

@@ -36,6 +36,10 @@ const (
 	ReasonUnschedulable              = "Unschedulable"
 	ReasonNoReplicas                 = "NoReplicasRequested"
 	ReasonScheduledPending           = "SchedulingPending"
+	// ReasonProgressDeadlineExceeded: Progressing is False because the deployment has
+	// not made progress (a replica created, updated, ready or removed) for
+	// spec.progressDeadlineSeconds while it still had some to make.
+	ReasonProgressDeadlineExceeded = "ProgressDeadlineExceeded"
 )
 
 // PlacementStrategy scores the Macs a replica fits on.
@@ -120,6 +124,15 @@ type ModelDeploymentSpec struct {
 	// deployment from the requests in flight on its replicas.
 	// +optional
 	Autoscaling *AutoscalingSpec `json:"autoscaling,omitempty"`
+
+	// progressDeadlineSeconds is how long the deployment may go without progress
+	// (a replica created, updated, ready or removed) while it has some to make,
+	// before its Progressing condition turns False with ProgressDeadlineExceeded.
+	// As for a Deployment, nothing else happens: the controller keeps trying.
+	// +optional
+	// +kubebuilder:default=600
+	// +kubebuilder:validation:XValidation:rule="self >= 10 && self <= 86400",message="progressDeadlineSeconds must be between 10 and 86400 (24h)"
+	ProgressDeadlineSeconds *int32 `json:"progressDeadlineSeconds,omitempty"`
 }
 
 // ModelDeploymentStatus is written by the modeldeployment controller, but for
@@ -161,6 +174,10 @@ type ModelDeploymentStatus struct {
 	// +optional
 	// +kubebuilder:validation:MaxLength=512
 	Endpoint string `json:"endpoint,omitempty"`
+	// lastProgressTime is when the deployment last made progress: a replica created,
+	// updated, ready or removed, or a new generation observed.
+	// +optional
+	LastProgressTime *metav1.Time `json:"lastProgressTime,omitempty"`
 	// autoscaling is the autoscaler's last recommendation, while spec.autoscaling is set.
 	// +optional
 	Autoscaling *AutoscalingStatus `json:"autoscaling,omitempty"`

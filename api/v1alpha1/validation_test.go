@@ -97,6 +97,11 @@ func TestModelDeploymentValidation(t *testing.T) {
 		{name: "zero-valued maxReplicasPerNode defaults", mutate: func(s *mfv1.ModelDeploymentSpec) { s.Placement.MaxReplicasPerNode = 0 }},
 		{name: "too many replicas per node", mutate: func(s *mfv1.ModelDeploymentSpec) { s.Placement.MaxReplicasPerNode = 100 },
 			wantErr: "maxReplicasPerNode must be between 1 and 64"},
+		{name: "progress deadline of 10s", mutate: func(s *mfv1.ModelDeploymentSpec) { s.ProgressDeadlineSeconds = ptr.To[int32](10) }},
+		{name: "progress deadline too short", mutate: func(s *mfv1.ModelDeploymentSpec) { s.ProgressDeadlineSeconds = ptr.To[int32](5) },
+			wantErr: "progressDeadlineSeconds must be between 10 and 86400 (24h)"},
+		{name: "progress deadline over a day", mutate: func(s *mfv1.ModelDeploymentSpec) { s.ProgressDeadlineSeconds = ptr.To[int32](86401) },
+			wantErr: "progressDeadlineSeconds must be between 10 and 86400 (24h)"},
 		{name: "prompt cache sizes", mutate: func(s *mfv1.ModelDeploymentSpec) {
 			s.Engine.PromptCache = &mfv1.PromptCacheSpec{HotBytes: ptr.To(resource.MustParse("2Gi")), SSDBytes: ptr.To(resource.MustParse("20Gi"))}
 		}},
@@ -157,6 +162,8 @@ func TestModelDeploymentDefaults(t *testing.T) {
 		Replicas:  ptr.To[int32](1),
 		Residency: mfv1.ResidencyResident,
 		Placement: mfv1.Placement{Strategy: mfv1.BinPack, MaxReplicasPerNode: 1},
+
+		ProgressDeadlineSeconds: ptr.To[int32](600),
 	}
 	if diff := cmp.Diff(want, md.Spec); diff != "" {
 		t.Errorf("defaulted spec (-want +got):\n%s", diff)

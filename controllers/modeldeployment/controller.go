@@ -176,8 +176,11 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		syncErr = r.sync(ctx, md, tmpl, hash, *res.Quantity, replicas, current)
 	}
 
+	now := r.Clock.Now()
+	deadline := progressDeadline(md)
 	setStatus(md, summarize(replicas, current), statusInput{
-		Desired: desiredReplicas(md), Reservation: res.Quantity, EstimateErr: res.Err, SourceErr: sourceErr, Now: r.Clock.Now(),
+		Desired: desiredReplicas(md), Reservation: res.Quantity, EstimateErr: res.Err, SourceErr: sourceErr, Now: now,
+		ProgressDeadline: deadline,
 	})
 	if syncErr == nil && res.Err == nil && sourceErr == nil {
 		md.Status.ObservedGeneration = md.Generation
@@ -197,6 +200,10 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	if res.Err != nil {
 		log.FromContext(ctx).V(2).Info("Memory estimate failed, retrying later", "retryAfter", res.RetryAfter, "error", res.Err.Error())
 		return ctrl.Result{RequeueAfter: res.RetryAfter}, nil
+	}
+	if left, ok := progressLeft(md, deadline, now); ok && left > 0 {
+		// Nothing may change before the deadline: look again then.
+		return ctrl.Result{RequeueAfter: left}, nil
 	}
 	return ctrl.Result{}, nil
 }

@@ -138,11 +138,53 @@ type statusInput struct {
 	SourceErr error
 	// Now stamps condition transitions.
 	Now time.Time
+	// ProgressDeadline is spec.progressDeadlineSeconds.
+	ProgressDeadline time.Duration
+}
+
+// DefaultProgressDeadline is spec.progressDeadlineSeconds when unset.
+const DefaultProgressDeadline = 600 * time.Second
+
+// progressDeadline is md's spec.progressDeadlineSeconds.
+func progressDeadline(md *v1alpha1.ModelDeployment) time.Duration {
+	if p := md.Spec.ProgressDeadlineSeconds; p != nil && *p > 0 {
+		return time.Duration(*p) * time.Second
+	}
+	return DefaultProgressDeadline
+}
+
+// noteProgress stamps status.lastProgressTime when the deployment made progress since
+// the status it still holds: a new generation to act on, a replica created or
+// removed, one more of the current template, or one more ready. It runs before
+// setStatus overwrites the counts.
+func noteProgress(md *v1alpha1.ModelDeployment, s replicaSummary, now time.Time) {
+	st := &md.Status
+	if st.LastProgressTime == nil || st.ObservedGeneration != md.Generation || s.Total != st.Replicas ||
+		s.Updated > st.UpdatedReplicas || s.Ready > st.ReadyReplicas {
+		t := metav1.NewTime(now)
+		st.LastProgressTime = &t
+	}
+}
+
+// progressLeft is how long md may still go without progress before its deadline,
+// when it has progress to make (Progressing True with ScalingReplicas or
+// ReplicasUpdating, or already ProgressDeadlineExceeded); ok is false otherwise.
+func progressLeft(md *v1alpha1.ModelDeployment, deadline time.Duration, now time.Time) (left time.Duration, ok bool) {
+	c := meta.FindStatusCondition(md.Status.Conditions, v1alpha1.DeploymentProgressing)
+	if c == nil || md.Status.LastProgressTime == nil {
+		return 0, false
+	}
+	switch c.Reason {
+	case v1alpha1.ReasonScalingReplicas, v1alpha1.ReasonReplicasUpdating, v1alpha1.ReasonProgressDeadlineExceeded:
+		return md.Status.LastProgressTime.Add(deadline).Sub(now), true
+	}
+	return 0, false
 }
 
 // setStatus writes md's status from the replica summary and in. It does not touch
 // observedGeneration.
 func setStatus(md *v1alpha1.ModelDeployment, s replicaSummary, in statusInput) {
+	noteProgress(md, s, in.Now)
 	st := &md.Status
 	st.Replicas = s.Total
 	st.ReadyReplicas = s.Ready
@@ -201,16 +243,37 @@ func setProgressingCondition(md *v1alpha1.ModelDeployment, s replicaSummary, in 
 	case in.EstimateErr != nil:
 		setCondition(md, in.Now, v1alpha1.DeploymentProgressing, metav1.ConditionFalse, v1alpha1.ReasonEstimateFailed,
 			"waiting for a memory estimate: "+in.EstimateErr.Error())
-	case s.Old > 0:
-		setCondition(md, in.Now, v1alpha1.DeploymentProgressing, metav1.ConditionTrue, v1alpha1.ReasonReplicasUpdating,
-			fmt.Sprintf("%d of %d replicas updated, %d ready; %d old replicas left", s.Updated, in.Desired, s.UpdatedReady, s.Old))
-	case s.Total == in.Desired && s.UpdatedReady == in.Desired:
+	case s.Total == in.Desired && s.UpdatedReady == in.Desired && s.Old == 0:
 		setCondition(md, in.Now, v1alpha1.DeploymentProgressing, metav1.ConditionTrue, v1alpha1.ReasonNewReplicasAvailable,
 			fmt.Sprintf("all %d replicas updated and ready", in.Desired))
 	default:
-		setCondition(md, in.Now, v1alpha1.DeploymentProgressing, metav1.ConditionTrue, v1alpha1.ReasonScalingReplicas,
-			fmt.Sprintf("%d replicas, %d wanted, %d ready", s.Total, in.Desired, s.Ready))
+		reason := v1alpha1.ReasonScalingReplicas
+		msg := fmt.Sprintf("%d replicas, %d wanted, %d ready", s.Total, in.Desired, s.Ready)
+		if s.Old > 0 {
+			reason = v1alpha1.ReasonReplicasUpdating
+			msg = fmt.Sprintf("%d of %d replicas updated, %d ready; %d old replicas left", s.Updated, in.Desired, s.UpdatedReady, s.Old)
+		}
+		if since := md.Status.LastProgressTime; in.ProgressDeadline > 0 && since != nil && in.Now.Sub(since.Time) >= in.ProgressDeadline {
+			setCondition(md, in.Now, v1alpha1.DeploymentProgressing, metav1.ConditionFalse, v1alpha1.ReasonProgressDeadlineExceeded,
+				fmt.Sprintf("no progress since %s (progressDeadlineSeconds %d): %s%s", since.UTC().Format(time.RFC3339),
+					int(in.ProgressDeadline.Seconds()), msg, stuckBecause(s)))
+			return
+		}
+		setCondition(md, in.Now, v1alpha1.DeploymentProgressing, metav1.ConditionTrue, reason, msg)
 	}
+}
+
+// stuckBecause names what holds a deployment up, when a replica says so: the first
+// failing replica, else the first unschedulable one.
+func stuckBecause(s replicaSummary) string {
+	switch {
+	case s.FirstFailing != nil:
+		f := s.FirstFailing
+		return fmt.Sprintf("; replica %s is failing: %s: %s", f.Replica, f.Condition.Reason, f.Condition.Message)
+	case s.FirstUnschedulable != nil:
+		return "; unschedulable: " + s.FirstUnschedulable.Message
+	}
+	return ""
 }
 
 // setScheduledCondition is False with MemoryEstimateFailed while the reservation is

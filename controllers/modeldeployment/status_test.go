@@ -245,12 +245,14 @@ func TestSetStatusFields(t *testing.T) {
 		replica("a", "h", bound("mac-b"), ready, memory("3Gi", "2Gi")),
 		replica("b", "old", bound("mac-a"), ready, memory("", "4Gi")),
 	}
-	setStatus(md, summarize(reps, byHash("h")), statusInput{Desired: 2, Reservation: &q, Now: time.Now()})
+	now := metav1.NewTime(time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC))
+	setStatus(md, summarize(reps, byHash("h")), statusInput{Desired: 2, Reservation: &q, Now: now.Time})
 	four := resource.MustParse("4Gi")
 	want := v1alpha1.ModelDeploymentStatus{
 		Replicas: 2, ReadyReplicas: 2, UpdatedReplicas: 1, Ready: "2/2",
 		Selector: "macfleet.dev/deployment=qwen", Nodes: []string{"mac-a", "mac-b"},
 		EstimatedMemory: &q, MeasuredMemory: &four, Endpoint: "http://qwen.team-a.svc:8080",
+		LastProgressTime: &now, // a first status is progress
 	}
 	if diff := cmp.Diff(want, md.Status, cmpopts.IgnoreFields(v1alpha1.ModelDeploymentStatus{}, "Conditions")); diff != "" {
 		t.Errorf("status mismatch (-want +got):\n%s", diff)
@@ -281,5 +283,70 @@ func TestTruncate(t *testing.T) {
 	}
 	if truncate("short") != "short" {
 		t.Error("truncate changed a short message")
+	}
+}
+
+// TestProgressDeadline: on a fake clock, a deployment that makes no progress while it
+// has some to make turns Progressing False with ProgressDeadlineExceeded once
+// progressDeadlineSeconds passed, naming what holds it up; progress of any kind
+// restarts the count; a complete deployment never exceeds it.
+func TestProgressDeadline(t *testing.T) {
+	t0 := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	const deadline = 10 * time.Minute
+	q := resource.MustParse("422Mi")
+	pending := []v1alpha1.ModelReplica{replica("a", "h", bound("m1"))}
+	failingOne := []v1alpha1.ModelReplica{replica("a", "h", bound("m1"), failing(v1alpha1.ReplicaDownloaded,
+		v1alpha1.ReasonDownloadFailed, "checksum mismatch: got sha256:00, want sha256:ff"))}
+	readyOne := []v1alpha1.ModelReplica{replica("a", "h", bound("m1"), ready)}
+	type step struct {
+		after    time.Duration // since t0
+		replicas []v1alpha1.ModelReplica
+		desired  int32
+		want     string // Progressing "Status/Reason"
+		msg      string
+		left     time.Duration // progressLeft, when it applies (-1: it does not)
+	}
+	for _, tc := range []struct {
+		name  string
+		steps []step
+	}{
+		{"stuck on a failing replica", []step{
+			{0, pending, 1, "True/ScalingReplicas", "1 replicas, 1 wanted, 0 ready", deadline},
+			{9 * time.Minute, failingOne, 1, "True/ScalingReplicas", "", time.Minute},
+			{deadline, failingOne, 1, "False/ProgressDeadlineExceeded",
+				"no progress since 2026-03-01T12:00:00Z (progressDeadlineSeconds 600): 1 replicas, 1 wanted, 0 ready; " +
+					"replica a is failing: DownloadFailed: checksum mismatch", 0},
+			// It comes good: progress, and the condition with it.
+			{deadline + time.Minute, readyOne, 1, "True/NewReplicasAvailable", "all 1 replicas updated and ready", -1},
+		}},
+		{"progress restarts the count", []step{
+			{0, nil, 2, "True/ScalingReplicas", "", deadline},
+			{8 * time.Minute, pending, 2, "True/ScalingReplicas", "", deadline},
+			{17 * time.Minute, pending, 2, "True/ScalingReplicas", "", time.Minute},
+			{18 * time.Minute, pending, 2, "False/ProgressDeadlineExceeded", "no progress since 2026-03-01T12:08:00Z", 0},
+		}},
+		{"complete, however long", []step{
+			{0, readyOne, 1, "True/NewReplicasAvailable", "", -1},
+			{24 * time.Hour, readyOne, 1, "True/NewReplicasAvailable", "", -1},
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			md := deployment(nil)
+			md.Generation = 1
+			for i, st := range tc.steps {
+				now := t0.Add(st.after)
+				setStatus(md, summarize(st.replicas, byHash("h")), statusInput{Desired: st.desired, Reservation: &q, Now: now,
+					ProgressDeadline: deadline})
+				md.Status.ObservedGeneration = md.Generation
+				c := meta.FindStatusCondition(md.Status.Conditions, v1alpha1.DeploymentProgressing)
+				if got := string(c.Status) + "/" + c.Reason; got != st.want || !strings.Contains(c.Message, st.msg) {
+					t.Errorf("step %d (+%v): Progressing %s %q, want %s with %q", i, st.after, got, c.Message, st.want, st.msg)
+				}
+				left, ok := progressLeft(md, deadline, now)
+				if st.left < 0 && ok || st.left >= 0 && (!ok || left != st.left) {
+					t.Errorf("step %d (+%v): progressLeft = %v, %v; want %v", i, st.after, left, ok, st.left)
+				}
+			}
+		})
 	}
 }

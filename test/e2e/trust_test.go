@@ -38,7 +38,10 @@ func TestSourcePolicyAndReplicaFailure(t *testing.T) {
 	}
 
 	const wrong = "0000000000000000000000000000000000000000000000000000000000000000"
-	create(t, deployment(ns, "corrupt", 1, func(md *v1alpha1.ModelDeployment) { md.Spec.Model.SHA256 = wrong }))
+	create(t, deployment(ns, "corrupt", 1, func(md *v1alpha1.ModelDeployment) {
+		md.Spec.Model.SHA256 = wrong
+		md.Spec.ProgressDeadlineSeconds = ptr.To[int32](10)
+	}))
 	var md v1alpha1.ModelDeployment
 	testenv.Eventually(t, time.Minute, 200*time.Millisecond, func() (bool, string) {
 		if err := fleet.Client.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: "corrupt"}, &md); err != nil {
@@ -47,6 +50,18 @@ func TestSourcePolicyAndReplicaFailure(t *testing.T) {
 		c := meta.FindStatusCondition(md.Status.Conditions, v1alpha1.DeploymentReplicaFailure)
 		return c != nil && c.Status == metav1.ConditionTrue && c.Reason == v1alpha1.ReasonChecksumMismatch,
 			"ReplicaFailure: " + conditionText(c)
+	})
+
+	// After progressDeadlineSeconds without progress, Progressing turns False and names
+	// the failing replica.
+	testenv.Eventually(t, time.Minute, 200*time.Millisecond, func() (bool, string) {
+		if err := fleet.Client.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: "corrupt"}, &md); err != nil {
+			return false, err.Error()
+		}
+		c := meta.FindStatusCondition(md.Status.Conditions, v1alpha1.DeploymentProgressing)
+		return c != nil && c.Status == metav1.ConditionFalse && c.Reason == v1alpha1.ReasonProgressDeadlineExceeded &&
+				strings.Contains(c.Message, "(progressDeadlineSeconds 10)") && strings.Contains(c.Message, "ChecksumMismatch"),
+			"Progressing: " + conditionText(c)
 	})
 
 	assets, err := testenv.AssetsDir()
@@ -68,7 +83,8 @@ func TestSourcePolicyAndReplicaFailure(t *testing.T) {
 	out := kubectl("describe", "md", "corrupt")
 	// describe wraps long messages; the reason and the start of the message are on
 	// one line.
-	for _, want := range []string{"ReplicaFailure", "ChecksumMismatch", "1 of 1 replicas failing", "sha256 mismatch"} {
+	for _, want := range []string{"ReplicaFailure", "ChecksumMismatch", "1 of 1 replicas failing", "sha256 mismatch",
+		"ProgressDeadlineExceeded"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("kubectl describe md lacks %q:\n%s", want, out)
 		}

@@ -70,6 +70,9 @@ type Options struct {
 	ModelsAddr string
 	// AgentArgs are extra arguments for every agent.
 	AgentArgs []string
+	// Gateways is how many gateway replicas run (each its own process and port); 1
+	// when 0.
+	Gateways int
 	// Log receives one line per step; nil discards them.
 	Log io.Writer
 }
@@ -89,8 +92,10 @@ type Fleet struct {
 	Client client.Client
 	// AdminKubeconfig is a kubeconfig file for an admin, through the relay.
 	AdminKubeconfig string
-	// GatewayURL is the gateway's base URL (http://127.0.0.1:port).
+	// GatewayURL is the first gateway's base URL (http://127.0.0.1:port).
 	GatewayURL string
+	// GatewayURLs are the base URLs of every gateway replica, GatewayURL first.
+	GatewayURLs []string
 	// ModelsURL is the base URL of the model server; files in ModelsDir are under it.
 	ModelsURL string
 	ModelsDir string
@@ -100,9 +105,9 @@ type Fleet struct {
 	HostIP string
 
 	relay   *tcprelay.Relay
-	manager *Process
-	gateway *Process
-	models  *http.Server
+	manager  *Process
+	gateways []*Process
+	models   *http.Server
 
 	mu     sync.Mutex
 	agents map[string]*Agent
@@ -218,31 +223,40 @@ func Start(ctx context.Context, opts Options) (_ *Fleet, err error) {
 		}
 	}
 
-	f.logf("Starting the gateway")
-	gw, gwProbe := 0, 0
-	if gw, err = freePort(); err == nil {
-		gwProbe, err = freePort()
+	for i := range max(opts.Gateways, 1) {
+		name := "gateway"
+		if i > 0 {
+			name = fmt.Sprintf("gateway-%d", i+1)
+		}
+		f.logf("Starting the %s", name)
+		gw, gwProbe := 0, 0
+		if gw, err = freePort(); err == nil {
+			gwProbe, err = freePort()
+		}
+		if err != nil {
+			return nil, err
+		}
+		p, err := f.start(name, "gateway", "--kubeconfig", f.AdminKubeconfig,
+			"--listen", "127.0.0.1:"+strconv.Itoa(gw), "--metrics-bind-address", "0",
+			"--health-probe-bind-address", "127.0.0.1:"+strconv.Itoa(gwProbe),
+			"--fleet-token-file", tokenFile)
+		if err != nil {
+			return nil, err
+		}
+		f.gateways = append(f.gateways, p)
+		if err := waitHTTP(ctx, fmt.Sprintf("http://127.0.0.1:%d/readyz", gwProbe), p); err != nil {
+			return nil, fmt.Errorf("the %s: %w", name, err)
+		}
+		f.GatewayURLs = append(f.GatewayURLs, "http://127.0.0.1:"+strconv.Itoa(gw))
 	}
-	if err != nil {
-		return nil, err
-	}
-	f.GatewayURL = "http://127.0.0.1:" + strconv.Itoa(gw)
-	if f.gateway, err = f.start("gateway", "gateway", "--kubeconfig", f.AdminKubeconfig,
-		"--listen", "127.0.0.1:"+strconv.Itoa(gw), "--metrics-bind-address", "0",
-		"--health-probe-bind-address", "127.0.0.1:"+strconv.Itoa(gwProbe),
-		"--fleet-token-file", tokenFile); err != nil {
-		return nil, err
-	}
-	if err := waitHTTP(ctx, fmt.Sprintf("http://127.0.0.1:%d/readyz", gwProbe), f.gateway); err != nil {
-		return nil, fmt.Errorf("the gateway: %w", err)
-	}
+	f.GatewayURL = f.GatewayURLs[0]
 
 	for _, n := range opts.Nodes {
 		if err := f.WaitNodeReady(ctx, n.Name); err != nil {
 			return nil, err
 		}
 	}
-	f.logf("Fleet up: %d Macs, gateway %s, console %s/ui/", len(opts.Nodes), f.GatewayURL, f.GatewayURL)
+	f.logf("Fleet up: %d Macs, gateway %s, console %s/ui/", len(opts.Nodes), strings.Join(f.GatewayURLs, " "), f.GatewayURL)
 	return f, nil
 }
 
@@ -462,7 +476,8 @@ func (f *Fleet) Stop() {
 		}
 	}
 	f.mu.Unlock()
-	procs = append(procs, f.gateway, f.manager)
+	procs = append(procs, f.gateways...)
+	procs = append(procs, f.manager)
 	for _, p := range procs {
 		if p != nil {
 			_ = p.Stop(30 * time.Second)

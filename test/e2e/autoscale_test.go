@@ -3,9 +3,12 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
@@ -70,28 +73,41 @@ func committed(t testing.TB) int64 {
 	return sum
 }
 
-// TestScaleFromZeroThroughGateway: a request for an autoscaled deployment at zero
-// replicas is held by the gateway, wakes the deployment and is answered once a
-// replica is placed, fetched and loaded; after scaleDownDelay without requests the
-// deployment is at zero again and the Macs' committed memory is back where it was;
-// and it wakes again.
+// TestScaleFromZeroThroughGateway: requests for an autoscaled deployment at zero
+// replicas, one through each gateway replica at the same time, are held, wake the
+// deployment and are answered once a replica is placed, fetched and loaded; after
+// scaleDownDelay without requests the deployment is at zero again and the Macs'
+// committed memory is back where it was; and it wakes again.
 func TestScaleFromZeroThroughGateway(t *testing.T) {
 	ns := testenv.NewNamespace(t, fleet.Client)
 	atZero(t, ns, "lazy")
 	base := committed(t)
-	c := gatewayClient()
+	if len(fleet.GatewayURLs) < 2 {
+		t.Fatalf("the fleet runs %d gateway replicas, want 2", len(fleet.GatewayURLs))
+	}
 
 	for round := 1; round <= 2; round++ {
-		start := time.Now()
-		if _, err := chat(t.Context(), c, ns+"/lazy", true); err != nil {
-			t.Fatalf("round %d: a request at zero replicas: %v", round, err)
+		var wg sync.WaitGroup
+		cold := make([]time.Duration, len(fleet.GatewayURLs))
+		for i, url := range fleet.GatewayURLs {
+			wg.Go(func() {
+				c := openai.NewClient(option.WithBaseURL(url+"/v1/"), option.WithAPIKey("unused"), option.WithMaxRetries(0))
+				start := time.Now()
+				if _, err := chat(t.Context(), c, ns+"/lazy", true); err != nil {
+					t.Errorf("round %d: a request at zero replicas through gateway %d: %v", round, i+1, err)
+				}
+				cold[i] = time.Since(start)
+			})
 		}
-		cold := time.Since(start)
-		start = time.Now()
-		if _, err := chat(t.Context(), c, ns+"/lazy", true); err != nil {
+		wg.Wait()
+		if t.Failed() {
+			t.FailNow()
+		}
+		start := time.Now()
+		if _, err := chat(t.Context(), gatewayClient(), ns+"/lazy", true); err != nil {
 			t.Fatalf("round %d: a request once woken: %v", round, err)
 		}
-		t.Logf("round %d: cold start from zero through the gateway %v, then a warm request %v", round, cold, time.Since(start))
+		t.Logf("round %d: cold start from zero through the gateways %v, then a warm request %v", round, cold, time.Since(start))
 		// The agents report what their Macs committed on their own pace.
 		testenv.Eventually(t, 30*time.Second, 200*time.Millisecond, func() (bool, string) {
 			up := committed(t)
@@ -103,6 +119,9 @@ func TestScaleFromZeroThroughGateway(t *testing.T) {
 		}
 		if md.Annotations[v1alpha1.AnnotationWakeRequested] == "" {
 			t.Errorf("round %d: served from zero without a wake annotation: %v", round, md.Annotations)
+		}
+		if n := ptr.Deref(md.Spec.Replicas, -1); n != 1 {
+			t.Errorf("round %d: %d replicas for two held requests, want 1", round, n)
 		}
 
 		// No more requests: back to zero after WakeHold + scaleDownDelay, and the

@@ -1,5 +1,5 @@
 // Package e2e runs a whole fleet on this machine — kube-apiserver and etcd, `macfleet
-// manager`, `macfleet gateway`, two `macfleet agent`s simulating Macs, real runner
+// manager`, two replicas of `macfleet gateway`, two `macfleet agent`s simulating Macs, real runner
 // processes on a synthesized model — and drives it as users do: manifests in, OpenAI
 // requests out (internal/localfleet starts it).
 //
@@ -75,7 +75,7 @@ func run(m *testing.M) int {
 	defer cancel()
 	log := &strings.Builder{}
 	fleet, err = localfleet.Start(ctx, localfleet.Options{Binary: bin, Runner: runner, Dir: filepath.Join(dir, "fleet"),
-		LeaseDuration: leaseDuration, NodeLossGrace: nodeLossGrace, Log: log})
+		LeaseDuration: leaseDuration, NodeLossGrace: nodeLossGrace, Gateways: 2, Log: log})
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "e2e: starting the fleet: %v\n%s", err, log)
 		dumpLogs(filepath.Join(dir, "fleet", "logs"))

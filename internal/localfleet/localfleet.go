@@ -104,7 +104,7 @@ type Fleet struct {
 	// HostIP is the address the agents listen on.
 	HostIP string
 
-	relay   *tcprelay.Relay
+	relay    *tcprelay.Relay
 	manager  *Process
 	gateways []*Process
 	models   *http.Server

@@ -128,10 +128,12 @@ func newBalancer(c float64) *balancer {
 	return &balancer{c: c, inflight: map[string]int{}}
 }
 
-// pick chooses a backend of rt that is not excluded and counts a request on it;
-// the caller must release it. With affinity it hashes the prompt prefix h onto the
-// route's ring, else it takes the least loaded.
-func (b *balancer) pick(rt *Route, excluded map[string]bool, affinity bool, h uint64) (Backend, bool) {
+// pick chooses a backend of rt that is not excluded and has room, and counts a
+// request on it; the caller must release it. A backend has room while the gateway's
+// requests on it are fewer than perSlot × its slots (always when perSlot ≤ 0). With
+// affinity it hashes the prompt prefix h onto the route's ring, else it takes the
+// least loaded.
+func (b *balancer) pick(rt *Route, excluded map[string]bool, affinity bool, h uint64, perSlot int) (Backend, bool) {
 	n := len(rt.Backends)
 	if n == 0 {
 		return Backend{}, false
@@ -143,7 +145,7 @@ func (b *balancer) pick(rt *Route, excluded map[string]bool, affinity bool, h ui
 	some := false
 	for i, be := range rt.Backends {
 		loads[i] = b.inflight[be.Key]
-		eligible[i] = !excluded[be.Key]
+		eligible[i] = !excluded[be.Key] && (perSlot <= 0 || loads[i] < perSlot*be.Slots)
 		some = some || eligible[i]
 	}
 	if !some {

@@ -170,7 +170,7 @@ func TestBalancerSpreads(t *testing.T) {
 	b := newBalancer(DefaultLoadBound)
 	got := map[string]int{}
 	for range 9 {
-		be, ok := b.pick(rt, nil, false, 0)
+		be, ok := b.pick(rt, nil, false, 0, 0)
 		if !ok {
 			t.Fatal("no pick")
 		}
@@ -190,18 +190,49 @@ func TestBalancerSpreads(t *testing.T) {
 	}
 	seq := map[string]int{}
 	for range 6 {
-		be, _ := b.pick(rt, nil, false, 0)
+		be, _ := b.pick(rt, nil, false, 0, 0)
 		seq[be.Key]++
 		b.release(be.Key)
 	}
 	if d := cmp.Diff(map[string]int{"ns/model-0": 2, "ns/model-1": 2, "ns/model-2": 2}, seq); d != "" {
 		t.Errorf("6 sequential requests (-want +got):\n%s", d)
 	}
-	if _, ok := b.pick(rt, map[string]bool{"ns/model-0": true, "ns/model-1": true, "ns/model-2": true}, false, 0); ok {
+	if _, ok := b.pick(rt, map[string]bool{"ns/model-0": true, "ns/model-1": true, "ns/model-2": true}, false, 0, 0); ok {
 		t.Error("picked a replica though all were excluded")
 	}
-	if _, ok := b.pick(&Route{}, nil, true, 1); ok {
+	if _, ok := b.pick(&Route{}, nil, true, 1, 0); ok {
 		t.Error("picked a replica of a route without any")
+	}
+}
+
+// TestBalancerRoom: with a limit per slot, a replica takes requests while it has
+// room, by its own slots, and then none; releasing one makes room again.
+func TestBalancerRoom(t *testing.T) {
+	rt := &Route{Backends: []Backend{{Key: "ns/one", Slots: 1}, {Key: "ns/four", Slots: 4}}}
+	for _, affinity := range []bool{false, true} {
+		b := newBalancer(DefaultLoadBound)
+		got := map[string]int{}
+		for range 5 {
+			be, ok := b.pick(rt, nil, affinity, 7, 1)
+			if !ok {
+				t.Fatalf("affinity %v: no pick with room left (%v)", affinity, got)
+			}
+			got[be.Key]++
+		}
+		if d := cmp.Diff(map[string]int{"ns/one": 1, "ns/four": 4}, got); d != "" {
+			t.Errorf("affinity %v: 5 requests on 1+4 slots (-want +got):\n%s", affinity, d)
+		}
+		if be, ok := b.pick(rt, nil, affinity, 7, 1); ok {
+			t.Errorf("affinity %v: picked %s with every slot taken", affinity, be.Key)
+		}
+		if _, ok := b.pick(rt, nil, affinity, 7, 2); !ok {
+			t.Errorf("affinity %v: no pick with 2 per slot", affinity)
+		}
+		b.release("ns/one")
+		b.release("ns/one")
+		if be, ok := b.pick(rt, map[string]bool{"ns/four": true}, affinity, 7, 1); !ok || be.Key != "ns/one" {
+			t.Errorf("affinity %v: after a release, picked %v %v, want ns/one", affinity, be.Key, ok)
+		}
 	}
 }
 

@@ -18,6 +18,8 @@ const (
 	typeAuthentication = openaierr.TypeAuthentication
 	typeServer         = openaierr.TypeServer
 	typeUnavailable    = openaierr.TypeUnavailable
+	// typeRateLimit is a 429's type (the Anthropic API's too).
+	typeRateLimit = "rate_limit_error"
 )
 
 // Error codes of the gateway's own errors.
@@ -33,6 +35,8 @@ const (
 	codeNoReplica        = "no_ready_replica"
 	codeUpstream         = "upstream_error"
 	codeMethodNotAllowed = "method_not_allowed"
+	codeQueueFull        = "queue_full"
+	codeQueueTimeout     = "queue_timeout"
 )
 
 // apiError is one error response of the gateway itself: its status, the OpenAI error

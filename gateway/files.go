@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+
+	"github.com/macfleet/macfleet/fairqueue"
 )
 
 // DefaultFilePoll is how often the API keys and fleet token files are checked for
@@ -96,21 +98,44 @@ func (f *watchedFile[T]) watch(ctx context.Context, interval time.Duration, log 
 	}
 }
 
-// keySet is the set of accepted client API keys, by SHA-256 so that a lookup's timing
-// says nothing about a key's bytes.
-type keySet map[[32]byte]struct{}
+// keySet is the accepted client API keys with their attributes, by SHA-256 so that a
+// lookup's timing says nothing about a key's bytes.
+type keySet map[[32]byte]keyAttrs
 
-// parseKeys reads one key per line; blank lines and lines starting with # are skipped.
+// keyAttrs are what a keys file line says of its key besides the key.
+type keyAttrs struct {
+	// priority is the highest priority the key's requests get (see HeaderPriority).
+	priority fairqueue.Priority
+}
+
+// parseKeys reads one key per line, optionally followed by attributes separated by
+// spaces: "priority=batch" keeps the key's requests in the batch class. Blank lines
+// and lines starting with # are skipped; an unknown attribute is an error naming its
+// line (a key is never logged).
 func parseKeys(data []byte) (keySet, error) {
 	ks := keySet{}
 	sc := bufio.NewScanner(bytes.NewReader(data))
 	sc.Buffer(make([]byte, 0, 4096), 1<<20)
-	for sc.Scan() {
-		line := strings.TrimSpace(sc.Text())
-		if line == "" || strings.HasPrefix(line, "#") {
+	for n := 1; sc.Scan(); n++ {
+		fields := strings.Fields(sc.Text())
+		if len(fields) == 0 || strings.HasPrefix(fields[0], "#") {
 			continue
 		}
-		ks[sha256.Sum256([]byte(line))] = struct{}{}
+		var attrs keyAttrs
+		for _, f := range fields[1:] {
+			name, value, _ := strings.Cut(f, "=")
+			switch name {
+			case "priority":
+				p, err := fairqueue.ParsePriority(value)
+				if err != nil {
+					return nil, fmt.Errorf("line %d: priority=: %w", n, err)
+				}
+				attrs.priority = p
+			default:
+				return nil, fmt.Errorf("line %d: unknown attribute %q after the key (known: priority=interactive|batch)", n, name)
+			}
+		}
+		ks[sha256.Sum256([]byte(fields[0]))] = attrs
 	}
 	if err := sc.Err(); err != nil {
 		return nil, err
@@ -135,8 +160,9 @@ func parseToken(data []byte) (string, error) {
 	return tok, nil
 }
 
-// KeysFile is a file of client API keys, one per line (blank lines and # comments
-// skipped), re-read by Watch when it changes. An empty file accepts no key.
+// KeysFile is a file of client API keys, one per line with optional attributes
+// (blank lines and # comments skipped; see parseKeys), re-read by Watch when it
+// changes. An empty file accepts no key.
 type KeysFile struct{ f *watchedFile[keySet] }
 
 // LoadKeysFile reads the keys file; it must exist and be readable.
@@ -150,6 +176,12 @@ func LoadKeysFile(path string) (*KeysFile, error) {
 
 // Allows says whether key is one of the file's keys.
 func (k *KeysFile) Allows(key string) bool { return (*k.f.get()).allows(key) }
+
+// Priority is the highest priority key's requests get: its priority= attribute,
+// interactive by default.
+func (k *KeysFile) Priority(key string) fairqueue.Priority {
+	return (*k.f.get())[sha256.Sum256([]byte(key))].priority
+}
 
 // Watch re-reads the file every interval until ctx ends.
 func (k *KeysFile) Watch(ctx context.Context, interval time.Duration, log logr.Logger) {

@@ -36,6 +36,7 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/macfleet/macfleet/fairqueue"
 	"github.com/macfleet/macfleet/internal/openaierr"
 )
 
@@ -56,8 +57,19 @@ type Options struct {
 	// Authorize, when set, says whether a client's API key (sent as "Authorization:
 	// Bearer <key>") is accepted; nil means no client auth (see KeysFile).
 	Authorize func(key string) bool
-	// ColdStartTimeout bounds how long a request waits for a routable replica.
+	// ColdStartTimeout bounds how long a request waits for a routable replica, or in
+	// the queue for a replica with room.
 	ColdStartTimeout time.Duration
+	// MaxInFlightPerSlot is how many requests the gateway sends to a replica at once
+	// per sequence slot of its engine; more wait in the deployment's fair queue. 0
+	// means DefaultMaxInFlightPerSlot; negative means no limit (every request goes to
+	// a replica at once and waits in its runner's queue: no fairness).
+	MaxInFlightPerSlot int
+	// Queue bounds each deployment's fair queue (fairqueue's defaults for zero fields).
+	Queue fairqueue.Limits
+	// KeyPriority, when set with Authorize, is the highest priority a client's key may
+	// use (KeysFile.Priority).
+	KeyPriority func(key string) fairqueue.Priority
 	// Wake, when set, records that requests are held for an autoscaled deployment with
 	// no routable replica, so the autoscaler brings one (scale from zero). Without it
 	// a deployment at zero replicas is a 503 at once.
@@ -83,6 +95,7 @@ type Gateway struct {
 	log       logr.Logger
 	table     atomic.Pointer[Table]
 	bal       *balancer
+	adm       *admission
 	metrics   *metrics
 	waker     *waker
 	transport http.RoundTripper
@@ -96,6 +109,9 @@ func New(opts Options) (*Gateway, error) {
 	}
 	if opts.MaxBodyBytes <= 0 {
 		opts.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if opts.MaxInFlightPerSlot == 0 {
+		opts.MaxInFlightPerSlot = DefaultMaxInFlightPerSlot
 	}
 	if opts.PrefixBytes <= 0 {
 		opts.PrefixBytes = DefaultPrefixBytes
@@ -115,6 +131,7 @@ func New(opts Options) (*Gateway, error) {
 		g.transport = NewTransport()
 	}
 	g.table.Store(emptyTable())
+	g.adm = newAdmission(opts, g.bal, g.Table, m)
 	if opts.Wake != nil {
 		g.waker = newWaker(opts.Wake, g.Table, m.wakes, opts.Log.WithName("wake"))
 	}
@@ -147,6 +164,7 @@ func (g *Gateway) Handler() http.Handler { return g.handler }
 func (g *Gateway) SetTable(t *Table) {
 	old := g.table.Swap(t)
 	if old != nil && old != t {
+		g.adm.tableChanged(t)
 		close(old.changed)
 	}
 }
@@ -181,8 +199,8 @@ func (g *Gateway) authenticate(next http.Handler) http.Handler {
 		if x := r.Header.Get("X-Api-Key"); auth == "" && x != "" {
 			auth = "Bearer " + x // Anthropic clients send the key as x-api-key
 		}
-		key, ok := strings.CutPrefix(auth, "Bearer ")
-		if !ok || key == "" || !g.opts.Authorize(key) {
+		key := clientKey(r)
+		if key == "" || !g.opts.Authorize(key) {
 			msg := "invalid API key: send a key of this fleet as Authorization: Bearer KEY (or x-api-key: KEY)"
 			if auth == "" {
 				msg = "missing API key: send it as Authorization: Bearer KEY (or x-api-key: KEY)"
@@ -195,6 +213,20 @@ func (g *Gateway) authenticate(next http.Handler) http.Handler {
 		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+// clientKey is the API key a request presents: "Authorization: Bearer KEY", or
+// "x-api-key: KEY" as Anthropic clients send it; "" when none.
+func clientKey(r *http.Request) string {
+	auth := r.Header.Get("Authorization")
+	if auth == "" {
+		return r.Header.Get("X-Api-Key")
+	}
+	key, ok := strings.CutPrefix(auth, "Bearer ")
+	if !ok {
+		return ""
+	}
+	return key
 }
 
 // recoverer turns a handler panic into a logged 500 when nothing was sent yet, so one

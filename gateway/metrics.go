@@ -18,6 +18,10 @@ type metrics struct {
 	retries  *prometheus.CounterVec
 	held     *prometheus.HistogramVec
 	wakes    *prometheus.CounterVec
+
+	queueDepth    *prometheus.GaugeVec
+	queueWait     *prometheus.HistogramVec
+	queueRejected *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -30,7 +34,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "macfleet_gateway_errors_total",
 			Help: "Requests that failed, by deployment and reason (model_not_found, ambiguous_model, bad_request, " +
-				"body_too_large, unauthorized, no_ready_replica, wake_failed, upstream_unavailable, upstream_connect, stream_broken, client_gone).",
+				"body_too_large, unauthorized, no_ready_replica, wake_failed, queue_full, queue_full_client, queue_timeout, " +
+				"upstream_unavailable, upstream_connect, stream_broken, client_gone).",
 		}, []string{"model", "reason"}),
 		ttft: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "macfleet_gateway_ttft_seconds",
@@ -56,6 +61,20 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Writes of the wake annotation that asks the autoscaler for a replica of an autoscaled deployment " +
 				"with held requests, by deployment and result (written, error).",
 		}, []string{"model", "result"}),
+		queueDepth: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "macfleet_gateway_queue_depth",
+			Help: "Requests waiting in the gateway's fair queue for a replica with room, by deployment and priority (interactive, batch).",
+		}, []string{"model", "priority"}),
+		queueWait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "macfleet_gateway_queue_wait_seconds",
+			Help:    "Time requests waited in the fair queue before a replica took them (or they gave up), by deployment and priority; only requests that waited.",
+			Buckets: []float64{0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120},
+		}, []string{"model", "priority"}),
+		queueRejected: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "macfleet_gateway_queue_rejections_total",
+			Help: "Requests the fair queue turned away, by deployment, priority and reason (queue_full: 429, the deployment's queue is full; " +
+				"queue_full_client: 429, the client has its most requests waiting; queue_timeout: 503, no replica had room in time).",
+		}, []string{"model", "priority", "reason"}),
 	}
 	var err error
 	reg1 := func(c prometheus.Collector) prometheus.Collector {
@@ -73,6 +92,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m.retries = reg1(m.retries).(*prometheus.CounterVec)
 	m.held = reg1(m.held).(*prometheus.HistogramVec)
 	m.wakes = reg1(m.wakes).(*prometheus.CounterVec)
+	m.queueDepth = reg1(m.queueDepth).(*prometheus.GaugeVec)
+	m.queueWait = reg1(m.queueWait).(*prometheus.HistogramVec)
+	m.queueRejected = reg1(m.queueRejected).(*prometheus.CounterVec)
 	if err != nil {
 		return nil, err
 	}

@@ -34,3 +34,8 @@ func replica(ns, name, dep, nodeName, endpoint string, ready metav1.ConditionSta
 	}
 	return r
 }
+
+func withParallel(r mfv1.ModelReplica, n int32) mfv1.ModelReplica {
+	r.Spec.Template.Engine.Parallel = n
+	return r
+}

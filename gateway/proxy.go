@@ -109,7 +109,12 @@ func (g *Gateway) handleProxy(w http.ResponseWriter, r *http.Request) {
 	if g.opts.PrefixAffinity {
 		h = hashKey(head.prefix)
 	}
-	res := g.serve(w, r, model, head.Model, h, body, start)
+	flow, prio, aerr := g.classify(r)
+	if aerr != nil {
+		g.fail(w, model, endpoint, aerr)
+		return
+	}
+	res := g.serve(w, r, model, head.Model, g.adm.newTicket(model, flow, prio, h), body, start)
 	g.count(model, endpoint, res.status, res.reason)
 	if res.abort {
 		panic(http.ErrAbortHandler)
@@ -121,27 +126,30 @@ func (g *Gateway) fail(w http.ResponseWriter, model, endpoint string, e *apiErro
 	e.write(w)
 }
 
-// serve tries replicas of the model's deployment. A failed attempt (connect error,
-// 503, 507, or a 404 from an agent that no longer has the replica) excludes its replica and tries another; when none is left it waits for
-// the table to change or a backoff to pass (then every replica may be tried again),
-// until ColdStartTimeout after the request arrived.
-func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, model, name string, h uint64, body []byte, start time.Time) outcome {
+// serve tries replicas of the model's deployment, each one that admission gives it:
+// at once when one has room, else when its turn in the deployment's fair queue comes.
+// A failed attempt (connect error, 503, 507, or a 404 from an agent that no longer has
+// the replica) excludes its replica and tries another; when every replica is excluded
+// it waits for the table to change or a backoff to pass (then every replica may be
+// tried again), until ColdStartTimeout after the request arrived.
+func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, model, name string, t *ticket, body []byte, start time.Time) outcome {
 	ctx := r.Context()
-	// The deadline timer and the exclusions are made only once an attempt fails or
-	// nothing is routable: most requests need neither.
+	defer g.adm.leave(t)
+	// The deadline timer is made only once the request waits: most requests never do.
 	var deadline *time.Timer
 	defer func() { stopTimer(deadline) }()
-	var excluded map[string]bool
 	// waitable: some failure since the last reset may go away by waiting.
 	waitable := false
 	var last *failure
 	var heldSince time.Time
 	backoff := minBackoff
-	// release ends this request's part in waking the deployment (see waker).
-	var release func()
+	// unhold ends this request's part in waking the deployment (see waker); woke: it
+	// asked once for a replica more because every replica was busy.
+	var unhold func()
+	woke := false
 	defer func() {
-		if release != nil {
-			release()
+		if unhold != nil {
+			unhold()
 		}
 	}()
 	observeHold := func() {
@@ -156,31 +164,8 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, model, name stri
 			aerr.write(w)
 			return outcome{status: aerr.Status, reason: aerr.reason}
 		}
-		if be, ok := g.bal.pick(rt, excluded, g.opts.PrefixAffinity, h); ok {
-			if release != nil {
-				release()
-				release = nil
-			}
-			res := g.attempt(ctx, w, r, model, be, body, start)
-			g.bal.release(be.Key)
-			if res.failure == nil {
-				observeHold()
-				return res
-			}
-			last = res.failure
-			if excluded == nil {
-				excluded = map[string]bool{}
-			}
-			excluded[be.Key] = true
-			waitable = waitable || !last.final()
-			g.metrics.retries.WithLabelValues(model, last.reason).Inc()
-			g.log.V(1).Info("Attempt failed before the first byte; trying another replica", "model", model,
-				"replica", be.Key, "endpoint", be.Endpoint, "reason", last.reason, "status", last.status, "err", last.err)
-			continue
-		}
-
-		// Nothing to try right now. An autoscaled deployment is woken: its
-		// autoscaler brings a replica, even from zero.
+		// An autoscaled deployment with no routable replica is woken: its autoscaler
+		// brings one, even from zero.
 		wakeable := len(rt.Backends) == 0 && rt.Autoscaled && g.waker != nil
 		if len(rt.Backends) == 0 && rt.Unavailable != "" && !(wakeable && rt.ScaledToZero) {
 			e := &apiError{Status: http.StatusServiceUnavailable, Type: typeUnavailable, Code: codeNoReplica,
@@ -189,55 +174,104 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, model, name stri
 			observeHold()
 			return outcome{status: e.Status, reason: e.reason}
 		}
-		if wakeable && release == nil {
-			rel, err := g.waker.hold(ctx, rt)
-			if err != nil {
-				observeHold()
-				if ctx.Err() != nil {
-					return outcome{status: statusClientGone, reason: "client_gone"}
+		be, ok, aerr := g.adm.acquire(rt, t)
+		if aerr != nil {
+			aerr.write(w)
+			return outcome{status: aerr.Status, reason: aerr.reason}
+		}
+		if !ok {
+			switch {
+			case wakeable && unhold == nil:
+				rel, err := g.waker.hold(ctx, rt)
+				if err != nil {
+					observeHold()
+					if ctx.Err() != nil {
+						return outcome{status: statusClientGone, reason: "client_gone"}
+					}
+					e := wakeError(err)
+					e.write(w)
+					return outcome{status: e.Status, reason: e.reason}
 				}
-				e := wakeError(err)
+				unhold = rel
+			case unhold == nil && !woke && len(rt.Backends) > 0 && rt.Autoscaled && g.waker != nil && rt.Replicas < rt.MaxReplicas:
+				// Every replica is busy: the queue asks the autoscaler for one more, as
+				// a held request does. A failed write is logged and counted; the request
+				// keeps its place.
+				woke = true
+				if rel, err := g.waker.hold(ctx, rt); err == nil {
+					unhold = rel
+				}
+			}
+			if last != nil && !waitable && allExcluded(rt, t) {
+				last.writeThrough(w)
+				observeHold()
+				return outcome{status: last.status, reason: "upstream_unavailable"}
+			}
+			if heldSince.IsZero() && len(rt.Backends) == 0 {
+				heldSince = time.Now()
+			}
+			if deadline == nil {
+				deadline = time.NewTimer(time.Until(start.Add(g.opts.ColdStartTimeout)))
+			}
+			var retry <-chan time.Time
+			var bt *time.Timer
+			if len(t.excluded) > 0 {
+				bt = time.NewTimer(backoff)
+				retry = bt.C
+			}
+			select {
+			case be = <-t.granted:
+				stopTimer(bt)
+			case <-ctx.Done():
+				stopTimer(bt)
+				observeHold()
+				return outcome{status: statusClientGone, reason: "client_gone"}
+			case <-deadline.C:
+				stopTimer(bt)
+				observeHold()
+				e := g.holdTimeout(rt, last, t)
 				e.write(w)
 				return outcome{status: e.Status, reason: e.reason}
+			case <-tbl.Changed():
+				stopTimer(bt)
+				continue
+			case <-retry:
+				g.adm.forgive(rt, t)
+				waitable = false
+				backoff = min(2*backoff, maxBackoff)
+				continue
 			}
-			release = rel
 		}
-		if last != nil && len(excluded) > 0 && !waitable {
-			last.writeThrough(w)
+		if unhold != nil {
+			unhold()
+			unhold = nil
+		}
+		res := g.attempt(ctx, w, r, model, be, body, start)
+		g.adm.release(model, be.Key)
+		if res.failure == nil {
 			observeHold()
-			return outcome{status: last.status, reason: "upstream_unavailable"}
+			return res
 		}
-		if heldSince.IsZero() {
-			heldSince = time.Now()
-		}
-		if deadline == nil {
-			deadline = time.NewTimer(time.Until(start.Add(g.opts.ColdStartTimeout)))
-		}
-		var retry <-chan time.Time
-		var bt *time.Timer
-		if len(excluded) > 0 {
-			bt = time.NewTimer(backoff)
-			retry = bt.C
-		}
-		select {
-		case <-ctx.Done():
-			stopTimer(bt)
-			observeHold()
-			return outcome{status: statusClientGone, reason: "client_gone"}
-		case <-deadline.C:
-			stopTimer(bt)
-			observeHold()
-			e := g.holdTimeout(rt, last)
-			e.write(w)
-			return outcome{status: e.Status, reason: e.reason}
-		case <-tbl.Changed():
-			stopTimer(bt)
-		case <-retry:
-			clear(excluded)
-			waitable = false
-			backoff = min(2*backoff, maxBackoff)
+		last = res.failure
+		g.adm.exclude(t, be.Key)
+		waitable = waitable || !last.final()
+		g.metrics.retries.WithLabelValues(model, last.reason).Inc()
+		g.log.V(1).Info("Attempt failed before the first byte; trying another replica", "model", model,
+			"replica", be.Key, "endpoint", be.Endpoint, "reason", last.reason, "status", last.status, "err", last.err)
+	}
+}
+
+// allExcluded: every replica of rt failed t since its exclusions were last cleared.
+func allExcluded(rt *Route, t *ticket) bool {
+	if len(t.excluded) == 0 {
+		return false
+	}
+	for _, be := range rt.Backends {
+		if !t.excluded[be.Key] {
+			return false
 		}
 	}
+	return true
 }
 
 func stopTimer(t *time.Timer) {
@@ -246,8 +280,18 @@ func stopTimer(t *time.Timer) {
 	}
 }
 
-// holdTimeout is the 503 of a request that found no replica to serve it in time.
-func (g *Gateway) holdTimeout(rt *Route, last *failure) *apiError {
+// holdTimeout is the 503 of a request that found no replica to serve it in time: none
+// was routable, or every one stayed busy with the requests before it.
+func (g *Gateway) holdTimeout(rt *Route, last *failure, t *ticket) *apiError {
+	if len(rt.Backends) > 0 && last == nil {
+		n, retry := g.adm.waiting(t.model)
+		g.metrics.queueRejected.WithLabelValues(t.model, t.priority.String(), "queue_timeout").Inc()
+		return &apiError{Status: http.StatusServiceUnavailable, Type: typeUnavailable, Code: codeQueueTimeout,
+			Message: fmt.Sprintf("every replica of deployment %s stayed busy for %v; %d requests still wait for it "+
+				"(raise spec.replicas or spec.autoscaling.maxReplicas, or send fewer requests at once)",
+				rt.ID(), g.opts.ColdStartTimeout, n),
+			RetryAfter: retry, reason: "queue_timeout"}
+	}
 	msg := fmt.Sprintf("no replica of deployment %s became ready within %v", rt.ID(), g.opts.ColdStartTimeout)
 	switch {
 	case last != nil:

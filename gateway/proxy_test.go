@@ -528,7 +528,8 @@ func TestLeastOutstandingSpreads(t *testing.T) {
 		okJSON(w, r)
 	}
 	ups := []*upstream{newUpstream(t, h), newUpstream(t, h), newUpstream(t, h)}
-	g := newTestGateway(t, Options{})
+	// Room for three per replica (one slot each): all nine reach a replica at once.
+	g := newTestGateway(t, Options{MaxInFlightPerSlot: 3})
 	g.serveReplicas(ups[0].host(), ups[1].host(), ups[2].host())
 	var wg sync.WaitGroup
 	for range 9 {

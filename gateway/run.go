@@ -28,6 +28,7 @@ import (
 
 	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/console"
+	"github.com/macfleet/macfleet/fairqueue"
 	"github.com/macfleet/macfleet/internal/informers"
 	"github.com/macfleet/macfleet/internal/mgrhttp"
 )
@@ -64,7 +65,10 @@ type Config struct {
 	// APIKeysFile holds the client API keys; empty means no client auth.
 	APIKeysFile      string
 	ColdStartTimeout time.Duration
-	PrefixAffinity   bool
+	// MaxInFlightPerSlot and Queue: see Options.
+	MaxInFlightPerSlot int
+	Queue              fairqueue.Limits
+	PrefixAffinity     bool
 	// DisableConsole turns off the web console at /ui (see package console).
 	DisableConsole bool
 	// FilePoll is how often the two files are checked for changes (DefaultFilePoll).
@@ -95,7 +99,7 @@ func Scheme() (*runtime.Scheme, error) {
 func Run(ctx context.Context, cfg Config) error {
 	log := ctrl.LoggerFrom(ctx).WithName("gateway")
 	opts := Options{ColdStartTimeout: cfg.ColdStartTimeout, PrefixAffinity: cfg.PrefixAffinity,
-		Registerer: cfg.Registerer, Log: log}
+		MaxInFlightPerSlot: cfg.MaxInFlightPerSlot, Queue: cfg.Queue, Registerer: cfg.Registerer, Log: log}
 	if opts.Registerer == nil {
 		opts.Registerer = ctrlmetrics.Registry
 	}
@@ -119,7 +123,7 @@ func Run(ctx context.Context, cfg Config) error {
 		if err != nil {
 			return fmt.Errorf("the API keys: %w", err)
 		}
-		opts.Authorize = kf.Allows
+		opts.Authorize, opts.KeyPriority = kf.Allows, kf.Priority
 		watchers = append(watchers, func(ctx context.Context) { kf.Watch(ctx, poll, log) })
 	}
 	scheme, err := Scheme()
@@ -192,7 +196,8 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	log.Info("Starting gateway", "listen", ln.Addr().String(), "coldStartTimeout", opts.ColdStartTimeout,
-		"prefixAffinity", cfg.PrefixAffinity, "apiKeys", cfg.APIKeysFile != "", "console", !cfg.DisableConsole)
+		"prefixAffinity", cfg.PrefixAffinity, "apiKeys", cfg.APIKeysFile != "", "console", !cfg.DisableConsole,
+		"maxInFlightPerSlot", cfg.MaxInFlightPerSlot, "queue", cfg.Queue.WithDefaults())
 	return mgr.Start(ctx)
 }
 

@@ -21,6 +21,9 @@ type Backend struct {
 	Key string
 	// Endpoint is the host:port of the agent serving it.
 	Endpoint string
+	// Slots is its engine's sequence slots (engine.parallel, at least 1): how many
+	// requests it generates at once.
+	Slots int
 }
 
 // Route is one ModelDeployment as the gateway sees it.
@@ -44,6 +47,9 @@ type Route struct {
 	Autoscaled, ScaledToZero bool
 	// WakeRequested is the time in its AnnotationWakeRequested, zero when none.
 	WakeRequested time.Time
+	// MaxReplicas is spec.autoscaling.maxReplicas (0 when not autoscaled): requests
+	// queued because every replica is busy wake the autoscaler only below it.
+	MaxReplicas int
 
 	// ring is built on the first prefix-affinity pick (most tables never need one).
 	ringOnce sync.Once
@@ -64,6 +70,7 @@ func (r *Route) ID() string { return r.Namespace + "/" + r.Deployment }
 // change; Changed is closed then, waking requests held for a cold start.
 type Table struct {
 	routes    []*Route
+	byID      map[string]*Route
 	bare      map[string][]*Route
 	qualified map[string][]*Route
 	changed   chan struct{}
@@ -71,7 +78,8 @@ type Table struct {
 
 // emptyTable is served before the informers have synced.
 func emptyTable() *Table {
-	return &Table{bare: map[string][]*Route{}, qualified: map[string][]*Route{}, changed: make(chan struct{})}
+	return &Table{byID: map[string]*Route{}, bare: map[string][]*Route{}, qualified: map[string][]*Route{},
+		changed: make(chan struct{})}
 }
 
 // Changed is closed when a newer table replaces this one.
@@ -92,7 +100,7 @@ func BuildTable(deployments []mfv1.ModelDeployment, replicas []mfv1.ModelReplica
 	for i := range nodes {
 		nodeReady[nodes[i].Name] = meta.IsStatusConditionTrue(nodes[i].Status.Conditions, mfv1.MacNodeReady)
 	}
-	byID := make(map[string]*Route, len(deployments))
+	byID := t.byID
 	for i := range deployments {
 		d := &deployments[i]
 		if d.DeletionTimestamp != nil {
@@ -109,7 +117,9 @@ func BuildTable(deployments []mfv1.ModelDeployment, replicas []mfv1.ModelReplica
 			}
 		}
 		rt.Unavailable = unavailable(d)
-		rt.Autoscaled = d.Spec.Autoscaling != nil
+		if as := d.Spec.Autoscaling; as != nil {
+			rt.Autoscaled, rt.MaxReplicas = true, int(as.MaxReplicas)
+		}
 		rt.ScaledToZero = d.Spec.Replicas != nil && *d.Spec.Replicas == 0
 		if v, ok := d.Annotations[mfv1.AnnotationWakeRequested]; ok {
 			rt.WakeRequested, _ = time.Parse(time.RFC3339Nano, v)
@@ -126,7 +136,8 @@ func BuildTable(deployments []mfv1.ModelDeployment, replicas []mfv1.ModelReplica
 		rt.Replicas++
 		if meta.IsStatusConditionTrue(r.Status.Conditions, mfv1.ReplicaReady) && r.Status.Endpoint != "" &&
 			r.Spec.NodeName != "" && nodeReady[r.Spec.NodeName] {
-			rt.Backends = append(rt.Backends, Backend{Key: r.Namespace + "/" + r.Name, Endpoint: r.Status.Endpoint})
+			rt.Backends = append(rt.Backends, Backend{Key: r.Namespace + "/" + r.Name, Endpoint: r.Status.Endpoint,
+				Slots: max(int(r.Spec.Template.Engine.Parallel), 1)})
 		}
 	}
 	slices.SortFunc(t.routes, func(a, b *Route) int { return strings.Compare(a.ID(), b.ID()) })
@@ -154,6 +165,9 @@ func unavailable(d *mfv1.ModelDeployment) string {
 	}
 	return ""
 }
+
+// Route is the deployment "<namespace>/<name>" (a Route's ID), or nil.
+func (t *Table) Route(id string) *Route { return t.byID[id] }
 
 // Resolve finds the deployment a request's model names: "<namespace>/<name>" first
 // (it always works), then the bare served name or alias. A bare name served in
@@ -208,14 +222,17 @@ func routingKey(obj any) string {
 		b.WriteString(o.Name + "\x00")
 		cond(o.Status.Conditions, mfv1.MacNodeReady)
 	case *mfv1.ModelReplica:
-		fmt.Fprintf(&b, "%s\x00%s\x00%s\x00%s\x00%v\x00", o.Namespace, o.Name, o.Labels[mfv1.LabelDeployment],
-			o.Spec.NodeName, o.DeletionTimestamp != nil)
+		fmt.Fprintf(&b, "%s\x00%s\x00%s\x00%s\x00%v\x00%d\x00", o.Namespace, o.Name, o.Labels[mfv1.LabelDeployment],
+			o.Spec.NodeName, o.DeletionTimestamp != nil, o.Spec.Template.Engine.Parallel)
 		b.WriteString(o.Status.Endpoint + "\x00")
 		cond(o.Status.Conditions, mfv1.ReplicaReady)
 	case *mfv1.ModelDeployment:
 		fmt.Fprintf(&b, "%s\x00%s\x00%s\x00%q\x00%v\x00%d\x00%v\x00%v\x00%s\x00", o.Namespace, o.Name, o.Spec.Model.ServedName,
 			o.Spec.Model.Aliases, o.Spec.Replicas == nil, ptrValue(o.Spec.Replicas), o.DeletionTimestamp != nil,
 			o.Spec.Autoscaling != nil, o.Annotations[mfv1.AnnotationWakeRequested])
+		if o.Spec.Autoscaling != nil {
+			fmt.Fprintf(&b, "%d\x00", o.Spec.Autoscaling.MaxReplicas)
+		}
 		cond(o.Status.Conditions, mfv1.DeploymentScheduled)
 	default:
 		return fmt.Sprintf("%T %p", obj, obj) // unknown: always rebuild

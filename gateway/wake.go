@@ -156,7 +156,7 @@ func (w *waker) renewLoop(id string, st *wakeState) {
 		}
 		w.mu.Unlock()
 		var seen time.Time
-		if rt, err := w.table().Resolve(id); err == nil {
+		if rt := w.table().Route(id); rt != nil {
 			seen = rt.WakeRequested
 		}
 		// A failed renewal is logged and counted; the held requests keep waiting until

@@ -58,9 +58,22 @@ type answer struct {
 }
 
 func postAsync(t *testing.T, url string) <-chan answer {
+	return sendAsync(t, url, "/v1/chat/completions", chatBody)
+}
+
+// sendAsync posts body to url+path with the headers (name, value, …) and delivers
+// the answer on the channel.
+func sendAsync(t *testing.T, url, path, body string, hdr ...string) <-chan answer {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, url+path, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
 	done := make(chan answer, 1)
 	go func() {
-		req, _ := http.NewRequest(http.MethodPost, url+"/v1/chat/completions", strings.NewReader(chatBody))
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			done <- answer{body: err.Error()}

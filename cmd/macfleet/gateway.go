@@ -7,6 +7,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
+	"github.com/macfleet/macfleet/fairqueue"
 	"github.com/macfleet/macfleet/gateway"
 )
 
@@ -27,7 +28,8 @@ func newGatewayCmd() *cobra.Command {
 "model" (a deployment's served name or alias, or "<namespace>/<name>") to a Ready
 replica on a Ready Mac, balancing by least outstanding requests (optionally with
 prefix affinity), retries another replica on a connect error, 503 or 507 before the
-first byte, holds requests while an OnDemand model cold-starts or an autoscaled
+first byte, queues requests fairly (per API key, interactive before batch) when every
+replica is busy and answers 429 when the queue is full, holds requests while an OnDemand model cold-starts or an autoscaled
 deployment is woken from zero replicas (see docs/autoscaling.md), and streams responses
 through unbuffered. GET /v1/models lists the deployments. The web console at /ui shows the Macs, the
 models, the recent unloads and a chat playground (see docs/console.md).`,
@@ -48,9 +50,16 @@ models, the recent unloads and a chat playground (see docs/console.md).`,
 	f.StringVar(&cfg.MetricsAddr, "metrics-bind-address", ":9090", `Address of the Prometheus /metrics endpoint; "0" disables it`)
 	f.StringVar(&cfg.ProbeAddr, "health-probe-bind-address", ":8081", `Address of /healthz and /readyz; "0" disables them`)
 	f.StringVar(&cfg.FleetTokenFile, "fleet-token-file", "", "File holding the fleet token presented to agents (re-read when it changes)")
-	f.StringVar(&cfg.APIKeysFile, "api-keys-file", "", "File of client API keys, one per line (re-read when it changes); empty: no client auth")
+	f.StringVar(&cfg.APIKeysFile, "api-keys-file", "", "File of client API keys, one per line, optionally followed by priority=batch (re-read when it changes); empty: no client auth")
 	f.DurationVar(&cfg.ColdStartTimeout, "cold-start-timeout", gateway.DefaultColdStartTimeout,
 		"How long a request waits for a routable replica (an OnDemand model loading, an autoscaled deployment woken from zero) before a 503")
+	f.IntVar(&cfg.MaxInFlightPerSlot, "max-inflight-per-slot", gateway.DefaultMaxInFlightPerSlot,
+		"Requests sent to a replica at once per sequence slot of its engine (engine.parallel); more wait in the deployment's fair queue. "+
+			"Negative: no limit and no queue (requests wait in the runners' own FIFO)")
+	f.IntVar(&cfg.Queue.MaxQueued, "max-queue", fairqueue.DefaultMaxQueued,
+		"Requests that may wait in one deployment's fair queue; more get a 429 with Retry-After")
+	f.IntVar(&cfg.Queue.MaxPerFlow, "max-queue-per-key", 0,
+		"Requests one client (API key, or address without keys) may have waiting in one deployment's queue; 0: a quarter of --max-queue")
 	f.BoolVar(&cfg.DisableConsole, "disable-console", false,
 		"Do not serve the web console at /ui (it uses the same API keys as the API)")
 	f.BoolVar(&cfg.PrefixAffinity, "prefix-affinity", false,

@@ -1,0 +1,265 @@
+package gateway
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/macfleet/macfleet/fairqueue"
+)
+
+// HeaderPriority is the request header that asks for a priority class: interactive
+// (the default) or batch. A key's own class (see KeysFile) caps it.
+const HeaderPriority = "X-Macfleet-Priority"
+
+// DefaultMaxInFlightPerSlot is how many requests the gateway sends to a replica at
+// once per sequence slot of its engine: one, so a replica generates for every slot and
+// what is more waits in the gateway's fair queue rather than in the runner's FIFO.
+const DefaultMaxInFlightPerSlot = 1
+
+// admission hands each deployment's free replica capacity to its requests. A request
+// goes straight to a replica when one has room (fewer of this gateway's requests on
+// it than MaxInFlightPerSlot × its slots) and nobody waits before it; otherwise it
+// waits in the deployment's fair queue (package fairqueue: per-client round robin,
+// interactive before batch) until the balancer finds it a replica with room, which
+// happens when a request ends, the table changes (a replica comes or goes) or its
+// exclusions are cleared. A full queue turns requests away with a 429.
+//
+// Lock order: admission.mu, then the balancer's.
+type admission struct {
+	perSlot  int
+	limits   fairqueue.Limits
+	affinity bool
+	bal      *balancer
+	table    func() *Table
+	m        *metrics
+	now      func() time.Time
+
+	mu     sync.Mutex
+	queues map[string]*modelQueue
+}
+
+// modelQueue is one deployment's waiting requests and how fast they leave.
+type modelQueue struct {
+	q    *fairqueue.Queue[*ticket]
+	rate fairqueue.Rate
+}
+
+// ticket is one request's place in admission.
+type ticket struct {
+	model    string
+	flow     string
+	priority fairqueue.Priority
+	h        uint64
+	// excluded are the replicas that failed this request; the dispatcher reads it
+	// while the ticket waits, so it changes under admission.mu only.
+	excluded map[string]bool
+	// entry is its place in the queue while it waits, nil otherwise.
+	entry *fairqueue.Entry[*ticket]
+	// granted receives the replica found for it while it waited (buffered: the
+	// dispatcher never blocks).
+	granted chan Backend
+	// waited: it has been queued at least once.
+	waited bool
+}
+
+func newAdmission(opts Options, bal *balancer, table func() *Table, m *metrics) *admission {
+	return &admission{perSlot: opts.MaxInFlightPerSlot, limits: opts.Queue.WithDefaults(), affinity: opts.PrefixAffinity,
+		bal: bal, table: table, m: m, now: time.Now, queues: map[string]*modelQueue{}}
+}
+
+func (a *admission) newTicket(model, flow string, p fairqueue.Priority, h uint64) *ticket {
+	return &ticket{model: model, flow: flow, priority: p, h: h, granted: make(chan Backend, 1)}
+}
+
+func (a *admission) queue(model string) *modelQueue {
+	mq := a.queues[model]
+	if mq == nil {
+		mq = &modelQueue{q: fairqueue.New[*ticket](a.limits)}
+		a.queues[model] = mq
+	}
+	return mq
+}
+
+// acquire returns a replica of rt for t at once when one has room and no request
+// waits before it. Otherwise t waits in the queue (it is queued if it was not) and
+// the caller waits for t.granted; a full queue is the 429 returned.
+func (a *admission) acquire(rt *Route, t *ticket) (Backend, bool, *apiError) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	mq := a.queue(t.model)
+	if t.entry == nil {
+		if mq.q.Len() == 0 {
+			if be, ok := a.bal.pick(rt, t.excluded, a.affinity, t.h, a.perSlot); ok {
+				return be, true, nil
+			}
+		}
+		now := a.now()
+		e, err := mq.q.Push(t.flow, t.priority, t, now)
+		if err != nil {
+			return Backend{}, false, a.rejectFull(rt, mq, t, err, now)
+		}
+		t.entry, t.waited = e, true
+		a.m.queueDepth.WithLabelValues(t.model, t.priority.String()).Inc()
+	}
+	a.dispatchLocked(rt, mq)
+	return Backend{}, false, nil
+}
+
+// dispatchLocked grants rt's room to waiting tickets, in the queue's order, until no
+// waiting ticket can be placed.
+func (a *admission) dispatchLocked(rt *Route, mq *modelQueue) {
+	for mq.q.Len() > 0 {
+		var be Backend
+		e, ok := mq.q.Pop(func(t *ticket) bool {
+			b, ok := a.bal.pick(rt, t.excluded, a.affinity, t.h, a.perSlot)
+			be = b
+			return ok
+		})
+		if !ok {
+			return
+		}
+		now := a.now()
+		mq.rate.Observe(now)
+		t := e.Value
+		t.entry = nil
+		a.dequeued(e, now)
+		t.granted <- be
+	}
+}
+
+// dequeued records that e left the queue.
+func (a *admission) dequeued(e *fairqueue.Entry[*ticket], now time.Time) {
+	model, p := e.Value.model, e.Priority.String()
+	a.m.queueDepth.WithLabelValues(model, p).Dec()
+	a.m.queueWait.WithLabelValues(model, p).Observe(now.Sub(e.Since).Seconds())
+}
+
+// release ends a request's use of a replica and hands the room to a waiting one.
+func (a *admission) release(model, key string) {
+	a.bal.release(key)
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if mq := a.queues[model]; mq != nil && mq.q.Len() > 0 {
+		if rt := a.table().Route(model); rt != nil {
+			a.dispatchLocked(rt, mq)
+		}
+	}
+}
+
+// leave ends t's part in admission when its request stops waiting: out of the queue,
+// and a replica granted to it but not used goes to the next one.
+func (a *admission) leave(t *ticket) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	mq := a.queues[t.model]
+	if t.entry != nil {
+		if mq.q.Remove(t.entry) {
+			a.dequeued(t.entry, a.now())
+		}
+		t.entry = nil
+		return
+	}
+	select {
+	case be := <-t.granted:
+		a.bal.release(be.Key)
+		if rt := a.table().Route(t.model); rt != nil && mq != nil {
+			a.dispatchLocked(rt, mq)
+		}
+	default:
+	}
+}
+
+// exclude keeps t off a replica that failed it (t is not waiting then).
+func (a *admission) exclude(t *ticket, key string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if t.excluded == nil {
+		t.excluded = map[string]bool{}
+	}
+	t.excluded[key] = true
+}
+
+// forgive lets t try every replica again (after a backoff) and places it if one has
+// room.
+func (a *admission) forgive(rt *Route, t *ticket) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	clear(t.excluded)
+	if mq := a.queues[t.model]; mq != nil {
+		a.dispatchLocked(rt, mq)
+	}
+}
+
+// tableChanged places waiting requests on what the new table offers, and forgets the
+// queues of deployments that are gone.
+func (a *admission) tableChanged(t *Table) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for id, mq := range a.queues {
+		rt := t.Route(id)
+		switch {
+		case rt == nil && mq.q.Len() == 0:
+			delete(a.queues, id)
+		case rt != nil:
+			a.dispatchLocked(rt, mq)
+		}
+	}
+}
+
+// waiting is how many requests wait for model, and the estimate of how long a new
+// one would wait.
+func (a *admission) waiting(model string) (int, time.Duration) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	mq := a.queues[model]
+	if mq == nil {
+		return 0, 0
+	}
+	now := a.now()
+	return mq.q.Len(), fairqueue.RetryAfter(mq.q.Len(), mq.rate.PerSecond(now), coldRetryAfter)
+}
+
+// rejectFull is the 429 of a request the queue has no room for, with the time the
+// requests waiting now would take to leave it at the rate they have been leaving.
+func (a *admission) rejectFull(rt *Route, mq *modelQueue, t *ticket, err error, now time.Time) *apiError {
+	retry := fairqueue.RetryAfter(mq.q.Len(), mq.rate.PerSecond(now), coldRetryAfter)
+	reason := "queue_full"
+	msg := fmt.Sprintf("deployment %s is overloaded: every replica is busy and %v; retry after %d s",
+		rt.ID(), err, int(retry.Seconds()))
+	if fe, ok := errors.AsType[*fairqueue.FullError](err); ok && fe.PerFlow {
+		reason = "queue_full_client"
+		msg = fmt.Sprintf("too many requests from this client wait for deployment %s: %v; retry after %d s, "+
+			"or send fewer at once", rt.ID(), err, int(retry.Seconds()))
+	}
+	a.m.queueRejected.WithLabelValues(t.model, t.priority.String(), reason).Inc()
+	return &apiError{Status: http.StatusTooManyRequests, Type: typeRateLimit, Code: codeQueueFull,
+		Message: msg, RetryAfter: retry, reason: reason}
+}
+
+// classify names the request's flow in the fair queue, its client (its API key when
+// the gateway has keys, else its address), and its priority: the HeaderPriority it
+// asks for, no higher than its key's.
+func (g *Gateway) classify(r *http.Request) (flow string, p fairqueue.Priority, aerr *apiError) {
+	if v := r.Header.Get(HeaderPriority); v != "" {
+		var err error
+		if p, err = fairqueue.ParsePriority(v); err != nil {
+			return "", 0, invalidRequest(codeInvalidValue, "", "bad_request", "the %s header: %v", HeaderPriority, err)
+		}
+	}
+	if g.opts.Authorize != nil {
+		key := clientKey(r)
+		if g.opts.KeyPriority != nil {
+			p = fairqueue.Lower(p, g.opts.KeyPriority(key))
+		}
+		return "key:" + key, p, nil
+	}
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		host = r.RemoteAddr
+	}
+	return "addr:" + host, p, nil
+}

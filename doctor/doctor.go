@@ -52,6 +52,8 @@ type Options struct {
 	GOOS, GOARCH string
 	// Log receives the engine pool's log; the zero logger discards it.
 	Log logr.Logger
+	// Version is the macfleet version, printed in the report's first line.
+	Version string
 }
 
 // Check is the verdict on one figure or step.
@@ -76,6 +78,7 @@ func (c Check) failing() bool { return c == CheckMismatch || c == CheckFailed }
 // Report is everything doctor measured and decided.
 type Report struct {
 	Time     time.Time     `json:"time"`
+	Version  string        `json:"version,omitempty"`
 	OS       string        `json:"os"`
 	Arch     string        `json:"arch"`
 	Gauge    string        `json:"gauge"`
@@ -145,7 +148,7 @@ func Run(ctx context.Context, opts Options) (Report, error) {
 	if opts.SelfTestTimeout <= 0 {
 		opts.SelfTestTimeout = DefaultSelfTestTimeout
 	}
-	rep := Report{Time: time.Now(), OS: opts.GOOS, Arch: opts.GOARCH}
+	rep := Report{Time: time.Now(), Version: opts.Version, OS: opts.GOOS, Arch: opts.GOARCH}
 	g := opts.Gauge
 	if g == nil {
 		var err error

@@ -14,7 +14,7 @@ func (r Report) Write(w io.Writer) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	p := func(format string, args ...any) { fmt.Fprintf(tw, format, args...) }
 
-	p("macfleet doctor\t%s\t%s/%s\tgauge %s\n", r.Time.UTC().Format(time.RFC3339), r.OS, r.Arch, r.Gauge)
+	p("macfleet doctor\t%s\t%s\t%s/%s\tgauge %s\n", orDash(r.Version), r.Time.UTC().Format(time.RFC3339), r.OS, r.Arch, r.Gauge)
 
 	p("\n== machine\n")
 	if r.HardwareError != "" {

@@ -54,6 +54,7 @@ func newDoctorCommand() *cobra.Command {
 				}
 				*f.dst = int64(v)
 			}
+			opts.Version = agentVersion()
 			opts.Log = logr.Discard()
 			if verbosity > 0 {
 				opts.Log = newLogger(verbosity)

@@ -271,25 +271,25 @@ func processTolerance(v int64) int64 { return max(32<<20, v/10) }
 // compare sets the agent's figure beside the OS's: exact (tolerance 0), within a
 // tolerance, or only shown (tolerance noCheck). An agent figure that failed fails the
 // row; an OS figure that failed leaves it unchecked.
-func compare(what string, agent figure, os figure, osSource string, tolerance int64, note string) Row {
+func compare(what string, agent, ref figure, osSource string, tolerance int64, note string) Row {
 	r := Row{What: what, OSSource: osSource, Note: note}
 	if agent.err != nil {
 		r.Agent, r.Check, r.Note = "error", CheckFailed, agent.err.Error()
 	} else {
 		r.Agent, r.AgentBytes = formatSize(agent.bytes), agent.bytes
 	}
-	if os.err != nil {
+	if ref.err != nil {
 		r.OS = "error"
 		if r.Check == "" {
-			r.Check, r.Note = CheckUnavailable, os.err.Error()
+			r.Check, r.Note = CheckUnavailable, ref.err.Error()
 		}
 		return r
 	}
-	r.OS, r.OSBytes = formatSize(os.bytes), os.bytes
+	r.OS, r.OSBytes = formatSize(ref.bytes), ref.bytes
 	if r.Check != "" {
 		return r
 	}
-	diff := agent.bytes - os.bytes
+	diff := agent.bytes - ref.bytes
 	switch {
 	case tolerance == noCheck:
 		r.Check = CheckInfo

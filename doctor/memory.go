@@ -132,24 +132,24 @@ func processRow(ctx context.Context, goos string, g metal.Gauge, t Tools, pid in
 	switch goos {
 	case "linux":
 		src := fmt.Sprintf("/proc/%d/status VmRSS", pid)
-		var os figure
+		var ref figure
 		if b, err := t.ReadFile(fmt.Sprintf("/proc/%d/status", pid)); err != nil {
-			os.err = err
+			ref.err = err
 		} else {
-			os.bytes, os.err = procStatusRSS(b)
+			ref.bytes, ref.err = procStatusRSS(b)
 		}
-		return compare(what, agent, os, src, processTolerance(fp), "")
+		return compare(what, agent, ref, src, processTolerance(fp), "")
 	case "darwin":
 		ctx, cancel := context.WithTimeout(ctx, osToolTimeout)
 		defer cancel()
-		var os figure
+		var ref figure
 		if b, err := t.Output(ctx, "ps", "-o", "rss=", "-p", strconv.Itoa(pid)); err != nil {
-			os.err = err
+			ref.err = err
 		} else {
-			os.bytes, os.err = parseInt(b)
-			os.bytes <<= 10 // ps reports KiB
+			ref.bytes, ref.err = parseInt(b)
+			ref.bytes <<= 10 // ps reports KiB
 		}
-		return compare(what, agent, os, "ps -o rss", noCheck, "phys_footprint also counts Metal buffers and compressed memory")
+		return compare(what, agent, ref, "ps -o rss", noCheck, "phys_footprint also counts Metal buffers and compressed memory")
 	}
 	return compare(what, agent, figure{err: fmt.Errorf("no OS tool on %s", goos)}, "-", noCheck, "")
 }

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -31,7 +32,7 @@ func (SystemTools) ReadFile(name string) ([]byte, error) { return os.ReadFile(na
 // the first line of its standard error.
 func (SystemTools) Output(ctx context.Context, name string, args ...string) ([]byte, error) {
 	out, err := exec.CommandContext(ctx, name, args...).Output()
-	if ee, ok := err.(*exec.ExitError); ok && len(ee.Stderr) > 0 {
+	if ee := (*exec.ExitError)(nil); errors.As(err, &ee) && len(ee.Stderr) > 0 {
 		line, _, _ := strings.Cut(strings.TrimSpace(string(ee.Stderr)), "\n")
 		return out, fmt.Errorf("%s: %w: %s", name, err, line)
 	}

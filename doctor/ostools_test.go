@@ -166,3 +166,17 @@ func (f fakeTools) Output(_ context.Context, name string, args ...string) ([]byt
 	}
 	return nil, fmt.Errorf("%s: %w", line, errors.ErrUnsupported)
 }
+
+func TestSystemTools(t *testing.T) {
+	out, err := SystemTools{}.Output(t.Context(), "sh", "-c", "echo 4096")
+	if v, perr := parseInt(out); err != nil || perr != nil || v != 4096 {
+		t.Errorf("Output = %q, %v", out, err)
+	}
+	_, err = SystemTools{}.Output(t.Context(), "sh", "-c", "echo 'unknown oid iogpu.wired_limit_mb' >&2; exit 1")
+	if err == nil || !strings.Contains(err.Error(), "unknown oid iogpu.wired_limit_mb") {
+		t.Errorf("a failing command's error does not carry its stderr: %v", err)
+	}
+	if _, err := (SystemTools{}).ReadFile(t.TempDir() + "/missing"); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("ReadFile of a missing file: %v", err)
+	}
+}

@@ -212,9 +212,8 @@ func loadAndGenerate(ctx context.Context, opts Options, g metal.Gauge, pool *met
 // complete asks the runner for a short greedy completion and returns the number of
 // generated tokens and the text.
 func complete(ctx context.Context, r metal.Runner) (int, string, error) {
-	temp, maxTokens := 0.0, selfTestTokens
 	body, err := json.Marshal(map[string]any{"model": selfTestModel, "prompt": selfTestPrompt,
-		"max_tokens": maxTokens, "temperature": temp})
+		"max_tokens": selfTestTokens, "temperature": 0})
 	if err != nil {
 		return 0, "", err
 	}

@@ -1,73 +1,80 @@
 package machstat
 
 import (
+	"reflect"
 	"testing"
-	"unsafe"
-
-	"github.com/google/go-cmp/cmp"
 )
 
-// The offsets below are the C offsets of the SDK structs (see the comments on the
-// types); a mismatch would make the gauge read the wrong counters on a Mac.
-func TestVMStatistics64Layout(t *testing.T) {
-	var v VMStatistics64
-	got := map[string]uintptr{
-		"free_count":                             unsafe.Offsetof(v.FreeCount),
-		"active_count":                           unsafe.Offsetof(v.ActiveCount),
-		"inactive_count":                         unsafe.Offsetof(v.InactiveCount),
-		"wire_count":                             unsafe.Offsetof(v.WireCount),
-		"zero_fill_count":                        unsafe.Offsetof(v.ZeroFillCount),
-		"purges":                                 unsafe.Offsetof(v.Purges),
-		"purgeable_count":                        unsafe.Offsetof(v.PurgeableCount),
-		"speculative_count":                      unsafe.Offsetof(v.SpeculativeCnt),
-		"decompressions":                         unsafe.Offsetof(v.Decompressions),
-		"swapouts":                               unsafe.Offsetof(v.Swapouts),
-		"compressor_page_count":                  unsafe.Offsetof(v.CompressorPages),
-		"throttled_count":                        unsafe.Offsetof(v.ThrottledCount),
-		"external_page_count":                    unsafe.Offsetof(v.ExternalPages),
-		"internal_page_count":                    unsafe.Offsetof(v.InternalPages),
-		"total_uncompressed_pages_in_compressor": unsafe.Offsetof(v.TotalUncompressedPagesInCompressor),
-		"sizeof":                                 unsafe.Sizeof(v),
+// cField is one member of a C struct as an SDK header declares it: its name, and
+// its offset and size on the 64-bit darwin targets (arm64, amd64).
+type cField struct {
+	name      string
+	off, size uintptr
+}
+
+// checkLayout compares the Go mirror typ with the C struct, member by member in
+// declaration order, and its total size: a member missing, added, moved or resized
+// in the mirror would make the gauge read the wrong counters on a Mac.
+func checkLayout(t *testing.T, typ reflect.Type, want []cField, sizeof uintptr) {
+	t.Helper()
+	if typ.NumField() != len(want) {
+		t.Errorf("%s has %d fields, the C struct %d members", typ, typ.NumField(), len(want))
 	}
-	want := map[string]uintptr{
-		"free_count": 0, "active_count": 4, "inactive_count": 8, "wire_count": 12,
-		"zero_fill_count": 16, "purges": 80, "purgeable_count": 88, "speculative_count": 92,
-		"decompressions": 96, "swapouts": 120, "compressor_page_count": 128,
-		"throttled_count": 132, "external_page_count": 136, "internal_page_count": 140,
-		"total_uncompressed_pages_in_compressor": 144, "sizeof": 152,
+	for i := range min(typ.NumField(), len(want)) {
+		f, c := typ.Field(i), want[i]
+		if f.Offset != c.off || f.Type.Size() != c.size {
+			t.Errorf("%s.%s (C %s): offset %d size %d, want offset %d size %d",
+				typ, f.Name, c.name, f.Offset, f.Type.Size(), c.off, c.size)
+		}
 	}
-	if d := cmp.Diff(want, got); d != "" {
-		t.Errorf("vm_statistics64 layout (-C +Go):\n%s", d)
-	}
-	if HostVMInfo64Count*4 != unsafe.Sizeof(v) {
-		t.Errorf("HOST_VM_INFO64_COUNT = %d, want sizeof/4 = %d", HostVMInfo64Count, unsafe.Sizeof(v)/4)
+	if typ.Size() != sizeof {
+		t.Errorf("sizeof %s = %d, want %d", typ, typ.Size(), sizeof)
 	}
 }
 
+// TestVMStatistics64Layout pins VMStatistics64 to struct vm_statistics64 of the
+// macOS SDK's <mach/vm_statistics.h>: natural_t members are 4 bytes, uint64_t 8, and
+// the struct is __attribute__((aligned(8))), 152 bytes in all.
+func TestVMStatistics64Layout(t *testing.T) {
+	want := []cField{
+		{"free_count", 0, 4}, {"active_count", 4, 4}, {"inactive_count", 8, 4}, {"wire_count", 12, 4},
+		{"zero_fill_count", 16, 8}, {"reactivations", 24, 8}, {"pageins", 32, 8}, {"pageouts", 40, 8},
+		{"faults", 48, 8}, {"cow_faults", 56, 8}, {"lookups", 64, 8}, {"hits", 72, 8}, {"purges", 80, 8},
+		{"purgeable_count", 88, 4}, {"speculative_count", 92, 4},
+		{"decompressions", 96, 8}, {"compressions", 104, 8}, {"swapins", 112, 8}, {"swapouts", 120, 8},
+		{"compressor_page_count", 128, 4}, {"throttled_count", 132, 4},
+		{"external_page_count", 136, 4}, {"internal_page_count", 140, 4},
+		{"total_uncompressed_pages_in_compressor", 144, 8},
+	}
+	checkLayout(t, reflect.TypeFor[VMStatistics64](), want, 152)
+	// HOST_VM_INFO64_COUNT (<mach/host_info.h>) is sizeof(vm_statistics64_data_t) / sizeof(integer_t).
+	if HostVMInfo64Count != 152/4 {
+		t.Errorf("HOST_VM_INFO64_COUNT = %d, want %d", HostVMInfo64Count, 152/4)
+	}
+}
+
+// TestRusageInfoV4Layout pins RusageInfoV4 to struct rusage_info_v4 of the macOS
+// SDK's <sys/resource.h>: uint8_t ri_uuid[16] followed by 35 uint64_t members, 296
+// bytes in all. ri_phys_footprint at offset 72 is the figure the gauge reads.
 func TestRusageInfoV4Layout(t *testing.T) {
-	var r RusageInfoV4
-	got := map[string]uintptr{
-		"ri_user_time":                   unsafe.Offsetof(r.UserTime),
-		"ri_resident_size":               unsafe.Offsetof(r.ResidentSize),
-		"ri_phys_footprint":              unsafe.Offsetof(r.PhysFootprint),
-		"ri_child_elapsed_abstime":       unsafe.Offsetof(r.ChildElapsedAbstime),
-		"ri_diskio_bytesread":            unsafe.Offsetof(r.DiskioBytesread),
-		"ri_cpu_time_qos_default":        unsafe.Offsetof(r.CPUTimeQosDefault),
-		"ri_logical_writes":              unsafe.Offsetof(r.LogicalWrites),
-		"ri_lifetime_max_phys_footprint": unsafe.Offsetof(r.LifetimeMaxPhysFootprint),
-		"ri_interval_max_phys_footprint": unsafe.Offsetof(r.IntervalMaxPhysFootprint),
-		"ri_runnable_time":               unsafe.Offsetof(r.RunnableTime),
-		"sizeof":                         unsafe.Sizeof(r),
+	want := []cField{{"ri_uuid", 0, 16}}
+	for i, name := range []string{
+		"ri_user_time", "ri_system_time", "ri_pkg_idle_wkups", "ri_interrupt_wkups", "ri_pageins",
+		"ri_wired_size", "ri_resident_size", "ri_phys_footprint", "ri_proc_start_abstime",
+		"ri_proc_exit_abstime", "ri_child_user_time", "ri_child_system_time", "ri_child_pkg_idle_wkups",
+		"ri_child_interrupt_wkups", "ri_child_pageins", "ri_child_elapsed_abstime", "ri_diskio_bytesread",
+		"ri_diskio_byteswritten", "ri_cpu_time_qos_default", "ri_cpu_time_qos_maintenance",
+		"ri_cpu_time_qos_background", "ri_cpu_time_qos_utility", "ri_cpu_time_qos_legacy",
+		"ri_cpu_time_qos_user_initiated", "ri_cpu_time_qos_user_interactive", "ri_billed_system_time",
+		"ri_serviced_system_time", "ri_logical_writes", "ri_lifetime_max_phys_footprint", "ri_instructions",
+		"ri_cycles", "ri_billed_energy", "ri_serviced_energy", "ri_interval_max_phys_footprint",
+		"ri_runnable_time",
+	} {
+		want = append(want, cField{name, 16 + 8*uintptr(i), 8})
 	}
-	want := map[string]uintptr{
-		"ri_user_time": 16, "ri_resident_size": 64, "ri_phys_footprint": 72,
-		"ri_child_elapsed_abstime": 136, "ri_diskio_bytesread": 144,
-		"ri_cpu_time_qos_default": 160, "ri_logical_writes": 232,
-		"ri_lifetime_max_phys_footprint": 240, "ri_interval_max_phys_footprint": 280,
-		"ri_runnable_time": 288, "sizeof": 296,
-	}
-	if d := cmp.Diff(want, got); d != "" {
-		t.Errorf("rusage_info_v4 layout (-C +Go):\n%s", d)
+	checkLayout(t, reflect.TypeFor[RusageInfoV4](), want, 296)
+	if want[8].name != "ri_phys_footprint" || want[8].off != 72 {
+		t.Fatalf("the header table is off: %+v", want[8])
 	}
 }
 

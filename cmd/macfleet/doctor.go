@@ -1,0 +1,94 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/go-logr/logr"
+	"github.com/spf13/cobra"
+
+	"github.com/macfleet/macfleet/agent/config"
+	"github.com/macfleet/macfleet/doctor"
+)
+
+func init() { root.AddCommand(newDoctorCommand()) }
+
+// errDoctorFailed makes doctor exit non-zero after it has printed its report.
+var errDoctorFailed = fmt.Errorf("doctor found a problem: see the report above")
+
+func newDoctorCommand() *cobra.Command {
+	var (
+		opts             doctor.Options
+		ceiling, reserve string
+		asJSON           bool
+		verbosity        int
+	)
+	cmd := &cobra.Command{
+		Use:   "doctor [flags]",
+		Short: "Print what the node agent would measure and decide on this machine, and run a self-test",
+		Long: "Prints the chip and memory, the memory ceiling and which bound wins it, each memory gauge " +
+			"of the agent beside the operating system's own figures (macOS: sysctl, vm_stat, memory_pressure, ps; " +
+			"Linux: /proc), the runner binary and the backend it uses (Metal or CPU), and the result of a self-test " +
+			"that loads a synthesized model through the engine pool, generates from it and unloads it, with the " +
+			"bytes the unload freed. Run it first on a new Mac and paste its output into bug reports.\n\n" +
+			"Exits 1 when a figure cannot be measured or disagrees with the OS, when the runner is missing, " +
+			"or when the self-test fails.",
+		Example: "  macfleet doctor\n" +
+			"  macfleet doctor --runner bin/macfleet-runner --memory-ceiling 12Gi\n" +
+			"  macfleet doctor --json > doctor.json",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			for _, f := range []struct {
+				name, in string
+				dst      *int64
+			}{{"memory-ceiling", ceiling, &opts.CeilingBytes}, {"memory-reserve", reserve, &opts.ReserveBytes}} {
+				if f.in == "" {
+					continue
+				}
+				v, err := config.ParseSize(f.in)
+				if err != nil {
+					return fmt.Errorf("--%s: %w", f.name, err)
+				}
+				*f.dst = int64(v)
+			}
+			opts.Version = agentVersion()
+			opts.Log = logr.Discard()
+			if verbosity > 0 {
+				opts.Log = newLogger(verbosity)
+			}
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			rep, err := doctor.Run(ctx, opts)
+			if err != nil {
+				return err
+			}
+			out := cmd.OutOrStdout()
+			if asJSON {
+				enc := json.NewEncoder(out)
+				enc.SetIndent("", "  ")
+				err = enc.Encode(rep)
+			} else {
+				err = rep.Write(out)
+			}
+			if err != nil {
+				return err
+			}
+			if rep.Failed() {
+				return errDoctorFailed
+			}
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&opts.RunnerPath, "runner", "", "the macfleet-runner binary (default $MACFLEET_RUNNER, else next to macfleet, else on $PATH)")
+	f.StringVar(&ceiling, "memory-ceiling", "", "the agent's --memory-ceiling, e.g. 12Gi, to see the ceiling it would give")
+	f.StringVar(&reserve, "memory-reserve", "", "the agent's --memory-reserve (default 4Gi below 24Gi of RAM, else 6Gi)")
+	f.BoolVar(&opts.SkipSelfTest, "skip-self-test", false, "only measure: do not load, generate with and unload a synthesized model")
+	f.DurationVar(&opts.SelfTestTimeout, "self-test-timeout", doctor.DefaultSelfTestTimeout, "bound on the whole self-test")
+	f.BoolVar(&asJSON, "json", false, "print the report as JSON instead of a table")
+	f.IntVarP(&verbosity, "verbosity", "v", 0, "log the engine pool and the runner to stderr (1: runner output)")
+	return cmd
+}

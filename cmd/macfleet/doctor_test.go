@@ -1,0 +1,115 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"os"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/macfleet/macfleet/doctor"
+	"github.com/macfleet/macfleet/metal"
+)
+
+// doctorRunner returns $MACFLEET_RUNNER; without it the test is skipped, except in CI
+// (CI=true), where the Makefile always builds and names the runner.
+func doctorRunner(t *testing.T) string {
+	t.Helper()
+	rp := os.Getenv(metal.RunnerEnv)
+	switch {
+	case rp != "":
+		return rp
+	case os.Getenv("CI") == "true":
+		t.Fatal("MACFLEET_RUNNER is not set in CI: `make test` builds bin/macfleet-runner and exports it")
+	}
+	t.Skip("MACFLEET_RUNNER is not set: build the runner with `make runner` and export MACFLEET_RUNNER=$PWD/bin/macfleet-runner")
+	return ""
+}
+
+// runDoctor runs `macfleet doctor args...` in-process and returns its output.
+func runDoctor(t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	cmd := newDoctorCommand()
+	var out bytes.Buffer
+	cmd.SetOut(&out)
+	cmd.SetErr(&out)
+	cmd.SetArgs(args)
+	err := cmd.ExecuteContext(t.Context())
+	return out.String(), err
+}
+
+// TestDoctorCommand runs `macfleet doctor` with the real gauge of this machine and the
+// real runner: the table has every section, the gauges agree with /proc, and the
+// self-test loads, generates with and unloads a synthesized model through the pool.
+func TestDoctorCommand(t *testing.T) {
+	rp := doctorRunner(t)
+
+	text, err := runDoctor(t, "--runner", rp, "--memory-ceiling", "1Gi")
+	if err != nil {
+		t.Fatalf("doctor failed: %v\n%s", err, text)
+	}
+	for _, want := range []string{
+		"== machine", "== ceiling",
+		"== memory", "memory total", "memory used", "runner footprint (pid ", "== runner", "(--runner)",
+		"== self-test", "synth", "load", "generate", "unload", "Settled", "exit", "\nPASS\n",
+	} {
+		if !strings.Contains(text, want) {
+			t.Errorf("the report lacks %q:\n%s", want, text)
+		}
+	}
+
+	// 1 GiB is below the static ceiling (memory - 4 GiB) of any machine that runs the tests.
+	if !regexp.MustCompile(`\nconfigured +1\.0 GiB \(1073741824\) +<- wins`).MatchString(text) {
+		t.Errorf("the configured ceiling does not win:\n%s", text)
+	}
+
+	text, err = runDoctor(t, "--runner", rp, "--json")
+	if err != nil {
+		t.Fatalf("doctor --json failed: %v\n%s", err, text)
+	}
+	var rep doctor.Report
+	if err := json.Unmarshal([]byte(text), &rep); err != nil {
+		t.Fatalf("doctor --json printed no report: %v\n%s", err, text)
+	}
+	st := rep.SelfTest
+	if st == nil || !st.Passed || st.Unload == nil {
+		t.Fatalf("self-test: %+v", st)
+	}
+	var steps []string
+	for _, s := range st.Steps {
+		steps = append(steps, s.Name)
+	}
+	if got := strings.Join(steps, ","); got != "synth,load,generate,unload,exit" {
+		t.Errorf("steps %s", got)
+	}
+	if st.Unload.Outcome != metal.Settled || st.Unload.ResidentBytes <= 0 || st.Unload.FreedBytes < 0 {
+		t.Errorf("unload report %+v", st.Unload)
+	}
+	if rep.Runner.Backend == "" || rep.Runner.Engine == "" {
+		t.Errorf("runner report %+v", rep.Runner)
+	}
+	if rep.Hardware.UnifiedMemoryBytes <= 0 || rep.Ceiling.Bytes <= 0 {
+		t.Errorf("hardware %+v, ceiling %+v", rep.Hardware, rep.Ceiling)
+	}
+	for _, row := range rep.Memory {
+		if row.Check == doctor.CheckMismatch || row.Check == doctor.CheckFailed {
+			t.Errorf("memory row %+v", row)
+		}
+	}
+}
+
+// TestDoctorWithoutRunner: with no runner the table is still printed, the self-test
+// fails naming `make runner`, and the command fails.
+func TestDoctorWithoutRunner(t *testing.T) {
+	text, err := runDoctor(t, "--runner", t.TempDir()+"/macfleet-runner")
+	if !errors.Is(err, errDoctorFailed) {
+		t.Fatalf("err = %v, want errDoctorFailed\n%s", err, text)
+	}
+	for _, want := range []string{"== memory", "memory total", "binary  FAILED", "make runner", "== self-test", "\nFAIL  "} {
+		if !strings.Contains(text, want) {
+			t.Errorf("the report lacks %q:\n%s", want, text)
+		}
+	}
+}

@@ -1,0 +1,128 @@
+package doctor
+
+import (
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+)
+
+// Write prints the report as plain aligned text, one section per heading, ready to
+// paste into a bug report. The last line says PASS or FAIL.
+func (r Report) Write(w io.Writer) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	p := func(format string, args ...any) { fmt.Fprintf(tw, format, args...) }
+
+	p("macfleet doctor\t%s\t%s\t%s/%s\tgauge %s\n", orDash(r.Version), r.Time.UTC().Format(time.RFC3339), r.OS, r.Arch, r.Gauge)
+
+	p("\n== machine\n")
+	if r.HardwareError != "" {
+		p("hardware\tFAILED\t%s\n", r.HardwareError)
+	}
+	hw := r.Hardware
+	p("chip\t%s\n", orDash(hw.Chip))
+	p("cpu cores\t%s\n", countOrDash(hw.CPUCores))
+	p("gpu cores\t%s\n", countOrDash(hw.GPUCores))
+	p("memory\t%s\n", formatSize(hw.UnifiedMemoryBytes))
+	p("metal working set\t%s\n", sizeOrDash(hw.MetalWorkingSetBytes))
+	p("wired limit\t%s\n", sizeOrDash(hw.WiredLimitBytes))
+
+	p("\n== ceiling (what the agent would enforce)\n")
+	p("bound\tbytes\t\tnote\n")
+	for _, b := range r.Bounds {
+		wins := ""
+		if b.Wins {
+			wins = "<- wins"
+		}
+		p("%s\t%s\t%s\t%s\n", b.Name, sizeOrDash(b.Bytes), wins, b.Note)
+	}
+
+	p("\n== memory (agent gauge beside the OS's own tools)\n")
+	p("what\tagent\tos\tos source\tcheck\tnote\n")
+	for _, row := range r.Memory {
+		p("%s\t%s\t%s\t%s\t%s\t%s\n", row.What, row.Agent, row.OS, row.OSSource, row.Check, row.Note)
+	}
+
+	p("\n== runner\n")
+	rr := r.Runner
+	if rr.Path == "" {
+		p("binary\tFAILED\t%s\n", rr.Note)
+	} else {
+		p("binary\t%s\t(%s)\n", rr.Path, rr.Origin)
+		switch {
+		case rr.Check == "":
+			p("backend\t-\tknown after the self-test loads a model\n")
+		default:
+			p("backend\t%s\t%s\t%s\n", orDash(rr.Backend), rr.Check, rr.Note)
+			p("gpu allocated\t%s\n", formatSize(rr.MetalAllocatedBytes))
+			p("engine\t%s\n", orDash(rr.Engine))
+		}
+	}
+
+	if st := r.SelfTest; st != nil {
+		p("\n== self-test (load, generate, unload a synthesized model through the engine pool)\n")
+		p("step\ttook\tcheck\tresult\n")
+		for _, s := range st.Steps {
+			p("%s\t%s\t%s\t%s\n", s.Name, s.Took.Round(time.Millisecond), s.Check, s.Result)
+		}
+		verdict := "passed"
+		if !st.Passed {
+			verdict = "FAILED"
+		}
+		p("total\t%s\t%s\t\n", st.Duration.Round(time.Millisecond), verdict)
+	}
+
+	p("\n")
+	if r.Failed() {
+		p("FAIL\t%s\n", strings.Join(r.problems(), "; "))
+	} else {
+		p("PASS\n")
+	}
+	return tw.Flush()
+}
+
+// problems names what made the report fail.
+func (r Report) problems() []string {
+	var out []string
+	if r.HardwareError != "" {
+		out = append(out, "the hardware could not be read")
+	}
+	for _, row := range r.Memory {
+		if row.Check.failing() {
+			out = append(out, fmt.Sprintf("%s %s", row.What, row.Check))
+		}
+	}
+	if r.Runner.Check.failing() {
+		if r.Runner.Path == "" {
+			out = append(out, "no runner: build it with `make runner`")
+		} else {
+			out = append(out, "runner backend "+string(r.Runner.Check))
+		}
+	}
+	if r.SelfTest != nil && !r.SelfTest.Passed {
+		out = append(out, "self-test FAILED")
+	}
+	return out
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func countOrDash(n int) string {
+	if n <= 0 {
+		return "-"
+	}
+	return fmt.Sprint(n)
+}
+
+func sizeOrDash(b int64) string {
+	if b <= 0 {
+		return "-"
+	}
+	return formatSize(b)
+}

@@ -40,7 +40,9 @@ func newBenchSetup(b *testing.B, affinity bool) benchSetup {
 		b.Fatal(err)
 	}
 	g.SetTable(BuildTable([]mfv1.ModelDeployment{deployment("a", "m", "")},
-		[]mfv1.ModelReplica{replica("a", "r0", "m", "mac", strings.TrimPrefix(up.URL, "http://"), metav1.ConditionTrue)},
+		// Slots for every client of the throughput phase: admission is on the path, the
+		// queue never holds a request (the upstream is not a runner with few slots).
+		[]mfv1.ModelReplica{withParallel(replica("a", "r0", "m", "mac", strings.TrimPrefix(up.URL, "http://"), metav1.ConditionTrue), 8)},
 		[]mfv1.MacNode{node("mac", metav1.ConditionTrue)}))
 	gs := httptest.NewServer(g.Handler())
 	b.Cleanup(gs.Close)

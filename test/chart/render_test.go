@@ -212,6 +212,7 @@ func TestTemplateDeployments(t *testing.T) {
 		wantStrategy: appsv1.RecreateDeploymentStrategyType,
 		wantGateway: []string{"gateway", "--listen=:8080", "--metrics-bind-address=:9090", "--health-probe-bind-address=:8081",
 			"--fleet-token-file=/etc/macfleet/fleet-token/token", "--cold-start-timeout=2m", "--prefix-affinity=false",
+			"--max-inflight-per-slot=1", "--max-queue=256", "--max-queue-per-key=0",
 			"--zap-log-level=info"},
 		wantGatewayN:    1,
 		wantVolumes:     []corev1.Volume{tokenVolume},
@@ -224,6 +225,7 @@ func TestTemplateDeployments(t *testing.T) {
 			"manager.hfEndpoint=https://hf.example", "manager.logLevel=debug", "manager.extraArgs={--zap-devel}",
 			"gateway.replicas=4", "gateway.apiKeysSecret=client-keys", "gateway.apiKeysSecretKey=list",
 			"gateway.prefixAffinity=true", "gateway.coldStartTimeout=30s", "gateway.service.port=8000",
+			"gateway.queue.maxInFlightPerSlot=2", "gateway.queue.maxQueued=1000", "gateway.queue.maxPerKey=100",
 		},
 		wantImage: "registry.example/mf:v9",
 		wantManager: []string{"manager", "--metrics-bind-address=:8080", "--health-probe-bind-address=:8081",
@@ -232,7 +234,8 @@ func TestTemplateDeployments(t *testing.T) {
 		wantStrategy: "",
 		wantGateway: []string{"gateway", "--listen=:8080", "--metrics-bind-address=:9090", "--health-probe-bind-address=:8081",
 			"--fleet-token-file=/etc/macfleet/fleet-token/token", "--api-keys-file=/etc/macfleet/api-keys/list",
-			"--cold-start-timeout=30s", "--prefix-affinity=true", "--zap-log-level=info"},
+			"--cold-start-timeout=30s", "--prefix-affinity=true", "--max-inflight-per-slot=2", "--max-queue=1000",
+			"--max-queue-per-key=100", "--zap-log-level=info"},
 		wantGatewayN:    4,
 		wantVolumes:     []corev1.Volume{tokenVolume, keysVolume},
 		wantServicePort: 8000,
@@ -453,6 +456,7 @@ func TestValuesSchemaRejects(t *testing.T) {
 		{"gateway.service.type=Ingress", []string{"gateway/service/type"}},
 		{"gateway.apiKeysSecret=Not_A_Name", []string{"gateway/apiKeysSecret"}},
 		{"gateway.coldStartTimeout=2", []string{"gateway/coldStartTimeout"}},
+		{"gateway.queue.maxQueued=0", []string{"gateway/queue/maxQueued"}},
 		{"placement.strategy=Spread", []string{"placement"}},
 	}
 	for _, tc := range tests {

@@ -1,0 +1,271 @@
+package e2e
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/macfleet/macfleet/fairqueue"
+	"github.com/macfleet/macfleet/gateway"
+	"github.com/macfleet/macfleet/internal/testenv"
+)
+
+// queueGateway runs a gateway in this process against the fleet's API server and
+// agents, with the given --max-inflight-per-slot and queue bounds, and returns its
+// URL and metrics registry.
+func queueGateway(t testing.TB, perSlot int, limits fairqueue.Limits) (string, *prometheus.Registry) {
+	t.Helper()
+	token := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(token, []byte(fleet.FleetToken), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- gateway.Run(ctx, gateway.Config{RestConfig: fleet.Env.Config, Listener: ln, MetricsAddr: "0", ProbeAddr: "0",
+			FleetTokenFile: token, MaxInFlightPerSlot: perSlot, Queue: limits, DisableConsole: true, Registerer: reg})
+	}()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("the gateway: %v", err)
+		}
+	})
+	return "http://" + ln.Addr().String(), reg
+}
+
+// clientFrom is the official OpenAI client calling base from the loopback address ip:
+// without API keys, the gateway tells clients apart by address.
+func clientFrom(base, ip string, retries int) openai.Client {
+	d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(ip)}}
+	hc := &http.Client{Transport: &http.Transport{DialContext: d.DialContext, MaxIdleConnsPerHost: 16}}
+	return openai.NewClient(option.WithBaseURL(base+"/v1/"), option.WithAPIKey("unused"),
+		option.WithHTTPClient(hc), option.WithMaxRetries(retries))
+}
+
+// metricValue sums the samples of a gauge or counter whose labels include want.
+func metricValue(t testing.TB, reg *prometheus.Registry, name string, want map[string]string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sum float64
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	metrics:
+		for _, m := range mf.GetMetric() {
+			got := map[string]string{}
+			for _, l := range m.GetLabel() {
+				got[l.GetName()] = l.GetValue()
+			}
+			for k, v := range want {
+				if got[k] != v {
+					continue metrics
+				}
+			}
+			sum += m.GetGauge().GetValue() + m.GetCounter().GetValue()
+		}
+	}
+	return sum
+}
+
+// TestFairQueueUnderOverload: a replica with two sequence slots, one client with
+// eight requests at once and another with one. The gateway sends the replica two at a
+// time and queues the rest; the second client's request is served after at most one
+// more of the first client's, where the runner's own first-come queue would have
+// served it last. A client over its share of the queue gets a 429 with Retry-After
+// through the official OpenAI client, and the same client with retries is served.
+func TestFairQueueUnderOverload(t *testing.T) {
+	ns := testenv.NewNamespace(t, fleet.Client)
+	create(t, deployment(ns, "busy", 1)) // engine.parallel 2
+	waitReady(t, ns, "busy", 1, 3*time.Minute)
+	model := ns + "/busy"
+	url, reg := queueGateway(t, 0, fairqueue.Limits{MaxQueued: 16, MaxPerFlow: 6})
+	heavy, light := clientFrom(url, "127.0.0.2", 0), clientFrom(url, "127.0.0.3", 0)
+	ask := func(c openai.Client, maxTokens int) error {
+		_, err := c.Chat.Completions.New(t.Context(), params(t, fmt.Sprintf(
+			`{"model":%q,"max_tokens":%d,"temperature":0,"messages":[{"role":"user","content":"Tell a long story"}]}`,
+			model, maxTokens)))
+		return err
+	}
+	testenv.Eventually(t, time.Minute, 100*time.Millisecond, func() (bool, string) {
+		err := ask(light, 1)
+		return err == nil, fmt.Sprintf("the gateway does not serve %s yet: %v", model, err)
+	})
+	depth := func() float64 {
+		return metricValue(t, reg, "macfleet_gateway_queue_depth", map[string]string{"model": model})
+	}
+
+	var mu sync.Mutex
+	var order []string
+	var wg sync.WaitGroup
+	run := func(c openai.Client, tag string) {
+		wg.Go(func() {
+			err := ask(c, 200)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				t.Errorf("%s: %v", tag, err)
+			}
+			order = append(order, tag)
+		})
+	}
+	for i := range 8 {
+		run(heavy, "a"+strconv.Itoa(i))
+	}
+	// Two on the replica's slots, six waiting: the most one client may have.
+	testenv.Eventually(t, 30*time.Second, 2*time.Millisecond, func() (bool, string) {
+		return depth() == 6, fmt.Sprintf("%v requests queued, want 6", depth())
+	})
+	var refused *openai.Error
+	err := ask(heavy, 8)
+	if !errors.As(err, &refused) || refused.StatusCode != http.StatusTooManyRequests || refused.Code != "queue_full" ||
+		refused.Response.Header.Get("Retry-After") == "" {
+		t.Errorf("a ninth request of the same client: %v, want a 429 queue_full with Retry-After", err)
+	}
+	run(light, "b")
+	wg.Wait()
+	rank := -1
+	for i, tag := range order {
+		if tag == "b" {
+			rank = i + 1
+		}
+	}
+	t.Logf("completion order: %v", order)
+	// b arrived with two a's on the slots and six waiting: it is the second request
+	// the queue hands out, so at most three a's end before it (four, if b and the a
+	// that started with it end in the other order). First come, first served: ninth.
+	if rank < 1 || rank > 5 {
+		t.Errorf("the other client's request ended %d of 9, want among the first 5", rank)
+	}
+	if got := metricValue(t, reg, "macfleet_gateway_queue_rejections_total",
+		map[string]string{"model": model, "reason": "queue_full_client"}); got != 1 {
+		t.Errorf("queue_full_client rejections = %v, want 1", got)
+	}
+
+	// The same burst from a client that retries: the SDK waits Retry-After and is served.
+	patient := clientFrom(url, "127.0.0.2", 5)
+	for i := range 8 {
+		run(heavy, "c"+strconv.Itoa(i))
+	}
+	testenv.Eventually(t, 30*time.Second, 2*time.Millisecond, func() (bool, string) {
+		return depth() == 6, fmt.Sprintf("%v requests queued, want 6", depth())
+	})
+	if err := ask(patient, 8); err != nil {
+		t.Errorf("a client that retries after a 429: %v", err)
+	}
+	wg.Wait()
+	if got := metricValue(t, reg, "macfleet_gateway_queue_rejections_total",
+		map[string]string{"model": model, "reason": "queue_full_client"}); got < 2 {
+		t.Errorf("queue_full_client rejections = %v, want the retried client's first attempt counted too", got)
+	}
+}
+
+// BenchmarkFairQueue: what the queue changes for a light client while a heavy one
+// keeps eight requests in flight on a replica with two slots. Each round runs the same
+// load through a gateway without the queue (--max-inflight-per-slot=-1: the runner's
+// first-come queue) and one with it, interleaved; it reports the light client's
+// median latency and the heavy client's throughput both ways.
+func BenchmarkFairQueue(b *testing.B) {
+	ns := testenv.NewNamespace(b, fleet.Client)
+	if err := fleet.Client.Create(b.Context(), deployment(ns, "fair", 1)); err != nil {
+		b.Fatal(err)
+	}
+	waitReady(b, ns, "fair", 1, 3*time.Minute)
+	model := ns + "/fair"
+	fifoURL, _ := queueGateway(b, -1, fairqueue.Limits{})
+	fairURL, _ := queueGateway(b, 0, fairqueue.Limits{})
+	ask := func(c openai.Client, maxTokens int) error {
+		_, err := c.Chat.Completions.New(b.Context(), params(b, fmt.Sprintf(
+			`{"model":%q,"max_tokens":%d,"temperature":0,"messages":[{"role":"user","content":"Tell a long story"}]}`,
+			model, maxTokens)))
+		return err
+	}
+	for _, u := range []string{fifoURL, fairURL} {
+		c := clientFrom(u, "127.0.0.3", 0)
+		testenv.Eventually(b, time.Minute, 100*time.Millisecond, func() (bool, string) {
+			err := ask(c, 1)
+			return err == nil, fmt.Sprintf("%s does not serve %s yet: %v", u, model, err)
+		})
+	}
+	// round runs the load through url: 8 heavy workers (64 tokens each request) while
+	// the light client sends 8 requests (16 tokens) one after another.
+	round := func(url string) (lightP50 time.Duration, heavyRPS float64) {
+		heavy, light := clientFrom(url, "127.0.0.2", 0), clientFrom(url, "127.0.0.3", 0)
+		stop := make(chan struct{})
+		var served sync.WaitGroup
+		var mu sync.Mutex
+		n := 0
+		start := time.Now()
+		for range 8 {
+			served.Go(func() {
+				for {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					if err := ask(heavy, 64); err != nil {
+						b.Errorf("heavy: %v", err)
+						return
+					}
+					mu.Lock()
+					n++
+					mu.Unlock()
+				}
+			})
+		}
+		var lat []time.Duration
+		for range 8 {
+			t0 := time.Now()
+			if err := ask(light, 16); err != nil {
+				b.Fatalf("light: %v", err)
+			}
+			lat = append(lat, time.Since(t0))
+		}
+		close(stop)
+		served.Wait()
+		slices.Sort(lat)
+		return lat[len(lat)/2], float64(n) / time.Since(start).Seconds()
+	}
+	var fifoLat, fairLat []time.Duration
+	var fifoRPS, fairRPS []float64
+	for b.Loop() {
+		l, r := round(fifoURL)
+		fifoLat, fifoRPS = append(fifoLat, l), append(fifoRPS, r)
+		l, r = round(fairURL)
+		fairLat, fairRPS = append(fairLat, l), append(fairRPS, r)
+		b.Logf("round %d: light p50 %v without the queue, %v with it; heavy %.2f req/s without, %.2f with",
+			len(fifoLat), fifoLat[len(fifoLat)-1], fairLat[len(fairLat)-1], fifoRPS[len(fifoRPS)-1], fairRPS[len(fairRPS)-1])
+	}
+	slices.Sort(fifoLat)
+	slices.Sort(fairLat)
+	slices.Sort(fifoRPS)
+	slices.Sort(fairRPS)
+	mid := len(fifoLat) / 2
+	b.ReportMetric(float64(fifoLat[mid].Milliseconds()), "light-p50-fifo-ms")
+	b.ReportMetric(float64(fairLat[mid].Milliseconds()), "light-p50-fair-ms")
+	b.ReportMetric(float64(fifoLat[mid])/float64(fairLat[mid]), "light-speedup")
+	b.ReportMetric(fairRPS[mid]/fifoRPS[mid], "heavy-rps-ratio")
+}

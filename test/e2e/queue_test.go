@@ -14,9 +14,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
+	"github.com/go-logr/logr/testr"
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 	"github.com/prometheus/client_golang/prometheus"
+	ctrl "sigs.k8s.io/controller-runtime"
 
 	"github.com/macfleet/macfleet/fairqueue"
 	"github.com/macfleet/macfleet/gateway"
@@ -37,7 +40,9 @@ func queueGateway(t testing.TB, perSlot int, limits fairqueue.Limits) (string, *
 		t.Fatal(err)
 	}
 	reg := prometheus.NewRegistry()
-	ctx, cancel := context.WithCancel(context.Background())
+	// controller-runtime's own logger (the gateway logs through the context's).
+	ctrlLogOnce.Do(func() { ctrl.SetLogger(logr.Discard()) })
+	ctx, cancel := context.WithCancel(ctrl.LoggerInto(context.Background(), testr.NewWithInterface(t, testr.Options{})))
 	done := make(chan error, 1)
 	go func() {
 		done <- gateway.Run(ctx, gateway.Config{RestConfig: fleet.Env.Config, Listener: ln, MetricsAddr: "0", ProbeAddr: "0",
@@ -51,6 +56,8 @@ func queueGateway(t testing.TB, perSlot int, limits fairqueue.Limits) (string, *
 	})
 	return "http://" + ln.Addr().String(), reg
 }
+
+var ctrlLogOnce sync.Once
 
 // clientFrom is the official OpenAI client calling base from the loopback address ip:
 // without API keys, the gateway tells clients apart by address.

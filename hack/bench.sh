@@ -26,5 +26,10 @@ if [[ $what == all || $what == fleet ]]; then
 	# (one-token completions of a trivial model, interleaved), and node-loss recovery
 	# (an agent killed: Lease expiry to endpoint not ready and to a replacement Ready).
 	run go test -run '^$' -bench GatewayOverhead -benchtime 400x -timeout 20m ./test/e2e/
+	# The fair queue: a light client's latency beside a heavy one, and throughput, with
+	# and without the gateway's queue (short and longer heavy requests).
+	for tokens in 64 256; do
+		run env HEAVY_TOKENS=$tokens go test -run '^$' -bench FairQueue -benchtime 5x -timeout 20m ./test/e2e/
+	done
 	run bash -c "go test -run 'TestNodeLossMovesReplicas' -v -count 1 -timeout 20m ./test/e2e/ | grep -E 'node loss|^(ok|FAIL|---)'"
 fi

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -192,8 +193,11 @@ func TestFairQueueUnderOverload(t *testing.T) {
 // BenchmarkFairQueue: what the queue changes for a light client while a heavy one
 // keeps eight requests in flight on a replica with two slots. Each round runs the same
 // load through a gateway without the queue (--max-inflight-per-slot=-1: the runner's
-// first-come queue) and one with it, interleaved; it reports the light client's
-// median latency and the heavy client's throughput both ways.
+// first-come queue) and with it at 1 and 2 per slot, interleaved; it reports the light
+// client's median latency and the replica's throughput (completion tokens per second
+// of both clients: the light client's share is larger with the queue, so the heavy
+// client's alone would count fairness as a loss) each way. HEAVY_TOKENS sets the heavy
+// requests' length (default 64).
 func BenchmarkFairQueue(b *testing.B) {
 	ns := testenv.NewNamespace(b, fleet.Client)
 	if err := fleet.Client.Create(b.Context(), deployment(ns, "fair", 1)); err != nil {
@@ -201,29 +205,43 @@ func BenchmarkFairQueue(b *testing.B) {
 	}
 	waitReady(b, ns, "fair", 1, 3*time.Minute)
 	model := ns + "/fair"
-	fifoURL, _ := queueGateway(b, -1, fairqueue.Limits{})
-	fairURL, _ := queueGateway(b, 0, fairqueue.Limits{})
-	ask := func(c openai.Client, maxTokens int) error {
-		_, err := c.Chat.Completions.New(b.Context(), params(b, fmt.Sprintf(
+	heavyTokens := 64
+	if v, err := strconv.Atoi(os.Getenv("HEAVY_TOKENS")); err == nil && v > 0 {
+		heavyTokens = v
+	}
+	modes := []struct {
+		name    string
+		perSlot int
+		url     string
+		lat     []time.Duration
+		tps     []float64
+		alone   []float64
+	}{{name: "fifo", perSlot: -1}, {name: "fair1", perSlot: 1}, {name: "fair2", perSlot: 2}}
+	ask := func(c openai.Client, maxTokens int) (int64, error) {
+		r, err := c.Chat.Completions.New(b.Context(), params(b, fmt.Sprintf(
 			`{"model":%q,"max_tokens":%d,"temperature":0,"messages":[{"role":"user","content":"Tell a long story"}]}`,
 			model, maxTokens)))
-		return err
+		if err != nil {
+			return 0, err
+		}
+		return r.Usage.CompletionTokens, nil
 	}
-	for _, u := range []string{fifoURL, fairURL} {
-		c := clientFrom(u, "127.0.0.3", 0)
+	for i := range modes {
+		modes[i].url, _ = queueGateway(b, modes[i].perSlot, fairqueue.Limits{})
+		c := clientFrom(modes[i].url, "127.0.0.3", 0)
 		testenv.Eventually(b, time.Minute, 100*time.Millisecond, func() (bool, string) {
-			err := ask(c, 1)
-			return err == nil, fmt.Sprintf("%s does not serve %s yet: %v", u, model, err)
+			_, err := ask(c, 1)
+			return err == nil, fmt.Sprintf("%s does not serve %s yet: %v", modes[i].url, model, err)
 		})
 	}
-	// round runs the load through url: 8 heavy workers (64 tokens each request) while
-	// the light client sends 8 requests (16 tokens) one after another.
-	round := func(url string) (lightP50 time.Duration, heavyRPS float64) {
+	// round runs the load through url: 8 heavy workers while the light client sends 8
+	// requests of 16 tokens one after another.
+	round := func(url string) (lightP50 time.Duration, tokensPerSecond float64) {
 		heavy, light := clientFrom(url, "127.0.0.2", 0), clientFrom(url, "127.0.0.3", 0)
 		stop := make(chan struct{})
 		var served sync.WaitGroup
 		var mu sync.Mutex
-		n := 0
+		var tokens int64
 		start := time.Now()
 		for range 8 {
 			served.Go(func() {
@@ -233,12 +251,13 @@ func BenchmarkFairQueue(b *testing.B) {
 						return
 					default:
 					}
-					if err := ask(heavy, 64); err != nil {
+					n, err := ask(heavy, heavyTokens)
+					if err != nil {
 						b.Errorf("heavy: %v", err)
 						return
 					}
 					mu.Lock()
-					n++
+					tokens += n
 					mu.Unlock()
 				}
 			})
@@ -246,33 +265,66 @@ func BenchmarkFairQueue(b *testing.B) {
 		var lat []time.Duration
 		for range 8 {
 			t0 := time.Now()
-			if err := ask(light, 16); err != nil {
+			n, err := ask(light, 16)
+			if err != nil {
 				b.Fatalf("light: %v", err)
 			}
 			lat = append(lat, time.Since(t0))
+			mu.Lock()
+			tokens += n
+			mu.Unlock()
 		}
 		close(stop)
 		served.Wait()
 		slices.Sort(lat)
-		return lat[len(lat)/2], float64(n) / time.Since(start).Seconds()
+		return lat[len(lat)/2], float64(tokens) / time.Since(start).Seconds()
 	}
-	var fifoLat, fairLat []time.Duration
-	var fifoRPS, fairRPS []float64
+	// alone is the heavy client by itself, 8 workers × 6 requests: the queue's own cost
+	// to throughput, with no other client to share with.
+	alone := func(url string) float64 {
+		heavy := clientFrom(url, "127.0.0.2", 0)
+		var wg sync.WaitGroup
+		var tokens atomic.Int64
+		start := time.Now()
+		for range 8 {
+			wg.Go(func() {
+				for range 6 {
+					n, err := ask(heavy, heavyTokens)
+					if err != nil {
+						b.Errorf("heavy alone: %v", err)
+						return
+					}
+					tokens.Add(n)
+				}
+			})
+		}
+		wg.Wait()
+		return float64(tokens.Load()) / time.Since(start).Seconds()
+	}
 	for b.Loop() {
-		l, r := round(fifoURL)
-		fifoLat, fifoRPS = append(fifoLat, l), append(fifoRPS, r)
-		l, r = round(fairURL)
-		fairLat, fairRPS = append(fairLat, l), append(fairRPS, r)
-		b.Logf("round %d: light p50 %v without the queue, %v with it; heavy %.2f req/s without, %.2f with",
-			len(fifoLat), fifoLat[len(fifoLat)-1], fairLat[len(fairLat)-1], fifoRPS[len(fifoRPS)-1], fairRPS[len(fairRPS)-1])
+		line := ""
+		for i := range modes {
+			l, r := round(modes[i].url)
+			a := alone(modes[i].url)
+			modes[i].lat, modes[i].tps, modes[i].alone = append(modes[i].lat, l), append(modes[i].tps, r), append(modes[i].alone, a)
+			line += fmt.Sprintf("  %s: light p50 %v, %.0f tokens/s; alone %.0f tokens/s", modes[i].name, l.Round(time.Millisecond), r, a)
+		}
+		b.Logf("round %d (heavy %d tokens):%s", len(modes[0].lat), heavyTokens, line)
 	}
-	slices.Sort(fifoLat)
-	slices.Sort(fairLat)
-	slices.Sort(fifoRPS)
-	slices.Sort(fairRPS)
-	mid := len(fifoLat) / 2
-	b.ReportMetric(float64(fifoLat[mid].Milliseconds()), "light-p50-fifo-ms")
-	b.ReportMetric(float64(fairLat[mid].Milliseconds()), "light-p50-fair-ms")
-	b.ReportMetric(float64(fifoLat[mid])/float64(fairLat[mid]), "light-speedup")
-	b.ReportMetric(fairRPS[mid]/fifoRPS[mid], "heavy-rps-ratio")
+	med := func(i int) (time.Duration, float64, float64) {
+		slices.Sort(modes[i].lat)
+		slices.Sort(modes[i].tps)
+		slices.Sort(modes[i].alone)
+		k := len(modes[i].lat) / 2
+		return modes[i].lat[k], modes[i].tps[k], modes[i].alone[k]
+	}
+	fifoLat, fifoTPS, fifoAlone := med(0)
+	b.ReportMetric(float64(fifoLat.Milliseconds()), "light-p50-fifo-ms")
+	for i := 1; i < len(modes); i++ {
+		l, r, a := med(i)
+		b.ReportMetric(float64(l.Milliseconds()), "light-p50-"+modes[i].name+"-ms")
+		b.ReportMetric(float64(fifoLat)/float64(l), "light-speedup-"+modes[i].name)
+		b.ReportMetric(r/fifoTPS, "tokens-per-s-ratio-"+modes[i].name)
+		b.ReportMetric(a/fifoAlone, "alone-tokens-per-s-ratio-"+modes[i].name)
+	}
 }

@@ -30,7 +30,47 @@ type Snapshot struct {
 	Nodes       []mfv1.MacNode
 	Deployments []mfv1.ModelDeployment
 	Replicas    []mfv1.ModelReplica
-	Now         time.Time
+	// Traffic is each deployment's recent traffic through this gateway, by
+	// "<namespace>/<name>"; a deployment without an entry had none.
+	Traffic map[string]Traffic
+	Now     time.Time
+}
+
+// Traffic is a deployment's recent requests through the gateway serving the console.
+type Traffic struct {
+	RequestsPerSecond float64
+	TTFTp50, TTFTp99  time.Duration
+	// TTFTSamples is how many requests the percentiles come from (0: none recently).
+	TTFTSamples      int
+	InFlight, Queued int
+}
+
+// TrafficRow is Traffic as the models page prints it.
+type TrafficRow struct {
+	Rate, TTFT, Load string
+	// Queued is the number waiting in the fair queue (tests and the page's class).
+	Queued int
+}
+
+func trafficRow(t Traffic) TrafficRow {
+	row := TrafficRow{Rate: fmt.Sprintf("%.1f req/s", t.RequestsPerSecond), TTFT: "TTFT —",
+		Load: fmt.Sprintf("%d in flight, %d queued", t.InFlight, t.Queued), Queued: t.Queued}
+	if t.TTFTSamples > 0 {
+		n := fmt.Sprintf("%d requests", t.TTFTSamples)
+		if t.TTFTSamples == 1 {
+			n = "1 request"
+		}
+		row.TTFT = fmt.Sprintf("TTFT p50 %s, p99 %s (%s)", millis(t.TTFTp50), millis(t.TTFTp99), n)
+	}
+	return row
+}
+
+// millis prints a duration in milliseconds, or seconds from 10 s.
+func millis(d time.Duration) string {
+	if d >= 10*time.Second {
+		return fmt.Sprintf("%.1f s", d.Seconds())
+	}
+	return fmt.Sprintf("%d ms", d.Milliseconds())
 }
 
 // MaxUnloads bounds the unloads table.
@@ -281,6 +321,8 @@ type DeploymentRow struct {
 	// Problems are the deployment's conditions that say something is wrong
 	// (Scheduled=False, Available=False, ReplicaFailure=True), as "Type: message".
 	Problems []string
+	// Traffic is its recent requests through this gateway.
+	Traffic  TrafficRow
 	Replicas []ReplicaRow
 }
 
@@ -310,6 +352,7 @@ func BuildModels(s Snapshot) ModelsPage {
 			row.Desired = *d.Spec.Replicas
 		}
 		row.Problems = deploymentProblems(d.Status.Conditions)
+		row.Traffic = trafficRow(s.Traffic[row.Model])
 		scheduled := meta.FindStatusCondition(d.Status.Conditions, mfv1.DeploymentScheduled)
 		for _, r := range reps[key{d.Namespace, d.Name}] {
 			row.Replicas = append(row.Replicas, replicaRow(r, scheduled))

@@ -237,3 +237,25 @@ func TestBuildPlayground(t *testing.T) {
 		t.Errorf("(-want +got):\n%s", diff)
 	}
 }
+
+func TestTrafficRow(t *testing.T) {
+	for _, tt := range []struct {
+		in   Traffic
+		want TrafficRow
+	}{
+		{Traffic{}, TrafficRow{Rate: "0.0 req/s", TTFT: "TTFT —", Load: "0 in flight, 0 queued"}},
+		{Traffic{RequestsPerSecond: 4.25, TTFTp50: 45 * time.Millisecond, TTFTp99: 12500 * time.Millisecond, TTFTSamples: 32,
+			InFlight: 5, Queued: 3},
+			TrafficRow{Rate: "4.2 req/s", TTFT: "TTFT p50 45 ms, p99 12.5 s (32 requests)", Load: "5 in flight, 3 queued", Queued: 3}},
+	} {
+		if got := trafficRow(tt.in); got != tt.want {
+			t.Errorf("trafficRow(%+v) = %+v, want %+v", tt.in, got, tt.want)
+		}
+	}
+	d := mfv1.ModelDeployment{ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: "qwen"}}
+	p := BuildModels(Snapshot{Now: now, Deployments: []mfv1.ModelDeployment{d},
+		Traffic: map[string]Traffic{"a/qwen": {RequestsPerSecond: 2, Queued: 1}, "b/qwen": {Queued: 9}}})
+	if got := p.Deployments[0].Traffic; got.Rate != "2.0 req/s" || got.Queued != 1 {
+		t.Errorf("the models page's traffic of a/qwen: %+v", got)
+	}
+}

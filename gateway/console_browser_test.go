@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -173,6 +174,20 @@ func TestConsoleInBrowser(t *testing.T) {
 
 	// The playground streams an answer from the real agent through the gateway.
 	browsertest.Playground(t, ctx, g.url+"/ui/playground", "tiny", art, "console-playground.png")
+
+	// The models page counts the playground's request among the deployment's traffic
+	// through this gateway.
+	if err := chromedp.Do(ctx, chromedp.Navigate(g.url+"/ui/models"), chromedp.WaitVisible(chromedp.CSS(`p.traffic`))); err != nil {
+		t.Fatal(err)
+	}
+	traffic, err := chromedp.Run(ctx, chromedp.Text(chromedp.CSS(`p.traffic`)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(traffic, "req/s") || !regexp.MustCompile(`TTFT p50 \d+ ms, p99 \d+ ms \([1-9]\d* requests?\)`).MatchString(traffic) ||
+		!strings.Contains(traffic, "0 queued") {
+		t.Errorf("the models page's traffic line after a playground chat: %q", traffic)
+	}
 
 	// A phone: the page itself never scrolls sideways (wide tables scroll in their box).
 	if err := chromedp.Do(ctx, chromedp.EmulateViewport(390, 844, chromedp.EmulateMobile, chromedp.EmulateScale(2)),

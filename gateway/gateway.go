@@ -96,6 +96,7 @@ type Gateway struct {
 	table     atomic.Pointer[Table]
 	bal       *balancer
 	adm       *admission
+	traffic   *traffic
 	metrics   *metrics
 	waker     *waker
 	transport http.RoundTripper
@@ -132,6 +133,7 @@ func New(opts Options) (*Gateway, error) {
 	}
 	g.table.Store(emptyTable())
 	g.adm = newAdmission(opts, g.bal, g.Table, m)
+	g.traffic = newTraffic()
 	if opts.Wake != nil {
 		g.waker = newWaker(opts.Wake, g.Table, m.wakes, opts.Log.WithName("wake"))
 	}

@@ -105,6 +105,7 @@ func (g *Gateway) handleProxy(w http.ResponseWriter, r *http.Request) {
 	gauge := g.metrics.inflight.WithLabelValues(model)
 	gauge.Inc()
 	defer gauge.Dec()
+	defer g.traffic.started(model)()
 	var h uint64
 	if g.opts.PrefixAffinity {
 		h = hashKey(head.prefix)
@@ -369,7 +370,9 @@ func (g *Gateway) attempt(ctx context.Context, w http.ResponseWriter, r *http.Re
 		n, rerr := resp.Body.Read(buf)
 		if n > 0 {
 			if first {
-				g.metrics.ttft.WithLabelValues(model, endpointLabel(r.URL.Path)).Observe(time.Since(start).Seconds())
+				ttft := time.Since(start)
+				g.metrics.ttft.WithLabelValues(model, endpointLabel(r.URL.Path)).Observe(ttft.Seconds())
+				g.traffic.firstByte(model, ttft)
 				first = false
 			}
 			if _, werr := w.Write(buf[:n]); werr != nil {

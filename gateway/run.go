@@ -233,6 +233,13 @@ func withConsole(g *Gateway, c cache.Cache, authorize func(string) bool, log log
 				}
 			}
 			s.Deployments, s.Replicas, s.Nodes = mds.Items, mrs.Items, mns.Items
+			s.Traffic = make(map[string]console.Traffic, len(mds.Items))
+			for _, d := range mds.Items {
+				id := d.Namespace + "/" + d.Name
+				t := g.Traffic(id)
+				s.Traffic[id] = console.Traffic{RequestsPerSecond: t.RequestsPerSecond, TTFTp50: t.TTFTp50, TTFTp99: t.TTFTp99,
+					TTFTSamples: t.TTFTSamples, InFlight: t.InFlight, Queued: t.Queued}
+			}
 			return s, nil
 		},
 		API:       g.Handler(),

@@ -84,12 +84,20 @@ func (a *admission) queue(model string) *modelQueue {
 	return mq
 }
 
-// acquire returns a replica of rt for t at once when one has room and no request
-// waits before it. Otherwise t waits in the queue (it is queued if it was not) and
+// acquire returns the replica granted to t while it waited, or one of rt with room
+// at once when no request waits before it. Otherwise t waits in the queue (it is queued if it was not) and
 // the caller waits for t.granted; a full queue is the 429 returned.
 func (a *admission) acquire(rt *Route, t *ticket) (Backend, bool, *apiError) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	// A replica granted while the request was busy elsewhere (its table changed, its
+	// backoff ended) is its own: taking another, or queueing again, would leak the
+	// grant's room and let a second grant block the dispatcher.
+	select {
+	case be := <-t.granted:
+		return be, true, nil
+	default:
+	}
 	mq := a.queue(t.model)
 	if t.entry == nil {
 		if mq.q.Len() == 0 {

@@ -145,6 +145,12 @@ func TestFairQueue(t *testing.T) {
 	rep.mu.Lock()
 	rep.arrived = nil
 	rep.mu.Unlock()
+	// The gateway releases the last request's slot just after its client has the
+	// answer: a6 must find the slot free, not wait for it.
+	testenv.Eventually(t, 10*time.Second, time.Millisecond, func() (bool, string) {
+		n := g.bal.outstanding("a/r0")
+		return n == 0, fmt.Sprintf("%d requests still counted on the replica", n)
+	})
 	chs = map[string]<-chan answer{"a6": send(t, g, "key-a", "a6")}
 	rep.waitArrived(t, 1)
 	chs["c1"] = send(t, g, "key-c", "c1", HeaderPriority, "interactive")
@@ -355,5 +361,55 @@ func TestKeysFileAttributes(t *testing.T) {
 		if _, err := parseKeys([]byte(in)); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("parseKeys(%q) error = %v, want it to contain %q", in, err, want)
 		}
+	}
+}
+
+// TestGrantWhileAway: a request granted a replica while it was handling a table change
+// gets that replica when it asks again, instead of queueing a second time (which
+// leaked the room and let a second grant block the dispatcher).
+func TestGrantWhileAway(t *testing.T) {
+	g := newTestGateway(t, Options{})
+	g.serveReplicas("10.0.0.1:8080")
+	rt := g.Table().Route("a/m")
+	tickets := make([]*ticket, 3)
+	for i := range tickets {
+		tickets[i] = g.adm.newTicket("a/m", fmt.Sprint("client", i), fairqueue.Interactive, 0)
+	}
+	first, ok, aerr := g.adm.acquire(rt, tickets[0])
+	if !ok || aerr != nil {
+		t.Fatalf("the first request: %v %v", ok, aerr)
+	}
+	for _, tk := range tickets[1:] {
+		if _, ok, aerr := g.adm.acquire(rt, tk); ok || aerr != nil {
+			t.Fatalf("a request placed with the one slot busy: %v %v", ok, aerr)
+		}
+	}
+	g.adm.release("a/m", first.Key) // the slot goes to tickets[1], which is elsewhere
+	be, ok, aerr := g.adm.acquire(rt, tickets[1])
+	if !ok || aerr != nil || be.Key != "a/r0" {
+		t.Fatalf("asking again after a grant: %v %v %v, want the granted replica", be, ok, aerr)
+	}
+	if n := g.bal.outstanding("a/r0"); n != 1 {
+		t.Errorf("%d requests counted on the replica, want 1", n)
+	}
+	done := make(chan struct{})
+	go func() {
+		g.adm.release("a/m", be.Key) // the slot goes to tickets[2]
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the dispatcher blocked")
+	}
+	if got := <-tickets[2].granted; got.Key != "a/r0" {
+		t.Errorf("the last request was granted %v", got)
+	}
+	g.adm.release("a/m", "a/r0")
+	for _, tk := range tickets {
+		g.adm.leave(tk)
+	}
+	if n := g.bal.outstanding("a/r0"); n != 0 {
+		t.Errorf("%d requests counted after all left", n)
 	}
 }

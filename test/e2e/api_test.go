@@ -291,10 +291,26 @@ func checkAnthropic(t *testing.T, model string) {
 	}
 }
 
-// runNodeClient runs testdata/openai-node.cjs with node against the gateway. The
-// package comes from $MACFLEET_NODE_MODULES (default ~/.cache/macfleet/npm/node_modules,
-// where .ci/run installs it); without it the test is skipped, except in CI.
+// runNodeClient runs testdata/openai-node.cjs with node against the fleet's gateway.
 func runNodeClient(t *testing.T, model string) {
+	runNodeScript(t, "openai-node.cjs", fleet.GatewayURL+"/v1", "unused", model)
+}
+
+// runNodeScript runs testdata/<script> with node and the openai package (see
+// nodeScript); the script's last line says its checks passed.
+func runNodeScript(t *testing.T, script, baseURL, apiKey, model string, env ...string) {
+	t.Helper()
+	if err := runNode(t, nodeScript(t, script, baseURL, apiKey, model, env...)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// nodeScript is the command that runs testdata/<script> with node and the openai
+// package, the client pointed at baseURL with apiKey, and env added. The package comes
+// from $MACFLEET_NODE_MODULES (default ~/.cache/macfleet/npm/node_modules, where
+// .ci/run installs it); without it the test is skipped, except in CI.
+func nodeScript(t *testing.T, script, baseURL, apiKey, model string, env ...string) *exec.Cmd {
+	t.Helper()
 	modules := os.Getenv("MACFLEET_NODE_MODULES")
 	if modules == "" {
 		home, _ := os.UserHomeDir()
@@ -307,15 +323,22 @@ func runNodeClient(t *testing.T, model string) {
 		}
 		t.Skipf("node or the openai npm package is missing (%s); .ci/run installs them", modules)
 	}
-	cmd := exec.CommandContext(t.Context(), node, filepath.Join("testdata", "openai-node.cjs"))
-	cmd.Env = append(os.Environ(), "NODE_PATH="+modules, "OPENAI_BASE_URL="+fleet.GatewayURL+"/v1",
-		"OPENAI_API_KEY=unused", "MODEL="+model)
+	cmd := exec.CommandContext(t.Context(), node, filepath.Join("testdata", script))
+	cmd.Env = append(os.Environ(), "NODE_PATH="+modules, "OPENAI_BASE_URL="+baseURL,
+		"OPENAI_API_KEY="+apiKey, "MODEL="+model)
+	cmd.Env = append(cmd.Env, env...)
+	return cmd
+}
+
+// runNode runs a nodeScript command and logs its output; any goroutine may call it.
+func runNode(t *testing.T, cmd *exec.Cmd) error {
 	out, err := cmd.CombinedOutput()
-	t.Logf("node:\n%s", out)
+	t.Logf("node %s:\n%s", filepath.Base(cmd.Args[len(cmd.Args)-1]), out)
 	if err != nil {
-		t.Fatalf("the openai npm client failed: %v", err)
+		return fmt.Errorf("the openai npm client failed: %w", err)
 	}
 	if !strings.Contains(string(out), "all checks passed") {
-		t.Fatal("the script did not report its checks")
+		return fmt.Errorf("the script did not report its checks")
 	}
+	return nil
 }

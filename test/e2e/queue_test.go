@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -22,19 +23,27 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	ctrl "sigs.k8s.io/controller-runtime"
 
+	"github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/fairqueue"
 	"github.com/macfleet/macfleet/gateway"
 	"github.com/macfleet/macfleet/internal/testenv"
 )
 
 // queueGateway runs a gateway in this process against the fleet's API server and
-// agents, with the given --max-inflight-per-slot and queue bounds, and returns its
-// URL and metrics registry.
-func queueGateway(t testing.TB, perSlot int, limits fairqueue.Limits) (string, *prometheus.Registry) {
+// agents, with the given --max-inflight-per-slot, queue bounds and API keys (none: no
+// client auth), and returns its URL and metrics registry.
+func queueGateway(t testing.TB, perSlot int, limits fairqueue.Limits, keys ...string) (string, *prometheus.Registry) {
 	t.Helper()
 	token := filepath.Join(t.TempDir(), "token")
 	if err := os.WriteFile(token, []byte(fleet.FleetToken), 0o600); err != nil {
 		t.Fatal(err)
+	}
+	keysFile := ""
+	if len(keys) > 0 {
+		keysFile = filepath.Join(t.TempDir(), "keys")
+		if err := os.WriteFile(keysFile, []byte(strings.Join(keys, "\n")+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -47,7 +56,7 @@ func queueGateway(t testing.TB, perSlot int, limits fairqueue.Limits) (string, *
 	done := make(chan error, 1)
 	go func() {
 		done <- gateway.Run(ctx, gateway.Config{RestConfig: fleet.Env.Config, Listener: ln, MetricsAddr: "0", ProbeAddr: "0",
-			FleetTokenFile: token, MaxInFlightPerSlot: perSlot, Queue: limits, DisableConsole: true, Registerer: reg})
+			FleetTokenFile: token, APIKeysFile: keysFile, MaxInFlightPerSlot: perSlot, Queue: limits, DisableConsole: true, Registerer: reg})
 	}()
 	t.Cleanup(func() {
 		cancel()
@@ -98,25 +107,35 @@ func metricValue(t testing.TB, reg *prometheus.Registry, name string, want map[s
 	return sum
 }
 
-// TestFairQueueUnderOverload: a replica with two sequence slots, one client with
+// keyClient is the official OpenAI client calling base with an API key.
+func keyClient(base, key string, retries int) openai.Client {
+	return openai.NewClient(option.WithBaseURL(base+"/v1/"), option.WithAPIKey(key), option.WithMaxRetries(retries))
+}
+
+// TestFairQueueUnderOverload: a replica with two sequence slots, one API key with
 // eight requests at once and another with one. The gateway sends the replica two at a
-// time and queues the rest; the second client's request is served after at most one
-// more of the first client's, where the runner's own first-come queue would have
-// served it last. A client over its share of the queue gets a 429 with Retry-After
-// through the official OpenAI client, and the same client with retries is served.
+// time and queues the rest; the second key's request is served after at most one more
+// of the first key's, where the runner's own first-come queue would have served it
+// last. A key over its share of the queue gets a 429 with Retry-After through the
+// official OpenAI Go client; with their own retries, the Go client and the official
+// openai npm package are served.
 func TestFairQueueUnderOverload(t *testing.T) {
 	ns := testenv.NewNamespace(t, fleet.Client)
-	create(t, deployment(ns, "busy", 1)) // engine.parallel 2
+	// engine.parallel 2; a long context, so that requests last long enough (about a
+	// second each here) for the test to see the queue full before it moves.
+	create(t, deployment(ns, "busy", 1, func(md *v1alpha1.ModelDeployment) { md.Spec.Engine.ContextLength = 8192 }))
 	waitReady(t, ns, "busy", 1, 3*time.Minute)
 	model := ns + "/busy"
-	url, reg := queueGateway(t, 0, fairqueue.Limits{MaxQueued: 16, MaxPerFlow: 6})
-	heavy, light := clientFrom(url, "127.0.0.2", 0), clientFrom(url, "127.0.0.3", 0)
-	ask := func(c openai.Client, maxTokens int) error {
-		_, err := c.Chat.Completions.New(t.Context(), params(t, fmt.Sprintf(
+	url, reg := queueGateway(t, 0, fairqueue.Limits{MaxQueued: 16, MaxPerFlow: 6}, "key-heavy", "key-light")
+	heavy, light := keyClient(url, "key-heavy", 0), keyClient(url, "key-light", 0)
+	const long = 4000 // tokens
+	askCtx := func(ctx context.Context, c openai.Client, maxTokens int) error {
+		_, err := c.Chat.Completions.New(ctx, params(t, fmt.Sprintf(
 			`{"model":%q,"max_tokens":%d,"temperature":0,"messages":[{"role":"user","content":"Tell a long story"}]}`,
 			model, maxTokens)))
 		return err
 	}
+	ask := func(c openai.Client, maxTokens int) error { return askCtx(t.Context(), c, maxTokens) }
 	testenv.Eventually(t, time.Minute, 100*time.Millisecond, func() (bool, string) {
 		err := ask(light, 1)
 		return err == nil, fmt.Sprintf("the gateway does not serve %s yet: %v", model, err)
@@ -124,13 +143,17 @@ func TestFairQueueUnderOverload(t *testing.T) {
 	depth := func() float64 {
 		return metricValue(t, reg, "macfleet_gateway_queue_depth", map[string]string{"model": model})
 	}
+	refusals := func() float64 {
+		return metricValue(t, reg, "macfleet_gateway_queue_rejections_total",
+			map[string]string{"model": model, "reason": "queue_full_client"})
+	}
 
 	var mu sync.Mutex
 	var order []string
 	var wg sync.WaitGroup
-	run := func(c openai.Client, tag string) {
+	run := func(c openai.Client, tag string, tokens int) {
 		wg.Go(func() {
-			err := ask(c, 200)
+			err := ask(c, tokens)
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {
@@ -139,62 +162,105 @@ func TestFairQueueUnderOverload(t *testing.T) {
 			order = append(order, tag)
 		})
 	}
-	for i := range 8 {
-		run(heavy, "a"+strconv.Itoa(i))
+	// burst sends 8 requests of the heavy key at once; longer ones leave a client that
+	// starts a process (node) the time to find the queue still full.
+	burst := func(prefix string, tokens int) {
+		for i := range 8 {
+			run(heavy, prefix+strconv.Itoa(i), tokens)
+		}
+		// Two on the replica's slots, six waiting: the most one key may have.
+		testenv.Eventually(t, 30*time.Second, 2*time.Millisecond, func() (bool, string) {
+			return depth() == 6, fmt.Sprintf("%v requests queued, want 6 (%v in the gateway, %v answered)", depth(),
+				metricValue(t, reg, "macfleet_gateway_inflight", map[string]string{"model": model}),
+				metricValue(t, reg, "macfleet_gateway_requests_total", map[string]string{"model": model}))
+		})
 	}
-	// Two on the replica's slots, six waiting: the most one client may have.
-	testenv.Eventually(t, 30*time.Second, 2*time.Millisecond, func() (bool, string) {
-		return depth() == 6, fmt.Sprintf("%v requests queued, want 6", depth())
-	})
+	burst("a", long)
 	var refused *openai.Error
 	err := ask(heavy, 8)
 	if !errors.As(err, &refused) || refused.StatusCode != http.StatusTooManyRequests || refused.Code != "queue_full" ||
 		refused.Response.Header.Get("Retry-After") == "" {
-		t.Errorf("a ninth request of the same client: %v, want a 429 queue_full with Retry-After", err)
+		t.Errorf("a ninth request of the same key: %v, want a 429 queue_full with Retry-After", err)
 	}
-	run(light, "b")
+	run(light, "b", 16)
 	wg.Wait()
-	rank := -1
-	for i, tag := range order {
-		if tag == "b" {
-			rank = i + 1
-		}
-	}
+	rank := slices.Index(order, "b") + 1
 	t.Logf("completion order: %v", order)
 	// b arrived with two a's on the slots and six waiting: it is the second request
 	// the queue hands out, so at most three a's end before it (four, if b and the a
 	// that started with it end in the other order). First come, first served: ninth.
 	if rank < 1 || rank > 5 {
-		t.Errorf("the other client's request ended %d of 9, want among the first 5", rank)
+		t.Errorf("the other key's request ended %d of 9, want among the first 5", rank)
 	}
-	if got := metricValue(t, reg, "macfleet_gateway_queue_rejections_total",
-		map[string]string{"model": model, "reason": "queue_full_client"}); got != 1 {
+	if got := refusals(); got != 1 {
 		t.Errorf("queue_full_client rejections = %v, want 1", got)
 	}
 
-	// The same burst from a client that retries: the SDK waits Retry-After and is served.
-	patient := clientFrom(url, "127.0.0.2", 5)
-	for i := range 8 {
-		run(heavy, "c"+strconv.Itoa(i))
+	// Clients that retry, refused first: while 10 workers of the heavy key keep its
+	// share of the queue full (two on the slots, six waiting, two bouncing off with
+	// 429s to fill the gap a dispatch leaves at once; long requests make dispatches,
+	// and so gaps, rare), a batch request of the same key is refused; the workers stop
+	// and their requests end once it is, and the client's own retry, after the
+	// Retry-After, is served. Batch labels the refusal apart from the workers'.
+	batchRefusals := func() float64 {
+		return metricValue(t, reg, "macfleet_gateway_queue_rejections_total",
+			map[string]string{"model": model, "reason": "queue_full_client", "priority": "batch"})
 	}
-	testenv.Eventually(t, 30*time.Second, 2*time.Millisecond, func() (bool, string) {
-		return depth() == 6, fmt.Sprintf("%v requests queued, want 6", depth())
+	retried := func(name string, client func() error) {
+		t.Helper()
+		before := batchRefusals()
+		stop := make(chan struct{})
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		var fill sync.WaitGroup
+		for range 10 {
+			fill.Go(func() {
+				for {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					var e *openai.Error
+					err := askCtx(ctx, heavy, long)
+					if err != nil && !(errors.As(err, &e) && e.StatusCode == http.StatusTooManyRequests) && ctx.Err() == nil {
+						t.Errorf("filling the queue: %v", err)
+						return
+					}
+				}
+			})
+		}
+		testenv.Eventually(t, 30*time.Second, 2*time.Millisecond, func() (bool, string) {
+			return depth() == 6, fmt.Sprintf("%v requests queued, want 6", depth())
+		})
+		done := make(chan error, 1)
+		go func() { done <- client() }()
+		testenv.Eventually(t, 30*time.Second, 2*time.Millisecond, func() (bool, string) {
+			return batchRefusals() > before, fmt.Sprintf("%s: not refused yet", name)
+		})
+		// The workers stop, and their requests still waiting or generating end.
+		close(stop)
+		cancel()
+		fill.Wait()
+		if err := <-done; err != nil {
+			t.Errorf("%s, retrying after a 429: %v", name, err)
+		}
+	}
+	retried("the OpenAI Go client", func() error {
+		c := openai.NewClient(option.WithBaseURL(url+"/v1/"), option.WithAPIKey("key-heavy"), option.WithMaxRetries(5),
+			option.WithHeader(gateway.HeaderPriority, "batch"))
+		return ask(c, 8)
 	})
-	if err := ask(patient, 8); err != nil {
-		t.Errorf("a client that retries after a 429: %v", err)
-	}
-	wg.Wait()
-	if got := metricValue(t, reg, "macfleet_gateway_queue_rejections_total",
-		map[string]string{"model": model, "reason": "queue_full_client"}); got < 2 {
-		t.Errorf("queue_full_client rejections = %v, want the retried client's first attempt counted too", got)
-	}
+	node := nodeScript(t, "openai-node-retry.cjs", url+"/v1", "key-heavy", model, "PRIORITY=batch")
+	retried("the openai npm package", func() error { return runNode(t, node) })
 }
 
 // BenchmarkFairQueue: what the queue changes for a light client while a heavy one
 // keeps eight requests in flight on a replica with two slots. Each round runs the same
 // load through a gateway without the queue (--max-inflight-per-slot=-1: the runner's
 // first-come queue) and with it at 1 and 2 per slot, interleaved; it reports the light
-// client's median latency and the replica's throughput (completion tokens per second
+// client's latency (p50 and p99 of all rounds, and beside its latency with no other
+// load) and the replica's throughput (completion tokens per second
 // of both clients: the light client's share is larger with the queue, so the heavy
 // client's alone would count fairness as a loss) each way. HEAVY_TOKENS sets the heavy
 // requests' length (default 64).
@@ -236,8 +302,8 @@ func BenchmarkFairQueue(b *testing.B) {
 	}
 	// round runs the load through url: 8 heavy workers while the light client sends 8
 	// requests of 16 tokens one after another.
-	round := func(url string) (lightP50 time.Duration, tokensPerSecond float64) {
-		heavy, light := clientFrom(url, "127.0.0.2", 0), clientFrom(url, "127.0.0.3", 0)
+	round := func(url string) (light []time.Duration, tokensPerSecond float64) {
+		heavy, lc := clientFrom(url, "127.0.0.2", 0), clientFrom(url, "127.0.0.3", 0)
 		stop := make(chan struct{})
 		var served sync.WaitGroup
 		var mu sync.Mutex
@@ -265,7 +331,7 @@ func BenchmarkFairQueue(b *testing.B) {
 		var lat []time.Duration
 		for range 8 {
 			t0 := time.Now()
-			n, err := ask(light, 16)
+			n, err := ask(lc, 16)
 			if err != nil {
 				b.Fatalf("light: %v", err)
 			}
@@ -276,8 +342,7 @@ func BenchmarkFairQueue(b *testing.B) {
 		}
 		close(stop)
 		served.Wait()
-		slices.Sort(lat)
-		return lat[len(lat)/2], float64(tokens) / time.Since(start).Seconds()
+		return lat, float64(tokens) / time.Since(start).Seconds()
 	}
 	// alone is the heavy client by itself, 8 workers × 6 requests: the queue's own cost
 	// to throughput, with no other client to share with.
@@ -301,28 +366,47 @@ func BenchmarkFairQueue(b *testing.B) {
 		wg.Wait()
 		return float64(tokens.Load()) / time.Since(start).Seconds()
 	}
+	// unloaded is the light client's latency with no other load.
+	var unloaded []time.Duration
 	for b.Loop() {
 		line := ""
+		lc := clientFrom(modes[1].url, "127.0.0.3", 0)
+		for range 8 {
+			t0 := time.Now()
+			if _, err := ask(lc, 16); err != nil {
+				b.Fatalf("light alone: %v", err)
+			}
+			unloaded = append(unloaded, time.Since(t0))
+		}
 		for i := range modes {
 			l, r := round(modes[i].url)
 			a := alone(modes[i].url)
-			modes[i].lat, modes[i].tps, modes[i].alone = append(modes[i].lat, l), append(modes[i].tps, r), append(modes[i].alone, a)
-			line += fmt.Sprintf("  %s: light p50 %v, %.0f tokens/s; alone %.0f tokens/s", modes[i].name, l.Round(time.Millisecond), r, a)
+			modes[i].lat, modes[i].tps, modes[i].alone = append(modes[i].lat, l...), append(modes[i].tps, r), append(modes[i].alone, a)
+			slices.Sort(l)
+			line += fmt.Sprintf("  %s: light p50 %v, %.0f tokens/s; alone %.0f tokens/s", modes[i].name, l[len(l)/2].Round(time.Millisecond), r, a)
 		}
 		b.Logf("round %d (heavy %d tokens):%s", len(modes[0].lat), heavyTokens, line)
 	}
+	pct := func(d []time.Duration, p float64) time.Duration {
+		slices.Sort(d)
+		return d[min(int(p*float64(len(d))), len(d)-1)]
+	}
 	med := func(i int) (time.Duration, float64, float64) {
-		slices.Sort(modes[i].lat)
 		slices.Sort(modes[i].tps)
 		slices.Sort(modes[i].alone)
-		k := len(modes[i].lat) / 2
-		return modes[i].lat[k], modes[i].tps[k], modes[i].alone[k]
+		k := len(modes[i].tps) / 2
+		return pct(modes[i].lat, 0.5), modes[i].tps[k], modes[i].alone[k]
 	}
 	fifoLat, fifoTPS, fifoAlone := med(0)
+	u99 := pct(unloaded, 0.99)
+	b.ReportMetric(float64(pct(unloaded, 0.5).Milliseconds()), "light-p50-unloaded-ms")
+	b.ReportMetric(float64(u99.Milliseconds()), "light-p99-unloaded-ms")
 	b.ReportMetric(float64(fifoLat.Milliseconds()), "light-p50-fifo-ms")
+	b.ReportMetric(float64(pct(modes[0].lat, 0.99))/float64(u99), "light-p99-vs-unloaded-fifo")
 	for i := 1; i < len(modes); i++ {
 		l, r, a := med(i)
 		b.ReportMetric(float64(l.Milliseconds()), "light-p50-"+modes[i].name+"-ms")
+		b.ReportMetric(float64(pct(modes[i].lat, 0.99))/float64(u99), "light-p99-vs-unloaded-"+modes[i].name)
 		b.ReportMetric(float64(fifoLat)/float64(l), "light-speedup-"+modes[i].name)
 		b.ReportMetric(r/fifoTPS, "tokens-per-s-ratio-"+modes[i].name)
 		b.ReportMetric(a/fifoAlone, "alone-tokens-per-s-ratio-"+modes[i].name)

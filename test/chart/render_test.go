@@ -458,6 +458,12 @@ func TestValuesSchemaRejects(t *testing.T) {
 		{"gateway.coldStartTimeout=2", []string{"gateway/coldStartTimeout"}},
 		{"gateway.queue.maxQueued=0", []string{"gateway/queue/maxQueued"}},
 		{"placement.strategy=Spread", []string{"placement"}},
+		{"monitoring.dashboards.enable=true", []string{"monitoring/dashboards", "enable"}},
+		{"monitoring.dashboards.namespace=Grafana", []string{"monitoring/dashboards/namespace"}},
+		{"monitoring.podMonitor.interval=30", []string{"monitoring/podMonitor/interval"}},
+		{"monitoring.prometheusRule.ttftP99Seconds=0", []string{"monitoring/prometheusRule/ttftP99Seconds"}},
+		{"monitoring.prometheusRule.errorRatio=2", []string{"monitoring/prometheusRule/errorRatio"}},
+		{"monitoring.prometheusRule.agentJob=a\"b", []string{"monitoring/prometheusRule/agentJob"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.set, func(t *testing.T) {
@@ -475,7 +481,7 @@ func TestValuesSchemaRejects(t *testing.T) {
 }
 
 func TestLint(t *testing.T) {
-	for _, set := range [][]string{nil, {"manager.replicas=2", "gateway.apiKeysSecret=keys"}, {"gateway.enabled=false", "fleetToken.create=false"}} {
+	for _, set := range [][]string{nil, {"manager.replicas=2", "gateway.apiKeysSecret=keys"}, {"gateway.enabled=false", "fleetToken.create=false"}, monitoringOn} {
 		args := []string{"lint", "--strict", chartDir(t)}
 		for _, s := range set {
 			args = append(args, "--set", s)

@@ -80,13 +80,18 @@ var ctrlLogOnce sync.Once
 // clientFrom is the official OpenAI client calling base from the loopback address ip:
 // without API keys, the gateway tells clients apart by address.
 func clientFrom(base, ip string, retries int) openai.Client {
-	d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(ip)}}
-	hc := &http.Client{Transport: &http.Transport{DialContext: d.DialContext, MaxIdleConnsPerHost: 16}}
 	return openai.NewClient(option.WithBaseURL(base+"/v1/"), option.WithAPIKey("unused"),
-		option.WithHTTPClient(hc), option.WithMaxRetries(retries))
+		option.WithHTTPClient(httpClientFrom(ip)), option.WithMaxRetries(retries))
 }
 
-// metricValue sums the samples of a gauge or counter whose labels include want.
+// httpClientFrom is an HTTP client whose connections leave from the loopback address ip.
+func httpClientFrom(ip string) *http.Client {
+	d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(ip)}}
+	return &http.Client{Transport: &http.Transport{DialContext: d.DialContext, MaxIdleConnsPerHost: 16}}
+}
+
+// metricValue sums the samples of a gauge or counter, and the observation counts of a
+// histogram, whose labels include want.
 func metricValue(t testing.TB, reg *prometheus.Registry, name string, want map[string]string) float64 {
 	t.Helper()
 	mfs, err := reg.Gather()
@@ -109,7 +114,7 @@ func metricValue(t testing.TB, reg *prometheus.Registry, name string, want map[s
 					continue metrics
 				}
 			}
-			sum += m.GetGauge().GetValue() + m.GetCounter().GetValue()
+			sum += m.GetGauge().GetValue() + m.GetCounter().GetValue() + float64(m.GetHistogram().GetSampleCount())
 		}
 	}
 	return sum

@@ -199,9 +199,10 @@ func Run(ctx context.Context, cfg Config) error {
 	}, metricsLn); err != nil {
 		return err
 	}
-	log.Info("Starting gateway", "listen", ln.Addr().String(), "coldStartTimeout", opts.ColdStartTimeout,
+	// The options as New completed them with defaults.
+	log.Info("Starting gateway", "listen", ln.Addr().String(), "coldStartTimeout", g.opts.ColdStartTimeout,
 		"prefixAffinity", cfg.PrefixAffinity, "apiKeys", cfg.APIKeysFile != "", "console", !cfg.DisableConsole,
-		"maxInFlightPerSlot", cfg.MaxInFlightPerSlot, "queue", cfg.Queue.WithDefaults())
+		"maxInFlightPerSlot", g.opts.MaxInFlightPerSlot, "queue", cfg.Queue.WithDefaults(), "tracing", g.tracer != nil)
 	return mgr.Start(ctx)
 }
 

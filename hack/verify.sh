@@ -3,6 +3,8 @@
 #   - `make generate manifests` leaves api/, config/ and charts/ unchanged (generated
 #     code, manifests and the chart's copies of them are committed and reproducible);
 #   - `helm lint --strict` is clean on the chart;
+#   - the chart's alert rules and dashboard queries parse with Prometheus's own parsers
+#     (hack/promcheck: what `promtool check rules` runs);
 #   - go.mod/go.sum of the module and of the tool modules are tidy;
 #   - gofmt and `go vet` (pure Go, CGO_ENABLED=0) are clean;
 #   - cmd/macfleet cross-compiles for darwin/arm64 without cgo.
@@ -35,12 +37,24 @@ generated_unchanged() {
 
 tidy() {
 	local dir rc=0
-	for dir in . hack/tools hack/envtest hack/envtest/etcd; do
+	for dir in . hack/tools hack/envtest hack/envtest/etcd hack/promcheck; do
 		if ! (cd "$dir" && go mod tidy -diff); then
 			echo "$dir/go.mod is not tidy (diff above)"
 			rc=1
 		fi
 	done
+	return $rc
+}
+
+# The chart rendered with its dashboards and PrometheusRule, through hack/promcheck.
+prometheus_rules() {
+	${MAKE:-make} --no-print-directory helm || return
+	local rendered rc=0
+	rendered=$(mktemp)
+	bin/helm template macfleet charts/macfleet \
+		--set monitoring.dashboards.enabled=true,monitoring.prometheusRule.enabled=true >"$rendered" &&
+		(cd hack/promcheck && go run . "$rendered") || rc=$?
+	rm -f "$rendered"
 	return $rc
 }
 
@@ -56,6 +70,7 @@ gofmt_clean() {
 
 step "generate manifests" generated_unchanged
 step "helm lint" ${MAKE:-make} --no-print-directory chart-verify
+step "prometheus rules and dashboards" prometheus_rules
 step "go mod tidy" tidy
 step "gofmt" gofmt_clean
 step "go vet" env CGO_ENABLED=0 go vet ./...

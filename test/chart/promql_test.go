@@ -8,11 +8,11 @@ import (
 	"github.com/google/go-cmp/cmp"
 )
 
-// The chart's PromQL is read by a small tokenizer rather than by the Prometheus parser
-// (github.com/prometheus/prometheus/promql/parser): that module is not in the module
-// graph and would bring most of Prometheus with it. The tokenizer knows enough PromQL
-// to find metric names and to catch what a typo most often breaks: unbalanced brackets,
-// unterminated strings, and unknown functions. It does not type-check expressions.
+// The chart's PromQL is read here by a small tokenizer, to find the metric names each
+// query uses; the Prometheus parser itself checks every rule and query in `make verify`
+// (hack/promcheck, a module of its own, since Prometheus would otherwise join this
+// module's graph). The tokenizer also catches what a typo most often breaks:
+// unbalanced brackets, unterminated strings, and unknown functions.
 
 // promqlFunctions are PromQL's functions and aggregation operators, as the chart may
 // call them; a name followed by "(" that is not here fails the test, so a misspelt

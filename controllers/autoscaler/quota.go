@@ -35,17 +35,8 @@ func (q QuotaRoom) Fits() int32 {
 // quotaRoom computes md's room in its namespace from the namespace's FleetQuotas and
 // replicas; ok is false when no quota applies or md's reservation is not known yet.
 func quotaRoom(md *v1alpha1.ModelDeployment, quotas []v1alpha1.FleetQuota, replicas []v1alpha1.ModelReplica) (QuotaRoom, bool) {
-	var room QuotaRoom
-	found := false
-	for i := range quotas {
-		fq := &quotas[i]
-		if fq.Namespace != md.Namespace || fq.DeletionTimestamp != nil {
-			continue
-		}
-		if limit := max(fq.Spec.Memory.Value(), 0); !found || limit < room.Limit {
-			room.Quota, room.Limit, found = fq.Name, limit, true
-		}
-	}
+	q, found := scheduler.Limits(quotas)[md.Namespace]
+	room := QuotaRoom{Quota: q.Name, Limit: q.Limit}
 	per := md.Status.EstimatedMemory
 	if per == nil && md.Spec.Resources != nil {
 		per = md.Spec.Resources.Memory

@@ -11,11 +11,10 @@ func QuotaCharge(r *v1alpha1.ModelReplica) int64 {
 	return max(r.Spec.MemoryReservation.Value(), 0)
 }
 
-// quotaSnapshot is the solver's Quotas: for each namespace with a FleetQuota (not
-// being deleted), the smallest spec.memory of its FleetQuotas, named, and the charges
-// of its bound replicas, those this scheduler bound but the cache does not show yet
-// included.
-func quotaSnapshot(quotas []v1alpha1.FleetQuota, bound []boundReplica) map[string]Quota {
+// Limits is the quota each namespace with a FleetQuota (not being deleted) is held
+// to: the smallest spec.memory of its FleetQuotas (on a tie, the first by name), with
+// Used zero.
+func Limits(quotas []v1alpha1.FleetQuota) map[string]Quota {
 	if len(quotas) == 0 {
 		return nil
 	}
@@ -31,6 +30,14 @@ func quotaSnapshot(quotas []v1alpha1.FleetQuota, bound []boundReplica) map[strin
 		}
 		out[fq.Namespace] = Quota{Name: fq.Name, Limit: limit}
 	}
+	return out
+}
+
+// quotaSnapshot is the solver's Quotas: the Limits, with Used the charges of each
+// namespace's bound replicas, those this scheduler bound but the cache does not show
+// yet included.
+func quotaSnapshot(quotas []v1alpha1.FleetQuota, bound []boundReplica) map[string]Quota {
+	out := Limits(quotas)
 	for _, b := range bound {
 		if q, ok := out[b.replica.Namespace]; ok {
 			q.Used += QuotaCharge(b.replica)

@@ -18,6 +18,13 @@ func in(ns string, r Replica) Replica {
 	return r
 }
 
+// quotaReason is the reason of a replica of namespace ns needing need that the
+// quota called name, allowing limit with used in use, holds back.
+func quotaReason(ns, need, name, limit, used string) Reason {
+	return Reason{Code: ReasonQuotaExceeded, Message: "namespace " + ns + " is out of fleet memory quota: the replica needs " + need +
+		", FleetQuota " + name + " allows " + limit + " and " + used + " is in use; raise the FleetQuota's spec.memory or scale down a deployment in " + ns}
+}
+
 func quota(name string, limit, used float64) Quota {
 	return Quota{Name: name, Limit: gb(limit), Used: gb(used)}
 }
@@ -48,61 +55,49 @@ func TestSolveQuota(t *testing.T) {
 			want:    bindings("r1", "a"),
 		},
 		{
-			name:    "over the quota although the nodes have room",
-			nodes:   roomy,
-			pending: []Replica{resident("r1", "d", 8)},
-			quotas:  map[string]Quota{"ns": quota("team", 16, 12)},
-			unplaceable: map[string]Reason{"ns/r1": {Code: ReasonQuotaExceeded, Message: "namespace ns is out of fleet memory quota: " +
-				"the replica needs 8.0GiB, FleetQuota team allows 16.0GiB and 12.0GiB is in use; " +
-				"raise the FleetQuota's spec.memory or scale down a deployment in ns"}},
+			name:        "over the quota although the nodes have room",
+			nodes:       roomy,
+			pending:     []Replica{resident("r1", "d", 8)},
+			quotas:      map[string]Quota{"ns": quota("team", 16, 12)},
+			unplaceable: map[string]Reason{"ns/r1": quotaReason("ns", "8.0GiB", "team", "16.0GiB", "12.0GiB")},
 		},
 		{
-			name:    "bindings of the same solve count: the third replica waits",
-			nodes:   roomy,
-			pending: []Replica{resident("r1", "d", 8), resident("r2", "d", 8), resident("r3", "d", 8)},
-			quotas:  map[string]Quota{"ns": quota("default", 20, 0)},
-			want:    bindings("r1", "a", "r2", "b"),
-			unplaceable: map[string]Reason{"ns/r3": {Code: ReasonQuotaExceeded, Message: "namespace ns is out of fleet memory quota: " +
-				"the replica needs 8.0GiB, FleetQuota default allows 20.0GiB and 16.0GiB is in use; " +
-				"raise the FleetQuota's spec.memory or scale down a deployment in ns"}},
+			name:        "bindings of the same solve count: the third replica waits",
+			nodes:       roomy,
+			pending:     []Replica{resident("r1", "d", 8), resident("r2", "d", 8), resident("r3", "d", 8)},
+			quotas:      map[string]Quota{"ns": quota("default", 20, 0)},
+			want:        bindings("r1", "a", "r2", "b"),
+			unplaceable: map[string]Reason{"ns/r3": quotaReason("ns", "8.0GiB", "default", "20.0GiB", "16.0GiB")},
 		},
 		{
-			name:    "OnDemand replicas are charged too",
-			nodes:   roomy,
-			pending: []Replica{onDemand("r1", "d", 8)},
-			quotas:  map[string]Quota{"ns": quota("default", 4, 0)},
-			unplaceable: map[string]Reason{"ns/r1": {Code: ReasonQuotaExceeded, Message: "namespace ns is out of fleet memory quota: " +
-				"the replica needs 8.0GiB, FleetQuota default allows 4.0GiB and 0.0GiB is in use; " +
-				"raise the FleetQuota's spec.memory or scale down a deployment in ns"}},
+			name:        "OnDemand replicas are charged too",
+			nodes:       roomy,
+			pending:     []Replica{onDemand("r1", "d", 8)},
+			quotas:      map[string]Quota{"ns": quota("default", 4, 0)},
+			unplaceable: map[string]Reason{"ns/r1": quotaReason("ns", "8.0GiB", "default", "4.0GiB", "0.0GiB")},
 		},
 		{
-			name:    "a smaller replica still fits where a larger one does not",
-			nodes:   roomy,
-			pending: []Replica{resident("big", "d", 12), resident("small", "e", 4)},
-			quotas:  map[string]Quota{"ns": quota("default", 10, 2)},
-			want:    bindings("small", "a"),
-			unplaceable: map[string]Reason{"ns/big": {Code: ReasonQuotaExceeded, Message: "namespace ns is out of fleet memory quota: " +
-				"the replica needs 12.0GiB, FleetQuota default allows 10.0GiB and 2.0GiB is in use; " +
-				"raise the FleetQuota's spec.memory or scale down a deployment in ns"}},
+			name:        "a smaller replica still fits where a larger one does not",
+			nodes:       roomy,
+			pending:     []Replica{resident("big", "d", 12), resident("small", "e", 4)},
+			quotas:      map[string]Quota{"ns": quota("default", 10, 2)},
+			want:        bindings("small", "a"),
+			unplaceable: map[string]Reason{"ns/big": quotaReason("ns", "12.0GiB", "default", "10.0GiB", "2.0GiB")},
 		},
 		{
-			name:    "a zero quota places nothing, not even a replica of no memory",
-			nodes:   roomy,
-			pending: []Replica{resident("r1", "d", 0)},
-			quotas:  map[string]Quota{"ns": quota("none", 0, 1)},
-			unplaceable: map[string]Reason{"ns/r1": {Code: ReasonQuotaExceeded, Message: "namespace ns is out of fleet memory quota: " +
-				"the replica needs 0.0GiB, FleetQuota none allows 0.0GiB and 1.0GiB is in use; " +
-				"raise the FleetQuota's spec.memory or scale down a deployment in ns"}},
+			name:        "a zero quota places nothing, not even a replica of no memory",
+			nodes:       roomy,
+			pending:     []Replica{resident("r1", "d", 0)},
+			quotas:      map[string]Quota{"ns": quota("none", 0, 1)},
+			unplaceable: map[string]Reason{"ns/r1": quotaReason("ns", "0.0GiB", "none", "0.0GiB", "1.0GiB")},
 		},
 		{
-			name:    "quotas are per namespace",
-			nodes:   roomy,
-			pending: []Replica{in("team-a", resident("r1", "d", 8)), in("team-b", resident("r1", "d", 8)), in("team-c", resident("r1", "d", 8))},
-			quotas:  map[string]Quota{"team-a": quota("default", 8, 0), "team-b": quota("default", 8, 4)},
-			want:    []Binding{{Replica: "team-a/r1", Node: "a"}, {Replica: "team-c/r1", Node: "a"}},
-			unplaceable: map[string]Reason{"team-b/r1": {Code: ReasonQuotaExceeded, Message: "namespace team-b is out of fleet memory quota: " +
-				"the replica needs 8.0GiB, FleetQuota default allows 8.0GiB and 4.0GiB is in use; " +
-				"raise the FleetQuota's spec.memory or scale down a deployment in team-b"}},
+			name:        "quotas are per namespace",
+			nodes:       roomy,
+			pending:     []Replica{in("team-a", resident("r1", "d", 8)), in("team-b", resident("r1", "d", 8)), in("team-c", resident("r1", "d", 8))},
+			quotas:      map[string]Quota{"team-a": quota("default", 8, 0), "team-b": quota("default", 8, 4)},
+			want:        []Binding{{Replica: "team-a/r1", Node: "a"}, {Replica: "team-c/r1", Node: "a"}},
+			unplaceable: map[string]Reason{"team-b/r1": quotaReason("team-b", "8.0GiB", "default", "8.0GiB", "4.0GiB")},
 		},
 		{
 			name:    "within the quota but no node fits: the node reason",

@@ -35,6 +35,7 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/macfleet/macfleet/fairqueue"
 	"github.com/macfleet/macfleet/internal/openaierr"
@@ -86,7 +87,10 @@ type Options struct {
 	Registerer prometheus.Registerer
 	// Transport reaches the agents; nil means one tuned for many streams to few hosts.
 	Transport http.RoundTripper
-	Log       logr.Logger
+	// TracerProvider, when set, traces every proxied request (see trace.go); nil means
+	// no tracing.
+	TracerProvider trace.TracerProvider
+	Log            logr.Logger
 }
 
 // Gateway is the HTTP handler of the fleet's OpenAI API.
@@ -99,6 +103,7 @@ type Gateway struct {
 	traffic   *traffic
 	metrics   *metrics
 	waker     *waker
+	tracer    trace.Tracer // nil: tracing off
 	transport http.RoundTripper
 	handler   http.Handler
 }
@@ -130,6 +135,9 @@ func New(opts Options) (*Gateway, error) {
 	g := &Gateway{opts: opts, log: opts.Log, bal: newBalancer(opts.LoadBound), metrics: m, transport: opts.Transport}
 	if g.transport == nil {
 		g.transport = NewTransport()
+	}
+	if opts.TracerProvider != nil {
+		g.tracer = opts.TracerProvider.Tracer(tracerName)
 	}
 	g.table.Store(emptyTable())
 	g.adm = newAdmission(opts, g.bal, g.Table, m)

@@ -81,11 +81,22 @@ type outcome struct {
 // answers (or the request's patience runs out).
 func (g *Gateway) handleProxy(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
+	r, span := g.startRequest(r)
+	model, res := g.proxy(w, r, start)
+	endRequest(span, model, res)
+	g.accessLog(r, model, res, start)
+	if res.abort {
+		panic(http.ErrAbortHandler)
+	}
+}
+
+// proxy is handleProxy's work: it returns the deployment ("" before it is known) and
+// how the request ended, once counted.
+func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, start time.Time) (string, outcome) {
 	endpoint := endpointLabel(r.URL.Path)
 	body, aerr := readBody(w, r, g.opts.MaxBodyBytes)
 	if aerr != nil {
-		g.fail(w, "", endpoint, aerr)
-		return
+		return "", g.fail(w, "", endpoint, aerr)
 	}
 	prefixBytes := 0
 	if g.opts.PrefixAffinity {
@@ -93,13 +104,11 @@ func (g *Gateway) handleProxy(w http.ResponseWriter, r *http.Request) {
 	}
 	head, aerr := parseHead(body, prefixBytes)
 	if aerr != nil {
-		g.fail(w, "", endpoint, aerr)
-		return
+		return "", g.fail(w, "", endpoint, aerr)
 	}
 	rt, aerr := g.Table().Resolve(head.Model)
 	if aerr != nil {
-		g.fail(w, "", endpoint, aerr)
-		return
+		return "", g.fail(w, "", endpoint, aerr)
 	}
 	model := rt.ID()
 	gauge := g.metrics.inflight.WithLabelValues(model)
@@ -112,19 +121,17 @@ func (g *Gateway) handleProxy(w http.ResponseWriter, r *http.Request) {
 	}
 	flow, prio, aerr := g.classify(r)
 	if aerr != nil {
-		g.fail(w, model, endpoint, aerr)
-		return
+		return model, g.fail(w, model, endpoint, aerr)
 	}
 	res := g.serve(w, r, model, head.Model, g.adm.newTicket(model, flow, prio, h), body, start)
 	g.count(model, endpoint, res.status, res.reason)
-	if res.abort {
-		panic(http.ErrAbortHandler)
-	}
+	return model, res
 }
 
-func (g *Gateway) fail(w http.ResponseWriter, model, endpoint string, e *apiError) {
+func (g *Gateway) fail(w http.ResponseWriter, model, endpoint string, e *apiError) outcome {
 	g.count(model, endpoint, e.Status, e.reason)
 	e.write(w)
+	return outcome{status: e.Status, reason: e.reason}
 }
 
 // serve tries replicas of the model's deployment, each one that admission gives it:
@@ -133,9 +140,13 @@ func (g *Gateway) fail(w http.ResponseWriter, model, endpoint string, e *apiErro
 // the replica) excludes its replica and tries another; when every replica is excluded
 // it waits for the table to change or a backoff to pass (then every replica may be
 // tried again), until ColdStartTimeout after the request arrived.
-func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, model, name string, t *ticket, body []byte, start time.Time) outcome {
+func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, model, name string, t *ticket, body []byte, start time.Time) (res outcome) {
 	ctx := r.Context()
 	defer g.adm.leave(t)
+	// hd is the current wait's span (tracing only); attempts numbers the attempts.
+	var hd *hold
+	attempts := 0
+	defer func() { hd.end(res.reason) }()
 	// The deadline timer is made only once the request waits: most requests never do.
 	var deadline *time.Timer
 	defer func() { stopTimer(deadline) }()
@@ -214,6 +225,9 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, model, name stri
 			if deadline == nil {
 				deadline = time.NewTimer(time.Until(start.Add(g.opts.ColdStartTimeout)))
 			}
+			if hd == nil {
+				hd = g.startHold(ctx, rt, t)
+			}
 			var retry <-chan time.Time
 			var bt *time.Timer
 			if len(t.excluded) > 0 {
@@ -247,7 +261,10 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, model, name stri
 			unhold()
 			unhold = nil
 		}
-		res := g.attempt(ctx, w, r, model, be, body, start)
+		hd.end("granted")
+		hd = nil
+		attempts++
+		res := g.attempt(ctx, w, r, model, be, body, start, attempts)
 		g.adm.release(model, be.Key)
 		if res.failure == nil {
 			observeHold()
@@ -311,12 +328,14 @@ func (g *Gateway) holdTimeout(rt *Route, last *failure, t *ticket) *apiError {
 // attempt sends the request to one replica. Before the response's status is committed
 // to the client it can fail retryably; after that it streams the body through,
 // flushing every chunk, until the upstream ends or either side goes away.
-func (g *Gateway) attempt(ctx context.Context, w http.ResponseWriter, r *http.Request, model string, be Backend, body []byte, start time.Time) outcome {
+func (g *Gateway) attempt(ctx context.Context, w http.ResponseWriter, r *http.Request, model string, be Backend, body []byte, start time.Time, n int) (res outcome) {
 	out, err := http.NewRequestWithContext(ctx, r.Method, "http://"+be.Endpoint+r.URL.RequestURI(), bytes.NewReader(body))
 	if err != nil {
 		return outcome{failure: &failure{backend: be, reason: "transport", err: err}}
 	}
 	copyRequestHeaders(out.Header, r)
+	span := g.startAttempt(ctx, out, be, n)
+	defer func() { endAttempt(span, res) }()
 	if tok := g.opts.FleetToken(); tok != "" {
 		out.Header.Set("Authorization", "Bearer "+tok)
 	}
@@ -356,7 +375,7 @@ func (g *Gateway) attempt(ctx context.Context, w http.ResponseWriter, r *http.Re
 
 	copyResponseHeaders(w.Header(), resp.Header)
 	w.WriteHeader(resp.StatusCode)
-	res := outcome{status: resp.StatusCode}
+	res = outcome{status: resp.StatusCode}
 	if resp.StatusCode >= 400 {
 		res.reason = "upstream_status"
 	}
@@ -373,6 +392,7 @@ func (g *Gateway) attempt(ctx context.Context, w http.ResponseWriter, r *http.Re
 				ttft := time.Since(start)
 				g.metrics.ttft.WithLabelValues(model, endpointLabel(r.URL.Path)).Observe(ttft.Seconds())
 				g.traffic.firstByte(model, ttft)
+				firstByte(span, ttft)
 				first = false
 			}
 			if _, werr := w.Write(buf[:n]); werr != nil {

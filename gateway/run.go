@@ -12,6 +12,7 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
@@ -78,6 +79,8 @@ type Config struct {
 	Registerer prometheus.Registerer
 	// Started, when set, is called with the API's address once it listens.
 	Started func(addr string)
+	// TracerProvider traces requests (tracing.New); nil means none.
+	TracerProvider trace.TracerProvider
 }
 
 // Scheme has the client-go and macfleet types.
@@ -99,7 +102,8 @@ func Scheme() (*runtime.Scheme, error) {
 func Run(ctx context.Context, cfg Config) error {
 	log := ctrl.LoggerFrom(ctx).WithName("gateway")
 	opts := Options{ColdStartTimeout: cfg.ColdStartTimeout, PrefixAffinity: cfg.PrefixAffinity,
-		MaxInFlightPerSlot: cfg.MaxInFlightPerSlot, Queue: cfg.Queue, Registerer: cfg.Registerer, Log: log}
+		MaxInFlightPerSlot: cfg.MaxInFlightPerSlot, Queue: cfg.Queue, Registerer: cfg.Registerer, Log: log,
+		TracerProvider: cfg.TracerProvider}
 	if opts.Registerer == nil {
 		opts.Registerer = ctrlmetrics.Registry
 	}
@@ -195,9 +199,10 @@ func Run(ctx context.Context, cfg Config) error {
 	}, metricsLn); err != nil {
 		return err
 	}
-	log.Info("Starting gateway", "listen", ln.Addr().String(), "coldStartTimeout", opts.ColdStartTimeout,
+	// The options as New completed them with defaults.
+	log.Info("Starting gateway", "listen", ln.Addr().String(), "coldStartTimeout", g.opts.ColdStartTimeout,
 		"prefixAffinity", cfg.PrefixAffinity, "apiKeys", cfg.APIKeysFile != "", "console", !cfg.DisableConsole,
-		"maxInFlightPerSlot", cfg.MaxInFlightPerSlot, "queue", cfg.Queue.WithDefaults())
+		"maxInFlightPerSlot", g.opts.MaxInFlightPerSlot, "queue", cfg.Queue.WithDefaults(), "tracing", g.tracer != nil)
 	return mgr.Start(ctx)
 }
 

@@ -18,10 +18,14 @@ type Lease struct {
 	model    string
 	acquired time.Time
 	released bool // guarded by pool.mu
+	cold     bool
 }
 
 // Model is the served name of the leased model.
 func (l *Lease) Model() string { return l.model }
+
+// ColdStart reports whether Acquire waited for the model to load.
+func (l *Lease) ColdStart() bool { return l.cold }
 
 // Spec is the spec the leased engine was started with.
 func (l *Lease) Spec() ModelSpec { return l.eng.spec }
@@ -91,11 +95,16 @@ const maxAcquireRounds = 4
 // model; 503 + Retry-After while draining, stopping, in failure backoff or still
 // loading when ctx ends; 507 when admission cannot make room.
 func (p *Pool) Acquire(ctx context.Context, model string) (*Lease, error) {
+	cold := false
 	for range maxAcquireRounds {
 		l, a, err := p.tryAcquire(model)
+		if l != nil {
+			l.cold = cold
+		}
 		if l != nil || err != nil {
 			return l, err
 		}
+		cold = true
 		if err := p.awaitLoad(ctx, model, a); err != nil {
 			return nil, err
 		}

@@ -28,6 +28,9 @@ func TestAcquireLoadsOnDemandAndReleaseIsIdempotent(t *testing.T) {
 	if err != nil || r.BaseURL() != "http://fake-a" {
 		t.Fatalf("Runner() = %v, %v", r, err)
 	}
+	if !l.ColdStart() {
+		t.Error("the lease that loaded the model does not say it was a cold start")
+	}
 
 	l.Release()
 	l.Release()
@@ -35,6 +38,9 @@ func TestAcquireLoadsOnDemandAndReleaseIsIdempotent(t *testing.T) {
 		t.Fatalf("leases after double release = %d, want 0", got)
 	}
 	l2 := h.acquire("a")
+	if l2.ColdStart() {
+		t.Error("a lease of a loaded model says it was a cold start")
+	}
 	l.Release() // a stale handle must not release someone else's lease
 	if got := h.model("a").Leases; got != 1 {
 		t.Fatalf("leases = %d after a stale Release, want 1", got)

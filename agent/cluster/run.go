@@ -19,6 +19,7 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/sync/errgroup"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -103,6 +104,9 @@ type Config struct {
 	PromptCacheSSDBytes int64
 	// Pool tunes the engine pool (ceiling, reserve, timeouts, prompt cache hot budget).
 	Pool metal.Config
+	// TracerProvider traces the OpenAI requests (tracing.New); nil means none. The
+	// runners trace themselves from the environment they inherit.
+	TracerProvider trace.TracerProvider
 	// Gauge measures memory; nil means metal.NewGauge().
 	Gauge metal.Gauge
 	// Runnables run beside the agent (node registration, Lease).
@@ -228,7 +232,7 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	reg := prometheus.NewRegistry()
 	srv, err := server.New(pool, server.Options{APIKeyFunc: tokenFunc, ResolveModel: syncer.Resolve,
-		ListModels: syncer.ListModels, Log: log.WithName("http"), Registerer: reg})
+		ListModels: syncer.ListModels, Log: log.WithName("http"), Registerer: reg, TracerProvider: cfg.TracerProvider})
 	if err != nil {
 		ln.Close()
 		return err

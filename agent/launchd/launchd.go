@@ -11,6 +11,7 @@ import (
 	"encoding/xml"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -56,6 +57,9 @@ type Options struct {
 	// Kubeconfig is added as KubeconfigFlag when AgentArgs lack it (the installing
 	// shell's $KUBECONFIG). Without either Render fails.
 	Kubeconfig string
+	// Env are KEY=VALUE environment variables of the agent (and the runners it
+	// starts), for example the OTEL_* settings of tracing; launchd passes no shell's.
+	Env []string
 }
 
 // PathFlags are the agent flags whose values are files or directories.
@@ -171,6 +175,13 @@ func Render(o Options) (*Plan, error) {
 		{"StandardOutPath", p.StdoutPath},
 		{"StandardErrorPath", p.StderrPath},
 	}
+	if len(o.Env) > 0 {
+		env, err := envDict(o.Env)
+		if err != nil {
+			return nil, err
+		}
+		d = append(d, entry{"EnvironmentVariables", env})
+	}
 	var buf bytes.Buffer
 	buf.WriteString(xml.Header)
 	buf.WriteString(`<!DOCTYPE plist PUBLIC "-//Apple//DTD PLIST 1.0//EN" "http://www.apple.com/DTDs/PropertyList-1.0.dtd">` + "\n")
@@ -181,6 +192,24 @@ func Render(o Options) (*Plan, error) {
 	buf.WriteString("</plist>\n")
 	p.Plist = buf.Bytes()
 	return p, nil
+}
+
+// envDict is the EnvironmentVariables dictionary of KEY=VALUE pairs, sorted by key;
+// the last value of a key wins, as in a shell.
+func envDict(kvs []string) (dict, error) {
+	m := map[string]string{}
+	for _, kv := range kvs {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" || strings.ContainsAny(k, " \t\n") {
+			return nil, fmt.Errorf("environment variable %q: want KEY=VALUE, e.g. --env OTEL_EXPORTER_OTLP_ENDPOINT=http://collector:4318", kv)
+		}
+		m[k] = v
+	}
+	var d dict
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		d = append(d, entry{k, m[k]})
+	}
+	return d, nil
 }
 
 // flagValue finds flag in args ("--flag VALUE" or "--flag=VALUE", one or two

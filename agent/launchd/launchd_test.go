@@ -91,6 +91,20 @@ func TestRender(t *testing.T) {
 			wantStore:  "/Users/ada/models",
 			wantState:  "/Users/ada/fleet/st",
 		},
+		{
+			name: "environment for tracing",
+			o: Options{Executable: exe, Home: "/Users/ada", UID: 501, Kubeconfig: kc,
+				Env: []string{"OTEL_SERVICE_NAME=studio-1", "OTEL_EXPORTER_OTLP_ENDPOINT=http://otel:4318", "OTEL_SERVICE_NAME=studio-2", "EMPTY="}},
+			want: func() map[string]any {
+				m := common(strs(exe, "agent", "--kubeconfig="+kc, "--store-dir="+ada+"/models", "--state-dir="+ada+"/state"), ada, logs)
+				m["EnvironmentVariables"] = map[string]any{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://otel:4318", "OTEL_SERVICE_NAME": "studio-2", "EMPTY": ""}
+				return m
+			}(),
+			wantPlist:  "/Users/ada/Library/LaunchAgents/dev.macfleet.agent.plist",
+			wantDomain: "gui/501",
+			wantStore:  ada + "/models",
+			wantState:  ada + "/state",
+		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -150,6 +164,8 @@ func TestRenderRefuses(t *testing.T) {
 		{"state under /tmp", Options{Executable: exe, Home: "/Users/ada", Kubeconfig: kc, AgentArgs: []string{"--state-dir=/tmp"}}, "adopt"},
 		{"relative store", Options{Executable: exe, Home: "/Users/ada", Kubeconfig: kc, AgentArgs: []string{"--store-dir=models"}}, "absolute path"},
 		{"store flag without a value", Options{Executable: exe, Home: "/Users/ada", Kubeconfig: kc, AgentArgs: []string{"--store-dir"}}, "needs a value"},
+		{"env without =", Options{Executable: exe, Home: "/Users/ada", Kubeconfig: kc, Env: []string{"OTEL_SDK_DISABLED"}}, "want KEY=VALUE"},
+		{"env without a key", Options{Executable: exe, Home: "/Users/ada", Kubeconfig: kc, Env: []string{"=x"}}, "want KEY=VALUE"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/macfleet/macfleet/internal/openaierr"
 	"github.com/macfleet/macfleet/metal"
+	"github.com/macfleet/macfleet/tracing"
 )
 
 // metrics are the agent's request metrics, recorded by the handlers. The pool's own
@@ -107,14 +108,22 @@ func (s *Server) instrument(h http.HandlerFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		info := &reqInfo{start: time.Now()}
 		sw := &openaierr.StatusWriter{ResponseWriter: w}
+		r, span := s.startServerSpan(r)
 		r = r.WithContext(context.WithValue(r.Context(), reqInfoKey{}, info))
 		h(sw, r)
 		code := sw.Status
 		if code == 0 {
 			code = 499 // nothing sent: the client went away first
 		}
+		endServerSpan(span, info.model, code)
 		s.metrics.requests.WithLabelValues(info.model, strconv.Itoa(code)).Inc()
-		s.log.V(2).Info("Request", "method", r.Method, "path", r.URL.Path, "model", info.model,
-			"status", code, "duration", time.Since(info.start).Round(time.Microsecond))
+		if log := s.log.V(2); log.Enabled() {
+			id := tracing.TraceID(r.Context())
+			if id == "" {
+				id = tracing.TraceID(tracing.Extract(r.Context(), r.Header))
+			}
+			log.Info("Request", "method", r.Method, "path", r.URL.Path, "model", info.model,
+				"status", code, "duration", time.Since(info.start).Round(time.Microsecond), "traceID", id)
+		}
 	})
 }

@@ -9,6 +9,9 @@ import (
 	"slices"
 	"strings"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/macfleet/macfleet/metal"
 	"github.com/macfleet/macfleet/runner/api"
 )
@@ -172,7 +175,12 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, g generation) 
 			return
 		}
 	}
-	lease, err := s.pool.Acquire(ctx, entry)
+	lctx, span := s.startSpan(ctx, "agent.lease", trace.SpanKindInternal, attribute.String("macfleet.entry", entry))
+	lease, err := s.pool.Acquire(lctx, entry)
+	if lease != nil {
+		span.SetAttributes(attribute.Bool("macfleet.cold_start", lease.ColdStart()))
+	}
+	endSpan(span, err)
 	if err != nil {
 		info.setModel(s.canonicalName(entry))
 		if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
@@ -190,15 +198,20 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, g generation) 
 	}
 
 	// Prefill guard: before any byte of the response.
+	gctx, span := s.startSpan(ctx, "agent.prefill_guard", trace.SpanKindInternal)
 	n := g.tokens
 	if n == 0 {
-		n, err = s.countTokens(ctx, rn, g.tokenize)
+		n, err = s.countTokens(gctx, rn, g.tokenize)
 		if err != nil {
+			endSpan(span, err)
 			s.writeUpstreamError(w, r, lease, rn, err)
 			return
 		}
 	}
-	if err := s.pool.CheckPrefill(lease.Model(), n); err != nil {
+	span.SetAttributes(attribute.Int("macfleet.prompt_tokens", n))
+	err = s.pool.CheckPrefill(lease.Model(), n)
+	endSpan(span, err)
+	if err != nil {
 		writeError(w, fromPool(err))
 		return
 	}

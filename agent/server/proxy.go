@@ -12,6 +12,9 @@ import (
 	"strings"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/macfleet/macfleet/metal"
 )
 
@@ -37,12 +40,16 @@ type proxyRequest struct {
 // once the response is completely written (or abandoned by the client).
 func (s *Server) proxy(w http.ResponseWriter, r *http.Request, lease *metal.Lease, rn metal.Runner, pr proxyRequest) {
 	ctx := r.Context()
+	sctx, span := s.startSpan(ctx, "agent.runner", trace.SpanKindClient, attribute.String("macfleet.model", pr.served),
+		attribute.Bool("macfleet.stream", pr.stream))
+	defer span.End()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, rn.BaseURL()+pr.path, bytes.NewReader(pr.body))
 	if err != nil {
 		writeError(w, fromPool(err))
 		return
 	}
 	req.Header.Set("Content-Type", "application/json")
+	s.injectTrace(sctx, req.Header)
 	if pr.stream {
 		req.Header.Set("Accept", "text/event-stream")
 	}

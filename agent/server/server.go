@@ -24,6 +24,7 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/macfleet/macfleet/chat/translate"
 	"github.com/macfleet/macfleet/internal/openaierr"
@@ -63,7 +64,10 @@ type Options struct {
 	// ListModels, when set, gives the ids GET /v1/models lists instead of the pool's
 	// entries.
 	ListModels func() []string
-	Log        logr.Logger
+	// TracerProvider, when set, traces every OpenAI request (see trace.go); nil means
+	// no tracing.
+	TracerProvider trace.TracerProvider
+	Log            logr.Logger
 }
 
 // Server serves the agent's API over one engine pool.
@@ -72,6 +76,7 @@ type Server struct {
 	opts    Options
 	log     logr.Logger
 	metrics *metrics
+	tracer  trace.Tracer // nil: tracing off
 	started time.Time
 	ready   atomic.Bool
 	handler http.Handler
@@ -103,6 +108,9 @@ func New(pool *metal.Pool, opts Options) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{pool: pool, opts: opts, log: opts.Log, metrics: m, started: time.Now()}
+	if opts.TracerProvider != nil {
+		s.tracer = opts.TracerProvider.Tracer(tracerName)
+	}
 	s.handler = s.recoverer(s.authenticate(s.routes()))
 	return s, nil
 }

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"go.opentelemetry.io/otel/trace"
 	"k8s.io/utils/clock"
 
 	"github.com/macfleet/macfleet/agent/config"
@@ -48,6 +49,8 @@ type Options struct {
 	Listener net.Listener
 	// Started, when set, is called with the address being served.
 	Started func(addr string)
+	// TracerProvider traces the OpenAI requests (tracing.New); nil means none.
+	TracerProvider trace.TracerProvider
 	// ShutdownTimeout: DefaultShutdownTimeout when zero.
 	ShutdownTimeout time.Duration
 	// PromptCacheRetention, when positive, removes the prompt cache directories of
@@ -217,7 +220,7 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 		"hotBytes", pool.PromptCacheHotBudget())
 
 	srv, err := server.New(pool, server.Options{APIKey: cfg.APIKey, MaxBodyBytes: int64(cfg.MaxBodyBytes),
-		Log: log.WithName("http")})
+		Log: log.WithName("http"), TracerProvider: opts.TracerProvider})
 	if err != nil {
 		return err
 	}

@@ -14,12 +14,14 @@ import (
 	"os/signal"
 	"runtime"
 	"syscall"
+	"time"
 
 	"github.com/go-logr/logr/funcr"
 	"github.com/spf13/pflag"
 
 	"github.com/macfleet/macfleet/runner/llama"
 	"github.com/macfleet/macfleet/runner/server"
+	"github.com/macfleet/macfleet/tracing"
 )
 
 // Exit codes of docs/runner-protocol.md.
@@ -47,6 +49,19 @@ func run(args []string, stdout, stderr io.Writer) int {
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
+	// The runner inherits the agent's environment: the same OTEL_* settings, its own
+	// service name.
+	tp, err := tracing.New(ctx, tracing.Options{Service: tracing.ServiceRunner, KeepService: true, Log: cfg.Log.WithName("tracing")})
+	if err != nil {
+		fmt.Fprintln(stderr, "macfleet-runner: tracing:", err)
+		return exitBadFlags
+	}
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_ = tp.Shutdown(sctx)
+	}()
+	cfg.TracerProvider = tp.TracerProvider()
 	err = server.Run(ctx, cfg)
 	var le *server.LoadError
 	switch {

@@ -32,6 +32,7 @@ import (
 	"github.com/macfleet/macfleet/internal/source"
 	"github.com/macfleet/macfleet/metal"
 	"github.com/macfleet/macfleet/sourcepolicy"
+	"github.com/macfleet/macfleet/tracing"
 )
 
 func init() { root.AddCommand(newAgentCmd()) }
@@ -129,6 +130,12 @@ while the API server is unreachable and resyncs when it returns.`,
 			}
 			cfg.Gauge = hardware.OverrideGauge(gauge, ov)
 			cfg.Runnables = append(cfg.Runnables, nodeSession(fl, cfg.Pool.CeilingBytes))
+			tp, stopTracing, err := startTracing(ctx, tracing.ServiceAgent, log.WithName("tracing"))
+			if err != nil {
+				return err
+			}
+			defer stopTracing()
+			cfg.TracerProvider = tp
 			log.Info("Starting the node agent", "node", cfg.NodeName, "store", fl.storeDir, "state", fl.stateDir,
 				"listen", cfg.Listen)
 			return cluster.Run(ctx, cfg)

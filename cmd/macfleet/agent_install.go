@@ -17,6 +17,7 @@ func newAgentInstallCmd() *cobra.Command {
 	var (
 		system, dryRun bool
 		executable     string
+		env            []string
 	)
 	cmd := &cobra.Command{
 		Use:   "install [--system] [--dry-run] -- AGENT-FLAGS...",
@@ -34,6 +35,7 @@ absolute; --kubeconfig defaults to $KUBECONFIG, as launchd does not pass it on.
 --dry-run prints the property list instead, on any operating system.`,
 		Example: "  macfleet agent install -- --kubeconfig ~/macfleet/mac-1.kubeconfig --node-name mac-1\n" +
 			"  macfleet agent install --dry-run -- --kubeconfig mac-1.kubeconfig --memory-ceiling 24Gi\n" +
+			"  macfleet agent install --env OTEL_EXPORTER_OTLP_ENDPOINT=http://otel.example:4318 -- --kubeconfig mac-1.kubeconfig\n" +
 			"  sudo macfleet agent install --system -- --kubeconfig /etc/macfleet/mac-1.kubeconfig\n" +
 			"  tail -f ~/Library/Logs/macfleet/agent.err.log",
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -50,7 +52,7 @@ absolute; --kubeconfig defaults to $KUBECONFIG, as launchd does not pass it on.
 				return err
 			}
 			o := launchd.Options{Executable: exe, AgentArgs: args, System: system, UID: os.Getuid(),
-				Kubeconfig: firstPath(os.Getenv("KUBECONFIG"))}
+				Kubeconfig: firstPath(os.Getenv("KUBECONFIG")), Env: env}
 			if o.Dir, err = os.Getwd(); err != nil {
 				return fmt.Errorf("the current directory: %w", err)
 			}
@@ -100,6 +102,7 @@ absolute; --kubeconfig defaults to $KUBECONFIG, as launchd does not pass it on.
 	f.BoolVar(&system, "system", false, "Install a LaunchDaemon for the whole machine (/Library/LaunchDaemons; needs sudo) instead of a LaunchAgent of your user")
 	f.BoolVar(&dryRun, "dry-run", false, "Print the property list and where it would go; change nothing")
 	f.StringVar(&executable, "executable", "", "The macfleet binary launchd runs (default: this one)")
+	f.StringArrayVar(&env, "env", nil, "KEY=VALUE environment variable of the agent and its runners (repeatable), e.g. OTEL_EXPORTER_OTLP_ENDPOINT=http://collector:4318 to trace requests")
 	return cmd
 }
 

@@ -9,6 +9,7 @@ import (
 
 	"github.com/macfleet/macfleet/fairqueue"
 	"github.com/macfleet/macfleet/gateway"
+	"github.com/macfleet/macfleet/tracing"
 )
 
 func init() {
@@ -32,7 +33,8 @@ first byte, queues requests fairly (per API key, interactive before batch) when 
 replica is busy and answers 429 when the queue is full, holds requests while an OnDemand model cold-starts or an autoscaled
 deployment is woken from zero replicas (see docs/autoscaling.md), and streams responses
 through unbuffered. GET /v1/models lists the deployments. The web console at /ui shows the Macs, the
-models, the recent unloads and a chat playground (see docs/console.md).`,
+models, the recent unloads and a chat playground (see docs/console.md). With
+OTEL_EXPORTER_OTLP_ENDPOINT set it traces every request (see docs/tracing.md).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctrl.SetLogger(zap.New(zap.UseFlagOptions(&zapOpts)))
@@ -41,7 +43,14 @@ models, the recent unloads and a chat playground (see docs/console.md).`,
 				return err
 			}
 			cfg.RestConfig = rc
-			return gateway.Run(ctrl.SetupSignalHandler(), cfg)
+			ctx := ctrl.SetupSignalHandler()
+			tp, stop, err := startTracing(ctx, tracing.ServiceGateway, ctrl.Log.WithName("tracing"))
+			if err != nil {
+				return err
+			}
+			defer stop()
+			cfg.TracerProvider = tp
+			return gateway.Run(ctx, cfg)
 		},
 	}
 	f := cmd.Flags()

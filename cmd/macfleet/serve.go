@@ -14,6 +14,7 @@ import (
 	"github.com/macfleet/macfleet/agent/config"
 	"github.com/macfleet/macfleet/agent/janitor"
 	"github.com/macfleet/macfleet/agent/standalone"
+	"github.com/macfleet/macfleet/tracing"
 )
 
 func init() { root.AddCommand(newServeCommand()) }
@@ -119,6 +120,12 @@ func newServeCommand() *cobra.Command {
 				<-ctx.Done()
 				stop()
 			}()
+			tp, stopTracing, err := startTracing(ctx, tracing.ServiceAgent, log.WithName("tracing"))
+			if err != nil {
+				return err
+			}
+			defer stopTracing()
+			opts.TracerProvider = tp
 			return standalone.Run(ctx, cfg, opts)
 		},
 	}

@@ -358,7 +358,11 @@ func (f *Fleet) addAgent(ctx context.Context, n Node) error {
 }
 
 // StartAgent starts (or restarts) the agent of a Mac.
-func (f *Fleet) StartAgent(name string) error {
+func (f *Fleet) StartAgent(name string) error { return f.StartAgentWith(name, nil, nil) }
+
+// StartAgentWith starts (or restarts) the agent of a Mac with extra environment
+// variables (which its runners inherit) and arguments.
+func (f *Fleet) StartAgentWith(name string, env, extraArgs []string) error {
 	a := f.Agent(name)
 	if a == nil {
 		return fmt.Errorf("no Mac %q in this fleet", name)
@@ -381,8 +385,8 @@ func (f *Fleet) StartAgent(name string) error {
 	if f.opts.LeaseDuration > 0 {
 		args = append(args, "--lease-duration", f.opts.LeaseDuration.String())
 	}
-	args = append(args, f.opts.AgentArgs...)
-	p, err := f.start("agent-"+name, args...)
+	args = append(append(args, f.opts.AgentArgs...), extraArgs...)
+	p, err := f.startEnv("agent-"+name, env, args...)
 	if err != nil {
 		return err
 	}
@@ -538,8 +542,12 @@ func (f *Fleet) writeKubeconfig(src []byte, name string) (string, error) {
 }
 
 func (f *Fleet) start(name string, args ...string) (*Process, error) {
+	return f.startEnv(name, nil, args...)
+}
+
+func (f *Fleet) startEnv(name string, env []string, args ...string) (*Process, error) {
 	logPath := filepath.Join(f.opts.Dir, "logs", name+".log")
-	return startProcess(name, logPath, f.opts.Binary, args, []string{"MACFLEET_RUNNER=" + f.opts.Runner})
+	return startProcess(name, logPath, f.opts.Binary, args, append([]string{"MACFLEET_RUNNER=" + f.opts.Runner}, env...))
 }
 
 // HostIP is the first non-loopback IPv4 address of this machine.

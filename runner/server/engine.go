@@ -330,8 +330,11 @@ func (e *engine) assign(s *slot, j *job, keep int) {
 	if !j.embed && keep >= len(j.tokens) {
 		keep = len(j.tokens) - 1
 	}
+	admitted := time.Now()
+	var restoreTook time.Duration
 	if r := j.restore; r != nil && !j.embed && r.n > keep && r.n < len(j.tokens) {
 		keep = e.restore(s, r)
+		restoreTook = time.Since(admitted)
 	}
 	j.restore = nil // the state may be large: let it go
 	if keep < len(s.cached) {
@@ -345,6 +348,10 @@ func (e *engine) assign(s *slot, j *job, keep int) {
 	s.job, s.phase, s.fed, s.admitted = j, phasePrefill, keep, e.tick
 	j.mu.Lock()
 	j.cached = keep
+	j.times.admitted, j.times.restoreTook = admitted, restoreTook
+	if restoreTook > 0 {
+		j.times.restored = keep
+	}
 	j.mu.Unlock()
 	if j.embed {
 		s.emb = make([]float32, e.model.NEmbd())

@@ -28,8 +28,8 @@ func (s *Server) routes() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /health", s.handleHealth)
 	mux.HandleFunc("GET /status", s.handleStatus)
-	mux.HandleFunc("POST /v1/chat/completions", s.handleChat)
-	mux.HandleFunc("POST /v1/completions", s.handleCompletion)
+	mux.HandleFunc("POST /v1/chat/completions", s.traced(s.handleChat))
+	mux.HandleFunc("POST /v1/completions", s.traced(s.handleCompletion))
 	mux.HandleFunc("POST /v1/embeddings", s.handleEmbeddings)
 	mux.HandleFunc("POST /tokenize", s.handleTokenize)
 	mux.HandleFunc("POST /limits", s.handleLimits)
@@ -302,8 +302,11 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, eng *engine, c
 		return
 	}
 	var restore *restoreState
+	var lookup lookupSpan
 	if len(toks) < s.nCtxSeq {
+		lookup.start = time.Now()
 		restore, toks = s.lookupPrompt(text, toks)
+		lookup.end, lookup.restore = time.Now(), restore
 	}
 	if len(toks) >= s.nCtxSeq {
 		writeError(w, api.ContextExceeded(len(toks), s.nCtxSeq))
@@ -347,6 +350,7 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, eng *engine, c
 	} else {
 		out.whole(r)
 	}
+	s.traceJob(r.Context(), lookup, out.choices[0].j)
 }
 
 func ptr[T any](v T) *T { return &v }

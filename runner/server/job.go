@@ -40,10 +40,20 @@ type job struct {
 	cached    int        // prompt tokens reused from the slot's KV cache
 	embedding []float32
 	firstAt   time.Time // first generated token
+	times     jobTimes
+}
+
+// jobTimes are when a job passed each stage, for its trace spans.
+type jobTimes struct {
+	submitted, admitted, ended time.Time
+	// restored prompt tokens from the prompt cache at admission, and how long that took.
+	restored    int
+	restoreTook time.Duration
 }
 
 func newJob(ctx context.Context, tokens []int32, opts api.Options, embed bool) *job {
-	return &job{ctx: ctx, tokens: tokens, opts: opts, embed: embed, notify: make(chan struct{}, 1)}
+	return &job{ctx: ctx, tokens: tokens, opts: opts, embed: embed, notify: make(chan struct{}, 1),
+		times: jobTimes{submitted: time.Now()}}
 }
 
 func (j *job) wake() {
@@ -77,6 +87,7 @@ func (j *job) complete(finish string) bool {
 	ok := !j.done
 	if ok {
 		j.done, j.finish = true, finish
+		j.times.ended = time.Now()
 	}
 	j.mu.Unlock()
 	j.wake()
@@ -89,6 +100,7 @@ func (j *job) fail(err *api.Error) bool {
 	ok := !j.done
 	if ok {
 		j.done, j.err = true, err
+		j.times.ended = time.Now()
 	}
 	j.mu.Unlock()
 	j.wake()

@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/macfleet/macfleet/chat"
 	"github.com/macfleet/macfleet/runner/api"
@@ -64,7 +65,9 @@ type Config struct {
 	PromptCache PromptCacheConfig
 	// Stdout receives the listening event.
 	Stdout io.Writer
-	Log    logr.Logger
+	// TracerProvider traces generation requests (tracing.New); nil means none.
+	TracerProvider trace.TracerProvider
+	Log            logr.Logger
 }
 
 // LoadError means the model could not be loaded (the process exits with code 3).
@@ -80,8 +83,9 @@ const maxBody = 64 << 20
 
 // Server is one runner.
 type Server struct {
-	cfg Config
-	log logr.Logger
+	cfg    Config
+	log    logr.Logger
+	tracer trace.Tracer // nil: tracing off
 
 	mu       sync.Mutex
 	state    string
@@ -128,6 +132,9 @@ func Run(ctx context.Context, cfg Config) error {
 		defaultID: strings.TrimSuffix(filepath.Base(cfg.ModelPath), filepath.Ext(cfg.ModelPath)),
 	}
 	s.ceiling.Store(cfg.CeilingBytes)
+	if cfg.TracerProvider != nil {
+		s.tracer = cfg.TracerProvider.Tracer(tracerName)
+	}
 	s.lastRequest.Store(time.Now().UnixNano())
 	// Taken before the listening line: once the agent has read it, a parent exit is
 	// always noticed.

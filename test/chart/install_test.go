@@ -36,8 +36,14 @@ func TestInstallUpgradeUninstall(t *testing.T) {
 	c := env.Client
 	ctx := t.Context()
 
-	notes := mustHelm(t, "install", "macfleet", chartDir(t), "--kubeconfig", kubeconfig,
-		"--namespace", installNamespace, "--create-namespace")
+	// The NetworkPolicies are off by default; on here, so that the real API server
+	// validates them.
+	var values []string
+	for _, s := range networkPolicyOn {
+		values = append(values, "--set", s)
+	}
+	notes := mustHelm(t, append([]string{"install", "macfleet", chartDir(t), "--kubeconfig", kubeconfig,
+		"--namespace", installNamespace, "--create-namespace"}, values...)...)
 	// NOTES.txt tells what to do next: node credentials, agents, the gateway.
 	for _, want := range []string{"macfleet nodes credentials <mac> -o", "macfleet agent --kubeconfig", "macfleet agent install --",
 		"port-forward svc/macfleet-gateway 8080:80", "/v1/chat/completions",
@@ -48,10 +54,13 @@ func TestInstallUpgradeUninstall(t *testing.T) {
 	}
 
 	// Everything the chart renders for this namespace must now exist: CRDs included.
-	rendered := decodeObjects(t, []byte(mustHelm(t, "template", "macfleet", chartDir(t),
-		"--namespace", installNamespace, "--include-crds")))
+	rendered := decodeObjects(t, []byte(mustHelm(t, append([]string{"template", "macfleet", chartDir(t),
+		"--namespace", installNamespace, "--include-crds"}, values...)...)))
 	if len(rendered) < 20 {
 		t.Fatalf("rendered only %d objects", len(rendered))
+	}
+	if n := len(networkPolicies(t, rendered)); n != 2 {
+		t.Errorf("rendered %d NetworkPolicies, want 2", n)
 	}
 	for _, o := range rendered {
 		if err := c.Get(ctx, client.ObjectKeyFromObject(o), newEmpty(o)); err != nil {
@@ -69,8 +78,8 @@ func TestInstallUpgradeUninstall(t *testing.T) {
 		t.Errorf("fleet token has %d characters, want 48", len(token))
 	}
 
-	mustHelm(t, "upgrade", "macfleet", chartDir(t), "--kubeconfig", kubeconfig,
-		"--namespace", installNamespace, "--set", "gateway.replicas=3", "--set", "manager.replicas=2")
+	mustHelm(t, append([]string{"upgrade", "macfleet", chartDir(t), "--kubeconfig", kubeconfig,
+		"--namespace", installNamespace, "--set", "gateway.replicas=3", "--set", "manager.replicas=2"}, values...)...)
 	if got := fleetToken(t, c); got != token {
 		t.Errorf("upgrade changed the fleet token: %q, then %q", token, got)
 	}

@@ -464,6 +464,11 @@ func TestValuesSchemaRejects(t *testing.T) {
 		{"monitoring.prometheusRule.ttftP99Seconds=0", []string{"monitoring/prometheusRule/ttftP99Seconds"}},
 		{"monitoring.prometheusRule.errorRatio=2", []string{"monitoring/prometheusRule/errorRatio"}},
 		{"monitoring.prometheusRule.agentJob=a\"b", []string{"monitoring/prometheusRule/agentJob"}},
+		{"networkPolicy.enable=true", []string{"networkPolicy", "enable"}},
+		{"networkPolicy.agents.cidrs={192.168.10.0}", []string{"networkPolicy/agents/cidrs"}},
+		{"networkPolicy.apiServer.ports={0}", []string{"networkPolicy/apiServer/ports"}},
+		{"networkPolicy.gateway.apiPeers[0].cidr=10.0.0.0/8", []string{"networkPolicy/gateway/apiPeers", "cidr"}},
+		{"networkPolicy.manager.modelSources.ipBlocks[0].except={metadata}", []string{"networkPolicy/manager/modelSources/ipBlocks"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.set, func(t *testing.T) {
@@ -481,7 +486,7 @@ func TestValuesSchemaRejects(t *testing.T) {
 }
 
 func TestLint(t *testing.T) {
-	for _, set := range [][]string{nil, {"manager.replicas=2", "gateway.apiKeysSecret=keys"}, {"gateway.enabled=false", "fleetToken.create=false"}, monitoringOn} {
+	for _, set := range [][]string{nil, {"manager.replicas=2", "gateway.apiKeysSecret=keys"}, {"gateway.enabled=false", "fleetToken.create=false"}, monitoringOn, networkPolicyOn} {
 		args := []string{"lint", "--strict", chartDir(t)}
 		for _, s := range set {
 			args = append(args, "--set", s)

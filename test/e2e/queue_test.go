@@ -34,10 +34,6 @@ import (
 // client auth), and returns its URL and metrics registry.
 func queueGateway(t testing.TB, perSlot int, limits fairqueue.Limits, keys ...string) (string, *prometheus.Registry) {
 	t.Helper()
-	token := filepath.Join(t.TempDir(), "token")
-	if err := os.WriteFile(token, []byte(fleet.FleetToken), 0o600); err != nil {
-		t.Fatal(err)
-	}
 	keysFile := ""
 	if len(keys) > 0 {
 		keysFile = filepath.Join(t.TempDir(), "keys")
@@ -45,19 +41,31 @@ func queueGateway(t testing.TB, perSlot int, limits fairqueue.Limits, keys ...st
 			t.Fatal(err)
 		}
 	}
+	return inProcessGateway(t, gateway.Config{APIKeysFile: keysFile, MaxInFlightPerSlot: perSlot, Queue: limits},
+		testr.NewWithInterface(t, testr.Options{}))
+}
+
+// inProcessGateway runs a gateway in this process against the fleet's API server and
+// agents, with cfg completed by a loopback listener, the fleet token, a registry of
+// its own and no console or probes, logging to log. It returns its URL and registry.
+func inProcessGateway(t testing.TB, cfg gateway.Config, log logr.Logger) (string, *prometheus.Registry) {
+	t.Helper()
+	token := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(token, []byte(fleet.FleetToken), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	reg := prometheus.NewRegistry()
+	cfg.RestConfig, cfg.Listener, cfg.MetricsAddr, cfg.ProbeAddr = fleet.Env.Config, ln, "0", "0"
+	cfg.FleetTokenFile, cfg.DisableConsole, cfg.Registerer = token, true, reg
 	// controller-runtime's own logger (the gateway logs through the context's).
 	ctrlLogOnce.Do(func() { ctrl.SetLogger(logr.Discard()) })
-	ctx, cancel := context.WithCancel(ctrl.LoggerInto(context.Background(), testr.NewWithInterface(t, testr.Options{})))
+	ctx, cancel := context.WithCancel(ctrl.LoggerInto(context.Background(), log))
 	done := make(chan error, 1)
-	go func() {
-		done <- gateway.Run(ctx, gateway.Config{RestConfig: fleet.Env.Config, Listener: ln, MetricsAddr: "0", ProbeAddr: "0",
-			FleetTokenFile: token, APIKeysFile: keysFile, MaxInFlightPerSlot: perSlot, Queue: limits, DisableConsole: true, Registerer: reg})
-	}()
+	go func() { done <- gateway.Run(ctx, cfg) }()
 	t.Cleanup(func() {
 		cancel()
 		if err := <-done; err != nil {
@@ -72,13 +80,18 @@ var ctrlLogOnce sync.Once
 // clientFrom is the official OpenAI client calling base from the loopback address ip:
 // without API keys, the gateway tells clients apart by address.
 func clientFrom(base, ip string, retries int) openai.Client {
-	d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(ip)}}
-	hc := &http.Client{Transport: &http.Transport{DialContext: d.DialContext, MaxIdleConnsPerHost: 16}}
 	return openai.NewClient(option.WithBaseURL(base+"/v1/"), option.WithAPIKey("unused"),
-		option.WithHTTPClient(hc), option.WithMaxRetries(retries))
+		option.WithHTTPClient(httpClientFrom(ip)), option.WithMaxRetries(retries))
 }
 
-// metricValue sums the samples of a gauge or counter whose labels include want.
+// httpClientFrom is an HTTP client whose connections leave from the loopback address ip.
+func httpClientFrom(ip string) *http.Client {
+	d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(ip)}}
+	return &http.Client{Transport: &http.Transport{DialContext: d.DialContext, MaxIdleConnsPerHost: 16}}
+}
+
+// metricValue sums the samples of a gauge or counter, and the observation counts of a
+// histogram, whose labels include want.
 func metricValue(t testing.TB, reg *prometheus.Registry, name string, want map[string]string) float64 {
 	t.Helper()
 	mfs, err := reg.Gather()
@@ -101,7 +114,7 @@ func metricValue(t testing.TB, reg *prometheus.Registry, name string, want map[s
 					continue metrics
 				}
 			}
-			sum += m.GetGauge().GetValue() + m.GetCounter().GetValue()
+			sum += m.GetGauge().GetValue() + m.GetCounter().GetValue() + float64(m.GetHistogram().GetSampleCount())
 		}
 	}
 	return sum

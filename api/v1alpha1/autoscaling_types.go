@@ -39,6 +39,10 @@ const (
 	ReasonWithinTarget = "WithinTarget"
 	// ReasonAtMaxReplicas: the load needs more than maxReplicas.
 	ReasonAtMaxReplicas = "AtMaxReplicas"
+	// ReasonAtQuota: the load needs more replicas than the namespace's FleetQuota has
+	// room for beside the other deployments' placed replicas; the autoscaler keeps
+	// the replicas it has.
+	ReasonAtQuota = "AtQuota"
 	// ReasonOutsideLimits: spec.replicas was outside minReplicas..maxReplicas and was
 	// brought inside.
 	ReasonOutsideLimits = "OutsideLimits"

@@ -19,8 +19,9 @@ const (
 	DeploymentScheduled = "Scheduled"
 	// DeploymentReplicaFailure is True while a replica cannot download or load its
 	// model (checksum mismatch, not a GGUF file, a source the policy denies, a runner
-	// that fails to load it): reason and message are the first failing replica's. It
-	// is absent otherwise, as on a Deployment.
+	// that fails to load it) or waits unplaced because its namespace is out of
+	// FleetQuota (QuotaExceeded): reason and message are the first failing replica's.
+	// It is absent otherwise, as on a Deployment.
 	DeploymentReplicaFailure = "ReplicaFailure"
 )
 

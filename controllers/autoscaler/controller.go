@@ -47,7 +47,7 @@ const (
 // episode outlasts breaks of up to StaleAfter). Steady load costs no write; each
 // scale costs a spec patch, a status patch, the next measurement's status patch and
 // an Event; each episode that does not scale yet (ScaleUpStabilizing,
-// ScaleDownDelayed, AtMaxReplicas) one status patch. TestAutoscalerWriteBudget
+// ScaleDownDelayed, AtMaxReplicas, AtQuota) one status patch. TestAutoscalerWriteBudget
 // measures it; macfleet_autoscaler_api_writes_total counts it in production.
 type Reconciler struct {
 	// Client reads deployments (the manager's cache) and writes their spec.replicas and
@@ -85,6 +85,7 @@ type history struct {
 // +kubebuilder:rbac:groups=macfleet.dev,resources=modeldeployments/status,verbs=get;update;patch
 // +kubebuilder:rbac:groups=macfleet.dev,resources=modelreplicas,verbs=get;list;watch
 // +kubebuilder:rbac:groups=macfleet.dev,resources=macnodes,verbs=get;list;watch
+// +kubebuilder:rbac:groups=macfleet.dev,resources=fleetquotas,verbs=get;list;watch
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 
 // SetupWithManager registers the controller with mgr, filling in unset fields.
@@ -152,6 +153,11 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	if !rec.Known() && measureErr != nil {
 		rec.Message += ": " + measureErr.Error()
 	}
+	room, limited, err := r.loadQuotaRoom(ctx, md)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	rec = limitByQuota(rec, current, room, limited)
 	recommended.WithLabelValues(deploymentLabel(md)).Set(float64(rec.Replicas))
 	scaled := rec.Replicas != current
 	if scaled {

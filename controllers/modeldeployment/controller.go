@@ -13,12 +13,14 @@ import (
 	"sync"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/sets"
+	"k8s.io/client-go/tools/events"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -72,6 +74,10 @@ type Reconciler struct {
 	// MaxConcurrentReconciles lets an estimate of one deployment (network bound) not
 	// hold up the others. Default: DefaultMaxConcurrentReconciles.
 	MaxConcurrentReconciles int
+	// Recorder emits a Warning Event on the deployment when its ReplicaFailure
+	// condition turns True or changes reason (a replica failing, or waiting for its
+	// namespace's FleetQuota). Default: mgr.GetEventRecorder(ControllerName).
+	Recorder events.EventRecorder
 
 	estimates estimateCache
 	expect    expectations
@@ -85,6 +91,7 @@ type Reconciler struct {
 // +kubebuilder:rbac:groups=macfleet.dev,resources=modelreplicas,verbs=get;list;watch;create;delete
 // +kubebuilder:rbac:groups=macfleet.dev,resources=sourcepolicies,verbs=get;list;watch
 // +kubebuilder:rbac:groups=macfleet.dev,resources=macnodes,verbs=get;list;watch
+// +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 
 // SetupWithManager registers the controller with mgr, filling in unset fields.
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
@@ -100,6 +107,9 @@ func (r *Reconciler) setup(mgr ctrl.Manager, opts controller.Options) error {
 	}
 	if r.Clock == nil {
 		r.Clock = clock.RealClock{}
+	}
+	if r.Recorder == nil {
+		r.Recorder = mgr.GetEventRecorder(ControllerName)
 	}
 	if r.Resolver == nil {
 		r.Resolver = &source.Resolver{}
@@ -192,6 +202,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		// On a conflict the pass is retried on a fresher cache.
 		if err := r.Client.Status().Patch(ctx, md, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{})); err != nil {
 			return ctrl.Result{}, errors.Join(syncErr, fmt.Errorf("patching status: %w", err))
+		}
+		if reason, note, ok := failureEvent(before.Status.Conditions, md.Status.Conditions); ok {
+			r.Recorder.Eventf(md, nil, corev1.EventTypeWarning, reason, "Replicas", "%s", note)
 		}
 	}
 	if syncErr != nil {

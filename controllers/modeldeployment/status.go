@@ -56,8 +56,14 @@ var failureReasons = sets.New(v1alpha1.ReasonDownloadFailed, v1alpha1.ReasonChec
 	v1alpha1.ReasonSourceNotAllowed, v1alpha1.ReasonLoadFailed)
 
 // replicaFailure returns the condition of r that says it is failing — Downloaded,
-// then Loaded, False with one of failureReasons — or nil.
+// then Loaded, False with one of failureReasons — or, for an unbound replica the
+// scheduler holds back for its namespace's FleetQuota, Scheduled False with
+// QuotaExceeded (as a Deployment reports a Pod its ResourceQuota refused); else nil.
 func replicaFailure(r *v1alpha1.ModelReplica) *metav1.Condition {
+	if c := meta.FindStatusCondition(r.Status.Conditions, v1alpha1.ReplicaScheduled); c != nil && r.Spec.NodeName == "" &&
+		c.Status == metav1.ConditionFalse && c.Reason == v1alpha1.ReasonQuotaExceeded {
+		return c
+	}
 	for _, typ := range []string{v1alpha1.ReplicaDownloaded, v1alpha1.ReplicaLoaded} {
 		c := meta.FindStatusCondition(r.Status.Conditions, typ)
 		if c != nil && c.Status == metav1.ConditionFalse && failureReasons.Has(c.Reason) {
@@ -314,7 +320,7 @@ func setScheduledCondition(md *v1alpha1.ModelDeployment, s replicaSummary, in st
 
 // setReplicaFailureCondition sets ReplicaFailure True, with the reason and message
 // of the first failing replica (by name), while any replica cannot download or load
-// its model, and removes it otherwise (as a Deployment does), so that `kubectl get md`
+// its model or waits for its namespace's FleetQuota, and removes it otherwise (as a Deployment does), so that `kubectl get md`
 // shows the reason in its Failure column and `kubectl describe md` the message.
 func setReplicaFailureCondition(md *v1alpha1.ModelDeployment, s replicaSummary, in statusInput) {
 	if s.Failing == 0 {
@@ -329,6 +335,22 @@ func setReplicaFailureCondition(md *v1alpha1.ModelDeployment, s replicaSummary, 
 	setCondition(md, in.Now, v1alpha1.DeploymentReplicaFailure, metav1.ConditionTrue, f.Condition.Reason,
 		fmt.Sprintf("%d of %d replicas failing; replica %s on %s: %s: %s", s.Failing, s.Total, f.Replica, node,
 			f.Condition.Type+" "+f.Condition.Reason, f.Condition.Message))
+}
+
+// failureEvent says which Warning Event to record after the status went from the
+// conditions before to after: one with the ReplicaFailure condition's reason and
+// message when it turned True or changed reason; ok is false otherwise, so that an
+// unchanged failure is reported once, not on every pass.
+func failureEvent(before, after []metav1.Condition) (reason, note string, ok bool) {
+	c := meta.FindStatusCondition(after, v1alpha1.DeploymentReplicaFailure)
+	if c == nil || c.Status != metav1.ConditionTrue {
+		return "", "", false
+	}
+	if old := meta.FindStatusCondition(before, v1alpha1.DeploymentReplicaFailure); old != nil &&
+		old.Status == metav1.ConditionTrue && old.Reason == c.Reason {
+		return "", "", false
+	}
+	return c.Reason, c.Message, true
 }
 
 func truncate(s string) string {

@@ -182,6 +182,22 @@ func TestSetStatus(t *testing.T) {
 			wantMsg:   map[string]string{"ReplicaFailure": "replica a on m1: Loaded LoadFailed: the runner exited"},
 		},
 		{
+			name: "a replica waits for the namespace's quota", desired: 2,
+			replicas: []v1alpha1.ModelReplica{
+				replica("a", "h", bound("m1"), ready),
+				replica("b", "h", failing(v1alpha1.ReplicaScheduled, v1alpha1.ReasonQuotaExceeded,
+					"namespace ns is out of fleet memory quota: the replica needs 8.0GiB, FleetQuota default allows 16.0GiB and 12.0GiB is in use")),
+			},
+			want: conds{"Available": "False/MinimumReplicasUnavailable", "Progressing": "True/ScalingReplicas",
+				"Scheduled": "False/QuotaExceeded", "ReplicaFailure": "True/QuotaExceeded"},
+			wantReady: "1/2",
+			wantMsg: map[string]string{
+				"Scheduled": "1 of 2 replicas unschedulable: namespace ns is out of fleet memory quota",
+				"ReplicaFailure": "1 of 2 replicas failing; replica b on no Mac: Scheduled QuotaExceeded: " +
+					"namespace ns is out of fleet memory quota: the replica needs 8.0GiB, FleetQuota default allows 16.0GiB and 12.0GiB is in use",
+			},
+		},
+		{
 			name: "source not allowed", desired: 2,
 			in: statusInput{SourceErr: errors.New(`source host "x.example" is not allowed for namespace "ns": add it`)},
 			want: conds{"Available": "False/MinimumReplicasUnavailable", "Progressing": "False/SourceNotAllowed",
@@ -346,6 +362,41 @@ func TestProgressDeadline(t *testing.T) {
 				if st.left < 0 && ok || st.left >= 0 && (!ok || left != st.left) {
 					t.Errorf("step %d (+%v): progressLeft = %v, %v; want %v", i, st.after, left, ok, st.left)
 				}
+			}
+		})
+	}
+}
+
+func TestFailureEvent(t *testing.T) {
+	failure := func(status metav1.ConditionStatus, reason string) []metav1.Condition {
+		return []metav1.Condition{
+			{Type: v1alpha1.DeploymentAvailable, Status: metav1.ConditionFalse, Reason: v1alpha1.ReasonMinimumReplicasUnavailable},
+			{Type: v1alpha1.DeploymentReplicaFailure, Status: status, Reason: reason, Message: "msg of " + reason},
+		}
+	}
+	none := []metav1.Condition{{Type: v1alpha1.DeploymentAvailable, Status: metav1.ConditionTrue, Reason: v1alpha1.ReasonMinimumReplicasAvailable}}
+	tests := []struct {
+		name          string
+		before, after []metav1.Condition
+		wantReason    string // "": no Event
+	}{
+		{name: "no failure", before: none, after: none},
+		{name: "a failure appears", before: none, after: failure(metav1.ConditionTrue, v1alpha1.ReasonQuotaExceeded),
+			wantReason: v1alpha1.ReasonQuotaExceeded},
+		{name: "the same failure again", before: failure(metav1.ConditionTrue, v1alpha1.ReasonQuotaExceeded),
+			after: failure(metav1.ConditionTrue, v1alpha1.ReasonQuotaExceeded)},
+		{name: "another failure", before: failure(metav1.ConditionTrue, v1alpha1.ReasonQuotaExceeded),
+			after: failure(metav1.ConditionTrue, v1alpha1.ReasonChecksumMismatch), wantReason: v1alpha1.ReasonChecksumMismatch},
+		{name: "the failure is gone", before: failure(metav1.ConditionTrue, v1alpha1.ReasonQuotaExceeded), after: none},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			reason, note, ok := failureEvent(tt.before, tt.after)
+			if ok != (tt.wantReason != "") || reason != tt.wantReason {
+				t.Fatalf("failureEvent = %q, %q, %v; want reason %q", reason, note, ok, tt.wantReason)
+			}
+			if ok && note != "msg of "+reason {
+				t.Errorf("note %q, want the condition's message", note)
 			}
 		})
 	}

@@ -46,11 +46,12 @@ const (
 var FleetRequest = reconcile.Request{NamespacedName: types.NamespacedName{Name: "fleet"}}
 
 // Reconciler binds pending ModelReplicas to MacNodes. Each pass lists the cached
-// MacNodes, ModelReplicas and ModelDeployments, runs one Solve over all of them and
-// applies the result: bindings (spec.nodeName) and Scheduled conditions. It is
-// watch-driven: a pass runs whenever a replica, a node (readiness, cordon, ceiling,
-// labels) or a deployment's placement changes, so unplaceable replicas are retried
-// exactly when something that could make them fit happened, with no polling.
+// MacNodes, ModelReplicas, ModelDeployments and FleetQuotas, runs one Solve over all
+// of them and applies the result: bindings (spec.nodeName) and Scheduled conditions.
+// It is watch-driven: a pass runs whenever a replica, a node (readiness, cordon,
+// ceiling, labels), a deployment's placement or a quota changes, so unplaceable
+// replicas are retried exactly when something that could make them fit happened,
+// with no polling.
 //
 // It assumes it is the only active scheduler (the manager's leader election sees to
 // that); two racing schedulers still bind each replica at most once, because every
@@ -77,6 +78,7 @@ type Reconciler struct {
 // +kubebuilder:rbac:groups=macfleet.dev,resources=modeldeployments,verbs=get;list;watch
 // +kubebuilder:rbac:groups=macfleet.dev,resources=modelreplicas,verbs=get;list;watch;patch
 // +kubebuilder:rbac:groups=macfleet.dev,resources=modelreplicas/status,verbs=patch
+// +kubebuilder:rbac:groups=macfleet.dev,resources=fleetquotas,verbs=get;list;watch
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 
 // SetupWithManager registers the controller with mgr, filling in unset fields.
@@ -127,6 +129,9 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Watches(&v1alpha1.MacNode{}, fleet, builder.WithPredicates(nodeChange)).
 		// Deployments: created, deleted, or their placement changed.
 		Watches(&v1alpha1.ModelDeployment{}, fleet, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		// Quotas: created, deleted or resized (not their status, which the fleetquota
+		// controller writes), so that replicas waiting for one are placed at once.
+		Watches(&v1alpha1.FleetQuota{}, fleet, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Complete(r)
 }
 
@@ -141,12 +146,14 @@ func (r *Reconciler) Reconcile(ctx context.Context, _ reconcile.Request) (ctrl.R
 	var nodes v1alpha1.MacNodeList
 	var replicas v1alpha1.ModelReplicaList
 	var deployments v1alpha1.ModelDeploymentList
-	for _, list := range []client.ObjectList{&nodes, &replicas, &deployments} {
+	var quotas v1alpha1.FleetQuotaList
+	for _, list := range []client.ObjectList{&nodes, &replicas, &deployments, &quotas} {
 		if err := r.Client.List(ctx, list, client.UnsafeDisableDeepCopy); err != nil {
 			return ctrl.Result{}, fmt.Errorf("listing %T: %w", list, err)
 		}
 	}
 	v := buildView(nodes.Items, replicas.Items, deployments.Items, r.ledger.assumedNode)
+	v.snap.Quotas = quotaSnapshot(quotas.Items, v.bound)
 
 	start := r.Clock.Now()
 	res := Solve(v.snap, r.SolverOptions)

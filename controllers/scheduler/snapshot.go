@@ -92,6 +92,7 @@ func buildView(nodes []v1alpha1.MacNode, replicas []v1alpha1.ModelReplica, deplo
 		v.pending[key] = r
 		v.snap.Pending = append(v.snap.Pending, Replica{
 			Key:          key,
+			Namespace:    r.Namespace,
 			Deployment:   dep,
 			Memory:       r.Spec.MemoryReservation.Value(),
 			Reserves:     reserves(r),

@@ -208,9 +208,9 @@ func TestBuildView(t *testing.T) {
 			want: Snapshot{
 				Nodes: []Node{{Name: "a", Ready: true, Ceiling: 64 * gi}},
 				Pending: []Replica{
-					{Key: "ns/p1", Deployment: "ns/d1", Memory: 4 * gi, Reserves: true, Strategy: BinPack, MaxPerNode: 2},
-					{Key: "ns/p2", Deployment: "ns/d2", Memory: 8 * gi, NodeSelector: map[string]string{"chip": "M4"}, Strategy: Spread},
-					{Key: "ns/p3", Deployment: "ns/d1", Memory: 2 * gi, Reserves: true, Strategy: BinPack, MaxPerNode: 2},
+					{Key: "ns/p1", Namespace: "ns", Deployment: "ns/d1", Memory: 4 * gi, Reserves: true, Strategy: BinPack, MaxPerNode: 2},
+					{Key: "ns/p2", Namespace: "ns", Deployment: "ns/d2", Memory: 8 * gi, NodeSelector: map[string]string{"chip": "M4"}, Strategy: Spread},
+					{Key: "ns/p3", Namespace: "ns", Deployment: "ns/d1", Memory: 2 * gi, Reserves: true, Strategy: BinPack, MaxPerNode: 2},
 				},
 			},
 		},
@@ -238,7 +238,7 @@ func TestBuildView(t *testing.T) {
 			assumed:     map[string]string{"r1": "a"},
 			want: Snapshot{
 				Nodes:   []Node{{Name: "a", Ready: true, Ceiling: 64 * gi, Committed: 4 * gi, ReplicasByDeployment: map[string]int{"ns/d1": 1}}},
-				Pending: []Replica{{Key: "ns/r2", Deployment: "ns/d1", Memory: 4 * gi, Reserves: true, Strategy: BinPack, MaxPerNode: 2}},
+				Pending: []Replica{{Key: "ns/r2", Namespace: "ns", Deployment: "ns/d1", Memory: 4 * gi, Reserves: true, Strategy: BinPack, MaxPerNode: 2}},
 			},
 			wantBound: map[string]string{"r1": "a"},
 		},

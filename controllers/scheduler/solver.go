@@ -3,6 +3,11 @@
 // reconciler that gathers the snapshot and writes the bindings stays thin, and the same
 // code answers "what if" questions (Explain) and is benchmarked on its own.
 //
+// A replica whose namespace has a Quota is first checked against it: if binding it
+// would take the namespace's bound replicas over the limit it is unplaceable with
+// ReasonQuotaExceeded, whatever the nodes offer; each binding counts towards the
+// quota for the replicas after it.
+//
 // Filters run in a fixed order and a node is counted once, under the first filter that
 // rejects it: not ready, cordoned, node selector mismatch, max replicas of the
 // deployment per node, insufficient memory. Scores: BinPack (the default) takes the
@@ -54,6 +59,8 @@ type Node struct {
 type Replica struct {
 	// Key is the replica's namespace/name. Keys are unique within a snapshot.
 	Key string
+	// Namespace is the replica's namespace, whose Quota (if any) it must fit.
+	Namespace string
 	// Deployment is the owning deployment's namespace/name.
 	Deployment string
 	// Memory is the replica's memory reservation in bytes.
@@ -70,11 +77,25 @@ type Replica struct {
 	MaxPerNode int
 }
 
-// Snapshot is the solver's whole input: the fleet and the replicas to place.
-// Node names are unique.
+// Snapshot is the solver's whole input: the fleet, the replicas to place and the
+// namespaces' memory quotas. Node names are unique.
 type Snapshot struct {
 	Nodes   []Node
 	Pending []Replica
+	// Quotas are the memory quotas by namespace; a namespace without one is limited
+	// only by the nodes.
+	Quotas map[string]Quota
+}
+
+// Quota is a namespace's budget of fleet memory: its bound replicas' reservations,
+// reserving or not, may add up to Limit.
+type Quota struct {
+	// Name names the FleetQuota the limit comes from, for messages.
+	Name string
+	// Limit is the budget in bytes.
+	Limit int64
+	// Used is the memory of the namespace's bound replicas, in bytes.
+	Used int64
 }
 
 // Options tunes a solve. The zero value is the documented behaviour; there is nothing
@@ -115,6 +136,9 @@ const (
 	ReasonMaxReplicasPerNode ReasonCode = "MaxReplicasPerNode"
 	// ReasonInsufficientMemory: nodes without the memory.
 	ReasonInsufficientMemory ReasonCode = "InsufficientMemory"
+	// ReasonQuotaExceeded: binding the replica would take its namespace's bound
+	// replicas over the namespace's Quota; no node is considered.
+	ReasonQuotaExceeded ReasonCode = "QuotaExceeded"
 )
 
 // Reason explains where a replica can or cannot go.
@@ -257,10 +281,16 @@ func solve(snap Snapshot, tun tuning) Result {
 		return strings.Compare(ra.Key, rb.Key)
 	})
 
+	quotas := maps.Clone(snap.Quotas)
 	for _, pi := range order {
 		r := &snap.Pending[pi]
-		g := s.groupFor(r)
 		mem := memoryOf(r)
+		q, limited := quotas[r.Namespace]
+		if limited && !q.fits(mem) {
+			res.Unplaceable[r.Key] = q.reason(r.Namespace, mem)
+			continue
+		}
+		g := s.groupFor(r)
 		// Allocatable only shrinks and counts only grow during a solve, so once a
 		// replica of a group failed, any later one of that group at least as large
 		// fails too: skip the search.
@@ -282,15 +312,36 @@ func solve(snap Snapshot, tun tuning) Result {
 			continue
 		}
 		s.bind(g, node, mem)
+		if limited {
+			q.Used += mem
+			quotas[r.Namespace] = q
+		}
 		res.Bindings = append(res.Bindings, Binding{Replica: r.Key, Node: s.nodes[node].Name})
 	}
 	return res
 }
 
+// fits reports whether mem more bytes stay within the quota.
+func (q Quota) fits(mem int64) bool {
+	return q.Used <= q.Limit && mem <= q.Limit-q.Used
+}
+
+// reason says why a replica of namespace ns needing mem bytes does not fit the quota,
+// and what would let it.
+func (q Quota) reason(ns string, mem int64) Reason {
+	return Reason{Code: ReasonQuotaExceeded, Message: fmt.Sprintf(
+		"namespace %s is out of fleet memory quota: the replica needs %s, FleetQuota %s allows %s and %s is in use; "+
+			"raise the FleetQuota's spec.memory or scale down a deployment in %s",
+		ns, gib(mem, math.Ceil), q.Name, gib(q.Limit, math.Floor), gib(q.Used, math.Ceil), ns)}
+}
+
 // Explain says where replica r could go in the snapshot as it is, ignoring the
 // snapshot's pending replicas. Code is ReasonSchedulable when at least one node fits.
-// It runs the same filters as Solve.
+// It runs the same checks as Solve: the namespace's quota, then the node filters.
 func Explain(snap Snapshot, r Replica) Reason {
+	if q, ok := snap.Quotas[r.Namespace]; ok && !q.fits(memoryOf(&r)) {
+		return q.reason(r.Namespace, memoryOf(&r))
+	}
 	s := newSolver(snap.Nodes, []Replica{r}, defaultTuning)
 	b := s.explain(s.groupFor(&r), memoryOf(&r))
 	return b.reason()

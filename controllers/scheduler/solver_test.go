@@ -35,7 +35,7 @@ func running(n Node, deployment string, replicas int) Node {
 
 // resident is a reserving BinPack replica of deployment ns/<dep> needing mem GiB.
 func resident(key, dep string, mem float64) Replica {
-	return Replica{Key: "ns/" + key, Deployment: "ns/" + dep, Memory: gb(mem), Reserves: true}
+	return Replica{Key: "ns/" + key, Namespace: "ns", Deployment: "ns/" + dep, Memory: gb(mem), Reserves: true}
 }
 
 func onDemand(key, dep string, mem float64) Replica {

@@ -293,6 +293,13 @@ func TestNodeIsolation(t *testing.T) {
 				Spec:       v1alpha1.ModelDeploymentSpec{Model: v1alpha1.ModelSource{Source: "file:///models/qwen.gguf"}},
 			})
 		}, []string{rbac, "create"}},
+		{"read the namespaces' FleetQuotas", a, func(c client.Client) error {
+			return c.List(ctx, &v1alpha1.FleetQuotaList{}, client.InNamespace(ns))
+		}, []string{rbac, "list"}},
+		{"give a namespace more fleet memory", a, func(c client.Client) error {
+			return c.Create(ctx, &v1alpha1.FleetQuota{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "more"},
+				Spec: v1alpha1.FleetQuotaSpec{Memory: resource.MustParse("1Ti")}})
+		}, []string{rbac, "create"}},
 
 		{"mac-b updates its own MacNode status", b, func(c client.Client) error {
 			return patchMacNodeStatus(ctx, c, "mac-b", func(n *v1alpha1.MacNode) { n.Status.Hardware.Chip = "Apple M1" })

@@ -1,6 +1,6 @@
 // Package manager runs the macfleet control plane: the modeldeployment, scheduler,
-// macnode, endpoints and autoscaler controllers in one controller-runtime manager with leader
-// election, health probes and Prometheus metrics.
+// macnode, endpoints, fleetquota and autoscaler controllers in one controller-runtime
+// manager with leader election, health probes and Prometheus metrics.
 package manager
 
 import (
@@ -25,6 +25,7 @@ import (
 	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/controllers/autoscaler"
 	"github.com/macfleet/macfleet/controllers/endpoints"
+	"github.com/macfleet/macfleet/controllers/fleetquota"
 	"github.com/macfleet/macfleet/controllers/macnode"
 	"github.com/macfleet/macfleet/controllers/modeldeployment"
 	"github.com/macfleet/macfleet/controllers/scheduler"
@@ -148,6 +149,7 @@ func New(cfg Config) (ctrl.Manager, error) {
 		&scheduler.Reconciler{Workers: cfg.SchedulerWorkers},
 		&macnode.Reconciler{NodeLossGrace: cfg.NodeLossGrace, Contact: contact},
 		&endpoints.Reconciler{},
+		&fleetquota.Reconciler{},
 		&autoscaler.Reconciler{Interval: cfg.AutoscalerInterval, Source: &autoscaler.AgentSource{
 			Client: mgr.GetClient(), Token: token}},
 	}

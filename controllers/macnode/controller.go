@@ -171,8 +171,12 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	logger := log.FromContext(ctx)
 	var node v1alpha1.MacNode
 	if err := r.Client.Get(ctx, req.NamespacedName, &node); err != nil {
+		if apierrors.IsNotFound(err) {
+			forgetReady(req.Name)
+		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
+	defer observeReady(&node)
 	lease, err := getLease(ctx, r.Client, node.Name)
 	if err != nil {
 		return ctrl.Result{}, err

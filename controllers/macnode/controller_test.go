@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
@@ -405,6 +406,11 @@ func TestLeaseExpiry(t *testing.T) {
 	if c := f.ready(alive); c.Status != metav1.ConditionTrue {
 		t.Errorf("the live node's Ready is %+v", c)
 	}
+	// The Ready gauge follows: 0 for the lost node, 1 for the live one.
+	testenv.Eventually(t, wait, poll, func() (bool, string) {
+		l, a := testutil.ToFloat64(readyGauge.WithLabelValues(lost)), testutil.ToFloat64(readyGauge.WithLabelValues(alive))
+		return l == 0 && a == 1, fmt.Sprintf("%s{macnode=%q} = %v, {macnode=%q} = %v", MetricReady, lost, l, alive, a)
+	})
 	// The lost node's replica no longer counts as ready; the live node's does.
 	testenv.Eventually(t, wait, poll, func() (bool, string) {
 		c := f.replicaCondition(a1)

@@ -93,63 +93,68 @@ func percentile(d []time.Duration, p float64) time.Duration {
 }
 
 // BenchmarkOverhead measures what the gateway adds to a request against calling the
-// same trivial upstream directly, in the same run: sequential latency (one direct
-// and one gateway request per iteration, interleaved so both see the same machine
-// state) and throughput with 8 concurrent clients. It reports p50/p99 of both, the
-// added p50/p99 in µs, requests/s of both and their ratio.
+// same trivial upstream directly, in the same run (see compareEndpoints).
 func BenchmarkOverhead(b *testing.B) {
 	for _, affinity := range []bool{false, true} {
 		b.Run(fmt.Sprintf("affinity=%v", affinity), func(b *testing.B) {
 			s := newBenchSetup(b, affinity)
-			// Warm the connection pools.
-			for range 50 {
-				s.do(b, s.direct)
-				s.do(b, s.gateway)
-			}
-			var direct, viaGW []time.Duration
-			b.ResetTimer()
-			for b.Loop() {
-				direct = append(direct, s.do(b, s.direct))
-				viaGW = append(viaGW, s.do(b, s.gateway))
-			}
-			b.StopTimer()
-			d50, d99 := percentile(direct, 0.5), percentile(direct, 0.99)
-			g50, g99 := percentile(viaGW, 0.5), percentile(viaGW, 0.99)
-			b.ReportMetric(float64(d50.Microseconds()), "direct-p50-µs")
-			b.ReportMetric(float64(g50.Microseconds()), "gateway-p50-µs")
-			b.ReportMetric(float64((g50 - d50).Microseconds()), "added-p50-µs")
-			b.ReportMetric(float64((g99 - d99).Microseconds()), "added-p99-µs")
-
-			const clients, perClient = 8, 500
-			rps := func(base string) float64 {
-				var wg sync.WaitGroup
-				start := time.Now()
-				for range clients {
-					wg.Go(func() {
-						for range perClient {
-							s.do(b, base)
-						}
-					})
-				}
-				wg.Wait()
-				return clients * perClient / time.Since(start).Seconds()
-			}
-			rd, rg := rps(s.direct), rps(s.gateway)
-			b.ReportMetric(rd, "direct-req/s")
-			b.ReportMetric(rg, "gateway-req/s")
-			b.ReportMetric(rg/rd, "rps-ratio")
-			b.Logf("sequential: direct p50 %v p99 %v; gateway p50 %v p99 %v; added p50 %v p99 %v (latency ratio p50 %.2f)",
-				d50, d99, g50, g99, g50-d50, g99-d99, float64(g50)/float64(d50))
-			b.Logf("8 clients: direct %.0f req/s, gateway %.0f req/s (ratio %.2f)", rd, rg, rg/rd)
+			compareEndpoints(b, s.client, "direct", s.direct, "gateway", s.gateway)
 		})
 	}
+}
+
+// compareEndpoints measures other against base: sequential latency (one request to
+// each per iteration, interleaved so both see the same machine state) and throughput
+// with 8 concurrent clients. It reports both p50s, the added p50/p99 in µs, both
+// requests/s and their ratio.
+func compareEndpoints(b *testing.B, client *http.Client, baseName, base, otherName, other string) {
+	s := benchSetup{client: client}
+	// Warm the connection pools.
+	for range 50 {
+		s.do(b, base)
+		s.do(b, other)
+	}
+	var lb, lo []time.Duration
+	b.ResetTimer()
+	for b.Loop() {
+		lb = append(lb, s.do(b, base))
+		lo = append(lo, s.do(b, other))
+	}
+	b.StopTimer()
+	b50, b99 := percentile(lb, 0.5), percentile(lb, 0.99)
+	o50, o99 := percentile(lo, 0.5), percentile(lo, 0.99)
+	b.ReportMetric(float64(b50.Microseconds()), baseName+"-p50-µs")
+	b.ReportMetric(float64(o50.Microseconds()), otherName+"-p50-µs")
+	b.ReportMetric(float64((o50 - b50).Microseconds()), "added-p50-µs")
+	b.ReportMetric(float64((o99 - b99).Microseconds()), "added-p99-µs")
+
+	const clients, perClient = 8, 500
+	rps := func(url string) float64 {
+		var wg sync.WaitGroup
+		start := time.Now()
+		for range clients {
+			wg.Go(func() {
+				for range perClient {
+					s.do(b, url)
+				}
+			})
+		}
+		wg.Wait()
+		return clients * perClient / time.Since(start).Seconds()
+	}
+	rb, ro := rps(base), rps(other)
+	b.ReportMetric(rb, baseName+"-req/s")
+	b.ReportMetric(ro, otherName+"-req/s")
+	b.ReportMetric(ro/rb, "rps-ratio")
+	b.Logf("sequential: %s p50 %v p99 %v; %s p50 %v p99 %v; added p50 %v p99 %v (latency ratio p50 %.2f)",
+		baseName, b50, b99, otherName, o50, o99, o50-b50, o99-b99, float64(o50)/float64(b50))
+	b.Logf("8 clients: %s %.0f req/s, %s %.0f req/s (ratio %.2f)", baseName, rb, otherName, ro, ro/rb)
 }
 
 // BenchmarkTracingOverhead measures what tracing adds to the gateway: two gateways in
 // front of the same trivial upstream, one without tracing and one exporting every span
 // over OTLP/HTTP to a receiver on loopback (the SDK's batch processor, as in
-// production), requests interleaved. It reports both p50s, the added p50/p99 in µs and
-// the throughput ratio with 8 concurrent clients.
+// production), compared as in compareEndpoints.
 func BenchmarkTracingOverhead(b *testing.B) {
 	rcv, err := otlptest.Start()
 	if err != nil {
@@ -163,47 +168,15 @@ func BenchmarkTracingOverhead(b *testing.B) {
 	}
 	b.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
 	up := newBenchUpstream(b)
-	off := benchSetup{direct: newBenchGateway(b, up, Options{}), client: newBenchClient(b)}
+	off := newBenchGateway(b, up, Options{})
 	on := newBenchGateway(b, up, Options{TracerProvider: tp.TracerProvider()})
-	for range 50 {
-		off.do(b, off.direct)
-		off.do(b, on)
-	}
-	var lOff, lOn []time.Duration
-	b.ResetTimer()
-	for b.Loop() {
-		lOff = append(lOff, off.do(b, off.direct))
-		lOn = append(lOn, off.do(b, on))
-	}
-	b.StopTimer()
-	o50, o99 := percentile(lOff, 0.5), percentile(lOff, 0.99)
-	t50, t99 := percentile(lOn, 0.5), percentile(lOn, 0.99)
-	b.ReportMetric(float64(o50.Microseconds()), "off-p50-µs")
-	b.ReportMetric(float64(t50.Microseconds()), "on-p50-µs")
-	b.ReportMetric(float64((t50 - o50).Microseconds()), "added-p50-µs")
-	b.ReportMetric(float64((t99 - o99).Microseconds()), "added-p99-µs")
-	const clients, perClient = 8, 500
-	rps := func(base string) float64 {
-		var wg sync.WaitGroup
-		start := time.Now()
-		for range clients {
-			wg.Go(func() {
-				for range perClient {
-					off.do(b, base)
-				}
-			})
-		}
-		wg.Wait()
-		return clients * perClient / time.Since(start).Seconds()
-	}
-	ro, rt := rps(off.direct), rps(on)
-	b.ReportMetric(rt/ro, "rps-ratio")
+	compareEndpoints(b, newBenchClient(b), "off", off, "on", on)
 	if err := tp.Shutdown(context.Background()); err != nil {
 		b.Fatal(err)
 	}
-	if n := len(rcv.Spans("")); n == 0 {
+	n := len(rcv.Spans(""))
+	if n == 0 {
 		b.Fatal("the traced gateway exported no spans")
 	}
-	b.Logf("sequential: off p50 %v p99 %v; on p50 %v p99 %v; added p50 %v p99 %v", o50, o99, t50, t99, t50-o50, t99-o99)
-	b.Logf("8 clients: off %.0f req/s, on %.0f req/s (ratio %.2f); %d spans exported", ro, rt, rt/ro, len(rcv.Spans("")))
+	b.Logf("%d spans exported", n)
 }

@@ -26,10 +26,7 @@ func (g *Gateway) startRequest(r *http.Request) (*http.Request, trace.Span) {
 	if g.tracer == nil {
 		return r, nil
 	}
-	ctx, span := g.tracer.Start(tracing.Extract(r.Context(), r.Header), r.Method+" "+r.URL.Path,
-		trace.WithSpanKind(trace.SpanKindServer),
-		trace.WithAttributes(attribute.String("http.request.method", r.Method), attribute.String("url.path", r.URL.Path)))
-	return r.WithContext(ctx), span
+	return tracing.StartServer(g.tracer, r, r.Method+" "+r.URL.Path)
 }
 
 // endRequest ends the server span with what became of the request.

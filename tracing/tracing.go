@@ -170,6 +170,15 @@ func Inject(ctx context.Context, h http.Header) {
 	propagator.Inject(ctx, propagation.HeaderCarrier(h))
 }
 
+// StartServer starts the server span of an HTTP request named name, continuing the
+// caller's traceparent, with the method and path as attributes; the request carries
+// the span's context.
+func StartServer(t trace.Tracer, r *http.Request, name string) (*http.Request, trace.Span) {
+	ctx, span := t.Start(Extract(r.Context(), r.Header), name, trace.WithSpanKind(trace.SpanKindServer),
+		trace.WithAttributes(attribute.String("http.request.method", r.Method), attribute.String("url.path", r.URL.Path)))
+	return r.WithContext(ctx), span
+}
+
 // TraceID is the trace id of ctx's span, "" without one: for access logs.
 func TraceID(ctx context.Context) string {
 	sc := trace.SpanContextFromContext(ctx)

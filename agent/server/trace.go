@@ -25,10 +25,7 @@ func (s *Server) startServerSpan(r *http.Request) (*http.Request, trace.Span) {
 	if s.tracer == nil {
 		return r, noop.Span{}
 	}
-	ctx, span := s.tracer.Start(tracing.Extract(r.Context(), r.Header), "agent "+r.Method+" "+r.URL.Path,
-		trace.WithSpanKind(trace.SpanKindServer),
-		trace.WithAttributes(attribute.String("http.request.method", r.Method), attribute.String("url.path", r.URL.Path)))
-	return r.WithContext(ctx), span
+	return tracing.StartServer(s.tracer, r, "agent "+r.Method+" "+r.URL.Path)
 }
 
 // endServerSpan records the status and the model.

@@ -30,11 +30,9 @@ func (s *Server) traced(h http.HandlerFunc) http.HandlerFunc {
 		return h
 	}
 	return func(w http.ResponseWriter, r *http.Request) {
-		ctx, span := s.tracer.Start(tracing.Extract(r.Context(), r.Header), "runner "+r.Method+" "+r.URL.Path,
-			trace.WithSpanKind(trace.SpanKindServer),
-			trace.WithAttributes(attribute.String("http.request.method", r.Method), attribute.String("url.path", r.URL.Path)))
+		r, span := tracing.StartServer(s.tracer, r, "runner "+r.Method+" "+r.URL.Path)
 		sw := &openaierr.StatusWriter{ResponseWriter: w}
-		h(sw, r.WithContext(ctx))
+		h(sw, r)
 		span.SetAttributes(attribute.Int("http.response.status_code", sw.Status))
 		if sw.Status >= 500 {
 			span.SetStatus(codes.Error, http.StatusText(sw.Status))

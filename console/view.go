@@ -17,6 +17,7 @@ import (
 	"strings"
 	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -27,7 +28,10 @@ import (
 // Snapshot is what a page is built from: the objects in the gateway's informer cache
 // and the time the page is rendered at.
 type Snapshot struct {
-	Nodes       []mfv1.MacNode
+	Nodes []mfv1.MacNode
+	// Leases are the agents' node Leases (macfleet-node-lease), named like their
+	// MacNodes; nil when they could not be read (the page then shows no lease age).
+	Leases      []coordinationv1.Lease
 	Deployments []mfv1.ModelDeployment
 	Replicas    []mfv1.ModelReplica
 	// Traffic is each deployment's recent traffic through this gateway, by
@@ -158,8 +162,10 @@ type Bar struct {
 type NodeRow struct {
 	Name, Chip, AgentVersion string
 	// Ready is the Ready condition's status (True, False, Unknown) and ReadyReason its
-	// reason; ReadyFor how long it has held.
+	// reason; ReadyFor how long it has held. LeaseAge is how long ago the agent last
+	// renewed its Lease ("" when unknown): a live agent renews every few seconds.
 	Ready, ReadyReason, ReadyFor string
+	LeaseAge                     string
 	Unschedulable                bool
 	Unified, Ceiling, Used       Bytes
 	Committed, Soft, Hard        Bytes
@@ -198,10 +204,19 @@ func BuildFleet(s Snapshot) FleetPage {
 			byNode[r.Spec.NodeName] = append(byNode[r.Spec.NodeName], r)
 		}
 	}
+	renewed := map[string]metav1.Time{}
+	for _, l := range s.Leases {
+		if l.Spec.RenewTime != nil {
+			renewed[l.Name] = metav1.Time{Time: l.Spec.RenewTime.Time}
+		}
+	}
 	var p FleetPage
 	var ceiling, used, freed int64
 	for _, n := range s.Nodes {
 		row := nodeRow(n, byNode[n.Name], s.Now)
+		if t, ok := renewed[n.Name]; ok {
+			row.LeaseAge = Age(s.Now, t)
+		}
 		if row.Ready == string(metav1.ConditionTrue) {
 			p.Ready++
 		}

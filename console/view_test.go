@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
@@ -129,14 +130,24 @@ func TestBuildFleet(t *testing.T) {
 
 func TestBuildFleetRowNumbers(t *testing.T) {
 	mem := mfv1.NodeMemoryStatus{Ceiling: q("10Gi"), Used: q("6Gi"), Pressure: mfv1.PressureSoft, Evictions: 4, FreedBytesTotal: 5 << 30}
-	p := BuildFleet(Snapshot{Now: now, Nodes: []mfv1.MacNode{mac("m1", metav1.ConditionTrue, 90*time.Second, mem)}})
+	renewed := metav1.NewMicroTime(now.Add(-7 * time.Second))
+	leases := []coordinationv1.Lease{
+		{ObjectMeta: metav1.ObjectMeta{Name: "m1"}, Spec: coordinationv1.LeaseSpec{RenewTime: &renewed}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "m2"}}, // never renewed
+	}
+	p := BuildFleet(Snapshot{Now: now, Leases: leases, Nodes: []mfv1.MacNode{mac("m1", metav1.ConditionTrue, 90*time.Second, mem),
+		mac("m2", metav1.ConditionUnknown, time.Hour, mem), mac("m3", metav1.ConditionTrue, time.Minute, mem)}})
 	r := p.Nodes[0]
-	got := []any{r.Chip, r.Ready, r.ReadyReason, r.ReadyFor, r.Used.N, r.Ceiling.N, r.Pressure, r.Evictions, r.Freed.Text,
+	got := []any{r.Chip, r.Ready, r.ReadyReason, r.ReadyFor, r.LeaseAge, r.Used.N, r.Ceiling.N, r.Pressure, r.Evictions, r.Freed.Text,
 		r.Bar.Summary, p.Used.Text, p.Freed.N, p.Evictions}
-	want := []any{"Apple M2 Pro", "True", mfv1.ReasonAgentReady, "1m", int64(6 << 30), int64(10 << 30), "Soft", int64(4), "5.0 GiB",
-		"6.0 GiB used of 10.0 GiB ceiling; other (agent, system) 6.0 GiB", "6.0 GiB", int64(5 << 30), int64(4)}
+	want := []any{"Apple M2 Pro", "True", mfv1.ReasonAgentReady, "1m", "7s", int64(6 << 30), int64(10 << 30), "Soft", int64(4), "5.0 GiB",
+		"6.0 GiB used of 10.0 GiB ceiling; other (agent, system) 6.0 GiB", "18.0 GiB", int64(15 << 30), int64(12)}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("row (-want +got):\n%s", diff)
+	}
+	// A Lease never renewed, or none at all, shows no age.
+	if a, b := p.Nodes[1].LeaseAge, p.Nodes[2].LeaseAge; a != "" || b != "" {
+		t.Errorf("lease ages of m2 (never renewed) and m3 (no Lease) = %q, %q; want none", a, b)
 	}
 }
 

@@ -209,9 +209,7 @@ func TestConsoleInBrowser(t *testing.T) {
 	if err := chromedp.Do(ctx, chromedp.Navigate(g.url+"/ui/"), chromedp.WaitVisible(chromedp.CSS(`svg.bar`))); err != nil {
 		t.Fatal(err)
 	}
-	timing, err := chromedp.Run(ctx, chromedp.Evaluate[string](`(() => { const n = performance.getEntriesByType("navigation")[0];
-		return "first byte " + Math.round(n.responseStart - n.requestStart) + " ms, DOM interactive " +
-			Math.round(n.domInteractive - n.startTime) + " ms, DOMContentLoaded " + Math.round(n.domContentLoadedEventEnd - n.startTime) + " ms" })()`))
+	timing, err := browsertest.NavigationTiming(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/trace"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
@@ -40,6 +41,7 @@ import (
 // controller-gen generates its ClusterRole from these markers (roleName macfleet-gateway).
 // +kubebuilder:rbac:groups=macfleet.dev,resources=modeldeployments;modelreplicas;macnodes,verbs=get;list;watch
 // +kubebuilder:rbac:groups=macfleet.dev,resources=modeldeployments,verbs=patch
+// +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;list;watch
 
 // Server timeouts: no write timeout, since a stream lasts as long as generation does.
 const (
@@ -147,7 +149,11 @@ func Run(ctx context.Context, cfg Config) error {
 	mgr, err := ctrl.NewManager(cfg.RestConfig, ctrl.Options{
 		Scheme: scheme,
 		// The routing table catches up within a second of an API server outage's end.
-		Cache: cache.Options{NewInformer: informers.NewInformer(informers.Options{Log: log.WithName("informers")})},
+		// The console shows how long ago each agent renewed its node Lease.
+		Cache: cache.Options{NewInformer: informers.NewInformer(informers.Options{Log: log.WithName("informers")}),
+			ByObject: map[client.Object]cache.ByObject{
+				&coordinationv1.Lease{}: {Namespaces: map[string]cache.Config{mfv1.NodeLeaseNamespace: {}}},
+			}},
 		// Probes and metrics are served on listeners of our own (mgrhttp).
 		Metrics:                metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress: "0",
@@ -238,6 +244,7 @@ func withConsole(g *Gateway, c cache.Cache, authorize func(string) bool, log log
 				}
 			}
 			s.Deployments, s.Replicas, s.Nodes = mds.Items, mrs.Items, mns.Items
+			s.Leases = nodeLeases(ctx, c, log)
 			s.Traffic = make(map[string]console.Traffic, len(mds.Items))
 			for _, d := range mds.Items {
 				id := d.Namespace + "/" + d.Name
@@ -383,4 +390,21 @@ func (f *Feeder) rebuild(ctx context.Context) error {
 		f.log.V(2).Info("Routing table rebuilt", "deployments", len(t.routes), "routableReplicas", n)
 	}
 	return nil
+}
+
+// leaseWait bounds the console's wait for the node Leases: their informer starts on
+// the first page, and a gateway without the RBAC to read them still serves its pages.
+const leaseWait = 2 * time.Second
+
+// nodeLeases lists the agents' node Leases for the console; nil (the page shows no
+// lease ages) when they cannot be read in time.
+func nodeLeases(ctx context.Context, c cache.Cache, log logr.Logger) []coordinationv1.Lease {
+	ctx, cancel := context.WithTimeout(ctx, leaseWait)
+	defer cancel()
+	var ls coordinationv1.LeaseList
+	if err := c.List(ctx, &ls, client.InNamespace(mfv1.NodeLeaseNamespace)); err != nil {
+		log.V(1).Info("Node Leases not read; the console shows no lease ages", "err", err.Error())
+		return nil
+	}
+	return ls.Items
 }

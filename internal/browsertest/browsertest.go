@@ -112,3 +112,12 @@ func Playground(t testing.TB, ctx context.Context, url, model, dir, shot string)
 		t.Errorf("playground: answer %q, status %q", out[0], out[1])
 	}
 }
+
+// NavigationTiming describes how the current page loaded, from the browser's own
+// navigation timing: time to the first byte, to DOM interactive and to
+// DOMContentLoaded.
+func NavigationTiming(ctx context.Context) (string, error) {
+	return chromedp.Run(ctx, chromedp.Evaluate[string](`(() => { const n = performance.getEntriesByType("navigation")[0];
+		return "first byte " + Math.round(n.responseStart - n.requestStart) + " ms, DOM interactive " +
+			Math.round(n.domInteractive - n.startTime) + " ms, DOMContentLoaded " + Math.round(n.domContentLoadedEventEnd - n.startTime) + " ms" })()`))
+}

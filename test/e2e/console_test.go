@@ -3,6 +3,9 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"io"
+	"net/http"
+	"regexp"
 	"strconv"
 	"testing"
 	"time"
@@ -15,6 +18,9 @@ import (
 	"github.com/macfleet/macfleet/internal/browsertest"
 	"github.com/macfleet/macfleet/internal/testenv"
 )
+
+// leaseShown is a Lease renewed seconds ago, as the fleet page says it.
+var leaseShown = regexp.MustCompile(`^lease renewed [0-9]+s ago$`)
 
 // bytesShown is the data-bytes of the element sel selects on the current page, "" when
 // there is none (without waiting for one to appear).
@@ -66,9 +72,44 @@ func TestConsoleOnFleet(t *testing.T) {
 				fmt.Sprintf("%s: the page shows used, ceiling %v; the MacNode says %v", n, shown, want)
 		})
 	}
+	// Each agent renews its node Lease every few seconds; the page says how long ago.
+	for _, n := range []string{localfleetNode(0), localfleetNode(1)} {
+		lease, err := chromedp.Run(ctx, chromedp.Evaluate[string](fmt.Sprintf(
+			`(document.querySelector('tr[data-node=%q] small.lease') || {}).textContent || ""`, n)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !leaseShown.MatchString(lease) {
+			t.Errorf("%s: the page shows %q for its Lease; want it renewed seconds ago", n, lease)
+		}
+	}
 	if err := chromedp.Do(ctx, browsertest.Screenshot(art, "fleet.png")); err != nil {
 		t.Fatal(err)
 	}
+	// Page weight and time to render of the fleet page on the fleet, for
+	// docs/benchmarks.md: a fresh load, its stylesheet and script cached as a browser
+	// that refreshes has them.
+	if err := chromedp.Do(ctx, chromedp.Navigate(ui+"/"), chromedp.WaitVisible(chromedp.CSS(`svg.bar`))); err != nil {
+		t.Fatal(err)
+	}
+	timing, err := browsertest.NavigationTiming(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	weight := 0
+	for _, p := range []string{"/", "/static/console.css", "/static/console.js"} {
+		resp, err := http.Get(ui + p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil || resp.StatusCode != http.StatusOK {
+			t.Fatalf("GET %s: %d, %v", ui+p, resp.StatusCode, err)
+		}
+		weight += len(b)
+	}
+	t.Logf("fleet page on the fleet (2 Macs): %d bytes with its stylesheet and script (uncompressed); %s", weight, timing)
 
 	// The playground streams from the Resident model.
 	browsertest.Playground(t, ctx, ui+"/playground", "console-chat", art, "playground.png")

@@ -4,7 +4,8 @@
 #     code, manifests and the chart's copies of them are committed and reproducible);
 #   - `helm lint --strict` is clean on the chart;
 #   - the chart's alert rules and dashboard queries parse with Prometheus's own parsers
-#     (hack/promcheck: what `promtool check rules` runs);
+#     (hack/promcheck: what `promtool check rules` runs), and every metric they use is
+#     one a component registers (test/chart TestMonitoringMetricsExported);
 #   - go.mod/go.sum of the module and of the tool modules are tidy;
 #   - gofmt and `go vet` (pure Go, CGO_ENABLED=0) are clean;
 #   - cmd/macfleet cross-compiles for darwin/arm64 without cgo.
@@ -53,7 +54,8 @@ prometheus_rules() {
 	rendered=$(mktemp)
 	bin/helm template macfleet charts/macfleet \
 		--set monitoring.dashboards.enabled=true,monitoring.prometheusRule.enabled=true >"$rendered" &&
-		(cd hack/promcheck && go run . "$rendered") || rc=$?
+		(cd hack/promcheck && go run . "$rendered") &&
+		MACFLEET_HELM=$PWD/bin/helm go test -count=1 -run '^TestMonitoringMetricsExported$' ./test/chart/ || rc=$?
 	rm -f "$rendered"
 	return $rc
 }

@@ -4,9 +4,11 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/macfleet/macfleet/internal/testenv"
 	"github.com/macfleet/macfleet/runner/api"
 )
 
@@ -18,6 +20,11 @@ func TestMetricsExportPoolStateAndEvents(t *testing.T) {
 	h.load("a")
 	h.load("b") // evicts a
 	h.p.poll()
+	// Observers hear of a load just after its waiters are woken: wait for the second.
+	testenv.Eventually(t, 10*time.Second, time.Millisecond, func() (bool, string) {
+		n := testutil.ToFloat64(m.loads.WithLabelValues("ok"))
+		return n == 2, fmt.Sprintf("%v loads counted", n)
+	})
 
 	if problems, err := testutil.CollectAndLint(m); err != nil || len(problems) > 0 {
 		t.Fatalf("lint: %v %+v", err, problems)

@@ -90,7 +90,9 @@ func TestAutoscalerWiring(t *testing.T) {
 		first = list.Items[0]
 		return true, ""
 	})
-	firstReplica.Store(&first.Name)
+	// A copy: first is decoded into again below while the agent's handler reads the name.
+	name := first.Name
+	firstReplica.Store(&name)
 	if err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		if err := c.Get(ctx, client.ObjectKeyFromObject(&first), &first); err != nil {
 			return err

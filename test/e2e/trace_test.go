@@ -33,7 +33,8 @@ func TestTraceThroughGatewayAgentRunner(t *testing.T) {
 
 	ns := testenv.NewNamespace(t, fleet.Client)
 	create(t, deployment(ns, "traced", 1))
-	node := waitReady(t, ns, "traced", 1, 3*time.Minute)[0].Spec.NodeName
+	replica := waitReady(t, ns, "traced", 1, 3*time.Minute)[0]
+	node, key := replica.Spec.NodeName, replica.Namespace+"/"+replica.Name
 
 	// The Mac's agent restarts with tracing on (its runners inherit the environment)
 	// and logging requests; at the end it restarts as it was.
@@ -53,6 +54,23 @@ func TestTraceThroughGatewayAgentRunner(t *testing.T) {
 		if err := fleet.WaitNodeReady(context.Background(), node); err != nil {
 			t.Error(err)
 		}
+	})
+
+	// The restarted agent loads the Resident model again; the traced request comes
+	// once it is Ready, so that its lease is a warm one.
+	addr := fleet.Agent(node).Addr
+	testenv.Eventually(t, 2*time.Minute, 100*time.Millisecond, func() (bool, string) {
+		st, err := agentStatusErr(t.Context(), addr)
+		if err != nil {
+			return false, err.Error()
+		}
+		models, _ := st["models"].([]any)
+		for _, m := range models {
+			if mm, _ := m.(map[string]any); mm["name"] == key && mm["state"] == "Ready" {
+				return true, ""
+			}
+		}
+		return false, fmt.Sprintf("the restarted agent's models: %v", models)
 	})
 
 	// A gateway in this process, its tracer built from the same variables.

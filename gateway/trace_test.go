@@ -44,20 +44,23 @@ func TestTraceSpans(t *testing.T) {
 		t.Fatalf("status %d: %s", resp.StatusCode, body)
 	}
 
-	spans := rec.Ended()
+	// The client has the answer a moment before the handler ends its spans.
 	var server sdktrace.ReadOnlySpan
 	var attempts []sdktrace.ReadOnlySpan
-	for _, s := range spans {
-		switch s.Name() {
-		case "POST /v1/chat/completions":
-			server = s
-		case "gateway.upstream":
-			attempts = append(attempts, s)
+	testenv.Eventually(t, 10*time.Second, time.Millisecond, func() (bool, string) {
+		spans := rec.Ended()
+		server, attempts = nil, nil
+		for _, s := range spans {
+			switch s.Name() {
+			case "POST /v1/chat/completions":
+				server = s
+			case "gateway.upstream":
+				attempts = append(attempts, s)
+			}
 		}
-	}
-	if server == nil || len(attempts) != 2 {
-		t.Fatalf("want a server span and 2 upstream spans, got %d spans: %v", len(spans), names(spans))
-	}
+		return server != nil && len(attempts) == 2,
+			fmt.Sprintf("want a server span and 2 upstream spans, got %d spans: %v", len(spans), names(spans))
+	})
 	if server.SpanContext().TraceID().String() != traceID || server.Parent().SpanID().String() != clientSpan || !server.Parent().IsRemote() {
 		t.Errorf("the server span %v has parent %v; want the client's span %s of trace %s", server.SpanContext(), server.Parent(), clientSpan, traceID)
 	}
@@ -115,11 +118,19 @@ func TestTraceHoldSpan(t *testing.T) {
 		}
 	}
 	var holds []sdktrace.ReadOnlySpan
-	for _, s := range rec.Ended() {
-		if s.Name() == "gateway.hold" {
-			holds = append(holds, s)
+	testenv.Eventually(t, 10*time.Second, time.Millisecond, func() (bool, string) {
+		holds = nil
+		servers := 0
+		for _, s := range rec.Ended() {
+			switch s.Name() {
+			case "gateway.hold":
+				holds = append(holds, s)
+			case "POST /v1/chat/completions":
+				servers++
+			}
 		}
-	}
+		return servers == 2, fmt.Sprintf("want both requests' spans ended, got %v", names(rec.Ended()))
+	})
 	if len(holds) != 1 {
 		t.Fatalf("want one hold span, got %v", names(rec.Ended()))
 	}

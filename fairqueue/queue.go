@@ -61,16 +61,27 @@ type Limits struct {
 	// BatchShare: while both classes wait, one dispatch in BatchShare goes to a batch
 	// request (≥ 2; the rest go to interactive ones), so batch is slowed, not starved.
 	BatchShare int
+	// ReserveSlots is how many of a deployment's slots one client leaves to the others
+	// while more than one client is active (see Share); 0 means DefaultReserveSlots, a
+	// negative value none.
+	ReserveSlots int
+	// ActiveWindow is how long a client counts as active after its last request
+	// arrived (0: DefaultActiveWindow).
+	ActiveWindow time.Duration
 }
 
 // Defaults of Limits.
 const (
 	DefaultMaxQueued  = 256
 	DefaultBatchShare = 5
+	// DefaultReserveSlots: one slot is enough for a client that sends one request at
+	// a time, the case fairness matters most for.
+	DefaultReserveSlots = 1
 )
 
 // WithDefaults fills in zero fields: MaxQueued DefaultMaxQueued, MaxPerFlow a quarter
-// of it, BatchShare DefaultBatchShare.
+// of it, BatchShare DefaultBatchShare, ReserveSlots DefaultReserveSlots (any negative
+// value becomes -1), ActiveWindow DefaultActiveWindow.
 func (l Limits) WithDefaults() Limits {
 	if l.MaxQueued <= 0 {
 		l.MaxQueued = DefaultMaxQueued
@@ -81,6 +92,15 @@ func (l Limits) WithDefaults() Limits {
 	l.MaxPerFlow = min(l.MaxPerFlow, l.MaxQueued)
 	if l.BatchShare < 2 {
 		l.BatchShare = DefaultBatchShare
+	}
+	switch {
+	case l.ReserveSlots == 0:
+		l.ReserveSlots = DefaultReserveSlots
+	case l.ReserveSlots < 0:
+		l.ReserveSlots = -1
+	}
+	if l.ActiveWindow <= 0 {
+		l.ActiveWindow = DefaultActiveWindow
 	}
 	return l
 }

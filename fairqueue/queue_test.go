@@ -137,9 +137,12 @@ func TestFullError(t *testing.T) {
 
 func TestLimitsDefaults(t *testing.T) {
 	for _, tt := range []struct{ in, want Limits }{
-		{Limits{}, Limits{MaxQueued: DefaultMaxQueued, MaxPerFlow: DefaultMaxQueued / 4, BatchShare: DefaultBatchShare}},
-		{Limits{MaxQueued: 2}, Limits{MaxQueued: 2, MaxPerFlow: 1, BatchShare: DefaultBatchShare}},
-		{Limits{MaxQueued: 10, MaxPerFlow: 50, BatchShare: 1}, Limits{MaxQueued: 10, MaxPerFlow: 10, BatchShare: DefaultBatchShare}},
+		{Limits{}, Limits{MaxQueued: DefaultMaxQueued, MaxPerFlow: DefaultMaxQueued / 4, BatchShare: DefaultBatchShare,
+			ReserveSlots: DefaultReserveSlots, ActiveWindow: DefaultActiveWindow}},
+		{Limits{MaxQueued: 2, ReserveSlots: 3, ActiveWindow: time.Second}, Limits{MaxQueued: 2, MaxPerFlow: 1,
+			BatchShare: DefaultBatchShare, ReserveSlots: 3, ActiveWindow: time.Second}},
+		{Limits{MaxQueued: 10, MaxPerFlow: 50, BatchShare: 1, ReserveSlots: -7}, Limits{MaxQueued: 10, MaxPerFlow: 10,
+			BatchShare: DefaultBatchShare, ReserveSlots: -1, ActiveWindow: DefaultActiveWindow}},
 	} {
 		if got := tt.in.WithDefaults(); got != tt.want {
 			t.Errorf("%+v.WithDefaults() = %+v, want %+v", tt.in, got, tt.want)

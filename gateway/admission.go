@@ -26,12 +26,18 @@ const DefaultMaxInFlightPerSlot = 1
 // waits in the deployment's fair queue (package fairqueue: per-client round robin,
 // interactive before batch) until the balancer finds it a replica with room, which
 // happens when a request ends, the table changes (a replica comes or goes) or its
-// exclusions are cleared. A full queue turns requests away with a 429.
+// exclusions are cleared. A full queue turns requests away with a 429. While more
+// than one client is active, no client may hold every slot of a deployment (package
+// fairqueue's Share): one is kept for the others, so a client that arrives while
+// another floods the deployment is served at once.
 //
 // Lock order: admission.mu, then the balancer's.
 type admission struct {
 	perSlot  int
 	limits   fairqueue.Limits
+	// reserve and window configure each deployment's fairqueue.Share.
+	reserve int
+	window  time.Duration
 	affinity bool
 	bal      *balancer
 	table    func() *Table
@@ -44,8 +50,12 @@ type admission struct {
 
 // modelQueue is one deployment's waiting requests and how fast they leave.
 type modelQueue struct {
-	q    *fairqueue.Queue[*ticket]
-	rate fairqueue.Rate
+	q     *fairqueue.Queue[*ticket]
+	rate  fairqueue.Rate
+	share *fairqueue.Share
+	// recheck is armed while a waiting request was held back only by the share: when
+	// the other clients go quiet, the slot they were kept is given out again.
+	recheck *time.Timer
 }
 
 // ticket is one request's place in admission.
@@ -64,10 +74,14 @@ type ticket struct {
 	granted chan Backend
 	// waited: it has been queued at least once.
 	waited bool
+	// arrived: the share has seen it arrive.
+	arrived bool
 }
 
 func newAdmission(opts Options, bal *balancer, table func() *Table, m *metrics) *admission {
-	return &admission{perSlot: opts.MaxInFlightPerSlot, limits: opts.Queue.WithDefaults(), affinity: opts.PrefixAffinity,
+	limits := opts.Queue.WithDefaults()
+	return &admission{perSlot: opts.MaxInFlightPerSlot, limits: limits, affinity: opts.PrefixAffinity,
+		reserve: limits.ReserveSlots, window: limits.ActiveWindow,
 		bal: bal, table: table, m: m, now: time.Now, queues: map[string]*modelQueue{}}
 }
 
@@ -78,7 +92,7 @@ func (a *admission) newTicket(model, flow string, p fairqueue.Priority, h uint64
 func (a *admission) queue(model string) *modelQueue {
 	mq := a.queues[model]
 	if mq == nil {
-		mq = &modelQueue{q: fairqueue.New[*ticket](a.limits)}
+		mq = &modelQueue{q: fairqueue.New[*ticket](a.limits), share: fairqueue.NewShare(a.reserve, a.window)}
 		a.queues[model] = mq
 	}
 	return mq
@@ -99,13 +113,20 @@ func (a *admission) acquire(rt *Route, t *ticket) (Backend, bool, *apiError) {
 	default:
 	}
 	mq := a.queue(t.model)
+	now := a.now()
+	if !t.arrived {
+		t.arrived = true
+		mq.share.Arrive(t.flow, now)
+		if mq.share.Len() > maxShareFlows {
+			mq.share.Forget(now)
+		}
+	}
 	if t.entry == nil {
 		if mq.q.Len() == 0 {
-			if be, ok := a.bal.pick(rt, t.excluded, a.affinity, t.h, a.perSlot); ok {
+			if be, ok, _ := a.pick(rt, mq, t, now); ok {
 				return be, true, nil
 			}
 		}
-		now := a.now()
 		e, err := mq.q.Push(t.flow, t.priority, t, now)
 		if err != nil {
 			return Backend{}, false, a.rejectFull(rt, mq, t, err, now)
@@ -117,20 +138,49 @@ func (a *admission) acquire(rt *Route, t *ticket) (Backend, bool, *apiError) {
 	return Backend{}, false, nil
 }
 
+// maxShareFlows is how many clients a deployment's share remembers before it forgets
+// the quiet ones.
+const maxShareFlows = 64
+
+// pick finds t a replica of rt with room, if its client's share allows it one more
+// (heldBack: a replica had room but the share said no), and counts it.
+func (a *admission) pick(rt *Route, mq *modelQueue, t *ticket, now time.Time) (be Backend, ok, heldBack bool) {
+	if a.perSlot > 0 && !mq.share.Allows(t.flow, capacity(rt, a.perSlot), now) {
+		return Backend{}, false, true
+	}
+	if be, ok = a.bal.pick(rt, t.excluded, a.affinity, t.h, a.perSlot); ok {
+		mq.share.Grant(t.flow)
+	}
+	return be, ok, false
+}
+
+// capacity is how many requests the gateway sends to rt's replicas at once.
+func capacity(rt *Route, perSlot int) int {
+	n := 0
+	for _, be := range rt.Backends {
+		n += perSlot * max(be.Slots, 1)
+	}
+	return n
+}
+
 // dispatchLocked grants rt's room to waiting tickets, in the queue's order, until no
 // waiting ticket can be placed.
 func (a *admission) dispatchLocked(rt *Route, mq *modelQueue) {
 	for mq.q.Len() > 0 {
 		var be Backend
+		now := a.now()
+		heldBack := false
 		e, ok := mq.q.Pop(func(t *ticket) bool {
-			b, ok := a.bal.pick(rt, t.excluded, a.affinity, t.h, a.perSlot)
-			be = b
+			b, ok, held := a.pick(rt, mq, t, now)
+			be, heldBack = b, heldBack || held
 			return ok
 		})
 		if !ok {
+			if heldBack {
+				a.recheckLater(mq, rt.ID())
+			}
 			return
 		}
-		now := a.now()
 		mq.rate.Observe(now)
 		t := e.Value
 		t.entry = nil
@@ -146,13 +196,34 @@ func (a *admission) dequeued(e *fairqueue.Entry[*ticket], now time.Time) {
 	a.m.queueWait.WithLabelValues(model, p).Observe(now.Sub(e.Since).Seconds())
 }
 
-// release ends a request's use of a replica and hands the room to a waiting one.
-func (a *admission) release(model, key string) {
+// recheckLater dispatches the deployment's queue again once the share's window has
+// passed, when a client held back by it may hold more (nobody else arrived).
+func (a *admission) recheckLater(mq *modelQueue, model string) {
+	if mq.recheck != nil {
+		return
+	}
+	mq.recheck = time.AfterFunc(a.window, func() {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		mq.recheck = nil
+		if rt := a.table().Route(model); rt != nil && a.queues[model] == mq {
+			a.dispatchLocked(rt, mq)
+		}
+	})
+}
+
+// release ends t's use of a replica and hands the room to a waiting request.
+func (a *admission) release(t *ticket, key string) {
 	a.bal.release(key)
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if mq := a.queues[model]; mq != nil && mq.q.Len() > 0 {
-		if rt := a.table().Route(model); rt != nil {
+	mq := a.queues[t.model]
+	if mq == nil {
+		return
+	}
+	mq.share.Done(t.flow)
+	if mq.q.Len() > 0 {
+		if rt := a.table().Route(t.model); rt != nil {
 			a.dispatchLocked(rt, mq)
 		}
 	}
@@ -174,6 +245,9 @@ func (a *admission) leave(t *ticket) {
 	select {
 	case be := <-t.granted:
 		a.bal.release(be.Key)
+		if mq != nil {
+			mq.share.Done(t.flow)
+		}
 		if rt := a.table().Route(t.model); rt != nil && mq != nil {
 			a.dispatchLocked(rt, mq)
 		}

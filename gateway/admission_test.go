@@ -384,7 +384,7 @@ func TestGrantWhileAway(t *testing.T) {
 			t.Fatalf("a request placed with the one slot busy: %v %v", ok, aerr)
 		}
 	}
-	g.adm.release("a/m", first.Key) // the slot goes to tickets[1], which is elsewhere
+	g.adm.release(tickets[0], first.Key) // the slot goes to tickets[1], which is elsewhere
 	be, ok, aerr := g.adm.acquire(rt, tickets[1])
 	if !ok || aerr != nil || be.Key != "a/r0" {
 		t.Fatalf("asking again after a grant: %v %v %v, want the granted replica", be, ok, aerr)
@@ -394,7 +394,7 @@ func TestGrantWhileAway(t *testing.T) {
 	}
 	done := make(chan struct{})
 	go func() {
-		g.adm.release("a/m", be.Key) // the slot goes to tickets[2]
+		g.adm.release(tickets[1], be.Key) // the slot goes to tickets[2]
 		close(done)
 	}()
 	select {
@@ -405,7 +405,7 @@ func TestGrantWhileAway(t *testing.T) {
 	if got := <-tickets[2].granted; got.Key != "a/r0" {
 		t.Errorf("the last request was granted %v", got)
 	}
-	g.adm.release("a/m", "a/r0")
+	g.adm.release(tickets[2], "a/r0")
 	for _, tk := range tickets {
 		g.adm.leave(tk)
 	}

@@ -265,7 +265,7 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, model, name stri
 		hd = nil
 		attempts++
 		res := g.attempt(ctx, w, r, model, be, body, start, attempts)
-		g.adm.release(model, be.Key)
+		g.adm.release(t, be.Key)
 		if res.failure == nil {
 			observeHold()
 			return res

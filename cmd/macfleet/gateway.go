@@ -43,6 +43,9 @@ OTEL_EXPORTER_OTLP_ENDPOINT set it traces every request (see docs/tracing.md).`,
 				return err
 			}
 			cfg.RestConfig = rc
+			if cfg.Queue.ReserveSlots == 0 { // the flag's 0 is none; the Limits' 0 is the default
+				cfg.Queue.ReserveSlots = -1
+			}
 			ctx := ctrl.SetupSignalHandler()
 			tp, stop, err := startTracing(ctx, tracing.ServiceGateway, ctrl.Log.WithName("tracing"))
 			if err != nil {
@@ -69,6 +72,8 @@ OTEL_EXPORTER_OTLP_ENDPOINT set it traces every request (see docs/tracing.md).`,
 		"Requests that may wait in one deployment's fair queue; more get a 429 with Retry-After")
 	f.IntVar(&cfg.Queue.MaxPerFlow, "max-queue-per-key", 0,
 		"Requests one client (API key, or address without keys) may have waiting in one deployment's queue; 0: a quarter of --max-queue")
+	f.IntVar(&cfg.Queue.ReserveSlots, "reserve-slots", fairqueue.DefaultReserveSlots,
+		"Slots of a deployment one client leaves to the others while more than one client is active, so a newcomer is served at once; 0 or negative: none")
 	f.BoolVar(&cfg.DisableConsole, "disable-console", false,
 		"Do not serve the web console at /ui (it uses the same API keys as the API)")
 	f.BoolVar(&cfg.PrefixAffinity, "prefix-affinity", false,

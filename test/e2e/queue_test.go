@@ -271,7 +271,8 @@ func TestFairQueueUnderOverload(t *testing.T) {
 // BenchmarkFairQueue: what the queue changes for a light client while a heavy one
 // keeps eight requests in flight on a replica with two slots. Each round runs the same
 // load through a gateway without the queue (--max-inflight-per-slot=-1: the runner's
-// first-come queue) and with it at 1 and 2 per slot, interleaved; it reports the light
+// first-come queue) and with it at 1 per slot (with and without a slot kept for other
+// clients, --reserve-slots) and 2 per slot, interleaved; it reports the light
 // client's latency (p50 and p99 of all rounds, and beside its latency with no other
 // load) and the replica's throughput (completion tokens per second
 // of both clients: the light client's share is larger with the queue, so the heavy
@@ -291,11 +292,13 @@ func BenchmarkFairQueue(b *testing.B) {
 	modes := []struct {
 		name    string
 		perSlot int
+		reserve int
 		url     string
 		lat     []time.Duration
 		tps     []float64
 		alone   []float64
-	}{{name: "fifo", perSlot: -1}, {name: "fair1", perSlot: 1}, {name: "fair2", perSlot: 2}}
+	}{{name: "fifo", perSlot: -1}, {name: "fair1-noreserve", perSlot: 1, reserve: -1}, {name: "fair1", perSlot: 1},
+		{name: "fair2", perSlot: 2}}
 	ask := func(c openai.Client, maxTokens int) (int64, error) {
 		r, err := c.Chat.Completions.New(b.Context(), params(b, fmt.Sprintf(
 			`{"model":%q,"max_tokens":%d,"temperature":0,"messages":[{"role":"user","content":"Tell a long story"}]}`,
@@ -306,7 +309,7 @@ func BenchmarkFairQueue(b *testing.B) {
 		return r.Usage.CompletionTokens, nil
 	}
 	for i := range modes {
-		modes[i].url, _ = queueGateway(b, modes[i].perSlot, fairqueue.Limits{})
+		modes[i].url, _ = queueGateway(b, modes[i].perSlot, fairqueue.Limits{ReserveSlots: modes[i].reserve})
 		c := clientFrom(modes[i].url, "127.0.0.3", 0)
 		testenv.Eventually(b, time.Minute, 100*time.Millisecond, func() (bool, string) {
 			_, err := ask(c, 1)
@@ -411,15 +414,17 @@ func BenchmarkFairQueue(b *testing.B) {
 		return pct(modes[i].lat, 0.5), modes[i].tps[k], modes[i].alone[k]
 	}
 	fifoLat, fifoTPS, fifoAlone := med(0)
-	u99 := pct(unloaded, 0.99)
+	u99, u90 := pct(unloaded, 0.99), pct(unloaded, 0.9)
 	b.ReportMetric(float64(pct(unloaded, 0.5).Milliseconds()), "light-p50-unloaded-ms")
 	b.ReportMetric(float64(u99.Milliseconds()), "light-p99-unloaded-ms")
 	b.ReportMetric(float64(fifoLat.Milliseconds()), "light-p50-fifo-ms")
 	b.ReportMetric(float64(pct(modes[0].lat, 0.99))/float64(u99), "light-p99-vs-unloaded-fifo")
+	b.ReportMetric(float64(pct(modes[0].lat, 0.9))/float64(u90), "light-p90-vs-unloaded-fifo")
 	for i := 1; i < len(modes); i++ {
 		l, r, a := med(i)
 		b.ReportMetric(float64(l.Milliseconds()), "light-p50-"+modes[i].name+"-ms")
 		b.ReportMetric(float64(pct(modes[i].lat, 0.99))/float64(u99), "light-p99-vs-unloaded-"+modes[i].name)
+		b.ReportMetric(float64(pct(modes[i].lat, 0.9))/float64(u90), "light-p90-vs-unloaded-"+modes[i].name)
 		b.ReportMetric(float64(fifoLat)/float64(l), "light-speedup-"+modes[i].name)
 		b.ReportMetric(r/fifoTPS, "tokens-per-s-ratio-"+modes[i].name)
 		b.ReportMetric(a/fifoAlone, "alone-tokens-per-s-ratio-"+modes[i].name)

@@ -1,0 +1,102 @@
+package gateway
+
+import (
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
+	"github.com/macfleet/macfleet/fairqueue"
+)
+
+// twoSlotGateway is keysGateway with the gated replica's engine at two slots.
+func twoSlotGateway(t *testing.T, q fairqueue.Limits) (*testGateway, *gatedReplica) {
+	t.Helper()
+	g, rep := keysGateway(t, Options{Queue: q})
+	g.SetTable(BuildTable([]mfv1.ModelDeployment{deployment("a", "m", "")},
+		[]mfv1.ModelReplica{withParallel(replica("a", "r0", "m", "mac", rep.host(), metav1.ConditionTrue), 2)},
+		[]mfv1.MacNode{node("mac", metav1.ConditionTrue)}))
+	return g, rep
+}
+
+// answered waits for one answer and fails the test unless it is a 200.
+func answered(t *testing.T, tag string, ch <-chan answer) {
+	t.Helper()
+	select {
+	case a := <-ch:
+		if a.code != http.StatusOK {
+			t.Fatalf("%s: %d %s", tag, a.code, a.body)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%s: no answer", tag)
+	}
+}
+
+// TestReserveSlot: on a replica with two slots, a client that floods it while another
+// client is active holds one slot, not both, so the other client's next request
+// reaches the replica at once instead of waiting behind the flood; with the reserve
+// off the flood takes both slots and it waits.
+func TestReserveSlot(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		reserve int
+		want    []string // the order requests reach the replica
+	}{
+		{"reserve one slot", 1, []string{"b1", "a1", "b2"}},
+		{"no reserve", -1, []string{"b1", "a1", "a2"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			g, rep := twoSlotGateway(t, fairqueue.Limits{ReserveSlots: tc.reserve, ActiveWindow: time.Minute})
+			b1 := send(t, g, "key-b", "b1")
+			rep.waitArrived(t, 1)
+			rep.gate <- struct{}{}
+			answered(t, "b1", b1)
+			chs := map[string]<-chan answer{"a1": send(t, g, "key-a", "a1")}
+			rep.waitArrived(t, 2)
+			chs["a2"] = send(t, g, "key-a", "a2")
+			if tc.reserve <= 0 {
+				rep.waitArrived(t, 3)
+			}
+			chs["a3"] = send(t, g, "key-a", "a3")
+			if tc.reserve > 0 {
+				g.waitQueued(t, fairqueue.Interactive, 2) // a2, a3: a1 holds key-a's one slot
+			} else {
+				g.waitQueued(t, fairqueue.Interactive, 1)
+			}
+			chs["b2"] = send(t, g, "key-b", "b2")
+			g.waitQueued(t, fairqueue.Interactive, 2)
+			rep.waitArrived(t, 3)
+			if d := cmp.Diff(tc.want, rep.order()); d != "" {
+				t.Errorf("order the replica got (-want +got):\n%s", d)
+			}
+			for range 4 {
+				rep.gate <- struct{}{}
+			}
+			wantOK(t, chs)
+		})
+	}
+}
+
+// TestReserveSlotReturns: once the other client goes quiet (its active window ends),
+// the flooding client's waiting request takes the kept slot without any request
+// ending to trigger it.
+func TestReserveSlotReturns(t *testing.T) {
+	g, rep := twoSlotGateway(t, fairqueue.Limits{ActiveWindow: 3 * time.Second})
+	b1 := send(t, g, "key-b", "b1")
+	rep.waitArrived(t, 1)
+	rep.gate <- struct{}{}
+	answered(t, "b1", b1)
+	chs := map[string]<-chan answer{"a1": send(t, g, "key-a", "a1")}
+	rep.waitArrived(t, 2)
+	chs["a2"] = send(t, g, "key-a", "a2")
+	g.waitQueued(t, fairqueue.Interactive, 1) // key-b arrived less than the window ago
+	rep.waitArrived(t, 3)                     // and nothing ends: only the window can free it
+	g.waitQueued(t, fairqueue.Interactive, 0)
+	for range 2 {
+		rep.gate <- struct{}{}
+	}
+	wantOK(t, chs)
+}

@@ -390,28 +390,15 @@ func (w *weights) value() float32 {
 
 // WriteTo implements io.WriterTo.
 func (w *weights) WriteTo(dst io.Writer) (int64, error) {
-	if w.dtype.quantized() {
-		return w.writeBlocks(dst)
-	}
-	const chunk = 1 << 16
-	elem := uint64(4)
-	if w.dtype == F16 {
-		elem = 2
-	}
-	buf := make([]byte, 0, chunk*elem)
+	per, size, encode := w.encoder()
+	perWrite := uint64(1<<16) / per // about 64 Ki values per write
+	buf := make([]byte, 0, perWrite*size)
 	var written int64
-	for left := w.n; left > 0; {
-		k := min(left, chunk)
+	for left := w.n / per; left > 0; {
+		k := min(left, perWrite)
 		buf = buf[:0]
 		for range k {
-			v := w.value()
-			if w.dtype == F16 {
-				b := float16.Fromfloat32(v).Bits()
-				buf = append(buf, byte(b), byte(b>>8))
-			} else {
-				b := math.Float32bits(v)
-				buf = append(buf, byte(b), byte(b>>8), byte(b>>16), byte(b>>24))
-			}
+			buf = encode(buf)
 		}
 		m, err := dst.Write(buf)
 		written += int64(m)
@@ -421,4 +408,33 @@ func (w *weights) WriteTo(dst io.Writer) (int64, error) {
 		left -= k
 	}
 	return written, nil
+}
+
+// encoder returns how w's values are stored: per values at a time (one, or a block
+// of a quantized type; the tensor's rows are whole blocks, Validate checks the
+// widths) taking size bytes, appended by encode.
+func (w *weights) encoder() (per, size uint64, encode func([]byte) []byte) {
+	switch w.dtype {
+	case Q8_0, Q4_0:
+		var vals [blockSize]float32
+		quantize, size := appendQ4_0, uint64(2+blockSize/2)
+		if w.dtype == Q8_0 {
+			quantize, size = appendQ8_0, 2+blockSize
+		}
+		return blockSize, size, func(buf []byte) []byte {
+			for i := range vals {
+				vals[i] = w.value()
+			}
+			return quantize(buf, &vals)
+		}
+	case F16:
+		return 1, 2, func(buf []byte) []byte {
+			b := float16.Fromfloat32(w.value()).Bits()
+			return append(buf, byte(b), byte(b>>8))
+		}
+	}
+	return 1, 4, func(buf []byte) []byte {
+		b := math.Float32bits(w.value())
+		return append(buf, byte(b), byte(b>>8), byte(b>>16), byte(b>>24))
+	}
 }

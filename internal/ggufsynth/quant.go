@@ -1,7 +1,6 @@
 package ggufsynth
 
 import (
-	"io"
 	"math"
 
 	"github.com/x448/float16"
@@ -9,37 +8,9 @@ import (
 
 func (d DType) quantized() bool { return d == Q8_0 || d == Q4_0 }
 
-// writeBlocks streams w's values quantized block by block, as ggml lays out Q8_0
-// (an f16 scale, then 32 int8 values) and Q4_0 (an f16 scale, then 16 bytes: value
-// j in the low nibble of byte j, value j+16 in its high nibble, each offset by 8).
-// The tensor's rows are whole blocks (Validate checks the widths).
-func (w *weights) writeBlocks(dst io.Writer) (int64, error) {
-	const blocksPerWrite = 2048
-	var vals [blockSize]float32
-	buf := make([]byte, 0, blocksPerWrite*(2+blockSize))
-	var written int64
-	for left := w.n / blockSize; left > 0; {
-		k := min(left, blocksPerWrite)
-		buf = buf[:0]
-		for range k {
-			for i := range vals {
-				vals[i] = w.value()
-			}
-			if w.dtype == Q8_0 {
-				buf = appendQ8_0(buf, &vals)
-			} else {
-				buf = appendQ4_0(buf, &vals)
-			}
-		}
-		m, err := dst.Write(buf)
-		written += int64(m)
-		if err != nil {
-			return written, err
-		}
-		left -= k
-	}
-	return written, nil
-}
+// Quantized blocks as ggml lays them out: Q8_0 is an f16 scale, then 32 int8 values;
+// Q4_0 an f16 scale, then 16 bytes: value j in the low nibble of byte j, value j+16
+// in its high nibble, each offset by 8.
 
 func appendScale(buf []byte, d float32) []byte {
 	b := float16.Fromfloat32(d).Bits()

@@ -36,7 +36,9 @@ func TestMain(m *testing.M) {
 	testenv.Main(m, &env, testenv.WithScheme(v1alpha1.AddToScheme))
 }
 
-var installOnce = sync.OnceValue(func() error { return apply("config/agent", "config/admission") })
+// This API server runs no node authorizer (internal/nodeauthz tests it), so nodes read
+// replicas by the weaker mode's RBAC; the admission policy confines writes in both.
+var installOnce = sync.OnceValue(func() error { return apply("config/agent", "config/agent-replica-reads", "config/admission") })
 
 // install applies the shipped manifests with kubectl, as an administrator would, once
 // per test binary.

@@ -19,7 +19,6 @@ import (
 	"net/http"
 	"net/url"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -297,26 +296,11 @@ func (f *Fleet) installManifests(ctx context.Context, replicaReadsByRBAC bool) e
 			return fmt.Errorf("creating namespace %s: %w", ns, err)
 		}
 	}
-	root, err := testenv.RepoRoot()
-	if err != nil {
-		return err
-	}
-	assets, err := testenv.AssetsDir()
-	if err != nil {
-		return err
-	}
 	dirs := []string{"config/agent", "config/admission"}
 	if replicaReadsByRBAC {
 		dirs = append(dirs, "config/agent-replica-reads")
 	}
-	for _, dir := range dirs {
-		out, err := exec.CommandContext(ctx, filepath.Join(assets, "kubectl"), "--kubeconfig", f.AdminKubeconfig,
-			"apply", "-f", filepath.Join(root, dir)).CombinedOutput()
-		if err != nil {
-			return fmt.Errorf("kubectl apply -f %s: %w\n%s", dir, err, out)
-		}
-	}
-	return nil
+	return testenv.KubectlApply(ctx, f.AdminKubeconfig, dirs...)
 }
 
 // allowLocalSources creates the SourcePolicy of a fleet on one machine: every

@@ -7,7 +7,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -88,10 +87,8 @@ func serve(tb testing.TB) *testenv.Env {
 		if env, envErr = testenv.New(envOpts...); envErr != nil {
 			return
 		}
-		for _, f := range []string{"config/agent/namespaces.yaml", "config/agent/rbac.yaml"} {
-			if envErr = apply(env, f); envErr != nil {
-				return
-			}
+		if envErr = env.Apply(ctx, "config/agent"); envErr != nil {
+			return
 		}
 		var c cache.Cache
 		if c, envErr = cache.New(env.Config, cache.Options{Scheme: env.Scheme}); envErr != nil {
@@ -118,29 +115,6 @@ func serve(tb testing.TB) *testenv.Env {
 		tb.Fatal(envErr)
 	}
 	return env
-}
-
-// apply applies a shipped manifest (kubectl apply, as an installation does) for every
-// test of the package; the API server goes with its objects.
-func apply(env *testenv.Env, path string) error {
-	root, err := testenv.RepoRoot()
-	if err != nil {
-		return err
-	}
-	assets, err := testenv.AssetsDir()
-	if err != nil {
-		return err
-	}
-	kubeconfig := filepath.Join(certDir, "..", "admin.kubeconfig")
-	if err := os.WriteFile(kubeconfig, env.KubeConfig, 0o600); err != nil {
-		return err
-	}
-	out, err := exec.Command(filepath.Join(assets, "kubectl"), "--kubeconfig", kubeconfig,
-		"apply", "-f", filepath.Join(root, path)).CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("kubectl apply -f %s: %w\n%s", path, err, out)
-	}
-	return nil
 }
 
 // as returns a client acting as user in groups (impersonation).

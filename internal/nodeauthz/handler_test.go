@@ -9,6 +9,8 @@ import (
 	"testing"
 
 	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	authzv1 "k8s.io/api/authorization/v1"
 )
 
@@ -16,7 +18,8 @@ import (
 // (authorization.k8s.io/v1, with the field selector's requirements) and answers in the
 // same kind; anything else is a 400.
 func TestHandler(t *testing.T) {
-	h := &Handler{Log: logr.Discard(), Lookup: func(_ context.Context, ns, name string) (string, bool) {
+	decisions := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "decisions_total"}, []string{"decision"})
+	h := &Handler{Log: logr.Discard(), Decisions: decisions, Lookup: func(_ context.Context, ns, name string) (string, bool) {
 		return "mac-a", ns == "team-a" && name == "mine"
 	}}
 	review := func(attrs string) string {
@@ -62,5 +65,9 @@ func TestHandler(t *testing.T) {
 	h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, Path, nil))
 	if rec.Code != http.StatusMethodNotAllowed {
 		t.Errorf("GET: %d, want 405", rec.Code)
+	}
+	allowed, none := testutil.ToFloat64(decisions.WithLabelValues("allowed")), testutil.ToFloat64(decisions.WithLabelValues("no-opinion"))
+	if allowed != 2 || none != 2 {
+		t.Errorf("counted %v allowed and %v no-opinion answers, want 2 and 2", allowed, none)
 	}
 }

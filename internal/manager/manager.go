@@ -187,7 +187,11 @@ func New(cfg Config) (ctrl.Manager, error) {
 		authzLn, err = mgrhttp.Listen(cfg.NodeAuthorizerListener, cfg.NodeAuthorizerAddr)
 	}
 	if err == nil && authzLn != nil {
-		err = nodeauthz.Add(mgr, nodeauthz.Options{Listener: authzLn, CertDir: cfg.NodeAuthorizerCertDir})
+		if cfg.NodeAuthorizerCertDir == "" {
+			err = fmt.Errorf("the node authorizer on %s needs a certificate: set --node-authorizer-cert-dir to a directory with tls.crt and tls.key", authzLn.Addr())
+		} else {
+			err = nodeauthz.Add(mgr, nodeauthz.Options{Listener: authzLn, CertDir: cfg.NodeAuthorizerCertDir})
+		}
 	}
 	if err != nil {
 		for _, ln := range []net.Listener{probeLn, metricsLn, authzLn} {

@@ -35,6 +35,41 @@ type stepRun struct {
 	peak     int           // most Ready replicas seen during the step
 }
 
+// elastic is an autoscaled deployment for a load step: minReplicas 1, maxReplicas 4, a
+// target of 2 in flight per replica (the engine's 2 slots), stabilizationWindow 5 s.
+func elastic(ns, name string) *v1alpha1.ModelDeployment {
+	return deployment(ns, name, 1, func(md *v1alpha1.ModelDeployment) {
+		md.Spec.Replicas = nil
+		md.Spec.Placement.MaxReplicasPerNode = 2
+		md.Spec.Autoscaling = &v1alpha1.AutoscalingSpec{MinReplicas: ptr.To[int32](1), MaxReplicas: 4,
+			TargetInFlight: ptr.To[int32](2), StabilizationWindow: &metav1.Duration{Duration: stepWindow},
+			ScaleDownDelay: &metav1.Duration{Duration: zeroDelay}}
+	})
+}
+
+// TestLoadStepScales: a step from one client to eight on an autoscaled deployment
+// scales it up in one decision soon after the stabilization window (the gateways'
+// queues reach the autoscaler through the agents), to at least three Ready replicas,
+// with no failed request.
+func TestLoadStepScales(t *testing.T) {
+	ns := testenv.NewNamespace(t, fleet.Client)
+	create(t, elastic(ns, "step"))
+	waitReady(t, ns, "step", 1, 3*time.Minute)
+	run := loadStep(t, ns, "step", true)
+	t.Logf("%d requests served during the step, TTFT p50 %v p99 %v; scale at +%v, a second replica Ready at +%v, %d Ready at most",
+		len(run.ttft), pctl(run.ttft, 0.5), pctl(run.ttft, 0.99), run.decision, run.ready, run.peak)
+	if run.failed > 0 {
+		t.Errorf("%d requests failed during the step", run.failed)
+	}
+	if run.decision == 0 || run.decision > 2*stepWindow {
+		t.Errorf("the autoscaler raised spec.replicas at +%v after the step (0: never); want within twice the %v window",
+			run.decision, stepWindow)
+	}
+	if run.peak < 3 {
+		t.Errorf("at most %d replicas Ready during the step; eight clients at 2 per replica need 4 (maxReplicas)", run.peak)
+	}
+}
+
 // BenchmarkLoadStep: a load step from one client to eight on a deployment with
 // autoscaling (minReplicas 1, maxReplicas 4, a target of 2 in flight per replica, the
 // tiny model at 2 slots, stabilizationWindow 5 s) against the same step on a fixed
@@ -51,13 +86,7 @@ func BenchmarkLoadStep(b *testing.B) {
 	ns := testenv.NewNamespace(b, fleet.Client)
 	for _, md := range []*v1alpha1.ModelDeployment{
 		deployment(ns, "fixed", 1, func(md *v1alpha1.ModelDeployment) { md.Spec.Placement.MaxReplicasPerNode = 2 }),
-		deployment(ns, "elastic", 1, func(md *v1alpha1.ModelDeployment) {
-			md.Spec.Replicas = nil
-			md.Spec.Placement.MaxReplicasPerNode = 2
-			md.Spec.Autoscaling = &v1alpha1.AutoscalingSpec{MinReplicas: ptr.To[int32](1), MaxReplicas: 4,
-				TargetInFlight: ptr.To[int32](2), StabilizationWindow: &metav1.Duration{Duration: stepWindow},
-				ScaleDownDelay: &metav1.Duration{Duration: zeroDelay}}
-		}),
+		elastic(ns, "elastic"),
 	} {
 		if err := fleet.Client.Create(b.Context(), md); err != nil {
 			b.Fatal(err)
@@ -121,7 +150,7 @@ func pctl(ds []time.Duration, p float64) time.Duration {
 // loadStep runs one client for a moment, then stepClients for stepDuration, streaming
 // stepTokens-token chats through the gateway, and measures each request's TTFT during
 // the step; with watch it also times the deployment's scale-up.
-func loadStep(b *testing.B, ns, name string, watch bool) stepRun {
+func loadStep(b testing.TB, ns, name string, watch bool) stepRun {
 	b.Helper()
 	model := ns + "/" + name
 	c := gatewayClient()
@@ -207,7 +236,7 @@ func watchScale(ctx context.Context, ns, name string, start, deadline time.Time)
 
 // scaleByOne scales a fixed deployment from one replica to two, returns how long the
 // new replica took from the change to Ready, and scales it back.
-func scaleByOne(b *testing.B, ns, name string) time.Duration {
+func scaleByOne(b testing.TB, ns, name string) time.Duration {
 	b.Helper()
 	set := func(n int32) {
 		var md v1alpha1.ModelDeployment

@@ -94,28 +94,8 @@ func run(m *testing.M) int {
 	return code
 }
 
-// maxLogLine bounds each line dumpLogs prints.
-const maxLogLine = 600
-
 // dumpLogs prints the tail of every component's log, for a failed run.
-func dumpLogs(dir string) {
-	entries, _ := os.ReadDir(dir)
-	for _, e := range entries {
-		b, _ := os.ReadFile(filepath.Join(dir, e.Name()))
-		lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
-		if len(lines) > 60 {
-			lines = lines[len(lines)-60:]
-		}
-		// Stack traces make a line kilobytes long and push the test's own output out of
-		// a CI log's tail.
-		for i, l := range lines {
-			if len(l) > maxLogLine {
-				lines[i] = l[:maxLogLine] + " …"
-			}
-		}
-		fmt.Fprintf(os.Stderr, "\n===== %s (last %d lines)\n%s\n", e.Name(), len(lines), strings.Join(lines, "\n"))
-	}
-}
+func dumpLogs(dir string) { localfleet.DumpLogs(os.Stderr, dir, 60) }
 
 // deployment is a ModelDeployment of the synthesized model.
 func deployment(ns, name string, replicas int32, mutate ...func(*v1alpha1.ModelDeployment)) *v1alpha1.ModelDeployment {

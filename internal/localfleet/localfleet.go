@@ -360,7 +360,7 @@ func (f *Fleet) RestoreAPIServer() error {
 
 // WaitNodeReady waits until a MacNode's Ready condition is True.
 func (f *Fleet) WaitNodeReady(ctx context.Context, name string) error {
-	return poll(ctx, 90*time.Second, func() (bool, error) {
+	return Poll(ctx, 90*time.Second, func() (bool, error) {
 		var n v1alpha1.MacNode
 		if err := f.Client.Get(ctx, client.ObjectKey{Name: name}, &n); err != nil {
 			return false, client.IgnoreNotFound(err)
@@ -483,7 +483,7 @@ func freePortOn(host string) (int, error) {
 // waitHTTP polls url until it answers 200, the process exits or ctx ends.
 func waitHTTP(ctx context.Context, url string, p *Process) error {
 	c := &http.Client{Timeout: 2 * time.Second}
-	return poll(ctx, 2*time.Minute, func() (bool, error) {
+	return Poll(ctx, 2*time.Minute, func() (bool, error) {
 		if p.Exited() {
 			return false, fmt.Errorf("%s exited: %v\n%s", p.Name, p.Err(), tail(p.Log(), 30))
 		}
@@ -496,8 +496,9 @@ func waitHTTP(ctx context.Context, url string, p *Process) error {
 	}, func() string { return url + "\n" + tail(p.Log(), 30) })
 }
 
-// poll calls cond every 100 ms until it is done, fails, or the deadline passes.
-func poll(ctx context.Context, timeout time.Duration, cond func() (bool, error), what func() string) error {
+// Poll calls cond every 100 ms until it is done, fails, or the timeout passes; what
+// says what was awaited, in the timeout's error.
+func Poll(ctx context.Context, timeout time.Duration, cond func() (bool, error), what func() string) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	t := time.NewTicker(100 * time.Millisecond)

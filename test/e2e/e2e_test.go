@@ -13,7 +13,6 @@ import (
 	"fmt"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -44,11 +43,6 @@ func TestMain(m *testing.M) {
 }
 
 func run(m *testing.M) int {
-	root, err := testenv.RepoRoot()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "e2e:", err)
-		return 1
-	}
 	dir, err := os.MkdirTemp("", "macfleet-e2e-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "e2e:", err)
@@ -60,16 +54,10 @@ func run(m *testing.M) int {
 	} else {
 		defer os.RemoveAll(dir)
 	}
-	bin := filepath.Join(dir, "macfleet")
-	build := exec.Command("go", "build", "-o", bin, "./cmd/macfleet")
-	build.Dir, build.Env = root, append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "e2e: building macfleet: %v\n%s", err, out)
+	bin, runner, err := localfleet.Binaries(dir)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "e2e:", err)
 		return 1
-	}
-	runner := os.Getenv("MACFLEET_RUNNER")
-	if runner == "" {
-		runner = filepath.Join(root, "bin", "macfleet-runner")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()

@@ -185,7 +185,7 @@ func (c *Chaos) fillDisk(ctx context.Context, i int, nodeName string, end time.T
 		err = rerr
 	}
 	if err != nil {
-		return "", fmt.Errorf("the agent of %s did not report its full disk: %w", nodeName, err)
+		return "", fmt.Errorf("the agent of %s: %w", nodeName, err)
 	}
 	if err := waitUntil(ctx, end); err != nil {
 		return "", err
@@ -221,7 +221,7 @@ func (c *Chaos) corruptModel(ctx context.Context, i int, end time.Time) (string,
 		return "", err
 	}
 	var msg string
-	err = pollUntil(ctx, end, func() (bool, error) {
+	err = localfleet.Poll(ctx, time.Until(end), func() (bool, error) {
 		var cur v1alpha1.ModelDeployment
 		if err := c.Fleet.Client.Get(ctx, client.ObjectKeyFromObject(md), &cur); err != nil {
 			return false, err
@@ -232,9 +232,9 @@ func (c *Chaos) corruptModel(ctx context.Context, i int, end time.Time) (string,
 			return true, nil
 		}
 		return false, nil
-	})
+	}, func() string { return "a ReplicaFailure on deployment " + name })
 	if err != nil {
-		return "", fmt.Errorf("deployment %s shows no ReplicaFailure: %w", name, err)
+		return "", err
 	}
 	if err := waitUntil(ctx, end); err != nil {
 		return "", err
@@ -255,7 +255,7 @@ func (c *Chaos) corruptModel(ctx context.Context, i int, end time.Time) (string,
 func (c *Chaos) waitReplicaCondition(ctx context.Context, deployment string, deadline time.Time,
 	ok func(*v1alpha1.ModelReplica) (string, bool)) (string, error) {
 	var msg string
-	err := pollUntil(ctx, deadline, func() (bool, error) {
+	err := localfleet.Poll(ctx, time.Until(deadline), func() (bool, error) {
 		var list v1alpha1.ModelReplicaList
 		if err := c.Fleet.Client.List(ctx, &list, client.InNamespace(c.Namespace),
 			client.MatchingLabels{v1alpha1.LabelDeployment: deployment}); err != nil {
@@ -268,30 +268,8 @@ func (c *Chaos) waitReplicaCondition(ctx context.Context, deployment string, dea
 			}
 		}
 		return false, nil
-	})
+	}, func() string { return "a replica of deployment " + deployment + " to report its full disk" })
 	return msg, err
-}
-
-// pollUntil calls cond every 200 ms until it is done, fails, or the deadline passes.
-func pollUntil(ctx context.Context, deadline time.Time, cond func() (bool, error)) error {
-	ctx, cancel := context.WithDeadline(ctx, deadline)
-	defer cancel()
-	t := time.NewTicker(200 * time.Millisecond)
-	defer t.Stop()
-	for {
-		done, err := cond()
-		if err != nil && ctx.Err() == nil {
-			return err
-		}
-		if done {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("not by %s", deadline.Format(time.TimeOnly))
-		case <-t.C:
-		}
-	}
 }
 
 func sha256Hex(b []byte) string {

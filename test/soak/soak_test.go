@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -22,7 +21,6 @@ import (
 	"github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/internal/ggufsynth"
 	"github.com/macfleet/macfleet/internal/localfleet"
-	"github.com/macfleet/macfleet/internal/testenv"
 )
 
 const (
@@ -141,20 +139,10 @@ func TestSoak(t *testing.T) {
 // startFleet builds macfleet and starts a fleet of two Macs and two gateways.
 func startFleet(t *testing.T) *localfleet.Fleet {
 	ctrllog.SetLogger(logr.Discard()) // the test's API clients log nothing worth reading
-	root, err := testenv.RepoRoot()
+	dir := t.TempDir()
+	bin, runner, err := localfleet.Binaries(dir)
 	if err != nil {
 		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	bin := filepath.Join(dir, "macfleet")
-	build := exec.Command("go", "build", "-o", bin, "./cmd/macfleet")
-	build.Dir, build.Env = root, append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("building macfleet: %v\n%s", err, out)
-	}
-	runner := os.Getenv("MACFLEET_RUNNER")
-	if runner == "" {
-		runner = filepath.Join(root, "bin", "macfleet-runner")
 	}
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
 	defer cancel()
@@ -202,7 +190,7 @@ func scaleChat(ctx context.Context, t *testing.T, fleet *localfleet.Fleet, start
 func converge(ctx context.Context, fleet *localfleet.Fleet) ([]string, time.Duration) {
 	start := time.Now()
 	var violations []string
-	err := pollUntil(ctx, time.Now().Add(convergeTimeout), func() (bool, error) {
+	err := localfleet.Poll(ctx, convergeTimeout, func() (bool, error) {
 		s, err := snapshot(ctx, fleet)
 		if err != nil {
 			violations = []string{err.Error()}
@@ -210,7 +198,7 @@ func converge(ctx context.Context, fleet *localfleet.Fleet) ([]string, time.Dura
 		}
 		violations = Check(s)
 		return violations == nil, nil
-	})
+	}, func() string { return "the invariants" })
 	if err != nil {
 		return violations, time.Since(start)
 	}

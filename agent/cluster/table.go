@@ -114,7 +114,8 @@ var transitions = [numObserved][numDesired]Action{
 	ObservedStandby:        {ActionRemove, ActionLoad, ActionLoad, ActionNone, ActionUpdate},
 	ObservedLoading:        {ActionRemove, ActionNone, ActionNone, ActionNone, ActionUpdate},
 	ObservedLoaded:         {ActionRemove, ActionNone, ActionNone, ActionNone, ActionUpdate},
-	// OnDemand: the next request retries (the pool answers 503 during its backoff).
+	// OnDemand: the next request retries (the pool answers 503 during its backoff; the
+	// replica is Ready again when the backoff ends, see ownedStatus).
 	ObservedLoadFailed: {ActionRemove, ActionRetryLoad, ActionRetryLoad, ActionNone, ActionUpdate},
 	// Removal of an entry that is already stopping only marks it removed.
 	ObservedUnloading: {ActionRemove, ActionNone, ActionNone, ActionNone, ActionUpdate},

@@ -76,6 +76,9 @@ type ticket struct {
 	waited bool
 	// arrived: the share has seen it arrive.
 	arrived bool
+	// width is how many sequence slots it takes (its n choices); counted is what the
+	// balancer counted for its current grant.
+	width, counted int
 }
 
 func newAdmission(opts Options, bal *balancer, table func() *Table, m *metrics) *admission {
@@ -86,7 +89,7 @@ func newAdmission(opts Options, bal *balancer, table func() *Table, m *metrics) 
 }
 
 func (a *admission) newTicket(model, flow string, p fairqueue.Priority, h uint64) *ticket {
-	return &ticket{model: model, flow: flow, priority: p, h: h, granted: make(chan Backend, 1)}
+	return &ticket{model: model, flow: flow, priority: p, h: h, width: 1, granted: make(chan Backend, 1)}
 }
 
 func (a *admission) queue(model string) *modelQueue {
@@ -148,7 +151,7 @@ func (a *admission) pick(rt *Route, mq *modelQueue, t *ticket, now time.Time) (b
 	if a.perSlot > 0 && !mq.share.Allows(t.flow, capacity(rt, a.perSlot), now) {
 		return Backend{}, false, true
 	}
-	if be, ok = a.bal.pick(rt, t.excluded, a.affinity, t.h, a.perSlot); ok {
+	if be, t.counted, ok = a.bal.pickN(rt, t.excluded, a.affinity, t.h, a.perSlot, t.width); ok {
 		mq.share.Grant(t.flow)
 	}
 	return be, ok, false
@@ -214,7 +217,7 @@ func (a *admission) recheckLater(mq *modelQueue, model string) {
 
 // release ends t's use of a replica and hands the room to a waiting request.
 func (a *admission) release(t *ticket, key string) {
-	a.bal.release(key)
+	a.bal.releaseN(key, t.counted)
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	mq := a.queues[t.model]
@@ -244,7 +247,7 @@ func (a *admission) leave(t *ticket) {
 	}
 	select {
 	case be := <-t.granted:
-		a.bal.release(be.Key)
+		a.bal.releaseN(be.Key, t.counted)
 		if mq != nil {
 			mq.share.Done(t.flow)
 		}

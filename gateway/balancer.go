@@ -128,15 +128,29 @@ func newBalancer(c float64) *balancer {
 	return &balancer{c: c, inflight: map[string]int{}}
 }
 
-// pick chooses a backend of rt that is not excluded and has room, and counts a
-// request on it; the caller must release it. A backend has room while the gateway's
-// requests on it are fewer than perSlot × its slots (always when perSlot ≤ 0). With
-// affinity it hashes the prompt prefix h onto the route's ring, else it takes the
-// least loaded.
+// pick is pickN for a request that takes one slot.
 func (b *balancer) pick(rt *Route, excluded map[string]bool, affinity bool, h uint64, perSlot int) (Backend, bool) {
+	be, _, ok := b.pickN(rt, excluded, affinity, h, perSlot, 1)
+	return be, ok
+}
+
+// pickN chooses a backend of rt that is not excluded and has room for a request that
+// takes w slots (a chat with n choices takes n), and counts it there; the caller must
+// releaseN the count returned. A backend has room while the gateway's requests on it
+// plus w stay within perSlot × its slots (always when perSlot ≤ 0); w is counted as at
+// most that, so a request wider than a replica still fits an idle one. With affinity it
+// hashes the prompt prefix h onto the route's ring, else it takes the least loaded.
+func (b *balancer) pickN(rt *Route, excluded map[string]bool, affinity bool, h uint64, perSlot, w int) (Backend, int, bool) {
 	n := len(rt.Backends)
 	if n == 0 {
-		return Backend{}, false
+		return Backend{}, 0, false
+	}
+	w = max(w, 1)
+	width := func(be Backend) int {
+		if perSlot <= 0 {
+			return w
+		}
+		return min(w, perSlot*max(be.Slots, 1))
 	}
 	loads := make([]int, n)
 	eligible := make([]bool, n)
@@ -145,11 +159,11 @@ func (b *balancer) pick(rt *Route, excluded map[string]bool, affinity bool, h ui
 	some := false
 	for i, be := range rt.Backends {
 		loads[i] = b.inflight[be.Key]
-		eligible[i] = !excluded[be.Key] && (perSlot <= 0 || loads[i] < perSlot*be.Slots)
+		eligible[i] = !excluded[be.Key] && (perSlot <= 0 || loads[i]+width(be) <= perSlot*max(be.Slots, 1))
 		some = some || eligible[i]
 	}
 	if !some {
-		return Backend{}, false
+		return Backend{}, 0, false
 	}
 	var i int
 	if affinity {
@@ -159,19 +173,23 @@ func (b *balancer) pick(rt *Route, excluded map[string]bool, affinity bool, h ui
 		b.next++
 	}
 	be := rt.Backends[i]
-	b.inflight[be.Key]++
-	return be, true
+	counted := width(be)
+	b.inflight[be.Key] += counted
+	return be, counted, true
 }
 
 // release ends a request counted by pick.
-func (b *balancer) release(key string) {
+func (b *balancer) release(key string) { b.releaseN(key, 1) }
+
+// releaseN ends a request counted as n by pickN.
+func (b *balancer) releaseN(key string, n int) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.inflight[key] <= 1 {
+	if b.inflight[key] <= n {
 		delete(b.inflight, key)
 		return
 	}
-	b.inflight[key]--
+	b.inflight[key] -= n
 }
 
 // outstanding is the gateway's count of requests in flight on a replica.

@@ -124,7 +124,9 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, start time.Time)
 	if aerr != nil {
 		return model, g.fail(w, model, endpoint, aerr)
 	}
-	res := g.serve(w, r, model, head.Model, g.adm.newTicket(model, flow, prio, h), body, start)
+	t := g.adm.newTicket(model, flow, prio, h)
+	t.width = head.N
+	res := g.serve(w, r, model, head.Model, t, body, start)
 	g.count(model, endpoint, res.status, res.reason)
 	return model, res
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strconv"
 	"strings"
 )
 
@@ -13,9 +14,16 @@ import (
 // affinity the prompt whose prefix picks the replica.
 type requestHead struct {
 	Model string
+	// N is how many choices it asks for (chat and text completions' "n"), 1 when it
+	// asks for none or for something that is not a positive count (the agent's 400).
+	N int
 	// prefix is up to PrefixBytes of the prompt's text; nil without affinity.
 	prefix []byte
 }
+
+// maxChoices bounds the slots one request is counted for; a larger n is refused by
+// the agent anyway.
+const maxChoices = 128
 
 // readBody reads the whole body, bounded by limit (413 above it), so that it can be
 // replayed to another replica.
@@ -46,6 +54,7 @@ func parseHead(body []byte, prefixBytes int) (requestHead, *apiError) {
 	}
 	var head struct {
 		Model *json.RawMessage `json:"model"`
+		N     json.RawMessage  `json:"n"`
 		conversation
 	}
 	var err error
@@ -54,9 +63,10 @@ func parseHead(body []byte, prefixBytes int) (requestHead, *apiError) {
 	} else {
 		var m struct {
 			Model *json.RawMessage `json:"model"`
+			N     json.RawMessage  `json:"n"`
 		}
 		err = json.Unmarshal(body, &m)
-		head.Model = m.Model
+		head.Model, head.N = m.Model, m.N
 	}
 	if err != nil {
 		var ute *json.UnmarshalTypeError
@@ -71,6 +81,10 @@ func parseHead(body []byte, prefixBytes int) (requestHead, *apiError) {
 	var out requestHead
 	if json.Unmarshal(*head.Model, &out.Model) != nil || out.Model == "" {
 		return requestHead{}, invalidRequest(codeInvalidValue, "model", "bad_request", "\"model\" must be a non-empty string")
+	}
+	out.N = 1
+	if n, err := strconv.Atoi(string(head.N)); err == nil && n > 1 {
+		out.N = min(n, maxChoices)
 	}
 	if prefixBytes > 0 {
 		out.prefix = head.conversation.prefix(prefixBytes)

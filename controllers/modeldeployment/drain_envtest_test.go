@@ -31,7 +31,9 @@ func TestScaleDownDrainsBeforeDeleting(t *testing.T) {
 		f.bind(&mr, macs[i])
 		f.markLoaded(&mr)
 	}
-	f.waitStatus("m", func(md *v1alpha1.ModelDeployment) (bool, string) { return md.Status.ReadyReplicas == 2, md.Status.Ready })
+	f.waitStatus("m", func(md *v1alpha1.ModelDeployment) (bool, string) {
+		return md.Status.ReadyReplicas == 2, md.Status.Ready
+	})
 	gone := f.watchDeletions()
 
 	f.update("m", func(md *v1alpha1.ModelDeployment) { md.Spec.Replicas = ptr.To[int32](1) })
@@ -74,7 +76,9 @@ func TestScaleDownOnNotReadyMacDeletesAtOnce(t *testing.T) {
 	mr := f.waitReplicas(1)[0]
 	f.bind(&mr, lost)
 	f.markLoaded(&mr)
-	f.waitStatus("m", func(md *v1alpha1.ModelDeployment) (bool, string) { return md.Status.ReadyReplicas == 1, md.Status.Ready })
+	f.waitStatus("m", func(md *v1alpha1.ModelDeployment) (bool, string) {
+		return md.Status.ReadyReplicas == 1, md.Status.Ready
+	})
 	gone := f.watchDeletions()
 
 	f.update("m", func(md *v1alpha1.ModelDeployment) { md.Spec.Replicas = ptr.To[int32](0) })
@@ -97,7 +101,9 @@ func TestDrainEndsWhenTheMacGoesDownOrTimesOut(t *testing.T) {
 		f.bind(&reps[i], macs[i])
 		f.markLoaded(&reps[i])
 	}
-	f.waitStatus("m", func(md *v1alpha1.ModelDeployment) (bool, string) { return md.Status.ReadyReplicas == 2, md.Status.Ready })
+	f.waitStatus("m", func(md *v1alpha1.ModelDeployment) (bool, string) {
+		return md.Status.ReadyReplicas == 2, md.Status.Ready
+	})
 	gone := f.watchDeletions()
 
 	// The Mac goes down mid-drain: deleted then, long before the timeout would.

@@ -219,6 +219,9 @@ func (s *Syncer) settled(ctx context.Context, key string, snap metal.Snapshot) b
 	defer s.mu.Unlock()
 	local := s.replicas[key]
 	d := desiredOf(mr, local, s.opts.NodeName)
+	if d == DesiredDrained {
+		return true // never loaded again: no earlier runner to adopt
+	}
 	switch observedOf(local, findModel(snap, key)) {
 	case ObservedLoaded, ObservedLoadFailed, ObservedDownloadFailed, ObservedUnloading:
 		return true
@@ -394,6 +397,9 @@ func (s *Syncer) actLocked(ctx context.Context, action Action, key string, mr *v
 	case ActionRemove:
 		s.removeLocked(local)
 		return 0, nil
+	case ActionRetire:
+		s.retireLocked(local)
+		return 0, nil
 	}
 	return 0, fmt.Errorf("no action for replica %s (%s)", key, action)
 }
@@ -531,6 +537,25 @@ func (s *Syncer) removeLocked(r *replica) {
 		s.log.Info("Model removed", "replica", r.key)
 		s.enqueue(r.key)
 	})
+}
+
+// retireLocked retires r's pool entry for the replica's drain: the pool refuses its
+// requests from now on, drains and unloads its engine, and its unload event requeues
+// the key so that the status shows the report. Nothing is left to unload when the
+// replica is deleted at last (ActionRemove).
+func (s *Syncer) retireLocked(r *replica) {
+	if r.phase == phaseRemoving {
+		return // already on its way out of the pool
+	}
+	m := findModel(s.opts.Pool.Snapshot(), r.key)
+	if m != nil && m.Retired {
+		return
+	}
+	if _, err := s.opts.Pool.Retire(r.key); err != nil {
+		s.log.Error(err, "Retiring the model for the replica's drain", "replica", r.key)
+		return
+	}
+	s.log.Info("Draining and unloading the model: the replica is being removed", "replica", r.key)
 }
 
 // poolObserver requeues the replica of every load and unload, so its status follows.

@@ -26,6 +26,8 @@
 package gateway
 
 import (
+	"crypto/rand"
+	"encoding/hex"
 	"net"
 	"net/http"
 	"strconv"
@@ -95,6 +97,8 @@ type Options struct {
 
 // Gateway is the HTTP handler of the fleet's OpenAI API.
 type Gateway struct {
+	// id names this gateway process to the agents (mfv1.HeaderGateway).
+	id        string
 	opts      Options
 	log       logr.Logger
 	table     atomic.Pointer[Table]
@@ -132,7 +136,8 @@ func New(opts Options) (*Gateway, error) {
 	if err != nil {
 		return nil, err
 	}
-	g := &Gateway{opts: opts, log: opts.Log, bal: newBalancer(opts.LoadBound), metrics: m, transport: opts.Transport}
+	g := &Gateway{opts: opts, log: opts.Log, bal: newBalancer(opts.LoadBound), metrics: m, transport: opts.Transport,
+		id: newGatewayID()}
 	if g.transport == nil {
 		g.transport = NewTransport()
 	}
@@ -254,3 +259,11 @@ func (g *Gateway) count(model, endpoint string, status int, reason string) {
 }
 
 func statusLabel(code int) string { return strconv.Itoa(code) }
+
+// newGatewayID is a random id for this gateway process: agents keep the latest queue
+// length per id, so several gateway replicas' queues add up.
+func newGatewayID() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}

@@ -9,6 +9,7 @@ import (
 	"mime"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -340,6 +341,9 @@ func (g *Gateway) attempt(ctx context.Context, w http.ResponseWriter, r *http.Re
 		out.Header.Set("Authorization", "Bearer "+tok)
 	}
 	out.Header.Set(mfv1.HeaderReplica, be.Key)
+	queued, _ := g.adm.waiting(model)
+	out.Header.Set(mfv1.HeaderQueued, strconv.Itoa(queued))
+	out.Header.Set(mfv1.HeaderGateway, g.id)
 	resp, err := g.transport.RoundTrip(out)
 	if err != nil {
 		if ctx.Err() != nil {
@@ -470,7 +474,7 @@ var hopHeaders = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Proxy
 
 // copyRequestHeaders copies the client's headers except the hop-by-hop ones, its API
 // key (the agent gets the fleet token instead), its length (the body is replayed) and
-// any replica header it tried to set.
+// any of the headers only the gateway sets (replica, queue, gateway id).
 func copyRequestHeaders(dst http.Header, r *http.Request) {
 	skip := connectionTokens(r.Header)
 	for k, vs := range r.Header {
@@ -478,7 +482,8 @@ func copyRequestHeaders(dst http.Header, r *http.Request) {
 			continue
 		}
 		switch k {
-		case "Authorization", "X-Api-Key", "Content-Length", mfv1.HeaderReplica, "X-Forwarded-For":
+		case "Authorization", "X-Api-Key", "Content-Length", mfv1.HeaderReplica, mfv1.HeaderQueued, mfv1.HeaderGateway,
+			"X-Forwarded-For":
 			continue
 		}
 		dst[k] = vs

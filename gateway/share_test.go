@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"net/http"
+	"sync"
 	"testing"
 	"time"
 
@@ -99,4 +100,45 @@ func TestReserveSlotReturns(t *testing.T) {
 		rep.gate <- struct{}{}
 	}
 	wantOK(t, chs)
+}
+
+// TestQueueReportedToAgents: every forwarded request tells the agent how many
+// requests for its deployment wait in this gateway's queue, and which gateway it is,
+// for the autoscaler's load; a client cannot set either.
+func TestQueueReportedToAgents(t *testing.T) {
+	g, rep := keysGateway(t, Options{})
+	var mu sync.Mutex
+	seen := map[string][2]string{} // tag → queued, gateway
+	rep.Config.Handler = wrapHeaders(rep.Config.Handler, func(r *http.Request) {
+		mu.Lock()
+		seen[r.Header.Get("X-Test-Tag")] = [2]string{r.Header.Get(mfv1.HeaderQueued), r.Header.Get(mfv1.HeaderGateway)}
+		mu.Unlock()
+	})
+	chs := map[string]<-chan answer{"a1": send(t, g, "key-a", "a1", mfv1.HeaderQueued, "99", mfv1.HeaderGateway, "forged")}
+	rep.waitArrived(t, 1)
+	chs["a2"] = send(t, g, "key-a", "a2")
+	chs["b1"] = send(t, g, "key-b", "b1")
+	g.waitQueued(t, fairqueue.Interactive, 2)
+	for range 3 {
+		rep.gate <- struct{}{}
+	}
+	wantOK(t, chs)
+	mu.Lock()
+	defer mu.Unlock()
+	// a1 went straight through; the next left one behind it in the queue; the last none.
+	order := rep.order()
+	want := map[string]string{order[0]: "0", order[1]: "1", order[2]: "0"}
+	for tag, q := range want {
+		if got := seen[tag]; got[0] != q || got[1] != g.id || g.id == "" {
+			t.Errorf("%s reached the agent with queued %q from gateway %q; want %q from %q", tag, got[0], got[1], q, g.id)
+		}
+	}
+}
+
+// wrapHeaders calls see on each request before h.
+func wrapHeaders(h http.Handler, see func(*http.Request)) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		see(r)
+		h.ServeHTTP(w, r)
+	})
 }

@@ -132,16 +132,26 @@ func (w *statusWriter) run(ctx context.Context, key types.NamespacedName) {
 // optimistic lock, so fields and conditions of other writers are never overwritten
 // with stale values. A conflict re-reads the replica from the API server once.
 // A replica that is gone (or was replaced by one with another UID) is not an error.
+//
+// With the node authorizer (internal/nodeauthz) the API server answers a live read of a
+// replica the manager no longer knows as this node's with 403, not 404: after the
+// informer lost it too, that is the replica gone (deleted, or replaced and bound
+// elsewhere). A 403 while the informer still has it is retried like any error.
 func (w *statusWriter) write(ctx context.Context, u statusUpdate) error {
 	readers := []client.Reader{w.cached, w.live}
 	var err error
+	cachedGone := false
 	for _, r := range readers {
 		var mr v1alpha1.ModelReplica
 		if err = r.Get(ctx, u.key, &mr); err != nil {
 			if apierrors.IsNotFound(err) {
 				if r == w.cached {
+					cachedGone = true
 					continue // the cache may lag behind a create
 				}
+				return nil
+			}
+			if r == w.live && cachedGone && apierrors.IsForbidden(err) {
 				return nil
 			}
 			return fmt.Errorf("reading the replica: %w", err)

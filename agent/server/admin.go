@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"time"
 
 	"github.com/macfleet/macfleet/metal"
 )
@@ -17,12 +18,16 @@ import (
 type StatusResponse struct {
 	Ready bool `json:"ready"`
 	metal.Snapshot
+	// GatewayQueues are, per pool entry, the requests for its deployment waiting in
+	// each gateway's queue, as the gateways last reported them (see GatewayQueueTTL).
+	GatewayQueues map[string][]GatewayQueue `json:"gatewayQueues,omitempty"`
 }
 
 func (s *Server) handleStatus(w http.ResponseWriter, _ *http.Request) {
 	// The prompt cache counters are read from the runners now, not at the last poll.
 	s.pool.RefreshPromptCacheStats()
-	writeJSON(w, http.StatusOK, StatusResponse{Ready: s.ready.Load(), Snapshot: s.pool.Snapshot()})
+	writeJSON(w, http.StatusOK, StatusResponse{Ready: s.ready.Load(), Snapshot: s.pool.Snapshot(),
+		GatewayQueues: s.queues.snapshot(time.Now())})
 }
 
 // ModelActionResponse is the body of the load and unload endpoints.

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"time"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
@@ -175,6 +176,7 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, g generation) 
 			return
 		}
 	}
+	s.queues.observe(r, entry, time.Now())
 	lctx, span := s.startSpan(ctx, "agent.lease", trace.SpanKindInternal, attribute.String("macfleet.entry", entry))
 	lease, err := s.pool.Acquire(lctx, entry)
 	if lease != nil {

@@ -80,6 +80,8 @@ type Server struct {
 	started time.Time
 	ready   atomic.Bool
 	handler http.Handler
+	// queues are the gateways' reports of their queues (GatewayQueues in /api/status).
+	queues gatewayQueues
 }
 
 // New builds the server over pool and registers its metrics — the request metrics and

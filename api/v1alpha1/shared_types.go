@@ -40,6 +40,14 @@ const (
 	// HeaderReplica is set by the gateway on requests it forwards to an agent: the
 	// namespace/name of the ModelReplica that must serve the request.
 	HeaderReplica = "X-Macfleet-Replica"
+	// HeaderQueued and HeaderGateway are set by the gateway on requests it forwards to
+	// an agent: how many requests for the same deployment wait in that gateway's queue
+	// as it sends this one, and the gateway's id (one per gateway process). The agent
+	// reports the latest of each gateway in /api/status, and the autoscaler adds them
+	// up: the load that waits before reaching any replica, without a write to the API
+	// server.
+	HeaderQueued  = "X-Macfleet-Queued"
+	HeaderGateway = "X-Macfleet-Gateway"
 )
 
 // Residency says how a model stays in a Mac's memory.

@@ -57,6 +57,8 @@ deployments with spec.autoscaling from the requests in flight on their agents.`,
 	f.IntVar(&cfg.SchedulerWorkers, "scheduler-workers", scheduler.DefaultWorkers, "Bindings written in parallel")
 	f.StringVar(&cfg.FleetTokenFile, "fleet-token-file", "", "File holding the fleet token the autoscaler presents to agents to read their load (re-read when it changes)")
 	f.DurationVar(&cfg.AutoscalerInterval, "autoscaler-interval", autoscaler.DefaultInterval, "How often the load of each autoscaled ModelDeployment is measured")
+	f.StringVar(&cfg.NodeAuthorizerAddr, "node-authorizer-bind-address", "", `Address of the node authorizer webhook (HTTPS, path /authorize) the API server asks about node identities' reads of ModelReplicas; "" or "0" disables it`)
+	f.StringVar(&cfg.NodeAuthorizerCertDir, "node-authorizer-cert-dir", "", "Directory with tls.crt and tls.key for the node authorizer webhook (reloaded when they change)")
 	f.StringVar(&cfg.Resolver.HFEndpoint, "hf-endpoint", source.DefaultHFEndpoint, "Model hub that hf:// sources resolve against")
 	f.StringVar(&cfg.Resolver.OllamaRegistry, "ollama-registry", source.DefaultOllamaRegistry, "Registry that ollama:// sources resolve against")
 	gfs := goflag.NewFlagSet("zap", goflag.ContinueOnError)

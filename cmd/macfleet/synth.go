@@ -48,6 +48,7 @@ func newSynthModelCommand() *cobra.Command {
 			if flags.Changed("dtype") {
 				spec.DType = ggufsynth.DType(dtype)
 			}
+			spec.Untied, _ = flags.GetBool("untied")
 			if err := ggufsynth.Write(out, spec); err != nil {
 				return err
 			}
@@ -74,7 +75,8 @@ func newSynthModelCommand() *cobra.Command {
 	f.Int("ctx", 0, "training context length")
 	f.Uint64Var(&override.Seed, "seed", 1, "weight seed")
 	f.StringVar(&override.Name, "name", "", "general.name (default: the preset's)")
-	f.StringVar(&dtype, "dtype", "", "weight type: f16 or f32 (default: the preset's)")
+	f.StringVar(&dtype, "dtype", "", "weight type: f16, f32, q8_0 or q4_0 (default: the preset's)")
+	f.Bool("untied", false, "write a separate output projection (output.weight) instead of reusing the token embedding")
 	_ = cmd.MarkFlagRequired("output")
 	return cmd
 }

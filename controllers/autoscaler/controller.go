@@ -170,7 +170,18 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	}); err != nil {
 		return ctrl.Result{}, err
 	}
-	return ctrl.Result{RequeueAfter: r.Interval}, nil
+	return ctrl.Result{RequeueAfter: measureEvery(r.Interval, policy.StabilizationWindow)}, nil
+}
+
+// measureEvery is how soon a deployment is measured again: every interval, or five
+// times per stabilization window when that is shorter (but not more often than once a
+// second, unless interval itself is shorter), so that a scale-up comes within about
+// 1.2 windows of a step in load whatever the window.
+func measureEvery(interval, window time.Duration) time.Duration {
+	if w := window / 5; w > 0 && w < interval {
+		return max(w, min(interval, time.Second))
+	}
+	return interval
 }
 
 // measure adds a sample of md's load at now to its history (nothing when the source

@@ -51,7 +51,10 @@ const (
 // the gateways no longer route to it), serve nothing new and are skipped, so that a
 // lost Mac does not leave the deployment without a measurement when it needs
 // replicas most. Requests held by a gateway before reaching a replica are not visible
-// here (Held is 0).
+// by the leases; the gateways report them on every request they forward (how many
+// requests for the deployment wait in that gateway's queue), the agents relay the
+// latest report of each gateway, and Held is the sum over the gateways of each one's
+// newest report among the deployment's replicas.
 //
 // One status read per Mac serves every deployment measured within StatusMaxAge.
 type AgentSource struct {
@@ -75,7 +78,17 @@ type AgentSource struct {
 type agentStatus struct {
 	at     time.Time
 	leases map[string]int32 // pool entry name ("<namespace>/<replica>") → leases
+	// queues: pool entry name → what each gateway last said of its queue for the entry's
+	// deployment.
+	queues map[string][]gatewayQueue
 	err    error
+}
+
+// gatewayQueue is one gateway's report of its queue, as an agent relays it.
+type gatewayQueue struct {
+	Gateway string    `json:"gateway"`
+	Queued  int32     `json:"queued"`
+	At      time.Time `json:"at"`
 }
 
 // Measure sums the leases of md's Ready replicas on their agents.
@@ -86,6 +99,7 @@ func (s *AgentSource) Measure(ctx context.Context, md *v1alpha1.ModelDeployment)
 		return Load{}, fmt.Errorf("listing the replicas of %s: %w", md.Name, err)
 	}
 	var load Load
+	newest := map[string]gatewayQueue{} // gateway → its newest report for md
 	for i := range list.Items {
 		r := &list.Items[i]
 		// A draining replica takes no new requests: its load is leaving with it.
@@ -102,7 +116,16 @@ func (s *AgentSource) Measure(ctx context.Context, md *v1alpha1.ModelDeployment)
 		if st.err != nil {
 			return Load{}, fmt.Errorf("reading the load of replica %s from its agent at %s: %w", r.Name, r.Status.Endpoint, st.err)
 		}
-		load.InFlight += st.leases[r.Namespace+"/"+r.Name]
+		key := r.Namespace + "/" + r.Name
+		load.InFlight += st.leases[key]
+		for _, q := range st.queues[key] {
+			if old, ok := newest[q.Gateway]; !ok || q.At.After(old.At) {
+				newest[q.Gateway] = q
+			}
+		}
+	}
+	for _, q := range newest {
+		load.Held += max(q.Queued, 0)
 	}
 	return load, nil
 }
@@ -141,7 +164,7 @@ func (s *AgentSource) status(ctx context.Context, endpoint string) agentStatus {
 		return st
 	}
 	st = agentStatus{at: now}
-	st.leases, st.err = s.read(ctx, endpoint)
+	st.leases, st.queues, st.err = s.read(ctx, endpoint)
 	s.mu.Lock()
 	for k, v := range s.cache { // forget agents not read for a while
 		if now.Sub(v.at) > 10*maxAge {
@@ -161,14 +184,14 @@ func (s *AgentSource) clock() clock.PassiveClock {
 }
 
 // read fetches GET http://<endpoint>/api/status.
-func (s *AgentSource) read(ctx context.Context, endpoint string) (map[string]int32, error) {
+func (s *AgentSource) read(ctx context.Context, endpoint string) (map[string]int32, map[string][]gatewayQueue, error) {
 	hc := s.HTTP
 	if hc == nil {
 		hc = &http.Client{Timeout: DefaultAgentTimeout}
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+endpoint+"/api/status", nil)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if s.Token != nil {
 		if tok := s.Token(); tok != "" {
@@ -177,24 +200,25 @@ func (s *AgentSource) read(ctx context.Context, endpoint string) (map[string]int
 	}
 	resp, err := hc.Do(req)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("GET /api/status answered %s", resp.Status)
+		return nil, nil, fmt.Errorf("GET /api/status answered %s", resp.Status)
 	}
 	var body struct {
 		Models []struct {
 			Name   string `json:"name"`
 			Leases int32  `json:"leases"`
 		} `json:"models"`
+		GatewayQueues map[string][]gatewayQueue `json:"gatewayQueues"`
 	}
 	if err := json.NewDecoder(io.LimitReader(resp.Body, maxStatusBytes)).Decode(&body); err != nil {
-		return nil, fmt.Errorf("decoding /api/status: %w", err)
+		return nil, nil, fmt.Errorf("decoding /api/status: %w", err)
 	}
 	out := make(map[string]int32, len(body.Models))
 	for _, m := range body.Models {
 		out[m.Name] = max(m.Leases, 0)
 	}
-	return out, nil
+	return out, body.GatewayQueues, nil
 }

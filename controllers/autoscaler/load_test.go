@@ -29,6 +29,7 @@ type fakeAgent struct {
 	srv    *httptest.Server
 	reads  atomic.Int32
 	models []metal.ModelSnapshot
+	queues map[string][]server.GatewayQueue
 }
 
 func newFakeAgent(t *testing.T, token string, models ...metal.ModelSnapshot) *fakeAgent {
@@ -39,7 +40,8 @@ func newFakeAgent(t *testing.T, token string, models ...metal.ModelSnapshot) *fa
 			http.Error(w, "unauthorized", http.StatusUnauthorized)
 			return
 		}
-		writeJSONBody(t, w, server.StatusResponse{Ready: true, Snapshot: metal.Snapshot{Models: a.models}})
+		writeJSONBody(t, w, server.StatusResponse{Ready: true, Snapshot: metal.Snapshot{Models: a.models},
+			GatewayQueues: a.queues})
 	}))
 	t.Cleanup(a.srv.Close)
 	return a
@@ -164,5 +166,36 @@ func writeJSONBody(t *testing.T, w http.ResponseWriter, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	if err := json.NewEncoder(w).Encode(v); err != nil {
 		t.Errorf("encoding: %v", err)
+	}
+}
+
+// TestAgentSourceGatewayQueues: the requests waiting in the gateways' queues, as the
+// agents relay the gateways' reports, are the deployment's Held load: each gateway
+// counted once, by its newest report among the deployment's replicas (a gateway reports
+// to every replica it sends to), other deployments' queues not at all.
+func TestAgentSourceGatewayQueues(t *testing.T) {
+	e := apiServer(t)
+	ns := testenv.NewNamespace(t, e.Client)
+	const token = "fleet-secret"
+	at := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
+	macA := newFakeAgent(t, token, metal.ModelSnapshot{Name: ns + "/chat-0", Leases: 2},
+		metal.ModelSnapshot{Name: ns + "/other-0", Leases: 1})
+	macA.queues = map[string][]server.GatewayQueue{
+		ns + "/chat-0":  {{Gateway: "g1", Queued: 4, At: at(1)}, {Gateway: "g2", Queued: 1, At: at(1)}},
+		ns + "/other-0": {{Gateway: "g1", Queued: 50, At: at(3)}},
+	}
+	macB := newFakeAgent(t, token, metal.ModelSnapshot{Name: ns + "/chat-1", Leases: 2})
+	macB.queues = map[string][]server.GatewayQueue{
+		ns + "/chat-1": {{Gateway: "g1", Queued: 6, At: at(2)}, {Gateway: "g2", Queued: 3, At: at(0)}},
+	}
+	replica(t, ns, "chat", "chat-0", "", macA.endpoint(), true)
+	replica(t, ns, "chat", "chat-1", "", macB.endpoint(), true)
+	replica(t, ns, "other", "other-0", "", macA.endpoint(), true)
+	src := &AgentSource{Client: e.Client, Token: func() string { return token }, Clock: clocktesting.NewFakeClock(t0)}
+	md := &v1alpha1.ModelDeployment{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "chat"}}
+	got, err := src.Measure(t.Context(), md)
+	// g1's newest is 6 (mac-b), g2's is 1 (mac-a): 7 held.
+	if err != nil || got != (Load{InFlight: 4, Held: 7}) {
+		t.Fatalf("Measure = %+v, %v; want 4 in flight and 7 held", got, err)
 	}
 }

@@ -17,7 +17,7 @@ type Sample struct {
 	// waiting for a sequence slot of the replica's engine), summed over the replicas.
 	InFlight int32
 	// Held is the requests waiting for a replica of the deployment before reaching
-	// one (held by a gateway). The agents' load source cannot see them and reports 0.
+	// one (in a gateway's queue, or held while no replica is routable).
 	Held int32
 }
 

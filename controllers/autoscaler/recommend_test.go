@@ -251,3 +251,18 @@ func TestPrune(t *testing.T) {
 		t.Errorf("Prune of a history shorter than the window kept %d of 3", len(short))
 	}
 }
+
+func TestMeasureEvery(t *testing.T) {
+	for _, tc := range []struct{ interval, window, want time.Duration }{
+		{5 * time.Second, 30 * time.Second, 5 * time.Second},
+		{5 * time.Second, 10 * time.Second, 2 * time.Second},
+		{5 * time.Second, 2 * time.Second, time.Second},
+		{5 * time.Second, 0, 5 * time.Second},
+		{50 * time.Millisecond, 5 * time.Second, 50 * time.Millisecond},
+		{500 * time.Millisecond, 1 * time.Second, 500 * time.Millisecond},
+	} {
+		if got := measureEvery(tc.interval, tc.window); got != tc.want {
+			t.Errorf("measureEvery(%v, %v) = %v, want %v", tc.interval, tc.window, got, tc.want)
+		}
+	}
+}

@@ -1,6 +1,8 @@
 // Package modeldeployment is the ModelDeployment controller. It keeps spec.replicas
 // ModelReplicas of the deployment's current template, each reserving the memory from
-// spec.resources.memory or from an estimate read from the model's GGUF header; rolls
+// spec.resources.memory or from an estimate read from the model's GGUF header — once a
+// replica of the same model and engine settings has loaded, bounded by the footprint
+// it measured (measured.go); rolls
 // template changes one surge replica at a time without ever dropping below the
 // desired number of ready replicas; and aggregates the replicas' status into the
 // deployment's.
@@ -192,7 +194,8 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	sourceErr := policy.DecideSource(md.Namespace, tmpl.Model.Source).Err(md.Namespace, tmpl.Model.Source)
 	var res reservation
 	if sourceErr == nil {
-		res = r.reservationFor(ctx, md, tmpl)
+		// The estimate, until a loaded replica of the same footprint measured one.
+		res = withMeasurement(r.reservationFor(ctx, md, tmpl), tmpl, replicas)
 	}
 	current := isCurrent(hash, res)
 

@@ -24,6 +24,9 @@ type reservation struct {
 	Quantity *resource.Quantity
 	// Explicit: Quantity is spec.resources.memory, not an estimate.
 	Explicit bool
+	// Measured is the footprint a loaded replica of the same model and engine
+	// settings reported, when Quantity was bounded by it (withMeasurement); else 0.
+	Measured int64
 	// Err says why Quantity is nil.
 	Err error
 	// RetryAfter is when to try estimating again after Err.

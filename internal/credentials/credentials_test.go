@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -36,7 +35,11 @@ func TestMain(m *testing.M) {
 	testenv.Main(m, &env, testenv.WithScheme(v1alpha1.AddToScheme))
 }
 
-var installOnce = sync.OnceValue(func() error { return apply("config/agent", "config/admission") })
+// This API server runs no node authorizer (internal/nodeauthz tests it), so nodes read
+// replicas by the weaker mode's RBAC; the admission policy confines writes in both.
+var installOnce = sync.OnceValue(func() error {
+	return env.Apply(context.Background(), "config/agent", "config/agent-replica-reads", "config/admission")
+})
 
 // install applies the shipped manifests with kubectl, as an administrator would, once
 // per test binary.
@@ -45,38 +48,6 @@ func install(t *testing.T) {
 	if err := installOnce(); err != nil {
 		t.Fatal(err)
 	}
-}
-
-func apply(dirs ...string) error {
-	root, err := testenv.RepoRoot()
-	if err != nil {
-		return err
-	}
-	assets, err := testenv.AssetsDir()
-	if err != nil {
-		return err
-	}
-	kc := filepath.Join(os.TempDir(), "macfleet-credentials-admin.kubeconfig")
-	if err := os.WriteFile(kc, env.KubeConfig, 0o600); err != nil {
-		return err
-	}
-	defer os.Remove(kc)
-	for _, d := range dirs {
-		out, err := exec.Command(filepath.Join(assets, "kubectl"), "--kubeconfig", kc, "apply", "-f", filepath.Join(root, d)).CombinedOutput()
-		if err != nil {
-			return &applyError{dir: d, out: string(out), err: err}
-		}
-	}
-	return nil
-}
-
-type applyError struct {
-	dir, out string
-	err      error
-}
-
-func (e *applyError) Error() string {
-	return "kubectl apply -f " + e.dir + ": " + e.err.Error() + "\n" + e.out
 }
 
 // issue mints a credential for node and returns a client that authenticates with the

@@ -26,7 +26,14 @@ const (
 	F16 DType = "f16"
 	// F32 stores matrices as single floats.
 	F32 DType = "f32"
+	// Q8_0 stores matrices in blocks of 32 int8 values with one f16 scale.
+	Q8_0 DType = "q8_0"
+	// Q4_0 stores matrices in blocks of 32 4-bit values with one f16 scale.
+	Q4_0 DType = "q4_0"
 )
+
+// blockSize is the number of values in one block of a quantized type.
+const blockSize = 32
 
 // ChatMLTemplate is the Jinja chat template written into every model; llama.cpp
 // recognises it as chatml.
@@ -78,6 +85,9 @@ type Spec struct {
 	Ctx int
 	// DType is the storage type of the weight matrices.
 	DType DType
+	// Untied writes a separate output projection (output.weight) instead of reusing
+	// the token embedding.
+	Untied bool
 	// Seed selects the pseudo-random weights.
 	Seed uint64
 	// Tokenizer, when set, is a real vocabulary written instead of the synthetic one
@@ -131,11 +141,15 @@ func (s Spec) KVBytesPerToken(elemBytes float64) float64 {
 	return float64(2*s.Layers*s.EmbdKV()) * elemBytes
 }
 
-// Params is the number of parameters (the output projection is tied to the embedding).
+// Params is the number of parameters (a tied output projection counted once).
 func (s Spec) Params() int64 {
 	e, kv, ff := int64(s.Embd), int64(s.EmbdKV()), int64(s.FF)
 	perLayer := 2*e*e + 2*e*kv + 3*e*ff + 2*e
-	return int64(s.Vocab)*e + e + int64(s.Layers)*perLayer
+	n := int64(s.Vocab)*e + e + int64(s.Layers)*perLayer
+	if s.Untied {
+		n += int64(s.Vocab) * e
+	}
+	return n
 }
 
 // Validate reports the first inconsistency in s.
@@ -156,8 +170,10 @@ func (s Spec) Validate() error {
 		return fmt.Errorf("heads %d is not a multiple of kv heads %d", s.Heads, s.KVHeads)
 	case s.HeadDim()%2 != 0:
 		return fmt.Errorf("head dimension %d must be even (rotary embedding)", s.HeadDim())
-	case s.DType != F16 && s.DType != F32:
-		return fmt.Errorf("dtype %q is not f16 or f32", s.DType)
+	case s.DType != F16 && s.DType != F32 && s.DType != Q8_0 && s.DType != Q4_0:
+		return fmt.Errorf("dtype %q is not f16, f32, q8_0 or q4_0", s.DType)
+	case s.DType.quantized() && (s.Embd%blockSize != 0 || s.FF%blockSize != 0):
+		return fmt.Errorf("embd %d and ff %d must be multiples of %d for %s", s.Embd, s.FF, blockSize, s.DType)
 	}
 	return nil
 }
@@ -200,10 +216,7 @@ func metadata(s Spec) ggml.KV {
 	if s.Tokenizer == nil {
 		tokens, scores, types = Vocabulary(s.Vocab)
 	}
-	fileType := uint32(1) // mostly F16
-	if s.DType == F32 {
-		fileType = 0
-	}
+	fileType := map[DType]uint32{F32: 0, F16: 1, Q4_0: 2, Q8_0: 7}[s.DType] // llama_ftype
 	kv := ggml.KV{
 		"general.architecture":                   "llama",
 		"general.name":                           s.Name,
@@ -309,6 +322,9 @@ func tensors(s Spec) []*ggml.Tensor {
 	// logit spread: σ = 1/sqrt(embd) gives unit-variance logits.
 	matrix("token_embd.weight", e, uint64(s.Vocab))
 	norm("output_norm.weight")
+	if s.Untied {
+		matrix("output.weight", e, uint64(s.Vocab))
+	}
 	for i := range s.Layers {
 		p := fmt.Sprintf("blk.%d.", i)
 		norm(p + "attn_norm.weight")
@@ -325,10 +341,8 @@ func tensors(s Spec) []*ggml.Tensor {
 }
 
 func newTensor(s Spec, name string, dt DType, shape []uint64, scale float32) *ggml.Tensor {
-	kind := uint32(ggml.TensorTypeF32)
-	if dt == F16 {
-		kind = uint32(ggml.TensorTypeF16)
-	}
+	kind := map[DType]uint32{F32: uint32(ggml.TensorTypeF32), F16: uint32(ggml.TensorTypeF16),
+		Q8_0: uint32(ggml.TensorTypeQ8_0), Q4_0: uint32(ggml.TensorTypeQ4_0)}[dt]
 	n := uint64(1)
 	for _, d := range shape {
 		n *= d
@@ -376,25 +390,15 @@ func (w *weights) value() float32 {
 
 // WriteTo implements io.WriterTo.
 func (w *weights) WriteTo(dst io.Writer) (int64, error) {
-	const chunk = 1 << 16
-	elem := uint64(4)
-	if w.dtype == F16 {
-		elem = 2
-	}
-	buf := make([]byte, 0, chunk*elem)
+	per, size, encode := w.encoder()
+	perWrite := uint64(1<<16) / per // about 64 Ki values per write
+	buf := make([]byte, 0, perWrite*size)
 	var written int64
-	for left := w.n; left > 0; {
-		k := min(left, chunk)
+	for left := w.n / per; left > 0; {
+		k := min(left, perWrite)
 		buf = buf[:0]
 		for range k {
-			v := w.value()
-			if w.dtype == F16 {
-				b := float16.Fromfloat32(v).Bits()
-				buf = append(buf, byte(b), byte(b>>8))
-			} else {
-				b := math.Float32bits(v)
-				buf = append(buf, byte(b), byte(b>>8), byte(b>>16), byte(b>>24))
-			}
+			buf = encode(buf)
 		}
 		m, err := dst.Write(buf)
 		written += int64(m)
@@ -404,4 +408,33 @@ func (w *weights) WriteTo(dst io.Writer) (int64, error) {
 		left -= k
 	}
 	return written, nil
+}
+
+// encoder returns how w's values are stored: per values at a time (one, or a block
+// of a quantized type; the tensor's rows are whole blocks, Validate checks the
+// widths) taking size bytes, appended by encode.
+func (w *weights) encoder() (per, size uint64, encode func([]byte) []byte) {
+	switch w.dtype {
+	case Q8_0, Q4_0:
+		var vals [blockSize]float32
+		quantize, size := appendQ4_0, uint64(2+blockSize/2)
+		if w.dtype == Q8_0 {
+			quantize, size = appendQ8_0, 2+blockSize
+		}
+		return blockSize, size, func(buf []byte) []byte {
+			for i := range vals {
+				vals[i] = w.value()
+			}
+			return quantize(buf, &vals)
+		}
+	case F16:
+		return 1, 2, func(buf []byte) []byte {
+			b := float16.Fromfloat32(w.value()).Bits()
+			return append(buf, byte(b), byte(b>>8))
+		}
+	}
+	return 1, 4, func(buf []byte) []byte {
+		b := math.Float32bits(w.value())
+		return append(buf, byte(b), byte(b>>8), byte(b>>16), byte(b>>24))
+	}
 }

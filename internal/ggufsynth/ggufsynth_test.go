@@ -159,6 +159,7 @@ func TestValidate(t *testing.T) {
 		{"kv heads do not divide heads", func(s *Spec) { s.KVHeads = 3 }, "multiple of kv heads"},
 		{"zero layers", func(s *Spec) { s.Layers = 0 }, "positive"},
 		{"bad dtype", func(s *Spec) { s.DType = "q4" }, "dtype"},
+		{"quantized rows not whole blocks", func(s *Spec) { s.DType, s.FF = Q4_0, 500 }, "multiples of 32"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

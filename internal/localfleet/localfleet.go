@@ -19,7 +19,6 @@ import (
 	"net/http"
 	"net/url"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -73,6 +72,9 @@ type Options struct {
 	// Gateways is how many gateway replicas run (each its own process and port); 1
 	// when 0.
 	Gateways int
+	// ReplicaReadsByRBAC runs the weaker mode: no node authorizer; every node identity
+	// may read every ModelReplica (config/agent-replica-reads).
+	ReplicaReadsByRBAC bool
 	// Log receives one line per step; nil discards them.
 	Log io.Writer
 }
@@ -103,6 +105,9 @@ type Fleet struct {
 	FleetToken string
 	// HostIP is the address the agents listen on.
 	HostIP string
+	// NodeAuthorizer is the node authorizer the API server asks; zero with
+	// Options.ReplicaReadsByRBAC.
+	NodeAuthorizer NodeAuthorizer
 
 	relay    *tcprelay.Relay
 	manager  *Process
@@ -157,8 +162,22 @@ func Start(ctx context.Context, opts Options) (_ *Fleet, err error) {
 		return nil, err
 	}
 
+	// The manager serves the node authorizer, which the API server asks from its start.
+	envOpts := []testenv.Option{testenv.WithScheme(v1alpha1.AddToScheme)}
+	var authzAddr string
+	if !opts.ReplicaReadsByRBAC {
+		port, err := freePort()
+		if err != nil {
+			return nil, err
+		}
+		authzAddr = "127.0.0.1:" + strconv.Itoa(port)
+		if f.NodeAuthorizer, err = WriteNodeAuthorizer(opts.Dir, authzAddr); err != nil {
+			return nil, err
+		}
+		envOpts = append(envOpts, testenv.WithAuthorizationConfig(f.NodeAuthorizer.AuthorizationConfig))
+	}
 	f.logf("Starting kube-apiserver and etcd")
-	if f.Env, err = testenv.New(testenv.WithScheme(v1alpha1.AddToScheme)); err != nil {
+	if f.Env, err = testenv.New(envOpts...); err != nil {
 		return nil, err
 	}
 	f.Client = f.Env.Client
@@ -172,7 +191,7 @@ func Start(ctx context.Context, opts Options) (_ *Fleet, err error) {
 	if f.AdminKubeconfig, err = f.writeKubeconfig(f.Env.KubeConfig, "admin.kubeconfig"); err != nil {
 		return nil, err
 	}
-	if err := f.installManifests(ctx); err != nil {
+	if err := f.installManifests(ctx, opts.ReplicaReadsByRBAC); err != nil {
 		return nil, err
 	}
 
@@ -209,6 +228,9 @@ func Start(ctx context.Context, opts Options) (_ *Fleet, err error) {
 		"--health-probe-bind-address", "127.0.0.1:" + strconv.Itoa(probe), "--fleet-token-file", tokenFile}
 	if opts.NodeLossGrace > 0 {
 		margs = append(margs, "--node-loss-grace", opts.NodeLossGrace.String())
+	}
+	if authzAddr != "" {
+		margs = append(margs, "--node-authorizer-bind-address", authzAddr, "--node-authorizer-cert-dir", f.NodeAuthorizer.CertDir)
 	}
 	if f.manager, err = f.start("manager", margs...); err != nil {
 		return nil, err
@@ -265,30 +287,20 @@ func (f *Fleet) logf(format string, args ...any) {
 }
 
 // installManifests creates the namespaces and applies the node RBAC and the admission
-// policy from config/, as an installation from config/ (or the chart) would.
-func (f *Fleet) installManifests(ctx context.Context) error {
+// policy from config/, as an installation from config/ (or the chart) would; with
+// replicaReadsByRBAC, also the grant of the weaker mode.
+func (f *Fleet) installManifests(ctx context.Context, replicaReadsByRBAC bool) error {
 	for _, ns := range []string{v1alpha1.SystemNamespace, v1alpha1.NodeIdentityNamespace, v1alpha1.NodeLeaseNamespace} {
 		err := f.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})
 		if err != nil && !apierrors.IsAlreadyExists(err) {
 			return fmt.Errorf("creating namespace %s: %w", ns, err)
 		}
 	}
-	root, err := testenv.RepoRoot()
-	if err != nil {
-		return err
+	dirs := []string{"config/agent", "config/admission"}
+	if replicaReadsByRBAC {
+		dirs = append(dirs, "config/agent-replica-reads")
 	}
-	assets, err := testenv.AssetsDir()
-	if err != nil {
-		return err
-	}
-	for _, dir := range []string{"config/agent", "config/admission"} {
-		out, err := exec.CommandContext(ctx, filepath.Join(assets, "kubectl"), "--kubeconfig", f.AdminKubeconfig,
-			"apply", "-f", filepath.Join(root, dir)).CombinedOutput()
-		if err != nil {
-			return fmt.Errorf("kubectl apply -f %s: %w\n%s", dir, err, out)
-		}
-	}
-	return nil
+	return testenv.KubectlApply(ctx, f.AdminKubeconfig, dirs...)
 }
 
 // allowLocalSources creates the SourcePolicy of a fleet on one machine: every

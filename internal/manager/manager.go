@@ -32,6 +32,7 @@ import (
 	"github.com/macfleet/macfleet/gateway"
 	"github.com/macfleet/macfleet/internal/informers"
 	"github.com/macfleet/macfleet/internal/mgrhttp"
+	"github.com/macfleet/macfleet/internal/nodeauthz"
 	"github.com/macfleet/macfleet/internal/source"
 )
 
@@ -66,6 +67,12 @@ type Config struct {
 	// AutoscalerInterval is how often an autoscaled deployment's load is measured;
 	// 0 means autoscaler.DefaultInterval.
 	AutoscalerInterval time.Duration
+	// NodeAuthorizerAddr serves the node authorizer webhook (internal/nodeauthz) over
+	// HTTPS with the certificate in NodeAuthorizerCertDir; "" or "0" disables it.
+	// NodeAuthorizerListener, when set, is served instead.
+	NodeAuthorizerAddr     string
+	NodeAuthorizerListener net.Listener
+	NodeAuthorizerCertDir  string
 	// SkipNameValidation lets one process build several managers (tests do).
 	SkipNameValidation bool
 }
@@ -175,8 +182,19 @@ func New(cfg Config) (ctrl.Manager, error) {
 	if err == nil {
 		err = mgrhttp.Add(mgr, probeLn, probes, metricsLn)
 	}
+	var authzLn net.Listener
+	if err == nil {
+		authzLn, err = mgrhttp.Listen(cfg.NodeAuthorizerListener, cfg.NodeAuthorizerAddr)
+	}
+	if err == nil && authzLn != nil {
+		if cfg.NodeAuthorizerCertDir == "" {
+			err = fmt.Errorf("the node authorizer on %s needs a certificate: set --node-authorizer-cert-dir to a directory with tls.crt and tls.key", authzLn.Addr())
+		} else {
+			err = nodeauthz.Add(mgr, nodeauthz.Options{Listener: authzLn, CertDir: cfg.NodeAuthorizerCertDir})
+		}
+	}
 	if err != nil {
-		for _, ln := range []net.Listener{probeLn, metricsLn} {
+		for _, ln := range []net.Listener{probeLn, metricsLn, authzLn} {
 			if ln != nil {
 				ln.Close()
 			}

@@ -261,3 +261,17 @@ func startManager(t *testing.T, cfg manager.Config) {
 		}
 	})
 }
+
+// TestNodeAuthorizerNeedsCertificate: serving the node authorizer without a certificate
+// is refused at start, naming the flag to set.
+func TestNodeAuthorizerNeedsCertificate(t *testing.T) {
+	_, err := manager.New(manager.Config{RestConfig: env.Config, NodeAuthorizerListener: loopback(t), SkipNameValidation: true})
+	if err == nil || !strings.Contains(err.Error(), "--node-authorizer-cert-dir") {
+		t.Errorf("New without a certificate directory: %v, want an error naming --node-authorizer-cert-dir", err)
+	}
+	_, err = manager.New(manager.Config{RestConfig: env.Config, NodeAuthorizerListener: loopback(t), NodeAuthorizerCertDir: t.TempDir(),
+		SkipNameValidation: true})
+	if err == nil || !strings.Contains(err.Error(), "tls.crt") {
+		t.Errorf("New with an empty certificate directory: %v, want an error naming tls.crt", err)
+	}
+}

@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"testing"
 
@@ -49,4 +51,43 @@ func CreateFromFile(tb testing.TB, c client.Client, path string) {
 			}
 		})
 	}
+}
+
+// KubectlApply runs `kubectl apply -f` (the kubectl of AssetsDir) on files or
+// directories of the repository, given relative to its root, with a kubeconfig file —
+// as an administrator installing them would.
+func KubectlApply(ctx context.Context, kubeconfig string, paths ...string) error {
+	root, err := RepoRoot()
+	if err != nil {
+		return err
+	}
+	assets, err := AssetsDir()
+	if err != nil {
+		return err
+	}
+	for _, p := range paths {
+		out, err := exec.CommandContext(ctx, filepath.Join(assets, "kubectl"), "--kubeconfig", kubeconfig,
+			"apply", "-f", filepath.Join(root, p)).CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("kubectl apply -f %s: %w\n%s", p, err, out)
+		}
+	}
+	return nil
+}
+
+// Apply is KubectlApply as the Env's administrator.
+func (e *Env) Apply(ctx context.Context, paths ...string) error {
+	f, err := os.CreateTemp("", "testenv-kubeconfig-")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(f.Name())
+	_, err = f.Write(e.KubeConfig)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return err
+	}
+	return KubectlApply(ctx, f.Name(), paths...)
 }

@@ -57,9 +57,10 @@ type Env struct {
 }
 
 type options struct {
-	schemes  []func(*runtime.Scheme) error
-	crdPaths []string
-	crdsSet  bool
+	schemes     []func(*runtime.Scheme) error
+	crdPaths    []string
+	crdsSet     bool
+	authzConfig string
 }
 
 // Option configures New, Start and Main.
@@ -76,6 +77,12 @@ func WithScheme(addToScheme ...func(*runtime.Scheme) error) Option {
 // <repo>/config/crd/bases. Every path must exist. With no paths, no CRDs are installed.
 func WithCRDPaths(paths ...string) Option {
 	return func(o *options) { o.crdPaths, o.crdsSet = paths, true }
+}
+
+// WithAuthorizationConfig starts the API server with --authorization-config=path (a
+// structured AuthorizationConfiguration) instead of --authorization-mode=RBAC.
+func WithAuthorizationConfig(path string) Option {
+	return func(o *options) { o.authzConfig = path }
 }
 
 // New starts an API server. The caller must call Stop.
@@ -119,6 +126,9 @@ func New(opts ...Option) (*Env, error) {
 	}
 	te.ControlPlane.GetAPIServer().Path = filepath.Join(assets, "kube-apiserver")
 	te.ControlPlane.KubectlPath = filepath.Join(assets, "kubectl")
+	if o.authzConfig != "" {
+		te.ControlPlane.GetAPIServer().Configure().Disable("authorization-mode").Set("authorization-config", o.authzConfig)
+	}
 	cfg, err := te.Start()
 	if err != nil {
 		// A partly started control plane still has processes and temp dirs to remove.

@@ -18,6 +18,12 @@ type ListeningEvent struct {
 	PID    int    `json:"pid"`
 }
 
+// EmbedChunk bounds the tokens of an embedding input the runner decodes per slot
+// and step: every one of them is an output row, and llama.cpp sizes its output
+// buffer (logits included) by the largest number of output rows it has seen. The
+// memory estimate sizes that buffer from it.
+const EmbedChunk = 64
+
 // Runner states reported by /health and /status.
 const (
 	StateLoading  = "loading"

@@ -15,10 +15,9 @@ import (
 	"github.com/macfleet/macfleet/runner/textstream"
 )
 
-// embedChunk bounds the tokens of an embedding input decoded per step: every one of
-// them is an output row, and llama.cpp sizes its output buffer (logits included) by
-// the largest number of output rows it has seen.
-const embedChunk = 64
+// embedChunk bounds the tokens of an embedding input decoded per step (see
+// api.EmbedChunk).
+const embedChunk = api.EmbedChunk
 
 // engine owns the llama.cpp context and runs the continuous-batching loop on one
 // goroutine: every step it decodes one llama_batch holding the next token of every

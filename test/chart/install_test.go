@@ -1,8 +1,10 @@
 package chart
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"strings"
@@ -77,11 +79,16 @@ func TestInstallUpgradeUninstall(t *testing.T) {
 	if len(token) != 48 {
 		t.Errorf("fleet token has %d characters, want 48", len(token))
 	}
+	authzCert := secretData(t, c, "macfleet-node-authorizer-tls")
 
 	mustHelm(t, append([]string{"upgrade", "macfleet", chartDir(t), "--kubeconfig", kubeconfig,
 		"--namespace", installNamespace, "--set", "gateway.replicas=3", "--set", "manager.replicas=2"}, values...)...)
 	if got := fleetToken(t, c); got != token {
 		t.Errorf("upgrade changed the fleet token: %q, then %q", token, got)
+	}
+	// The API server's kubeconfig for the node authorizer trusts the CA made on install.
+	if got := secretData(t, c, "macfleet-node-authorizer-tls"); !maps.EqualFunc(got, authzCert, bytes.Equal) || len(got["ca.crt"]) == 0 {
+		t.Error("upgrade changed the node authorizer's certificate or CA")
 	}
 	for name, want := range map[string]int32{"macfleet-gateway": 3, "macfleet-manager": 2} {
 		var d appsv1.Deployment
@@ -131,11 +138,16 @@ func describe(o *unstructured.Unstructured) string {
 
 func fleetToken(t *testing.T, c client.Client) string {
 	t.Helper()
+	return string(secretData(t, c, "macfleet-fleet-token")["token"])
+}
+
+func secretData(t *testing.T, c client.Client, name string) map[string][]byte {
+	t.Helper()
 	var s corev1.Secret
-	if err := c.Get(t.Context(), client.ObjectKey{Namespace: installNamespace, Name: "macfleet-fleet-token"}, &s); err != nil {
-		t.Fatalf("getting the fleet token: %v", err)
+	if err := c.Get(t.Context(), client.ObjectKey{Namespace: installNamespace, Name: name}, &s); err != nil {
+		t.Fatalf("getting Secret %s: %v", name, err)
 	}
-	return string(s.Data["token"])
+	return s.Data
 }
 
 func waitEstablished(t *testing.T, c client.Client, name string) {

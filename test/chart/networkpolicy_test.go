@@ -131,7 +131,9 @@ func TestNetworkPolicyDefaults(t *testing.T) {
 		"macfleet-manager": {
 			PodSelector: metav1.LabelSelector{MatchLabels: findDeployment(t, objs, "macfleet-manager").Spec.Selector.MatchLabels},
 			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress, networkingv1.PolicyTypeEgress},
-			Ingress:     []networkingv1.NetworkPolicyIngressRule{monitoring},
+			Ingress: []networkingv1.NetworkPolicyIngressRule{monitoring, {
+				From: []networkingv1.NetworkPolicyPeer{block("10.0.0.10/32")}, Ports: tcp(name("node-authz")),
+			}},
 			Egress: append(slices.Clone(common), networkingv1.NetworkPolicyEgressRule{
 				To:    []networkingv1.NetworkPolicyPeer{block("0.0.0.0/0", "169.254.0.0/16"), block("::/0", "fe80::/10")},
 				Ports: tcp(num(443)),
@@ -267,8 +269,22 @@ func TestNetworkPolicyValues(t *testing.T) {
 			}
 		},
 	}, {
-		name: "no monitoring peers: the manager accepts nothing",
+		name: "no monitoring peers: the API server reaches the node authorizer, no one else the manager",
 		set:  []string{"networkPolicy.monitoringPeers=null"},
+		check: func(t *testing.T, mgr, gw *networkingv1.NetworkPolicy) {
+			authz := intstr.FromString("node-authz")
+			if !admits(t, ingressRules(mgr), "10.0.0.10", authz, tcp) {
+				t.Error("the API server cannot reach the node authorizer")
+			}
+			for _, p := range []intstr.IntOrString{authz, intstr.FromString("metrics"), intstr.FromString("probes")} {
+				if admits(t, ingressRules(mgr), "10.1.2.3", p, tcp) {
+					t.Errorf("a pod reaches the manager's port %s", p.String())
+				}
+			}
+		},
+	}, {
+		name: "no monitoring peers, no node authorizer: the manager accepts nothing",
+		set:  []string{"networkPolicy.monitoringPeers=null", "nodeAuthorization.mode=rbac"},
 		check: func(t *testing.T, mgr, gw *networkingv1.NetworkPolicy) {
 			if mgr.Spec.Ingress == nil || len(mgr.Spec.Ingress) != 0 || !slices.Contains(mgr.Spec.PolicyTypes, networkingv1.PolicyTypeIngress) {
 				t.Errorf("manager ingress = %+v with policy types %v, want none, enforced", mgr.Spec.Ingress, mgr.Spec.PolicyTypes)

@@ -122,6 +122,8 @@ func TestTemplateObjects(t *testing.T) {
 		{"Service", testNamespace, "macfleet-gateway"},
 		{"Secret", testNamespace, "macfleet-fleet-token"},
 		{"SourcePolicy", "", "default"},
+		{"Service", testNamespace, "macfleet-node-authorizer"},
+		{"Secret", testNamespace, "macfleet-node-authorizer-tls"},
 	} {
 		want[k] = nil
 	}
@@ -191,6 +193,10 @@ func TestTemplateDeployments(t *testing.T) {
 	tokenVolume := corev1.Volume{Name: "fleet-token", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
 		SecretName: "macfleet-fleet-token", Items: []corev1.KeyToPath{{Key: "token", Path: "token"}},
 	}}}
+	authzVolume := corev1.Volume{Name: "node-authorizer-tls", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
+		SecretName: "macfleet-node-authorizer-tls", Items: []corev1.KeyToPath{{Key: "tls.crt", Path: "tls.crt"}, {Key: "tls.key", Path: "tls.key"}},
+	}}}
+	const authzBind, authzCerts = "--node-authorizer-bind-address=:9443", "--node-authorizer-cert-dir=/etc/macfleet/node-authorizer-tls"
 	keysVolume := corev1.Volume{Name: "api-keys", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
 		SecretName: "client-keys", Items: []corev1.KeyToPath{{Key: "list", Path: "list"}},
 	}}}
@@ -208,7 +214,8 @@ func TestTemplateDeployments(t *testing.T) {
 		name:      "defaults",
 		wantImage: "ghcr.io/macfleet/macfleet:0.1.0",
 		wantManager: []string{"manager", "--metrics-bind-address=:8080", "--health-probe-bind-address=:8081",
-			"--leader-elect=false", "--node-loss-grace=60s", "--scheduler-workers=8", "--fleet-token-file=/etc/macfleet/fleet-token/token", "--zap-log-level=info"},
+			"--leader-elect=false", "--node-loss-grace=60s", "--scheduler-workers=8", "--fleet-token-file=/etc/macfleet/fleet-token/token",
+			authzBind, authzCerts, "--zap-log-level=info"},
 		wantStrategy: appsv1.RecreateDeploymentStrategyType,
 		wantGateway: []string{"gateway", "--listen=:8080", "--metrics-bind-address=:9090", "--health-probe-bind-address=:8081",
 			"--fleet-token-file=/etc/macfleet/fleet-token/token", "--cold-start-timeout=2m", "--prefix-affinity=false",
@@ -230,7 +237,8 @@ func TestTemplateDeployments(t *testing.T) {
 		},
 		wantImage: "registry.example/mf:v9",
 		wantManager: []string{"manager", "--metrics-bind-address=:8080", "--health-probe-bind-address=:8081",
-			"--leader-elect=true", "--node-loss-grace=5m", "--scheduler-workers=2", "--fleet-token-file=/etc/macfleet/fleet-token/token", "--hf-endpoint=https://hf.example",
+			"--leader-elect=true", "--node-loss-grace=5m", "--scheduler-workers=2", "--fleet-token-file=/etc/macfleet/fleet-token/token",
+			authzBind, authzCerts, "--hf-endpoint=https://hf.example",
 			"--zap-log-level=debug", "--zap-devel"},
 		wantStrategy: "",
 		wantGateway: []string{"gateway", "--listen=:8080", "--metrics-bind-address=:9090", "--health-probe-bind-address=:8081",
@@ -245,7 +253,8 @@ func TestTemplateDeployments(t *testing.T) {
 		set:       []string{"gateway.enabled=false"},
 		wantImage: "ghcr.io/macfleet/macfleet:0.1.0",
 		wantManager: []string{"manager", "--metrics-bind-address=:8080", "--health-probe-bind-address=:8081",
-			"--leader-elect=false", "--node-loss-grace=60s", "--scheduler-workers=8", "--fleet-token-file=/etc/macfleet/fleet-token/token", "--zap-log-level=info"},
+			"--leader-elect=false", "--node-loss-grace=60s", "--scheduler-workers=8", "--fleet-token-file=/etc/macfleet/fleet-token/token",
+			authzBind, authzCerts, "--zap-log-level=info"},
 		wantStrategy: appsv1.RecreateDeploymentStrategyType,
 	}}
 	for _, tc := range tests {
@@ -257,12 +266,13 @@ func TestTemplateDeployments(t *testing.T) {
 				t.Errorf("manager strategy = %q, want %q", got, tc.wantStrategy)
 			}
 			checkPod(t, &m.Spec.Template.Spec, "macfleet-manager", tc.wantImage, tc.wantManager)
-			if diff := cmp.Diff([]corev1.Volume{tokenVolume}, m.Spec.Template.Spec.Volumes); diff != "" {
+			if diff := cmp.Diff([]corev1.Volume{tokenVolume, authzVolume}, m.Spec.Template.Spec.Volumes); diff != "" {
 				t.Errorf("manager volumes (-want +got):\n%s", diff)
 			}
-			if vm := m.Spec.Template.Spec.Containers[0].VolumeMounts; len(vm) != 1 || vm[0].Name != "fleet-token" ||
-				!vm[0].ReadOnly || vm[0].MountPath != "/etc/macfleet/fleet-token" {
-				t.Errorf("manager volume mounts %+v, want the fleet token read-only at /etc/macfleet/fleet-token", vm)
+			if vm := m.Spec.Template.Spec.Containers[0].VolumeMounts; len(vm) != 2 || vm[0].Name != "fleet-token" ||
+				!vm[0].ReadOnly || vm[0].MountPath != "/etc/macfleet/fleet-token" || vm[1].Name != authzVolume.Name ||
+				!vm[1].ReadOnly || vm[1].MountPath != "/etc/macfleet/node-authorizer-tls" {
+				t.Errorf("manager volume mounts %+v, want the fleet token and the node authorizer's certificate read-only under /etc/macfleet", vm)
 			}
 
 			var gw []string

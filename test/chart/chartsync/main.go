@@ -1,8 +1,9 @@
 // Command chartsync copies the manifests the Helm chart shares with config/ into
 // charts/macfleet, so that they are written once: the CRDs into crds/ byte for byte,
-// and the RBAC (from +kubebuilder:rbac markers), the agent RBAC, the node namespaces and
-// the admission policy into templates/generated/ as templates, where the system
-// namespace becomes the release namespace and every object gets the chart's labels.
+// and the RBAC (from +kubebuilder:rbac markers), the agent RBAC (the weaker mode's
+// replica reads only in that mode), the node namespaces and the admission policy into
+// templates/generated/ as templates, where the system namespace becomes the release
+// namespace and every object gets the chart's labels.
 //
 // Run from the repository root (`make chart-sync`). With -check it writes nothing and
 // fails, listing the stale files, when the chart's copies differ from what it would
@@ -43,6 +44,7 @@ var templateSources = []struct{ glob, prefix, condition string }{
 	{"config/rbac/*.yaml", "manager-", ""},
 	{"config/rbac/gateway/*.yaml", "gateway-", ".Values.gateway.enabled"},
 	{"config/agent/*.yaml", "agent-", ""},
+	{"config/agent-replica-reads/*.yaml", "agent-replica-reads-", `eq .Values.nodeAuthorization.mode "rbac"`},
 	{"config/admission/*.yaml", "admission-", ""},
 }
 

@@ -1,0 +1,163 @@
+package modeldeployment
+
+import (
+	"fmt"
+	"testing"
+
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/macfleet/macfleet/api/v1alpha1"
+	"github.com/macfleet/macfleet/internal/source"
+)
+
+const mi = int64(1) << 20
+
+// measuredReplica is a loaded replica of md's template that reports peak and
+// resident bytes (0: not reported).
+func measuredReplica(md *v1alpha1.ModelDeployment, peak, resident int64) v1alpha1.ModelReplica {
+	var mr v1alpha1.ModelReplica
+	mr.Spec.Template = replicaTemplate(md)
+	if peak > 0 {
+		mr.Status.Memory.Peak = resource.NewQuantity(peak, resource.BinarySI)
+	}
+	if resident > 0 {
+		mr.Status.Memory.Resident = resource.NewQuantity(resident, resource.BinarySI)
+	}
+	return mr
+}
+
+func TestWithMeasurement(t *testing.T) {
+	base := deployment(nil)
+	estimated := func(n int64) reservation { return reservation{Quantity: resource.NewQuantity(n, resource.BinarySI)} }
+	other := func(mutate func(*v1alpha1.ModelDeployment)) *v1alpha1.ModelDeployment { return deployment(mutate) }
+	tests := []struct {
+		name         string
+		res          reservation
+		replicas     []v1alpha1.ModelReplica
+		want         int64 // 0: res unchanged
+		wantMeasured int64
+	}{
+		{name: "no replica", res: estimated(400 * mi)},
+		{name: "loaded but not measured", res: estimated(400 * mi), replicas: []v1alpha1.ModelReplica{measuredReplica(base, 0, 0)}},
+		{name: "estimate far above: capped at 1.3x", res: estimated(618 * mi),
+			replicas: []v1alpha1.ModelReplica{measuredReplica(base, 100*mi, 90*mi)}, want: 130 * mi, wantMeasured: 100 * mi},
+		{name: "estimate within bounds: kept", res: estimated(120 * mi),
+			replicas: []v1alpha1.ModelReplica{measuredReplica(base, 100*mi, 90*mi)}, want: 120 * mi, wantMeasured: 100 * mi},
+		{name: "estimate below the peak: floor 1.1x", res: estimated(80 * mi),
+			replicas: []v1alpha1.ModelReplica{measuredReplica(base, 100*mi, 90*mi)}, want: 110 * mi, wantMeasured: 100 * mi},
+		{name: "largest of every replica, resident above peak counts", res: estimated(618 * mi),
+			replicas: []v1alpha1.ModelReplica{measuredReplica(base, 100*mi, 0), measuredReplica(base, 150*mi, 200*mi)},
+			want:     260 * mi, wantMeasured: 200 * mi},
+		{name: "rounded up to MiB", res: estimated(618 * mi),
+			replicas: []v1alpha1.ModelReplica{measuredReplica(base, 100*mi+1, 0)}, want: 131 * mi, wantMeasured: 100*mi + 1},
+		{name: "other aliases, residency and name: same footprint", res: estimated(618 * mi),
+			replicas: []v1alpha1.ModelReplica{measuredReplica(other(func(md *v1alpha1.ModelDeployment) {
+				md.Name, md.Spec.Model.Aliases, md.Spec.Residency = "other", []string{"chat"}, v1alpha1.ResidencyPinned
+			}), 100*mi, 0)}, want: 130 * mi, wantMeasured: 100 * mi},
+		{name: "other context: not measured", res: estimated(618 * mi),
+			replicas: []v1alpha1.ModelReplica{measuredReplica(other(func(md *v1alpha1.ModelDeployment) {
+				md.Spec.Engine.ContextLength = 8192
+			}), 100*mi, 0)}},
+		{name: "other model: not measured", res: estimated(618 * mi),
+			replicas: []v1alpha1.ModelReplica{measuredReplica(other(func(md *v1alpha1.ModelDeployment) {
+				md.Spec.Model.Source = "hf://Qwen/Qwen2.5-GGUF/q8.gguf"
+			}), 100*mi, 0)}},
+		{name: "other checksum: not measured", res: estimated(618 * mi),
+			replicas: []v1alpha1.ModelReplica{measuredReplica(other(func(md *v1alpha1.ModelDeployment) {
+				md.Spec.Model.SHA256 = "ab"
+			}), 100*mi, 0)}},
+		{name: "explicit memory: never moved", res: reservation{Quantity: resource.NewQuantity(618*mi, resource.BinarySI), Explicit: true},
+			replicas: []v1alpha1.ModelReplica{measuredReplica(base, 100*mi, 0)}},
+		{name: "unknown reservation stays unknown", res: reservation{},
+			replicas: []v1alpha1.ModelReplica{measuredReplica(base, 100*mi, 0)}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := withMeasurement(tt.res, replicaTemplate(base), tt.replicas)
+			if tt.want == 0 {
+				if got.Quantity != tt.res.Quantity || got.Measured != 0 {
+					t.Errorf("reservation %v (measured %d), want %v unchanged", got.Quantity, got.Measured, tt.res.Quantity)
+				}
+				return
+			}
+			if got.Quantity == nil || got.Quantity.Value() != tt.want || got.Measured != tt.wantMeasured {
+				t.Errorf("reservation %v (measured %d), want %d bytes (measured %d)", got.Quantity, got.Measured, tt.want, tt.wantMeasured)
+			}
+		})
+	}
+}
+
+// Wiring: the first replica reserves the estimate from the GGUF header; once it
+// reports its footprint, new replicas — scaled up, or rolled out for an alias —
+// reserve at most 1.3× that footprint, and the replica already placed keeps its
+// reservation; a new context falls back to the estimate.
+func TestLaterReplicasReserveTheMeasuredFootprint(t *testing.T) {
+	srv := newGGUFServer(t, true)
+	f := newFixture(t)
+	f.start(&Reconciler{Resolver: &source.Resolver{HFEndpoint: srv.URL + "/hub"}})
+	md := newDeployment("packed", srv.URL+"/model.gguf", 1, "")
+	md.Spec.Engine.ContextLength = 2048
+	f.create(md)
+	est := srv.wantReservation(t, 2048)
+	first := f.waitReplicas(1)[0]
+	if got := first.Spec.MemoryReservation.String(); got != est {
+		t.Fatalf("first replica reserves %s, want the estimate %s", got, est)
+	}
+
+	// The agent loads it and reports what it measured: well below the estimate.
+	estQ := resource.MustParse(est)
+	peak := estQ.Value() / 2
+	f.bind(&first, "mac-a")
+	f.markReady(&first)
+	before := first.DeepCopy()
+	first.Status.Memory.Peak = resource.NewQuantity(peak, resource.BinarySI)
+	first.Status.Memory.Resident = resource.NewQuantity(peak-mi, resource.BinarySI)
+	if err := f.c.Status().Patch(t.Context(), &first, client.MergeFrom(before)); err != nil {
+		t.Fatal(err)
+	}
+	want := roundUpMiB(peak * measuredCapPercent / 100).String()
+	f.waitStatus("packed", func(md *v1alpha1.ModelDeployment) (bool, string) {
+		return md.Status.EstimatedMemory != nil && md.Status.EstimatedMemory.String() == want, fmt.Sprintf("%+v", md.Status)
+	})
+
+	f.update("packed", func(md *v1alpha1.ModelDeployment) { md.Spec.Replicas = ptr.To[int32](3) })
+	reps := f.waitReplicas(3)
+	for _, r := range reps {
+		wantR := want
+		if r.Name == first.Name {
+			wantR = est
+		}
+		if got := r.Spec.MemoryReservation.String(); got != wantR {
+			t.Errorf("%s reserves %s, want %s", r.Name, got, wantR)
+		}
+	}
+
+	// An alias rolls the replicas onto a new template hash; the model and engine are
+	// the same, so the new ones reserve by the measurement of the old one.
+	f.update("packed", func(md *v1alpha1.ModelDeployment) { md.Spec.Model.Aliases = []string{"chat"} })
+	newHash := templateHash(replicaTemplate(f.deployment("packed")))
+	f.waitStatus("packed", func(md *v1alpha1.ModelDeployment) (bool, string) {
+		return md.Status.UpdatedReplicas == 3, fmt.Sprintf("%+v", md.Status)
+	})
+	for _, r := range f.replicas() {
+		if r.Spec.TemplateHash == newHash && r.DeletionTimestamp == nil && r.Spec.MemoryReservation.String() != want {
+			t.Errorf("rolled replica %s reserves %s, want %s", r.Name, r.Spec.MemoryReservation.String(), want)
+		}
+	}
+
+	// A new context is a new footprint: back to the estimate.
+	f.update("packed", func(md *v1alpha1.ModelDeployment) { md.Spec.Engine.ContextLength = 1024 })
+	est1024 := srv.wantReservation(t, 1024)
+	ctxHash := templateHash(replicaTemplate(f.deployment("packed")))
+	f.waitStatus("packed", func(md *v1alpha1.ModelDeployment) (bool, string) {
+		return md.Status.UpdatedReplicas == 3 && md.Status.EstimatedMemory != nil && md.Status.EstimatedMemory.String() == est1024,
+			fmt.Sprintf("%+v", md.Status)
+	})
+	for _, r := range f.replicas() {
+		if r.Spec.TemplateHash == ctxHash && r.DeletionTimestamp == nil && r.Spec.MemoryReservation.String() != est1024 {
+			t.Errorf("replica %s of the new context reserves %s, want the estimate %s", r.Name, r.Spec.MemoryReservation.String(), est1024)
+		}
+	}
+}

@@ -1,0 +1,69 @@
+package estimate
+
+import (
+	gguf "github.com/gpustack/gguf-parser-go"
+
+	"github.com/macfleet/macfleet/runner/api"
+)
+
+// DefaultBatch is the runner's n_batch (and n_ubatch) when Params.Batch is 0: its
+// --batch default.
+const DefaultBatch = 512
+
+// RunnerBaseline is the memory a runner process holds whatever its model: its code,
+// the C++ runtime, ggml's backend and scheduler state, the Go runtime and thread
+// stacks. Measured on Linux (CPU backend): a runner serving the 2 MiB tiny model
+// holds about 21 MiB resident once its weights, KV cache and buffers are taken
+// away; the tests check that this figure keeps the estimate at or above every
+// measured peak. Without it a small model's reservation sits below what its runner
+// measures, and the runner's own ceiling (the reservation plus 10%) refuses prompts.
+const RunnerBaseline = 26 << 20
+
+// metalFlashAttention says whether llama.cpp's Metal backend has a flash-attention
+// kernel for this key head size (its supports_op list). llama.cpp enables flash
+// attention on its own (flash_attn auto) when every attention layer's device has one;
+// the CPU backend always does.
+func metalFlashAttention(headDim uint32) bool {
+	switch headDim {
+	case 32, 40, 48, 64, 72, 80, 96, 112, 128, 192, 256, 576:
+		return true
+	}
+	return false
+}
+
+// computeBuffer is llama.cpp's compute buffer: the graph it reserves for the worst
+// micro-batch — n_batch tokens, every one an output, over the whole context — whose
+// tensors the allocator packs into one buffer, allocated whole at load. It is the
+// larger of the parser's two views of that graph (with every layer offloaded, one
+// device runs all of it): the host's inputs (embeddings, positions, attention
+// mask) plus the larger of one layer's activations and the output logits; and the
+// offload device's inputs plus its attention (the score matrix when flash attention
+// is off). Plus the graph's own metadata.
+func computeBuffer(gf *gguf.GGUFFile, e gguf.LLaMACppRunEstimate) int64 {
+	host := e.Devices[0].Computation
+	c := int64(host.Input + max(host.Compute, host.Output))
+	for _, d := range e.Devices[1:] {
+		c = max(c, int64(d.Computation.Input+d.Computation.Compute))
+	}
+	// llama.cpp sizes the graph for max(1024, 8 × tensors) nodes.
+	nodes := max(1024, 8*uint64(len(gf.TensorInfos)))
+	return c + int64(gguf.GGMLTensorOverhead()*nodes+gguf.GGMLComputationGraphOverhead(nodes, false))
+}
+
+// vocabTables is the memory of llama.cpp's vocabulary: per token its type and score,
+// its string and an entry in the token-to-id map; per BPE merge a map entry.
+func vocabTables(gf *gguf.GGUFFile) int64 {
+	t := gf.Tokenizer()
+	return int64(t.TokensLength*(4+4+32+24+32) + t.MergesLength*(48+56))
+}
+
+// outputBuffer is llama.cpp's output buffer (host memory whatever the backend): a
+// row of logits and one of embeddings (the runner's context has embeddings on) per
+// output of the largest step. A generating slot outputs one row per step; an
+// embedding input outputs every token, and the runner feeds those api.EmbedChunk
+// tokens per slot per step, within n_batch. llama.cpp grows the buffer to the most
+// rows it has seen and never shrinks it.
+func outputBuffer(vocab, embd, parallel, batch int64) int64 {
+	rows := max(parallel, min(batch, parallel*api.EmbedChunk))
+	return rows * (vocab + embd) * 4
+}

@@ -1,0 +1,59 @@
+package nodeauthz
+
+import (
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"path/filepath"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/certwatcher"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
+)
+
+// Path is where the webhook answers; the API server's kubeconfig for it names it.
+const Path = "/authorize"
+
+// decisions counts the webhook's answers.
+var decisions = prometheus.NewCounterVec(prometheus.CounterOpts{
+	Name: "macfleet_manager_node_authorizer_decisions_total",
+	Help: "SubjectAccessReviews of node identities answered by the node authorizer, by decision (allowed, no-opinion).",
+}, []string{"decision"})
+
+func init() { metrics.Registry.MustRegister(decisions) }
+
+// Options configure the webhook server.
+type Options struct {
+	// Listener is where it serves HTTPS.
+	Listener net.Listener
+	// CertDir holds tls.crt and tls.key, reloaded when they change. The API server's
+	// kubeconfig for the webhook trusts their issuer.
+	CertDir string
+}
+
+// Add makes the manager serve the webhook on every replica (not only the leader: the
+// API server may reach any of them), answering from the manager's cache.
+func Add(mgr manager.Manager, o Options) error {
+	if o.Listener == nil || o.CertDir == "" {
+		return errors.New("nodeauthz: the webhook needs a listener and a certificate directory")
+	}
+	cw, err := certwatcher.New(filepath.Join(o.CertDir, "tls.crt"), filepath.Join(o.CertDir, "tls.key"))
+	if err != nil {
+		return fmt.Errorf("loading the node authorizer's certificate from %s: %w", o.CertDir, err)
+	}
+	if err := mgr.Add(cw); err != nil {
+		return err
+	}
+	log := ctrl.Log.WithName("node-authorizer")
+	mux := http.NewServeMux()
+	mux.Handle(Path, &Handler{Lookup: CacheLookup(mgr.GetCache(), log), Log: log, Decisions: decisions})
+	ln := tls.NewListener(o.Listener, &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: cw.GetCertificate})
+	grace := 30 * time.Second
+	return mgr.Add(&manager.Server{Name: "node authorizer", Listener: ln, ShutdownTimeout: &grace,
+		Server: &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}})
+}

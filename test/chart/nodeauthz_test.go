@@ -1,0 +1,112 @@
+package chart
+
+import (
+	"crypto/x509"
+	"encoding/base64"
+	"encoding/pem"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+)
+
+// TestNodeAuthorizationModes: mode webhook (the default) runs the node authorizer —
+// the manager's flags, its Service, a certificate the API server can verify — and
+// grants node identities no replica reads; mode rbac renders the grant of
+// config/agent-replica-reads instead, and no authorizer.
+func TestNodeAuthorizationModes(t *testing.T) {
+	has := func(objs []*unstructured.Unstructured, kind, name string) bool {
+		return slices.ContainsFunc(objs, func(o *unstructured.Unstructured) bool { return o.GetKind() == kind && o.GetName() == name })
+	}
+	managerArgs := func(objs []*unstructured.Unstructured) []string {
+		return findDeployment(t, objs, "macfleet-manager").Spec.Template.Spec.Containers[0].Args
+	}
+	const bind = "--node-authorizer-bind-address=:9443"
+
+	t.Run("webhook", func(t *testing.T) {
+		objs := render(t)
+		if !slices.Contains(managerArgs(objs), bind) {
+			t.Errorf("manager args %v lack %s", managerArgs(objs), bind)
+		}
+		if has(objs, "ClusterRole", "macfleet-agent-replica-reads") || has(objs, "ClusterRoleBinding", "macfleet-agent-replica-reads") {
+			t.Error("mode webhook renders the weaker mode's replica reads")
+		}
+		rules, _, _ := unstructured.NestedSlice(find(t, objs, "ClusterRole", "macfleet-agent").Object, "rules")
+		for _, r := range rules {
+			m := r.(map[string]any)
+			res, verbs := m["resources"].([]any), m["verbs"].([]any)
+			for _, want := range []any{"modelreplicas", "modelreplicas/status"} {
+				if slices.Contains(res, want) && (slices.Contains(verbs, any("get")) || slices.Contains(verbs, any("list")) || slices.Contains(verbs, any("watch"))) {
+					t.Errorf("ClusterRole macfleet-agent grants %v on %s", verbs, want)
+				}
+			}
+		}
+		svc := find(t, objs, "Service", "macfleet-node-authorizer")
+		ports, _, _ := unstructured.NestedSlice(svc.Object, "spec", "ports")
+		if len(ports) != 1 || ports[0].(map[string]any)["targetPort"] != "node-authz" {
+			t.Errorf("Service macfleet-node-authorizer ports %v, want one to node-authz", ports)
+		}
+
+		// The generated certificate is valid for the Service's name under its CA.
+		data, _, _ := unstructured.NestedStringMap(find(t, objs, "Secret", "macfleet-node-authorizer-tls").Object, "data")
+		pemOf := func(k string) []byte {
+			b, err := base64.StdEncoding.DecodeString(data[k])
+			if err != nil || len(b) == 0 {
+				t.Fatalf("Secret macfleet-node-authorizer-tls %s: %v", k, err)
+			}
+			return b
+		}
+		pemOf("tls.key")
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pemOf("ca.crt")) {
+			t.Fatal("ca.crt holds no certificate")
+		}
+		block, _ := pem.Decode(pemOf("tls.crt"))
+		if block == nil {
+			t.Fatal("tls.crt holds no PEM")
+		}
+		crt, err := x509.ParseCertificate(block.Bytes)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := crt.Verify(x509.VerifyOptions{Roots: pool, DNSName: "macfleet-node-authorizer." + testNamespace + ".svc"}); err != nil {
+			t.Errorf("the node authorizer's certificate: %v", err)
+		}
+	})
+
+	t.Run("webhook with a Secret of one's own", func(t *testing.T) {
+		objs := render(t, "nodeAuthorization.webhook.createCert=false", "nodeAuthorization.webhook.certSecret=mine")
+		if has(objs, "Secret", "macfleet-node-authorizer-tls") || has(objs, "Secret", "mine") {
+			t.Error("createCert=false renders a certificate Secret")
+		}
+		vols := findDeployment(t, objs, "macfleet-manager").Spec.Template.Spec.Volumes
+		if !slices.ContainsFunc(vols, func(v corev1.Volume) bool { return v.Secret != nil && v.Secret.SecretName == "mine" }) {
+			t.Errorf("manager volumes %+v do not mount Secret mine", vols)
+		}
+	})
+
+	t.Run("rbac", func(t *testing.T) {
+		objs := render(t, "nodeAuthorization.mode=rbac")
+		for _, a := range managerArgs(objs) {
+			if a == bind {
+				t.Errorf("mode rbac passes %s", a)
+			}
+		}
+		if has(objs, "Service", "macfleet-node-authorizer") || has(objs, "Secret", "macfleet-node-authorizer-tls") {
+			t.Error("mode rbac renders the node authorizer's Service or certificate")
+		}
+		src, err := os.ReadFile(filepath.Join(repoRoot(t), "config", "agent-replica-reads", "rbac.yaml"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, o := range decodeObjects(t, src) {
+			if diff := cmp.Diff(normalized(o), normalized(find(t, objs, o.GetKind(), o.GetName()))); diff != "" {
+				t.Errorf("%s %s differs from config/agent-replica-reads (-config +chart):\n%s", o.GetKind(), o.GetName(), diff)
+			}
+		}
+	})
+}

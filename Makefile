@@ -70,6 +70,14 @@ verify: ## Fail if generation leaves a diff; vet; cross-compile for darwin/arm64
 test: envtest runner helm ## Run every test (race detector, real API server, real runners).
 	hack/go-env.sh go test $(GO_TEST_FLAGS) ./...
 
+SOAK_DURATION ?= 10m
+SOAK_SEED     ?= 1
+SOAK_TIMEOUT  ?= 3h
+
+.PHONY: soak
+soak: envtest runner ## Chaos soak: the local fleet under mixed traffic and seeded faults for SOAK_DURATION (10m; CI: 90s).
+	SOAK_DURATION=$(SOAK_DURATION) SOAK_SEED=$(SOAK_SEED) go test -race -count=1 -timeout $(SOAK_TIMEOUT) -run '^TestSoak$$' -v ./test/soak/
+
 .PHONY: fuzz
 fuzz: ## Run every fuzz target for FUZZTIME each (default 10000x: inputs, not seconds).
 	hack/fuzz.sh

@@ -33,11 +33,11 @@ const DefaultMaxInFlightPerSlot = 1
 //
 // Lock order: admission.mu, then the balancer's.
 type admission struct {
-	perSlot  int
-	limits   fairqueue.Limits
+	perSlot int
+	limits  fairqueue.Limits
 	// reserve and window configure each deployment's fairqueue.Share.
-	reserve int
-	window  time.Duration
+	reserve  int
+	window   time.Duration
 	affinity bool
 	bal      *balancer
 	table    func() *Table

@@ -37,6 +37,7 @@ const (
 	codeMethodNotAllowed = "method_not_allowed"
 	codeQueueFull        = "queue_full"
 	codeQueueTimeout     = "queue_timeout"
+	codeStarting         = "gateway_starting"
 )
 
 // apiError is one error response of the gateway itself: its status, the OpenAI error
@@ -75,6 +76,13 @@ func modelNotFound(model string) *apiError {
 	return &apiError{Status: http.StatusNotFound, Type: typeInvalidRequest, Code: codeModelNotFound, Param: "model",
 		Message: fmt.Sprintf("model %q is not served by this fleet: no ModelDeployment serves it under that name "+
 			"or alias (GET /v1/models lists them)", model), reason: "model_not_found"}
+}
+
+// gatewayStarting answers a request that arrives before the routing table is built.
+func gatewayStarting() *apiError {
+	return &apiError{Status: http.StatusServiceUnavailable, Type: typeUnavailable, Code: codeStarting,
+		Message: "the gateway is starting: its routing table is not built from the API server yet", RetryAfter: time.Second,
+		reason: "starting"}
 }
 
 // anthropicErrors answers the gateway's own errors on the Anthropic Messages API in

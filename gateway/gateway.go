@@ -5,7 +5,8 @@
 //
 //   - Routing: the body's "model" is a deployment's served name or alias;
 //     "<namespace>/<name>" always works; a bare name served in several namespaces is a
-//     400 asking the client to qualify it; an unknown one is a 404 model_not_found.
+//     400 asking the client to qualify it; an unknown one is a 404 model_not_found
+//     (every one is a retryable 503 gateway_starting until the first table is built).
 //   - Balancing: least outstanding requests (the gateway's own in-flight count per
 //     replica); with prefix affinity, consistent hashing with bounded loads on a ring
 //     of replica keys, keyed by the prompt's first bytes, so every gateway replica
@@ -112,7 +113,8 @@ type Gateway struct {
 	handler   http.Handler
 }
 
-// New builds a gateway with an empty table: every model is unknown until SetTable.
+// New builds a gateway with an empty table: every model is a 503 (the gateway is
+// starting) until SetTable.
 func New(opts Options) (*Gateway, error) {
 	if opts.ColdStartTimeout <= 0 {
 		opts.ColdStartTimeout = DefaultColdStartTimeout
@@ -144,7 +146,7 @@ func New(opts Options) (*Gateway, error) {
 	if opts.TracerProvider != nil {
 		g.tracer = opts.TracerProvider.Tracer(tracerName)
 	}
-	g.table.Store(emptyTable())
+	g.table.Store(startingTable())
 	g.adm = newAdmission(opts, g.bal, g.Table, m)
 	g.traffic = newTraffic()
 	if opts.Wake != nil {

@@ -34,7 +34,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "macfleet_gateway_errors_total",
 			Help: "Requests that failed, by deployment and reason (model_not_found, ambiguous_model, bad_request, " +
-				"body_too_large, unauthorized, no_ready_replica, wake_failed, queue_full, queue_full_client, queue_timeout, " +
+				"body_too_large, unauthorized, starting, no_ready_replica, wake_failed, queue_full, queue_full_client, queue_timeout, " +
 				"upstream_unavailable, upstream_connect, stream_broken, client_gone).",
 		}, []string{"model", "reason"}),
 		ttft: prometheus.NewHistogramVec(prometheus.HistogramOpts{

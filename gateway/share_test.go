@@ -23,17 +23,17 @@ func twoSlotGateway(t *testing.T, q fairqueue.Limits) (*testGateway, *gatedRepli
 	return g, rep
 }
 
-// answered waits for one answer and fails the test unless it is a 200.
-func answered(t *testing.T, tag string, ch <-chan answer) {
+// bThenA1 has key-b send one request and get its answer (key-b is now active), then
+// key-a send a1 and waits until a1 reaches the replica; it returns a1's answer.
+func bThenA1(t *testing.T, g *testGateway, rep *gatedReplica) map[string]<-chan answer {
 	t.Helper()
-	select {
-	case a := <-ch:
-		if a.code != http.StatusOK {
-			t.Fatalf("%s: %d %s", tag, a.code, a.body)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatalf("%s: no answer", tag)
-	}
+	b1 := send(t, g, "key-b", "b1")
+	rep.waitArrived(t, 1)
+	rep.gate <- struct{}{}
+	wantOK(t, map[string]<-chan answer{"b1": b1})
+	chs := map[string]<-chan answer{"a1": send(t, g, "key-a", "a1")}
+	rep.waitArrived(t, 2)
+	return chs
 }
 
 // TestReserveSlot: on a replica with two slots, a client that floods it while another
@@ -51,12 +51,7 @@ func TestReserveSlot(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			g, rep := twoSlotGateway(t, fairqueue.Limits{ReserveSlots: tc.reserve, ActiveWindow: time.Minute})
-			b1 := send(t, g, "key-b", "b1")
-			rep.waitArrived(t, 1)
-			rep.gate <- struct{}{}
-			answered(t, "b1", b1)
-			chs := map[string]<-chan answer{"a1": send(t, g, "key-a", "a1")}
-			rep.waitArrived(t, 2)
+			chs := bThenA1(t, g, rep)
 			chs["a2"] = send(t, g, "key-a", "a2")
 			if tc.reserve <= 0 {
 				rep.waitArrived(t, 3)
@@ -86,12 +81,7 @@ func TestReserveSlot(t *testing.T) {
 // ending to trigger it.
 func TestReserveSlotReturns(t *testing.T) {
 	g, rep := twoSlotGateway(t, fairqueue.Limits{ActiveWindow: 3 * time.Second})
-	b1 := send(t, g, "key-b", "b1")
-	rep.waitArrived(t, 1)
-	rep.gate <- struct{}{}
-	answered(t, "b1", b1)
-	chs := map[string]<-chan answer{"a1": send(t, g, "key-a", "a1")}
-	rep.waitArrived(t, 2)
+	chs := bThenA1(t, g, rep)
 	chs["a2"] = send(t, g, "key-a", "a2")
 	g.waitQueued(t, fairqueue.Interactive, 1) // key-b arrived less than the window ago
 	rep.waitArrived(t, 3)                     // and nothing ends: only the window can free it

@@ -74,12 +74,23 @@ type Table struct {
 	bare      map[string][]*Route
 	qualified map[string][]*Route
 	changed   chan struct{}
+	// starting marks the table a gateway serves before its first SetTable: it knows
+	// no deployment yet, which does not mean that none exists.
+	starting bool
 }
 
-// emptyTable is served before the informers have synced.
 func emptyTable() *Table {
 	return &Table{byID: map[string]*Route{}, bare: map[string][]*Route{}, qualified: map[string][]*Route{},
 		changed: make(chan struct{})}
+}
+
+// startingTable is served before the informers have synced: every model is a
+// retryable 503, not a 404 (a restarted gateway's listener accepts requests before
+// its table is built, and a client told "no such model" would not retry).
+func startingTable() *Table {
+	t := emptyTable()
+	t.starting = true
+	return t
 }
 
 // Changed is closed when a newer table replaces this one.
@@ -173,6 +184,9 @@ func (t *Table) Route(id string) *Route { return t.byID[id] }
 // (it always works), then the bare served name or alias. A bare name served in
 // several namespaces is a 400 asking the client to qualify it.
 func (t *Table) Resolve(model string) (*Route, *apiError) {
+	if t.starting {
+		return nil, gatewayStarting()
+	}
 	if rs := t.qualified[model]; len(rs) > 0 {
 		return one(model, rs)
 	}

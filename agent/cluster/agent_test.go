@@ -499,3 +499,39 @@ func TestLoadRefusedBacksOff(t *testing.T) {
 		t.Errorf("%d load attempts in 3.5s after the first failure; want a backoff of 1s, 2s, ...", n)
 	}
 }
+
+// TestOnDemandRunnerCrashReadyAgain: an OnDemand replica whose runner crashed is
+// Failed during the pool's backoff, then Ready again (WaitingForDemand) without any
+// request: the gateway only routes to Ready replicas, so a replica waiting for its
+// next request to load it must be Ready (the soak found one left Failed for good).
+func TestOnDemandRunnerCrashReadyAgain(t *testing.T) {
+	a := startAgent(t, agentOptions{})
+	ns := testenv.NewNamespace(t, env.Client)
+	newReplica(t, ns, "od-0", a.node, replicaOpts{deployment: "od", servedName: "od",
+		residency: v1alpha1.ResidencyOnDemand, idle: time.Hour})
+	waitReplica(t, time.Minute, ns, "od-0", func(mr *v1alpha1.ModelReplica) (bool, string) {
+		return condIs(mr, v1alpha1.ReplicaReady, metav1.ConditionTrue, v1alpha1.ReasonWaitingForDemand)
+	})
+	if code, body := a.chat("od", auth...); code != http.StatusOK {
+		t.Fatalf("chat to the OnDemand replica: %d %s", code, body)
+	}
+	m, ok := a.model(ns + "/od-0")
+	if !ok || m.PID == 0 {
+		t.Fatalf("pool entry %+v, want a loaded runner", m)
+	}
+	if err := syscall.Kill(m.PID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	waitReplica(t, time.Minute, ns, "od-0", func(mr *v1alpha1.ModelReplica) (bool, string) {
+		return condIs(mr, v1alpha1.ReplicaLoaded, metav1.ConditionFalse, v1alpha1.ReasonLoadFailed)
+	})
+	mr := waitReplica(t, time.Minute, ns, "od-0", func(mr *v1alpha1.ModelReplica) (bool, string) {
+		return condIs(mr, v1alpha1.ReplicaReady, metav1.ConditionTrue, v1alpha1.ReasonWaitingForDemand)
+	})
+	if mr.Status.Phase != v1alpha1.ReplicaStandby {
+		t.Errorf("phase %s after the backoff, want Standby", mr.Status.Phase)
+	}
+	if code, body := a.chat("od", auth...); code != http.StatusOK {
+		t.Errorf("chat after the crash: %d %s", code, body)
+	}
+}

@@ -134,11 +134,20 @@ func ownedStatus(mr *v1alpha1.ModelReplica, local *localView, m *metal.ModelSnap
 			cond(v1alpha1.ReplicaReady, metav1.ConditionFalse, v1alpha1.ReasonDraining, "the model is being unloaded")
 		}
 	case metal.StateFailed:
-		st.Phase = v1alpha1.ReplicaFailed
 		msg := "the model failed to load"
 		if m.LastError != "" {
 			msg = m.LastError
 		}
+		if onDemand && !m.RetryAt.After(now) {
+			// The pool's backoff is over: the next request loads the model again. Ready,
+			// or no request would ever reach it (the gateway routes to Ready replicas).
+			st.Phase = v1alpha1.ReplicaStandby
+			cond(v1alpha1.ReplicaLoaded, metav1.ConditionFalse, v1alpha1.ReasonLoadFailed, truncate(msg+"; the next request loads it again"))
+			cond(v1alpha1.ReplicaReady, metav1.ConditionTrue, v1alpha1.ReasonWaitingForDemand,
+				"the model is on disk; the next request loads it (its last load failed)")
+			break
+		}
+		st.Phase = v1alpha1.ReplicaFailed
 		if !m.RetryAt.IsZero() {
 			msg += "; retrying at " + m.RetryAt.UTC().Format(time.RFC3339)
 		}

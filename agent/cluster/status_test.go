@@ -88,6 +88,18 @@ func TestOwnedStatus(t *testing.T) {
 			wantPhase: v1alpha1.ReplicaFailed,
 			wantConds: []string{"Downloaded=True/Stored", "Loaded=False/LoadFailed", "Ready=False/LoadFailed"},
 			msg:       "runner exited with status 1; retrying at"},
+		{name: "on demand load failed, in the backoff", res: v1alpha1.ResidencyOnDemand, local: downloaded,
+			model:     &metal.ModelSnapshot{State: metal.StateFailed, LastError: "runner exited: signal killed", RetryAt: now.Add(time.Second)},
+			wantPhase: v1alpha1.ReplicaFailed,
+			wantConds: []string{"Downloaded=True/Stored", "Loaded=False/LoadFailed", "Ready=False/LoadFailed"},
+			msg:       "signal killed; retrying at"},
+		// Ready once the backoff is over: the next request loads it, and the gateway only
+		// sends requests to Ready replicas (the soak found one stuck Failed for good).
+		{name: "on demand load failed, backoff over", res: v1alpha1.ResidencyOnDemand, local: downloaded,
+			model:     &metal.ModelSnapshot{State: metal.StateFailed, LastError: "runner exited: signal killed", RetryAt: now},
+			wantPhase: v1alpha1.ReplicaStandby,
+			wantConds: []string{"Downloaded=True/Stored", "Loaded=False/LoadFailed", "Ready=True/WaitingForDemand"},
+			msg:       "signal killed; the next request loads it again"},
 		{name: "eager load refused", res: v1alpha1.ResidencyResident,
 			local: &localView{phase: phaseRegistered, hash: "h1", path: "/store/m.gguf",
 				loadErr: errors.New("needs 8.0 GiB but the pool ceiling is 4.0 GiB"), loadRetryAt: now.Add(2 * time.Second)},

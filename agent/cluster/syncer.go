@@ -332,6 +332,13 @@ func (s *Syncer) sync(ctx context.Context, key string) (time.Duration, error) {
 		}
 	}
 	after, err := s.actLocked(ctx, action, key, mr, local, snap, sb)
+	if m := findModel(snap, key); action == ActionNone && observed == ObservedLoadFailed && m != nil {
+		// An OnDemand replica whose load failed or whose runner crashed: when the
+		// pool's backoff ends its status turns Ready again (the next request loads it).
+		if wait := m.RetryAt.Sub(s.opts.Clock.Now()); wait > 0 {
+			after = wait
+		}
+	}
 	local = s.replicas[key]
 	view := local.view()
 	s.mu.Unlock()

@@ -124,7 +124,8 @@ var transitions = [numObserved][numDesired]Action{
 	ObservedStandby:        {ActionRemove, ActionLoad, ActionLoad, ActionNone, ActionUpdate, ActionRetire},
 	ObservedLoading:        {ActionRemove, ActionNone, ActionNone, ActionNone, ActionUpdate, ActionRetire},
 	ObservedLoaded:         {ActionRemove, ActionNone, ActionNone, ActionNone, ActionUpdate, ActionRetire},
-	// OnDemand: the next request retries (the pool answers 503 during its backoff).
+	// OnDemand: the next request retries (the pool answers 503 during its backoff; the
+	// replica is Ready again when the backoff ends, see ownedStatus).
 	ObservedLoadFailed: {ActionRemove, ActionRetryLoad, ActionRetryLoad, ActionNone, ActionUpdate, ActionRetire},
 	// Removal of an entry that is already stopping only marks it removed.
 	ObservedUnloading: {ActionRemove, ActionNone, ActionNone, ActionNone, ActionUpdate, ActionRetire},

@@ -30,7 +30,7 @@ func TestGatewayQueues(t *testing.T) {
 	send("ns/a-0", "g1", "4", t0)
 	send("ns/a-0", "g1", "2", t0.Add(time.Second)) // newer: replaces
 	send("ns/a-0", "g2", "0", t0.Add(time.Second))
-	send("ns/a-0", "g3", "-1", t0)  // not a count
+	send("ns/a-0", "g3", "-1", t0)   // not a count
 	send("ns/a-0", "g3", "many", t0) // not a count
 	send("ns/a-0", "", "5", t0)      // no gateway
 	send("ns/b-0", "g1", "", t0)     // no count

@@ -359,7 +359,7 @@ func (s *Store) transfer(ctx context.Context, p *partial, src source.Source, loc
 		return false, fmt.Errorf("model store: %w", err)
 	}
 	if total > p.off {
-		if err := checkSpace(s.blobs, uint64(total-p.off)); err != nil {
+		if err := s.checkSpace(uint64(total - p.off)); err != nil {
 			return false, err
 		}
 	}

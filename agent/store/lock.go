@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -39,16 +41,38 @@ func lockFile(ctx context.Context, f *os.File, log logr.Logger) error {
 	}
 }
 
-// checkSpace fails with *DiskSpaceError when dir's file system has less than need
-// bytes available. A file system that cannot say is assumed to have room.
-func checkSpace(dir string, need uint64) error {
+// checkSpace fails with *DiskSpaceError when the store has less than need bytes
+// available: on the blobs' file system, and under Capacity when it is set. A file
+// system that cannot say is assumed to have room.
+func (s *Store) checkSpace(need uint64) error {
+	free, known := uint64(0), false
 	var st unix.Statfs_t
-	if err := unix.Statfs(dir, &st); err != nil {
-		return nil
+	if err := unix.Statfs(s.blobs, &st); err == nil {
+		free, known = uint64(st.Bavail)*uint64(st.Bsize), true //nolint:unconvert // the field types differ between darwin and linux
 	}
-	free := uint64(st.Bavail) * uint64(st.Bsize) //nolint:unconvert // the field types differ between darwin and linux
-	if free < need {
-		return &DiskSpaceError{Dir: dir, Need: need, Free: free}
+	if s.capacity > 0 {
+		left := uint64(max(s.capacity-dirBytes(s.dir), 0))
+		if !known || left < free {
+			free, known = left, true
+		}
+	}
+	if known && free < need {
+		return &DiskSpaceError{Dir: s.dir, Need: need, Free: free}
 	}
 	return nil
+}
+
+// dirBytes is the size of the regular files under dir (those it can read).
+func dirBytes(dir string) int64 {
+	var n int64
+	_ = filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
+		if err != nil || !d.Type().IsRegular() {
+			return nil
+		}
+		if info, err := d.Info(); err == nil {
+			n += info.Size()
+		}
+		return nil
+	})
+	return n
 }

@@ -88,6 +88,10 @@ type Options struct {
 	// discarded once it passes the cap (a *TooLargeError either way). file:// sources
 	// are not capped: they take no space.
 	MaxModelBytes int64
+	// Capacity, when positive, is the most bytes the files under the store's
+	// directory may take together, whatever else its file system holds: a download
+	// that does not fit in what is left fails as on a full disk (*DiskSpaceError).
+	Capacity int64
 	// StallTimeout aborts a download that receives nothing for this long
 	// (DefaultStallTimeout when zero); the partial file is kept.
 	StallTimeout time.Duration
@@ -106,6 +110,7 @@ type Store struct {
 	progressInterval time.Duration
 	stallTimeout     time.Duration
 	maxBytes         int64
+	capacity         int64
 	localDirs        []string
 
 	mu      sync.Mutex
@@ -137,6 +142,7 @@ func New(dir string, opts Options) (*Store, error) {
 		progressInterval: opts.ProgressInterval,
 		stallTimeout:     opts.StallTimeout,
 		maxBytes:         opts.MaxModelBytes,
+		capacity:         opts.Capacity,
 		localDirs:        opts.LocalFileDirs,
 		flights:          map[string]*flight{},
 	}

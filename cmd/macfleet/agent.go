@@ -52,6 +52,7 @@ type agentFlags struct {
 	promptCacheDir, pcHot, pcSSD                string
 	storeRetention, pcRetention, gcInterval     time.Duration
 	maxModelBytes                               string
+	storeCapacity                               string
 	allowFileDirs                               []string
 }
 
@@ -148,6 +149,8 @@ while the API server is unreachable and resyncs when it returns.`,
 	f.StringVar(&fl.advertise, "advertise-address", "", "host:port the gateway and Services reach this agent at (default: the first non-loopback IPv4 address and the listen port; port 0 means the listen port)")
 	f.StringVar(&fl.storeDir, "store-dir", defaultDataDir("models"), "Model store directory (persistent; shared by the replicas of one file)")
 	f.StringVar(&fl.maxModelBytes, "max-model-bytes", "", "Refuse to download a model file larger than this, e.g. 60Gi (default: no limit)")
+	f.StringVar(&fl.storeCapacity, "store-capacity", "", "Most bytes the files under --store-dir may take together, e.g. 200Gi: a download that "+
+		"does not fit fails as on a full disk (default: the file system's free space alone decides)")
 	f.StringSliceVar(&fl.allowFileDirs, "allow-file-dir", nil, "Directory on this Mac that file:// sources may be in, besides what the cluster's "+
 		"SourcePolicy allows (repeatable; default: the SourcePolicy alone decides)")
 	f.StringVar(&fl.stateDir, "state-dir", defaultDataDir("state"), "Directory for the agent's own state (runner records for adoption)")
@@ -195,6 +198,13 @@ func (fl agentFlags) storeOptions() (store.Options, error) {
 			return opts, fmt.Errorf("--max-model-bytes: %w", err)
 		}
 		opts.MaxModelBytes = int64(v)
+	}
+	if fl.storeCapacity != "" {
+		v, err := config.ParseSize(fl.storeCapacity)
+		if err != nil {
+			return opts, fmt.Errorf("--store-capacity: %w", err)
+		}
+		opts.Capacity = int64(v)
 	}
 	for _, d := range fl.allowFileDirs {
 		if !filepath.IsAbs(d) {

@@ -109,13 +109,14 @@ type Fleet struct {
 	// Options.ReplicaReadsByRBAC.
 	NodeAuthorizer NodeAuthorizer
 
-	relay    *tcprelay.Relay
-	manager  *Process
-	gateways []*Process
-	models   *http.Server
+	relay  *tcprelay.Relay
+	models *http.Server
 
-	mu     sync.Mutex
-	agents map[string]*Agent
+	// mu guards the processes and agents, which restarts replace.
+	mu       sync.Mutex
+	manager  *component
+	gateways []*component
+	agents   map[string]*Agent
 }
 
 // Agent is one simulated Mac's agent.
@@ -232,11 +233,9 @@ func Start(ctx context.Context, opts Options) (_ *Fleet, err error) {
 	if authzAddr != "" {
 		margs = append(margs, "--node-authorizer-bind-address", authzAddr, "--node-authorizer-cert-dir", f.NodeAuthorizer.CertDir)
 	}
-	if f.manager, err = f.start("manager", margs...); err != nil {
+	f.manager = &component{name: "manager", args: margs, readyz: fmt.Sprintf("http://127.0.0.1:%d/readyz", probe)}
+	if err := f.startComponent(ctx, f.manager); err != nil {
 		return nil, err
-	}
-	if err := waitHTTP(ctx, fmt.Sprintf("http://127.0.0.1:%d/readyz", probe), f.manager); err != nil {
-		return nil, fmt.Errorf("the manager: %w", err)
 	}
 
 	for _, n := range opts.Nodes {
@@ -258,16 +257,13 @@ func Start(ctx context.Context, opts Options) (_ *Fleet, err error) {
 		if err != nil {
 			return nil, err
 		}
-		p, err := f.start(name, "gateway", "--kubeconfig", f.AdminKubeconfig,
-			"--listen", "127.0.0.1:"+strconv.Itoa(gw), "--metrics-bind-address", "0",
-			"--health-probe-bind-address", "127.0.0.1:"+strconv.Itoa(gwProbe),
-			"--fleet-token-file", tokenFile)
-		if err != nil {
+		c := &component{name: name, args: []string{"gateway", "--kubeconfig", f.AdminKubeconfig,
+			"--listen", "127.0.0.1:" + strconv.Itoa(gw), "--metrics-bind-address", "0",
+			"--health-probe-bind-address", "127.0.0.1:" + strconv.Itoa(gwProbe),
+			"--fleet-token-file", tokenFile}, readyz: fmt.Sprintf("http://127.0.0.1:%d/readyz", gwProbe)}
+		f.gateways = append(f.gateways, c)
+		if err := f.startComponent(ctx, c); err != nil {
 			return nil, err
-		}
-		f.gateways = append(f.gateways, p)
-		if err := waitHTTP(ctx, fmt.Sprintf("http://127.0.0.1:%d/readyz", gwProbe), p); err != nil {
-			return nil, fmt.Errorf("the %s: %w", name, err)
 		}
 		f.GatewayURLs = append(f.GatewayURLs, "http://127.0.0.1:"+strconv.Itoa(gw))
 	}
@@ -364,7 +360,7 @@ func (f *Fleet) RestoreAPIServer() error {
 
 // WaitNodeReady waits until a MacNode's Ready condition is True.
 func (f *Fleet) WaitNodeReady(ctx context.Context, name string) error {
-	return poll(ctx, 90*time.Second, func() (bool, error) {
+	return Poll(ctx, 90*time.Second, func() (bool, error) {
 		var n v1alpha1.MacNode
 		if err := f.Client.Get(ctx, client.ObjectKey{Name: name}, &n); err != nil {
 			return false, client.IgnoreNotFound(err)
@@ -388,9 +384,12 @@ func (f *Fleet) Stop() {
 			procs = append(procs, a.proc)
 		}
 	}
+	for _, c := range append(slices.Clone(f.gateways), f.manager) {
+		if c != nil {
+			procs = append(procs, c.proc)
+		}
+	}
 	f.mu.Unlock()
-	procs = append(procs, f.gateways...)
-	procs = append(procs, f.manager)
 	for _, p := range procs {
 		if p != nil {
 			_ = p.Stop(30 * time.Second)
@@ -450,10 +449,6 @@ func (f *Fleet) writeKubeconfig(src []byte, name string) (string, error) {
 	return path, clientcmd.WriteToFile(*cfg, path)
 }
 
-func (f *Fleet) start(name string, args ...string) (*Process, error) {
-	return f.startEnv(name, nil, args...)
-}
-
 func (f *Fleet) startEnv(name string, env []string, args ...string) (*Process, error) {
 	logPath := filepath.Join(f.opts.Dir, "logs", name+".log")
 	return startProcess(name, logPath, f.opts.Binary, args, append([]string{"MACFLEET_RUNNER=" + f.opts.Runner}, env...))
@@ -488,7 +483,7 @@ func freePortOn(host string) (int, error) {
 // waitHTTP polls url until it answers 200, the process exits or ctx ends.
 func waitHTTP(ctx context.Context, url string, p *Process) error {
 	c := &http.Client{Timeout: 2 * time.Second}
-	return poll(ctx, 2*time.Minute, func() (bool, error) {
+	return Poll(ctx, 2*time.Minute, func() (bool, error) {
 		if p.Exited() {
 			return false, fmt.Errorf("%s exited: %v\n%s", p.Name, p.Err(), tail(p.Log(), 30))
 		}
@@ -501,8 +496,9 @@ func waitHTTP(ctx context.Context, url string, p *Process) error {
 	}, func() string { return url + "\n" + tail(p.Log(), 30) })
 }
 
-// poll calls cond every 100 ms until it is done, fails, or the deadline passes.
-func poll(ctx context.Context, timeout time.Duration, cond func() (bool, error), what func() string) error {
+// Poll calls cond every 100 ms until it is done, fails, or the timeout passes; what
+// says what was awaited, in the timeout's error.
+func Poll(ctx context.Context, timeout time.Duration, cond func() (bool, error), what func() string) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	t := time.NewTicker(100 * time.Millisecond)

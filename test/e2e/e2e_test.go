@@ -13,7 +13,6 @@ import (
 	"fmt"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -44,11 +43,6 @@ func TestMain(m *testing.M) {
 }
 
 func run(m *testing.M) int {
-	root, err := testenv.RepoRoot()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "e2e:", err)
-		return 1
-	}
 	dir, err := os.MkdirTemp("", "macfleet-e2e-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "e2e:", err)
@@ -60,16 +54,10 @@ func run(m *testing.M) int {
 	} else {
 		defer os.RemoveAll(dir)
 	}
-	bin := filepath.Join(dir, "macfleet")
-	build := exec.Command("go", "build", "-o", bin, "./cmd/macfleet")
-	build.Dir, build.Env = root, append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "e2e: building macfleet: %v\n%s", err, out)
+	bin, runner, err := localfleet.Binaries(dir)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "e2e:", err)
 		return 1
-	}
-	runner := os.Getenv("MACFLEET_RUNNER")
-	if runner == "" {
-		runner = filepath.Join(root, "bin", "macfleet-runner")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -94,28 +82,8 @@ func run(m *testing.M) int {
 	return code
 }
 
-// maxLogLine bounds each line dumpLogs prints.
-const maxLogLine = 600
-
 // dumpLogs prints the tail of every component's log, for a failed run.
-func dumpLogs(dir string) {
-	entries, _ := os.ReadDir(dir)
-	for _, e := range entries {
-		b, _ := os.ReadFile(filepath.Join(dir, e.Name()))
-		lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
-		if len(lines) > 60 {
-			lines = lines[len(lines)-60:]
-		}
-		// Stack traces make a line kilobytes long and push the test's own output out of
-		// a CI log's tail.
-		for i, l := range lines {
-			if len(l) > maxLogLine {
-				lines[i] = l[:maxLogLine] + " …"
-			}
-		}
-		fmt.Fprintf(os.Stderr, "\n===== %s (last %d lines)\n%s\n", e.Name(), len(lines), strings.Join(lines, "\n"))
-	}
-}
+func dumpLogs(dir string) { localfleet.DumpLogs(os.Stderr, dir, 60) }
 
 // deployment is a ModelDeployment of the synthesized model.
 func deployment(ns, name string, replicas int32, mutate ...func(*v1alpha1.ModelDeployment)) *v1alpha1.ModelDeployment {

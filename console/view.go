@@ -414,7 +414,16 @@ func replicaRow(r mfv1.ModelReplica, scheduled *metav1.Condition) ReplicaRow {
 	if p := r.Status.Progress; p != nil && p.TotalBytes > 0 && p.DownloadedBytes < p.TotalBytes {
 		row.Progress = fmt.Sprintf("%.0f%%", float64(p.DownloadedBytes)*100/float64(p.TotalBytes))
 	}
+	if r.Spec.Drain != nil {
+		// Removed by its deployment; the agent may not have written its phase yet.
+		row.Phase, row.Ready = string(mfv1.ReplicaDraining), false
+	}
 	switch {
+	case r.Spec.Drain != nil:
+		row.Why = "being removed: its requests finish and its model is unloaded, then it is deleted"
+		if c := meta.FindStatusCondition(r.Status.Conditions, mfv1.ReplicaLoaded); c != nil && c.Reason == mfv1.ReasonDrained {
+			row.Why = "being removed: " + cmp.Or(c.Message, c.Reason)
+		}
 	case row.Ready:
 	case r.Spec.NodeName == "":
 		row.Why = "not placed on a Mac yet"

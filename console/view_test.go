@@ -165,7 +165,10 @@ func TestBuildModels(t *testing.T) {
 	downloading := rep("a", "qwen-1", "qwen", "m2", "", cond(mfv1.ReplicaDownloaded, metav1.ConditionFalse, mfv1.ReasonDownloading, "1.0 of 4.0 GiB"))
 	downloading.Status.Phase = mfv1.ReplicaDownloading
 	downloading.Status.Progress = &mfv1.DownloadProgress{DownloadedBytes: 1, TotalBytes: 4}
+	draining := rep("a", "qwen-4", "qwen", "m4", "", cond(mfv1.ReplicaReady, metav1.ConditionTrue, mfv1.ReasonRunnerReady, ""))
+	draining.Spec.Drain = &metav1.Time{Time: now}
 	snap := Snapshot{Now: now, Deployments: []mfv1.ModelDeployment{d}, Replicas: []mfv1.ModelReplica{
+		draining,
 		rep("a", "qwen-2", "qwen", "", ""),
 		downloading,
 		rep("a", "qwen-0", "qwen", "m1", "4Gi", cond(mfv1.ReplicaReady, metav1.ConditionTrue, mfv1.ReasonRunnerReady, "")),
@@ -190,6 +193,7 @@ func TestBuildModels(t *testing.T) {
 		{"qwen-1", "m2", "Downloading", "25%", "Downloaded: 1.0 of 4.0 GiB"},
 		{"qwen-2", "", "Pending", "", "not placed: 0/2 Macs fit: 2 insufficient memory"},
 		{"qwen-3", "m3", "Pending", "", "waiting for the agent on m3 (Downloaded not reported)"},
+		{"qwen-4", "m4", "Draining", "", "being removed: its requests finish and its model is unloaded, then it is deleted"},
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("replicas (-want +got):\n%s", diff)

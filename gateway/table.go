@@ -141,8 +141,8 @@ func BuildTable(deployments []mfv1.ModelDeployment, replicas []mfv1.ModelReplica
 	for i := range replicas {
 		r := &replicas[i]
 		rt := byID[r.Namespace+"/"+r.Labels[mfv1.LabelDeployment]]
-		if rt == nil || r.DeletionTimestamp != nil {
-			continue
+		if rt == nil || r.DeletionTimestamp != nil || r.Spec.Drain != nil {
+			continue // leaving: a draining replica serves only the requests it has
 		}
 		rt.Replicas++
 		if meta.IsStatusConditionTrue(r.Status.Conditions, mfv1.ReplicaReady) && r.Status.Endpoint != "" &&
@@ -236,8 +236,8 @@ func routingKey(obj any) string {
 		b.WriteString(o.Name + "\x00")
 		cond(o.Status.Conditions, mfv1.MacNodeReady)
 	case *mfv1.ModelReplica:
-		fmt.Fprintf(&b, "%s\x00%s\x00%s\x00%s\x00%v\x00%d\x00", o.Namespace, o.Name, o.Labels[mfv1.LabelDeployment],
-			o.Spec.NodeName, o.DeletionTimestamp != nil, o.Spec.Template.Engine.Parallel)
+		fmt.Fprintf(&b, "%s\x00%s\x00%s\x00%s\x00%v\x00%v\x00%d\x00", o.Namespace, o.Name, o.Labels[mfv1.LabelDeployment],
+			o.Spec.NodeName, o.DeletionTimestamp != nil, o.Spec.Drain != nil, o.Spec.Template.Engine.Parallel)
 		b.WriteString(o.Status.Endpoint + "\x00")
 		cond(o.Status.Conditions, mfv1.ReplicaReady)
 	case *mfv1.ModelDeployment:

@@ -16,6 +16,8 @@ func TestBuildTableRoutableReplicas(t *testing.T) {
 	const T, F, U = metav1.ConditionTrue, metav1.ConditionFalse, metav1.ConditionUnknown
 	deleting := replica("a", "qwen-gone", "qwen", "mac1", "10.0.0.1:8080", T)
 	deleting.DeletionTimestamp = &metav1.Time{}
+	draining := replica("a", "qwen-leaving", "qwen", "mac1", "10.0.0.1:8080", T)
+	draining.Spec.Drain = &metav1.Time{}
 	tests := []struct {
 		name     string
 		replicas []mfv1.ModelReplica
@@ -37,6 +39,7 @@ func TestBuildTableRoutableReplicas(t *testing.T) {
 		{name: "Mac Ready unknown", replicas: []mfv1.ModelReplica{replica("a", "q", "qwen", "mac4", "10.0.0.4:8080", T)}, existing: 1},
 		{name: "Mac missing", replicas: []mfv1.ModelReplica{replica("a", "q", "qwen", "nomac", "10.0.0.5:8080", T)}, existing: 1},
 		{name: "being deleted", replicas: []mfv1.ModelReplica{deleting}},
+		{name: "draining (the deployment removes it)", replicas: []mfv1.ModelReplica{draining}},
 		{name: "other namespace's deployment", replicas: []mfv1.ModelReplica{replica("b", "q", "qwen", "mac1", "10.0.0.1:8080", T)}},
 		{name: "no deployment label", replicas: []mfv1.ModelReplica{replica("a", "q", "", "mac1", "10.0.0.1:8080", T)}},
 	}
@@ -172,6 +175,11 @@ func TestRoutingKey(t *testing.T) {
 		{"replica deleted", &r, func() any {
 			c := r.DeepCopy()
 			c.DeletionTimestamp = &metav1.Time{}
+			return c
+		}, true},
+		{"replica draining", &r, func() any {
+			c := r.DeepCopy()
+			c.Spec.Drain = &metav1.Time{}
 			return c
 		}, true},
 		{"node memory", &n, func() any {

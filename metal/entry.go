@@ -48,6 +48,7 @@ const (
 	ReasonCrash       UnloadReason = "crash"
 	ReasonLoadFailed  UnloadReason = "load-failed"
 	ReasonLoadAborted UnloadReason = "load-aborted"
+	ReasonRetired     UnloadReason = "retired" // Retire: the model serves no more, its entry stays
 )
 
 // graceful reasons wait the long drain deadline; pressure reasons the short one.
@@ -118,6 +119,8 @@ type entry struct {
 	lastCache *PromptCacheStats
 	// removed entries are deleted once their engine has stopped.
 	removed bool
+	// retired entries refuse every lease and load (Retire) until they are removed.
+	retired bool
 }
 
 // loadAttempt is one load; waiters block on done and then read err.

@@ -136,6 +136,11 @@ func (p *Pool) tryAcquire(model string) (*Lease, *loadAttempt, error) {
 	if e == nil || e.removed {
 		return nil, nil, &UnknownModelError{Model: model}
 	}
+	if e.retired {
+		// The same answer as while draining: a gateway retries elsewhere.
+		return nil, nil, &UnavailableError{Model: e.spec.Name, State: e.state, ErrCode: CodeModelDraining,
+			Reason: "the model is being removed from this node", Retry: p.cfg.RetryAfter}
+	}
 	now := p.clock.Now()
 	switch e.state {
 	case StateReady:

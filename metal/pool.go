@@ -272,7 +272,7 @@ func (p *Pool) Register(spec ModelSpec) error {
 		if err := p.checkAliasesLocked(spec); err != nil {
 			return err
 		}
-		e.removed = false
+		e.removed, e.retired = false, false
 		p.applySpecLocked(e, spec)
 		return nil
 	}

@@ -63,6 +63,8 @@ type ModelSnapshot struct {
 	FailureReason  string        `json:"failureReason,omitempty"`
 	RetryAt        time.Time     `json:"retryAt,omitzero"`
 	LastError      string        `json:"lastError,omitempty"`
+	// Retired: Retire was called; the model refuses requests and stays unloaded.
+	Retired bool `json:"retired,omitempty"`
 	// PromptCache is the latest prompt cache report of the model's runner (kept
 	// after an unload); absent when its cache is disabled or it never reported.
 	PromptCache *PromptCacheStats `json:"promptCache,omitempty"`
@@ -91,6 +93,7 @@ func (p *Pool) Snapshot() Snapshot {
 			Name: e.spec.Name, Aliases: slices.Clone(e.spec.Aliases), Residency: e.spec.Residency,
 			State: e.state, Spec: e.spec, EstimatedBytes: e.spec.EstimatedBytes, LastUsed: e.lastUsed,
 			IdleTimeout: e.idleTimeout(p.cfg.IdleTimeout), Failures: e.failures, FailureReason: e.failReason,
+			Retired: e.retired,
 		}
 		m.Spec.Aliases = slices.Clone(e.spec.Aliases)
 		if e.state == StateFailed {

@@ -215,3 +215,21 @@ func (p *Pool) awaitReleased(g *engine, d time.Duration) bool {
 	p.mu.Unlock()
 	return p.waitFor(ch, d)
 }
+
+// Retire takes model out of service for good while keeping it registered: from now
+// on every Acquire and Load gets the 503 of a draining model (CodeModelDraining, so
+// that a gateway retries elsewhere), a load in progress is canceled, and a loaded
+// engine is drained — its leases are waited for as for an admin unload — stopped and
+// measured (reason ReasonRetired), its report kept in the entry's snapshot. The
+// returned channel is closed once the model is unloaded. Retire is idempotent; only
+// Remove ends a retired entry.
+func (p *Pool) Retire(model string) (<-chan struct{}, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	e := p.lookupLocked(model)
+	if e == nil || e.removed {
+		return nil, &UnknownModelError{Model: model}
+	}
+	e.retired = true
+	return p.startUnloadLocked(e, ReasonRetired), nil
+}

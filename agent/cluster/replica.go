@@ -73,6 +73,9 @@ func desiredOf(mr *v1alpha1.ModelReplica, local *replica, node string) Desired {
 	if mr == nil || mr.DeletionTimestamp != nil || mr.Spec.NodeName != node {
 		return DesiredAbsent
 	}
+	if mr.Spec.Drain != nil {
+		return DesiredDrained
+	}
 	if local != nil && (local.uid != mr.UID || local.hash != mr.Spec.TemplateHash) {
 		return DesiredChanged
 	}

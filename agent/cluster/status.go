@@ -48,6 +48,10 @@ func ownedStatus(mr *v1alpha1.ModelReplica, local *localView, m *metal.ModelSnap
 		st.Conditions = append(st.Conditions, metav1.Condition{Type: t, Status: s, Reason: reason, Message: msg,
 			ObservedGeneration: mr.Generation})
 	}
+	if mr.Spec.Drain != nil {
+		drainStatus(&st, local, m, cond)
+		return st
+	}
 	if local == nil {
 		st.Phase = v1alpha1.ReplicaPending
 		cond(v1alpha1.ReplicaDownloaded, metav1.ConditionFalse, v1alpha1.ReasonDownloading, "the node has not started the download yet")
@@ -173,6 +177,43 @@ func ownedStatus(mr *v1alpha1.ModelReplica, local *localView, m *metal.ModelSnap
 	return st
 }
 
+// drainStatus is the agent's status of a replica being removed (spec.drain): Loaded
+// is False/Draining while its engine finishes the requests in flight and stops, then
+// False/Drained — the deployment controller's signal to delete the replica — with the
+// unload's report in lastUnload. It is never Ready again. cond adds a condition to st.
+func drainStatus(st *v1alpha1.ModelReplicaStatus, local *localView, m *metal.ModelSnapshot,
+	cond func(t string, s metav1.ConditionStatus, reason, msg string)) {
+	st.Phase = v1alpha1.ReplicaDraining
+	unloading := false
+	if local != nil {
+		st.ObservedTemplateHash = local.hash
+		unloading = local.phase == phaseRemoving
+	}
+	if m != nil {
+		if m.LastUnload != nil {
+			st.LastUnload = unloadReport(*m.LastUnload)
+		}
+		switch m.State {
+		case metal.StateLoading, metal.StateReady, metal.StateDraining, metal.StateStopping:
+			unloading = true
+			st.Memory.Resident = quantity(m.ResidentBytes)
+		}
+	}
+	if unloading {
+		cond(v1alpha1.ReplicaLoaded, metav1.ConditionFalse, v1alpha1.ReasonDraining,
+			"finishing the requests in flight, then unloading the model: the replica is being removed")
+	} else {
+		msg := "not in memory: the replica is being removed"
+		if st.LastUnload != nil {
+			msg = fmt.Sprintf("unloaded (%s, %s freed): the replica is being removed", st.LastUnload.Reason,
+				formatBytes(st.LastUnload.FreedBytes))
+		}
+		cond(v1alpha1.ReplicaLoaded, metav1.ConditionFalse, v1alpha1.ReasonDrained, msg)
+	}
+	cond(v1alpha1.ReplicaReady, metav1.ConditionFalse, v1alpha1.ReasonDraining,
+		"the replica is being removed: requests go to the deployment's other replicas")
+}
+
 // applyOwned writes the agent's fields of owned into st, keeping the conditions of
 // other writers and the transition times of conditions whose status did not change.
 func applyOwned(st *v1alpha1.ModelReplicaStatus, owned v1alpha1.ModelReplicaStatus, now time.Time) {
@@ -202,6 +243,7 @@ var unloadReasons = map[metal.UnloadReason]string{
 	metal.ReasonCrash:       "Crashed",
 	metal.ReasonLoadFailed:  "LoadFailed",
 	metal.ReasonLoadAborted: "LoadAborted",
+	metal.ReasonRetired:     "Drained",
 }
 
 func unloadReport(r metal.UnloadReport) *v1alpha1.UnloadReport {

@@ -49,6 +49,8 @@ func TestOwnedStatus(t *testing.T) {
 		// msg is a substring of the first condition that is not True.
 		msg          string
 		wantResident int64
+		// drain sets spec.drain.
+		drain bool
 	}{
 		{name: "nothing yet", res: v1alpha1.ResidencyResident, wantPhase: v1alpha1.ReplicaPending,
 			wantConds: []string{"Downloaded=False/Downloading", "Loaded=False/Downloading", "Ready=False/Downloading"}},
@@ -110,10 +112,35 @@ func TestOwnedStatus(t *testing.T) {
 			model:     &metal.ModelSnapshot{State: metal.StateDraining},
 			wantPhase: v1alpha1.ReplicaDraining,
 			wantConds: []string{"Downloaded=True/Stored", "Loaded=False/Draining", "Ready=False/Draining"}},
+
+		// The deployment controller removes the replica (spec.drain).
+		{name: "drain: the engine still serves its requests", res: v1alpha1.ResidencyResident, local: downloaded, drain: true,
+			model:     &metal.ModelSnapshot{State: metal.StateDraining, ResidentBytes: 50 << 20},
+			wantPhase: v1alpha1.ReplicaDraining, wantResident: 50 << 20,
+			wantConds: []string{"Loaded=False/Draining", "Ready=False/Draining"}, msg: "finishing the requests in flight"},
+		{name: "drain: just set on a loaded engine", res: v1alpha1.ResidencyOnDemand, local: downloaded, drain: true,
+			model:     &metal.ModelSnapshot{State: metal.StateReady, ResidentBytes: 50 << 20},
+			wantPhase: v1alpha1.ReplicaDraining, wantResident: 50 << 20,
+			wantConds: []string{"Loaded=False/Draining", "Ready=False/Draining"}},
+		{name: "drained: unloaded and measured", res: v1alpha1.ResidencyResident, local: downloaded, drain: true,
+			model: &metal.ModelSnapshot{State: metal.StateUnloaded, Retired: true,
+				LastUnload: &metal.UnloadReport{Reason: metal.ReasonRetired, FreedBytes: 40 << 20, ResidentBytes: 50 << 20, Outcome: metal.Settled}},
+			wantPhase: v1alpha1.ReplicaDraining,
+			wantConds: []string{"Loaded=False/Drained", "Ready=False/Draining"}, msg: "unloaded (Drained, 40.0 MiB freed)"},
+		{name: "drained: on demand, never loaded", res: v1alpha1.ResidencyOnDemand, local: downloaded, drain: true,
+			model:     &metal.ModelSnapshot{State: metal.StateAbsent, Retired: true},
+			wantPhase: v1alpha1.ReplicaDraining,
+			wantConds: []string{"Loaded=False/Drained", "Ready=False/Draining"}, msg: "not in memory"},
+		{name: "drained: nothing on this node", res: v1alpha1.ResidencyResident, drain: true,
+			wantPhase: v1alpha1.ReplicaDraining,
+			wantConds: []string{"Loaded=False/Drained", "Ready=False/Draining"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			mr := testReplica(tt.res)
+			if tt.drain {
+				mr.Spec.Drain = &metav1.Time{Time: now}
+			}
 			st := ownedStatus(mr, tt.local, tt.model, "10.0.0.5:8080", now)
 			if st.Phase != tt.wantPhase {
 				t.Errorf("phase %s, want %s", st.Phase, tt.wantPhase)

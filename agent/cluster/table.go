@@ -17,10 +17,14 @@ const (
 	// DesiredChanged: the replica's template (hash) or identity differs from the one
 	// this node acted on.
 	DesiredChanged
+	// DesiredDrained: the deployment controller is removing the replica (spec.drain):
+	// unloaded after its in-flight requests, never loaded again, its status still
+	// reported until the replica is deleted.
+	DesiredDrained
 	numDesired
 )
 
-var desiredNames = [...]string{"Absent", "Resident", "Pinned", "OnDemand", "Changed"}
+var desiredNames = [...]string{"Absent", "Resident", "Pinned", "OnDemand", "Changed", "Drained"}
 
 func (d Desired) String() string {
 	if d >= 0 && d < numDesired {
@@ -90,11 +94,15 @@ const (
 	// ActionRemove: cancel the download, drain and unload the engine, and remove the
 	// model from the pool.
 	ActionRemove
+	// ActionRetire: retire the pool entry (metal.Pool.Retire): it refuses requests with
+	// the pool's draining 503, its engine is drained and unloaded, and it stays
+	// registered, unloaded, so that the unload's report reaches the replica's status.
+	ActionRetire
 	numActions
 )
 
 var actionNames = [...]string{"Undefined", "None", "Fetch", "RetryFetch", "RegisterLoad", "Register", "Load",
-	"RetryLoad", "Update", "Remove"}
+	"RetryLoad", "Update", "Remove", "Retire"}
 
 func (a Action) String() string {
 	if a >= 0 && a < numActions {
@@ -104,21 +112,23 @@ func (a Action) String() string {
 }
 
 // transitions is the agent's whole behaviour per replica: rows are the observed local
-// state, columns the desired state.
+// state, columns the desired state. A Drained replica is never fetched or loaded: a
+// download in progress is canceled, one not in the pool is left as it is, and a pool
+// entry in any state is retired (idempotent).
 var transitions = [numObserved][numDesired]Action{
-	//                       Absent        Resident            Pinned              OnDemand        Changed
-	ObservedNotRegistered:  {ActionNone, ActionFetch, ActionFetch, ActionFetch, ActionFetch},
-	ObservedDownloading:    {ActionRemove, ActionNone, ActionNone, ActionNone, ActionRemove},
-	ObservedDownloadFailed: {ActionRemove, ActionRetryFetch, ActionRetryFetch, ActionRetryFetch, ActionRemove},
-	ObservedDownloaded:     {ActionRemove, ActionRegisterLoad, ActionRegisterLoad, ActionRegister, ActionRemove},
-	ObservedStandby:        {ActionRemove, ActionLoad, ActionLoad, ActionNone, ActionUpdate},
-	ObservedLoading:        {ActionRemove, ActionNone, ActionNone, ActionNone, ActionUpdate},
-	ObservedLoaded:         {ActionRemove, ActionNone, ActionNone, ActionNone, ActionUpdate},
+	//                       Absent        Resident            Pinned              OnDemand        Changed   Drained
+	ObservedNotRegistered:  {ActionNone, ActionFetch, ActionFetch, ActionFetch, ActionFetch, ActionNone},
+	ObservedDownloading:    {ActionRemove, ActionNone, ActionNone, ActionNone, ActionRemove, ActionRemove},
+	ObservedDownloadFailed: {ActionRemove, ActionRetryFetch, ActionRetryFetch, ActionRetryFetch, ActionRemove, ActionNone},
+	ObservedDownloaded:     {ActionRemove, ActionRegisterLoad, ActionRegisterLoad, ActionRegister, ActionRemove, ActionNone},
+	ObservedStandby:        {ActionRemove, ActionLoad, ActionLoad, ActionNone, ActionUpdate, ActionRetire},
+	ObservedLoading:        {ActionRemove, ActionNone, ActionNone, ActionNone, ActionUpdate, ActionRetire},
+	ObservedLoaded:         {ActionRemove, ActionNone, ActionNone, ActionNone, ActionUpdate, ActionRetire},
 	// OnDemand: the next request retries (the pool answers 503 during its backoff; the
 	// replica is Ready again when the backoff ends, see ownedStatus).
-	ObservedLoadFailed: {ActionRemove, ActionRetryLoad, ActionRetryLoad, ActionNone, ActionUpdate},
+	ObservedLoadFailed: {ActionRemove, ActionRetryLoad, ActionRetryLoad, ActionNone, ActionUpdate, ActionRetire},
 	// Removal of an entry that is already stopping only marks it removed.
-	ObservedUnloading: {ActionRemove, ActionNone, ActionNone, ActionNone, ActionUpdate},
+	ObservedUnloading: {ActionRemove, ActionNone, ActionNone, ActionNone, ActionUpdate, ActionRetire},
 }
 
 // Decide is the action for one (desired, observed) pair.

@@ -55,3 +55,25 @@ func TestTransitions(t *testing.T) {
 		}
 	}
 }
+
+// TestDrainedColumn: a replica being removed (spec.drain) is never fetched, loaded,
+// registered or updated from any local state, and every state with a pool entry
+// retires it, so a late request cannot load it again and its unload is reported.
+func TestDrainedColumn(t *testing.T) {
+	loads := map[Action]bool{ActionFetch: true, ActionRetryFetch: true, ActionRegisterLoad: true, ActionRegister: true,
+		ActionLoad: true, ActionRetryLoad: true, ActionUpdate: true}
+	inPool := map[Observed]bool{ObservedStandby: true, ObservedLoading: true, ObservedLoaded: true,
+		ObservedLoadFailed: true, ObservedUnloading: true}
+	for o := Observed(0); o < numObserved; o++ {
+		a := Decide(DesiredDrained, o)
+		if loads[a] {
+			t.Errorf("Decide(Drained, %s) = %s: a drained replica must not be fetched or loaded", o, a)
+		}
+		if inPool[o] && a != ActionRetire {
+			t.Errorf("Decide(Drained, %s) = %s, want %s: the pool entry must refuse requests", o, a, ActionRetire)
+		}
+	}
+	if got := Decide(DesiredDrained, ObservedDownloading); got != ActionRemove {
+		t.Errorf("Decide(Drained, Downloading) = %s, want the download canceled (%s)", got, ActionRemove)
+	}
+}

@@ -33,6 +33,9 @@ const (
 	ReasonWaitingForDemand = "WaitingForDemand"
 	ReasonUnloaded         = "Unloaded"
 	ReasonDraining         = "Draining"
+	// ReasonDrained: the Loaded condition of a replica with spec.drain set, once the
+	// agent has unloaded its model for good; the deployment controller then deletes it.
+	ReasonDrained = "Drained"
 	// ReasonNodeUnreachable: the macnode controller set Ready=Unknown because the
 	// replica's Mac stopped renewing its Lease (the Mac's agent, when it is back,
 	// writes Ready again).
@@ -72,6 +75,7 @@ type ModelReplicaTemplate struct {
 //
 // +kubebuilder:validation:XValidation:rule="!has(oldSelf.nodeName) || size(oldSelf.nodeName) == 0 || (has(self.nodeName) && self.nodeName == oldSelf.nodeName)",message="nodeName is immutable once set: delete the replica to move it"
 // +kubebuilder:validation:XValidation:rule="self.template == oldSelf.template",message="template is immutable: the deployment replaces replicas instead"
+// +kubebuilder:validation:XValidation:rule="!has(oldSelf.drain) || (has(self.drain) && self.drain == oldSelf.drain)",message="drain cannot be changed or cleared once set: a draining replica is deleted"
 type ModelReplicaSpec struct {
 	// template is the model and engine this replica runs.
 	// +required
@@ -92,6 +96,14 @@ type ModelReplicaSpec struct {
 	// +optional
 	// +kubebuilder:validation:MaxLength=253
 	NodeName string `json:"nodeName,omitempty"`
+
+	// drain, when set, is when the deployment controller chose to remove this replica:
+	// the gateway no longer routes to it; the agent finishes its in-flight requests,
+	// unloads the model, keeps it unloaded and records status.lastUnload; then the
+	// controller deletes the replica (at the latest after its drain timeout). Set
+	// once, by the deployment controller.
+	// +optional
+	Drain *metav1.Time `json:"drain,omitempty"`
 }
 
 // DownloadProgress is how far the node has fetched the model file.
@@ -142,6 +154,7 @@ type ModelReplicaStatus struct {
 // +kubebuilder:printcolumn:name="Node",type=string,JSONPath=`.spec.nodeName`
 // +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
 // +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`
+// +kubebuilder:printcolumn:name="Drain",type=date,JSONPath=`.spec.drain`,priority=1
 // +kubebuilder:printcolumn:name="Reserved",type=string,JSONPath=`.spec.memoryReservation`
 // +kubebuilder:printcolumn:name="Resident",type=string,JSONPath=`.status.memory.resident`
 // +kubebuilder:printcolumn:name="Freed",type=integer,JSONPath=`.status.lastUnload.freedBytes`,priority=1

@@ -200,6 +200,7 @@ func TestModelReplicaImmutability(t *testing.T) {
 	if err := env.Client.Update(ctx, mr); err != nil {
 		t.Fatalf("binding: %v", err)
 	}
+	drainAt := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	steps := []struct {
 		name    string
 		mutate  func(*mfv1.ModelReplica)
@@ -210,6 +211,11 @@ func TestModelReplicaImmutability(t *testing.T) {
 		{name: "change template", mutate: func(r *mfv1.ModelReplica) { r.Spec.Template.Engine.ContextLength = 8192 },
 			wantErr: "template is immutable"},
 		{name: "change reservation", mutate: func(r *mfv1.ModelReplica) { r.Spec.MemoryReservation = resource.MustParse("2Gi") }},
+		{name: "drain", mutate: func(r *mfv1.ModelReplica) { r.Spec.Drain = &metav1.Time{Time: drainAt} }},
+		{name: "move the drain", mutate: func(r *mfv1.ModelReplica) { r.Spec.Drain = &metav1.Time{Time: drainAt.Add(time.Minute)} },
+			wantErr: "drain cannot be changed or cleared once set"},
+		{name: "clear the drain", mutate: func(r *mfv1.ModelReplica) { r.Spec.Drain = nil },
+			wantErr: "drain cannot be changed or cleared once set"},
 	}
 	for _, s := range steps {
 		t.Run(s.name, func(t *testing.T) {

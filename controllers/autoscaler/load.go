@@ -102,7 +102,8 @@ func (s *AgentSource) Measure(ctx context.Context, md *v1alpha1.ModelDeployment)
 	newest := map[string]gatewayQueue{} // gateway → its newest report for md
 	for i := range list.Items {
 		r := &list.Items[i]
-		if r.DeletionTimestamp != nil || r.Status.Endpoint == "" ||
+		// A draining replica takes no new requests: its load is leaving with it.
+		if r.DeletionTimestamp != nil || r.Spec.Drain != nil || r.Status.Endpoint == "" ||
 			!meta.IsStatusConditionTrue(r.Status.Conditions, v1alpha1.ReplicaReady) {
 			continue
 		}

@@ -13,7 +13,9 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	clocktesting "k8s.io/utils/clock/testing"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/macfleet/macfleet/agent/server"
 	"github.com/macfleet/macfleet/api/v1alpha1"
@@ -86,7 +88,8 @@ func TestAgentSource(t *testing.T) {
 	const token = "fleet-secret"
 	macA := newFakeAgent(t, token,
 		metal.ModelSnapshot{Name: ns + "/chat-0", Leases: 3},
-		metal.ModelSnapshot{Name: ns + "/other-0", Leases: 7})
+		metal.ModelSnapshot{Name: ns + "/other-0", Leases: 7},
+		metal.ModelSnapshot{Name: ns + "/chat-5", Leases: 4}) // draining: skipped
 	macB := newFakeAgent(t, token,
 		metal.ModelSnapshot{Name: ns + "/chat-1", Leases: 2},
 		metal.ModelSnapshot{Name: ns + "/chat-2", Leases: 9}) // not Ready: skipped
@@ -101,6 +104,13 @@ func TestAgentSource(t *testing.T) {
 	replica(t, ns, "chat", "chat-3", nodeLost, strings.TrimPrefix(lost.URL, "http://"), true)
 	replica(t, ns, "chat", "chat-4", ns+"-gone", strings.TrimPrefix(lost.URL, "http://"), true) // its MacNode was deleted
 	replica(t, ns, "other", "other-0", nodeA, macA.endpoint(), true)
+	// The deployment controller is removing chat-5: its requests finish, new ones go
+	// elsewhere, so its load is leaving (its agent has not written Ready=False yet).
+	replica(t, ns, "chat", "chat-5", nodeA, macA.endpoint(), true)
+	draining := &v1alpha1.ModelReplica{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "chat-5"}}
+	if err := e.Client.Patch(t.Context(), draining, client.RawPatch(types.MergePatchType, []byte(`{"spec":{"drain":"2026-01-01T00:00:00Z"}}`))); err != nil {
+		t.Fatalf("draining chat-5: %v", err)
+	}
 
 	clk := clocktesting.NewFakeClock(t0)
 	src := &AgentSource{Client: e.Client, Token: func() string { return token }, Clock: clk, StatusMaxAge: time.Second}

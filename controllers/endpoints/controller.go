@@ -169,6 +169,7 @@ func replicaPredicate() predicate.Funcs {
 		return a.Spec.NodeName != b.Spec.NodeName ||
 			meta.IsStatusConditionTrue(a.Status.Conditions, v1alpha1.ReplicaReady) != meta.IsStatusConditionTrue(b.Status.Conditions, v1alpha1.ReplicaReady) ||
 			(a.DeletionTimestamp == nil) != (b.DeletionTimestamp == nil) ||
+			(a.Spec.Drain == nil) != (b.Spec.Drain == nil) ||
 			a.Labels[v1alpha1.LabelDeployment] != b.Labels[v1alpha1.LabelDeployment] ||
 			!equality.Semantic.DeepEqual(metav1.GetControllerOf(a), metav1.GetControllerOf(b))
 	}}

@@ -147,7 +147,8 @@ func desiredSlices(dep *v1alpha1.ModelDeployment, replicas []v1alpha1.ModelRepli
 			continue
 		}
 		nodeReady := meta.IsStatusConditionTrue(node.Status.Conditions, v1alpha1.MacNodeReady)
-		terminating := mr.DeletionTimestamp != nil
+		// A draining replica finishes its requests and goes: like a deleted one.
+		terminating := mr.DeletionTimestamp != nil || mr.Spec.Drain != nil
 		ep := discoveryv1.Endpoint{
 			Addresses: []string{addr},
 			Conditions: discoveryv1.EndpointConditions{
@@ -212,6 +213,9 @@ func desiredSlices(dep *v1alpha1.ModelDeployment, replicas []v1alpha1.ModelRepli
 func betterReplica(a, b *v1alpha1.ModelReplica) bool {
 	if (a.DeletionTimestamp == nil) != (b.DeletionTimestamp == nil) {
 		return a.DeletionTimestamp == nil
+	}
+	if (a.Spec.Drain == nil) != (b.Spec.Drain == nil) {
+		return a.Spec.Drain == nil
 	}
 	return a.Name < b.Name
 }

@@ -75,6 +75,9 @@ func replica(name, node string, ready metav1.ConditionStatus, mods ...func(*v1al
 
 func terminating(mr *v1alpha1.ModelReplica) { mr.DeletionTimestamp = &metav1.Time{} }
 
+// draining: the deployment controller is removing the replica (spec.drain).
+func draining(mr *v1alpha1.ModelReplica) { mr.Spec.Drain = &metav1.Time{} }
+
 func macNode(name, addr string, ready metav1.ConditionStatus) *v1alpha1.MacNode {
 	return &v1alpha1.MacNode{ObjectMeta: metav1.ObjectMeta{Name: name},
 		Status: v1alpha1.MacNodeStatus{Agent: v1alpha1.AgentStatus{Address: addr}, Conditions: readyCond(ready)}}
@@ -182,6 +185,15 @@ func TestDesiredSlices(t *testing.T) {
 		want: []discoveryv1.EndpointSlice{slice("qwen-7b-ipv4-8080", discoveryv1.AddressTypeIPv4, 8080,
 			ep("10.0.0.1", "mac-1", "r2", true, true, false),
 			ep("10.0.0.2", "mac-2", "r4", false, true, true))},
+	}, {
+		name: "a draining replica is terminating, and stands for its Mac only when alone",
+		replicas: []v1alpha1.ModelReplica{
+			replica("r1", "mac-1", T, draining), replica("r2", "mac-1", T), replica("r3", "mac-2", T, draining),
+		},
+		nodes: nodeMap(macNode("mac-1", "10.0.0.1:8080", T), macNode("mac-2", "10.0.0.2:8080", T)),
+		want: []discoveryv1.EndpointSlice{slice("qwen-7b-ipv4-8080", discoveryv1.AddressTypeIPv4, 8080,
+			ep("10.0.0.1", "mac-1", "r2", true, true, false),
+			ep("10.0.0.2", "mac-2", "r3", false, true, true))},
 	}, {
 		name: "replicas of other deployments are ignored",
 		replicas: []v1alpha1.ModelReplica{

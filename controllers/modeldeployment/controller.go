@@ -51,6 +51,11 @@ const (
 	DefaultMaxConcurrentReconciles = 4
 )
 
+// ReasonReplicaDrained is the reason of the Normal Event on a deployment when one of
+// its draining replicas is deleted (drained and unloaded, its Mac lost, or its drain
+// timed out).
+const ReasonReplicaDrained = "ReplicaDrained"
+
 // Reconciler keeps each ModelDeployment's replicas and status.
 type Reconciler struct {
 	// Client reads deployments and replicas (the manager's cache) and writes replicas
@@ -76,9 +81,14 @@ type Reconciler struct {
 	// MaxConcurrentReconciles lets an estimate of one deployment (network bound) not
 	// hold up the others. Default: DefaultMaxConcurrentReconciles.
 	MaxConcurrentReconciles int
+	// DrainTimeout bounds a replica's drain: a replica whose agent has not reported
+	// its model unloaded this long after spec.drain was set is deleted anyway.
+	// Default: DefaultDrainTimeout.
+	DrainTimeout time.Duration
 	// Recorder emits a Warning Event on the deployment when its ReplicaFailure
 	// condition turns True or changes reason (a replica failing, or waiting for its
-	// namespace's FleetQuota). Default: mgr.GetEventRecorder(ControllerName).
+	// namespace's FleetQuota), and a Normal one when a draining replica is deleted.
+	// Default: mgr.GetEventRecorder(ControllerName).
 	Recorder events.EventRecorder
 
 	estimates estimateCache
@@ -90,7 +100,7 @@ type Reconciler struct {
 
 // +kubebuilder:rbac:groups=macfleet.dev,resources=modeldeployments,verbs=get;list;watch
 // +kubebuilder:rbac:groups=macfleet.dev,resources=modeldeployments/status,verbs=get;update;patch
-// +kubebuilder:rbac:groups=macfleet.dev,resources=modelreplicas,verbs=get;list;watch;create;delete
+// +kubebuilder:rbac:groups=macfleet.dev,resources=modelreplicas,verbs=get;list;watch;create;delete;patch
 // +kubebuilder:rbac:groups=macfleet.dev,resources=sourcepolicies,verbs=get;list;watch
 // +kubebuilder:rbac:groups=macfleet.dev,resources=macnodes,verbs=get;list;watch
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
@@ -137,6 +147,9 @@ func (r *Reconciler) setup(mgr ctrl.Manager, opts controller.Options) error {
 	if r.EstimateRetryMax < r.EstimateRetryInitial {
 		r.EstimateRetryMax = max(DefaultEstimateRetryMax, r.EstimateRetryInitial)
 	}
+	if r.DrainTimeout <= 0 {
+		r.DrainTimeout = DefaultDrainTimeout
+	}
 	if r.MaxConcurrentReconciles <= 0 {
 		r.MaxConcurrentReconciles = DefaultMaxConcurrentReconciles
 	}
@@ -150,6 +163,8 @@ func (r *Reconciler) setup(mgr ctrl.Manager, opts controller.Options) error {
 		Owns(&v1alpha1.ModelReplica{}).
 		// A policy change may allow or deny any deployment's source.
 		Watches(&v1alpha1.SourcePolicy{}, handler.EnqueueRequestsFromMapFunc(r.policyChanged)).
+		// A Mac that stops being Ready ends the drains of its replicas.
+		Watches(&v1alpha1.MacNode{}, handler.EnqueueRequestsFromMapFunc(r.nodeChanged), builder.WithPredicates(nodeReadyChanged())).
 		WithOptions(opts).
 		Complete(r)
 }
@@ -185,8 +200,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	current := isCurrent(hash, res)
 
 	var syncErr error
+	var drainLeft time.Duration
 	if res.Quantity != nil {
-		syncErr = r.sync(ctx, md, tmpl, hash, *res.Quantity, replicas, current)
+		drainLeft, syncErr = r.sync(ctx, md, tmpl, hash, *res.Quantity, replicas, current)
 	}
 
 	now := r.Clock.Now()
@@ -219,9 +235,18 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	}
 	if left, ok := progressLeft(md, deadline, now); ok && left > 0 {
 		// Nothing may change before the deadline: look again then.
-		return ctrl.Result{RequeueAfter: left}, nil
+		drainLeft = minPositive(drainLeft, left)
 	}
-	return ctrl.Result{}, nil
+	// A drain ends by a replica or Mac event, or by its timeout: look again then.
+	return ctrl.Result{RequeueAfter: drainLeft}, nil
+}
+
+// minPositive is the smaller of a and b, ignoring zero (none).
+func minPositive(a, b time.Duration) time.Duration {
+	if a <= 0 || (b > 0 && b < a) {
+		return b
+	}
+	return a
 }
 
 // loadPolicy reads the SourcePolicy from the cache (the built-in default when there is
@@ -294,27 +319,41 @@ func (r *Reconciler) listReplicas(ctx context.Context, md *v1alpha1.ModelDeploym
 	return owned, nil
 }
 
-// sync creates and deletes replicas as plan decides, unless the cache does not show
-// the previous pass's changes yet (their watch events wake the deployment again).
+// sync ends the drains that are over, then creates, drains and deletes replicas as
+// plan decides, unless the cache does not show the previous pass's changes yet (their
+// watch events wake the deployment again). It returns how long the drains still
+// running may take (0: none).
 func (r *Reconciler) sync(ctx context.Context, md *v1alpha1.ModelDeployment, tmpl v1alpha1.ModelReplicaTemplate, hash string,
-	q resource.Quantity, replicas []v1alpha1.ModelReplica, current func(*v1alpha1.ModelReplica) bool) error {
+	q resource.Quantity, replicas []v1alpha1.ModelReplica, current func(*v1alpha1.ModelReplica) bool) (time.Duration, error) {
 	logger := log.FromContext(ctx)
 	listed, live := sets.New[string](), sets.New[string]()
 	var infos []replicaInfo
+	var draining []*v1alpha1.ModelReplica
+	byName := map[string]*v1alpha1.ModelReplica{}
 	for i := range replicas {
 		mr := &replicas[i]
 		listed.Insert(mr.Name)
 		if mr.DeletionTimestamp != nil {
 			continue
 		}
+		if mr.Spec.Drain != nil {
+			// Leaving, like a replica being deleted: not counted by plan.
+			draining = append(draining, mr)
+			continue
+		}
 		live.Insert(mr.Name)
+		byName[mr.Name] = mr
 		infos = append(infos, replicaInfo{Name: mr.Name, Created: mr.CreationTimestamp.Time,
 			Current: current(mr), Ready: isReady(mr), Bound: mr.Spec.NodeName != ""})
 	}
 	now := r.Clock.Now()
+	drainLeft, err := r.endDrains(ctx, md, draining, now)
+	if err != nil {
+		return 0, err
+	}
 	if !r.expect.satisfied(md.UID, now, listed, live) {
 		logger.V(2).Info("Waiting for the cache to show the last changes")
-		return nil
+		return drainLeft, nil
 	}
 	desired := int(desiredReplicas(md))
 	if len(infos) > desired { // some may go: rank them by their Mac's memory pressure
@@ -322,24 +361,22 @@ func (r *Reconciler) sync(ctx context.Context, md *v1alpha1.ModelDeployment, tmp
 	}
 	act := plan(desired, infos)
 	if act.Create == 0 && len(act.Delete) == 0 {
-		return nil
+		return drainLeft, nil
 	}
 
-	// Deletions first, so that a rolling step never has more than desired+maxSurge
-	// replicas.
+	// Removals first, so that a rolling step never has more than desired+maxSurge
+	// replicas. A drained replica no longer counts as live, like a deleted one.
 	var deleted []string
 	var deleteErr error
 	for _, name := range act.Delete {
-		mr := &v1alpha1.ModelReplica{ObjectMeta: metav1.ObjectMeta{Namespace: md.Namespace, Name: name}}
-		if err := r.Client.Delete(ctx, mr); err != nil && !apierrors.IsNotFound(err) {
-			deleteErr = fmt.Errorf("deleting replica %s: %w", name, err)
+		if deleteErr = r.startRemoval(ctx, byName[name], now); deleteErr != nil {
 			break
 		}
 		deleted = append(deleted, name)
 	}
 	if deleteErr != nil {
 		r.expect.expect(md.UID, now, nil, deleted)
-		return deleteErr
+		return drainLeft, deleteErr
 	}
 	var (
 		mu      sync.Mutex
@@ -360,9 +397,9 @@ func (r *Reconciler) sync(ctx context.Context, md *v1alpha1.ModelDeployment, tmp
 	})
 	r.expect.expect(md.UID, now, created, deleted)
 	if len(created) > 0 || len(deleted) > 0 {
-		logger.V(2).Info("Scaled replicas", "created", created, "deleted", deleted, "templateHash", hash, "reservation", q.String())
+		logger.V(2).Info("Scaled replicas", "created", created, "removed", deleted, "templateHash", hash, "reservation", q.String())
 	}
-	return createErr
+	return drainLeft, createErr
 }
 
 // newReplica is a replica of md's current template reserving q.

@@ -73,14 +73,14 @@ func replicaFailure(r *v1alpha1.ModelReplica) *metav1.Condition {
 	return nil
 }
 
-// summarize counts replicas (those being deleted are skipped); current says whether
-// a replica is of the deployment's current template.
+// summarize counts replicas (those being deleted or drained are skipped); current
+// says whether a replica is of the deployment's current template.
 func summarize(replicas []v1alpha1.ModelReplica, current func(*v1alpha1.ModelReplica) bool) replicaSummary {
 	var s replicaSummary
 	var firstName string
 	for i := range replicas {
 		r := &replicas[i]
-		if r.DeletionTimestamp != nil {
+		if r.DeletionTimestamp != nil || r.Spec.Drain != nil {
 			continue
 		}
 		s.Total++

@@ -149,8 +149,10 @@ func TestFairQueueUnderOverload(t *testing.T) {
 		return err
 	}
 	ask := func(c openai.Client, maxTokens int) error { return askCtx(t.Context(), c, maxTokens) }
+	// The heavy key checks the gateway serves: the light key must not be active yet, or
+	// the heavy key's burst would leave a slot for it (fairqueue.Share).
 	testenv.Eventually(t, time.Minute, 100*time.Millisecond, func() (bool, string) {
-		err := ask(light, 1)
+		err := ask(heavy, 1)
 		return err == nil, fmt.Sprintf("the gateway does not serve %s yet: %v", model, err)
 	})
 	depth := func() float64 {

@@ -31,5 +31,9 @@ if [[ $what == all || $what == fleet ]]; then
 	for tokens in 64 256; do
 		run env HEAVY_TOKENS=$tokens go test -run '^$' -bench FairQueue -benchtime 5x -timeout 20m ./test/e2e/
 	done
+	# A load step from one client to eight: autoscaled against a fixed single replica,
+	# and scale from zero against a warm request.
+	run go test -run '^$' -bench LoadStep -benchtime 3x -timeout 30m ./test/e2e/
+	run go test -run '^$' -bench ColdStartFromZero -benchtime 3x -timeout 30m ./test/e2e/
 	run bash -c "go test -run 'TestNodeLossMovesReplicas' -v -count 1 -timeout 20m ./test/e2e/ | grep -E 'node loss|^(ok|FAIL|---)'"
 fi

@@ -2,10 +2,8 @@ package e2e
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"net"
-	"net/http"
 	"slices"
 	"strconv"
 	"sync"
@@ -180,21 +178,9 @@ func TestRollingModelChangeWithoutFailedRequests(t *testing.T) {
 
 // agentStatusErr reads an agent's /api/status with the fleet token.
 func agentStatusErr(ctx context.Context, addr string) (map[string]any, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/api/status", nil)
-	if err != nil {
-		return nil, err
-	}
-	req.Header.Set("Authorization", "Bearer "+fleet.FleetToken)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
 	var st map[string]any
-	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil || resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("GET %s/api/status: %d %v", addr, resp.StatusCode, err)
-	}
-	return st, nil
+	err := agentGet(ctx, addr, "/api/status", &st)
+	return st, err
 }
 
 // runnerPIDs returns the PID of every loaded model an agent reports.

@@ -20,10 +20,12 @@ func TestMetricsExportPoolStateAndEvents(t *testing.T) {
 	h.load("a")
 	h.load("b") // evicts a
 	h.p.poll()
-	// Observers hear of a load just after its waiters are woken: wait for the second.
+	// Observers hear of a load just after its waiters are woken, and of an unload after
+	// it settles: wait for the second load and the eviction's unload.
 	testenv.Eventually(t, 10*time.Second, time.Millisecond, func() (bool, string) {
 		n := testutil.ToFloat64(m.loads.WithLabelValues("ok"))
-		return n == 2, fmt.Sprintf("%v loads counted", n)
+		u := testutil.ToFloat64(m.unloads.WithLabelValues(string(ReasonEviction), string(Settled)))
+		return n == 2 && u == 1, fmt.Sprintf("%v loads and %v eviction unloads counted", n, u)
 	})
 
 	if problems, err := testutil.CollectAndLint(m); err != nil || len(problems) > 0 {

@@ -295,6 +295,16 @@ func (a *admission) tableChanged(t *Table) {
 	}
 }
 
+// queued is how many requests wait for model.
+func (a *admission) queued(model string) int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if mq := a.queues[model]; mq != nil {
+		return mq.q.Len()
+	}
+	return 0
+}
+
 // waiting is how many requests wait for model, and the estimate of how long a new
 // one would wait.
 func (a *admission) waiting(model string) (int, time.Duration) {

@@ -343,8 +343,7 @@ func (g *Gateway) attempt(ctx context.Context, w http.ResponseWriter, r *http.Re
 		out.Header.Set("Authorization", "Bearer "+tok)
 	}
 	out.Header.Set(mfv1.HeaderReplica, be.Key)
-	queued, _ := g.adm.waiting(model)
-	out.Header.Set(mfv1.HeaderQueued, strconv.Itoa(queued))
+	out.Header.Set(mfv1.HeaderQueued, strconv.Itoa(g.adm.queued(model)))
 	out.Header.Set(mfv1.HeaderGateway, g.id)
 	resp, err := g.transport.RoundTrip(out)
 	if err != nil {

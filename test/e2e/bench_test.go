@@ -62,16 +62,11 @@ func BenchmarkGatewayOverhead(b *testing.B) {
 		g = append(g, send(viaGW, ""))
 	}
 	b.StopTimer()
-	pct := func(xs []time.Duration, p float64) time.Duration {
-		s := slices.Clone(xs)
-		slices.Sort(s)
-		return s[min(len(s)-1, int(float64(len(s))*p))]
-	}
 	ms := func(x time.Duration) float64 { return float64(x.Microseconds()) / 1000 }
-	b.ReportMetric(ms(pct(d, 0.5)), "direct-p50-ms")
-	b.ReportMetric(ms(pct(g, 0.5)), "gateway-p50-ms")
-	b.ReportMetric(ms(pct(g, 0.5)-pct(d, 0.5)), "added-p50-ms")
-	b.ReportMetric(ms(pct(g, 0.99)-pct(d, 0.99)), "added-p99-ms")
+	b.ReportMetric(ms(pctl(d, 0.5)), "direct-p50-ms")
+	b.ReportMetric(ms(pctl(g, 0.5)), "gateway-p50-ms")
+	b.ReportMetric(ms(pctl(g, 0.5)-pctl(d, 0.5)), "added-p50-ms")
+	b.ReportMetric(ms(pctl(g, 0.99)-pctl(d, 0.99)), "added-p99-ms")
 
 	const clients, each = 4, 100
 	rps := func(url, token string) float64 {
@@ -93,7 +88,7 @@ func BenchmarkGatewayOverhead(b *testing.B) {
 	b.ReportMetric(gr/dr, "gateway/direct")
 	fmt.Printf("gateway overhead, one-token completions of the tiny model, %d interleaved pairs: p50 %.2f ms direct, %.2f ms gateway "+
 		"(+%.2f ms); p99 +%.2f ms; %d clients: %.0f req/s direct, %.0f via the gateway (%.2f)\n",
-		len(d), ms(pct(d, 0.5)), ms(pct(g, 0.5)), ms(pct(g, 0.5)-pct(d, 0.5)), ms(pct(g, 0.99)-pct(d, 0.99)), clients, dr, gr, gr/dr)
+		len(d), ms(pctl(d, 0.5)), ms(pctl(g, 0.5)), ms(pctl(g, 0.5)-pctl(d, 0.5)), ms(pctl(g, 0.99)-pctl(d, 0.99)), clients, dr, gr, gr/dr)
 }
 
 // BenchmarkColdStartFromZero measures a request for an autoscaled deployment at zero

@@ -199,13 +199,13 @@ func BenchmarkLoadStep(b *testing.B) {
 	b.ReportMetric(float64(peak), "peak-ready-replicas")
 }
 
-// pctl is the p-th quantile of ds (sorted in place); 0 for none.
+// pctl is the p-th quantile of ds (the nearest rank, of a sorted copy); 0 for none.
 func pctl(ds []time.Duration, p float64) time.Duration {
 	if len(ds) == 0 {
 		return 0
 	}
-	slices.Sort(ds)
-	return ds[min(int(p*float64(len(ds))), len(ds)-1)]
+	s := slices.Sorted(slices.Values(ds))
+	return s[min(int(p*float64(len(s))), len(s)-1)]
 }
 
 // loadStep runs one client for a moment, then stepClients for stepDuration, streaming
@@ -325,24 +325,30 @@ func scaleByOne(b testing.TB, ns, name string) time.Duration {
 // streamTTFT sends one streamed greedy chat of stepTokens tokens and returns the time
 // to its first content chunk, after reading the whole stream.
 func streamTTFT(ctx context.Context, c openai.Client, model string) (time.Duration, error) {
+	ttft, _, err := streamTimes(ctx, c, model, stepTokens)
+	return ttft, err
+}
+
+// streamTimes sends one streamed greedy chat of maxTokens tokens and returns the time
+// to its first content chunk and to the end of the stream.
+func streamTimes(ctx context.Context, c openai.Client, model string, maxTokens int64) (ttft, total time.Duration, err error) {
 	start := time.Now()
 	s := c.Chat.Completions.NewStreaming(ctx, openai.ChatCompletionNewParams{
 		Model:       model,
 		Messages:    []openai.ChatCompletionMessageParamUnion{openai.UserMessage("Tell a long story")},
-		MaxTokens:   openai.Int(stepTokens),
+		MaxTokens:   openai.Int(maxTokens),
 		Temperature: openai.Float(0),
 	})
-	var ttft time.Duration
 	for s.Next() {
 		if ch := s.Current(); ttft == 0 && len(ch.Choices) > 0 && ch.Choices[0].Delta.Content != "" {
 			ttft = time.Since(start)
 		}
 	}
 	if err := s.Err(); err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	if ttft == 0 {
-		return 0, fmt.Errorf("no content in the stream")
+		return 0, 0, fmt.Errorf("no content in the stream")
 	}
-	return ttft, nil
+	return ttft, time.Since(start), nil
 }

@@ -204,15 +204,11 @@ func TestOverloadIsolatesModels(t *testing.T) {
 	if len(during) == 0 || len(retries) == 0 {
 		return
 	}
-	pct := func(d []time.Duration, p float64) time.Duration {
-		s := slices.Sorted(slices.Values(d))
-		return s[min(int(p*float64(len(s))), len(s)-1)]
-	}
 	t.Logf("%s: %d requests served, %d refused with 429 (Retry-After %v–%v), queue depth %v–%v while %s was served",
 		flooded, served.Load(), refused.Load(), slices.Min(retries), slices.Max(retries),
 		slices.Min(floodedDepths), slices.Max(floodedDepths), steady)
 	for _, p := range []float64{0.5, 0.9} {
-		b, d := pct(before, p), pct(during, p)
+		b, d := pctl(before, p), pctl(during, p)
 		t.Logf("%s: p%.0f latency %v before the flood (%d requests), %v during it (%d requests): %.2fx (CPU shared with the flood's runner)",
 			steady, 100*p, b.Round(100*time.Microsecond), len(before), d.Round(100*time.Microsecond), len(during), float64(d)/float64(b))
 	}

@@ -274,13 +274,15 @@ func TestFairQueueUnderOverload(t *testing.T) {
 // keeps eight requests in flight on a replica with two slots. Each round runs the same
 // load through a gateway without the queue (--max-inflight-per-slot=-1: the runner's
 // first-come queue) and with it at 1 per slot (with and without a slot kept for other
-// clients, --reserve-slots) and 2 per slot, interleaved; it reports the light
-// client's latency (p50 and p99 of all rounds, and beside its latency with no other
-// load) and the replica's throughput (completion tokens per second
+// clients, --reserve-slots) and 2 per slot, interleaved. The light client streams
+// lightRequests short answers one after another; the benchmark reports its wait (time
+// to the first token) and its whole latency, p50 to p99 of all rounds and beside the
+// same with no other load, and the replica's throughput (completion tokens per second
 // of both clients: the light client's share is larger with the queue, so the heavy
 // client's alone would count fairness as a loss) each way. HEAVY_TOKENS sets the heavy
 // requests' length (default 64).
 func BenchmarkFairQueue(b *testing.B) {
+	const lightRequests, lightTokens = 16, 16
 	ns := testenv.NewNamespace(b, fleet.Client)
 	if err := fleet.Client.Create(b.Context(), deployment(ns, "fair", 1)); err != nil {
 		b.Fatal(err)
@@ -291,15 +293,16 @@ func BenchmarkFairQueue(b *testing.B) {
 	if v, err := strconv.Atoi(os.Getenv("HEAVY_TOKENS")); err == nil && v > 0 {
 		heavyTokens = v
 	}
-	modes := []struct {
-		name    string
-		perSlot int
-		reserve int
-		url     string
-		lat     []time.Duration
-		tps     []float64
-		alone   []float64
-	}{{name: "fifo", perSlot: -1}, {name: "fair1-noreserve", perSlot: 1, reserve: -1}, {name: "fair1", perSlot: 1},
+	type mode struct {
+		name      string
+		perSlot   int
+		reserve   int
+		url       string
+		wait, lat []time.Duration // the light client's time to first token, and to the end
+		tps       []float64
+		alone     []float64
+	}
+	modes := []*mode{{name: "fifo", perSlot: -1}, {name: "fair1-noreserve", perSlot: 1, reserve: -1}, {name: "fair1", perSlot: 1},
 		{name: "fair2", perSlot: 2}}
 	ask := func(c openai.Client, maxTokens int) (int64, error) {
 		r, err := c.Chat.Completions.New(b.Context(), params(b, fmt.Sprintf(
@@ -310,22 +313,34 @@ func BenchmarkFairQueue(b *testing.B) {
 		}
 		return r.Usage.CompletionTokens, nil
 	}
-	for i := range modes {
-		modes[i].url, _ = queueGateway(b, modes[i].perSlot, fairqueue.Limits{ReserveSlots: modes[i].reserve})
-		c := clientFrom(modes[i].url, "127.0.0.3", 0)
+	for _, m := range modes {
+		m.url, _ = queueGateway(b, m.perSlot, fairqueue.Limits{ReserveSlots: m.reserve})
+		c := clientFrom(m.url, "127.0.0.3", 0)
 		testenv.Eventually(b, time.Minute, 100*time.Millisecond, func() (bool, string) {
 			_, err := ask(c, 1)
-			return err == nil, fmt.Sprintf("%s does not serve %s yet: %v", modes[i].url, model, err)
+			return err == nil, fmt.Sprintf("%s does not serve %s yet: %v", m.url, model, err)
 		})
 	}
-	// round runs the load through url: 8 heavy workers while the light client sends 8
-	// requests of 16 tokens one after another.
-	round := func(url string) (light []time.Duration, tokensPerSecond float64) {
-		heavy, lc := clientFrom(url, "127.0.0.2", 0), clientFrom(url, "127.0.0.3", 0)
+	// light sends the light client's requests through url one after another.
+	light := func(url string) (wait, lat []time.Duration) {
+		lc := clientFrom(url, "127.0.0.3", 0)
+		for range lightRequests {
+			w, l, err := streamTimes(b.Context(), lc, model, lightTokens)
+			if err != nil {
+				b.Fatalf("light: %v", err)
+			}
+			wait, lat = append(wait, w), append(lat, l)
+		}
+		return wait, lat
+	}
+	// round runs the load through url: 8 heavy workers while the light client sends
+	// its requests; tokensPerSecond counts the heavy client's completion tokens and
+	// the light client's.
+	round := func(url string) (wait, lat []time.Duration, tokensPerSecond float64) {
+		heavy := clientFrom(url, "127.0.0.2", 0)
 		stop := make(chan struct{})
 		var served sync.WaitGroup
-		var mu sync.Mutex
-		var tokens int64
+		var tokens atomic.Int64
 		start := time.Now()
 		for range 8 {
 			served.Go(func() {
@@ -340,27 +355,15 @@ func BenchmarkFairQueue(b *testing.B) {
 						b.Errorf("heavy: %v", err)
 						return
 					}
-					mu.Lock()
-					tokens += n
-					mu.Unlock()
+					tokens.Add(n)
 				}
 			})
 		}
-		var lat []time.Duration
-		for range 8 {
-			t0 := time.Now()
-			n, err := ask(lc, 16)
-			if err != nil {
-				b.Fatalf("light: %v", err)
-			}
-			lat = append(lat, time.Since(t0))
-			mu.Lock()
-			tokens += n
-			mu.Unlock()
-		}
+		wait, lat = light(url)
 		close(stop)
 		served.Wait()
-		return lat, float64(tokens) / time.Since(start).Seconds()
+		tokens.Add(int64(lightRequests * lightTokens))
+		return wait, lat, float64(tokens.Load()) / time.Since(start).Seconds()
 	}
 	// alone is the heavy client by itself, 8 workers × 6 requests: the queue's own cost
 	// to throughput, with no other client to share with.
@@ -384,51 +387,42 @@ func BenchmarkFairQueue(b *testing.B) {
 		wg.Wait()
 		return float64(tokens.Load()) / time.Since(start).Seconds()
 	}
-	// unloaded is the light client's latency with no other load.
-	var unloaded []time.Duration
+	// The light client with no other load, through the queue (nothing waits in it).
+	var unloadedWait, unloadedLat []time.Duration
 	for b.Loop() {
+		w, l := light(modes[1].url)
+		unloadedWait, unloadedLat = append(unloadedWait, w...), append(unloadedLat, l...)
 		line := ""
-		lc := clientFrom(modes[1].url, "127.0.0.3", 0)
-		for range 8 {
-			t0 := time.Now()
-			if _, err := ask(lc, 16); err != nil {
-				b.Fatalf("light alone: %v", err)
-			}
-			unloaded = append(unloaded, time.Since(t0))
+		for _, m := range modes {
+			w, l, r := round(m.url)
+			a := alone(m.url)
+			m.wait, m.lat, m.tps, m.alone = append(m.wait, w...), append(m.lat, l...), append(m.tps, r), append(m.alone, a)
+			line += fmt.Sprintf("  %s: light wait p50 %v, %.0f tokens/s; alone %.0f tokens/s", m.name,
+				pctl(w, 0.5).Round(100*time.Microsecond), r, a)
 		}
-		for i := range modes {
-			l, r := round(modes[i].url)
-			a := alone(modes[i].url)
-			modes[i].lat, modes[i].tps, modes[i].alone = append(modes[i].lat, l...), append(modes[i].tps, r), append(modes[i].alone, a)
-			slices.Sort(l)
-			line += fmt.Sprintf("  %s: light p50 %v, %.0f tokens/s; alone %.0f tokens/s", modes[i].name, l[len(l)/2].Round(time.Millisecond), r, a)
+		b.Logf("round %d (heavy %d tokens):%s", len(modes[0].tps), heavyTokens, line)
+	}
+	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+	b.ReportMetric(ms(pctl(unloadedWait, 0.5)), "light-wait-p50-unloaded-ms")
+	b.ReportMetric(ms(pctl(unloadedWait, 0.99)), "light-wait-p99-unloaded-ms")
+	b.ReportMetric(ms(pctl(unloadedLat, 0.5)), "light-p50-unloaded-ms")
+	b.ReportMetric(ms(pctl(unloadedLat, 0.99)), "light-p99-unloaded-ms")
+	fifo := modes[0]
+	for _, m := range modes {
+		b.ReportMetric(ms(pctl(m.wait, 0.5)), "light-wait-p50-"+m.name+"-ms")
+		b.ReportMetric(pctl(m.wait, 0.99).Seconds()/pctl(unloadedWait, 0.99).Seconds(), "light-wait-p99-vs-unloaded-"+m.name)
+		b.ReportMetric(pctl(m.lat, 0.99).Seconds()/pctl(unloadedLat, 0.99).Seconds(), "light-p99-vs-unloaded-"+m.name)
+		b.ReportMetric(pctl(m.lat, 0.5).Seconds()/pctl(unloadedLat, 0.5).Seconds(), "light-p50-vs-unloaded-"+m.name)
+		if m != fifo {
+			b.ReportMetric(pctl(fifo.lat, 0.5).Seconds()/pctl(m.lat, 0.5).Seconds(), "light-speedup-"+m.name)
+			b.ReportMetric(median(m.tps)/median(fifo.tps), "tokens-per-s-ratio-"+m.name)
+			b.ReportMetric(median(m.alone)/median(fifo.alone), "alone-tokens-per-s-ratio-"+m.name)
 		}
-		b.Logf("round %d (heavy %d tokens):%s", len(modes[0].lat), heavyTokens, line)
 	}
-	pct := func(d []time.Duration, p float64) time.Duration {
-		slices.Sort(d)
-		return d[min(int(p*float64(len(d))), len(d)-1)]
-	}
-	med := func(i int) (time.Duration, float64, float64) {
-		slices.Sort(modes[i].tps)
-		slices.Sort(modes[i].alone)
-		k := len(modes[i].tps) / 2
-		return pct(modes[i].lat, 0.5), modes[i].tps[k], modes[i].alone[k]
-	}
-	fifoLat, fifoTPS, fifoAlone := med(0)
-	u99, u90 := pct(unloaded, 0.99), pct(unloaded, 0.9)
-	b.ReportMetric(float64(pct(unloaded, 0.5).Milliseconds()), "light-p50-unloaded-ms")
-	b.ReportMetric(float64(u99.Milliseconds()), "light-p99-unloaded-ms")
-	b.ReportMetric(float64(fifoLat.Milliseconds()), "light-p50-fifo-ms")
-	b.ReportMetric(float64(pct(modes[0].lat, 0.99))/float64(u99), "light-p99-vs-unloaded-fifo")
-	b.ReportMetric(float64(pct(modes[0].lat, 0.9))/float64(u90), "light-p90-vs-unloaded-fifo")
-	for i := 1; i < len(modes); i++ {
-		l, r, a := med(i)
-		b.ReportMetric(float64(l.Milliseconds()), "light-p50-"+modes[i].name+"-ms")
-		b.ReportMetric(float64(pct(modes[i].lat, 0.99))/float64(u99), "light-p99-vs-unloaded-"+modes[i].name)
-		b.ReportMetric(float64(pct(modes[i].lat, 0.9))/float64(u90), "light-p90-vs-unloaded-"+modes[i].name)
-		b.ReportMetric(float64(fifoLat)/float64(l), "light-speedup-"+modes[i].name)
-		b.ReportMetric(r/fifoTPS, "tokens-per-s-ratio-"+modes[i].name)
-		b.ReportMetric(a/fifoAlone, "alone-tokens-per-s-ratio-"+modes[i].name)
-	}
+}
+
+// median is the middle of v, sorting a copy.
+func median(v []float64) float64 {
+	s := slices.Sorted(slices.Values(v))
+	return s[len(s)/2]
 }

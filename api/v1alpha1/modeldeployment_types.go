@@ -168,9 +168,17 @@ type ModelDeploymentStatus struct {
 	// estimatedMemory is the memory reserved per replica (estimate or override).
 	// +optional
 	EstimatedMemory *resource.Quantity `json:"estimatedMemory,omitempty"`
-	// measuredMemory is the largest footprint a loaded replica measured.
+	// measuredMemory is the largest footprint (peak or resident) a loaded replica of
+	// the current model and engine settings measured. It is kept while no replica is
+	// loaded, so a replica placed later — after a scale to zero — reserves by it, and
+	// dropped when the model or the engine settings change.
 	// +optional
 	MeasuredMemory *resource.Quantity `json:"measuredMemory,omitempty"`
+	// measuredFootprintHash names the model and engine settings measuredMemory was
+	// measured with.
+	// +optional
+	// +kubebuilder:validation:MaxLength=64
+	MeasuredFootprintHash string `json:"measuredFootprintHash,omitempty"`
 	// endpoint is the in-cluster URL of the deployment's Service.
 	// +optional
 	// +kubebuilder:validation:MaxLength=512

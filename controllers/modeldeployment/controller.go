@@ -192,10 +192,11 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	hash := templateHash(tmpl)
 	// A source the policy denies gets no estimate and no new replicas.
 	sourceErr := policy.DecideSource(md.Namespace, tmpl.Model.Source).Err(md.Namespace, tmpl.Model.Source)
+	measured, _ := measuredFootprint(tmpl, replicas, &md.Status)
 	var res reservation
 	if sourceErr == nil {
-		// The estimate, until a loaded replica of the same footprint measured one.
-		res = withMeasurement(r.reservationFor(ctx, md, tmpl), tmpl, replicas)
+		// The estimate, until a replica of the same footprint measured one.
+		res = withMeasurement(r.reservationFor(ctx, md, tmpl), measured)
 	}
 	current := isCurrent(hash, res)
 
@@ -209,7 +210,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	deadline := progressDeadline(md)
 	setStatus(md, summarize(replicas, current), statusInput{
 		Desired: desiredReplicas(md), Reservation: res.Quantity, EstimateErr: res.Err, SourceErr: sourceErr, Now: now,
-		ProgressDeadline: deadline,
+		ProgressDeadline: deadline, Measured: measured, FootprintHash: footprintHash(tmpl),
 	})
 	if syncErr == nil && res.Err == nil && sourceErr == nil {
 		md.Status.ObservedGeneration = md.Generation

@@ -36,10 +36,24 @@ func sameFootprint(a, b *v1alpha1.ModelReplicaTemplate) bool {
 		equality.Semantic.DeepEqual(a.Engine, b.Engine)
 }
 
+// footprintHash names what a measurement is of: tmpl's model file and engine settings,
+// the part of the template sameFootprint compares.
+func footprintHash(tmpl v1alpha1.ModelReplicaTemplate) string {
+	return templateHash(v1alpha1.ModelReplicaTemplate{
+		Model:  v1alpha1.ModelSource{Source: tmpl.Model.Source, SHA256: tmpl.Model.SHA256},
+		Engine: tmpl.Engine,
+	})
+}
+
 // measuredFootprint is the largest footprint — peak, or resident where that is
-// larger — that a loaded replica with tmpl's footprint reports (the agent reports
-// both while the model is loaded); ok is false when none does.
-func measuredFootprint(tmpl v1alpha1.ModelReplicaTemplate, replicas []v1alpha1.ModelReplica) (bytes int64, ok bool) {
+// larger — measured for tmpl's model and engine settings: by a loaded replica with
+// tmpl's footprint (the agent reports both while the model is loaded), or earlier, as
+// status kept it (its measuredMemory, when measuredFootprintHash is tmpl's). ok is
+// false when there is neither.
+func measuredFootprint(tmpl v1alpha1.ModelReplicaTemplate, replicas []v1alpha1.ModelReplica, st *v1alpha1.ModelDeploymentStatus) (bytes int64, ok bool) {
+	if st.MeasuredMemory != nil && st.MeasuredFootprintHash == footprintHash(tmpl) && st.MeasuredMemory.Value() > 0 {
+		bytes, ok = st.MeasuredMemory.Value(), true
+	}
 	for i := range replicas {
 		r := &replicas[i]
 		if !sameFootprint(&tmpl, &r.Spec.Template) {
@@ -54,20 +68,16 @@ func measuredFootprint(tmpl v1alpha1.ModelReplicaTemplate, replicas []v1alpha1.M
 	return bytes, ok
 }
 
-// withMeasurement returns the reservation for new replicas of tmpl: res, an estimate,
-// moved into [floor, cap] of the footprint a loaded replica of the same footprint
-// measured, rounded up to whole MiB. An explicit reservation, an unknown one, or no
-// measurement leaves res as it is.
-func withMeasurement(res reservation, tmpl v1alpha1.ModelReplicaTemplate, replicas []v1alpha1.ModelReplica) reservation {
-	if res.Quantity == nil || res.Explicit {
+// withMeasurement returns the reservation for new replicas: res, an estimate, moved
+// into [floor, cap] of measured, the footprint measured for the same model and
+// engine settings (0: none), rounded up to whole MiB. An explicit reservation, an
+// unknown one, or no measurement leaves res as it is.
+func withMeasurement(res reservation, measured int64) reservation {
+	if res.Quantity == nil || res.Explicit || measured <= 0 {
 		return res
 	}
-	m, ok := measuredFootprint(tmpl, replicas)
-	if !ok {
-		return res
-	}
-	floor, capped := m*measuredFloorPercent/100, m*measuredCapPercent/100
+	floor, capped := measured*measuredFloorPercent/100, measured*measuredCapPercent/100
 	res.Quantity = roundUpMiB(max(floor, min(res.Quantity.Value(), capped)))
-	res.Measured = m
+	res.Measured = measured
 	return res
 }

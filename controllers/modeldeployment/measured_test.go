@@ -75,7 +75,11 @@ func TestWithMeasurement(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got := withMeasurement(tt.res, replicaTemplate(base), tt.replicas)
+			m, ok := measuredFootprint(replicaTemplate(base), tt.replicas, &v1alpha1.ModelDeploymentStatus{})
+			if ok != (m > 0) {
+				t.Fatalf("measured %d, ok %v", m, ok)
+			}
+			got := withMeasurement(tt.res, m)
 			if tt.want == 0 {
 				if got.Quantity != tt.res.Quantity || got.Measured != 0 {
 					t.Errorf("reservation %v (measured %d), want %v unchanged", got.Quantity, got.Measured, tt.res.Quantity)
@@ -87,6 +91,94 @@ func TestWithMeasurement(t *testing.T) {
 			}
 		})
 	}
+}
+
+// What status kept counts as a measurement while it names the same model and engine
+// settings, beside (and below) what replicas report now.
+func TestMeasuredFootprintKeptInStatus(t *testing.T) {
+	base := deployment(nil)
+	tmpl := replicaTemplate(base)
+	kept := func(n int64, hash string) *v1alpha1.ModelDeploymentStatus {
+		return &v1alpha1.ModelDeploymentStatus{MeasuredMemory: resource.NewQuantity(n, resource.BinarySI), MeasuredFootprintHash: hash}
+	}
+	otherCtx := replicaTemplate(deployment(func(md *v1alpha1.ModelDeployment) { md.Spec.Engine.ContextLength = 8192 }))
+	aliased := replicaTemplate(deployment(func(md *v1alpha1.ModelDeployment) { md.Spec.Model.Aliases = []string{"chat"} }))
+	tests := []struct {
+		name     string
+		status   *v1alpha1.ModelDeploymentStatus
+		replicas []v1alpha1.ModelReplica
+		want     int64 // 0: none
+	}{
+		{name: "nothing measured", status: &v1alpha1.ModelDeploymentStatus{}},
+		{name: "kept, no replica: scaled to zero", status: kept(100*mi, footprintHash(tmpl)), want: 100 * mi},
+		{name: "kept for an alias change: same footprint", status: kept(100*mi, footprintHash(aliased)), want: 100 * mi},
+		{name: "kept for another context: dropped", status: kept(100*mi, footprintHash(otherCtx))},
+		{name: "kept before the hash existed: dropped", status: kept(100*mi, "")},
+		{name: "a replica measures more than was kept", status: kept(100*mi, footprintHash(tmpl)),
+			replicas: []v1alpha1.ModelReplica{measuredReplica(base, 120*mi, 0)}, want: 120 * mi},
+		{name: "a replica measures less than was kept: the larger peak stays", status: kept(100*mi, footprintHash(tmpl)),
+			replicas: []v1alpha1.ModelReplica{measuredReplica(base, 80*mi, 0)}, want: 100 * mi},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, ok := measuredFootprint(tmpl, tt.replicas, tt.status)
+			if got != tt.want || ok != (tt.want > 0) {
+				t.Errorf("measured %d (ok %v), want %d", got, ok, tt.want)
+			}
+		})
+	}
+	if footprintHash(tmpl) != footprintHash(aliased) || footprintHash(tmpl) == footprintHash(otherCtx) {
+		t.Error("the footprint hash must follow the model and engine settings, and only them")
+	}
+}
+
+// Through a real API server: a deployment scaled to zero keeps what its replica
+// measured, and the replica placed when it scales back reserves by that measurement,
+// not the estimate; a new context drops it.
+func TestMeasurementOutlivesScaleToZero(t *testing.T) {
+	srv := newGGUFServer(t, true)
+	f := newFixture(t)
+	f.start(&Reconciler{Resolver: &source.Resolver{HFEndpoint: srv.URL + "/hub"}})
+	md := newDeployment("zero", srv.URL+"/model.gguf", 1, "")
+	md.Spec.Engine.ContextLength = 2048
+	f.create(md)
+	est := resource.MustParse(srv.wantReservation(t, 2048))
+	first := f.waitReplicas(1)[0]
+	f.bind(&first, "mac-a")
+	f.markReady(&first)
+	peak := est.Value() / 2
+	before := first.DeepCopy()
+	first.Status.Memory.Peak = resource.NewQuantity(peak, resource.BinarySI)
+	if err := f.c.Status().Patch(t.Context(), &first, client.MergeFrom(before)); err != nil {
+		t.Fatal(err)
+	}
+	measuredIs := func(want int64) func(md *v1alpha1.ModelDeployment) (bool, string) {
+		return func(md *v1alpha1.ModelDeployment) (bool, string) {
+			got := md.Status.MeasuredMemory
+			ok := (want == 0 && got == nil && md.Status.MeasuredFootprintHash == "") ||
+				(got != nil && got.Value() == want && md.Status.MeasuredFootprintHash == footprintHash(replicaTemplate(md)))
+			return ok, fmt.Sprintf("measuredMemory %v (%q), want %d; %d replicas", got, md.Status.MeasuredFootprintHash, want, md.Status.Replicas)
+		}
+	}
+	f.waitStatus("zero", measuredIs(peak))
+
+	f.update("zero", func(md *v1alpha1.ModelDeployment) { md.Spec.Replicas = ptr.To[int32](0) })
+	f.waitReplicas(0)
+	f.waitStatus("zero", func(md *v1alpha1.ModelDeployment) (bool, string) {
+		if md.Status.Replicas != 0 {
+			return false, fmt.Sprintf("%d replicas", md.Status.Replicas)
+		}
+		return measuredIs(peak)(md)
+	})
+
+	f.update("zero", func(md *v1alpha1.ModelDeployment) { md.Spec.Replicas = ptr.To[int32](1) })
+	woken := f.waitReplicas(1)[0]
+	if got, want := woken.Spec.MemoryReservation.String(), roundUpMiB(peak*measuredCapPercent/100).String(); got != want {
+		t.Errorf("the replica placed after zero reserves %s, want %s (1.3x the kept measurement; estimate %s)", got, want, est.String())
+	}
+
+	f.update("zero", func(md *v1alpha1.ModelDeployment) { md.Spec.Engine.ContextLength = 1024 })
+	f.waitStatus("zero", measuredIs(0))
 }
 
 // Wiring: the first replica reserves the estimate from the GGUF header; once it

@@ -39,8 +39,6 @@ type replicaSummary struct {
 	FirstFailing *replicaFailureInfo
 	// Nodes are the Macs holding a replica, sorted and unique.
 	Nodes []string
-	// Measured is the largest peak or resident footprint a replica reported.
-	Measured *resource.Quantity
 }
 
 // replicaFailureInfo is a failing replica and the condition that says why.
@@ -113,17 +111,8 @@ func summarize(replicas []v1alpha1.ModelReplica, current func(*v1alpha1.ModelRep
 				s.FirstFailing = &replicaFailureInfo{Replica: r.Name, Node: r.Spec.NodeName, Condition: *c}
 			}
 		}
-		for _, q := range []*resource.Quantity{r.Status.Memory.Peak, r.Status.Memory.Resident} {
-			if q != nil && (s.Measured == nil || q.Cmp(*s.Measured) > 0) {
-				s.Measured = q
-			}
-		}
 	}
 	slices.Sort(s.Nodes)
-	if s.Measured != nil {
-		m := s.Measured.DeepCopy()
-		s.Measured = &m
-	}
 	return s
 }
 
@@ -146,6 +135,10 @@ type statusInput struct {
 	Now time.Time
 	// ProgressDeadline is spec.progressDeadlineSeconds.
 	ProgressDeadline time.Duration
+	// Measured is the footprint measured for the current model and engine settings
+	// (measuredFootprint), 0 when none; FootprintHash names those settings.
+	Measured      int64
+	FootprintHash string
 }
 
 // DefaultProgressDeadline is spec.progressDeadlineSeconds when unset.
@@ -203,7 +196,10 @@ func setStatus(md *v1alpha1.ModelDeployment, s replicaSummary, in statusInput) {
 		q := in.Reservation.DeepCopy()
 		st.EstimatedMemory = &q
 	}
-	st.MeasuredMemory = s.Measured
+	st.MeasuredMemory, st.MeasuredFootprintHash = nil, ""
+	if in.Measured > 0 {
+		st.MeasuredMemory, st.MeasuredFootprintHash = resource.NewQuantity(in.Measured, resource.BinarySI), in.FootprintHash
+	}
 	st.Endpoint = fmt.Sprintf("http://%s.%s.svc:%d", endpoints.ServiceName(md.Name), md.Namespace, endpoints.ServicePort)
 	setAvailableCondition(md, s, in)
 	setProgressingCondition(md, s, in)

@@ -81,11 +81,10 @@ func TestSummarize(t *testing.T) {
 		replica("g", "new", bound("mac-9"), ready, deleting, memory("9Gi", "")),
 	}
 	got := summarize(reps, byHash("new"))
-	five := resource.MustParse("5Gi")
 	want := replicaSummary{
 		Total: 6, Ready: 2, Updated: 5, UpdatedReady: 1, Old: 1, Unbound: 3,
 		Unschedulable: 2, FirstUnschedulable: &reps[4].Status.Conditions[0],
-		Nodes: []string{"mac-1", "mac-2"}, Measured: &five,
+		Nodes: []string{"mac-1", "mac-2"},
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("summarize mismatch (-want +got):\n%s", diff)
@@ -262,12 +261,13 @@ func TestSetStatusFields(t *testing.T) {
 		replica("b", "old", bound("mac-a"), ready, memory("", "4Gi")),
 	}
 	now := metav1.NewTime(time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC))
-	setStatus(md, summarize(reps, byHash("h")), statusInput{Desired: 2, Reservation: &q, Now: now.Time})
-	four := resource.MustParse("4Gi")
+	setStatus(md, summarize(reps, byHash("h")), statusInput{Desired: 2, Reservation: &q, Now: now.Time,
+		Measured: 4 << 30, FootprintHash: "f00d"})
+	four := resource.NewQuantity(4<<30, resource.BinarySI)
 	want := v1alpha1.ModelDeploymentStatus{
 		Replicas: 2, ReadyReplicas: 2, UpdatedReplicas: 1, Ready: "2/2",
 		Selector: "macfleet.dev/deployment=qwen", Nodes: []string{"mac-a", "mac-b"},
-		EstimatedMemory: &q, MeasuredMemory: &four, Endpoint: "http://qwen.team-a.svc:8080",
+		EstimatedMemory: &q, MeasuredMemory: four, MeasuredFootprintHash: "f00d", Endpoint: "http://qwen.team-a.svc:8080",
 		LastProgressTime: &now, // a first status is progress
 	}
 	if diff := cmp.Diff(want, md.Status, cmpopts.IgnoreFields(v1alpha1.ModelDeploymentStatus{}, "Conditions")); diff != "" {

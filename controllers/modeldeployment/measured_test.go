@@ -132,26 +132,51 @@ func TestMeasuredFootprintKeptInStatus(t *testing.T) {
 	}
 }
 
-// Through a real API server: a deployment scaled to zero keeps what its replica
-// measured, and the replica placed when it scales back reserves by that measurement,
-// not the estimate; a new context drops it.
-func TestMeasurementOutlivesScaleToZero(t *testing.T) {
+// startMeasured runs the controller against a GGUF server and creates deployment
+// name (one replica, context 2048); it checks that the first replica reserves the
+// estimate, then plays its agent: the replica loads on mac-a and reports a peak of
+// half the estimate (resident 1 MiB less).
+func startMeasured(t *testing.T, name string) measuredStart {
+	t.Helper()
 	srv := newGGUFServer(t, true)
 	f := newFixture(t)
 	f.start(&Reconciler{Resolver: &source.Resolver{HFEndpoint: srv.URL + "/hub"}})
-	md := newDeployment("zero", srv.URL+"/model.gguf", 1, "")
+	md := newDeployment(name, srv.URL+"/model.gguf", 1, "")
 	md.Spec.Engine.ContextLength = 2048
 	f.create(md)
 	est := resource.MustParse(srv.wantReservation(t, 2048))
 	first := f.waitReplicas(1)[0]
+	if got := first.Spec.MemoryReservation.String(); got != est.String() {
+		t.Fatalf("first replica reserves %s, want the estimate %s", got, est.String())
+	}
+	peak := est.Value() / 2
 	f.bind(&first, "mac-a")
 	f.markReady(&first)
-	peak := est.Value() / 2
 	before := first.DeepCopy()
 	first.Status.Memory.Peak = resource.NewQuantity(peak, resource.BinarySI)
+	first.Status.Memory.Resident = resource.NewQuantity(peak-mi, resource.BinarySI)
 	if err := f.c.Status().Patch(t.Context(), &first, client.MergeFrom(before)); err != nil {
 		t.Fatal(err)
 	}
+	return measuredStart{f: f, srv: srv, est: est, peak: peak, first: first.Name}
+}
+
+// measuredStart is what startMeasured set up: the estimate, the peak the first
+// replica reported, and that replica's name.
+type measuredStart struct {
+	f     *fixture
+	srv   *ggufServer
+	est   resource.Quantity
+	peak  int64
+	first string
+}
+
+// Through a real API server: a deployment scaled to zero keeps what its replica
+// measured, and the replica placed when it scales back reserves by that measurement,
+// not the estimate; a new context drops it.
+func TestMeasurementOutlivesScaleToZero(t *testing.T) {
+	m := startMeasured(t, "zero")
+	f, est, peak := m.f, m.est, m.peak
 	measuredIs := func(want int64) func(md *v1alpha1.ModelDeployment) (bool, string) {
 		return func(md *v1alpha1.ModelDeployment) (bool, string) {
 			got := md.Status.MeasuredMemory
@@ -186,29 +211,8 @@ func TestMeasurementOutlivesScaleToZero(t *testing.T) {
 // reserve at most 1.3× that footprint, and the replica already placed keeps its
 // reservation; a new context falls back to the estimate.
 func TestLaterReplicasReserveTheMeasuredFootprint(t *testing.T) {
-	srv := newGGUFServer(t, true)
-	f := newFixture(t)
-	f.start(&Reconciler{Resolver: &source.Resolver{HFEndpoint: srv.URL + "/hub"}})
-	md := newDeployment("packed", srv.URL+"/model.gguf", 1, "")
-	md.Spec.Engine.ContextLength = 2048
-	f.create(md)
-	est := srv.wantReservation(t, 2048)
-	first := f.waitReplicas(1)[0]
-	if got := first.Spec.MemoryReservation.String(); got != est {
-		t.Fatalf("first replica reserves %s, want the estimate %s", got, est)
-	}
-
-	// The agent loads it and reports what it measured: well below the estimate.
-	estQ := resource.MustParse(est)
-	peak := estQ.Value() / 2
-	f.bind(&first, "mac-a")
-	f.markReady(&first)
-	before := first.DeepCopy()
-	first.Status.Memory.Peak = resource.NewQuantity(peak, resource.BinarySI)
-	first.Status.Memory.Resident = resource.NewQuantity(peak-mi, resource.BinarySI)
-	if err := f.c.Status().Patch(t.Context(), &first, client.MergeFrom(before)); err != nil {
-		t.Fatal(err)
-	}
+	m := startMeasured(t, "packed")
+	f, srv, est, peak := m.f, m.srv, m.est.String(), m.peak
 	want := roundUpMiB(peak * measuredCapPercent / 100).String()
 	f.waitStatus("packed", func(md *v1alpha1.ModelDeployment) (bool, string) {
 		return md.Status.EstimatedMemory != nil && md.Status.EstimatedMemory.String() == want, fmt.Sprintf("%+v", md.Status)
@@ -218,7 +222,7 @@ func TestLaterReplicasReserveTheMeasuredFootprint(t *testing.T) {
 	reps := f.waitReplicas(3)
 	for _, r := range reps {
 		wantR := want
-		if r.Name == first.Name {
+		if r.Name == m.first {
 			wantR = est
 		}
 		if got := r.Spec.MemoryReservation.String(); got != wantR {

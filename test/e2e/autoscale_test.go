@@ -77,7 +77,8 @@ func committed(t testing.TB) int64 {
 // replicas, one through each gateway replica at the same time, are held, wake the
 // deployment and are answered once a replica is placed, fetched and loaded; after
 // scaleDownDelay without requests the deployment is at zero again and the Macs'
-// committed memory is back where it was; and it wakes again.
+// committed memory is back where it was, and the deployment keeps the footprint its
+// replica measured; and it wakes again, reserving by that footprint.
 func TestScaleFromZeroThroughGateway(t *testing.T) {
 	ns := testenv.NewNamespace(t, fleet.Client)
 	atZero(t, ns, "lazy")
@@ -86,6 +87,7 @@ func TestScaleFromZeroThroughGateway(t *testing.T) {
 		t.Fatalf("the fleet runs %d gateway replicas, want 2", len(fleet.GatewayURLs))
 	}
 
+	var kept int64 // the footprint status kept at zero
 	for round := 1; round <= 2; round++ {
 		var wg sync.WaitGroup
 		cold := make([]time.Duration, len(fleet.GatewayURLs))
@@ -123,6 +125,20 @@ func TestScaleFromZeroThroughGateway(t *testing.T) {
 		if n := ptr.Deref(md.Spec.Replicas, -1); n != 1 {
 			t.Errorf("round %d: %d replicas for two held requests, want 1", round, n)
 		}
+		if round == 2 {
+			// The footprint the first round's replica measured was kept at zero: the
+			// replica that woke the deployment reserves by it.
+			var list v1alpha1.ModelReplicaList
+			if err := fleet.Client.List(t.Context(), &list, client.InNamespace(ns),
+				client.MatchingLabels{v1alpha1.LabelDeployment: "lazy"}); err != nil {
+				t.Fatal(err)
+			}
+			for _, r := range list.Items {
+				if got := r.Spec.MemoryReservation.Value(); got < kept*11/10 || got > kept*13/10+1<<20 {
+					t.Errorf("round 2: replica %s reserves %d bytes, want 1.1-1.3x the %d kept at zero", r.Name, got, kept)
+				}
+			}
+		}
 
 		// No more requests: back to zero after WakeHold + scaleDownDelay, and the
 		// reservation goes with the replica.
@@ -130,6 +146,18 @@ func TestScaleFromZeroThroughGateway(t *testing.T) {
 		testenv.Eventually(t, 30*time.Second, 200*time.Millisecond, func() (bool, string) {
 			now := committed(t)
 			return now == base, fmt.Sprintf("committed %d at zero again, %d before the wake", now, base)
+		})
+		// What the replica measured outlives it.
+		testenv.Eventually(t, 30*time.Second, 200*time.Millisecond, func() (bool, string) {
+			if err := fleet.Client.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: "lazy"}, &md); err != nil {
+				return false, err.Error()
+			}
+			m := md.Status.MeasuredMemory
+			if m != nil {
+				kept = m.Value()
+			}
+			return m != nil && m.Value() > 0 && md.Status.MeasuredFootprintHash != "",
+				fmt.Sprintf("round %d: at zero, status.measuredMemory %v (%q)", round, m, md.Status.MeasuredFootprintHash)
 		})
 	}
 }

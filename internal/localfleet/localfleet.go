@@ -231,7 +231,8 @@ func Start(ctx context.Context, opts Options) (_ *Fleet, err error) {
 		margs = append(margs, "--node-loss-grace", opts.NodeLossGrace.String())
 	}
 	if authzAddr != "" {
-		margs = append(margs, "--node-authorizer-bind-address", authzAddr, "--node-authorizer-cert-dir", f.NodeAuthorizer.CertDir)
+		margs = append(margs, "--node-authorizer-bind-address", authzAddr, "--node-authorizer-cert-dir", f.NodeAuthorizer.CertDir,
+			"--node-authorizer-client-ca", f.NodeAuthorizer.ClientCA)
 	}
 	f.manager = &component{name: "manager", args: margs, readyz: fmt.Sprintf("http://127.0.0.1:%d/readyz", probe)}
 	if err := f.startComponent(ctx, f.manager); err != nil {

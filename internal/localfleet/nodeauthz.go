@@ -34,25 +34,65 @@ type NodeAuthorizer struct {
 	// CertDir holds the webhook's tls.crt and tls.key (the manager's
 	// --node-authorizer-cert-dir); the certificate is its own CA.
 	CertDir string
+	// ClientCA is the CA of the client certificate the API server presents (the
+	// manager's --node-authorizer-client-ca); ClientCert and ClientKey are another
+	// certificate it signs and its key, for tests that call the webhook themselves.
+	ClientCA, ClientCert, ClientKey string
 	// URL is where the API server sends its SubjectAccessReviews.
 	URL string
 }
 
 // WriteNodeAuthorizer writes, under dir, a self-signed certificate for 127.0.0.1, a
-// kubeconfig reaching the webhook at https://addr/authorize with it, and the shipped
+// client CA and a client certificate it signs for the API server, a kubeconfig
+// reaching the webhook at https://addr/authorize with both, and the shipped
 // authorization configuration naming that kubeconfig.
 func WriteNodeAuthorizer(dir, addr string) (NodeAuthorizer, error) {
 	na := NodeAuthorizer{CertDir: filepath.Join(dir, "node-authorizer-tls"), URL: "https://" + addr + "/authorize"}
 	if err := os.MkdirAll(na.CertDir, 0o700); err != nil {
 		return na, err
 	}
-	ca, err := writeSelfSignedCert(na.CertDir)
+	now := time.Now()
+	server, err := newKeyPair(&x509.Certificate{
+		Subject: pkix.Name{CommonName: "macfleet-node-authorizer"}, NotBefore: now.Add(-time.Minute), NotAfter: now.Add(24 * time.Hour),
+		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)}, DNSNames: []string{"localhost"},
+		KeyUsage:    x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}, BasicConstraintsValid: true, IsCA: true,
+	}, nil)
 	if err != nil {
 		return na, fmt.Errorf("the node authorizer's certificate: %w", err)
 	}
+	clientCA, err := newKeyPair(&x509.Certificate{
+		Subject: pkix.Name{CommonName: "macfleet-node-authorizer-client-ca"}, NotBefore: now.Add(-time.Minute), NotAfter: now.Add(24 * time.Hour),
+		KeyUsage: x509.KeyUsageCertSign, BasicConstraintsValid: true, IsCA: true,
+	}, nil)
+	if err != nil {
+		return na, fmt.Errorf("the node authorizer's client CA: %w", err)
+	}
+	clientTmpl := func(name string) *x509.Certificate {
+		return &x509.Certificate{Subject: pkix.Name{CommonName: name}, NotBefore: now.Add(-time.Minute), NotAfter: now.Add(24 * time.Hour),
+			KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}
+	}
+	apiserver, err := newKeyPair(clientTmpl("kube-apiserver"), clientCA)
+	if err != nil {
+		return na, fmt.Errorf("the API server's client certificate: %w", err)
+	}
+	other, err := newKeyPair(clientTmpl("test-client"), clientCA)
+	if err != nil {
+		return na, fmt.Errorf("a test client certificate: %w", err)
+	}
+	na.ClientCA = filepath.Join(dir, "node-authorizer-client-ca.crt")
+	na.ClientCert, na.ClientKey = filepath.Join(dir, "node-authorizer-test-client.crt"), filepath.Join(dir, "node-authorizer-test-client.key")
+	for path, b := range map[string][]byte{
+		filepath.Join(na.CertDir, "tls.crt"): server.certPEM, filepath.Join(na.CertDir, "tls.key"): server.keyPEM,
+		na.ClientCA: clientCA.certPEM, na.ClientCert: other.certPEM, na.ClientKey: other.keyPEM,
+	} {
+		if err := os.WriteFile(path, b, 0o600); err != nil {
+			return na, err
+		}
+	}
 	kc := clientcmdapi.NewConfig()
-	kc.Clusters["node-authorizer"] = &clientcmdapi.Cluster{Server: na.URL, CertificateAuthorityData: ca}
-	kc.AuthInfos["kube-apiserver"] = &clientcmdapi.AuthInfo{}
+	kc.Clusters["node-authorizer"] = &clientcmdapi.Cluster{Server: na.URL, CertificateAuthorityData: server.certPEM}
+	kc.AuthInfos["kube-apiserver"] = &clientcmdapi.AuthInfo{ClientCertificateData: apiserver.certPEM, ClientKeyData: apiserver.keyPEM}
 	kc.Contexts["default"] = &clientcmdapi.Context{Cluster: "node-authorizer", AuthInfo: "kube-apiserver"}
 	kc.CurrentContext = "default"
 	kubeconfig := filepath.Join(dir, "node-authorizer.kubeconfig")
@@ -74,26 +114,32 @@ func WriteNodeAuthorizer(dir, addr string) (NodeAuthorizer, error) {
 	return na, os.WriteFile(na.AuthorizationConfig, bytes.ReplaceAll(shipped, []byte(shippedKubeconfigPath), []byte(kubeconfig)), 0o600)
 }
 
-// writeSelfSignedCert writes tls.crt and tls.key for 127.0.0.1 into dir and returns
-// the certificate in PEM, which is also its CA.
-func writeSelfSignedCert(dir string) ([]byte, error) {
+// keyPair is a certificate and its key, parsed and in PEM.
+type keyPair struct {
+	cert            *x509.Certificate
+	key             *ecdsa.PrivateKey
+	certPEM, keyPEM []byte
+}
+
+// newKeyPair creates a P-256 key and a certificate of tmpl for it, signed by parent
+// (nil: self-signed), with a random serial number.
+func newKeyPair(tmpl *x509.Certificate, parent *keyPair) (*keyPair, error) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return nil, err
 	}
-	serial, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 62))
+	if tmpl.SerialNumber, err = rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 62)); err != nil {
+		return nil, err
+	}
+	signer, signerKey := tmpl, key
+	if parent != nil {
+		signer, signerKey = parent.cert, parent.key
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, signer, &key.PublicKey, signerKey)
 	if err != nil {
 		return nil, err
 	}
-	now := time.Now()
-	tmpl := &x509.Certificate{
-		SerialNumber: serial, Subject: pkix.Name{CommonName: "macfleet-node-authorizer"},
-		NotBefore: now.Add(-time.Minute), NotAfter: now.Add(24 * time.Hour),
-		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)}, DNSNames: []string{"localhost"},
-		KeyUsage:    x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign,
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}, BasicConstraintsValid: true, IsCA: true,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	cert, err := x509.ParseCertificate(der)
 	if err != nil {
 		return nil, err
 	}
@@ -101,9 +147,6 @@ func writeSelfSignedCert(dir string) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	crt := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
-	if err := os.WriteFile(filepath.Join(dir, "tls.crt"), crt, 0o600); err != nil {
-		return nil, err
-	}
-	return crt, os.WriteFile(filepath.Join(dir, "tls.key"), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}), 0o600)
+	return &keyPair{cert: cert, key: key, certPEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
+		keyPEM: pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER})}, nil
 }

@@ -73,6 +73,10 @@ type Config struct {
 	NodeAuthorizerAddr     string
 	NodeAuthorizerListener net.Listener
 	NodeAuthorizerCertDir  string
+	// NodeAuthorizerClientCA, when set, is the PEM file of the CAs that sign the
+	// client certificate the API server presents to the webhook; callers without one
+	// are refused.
+	NodeAuthorizerClientCA string
 	// SkipNameValidation lets one process build several managers (tests do).
 	SkipNameValidation bool
 }
@@ -190,7 +194,8 @@ func New(cfg Config) (ctrl.Manager, error) {
 		if cfg.NodeAuthorizerCertDir == "" {
 			err = fmt.Errorf("the node authorizer on %s needs a certificate: set --node-authorizer-cert-dir to a directory with tls.crt and tls.key", authzLn.Addr())
 		} else {
-			err = nodeauthz.Add(mgr, nodeauthz.Options{Listener: authzLn, CertDir: cfg.NodeAuthorizerCertDir})
+			err = nodeauthz.Add(mgr, nodeauthz.Options{Listener: authzLn, CertDir: cfg.NodeAuthorizerCertDir,
+				ClientCAFile: cfg.NodeAuthorizerClientCA})
 		}
 	}
 	if err != nil {

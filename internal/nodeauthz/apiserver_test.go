@@ -3,11 +3,14 @@ package nodeauthz_test
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
 	"fmt"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -34,6 +37,7 @@ var (
 	envOpts   []testenv.Option
 	webhookLn net.Listener
 	certDir   string
+	authz     localfleet.NodeAuthorizer
 	serveOnce sync.Once
 	env       *testenv.Env
 	envErr    error
@@ -64,7 +68,7 @@ func run(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	certDir = na.CertDir
+	certDir, authz = na.CertDir, na
 	envOpts = []testenv.Option{testenv.WithScheme(v1alpha1.AddToScheme), testenv.WithAuthorizationConfig(na.AuthorizationConfig)}
 	ctrllog.SetLogger(logr.Discard())
 	ctx, stop = context.WithCancel(context.Background())
@@ -103,12 +107,15 @@ func serve(tb testing.TB) *testenv.Env {
 		if crt, envErr = tls.LoadX509KeyPair(filepath.Join(certDir, "tls.crt"), filepath.Join(certDir, "tls.key")); envErr != nil {
 			return
 		}
+		var tlsCfg *tls.Config
+		getCert := func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return &crt, nil }
+		if tlsCfg, envErr = nodeauthz.TLSConfig(getCert, authz.ClientCA); envErr != nil {
+			return
+		}
 		mux := http.NewServeMux()
 		mux.Handle(nodeauthz.Path, webhook)
 		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-		go func() {
-			_ = srv.Serve(tls.NewListener(webhookLn, &tls.Config{Certificates: []tls.Certificate{crt}, MinVersion: tls.VersionTLS12}))
-		}()
+		go func() { _ = srv.Serve(tls.NewListener(webhookLn, tlsCfg)) }()
 		go func() { <-ctx.Done(); _ = srv.Close() }()
 	})
 	if envErr != nil {
@@ -218,4 +225,42 @@ func sar(tb testing.TB, c client.Client, user string, groups []string, attrs aut
 		tb.Fatal(err)
 	}
 	return r.Status.Allowed
+}
+
+// TestWebhookAnswersOnlyTheAPIServer: with a client CA the webhook answers a caller
+// whose certificate that CA signed (the API server above, through its kubeconfig, and
+// a test client here); a caller that reaches its port without one — which could
+// otherwise ask which Mac a replica is bound to — fails the TLS handshake.
+func TestWebhookAnswersOnlyTheAPIServer(t *testing.T) {
+	serve(t)
+	serverCA := x509.NewCertPool()
+	pemCA, err := os.ReadFile(filepath.Join(certDir, "tls.crt"))
+	if err != nil || !serverCA.AppendCertsFromPEM(pemCA) {
+		t.Fatalf("the webhook's CA: %v", err)
+	}
+	review := `{"apiVersion":"authorization.k8s.io/v1","kind":"SubjectAccessReview","spec":{"user":"system:serviceaccount:macfleet-nodes:mac-a",` +
+		`"resourceAttributes":{"group":"macfleet.dev","resource":"modelreplicas","verb":"get","namespace":"x","name":"y"}}}`
+	post := func(certs []tls.Certificate) (*http.Response, error) {
+		c := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
+			TLSClientConfig: &tls.Config{RootCAs: serverCA, Certificates: certs, MinVersion: tls.VersionTLS12}}}
+		defer c.CloseIdleConnections()
+		return c.Post(authz.URL, "application/json", strings.NewReader(review))
+	}
+	if resp, err := post(nil); err == nil {
+		resp.Body.Close()
+		t.Errorf("a caller without a client certificate got %s, want a failed handshake", resp.Status)
+	}
+	client, err := tls.LoadX509KeyPair(authz.ClientCert, authz.ClientKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := post([]tls.Certificate{client})
+	if err != nil {
+		t.Fatalf("a caller with a certificate of the client CA: %v", err)
+	}
+	defer resp.Body.Close()
+	var got authzv1.SubjectAccessReview
+	if err := json.NewDecoder(resp.Body).Decode(&got); err != nil || resp.StatusCode != http.StatusOK || got.Status.Allowed {
+		t.Errorf("a caller with a certificate of the client CA: %s, %+v (%v); want 200, not allowed (no such replica)", resp.Status, got.Status, err)
+	}
 }

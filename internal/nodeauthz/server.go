@@ -2,10 +2,12 @@ package nodeauthz
 
 import (
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
 	"net/http"
+	"os"
 	"path/filepath"
 	"time"
 
@@ -34,6 +36,31 @@ type Options struct {
 	// CertDir holds tls.crt and tls.key, reloaded when they change. The API server's
 	// kubeconfig for the webhook trusts their issuer.
 	CertDir string
+	// ClientCAFile, when set, is a PEM bundle of the CAs whose client certificates
+	// may ask: the connection of a caller without one (anyone but the API server, whose
+	// kubeconfig for the webhook presents one) fails its TLS handshake. It is read at
+	// start.
+	ClientCAFile string
+}
+
+// TLSConfig is the webhook's server TLS: its certificate from getCert and, with
+// clientCAFile, a client certificate required of every caller and verified against
+// that file's CAs.
+func TLSConfig(getCert func(*tls.ClientHelloInfo) (*tls.Certificate, error), clientCAFile string) (*tls.Config, error) {
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: getCert}
+	if clientCAFile == "" {
+		return cfg, nil
+	}
+	pemCAs, err := os.ReadFile(clientCAFile)
+	if err != nil {
+		return nil, fmt.Errorf("reading the node authorizer's client CA: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pemCAs) {
+		return nil, fmt.Errorf("the node authorizer's client CA file %s holds no PEM certificate", clientCAFile)
+	}
+	cfg.ClientAuth, cfg.ClientCAs = tls.RequireAndVerifyClientCert, pool
+	return cfg, nil
 }
 
 // Add makes the manager serve the webhook on every replica (not only the leader: the
@@ -52,7 +79,11 @@ func Add(mgr manager.Manager, o Options) error {
 	log := ctrl.Log.WithName("node-authorizer")
 	mux := http.NewServeMux()
 	mux.Handle(Path, &Handler{Lookup: CacheLookup(mgr.GetCache(), log), Log: log, Decisions: decisions})
-	ln := tls.NewListener(o.Listener, &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: cw.GetCertificate})
+	tlsCfg, err := TLSConfig(cw.GetCertificate, o.ClientCAFile)
+	if err != nil {
+		return err
+	}
+	ln := tls.NewListener(o.Listener, tlsCfg)
 	grace := 30 * time.Second
 	return mgr.Add(&manager.Server{Name: "node authorizer", Listener: ln, ShutdownTimeout: &grace,
 		Server: &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}})

@@ -14,6 +14,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/rest"
@@ -80,6 +81,7 @@ func TestInstallUpgradeUninstall(t *testing.T) {
 		t.Errorf("fleet token has %d characters, want 48", len(token))
 	}
 	authzCert := secretData(t, c, "macfleet-node-authorizer-tls")
+	authzClient := secretData(t, c, "macfleet-node-authorizer-client")
 
 	mustHelm(t, append([]string{"upgrade", "macfleet", chartDir(t), "--kubeconfig", kubeconfig,
 		"--namespace", installNamespace, "--set", "gateway.replicas=3", "--set", "manager.replicas=2"}, values...)...)
@@ -89,6 +91,9 @@ func TestInstallUpgradeUninstall(t *testing.T) {
 	// The API server's kubeconfig for the node authorizer trusts the CA made on install.
 	if got := secretData(t, c, "macfleet-node-authorizer-tls"); !maps.EqualFunc(got, authzCert, bytes.Equal) || len(got["ca.crt"]) == 0 {
 		t.Error("upgrade changed the node authorizer's certificate or CA")
+	}
+	if got := secretData(t, c, "macfleet-node-authorizer-client"); !maps.EqualFunc(got, authzClient, bytes.Equal) || len(got["tls.crt"]) == 0 {
+		t.Error("upgrade changed the API server's client certificate for the node authorizer")
 	}
 	for name, want := range map[string]int32{"macfleet-gateway": 3, "macfleet-manager": 2} {
 		var d appsv1.Deployment
@@ -101,6 +106,22 @@ func TestInstallUpgradeUninstall(t *testing.T) {
 	}
 
 	checkNodeIdentity(t, env)
+
+	// A release whose CA was made without a client certificate (the Secret gone, as
+	// from a chart before clientAuth) cannot get one signed: the upgrade fails and
+	// says what to do, and nothing changes.
+	if err := c.Delete(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: installNamespace, Name: "macfleet-node-authorizer-client"}}); err != nil {
+		t.Fatal(err)
+	}
+	_, err := helm(t, append([]string{"upgrade", "macfleet", chartDir(t), "--kubeconfig", kubeconfig,
+		"--namespace", installNamespace, "--reuse-values"}, values...)...)
+	if err == nil || !strings.Contains(err.Error(), "Delete Secret macfleet-node-authorizer-tls") ||
+		!strings.Contains(err.Error(), "nodeAuthorization.webhook.clientAuth=false") {
+		t.Errorf("upgrading without the client certificate: %v, want a failure naming both ways out", err)
+	}
+	if got := secretData(t, c, "macfleet-node-authorizer-tls"); !maps.EqualFunc(got, authzCert, bytes.Equal) {
+		t.Error("the failed upgrade changed the node authorizer's certificate")
+	}
 
 	mustHelm(t, "uninstall", "macfleet", "--kubeconfig", kubeconfig, "--namespace", installNamespace)
 	for _, o := range rendered {

@@ -26,6 +26,7 @@ func TestNodeAuthorizationModes(t *testing.T) {
 		return findDeployment(t, objs, "macfleet-manager").Spec.Template.Spec.Containers[0].Args
 	}
 	const bind = "--node-authorizer-bind-address=:9443"
+	const clientCA = "--node-authorizer-client-ca=/etc/macfleet/node-authorizer-tls/ca.crt"
 
 	t.Run("webhook", func(t *testing.T) {
 		objs := render(t)
@@ -75,6 +76,39 @@ func TestNodeAuthorizationModes(t *testing.T) {
 		}
 		if _, err := crt.Verify(x509.VerifyOptions{Roots: pool, DNSName: "macfleet-node-authorizer." + testNamespace + ".svc"}); err != nil {
 			t.Errorf("the node authorizer's certificate: %v", err)
+		}
+
+		// The API server's client certificate is one the manager's client CA (ca.crt
+		// above, passed with --node-authorizer-client-ca) accepts for client auth.
+		if !slices.Contains(managerArgs(objs), clientCA) {
+			t.Errorf("manager args %v lack %s", managerArgs(objs), clientCA)
+		}
+		client, _, _ := unstructured.NestedStringMap(find(t, objs, "Secret", "macfleet-node-authorizer-client").Object, "data")
+		cb, err := base64.StdEncoding.DecodeString(client["tls.crt"])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if kb, err := base64.StdEncoding.DecodeString(client["tls.key"]); err != nil || len(kb) == 0 {
+			t.Errorf("the client certificate's key: %v", err)
+		}
+		if client["ca.crt"] != data["ca.crt"] {
+			t.Error("the client Secret's ca.crt is not the CA of the webhook's serving certificate")
+		}
+		if block, _ = pem.Decode(cb); block == nil {
+			t.Fatal("the client tls.crt holds no PEM")
+		}
+		if crt, err = x509.ParseCertificate(block.Bytes); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := crt.Verify(x509.VerifyOptions{Roots: pool, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil {
+			t.Errorf("the API server's client certificate: %v", err)
+		}
+	})
+
+	t.Run("webhook without client auth", func(t *testing.T) {
+		objs := render(t, "nodeAuthorization.webhook.clientAuth=false")
+		if slices.Contains(managerArgs(objs), clientCA) || has(objs, "Secret", "macfleet-node-authorizer-client") {
+			t.Error("clientAuth=false still asks for a client certificate or renders one")
 		}
 	})
 

@@ -124,6 +124,7 @@ func TestTemplateObjects(t *testing.T) {
 		{"SourcePolicy", "", "default"},
 		{"Service", testNamespace, "macfleet-node-authorizer"},
 		{"Secret", testNamespace, "macfleet-node-authorizer-tls"},
+		{"Secret", testNamespace, "macfleet-node-authorizer-client"},
 	} {
 		want[k] = nil
 	}
@@ -194,9 +195,11 @@ func TestTemplateDeployments(t *testing.T) {
 		SecretName: "macfleet-fleet-token", Items: []corev1.KeyToPath{{Key: "token", Path: "token"}},
 	}}}
 	authzVolume := corev1.Volume{Name: "node-authorizer-tls", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
-		SecretName: "macfleet-node-authorizer-tls", Items: []corev1.KeyToPath{{Key: "tls.crt", Path: "tls.crt"}, {Key: "tls.key", Path: "tls.key"}},
+		SecretName: "macfleet-node-authorizer-tls", Items: []corev1.KeyToPath{{Key: "tls.crt", Path: "tls.crt"}, {Key: "tls.key", Path: "tls.key"},
+			{Key: "ca.crt", Path: "ca.crt"}},
 	}}}
 	const authzBind, authzCerts = "--node-authorizer-bind-address=:9443", "--node-authorizer-cert-dir=/etc/macfleet/node-authorizer-tls"
+	const authzClientCA = "--node-authorizer-client-ca=/etc/macfleet/node-authorizer-tls/ca.crt"
 	keysVolume := corev1.Volume{Name: "api-keys", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
 		SecretName: "client-keys", Items: []corev1.KeyToPath{{Key: "list", Path: "list"}},
 	}}}
@@ -215,7 +218,7 @@ func TestTemplateDeployments(t *testing.T) {
 		wantImage: "ghcr.io/macfleet/macfleet:0.1.0",
 		wantManager: []string{"manager", "--metrics-bind-address=:8080", "--health-probe-bind-address=:8081",
 			"--leader-elect=false", "--node-loss-grace=60s", "--scheduler-workers=8", "--fleet-token-file=/etc/macfleet/fleet-token/token",
-			authzBind, authzCerts, "--zap-log-level=info"},
+			authzBind, authzCerts, authzClientCA, "--zap-log-level=info"},
 		wantStrategy: appsv1.RecreateDeploymentStrategyType,
 		wantGateway: []string{"gateway", "--listen=:8080", "--metrics-bind-address=:9090", "--health-probe-bind-address=:8081",
 			"--fleet-token-file=/etc/macfleet/fleet-token/token", "--cold-start-timeout=2m", "--prefix-affinity=false",
@@ -238,7 +241,7 @@ func TestTemplateDeployments(t *testing.T) {
 		wantImage: "registry.example/mf:v9",
 		wantManager: []string{"manager", "--metrics-bind-address=:8080", "--health-probe-bind-address=:8081",
 			"--leader-elect=true", "--node-loss-grace=5m", "--scheduler-workers=2", "--fleet-token-file=/etc/macfleet/fleet-token/token",
-			authzBind, authzCerts, "--hf-endpoint=https://hf.example",
+			authzBind, authzCerts, authzClientCA, "--hf-endpoint=https://hf.example",
 			"--zap-log-level=debug", "--zap-devel"},
 		wantStrategy: "",
 		wantGateway: []string{"gateway", "--listen=:8080", "--metrics-bind-address=:9090", "--health-probe-bind-address=:8081",
@@ -254,7 +257,7 @@ func TestTemplateDeployments(t *testing.T) {
 		wantImage: "ghcr.io/macfleet/macfleet:0.1.0",
 		wantManager: []string{"manager", "--metrics-bind-address=:8080", "--health-probe-bind-address=:8081",
 			"--leader-elect=false", "--node-loss-grace=60s", "--scheduler-workers=8", "--fleet-token-file=/etc/macfleet/fleet-token/token",
-			authzBind, authzCerts, "--zap-log-level=info"},
+			authzBind, authzCerts, authzClientCA, "--zap-log-level=info"},
 		wantStrategy: appsv1.RecreateDeploymentStrategyType,
 	}}
 	for _, tc := range tests {

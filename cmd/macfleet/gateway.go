@@ -2,6 +2,7 @@ package main
 
 import (
 	goflag "flag"
+	"fmt"
 
 	"github.com/spf13/cobra"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -46,6 +47,9 @@ OTEL_EXPORTER_OTLP_ENDPOINT set it traces every request (see docs/tracing.md).`,
 			if cfg.Queue.ReserveSlots == 0 { // the flag's 0 is none; the Limits' 0 is the default
 				cfg.Queue.ReserveSlots = -1
 			}
+			if cfg.Queue.ActiveWindow <= 0 {
+				return fmt.Errorf("--active-window must be positive, got %v", cfg.Queue.ActiveWindow)
+			}
 			ctx := ctrl.SetupSignalHandler()
 			tp, stop, err := startTracing(ctx, tracing.ServiceGateway, ctrl.Log.WithName("tracing"))
 			if err != nil {
@@ -74,6 +78,9 @@ OTEL_EXPORTER_OTLP_ENDPOINT set it traces every request (see docs/tracing.md).`,
 		"Requests one client (API key, or address without keys) may have waiting in one deployment's queue; 0: a quarter of --max-queue")
 	f.IntVar(&cfg.Queue.ReserveSlots, "reserve-slots", fairqueue.DefaultReserveSlots,
 		"Slots of a deployment one client leaves to the others while more than one client is active, so a newcomer is served at once; 0 or negative: none")
+	f.DurationVar(&cfg.Queue.ActiveWindow, "active-window", fairqueue.DefaultActiveWindow,
+		"How long a client counts as active after its last request, for --reserve-slots: a client back within it finds a slot kept for it; "+
+			"longer keeps the slot for clients with longer pauses, at the cost of a lone client's throughput for that long")
 	f.BoolVar(&cfg.DisableConsole, "disable-console", false,
 		"Do not serve the web console at /ui (it uses the same API keys as the API)")
 	f.BoolVar(&cfg.PrefixAffinity, "prefix-affinity", false,

@@ -169,9 +169,11 @@ type ModelDeploymentStatus struct {
 	// +optional
 	EstimatedMemory *resource.Quantity `json:"estimatedMemory,omitempty"`
 	// measuredMemory is the largest footprint (peak or resident) a loaded replica of
-	// the current model and engine settings measured. It is kept while no replica is
-	// loaded, so a replica placed later — after a scale to zero — reserves by it, and
-	// dropped when the model or the engine settings change.
+	// the current model and engine settings measured: one of this deployment's, or of
+	// another deployment in the namespace with the same model file and engine
+	// settings. It is kept while no replica is loaded, so a replica placed later —
+	// after a scale to zero — reserves by it, and dropped when the model or the engine
+	// settings change.
 	// +optional
 	MeasuredMemory *resource.Quantity `json:"measuredMemory,omitempty"`
 	// measuredFootprintHash names the model and engine settings measuredMemory was

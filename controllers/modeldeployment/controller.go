@@ -192,7 +192,13 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	hash := templateHash(tmpl)
 	// A source the policy denies gets no estimate and no new replicas.
 	sourceErr := policy.DecideSource(md.Namespace, tmpl.Model.Source).Err(md.Namespace, tmpl.Model.Source)
-	measured, _ := measuredFootprint(tmpl, replicas, &md.Status)
+	// What a replica of the same model and engine settings measured — of this
+	// deployment or of another in its namespace — or what status kept of it.
+	var inNamespace v1alpha1.ModelReplicaList
+	if err := r.Client.List(ctx, &inNamespace, client.InNamespace(md.Namespace)); err != nil {
+		return ctrl.Result{}, fmt.Errorf("listing the namespace's replicas: %w", err)
+	}
+	measured, _ := measuredFootprint(tmpl, inNamespace.Items, &md.Status)
 	var res reservation
 	if sourceErr == nil {
 		// The estimate, until a replica of the same footprint measured one.

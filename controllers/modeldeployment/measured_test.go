@@ -2,6 +2,7 @@ package modeldeployment
 
 import (
 	"fmt"
+	"maps"
 	"testing"
 
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/internal/source"
+	"github.com/macfleet/macfleet/internal/testenv"
 )
 
 const mi = int64(1) << 20
@@ -204,6 +206,37 @@ func TestMeasurementOutlivesScaleToZero(t *testing.T) {
 
 	f.update("zero", func(md *v1alpha1.ModelDeployment) { md.Spec.Engine.ContextLength = 1024 })
 	f.waitStatus("zero", measuredIs(0))
+}
+
+// A new deployment of a model and engine settings that another deployment in its
+// namespace has measured reserves by that measurement from its first replica; one
+// with another context starts from the estimate.
+func TestSiblingDeploymentReservesTheMeasurement(t *testing.T) {
+	m := startMeasured(t, "measured")
+	f := m.f
+	f.waitStatus("measured", func(md *v1alpha1.ModelDeployment) (bool, string) {
+		q := md.Status.MeasuredMemory
+		return q != nil && q.Value() == m.peak, fmt.Sprintf("measuredMemory %v, want %d", q, m.peak)
+	})
+	sibling := newDeployment("sibling", f.deployment("measured").Spec.Model.Source, 1, "")
+	sibling.Spec.Engine.ContextLength = 2048
+	f.create(sibling)
+	other := newDeployment("other-context", f.deployment("measured").Spec.Model.Source, 1, "")
+	other.Spec.Engine.ContextLength = 1024
+	f.create(other)
+	want := map[string]string{
+		"sibling":       roundUpMiB(m.peak * measuredCapPercent / 100).String(),
+		"other-context": m.srv.wantReservation(t, 1024),
+	}
+	testenv.Eventually(t, wait, poll, func() (bool, string) {
+		got := map[string]string{}
+		for _, r := range f.replicas() {
+			if d := r.Labels[v1alpha1.LabelDeployment]; want[d] != "" {
+				got[d] = r.Spec.MemoryReservation.String()
+			}
+		}
+		return maps.Equal(got, want), fmt.Sprintf("first replicas reserve %v, want %v", got, want)
+	})
 }
 
 // Wiring: the first replica reserves the estimate from the GGUF header; once it

@@ -48,15 +48,18 @@ func (s *Share) Arrive(flow string, now time.Time) {
 	s.flow(flow).arrived = now
 }
 
-// Allows is whether the flow may take one more slot of a deployment with capacity
-// slots in all at now.
-func (s *Share) Allows(flow string, capacity int, now time.Time) bool {
+// Allows is whether the flow may take width more slots (a request for n choices takes
+// n) of a deployment with capacity slots in all at now. A request wider than the
+// flow's cap counts as the cap, so it is not held back for ever: it runs once the flow
+// holds nothing.
+func (s *Share) Allows(flow string, width, capacity int, now time.Time) bool {
 	f := s.flows[flow]
 	held := 0
 	if f != nil {
 		held = f.held
 	}
-	return held < s.Cap(flow, capacity, now)
+	limit := s.Cap(flow, capacity, now)
+	return held+min(max(width, 1), limit) <= limit
 }
 
 // Cap is how many slots the flow may hold at now: capacity, less Reserve while
@@ -68,13 +71,13 @@ func (s *Share) Cap(flow string, capacity int, now time.Time) int {
 	return max(capacity-s.Reserve, 1)
 }
 
-// Grant records that the flow took a slot; Done that it gave one back.
-func (s *Share) Grant(flow string) { s.flow(flow).held++ }
+// Grant records that the flow took n slots.
+func (s *Share) Grant(flow string, n int) { s.flow(flow).held += max(n, 0) }
 
-// Done records that the flow gave a slot back.
-func (s *Share) Done(flow string) {
-	if f := s.flows[flow]; f != nil && f.held > 0 {
-		f.held--
+// Done records that the flow gave n slots back.
+func (s *Share) Done(flow string, n int) {
+	if f := s.flows[flow]; f != nil {
+		f.held = max(f.held-max(n, 0), 0)
 	}
 }
 

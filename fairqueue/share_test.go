@@ -78,9 +78,9 @@ func TestShareCap(t *testing.T) {
 				case "arrive":
 					s.Arrive(flow, now)
 				case "grant":
-					s.Grant(flow)
+					s.Grant(flow, 1)
 				case "done":
-					s.Done(flow)
+					s.Done(flow, 1)
 				case "forget":
 					s.Forget(now)
 				case "":
@@ -102,8 +102,8 @@ func TestShareKeepsASlotForANewcomer(t *testing.T) {
 	s := NewShare(1, time.Second)
 	take := func(flow string, now time.Time) int {
 		n := 0
-		for s.Allows(flow, 2, now) {
-			s.Grant(flow)
+		for s.Allows(flow, 1, 2, now) {
+			s.Grant(flow, 1)
 			n++
 		}
 		return n
@@ -112,19 +112,55 @@ func TestShareKeepsASlotForANewcomer(t *testing.T) {
 	if n := take("heavy", t0); n != 2 {
 		t.Fatalf("a flow alone took %d of 2 slots, want 2", n)
 	}
-	s.Done("heavy")
-	s.Done("heavy")
+	s.Done("heavy", 1)
+	s.Done("heavy", 1)
 	s.Arrive("light", t0)
 	if n := take("heavy", t0); n != 1 {
 		t.Fatalf("with another flow active the greedy flow took %d of 2 slots, want 1", n)
 	}
-	if !s.Allows("light", 2, t0) {
+	if !s.Allows("light", 1, 2, t0) {
 		t.Fatal("the newcomer finds no slot it may take")
 	}
-	s.Done("heavy")
-	s.Done("heavy") // more Done than Grant is harmless
-	s.Done("nobody")
+	s.Done("heavy", 1)
+	s.Done("heavy", 1) // more Done than Grant is harmless
+	s.Done("nobody", 1)
 	if got := s.Cap("light", 2, t0.Add(2*time.Second)); got != 2 {
 		t.Fatalf("once the heavy flow is quiet the light flow's cap is %d, want 2", got)
+	}
+}
+
+// TestShareCountsSlots: a request for n choices takes n slots of the flow's cap, so a
+// flow cannot take the kept slot with wide requests; a request wider than the cap runs
+// once the flow holds nothing.
+func TestShareCountsSlots(t *testing.T) {
+	for _, tc := range []struct {
+		name                  string
+		held, width, capacity int
+		otherActive           bool
+		want                  bool
+	}{
+		{"alone, two of four held, two more fit", 2, 2, 4, false, true},
+		{"alone, three held, two more do not", 3, 2, 4, false, false},
+		{"another active: n=2 beside one held on three slots would take the kept one", 1, 2, 3, true, false},
+		{"another active: n=2 on three slots, holding none, fits the cap of two", 0, 2, 3, true, true},
+		{"another active: n=2 on four slots fits the cap of three", 1, 2, 4, true, true},
+		{"another active: wider than the cap, holding nothing, runs", 0, 5, 4, true, true},
+		{"another active: wider than the cap, holding one, waits", 1, 5, 4, true, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := NewShare(1, time.Minute)
+			s.Arrive("A", t0)
+			s.Grant("A", tc.held)
+			if tc.otherActive {
+				s.Arrive("B", t0)
+			}
+			if got := s.Allows("A", tc.width, tc.capacity, t0); got != tc.want {
+				t.Errorf("Allows(A, width %d, capacity %d) holding %d = %v, want %v", tc.width, tc.capacity, tc.held, got, tc.want)
+			}
+			s.Done("A", tc.held)
+			if !s.Allows("A", 1, tc.capacity, t0) {
+				t.Error("after giving every slot back the flow may not take one")
+			}
+		})
 	}
 }

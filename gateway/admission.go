@@ -148,11 +148,11 @@ const maxShareFlows = 64
 // pick finds t a replica of rt with room, if its client's share allows it one more
 // (heldBack: a replica had room but the share said no), and counts it.
 func (a *admission) pick(rt *Route, mq *modelQueue, t *ticket, now time.Time) (be Backend, ok, heldBack bool) {
-	if a.perSlot > 0 && !mq.share.Allows(t.flow, capacity(rt, a.perSlot), now) {
+	if a.perSlot > 0 && !mq.share.Allows(t.flow, t.width, capacity(rt, a.perSlot), now) {
 		return Backend{}, false, true
 	}
 	if be, t.counted, ok = a.bal.pickN(rt, t.excluded, a.affinity, t.h, a.perSlot, t.width); ok {
-		mq.share.Grant(t.flow)
+		mq.share.Grant(t.flow, t.counted)
 	}
 	return be, ok, false
 }
@@ -224,7 +224,7 @@ func (a *admission) release(t *ticket, key string) {
 	if mq == nil {
 		return
 	}
-	mq.share.Done(t.flow)
+	mq.share.Done(t.flow, t.counted)
 	if mq.q.Len() > 0 {
 		if rt := a.table().Route(t.model); rt != nil {
 			a.dispatchLocked(rt, mq)
@@ -249,7 +249,7 @@ func (a *admission) leave(t *ticket) {
 	case be := <-t.granted:
 		a.bal.releaseN(be.Key, t.counted)
 		if mq != nil {
-			mq.share.Done(t.flow)
+			mq.share.Done(t.flow, t.counted)
 		}
 		if rt := a.table().Route(t.model); rt != nil && mq != nil {
 			a.dispatchLocked(rt, mq)

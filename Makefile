@@ -24,12 +24,30 @@ HELM_LDFLAGS  := -X helm.sh/helm/v3/internal/version.version=$(HELM_VERSION) \
 CHART         := charts/macfleet
 CHART_SYNC    := go run ./test/chart/chartsync
 
+# What this machine needs for the goals asked (hack/deps.sh): the test set for test-like
+# goals, the demo set otherwise.
+DEPS_GOALS    := $(if $(filter test soak fuzz bench chart-test,$(MAKECMDGOALS)),test,demo)
+# The components this run builds from nothing, in make's order: hack/step.sh announces
+# each as "[N/M] name" with the time since make started.
+MACFLEET_STEPS := $(strip $(if $(wildcard $(ENVTEST_DIR)/kube-apiserver),,etcd kube-apiserver kubectl) \
+	$(if $(filter demo dev-cluster,$(MAKECMDGOALS)),$(if $(wildcard $(BIN)/macfleet),,macfleet)) \
+	$(if $(filter demo runner test soak bench,$(MAKECMDGOALS)),$(if $(wildcard $(RUNNER)),,runner)) \
+	$(if $(filter test helm chart-test chart-verify,$(MAKECMDGOALS)),$(if $(wildcard $(HELM)),,helm)))
+MACFLEET_STEPS_START := $(shell date +%s)
+export MACFLEET_STEPS MACFLEET_STEPS_START CACHE_DIR
+
 export KUBEBUILDER_ASSETS := $(ENVTEST_DIR)
 export MACFLEET_RUNNER    := $(RUNNER)
 export MACFLEET_HELM      := $(HELM)
 
 .PHONY: all
 all: generate manifests build
+
+##@ Set-up
+
+.PHONY: deps
+deps: ## Install the Debian packages (and for test the npm clients) this machine lacks; fail at once if it cannot.
+	hack/deps.sh $(DEPS_GOALS)
 
 ##@ Generation
 
@@ -48,16 +66,16 @@ manifests: ## Generate CRDs and RBAC from markers; copy them into the chart.
 
 .PHONY: build
 build: ## Build the pure-Go macfleet binary.
-	CGO_ENABLED=0 go build -trimpath -o $(BIN)/macfleet ./cmd/macfleet
+	CGO_ENABLED=0 hack/step.sh macfleet go build -trimpath -o $(BIN)/macfleet ./cmd/macfleet
 
 .PHONY: runner
 runner: $(RUNNER) ## Build the cgo runner (llama.cpp; Metal on darwin, CPU elsewhere).
-$(RUNNER): $(shell find runner cmd/macfleet-runner -name '*.go' -o -name '*.h' -o -name '*.c*' 2>/dev/null) go.mod hack/build-runner.sh
-	hack/build-runner.sh $(RUNNER)
+$(RUNNER): $(shell find runner cmd/macfleet-runner -name '*.go' -o -name '*.h' -o -name '*.c*' 2>/dev/null) go.mod hack/build-runner.sh | deps
+	hack/step.sh runner hack/build-runner.sh $(RUNNER)
 
 .PHONY: envtest
 envtest: $(ENVTEST_DIR)/kube-apiserver ## Build kube-apiserver, etcd and kubectl from Go modules (cached).
-$(ENVTEST_DIR)/kube-apiserver:
+$(ENVTEST_DIR)/kube-apiserver: | deps
 	hack/envtest/build.sh $(ENVTEST_DIR) $(K8S_VERSION) $(ETCD_VERSION)
 
 ##@ Verify and test
@@ -67,7 +85,7 @@ verify: ## Fail if generation leaves a diff; vet; cross-compile for darwin/arm64
 	hack/verify.sh
 
 .PHONY: test
-test: envtest runner helm ## Run every test (race detector, real API server, real runners).
+test: deps envtest runner helm ## Run every test (race detector, real API server, real runners).
 	hack/go-env.sh go test $(GO_TEST_FLAGS) ./...
 
 SOAK_DURATION ?= 10m
@@ -90,8 +108,8 @@ bench: envtest runner ## Run the benchmarks named in docs/benchmarks.md.
 
 .PHONY: helm
 helm: $(HELM) ## Build helm from Go modules (version pinned in hack/tools/go.mod).
-$(HELM): hack/tools/go.mod hack/tools/go.sum
-	go build -modfile=hack/tools/go.mod -trimpath -ldflags "$(HELM_LDFLAGS)" -o $@ helm.sh/helm/v3/cmd/helm
+$(HELM): hack/tools/go.mod hack/tools/go.sum | deps
+	hack/step.sh helm go build -modfile=hack/tools/go.mod -trimpath -ldflags "$(HELM_LDFLAGS)" -o $@ helm.sh/helm/v3/cmd/helm
 
 .PHONY: chart-sync
 chart-sync: ## Copy the CRDs, RBAC, node namespaces and admission policy from config/ into the chart.
@@ -113,7 +131,7 @@ dev-cluster: envtest build ## Start a local apiserver+etcd with the CRDs; prints
 	hack/dev-cluster.sh $(ENVTEST_DIR)
 
 .PHONY: demo
-demo: envtest build runner ## The main job: a local fleet answering a streamed chat completion.
+demo: deps envtest build runner ## The main job: a local fleet answering a streamed chat completion.
 	hack/demo.sh
 
 .PHONY: help

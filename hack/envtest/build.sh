@@ -79,10 +79,8 @@ for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
 done
 
 build() { # build NAME MODULE_DIR PACKAGE
-	local start=$SECONDS
-	log "building $1 ($3)"
-	go -C "$2" build -trimpath -p "${ENVTEST_BUILD_P:-2}" -ldflags "$ldflags" -o "$tmp/$1" "$3"
-	log "built $1 in $((SECONDS - start))s ($(du -m "$tmp/$1" | cut -f1) MB)"
+	"$here/../step.sh" "$1" go -C "$2" build -trimpath -p "${ENVTEST_BUILD_P:-2}" -ldflags "$ldflags" -o "$tmp/$1" "$3"
+	log "$1: $(du -m "$tmp/$1" | cut -f1) MB"
 }
 
 total=$SECONDS

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Usage: hack/fresh-machine-test.sh [--reinstall]
+#
+# Proves that the README's two commands set up a fresh machine themselves (`make
+# fresh-machine-test`; .ci/run runs it first, with --reinstall):
+#
+#  1. Seen as a fresh machine by a user who cannot install anything — an empty dpkg
+#     database (DPKG_ADMINDIR), running as nobody, no sudo — `make demo` and `make test`
+#     each fail within 10 s, naming the apt-get command and the packages. (Before
+#     hack/deps.sh they went straight into a 15-minute build and failed at its end.)
+#  2. With --reinstall, as root: the build's Debian packages are really removed, then
+#     `DEMO_EXIT=1 make demo` must install them again and pass. On a machine without the
+#     build caches this is the cold first run a newcomer makes, and its time is printed.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+root=$PWD
+reinstall=false
+[[ ${1:-} == --reinstall ]] && reinstall=true
+
+fail() { echo "FAIL: $*" >&2; exit 1; }
+scratch=$(mktemp -d)
+trap 'rm -rf "$scratch"' EXIT
+
+# 1. A user who cannot install: the command must fail fast and say what to run.
+mkdir -p "$scratch/dpkg" "$scratch/home"
+: >"$scratch/dpkg/status"
+chmod -R a+rwX "$scratch"
+chmod a+rx "$scratch"
+as_nobody=(setpriv --reuid=nobody --regid=nogroup --clear-groups
+	env -i PATH="$PATH" HOME="$scratch/home" DPKG_ADMINDIR="$scratch/dpkg" TERM=dumb)
+if ((EUID != 0)); then
+	# Not root: this user is already one who may not be able to install; check as it.
+	as_nobody=(env HOME="$scratch/home" DPKG_ADMINDIR="$scratch/dpkg")
+fi
+for goal in demo test; do
+	start=$(date +%s%N)
+	rc=0
+	out=$(timeout 20 "${as_nobody[@]}" make -C "$root" --no-print-directory "$goal" 2>&1) || rc=$?
+	ms=$((($(date +%s%N) - start) / 1000000))
+	echo "make $goal as a user who cannot install, on an empty package database: exit $rc after ${ms} ms"
+	sed 's/^/    /' <<<"$out" | tail -8
+	((rc != 0)) || fail "make $goal passed without its packages"
+	((ms <= 10000)) || fail "make $goal took ${ms} ms to fail; it must fail within 10 s, before any build"
+	grep -q 'apt-get install' <<<"$out" || fail "make $goal did not name the apt-get command"
+	grep -q 'nlohmann-json3-dev' <<<"$out" || fail "make $goal did not name the missing nlohmann-json3-dev"
+done
+[[ $reinstall == true ]] || { echo "ok (without --reinstall: the installing half was not run)"; exit 0; }
+
+# 2. As root, remove what the build needs and let make demo put it back.
+((EUID == 0)) || fail "--reinstall needs root"
+removable=(nlohmann-json3-dev pv python3-jinja2)
+echo "removing ${removable[*]}"
+DEBIAN_FRONTEND=noninteractive apt-get remove -y -q "${removable[@]}" >/dev/null
+for p in "${removable[@]}"; do
+	! dpkg-query -W -f='${Status}\n' "$p" 2>/dev/null | grep -q '^install ok installed$' || fail "$p is still installed"
+done
+start=$SECONDS
+DEMO_EXIT=1 make --no-print-directory demo
+echo "DEMO_EXIT=1 make demo installed the packages and passed in $((SECONDS - start)) s"
+for p in "${removable[@]}"; do
+	dpkg-query -W -f='${Status}\n' "$p" 2>/dev/null | grep -q '^install ok installed$' || fail "make demo did not install $p"
+done
+echo ok

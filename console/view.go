@@ -23,6 +23,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
+
+	"github.com/macfleet/macfleet/internal/bytesize"
 )
 
 // Snapshot is what a page is built from: the objects in the gateway's informer cache
@@ -86,27 +88,13 @@ type Bytes struct {
 	Text string
 }
 
-func bytesOf(n int64) Bytes { return Bytes{N: n, Text: HumanBytes(n)} }
+func bytesOf(n int64) Bytes { return Bytes{N: n, Text: bytesize.Format(n)} }
 
 func quantity(q *resource.Quantity) int64 {
 	if q == nil {
 		return 0
 	}
 	return q.Value()
-}
-
-// HumanBytes prints n in binary units with one decimal (3.5 GiB), bytes below 1 KiB.
-func HumanBytes(n int64) string {
-	const unit = 1024
-	if n < unit && n > -unit {
-		return fmt.Sprintf("%d B", n)
-	}
-	v, i := float64(n), -1
-	for (v >= unit || v <= -unit) && i < 5 {
-		v /= unit
-		i++
-	}
-	return fmt.Sprintf("%.1f %ciB", v, "KMGTPE"[i])
 }
 
 // Age prints a duration the way kubectl does: 45s, 12m, 3h, 2d; "" for a zero time.

@@ -11,6 +11,8 @@ import (
 	"k8s.io/utils/ptr"
 
 	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
+
+	"github.com/macfleet/macfleet/internal/bytesize"
 )
 
 var now = time.Date(2026, 11, 22, 12, 0, 0, 0, time.UTC)
@@ -44,8 +46,8 @@ func cond(t string, s metav1.ConditionStatus, reason, msg string) metav1.Conditi
 
 func TestHumanBytesAndAge(t *testing.T) {
 	for n, want := range map[int64]string{0: "0 B", 1023: "1023 B", 1024: "1.0 KiB", 1536 << 20: "1.5 GiB", 16 << 30: "16.0 GiB"} {
-		if got := HumanBytes(n); got != want {
-			t.Errorf("HumanBytes(%d) = %q, want %q", n, got, want)
+		if got := bytesize.Format(n); got != want {
+			t.Errorf("bytesize.Format(%d) = %q, want %q", n, got, want)
 		}
 	}
 	for d, want := range map[time.Duration]string{-time.Second: "0s", 5 * time.Second: "5s", 90 * time.Second: "1m",

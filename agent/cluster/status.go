@@ -9,6 +9,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/macfleet/macfleet/api/v1alpha1"
+	"github.com/macfleet/macfleet/internal/bytesize"
 	"github.com/macfleet/macfleet/metal"
 )
 
@@ -112,7 +113,7 @@ func ownedStatus(mr *v1alpha1.ModelReplica, local *localView, m *metal.ModelSnap
 		st.Phase = v1alpha1.ReplicaRunning
 		st.Memory.Resident = quantity(m.ResidentBytes)
 		st.Memory.Peak = quantity(m.PeakBytes)
-		msg := fmt.Sprintf("runner pid %d holds the model (%s resident)", m.PID, formatBytes(m.ResidentBytes))
+		msg := fmt.Sprintf("runner pid %d holds the model (%s resident)", m.PID, bytesize.Format(m.ResidentBytes))
 		cond(v1alpha1.ReplicaLoaded, metav1.ConditionTrue, v1alpha1.ReasonRunnerReady, msg)
 		cond(v1alpha1.ReplicaReady, metav1.ConditionTrue, v1alpha1.ReasonRunnerReady, "serving requests")
 	case metal.StateLoading:
@@ -206,7 +207,7 @@ func drainStatus(st *v1alpha1.ModelReplicaStatus, local *localView, m *metal.Mod
 		msg := "not in memory: the replica is being removed"
 		if st.LastUnload != nil {
 			msg = fmt.Sprintf("unloaded (%s, %s freed): the replica is being removed", st.LastUnload.Reason,
-				formatBytes(st.LastUnload.FreedBytes))
+				bytesize.Format(st.LastUnload.FreedBytes))
 		}
 		cond(v1alpha1.ReplicaLoaded, metav1.ConditionFalse, v1alpha1.ReasonDrained, msg)
 	}
@@ -222,6 +223,8 @@ func applyOwned(st *v1alpha1.ModelReplicaStatus, owned v1alpha1.ModelReplicaStat
 	st.Progress = owned.Progress
 	st.Endpoint = owned.Endpoint
 	st.Memory = owned.Memory
+	st.Display = &v1alpha1.MemoryDisplay{Reserved: bytesize.Quantity(owned.Memory.Estimated),
+		Resident: bytesize.Quantity(owned.Memory.Resident)}
 	if owned.LastUnload != nil {
 		st.LastUnload = owned.LastUnload
 	}
@@ -270,9 +273,9 @@ func quantity(b int64) *resource.Quantity {
 
 func progressText(done, total int64) string {
 	if total <= 0 {
-		return formatBytes(done) + " so far"
+		return bytesize.Format(done) + " so far"
 	}
-	return fmt.Sprintf("%s of %s (%d%%)", formatBytes(done), formatBytes(total), done*100/total)
+	return fmt.Sprintf("%s of %s (%d%%)", bytesize.Format(done), bytesize.Format(total), done*100/total)
 }
 
 // maxMessage bounds condition messages (the API allows 32768 bytes).
@@ -283,16 +286,4 @@ func truncate(s string) string {
 		return s
 	}
 	return s[:maxMessage-3] + "..."
-}
-
-func formatBytes(b int64) string {
-	switch {
-	case b >= 1<<30:
-		return fmt.Sprintf("%.1f GiB", float64(b)/(1<<30))
-	case b >= 1<<20:
-		return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20))
-	case b >= 1<<10:
-		return fmt.Sprintf("%.1f KiB", float64(b)/(1<<10))
-	}
-	return fmt.Sprintf("%d B", b)
 }

@@ -229,6 +229,9 @@ func TestApplyOwnedKeepsOthers(t *testing.T) {
 	if c := meta.FindStatusCondition(st.Conditions, v1alpha1.ReplicaReady); c.Status != metav1.ConditionTrue || !c.LastTransitionTime.Time.Equal(t1) {
 		t.Errorf("Ready = %+v, want True since %s", c, t1)
 	}
+	if want := (&v1alpha1.MemoryDisplay{Reserved: "64.0 MiB", Resident: "1.0 MiB"}); !cmp.Equal(st.Display, want) {
+		t.Errorf("display %+v, want %+v", st.Display, want)
+	}
 	if st.Phase != v1alpha1.ReplicaRunning || st.Endpoint != "e:1" {
 		t.Errorf("phase %s endpoint %s", st.Phase, st.Endpoint)
 	}

@@ -493,6 +493,9 @@ func statusChanged(before, after v1alpha1.MacNodeStatus, usage bool) bool {
 	}
 	cmp := *after.DeepCopy()
 	cmp.Memory.Used = before.Memory.Used
+	if cmp.Display != nil && before.Display != nil {
+		cmp.Display.Used = before.Display.Used
+	}
 	return !equality.Semantic.DeepEqual(before, cmp)
 }
 

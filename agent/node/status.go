@@ -14,6 +14,7 @@ import (
 
 	"github.com/macfleet/macfleet/agent/hardware"
 	"github.com/macfleet/macfleet/api/v1alpha1"
+	"github.com/macfleet/macfleet/internal/bytesize"
 )
 
 const gib = int64(1) << 30
@@ -96,6 +97,8 @@ func applyStatus(node *v1alpha1.MacNode, in statusInputs, now time.Time) {
 		return
 	}
 	node.Status.Memory = memoryStatus(*in.memory)
+	node.Status.Display = &v1alpha1.MemoryDisplay{Ceiling: bytesize.Quantity(node.Status.Memory.Ceiling),
+		Used: bytesize.Quantity(node.Status.Memory.Used), Committed: bytesize.Quantity(node.Status.Memory.Committed)}
 	status, reason, message := pressureCondition(*in.memory)
 	meta.SetStatusCondition(&node.Status.Conditions, metav1.Condition{
 		Type: v1alpha1.MacNodeMemoryPressure, Status: status, ObservedGeneration: node.Generation,

@@ -189,6 +189,7 @@ func TestPressureCondition(t *testing.T) {
 
 func TestStatusChanged(t *testing.T) {
 	base := v1alpha1.MacNodeStatus{Memory: v1alpha1.NodeMemoryStatus{Used: qty(gib), Committed: qty(2 * gib), Pressure: v1alpha1.PressureOK}}
+	base.Display = &v1alpha1.MemoryDisplay{Used: "1.0 GiB", Committed: "2.0 GiB"}
 	usedOnly := *base.DeepCopy()
 	usedOnly.Memory.Used = qty(gib + 1)
 	pressure := *usedOnly.DeepCopy()
@@ -196,6 +197,9 @@ func TestStatusChanged(t *testing.T) {
 	// The server returns 1Gi where the agent computed 1073741824: the same quantity.
 	sameValue := *base.DeepCopy()
 	sameValue.Memory.Used = resource.NewQuantity(gib, resource.DecimalSI)
+	// kubectl's USED column moves with the usage, and is not due without it either.
+	displayed := *usedOnly.DeepCopy()
+	displayed.Display = &v1alpha1.MemoryDisplay{Used: "1.1 GiB", Committed: "2.0 GiB"}
 	tests := []struct {
 		name  string
 		after v1alpha1.MacNodeStatus
@@ -206,6 +210,8 @@ func TestStatusChanged(t *testing.T) {
 		{"same quantity in another form", sameValue, false, false},
 		{"usage alone, usage due", usedOnly, true, true},
 		{"usage alone, usage not due", usedOnly, false, false},
+		{"usage and its display, usage not due", displayed, false, false},
+		{"usage and its display, usage due", displayed, true, true},
 		{"pressure changed, usage not due", pressure, false, true},
 	}
 	for _, tt := range tests {

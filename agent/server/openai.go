@@ -13,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/macfleet/macfleet/internal/bytesize"
 	"github.com/macfleet/macfleet/metal"
 	"github.com/macfleet/macfleet/runner/api"
 )
@@ -39,7 +40,7 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *apiE
 		if errors.As(err, &mbe) {
 			return nil, &apiError{Status: http.StatusRequestEntityTooLarge, Type: typeInvalidRequest,
 				Code:    codeRequestTooLarge,
-				Message: fmt.Sprintf("the request body exceeds the node agent's limit of %s", formatBytes(mbe.Limit))}
+				Message: fmt.Sprintf("the request body exceeds the node agent's limit of %s", bytesize.Format(mbe.Limit))}
 		}
 		return nil, invalid(codeInvalidJSON, "", "reading the request body: %v", err)
 	}
@@ -292,19 +293,6 @@ func (s *Server) handleGetModel(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, s.modelObject(id))
-}
-
-// formatBytes renders a byte count for messages.
-func formatBytes(b int64) string {
-	switch {
-	case b >= 1<<30:
-		return fmt.Sprintf("%.1f GiB", float64(b)/(1<<30))
-	case b >= 1<<20:
-		return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20))
-	case b >= 1<<10:
-		return fmt.Sprintf("%.1f KiB", float64(b)/(1<<10))
-	}
-	return fmt.Sprintf("%d B", b)
 }
 
 // decodeRequest reads the body into req and checks that it names a model (model reads

@@ -127,6 +127,10 @@ type MacNodeStatus struct {
 	Agent AgentStatus `json:"agent,omitempty"`
 	// +optional
 	Memory NodeMemoryStatus `json:"memory,omitempty"`
+	// display is the memory's ceiling, used and committed figures formatted for
+	// people, for kubectl's columns.
+	// +optional
+	Display *MemoryDisplay `json:"display,omitempty"`
 	// conditions are Ready and MemoryPressure.
 	// +optional
 	// +listType=map
@@ -142,9 +146,9 @@ type MacNodeStatus struct {
 // +kubebuilder:resource:scope=Cluster,shortName=mn,categories=macfleet
 // +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
 // +kubebuilder:printcolumn:name="Chip",type=string,JSONPath=`.status.hardware.chip`
-// +kubebuilder:printcolumn:name="Ceiling",type=string,JSONPath=`.status.memory.ceiling`
-// +kubebuilder:printcolumn:name="Used",type=string,JSONPath=`.status.memory.used`
-// +kubebuilder:printcolumn:name="Committed",type=string,JSONPath=`.status.memory.committed`
+// +kubebuilder:printcolumn:name="Ceiling",type=string,JSONPath=`.status.display.ceiling`
+// +kubebuilder:printcolumn:name="Used",type=string,JSONPath=`.status.display.used`
+// +kubebuilder:printcolumn:name="Committed",type=string,JSONPath=`.status.display.committed`
 // +kubebuilder:printcolumn:name="Pressure",type=string,JSONPath=`.status.memory.pressure`
 // +kubebuilder:printcolumn:name="Cordoned",type=boolean,JSONPath=`.spec.unschedulable`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`

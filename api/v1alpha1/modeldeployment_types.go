@@ -181,6 +181,9 @@ type ModelDeploymentStatus struct {
 	// +optional
 	// +kubebuilder:validation:MaxLength=64
 	MeasuredFootprintHash string `json:"measuredFootprintHash,omitempty"`
+	// display is the memory above (estimated, measured) formatted for people, for kubectl's columns.
+	// +optional
+	Display *MemoryDisplay `json:"display,omitempty"`
 	// endpoint is the in-cluster URL of the deployment's Service.
 	// +optional
 	// +kubebuilder:validation:MaxLength=512
@@ -210,8 +213,8 @@ type ModelDeploymentStatus struct {
 // +kubebuilder:resource:shortName=md,categories=macfleet
 // +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.ready`
 // +kubebuilder:printcolumn:name="Model",type=string,JSONPath=`.spec.model.source`
-// +kubebuilder:printcolumn:name="Memory",type=string,JSONPath=`.status.estimatedMemory`
-// +kubebuilder:printcolumn:name="Measured",type=string,JSONPath=`.status.measuredMemory`,priority=1
+// +kubebuilder:printcolumn:name="Memory",type=string,JSONPath=`.status.display.estimated`
+// +kubebuilder:printcolumn:name="Measured",type=string,JSONPath=`.status.display.measured`,priority=1
 // +kubebuilder:printcolumn:name="Nodes",type=string,JSONPath=`.status.nodes`
 // +kubebuilder:printcolumn:name="Failure",type=string,JSONPath=`.status.conditions[?(@.type=="ReplicaFailure")].reason`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`

@@ -132,6 +132,10 @@ type ModelReplicaStatus struct {
 	Endpoint string `json:"endpoint,omitempty"`
 	// +optional
 	Memory ReplicaMemory `json:"memory,omitempty"`
+	// display is the reservation and the resident memory formatted for people, for
+	// kubectl's columns.
+	// +optional
+	Display *MemoryDisplay `json:"display,omitempty"`
 	// lastUnload is what the agent measured when it last unloaded this replica's model.
 	// +optional
 	LastUnload *UnloadReport `json:"lastUnload,omitempty"`
@@ -155,8 +159,8 @@ type ModelReplicaStatus struct {
 // +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
 // +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`
 // +kubebuilder:printcolumn:name="Drain",type=date,JSONPath=`.spec.drain`,priority=1
-// +kubebuilder:printcolumn:name="Reserved",type=string,JSONPath=`.spec.memoryReservation`
-// +kubebuilder:printcolumn:name="Resident",type=string,JSONPath=`.status.memory.resident`
+// +kubebuilder:printcolumn:name="Reserved",type=string,JSONPath=`.status.display.reserved`
+// +kubebuilder:printcolumn:name="Resident",type=string,JSONPath=`.status.display.resident`
 // +kubebuilder:printcolumn:name="Freed",type=integer,JSONPath=`.status.lastUnload.freedBytes`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type ModelReplica struct {

@@ -213,3 +213,37 @@ type UnloadReport struct {
 	// +required
 	Time metav1.Time `json:"time"`
 }
+
+// MemoryDisplay is memory formatted for people — binary units with one decimal
+// ("100.1 MiB", "3.5 GiB"), as the console prints it — for kubectl's columns, which can
+// only show a field as it is stored: a quantity reads "131Mi" in one row and
+// "102488Ki" in the next. The quantities beside these strings are the source of truth;
+// whoever writes a quantity writes its display too.
+type MemoryDisplay struct {
+	// estimated is a ModelDeployment's status.estimatedMemory.
+	// +optional
+	// +kubebuilder:validation:MaxLength=32
+	Estimated string `json:"estimated,omitempty"`
+	// measured is a ModelDeployment's status.measuredMemory.
+	// +optional
+	// +kubebuilder:validation:MaxLength=32
+	Measured string `json:"measured,omitempty"`
+	// reserved is a ModelReplica's spec.memoryReservation.
+	// +optional
+	// +kubebuilder:validation:MaxLength=32
+	Reserved string `json:"reserved,omitempty"`
+	// resident is a ModelReplica's status.memory.resident.
+	// +optional
+	// +kubebuilder:validation:MaxLength=32
+	Resident string `json:"resident,omitempty"`
+	// ceiling, used and committed are a MacNode's status.memory figures.
+	// +optional
+	// +kubebuilder:validation:MaxLength=32
+	Ceiling string `json:"ceiling,omitempty"`
+	// +optional
+	// +kubebuilder:validation:MaxLength=32
+	Used string `json:"used,omitempty"`
+	// +optional
+	// +kubebuilder:validation:MaxLength=32
+	Committed string `json:"committed,omitempty"`
+}

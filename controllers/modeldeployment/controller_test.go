@@ -86,7 +86,8 @@ func TestCreateReplicas(t *testing.T) {
 			fmt.Sprintf("status %+v", md.Status)
 	})
 	if got.Status.Selector != "macfleet.dev/deployment=qwen" || got.Status.Endpoint != "http://qwen."+f.ns+".svc:8080" ||
-		got.Status.Ready != "0/3" || got.Status.EstimatedMemory.String() != "6Gi" {
+		got.Status.Ready != "0/3" || got.Status.EstimatedMemory.String() != "6Gi" ||
+		got.Status.Display == nil || got.Status.Display.Estimated != "6.0 GiB" {
 		t.Errorf("status %+v", got.Status)
 	}
 	if c := condition(got, v1alpha1.DeploymentAvailable); !strings.HasPrefix(c, "False/MinimumReplicasUnavailable") {
@@ -111,6 +112,7 @@ func TestCreateReplicas(t *testing.T) {
 	}
 	f.waitStatus("qwen", func(md *v1alpha1.ModelDeployment) (bool, string) {
 		ok := md.Status.ReadyReplicas == 2 && md.Status.MeasuredMemory != nil && md.Status.MeasuredMemory.String() == "5Gi" &&
+			md.Status.Display != nil && md.Status.Display.Measured == "5.0 GiB" &&
 			cmp.Equal(md.Status.Nodes, []string{"mac-a", "mac-b"}) && md.Status.Ready == "2/3"
 		return ok, fmt.Sprintf("status %+v", md.Status)
 	})

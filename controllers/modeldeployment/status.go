@@ -3,6 +3,7 @@ package modeldeployment
 import (
 	"fmt"
 	"github.com/macfleet/macfleet/controllers/endpoints"
+	"github.com/macfleet/macfleet/internal/bytesize"
 	"slices"
 	"strings"
 	"time"
@@ -199,6 +200,11 @@ func setStatus(md *v1alpha1.ModelDeployment, s replicaSummary, in statusInput) {
 	st.MeasuredMemory, st.MeasuredFootprintHash = nil, ""
 	if in.Measured > 0 {
 		st.MeasuredMemory, st.MeasuredFootprintHash = resource.NewQuantity(in.Measured, resource.BinarySI), in.FootprintHash
+	}
+	st.Display = nil
+	if st.EstimatedMemory != nil || st.MeasuredMemory != nil {
+		st.Display = &v1alpha1.MemoryDisplay{Estimated: bytesize.Quantity(st.EstimatedMemory),
+			Measured: bytesize.Quantity(st.MeasuredMemory)}
 	}
 	st.Endpoint = fmt.Sprintf("http://%s.%s.svc:%d", endpoints.ServiceName(md.Name), md.Namespace, endpoints.ServicePort)
 	setAvailableCondition(md, s, in)

@@ -268,6 +268,7 @@ func TestSetStatusFields(t *testing.T) {
 		Replicas: 2, ReadyReplicas: 2, UpdatedReplicas: 1, Ready: "2/2",
 		Selector: "macfleet.dev/deployment=qwen", Nodes: []string{"mac-a", "mac-b"},
 		EstimatedMemory: &q, MeasuredMemory: four, MeasuredFootprintHash: "f00d", Endpoint: "http://qwen.team-a.svc:8080",
+		Display:          &v1alpha1.MemoryDisplay{Estimated: "422.0 MiB", Measured: "4.0 GiB"},
 		LastProgressTime: &now, // a first status is progress
 	}
 	if diff := cmp.Diff(want, md.Status, cmpopts.IgnoreFields(v1alpha1.ModelDeploymentStatus{}, "Conditions")); diff != "" {

@@ -1,8 +1,6 @@
 package e2e
 
 import (
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -64,23 +62,10 @@ func TestSourcePolicyAndReplicaFailure(t *testing.T) {
 			"Progressing: " + conditionText(c)
 	})
 
-	assets, err := testenv.AssetsDir()
-	if err != nil {
-		t.Fatal(err)
-	}
-	kubectl := func(args ...string) string {
-		t.Helper()
-		out, err := exec.CommandContext(t.Context(), filepath.Join(assets, "kubectl"),
-			append([]string{"--kubeconfig", fleet.AdminKubeconfig, "-n", ns}, args...)...).CombinedOutput()
-		if err != nil {
-			t.Fatalf("kubectl %s: %v\n%s", strings.Join(args, " "), err, out)
-		}
-		return string(out)
-	}
-	if out := kubectl("get", "md", "corrupt"); !strings.Contains(out, "FAILURE") || !strings.Contains(out, "ChecksumMismatch") {
+	if out := kubectl(t, ns, "get", "md", "corrupt"); !strings.Contains(out, "FAILURE") || !strings.Contains(out, "ChecksumMismatch") {
 		t.Errorf("kubectl get md does not show the failure:\n%s", out)
 	}
-	out := kubectl("describe", "md", "corrupt")
+	out := kubectl(t, ns, "describe", "md", "corrupt")
 	// describe wraps long messages; the reason and the start of the message are on
 	// one line.
 	for _, want := range []string{"ReplicaFailure", "ChecksumMismatch", "1 of 1 replicas failing", "sha256 mismatch",

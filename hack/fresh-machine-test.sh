@@ -13,7 +13,6 @@
 #     build caches this is the cold first run a newcomer makes, and its time is printed.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-root=$PWD
 reinstall=false
 [[ ${1:-} == --reinstall ]] && reinstall=true
 
@@ -22,20 +21,26 @@ scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
 
 # 1. A user who cannot install: the command must fail fast and say what to run.
-mkdir -p "$scratch/dpkg" "$scratch/home"
+mkdir -p "$scratch/dpkg" "$scratch/home" "$scratch/tree"
 : >"$scratch/dpkg/status"
+# The checkout may sit where nobody cannot read it (under /root): the Makefile and hack/
+# are what make reads before it fails, so nobody runs a copy of them.
+cp -r Makefile hack "$scratch/tree/"
+# No sudo either, whatever this machine's user may do.
+mkdir -p "$scratch/bin"
+printf '#!/bin/sh\necho "sudo: a password is required" >&2\nexit 1\n' >"$scratch/bin/sudo"
 chmod -R a+rwX "$scratch"
 chmod a+rx "$scratch"
 as_nobody=(setpriv --reuid=nobody --regid=nogroup --clear-groups
-	env -i PATH="$PATH" HOME="$scratch/home" DPKG_ADMINDIR="$scratch/dpkg" TERM=dumb)
+	env -i PATH="$scratch/bin:$PATH" HOME="$scratch/home" DPKG_ADMINDIR="$scratch/dpkg" TERM=dumb)
 if ((EUID != 0)); then
 	# Not root: this user is already one who may not be able to install; check as it.
-	as_nobody=(env HOME="$scratch/home" DPKG_ADMINDIR="$scratch/dpkg")
+	as_nobody=(env PATH="$scratch/bin:$PATH" HOME="$scratch/home" DPKG_ADMINDIR="$scratch/dpkg")
 fi
 for goal in demo test; do
 	start=$(date +%s%N)
 	rc=0
-	out=$(timeout 20 "${as_nobody[@]}" make -C "$root" --no-print-directory "$goal" 2>&1) || rc=$?
+	out=$(timeout 20 "${as_nobody[@]}" make -C "$scratch/tree" --no-print-directory "$goal" 2>&1) || rc=$?
 	ms=$((($(date +%s%N) - start) / 1000000))
 	echo "make $goal as a user who cannot install, on an empty package database: exit $rc after ${ms} ms"
 	sed 's/^/    /' <<<"$out" | tail -8

@@ -8,9 +8,11 @@
 #     database (DPKG_ADMINDIR), running as nobody, no sudo — `make demo` and `make test`
 #     each fail within 10 s, naming the apt-get command and the packages. (Before
 #     hack/deps.sh they went straight into a 15-minute build and failed at its end.)
-#  2. With --reinstall, as root: the build's Debian packages are really removed, then
-#     `DEMO_EXIT=1 make demo` must install them again and pass. On a machine without the
-#     build caches this is the cold first run a newcomer makes, and its time is printed.
+#  2. With --reinstall, as root: some of the build's Debian packages are really removed,
+#     then `DEMO_EXIT=1 make demo` must install its own again and pass, and the first
+#     step of `make test` (make deps for the test goal) the tests' own. On a machine
+#     without the build caches this is the cold first run a newcomer makes; its time is
+#     printed.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 reinstall=false
@@ -52,17 +54,27 @@ done
 [[ $reinstall == true ]] || { echo "ok (without --reinstall: the installing half was not run)"; exit 0; }
 
 # 2. As root, remove what the build needs and let make demo put it back.
+installed() { dpkg-query -W -f='${Status}\n' "$1" 2>/dev/null | grep -q '^install ok installed$'; }
 ((EUID == 0)) || fail "--reinstall needs root"
-removable=(nlohmann-json3-dev pv python3-jinja2)
+# Of the demo's packages and the tests' own; the rest (a compiler, chromium) is too big
+# to fetch again on every run.
+demo_packages=(nlohmann-json3-dev pv)
+test_packages=(python3-jinja2)
+removable=("${demo_packages[@]}" "${test_packages[@]}")
 echo "removing ${removable[*]}"
 DEBIAN_FRONTEND=noninteractive apt-get remove -y -q "${removable[@]}" >/dev/null
 for p in "${removable[@]}"; do
-	! dpkg-query -W -f='${Status}\n' "$p" 2>/dev/null | grep -q '^install ok installed$' || fail "$p is still installed"
+	! installed "$p" || fail "$p is still installed"
 done
 start=$SECONDS
 DEMO_EXIT=1 make --no-print-directory demo
 echo "DEMO_EXIT=1 make demo installed the packages and passed in $((SECONDS - start)) s"
-for p in "${removable[@]}"; do
-	dpkg-query -W -f='${Status}\n' "$p" 2>/dev/null | grep -q '^install ok installed$' || fail "make demo did not install $p"
+for p in "${demo_packages[@]}"; do
+	installed "$p" || fail "make demo did not install $p"
+done
+# make test's first step: the demo's packages and the tests' own (and the npm clients).
+make --no-print-directory deps DEPS_GOALS=test
+for p in "${test_packages[@]}"; do
+	installed "$p" || fail "make test's deps step did not install $p"
 done
 echo ok

@@ -47,6 +47,12 @@ var credentialHeaders = map[string]bool{
 
 // Proxy is the recording reverse proxy; its zero value is not usable, see New.
 type Proxy struct {
+	// Adjust, when set before the first request, returns the body passed on for a
+	// request body; the recording keeps what the client sent. A test sets it to add
+	// what its model needs and the client has no setting for (a bound on the answer's
+	// length for a random-weight model that never stops).
+	Adjust func(path string, body []byte) []byte
+
 	rp *httputil.ReverseProxy
 
 	mu        sync.Mutex
@@ -112,8 +118,12 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	p.mu.Lock()
 	p.exchanges = append(p.exchanges, x)
 	p.mu.Unlock()
+	if p.Adjust != nil {
+		body = p.Adjust(r.URL.Path, body)
+	}
 	r.Body = io.NopCloser(bytes.NewReader(body))
 	r.ContentLength = int64(len(body))
+	r.Header.Del("Content-Length")
 	p.rp.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), ctxKey{}, x)))
 }
 

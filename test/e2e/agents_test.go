@@ -239,7 +239,8 @@ func runAgentTurn(t *testing.T, proxy *clientrecord.Proxy, c agentClient, turn i
 	proxy.Reset()
 	ctx, cancel := context.WithTimeout(t.Context(), agentTurnTimeout)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, c.bin, args...)
+	bin, argv, trace := traceNetwork(t, c.bin, args)
+	cmd := exec.CommandContext(ctx, bin, argv...)
 	cmd.Dir, cmd.Env = dir, env
 	// The clients start helpers (Codex its sandbox, Claude Code shells): a timeout kills
 	// the whole process group, and Wait gives up on pipes they hold after WaitDelay.
@@ -252,6 +253,7 @@ func runAgentTurn(t *testing.T, proxy *clientrecord.Proxy, c agentClient, turn i
 	t.Logf("%s turn %d (%s %s) took %v:\n%s", c.name, turn, filepath.Base(c.bin), strings.Join(args, " "),
 		elapsed.Round(time.Millisecond), out)
 
+	checkNetwork(t, fmt.Sprintf("%s turn %d", c.name, turn), trace)
 	var calls []clientrecord.Exchange
 	for _, x := range proxy.Exchanges() {
 		if x.Method == "POST" && strings.SplitN(x.Path, "?", 2)[0] == c.apiPath {

@@ -118,8 +118,10 @@ func claudeEnv(home, baseURL, model string) []string {
 	return []string{
 		"HOME=" + home, "PATH=" + os.Getenv("PATH"),
 		"ANTHROPIC_BASE_URL=" + baseURL,
-		"ANTHROPIC_API_KEY=unused", // the local fleet has no API keys
-		"ANTHROPIC_MODEL=" + model, "ANTHROPIC_SMALL_FAST_MODEL=" + model,
+		// The local fleet has no API keys.
+		"ANTHROPIC_API_KEY=unused",
+		// Background tasks use the haiku model.
+		"ANTHROPIC_MODEL=" + model, "ANTHROPIC_DEFAULT_HAIKU_MODEL=" + model,
 		fmt.Sprintf("CLAUDE_CODE_MAX_OUTPUT_TOKENS=%d", agentMaxOutputTokens),
 		"CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1",
 		"DISABLE_AUTOUPDATER=1", "DISABLE_TELEMETRY=1", "DISABLE_ERROR_REPORTING=1",

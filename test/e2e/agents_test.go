@@ -356,8 +356,9 @@ func streamError(stream []byte) string {
 // promptUsage is what an answer reports of its prompt: tokens in all and tokens
 // restored from the prompt cache. Anthropic counts cache reads apart from
 // input_tokens (message_start, message_delta); Responses counts them within
-// input_tokens (response.completed).
-type promptUsage struct{ prompt, cached int }
+// input_tokens (response.completed). atStart is Anthropic's count in message_start,
+// which Claude Code reads to manage its context.
+type promptUsage struct{ prompt, cached, atStart int }
 
 func usageOf(stream []byte) promptUsage {
 	var u promptUsage
@@ -386,7 +387,10 @@ func usageOf(stream []byte) promptUsage {
 		}
 		cached := num(m, "cache_read_input_tokens")
 		prompt := num(m, "input_tokens") + cached + num(m, "cache_creation_input_tokens")
-		u = promptUsage{prompt: max(u.prompt, prompt), cached: max(u.cached, cached)}
+		u.prompt, u.cached = max(u.prompt, prompt), max(u.cached, cached)
+		if ev["type"] == "message_start" {
+			u.atStart = prompt
+		}
 	}
 	return u
 }
@@ -400,6 +404,9 @@ func checkCacheHit(t *testing.T, c agentClient, turn1, turn2 []clientrecord.Exch
 	t.Logf("%s prompt tokens: turn 1 %d (%d cached), turn 2 %d (%d cached)", c.name, u1.prompt, u1.cached, u2.prompt, u2.cached)
 	if u1.prompt < 1000 {
 		t.Errorf("%s turn 1 reports a prompt of %d tokens; its system prompt and tools alone are thousands", c.name, u1.prompt)
+	}
+	if c.apiPath == "/v1/messages" && u1.atStart != u1.prompt {
+		t.Errorf("%s turn 1: message_start reports a prompt of %d tokens, the end of the answer %d", c.name, u1.atStart, u1.prompt)
 	}
 	// The first turn's prompt ends with the template's assistant header, which the
 	// second renders differently (the answer follows it): a few tokens may be

@@ -29,8 +29,8 @@ import (
 // the deployment they use has room for that and an answer.
 const (
 	agentContextLength = 32768
-	// agentMaxOutputTokens bounds every answer: the random-weight model never ends
-	// one on its own.
+	// agentMaxOutputTokens bounds every answer, should agentModel's steering break
+	// (random weights never end one).
 	agentMaxOutputTokens = 64
 	// agentTurnTimeout bounds one client process (one turn).
 	agentTurnTimeout = 6 * time.Minute

@@ -95,7 +95,32 @@ type Spec struct {
 	Tokenizer *Tokenizer
 	// ChatTemplate, when set, replaces ChatMLTemplate.
 	ChatTemplate string
+	// Reply, when set, steers the otherwise random weights so that the model answers
+	// every prompt with one token and then ends its turn (needs Untied).
+	Reply *Reply
 }
+
+// Reply is the fixed answer of a steered model: Token, then End (an end-of-generation
+// token of the vocabulary). Clients that treat an answer cut at its token limit as an
+// error need a model that stops on its own; random weights never do.
+//
+// The steering dominates the residual stream with one embedding dimension: every
+// token's embedding but Token's is large in dimension 0, Token's in dimension 1; the
+// output projection maps dimension 0 to Token and dimension 1 to End. The random
+// layers add a few units per dimension, far below replyWeight, so whatever the
+// prompt, the next token after any other token is Token and the next after Token is
+// End, by a margin of tens of logits (greedy or sampled alike).
+type Reply struct {
+	Token, End int
+}
+
+// replyWeight is the steering embedding value, replyLogit the output projection's:
+// after normalization the steered dimension is about sqrt(Embd) and the logit about
+// replyLogit·sqrt(Embd).
+const (
+	replyWeight = 100
+	replyLogit  = 10
+)
 
 // Tiny is a ≈2 MB model (vocab 512, embd 128, 2 layers) for fast functional tests.
 func Tiny() Spec {
@@ -174,6 +199,11 @@ func (s Spec) Validate() error {
 		return fmt.Errorf("dtype %q is not f16, f32, q8_0 or q4_0", s.DType)
 	case s.DType.quantized() && (s.Embd%blockSize != 0 || s.FF%blockSize != 0):
 		return fmt.Errorf("embd %d and ff %d must be multiples of %d for %s", s.Embd, s.FF, blockSize, s.DType)
+	case s.Reply != nil && !s.Untied:
+		return errors.New("a reply needs an untied output projection")
+	case s.Reply != nil && (s.Reply.Token < 0 || s.Reply.Token >= s.Vocab || s.Reply.End < 0 ||
+		s.Reply.End >= s.Vocab || s.Reply.Token == s.Reply.End):
+		return fmt.Errorf("reply tokens %d and %d must be two different ids below vocab %d", s.Reply.Token, s.Reply.End, s.Vocab)
 	}
 	return nil
 }
@@ -310,10 +340,38 @@ func Vocabulary(n int) ([]string, []float32, []int32) {
 func tensors(s Spec) []*ggml.Tensor {
 	e, kv, ff := uint64(s.Embd), uint64(s.EmbdKV()), uint64(s.FF)
 	var ts []*ggml.Tensor
+	var steer map[string]func(i uint64) (float32, bool)
+	if r := s.Reply; r != nil {
+		steer = map[string]func(i uint64) (float32, bool){
+			// Row t, column c is value t·Embd+c.
+			"token_embd.weight": func(i uint64) (float32, bool) {
+				t, c := i/e, i%e
+				switch {
+				case c == 0 && t != uint64(r.Token), c == 1 && t == uint64(r.Token):
+					return replyWeight, true
+				case c <= 1:
+					return 0, true
+				}
+				return 0, false
+			},
+			"output.weight": func(i uint64) (float32, bool) {
+				t, c := i/e, i%e
+				switch {
+				case c == 0 && t == uint64(r.Token), c == 1 && t == uint64(r.End):
+					return replyLogit, true
+				case c <= 1:
+					return 0, true
+				}
+				return 0, false
+			},
+		}
+	}
 	matrix := func(name string, cols, rows uint64) {
 		// Uniform in ±sqrt(3)·σ with σ = 1/sqrt(cols): unit-variance outputs.
 		scale := float32(math.Sqrt(3 / float64(cols)))
-		ts = append(ts, newTensor(s, name, s.DType, []uint64{cols, rows}, scale))
+		t := newTensor(s, name, s.DType, []uint64{cols, rows}, scale)
+		t.WriterTo.(*weights).steer = steer[name]
+		ts = append(ts, t)
 	}
 	norm := func(name string) {
 		ts = append(ts, newTensor(s, name, F32, []uint64{e}, 0))
@@ -368,6 +426,9 @@ type weights struct {
 	dtype DType
 	scale float32
 	state uint64
+	// steer, when set, replaces the value at index i when it returns true (Reply).
+	steer func(i uint64) (float32, bool)
+	i     uint64
 }
 
 // next is splitmix64: tiny, fast and fully specified, so files are stable across Go
@@ -385,7 +446,14 @@ func (w *weights) value() float32 {
 		return 1
 	}
 	u := float32(w.next()>>40) / float32(1<<24) // [0,1)
-	return (2*u - 1) * w.scale
+	v := (2*u - 1) * w.scale
+	if w.steer != nil {
+		if s, ok := w.steer(w.i); ok {
+			v = s
+		}
+		w.i++
+	}
+	return v
 }
 
 // WriteTo implements io.WriterTo.

@@ -2,8 +2,11 @@ package ggufsynth
 
 import (
 	"bytes"
+	"encoding/binary"
+	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -196,4 +199,68 @@ func TestVocabulary(t *testing.T) {
 			t.Errorf("vocab %d: <|im_end|> misplaced", n)
 		}
 	}
+}
+
+// TestReplySteersTheProjections: a Reply model's embedding and output projection hold
+// the steering values in their first two columns and the seed's values elsewhere.
+func TestReplySteersTheProjections(t *testing.T) {
+	spec := Tiny()
+	spec.DType, spec.Untied = F32, true
+	plain := tensorValues(t, spec)
+	spec.Reply = &Reply{Token: 300, End: EOSToken}
+	steered := tensorValues(t, spec)
+	e := spec.Embd
+	for _, name := range []string{"token_embd.weight", "output.weight"} {
+		p, s := plain[name], steered[name]
+		for tok := range spec.Vocab {
+			for c := range e {
+				i := tok*e + c
+				want := p[i]
+				switch {
+				case name == "token_embd.weight" && c == 0:
+					want = map[bool]float32{true: 0, false: replyWeight}[tok == 300]
+				case name == "token_embd.weight" && c == 1:
+					want = map[bool]float32{true: replyWeight, false: 0}[tok == 300]
+				case name == "output.weight" && c == 0:
+					want = map[bool]float32{true: replyLogit, false: 0}[tok == 300]
+				case name == "output.weight" && c == 1:
+					want = map[bool]float32{true: replyLogit, false: 0}[tok == EOSToken]
+				}
+				if s[i] != want {
+					t.Fatalf("%s[token %d, column %d] = %v, want %v", name, tok, c, s[i], want)
+				}
+			}
+		}
+	}
+	if !slices.Equal(plain["blk.0.attn_q.weight"], steered["blk.0.attn_q.weight"]) {
+		t.Error("the reply changed a layer's weights")
+	}
+	for _, r := range []*Reply{{Token: 1, End: 1}, {Token: -1, End: 2}, {Token: 1, End: spec.Vocab}} {
+		spec.Reply = r
+		if spec.Validate() == nil {
+			t.Errorf("Validate accepted reply %+v", *r)
+		}
+	}
+	spec.Reply, spec.Untied = &Reply{Token: 300, End: EOSToken}, false
+	if spec.Validate() == nil {
+		t.Error("Validate accepted a reply with a tied output projection")
+	}
+}
+
+func tensorValues(t *testing.T, spec Spec) map[string][]float32 {
+	t.Helper()
+	out := map[string][]float32{}
+	for _, ts := range tensors(spec) {
+		var b bytes.Buffer
+		if _, err := ts.WriterTo.WriteTo(&b); err != nil {
+			t.Fatal(err)
+		}
+		raw := b.Bytes()
+		vals := make([]float32, len(raw)/4)
+		for i := range vals {
+			vals[i] = math.Float32frombits(binary.LittleEndian.Uint32(raw[4*i:]))
+		}
+		out[ts.Name] = vals
+	}
+	return out
 }

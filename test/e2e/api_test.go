@@ -311,11 +311,7 @@ func runNodeScript(t *testing.T, script, baseURL, apiKey, model string, env ...s
 // .ci/run installs it); without it the test is skipped, except in CI.
 func nodeScript(t *testing.T, script, baseURL, apiKey, model string, env ...string) *exec.Cmd {
 	t.Helper()
-	modules := os.Getenv("MACFLEET_NODE_MODULES")
-	if modules == "" {
-		home, _ := os.UserHomeDir()
-		modules = filepath.Join(home, ".cache", "macfleet", "npm", "node_modules")
-	}
+	modules := nodeModules()
 	node, err := exec.LookPath("node")
 	if _, serr := os.Stat(filepath.Join(modules, "openai")); err != nil || serr != nil {
 		if os.Getenv("CI") != "" {
@@ -328,6 +324,16 @@ func nodeScript(t *testing.T, script, baseURL, apiKey, model string, env ...stri
 		"OPENAI_API_KEY="+apiKey, "MODEL="+model)
 	cmd.Env = append(cmd.Env, env...)
 	return cmd
+}
+
+// nodeModules is where the npm clients of hack/npm are installed: $MACFLEET_NODE_MODULES,
+// default ~/.cache/macfleet/npm/node_modules.
+func nodeModules() string {
+	if m := os.Getenv("MACFLEET_NODE_MODULES"); m != "" {
+		return m
+	}
+	home, _ := os.UserHomeDir()
+	return filepath.Join(home, ".cache", "macfleet", "npm", "node_modules")
 }
 
 // runNode runs a nodeScript command and logs its output; any goroutine may call it.

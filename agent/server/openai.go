@@ -13,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/macfleet/macfleet/chat/compat"
 	"github.com/macfleet/macfleet/metal"
 	"github.com/macfleet/macfleet/runner/api"
 )
@@ -83,6 +84,9 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 	if e != nil {
 		writeError(w, fromRunnerAPI(e))
 		return
+	}
+	if hints := compat.Chat.Hints(body); len(hints) > 0 {
+		w.Header().Set(compat.IgnoredHintsHeader, compat.HeaderValue(hints))
 	}
 	// The runner renders the whole request (tools, template variables) to count it.
 	s.generate(w, r, generation{path: pathChat, model: req.Model, body: body, stream: opts.Stream,

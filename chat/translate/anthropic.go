@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"strings"
 
+	"github.com/macfleet/macfleet/chat/compat"
 	"github.com/macfleet/macfleet/runner/api"
 )
 
@@ -33,8 +34,16 @@ type MessagesRequest struct {
 	Thinking *struct {
 		Type         string `json:"type"`
 		BudgetTokens int    `json:"budget_tokens,omitempty"`
+		Display      string `json:"display,omitempty"`
 	} `json:"thinking,omitempty"`
-	ServiceTier string `json:"service_tier,omitempty"`
+	OutputConfig *struct {
+		Effort string          `json:"effort,omitempty"`
+		Format json.RawMessage `json:"format,omitempty"`
+	} `json:"output_config,omitempty"`
+	// Hints (compat.Messages): accepted, reported in compat.IgnoredHintsHeader.
+	ServiceTier       string          `json:"service_tier,omitempty"`
+	ContextManagement json.RawMessage `json:"context_management,omitempty"`
+	CacheControl      json.RawMessage `json:"cache_control,omitempty"`
 }
 
 // AnthropicMessage is one message: its content a string or a list of blocks.
@@ -45,10 +54,16 @@ type AnthropicMessage struct {
 
 // AnthropicTool is a client tool.
 type AnthropicTool struct {
-	Type        string          `json:"type,omitempty"`
-	Name        string          `json:"name"`
-	Description string          `json:"description,omitempty"`
-	InputSchema json.RawMessage `json:"input_schema"`
+	Type         string          `json:"type,omitempty"`
+	Name         string          `json:"name"`
+	Description  string          `json:"description,omitempty"`
+	InputSchema  json.RawMessage `json:"input_schema"`
+	CacheControl json.RawMessage `json:"cache_control,omitempty"`
+	// The fields of server tools (compat.HostedAnthropicTool), which are dropped.
+	MaxUses        json.RawMessage `json:"max_uses,omitempty"`
+	AllowedDomains json.RawMessage `json:"allowed_domains,omitempty"`
+	BlockedDomains json.RawMessage `json:"blocked_domains,omitempty"`
+	UserLocation   json.RawMessage `json:"user_location,omitempty"`
 }
 
 // block is a content block of a request (the fields of every kind served).
@@ -99,34 +114,61 @@ func textOf(bs []block, param string) (string, *chatError) {
 	return sb.String(), nil
 }
 
-// chatFromMessages translates a Messages request into a chat completion request.
-func chatFromMessages(m *MessagesRequest) (map[string]any, *chatError) {
+// chatFromMessages translates a Messages request into a chat completion request, and
+// names the hints it accepted without effect below the top level (cache_control, the
+// server tools it dropped).
+func chatFromMessages(m *MessagesRequest) (map[string]any, []string, *chatError) {
 	if m.MaxTokens == nil {
-		return nil, invalid("max_tokens", "max_tokens is required")
+		return nil, nil, invalid("max_tokens", "max_tokens is required")
 	}
+	return chatFromMessagesBody(m, *m.MaxTokens)
+}
+
+// chatFromMessagesBody is chatFromMessages with the answer's token cap given
+// (count_tokens has none).
+func chatFromMessagesBody(m *MessagesRequest, maxTokens int) (map[string]any, []string, *chatError) {
 	if len(m.Messages) == 0 {
-		return nil, invalid("messages", "messages must not be empty")
+		return nil, nil, invalid("messages", "messages must not be empty")
 	}
-	var msgs []api.Message
+	var hints []string
+	cached := len(m.CacheControl) > 0
+	// system collects the system prompt: the system field, then every system-role
+	// message in order (templates take one system message, first).
+	var system []string
 	if len(m.System) > 0 {
 		bs, e := blocks(m.System, "system")
 		if e != nil {
-			return nil, e
+			return nil, nil, e
 		}
 		text, e := textOf(bs, "system")
 		if e != nil {
-			return nil, e
+			return nil, nil, e
 		}
-		msgs = append(msgs, api.Message{Role: "system", Content: api.MessageContent(text)})
+		cached = cached || anyCache(bs)
+		if text != "" {
+			system = append(system, text)
+		}
 	}
+	var msgs []api.Message
 	for i, msg := range m.Messages {
 		param := fmt.Sprintf("messages[%d]", i)
-		if msg.Role != "user" && msg.Role != "assistant" {
-			return nil, invalid(param+".role", "role must be user or assistant, got %q", msg.Role)
+		if msg.Role != "user" && msg.Role != "assistant" && msg.Role != "system" {
+			return nil, nil, invalid(param+".role", "role must be user, assistant or system, got %q", msg.Role)
 		}
 		bs, e := blocks(msg.Content, param+".content")
 		if e != nil {
-			return nil, e
+			return nil, nil, e
+		}
+		cached = cached || anyCache(bs)
+		if msg.Role == "system" {
+			text, e := textOf(bs, param+".content")
+			if e != nil {
+				return nil, nil, e
+			}
+			if text != "" {
+				system = append(system, text)
+			}
+			continue
 		}
 		out := api.Message{Role: msg.Role}
 		var text strings.Builder
@@ -148,18 +190,19 @@ func chatFromMessages(m *MessagesRequest) (map[string]any, *chatError) {
 			case b.Type == "tool_result" && msg.Role == "user":
 				rb, e := blocks(b.Content, bp+".content")
 				if e != nil {
-					return nil, e
+					return nil, nil, e
 				}
+				cached = cached || anyCache(rb)
 				result, e := textOf(rb, bp+".content")
 				if e != nil {
-					return nil, e
+					return nil, nil, e
 				}
 				if b.IsError {
 					result = "Error: " + result
 				}
 				msgs = append(msgs, api.Message{Role: "tool", ToolCallID: b.ToolUseID, Content: api.MessageContent(result)})
 			default:
-				return nil, unsupported(bp+".type", "a %q block in a %s message is not supported: the models served are text-only", b.Type, msg.Role)
+				return nil, nil, unsupported(bp+".type", "a %q block in a %s message is not supported: the models served are text-only", b.Type, msg.Role)
 			}
 		}
 		if text.Len() > 0 || len(out.ToolCalls) > 0 || out.ReasoningContent != "" {
@@ -167,7 +210,13 @@ func chatFromMessages(m *MessagesRequest) (map[string]any, *chatError) {
 			msgs = append(msgs, out)
 		}
 	}
-	chat := map[string]any{"model": m.Model, "messages": msgs, "max_tokens": *m.MaxTokens, "stream": m.Stream}
+	if len(system) > 0 {
+		msgs = append([]api.Message{{Role: "system", Content: api.MessageContent(strings.Join(system, "\n\n"))}}, msgs...)
+	}
+	if len(msgs) == 0 {
+		return nil, nil, invalid("messages", "messages must hold a user or assistant message")
+	}
+	chat := map[string]any{"model": m.Model, "messages": msgs, "max_tokens": maxTokens, "stream": m.Stream}
 	if m.Stream {
 		chat["stream_options"] = map[string]any{"include_usage": true}
 	}
@@ -176,7 +225,7 @@ func chatFromMessages(m *MessagesRequest) (map[string]any, *chatError) {
 	}
 	if m.Temperature != nil {
 		if *m.Temperature < 0 || *m.Temperature > 1 {
-			return nil, invalid("temperature", "temperature must be between 0 and 1, got %g", *m.Temperature)
+			return nil, nil, invalid("temperature", "temperature must be between 0 and 1, got %g", *m.Temperature)
 		}
 		chat["temperature"] = *m.Temperature
 	}
@@ -189,14 +238,20 @@ func chatFromMessages(m *MessagesRequest) (map[string]any, *chatError) {
 	if m.Metadata != nil && m.Metadata.UserID != "" {
 		chat["user"] = m.Metadata.UserID
 	}
-	if len(m.Tools) > 0 {
-		var tools []api.Tool
-		for i, t := range m.Tools {
-			if t.Type != "" && t.Type != "custom" {
-				return nil, unsupported(fmt.Sprintf("tools[%d].type", i), "server tools (%q) are not supported: define client tools with input_schema", t.Type)
-			}
-			tools = append(tools, api.Tool{Type: "function", Function: api.Function{Name: t.Name, Description: t.Description, Parameters: t.InputSchema}})
+	var tools []api.Tool
+	for i, t := range m.Tools {
+		cached = cached || len(t.CacheControl) > 0
+		switch {
+		case compat.HostedAnthropicTool(t.Type):
+			hints = append(hints, "tools["+t.Type+"]")
+			continue
+		case t.Type != "" && t.Type != "custom":
+			return nil, nil, unsupported(fmt.Sprintf("tools[%d].type", i),
+				"the Anthropic-defined tool %q is not supported: define a client tool with input_schema", t.Type)
 		}
+		tools = append(tools, api.Tool{Type: "function", Function: api.Function{Name: t.Name, Description: t.Description, Parameters: t.InputSchema}})
+	}
+	if len(tools) > 0 {
 		chat["tools"] = tools
 	}
 	if c := m.ToolChoice; c != nil {
@@ -210,21 +265,81 @@ func chatFromMessages(m *MessagesRequest) (map[string]any, *chatError) {
 		case "tool":
 			chat["tool_choice"] = map[string]any{"type": "function", "function": map[string]any{"name": c.Name}}
 		default:
-			return nil, invalid("tool_choice.type", "tool_choice type must be auto, any, tool or none, got %q", c.Type)
+			return nil, nil, invalid("tool_choice.type", "tool_choice type must be auto, any, tool or none, got %q", c.Type)
 		}
 		if c.DisableParallelToolUse {
 			chat["parallel_tool_calls"] = false
 		}
 	}
+	if e := thinking(m, chat); e != nil {
+		return nil, nil, e
+	}
+	if cached {
+		hints = append(hints, "cache_control")
+	}
+	return chat, hints, nil
+}
+
+// thinking maps thinking and output_config onto the chat request's reasoning
+// controls: the template's enable_thinking, reasoning_effort (from output_config.effort,
+// else from thinking.budget_tokens) and response_format.
+func thinking(m *MessagesRequest, chat map[string]any) *chatError {
+	effort := ""
 	if t := m.Thinking; t != nil {
 		switch t.Type {
-		case "enabled", "disabled":
-			chat["chat_template_kwargs"] = map[string]any{"enable_thinking": t.Type == "enabled"}
+		case "enabled", "adaptive":
+			chat["chat_template_kwargs"] = map[string]any{"enable_thinking": true}
+			switch b := t.BudgetTokens; {
+			case b <= 0:
+			case b < 4096:
+				effort = "low"
+			case b < 16384:
+				effort = "medium"
+			default:
+				effort = "high"
+			}
+		case "disabled":
+			chat["chat_template_kwargs"] = map[string]any{"enable_thinking": false}
 		default:
-			return nil, invalid("thinking.type", "thinking type must be enabled or disabled, got %q", t.Type)
+			return invalid("thinking.type", "thinking type must be enabled, adaptive or disabled, got %q", t.Type)
 		}
 	}
-	return chat, nil
+	if o := m.OutputConfig; o != nil {
+		switch o.Effort {
+		case "":
+		case "low", "medium", "high":
+			effort = o.Effort
+		case "max":
+			effort = "high"
+		default:
+			return invalid("output_config.effort", "effort must be low, medium, high or max, got %q", o.Effort)
+		}
+		if len(o.Format) > 0 && string(bytes.TrimSpace(o.Format)) != "null" {
+			var f struct {
+				Type   string          `json:"type"`
+				Schema json.RawMessage `json:"schema"`
+			}
+			if err := json.Unmarshal(o.Format, &f); err != nil || f.Type != "json_schema" {
+				return invalid("output_config.format", "format must be {\"type\":\"json_schema\",\"schema\":{...}}")
+			}
+			chat["response_format"] = map[string]any{"type": "json_schema",
+				"json_schema": map[string]any{"name": "output", "schema": f.Schema}}
+		}
+	}
+	if effort != "" {
+		chat["reasoning_effort"] = effort
+	}
+	return nil
+}
+
+// anyCache reports whether a block carries cache_control.
+func anyCache(bs []block) bool {
+	for _, b := range bs {
+		if len(b.Cache) > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // Anthropic serves POST /v1/messages over a chat completions handler.
@@ -233,16 +348,18 @@ func Anthropic(chat http.Handler) http.Handler {
 		body, e := readBody(w, r)
 		var req MessagesRequest
 		if e == nil {
-			e = decodeStrict(body, &req)
+			e = decodeStrict(body, &req, &compat.Messages)
 		}
 		var chatReq map[string]any
+		var hints []string
 		if e == nil {
-			chatReq, e = chatFromMessages(&req)
+			chatReq, hints, e = chatFromMessages(&req)
 		}
 		if e != nil {
 			anthropicError(w, e)
 			return
 		}
+		setHints(w, append(compat.Messages.Hints(body), hints...))
 		b, _ := json.Marshal(chatReq)
 		var out sink = &anthropicWhole{w: w}
 		if req.Stream {

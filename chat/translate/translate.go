@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/macfleet/macfleet/chat/compat"
 	"github.com/macfleet/macfleet/runner/api"
 )
 
@@ -41,12 +42,23 @@ func unsupported(param, format string, args ...any) *chatError {
 	return &chatError{Status: e.Status, Message: e.Message, Type: e.Type, Code: e.Code, Param: e.Param}
 }
 
-// decodeStrict decodes body into v, refusing unknown fields (named) and trailing data.
-func decodeStrict(body []byte, v any) *chatError {
+// decodeStrict decodes body into v, refusing unknown fields (named) and trailing data;
+// a field the policy refuses whatever its value is refused with the policy's reason.
+func decodeStrict(body []byte, v any, p *compat.Policy) *chatError {
 	if e := api.DecodeJSON(body, v); e != nil {
+		if msg, ok := p.Refusal(e.Param); ok && e.Code == api.CodeUnknownParameter {
+			return unsupported(e.Param, "%s", msg)
+		}
 		return &chatError{Status: e.Status, Message: e.Message, Type: e.Type, Code: e.Code, Param: e.Param}
 	}
 	return nil
+}
+
+// setHints names the request's hints accepted without effect in the response header.
+func setHints(w http.ResponseWriter, hints []string) {
+	if v := compat.HeaderValue(hints); v != "" {
+		w.Header().Set(compat.IgnoredHintsHeader, v)
+	}
 }
 
 // readBody reads a request body, bounded.

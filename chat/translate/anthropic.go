@@ -445,14 +445,25 @@ func (a *anthropicWhole) whole(c *api.ChatCompletion) {
 		content = append(content, map[string]any{"type": "tool_use", "id": toolUseID(tc.ID), "name": tc.Function.Name,
 			"input": argsObject(tc.Function.Arguments)})
 	}
-	var in, out int
-	if c.Usage != nil {
-		in, out = c.Usage.PromptTokens, c.Usage.CompletionTokens
-	}
 	reason, seq := stopReason(ch.FinishReason, ch.StopSequence)
 	writeJSON(a.w, http.StatusOK, map[string]any{"id": "msg_" + strings.TrimPrefix(c.ID, "chatcmpl-"), "type": "message",
 		"role": "assistant", "model": c.Model, "content": content, "stop_reason": reason,
-		"stop_sequence": seq, "usage": map[string]any{"input_tokens": in, "output_tokens": out}})
+		"stop_sequence": seq, "usage": anthropicUsage(c.Usage)})
+}
+
+// anthropicUsage is a chat usage in Anthropic's terms: input_tokens are the prompt
+// tokens that were not read from the prompt cache, cache_read_input_tokens those that
+// were (their sum is the prompt); nothing is written to a cache on request.
+func anthropicUsage(u *api.Usage) map[string]any {
+	var in, cached, out int
+	if u != nil {
+		in, out = u.PromptTokens, u.CompletionTokens
+		if u.PromptTokensDetails != nil {
+			cached = min(u.PromptTokensDetails.CachedTokens, in)
+		}
+	}
+	return map[string]any{"input_tokens": in - cached, "cache_read_input_tokens": cached,
+		"cache_creation_input_tokens": 0, "output_tokens": out}
 }
 
 func (a *anthropicWhole) chunk(*api.ChatCompletionChunk) {}
@@ -476,15 +487,20 @@ type anthropicStream struct {
 	usage   *api.Usage
 }
 
-func (a *anthropicStream) start(id string) {
+// start sends message_start with the prompt's usage, which the chat stream's first
+// chunk carries (api.HeaderPromptUsage).
+func (a *anthropicStream) start(id string, prompt *api.Usage) {
 	if a.started {
 		return
 	}
 	a.started = true
+	var usage *api.Usage
+	if prompt != nil {
+		usage = &api.Usage{PromptTokens: prompt.PromptTokens, PromptTokensDetails: prompt.PromptTokensDetails}
+	}
 	a.sse.send("message_start", map[string]any{"type": "message_start", "message": map[string]any{
 		"id": "msg_" + strings.TrimPrefix(id, "chatcmpl-"), "type": "message", "role": "assistant", "model": a.model,
-		"content": []any{}, "stop_reason": nil, "stop_sequence": nil,
-		"usage": map[string]any{"input_tokens": 0, "output_tokens": 0}}})
+		"content": []any{}, "stop_reason": nil, "stop_sequence": nil, "usage": anthropicUsage(usage)}})
 }
 
 // block opens a block of kind (closing the open one) unless it is already open.
@@ -511,7 +527,7 @@ func (a *anthropicStream) delta(d map[string]any) {
 }
 
 func (a *anthropicStream) chunk(c *api.ChatCompletionChunk) {
-	a.start(c.ID)
+	a.start(c.ID, c.Usage)
 	if c.Usage != nil {
 		a.usage = c.Usage
 	}
@@ -549,15 +565,11 @@ func (a *anthropicStream) end(err *chatError) {
 		a.sse.send("error", anthropicErrorBody(err))
 		return
 	}
-	a.start("")
+	a.start("", nil)
 	a.closeBlock()
-	usage := map[string]any{"output_tokens": 0}
-	if a.usage != nil {
-		usage = map[string]any{"input_tokens": a.usage.PromptTokens, "output_tokens": a.usage.CompletionTokens}
-	}
 	reason, seq := stopReason(a.finish, a.stopSeq)
 	a.sse.send("message_delta", map[string]any{"type": "message_delta",
-		"delta": map[string]any{"stop_reason": reason, "stop_sequence": seq}, "usage": usage})
+		"delta": map[string]any{"stop_reason": reason, "stop_sequence": seq}, "usage": anthropicUsage(a.usage)})
 	a.sse.send("message_stop", map[string]any{"type": "message_stop"})
 }
 

@@ -9,6 +9,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/macfleet/macfleet/chat/compat"
+	"github.com/macfleet/macfleet/runner/api"
 )
 
 // compatCase is one field a client sends: the request, what of the chat request it
@@ -133,7 +134,7 @@ func TestResponsesClientFields(t *testing.T) {
 		{name: "store true", body: `{"model":"m","input":"x","store":true}`, chat: map[string]string{}, hints: "store"},
 		{name: "hints together", body: `{"model":"m","service_tier":"flex","safety_identifier":"u","reasoning":{"summary":"auto"},
 			"input":[{"type":"reasoning","id":"rs_1","summary":[],"encrypted_content":"opaque"},{"type":"message","role":"user","content":"x"}]}`,
-			chat: map[string]string{"messages": `[{"role":"user","content":"x"}]`}, hints: "safety_identifier, service_tier"},
+			chat: map[string]string{"messages": `[{"role":"user","content":"x"}]`}, hints: "safety_identifier, service_tier, reasoning.summary"},
 	})
 }
 
@@ -180,5 +181,77 @@ func TestResponsesRefusals(t *testing.T) {
 		if w.Code != http.StatusBadRequest || e.Error.Param == nil || *e.Error.Param != tc.param {
 			t.Errorf("%s: %d %s, want a 400 naming %s", tc.body, w.Code, w.Body, tc.param)
 		}
+	}
+}
+
+// TestAnthropicUsage: message_start reports the prompt's size, which the chat
+// stream's first chunk carries when the translator asks for it; the cached part is
+// cache_read_input_tokens there, in message_delta and in a whole answer.
+func TestAnthropicUsage(t *testing.T) {
+	first := `{"id":"chatcmpl-abc","object":"chat.completion.chunk","model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":""}}],` +
+		`"usage":{"prompt_tokens":19626,"completion_tokens":0,"total_tokens":19626,"prompt_tokens_details":{"cached_tokens":19000}}}`
+	last := `{"id":"chatcmpl-abc","model":"m","choices":[],"usage":{"prompt_tokens":19626,"completion_tokens":9,"total_tokens":19635,` +
+		`"prompt_tokens_details":{"cached_tokens":19000}}}`
+	chunks := append(append([]string{first}, toolStream[1:len(toolStream)-1]...), last)
+	f := &fakeChat{chunks: chunks}
+	w := post(t, Anthropic(f), "/v1/messages", `{"model":"m","max_tokens":50,"stream":true,"messages":[{"role":"user","content":"x"}]}`)
+	if got := f.header.Get(api.HeaderPromptUsage); got != "first-chunk" {
+		t.Errorf("the chat request's %s = %q, want first-chunk", api.HeaderPromptUsage, got)
+	}
+	events := readEvents(t, w.Body)
+	want := map[string]any{"input_tokens": 626.0, "cache_read_input_tokens": 19000.0, "cache_creation_input_tokens": 0.0, "output_tokens": 0.0}
+	if d := cmp.Diff(want, events[0].data["message"].(map[string]any)["usage"]); d != "" {
+		t.Errorf("message_start usage (-want +got):\n%s", d)
+	}
+	want["output_tokens"] = 9.0
+	if d := cmp.Diff(want, events[len(events)-2].data["usage"]); d != "" {
+		t.Errorf("message_delta usage (-want +got):\n%s", d)
+	}
+
+	whole := toolWhole
+	whole.Usage = &api.Usage{PromptTokens: 100, CompletionTokens: 9, TotalTokens: 109, PromptTokensDetails: &api.PromptTokensDetails{CachedTokens: 64}}
+	w = post(t, Anthropic(&fakeChat{whole: whole}), "/v1/messages", `{"model":"m","max_tokens":50,"messages":[{"role":"user","content":"x"}]}`)
+	var resp struct{ Usage map[string]any }
+	_ = json.Unmarshal(w.Body.Bytes(), &resp)
+	if d := cmp.Diff(map[string]any{"input_tokens": 36.0, "cache_read_input_tokens": 64.0, "cache_creation_input_tokens": 0.0,
+		"output_tokens": 9.0}, resp.Usage); d != "" {
+		t.Errorf("usage (-want +got):\n%s", d)
+	}
+}
+
+// TestAnthropicCountTokens: count_tokens translates the request as /v1/messages does
+// (max_tokens may be left out) and answers the count handler's count in Anthropic's
+// shape; the handler's errors come back Anthropic-shaped.
+func TestAnthropicCountTokens(t *testing.T) {
+	var got map[string]any
+	count := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_ = json.NewDecoder(r.Body).Decode(&got)
+		if got["model"] == "missing" {
+			w.WriteHeader(http.StatusNotFound)
+			_, _ = w.Write([]byte(`{"error":{"message":"model \"missing\" not found","type":"invalid_request_error","code":"model_not_found"}}`))
+			return
+		}
+		_, _ = w.Write([]byte(`{"prompt_tokens":1234}`))
+	})
+	w := post(t, AnthropicCountTokens(count), "/v1/messages/count_tokens", `{"model":"m","system":"S",
+		"messages":[{"role":"user","content":"Hi"}],"thinking":{"type":"adaptive"},"context_management":{"edits":[]},
+		"tools":[{"name":"f","input_schema":{"type":"object"}}]}`)
+	if w.Code != http.StatusOK || strings.TrimSpace(w.Body.String()) != `{"input_tokens":1234}` {
+		t.Fatalf("%d %s", w.Code, w.Body)
+	}
+	if got["max_tokens"] != nil || got["stream"] != false || got["tools"] == nil || got["chat_template_kwargs"] == nil {
+		t.Errorf("the chat request %v", got)
+	}
+	if h := w.Header().Get(compat.IgnoredHintsHeader); h != "context_management" {
+		t.Errorf("hints %q", h)
+	}
+	w = post(t, AnthropicCountTokens(count), "/v1/messages/count_tokens", `{"model":"missing","messages":[{"role":"user","content":"Hi"}]}`)
+	var e struct {
+		Type  string
+		Error struct{ Type, Message string }
+	}
+	_ = json.Unmarshal(w.Body.Bytes(), &e)
+	if w.Code != http.StatusNotFound || e.Type != "error" || e.Error.Type != "not_found_error" {
+		t.Errorf("%d %s", w.Code, w.Body)
 	}
 }

@@ -235,6 +235,14 @@ func chatFromResponses(q *ResponsesRequest) (*translated, *chatError) {
 	if q.Reasoning != nil && q.Reasoning.Effort != "" {
 		chat["reasoning_effort"] = q.Reasoning.Effort
 	}
+	// Nested hints: reasoning comes back whole as reasoning_text, never summarized;
+	// verbosity is not passed to the model.
+	if q.Reasoning != nil && q.Reasoning.Summary != "" && q.Reasoning.Summary != "none" {
+		out.hints = append(out.hints, "reasoning.summary")
+	}
+	if q.Text != nil && q.Text.Verbosity != "" && q.Text.Verbosity != "medium" {
+		out.hints = append(out.hints, "text.verbosity")
+	}
 	if len(tools) > 0 {
 		chat["tools"] = tools
 	}

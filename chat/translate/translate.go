@@ -93,6 +93,9 @@ func serveChat(next http.Handler, r *http.Request, chatBody []byte, out sink) {
 	req.ContentLength = int64(len(chatBody))
 	req.Header.Set("Content-Length", strconv.Itoa(len(chatBody)))
 	req.Header.Set("Content-Type", "application/json")
+	// A stream's first chunk carries the prompt's usage (Anthropic's message_start
+	// reports it before any content).
+	req.Header.Set(api.HeaderPromptUsage, "first-chunk")
 	cw := &captureWriter{header: http.Header{}, out: out}
 	next.ServeHTTP(cw, req)
 	cw.finish()

@@ -22,6 +22,7 @@ import (
 // waited for after the first chunk.
 type fakeChat struct {
 	got     map[string]any
+	header  http.Header
 	whole   api.ChatCompletion
 	chunks  []string
 	status  int
@@ -32,6 +33,7 @@ type fakeChat struct {
 func (f *fakeChat) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	b, _ := io.ReadAll(r.Body)
 	_ = json.Unmarshal(b, &f.got)
+	f.header = r.Header.Clone()
 	if f.status != 0 {
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(f.status)

@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -85,7 +86,10 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 		writeError(w, fromRunnerAPI(e))
 		return
 	}
-	if hints := compat.Chat.Hints(body); len(hints) > 0 {
+	// The hints are all fields of Unsupported (chat/compat's test): re-reading that
+	// small struct is cheaper than the body.
+	unsupported, _ := json.Marshal(req.Unsupported)
+	if hints := compat.Chat.Hints(unsupported); len(hints) > 0 {
 		w.Header().Set(compat.IgnoredHintsHeader, compat.HeaderValue(hints))
 	}
 	// The runner renders the whole request (tools, template variables) to count it.

@@ -99,6 +99,17 @@ func TestPoliciesCoverTheRequests(t *testing.T) {
 	}
 }
 
+// TestChatHintsAreUnsupportedFields: the agent reads a chat request's hints from its
+// Unsupported fields alone, so every hint of the chat policy must be one.
+func TestChatHintsAreUnsupportedFields(t *testing.T) {
+	fields := jsonFields(reflect.TypeOf(api.Unsupported{}))
+	for _, f := range compat.Chat.Fields {
+		if f.Treatment == compat.Hint && !slices.Contains(fields, f.Name) {
+			t.Errorf("the chat hint %q is not a field of api.Unsupported", f.Name)
+		}
+	}
+}
+
 func TestHints(t *testing.T) {
 	for _, tc := range []struct {
 		body string

@@ -622,6 +622,31 @@ func TestPromptCacheKeyAffinity(t *testing.T) {
 	}
 }
 
+// TestCountTokensForwarded: the gateway routes Anthropic's count_tokens by model to
+// an agent, on its own path, and passes the answer and its headers back.
+func TestCountTokensForwarded(t *testing.T) {
+	var path atomic.Value
+	up := newUpstream(t, func(_ int, w http.ResponseWriter, r *http.Request) {
+		path.Store(r.URL.Path)
+		w.Header().Set("X-Macfleet-Ignored-Hints", "context_management")
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"input_tokens":42}`)
+	})
+	g := newTestGateway(t, Options{})
+	g.serveReplicas(up.host())
+	resp, err := http.Post(g.url+"/v1/messages/count_tokens", "application/json",
+		strings.NewReader(`{"model":"m","messages":[{"role":"user","content":"x"}],"context_management":{}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK || string(b) != `{"input_tokens":42}` ||
+		resp.Header.Get("X-Macfleet-Ignored-Hints") != "context_management" || path.Load() != "/v1/messages/count_tokens" {
+		t.Errorf("%d %s (hints %q), forwarded to %v", resp.StatusCode, b, resp.Header.Get("X-Macfleet-Ignored-Hints"), path.Load())
+	}
+}
+
 func TestErrors(t *testing.T) {
 	g := newTestGateway(t, Options{MaxBodyBytes: 1024})
 	g.SetTable(BuildTable([]mfv1.ModelDeployment{deployment("a", "m", ""), deployment("b", "m", "")}, nil, nil))

@@ -50,6 +50,7 @@ type ResponsesRequest struct {
 	PromptCacheRetention string          `json:"prompt_cache_retention,omitempty"`
 	SafetyIdentifier     string          `json:"safety_identifier,omitempty"`
 	ClientMetadata       json.RawMessage `json:"client_metadata,omitempty"`
+	ContextManagement    json.RawMessage `json:"context_management,omitempty"`
 }
 
 // ResponsesTool is a function tool, or a namespace of function tools.

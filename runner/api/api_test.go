@@ -158,6 +158,7 @@ func TestChatHintsAccepted(t *testing.T) {
 		{`{"store":true}`, ""},
 		{`{"service_tier":"flex"}`, ""},
 		{`{"verbosity":"low"}`, ""},
+		{`{"stream":true,"stream_options":{"include_usage":true,"include_obfuscation":true}}`, ""},
 		{`{"prompt_cache_key":"k","prompt_cache_retention":"24h","safety_identifier":"s","metadata":{"a":"b"},"user":"u"}`, ""},
 		{`{"logit_bias":{"1":5}}`, "logit_bias"},
 		{`{"web_search_options":{}}`, "web_search_options"},

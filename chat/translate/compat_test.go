@@ -109,7 +109,8 @@ func TestResponsesClientFields(t *testing.T) {
 	const fn = `{"type":"function","name":"exec_command","parameters":{"type":"object"},"strict":false}`
 	runCompat(t, Responses, "/v1/responses", []compatCase{
 		{name: "namespace tools", body: `{"model":"m","input":"x","tools":[` + fn + `,{"type":"namespace","name":"multi_agent_v1",
-			"description":"Agents.","tools":[{"type":"function","name":"spawn_agent","description":"Spawn.","parameters":{"type":"object"},"strict":false}]}]}`,
+			"description":"Agents.","tools":[{"type":"function","name":"spawn_agent","description":"Spawn.","parameters":{"type":"object"},"strict":false,
+			"defer_loading":true}]}]}`,
 			chat: map[string]string{"tools": `[{"type":"function","function":{"name":"exec_command","parameters":{"type":"object"},"strict":false}},` +
 				`{"type":"function","function":{"name":"spawn_agent","description":"Spawn.","parameters":{"type":"object"},"strict":false}}]`}},
 		{name: "namespace name clash", body: `{"model":"m","input":"x","tools":[` + fn + `,{"type":"namespace","name":"ns","description":"",

@@ -62,6 +62,9 @@ type ResponsesTool struct {
 	Strict      *bool           `json:"strict,omitempty"`
 	// Tools are a namespace's functions.
 	Tools []ResponsesTool `json:"tools,omitempty"`
+	// DeferLoading asks that the function be shown only once the hosted tool_search
+	// finds it; it is shown at once (a hint).
+	DeferLoading *bool `json:"defer_loading,omitempty"`
 }
 
 // toolName is a function's name as the client defined it: its namespace (if any) and
@@ -324,7 +327,7 @@ func (t *translated) flattenTools(raw []json.RawMessage) ([]api.Tool, *chatError
 			return nil, unsupported(param+".type", "tools of type %q are not supported: only the vendor's models call them; define function tools", head.Type)
 		}
 		var tool ResponsesTool
-		if e := decodeStrict(r, &tool, &compat.Responses); e != nil {
+		if e := decodeStrict(r, &tool, nil); e != nil {
 			e.Param = param + "." + e.Param
 			return nil, e
 		}

@@ -43,15 +43,24 @@ func unsupported(param, format string, args ...any) *chatError {
 }
 
 // decodeStrict decodes body into v, refusing unknown fields (named) and trailing data;
-// a field the policy refuses whatever its value is refused with the policy's reason.
+// a top-level field the policy p refuses whatever its value is refused with the
+// policy's reason (p is nil for a nested object).
 func decodeStrict(body []byte, v any, p *compat.Policy) *chatError {
 	if e := api.DecodeJSON(body, v); e != nil {
-		if msg, ok := p.Refusal(e.Param); ok && e.Code == api.CodeUnknownParameter {
+		if msg, ok := refusal(p, e.Param); ok && e.Code == api.CodeUnknownParameter {
 			return unsupported(e.Param, "%s", msg)
 		}
 		return &chatError{Status: e.Status, Message: e.Message, Type: e.Type, Code: e.Code, Param: e.Param}
 	}
 	return nil
+}
+
+// refusal is p's refusal of a top-level field; a nil p (a nested object) has none.
+func refusal(p *compat.Policy, field string) (string, bool) {
+	if p == nil {
+		return "", false
+	}
+	return p.Refusal(field)
 }
 
 // setHints names the request's hints accepted without effect in the response header.

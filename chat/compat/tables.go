@@ -101,7 +101,7 @@ var Messages = Policy{API: "Anthropic Messages", Endpoint: "/v1/messages", Field
 	{Name: "top_k", Treatment: Honoured, Does: "sampling"},
 	{Name: "stream", Treatment: Honoured, Does: "the Messages event stream; message_start carries the prompt's input_tokens"},
 	{Name: "tools", Treatment: Honoured, Does: "client tools (input_schema); server tools as below"},
-	{Name: "tools[].type=" + strings.Join(HostedAnthropicTools, "|") + "…", Treatment: Hint, Does: "server tools only the vendor runs: not shown to the model, named in the header as tools[TYPE]"},
+	{Name: "tools[].type=" + strings.Join(HostedAnthropicTools, "…|") + "…", Treatment: Hint, Does: "server tools only the vendor runs: not shown to the model, named in the header as tools[TYPE]"},
 	{Name: "tools[].type=bash_…|text_editor_…|computer_…|memory_…", Treatment: Refused, Does: "Anthropic-defined client tools whose schema only the vendor's models know"},
 	{Name: "tool_choice", Treatment: Honoured, Does: "auto, any (required), tool (named), none, disable_parallel_tool_use"},
 	{Name: "thinking", Treatment: Honoured, Does: "enabled, adaptive → the template's enable_thinking true (budget_tokens → reasoning_effort), disabled → false"},

@@ -98,3 +98,31 @@ func TestChatHintsHeader(t *testing.T) {
 		t.Errorf("%s = %q, want metadata, service_tier", compat.IgnoredHintsHeader, got)
 	}
 }
+
+// TestResponsesClientFieldsThroughTheAgent: a request shaped like Codex's first one
+// (namespace and hosted tools, prompt_cache_key, client_metadata, include, store:
+// false) streams through the agent's real handlers, its hints named in the header
+// (tool_choice none: the tiny model's template does not render tools).
+func TestResponsesClientFieldsThroughTheAgent(t *testing.T) {
+	a := startAgent(t, agentOptions{})
+	fn := map[string]any{"type": "function", "name": "exec_command", "parameters": map[string]any{"type": "object"}, "strict": false}
+	body := map[string]any{"model": "tiny", "stream": true, "max_output_tokens": 4, "store": false, "parallel_tool_calls": true,
+		"tool_choice": "none", "prompt_cache_key": "thread-1", "include": []string{"reasoning.encrypted_content"},
+		"client_metadata": map[string]any{"session_id": "s"}, "reasoning": map[string]any{"summary": "auto"},
+		"tools": []any{fn, map[string]any{"type": "namespace", "name": "agents", "description": "", "tools": []any{
+			map[string]any{"type": "function", "name": "spawn_agent", "parameters": map[string]any{"type": "object"}}}},
+			map[string]any{"type": "web_search", "external_web_access": false}},
+		"input": []any{map[string]any{"type": "message", "role": "developer", "content": []any{map[string]any{"type": "input_text", "text": "Be terse."}}},
+			map[string]any{"type": "message", "role": "user", "content": []any{map[string]any{"type": "input_text", "text": "Say hi"}}}}}
+	resp, b := a.do(http.MethodPost, "/v1/responses", body)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("%d %s", resp.StatusCode, b)
+	}
+	if got, want := resp.Header.Get(compat.IgnoredHintsHeader), "include, client_metadata, tools[web_search], reasoning.summary"; got != want {
+		t.Errorf("%s = %q, want %q", compat.IgnoredHintsHeader, got, want)
+	}
+	ev := anthropicEvents(t, b) // the same framing: event and data lines
+	if len(ev["response.completed"])+len(ev["response.incomplete"]) != 1 {
+		t.Fatalf("no completion event in %s", b)
+	}
+}

@@ -586,6 +586,67 @@ func TestPrefixAffinity(t *testing.T) {
 	}
 }
 
+// TestPromptCacheKeyAffinity: with prefix affinity, requests that carry the same
+// prompt_cache_key (chat completions, Responses) go to one replica whatever their
+// prompts; different keys spread. The agent's hints header reaches the client.
+func TestPromptCacheKeyAffinity(t *testing.T) {
+	h := func(_ int, w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("X-Macfleet-Ignored-Hints", "client_metadata")
+		okJSON(w, r)
+	}
+	ups := []*upstream{newUpstream(t, h), newUpstream(t, h), newUpstream(t, h)}
+	g := newTestGateway(t, Options{PrefixAffinity: true})
+	g.serveReplicas(ups[0].host(), ups[1].host(), ups[2].host())
+	homes := map[string]bool{}
+	for k := range 12 {
+		var home string
+		for i, body := range []string{
+			fmt.Sprintf(`{"model":"m","prompt_cache_key":"thread-%d","messages":[{"role":"system","content":"persona %d"},{"role":"user","content":"q"}]}`, k, 0),
+			fmt.Sprintf(`{"model":"m","prompt_cache_key":"thread-%d","messages":[{"role":"system","content":"persona %d"},{"role":"user","content":"q"}]}`, k, 1),
+			fmt.Sprintf(`{"model":"m","prompt_cache_key":"thread-%d","instructions":"other %d","input":"x"}`, k, 2),
+		} {
+			resp, got := post(t, g.url, body)
+			if hv := resp.Header.Get("X-Macfleet-Ignored-Hints"); hv != "client_metadata" {
+				t.Errorf("the agent's hints header came back as %q", hv)
+			}
+			if i == 0 {
+				home = got
+			} else if got != home {
+				t.Errorf("key %d: request %d went to %s, the first to %s", k, i, got, home)
+			}
+		}
+		homes[home] = true
+	}
+	if len(homes) < 2 {
+		t.Errorf("12 keys all went to %v", homes)
+	}
+}
+
+// TestCountTokensForwarded: the gateway routes Anthropic's count_tokens by model to
+// an agent, on its own path, and passes the answer and its headers back.
+func TestCountTokensForwarded(t *testing.T) {
+	var path atomic.Value
+	up := newUpstream(t, func(_ int, w http.ResponseWriter, r *http.Request) {
+		path.Store(r.URL.Path)
+		w.Header().Set("X-Macfleet-Ignored-Hints", "context_management")
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"input_tokens":42}`)
+	})
+	g := newTestGateway(t, Options{})
+	g.serveReplicas(up.host())
+	resp, err := http.Post(g.url+"/v1/messages/count_tokens", "application/json",
+		strings.NewReader(`{"model":"m","messages":[{"role":"user","content":"x"}],"context_management":{}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK || string(b) != `{"input_tokens":42}` ||
+		resp.Header.Get("X-Macfleet-Ignored-Hints") != "context_management" || path.Load() != "/v1/messages/count_tokens" {
+		t.Errorf("%d %s (hints %q), forwarded to %v", resp.StatusCode, b, resp.Header.Get("X-Macfleet-Ignored-Hints"), path.Load())
+	}
+}
+
 func TestErrors(t *testing.T) {
 	g := newTestGateway(t, Options{MaxBodyBytes: 1024})
 	g.SetTable(BuildTable([]mfv1.ModelDeployment{deployment("a", "m", ""), deployment("b", "m", "")}, nil, nil))

@@ -11,7 +11,8 @@ import (
 )
 
 // requestHead is what the gateway reads of a request body: the model, and under prefix
-// affinity the prompt whose prefix picks the replica.
+// affinity the prompt whose prefix picks the replica (or the client's
+// prompt_cache_key, which names that prefix).
 type requestHead struct {
 	Model string
 	// N is how many choices it asks for (chat and text completions' "n"), 1 when it
@@ -55,6 +56,9 @@ func parseHead(body []byte, prefixBytes int) (requestHead, *apiError) {
 	var head struct {
 		Model *json.RawMessage `json:"model"`
 		N     json.RawMessage  `json:"n"`
+		// PromptCacheKey (chat completions, Responses) names the prefix the client
+		// shares between requests: it is the affinity key instead of the prompt's start.
+		PromptCacheKey json.RawMessage `json:"prompt_cache_key"`
 		conversation
 	}
 	var err error
@@ -87,7 +91,12 @@ func parseHead(body []byte, prefixBytes int) (requestHead, *apiError) {
 		out.N = min(n, maxChoices)
 	}
 	if prefixBytes > 0 {
-		out.prefix = head.conversation.prefix(prefixBytes)
+		var key string
+		if json.Unmarshal(head.PromptCacheKey, &key) == nil && key != "" {
+			out.prefix = []byte("prompt_cache_key\x00" + key)
+		} else {
+			out.prefix = head.conversation.prefix(prefixBytes)
+		}
 	}
 	return out, nil
 }

@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -13,6 +14,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/macfleet/macfleet/chat/compat"
 	"github.com/macfleet/macfleet/internal/bytesize"
 	"github.com/macfleet/macfleet/metal"
 	"github.com/macfleet/macfleet/runner/api"
@@ -84,6 +86,12 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 	if e != nil {
 		writeError(w, fromRunnerAPI(e))
 		return
+	}
+	// The hints are all fields of Unsupported (chat/compat's test): re-reading that
+	// small struct is cheaper than the body.
+	unsupported, _ := json.Marshal(req.Unsupported)
+	if hints := compat.Chat.Hints(unsupported); len(hints) > 0 {
+		w.Header().Set(compat.IgnoredHintsHeader, compat.HeaderValue(hints))
 	}
 	// The runner renders the whole request (tools, template variables) to count it.
 	s.generate(w, r, generation{path: pathChat, model: req.Model, body: body, stream: opts.Stream,
@@ -164,17 +172,18 @@ func requireModel(m string) *apiError {
 	return nil
 }
 
-// generate routes a validated request: lease → prefill guard → proxy. The lease is
-// held from here until proxy has written the last byte and returned.
-func (s *Server) generate(w http.ResponseWriter, r *http.Request, g generation) {
+// acquire resolves the model's pool entry and leases its engine (loading it if
+// need be). On failure it has written the error (or the client went away) and returns
+// a nil lease; otherwise the caller releases the lease.
+func (s *Server) acquire(w http.ResponseWriter, r *http.Request, model string) (*metal.Lease, metal.Runner) {
 	ctx := r.Context()
 	info := requestInfo(ctx)
-	entry := g.model
+	entry := model
 	if s.opts.ResolveModel != nil {
 		var err error
-		if entry, err = s.opts.ResolveModel(r, g.model); err != nil {
+		if entry, err = s.opts.ResolveModel(r, model); err != nil {
 			writeError(w, fromPool(err))
-			return
+			return nil, nil
 		}
 	}
 	s.queues.observe(r, entry, time.Now())
@@ -187,20 +196,63 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, g generation) 
 	if err != nil {
 		info.setModel(s.canonicalName(entry))
 		if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
-			return // the client went away while the model loaded
+			return nil, nil // the client went away while the model loaded
 		}
 		writeError(w, fromPool(err))
-		return
+		return nil, nil
 	}
-	defer lease.Release()
 	info.setModel(lease.Model())
 	rn, err := lease.Runner()
 	if err != nil {
+		lease.Release()
 		writeError(w, fromPool(err))
+		return nil, nil
+	}
+	return lease, rn
+}
+
+// handleChatTokens counts the prompt of a chat completion request as the runner
+// renders it (template, tools, template variables): {"prompt_tokens": N}. It serves
+// Anthropic's POST /v1/messages/count_tokens through the translator.
+func (s *Server) handleChatTokens(w http.ResponseWriter, r *http.Request) {
+	var req api.ChatRequest
+	body, ok := s.decodeRequest(w, r, &req, func() string { return req.Model })
+	if !ok {
 		return
 	}
+	e := req.Check()
+	if e == nil && len(req.Messages) == 0 {
+		e = api.InvalidRequest(codeMissingField, "messages", "messages must be a non-empty array")
+	}
+	if e != nil {
+		writeError(w, fromRunnerAPI(e))
+		return
+	}
+	lease, rn := s.acquire(w, r, req.Model)
+	if lease == nil {
+		return
+	}
+	defer lease.Release()
+	n, err := s.countTokens(r.Context(), rn, api.TokenizeRequest{Chat: body})
+	if err != nil {
+		s.writeUpstreamError(w, r, lease, rn, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]int{"prompt_tokens": n})
+}
+
+// generate routes a validated request: lease → prefill guard → proxy. The lease is
+// held from here until proxy has written the last byte and returned.
+func (s *Server) generate(w http.ResponseWriter, r *http.Request, g generation) {
+	ctx := r.Context()
+	lease, rn := s.acquire(w, r, g.model)
+	if lease == nil {
+		return
+	}
+	defer lease.Release()
 
 	// Prefill guard: before any byte of the response.
+	var err error
 	gctx, span := s.startSpan(ctx, "agent.prefill_guard", trace.SpanKindInternal)
 	n := g.tokens
 	if n == 0 {
@@ -229,7 +281,8 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, g generation) 
 		}
 	}
 	s.proxy(w, r, lease, rn, proxyRequest{path: g.path, body: body, stream: g.stream, stripUsage: stripUsage,
-		requested: g.model, served: lease.Model(), generates: g.path != pathEmbeddings})
+		requested: g.model, served: lease.Model(), generates: g.path != pathEmbeddings,
+		promptUsage: g.stream && g.includeUsage && r.Header.Get(api.HeaderPromptUsage) == "first-chunk"})
 }
 
 // countTokens asks the runner for the prompt's token count.

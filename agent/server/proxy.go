@@ -16,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/macfleet/macfleet/metal"
+	"github.com/macfleet/macfleet/runner/api"
 )
 
 // maxResponseBytes bounds a non-streamed runner answer the agent buffers.
@@ -33,6 +34,9 @@ type proxyRequest struct {
 	requested, served string
 	// generates: a completion (TTFT and token metrics), not embeddings.
 	generates bool
+	// promptUsage passes api.HeaderPromptUsage on (only with usage asked for, so
+	// that no usage chunk is stripped).
+	promptUsage bool
 }
 
 // proxy forwards pr to the runner with the client's context, so a client that goes
@@ -52,6 +56,9 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, lease *metal.Leas
 	s.injectTrace(sctx, req.Header)
 	if pr.stream {
 		req.Header.Set("Accept", "text/event-stream")
+	}
+	if pr.promptUsage {
+		req.Header.Set(api.HeaderPromptUsage, "first-chunk")
 	}
 	resp, err := rn.Client().Do(req)
 	if err != nil {

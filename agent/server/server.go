@@ -157,6 +157,7 @@ func (s *Server) routes() http.Handler {
 	// The Responses and Anthropic Messages APIs, translated to and from chat.
 	mux.Handle("POST /v1/responses", s.instrument(translate.Responses(http.HandlerFunc(s.handleChat)).ServeHTTP))
 	mux.Handle("POST /v1/messages", s.instrument(translate.Anthropic(http.HandlerFunc(s.handleChat)).ServeHTTP))
+	mux.Handle("POST /v1/messages/count_tokens", s.instrument(translate.AnthropicCountTokens(http.HandlerFunc(s.handleChatTokens)).ServeHTTP))
 	openai("POST /v1/completions", s.handleCompletion)
 	openai("POST /v1/embeddings", s.handleEmbeddings)
 	mux.HandleFunc("GET /v1/models", s.handleListModels)
@@ -182,7 +183,7 @@ func (s *Server) routes() http.Handler {
 }
 
 // knownPaths answer 405 rather than 404 to a wrong method.
-var knownPaths = []string{"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/models", "/v1/responses", "/v1/messages",
+var knownPaths = []string{"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/models", "/v1/responses", "/v1/messages", "/v1/messages/count_tokens",
 	"/api/status", "/api/cache/clear", "/metrics", "/healthz", "/readyz"}
 
 func (s *Server) handleUnknownRoute(w http.ResponseWriter, r *http.Request) {

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"strings"
 
+	"github.com/macfleet/macfleet/chat/compat"
 	"github.com/macfleet/macfleet/runner/api"
 )
 
@@ -33,8 +34,16 @@ type MessagesRequest struct {
 	Thinking *struct {
 		Type         string `json:"type"`
 		BudgetTokens int    `json:"budget_tokens,omitempty"`
+		Display      string `json:"display,omitempty"`
 	} `json:"thinking,omitempty"`
-	ServiceTier string `json:"service_tier,omitempty"`
+	OutputConfig *struct {
+		Effort string          `json:"effort,omitempty"`
+		Format json.RawMessage `json:"format,omitempty"`
+	} `json:"output_config,omitempty"`
+	// Hints (compat.Messages): accepted, reported in compat.IgnoredHintsHeader.
+	ServiceTier       string          `json:"service_tier,omitempty"`
+	ContextManagement json.RawMessage `json:"context_management,omitempty"`
+	CacheControl      json.RawMessage `json:"cache_control,omitempty"`
 }
 
 // AnthropicMessage is one message: its content a string or a list of blocks.
@@ -45,10 +54,16 @@ type AnthropicMessage struct {
 
 // AnthropicTool is a client tool.
 type AnthropicTool struct {
-	Type        string          `json:"type,omitempty"`
-	Name        string          `json:"name"`
-	Description string          `json:"description,omitempty"`
-	InputSchema json.RawMessage `json:"input_schema"`
+	Type         string          `json:"type,omitempty"`
+	Name         string          `json:"name"`
+	Description  string          `json:"description,omitempty"`
+	InputSchema  json.RawMessage `json:"input_schema"`
+	CacheControl json.RawMessage `json:"cache_control,omitempty"`
+	// The fields of server tools (compat.HostedAnthropicTool), which are dropped.
+	MaxUses        json.RawMessage `json:"max_uses,omitempty"`
+	AllowedDomains json.RawMessage `json:"allowed_domains,omitempty"`
+	BlockedDomains json.RawMessage `json:"blocked_domains,omitempty"`
+	UserLocation   json.RawMessage `json:"user_location,omitempty"`
 }
 
 // block is a content block of a request (the fields of every kind served).
@@ -99,34 +114,61 @@ func textOf(bs []block, param string) (string, *chatError) {
 	return sb.String(), nil
 }
 
-// chatFromMessages translates a Messages request into a chat completion request.
-func chatFromMessages(m *MessagesRequest) (map[string]any, *chatError) {
+// chatFromMessages translates a Messages request into a chat completion request, and
+// names the hints it accepted without effect below the top level (cache_control, the
+// server tools it dropped).
+func chatFromMessages(m *MessagesRequest) (map[string]any, []string, *chatError) {
 	if m.MaxTokens == nil {
-		return nil, invalid("max_tokens", "max_tokens is required")
+		return nil, nil, invalid("max_tokens", "max_tokens is required")
 	}
+	return chatFromMessagesBody(m, *m.MaxTokens)
+}
+
+// chatFromMessagesBody is chatFromMessages with the answer's token cap given
+// (count_tokens has none).
+func chatFromMessagesBody(m *MessagesRequest, maxTokens int) (map[string]any, []string, *chatError) {
 	if len(m.Messages) == 0 {
-		return nil, invalid("messages", "messages must not be empty")
+		return nil, nil, invalid("messages", "messages must not be empty")
 	}
-	var msgs []api.Message
+	var hints []string
+	cached := len(m.CacheControl) > 0
+	// system collects the system prompt: the system field, then every system-role
+	// message in order (templates take one system message, first).
+	var system []string
 	if len(m.System) > 0 {
 		bs, e := blocks(m.System, "system")
 		if e != nil {
-			return nil, e
+			return nil, nil, e
 		}
 		text, e := textOf(bs, "system")
 		if e != nil {
-			return nil, e
+			return nil, nil, e
 		}
-		msgs = append(msgs, api.Message{Role: "system", Content: api.MessageContent(text)})
+		cached = cached || anyCache(bs)
+		if text != "" {
+			system = append(system, text)
+		}
 	}
+	var msgs []api.Message
 	for i, msg := range m.Messages {
 		param := fmt.Sprintf("messages[%d]", i)
-		if msg.Role != "user" && msg.Role != "assistant" {
-			return nil, invalid(param+".role", "role must be user or assistant, got %q", msg.Role)
+		if msg.Role != "user" && msg.Role != "assistant" && msg.Role != "system" {
+			return nil, nil, invalid(param+".role", "role must be user, assistant or system, got %q", msg.Role)
 		}
 		bs, e := blocks(msg.Content, param+".content")
 		if e != nil {
-			return nil, e
+			return nil, nil, e
+		}
+		cached = cached || anyCache(bs)
+		if msg.Role == "system" {
+			text, e := textOf(bs, param+".content")
+			if e != nil {
+				return nil, nil, e
+			}
+			if text != "" {
+				system = append(system, text)
+			}
+			continue
 		}
 		out := api.Message{Role: msg.Role}
 		var text strings.Builder
@@ -148,18 +190,19 @@ func chatFromMessages(m *MessagesRequest) (map[string]any, *chatError) {
 			case b.Type == "tool_result" && msg.Role == "user":
 				rb, e := blocks(b.Content, bp+".content")
 				if e != nil {
-					return nil, e
+					return nil, nil, e
 				}
+				cached = cached || anyCache(rb)
 				result, e := textOf(rb, bp+".content")
 				if e != nil {
-					return nil, e
+					return nil, nil, e
 				}
 				if b.IsError {
 					result = "Error: " + result
 				}
 				msgs = append(msgs, api.Message{Role: "tool", ToolCallID: b.ToolUseID, Content: api.MessageContent(result)})
 			default:
-				return nil, unsupported(bp+".type", "a %q block in a %s message is not supported: the models served are text-only", b.Type, msg.Role)
+				return nil, nil, unsupported(bp+".type", "a %q block in a %s message is not supported: the models served are text-only", b.Type, msg.Role)
 			}
 		}
 		if text.Len() > 0 || len(out.ToolCalls) > 0 || out.ReasoningContent != "" {
@@ -167,7 +210,13 @@ func chatFromMessages(m *MessagesRequest) (map[string]any, *chatError) {
 			msgs = append(msgs, out)
 		}
 	}
-	chat := map[string]any{"model": m.Model, "messages": msgs, "max_tokens": *m.MaxTokens, "stream": m.Stream}
+	if len(system) > 0 {
+		msgs = append([]api.Message{{Role: "system", Content: api.MessageContent(strings.Join(system, "\n\n"))}}, msgs...)
+	}
+	if len(msgs) == 0 {
+		return nil, nil, invalid("messages", "messages must hold a user or assistant message")
+	}
+	chat := map[string]any{"model": m.Model, "messages": msgs, "max_tokens": maxTokens, "stream": m.Stream}
 	if m.Stream {
 		chat["stream_options"] = map[string]any{"include_usage": true}
 	}
@@ -176,7 +225,7 @@ func chatFromMessages(m *MessagesRequest) (map[string]any, *chatError) {
 	}
 	if m.Temperature != nil {
 		if *m.Temperature < 0 || *m.Temperature > 1 {
-			return nil, invalid("temperature", "temperature must be between 0 and 1, got %g", *m.Temperature)
+			return nil, nil, invalid("temperature", "temperature must be between 0 and 1, got %g", *m.Temperature)
 		}
 		chat["temperature"] = *m.Temperature
 	}
@@ -189,14 +238,20 @@ func chatFromMessages(m *MessagesRequest) (map[string]any, *chatError) {
 	if m.Metadata != nil && m.Metadata.UserID != "" {
 		chat["user"] = m.Metadata.UserID
 	}
-	if len(m.Tools) > 0 {
-		var tools []api.Tool
-		for i, t := range m.Tools {
-			if t.Type != "" && t.Type != "custom" {
-				return nil, unsupported(fmt.Sprintf("tools[%d].type", i), "server tools (%q) are not supported: define client tools with input_schema", t.Type)
-			}
-			tools = append(tools, api.Tool{Type: "function", Function: api.Function{Name: t.Name, Description: t.Description, Parameters: t.InputSchema}})
+	var tools []api.Tool
+	for i, t := range m.Tools {
+		cached = cached || len(t.CacheControl) > 0
+		switch {
+		case compat.HostedAnthropicTool(t.Type):
+			hints = append(hints, "tools["+t.Type+"]")
+			continue
+		case t.Type != "" && t.Type != "custom":
+			return nil, nil, unsupported(fmt.Sprintf("tools[%d].type", i),
+				"the Anthropic-defined tool %q is not supported: define a client tool with input_schema", t.Type)
 		}
+		tools = append(tools, api.Tool{Type: "function", Function: api.Function{Name: t.Name, Description: t.Description, Parameters: t.InputSchema}})
+	}
+	if len(tools) > 0 {
 		chat["tools"] = tools
 	}
 	if c := m.ToolChoice; c != nil {
@@ -210,21 +265,19 @@ func chatFromMessages(m *MessagesRequest) (map[string]any, *chatError) {
 		case "tool":
 			chat["tool_choice"] = map[string]any{"type": "function", "function": map[string]any{"name": c.Name}}
 		default:
-			return nil, invalid("tool_choice.type", "tool_choice type must be auto, any, tool or none, got %q", c.Type)
+			return nil, nil, invalid("tool_choice.type", "tool_choice type must be auto, any, tool or none, got %q", c.Type)
 		}
 		if c.DisableParallelToolUse {
 			chat["parallel_tool_calls"] = false
 		}
 	}
-	if t := m.Thinking; t != nil {
-		switch t.Type {
-		case "enabled", "disabled":
-			chat["chat_template_kwargs"] = map[string]any{"enable_thinking": t.Type == "enabled"}
-		default:
-			return nil, invalid("thinking.type", "thinking type must be enabled or disabled, got %q", t.Type)
-		}
+	if e := thinking(m, chat); e != nil {
+		return nil, nil, e
 	}
-	return chat, nil
+	if cached {
+		hints = append(hints, "cache_control")
+	}
+	return chat, hints, nil
 }
 
 // Anthropic serves POST /v1/messages over a chat completions handler.
@@ -233,16 +286,18 @@ func Anthropic(chat http.Handler) http.Handler {
 		body, e := readBody(w, r)
 		var req MessagesRequest
 		if e == nil {
-			e = decodeStrict(body, &req)
+			e = decodeStrict(body, &req, &compat.Messages)
 		}
 		var chatReq map[string]any
+		var hints []string
 		if e == nil {
-			chatReq, e = chatFromMessages(&req)
+			chatReq, hints, e = chatFromMessages(&req)
 		}
 		if e != nil {
 			anthropicError(w, e)
 			return
 		}
+		setHints(w, append(compat.Messages.Hints(body), hints...))
 		b, _ := json.Marshal(chatReq)
 		var out sink = &anthropicWhole{w: w}
 		if req.Stream {
@@ -328,14 +383,10 @@ func (a *anthropicWhole) whole(c *api.ChatCompletion) {
 		content = append(content, map[string]any{"type": "tool_use", "id": toolUseID(tc.ID), "name": tc.Function.Name,
 			"input": argsObject(tc.Function.Arguments)})
 	}
-	var in, out int
-	if c.Usage != nil {
-		in, out = c.Usage.PromptTokens, c.Usage.CompletionTokens
-	}
 	reason, seq := stopReason(ch.FinishReason, ch.StopSequence)
 	writeJSON(a.w, http.StatusOK, map[string]any{"id": "msg_" + strings.TrimPrefix(c.ID, "chatcmpl-"), "type": "message",
 		"role": "assistant", "model": c.Model, "content": content, "stop_reason": reason,
-		"stop_sequence": seq, "usage": map[string]any{"input_tokens": in, "output_tokens": out}})
+		"stop_sequence": seq, "usage": anthropicUsage(c.Usage)})
 }
 
 func (a *anthropicWhole) chunk(*api.ChatCompletionChunk) {}
@@ -359,15 +410,20 @@ type anthropicStream struct {
 	usage   *api.Usage
 }
 
-func (a *anthropicStream) start(id string) {
+// start sends message_start with the prompt's usage, which the chat stream's first
+// chunk carries (api.HeaderPromptUsage).
+func (a *anthropicStream) start(id string, prompt *api.Usage) {
 	if a.started {
 		return
 	}
 	a.started = true
+	var usage *api.Usage
+	if prompt != nil {
+		usage = &api.Usage{PromptTokens: prompt.PromptTokens, PromptTokensDetails: prompt.PromptTokensDetails}
+	}
 	a.sse.send("message_start", map[string]any{"type": "message_start", "message": map[string]any{
 		"id": "msg_" + strings.TrimPrefix(id, "chatcmpl-"), "type": "message", "role": "assistant", "model": a.model,
-		"content": []any{}, "stop_reason": nil, "stop_sequence": nil,
-		"usage": map[string]any{"input_tokens": 0, "output_tokens": 0}}})
+		"content": []any{}, "stop_reason": nil, "stop_sequence": nil, "usage": anthropicUsage(usage)}})
 }
 
 // block opens a block of kind (closing the open one) unless it is already open.
@@ -394,7 +450,7 @@ func (a *anthropicStream) delta(d map[string]any) {
 }
 
 func (a *anthropicStream) chunk(c *api.ChatCompletionChunk) {
-	a.start(c.ID)
+	a.start(c.ID, c.Usage)
 	if c.Usage != nil {
 		a.usage = c.Usage
 	}
@@ -432,15 +488,11 @@ func (a *anthropicStream) end(err *chatError) {
 		a.sse.send("error", anthropicErrorBody(err))
 		return
 	}
-	a.start("")
+	a.start("", nil)
 	a.closeBlock()
-	usage := map[string]any{"output_tokens": 0}
-	if a.usage != nil {
-		usage = map[string]any{"input_tokens": a.usage.PromptTokens, "output_tokens": a.usage.CompletionTokens}
-	}
 	reason, seq := stopReason(a.finish, a.stopSeq)
 	a.sse.send("message_delta", map[string]any{"type": "message_delta",
-		"delta": map[string]any{"stop_reason": reason, "stop_sequence": seq}, "usage": usage})
+		"delta": map[string]any{"stop_reason": reason, "stop_sequence": seq}, "usage": anthropicUsage(a.usage)})
 	a.sse.send("message_stop", map[string]any{"type": "message_stop"})
 }
 

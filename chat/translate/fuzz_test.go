@@ -75,6 +75,12 @@ func FuzzAnthropicRequest(f *testing.F) {
 		`"messages":[{"role":"user","content":"Weather?"},{"role":"assistant","content":[{"type":"tool_use","id":"toolu_1","name":"get_weather","input":{"city":"Paris"}}]},` +
 		`{"role":"user","content":[{"type":"tool_result","tool_use_id":"toolu_1","content":[{"type":"text","text":"21 C"}]}]}]}`))
 	f.Add([]byte(`{"model":"m","max_tokens":8,"stream":true,"messages":[{"role":"user","content":"Hello"}]}`))
+	// The shape of Claude Code's requests (issue 28).
+	f.Add([]byte(`{"model":"m","max_tokens":64,"stream":true,"thinking":{"type":"adaptive"},"output_config":{"effort":"high"},` +
+		`"context_management":{"edits":[{"type":"clear_thinking_20251015","keep":"all"}]},"metadata":{"user_id":"u"},` +
+		`"system":[{"type":"text","text":"S","cache_control":{"type":"ephemeral"}}],"tools":[{"name":"Bash","input_schema":{"type":"object"}},` +
+		`{"type":"web_search_20250305","name":"web_search","max_uses":2}],"messages":[{"role":"user","content":"Hi"},` +
+		`{"role":"system","content":"Reminder."},{"role":"assistant","content":"Hello"},{"role":"user","content":[{"type":"text","text":"Go","cache_control":{"type":"ephemeral"}}]}]}`))
 	f.Fuzz(func(t *testing.T, body []byte) {
 		fuzzTranslation(t, Anthropic, "/v1/messages", body, func(e map[string]any) bool {
 			inner, _ := e["error"].(map[string]any)
@@ -90,6 +96,14 @@ func FuzzResponsesRequest(f *testing.F) {
 		`{"type":"function_call","call_id":"c1","name":"get_weather","arguments":"{\"city\":\"Paris\"}"},` +
 		`{"type":"function_call_output","call_id":"c1","output":"21 C"}],"tools":[{"type":"function","name":"get_weather",` +
 		`"parameters":{"type":"object"}}],"tool_choice":"required","text":{"format":{"type":"json_schema","name":"x","schema":{"type":"object"}}},"stream":true}`))
+	// The shape of Codex's requests (issue 28).
+	f.Add([]byte(`{"model":"m","stream":true,"store":false,"prompt_cache_key":"t","include":["reasoning.encrypted_content"],` +
+		`"client_metadata":{"session_id":"s"},"reasoning":{"summary":"auto"},"tool_choice":"auto","parallel_tool_calls":true,` +
+		`"tools":[{"type":"function","name":"exec_command","parameters":{"type":"object"},"strict":false},{"type":"namespace","name":"ns",` +
+		`"description":"","tools":[{"type":"function","name":"spawn","parameters":{"type":"object"}}]},{"type":"web_search","external_web_access":false}],` +
+		`"input":[{"type":"message","role":"developer","content":[{"type":"input_text","text":"D"}]},{"type":"reasoning","id":"rs","summary":[],` +
+		`"encrypted_content":"x"},{"type":"function_call","call_id":"c","namespace":"ns","name":"spawn","arguments":"{}"},` +
+		`{"type":"function_call_output","call_id":"c","output":"ok"}]}`))
 	f.Fuzz(func(t *testing.T, body []byte) {
 		fuzzTranslation(t, Responses, "/v1/responses", body, func(e map[string]any) bool {
 			inner, _ := e["error"].(map[string]any)

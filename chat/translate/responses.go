@@ -5,20 +5,24 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 
+	"github.com/macfleet/macfleet/chat/compat"
 	"github.com/macfleet/macfleet/runner/api"
 )
 
 // ResponsesRequest is the body of POST /v1/responses (OpenAI Responses API).
 type ResponsesRequest struct {
-	Model             string          `json:"model"`
-	Input             json.RawMessage `json:"input"`
-	Instructions      *string         `json:"instructions,omitempty"`
-	Tools             []ResponsesTool `json:"tools,omitempty"`
-	ToolChoice        json.RawMessage `json:"tool_choice,omitempty"`
-	ParallelToolCalls *bool           `json:"parallel_tool_calls,omitempty"`
+	Model        string          `json:"model"`
+	Input        json.RawMessage `json:"input"`
+	Instructions *string         `json:"instructions,omitempty"`
+	// Tools are function and namespace tools (decoded strictly as ResponsesTool) and
+	// hosted tools (dropped whatever their fields).
+	Tools             []json.RawMessage `json:"tools,omitempty"`
+	ToolChoice        json.RawMessage   `json:"tool_choice,omitempty"`
+	ParallelToolCalls *bool             `json:"parallel_tool_calls,omitempty"`
 	Text              *struct {
 		Format    json.RawMessage `json:"format,omitempty"`
 		Verbosity string          `json:"verbosity,omitempty"`
@@ -41,16 +45,37 @@ type ResponsesRequest struct {
 	StreamOptions      json.RawMessage `json:"stream_options,omitempty"`
 	Background         *bool           `json:"background,omitempty"`
 	Seed               *int64          `json:"seed,omitempty"`
+	PromptCacheKey     string          `json:"prompt_cache_key,omitempty"`
+	// Hints (compat.Responses): accepted, reported in compat.IgnoredHintsHeader.
+	PromptCacheRetention string          `json:"prompt_cache_retention,omitempty"`
+	SafetyIdentifier     string          `json:"safety_identifier,omitempty"`
+	ClientMetadata       json.RawMessage `json:"client_metadata,omitempty"`
+	ContextManagement    json.RawMessage `json:"context_management,omitempty"`
 }
 
-// ResponsesTool is a function tool.
+// ResponsesTool is a function tool, or a namespace of function tools.
 type ResponsesTool struct {
 	Type        string          `json:"type"`
 	Name        string          `json:"name"`
 	Description string          `json:"description,omitempty"`
 	Parameters  json.RawMessage `json:"parameters,omitempty"`
 	Strict      *bool           `json:"strict,omitempty"`
+	// Tools are a namespace's functions.
+	Tools []ResponsesTool `json:"tools,omitempty"`
+	// DeferLoading asks that the function be shown only once the hosted tool_search
+	// finds it; it is shown at once (a hint).
+	DeferLoading *bool `json:"defer_loading,omitempty"`
 }
+
+// toolName is a function's name as the client defined it: its namespace (if any) and
+// its name there.
+type toolName struct{ namespace, name string }
+
+// includable are the include items a Responses request may ask for; macfleet has none
+// of them to add (compat.Responses).
+var includable = []string{"reasoning.encrypted_content", "message.output_text.logprobs", "web_search_call.results",
+	"web_search_call.action.sources", "file_search_call.results", "code_interpreter_call.outputs",
+	"computer_call_output.output.image_url", "message.input_image.image_url"}
 
 // item is an input item (the fields of every kind served).
 type item struct {
@@ -64,6 +89,9 @@ type item struct {
 	Arguments string          `json:"arguments"`
 	Output    json.RawMessage `json:"output"`
 	Summary   json.RawMessage `json:"summary"`
+	// Namespace is a function_call's namespace (namespace tools).
+	Namespace        string          `json:"namespace"`
+	EncryptedContent json.RawMessage `json:"encrypted_content"`
 }
 
 // partsText joins the text parts of a message's content (a string or a list).
@@ -95,18 +123,40 @@ func partsText(raw json.RawMessage, param string) (string, *chatError) {
 	return sb.String(), nil
 }
 
+// translated is a Responses request in chat terms.
+type translated struct {
+	chat map[string]any
+	// hints are the hints accepted without effect below the top level (the hosted
+	// tools dropped).
+	hints []string
+	// names maps the function names the model sees to the client's (namespaced) ones.
+	names map[string]toolName
+}
+
 // chatFromResponses translates a Responses request into a chat completion request.
-func chatFromResponses(q *ResponsesRequest) (map[string]any, *chatError) {
+func chatFromResponses(q *ResponsesRequest) (*translated, *chatError) {
 	switch {
 	case q.PreviousResponseID != "":
 		return nil, unsupported("previous_response_id",
 			"responses are not stored, so previous_response_id cannot be followed: send the whole conversation as input")
 	case q.Background != nil && *q.Background:
 		return nil, unsupported("background", "background responses are not supported")
-	case len(q.Include) > 0:
-		return nil, unsupported("include", "include is not supported")
 	case q.Truncation != "" && q.Truncation != "disabled":
 		return nil, unsupported("truncation", "truncation %q is not supported", q.Truncation)
+	}
+	for i, inc := range q.Include {
+		if !slices.Contains(includable, inc) {
+			return nil, invalid(fmt.Sprintf("include[%d]", i), "include must be one of %s, got %q", strings.Join(includable, ", "), inc)
+		}
+	}
+	out := &translated{names: map[string]toolName{}}
+	tools, e := out.flattenTools(q.Tools)
+	if e != nil {
+		return nil, e
+	}
+	flat := map[toolName]string{}
+	for f, n := range out.names {
+		flat[n] = f
 	}
 	var msgs []api.Message
 	if q.Instructions != nil && *q.Instructions != "" {
@@ -144,7 +194,11 @@ func chatFromResponses(q *ResponsesRequest) (map[string]any, *chatError) {
 					return nil, invalid(param+".role", "role must be user, assistant, system or developer, got %q", it.Role)
 				}
 			case "function_call":
-				call := api.ToolCall{ID: it.CallID, Type: "function", Function: api.FunctionCall{Name: it.Name, Arguments: it.Arguments}}
+				name := it.Name
+				if f, ok := flat[toolName{it.Namespace, it.Name}]; ok {
+					name = f
+				}
+				call := api.ToolCall{ID: it.CallID, Type: "function", Function: api.FunctionCall{Name: name, Arguments: it.Arguments}}
 				// Consecutive calls are one assistant turn.
 				if n := len(msgs); n > 0 && msgs[n-1].Role == "assistant" && (len(msgs[n-1].ToolCalls) > 0 || msgs[n-1].Content == "") {
 					msgs[n-1].ToolCalls = append(msgs[n-1].ToolCalls, call)
@@ -185,16 +239,19 @@ func chatFromResponses(q *ResponsesRequest) (map[string]any, *chatError) {
 	if q.Reasoning != nil && q.Reasoning.Effort != "" {
 		chat["reasoning_effort"] = q.Reasoning.Effort
 	}
-	if len(q.Tools) > 0 {
-		var tools []api.Tool
-		for i, t := range q.Tools {
-			if t.Type != "function" {
-				return nil, unsupported(fmt.Sprintf("tools[%d].type", i), "tools of type %q are not supported: define function tools", t.Type)
-			}
-			tools = append(tools, api.Tool{Type: "function", Function: api.Function{Name: t.Name, Description: t.Description,
-				Parameters: t.Parameters, Strict: t.Strict}})
-		}
+	// Nested hints: reasoning comes back whole as reasoning_text, never summarized;
+	// verbosity is not passed to the model.
+	if q.Reasoning != nil && q.Reasoning.Summary != "" && q.Reasoning.Summary != "none" {
+		out.hints = append(out.hints, "reasoning.summary")
+	}
+	if q.Text != nil && q.Text.Verbosity != "" && q.Text.Verbosity != "medium" {
+		out.hints = append(out.hints, "text.verbosity")
+	}
+	if len(tools) > 0 {
 		chat["tools"] = tools
+	}
+	if q.PromptCacheKey != "" {
+		chat["prompt_cache_key"] = q.PromptCacheKey
 	}
 	if tc := bytes.TrimSpace(q.ToolChoice); len(tc) > 0 {
 		var mode string
@@ -211,7 +268,11 @@ func chatFromResponses(q *ResponsesRequest) (map[string]any, *chatError) {
 			if json.Unmarshal(tc, &named) != nil || named.Type != "function" || named.Name == "" {
 				return nil, invalid("tool_choice", "tool_choice must be none, auto, required or {\"type\":\"function\",\"name\":...}")
 			}
-			chat["tool_choice"] = map[string]any{"type": "function", "function": map[string]any{"name": named.Name}}
+			name := named.Name
+			if f, ok := flat[toolName{"", named.Name}]; ok {
+				name = f
+			}
+			chat["tool_choice"] = map[string]any{"type": "function", "function": map[string]any{"name": name}}
 		}
 	}
 	if q.Text != nil && len(q.Text.Format) > 0 {
@@ -235,7 +296,73 @@ func chatFromResponses(q *ResponsesRequest) (map[string]any, *chatError) {
 			return nil, invalid("text.format.type", "text.format type must be text, json_object or json_schema, got %q", f.Type)
 		}
 	}
-	return chat, nil
+	out.chat = chat
+	return out, nil
+}
+
+// flattenTools turns the request's tools into chat function tools: function tools as
+// they are, a namespace's functions each on its own (named as in the namespace unless
+// that name is taken, then "namespace__name"), hosted tools dropped and named in the
+// hints; any other type is refused.
+func (t *translated) flattenTools(raw []json.RawMessage) ([]api.Tool, *chatError) {
+	type fn struct {
+		tool  ResponsesTool
+		name  toolName
+		param string
+	}
+	var fns []fn
+	for i, r := range raw {
+		param := fmt.Sprintf("tools[%d]", i)
+		var head struct {
+			Type string `json:"type"`
+		}
+		if json.Unmarshal(r, &head) != nil {
+			return nil, invalid(param, "a tool must be an object with a type")
+		}
+		if compat.HostedResponsesTool(head.Type) {
+			t.hints = append(t.hints, "tools["+head.Type+"]")
+			continue
+		}
+		if head.Type != "function" && head.Type != "namespace" {
+			return nil, unsupported(param+".type", "tools of type %q are not supported: only the vendor's models call them; define function tools", head.Type)
+		}
+		var tool ResponsesTool
+		if e := decodeStrict(r, &tool, nil); e != nil {
+			e.Param = param + "." + e.Param
+			return nil, e
+		}
+		if tool.Type == "function" {
+			if len(tool.Tools) > 0 {
+				return nil, invalid(param+".tools", "a function tool has no tools")
+			}
+			fns = append(fns, fn{tool, toolName{"", tool.Name}, param})
+			continue
+		}
+		for j, inner := range tool.Tools {
+			if inner.Type != "function" || len(inner.Tools) > 0 {
+				return nil, unsupported(fmt.Sprintf("%s.tools[%d].type", param, j), "a namespace holds function tools, got %q", inner.Type)
+			}
+			fns = append(fns, fn{inner, toolName{tool.Name, inner.Name}, fmt.Sprintf("%s.tools[%d]", param, j)})
+		}
+	}
+	count := map[string]int{}
+	for _, f := range fns {
+		count[f.name.name]++
+	}
+	var tools []api.Tool
+	for _, f := range fns {
+		name := f.name.name
+		if f.name.namespace != "" && count[name] > 1 {
+			name = f.name.namespace + "__" + name
+		}
+		if _, dup := t.names[name]; dup {
+			return nil, invalid(f.param+".name", "function %q is defined twice", name)
+		}
+		t.names[name] = f.name
+		tools = append(tools, api.Tool{Type: "function", Function: api.Function{Name: name, Description: f.tool.Description,
+			Parameters: f.tool.Parameters, Strict: f.tool.Strict}})
+	}
+	return tools, nil
 }
 
 func isNil(v any) bool {
@@ -256,18 +383,19 @@ func Responses(chat http.Handler) http.Handler {
 		body, e := readBody(w, r)
 		var req ResponsesRequest
 		if e == nil {
-			e = decodeStrict(body, &req)
+			e = decodeStrict(body, &req, &compat.Responses)
 		}
-		var chatReq map[string]any
+		var tr *translated
 		if e == nil {
-			chatReq, e = chatFromResponses(&req)
+			tr, e = chatFromResponses(&req)
 		}
 		if e != nil {
 			openAIError(w, e)
 			return
 		}
-		b, _ := json.Marshal(chatReq)
-		rs := &responseState{w: w, req: &req, created: time.Now().Unix()}
+		setHints(w, append(compat.Responses.Hints(body), tr.hints...))
+		b, _ := json.Marshal(tr.chat)
+		rs := &responseState{w: w, req: &req, names: tr.names, created: time.Now().Unix()}
 		if req.Stream {
 			rs.sse = newSSE(w)
 		}

@@ -1,6 +1,8 @@
 package translate
 
 import (
+	"encoding/json"
+	"maps"
 	"net/http"
 	"strconv"
 	"strings"
@@ -13,6 +15,7 @@ import (
 type responseState struct {
 	w       http.ResponseWriter
 	req     *ResponsesRequest
+	names   map[string]toolName // the model's function names → the client's
 	created int64
 	sse     *sse // nil: not streamed
 
@@ -87,9 +90,9 @@ func nonNilItems(l []map[string]any) []map[string]any {
 	return l
 }
 
-func nonNilTools(l []ResponsesTool) []ResponsesTool {
+func nonNilTools(l []json.RawMessage) []json.RawMessage {
 	if l == nil {
-		return []ResponsesTool{}
+		return []json.RawMessage{}
 	}
 	return l
 }
@@ -129,6 +132,20 @@ func callItem(id, callID, name, args, status string) map[string]any {
 	return map[string]any{"type": "function_call", "id": id, "call_id": callID, "name": name, "arguments": args, "status": status}
 }
 
+// call is the function_call item of a call the model made by its flattened name: in
+// the client's name, with its namespace.
+func (s *responseState) call(id, callID, name, args, status string) map[string]any {
+	n, ok := s.names[name]
+	if !ok {
+		return callItem(id, callID, name, args, status)
+	}
+	item := callItem(id, callID, n.name, args, status)
+	if n.namespace != "" {
+		item["namespace"] = n.namespace
+	}
+	return item
+}
+
 func (s *responseState) whole(c *api.ChatCompletion) {
 	s.id, s.model, s.usage = "resp_"+strings.TrimPrefix(c.ID, "chatcmpl-"), c.Model, c.Usage
 	ch := c.Choices[0]
@@ -140,7 +157,7 @@ func (s *responseState) whole(c *api.ChatCompletion) {
 		s.output = append(s.output, messageItem(s.nextID("msg_"), t, "completed"))
 	}
 	for _, tc := range ch.Message.ToolCalls {
-		s.output = append(s.output, callItem(s.nextID("fc_"), tc.ID, tc.Function.Name, tc.Function.Arguments, "completed"))
+		s.output = append(s.output, s.call(s.nextID("fc_"), tc.ID, tc.Function.Name, tc.Function.Arguments, "completed"))
 	}
 	writeJSON(s.w, http.StatusOK, s.object(s.status()))
 }
@@ -183,7 +200,7 @@ func (s *responseState) chunk(c *api.ChatCompletionChunk) {
 			if tc.ID != "" {
 				s.closeItem()
 				s.open = "function_call"
-				item := callItem(s.nextID("fc_"), tc.ID, tc.Function.Name, "", "in_progress")
+				item := s.call(s.nextID("fc_"), tc.ID, tc.Function.Name, "", "in_progress")
 				s.output = append(s.output, item)
 				s.send("response.output_item.added", map[string]any{"output_index": len(s.output) - 1, "item": item})
 			}
@@ -249,7 +266,8 @@ func (s *responseState) closeItem() {
 		prev := s.output[idx]
 		s.send("response.function_call_arguments.done", map[string]any{"item_id": id, "output_index": idx,
 			"name": prev["name"], "arguments": text})
-		item = callItem(id, prev["call_id"].(string), prev["name"].(string), text, "completed")
+		item = maps.Clone(prev)
+		item["arguments"], item["status"] = text, "completed"
 	}
 	s.output[idx] = item
 	s.send("response.output_item.done", map[string]any{"output_index": idx, "item": item})

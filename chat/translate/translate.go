@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/macfleet/macfleet/chat/compat"
 	"github.com/macfleet/macfleet/runner/api"
 )
 
@@ -41,12 +42,32 @@ func unsupported(param, format string, args ...any) *chatError {
 	return &chatError{Status: e.Status, Message: e.Message, Type: e.Type, Code: e.Code, Param: e.Param}
 }
 
-// decodeStrict decodes body into v, refusing unknown fields (named) and trailing data.
-func decodeStrict(body []byte, v any) *chatError {
+// decodeStrict decodes body into v, refusing unknown fields (named) and trailing data;
+// a top-level field the policy p refuses whatever its value is refused with the
+// policy's reason (p is nil for a nested object).
+func decodeStrict(body []byte, v any, p *compat.Policy) *chatError {
 	if e := api.DecodeJSON(body, v); e != nil {
+		if msg, ok := refusal(p, e.Param); ok && e.Code == api.CodeUnknownParameter {
+			return unsupported(e.Param, "%s", msg)
+		}
 		return &chatError{Status: e.Status, Message: e.Message, Type: e.Type, Code: e.Code, Param: e.Param}
 	}
 	return nil
+}
+
+// refusal is p's refusal of a top-level field; a nil p (a nested object) has none.
+func refusal(p *compat.Policy, field string) (string, bool) {
+	if p == nil {
+		return "", false
+	}
+	return p.Refusal(field)
+}
+
+// setHints names the request's hints accepted without effect in the response header.
+func setHints(w http.ResponseWriter, hints []string) {
+	if v := compat.HeaderValue(hints); v != "" {
+		w.Header().Set(compat.IgnoredHintsHeader, v)
+	}
 }
 
 // readBody reads a request body, bounded.
@@ -81,6 +102,9 @@ func serveChat(next http.Handler, r *http.Request, chatBody []byte, out sink) {
 	req.ContentLength = int64(len(chatBody))
 	req.Header.Set("Content-Length", strconv.Itoa(len(chatBody)))
 	req.Header.Set("Content-Type", "application/json")
+	// A stream's first chunk carries the prompt's usage (Anthropic's message_start
+	// reports it before any content).
+	req.Header.Set(api.HeaderPromptUsage, "first-chunk")
 	cw := &captureWriter{header: http.Header{}, out: out}
 	next.ServeHTTP(cw, req)
 	cw.finish()

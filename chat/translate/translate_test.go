@@ -22,6 +22,7 @@ import (
 // waited for after the first chunk.
 type fakeChat struct {
 	got     map[string]any
+	header  http.Header
 	whole   api.ChatCompletion
 	chunks  []string
 	status  int
@@ -32,6 +33,7 @@ type fakeChat struct {
 func (f *fakeChat) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	b, _ := io.ReadAll(r.Body)
 	_ = json.Unmarshal(b, &f.got)
+	f.header = r.Header.Clone()
 	if f.status != 0 {
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(f.status)
@@ -156,7 +158,7 @@ func TestAnthropicErrors(t *testing.T) {
 		{"no max_tokens", `{"model":"m","messages":[{"role":"user","content":"x"}]}`, "max_tokens", 400, nil},
 		{"unknown field", `{"model":"m","max_tokens":5,"messages":[],"frobnicate":1}`, "frobnicate", 400, nil},
 		{"image", `{"model":"m","max_tokens":5,"messages":[{"role":"user","content":[{"type":"image","source":{}}]}]}`, "", 400, nil},
-		{"bad role", `{"model":"m","max_tokens":5,"messages":[{"role":"system","content":"x"}]}`, "role", 400, nil},
+		{"bad role", `{"model":"m","max_tokens":5,"messages":[{"role":"tool","content":"x"}]}`, "role", 400, nil},
 		{"chat error", `{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"x"}]}`, "no such model", 404,
 			&fakeChat{status: 404, errBody: `{"error":{"message":"no such model","type":"invalid_request_error","code":"model_not_found","param":"model"}}`}},
 		{"overloaded", `{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"x"}]}`, "busy", 503,
@@ -250,7 +252,7 @@ func TestResponsesRequest(t *testing.T) {
 	}
 	for _, tc := range []struct{ body, param string }{
 		{`{"model":"m","input":"x","previous_response_id":"resp_1"}`, "previous_response_id"},
-		{`{"model":"m","input":"x","tools":[{"type":"web_search"}]}`, "tools[0].type"},
+		{`{"model":"m","input":"x","tools":[{"type":"local_shell"}]}`, "tools[0].type"},
 		{`{"model":"m","input":[{"role":"user","content":[{"type":"input_image","image_url":"x"}]}]}`, "input[0].content[0].type"},
 		{`{"model":"m","input":"x","frobnicate":1}`, "frobnicate"},
 		{`{"model":"m"}`, "input"},

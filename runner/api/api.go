@@ -134,6 +134,14 @@ type TokenizeRequest struct {
 	AddSpecial *bool `json:"add_special,omitempty"`
 }
 
+// HeaderPromptUsage, set to "first-chunk" on a streamed chat or text completion that
+// asks for usage (stream_options.include_usage), asks the runner to put the prompt's
+// usage (prompt_tokens, prompt_tokens_details.cached_tokens, no completion tokens
+// yet) on the first chunk too, so that a translation that must report the prompt's
+// size before the first content (Anthropic's message_start) has it. The last chunk's
+// usage is unchanged. The node agent passes it on from the request.
+const HeaderPromptUsage = "X-Macfleet-Prompt-Usage"
+
 // TokenizeResponse is the answer to POST /tokenize.
 type TokenizeResponse struct {
 	Tokens []int32 `json:"tokens"`

@@ -148,3 +148,32 @@ func TestErrorJSON(t *testing.T) {
 		t.Errorf("got %s", b)
 	}
 }
+
+// TestChatHintsAccepted: the chat fields the compatibility policy (chat/compat) calls
+// hints are accepted whatever their value (issue 28); the refused ones stay 400s.
+func TestChatHintsAccepted(t *testing.T) {
+	for _, tc := range []struct {
+		body, wantParam string
+	}{
+		{`{"store":true}`, ""},
+		{`{"service_tier":"flex"}`, ""},
+		{`{"verbosity":"low"}`, ""},
+		{`{"stream":true,"stream_options":{"include_usage":true,"include_obfuscation":true}}`, ""},
+		{`{"prompt_cache_key":"k","prompt_cache_retention":"24h","safety_identifier":"s","metadata":{"a":"b"},"user":"u"}`, ""},
+		{`{"logit_bias":{"1":5}}`, "logit_bias"},
+		{`{"web_search_options":{}}`, "web_search_options"},
+	} {
+		var r ChatRequest
+		e := DecodeJSON([]byte(tc.body), &r)
+		if e == nil {
+			e = r.Unsupported.Check()
+		}
+		got := ""
+		if e != nil {
+			got = e.Param
+		}
+		if got != tc.wantParam {
+			t.Errorf("%s: error %+v, want one naming %q", tc.body, e, tc.wantParam)
+		}
+	}
+}

@@ -95,8 +95,12 @@ type ChatTools struct {
 	FunctionCall json.RawMessage `json:"function_call,omitempty"`
 }
 
-// Unsupported are OpenAI chat fields macfleet accepts only in their neutral form; any
-// other value is refused with a 400 naming the field.
+// Unsupported are OpenAI chat fields macfleet does not act on: the ones refused
+// unless neutral (logit_bias, audio, modalities, prediction, web_search_options) and
+// the hints accepted whatever their value (store, metadata, service_tier, verbosity,
+// safety_identifier, user, prompt_cache_retention; see chat/compat), plus
+// prompt_cache_key (the gateway routes by it) and reasoning_effort (the template
+// reads it).
 type Unsupported struct {
 	LogitBias       json.RawMessage `json:"logit_bias,omitempty"`
 	Audio           json.RawMessage `json:"audio,omitempty"`
@@ -111,6 +115,7 @@ type Unsupported struct {
 	SafetyID        string          `json:"safety_identifier,omitempty"`
 	User            string          `json:"user,omitempty"`
 	ReasoningEffort string          `json:"reasoning_effort,omitempty"`
+	CacheRetention  string          `json:"prompt_cache_retention,omitempty"`
 }
 
 func isNull(b json.RawMessage) bool {
@@ -134,12 +139,6 @@ func (u Unsupported) Check() *Error {
 		return unsupported("prediction", "predicted outputs are not supported")
 	case !isNull(u.WebSearch):
 		return unsupported("web_search_options", "web search is not supported")
-	case u.Store != nil && *u.Store:
-		return unsupported("store", "store: true is not supported: completions are not stored")
-	case u.ServiceTier != "" && u.ServiceTier != "auto" && u.ServiceTier != "default":
-		return unsupported("service_tier", "service_tier %q is not supported (auto or default)", u.ServiceTier)
-	case u.Verbosity != "" && u.Verbosity != "medium":
-		return unsupported("verbosity", "verbosity %q is not supported", u.Verbosity)
 	}
 	switch u.ReasoningEffort {
 	case "", "none", "minimal", "low", "medium", "high":

@@ -155,6 +155,8 @@ func (in Input) Len() int { return len(in.Texts) + len(in.Tokens) }
 // StreamOptions are OpenAI's stream_options.
 type StreamOptions struct {
 	IncludeUsage bool `json:"include_usage"`
+	// IncludeObfuscation is a hint (chat/compat): events are never padded.
+	IncludeObfuscation *bool `json:"include_obfuscation,omitempty"`
 }
 
 // Sampling holds the generation fields shared by chat and text completions.

@@ -323,7 +323,8 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, eng *engine, c
 	}
 	out := responder{w: w, chat: isChat, id: api.NewID(map[bool]string{true: "chatcmpl-", false: "cmpl-"}[isChat]),
 		created: time.Now().Unix(), model: model, promptTokens: len(toks), includeUsage: opts.IncludeUsage,
-		logprobs: opts.Logprobs, notify: make(chan struct{}, 1)}
+		usageFirst: opts.Stream && opts.IncludeUsage && r.Header.Get(api.HeaderPromptUsage) == "first-chunk",
+		logprobs:   opts.Logprobs, notify: make(chan struct{}, 1)}
 	for i := range opts.N {
 		o := opts
 		o.Seed += uint32(i) // each choice its own reproducible sequence

@@ -26,7 +26,9 @@ type responder struct {
 	model        string
 	promptTokens int
 	includeUsage bool
-	logprobs     bool
+	// usageFirst puts the prompt's usage on the first chunk too (api.HeaderPromptUsage).
+	usageFirst bool
+	logprobs   bool
 }
 
 // choice is one sequence of a completion.
@@ -37,6 +39,7 @@ type choice struct {
 	text   strings.Builder    // whole response: everything generated
 	lps    []api.TokenLogprob // logprobs not yet sent (stream) or all (whole)
 	offset int                // text sent so far, for the legacy text_offset
+	cached int                // prompt tokens reused, as of the last update
 	last   update             // the final update, once done
 	done   bool
 }
@@ -73,6 +76,16 @@ func (o *responder) usage() *api.Usage {
 	us.TotalTokens = us.PromptTokens + us.CompletionTokens
 	if cached := o.choices[0].last.cached; cached > 0 {
 		us.PromptTokensDetails = &api.PromptTokensDetails{CachedTokens: cached}
+	}
+	return us
+}
+
+// promptUsage is the usage of the prompt alone, as known when the first output of c
+// (the first choice) arrived.
+func (o *responder) promptUsage(c *choice) *api.Usage {
+	us := &api.Usage{PromptTokens: o.promptTokens, TotalTokens: o.promptTokens}
+	if c.cached > 0 {
+		us.PromptTokensDetails = &api.PromptTokensDetails{CachedTokens: c.cached}
 	}
 	return us
 }
@@ -170,6 +183,7 @@ func (o *responder) stream(r *http.Request) {
 	for o.wait(r) {
 		err, all, ok := o.poll(func(c *choice, u update) bool {
 			c.lps = append(c.lps, u.logprobs...)
+			c.cached = u.cached
 			text, done := u.text, u.done && u.err == nil
 			step := func() bool {
 				if text != "" && !o.sendText(send, c, text) {
@@ -201,7 +215,14 @@ func (o *responder) stream(r *http.Request) {
 			o.w.WriteHeader(http.StatusOK)
 			started = true
 			for _, c := range o.choices {
-				if o.chat && !send(o.chatChunk(c, api.ChatDelta{Role: "assistant", Content: ptr("")}, nil)) {
+				if !o.chat {
+					continue
+				}
+				chunk := o.chatChunk(c, api.ChatDelta{Role: "assistant", Content: ptr("")}, nil)
+				if o.usageFirst && c.index == 0 {
+					chunk.Usage = o.promptUsage(c)
+				}
+				if !send(chunk) {
 					return
 				}
 			}

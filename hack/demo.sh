@@ -5,7 +5,8 @@
 # and a model server holding a synthesized GGUF model. It applies config/samples/,
 # waits for the replicas to be Ready, streams a chat completion through the gateway,
 # makes a tool call, wakes the autoscaled sample from zero replicas with a request,
-# shows `kubectl get md,mr,mn`, and keeps the fleet running until Ctrl-C
+# runs Claude Code against the 32k-context coder sample (when hack/npm's clients are
+# installed), shows `kubectl get md,mr,mn`, and keeps the fleet running until Ctrl-C
 # (DEMO_EXIT=1 exits instead).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -79,6 +80,22 @@ curl -sS "$GATEWAY/v1/chat/completions" -H 'Content-Type: application/json' -w '
 	tee "$work/wake.json" | cut -c1-300
 grep -q '"finish_reason"' "$work/wake.json" || { echo "the autoscaled sample did not answer from zero" >&2; exit 1; }
 "$kubectl" get md tiny-chat-autoscaled
+
+say "A coding agent: Claude Code against the gateway (config/samples/coder.yaml, 32k context)"
+"$kubectl" wait --for=condition=Available md/coder --timeout=300s
+claude_env=(ANTHROPIC_BASE_URL="$GATEWAY" ANTHROPIC_API_KEY=demo ANTHROPIC_MODEL=coder
+	ANTHROPIC_DEFAULT_HAIKU_MODEL=coder CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1)
+echo "\$ ${claude_env[*]} claude -p \"Say hi\""
+claude_bin=${CACHE_DIR:-$HOME/.cache/macfleet}/npm/node_modules/.bin/claude
+if [[ -x $claude_bin ]]; then
+	# The model answers "Hi"; the first turn prefills Claude Code's ~20k-token prompt.
+	env HOME="$work/claude-home" "${claude_env[@]}" DISABLE_AUTOUPDATER=1 DISABLE_TELEMETRY=1 \
+		DISABLE_ERROR_REPORTING=1 CLAUDE_CODE_MAX_OUTPUT_TOKENS=64 timeout 300 "$claude_bin" -p "Say hi" </dev/null ||
+		{ echo "Claude Code failed against the gateway" >&2; exit 1; }
+else
+	echo "(Claude Code is not installed here: 'make deps DEPS_GOALS=test' installs it and Codex CLI, pinned,"
+	echo " into ${CACHE_DIR:-$HOME/.cache/macfleet}/npm. README: \"Use with Claude Code\", \"Use with Codex\".)"
+fi
 
 say "kubectl get md,mr,mn"
 "$kubectl" get md,mr,mn -o wide

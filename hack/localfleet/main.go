@@ -62,6 +62,16 @@ func run(dir, binary, runner, envFile, modelsAddr string) error {
 	if err := ggufsynth.Write(filepath.Join(fleet.ModelsDir, "tiny-chat.gguf"), spec); err != nil {
 		return err
 	}
+	// The coding agents' model (config/samples/coder.yaml): the same vocabulary and
+	// template with a 32k context, steered to answer "Hi" and end its turn, so Claude
+	// Code and Codex CLI complete a turn against the demo.
+	coder, err := testassets.CoderSpec()
+	if err != nil {
+		return err
+	}
+	if err := ggufsynth.Write(filepath.Join(fleet.ModelsDir, "coder.gguf"), coder); err != nil {
+		return err
+	}
 
 	env := fmt.Sprintf("KUBECONFIG=%s\nGATEWAY=%s\nMODELS_URL=%s\nFLEET_TOKEN=%s\nLOGS=%s\n",
 		fleet.AdminKubeconfig, fleet.GatewayURL, fleet.ModelsURL, fleet.FleetToken, fleet.LogDir())

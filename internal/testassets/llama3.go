@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 
 	"github.com/macfleet/macfleet/internal/ggufsynth"
@@ -104,4 +105,29 @@ func Llama31Spec() (ggufsynth.Spec, error) {
 	}
 	return ggufsynth.Spec{Name: "macfleet-llama31-vocab", Vocab: llama3Vocab, Embd: 64, Layers: 2, Heads: 4, KVHeads: 2,
 		FF: 128, Ctx: 8192, DType: ggufsynth.F16, Seed: 3, Tokenizer: tok, ChatTemplate: tmpl.Source}, nil
+}
+
+// CoderContextLength is the context CoderSpec's model is trained for: the coding
+// agents' system prompt and tools are about 20k tokens.
+const CoderContextLength = 32768
+
+// CoderSpec is the model a coding agent (Claude Code, Codex CLI) can talk to on the
+// local fleet: Llama31Spec's vocabulary and chat template on one narrow layer, trained
+// for CoderContextLength and steered to answer "Hi" and end its turn. The clients
+// treat an answer cut at its token limit as an error, and random weights never end
+// one; prefilling a 20k-token prompt is mostly attention, which one narrow layer keeps
+// cheap.
+func CoderSpec() (ggufsynth.Spec, error) {
+	spec, err := Llama31Spec()
+	if err != nil {
+		return spec, err
+	}
+	hi := slices.Index(spec.Tokenizer.Tokens, "Hi")
+	if hi < 0 || spec.Tokenizer.EOT < 0 {
+		return spec, fmt.Errorf("the Llama 3 vocabulary has no token Hi (%d) or no end of turn (%d)", hi, spec.Tokenizer.EOT)
+	}
+	spec.Name, spec.Ctx, spec.Untied = "macfleet-coder", CoderContextLength, true
+	spec.Embd, spec.Heads, spec.KVHeads, spec.FF, spec.Layers = 32, 2, 1, 64, 1
+	spec.Reply = &ggufsynth.Reply{Token: hi, End: spec.Tokenizer.EOT}
+	return spec, nil
 }

@@ -11,7 +11,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -28,7 +27,7 @@ import (
 // The coding agents' requests carry a system prompt and tools of about 20k tokens:
 // the deployment they use has room for that and an answer.
 const (
-	agentContextLength = 32768
+	agentContextLength = testassets.CoderContextLength
 	// agentMaxOutputTokens bounds every answer, should agentModel's steering break
 	// (random weights never end one).
 	agentMaxOutputTokens = 64
@@ -38,25 +37,13 @@ const (
 	recordEnv = "MACFLEET_E2E_RECORD"
 )
 
-// agentModel is the demo model's vocabulary and chat template (apiModel's) on one
-// narrow layer, trained for agentContextLength and steered to answer "Hi" and end its
-// turn: the clients treat an answer cut at its token limit as an error (Claude Code:
-// "response exceeded the N output token maximum", Codex: "Incomplete response
-// returned"), and random weights never end one. Prefilling a 20k-token prompt is
-// mostly attention, which the one narrow layer makes 4x cheaper than the demo model's
-// two.
+// agentModel writes testassets.CoderSpec's model (steered to answer "Hi" and end its
+// turn) where the fleet's model server serves it.
 var agentModel = sync.OnceValue(func() error {
-	spec, err := testassets.Llama31Spec()
+	spec, err := testassets.CoderSpec()
 	if err != nil {
 		return err
 	}
-	hi := slices.Index(spec.Tokenizer.Tokens, "Hi")
-	if hi < 0 || spec.Tokenizer.EOT < 0 {
-		return fmt.Errorf("the Llama 3 vocabulary has no token Hi (%d) or no end of turn (%d)", hi, spec.Tokenizer.EOT)
-	}
-	spec.Ctx, spec.Untied = agentContextLength, true
-	spec.Embd, spec.Heads, spec.KVHeads, spec.FF, spec.Layers = 32, 2, 1, 64, 1
-	spec.Reply = &ggufsynth.Reply{Token: hi, End: spec.Tokenizer.EOT}
 	return ggufsynth.Write(filepath.Join(fleet.ModelsDir, "llama31-hi.gguf"), spec)
 })
 

@@ -61,7 +61,7 @@ func BenchmarkAgentVsDirect(b *testing.B) {
 			dRate, aRate = append(dRate, d.decodeRate()), append(aRate, g.decodeRate())
 			dTTFT, aTTFT = append(dTTFT, d.ttft), append(aTTFT, g.ttft)
 			added = append(added, g.ttft-d.ttft)
-			tok = append(tok, direct.tokenize(b, modelMid, prompt))
+			tok = append(tok, direct.tokenize(b, prompt))
 		}
 		for i := range shortPairs {
 			var d, g stream

@@ -620,9 +620,10 @@ func reportOthers(b *testing.B, m *cpuMeter) string {
 
 // tokenize times POST /tokenize of the chat prompt: the round trip the agent makes to
 // the runner before proxying a chat completion (its prefill guard counts the tokens).
-func (e endpoint) tokenize(b *testing.B, model, prompt string) time.Duration {
+// The runner serves one model: its /tokenize takes no "model" (an unknown field is a 400).
+func (e endpoint) tokenize(b *testing.B, prompt string) time.Duration {
 	b.Helper()
-	body, err := json.Marshal(map[string]any{"model": model, "messages": []chatMessage{{Role: "user", Content: prompt}}})
+	body, err := json.Marshal(map[string]any{"messages": []chatMessage{{Role: "user", Content: prompt}}})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -283,21 +283,10 @@ func chatFromMessagesBody(m *MessagesRequest, maxTokens int) (map[string]any, []
 // Anthropic serves POST /v1/messages over a chat completions handler.
 func Anthropic(chat http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		body, e := readBody(w, r)
-		var req MessagesRequest
-		if e == nil {
-			e = decodeStrict(body, &req, &compat.Messages)
-		}
-		var chatReq map[string]any
-		var hints []string
-		if e == nil {
-			chatReq, hints, e = chatFromMessages(&req)
-		}
-		if e != nil {
-			anthropicError(w, e)
+		req, chatReq, ok := readMessages(w, r, chatFromMessages)
+		if !ok {
 			return
 		}
-		setHints(w, append(compat.Messages.Hints(body), hints...))
 		b, _ := json.Marshal(chatReq)
 		var out sink = &anthropicWhole{w: w}
 		if req.Stream {
@@ -305,6 +294,28 @@ func Anthropic(chat http.Handler) http.Handler {
 		}
 		serveChat(chat, r, b, out)
 	})
+}
+
+// readMessages reads and decodes a Messages request, translates it with toChat and
+// names its hints in the response header; on an error it answers the Anthropic error
+// and returns ok false.
+func readMessages(w http.ResponseWriter, r *http.Request,
+	toChat func(*MessagesRequest) (map[string]any, []string, *chatError)) (req *MessagesRequest, chatReq map[string]any, ok bool) {
+	req = &MessagesRequest{}
+	body, e := readBody(w, r)
+	if e == nil {
+		e = decodeStrict(body, req, &compat.Messages)
+	}
+	var hints []string
+	if e == nil {
+		chatReq, hints, e = toChat(req)
+	}
+	if e != nil {
+		anthropicError(w, e)
+		return nil, nil, false
+	}
+	setHints(w, append(compat.Messages.Hints(body), hints...))
+	return req, chatReq, true
 }
 
 // anthropicErrorType maps an HTTP status to Anthropic's error type.

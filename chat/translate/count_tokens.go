@@ -6,8 +6,6 @@ import (
 	"io"
 	"net/http"
 	"strconv"
-
-	"github.com/macfleet/macfleet/chat/compat"
 )
 
 // AnthropicCountTokens serves POST /v1/messages/count_tokens: the request (a Messages
@@ -17,22 +15,13 @@ import (
 // {"input_tokens": N}.
 func AnthropicCountTokens(count http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		body, e := readBody(w, r)
-		var req MessagesRequest
-		if e == nil {
-			e = decodeStrict(body, &req, &compat.Messages)
-		}
-		var chatReq map[string]any
-		var hints []string
-		if e == nil {
-			req.Stream = false
-			chatReq, hints, e = chatFromMessagesBody(&req, 1)
-		}
-		if e != nil {
-			anthropicError(w, e)
+		_, chatReq, ok := readMessages(w, r, func(m *MessagesRequest) (map[string]any, []string, *chatError) {
+			m.Stream = false
+			return chatFromMessagesBody(m, 1)
+		})
+		if !ok {
 			return
 		}
-		setHints(w, append(compat.Messages.Hints(body), hints...))
 		delete(chatReq, "max_tokens")
 		b, _ := json.Marshal(chatReq)
 		sub := r.Clone(r.Context())

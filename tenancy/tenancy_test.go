@@ -44,8 +44,8 @@ func keySecret(ns, name, key string, annotations map[string]string) corev1.Secre
 
 func TestBuild(t *testing.T) {
 	const (
-		keyA   = "aaaaaaaaaaaaaaaaaaaaaaaa"
-		keyB   = "bbbbbbbbbbbbbbbbbbbbbbbb"
+		keyA = "aaaaaaaaaaaaaaaaaaaaaaaa"
+		keyB = "bbbbbbbbbbbbbbbbbbbbbbbb"
 	)
 	deleting := keySecret("team-c", "gone", "cccccccccccccccccccc", nil)
 	deleting.DeletionTimestamp = &metav1.Time{}

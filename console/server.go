@@ -43,8 +43,9 @@ type Options struct {
 	// API is the gateway's handler, authentication included; the playground's chat is
 	// passed to its POST /v1/chat/completions with the signed-in key as a Bearer token.
 	API http.Handler
-	// Authorize says whether an API key is valid; nil means the gateway has no client
-	// auth and neither has the console.
+	// Authorize says whether an API key may use the console (the gateway's admin
+	// keys: its pages show every namespace); nil means the gateway has no client auth
+	// and neither has the console.
 	Authorize func(key string) bool
 	// Now is the clock of ages on the pages; nil means time.Now.
 	Now func() time.Time
@@ -207,7 +208,7 @@ func (c *console) login(w http.ResponseWriter, r *http.Request) {
 	}
 	if k == "" || !c.opts.Authorize(k) {
 		c.render(w, http.StatusUnauthorized, "login", pageData{Title: "Sign in", Next: next,
-			Error: "That is not an API key of this gateway."}, c.opts.Now())
+			Error: "That is not an admin API key of this gateway: the console shows the whole fleet, so it takes a key of the gateway's keys file, not a team's key."}, c.opts.Now())
 		return
 	}
 	http.SetCookie(w, &http.Cookie{Name: CookieName, Value: k, Path: Prefix, HttpOnly: true,

@@ -126,7 +126,7 @@ func TestSignInSetsACookieTheChatUses(t *testing.T) {
 	formHdr := map[string]string{"Content-Type": "application/x-www-form-urlencoded"}
 
 	resp, body := do(t, c, "POST", srv.URL+"/ui/login", form("wrong"), formHdr)
-	if resp.StatusCode != http.StatusUnauthorized || !strings.Contains(body, "not an API key") || len(resp.Cookies()) != 0 {
+	if resp.StatusCode != http.StatusUnauthorized || !strings.Contains(body, "not an admin API key") || len(resp.Cookies()) != 0 {
 		t.Fatalf("a wrong key: %d %v", resp.StatusCode, resp.Cookies())
 	}
 	resp, _ = do(t, c, "POST", srv.URL+"/ui/login", form(testKey), formHdr)

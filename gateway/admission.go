@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/macfleet/macfleet/fairqueue"
+	"github.com/macfleet/macfleet/tenancy"
 )
 
 // HeaderPriority is the request header that asks for a priority class: interactive
@@ -338,19 +339,15 @@ func (a *admission) rejectFull(rt *Route, mq *modelQueue, t *ticket, err error, 
 // classify names the request's flow in the fair queue, its client (its API key when
 // the gateway has keys, else its address), and its priority: the HeaderPriority it
 // asks for, no higher than its key's.
-func (g *Gateway) classify(r *http.Request) (flow string, p fairqueue.Priority, aerr *apiError) {
+func (g *Gateway) classify(r *http.Request, id tenancy.Identity) (flow string, p fairqueue.Priority, aerr *apiError) {
 	if v := r.Header.Get(HeaderPriority); v != "" {
 		var err error
 		if p, err = fairqueue.ParsePriority(v); err != nil {
 			return "", 0, invalidRequest(codeInvalidValue, "", "bad_request", "the %s header: %v", HeaderPriority, err)
 		}
 	}
-	if g.opts.Authorize != nil {
-		key := clientKey(r)
-		if g.opts.KeyPriority != nil {
-			p = fairqueue.Lower(p, g.opts.KeyPriority(key))
-		}
-		return "key:" + key, p, nil
+	if g.opts.Identify != nil {
+		return "key:" + clientKey(r), fairqueue.Lower(p, id.Priority), nil
 	}
 	host, _, err := net.SplitHostPort(r.RemoteAddr)
 	if err != nil {

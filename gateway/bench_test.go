@@ -14,10 +14,12 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/internal/otlptest"
+	"github.com/macfleet/macfleet/tenancy"
 	"github.com/macfleet/macfleet/tracing"
 )
 
@@ -179,4 +181,36 @@ func BenchmarkTracingOverhead(b *testing.B) {
 		b.Fatal("the traced gateway exported no spans")
 	}
 	b.Logf("%d spans exported", n)
+}
+
+// BenchmarkTenantOverhead measures what teams' keys add to the gateway: two gateways
+// in front of the same trivial upstream, one without keys and one that identifies each
+// request's key (a team key of the deployment's namespace, looked up by hash) and
+// resolves the model as that team sees it, compared as in compareEndpoints. Every
+// request carries the key; the gateway without keys ignores it.
+func BenchmarkTenantOverhead(b *testing.B) {
+	const key = "bench-team-key-0123456789"
+	keys, problems := tenancy.Build([]corev1.Secret{{ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: "k"},
+		Type: tenancy.SecretType, Data: map[string][]byte{tenancy.KeyField: []byte(key)}}})
+	if len(problems) != 0 {
+		b.Fatal(problems)
+	}
+	up := newBenchUpstream(b)
+	open := newBenchGateway(b, up, Options{})
+	scoped := newBenchGateway(b, up, Options{Identify: keys.Lookup})
+	client := newBenchClient(b)
+	client.Transport = withHeader{next: client.Transport, key: "Authorization", value: "Bearer " + key}
+	compareEndpoints(b, client, "no-keys", open, "team-key", scoped)
+}
+
+// withHeader sets one header on every request.
+type withHeader struct {
+	next       http.RoundTripper
+	key, value string
+}
+
+func (h withHeader) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set(h.key, h.value)
+	return h.next.RoundTrip(r)
 }

@@ -19,7 +19,9 @@
 //     then answered 503 with Retry-After. An autoscaled deployment is woken first,
 //     even from zero replicas: the gateway writes its wake annotation (see waker).
 //   - GET /v1/models lists one entry per deployment (see handleListModels).
-//   - Optional client API keys (a file, one per line, re-read when it changes),
+//   - Optional API keys: admin keys from a file (one per line, re-read when it
+//     changes) and teams' keys from Secrets (TenantKeys, package tenancy), each
+//     reaching only what its namespace may use (Table.ResolveAs),
 //     Prometheus metrics, and the client's disconnect cancels the upstream request.
 //
 // Only POST /v1/... is forwarded: the agents' admin API (/api/...) is never reachable
@@ -42,6 +44,7 @@ import (
 
 	"github.com/macfleet/macfleet/fairqueue"
 	"github.com/macfleet/macfleet/internal/openaierr"
+	"github.com/macfleet/macfleet/tenancy"
 )
 
 // Defaults of Options.
@@ -74,6 +77,12 @@ type Options struct {
 	// KeyPriority, when set with Authorize, is the highest priority a client's key may
 	// use (KeysFile.Priority).
 	KeyPriority func(key string) fairqueue.Priority
+	// Identify, when set, replaces Authorize and KeyPriority: it says who a key is
+	// (tenancy.Identity) and whether it is accepted. A key that is not an admin key
+	// reaches and lists only the deployments its namespace may use (tenancy.MayUse);
+	// any other is answered as a model that does not exist. With Authorize alone, every
+	// accepted key is an admin key.
+	Identify func(key string) (tenancy.Identity, bool)
 	// Wake, when set, records that requests are held for an autoscaled deployment with
 	// no routable replica, so the autoscaler brings one (scale from zero). Without it
 	// a deployment at zero replicas is a 503 at once.
@@ -118,6 +127,16 @@ type Gateway struct {
 func New(opts Options) (*Gateway, error) {
 	if opts.ColdStartTimeout <= 0 {
 		opts.ColdStartTimeout = DefaultColdStartTimeout
+	}
+	if opts.Identify == nil && opts.Authorize != nil {
+		authorize, priority := opts.Authorize, opts.KeyPriority
+		opts.Identify = func(key string) (tenancy.Identity, bool) {
+			id := tenancy.Identity{Admin: true}
+			if priority != nil {
+				id.Priority = priority(key)
+			}
+			return id, authorize(key)
+		}
 	}
 	if opts.MaxBodyBytes <= 0 {
 		opts.MaxBodyBytes = DefaultMaxBodyBytes
@@ -208,7 +227,7 @@ func (g *Gateway) routes() http.Handler {
 
 // authenticate requires a client API key when keys are configured.
 func (g *Gateway) authenticate(next http.Handler) http.Handler {
-	if g.opts.Authorize == nil {
+	if g.opts.Identify == nil {
 		return next
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -216,8 +235,7 @@ func (g *Gateway) authenticate(next http.Handler) http.Handler {
 		if x := r.Header.Get("X-Api-Key"); auth == "" && x != "" {
 			auth = "Bearer " + x // Anthropic clients send the key as x-api-key
 		}
-		key := clientKey(r)
-		if key == "" || !g.opts.Authorize(key) {
+		if _, ok := g.caller(r); !ok {
 			msg := "invalid API key: send a key of this fleet as Authorization: Bearer KEY (or x-api-key: KEY)"
 			if auth == "" {
 				msg = "missing API key: send it as Authorization: Bearer KEY (or x-api-key: KEY)"
@@ -230,6 +248,19 @@ func (g *Gateway) authenticate(next http.Handler) http.Handler {
 		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+// caller is who sent r: the identity of its key, ok false when the key is not
+// accepted. Without client auth every caller is an admin (it sees every namespace).
+func (g *Gateway) caller(r *http.Request) (tenancy.Identity, bool) {
+	if g.opts.Identify == nil {
+		return tenancy.Identity{Admin: true}, true
+	}
+	key := clientKey(r)
+	if key == "" {
+		return tenancy.Identity{}, false
+	}
+	return g.opts.Identify(key)
 }
 
 // clientKey is the API key a request presents: "Authorization: Bearer KEY", or

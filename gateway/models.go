@@ -3,6 +3,8 @@ package gateway
 import (
 	"encoding/json"
 	"net/http"
+
+	"github.com/macfleet/macfleet/tenancy"
 )
 
 // modelObject is one entry of GET /v1/models: the OpenAI fields plus the deployment's
@@ -23,24 +25,26 @@ type modelObject struct {
 // only rt in the fleet, else "<namespace>/<servedName>". Aliases are not listed as
 // entries of their own (one entry per deployment, like the deployments themselves);
 // they appear in the entry's "aliases".
-func (t *Table) modelID(rt *Route) string {
-	if rs := t.bare[rt.ServedName]; len(rs) == 1 {
+func (t *Table) modelID(rt *Route, id tenancy.Identity) string {
+	if rs := visible(t.bare[rt.ServedName], id); len(rs) == 1 {
 		return rt.ServedName
 	}
 	return rt.Namespace + "/" + rt.ServedName
 }
 
-func (t *Table) modelObject(rt *Route) modelObject {
-	return modelObject{ID: t.modelID(rt), Object: "model", Created: rt.Created.Unix(), OwnedBy: rt.Namespace,
+func (t *Table) modelObject(rt *Route, id tenancy.Identity) modelObject {
+	return modelObject{ID: t.modelID(rt, id), Object: "model", Created: rt.Created.Unix(), OwnedBy: rt.Namespace,
 		Namespace: rt.Namespace, Deployment: rt.Deployment, Aliases: rt.Aliases, ReadyReplicas: len(rt.Backends)}
 }
 
-// handleListModels lists one model per ModelDeployment, sorted by namespace and name.
-func (g *Gateway) handleListModels(w http.ResponseWriter, _ *http.Request) {
+// handleListModels lists one model per ModelDeployment the caller may use, sorted by
+// namespace and name.
+func (g *Gateway) handleListModels(w http.ResponseWriter, r *http.Request) {
 	t := g.Table()
+	id, _ := g.caller(r)
 	data := make([]modelObject, 0, len(t.routes))
-	for _, rt := range t.routes {
-		data = append(data, t.modelObject(rt))
+	for _, rt := range visible(t.routes, id) {
+		data = append(data, t.modelObject(rt, id))
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": data})
 }
@@ -48,12 +52,13 @@ func (g *Gateway) handleListModels(w http.ResponseWriter, _ *http.Request) {
 // handleGetModel answers GET /v1/models/{id} for any name a request may use.
 func (g *Gateway) handleGetModel(w http.ResponseWriter, r *http.Request) {
 	t := g.Table()
-	rt, aerr := t.Resolve(r.PathValue("id"))
+	id, _ := g.caller(r)
+	rt, aerr := t.ResolveAs(r.PathValue("id"), id)
 	if aerr != nil {
 		aerr.write(w)
 		return
 	}
-	writeJSON(w, http.StatusOK, t.modelObject(rt))
+	writeJSON(w, http.StatusOK, t.modelObject(rt, id))
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
+	"github.com/macfleet/macfleet/tenancy"
 )
 
 // Waiting for a replica after every routable one failed: the pause before trying
@@ -107,7 +108,8 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, start time.Time)
 	if aerr != nil {
 		return "", g.fail(w, "", endpoint, aerr)
 	}
-	rt, aerr := g.Table().Resolve(head.Model)
+	id, _ := g.caller(r) // authenticate accepted it
+	rt, aerr := g.Table().ResolveAs(head.Model, id)
 	if aerr != nil {
 		return "", g.fail(w, "", endpoint, aerr)
 	}
@@ -120,13 +122,13 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, start time.Time)
 	if g.opts.PrefixAffinity {
 		h = hashKey(head.prefix)
 	}
-	flow, prio, aerr := g.classify(r)
+	flow, prio, aerr := g.classify(r, id)
 	if aerr != nil {
 		return model, g.fail(w, model, endpoint, aerr)
 	}
 	t := g.adm.newTicket(model, flow, prio, h)
 	t.width = head.N
-	res := g.serve(w, r, model, head.Model, t, body, start)
+	res := g.serve(w, r, model, head.Model, id, t, body, start)
 	g.count(model, endpoint, res.status, res.reason)
 	return model, res
 }
@@ -143,7 +145,7 @@ func (g *Gateway) fail(w http.ResponseWriter, model, endpoint string, e *apiErro
 // the replica) excludes its replica and tries another; when every replica is excluded
 // it waits for the table to change or a backoff to pass (then every replica may be
 // tried again), until ColdStartTimeout after the request arrived.
-func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, model, name string, t *ticket, body []byte, start time.Time) (res outcome) {
+func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, model, name string, id tenancy.Identity, t *ticket, body []byte, start time.Time) (res outcome) {
 	ctx := r.Context()
 	defer g.adm.leave(t)
 	// hd is the current wait's span (tracing only); attempts numbers the attempts.
@@ -174,7 +176,7 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, model, name stri
 	}
 	for {
 		tbl := g.Table()
-		rt, aerr := tbl.Resolve(name)
+		rt, aerr := tbl.ResolveAs(name, id)
 		if aerr != nil { // the deployment went away while the request waited
 			aerr.write(w)
 			return outcome{status: aerr.Status, reason: aerr.reason}

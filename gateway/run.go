@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/trace"
 	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
@@ -33,6 +34,7 @@ import (
 	"github.com/macfleet/macfleet/fairqueue"
 	"github.com/macfleet/macfleet/internal/informers"
 	"github.com/macfleet/macfleet/internal/mgrhttp"
+	"github.com/macfleet/macfleet/tenancy"
 )
 
 // The gateway reads the fleet. Its one write is the wake annotation on an autoscaled
@@ -65,8 +67,13 @@ type Config struct {
 	ProbeListener   net.Listener
 	// FleetTokenFile holds the token presented to agents; empty sends none.
 	FleetTokenFile string
-	// APIKeysFile holds the client API keys; empty means no client auth.
-	APIKeysFile      string
+	// APIKeysFile holds the admin API keys (every namespace, the console); empty
+	// means none.
+	APIKeysFile string
+	// TenantKeys accepts the teams' keys from Secrets of type tenancy.SecretType in
+	// their namespaces, each scoped to what its namespace may use. With it, or with an
+	// APIKeysFile, every request needs a key; with neither, none does.
+	TenantKeys       bool
 	ColdStartTimeout time.Duration
 	// MaxInFlightPerSlot and Queue: see Options.
 	MaxInFlightPerSlot int
@@ -124,13 +131,25 @@ func Run(ctx context.Context, cfg Config) error {
 	} else {
 		log.Info("No --fleet-token-file: requests reach agents without a token, which agents in cluster mode refuse")
 	}
+	var kf *KeysFile
 	if cfg.APIKeysFile != "" {
-		kf, err := LoadKeysFile(cfg.APIKeysFile)
-		if err != nil {
+		var err error
+		if kf, err = LoadKeysFile(cfg.APIKeysFile); err != nil {
 			return fmt.Errorf("the API keys: %w", err)
 		}
-		opts.Authorize, opts.KeyPriority = kf.Allows, kf.Priority
 		watchers = append(watchers, func(ctx context.Context) { kf.Watch(ctx, poll, log) })
+	}
+	var tk *TenantKeys // set below, once the cache exists
+	if kf != nil || cfg.TenantKeys {
+		opts.Identify = func(key string) (tenancy.Identity, bool) {
+			if kf != nil && kf.Allows(key) {
+				return tenancy.Identity{Admin: true, Priority: kf.Priority(key)}, true
+			}
+			if tk != nil {
+				return tk.Lookup(key)
+			}
+			return tenancy.Identity{}, false
+		}
 	}
 	scheme, err := Scheme()
 	if err != nil {
@@ -146,14 +165,18 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 
+	byObject := map[client.Object]cache.ByObject{
+		&coordinationv1.Lease{}: {Namespaces: map[string]cache.Config{mfv1.NodeLeaseNamespace: {}}},
+	}
+	if cfg.TenantKeys {
+		byObject[&corev1.Secret{}] = tenantSecrets()
+	}
 	mgr, err := ctrl.NewManager(cfg.RestConfig, ctrl.Options{
 		Scheme: scheme,
 		// The routing table catches up within a second of an API server outage's end.
 		// The console shows how long ago each agent renewed its node Lease.
 		Cache: cache.Options{NewInformer: informers.NewInformer(informers.Options{Log: log.WithName("informers")}),
-			ByObject: map[client.Object]cache.ByObject{
-				&coordinationv1.Lease{}: {Namespaces: map[string]cache.Config{mfv1.NodeLeaseNamespace: {}}},
-			}},
+			ByObject: byObject},
 		// Probes and metrics are served on listeners of our own (mgrhttp).
 		Metrics:                metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress: "0",
@@ -166,6 +189,12 @@ func Run(ctx context.Context, cfg Config) error {
 	if err := mgr.Add(f); err != nil {
 		return err
 	}
+	if cfg.TenantKeys {
+		tk = NewTenantKeys(mgr.GetCache(), log.WithName("keys"))
+		if err := mgr.Add(tk); err != nil {
+			return err
+		}
+	}
 	ln := cfg.Listener
 	if ln == nil {
 		if ln, err = net.Listen("tcp", cfg.Listen); err != nil {
@@ -174,7 +203,11 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	handler := g.Handler()
 	if !cfg.DisableConsole {
-		if handler, err = withConsole(g, mgr.GetCache(), opts.Authorize, log); err != nil {
+		var admin func(string) bool
+		if opts.Identify != nil {
+			admin = func(key string) bool { id, ok := opts.Identify(key); return ok && id.Admin }
+		}
+		if handler, err = withConsole(g, mgr.GetCache(), admin, log); err != nil {
 			return err
 		}
 	}
@@ -200,6 +233,9 @@ func Run(ctx context.Context, cfg Config) error {
 			if !f.Synced() {
 				return errors.New("the routing table has not been built from synced informers yet")
 			}
+			if tk != nil && !tk.Synced() {
+				return errors.New("the API key Secrets have not been read from synced informers yet")
+			}
 			return nil
 		}},
 	}, metricsLn); err != nil {
@@ -207,7 +243,7 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	// The options as New completed them with defaults.
 	log.Info("Starting gateway", "listen", ln.Addr().String(), "coldStartTimeout", g.opts.ColdStartTimeout,
-		"prefixAffinity", cfg.PrefixAffinity, "apiKeys", cfg.APIKeysFile != "", "console", !cfg.DisableConsole,
+		"prefixAffinity", cfg.PrefixAffinity, "apiKeys", cfg.APIKeysFile != "", "tenantKeys", cfg.TenantKeys, "console", !cfg.DisableConsole,
 		"maxInFlightPerSlot", g.opts.MaxInFlightPerSlot, "queue", cfg.Queue.WithDefaults(), "tracing", g.tracer != nil)
 	return mgr.Start(ctx)
 }

@@ -12,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
+	"github.com/macfleet/macfleet/tenancy"
 )
 
 // Backend is one routable replica.
@@ -50,6 +51,8 @@ type Route struct {
 	// MaxReplicas is spec.autoscaling.maxReplicas (0 when not autoscaled): requests
 	// queued because every replica is busy wake the autoscaler only below it.
 	MaxReplicas int
+	// Access is spec.access.namespaces: the other namespaces whose keys may use it.
+	Access []string
 
 	// ring is built on the first prefix-affinity pick (most tables never need one).
 	ringOnce sync.Once
@@ -132,6 +135,9 @@ func BuildTable(deployments []mfv1.ModelDeployment, replicas []mfv1.ModelReplica
 			rt.Autoscaled, rt.MaxReplicas = true, int(as.MaxReplicas)
 		}
 		rt.ScaledToZero = d.Spec.Replicas != nil && *d.Spec.Replicas == 0
+		if d.Spec.Access != nil {
+			rt.Access = d.Spec.Access.Namespaces
+		}
 		if v, ok := d.Annotations[mfv1.AnnotationWakeRequested]; ok {
 			rt.WakeRequested, _ = time.Parse(time.RFC3339Nano, v)
 		}
@@ -197,6 +203,43 @@ func (t *Table) Resolve(model string) (*Route, *apiError) {
 	return one(model, rs)
 }
 
+// ResolveAs is Resolve for the caller id: a deployment it may not use
+// (tenancy.MayUse) is answered exactly as one that does not exist, and a bare name is
+// ambiguous only among the deployments it may use.
+func (t *Table) ResolveAs(model string, id tenancy.Identity) (*Route, *apiError) {
+	if id.Admin {
+		return t.Resolve(model)
+	}
+	if t.starting {
+		return nil, gatewayStarting()
+	}
+	rs := visible(t.qualified[model], id)
+	if len(rs) == 0 {
+		rs = visible(t.bare[model], id)
+	}
+	if len(rs) == 0 {
+		return nil, modelNotFound(model)
+	}
+	return one(model, rs)
+}
+
+// visible is the routes of rs that id may use; rs itself when it may use them all
+// (no copy).
+func visible(rs []*Route, id tenancy.Identity) []*Route {
+	for i, rt := range rs {
+		if !tenancy.MayUse(id, rt.Namespace, rt.Access) {
+			out := slices.Clone(rs[:i])
+			for _, rt := range rs[i+1:] {
+				if tenancy.MayUse(id, rt.Namespace, rt.Access) {
+					out = append(out, rt)
+				}
+			}
+			return out
+		}
+	}
+	return rs
+}
+
 func one(model string, rs []*Route) (*Route, *apiError) {
 	if len(rs) == 1 {
 		return rs[0], nil
@@ -244,6 +287,9 @@ func routingKey(obj any) string {
 		fmt.Fprintf(&b, "%s\x00%s\x00%s\x00%q\x00%v\x00%d\x00%v\x00%v\x00%s\x00", o.Namespace, o.Name, o.Spec.Model.ServedName,
 			o.Spec.Model.Aliases, o.Spec.Replicas == nil, ptrValue(o.Spec.Replicas), o.DeletionTimestamp != nil,
 			o.Spec.Autoscaling != nil, o.Annotations[mfv1.AnnotationWakeRequested])
+		if o.Spec.Access != nil {
+			fmt.Fprintf(&b, "%q\x00", o.Spec.Access.Namespaces)
+		}
 		if o.Spec.Autoscaling != nil {
 			fmt.Fprintf(&b, "%d\x00", o.Spec.Autoscaling.MaxReplicas)
 		}

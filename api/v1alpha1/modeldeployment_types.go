@@ -126,6 +126,11 @@ type ModelDeploymentSpec struct {
 	// +optional
 	Autoscaling *AutoscalingSpec `json:"autoscaling,omitempty"`
 
+	// access grants other namespaces' API keys the use of this deployment through the
+	// gateway. Keys of the deployment's own namespace and admin keys always have it.
+	// +optional
+	Access *Access `json:"access,omitempty"`
+
 	// progressDeadlineSeconds is how long the deployment may go without progress
 	// (a replica created, updated, ready or removed) while it has some to make,
 	// before its Progressing condition turns False with ProgressDeadlineExceeded.
@@ -134,6 +139,19 @@ type ModelDeploymentSpec struct {
 	// +kubebuilder:default=600
 	// +kubebuilder:validation:XValidation:rule="self >= 10 && self <= 86400",message="progressDeadlineSeconds must be between 10 and 86400 (24h)"
 	ProgressDeadlineSeconds *int32 `json:"progressDeadlineSeconds,omitempty"`
+}
+
+// Access says which namespaces' API keys may use a deployment besides its own.
+type Access struct {
+	// namespaces lists the namespaces whose keys may use the deployment; "*" grants
+	// every namespace. A key of a namespace not listed is answered as if the
+	// deployment did not exist.
+	// +optional
+	// +listType=set
+	// +kubebuilder:validation:MaxItems=256
+	// +kubebuilder:validation:items:MaxLength=63
+	// +kubebuilder:validation:XValidation:rule="self.all(n, n == '*' || n.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$'))",message="access.namespaces: each entry must be a namespace name (a DNS-1123 label) or \"*\" for every namespace"
+	Namespaces []string `json:"namespaces,omitempty"`
 }
 
 // ModelDeploymentStatus is written by the modeldeployment controller, but for

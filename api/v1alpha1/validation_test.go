@@ -62,6 +62,18 @@ func TestModelDeploymentValidation(t *testing.T) {
 		{name: "negative replicas", mutate: func(s *mfv1.ModelDeploymentSpec) { s.Replicas = ptr.To[int32](-1) },
 			wantErr: "replicas must not be negative"},
 		{name: "zero replicas", mutate: func(s *mfv1.ModelDeploymentSpec) { s.Replicas = ptr.To[int32](0) }},
+		{name: "access granted to namespaces and to all", mutate: func(s *mfv1.ModelDeploymentSpec) {
+			s.Access = &mfv1.Access{Namespaces: []string{"team-a", "ml-7", "*"}}
+		}},
+		{name: "access to a name that is not a namespace", mutate: func(s *mfv1.ModelDeploymentSpec) {
+			s.Access = &mfv1.Access{Namespaces: []string{"team-a", "Team_B"}}
+		}, wantErr: `each entry must be a namespace name (a DNS-1123 label) or "*" for every namespace`},
+		{name: "access to a namespace pattern", mutate: func(s *mfv1.ModelDeploymentSpec) {
+			s.Access = &mfv1.Access{Namespaces: []string{"team-*"}}
+		}, wantErr: `each entry must be a namespace name (a DNS-1123 label) or "*" for every namespace`},
+		{name: "access to a namespace twice", mutate: func(s *mfv1.ModelDeploymentSpec) {
+			s.Access = &mfv1.Access{Namespaces: []string{"team-a", "team-a"}}
+		}, wantErr: `spec.access.namespaces[1]: Duplicate value: "team-a"`},
 		{name: "idleTimeout with default residency", mutate: func(s *mfv1.ModelDeploymentSpec) {
 			s.IdleTimeout = &metav1.Duration{Duration: time.Minute}
 		}, wantErr: "idleTimeout is only allowed with residency OnDemand"},

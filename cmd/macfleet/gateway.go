@@ -66,7 +66,8 @@ OTEL_EXPORTER_OTLP_ENDPOINT set it traces every request (see docs/tracing.md).`,
 	f.StringVar(&cfg.MetricsAddr, "metrics-bind-address", ":9090", `Address of the Prometheus /metrics endpoint; "0" disables it`)
 	f.StringVar(&cfg.ProbeAddr, "health-probe-bind-address", ":8081", `Address of /healthz and /readyz; "0" disables them`)
 	f.StringVar(&cfg.FleetTokenFile, "fleet-token-file", "", "File holding the fleet token presented to agents (re-read when it changes)")
-	f.StringVar(&cfg.APIKeysFile, "api-keys-file", "", "File of client API keys, one per line, optionally followed by priority=batch (re-read when it changes); empty: no client auth")
+	f.StringVar(&cfg.APIKeysFile, "api-keys-file", "", "File of admin API keys (every namespace's models and the console), one per line, optionally followed by priority=batch (re-read when it changes)")
+	f.BoolVar(&cfg.TenantKeys, "tenant-keys", false, "Accept the teams' API keys from Secrets of type macfleet.dev/api-key, each reaching its namespace's models and those granted to it (spec.access); with this or --api-keys-file every request needs a key, with neither none does")
 	f.DurationVar(&cfg.ColdStartTimeout, "cold-start-timeout", gateway.DefaultColdStartTimeout,
 		"How long a request waits for a routable replica (an OnDemand model loading, an autoscaled deployment woken from zero) before a 503")
 	f.IntVar(&cfg.MaxInFlightPerSlot, "max-inflight-per-slot", gateway.DefaultMaxInFlightPerSlot,

@@ -1,0 +1,109 @@
+package tenancy
+
+import (
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/macfleet/macfleet/fairqueue"
+)
+
+func TestMayUse(t *testing.T) {
+	a := Identity{Namespace: "team-a", Name: "k"}
+	for _, tc := range []struct {
+		name      string
+		id        Identity
+		namespace string
+		granted   []string
+		want      bool
+	}{
+		{"own namespace", a, "team-a", nil, true},
+		{"another namespace", a, "team-b", nil, false},
+		{"another namespace granting others", a, "team-b", []string{"team-c"}, false},
+		{"another namespace granting it", a, "team-b", []string{"team-c", "team-a"}, true},
+		{"another namespace granting every namespace", a, "team-b", []string{AllNamespaces}, true},
+		{"a prefix is not a grant", a, "team-b", []string{"team"}, false},
+		{"admin", Identity{Admin: true}, "team-b", nil, true},
+		{"no identity", Identity{}, "team-b", []string{AllNamespaces}, false},
+		{"no identity, empty namespace", Identity{}, "", nil, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := MayUse(tc.id, tc.namespace, tc.granted); got != tc.want {
+				t.Errorf("MayUse(%+v, %q, %q) = %v, want %v", tc.id, tc.namespace, tc.granted, got, tc.want)
+			}
+		})
+	}
+}
+
+func keySecret(ns, name, key string, annotations map[string]string) corev1.Secret {
+	return corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Annotations: annotations},
+		Type: SecretType, Data: map[string][]byte{KeyField: []byte(key)}}
+}
+
+func TestBuild(t *testing.T) {
+	const (
+		keyA = "aaaaaaaaaaaaaaaaaaaaaaaa"
+		keyB = "bbbbbbbbbbbbbbbbbbbbbbbb"
+	)
+	deleting := keySecret("team-c", "gone", "cccccccccccccccccccc", nil)
+	deleting.DeletionTimestamp = &metav1.Time{}
+	opaque := keySecret("team-c", "opaque", "dddddddddddddddddddd", nil)
+	opaque.Type = corev1.SecretTypeOpaque
+	keys, problems := Build([]corev1.Secret{
+		keySecret("team-a", "ci", keyA, map[string]string{AnnotationPriority: "batch"}),
+		keySecret("team-b", "app", "  "+keyB+"\n", nil), // kubectl --from-file keeps the newline
+		keySecret("team-b", "short", "tooshort", nil),
+		keySecret("team-b", "prio", "eeeeeeeeeeeeeeeeeeee", map[string]string{AnnotationPriority: "urgent"}),
+		keySecret("team-a", "twin1", "ffffffffffffffffffff", nil),
+		keySecret("team-b", "twin2", "ffffffffffffffffffff", nil),
+		deleting, opaque,
+	})
+	for _, tc := range []struct {
+		key  string
+		want Identity
+		ok   bool
+	}{
+		{keyA, Identity{Namespace: "team-a", Name: "ci", Priority: fairqueue.Batch}, true},
+		{keyB, Identity{Namespace: "team-b", Name: "app"}, true},
+		{"tooshort", Identity{}, false},
+		{"eeeeeeeeeeeeeeeeeeee", Identity{}, false},
+		{"ffffffffffffffffffff", Identity{}, false},
+		{"cccccccccccccccccccc", Identity{}, false},
+		{"dddddddddddddddddddd", Identity{}, false},
+		{"", Identity{}, false},
+	} {
+		got, ok := keys.Lookup(tc.key)
+		if ok != tc.ok || got != tc.want {
+			t.Errorf("Lookup(%q) = %+v, %v; want %+v, %v", tc.key, got, ok, tc.want, tc.ok)
+		}
+	}
+	if keys.Len() != 2 {
+		t.Errorf("Len() = %d, want 2", keys.Len())
+	}
+	var got []string
+	for _, p := range problems {
+		got = append(got, p.String())
+		if strings.Contains(p.Reason, "ffff") || strings.Contains(p.Reason, "tooshort") {
+			t.Errorf("a problem shows the key: %s", p)
+		}
+	}
+	want := []string{
+		"team-b/short: data.key must hold a key of at least 16 characters",
+		"team-b/prio: annotation macfleet.dev/priority",
+		"team-b/twin2: the same key is also in team-a/twin1",
+	}
+	if len(got) != len(want) {
+		t.Fatalf("problems %q, want %d of them", got, len(want))
+	}
+	for i := range want {
+		if !strings.HasPrefix(got[i], want[i]) {
+			t.Errorf("problem %d = %q, want it to start with %q", i, got[i], want[i])
+		}
+	}
+	var nilKeys *Keys
+	if _, ok := nilKeys.Lookup(keyA); ok || nilKeys.Len() != 0 {
+		t.Error("a nil snapshot holds keys")
+	}
+}

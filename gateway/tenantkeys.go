@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"slices"
 	"sync/atomic"
-	"time"
 
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
@@ -71,24 +70,10 @@ func (k *TenantKeys) Start(ctx context.Context) error {
 	if !k.cache.WaitForCacheSync(ctx) {
 		return ctx.Err()
 	}
-	retry := time.NewTimer(0)
-	<-retry.C
-	k.poke()
-	for {
-		select {
-		case <-ctx.Done():
-			retry.Stop()
-			return nil
-		case <-k.kick:
-		case <-retry.C:
-		}
-		if err := k.rebuild(ctx); err != nil {
-			k.log.Error(err, "Reading the API key Secrets; keeping the previous keys")
-			retry.Reset(time.Second)
-			continue
-		}
-		k.synced.Store(true)
-	}
+	rebuildLoop(ctx, k.kick, k.rebuild, func(err error) {
+		k.log.Error(err, "Reading the API key Secrets; keeping the previous keys")
+	}, &k.synced)
+	return nil
 }
 
 func (k *TenantKeys) rebuild(ctx context.Context) error {

@@ -18,10 +18,19 @@ import (
 
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch
 
-// tenantSecrets is the informer cache's view of Secrets: only the API key type, so
-// the gateway never holds the cluster's other Secrets.
+// tenantSecrets is the informer cache's view of Secrets: only the API key type (the
+// API server filters), so the gateway never holds the cluster's other Secrets, and of
+// each only what tenancy.Redact keeps: the key's hash, never the key.
 func tenantSecrets() cache.ByObject {
-	return cache.ByObject{Field: fields.OneTermEqualSelector("type", string(tenancy.SecretType))}
+	return cache.ByObject{
+		Field: fields.OneTermEqualSelector("type", string(tenancy.SecretType)),
+		Transform: func(obj any) (any, error) {
+			if s, ok := obj.(*corev1.Secret); ok {
+				return tenancy.Redact(s), nil
+			}
+			return obj, nil
+		},
+	}
 }
 
 // TenantKeys keeps a snapshot of the teams' API keys (tenancy.Build) in step with the

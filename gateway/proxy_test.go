@@ -104,9 +104,16 @@ func status(code int, retryAfter string) func(int, http.ResponseWriter, *http.Re
 
 const chatBody = `{"model":"m","messages":[{"role":"user","content":"hello"}]}`
 
+// post posts body to the gateway at url's chat completions with the header pairs hdr.
 func post(t *testing.T, url, body string, hdr ...string) (*http.Response, string) {
 	t.Helper()
-	req, err := http.NewRequest(http.MethodPost, url+"/v1/chat/completions", strings.NewReader(body))
+	return postPath(t, url+"/v1/chat/completions", body, hdr...)
+}
+
+// postPath posts a JSON body to url (a whole URL) with the header pairs hdr.
+func postPath(t *testing.T, url, body string, hdr ...string) (*http.Response, string) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -384,23 +384,33 @@ func (f *Feeder) Start(ctx context.Context) error {
 	if !f.cache.WaitForCacheSync(ctx) {
 		return ctx.Err()
 	}
-	retry := time.NewTimer(0)
-	<-retry.C
-	f.poke()
+	rebuildLoop(ctx, f.kick, f.rebuild, func(err error) {
+		f.log.Error(err, "Rebuilding the routing table; keeping the previous one")
+	}, &f.synced)
+	return nil
+}
+
+// rebuildLoop runs rebuild once at once and then on every kick until ctx ends; a
+// failed rebuild is reported and retried a second later. synced is set by the first
+// rebuild that succeeds.
+func rebuildLoop(ctx context.Context, kick <-chan struct{}, rebuild func(context.Context) error,
+	failed func(error), synced *atomic.Bool) {
+	retry := time.NewTimer(time.Second)
+	retry.Stop() // armed only after a failure
+	defer retry.Stop()
 	for {
+		if err := rebuild(ctx); err != nil {
+			failed(err)
+			retry.Reset(time.Second)
+		} else {
+			synced.Store(true)
+		}
 		select {
 		case <-ctx.Done():
-			retry.Stop()
-			return nil
-		case <-f.kick:
+			return
+		case <-kick:
 		case <-retry.C:
 		}
-		if err := f.rebuild(ctx); err != nil {
-			f.log.Error(err, "Rebuilding the routing table; keeping the previous one")
-			retry.Reset(time.Second)
-			continue
-		}
-		f.synced.Store(true)
 	}
 }
 

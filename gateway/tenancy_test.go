@@ -170,25 +170,6 @@ func TestListModelsScoped(t *testing.T) {
 	}
 }
 
-// postPath posts body to url (a whole URL, unlike post) with the header pairs hdr.
-func postPath(t *testing.T, url, body string, hdr ...string) (*http.Response, string) {
-	t.Helper()
-	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i := 0; i+1 < len(hdr); i += 2 {
-		req.Header.Set(hdr[i], hdr[i+1])
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp, string(b)
-}
-
 func newScopedUpstream(t *testing.T) *upstream {
 	return newUpstream(t, func(_ int, w http.ResponseWriter, r *http.Request) { okJSON(w, r) })
 }

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"slices"
 	"sync/atomic"
-	"time"
 
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
@@ -19,10 +18,19 @@ import (
 
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch
 
-// tenantSecrets is the informer cache's view of Secrets: only the API key type, so
-// the gateway never holds the cluster's other Secrets.
+// tenantSecrets is the informer cache's view of Secrets: only the API key type (the
+// API server filters), so the gateway never holds the cluster's other Secrets, and of
+// each only what tenancy.Redact keeps: the key's hash, never the key.
 func tenantSecrets() cache.ByObject {
-	return cache.ByObject{Field: fields.OneTermEqualSelector("type", string(tenancy.SecretType))}
+	return cache.ByObject{
+		Field: fields.OneTermEqualSelector("type", string(tenancy.SecretType)),
+		Transform: func(obj any) (any, error) {
+			if s, ok := obj.(*corev1.Secret); ok {
+				return tenancy.Redact(s), nil
+			}
+			return obj, nil
+		},
+	}
 }
 
 // TenantKeys keeps a snapshot of the teams' API keys (tenancy.Build) in step with the
@@ -71,24 +79,10 @@ func (k *TenantKeys) Start(ctx context.Context) error {
 	if !k.cache.WaitForCacheSync(ctx) {
 		return ctx.Err()
 	}
-	retry := time.NewTimer(0)
-	<-retry.C
-	k.poke()
-	for {
-		select {
-		case <-ctx.Done():
-			retry.Stop()
-			return nil
-		case <-k.kick:
-		case <-retry.C:
-		}
-		if err := k.rebuild(ctx); err != nil {
-			k.log.Error(err, "Reading the API key Secrets; keeping the previous keys")
-			retry.Reset(time.Second)
-			continue
-		}
-		k.synced.Store(true)
-	}
+	rebuildLoop(ctx, k.kick, k.rebuild, func(err error) {
+		k.log.Error(err, "Reading the API key Secrets; keeping the previous keys")
+	}, &k.synced)
+	return nil
 }
 
 func (k *TenantKeys) rebuild(ctx context.Context) error {

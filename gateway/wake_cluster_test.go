@@ -1,6 +1,7 @@
 package gateway_test
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -38,7 +39,9 @@ func asGateway(t *testing.T, e *testenv.Env) *rest.Config {
 	if err := e.Client.Create(t.Context(), b); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = e.Client.Delete(t.Context(), b) })
+	// t.Context() is done by the time cleanups run: the binding is deleted without it,
+	// or the next test that acts as the gateway finds it still there.
+	t.Cleanup(func() { _ = e.Client.Delete(context.Background(), b) })
 	cfg := rest.CopyConfig(e.Config)
 	cfg.Impersonate = rest.ImpersonationConfig{UserName: gatewayUser,
 		Groups: []string{"system:serviceaccounts", "system:serviceaccounts:macfleet-system", "system:authenticated"}}

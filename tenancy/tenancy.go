@@ -43,6 +43,10 @@ const (
 	AllNamespaces = "*"
 	// minKeyBytes is the shortest key accepted from a Secret: a short key is guessable.
 	minKeyBytes = 16
+	// hashField and problemField are all Redact keeps of a key Secret's data: the key's
+	// SHA-256, or why it holds no usable key.
+	hashField    = "macfleet.dev/sha256"
+	problemField = "macfleet.dev/problem"
 )
 
 // Identity is who presented a key.
@@ -98,6 +102,41 @@ type Problem struct {
 
 func (p Problem) String() string { return fmt.Sprintf("%s/%s: %s", p.Namespace, p.Name, p.Reason) }
 
+// Redact is what the gateway's informer cache keeps of a key Secret: its name,
+// namespace, type, deletion and priority annotation, and of its data only the key's
+// SHA-256 (or why it has no usable key), so the key itself is never held in memory.
+// Build reads a redacted Secret as it reads the Secret.
+func Redact(s *corev1.Secret) *corev1.Secret {
+	out := &corev1.Secret{TypeMeta: s.TypeMeta, Type: s.Type}
+	out.Namespace, out.Name, out.UID, out.ResourceVersion = s.Namespace, s.Name, s.UID, s.ResourceVersion
+	out.DeletionTimestamp = s.DeletionTimestamp
+	if p, ok := s.Annotations[AnnotationPriority]; ok {
+		out.Annotations = map[string]string{AnnotationPriority: p}
+	}
+	if h, problem := keyHash(s); problem != "" {
+		out.Data = map[string][]byte{problemField: []byte(problem)}
+	} else {
+		out.Data = map[string][]byte{hashField: h[:]}
+	}
+	return out
+}
+
+// keyHash is the SHA-256 of the Secret's key, or why it has none usable.
+func keyHash(s *corev1.Secret) (h [32]byte, problem string) {
+	if p, ok := s.Data[problemField]; ok {
+		return h, string(p)
+	}
+	if b, ok := s.Data[hashField]; ok && len(b) == len(h) {
+		copy(h[:], b)
+		return h, ""
+	}
+	key := strings.TrimSpace(string(s.Data[KeyField]))
+	if len(key) < minKeyBytes {
+		return h, fmt.Sprintf("data.%s must hold a key of at least %d characters (e.g. openssl rand -hex 24)", KeyField, minKeyBytes)
+	}
+	return sha256.Sum256([]byte(key)), ""
+}
+
 // Build makes a snapshot of the key Secrets (the gateway checks its admin keys file
 // first: a Secret holding an admin key is never a team's key). A Secret that is being
 // deleted, has no usable key or an unknown priority is left out and reported. A key
@@ -115,9 +154,9 @@ func Build(secrets []corev1.Secret) (*Keys, []Problem) {
 		bad := func(format string, a ...any) {
 			problems = append(problems, Problem{Namespace: s.Namespace, Name: s.Name, Reason: fmt.Sprintf(format, a...)})
 		}
-		key := strings.TrimSpace(string(s.Data[KeyField]))
-		if len(key) < minKeyBytes {
-			bad("data.%s must hold a key of at least %d characters (e.g. openssl rand -hex 24)", KeyField, minKeyBytes)
+		h, problem := keyHash(s)
+		if problem != "" {
+			bad("%s", problem)
 			continue
 		}
 		var prio fairqueue.Priority
@@ -129,7 +168,6 @@ func Build(secrets []corev1.Secret) (*Keys, []Problem) {
 			}
 			prio = p
 		}
-		h := sha256.Sum256([]byte(key))
 		if _, ok := k.byHash[h]; ok {
 			dup[h] = true
 			bad("the same key is also in %s; neither is accepted", owner[h])

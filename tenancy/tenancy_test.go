@@ -43,6 +43,22 @@ func keySecret(ns, name, key string, annotations map[string]string) corev1.Secre
 }
 
 func TestBuild(t *testing.T) {
+	t.Run("secrets", func(t *testing.T) { testBuild(t, func(s corev1.Secret) corev1.Secret { return s }) })
+	// What the gateway's cache holds: the same keys, the same problems, no key bytes.
+	t.Run("redacted", func(t *testing.T) {
+		testBuild(t, func(s corev1.Secret) corev1.Secret {
+			r := Redact(&s)
+			for field, v := range r.Data {
+				if field == KeyField || strings.Contains(string(v), string(s.Data[KeyField])) {
+					t.Errorf("Redact(%s/%s) kept the key in data[%q]", s.Namespace, s.Name, field)
+				}
+			}
+			return *r
+		})
+	})
+}
+
+func testBuild(t *testing.T, view func(corev1.Secret) corev1.Secret) {
 	const (
 		keyA = "aaaaaaaaaaaaaaaaaaaaaaaa"
 		keyB = "bbbbbbbbbbbbbbbbbbbbbbbb"
@@ -51,7 +67,7 @@ func TestBuild(t *testing.T) {
 	deleting.DeletionTimestamp = &metav1.Time{}
 	opaque := keySecret("team-c", "opaque", "dddddddddddddddddddd", nil)
 	opaque.Type = corev1.SecretTypeOpaque
-	keys, problems := Build([]corev1.Secret{
+	secrets := []corev1.Secret{
 		keySecret("team-a", "ci", keyA, map[string]string{AnnotationPriority: "batch"}),
 		keySecret("team-b", "app", "  "+keyB+"\n", nil), // kubectl --from-file keeps the newline
 		keySecret("team-b", "short", "tooshort", nil),
@@ -59,7 +75,11 @@ func TestBuild(t *testing.T) {
 		keySecret("team-a", "twin1", "ffffffffffffffffffff", nil),
 		keySecret("team-b", "twin2", "ffffffffffffffffffff", nil),
 		deleting, opaque,
-	})
+	}
+	for i := range secrets {
+		secrets[i] = view(secrets[i])
+	}
+	keys, problems := Build(secrets)
 	for _, tc := range []struct {
 		key  string
 		want Identity

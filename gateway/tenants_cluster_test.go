@@ -1,0 +1,51 @@
+package gateway_test
+
+import (
+	"fmt"
+	"net/http"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/macfleet/macfleet/gateway"
+	"github.com/macfleet/macfleet/internal/testenv"
+	"github.com/macfleet/macfleet/tenancy"
+)
+
+// TestTenantKeysAsGateway runs the gateway with --tenant-keys as its own identity,
+// with the ClusterRole that ships: it can watch the key Secrets, a key Secret created
+// works within 5 s and a deleted one stops, and a key in an Opaque Secret is not a key.
+func TestTenantKeysAsGateway(t *testing.T) {
+	e := cluster(t)
+	g := startGateway(t, e, gateway.Config{RestConfig: asGateway(t, e), TenantKeys: true})
+	ns := testenv.NewNamespace(t, e.Client)
+	const key, opaqueKey = "tenant-key-0123456789abcdef", "opaque-key-0123456789abcdef"
+	if code, body := get(g.url+"/v1/models", key); code != http.StatusUnauthorized {
+		t.Fatalf("a key before its Secret: %d %s", code, body)
+	}
+	opaque := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "not-a-key"}, Type: corev1.SecretTypeOpaque,
+		Data: map[string][]byte{tenancy.KeyField: []byte(opaqueKey)}}
+	s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "key"}, Type: tenancy.SecretType,
+		Data: map[string][]byte{tenancy.KeyField: []byte(key)}}
+	for _, obj := range []*corev1.Secret{opaque, s} {
+		if err := e.Client.Create(t.Context(), obj); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testenv.Eventually(t, 5*time.Second, 20*time.Millisecond, func() (bool, string) {
+		code, body := get(g.url+"/v1/models", key)
+		return code == http.StatusOK, fmt.Sprintf("the new key: %d %s", code, body)
+	})
+	if code, body := get(g.url+"/v1/models", opaqueKey); code != http.StatusUnauthorized {
+		t.Errorf("the key of an Opaque Secret: %d %s, want 401", code, body)
+	}
+	if err := e.Client.Delete(t.Context(), s); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 5*time.Second, 20*time.Millisecond, func() (bool, string) {
+		code, body := get(g.url+"/v1/models", key)
+		return code == http.StatusUnauthorized, fmt.Sprintf("the deleted key: %d %s", code, body)
+	})
+}

@@ -146,12 +146,11 @@ func TestRollingModelChangeWithoutFailedRequests(t *testing.T) {
 	testenv.Eventually(t, time.Minute, 50*time.Millisecond, func() (bool, string) {
 		return l.ok.Load() >= 2, "two requests served"
 	})
-	var md v1alpha1.ModelDeployment
-	if err := fleet.Client.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: "rolling"}, &md); err != nil {
-		t.Fatal(err)
-	}
-	md.Spec.Engine.ContextLength = 768
-	if err := fleet.Client.Update(t.Context(), &md); err != nil {
+	// A merge patch of the one field: the manager writes the deployment's status
+	// meanwhile, and a Get then Update would conflict with it.
+	md := &v1alpha1.ModelDeployment{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "rolling"}}
+	if err := fleet.Client.Patch(t.Context(), md,
+		client.RawPatch(types.MergePatchType, []byte(`{"spec":{"engine":{"contextLength":768}}}`))); err != nil {
 		t.Fatal(err)
 	}
 	after := waitReady(t, ns, "rolling", 1, 3*time.Minute)

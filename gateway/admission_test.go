@@ -78,7 +78,7 @@ func keysGateway(t *testing.T, opts Options) (*testGateway, *gatedReplica) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	opts.Authorize, opts.KeyPriority = kf.Allows, kf.Priority
+	opts.Identify = kf.Identify
 	g := newTestGateway(t, opts)
 	rep := newGatedReplica(t)
 	g.serveReplicas(rep.host())
@@ -346,14 +346,16 @@ func TestKeysFileAttributes(t *testing.T) {
 		t.Fatal(err)
 	}
 	for key, want := range map[string]fairqueue.Priority{"k1": fairqueue.Interactive, "k2": fairqueue.Batch, "k3": fairqueue.Interactive} {
-		if !ks.allows(key) {
+		if _, ok := ks[sha256.Sum256([]byte(key))]; !ok {
 			t.Errorf("%s not accepted", key)
 		}
 		if got := ks[sha256.Sum256([]byte(key))].priority; got != want {
 			t.Errorf("%s: priority %v, want %v", key, got, want)
 		}
 	}
-	if ks.allows("priority=batch") || ks.allows("k2  priority=batch") {
+	_, attr := ks[sha256.Sum256([]byte("priority=batch"))]
+	_, whole := ks[sha256.Sum256([]byte("k2  priority=batch"))]
+	if attr || whole {
 		t.Error("an attribute was taken for a key")
 	}
 	for in, want := range map[string]string{

@@ -14,6 +14,7 @@ import (
 	"github.com/go-logr/logr"
 
 	"github.com/macfleet/macfleet/fairqueue"
+	"github.com/macfleet/macfleet/tenancy"
 )
 
 // DefaultFilePoll is how often the API keys and fleet token files are checked for
@@ -143,11 +144,6 @@ func parseKeys(data []byte) (keySet, error) {
 	return ks, nil
 }
 
-func (ks keySet) allows(key string) bool {
-	_, ok := ks[sha256.Sum256([]byte(key))]
-	return ok
-}
-
 // parseToken reads the fleet token: the file's content without surrounding space.
 func parseToken(data []byte) (string, error) {
 	tok := strings.TrimSpace(string(data))
@@ -174,13 +170,12 @@ func LoadKeysFile(path string) (*KeysFile, error) {
 	return &KeysFile{f: f}, nil
 }
 
-// Allows says whether key is one of the file's keys.
-func (k *KeysFile) Allows(key string) bool { return (*k.f.get()).allows(key) }
-
-// Priority is the highest priority key's requests get: its priority= attribute,
-// interactive by default.
-func (k *KeysFile) Priority(key string) fairqueue.Priority {
-	return (*k.f.get())[sha256.Sum256([]byte(key))].priority
+// Identify says whether key is one of the file's keys, which are admin keys, and
+// gives its priority= attribute (interactive by default) as the highest its requests
+// get.
+func (k *KeysFile) Identify(key string) (tenancy.Identity, bool) {
+	a, ok := (*k.f.get())[sha256.Sum256([]byte(key))]
+	return tenancy.Identity{Admin: true, Priority: a.priority}, ok
 }
 
 // Watch re-reads the file every interval until ctx ends.

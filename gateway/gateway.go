@@ -29,6 +29,7 @@
 package gateway
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"net"
@@ -61,9 +62,6 @@ type Options struct {
 	// FleetToken returns the token sent to agents as "Authorization: Bearer <token>";
 	// nil or "" sends none.
 	FleetToken func() string
-	// Authorize, when set, says whether a client's API key (sent as "Authorization:
-	// Bearer <key>") is accepted; nil means no client auth (see KeysFile).
-	Authorize func(key string) bool
 	// ColdStartTimeout bounds how long a request waits for a routable replica, or in
 	// the queue for a replica with room.
 	ColdStartTimeout time.Duration
@@ -74,14 +72,12 @@ type Options struct {
 	MaxInFlightPerSlot int
 	// Queue bounds each deployment's fair queue (fairqueue's defaults for zero fields).
 	Queue fairqueue.Limits
-	// KeyPriority, when set with Authorize, is the highest priority a client's key may
-	// use (KeysFile.Priority).
-	KeyPriority func(key string) fairqueue.Priority
-	// Identify, when set, replaces Authorize and KeyPriority: it says who a key is
-	// (tenancy.Identity) and whether it is accepted. A key that is not an admin key
-	// reaches and lists only the deployments its namespace may use (tenancy.MayUse);
-	// any other is answered as a model that does not exist. With Authorize alone, every
-	// accepted key is an admin key.
+	// Identify, when set, requires a client API key ("Authorization: Bearer <key>" or
+	// "x-api-key: <key>") and says who it is and whether it is accepted (see
+	// KeysFile.Identify). Its priority is the highest the key's requests get. A key
+	// that is not an admin key reaches and lists only the deployments its namespace
+	// may use (tenancy.MayUse); any other is answered as a model that does not exist.
+	// nil means no client auth: every caller is an admin.
 	Identify func(key string) (tenancy.Identity, bool)
 	// Wake, when set, records that requests are held for an autoscaled deployment with
 	// no routable replica, so the autoscaler brings one (scale from zero). Without it
@@ -127,16 +123,6 @@ type Gateway struct {
 func New(opts Options) (*Gateway, error) {
 	if opts.ColdStartTimeout <= 0 {
 		opts.ColdStartTimeout = DefaultColdStartTimeout
-	}
-	if opts.Identify == nil && opts.Authorize != nil {
-		authorize, priority := opts.Authorize, opts.KeyPriority
-		opts.Identify = func(key string) (tenancy.Identity, bool) {
-			id := tenancy.Identity{Admin: true}
-			if priority != nil {
-				id.Priority = priority(key)
-			}
-			return id, authorize(key)
-		}
 	}
 	if opts.MaxBodyBytes <= 0 {
 		opts.MaxBodyBytes = DefaultMaxBodyBytes
@@ -235,7 +221,8 @@ func (g *Gateway) authenticate(next http.Handler) http.Handler {
 		if x := r.Header.Get("X-Api-Key"); auth == "" && x != "" {
 			auth = "Bearer " + x // Anthropic clients send the key as x-api-key
 		}
-		if _, ok := g.caller(r); !ok {
+		id, ok := g.identify(r)
+		if !ok {
 			msg := "invalid API key: send a key of this fleet as Authorization: Bearer KEY (or x-api-key: KEY)"
 			if auth == "" {
 				msg = "missing API key: send it as Authorization: Bearer KEY (or x-api-key: KEY)"
@@ -246,21 +233,33 @@ func (g *Gateway) authenticate(next http.Handler) http.Handler {
 			e.write(w)
 			return
 		}
-		next.ServeHTTP(w, r)
+		// The handlers read who it is from the context (caller): the key is looked up
+		// once per request.
+		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), callerKey{}, id)))
 	})
 }
 
-// caller is who sent r: the identity of its key, ok false when the key is not
-// accepted. Without client auth every caller is an admin (it sees every namespace).
-func (g *Gateway) caller(r *http.Request) (tenancy.Identity, bool) {
-	if g.opts.Identify == nil {
-		return tenancy.Identity{Admin: true}, true
-	}
+// callerKey is the context key of the identity authenticate found.
+type callerKey struct{}
+
+// identify is who presents r's key, ok false when no key or an unknown one.
+func (g *Gateway) identify(r *http.Request) (tenancy.Identity, bool) {
 	key := clientKey(r)
 	if key == "" {
 		return tenancy.Identity{}, false
 	}
 	return g.opts.Identify(key)
+}
+
+// caller is who sent r, as authenticate found it. Without client auth every caller
+// is an admin (it sees every namespace); with it, a request authenticate did not
+// see may use nothing.
+func (g *Gateway) caller(r *http.Request) tenancy.Identity {
+	if g.opts.Identify == nil {
+		return tenancy.Identity{Admin: true}
+	}
+	id, _ := r.Context().Value(callerKey{}).(tenancy.Identity)
+	return id
 }
 
 // clientKey is the API key a request presents: "Authorization: Bearer KEY", or

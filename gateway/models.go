@@ -41,7 +41,7 @@ func (t *Table) modelObject(rt *Route, id tenancy.Identity) modelObject {
 // namespace and name.
 func (g *Gateway) handleListModels(w http.ResponseWriter, r *http.Request) {
 	t := g.Table()
-	id, _ := g.caller(r)
+	id := g.caller(r)
 	data := make([]modelObject, 0, len(t.routes))
 	for _, rt := range visible(t.routes, id) {
 		data = append(data, t.modelObject(rt, id))
@@ -52,7 +52,7 @@ func (g *Gateway) handleListModels(w http.ResponseWriter, r *http.Request) {
 // handleGetModel answers GET /v1/models/{id} for any name a request may use.
 func (g *Gateway) handleGetModel(w http.ResponseWriter, r *http.Request) {
 	t := g.Table()
-	id, _ := g.caller(r)
+	id := g.caller(r)
 	rt, aerr := t.ResolveAs(r.PathValue("id"), id)
 	if aerr != nil {
 		aerr.write(w)

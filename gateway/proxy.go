@@ -108,7 +108,7 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, start time.Time)
 	if aerr != nil {
 		return "", g.fail(w, "", endpoint, aerr)
 	}
-	id, _ := g.caller(r) // authenticate accepted it
+	id := g.caller(r)
 	rt, aerr := g.Table().ResolveAs(head.Model, id)
 	if aerr != nil {
 		return "", g.fail(w, "", endpoint, aerr)

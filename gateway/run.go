@@ -142,8 +142,10 @@ func Run(ctx context.Context, cfg Config) error {
 	var tk *TenantKeys // set below, once the cache exists
 	if kf != nil || cfg.TenantKeys {
 		opts.Identify = func(key string) (tenancy.Identity, bool) {
-			if kf != nil && kf.Allows(key) {
-				return tenancy.Identity{Admin: true, Priority: kf.Priority(key)}, true
+			if kf != nil {
+				if id, ok := kf.Identify(key); ok {
+					return id, true
+				}
 			}
 			if tk != nil {
 				return tk.Lookup(key)

@@ -128,6 +128,8 @@ type ModelDeploymentSpec struct {
 
 	// access grants other namespaces' API keys the use of this deployment through the
 	// gateway. Keys of the deployment's own namespace and admin keys always have it.
+	// It scopes the teams' keys of a gateway run with --tenant-keys; a gateway without
+	// them has no team keys to scope (its callers are admins or unauthenticated).
 	// +optional
 	Access *Access `json:"access,omitempty"`
 

@@ -5,6 +5,8 @@ import (
 	"fmt"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/macfleet/macfleet/metering"
 )
 
 // metrics are the gateway's Prometheus series. The model label is the deployment's
@@ -22,6 +24,9 @@ type metrics struct {
 	queueDepth    *prometheus.GaugeVec
 	queueWait     *prometheus.HistogramVec
 	queueRejected *prometheus.CounterVec
+
+	// usage counts requests and tokens per key, namespace and deployment.
+	usage *metering.Meter
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -95,6 +100,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m.queueDepth = reg1(m.queueDepth).(*prometheus.GaugeVec)
 	m.queueWait = reg1(m.queueWait).(*prometheus.HistogramVec)
 	m.queueRejected = reg1(m.queueRejected).(*prometheus.CounterVec)
+	m.usage = metering.NewMeter()
+	m.usage.Requests = reg1(m.usage.Requests).(*prometheus.CounterVec)
+	m.usage.Tokens = reg1(m.usage.Tokens).(*prometheus.CounterVec)
 	if err != nil {
 		return nil, err
 	}

@@ -15,6 +15,9 @@ import (
 	"time"
 
 	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
+	"github.com/macfleet/macfleet/console"
+	"github.com/macfleet/macfleet/metering"
+	runnerapi "github.com/macfleet/macfleet/runner/api"
 	"github.com/macfleet/macfleet/tenancy"
 )
 
@@ -29,6 +32,9 @@ const (
 	// failureBodyLimit bounds what is kept of a 503/507 body for passing it through.
 	failureBodyLimit = 64 << 10
 )
+
+// headerCachePartition carries the caller's prompt cache partition to the agent.
+const headerCachePartition = "X-Macfleet-Cache-Partition"
 
 // statusClientGone is the status recorded (never sent) for a client that went away.
 const statusClientGone = 499
@@ -77,6 +83,24 @@ type outcome struct {
 	// abort: the response broke after its status was sent and the connection must be
 	// cut so the client sees a failure.
 	abort bool
+	// usage is what the replica reported the answer used (nil: nothing reported).
+	usage *metering.Usage
+}
+
+// meter counts the usage a replica reported in resp's trailer (read at EOF) for the
+// request's caller.
+func (g *Gateway) meter(r *http.Request, model string, resp *http.Response) *metering.Usage {
+	v := resp.Trailer.Get(metering.Header)
+	if v == "" {
+		return nil
+	}
+	u, err := metering.Parse(v)
+	if err != nil {
+		g.log.Info("A replica reported unreadable usage; not counted", "model", model, "err", err.Error())
+		return nil
+	}
+	g.metrics.usage.Record(g.caller(r), model, u)
+	return &u
 }
 
 // handleProxy serves POST /v1/...: resolve the model, then try replicas until one
@@ -109,6 +133,7 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, start time.Time)
 		return "", g.fail(w, "", endpoint, aerr)
 	}
 	id := g.caller(r)
+	tagCaller(r.Context(), id)
 	rt, aerr := g.Table().ResolveAs(head.Model, id)
 	if aerr != nil {
 		return "", g.fail(w, "", endpoint, aerr)
@@ -347,6 +372,9 @@ func (g *Gateway) attempt(ctx context.Context, w http.ResponseWriter, r *http.Re
 	out.Header.Set(mfv1.HeaderReplica, be.Key)
 	out.Header.Set(mfv1.HeaderQueued, strconv.Itoa(g.adm.queued(model)))
 	out.Header.Set(mfv1.HeaderGateway, g.id)
+	if p := g.caller(r).CachePartition(); p != "" {
+		out.Header.Set(headerCachePartition, p)
+	}
 	resp, err := g.transport.RoundTrip(out)
 	if err != nil {
 		if ctx.Err() != nil {
@@ -409,6 +437,7 @@ func (g *Gateway) attempt(ctx context.Context, w http.ResponseWriter, r *http.Re
 			sent.add(buf[:n])
 		}
 		if rerr == io.EOF {
+			res.usage = g.meter(r, model, resp)
 			return res
 		}
 		if rerr != nil {
@@ -475,9 +504,15 @@ func isEventStream(h http.Header) bool {
 var hopHeaders = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate",
 	"Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade"}
 
+// clientHeaders are the X-Macfleet- request headers a client may send on to the agent;
+// every other one is the gateway's to set (replica, queue, gateway id, the caller's
+// cache partition) and is dropped from the client's request, so that no client can
+// pose as another tenant to an agent.
+var clientHeaders = map[string]bool{runnerapi.HeaderPromptUsage: true, console.ConsoleHeader: true, HeaderPriority: true}
+
 // copyRequestHeaders copies the client's headers except the hop-by-hop ones, its API
 // key (the agent gets the fleet token instead), its length (the body is replayed) and
-// any of the headers only the gateway sets (replica, queue, gateway id).
+// the X-Macfleet- headers that only the gateway sets.
 func copyRequestHeaders(dst http.Header, r *http.Request) {
 	skip := connectionTokens(r.Header)
 	for k, vs := range r.Header {
@@ -485,8 +520,10 @@ func copyRequestHeaders(dst http.Header, r *http.Request) {
 			continue
 		}
 		switch k {
-		case "Authorization", "X-Api-Key", "Content-Length", mfv1.HeaderReplica, mfv1.HeaderQueued, mfv1.HeaderGateway,
-			"X-Forwarded-For":
+		case "Authorization", "X-Api-Key", "Content-Length", "X-Forwarded-For":
+			continue
+		}
+		if strings.HasPrefix(k, "X-Macfleet-") && !clientHeaders[k] {
 			continue
 		}
 		dst[k] = vs

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"slices"
@@ -172,4 +173,44 @@ func TestListModelsScoped(t *testing.T) {
 
 func newScopedUpstream(t *testing.T) *upstream {
 	return newUpstream(t, func(_ int, w http.ResponseWriter, r *http.Request) { okJSON(w, r) })
+}
+
+// TestCallerHeadersAreTheGateways: the agent learns the caller's prompt cache
+// partition from the gateway alone. A key's own namespace is sent whatever the client
+// forges; an admin key's partition is the shared one (no header); no X-Macfleet-
+// header the gateway sets passes from a client.
+func TestCallerHeadersAreTheGateways(t *testing.T) {
+	got := make(chan http.Header, 1)
+	up := newUpstream(t, func(_ int, w http.ResponseWriter, r *http.Request) {
+		got <- r.Header.Clone()
+		fmt.Fprint(w, `{}`)
+	})
+	g := scopedGateway(t, up.host())
+	forged := []string{"X-Macfleet-Cache-Partition", "team-b", mfv1.HeaderQueued, "999", "X-Macfleet-Some-Future-Header", "x"}
+	for _, tc := range []struct {
+		key, model, want string
+	}{
+		{keyTeamA, "chat", "team-a"},
+		{keyTeamA, "team-b/granted", "team-a"}, // a granted deployment: still the caller's partition
+		{keyAdmin, "team-b/secret", ""},
+	} {
+		resp, body := postPath(t, g.url+"/v1/chat/completions", `{"model":"`+tc.model+`","messages":[]}`,
+			append([]string{"Authorization", "Bearer " + tc.key, HeaderPriority, "batch"}, forged...)...)
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("%s as %s: %d %s", tc.model, tc.key, resp.StatusCode, body)
+		}
+		h := <-got
+		if p := h.Get(headerCachePartition); p != tc.want {
+			t.Errorf("%s as %s: the agent got partition %q, want %q", tc.model, tc.key, p, tc.want)
+		}
+		if q := h.Get(mfv1.HeaderQueued); q == "999" {
+			t.Errorf("%s as %s: the client's %s reached the agent", tc.model, tc.key, mfv1.HeaderQueued)
+		}
+		if v := h.Get("X-Macfleet-Some-Future-Header"); v != "" {
+			t.Errorf("%s as %s: an unknown X-Macfleet- header from the client reached the agent", tc.model, tc.key)
+		}
+		if v := h.Get(HeaderPriority); v != "batch" {
+			t.Errorf("%s as %s: the client's %s did not reach the agent (%q)", tc.model, tc.key, HeaderPriority, v)
+		}
+	}
 }

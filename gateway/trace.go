@@ -10,6 +10,7 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/macfleet/macfleet/tenancy"
 	"github.com/macfleet/macfleet/tracing"
 )
 
@@ -29,6 +30,14 @@ func (g *Gateway) startRequest(r *http.Request) (*http.Request, trace.Span) {
 	return tracing.StartServer(g.tracer, r, r.Method+" "+r.URL.Path)
 }
 
+// tagCaller names the caller's key on the request's span (usage is per key).
+func tagCaller(ctx context.Context, id tenancy.Identity) {
+	if span := trace.SpanFromContext(ctx); span.IsRecording() {
+		span.SetAttributes(attribute.String("macfleet.key.namespace", id.Namespace),
+			attribute.String("macfleet.key.name", id.Name))
+	}
+}
+
 // endRequest ends the server span with what became of the request.
 func endRequest(span trace.Span, model string, res outcome) {
 	if span == nil {
@@ -40,6 +49,11 @@ func endRequest(span trace.Span, model string, res outcome) {
 	}
 	if res.reason != "" {
 		span.SetAttributes(attribute.String("macfleet.outcome", res.reason))
+	}
+	if u := res.usage; u != nil {
+		span.SetAttributes(attribute.Int64("gen_ai.usage.input_tokens", u.Input),
+			attribute.Int64("gen_ai.usage.output_tokens", u.Output),
+			attribute.Int64("macfleet.usage.cached_tokens", u.Cached))
 	}
 	if res.status >= 500 || res.abort {
 		span.SetStatus(codes.Error, res.reason)

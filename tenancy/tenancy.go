@@ -39,6 +39,12 @@ const (
 	// AnnotationPriority, on a key's Secret, is the highest priority its requests get
 	// (interactive or batch), as priority= in the gateway's keys file.
 	AnnotationPriority = "macfleet.dev/priority"
+	// AnnotationCacheScope, on a key's Secret, is how far the prompt cache is shared:
+	// CacheScopeNamespace (the default: every key of the namespace shares its cached
+	// prefixes) or CacheScopeKey (only this key's requests do).
+	AnnotationCacheScope = "macfleet.dev/cache-scope"
+	CacheScopeNamespace  = "namespace"
+	CacheScopeKey        = "key"
 	// AllNamespaces in a deployment's spec.access.namespaces grants every namespace.
 	AllNamespaces = "*"
 	// minKeyBytes is the shortest key accepted from a Secret: a short key is guessable.
@@ -60,6 +66,24 @@ type Identity struct {
 	Admin bool
 	// Priority is the highest priority the key's requests get.
 	Priority fairqueue.Priority
+	// CachePerKey: the key's prefixes are cached apart from its namespace's other
+	// keys (AnnotationCacheScope "key").
+	CachePerKey bool
+}
+
+// CachePartition is the part of the prompt cache id's requests may hit: its
+// namespace's, or its own key's when the key asks for that. Admin keys share one
+// partition, "" (the whole fleet is one team's). A request's cache_salt divides a
+// partition further (the runner does that).
+func (id Identity) CachePartition() string {
+	switch {
+	case id.Admin || id.Namespace == "":
+		return ""
+	case id.CachePerKey:
+		return id.Namespace + "/" + id.Name
+	default:
+		return id.Namespace
+	}
 }
 
 // MayUse says whether id may use a deployment in namespace whose spec.access grants
@@ -103,15 +127,20 @@ type Problem struct {
 func (p Problem) String() string { return fmt.Sprintf("%s/%s: %s", p.Namespace, p.Name, p.Reason) }
 
 // Redact is what the gateway's informer cache keeps of a key Secret: its name,
-// namespace, type, deletion and priority annotation, and of its data only the key's
+// namespace, type, deletion and its priority and cache-scope annotations, and of its data only the key's
 // SHA-256 (or why it has no usable key), so the key itself is never held in memory.
 // Build reads a redacted Secret as it reads the Secret.
 func Redact(s *corev1.Secret) *corev1.Secret {
 	out := &corev1.Secret{TypeMeta: s.TypeMeta, Type: s.Type}
 	out.Namespace, out.Name, out.UID, out.ResourceVersion = s.Namespace, s.Name, s.UID, s.ResourceVersion
 	out.DeletionTimestamp = s.DeletionTimestamp
-	if p, ok := s.Annotations[AnnotationPriority]; ok {
-		out.Annotations = map[string]string{AnnotationPriority: p}
+	for _, a := range []string{AnnotationPriority, AnnotationCacheScope} {
+		if v, ok := s.Annotations[a]; ok {
+			if out.Annotations == nil {
+				out.Annotations = map[string]string{}
+			}
+			out.Annotations[a] = v
+		}
 	}
 	if h, problem := keyHash(s); problem != "" {
 		out.Data = map[string][]byte{problemField: []byte(problem)}
@@ -139,7 +168,7 @@ func keyHash(s *corev1.Secret) (h [32]byte, problem string) {
 
 // Build makes a snapshot of the key Secrets (the gateway checks its admin keys file
 // first: a Secret holding an admin key is never a team's key). A Secret that is being
-// deleted, has no usable key or an unknown priority is left out and reported. A key
+// deleted, has no usable key, an unknown priority or cache scope is left out and reported. A key
 // found in two Secrets is left out of both: it cannot belong to two namespaces.
 func Build(secrets []corev1.Secret) (*Keys, []Problem) {
 	k := &Keys{byHash: make(map[[32]byte]Identity, len(secrets))}
@@ -168,13 +197,22 @@ func Build(secrets []corev1.Secret) (*Keys, []Problem) {
 			}
 			prio = p
 		}
+		perKey := false
+		switch v := s.Annotations[AnnotationCacheScope]; v {
+		case "", CacheScopeNamespace:
+		case CacheScopeKey:
+			perKey = true
+		default:
+			bad("annotation %s: %q is neither %q nor %q", AnnotationCacheScope, v, CacheScopeNamespace, CacheScopeKey)
+			continue
+		}
 		if _, ok := k.byHash[h]; ok {
 			dup[h] = true
 			bad("the same key is also in %s; neither is accepted", owner[h])
 			continue
 		}
 		owner[h] = s.Namespace + "/" + s.Name
-		k.byHash[h] = Identity{Namespace: s.Namespace, Name: s.Name, Priority: prio}
+		k.byHash[h] = Identity{Namespace: s.Namespace, Name: s.Name, Priority: prio, CachePerKey: perKey}
 	}
 	for h := range dup {
 		delete(k.byHash, h)

@@ -72,6 +72,8 @@ func testBuild(t *testing.T, view func(corev1.Secret) corev1.Secret) {
 		keySecret("team-b", "app", "  "+keyB+"\n", nil), // kubectl --from-file keeps the newline
 		keySecret("team-b", "short", "tooshort", nil),
 		keySecret("team-b", "prio", "eeeeeeeeeeeeeeeeeeee", map[string]string{AnnotationPriority: "urgent"}),
+		keySecret("team-b", "own", "gggggggggggggggggggg", map[string]string{AnnotationCacheScope: CacheScopeKey}),
+		keySecret("team-b", "scope", "hhhhhhhhhhhhhhhhhhhh", map[string]string{AnnotationCacheScope: "user"}),
 		keySecret("team-a", "twin1", "ffffffffffffffffffff", nil),
 		keySecret("team-b", "twin2", "ffffffffffffffffffff", nil),
 		deleting, opaque,
@@ -89,6 +91,8 @@ func testBuild(t *testing.T, view func(corev1.Secret) corev1.Secret) {
 		{keyB, Identity{Namespace: "team-b", Name: "app"}, true},
 		{"tooshort", Identity{}, false},
 		{"eeeeeeeeeeeeeeeeeeee", Identity{}, false},
+		{"gggggggggggggggggggg", Identity{Namespace: "team-b", Name: "own", CachePerKey: true}, true},
+		{"hhhhhhhhhhhhhhhhhhhh", Identity{}, false},
 		{"ffffffffffffffffffff", Identity{}, false},
 		{"cccccccccccccccccccc", Identity{}, false},
 		{"dddddddddddddddddddd", Identity{}, false},
@@ -99,8 +103,8 @@ func testBuild(t *testing.T, view func(corev1.Secret) corev1.Secret) {
 			t.Errorf("Lookup(%q) = %+v, %v; want %+v, %v", tc.key, got, ok, tc.want, tc.ok)
 		}
 	}
-	if keys.Len() != 2 {
-		t.Errorf("Len() = %d, want 2", keys.Len())
+	if keys.Len() != 3 {
+		t.Errorf("Len() = %d, want 3", keys.Len())
 	}
 	var got []string
 	for _, p := range problems {
@@ -112,6 +116,7 @@ func testBuild(t *testing.T, view func(corev1.Secret) corev1.Secret) {
 	want := []string{
 		"team-b/short: data.key must hold a key of at least 16 characters",
 		"team-b/prio: annotation macfleet.dev/priority",
+		`team-b/scope: annotation macfleet.dev/cache-scope: "user" is neither`,
 		"team-b/twin2: the same key is also in team-a/twin1",
 	}
 	if len(got) != len(want) {
@@ -125,5 +130,23 @@ func testBuild(t *testing.T, view func(corev1.Secret) corev1.Secret) {
 	var nilKeys *Keys
 	if _, ok := nilKeys.Lookup(keyA); ok || nilKeys.Len() != 0 {
 		t.Error("a nil snapshot holds keys")
+	}
+}
+
+func TestCachePartition(t *testing.T) {
+	for _, tc := range []struct {
+		id   Identity
+		want string
+	}{
+		{Identity{Admin: true}, ""},
+		{Identity{}, ""},
+		{Identity{Namespace: "team-a", Name: "ci"}, "team-a"},
+		{Identity{Namespace: "team-a", Name: "app"}, "team-a"},
+		{Identity{Namespace: "team-a", Name: "ci", CachePerKey: true}, "team-a/ci"},
+		{Identity{Namespace: "team-b", Name: "ci"}, "team-b"},
+	} {
+		if got := tc.id.CachePartition(); got != tc.want {
+			t.Errorf("%+v.CachePartition() = %q, want %q", tc.id, got, tc.want)
+		}
 	}
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/macfleet/macfleet/internal/openaierr"
 	"github.com/macfleet/macfleet/metal"
+	"github.com/macfleet/macfleet/metering"
 	"github.com/macfleet/macfleet/tracing"
 )
 
@@ -89,6 +90,14 @@ func (s *Server) metricsHandler() http.Handler {
 type reqInfo struct {
 	start time.Time
 	model string
+	// usage is what the runner's answers to the request used (metered: it reported
+	// any), sent back as the metering.Header trailer.
+	usage   metering.Usage
+	metered bool
+}
+
+func (i *reqInfo) addUsage(u metering.Usage) {
+	i.usage, i.metered = i.usage.Add(u), true
 }
 
 type reqInfoKey struct{}
@@ -110,7 +119,13 @@ func (s *Server) instrument(h http.HandlerFunc) http.Handler {
 		sw := &openaierr.StatusWriter{ResponseWriter: w}
 		r, span := s.startServerSpan(r)
 		r = r.WithContext(context.WithValue(r.Context(), reqInfoKey{}, info))
+		// The usage goes in a trailer, declared before anything is written (a stream's
+		// usage is known only at its end): every answer is sent chunked.
+		w.Header().Set("Trailer", metering.Header)
 		h(sw, r)
+		if info.metered {
+			w.Header().Set(metering.Header, info.usage.String())
+		}
 		code := sw.Status
 		if code == 0 {
 			code = 499 // nothing sent: the client went away first

@@ -16,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/macfleet/macfleet/metal"
+	"github.com/macfleet/macfleet/metering"
 	"github.com/macfleet/macfleet/runner/api"
 )
 
@@ -82,15 +83,11 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, lease *metal.Leas
 		s.writeUpstreamError(w, r, lease, rn, upstreamStatus(resp, b))
 		return
 	}
-	if pr.generates {
-		var out struct {
-			Usage *struct {
-				CompletionTokens int `json:"completion_tokens"`
-			} `json:"usage"`
-		}
-		if json.Unmarshal(b, &out) == nil && out.Usage != nil {
-			info := requestInfo(ctx)
-			s.metrics.observeGeneration(pr.served, out.Usage.CompletionTokens, time.Since(info.start), false)
+	if u, ok := answerUsage(b); ok {
+		info := requestInfo(ctx)
+		info.addUsage(u)
+		if pr.generates {
+			s.metrics.observeGeneration(pr.served, int(u.Output), time.Since(info.start), false)
 		}
 	}
 	b = rewriteModel(b, pr.served, pr.requested)
@@ -126,6 +123,7 @@ func (s *Server) copyStream(w http.ResponseWriter, r *http.Request, lease *metal
 		ended      bool
 		first      time.Time
 		completion = -1
+		usage      metering.Usage
 		readErr    error
 	)
 	for !ended {
@@ -148,7 +146,9 @@ func (s *Server) copyStream(w http.ResponseWriter, r *http.Request, lease *metal
 		case bytes.HasPrefix(data, []byte(`{"error"`)):
 			ended = true
 		case bytes.Contains(data, []byte(`"usage":`)):
-			completion = completionTokens(data)
+			if u, ok := answerUsage(data); ok {
+				usage, completion = u, int(u.Output)
+			}
 			if pr.stripUsage {
 				event = event[:0]
 				continue
@@ -182,6 +182,9 @@ func (s *Server) copyStream(w http.ResponseWriter, r *http.Request, lease *metal
 		_, _ = w.Write(sseError(e))
 		_ = rc.Flush()
 		return
+	}
+	if completion >= 0 {
+		info.addUsage(usage)
 	}
 	if pr.generates && completion >= 0 && !first.IsZero() {
 		s.metrics.observeGeneration(pr.served, completion, time.Since(first), true)
@@ -234,17 +237,20 @@ func eventData(event []byte) []byte {
 	return data
 }
 
-// completionTokens reads usage.completion_tokens from a chunk; -1 if absent.
-func completionTokens(data []byte) int {
+// answerUsage reads the usage of a runner's answer or stream chunk (the last chunk's
+// counts the whole answer); ok false when it has none.
+func answerUsage(data []byte) (metering.Usage, bool) {
 	var c struct {
-		Usage *struct {
-			CompletionTokens int `json:"completion_tokens"`
-		} `json:"usage"`
+		Usage *api.Usage `json:"usage"`
 	}
 	if json.Unmarshal(data, &c) != nil || c.Usage == nil {
-		return -1
+		return metering.Usage{}, false
 	}
-	return c.Usage.CompletionTokens
+	u := metering.Usage{Input: int64(c.Usage.PromptTokens), Output: int64(c.Usage.CompletionTokens)}
+	if d := c.Usage.PromptTokensDetails; d != nil {
+		u.Cached = int64(d.CachedTokens)
+	}
+	return u, true
 }
 
 // modelRewrite replaces the runner's "model" value by the name the client used. The

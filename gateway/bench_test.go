@@ -19,6 +19,7 @@ import (
 
 	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/internal/otlptest"
+	"github.com/macfleet/macfleet/metering"
 	"github.com/macfleet/macfleet/tenancy"
 	"github.com/macfleet/macfleet/tracing"
 )
@@ -37,12 +38,22 @@ func newBenchSetup(b *testing.B, affinity bool) benchSetup {
 }
 
 // newBenchUpstream is a trivial upstream answering a fixed small chat completion.
-func newBenchUpstream(b *testing.B) string {
+func newBenchUpstream(b *testing.B) string { return newBenchUpstreamUsage(b, false) }
+
+// newBenchUpstreamUsage answers as newBenchUpstream; with usage, chunked with the usage
+// trailer, as a node agent answers.
+func newBenchUpstreamUsage(b *testing.B, usage bool) string {
 	const answer = `{"id":"x","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}]}`
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
 		w.Header().Set("Content-Type", "application/json")
+		if usage {
+			w.Header().Set("Trailer", metering.Header)
+		}
 		_, _ = io.WriteString(w, answer)
+		if usage {
+			w.Header().Set(metering.Header, metering.Usage{Input: 12, Cached: 3, Output: 1}.String())
+		}
 	}))
 	b.Cleanup(up.Close)
 	return up.URL
@@ -213,4 +224,22 @@ func (h withHeader) RoundTrip(r *http.Request) (*http.Response, error) {
 	r = r.Clone(r.Context())
 	r.Header.Set(h.key, h.value)
 	return h.next.RoundTrip(r)
+}
+
+// BenchmarkUsageOverhead measures what metering adds: the same gateway kind (a team
+// key, as in BenchmarkTenantOverhead) in front of an upstream that answers without
+// usage and one that answers, as an agent does, chunked with the usage trailer, which
+// the gateway parses and counts.
+func BenchmarkUsageOverhead(b *testing.B) {
+	const key = "bench-team-key-0123456789"
+	keys, problems := tenancy.Build([]corev1.Secret{{ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: "k"},
+		Type: tenancy.SecretType, Data: map[string][]byte{tenancy.KeyField: []byte(key)}}})
+	if len(problems) != 0 {
+		b.Fatal(problems)
+	}
+	plain := newBenchGateway(b, newBenchUpstreamUsage(b, false), Options{Identify: keys.Lookup})
+	metered := newBenchGateway(b, newBenchUpstreamUsage(b, true), Options{Identify: keys.Lookup})
+	client := newBenchClient(b)
+	client.Transport = withHeader{next: client.Transport, key: "Authorization", value: "Bearer " + key}
+	compareEndpoints(b, client, "no-usage", plain, "usage-trailer", metered)
 }

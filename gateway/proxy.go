@@ -33,9 +33,6 @@ const (
 	failureBodyLimit = 64 << 10
 )
 
-// headerCachePartition carries the caller's prompt cache partition to the agent.
-const headerCachePartition = "X-Macfleet-Cache-Partition"
-
 // statusClientGone is the status recorded (never sent) for a client that went away.
 const statusClientGone = 499
 
@@ -373,7 +370,7 @@ func (g *Gateway) attempt(ctx context.Context, w http.ResponseWriter, r *http.Re
 	out.Header.Set(mfv1.HeaderQueued, strconv.Itoa(g.adm.queued(model)))
 	out.Header.Set(mfv1.HeaderGateway, g.id)
 	if p := g.caller(r).CachePartition(); p != "" {
-		out.Header.Set(headerCachePartition, p)
+		out.Header.Set(runnerapi.HeaderCachePartition, p)
 	}
 	resp, err := g.transport.RoundTrip(out)
 	if err != nil {

@@ -12,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
+	runnerapi "github.com/macfleet/macfleet/runner/api"
 	"github.com/macfleet/macfleet/tenancy"
 )
 
@@ -200,7 +201,7 @@ func TestCallerHeadersAreTheGateways(t *testing.T) {
 			t.Fatalf("%s as %s: %d %s", tc.model, tc.key, resp.StatusCode, body)
 		}
 		h := <-got
-		if p := h.Get(headerCachePartition); p != tc.want {
+		if p := h.Get(runnerapi.HeaderCachePartition); p != tc.want {
 			t.Errorf("%s as %s: the agent got partition %q, want %q", tc.model, tc.key, p, tc.want)
 		}
 		if q := h.Get(mfv1.HeaderQueued); q == "999" {

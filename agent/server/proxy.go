@@ -54,6 +54,9 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, lease *metal.Leas
 		return
 	}
 	req.Header.Set("Content-Type", "application/json")
+	if p := r.Header.Get(api.HeaderCachePartition); p != "" {
+		req.Header.Set(api.HeaderCachePartition, p) // the caller's, as the gateway found it
+	}
 	s.injectTrace(sctx, req.Header)
 	if pr.stream {
 		req.Header.Set("Accept", "text/event-stream")

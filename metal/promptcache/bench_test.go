@@ -85,7 +85,7 @@ func BenchmarkBlockKeys(b *testing.B) {
 	toks := seq(32<<10, 1)
 	b.SetBytes(int64(4 * len(toks)))
 	for b.Loop() {
-		if len(BlockKeys(testID, toks, 256)) != 128 {
+		if len(BlockKeys(testID, "", toks, 256)) != 128 {
 			b.Fatal("wrong key count")
 		}
 	}

@@ -11,7 +11,7 @@ import (
 // equal depth the hot tier serves; SSD hits are promoted unless NoPromote.
 func TestLongestAcrossTiers(t *testing.T) {
 	conv := seq(4*256+100, 3) // four full blocks and a partial one
-	keys := BlockKeys(testID, conv, 256)
+	keys := BlockKeys(testID, "", conv, 256)
 	state := func(depth int) []byte { return payload(depth, 500+depth) }
 
 	tests := []struct {
@@ -78,7 +78,7 @@ func TestCacheTurns(t *testing.T) {
 	const bs = 16
 	turn1 := seq(40, 1)                                         // 2 blocks
 	turn2 := append(append([]int32{}, turn1...), seq(30, 2)...) // 4 blocks
-	k1, k2 := BlockKeys(testID, turn1, bs), BlockKeys(testID, turn2, bs)
+	k1, k2 := BlockKeys(testID, "", turn1, bs), BlockKeys(testID, "", turn2, bs)
 
 	if d, _, _ := c.Longest(k1); d != 0 {
 		t.Fatalf("empty cache matched depth %d", d)
@@ -96,16 +96,16 @@ func TestCacheTurns(t *testing.T) {
 		t.Errorf("hot Clear = %d bytes, %d entries", b, n)
 	}
 	turn3 := append(append([]int32{}, turn2...), seq(20, 3)...)
-	if d, data, tier := c.Longest(BlockKeys(testID, turn3, bs)); d != 4 || tier != TierSSD || string(data) != "state after turn 2" {
+	if d, data, tier := c.Longest(BlockKeys(testID, "", turn3, bs)); d != 4 || tier != TierSSD || string(data) != "state after turn 2" {
 		t.Fatalf("turn 3 after a hot clear = %d %q %q", d, tier, data)
 	}
 	// A prompt sharing only the first block.
 	other := append(append([]int32{}, turn1[:bs]...), seq(40, 9)...)
-	if d, _, _ := c.Longest(BlockKeys(testID, other, bs)); d != 0 {
+	if d, _, _ := c.Longest(BlockKeys(testID, "", other, bs)); d != 0 {
 		t.Errorf("diverging prompt matched depth %d; only depth-2 and depth-4 states exist", d)
 	}
 	// Another model never matches.
-	if d, _, _ := c.Longest(BlockKeys(Identity{Model: "other"}, turn3, bs)); d != 0 {
+	if d, _, _ := c.Longest(BlockKeys(Identity{Model: "other"}, "", turn3, bs)); d != 0 {
 		t.Errorf("another model matched depth %d", d)
 	}
 	if err := c.Forget(k2...); err != nil {

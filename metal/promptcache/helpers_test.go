@@ -92,7 +92,7 @@ func openSSD(t *testing.T, cfg SSDConfig) *SSD {
 
 // key returns a distinct key per i.
 func key(i int) Key {
-	return BlockKeys(testID, []int32{int32(i)}, 1)[0]
+	return BlockKeys(testID, "", []int32{int32(i)}, 1)[0]
 }
 
 // payload returns n bytes derived from i, so a wrong state is detectable.

@@ -59,10 +59,12 @@ func (k Key) String() string { return hex.EncodeToString(k[:]) }
 
 // BlockKeys returns the key of every full block prefix of tokens: keys[i] covers the
 // first (i+1)*blockSize tokens and is H(keys[i-1], tokens of block i), the chain
-// seeded by the identity and the block size. Tokens after the last full block get no
-// key. A prompt that extends an earlier one therefore shares the earlier one's keys.
-// blockSize < 1 is treated as 1.
-func BlockKeys(id Identity, tokens []int32, blockSize int) []Key {
+// seeded by the identity, the block size and the partition. Tokens after the last
+// full block get no key. A prompt that extends an earlier one of the same partition
+// therefore shares the earlier one's keys; no key of one partition is a key of
+// another. The shared partition "" seeds the chain as before partitions existed, so
+// SSD tiers written then stay valid. blockSize < 1 is treated as 1.
+func BlockKeys(id Identity, partition string, tokens []int32, blockSize int) []Key {
 	if blockSize < 1 {
 		blockSize = 1
 	}
@@ -77,6 +79,10 @@ func BlockKeys(id Identity, tokens []int32, blockSize int) []Key {
 	var bs [8]byte
 	binary.LittleEndian.PutUint64(bs[:], uint64(blockSize))
 	seed.Write(bs[:])
+	if partition != "" {
+		seed.Write([]byte("partition\x00"))
+		writeString(seed, partition)
+	}
 	var prev Key
 	seed.Sum(prev[:0])
 

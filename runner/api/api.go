@@ -142,6 +142,13 @@ type TokenizeRequest struct {
 // usage is unchanged. The node agent passes it on from the request.
 const HeaderPromptUsage = "X-Macfleet-Prompt-Usage"
 
+// HeaderCachePartition names the part of the prompt cache a request may hit and add
+// to: prefixes cached in one partition are never found from another, in a slot's
+// memory, the hot tier or the SSD tier. The gateway sets it from the caller's key
+// (its namespace, or the key itself) and drops it from clients; absent, the request
+// uses the shared partition. The request's cache_salt divides a partition further.
+const HeaderCachePartition = "X-Macfleet-Cache-Partition"
+
 // TokenizeResponse is the answer to POST /tokenize.
 type TokenizeResponse struct {
 	Tokens []int32 `json:"tokens"`

@@ -174,6 +174,9 @@ type Sampling struct {
 	N                   *int           `json:"n,omitempty"`
 	Stream              bool           `json:"stream,omitempty"`
 	StreamOptions       *StreamOptions `json:"stream_options,omitempty"`
+	// CacheSalt (cache_salt, an extension) divides the prompt cache: only requests with the same
+	// salt, in the same partition (HeaderCachePartition), share cached prefixes.
+	CacheSalt string `json:"cache_salt,omitempty"`
 }
 
 // ChatRequest is the body of POST /v1/chat/completions.
@@ -290,6 +293,8 @@ type Options struct {
 	// Grammar constrains the output (GBNF, root rule "root"); the runner sets it from
 	// response_format and tool_choice.
 	Grammar string
+	// CacheSalt is the request's cache_salt.
+	CacheSalt string
 }
 
 // Limits of request fields.
@@ -303,7 +308,7 @@ const (
 // Options validates the sampling fields and fills in defaults (temperature 1, top_p 1,
 // everything else off).
 func (s Sampling) Options() (Options, *Error) {
-	o := Options{Temperature: 1, TopP: 1, Stream: s.Stream}
+	o := Options{Temperature: 1, TopP: 1, Stream: s.Stream, CacheSalt: s.CacheSalt}
 	maxTok := s.MaxCompletionTokens
 	param := "max_completion_tokens"
 	if maxTok == nil {

@@ -63,10 +63,13 @@ const (
 // tokens whose KV the sequence holds at positions 0..len-1; it outlives the job so the
 // next prompt with the same prefix skips that part of the prefill.
 type slot struct {
-	id       int
-	cached   []int32
-	lastUsed uint64
-	admitted uint64
+	id     int
+	cached []int32
+	// partition is the prompt cache partition of the job that filled cached: only a
+	// job of the same partition reuses them.
+	partition string
+	lastUsed  uint64
+	admitted  uint64
 
 	job     *job
 	phase   slotPhase
@@ -303,10 +306,7 @@ func (e *engine) pickSlot(j *job) (*slot, int) {
 		if s.job != nil {
 			continue
 		}
-		keep := 0
-		if !j.embed {
-			keep = commonPrefix(s.cached, j.tokens)
-		}
+		keep := reusable(s, j)
 		if keep > bestKeep || (keep == bestKeep && s.lastUsed < best.lastUsed) {
 			best, bestKeep = s, keep
 		}
@@ -317,9 +317,18 @@ func (e *engine) pickSlot(j *job) (*slot, int) {
 	// A cached state deeper than every slot's prefix is restored into the least
 	// recently used slot, sparing the others' prefixes.
 	if r := j.restore; r != nil && best != nil && r.n > bestKeep {
-		return lru, commonPrefix(lru.cached, j.tokens)
+		return lru, reusable(lru, j)
 	}
 	return best, bestKeep
+}
+
+// reusable is how many of j's prompt tokens s already holds: none for an embedding,
+// or for a job of another prompt cache partition.
+func reusable(s *slot, j *job) int {
+	if j.embed || s.partition != j.partition {
+		return 0
+	}
+	return commonPrefix(s.cached, j.tokens)
 }
 
 func (e *engine) assign(s *slot, j *job, keep int) {
@@ -343,6 +352,7 @@ func (e *engine) assign(s *slot, j *job, keep int) {
 	}
 	e.tick++
 	s.job, s.phase, s.fed, s.admitted = j, phasePrefill, keep, e.tick
+	s.partition = j.partition
 	j.mu.Lock()
 	j.cached = keep
 	j.times.admitted, j.times.restoreTook = admitted, restoreTook

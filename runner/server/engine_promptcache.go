@@ -44,7 +44,7 @@ func (e *engine) saveState(s *slot) {
 	if !e.pc.active() || len(s.cached) < e.pc.block {
 		return
 	}
-	e.pc.save(s.cached, len(s.job.tokens), e.ctx.SeqStateSize(s.id), func(header []byte) []byte {
+	e.pc.save(s.cached, len(s.job.tokens), s.partition, e.ctx.SeqStateSize(s.id), func(header []byte) []byte {
 		return e.ctx.SeqState(s.id, header)
 	})
 }

@@ -303,9 +303,10 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, eng *engine, c
 	}
 	var restore *restoreState
 	var lookup lookupSpan
+	partition := cachePartition(r.Header.Get(api.HeaderCachePartition), opts.CacheSalt)
 	if len(toks) < s.nCtxSeq {
 		lookup.start = time.Now()
-		restore, toks = s.lookupPrompt(text, toks)
+		restore, toks = s.lookupPrompt(text, toks, partition)
 		lookup.end, lookup.restore = time.Now(), restore
 	}
 	if len(toks) >= s.nCtxSeq {
@@ -329,7 +330,7 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, eng *engine, c
 		o := opts
 		o.Seed += uint32(i) // each choice its own reproducible sequence
 		j := newJob(r.Context(), toks, o, false)
-		j.notify = out.notify
+		j.notify, j.partition = out.notify, partition
 		if i == 0 {
 			j.restore = restore
 		}
@@ -352,6 +353,16 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, eng *engine, c
 		out.whole(r)
 	}
 	s.traceJob(r.Context(), lookup, out.choices[0].j)
+}
+
+// cachePartition is the prompt cache partition of a request in partition (the
+// gateway's HeaderCachePartition) with cache_salt salt: the partition itself without
+// a salt, so that a partition's prefixes are shared by its requests.
+func cachePartition(partition, salt string) string {
+	if salt == "" {
+		return partition
+	}
+	return partition + "\x00salt\x00" + salt
 }
 
 func ptr[T any](v T) *T { return &v }
@@ -402,6 +413,9 @@ func (s *Server) handleEmbeddings(w http.ResponseWriter, r *http.Request) {
 		}
 		total += len(toks)
 		jobs[i] = newJob(r.Context(), toks, api.Options{}, true)
+		// The slot keeps an input's tokens: a chat of another partition must not
+		// reuse them.
+		jobs[i].partition = r.Header.Get(api.HeaderCachePartition)
 	}
 	for _, j := range jobs {
 		if herr := eng.submit(j); herr != nil {

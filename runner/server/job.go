@@ -23,6 +23,8 @@ type job struct {
 	// restore is a cached state of a prefix of tokens (set before submit; the engine
 	// takes it at admission).
 	restore *restoreState
+	// partition is the prompt cache partition the job may reuse and fill.
+	partition string
 	// special maps control tokens to the text to emit for them (tool-call and
 	// reasoning markers); other control tokens emit nothing.
 	special map[int32][]byte

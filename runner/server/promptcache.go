@@ -249,12 +249,12 @@ func (pc *promptCache) active() bool {
 // lookup returns the tokens to generate from. It leaves the last token out: a
 // generation must prefill at least one token to get logits. It runs on the request's
 // handler, so SSD reads never stall the engine.
-func (pc *promptCache) lookup(tokens []int32, align func(saved []int32) []int32) (*restoreState, []int32) {
+func (pc *promptCache) lookup(tokens []int32, partition string, align func(saved []int32) []int32) (*restoreState, []int32) {
 	if !pc.active() || len(tokens) < 2 {
 		return nil, tokens
 	}
 	start := time.Now()
-	keys := promptcache.BlockKeys(pc.id, tokens[:len(tokens)-1], pc.block)
+	keys := promptcache.BlockKeys(pc.id, partition, tokens[:len(tokens)-1], pc.block)
 	for len(keys) > 0 {
 		depth, data, tier := pc.c.Longest(keys)
 		if depth == 0 {
@@ -344,11 +344,11 @@ func (pc *promptCache) addSaver() bool {
 // reference to it under the key of the deepest full block of the prompt without its
 // last promptTailTokens. state is called
 // (on the engine goroutine) to serialize the sequence after the header.
-func (pc *promptCache) save(tokens []int32, promptLen int, stateSize int, state func(header []byte) []byte) {
+func (pc *promptCache) save(tokens []int32, promptLen int, partition string, stateSize int, state func(header []byte) []byte) {
 	if !pc.active() {
 		return
 	}
-	keys := promptcache.BlockKeys(pc.id, tokens, pc.block)
+	keys := promptcache.BlockKeys(pc.id, partition, tokens, pc.block)
 	if len(keys) == 0 {
 		pc.savesSkipped.Add(1)
 		return
@@ -516,7 +516,7 @@ func (s *Server) handleCacheBudget(w http.ResponseWriter, r *http.Request) {
 // lookupPrompt finds a cached state for a generation's prompt (nil: none) and
 // returns the tokens to generate from: when text is the prompt's text, they continue
 // the state's tokens as far as the text does (see alignPrompt).
-func (s *Server) lookupPrompt(text string, toks []int32) (*restoreState, []int32) {
+func (s *Server) lookupPrompt(text string, toks []int32, partition string) (*restoreState, []int32) {
 	if s.pc == nil {
 		return nil, toks
 	}
@@ -526,7 +526,7 @@ func (s *Server) lookupPrompt(text string, toks []int32) (*restoreState, []int32
 			return alignPrompt(promptVocab{s.model}, text, toks, saved, s.model.BOS())
 		}
 	}
-	return s.pc.lookup(toks, align)
+	return s.pc.lookup(toks, partition, align)
 }
 
 // promptVocab is the loaded model's vocabulary for alignPrompt.

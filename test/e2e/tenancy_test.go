@@ -49,16 +49,7 @@ func createKey(t *testing.T, ns, name, key string) *corev1.Secret {
 // rawPost posts body to the gateway's path with key, returning the status and body.
 func rawPost(t *testing.T, base, path, key, body string) (int, string) {
 	t.Helper()
-	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, base+path, strings.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("Authorization", "Bearer "+key)
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
+	resp := postWithKey(t, base, path, key, body)
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	return resp.StatusCode, string(b)
@@ -182,6 +173,22 @@ func TestTenantKeysScopeTheFrontDoor(t *testing.T) {
 		return code == http.StatusUnauthorized, fmt.Sprintf("team A's deleted key: %d %s", code, body)
 	})
 	t.Logf("a deleted key was refused after %v", time.Since(deleted).Round(time.Millisecond))
+}
+
+// postWithKey posts a JSON body to the gateway's path with key.
+func postWithKey(t *testing.T, base, path, key, body string) *http.Response {
+	t.Helper()
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, base+path, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+key)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp
 }
 
 // rawGet is the status of GET url with key.

@@ -134,16 +134,7 @@ func TestUsageMetersEveryAnswer(t *testing.T) {
 // form (JSON or event stream) it has. For a stream it is the last usage the events carry.
 func postForUsage(t *testing.T, base, path, key, body string) metering.Usage {
 	t.Helper()
-	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, base+path, strings.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("Authorization", "Bearer "+key)
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
+	resp := postWithKey(t, base, path, key, body)
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		b, _ := io.ReadAll(resp.Body)

@@ -85,7 +85,9 @@ type column struct {
 }
 
 func columns(namespaces, deployments bool) []column {
-	n := func(f func(Row) int64) func(Row) string { return func(r Row) string { return strconv.FormatInt(f(r), 10) } }
+	n := func(f func(Row) int64) func(Row) string {
+		return func(r Row) string { return strconv.FormatInt(f(r), 10) }
+	}
 	cols := []column{{csv: "day", table: "DAY", cell: func(r Row) string { return r.Day }}}
 	if namespaces {
 		cols = append(cols, column{csv: "namespace", table: "NAMESPACE", cell: func(r Row) string { return r.Namespace }})

@@ -5,7 +5,6 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/macfleet/macfleet/gateway"
@@ -16,8 +15,8 @@ func init() { root.AddCommand(usageCmd()) }
 
 func usageCmd() *cobra.Command {
 	var (
-		kubeconfig, kubeContext string
-		cfg                     report.Config
+		path, kubeContext string
+		cfg               report.Config
 	)
 	cmd := &cobra.Command{
 		Use:   "usage",
@@ -33,9 +32,7 @@ to list tokenusages in that namespace is enough; -A reads every namespace.`,
   macfleet usage -A --days 1`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			rules := clientcmd.NewDefaultClientConfigLoadingRules()
-			rules.ExplicitPath = kubeconfig
-			cc := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{CurrentContext: kubeContext})
+			cc := kubeconfig(path, kubeContext)
 			rc, err := cc.ClientConfig()
 			if err != nil {
 				return fmt.Errorf("loading the kubeconfig: %w", err)
@@ -58,7 +55,7 @@ to list tokenusages in that namespace is enough; -A reads every namespace.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&kubeconfig, "kubeconfig", "", "Kubeconfig; default: $KUBECONFIG, then ~/.kube/config, then in-cluster")
+	f.StringVar(&path, "kubeconfig", "", "Kubeconfig; default: $KUBECONFIG, then ~/.kube/config, then in-cluster")
 	f.StringVar(&kubeContext, "context", "", "Context of the kubeconfig to use")
 	f.StringVarP(&cfg.Namespace, "namespace", "n", "", "Namespace whose usage to read (default: the kubeconfig context's)")
 	f.BoolVarP(&cfg.AllNamespaces, "all-namespaces", "A", false, "Read every namespace's usage")

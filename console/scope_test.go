@@ -178,3 +178,38 @@ func TestTeamPagesShowNothingOfAnotherTeam(t *testing.T) {
 		t.Errorf("an admin's usage page: %+v", u)
 	}
 }
+
+// TestScopeDeploymentsPerCaller: which deployments each caller sees, and which as
+// shared (another namespace's, granted).
+func TestScopeDeploymentsPerCaller(t *testing.T) {
+	s := twoTeams()
+	everyone := mfv1.ModelDeployment{ObjectMeta: metav1.ObjectMeta{Namespace: "team-c", Name: "open"}}
+	everyone.Spec.Access = &mfv1.Access{Namespaces: []string{tenancy.AllNamespaces}}
+	s.Deployments = append(s.Deployments, everyone)
+	tests := []struct {
+		name string
+		id   tenancy.Identity
+		want []string // namespace/name, "(shared)" when shown as another namespace's
+	}{
+		{"admin", tenancy.Identity{Admin: true}, []string{"team-a/qwen", "team-b/" + bPrivate, "team-b/shared", "team-c/open"}},
+		{"team-a: its own, the grant to it, the grant to all", teamA, []string{"team-a/qwen", "team-b/shared (shared)", "team-c/open (shared)"}},
+		{"team-b: its own and the grant to all", tenancy.Identity{Namespace: "team-b"}, []string{"team-b/" + bPrivate, "team-b/shared", "team-c/open (shared)"}},
+		{"team-d: the grant to all", tenancy.Identity{Namespace: "team-d", Name: "k"}, []string{"team-c/open (shared)"}},
+		{"no namespace, not admin: nothing", tenancy.Identity{}, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var got []string
+			for _, d := range BuildModels(Scope(s, tt.id)).Deployments {
+				n := d.Model
+				if d.Shared {
+					n += " (shared)"
+				}
+				got = append(got, n)
+			}
+			if d := cmp.Diff(tt.want, got); d != "" {
+				t.Errorf("(-want +got):\n%s", d)
+			}
+		})
+	}
+}

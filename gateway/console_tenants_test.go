@@ -3,8 +3,6 @@ package gateway_test
 import (
 	"fmt"
 	"net/http"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -20,7 +18,6 @@ import (
 	"github.com/macfleet/macfleet/gateway"
 	"github.com/macfleet/macfleet/internal/browsertest"
 	"github.com/macfleet/macfleet/internal/testenv"
-	"github.com/macfleet/macfleet/metal"
 	"github.com/macfleet/macfleet/tenancy"
 )
 
@@ -50,16 +47,7 @@ type teamsFleet struct {
 }
 
 func newTeamsFleet(t *testing.T) teamsFleet {
-	runner := os.Getenv(metal.RunnerEnv)
-	if runner == "" {
-		t.Skip("MACFLEET_RUNNER is not set: the playground needs a real agent (make runner)")
-	}
-	e := cluster(t)
-	agent := startAgent(t, runner)
-	keys := filepath.Join(t.TempDir(), "keys")
-	if err := os.WriteFile(keys, []byte(adminKey+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	e, agent, keys := realAgent(t, adminKey)
 	g := startGateway(t, e, gateway.Config{RestConfig: asGateway(t, e), APIKeysFile: keys, TenantKeys: true,
 		ColdStartTimeout: 30 * time.Second})
 	g.key = adminKey
@@ -243,11 +231,10 @@ func TestConsoleTeamKeyInBrowser(t *testing.T) {
 	if err := chromedp.Do(ctx, chromedp.Navigate(ui+"/playground"), chromedp.WaitVisible(chromedp.CSS(`#pg-model`))); err != nil {
 		t.Fatal(err)
 	}
-	options, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](`[...document.querySelectorAll("#pg-model option")].map(o => o.value)`))
+	options, err := browsertest.PlaygroundModels(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	slices.Sort(options)
 	if want := []string{"b-llama", "tiny"}; !slices.Equal(options, want) {
 		t.Errorf("the playground offers team A %v, want %v", options, want)
 	}

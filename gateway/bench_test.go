@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"encoding/base64"
 	"fmt"
 	"io"
 	"net/http"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
+	authnv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -21,6 +23,7 @@ import (
 	"github.com/macfleet/macfleet/internal/otlptest"
 	"github.com/macfleet/macfleet/metering"
 	"github.com/macfleet/macfleet/tenancy"
+	"github.com/macfleet/macfleet/tenancy/satoken"
 	"github.com/macfleet/macfleet/tracing"
 )
 
@@ -242,4 +245,53 @@ func BenchmarkUsageOverhead(b *testing.B) {
 	client := newBenchClient(b)
 	client.Transport = withHeader{next: client.Transport, key: "Authorization", value: "Bearer " + key}
 	compareEndpoints(b, client, "no-usage", plain, "usage-trailer", metered)
+}
+
+// BenchmarkServiceAccountOverhead measures what a ServiceAccount token costs on the
+// gateway's path against a team key, once its review is cached (every request but the
+// first): two gateways in front of the same trivial upstream, one identifying each
+// request's team key, one each request's token (satoken.Reviewer, whose API server
+// answers the first review of it). The token is shaped and sized like one the API
+// server mints (about 1 KB).
+func BenchmarkServiceAccountOverhead(b *testing.B) {
+	const key = "bench-team-key-0123456789"
+	keys, problems := tenancy.Build([]corev1.Secret{{ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: "k"},
+		Type: tenancy.SecretType, Data: map[string][]byte{tenancy.KeyField: []byte(key)}}})
+	if len(problems) != 0 {
+		b.Fatal(problems)
+	}
+	enc := base64.RawURLEncoding.EncodeToString
+	token := enc([]byte(`{"alg":"RS256","kid":"bench"}`)) + "." +
+		enc([]byte(fmt.Sprintf(`{"aud":["macfleet"],"exp":%d,"iss":"https://kubernetes.default.svc","kubernetes.io":{"namespace":"a","serviceaccount":{"name":"ci","uid":"0b7c1e9e-4f7e-4d0e-9f8a-2f3c1d2e3f4a"}},"sub":"system:serviceaccount:a:ci"}`,
+			time.Now().Add(time.Hour).Unix()))) + "." + enc(make([]byte, 256))
+	rev := satoken.New(benchReviews{}, satoken.Options{})
+	up := newBenchUpstream(b)
+	keyed := newBenchGateway(b, up, Options{Identify: keys.Lookup})
+	tokened := newBenchGateway(b, up, Options{Identify: keys.Lookup, ReviewToken: rev.Review})
+	client := newBenchClient(b)
+	client.Transport = authByHost{next: client.Transport, auth: map[string]string{
+		strings.TrimPrefix(keyed, "http://"): "Bearer " + key, strings.TrimPrefix(tokened, "http://"): "Bearer " + token}}
+	compareEndpoints(b, client, "team-key", keyed, "sa-token", tokened)
+}
+
+// benchReviews authenticates every token as ServiceAccount a/ci.
+type benchReviews struct{}
+
+func (benchReviews) Create(_ context.Context, tr *authnv1.TokenReview, _ metav1.CreateOptions) (*authnv1.TokenReview, error) {
+	out := tr.DeepCopy()
+	out.Status = authnv1.TokenReviewStatus{Authenticated: true, Audiences: tr.Spec.Audiences,
+		User: authnv1.UserInfo{Username: "system:serviceaccount:a:ci"}}
+	return out, nil
+}
+
+// authByHost sets the Authorization header by the request's host.
+type authByHost struct {
+	next http.RoundTripper
+	auth map[string]string
+}
+
+func (h authByHost) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("Authorization", h.auth[r.URL.Host])
+	return h.next.RoundTrip(r)
 }

@@ -77,7 +77,7 @@ type Reviewer struct {
 	reviews Reviews
 	opts    Options
 
-	mu      sync.Mutex
+	mu      sync.RWMutex
 	entries map[[32]byte]entry
 }
 
@@ -124,9 +124,9 @@ func (e *RefusedError) Error() string { return "the ServiceAccount token was ref
 func (r *Reviewer) Review(ctx context.Context, token string) (tenancy.Identity, error) {
 	h := sha256.Sum256([]byte(token))
 	now := r.opts.Clock.Now()
-	r.mu.Lock()
+	r.mu.RLock()
 	e, ok := r.entries[h]
-	r.mu.Unlock()
+	r.mu.RUnlock()
 	if ok && now.Before(e.expires) {
 		return e.answer()
 	}
@@ -174,8 +174,8 @@ func (r *Reviewer) store(h [32]byte, e entry, now time.Time) {
 
 // Len is how many answers the cache holds.
 func (r *Reviewer) Len() int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
+	r.mu.RLock()
+	defer r.mu.RUnlock()
 	return len(r.entries)
 }
 

@@ -64,7 +64,16 @@ func call(t *testing.T, base, method, path, token, body string, header ...string
 	return resp.StatusCode, string(b)
 }
 
-func chatBody(model string) string {
+func chatBody(model string) string { return requestBody("/v1/chat/completions", model) }
+
+// requestBody is a minimal valid request for model on an OpenAI or Anthropic path.
+func requestBody(path, model string) string {
+	switch path {
+	case "/v1/responses":
+		return `{"model":"` + model + `","max_output_tokens":1,"input":"hi"}`
+	case "/v1/embeddings":
+		return `{"model":"` + model + `","input":"hi"}`
+	}
 	return `{"model":"` + model + `","max_tokens":1,"messages":[{"role":"user","content":"hi"}]}`
 }
 
@@ -109,17 +118,19 @@ func TestInClusterCallersAreScoped(t *testing.T) {
 
 	// Team A's token on team B's deployment: the answer of a model that does not exist.
 	const missing = "no-such-model-anywhere"
-	hidden := func(where, base string, header ...string) {
+	hidden := func(where, base string) {
 		t.Helper()
-		wantCode, wantBody := call(t, base, http.MethodPost, "/v1/chat/completions", tokA, chatBody(missing))
-		if wantCode != http.StatusNotFound {
-			t.Fatalf("%s: a missing model: %d %s", where, wantCode, wantBody)
-		}
-		for _, model := range []string{"secret", nsB + "/secret"} {
-			code, got := call(t, base, http.MethodPost, "/v1/chat/completions", tokA, chatBody(model), header...)
-			if code != wantCode || strings.ReplaceAll(got, model, missing) != wantBody {
-				t.Errorf("%s: team A's token on %q: %d %s\nwant it answered as a missing model: %d %s", where, model, code, got,
-					wantCode, strings.ReplaceAll(wantBody, missing, model))
+		for _, path := range []string{"/v1/chat/completions", "/v1/responses", "/v1/messages", "/v1/embeddings"} {
+			wantCode, wantBody := call(t, base, http.MethodPost, path, tokA, requestBody(path, missing))
+			if wantCode != http.StatusNotFound {
+				t.Fatalf("%s %s: a missing model: %d %s", where, path, wantCode, wantBody)
+			}
+			for _, model := range []string{"secret", nsB + "/secret"} {
+				code, got := call(t, base, http.MethodPost, path, tokA, requestBody(path, model))
+				if code != wantCode || strings.ReplaceAll(got, model, missing) != wantBody {
+					t.Errorf("%s %s: team A's token on %q: %d %s\nwant it answered as a missing model: %d %s", where, path, model, code, got,
+						wantCode, strings.ReplaceAll(wantBody, missing, model))
+				}
 			}
 		}
 	}

@@ -203,18 +203,26 @@ func BenchmarkTracingOverhead(b *testing.B) {
 // resolves the model as that team sees it, compared as in compareEndpoints. Every
 // request carries the key; the gateway without keys ignores it.
 func BenchmarkTenantOverhead(b *testing.B) {
-	const key = "bench-team-key-0123456789"
-	keys, problems := tenancy.Build([]corev1.Secret{{ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: "k"},
-		Type: tenancy.SecretType, Data: map[string][]byte{tenancy.KeyField: []byte(key)}}})
-	if len(problems) != 0 {
-		b.Fatal(problems)
-	}
+	keys := benchTeamKeys(b)
 	up := newBenchUpstream(b)
 	open := newBenchGateway(b, up, Options{})
 	scoped := newBenchGateway(b, up, Options{Identify: keys.Lookup})
 	client := newBenchClient(b)
-	client.Transport = withHeader{next: client.Transport, key: "Authorization", value: "Bearer " + key}
+	client.Transport = withHeader{next: client.Transport, key: "Authorization", value: "Bearer " + benchKey}
 	compareEndpoints(b, client, "no-keys", open, "team-key", scoped)
+}
+
+// benchKey is the one team key of benchTeamKeys, of namespace "a".
+const benchKey = "bench-team-key-0123456789"
+
+// benchTeamKeys holds benchKey.
+func benchTeamKeys(b *testing.B) *tenancy.Keys {
+	keys, problems := tenancy.Build([]corev1.Secret{{ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: "k"},
+		Type: tenancy.SecretType, Data: map[string][]byte{tenancy.KeyField: []byte(benchKey)}}})
+	if len(problems) != 0 {
+		b.Fatal(problems)
+	}
+	return keys
 }
 
 // withHeader sets one header on every request.
@@ -234,16 +242,11 @@ func (h withHeader) RoundTrip(r *http.Request) (*http.Response, error) {
 // usage and one that answers, as an agent does, chunked with the usage trailer, which
 // the gateway parses and counts.
 func BenchmarkUsageOverhead(b *testing.B) {
-	const key = "bench-team-key-0123456789"
-	keys, problems := tenancy.Build([]corev1.Secret{{ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: "k"},
-		Type: tenancy.SecretType, Data: map[string][]byte{tenancy.KeyField: []byte(key)}}})
-	if len(problems) != 0 {
-		b.Fatal(problems)
-	}
+	keys := benchTeamKeys(b)
 	plain := newBenchGateway(b, newBenchUpstreamUsage(b, false), Options{Identify: keys.Lookup})
 	metered := newBenchGateway(b, newBenchUpstreamUsage(b, true), Options{Identify: keys.Lookup})
 	client := newBenchClient(b)
-	client.Transport = withHeader{next: client.Transport, key: "Authorization", value: "Bearer " + key}
+	client.Transport = withHeader{next: client.Transport, key: "Authorization", value: "Bearer " + benchKey}
 	compareEndpoints(b, client, "no-usage", plain, "usage-trailer", metered)
 }
 
@@ -254,12 +257,7 @@ func BenchmarkUsageOverhead(b *testing.B) {
 // answers the first review of it). The token is shaped and sized like one the API
 // server mints (about 1 KB).
 func BenchmarkServiceAccountOverhead(b *testing.B) {
-	const key = "bench-team-key-0123456789"
-	keys, problems := tenancy.Build([]corev1.Secret{{ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: "k"},
-		Type: tenancy.SecretType, Data: map[string][]byte{tenancy.KeyField: []byte(key)}}})
-	if len(problems) != 0 {
-		b.Fatal(problems)
-	}
+	keys := benchTeamKeys(b)
 	enc := base64.RawURLEncoding.EncodeToString
 	token := enc([]byte(`{"alg":"RS256","kid":"bench"}`)) + "." +
 		enc([]byte(fmt.Sprintf(`{"aud":["macfleet"],"exp":%d,"iss":"https://kubernetes.default.svc","kubernetes.io":{"namespace":"a","serviceaccount":{"name":"ci","uid":"0b7c1e9e-4f7e-4d0e-9f8a-2f3c1d2e3f4a"}},"sub":"system:serviceaccount:a:ci"}`,
@@ -270,7 +268,7 @@ func BenchmarkServiceAccountOverhead(b *testing.B) {
 	tokened := newBenchGateway(b, up, Options{Identify: keys.Lookup, ReviewToken: rev.Review})
 	client := newBenchClient(b)
 	client.Transport = authByHost{next: client.Transport, auth: map[string]string{
-		strings.TrimPrefix(keyed, "http://"): "Bearer " + key, strings.TrimPrefix(tokened, "http://"): "Bearer " + token}}
+		strings.TrimPrefix(keyed, "http://"): "Bearer " + benchKey, strings.TrimPrefix(tokened, "http://"): "Bearer " + token}}
 	compareEndpoints(b, client, "team-key", keyed, "sa-token", tokened)
 }
 

@@ -262,7 +262,10 @@ func BenchmarkServiceAccountOverhead(b *testing.B) {
 	token := enc([]byte(`{"alg":"RS256","kid":"bench"}`)) + "." +
 		enc([]byte(fmt.Sprintf(`{"aud":["macfleet"],"exp":%d,"iss":"https://kubernetes.default.svc","kubernetes.io":{"namespace":"a","serviceaccount":{"name":"ci","uid":"0b7c1e9e-4f7e-4d0e-9f8a-2f3c1d2e3f4a"}},"sub":"system:serviceaccount:a:ci"}`,
 			time.Now().Add(time.Hour).Unix()))) + "." + enc(make([]byte, 256))
-	rev := satoken.New(benchReviews{}, satoken.Options{})
+	rev, err := satoken.New(benchReviews{}, satoken.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
 	up := newBenchUpstream(b)
 	keyed := newBenchGateway(b, up, Options{Identify: keys.Lookup})
 	tokened := newBenchGateway(b, up, Options{Identify: keys.Lookup, ReviewToken: rev.Review})

@@ -170,7 +170,11 @@ func Run(ctx context.Context, cfg Config) error {
 		if err != nil {
 			return fmt.Errorf("creating the TokenReview client: %w", err)
 		}
-		rev := satoken.New(cs.AuthenticationV1().TokenReviews(), satoken.Options{Audience: cfg.TokenAudience, TTL: cfg.TokenCacheTTL})
+		rev, err := satoken.New(cs.AuthenticationV1().TokenReviews(), satoken.Options{Audience: cfg.TokenAudience, TTL: cfg.TokenCacheTTL,
+			Registerer: opts.Registerer, Component: "gateway"})
+		if err != nil {
+			return err
+		}
 		opts.ReviewToken = rev.Review
 		log.Info("Accepting ServiceAccount tokens", "audience", rev.Audience())
 	}

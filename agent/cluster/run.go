@@ -250,8 +250,13 @@ func Run(ctx context.Context, cfg Config) error {
 			ln.Close()
 			return fmt.Errorf("creating the TokenReview client: %w", err)
 		}
-		sopts.ReviewToken = satoken.New(cs.AuthenticationV1().TokenReviews(),
-			satoken.Options{Audience: cfg.TokenAudience, TTL: cfg.TokenCacheTTL}).Review
+		rev, err := satoken.New(cs.AuthenticationV1().TokenReviews(),
+			satoken.Options{Audience: cfg.TokenAudience, TTL: cfg.TokenCacheTTL, Registerer: reg, Component: "agent"})
+		if err != nil {
+			ln.Close()
+			return err
+		}
+		sopts.ReviewToken = rev.Review
 	}
 	srv, err := server.New(pool, sopts)
 	if err != nil {

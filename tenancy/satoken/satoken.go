@@ -32,6 +32,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	authnv1 "k8s.io/api/authentication/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/clock"
@@ -70,12 +71,27 @@ type Options struct {
 	MaxEntries int
 	Timeout    time.Duration
 	Clock      clock.PassiveClock
+	// Registerer, when set, receives macfleet_<Component>_token_reviews_total{result}:
+	// how tokens were answered, ResultCached (from the cache, either way),
+	// ResultAccepted and ResultRefused (by a review) or ResultFailed (no review).
+	Registerer prometheus.Registerer
+	Component  string
 }
+
+// The result label of the reviews counter.
+const (
+	ResultCached   = "cached"
+	ResultAccepted = "accepted"
+	ResultRefused  = "refused"
+	ResultFailed   = "failed"
+)
 
 // Reviewer authenticates ServiceAccount tokens through the API server, with a cache.
 type Reviewer struct {
 	reviews Reviews
 	opts    Options
+	// counted is the reviews counter by result (nil: not counted).
+	counted *prometheus.CounterVec
 
 	mu      sync.RWMutex
 	entries map[[32]byte]entry
@@ -88,8 +104,9 @@ type entry struct {
 	expires time.Time
 }
 
-// New is a Reviewer asking reviews.
-func New(reviews Reviews, opts Options) *Reviewer {
+// New is a Reviewer asking reviews. It fails only when its counter cannot be
+// registered.
+func New(reviews Reviews, opts Options) (*Reviewer, error) {
 	if opts.Audience == "" {
 		opts.Audience = DefaultAudience
 	}
@@ -105,7 +122,29 @@ func New(reviews Reviews, opts Options) *Reviewer {
 	if opts.Clock == nil {
 		opts.Clock = clock.RealClock{}
 	}
-	return &Reviewer{reviews: reviews, opts: opts, entries: map[[32]byte]entry{}}
+	r := &Reviewer{reviews: reviews, opts: opts, entries: map[[32]byte]entry{}}
+	if opts.Registerer != nil {
+		r.counted = prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "macfleet_" + opts.Component + "_token_reviews_total",
+			Help: "ServiceAccount tokens presented, by how they were answered: cached, accepted or refused by a TokenReview, or failed (no review).",
+		}, []string{"result"})
+		if err := opts.Registerer.Register(r.counted); err != nil {
+			// A second reviewer of the process (gateways in one test) shares the counter.
+			are, ok := errors.AsType[prometheus.AlreadyRegisteredError](err)
+			existing, same := are.ExistingCollector.(*prometheus.CounterVec)
+			if !ok || !same {
+				return nil, fmt.Errorf("registering the token reviews counter: %w", err)
+			}
+			r.counted = existing
+		}
+	}
+	return r, nil
+}
+
+func (r *Reviewer) count(result string) {
+	if r.counted != nil {
+		r.counted.WithLabelValues(result).Inc()
+	}
 }
 
 // Audience is the audience tokens must carry.
@@ -128,6 +167,7 @@ func (r *Reviewer) Review(ctx context.Context, token string) (tenancy.Identity, 
 	e, ok := r.entries[h]
 	r.mu.RUnlock()
 	if ok && now.Before(e.expires) {
+		r.count(ResultCached)
 		return e.answer()
 	}
 	ctx, cancel := context.WithTimeout(ctx, r.opts.Timeout)
@@ -135,11 +175,15 @@ func (r *Reviewer) Review(ctx context.Context, token string) (tenancy.Identity, 
 	tr, err := r.reviews.Create(ctx, &authnv1.TokenReview{Spec: authnv1.TokenReviewSpec{Token: token,
 		Audiences: []string{r.opts.Audience}}}, metav1.CreateOptions{})
 	if err != nil {
+		r.count(ResultFailed)
 		return tenancy.Identity{}, fmt.Errorf("reviewing a ServiceAccount token: %w", err)
 	}
 	e = entry{expires: Expiry(token, now, r.opts.TTL)}
 	if e.id, err = Identify(tr.Status, r.opts.Audience); err != nil {
 		e.refusal = err.Error()
+		r.count(ResultRefused)
+	} else {
+		r.count(ResultAccepted)
 	}
 	r.store(h, e, now)
 	return e.answer()

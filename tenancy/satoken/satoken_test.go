@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	authnv1 "k8s.io/api/authentication/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	clocktesting "k8s.io/utils/clock/testing"
@@ -139,7 +141,11 @@ func TestReviewerCachesWithinTTL(t *testing.T) {
 	tokShort := jwt(fmt.Sprintf(`{"exp":%d}`, clk.Now().Unix()+2))
 	bad := jwt(`{"sub":"forged"}`)
 	f := &fakeReviews{users: map[string]string{tokA: "system:serviceaccount:team-a:ci", tokShort: "system:serviceaccount:team-a:short"}}
-	r := New(f, Options{TTL: 10 * time.Second, Clock: clk})
+	reg := prometheus.NewRegistry()
+	r, err := New(f, Options{TTL: 10 * time.Second, Clock: clk, Registerer: reg, Component: "test"})
+	if err != nil {
+		t.Fatal(err)
+	}
 	ctx := t.Context()
 
 	want := tenancy.Identity{Namespace: "team-a", Name: "system:serviceaccount:ci"}
@@ -203,12 +209,21 @@ func TestReviewerCachesWithinTTL(t *testing.T) {
 	if n := f.count(); n != before+3 {
 		t.Errorf("failed reviews were cached: %d calls, want %d", n, before+3)
 	}
+	// Every answer above, counted by how it was made.
+	for result, want := range map[string]float64{ResultCached: 5, ResultAccepted: 3, ResultRefused: 2, ResultFailed: 2} {
+		if got := testutil.ToFloat64(r.counted.WithLabelValues(result)); got != want {
+			t.Errorf("macfleet_test_token_reviews_total{result=%q} = %v, want %v", result, got, want)
+		}
+	}
 }
 
 func TestReviewerCacheIsBounded(t *testing.T) {
 	clk := clocktesting.NewFakePassiveClock(time.Unix(1_800_000_000, 0))
 	f := &fakeReviews{users: map[string]string{}}
-	r := New(f, Options{MaxEntries: 8, Clock: clk})
+	r, err := New(f, Options{MaxEntries: 8, Clock: clk})
+	if err != nil {
+		t.Fatal(err)
+	}
 	for i := range 20 {
 		tok := jwt(fmt.Sprintf(`{"n":%d}`, i))
 		f.users[tok] = fmt.Sprintf("system:serviceaccount:ns:sa-%d", i)
@@ -221,5 +236,26 @@ func TestReviewerCacheIsBounded(t *testing.T) {
 	}
 	if n := r.Len(); n != 8 {
 		t.Errorf("the cache holds %d answers, want 8", n)
+	}
+}
+
+// TestReviewersShareTheCounter: two reviewers on one registry (two gateways in one
+// process) count into one counter.
+func TestReviewersShareTheCounter(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	f := &fakeReviews{users: map[string]string{}}
+	var rs []*Reviewer
+	for range 2 {
+		r, err := New(f, Options{Registerer: reg, Component: "test"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rs = append(rs, r)
+	}
+	for _, r := range rs {
+		_, _ = r.Review(t.Context(), jwt(`{"sub":"x"}`))
+	}
+	if got := testutil.ToFloat64(rs[0].counted.WithLabelValues(ResultRefused)); got != 2 {
+		t.Errorf("refused = %v, want 2 from the two reviewers", got)
 	}
 }

@@ -182,6 +182,14 @@ func TestInClusterCallersAreScoped(t *testing.T) {
 		}
 	}
 
+	// The agent counted how it answered the tokens (read with the fleet token).
+	code, metrics := call(t, agentB, http.MethodGet, "/metrics", fleet.FleetToken, "")
+	for _, result := range []string{satoken.ResultCached, satoken.ResultAccepted, satoken.ResultRefused} {
+		if line := `macfleet_agent_token_reviews_total{result="` + result + `"} `; code != http.StatusOK || !strings.Contains(metrics, line) {
+			t.Errorf("the agent's /metrics (%d) has no %s", code, line)
+		}
+	}
+
 	// Team B grants team A its deployment: both paths let team A in.
 	grant, _ := json.Marshal(map[string]any{"spec": map[string]any{"access": map[string]any{"namespaces": []string{nsA}}}})
 	if err := fleet.Client.Patch(t.Context(), &v1alpha1.ModelDeployment{ObjectMeta: metav1.ObjectMeta{Namespace: nsB, Name: "secret"}},

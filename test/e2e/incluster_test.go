@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -190,21 +189,37 @@ func TestInClusterCallersAreScoped(t *testing.T) {
 		}
 	}
 
-	// Team B grants team A its deployment: both paths let team A in.
-	grant, _ := json.Marshal(map[string]any{"spec": map[string]any{"access": map[string]any{"namespaces": []string{nsA}}}})
-	if err := fleet.Client.Patch(t.Context(), &v1alpha1.ModelDeployment{ObjectMeta: metav1.ObjectMeta{Namespace: nsB, Name: "secret"}},
-		client.RawPatch(types.MergePatchType, grant)); err != nil {
-		t.Fatal(err)
+	// tokenOnB waits until team A's token on team B's deployment gets want on both
+	// paths, within timeout.
+	tokenOnB := func(want int, timeout time.Duration, what string) {
+		t.Helper()
+		for where, b := range map[string]string{"the gateway": base, "team B's Service": agentB} {
+			testenv.Eventually(t, timeout, 100*time.Millisecond, func() (bool, string) {
+				code, body := call(t, b, http.MethodPost, "/v1/chat/completions", tokA, chatBody(nsB+"/secret"))
+				return code == want, fmt.Sprintf("%s: team A's token %s: %d %s, want %d", where, what, code, body, want)
+			})
+		}
 	}
+	setAccess := func(access string) {
+		t.Helper()
+		if err := fleet.Client.Patch(t.Context(), &v1alpha1.ModelDeployment{ObjectMeta: metav1.ObjectMeta{Namespace: nsB, Name: "secret"}},
+			client.RawPatch(types.MergePatchType, []byte(`{"spec":{"access":`+access+`}}`))); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// Team B grants team A its deployment: both paths let team A in; taken back, they
+	// refuse it again.
+	grant := `{"namespaces":["` + nsA + `"]}`
+	setAccess(grant)
 	granted := time.Now()
-	for where, b := range map[string]string{"the gateway": base, "team B's Service": agentB} {
-		testenv.Eventually(t, 30*time.Second, 100*time.Millisecond, func() (bool, string) {
-			code, body := call(t, b, http.MethodPost, "/v1/chat/completions", tokA, chatBody(nsB+"/secret"))
-			return code == http.StatusOK, fmt.Sprintf("%s: team A's token on the granted deployment: %d %s", where, code, body)
-		})
-	}
+	tokenOnB(http.StatusOK, 30*time.Second, "on the granted deployment")
 	t.Logf("the grant reached the gateway and the agent after %v", time.Since(granted).Round(time.Millisecond))
-	// The grant moved no replica: the same one serves.
+	setAccess("null")
+	tokenOnB(http.StatusNotFound, 30*time.Second, "after the grant was taken back")
+	setAccess(grant)
+	tokenOnB(http.StatusOK, 30*time.Second, "granted again")
+	// The grants moved no replica: the same one serves.
 	if reps := waitReady(t, nsB, "secret", 1, time.Minute); reps[0].Name != replicasB[0].Name {
 		t.Errorf("the grant replaced replica %s with %s", replicasB[0].Name, reps[0].Name)
 	}
@@ -214,12 +229,7 @@ func TestInClusterCallersAreScoped(t *testing.T) {
 		t.Fatal(err)
 	}
 	deleted := time.Now()
-	for where, b := range map[string]string{"the gateway": base, "team B's Service": agentB} {
-		testenv.Eventually(t, satoken.DefaultTTL+5*time.Second, 100*time.Millisecond, func() (bool, string) {
-			code, body := call(t, b, http.MethodPost, "/v1/chat/completions", tokA, chatBody(nsB+"/secret"))
-			return code == http.StatusUnauthorized, fmt.Sprintf("%s: the deleted ServiceAccount's token: %d %s", where, code, body)
-		})
-	}
+	tokenOnB(http.StatusUnauthorized, satoken.DefaultTTL+5*time.Second, "of the deleted ServiceAccount")
 	t.Logf("the deleted ServiceAccount's token was refused on both paths after %v (cache TTL %v)",
 		time.Since(deleted).Round(time.Millisecond), satoken.DefaultTTL)
 }

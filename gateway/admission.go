@@ -5,11 +5,13 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/macfleet/macfleet/fairqueue"
 	"github.com/macfleet/macfleet/tenancy"
+	"github.com/macfleet/macfleet/tenancy/satoken"
 )
 
 // HeaderPriority is the request header that asks for a priority class: interactive
@@ -345,6 +347,10 @@ func (g *Gateway) classify(r *http.Request, id tenancy.Identity) (flow string, p
 		if p, err = fairqueue.ParsePriority(v); err != nil {
 			return "", 0, invalidRequest(codeInvalidValue, "", "bad_request", "the %s header: %v", HeaderPriority, err)
 		}
+	}
+	if strings.HasPrefix(id.Name, satoken.NamePrefix) {
+		// A ServiceAccount's tokens rotate: its flow is the ServiceAccount's.
+		return "sa:" + id.Namespace + "/" + id.Name, fairqueue.Lower(p, id.Priority), nil
 	}
 	if g.opts.Identify != nil {
 		return "key:" + clientKey(r), fairqueue.Lower(p, id.Priority), nil

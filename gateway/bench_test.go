@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"encoding/base64"
 	"fmt"
 	"io"
 	"net/http"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
+	authnv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -21,6 +23,7 @@ import (
 	"github.com/macfleet/macfleet/internal/otlptest"
 	"github.com/macfleet/macfleet/metering"
 	"github.com/macfleet/macfleet/tenancy"
+	"github.com/macfleet/macfleet/tenancy/satoken"
 	"github.com/macfleet/macfleet/tracing"
 )
 
@@ -200,18 +203,26 @@ func BenchmarkTracingOverhead(b *testing.B) {
 // resolves the model as that team sees it, compared as in compareEndpoints. Every
 // request carries the key; the gateway without keys ignores it.
 func BenchmarkTenantOverhead(b *testing.B) {
-	const key = "bench-team-key-0123456789"
-	keys, problems := tenancy.Build([]corev1.Secret{{ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: "k"},
-		Type: tenancy.SecretType, Data: map[string][]byte{tenancy.KeyField: []byte(key)}}})
-	if len(problems) != 0 {
-		b.Fatal(problems)
-	}
+	keys := benchTeamKeys(b)
 	up := newBenchUpstream(b)
 	open := newBenchGateway(b, up, Options{})
 	scoped := newBenchGateway(b, up, Options{Identify: keys.Lookup})
 	client := newBenchClient(b)
-	client.Transport = withHeader{next: client.Transport, key: "Authorization", value: "Bearer " + key}
+	client.Transport = withHeader{next: client.Transport, key: "Authorization", value: "Bearer " + benchKey}
 	compareEndpoints(b, client, "no-keys", open, "team-key", scoped)
+}
+
+// benchKey is the one team key of benchTeamKeys, of namespace "a".
+const benchKey = "bench-team-key-0123456789"
+
+// benchTeamKeys holds benchKey.
+func benchTeamKeys(b *testing.B) *tenancy.Keys {
+	keys, problems := tenancy.Build([]corev1.Secret{{ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: "k"},
+		Type: tenancy.SecretType, Data: map[string][]byte{tenancy.KeyField: []byte(benchKey)}}})
+	if len(problems) != 0 {
+		b.Fatal(problems)
+	}
+	return keys
 }
 
 // withHeader sets one header on every request.
@@ -231,15 +242,57 @@ func (h withHeader) RoundTrip(r *http.Request) (*http.Response, error) {
 // usage and one that answers, as an agent does, chunked with the usage trailer, which
 // the gateway parses and counts.
 func BenchmarkUsageOverhead(b *testing.B) {
-	const key = "bench-team-key-0123456789"
-	keys, problems := tenancy.Build([]corev1.Secret{{ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: "k"},
-		Type: tenancy.SecretType, Data: map[string][]byte{tenancy.KeyField: []byte(key)}}})
-	if len(problems) != 0 {
-		b.Fatal(problems)
-	}
+	keys := benchTeamKeys(b)
 	plain := newBenchGateway(b, newBenchUpstreamUsage(b, false), Options{Identify: keys.Lookup})
 	metered := newBenchGateway(b, newBenchUpstreamUsage(b, true), Options{Identify: keys.Lookup})
 	client := newBenchClient(b)
-	client.Transport = withHeader{next: client.Transport, key: "Authorization", value: "Bearer " + key}
+	client.Transport = withHeader{next: client.Transport, key: "Authorization", value: "Bearer " + benchKey}
 	compareEndpoints(b, client, "no-usage", plain, "usage-trailer", metered)
+}
+
+// BenchmarkServiceAccountOverhead measures what a ServiceAccount token costs on the
+// gateway's path against a team key, once its review is cached (every request but the
+// first): two gateways in front of the same trivial upstream, one identifying each
+// request's team key, one each request's token (satoken.Reviewer, whose API server
+// answers the first review of it). The token is shaped and sized like one the API
+// server mints (about 1 KB).
+func BenchmarkServiceAccountOverhead(b *testing.B) {
+	keys := benchTeamKeys(b)
+	enc := base64.RawURLEncoding.EncodeToString
+	token := enc([]byte(`{"alg":"RS256","kid":"bench"}`)) + "." +
+		enc([]byte(fmt.Sprintf(`{"aud":["macfleet"],"exp":%d,"iss":"https://kubernetes.default.svc","kubernetes.io":{"namespace":"a","serviceaccount":{"name":"ci","uid":"0b7c1e9e-4f7e-4d0e-9f8a-2f3c1d2e3f4a"}},"sub":"system:serviceaccount:a:ci"}`,
+			time.Now().Add(time.Hour).Unix()))) + "." + enc(make([]byte, 256))
+	rev, err := satoken.New(benchReviews{}, satoken.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	up := newBenchUpstream(b)
+	keyed := newBenchGateway(b, up, Options{Identify: keys.Lookup})
+	tokened := newBenchGateway(b, up, Options{Identify: keys.Lookup, ReviewToken: rev.Review})
+	client := newBenchClient(b)
+	client.Transport = authByHost{next: client.Transport, auth: map[string]string{
+		strings.TrimPrefix(keyed, "http://"): "Bearer " + benchKey, strings.TrimPrefix(tokened, "http://"): "Bearer " + token}}
+	compareEndpoints(b, client, "team-key", keyed, "sa-token", tokened)
+}
+
+// benchReviews authenticates every token as ServiceAccount a/ci.
+type benchReviews struct{}
+
+func (benchReviews) Create(_ context.Context, tr *authnv1.TokenReview, _ metav1.CreateOptions) (*authnv1.TokenReview, error) {
+	out := tr.DeepCopy()
+	out.Status = authnv1.TokenReviewStatus{Authenticated: true, Audiences: tr.Spec.Audiences,
+		User: authnv1.UserInfo{Username: "system:serviceaccount:a:ci"}}
+	return out, nil
+}
+
+// authByHost sets the Authorization header by the request's host.
+type authByHost struct {
+	next http.RoundTripper
+	auth map[string]string
+}
+
+func (h authByHost) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("Authorization", h.auth[r.URL.Host])
+	return h.next.RoundTrip(r)
 }

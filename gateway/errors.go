@@ -38,6 +38,9 @@ const (
 	codeQueueFull        = "queue_full"
 	codeQueueTimeout     = "queue_timeout"
 	codeStarting         = "gateway_starting"
+	// codeTokenReview: a ServiceAccount token could not be reviewed (the API server did
+	// not answer); the client retries.
+	codeTokenReview = "token_review_unavailable"
 )
 
 // apiError is one error response of the gateway itself: its status, the OpenAI error

@@ -32,6 +32,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"net"
 	"net/http"
 	"strconv"
@@ -46,6 +47,7 @@ import (
 	"github.com/macfleet/macfleet/fairqueue"
 	"github.com/macfleet/macfleet/internal/openaierr"
 	"github.com/macfleet/macfleet/tenancy"
+	"github.com/macfleet/macfleet/tenancy/satoken"
 )
 
 // Defaults of Options.
@@ -79,6 +81,12 @@ type Options struct {
 	// may use (tenancy.MayUse); any other is answered as a model that does not exist.
 	// nil means no client auth: every caller is an admin.
 	Identify func(key string) (tenancy.Identity, bool)
+	// ReviewToken, when set, authenticates a bearer credential shaped like a
+	// ServiceAccount token (satoken.LooksLikeToken) that Identify does not know: the
+	// identity of its ServiceAccount (package satoken), reaching what its namespace
+	// may use. A *satoken.RefusedError is a 401; another error (the API server could
+	// not be asked) a 503 to retry. It requires a credential as Identify does.
+	ReviewToken func(ctx context.Context, token string) (tenancy.Identity, error)
 	// Wake, when set, records that requests are held for an autoscaled deployment with
 	// no routable replica, so the autoscaler brings one (scale from zero). Without it
 	// a deployment at zero replicas is a 503 at once.
@@ -211,24 +219,15 @@ func (g *Gateway) routes() http.Handler {
 	return mux
 }
 
-// authenticate requires a client API key when keys are configured.
+// authenticate requires a client API key, or a ServiceAccount token, when either is
+// configured.
 func (g *Gateway) authenticate(next http.Handler) http.Handler {
-	if g.opts.Identify == nil {
+	if g.opts.Identify == nil && g.opts.ReviewToken == nil {
 		return next
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		auth := r.Header.Get("Authorization")
-		if x := r.Header.Get("X-Api-Key"); auth == "" && x != "" {
-			auth = "Bearer " + x // Anthropic clients send the key as x-api-key
-		}
-		id, ok := g.identify(r)
-		if !ok {
-			msg := "invalid API key: send a key of this fleet as Authorization: Bearer KEY (or x-api-key: KEY)"
-			if auth == "" {
-				msg = "missing API key: send it as Authorization: Bearer KEY (or x-api-key: KEY)"
-			}
-			e := &apiError{Status: http.StatusUnauthorized, Type: typeAuthentication, Code: codeInvalidAPIKey,
-				Message: msg, reason: "unauthorized"}
+		id, e := g.identify(r)
+		if e != nil {
 			g.count("", endpointLabel(r.URL.Path), e.Status, e.reason)
 			e.write(w)
 			return
@@ -239,23 +238,48 @@ func (g *Gateway) authenticate(next http.Handler) http.Handler {
 	})
 }
 
+// identify is who presents r's key or ServiceAccount token, or the error to answer: a
+// 401 for none or an unknown one, a 503 when a token could not be reviewed.
+func (g *Gateway) identify(r *http.Request) (tenancy.Identity, *apiError) {
+	key := clientKey(r)
+	if key != "" && g.opts.Identify != nil {
+		if id, ok := g.opts.Identify(key); ok {
+			return id, nil
+		}
+	}
+	unauthorized := func(msg string) *apiError {
+		return &apiError{Status: http.StatusUnauthorized, Type: typeAuthentication, Code: codeInvalidAPIKey,
+			Message: msg, reason: "unauthorized"}
+	}
+	switch {
+	case key == "":
+		return tenancy.Identity{}, unauthorized("missing API key: send it as Authorization: Bearer KEY (or x-api-key: KEY)")
+	case g.opts.ReviewToken != nil && satoken.LooksLikeToken(key):
+		id, err := g.opts.ReviewToken(r.Context(), key)
+		var refused *satoken.RefusedError
+		switch {
+		case errors.As(err, &refused):
+			return tenancy.Identity{}, unauthorized("invalid ServiceAccount token: " + refused.Reason +
+				"; send a current token of an existing ServiceAccount, projected with this fleet's audience")
+		case err != nil:
+			g.log.Error(err, "Reviewing a ServiceAccount token")
+			return tenancy.Identity{}, &apiError{Status: http.StatusServiceUnavailable, Type: typeUnavailable, Code: codeTokenReview,
+				Message:    "the ServiceAccount token could not be checked now (the TokenReview failed; it was logged); retry",
+				RetryAfter: time.Second, reason: "token_review_failed"}
+		}
+		return id, nil
+	}
+	return tenancy.Identity{}, unauthorized("invalid API key: send a key of this fleet as Authorization: Bearer KEY (or x-api-key: KEY)")
+}
+
 // callerKey is the context key of the identity authenticate found.
 type callerKey struct{}
-
-// identify is who presents r's key, ok false when no key or an unknown one.
-func (g *Gateway) identify(r *http.Request) (tenancy.Identity, bool) {
-	key := clientKey(r)
-	if key == "" {
-		return tenancy.Identity{}, false
-	}
-	return g.opts.Identify(key)
-}
 
 // caller is who sent r, as authenticate found it. Without client auth every caller
 // is an admin (it sees every namespace); with it, a request authenticate did not
 // see may use nothing.
 func (g *Gateway) caller(r *http.Request) tenancy.Identity {
-	if g.opts.Identify == nil {
+	if g.opts.Identify == nil && g.opts.ReviewToken == nil {
 		return tenancy.Identity{Admin: true}
 	}
 	id, _ := r.Context().Value(callerKey{}).(tenancy.Identity)

@@ -18,6 +18,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
@@ -35,6 +36,7 @@ import (
 	"github.com/macfleet/macfleet/internal/informers"
 	"github.com/macfleet/macfleet/internal/mgrhttp"
 	"github.com/macfleet/macfleet/tenancy"
+	"github.com/macfleet/macfleet/tenancy/satoken"
 )
 
 // The gateway reads the fleet. Its one write is the wake annotation on an autoscaled
@@ -46,6 +48,10 @@ import (
 // +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;list;watch
 // The console's usage page reads the TokenUsage ledgers.
 // +kubebuilder:rbac:groups=macfleet.dev,resources=tokenusages,verbs=get;list;watch
+
+// With --tenant-keys, in-cluster callers' ServiceAccount tokens are checked by a
+// TokenReview (package satoken).
+// +kubebuilder:rbac:groups=authentication.k8s.io,resources=tokenreviews,verbs=create
 
 // Server timeouts: no write timeout, since a stream lasts as long as generation does.
 const (
@@ -75,8 +81,15 @@ type Config struct {
 	// TenantKeys accepts the teams' keys from Secrets of type tenancy.SecretType in
 	// their namespaces, each scoped to what its namespace may use. With it, or with an
 	// APIKeysFile, every request needs a key; with neither, none does.
-	TenantKeys       bool
-	ColdStartTimeout time.Duration
+	TenantKeys bool
+	// TokenAudience, with TenantKeys, also accepts in-cluster callers' ServiceAccount
+	// tokens minted for this audience (satoken.DefaultAudience when empty), each the
+	// identity of its ServiceAccount's namespace; NoServiceAccountTokens turns that
+	// off. TokenCacheTTL bounds how long a review is reused (satoken.DefaultTTL).
+	TokenAudience          string
+	NoServiceAccountTokens bool
+	TokenCacheTTL          time.Duration
+	ColdStartTimeout       time.Duration
 	// MaxInFlightPerSlot and Queue: see Options.
 	MaxInFlightPerSlot int
 	Queue              fairqueue.Limits
@@ -154,6 +167,19 @@ func Run(ctx context.Context, cfg Config) error {
 			}
 			return tenancy.Identity{}, false
 		}
+	}
+	if cfg.TenantKeys && !cfg.NoServiceAccountTokens {
+		cs, err := kubernetes.NewForConfig(cfg.RestConfig)
+		if err != nil {
+			return fmt.Errorf("creating the TokenReview client: %w", err)
+		}
+		rev, err := satoken.New(cs.AuthenticationV1().TokenReviews(), satoken.Options{Audience: cfg.TokenAudience, TTL: cfg.TokenCacheTTL,
+			Registerer: opts.Registerer, Component: "gateway"})
+		if err != nil {
+			return err
+		}
+		opts.ReviewToken = rev.Review
+		log.Info("Accepting ServiceAccount tokens", "audience", rev.Audience())
 	}
 	scheme, err := Scheme()
 	if err != nil {

@@ -37,9 +37,13 @@ func identifyTest(key string) (tenancy.Identity, bool) {
 
 // scopedGateway serves team-a/chat (alias "shared"), team-b/secret (alias "shared"),
 // team-b/granted (spec.access: team-a) and team-b/public (spec.access: "*"), each on
-// up.
-func scopedGateway(t *testing.T, up string) *testGateway {
-	g := newTestGateway(t, Options{Identify: identifyTest})
+// up, to the keys of identifyTest; opts, when given, are the gateway's options instead.
+func scopedGateway(t *testing.T, up string, opts ...Options) *testGateway {
+	o := Options{Identify: identifyTest}
+	if len(opts) > 0 {
+		o = opts[0]
+	}
+	g := newTestGateway(t, o)
 	grant := func(d mfv1.ModelDeployment, ns ...string) mfv1.ModelDeployment {
 		d.Spec.Access = &mfv1.Access{Namespaces: ns}
 		return d

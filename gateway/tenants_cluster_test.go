@@ -6,17 +6,22 @@ import (
 	"testing"
 	"time"
 
+	authnv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 
 	"github.com/macfleet/macfleet/gateway"
 	"github.com/macfleet/macfleet/internal/testenv"
 	"github.com/macfleet/macfleet/tenancy"
+	"github.com/macfleet/macfleet/tenancy/satoken"
 )
 
 // TestTenantKeysAsGateway runs the gateway with --tenant-keys as its own identity,
 // with the ClusterRole that ships: it can watch the key Secrets, a key Secret created
 // works within 5 s and a deleted one stops, and a key in an Opaque Secret is not a key.
+// It can review ServiceAccount tokens: one projected for the fleet's audience works,
+// one for the API server's audience is a 401.
 func TestTenantKeysAsGateway(t *testing.T) {
 	e := cluster(t)
 	g := startGateway(t, e, gateway.Config{RestConfig: asGateway(t, e), TenantKeys: true})
@@ -40,6 +45,24 @@ func TestTenantKeysAsGateway(t *testing.T) {
 	})
 	if code, body := get(g.url+"/v1/models", opaqueKey); code != http.StatusUnauthorized {
 		t.Errorf("the key of an Opaque Secret: %d %s, want 401", code, body)
+	}
+	cs := kubernetes.NewForConfigOrDie(e.Config)
+	if _, err := cs.CoreV1().ServiceAccounts(ns).Create(t.Context(), &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "ci"}},
+		metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for aud, want := range map[string]int{satoken.DefaultAudience: http.StatusOK, "": http.StatusUnauthorized} {
+		tr := &authnv1.TokenRequest{}
+		if aud != "" {
+			tr.Spec.Audiences = []string{aud}
+		}
+		tok, err := cs.CoreV1().ServiceAccounts(ns).CreateToken(t.Context(), "ci", tr, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if code, body := get(g.url+"/v1/models", tok.Status.Token); code != want {
+			t.Errorf("a ServiceAccount token for audience %q: %d %s, want %d", aud, code, body, want)
+		}
 	}
 	if err := e.Client.Delete(t.Context(), s); err != nil {
 		t.Fatal(err)

@@ -21,6 +21,7 @@
 package tenancy
 
 import (
+	"context"
 	"crypto/sha256"
 	"fmt"
 	"slices"
@@ -218,4 +219,20 @@ func Build(secrets []corev1.Secret) (*Keys, []Problem) {
 		delete(k.byHash, h)
 	}
 	return k, problems
+}
+
+// identityKey is the context key of the caller's identity.
+type identityKey struct{}
+
+// WithIdentity is ctx carrying the identity of the caller an API's authentication
+// found, for the handlers that scope what it may use.
+func WithIdentity(ctx context.Context, id Identity) context.Context {
+	return context.WithValue(ctx, identityKey{}, id)
+}
+
+// IdentityFrom is the identity WithIdentity put in ctx; ok false when there is none,
+// which a caller must treat as an identity that may use nothing.
+func IdentityFrom(ctx context.Context) (id Identity, ok bool) {
+	id, ok = ctx.Value(identityKey{}).(Identity)
+	return id, ok
 }

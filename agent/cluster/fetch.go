@@ -47,7 +47,7 @@ func (s *Syncer) startFetchLocked(ctx context.Context, key string, mr *v1alpha1.
 	}
 	fctx, cancel := context.WithCancel(ctx)
 	r = &replica{key: key, namespace: mr.Namespace, name: mr.Name, uid: mr.UID, hash: mr.Spec.TemplateHash,
-		template: *mr.Spec.Template.DeepCopy(), deployment: mr.Labels[v1alpha1.LabelDeployment],
+		template: *mr.Spec.Template.DeepCopy(), deployment: mr.Labels[v1alpha1.LabelDeployment], access: accessOf(mr),
 		phase: phaseDownloading, fetchGen: gen, cancelFetch: cancel}
 	s.replicas[key] = r
 	src, sum := mr.Spec.Template.Model.Source, mr.Spec.Template.Model.SHA256

@@ -35,7 +35,10 @@ type replica struct {
 	hash       string
 	template   v1alpha1.ModelReplicaTemplate
 	deployment string
-	phase      localPhase
+	// access is the replica's spec.access (its deployment's): the other namespaces
+	// whose in-cluster callers may use it. It follows the replica's updates.
+	access []string
+	phase  localPhase
 
 	// Download.
 	fetchGen      int

@@ -10,6 +10,7 @@ import (
 
 	"github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/metal"
+	"github.com/macfleet/macfleet/tenancy"
 )
 
 // AmbiguousModelError: the requested name is served by replicas of more than one
@@ -39,13 +40,18 @@ type candidate struct {
 
 // Resolve picks the pool entry of a request: the replica named by the
 // X-Macfleet-Replica header, else a replica whose served name or alias (optionally
-// qualified "namespace/name") is model — preferring loaded replicas. It never calls
-// the API server.
+// qualified "namespace/name") is model — preferring loaded replicas. Only replicas
+// the request's caller may use (mayUse) are candidates: any other is answered as a
+// model that does not exist. It never calls the API server.
 func (s *Syncer) Resolve(r *http.Request, model string) (string, error) {
+	id, _ := tenancy.IdentityFrom(r.Context())
 	snap := s.opts.Pool.Snapshot()
 	if h := r.Header.Get(v1alpha1.HeaderReplica); h != "" {
 		s.mu.Lock()
 		rep := s.replicas[h]
+		if rep != nil && !mayUse(id, rep) {
+			rep = nil
+		}
 		s.mu.Unlock()
 		if rep == nil {
 			return "", &metal.UnknownModelError{Model: h}
@@ -58,7 +64,7 @@ func (s *Syncer) Resolve(r *http.Request, model string) (string, error) {
 	var cands []candidate
 	s.mu.Lock()
 	for _, rep := range s.replicas {
-		if rep.phase == phaseRemoving || !answersTo(rep, model) {
+		if rep.phase == phaseRemoving || !answersTo(rep, model) || !mayUse(id, rep) {
 			continue
 		}
 		m := findModel(snap, rep.key)
@@ -88,19 +94,35 @@ func (s *Syncer) Resolve(r *http.Request, model string) (string, error) {
 	return cands[0].key, nil
 }
 
-// ListModels is what GET /v1/models shows: the served names of the replicas on this
-// node.
-func (s *Syncer) ListModels() []string {
+// ListModels is what GET /v1/models shows r's caller: the served names of the
+// replicas on this node it may use.
+func (s *Syncer) ListModels(r *http.Request) []string {
+	id, _ := tenancy.IdentityFrom(r.Context())
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var out []string
 	for _, rep := range s.replicas {
-		if n := servedName(rep.template, rep.deployment); n != "" && !slices.Contains(out, n) && rep.phase != phaseRemoving {
+		if n := servedName(rep.template, rep.deployment); n != "" && !slices.Contains(out, n) && rep.phase != phaseRemoving && mayUse(id, rep) {
 			out = append(out, n)
 		}
 	}
 	slices.Sort(out)
 	return out
+}
+
+// mayUse says whether id may use rep: the fleet token's admin, a caller of the
+// replica's namespace, or of a namespace its deployment's spec.access grants. A
+// request without an identity may use nothing.
+func mayUse(id tenancy.Identity, rep *replica) bool {
+	return tenancy.MayUse(id, rep.namespace, rep.access)
+}
+
+// accessOf is the namespaces mr's spec.access grants.
+func accessOf(mr *v1alpha1.ModelReplica) []string {
+	if mr.Spec.Access == nil {
+		return nil
+	}
+	return slices.Clone(mr.Spec.Access.Namespaces)
 }
 
 func answersTo(rep *replica, model string) bool {

@@ -23,6 +23,7 @@ import (
 	"golang.org/x/sync/errgroup"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
@@ -36,6 +37,7 @@ import (
 	"github.com/macfleet/macfleet/internal/informers"
 	"github.com/macfleet/macfleet/metal"
 	"github.com/macfleet/macfleet/sourcepolicy"
+	"github.com/macfleet/macfleet/tenancy/satoken"
 )
 
 // DefaultShutdownTimeout bounds a graceful shutdown: draining requests and unloading
@@ -76,7 +78,16 @@ type Config struct {
 	// rotation.
 	FleetToken string
 	Token      *TokenSource
-	Store      Store
+	// TokenAudience: the OpenAI API also takes in-cluster callers' ServiceAccount
+	// tokens projected for this audience (satoken.DefaultAudience when empty),
+	// checked by a TokenReview with the node's credential; each reaches the replicas
+	// of its namespace and of deployments whose spec.access grants it. The admin API
+	// takes only the fleet token. NoServiceAccountTokens turns them off;
+	// TokenCacheTTL bounds how long a review is reused (satoken.DefaultTTL).
+	TokenAudience          string
+	NoServiceAccountTokens bool
+	TokenCacheTTL          time.Duration
+	Store                  Store
 	// SourcePolicy, when set, is kept at the cluster's SourcePolicy "default" (the
 	// built-in default while there is none), and replicas are fetched only once it is
 	// known. Give the store the same holder so that its downloads follow the policy.
@@ -231,8 +242,23 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	reg := prometheus.NewRegistry()
-	srv, err := server.New(pool, server.Options{APIKeyFunc: tokenFunc, ResolveModel: syncer.Resolve,
-		ListModels: syncer.ListModels, Log: log.WithName("http"), Registerer: reg, TracerProvider: cfg.TracerProvider})
+	sopts := server.Options{APIKeyFunc: tokenFunc, ResolveModel: syncer.Resolve,
+		ListModels: syncer.ListModels, Log: log.WithName("http"), Registerer: reg, TracerProvider: cfg.TracerProvider}
+	if !cfg.NoServiceAccountTokens {
+		cs, err := kubernetes.NewForConfig(rc)
+		if err != nil {
+			ln.Close()
+			return fmt.Errorf("creating the TokenReview client: %w", err)
+		}
+		rev, err := satoken.New(cs.AuthenticationV1().TokenReviews(),
+			satoken.Options{Audience: cfg.TokenAudience, TTL: cfg.TokenCacheTTL, Registerer: reg, Component: "agent"})
+		if err != nil {
+			ln.Close()
+			return err
+		}
+		sopts.ReviewToken = rev.Review
+	}
+	srv, err := server.New(pool, sopts)
 	if err != nil {
 		ln.Close()
 		return err

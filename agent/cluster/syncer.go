@@ -282,6 +282,9 @@ func (s *Syncer) sync(ctx context.Context, key string) (time.Duration, error) {
 		}
 	}
 	local = s.replicas[key]
+	if local != nil && mr != nil && local.uid == mr.UID {
+		local.access = accessOf(mr)
+	}
 	view := local.view()
 	s.mu.Unlock()
 	if err != nil {

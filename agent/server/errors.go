@@ -31,6 +31,8 @@ const (
 	codeMethodNotAllowed = "method_not_allowed"
 	codeUpstream         = "upstream_error"
 	codeInternal         = openaierr.CodeInternal
+	// codeTokenReview: a ServiceAccount token could not be reviewed now; retry.
+	codeTokenReview = "token_review_unavailable"
 )
 
 // apiError is one error response of the agent (internal/openaierr).

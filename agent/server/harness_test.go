@@ -30,6 +30,7 @@ import (
 	"github.com/macfleet/macfleet/internal/testenv"
 	"github.com/macfleet/macfleet/metal"
 	"github.com/macfleet/macfleet/runner/api"
+	"github.com/macfleet/macfleet/tenancy"
 )
 
 // tinyModel is a synthesized ggufsynth.Tiny model shared by the package's tests.
@@ -85,10 +86,12 @@ func tinySpec(t *testing.T, m config.Model) metal.ModelSpec {
 }
 
 type agentOptions struct {
-	specs   []metal.ModelSpec
-	apiKey  string
-	maxBody int64
-	pool    metal.Config
+	specs  []metal.ModelSpec
+	apiKey string
+	// reviewToken is Options.ReviewToken.
+	reviewToken func(context.Context, string) (tenancy.Identity, error)
+	maxBody     int64
+	pool        metal.Config
 	// noEnforcer leaves the pool's enforcer loop (Run) off.
 	noEnforcer bool
 	// needsRunner: false for tests that never load a model.
@@ -186,7 +189,7 @@ func startAgent(t *testing.T, o agentOptions) *testAgent {
 		}
 	}
 	reg := prometheus.NewRegistry()
-	srv, err := server.New(pool, server.Options{APIKey: o.apiKey, MaxBodyBytes: o.maxBody, Registerer: reg})
+	srv, err := server.New(pool, server.Options{APIKey: o.apiKey, ReviewToken: o.reviewToken, MaxBodyBytes: o.maxBody, Registerer: reg})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -317,9 +317,9 @@ func (s *Server) modelObject(id string) modelObject {
 	return modelObject{ID: id, Object: "model", Created: s.started.Unix(), OwnedBy: "macfleet"}
 }
 
-func (s *Server) handleListModels(w http.ResponseWriter, _ *http.Request) {
+func (s *Server) handleListModels(w http.ResponseWriter, r *http.Request) {
 	if s.opts.ListModels != nil {
-		ids := s.opts.ListModels()
+		ids := s.opts.ListModels(r)
 		data := make([]modelObject, 0, len(ids))
 		for _, id := range ids {
 			data = append(data, s.modelObject(id))
@@ -339,7 +339,7 @@ func (s *Server) handleGetModel(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
 	known := s.canonicalName(id) != ""
 	if s.opts.ListModels != nil {
-		known = slices.Contains(s.opts.ListModels(), id)
+		known = slices.Contains(s.opts.ListModels(r), id)
 	}
 	if !known {
 		writeError(w, fromPool(&metal.UnknownModelError{Model: id}))

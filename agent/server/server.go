@@ -29,6 +29,8 @@ import (
 	"github.com/macfleet/macfleet/chat/translate"
 	"github.com/macfleet/macfleet/internal/openaierr"
 	"github.com/macfleet/macfleet/metal"
+	"github.com/macfleet/macfleet/tenancy"
+	"github.com/macfleet/macfleet/tenancy/satoken"
 )
 
 // Defaults of Options.
@@ -47,6 +49,12 @@ type Options struct {
 	// APIKeyFunc, when set, is called per request for the key instead of APIKey, so
 	// that a rotated key takes effect at once. It must be cheap and never return "".
 	APIKeyFunc func() string
+	// ReviewToken, when set, authenticates on the OpenAI API (/v1/...) a bearer
+	// credential that is not the API key and is shaped like a ServiceAccount token
+	// (satoken.LooksLikeToken): a tenant identity that ResolveModel and ListModels
+	// scope. A *satoken.RefusedError is a 401; another error a 503 to retry. The
+	// admin API (/api/..., /metrics) takes only the API key.
+	ReviewToken func(ctx context.Context, token string) (tenancy.Identity, error)
 	// MaxBodyBytes bounds request bodies (413 above it); zero means 16 MiB.
 	MaxBodyBytes int64
 	// Registerer receives the agent's metrics and Gatherer serves /metrics; nil means
@@ -56,14 +64,15 @@ type Options struct {
 	// ExitWait: see DefaultExitWait.
 	ExitWait time.Duration
 	// ResolveModel, when set, names the pool entry that serves a generation request,
-	// from the request (its headers) and the model named in its body; without it the
+	// from the request (its headers and its caller's tenancy.IdentityFrom) and the
+	// model named in its body; without it the
 	// body's model is the entry's name or alias (standalone). Errors implementing
 	// metal.StatusError keep their status and code (for example 400 for a name that
 	// is ambiguous, 404 for an unknown one).
 	ResolveModel func(r *http.Request, model string) (string, error)
-	// ListModels, when set, gives the ids GET /v1/models lists instead of the pool's
-	// entries.
-	ListModels func() []string
+	// ListModels, when set, gives the ids GET /v1/models lists to r's caller instead
+	// of the pool's entries.
+	ListModels func(r *http.Request) []string
 	// TracerProvider, when set, traces every OpenAI request (see trace.go); nil means
 	// no tracing.
 	TracerProvider trace.TracerProvider
@@ -203,12 +212,17 @@ func (s *Server) handleUnknownRoute(w http.ResponseWriter, r *http.Request) {
 }
 
 // authenticate requires the API key, if one is configured, on everything but the
-// health probes.
+// health probes, or on the OpenAI API a ServiceAccount token (Options.ReviewToken).
+// The caller's identity goes into the request's context: an admin for the API key
+// (or when no key is configured), the ServiceAccount's namespace for a token.
 func (s *Server) authenticate(next http.Handler) http.Handler {
+	admin := func(w http.ResponseWriter, r *http.Request) {
+		next.ServeHTTP(w, r.WithContext(tenancy.WithIdentity(r.Context(), tenancy.Identity{Admin: true})))
+	}
 	key := s.opts.APIKeyFunc
 	if key == nil {
 		if s.opts.APIKey == "" {
-			return next
+			return http.HandlerFunc(admin)
 		}
 		static := s.opts.APIKey
 		key = func() string { return static }
@@ -223,16 +237,36 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 			got = "Bearer " + x // Anthropic clients send the key as x-api-key
 		}
 		k := key()
-		if k == "" || subtle.ConstantTimeCompare([]byte(got), []byte("Bearer "+k)) != 1 {
-			msg := "invalid API key: send it as Authorization: Bearer KEY (or x-api-key: KEY)"
-			if got == "" {
-				msg = "missing API key: send it as Authorization: Bearer KEY (or x-api-key: KEY)"
-			}
-			writeError(w, &apiError{Status: http.StatusUnauthorized, Type: typeAuthentication, Code: codeInvalidAPIKey,
-				Message: msg})
+		if k != "" && subtle.ConstantTimeCompare([]byte(got), []byte("Bearer "+k)) == 1 {
+			admin(w, r)
 			return
 		}
-		next.ServeHTTP(w, r)
+		token, _ := strings.CutPrefix(got, "Bearer ")
+		tokenShaped := s.opts.ReviewToken != nil && satoken.LooksLikeToken(token)
+		msg := "invalid API key: send it as Authorization: Bearer KEY (or x-api-key: KEY)"
+		switch {
+		case got == "":
+			msg = "missing API key: send it as Authorization: Bearer KEY (or x-api-key: KEY)"
+		case tokenShaped && !strings.HasPrefix(r.URL.Path, "/v1/"):
+			// Tenants never reach the admin API (unload, cache clear, status, metrics).
+			msg = "the node agent's admin API takes only the fleet token; a ServiceAccount token reaches only the OpenAI API under /v1/"
+		case tokenShaped:
+			id, err := s.opts.ReviewToken(r.Context(), token)
+			var refused *satoken.RefusedError
+			switch {
+			case err == nil:
+				next.ServeHTTP(w, r.WithContext(tenancy.WithIdentity(r.Context(), id)))
+				return
+			case !errors.As(err, &refused):
+				s.log.Error(err, "Reviewing a ServiceAccount token")
+				writeError(w, &apiError{Status: http.StatusServiceUnavailable, Type: typeUnavailable, Code: codeTokenReview,
+					Message: "the ServiceAccount token could not be checked now (the TokenReview failed; it was logged by the node agent); retry", RetryAfter: time.Second})
+				return
+			}
+			msg = "invalid ServiceAccount token: " + refused.Reason + "; send a current token of an existing ServiceAccount, projected with this fleet's audience"
+		}
+		writeError(w, &apiError{Status: http.StatusUnauthorized, Type: typeAuthentication, Code: codeInvalidAPIKey,
+			Message: msg})
 	})
 }
 

@@ -104,6 +104,13 @@ type ModelReplicaSpec struct {
 	// once, by the deployment controller.
 	// +optional
 	Drain *metav1.Time `json:"drain,omitempty"`
+
+	// access is the deployment's spec.access, kept in step by the deployment
+	// controller. It is not part of the template: a change grants or revokes at once,
+	// without rolling the replicas. The node agent reads it to let in-cluster callers
+	// of other namespaces use the replica (see docs/tenancy.md).
+	// +optional
+	Access *Access `json:"access,omitempty"`
 }
 
 // DownloadProgress is how far the node has fetched the model file.

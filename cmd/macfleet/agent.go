@@ -32,6 +32,7 @@ import (
 	"github.com/macfleet/macfleet/internal/source"
 	"github.com/macfleet/macfleet/metal"
 	"github.com/macfleet/macfleet/sourcepolicy"
+	"github.com/macfleet/macfleet/tenancy/satoken"
 	"github.com/macfleet/macfleet/tracing"
 )
 
@@ -54,6 +55,9 @@ type agentFlags struct {
 	maxModelBytes                               string
 	storeCapacity                               string
 	allowFileDirs                               []string
+	tokenAudience                               string
+	noSATokens                                  bool
+	tokenCacheTTL                               time.Duration
 }
 
 func newAgentCmd() *cobra.Command {
@@ -72,7 +76,9 @@ each is downloaded into the model store (resumable, sha256-verified), loaded int
 engine pool (Resident and Pinned at once, OnDemand on the first request) and reported
 in the replica's status (Downloaded, Loaded, Ready, endpoint, memory, last unload).
 The OpenAI and admin API on --listen requires the fleet token as
-"Authorization: Bearer TOKEN" (all but /healthz and /readyz); requests pick their
+"Authorization: Bearer TOKEN" (all but /healthz and /readyz); the OpenAI API (/v1/)
+also takes in-cluster callers' ServiceAccount tokens (--token-audience), each reaching
+only the replicas its namespace may use; requests pick their
 replica by the X-Macfleet-Replica header or by served name. The agent keeps serving
 while the API server is unreachable and resyncs when it returns.`,
 		Example: "  macfleet agent --kubeconfig mac-1.kubeconfig\n" +
@@ -156,6 +162,11 @@ while the API server is unreachable and resyncs when it returns.`,
 	f.StringVar(&fl.stateDir, "state-dir", defaultDataDir("state"), "Directory for the agent's own state (runner records for adoption)")
 	f.StringVar(&fl.fleetTokenFile, "fleet-token-file", "", "File holding the fleet token; default: Secret "+
 		"macfleet-system/macfleet-fleet-token, key token, read with the node's credential")
+	f.StringVar(&fl.tokenAudience, "token-audience", satoken.DefaultAudience, "The OpenAI API (a deployment's Service) also takes in-cluster "+
+		"callers' ServiceAccount tokens projected for this audience, checked by a TokenReview; each reaches its namespace's replicas and those granted to it (spec.access)")
+	f.BoolVar(&fl.noSATokens, "no-service-account-tokens", false, "Take only the fleet token, not ServiceAccount tokens")
+	f.DurationVar(&fl.tokenCacheTTL, "token-cache-ttl", satoken.DefaultTTL, "How long a ServiceAccount token's review is reused: "+
+		"the longest a deleted ServiceAccount's token keeps working")
 	f.DurationVar(&fl.leaseDuration, "lease-duration", node.DefaultLeaseDuration, "The node Lease's duration; it is renewed every quarter of it")
 	f.StringVar(&fl.ceiling, "memory-ceiling", "", "Cap the memory of all models together, e.g. 12Gi (default: the Mac's ceiling; the MacNode's spec.memoryCeiling lowers it)")
 	f.StringVar(&fl.reserve, "memory-reserve", "", "Memory left to the OS below the Mac's ceiling (default 4Gi below 24Gi of RAM, else 6Gi)")
@@ -219,6 +230,7 @@ func (fl agentFlags) storeOptions() (store.Options, error) {
 func (fl agentFlags) config() (cluster.Config, hardware.Overrides, error) {
 	var cfg cluster.Config
 	var ov hardware.Overrides
+	cfg.TokenAudience, cfg.NoServiceAccountTokens, cfg.TokenCacheTTL = fl.tokenAudience, fl.noSATokens, fl.tokenCacheTTL
 	if fl.nodeName == "" {
 		return cfg, ov, fmt.Errorf("--node-name is required (the hostname is not available)")
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/macfleet/macfleet/fairqueue"
 	"github.com/macfleet/macfleet/gateway"
+	"github.com/macfleet/macfleet/tenancy/satoken"
 	"github.com/macfleet/macfleet/tracing"
 )
 
@@ -68,6 +69,11 @@ OTEL_EXPORTER_OTLP_ENDPOINT set it traces every request (see docs/tracing.md).`,
 	f.StringVar(&cfg.FleetTokenFile, "fleet-token-file", "", "File holding the fleet token presented to agents (re-read when it changes)")
 	f.StringVar(&cfg.APIKeysFile, "api-keys-file", "", "File of admin API keys (every namespace's models and the console), one per line, optionally followed by priority=batch (re-read when it changes)")
 	f.BoolVar(&cfg.TenantKeys, "tenant-keys", false, "Accept the teams' API keys from Secrets of type macfleet.dev/api-key, each reaching its namespace's models and those granted to it (spec.access); with this or --api-keys-file every request needs a key, with neither none does")
+	f.StringVar(&cfg.TokenAudience, "token-audience", satoken.DefaultAudience,
+		"With --tenant-keys, in-cluster callers may also send their ServiceAccount's token projected for this audience (checked by a TokenReview); it reaches what its namespace may use")
+	f.BoolVar(&cfg.NoServiceAccountTokens, "no-service-account-tokens", false, "With --tenant-keys, accept API keys only, not ServiceAccount tokens")
+	f.DurationVar(&cfg.TokenCacheTTL, "token-cache-ttl", satoken.DefaultTTL,
+		"How long a ServiceAccount token's review is reused: the longest a deleted ServiceAccount's token keeps working")
 	f.DurationVar(&cfg.ColdStartTimeout, "cold-start-timeout", gateway.DefaultColdStartTimeout,
 		"How long a request waits for a routable replica (an OnDemand model loading, an autoscaled deployment woken from zero) before a 503")
 	f.IntVar(&cfg.MaxInFlightPerSlot, "max-inflight-per-slot", gateway.DefaultMaxInFlightPerSlot,

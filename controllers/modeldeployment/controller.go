@@ -184,6 +184,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	if err != nil {
 		return ctrl.Result{}, err
 	}
+	if err := r.syncAccess(ctx, md, replicas); err != nil {
+		return ctrl.Result{}, err
+	}
 	policy, err := r.loadPolicy(ctx)
 	if err != nil {
 		return ctrl.Result{}, err
@@ -417,7 +420,8 @@ func newReplica(md *v1alpha1.ModelDeployment, tmpl v1alpha1.ModelReplicaTemplate
 			Namespace:    md.Namespace,
 			Labels:       map[string]string{v1alpha1.LabelDeployment: md.Name, v1alpha1.LabelTemplateHash: hash},
 		},
-		Spec: v1alpha1.ModelReplicaSpec{Template: *tmpl.DeepCopy(), TemplateHash: hash, MemoryReservation: q.DeepCopy()},
+		Spec: v1alpha1.ModelReplicaSpec{Template: *tmpl.DeepCopy(), TemplateHash: hash, MemoryReservation: q.DeepCopy(),
+			Access: normalAccess(md.Spec.Access).DeepCopy()},
 	}
 	if err := controllerutil.SetControllerReference(md, mr, scheme); err != nil {
 		return nil, fmt.Errorf("owning replica by %s: %w", klog.KObj(md), err)

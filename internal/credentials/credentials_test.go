@@ -12,6 +12,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	authenticationv1 "k8s.io/api/authentication/v1"
+	authnv1 "k8s.io/api/authentication/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -225,6 +226,10 @@ func TestNodeIsolation(t *testing.T) {
 				return fmt.Errorf("RBAC says mac-a may not update MacNodes: %s", r.Status.Reason)
 			}
 			return nil
+		}, nil},
+
+		{"review a ServiceAccount token (the agent's OpenAI API)", a, func(c client.Client) error {
+			return c.Create(ctx, &authnv1.TokenReview{Spec: authnv1.TokenReviewSpec{Token: "not-a-token", Audiences: []string{"macfleet"}}})
 		}, nil},
 
 		{"create another node's MacNode", a, func(c client.Client) error { return c.Create(ctx, macNode("mac-c")) },

@@ -22,6 +22,7 @@ import (
 	"github.com/macfleet/macfleet/controllers/macnode"
 	"github.com/macfleet/macfleet/controllers/scheduler"
 	"github.com/macfleet/macfleet/gateway"
+	"github.com/macfleet/macfleet/tenancy/satoken"
 )
 
 // testNamespace is the release namespace of the rendering tests: not macfleet-system,
@@ -393,7 +394,7 @@ func checkPod(t *testing.T, pod *corev1.PodSpec, serviceAccount, image string, a
 func TestTemplateFlagsExist(t *testing.T) {
 	bin := buildLikeDockerfile(t)
 	objs := render(t, "manager.hfEndpoint=https://hf.example", "manager.ollamaRegistry=https://ollama.example",
-		"gateway.apiKeysSecret=keys", "gateway.console=false")
+		"gateway.apiKeysSecret=keys", "gateway.console=false", "gateway.tenantKeys=true")
 	flagName := regexp.MustCompile(`^(--[a-z0-9-]+)`)
 	for _, name := range []string{"macfleet-manager", "macfleet-gateway"} {
 		args := findDeployment(t, objs, name).Spec.Template.Spec.Containers[0].Args
@@ -427,6 +428,7 @@ func TestValuesMatchBinaryDefaults(t *testing.T) {
 		Gateway struct {
 			ColdStartTimeout string `json:"coldStartTimeout"`
 			PrefixAffinity   bool   `json:"prefixAffinity"`
+			TokenAudience    string `json:"tokenAudience"`
 			Port             int    `json:"port"`
 			MetricsPort      int    `json:"metricsPort"`
 			ProbePort        int    `json:"probePort"`
@@ -448,18 +450,19 @@ func TestValuesMatchBinaryDefaults(t *testing.T) {
 		ManagerMetrics, ManagerProbe              int
 		GatewayPort, GatewayMetrics, GatewayProbe int
 		PrefixAffinity                            bool
+		TokenAudience                             string
 	}
 	got := defaults{
 		NodeLossGrace: dur(v.Manager.NodeLossGrace), ColdStartTimeout: dur(v.Gateway.ColdStartTimeout),
 		SchedulerWorkers: v.Manager.SchedulerWorkers, ManagerMetrics: v.Manager.MetricsPort, ManagerProbe: v.Manager.ProbePort,
 		GatewayPort: v.Gateway.Port, GatewayMetrics: v.Gateway.MetricsPort, GatewayProbe: v.Gateway.ProbePort,
-		PrefixAffinity: v.Gateway.PrefixAffinity,
+		PrefixAffinity: v.Gateway.PrefixAffinity, TokenAudience: v.Gateway.TokenAudience,
 	}
 	// The ports are the flags' defaults in cmd/macfleet (manager.go, gateway.go).
 	want := defaults{
 		NodeLossGrace: macnode.DefaultNodeLossGrace, ColdStartTimeout: gateway.DefaultColdStartTimeout,
 		SchedulerWorkers: scheduler.DefaultWorkers, ManagerMetrics: 8080, ManagerProbe: 8081,
-		GatewayPort: 8080, GatewayMetrics: 9090, GatewayProbe: 8081,
+		GatewayPort: 8080, GatewayMetrics: 9090, GatewayProbe: 8081, TokenAudience: satoken.DefaultAudience,
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("values.yaml defaults differ from the binaries' (-binary +values):\n%s", diff)

@@ -1,0 +1,97 @@
+package modeldeployment
+
+import (
+	"fmt"
+	"slices"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/macfleet/macfleet/api/v1alpha1"
+	"github.com/macfleet/macfleet/internal/testenv"
+)
+
+func TestStaleAccess(t *testing.T) {
+	access := func(ns ...string) *v1alpha1.Access { return &v1alpha1.Access{Namespaces: ns} }
+	rep := func(name string, a *v1alpha1.Access, deleting bool) v1alpha1.ModelReplica {
+		mr := v1alpha1.ModelReplica{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: v1alpha1.ModelReplicaSpec{Access: a}}
+		if deleting {
+			mr.DeletionTimestamp = &metav1.Time{}
+		}
+		return mr
+	}
+	for _, tc := range []struct {
+		name     string
+		md       *v1alpha1.Access
+		replicas []v1alpha1.ModelReplica
+		want     []string
+	}{
+		{name: "none anywhere", replicas: []v1alpha1.ModelReplica{rep("a", nil, false)}},
+		{name: "empty is none", md: access(), replicas: []v1alpha1.ModelReplica{rep("a", nil, false), rep("b", access(), false)}},
+		{name: "granted", md: access("team-a"), replicas: []v1alpha1.ModelReplica{rep("a", nil, false), rep("b", access("team-a"), false)},
+			want: []string{"a"}},
+		{name: "revoked", replicas: []v1alpha1.ModelReplica{rep("a", access("team-a"), false)}, want: []string{"a"}},
+		{name: "changed", md: access("team-a", "team-c"), replicas: []v1alpha1.ModelReplica{rep("a", access("team-a"), false)},
+			want: []string{"a"}},
+		{name: "being deleted", md: access("*"), replicas: []v1alpha1.ModelReplica{rep("a", nil, true)}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			md := &v1alpha1.ModelDeployment{Spec: v1alpha1.ModelDeploymentSpec{Access: tc.md}}
+			var got []string
+			for _, mr := range staleAccess(md, tc.replicas) {
+				got = append(got, mr.Name)
+			}
+			if diff := cmp.Diff(tc.want, got); diff != "" {
+				t.Errorf("stale (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+// TestAccessFollowsTheDeployment: spec.access reaches new replicas and, in place, the
+// existing ones, without rolling them (the node agents scope in-cluster callers by it).
+func TestAccessFollowsTheDeployment(t *testing.T) {
+	f := newFixture(t)
+	f.start(&Reconciler{Estimate: noEstimate(t)})
+	md := newDeployment("qwen", "https://models.example/qwen.gguf", 2, "6Gi")
+	md.Spec.Access = &v1alpha1.Access{Namespaces: []string{"team-a"}}
+	f.create(md)
+	reps := f.waitReplicas(2)
+	var names []string
+	for _, mr := range reps {
+		names = append(names, mr.Name)
+		if mr.Spec.Access == nil || !slices.Equal(mr.Spec.Access.Namespaces, []string{"team-a"}) {
+			t.Errorf("new replica %s: access %+v, want [team-a]", mr.Name, mr.Spec.Access)
+		}
+	}
+	waitAccess := func(want []string) {
+		t.Helper()
+		f.waitReplicasWhere(func(reps []v1alpha1.ModelReplica) (bool, string) {
+			var got []string
+			for _, mr := range reps {
+				got = append(got, mr.Name)
+				var ns []string
+				if mr.Spec.Access != nil {
+					ns = mr.Spec.Access.Namespaces
+				}
+				if !slices.Equal(ns, want) {
+					return false, fmt.Sprintf("%s: access %v, want %v", mr.Name, ns, want)
+				}
+			}
+			slices.Sort(got)
+			slices.Sort(names)
+			return slices.Equal(got, names), fmt.Sprintf("replicas %v, want the same %v (no roll)", got, names)
+		})
+	}
+	f.update("qwen", func(md *v1alpha1.ModelDeployment) { md.Spec.Access.Namespaces = []string{"team-a", "team-b"} })
+	waitAccess([]string{"team-a", "team-b"})
+	f.update("qwen", func(md *v1alpha1.ModelDeployment) { md.Spec.Access = nil })
+	waitAccess(nil)
+}
+
+// waitReplicasWhere waits until cond holds for the namespace's replicas.
+func (f *fixture) waitReplicasWhere(cond func([]v1alpha1.ModelReplica) (bool, string)) {
+	f.t.Helper()
+	testenv.Eventually(f.t, wait, poll, func() (bool, string) { return cond(f.replicas()) })
+}

@@ -130,7 +130,17 @@ func startGateway(t *testing.T, e *testenv.Env, cfg gateway.Config) runningGatew
 }
 
 func get(url string, key ...string) (int, string) {
-	req, err := http.NewRequest(http.MethodGet, url, nil)
+	return send(http.MethodGet, url, "", key...)
+}
+
+// send sends body ("" for none) to url with the key, if any, and returns the status
+// and body (status 0 and the error when the request failed).
+func send(method, url, body string, key ...string) (int, string) {
+	var rd io.Reader
+	if body != "" {
+		rd = strings.NewReader(body)
+	}
+	req, err := http.NewRequest(method, url, rd)
 	if err != nil {
 		return 0, err.Error()
 	}

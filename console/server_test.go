@@ -16,14 +16,26 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
+	"github.com/macfleet/macfleet/tenancy"
 )
 
-const testKey = "key-1"
+const testKey, teamKey = "key-1", "team-a-key"
 
 // seen is what the fake API received from the playground.
 type seen struct{ path, auth, cookie, console, body string }
 
-func serve(t *testing.T, authorize func(string) bool, source func(context.Context) (Snapshot, error)) (*httptest.Server, chan seen) {
+// keys identifies testKey as an admin key and teamKey as team-a's.
+func keys(k string) (tenancy.Identity, bool) {
+	switch k {
+	case testKey:
+		return tenancy.Identity{Admin: true}, true
+	case teamKey:
+		return tenancy.Identity{Namespace: "team-a", Name: "ci"}, true
+	}
+	return tenancy.Identity{}, false
+}
+
+func serve(t *testing.T, identify func(string) (tenancy.Identity, bool), source func(context.Context) (Snapshot, error)) (*httptest.Server, chan seen) {
 	t.Helper()
 	got := make(chan seen, 1)
 	api := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -32,7 +44,11 @@ func serve(t *testing.T, authorize func(string) bool, source func(context.Contex
 		w.Header().Set("Content-Type", "text/event-stream")
 		_, _ = io.WriteString(w, "data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\ndata: [DONE]\n\n")
 	})
-	h, err := New(Options{Source: source, API: api, Authorize: authorize, Now: func() time.Time { return now }, Log: testr.New(t)})
+	usage := func(ctx context.Context) ([]mfv1.TokenUsage, error) {
+		s, err := source(ctx)
+		return s.Usage, err
+	}
+	h, err := New(Options{Source: source, Usage: usage, API: api, Identify: identify, Now: func() time.Time { return now }, Log: testr.New(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,7 +91,7 @@ func hostile() Snapshot {
 }
 
 func TestPagesRequireAKey(t *testing.T) {
-	srv, _ := serve(t, func(k string) bool { return k == testKey }, fixed(hostile()))
+	srv, _ := serve(t, keys, fixed(hostile()))
 	c := noRedirect(nil)
 	for _, p := range []string{"/ui/", "/ui/models", "/ui/unloads", "/ui/playground"} {
 		resp, _ := do(t, c, "GET", srv.URL+p, nil, nil)
@@ -117,7 +133,7 @@ func TestPagesEscapeWhatTheyShow(t *testing.T) {
 }
 
 func TestSignInSetsACookieTheChatUses(t *testing.T) {
-	srv, got := serve(t, func(k string) bool { return k == testKey }, fixed(hostile()))
+	srv, got := serve(t, keys, fixed(hostile()))
 	jar, _ := cookiejar.New(nil)
 	c := noRedirect(jar)
 	form := func(key string) io.Reader {
@@ -126,7 +142,7 @@ func TestSignInSetsACookieTheChatUses(t *testing.T) {
 	formHdr := map[string]string{"Content-Type": "application/x-www-form-urlencoded"}
 
 	resp, body := do(t, c, "POST", srv.URL+"/ui/login", form("wrong"), formHdr)
-	if resp.StatusCode != http.StatusUnauthorized || !strings.Contains(body, "not an admin API key") || len(resp.Cookies()) != 0 {
+	if resp.StatusCode != http.StatusUnauthorized || !strings.Contains(body, "not an API key of this gateway") || len(resp.Cookies()) != 0 {
 		t.Fatalf("a wrong key: %d %v", resp.StatusCode, resp.Cookies())
 	}
 	resp, _ = do(t, c, "POST", srv.URL+"/ui/login", form(testKey), formHdr)
@@ -184,5 +200,51 @@ func TestUnreadableFleet(t *testing.T) {
 	resp, body := do(t, http.DefaultClient, "GET", srv.URL+"/ui/", nil, nil)
 	if resp.StatusCode != http.StatusServiceUnavailable || strings.Contains(body, "cache not synced") {
 		t.Errorf("%d %s", resp.StatusCode, body)
+	}
+}
+
+// TestTeamKeyInTheConsole: a team's key signs in, lands on the models page instead of
+// the fleet page, gets 403 on the fleet page and on another namespace's usage, and
+// never a byte of team B's on the pages it may open; an admin key sees both teams.
+func TestTeamKeyInTheConsole(t *testing.T) {
+	srv, _ := serve(t, keys, fixed(twoTeams()))
+	jar, _ := cookiejar.New(nil)
+	c := noRedirect(jar)
+	resp, _ := do(t, c, "POST", srv.URL+"/ui/login", strings.NewReader(url.Values{"key": {teamKey}, "next": {"/ui/"}}.Encode()),
+		map[string]string{"Content-Type": "application/x-www-form-urlencoded"})
+	if resp.StatusCode != http.StatusSeeOther || resp.Header.Get("Location") != "/ui/models" {
+		t.Fatalf("a team's sign-in: %d %q", resp.StatusCode, resp.Header.Get("Location"))
+	}
+	for _, p := range []string{"/ui/", "/ui/usage?namespace=team-b"} {
+		resp, body := do(t, c, "GET", srv.URL+p, nil, nil)
+		if resp.StatusCode != http.StatusForbidden || !strings.Contains(body, "admin key") || strings.Contains(body, "data-live") {
+			t.Errorf("GET %s with a team's key: %d\n%s", p, resp.StatusCode, body)
+		}
+	}
+	for _, p := range []string{"/ui/models", "/ui/unloads", "/ui/playground", "/ui/usage", "/ui/usage?namespace=team-a&days=30"} {
+		resp, body := do(t, c, "GET", srv.URL+p, nil, nil)
+		if resp.StatusCode != http.StatusOK {
+			t.Errorf("GET %s with a team's key: %d", p, resp.StatusCode)
+		}
+		for _, f := range []string{bSource, bDigest, bPrivate, bReplica, bKey, macA, "987654", `href="/ui/"`} {
+			if strings.Contains(body, f) {
+				t.Errorf("GET %s with team-a's key shows %q", p, f)
+			}
+		}
+	}
+	if _, body := do(t, c, "GET", srv.URL+"/ui/models", nil, nil); !strings.Contains(body, "shared with your namespace by team-b") {
+		t.Errorf("the granted deployment is not shown as shared:\n%s", body)
+	}
+	// An admin key sees both teams, Macs included.
+	c = noRedirect(nil)
+	hdr := map[string]string{"Authorization": "Bearer " + testKey}
+	for p, want := range map[string][]string{"/ui/": {macA, macB}, "/ui/models": {bPrivate, bDigest, bReplica},
+		"/ui/usage?namespace=team-b": {bKey, "987654"}, "/ui/usage": {bKey, "ci"}} {
+		resp, body := do(t, c, "GET", srv.URL+p, nil, hdr)
+		for _, w := range want {
+			if resp.StatusCode != http.StatusOK || !strings.Contains(body, w) {
+				t.Errorf("GET %s with an admin key: %d, lacks %q", p, resp.StatusCode, w)
+			}
+		}
 	}
 }

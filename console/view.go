@@ -25,6 +25,7 @@ import (
 	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
 
 	"github.com/macfleet/macfleet/internal/bytesize"
+	"github.com/macfleet/macfleet/tenancy"
 )
 
 // Snapshot is what a page is built from: the objects in the gateway's informer cache
@@ -39,7 +40,12 @@ type Snapshot struct {
 	// Traffic is each deployment's recent traffic through this gateway, by
 	// "<namespace>/<name>"; a deployment without an entry had none.
 	Traffic map[string]Traffic
-	Now     time.Time
+	// Usage is the gateways' TokenUsage ledgers (read for the usage page only).
+	Usage []mfv1.TokenUsage
+	Now   time.Time
+	// Viewer is whom the pages are built for (set by Scope): a team's key sees
+	// another namespace's granted deployment as shared.
+	Viewer tenancy.Identity
 }
 
 // Traffic is a deployment's recent requests through the gateway serving the console.
@@ -324,6 +330,9 @@ type DeploymentRow struct {
 	// Problems are the deployment's conditions that say something is wrong
 	// (Scheduled=False, Available=False, ReplicaFailure=True), as "Type: message".
 	Problems []string
+	// Shared: another namespace's deployment granted to the viewer's; the page shows
+	// only its name and readiness (Scope removed the rest).
+	Shared bool
 	// Traffic is its recent requests through this gateway.
 	Traffic  TrafficRow
 	Replicas []ReplicaRow
@@ -354,6 +363,7 @@ func BuildModels(s Snapshot) ModelsPage {
 		if d.Spec.Replicas != nil {
 			row.Desired = *d.Spec.Replicas
 		}
+		row.Shared = s.Viewer.Namespace != "" && !s.Viewer.Admin && d.Namespace != s.Viewer.Namespace
 		row.Problems = deploymentProblems(d.Status.Conditions)
 		row.Traffic = trafficRow(s.Traffic[row.Model])
 		scheduled := meta.FindStatusCondition(d.Status.Conditions, mfv1.DeploymentScheduled)

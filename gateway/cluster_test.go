@@ -318,22 +318,30 @@ func startAgent(t *testing.T, runner string) string {
 	return agent
 }
 
+// realAgent is the API server, a real agent (startAgent) and a gateway keys file
+// holding key, for the tests that go through a runner; it skips the test without
+// MACFLEET_RUNNER.
+func realAgent(t *testing.T, key string) (e *testenv.Env, agent, keysFile string) {
+	t.Helper()
+	runner := os.Getenv(metal.RunnerEnv)
+	if runner == "" {
+		t.Skip("MACFLEET_RUNNER is not set: build the runner with `make runner` and export MACFLEET_RUNNER=$PWD/bin/macfleet-runner")
+	}
+	e = cluster(t)
+	agent = startAgent(t, runner)
+	keysFile = filepath.Join(t.TempDir(), "keys")
+	if err := os.WriteFile(keysFile, []byte(key+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return e, agent, keysFile
+}
+
 // TestThroughRealAgent: a chat completion, streamed and not, from the official OpenAI
 // client through the gateway to a real agent (engine pool, runner process,
 // synthesized model) that the gateway found through the API server. The agent
 // requires the fleet token; the gateway requires a client key.
 func TestThroughRealAgent(t *testing.T) {
-	runner := os.Getenv(metal.RunnerEnv)
-	if runner == "" {
-		t.Skip("MACFLEET_RUNNER is not set: build the runner with `make runner` and export MACFLEET_RUNNER=$PWD/bin/macfleet-runner")
-	}
-	e := cluster(t)
-	agent := startAgent(t, runner)
-
-	keys := filepath.Join(t.TempDir(), "keys")
-	if err := os.WriteFile(keys, []byte("client-key\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	e, agent, keys := realAgent(t, "client-key")
 	// The default registry: the metrics server must serve the gateway's series.
 	g := startGateway(t, e, gateway.Config{APIKeysFile: keys, MetricsListener: loopback(t), ColdStartTimeout: 30 * time.Second})
 

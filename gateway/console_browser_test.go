@@ -3,8 +3,6 @@ package gateway_test
 import (
 	"fmt"
 	"net/http"
-	"os"
-	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -20,7 +18,6 @@ import (
 	"github.com/macfleet/macfleet/gateway"
 	"github.com/macfleet/macfleet/internal/browsertest"
 	"github.com/macfleet/macfleet/internal/testenv"
-	"github.com/macfleet/macfleet/metal"
 )
 
 func value(q *resource.Quantity) int64 {
@@ -64,16 +61,7 @@ func (f *fleet) updateReplica(name string, change func(*mfv1.ModelReplicaStatus)
 // Screenshots of each page are written to the artifact directory.
 func TestConsoleInBrowser(t *testing.T) {
 	bin := browsertest.Chromium(t)
-	runner := os.Getenv(metal.RunnerEnv)
-	if runner == "" {
-		t.Skip("MACFLEET_RUNNER is not set: the playground needs a real agent (make runner)")
-	}
-	e := cluster(t)
-	agent := startAgent(t, runner)
-	keys := filepath.Join(t.TempDir(), "keys")
-	if err := os.WriteFile(keys, []byte("console-key\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	e, agent, keys := realAgent(t, "console-key")
 	g := startGateway(t, e, gateway.Config{APIKeysFile: keys, ColdStartTimeout: 30 * time.Second})
 	g.key = "console-key"
 

@@ -50,6 +50,8 @@ import (
 // +kubebuilder:rbac:groups=macfleet.dev,resources=modeldeployments;modelreplicas;macnodes,verbs=get;list;watch
 // +kubebuilder:rbac:groups=macfleet.dev,resources=modeldeployments,verbs=patch
 // +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;list;watch
+// The console's usage page reads the TokenUsage ledgers.
+// +kubebuilder:rbac:groups=macfleet.dev,resources=tokenusages,verbs=get;list;watch
 
 // Server timeouts: no write timeout, since a stream lasts as long as generation does.
 const (
@@ -252,11 +254,7 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	handler := g.Handler()
 	if !cfg.DisableConsole {
-		var admin func(string) bool
-		if opts.Identify != nil {
-			admin = func(key string) bool { id, ok := opts.Identify(key); return ok && id.Admin }
-		}
-		if handler, err = withConsole(g, mgr.GetCache(), admin, log); err != nil {
+		if handler, err = withConsole(g, mgr.GetCache(), opts.Identify, log); err != nil {
 			return err
 		}
 	}
@@ -315,9 +313,10 @@ func PatchWake(c client.Client) WakeFunc {
 }
 
 // withConsole serves the web console under /ui beside the API. Its pages read the
-// same informer cache as the routing table; its playground goes through g's handler,
-// so it is authenticated and routed like any client.
-func withConsole(g *Gateway, c cache.Cache, authorize func(string) bool, log logr.Logger) (http.Handler, error) {
+// same informer cache as the routing table, scoped to the caller's key (identify, the
+// gateway's own; nil when it has no client auth); its playground goes through g's
+// handler, so it is authenticated, scoped and routed like any client.
+func withConsole(g *Gateway, c cache.Cache, identify func(string) (tenancy.Identity, bool), log logr.Logger) (http.Handler, error) {
 	ui, err := console.New(console.Options{
 		Source: func(ctx context.Context) (console.Snapshot, error) {
 			var (
@@ -342,9 +341,20 @@ func withConsole(g *Gateway, c cache.Cache, authorize func(string) bool, log log
 			}
 			return s, nil
 		},
-		API:       g.Handler(),
-		Authorize: authorize,
-		Log:       log.WithName("console"),
+		Usage: func(ctx context.Context) ([]mfv1.TokenUsage, error) {
+			// The informer starts on the first usage page; a gateway that cannot read
+			// the ledgers says so rather than hang the page.
+			ctx, cancel := context.WithTimeout(ctx, usageWait)
+			defer cancel()
+			var l mfv1.TokenUsageList
+			if err := c.List(ctx, &l); err != nil {
+				return nil, fmt.Errorf("listing TokenUsages: %w", err)
+			}
+			return l.Items, nil
+		},
+		API:      g.Handler(),
+		Identify: identify,
+		Log:      log.WithName("console"),
 	})
 	if err != nil {
 		return nil, err
@@ -493,6 +503,9 @@ func (f *Feeder) rebuild(ctx context.Context) error {
 // leaseWait bounds the console's wait for the node Leases: their informer starts on
 // the first page, and a gateway without the RBAC to read them still serves its pages.
 const leaseWait = 2 * time.Second
+
+// usageWait bounds the usage page's wait for the TokenUsage informer's first sync.
+const usageWait = 10 * time.Second
 
 // nodeLeases lists the agents' node Leases for the console; nil (the page shows no
 // lease ages) when they cannot be read in time.

@@ -88,12 +88,17 @@ ServiceAccount is deleted.`,
 // adminRestConfig loads the operator's kubeconfig the way kubectl does: the flag,
 // $KUBECONFIG, ~/.kube/config, then the in-cluster service account.
 func adminRestConfig(path, kubeContext string) (*rest.Config, error) {
-	rules := clientcmd.NewDefaultClientConfigLoadingRules()
-	rules.ExplicitPath = path
-	cc := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{CurrentContext: kubeContext})
-	rc, err := cc.ClientConfig()
+	rc, err := kubeconfig(path, kubeContext).ClientConfig()
 	if err != nil {
 		return nil, fmt.Errorf("loading the administrator kubeconfig: %w", err)
 	}
 	return rc, nil
+}
+
+// kubeconfig is the kubeconfig found the way kubectl finds it (path, else $KUBECONFIG,
+// else ~/.kube/config, else in-cluster), at kubeContext or its current context.
+func kubeconfig(path, kubeContext string) clientcmd.ClientConfig {
+	rules := clientcmd.NewDefaultClientConfigLoadingRules()
+	rules.ExplicitPath = path
+	return clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{CurrentContext: kubeContext})
 }

@@ -7,6 +7,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -111,6 +112,14 @@ func Playground(t testing.TB, ctx context.Context, url, model, dir, shot string)
 	if out[0] == "" || !strings.HasPrefix(out[1], "Done:") {
 		t.Errorf("playground: answer %q, status %q", out[0], out[1])
 	}
+}
+
+// PlaygroundModels are the models the current playground page offers (its select's
+// values), sorted.
+func PlaygroundModels(ctx context.Context) ([]string, error) {
+	options, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](`[...document.querySelectorAll("#pg-model option")].map(o => o.value)`))
+	slices.Sort(options)
+	return options, err
 }
 
 // NavigationTiming describes how the current page loaded, from the browser's own

@@ -50,6 +50,8 @@ func TestInstallUpgradeUninstall(t *testing.T) {
 	// NOTES.txt tells what to do next: node credentials, agents, the gateway.
 	for _, want := range []string{"macfleet nodes credentials <mac> -o", "macfleet agent --kubeconfig", "macfleet agent install --",
 		"port-forward svc/macfleet-gateway 8080:80", "/v1/chat/completions",
+		// Keys are on by default: the notes tell a team how to make one.
+		"create secret generic my-key --type=macfleet.dev/api-key", `-H "Authorization: Bearer <the key>"`,
 		`SourcePolicy "default" grants its namespace (from the chart's sourcePolicy values):`, "kubectl get sourcepolicy default"} {
 		if !strings.Contains(notes, want) {
 			t.Errorf("helm install output lacks %q:\n%s", want, notes)

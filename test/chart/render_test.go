@@ -203,6 +203,13 @@ func TestTemplateDeployments(t *testing.T) {
 	keysVolume := corev1.Volume{Name: "api-keys", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
 		SecretName: "client-keys", Items: []corev1.KeyToPath{{Key: "list", Path: "list"}},
 	}}}
+	defaultManager := []string{"manager", "--metrics-bind-address=:8080", "--health-probe-bind-address=:8081",
+		"--leader-elect=false", "--node-loss-grace=60s", "--scheduler-workers=8", "--fleet-token-file=/etc/macfleet/fleet-token/token",
+		authzBind, authzCerts, authzClientCA, "--zap-log-level=info"}
+	defaultGateway := []string{"gateway", "--listen=:8080", "--metrics-bind-address=:9090", "--health-probe-bind-address=:8081",
+		"--fleet-token-file=/etc/macfleet/fleet-token/token", "--tenant-keys", "--cold-start-timeout=2m", "--prefix-affinity=false",
+		"--max-inflight-per-slot=1", "--max-queue=256", "--max-queue-per-key=0", "--reserve-slots=1", "--active-window=30s",
+		"--zap-log-level=info"}
 	tests := []struct {
 		name            string
 		set             []string
@@ -214,16 +221,11 @@ func TestTemplateDeployments(t *testing.T) {
 		wantVolumes     []corev1.Volume
 		wantServicePort int32
 	}{{
-		name:      "defaults",
-		wantImage: "ghcr.io/macfleet/macfleet:0.1.0",
-		wantManager: []string{"manager", "--metrics-bind-address=:8080", "--health-probe-bind-address=:8081",
-			"--leader-elect=false", "--node-loss-grace=60s", "--scheduler-workers=8", "--fleet-token-file=/etc/macfleet/fleet-token/token",
-			authzBind, authzCerts, authzClientCA, "--zap-log-level=info"},
-		wantStrategy: appsv1.RecreateDeploymentStrategyType,
-		wantGateway: []string{"gateway", "--listen=:8080", "--metrics-bind-address=:9090", "--health-probe-bind-address=:8081",
-			"--fleet-token-file=/etc/macfleet/fleet-token/token", "--cold-start-timeout=2m", "--prefix-affinity=false",
-			"--max-inflight-per-slot=1", "--max-queue=256", "--max-queue-per-key=0", "--reserve-slots=1", "--active-window=30s",
-			"--zap-log-level=info"},
+		name:            "defaults",
+		wantImage:       "ghcr.io/macfleet/macfleet:0.1.0",
+		wantManager:     defaultManager,
+		wantStrategy:    appsv1.RecreateDeploymentStrategyType,
+		wantGateway:     defaultGateway,
 		wantGatewayN:    1,
 		wantVolumes:     []corev1.Volume{tokenVolume},
 		wantServicePort: 80,
@@ -245,19 +247,27 @@ func TestTemplateDeployments(t *testing.T) {
 			"--zap-log-level=debug", "--zap-devel"},
 		wantStrategy: "",
 		wantGateway: []string{"gateway", "--listen=:8080", "--metrics-bind-address=:9090", "--health-probe-bind-address=:8081",
-			"--fleet-token-file=/etc/macfleet/fleet-token/token", "--api-keys-file=/etc/macfleet/api-keys/list",
+			"--fleet-token-file=/etc/macfleet/fleet-token/token", "--api-keys-file=/etc/macfleet/api-keys/list", "--tenant-keys",
 			"--cold-start-timeout=30s", "--prefix-affinity=true", "--max-inflight-per-slot=2", "--max-queue=1000",
 			"--max-queue-per-key=100", "--reserve-slots=0", "--active-window=2m", "--zap-log-level=info"},
 		wantGatewayN:    4,
 		wantVolumes:     []corev1.Volume{tokenVolume, keysVolume},
 		wantServicePort: 8000,
 	}, {
-		name:      "no gateway",
-		set:       []string{"gateway.enabled=false"},
-		wantImage: "ghcr.io/macfleet/macfleet:0.1.0",
-		wantManager: []string{"manager", "--metrics-bind-address=:8080", "--health-probe-bind-address=:8081",
-			"--leader-elect=false", "--node-loss-grace=60s", "--scheduler-workers=8", "--fleet-token-file=/etc/macfleet/fleet-token/token",
-			authzBind, authzCerts, authzClientCA, "--zap-log-level=info"},
+		name:            "open gateway, opted out of keys",
+		set:             []string{"gateway.tenantKeys=false"},
+		wantImage:       "ghcr.io/macfleet/macfleet:0.1.0",
+		wantManager:     defaultManager,
+		wantStrategy:    appsv1.RecreateDeploymentStrategyType,
+		wantGateway:     slices.DeleteFunc(slices.Clone(defaultGateway), func(a string) bool { return a == "--tenant-keys" }),
+		wantGatewayN:    1,
+		wantVolumes:     []corev1.Volume{tokenVolume},
+		wantServicePort: 80,
+	}, {
+		name:         "no gateway",
+		set:          []string{"gateway.enabled=false"},
+		wantImage:    "ghcr.io/macfleet/macfleet:0.1.0",
+		wantManager:  defaultManager,
 		wantStrategy: appsv1.RecreateDeploymentStrategyType,
 	}}
 	for _, tc := range tests {

@@ -50,6 +50,13 @@ func queueGateway(t testing.TB, perSlot int, limits fairqueue.Limits, keys ...st
 // its own and no console or probes, logging to log. It returns its URL and registry.
 func inProcessGateway(t testing.TB, cfg gateway.Config, log logr.Logger) (string, *prometheus.Registry) {
 	t.Helper()
+	cfg.DisableConsole = true
+	return runGateway(t, cfg, log)
+}
+
+// runGateway is inProcessGateway with the console as cfg says.
+func runGateway(t testing.TB, cfg gateway.Config, log logr.Logger) (string, *prometheus.Registry) {
+	t.Helper()
 	token := filepath.Join(t.TempDir(), "token")
 	if err := os.WriteFile(token, []byte(fleet.FleetToken), 0o600); err != nil {
 		t.Fatal(err)
@@ -60,7 +67,7 @@ func inProcessGateway(t testing.TB, cfg gateway.Config, log logr.Logger) (string
 	}
 	reg := prometheus.NewRegistry()
 	cfg.RestConfig, cfg.Listener, cfg.MetricsAddr, cfg.ProbeAddr = fleet.Env.Config, ln, "0", "0"
-	cfg.FleetTokenFile, cfg.DisableConsole, cfg.Registerer = token, true, reg
+	cfg.FleetTokenFile, cfg.Registerer = token, reg
 	// controller-runtime's own logger (the gateway logs through the context's).
 	ctrlLogOnce.Do(func() { ctrl.SetLogger(logr.Discard()) })
 	ctx, cancel := context.WithCancel(ctrl.LoggerInto(context.Background(), log))

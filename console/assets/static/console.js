@@ -9,7 +9,7 @@
   async function refresh() {
     if (document.hidden) return;
     try {
-      const res = await fetch(location.pathname, { headers: { Accept: "text/html" }, credentials: "same-origin" });
+      const res = await fetch(location.pathname + location.search, { headers: { Accept: "text/html" }, credentials: "same-origin" });
       if (!res.ok || res.redirected) return;
       const doc = new DOMParser().parseFromString(await res.text(), "text/html");
       const next = doc.getElementById("main");

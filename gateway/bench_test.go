@@ -18,9 +18,13 @@ import (
 	authnv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/clock"
+	"k8s.io/utils/ptr"
 
 	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
+	"github.com/macfleet/macfleet/budget"
 	"github.com/macfleet/macfleet/internal/otlptest"
+	"github.com/macfleet/macfleet/ledger"
 	"github.com/macfleet/macfleet/metering"
 	"github.com/macfleet/macfleet/tenancy"
 	"github.com/macfleet/macfleet/tenancy/satoken"
@@ -197,6 +201,10 @@ func BenchmarkTracingOverhead(b *testing.B) {
 	b.Logf("%d spans exported", n)
 }
 
+// benchKey is the team key of the benchmarks: Secret a/k, of the benchmark
+// deployment's namespace.
+const benchKey = "bench-team-key-0123456789"
+
 // BenchmarkTenantOverhead measures what teams' keys add to the gateway: two gateways
 // in front of the same trivial upstream, one without keys and one that identifies each
 // request's key (a team key of the deployment's namespace, looked up by hash) and
@@ -211,9 +219,6 @@ func BenchmarkTenantOverhead(b *testing.B) {
 	client.Transport = withHeader{next: client.Transport, key: "Authorization", value: "Bearer " + benchKey}
 	compareEndpoints(b, client, "no-keys", open, "team-key", scoped)
 }
-
-// benchKey is the one team key of benchTeamKeys, of namespace "a".
-const benchKey = "bench-team-key-0123456789"
 
 // benchTeamKeys holds benchKey.
 func benchTeamKeys(b *testing.B) *tenancy.Keys {
@@ -295,4 +300,43 @@ func (h authByHost) RoundTrip(r *http.Request) (*http.Response, error) {
 	r = r.Clone(r.Context())
 	r.Header.Set("Authorization", h.auth[r.URL.Host])
 	return h.next.RoundTrip(r)
+}
+
+// BenchmarkBudgetOverhead measures what TokenBudgets and the usage ledger add to the
+// request path: each request is checked against two budgets that apply with room (the
+// namespace's, with every window and a concurrency limit, and the key's) plus another
+// replica's published record, counted in flight, and its usage added to the ledger.
+// The ledger's writes to the API server run beside the path, every 200 ms, and are not
+// in it. Two comparisons: "budgets", a metered team-key gateway without budgets
+// against the same with them; "all", a gateway without keys or usage (today's hot path
+// before issue 23) against the budgeted one: keys, scoping, metering and budgets
+// together.
+func BenchmarkBudgetOverhead(b *testing.B) {
+	keys := benchTeamKeys(b)
+	bs := NewBudgets(ledger.New("bench-0", clock.RealClock{}), nil, clock.RealClock{}, logr.Discard())
+	lots := ptr.To[int64](1 << 50)
+	bs.SetBudgets([]mfv1.TokenBudget{
+		{ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: "team"}, Spec: mfv1.TokenBudgetSpec{TokensPerMinute: lots,
+			TokensPerHour: lots, TokensPerDay: lots, ConcurrentRequests: ptr.To[int32](1 << 20)}},
+		{ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: "k"}, Spec: mfv1.TokenBudgetSpec{Key: "k", TokensPerMinute: lots}},
+	})
+	now := time.Now()
+	minute, hour, renewed := metav1.NewTime(now.UTC().Truncate(time.Minute)), metav1.NewTime(now.UTC().Truncate(time.Hour)), metav1.NewMicroTime(now)
+	bs.peer(&mfv1.TokenUsage{ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: ledger.RecordName("bench-1", now)},
+		Spec: mfv1.TokenUsageSpec{Gateway: "bench-1", Day: now.UTC().Format(time.DateOnly), RenewTime: &renewed,
+			Usage:   []mfv1.KeyUsage{{Key: "k", Deployment: "a/bench", Requests: 10, InputTokens: 100, OutputTokens: 50}},
+			Windows: []mfv1.KeyWindow{{Key: "k", Minute: &minute, MinuteTokens: 150, Hour: &hour, HourTokens: 150, InFlight: 1}}}}, false)
+
+	metered := newBenchGateway(b, newBenchUpstreamUsage(b, true), Options{Identify: keys.Lookup})
+	budgeted := newBenchGateway(b, newBenchUpstreamUsage(b, true), Options{Identify: keys.Lookup, Budgets: bs})
+	open := newBenchGateway(b, newBenchUpstreamUsage(b, false), Options{})
+	client := newBenchClient(b)
+	client.Transport = withHeader{next: client.Transport, key: "Authorization", value: "Bearer " + benchKey}
+	b.Run("budgets", func(b *testing.B) { compareEndpoints(b, client, "metered", metered, "budgeted", budgeted) })
+	b.Run("all", func(b *testing.B) { compareEndpoints(b, client, "no-keys", open, "keys-metering-budgets", budgeted) })
+	if d, _ := bs.ledger.Admit("a", "k", func(o budget.Own) budget.Decision {
+		return budget.Decision{Allowed: o.Key.MinuteTokens+o.Key.HourTokens > 0}
+	}); !d.Allowed {
+		b.Error("the budgeted gateway's ledger counted nothing: the budgets were not on its path")
+	}
 }

@@ -82,6 +82,8 @@ type runningGateway struct {
 	url, probes, metrics string
 	// key is the client API key the test's own calls send, if the gateway wants one.
 	key string
+	// stop ends the gateway and waits for Run to return (the test's end does too).
+	stop func()
 }
 
 // startGateway runs gateway.Run against the envtest API server until the test ends,
@@ -102,7 +104,7 @@ func startGateway(t *testing.T, e *testenv.Env, cfg gateway.Config) runningGatew
 	ctx, cancel := context.WithCancel(ctrl.LoggerInto(context.Background(), testr.New(t)))
 	done := make(chan error, 1)
 	go func() { done <- gateway.Run(ctx, cfg) }()
-	t.Cleanup(func() {
+	stop := sync.OnceFunc(func() {
 		cancel()
 		select {
 		case err := <-done:
@@ -113,7 +115,8 @@ func startGateway(t *testing.T, e *testenv.Env, cfg gateway.Config) runningGatew
 			t.Error("gateway.Run did not return")
 		}
 	})
-	g := runningGateway{url: "http://" + ln.Addr().String(), probes: "http://" + cfg.ProbeListener.Addr().String()}
+	t.Cleanup(stop)
+	g := runningGateway{url: "http://" + ln.Addr().String(), probes: "http://" + cfg.ProbeListener.Addr().String(), stop: stop}
 	if cfg.MetricsListener != nil {
 		g.metrics = "http://" + cfg.MetricsListener.Addr().String()
 	}
@@ -130,7 +133,17 @@ func startGateway(t *testing.T, e *testenv.Env, cfg gateway.Config) runningGatew
 }
 
 func get(url string, key ...string) (int, string) {
-	req, err := http.NewRequest(http.MethodGet, url, nil)
+	return send(http.MethodGet, url, "", key...)
+}
+
+// send sends body ("" for none) to url with the key, if any, and returns the status
+// and body (status 0 and the error when the request failed).
+func send(method, url, body string, key ...string) (int, string) {
+	var rd io.Reader
+	if body != "" {
+		rd = strings.NewReader(body)
+	}
+	req, err := http.NewRequest(method, url, rd)
 	if err != nil {
 		return 0, err.Error()
 	}

@@ -106,7 +106,10 @@ type Options struct {
 	// TracerProvider, when set, traces every proxied request (see trace.go); nil means
 	// no tracing.
 	TracerProvider trace.TracerProvider
-	Log            logr.Logger
+	// Budgets, when set, checks team callers' requests against their TokenBudgets
+	// before they are queued (429 over one) and counts their usage in its ledger.
+	Budgets *Budgets
+	Log     logr.Logger
 }
 
 // Gateway is the HTTP handler of the fleet's OpenAI API.

@@ -96,7 +96,11 @@ func (g *Gateway) meter(r *http.Request, model string, resp *http.Response) *met
 		g.log.Info("A replica reported unreadable usage; not counted", "model", model, "err", err.Error())
 		return nil
 	}
-	g.metrics.usage.Record(g.caller(r), model, u)
+	id := g.caller(r)
+	g.metrics.usage.Record(id, model, u)
+	if g.opts.Budgets != nil {
+		g.opts.Budgets.record(id, model, u)
+	}
 	return &u
 }
 
@@ -147,6 +151,15 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, start time.Time)
 	flow, prio, aerr := g.classify(r, id)
 	if aerr != nil {
 		return model, g.fail(w, model, endpoint, aerr)
+	}
+	if g.opts.Budgets != nil {
+		done, aerr := g.opts.Budgets.admit(id)
+		if aerr != nil {
+			return model, g.fail(w, model, endpoint, aerr)
+		}
+		if done != nil {
+			defer done()
+		}
 	}
 	t := g.adm.newTicket(model, flow, prio, h)
 	t.width = head.N

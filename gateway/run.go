@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"os"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -18,10 +20,12 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/kubernetes"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
+	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -35,13 +39,15 @@ import (
 	"github.com/macfleet/macfleet/fairqueue"
 	"github.com/macfleet/macfleet/internal/informers"
 	"github.com/macfleet/macfleet/internal/mgrhttp"
+	"github.com/macfleet/macfleet/ledger"
 	"github.com/macfleet/macfleet/tenancy"
 	"github.com/macfleet/macfleet/tenancy/satoken"
 )
 
-// The gateway reads the fleet. Its one write is the wake annotation on an autoscaled
-// ModelDeployment it holds requests for (see waker); the chart's
-// macfleet-gateway-restriction policy keeps its identity to that annotation.
+// The gateway reads the fleet. It writes the wake annotation on an autoscaled
+// ModelDeployment it holds requests for (see waker), and its own usage records
+// (TokenUsage, see budgets.go); the chart's macfleet-gateway-restriction policy keeps
+// its identity to those.
 // controller-gen generates its ClusterRole from these markers (roleName macfleet-gateway).
 // +kubebuilder:rbac:groups=macfleet.dev,resources=modeldeployments;modelreplicas;macnodes,verbs=get;list;watch
 // +kubebuilder:rbac:groups=macfleet.dev,resources=modeldeployments,verbs=patch
@@ -105,6 +111,24 @@ type Config struct {
 	Started func(addr string)
 	// TracerProvider traces requests (tracing.New); nil means none.
 	TracerProvider trace.TracerProvider
+	// GatewayID names this replica in its usage records (TokenUsage
+	// <GatewayID>.<day>); "" means DefaultGatewayID. Replicas must have distinct ones.
+	GatewayID string
+	// UsageRetention is how long the replica keeps its usage records of past days
+	// (ledger.DefaultRetention when zero).
+	UsageRetention time.Duration
+}
+
+// DefaultGatewayID is $POD_NAME, else the host's name.
+func DefaultGatewayID() string {
+	if p := os.Getenv("POD_NAME"); p != "" {
+		return p
+	}
+	h, err := os.Hostname()
+	if err != nil || h == "" {
+		return "gateway"
+	}
+	return strings.ToLower(h)
 }
 
 // Scheme has the client-go and macfleet types.
@@ -190,6 +214,20 @@ func Run(ctx context.Context, cfg Config) error {
 		return fmt.Errorf("creating the client: %w", err)
 	}
 	opts.Wake = PatchWake(writer)
+	// The teams' callers are counted in the ledger and held to their budgets.
+	var lw *ledger.Writer
+	if cfg.TenantKeys {
+		gid := cfg.GatewayID
+		if gid == "" {
+			gid = DefaultGatewayID()
+		}
+		if errs := validation.IsDNS1123Subdomain(ledger.RecordName(gid, time.Now())); len(errs) > 0 {
+			return fmt.Errorf("the gateway id %q does not make a usage record's name: %s", gid, strings.Join(errs, "; "))
+		}
+		l := ledger.New(gid, clock.RealClock{})
+		opts.Budgets = NewBudgets(l, nil, clock.RealClock{}, log.WithName("budgets"))
+		lw = &ledger.Writer{Ledger: l, Client: writer, Retention: cfg.UsageRetention, Log: log.WithName("ledger")}
+	}
 	g, err := New(opts)
 	if err != nil {
 		return err
@@ -222,6 +260,15 @@ func Run(ctx context.Context, cfg Config) error {
 	if cfg.TenantKeys {
 		tk = NewTenantKeys(mgr.GetCache(), log.WithName("keys"))
 		if err := mgr.Add(tk); err != nil {
+			return err
+		}
+	}
+	if lw != nil {
+		opts.Budgets.cache, lw.Reader = mgr.GetCache(), mgr.GetCache()
+		if err := mgr.Add(opts.Budgets); err != nil {
+			return err
+		}
+		if err := mgr.Add(lw); err != nil {
 			return err
 		}
 	}
@@ -262,6 +309,9 @@ func Run(ctx context.Context, cfg Config) error {
 			if tk != nil && !tk.Synced() {
 				return errors.New("the API key Secrets have not been read from synced informers yet")
 			}
+			if lw != nil && (!opts.Budgets.Synced() || !lw.Restored()) {
+				return errors.New("the TokenBudgets or this replica's usage records have not been read yet")
+			}
 			return nil
 		}},
 	}, metricsLn); err != nil {
@@ -270,7 +320,7 @@ func Run(ctx context.Context, cfg Config) error {
 	// The options as New completed them with defaults.
 	log.Info("Starting gateway", "listen", ln.Addr().String(), "coldStartTimeout", g.opts.ColdStartTimeout,
 		"prefixAffinity", cfg.PrefixAffinity, "apiKeys", cfg.APIKeysFile != "", "tenantKeys", cfg.TenantKeys, "console", !cfg.DisableConsole,
-		"maxInFlightPerSlot", g.opts.MaxInFlightPerSlot, "queue", cfg.Queue.WithDefaults(), "tracing", g.tracer != nil)
+		"maxInFlightPerSlot", g.opts.MaxInFlightPerSlot, "budgets", lw != nil, "queue", cfg.Queue.WithDefaults(), "tracing", g.tracer != nil)
 	return mgr.Start(ctx)
 }
 

@@ -10,6 +10,7 @@ import (
 
 	"github.com/macfleet/macfleet/fairqueue"
 	"github.com/macfleet/macfleet/gateway"
+	"github.com/macfleet/macfleet/ledger"
 	"github.com/macfleet/macfleet/tenancy/satoken"
 	"github.com/macfleet/macfleet/tracing"
 )
@@ -90,6 +91,10 @@ OTEL_EXPORTER_OTLP_ENDPOINT set it traces every request (see docs/tracing.md).`,
 			"longer keeps the slot for clients with longer pauses, at the cost of a lone client's throughput for that long")
 	f.BoolVar(&cfg.DisableConsole, "disable-console", false,
 		"Do not serve the web console at /ui (it uses the same API keys as the API)")
+	f.StringVar(&cfg.GatewayID, "gateway-id", "",
+		"This replica's name in its usage records (TokenUsage <id>.<YYYY-MM-DD> in each team's namespace); distinct per replica. Default: $POD_NAME, else the host name")
+	f.DurationVar(&cfg.UsageRetention, "usage-retention", ledger.DefaultRetention,
+		"How long the replica keeps its own usage records of past days before deleting them")
 	f.BoolVar(&cfg.PrefixAffinity, "prefix-affinity", false,
 		"Route requests sharing a prompt prefix to the same replica (consistent hashing with bounded load)")
 	gfs := goflag.NewFlagSet("zap", goflag.ContinueOnError)

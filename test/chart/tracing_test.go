@@ -9,25 +9,28 @@ import (
 )
 
 // TestTemplateGatewayTracing: the gateway gets the standard OTEL_* variables only when
-// an OTLP endpoint is set, plus any extra environment; a bad endpoint or ratio is a
-// schema error.
+// an OTLP endpoint is set, plus any extra environment, after POD_NAME (its name in its
+// usage records); a bad endpoint or ratio is a schema error.
 func TestTemplateGatewayTracing(t *testing.T) {
+	podName := corev1.EnvVar{Name: "POD_NAME", ValueFrom: &corev1.EnvVarSource{
+		FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.name"}}}
 	for _, tc := range []struct {
 		name string
 		set  []string
 		want []corev1.EnvVar
 	}{
-		{name: "off by default"},
+		{name: "off by default", want: []corev1.EnvVar{podName}},
 		{name: "endpoint and ratio", set: []string{"gateway.tracing.otlpEndpoint=http://otel-collector.observability:4318",
 			"gateway.tracing.samplerRatio=0.25", "gateway.env[0].name=OTEL_EXPORTER_OTLP_HEADERS", "gateway.env[0].value=x-tenant=fleet"},
 			want: []corev1.EnvVar{
+				podName,
 				{Name: "OTEL_EXPORTER_OTLP_ENDPOINT", Value: "http://otel-collector.observability:4318"},
 				{Name: "OTEL_TRACES_SAMPLER", Value: "parentbased_traceidratio"},
 				{Name: "OTEL_TRACES_SAMPLER_ARG", Value: "0.25"},
 				{Name: "OTEL_EXPORTER_OTLP_HEADERS", Value: "x-tenant=fleet"},
 			}},
 		{name: "extra environment alone", set: []string{"gateway.env[0].name=GODEBUG", "gateway.env[0].value=madvdontneed=1"},
-			want: []corev1.EnvVar{{Name: "GODEBUG", Value: "madvdontneed=1"}}},
+			want: []corev1.EnvVar{podName, {Name: "GODEBUG", Value: "madvdontneed=1"}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			d := findDeployment(t, render(t, tc.set...), "macfleet-gateway")

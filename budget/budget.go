@@ -1,0 +1,265 @@
+// Package budget decides whether a caller's request fits the TokenBudgets that apply
+// to it: its namespace's (spec.key unset) and its own key's. It is pure: the gateway
+// gives it the budgets, this replica's own exact counts, what the other gateway
+// replicas published in their TokenUsage records, and the time.
+//
+// Tokens are input plus output. The windows are fixed UTC minutes, hours and days;
+// a window's count starts afresh at its boundary. A request is admitted while every
+// window it falls in is below its limit (its own size is not known before it is
+// answered), and while fewer requests than concurrentRequests are in flight.
+package budget
+
+import (
+	"fmt"
+	"math"
+	"time"
+
+	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
+)
+
+// Window is what a limit counts.
+type Window string
+
+// The windows of a TokenBudget.
+const (
+	Minute     Window = "minute"
+	Hour       Window = "hour"
+	Day        Window = "day"
+	Concurrent Window = "concurrent"
+)
+
+// StaleAfter is how old a replica's published record may be before its requests in
+// flight are no longer counted: a replica that stopped renewing has stopped, or lost
+// the API server. Its tokens still count in the windows they were used in.
+const StaleAfter = 15 * time.Second
+
+// Start is the start of the UTC window w that holds t.
+func Start(w Window, t time.Time) time.Time {
+	t = t.UTC()
+	switch w {
+	case Minute:
+		return t.Truncate(time.Minute)
+	case Hour:
+		return t.Truncate(time.Hour)
+	default:
+		return time.Date(t.Year(), t.Month(), t.Day(), 0, 0, 0, 0, time.UTC)
+	}
+}
+
+// end is when the window w that holds t ends.
+func end(w Window, t time.Time) time.Time {
+	s := Start(w, t)
+	switch w {
+	case Minute:
+		return s.Add(time.Minute)
+	case Hour:
+		return s.Add(time.Hour)
+	default:
+		return s.AddDate(0, 0, 1)
+	}
+}
+
+// Tally is one party's count of one scope (a key, or a whole namespace): the tokens
+// of the minute, hour and day that start at Minute, Hour and Day, and its requests in
+// flight. A window that is not the current one counts nothing.
+type Tally struct {
+	Minute       time.Time
+	MinuteTokens int64
+	Hour         time.Time
+	HourTokens   int64
+	Day          time.Time
+	DayTokens    int64
+	InFlight     int64
+}
+
+// tokens is what t counts in the window w that starts at start.
+func (t Tally) tokens(w Window, start time.Time) int64 {
+	switch {
+	case w == Minute && t.Minute.Equal(start):
+		return t.MinuteTokens
+	case w == Hour && t.Hour.Equal(start):
+		return t.HourTokens
+	case w == Day && t.Day.Equal(start):
+		return t.DayTokens
+	}
+	return 0
+}
+
+// Add counts tokens used at now into t, first moving each window to now's.
+func (t *Tally) Add(now time.Time, tokens int64) {
+	for _, w := range [...]struct {
+		win    Window
+		start  *time.Time
+		tokens *int64
+	}{{Minute, &t.Minute, &t.MinuteTokens}, {Hour, &t.Hour, &t.HourTokens}, {Day, &t.Day, &t.DayTokens}} {
+		if s := Start(w.win, now); !w.start.Equal(s) {
+			*w.start, *w.tokens = s, 0
+		}
+		*w.tokens += tokens
+	}
+}
+
+// Peer is what another gateway replica published about one namespace (its
+// TokenUsage record of the day): per key, and the namespace's sum.
+type Peer struct {
+	Gateway string
+	Renewed time.Time
+	Keys    map[string]Tally
+	Total   Tally
+}
+
+// PeerFrom reads a TokenUsage record.
+func PeerFrom(tu *mfv1.TokenUsage) Peer {
+	p := Peer{Gateway: tu.Spec.Gateway, Keys: map[string]Tally{}}
+	if tu.Spec.RenewTime != nil {
+		p.Renewed = tu.Spec.RenewTime.Time
+	}
+	day, err := time.Parse(time.DateOnly, tu.Spec.Day)
+	if err != nil {
+		day = time.Time{} // counts in no day
+	}
+	add := func(k string, f func(*Tally)) {
+		t := p.Keys[k]
+		f(&t)
+		p.Keys[k] = t
+	}
+	for _, u := range tu.Spec.Usage {
+		n := u.InputTokens + u.OutputTokens
+		add(u.Key, func(t *Tally) { t.Day, t.DayTokens = day, t.DayTokens+n })
+		p.Total.Day, p.Total.DayTokens = day, p.Total.DayTokens+n
+	}
+	for _, w := range tu.Spec.Windows {
+		add(w.Key, func(t *Tally) {
+			if w.Minute != nil {
+				t.Minute, t.MinuteTokens = w.Minute.UTC(), w.MinuteTokens
+			}
+			if w.Hour != nil {
+				t.Hour, t.HourTokens = w.Hour.UTC(), w.HourTokens
+			}
+			t.InFlight = int64(w.InFlight)
+		})
+		p.Total.InFlight += int64(w.InFlight)
+	}
+	// The namespace's minute and hour are the latest any key counts in: a key's
+	// earlier window is over.
+	for _, t := range p.Keys {
+		if t.Minute.After(p.Total.Minute) {
+			p.Total.Minute = t.Minute
+		}
+		if t.Hour.After(p.Total.Hour) {
+			p.Total.Hour = t.Hour
+		}
+	}
+	for _, t := range p.Keys {
+		p.Total.MinuteTokens += t.tokens(Minute, p.Total.Minute)
+		p.Total.HourTokens += t.tokens(Hour, p.Total.Hour)
+	}
+	return p
+}
+
+// Own is this replica's exact counts for a caller: its key's and its namespace's.
+type Own struct {
+	Key, Namespace Tally
+}
+
+// Decision says whether a request is admitted and, when it is not, which budget and
+// window refused it.
+type Decision struct {
+	Allowed bool
+	// Budget is the refusing TokenBudget as namespace/name.
+	Budget string
+	Window Window
+	Limit  int64
+	Used   int64
+	// Reset is when the window starts afresh; for Concurrent, when to try again.
+	Reset time.Time
+}
+
+// ConcurrentRetry is when a request refused for its concurrent requests is told to
+// try again: requests end at any time.
+const ConcurrentRetry = time.Second
+
+// RetryAfter is the whole seconds from now until d's window resets, at least one.
+func (d Decision) RetryAfter(now time.Time) time.Duration {
+	s := math.Ceil(d.Reset.Sub(now).Seconds())
+	return time.Duration(max(s, 1)) * time.Second
+}
+
+// Message is d's refusal in words, for the 429's error body.
+func (d Decision) Message() string {
+	if d.Window == Concurrent {
+		return fmt.Sprintf("TokenBudget %s allows %d concurrent requests and %d are in flight: try again when one ends",
+			d.Budget, d.Limit, d.Used)
+	}
+	return fmt.Sprintf("TokenBudget %s allows %d tokens per %s and %d were used: it resets at %s",
+		d.Budget, d.Limit, d.Window, d.Used, d.Reset.UTC().Format(time.RFC3339))
+}
+
+// Decide checks the budgets of the caller key's namespace that apply to it (spec.key
+// unset or equal to key) against own, the peers' records (those of other replicas,
+// today's) and now. Of several refusals it names the one that resets last, so a
+// client that waits for it finds room.
+func Decide(budgets []mfv1.TokenBudget, key string, own Own, peers []Peer, now time.Time) Decision {
+	var worst Decision
+	for i := range budgets {
+		b := &budgets[i]
+		if b.Spec.Key != "" && b.Spec.Key != key {
+			continue
+		}
+		d := check(b, key, own, peers, now)
+		if !d.Allowed && (worst.Budget == "" || d.Reset.After(worst.Reset)) {
+			worst = d
+		}
+	}
+	if worst.Budget == "" {
+		return Decision{Allowed: true}
+	}
+	return worst
+}
+
+// check is Decide for one budget: the first of its windows that is full.
+func check(b *mfv1.TokenBudget, key string, own Own, peers []Peer, now time.Time) Decision {
+	scope := func(p Peer) Tally {
+		if b.Spec.Key == "" {
+			return p.Total
+		}
+		return p.Keys[key]
+	}
+	mine := own.Namespace
+	if b.Spec.Key != "" {
+		mine = own.Key
+	}
+	name := b.Namespace + "/" + b.Name
+	var worst Decision
+	for _, l := range [...]struct {
+		w     Window
+		limit *int64
+	}{{Day, b.Spec.TokensPerDay}, {Hour, b.Spec.TokensPerHour}, {Minute, b.Spec.TokensPerMinute}} {
+		if l.limit == nil {
+			continue
+		}
+		start := Start(l.w, now)
+		used := mine.tokens(l.w, start)
+		for _, p := range peers {
+			used += scope(p).tokens(l.w, start)
+		}
+		if used >= *l.limit && worst.Budget == "" {
+			worst = Decision{Budget: name, Window: l.w, Limit: *l.limit, Used: used, Reset: end(l.w, now)}
+		}
+	}
+	if worst.Budget != "" {
+		return worst
+	}
+	if c := b.Spec.ConcurrentRequests; c != nil {
+		used := mine.InFlight
+		for _, p := range peers {
+			if now.Sub(p.Renewed) <= StaleAfter {
+				used += scope(p).InFlight
+			}
+		}
+		if used >= int64(*c) {
+			return Decision{Budget: name, Window: Concurrent, Limit: int64(*c), Used: used, Reset: now.Add(ConcurrentRetry)}
+		}
+	}
+	return Decision{Allowed: true}
+}

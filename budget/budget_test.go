@@ -1,0 +1,172 @@
+package budget
+
+import (
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	clocktesting "k8s.io/utils/clock/testing"
+	"k8s.io/utils/ptr"
+
+	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
+)
+
+func tb(name, key string, perMin, perHour, perDay *int64, conc *int32) mfv1.TokenBudget {
+	return mfv1.TokenBudget{ObjectMeta: metav1.ObjectMeta{Namespace: "team-a", Name: name},
+		Spec: mfv1.TokenBudgetSpec{Key: key, TokensPerMinute: perMin, TokensPerHour: perHour, TokensPerDay: perDay,
+			ConcurrentRequests: conc}}
+}
+
+func TestDecide(t *testing.T) {
+	clk := clocktesting.NewFakePassiveClock(time.Date(2026, 11, 25, 10, 30, 15, 500e6, time.UTC))
+	now := clk.Now()
+	minute, hour, day := Start(Minute, now), Start(Hour, now), Start(Day, now)
+	lastMinute := minute.Add(-time.Minute)
+	tally := func(m, h, d int64, inflight int64) Tally {
+		return Tally{Minute: minute, MinuteTokens: m, Hour: hour, HourTokens: h, Day: day, DayTokens: d, InFlight: inflight}
+	}
+	peer := func(renewed time.Time, keys map[string]Tally) Peer {
+		p := Peer{Gateway: "gw-b", Renewed: renewed, Keys: keys}
+		for _, k := range keys {
+			p.Total.Minute, p.Total.Hour, p.Total.Day = k.Minute, k.Hour, k.Day
+			p.Total.MinuteTokens += k.MinuteTokens
+			p.Total.HourTokens += k.HourTokens
+			p.Total.DayTokens += k.DayTokens
+			p.Total.InFlight += k.InFlight
+		}
+		return p
+	}
+	for _, tc := range []struct {
+		name    string
+		budgets []mfv1.TokenBudget
+		key     string
+		own     Own
+		peers   []Peer
+		want    Decision
+	}{
+		{name: "no budgets", key: "ci", own: Own{Key: tally(1e9, 1e9, 1e9, 100)}, want: Decision{Allowed: true}},
+		{name: "below the minute", key: "ci", budgets: []mfv1.TokenBudget{tb("b", "", ptr.To[int64](100), nil, nil, nil)},
+			own: Own{Key: tally(99, 99, 99, 0), Namespace: tally(99, 99, 99, 0)}, want: Decision{Allowed: true}},
+		{name: "the minute is full", key: "ci", budgets: []mfv1.TokenBudget{tb("b", "", ptr.To[int64](100), nil, nil, nil)},
+			own:  Own{Key: tally(100, 100, 100, 0), Namespace: tally(100, 100, 100, 0)},
+			want: Decision{Budget: "team-a/b", Window: Minute, Limit: 100, Used: 100, Reset: minute.Add(time.Minute)}},
+		{name: "last minute's tokens count nothing", key: "ci", budgets: []mfv1.TokenBudget{tb("b", "", ptr.To[int64](100), nil, nil, nil)},
+			own:  Own{Namespace: Tally{Minute: lastMinute, MinuteTokens: 500}},
+			want: Decision{Allowed: true}},
+		{name: "the namespace's sum over keys and replicas", key: "ci",
+			budgets: []mfv1.TokenBudget{tb("b", "", ptr.To[int64](100), nil, nil, nil)},
+			own:     Own{Key: tally(10, 10, 10, 0), Namespace: tally(60, 60, 60, 0)},
+			peers:   []Peer{peer(now, map[string]Tally{"app": tally(40, 40, 40, 0)})},
+			want:    Decision{Budget: "team-a/b", Window: Minute, Limit: 100, Used: 100, Reset: minute.Add(time.Minute)}},
+		{name: "a key's budget counts that key alone", key: "ci",
+			budgets: []mfv1.TokenBudget{tb("ci-budget", "ci", ptr.To[int64](100), nil, nil, nil)},
+			own:     Own{Key: tally(10, 10, 10, 0), Namespace: tally(60, 60, 60, 0)},
+			peers:   []Peer{peer(now, map[string]Tally{"app": tally(400, 400, 400, 0), "ci": tally(89, 89, 89, 0)})},
+			want:    Decision{Allowed: true}},
+		{name: "a key's budget across replicas", key: "ci",
+			budgets: []mfv1.TokenBudget{tb("ci-budget", "ci", ptr.To[int64](100), nil, nil, nil)},
+			own:     Own{Key: tally(10, 10, 10, 0)},
+			peers:   []Peer{peer(now, map[string]Tally{"ci": tally(90, 90, 90, 0)})},
+			want:    Decision{Budget: "team-a/ci-budget", Window: Minute, Limit: 100, Used: 100, Reset: minute.Add(time.Minute)}},
+		{name: "another key's budget does not apply", key: "ci",
+			budgets: []mfv1.TokenBudget{tb("app-budget", "app", ptr.To[int64](1), nil, nil, nil)},
+			own:     Own{Key: tally(10, 10, 10, 0), Namespace: tally(10, 10, 10, 0)}, want: Decision{Allowed: true}},
+		{name: "the day is full: it resets at midnight", key: "ci",
+			budgets: []mfv1.TokenBudget{tb("b", "", ptr.To[int64](1000), ptr.To[int64](1000), ptr.To[int64](500), nil)},
+			own:     Own{Namespace: tally(5, 300, 500, 0)},
+			want:    Decision{Budget: "team-a/b", Window: Day, Limit: 500, Used: 500, Reset: day.AddDate(0, 0, 1)}},
+		{name: "of two full windows the later reset is named", key: "ci",
+			budgets: []mfv1.TokenBudget{tb("b", "", ptr.To[int64](10), ptr.To[int64](20), nil, nil)},
+			own:     Own{Namespace: tally(10, 20, 20, 0)},
+			want:    Decision{Budget: "team-a/b", Window: Hour, Limit: 20, Used: 20, Reset: hour.Add(time.Hour)}},
+		{name: "of two budgets the later reset is named", key: "ci",
+			budgets: []mfv1.TokenBudget{tb("ns", "", ptr.To[int64](10), nil, nil, nil), tb("ci", "ci", nil, ptr.To[int64](10), nil, nil)},
+			own:     Own{Key: tally(10, 10, 10, 0), Namespace: tally(10, 10, 10, 0)},
+			want:    Decision{Budget: "team-a/ci", Window: Hour, Limit: 10, Used: 10, Reset: hour.Add(time.Hour)}},
+		{name: "a zero budget refuses everything", key: "ci",
+			budgets: []mfv1.TokenBudget{tb("off", "", nil, nil, ptr.To[int64](0), nil)},
+			want:    Decision{Budget: "team-a/off", Window: Day, Limit: 0, Used: 0, Reset: day.AddDate(0, 0, 1)}},
+		{name: "concurrency: own plus peers' in flight", key: "ci",
+			budgets: []mfv1.TokenBudget{tb("c", "", nil, nil, nil, ptr.To[int32](3))},
+			own:     Own{Namespace: tally(0, 0, 0, 1)},
+			peers:   []Peer{peer(now.Add(-time.Second), map[string]Tally{"app": tally(0, 0, 0, 2)})},
+			want:    Decision{Budget: "team-a/c", Window: Concurrent, Limit: 3, Used: 3, Reset: now.Add(ConcurrentRetry)}},
+		{name: "concurrency: a stale peer's in flight is not counted", key: "ci",
+			budgets: []mfv1.TokenBudget{tb("c", "", nil, nil, nil, ptr.To[int32](3))},
+			own:     Own{Namespace: tally(0, 0, 0, 1)},
+			peers:   []Peer{peer(now.Add(-StaleAfter-time.Second), map[string]Tally{"app": tally(0, 0, 0, 2)})},
+			want:    Decision{Allowed: true}},
+		{name: "a stale peer's tokens of the current minute still count", key: "ci",
+			budgets: []mfv1.TokenBudget{tb("b", "", ptr.To[int64](100), nil, nil, nil)},
+			peers:   []Peer{peer(now.Add(-StaleAfter-time.Second), map[string]Tally{"app": tally(100, 100, 100, 0)})},
+			want:    Decision{Budget: "team-a/b", Window: Minute, Limit: 100, Used: 100, Reset: minute.Add(time.Minute)}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := Decide(tc.budgets, tc.key, tc.own, tc.peers, now)
+			if diff := cmp.Diff(tc.want, got); diff != "" {
+				t.Errorf("Decide (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestRetryAfter(t *testing.T) {
+	now := time.Date(2026, 11, 25, 10, 30, 15, 500e6, time.UTC)
+	for _, tc := range []struct {
+		reset time.Time
+		want  time.Duration
+	}{
+		{Start(Minute, now).Add(time.Minute), 45 * time.Second}, // 44.5 s, rounded up
+		{now.Add(time.Millisecond), time.Second},
+		{now, time.Second},
+		{now.Add(-time.Second), time.Second},
+		{Start(Day, now).AddDate(0, 0, 1), 13*time.Hour + 29*time.Minute + 45*time.Second},
+	} {
+		if got := (Decision{Reset: tc.reset}).RetryAfter(now); got != tc.want {
+			t.Errorf("RetryAfter with reset %v: %v, want %v", tc.reset, got, tc.want)
+		}
+	}
+}
+
+func TestTallyAddMovesWindows(t *testing.T) {
+	at := time.Date(2026, 11, 25, 23, 59, 59, 0, time.UTC)
+	var tl Tally
+	tl.Add(at, 10)
+	tl.Add(at.Add(500*time.Millisecond), 5)
+	tl.Add(at.Add(2*time.Second), 7) // a new minute, hour and day
+	want := Tally{Minute: Start(Minute, at.Add(2*time.Second)), MinuteTokens: 7, Hour: Start(Hour, at.Add(2*time.Second)),
+		HourTokens: 7, Day: Start(Day, at.Add(2*time.Second)), DayTokens: 7}
+	if diff := cmp.Diff(want, tl); diff != "" {
+		t.Errorf("after a day's end (-want +got):\n%s", diff)
+	}
+}
+
+func TestPeerFrom(t *testing.T) {
+	m := metav1.NewTime(time.Date(2026, 11, 25, 10, 30, 0, 0, time.UTC))
+	old := metav1.NewTime(m.Add(-time.Minute))
+	h := metav1.NewTime(time.Date(2026, 11, 25, 10, 0, 0, 0, time.UTC))
+	rt := metav1.NewMicroTime(m.Add(20 * time.Second))
+	tu := &mfv1.TokenUsage{Spec: mfv1.TokenUsageSpec{Gateway: "gw-b", Day: "2026-11-25", RenewTime: &rt,
+		Usage: []mfv1.KeyUsage{
+			{Key: "ci", Deployment: "team-a/qwen", Requests: 2, InputTokens: 10, CachedTokens: 4, OutputTokens: 5},
+			{Key: "ci", Deployment: "team-a/llama", Requests: 1, InputTokens: 1, OutputTokens: 2},
+			{Key: "app", Deployment: "team-a/qwen", Requests: 1, InputTokens: 100, OutputTokens: 50},
+		},
+		Windows: []mfv1.KeyWindow{
+			{Key: "app", Minute: &old, MinuteTokens: 150, Hour: &h, HourTokens: 150},
+			{Key: "ci", Minute: &m, MinuteTokens: 18, Hour: &h, HourTokens: 18, InFlight: 2},
+		}}}
+	day := time.Date(2026, 11, 25, 0, 0, 0, 0, time.UTC)
+	want := Peer{Gateway: "gw-b", Renewed: rt.Time,
+		Keys: map[string]Tally{
+			"ci":  {Minute: m.Time, MinuteTokens: 18, Hour: h.Time, HourTokens: 18, Day: day, DayTokens: 18, InFlight: 2},
+			"app": {Minute: old.Time, MinuteTokens: 150, Hour: h.Time, HourTokens: 150, Day: day, DayTokens: 150},
+		},
+		// app's minute is over: the namespace's current one holds ci's alone.
+		Total: Tally{Minute: m.Time, MinuteTokens: 18, Hour: h.Time, HourTokens: 168, Day: day, DayTokens: 168, InFlight: 2},
+	}
+	if diff := cmp.Diff(want, PeerFrom(tu)); diff != "" {
+		t.Errorf("PeerFrom (-want +got):\n%s", diff)
+	}
+}

@@ -1,0 +1,195 @@
+package gateway
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-logr/logr"
+	toolscache "k8s.io/client-go/tools/cache"
+	"k8s.io/utils/clock"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+
+	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
+	"github.com/macfleet/macfleet/budget"
+	"github.com/macfleet/macfleet/ledger"
+	"github.com/macfleet/macfleet/metering"
+	"github.com/macfleet/macfleet/tenancy"
+)
+
+// The gateway counts its team callers' usage in TokenUsage records of their
+// namespaces (package ledger) and reads the TokenBudgets that limit them.
+// +kubebuilder:rbac:groups=macfleet.dev,resources=tokenbudgets,verbs=get;list;watch
+// +kubebuilder:rbac:groups=macfleet.dev,resources=tokenusages,verbs=get;list;watch;create;patch;delete
+
+// codeBudgetExceeded is the error code of a request over a TokenBudget.
+const codeBudgetExceeded = "token_budget_exceeded"
+
+// Budgets enforces the teams' TokenBudgets and keeps this replica's usage ledger: a
+// team caller's request is checked against the budgets of its namespace (with the
+// replica's own exact counts and what the other replicas last published) before it
+// is queued, and its answer's usage is added to the ledger. Admin callers are not
+// budgeted. It is a manager Runnable that follows the TokenBudgets and the other
+// replicas' TokenUsage records through the informer cache.
+type Budgets struct {
+	ledger *ledger.Ledger
+	clock  clock.PassiveClock
+	cache  cache.Cache
+	log    logr.Logger
+	kick   chan struct{}
+	synced atomic.Bool
+
+	// budgets are the TokenBudgets by namespace.
+	budgets atomic.Pointer[map[string][]mfv1.TokenBudget]
+
+	mu sync.RWMutex
+	// peers are the other replicas' records by namespace and name; lists is each
+	// namespace's as one slice, rebuilt when one changes.
+	peers map[string]map[string]budget.Peer
+	lists map[string][]budget.Peer
+}
+
+// NewBudgets enforces budgets for the replica whose ledger is l. c may be nil when
+// the budgets are set with SetBudgets (tests, benchmarks).
+func NewBudgets(l *ledger.Ledger, c cache.Cache, clk clock.PassiveClock, log logr.Logger) *Budgets {
+	b := &Budgets{ledger: l, clock: clk, cache: c, log: log, kick: make(chan struct{}, 1),
+		peers: map[string]map[string]budget.Peer{}, lists: map[string][]budget.Peer{}}
+	b.budgets.Store(&map[string][]mfv1.TokenBudget{})
+	return b
+}
+
+// Synced reports whether the budgets were read from synced informers.
+func (b *Budgets) Synced() bool { return b.synced.Load() }
+
+// SetBudgets replaces every namespace's budgets with bs.
+func (b *Budgets) SetBudgets(bs []mfv1.TokenBudget) {
+	m := map[string][]mfv1.TokenBudget{}
+	for _, tb := range bs {
+		m[tb.Namespace] = append(m[tb.Namespace], tb)
+	}
+	b.budgets.Store(&m)
+}
+
+// admit checks id's request against its budgets; a refusal is the 429 to answer.
+// done ends an admitted request (nil for callers that are not counted).
+func (b *Budgets) admit(id tenancy.Identity) (done func(), refusal *apiError) {
+	if id.Admin || id.Namespace == "" {
+		return nil, nil
+	}
+	bs := (*b.budgets.Load())[id.Namespace]
+	d, done := b.ledger.Admit(id.Namespace, id.Name, func(own budget.Own) budget.Decision {
+		if len(bs) == 0 {
+			return budget.Decision{Allowed: true}
+		}
+		b.mu.RLock()
+		peers := b.lists[id.Namespace]
+		b.mu.RUnlock()
+		return budget.Decide(bs, id.Name, own, peers, b.clock.Now())
+	})
+	if d.Allowed {
+		return done, nil
+	}
+	return nil, budgetExceeded(d, b.clock.Now())
+}
+
+// record adds an answer's usage to id's ledger.
+func (b *Budgets) record(id tenancy.Identity, deployment string, u metering.Usage) {
+	if id.Admin || id.Namespace == "" {
+		return
+	}
+	b.ledger.Record(id.Namespace, id.Name, deployment, u)
+}
+
+// budgetExceeded is the 429 of a refusal: its message names the budget, the window,
+// the limit, what was used and when it resets; Retry-After is the whole seconds until
+// then.
+func budgetExceeded(d budget.Decision, now time.Time) *apiError {
+	return &apiError{Status: http.StatusTooManyRequests, Type: typeRateLimit, Code: codeBudgetExceeded,
+		Message: d.Message(), RetryAfter: d.RetryAfter(now), reason: "budget_exceeded"}
+}
+
+func (b *Budgets) poke() {
+	select {
+	case b.kick <- struct{}{}:
+	default:
+	}
+}
+
+// Start follows the TokenBudgets and the TokenUsage records until ctx ends.
+func (b *Budgets) Start(ctx context.Context) error {
+	tbs, err := b.cache.GetInformer(ctx, &mfv1.TokenBudget{})
+	if err != nil {
+		return fmt.Errorf("informer for TokenBudgets: %w", err)
+	}
+	if _, err := tbs.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+		AddFunc: func(any) { b.poke() }, UpdateFunc: func(any, any) { b.poke() }, DeleteFunc: func(any) { b.poke() },
+	}); err != nil {
+		return fmt.Errorf("watching TokenBudgets: %w", err)
+	}
+	tus, err := b.cache.GetInformer(ctx, &mfv1.TokenUsage{})
+	if err != nil {
+		return fmt.Errorf("informer for TokenUsages: %w", err)
+	}
+	if _, err := tus.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { b.peer(obj, false) },
+		UpdateFunc: func(_, obj any) { b.peer(obj, false) },
+		DeleteFunc: func(obj any) { b.peer(obj, true) },
+	}); err != nil {
+		return fmt.Errorf("watching TokenUsages: %w", err)
+	}
+	if !b.cache.WaitForCacheSync(ctx) {
+		return ctx.Err()
+	}
+	rebuildLoop(ctx, b.kick, func(ctx context.Context) error {
+		var l mfv1.TokenBudgetList
+		if err := b.cache.List(ctx, &l); err != nil {
+			return fmt.Errorf("listing TokenBudgets: %w", err)
+		}
+		b.SetBudgets(l.Items)
+		b.log.V(1).Info("TokenBudgets read", "budgets", len(l.Items))
+		return nil
+	}, func(err error) {
+		b.log.Error(err, "Reading the TokenBudgets; keeping the previous ones")
+	}, &b.synced)
+	return nil
+}
+
+// peer follows another replica's record: kept while it is of today or yesterday
+// (a day's last minutes are read while the next begins), dropped when deleted.
+func (b *Budgets) peer(obj any, deleted bool) {
+	if d, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
+		obj, deleted = d.Obj, true
+	}
+	tu, ok := obj.(*mfv1.TokenUsage)
+	if !ok || tu.Spec.Gateway == b.ledger.Gateway() {
+		return
+	}
+	keep := !deleted && tu.Spec.Day >= b.clock.Now().UTC().AddDate(0, 0, -1).Format(time.DateOnly)
+	var p budget.Peer
+	if keep {
+		p = budget.PeerFrom(tu)
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	ns := b.peers[tu.Namespace]
+	if !keep {
+		if _, had := ns[tu.Name]; !had {
+			return
+		}
+		delete(ns, tu.Name)
+	} else {
+		if ns == nil {
+			ns = map[string]budget.Peer{}
+			b.peers[tu.Namespace] = ns
+		}
+		ns[tu.Name] = p
+	}
+	list := make([]budget.Peer, 0, len(ns))
+	for _, p := range ns {
+		list = append(list, p)
+	}
+	b.lists[tu.Namespace] = list
+}

@@ -1,0 +1,178 @@
+package gateway_test
+
+import (
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
+	"github.com/macfleet/macfleet/gateway"
+	"github.com/macfleet/macfleet/internal/testenv"
+	"github.com/macfleet/macfleet/ledger"
+	"github.com/macfleet/macfleet/metering"
+	"github.com/macfleet/macfleet/tenancy"
+)
+
+// meteredFleet is a namespace with deployment qwen, whose one replica answers every
+// request with a usage of 7 input (2 cached) and 3 output tokens, and a key Secret ci,
+// whose key it returns.
+func meteredFleet(t *testing.T, e *testenv.Env) (*fleet, string) {
+	t.Helper()
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Trailer", metering.Header)
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprint(w, `{"choices":[{"message":{"role":"assistant","content":"hi"}}]}`)
+		w.Header().Set(metering.Header, metering.Usage{Input: 7, Cached: 2, Output: 3}.String())
+	}))
+	t.Cleanup(up.Close)
+	f := &fleet{t: t, c: e.Client, ns: testenv.NewNamespace(t, e.Client)}
+	f.deployment("qwen", "qwen", 1)
+	f.node("mac-"+f.ns, metav1.ConditionTrue)
+	f.replica("qwen-0", "qwen", "mac-"+f.ns)
+	f.setReplica("qwen-0", metav1.ConditionTrue, strings.TrimPrefix(up.URL, "http://"))
+	s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: f.ns, Name: "ci"}, Type: tenancy.SecretType,
+		Data: map[string][]byte{tenancy.KeyField: []byte("ledger-key-" + f.ns)}}
+	if err := e.Client.Create(t.Context(), s); err != nil {
+		t.Fatal(err)
+	}
+	return f, "ledger-key-" + f.ns
+}
+
+func chatAs(g runningGateway, key string) (int, string) {
+	return send(http.MethodPost, g.url+"/v1/chat/completions", `{"model":"qwen","messages":[{"role":"user","content":"hi"}]}`, key)
+}
+
+// usageRecord waits until the gateway's record of the day in ns counts key ci's
+// requests to qwen as want.
+func usageRecord(t *testing.T, e *testenv.Env, ns, gw string, requests int64) {
+	t.Helper()
+	name := ledger.RecordName(gw, time.Now())
+	want := mfv1.KeyUsage{Key: "ci", Deployment: ns + "/qwen", Requests: requests, InputTokens: 7 * requests,
+		CachedTokens: 2 * requests, OutputTokens: 3 * requests}
+	testenv.Eventually(t, 5*time.Second, 20*time.Millisecond, func() (bool, string) {
+		var tu mfv1.TokenUsage
+		if err := e.Client.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: name}, &tu); err != nil {
+			return false, err.Error()
+		}
+		return len(tu.Spec.Usage) == 1 && tu.Spec.Usage[0] == want && len(tu.Spec.Windows) == 1 && tu.Spec.Windows[0].Key == "ci",
+			fmt.Sprintf("record %s: %+v, want usage %+v", name, tu.Spec, want)
+	})
+}
+
+// TestLedgerReadBackAfterRestart: a gateway replica that restarts reads its record of
+// the day back and counts on, in the record and against a budget: the tokens it
+// counted before the restart still fill the key's minute.
+func TestLedgerReadBackAfterRestart(t *testing.T) {
+	e := cluster(t)
+	f, key := meteredFleet(t, e)
+	cfg := gateway.Config{TenantKeys: true, GatewayID: "gw-restart"}
+	g := startGateway(t, e, cfg)
+	// The budget's minute is the one the requests before the restart counted in:
+	// they start in a minute's first 30 s.
+	testenv.Eventually(t, 40*time.Second, 50*time.Millisecond, func() (bool, string) {
+		return time.Now().Second() < 30, "waiting for a minute's first 30 s"
+	})
+	minute := time.Now().Truncate(time.Minute)
+	testenv.Eventually(t, 10*time.Second, 20*time.Millisecond, func() (bool, string) {
+		code, body := chatAs(g, key)
+		return code == http.StatusOK, fmt.Sprintf("the key's request: %d %s", code, body)
+	})
+	if code, body := chatAs(g, key); code != http.StatusOK {
+		t.Fatalf("the second request: %d %s", code, body)
+	}
+	usageRecord(t, e, f.ns, "gw-restart", 2)
+	g.stop()
+	b := &mfv1.TokenBudget{ObjectMeta: metav1.ObjectMeta{Namespace: f.ns, Name: "ci-minute"},
+		Spec: mfv1.TokenBudgetSpec{Key: "ci", TokensPerMinute: ptr.To[int64](30)}}
+	if err := e.Client.Create(t.Context(), b); err != nil {
+		t.Fatal(err)
+	}
+
+	g = startGateway(t, e, cfg)
+	code, body := chatAs(g, key)
+	if !time.Now().Truncate(time.Minute).Equal(minute) {
+		t.Skip("the minute ended during the restart: the budget's minute is not the one counted")
+	}
+	if code != http.StatusOK {
+		t.Fatalf("20 of 30 tokens used, the request after the restart: %d %s", code, body)
+	}
+	usageRecord(t, e, f.ns, "gw-restart", 3)
+	if code, body := chatAs(g, key); code != http.StatusTooManyRequests {
+		t.Errorf("30 of 30 tokens used, 20 of them before the restart: %d %s, want 429", code, body)
+	}
+}
+
+// TestLedgerAsGateway runs the gateway with --tenant-keys as its own identity, with
+// the ClusterRole and admission policies that ship: a team key's answer is written to
+// the gateway's usage record of the day in the key's namespace, a TokenBudget created
+// while it runs refuses the key within 5 s, and the gateway's identity cannot write a
+// record under another replica's name, or one named otherwise than its own.
+func TestLedgerAsGateway(t *testing.T) {
+	e := cluster(t)
+	cfg := asGateway(t, e)
+	const id = "gw-ledger"
+	g := startGateway(t, e, gateway.Config{RestConfig: cfg, TenantKeys: true, GatewayID: id})
+	f, key := meteredFleet(t, e)
+	chat := func() (int, string) { return chatAs(g, key) }
+	testenv.Eventually(t, 10*time.Second, 20*time.Millisecond, func() (bool, string) {
+		code, body := chat()
+		return code == http.StatusOK, fmt.Sprintf("the key's request: %d %s", code, body)
+	})
+
+	usageRecord(t, e, f.ns, id, 1)
+	name := ledger.RecordName(id, time.Now())
+
+	b := &mfv1.TokenBudget{ObjectMeta: metav1.ObjectMeta{Namespace: f.ns, Name: "ci-hour"},
+		Spec: mfv1.TokenBudgetSpec{Key: "ci", TokensPerHour: ptr.To[int64](10)}}
+	if err := e.Client.Create(t.Context(), b); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 5*time.Second, 20*time.Millisecond, func() (bool, string) {
+		code, body := chat()
+		return code == http.StatusTooManyRequests && strings.Contains(body, "TokenBudget "+f.ns+"/ci-hour allows 10 tokens per hour"),
+			fmt.Sprintf("over the budget: %d %s", code, body)
+	})
+
+	// The gateway's identity, in its pod, writes only its own records. The API server
+	// loads a new admission policy asynchronously: wait for the first denial.
+	pod := rest.CopyConfig(cfg)
+	pod.Impersonate.Extra = map[string][]string{"authentication.kubernetes.io/pod-name": {id}}
+	gc, err := client.New(pod, client.Options{Scheme: e.Scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	day := time.Now().UTC().Format(time.DateOnly)
+	record := func(name, gw string) *mfv1.TokenUsage {
+		return &mfv1.TokenUsage{ObjectMeta: metav1.ObjectMeta{Namespace: f.ns, Name: name},
+			Spec: mfv1.TokenUsageSpec{Gateway: gw, Day: day}}
+	}
+	testenv.Eventually(t, 30*time.Second, 50*time.Millisecond, func() (bool, string) {
+		err := gc.Create(t.Context(), record("gw-other."+day, "gw-other"))
+		return apierrors.IsForbidden(err) && strings.Contains(err.Error(), "gateway pod gw-ledger writes only its own TokenUsage records"),
+			fmt.Sprintf("another replica's record: %v, want Forbidden", err)
+	})
+	if err := gc.Create(t.Context(), record("renamed", id)); !apierrors.IsForbidden(err) ||
+		!strings.Contains(err.Error(), "names its TokenUsage records <spec.gateway>.<spec.day>") {
+		t.Errorf("a record not named <gateway>.<day>: %v, want Forbidden", err)
+	}
+	if err := gc.Patch(t.Context(), record(name, id), client.RawPatch(types.MergePatchType,
+		[]byte(`{"spec":{"gateway":"gw-other"}}`))); !apierrors.IsForbidden(err) {
+		t.Errorf("its own record moved to another replica: %v, want Forbidden", err)
+	}
+	// Its own record it may rewrite.
+	if err := gc.Patch(t.Context(), record(name, id), client.RawPatch(types.MergePatchType,
+		[]byte(`{"spec":{"renewTime":"`+time.Now().UTC().Format("2006-01-02T15:04:05.000000Z")+`"}}`))); err != nil {
+		t.Errorf("its own record: %v", err)
+	}
+}

@@ -6,8 +6,10 @@
 # waits for the replicas to be Ready, streams a chat completion through the gateway,
 # makes a tool call, wakes the autoscaled sample from zero replicas with a request,
 # runs Claude Code against the 32k-context coder sample (when hack/npm's clients are
-# installed), shows `kubectl get md,mr,mn`, and keeps the fleet running until Ctrl-C
-# (DEMO_EXIT=1 exits instead).
+# installed), shows a team's key scoped to its namespace and its usage, shows `kubectl
+# get md,mr,mn`, and keeps the fleet running until Ctrl-C (DEMO_EXIT=1 exits instead).
+# The gateway runs as the chart runs it by default, with team keys: the operator's
+# steps use the admin key the local fleet writes into fleet.env (ADMIN_KEY).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 root=$PWD
@@ -50,8 +52,8 @@ say "kubectl apply -f config/samples/"
 "$kubectl" wait --for=condition=Available md/tiny-chat --timeout=300s
 
 say "A streamed chat completion through the gateway ($GATEWAY)"
-echo "\$ curl -N $GATEWAY/v1/chat/completions -d '{\"model\":\"tiny-chat\",\"stream\":true,...}'"
-curl -sSN "$GATEWAY/v1/chat/completions" -H 'Content-Type: application/json' \
+echo "\$ curl -N $GATEWAY/v1/chat/completions -H \"Authorization: Bearer \$ADMIN_KEY\" -d '{\"model\":\"tiny-chat\",\"stream\":true,...}'"
+curl -sSN "$GATEWAY/v1/chat/completions" -H "Authorization: Bearer $ADMIN_KEY" -H 'Content-Type: application/json' \
 	-d '{"model":"tiny-chat","stream":true,"max_tokens":24,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"Say hello to the fleet."}]}' |
 	tee "$work/stream.txt" | sed -n '1,4p;/usage/p;/DONE/p' | cut -c1-200
 grep -q '^data: \[DONE\]' "$work/stream.txt" || { echo "the stream did not end with [DONE]" >&2; exit 1; }
@@ -63,19 +65,19 @@ say "A tool call: the model's own chat template renders the tools, tool_choice \
 tool_body='{"model":"tiny-chat","max_tokens":160,"temperature":0,"parallel_tool_calls":false,"tool_choice":"required","messages":[{"role":"user","content":"Weather in Paris?"}],
  "tools":[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object",
  "properties":{"city":{"type":"string","maxLength":24}},"required":["city"],"additionalProperties":false}}}]}'
-echo "\$ curl $GATEWAY/v1/chat/completions -d '{\"model\":\"tiny-chat\",\"tool_choice\":\"required\",\"tools\":[get_weather],...}'"
-curl -sS "$GATEWAY/v1/chat/completions" -H 'Content-Type: application/json' -d "$tool_body" | tee "$work/tool.json" | cut -c1-400
+echo "\$ curl $GATEWAY/v1/chat/completions -H \"Authorization: Bearer \$ADMIN_KEY\" -d '{\"model\":\"tiny-chat\",\"tool_choice\":\"required\",\"tools\":[get_weather],...}'"
+curl -sS "$GATEWAY/v1/chat/completions" -H "Authorization: Bearer $ADMIN_KEY" -H 'Content-Type: application/json' -d "$tool_body" | tee "$work/tool.json" | cut -c1-400
 echo
 grep -q '"finish_reason":"tool_calls"' "$work/tool.json" || { echo "no tool call came back" >&2; exit 1; }
 
 say "The OnDemand sample loads on its first request (the gateway holds it meanwhile)"
 "$kubectl" wait --for=condition=Available md/tiny-chat-ondemand --timeout=300s
-curl -sS "$GATEWAY/v1/chat/completions" -H 'Content-Type: application/json' -w '\n' \
+curl -sS "$GATEWAY/v1/chat/completions" -H "Authorization: Bearer $ADMIN_KEY" -H 'Content-Type: application/json' -w '\n' \
 	-d '{"model":"tiny-chat-ondemand","max_tokens":8,"messages":[{"role":"user","content":"Hi"}]}' | cut -c1-300
 
 say "The autoscaled sample is at zero replicas; its first request wakes it (the gateway holds it meanwhile)"
 "$kubectl" get md tiny-chat-autoscaled
-curl -sS "$GATEWAY/v1/chat/completions" -H 'Content-Type: application/json' -w '\n' \
+curl -sS "$GATEWAY/v1/chat/completions" -H "Authorization: Bearer $ADMIN_KEY" -H 'Content-Type: application/json' -w '\n' \
 	-d '{"model":"tiny-chat-autoscaled","max_tokens":8,"messages":[{"role":"user","content":"Hi"}]}' |
 	tee "$work/wake.json" | cut -c1-300
 grep -q '"finish_reason"' "$work/wake.json" || { echo "the autoscaled sample did not answer from zero" >&2; exit 1; }
@@ -83,9 +85,9 @@ grep -q '"finish_reason"' "$work/wake.json" || { echo "the autoscaled sample did
 
 say "A coding agent: Claude Code against the gateway (config/samples/coder.yaml, 32k context)"
 "$kubectl" wait --for=condition=Available md/coder --timeout=300s
-claude_env=(ANTHROPIC_BASE_URL="$GATEWAY" ANTHROPIC_API_KEY=demo ANTHROPIC_MODEL=coder
+claude_env=(ANTHROPIC_BASE_URL="$GATEWAY" ANTHROPIC_API_KEY="$ADMIN_KEY" ANTHROPIC_MODEL=coder
 	ANTHROPIC_DEFAULT_HAIKU_MODEL=coder CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1)
-echo "\$ ${claude_env[*]} claude -p \"Say hi\""
+echo "\$ ${claude_env[*]/$ADMIN_KEY/\$ADMIN_KEY} claude -p \"Say hi\""
 claude_bin=${CACHE_DIR:-$HOME/.cache/macfleet}/npm/node_modules/.bin/claude
 if [[ -x $claude_bin ]]; then
 	# The model answers "Hi"; the first turn prefills Claude Code's ~20k-token prompt.
@@ -97,12 +99,49 @@ else
 	echo " into ${CACHE_DIR:-$HOME/.cache/macfleet}/npm. README: \"Use with Claude Code\", \"Use with Codex\".)"
 fi
 
+say "Teams: a key of namespace team-a reaches what team-a may use, and nothing else"
+team_key=$(od -An -N24 -tx1 /dev/urandom | tr -d " \n")
+echo "\$ kubectl create namespace team-a"
+echo "\$ kubectl -n team-a create secret generic demo-key --type=macfleet.dev/api-key --from-literal=key=\$TEAM_KEY"
+"$kubectl" create namespace team-a
+"$kubectl" -n team-a create secret generic demo-key --type=macfleet.dev/api-key --from-literal=key="$team_key"
+team_chat() { # team_chat OUTPUT: the team key's chat with tiny-chat; prints the HTTP status
+	curl -sS -o "$1" -w '%{http_code}' "$GATEWAY/v1/chat/completions" -H "Authorization: Bearer $team_key" \
+		-H 'Content-Type: application/json' -d '{"model":"tiny-chat","max_tokens":8,"messages":[{"role":"user","content":"Hi"}]}'
+}
+wait_for 10 "the gateway to take the new key" sh -c "curl -sf -o /dev/null -H 'Authorization: Bearer $team_key' $GATEWAY/v1/models"
+echo "tiny-chat lives in namespace default, so to team-a's key it does not exist:"
+status=$(team_chat "$work/team.json")
+echo "  $status $(cut -c1-200 "$work/team.json")"
+[[ $status == 404 ]] || { echo "team-a's key reached another namespace's model (HTTP $status)" >&2; exit 1; }
+echo "\$ kubectl patch md tiny-chat --type=merge -p '{\"spec\":{\"access\":{\"namespaces\":[\"team-a\"]}}}'"
+"$kubectl" patch md tiny-chat --type=merge -p '{"spec":{"access":{"namespaces":["team-a"]}}}'
+wait_for 10 "the grant to reach the gateway" sh -c "[ \"\$(curl -s -o /dev/null -w '%{http_code}' -H 'Authorization: Bearer $team_key' $GATEWAY/v1/models/tiny-chat)\" = 200 ]"
+status=$(team_chat "$work/team.json")
+echo "  $status $(cut -c1-200 "$work/team.json")"
+[[ $status == 200 ]] || { echo "the granted model did not answer team-a's key (HTTP $status)" >&2; exit 1; }
+echo "\$ macfleet usage -n team-a      # the gateways' ledger (TokenUsage), summed per day and key"
+wait_for 10 "the gateway's ledger" sh -c "bin/macfleet usage -n team-a -o csv | grep -q demo-key"
+bin/macfleet usage -n team-a
+echo "A budget of 1 token a minute for team-a: its next request is refused until the minute ends"
+"$kubectl" apply -f - <<'YAML'
+apiVersion: macfleet.dev/v1alpha1
+kind: TokenBudget
+metadata: {name: demo, namespace: team-a}
+spec: {tokensPerMinute: 1}
+YAML
+wait_for 10 "the budget to refuse team-a" sh -c "[ \"\$(curl -s -D '$work/budget.headers' -o '$work/budget.json' -w '%{http_code}' \
+	-H 'Authorization: Bearer $team_key' -H 'Content-Type: application/json' $GATEWAY/v1/chat/completions \
+	-d '{\"model\":\"tiny-chat\",\"max_tokens\":8,\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}]}')\" = 429 ]"
+echo "  429 $(grep -i '^retry-after' "$work/budget.headers" | tr -d '\r') $(cut -c1-240 "$work/budget.json")"
+
 say "kubectl get md,mr,mn"
 "$kubectl" get md,mr,mn -o wide
 
 say "Running"
-echo "Gateway:  $GATEWAY/v1   (models: curl $GATEWAY/v1/models)"
-echo "Console:  $GATEWAY/ui/   (Macs, models, unloads, playground; no API keys on the local fleet)"
+echo "Gateway:  $GATEWAY/v1   (models: curl -H \"Authorization: Bearer \$ADMIN_KEY\" $GATEWAY/v1/models)"
+echo "Console:  $GATEWAY/ui/   (Macs, models, unloads, usage, playground; sign in with the admin key or team-a's)"
+echo "Keys:     ADMIN_KEY=$ADMIN_KEY   TEAM_KEY=$team_key (team-a)"
 echo "Kube:     export KUBECONFIG=$KUBECONFIG"
 echo "Logs:     $LOGS/"
 if [[ ${DEMO_EXIT:-0} == 1 ]]; then

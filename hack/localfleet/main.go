@@ -7,6 +7,8 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"flag"
 	"fmt"
 	"os"
@@ -45,7 +47,21 @@ func run(dir, binary, runner, envFile, modelsAddr string) error {
 	start := time.Now()
 	startCtx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
-	fleet, err := localfleet.Start(startCtx, localfleet.Options{Binary: binary, Runner: runner, Dir: dir, ModelsAddr: modelsAddr, Log: os.Stdout})
+	// The gateway runs as the chart runs it by default: every request needs a key, a
+	// team's key (a Secret in its namespace) or the operator's admin key written here.
+	adminKey, err := newKey()
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	keysFile := filepath.Join(dir, "admin-keys")
+	if err := os.WriteFile(keysFile, []byte(adminKey+"\n"), 0o600); err != nil {
+		return err
+	}
+	fleet, err := localfleet.Start(startCtx, localfleet.Options{Binary: binary, Runner: runner, Dir: dir, ModelsAddr: modelsAddr, Log: os.Stdout,
+		GatewayArgs: []string{"--tenant-keys", "--api-keys-file", keysFile}})
 	if err != nil {
 		return err
 	}
@@ -73,8 +89,8 @@ func run(dir, binary, runner, envFile, modelsAddr string) error {
 		return err
 	}
 
-	env := fmt.Sprintf("KUBECONFIG=%s\nGATEWAY=%s\nMODELS_URL=%s\nFLEET_TOKEN=%s\nLOGS=%s\n",
-		fleet.AdminKubeconfig, fleet.GatewayURL, fleet.ModelsURL, fleet.FleetToken, fleet.LogDir())
+	env := fmt.Sprintf("KUBECONFIG=%s\nGATEWAY=%s\nADMIN_KEY=%s\nMODELS_URL=%s\nFLEET_TOKEN=%s\nLOGS=%s\n",
+		fleet.AdminKubeconfig, fleet.GatewayURL, adminKey, fleet.ModelsURL, fleet.FleetToken, fleet.LogDir())
 	if err := os.WriteFile(envFile+".tmp", []byte(env), 0o600); err != nil {
 		return err
 	}
@@ -86,4 +102,13 @@ func run(dir, binary, runner, envFile, modelsAddr string) error {
 	stop() // a second Ctrl-C kills at once
 	fmt.Println("\nStopping the fleet")
 	return nil
+}
+
+// newKey is a random API key.
+func newKey() (string, error) {
+	b := make([]byte, 24)
+	if _, err := rand.Read(b); err != nil {
+		return "", err
+	}
+	return hex.EncodeToString(b), nil
 }

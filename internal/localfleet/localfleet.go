@@ -69,6 +69,8 @@ type Options struct {
 	ModelsAddr string
 	// AgentArgs are extra arguments for every agent.
 	AgentArgs []string
+	// GatewayArgs are extra arguments for every gateway replica.
+	GatewayArgs []string
 	// Gateways is how many gateway replicas run (each its own process and port); 1
 	// when 0.
 	Gateways int
@@ -262,6 +264,7 @@ func Start(ctx context.Context, opts Options) (_ *Fleet, err error) {
 			"--listen", "127.0.0.1:" + strconv.Itoa(gw), "--metrics-bind-address", "0",
 			"--health-probe-bind-address", "127.0.0.1:" + strconv.Itoa(gwProbe),
 			"--fleet-token-file", tokenFile}, readyz: fmt.Sprintf("http://127.0.0.1:%d/readyz", gwProbe)}
+		c.args = append(c.args, opts.GatewayArgs...)
 		f.gateways = append(f.gateways, c)
 		if err := f.startComponent(ctx, c); err != nil {
 			return nil, err

@@ -109,3 +109,63 @@ func TestCancelEndsAStreamWithItsUsage(t *testing.T) {
 		t.Errorf("a cancel freed the slot in %v, a dropped connection in %v", freed, freedByDrop)
 	}
 }
+
+// TestAbortReportsTheUsageBeforeTheError: a stream that asked for usage and that the
+// runner ends with an error midway (here POST /abort, as the agent sends to unload a
+// model) gets the usage of what was generated before the error event, so that an
+// answer that fails midway is metered too.
+func TestAbortReportsTheUsageBeforeTheError(t *testing.T) {
+	r := startReady(t, model(t, "tiny"))
+	body := chatBody("Tell me a long story about a mountain", 500, true)
+	body["stream_options"] = map[string]any{"include_usage": true}
+	body["logprobs"] = true
+	resp, err := r.post(context.Background(), "/v1/chat/completions", body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var (
+		tokens  int
+		usage   *api.Usage
+		errored bool
+		aborted bool
+	)
+	_, _, err = readSSE(t, resp.Body, func(ev sseEvent) bool {
+		var c struct {
+			api.ChatCompletionChunk
+			Error *api.Error `json:"error"`
+		}
+		if err := json.Unmarshal([]byte(ev.data), &c); err != nil {
+			t.Fatalf("bad chunk %q: %v", ev.data, err)
+		}
+		if c.Error != nil {
+			if usage == nil {
+				t.Errorf("the error event %q came without a usage chunk before it", ev.data)
+			}
+			errored = true
+			return false
+		}
+		for _, ch := range c.Choices {
+			if ch.Logprobs != nil {
+				tokens += len(ch.Logprobs.Content)
+			}
+		}
+		if c.Usage != nil {
+			usage = c.Usage
+		}
+		if tokens >= 3 && !aborted {
+			aborted = true
+			var out api.Abort
+			if code := r.postJSON("/abort", nil, &out); code != http.StatusOK || out.Aborted != 1 {
+				t.Fatalf("POST /abort: %d %+v", code, out)
+			}
+		}
+		return true
+	})
+	if err != nil || !errored || usage == nil {
+		t.Fatalf("the aborted stream: error event %v, usage %+v, %v", errored, usage, err)
+	}
+	if usage.CompletionTokens != tokens || usage.PromptTokens == 0 {
+		t.Errorf("usage %+v for %d tokens streamed: want completion_tokens = the tokens streamed", *usage, tokens)
+	}
+}

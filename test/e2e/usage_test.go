@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -131,16 +132,16 @@ func TestUsageMetersEveryAnswer(t *testing.T) {
 	kinds := map[string]int{}
 	// cancelled are the abandoned streams' trace ids by key: their output is what their
 	// runner reports it generated.
-	cancelled := map[labels][]string{}
+	cancelled := map[labels][]abandoned{}
 	for i := range total {
 		c := callers[i%len(callers)]
 		uc := usageCases[(i/len(callers))%len(usageCases)]
 		l := labels{c.ns, c.name}
 		var u metering.Usage
 		if uc.cancelled {
-			var trace string
-			u, trace = cancelMidStream(t, base, uc.path, c.key, uc.body("assistant", i))
-			cancelled[l] = append(cancelled[l], trace)
+			var a abandoned
+			u, a = cancelMidStream(t, base, uc.path, c.key, uc.body("assistant", i))
+			cancelled[l] = append(cancelled[l], a)
 		} else {
 			u = postForUsage(t, base, uc.path, c.key, uc.body("assistant", i))
 		}
@@ -149,23 +150,32 @@ func TestUsageMetersEveryAnswer(t *testing.T) {
 		kinds[uc.name]++
 	}
 	t.Logf("%d requests: %v", total, kinds)
-	for l, traces := range cancelled {
-		for _, trace := range traces {
-			n := runnerGenerated(t, rcv, trace)
+	// stops are how long after its client went away each abandoned answer's runner
+	// stopped generating (its runner.decode span's end).
+	var stops []time.Duration
+	for l, as := range cancelled {
+		for _, a := range as {
+			n, end := runnerGenerated(t, rcv, a.trace)
 			if n <= 0 || n >= cancelledMaxTokens {
 				t.Errorf("trace %s: the runner generated %d tokens of %d: the stream was not cut off mid-stream",
-					trace, n, cancelledMaxTokens)
+					a.trace, n, cancelledMaxTokens)
 			}
 			u := sums[l]
 			u.Output += int64(n)
 			sums[l] = u
+			stops = append(stops, end.Sub(a.gone))
 		}
+	}
+	slices.Sort(stops)
+	if len(stops) > 0 {
+		t.Logf("%d abandoned streams: the runner stopped generating %v (median), %v (max) after the client went away",
+			len(stops), stops[len(stops)/2], stops[len(stops)-1])
 	}
 	for _, ns := range []string{nsA, nsB} {
 		var want float64
-		for l, traces := range cancelled {
+		for l, as := range cancelled {
 			if l.ns == ns {
-				want += float64(len(traces))
+				want += float64(len(as))
 			}
 		}
 		l := map[string]string{"model": ns + "/assistant", "outcome": "metered"}
@@ -211,11 +221,17 @@ func restartAgentsWith(t *testing.T, env []string) {
 	t.Cleanup(func() { restart(nil) })
 }
 
+// abandoned is a stream its client went away from: its trace id and when it left.
+type abandoned struct {
+	trace string
+	gone  time.Time
+}
+
 // cancelMidStream posts a streamed chat completion whose first chunk carries the
 // prompt's usage (runnerapi.HeaderPromptUsage), under a trace of its own, reads until
 // some content arrived and then goes away. It returns the prompt's usage (no output)
-// and the trace id.
-func cancelMidStream(t *testing.T, base, path, key, body string) (metering.Usage, string) {
+// and the stream.
+func cancelMidStream(t *testing.T, base, path, key, body string) (metering.Usage, abandoned) {
 	t.Helper()
 	trace := rand.Text()[:16]
 	trace = fmt.Sprintf("%x", trace)
@@ -264,30 +280,35 @@ func cancelMidStream(t *testing.T, base, path, key, body string) (metering.Usage
 	if prompt.Output != 0 {
 		t.Fatalf("trace %s: the first chunk's usage %+v has output tokens", trace, *prompt)
 	}
-	return *prompt, trace
+	cancel()
+	return *prompt, abandoned{trace: trace, gone: time.Now()}
 }
 
 // runnerGenerated is how many tokens the runner says it generated for the request of
-// trace id trace: the macfleet.completion_tokens of its runner.decode span.
-func runnerGenerated(t *testing.T, rcv *otlptest.Receiver, trace string) int {
+// trace id trace, and when it stopped: the macfleet.completion_tokens and the end of
+// its runner.decode span.
+func runnerGenerated(t *testing.T, rcv *otlptest.Receiver, trace string) (int, time.Time) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
-	find := func(spans []otlptest.Span) (string, bool) {
-		for _, s := range spans {
+	find := func(spans []otlptest.Span) *otlptest.Span {
+		for i, s := range spans {
 			if s.Name == "runner.decode" {
-				return s.Attrs["macfleet.completion_tokens"], true
+				return &spans[i]
 			}
 		}
-		return "", false
+		return nil
 	}
-	spans, err := rcv.Wait(ctx, trace, func(spans []otlptest.Span) bool { _, ok := find(spans); return ok })
-	v, _ := find(spans)
-	n, perr := strconv.Atoi(v)
-	if err != nil || perr != nil {
-		t.Fatalf("trace %s: no runner.decode span with a token count (%v, %v): %v", trace, err, perr, describeSpans(spans))
+	spans, err := rcv.Wait(ctx, trace, func(spans []otlptest.Span) bool { return find(spans) != nil })
+	s := find(spans)
+	if err != nil || s == nil {
+		t.Fatalf("trace %s: no runner.decode span (%v): %v", trace, err, describeSpans(spans))
 	}
-	return n
+	n, err := strconv.Atoi(s.Attrs["macfleet.completion_tokens"])
+	if err != nil {
+		t.Fatalf("trace %s: runner.decode has no token count: %v", trace, s.Attrs)
+	}
+	return n, s.End
 }
 
 // postForUsage posts body with key and returns the usage the response reports to the

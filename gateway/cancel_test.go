@@ -108,12 +108,13 @@ func abandon(t *testing.T, url string) time.Time {
 	return time.Now()
 }
 
-// TestCancelledStreamIsMetered: a client that goes away mid-stream makes the gateway
-// ask the agent (with the fleet token) to cancel the request it named; the agent's
-// stream ends with the usage of what was generated, and the gateway counts it.
-func TestCancelledStreamIsMetered(t *testing.T) {
-	a := newCancelAgent(t, true, false)
-	g := newTestGateway(t, Options{})
+// cancelThrough puts a gateway with opts in front of a, abandons a stream through
+// it, waits until a's stream handler returned and waits for the cancellation's
+// outcome to be counted. It returns the gateway and how long after the client went
+// away a's stream ended.
+func cancelThrough(t *testing.T, a *cancelAgent, opts Options, outcome string) (*testGateway, time.Duration) {
+	t.Helper()
+	g := newTestGateway(t, opts)
 	g.serveReplicas(strings.TrimPrefix(a.URL, "http://"))
 	gone := abandon(t, g.url)
 	select {
@@ -122,13 +123,27 @@ func TestCancelledStreamIsMetered(t *testing.T) {
 		t.Fatal("the agent's stream did not end after the client went away")
 	}
 	took := time.Since(gone)
+	testenv.Eventually(t, 5*time.Second, 10*time.Millisecond, func() (bool, string) {
+		n := testutil.ToFloat64(g.metrics.cancellations.WithLabelValues("a/m", outcome))
+		return n == 1, fmt.Sprintf("cancellations{%s} = %v, want 1", outcome, n)
+	})
+	return g, took
+}
+
+// metered is the gateway's count of answers with usage of deployment a/m.
+func (g *testGateway) metered() float64 {
+	return testutil.ToFloat64(g.metrics.usage.Requests.WithLabelValues("", "", "a/m"))
+}
+
+// TestCancelledStreamIsMetered: a client that goes away mid-stream makes the gateway
+// ask the agent (with the fleet token) to cancel the request it named; the agent's
+// stream ends with the usage of what was generated, and the gateway counts it.
+func TestCancelledStreamIsMetered(t *testing.T) {
+	a := newCancelAgent(t, true, false)
+	g, took := cancelThrough(t, a, Options{}, cancelMetered)
 	tokens := func(kind string) float64 {
 		return testutil.ToFloat64(g.metrics.usage.Tokens.WithLabelValues("", "", "a/m", kind))
 	}
-	testenv.Eventually(t, 5*time.Second, 10*time.Millisecond, func() (bool, string) {
-		n := testutil.ToFloat64(g.metrics.cancellations.WithLabelValues("a/m", cancelMetered))
-		return n == 1, fmt.Sprintf("cancellations{metered} = %v, want 1", n)
-	})
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.generated < 2 {
@@ -138,7 +153,7 @@ func TestCancelledStreamIsMetered(t *testing.T) {
 		cached != 2 || out != float64(a.generated) {
 		t.Errorf("counted input %v cached %v output %v, want 7 2 %d", in, cached, out, a.generated)
 	}
-	if n := testutil.ToFloat64(g.metrics.usage.Requests.WithLabelValues("", "", "a/m")); n != 1 {
+	if n := g.metered(); n != 1 {
 		t.Errorf("usage requests = %v, want 1", n)
 	}
 	if n := testutil.ToFloat64(g.metrics.requests.WithLabelValues("a/m", "chat_completions", "499")); n != 1 {
@@ -153,23 +168,11 @@ func TestCancelledStreamIsMetered(t *testing.T) {
 // TestCancelDropsWhatNoRunnerHas: an agent that has no runner on the request (still
 // queued) answers found false, and the gateway drops the request at once, as before.
 func TestCancelDropsWhatNoRunnerHas(t *testing.T) {
-	a := newCancelAgent(t, false, false)
-	g := newTestGateway(t, Options{})
-	g.serveReplicas(strings.TrimPrefix(a.URL, "http://"))
-	gone := abandon(t, g.url)
-	select {
-	case <-a.ended:
-	case <-time.After(5 * time.Second):
-		t.Fatal("the upstream request was not dropped after the client went away")
-	}
-	if took := time.Since(gone); took > time.Second {
+	g, took := cancelThrough(t, newCancelAgent(t, false, false), Options{}, cancelNotRunning)
+	if took > time.Second {
 		t.Errorf("the upstream request was dropped %v after the client went away, want well under the grace", took)
 	}
-	testenv.Eventually(t, 5*time.Second, 10*time.Millisecond, func() (bool, string) {
-		n := testutil.ToFloat64(g.metrics.cancellations.WithLabelValues("a/m", cancelNotRunning))
-		return n == 1, fmt.Sprintf("cancellations{not_running} = %v, want 1", n)
-	})
-	if n := testutil.ToFloat64(g.metrics.usage.Requests.WithLabelValues("", "", "a/m")); n != 0 {
+	if n := g.metered(); n != 0 {
 		t.Errorf("usage requests = %v, want 0", n)
 	}
 }
@@ -178,23 +181,11 @@ func TestCancelDropsWhatNoRunnerHas(t *testing.T) {
 // dropped once CancelGrace has passed, and counted as timed out, its usage lost.
 func TestCancelGraceBoundsTheWait(t *testing.T) {
 	const grace = 300 * time.Millisecond
-	a := newCancelAgent(t, true, true)
-	g := newTestGateway(t, Options{CancelGrace: grace})
-	g.serveReplicas(strings.TrimPrefix(a.URL, "http://"))
-	gone := abandon(t, g.url)
-	select {
-	case <-a.ended:
-	case <-time.After(5 * time.Second):
-		t.Fatal("the upstream request was not dropped after the grace")
-	}
-	if took := time.Since(gone); took < grace || took > grace+2*time.Second {
+	g, took := cancelThrough(t, newCancelAgent(t, true, true), Options{CancelGrace: grace}, cancelTimedOut)
+	if took < grace || took > grace+2*time.Second {
 		t.Errorf("the upstream request was dropped %v after the client went away, want about the grace %v", took, grace)
 	}
-	testenv.Eventually(t, 5*time.Second, 10*time.Millisecond, func() (bool, string) {
-		n := testutil.ToFloat64(g.metrics.cancellations.WithLabelValues("a/m", cancelTimedOut))
-		return n == 1, fmt.Sprintf("cancellations{timed_out} = %v, want 1", n)
-	})
-	if n := testutil.ToFloat64(g.metrics.usage.Requests.WithLabelValues("", "", "a/m")); n != 0 {
+	if n := g.metered(); n != 0 {
 		t.Errorf("usage requests = %v, want 0", n)
 	}
 }

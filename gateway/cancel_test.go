@@ -189,3 +189,28 @@ func TestCancelGraceBoundsTheWait(t *testing.T) {
 		t.Errorf("usage requests = %v, want 0", n)
 	}
 }
+
+// TestCancellationOutcome: how a cancellation is counted, from whether the answer
+// reached its end and what the agent said.
+func TestCancellationOutcome(t *testing.T) {
+	for _, tc := range []struct {
+		state int32
+		ended bool
+		want  string
+	}{
+		{cancelFound, true, cancelMetered},
+		{cancelMissing, true, cancelMetered}, // it ended by itself meanwhile
+		{cancelAsked, true, cancelMetered},
+		{cancelFound, false, cancelTimedOut},
+		{cancelMissing, false, cancelNotRunning},
+		{cancelError, false, cancelFailed},
+		{cancelAsked, false, cancelFailed}, // dropped while the agent was being asked
+		{cancelNone, false, cancelFailed},
+	} {
+		var c cancellation
+		c.state.Store(tc.state)
+		if got := c.outcome(tc.ended); got != tc.want {
+			t.Errorf("state %d, ended %v: %q, want %q", tc.state, tc.ended, got, tc.want)
+		}
+	}
+}

@@ -24,20 +24,27 @@ const cancelTimeout = 5 * time.Second
 // requestRunners are the runners of the requests in progress that a gateway named.
 type requestRunners struct {
 	mu   sync.Mutex
-	byID map[string]metal.Runner
+	byID map[string]*namedRequest
 }
 
-// add registers request id as served by rn and returns the function that removes it.
+// namedRequest is one entry of requestRunners.
+type namedRequest struct{ rn metal.Runner }
+
+// add registers request id as served by rn and returns the function that removes it
+// (only it: a later request with the same id replaces it in the table).
 func (t *requestRunners) add(id string, rn metal.Runner) func() {
+	e := &namedRequest{rn: rn}
 	t.mu.Lock()
 	if t.byID == nil {
-		t.byID = map[string]metal.Runner{}
+		t.byID = map[string]*namedRequest{}
 	}
-	t.byID[id] = rn
+	t.byID[id] = e
 	t.mu.Unlock()
 	return func() {
 		t.mu.Lock()
-		delete(t.byID, id)
+		if t.byID[id] == e {
+			delete(t.byID, id)
+		}
 		t.mu.Unlock()
 	}
 }
@@ -45,8 +52,10 @@ func (t *requestRunners) add(id string, rn metal.Runner) func() {
 func (t *requestRunners) get(id string) (metal.Runner, bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	rn, ok := t.byID[id]
-	return rn, ok
+	if e, ok := t.byID[id]; ok {
+		return e.rn, true
+	}
+	return nil, false
 }
 
 // handleCancel serves POST /api/requests/cancel ({"id": …}): {"found": true} when the

@@ -214,3 +214,17 @@ func TestCancellationOutcome(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkAttemptCancellable is what making an attempt cancellable with its usage
+// costs on every request: its random id, the detached context and the callback on
+// the client's context, registered and removed.
+func BenchmarkAttemptCancellable(b *testing.B) {
+	g := &Gateway{opts: Options{CancelGrace: DefaultCancelGrace}}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	for b.Loop() {
+		var c cancellation
+		_, stop := g.detach(ctx, Backend{}, "a/m", newRequestID(), &c)
+		stop()
+	}
+}

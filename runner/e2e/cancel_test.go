@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"testing"
 	"time"
@@ -168,4 +169,73 @@ func TestAbortReportsTheUsageBeforeTheError(t *testing.T) {
 	if usage.CompletionTokens != tokens || usage.PromptTokens == 0 {
 		t.Errorf("usage %+v for %d tokens streamed: want completion_tokens = the tokens streamed", *usage, tokens)
 	}
+}
+
+// TestCancelEndsAWholeAnswerWithItsUsage: a request that is not streamed, with two
+// choices, cancelled while it generates, is answered at once with what each choice
+// generated so far (finish_reason "cancelled") and a usage that counts exactly those
+// tokens (one logprob each).
+func TestCancelEndsAWholeAnswerWithItsUsage(t *testing.T) {
+	const maxTokens = 3000
+	r := startReady(t, model(t, "tiny"), "--parallel", "2", "--ctx", "8192")
+	// cancelled sends request id, cancels it once both choices have a slot and checks
+	// the answer; it returns the tokens the choices had generated.
+	cancelled := func(id string) int {
+		body := chatBody("Tell me a long story about the sea", maxTokens, false)
+		body["n"], body["logprobs"] = 2, true
+		b, _ := json.Marshal(body)
+		req, _ := http.NewRequestWithContext(context.Background(), http.MethodPost, r.base+"/v1/chat/completions", bytes.NewReader(b))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set(api.HeaderRequestID, id)
+		type result struct {
+			out api.ChatCompletion
+			err error
+		}
+		done := make(chan result, 1)
+		go func() {
+			resp, err := r.client.Do(req)
+			if err != nil {
+				done <- result{err: err}
+				return
+			}
+			defer resp.Body.Close()
+			var res result
+			res.err = json.NewDecoder(resp.Body).Decode(&res.out)
+			done <- res
+		}()
+		waitFor(t, 10*time.Second, "both choices generating", func() bool { return r.status().SlotsBusy == 2 })
+		var c api.Cancelled
+		if code := r.postJSON("/cancel", api.Cancel{ID: id}, &c); code != http.StatusOK || !c.Found {
+			t.Fatalf("POST /cancel: %d %+v, want 200 found", code, c)
+		}
+		var res result
+		select {
+		case res = <-done:
+		case <-time.After(10 * time.Second):
+			t.Fatal("no answer 10 s after the cancel")
+		}
+		if res.err != nil || len(res.out.Choices) != 2 || res.out.Usage == nil {
+			t.Fatalf("answer %+v, %v; want two choices and a usage", res.out, res.err)
+		}
+		tokens := 0
+		for _, ch := range res.out.Choices {
+			if ch.FinishReason != api.FinishCancelled || ch.Logprobs == nil {
+				t.Fatalf("choice %d: finish %q, logprobs %v; want %q with logprobs", ch.Index, ch.FinishReason,
+					ch.Logprobs != nil, api.FinishCancelled)
+			}
+			tokens += len(ch.Logprobs.Content)
+		}
+		if u := res.out.Usage; u.CompletionTokens != tokens || tokens >= 2*maxTokens || u.PromptTokens == 0 {
+			t.Fatalf("usage %+v for %d tokens in the choices (max %d): want completion_tokens = those tokens", *u, tokens, 2*maxTokens)
+		}
+		return tokens
+	}
+	// A cancel that lands before the first token compares nothing: try again.
+	for i := range 5 {
+		if n := cancelled(fmt.Sprintf("whole-%d", i)); n > 0 {
+			t.Logf("cancelled after %d tokens of two choices", n)
+			return
+		}
+	}
+	t.Fatal("5 requests were each cancelled before their first token: nothing was compared")
 }

@@ -67,6 +67,9 @@ type Options struct {
 	// ColdStartTimeout bounds how long a request waits for a routable replica, or in
 	// the queue for a replica with room.
 	ColdStartTimeout time.Duration
+	// CancelGrace bounds how long an answer whose client went away is read on for its
+	// usage after the agent was asked to end it (DefaultCancelGrace when zero).
+	CancelGrace time.Duration
 	// MaxInFlightPerSlot is how many requests the gateway sends to a replica at once
 	// per sequence slot of its engine; more wait in the deployment's fair queue. 0
 	// means DefaultMaxInFlightPerSlot; negative means no limit (every request goes to
@@ -137,6 +140,9 @@ func New(opts Options) (*Gateway, error) {
 	}
 	if opts.MaxBodyBytes <= 0 {
 		opts.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if opts.CancelGrace <= 0 {
+		opts.CancelGrace = DefaultCancelGrace
 	}
 	if opts.MaxInFlightPerSlot == 0 {
 		opts.MaxInFlightPerSlot = DefaultMaxInFlightPerSlot

@@ -24,6 +24,7 @@ type metrics struct {
 	queueDepth    *prometheus.GaugeVec
 	queueWait     *prometheus.HistogramVec
 	queueRejected *prometheus.CounterVec
+	cancellations *prometheus.CounterVec
 
 	// usage counts requests and tokens per key, namespace and deployment.
 	usage *metering.Meter
@@ -80,6 +81,12 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Requests the fair queue turned away, by deployment, priority and reason (queue_full: 429, the deployment's queue is full; " +
 				"queue_full_client: 429, the client has its most requests waiting; queue_timeout: 503, no replica had room in time).",
 		}, []string{"model", "priority", "reason"}),
+		cancellations: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "macfleet_gateway_cancellations_total",
+			Help: "Answers whose client went away before their end, by deployment and outcome (metered: the runner ended the " +
+				"answer and its usage was counted; not_running: no runner was generating it yet, dropped; timed_out: it did not " +
+				"end within the cancel grace, dropped, usage lost; failed: the agent could not be asked, dropped, usage lost).",
+		}, []string{"model", "outcome"}),
 	}
 	var err error
 	reg1 := func(c prometheus.Collector) prometheus.Collector {
@@ -100,6 +107,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m.queueDepth = reg1(m.queueDepth).(*prometheus.GaugeVec)
 	m.queueWait = reg1(m.queueWait).(*prometheus.HistogramVec)
 	m.queueRejected = reg1(m.queueRejected).(*prometheus.CounterVec)
+	m.cancellations = reg1(m.cancellations).(*prometheus.CounterVec)
 	m.usage = metering.NewMeter()
 	m.usage.Requests = reg1(m.usage.Requests).(*prometheus.CounterVec)
 	m.usage.Tokens = reg1(m.usage.Tokens).(*prometheus.CounterVec)

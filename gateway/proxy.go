@@ -369,11 +369,18 @@ func (g *Gateway) holdTimeout(rt *Route, last *failure, t *ticket) *apiError {
 // to the client it can fail retryably; after that it streams the body through,
 // flushing every chunk, until the upstream ends or either side goes away.
 func (g *Gateway) attempt(ctx context.Context, w http.ResponseWriter, r *http.Request, model string, be Backend, body []byte, start time.Time, n int) (res outcome) {
-	out, err := http.NewRequestWithContext(ctx, r.Method, "http://"+be.Endpoint+r.URL.RequestURI(), bytes.NewReader(body))
+	// The upstream request outlives a client that goes away just long enough for its
+	// answer to end with its usage (see cancel.go).
+	id := newRequestID()
+	var cancelled cancellation
+	up, stop := g.detach(ctx, be, model, id, &cancelled)
+	defer stop()
+	out, err := http.NewRequestWithContext(up, r.Method, "http://"+be.Endpoint+r.URL.RequestURI(), bytes.NewReader(body))
 	if err != nil {
 		return outcome{failure: &failure{backend: be, reason: "transport", err: err}}
 	}
 	copyRequestHeaders(out.Header, r)
+	out.Header.Set(runnerapi.HeaderRequestID, id)
 	span := g.startAttempt(ctx, out, be, n)
 	defer func() { endAttempt(span, res) }()
 	if tok := g.opts.FleetToken(); tok != "" {
@@ -388,6 +395,7 @@ func (g *Gateway) attempt(ctx context.Context, w http.ResponseWriter, r *http.Re
 	resp, err := g.transport.RoundTrip(out)
 	if err != nil {
 		if ctx.Err() != nil {
+			g.lostOnCancel(model, be, &cancelled)
 			return outcome{status: statusClientGone, reason: "client_gone"}
 		}
 		reason := "transport"
@@ -397,6 +405,10 @@ func (g *Gateway) attempt(ctx context.Context, w http.ResponseWriter, r *http.Re
 		return outcome{failure: &failure{backend: be, reason: reason, err: err}}
 	}
 	defer resp.Body.Close()
+	if ctx.Err() != nil && resp.StatusCode != http.StatusOK {
+		// The client went away and no answer follows that a runner generated.
+		return outcome{status: statusClientGone, reason: "client_gone"}
+	}
 	if resp.StatusCode == http.StatusServiceUnavailable || resp.StatusCode == http.StatusInsufficientStorage {
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, failureBodyLimit))
 		return outcome{failure: &failure{backend: be, reason: fmt.Sprintf("status_%d", resp.StatusCode),
@@ -430,9 +442,13 @@ func (g *Gateway) attempt(ctx context.Context, w http.ResponseWriter, r *http.Re
 	buf := *bp
 	first := resp.StatusCode < 400
 	var sent delivery
+	// gone: the client went away; the rest of the answer is read, not sent, up to its
+	// usage trailer (or until the cancellation gives up on it).
+	gone := false
 	for {
 		n, rerr := resp.Body.Read(buf)
-		if n > 0 {
+		gone = gone || ctx.Err() != nil
+		if n > 0 && !gone {
 			if first {
 				ttft := time.Since(start)
 				g.metrics.ttft.WithLabelValues(model, endpointLabel(r.URL.Path)).Observe(ttft.Seconds())
@@ -441,23 +457,29 @@ func (g *Gateway) attempt(ctx context.Context, w http.ResponseWriter, r *http.Re
 				first = false
 			}
 			if _, werr := w.Write(buf[:n]); werr != nil {
-				return outcome{status: statusClientGone, reason: "client_gone"}
+				gone = true
+			} else {
+				_ = rc.Flush()
+				sent.add(buf[:n])
 			}
-			_ = rc.Flush()
-			sent.add(buf[:n])
 		}
 		if rerr == io.EOF {
 			res.usage = g.meter(r, model, resp)
+			if gone && !sent.complete(resp) {
+				g.metrics.cancellations.WithLabelValues(model, cancelled.outcome(true)).Inc()
+				return outcome{status: statusClientGone, reason: "client_gone", usage: res.usage}
+			}
 			return res
 		}
 		if rerr != nil {
-			if ctx.Err() != nil {
+			if gone || ctx.Err() != nil {
 				// A client that hangs up once it has the whole answer (a stream's
 				// [DONE], or every byte of a sized body) before the upstream's EOF
 				// reached us was served.
 				if sent.complete(resp) {
 					return res
 				}
+				g.lostOnCancel(model, be, &cancelled)
 				return outcome{status: statusClientGone, reason: "client_gone"}
 			}
 			g.log.Info("Upstream response broke after it started; not retried", "model", model,

@@ -24,6 +24,7 @@ import (
 
 	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/internal/testenv"
+	runnerapi "github.com/macfleet/macfleet/runner/api"
 )
 
 const fleetToken = "fleet-secret"
@@ -78,6 +79,10 @@ func newUpstream(t *testing.T, h func(n int, w http.ResponseWriter, r *http.Requ
 	t.Helper()
 	u := &upstream{}
 	u.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == pathCancel { // no runner has the request: it is dropped
+			writeJSON(w, http.StatusOK, runnerapi.Cancelled{})
+			return
+		}
 		h(int(u.calls.Add(1)), w, r)
 	}))
 	t.Cleanup(u.Close)

@@ -26,6 +26,7 @@ const (
 	pathCompletions = "/v1/completions"
 	pathEmbeddings  = "/v1/embeddings"
 	pathTokenize    = "/tokenize"
+	pathCancel      = "/cancel"
 )
 
 // maxEmbeddingInputs is the most inputs one embeddings request may carry (as the runner).

@@ -41,8 +41,10 @@ type proxyRequest struct {
 }
 
 // proxy forwards pr to the runner with the client's context, so a client that goes
-// away cancels the upstream request and the runner frees its slot. It returns only
-// once the response is completely written (or abandoned by the client).
+// away cancels the upstream request and the runner frees its slot. A request the
+// gateway named (api.HeaderRequestID) can also be ended by /api/requests/cancel, which
+// keeps its usage (cancel.go). It returns only once the response is completely
+// written (or abandoned by the client).
 func (s *Server) proxy(w http.ResponseWriter, r *http.Request, lease *metal.Lease, rn metal.Runner, pr proxyRequest) {
 	ctx := r.Context()
 	sctx, span := s.startSpan(ctx, "agent.runner", trace.SpanKindClient, attribute.String("macfleet.model", pr.served),
@@ -63,6 +65,10 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, lease *metal.Leas
 	}
 	if pr.promptUsage {
 		req.Header.Set(api.HeaderPromptUsage, "first-chunk")
+	}
+	if id := r.Header.Get(api.HeaderRequestID); id != "" && pr.generates {
+		req.Header.Set(api.HeaderRequestID, id)
+		defer s.requests.add(id, rn)()
 	}
 	resp, err := rn.Client().Do(req)
 	if err != nil {

@@ -91,6 +91,9 @@ type Server struct {
 	handler http.Handler
 	// queues are the gateways' reports of their queues (GatewayQueues in /api/status).
 	queues gatewayQueues
+	// requests are the runners of the requests in progress a gateway named, for
+	// /api/requests/cancel.
+	requests requestRunners
 }
 
 // New builds the server over pool and registers its metrics — the request metrics and
@@ -176,6 +179,7 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("POST /api/models/{id}/load", s.handleLoad)
 	mux.HandleFunc("POST /api/models/{id}/unload", s.handleUnload)
 	mux.HandleFunc("POST /api/cache/clear", s.handleCacheClear)
+	mux.HandleFunc("POST /api/requests/cancel", s.handleCancel)
 	mux.Handle("GET /metrics", s.metricsHandler())
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
@@ -193,7 +197,7 @@ func (s *Server) routes() http.Handler {
 
 // knownPaths answer 405 rather than 404 to a wrong method.
 var knownPaths = []string{"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/models", "/v1/responses", "/v1/messages", "/v1/messages/count_tokens",
-	"/api/status", "/api/cache/clear", "/metrics", "/healthz", "/readyz"}
+	"/api/status", "/api/cache/clear", "/api/requests/cancel", "/metrics", "/healthz", "/readyz"}
 
 func (s *Server) handleUnknownRoute(w http.ResponseWriter, r *http.Request) {
 	p := r.URL.Path

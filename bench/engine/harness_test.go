@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -521,6 +522,11 @@ func (e endpoint) chat(ctx context.Context, model, prompt string, maxTokens int,
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Accept", "text/event-stream")
+	if e.name == "agent" {
+		// As the gateway names every request it forwards, so that it can be cancelled
+		// with its usage: the agent and the runner keep it in their tables.
+		req.Header.Set("X-Macfleet-Request-Id", rand.Text())
+	}
 	start := time.Now()
 	resp, err := e.client.Do(req)
 	if err != nil {

@@ -123,6 +123,28 @@ type Abort struct {
 	Aborted int `json:"aborted"`
 }
 
+// HeaderRequestID names a generation request (chat or text completion) so that it can
+// be cancelled by POST /cancel. The gateway sets it on the requests it forwards; the
+// node agent passes it on to the runner.
+const HeaderRequestID = "X-Macfleet-Request-Id"
+
+// Cancel is the body of POST /cancel and of the node agent's cancel request: the
+// HeaderRequestID of the request to end.
+type Cancel struct {
+	ID string `json:"id"`
+}
+
+// Cancelled is the answer to POST /cancel. Found: the request was being answered; it
+// ends as if it had met a stop condition (finish_reason "cancelled"), with its usage
+// (what was generated until then) on a stream's last chunk or in the answer. Not
+// found: no such request (not started yet, or already answered).
+type Cancelled struct {
+	Found bool `json:"found"`
+}
+
+// FinishCancelled is the finish_reason of a choice ended by POST /cancel.
+const FinishCancelled = "cancelled"
+
 // TokenizeRequest is the body of POST /tokenize: content, or messages rendered with
 // the chat template (generation prompt added), or a whole chat request rendered as
 // the chat endpoint renders it (tools and template variables included).

@@ -21,7 +21,7 @@ import (
 var knownPaths = map[string]bool{
 	"/health": true, "/status": true, "/v1/chat/completions": true, "/v1/completions": true,
 	"/v1/embeddings": true, "/tokenize": true, "/limits": true, "/cache/clear": true, "/cache/budget": true,
-	"/abort": true, "/shutdown": true,
+	"/abort": true, "/cancel": true, "/shutdown": true,
 }
 
 func (s *Server) routes() http.Handler {
@@ -36,6 +36,7 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("POST /cache/clear", s.handleCacheClear)
 	mux.HandleFunc("POST /cache/budget", s.handleCacheBudget)
 	mux.HandleFunc("POST /abort", s.handleAbort)
+	mux.HandleFunc("POST /cancel", s.handleCancel)
 	mux.HandleFunc("POST /shutdown", s.handleShutdown)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		if knownPaths[r.URL.Path] {
@@ -346,6 +347,9 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, eng *engine, c
 			return
 		}
 		out.choices = append(out.choices, c)
+	}
+	if id := r.Header.Get(api.HeaderRequestID); id != "" {
+		defer s.requests.add(id, out.choices)()
 	}
 	if opts.Stream {
 		out.stream(r)

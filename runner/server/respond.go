@@ -234,33 +234,51 @@ func (o *responder) stream(r *http.Request) {
 			pending = nil
 		}
 		if err != nil {
+			// What was generated before the error is reported (and metered) too.
+			if o.includeUsage && o.allEnded() && !o.sendUsage(send) {
+				return
+			}
 			send(err)
 			return
 		}
 		if !all {
 			continue
 		}
-		if o.includeUsage {
-			obj := "chat.completion.chunk"
-			if !o.chat {
-				obj = "text_completion"
-			}
-			if !send(struct {
-				ID      string     `json:"id"`
-				Object  string     `json:"object"`
-				Created int64      `json:"created"`
-				Model   string     `json:"model"`
-				Choices []struct{} `json:"choices"`
-				Usage   *api.Usage `json:"usage"`
-			}{o.id, obj, o.created, o.model, []struct{}{}, o.usage()}) {
-				return
-			}
+		if o.includeUsage && !o.sendUsage(send) {
+			return
 		}
 		if _, err := io.WriteString(o.w, "data: [DONE]\n\n"); err == nil {
 			_ = rc.Flush()
 		}
 		return
 	}
+}
+
+// sendUsage sends the usage chunk: the prompt and every choice's generated tokens.
+func (o *responder) sendUsage(send func(any) bool) bool {
+	obj := "chat.completion.chunk"
+	if !o.chat {
+		obj = "text_completion"
+	}
+	return send(struct {
+		ID      string     `json:"id"`
+		Object  string     `json:"object"`
+		Created int64      `json:"created"`
+		Model   string     `json:"model"`
+		Choices []struct{} `json:"choices"`
+		Usage   *api.Usage `json:"usage"`
+	}{o.id, obj, o.created, o.model, []struct{}{}, o.usage()})
+}
+
+// allEnded reports whether every choice has its final update, so that usage counts
+// each one's generated tokens.
+func (o *responder) allEnded() bool {
+	for _, c := range o.choices {
+		if !c.done {
+			return false
+		}
+	}
+	return true
 }
 
 // sendEnd sends the end of a choice: what its parser still held, then the chunk with

@@ -121,6 +121,9 @@ type Server struct {
 	// lastRequest (unix nanoseconds) and inFlight drive the orphan timeout.
 	lastRequest atomic.Int64
 	inFlight    atomic.Int64
+
+	// requests are the generations in progress by api.HeaderRequestID, for /cancel.
+	requests requestTable
 }
 
 // Run serves until ctx ends or /shutdown is called, then stops gracefully. It listens

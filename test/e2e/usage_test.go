@@ -2,10 +2,14 @@ package e2e
 
 import (
 	"bufio"
+	"context"
+	"crypto/rand"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -14,15 +18,24 @@ import (
 
 	"github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/gateway"
+	"github.com/macfleet/macfleet/internal/otlptest"
 	"github.com/macfleet/macfleet/internal/testenv"
 	"github.com/macfleet/macfleet/metering"
+	runnerapi "github.com/macfleet/macfleet/runner/api"
 )
 
-// usageCase is one kind of request of the metering test: its path and body.
+// usageCase is one kind of request of the metering test: its path and body. A
+// cancelled case is a stream its client abandons mid-stream (see cancelMidStream).
 type usageCase struct {
 	name, path string
 	body       func(model string, i int) string
+	cancelled  bool
 }
+
+// cancelledMaxTokens is the max_tokens of the streams the metering test abandons:
+// far more than the client waits for, so that each is cut off mid-stream (the
+// synthesized model runs to max_tokens).
+const cancelledMaxTokens = 400
 
 // usageCases mix the APIs and their forms: streamed and not, two choices, a forced
 // tool call, Responses and Anthropic Messages (translated on the agent), each with
@@ -30,37 +43,50 @@ type usageCase struct {
 var usageCases = []usageCase{
 	{"chat", "/v1/chat/completions", func(m string, i int) string {
 		return fmt.Sprintf(`{"model":%q,"max_tokens":%d,"messages":[{"role":"user","content":"Count to %d."}]}`, m, 3+i%5, i)
-	}},
+	}, false},
 	{"chat-stream", "/v1/chat/completions", func(m string, i int) string {
 		return fmt.Sprintf(`{"model":%q,"max_tokens":%d,"stream":true,"stream_options":{"include_usage":true},
 			"messages":[{"role":"system","content":"Be brief."},{"role":"user","content":"Say %d."}]}`, m, 2+i%7, i)
-	}},
+	}, false},
 	{"chat-n2", "/v1/chat/completions", func(m string, i int) string {
 		return fmt.Sprintf(`{"model":%q,"max_tokens":4,"n":2,"seed":%d,"messages":[{"role":"user","content":"Pick %d."}]}`, m, i, i)
-	}},
+	}, false},
 	{"tool-call", "/v1/chat/completions", func(m string, i int) string {
 		return fmt.Sprintf(`{"model":%q,"max_tokens":24,"seed":%d,"tool_choice":"required","parallel_tool_calls":false,
 			"tools":[%s],"messages":[{"role":"user","content":"Weather in city %d?"}]}`, m, i, e2eWeatherTool, i)
-	}},
+	}, false},
 	{"responses", "/v1/responses", func(m string, i int) string {
 		return fmt.Sprintf(`{"model":%q,"max_output_tokens":5,"input":"Name %d things."}`, m, i)
-	}},
+	}, false},
 	{"messages", "/v1/messages", func(m string, i int) string {
 		return fmt.Sprintf(`{"model":%q,"max_tokens":4,"messages":[{"role":"user","content":"Hello %d"}]}`, m, i)
-	}},
+	}, false},
 	{"messages-stream", "/v1/messages", func(m string, i int) string {
 		return fmt.Sprintf(`{"model":%q,"max_tokens":6,"stream":true,"system":"Terse.","messages":[{"role":"user","content":"Hi %d"}]}`, m, i)
-	}},
+	}, false},
+	{"chat-stream-cancelled", "/v1/chat/completions", func(m string, i int) string {
+		return fmt.Sprintf(`{"model":%q,"max_tokens":%d,"stream":true,"stream_options":{"include_usage":true},
+			"messages":[{"role":"user","content":"Tell a long story about %d."}]}`, m, cancelledMaxTokens, i)
+	}, true},
 }
 
 // TestUsageMetersEveryAnswer sends 200 mixed requests with three keys of two
 // namespaces through the gateway to real runners, adds up the usage each response
 // reports to its client, and requires the gateway's counters per key, namespace and
-// deployment to equal those sums exactly, token for token.
+// deployment to equal those sums exactly, token for token. Some of the requests are
+// streams their client abandons mid-stream: for those, the usage is the prompt's (on
+// the first chunk) and the tokens the runner itself says it generated (its
+// runner.decode span, exported by the runner process to an OTLP receiver in this test).
 func TestUsageMetersEveryAnswer(t *testing.T) {
 	if err := apiModel(); err != nil {
 		t.Fatal(err)
 	}
+	rcv, err := otlptest.Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rcv.Close()
+	restartAgentsWith(t, []string{"OTEL_EXPORTER_OTLP_ENDPOINT=" + rcv.URL, "OTEL_BSP_SCHEDULE_DELAY=100"})
 	nsA, nsB := testenv.NewNamespace(t, fleet.Client), testenv.NewNamespace(t, fleet.Client)
 	llama := func(md *v1alpha1.ModelDeployment) {
 		md.Spec.Model.Source = fleet.ModelsURL + "/llama31.gguf"
@@ -104,16 +130,59 @@ func TestUsageMetersEveryAnswer(t *testing.T) {
 	sums := map[labels]metering.Usage{}
 	counts := map[labels]float64{}
 	kinds := map[string]int{}
+	// cancelled are the abandoned streams' trace ids by key: their output is what their
+	// runner reports it generated.
+	cancelled := map[labels][]abandoned{}
 	for i := range total {
 		c := callers[i%len(callers)]
 		uc := usageCases[(i/len(callers))%len(usageCases)]
-		u := postForUsage(t, base, uc.path, c.key, uc.body("assistant", i))
 		l := labels{c.ns, c.name}
+		var u metering.Usage
+		if uc.cancelled {
+			var a abandoned
+			u, a = cancelMidStream(t, base, uc.path, c.key, uc.body("assistant", i))
+			cancelled[l] = append(cancelled[l], a)
+		} else {
+			u = postForUsage(t, base, uc.path, c.key, uc.body("assistant", i))
+		}
 		sums[l] = sums[l].Add(u)
 		counts[l]++
 		kinds[uc.name]++
 	}
 	t.Logf("%d requests: %v", total, kinds)
+	// stops are how long after its client went away each abandoned answer's runner
+	// stopped generating (its runner.decode span's end).
+	var stops []time.Duration
+	for l, as := range cancelled {
+		for _, a := range as {
+			n, end := runnerGenerated(t, rcv, a.trace)
+			if n <= 0 || n >= cancelledMaxTokens {
+				t.Errorf("trace %s: the runner generated %d tokens of %d: the stream was not cut off mid-stream",
+					a.trace, n, cancelledMaxTokens)
+			}
+			u := sums[l]
+			u.Output += int64(n)
+			sums[l] = u
+			stops = append(stops, end.Sub(a.gone))
+		}
+	}
+	slices.Sort(stops)
+	if len(stops) > 0 {
+		t.Logf("%d abandoned streams: the runner stopped generating %v (median), %v (max) after the client went away",
+			len(stops), stops[len(stops)/2], stops[len(stops)-1])
+	}
+	for _, ns := range []string{nsA, nsB} {
+		var want float64
+		for l, as := range cancelled {
+			if l.ns == ns {
+				want += float64(len(as))
+			}
+		}
+		l := map[string]string{"model": ns + "/assistant", "outcome": "metered"}
+		if got := metricValue(t, reg, "macfleet_gateway_cancellations_total", l); got != want || want == 0 {
+			t.Errorf("%s: %v cancelled answers metered, want %v (> 0)", ns, got, want)
+		}
+	}
 	for _, c := range callers {
 		l := labels{c.ns, c.name}
 		got, requests := read(c)
@@ -127,6 +196,119 @@ func TestUsageMetersEveryAnswer(t *testing.T) {
 			t.Errorf("key %s/%s: the responses report no usage (%+v): nothing was compared", c.ns, c.name, sums[l])
 		}
 	}
+}
+
+// restartAgentsWith restarts every Mac's agent with env (its runners inherit it) and
+// waits until each is Ready; at the end of the test they restart as they were.
+func restartAgentsWith(t *testing.T, env []string) {
+	t.Helper()
+	restart := func(env []string) {
+		for name := range fleet.Agents() {
+			if err := fleet.StopAgent(name, time.Minute); err != nil {
+				t.Fatal(err)
+			}
+			if err := fleet.StartAgentWith(name, env, nil); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for name := range fleet.Agents() {
+			if err := fleet.WaitNodeReady(context.Background(), name); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	restart(env)
+	t.Cleanup(func() { restart(nil) })
+}
+
+// abandoned is a stream its client went away from: its trace id and when it left.
+type abandoned struct {
+	trace string
+	gone  time.Time
+}
+
+// cancelMidStream posts a streamed chat completion whose first chunk carries the
+// prompt's usage (runnerapi.HeaderPromptUsage), under a trace of its own, reads until
+// some content arrived and then goes away. It returns the prompt's usage (no output)
+// and the stream.
+func cancelMidStream(t *testing.T, base, path, key, body string) (metering.Usage, abandoned) {
+	t.Helper()
+	trace := rand.Text()[:16]
+	trace = fmt.Sprintf("%x", trace)
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+path, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+key)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set(runnerapi.HeaderPromptUsage, "first-chunk")
+	req.Header.Set("traceparent", "00-"+trace+"-00f067aa0ba902b7-01")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(resp.Body)
+		t.Fatalf("%s %s: %d %s", path, body, resp.StatusCode, b)
+	}
+	var prompt *metering.Usage
+	contents := 0
+	sc := bufio.NewScanner(resp.Body)
+	for contents < 3 && sc.Scan() {
+		data, ok := strings.CutPrefix(sc.Text(), "data: ")
+		if !ok {
+			continue
+		}
+		if prompt == nil {
+			u := clientUsage(t, []byte(data))
+			prompt = &u
+			continue
+		}
+		if strings.Contains(data, `"content":"`) && !strings.Contains(data, `"content":""`) {
+			contents++
+		}
+		if strings.Contains(data, `"finish_reason":"`) || data == "[DONE]" {
+			t.Fatalf("trace %s: the stream ended before it was abandoned: %s", trace, data)
+		}
+	}
+	if prompt == nil || contents < 3 {
+		t.Fatalf("trace %s: the stream ended after %d content chunks (%v)", trace, contents, sc.Err())
+	}
+	if prompt.Output != 0 {
+		t.Fatalf("trace %s: the first chunk's usage %+v has output tokens", trace, *prompt)
+	}
+	cancel()
+	return *prompt, abandoned{trace: trace, gone: time.Now()}
+}
+
+// runnerGenerated is how many tokens the runner says it generated for the request of
+// trace id trace, and when it stopped: the macfleet.completion_tokens and the end of
+// its runner.decode span.
+func runnerGenerated(t *testing.T, rcv *otlptest.Receiver, trace string) (int, time.Time) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	find := func(spans []otlptest.Span) *otlptest.Span {
+		for i, s := range spans {
+			if s.Name == "runner.decode" {
+				return &spans[i]
+			}
+		}
+		return nil
+	}
+	spans, err := rcv.Wait(ctx, trace, func(spans []otlptest.Span) bool { return find(spans) != nil })
+	s := find(spans)
+	if err != nil || s == nil {
+		t.Fatalf("trace %s: no runner.decode span (%v): %v", trace, err, describeSpans(spans))
+	}
+	n, err := strconv.Atoi(s.Attrs["macfleet.completion_tokens"])
+	if err != nil {
+		t.Fatalf("trace %s: runner.decode has no token count: %v", trace, s.Attrs)
+	}
+	return n, s.End
 }
 
 // postForUsage posts body with key and returns the usage the response reports to the

@@ -42,8 +42,8 @@ func createBudget(t *testing.T, ns, name string, spec v1alpha1.TokenBudgetSpec) 
 	create(t, &v1alpha1.TokenBudget{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}, Spec: spec})
 }
 
-// chatBody is a short chat completion for the deployment.
-func chatBody(i, maxTokens int) string {
+// countBody is a short chat completion for the deployment.
+func countBody(i, maxTokens int) string {
 	return fmt.Sprintf(`{"model":"assistant","max_tokens":%d,"messages":[{"role":"user","content":"Count to %d."}]}`, maxTokens, i)
 }
 
@@ -96,12 +96,12 @@ func TestBudgetRefusesOverTheMinute(t *testing.T) {
 	createKey(t, ns, "ci", ci)
 	createKey(t, ns, "app", app)
 	testenv.Eventually(t, time.Minute, 100*time.Millisecond, func() (bool, string) {
-		code, body := rawPost(t, base, "/v1/chat/completions", ci, chatBody(0, 4))
+		code, body := rawPost(t, base, "/v1/chat/completions", ci, countBody(0, 4))
 		return code == http.StatusOK, fmt.Sprintf("the key's first request: %d %s", code, body)
 	})
 	createBudget(t, ns, "ci-minute", v1alpha1.TokenBudgetSpec{Key: "ci", TokensPerMinute: ptr.To[int64](60)})
 
-	resp, body, before, after := firstRefusal(t, base, "/v1/chat/completions", ci, func(i int) string { return chatBody(i, 8) })
+	resp, body, before, after := firstRefusal(t, base, "/v1/chat/completions", ci, func(i int) string { return countBody(i, 8) })
 	ra, err := strconv.Atoi(resp.Header.Get("Retry-After"))
 	if err != nil || ra < untilMinuteEnd(after) || ra > untilMinuteEnd(before) {
 		t.Errorf("Retry-After %q, want between %d and %d s (the minute's end)", resp.Header.Get("Retry-After"),
@@ -134,7 +134,7 @@ func TestBudgetRefusesOverTheMinute(t *testing.T) {
 		t.Errorf("the Messages 429: %s (Retry-After %q)", mbody, mresp.Header.Get("Retry-After"))
 	}
 	// The other key has no budget of its own and the namespace none.
-	if code, b := rawPost(t, base, "/v1/chat/completions", app, chatBody(1, 4)); code != http.StatusOK {
+	if code, b := rawPost(t, base, "/v1/chat/completions", app, countBody(1, 4)); code != http.StatusOK {
 		t.Errorf("another key of the namespace: %d %s", code, b)
 	}
 
@@ -183,7 +183,7 @@ func TestBudgetHoldsAcrossTwoGateways(t *testing.T) {
 	createKey(t, ns, "load", key)
 	for _, base := range bases {
 		testenv.Eventually(t, time.Minute, 100*time.Millisecond, func() (bool, string) {
-			code, body := rawPost(t, base, "/v1/chat/completions", key, chatBody(0, 4))
+			code, body := rawPost(t, base, "/v1/chat/completions", key, countBody(0, 4))
 			return code == http.StatusOK, fmt.Sprintf("the key's first request: %d %s", code, body)
 		})
 	}
@@ -195,7 +195,7 @@ func TestBudgetHoldsAcrossTwoGateways(t *testing.T) {
 	createKey(t, ns, "probe", probe)
 	for _, base := range bases {
 		testenv.Eventually(t, 30*time.Second, 100*time.Millisecond, func() (bool, string) {
-			code, body := rawPost(t, base, "/v1/chat/completions", probe, chatBody(0, 1))
+			code, body := rawPost(t, base, "/v1/chat/completions", probe, countBody(0, 1))
 			return code == http.StatusTooManyRequests, fmt.Sprintf("a probe of a zero budget: %d %s", code, body)
 		})
 	}
@@ -221,7 +221,7 @@ func TestBudgetHoldsAcrossTwoGateways(t *testing.T) {
 			go func() {
 				defer wg.Done()
 				for i := range 1000 {
-					code, body := rawPost(t, base, "/v1/chat/completions", key, chatBody(g*10000+w*1000+i, 16))
+					code, body := rawPost(t, base, "/v1/chat/completions", key, countBody(g*10000+w*1000+i, 16))
 					if code == http.StatusTooManyRequests {
 						return
 					}
@@ -278,7 +278,7 @@ func TestBudgetSDKsRetryAfterTheReset(t *testing.T) {
 	})
 	for sdk, key := range keys {
 		testenv.Eventually(t, time.Minute, 100*time.Millisecond, func() (bool, string) {
-			code, body := rawPost(t, base, "/v1/chat/completions", key, chatBody(0, 8))
+			code, body := rawPost(t, base, "/v1/chat/completions", key, countBody(0, 8))
 			return code == http.StatusTooManyRequests, fmt.Sprintf("%s's key: %d %s", sdk, code, body)
 		})
 	}

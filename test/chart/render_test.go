@@ -208,7 +208,7 @@ func TestTemplateDeployments(t *testing.T) {
 		"--leader-elect=false", "--node-loss-grace=60s", "--scheduler-workers=8", "--fleet-token-file=/etc/macfleet/fleet-token/token",
 		authzBind, authzCerts, authzClientCA, "--zap-log-level=info"}
 	defaultGateway := []string{"gateway", "--listen=:8080", "--metrics-bind-address=:9090", "--health-probe-bind-address=:8081",
-		"--fleet-token-file=/etc/macfleet/fleet-token/token", "--tenant-keys", "--cold-start-timeout=2m", "--prefix-affinity=false",
+		"--fleet-token-file=/etc/macfleet/fleet-token/token", "--tenant-keys", "--token-audience=macfleet", "--cold-start-timeout=2m", "--prefix-affinity=false",
 		"--max-inflight-per-slot=1", "--max-queue=256", "--max-queue-per-key=0", "--reserve-slots=1", "--active-window=30s",
 		"--zap-log-level=info"}
 	tests := []struct {
@@ -248,19 +248,21 @@ func TestTemplateDeployments(t *testing.T) {
 			"--zap-log-level=debug", "--zap-devel"},
 		wantStrategy: "",
 		wantGateway: []string{"gateway", "--listen=:8080", "--metrics-bind-address=:9090", "--health-probe-bind-address=:8081",
-			"--fleet-token-file=/etc/macfleet/fleet-token/token", "--api-keys-file=/etc/macfleet/api-keys/list", "--tenant-keys",
+			"--fleet-token-file=/etc/macfleet/fleet-token/token", "--api-keys-file=/etc/macfleet/api-keys/list", "--tenant-keys", "--token-audience=macfleet",
 			"--cold-start-timeout=30s", "--prefix-affinity=true", "--max-inflight-per-slot=2", "--max-queue=1000",
 			"--max-queue-per-key=100", "--reserve-slots=0", "--active-window=2m", "--zap-log-level=info"},
 		wantGatewayN:    4,
 		wantVolumes:     []corev1.Volume{tokenVolume, keysVolume},
 		wantServicePort: 8000,
 	}, {
-		name:            "open gateway, opted out of keys",
-		set:             []string{"gateway.tenantKeys=false"},
-		wantImage:       "ghcr.io/macfleet/macfleet:0.1.0",
-		wantManager:     defaultManager,
-		wantStrategy:    appsv1.RecreateDeploymentStrategyType,
-		wantGateway:     slices.DeleteFunc(slices.Clone(defaultGateway), func(a string) bool { return a == "--tenant-keys" }),
+		name:         "open gateway, opted out of keys",
+		set:          []string{"gateway.tenantKeys=false"},
+		wantImage:    "ghcr.io/macfleet/macfleet:0.1.0",
+		wantManager:  defaultManager,
+		wantStrategy: appsv1.RecreateDeploymentStrategyType,
+		wantGateway: slices.DeleteFunc(slices.Clone(defaultGateway), func(a string) bool {
+			return a == "--tenant-keys" || strings.HasPrefix(a, "--token-audience=")
+		}),
 		wantGatewayN:    1,
 		wantVolumes:     []corev1.Volume{tokenVolume},
 		wantServicePort: 80,

@@ -101,10 +101,34 @@ func deployment(ns, name string, replicas int32, mutate ...func(*v1alpha1.ModelD
 	return md
 }
 
+// create creates obj on the fleet. A ModelDeployment is removed with its replicas when
+// the test ends, so that the memory its replicas reserve on the two simulated Macs is
+// free for the tests after it.
 func create(t *testing.T, obj client.Object) {
 	t.Helper()
 	if err := fleet.Client.Create(t.Context(), obj); err != nil {
 		t.Fatal(err)
+	}
+	if md, ok := obj.(*v1alpha1.ModelDeployment); ok {
+		t.Cleanup(func() { removeDeployment(t, md.Namespace, md.Name) })
+	}
+}
+
+// removeDeployment deletes a deployment and its replicas. The local fleet has no
+// garbage collector (no kube-controller-manager) to delete the replicas a deployment
+// owns, nor a namespace controller to empty a deleted namespace: without this, every
+// test's replicas would keep their Macs' memory reserved until the suite ends.
+func removeDeployment(t *testing.T, ns, name string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	md := &v1alpha1.ModelDeployment{}
+	md.Namespace, md.Name = ns, name
+	if err := fleet.Client.Delete(ctx, md); client.IgnoreNotFound(err) != nil {
+		t.Errorf("deleting deployment %s/%s: %v", ns, name, err)
+	}
+	if err := fleet.Client.DeleteAllOf(ctx, &v1alpha1.ModelReplica{}, client.InNamespace(ns),
+		client.MatchingLabels{v1alpha1.LabelDeployment: name}); err != nil {
+		t.Errorf("deleting the replicas of %s/%s: %v", ns, name, err)
 	}
 }
 

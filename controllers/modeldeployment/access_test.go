@@ -7,6 +7,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 
 	"github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/internal/testenv"
@@ -39,11 +40,57 @@ func TestStaleAccess(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			md := &v1alpha1.ModelDeployment{Spec: v1alpha1.ModelDeploymentSpec{Access: tc.md}}
 			var got []string
-			for _, mr := range staleAccess(md, tc.replicas) {
+			for _, mr := range staleAccess(accessFor(md, nil), tc.replicas) {
 				got = append(got, mr.Name)
 			}
 			if diff := cmp.Diff(tc.want, got); diff != "" {
 				t.Errorf("stale (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+// TestBudgetedNamespaces: the namespaces that may use a deployment and have a
+// TokenBudget, and replicas whose list differs are stale.
+func TestBudgetedNamespaces(t *testing.T) {
+	budgets := map[string]bool{"team-a": true, "team-b": true, "team-c": true}
+	for _, tc := range []struct {
+		name      string
+		namespace string
+		access    []string
+		budgets   map[string]bool
+		want      []string
+	}{
+		{name: "no budget anywhere", namespace: "team-a", access: []string{"*"}},
+		{name: "its own namespace", namespace: "team-a", budgets: budgets, want: []string{"team-a"}},
+		{name: "its own without a budget", namespace: "team-z", budgets: budgets},
+		{name: "granted ones with a budget", namespace: "team-z", access: []string{"team-c", "team-y", "team-a"}, budgets: budgets,
+			want: []string{"team-a", "team-c"}},
+		{name: "own and granted", namespace: "team-b", access: []string{"team-a"}, budgets: budgets, want: []string{"team-a", "team-b"}},
+		{name: "every namespace", namespace: "team-z", access: []string{"*"}, budgets: budgets, want: []string{"team-a", "team-b", "team-c"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			md := &v1alpha1.ModelDeployment{ObjectMeta: metav1.ObjectMeta{Namespace: tc.namespace}}
+			if tc.access != nil {
+				md.Spec.Access = &v1alpha1.Access{Namespaces: tc.access}
+			}
+			got := budgetedNamespaces(md, tc.budgets)
+			if diff := cmp.Diff(tc.want, got); diff != "" {
+				t.Errorf("budgeted (-want +got):\n%s", diff)
+			}
+			// A replica with the list is current; one without it (or with another) is stale.
+			want := accessFor(md, tc.budgets)
+			current := v1alpha1.ModelReplica{ObjectMeta: metav1.ObjectMeta{Name: "current"}}
+			setAccess(&current.Spec, want)
+			other := v1alpha1.ModelReplica{ObjectMeta: metav1.ObjectMeta{Name: "other"}}
+			setAccess(&other.Spec, want)
+			other.Spec.BudgetedNamespaces = append(other.Spec.BudgetedNamespaces, "team-q")
+			var stale []string
+			for _, mr := range staleAccess(want, []v1alpha1.ModelReplica{current, other}) {
+				stale = append(stale, mr.Name)
+			}
+			if !slices.Equal(stale, []string{"other"}) {
+				t.Errorf("stale %v, want [other]", stale)
 			}
 		})
 	}
@@ -94,4 +141,47 @@ func TestAccessFollowsTheDeployment(t *testing.T) {
 func (f *fixture) waitReplicasWhere(cond func([]v1alpha1.ModelReplica) (bool, string)) {
 	f.t.Helper()
 	testenv.Eventually(f.t, wait, poll, func() (bool, string) { return cond(f.replicas()) })
+}
+
+// TestBudgetedFollowsTheTokenBudgets: a TokenBudget created in a namespace that may
+// use the deployment reaches its replicas' spec.budgetedNamespaces in place, and its
+// deletion takes it out, without rolling them.
+func TestBudgetedFollowsTheTokenBudgets(t *testing.T) {
+	f := newFixture(t)
+	f.start(&Reconciler{Estimate: noEstimate(t)})
+	md := newDeployment("qwen", "https://models.example/qwen.gguf", 2, "6Gi")
+	md.Spec.Access = &v1alpha1.Access{Namespaces: []string{"*"}}
+	f.create(md)
+	var names []string
+	for _, mr := range f.waitReplicas(2) {
+		names = append(names, mr.Name)
+		if len(mr.Spec.BudgetedNamespaces) != 0 {
+			t.Errorf("replica %s: budgeted %v before any budget", mr.Name, mr.Spec.BudgetedNamespaces)
+		}
+	}
+	slices.Sort(names)
+	waitBudgeted := func(want []string) {
+		t.Helper()
+		f.waitReplicasWhere(func(reps []v1alpha1.ModelReplica) (bool, string) {
+			var got []string
+			for _, mr := range reps {
+				got = append(got, mr.Name)
+				if !slices.Equal(mr.Spec.BudgetedNamespaces, want) {
+					return false, fmt.Sprintf("%s: budgeted %v, want %v", mr.Name, mr.Spec.BudgetedNamespaces, want)
+				}
+			}
+			slices.Sort(got)
+			return slices.Equal(got, names), fmt.Sprintf("replicas %v, want the same %v (no roll)", got, names)
+		})
+	}
+	budget := &v1alpha1.TokenBudget{ObjectMeta: metav1.ObjectMeta{Name: "team", Namespace: f.ns},
+		Spec: v1alpha1.TokenBudgetSpec{TokensPerMinute: ptr.To[int64](1000)}}
+	if err := f.c.Create(t.Context(), budget); err != nil {
+		t.Fatal(err)
+	}
+	waitBudgeted([]string{f.ns})
+	if err := f.c.Delete(t.Context(), budget); err != nil {
+		t.Fatal(err)
+	}
+	waitBudgeted(nil)
 }

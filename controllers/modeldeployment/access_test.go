@@ -114,27 +114,35 @@ func TestAccessFollowsTheDeployment(t *testing.T) {
 	}
 	waitAccess := func(want []string) {
 		t.Helper()
-		f.waitReplicasWhere(func(reps []v1alpha1.ModelReplica) (bool, string) {
-			var got []string
-			for _, mr := range reps {
-				got = append(got, mr.Name)
-				var ns []string
-				if mr.Spec.Access != nil {
-					ns = mr.Spec.Access.Namespaces
-				}
-				if !slices.Equal(ns, want) {
-					return false, fmt.Sprintf("%s: access %v, want %v", mr.Name, ns, want)
-				}
+		f.waitInPlace(names, "access", func(mr *v1alpha1.ModelReplica) []string {
+			if mr.Spec.Access == nil {
+				return nil
 			}
-			slices.Sort(got)
-			slices.Sort(names)
-			return slices.Equal(got, names), fmt.Sprintf("replicas %v, want the same %v (no roll)", got, names)
-		})
+			return mr.Spec.Access.Namespaces
+		}, want)
 	}
 	f.update("qwen", func(md *v1alpha1.ModelDeployment) { md.Spec.Access.Namespaces = []string{"team-a", "team-b"} })
 	waitAccess([]string{"team-a", "team-b"})
 	f.update("qwen", func(md *v1alpha1.ModelDeployment) { md.Spec.Access = nil })
 	waitAccess(nil)
+}
+
+// waitInPlace waits until the namespace's replicas are still names (none was
+// replaced) and field of each is want.
+func (f *fixture) waitInPlace(names []string, what string, field func(*v1alpha1.ModelReplica) []string, want []string) {
+	f.t.Helper()
+	names = slices.Sorted(slices.Values(names))
+	f.waitReplicasWhere(func(reps []v1alpha1.ModelReplica) (bool, string) {
+		var got []string
+		for i := range reps {
+			got = append(got, reps[i].Name)
+			if v := field(&reps[i]); !slices.Equal(v, want) {
+				return false, fmt.Sprintf("%s: %s %v, want %v", reps[i].Name, what, v, want)
+			}
+		}
+		slices.Sort(got)
+		return slices.Equal(got, names), fmt.Sprintf("replicas %v, want the same %v (no roll)", got, names)
+	})
 }
 
 // waitReplicasWhere waits until cond holds for the namespace's replicas.
@@ -159,20 +167,9 @@ func TestBudgetedFollowsTheTokenBudgets(t *testing.T) {
 			t.Errorf("replica %s: budgeted %v before any budget", mr.Name, mr.Spec.BudgetedNamespaces)
 		}
 	}
-	slices.Sort(names)
 	waitBudgeted := func(want []string) {
 		t.Helper()
-		f.waitReplicasWhere(func(reps []v1alpha1.ModelReplica) (bool, string) {
-			var got []string
-			for _, mr := range reps {
-				got = append(got, mr.Name)
-				if !slices.Equal(mr.Spec.BudgetedNamespaces, want) {
-					return false, fmt.Sprintf("%s: budgeted %v, want %v", mr.Name, mr.Spec.BudgetedNamespaces, want)
-				}
-			}
-			slices.Sort(got)
-			return slices.Equal(got, names), fmt.Sprintf("replicas %v, want the same %v (no roll)", got, names)
-		})
+		f.waitInPlace(names, "budgetedNamespaces", func(mr *v1alpha1.ModelReplica) []string { return mr.Spec.BudgetedNamespaces }, want)
 	}
 	budget := &v1alpha1.TokenBudget{ObjectMeta: metav1.ObjectMeta{Name: "team", Namespace: f.ns},
 		Spec: v1alpha1.TokenBudgetSpec{TokensPerMinute: ptr.To[int64](1000)}}

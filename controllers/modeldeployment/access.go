@@ -37,8 +37,8 @@ func budgetedNamespaces(md *v1alpha1.ModelDeployment, withBudget map[string]bool
 		granted = md.Spec.Access.Namespaces
 	}
 	var out []string
-	for ns := range withBudget {
-		if tenancy.MayUse(tenancy.Identity{Namespace: ns}, md.Namespace, granted) {
+	for ns, has := range withBudget {
+		if has && tenancy.MayUse(tenancy.Identity{Namespace: ns}, md.Namespace, granted) {
 			out = append(out, ns)
 		}
 	}

@@ -64,6 +64,7 @@ func TestBudgetedNamespaces(t *testing.T) {
 		{name: "no budget anywhere", namespace: "team-a", access: []string{"*"}},
 		{name: "its own namespace", namespace: "team-a", budgets: budgets, want: []string{"team-a"}},
 		{name: "its own without a budget", namespace: "team-z", budgets: budgets},
+		{name: "a namespace marked without", namespace: "team-a", budgets: map[string]bool{"team-a": false}},
 		{name: "granted ones with a budget", namespace: "team-z", access: []string{"team-c", "team-y", "team-a"}, budgets: budgets,
 			want: []string{"team-a", "team-c"}},
 		{name: "own and granted", namespace: "team-b", access: []string{"team-a"}, budgets: budgets, want: []string{"team-a", "team-b"}},

@@ -3,6 +3,7 @@ package cluster
 import (
 	"context"
 	"errors"
+	"slices"
 
 	"k8s.io/klog/v2"
 
@@ -47,7 +48,7 @@ func (s *Syncer) startFetchLocked(ctx context.Context, key string, mr *v1alpha1.
 	}
 	fctx, cancel := context.WithCancel(ctx)
 	r = &replica{key: key, namespace: mr.Namespace, name: mr.Name, uid: mr.UID, hash: mr.Spec.TemplateHash,
-		template: *mr.Spec.Template.DeepCopy(), deployment: mr.Labels[v1alpha1.LabelDeployment], access: accessOf(mr),
+		template: *mr.Spec.Template.DeepCopy(), deployment: mr.Labels[v1alpha1.LabelDeployment], access: accessOf(mr), budgeted: slices.Clone(mr.Spec.BudgetedNamespaces),
 		phase: phaseDownloading, fetchGen: gen, cancelFetch: cancel}
 	s.replicas[key] = r
 	src, sum := mr.Spec.Template.Model.Source, mr.Spec.Template.Model.SHA256

@@ -38,7 +38,10 @@ type replica struct {
 	// access is the replica's spec.access (its deployment's): the other namespaces
 	// whose in-cluster callers may use it. It follows the replica's updates.
 	access []string
-	phase  localPhase
+	// budgeted is the replica's spec.budgetedNamespaces: the namespaces with a
+	// TokenBudget whose in-cluster callers must go through the gateway.
+	budgeted []string
+	phase    localPhase
 
 	// Download.
 	fetchGen      int

@@ -30,12 +30,32 @@ func (e *AmbiguousModelError) Type() string              { return "invalid_reque
 func (e *AmbiguousModelError) RetryAfter() time.Duration { return 0 }
 func (e *AmbiguousModelError) Fields() map[string]any    { return nil }
 
+// ThroughGatewayError: the caller's namespace has a TokenBudget, so it may use the
+// deployment only through the gateway, which holds it to the budget and counts its
+// usage (403).
+type ThroughGatewayError struct {
+	Namespace  string
+	Deployment string // namespace/name
+}
+
+func (e *ThroughGatewayError) Error() string {
+	return fmt.Sprintf("namespace %s has a TokenBudget: its callers use %s through the fleet's gateway, which holds them "+
+		"to the budget and counts their usage, not on the deployment's own Service", e.Namespace, e.Deployment)
+}
+func (e *ThroughGatewayError) HTTPStatus() int           { return http.StatusForbidden }
+func (e *ThroughGatewayError) Code() string              { return "budgeted_namespace" }
+func (e *ThroughGatewayError) Type() string              { return "permission_error" }
+func (e *ThroughGatewayError) RetryAfter() time.Duration { return 0 }
+func (e *ThroughGatewayError) Fields() map[string]any    { return nil }
+
 // candidate is one replica a request may go to.
 type candidate struct {
 	key        string
 	deployment string // namespace/deployment
 	ready      bool
 	registered bool
+	// gateway: the caller must go through the gateway (throughGateway).
+	gateway bool
 }
 
 // Resolve picks the pool entry of a request: the replica named by the
@@ -52,9 +72,16 @@ func (s *Syncer) Resolve(r *http.Request, model string) (string, error) {
 		if rep != nil && !mayUse(id, rep) {
 			rep = nil
 		}
+		var gateway error
+		if rep != nil && throughGateway(id, rep) {
+			gateway = &ThroughGatewayError{Namespace: id.Namespace, Deployment: rep.namespace + "/" + rep.deployment}
+		}
 		s.mu.Unlock()
 		if rep == nil {
 			return "", &metal.UnknownModelError{Model: h}
+		}
+		if gateway != nil {
+			return "", gateway
 		}
 		if findModel(snap, h) == nil {
 			return "", downloadingError(h)
@@ -69,7 +96,8 @@ func (s *Syncer) Resolve(r *http.Request, model string) (string, error) {
 		}
 		m := findModel(snap, rep.key)
 		cands = append(cands, candidate{key: rep.key, deployment: rep.namespace + "/" + rep.deployment,
-			registered: rep.phase == phaseRegistered && m != nil, ready: m != nil && m.State == metal.StateReady})
+			registered: rep.phase == phaseRegistered && m != nil, ready: m != nil && m.State == metal.StateReady,
+			gateway: throughGateway(id, rep)})
 	}
 	s.mu.Unlock()
 	if len(cands) == 0 {
@@ -88,6 +116,9 @@ func (s *Syncer) Resolve(r *http.Request, model string) (string, error) {
 	slices.SortFunc(cands, func(a, b candidate) int {
 		return cmp.Or(-cmpBool(a.registered, b.registered), -cmpBool(a.ready, b.ready), cmp.Compare(a.key, b.key))
 	})
+	if cands[0].gateway {
+		return "", &ThroughGatewayError{Namespace: id.Namespace, Deployment: cands[0].deployment}
+	}
 	if !cands[0].registered {
 		return "", downloadingError(model)
 	}
@@ -110,11 +141,29 @@ func (s *Syncer) ListModels(r *http.Request) []string {
 	return out
 }
 
+// DeploymentOf is the deployment ("namespace/name") of the replica whose pool entry
+// is key, or key itself for an entry that is no replica's (any more).
+func (s *Syncer) DeploymentOf(key string) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if rep := s.replicas[key]; rep != nil {
+		return rep.namespace + "/" + rep.deployment
+	}
+	return key
+}
+
 // mayUse says whether id may use rep: the fleet token's admin, a caller of the
 // replica's namespace, or of a namespace its deployment's spec.access grants. A
 // request without an identity may use nothing.
 func mayUse(id tenancy.Identity, rep *replica) bool {
 	return tenancy.MayUse(id, rep.namespace, rep.access)
+}
+
+// throughGateway says whether id, who may use rep, must call it through the gateway:
+// a caller of a namespace with a TokenBudget (the replica's spec.budgetedNamespaces).
+// The fleet token's admin — the gateway's own requests — never.
+func throughGateway(id tenancy.Identity, rep *replica) bool {
+	return !id.Admin && slices.Contains(rep.budgeted, id.Namespace)
 }
 
 // accessOf is the namespaces mr's spec.access grants.

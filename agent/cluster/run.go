@@ -243,7 +243,7 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	reg := prometheus.NewRegistry()
 	sopts := server.Options{APIKeyFunc: tokenFunc, ResolveModel: syncer.Resolve,
-		ListModels: syncer.ListModels, Log: log.WithName("http"), Registerer: reg, TracerProvider: cfg.TracerProvider}
+		ListModels: syncer.ListModels, DeploymentOf: syncer.DeploymentOf, Log: log.WithName("http"), Registerer: reg, TracerProvider: cfg.TracerProvider}
 	if !cfg.NoServiceAccountTokens {
 		cs, err := kubernetes.NewForConfig(rc)
 		if err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -284,6 +285,7 @@ func (s *Syncer) sync(ctx context.Context, key string) (time.Duration, error) {
 	local = s.replicas[key]
 	if local != nil && mr != nil && local.uid == mr.UID {
 		local.access = accessOf(mr)
+		local.budgeted = slices.Clone(mr.Spec.BudgetedNamespaces)
 	}
 	view := local.view()
 	s.mu.Unlock()

@@ -90,8 +90,11 @@ type agentOptions struct {
 	apiKey string
 	// reviewToken is Options.ReviewToken.
 	reviewToken func(context.Context, string) (tenancy.Identity, error)
-	maxBody     int64
-	pool        metal.Config
+	// resolveModel and deploymentOf are Options.ResolveModel and DeploymentOf.
+	resolveModel func(*http.Request, string) (string, error)
+	deploymentOf func(string) string
+	maxBody      int64
+	pool         metal.Config
 	// noEnforcer leaves the pool's enforcer loop (Run) off.
 	noEnforcer bool
 	// needsRunner: false for tests that never load a model.
@@ -189,7 +192,8 @@ func startAgent(t *testing.T, o agentOptions) *testAgent {
 		}
 	}
 	reg := prometheus.NewRegistry()
-	srv, err := server.New(pool, server.Options{APIKey: o.apiKey, ReviewToken: o.reviewToken, MaxBodyBytes: o.maxBody, Registerer: reg})
+	srv, err := server.New(pool, server.Options{APIKey: o.apiKey, ReviewToken: o.reviewToken, MaxBodyBytes: o.maxBody, Registerer: reg,
+		ResolveModel: o.resolveModel, DeploymentOf: o.deploymentOf})
 	if err != nil {
 		t.Fatal(err)
 	}

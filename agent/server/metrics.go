@@ -12,6 +12,7 @@ import (
 	"github.com/macfleet/macfleet/internal/openaierr"
 	"github.com/macfleet/macfleet/metal"
 	"github.com/macfleet/macfleet/metering"
+	"github.com/macfleet/macfleet/tenancy"
 	"github.com/macfleet/macfleet/tracing"
 )
 
@@ -23,12 +24,15 @@ type metrics struct {
 	ttft            *prometheus.HistogramVec
 	generatedTokens *prometheus.CounterVec
 	tokensPerSecond *prometheus.HistogramVec
+	// usage counts the answers to in-cluster callers served directly, as the
+	// gateway counts its callers' (macfleet_usage_*_total).
+	usage *metering.Meter
 }
 
 func newMetrics(reg prometheus.Registerer, pool *metal.Pool) (*metrics, error) {
 	m := newRequestMetrics()
 	for _, c := range []prometheus.Collector{m.requests, m.ttft, m.generatedTokens, m.tokensPerSecond,
-		metal.NewMetrics(pool)} {
+		m.usage.Requests, m.usage.Tokens, metal.NewMetrics(pool)} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -57,6 +61,7 @@ func newRequestMetrics() *metrics {
 				"(streams), or tokens over the whole request (non-streamed).",
 			Buckets: prometheus.ExponentialBuckets(1, 2, 14), // 1 .. 8192 tokens/s
 		}, []string{"model"}),
+		usage: metering.NewMeter(),
 	}
 }
 
@@ -94,6 +99,10 @@ type reqInfo struct {
 	// any), sent back as the metering.Header trailer.
 	usage   metering.Usage
 	metered bool
+	// caller and deployment, when set, are whom the usage is counted for and under
+	// which deployment: a caller that is not an admin, served directly (meterDirect).
+	caller     *tenancy.Identity
+	deployment string
 }
 
 func (i *reqInfo) addUsage(u metering.Usage) {
@@ -112,6 +121,23 @@ func requestInfo(ctx context.Context) *reqInfo {
 
 func (i *reqInfo) setModel(m string) { i.model = m }
 
+// meterDirect makes the request's usage count for its caller under entry's
+// deployment, unless the caller is an admin: the fleet token is the gateway's (and
+// the manager's), and the gateway counts its own callers. So the answers the agents
+// count are those to in-cluster callers on a deployment's own Service, and a sum
+// over the gateways and the agents counts every answer once.
+func (s *Server) meterDirect(r *http.Request, entry string) {
+	id, ok := tenancy.IdentityFrom(r.Context())
+	if !ok || id.Admin {
+		return
+	}
+	info := requestInfo(r.Context())
+	info.caller, info.deployment = &id, entry
+	if s.opts.DeploymentOf != nil {
+		info.deployment = s.opts.DeploymentOf(entry)
+	}
+}
+
 // instrument counts an OpenAI request by model and status and logs it.
 func (s *Server) instrument(h http.HandlerFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -125,6 +151,9 @@ func (s *Server) instrument(h http.HandlerFunc) http.Handler {
 		h(sw, r)
 		if info.metered {
 			w.Header().Set(metering.Header, info.usage.String())
+			if info.caller != nil {
+				s.metrics.usage.Record(*info.caller, info.deployment, info.usage)
+			}
 		}
 		code := sw.Status
 		if code == 0 {

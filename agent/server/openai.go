@@ -187,6 +187,7 @@ func (s *Server) acquire(w http.ResponseWriter, r *http.Request, model string) (
 			return nil, nil
 		}
 	}
+	s.meterDirect(r, entry)
 	s.queues.observe(r, entry, time.Now())
 	lctx, span := s.startSpan(ctx, "agent.lease", trace.SpanKindInternal, attribute.String("macfleet.entry", entry))
 	lease, err := s.pool.Acquire(lctx, entry)

@@ -70,6 +70,11 @@ type Options struct {
 	// metal.StatusError keep their status and code (for example 400 for a name that
 	// is ambiguous, 404 for an unknown one).
 	ResolveModel func(r *http.Request, model string) (string, error)
+	// DeploymentOf, when set, names the deployment ("namespace/name") of a pool
+	// entry: the deployment label of the usage counters of callers that are not
+	// admins (macfleet_usage_requests_total, macfleet_usage_tokens_total, as the
+	// gateway's). Without it the entry's name is the label.
+	DeploymentOf func(entry string) string
 	// ListModels, when set, gives the ids GET /v1/models lists to r's caller instead
 	// of the pool's entries.
 	ListModels func(r *http.Request) []string

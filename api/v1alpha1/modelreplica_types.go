@@ -111,6 +111,16 @@ type ModelReplicaSpec struct {
 	// of other namespaces use the replica (see docs/tenancy.md).
 	// +optional
 	Access *Access `json:"access,omitempty"`
+
+	// budgetedNamespaces are the namespaces that may use the replica (its own and
+	// those its access grants) and have at least one TokenBudget, kept in step by the
+	// deployment controller in place, as access is. The node agent refuses their
+	// in-cluster callers on the deployment's own Service (403): their requests go
+	// through the gateway, which holds them to their budgets and counts their usage.
+	// +optional
+	// +listType=set
+	// +kubebuilder:validation:items:MaxLength=63
+	BudgetedNamespaces []string `json:"budgetedNamespaces,omitempty"`
 }
 
 // DownloadProgress is how far the node has fetched the model file.

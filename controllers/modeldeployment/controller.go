@@ -103,6 +103,7 @@ type Reconciler struct {
 // +kubebuilder:rbac:groups=macfleet.dev,resources=modelreplicas,verbs=get;list;watch;create;delete;patch
 // +kubebuilder:rbac:groups=macfleet.dev,resources=sourcepolicies,verbs=get;list;watch
 // +kubebuilder:rbac:groups=macfleet.dev,resources=macnodes,verbs=get;list;watch
+// +kubebuilder:rbac:groups=macfleet.dev,resources=tokenbudgets,verbs=get;list;watch
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 
 // SetupWithManager registers the controller with mgr, filling in unset fields.
@@ -165,6 +166,9 @@ func (r *Reconciler) setup(mgr ctrl.Manager, opts controller.Options) error {
 		Watches(&v1alpha1.SourcePolicy{}, handler.EnqueueRequestsFromMapFunc(r.policyChanged)).
 		// A Mac that stops being Ready ends the drains of its replicas.
 		Watches(&v1alpha1.MacNode{}, handler.EnqueueRequestsFromMapFunc(r.nodeChanged), builder.WithPredicates(nodeReadyChanged())).
+		// A budget created or deleted changes which namespaces' in-cluster callers
+		// the agents send to the gateway.
+		Watches(&v1alpha1.TokenBudget{}, handler.EnqueueRequestsFromMapFunc(r.budgetChanged)).
 		WithOptions(opts).
 		Complete(r)
 }
@@ -184,7 +188,12 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	if err := r.syncAccess(ctx, md, replicas); err != nil {
+	withBudget, err := r.namespacesWithBudget(ctx)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	access := accessFor(md, withBudget)
+	if err := r.syncAccess(ctx, access, replicas); err != nil {
 		return ctrl.Result{}, err
 	}
 	policy, err := r.loadPolicy(ctx)
@@ -212,7 +221,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	var syncErr error
 	var drainLeft time.Duration
 	if res.Quantity != nil {
-		drainLeft, syncErr = r.sync(ctx, md, tmpl, hash, *res.Quantity, replicas, current)
+		drainLeft, syncErr = r.sync(ctx, md, access, tmpl, hash, *res.Quantity, replicas, current)
 	}
 
 	now := r.Clock.Now()
@@ -333,7 +342,7 @@ func (r *Reconciler) listReplicas(ctx context.Context, md *v1alpha1.ModelDeploym
 // plan decides, unless the cache does not show the previous pass's changes yet (their
 // watch events wake the deployment again). It returns how long the drains still
 // running may take (0: none).
-func (r *Reconciler) sync(ctx context.Context, md *v1alpha1.ModelDeployment, tmpl v1alpha1.ModelReplicaTemplate, hash string,
+func (r *Reconciler) sync(ctx context.Context, md *v1alpha1.ModelDeployment, access replicaAccess, tmpl v1alpha1.ModelReplicaTemplate, hash string,
 	q resource.Quantity, replicas []v1alpha1.ModelReplica, current func(*v1alpha1.ModelReplica) bool) (time.Duration, error) {
 	logger := log.FromContext(ctx)
 	listed, live := sets.New[string](), sets.New[string]()
@@ -393,7 +402,7 @@ func (r *Reconciler) sync(ctx context.Context, md *v1alpha1.ModelDeployment, tmp
 		created []string
 	)
 	createErr := slowStartBatch(act.Create, func() error {
-		mr, err := newReplica(md, tmpl, hash, q, r.Scheme)
+		mr, err := newReplica(md, access, tmpl, hash, q, r.Scheme)
 		if err != nil {
 			return err
 		}
@@ -413,16 +422,16 @@ func (r *Reconciler) sync(ctx context.Context, md *v1alpha1.ModelDeployment, tmp
 }
 
 // newReplica is a replica of md's current template reserving q.
-func newReplica(md *v1alpha1.ModelDeployment, tmpl v1alpha1.ModelReplicaTemplate, hash string, q resource.Quantity, scheme *runtime.Scheme) (*v1alpha1.ModelReplica, error) {
+func newReplica(md *v1alpha1.ModelDeployment, access replicaAccess, tmpl v1alpha1.ModelReplicaTemplate, hash string, q resource.Quantity, scheme *runtime.Scheme) (*v1alpha1.ModelReplica, error) {
 	mr := &v1alpha1.ModelReplica{
 		ObjectMeta: metav1.ObjectMeta{
 			GenerateName: fmt.Sprintf("%s-%s-", md.Name, hash),
 			Namespace:    md.Namespace,
 			Labels:       map[string]string{v1alpha1.LabelDeployment: md.Name, v1alpha1.LabelTemplateHash: hash},
 		},
-		Spec: v1alpha1.ModelReplicaSpec{Template: *tmpl.DeepCopy(), TemplateHash: hash, MemoryReservation: q.DeepCopy(),
-			Access: normalAccess(md.Spec.Access).DeepCopy()},
+		Spec: v1alpha1.ModelReplicaSpec{Template: *tmpl.DeepCopy(), TemplateHash: hash, MemoryReservation: q.DeepCopy()},
 	}
+	setAccess(&mr.Spec, access)
 	if err := controllerutil.SetControllerReference(md, mr, scheme); err != nil {
 		return nil, fmt.Errorf("owning replica by %s: %w", klog.KObj(md), err)
 	}

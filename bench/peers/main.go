@@ -116,7 +116,7 @@ func run(o options) error {
 			s.stop()
 		}
 	}()
-	say("starting macfleet serve (ctx %d, parallel %d, %d threads, prompt cache off)", o.ctx, o.parallel, o.threads)
+	say("starting macfleet serve (ctx %d, parallel %d, threads %d, prompt cache off)", o.ctx, o.parallel, o.threads)
 	if servers["macfleet"], err = startMacfleet(ctx, macfleetConfig{bin: o.macfleet, runner: o.runner, model: model,
 		dir: mkdir(dir, "macfleet"), ctx: o.ctx, parallel: o.parallel, threads: o.threads}); err != nil {
 		delete(servers, "macfleet")
@@ -155,10 +155,18 @@ func run(o options) error {
 	for _, s := range subjects {
 		samples[s] = map[string][]float64{}
 	}
+	failures := map[string]int{}
 	say("%d rounds of %d measurements, seed %d", o.rounds, len(jobs)*len(subjects), o.seed)
 	for r := range o.rounds {
 		for _, t := range roundOrder(o.seed, r, subjects, jobs) {
 			got, err := b.run(ctx, servers[t.subject], t.job)
+			if err != nil && ctx.Err() == nil {
+				// One retry, counted in the table: a server that fails a request now and
+				// then is reported, not measured as if it had not.
+				say("round %d, %s on %s failed, retrying once: %v", r+1, t.job, t.subject, err)
+				failures[t.subject]++
+				got, err = b.run(ctx, servers[t.subject], t.job)
+			}
 			if err != nil {
 				return fmt.Errorf("round %d, %s on %s: %w; its output:\n%s", r+1, t.job, t.subject, err,
 					tail(servers[t.subject].out.String(), 3000))
@@ -187,11 +195,19 @@ func run(o options) error {
 	}
 	host, _ := os.Hostname()
 	header := fmt.Sprintf("`make bench-peers`, %s UTC, %s/%s, %d CPUs (%s); peer %s; model %s (synthesized, f16); "+
-		"matched: ctx %d, %d slots, %d threads, macfleet's prompt cache off; %d rounds, %d tokens a decode stream, seed %d. "+
+		"matched: ctx %d, %d slots, threads %d, macfleet's prompt cache off; %d rounds, %d tokens a decode stream, seed %d. "+
 		"Load average (1, 5, 15 min) at the start %s, at the end %s.\n\n",
 		started.Format("2006-01-02 15:04"), runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), host, version, o.preset,
 		o.ctx, o.parallel, o.threads, o.rounds, o.maxTokens, o.seed, loadStart, loadEnd)
-	doc := header + "Medians (min–max); ratios are macfleet / peer, the side in brackets is ahead.\n\n" + table
+	failed := "no measurement failed"
+	if len(failures) > 0 {
+		var fs []string
+		for _, c := range append([]column{{"macfleet", "macfleet"}}, peers...) {
+			fs = append(fs, fmt.Sprintf("%s %d", c.title, failures[c.subject]))
+		}
+		failed = "measurements that failed once and were repeated: " + strings.Join(fs, ", ")
+	}
+	doc := header + "Medians (min–max); ratios are macfleet / peer, the side in brackets is ahead; " + failed + ".\n\n" + table
 	fmt.Println()
 	fmt.Print(doc)
 	out := o.out

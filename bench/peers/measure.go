@@ -32,12 +32,15 @@ func (s stream) decodeRate() float64 {
 	return float64(s.completionTokens-1) / d.Seconds()
 }
 
-// chat streams a greedy chat completion through the OpenAI API both servers speak,
-// asking for its usage; the stream must end with [DONE] and report it.
+// chat streams a chat completion through the OpenAI API both servers speak, asking for
+// its usage; the stream must end with [DONE] and report it. It samples (temperature
+// 0.8, a fixed seed) rather than decoding greedily: greedy decoding of a random-weight
+// model soon repeats one token, and the peer cuts such a stream short without a finish
+// chunk or [DONE] (about 30 repeats), which would time nothing comparable.
 func (s *server) chat(ctx context.Context, prompt string, maxTokens int) (stream, error) {
 	body, err := json.Marshal(map[string]any{
 		"model": modelName, "messages": []map[string]string{{"role": "user", "content": prompt}},
-		"max_tokens": maxTokens, "temperature": 0, "seed": 1, "stream": true,
+		"max_tokens": maxTokens, "temperature": 0.8, "seed": 1, "stream": true,
 		"stream_options": map[string]bool{"include_usage": true},
 	})
 	if err != nil {
@@ -60,12 +63,18 @@ func (s *server) chat(ctx context.Context, prompt string, maxTokens int) (stream
 		return st, fmt.Errorf("%s: %s: %s", s.name, resp.Status, tail(b.String(), 500))
 	}
 	br := bufio.NewReaderSize(resp.Body, 64<<10)
-	var last []byte // the last line that was not an event, shown if the stream breaks
+	// Shown if the stream breaks: how many events came, the last one and the last line
+	// that was not an event.
+	var (
+		last, lastEvent []byte
+		events          int
+	)
 	for {
 		line, err := br.ReadSlice('\n')
 		at := time.Now()
 		if err != nil {
-			return st, fmt.Errorf("%s: the stream ended without [DONE] (%w) after %q", s.name, err, tail(string(last)+string(line), 500))
+			return st, fmt.Errorf("%s: the stream (%s, %s) ended without [DONE] (%w) after %d events, the last %q, and %q",
+				s.name, resp.Status, resp.Header.Get("Content-Type"), err, events, tail(string(lastEvent), 300), tail(string(last)+string(line), 300))
 		}
 		data, ok := bytes.CutPrefix(bytes.TrimRight(line, "\r\n"), []byte("data: "))
 		if !ok {
@@ -77,6 +86,8 @@ func (s *server) chat(ctx context.Context, prompt string, maxTokens int) (stream
 		if string(data) == "[DONE]" {
 			break
 		}
+		events++
+		lastEvent = append(lastEvent[:0], data...)
 		var c struct {
 			Choices []struct {
 				Delta struct {

@@ -5,7 +5,8 @@
 # module, at the version go.mod already requires (`go list -m github.com/ollama/ollama`),
 # into DIR/ollama, with the cgo flags of hack/go-env.sh (so its llama.cpp is compiled
 # exactly like the runner's). `go install MODULE@VERSION` builds it with the module's own
-# go.mod, as its release would be. The module zip lacks two headers its image and audio
+# go.mod, as its release would be; building it inside this module would need go.sum
+# entries for its command line's dependencies and could move this module's versions. The module zip lacks two headers its image and audio
 # helpers include: stb_image.h comes from Debian's libstb-dev (hack/deps.sh peers),
 # miniaudio.h from the Go module that ships it (github.com/gen2brain/malgo), copied into
 # DIR/include. A cold build compiles llama.cpp and ggml again (a few minutes on 2 cores).

@@ -231,7 +231,7 @@ func calibrate(ctx context.Context, b *bench, s *server, tokens int) (int, error
 		c, cancel := context.WithTimeout(ctx, b.timeout)
 		defer cancel()
 		st, err := s.chat(c, b.prompt("Summarise this:", words), 1)
-		return st.promptTokens, err
+		return st.PromptTokens, err
 	}
 	base, err := count(0)
 	if err != nil {

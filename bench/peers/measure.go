@@ -1,130 +1,24 @@
 package main
 
 import (
-	"bufio"
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"net/http"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/macfleet/macfleet/internal/chatstream"
 )
 
-// stream is the timing of one streamed chat completion.
-type stream struct {
-	start, first, finish time.Time
-	promptTokens         int
-	completionTokens     int
-}
-
-func (s stream) ttft() time.Duration { return s.first.Sub(s.start) }
-
-// decodeRate is tokens per second after the first: completion tokens minus one over
-// the time from the first text to the end.
-func (s stream) decodeRate() float64 {
-	d := s.finish.Sub(s.first)
-	if d <= 0 || s.completionTokens < 2 {
-		return 0
-	}
-	return float64(s.completionTokens-1) / d.Seconds()
-}
-
-// chat streams a chat completion through the OpenAI API both servers speak, asking for
-// its usage; the stream must end with [DONE] and report it. It samples (temperature
-// 0.8, a fixed seed) rather than decoding greedily: greedy decoding of a random-weight
-// model soon repeats one token, and the peer cuts such a stream short without a finish
-// chunk or [DONE] (about 30 repeats), which would time nothing comparable.
-func (s *server) chat(ctx context.Context, prompt string, maxTokens int) (stream, error) {
-	body, err := json.Marshal(map[string]any{
-		"model": modelName, "messages": []map[string]string{{"role": "user", "content": prompt}},
-		"max_tokens": maxTokens, "temperature": 0.8, "seed": 1, "stream": true,
-		"stream_options": map[string]bool{"include_usage": true},
-	})
-	if err != nil {
-		return stream{}, err
-	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.base+"/v1/chat/completions", bytes.NewReader(body))
-	if err != nil {
-		return stream{}, err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	st := stream{start: time.Now()}
-	resp, err := s.client.Do(req)
-	if err != nil {
-		return st, fmt.Errorf("%s: %w", s.name, err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		var b bytes.Buffer
-		_, _ = b.ReadFrom(resp.Body)
-		return st, fmt.Errorf("%s: %s: %s", s.name, resp.Status, tail(b.String(), 500))
-	}
-	br := bufio.NewReaderSize(resp.Body, 64<<10)
-	// Shown if the stream breaks: how many events came, the last one and the last line
-	// that was not an event.
-	var (
-		last, lastEvent []byte
-		events          int
-	)
-	for {
-		line, err := br.ReadSlice('\n')
-		at := time.Now()
-		if err != nil {
-			return st, fmt.Errorf("%s: the stream (%s, %s) ended without [DONE] (%w) after %d events, the last %q, and %q",
-				s.name, resp.Status, resp.Header.Get("Content-Type"), err, events, tail(string(lastEvent), 300), tail(string(last)+string(line), 300))
-		}
-		data, ok := bytes.CutPrefix(bytes.TrimRight(line, "\r\n"), []byte("data: "))
-		if !ok {
-			if len(bytes.TrimSpace(line)) > 0 {
-				last = append(last[:0], line...)
-			}
-			continue
-		}
-		if string(data) == "[DONE]" {
-			break
-		}
-		events++
-		lastEvent = append(lastEvent[:0], data...)
-		var c struct {
-			Choices []struct {
-				Delta struct {
-					Content string `json:"content"`
-				} `json:"delta"`
-				FinishReason *string `json:"finish_reason"`
-			} `json:"choices"`
-			Usage *struct {
-				PromptTokens     int `json:"prompt_tokens"`
-				CompletionTokens int `json:"completion_tokens"`
-			} `json:"usage"`
-			Error *struct {
-				Message string `json:"message"`
-			} `json:"error"`
-		}
-		if err := json.Unmarshal(data, &c); err != nil {
-			return st, fmt.Errorf("%s: bad event %q: %w", s.name, tail(string(data), 200), err)
-		}
-		if c.Error != nil {
-			return st, fmt.Errorf("%s: error event: %s", s.name, c.Error.Message)
-		}
-		if c.Usage != nil {
-			st.promptTokens, st.completionTokens = c.Usage.PromptTokens, c.Usage.CompletionTokens
-		}
-		for _, ch := range c.Choices {
-			if ch.Delta.Content != "" && st.first.IsZero() {
-				st.first = at
-			}
-			if ch.FinishReason != nil {
-				st.finish = at
-			}
-		}
-	}
-	if st.first.IsZero() || st.finish.IsZero() || st.completionTokens == 0 {
-		return st, fmt.Errorf("%s: the stream had no text, no finish reason or no usage (%d completion tokens)", s.name, st.completionTokens)
-	}
-	return st, nil
+// chat streams a chat completion through the OpenAI API both servers speak
+// (internal/chatstream). It samples (temperature 0.8, a fixed seed) rather than decoding
+// greedily: greedy decoding of a random-weight model soon repeats one token, and the
+// peer cuts such a stream short without a finish chunk or [DONE] (after 30 repeats),
+// which would time nothing comparable.
+func (s *server) chat(ctx context.Context, prompt string, maxTokens int) (chatstream.Result, error) {
+	return chatstream.Do(ctx, s.client, s.base, s.name,
+		chatstream.Request{Model: modelName, Prompt: prompt, MaxTokens: maxTokens, Temperature: 0.8, Seed: 1}, nil)
 }
 
 // bench runs the measurements against the servers, each request bounded by timeout.
@@ -165,14 +59,14 @@ func (b *bench) run(ctx context.Context, s *server, job string) (map[string]floa
 		if err != nil {
 			return nil, err
 		}
-		if st.completionTokens < min(b.maxTokens, 8) {
-			return nil, fmt.Errorf("%s: generated %d of %d tokens: too few to time", s.name, st.completionTokens, b.maxTokens)
+		if st.CompletionTokens < min(b.maxTokens, 8) {
+			return nil, fmt.Errorf("%s: generated %d of %d tokens: too few to time", s.name, st.CompletionTokens, b.maxTokens)
 		}
-		return map[string]float64{"decode1": st.decodeRate()}, nil
+		return map[string]float64{"decode1": st.DecodeRate()}, nil
 	case "decode4":
 		var (
 			wg      sync.WaitGroup
-			streams [4]stream
+			streams [4]chatstream.Result
 			errs    [4]error
 		)
 		for i := range streams {
@@ -186,15 +80,11 @@ func (b *bench) run(ctx context.Context, s *server, job string) (map[string]floa
 		}
 		// Aggregate decode: every stream's tokens over the time from the first token of
 		// any stream to the end of the last one.
-		first, last, tokens := streams[0].first, streams[0].finish, 0
+		first, last, tokens := streams[0].Start.Add(streams[0].TTFT), streams[0].Start.Add(streams[0].Finish), 0
 		for _, st := range streams {
-			if st.first.Before(first) {
-				first = st.first
-			}
-			if st.finish.After(last) {
-				last = st.finish
-			}
-			tokens += st.completionTokens
+			first = minTime(first, st.Start.Add(st.TTFT))
+			last = maxTime(last, st.Start.Add(st.Finish))
+			tokens += st.CompletionTokens
 		}
 		if d := last.Sub(first); d > 0 {
 			return map[string]float64{"decode4": float64(tokens) / d.Seconds()}, nil
@@ -205,7 +95,7 @@ func (b *bench) run(ctx context.Context, s *server, job string) (map[string]floa
 		if err != nil {
 			return nil, err
 		}
-		return map[string]float64{"ttftShort": ms(st.ttft())}, nil
+		return map[string]float64{"ttftShort": ms(st.TTFT)}, nil
 	case "ttftLong":
 		st, err := s.chat(ctx, b.prompt("Summarise this:", b.longPrompt), 4)
 		if err != nil {
@@ -213,7 +103,7 @@ func (b *bench) run(ctx context.Context, s *server, job string) (map[string]floa
 		}
 		// The prompt's length as each server counts it goes into the table's notes: a
 		// server that truncated or templated it differently would show here.
-		return map[string]float64{"ttftLong": ms(st.ttft()), "longPromptTokens": float64(st.promptTokens)}, nil
+		return map[string]float64{"ttftLong": ms(st.TTFT), "longPromptTokens": float64(st.PromptTokens)}, nil
 	case "cold":
 		// Unload (timed), then the first token of a short chat from nothing loaded.
 		t0 := time.Now()
@@ -225,9 +115,23 @@ func (b *bench) run(ctx context.Context, s *server, job string) (map[string]floa
 		if err != nil {
 			return nil, err
 		}
-		return map[string]float64{"unload": ms(unload), "cold": ms(st.ttft())}, nil
+		return map[string]float64{"unload": ms(unload), "cold": ms(st.TTFT)}, nil
 	}
 	return nil, fmt.Errorf("unknown job %q", job)
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+func minTime(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
+}

@@ -156,7 +156,7 @@ func run(o options) error {
 		samples[s] = map[string][]float64{}
 	}
 	failures := map[string]int{}
-	say("%d rounds of %d measurements, seed %d", o.rounds, len(jobs)*len(subjects), o.seed)
+	say("rounds: %d of %d measurements each, seed %d", o.rounds, len(jobs)*len(subjects), o.seed)
 	for r := range o.rounds {
 		for _, t := range roundOrder(o.seed, r, subjects, jobs) {
 			got, err := b.run(ctx, servers[t.subject], t.job)
@@ -195,7 +195,7 @@ func run(o options) error {
 	}
 	host, _ := os.Hostname()
 	header := fmt.Sprintf("`make bench-peers`, %s UTC, %s/%s, %d CPUs (%s); peer %s; model %s (synthesized, f16); "+
-		"matched: ctx %d, %d slots, threads %d, macfleet's prompt cache off; %d rounds, %d tokens a decode stream, seed %d. "+
+		"matched: ctx %d, %d slots, threads %d, macfleet's prompt cache off; rounds %d, %d tokens a decode stream, seed %d. "+
 		"Load average (1, 5, 15 min) at the start %s, at the end %s.\n\n",
 		started.Format("2006-01-02 15:04"), runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), host, version, o.preset,
 		o.ctx, o.parallel, o.threads, o.rounds, o.maxTokens, o.seed, loadStart, loadEnd)

@@ -23,15 +23,22 @@ HELM_LDFLAGS  := -X helm.sh/helm/v3/internal/version.version=$(HELM_VERSION) \
 	$(foreach p,pkg/chartutil pkg/lint/rules,-X helm.sh/helm/v3/$(p).k8sVersionMajor=1 -X helm.sh/helm/v3/$(p).k8sVersionMinor=$(HELM_K8S_MINOR))
 CHART         := charts/macfleet
 CHART_SYNC    := go run ./test/chart/chartsync
+# The peer server `make bench-peers` measures against: built from the Go module at the
+# version go.mod requires, once per version, into the cache.
+PEER_VERSION  := $(shell awk '$$1 == "github.com/ollama/ollama" {print $$2}' go.mod)
+PEER_DIR      := $(CACHE_DIR)/peers/$(PEER_VERSION)
+PEER          := $(PEER_DIR)/ollama
 
 # What this machine needs for the goals asked (hack/deps.sh): the test set for test-like
-# goals, the demo set otherwise.
-DEPS_GOALS    := $(if $(filter test soak fuzz bench chart-test,$(MAKECMDGOALS)),test,demo)
+# goals, the peers set for bench-peers and peer, the demo set otherwise.
+DEPS_GOALS    := $(strip $(if $(filter test soak fuzz bench chart-test,$(MAKECMDGOALS)),test,$(if $(filter bench-peers peer,$(MAKECMDGOALS)),,demo)) \
+	$(if $(filter bench-peers peer,$(MAKECMDGOALS)),peers))
 # The components this run builds from nothing, in make's order: hack/step.sh announces
 # each as "[N/M] name" with the time since make started.
 MACFLEET_STEPS := $(strip $(if $(wildcard $(ENVTEST_DIR)/kube-apiserver),,etcd kube-apiserver kubectl) \
-	$(if $(filter demo dev-cluster,$(MAKECMDGOALS)),$(if $(wildcard $(BIN)/macfleet),,macfleet)) \
-	$(if $(filter demo runner test soak bench,$(MAKECMDGOALS)),$(if $(wildcard $(RUNNER)),,runner)) \
+	$(if $(filter demo dev-cluster bench-peers,$(MAKECMDGOALS)),$(if $(wildcard $(BIN)/macfleet),,macfleet)) \
+	$(if $(filter demo runner test soak bench bench-peers,$(MAKECMDGOALS)),$(if $(wildcard $(RUNNER)),,runner)) \
+	$(if $(filter bench-peers peer,$(MAKECMDGOALS)),$(if $(wildcard $(PEER)),,peer)) \
 	$(if $(filter test helm chart-test chart-verify,$(MAKECMDGOALS)),$(if $(wildcard $(HELM)),,helm)))
 MACFLEET_STEPS_START := $(shell date +%s)
 export MACFLEET_STEPS MACFLEET_STEPS_START CACHE_DIR
@@ -103,6 +110,24 @@ fuzz: ## Run every fuzz target for FUZZTIME each (default 10000x: inputs, not se
 .PHONY: bench
 bench: envtest runner ## Run the benchmarks named in docs/benchmarks.md.
 	hack/bench.sh
+
+# PEERS_SMOKE=1: one round of the tiny model with short outputs, to check the harness
+# end to end (CI), not the figures.
+PEERS_SMOKE   ?=
+PEERS_ROUNDS  ?= $(if $(PEERS_SMOKE),1,3)
+PEERS_MODEL   ?= $(if $(PEERS_SMOKE),tiny,mid)
+PEERS_TOKENS  ?= $(if $(PEERS_SMOKE),16,128)
+PEERS_FLAGS   ?= $(if $(PEERS_SMOKE),-long 200)
+
+.PHONY: bench-peers
+bench-peers: build runner $(PEER) ## Measure macfleet serve side by side with a peer server on this machine (docs/benchmarks.md).
+	go run ./bench/peers -macfleet $(BIN)/macfleet -runner $(RUNNER) -peer $(PEER) -peer-version $(PEER_VERSION) \
+		-rounds $(PEERS_ROUNDS) -model $(PEERS_MODEL) -tokens $(PEERS_TOKENS) $(PEERS_FLAGS)
+
+.PHONY: peer
+peer: $(PEER) ## Build the peer server of bench-peers into the cache (once per version).
+$(PEER): | deps
+	hack/step.sh peer hack/build-peer.sh $(PEER_DIR)
 
 ##@ Helm chart
 

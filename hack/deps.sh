@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Usage: hack/deps.sh GOAL...        GOAL: demo, test
+# Usage: hack/deps.sh GOAL...        GOAL: demo, test, peers
 #
 # Installs what GOAL needs before any slow build starts, so a fresh machine fails in
 # seconds or not at all, never after a 15-minute build:
@@ -15,7 +15,7 @@
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cache=${CACHE_DIR:-$HOME/.cache/macfleet}
-(($# > 0)) || { echo "usage: $0 GOAL... (demo, test)" >&2; exit 2; }
+(($# > 0)) || { echo "usage: $0 GOAL... (demo, test, peers)" >&2; exit 2; }
 
 say() { printf 'deps: %s\n' "$*" >&2; }
 

@@ -58,9 +58,9 @@ func BenchmarkAgentVsDirect(b *testing.B) {
 				g = a.mustChat(b, modelMid, prompt, genTokens, nil)
 				d = direct.mustChat(b, modelMid, prompt, genTokens, nil)
 			}
-			dRate, aRate = append(dRate, d.decodeRate()), append(aRate, g.decodeRate())
-			dTTFT, aTTFT = append(dTTFT, d.ttft), append(aTTFT, g.ttft)
-			added = append(added, g.ttft-d.ttft)
+			dRate, aRate = append(dRate, d.DecodeRate()), append(aRate, g.DecodeRate())
+			dTTFT, aTTFT = append(dTTFT, d.TTFT), append(aTTFT, g.TTFT)
+			added = append(added, g.TTFT-d.TTFT)
 			tok = append(tok, direct.tokenize(b, prompt))
 		}
 		for i := range shortPairs {
@@ -72,8 +72,8 @@ func BenchmarkAgentVsDirect(b *testing.B) {
 				g = a.mustChat(b, modelMid, prompt, shortLen, nil)
 				d = direct.mustChat(b, modelMid, prompt, shortLen, nil)
 			}
-			dTTFT, aTTFT = append(dTTFT, d.ttft), append(aTTFT, g.ttft)
-			added = append(added, g.ttft-d.ttft)
+			dTTFT, aTTFT = append(dTTFT, d.TTFT), append(aTTFT, g.TTFT)
+			added = append(added, g.TTFT-d.TTFT)
 		}
 	}
 
@@ -132,7 +132,7 @@ func BenchmarkDecodeVsBandwidth(b *testing.B) {
 			read = max(read, bw.read(3, bw.workers))
 			read1 = max(read1, bw.read(1, 1))
 			cp = max(cp, bw.copy(2))
-			rates = append(rates, direct.mustChat(b, modelMid, prompt, genTokens, nil).decodeRate())
+			rates = append(rates, direct.mustChat(b, modelMid, prompt, genTokens, nil).DecodeRate())
 		}
 	}
 
@@ -180,10 +180,10 @@ func BenchmarkConcurrentStreams(b *testing.B) {
 			if errs[i] != nil {
 				b.Fatal(errs[i])
 			}
-			if s.completionTokens != genTokens {
-				b.Fatalf("stream %d of %d generated %d of %d tokens (finish %q)", i, n, s.completionTokens, genTokens, s.finishReason)
+			if s.CompletionTokens != genTokens {
+				b.Fatalf("stream %d of %d generated %d of %d tokens (finish %q)", i, n, s.CompletionTokens, genTokens, s.FinishReason)
 			}
-			tokens += s.completionTokens
+			tokens += s.CompletionTokens
 		}
 		return float64(tokens) / wall.Seconds()
 	}
@@ -316,7 +316,7 @@ func benchITLDuringUnload(b *testing.B, victim string) {
 	run := func(evict bool) {
 		a.load(victim)
 		if !evict {
-			base = append(base, a.mustChat(b, serveName, prompt, genTokens, nil).gaps()...)
+			base = append(base, a.mustChat(b, serveName, prompt, genTokens, nil).Gaps()...)
 			return
 		}
 		var (
@@ -347,11 +347,11 @@ func benchITLDuringUnload(b *testing.B, victim string) {
 		if !out.Unloaded || out.LastUnload == nil {
 			b.Fatalf("unload of %s during a stream: unloaded=%v report %+v", victim, out.Unloaded, out.LastUnload)
 		}
-		if done.Sub(start) > s.finish {
+		if done.Sub(start) > s.Finish {
 			late++ // the unload outlasted the stream: part of it was not measured
 		}
 		unloads = append(unloads, done.Sub(began))
-		during = append(during, s.gaps()...)
+		during = append(during, s.Gaps()...)
 	}
 	cpu := startCPU(a.cmd.Process.Pid)
 	for b.Loop() {

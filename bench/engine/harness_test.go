@@ -1,7 +1,6 @@
 package engine
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"crypto/rand"
@@ -22,6 +21,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/macfleet/macfleet/internal/chatstream"
 	"github.com/macfleet/macfleet/internal/ggufsynth"
 	"github.com/macfleet/macfleet/internal/syncbuf"
 	"github.com/macfleet/macfleet/metal"
@@ -439,158 +439,27 @@ type endpoint struct {
 	client *http.Client
 }
 
-// chatRequest is a greedy, streamed chat completion asking for its usage.
-type chatRequest struct {
-	Model         string          `json:"model"`
-	Messages      []chatMessage   `json:"messages"`
-	MaxTokens     int             `json:"max_tokens"`
-	Temperature   float64         `json:"temperature"`
-	Seed          int64           `json:"seed"`
-	Stream        bool            `json:"stream"`
-	StreamOptions map[string]bool `json:"stream_options"`
-}
-
 type chatMessage struct {
 	Role    string `json:"role"`
 	Content string `json:"content"`
 }
 
-// chunk is what the benchmarks read of a chat.completion.chunk.
-type chunk struct {
-	Choices []struct {
-		Delta struct {
-			Content string `json:"content"`
-		} `json:"delta"`
-		FinishReason *string `json:"finish_reason"`
-	} `json:"choices"`
-	Usage *struct {
-		PromptTokens     int `json:"prompt_tokens"`
-		CompletionTokens int `json:"completion_tokens"`
-	} `json:"usage"`
-	Error *struct {
-		Message string `json:"message"`
-	} `json:"error"`
-}
-
 // stream is the timing of one streamed completion, every offset from the moment the
 // request was sent.
-type stream struct {
-	// ttft is the offset of the first chunk carrying text.
-	ttft time.Duration
-	// pieces are the offsets of every chunk carrying text.
-	pieces []time.Duration
-	// finish is the offset of the chunk carrying finish_reason.
-	finish           time.Duration
-	finishReason     string
-	promptTokens     int
-	completionTokens int
-	text             string
-}
+type stream = chatstream.Result
 
-// decodeRate is tokens per second after the first: completion tokens minus one over
-// the time from the first text to the finish chunk.
-func (s stream) decodeRate() float64 {
-	d := s.finish - s.ttft
-	if d <= 0 || s.completionTokens < 2 {
-		return 0
-	}
-	return float64(s.completionTokens-1) / d.Seconds()
-}
-
-// gaps are the inter-token latencies: the time between consecutive text chunks.
-func (s stream) gaps() []time.Duration {
-	var out []time.Duration
-	for i := 1; i < len(s.pieces); i++ {
-		out = append(out, s.pieces[i]-s.pieces[i-1])
-	}
-	return out
-}
-
-// chat streams a greedy chat completion of maxTokens tokens. onPiece, when set, is
-// called after every text chunk with the number of chunks so far. The stream must end
-// with [DONE] and report its usage.
+// chat streams a greedy chat completion of maxTokens tokens (internal/chatstream).
+// onPiece, when set, is called after every text chunk with the number of chunks so far.
+// The stream must end with [DONE] and report its usage.
 func (e endpoint) chat(ctx context.Context, model, prompt string, maxTokens int, onPiece func(n int)) (stream, error) {
-	body, err := json.Marshal(chatRequest{Model: model, Messages: []chatMessage{{Role: "user", Content: prompt}},
-		MaxTokens: maxTokens, Temperature: 0, Seed: 1, Stream: true,
-		StreamOptions: map[string]bool{"include_usage": true}})
-	if err != nil {
-		return stream{}, err
-	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, e.base+"/v1/chat/completions", bytes.NewReader(body))
-	if err != nil {
-		return stream{}, err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Accept", "text/event-stream")
+	var header http.Header
 	if e.name == "agent" {
 		// As the gateway names every request it forwards, so that it can be cancelled
 		// with its usage: the agent and the runner keep it in their tables.
-		req.Header.Set("X-Macfleet-Request-Id", rand.Text())
+		header = http.Header{"X-Macfleet-Request-Id": {rand.Text()}}
 	}
-	start := time.Now()
-	resp, err := e.client.Do(req)
-	if err != nil {
-		return stream{}, fmt.Errorf("%s: %w", e.name, err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		b, _ := io.ReadAll(resp.Body)
-		return stream{}, fmt.Errorf("%s: %s: %s", e.name, resp.Status, tail(string(b), 500))
-	}
-	var (
-		s    stream
-		text strings.Builder
-		br   = bufio.NewReaderSize(resp.Body, 64<<10)
-		done bool
-	)
-	for !done {
-		line, err := br.ReadSlice('\n')
-		at := time.Since(start)
-		if err != nil {
-			return s, fmt.Errorf("%s: stream ended without [DONE]: %w", e.name, err)
-		}
-		data, ok := bytes.CutPrefix(bytes.TrimRight(line, "\r\n"), []byte("data: "))
-		if !ok {
-			continue // the blank line between events
-		}
-		if string(data) == "[DONE]" {
-			done = true
-			continue
-		}
-		var c chunk
-		if err := json.Unmarshal(data, &c); err != nil {
-			return s, fmt.Errorf("%s: bad event %q: %w", e.name, data, err)
-		}
-		if c.Error != nil {
-			return s, fmt.Errorf("%s: error event: %s", e.name, c.Error.Message)
-		}
-		if c.Usage != nil {
-			s.promptTokens, s.completionTokens = c.Usage.PromptTokens, c.Usage.CompletionTokens
-		}
-		for _, ch := range c.Choices {
-			if ch.Delta.Content != "" {
-				if len(s.pieces) == 0 {
-					s.ttft = at
-				}
-				s.pieces = append(s.pieces, at)
-				text.WriteString(ch.Delta.Content)
-				if onPiece != nil {
-					onPiece(len(s.pieces))
-				}
-			}
-			if ch.FinishReason != nil {
-				s.finish, s.finishReason = at, *ch.FinishReason
-			}
-		}
-	}
-	s.text = text.String()
-	switch {
-	case s.completionTokens == 0:
-		return s, fmt.Errorf("%s: the stream reported no usage", e.name)
-	case len(s.pieces) == 0 || s.finishReason == "":
-		return s, fmt.Errorf("%s: the stream had %d text chunks and finish reason %q", e.name, len(s.pieces), s.finishReason)
-	}
-	return s, nil
+	return chatstream.Do(ctx, e.client, e.base, e.name,
+		chatstream.Request{Model: model, Prompt: prompt, MaxTokens: maxTokens, Seed: 1, Header: header}, onPiece)
 }
 
 // mustChat is chat that fails the benchmark on an error, and unless the generation
@@ -601,9 +470,9 @@ func (e endpoint) mustChat(b *testing.B, model, prompt string, maxTokens int, on
 	if err != nil {
 		b.Fatal(err)
 	}
-	if s.completionTokens != maxTokens || s.finishReason != "length" {
+	if s.CompletionTokens != maxTokens || s.FinishReason != "length" {
 		b.Fatalf("%s: prompt %q generated %d of %d tokens (finish %q): pick a prompt that runs to max_tokens",
-			e.name, prompt, s.completionTokens, maxTokens, s.finishReason)
+			e.name, prompt, s.CompletionTokens, maxTokens, s.FinishReason)
 	}
 	return s
 }

@@ -1,0 +1,157 @@
+package main
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strings"
+)
+
+// metric is one figure the benchmark compares.
+type metric struct {
+	key          string
+	title        string
+	unit         string
+	higherBetter bool
+}
+
+// metrics are the figures, in the order of the table.
+var metrics = []metric{
+	{"decode1", "decode, 1 stream", "tok/s", true},
+	{"decode4", "4 concurrent streams, aggregate", "tok/s", true},
+	{"ttftShort", "TTFT, short chat", "ms", false},
+	{"ttftLong", "TTFT, long prompt", "ms", false},
+	{"cold", "cold start to first token", "ms", false},
+	{"unload", "unload", "ms", false},
+}
+
+// summary is the median and the spread of one metric's samples.
+type summary struct {
+	n              int
+	median, lo, hi float64
+}
+
+// summarize returns the median (the mean of the middle two for an even count) and the
+// minimum and maximum of xs; n is 0 for no samples.
+func summarize(xs []float64) summary {
+	if len(xs) == 0 {
+		return summary{}
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	m := s[len(s)/2]
+	if len(s)%2 == 0 {
+		m = (s[len(s)/2-1] + s[len(s)/2]) / 2
+	}
+	return summary{n: len(s), median: m, lo: s[0], hi: s[len(s)-1]}
+}
+
+// ratio is macfleet's median over the peer's; 0 when either is missing.
+func ratio(ours, theirs summary) float64 {
+	if ours.n == 0 || theirs.n == 0 || theirs.median == 0 {
+		return 0
+	}
+	return ours.median / theirs.median
+}
+
+// verdict says which side a ratio (macfleet / peer) favours, given the metric's
+// direction; within ±2 % it is even (below what these machines' noise lets one claim).
+func verdict(r float64, higherBetter bool) string {
+	switch {
+	case r == 0:
+		return "—"
+	case r > 0.98 && r < 1.02:
+		return "even"
+	case (r > 1) == higherBetter:
+		return "macfleet"
+	default:
+		return "peer"
+	}
+}
+
+// task is one measurement of one subject in a round.
+type task struct {
+	subject string
+	job     string
+}
+
+// roundOrder is the order of every subject × job pair in one round: a shuffle seeded by
+// the run's seed and the round, so a run can be repeated exactly and no subject or job
+// always goes first (warming the caches, or the CPU's clock, for the next).
+func roundOrder(seed uint64, round int, subjects, jobs []string) []task {
+	out := make([]task, 0, len(subjects)*len(jobs))
+	for _, j := range jobs {
+		for _, s := range subjects {
+			out = append(out, task{subject: s, job: j})
+		}
+	}
+	r := rand.New(rand.NewPCG(seed, uint64(round)))
+	r.Shuffle(len(out), func(i, k int) { out[i], out[k] = out[k], out[i] })
+	return out
+}
+
+// cell formats a summary as "median (min–max)" with the unit's precision.
+func cell(s summary, unit string) string {
+	if s.n == 0 {
+		return "—"
+	}
+	f := func(v float64) string {
+		if unit == "ms" && v < 100 {
+			return fmt.Sprintf("%.1f", v)
+		}
+		return fmt.Sprintf("%.0f", v)
+	}
+	if s.n == 1 {
+		return f(s.median)
+	}
+	return fmt.Sprintf("%s (%s–%s)", f(s.median), f(s.lo), f(s.hi))
+}
+
+// ratioCell formats a ratio with the side it favours.
+func ratioCell(r float64, higherBetter bool) string {
+	if r == 0 {
+		return "—"
+	}
+	return fmt.Sprintf("%.2f× (%s)", r, verdict(r, higherBetter))
+}
+
+// column is one subject of the table and the subject its ratio is taken against.
+type column struct {
+	subject string
+	title   string
+}
+
+// renderTable is the markdown table of the run: one row per metric, the subjects'
+// medians and spreads, and macfleet's ratio against each peer configuration.
+// samples maps subject → metric key → samples; notes name the metrics' details (such
+// as the long prompt's length).
+func renderTable(samples map[string]map[string][]float64, ours column, peers []column, notes map[string]string) string {
+	var b strings.Builder
+	b.WriteString("| | " + ours.title)
+	for _, p := range peers {
+		fmt.Fprintf(&b, " | %s | macfleet / %s", p.title, p.title)
+	}
+	b.WriteString(" |\n|---|---")
+	for range peers {
+		b.WriteString("|---|---")
+	}
+	b.WriteString("|\n")
+	for _, m := range metrics {
+		dir := "higher is better"
+		if !m.higherBetter {
+			dir = "lower is better"
+		}
+		title := m.title
+		if n := notes[m.key]; n != "" {
+			title += " (" + n + ")"
+		}
+		o := summarize(samples[ours.subject][m.key])
+		fmt.Fprintf(&b, "| %s, %s; %s | %s", title, m.unit, dir, cell(o, m.unit))
+		for _, p := range peers {
+			t := summarize(samples[p.subject][m.key])
+			fmt.Fprintf(&b, " | %s | %s", cell(t, m.unit), ratioCell(ratio(o, t), m.higherBetter))
+		}
+		b.WriteString(" |\n")
+	}
+	return b.String()
+}

@@ -1,0 +1,122 @@
+package main
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+)
+
+func TestSummarize(t *testing.T) {
+	for _, tc := range []struct {
+		in   []float64
+		want summary
+	}{
+		{nil, summary{}},
+		{[]float64{5}, summary{1, 5, 5, 5}},
+		{[]float64{3, 1, 2}, summary{3, 2, 1, 3}},
+		{[]float64{4, 1, 3, 2}, summary{4, 2.5, 1, 4}},
+		{[]float64{10, 10, 1}, summary{3, 10, 1, 10}},
+	} {
+		in := slices.Clone(tc.in)
+		if got := summarize(tc.in); got != tc.want {
+			t.Errorf("summarize(%v) = %+v, want %+v", tc.in, got, tc.want)
+		}
+		if !slices.Equal(in, tc.in) {
+			t.Errorf("summarize reordered its input: %v, was %v", tc.in, in)
+		}
+	}
+}
+
+func TestRatioAndVerdict(t *testing.T) {
+	s := func(m float64) summary { return summary{n: 1, median: m, lo: m, hi: m} }
+	for _, tc := range []struct {
+		ours, theirs summary
+		higher       bool
+		ratio        float64
+		verdict      string
+	}{
+		{s(120), s(100), true, 1.2, "macfleet"},
+		{s(120), s(100), false, 1.2, "peer"},
+		{s(80), s(100), false, 0.8, "macfleet"},
+		{s(80), s(100), true, 0.8, "peer"},
+		{s(101), s(100), true, 1.01, "even"},
+		{s(99), s(100), false, 0.99, "even"},
+		{summary{}, s(100), true, 0, "—"},
+		{s(100), summary{}, true, 0, "—"},
+		{s(100), s(0), true, 0, "—"},
+	} {
+		r := ratio(tc.ours, tc.theirs)
+		if diff := r - tc.ratio; diff > 1e-9 || diff < -1e-9 {
+			t.Errorf("ratio(%v, %v) = %v, want %v", tc.ours.median, tc.theirs.median, r, tc.ratio)
+		}
+		if got := verdict(r, tc.higher); got != tc.verdict {
+			t.Errorf("verdict(%v, higherBetter=%v) = %q, want %q", r, tc.higher, got, tc.verdict)
+		}
+	}
+}
+
+func TestRoundOrder(t *testing.T) {
+	subjects := []string{"macfleet", "peer", "peer-defaults"}
+	jobs := []string{"decode1", "decode4", "ttftShort", "ttftLong", "cold"}
+	key := func(ts []task) string { return fmt.Sprint(ts) }
+
+	a := roundOrder(7, 0, subjects, jobs)
+	// Every pair exactly once.
+	seen := map[task]int{}
+	for _, tk := range a {
+		seen[tk]++
+	}
+	if len(a) != len(subjects)*len(jobs) || len(seen) != len(a) {
+		t.Fatalf("round order has %d tasks, %d distinct; want %d of each", len(a), len(seen), len(subjects)*len(jobs))
+	}
+	for _, s := range subjects {
+		for _, j := range jobs {
+			if seen[task{s, j}] != 1 {
+				t.Errorf("task %s/%s appears %d times", s, j, seen[task{s, j}])
+			}
+		}
+	}
+	// The same seed and round give the same order; other rounds and seeds others.
+	if key(roundOrder(7, 0, subjects, jobs)) != key(a) {
+		t.Error("the same seed and round gave two orders")
+	}
+	orders := map[string]bool{key(a): true}
+	firsts := map[string]bool{}
+	for round := range 8 {
+		o := roundOrder(7, round, subjects, jobs)
+		orders[key(o)] = true
+		firsts[o[0].subject] = true
+	}
+	if len(orders) < 8 {
+		t.Errorf("8 rounds of seed 7 gave only %d distinct orders", len(orders))
+	}
+	if len(firsts) < 2 {
+		t.Errorf("the same subject went first in all 8 rounds: %v", firsts)
+	}
+	if key(roundOrder(8, 0, subjects, jobs)) == key(a) {
+		t.Error("seeds 7 and 8 gave the same order")
+	}
+}
+
+func TestRenderTable(t *testing.T) {
+	samples := map[string]map[string][]float64{
+		"macfleet": {"decode1": {110, 120, 130}, "ttftShort": {30, 40, 50}},
+		"peer":     {"decode1": {100, 100, 100}, "ttftShort": {50, 50, 50}},
+	}
+	got := renderTable(samples, column{"macfleet", "macfleet"}, []column{{"peer", "peer, matched"}},
+		map[string]string{"ttftLong": "900 tokens"})
+	for _, want := range []string{
+		"| | macfleet | peer, matched | macfleet / peer, matched |",
+		"| decode, 1 stream, tok/s; higher is better | 120 (110–130) | 100 (100–100) | 1.20× (macfleet) |",
+		"| TTFT, short chat, ms; lower is better | 40.0 (30.0–50.0) | 50.0 (50.0–50.0) | 0.80× (macfleet) |",
+		"| TTFT, long prompt (900 tokens), ms; lower is better | — | — | — |",
+	} {
+		if !strings.Contains(got, want+"\n") {
+			t.Errorf("table lacks the line\n%s\ngot:\n%s", want, got)
+		}
+	}
+	if n := strings.Count(got, "\n"); n != 2+len(metrics) {
+		t.Errorf("table has %d lines, want %d:\n%s", n, 2+len(metrics), got)
+	}
+}

@@ -73,6 +73,21 @@ func committed(t testing.TB) int64 {
 	return sum
 }
 
+// settledCommitted is committed once it has held still for three seconds: the replicas
+// of the tests before this one, removed when they ended, are unloaded and reported by
+// the agents at their own pace (a status write at most every second after a change).
+func settledCommitted(t testing.TB) int64 {
+	t.Helper()
+	last, since := int64(-1), time.Now()
+	testenv.Eventually(t, 2*time.Minute, 250*time.Millisecond, func() (bool, string) {
+		if c := committed(t); c != last {
+			last, since = c, time.Now()
+		}
+		return time.Since(since) >= 3*time.Second, fmt.Sprintf("the Macs' committed memory is still changing (%d)", last)
+	})
+	return last
+}
+
 // TestScaleFromZeroThroughGateway: requests for an autoscaled deployment at zero
 // replicas, one through each gateway replica at the same time, are held, wake the
 // deployment and are answered once a replica is placed, fetched and loaded; after
@@ -82,7 +97,7 @@ func committed(t testing.TB) int64 {
 func TestScaleFromZeroThroughGateway(t *testing.T) {
 	ns := testenv.NewNamespace(t, fleet.Client)
 	atZero(t, ns, "lazy")
-	base := committed(t)
+	base := settledCommitted(t)
 	if len(fleet.GatewayURLs) < 2 {
 		t.Fatalf("the fleet runs %d gateway replicas, want 2", len(fleet.GatewayURLs))
 	}

@@ -312,13 +312,30 @@ func parseRemote(ctx context.Context, p Params) (*gguf.GGUFFile, error) {
 		defer proxy.close()
 		opts = append(opts, gguf.UseProxy(proxy.URL()))
 	}
-	gf, err := parse(p.URL, func() (*gguf.GGUFFile, error) {
-		gf, err := gguf.ParseGGUFFileRemote(ctx, p.URL, opts...)
-		if err != nil && ctx.Err() != nil {
-			return nil, fmt.Errorf("reading the GGUF header of %s: %w", p.URL, ctx.Err())
+	// The header is read by many range requests. One of them failing (a connection
+	// dropped, a short read) fails the parse like a corrupt header would, and would
+	// leave the deployment unplaceable until its spec changed: the read is tried
+	// remoteAttempts times before the estimate fails.
+	var gf *gguf.GGUFFile
+	var err error
+	for attempt := 1; attempt <= remoteAttempts; attempt++ {
+		gf, err = parse(p.URL, func() (*gguf.GGUFFile, error) {
+			gf, err := gguf.ParseGGUFFileRemote(ctx, p.URL, opts...)
+			if err != nil && ctx.Err() != nil {
+				return nil, fmt.Errorf("reading the GGUF header of %s: %w", p.URL, ctx.Err())
+			}
+			return gf, err
+		})
+		var perr *ParseError
+		if err == nil || !errors.As(err, &perr) || attempt == remoteAttempts {
+			break
 		}
-		return gf, err
-	})
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("reading the GGUF header of %s: %w", p.URL, ctx.Err())
+		case <-time.After(time.Duration(attempt) * remoteRetryDelay):
+		}
+	}
 	if err != nil && proxy != nil {
 		if derr := proxy.dialErr(); derr != nil {
 			return nil, fmt.Errorf("reading the GGUF header of %s: %w", p.URL, derr)
@@ -346,6 +363,13 @@ func parse(loc string, f func() (*gguf.GGUFFile, error)) (gf *gguf.GGUFFile, err
 }
 
 var defaultClient = &http.Client{Timeout: 30 * time.Second}
+
+// remoteAttempts is how often a remote header is read before a parse error stands;
+// remoteRetryDelay, times the attempt, is the wait between two reads.
+const (
+	remoteAttempts   = 3
+	remoteRetryDelay = 200 * time.Millisecond
+)
 
 // deniedError is the source policy's refusal inside a transport error, or nil.
 func deniedError(err error) error {

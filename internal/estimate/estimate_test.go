@@ -60,6 +60,9 @@ type fileServer struct {
 	ranged      atomic.Int64
 	bytesSent   atomic.Int64
 	ignoreRange bool
+	// dropRanged, when positive, is the ranged request (counting from 1) whose
+	// connection the server drops 16 bytes into its answer.
+	dropRanged int64
 }
 
 func serveFile(t *testing.T, path string) *fileServer {
@@ -68,7 +71,9 @@ func serveFile(t *testing.T, path string) *fileServer {
 	fsrv.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		fsrv.requests.Add(1)
 		if r.Header.Get("Range") != "" {
-			fsrv.ranged.Add(1)
+			if n := fsrv.ranged.Add(1); n == fsrv.dropRanged {
+				w = &cutWriter{ResponseWriter: w, left: 16}
+			}
 		}
 		if fsrv.ignoreRange {
 			r.Header.Del("Range")
@@ -97,6 +102,23 @@ func (c *countingWriter) Write(p []byte) (int, error) {
 	n, err := c.ResponseWriter.Write(p)
 	c.n.Add(int64(n))
 	return n, err
+}
+
+// cutWriter drops the connection once left bytes are written: the client has its
+// answer's head and a short body, as when a connection is lost mid-answer.
+type cutWriter struct {
+	http.ResponseWriter
+	left int
+}
+
+func (c *cutWriter) Write(p []byte) (int, error) {
+	if len(p) > c.left {
+		_, _ = c.ResponseWriter.Write(p[:c.left])
+		http.NewResponseController(c.ResponseWriter).Flush()
+		panic(http.ErrAbortHandler)
+	}
+	c.left -= len(p)
+	return c.ResponseWriter.Write(p)
 }
 
 // noRanges hides the Accept-Ranges header ServeContent would set.
@@ -245,6 +267,28 @@ func TestGrowsWithContextNotParallel(t *testing.T) {
 }
 
 // A remote estimate reads the header with range requests: a few MiB of a 175 MiB model.
+// TestRemoteReadSurvivesADroppedRequest: one range request of the header's read losing
+// its connection is read again, not reported as a corrupt header.
+func TestRemoteReadSurvivesADroppedRequest(t *testing.T) {
+	path := model(t, ggufsynth.Mid())
+	local, err := Estimate(t.Context(), Params{Path: path, ContextLength: 8192, Parallel: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := serveFile(t, path)
+	srv.dropRanged = 2
+	remote, err := Estimate(t.Context(), Params{URL: srv.URL + "/mid.gguf", ContextLength: 8192, Parallel: 4})
+	if err != nil {
+		t.Fatalf("a dropped range request failed the estimate: %v", err)
+	}
+	if diff := cmp.Diff(local, remote); diff != "" {
+		t.Errorf("remote and local estimates differ (-local +remote):\n%s", diff)
+	}
+	if n := srv.ranged.Load(); n <= 2 {
+		t.Errorf("the server saw %d ranged requests: the dropped one was not the header's", n)
+	}
+}
+
 func TestRemoteUsesRangeRequests(t *testing.T) {
 	path := model(t, ggufsynth.Mid())
 	fi, err := os.Stat(path)

@@ -10,12 +10,10 @@ import (
 	"net"
 	"net/http"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
 	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
-	"github.com/macfleet/macfleet/console"
 	"github.com/macfleet/macfleet/metering"
 	runnerapi "github.com/macfleet/macfleet/runner/api"
 	"github.com/macfleet/macfleet/tenancy"
@@ -530,76 +528,4 @@ func (d *delivery) complete(resp *http.Response) bool {
 func isEventStream(h http.Header) bool {
 	mt, _, _ := mime.ParseMediaType(h.Get("Content-Type"))
 	return mt == "text/event-stream"
-}
-
-// hopHeaders are connection-level headers that a proxy must not forward.
-var hopHeaders = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate",
-	"Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade"}
-
-// clientHeaders are the X-Macfleet- request headers a client may send on to the agent;
-// every other one is the gateway's to set (replica, queue, gateway id, the caller's
-// cache partition) and is dropped from the client's request, so that no client can
-// pose as another tenant to an agent.
-var clientHeaders = map[string]bool{runnerapi.HeaderPromptUsage: true, console.ConsoleHeader: true, HeaderPriority: true}
-
-// copyRequestHeaders copies the client's headers except the hop-by-hop ones, its API
-// key (the agent gets the fleet token instead), its length (the body is replayed) and
-// the X-Macfleet- headers that only the gateway sets.
-func copyRequestHeaders(dst http.Header, r *http.Request) {
-	skip := connectionTokens(r.Header)
-	for k, vs := range r.Header {
-		if skip[k] || isHop(k) {
-			continue
-		}
-		switch k {
-		case "Authorization", "X-Api-Key", "Content-Length", "X-Forwarded-For":
-			continue
-		}
-		if strings.HasPrefix(k, "X-Macfleet-") && !clientHeaders[k] {
-			continue
-		}
-		dst[k] = vs
-	}
-	if ip, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
-		if prior := r.Header.Values("X-Forwarded-For"); len(prior) > 0 {
-			ip = strings.Join(prior, ", ") + ", " + ip
-		}
-		dst.Set("X-Forwarded-For", ip)
-	}
-}
-
-func copyResponseHeaders(dst, src http.Header) {
-	skip := connectionTokens(src)
-	for k, vs := range src {
-		if skip[k] || isHop(k) {
-			continue
-		}
-		dst[k] = vs
-	}
-}
-
-func isHop(k string) bool {
-	for _, h := range hopHeaders {
-		if k == h {
-			return true
-		}
-	}
-	return false
-}
-
-// connectionTokens are the headers a Connection header names as hop-by-hop.
-func connectionTokens(h http.Header) map[string]bool {
-	vs := h.Values("Connection")
-	if len(vs) == 0 {
-		return nil
-	}
-	m := map[string]bool{}
-	for _, v := range vs {
-		for f := range strings.SplitSeq(v, ",") {
-			if f = strings.TrimSpace(f); f != "" {
-				m[http.CanonicalHeaderKey(f)] = true
-			}
-		}
-	}
-	return m
 }

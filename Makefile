@@ -31,13 +31,13 @@ PEER          := $(PEER_DIR)/ollama
 
 # What this machine needs for the goals asked (hack/deps.sh): the test set for test-like
 # goals, the peers set for bench-peers and peer, the demo set otherwise.
-DEPS_GOALS    := $(strip $(if $(filter test soak fuzz bench chart-test,$(MAKECMDGOALS)),test,$(if $(filter bench-peers peer,$(MAKECMDGOALS)),,demo)) \
+DEPS_GOALS    := $(strip $(if $(filter test attack soak fuzz bench chart-test,$(MAKECMDGOALS)),test,$(if $(filter bench-peers peer,$(MAKECMDGOALS)),,demo)) \
 	$(if $(filter bench-peers peer,$(MAKECMDGOALS)),peers))
 # The components this run builds from nothing, in make's order: hack/step.sh announces
 # each as "[N/M] name" with the time since make started.
 MACFLEET_STEPS := $(strip $(if $(wildcard $(ENVTEST_DIR)/kube-apiserver),,etcd kube-apiserver kubectl) \
 	$(if $(filter demo dev-cluster bench-peers,$(MAKECMDGOALS)),$(if $(wildcard $(BIN)/macfleet),,macfleet)) \
-	$(if $(filter demo runner test soak bench bench-peers,$(MAKECMDGOALS)),$(if $(wildcard $(RUNNER)),,runner)) \
+	$(if $(filter demo runner test attack soak bench bench-peers,$(MAKECMDGOALS)),$(if $(wildcard $(RUNNER)),,runner)) \
 	$(if $(filter bench-peers peer,$(MAKECMDGOALS)),$(if $(wildcard $(PEER)),,peer)) \
 	$(if $(filter test helm chart-test chart-verify,$(MAKECMDGOALS)),$(if $(wildcard $(HELM)),,helm)))
 MACFLEET_STEPS_START := $(shell date +%s)
@@ -94,6 +94,10 @@ verify: ## Fail if generation leaves a diff; vet; cross-compile for darwin/arm64
 .PHONY: test
 test: deps envtest runner helm ## Run every test (race detector, real API server, real runners).
 	hack/go-env.sh go test $(GO_TEST_FLAGS) ./...
+
+.PHONY: attack
+attack: deps envtest runner ## Try each data-plane exploit of docs/security.md against real components, as an attacker would.
+	hack/attack.sh
 
 SOAK_DURATION ?= 10m
 SOAK_SEED     ?= 1

@@ -12,6 +12,11 @@ const (
 	MacNodeReady = "Ready"
 	// MacNodeMemoryPressure is True while the pool is at or above its soft watermark.
 	MacNodeMemoryPressure = "MemoryPressure"
+	// MacNodeCeilingCapped is True while the agent reports a memory ceiling above what
+	// the control plane believes of this Mac (spec.memoryCeiling, or the largest memory
+	// of its chip): the scheduler places replicas by the cap, not the report. Set by
+	// the macnode controller; absent while the report is within its bounds.
+	MacNodeCeilingCapped = "CeilingCapped"
 )
 
 // MacNode condition reasons.
@@ -27,6 +32,11 @@ const (
 	ReasonPressureSoft      = "SoftWatermarkExceeded"
 	ReasonPressureHard      = "HardWatermarkExceeded"
 	ReasonPressureEmergency = "CeilingExceeded"
+	// ReasonChipMemoryExceeded: the reported ceiling is above the largest unified
+	// memory of the reported chip (or of any Mac, for a chip macfleet does not know).
+	ReasonChipMemoryExceeded = "ChipMemoryExceeded"
+	// ReasonOperatorCeilingExceeded: the reported ceiling is above spec.memoryCeiling.
+	ReasonOperatorCeilingExceeded = "OperatorCeilingExceeded"
 )
 
 // PressureLevel is the pool's memory pressure.

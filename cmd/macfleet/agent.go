@@ -29,6 +29,7 @@ import (
 	"github.com/macfleet/macfleet/agent/node"
 	"github.com/macfleet/macfleet/agent/standalone"
 	"github.com/macfleet/macfleet/agent/store"
+	"github.com/macfleet/macfleet/internal/ceiling"
 	"github.com/macfleet/macfleet/internal/source"
 	"github.com/macfleet/macfleet/metal"
 	"github.com/macfleet/macfleet/sourcepolicy"
@@ -315,13 +316,7 @@ func nodeSession(fl agentFlags, flagCeiling int64) cluster.Runnable {
 			Client: env.Client, NodeName: env.NodeName, Hardware: hardware.FromMetal(env.Pool.Hardware()),
 			Address: env.Endpoint, Version: agentVersion(), Memory: node.PoolMemory(env.Pool),
 			LeaseDuration: fl.leaseDuration, Log: ctrl.Log.WithName("node"),
-			OnCeilingOverride: func(b int64) {
-				c := flagCeiling
-				if b > 0 && (c == 0 || b < c) {
-					c = b
-				}
-				env.Pool.SetConfiguredCeiling(c)
-			},
+			OnCeilingOverride: func(b int64) { env.Pool.SetConfiguredCeiling(ceiling.Agent(flagCeiling, b)) },
 		})
 		if err != nil {
 			return err

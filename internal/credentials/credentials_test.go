@@ -450,6 +450,7 @@ func TestIssueRejectsBadInput(t *testing.T) {
 	}{
 		{"bad name", "Mac_A", credentials.Options{}, `invalid node name "Mac_A"`},
 		{"short duration", "mac-a", credentials.Options{Duration: time.Minute}, "token duration 1m0s is too short"},
+		{"a year", "mac-a", credentials.Options{Duration: 365 * 24 * time.Hour}, "token duration 8760h0m0s is too long: a node token lasts at most 48h0m0s"},
 		{"bad server", "mac-a", credentials.Options{Server: "ftp://x"}, `invalid API server URL "ftp://x"`},
 	}
 	for _, tt := range tests {

@@ -63,13 +63,9 @@ never believes the Mac has more memory than that, whatever its agent reports.`,
 				}
 				opts.MemoryCeiling = &q
 			}
-			rc, err := adminRestConfig(kubeconfig, kubeContext)
+			rc, cs, err := adminClient(kubeconfig, kubeContext)
 			if err != nil {
 				return err
-			}
-			cs, err := kubernetes.NewForConfig(rc)
-			if err != nil {
-				return fmt.Errorf("building a client: %w", err)
 			}
 			cred, err := credentials.Issue(cmd.Context(), cs, rc, name, opts)
 			if err != nil {
@@ -116,13 +112,9 @@ ServiceAccount macfleet-nodes/<name> to end them.`,
 		Example: `  macfleet nodes revoke mac-studio-1`,
 		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			rc, err := adminRestConfig(kubeconfig, kubeContext)
+			_, cs, err := adminClient(kubeconfig, kubeContext)
 			if err != nil {
 				return err
-			}
-			cs, err := kubernetes.NewForConfig(rc)
-			if err != nil {
-				return fmt.Errorf("building a client: %w", err)
 			}
 			if err := credentials.Revoke(cmd.Context(), cs, args[0]); err != nil {
 				return err
@@ -135,6 +127,19 @@ ServiceAccount macfleet-nodes/<name> to end them.`,
 	f.StringVar(&kubeconfig, "kubeconfig", "", "Administrator kubeconfig; default: $KUBECONFIG, then ~/.kube/config, then in-cluster")
 	f.StringVar(&kubeContext, "context", "", "Context of the administrator kubeconfig to use")
 	return cmd
+}
+
+// adminClient is the operator's REST config (adminRestConfig) and a clientset for it.
+func adminClient(path, kubeContext string) (*rest.Config, kubernetes.Interface, error) {
+	rc, err := adminRestConfig(path, kubeContext)
+	if err != nil {
+		return nil, nil, err
+	}
+	cs, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return nil, nil, fmt.Errorf("building a client: %w", err)
+	}
+	return rc, cs, nil
 }
 
 // adminRestConfig loads the operator's kubeconfig the way kubectl does: the flag,

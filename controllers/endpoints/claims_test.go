@@ -12,7 +12,8 @@ import (
 
 func TestAddressExclusions(t *testing.T) {
 	node := func(name, addr string) v1alpha1.MacNode { return *macNode(name, addr, metav1.ConditionTrue) }
-	apiServer := []netip.Addr{netip.MustParseAddr("10.96.0.1"), netip.MustParseAddr("192.168.1.2")}
+	apiServer := apiServerAddresses{clusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.1")},
+		endpoints: []netip.AddrPort{netip.MustParseAddrPort("192.168.1.2:6443")}}
 	tests := []struct {
 		name  string
 		nodes []v1alpha1.MacNode
@@ -26,6 +27,8 @@ func TestAddressExclusions(t *testing.T) {
 			want: map[string]string{"a": "agent address 10.96.0.1:443 is an address of the API server, not a Mac's"}},
 		{name: "the API server's endpoint, IPv4-mapped", nodes: []v1alpha1.MacNode{node("a", "[::ffff:192.168.1.2]:6443")},
 			want: map[string]string{"a": "agent address 192.168.1.2:6443 is an address of the API server, not a Mac's"}},
+		{name: "the API server's host, another port (a fleet on one machine)", nodes: []v1alpha1.MacNode{node("a", "192.168.1.2:8080")},
+			want: map[string]string{}},
 		{name: "a duplicate claim excludes both",
 			nodes: []v1alpha1.MacNode{node("b", "192.168.1.20:8080"), node("a", "192.168.1.20:8080"), node("c", "192.168.1.30:8080")},
 			want: map[string]string{

@@ -30,6 +30,9 @@ const renewRetry = time.Minute
 
 // Claims are what the API server put into a node token, as far as renewing it needs.
 type Claims struct {
+	// ID is the token's unique id (jti), which the API server's audit log records as
+	// its credential id.
+	ID                string
 	IssuedAt, Expires time.Time
 	// Namespace and ServiceAccount name the identity.
 	Namespace, ServiceAccount string
@@ -49,6 +52,7 @@ func ParseClaims(token string) (Claims, error) {
 		return Claims{}, fmt.Errorf("decoding the token's claims: %w", err)
 	}
 	var raw struct {
+		Jti      string
 		Iat, Exp int64
 		K8s      struct {
 			Namespace      string
@@ -59,7 +63,7 @@ func ParseClaims(token string) (Claims, error) {
 	if err := json.Unmarshal(payload, &raw); err != nil {
 		return Claims{}, fmt.Errorf("decoding the token's claims: %w", err)
 	}
-	c := Claims{IssuedAt: time.Unix(raw.Iat, 0), Expires: time.Unix(raw.Exp, 0), Namespace: raw.K8s.Namespace,
+	c := Claims{ID: raw.Jti, IssuedAt: time.Unix(raw.Iat, 0), Expires: time.Unix(raw.Exp, 0), Namespace: raw.K8s.Namespace,
 		ServiceAccount: raw.K8s.ServiceAccount.Name}
 	if raw.K8s.Secret != nil {
 		c.Secret, c.SecretUID = raw.K8s.Secret.Name, raw.K8s.Secret.UID
@@ -78,9 +82,12 @@ func RenewAt(c Claims) time.Time { return c.IssuedAt.Add(c.Expires.Sub(c.IssuedA
 // the current token; the kubeconfig file, when known, is rewritten with it so that a
 // restarted agent starts with a token that still works.
 type Rotator struct {
+	// Clock times the renewals; NewRotator sets the real one (tests replace it
+	// before Run).
+	Clock clock.WithTicker
+
 	kubeconfig string
 	cs         kubernetes.Interface
-	clock      clock.WithTicker
 	log        logr.Logger
 
 	mu     sync.RWMutex
@@ -100,7 +107,7 @@ func NewRotator(rc *rest.Config, kubeconfig string, log logr.Logger) (*Rotator, 
 	if err != nil || c.Secret == "" || c.ServiceAccount == "" {
 		return nil, ErrNotRenewable
 	}
-	r := &Rotator{kubeconfig: kubeconfig, clock: clock.RealClock{}, log: log, token: rc.BearerToken, claims: c}
+	r := &Rotator{kubeconfig: kubeconfig, Clock: clock.RealClock{}, log: log, token: rc.BearerToken, claims: c}
 	rc.BearerToken = ""
 	prev := rc.WrapTransport
 	rc.WrapTransport = func(rt http.RoundTripper) http.RoundTripper {
@@ -133,10 +140,10 @@ func (r *Rotator) current() string {
 func (r *Rotator) Run(ctx context.Context) error {
 	for {
 		c := r.Claims()
-		wait := RenewAt(c).Sub(r.clock.Now())
+		wait := RenewAt(c).Sub(r.Clock.Now())
 		r.log.V(1).Info("Next node token renewal", "in", wait.Round(time.Second), "expires", c.Expires)
 		for {
-			t := r.clock.NewTimer(max(wait, 0))
+			t := r.Clock.NewTimer(max(wait, 0))
 			select {
 			case <-ctx.Done():
 				t.Stop()
@@ -147,7 +154,12 @@ func (r *Rotator) Run(ctx context.Context) error {
 			if err == nil {
 				break
 			}
-			wait = min(renewRetry, max(c.Expires.Sub(r.clock.Now())/10, time.Second))
+			now := r.Clock.Now()
+			wait = min(renewRetry, max(c.Expires.Sub(now)/10, time.Second))
+			if now.After(c.Expires) {
+				err = fmt.Errorf("%w; the token expired at %s: give this Mac a new credential (macfleet nodes credentials %s)",
+					err, c.Expires.UTC().Format(time.RFC3339), c.ServiceAccount)
+			}
 			r.log.Error(err, "Renewing the node token failed; retrying", "retryIn", wait, "expires", c.Expires)
 		}
 	}
@@ -169,7 +181,7 @@ func (r *Rotator) Renew(ctx context.Context) error {
 	r.mu.Lock()
 	r.token, r.claims = tr.Status.Token, next
 	r.mu.Unlock()
-	r.log.Info("Renewed the node token", "expires", next.Expires)
+	r.log.Info("Renewed the node token", "id", next.ID, "expires", next.Expires)
 	if r.kubeconfig == "" {
 		return nil
 	}

@@ -1,6 +1,7 @@
 package credentials_test
 
 import (
+	"context"
 	"encoding/base64"
 	"encoding/json"
 	"path/filepath"
@@ -17,6 +18,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+	clocktesting "k8s.io/utils/clock/testing"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/macfleet/macfleet/api/v1alpha1"
@@ -35,7 +37,7 @@ func jwt(t *testing.T, claims any) string {
 }
 
 func TestParseClaims(t *testing.T) {
-	bound := jwt(t, map[string]any{"iat": 1000, "exp": 1000 + 86400, "kubernetes.io": map[string]any{
+	bound := jwt(t, map[string]any{"jti": "j1", "iat": 1000, "exp": 1000 + 86400, "kubernetes.io": map[string]any{
 		"namespace": "macfleet-nodes", "serviceaccount": map[string]any{"name": "mac-a", "uid": "u1"},
 		"secret": map[string]any{"name": "mac-a-credential", "uid": "s1"}}})
 	unbound := jwt(t, map[string]any{"iat": 1000, "exp": 2000, "kubernetes.io": map[string]any{
@@ -45,7 +47,7 @@ func TestParseClaims(t *testing.T) {
 		want        credentials.Claims
 		wantErr     bool
 	}{
-		{name: "bound", token: bound, want: credentials.Claims{IssuedAt: time.Unix(1000, 0), Expires: time.Unix(1000+86400, 0),
+		{name: "bound", token: bound, want: credentials.Claims{ID: "j1", IssuedAt: time.Unix(1000, 0), Expires: time.Unix(1000+86400, 0),
 			Namespace: "macfleet-nodes", ServiceAccount: "mac-a", Secret: "mac-a-credential", SecretUID: "s1"}},
 		{name: "unbound", token: unbound, want: credentials.Claims{IssuedAt: time.Unix(1000, 0), Expires: time.Unix(2000, 0),
 			Namespace: "macfleet-nodes", ServiceAccount: "mac-a"}},
@@ -224,4 +226,49 @@ func TestNodeTokenRequestsConfined(t *testing.T) {
 			t.Errorf("%s: got %s, want %q", tt.name, errString(err), tt.wantErr)
 		}
 	}
+}
+
+// TestRotatorRunRenewsWhenDue: Run waits until 80% of the token's lifetime (a fake
+// clock) and then renews it against the real API server.
+func TestRotatorRunRenewsWhenDue(t *testing.T) {
+	install(t)
+	forget(t, "mac-run")
+	_, cred := issue(t, "mac-run")
+	rc, err := clientcmd.RESTConfigFromKubeConfig(cred.Kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rot, err := credentials.NewRotator(rc, "", testr.New(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := rot.Claims()
+	clk := clocktesting.NewFakeClock(first.IssuedAt)
+	rot.Clock = clk
+	c, err := client.New(rc, client.Options{Scheme: env.Scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitForPolicy(t, c)
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- rot.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}()
+	testenv.Eventually(t, 10*time.Second, 10*time.Millisecond, func() (bool, string) {
+		return clk.HasWaiters(), "Run is not waiting"
+	})
+	clk.SetTime(credentials.RenewAt(first).Add(-time.Second))
+	if got := rot.Claims(); got != first {
+		t.Fatalf("renewed before it was due: %+v", got)
+	}
+	clk.SetTime(credentials.RenewAt(first))
+	testenv.Eventually(t, 30*time.Second, 50*time.Millisecond, func() (bool, string) {
+		got := rot.Claims()
+		return got.ID != first.ID && got.ID != "", "not renewed at RenewAt"
+	})
 }

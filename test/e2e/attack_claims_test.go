@@ -8,6 +8,7 @@ import (
 	"net"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -275,4 +276,85 @@ func tokenTimes(t *testing.T, token string) (iat, exp time.Time) {
 		t.Fatal(err)
 	}
 	return time.Unix(claims.Iat, 0), time.Unix(claims.Exp, 0)
+}
+
+// TestAttackSquatAddressInTenantSlices: a Mac registers the API server's service
+// address as its own and marks a tenant's replica on it ready, so that the tenant's
+// Service sends its in-cluster clients (and their tokens) there; or it takes over
+// another Mac's address. It must now get a 403 for the other Mac's address, and no
+// endpoint in the tenant's EndpointSlice for the API server's.
+func TestAttackSquatAddressInTenantSlices(t *testing.T) {
+	const squatter = "mac-squatter"
+	c, _ := enroll(t, squatter)
+	var kube corev1.Service
+	if err := fleet.Client.Get(t.Context(), client.ObjectKey{Namespace: "default", Name: "kubernetes"}, &kube); err != nil {
+		t.Fatal(err)
+	}
+	squat := net.JoinHostPort(kube.Spec.ClusterIP, "8080")
+	register(t, c, squatter, squat, "Apple M2 Max", "8Gi")
+
+	setAddress := func(addr string) error {
+		return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+			var mn v1alpha1.MacNode
+			if err := c.Get(t.Context(), client.ObjectKey{Name: squatter}, &mn); err != nil {
+				return err
+			}
+			mn.Status.Agent.Address = addr
+			return c.Status().Update(t.Context(), &mn)
+		})
+	}
+	victim := fleet.Agent("mac-studio-1").Addr
+	err := setAddress(victim)
+	if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "it is the address of MacNode mac-studio-1") {
+		t.Errorf("taking over mac-studio-1's address %s: got %v, want 403", victim, err)
+		if err := setAddress(squat); err != nil { // back to the API server's, for the next attack
+			t.Fatal(err)
+		}
+	}
+
+	// One replica on each Mac: the two real ones load theirs, the squatter says its
+	// own is ready at its address.
+	ns := testenv.NewNamespace(t, fleet.Client)
+	create(t, deployment(ns, "squat", 3))
+	var mine v1alpha1.ModelReplica
+	testenv.Eventually(t, time.Minute, 200*time.Millisecond, func() (bool, string) {
+		var list v1alpha1.ModelReplicaList
+		if err := fleet.Client.List(t.Context(), &list, client.InNamespace(ns)); err != nil {
+			return false, err.Error()
+		}
+		for _, r := range list.Items {
+			if r.Spec.NodeName == squatter {
+				mine = r
+				return true, ""
+			}
+		}
+		return false, fmt.Sprintf("no replica of %d bound to %s yet", len(list.Items), squatter)
+	})
+	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		var cur v1alpha1.ModelReplica
+		if err := c.Get(t.Context(), client.ObjectKeyFromObject(&mine), &cur); err != nil {
+			return err
+		}
+		cur.Status.Endpoint, cur.Status.Phase = squat, v1alpha1.ReplicaRunning
+		meta.SetStatusCondition(&cur.Status.Conditions, metav1.Condition{Type: v1alpha1.ReplicaReady,
+			Status: metav1.ConditionTrue, Reason: "Loaded", Message: "ready"})
+		return c.Status().Update(t.Context(), &cur)
+	})
+	if err != nil {
+		t.Fatalf("the squatter marking its replica ready at its own registered address: %v", err)
+	}
+	macs := []string{fleet.Agent("mac-studio-1").Addr, fleet.Agent("mac-mini-1").Addr}
+	var addrs []string
+	testenv.Eventually(t, 2*time.Minute, 200*time.Millisecond, func() (bool, string) {
+		addrs = readySliceAddresses(t, ns, "squat")
+		for _, a := range macs {
+			if !slices.Contains(addrs, a) {
+				return false, fmt.Sprintf("ready endpoints %v, want the real Macs' %v", addrs, macs)
+			}
+		}
+		return true, ""
+	})
+	if slices.Contains(addrs, squat) {
+		t.Fatalf("tenant %s's EndpointSlice lists %s, the API server's service address a Mac claimed: %v", ns, squat, addrs)
+	}
 }

@@ -58,7 +58,9 @@ type MacNodeSpec struct {
 	Unschedulable bool `json:"unschedulable,omitempty"`
 
 	// memoryCeiling overrides the memory the pool may use on this Mac. It can only lower
-	// the ceiling the agent derives from the hardware.
+	// the ceiling the agent derives from the hardware. It is also the operator's bound
+	// on what the scheduler believes of the Mac, whatever its agent reports, so a node
+	// identity may not set it (macfleet nodes credentials --memory-ceiling does).
 	// +optional
 	// +kubebuilder:validation:XValidation:rule="quantity(string(self)).isGreaterThan(quantity('0'))",message="memoryCeiling must be positive"
 	MemoryCeiling *resource.Quantity `json:"memoryCeiling,omitempty"`

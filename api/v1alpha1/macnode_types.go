@@ -143,7 +143,9 @@ type MacNodeStatus struct {
 	// people, for kubectl's columns.
 	// +optional
 	Display *MemoryDisplay `json:"display,omitempty"`
-	// conditions are Ready and MemoryPressure.
+	// conditions are Ready and MemoryPressure (written by the agent), and CeilingCapped
+	// (written by the macnode controller while the agent reports more memory than the
+	// Mac may have).
 	// +optional
 	// +listType=map
 	// +listMapKey=type

@@ -12,6 +12,11 @@ const (
 	MacNodeReady = "Ready"
 	// MacNodeMemoryPressure is True while the pool is at or above its soft watermark.
 	MacNodeMemoryPressure = "MemoryPressure"
+	// MacNodeCeilingCapped is True while the agent reports a memory ceiling above what
+	// the control plane believes of this Mac (spec.memoryCeiling, or the largest memory
+	// of its chip): the scheduler places replicas by the cap, not the report. Set by
+	// the macnode controller; absent while the report is within its bounds.
+	MacNodeCeilingCapped = "CeilingCapped"
 )
 
 // MacNode condition reasons.
@@ -27,6 +32,11 @@ const (
 	ReasonPressureSoft      = "SoftWatermarkExceeded"
 	ReasonPressureHard      = "HardWatermarkExceeded"
 	ReasonPressureEmergency = "CeilingExceeded"
+	// ReasonChipMemoryExceeded: the reported ceiling is above the largest unified
+	// memory of the reported chip (or of any Mac, for a chip macfleet does not know).
+	ReasonChipMemoryExceeded = "ChipMemoryExceeded"
+	// ReasonOperatorCeilingExceeded: the reported ceiling is above spec.memoryCeiling.
+	ReasonOperatorCeilingExceeded = "OperatorCeilingExceeded"
 )
 
 // PressureLevel is the pool's memory pressure.
@@ -48,7 +58,9 @@ type MacNodeSpec struct {
 	Unschedulable bool `json:"unschedulable,omitempty"`
 
 	// memoryCeiling overrides the memory the pool may use on this Mac. It can only lower
-	// the ceiling the agent derives from the hardware.
+	// the ceiling the agent derives from the hardware. It is also the operator's bound
+	// on what the scheduler believes of the Mac, whatever its agent reports, so a node
+	// identity may not set it (macfleet nodes credentials --memory-ceiling does).
 	// +optional
 	// +kubebuilder:validation:XValidation:rule="quantity(string(self)).isGreaterThan(quantity('0'))",message="memoryCeiling must be positive"
 	MemoryCeiling *resource.Quantity `json:"memoryCeiling,omitempty"`
@@ -131,7 +143,9 @@ type MacNodeStatus struct {
 	// people, for kubectl's columns.
 	// +optional
 	Display *MemoryDisplay `json:"display,omitempty"`
-	// conditions are Ready and MemoryPressure.
+	// conditions are Ready and MemoryPressure (written by the agent), and CeilingCapped
+	// (written by the macnode controller while the agent reports more memory than the
+	// Mac may have).
 	// +optional
 	// +listType=map
 	// +listMapKey=type

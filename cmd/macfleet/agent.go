@@ -15,9 +15,11 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/go-logr/logr"
 	"github.com/spf13/cobra"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
@@ -29,6 +31,8 @@ import (
 	"github.com/macfleet/macfleet/agent/node"
 	"github.com/macfleet/macfleet/agent/standalone"
 	"github.com/macfleet/macfleet/agent/store"
+	"github.com/macfleet/macfleet/internal/ceiling"
+	"github.com/macfleet/macfleet/internal/credentials"
 	"github.com/macfleet/macfleet/internal/source"
 	"github.com/macfleet/macfleet/metal"
 	"github.com/macfleet/macfleet/sourcepolicy"
@@ -94,6 +98,9 @@ while the API server is unreachable and resyncs when it returns.`,
 			}
 			rc, err := restConfig(fl.kubeconfig)
 			if err != nil {
+				return err
+			}
+			if err := renewCredential(rc, fl.kubeconfig, &cfg, log); err != nil {
 				return err
 			}
 			cfg.RestConfig = rc
@@ -315,13 +322,7 @@ func nodeSession(fl agentFlags, flagCeiling int64) cluster.Runnable {
 			Client: env.Client, NodeName: env.NodeName, Hardware: hardware.FromMetal(env.Pool.Hardware()),
 			Address: env.Endpoint, Version: agentVersion(), Memory: node.PoolMemory(env.Pool),
 			LeaseDuration: fl.leaseDuration, Log: ctrl.Log.WithName("node"),
-			OnCeilingOverride: func(b int64) {
-				c := flagCeiling
-				if b > 0 && (c == 0 || b < c) {
-					c = b
-				}
-				env.Pool.SetConfiguredCeiling(c)
-			},
+			OnCeilingOverride: func(b int64) { env.Pool.SetConfiguredCeiling(ceiling.Agent(flagCeiling, b)) },
 		})
 		if err != nil {
 			return err
@@ -329,6 +330,30 @@ func nodeSession(fl agentFlags, flagCeiling int64) cluster.Runnable {
 		env.Pool.AddObserver(notifyObserver{s})
 		return s.Run(ctx)
 	}
+}
+
+// renewCredential has the agent renew its node token before it expires, rewriting the
+// kubeconfig file with each new one (internal/credentials.Rotator): every client made
+// from rc afterwards uses the current token. A credential that is not a bound node
+// token is used as it is, until it expires.
+func renewCredential(rc *rest.Config, kubeconfig string, cfg *cluster.Config, log logr.Logger) error {
+	if kubeconfig == "" && !strings.ContainsRune(os.Getenv("KUBECONFIG"), filepath.ListSeparator) {
+		kubeconfig = os.Getenv("KUBECONFIG")
+	}
+	rot, err := credentials.NewRotator(rc, kubeconfig, log.WithName("credential"))
+	switch {
+	case errors.Is(err, credentials.ErrNotRenewable):
+		log.Info("The node credential is not a bound node token: it is used as it is until it expires; "+
+			"`macfleet nodes credentials` issues one the agent renews", "kubeconfig", kubeconfig)
+		return nil
+	case err != nil:
+		return err
+	}
+	c := rot.Claims()
+	log.Info("Renewing the node token before it expires", "expires", c.Expires, "renewAt", credentials.RenewAt(c),
+		"boundTo", c.Namespace+"/"+c.Secret)
+	cfg.Runnables = append(cfg.Runnables, func(ctx context.Context, _ cluster.Env) error { return rot.Run(ctx) })
+	return nil
 }
 
 // notifyObserver asks the node session for a memory status write on pool events.

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -17,7 +18,7 @@ func init() {
 		Use:   "nodes",
 		Short: "Manage the Macs of the fleet",
 	}
-	nodes.AddCommand(nodesCredentialsCmd())
+	nodes.AddCommand(nodesCredentialsCmd(), nodesRevokeCmd())
 	root.AddCommand(nodes)
 }
 
@@ -25,7 +26,7 @@ func nodesCredentialsCmd() *cobra.Command {
 	var (
 		kubeconfig, kubeContext string
 		opts                    credentials.Options
-		output                  string
+		output, ceiling         string
 	)
 	cmd := &cobra.Command{
 		Use:   "credentials <name>",
@@ -37,24 +38,34 @@ TokenRequest API. RBAC from the chart (or config/agent) lets the identity run an
 the admission policy (config/admission) confines it to its own MacNode, its own Lease
 and the status of the replicas bound to it.
 
-The token lasts --duration unless the API server caps it
-(--service-account-max-token-expiration); the expiry is printed on stderr. Running the
-command again issues a new token; earlier ones stay valid until they expire or the
-ServiceAccount is deleted.`,
-		Example: `  macfleet nodes credentials mac-studio-1 --server https://k8s.example.com:6443 -o mac-studio-1.kubeconfig`,
+The token lasts --duration (at most 48h) unless the API server caps it
+(--service-account-max-token-expiration); the expiry is printed on stderr. The running
+agent renews its token before it expires and rewrites the kubeconfig file, so only a
+Mac whose agent stays down longer than that needs a new credential. Every token is
+bound to the Secret macfleet-nodes/<name>-credential: "macfleet nodes revoke <name>"
+revokes all of them at once. Running this command again issues another token; earlier
+ones stay valid until they expire or are revoked.
+
+--memory-ceiling sets the operator's bound on the Mac (its MacNode's
+spec.memoryCeiling, created now if the agent has not registered yet): the scheduler
+never believes the Mac has more memory than that, whatever its agent reports.`,
+		Example: `  macfleet nodes credentials mac-studio-1 --server https://k8s.example.com:6443 --memory-ceiling 180Gi -o mac-studio-1.kubeconfig`,
 		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			name := args[0]
 			if err := credentials.ValidateNodeName(name); err != nil {
 				return err
 			}
-			rc, err := adminRestConfig(kubeconfig, kubeContext)
+			if ceiling != "" {
+				q, err := resource.ParseQuantity(ceiling)
+				if err != nil || q.Sign() <= 0 {
+					return fmt.Errorf("--memory-ceiling %q: want a positive size such as 180Gi", ceiling)
+				}
+				opts.MemoryCeiling = &q
+			}
+			rc, cs, err := adminClient(kubeconfig, kubeContext)
 			if err != nil {
 				return err
-			}
-			cs, err := kubernetes.NewForConfig(rc)
-			if err != nil {
-				return fmt.Errorf("building a client: %w", err)
 			}
 			cred, err := credentials.Issue(cmd.Context(), cs, rc, name, opts)
 			if err != nil {
@@ -80,9 +91,55 @@ ServiceAccount is deleted.`,
 	f.StringVar(&kubeconfig, "kubeconfig", "", "Administrator kubeconfig; default: $KUBECONFIG, then ~/.kube/config, then in-cluster")
 	f.StringVar(&kubeContext, "context", "", "Context of the administrator kubeconfig to use")
 	f.StringVar(&opts.Server, "server", "", "API server URL the Mac uses (default: the administrator kubeconfig's)")
-	f.DurationVar(&opts.Duration, "duration", credentials.DefaultDuration, "Token lifetime to ask for (the API server may cap it; at least 10m)")
+	f.DurationVar(&opts.Duration, "duration", credentials.DefaultDuration, "Token lifetime to ask for (the API server may cap it; 10m to 48h)")
+	f.StringVar(&ceiling, "memory-ceiling", "", "The most memory the scheduler believes this Mac has, e.g. 180Gi (its MacNode's spec.memoryCeiling; "+
+		"default: the agent's report, capped by its chip's largest memory)")
 	f.StringVarP(&output, "output", "o", "", "Write the kubeconfig to this file (mode 0600) instead of stdout")
 	return cmd
+}
+
+func nodesRevokeCmd() *cobra.Command {
+	var kubeconfig, kubeContext string
+	cmd := &cobra.Command{
+		Use:   "revoke <name>",
+		Short: "Revoke every token of a Mac's node identity at once",
+		Long: `Replaces the Secret macfleet-nodes/<name>-credential that every token of the Mac is
+bound to: the API server refuses all of them from then on, those the agent renewed
+included. The Mac's MacNode, replicas and identity stay; its agent cannot reach the API
+server until it is given a new credential ("macfleet nodes credentials <name>").
+Credentials issued before tokens were bound are not revocable this way: delete the
+ServiceAccount macfleet-nodes/<name> to end them.`,
+		Example: `  macfleet nodes revoke mac-studio-1`,
+		Args:    cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			_, cs, err := adminClient(kubeconfig, kubeContext)
+			if err != nil {
+				return err
+			}
+			if err := credentials.Revoke(cmd.Context(), cs, args[0]); err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.ErrOrStderr(), "Revoked every token of node %s; issue a new one with: macfleet nodes credentials %s\n", args[0], args[0])
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&kubeconfig, "kubeconfig", "", "Administrator kubeconfig; default: $KUBECONFIG, then ~/.kube/config, then in-cluster")
+	f.StringVar(&kubeContext, "context", "", "Context of the administrator kubeconfig to use")
+	return cmd
+}
+
+// adminClient is the operator's REST config (adminRestConfig) and a clientset for it.
+func adminClient(path, kubeContext string) (*rest.Config, kubernetes.Interface, error) {
+	rc, err := adminRestConfig(path, kubeContext)
+	if err != nil {
+		return nil, nil, err
+	}
+	cs, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return nil, nil, fmt.Errorf("building a client: %w", err)
+	}
+	return rc, cs, nil
 }
 
 // adminRestConfig loads the operator's kubeconfig the way kubectl does: the flag,

@@ -20,7 +20,7 @@ import (
 // TestNodesCredentials runs `macfleet nodes credentials` against a real API server on
 // which only the namespaces exist (no agent RBAC, no policy).
 func TestNodesCredentials(t *testing.T) {
-	env := testenv.Start(t)
+	env := testenv.Start(t, testenv.WithScheme(v1alpha1.AddToScheme))
 	for _, ns := range []string{v1alpha1.NodeIdentityNamespace, v1alpha1.SystemNamespace} {
 		if err := env.Client.Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
 			t.Fatal(err)
@@ -101,6 +101,48 @@ func TestNodesCredentials(t *testing.T) {
 		err = env.Client.Get(t.Context(), client.ObjectKey{Namespace: v1alpha1.NodeIdentityNamespace, Name: "Mac_C"}, &corev1.ServiceAccount{})
 		if !apierrors.IsNotFound(err) {
 			t.Errorf("ServiceAccount for a rejected name: %v, want NotFound", err)
+		}
+	})
+
+	t.Run("sets the operator's memory bound", func(t *testing.T) {
+		if _, _, err := run("mac-e", "--kubeconfig", adminKC, "--memory-ceiling", "180Gi"); err != nil {
+			t.Fatal(err)
+		}
+		var mn v1alpha1.MacNode
+		if err := env.Client.Get(t.Context(), client.ObjectKey{Name: "mac-e"}, &mn); err != nil {
+			t.Fatal(err)
+		}
+		if mn.Spec.MemoryCeiling == nil || mn.Spec.MemoryCeiling.String() != "180Gi" {
+			t.Errorf("MacNode mac-e spec.memoryCeiling = %v, want 180Gi", mn.Spec.MemoryCeiling)
+		}
+		if _, _, err := run("mac-e", "--kubeconfig", adminKC, "--memory-ceiling", "lots"); err == nil ||
+			!strings.Contains(err.Error(), `--memory-ceiling "lots": want a positive size`) {
+			t.Errorf("a bad --memory-ceiling: error = %v", err)
+		}
+	})
+
+	t.Run("revokes", func(t *testing.T) {
+		before := &corev1.Secret{}
+		key := client.ObjectKey{Namespace: v1alpha1.NodeIdentityNamespace, Name: "mac-b-credential"}
+		if err := env.Client.Get(t.Context(), key, before); err != nil {
+			t.Fatal(err)
+		}
+		cmd := nodesRevokeCmd()
+		var errOut bytes.Buffer
+		cmd.SetArgs([]string{"mac-b", "--kubeconfig", adminKC})
+		cmd.SetErr(&errOut)
+		if err := cmd.ExecuteContext(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		after := &corev1.Secret{}
+		if err := env.Client.Get(t.Context(), key, after); err != nil {
+			t.Fatal(err)
+		}
+		if after.UID == before.UID {
+			t.Error("the binding Secret was not replaced")
+		}
+		if !strings.Contains(errOut.String(), "Revoked every token of node mac-b") {
+			t.Errorf("stderr = %q", errOut.String())
 		}
 	})
 

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"maps"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -47,6 +48,12 @@ type Reconciler struct {
 	Client client.Client
 	// Recorder emits ServiceConflict Events. Default: mgr.GetEventRecorder(ControllerName).
 	Recorder events.EventRecorder
+	// APIReader reads the API server's own Service and EndpointSlices, which the
+	// manager's cache does not hold, to keep its addresses out of tenants'
+	// EndpointSlices. Default: mgr.GetAPIReader().
+	APIReader client.Reader
+
+	reserved reservedAddresses
 }
 
 // CacheByObject restricts the manager's caches of Services and EndpointSlices to
@@ -82,6 +89,9 @@ func (r *Reconciler) setup(mgr ctrl.Manager, wrap func(reconcile.Reconciler) rec
 	}
 	if r.Recorder == nil {
 		r.Recorder = mgr.GetEventRecorder(ControllerName)
+	}
+	if r.APIReader == nil {
+		r.APIReader = mgr.GetAPIReader()
 	}
 	if err := IndexReplicaNodeName(context.Background(), mgr.GetFieldIndexer()); err != nil {
 		return err
@@ -216,7 +226,11 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 			}
 		}
 	}
-	desired, skipped := desiredSlices(&dep, replicas.Items, nodes)
+	excluded, err := r.addressExclusions(ctx)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	desired, skipped := desiredSlices(&dep, replicas.Items, nodes, excluded)
 	if len(skipped) > 0 {
 		logger.V(1).Info("Replicas left out of the EndpointSlices", "ModelDeployment", klog.KObj(&dep), "skipped", skipped)
 	}
@@ -330,4 +344,18 @@ func sliceDiffers(cur, want *discoveryv1.EndpointSlice) bool {
 		}
 	}
 	return !equality.Semantic.DeepEqual(cur.Endpoints, want.Endpoints) || !equality.Semantic.DeepEqual(cur.Ports, want.Ports)
+}
+
+// addressExclusions reads every MacNode (cache) and the API server's addresses and
+// says which Macs' agent addresses are not their own (see addressExclusions).
+func (r *Reconciler) addressExclusions(ctx context.Context) (map[string]string, error) {
+	var all v1alpha1.MacNodeList
+	if err := r.Client.List(ctx, &all); err != nil {
+		return nil, fmt.Errorf("listing MacNodes: %w", err)
+	}
+	reserved, err := r.reserved.get(ctx, r.APIReader, time.Now())
+	if err != nil {
+		return nil, err
+	}
+	return addressExclusions(all.Items, reserved), nil
 }

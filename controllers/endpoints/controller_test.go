@@ -3,6 +3,7 @@ package endpoints
 import (
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -290,7 +291,7 @@ func TestEndpointSlices(t *testing.T) {
 	empty := []sliceView{{Name: "qwen-7b-empty", AddressType: discoveryv1.AddressTypeIPv4}}
 	f.waitSlices(empty)
 
-	n1 := f.node("n1", "10.0.0.1:8080", metav1.ConditionTrue)
+	n1 := f.node("n1", "10.0.0.11:8080", metav1.ConditionTrue)
 	n2 := f.node("n2", "10.0.0.2:8080", metav1.ConditionTrue)
 	n3 := f.node("n3", "10.0.0.3:9090", metav1.ConditionTrue)
 	n4 := f.node("n4", "10.0.0.4:8080", metav1.ConditionUnknown)
@@ -304,7 +305,7 @@ func TestEndpointSlices(t *testing.T) {
 
 	f.waitSlices([]sliceView{
 		{Name: "qwen-7b-ipv4-8080", AddressType: discoveryv1.AddressTypeIPv4, Port: 8080, Endpoints: []endpointView{
-			ep("10.0.0.1", n1, "r1", true), ep("10.0.0.2", n2, "r2", true), ep("10.0.0.4", n4, "r4", false)}},
+			ep("10.0.0.11", n1, "r1", true), ep("10.0.0.2", n2, "r2", true), ep("10.0.0.4", n4, "r4", false)}},
 		{Name: "qwen-7b-ipv4-9090", AddressType: discoveryv1.AddressTypeIPv4, Port: 9090, Endpoints: []endpointView{
 			ep("10.0.0.3", n3, "r3", true)}},
 	})
@@ -313,7 +314,7 @@ func TestEndpointSlices(t *testing.T) {
 	f.setNodeReady(n1, metav1.ConditionUnknown)
 	want := []sliceView{
 		{Name: "qwen-7b-ipv4-8080", AddressType: discoveryv1.AddressTypeIPv4, Port: 8080, Endpoints: []endpointView{
-			ep("10.0.0.1", n1, "r1", false), ep("10.0.0.2", n2, "r2", true), ep("10.0.0.4", n4, "r4", false)}},
+			ep("10.0.0.11", n1, "r1", false), ep("10.0.0.2", n2, "r2", true), ep("10.0.0.4", n4, "r4", false)}},
 		{Name: "qwen-7b-ipv4-9090", AddressType: discoveryv1.AddressTypeIPv4, Port: 9090, Endpoints: []endpointView{
 			ep("10.0.0.3", n3, "r3", true)}},
 	}
@@ -462,4 +463,24 @@ func TestServiceConflict(t *testing.T) {
 	if got, _ := f.slices(); len(got) != 0 {
 		t.Errorf("slices published for a foreign Service: %+v", got)
 	}
+}
+
+// TestEndpointSlicesLeaveOutClaimsNotTheMacs: a Mac whose agent address is the API
+// server's (the kubernetes Service's cluster IP, read from this API server) or
+// another Mac's gets no endpoint in a tenant's EndpointSlice.
+func TestEndpointSlicesLeaveOutClaimsNotTheMacs(t *testing.T) {
+	f := newFixture(t)
+	var kubernetes corev1.Service
+	if err := f.c.Get(t.Context(), client.ObjectKey{Namespace: "default", Name: "kubernetes"}, &kubernetes); err != nil {
+		t.Fatal(err)
+	}
+	honest := f.node("honest", "10.0.7.1:8080", metav1.ConditionTrue)
+	apiServer := f.node("apiserver", net.JoinHostPort(kubernetes.Spec.ClusterIP, "8080"), metav1.ConditionTrue)
+	twinA := f.node("twin-a", "10.0.7.2:8080", metav1.ConditionTrue)
+	twinB := f.node("twin-b", "10.0.7.2:8080", metav1.ConditionTrue)
+	for i, n := range []string{honest, apiServer, twinA, twinB} {
+		f.replica(fmt.Sprintf("r%d", i), n, metav1.ConditionTrue)
+	}
+	f.waitSlices([]sliceView{{Name: "qwen-7b-ipv4-8080", AddressType: discoveryv1.AddressTypeIPv4, Port: 8080,
+		Endpoints: []endpointView{{Address: "10.0.7.1", Hostname: honest, Replica: "r0", Ready: true, Serving: true}}}})
 }

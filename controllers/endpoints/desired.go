@@ -118,9 +118,10 @@ type nodeEndpoint struct {
 // processed yet" (as Kubernetes does for Services).
 //
 // replicas not controlled by dep, unbound, not Ready, or on a Mac missing from
-// nodes or without a usable agent address are left out; skipped says why for the
-// last two.
-func desiredSlices(dep *v1alpha1.ModelDeployment, replicas []v1alpha1.ModelReplica, nodes map[string]*v1alpha1.MacNode) (out []discoveryv1.EndpointSlice, skipped []string) {
+// nodes, without a usable agent address or whose address is excluded (node name →
+// why, from addressExclusions) are left out; skipped says why for the last three.
+func desiredSlices(dep *v1alpha1.ModelDeployment, replicas []v1alpha1.ModelReplica, nodes map[string]*v1alpha1.MacNode,
+	excluded map[string]string) (out []discoveryv1.EndpointSlice, skipped []string) {
 	// The replica each Mac's endpoint refers to: a non-terminating one if any, then
 	// the first by name.
 	chosen := map[string]*v1alpha1.ModelReplica{}
@@ -139,6 +140,10 @@ func desiredSlices(dep *v1alpha1.ModelDeployment, replicas []v1alpha1.ModelRepli
 		node, ok := nodes[nodeName]
 		if !ok {
 			skipped = append(skipped, fmt.Sprintf("replica %s: MacNode %s not found", mr.Name, nodeName))
+			continue
+		}
+		if why := excluded[nodeName]; why != "" {
+			skipped = append(skipped, fmt.Sprintf("replica %s: MacNode %s: %s", mr.Name, nodeName, why))
 			continue
 		}
 		addrType, addr, port, err := parseAgentAddress(node.Status.Agent.Address)
@@ -239,7 +244,8 @@ func newSlice(dep *v1alpha1.ModelDeployment, name string, t discoveryv1.AddressT
 
 // parseAgentAddress splits an agent's host:port into what an EndpointSlice holds.
 // IP addresses the API server refuses in EndpointSlices (unspecified, loopback,
-// link-local) and hosts that are not fully qualified domain names are errors.
+// link-local), addresses no single host answers at (multicast, IPv4 broadcast) and
+// hosts that are not fully qualified domain names are errors.
 func parseAgentAddress(hostport string) (discoveryv1.AddressType, string, int32, error) {
 	if hostport == "" {
 		return "", "", 0, fmt.Errorf("no agent address in its status")
@@ -259,6 +265,8 @@ func parseAgentAddress(hostport string) (discoveryv1.AddressType, string, int32,
 			return "", "", 0, fmt.Errorf("agent address %q: an IPv6 zone cannot be published", hostport)
 		case ip.IsUnspecified(), ip.IsLoopback(), ip.IsLinkLocalUnicast(), ip.IsLinkLocalMulticast():
 			return "", "", 0, fmt.Errorf("agent address %q: unspecified, loopback and link-local addresses cannot be published in an EndpointSlice", hostport)
+		case ip.IsMulticast(), ip == netip.AddrFrom4([4]byte{255, 255, 255, 255}):
+			return "", "", 0, fmt.Errorf("agent address %q: a multicast or broadcast address is no Mac's own", hostport)
 		case ip.Is4():
 			return discoveryv1.AddressTypeIPv4, ip.String(), int32(port), nil
 		default:

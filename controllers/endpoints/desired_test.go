@@ -228,7 +228,7 @@ func TestDesiredSlices(t *testing.T) {
 	}}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, skipped := desiredSlices(dep, tt.replicas, tt.nodes)
+			got, skipped := desiredSlices(dep, tt.replicas, tt.nodes, nil)
 			if diff := cmp.Diff(tt.want, got); diff != "" {
 				t.Errorf("desiredSlices (-want +got):\n%s", diff)
 			}
@@ -249,7 +249,7 @@ func TestDesiredSlicesChunks(t *testing.T) {
 		replicas = append(replicas, replica("r-"+n, n, metav1.ConditionTrue))
 		nodes = append(nodes, macNode(n, fmt.Sprintf("10.0.%d.%d:8080", i/200, i%200+1), metav1.ConditionTrue))
 	}
-	got, _ := desiredSlices(dep, replicas, nodeMap(nodes...))
+	got, _ := desiredSlices(dep, replicas, nodeMap(nodes...), nil)
 	var summary []string
 	for _, s := range got {
 		summary = append(summary, fmt.Sprintf("%s:%d:%s..%s", s.Name, len(s.Endpoints), *s.Endpoints[0].Hostname, *s.Endpoints[len(s.Endpoints)-1].Hostname))
@@ -284,6 +284,9 @@ func TestParseAgentAddress(t *testing.T) {
 		{in: "169.254.1.1:8080", wantErr: true},
 		{in: "[fe80::1%en0]:8080", wantErr: true},
 		{in: "under_score.local:8080", wantErr: true},
+		{in: "224.0.0.251:8080", wantErr: true},
+		{in: "[ff02::1]:8080", wantErr: true},
+		{in: "255.255.255.255:8080", wantErr: true},
 		{in: "", wantErr: true},
 	}
 	for _, tt := range tests {

@@ -166,7 +166,8 @@ func bindingPredicate() predicate.Funcs {
 
 // Reconcile compares one MacNode with its Lease: Ready=Unknown when the Lease is
 // missing or expired, replica deletion once it has been so for NodeLossGrace, and a
-// requeue at the moment either would next change.
+// requeue at the moment either would next change. It also says, with the
+// CeilingCapped condition, when the agent reports more memory than the Mac may have.
 func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	logger := log.FromContext(ctx)
 	var node v1alpha1.MacNode
@@ -199,16 +200,17 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		live = nodeLiveness(lease, &node, now, contact, r.NodeLossGrace)
 	}
 
-	if live.ready != "" {
-		before := node.DeepCopy()
-		if setReadyUnknown(&node, live.message, now) {
-			patch := client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{})
-			if err := r.Client.Status().Patch(ctx, &node, patch); err != nil {
-				return ctrl.Result{}, fmt.Errorf("setting MacNode %s Ready=Unknown: %w", node.Name, err)
-			}
-			logger.Info("Node lease expired", "MacNode", klog.KObj(&node), "reason", live.message)
-			r.Recorder.Eventf(&node, nil, corev1.EventTypeWarning, EventNodeLeaseExpired, "MarkNotReady", "%s", live.message)
+	before := node.DeepCopy()
+	expired := live.ready != "" && setReadyUnknown(&node, live.message, now)
+	if capped := setCeilingCapped(&node, now); expired || capped {
+		patch := client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{})
+		if err := r.Client.Status().Patch(ctx, &node, patch); err != nil {
+			return ctrl.Result{}, fmt.Errorf("updating the conditions of MacNode %s: %w", node.Name, err)
 		}
+	}
+	if expired {
+		logger.Info("Node lease expired", "MacNode", klog.KObj(&node), "reason", live.message)
+		r.Recorder.Eventf(&node, nil, corev1.EventTypeWarning, EventNodeLeaseExpired, "MarkNotReady", "%s", live.message)
 	}
 	if live.deleteReplicas {
 		if err := r.deleteReplicas(ctx, &node); err != nil {

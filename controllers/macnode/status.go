@@ -1,12 +1,15 @@
 package macnode
 
 import (
+	"fmt"
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/macfleet/macfleet/api/v1alpha1"
+	"github.com/macfleet/macfleet/internal/bytesize"
+	"github.com/macfleet/macfleet/internal/ceiling"
 )
 
 // setReadyUnknown sets node's Ready condition to Unknown with reason
@@ -42,4 +45,37 @@ func setReplicaUnreachable(mr *v1alpha1.ModelReplica, node string, now time.Time
 		Reason:             v1alpha1.ReasonNodeUnreachable,
 		Message:            "MacNode " + node + " stopped renewing its Lease; the replica's agent cannot be reached",
 	})
+}
+
+// setCeilingCapped sets node's CeilingCapped condition to True when its agent reports
+// a memory ceiling above what the scheduler believes (internal/ceiling.Node), naming
+// the cap and the fix, and removes it otherwise. It reports whether it changed.
+func setCeilingCapped(node *v1alpha1.MacNode, now time.Time) bool {
+	c, ok := ceiling.Node(node)
+	if !ok || c.Source == ceiling.SourceReported {
+		return meta.RemoveStatusCondition(&node.Status.Conditions, v1alpha1.MacNodeCeilingCapped)
+	}
+	reported, capped := bytesize.Format(node.Status.Memory.Ceiling.Value()), bytesize.Format(c.Bytes)
+	want := metav1.Condition{
+		Type: v1alpha1.MacNodeCeilingCapped, Status: metav1.ConditionTrue, ObservedGeneration: node.Generation,
+		LastTransitionTime: metav1.NewTime(now),
+	}
+	switch _, known := ceiling.ChipMemory(node.Status.Hardware.Chip); {
+	case c.Source == ceiling.SourceOperator:
+		want.Reason = v1alpha1.ReasonOperatorCeilingExceeded
+		want.Message = fmt.Sprintf("the agent reports a memory ceiling of %s, above spec.memoryCeiling %s: replicas are placed "+
+			"here for %s at most. An agent lowers its ceiling to spec.memoryCeiling when it sees it; if this stays, the agent "+
+			"does not (an old or modified agent): check the Mac", reported, capped, capped)
+	case known:
+		want.Reason = v1alpha1.ReasonChipMemoryExceeded
+		want.Message = fmt.Sprintf("the agent reports a memory ceiling of %s, more than any %s has (%s of unified memory): "+
+			"replicas are placed here for %s at most. If the agent's --chip or --unified-memory is wrong, fix it; set "+
+			"spec.memoryCeiling to bound this Mac exactly", reported, node.Status.Hardware.Chip, capped, capped)
+	default:
+		want.Reason = v1alpha1.ReasonChipMemoryExceeded
+		want.Message = fmt.Sprintf("the agent reports a memory ceiling of %s, more than any Mac macfleet knows has (%s), and "+
+			"its chip %q is not one macfleet knows: replicas are placed here for %s at most. Set spec.memoryCeiling to this "+
+			"Mac's real ceiling to bound it exactly", reported, capped, node.Status.Hardware.Chip, capped)
+	}
+	return meta.SetStatusCondition(&node.Status.Conditions, want)
 }

@@ -1,11 +1,13 @@
 package macnode
 
 import (
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
@@ -97,6 +99,66 @@ func TestSetReplicaUnreachable(t *testing.T) {
 			if c.Status != metav1.ConditionUnknown || c.Reason != v1alpha1.ReasonNodeUnreachable ||
 				!c.LastTransitionTime.Time.Equal(now) || c.Message == "" {
 				t.Errorf("Ready = %+v", c)
+			}
+		})
+	}
+}
+
+func TestSetCeilingCapped(t *testing.T) {
+	node := func(chip, reported, spec string, conds ...metav1.Condition) *v1alpha1.MacNode {
+		n := &v1alpha1.MacNode{}
+		n.Status.Hardware.Chip = chip
+		if reported != "" {
+			n.Status.Memory.Ceiling = ptr.To(resource.MustParse(reported))
+		}
+		if spec != "" {
+			n.Spec.MemoryCeiling = ptr.To(resource.MustParse(spec))
+		}
+		n.Status.Conditions = conds
+		return n
+	}
+	capped := metav1.Condition{Type: v1alpha1.MacNodeCeilingCapped, Status: metav1.ConditionTrue,
+		Reason: v1alpha1.ReasonChipMemoryExceeded, Message: "old", LastTransitionTime: metav1.NewTime(t0)}
+	tests := []struct {
+		name        string
+		node        *v1alpha1.MacNode
+		wantReason  string
+		wantIn      []string
+		wantChanged bool
+	}{
+		{name: "honest report: no condition", node: node("Apple M4", "28Gi", "")},
+		{name: "no report yet: no condition", node: node("Apple M4", "", "")},
+		{name: "back within bounds: removed", node: node("Apple M4", "28Gi", "", capped), wantChanged: true},
+		{name: "beyond the chip", node: node("Apple M4", "1Ti", ""), wantChanged: true,
+			wantReason: v1alpha1.ReasonChipMemoryExceeded, wantIn: []string{"1.0 TiB", "Apple M4", "32.0 GiB", "spec.memoryCeiling", "--chip"}},
+		{name: "unknown chip", node: node("Apple M9", "1Ti", ""), wantChanged: true,
+			wantReason: v1alpha1.ReasonChipMemoryExceeded, wantIn: []string{"1.0 TiB", "512.0 GiB", `"Apple M9"`, "not one macfleet knows", "spec.memoryCeiling"}},
+		{name: "beyond the operator's bound", node: node("Apple M3 Ultra", "200Gi", "64Gi"), wantChanged: true,
+			wantReason: v1alpha1.ReasonOperatorCeilingExceeded, wantIn: []string{"200.0 GiB", "spec.memoryCeiling 64.0 GiB", "check the Mac"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			changed := setCeilingCapped(tt.node, t0)
+			if changed != tt.wantChanged {
+				t.Errorf("changed = %v, want %v", changed, tt.wantChanged)
+			}
+			c := meta.FindStatusCondition(tt.node.Status.Conditions, v1alpha1.MacNodeCeilingCapped)
+			if tt.wantReason == "" {
+				if c != nil {
+					t.Fatalf("condition %+v, want none", c)
+				}
+				return
+			}
+			if c == nil || c.Status != metav1.ConditionTrue || c.Reason != tt.wantReason {
+				t.Fatalf("condition %+v, want True with reason %s", c, tt.wantReason)
+			}
+			for _, w := range tt.wantIn {
+				if !strings.Contains(c.Message, w) {
+					t.Errorf("message %q lacks %q", c.Message, w)
+				}
+			}
+			if setCeilingCapped(tt.node, t0.Add(time.Minute)) {
+				t.Error("a second pass changed the condition")
 			}
 		})
 	}

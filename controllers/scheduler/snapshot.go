@@ -7,6 +7,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/macfleet/macfleet/api/v1alpha1"
+	"github.com/macfleet/macfleet/internal/ceiling"
 )
 
 // view is the fleet as one solve sees it: the solver's input and, to write the result
@@ -108,28 +109,23 @@ func buildView(nodes []v1alpha1.MacNode, replicas []v1alpha1.ModelReplica, deplo
 // (Committed, ReplicasByDeployment). A node is Ready when its Ready condition is True,
 // its agent has reported a memory ceiling and it is not being deleted.
 func solverNode(mn *v1alpha1.MacNode) Node {
-	ceiling, ok := nodeCeiling(mn)
+	bytes, ok := nodeCeiling(mn)
 	return Node{
 		Name:          mn.Name,
 		Labels:        mn.Labels,
 		Ready:         ok && mn.DeletionTimestamp == nil && meta.IsStatusConditionTrue(mn.Status.Conditions, v1alpha1.MacNodeReady),
 		Unschedulable: mn.Spec.Unschedulable,
-		Ceiling:       ceiling,
+		Ceiling:       bytes,
 	}
 }
 
-// nodeCeiling is the memory a node may give to models: the ceiling its agent reports
-// (status.memory.ceiling), or spec.memoryCeiling when that is lower and the agent has
-// not applied it yet. ok is false while the agent has reported no ceiling.
-func nodeCeiling(mn *v1alpha1.MacNode) (ceiling int64, ok bool) {
-	if mn.Status.Memory.Ceiling == nil {
-		return 0, false
-	}
-	ceiling = mn.Status.Memory.Ceiling.Value()
-	if s := mn.Spec.MemoryCeiling; s != nil {
-		ceiling = min(ceiling, s.Value())
-	}
-	return ceiling, true
+// nodeCeiling is the memory a node may give to models (internal/ceiling.Node): the
+// ceiling its agent reports (status.memory.ceiling), believed only up to
+// spec.memoryCeiling and the largest memory of its chip, so that a Mac that claims
+// more attracts no more replicas. ok is false while the agent has reported no ceiling.
+func nodeCeiling(mn *v1alpha1.MacNode) (int64, bool) {
+	c, ok := ceiling.Node(mn)
+	return c.Bytes, ok
 }
 
 // nodeChanged reports whether an update of a MacNode changes anything the solver looks

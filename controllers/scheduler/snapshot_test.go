@@ -110,6 +110,24 @@ func TestSolverNode(t *testing.T) {
 			want: Node{Name: "a"},
 		},
 		{
+			name: "a ceiling beyond the chip's largest memory is capped by it",
+			node: apiNode("a", 1024, func(n *v1alpha1.MacNode) { n.Status.Hardware.Chip = "Apple M4" }),
+			want: Node{Name: "a", Ready: true, Ceiling: 32 * gi},
+		},
+		{
+			name: "an unknown chip is capped by the largest Mac there is",
+			node: apiNode("a", 4096, func(n *v1alpha1.MacNode) { n.Status.Hardware.Chip = "Apple M9 Hyper" }),
+			want: Node{Name: "a", Ready: true, Ceiling: 512 * gi},
+		},
+		{
+			name: "the operator's bound caps below the chip's",
+			node: apiNode("a", 1024, func(n *v1alpha1.MacNode) {
+				n.Status.Hardware.Chip = "Apple M3 Ultra"
+				n.Spec.MemoryCeiling = qty(100)
+			}),
+			want: Node{Name: "a", Ready: true, Ceiling: 100 * gi},
+		},
+		{
 			name: "cordoned",
 			node: apiNode("a", 32, func(n *v1alpha1.MacNode) { n.Spec.Unschedulable = true }),
 			want: Node{Name: "a", Ready: true, Unschedulable: true, Ceiling: 32 * gi},

@@ -1,6 +1,8 @@
 // Package credentials mints node identities: one ServiceAccount per Mac in the
 // macfleet-nodes namespace, named like its MacNode, and a kubeconfig that authenticates
-// as it with a token from the TokenRequest API.
+// as it with a short-lived token from the TokenRequest API, bound to a Secret that
+// exists only while the Mac is enrolled (binding.go: Revoke ends every token of a Mac).
+// The agent renews its token before it expires (rotate.go).
 //
 // What an identity may do comes from the manifests in config/agent (RBAC for the group
 // of all node identities) and config/admission (a ValidatingAdmissionPolicy that ties
@@ -21,9 +23,9 @@ import (
 	"strings"
 	"time"
 
-	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/kubernetes"
@@ -34,11 +36,16 @@ import (
 	"github.com/macfleet/macfleet/api/v1alpha1"
 )
 
-// DefaultDuration is the lifetime asked of a node token: a year, so that a Mac keeps
-// working without an administrator re-issuing its credential every few hours. The API
-// server may cap it (--service-account-max-token-expiration); Credential.Expires is
-// what it granted.
-const DefaultDuration = 365 * 24 * time.Hour
+// DefaultDuration is the lifetime asked of a node token. The agent replaces its token
+// with a fresh one well before it expires (Rotator), so a running Mac keeps working; a
+// Mac whose agent stays down longer needs a new credential. The API server may cap it
+// (--service-account-max-token-expiration); Credential.Expires is what it granted.
+const DefaultDuration = 24 * time.Hour
+
+// MaxDuration is the longest lifetime a node token may be asked for, by Issue and by
+// an agent rotating its own (config/admission/node-restriction.yaml holds the same
+// bound): a stolen token is useful for at most this long.
+const MaxDuration = 48 * time.Hour
 
 // MinDuration is the shortest token lifetime the TokenRequest API accepts.
 const MinDuration = 10 * time.Minute
@@ -63,6 +70,10 @@ type Options struct {
 	// caller's own (rest.Config.Host). Macs often reach the API server by another
 	// address than the administrator does.
 	Server string
+	// MemoryCeiling, when set, is the operator's bound on the Mac's memory: Issue
+	// writes it into the MacNode's spec.memoryCeiling (creating the MacNode if the
+	// agent has not yet), and the scheduler never believes the Mac has more.
+	MemoryCeiling *resource.Quantity
 }
 
 // Credential is a node identity's kubeconfig and what went into it.
@@ -210,9 +221,10 @@ func randomToken() (string, error) {
 	return base64.RawURLEncoding.EncodeToString(b), nil
 }
 
-// Issue ensures node name's identity (EnsureNode), mints a token for it with the
-// TokenRequest API and renders a kubeconfig that reaches the API server of base (or
-// opts.Server) with base's certificate authority.
+// Issue ensures node name's identity (EnsureNode) and binding Secret, sets the
+// operator's memory bound when opts asks for one, mints a token for it with the
+// TokenRequest API, bound to the Secret, and renders a kubeconfig that reaches the API
+// server of base (or opts.Server) with base's certificate authority.
 func Issue(ctx context.Context, cs kubernetes.Interface, base *rest.Config, name string, opts Options) (*Credential, error) {
 	duration := opts.Duration
 	if duration == 0 {
@@ -220,6 +232,10 @@ func Issue(ctx context.Context, cs kubernetes.Interface, base *rest.Config, name
 	}
 	if duration < MinDuration {
 		return nil, fmt.Errorf("token duration %v is too short: the API server issues tokens for at least %v", duration, MinDuration)
+	}
+	if duration > MaxDuration {
+		return nil, fmt.Errorf("token duration %v is too long: a node token lasts at most %v (the agent renews its own before it expires)",
+			duration, MaxDuration)
 	}
 	server := opts.Server
 	if server == "" {
@@ -232,13 +248,19 @@ func Issue(ctx context.Context, cs kubernetes.Interface, base *rest.Config, name
 	if err := EnsureNode(ctx, cs, name); err != nil {
 		return nil, err
 	}
-
-	tr := &authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{
-		ExpirationSeconds: new(int64(duration / time.Second)),
-	}}
-	tr, err = cs.CoreV1().ServiceAccounts(v1alpha1.NodeIdentityNamespace).CreateToken(ctx, name, tr, metav1.CreateOptions{})
+	bound, err := ensureBinding(ctx, cs, name)
 	if err != nil {
-		return nil, fmt.Errorf("requesting a token for ServiceAccount %s/%s: %w", v1alpha1.NodeIdentityNamespace, name, err)
+		return nil, err
+	}
+	if opts.MemoryCeiling != nil {
+		if err := boundCeiling(ctx, base, name, *opts.MemoryCeiling); err != nil {
+			return nil, err
+		}
+	}
+
+	tr, err := requestToken(ctx, cs, name, bound, duration)
+	if err != nil {
+		return nil, err
 	}
 	cred := &Credential{Node: name, Expires: tr.Status.ExpirationTimestamp.Time}
 	if granted := time.Until(cred.Expires); granted < duration-time.Minute {

@@ -117,9 +117,18 @@ func errString(err error) string {
 	return err.Error()
 }
 
-func setReady(r *v1alpha1.ModelReplica) {
-	r.Status.Phase = v1alpha1.ReplicaRunning
-	r.Status.Endpoint = "192.0.2.10:8080"
+// The agent addresses mac-a and mac-b register in their MacNodes' status.
+const addrA, addrB = "192.0.2.10:8080", "192.0.2.11:8080"
+
+// setReady marks a replica running at mac-a's address.
+func setReady(r *v1alpha1.ModelReplica) { setReadyAt(addrA)(r) }
+
+// setReadyAt marks a replica running at endpoint.
+func setReadyAt(endpoint string) func(*v1alpha1.ModelReplica) {
+	return func(r *v1alpha1.ModelReplica) {
+		r.Status.Phase = v1alpha1.ReplicaRunning
+		r.Status.Endpoint = endpoint
+	}
 }
 
 // TestNodeIsolation proves that a node identity can do what its agent needs with its
@@ -171,6 +180,7 @@ func TestNodeIsolation(t *testing.T) {
 		{"update own MacNode status", a, func(c client.Client) error {
 			return patchMacNodeStatus(ctx, c, "mac-a", func(n *v1alpha1.MacNode) {
 				n.Status.Hardware.Chip = "Apple M2 Max"
+				n.Status.Agent.Address = addrA
 				n.Status.Conditions = []metav1.Condition{{Type: v1alpha1.MacNodeReady, Status: metav1.ConditionTrue, Reason: v1alpha1.ReasonAgentReady, LastTransitionTime: metav1.Now()}}
 			})
 		}, nil},
@@ -207,13 +217,22 @@ func TestNodeIsolation(t *testing.T) {
 		{"read the fleet token", a, func(c client.Client) error {
 			return c.Get(ctx, client.ObjectKey{Namespace: v1alpha1.SystemNamespace, Name: v1alpha1.FleetTokenSecret}, &corev1.Secret{})
 		}, nil},
-		{"record an event about its replica", a, func(c client.Client) error {
-			return c.Create(ctx, &corev1.Event{
-				ObjectMeta:     metav1.ObjectMeta{Namespace: ns, Name: "on-a.1"},
-				InvolvedObject: corev1.ObjectReference{Kind: "ModelReplica", Namespace: ns, Name: "on-a"},
-				Reason:         "Loaded", Message: "model loaded", Type: corev1.EventTypeNormal,
-			})
+		{"record an event about its MacNode", a, func(c client.Client) error {
+			return c.Create(ctx, nodeEvent("default", "mac-a.1", corev1.ObjectReference{
+				APIVersion: v1alpha1.GroupVersion.String(), Kind: "MacNode", Name: "mac-a"}))
 		}, nil},
+		{"record an event about its replica in the tenant's namespace", a, func(c client.Client) error {
+			return c.Create(ctx, nodeEvent(ns, "on-a.1", corev1.ObjectReference{
+				APIVersion: v1alpha1.GroupVersion.String(), Kind: "ModelReplica", Namespace: ns, Name: "on-a"}))
+		}, []string{policy, "node mac-a may only record Events about its own MacNode mac-a in namespace default, not events in namespace " + ns + " about ModelReplica " + ns + "/on-a"}},
+		{"record an event about another MacNode", a, func(c client.Client) error {
+			return c.Create(ctx, nodeEvent("default", "mac-b.1", corev1.ObjectReference{
+				APIVersion: v1alpha1.GroupVersion.String(), Kind: "MacNode", Name: "mac-b"}))
+		}, []string{policy, "not events in namespace default about MacNode mac-b"}},
+		{"advertise another host as a replica's endpoint", a, func(c client.Client) error {
+			return patchReplicaStatus(ctx, c, ns, "on-a", setReadyAt("10.96.0.1:443"))
+		}, []string{policy, "node mac-a may only advertise its own agent address in the status of a ModelReplica: " + ns +
+			"/on-a says endpoint 10.96.0.1:443, but MacNode mac-a registered " + addrA}},
 
 		{"ask what it may do (kubectl auth can-i)", a, func(c client.Client) error {
 			r := &authorizationv1.SelfSubjectAccessReview{Spec: authorizationv1.SelfSubjectAccessReviewSpec{
@@ -277,14 +296,22 @@ func TestNodeIsolation(t *testing.T) {
 				Spec: v1alpha1.FleetQuotaSpec{Memory: resource.MustParse("1Ti")}})
 		}, []string{rbac, "create"}},
 
+		{"mac-b registers mac-a's address", b, func(c client.Client) error {
+			return patchMacNodeStatus(ctx, c, "mac-b", func(n *v1alpha1.MacNode) { n.Status.Agent.Address = addrA })
+		}, []string{policy, "node mac-b may not register the agent address " + addrA + ": it is the address of MacNode mac-a"}},
 		{"mac-b updates its own MacNode status", b, func(c client.Client) error {
-			return patchMacNodeStatus(ctx, c, "mac-b", func(n *v1alpha1.MacNode) { n.Status.Hardware.Chip = "Apple M1" })
+			return patchMacNodeStatus(ctx, c, "mac-b", func(n *v1alpha1.MacNode) {
+				n.Status.Hardware.Chip = "Apple M1"
+				n.Status.Agent.Address = addrB
+			})
 		}, nil},
 		{"mac-b updates status of replica bound to it", b, func(c client.Client) error {
-			return patchReplicaStatus(ctx, c, ns, "on-b", setReady)
+			return patchReplicaStatus(ctx, c, ns, "on-b", setReadyAt(addrB))
 		}, nil},
 		{"mac-b updates status of replica bound to mac-a", b, func(c client.Client) error {
-			return patchReplicaStatus(ctx, c, ns, "on-a", func(r *v1alpha1.ModelReplica) { r.Status.Phase = v1alpha1.ReplicaFailed })
+			return patchReplicaStatus(ctx, c, ns, "on-a", func(r *v1alpha1.ModelReplica) {
+				r.Status.Phase, r.Status.Endpoint = v1alpha1.ReplicaFailed, addrB
+			})
 		}, []string{policy, "node mac-b may only update the status of ModelReplicas bound to it"}},
 
 		{"admin updates the status of a replica bound to mac-a", admin, func(c client.Client) error {
@@ -339,7 +366,8 @@ func TestNodeIsolation(t *testing.T) {
 }
 
 // TestNodeCanCreateItselfWithSpec: an agent may set its MacNode's spec when it creates
-// it (the spec freeze applies to updates), but not labels other than its own.
+// it (the spec freeze applies to updates), but not labels other than its own, nor the
+// operator's bound spec.memoryCeiling.
 func TestNodeCanCreateItselfWithSpec(t *testing.T) {
 	install(t)
 	forget(t, "mac-spec")
@@ -347,9 +375,15 @@ func TestNodeCanCreateItselfWithSpec(t *testing.T) {
 	waitForPolicy(t, c)
 	n := macNode("mac-spec")
 	n.Spec.Unschedulable = true
+	withCeiling := n.DeepCopy()
+	withCeiling.Spec.MemoryCeiling = new(resource.MustParse("1Ti"))
+	err := c.Create(t.Context(), withCeiling, client.DryRunAll)
+	if want := "may not set spec.memoryCeiling of its MacNode"; !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), want) {
+		t.Errorf("creating own MacNode with a memory ceiling: got %s, want 403 with %q", errString(err), want)
+	}
 	withTeam := n.DeepCopy()
 	withTeam.Labels["team"] = "x"
-	err := c.Create(t.Context(), withTeam, client.DryRunAll)
+	err = c.Create(t.Context(), withTeam, client.DryRunAll)
 	if want := "on its MacNode, not team"; !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), want) {
 		t.Errorf("creating own MacNode with an admin's label: got %s, want 403 with %q", errString(err), want)
 	}
@@ -416,6 +450,7 @@ func TestIssueRejectsBadInput(t *testing.T) {
 	}{
 		{"bad name", "Mac_A", credentials.Options{}, `invalid node name "Mac_A"`},
 		{"short duration", "mac-a", credentials.Options{Duration: time.Minute}, "token duration 1m0s is too short"},
+		{"a year", "mac-a", credentials.Options{Duration: 365 * 24 * time.Hour}, "token duration 8760h0m0s is too long: a node token lasts at most 48h0m0s"},
 		{"bad server", "mac-a", credentials.Options{Server: "ftp://x"}, `invalid API server URL "ftp://x"`},
 	}
 	for _, tt := range tests {
@@ -624,5 +659,14 @@ func TestPolicyBeyondRBAC(t *testing.T) {
 		if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "denied request: ") || !strings.Contains(err.Error(), tt.want) {
 			t.Errorf("%s: got %s, want 403 with %q", tt.name, errString(err), tt.want)
 		}
+	}
+}
+
+// nodeEvent is a core Event about ref, as a node's recorder would write it.
+func nodeEvent(ns, name string, ref corev1.ObjectReference) *corev1.Event {
+	return &corev1.Event{
+		ObjectMeta:     metav1.ObjectMeta{Namespace: ns, Name: name},
+		InvolvedObject: ref,
+		Reason:         "Loaded", Message: "model loaded", Type: corev1.EventTypeNormal,
 	}
 }

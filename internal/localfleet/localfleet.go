@@ -349,6 +349,10 @@ func (f *Fleet) serveModels() error {
 	return nil
 }
 
+// Binary is the macfleet executable the fleet runs, for tests that run its CLI as an
+// administrator would.
+func (f *Fleet) Binary() string { return f.opts.Binary }
+
 // LogDir is where every process logs.
 func (f *Fleet) LogDir() string { return filepath.Join(f.opts.Dir, "logs") }
 

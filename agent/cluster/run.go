@@ -13,7 +13,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"net/http"
 	"path/filepath"
 	"time"
 
@@ -34,6 +33,7 @@ import (
 	"github.com/macfleet/macfleet/agent/janitor"
 	"github.com/macfleet/macfleet/agent/server"
 	"github.com/macfleet/macfleet/api/v1alpha1"
+	"github.com/macfleet/macfleet/internal/httpserver"
 	"github.com/macfleet/macfleet/internal/informers"
 	"github.com/macfleet/macfleet/metal"
 	"github.com/macfleet/macfleet/sourcepolicy"
@@ -276,7 +276,7 @@ func Run(ctx context.Context, cfg Config) error {
 			}
 		}
 	}
-	httpSrv := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
+	httpSrv := httpserver.New(srv.Handler(), httpserver.Limits{})
 
 	// The pool outlives ctx: it unloads everything on shutdown, after the HTTP
 	// server stopped taking requests.
@@ -285,7 +285,7 @@ func Run(ctx context.Context, cfg Config) error {
 	poolDone := make(chan error, 1)
 	go func() { poolDone <- pool.Run(poolCtx) }()
 	serveDone := make(chan error, 1)
-	go func() { serveDone <- httpSrv.Serve(ln) }()
+	go func() { serveDone <- httpSrv.Serve(httpserver.Listener(ln, httpserver.Limits{})) }()
 	log.Info("Serving the OpenAI and admin API", "addr", ln.Addr().String(), "endpoint", endpoint, "node", cfg.NodeName,
 		"runner", runnerPath, "ceiling", pool.Ceiling().Describe())
 	if cfg.Started != nil {

@@ -11,13 +11,12 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/macfleet/macfleet/internal/httpserver"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 )
-
-// readHeaderTimeout bounds a probe's or a scrape's request headers.
-const readHeaderTimeout = 10 * time.Second
 
 // Listen returns ln when it is set, nil when addr is "" or "0" (disabled), and
 // otherwise a new listener on addr.
@@ -64,6 +63,6 @@ func Add(mgr manager.Manager, probes net.Listener, p Probes, metricsLn net.Liste
 
 func server(name string, ln net.Listener, h http.Handler) *manager.Server {
 	grace := time.Minute
-	return &manager.Server{Name: name, Listener: ln, ShutdownTimeout: &grace,
-		Server: &http.Server{Handler: h, ReadHeaderTimeout: readHeaderTimeout}}
+	return &manager.Server{Name: name, Listener: httpserver.Listener(ln, httpserver.Limits{}), ShutdownTimeout: &grace,
+		Server: httpserver.New(h, httpserver.Limits{})}
 }

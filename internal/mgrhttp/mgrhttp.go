@@ -43,7 +43,7 @@ func Add(mgr manager.Manager, probes net.Listener, p Probes, metricsLn net.Liste
 	if probes != nil {
 		mux := http.NewServeMux()
 		for path, checks := range map[string]map[string]healthz.Checker{"/healthz": p.Healthz, "/readyz": p.Readyz} {
-			h := http.StripPrefix(path, &healthz.Handler{Checks: checks})
+			h := unavailable(http.StripPrefix(path, &healthz.Handler{Checks: checks}))
 			mux.Handle(path, h)
 			mux.Handle(path+"/", h)
 		}
@@ -65,4 +65,21 @@ func server(name string, ln net.Listener, h http.Handler) *manager.Server {
 	grace := time.Minute
 	return &manager.Server{Name: name, Listener: httpserver.Listener(ln, httpserver.Limits{}), ShutdownTimeout: &grace,
 		Server: httpserver.New(h, httpserver.Limits{})}
+}
+
+// unavailable answers a failed check 503 Service Unavailable (what it means: do not
+// send traffic here now) where the checks' handler answers 500.
+func unavailable(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h.ServeHTTP(&unavailableWriter{ResponseWriter: w}, r)
+	})
+}
+
+type unavailableWriter struct{ http.ResponseWriter }
+
+func (w *unavailableWriter) WriteHeader(code int) {
+	if code == http.StatusInternalServerError {
+		code = http.StatusServiceUnavailable
+	}
+	w.ResponseWriter.WriteHeader(code)
 }

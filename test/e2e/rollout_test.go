@@ -18,8 +18,11 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/testr"
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
 	"github.com/prometheus/client_golang/prometheus"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/gateway"
@@ -63,7 +66,21 @@ func startStoppableGateway(t *testing.T) *stoppableGateway {
 			t.Error("the gateway did not stop")
 		}
 	})
+	testenv.Eventually(t, time.Minute, 50*time.Millisecond, func() (bool, string) {
+		code := g.readyz()
+		return code == http.StatusOK, fmt.Sprintf("the gateway's /readyz answers %d", code)
+	})
 	return g
+}
+
+// readyz is the gateway's /readyz status (0 when it does not answer).
+func (g *stoppableGateway) readyz() int {
+	resp, err := http.Get(g.probes + "/readyz")
+	if err != nil {
+		return 0
+	}
+	resp.Body.Close()
+	return resp.StatusCode
 }
 
 // stream is one streamed chat completion through a gateway, read to its end.
@@ -77,7 +94,7 @@ type stream struct {
 // arrived; the rest is read in the background into the result channel.
 func startStream(t *testing.T, base, model string) <-chan stream {
 	t.Helper()
-	body := fmt.Sprintf(`{"model":%q,"stream":true,"max_tokens":12000,"temperature":0,"messages":[{"role":"user","content":"Tell a long story"}]}`, model)
+	body := fmt.Sprintf(`{"model":%q,"stream":true,"max_tokens":6000,"temperature":0,"messages":[{"role":"user","content":"Tell a long story"}]}`, model)
 	resp, err := http.Post(base+"/v1/chat/completions", "application/json", strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
@@ -119,7 +136,8 @@ func startStream(t *testing.T, base, model string) <-chan stream {
 func TestGatewayRolloutBreaksNoStream(t *testing.T) {
 	ns := testenv.NewNamespace(t, fleet.Client)
 	create(t, deployment(ns, "roll", 1, func(md *v1alpha1.ModelDeployment) {
-		md.Spec.Engine.ContextLength, md.Spec.Engine.Parallel = 16384, 4
+		// Two slots more than the streams: the request to the other gateway is served at once.
+		md.Spec.Engine.ContextLength, md.Spec.Engine.Parallel = 8192, 6
 	}))
 	waitReady(t, ns, "roll", 1, 3*time.Minute)
 	model := ns + "/roll"
@@ -142,17 +160,6 @@ func TestGatewayRolloutBreaksNoStream(t *testing.T) {
 			return err == nil, fmt.Sprintf("gateway %s does not serve %s yet: %v", g.url, model, err)
 		})
 	}
-	readyz := func(g *stoppableGateway) int {
-		resp, err := http.Get(g.probes + "/readyz")
-		if err != nil {
-			return 0
-		}
-		resp.Body.Close()
-		return resp.StatusCode
-	}
-	if code := readyz(old); code != http.StatusOK {
-		t.Fatalf("the first gateway's /readyz: %d before the rollout", code)
-	}
 
 	const n = 4
 	var streams []<-chan stream
@@ -162,7 +169,7 @@ func TestGatewayRolloutBreaksNoStream(t *testing.T) {
 	stopped := time.Now()
 	old.stop() // SIGTERM
 	testenv.Eventually(t, 5*time.Second, 10*time.Millisecond, func() (bool, string) {
-		code := readyz(old)
+		code := old.readyz()
 		return code == http.StatusServiceUnavailable, fmt.Sprintf("the stopped gateway's /readyz answers %d, want 503", code)
 	})
 	testenv.Eventually(t, 5*time.Second, 10*time.Millisecond, func() (bool, string) {
@@ -203,5 +210,43 @@ func TestGatewayRolloutBreaksNoStream(t *testing.T) {
 		}
 	case <-time.After(time.Minute):
 		t.Error("the stopped gateway did not return once its streams ended")
+	}
+}
+
+// TestGatewayRolloutKeepsColdStartHolds: a request a gateway holds for a cold start
+// (an autoscaled deployment at zero) when the gateway is stopped is answered once the
+// replica comes up: the routing table keeps up while the gateway drains.
+func TestGatewayRolloutKeepsColdStartHolds(t *testing.T) {
+	ns := testenv.NewNamespace(t, fleet.Client)
+	atZero(t, ns, "cold")
+	t.Cleanup(func() { removeDeployment(t, ns, "cold") })
+	old := startStoppableGateway(t)
+	answered := make(chan error, 1)
+	go func() {
+		c := openai.NewClient(option.WithBaseURL(old.url+"/v1/"), option.WithAPIKey("unused"), option.WithMaxRetries(0))
+		_, err := chat(context.Background(), c, ns+"/cold", true)
+		answered <- err
+	}()
+	// The gateway holds the request and wakes the deployment.
+	testenv.Eventually(t, 30*time.Second, 20*time.Millisecond, func() (bool, string) {
+		var md v1alpha1.ModelDeployment
+		if err := fleet.Client.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: "cold"}, &md); err != nil {
+			return false, err.Error()
+		}
+		return md.Annotations[v1alpha1.AnnotationWakeRequested] != "", "the gateway has not woken the deployment yet"
+	})
+	if len(answered) > 0 {
+		t.Fatalf("answered before the stop (%v): no hold to test", <-answered)
+	}
+	stopped := time.Now()
+	old.stop() // SIGTERM while the request is held
+	select {
+	case err := <-answered:
+		if err != nil {
+			t.Errorf("the request held at the stop: %v", err)
+		}
+		t.Logf("the held request was answered %s after the stop", time.Since(stopped).Round(time.Millisecond))
+	case <-time.After(3 * time.Minute):
+		t.Fatal("the request held at the stop was not answered within 3 minutes")
 	}
 }

@@ -27,7 +27,7 @@ func Listener(ln net.Listener, l Limits) net.Listener {
 // Refusal is the whole HTTP response a connection past a cap of max gets.
 func Refusal(max int) []byte {
 	body := `{"error":{"message":"this server already holds its limit of ` + strconv.Itoa(max) +
-		` open connections (--max-connections); retry shortly","type":"service_unavailable","param":null,"code":"too_many_connections"}}` + "\n"
+		` open connections; retry shortly","type":"service_unavailable","param":null,"code":"too_many_connections"}}` + "\n"
 	return []byte(fmt.Sprintf("HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"+
 		"Connection: close\r\nContent-Length: %d\r\n\r\n%s", len(body), body))
 }

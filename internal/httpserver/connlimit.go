@@ -16,6 +16,9 @@ const refuseTimeout = time.Second
 // past the cap, a new connection is answered "503 Service Unavailable" with
 // Retry-After and an OpenAI-shaped error body, then closed; the connections already
 // open are served as before.
+//
+// Wrap the TCP listener, beneath any TLS (tls.NewListener(Listener(ln, l), cfg)): the
+// HTTP server recognizes a TLS connection by its type, which a wrapper above TLS hides.
 func Listener(ln net.Listener, l Limits) net.Listener {
 	l = l.WithDefaults()
 	if l.MaxConnections < 0 {

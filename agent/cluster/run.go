@@ -215,6 +215,8 @@ func Run(ctx context.Context, cfg Config) error {
 			return fmt.Errorf("listening on %s: %w", cfg.Listen, err)
 		}
 	}
+	// The connection cap wraps the TCP listener, beneath any TLS.
+	ln = httpserver.Listener(ln, httpserver.Limits{})
 	endpoint := cfg.AdvertiseAddress
 	if endpoint == "" {
 		if endpoint, err = DefaultAdvertiseAddress(ln.Addr().String()); err != nil {
@@ -285,7 +287,7 @@ func Run(ctx context.Context, cfg Config) error {
 	poolDone := make(chan error, 1)
 	go func() { poolDone <- pool.Run(poolCtx) }()
 	serveDone := make(chan error, 1)
-	go func() { serveDone <- httpSrv.Serve(httpserver.Listener(ln, httpserver.Limits{})) }()
+	go func() { serveDone <- httpSrv.Serve(ln) }()
 	log.Info("Serving the OpenAI and admin API", "addr", ln.Addr().String(), "endpoint", endpoint, "node", cfg.NodeName,
 		"runner", runnerPath, "ceiling", pool.Ceiling().Describe())
 	if cfg.Started != nil {

@@ -19,7 +19,9 @@ import (
 // /readyz fails at once, the listener closes, and the requests in flight get
 // drainTimeout to finish.
 type apiServer struct {
+	// handler is set by Run; hosts are the Host names it may answer (Guard).
 	handler      http.Handler
+	hosts        *httpserver.Hosts
 	ln           net.Listener
 	log          logr.Logger
 	started      func(string)
@@ -30,6 +32,30 @@ type apiServer struct {
 	// nothing is in flight any more.
 	running atomic.Bool
 	drained chan struct{}
+}
+
+// newAPIServer listens on cfg's address (or listener) with cfg's limits and completes
+// the drain timeout and the Host names the API answers (any when none are configured).
+func newAPIServer(cfg Config, log logr.Logger) (*apiServer, error) {
+	s := &apiServer{log: log, started: cfg.Started, limits: cfg.Limits, drainTimeout: cfg.DrainTimeout,
+		drained: make(chan struct{})}
+	if s.drainTimeout <= 0 {
+		s.drainTimeout = DefaultDrainTimeout
+	}
+	allowed := cfg.AllowedHosts
+	if len(allowed) == 0 {
+		allowed = []string{httpserver.AnyHost}
+	}
+	var err error
+	if s.hosts, err = httpserver.NewHosts(cfg.Listen, allowed); err != nil {
+		return nil, err
+	}
+	if cfg.Listener != nil {
+		s.ln = httpserver.Listener(cfg.Listener, cfg.Limits)
+	} else if s.ln, err = httpserver.Listen(cfg.Listen, cfg.Limits); err != nil {
+		return nil, err
+	}
+	return s, nil
 }
 
 func (s *apiServer) Start(ctx context.Context) error {

@@ -216,15 +216,7 @@ func Run(ctx context.Context, cfg Config) error {
 		opts.ReviewToken = rev.Review
 		log.Info("Accepting ServiceAccount tokens", "audience", rev.Audience())
 	}
-	drain := cfg.DrainTimeout
-	if drain <= 0 {
-		drain = DefaultDrainTimeout
-	}
-	allowed := cfg.AllowedHosts
-	if len(allowed) == 0 {
-		allowed = []string{httpserver.AnyHost}
-	}
-	hosts, err := httpserver.NewHosts(cfg.Listen, allowed)
+	api, err := newAPIServer(cfg, log)
 	if err != nil {
 		return err
 	}
@@ -273,12 +265,11 @@ func Run(ctx context.Context, cfg Config) error {
 		HealthProbeBindAddress: "0",
 		Logger:                 log,
 		// The API server drains for up to DrainTimeout; the rest stops after it.
-		GracefulShutdownTimeout: ptr.To(drain + time.Minute),
+		GracefulShutdownTimeout: ptr.To(api.drainTimeout + time.Minute),
 	})
 	if err != nil {
 		return fmt.Errorf("creating the manager: %w", err)
 	}
-	api := &apiServer{log: log, started: cfg.Started, limits: cfg.Limits, drainTimeout: drain, drained: make(chan struct{})}
 	f := NewFeeder(mgr.GetCache(), g, log)
 	// The routing table and the usage ledger keep up while the requests in flight
 	// drain: a request held for a cold start still finds the replica that comes up.
@@ -300,18 +291,13 @@ func Run(ctx context.Context, cfg Config) error {
 			return err
 		}
 	}
-	if api.ln = cfg.Listener; api.ln != nil {
-		api.ln = httpserver.Listener(api.ln, cfg.Limits)
-	} else if api.ln, err = httpserver.Listen(cfg.Listen, cfg.Limits); err != nil {
-		return err
-	}
 	handler := g.Handler()
 	if !cfg.DisableConsole {
 		if handler, err = withConsole(g, mgr.GetCache(), opts.Identify, log); err != nil {
 			return err
 		}
 	}
-	api.handler = httpserver.Guard(handler, hosts)
+	api.handler = httpserver.Guard(handler, api.hosts)
 	if err := mgr.Add(api); err != nil {
 		return err
 	}
@@ -346,7 +332,7 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	// The options as New completed them with defaults.
-	log.Info("Starting gateway", "listen", api.ln.Addr().String(), "drainTimeout", drain, "coldStartTimeout", g.opts.ColdStartTimeout,
+	log.Info("Starting gateway", "listen", api.ln.Addr().String(), "drainTimeout", api.drainTimeout, "coldStartTimeout", g.opts.ColdStartTimeout,
 		"prefixAffinity", cfg.PrefixAffinity, "apiKeys", cfg.APIKeysFile != "", "tenantKeys", cfg.TenantKeys, "console", !cfg.DisableConsole,
 		"maxInFlightPerSlot", g.opts.MaxInFlightPerSlot, "budgets", lw != nil, "queue", cfg.Queue.WithDefaults(), "tracing", g.tracer != nil)
 	return mgr.Start(ctx)

@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"strings"
 
+	"github.com/macfleet/macfleet/chat/compat"
 	"github.com/macfleet/macfleet/console"
 	runnerapi "github.com/macfleet/macfleet/runner/api"
 )
@@ -45,13 +46,20 @@ func copyRequestHeaders(dst http.Header, r *http.Request) {
 	}
 }
 
+// responseHeaders are the agent's response headers that reach the client: what
+// describes the body, when to retry, and the hints the API ignored. Every other one is
+// dropped, so that an agent — a Mac the gateway does not vouch for — cannot set a
+// cookie on the gateway's origin, grant other sites CORS access to it, or pass the
+// gateway's internal X-Macfleet- headers (usage, replica, queue) to the client.
+var responseHeaders = map[string]bool{"Content-Type": true, "Content-Length": true, "Content-Encoding": true,
+	"Cache-Control": true, "Retry-After": true, "X-Content-Type-Options": true, compat.IgnoredHintsHeader: true}
+
+// copyResponseHeaders copies the agent's response headers of responseHeaders.
 func copyResponseHeaders(dst, src http.Header) {
-	skip := connectionTokens(src)
 	for k, vs := range src {
-		if skip[k] || isHop(k) {
-			continue
+		if responseHeaders[k] {
+			dst[k] = vs
 		}
-		dst[k] = vs
 	}
 }
 

@@ -157,7 +157,8 @@ func decodeErr(t *testing.T, body string) errBody {
 }
 
 // TestForwardsUnchanged: method, path, query and body arrive unchanged with the fleet
-// token (not the client's key) and the replica header; the response comes back as sent.
+// token (not the client's key) and the replica header; the response comes back as sent
+// (with the headers a client may get).
 func TestForwardsUnchanged(t *testing.T) {
 	type seen struct {
 		method, uri, body, auth, replica, ctype, custom string
@@ -167,7 +168,7 @@ func TestForwardsUnchanged(t *testing.T) {
 		b, _ := io.ReadAll(r.Body)
 		got <- seen{r.Method, r.URL.RequestURI(), string(b), r.Header.Get("Authorization"), r.Header.Get(mfv1.HeaderReplica),
 			r.Header.Get("Content-Type"), r.Header.Get("X-Custom")}
-		w.Header().Set("X-Upstream", "yes")
+		w.Header().Set("X-Macfleet-Ignored-Hints", "yes")
 		w.WriteHeader(http.StatusCreated)
 		_, _ = w.Write([]byte("as sent"))
 	})
@@ -185,8 +186,8 @@ func TestForwardsUnchanged(t *testing.T) {
 	}
 	b, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	if resp.StatusCode != http.StatusCreated || string(b) != "as sent" || resp.Header.Get("X-Upstream") != "yes" {
-		t.Errorf("response %d %q X-Upstream=%q", resp.StatusCode, b, resp.Header.Get("X-Upstream"))
+	if resp.StatusCode != http.StatusCreated || string(b) != "as sent" || resp.Header.Get("X-Macfleet-Ignored-Hints") != "yes" {
+		t.Errorf("response %d %q X-Macfleet-Ignored-Hints=%q", resp.StatusCode, b, resp.Header.Get("X-Macfleet-Ignored-Hints"))
 	}
 	want := seen{"POST", "/v1/completions?x=1&y=2", body, "Bearer " + fleetToken, "a/r0", "application/json", "v"}
 	if d := cmp.Diff(want, <-got, cmp.AllowUnexported(seen{})); d != "" {

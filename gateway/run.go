@@ -26,6 +26,7 @@ import (
 	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/utils/clock"
+	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -37,6 +38,7 @@ import (
 	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/console"
 	"github.com/macfleet/macfleet/fairqueue"
+	"github.com/macfleet/macfleet/internal/httpserver"
 	"github.com/macfleet/macfleet/internal/informers"
 	"github.com/macfleet/macfleet/internal/mgrhttp"
 	"github.com/macfleet/macfleet/ledger"
@@ -59,13 +61,11 @@ import (
 // TokenReview (package satoken).
 // +kubebuilder:rbac:groups=authentication.k8s.io,resources=tokenreviews,verbs=create
 
-// Server timeouts: no write timeout, since a stream lasts as long as generation does.
-const (
-	readHeaderTimeout = 10 * time.Second
-	idleTimeout       = 2 * time.Minute
-	// ShutdownTimeout bounds draining requests in flight on shutdown.
-	ShutdownTimeout = 30 * time.Second
-)
+// DefaultDrainTimeout is how long the requests in flight when the gateway is told to
+// stop (streams, and requests held for a cold start or in the queue) may take to
+// finish: the longest request a rollout lets finish. The chart's
+// terminationGracePeriodSeconds is derived from it.
+const DefaultDrainTimeout = 10 * time.Minute
 
 // Config is everything `macfleet gateway` needs; cmd/macfleet fills it from flags.
 type Config struct {
@@ -117,6 +117,17 @@ type Config struct {
 	// UsageRetention is how long the replica keeps its usage records of past days
 	// (ledger.DefaultRetention when zero).
 	UsageRetention time.Duration
+	// Limits bound the API's connections and request reads (httpserver's defaults
+	// when zero); there is no write timeout, so streams run as long as they need.
+	Limits httpserver.Limits
+	// AllowedHosts, when set, are the only Host names the API and console answer to
+	// besides IP addresses, localhost and the Listen host (httpserver.NewHosts); empty
+	// means any Host. Browsers' cross-origin requests are refused either way.
+	AllowedHosts []string
+	// DrainTimeout (DefaultDrainTimeout when zero): once ctx ends, /readyz fails at
+	// once, no new connection is accepted, and the requests in flight get this long
+	// to finish before they are cut.
+	DrainTimeout time.Duration
 }
 
 // DefaultGatewayID is $POD_NAME, else the host's name.
@@ -205,6 +216,10 @@ func Run(ctx context.Context, cfg Config) error {
 		opts.ReviewToken = rev.Review
 		log.Info("Accepting ServiceAccount tokens", "audience", rev.Audience())
 	}
+	api, err := newAPIServer(cfg, log)
+	if err != nil {
+		return err
+	}
 	scheme, err := Scheme()
 	if err != nil {
 		return err
@@ -249,12 +264,16 @@ func Run(ctx context.Context, cfg Config) error {
 		Metrics:                metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress: "0",
 		Logger:                 log,
+		// The API server drains for up to DrainTimeout; the rest stops after it.
+		GracefulShutdownTimeout: ptr.To(api.drainTimeout + time.Minute),
 	})
 	if err != nil {
 		return fmt.Errorf("creating the manager: %w", err)
 	}
 	f := NewFeeder(mgr.GetCache(), g, log)
-	if err := mgr.Add(f); err != nil {
+	// The routing table and the usage ledger keep up while the requests in flight
+	// drain: a request held for a cold start still finds the replica that comes up.
+	if err := mgr.Add(api.untilDrained(f)); err != nil {
 		return err
 	}
 	if cfg.TenantKeys {
@@ -268,14 +287,8 @@ func Run(ctx context.Context, cfg Config) error {
 		if err := mgr.Add(opts.Budgets); err != nil {
 			return err
 		}
-		if err := mgr.Add(lw); err != nil {
+		if err := mgr.Add(api.untilDrained(lw)); err != nil {
 			return err
-		}
-	}
-	ln := cfg.Listener
-	if ln == nil {
-		if ln, err = net.Listen("tcp", cfg.Listen); err != nil {
-			return fmt.Errorf("listening on %s: %w", cfg.Listen, err)
 		}
 	}
 	handler := g.Handler()
@@ -284,7 +297,8 @@ func Run(ctx context.Context, cfg Config) error {
 			return err
 		}
 	}
-	if err := mgr.Add(&apiServer{handler: handler, ln: ln, log: log, started: cfg.Started}); err != nil {
+	api.handler = httpserver.Guard(handler, api.hosts)
+	if err := mgr.Add(api); err != nil {
 		return err
 	}
 	for _, w := range watchers {
@@ -302,7 +316,7 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	if err := mgrhttp.Add(mgr, probeLn, mgrhttp.Probes{
 		Healthz: map[string]healthz.Checker{"healthz": healthz.Ping},
-		Readyz: map[string]healthz.Checker{"table": func(*http.Request) error {
+		Readyz: map[string]healthz.Checker{"draining": api.notDraining, "table": func(*http.Request) error {
 			if !f.Synced() {
 				return errors.New("the routing table has not been built from synced informers yet")
 			}
@@ -318,7 +332,7 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	// The options as New completed them with defaults.
-	log.Info("Starting gateway", "listen", ln.Addr().String(), "coldStartTimeout", g.opts.ColdStartTimeout,
+	log.Info("Starting gateway", "listen", api.ln.Addr().String(), "drainTimeout", api.drainTimeout, "coldStartTimeout", g.opts.ColdStartTimeout,
 		"prefixAffinity", cfg.PrefixAffinity, "apiKeys", cfg.APIKeysFile != "", "tenantKeys", cfg.TenantKeys, "console", !cfg.DisableConsole,
 		"maxInFlightPerSlot", g.opts.MaxInFlightPerSlot, "budgets", lw != nil, "queue", cfg.Queue.WithDefaults(), "tracing", g.tracer != nil)
 	return mgr.Start(ctx)
@@ -390,36 +404,6 @@ func withConsole(g *Gateway, c cache.Cache, identify func(string) (tenancy.Ident
 	mux.Handle(console.Prefix, ui)
 	mux.Handle("/", g.Handler())
 	return mux, nil
-}
-
-// apiServer serves the OpenAI API as a manager Runnable.
-type apiServer struct {
-	handler http.Handler
-	ln      net.Listener
-	log     logr.Logger
-	started func(string)
-}
-
-func (s *apiServer) Start(ctx context.Context) error {
-	srv := &http.Server{Handler: s.handler, ReadHeaderTimeout: readHeaderTimeout, IdleTimeout: idleTimeout}
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve(s.ln) }()
-	s.log.Info("Serving the OpenAI API", "addr", s.ln.Addr().String())
-	if s.started != nil {
-		s.started(s.ln.Addr().String())
-	}
-	select {
-	case err := <-done:
-		return fmt.Errorf("serving the API: %w", err)
-	case <-ctx.Done():
-	}
-	sctx, cancel := context.WithTimeout(context.Background(), ShutdownTimeout)
-	defer cancel()
-	if err := srv.Shutdown(sctx); err != nil {
-		_ = srv.Close()
-		s.log.Info("Requests still in flight were cut at shutdown", "err", err.Error())
-	}
-	return nil
 }
 
 // Feeder keeps a gateway's table in step with the informers: every add, update or

@@ -13,7 +13,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"net/http"
 	"path/filepath"
 	"time"
 
@@ -34,6 +33,7 @@ import (
 	"github.com/macfleet/macfleet/agent/janitor"
 	"github.com/macfleet/macfleet/agent/server"
 	"github.com/macfleet/macfleet/api/v1alpha1"
+	"github.com/macfleet/macfleet/internal/httpserver"
 	"github.com/macfleet/macfleet/internal/informers"
 	"github.com/macfleet/macfleet/metal"
 	"github.com/macfleet/macfleet/sourcepolicy"
@@ -215,6 +215,8 @@ func Run(ctx context.Context, cfg Config) error {
 			return fmt.Errorf("listening on %s: %w", cfg.Listen, err)
 		}
 	}
+	// The connection cap wraps the TCP listener, beneath any TLS.
+	ln = httpserver.Listener(ln, httpserver.Limits{})
 	endpoint := cfg.AdvertiseAddress
 	if endpoint == "" {
 		if endpoint, err = DefaultAdvertiseAddress(ln.Addr().String()); err != nil {
@@ -276,7 +278,7 @@ func Run(ctx context.Context, cfg Config) error {
 			}
 		}
 	}
-	httpSrv := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
+	httpSrv := httpserver.New(srv.Handler(), httpserver.Limits{})
 
 	// The pool outlives ctx: it unloads everything on shutdown, after the HTTP
 	// server stopped taking requests.

@@ -22,14 +22,8 @@ import (
 	"github.com/macfleet/macfleet/agent/server"
 	"github.com/macfleet/macfleet/agent/store"
 	"github.com/macfleet/macfleet/internal/estimate"
+	"github.com/macfleet/macfleet/internal/httpserver"
 	"github.com/macfleet/macfleet/metal"
-)
-
-// HTTP server timeouts. There is deliberately no write timeout: a stream lasts as long
-// as generation does, and the client's disconnect is what cancels it.
-const (
-	readHeaderTimeout = 10 * time.Second
-	idleTimeout       = 2 * time.Minute
 )
 
 // DefaultShutdownTimeout bounds a graceful shutdown: draining requests, unloading every
@@ -47,6 +41,14 @@ type Options struct {
 	Pool metal.Config
 	// Listener, when set, is served instead of listening on the configured address.
 	Listener net.Listener
+	// Limits bound the API's connections and requests (httpserver's defaults when
+	// zero). There is no write timeout: a stream lasts as long as generation does, and
+	// the client's disconnect is what cancels it.
+	Limits httpserver.Limits
+	// AllowedHosts are names the API answers to besides loopback names, IP addresses
+	// and the configured listen host (httpserver.NewHosts; "*": any). Browsers' cross-
+	// origin requests are refused whatever the Host.
+	AllowedHosts []string
 	// Started, when set, is called with the address being served.
 	Started func(addr string)
 	// TracerProvider traces the OpenAI requests (tracing.New); nil means none.
@@ -224,18 +226,19 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 	if err != nil {
 		return err
 	}
-	ln := opts.Listener
-	if ln == nil {
-		if ln, err = net.Listen("tcp", cfg.Listen); err != nil {
-			return fmt.Errorf("listening on %s: %w", cfg.Listen, err)
-		}
+	hosts, err := httpserver.NewHosts(cfg.Listen, opts.AllowedHosts)
+	if err != nil {
+		return err
 	}
-	httpSrv := &http.Server{
-		Handler:           srv.Handler(),
-		ReadHeaderTimeout: readHeaderTimeout,
-		IdleTimeout:       idleTimeout,
-		ErrorLog:          nil,
+	var ln net.Listener
+	if opts.Listener != nil {
+		ln = httpserver.Listener(opts.Listener, opts.Limits)
+	} else if ln, err = httpserver.Listen(cfg.Listen, opts.Limits); err != nil {
+		return err
 	}
+	// A web page in the user's browser must neither call the API (a cross-origin POST
+	// to unload or to spend the models) nor read it (DNS rebinding).
+	httpSrv := httpserver.New(httpserver.Guard(srv.Handler(), hosts), opts.Limits)
 
 	poolCtx, stopPool := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopPool()

@@ -10,6 +10,7 @@ import (
 
 	"github.com/macfleet/macfleet/fairqueue"
 	"github.com/macfleet/macfleet/gateway"
+	"github.com/macfleet/macfleet/internal/httpserver"
 	"github.com/macfleet/macfleet/ledger"
 	"github.com/macfleet/macfleet/tenancy/satoken"
 	"github.com/macfleet/macfleet/tracing"
@@ -97,6 +98,14 @@ OTEL_EXPORTER_OTLP_ENDPOINT set it traces every request (see docs/tracing.md).`,
 		"How long the replica keeps its own usage records of past days before deleting them")
 	f.BoolVar(&cfg.PrefixAffinity, "prefix-affinity", false,
 		"Route requests sharing a prompt prefix to the same replica (consistent hashing with bounded load)")
+	f.DurationVar(&cfg.DrainTimeout, "drain-timeout", gateway.DefaultDrainTimeout,
+		"On SIGTERM, /readyz fails at once and no new connection is taken; the requests in flight (streams, cold-start holds, the queue) "+
+			"get this long to finish. Keep the pod's terminationGracePeriodSeconds above it (the chart derives it)")
+	f.IntVar(&cfg.Limits.MaxConnections, "max-connections", httpserver.DefaultMaxConnections,
+		"Connections the API holds open at once; the next one is answered 503 with Retry-After")
+	f.StringSliceVar(&cfg.AllowedHosts, "allowed-hosts", nil,
+		"The only Host names the API and console answer to besides IP addresses and localhost (e.g. gateway.example.com, or .example.com "+
+			"for every name under it); empty: any. Browsers' cross-origin requests are refused either way")
 	gfs := goflag.NewFlagSet("zap", goflag.ContinueOnError)
 	zapOpts.BindFlags(gfs)
 	f.AddGoFlagSet(gfs)

@@ -14,6 +14,7 @@ import (
 	"github.com/macfleet/macfleet/agent/config"
 	"github.com/macfleet/macfleet/agent/janitor"
 	"github.com/macfleet/macfleet/agent/standalone"
+	"github.com/macfleet/macfleet/internal/httpserver"
 	"github.com/macfleet/macfleet/tracing"
 )
 
@@ -30,6 +31,9 @@ func newServeCommand() *cobra.Command {
 		pcRetention, gcEvery   time.Duration
 		verbosity              int
 		runnerOutput           bool
+		insecure               bool
+		allowedHosts           []string
+		maxConns               int
 	)
 	cmd := &cobra.Command{
 		Use:   "serve --model NAME=PATH[:ctx=N,parallel=N,residency=R] [flags]",
@@ -108,8 +112,18 @@ func newServeCommand() *cobra.Command {
 			if pcRetention < 0 || gcEvery < 0 {
 				return fmt.Errorf("--prompt-cache-retention and --gc-interval must not be negative")
 			}
+			if err := standalone.CheckExposure(cfg.Listen, cfg.APIKey != "", insecure); err != nil {
+				return err
+			}
+			if _, err := httpserver.NewHosts(cfg.Listen, allowedHosts); err != nil {
+				return fmt.Errorf("--allowed-hosts: %w", err)
+			}
+			if maxConns < 1 {
+				return fmt.Errorf("--max-connections must be at least 1")
+			}
 			log := newLogger(verbosity)
-			opts := standalone.Options{Log: log, PromptCacheRetention: pcRetention, GCInterval: gcEvery}
+			opts := standalone.Options{Log: log, PromptCacheRetention: pcRetention, GCInterval: gcEvery,
+				AllowedHosts: allowedHosts, Limits: httpserver.Limits{MaxConnections: maxConns}}
 			if runnerOutput {
 				opts.RunnerOutput = cmd.ErrOrStderr()
 			}
@@ -138,6 +152,12 @@ func newServeCommand() *cobra.Command {
 	f.StringVar(&reserve, "memory-reserve", "", "memory left to the OS below the machine's ceiling (default 4Gi below 24Gi of RAM, else 6Gi)")
 	f.StringVar(&flags.APIKey, "api-key", "", "require this key as Authorization: Bearer KEY (not on /healthz, /readyz)")
 	f.StringVar(&flags.APIKeyFile, "api-key-file", "", "read the API key from a file")
+	f.BoolVar(&insecure, "insecure", false, "serve without an API key on an address other machines can reach (--listen 0.0.0.0:8080, a LAN address); "+
+		"without it, serve refuses to start so")
+	f.StringSliceVar(&allowedHosts, "allowed-hosts", nil, "names the API answers to in the Host header besides localhost, IP addresses and the --listen host, "+
+		"e.g. mymac.local or .example.com for every name under it; * turns the check off. Requests naming another host are refused "+
+		"(a web page's name re-resolved to this machine, DNS rebinding); so are browsers' cross-origin requests")
+	f.IntVar(&maxConns, "max-connections", httpserver.DefaultMaxConnections, "connections the API holds open at once; the next one is answered 503 with Retry-After")
 	f.StringVar(&flags.Runner, "runner", "", "the macfleet-runner binary (default $MACFLEET_RUNNER, else next to macfleet, else on $PATH)")
 	f.IntVar(&flags.RunnerThreads, "runner-threads", 0, "CPU threads of each runner (default: the runner chooses)")
 	f.DurationVar(&idle, "idle-timeout", 0, "unload OnDemand models idle this long (default 5m)")

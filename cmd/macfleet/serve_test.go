@@ -1,10 +1,14 @@
 package main
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/macfleet/macfleet/internal/ggufsynth"
 )
 
 // TestServeRefusesBadConfiguration runs the serve command up to its configuration
@@ -46,5 +50,37 @@ func TestServeRefusesBadConfiguration(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestAttackServeOnAllInterfacesWithoutKey: a developer runs `macfleet serve --listen
+// 0.0.0.0:…` without a key, and anyone on the café's network unloads their models
+// and spends them; the attacker must now find nothing listening: serve refuses to
+// start, naming --api-key and --insecure.
+func TestAttackServeOnAllInterfacesWithoutKey(t *testing.T) {
+	if os.Getenv("MACFLEET_RUNNER") == "" {
+		t.Skip("MACFLEET_RUNNER is not set: build the runner with `make runner` and export MACFLEET_RUNNER=$PWD/bin/macfleet-runner")
+	}
+	model := filepath.Join(t.TempDir(), "tiny.gguf")
+	if err := ggufsynth.Write(model, ggufsynth.Tiny()); err != nil {
+		t.Fatal(err)
+	}
+	for _, listen := range []string{"0.0.0.0:0", ":0"} {
+		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+		cmd := newServeCommand()
+		cmd.SetArgs([]string{"--model", "m=" + model, "--listen", listen, "--prompt-cache-dir", t.TempDir()})
+		cmd.SilenceUsage, cmd.SilenceErrors = true, true
+		start := time.Now()
+		err := cmd.ExecuteContext(ctx)
+		cancel()
+		if err == nil {
+			t.Errorf("serve --listen %s without a key served for %s; want a refusal to start", listen, time.Since(start).Round(time.Second))
+			continue
+		}
+		for _, w := range []string{"--api-key", "--insecure"} {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("the refusal %q does not name %s", err, w)
+			}
+		}
 	}
 }

@@ -11,13 +11,12 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/macfleet/macfleet/internal/httpserver"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 )
-
-// readHeaderTimeout bounds a probe's or a scrape's request headers.
-const readHeaderTimeout = 10 * time.Second
 
 // Listen returns ln when it is set, nil when addr is "" or "0" (disabled), and
 // otherwise a new listener on addr.
@@ -44,7 +43,7 @@ func Add(mgr manager.Manager, probes net.Listener, p Probes, metricsLn net.Liste
 	if probes != nil {
 		mux := http.NewServeMux()
 		for path, checks := range map[string]map[string]healthz.Checker{"/healthz": p.Healthz, "/readyz": p.Readyz} {
-			h := http.StripPrefix(path, &healthz.Handler{Checks: checks})
+			h := unavailable(http.StripPrefix(path, &healthz.Handler{Checks: checks}))
 			mux.Handle(path, h)
 			mux.Handle(path+"/", h)
 		}
@@ -64,6 +63,23 @@ func Add(mgr manager.Manager, probes net.Listener, p Probes, metricsLn net.Liste
 
 func server(name string, ln net.Listener, h http.Handler) *manager.Server {
 	grace := time.Minute
-	return &manager.Server{Name: name, Listener: ln, ShutdownTimeout: &grace,
-		Server: &http.Server{Handler: h, ReadHeaderTimeout: readHeaderTimeout}}
+	return &manager.Server{Name: name, Listener: httpserver.Listener(ln, httpserver.Limits{}), ShutdownTimeout: &grace,
+		Server: httpserver.New(h, httpserver.Limits{})}
+}
+
+// unavailable answers a failed check 503 Service Unavailable (what it means: do not
+// send traffic here now) where the checks' handler answers 500.
+func unavailable(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h.ServeHTTP(&unavailableWriter{ResponseWriter: w}, r)
+	})
+}
+
+type unavailableWriter struct{ http.ResponseWriter }
+
+func (w *unavailableWriter) WriteHeader(code int) {
+	if code == http.StatusInternalServerError {
+		code = http.StatusServiceUnavailable
+	}
+	w.ResponseWriter.WriteHeader(code)
 }

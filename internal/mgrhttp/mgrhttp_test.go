@@ -1,8 +1,13 @@
 package mgrhttp
 
 import (
+	"errors"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"testing"
+
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
 )
 
 func TestListen(t *testing.T) {
@@ -50,5 +55,27 @@ func TestListen(t *testing.T) {
 	}
 	if _, err := Listen(nil, given.Addr().String()); err == nil {
 		t.Error("Listen on an address in use succeeded")
+	}
+}
+
+// TestFailedCheckIsUnavailable: a failing probe answers 503 (do not send traffic
+// here), a passing one 200.
+func TestFailedCheckIsUnavailable(t *testing.T) {
+	for _, fail := range []bool{false, true} {
+		h := unavailable(&healthz.Handler{Checks: map[string]healthz.Checker{"c": func(*http.Request) error {
+			if fail {
+				return errors.New("draining")
+			}
+			return nil
+		}}})
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/", nil))
+		want := http.StatusOK
+		if fail {
+			want = http.StatusServiceUnavailable
+		}
+		if rec.Code != want {
+			t.Errorf("check failing %v: %d, want %d", fail, rec.Code, want)
+		}
 	}
 }

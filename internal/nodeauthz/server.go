@@ -16,6 +16,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/certwatcher"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
+
+	"github.com/macfleet/macfleet/internal/httpserver"
 )
 
 // Path is where the webhook answers; the API server's kubeconfig for it names it.
@@ -83,8 +85,9 @@ func Add(mgr manager.Manager, o Options) error {
 	if err != nil {
 		return err
 	}
-	ln := tls.NewListener(o.Listener, tlsCfg)
+	// The connection cap is beneath TLS, so that the server still sees TLS connections.
+	ln := tls.NewListener(httpserver.Listener(o.Listener, httpserver.Limits{}), tlsCfg)
 	grace := 30 * time.Second
 	return mgr.Add(&manager.Server{Name: "node authorizer", Listener: ln, ShutdownTimeout: &grace,
-		Server: &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}})
+		Server: httpserver.New(mux, httpserver.Limits{})})
 }

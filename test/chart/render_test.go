@@ -22,6 +22,7 @@ import (
 	"github.com/macfleet/macfleet/controllers/macnode"
 	"github.com/macfleet/macfleet/controllers/scheduler"
 	"github.com/macfleet/macfleet/gateway"
+	"github.com/macfleet/macfleet/internal/httpserver"
 	"github.com/macfleet/macfleet/tenancy/satoken"
 )
 
@@ -210,7 +211,7 @@ func TestTemplateDeployments(t *testing.T) {
 	defaultGateway := []string{"gateway", "--listen=:8080", "--metrics-bind-address=:9090", "--health-probe-bind-address=:8081",
 		"--fleet-token-file=/etc/macfleet/fleet-token/token", "--tenant-keys", "--token-audience=macfleet", "--cold-start-timeout=2m", "--prefix-affinity=false",
 		"--max-inflight-per-slot=1", "--max-queue=256", "--max-queue-per-key=0", "--reserve-slots=1", "--active-window=30s",
-		"--zap-log-level=info"}
+		"--drain-timeout=600s", "--max-connections=1024", "--zap-log-level=info"}
 	tests := []struct {
 		name            string
 		set             []string
@@ -240,6 +241,7 @@ func TestTemplateDeployments(t *testing.T) {
 			"gateway.prefixAffinity=true", "gateway.coldStartTimeout=30s", "gateway.service.port=8000",
 			"gateway.queue.maxInFlightPerSlot=2", "gateway.queue.maxQueued=1000", "gateway.queue.maxPerKey=100",
 			"gateway.queue.reserveSlots=0", "gateway.queue.activeWindow=2m",
+			"gateway.drain.timeoutSeconds=120", "gateway.maxConnections=4096", "gateway.allowedHosts={gw.example,.corp.example}",
 		},
 		wantImage: "registry.example/mf:v9",
 		wantManager: []string{"manager", "--metrics-bind-address=:8080", "--health-probe-bind-address=:8081",
@@ -250,7 +252,8 @@ func TestTemplateDeployments(t *testing.T) {
 		wantGateway: []string{"gateway", "--listen=:8080", "--metrics-bind-address=:9090", "--health-probe-bind-address=:8081",
 			"--fleet-token-file=/etc/macfleet/fleet-token/token", "--api-keys-file=/etc/macfleet/api-keys/list", "--tenant-keys", "--token-audience=macfleet",
 			"--cold-start-timeout=30s", "--prefix-affinity=true", "--max-inflight-per-slot=2", "--max-queue=1000",
-			"--max-queue-per-key=100", "--reserve-slots=0", "--active-window=2m", "--zap-log-level=info"},
+			"--max-queue-per-key=100", "--reserve-slots=0", "--active-window=2m", "--drain-timeout=120s", "--max-connections=4096",
+			"--allowed-hosts=gw.example,.corp.example", "--zap-log-level=info"},
 		wantGatewayN:    4,
 		wantVolumes:     []corev1.Volume{tokenVolume, keysVolume},
 		wantServicePort: 8000,
@@ -429,11 +432,15 @@ func TestValuesMatchBinaryDefaults(t *testing.T) {
 		} `json:"manager"`
 		Gateway struct {
 			ColdStartTimeout string `json:"coldStartTimeout"`
-			PrefixAffinity   bool   `json:"prefixAffinity"`
-			TokenAudience    string `json:"tokenAudience"`
-			Port             int    `json:"port"`
-			MetricsPort      int    `json:"metricsPort"`
-			ProbePort        int    `json:"probePort"`
+			MaxConnections   int    `json:"maxConnections"`
+			Drain            struct {
+				TimeoutSeconds int `json:"timeoutSeconds"`
+			} `json:"drain"`
+			PrefixAffinity bool   `json:"prefixAffinity"`
+			TokenAudience  string `json:"tokenAudience"`
+			Port           int    `json:"port"`
+			MetricsPort    int    `json:"metricsPort"`
+			ProbePort      int    `json:"probePort"`
 		} `json:"gateway"`
 	}
 	if err := yaml.Unmarshal(data, &v); err != nil {
@@ -453,18 +460,22 @@ func TestValuesMatchBinaryDefaults(t *testing.T) {
 		GatewayPort, GatewayMetrics, GatewayProbe int
 		PrefixAffinity                            bool
 		TokenAudience                             string
+		DrainTimeout                              time.Duration
+		MaxConnections                            int
 	}
 	got := defaults{
 		NodeLossGrace: dur(v.Manager.NodeLossGrace), ColdStartTimeout: dur(v.Gateway.ColdStartTimeout),
 		SchedulerWorkers: v.Manager.SchedulerWorkers, ManagerMetrics: v.Manager.MetricsPort, ManagerProbe: v.Manager.ProbePort,
 		GatewayPort: v.Gateway.Port, GatewayMetrics: v.Gateway.MetricsPort, GatewayProbe: v.Gateway.ProbePort,
 		PrefixAffinity: v.Gateway.PrefixAffinity, TokenAudience: v.Gateway.TokenAudience,
+		DrainTimeout: time.Duration(v.Gateway.Drain.TimeoutSeconds) * time.Second, MaxConnections: v.Gateway.MaxConnections,
 	}
 	// The ports are the flags' defaults in cmd/macfleet (manager.go, gateway.go).
 	want := defaults{
 		NodeLossGrace: macnode.DefaultNodeLossGrace, ColdStartTimeout: gateway.DefaultColdStartTimeout,
 		SchedulerWorkers: scheduler.DefaultWorkers, ManagerMetrics: 8080, ManagerProbe: 8081,
 		GatewayPort: 8080, GatewayMetrics: 9090, GatewayProbe: 8081, TokenAudience: satoken.DefaultAudience,
+		DrainTimeout: gateway.DefaultDrainTimeout, MaxConnections: httpserver.DefaultMaxConnections,
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("values.yaml defaults differ from the binaries' (-binary +values):\n%s", diff)

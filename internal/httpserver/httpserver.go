@@ -1,0 +1,132 @@
+// Package httpserver is what every HTTP server of macfleet applies against clients
+// that hold it up or call it from where they should not: the gateway, the node agent
+// (in a cluster and as `macfleet serve`), the manager's probes, metrics and node
+// authorizer all build their http.Server here.
+//
+//   - Limits: a bound on reading the request headers and on reading the body, an idle
+//     bound on kept-alive connections and a cap on open connections. There is no
+//     write timeout: a stream lasts as long as generation does, and a global write
+//     deadline would cut every long one.
+//   - Guard: which Host a server answers to (DNS rebinding) and refusal of a web
+//     page's cross-origin requests (CSRF), for servers a browser can reach on a
+//     developer's machine.
+package httpserver
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"sync"
+	"time"
+)
+
+// Defaults of Limits.
+const (
+	DefaultReadHeaderTimeout = 10 * time.Second
+	// DefaultBodyTimeout bounds reading a request's body: 16 MiB (the largest body the
+	// APIs take) needs only 2.2 Mbit/s to arrive in time.
+	DefaultBodyTimeout = time.Minute
+	DefaultIdleTimeout = 2 * time.Minute
+	// DefaultMaxConnections caps the connections one server holds open.
+	DefaultMaxConnections = 1024
+)
+
+// Limits bound what a client may hold of a server. Zero fields take the defaults; a
+// negative one turns that bound off.
+type Limits struct {
+	// ReadHeaderTimeout bounds reading a request's headers (a client that trickles
+	// them is cut).
+	ReadHeaderTimeout time.Duration
+	// BodyTimeout bounds reading a request's body, from the end of its headers. It is
+	// a read deadline of that request only, lifted once the body is read, so that the
+	// response — a stream of any length — is never cut by it.
+	BodyTimeout time.Duration
+	// IdleTimeout closes a kept-alive connection that sends no next request.
+	IdleTimeout time.Duration
+	// MaxConnections caps the open connections: the next one is answered 503 with
+	// Retry-After and closed, while the open ones are served as before.
+	MaxConnections int
+}
+
+// WithDefaults fills the zero fields.
+func (l Limits) WithDefaults() Limits {
+	def := func(d *time.Duration, v time.Duration) {
+		if *d == 0 {
+			*d = v
+		}
+	}
+	def(&l.ReadHeaderTimeout, DefaultReadHeaderTimeout)
+	def(&l.BodyTimeout, DefaultBodyTimeout)
+	def(&l.IdleTimeout, DefaultIdleTimeout)
+	if l.MaxConnections == 0 {
+		l.MaxConnections = DefaultMaxConnections
+	}
+	return l
+}
+
+// off is the value of a bound turned off.
+func off(d time.Duration) time.Duration { return max(d, 0) }
+
+// New is an http.Server for h within l (completed by WithDefaults). Serve it on
+// Listen's listener (or one wrapped by Listener) so that the connection cap holds.
+func New(h http.Handler, l Limits) *http.Server {
+	l = l.WithDefaults()
+	if l.BodyTimeout > 0 {
+		h = bodyDeadline(h, l.BodyTimeout)
+	}
+	return &http.Server{Handler: h, ReadHeaderTimeout: off(l.ReadHeaderTimeout), IdleTimeout: off(l.IdleTimeout)}
+}
+
+// ErrBodyTimeout is what reading a request's body returns once BodyTimeout passed.
+var ErrBodyTimeout = errors.New("the request body did not arrive in time")
+
+// bodyDeadline sets a read deadline of d on a request with a body, lifted once the
+// body is read to its end or closed. A request without one gets none: its connection
+// is already read in the background to notice the client leaving, and a deadline
+// there would end the request.
+func bodyDeadline(next http.Handler, d time.Duration) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Body != nil && r.Body != http.NoBody {
+			rc := http.NewResponseController(w)
+			if rc.SetReadDeadline(time.Now().Add(d)) == nil {
+				r.Body = &deadlineBody{ReadCloser: r.Body, timeout: d,
+					lift: sync.OnceFunc(func() { _ = rc.SetReadDeadline(time.Time{}) })}
+			}
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+type deadlineBody struct {
+	io.ReadCloser
+	timeout time.Duration
+	lift    func()
+}
+
+func (b *deadlineBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	switch {
+	case err == io.EOF:
+		b.lift()
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		err = fmt.Errorf("%w (within %s)", ErrBodyTimeout, b.timeout)
+	}
+	return n, err
+}
+
+func (b *deadlineBody) Close() error {
+	b.lift()
+	return b.ReadCloser.Close()
+}
+
+// Listen listens on addr (tcp) with the connection cap of l.
+func Listen(addr string, l Limits) (net.Listener, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("listening on %s: %w", addr, err)
+	}
+	return Listener(ln, l), nil
+}

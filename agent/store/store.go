@@ -65,13 +65,13 @@ type Options struct {
 	// take as long as they take; stalls are caught by StallTimeout. When nil, a client
 	// with DefaultResponseHeaderTimeout. An *http.Transport (or none) is cloned to dial
 	// through Policy's address check and no proxy; another RoundTripper is used as it
-	// is, unchecked.
+	// is, unchecked. Redirects are checked against Policy whatever the client.
 	HTTPClient *http.Client
 	// Policy is the fleet's source policy: which sources each namespace may fetch,
 	// which directories its file:// sources may be in, and which addresses downloads
 	// may connect to (checked on every connection, redirects included). When nil,
-	// sourcepolicy.Default(): hf:// and ollama:// only, no loopback or link-local
-	// addresses.
+	// sourcepolicy.Default(): hf:// and ollama:// only, no loopback, link-local or
+	// private (LAN) addresses.
 	Policy *sourcepolicy.Holder
 	// Log receives the store's V(2) messages.
 	Log logr.Logger
@@ -154,14 +154,16 @@ func New(dir string, opts Options) (*Store, error) {
 	if s.policy == nil {
 		s.policy = sourcepolicy.NewHolder(nil)
 	}
-	if opts.HTTPClient != nil {
-		s.client = s.policy.Client(opts.HTTPClient)
-	} else {
-		tr := s.policy.Transport(nil)
+	// Every client goes through Policy.Client, the default one too: it is what checks
+	// each redirect (hosts, https to http) as well as each connection.
+	hc := opts.HTTPClient
+	if hc == nil {
+		tr := http.DefaultTransport.(*http.Transport).Clone()
 		tr.ResponseHeaderTimeout = DefaultResponseHeaderTimeout
 		tr.DisableCompression = true
-		s.client = &http.Client{Transport: tr}
+		hc = &http.Client{Transport: tr}
 	}
+	s.client = s.policy.Client(hc)
 	if s.clock == nil {
 		s.clock = clock.RealClock{}
 	}

@@ -120,13 +120,8 @@ while the API server is unreachable and resyncs when it returns.`,
 			cfg.Token = cluster.NewTokenSource(tok, direct, fl.fleetTokenFile, 0, log.WithName("token"))
 			// The store's downloads and file opens follow the cluster's SourcePolicy, which
 			// the agent watches.
-			sopts, err := fl.storeOptions()
-			if err != nil {
-				return err
-			}
 			policy := sourcepolicy.NewHolder(nil)
-			sopts.Log, sopts.Policy = log.WithName("store"), policy
-			st, err := store.New(fl.storeDir, sopts)
+			st, err := fl.newStore(policy, log.WithName("store"))
 			if err != nil {
 				return err
 			}

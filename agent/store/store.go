@@ -5,15 +5,16 @@
 // Layout under the store's directory:
 //
 //	blobs/sha256-<hex>             a complete, verified file, named by its SHA-256
-//	blobs/sha256-<hex>.partial     a download in progress whose digest is known
-//	blobs/src-<hash>.partial       a download in progress whose digest is not (hash of the source)
+//	blobs/src-<hash>.partial       a download in progress (hash of the source)
 //	blobs/<name>.partial.json      what a resume needs: URL, validators, size, hash state
 //	refs/<hash>.json               source → digest of the file it last gave, so that a
-//	                               source without sha256 is found again without network
+//	                               source without sha256 is found again without network;
+//	                               a file is handed only to the sources whose record
+//	                               names it (verifiedFrom)
 //	local/<hash>.json              a file:// source's SHA-256 keyed by size, mtime and inode
 //	used/sha256-<hex>              an empty file whose mtime is the last use of that blob
 //
-// Downloads resume with Range/If-Range requests, are hashed as they arrive and become
+// Downloads resume with Range/If-Range requests (from the same source only), are hashed as they arrive and become
 // visible only after verification, by an atomic rename. Every Fetch of the same file
 // waits for one download; a file lock on the partial keeps two agents sharing a
 // directory from writing it at once.
@@ -258,12 +259,14 @@ func (s *Store) Fetch(ctx context.Context, namespace, rawSource, sha256 string, 
 
 // fetchStored returns the path of the store's file of src, downloading it if needed.
 func (s *Store) fetchStored(ctx context.Context, src source.Source, rawSource, want string, progress func(done, total int64)) (string, error) {
-	// What is already here needs no network.
+	// What this source already gave needs no network. A file that only another
+	// source gave is not handed out on its digest alone: it is downloaded from src
+	// and verified (see verifiedFrom).
 	digest := want
 	if digest == "" {
 		digest = s.readRef(src)
 	}
-	if digest != "" {
+	if s.verifiedFrom(src, digest) {
 		if p, size, ok := s.complete(digest); ok {
 			if progress != nil {
 				progress(size, size)
@@ -272,13 +275,31 @@ func (s *Store) fetchStored(ctx context.Context, src source.Source, rawSource, w
 		}
 	}
 
+	// One flight per source (and digest asked for): two sources of the same digest
+	// never share a download, whose bytes would come from only one of them.
 	key := "src:" + src.String()
 	if want != "" {
-		key = "sha256:" + want
+		key += "@sha256:" + want
 	}
 	return s.join(ctx, key, rawSource, progress, func(ctx context.Context, report func(int64, int64)) (string, int64, error) {
 		return s.download(ctx, src, want, report)
 	})
+}
+
+// verifiedFrom reports whether the store's file of digest was verified from src: src's
+// record (refs/, written after each verified download) names that digest. It is what
+// lets a file be shared: between the deployments that may use the same source, and no
+// others. A digest is not a capability: a deployment that names another's digest
+// with a source of its own gets what its own source serves, checked against the
+// digest, not the stored file. Nothing else needs recording: a source is fetched with
+// the agent's credentials alone (the hub token), so whoever may use the source may
+// read what it gives.
+//
+// Files stored before this rule have the same records, so every source that
+// downloaded one still finds it without network; another source of the same digest
+// downloads it once, from itself.
+func (s *Store) verifiedFrom(src source.Source, digest string) bool {
+	return digest != "" && s.readRef(src) == digest
 }
 
 // normalizeDigest returns the lowercase hex of a sha256 argument, or "" for none.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
 	"net"
 	"net/http"
 	"os"
@@ -13,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -22,6 +25,7 @@ import (
 	"github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/internal/ggufsynth"
 	"github.com/macfleet/macfleet/internal/testenv"
+	"github.com/macfleet/macfleet/metal"
 )
 
 // macStudio pins a deployment's replicas to the fleet's mac-studio-1.
@@ -128,4 +132,78 @@ func TestAttackAnotherTenantsDigest(t *testing.T) {
 		return c != nil && c.Status == metav1.ConditionTrue && c.Reason == v1alpha1.ReasonChecksumMismatch &&
 			strings.Contains(c.Message, digestB), "ReplicaFailure: " + conditionText(c)
 	})
+}
+
+// promptCacheOf reads the prompt cache report of the model key ("<namespace>/<replica>")
+// from the agent at addr; nil while the agent does not have it.
+func promptCacheOf(t *testing.T, addr, key string) (*metal.PromptCacheStats, bool) {
+	t.Helper()
+	var st struct {
+		Models []metal.ModelSnapshot `json:"models"`
+	}
+	if err := agentGet(t.Context(), addr, "/api/status", &st); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range st.Models {
+		if m.Name == key {
+			return m.PromptCache, true
+		}
+	}
+	return nil, false
+}
+
+// TestAttackFleetPromptCacheOfAnotherTenant: in the running fleet, team B deploys the
+// same model file as team A on the same Mac, after team A's runner saved a long prompt
+// to the SSD tier and went away, and sends that prompt to restore team A's state (and
+// learn from the timing what A asked); B's runner must find nothing of A's, while A's
+// next runner restores it.
+func TestAttackFleetPromptCacheOfAnotherTenant(t *testing.T) {
+	addr := fleet.Agent("mac-studio-1").Addr
+	secret := strings.Repeat("Team A's confidential merger memo, paragraph after paragraph. ", 6)
+	// run deploys the tiny model in ns on mac-studio-1, sends the secret prompt, waits
+	// for its state to be saved to the SSD (or restored from it), removes the
+	// deployment and its runner, and returns the runner's prompt cache report.
+	run := func(ns, name string) metal.PromptCacheStats {
+		t.Helper()
+		create(t, deployment(ns, name, 1, func(md *v1alpha1.ModelDeployment) {
+			md.Spec.Engine.ContextLength = 1024
+			md.Spec.Placement.NodeSelector = macStudio
+		}))
+		rs := waitReady(t, ns, name, 1, 3*time.Minute)
+		key := ns + "/" + rs[0].Name
+		c := openaiDirect(addr)
+		_, err := c.Chat.Completions.New(t.Context(), openai.ChatCompletionNewParams{
+			Model: name, Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage(secret)},
+			MaxTokens: openai.Int(2), Temperature: openai.Float(0),
+		}, option.WithHeader(v1alpha1.HeaderReplica, key))
+		if err != nil {
+			t.Fatalf("%s's chat: %v", ns, err)
+		}
+		var pc *metal.PromptCacheStats
+		testenv.Eventually(t, 30*time.Second, 100*time.Millisecond, func() (bool, string) {
+			pc, _ = promptCacheOf(t, addr, key)
+			// A state saved to the SSD, or one restored from it (then nothing new is saved).
+			return pc != nil && (pc.SavesPersisted >= 1 || pc.Restores >= 1), fmt.Sprintf("the prompt cache of %s: %+v", key, pc)
+		})
+		removeDeployment(t, ns, name)
+		testenv.Eventually(t, time.Minute, 100*time.Millisecond, func() (bool, string) {
+			_, ok := promptCacheOf(t, addr, key)
+			return !ok, key + " still on the agent"
+		})
+		return *pc
+	}
+
+	nsA, nsB := testenv.NewNamespace(t, fleet.Client), testenv.NewNamespace(t, fleet.Client)
+	if a := run(nsA, "memo"); a.Restores != 0 {
+		t.Fatalf("team A's first runner restored %d states from an empty cache", a.Restores)
+	}
+	b := run(nsB, "memo")
+	if b.Hits != 0 || b.Restores != 0 || b.RestoredTokens != 0 {
+		t.Errorf("team B's runner restored team A's prompt: %d SSD hits, %d restores (%d tokens) from %s",
+			b.Hits, b.Restores, b.RestoredTokens, b.SSDDir)
+	}
+	// The control: the SSD tier works, for its own tenant.
+	if again := run(nsA, "memo-again"); again.Restores < 1 {
+		t.Errorf("team A's next runner did not restore its own prompt: %+v", again)
+	}
 }

@@ -14,8 +14,9 @@
 //	local/<hash>.json              a file:// source's SHA-256 keyed by size, mtime and inode
 //	used/sha256-<hex>              an empty file whose mtime is the last use of that blob
 //
-// Downloads resume with Range/If-Range requests (from the same source only), are hashed as they arrive and become
-// visible only after verification, by an atomic rename. Every Fetch of the same file
+// Downloads resume with Range/If-Range requests (from the same source only), are
+// hashed as they arrive and become visible only after verification, by an atomic
+// rename. Every Fetch of the same file
 // waits for one download; a file lock on the partial keeps two agents sharing a
 // directory from writing it at once.
 //
@@ -33,6 +34,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -287,7 +289,9 @@ func (s *Store) fetchStored(ctx context.Context, src source.Source, rawSource, w
 }
 
 // verifiedFrom reports whether the store's file of digest was verified from src: src's
-// record (refs/, written after each verified download) names that digest. It is what
+// record (refs/, written after each verified download) names that digest, as the
+// file it gave last or one it gave before (a deployment pinned to an older file of a
+// source that changed keeps its stored copy). It is what
 // lets a file be shared: between the deployments that may use the same source, and no
 // others. A digest is not a capability: a deployment that names another's digest
 // with a source of its own gets what its own source serves, checked against the
@@ -299,7 +303,11 @@ func (s *Store) fetchStored(ctx context.Context, src source.Source, rawSource, w
 // downloaded one still finds it without network; another source of the same digest
 // downloads it once, from itself.
 func (s *Store) verifiedFrom(src source.Source, digest string) bool {
-	return digest != "" && s.readRef(src) == digest
+	if digest == "" {
+		return false
+	}
+	r := s.loadRef(src)
+	return r.Digest == digest || slices.Contains(r.Earlier, digest)
 }
 
 // normalizeDigest returns the lowercase hex of a sha256 argument, or "" for none.
@@ -340,8 +348,15 @@ func hashName(s string) string {
 
 type ref struct {
 	Source string `json:"source"`
+	// Digest is the file the source gave last.
 	Digest string `json:"digest"`
+	// Earlier are files it gave before (the newest last, at most maxEarlierDigests):
+	// still its own, for deployments pinned to them (verifiedFrom).
+	Earlier []string `json:"earlier,omitempty"`
 }
+
+// maxEarlierDigests bounds ref.Earlier.
+const maxEarlierDigests = 8
 
 func (s *Store) refPath(src source.Source) string {
 	return filepath.Join(s.refs, hashName(src.String())+".json")
@@ -349,22 +364,39 @@ func (s *Store) refPath(src source.Source) string {
 
 // readRef returns the digest of the file src gave last time, or "".
 func (s *Store) readRef(src source.Source) string {
+	return s.loadRef(src).Digest
+}
+
+// loadRef returns src's record; empty when there is none or it is unusable.
+func (s *Store) loadRef(src source.Source) ref {
 	b, err := os.ReadFile(s.refPath(src))
 	if err != nil {
-		return ""
+		return ref{}
 	}
 	var r ref
 	if json.Unmarshal(b, &r) != nil || r.Source != src.String() {
-		return ""
+		return ref{}
 	}
 	if _, err := normalizeDigest("", r.Digest); err != nil {
-		return ""
+		return ref{}
 	}
-	return r.Digest
+	return r
 }
 
+// writeRef records that src gave the file of digest, keeping the files it gave
+// before.
 func (s *Store) writeRef(src source.Source, digest string) {
-	b, _ := json.Marshal(ref{Source: src.String(), Digest: digest})
+	old := s.loadRef(src)
+	r := ref{Source: src.String(), Digest: digest}
+	for _, d := range append(old.Earlier, old.Digest) {
+		if d != "" && d != digest && !slices.Contains(r.Earlier, d) {
+			r.Earlier = append(r.Earlier, d)
+		}
+	}
+	if n := len(r.Earlier); n > maxEarlierDigests {
+		r.Earlier = r.Earlier[n-maxEarlierDigests:]
+	}
+	b, _ := json.Marshal(r)
 	if err := writeFileAtomic(s.refPath(src), b); err != nil {
 		s.log.V(2).Info("Cannot record the digest of a source", "source", src.String(), "err", err.Error())
 	}

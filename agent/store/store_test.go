@@ -897,3 +897,31 @@ func BenchmarkFetch(b *testing.B) {
 		}
 	}
 }
+
+// A source whose file changed keeps the files it gave before: a deployment pinned to
+// the older one still finds it without network.
+func TestASourceKeepsTheFilesItGaveBefore(t *testing.T) {
+	v1, v2 := model(50_000, 14), model(50_000, 15)
+	o := newOrigin(t, v1)
+	s := newStore(t, t.TempDir(), o)
+	src := o.URL + "/m.gguf"
+	p1, err := s.Fetch(t.Context(), testNS, src, sum(v1), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o.set(v2, `"v2"`)
+	p2, err := s.Fetch(t.Context(), testNS, src, sum(v2), nil)
+	if err != nil || p2 == p1 {
+		t.Fatalf("the changed source: %q, %v", p2, err)
+	}
+	before := len(o.requests())
+	if p, err := s.Fetch(t.Context(), testNS, src, sum(v1), nil); err != nil || p != p1 {
+		t.Errorf("pinned to the older file: %q, %v; want %q", p, err, p1)
+	}
+	if p, err := s.Fetch(t.Context(), testNS, src, "", nil); err != nil || p != p2 {
+		t.Errorf("unpinned: %q, %v; want the newer file %q", p, err, p2)
+	}
+	if n := len(o.requests()) - before; n != 0 {
+		t.Errorf("%d requests for files the source gave before, want none", n)
+	}
+}

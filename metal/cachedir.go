@@ -9,13 +9,32 @@ import (
 )
 
 // The SSD tier of a runner's prompt cache lives in a directory of its own under
-// ProcessConfig.PromptCacheDir, named by a stable id of the model file: the blob name
+// ProcessConfig.PromptCacheDir, named <namespace>_<id>: the tenant the model serves
+// (ModelSpec.Namespace) and a stable id of the model file — the blob name
 // sha256-<hex> of a file in the agent's model store, else the file's name and a hash
 // of its absolute path. A restarted agent (or a reloaded model) therefore finds the
-// states its predecessor saved. The runner keeps the states of each engine format in
-// a subdirectory and counts every other file of its directory toward its quota, so a
-// directory is never shared by two running runners: a second runner of the same file
-// gets <id>~2, a third <id>~3, the lowest index free at its start.
+// states its predecessor saved for the same tenant, and no other tenant's: two teams
+// serving the same file never restore each other's prompts. The runner keeps the
+// states of each engine format in a subdirectory and counts every other file of its
+// directory toward its quota, so a directory is never shared by two running
+// runners: a second runner of the same tenant and file gets <namespace>_<id>~2, a
+// third ~3, the lowest index free at its start.
+//
+// Directories named by the model file alone (<id>, before namespaces) are never
+// reused: the janitor removes them once idle for the retention.
+
+// DefaultNamespace is the namespace of a model without one: `macfleet serve`, whose
+// models all belong to the Mac's owner.
+const DefaultNamespace = "local"
+
+// PromptCacheDirName is the name of the SSD directory (before any ~N index) of the
+// runners of the model file path that serve namespace.
+func PromptCacheDirName(namespace, path string) string {
+	if namespace == "" {
+		namespace = DefaultNamespace
+	}
+	return namespace + "_" + PromptCacheModelID(path)
+}
 
 // maxCacheIDName bounds the file-name part of a path-derived cache id.
 const maxCacheIDName = 64
@@ -110,7 +129,7 @@ func (f *ProcessFactory) cacheDirBase(spec ModelSpec) string {
 	if f.promptCacheSSDQuota(spec) == 0 {
 		return ""
 	}
-	return filepath.Join(f.cfg.PromptCacheDir, PromptCacheModelID(spec.Path))
+	return filepath.Join(f.cfg.PromptCacheDir, PromptCacheDirName(spec.Namespace, spec.Path))
 }
 
 // claimCacheDirExact marks dir as held by an adopted runner.

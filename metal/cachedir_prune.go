@@ -21,7 +21,8 @@ type PromptCachePruneOptions struct {
 	// positive.
 	Retention time.Duration
 	// KeepModels are model files still in use (registered in the pool, bound to this
-	// node): every directory of theirs (<id>, <id>~N) is kept whatever its age.
+	// node): every directory of theirs (<namespace>_<id>, ~N), whatever the
+	// namespace, is kept whatever its age.
 	KeepModels []string
 }
 
@@ -82,8 +83,8 @@ func (f *ProcessFactory) PrunePromptCacheDirs(ctx context.Context, opts PromptCa
 		if err := ctx.Err(); err != nil {
 			return rep, errors.Join(append(errs, err)...)
 		}
-		id, ok := cacheDirID(e.Name())
-		if !ok || keep[id] || e.Type() != fs.ModeDir {
+		id, legacy, ok := cacheDirID(e.Name())
+		if !ok || (keep[id] && !legacy) || e.Type() != fs.ModeDir {
 			continue
 		}
 		dir := filepath.Join(root, e.Name())
@@ -114,9 +115,35 @@ func (f *ProcessFactory) holdCacheDirForPrune(dir string) bool {
 	return true
 }
 
-// cacheDirID returns the model id of a directory name claimCacheDir gives: <id> or
-// <id>~N, where <id> is a PromptCacheModelID.
-func cacheDirID(name string) (string, bool) {
+// cacheDirID returns the model id of a directory name claimCacheDir gives:
+// <namespace>_<id> or <namespace>_<id>~N, where <id> is a PromptCacheModelID. legacy
+// is a name without a namespace (<id>, <id>~N), as agents named them before: never
+// reused, so never kept for a model in use.
+func cacheDirID(name string) (id string, legacy, ok bool) {
+	if ns, rest, found := strings.Cut(name, "_"); found && isNamespace(ns) {
+		if id, ok := modelCacheDirID(rest); ok {
+			return id, false, true
+		}
+	}
+	id, ok = modelCacheDirID(name)
+	return id, true, ok
+}
+
+// isNamespace reports whether s is a Kubernetes namespace name (a DNS label).
+func isNamespace(s string) bool {
+	if s == "" || len(s) > 63 || s[0] == '-' || s[len(s)-1] == '-' {
+		return false
+	}
+	for _, c := range s {
+		if (c < 'a' || c > 'z') && (c < '0' || c > '9') && c != '-' {
+			return false
+		}
+	}
+	return true
+}
+
+// modelCacheDirID returns the model id of <id> or <id>~N.
+func modelCacheDirID(name string) (string, bool) {
 	id := name
 	if i := strings.LastIndexByte(name, '~'); i >= 0 {
 		n, err := strconv.Atoi(name[i+1:])

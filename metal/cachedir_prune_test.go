@@ -66,7 +66,7 @@ func TestPrunePromptCacheDirs(t *testing.T) {
 	spec := func(name string) ModelSpec {
 		return ModelSpec{Name: name, Path: filepath.Join(models, name+".gguf"), PromptCache: PromptCacheSpec{Enabled: true}}
 	}
-	id := func(name string) string { return PromptCacheModelID(spec(name).Path) }
+	id := func(name string) string { return PromptCacheDirName("", spec(name).Path) }
 
 	// A runner of "claimed" runs: its directory is held, however old its files.
 	claimed := f.claimCacheDir(spec("claimed"))
@@ -166,25 +166,34 @@ func TestCacheDirID(t *testing.T) {
 	pathID := PromptCacheModelID(filepath.Join(dir, "Qwen 2.5 7B.Q4_K_M.gguf"))
 	digest := "sha256-" + string(slices.Repeat([]byte("0f"), 32))
 	for _, tc := range []struct {
-		name, id string
-		ok       bool
+		name, id   string
+		legacy, ok bool
 	}{
-		{pathID, pathID, true},
-		{pathID + "~2", pathID, true},
-		{pathID + "~17", pathID, true},
-		{digest, digest, true},
-		{digest + "~3", digest, true},
-		{pathID + "~1", "", false},
-		{pathID + "~02", "", false},
-		{pathID + "~x", "", false},
-		{"notes", "", false},
-		{"sha256-ABC", "", false},
-		{".hidden-0123456789ab", "", false},
-		{"a b-0123456789ab", "", false},
+		{"team-a_" + pathID, pathID, false, true},
+		{"team-a_" + pathID + "~2", pathID, false, true},
+		{"local_" + digest, digest, false, true},
+		{"t1_" + digest + "~3", digest, false, true},
+		{PromptCacheDirName("", digest), digest, false, true},
+		{PromptCacheDirName("team-b", filepath.Join(dir, "m.gguf")), PromptCacheModelID(filepath.Join(dir, "m.gguf")), false, true},
+		// Before namespaces: recognized, to be pruned, never kept.
+		{pathID, pathID, true, true},
+		{pathID + "~17", pathID, true, true},
+		{digest, digest, true, true},
+		{digest + "~3", digest, true, true},
+		{"Team_" + digest, "", true, false},
+		{"-a_" + digest, "", true, false},
+		{"team-a_" + pathID + "~1", "", true, false},
+		{pathID + "~1", "", true, false},
+		{pathID + "~02", "", true, false},
+		{pathID + "~x", "", true, false},
+		{"notes", "", true, false},
+		{"sha256-ABC", "", true, false},
+		{".hidden-0123456789ab", "", true, false},
+		{"a b-0123456789ab", "", true, false},
 	} {
-		id, ok := cacheDirID(tc.name)
-		if id != tc.id || ok != tc.ok {
-			t.Errorf("cacheDirID(%q) = %q, %v; want %q, %v", tc.name, id, ok, tc.id, tc.ok)
+		id, legacy, ok := cacheDirID(tc.name)
+		if id != tc.id || ok != tc.ok || (ok && legacy != tc.legacy) {
+			t.Errorf("cacheDirID(%q) = %q, legacy %v, %v; want %q, legacy %v, %v", tc.name, id, legacy, ok, tc.id, tc.legacy, tc.ok)
 		}
 	}
 }

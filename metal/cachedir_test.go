@@ -34,7 +34,7 @@ func TestPromptCacheModelID(t *testing.T) {
 func TestPromptCacheArgs(t *testing.T) {
 	dir := t.TempDir()
 	model := filepath.Join(dir, "m.gguf")
-	base := filepath.Join(dir, "pc", PromptCacheModelID(model))
+	base := filepath.Join(dir, "pc", PromptCacheDirName("", model))
 	for _, tc := range []struct {
 		name     string
 		cacheDir string
@@ -80,7 +80,7 @@ func TestPromptCacheDirsOfRealRunners(t *testing.T) {
 	}
 	spec := env.spec()
 	spec.PromptCache = PromptCacheSpec{Enabled: true}
-	base := filepath.Join(pcDir, PromptCacheModelID(env.model))
+	base := filepath.Join(pcDir, PromptCacheDirName("", env.model))
 
 	f := env.factory(withCache(1 << 30))
 	r1 := adoptStart(t, f, spec)
@@ -137,7 +137,7 @@ func TestAdoptionKeepsEachRunnersCacheDir(t *testing.T) {
 	spec.PromptCache = PromptCacheSpec{Enabled: true}
 	spec2 := spec
 	spec2.Name = "tiny-2"
-	base := filepath.Join(pcDir, PromptCacheModelID(env.model))
+	base := filepath.Join(pcDir, PromptCacheDirName("", env.model))
 
 	f := env.factory(withCache)
 	r1, r2 := adoptStart(t, f, spec), adoptStart(t, f, spec2)

@@ -36,6 +36,11 @@ type ModelSpec struct {
 	Aliases []string `json:"aliases,omitempty"`
 	// Path is the local GGUF file.
 	Path string `json:"path"`
+	// Namespace is the tenant the model serves: the namespace of its replica in a
+	// fleet, empty (DefaultNamespace) for `macfleet serve`. Prompt cache directories
+	// are per namespace and model file, so one tenant's runner never restores
+	// another's prompts.
+	Namespace string `json:"namespace,omitempty"`
 	// ContextLength is the total context across all parallel slots.
 	ContextLength int `json:"contextLength"`
 	// Parallel is the number of sequences decoded together.

@@ -147,9 +147,12 @@ type engineIdentity struct {
 	EstimatedBytes int64           `json:"estimatedBytes"`
 	Dims           ModelDims       `json:"dims"`
 	PromptCache    PromptCacheSpec `json:"promptCache"`
+	// Namespace picks the prompt cache directory.
+	Namespace string `json:"namespace,omitempty"`
 }
 
 func engineIdentityOf(s ModelSpec) engineIdentity {
 	return engineIdentity{Path: s.Path, ContextLength: s.ContextLength, Parallel: s.Parallel,
-		KVCacheType: s.KVCacheType, EstimatedBytes: s.EstimatedBytes, Dims: s.Dims, PromptCache: s.PromptCache}
+		KVCacheType: s.KVCacheType, EstimatedBytes: s.EstimatedBytes, Dims: s.Dims, PromptCache: s.PromptCache,
+		Namespace: s.Namespace}
 }

@@ -7,6 +7,8 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"net/url"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -119,14 +121,36 @@ func ForSource(ctx context.Context, namespace, raw string) context.Context {
 	return context.WithValue(ctx, sourceKey{}, sourceCtx{namespace: namespace, source: raw})
 }
 
+// DecideRedirect says whether a fetch may follow a redirect from one URL to the next
+// whatever the rules: not from https:// to plain http://, which would hand the rest of
+// the exchange (and a registry's token, and the file) to anyone on the path. A source
+// that is meant to be fetched over plain HTTP must name its http:// URL itself, on a
+// rule with allowPlainHTTP.
+func DecideRedirect(from, to *url.URL) Decision {
+	if strings.EqualFold(from.Scheme, "https") && !strings.EqualFold(to.Scheme, "https") {
+		return deny("%s redirects to %s, from https:// to plain %s://, which model fetches never follow: "+
+			"ask the source's owner to redirect to https://, or use the final URL as the source (a plain http:// one needs allowPlainHTTP on its rule)",
+			redactURL(from), redactURL(to), strings.ToLower(to.Scheme))
+	}
+	return allow()
+}
+
+// redactURL is u without its query, which may hold a signed URL's credentials.
+func redactURL(u *url.URL) string {
+	c := *u
+	c.RawQuery, c.Fragment, c.User = "", "", nil
+	return c.String()
+}
+
 // maxRedirects is as many redirects as net/http follows by default.
 const maxRedirects = 10
 
 // Client returns a copy of c (a new client when nil) whose transport checks the
 // policy on every connection: an *http.Transport is cloned and guarded, a nil one is
 // http.DefaultTransport's settings guarded. Another RoundTripper is kept as it is: its
-// owner answers for where it connects. Redirects of requests made with a ForSource
-// context must lead to hosts the namespace may use.
+// owner answers for where it connects. No redirect may go from https:// to plain
+// http:// (DecideRedirect), and redirects of requests made with a ForSource context
+// must lead to hosts the namespace may use.
 func (h *Holder) Client(c *http.Client) *http.Client {
 	var out http.Client
 	if c != nil {
@@ -134,7 +158,11 @@ func (h *Holder) Client(c *http.Client) *http.Client {
 	}
 	next := out.CheckRedirect
 	out.CheckRedirect = func(req *http.Request, via []*http.Request) error {
-		if sc, ok := req.Context().Value(sourceKey{}).(sourceCtx); ok {
+		sc, hasSource := req.Context().Value(sourceKey{}).(sourceCtx)
+		if d := DecideRedirect(via[len(via)-1].URL, req.URL); !d.Allowed {
+			return &DeniedError{Namespace: sc.namespace, Source: sc.source, Reason: d.Reason}
+		}
+		if hasSource {
 			target := req.URL.String()
 			if d := h.Policy().DecideSource(sc.namespace, target); !d.Allowed {
 				return &DeniedError{Namespace: sc.namespace, Source: sc.source,

@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"strings"
 	"testing"
 
@@ -112,5 +113,51 @@ func TestClientChecksRedirectTargets(t *testing.T) {
 	}
 	if err := get(t.Context()); err != nil {
 		t.Fatalf("the same redirect without ForSource (a registry): %v", err)
+	}
+}
+
+func TestDecideRedirect(t *testing.T) {
+	for _, tc := range []struct {
+		from, to string
+		allow    bool
+	}{
+		{"https://models.example.com/m.gguf", "https://cdn.example.net/x?sig=secret", true},
+		{"http://models.example.com/m.gguf", "http://cdn.example.net/x", true},
+		{"http://models.example.com/m.gguf", "https://cdn.example.net/x", true},
+		{"https://models.example.com/m.gguf", "http://cdn.example.net/x?sig=secret", false},
+		{"HTTPS://models.example.com/m.gguf", "HTTP://models.example.com/m.gguf", false},
+	} {
+		from, _ := url.Parse(tc.from)
+		to, _ := url.Parse(tc.to)
+		d := DecideRedirect(from, to)
+		if d.Allowed != tc.allow {
+			t.Errorf("DecideRedirect(%s, %s) = %+v, want allowed=%v", tc.from, tc.to, d, tc.allow)
+		}
+		if !tc.allow && (!strings.Contains(d.Reason, "from https:// to plain http://") || strings.Contains(d.Reason, "secret")) {
+			t.Errorf("reason %q: want the downgrade named, without the query", d.Reason)
+		}
+	}
+}
+
+// A registry's redirect (no ForSource context) may not downgrade either.
+func TestClientRefusesADowngradeWithoutASource(t *testing.T) {
+	plain := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = w.Write([]byte("model")) }))
+	t.Cleanup(plain.Close)
+	tlsSrv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, plain.URL+"/m.gguf", http.StatusFound)
+	}))
+	t.Cleanup(tlsSrv.Close)
+	p, err := Compile(&v1alpha1.SourcePolicy{ObjectMeta: metav1.ObjectMeta{Name: "default"},
+		Spec: v1alpha1.SourcePolicySpec{AllowedNetworks: []string{"127.0.0.0/8"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cli := NewHolder(p).Client(tlsSrv.Client())
+	resp, err := cli.Get(tlsSrv.URL + "/m.gguf")
+	if err == nil {
+		_ = resp.Body.Close()
+	}
+	if !IsDenied(err) || !strings.Contains(err.Error(), "from https:// to plain http://") {
+		t.Fatalf("an https to http redirect: %v, want a denial", err)
 	}
 }

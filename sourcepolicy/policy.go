@@ -56,6 +56,16 @@ var builtinDenied = []struct {
 	{netip.MustParsePrefix("::/128"), "unspecified"},
 	{netip.MustParsePrefix("224.0.0.0/4"), "multicast"},
 	{netip.MustParsePrefix("ff00::/8"), "multicast"},
+	// The Macs' own networks: a fetch from a tenant's source must not become a request
+	// into the LAN (a router's admin page, a NAS, another Mac's agent).
+	{netip.MustParsePrefix("10.0.0.0/8"), "private (RFC 1918)"},
+	{netip.MustParsePrefix("172.16.0.0/12"), "private (RFC 1918)"},
+	{netip.MustParsePrefix("192.168.0.0/16"), "private (RFC 1918)"},
+	{netip.MustParsePrefix("fc00::/7"), "unique local (ULA)"},
+	{netip.MustParsePrefix("100.64.0.0/10"), "shared address space (CGNAT)"},
+	// NAT64 prefixes embed an IPv4 address, which may be any of the above.
+	{netip.MustParsePrefix("64:ff9b::/96"), "NAT64"},
+	{netip.MustParsePrefix("64:ff9b:1::/48"), "local-use NAT64"},
 }
 
 // Default is the policy without a SourcePolicy object: every namespace may use hf://
@@ -280,17 +290,18 @@ func (p *Policy) DecideAddr(ip netip.Addr) Decision {
 			return allow()
 		}
 	}
+	// The operator's own list first: its reason is the more specific.
 	what := ""
-	for _, b := range builtinDenied {
-		if b.prefix.Contains(ip) {
-			what = b.what
+	for _, d := range p.denied {
+		if d.Contains(ip) {
+			what = "in deniedNetworks " + d.String()
 			break
 		}
 	}
 	if what == "" {
-		for _, d := range p.denied {
-			if d.Contains(ip) {
-				what = "in deniedNetworks " + d.String()
+		for _, b := range builtinDenied {
+			if b.prefix.Contains(ip) {
+				what = b.what
 				break
 			}
 		}

@@ -23,7 +23,7 @@ func fleetSpec() v1alpha1.SourcePolicySpec {
 			{Namespaces: []string{"team-c"}, Registries: []v1alpha1.SourceRegistry{v1alpha1.RegistryHF}, Hosts: []string{"models.example.com"}},
 		},
 		DeniedNetworks:  []string{"10.96.0.0/12", "10.244.0.0/16", "fd00:10:96::/112"},
-		AllowedNetworks: []string{"127.0.0.2/32"},
+		AllowedNetworks: []string{"127.0.0.2/32", "10.0.3.7/32"},
 	}
 }
 
@@ -97,6 +97,20 @@ var decideCases = []struct {
 	{"one of several addresses denied", "team-a", "https://models.example.com/m.gguf", ips("93.184.216.34", "169.254.169.254"), false, "link-local"},
 	{"explicitly allowed loopback", "team-a", "https://models.example.com/m.gguf", ips("127.0.0.2"), true, ""},
 	{"registry resolving to a denied address", "team-z", "hf://org/repo/m.gguf", ips("10.96.0.1"), false, "deniedNetworks"},
+	{"RFC 1918 10/8", "team-a", "https://models.example.com/m.gguf", ips("10.1.2.3"), false,
+		"address 10.1.2.3 is private (RFC 1918), which model fetches may not connect to: to allow it, add 10.1.2.3/32 to spec.allowedNetworks"},
+	{"RFC 1918 172.16/12", "team-a", "https://models.example.com/m.gguf", ips("172.31.255.1"), false, "is private (RFC 1918)"},
+	{"just outside 172.16/12", "team-a", "https://models.example.com/m.gguf", ips("172.32.0.1"), true, ""},
+	{"RFC 1918 192.168/16", "team-a", "https://models.example.com/m.gguf", ips("192.168.1.1"), false, "is private (RFC 1918)"},
+	{"IPv4-mapped RFC 1918", "team-a", "https://models.example.com/m.gguf", ips("::ffff:192.168.0.10"), false, "address 192.168.0.10 is private"},
+	{"ULA", "team-a", "https://models.example.com/m.gguf", ips("fd12:3456::1"), false,
+		"address fd12:3456::1 is unique local (ULA), which model fetches may not connect to: to allow it, add fd12:3456::1/128 to spec.allowedNetworks"},
+	{"ULA fc00::/8 half", "team-a", "https://models.example.com/m.gguf", ips("fc00::5"), false, "is unique local (ULA)"},
+	{"CGNAT", "team-a", "https://models.example.com/m.gguf", ips("100.64.0.1"), false, "is shared address space (CGNAT)"},
+	{"just outside CGNAT", "team-a", "https://models.example.com/m.gguf", ips("100.128.0.1"), true, ""},
+	{"NAT64 of a LAN address", "team-a", "https://models.example.com/m.gguf", ips("64:ff9b::a00:1"), false, "address 64:ff9b::a00:1 is NAT64"},
+	{"local-use NAT64", "team-a", "https://models.example.com/m.gguf", ips("64:ff9b:1::c0a8:101"), false, "is local-use NAT64"},
+	{"public IPv6", "team-a", "https://models.example.com/m.gguf", ips("2606:4700::1111"), true, ""},
 }
 
 func TestDecide(t *testing.T) {
@@ -131,7 +145,8 @@ func TestDefaultPolicy(t *testing.T) {
 			`source host "models.example.com" is not allowed for namespace "ns": add it to spec.rules[].hosts of a rule for namespace "ns" in SourcePolicy "default" (it does not exist yet, so the built-in default applies: create it)`},
 		{"file:///etc/passwd", "", false, "file /etc/passwd is not under a directory allowed"},
 		{"hf://org/repo/m.gguf", "127.0.0.1", false, "loopback"},
-		{"hf://org/repo/m.gguf", "10.1.2.3", true, ""},
+		{"hf://org/repo/m.gguf", "10.1.2.3", false, "is private (RFC 1918)"},
+		{"hf://org/repo/m.gguf", "93.184.216.34", true, ""},
 	} {
 		var ips []netip.Addr
 		if tc.ip != "" {

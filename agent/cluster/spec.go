@@ -12,8 +12,9 @@ import (
 )
 
 // BuildSpec is the pool spec of a replica's entry: its engine settings, residency and
-// idle timeout, the dimensions the prefill guard needs from the GGUF header (as the
-// standalone agent builds it), and the scheduler's reservation as the estimate, so
+// idle timeout, its namespace (whose prompt cache directories it uses), the dimensions
+// the prefill guard needs from the GGUF header (as the standalone agent builds it),
+// and the scheduler's reservation as the estimate, so
 // the pool admits what the control plane placed. The entry has no aliases: served
 // names are resolved by the agent (several replicas on one Mac may share them).
 func BuildSpec(ctx context.Context, name, path string, mr *v1alpha1.ModelReplica) (metal.ModelSpec, error) {
@@ -34,7 +35,10 @@ func BuildSpec(ctx context.Context, name, path string, mr *v1alpha1.ModelReplica
 		m.IdleTimeout = config.Duration(t.IdleTimeout.Duration)
 	}
 	m.PromptCache = promptCache(t.Engine.PromptCache)
-	return standalone.BuildSpec(ctx, m)
+	spec, err := standalone.BuildSpec(ctx, m)
+	// The replica's namespace is its tenant: its prompt cache is its own.
+	spec.Namespace = mr.Namespace
+	return spec, err
 }
 
 // promptCache is a deployment's prompt cache settings in the agent's terms (nil:

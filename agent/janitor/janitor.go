@@ -152,9 +152,9 @@ func (j *Janitor) pass(ctx context.Context) {
 		keep := slices.Clone(paths)
 		for _, m := range models {
 			if h := strings.ToLower(strings.TrimPrefix(m.SHA256, "sha256:")); h != "" {
-				// A stored file's directory is named by its digest alone
-				// (metal.PromptCacheModelID): it stays while a replica is bound, even
-				// one whose file is not (back) in the store yet.
+				// A stored file's directories are named by its digest (after the
+				// namespace, metal.PromptCacheDirName): they stay while a replica is
+				// bound, even one whose file is not (back) in the store yet.
 				keep = append(keep, "sha256-"+h)
 			}
 		}

@@ -32,7 +32,7 @@ func TestServePrunesTheCacheDirsOfModelsGone(t *testing.T) {
 	cacheDir := filepath.Join(t.TempDir(), "prompt-cache")
 	old := time.Now().Add(-48 * time.Hour)
 	mkOld := func(model string) string {
-		d := filepath.Join(cacheDir, metal.PromptCacheModelID(model))
+		d := filepath.Join(cacheDir, metal.PromptCacheDirName("", model))
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			t.Fatal(err)
 		}

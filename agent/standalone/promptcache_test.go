@@ -156,7 +156,7 @@ func TestRestartKeepsTheSSDTier(t *testing.T) {
 		return pc != nil && pc.SavesPersisted >= 1
 	})
 	pc := first.model("m").PromptCache
-	if wantDir := filepath.Join(cacheDir, metal.PromptCacheModelID(path)); !strings.HasPrefix(pc.SSDDir, wantDir+string(filepath.Separator)) {
+	if wantDir := filepath.Join(cacheDir, metal.PromptCacheDirName("", path)); !strings.HasPrefix(pc.SSDDir, wantDir+string(filepath.Separator)) {
 		t.Fatalf("SSD dir %q, want one under %s", pc.SSDDir, wantDir)
 	}
 	first.stop()

@@ -52,21 +52,20 @@ func (s *Store) download(ctx context.Context, src source.Source, want string, re
 			return "", 0, &ChecksumError{Source: src.Raw, Expected: want, Got: h, Of: "the registry manifest"}
 		}
 		digest = h
-		if p, size, ok := s.complete(digest); ok {
-			s.writeRef(src, digest)
+		// The registry's word is not enough to hand out a file another source gave.
+		if p, size, ok := s.complete(digest); ok && s.verifiedFrom(src, digest) {
 			return p, size, nil
 		}
 	}
+	// A partial file per source: bytes from one source are never completed from
+	// another.
 	name := "src-" + hashName(src.String())
-	if digest != "" {
-		name = "sha256-" + digest
-	}
 	done := func() (string, int64, bool) {
 		d := digest
 		if d == "" {
 			d = s.readRef(src)
 		}
-		if d == "" {
+		if !s.verifiedFrom(src, d) {
 			return "", 0, false
 		}
 		return s.complete(d)

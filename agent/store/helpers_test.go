@@ -21,6 +21,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/macfleet/macfleet/api/v1alpha1"
+	"github.com/macfleet/macfleet/internal/source"
 	"github.com/macfleet/macfleet/sourcepolicy"
 )
 
@@ -253,4 +254,14 @@ func readFile(t *testing.T, p string) []byte {
 		t.Fatal(err)
 	}
 	return b
+}
+
+// partialPath is where the partial download of the source raw lives.
+func partialPath(t *testing.T, dir, raw string) string {
+	t.Helper()
+	src, err := source.Parse(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return filepath.Join(dir, "blobs", "src-"+hashName(src.String())+".partial")
 }

@@ -171,14 +171,12 @@ func (s *Store) keepSet(opts PruneOptions) (blobs, partials map[string]bool) {
 		}
 		if want != "" {
 			blobs["sha256-"+want] = true
-			partials["sha256-"+want+".partial"] = true
 		}
 		if d := s.readRef(src); d != "" {
 			blobs["sha256-"+d] = true
 		}
-		// An ollama:// source without sha256 downloads under its registry digest,
-		// which only the registry knows until the download completes: its partial
-		// file is kept only while locked or young.
+		// Partial files are named by their source (older ones, sha256-<hex>.partial,
+		// are never resumed and go once idle for the retention).
 		partials["src-"+hashName(src.String())+".partial"] = true
 	}
 	for _, p := range opts.KeepPaths {

@@ -227,7 +227,7 @@ func TestFetchAfterPruneDownloadsAgain(t *testing.T) {
 // agePartial leaves a partial download of f's model name, written d ago.
 func agePartial(t *testing.T, dir string, f *fleet, clk *clocktesting.FakeClock, name string, d time.Duration) string {
 	t.Helper()
-	p := filepath.Join(dir, "blobs", "sha256-"+sum(f.content[name])+".partial")
+	p := partialPath(t, dir, f.url(name))
 	if err := os.WriteFile(p, f.content[name][:1000], 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -308,7 +308,7 @@ func TestPruneLeavesADownloadInProgress(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { _, err := s.Fetch(t.Context(), testNS, f.url("a"), f.sha("a"), nil); done <- err }()
 	eventually(t, "the download's request", func() bool { return len(f.requests()) == 1 })
-	partial := filepath.Join(dir, "blobs", "sha256-"+sum(f.content["a"])+".partial")
+	partial := partialPath(t, dir, f.url("a"))
 	clk.Step(10 * retention)
 	rep, err := s.Prune(t.Context(), PruneOptions{Retention: retention})
 	if err != nil || len(rep.Removed) != 0 {

@@ -5,16 +5,18 @@
 // Layout under the store's directory:
 //
 //	blobs/sha256-<hex>             a complete, verified file, named by its SHA-256
-//	blobs/sha256-<hex>.partial     a download in progress whose digest is known
-//	blobs/src-<hash>.partial       a download in progress whose digest is not (hash of the source)
+//	blobs/src-<hash>.partial       a download in progress (hash of the source)
 //	blobs/<name>.partial.json      what a resume needs: URL, validators, size, hash state
 //	refs/<hash>.json               source → digest of the file it last gave, so that a
-//	                               source without sha256 is found again without network
+//	                               source without sha256 is found again without network;
+//	                               a file is handed only to the sources whose record
+//	                               names it (verifiedFrom)
 //	local/<hash>.json              a file:// source's SHA-256 keyed by size, mtime and inode
 //	used/sha256-<hex>              an empty file whose mtime is the last use of that blob
 //
-// Downloads resume with Range/If-Range requests, are hashed as they arrive and become
-// visible only after verification, by an atomic rename. Every Fetch of the same file
+// Downloads resume with Range/If-Range requests (from the same source only), are
+// hashed as they arrive and become visible only after verification, by an atomic
+// rename. Every Fetch of the same file
 // waits for one download; a file lock on the partial keeps two agents sharing a
 // directory from writing it at once.
 //
@@ -32,6 +34,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -65,13 +68,13 @@ type Options struct {
 	// take as long as they take; stalls are caught by StallTimeout. When nil, a client
 	// with DefaultResponseHeaderTimeout. An *http.Transport (or none) is cloned to dial
 	// through Policy's address check and no proxy; another RoundTripper is used as it
-	// is, unchecked.
+	// is, unchecked. Redirects are checked against Policy whatever the client.
 	HTTPClient *http.Client
 	// Policy is the fleet's source policy: which sources each namespace may fetch,
 	// which directories its file:// sources may be in, and which addresses downloads
 	// may connect to (checked on every connection, redirects included). When nil,
-	// sourcepolicy.Default(): hf:// and ollama:// only, no loopback or link-local
-	// addresses.
+	// sourcepolicy.Default(): hf:// and ollama:// only, no loopback, link-local or
+	// private (LAN) addresses.
 	Policy *sourcepolicy.Holder
 	// Log receives the store's V(2) messages.
 	Log logr.Logger
@@ -154,14 +157,16 @@ func New(dir string, opts Options) (*Store, error) {
 	if s.policy == nil {
 		s.policy = sourcepolicy.NewHolder(nil)
 	}
-	if opts.HTTPClient != nil {
-		s.client = s.policy.Client(opts.HTTPClient)
-	} else {
-		tr := s.policy.Transport(nil)
+	// Every client goes through Policy.Client, the default one too: it is what checks
+	// each redirect (hosts, https to http) as well as each connection.
+	hc := opts.HTTPClient
+	if hc == nil {
+		tr := http.DefaultTransport.(*http.Transport).Clone()
 		tr.ResponseHeaderTimeout = DefaultResponseHeaderTimeout
 		tr.DisableCompression = true
-		s.client = &http.Client{Transport: tr}
+		hc = &http.Client{Transport: tr}
 	}
+	s.client = s.policy.Client(hc)
 	if s.clock == nil {
 		s.clock = clock.RealClock{}
 	}
@@ -256,12 +261,14 @@ func (s *Store) Fetch(ctx context.Context, namespace, rawSource, sha256 string, 
 
 // fetchStored returns the path of the store's file of src, downloading it if needed.
 func (s *Store) fetchStored(ctx context.Context, src source.Source, rawSource, want string, progress func(done, total int64)) (string, error) {
-	// What is already here needs no network.
+	// What this source already gave needs no network. A file that only another
+	// source gave is not handed out on its digest alone: it is downloaded from src
+	// and verified (see verifiedFrom).
 	digest := want
 	if digest == "" {
 		digest = s.readRef(src)
 	}
-	if digest != "" {
+	if s.verifiedFrom(src, digest) {
 		if p, size, ok := s.complete(digest); ok {
 			if progress != nil {
 				progress(size, size)
@@ -270,13 +277,37 @@ func (s *Store) fetchStored(ctx context.Context, src source.Source, rawSource, w
 		}
 	}
 
+	// One flight per source (and digest asked for): two sources of the same digest
+	// never share a download, whose bytes would come from only one of them.
 	key := "src:" + src.String()
 	if want != "" {
-		key = "sha256:" + want
+		key += "@sha256:" + want
 	}
 	return s.join(ctx, key, rawSource, progress, func(ctx context.Context, report func(int64, int64)) (string, int64, error) {
 		return s.download(ctx, src, want, report)
 	})
+}
+
+// verifiedFrom reports whether the store's file of digest was verified from src: src's
+// record (refs/, written after each verified download) names that digest, as the
+// file it gave last or one it gave before (a deployment pinned to an older file of a
+// source that changed keeps its stored copy). It is what
+// lets a file be shared: between the deployments that may use the same source, and no
+// others. A digest is not a capability: a deployment that names another's digest
+// with a source of its own gets what its own source serves, checked against the
+// digest, not the stored file. Nothing else needs recording: a source is fetched with
+// the agent's credentials alone (the hub token), so whoever may use the source may
+// read what it gives.
+//
+// Files stored before this rule have the same records, so every source that
+// downloaded one still finds it without network; another source of the same digest
+// downloads it once, from itself.
+func (s *Store) verifiedFrom(src source.Source, digest string) bool {
+	if digest == "" {
+		return false
+	}
+	r := s.loadRef(src)
+	return r.Digest == digest || slices.Contains(r.Earlier, digest)
 }
 
 // normalizeDigest returns the lowercase hex of a sha256 argument, or "" for none.
@@ -317,8 +348,15 @@ func hashName(s string) string {
 
 type ref struct {
 	Source string `json:"source"`
+	// Digest is the file the source gave last.
 	Digest string `json:"digest"`
+	// Earlier are files it gave before (the newest last, at most maxEarlierDigests):
+	// still its own, for deployments pinned to them (verifiedFrom).
+	Earlier []string `json:"earlier,omitempty"`
 }
+
+// maxEarlierDigests bounds ref.Earlier.
+const maxEarlierDigests = 8
 
 func (s *Store) refPath(src source.Source) string {
 	return filepath.Join(s.refs, hashName(src.String())+".json")
@@ -326,22 +364,39 @@ func (s *Store) refPath(src source.Source) string {
 
 // readRef returns the digest of the file src gave last time, or "".
 func (s *Store) readRef(src source.Source) string {
+	return s.loadRef(src).Digest
+}
+
+// loadRef returns src's record; empty when there is none or it is unusable.
+func (s *Store) loadRef(src source.Source) ref {
 	b, err := os.ReadFile(s.refPath(src))
 	if err != nil {
-		return ""
+		return ref{}
 	}
 	var r ref
 	if json.Unmarshal(b, &r) != nil || r.Source != src.String() {
-		return ""
+		return ref{}
 	}
 	if _, err := normalizeDigest("", r.Digest); err != nil {
-		return ""
+		return ref{}
 	}
-	return r.Digest
+	return r
 }
 
+// writeRef records that src gave the file of digest, keeping the files it gave
+// before.
 func (s *Store) writeRef(src source.Source, digest string) {
-	b, _ := json.Marshal(ref{Source: src.String(), Digest: digest})
+	old := s.loadRef(src)
+	r := ref{Source: src.String(), Digest: digest}
+	for _, d := range append(old.Earlier, old.Digest) {
+		if d != "" && d != digest && !slices.Contains(r.Earlier, d) {
+			r.Earlier = append(r.Earlier, d)
+		}
+	}
+	if n := len(r.Earlier); n > maxEarlierDigests {
+		r.Earlier = r.Earlier[n-maxEarlierDigests:]
+	}
+	b, _ := json.Marshal(r)
 	if err := writeFileAtomic(s.refPath(src), b); err != nil {
 		s.log.V(2).Info("Cannot record the digest of a source", "source", src.String(), "err", err.Error())
 	}

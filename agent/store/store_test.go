@@ -41,7 +41,7 @@ func TestResumeAfterCut(t *testing.T) {
 	if err == nil || !Retryable(err) {
 		t.Fatalf("first Fetch error = %v, want a retryable error", err)
 	}
-	partial := filepath.Join(dir, "blobs", "sha256-"+sum(content)+".partial")
+	partial := partialPath(t, dir, url)
 	fi, err := os.Stat(partial)
 	if err != nil || fi.Size() != cutAt {
 		t.Fatalf("partial after the cut: %v, size %d; want %d bytes", err, sizeOf(fi), cutAt)
@@ -155,7 +155,7 @@ func TestCompletePartialIsNotDownloadedAgain(t *testing.T) {
 	s := newStore(t, dir, o)
 	url := o.URL + "/m.gguf"
 	// An agent that died between the last byte and the rename left this.
-	partial := filepath.Join(dir, "blobs", "sha256-"+sum(content)+".partial")
+	partial := partialPath(t, dir, url)
 	if err := os.WriteFile(partial, content, 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -238,10 +238,10 @@ func TestConcurrentFetchesShareOneDownload(t *testing.T) {
 			results[i] = result{p, err}
 		})
 	}
-	eventually(t, "all callers to wait for one download", func() bool { return s.waiting("sha256:"+sha) == callers })
+	eventually(t, "all callers to wait for one download", func() bool { return s.waiting("src:"+src+"@sha256:"+sha) == callers })
 	// One caller giving up does not stop the download for the others.
 	cancel()
-	eventually(t, "the cancelled caller to leave", func() bool { return s.waiting("sha256:"+sha) == callers-1 })
+	eventually(t, "the cancelled caller to leave", func() bool { return s.waiting("src:"+src+"@sha256:"+sha) == callers-1 })
 	close(release)
 	wg.Wait()
 
@@ -432,13 +432,53 @@ func TestRestartFindsCompletedFiles(t *testing.T) {
 		{urlA, sum(a), pa},
 		{urlB, "", pb},
 		{urlB, sum(b), pb},
-		// The same file under another name is found by its digest.
-		{"https://elsewhere.example/copy.gguf", "sha256:" + sum(a), pa},
 	} {
 		p, err := s2.Fetch(t.Context(), testNS, c.src, c.sha, nil)
 		if err != nil || p != c.want {
 			t.Errorf("Fetch(%s, %q) after restart = %q, %v; want %q", c.src, c.sha, p, err, c.want)
 		}
+	}
+}
+
+// A stored file is handed only to the sources it was verified from: another source
+// naming its digest downloads from itself and gets what it serves, checked against
+// the digest, and shares the stored file only once it served the same bytes.
+func TestADigestIsNotACapability(t *testing.T) {
+	private, public := model(100_000, 12), model(100_000, 13)
+	o := newOrigin(t, nil)
+	o.handle = func(w http.ResponseWriter, r *http.Request, n int) {
+		o.set(map[string][]byte{"/private/a.gguf": private, "/public/b.gguf": public, "/mirror/a.gguf": private}[r.URL.Path], `"x"`)
+		o.serveContent(w, r)
+	}
+	s := newStore(t, t.TempDir(), o)
+	pa, err := s.Fetch(t.Context(), testNS, o.URL+"/private/a.gguf", sum(private), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := len(o.requests())
+
+	_, err = s.Fetch(t.Context(), testNS, o.URL+"/public/b.gguf", sum(private), nil)
+	var ce *ChecksumError
+	if !errors.As(err, &ce) || ce.Got != sum(public) {
+		t.Fatalf("another source naming the stored digest: %v; want a checksum error for what that source serves", err)
+	}
+	if got := len(o.requests()) - before; got != 1 {
+		t.Errorf("%d requests for the other source, want 1 (its own download)", got)
+	}
+
+	// A mirror that serves the same bytes downloads once, then shares the file.
+	for i := range 2 {
+		before = len(o.requests())
+		p, err := s.Fetch(t.Context(), testNS, o.URL+"/mirror/a.gguf", sum(private), nil)
+		if err != nil || p != pa {
+			t.Fatalf("fetch %d of a mirror of the stored file: %q, %v; want %q", i, p, err, pa)
+		}
+		if want := 1 - i; len(o.requests())-before != want {
+			t.Errorf("fetch %d of the mirror made %d requests, want %d", i, len(o.requests())-before, want)
+		}
+	}
+	if !bytes.Equal(readFile(t, pa), private) {
+		t.Error("the stored file changed")
 	}
 }
 
@@ -855,5 +895,33 @@ func BenchmarkFetch(b *testing.B) {
 		if _, err := s.Fetch(b.Context(), testNS, srv.URL+"/m.gguf", sha, nil); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// A source whose file changed keeps the files it gave before: a deployment pinned to
+// the older one still finds it without network.
+func TestASourceKeepsTheFilesItGaveBefore(t *testing.T) {
+	v1, v2 := model(50_000, 14), model(50_000, 15)
+	o := newOrigin(t, v1)
+	s := newStore(t, t.TempDir(), o)
+	src := o.URL + "/m.gguf"
+	p1, err := s.Fetch(t.Context(), testNS, src, sum(v1), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o.set(v2, `"v2"`)
+	p2, err := s.Fetch(t.Context(), testNS, src, sum(v2), nil)
+	if err != nil || p2 == p1 {
+		t.Fatalf("the changed source: %q, %v", p2, err)
+	}
+	before := len(o.requests())
+	if p, err := s.Fetch(t.Context(), testNS, src, sum(v1), nil); err != nil || p != p1 {
+		t.Errorf("pinned to the older file: %q, %v; want %q", p, err, p1)
+	}
+	if p, err := s.Fetch(t.Context(), testNS, src, "", nil); err != nil || p != p2 {
+		t.Errorf("unpinned: %q, %v; want the newer file %q", p, err, p2)
+	}
+	if n := len(o.requests()) - before; n != 0 {
+		t.Errorf("%d requests for files the source gave before, want none", n)
 	}
 }

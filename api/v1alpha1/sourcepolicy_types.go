@@ -82,8 +82,10 @@ type SourcePolicySpec struct {
 
 	// deniedNetworks are CIDRs that fetches never connect to, on top of the built-in
 	// loopback (127.0.0.0/8, ::1), link-local (169.254.0.0/16, fe80::/10, which holds
-	// cloud metadata endpoints), "this network" (0.0.0.0/8, ::) and multicast ranges.
-	// List the cluster's service and pod CIDRs here. The check is made on the address
+	// cloud metadata endpoints), "this network" (0.0.0.0/8, ::), multicast, private
+	// (10.0.0.0/8, 172.16.0.0/12, 192.168.0.0/16, fc00::/7), CGNAT (100.64.0.0/10)
+	// and NAT64 (64:ff9b::/96, 64:ff9b:1::/48) ranges. List the cluster's service and
+	// pod CIDRs here when they are public addresses. The check is made on the address
 	// a connection is actually made to, after name resolution.
 	// +optional
 	// +listType=set
@@ -94,7 +96,7 @@ type SourcePolicySpec struct {
 
 	// allowedNetworks are CIDRs exempt from the built-in denials and from
 	// deniedNetworks, e.g. 127.0.0.0/8 for a fleet whose model server runs on the
-	// same machine.
+	// same machine, or 192.168.1.20/32 for a model server in the Macs' LAN.
 	// +optional
 	// +listType=set
 	// +kubebuilder:validation:MaxItems=32

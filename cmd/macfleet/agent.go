@@ -127,13 +127,8 @@ while the API server is unreachable and resyncs when it returns.`,
 			cfg.Token = cluster.NewTokenSource(tok, direct, fl.fleetTokenFile, 0, log.WithName("token"))
 			// The store's downloads and file opens follow the cluster's SourcePolicy, which
 			// the agent watches.
-			sopts, err := fl.storeOptions()
-			if err != nil {
-				return err
-			}
 			policy := sourcepolicy.NewHolder(nil)
-			sopts.Log, sopts.Policy = log.WithName("store"), policy
-			st, err := store.New(fl.storeDir, sopts)
+			st, err := fl.newStore(policy, log.WithName("store"))
 			if err != nil {
 				return err
 			}
@@ -181,7 +176,7 @@ while the API server is unreachable and resyncs when it returns.`,
 	f.IntVar(&fl.runnerThreads, "runner-threads", 0, "CPU threads of each runner (default: the runner chooses)")
 	f.BoolVar(&fl.keepRunners, "keep-runners", true, "Leave the runners of loaded models running when the agent stops, for the next agent "+
 		"to adopt (recorded under --state-dir; an unadopted runner exits after 5m without requests); false unloads everything on exit")
-	f.StringVar(&fl.promptCacheDir, "prompt-cache-dir", defaultDataDir("prompt-cache"), "Directory of the prompt cache's SSD tier: one subdirectory per model file, kept across restarts (empty: no SSD tier)")
+	f.StringVar(&fl.promptCacheDir, "prompt-cache-dir", defaultDataDir("prompt-cache"), "Directory of the prompt cache's SSD tier: one subdirectory per namespace and model file, kept across restarts (empty: no SSD tier)")
 	f.StringVar(&fl.pcHot, "prompt-cache-hot-bytes", "", "Prompt cache memory (hot tier) shared by the replicas on this Mac, e.g. 4Gi; 0 turns the hot tier off (default: a tenth of the memory ceiling)")
 	f.StringVar(&fl.pcSSD, "prompt-cache-ssd-bytes", "", "Prompt cache SSD quota of each replica, and the most a deployment's promptCache.ssdBytes may set; 0 turns the SSD tier off (default 10Gi)")
 	f.DurationVar(&fl.storeRetention, "store-retention", 24*time.Hour, "Delete the model store's files that no replica bound to this Mac needs "+

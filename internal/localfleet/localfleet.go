@@ -305,8 +305,8 @@ func (f *Fleet) installManifests(ctx context.Context, replicaReadsByRBAC bool) e
 
 // allowLocalSources creates the SourcePolicy of a fleet on one machine: every
 // namespace may use the registries, the model server (plain HTTP on loopback) and the
-// files in ModelsDir, and fetches may connect to loopback — which the default policy
-// denies everywhere else.
+// files in ModelsDir, and fetches may connect to loopback and to the host's address —
+// which the default policy denies everywhere else.
 func (f *Fleet) allowLocalSources(ctx context.Context) error {
 	u, err := url.Parse(f.ModelsURL)
 	if err != nil {
@@ -324,7 +324,9 @@ func (f *Fleet) allowLocalSources(ctx context.Context) error {
 				AllowPlainHTTP:  true,
 				FileDirectories: []string{f.ModelsDir},
 			}},
-			AllowedNetworks: []string{"127.0.0.0/8", "::1/128"},
+			// The host's own address may be a private one, which fetches are denied
+			// unless listed.
+			AllowedNetworks: []string{"127.0.0.0/8", "::1/128", f.HostIP + "/32"},
 		}}
 	if err := f.Client.Create(ctx, sp); err != nil && !apierrors.IsAlreadyExists(err) {
 		return fmt.Errorf("creating the local fleet's SourcePolicy: %w", err)

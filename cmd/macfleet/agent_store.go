@@ -1,0 +1,20 @@
+package main
+
+import (
+	"github.com/go-logr/logr"
+
+	"github.com/macfleet/macfleet/agent/store"
+	"github.com/macfleet/macfleet/sourcepolicy"
+)
+
+// newStore opens the agent's model store as `macfleet agent` runs it: the flags'
+// options, downloads checked by policy (every connection and every redirect). The
+// attack tests build their store with it, so that what they prove is what ships.
+func (fl agentFlags) newStore(policy *sourcepolicy.Holder, log logr.Logger) (*store.Store, error) {
+	opts, err := fl.storeOptions()
+	if err != nil {
+		return nil, err
+	}
+	opts.Log, opts.Policy = log, policy
+	return store.New(fl.storeDir, opts)
+}

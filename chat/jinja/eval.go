@@ -46,6 +46,11 @@ func (e *RenderError) Unwrap() error { return e.Err }
 // Render renders the template with vars (converted with FromGo unless they are
 // template values already).
 func (t *Template) Render(vars map[string]any) (out string, err error) {
+	return t.render(vars, maxSteps)
+}
+
+// render is Render within steps steps.
+func (t *Template) render(vars map[string]any, steps int) (out string, err error) {
 	defer func() {
 		if v := recover(); v != nil {
 			if le, ok := v.(*LimitError); ok {
@@ -59,7 +64,7 @@ func (t *Template) Render(vars map[string]any) (out string, err error) {
 	for k, v := range vars {
 		globals[k] = FromGo(v)
 	}
-	r := &renderer{b: &budget{}}
+	r := &renderer{b: &budget{maxSteps: steps}}
 	sc := &scope{vars: globals}
 	if err := r.exec(t.body, sc); err != nil {
 		var ctl loopControl
@@ -103,8 +108,8 @@ const (
 
 func (r *renderer) step() error {
 	r.b.steps++
-	if r.b.steps > maxSteps {
-		return &LimitError{Limit: "steps", Size: int64(r.b.steps), Max: maxSteps}
+	if r.b.steps > r.b.maxSteps {
+		return &LimitError{Limit: "steps", Size: int64(r.b.steps), Max: int64(r.b.maxSteps)}
 	}
 	if r.out.Len() > maxOutput {
 		return &LimitError{Limit: "output size", Size: int64(r.out.Len()), Max: maxOutput}

@@ -49,6 +49,7 @@ func (e *LimitError) Error() string {
 // budget is shared by a rendering and its sub-renderings (macros, set blocks,
 // filter blocks, caller()).
 type budget struct {
+	maxSteps int
 	steps    int
 	produced int64
 	calls    int

@@ -43,7 +43,7 @@ func TestCheckSchemaLimits(t *testing.T) {
 		{"deep enum value", `{"enum":[` + strings.Repeat("[", 200) + strings.Repeat("]", 200) + `]}`, "JSON nesting"},
 		{"pattern repetition", `{"type":"string","pattern":"^a{0,99999999}$"}`, "schema weight"},
 		{"many bounded fields", manyProps(100, `{"type":"string","maxLength":500}`), "schema weight"},
-		{"size", manyProps(20000, `{"type":"string","description":"` + strings.Repeat("d", 20) + `"}`), "schema size"},
+		{"size", manyProps(20000, `{"type":"string","description":"`+strings.Repeat("d", 20)+`"}`), "schema size"},
 		{"a real tool", `{"type":"object","properties":{"city":{"type":"string","maxLength":100},"unit":{"enum":["c","f"]}},"required":["city"]}`, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -52,14 +52,20 @@ type budget struct{ weight int }
 
 // spend adds n to the weight, refusing more than MaxSchemaWeight.
 func (b *budget) spend(n int, at string) error {
-	if n < 0 || n > MaxSchemaWeight {
-		n = MaxSchemaWeight + 1
+	if n > MaxSchemaWeight-b.weight {
+		return &LimitError{Limit: "schema weight", At: pointer(at), Size: b.weight + n, Max: MaxSchemaWeight}
 	}
 	b.weight += n
-	if b.weight > MaxSchemaWeight {
-		return &LimitError{Limit: "schema weight", At: pointer(at), Size: b.weight, Max: MaxSchemaWeight}
-	}
 	return nil
+}
+
+// saturated is what a repetition bound of f weighs: f, or an amount over any
+// budget for one beyond the int range (negative bounds too: no grammar has them).
+func saturated(f float64) int {
+	if f < 0 || f > 1e15 || f != f {
+		return 1e15
+	}
+	return int(f)
 }
 
 // repetitionKeywords repeat a rule by their value.
@@ -77,21 +83,21 @@ func leafWeight(k string, v any) int {
 		}
 	case repetitionKeywords[k]:
 		if f, ok := v.(float64); ok {
-			if f > MaxSchemaWeight || f < 0 {
-				return MaxSchemaWeight + 1
-			}
-			return int(f)
+			return saturated(f)
 		}
 	case k == "pattern":
 		s, _ := v.(string)
 		w := 0
 		for _, m := range quantifier.FindAllStringSubmatch(s, -1) {
 			for _, n := range m[1:] {
-				c, err := strconv.Atoi(n)
-				if n != "" && (err != nil || c > MaxSchemaWeight) {
-					return MaxSchemaWeight + 1
+				if n == "" {
+					continue
 				}
-				w += c
+				c, err := strconv.ParseFloat(n, 64)
+				if err != nil {
+					c = 1e15
+				}
+				w += saturated(c)
 			}
 		}
 		return w

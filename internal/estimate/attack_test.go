@@ -12,13 +12,13 @@ import (
 	"github.com/macfleet/macfleet/internal/ggufsynth"
 )
 
-// TestAttackCraftedGGUFHeader: a model server answers with a header of a few hundred
+// TestAttackCraftedGGUFHeaderAllocation: a model server answers with a header of a few hundred
 // bytes that declares a 256 MiB string or 2^25 layers, in a file it says is 8 GiB
 // (range reads of zeros after the header); the estimate must refuse it naming the
 // limit, having allocated a small fraction of what the header declares. Before the
 // limits the parser allocated every declared byte (and the manager died on a larger
 // declaration).
-func TestAttackCraftedGGUFHeader(t *testing.T) {
+func TestAttackCraftedGGUFHeaderAllocation(t *testing.T) {
 	const fileSize = 8 << 30
 	for _, tc := range []struct {
 		name, limit string

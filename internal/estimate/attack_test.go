@@ -12,12 +12,12 @@ import (
 	"github.com/macfleet/macfleet/internal/ggufsynth"
 )
 
-// TestAttackCraftedGGUFHeaderAllocation: a model server answers with a header of a few hundred
-// bytes that declares a 256 MiB string or 2^25 layers, in a file it says is 8 GiB
-// (range reads of zeros after the header); the estimate must refuse it naming the
-// limit, having allocated a small fraction of what the header declares. Before the
-// limits the parser allocated every declared byte (and the manager died on a larger
-// declaration).
+// TestAttackCraftedGGUFHeaderAllocation: a model server answers with a header of a
+// few hundred bytes that declares a 256 MiB string or 2^25 layers, in a file it says
+// is 8 GiB (range reads of zeros after the header); the estimate must refuse it
+// naming the limit, having allocated a small fraction of what the header declares.
+// Before the limits the string cost 513 MiB of allocations and the layers panicked
+// out of Estimate (the test binary died; `macfleet serve` calls it directly).
 func TestAttackCraftedGGUFHeaderAllocation(t *testing.T) {
 	const fileSize = 8 << 30
 	for _, tc := range []struct {
@@ -55,19 +55,8 @@ func TestAttackCraftedGGUFHeaderAllocation(t *testing.T) {
 func serveCrafted(t *testing.T, header []byte, size int64) *httptest.Server {
 	t.Helper()
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		http.ServeContent(w, r, "crafted.gguf", time.Time{}, io.NewSectionReader(zeroTail(header), 0, size))
+		http.ServeContent(w, r, "crafted.gguf", time.Time{}, io.NewSectionReader(&remoteHeader{bytes: header, size: size}, 0, size))
 	}))
 	t.Cleanup(srv.Close)
 	return srv
-}
-
-// zeroTail reads as its bytes followed by zeros.
-type zeroTail []byte
-
-func (z zeroTail) ReadAt(p []byte, off int64) (int, error) {
-	clear(p)
-	if off < int64(len(z)) {
-		copy(p, z[off:])
-	}
-	return len(p), nil
 }

@@ -81,7 +81,7 @@ func FuzzEstimateRemote(f *testing.F) {
 	fuzzSeeds(f)
 	var cur atomic.Pointer[[]byte]
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		http.ServeContent(w, r, "m.gguf", time.Time{}, io.NewSectionReader(zeroTail(*cur.Load()), 0, 64<<30))
+		http.ServeContent(w, r, "m.gguf", time.Time{}, io.NewSectionReader(&remoteHeader{bytes: *cur.Load(), size: 64 << 30}, 0, 64<<30))
 	}))
 	defer srv.Close()
 	f.Fuzz(func(t *testing.T, data []byte) {

@@ -36,7 +36,7 @@ type remoteHeader struct {
 	size  int64
 }
 
-// readAt reads the header's bytes and zeros after them, up to the file's size: the
+// ReadAt reads the header's bytes and zeros after them, up to the file's size: the
 // parser reads the header and only seeks past it.
 func (h *remoteHeader) ReadAt(p []byte, off int64) (int, error) {
 	if off >= h.size {

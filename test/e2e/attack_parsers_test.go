@@ -17,11 +17,11 @@ import (
 
 // TestAttackCraftedGGUFHeader: a tenant deploys a source whose GGUF header of a few
 // hundred bytes declares a 256 MiB string in a file of 8 GiB (sparse), or 2^25
-// layers; the manager, which reads every deployment's header, must stay up and say
-// in the deployment's condition which limit the header went over, and go on
-// estimating other deployments. Before the limits the first cost the manager half a
-// GiB per read, and the second panicked it out of existence (every deployment of
-// the fleet stopped being reconciled).
+// layers; the manager, which reads every deployment's header, must say in the
+// deployment's condition which limit the header went over, and go on estimating
+// other deployments. Before the limits the first cost the manager half a GiB per
+// read (and ended in an unrelated error), and the second panicked the estimator in
+// every reconcile of the deployment, which never got a condition.
 func TestAttackCraftedGGUFHeader(t *testing.T) {
 	ns := testenv.NewNamespace(t, fleet.Client)
 	crafted := map[string]struct {

@@ -30,13 +30,16 @@ func TestScanRefusesWhatALimitForbids(t *testing.T) {
 		{"tensor count", (&ggufsynth.Raw{DeclaredTensors: 1 << 40}).Bytes(), "tensor count", false},
 		{"split.tensors.count", raw().Uint64("split.tensors.count", 1<<40).Bytes(), "tensor count", false},
 		{"block count", raw().Uint64("llama.block_count", 1<<35).Bytes(), "block count", false},
-		{"negative-free float block count", raw().Float32("llama.block_count", 1e12).Bytes(), "block count", false},
+		{"float block count", raw().Float32("llama.block_count", 1e12).Bytes(), "block count", false},
 		{"header size", raw().ArrayLen("a", ggufsynth.RawUint64, 16, make([]byte, 128)).
 			ArrayLen("b", ggufsynth.RawUint64, 16, make([]byte, 128)).
 			ArrayLen("c", ggufsynth.RawUint64, 16, make([]byte, 128)).Bytes(), "header size",
 			false},
 		{"truncated", raw().String("general.architecture", "llama").Bytes()[:30], "", true},
 		{"array of arrays", raw().ArrayLen("a", ggufsynth.RawArray, 1, make([]byte, 12)).Bytes(), "", true},
+		{"empty key", raw().Uint32("", 1).Bytes(), "", true},
+		{"empty string value", raw().String("general.name", "").Bytes(), "", true},
+		{"empty tensor name", raw().Tensor("", 0, 4).Bytes(), "", true},
 		{"five dimensions", raw().Tensor("w", 0, 1, 1, 1, 1, 1).Bytes(), "", true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -1,7 +1,10 @@
 package e2e
 
 import (
+	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -77,4 +80,113 @@ func TestAttackCraftedGGUFHeader(t *testing.T) {
 		}
 		return md.Status.EstimatedMemory != nil, fmt.Sprintf("honest: status %+v", md.Status)
 	})
+}
+
+// bombTemplate is a chat template that a model's publisher could ship: it renders
+// chatml, and a message that says "recurse" or "double" sets off a recursive macro or
+// a string doubled 27 times (128 MiB).
+const bombTemplate = `{% macro deep(n) %}{{ deep(n + 1) }}{% endmacro %}` +
+	`{% for m in messages %}{% set c = m.content|string %}` +
+	`{% if 'recurse' in c %}{{ deep(0) }}{% elif 'double' in c %}{% set ns = namespace(s='x') %}` +
+	`{% for i in range(27) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{% endif %}` +
+	"<|im_start|>{{ m.role }}\n{{ c }}<|im_end|>\n{% endfor %}" +
+	"{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+
+// TestAttackBombsThroughTheGateway: a tenant's model carries a chat template that
+// recurses or doubles a string when a message asks it to, and a client sends a
+// response_format schema whose grammar would have a hundred thousand rules; through
+// the gateway each gets a 400 in its API's shape (OpenAI, Anthropic) naming the limit,
+// and the replica's runner and agent go on serving. Before the limits the recursion
+// overflowed the runner's stack and killed it (every request in flight on the replica
+// failed), the doubling answered 200 after building 128 MiB strings, and the schema
+// went to llama.cpp's converter.
+func TestAttackBombsThroughTheGateway(t *testing.T) {
+	ns := testenv.NewNamespace(t, fleet.Client)
+	spec := ggufsynth.Tiny()
+	spec.ChatTemplate = bombTemplate
+	file := "bomb-" + ns + ".gguf"
+	p := filepath.Join(fleet.ModelsDir, file)
+	if err := ggufsynth.Write(p, spec); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.Remove(p) })
+	create(t, deployment(ns, "bomb", 1, func(md *v1alpha1.ModelDeployment) {
+		md.Spec.Model.Source = fleet.ModelsURL + "/" + file
+	}))
+	replicas := waitReady(t, ns, "bomb", 1, 3*time.Minute)
+	model := ns + "/bomb"
+	before := runnersOn(t, replicas[0].Spec.NodeName)
+
+	post := func(path, body string) (int, []byte) {
+		t.Helper()
+		req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, fleet.GatewayURL+path, strings.NewReader(body))
+		req.Header.Set("content-type", "application/json")
+		req.Header.Set("anthropic-version", "2023-06-01")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, b
+	}
+	openAI := func(body, param, limit string) {
+		t.Helper()
+		code, b := post("/v1/chat/completions", body)
+		var e struct {
+			Error struct{ Message, Type, Param string }
+		}
+		if err := json.Unmarshal(b, &e); err != nil || code != http.StatusBadRequest || e.Error.Type != "invalid_request_error" ||
+			e.Error.Param != param || !strings.Contains(e.Error.Message, limit) {
+			t.Errorf("OpenAI: %d %s, want a 400 invalid_request_error on %s naming the %s", code, b, param, limit)
+		}
+	}
+	chatBody := func(content, extra string) string {
+		return fmt.Sprintf(`{"model":%q,"max_tokens":2,"messages":[{"role":"user","content":%q}]%s}`, model, content, extra)
+	}
+	openAI(chatBody("recurse", ""), "messages", "call depth limit")
+	openAI(chatBody("double", ""), "messages", "string size limit")
+	openAI(chatBody("hi", `,"response_format":{"type":"json_schema","json_schema":{"name":"x","schema":{"type":"string","maxLength":100000}}}`),
+		"response_format.json_schema.schema", "schema weight limit")
+
+	code, b := post("/v1/messages", fmt.Sprintf(`{"model":%q,"max_tokens":2,"messages":[{"role":"user","content":"recurse"}]}`, model))
+	var ae struct {
+		Type  string
+		Error struct{ Type, Message string }
+	}
+	if err := json.Unmarshal(b, &ae); err != nil || code != http.StatusBadRequest || ae.Type != "error" ||
+		ae.Error.Type != "invalid_request_error" || !strings.Contains(ae.Error.Message, "call depth limit") {
+		t.Errorf("Anthropic: %d %s, want a 400 invalid_request_error naming the call depth limit", code, b)
+	}
+
+	// The runner and the agent are still there: an ordinary request succeeds, and
+	// every runner process of the replica's Mac is the one from before the bombs.
+	if code, b := post("/v1/chat/completions", chatBody("hi", "")); code != http.StatusOK {
+		t.Fatalf("an ordinary request after the bombs: %d %s", code, b)
+	}
+	after := runnersOn(t, replicas[0].Spec.NodeName)
+	for pid := range before {
+		if !after[pid] {
+			t.Errorf("runner %d of %s died during the bombs (runners now: %v)", pid, replicas[0].Spec.NodeName, after)
+		}
+	}
+}
+
+// runnersOn is the set of runner PIDs that node's agent started.
+func runnersOn(t *testing.T, node string) map[int]bool {
+	t.Helper()
+	rs, err := fleet.Runners()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[int]bool{}
+	for _, r := range rs {
+		if r.Node == node {
+			out[r.PID] = true
+		}
+	}
+	if len(out) == 0 {
+		t.Fatalf("no runner on %s", node)
+	}
+	return out
 }

@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/macfleet/macfleet/api/v1alpha1"
@@ -189,4 +191,35 @@ func runnersOn(t *testing.T, node string) map[int]bool {
 		t.Fatalf("no runner on %s", node)
 	}
 	return out
+}
+
+// TestAttackTemplateNestedAtLoad: a model's chat template nests an expression a
+// hundred thousand parentheses deep (a million would overflow the stack of a
+// recursive parser while the runner loads it); the runner must refuse the template at
+// load, serve with llama.cpp's built-in templates, and the replica's Loaded condition
+// must say so and why. Before the limit the template parsed, at a cost in stack that
+// grows with the nesting, and nothing told the tenant.
+func TestAttackTemplateNestedAtLoad(t *testing.T) {
+	ns := testenv.NewNamespace(t, fleet.Client)
+	spec := ggufsynth.Tiny()
+	spec.ChatTemplate = "{{ " + strings.Repeat("(", 100000) + "1" + strings.Repeat(")", 100000) + " }}" + ggufsynth.ChatMLTemplate
+	file := "nested-" + ns + ".gguf"
+	p := filepath.Join(fleet.ModelsDir, file)
+	if err := ggufsynth.Write(p, spec); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.Remove(p) })
+	create(t, deployment(ns, "nested", 1, func(md *v1alpha1.ModelDeployment) {
+		md.Spec.Model.Source = fleet.ModelsURL + "/" + file
+	}))
+	replicas := waitReady(t, ns, "nested", 1, 3*time.Minute)
+	loaded := meta.FindStatusCondition(replicas[0].Status.Conditions, v1alpha1.ReplicaLoaded)
+	if loaded == nil || loaded.Status != metav1.ConditionTrue ||
+		!strings.Contains(loaded.Message, "chat template is not used") || !strings.Contains(loaded.Message, "nested deeper than 256") {
+		t.Errorf("Loaded condition %+v, want True saying the template is not used because it nests too deep", loaded)
+	}
+	c := gatewayClient()
+	if _, err := chat(t.Context(), c, ns+"/nested", false); err != nil {
+		t.Errorf("a chat request with the built-in template: %v", err)
+	}
 }

@@ -104,18 +104,7 @@ const bombTemplate = `{% macro deep(n) %}{{ deep(n + 1) }}{% endmacro %}` +
 // went to llama.cpp's converter.
 func TestAttackBombsThroughTheGateway(t *testing.T) {
 	ns := testenv.NewNamespace(t, fleet.Client)
-	spec := ggufsynth.Tiny()
-	spec.ChatTemplate = bombTemplate
-	file := "bomb-" + ns + ".gguf"
-	p := filepath.Join(fleet.ModelsDir, file)
-	if err := ggufsynth.Write(p, spec); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.Remove(p) })
-	create(t, deployment(ns, "bomb", 1, func(md *v1alpha1.ModelDeployment) {
-		md.Spec.Model.Source = fleet.ModelsURL + "/" + file
-	}))
-	replicas := waitReady(t, ns, "bomb", 1, 3*time.Minute)
+	replicas := deployTemplate(t, ns, "bomb", bombTemplate)
 	model := ns + "/bomb"
 	before := runnersOn(t, replicas[0].Spec.NodeName)
 
@@ -201,25 +190,40 @@ func runnersOn(t *testing.T, node string) map[int]bool {
 // grows with the nesting, and nothing told the tenant.
 func TestAttackTemplateNestedAtLoad(t *testing.T) {
 	ns := testenv.NewNamespace(t, fleet.Client)
+	replicas := deployTemplate(t, ns, "nested",
+		"{{ "+strings.Repeat("(", 100000)+"1"+strings.Repeat(")", 100000)+" }}"+ggufsynth.ChatMLTemplate)
+	// The pool reads the runner's chat rendering after the load, so the condition
+	// says it shortly after Ready.
+	testenv.Eventually(t, 60*time.Second, 200*time.Millisecond, func() (bool, string) {
+		var mr v1alpha1.ModelReplica
+		if err := fleet.Client.Get(t.Context(), client.ObjectKeyFromObject(&replicas[0]), &mr); err != nil {
+			return false, err.Error()
+		}
+		loaded := meta.FindStatusCondition(mr.Status.Conditions, v1alpha1.ReplicaLoaded)
+		return loaded != nil && loaded.Status == metav1.ConditionTrue &&
+				strings.Contains(loaded.Message, "chat template is not used") && strings.Contains(loaded.Message, "nested deeper than 256"),
+			fmt.Sprintf("Loaded condition %+v, want True saying the template is not used because it nests too deep", loaded)
+	})
+	c := gatewayClient()
+	if _, err := chat(t.Context(), c, ns+"/nested", false); err != nil {
+		t.Errorf("a chat request with the built-in template: %v", err)
+	}
+}
+
+// deployTemplate deploys one replica of the tiny model with chatTemplate as its chat
+// template, as ns/name, and waits until it is ready.
+func deployTemplate(t *testing.T, ns, name, chatTemplate string) []v1alpha1.ModelReplica {
+	t.Helper()
 	spec := ggufsynth.Tiny()
-	spec.ChatTemplate = "{{ " + strings.Repeat("(", 100000) + "1" + strings.Repeat(")", 100000) + " }}" + ggufsynth.ChatMLTemplate
-	file := "nested-" + ns + ".gguf"
+	spec.ChatTemplate = chatTemplate
+	file := name + "-" + ns + ".gguf"
 	p := filepath.Join(fleet.ModelsDir, file)
 	if err := ggufsynth.Write(p, spec); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = os.Remove(p) })
-	create(t, deployment(ns, "nested", 1, func(md *v1alpha1.ModelDeployment) {
+	create(t, deployment(ns, name, 1, func(md *v1alpha1.ModelDeployment) {
 		md.Spec.Model.Source = fleet.ModelsURL + "/" + file
 	}))
-	replicas := waitReady(t, ns, "nested", 1, 3*time.Minute)
-	loaded := meta.FindStatusCondition(replicas[0].Status.Conditions, v1alpha1.ReplicaLoaded)
-	if loaded == nil || loaded.Status != metav1.ConditionTrue ||
-		!strings.Contains(loaded.Message, "chat template is not used") || !strings.Contains(loaded.Message, "nested deeper than 256") {
-		t.Errorf("Loaded condition %+v, want True saying the template is not used because it nests too deep", loaded)
-	}
-	c := gatewayClient()
-	if _, err := chat(t.Context(), c, ns+"/nested", false); err != nil {
-		t.Errorf("a chat request with the built-in template: %v", err)
-	}
+	return waitReady(t, ns, name, 1, 3*time.Minute)
 }

@@ -113,8 +113,7 @@ func ownedStatus(mr *v1alpha1.ModelReplica, local *localView, m *metal.ModelSnap
 		st.Phase = v1alpha1.ReplicaRunning
 		st.Memory.Resident = quantity(m.ResidentBytes)
 		st.Memory.Peak = quantity(m.PeakBytes)
-		msg := fmt.Sprintf("runner pid %d holds the model (%s resident)", m.PID, bytesize.Format(m.ResidentBytes))
-		cond(v1alpha1.ReplicaLoaded, metav1.ConditionTrue, v1alpha1.ReasonRunnerReady, msg)
+		cond(v1alpha1.ReplicaLoaded, metav1.ConditionTrue, v1alpha1.ReasonRunnerReady, loadedMessage(m))
 		cond(v1alpha1.ReplicaReady, metav1.ConditionTrue, v1alpha1.ReasonRunnerReady, "serving requests")
 	case metal.StateLoading:
 		st.Phase = v1alpha1.ReplicaLoading
@@ -286,4 +285,17 @@ func truncate(s string) string {
 		return s
 	}
 	return s[:maxMessage-3] + "..."
+}
+
+// loadedMessage is the Loaded=True message of a ready engine: its runner and, when
+// the model's own chat template was refused at load (it does not parse, or nests
+// beyond the template limits), that prompts are rendered with llama.cpp's built-in
+// templates instead.
+func loadedMessage(m *metal.ModelSnapshot) string {
+	msg := fmt.Sprintf("runner pid %d holds the model (%s resident)", m.PID, bytesize.Format(m.ResidentBytes))
+	if m.Chat != nil && m.Chat.TemplateError != "" {
+		msg = truncate(msg + "; the model's chat template is not used (" + m.Chat.TemplateError +
+			"): prompts are rendered with llama.cpp's built-in templates")
+	}
+	return msg
 }

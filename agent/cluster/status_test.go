@@ -13,6 +13,7 @@ import (
 
 	"github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/metal"
+	"github.com/macfleet/macfleet/runner/api"
 )
 
 func testReplica(res v1alpha1.Residency) *v1alpha1.ModelReplica {
@@ -234,5 +235,28 @@ func TestApplyOwnedKeepsOthers(t *testing.T) {
 	}
 	if st.Phase != v1alpha1.ReplicaRunning || st.Endpoint != "e:1" {
 		t.Errorf("phase %s endpoint %s", st.Phase, st.Endpoint)
+	}
+}
+
+// A model whose chat template the runner refused at load (a template nested beyond
+// the parser's limit, or one that does not parse) is Loaded, and the condition says
+// that prompts are rendered with llama.cpp's templates instead, and why.
+func TestLoadedMessageNamesARefusedTemplate(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		chat *api.ChatInfo
+		want string
+	}{
+		{"own template", &api.ChatInfo{Renderer: api.RendererJinja}, "runner pid 42 holds the model (50.0 MiB resident)"},
+		{"no chat info", nil, "runner pid 42 holds the model (50.0 MiB resident)"},
+		{"refused", &api.ChatInfo{Renderer: api.RendererBuiltin, TemplateError: "template syntax error at line 1: blocks or expressions nested deeper than 256"},
+			"runner pid 42 holds the model (50.0 MiB resident); the model's chat template is not used (template syntax error at line 1: blocks or expressions nested deeper than 256): prompts are rendered with llama.cpp's built-in templates"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := loadedMessage(&metal.ModelSnapshot{State: metal.StateReady, PID: 42, ResidentBytes: 50 << 20, Chat: tc.chat})
+			if got != tc.want {
+				t.Errorf("loadedMessage = %q, want %q", got, tc.want)
+			}
+		})
 	}
 }

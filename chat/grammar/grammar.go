@@ -21,6 +21,9 @@ type Spec struct {
 	Rules   map[string]string
 	// Param is the request field the constraint comes from, for errors.
 	Param string
+
+	// b is what the schemas have spent of MaxSchemaWeight.
+	b *budget
 }
 
 // JSON returns the schemas and rules as the JSON objects the converter takes.
@@ -58,7 +61,7 @@ func ForChat(in Input) (*Spec, *api.Error) {
 		return nil, api.InvalidRequest(api.CodeUnsupportedParameter, param,
 			"constrained output (%s) is not supported yet for models that write the harmony format", param)
 	}
-	s := &Spec{Schemas: map[string]json.RawMessage{}, Rules: map[string]string{}}
+	s := &Spec{Schemas: map[string]json.RawMessage{}, Rules: map[string]string{}, b: &budget{}}
 	var alts []string
 	if forced || callable && format {
 		tools := in.Tools
@@ -79,7 +82,7 @@ func ForChat(in Input) (*Spec, *api.Error) {
 		schema := json.RawMessage(`{"type":"object"}`)
 		if in.ResponseFormat.Type == "json_schema" {
 			schema = in.ResponseFormat.JSONSchema.Schema
-			if e := CheckSchema(schema, "response_format.json_schema.schema"); e != nil {
+			if e := checkSchema(s.b, schema, "response_format.json_schema.schema"); e != nil {
 				return nil, e
 			}
 		}
@@ -110,7 +113,7 @@ func (s *Spec) addCalls(f chat.Format, tools []api.Tool, parallel bool) *api.Err
 		if len(strings.TrimSpace(string(params))) == 0 || string(params) == "null" {
 			params = json.RawMessage(`{"type":"object"}`)
 		}
-		if e := CheckSchema(params, fmt.Sprintf("tools[%d].function.parameters", i)); e != nil {
+		if e := checkSchema(s.b, params, fmt.Sprintf("tools[%d].function.parameters", i)); e != nil {
 			return e
 		}
 		args := fmt.Sprintf("mf-args-%d", i)

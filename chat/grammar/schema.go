@@ -2,6 +2,7 @@ package grammar
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"regexp"
 	"sort"
@@ -36,19 +37,47 @@ func set(keys ...string) map[string]bool {
 }
 
 // CheckSchema refuses a schema that uses a keyword constrained output cannot enforce,
-// naming the keyword and where it is, so no part of a schema is silently dropped.
+// naming the keyword and where it is, so no part of a schema is silently dropped, and
+// a schema over the limits (MaxSchemaBytes, MaxSchemaDepth, MaxSchemaWeight).
 func CheckSchema(schema json.RawMessage, param string) *api.Error {
+	return checkSchema(&budget{}, schema, param)
+}
+
+// checkSchema is CheckSchema spending from b, shared by the schemas of a request.
+func checkSchema(b *budget, schema json.RawMessage, param string) *api.Error {
+	if len(schema) > MaxSchemaBytes {
+		return api.InvalidRequest(api.CodeInvalidValue, param, "%s",
+			(&LimitError{Limit: "schema size", Size: len(schema), Max: MaxSchemaBytes}).Error())
+	}
 	var v any
 	if err := json.Unmarshal(schema, &v); err != nil {
 		return api.InvalidRequest(api.CodeInvalidValue, param, "the schema is not valid JSON: %v", err)
 	}
-	if err := checkNode(v, ""); err != nil {
+	c := checker{b: b}
+	err := c.node(v, "", 0)
+	if d := jsonDepth(v, 0); err == nil && d > MaxJSONDepth {
+		err = &LimitError{Limit: "JSON nesting", Size: d, Max: MaxJSONDepth}
+	}
+	if err != nil {
+		var le *LimitError
+		if errors.As(err, &le) {
+			return api.InvalidRequest(api.CodeInvalidValue, param, "%s", err.Error())
+		}
 		return api.InvalidRequest(api.CodeUnsupportedParameter, param, "%s", err.Error())
 	}
 	return nil
 }
 
-func checkNode(v any, at string) error {
+// checker walks a schema, spending from b.
+type checker struct{ b *budget }
+
+func (c checker) node(v any, at string, depth int) error {
+	if depth > MaxSchemaDepth {
+		return &LimitError{Limit: "schema depth", At: pointer(at), Size: depth, Max: MaxSchemaDepth}
+	}
+	if err := c.b.spend(1, at); err != nil {
+		return err
+	}
 	switch n := v.(type) {
 	case bool:
 		return nil // true: anything; false: nothing
@@ -59,7 +88,7 @@ func checkNode(v any, at string) error {
 		}
 		sort.Strings(keys)
 		for _, k := range keys {
-			if err := checkKeyword(k, n[k], at+"/"+pointerEscape(k)); err != nil {
+			if err := c.keyword(k, n[k], at+"/"+pointerEscape(k), depth); err != nil {
 				return err
 			}
 		}
@@ -68,7 +97,10 @@ func checkNode(v any, at string) error {
 	return fmt.Errorf("the schema at %q must be an object or a boolean", pointer(at))
 }
 
-func checkKeyword(k string, v any, at string) error {
+func (c checker) keyword(k string, v any, at string, depth int) error {
+	if err := c.b.spend(leafWeight(k, v), at); err != nil {
+		return err
+	}
 	switch {
 	case annotations[k]:
 		return nil
@@ -82,14 +114,14 @@ func checkKeyword(k string, v any, at string) error {
 	case leafKeywords[k]:
 		return nil
 	case schemaKeywords[k]:
-		return checkNode(v, at)
+		return c.node(v, at, depth+1)
 	case mapKeywords[k]:
 		m, ok := v.(map[string]any)
 		if !ok {
 			return fmt.Errorf("%s at %q must be an object of schemas", k, pointer(at))
 		}
 		for name, sub := range m {
-			if err := checkNode(sub, at+"/"+pointerEscape(name)); err != nil {
+			if err := c.node(sub, at+"/"+pointerEscape(name), depth+1); err != nil {
 				return err
 			}
 		}
@@ -100,7 +132,7 @@ func checkKeyword(k string, v any, at string) error {
 			return fmt.Errorf("%s at %q must be an array of schemas", k, pointer(at))
 		}
 		for i, sub := range l {
-			if err := checkNode(sub, fmt.Sprintf("%s/%d", at, i)); err != nil {
+			if err := c.node(sub, fmt.Sprintf("%s/%d", at, i), depth+1); err != nil {
 				return err
 			}
 		}
@@ -148,4 +180,23 @@ func pointer(at string) string {
 
 func pointerEscape(k string) string {
 	return strings.ReplaceAll(strings.ReplaceAll(k, "~", "~0"), "/", "~1")
+}
+
+// jsonDepth is the nesting of v, counting no further than MaxJSONDepth+1.
+func jsonDepth(v any, d int) int {
+	if d > MaxJSONDepth {
+		return d
+	}
+	deepest := d
+	switch v := v.(type) {
+	case map[string]any:
+		for _, x := range v {
+			deepest = max(deepest, jsonDepth(x, d+1))
+		}
+	case []any:
+		for _, x := range v {
+			deepest = max(deepest, jsonDepth(x, d+1))
+		}
+	}
+	return deepest
 }

@@ -43,17 +43,20 @@ func (e *RenderError) Error() string {
 
 func (e *RenderError) Unwrap() error { return e.Err }
 
-// maxOutput bounds a rendering (a template looping on itself must not eat the memory).
-const maxOutput = 64 << 20
-
-// maxSteps bounds the statements and loop iterations of one rendering.
-const maxSteps = 1_000_000
-
 // Render renders the template with vars (converted with FromGo unless they are
 // template values already).
 func (t *Template) Render(vars map[string]any) (out string, err error) {
+	return t.render(vars, maxSteps)
+}
+
+// render is Render within steps steps.
+func (t *Template) render(vars map[string]any, steps int) (out string, err error) {
 	defer func() {
 		if v := recover(); v != nil {
+			if le, ok := v.(*LimitError); ok {
+				out, err = "", le
+				return
+			}
 			out, err = "", fmt.Errorf("template rendering failed: %v", v)
 		}
 	}()
@@ -61,7 +64,7 @@ func (t *Template) Render(vars map[string]any) (out string, err error) {
 	for k, v := range vars {
 		globals[k] = FromGo(v)
 	}
-	r := &renderer{}
+	r := &renderer{b: &budget{maxSteps: steps}}
 	sc := &scope{vars: globals}
 	if err := r.exec(t.body, sc); err != nil {
 		var ctl loopControl
@@ -74,8 +77,8 @@ func (t *Template) Render(vars map[string]any) (out string, err error) {
 }
 
 type renderer struct {
-	out   strings.Builder
-	steps int
+	out strings.Builder
+	b   *budget
 }
 
 type scope struct {
@@ -104,17 +107,21 @@ const (
 )
 
 func (r *renderer) step() error {
-	r.steps++
-	if r.steps > maxSteps {
-		return errors.New("the template ran too long")
+	r.b.steps++
+	if r.b.steps > r.b.maxSteps {
+		return &LimitError{Limit: "steps", Size: int64(r.b.steps), Max: int64(r.b.maxSteps)}
 	}
 	if r.out.Len() > maxOutput {
-		return errors.New("the template's output is too large")
+		return &LimitError{Limit: "output size", Size: int64(r.out.Len()), Max: maxOutput}
 	}
 	return nil
 }
 
 func (r *renderer) exec(body []node, sc *scope) error {
+	if err := r.enter(); err != nil {
+		return err
+	}
+	defer r.leave()
 	for _, n := range body {
 		if err := r.step(); err != nil {
 			return err
@@ -152,12 +159,14 @@ func (r *renderer) execNode(n node, sc *scope) error {
 	case *setNode:
 		var v any
 		if n.body != nil {
-			sub := &renderer{steps: r.steps}
+			sub := &renderer{b: r.b}
 			if err := sub.exec(n.body, sc); err != nil {
 				return err
 			}
-			r.steps = sub.steps
 			v = sub.out.String()
+			if err := r.produced(v); err != nil {
+				return wrapLine(err, n.line)
+			}
 		} else {
 			var err error
 			if v, err = r.eval(n.e, sc); err != nil {
@@ -178,10 +187,11 @@ func (r *renderer) execNode(n node, sc *scope) error {
 		sc.vars[n.name] = r.makeMacro(n, sc)
 	case *callBlockNode:
 		caller := Func(func([]any, *Dict) (any, error) {
-			sub := &renderer{steps: r.steps}
-			err := sub.exec(n.body, sc.child())
-			r.steps = sub.steps
-			return sub.out.String(), err
+			return r.call(func() (any, error) {
+				sub := &renderer{b: r.b}
+				err := sub.exec(n.body, sc.child())
+				return sub.out.String(), err
+			})
 		})
 		inner := sc.child()
 		inner.vars["caller"] = caller
@@ -191,11 +201,10 @@ func (r *renderer) execNode(n node, sc *scope) error {
 		}
 		r.out.WriteString(toStr(v))
 	case *filterBlockNode:
-		sub := &renderer{steps: r.steps}
+		sub := &renderer{b: r.b}
 		if err := sub.exec(n.body, sc); err != nil {
 			return err
 		}
-		r.steps = sub.steps
 		f := *n.filter
 		f.e = literal{sub.out.String()}
 		v, err := r.eval(&f, sc)
@@ -346,11 +355,12 @@ func (r *renderer) makeMacro(n *macroNode, sc *scope) Func {
 			}
 			inner.vars[prm.name] = v
 		}
-		sub := &renderer{steps: r.steps}
-		if err := sub.exec(n.body, inner); err != nil {
-			return nil, err
-		}
-		r.steps = sub.steps
-		return sub.out.String(), nil
+		return r.call(func() (any, error) {
+			sub := &renderer{b: r.b}
+			if err := sub.exec(n.body, inner); err != nil {
+				return nil, err
+			}
+			return sub.out.String(), nil
+		})
 	}
 }

@@ -8,6 +8,10 @@ import (
 )
 
 func (r *renderer) eval(e expr, sc *scope) (any, error) {
+	if err := r.enter(); err != nil {
+		return nil, err
+	}
+	defer r.leave()
 	switch e := e.(type) {
 	case literal:
 		return e.v, nil
@@ -290,6 +294,9 @@ func (r *renderer) evalCall(e callExpr, sc *scope) (any, error) {
 		return nil, &RenderError{e.line, fmt.Errorf("%s object %q is not callable", typeName(fn), name)}
 	}
 	v, err := f(args, kw)
+	if err == nil {
+		err = r.produced(v)
+	}
 	if err != nil {
 		return nil, wrapLine(err, e.line)
 	}
@@ -318,6 +325,9 @@ func (r *renderer) evalBinary(e binaryExpr, sc *scope) (any, error) {
 		return nil, err
 	}
 	v, err := binaryOp(e.op, l, rv)
+	if err == nil {
+		err = r.produced(v)
+	}
 	if err != nil {
 		return nil, &RenderError{e.line, err}
 	}
@@ -343,15 +353,25 @@ func binaryOp(op string, l, r any) (any, error) {
 		}
 		return in == (op == "in"), nil
 	case "~":
-		return toStr(l) + toStr(r), nil
+		ls, rs := toStr(l), toStr(r)
+		if err := fitString(int64(len(ls)) + int64(len(rs))); err != nil {
+			return nil, err
+		}
+		return ls + rs, nil
 	case "+":
 		switch lv := l.(type) {
 		case string:
 			if rs, ok := r.(string); ok {
+				if err := fitString(int64(len(lv)) + int64(len(rs))); err != nil {
+					return nil, err
+				}
 				return lv + rs, nil
 			}
 		case *List:
 			if rl, ok := r.(*List); ok {
+				if err := fitList(int64(len(lv.Items)) + int64(len(rl.Items))); err != nil {
+					return nil, err
+				}
 				out := &List{Items: append(append([]any{}, lv.Items...), rl.Items...)}
 				return out, nil
 			}
@@ -359,11 +379,23 @@ func binaryOp(op string, l, r any) (any, error) {
 	case "*":
 		if s, ok := l.(string); ok {
 			if n, ok := r.(int64); ok {
-				return strings.Repeat(s, int(max(0, min(n, 1<<20)))), nil
+				n = max(0, n)
+				if n > 0 && int64(len(s)) > MaxValueBytes/n {
+					return nil, &LimitError{Limit: "string size", Size: sizeTimes(int64(len(s)), n), Max: MaxValueBytes}
+				}
+				return strings.Repeat(s, int(n)), nil
 			}
 		}
 	}
 	return arith(op, l, r)
+}
+
+// sizeTimes is a*b, saturating at the largest int64.
+func sizeTimes(a, b int64) int64 {
+	if a != 0 && b > math.MaxInt64/a {
+		return math.MaxInt64
+	}
+	return a * b
 }
 
 func arith(op string, l, r any) (any, error) {

@@ -20,6 +20,9 @@ func (r *renderer) evalFilter(f *filterExpr, sc *scope) (any, error) {
 		return nil, err
 	}
 	out, err := applyFilter(f.name, v, args, kw)
+	if err == nil {
+		err = r.produced(out)
+	}
 	if err != nil {
 		return nil, wrapLine(fmt.Errorf("filter %s: %w", f.name, err), f.line)
 	}
@@ -116,7 +119,7 @@ func applyFilter(name string, v any, args []any, kw *Dict) (any, error) {
 			}
 			parts[i] = toStr(it)
 		}
-		return strings.Join(parts, toStr(arg(args, kw, 0, "d", ""))), nil
+		return joinStrings(parts, toStr(arg(args, kw, 0, "d", "")))
 	case "list":
 		items, err := iterate(v)
 		return &List{Items: append([]any{}, items...)}, err
@@ -267,24 +270,30 @@ func applyFilter(name string, v any, args []any, kw *Dict) (any, error) {
 		if c, ok := arg(args, kw, 2, "count", nil).(int64); ok {
 			n = int(c)
 		}
-		return strings.Replace(s, toStr(arg(args, kw, 0, "old", "")), toStr(arg(args, kw, 1, "new", "")), n), nil
+		return replaceString(s, toStr(arg(args, kw, 0, "old", "")), toStr(arg(args, kw, 1, "new", "")), n)
 	case "indent":
 		width := "    "
 		switch w := arg(args, kw, 0, "width", int64(4)).(type) {
 		case int64:
-			width = strings.Repeat(" ", int(w))
+			if err := fitString(w); err != nil {
+				return nil, err
+			}
+			width = strings.Repeat(" ", int(max(w, 0)))
 		case string:
 			width = w
 		}
 		first := truthy(arg(args, kw, 1, "first", false))
 		blank := truthy(arg(args, kw, 2, "blank", false))
 		lines := strings.Split(toStr(v), "\n")
+		if err := fitString(sizeTimes(int64(len(lines)), int64(len(width)))); err != nil {
+			return nil, err
+		}
 		for i, l := range lines {
 			if (i > 0 || first) && (blank || strings.TrimSpace(l) != "") {
 				lines[i] = width + l
 			}
 		}
-		return strings.Join(lines, "\n"), nil
+		return joinStrings(lines, "\n")
 	case "int":
 		switch x := v.(type) {
 		case int64:

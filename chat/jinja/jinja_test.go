@@ -26,7 +26,7 @@ func TestErrors(t *testing.T) {
 		{name: "call undefined", src: "{{ nosuch() }}", renderErr: "\"nosuch\" is undefined"},
 		{name: "bad operands", src: "{{ 'a' - 1 }}", renderErr: "unsupported operand types for -: str and int"},
 		{name: "set on non-namespace", src: "{% set x = 1 %}{% set x.y = 2 %}", renderErr: "only a namespace() can be assigned"},
-		{name: "runaway loop", src: "{% for i in range(100000) %}{% for j in range(1000) %}{% endfor %}{% endfor %}", renderErr: "ran too long"},
+		{name: "runaway loop", src: "{% for i in range(100000) %}{% for j in range(1000) %}{% endfor %}{% endfor %}", renderErr: "steps limit"},
 		{name: "break outside loop", src: "{% break %}", renderErr: "break outside a loop"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

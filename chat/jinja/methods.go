@@ -113,7 +113,7 @@ func stringMethod(s, name string) Func {
 			if c, ok := arg(args, kw, 2, "count", nil).(int64); ok {
 				n = int(c)
 			}
-			return strings.Replace(s, toStr(args[0]), toStr(args[1]), n), nil
+			return replaceString(s, toStr(args[0]), toStr(args[1]), n)
 		}
 	case "find", "rfind", "index", "count":
 		return func(args []any, _ *Dict) (any, error) {
@@ -151,7 +151,7 @@ func stringMethod(s, name string) Func {
 			for i, it := range items {
 				parts[i] = toStr(it)
 			}
-			return strings.Join(parts, s), nil
+			return joinStrings(parts, s)
 		}
 	case "format":
 		return func(args []any, kw *Dict) (any, error) { return braceFormat(s, args, kw) }
@@ -201,6 +201,7 @@ func braceFormat(s string, args []any, kw *Dict) (string, error) {
 			}
 			sb.WriteString(toStr(args[auto]))
 			auto++
+			mustFitString(int64(sb.Len()))
 		case field[0] >= '0' && field[0] <= '9':
 			var n int
 			fmt.Sscanf(field, "%d", &n)
@@ -208,6 +209,7 @@ func braceFormat(s string, args []any, kw *Dict) (string, error) {
 				return "", errors.New("format() index out of range")
 			}
 			sb.WriteString(toStr(args[n]))
+			mustFitString(int64(sb.Len()))
 		default:
 			v, ok := any(nil), false
 			if kw != nil {
@@ -217,6 +219,7 @@ func braceFormat(s string, args []any, kw *Dict) (string, error) {
 				return "", fmt.Errorf("format() has no argument %q", field)
 			}
 			sb.WriteString(toStr(v))
+			mustFitString(int64(sb.Len()))
 		}
 	}
 	return sb.String(), nil

@@ -8,6 +8,10 @@ import (
 // Expressions, lowest precedence first.
 
 func (p *parser) parseExpr() (expr, error) {
+	if err := p.nest(); err != nil {
+		return nil, err
+	}
+	defer p.unnest()
 	e, err := p.parseOr()
 	if err != nil {
 		return nil, err
@@ -56,6 +60,10 @@ func (p *parser) parseAnd() (expr, error) {
 
 func (p *parser) parseNot() (expr, error) {
 	if p.isName("not") {
+		if err := p.nest(); err != nil {
+			return nil, err
+		}
+		defer p.unnest()
 		p.next()
 		x, err := p.parseNot()
 		return unaryExpr{op: "not", x: x}, err
@@ -160,6 +168,10 @@ func (p *parser) parseUnary() (expr, error) {
 
 func (p *parser) parseUnaryOperand() (expr, error) {
 	if p.isOp("-") || p.isOp("+") {
+		if err := p.nest(); err != nil {
+			return nil, err
+		}
+		defer p.unnest()
 		op := p.next().val
 		x, err := p.parseUnaryOperand()
 		return unaryExpr{op: op, x: x}, err

@@ -115,7 +115,21 @@ type kwarg struct {
 type parser struct {
 	toks []token
 	pos  int
+	// depth is the nesting of the blocks and expressions being parsed.
+	depth int
 }
+
+// nest counts one level of nesting, refusing more than MaxNesting; the caller
+// defers p.unnest().
+func (p *parser) nest() error {
+	p.depth++
+	if p.depth > MaxNesting {
+		return &SyntaxError{p.peek().line, fmt.Sprintf("blocks or expressions nested deeper than %d", MaxNesting)}
+	}
+	return nil
+}
+
+func (p *parser) unnest() { p.depth-- }
 
 func (p *parser) peek() token { return p.toks[p.pos] }
 
@@ -169,6 +183,10 @@ func (p *parser) expectBlockEnd() error {
 // parseBody parses nodes until a block tag named in stops; it returns the nodes and
 // the stop tag's name, leaving the parser after that name.
 func (p *parser) parseBody(stops ...string) ([]node, string, error) {
+	if err := p.nest(); err != nil {
+		return nil, "", err
+	}
+	defer p.unnest()
 	var out []node
 	for {
 		t := p.next()

@@ -203,8 +203,15 @@ func toStr(v any) string {
 	return repr(v)
 }
 
-// repr is Python's repr().
-func repr(v any) string {
+// repr is Python's repr(). It panics with a *LimitError (Render recovers it) on a
+// result over MaxValueBytes or a structure nested deeper than maxEvalDepth (a list
+// that contains itself).
+func repr(v any) string { return reprDepth(v, 0) }
+
+func reprDepth(v any, depth int) string {
+	if depth > maxEvalDepth {
+		panic(&LimitError{Limit: "nesting depth", Size: int64(depth), Max: maxEvalDepth})
+	}
 	switch v := v.(type) {
 	case nil:
 		return "None"
@@ -225,15 +232,21 @@ func repr(v any) string {
 		}
 		return "'" + strings.ReplaceAll(strings.ReplaceAll(v, "\\", "\\\\"), "'", "\\'") + "'"
 	case *List:
+		var size int64
 		parts := make([]string, len(v.Items))
 		for i, x := range v.Items {
-			parts[i] = repr(x)
+			parts[i] = reprDepth(x, depth+1)
+			size += int64(len(parts[i])) + 2
+			mustFitString(size)
 		}
 		return "[" + strings.Join(parts, ", ") + "]"
 	case *Dict:
+		var size int64
 		parts := make([]string, len(v.keys))
 		for i, k := range v.keys {
-			parts[i] = repr(k) + ": " + repr(v.m[k])
+			parts[i] = reprDepth(k, depth+1) + ": " + reprDepth(v.m[k], depth+1)
+			size += int64(len(parts[i])) + 2
+			mustFitString(size)
 		}
 		return "{" + strings.Join(parts, ", ") + "}"
 	}
@@ -262,8 +275,15 @@ func pyFloat(f float64) string {
 // toJSON is transformers' tojson: json.dumps(x, ensure_ascii=False, indent=indent)
 // with its default separators and the dict order kept.
 func toJSON(sb *strings.Builder, v any, indent, depth int, sep, kvsep string) error {
+	if depth > maxEvalDepth {
+		return &LimitError{Limit: "nesting depth", Size: int64(depth), Max: maxEvalDepth}
+	}
+	if err := fitString(int64(sb.Len())); err != nil {
+		return err
+	}
 	nl := func(d int) {
 		if indent > 0 {
+			mustFitString(int64(sb.Len()) + sizeTimes(int64(indent), int64(d)))
 			sb.WriteByte('\n')
 			sb.WriteString(strings.Repeat(" ", indent*d))
 		}
@@ -359,8 +379,14 @@ func writeJSONString(sb *strings.Builder, s string) {
 	sb.WriteByte('"')
 }
 
-// equal is Python's ==.
-func equal(a, b any) bool {
+// equal is Python's ==. It panics with a *LimitError (Render recovers it) on lists
+// or dicts nested deeper than maxEvalDepth (one that contains itself).
+func equal(a, b any) bool { return equalDepth(a, b, 0) }
+
+func equalDepth(a, b any, depth int) bool {
+	if depth > maxEvalDepth {
+		panic(&LimitError{Limit: "nesting depth", Size: int64(depth), Max: maxEvalDepth})
+	}
 	if fa, ok := number(a); ok {
 		if fb, ok := number(b); ok {
 			return fa == fb
@@ -382,7 +408,7 @@ func equal(a, b any) bool {
 			return false
 		}
 		for i := range a.Items {
-			if !equal(a.Items[i], bl.Items[i]) {
+			if !equalDepth(a.Items[i], bl.Items[i], depth+1) {
 				return false
 			}
 		}
@@ -394,7 +420,7 @@ func equal(a, b any) bool {
 		}
 		for _, k := range a.keys {
 			bv, ok := bd.m[k]
-			if !ok || !equal(a.m[k], bv) {
+			if !ok || !equalDepth(a.m[k], bv, depth+1) {
 				return false
 			}
 		}

@@ -2,6 +2,13 @@
 // GGUF model from the model's header alone, read from a local file or over HTTP range
 // requests (a few MiB of a multi-GiB file).
 //
+// The header comes from whoever published the model. Before the parser sees it, it
+// is checked against Limits (internal/ggufheader: header size, key, tensor, string,
+// array and layer counts), so that no declared count or length makes the caller
+// allocate it; a remote header is read within the limits and the parser reads those
+// same bytes from a mirror on loopback. Over a limit the estimate fails with a
+// *ParseError wrapping a *ggufheader.LimitError that names the limit.
+//
 // The figure is what the runner allocates with every layer and the output offloaded
 // to the GPU (Metal on a Mac; the CPU backend elsewhere), built from the header parsed
 // by github.com/gpustack/gguf-parser-go:
@@ -53,9 +60,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
-	"os"
 	"time"
 
 	gguf "github.com/gpustack/gguf-parser-go"
@@ -93,13 +98,11 @@ type Params struct {
 
 	// Header is added to every request for URL (e.g. Authorization for a gated repo).
 	Header http.Header
-	// HTTPClient makes the first request to URL, which classifies failures (unreachable,
-	// HTTP status, not a GGUF file, no range support); nil means a client with a 30 s
-	// timeout. The parser's own range requests use its transport, bounded by ctx.
+	// HTTPClient makes the range requests that read the header from URL (its
+	// CheckRedirect and TLS settings apply); nil means a client with a 30 s timeout.
 	HTTPClient *http.Client
-	// Dial, when set, makes every connection of the parser's range requests (a
-	// policy-checked dialer; give HTTPClient one too): they go through a forward proxy
-	// on loopback that dials with it, and the first error it returns is the
+	// Dial, when set, makes every connection of those requests instead of
+	// HTTPClient's own dialer (a policy-checked dialer); its first error is the
 	// estimate's.
 	Dial DialFunc
 }
@@ -206,17 +209,15 @@ type ParamsError struct{ Reason string }
 
 func (e *ParamsError) Error() string { return "invalid estimate parameters: " + e.Reason }
 
-// ggufMagic is "GGUF" as it appears at the start of every GGUF file.
-var ggufMagic = []byte("GGUF")
-
-// readBufferSize is the parser's range-request buffer: each request asks for this
-// much, so a header of a few hundred KiB costs one or two requests.
+// readBufferSize is the first range request's size (later ones double it up to 8×),
+// so a header of a few hundred KiB costs one request.
 const readBufferSize = 1 << 20
 
 // Estimate reads the GGUF header at p.URL or p.Path and returns llama.cpp's memory
 // needs for p's engine settings. Failures are typed: *source.UnreachableError,
-// *source.StatusError, *NotGGUFError, *NoRangeError, *ParseError,
-// *UnsupportedModelError, *ParamsError, or a wrapped os error for a local path.
+// *source.StatusError, *NotGGUFError, *NoRangeError, *ParseError (wrapping a
+// *ggufheader.LimitError for a header over Limits), *UnsupportedModelError,
+// *ParamsError, or a wrapped os error for a local path.
 func Estimate(ctx context.Context, p Params) (Result, error) {
 	if err := p.validate(); err != nil {
 		return Result{}, err
@@ -233,7 +234,19 @@ func Estimate(ctx context.Context, p Params) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
-	return compute(gf, p.location(), p)
+	return safeCompute(gf, p.location(), p)
+}
+
+// safeCompute is compute, turning the estimator's panics (it indexes tables by what
+// the header declares) into *ParseError: a header that passed the limits may still
+// describe a model no estimator can make sense of.
+func safeCompute(gf *gguf.GGUFFile, loc string, p Params) (r Result, err error) {
+	defer func() {
+		if x := recover(); x != nil {
+			r, err = Result{}, &ParseError{Location: loc, Err: fmt.Errorf("the estimator panicked on this header: %v", x)}
+		}
+	}()
+	return compute(gf, loc, p)
 }
 
 func (p Params) location() string {
@@ -272,74 +285,57 @@ func (t KVCacheType) ggml() (gguf.GGMLType, error) {
 	return 0, &ParamsError{Reason: fmt.Sprintf("unknown KV cache type %q (want f16, q8_0 or q4_0)", t)}
 }
 
+// parseLocal checks the header of the file at path (and its other shards) against
+// Limits, then parses it.
 func parseLocal(path string) (*gguf.GGUFFile, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, fmt.Errorf("opening model file: %w", err)
-	}
-	magic := make([]byte, len(ggufMagic))
-	n, err := io.ReadFull(f, magic)
-	_ = f.Close()
-	if err != nil && !errors.Is(err, io.ErrUnexpectedEOF) && !errors.Is(err, io.EOF) {
-		return nil, fmt.Errorf("reading model file %s: %w", path, err)
-	}
-	if string(magic[:n]) != string(ggufMagic) {
-		return nil, &NotGGUFError{Location: path}
+	if err := checkLocal(path); err != nil {
+		return nil, err
 	}
 	return parse(path, func() (*gguf.GGUFFile, error) {
 		return gguf.ParseGGUFFile(path, gguf.SkipLargeMetadata())
 	})
 }
 
+// parseRemote reads the header at p.URL within Limits (fetchHeader), then has the
+// parser read those bytes from a mirror on loopback. A header whose read fails
+// midway is read again, up to remoteAttempts times: one dropped connection would
+// otherwise leave the deployment unplaceable until its spec changed.
 func parseRemote(ctx context.Context, p Params) (*gguf.GGUFFile, error) {
-	if err := probe(ctx, p); err != nil {
+	cli := headerClient(p)
+	fetch := func(ctx context.Context, u string) (*remoteHeader, error) {
+		var (
+			h   *remoteHeader
+			err error
+		)
+		for attempt := 1; attempt <= remoteAttempts; attempt++ {
+			h, err = fetchHeader(ctx, cli, p.Header, u)
+			var ue *source.UnreachableError
+			if err == nil || !errors.As(err, &ue) || attempt == remoteAttempts {
+				break
+			}
+			select {
+			case <-ctx.Done():
+				return nil, fmt.Errorf("reading the GGUF header of %s: %w", u, ctx.Err())
+			case <-time.After(time.Duration(attempt) * remoteRetryDelay):
+			}
+		}
+		return h, err
+	}
+	first, err := fetch(ctx, p.URL)
+	if err != nil {
 		return nil, err
 	}
-	opts := []gguf.GGUFReadOption{gguf.SkipLargeMetadata(), gguf.UseBufferSize(readBufferSize), gguf.SkipCache()}
-	if len(p.Header) > 0 {
-		h := make(map[string]string, len(p.Header))
-		for k := range p.Header {
-			h[k] = p.Header.Get(k)
-		}
-		opts = append(opts, gguf.UseHeaders(h))
+	m, err := startMirror(ctx, p.URL, first, fetch)
+	if err != nil {
+		return nil, err
 	}
-	var proxy *dialProxy
-	if p.Dial != nil {
-		var err error
-		if proxy, err = startDialProxy(p.Dial); err != nil {
-			return nil, err
-		}
-		defer proxy.close()
-		opts = append(opts, gguf.UseProxy(proxy.URL()))
-	}
-	// The header is read by many range requests. One of them failing (a connection
-	// dropped, a short read) fails the parse like a corrupt header would, and would
-	// leave the deployment unplaceable until its spec changed: the read is tried
-	// remoteAttempts times before the estimate fails.
-	var gf *gguf.GGUFFile
-	var err error
-	for attempt := 1; attempt <= remoteAttempts; attempt++ {
-		gf, err = parse(p.URL, func() (*gguf.GGUFFile, error) {
-			gf, err := gguf.ParseGGUFFileRemote(ctx, p.URL, opts...)
-			if err != nil && ctx.Err() != nil {
-				return nil, fmt.Errorf("reading the GGUF header of %s: %w", p.URL, ctx.Err())
-			}
-			return gf, err
-		})
-		var perr *ParseError
-		if err == nil || !errors.As(err, &perr) || attempt == remoteAttempts {
-			break
-		}
-		select {
-		case <-ctx.Done():
-			return nil, fmt.Errorf("reading the GGUF header of %s: %w", p.URL, ctx.Err())
-		case <-time.After(time.Duration(attempt) * remoteRetryDelay):
-		}
-	}
-	if err != nil && proxy != nil {
-		if derr := proxy.dialErr(); derr != nil {
-			return nil, fmt.Errorf("reading the GGUF header of %s: %w", p.URL, derr)
-		}
+	defer m.close()
+	gf, err := parse(p.URL, func() (*gguf.GGUFFile, error) {
+		return gguf.ParseGGUFFileRemote(ctx, m.URL(), gguf.SkipLargeMetadata(), gguf.UseBufferSize(readBufferSize),
+			gguf.SkipCache(), gguf.SkipProxy())
+	})
+	if ferr := m.fetchErr(); err != nil && ferr != nil {
+		return nil, ferr
 	}
 	return gf, err
 }
@@ -376,55 +372,6 @@ func deniedError(err error) error {
 	var de *sourcepolicy.DeniedError
 	if errors.As(err, &de) {
 		return de
-	}
-	return nil
-}
-
-// probe asks for the first bytes of the file with a range request, so that the
-// common failures get a precise, typed error before the parser runs (its own errors
-// are untyped strings, and it retries unreachable servers for seconds).
-func probe(ctx context.Context, p Params) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, p.URL, nil)
-	if err != nil {
-		return &ParamsError{Reason: fmt.Sprintf("URL %q: %v", p.URL, err)}
-	}
-	for k, vs := range p.Header {
-		for _, v := range vs {
-			req.Header.Add(k, v)
-		}
-	}
-	req.Header.Set("Range", fmt.Sprintf("bytes=0-%d", len(ggufMagic)-1))
-	cli := p.HTTPClient
-	if cli == nil {
-		cli = defaultClient
-	}
-	resp, err := cli.Do(req)
-	if err != nil {
-		if ctx.Err() != nil {
-			return fmt.Errorf("reading the GGUF header of %s: %w", p.URL, ctx.Err())
-		}
-		if de := deniedError(err); de != nil {
-			// The client's dialer refused the address (a source policy).
-			return fmt.Errorf("reading the GGUF header of %s: %w", p.URL, de)
-		}
-		return source.Unreachable(p.URL, err)
-	}
-	defer func() { _ = resp.Body.Close() }()
-	switch resp.StatusCode {
-	case http.StatusPartialContent:
-	case http.StatusOK:
-		// The server ignored the range: it would send the whole file.
-		return &NoRangeError{URL: p.URL}
-	default:
-		return &source.StatusError{URL: p.URL, StatusCode: resp.StatusCode, Status: resp.Status}
-	}
-	magic := make([]byte, len(ggufMagic))
-	n, err := io.ReadFull(resp.Body, magic)
-	if err != nil && !errors.Is(err, io.ErrUnexpectedEOF) && !errors.Is(err, io.EOF) {
-		return source.Unreachable(p.URL, err)
-	}
-	if string(magic[:n]) != string(ggufMagic) {
-		return &NotGGUFError{Location: p.URL}
 	}
 	return nil
 }

@@ -276,7 +276,7 @@ func TestRemoteReadSurvivesADroppedRequest(t *testing.T) {
 		t.Fatal(err)
 	}
 	srv := serveFile(t, path)
-	srv.dropRanged = 2
+	srv.dropRanged = 1
 	remote, err := Estimate(t.Context(), Params{URL: srv.URL + "/mid.gguf", ContextLength: 8192, Parallel: 4})
 	if err != nil {
 		t.Fatalf("a dropped range request failed the estimate: %v", err)
@@ -284,8 +284,8 @@ func TestRemoteReadSurvivesADroppedRequest(t *testing.T) {
 	if diff := cmp.Diff(local, remote); diff != "" {
 		t.Errorf("remote and local estimates differ (-local +remote):\n%s", diff)
 	}
-	if n := srv.ranged.Load(); n <= 2 {
-		t.Errorf("the server saw %d ranged requests: the dropped one was not the header's", n)
+	if n := srv.ranged.Load(); n < 2 {
+		t.Errorf("the server saw %d ranged requests: the dropped one was not read again", n)
 	}
 }
 

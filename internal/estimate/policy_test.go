@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"net"
-	"net/http"
-	"net/http/httptest"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -36,9 +34,9 @@ func wantDenial(t *testing.T, err error, want string) {
 	}
 }
 
-// The estimate's probe and the parser's range requests both connect through the
-// policy: the default refuses the loopback server before a byte is asked for, and an
-// explicit allowance lets the same estimate through the parser's proxy.
+// The header's range requests connect through the policy: the default refuses the
+// loopback server before a byte is asked for, and an explicit allowance lets the
+// same estimate through.
 func TestEstimateFollowsTheSourcePolicy(t *testing.T) {
 	path := model(t, ggufsynth.Tiny())
 	srv := serveFile(t, path)
@@ -68,52 +66,13 @@ func TestEstimateFollowsTheSourcePolicy(t *testing.T) {
 		t.Fatal(err)
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
-		t.Errorf("estimate through the proxy differs from the local one (-local +remote):\n%s", diff)
+		t.Errorf("estimate through the policy differs from the local one (-local +remote):\n%s", diff)
 	}
 	if dials.Load() == 0 {
-		t.Error("the parser's requests did not dial through Dial")
+		t.Error("the header's requests did not dial through Dial")
 	}
 
-	// A name that resolves elsewhere by the time the parser connects (DNS rebinding):
-	// the probe's client lets it through, the parser's dial refuses it.
+	// Dial decides even where HTTPClient's own dialer would let the address through.
 	_, err = Estimate(t.Context(), Params{URL: u, HTTPClient: allowed.Client(nil), Dial: def.Dialer().DialContext})
 	wantDenial(t, err, "is loopback")
-}
-
-func TestDialProxyTunnelsHTTPS(t *testing.T) {
-	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = w.Write([]byte("tunnelled")) }))
-	t.Cleanup(srv.Close)
-	for _, tc := range []struct {
-		name   string
-		holder *sourcepolicy.Holder
-		ok     bool
-	}{{"allowed", loopbackAllowed(t), true}, {"denied", sourcepolicy.NewHolder(nil), false}} {
-		t.Run(tc.name, func(t *testing.T) {
-			p, err := startDialProxy(tc.holder.Dialer().DialContext)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer p.close()
-			tr := srv.Client().Transport.(*http.Transport).Clone()
-			tr.Proxy = http.ProxyURL(p.URL())
-			resp, err := (&http.Client{Transport: tr}).Get(srv.URL + "/x")
-			if tc.ok {
-				if err != nil {
-					t.Fatal(err)
-				}
-				_ = resp.Body.Close()
-				if resp.StatusCode != http.StatusOK {
-					t.Fatalf("GET through the tunnel: %s", resp.Status)
-				}
-				return
-			}
-			if err == nil {
-				_ = resp.Body.Close()
-				t.Fatal("GET through the tunnel to a denied address succeeded")
-			}
-			if !sourcepolicy.IsDenied(p.dialErr()) {
-				t.Errorf("the proxy's dial error is %v, want a denial", p.dialErr())
-			}
-		})
-	}
 }

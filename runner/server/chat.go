@@ -159,6 +159,9 @@ func (s *Server) chatGrammar(req *api.ChatRequest, co chat.Options) (string, *ap
 	schemas, rules := spec.JSON()
 	g, err := llama.BuildGrammar(schemas, rules)
 	if err == nil {
+		err = grammar.CheckGrammarSize(g)
+	}
+	if err == nil {
 		err = llama.CheckGrammar(s.model, g)
 	}
 	if err != nil {

@@ -23,6 +23,7 @@ import (
 	"github.com/macfleet/macfleet/agent/store"
 	"github.com/macfleet/macfleet/internal/estimate"
 	"github.com/macfleet/macfleet/metal"
+	"github.com/macfleet/macfleet/runner/sandbox"
 )
 
 // HTTP server timeouts. There is deliberately no write timeout: a stream lasts as long
@@ -166,7 +167,7 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 	}
 
 	factory := metal.NewProcessFactory(metal.ProcessConfig{RunnerPath: runnerPath, Threads: cfg.RunnerThreads,
-		Log: log.WithName("runner"), Output: opts.RunnerOutput,
+		Sandbox: sandbox.Mode(cfg.RunnerSandbox), Log: log.WithName("runner"), Output: opts.RunnerOutput,
 		PromptCacheDir: cfg.PromptCacheDir, PromptCacheSSDBytes: PromptCacheSSDBytes(cfg.PromptCacheSSDBytes)})
 	pcfg := opts.Pool
 	pcfg.PromptCacheHotBytes = PromptCacheHotBytes(cfg.PromptCacheHotBytes)

@@ -128,7 +128,7 @@ func NewMetrics(p *Pool) *Metrics {
 	m.pcBudget = prometheus.NewDesc(MetricPromptCacheBudget, "Each model's share of the agent's prompt cache hot budget, as its runner confirmed it.", []string{"model"}, nil)
 	m.pcSSD = prometheus.NewDesc(MetricPromptCacheSSD, "Bytes of each model's prompt cache SSD tier.", []string{"model"}, nil)
 	m.sandboxed = prometheus.NewDesc(MetricRunnerSandbox, "1 when runners are confined, 0 when the sandbox is off or unavailable, "+
-		"with the mode and the mechanism (landlock, seatbelt, or none).", []string{"mode", "mechanism"}, nil)
+		"with the mode and the mechanism (landlock, seatbelt, seccomp, or none).", []string{"mode", "mechanism"}, nil)
 	p.AddObserver(m)
 	return m
 }
@@ -209,9 +209,12 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 		SandboxStatus() (sandbox.Mode, sandbox.Status)
 	}); ok {
 		mode, st := f.SandboxStatus()
-		mechanism, v := "none", 0.0
+		mechanism, v := st.Mechanism, 0.0
+		if mechanism == "" || mode == sandbox.Off {
+			mechanism = "none"
+		}
 		if mode != sandbox.Off && st.Enforced {
-			mechanism, v = st.Mechanism, 1
+			v = 1
 		}
 		gauge(m.sandboxed, v, string(mode), mechanism)
 	}

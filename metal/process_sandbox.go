@@ -25,7 +25,7 @@ func (f *ProcessFactory) command(ctx context.Context, path string, args []string
 		case mode == sandbox.Off:
 			log.Info("Runner sandbox off: runners run unconfined, with the agent's environment")
 		case !st.Enforced:
-			log.Info("Runner sandbox unavailable", "detail", st.Detail)
+			log.Info("Runner sandbox unavailable: runners are not confined to their files", "detail", st.Detail)
 		default:
 			log.V(1).Info("Runners are sandboxed", "mechanism", st.Mechanism, "detail", st.Detail)
 		}

@@ -112,8 +112,9 @@ func landlockRules(p Policy) []landlock.Rule {
 var probeOnce = sync.OnceValue(func() Status {
 	abi, err := ll.LandlockGetABIVersion()
 	if err != nil || abi < 1 {
-		return Status{Detail: "the kernel has no Landlock (Linux 5.13 or later with landlock among the boot's lsm= modules): " +
-			"runners run unconfined, with a scrubbed environment"}
+		return Status{Mechanism: "seccomp", Detail: "the kernel has no Landlock (Linux 5.13 or later with landlock among " +
+			"the boot's lsm= modules): runners may read and write any file the agent may; the seccomp filter still keeps " +
+			"them off the network, and their environment is scrubbed"}
 	}
 	what := "files"
 	if abi >= 4 {
@@ -130,18 +131,18 @@ var probeOnce = sync.OnceValue(func() Status {
 	if abi >= 10 {
 		what += ", UDP"
 	}
-	return Status{Mechanism: "landlock", Enforced: true, Detail: fmt.Sprintf("Landlock ABI %d confines %s", abi, what)}
+	return Status{Mechanism: "landlock", Enforced: true, Detail: fmt.Sprintf("Landlock ABI %d confines %s; "+
+		"a seccomp filter allows unix stream sockets only and no connect", abi, what)}
 })
 
-// Probe reports what Landlock enforces on this kernel.
+// Probe reports what Landlock enforces on this kernel (Enforced: the files are
+// confined; the seccomp filter applies in any case).
 func Probe() Status { return probeOnce() }
 
 // Wrap makes cmd start the runner through the launcher, confined by p. cmd.Env must
-// already be the runner's (see Env). Without Landlock, cmd is left as it is.
+// already be the runner's (see Env). Without Landlock, the launcher still installs
+// the seccomp filter.
 func Wrap(cmd *exec.Cmd, p Policy) error {
-	if !Probe().Enforced {
-		return nil
-	}
 	// A missing runner is the exec's error, not a failure inside the launcher.
 	if _, err := os.Stat(p.Runner); err != nil {
 		return err

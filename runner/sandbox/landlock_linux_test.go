@@ -21,14 +21,14 @@ import (
 const probeEnv = "SANDBOX_TEST_PROBE"
 
 type probeRequest struct {
-	Secret, Model, CacheDir, SocketDir, Dial string
-	ParentPID                                int
+	Secret, Model, CacheDir, SocketDir, Dial, OtherSocket string
+	ParentPID                                             int
 }
 
 // probeResult holds the error of each attempt, "" for success.
 type probeResult struct {
 	ReadSecret, ReadModel, WriteCache, ListenSocket, ReadProcSelf, ReadParentEnviron string
-	DialTCP, DialMPTCP, ListenTCP, ListenMPTCP, UDP                                  string
+	DialTCP, DialMPTCP, ListenTCP, ListenMPTCP, UDP, DialUnix, UnixDatagram          string
 }
 
 func errString(err error) string {
@@ -83,6 +83,16 @@ func TestSandboxProbe(t *testing.T) {
 	} else {
 		c.Close()
 	}
+	if c, err := net.Dial("unix", req.OtherSocket); err != nil {
+		res.DialUnix = err.Error()
+	} else {
+		c.Close()
+	}
+	if c, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: filepath.Join(req.SocketDir, "d.sock"), Net: "unixgram"}); err != nil {
+		res.UnixDatagram = err.Error()
+	} else {
+		c.Close()
+	}
 	_, err = os.ReadFile("/proc/self/status")
 	res.ReadProcSelf = errString(err)
 	_, err = os.ReadFile(filepath.Join("/proc", strconv.Itoa(req.ParentPID), "environ"))
@@ -115,6 +125,16 @@ func TestLandlock(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ln.Close()
+	// Another runner's socket, in a directory of its own.
+	other := filepath.Join(dir, "other", "r.sock")
+	if err := os.MkdirAll(filepath.Dir(other), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	uln, err := net.Listen("unix", other)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer uln.Close()
 
 	for _, tc := range []struct {
 		name     string
@@ -141,7 +161,7 @@ func TestLandlock(t *testing.T) {
 				t.Fatal(err)
 			}
 			req, _ := json.Marshal(probeRequest{Secret: secret, Model: model, CacheDir: p.CacheDir, SocketDir: p.SocketDir,
-				Dial: ln.Addr().String(), ParentPID: os.Getpid()})
+				Dial: ln.Addr().String(), OtherSocket: other, ParentPID: os.Getpid()})
 			cmd := exec.Command(exe, "-test.run=^TestSandboxProbe$", "-test.v")
 			cmd.Env = Env(os.Environ(), []string{probeEnv + "=" + string(req)})
 			if err := Wrap(cmd, p); err != nil {
@@ -170,6 +190,8 @@ func TestLandlock(t *testing.T) {
 			denied("dialing TCP", res.DialTCP)
 			denied("dialing Multipath TCP", res.DialMPTCP)
 			denied("UDP", res.UDP)
+			denied("dialing another runner's socket", res.DialUnix)
+			denied("a unix datagram socket", res.UnixDatagram)
 			denied("reading the parent's environ", res.ReadParentEnviron)
 			for what, e := range map[string]string{"reading the model": res.ReadModel, "writing the cache": res.WriteCache,
 				"listening on the socket": res.ListenSocket, "reading /proc/self": res.ReadProcSelf} {

@@ -10,12 +10,13 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Landlock's TCP rules do not cover every socket a runner could open: UDP before
-// Landlock ABI 10, raw and netlink sockets, and on current kernels Multipath TCP,
-// which connects and listens past the TCP rules and falls back to plain TCP with a
-// peer that does not speak it. A seccomp filter closes them: a runner may create unix
-// sockets only (a loopback runner also TCP ones, to listen), and may not
-// set up io_uring, whose socket operations a filter on socket(2) does not see.
+// Landlock's network rules do not cover every socket a runner could use: UDP before
+// Landlock ABI 10, pathname unix sockets before ABI 9, raw and netlink sockets, and
+// on current kernels Multipath TCP, which connects and listens past the TCP rules
+// (and falls back to plain TCP with a peer that does not speak it). A seccomp filter
+// closes them: a runner may create stream sockets of the unix family only (a loopback
+// runner also TCP ones, to listen), may not connect(2) at all, and may not set up
+// io_uring, whose socket operations a filter on system calls does not see.
 
 // auditArch is the seccomp architecture of each GOARCH the filter knows.
 var auditArch = map[string]uint32{"amd64": unix.AUDIT_ARCH_X86_64, "arm64": unix.AUDIT_ARCH_AARCH64}
@@ -44,8 +45,16 @@ func socketFilter(goarch string, loopback bool) ([]bpf.Instruction, error) {
 		ret(unix.ENOSYS),
 		bpf.JumpIf{Cond: bpf.JumpEqual, Val: uint32(unix.SYS_IO_URING_SETUP), SkipFalse: 1},
 		ret(unix.EPERM),
+		// A runner accepts; it never connects, not even to a unix socket (another
+		// runner's, before Landlock ABI 9 covers them).
+		bpf.JumpIf{Cond: bpf.JumpEqual, Val: uint32(unix.SYS_CONNECT), SkipFalse: 1},
+		ret(unix.EACCES),
 		bpf.JumpIf{Cond: bpf.JumpEqual, Val: uint32(unix.SYS_SOCKET), SkipTrue: 1},
 		allow,
+		bpf.LoadAbsolute{Off: 24, Size: 4}, // the type
+		bpf.ALUOpConstant{Op: bpf.ALUOpAnd, Val: 0xf}, // without SOCK_NONBLOCK, SOCK_CLOEXEC
+		bpf.JumpIf{Cond: bpf.JumpEqual, Val: unix.SOCK_STREAM, SkipTrue: 1},
+		ret(unix.EACCES),
 		bpf.LoadAbsolute{Off: 16, Size: 4}, // the family
 	}
 	if !loopback {
@@ -54,16 +63,12 @@ func socketFilter(goarch string, loopback bool) ([]bpf.Instruction, error) {
 			ret(unix.EACCES),
 			allow), nil
 	}
-	// A loopback runner may also make TCP sockets (Landlock refuses their connects),
-	// not UDP or raw ones, and not Multipath TCP: EPROTONOSUPPORT makes Go fall back
-	// to plain TCP.
+	// A loopback runner may also make TCP sockets to listen on, but not Multipath
+	// TCP: EPROTONOSUPPORT makes Go fall back to plain TCP.
 	return append(prog,
-		bpf.JumpIf{Cond: bpf.JumpEqual, Val: unix.AF_UNIX, SkipTrue: 9}, // allow
+		bpf.JumpIf{Cond: bpf.JumpEqual, Val: unix.AF_UNIX, SkipTrue: 6}, // allow
 		bpf.JumpIf{Cond: bpf.JumpEqual, Val: unix.AF_INET, SkipTrue: 1},
-		bpf.JumpIf{Cond: bpf.JumpEqual, Val: unix.AF_INET6, SkipFalse: 6},      // refuse
-		bpf.LoadAbsolute{Off: 24, Size: 4},                                     // the type
-		bpf.ALUOpConstant{Op: bpf.ALUOpAnd, Val: 0xf},                          // without SOCK_NONBLOCK, SOCK_CLOEXEC
-		bpf.JumpIf{Cond: bpf.JumpEqual, Val: unix.SOCK_STREAM, SkipFalse: 3},   // refuse
+		bpf.JumpIf{Cond: bpf.JumpEqual, Val: unix.AF_INET6, SkipFalse: 3},      // refuse
 		bpf.LoadAbsolute{Off: 32, Size: 4},                                     // the protocol
 		bpf.JumpIf{Cond: bpf.JumpEqual, Val: unix.IPPROTO_MPTCP, SkipFalse: 2}, // allow
 		ret(unix.EPROTONOSUPPORT),

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/macfleet/macfleet/internal/ggufsynth"
+	"github.com/macfleet/macfleet/internal/syncbuf"
 	"github.com/macfleet/macfleet/runner/sandbox"
 )
 
@@ -45,21 +47,47 @@ func TestAttackRunnerReadsTheAgentsSecrets(t *testing.T) {
 	}
 	defer ln.Close()
 
+	// A real runner, confined the same way, still loads and serves its model, and
+	// holds neither secret in its environment.
+	t.Run("real runner", func(t *testing.T) {
+		bin := os.Getenv(RunnerEnv)
+		if bin == "" {
+			t.Skipf("%s is unset", RunnerEnv)
+		}
+		model := filepath.Join(t.TempDir(), "tiny.gguf")
+		if err := ggufsynth.Write(model, ggufsynth.Tiny()); err != nil {
+			t.Fatal(err)
+		}
+		var out syncbuf.Buffer
+		f := NewProcessFactory(ProcessConfig{RunnerPath: bin, Threads: 1, Output: &out,
+			PromptCacheDir: t.TempDir(), PromptCacheSSDBytes: 64 << 20})
+		r := procStart(t, f, ModelSpec{Name: "tiny", Path: model, ContextLength: 256, Parallel: 1,
+			PromptCache: PromptCacheSpec{Enabled: true}}, 0)
+		ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+		defer cancel()
+		if err := r.WaitReady(ctx); err != nil {
+			t.Fatalf("WaitReady: %v\n%s", err, out.String())
+		}
+		if got := procPost(t, r, `{"prompt":"hello","max_tokens":4}`); !strings.Contains(got, `"completion_tokens":4`) {
+			t.Errorf("completion: %s", got)
+		}
+		status, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(r.PID()), "status"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(string(status), "\nSeccomp:\t2\n") {
+			t.Error("the runner runs without the sandbox's seccomp filter")
+		}
+		checkEnviron(t, r.PID(), "KUBECONFIG=", fleetSecret)
+	})
+
 	for _, target := range []string{kubeconfig, tokenFile} {
 		t.Run(filepath.Base(target), func(t *testing.T) {
 			f := NewProcessFactory(ProcessConfig{RunnerPath: bin,
 				Args: []string{"--fake-read", target, "--fake-dial", ln.Addr().String()}})
 			r := procStart(t, f, ModelSpec{Name: "m", Path: model}, 0)
 
-			environ, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(r.PID()), "environ"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			for _, leak := range []string{"KUBECONFIG=", fleetSecret} {
-				if strings.Contains(string(environ), leak) {
-					t.Errorf("the runner's environment holds %s", leak)
-				}
-			}
+			checkEnviron(t, r.PID(), "KUBECONFIG=", fleetSecret)
 
 			ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 			defer cancel()
@@ -80,5 +108,19 @@ func TestAttackRunnerReadsTheAgentsSecrets(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// checkEnviron fails t if the environment of process pid holds any of leaks.
+func checkEnviron(t *testing.T, pid int, leaks ...string) {
+	t.Helper()
+	environ, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "environ"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, leak := range leaks {
+		if strings.Contains(string(environ), leak) {
+			t.Errorf("the runner's environment holds %s", leak)
+		}
 	}
 }

@@ -15,8 +15,10 @@ import (
 )
 
 // The launcher is the agent's own executable started with argv[0] launcherArg0 and
-// the policy in policyEnv: it restricts itself with Landlock and executes the runner
-// (argv[1:]), which keeps the restriction. It runs from init, before any main.
+// the policy in policyEnv: it restricts itself with Landlock and the seccomp filter
+// (seccomp_linux.go) and executes the runner (argv[1:]), which keeps both. It runs
+// from init, before any main, so every binary that starts runners (the agent, serve,
+// test binaries) can launch one.
 const (
 	launcherArg0 = "macfleet-sandbox"
 	policyEnv    = "MACFLEET_SANDBOX_POLICY"

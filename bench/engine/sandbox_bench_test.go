@@ -3,6 +3,7 @@ package engine
 import (
 	"fmt"
 	"os"
+	"sort"
 	"strings"
 	"testing"
 )
@@ -75,9 +76,11 @@ func BenchmarkSandboxedVsUnconfined(b *testing.B) {
 		b.ReportMetric(cpuRatio, "cpu-ratio")
 		cpuNote = fmt.Sprintf("CPU time per token %.3f× (%d vs %d ticks)", cpuRatio, cTicks, uTicks)
 	}
+	sort.Float64s(ratios)
 	b.Logf("sandboxed vs unconfined runner, mid model (%s, the unconfined agent's runner among them): decode %.1f vs %.1f tok/s "+
-		"over %d pairs of %d tokens, median pair ratio %.3f (target ≥ 0.98: %s); %s",
-		others, median(cRate), median(uRate), len(cRate), genTokens, ratio, verdict(ratio >= 0.98), cpuNote)
+		"over %d pairs of %d tokens, median pair ratio %.3f (quartiles %.3f–%.3f; target ≥ 0.98: %s); %s",
+		others, median(cRate), median(uRate), len(cRate), genTokens, ratio, ratios[len(ratios)/4], ratios[len(ratios)*3/4],
+		verdict(ratio >= 0.98), cpuNote)
 }
 
 // seccomped reports whether process pid runs under a seccomp filter, and whether

@@ -85,12 +85,13 @@ func landlockConfig(p Policy) landlock.Config {
 // System paths every runner reads: the dynamic loader's cache and the shared
 // libraries, the time zone, and what the Go runtime and the engine read about the
 // machine (CPU topology and features, cgroup CPU quota, huge page size, listen
-// backlog). None holds a secret; a missing one is skipped.
+// backlog, the overcommit policy malloc reads). None holds a secret; a missing one is
+// skipped. Found by tracing a runner's opens (strace -f -e trace=%file).
 var (
 	systemDirs = []string{"/lib", "/lib64", "/usr/lib", "/usr/lib64", "/usr/local/lib", "/usr/share/zoneinfo",
 		"/sys/devices/system/cpu", "/sys/fs/cgroup", "/sys/kernel/mm/transparent_hugepage"}
 	systemFiles = []string{"/etc/ld.so.cache", "/etc/localtime", "/proc/cpuinfo", "/proc/sys/net/core/somaxconn",
-		"/dev/urandom"}
+		"/proc/sys/vm/overcommit_memory", "/dev/urandom"}
 )
 
 // landlockRules are the grants of p. /proc/self is resolved by the launcher, whose

@@ -41,12 +41,15 @@ func Profile(p Policy) (string, error) {
 	line("(allow file-read* file-write* %s)", rw)
 	line("(allow file-read* file-write-data (literal \"/dev/null\"))")
 	// The runner listens on its socket; it connects nowhere.
+	line("(allow system-socket (socket-domain AF_UNIX))")
 	line("(allow network-bind network-inbound (local unix-socket (subpath %s)))", sbString(p.SocketDir))
 	if p.Loopback {
+		line("(allow system-socket (socket-domain AF_INET) (socket-domain AF_INET6))")
 		line(`(allow network-bind network-inbound (local ip "localhost:*"))`)
 	}
 	// Metal: the GPU's user clients, the shader compiler service, the GPU bundles.
 	line("(allow sysctl-read)")
+	line("(allow iokit-get-properties)")
 	line(`(allow iokit-open (iokit-user-client-class "AGXDeviceUserClient" "IOSurfaceRootUserClient"))`)
 	line(`(allow mach-lookup (global-name "com.apple.MTLCompilerService"))`)
 	line(`(allow file-read* (subpath "/System/Library/Extensions") (subpath "/System/Library/Frameworks"))`)

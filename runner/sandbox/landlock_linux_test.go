@@ -160,27 +160,8 @@ func TestLandlock(t *testing.T) {
 			if err := os.MkdirAll(p.SocketDir, 0o700); err != nil {
 				t.Fatal(err)
 			}
-			req, _ := json.Marshal(probeRequest{Secret: secret, Model: model, CacheDir: p.CacheDir, SocketDir: p.SocketDir,
+			res := runProbe(t, exe, p, probeRequest{Secret: secret, Model: model, CacheDir: p.CacheDir, SocketDir: p.SocketDir,
 				Dial: ln.Addr().String(), OtherSocket: other, ParentPID: os.Getpid()})
-			cmd := exec.Command(exe, "-test.run=^TestSandboxProbe$", "-test.v")
-			cmd.Env = Env(os.Environ(), []string{probeEnv + "=" + string(req)})
-			if err := Wrap(cmd, p); err != nil {
-				t.Fatal(err)
-			}
-			var out, errb bytes.Buffer
-			cmd.Stdout, cmd.Stderr = &out, &errb
-			if err := cmd.Run(); err != nil {
-				t.Fatalf("probe: %v\nstdout: %s\nstderr: %s", err, out.String(), errb.String())
-			}
-			var res probeResult
-			_, line, ok := strings.Cut(out.String(), "PROBE ")
-			if !ok {
-				t.Fatalf("no probe result in %s\nstderr: %s", out.String(), errb.String())
-			}
-			if err := json.Unmarshal([]byte(strings.SplitN(line, "\n", 2)[0]), &res); err != nil {
-				t.Fatal(err)
-			}
-			t.Logf("%+v\n%s", res, out.String())
 			denied := func(what, e string) {
 				if !strings.Contains(e, syscall.EACCES.Error()) && !strings.Contains(e, syscall.EPERM.Error()) {
 					t.Errorf("%s: want permission denied, got %q", what, e)
@@ -204,4 +185,31 @@ func TestLandlock(t *testing.T) {
 			}
 		})
 	}
+}
+
+// runProbe runs this test binary's TestSandboxProbe confined by p and returns what it
+// got.
+func runProbe(t *testing.T, exe string, p Policy, req probeRequest) probeResult {
+	t.Helper()
+	enc, _ := json.Marshal(req)
+	cmd := exec.Command(exe, "-test.run=^TestSandboxProbe$", "-test.v")
+	cmd.Env = Env(os.Environ(), []string{probeEnv + "=" + string(enc)})
+	if err := Wrap(cmd, p); err != nil {
+		t.Fatal(err)
+	}
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("probe: %v\nstdout: %s\nstderr: %s", err, out.String(), errb.String())
+	}
+	var res probeResult
+	_, line, ok := strings.Cut(out.String(), "PROBE ")
+	if !ok {
+		t.Fatalf("no probe result in %s\nstderr: %s", out.String(), errb.String())
+	}
+	if err := json.Unmarshal([]byte(strings.SplitN(line, "\n", 2)[0]), &res); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%+v", res)
+	return res
 }

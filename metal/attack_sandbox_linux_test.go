@@ -50,10 +50,7 @@ func TestAttackRunnerReadsTheAgentsSecrets(t *testing.T) {
 	// A real runner, confined the same way, still loads and serves its model, and
 	// holds neither secret in its environment.
 	t.Run("real runner", func(t *testing.T) {
-		bin := os.Getenv(RunnerEnv)
-		if bin == "" {
-			t.Skipf("%s is unset", RunnerEnv)
-		}
+		bin := realRunner(t)
 		model := filepath.Join(t.TempDir(), "tiny.gguf")
 		if err := ggufsynth.Write(model, ggufsynth.Tiny()); err != nil {
 			t.Fatal(err)

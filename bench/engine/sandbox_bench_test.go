@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"sort"
@@ -12,10 +13,10 @@ import (
 // sandbox (runner/sandbox: Landlock and a seccomp filter on Linux) with one started
 // unconfined, in the same run: two `macfleet serve` agents, --runner-sandbox on and
 // off, each with a runner of the mid model; streamed greedy chat completions straight
-// to each runner's socket, the two back to back in pairs (the order alternating every
-// pair) after a warm-up. On a loaded machine the load changes between pairs more than
-// within one, so the ratio is the median of the pairs' ratios; the CPU time each
-// runner spends per token (Linux) does not depend on the load at all. Metrics:
+// to each runner's socket, in pairs that run at the same time after a warm-up, so
+// that the load of a busy machine slows both streams of a pair alike. The ratio is the
+// median of the pairs' ratios; the CPU time each runner spends per token (Linux) does
+// not depend on the load at all. Metrics:
 //
 //	confined-tok/s, unconfined-tok/s   median decode rate
 //	tok/s-ratio                        median over the pairs of confined / unconfined (target ≥ 0.98)
@@ -39,26 +40,34 @@ func BenchmarkSandboxedVsUnconfined(b *testing.B) {
 	var cRate, uRate, ratios []float64
 	var cTicks, uTicks int64
 	cpuOK := true
-	// chat runs one measured stream and adds the runner's CPU ticks to *ticks.
-	chat := func(e endpoint, pid int, ticks *int64) stream {
-		t0, _, _, err0 := procTicks(pid)
-		st := e.mustChat(b, modelMid, prompt, genTokens, nil)
-		t1, _, _, err1 := procTicks(pid)
-		cpuOK = cpuOK && err0 == nil && err1 == nil
-		*ticks += t1 - t0
-		return st
+	ticks := func() (c, u int64) {
+		c, _, _, cErr := procTicks(onPID)
+		u, _, _, uErr := procTicks(offPID)
+		cpuOK = cpuOK && cErr == nil && uErr == nil
+		return c, u
 	}
 	cpu := startCPU(on.cmd.Process.Pid)
 	for b.Loop() {
-		for i := range pairs {
-			var c, u stream
-			if i%2 == 0 {
-				c = chat(con, onPID, &cTicks)
-				u = chat(unc, offPID, &uTicks)
-			} else {
-				u = chat(unc, offPID, &uTicks)
-				c = chat(con, onPID, &cTicks)
+		for range pairs {
+			c0, u0 := ticks()
+			// Both streams at once: whatever else runs on the machine slows both alike.
+			var u stream
+			var uErr error
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				u, uErr = unc.chat(context.Background(), modelMid, prompt, genTokens, nil)
+			}()
+			c := con.mustChat(b, modelMid, prompt, genTokens, nil)
+			<-done
+			if uErr != nil {
+				b.Fatal(uErr)
 			}
+			if u.CompletionTokens != genTokens {
+				b.Fatalf("the unconfined runner generated %d of %d tokens", u.CompletionTokens, genTokens)
+			}
+			c1, u1 := ticks()
+			cTicks, uTicks = cTicks+c1-c0, uTicks+u1-u0
 			cRate, uRate = append(cRate, c.DecodeRate()), append(uRate, u.DecodeRate())
 			ratios = append(ratios, c.DecodeRate()/u.DecodeRate())
 		}

@@ -24,6 +24,7 @@ import (
 
 	"github.com/macfleet/macfleet/agent/hardware"
 	"github.com/macfleet/macfleet/metal"
+	"github.com/macfleet/macfleet/runner/sandbox"
 )
 
 // DefaultSelfTestTimeout bounds the self-test when Options.SelfTestTimeout is zero.
@@ -173,6 +174,11 @@ func Run(ctx context.Context, opts Options) (Report, error) {
 	rep.Memory = memoryRows(ctx, opts.GOOS, gm, opts.Tools)
 
 	rep.Runner.Path, rep.Runner.Origin, err = locateRunner(opts.RunnerPath)
+	sb := sandbox.Probe()
+	rep.Runner.Sandbox, rep.Runner.SandboxNote = sb.Mechanism, sb.Detail
+	if !sb.Enforced {
+		rep.Runner.Sandbox = "none"
+	}
 	if err != nil {
 		rep.Runner.Check, rep.Runner.Note = CheckFailed, err.Error()+"; build it with `make runner` (bin/macfleet-runner) or set "+metal.RunnerEnv
 	}

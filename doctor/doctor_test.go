@@ -340,7 +340,7 @@ func TestRunReport(t *testing.T) {
 		"darwin/arm64", "== machine", "chip               Apple M2", "== ceiling",
 		"metal cap   10.7 GiB (11453246122)  <- wins  the Metal recommended working set",
 		"memory used", "vm_stat anonymous - purgeable + wired + compressor", "memory free %", "62%",
-		"known after the self-test loads a model", "\nPASS\n",
+		"known after the self-test loads a model", "\nsandbox ", "\nPASS\n",
 	} {
 		if !strings.Contains(text, want) {
 			t.Errorf("the report lacks %q:\n%s", want, text)

@@ -50,6 +50,7 @@ func (r Report) Write(w io.Writer) error {
 		p("binary\tFAILED\t%s\n", rr.Note)
 	} else {
 		p("binary\t%s\t(%s)\n", rr.Path, rr.Origin)
+		p("sandbox\t%s\t%s\n", rr.Sandbox, rr.SandboxNote)
 		switch {
 		case rr.Check == "":
 			p("backend\t-\tknown after the self-test loads a model\n")

@@ -43,9 +43,14 @@ type RunnerReport struct {
 	// Engine is the llama.cpp build the runner links.
 	Engine string `json:"engine,omitempty"`
 	// MetalAllocatedBytes is what the runner's GPU devices reported allocated.
-	MetalAllocatedBytes int64  `json:"metalAllocatedBytes"`
-	Check               Check  `json:"check,omitempty"`
-	Note                string `json:"note,omitempty"`
+	MetalAllocatedBytes int64 `json:"metalAllocatedBytes"`
+	// Sandbox is what confines the agent's runners on this machine (runner/sandbox):
+	// the mechanism ("landlock", "seatbelt"; "none" when nothing confines their
+	// files) and what it enforces, or why nothing is.
+	Sandbox     string `json:"sandbox,omitempty"`
+	SandboxNote string `json:"sandboxNote,omitempty"`
+	Check       Check  `json:"check,omitempty"`
+	Note        string `json:"note,omitempty"`
 }
 
 // SelfTest is the load/generate/unload of a synthesized model through the engine pool.

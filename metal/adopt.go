@@ -453,7 +453,8 @@ func (f *ProcessFactory) fingerprint(runnerPath string, spec ModelSpec, engineAr
 		Args     []string       `json:"args"`
 		Env      []string       `json:"env"`
 		Engine   engineIdentity `json:"engine"`
-	}{stat(runnerPath), stat(spec.Path), f.cfg.Loopback, engineArgs, f.cfg.Env, engineIdentityOf(spec)})
+		Sandbox  string         `json:"sandbox,omitempty"`
+	}{stat(runnerPath), stat(spec.Path), f.cfg.Loopback, engineArgs, f.cfg.Env, engineIdentityOf(spec), f.sandboxIdentity()})
 	if err != nil {
 		return "", err
 	}

@@ -4,6 +4,8 @@ import (
 	"errors"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/macfleet/macfleet/runner/sandbox"
 )
 
 // Metric names of the engine pool, exported by the agent's /metrics.
@@ -33,6 +35,10 @@ const (
 	MetricPromptCacheHot    = "macfleet_agent_prompt_cache_hot_bytes"
 	MetricPromptCacheBudget = "macfleet_agent_prompt_cache_hot_budget_bytes"
 	MetricPromptCacheSSD    = "macfleet_agent_prompt_cache_ssd_bytes"
+
+	// MetricRunnerSandbox is 1 when runners are confined (runner/sandbox), 0 when the
+	// sandbox is off or this machine cannot enforce it.
+	MetricRunnerSandbox = "macfleet_agent_runner_sandboxed"
 )
 
 // promptCacheCounters are the per-model prompt cache counters exported as
@@ -75,6 +81,7 @@ type Metrics struct {
 	state, leases, resident, reserved                                     *prometheus.Desc
 	pcCounters                                                            []*prometheus.Desc
 	pcHot, pcBudget, pcSSD                                                *prometheus.Desc
+	sandboxed                                                             *prometheus.Desc
 }
 
 // NewMetrics subscribes to p's events and returns its collector.
@@ -120,6 +127,8 @@ func NewMetrics(p *Pool) *Metrics {
 	m.pcHot = prometheus.NewDesc(MetricPromptCacheHot, "Bytes the prompt cache hot tier of each model's runner holds.", []string{"model"}, nil)
 	m.pcBudget = prometheus.NewDesc(MetricPromptCacheBudget, "Each model's share of the agent's prompt cache hot budget, as its runner confirmed it.", []string{"model"}, nil)
 	m.pcSSD = prometheus.NewDesc(MetricPromptCacheSSD, "Bytes of each model's prompt cache SSD tier.", []string{"model"}, nil)
+	m.sandboxed = prometheus.NewDesc(MetricRunnerSandbox, "1 when runners are confined, 0 when the sandbox is off or unavailable, "+
+		"with the mode and the mechanism (landlock, seatbelt, seccomp, or none).", []string{"mode", "mechanism"}, nil)
 	p.AddObserver(m)
 	return m
 }
@@ -163,7 +172,7 @@ func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 	m.unloadDuration.Describe(ch)
 	m.pressure.Describe(ch)
 	for _, d := range []*prometheus.Desc{m.ceiling, m.watermark, m.used, m.committed, m.level, m.evictions,
-		m.freed, m.crashes, m.state, m.leases, m.resident, m.reserved, m.pcHot, m.pcBudget, m.pcSSD} {
+		m.freed, m.crashes, m.state, m.leases, m.resident, m.reserved, m.pcHot, m.pcBudget, m.pcSSD, m.sandboxed} {
 		ch <- d
 	}
 	for _, d := range m.pcCounters {
@@ -196,6 +205,19 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 	counter(m.evictions, float64(s.Evictions))
 	counter(m.freed, float64(s.FreedBytesTotal))
 	counter(m.crashes, float64(s.Crashes))
+	if f, ok := m.pool.factory.(interface {
+		SandboxStatus() (sandbox.Mode, sandbox.Status)
+	}); ok {
+		mode, st := f.SandboxStatus()
+		mechanism, v := st.Mechanism, 0.0
+		if mechanism == "" || mode == sandbox.Off {
+			mechanism = "none"
+		}
+		if mode != sandbox.Off && st.Enforced {
+			v = 1
+		}
+		gauge(m.sandboxed, v, string(mode), mechanism)
+	}
 	for _, ms := range s.Models {
 		for _, st := range allStates {
 			v := 0.0

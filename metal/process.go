@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+
+	"github.com/macfleet/macfleet/runner/sandbox"
 )
 
 // ProcessConfig configures the runner processes a ProcessFactory starts.
@@ -30,8 +32,13 @@ type ProcessConfig struct {
 	SocketDir string
 	// Args are appended to the protocol flags of every runner.
 	Args []string
-	// Env is added to the agent's own environment (KEY=VALUE).
+	// Env is the runner's environment beyond what the sandbox keeps of the agent's
+	// (KEY=VALUE); with the sandbox off it is added to the agent's whole environment.
 	Env []string
+	// Sandbox confines every runner to its model, cache and socket directories, with
+	// no network and a scrubbed environment (runner/sandbox). Empty means
+	// sandbox.On; sandbox.Off starts runners unconfined with the agent's environment.
+	Sandbox sandbox.Mode
 	// Threads is passed as --threads; zero lets the runner choose.
 	Threads int
 	// Batch is passed as --batch; zero lets the runner choose.
@@ -157,6 +164,8 @@ type ProcessFactory struct {
 	// cacheDirs are the prompt cache directories of the runners of this factory
 	// (guarded by claimMu).
 	cacheDirs map[string]bool
+
+	sandboxLogged sync.Once
 }
 
 var _ RunnerFactory = (*ProcessFactory)(nil)
@@ -245,8 +254,7 @@ func (f *ProcessFactory) Start(ctx context.Context, spec ModelSpec, ceilingBytes
 		}
 	}
 
-	cmd := exec.Command(path, args...)
-	cmd.Env = append(os.Environ(), f.cfg.Env...)
+	cmd := f.command(ctx, path, args, spec.Path, cacheDir, dir)
 	// The runner writes straight into pipes (or, detached, a log file) we own, so
 	// cmd.Wait never waits on a copy goroutine (a grandchild holding a pipe open
 	// cannot stall the reaper).

@@ -36,6 +36,7 @@ import (
 	"github.com/macfleet/macfleet/internal/httpserver"
 	"github.com/macfleet/macfleet/internal/informers"
 	"github.com/macfleet/macfleet/metal"
+	"github.com/macfleet/macfleet/runner/sandbox"
 	"github.com/macfleet/macfleet/sourcepolicy"
 	"github.com/macfleet/macfleet/tenancy/satoken"
 )
@@ -97,6 +98,8 @@ type Config struct {
 	RunnerPath    string
 	RunnerThreads int
 	RunnerOutput  io.Writer
+	// RunnerSandbox: see metal.ProcessConfig.Sandbox (empty: on).
+	RunnerSandbox sandbox.Mode
 	// SocketDir holds the runners' sockets (metal.ProcessConfig.SocketDir).
 	SocketDir string
 	// StateDir, when set, is the agent's own state directory: runners are recorded
@@ -195,7 +198,7 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return err
 	}
-	pcfg := metal.ProcessConfig{RunnerPath: runnerPath, Threads: cfg.RunnerThreads, SocketDir: cfg.SocketDir,
+	pcfg := metal.ProcessConfig{RunnerPath: runnerPath, Threads: cfg.RunnerThreads, SocketDir: cfg.SocketDir, Sandbox: cfg.RunnerSandbox,
 		Log: log.WithName("runner"), Output: cfg.RunnerOutput,
 		PromptCacheDir: cfg.PromptCacheDir, PromptCacheSSDBytes: cfg.PromptCacheSSDBytes}
 	poolCfg := cfg.Pool

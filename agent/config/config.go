@@ -18,6 +18,8 @@ import (
 
 	"k8s.io/apimachinery/pkg/api/resource"
 	"sigs.k8s.io/yaml"
+
+	"github.com/macfleet/macfleet/runner/sandbox"
 )
 
 // Defaults.
@@ -55,6 +57,8 @@ type Config struct {
 	Runner string `json:"runner,omitempty"`
 	// RunnerThreads is the CPU threads of each runner (0: the runner chooses).
 	RunnerThreads int `json:"runnerThreads,omitempty"`
+	// RunnerSandbox confines each runner (runner/sandbox): "on" (the default) or "off".
+	RunnerSandbox string `json:"runnerSandbox,omitempty"`
 	// MemoryCeiling caps the pool below the machine's own ceiling (0: none).
 	MemoryCeiling Size `json:"memoryCeiling,omitempty"`
 	// MemoryReserve is what the static ceiling leaves to the OS (0: 4 GiB below 24 GiB
@@ -323,6 +327,9 @@ func (c Config) Merge(over Config) Config {
 	if over.RunnerThreads != 0 {
 		c.RunnerThreads = over.RunnerThreads
 	}
+	if over.RunnerSandbox != "" {
+		c.RunnerSandbox = over.RunnerSandbox
+	}
 	if over.MemoryCeiling != 0 {
 		c.MemoryCeiling = over.MemoryCeiling
 	}
@@ -421,6 +428,9 @@ func (c Config) validate() []error {
 	}
 	if c.RunnerThreads < 0 || c.RunnerThreads > 1024 {
 		add("runnerThreads: %d is not between 0 (the runner chooses) and 1024", c.RunnerThreads)
+	}
+	if _, err := sandbox.ParseMode(c.RunnerSandbox); err != nil {
+		add("runnerSandbox: %v", err)
 	}
 	if c.MaxBodyBytes < 1024 {
 		add("maxBodyBytes: %d is too small (at least 1024)", c.MaxBodyBytes)

@@ -175,8 +175,10 @@ func TestCompleteReportsEveryProblem(t *testing.T) {
 		{name: "no models", cfg: Config{}, want: []string{"at least one model"}},
 		{
 			name: "bad listen and body limit",
-			cfg:  Config{Listen: "8080", MaxBodyBytes: 10, RunnerThreads: -1, Models: []Model{{Name: "a", Path: model}}},
-			want: []string{`listen: "8080" is not host:port`, "maxBodyBytes: 10 is too small", "runnerThreads: -1"},
+			cfg: Config{Listen: "8080", MaxBodyBytes: 10, RunnerThreads: -1, RunnerSandbox: "no",
+				Models: []Model{{Name: "a", Path: model}}},
+			want: []string{`listen: "8080" is not host:port`, "maxBodyBytes: 10 is too small", "runnerThreads: -1",
+				`runnerSandbox: runner sandbox "no": want "on" or "off"`},
 		},
 		{
 			name: "bad model fields",

@@ -24,6 +24,7 @@ import (
 	"github.com/macfleet/macfleet/internal/estimate"
 	"github.com/macfleet/macfleet/internal/httpserver"
 	"github.com/macfleet/macfleet/metal"
+	"github.com/macfleet/macfleet/runner/sandbox"
 )
 
 // DefaultShutdownTimeout bounds a graceful shutdown: draining requests, unloading every
@@ -168,7 +169,7 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 	}
 
 	factory := metal.NewProcessFactory(metal.ProcessConfig{RunnerPath: runnerPath, Threads: cfg.RunnerThreads,
-		Log: log.WithName("runner"), Output: opts.RunnerOutput,
+		Sandbox: sandbox.Mode(cfg.RunnerSandbox), Log: log.WithName("runner"), Output: opts.RunnerOutput,
 		PromptCacheDir: cfg.PromptCacheDir, PromptCacheSSDBytes: PromptCacheSSDBytes(cfg.PromptCacheSSDBytes)})
 	pcfg := opts.Pool
 	pcfg.PromptCacheHotBytes = PromptCacheHotBytes(cfg.PromptCacheHotBytes)

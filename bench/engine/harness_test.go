@@ -203,6 +203,12 @@ type agent struct {
 // during the benchmark), waits for /readyz and loads every model through the admin API.
 func startAgent(b *testing.B, ms ...served) *agent {
 	b.Helper()
+	return startAgentFlags(b, nil, ms...)
+}
+
+// startAgentFlags is startAgent with more flags of `macfleet serve`.
+func startAgentFlags(b *testing.B, flags []string, ms ...served) *agent {
+	b.Helper()
 	runner := runnerBinary(b)
 	bin := macfleetBinary(b)
 	// The runners' output goes to the agent's stderr, shown if the benchmark fails.
@@ -212,6 +218,7 @@ func startAgent(b *testing.B, ms ...served) *agent {
 	// is chosen here that another process could take first.
 	args := []string{"serve", "--listen", "127.0.0.1:0", "--runner", runner, "--idle-timeout", "1h", "--runner-output",
 		"--prompt-cache-hot-bytes", "0", "--prompt-cache-ssd-bytes", "0"}
+	args = append(args, flags...)
 	for _, m := range ms {
 		args = append(args, "--model", fmt.Sprintf("%s=%s:ctx=%d,parallel=%d", m.name, modelPath(b, m.name), m.ctx, max(m.parallel, 1)))
 	}

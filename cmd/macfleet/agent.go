@@ -35,6 +35,7 @@ import (
 	"github.com/macfleet/macfleet/internal/credentials"
 	"github.com/macfleet/macfleet/internal/source"
 	"github.com/macfleet/macfleet/metal"
+	"github.com/macfleet/macfleet/runner/sandbox"
 	"github.com/macfleet/macfleet/sourcepolicy"
 	"github.com/macfleet/macfleet/tenancy/satoken"
 	"github.com/macfleet/macfleet/tracing"
@@ -46,7 +47,7 @@ func init() { root.AddCommand(newAgentCmd()) }
 type agentFlags struct {
 	kubeconfig, nodeName, listen, advertise     string
 	storeDir, stateDir, fleetTokenFile          string
-	runner                                      string
+	runner, runnerSandbox                       string
 	runnerThreads                               int
 	runnerOutput, keepRunners                   bool
 	leaseDuration                               time.Duration
@@ -174,6 +175,8 @@ while the API server is unreachable and resyncs when it returns.`,
 	f.StringVar(&fl.reserve, "memory-reserve", "", "Memory left to the OS below the Mac's ceiling (default 4Gi below 24Gi of RAM, else 6Gi)")
 	f.StringVar(&fl.runner, "runner", "", "The macfleet-runner binary (default $MACFLEET_RUNNER, else next to macfleet, else on $PATH)")
 	f.IntVar(&fl.runnerThreads, "runner-threads", 0, "CPU threads of each runner (default: the runner chooses)")
+	f.StringVar(&fl.runnerSandbox, "runner-sandbox", string(sandbox.On), "Confine each runner to its model, cache and socket, with no network "+
+		"and a scrubbed environment (Landlock on Linux, Seatbelt on macOS): on or off")
 	f.BoolVar(&fl.keepRunners, "keep-runners", true, "Leave the runners of loaded models running when the agent stops, for the next agent "+
 		"to adopt (recorded under --state-dir; an unadopted runner exits after 5m without requests); false unloads everything on exit")
 	f.StringVar(&fl.promptCacheDir, "prompt-cache-dir", defaultDataDir("prompt-cache"), "Directory of the prompt cache's SSD tier: one subdirectory per namespace and model file, kept across restarts (empty: no SSD tier)")
@@ -304,6 +307,11 @@ func (fl agentFlags) config() (cluster.Config, hardware.Overrides, error) {
 	cfg.NodeName, cfg.Listen, cfg.AdvertiseAddress = fl.nodeName, fl.listen, fl.advertise
 	cfg.RunnerPath, cfg.RunnerThreads, cfg.StateDir = fl.runner, fl.runnerThreads, fl.stateDir
 	cfg.KeepRunners = fl.keepRunners
+	mode, err := sandbox.ParseMode(fl.runnerSandbox)
+	if err != nil {
+		return cfg, ov, fmt.Errorf("--runner-sandbox: %w", err)
+	}
+	cfg.RunnerSandbox = mode
 	return cfg, ov, nil
 }
 

@@ -38,6 +38,7 @@ func TestAgentFlagsConfig(t *testing.T) {
 		{name: "working set above memory", edit: func(f *agentFlags) { f.unifiedMemory, f.workingSet = "8Gi", "9Gi" },
 			err: "working set"},
 		{name: "no node name", edit: func(f *agentFlags) { f.nodeName = "" }, err: "--node-name"},
+		{name: "bad runner sandbox", edit: func(f *agentFlags) { f.runnerSandbox = "maybe" }, err: `--runner-sandbox: runner sandbox "maybe": want "on" or "off"`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

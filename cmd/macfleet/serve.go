@@ -160,6 +160,8 @@ func newServeCommand() *cobra.Command {
 	f.IntVar(&maxConns, "max-connections", httpserver.DefaultMaxConnections, "connections the API holds open at once; the next one is answered 503 with Retry-After")
 	f.StringVar(&flags.Runner, "runner", "", "the macfleet-runner binary (default $MACFLEET_RUNNER, else next to macfleet, else on $PATH)")
 	f.IntVar(&flags.RunnerThreads, "runner-threads", 0, "CPU threads of each runner (default: the runner chooses)")
+	f.StringVar(&flags.RunnerSandbox, "runner-sandbox", "", "confine each runner to its model, cache and socket, with no network and a scrubbed "+
+		"environment (Landlock on Linux, Seatbelt on macOS): on or off (default on)")
 	f.DurationVar(&idle, "idle-timeout", 0, "unload OnDemand models idle this long (default 5m)")
 	f.StringVar(&body, "max-body", "", "request body limit (default 16Mi)")
 	f.StringVar(&flags.PromptCacheDir, "prompt-cache-dir", "", "directory of the prompt cache's SSD tier, one subdirectory per model file (default "+

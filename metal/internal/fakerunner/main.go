@@ -44,6 +44,8 @@ func main() {
 		interval  = flag.Duration("fake-token-interval", 5*time.Millisecond, "time between streamed tokens")
 		noListen  = flag.Bool("fake-no-listen", false, "never print the listening line")
 		stdoutLog = flag.Bool("fake-chatty", false, "print lines to stdout before the listening line")
+		probeRead = flag.String("fake-read", "", "read this file, as a loader bug would, and fail the load with what it got")
+		probeDial = flag.String("fake-dial", "", "connect to this TCP address and fail the load with the outcome")
 	)
 	flag.Parse()
 	if (*socket == "") == (*addr == "") {
@@ -90,6 +92,9 @@ func main() {
 	b, _ := json.Marshal(ev)
 	fmt.Println(string(b))
 
+	if *probeRead != "" || *probeDial != "" {
+		*failLoad = probe(*probeRead, *probeDial)
+	}
 	go s.load(*model, *loadTime, *failLoad, *failStay)
 
 	if !*ignoreTrm {
@@ -309,4 +314,26 @@ func (s *server) completions(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"choices": []any{map[string]any{"index": 0, "text": text.String(), "finish_reason": "length"}}})
+}
+
+// probe tries what a compromised runner would (read a file, connect out) and says
+// what it got.
+func probe(path, addr string) string {
+	var out []string
+	if path != "" {
+		if b, err := os.ReadFile(path); err != nil {
+			out = append(out, fmt.Sprintf("read %s: %v", path, err))
+		} else {
+			out = append(out, fmt.Sprintf("read %s: %q", path, b))
+		}
+	}
+	if addr != "" {
+		if c, err := net.DialTimeout("tcp", addr, 5*time.Second); err != nil {
+			out = append(out, fmt.Sprintf("dial %s: %v", addr, err))
+		} else {
+			c.Close()
+			out = append(out, fmt.Sprintf("dial %s: connected", addr))
+		}
+	}
+	return strings.Join(out, "; ")
 }

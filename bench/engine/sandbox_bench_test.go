@@ -1,0 +1,107 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"sort"
+	"strings"
+	"testing"
+)
+
+// BenchmarkSandboxedVsUnconfined compares the decode rate of a runner confined by the
+// sandbox (runner/sandbox: Landlock and a seccomp filter on Linux) with one started
+// unconfined, in the same run: two `macfleet serve` agents, --runner-sandbox on and
+// off, each with a runner of the mid model; streamed greedy chat completions straight
+// to each runner's socket, in pairs that run at the same time after a warm-up, so
+// that the load of a busy machine slows both streams of a pair alike. The ratio is the
+// median of the pairs' ratios; the CPU time each runner spends per token (Linux) does
+// not depend on the load at all. Metrics:
+//
+//	confined-tok/s, unconfined-tok/s   median decode rate
+//	tok/s-ratio                        median over the pairs of confined / unconfined (target ≥ 0.98)
+//	cpu-ratio                          the confined runner's CPU time per token / the unconfined one's
+func BenchmarkSandboxedVsUnconfined(b *testing.B) {
+	const pairs = 20
+	on := startAgentFlags(b, []string{"--runner-sandbox", "on"}, served{name: modelMid, ctx: 1024})
+	off := startAgentFlags(b, []string{"--runner-sandbox", "off"}, served{name: modelMid, ctx: 1024})
+	onPID, offPID := on.model(modelMid).PID, off.model(modelMid).PID
+	// The comparison means something only if one runner is confined and the other not.
+	if c, known := seccomped(b, onPID); known && !c {
+		b.Fatal("the runner of the agent with --runner-sandbox on runs without a seccomp filter")
+	}
+	if c, _ := seccomped(b, offPID); c {
+		b.Fatal("the runner of the agent with --runner-sandbox off runs under a seccomp filter")
+	}
+	con, unc := on.direct(modelMid), off.direct(modelMid)
+	con.mustChat(b, modelMid, prompt, genTokens, nil)
+	unc.mustChat(b, modelMid, prompt, genTokens, nil)
+
+	var cRate, uRate, ratios []float64
+	var cTicks, uTicks int64
+	cpuOK := true
+	ticks := func() (c, u int64) {
+		c, _, _, cErr := procTicks(onPID)
+		u, _, _, uErr := procTicks(offPID)
+		cpuOK = cpuOK && cErr == nil && uErr == nil
+		return c, u
+	}
+	cpu := startCPU(on.cmd.Process.Pid)
+	for b.Loop() {
+		for range pairs {
+			c0, u0 := ticks()
+			// Both streams at once: whatever else runs on the machine slows both alike.
+			var u stream
+			var uErr error
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				u, uErr = unc.chat(context.Background(), modelMid, prompt, genTokens, nil)
+			}()
+			c := con.mustChat(b, modelMid, prompt, genTokens, nil)
+			<-done
+			if uErr != nil {
+				b.Fatal(uErr)
+			}
+			if u.CompletionTokens != genTokens {
+				b.Fatalf("the unconfined runner generated %d of %d tokens", u.CompletionTokens, genTokens)
+			}
+			c1, u1 := ticks()
+			cTicks, uTicks = cTicks+c1-c0, uTicks+u1-u0
+			cRate, uRate = append(cRate, c.DecodeRate()), append(uRate, u.DecodeRate())
+			ratios = append(ratios, c.DecodeRate()/u.DecodeRate())
+		}
+	}
+	ratio := median(ratios)
+	b.ReportMetric(0, "ns/op")
+	others := reportOthers(b, cpu)
+	b.ReportMetric(median(cRate), "confined-tok/s")
+	b.ReportMetric(median(uRate), "unconfined-tok/s")
+	b.ReportMetric(ratio, "tok/s-ratio")
+	cpuNote := "CPU time per token: not measured (no /proc)"
+	if cpuOK && cTicks > 0 && uTicks > 0 {
+		// Both runners generated the same number of tokens.
+		cpuRatio := float64(cTicks) / float64(uTicks)
+		b.ReportMetric(cpuRatio, "cpu-ratio")
+		cpuNote = fmt.Sprintf("CPU time per token %.3f× (%d vs %d ticks)", cpuRatio, cTicks, uTicks)
+	}
+	sort.Float64s(ratios)
+	b.Logf("sandboxed vs unconfined runner, mid model (%s, the unconfined agent's runner among them): decode %.1f vs %.1f tok/s "+
+		"over %d pairs of %d tokens, median pair ratio %.3f (quartiles %.3f–%.3f; target ≥ 0.98: %s); %s",
+		others, median(cRate), median(uRate), len(cRate), genTokens, ratio, ratios[len(ratios)/4], ratios[len(ratios)*3/4],
+		verdict(ratio >= 0.98), cpuNote)
+}
+
+// seccomped reports whether process pid runs under a seccomp filter, and whether
+// that could be known (/proc, on Linux).
+func seccomped(b *testing.B, pid int) (filtered, known bool) {
+	b.Helper()
+	st, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if os.IsNotExist(err) {
+		return false, false
+	}
+	if err != nil {
+		b.Fatal(err)
+	}
+	return strings.Contains(string(st), "\nSeccomp:\t2\n"), true
+}

@@ -1,0 +1,62 @@
+package sandbox
+
+import (
+	"fmt"
+	"path/filepath"
+	"strings"
+)
+
+// Profile is the Seatbelt (sandbox-exec) profile of one runner on macOS: everything
+// is denied but what the runner needs. Paths must be absolute and already resolved
+// (Seatbelt matches real paths: /tmp is /private/tmp). A pure function, so that the
+// profile is tested on every platform.
+func Profile(p Policy) (string, error) {
+	for _, path := range []struct{ what, path string }{
+		{"runner", p.Runner}, {"model", p.Model}, {"socket directory", p.SocketDir}, {"cache directory", p.CacheDir},
+	} {
+		if path.path == "" && path.what == "cache directory" {
+			continue
+		}
+		if !filepath.IsAbs(path.path) {
+			return "", fmt.Errorf("the runner's %s %q is not an absolute path", path.what, path.path)
+		}
+		if strings.ContainsAny(path.path, "\x00\n\r") {
+			return "", fmt.Errorf("the runner's %s %q holds a control character", path.what, path.path)
+		}
+	}
+	var b strings.Builder
+	line := func(format string, args ...any) { fmt.Fprintf(&b, format+"\n", args...) }
+	line("(version 1)")
+	line("(deny default)")
+	// The base rules of the OS: dyld, the shared cache, system frameworks.
+	line(`(import "system.sb")`)
+	line("(allow process-exec (literal %s))", sbString(p.Runner))
+	line("(allow file-read* (literal %s) (literal %s))", sbString(p.Runner), sbString(p.Model))
+	// Metadata only (stat, path walks): no file's contents.
+	line("(allow file-read-metadata)")
+	rw := "(subpath " + sbString(p.SocketDir) + ")"
+	if p.CacheDir != "" {
+		rw += " (subpath " + sbString(p.CacheDir) + ")"
+	}
+	line("(allow file-read* file-write* %s)", rw)
+	line("(allow file-read* file-write-data (literal \"/dev/null\"))")
+	// The runner listens on its socket; it connects nowhere.
+	line("(allow system-socket (socket-domain AF_UNIX))")
+	line("(allow network-bind network-inbound (local unix-socket (subpath %s)))", sbString(p.SocketDir))
+	if p.Loopback {
+		line("(allow system-socket (socket-domain AF_INET) (socket-domain AF_INET6))")
+		line(`(allow network-bind network-inbound (local ip "localhost:*"))`)
+	}
+	// Metal: the GPU's user clients, the shader compiler service, the GPU bundles.
+	line("(allow sysctl-read)")
+	line("(allow iokit-get-properties)")
+	line(`(allow iokit-open (iokit-user-client-class "AGXDeviceUserClient" "IOSurfaceRootUserClient"))`)
+	line(`(allow mach-lookup (global-name "com.apple.MTLCompilerService"))`)
+	line(`(allow file-read* (subpath "/System/Library/Extensions") (subpath "/System/Library/Frameworks"))`)
+	return b.String(), nil
+}
+
+// sbString quotes s as a Seatbelt string literal.
+func sbString(s string) string {
+	return `"` + strings.NewReplacer(`\`, `\\`, `"`, `\"`).Replace(s) + `"`
+}

@@ -1,0 +1,62 @@
+package sandbox
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestProfile(t *testing.T) {
+	base := Policy{Runner: "/opt/macfleet/macfleet-runner", Model: "/Users/a/models/blobs/sha256-ab",
+		CacheDir: "/Users/a/cache/m_1", SocketDir: "/private/tmp/mf123"}
+	for _, tc := range []struct {
+		name        string
+		mod         func(*Policy)
+		want, never []string
+		err         string
+	}{
+		{name: "unix socket runner", mod: func(*Policy) {},
+			want: []string{"(deny default)", `(allow process-exec (literal "/opt/macfleet/macfleet-runner"))`,
+				`(allow file-read* (literal "/opt/macfleet/macfleet-runner") (literal "/Users/a/models/blobs/sha256-ab"))`,
+				`(allow file-read* file-write* (subpath "/private/tmp/mf123") (subpath "/Users/a/cache/m_1"))`,
+				"(allow system-socket (socket-domain AF_UNIX))",
+				`(allow network-bind network-inbound (local unix-socket (subpath "/private/tmp/mf123")))`},
+			never: []string{"network-outbound", `(local ip`, "AF_INET", "(allow default)", "(allow network*)"}},
+		{name: "no cache directory", mod: func(p *Policy) { p.CacheDir = "" },
+			want:  []string{`(allow file-read* file-write* (subpath "/private/tmp/mf123"))` + "\n"},
+			never: []string{"/Users/a/cache"}},
+		{name: "loopback runner listens on localhost only", mod: func(p *Policy) { p.Loopback = true },
+			want:  []string{`(allow network-bind network-inbound (local ip "localhost:*"))`},
+			never: []string{"network-outbound", `"*:*"`}},
+		{name: "quotes and backslashes escaped", mod: func(p *Policy) { p.Model = `/m/a"b\c.gguf` },
+			want:  []string{`(literal "/m/a\"b\\c.gguf")`},
+			never: []string{`a"b`}},
+		{name: "relative path refused", mod: func(p *Policy) { p.Model = "models/m.gguf" }, err: `the runner's model "models/m.gguf" is not an absolute path`},
+		{name: "missing socket directory refused", mod: func(p *Policy) { p.SocketDir = "" }, err: "socket directory"},
+		{name: "newline refused", mod: func(p *Policy) { p.CacheDir = "/c\n(allow default)" }, err: "control character"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := base
+			tc.mod(&p)
+			got, err := Profile(p)
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) {
+					t.Fatalf("Profile: %v, want an error with %q", err, tc.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(got, w) {
+					t.Errorf("profile lacks %s\n%s", w, got)
+				}
+			}
+			for _, n := range tc.never {
+				if strings.Contains(got, n) {
+					t.Errorf("profile has %s\n%s", n, got)
+				}
+			}
+		})
+	}
+}

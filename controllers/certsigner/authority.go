@@ -360,6 +360,13 @@ func (a *Authority) IssuePEM(id pki.Identity) (certPEM, keyPEM []byte, err error
 	return a.issueNew(id)
 }
 
+// Bundle is the CA certificates verifiers trust now.
+func (a *Authority) Bundle() []*x509.Certificate {
+	a.mu.RLock()
+	defer a.mu.RUnlock()
+	return a.rotation.Bundle()
+}
+
 // Issue signs a certificate for id over pub with the signing CA.
 func (a *Authority) Issue(pub any, id pki.Identity) (*x509.Certificate, error) {
 	a.defaults()

@@ -16,13 +16,12 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/macfleet/macfleet/agent/certs"
 	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/controllers/certsigner"
+	"github.com/macfleet/macfleet/controllers/certsigner/certsignertest"
 	"github.com/macfleet/macfleet/internal/credentials"
 	"github.com/macfleet/macfleet/internal/testenv"
 	"github.com/macfleet/macfleet/pki"
@@ -46,33 +45,7 @@ func startSigner(t *testing.T) *certsigner.Authority {
 	if err := env.Apply(ctx, "config/agent", "config/admission"); err != nil {
 		t.Fatal(err)
 	}
-	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{Scheme: env.Scheme, Metrics: metricsserver.Options{BindAddress: "0"},
-		Controller: config.Controller{SkipNameValidation: new(true)}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	a := &certsigner.Authority{Client: env.Client, GatewayName: "macfleet-gateway", Log: ctrl.Log.WithName("authority")}
-	if err := mgr.Add(a); err != nil {
-		t.Fatal(err)
-	}
-	if err := (&certsigner.Signer{Authority: a}).SetupWithManager(mgr); err != nil {
-		t.Fatal(err)
-	}
-	mctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- mgr.Start(mctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("manager: %v", err)
-		}
-	})
-	select {
-	case <-a.Loaded():
-	case <-time.After(30 * time.Second):
-		t.Fatal("the fleet CA was not loaded within 30s")
-	}
-	return a
+	return certsignertest.Start(t, env)
 }
 
 // nodeClientset is a clientset with node's own credential, as its agent holds.

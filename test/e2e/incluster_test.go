@@ -1,11 +1,13 @@
 package e2e
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"net/http"
 	"net/url"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -19,6 +21,7 @@ import (
 
 	"github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/gateway"
+	"github.com/macfleet/macfleet/internal/localfleet"
 	"github.com/macfleet/macfleet/internal/testenv"
 	"github.com/macfleet/macfleet/tenancy/satoken"
 )
@@ -47,14 +50,19 @@ func call(t *testing.T, base, method, path, token, body string, header ...string
 	if err != nil {
 		t.Fatal(err)
 	}
-	req.Header.Set("Authorization", "Bearer "+token)
+	hc := anonymousClient(t)
+	if token == asGateway {
+		hc = fleet.AgentHTTP
+	} else {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
 	if body != "" {
 		req.Header.Set("Content-Type", "application/json")
 	}
 	for i := 0; i+1 < len(header); i += 2 {
 		req.Header.Set(header[i], header[i+1])
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := hc.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -62,6 +70,26 @@ func call(t *testing.T, base, method, path, token, body string, header ...string
 	b, _ := io.ReadAll(resp.Body)
 	return resp.StatusCode, string(b)
 }
+
+// asGateway, as call's token, calls with the client certificate of a gateway
+// (fleet.AgentHTTP) and no bearer token: the whole agent API.
+const asGateway = "\x00as-gateway"
+
+// anonymousClient calls agents over TLS (checking their fleet certificate) without a
+// client certificate, as a tenant's workload does; plain http:// URLs (gateways) too.
+var anonymousClient = func() func(testing.TB) *http.Client {
+	var once sync.Once
+	var hc *http.Client
+	var err error
+	return func(t testing.TB) *http.Client {
+		t.Helper()
+		once.Do(func() { hc, err = fleet.AgentClient(context.Background(), nil) })
+		if err != nil {
+			t.Fatal(err)
+		}
+		return hc
+	}
+}()
 
 func chatBody(model string) string { return requestBody("/v1/chat/completions", model) }
 
@@ -101,7 +129,7 @@ func TestInClusterCallersAreScoped(t *testing.T) {
 	waitReady(t, nsA, "chat", 1, 3*time.Minute)
 	replicasB := waitReady(t, nsB, "secret", 1, 3*time.Minute)
 	agentsB := sliceAddresses(t, nsB, "secret", 1)
-	agentB := "http://" + agentsB[0]
+	agentB := localfleet.AgentURL(agentsB[0])
 	tokA := serviceAccountToken(t, nsA, "app", satoken.DefaultAudience)
 	tokB := serviceAccountToken(t, nsB, "app", satoken.DefaultAudience)
 
@@ -150,7 +178,7 @@ func TestInClusterCallersAreScoped(t *testing.T) {
 		}
 	}
 
-	// The admin API takes only the fleet token: not team A's, not even team B's own.
+	// The admin API takes only a gateway's or the manager's certificate: not team A's token, not even team B's own.
 	admin := []struct{ method, path string }{
 		{http.MethodPost, "/api/models/" + url.PathEscape(replicaKey) + "/unload"},
 		{http.MethodPost, "/api/cache/clear"},
@@ -164,8 +192,8 @@ func TestInClusterCallersAreScoped(t *testing.T) {
 			}
 		}
 	}
-	if code, body := call(t, agentB, http.MethodGet, "/api/status", fleet.FleetToken, ""); code != http.StatusOK {
-		t.Errorf("the fleet token on /api/status: %d %s", code, body)
+	if code, body := call(t, agentB, http.MethodGet, "/api/status", asGateway, ""); code != http.StatusOK {
+		t.Errorf("a gateway's certificate on /api/status: %d %s", code, body)
 	}
 	// Team B's model is still loaded: nothing was unloaded.
 	if code, body := call(t, agentB, http.MethodPost, "/v1/chat/completions", tokB, chatBody("secret")); code != http.StatusOK {
@@ -181,8 +209,8 @@ func TestInClusterCallersAreScoped(t *testing.T) {
 		}
 	}
 
-	// The agent counted how it answered the tokens (read with the fleet token).
-	code, metrics := call(t, agentB, http.MethodGet, "/metrics", fleet.FleetToken, "")
+	// The agent counted how it answered the tokens (read as a gateway).
+	code, metrics := call(t, agentB, http.MethodGet, "/metrics", asGateway, "")
 	for _, result := range []string{satoken.ResultCached, satoken.ResultAccepted, satoken.ResultRefused} {
 		if line := `macfleet_agent_token_reviews_total{result="` + result + `"} `; code != http.StatusOK || !strings.Contains(metrics, line) {
 			t.Errorf("the agent's /metrics (%d) has no %s", code, line)

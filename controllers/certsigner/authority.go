@@ -48,7 +48,8 @@ type Authority struct {
 	// Client reads and writes the Secrets and the ConfigMap directly (no cache).
 	Client client.Client
 	// Self is the manager's own certificate and bundle, which the autoscaler calls
-	// agents with; Authority fills it.
+	// agents with; Authority fills it. Set it before Start to share it (nil: a Source
+	// of its own).
 	Self *pki.Source
 	// ManagerName names the manager's identity (macfleet://manager/<name>).
 	ManagerName string

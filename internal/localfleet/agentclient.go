@@ -44,6 +44,28 @@ func (f *Fleet) AgentClient(ctx context.Context, id *pki.Identity) (*http.Client
 	if err != nil {
 		return nil, err
 	}
+	var cert *tls.Certificate
+	if id != nil {
+		key, err := pki.NewKey()
+		if err != nil {
+			return nil, err
+		}
+		leaf, err := ca.Issue(key.Public(), *id, time.Now(), pki.DefaultLeafLifetime)
+		if err != nil {
+			return nil, err
+		}
+		cert = &tls.Certificate{Certificate: [][]byte{leaf.Raw}, PrivateKey: key, Leaf: leaf}
+	}
+	return f.AgentClientWith(ctx, cert)
+}
+
+// AgentClientWith is AgentClient presenting cert (none when nil): for example a
+// Mac's own certificate, as an attacker who took the Mac holds it.
+func (f *Fleet) AgentClientWith(ctx context.Context, cert *tls.Certificate) (*http.Client, error) {
+	ca, err := f.fleetCA(ctx)
+	if err != nil {
+		return nil, err
+	}
 	roots := pki.Pool([]*x509.Certificate{ca.Cert})
 	cfg := &tls.Config{
 		MinVersion:         tls.VersionTLS13,
@@ -56,16 +78,8 @@ func (f *Fleet) AgentClient(ctx context.Context, id *pki.Identity) (*http.Client
 			return err
 		},
 	}
-	if id != nil {
-		key, err := pki.NewKey()
-		if err != nil {
-			return nil, err
-		}
-		leaf, err := ca.Issue(key.Public(), *id, time.Now(), pki.DefaultLeafLifetime)
-		if err != nil {
-			return nil, err
-		}
-		cfg.Certificates = []tls.Certificate{{Certificate: [][]byte{leaf.Raw}, PrivateKey: key, Leaf: leaf}}
+	if cert != nil {
+		cfg.Certificates = []tls.Certificate{*cert}
 	}
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.TLSClientConfig = cfg

@@ -33,6 +33,7 @@ import (
 	"github.com/macfleet/macfleet/internal/mgrhttp"
 	"github.com/macfleet/macfleet/internal/nodeauthz"
 	"github.com/macfleet/macfleet/internal/source"
+	"github.com/macfleet/macfleet/pki"
 )
 
 // Config is everything the manager needs; cmd/macfleet fills it from flags.
@@ -149,7 +150,8 @@ func New(cfg Config) (ctrl.Manager, error) {
 	if err != nil {
 		return nil, err
 	}
-	authority := &certsigner.Authority{Client: direct, GatewayName: cfg.GatewayIdentity, Log: ctrl.Log.WithName("certsigner")}
+	authority := &certsigner.Authority{Client: direct, Self: &pki.Source{}, GatewayName: cfg.GatewayIdentity,
+		Log: ctrl.Log.WithName("certsigner")}
 	if err := mgr.Add(authority); err != nil {
 		return nil, err
 	}

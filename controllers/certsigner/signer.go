@@ -63,11 +63,13 @@ func lifetime(csr *certv1.CertificateSigningRequest, most time.Duration) time.Du
 	return most
 }
 
-// Signer approves, denies and signs the CertificateSigningRequests of NodeSignerName.
-//
+// The signer reads the requests, records its decision and the certificate, for its
+// signer name only.
 // +kubebuilder:rbac:groups=certificates.k8s.io,resources=certificatesigningrequests,verbs=get;list;watch
 // +kubebuilder:rbac:groups=certificates.k8s.io,resources=certificatesigningrequests/approval;certificatesigningrequests/status,verbs=update
 // +kubebuilder:rbac:groups=certificates.k8s.io,resources=signers,resourceNames=macfleet.dev/node,verbs=approve;sign
+
+// Signer approves, denies and signs the CertificateSigningRequests of NodeSignerName.
 type Signer struct {
 	Client    client.Client
 	Clientset kubernetes.Interface

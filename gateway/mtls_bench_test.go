@@ -57,20 +57,8 @@ func BenchmarkMutualTLS(b *testing.B) {
 
 func benchSource(b *testing.B, ca *pki.CA, id pki.Identity) *pki.Source {
 	b.Helper()
-	key, err := pki.NewKey()
+	src, err := ca.NewSource(&id, time.Now(), time.Hour)
 	if err != nil {
-		b.Fatal(err)
-	}
-	c, err := ca.Issue(key.Public(), id, time.Now(), time.Hour)
-	if err != nil {
-		b.Fatal(err)
-	}
-	kp, _ := pki.EncodeKey(key)
-	src := &pki.Source{}
-	if err := src.SetCertificate(pki.EncodeCerts(c), kp); err != nil {
-		b.Fatal(err)
-	}
-	if err := src.SetBundle(pki.EncodeCerts(ca.Cert)); err != nil {
 		b.Fatal(err)
 	}
 	return src

@@ -32,6 +32,27 @@ func (s *Source) SetCertificate(certPEM, keyPEM []byte) error {
 	return nil
 }
 
+// NewSource is a Source trusting ca and holding a new key with a certificate of ca
+// for id, valid from now for lifetime; with a nil id it holds no certificate (a
+// caller that only checks servers).
+func (ca *CA) NewSource(id *Identity, now time.Time, lifetime time.Duration) (*Source, error) {
+	s := &Source{}
+	s.roots.Store(Pool([]*x509.Certificate{ca.Cert}))
+	if id == nil {
+		return s, nil
+	}
+	key, err := NewKey()
+	if err != nil {
+		return nil, err
+	}
+	c, err := ca.Issue(key.Public(), *id, now, lifetime)
+	if err != nil {
+		return nil, err
+	}
+	s.cert.Store(&tls.Certificate{Certificate: [][]byte{c.Raw}, PrivateKey: key, Leaf: c})
+	return s, nil
+}
+
 // Certificate is the current certificate, or nil.
 func (s *Source) Certificate() *tls.Certificate { return s.cert.Load() }
 

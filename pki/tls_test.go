@@ -12,20 +12,11 @@ import (
 	"time"
 )
 
-// source is a Source holding a certificate of ca for id.
+// source is a Source trusting the CAs of bundle, holding a certificate of ca for id.
 func source(t *testing.T, ca *CA, id Identity, bundle ...*x509.Certificate) *Source {
 	t.Helper()
-	key, err := NewKey()
+	s, err := ca.NewSource(&id, time.Now(), DefaultLeafLifetime)
 	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := ca.Issue(key.Public(), id, time.Now(), DefaultLeafLifetime)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kp, _ := EncodeKey(key)
-	s := &Source{}
-	if err := s.SetCertificate(EncodeCerts(c), kp); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.SetBundle(EncodeCerts(bundle...)); err != nil {

@@ -71,25 +71,7 @@ func source(t *testing.T, id *pki.Identity) *pki.Source {
 	if err != nil {
 		t.Fatal(err)
 	}
-	src := &pki.Source{}
-	if err := src.SetBundle(pki.EncodeCerts(ca.Cert)); err != nil {
-		t.Fatal(err)
-	}
-	if id == nil {
-		return src
-	}
-	key, err := pki.NewKey()
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := ca.Issue(key.Public(), *id, time.Now(), time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kp, err := pki.EncodeKey(key)
-	if err == nil {
-		err = src.SetCertificate(pki.EncodeCerts(c), kp)
-	}
+	src, err := ca.NewSource(id, time.Now(), time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -19,23 +19,8 @@ import (
 // bundle.
 func certSource(t *testing.T, ca *pki.CA, id *pki.Identity) *pki.Source {
 	t.Helper()
-	src := &pki.Source{}
-	if err := src.SetBundle(pki.EncodeCerts(ca.Cert)); err != nil {
-		t.Fatal(err)
-	}
-	if id == nil {
-		return src
-	}
-	key, err := pki.NewKey()
+	src, err := ca.NewSource(id, time.Now(), time.Hour)
 	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := ca.Issue(key.Public(), *id, time.Now(), time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kp, _ := pki.EncodeKey(key)
-	if err := src.SetCertificate(pki.EncodeCerts(c), kp); err != nil {
 		t.Fatal(err)
 	}
 	return src

@@ -21,20 +21,8 @@ import (
 // tlsSource is a pki.Source with a certificate of ca for id.
 func tlsSource(t *testing.T, ca *pki.CA, id pki.Identity) *pki.Source {
 	t.Helper()
-	key, err := pki.NewKey()
+	src, err := ca.NewSource(&id, time.Now(), time.Hour)
 	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := ca.Issue(key.Public(), id, time.Now(), time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kp, _ := pki.EncodeKey(key)
-	src := &pki.Source{}
-	if err := src.SetCertificate(pki.EncodeCerts(c), kp); err != nil {
-		t.Fatal(err)
-	}
-	if err := src.SetBundle(pki.EncodeCerts(ca.Cert)); err != nil {
 		t.Fatal(err)
 	}
 	return src

@@ -44,19 +44,11 @@ func (f *Fleet) AgentClient(ctx context.Context, id *pki.Identity) (*http.Client
 	if err != nil {
 		return nil, err
 	}
-	var cert *tls.Certificate
-	if id != nil {
-		key, err := pki.NewKey()
-		if err != nil {
-			return nil, err
-		}
-		leaf, err := ca.Issue(key.Public(), *id, time.Now(), pki.DefaultLeafLifetime)
-		if err != nil {
-			return nil, err
-		}
-		cert = &tls.Certificate{Certificate: [][]byte{leaf.Raw}, PrivateKey: key, Leaf: leaf}
+	src, err := ca.NewSource(id, time.Now(), pki.DefaultLeafLifetime)
+	if err != nil {
+		return nil, err
 	}
-	return f.AgentClientWith(ctx, cert)
+	return f.AgentClientWith(ctx, src.Certificate())
 }
 
 // AgentClientWith is AgentClient presenting cert (none when nil): for example a

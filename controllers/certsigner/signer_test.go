@@ -15,7 +15,9 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
+	clocktesting "k8s.io/utils/clock/testing"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	"github.com/macfleet/macfleet/agent/certs"
@@ -154,4 +156,108 @@ func errString(err error) string {
 		return ""
 	}
 	return err.Error()
+}
+
+// TestAuthorityRotatesTheCA walks the CA Secret, the bundle ConfigMap and the
+// gateway's Secret through a rotation on a fake clock: the successor is published
+// before it signs, then signs (the gateway's certificate is issued again from it)
+// while the old CA stays in the bundle.
+func TestAuthorityRotatesTheCA(t *testing.T) {
+	ctx := t.Context()
+	_ = env.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: mfv1.SystemNamespace}})
+	for _, o := range []client.Object{
+		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: mfv1.SystemNamespace, Name: mfv1.CASecret}},
+		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: mfv1.SystemNamespace, Name: mfv1.GatewayTLSSecret}},
+		&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: mfv1.SystemNamespace, Name: mfv1.CABundleConfigMap}},
+	} {
+		_ = env.Client.Delete(ctx, o) // an earlier test's
+	}
+	clk := clocktesting.NewFakeClock(time.Now())
+	a := &certsigner.Authority{Client: env.Client, GatewayName: "gw", Clock: clk, Log: logr.Discard()}
+	sync := func() {
+		t.Helper()
+		if _, err := a.Sync(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	bundle := func() []*x509.Certificate {
+		t.Helper()
+		cm := &corev1.ConfigMap{}
+		if err := env.Client.Get(ctx, types.NamespacedName{Namespace: mfv1.SystemNamespace, Name: mfv1.CABundleConfigMap}, cm); err != nil {
+			t.Fatal(err)
+		}
+		certs, err := pki.ParseCerts([]byte(cm.Data[mfv1.CABundleKey]))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return certs
+	}
+	gatewayIssuer := func() string {
+		t.Helper()
+		s := &corev1.Secret{}
+		if err := env.Client.Get(ctx, types.NamespacedName{Namespace: mfv1.SystemNamespace, Name: mfv1.GatewayTLSSecret}, s); err != nil {
+			t.Fatal(err)
+		}
+		certs, err := pki.ParseCerts(s.Data[corev1.TLSCertKey])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return certs[0].Issuer.CommonName
+	}
+
+	sync()
+	first := bundle()
+	if len(first) != 1 || gatewayIssuer() != first[0].Subject.CommonName {
+		t.Fatalf("after the first sync: bundle of %d, gateway issued by %q", len(first), gatewayIssuer())
+	}
+	// Two thirds of the CA's year: the successor is published, the old CA still signs.
+	clk.Step(pki.RenewAt(first[0]).Sub(clk.Now()) + time.Second)
+	sync()
+	if b := bundle(); len(b) != 2 || gatewayIssuer() != first[0].Subject.CommonName {
+		t.Fatalf("after two thirds: bundle of %d (want old and successor), gateway issued by %q (want the old CA)", len(b), gatewayIssuer())
+	}
+	next := bundle()[1]
+	// A propagation later the successor signs; the old CA stays trusted.
+	clk.Step(pki.DefaultPropagation)
+	sync()
+	b := bundle()
+	if len(b) != 2 || !b[0].Equal(next) || !b[1].Equal(first[0]) {
+		t.Fatalf("after the promotion: bundle %v, want the successor then the old CA", b)
+	}
+	if got := gatewayIssuer(); got != next.Subject.CommonName {
+		t.Errorf("after the promotion the gateway's certificate is issued by %q, want the successor %q", got, next.Subject.CommonName)
+	}
+	if c := a.Self.Certificate().Leaf; c.CheckSignatureFrom(next) != nil {
+		t.Error("after the promotion the manager's own certificate is not from the successor")
+	}
+}
+
+// TestAgentRenewsItsCertificate: at two thirds of its certificate's life the agent
+// asks for a new one and serves with it.
+func TestAgentRenewsItsCertificate(t *testing.T) {
+	startSigner(t)
+	src := &pki.Source{}
+	clk := clocktesting.NewFakeClock(time.Now())
+	k := certs.New(certs.Options{Clientset: nodeClientset(t, "mac-renew"), NodeName: "mac-renew", Source: src, Clock: clk, Log: logr.Discard()})
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- k.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	select {
+	case <-k.Ready():
+	case <-time.After(60 * time.Second):
+		t.Fatal("the agent got no certificate within 60s")
+	}
+	first := src.Certificate().Leaf
+	testenv.Eventually(t, 10*time.Second, 10*time.Millisecond, func() (bool, string) {
+		return clk.HasWaiters(), "the keeper is not waiting for its next check"
+	})
+	clk.Step(pki.RenewAt(first).Sub(clk.Now()) + time.Second)
+	testenv.Eventually(t, 60*time.Second, 50*time.Millisecond, func() (bool, string) {
+		c := src.Certificate().Leaf
+		return c.SerialNumber.Cmp(first.SerialNumber) != 0, "still the first certificate"
+	})
+	if got, err := pki.IdentityOf(src.Certificate().Leaf); err != nil || got != pki.Node("mac-renew") {
+		t.Errorf("the renewed certificate names %v (%v)", got, err)
+	}
 }

@@ -165,18 +165,6 @@ func (t *Transports) For(node string) *http.Transport {
 	return tr
 }
 
-// Forget closes the idle connections of the Macs not in keep and drops their transports.
-func (t *Transports) Forget(keep func(node string) bool) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	for n, tr := range t.byNode {
-		if !keep(n) {
-			tr.CloseIdleConnections()
-			delete(t.byNode, n)
-		}
-	}
-}
-
 type nodeKey struct{}
 
 // WithNode names the Mac whose agent a request made with ctx is meant for; the

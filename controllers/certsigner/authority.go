@@ -139,7 +139,7 @@ func (a *Authority) Sync(ctx context.Context) (time.Duration, error) {
 		close(a.loaded)
 	}
 	bundle := pki.EncodeCerts(r.Bundle()...)
-	if err := a.ensureBundle(ctx, bundle); err != nil {
+	if err := ensureBundle(ctx, a.Client, mfv1.SystemNamespace, bundle); err != nil {
 		return 0, err
 	}
 	now := a.Clock.Now()
@@ -270,23 +270,23 @@ func encodeRotation(r pki.Rotation) (map[string][]byte, error) {
 	return d, nil
 }
 
-// ensureBundle writes the bundle ConfigMap when it differs.
-func (a *Authority) ensureBundle(ctx context.Context, bundle []byte) error {
+// ensureBundle writes the bundle ConfigMap of namespace when it differs.
+func ensureBundle(ctx context.Context, c client.Client, namespace string, bundle []byte) error {
 	cm := &corev1.ConfigMap{}
-	key := types.NamespacedName{Namespace: mfv1.SystemNamespace, Name: mfv1.CABundleConfigMap}
-	err := a.Client.Get(ctx, key, cm)
+	key := types.NamespacedName{Namespace: namespace, Name: mfv1.CABundleConfigMap}
+	err := c.Get(ctx, key, cm)
 	switch {
 	case apierrors.IsNotFound(err):
 		cm = &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name,
 			Labels: map[string]string{"app.kubernetes.io/part-of": "macfleet"}},
 			Data: map[string]string{mfv1.CABundleKey: string(bundle)}}
-		err = a.Client.Create(ctx, cm)
+		err = c.Create(ctx, cm)
 	case err == nil && cm.Data[mfv1.CABundleKey] != string(bundle):
 		if cm.Data == nil {
 			cm.Data = map[string]string{}
 		}
 		cm.Data[mfv1.CABundleKey] = string(bundle)
-		err = a.Client.Update(ctx, cm)
+		err = c.Update(ctx, cm)
 	}
 	if err != nil {
 		return fmt.Errorf("publishing the CA bundle in ConfigMap %s: %w", key, err)

@@ -168,6 +168,7 @@ func New(cfg Config) (ctrl.Manager, error) {
 		&fleetquota.Reconciler{},
 		&autoscaler.Reconciler{Interval: cfg.AutoscalerInterval, Source: agents},
 		&certsigner.Signer{Authority: authority},
+		&certsigner.BundlePublisher{Client: direct, Authority: authority},
 	}
 	for _, r := range reconcilers {
 		if err := r.SetupWithManager(mgr); err != nil {

@@ -2,6 +2,9 @@ package e2e
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -65,6 +68,48 @@ func call(t *testing.T, base, method, path, token, body string, header ...string
 	resp, err := hc.Do(req)
 	if err != nil {
 		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// tenantCall posts body with token to url as a workload of ns does: checking the
+// agent's certificate against the fleet CA bundle in ns (ConfigMap macfleet-ca, which
+// the manager publishes in every namespace with a ModelDeployment), by chain, not by
+// host name (it names a Mac).
+func tenantCall(t *testing.T, ns, url, token, body string) (int, string) {
+	t.Helper()
+	var bundle []byte
+	testenv.Eventually(t, 30*time.Second, 100*time.Millisecond, func() (bool, string) {
+		cm := &corev1.ConfigMap{}
+		err := fleet.Client.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: v1alpha1.CABundleConfigMap}, cm)
+		bundle = []byte(cm.Data[v1alpha1.CABundleKey])
+		return err == nil && len(bundle) > 0, fmt.Sprintf("the CA bundle in %s: %v", ns, err)
+	})
+	roots := x509.NewCertPool()
+	if !roots.AppendCertsFromPEM(bundle) {
+		t.Fatalf("the CA bundle in %s holds no certificate", ns)
+	}
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.TLSClientConfig = &tls.Config{InsecureSkipVerify: true, //nolint:gosec // the chain is checked below
+		VerifyConnection: func(cs tls.ConnectionState) error {
+			if len(cs.PeerCertificates) == 0 {
+				return errors.New("no certificate")
+			}
+			_, err := cs.PeerCertificates[0].Verify(x509.VerifyOptions{Roots: roots})
+			return err
+		}}
+	defer tr.CloseIdleConnections()
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, url, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+token)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := (&http.Client{Transport: tr}).Do(req)
+	if err != nil {
+		return 0, err.Error()
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
@@ -141,6 +186,11 @@ func TestInClusterCallersAreScoped(t *testing.T) {
 	})
 	if code, body := call(t, agentB, http.MethodPost, "/v1/chat/completions", tokB, chatBody("secret")); code != http.StatusOK {
 		t.Fatalf("team B's token on its own Service: %d %s", code, body)
+	}
+	// As team B's workload checks the agent: against the CA bundle the manager
+	// published in team B's namespace.
+	if code, body := tenantCall(t, nsB, agentB+"/v1/chat/completions", tokB, chatBody("secret")); code != http.StatusOK {
+		t.Fatalf("team B's token on its own Service, the agent checked against the bundle in %s: %d %s", nsB, code, body)
 	}
 
 	// Team A's token on team B's deployment: the answer of a model that does not exist.

@@ -64,22 +64,34 @@ func nodeClientset(t *testing.T, node string) kubernetes.Interface {
 	return kubernetes.NewForConfigOrDie(rc)
 }
 
+// runKeeper runs an agent's certificate keeper with node's own credential (on clk,
+// when set) until the test ends, and returns its Source once it holds a certificate.
+func runKeeper(t *testing.T, node string, clk *clocktesting.FakeClock) *pki.Source {
+	t.Helper()
+	src := &pki.Source{}
+	o := certs.Options{Clientset: nodeClientset(t, node), NodeName: node, Source: src, Log: logr.Discard()}
+	if clk != nil {
+		o.Clock = clk
+	}
+	k := certs.New(o)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- k.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	select {
+	case <-k.Ready():
+	case <-time.After(60 * time.Second):
+		t.Fatalf("the agent of %s got no certificate within 60s", node)
+	}
+	return src
+}
+
 // TestAgentGetsItsOwnCertificate: an agent with only its node credential gets a
 // certificate naming its node through the CSR API, and the bundle that verifies it;
 // the gateway's Secret holds a gateway certificate of the same CA.
 func TestAgentGetsItsOwnCertificate(t *testing.T) {
 	startSigner(t)
-	src := &pki.Source{}
-	k := certs.New(certs.Options{Clientset: nodeClientset(t, "mac-own"), NodeName: "mac-own", Source: src, Log: logr.Discard()})
-	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan error, 1)
-	go func() { done <- k.Run(ctx) }()
-	defer func() { cancel(); <-done }()
-	select {
-	case <-k.Ready():
-	case <-time.After(60 * time.Second):
-		t.Fatal("the agent got no certificate within 60s")
-	}
+	src := runKeeper(t, "mac-own", nil)
 	leaf := src.Certificate().Leaf
 	if err := pki.VerifyServer([]*x509.Certificate{leaf}, src.Roots(), time.Now(), pki.Node("mac-own")); err != nil {
 		t.Fatalf("the agent's certificate: %v", err)
@@ -236,18 +248,8 @@ func TestAuthorityRotatesTheCA(t *testing.T) {
 // asks for a new one and serves with it.
 func TestAgentRenewsItsCertificate(t *testing.T) {
 	startSigner(t)
-	src := &pki.Source{}
 	clk := clocktesting.NewFakeClock(time.Now())
-	k := certs.New(certs.Options{Clientset: nodeClientset(t, "mac-renew"), NodeName: "mac-renew", Source: src, Clock: clk, Log: logr.Discard()})
-	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan error, 1)
-	go func() { done <- k.Run(ctx) }()
-	defer func() { cancel(); <-done }()
-	select {
-	case <-k.Ready():
-	case <-time.After(60 * time.Second):
-		t.Fatal("the agent got no certificate within 60s")
-	}
+	src := runKeeper(t, "mac-renew", clk)
 	first := src.Certificate().Leaf
 	testenv.Eventually(t, 10*time.Second, 10*time.Millisecond, func() (bool, string) {
 		return clk.HasWaiters(), "the keeper is not waiting for its next check"

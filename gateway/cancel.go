@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/macfleet/macfleet/pki"
 	runnerapi "github.com/macfleet/macfleet/runner/api"
 )
 
@@ -97,7 +98,7 @@ func (g *Gateway) detach(ctx context.Context, be Backend, model, id string, c *c
 // it and ends it now with its usage.
 func (g *Gateway) askCancel(ctx context.Context, be Backend, id string) (bool, error) {
 	b, _ := json.Marshal(runnerapi.Cancel{ID: id})
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+be.Endpoint+pathCancel, bytes.NewReader(b))
+	req, err := http.NewRequestWithContext(pki.WithNode(ctx, be.Node), http.MethodPost, g.agentScheme+be.Endpoint+pathCancel, bytes.NewReader(b))
 	if err != nil {
 		return false, err
 	}

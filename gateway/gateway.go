@@ -46,6 +46,7 @@ import (
 
 	"github.com/macfleet/macfleet/fairqueue"
 	"github.com/macfleet/macfleet/internal/openaierr"
+	"github.com/macfleet/macfleet/pki"
 	"github.com/macfleet/macfleet/tenancy"
 	"github.com/macfleet/macfleet/tenancy/satoken"
 )
@@ -61,8 +62,15 @@ const (
 
 // Options configure a Gateway.
 type Options struct {
-	// FleetToken returns the token sent to agents as "Authorization: Bearer <token>";
-	// nil or "" sends none.
+	// AgentCertificates, when set, is the client certificate and CA bundle the gateway
+	// calls agents with: over HTTPS, through one connection pool per Mac, each
+	// handshake requiring the certificate of the Mac the replica is bound to (not
+	// whatever answers at its status.endpoint). Without it agents are called over
+	// plain HTTP (tests' fake agents).
+	AgentCertificates *pki.Source
+	// FleetToken returns a token sent to agents as "Authorization: Bearer <token>";
+	// nil or "" sends none. Agents in cluster mode take certificates instead; this
+	// reaches agents that take a key (tests' fake agents).
 	FleetToken func() string
 	// ColdStartTimeout bounds how long a request waits for a routable replica, or in
 	// the queue for a replica with room.
@@ -104,7 +112,8 @@ type Options struct {
 	MaxBodyBytes int64
 	// Registerer receives the metrics; nil means a new registry.
 	Registerer prometheus.Registerer
-	// Transport reaches the agents; nil means one tuned for many streams to few hosts.
+	// Transport reaches the agents; nil means one tuned for many streams to few hosts
+	// (per Mac, with AgentCertificates).
 	Transport http.RoundTripper
 	// TracerProvider, when set, traces every proxied request (see trace.go); nil means
 	// no tracing.
@@ -129,7 +138,9 @@ type Gateway struct {
 	waker     *waker
 	tracer    trace.Tracer // nil: tracing off
 	transport http.RoundTripper
-	handler   http.Handler
+	// agentScheme is "https://" with Options.AgentCertificates, else "http://".
+	agentScheme string
+	handler     http.Handler
 }
 
 // New builds a gateway with an empty table: every model is a 503 (the gateway is
@@ -162,6 +173,13 @@ func New(opts Options) (*Gateway, error) {
 	}
 	g := &Gateway{opts: opts, log: opts.Log, bal: newBalancer(opts.LoadBound), metrics: m, transport: opts.Transport,
 		id: newGatewayID()}
+	g.agentScheme = "http://"
+	if opts.AgentCertificates != nil {
+		g.agentScheme = "https://"
+		if g.transport == nil {
+			g.transport = pki.NewTransports(opts.AgentCertificates, NewTransport)
+		}
+	}
 	if g.transport == nil {
 		g.transport = NewTransport()
 	}

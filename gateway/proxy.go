@@ -15,6 +15,7 @@ import (
 
 	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/metering"
+	"github.com/macfleet/macfleet/pki"
 	runnerapi "github.com/macfleet/macfleet/runner/api"
 	"github.com/macfleet/macfleet/tenancy"
 )
@@ -373,7 +374,7 @@ func (g *Gateway) attempt(ctx context.Context, w http.ResponseWriter, r *http.Re
 	var cancelled cancellation
 	up, stop := g.detach(ctx, be, model, id, &cancelled)
 	defer stop()
-	out, err := http.NewRequestWithContext(up, r.Method, "http://"+be.Endpoint+r.URL.RequestURI(), bytes.NewReader(body))
+	out, err := http.NewRequestWithContext(pki.WithNode(up, be.Node), r.Method, g.agentScheme+be.Endpoint+r.URL.RequestURI(), bytes.NewReader(body))
 	if err != nil {
 		return outcome{failure: &failure{backend: be, reason: "transport", err: err}}
 	}

@@ -39,9 +39,11 @@ import (
 	"github.com/macfleet/macfleet/console"
 	"github.com/macfleet/macfleet/fairqueue"
 	"github.com/macfleet/macfleet/internal/httpserver"
+	"github.com/macfleet/macfleet/internal/callercert"
 	"github.com/macfleet/macfleet/internal/informers"
 	"github.com/macfleet/macfleet/internal/mgrhttp"
 	"github.com/macfleet/macfleet/ledger"
+	"github.com/macfleet/macfleet/pki"
 	"github.com/macfleet/macfleet/tenancy"
 	"github.com/macfleet/macfleet/tenancy/satoken"
 )
@@ -79,7 +81,16 @@ type Config struct {
 	MetricsListener net.Listener
 	ProbeAddr       string
 	ProbeListener   net.Listener
-	// FleetTokenFile holds the token presented to agents; empty sends none.
+	// AgentCertSecret ("namespace/name") holds the client certificate (tls.crt,
+	// tls.key) the gateway presents to agents and the fleet CA bundle (ca.crt) their
+	// certificates are checked against, issued and renewed by the manager and re-read
+	// every AgentCertPoll. Empty calls agents over plain HTTP, which agents in cluster
+	// mode refuse.
+	AgentCertSecret string
+	AgentCertPoll   time.Duration
+	// FleetTokenFile, when set, holds a token sent to agents as a bearer key (re-read
+	// when it changes): agents in cluster mode take certificates, not tokens; this
+	// reaches agents that take a key (tests' standalone and fake agents).
 	FleetTokenFile string
 	// APIKeysFile holds the admin API keys (every namespace, the console); empty
 	// means none.
@@ -171,6 +182,22 @@ func Run(ctx context.Context, cfg Config) error {
 		poll = DefaultFilePoll
 	}
 	var watchers []func(context.Context)
+	if cfg.AgentCertSecret != "" {
+		ns, name, ok := strings.Cut(cfg.AgentCertSecret, "/")
+		if !ok || ns == "" || name == "" {
+			return fmt.Errorf("the agent certificate Secret %q: want namespace/name", cfg.AgentCertSecret)
+		}
+		cs, err := kubernetes.NewForConfig(cfg.RestConfig)
+		if err != nil {
+			return fmt.Errorf("creating the client of the agent certificate: %w", err)
+		}
+		opts.AgentCertificates = &pki.Source{}
+		watchers = append(watchers, func(ctx context.Context) {
+			callercert.Keep(ctx, cs, ns, name, opts.AgentCertificates, cfg.AgentCertPoll, nil, log.WithName("agent-cert"))
+		})
+	} else {
+		log.Info("No --agent-cert-secret: requests reach agents over plain HTTP, which agents in cluster mode refuse")
+	}
 	if cfg.FleetTokenFile != "" {
 		tf, err := LoadTokenFile(cfg.FleetTokenFile)
 		if err != nil {
@@ -178,8 +205,6 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 		opts.FleetToken = tf.Token
 		watchers = append(watchers, func(ctx context.Context) { tf.Watch(ctx, poll, log) })
-	} else {
-		log.Info("No --fleet-token-file: requests reach agents without a token, which agents in cluster mode refuse")
 	}
 	var kf *KeysFile
 	if cfg.APIKeysFile != "" {

@@ -20,8 +20,11 @@ type Backend struct {
 	// Key is the replica's "<namespace>/<name>", sent as X-Macfleet-Replica and used as
 	// its identity for balancing.
 	Key string
-	// Endpoint is the host:port of the agent serving it.
+	// Endpoint is the host:port of the agent serving it, and Node its Mac (the
+	// replica's spec.nodeName, set by the scheduler): the agent's certificate must
+	// name that Mac.
 	Endpoint string
+	Node     string
 	// Slots is its engine's sequence slots (engine.parallel, at least 1): how many
 	// requests it generates at once.
 	Slots int
@@ -153,7 +156,7 @@ func BuildTable(deployments []mfv1.ModelDeployment, replicas []mfv1.ModelReplica
 		rt.Replicas++
 		if meta.IsStatusConditionTrue(r.Status.Conditions, mfv1.ReplicaReady) && r.Status.Endpoint != "" &&
 			r.Spec.NodeName != "" && nodeReady[r.Spec.NodeName] {
-			rt.Backends = append(rt.Backends, Backend{Key: r.Namespace + "/" + r.Name, Endpoint: r.Status.Endpoint,
+			rt.Backends = append(rt.Backends, Backend{Key: r.Namespace + "/" + r.Name, Endpoint: r.Status.Endpoint, Node: r.Spec.NodeName,
 				Slots: max(int(r.Spec.Template.Engine.Parallel), 1)})
 		}
 	}

@@ -32,6 +32,7 @@ import (
 	"github.com/macfleet/macfleet/internal/ggufsynth"
 	"github.com/macfleet/macfleet/internal/testenv"
 	"github.com/macfleet/macfleet/metal"
+	"github.com/macfleet/macfleet/pki"
 	"github.com/macfleet/macfleet/sourcepolicy"
 )
 
@@ -56,7 +57,40 @@ func TestMain(m *testing.M) {
 	testenv.Main(m, &env, testenv.WithScheme(v1alpha1.AddToScheme))
 }
 
-const fleetToken = "fleet-token-for-tests"
+// The agents' certificates come from a CA of the test (the CSR path to the manager's
+// signer is tested in controllers/certsigner and end to end in test/e2e).
+var (
+	testCA    = sync.OnceValues(func() (*pki.CA, error) { return pki.NewCA(time.Now(), time.Hour*24) })
+	gatewayID = pki.Gateway("test-gateway")
+)
+
+// source is a pki.Source with a certificate of the test CA for id (none for nil).
+func source(t *testing.T, id *pki.Identity) *pki.Source {
+	t.Helper()
+	ca, err := testCA()
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, err := ca.NewSource(id, time.Now(), time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return src
+}
+
+// nodeCertificate is the serving certificate of node's agent.
+func nodeCertificate(t *testing.T, node string) *pki.Source {
+	id := pki.Node(node)
+	return source(t, &id)
+}
+
+// agentClient calls node's agent with the certificate of id (none for nil).
+func agentClient(t *testing.T, node string, id *pki.Identity) *http.Client {
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.TLSClientConfig = source(t, id).ClientConfig(pki.Node(node))
+	t.Cleanup(tr.CloseIdleConnections)
+	return &http.Client{Transport: tr}
+}
 
 // nodeSeq numbers the node names of the test binary's agents.
 var nodeSeq atomic.Int64
@@ -125,6 +159,8 @@ type testAgent struct {
 	url      string
 	endpoint string
 	logs     *logBuffer
+	// gateway calls the agent with a gateway's certificate, anon with none.
+	gateway, anon *http.Client
 	// stop stops the agent and waits for it (idempotent).
 	stop func()
 }
@@ -181,11 +217,12 @@ func startAgent(t *testing.T, o agentOptions) *testAgent {
 	}
 	logs := &logBuffer{}
 	log := funcr.New(logs.line, funcr.Options{Verbosity: 2})
-	a := &testAgent{t: t, node: o.node, url: "http://" + ln.Addr().String(), endpoint: ln.Addr().String(), logs: logs}
+	a := &testAgent{t: t, node: o.node, url: "https://" + ln.Addr().String(), endpoint: ln.Addr().String(), logs: logs,
+		gateway: agentClient(t, o.node, &gatewayID), anon: agentClient(t, o.node, nil)}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	cfg := cluster.Config{
-		RestConfig: o.rest, NodeName: o.node, Listener: ln, AdvertiseAddress: a.endpoint, FleetToken: fleetToken,
+		RestConfig: o.rest, NodeName: o.node, Listener: ln, AdvertiseAddress: a.endpoint, Certificates: nodeCertificate(t, o.node),
 		Store: o.store, RunnerPath: rp, RunnerThreads: 1, SocketDir: t.TempDir(), StateDir: o.stateDir,
 		KeepRunners: o.stateDir != "", PromptCacheDir: o.promptCacheDir, PromptCacheSSDBytes: 10 << 30,
 		Pool: metal.Config{CeilingBytes: 4 << 30, DrainTimeout: 10 * time.Second, BackoffInitial: 100 * time.Millisecond,
@@ -218,7 +255,7 @@ func startAgent(t *testing.T, o agentOptions) *testAgent {
 		}
 	})
 	testenv.Eventually(t, 30*time.Second, 50*time.Millisecond, func() (bool, string) {
-		resp, err := http.Get(a.url + "/readyz")
+		resp, err := a.anon.Get(a.url + "/readyz")
 		if err != nil {
 			return false, err.Error()
 		}
@@ -229,13 +266,24 @@ func startAgent(t *testing.T, o agentOptions) *testAgent {
 }
 
 // do sends a request to the agent with optional header pairs and returns the
-// response with its body read.
+// response with its body read: with the pair auth, as a gateway (its client
+// certificate), else with no client certificate.
 func (a *testAgent) do(method, path string, body any, header ...string) (*http.Response, []byte) {
 	a.t.Helper()
-	return testenv.Do(a.t, method, a.url+path, body, header...)
+	c := a.anon
+	var rest []string
+	for i := 0; i+1 < len(header); i += 2 {
+		if header[i] == auth[0] {
+			c = a.gateway
+			continue
+		}
+		rest = append(rest, header[i], header[i+1])
+	}
+	return testenv.DoWith(a.t, c, method, a.url+path, body, rest...)
 }
 
-var auth = []string{"Authorization", "Bearer " + fleetToken}
+// auth, among a request's header pairs, sends it as a gateway (see do).
+var auth = []string{"X-Test-Caller", "gateway"}
 
 // chat sends a short chat completion for model (with extra header pairs) and returns
 // the status and body.

@@ -2,13 +2,15 @@
 // the ModelReplicas bound to its MacNode, drives its engine pool through an explicit
 // transition table (table.go), downloads models through the store, reports each
 // replica's status, and serves the OpenAI + admin API to the gateway and the
-// per-deployment Services behind the fleet token. The API server is never on the
-// request path: the agent keeps serving while it is unreachable and resyncs when it
-// returns.
+// per-deployment Services over TLS with a certificate of its own (agent/certs): the
+// gateways and the manager present theirs, tenants a ServiceAccount token. The API
+// server is never on the request path: the agent keeps serving while it is
+// unreachable and resyncs when it returns.
 package cluster
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -30,12 +32,14 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/macfleet/macfleet/agent/certs"
 	"github.com/macfleet/macfleet/agent/janitor"
 	"github.com/macfleet/macfleet/agent/server"
 	"github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/internal/httpserver"
 	"github.com/macfleet/macfleet/internal/informers"
 	"github.com/macfleet/macfleet/metal"
+	"github.com/macfleet/macfleet/pki"
 	"github.com/macfleet/macfleet/runner/sandbox"
 	"github.com/macfleet/macfleet/sourcepolicy"
 	"github.com/macfleet/macfleet/tenancy/satoken"
@@ -74,16 +78,19 @@ type Config struct {
 	// first non-loopback IPv4 address with the listen port, and port 0 the listen
 	// port (which a listen address with port 0 leaves to the kernel).
 	AdvertiseAddress string
-	// FleetToken is required as "Authorization: Bearer TOKEN" on every API call but
-	// /healthz and /readyz. Token, when set, supplies it instead and follows its
-	// rotation.
-	FleetToken string
-	Token      *TokenSource
+	// The API is served over TLS with the node's certificate, which the agent asks for
+	// with a CertificateSigningRequest and renews (agent/certs); Certificates, when
+	// set, is used as it is instead (its holder keeps it current). Every call but
+	// /healthz and /readyz needs the client certificate of a gateway or the manager
+	// (the whole API) or a ServiceAccount token (below). CertificateLifetime is the
+	// lifetime asked for (pki.DefaultLeafLifetime when zero).
+	Certificates        *pki.Source
+	CertificateLifetime time.Duration
 	// TokenAudience: the OpenAI API also takes in-cluster callers' ServiceAccount
 	// tokens projected for this audience (satoken.DefaultAudience when empty),
 	// checked by a TokenReview with the node's credential; each reaches the replicas
 	// of its namespace and of deployments whose spec.access grants it. The admin API
-	// takes only the fleet token. NoServiceAccountTokens turns them off;
+	// takes only a gateway's or the manager's certificate. NoServiceAccountTokens turns them off;
 	// TokenCacheTTL bounds how long a review is reused (satoken.DefaultTTL).
 	TokenAudience          string
 	NoServiceAccountTokens bool
@@ -143,13 +150,6 @@ func Run(ctx context.Context, cfg Config) error {
 	log := cfg.Log
 	if cfg.RestConfig == nil || cfg.NodeName == "" || cfg.Store == nil {
 		return errors.New("cluster: the agent needs a rest config, a node name and a store")
-	}
-	tokenFunc := func() string { return cfg.FleetToken }
-	if cfg.Token != nil {
-		tokenFunc = cfg.Token.Token
-	}
-	if tokenFunc() == "" {
-		return errors.New("cluster: the agent needs a fleet token")
 	}
 	rc := rest.CopyConfig(cfg.RestConfig)
 	if rc.QPS == 0 {
@@ -212,14 +212,25 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 
+	cs, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return fmt.Errorf("creating the API clientset: %w", err)
+	}
+	tlsSrc, keeper := cfg.Certificates, (*certs.Keeper)(nil)
+	if tlsSrc == nil {
+		tlsSrc = &pki.Source{}
+		keeper = certs.New(certs.Options{Clientset: cs, NodeName: cfg.NodeName, Source: tlsSrc,
+			Lifetime: cfg.CertificateLifetime, Log: log.WithName("certs")})
+	}
 	ln := cfg.Listener
 	if ln == nil {
 		if ln, err = net.Listen("tcp", cfg.Listen); err != nil {
 			return fmt.Errorf("listening on %s: %w", cfg.Listen, err)
 		}
 	}
-	// The connection cap wraps the TCP listener, beneath any TLS.
-	ln = httpserver.Listener(ln, httpserver.Limits{})
+	// The connection cap wraps the TCP listener, beneath TLS; TLS only: a caller that
+	// speaks plain HTTP gets no answer.
+	ln = tls.NewListener(httpserver.Listener(ln, httpserver.Limits{}), tlsSrc.ServerConfig())
 	endpoint := cfg.AdvertiseAddress
 	if endpoint == "" {
 		if endpoint, err = DefaultAdvertiseAddress(ln.Addr().String()); err != nil {
@@ -247,14 +258,9 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	reg := prometheus.NewRegistry()
-	sopts := server.Options{APIKeyFunc: tokenFunc, ResolveModel: syncer.Resolve,
+	sopts := server.Options{ClientCertificates: true, ResolveModel: syncer.Resolve,
 		ListModels: syncer.ListModels, DeploymentOf: syncer.DeploymentOf, Log: log.WithName("http"), Registerer: reg, TracerProvider: cfg.TracerProvider}
 	if !cfg.NoServiceAccountTokens {
-		cs, err := kubernetes.NewForConfig(rc)
-		if err != nil {
-			ln.Close()
-			return fmt.Errorf("creating the TokenReview client: %w", err)
-		}
 		rev, err := satoken.New(cs.AuthenticationV1().TokenReviews(),
 			satoken.Options{Audience: cfg.TokenAudience, TTL: cfg.TokenCacheTTL, Registerer: reg, Component: "agent"})
 		if err != nil {
@@ -310,12 +316,19 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 		return syncer.Run(gctx)
 	})
-	if cfg.Token != nil {
-		g.Go(func() error { return cfg.Token.Run(gctx) })
+	if keeper != nil {
+		g.Go(func() error { return keeper.Run(gctx) })
 	}
 	g.Go(func() error {
 		if !rcache.WaitForCacheSync(gctx) {
 			return nil
+		}
+		if keeper != nil {
+			select {
+			case <-keeper.Ready():
+			case <-gctx.Done():
+				return nil
+			}
 		}
 		srv.SetReady(true)
 		log.Info("Ready")

@@ -18,6 +18,7 @@ const (
 	typeAuthentication = openaierr.TypeAuthentication
 	typeServer         = openaierr.TypeServer
 	typeUnavailable    = openaierr.TypeUnavailable
+	typePermission     = "permission_error"
 )
 
 // Error codes of the agent's own errors.
@@ -33,6 +34,8 @@ const (
 	codeInternal         = openaierr.CodeInternal
 	// codeTokenReview: a ServiceAccount token could not be reviewed now; retry.
 	codeTokenReview = "token_review_unavailable"
+	// codeForbiddenCaller: a fleet certificate whose identity may not call agents (a Mac's).
+	codeForbiddenCaller = "forbidden_caller"
 )
 
 // apiError is one error response of the agent (internal/openaierr).

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -29,6 +30,7 @@ import (
 	"github.com/macfleet/macfleet/internal/ggufsynth"
 	"github.com/macfleet/macfleet/internal/testenv"
 	"github.com/macfleet/macfleet/metal"
+	"github.com/macfleet/macfleet/pki"
 	"github.com/macfleet/macfleet/runner/api"
 	"github.com/macfleet/macfleet/tenancy"
 )
@@ -95,6 +97,9 @@ type agentOptions struct {
 	deploymentOf func(string) string
 	maxBody      int64
 	pool         metal.Config
+	// serverCert, when set, serves over TLS with it and authenticates callers by their
+	// client certificates (Options.ClientCertificates), as the cluster agent does.
+	serverCert *pki.Source
 	// noEnforcer leaves the pool's enforcer loop (Run) off.
 	noEnforcer bool
 	// needsRunner: false for tests that never load a model.
@@ -193,12 +198,20 @@ func startAgent(t *testing.T, o agentOptions) *testAgent {
 	}
 	reg := prometheus.NewRegistry()
 	srv, err := server.New(pool, server.Options{APIKey: o.apiKey, ReviewToken: o.reviewToken, MaxBodyBytes: o.maxBody, Registerer: reg,
-		ResolveModel: o.resolveModel, DeploymentOf: o.deploymentOf})
+		ResolveModel: o.resolveModel, DeploymentOf: o.deploymentOf, ClientCertificates: o.serverCert != nil})
 	if err != nil {
 		t.Fatal(err)
 	}
 	srv.SetReady(true)
-	ts := httptest.NewServer(srv.Handler())
+	ts := httptest.NewUnstartedServer(srv.Handler())
+	if o.serverCert != nil {
+		ts.Listener = tls.NewListener(ts.Listener, o.serverCert.ServerConfig())
+	}
+	ts.Start()
+	url := ts.URL
+	if o.serverCert != nil {
+		url = strings.Replace(url, "http://", "https://", 1)
+	}
 	// A second server of the same handler whose connections stall after their first
 	// write until release: a stream opened there holds its handler mid-response.
 	gate := make(chan struct{})
@@ -235,7 +248,7 @@ func startAgent(t *testing.T, o agentOptions) *testAgent {
 			t.Errorf("%d runner processes left after closing the pool", s.Runners)
 		}
 	})
-	return &testAgent{t: t, pool: pool, srv: srv, url: ts.URL, reg: reg, key: o.apiKey, factory: factory,
+	return &testAgent{t: t, pool: pool, srv: srv, url: url, reg: reg, key: o.apiKey, factory: factory,
 		gatedURL: gts.URL, release: release}
 }
 

@@ -188,7 +188,9 @@ func (s *Server) acquire(w http.ResponseWriter, r *http.Request, model string) (
 		}
 	}
 	s.meterDirect(r, entry)
-	s.queues.observe(r, entry, time.Now())
+	if reportsQueues(r) {
+		s.queues.observe(r, entry, time.Now())
+	}
 	lctx, span := s.startSpan(ctx, "agent.lease", trace.SpanKindInternal, attribute.String("macfleet.entry", entry))
 	lease, err := s.pool.Acquire(lctx, entry)
 	if lease != nil {

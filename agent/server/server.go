@@ -29,6 +29,7 @@ import (
 	"github.com/macfleet/macfleet/chat/translate"
 	"github.com/macfleet/macfleet/internal/openaierr"
 	"github.com/macfleet/macfleet/metal"
+	"github.com/macfleet/macfleet/pki"
 	"github.com/macfleet/macfleet/tenancy"
 	"github.com/macfleet/macfleet/tenancy/satoken"
 )
@@ -49,6 +50,13 @@ type Options struct {
 	// APIKeyFunc, when set, is called per request for the key instead of APIKey, so
 	// that a rotated key takes effect at once. It must be cheap and never return "".
 	APIKeyFunc func() string
+	// ClientCertificates authenticates callers by the client certificate they
+	// presented on a TLS listener that checked it against the fleet CA
+	// (pki.Source.ServerConfig): a gateway or the manager is an admin (the whole API,
+	// and a gateway's queue reports count); a Mac's certificate is refused, so one
+	// compromised Mac reaches no other. Callers without a certificate need the API key
+	// or (OpenAI API only) a ServiceAccount token.
+	ClientCertificates bool
 	// ReviewToken, when set, authenticates on the OpenAI API (/v1/...) a bearer
 	// credential that is not the API key and is shaped like a ServiceAccount token
 	// (satoken.LooksLikeToken): a tenant identity that ResolveModel and ListModels
@@ -220,18 +228,21 @@ func (s *Server) handleUnknownRoute(w http.ResponseWriter, r *http.Request) {
 		Message: "no such endpoint: " + r.Method + " " + p})
 }
 
-// authenticate requires the API key, if one is configured, on everything but the
-// health probes, or on the OpenAI API a ServiceAccount token (Options.ReviewToken).
-// The caller's identity goes into the request's context: an admin for the API key
-// (or when no key is configured), the ServiceAccount's namespace for a token.
+// authenticate requires, on everything but the health probes, a client certificate
+// of a gateway or the manager (Options.ClientCertificates), the API key if one is
+// configured, or on the OpenAI API a ServiceAccount token (Options.ReviewToken). The
+// caller's identity goes into the request's context: an admin for a caller's
+// certificate or the API key (or when nothing is configured), the ServiceAccount's
+// namespace for a token.
 func (s *Server) authenticate(next http.Handler) http.Handler {
-	admin := func(w http.ResponseWriter, r *http.Request) {
-		next.ServeHTTP(w, r.WithContext(tenancy.WithIdentity(r.Context(), tenancy.Identity{Admin: true})))
+	admin := func(w http.ResponseWriter, r *http.Request, c caller) {
+		ctx := tenancy.WithIdentity(context.WithValue(r.Context(), callerKey{}, c), tenancy.Identity{Admin: true})
+		next.ServeHTTP(w, r.WithContext(ctx))
 	}
 	key := s.opts.APIKeyFunc
 	if key == nil {
-		if s.opts.APIKey == "" {
-			return http.HandlerFunc(admin)
+		if s.opts.APIKey == "" && !s.opts.ClientCertificates {
+			return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { admin(w, r, caller{reportsQueues: true}) })
 		}
 		static := s.opts.APIKey
 		key = func() string { return static }
@@ -241,24 +252,40 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 			next.ServeHTTP(w, r)
 			return
 		}
+		if s.opts.ClientCertificates {
+			if id, ok := pki.PeerIdentity(r.TLS); ok {
+				if id.Kind == pki.KindGateway || id.Kind == pki.KindManager {
+					admin(w, r, caller{reportsQueues: id.Kind == pki.KindGateway})
+					return
+				}
+				writeError(w, &apiError{Status: http.StatusForbidden, Type: typePermission, Code: codeForbiddenCaller,
+					Message: "the certificate of " + id.String() + " may not call a node agent: only the gateways and the manager may (and tenants with a ServiceAccount token, on /v1/)"})
+				return
+			}
+		}
 		got := r.Header.Get("Authorization")
 		if x := r.Header.Get("X-Api-Key"); got == "" && x != "" {
 			got = "Bearer " + x // Anthropic clients send the key as x-api-key
 		}
 		k := key()
 		if k != "" && subtle.ConstantTimeCompare([]byte(got), []byte("Bearer "+k)) == 1 {
-			admin(w, r)
+			admin(w, r, caller{reportsQueues: true})
 			return
 		}
 		token, _ := strings.CutPrefix(got, "Bearer ")
 		tokenShaped := s.opts.ReviewToken != nil && satoken.LooksLikeToken(token)
-		msg := "invalid API key: send it as Authorization: Bearer KEY (or x-api-key: KEY)"
+		how, missing, adminOnly := "send it as Authorization: Bearer KEY (or x-api-key: KEY)", "missing API key: ", "the API key"
+		if s.opts.ClientCertificates {
+			how = "the gateways and the manager present their fleet certificate; tenants send a ServiceAccount token as Authorization: Bearer TOKEN"
+			missing, adminOnly = "missing credentials: ", "a gateway's or the manager's certificate"
+		}
+		msg := "invalid API key: " + how
 		switch {
 		case got == "":
-			msg = "missing API key: send it as Authorization: Bearer KEY (or x-api-key: KEY)"
+			msg = missing + how
 		case tokenShaped && !strings.HasPrefix(r.URL.Path, "/v1/"):
 			// Tenants never reach the admin API (unload, cache clear, status, metrics).
-			msg = "the node agent's admin API takes only the fleet token; a ServiceAccount token reaches only the OpenAI API under /v1/"
+			msg = "the node agent's admin API takes only " + adminOnly + "; a ServiceAccount token reaches only the OpenAI API under /v1/"
 		case tokenShaped:
 			id, err := s.opts.ReviewToken(r.Context(), token)
 			var refused *satoken.RefusedError
@@ -277,6 +304,19 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 		writeError(w, &apiError{Status: http.StatusUnauthorized, Type: typeAuthentication, Code: codeInvalidAPIKey,
 			Message: msg})
 	})
+}
+
+// caller is what a request's admin may do beyond the API (the context holds it under
+// callerKey{}): reportsQueues — its X-Macfleet-Queued reports count (a gateway's
+// certificate; the API key, or no authentication, where no certificates are used).
+type caller struct{ reportsQueues bool }
+
+type callerKey struct{}
+
+// reportsQueues: the caller's X-Macfleet-Queued reports count (see caller).
+func reportsQueues(r *http.Request) bool {
+	c, _ := r.Context().Value(callerKey{}).(caller)
+	return c.reportsQueues
 }
 
 // recoverer turns a handler panic into a logged 500 (when nothing was sent yet) so one

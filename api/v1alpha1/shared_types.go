@@ -37,6 +37,16 @@ const (
 	// in-cluster clients present to agents, under FleetTokenKey.
 	FleetTokenSecret = "macfleet-fleet-token"
 	FleetTokenKey    = "token"
+	// CASecret (in SystemNamespace) holds the fleet CA that the manager keeps and
+	// rotates (package pki): the signing CA, its successor and its predecessor.
+	// CABundleConfigMap (in SystemNamespace) publishes the CA certificates every
+	// caller and agent trusts, under CABundleKey.
+	CASecret          = "macfleet-ca"
+	CABundleConfigMap = "macfleet-ca"
+	CABundleKey       = "ca.crt"
+	// GatewayTLSSecret (in SystemNamespace) holds the gateway's client certificate
+	// (tls.crt, tls.key) and the CA bundle (ca.crt), issued and renewed by the manager.
+	GatewayTLSSecret = "macfleet-gateway-tls"
 	// HeaderReplica is set by the gateway on requests it forwards to an agent: the
 	// namespace/name of the ModelReplica that must serve the request.
 	HeaderReplica = "X-Macfleet-Replica"

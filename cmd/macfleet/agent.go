@@ -5,7 +5,6 @@ import (
 	"errors"
 	goflag "flag"
 	"fmt"
-	"net"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -17,11 +16,8 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/spf13/cobra"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	"github.com/macfleet/macfleet/agent/cluster"
@@ -80,15 +76,17 @@ labels), renews its Lease, and watches the ModelReplicas the scheduler binds to 
 each is downloaded into the model store (resumable, sha256-verified), loaded into the
 engine pool (Resident and Pinned at once, OnDemand on the first request) and reported
 in the replica's status (Downloaded, Loaded, Ready, endpoint, memory, last unload).
-The OpenAI and admin API on --listen requires the fleet token as
-"Authorization: Bearer TOKEN" (all but /healthz and /readyz); the OpenAI API (/v1/)
-also takes in-cluster callers' ServiceAccount tokens (--token-audience), each reaching
+The OpenAI and admin API on --listen is served over TLS with this Mac's own
+certificate, which the agent asks the manager for with its node credential
+(CertificateSigningRequest, signer macfleet.dev/node) and renews; it takes the client
+certificates of the gateways and the manager (all but /healthz and /readyz need one),
+and on the OpenAI API (/v1/) in-cluster callers' ServiceAccount tokens (--token-audience), each reaching
 only the replicas its namespace may use; requests pick their
 replica by the X-Macfleet-Replica header or by served name. The agent keeps serving
 while the API server is unreachable and resyncs when it returns.`,
 		Example: "  macfleet agent --kubeconfig mac-1.kubeconfig\n" +
 			"  macfleet agent --kubeconfig kc --node-name mac-2 --listen :8081 --memory-ceiling 12Gi \\\n" +
-			"      --unified-memory 16Gi --chip 'Apple M2' --fleet-token-file token",
+			"      --unified-memory 16Gi --chip 'Apple M2'",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			log := zap.New(zap.UseFlagOptions(&zapOpts))
@@ -117,15 +115,9 @@ while the API server is unreachable and resyncs when it returns.`,
 				stop()
 			}()
 
-			direct, err := client.New(rc, client.Options{Scheme: clientgoscheme.Scheme})
-			if err != nil {
-				return fmt.Errorf("creating the API client: %w", err)
+			if fl.fleetTokenFile != "" {
+				log.Info("Ignoring --fleet-token-file: the agent serves TLS with its own certificate and takes the gateways' and the manager's certificates instead of a fleet token")
 			}
-			tok, err := loadTokenRetrying(ctx, direct, fl.fleetTokenFile, log.Info)
-			if err != nil {
-				return err
-			}
-			cfg.Token = cluster.NewTokenSource(tok, direct, fl.fleetTokenFile, 0, log.WithName("token"))
 			// The store's downloads and file opens follow the cluster's SourcePolicy, which
 			// the agent watches.
 			policy := sourcepolicy.NewHolder(nil)
@@ -163,11 +155,11 @@ while the API server is unreachable and resyncs when it returns.`,
 	f.StringSliceVar(&fl.allowFileDirs, "allow-file-dir", nil, "Directory on this Mac that file:// sources may be in, besides what the cluster's "+
 		"SourcePolicy allows (repeatable; default: the SourcePolicy alone decides)")
 	f.StringVar(&fl.stateDir, "state-dir", defaultDataDir("state"), "Directory for the agent's own state (runner records for adoption)")
-	f.StringVar(&fl.fleetTokenFile, "fleet-token-file", "", "File holding the fleet token; default: Secret "+
-		"macfleet-system/macfleet-fleet-token, key token, read with the node's credential")
+	f.StringVar(&fl.fleetTokenFile, "fleet-token-file", "", "Ignored: the agent gets its own certificate (CertificateSigningRequest, signer macfleet.dev/node) and no fleet token")
+	_ = f.MarkDeprecated("fleet-token-file", "the agent serves TLS with its own certificate; remove the flag")
 	f.StringVar(&fl.tokenAudience, "token-audience", satoken.DefaultAudience, "The OpenAI API (a deployment's Service) also takes in-cluster "+
 		"callers' ServiceAccount tokens projected for this audience, checked by a TokenReview; each reaches its namespace's replicas and those granted to it (spec.access)")
-	f.BoolVar(&fl.noSATokens, "no-service-account-tokens", false, "Take only the fleet token, not ServiceAccount tokens")
+	f.BoolVar(&fl.noSATokens, "no-service-account-tokens", false, "Take only the gateways' and the manager's certificates, not ServiceAccount tokens")
 	f.DurationVar(&fl.tokenCacheTTL, "token-cache-ttl", satoken.DefaultTTL, "How long a ServiceAccount token's review is reused: "+
 		"the longest a deleted ServiceAccount's token keeps working")
 	f.DurationVar(&fl.leaseDuration, "lease-duration", node.DefaultLeaseDuration, "The node Lease's duration; it is renewed every quarter of it")
@@ -366,26 +358,6 @@ func (o notifyObserver) LoadFinished(metal.LoadEvent)             { o.s.NotifyCh
 func (o notifyObserver) Unloaded(string, metal.UnloadReport)      { o.s.NotifyChanged() }
 func (o notifyObserver) PressureChanged(_, _ metal.PressureLevel) { o.s.NotifyChanged() }
 
-// loadTokenRetrying reads the fleet token, retrying while the API server cannot be
-// reached (an agent started before the control plane waits for it); a missing or
-// forbidden Secret is an error at once.
-func loadTokenRetrying(ctx context.Context, c client.Reader, file string, info func(string, ...any)) (string, error) {
-	delay := time.Second
-	for {
-		tok, err := cluster.LoadFleetToken(ctx, c, file)
-		if err == nil || file != "" || !retryableAPIError(err) {
-			return tok, err
-		}
-		info("Waiting for the API server to read the fleet token", "err", err.Error(), "retryIn", delay)
-		select {
-		case <-ctx.Done():
-			return "", err
-		case <-time.After(delay):
-		}
-		delay = min(2*delay, 30*time.Second)
-	}
-}
-
 // agentVersion is the module version the binary was built from.
 func agentVersion() string {
 	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
@@ -411,16 +383,4 @@ func defaultDataDir(sub string) string {
 		return filepath.Join(home, ".local", "share", "macfleet", sub)
 	}
 	return ""
-}
-
-// retryableAPIError: the API server could not be reached or answered with a
-// transient error; a missing Secret or key, or a denied read, is final.
-func retryableAPIError(err error) bool {
-	var status apierrors.APIStatus
-	if errors.As(err, &status) {
-		return apierrors.IsServerTimeout(err) || apierrors.IsTimeout(err) || apierrors.IsTooManyRequests(err) ||
-			apierrors.IsServiceUnavailable(err) || apierrors.IsInternalError(err)
-	}
-	var ne net.Error
-	return errors.As(err, &ne)
 }

@@ -19,17 +19,22 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
 
 	"github.com/macfleet/macfleet/api/v1alpha1"
+	"github.com/macfleet/macfleet/controllers/certsigner/certsignertest"
+	"github.com/macfleet/macfleet/internal/credentials"
 	"github.com/macfleet/macfleet/internal/ggufsynth"
 	"github.com/macfleet/macfleet/internal/testenv"
 	"github.com/macfleet/macfleet/metal"
+	"github.com/macfleet/macfleet/pki"
 )
 
-// TestAgentCommand runs `macfleet agent` in-process against a real API server: it
-// reads the fleet token from the Secret, registers its MacNode with the simulated
-// hardware, renews its Lease, serves a replica bound to it from the model store, and
-// shuts down cleanly.
+// TestAgentCommand runs `macfleet agent` in-process against a real API server with a
+// node credential, as on a Mac: it gets its certificate from the manager's signer
+// (CertificateSigningRequest), registers its MacNode with the simulated hardware,
+// renews its Lease, serves a replica bound to it from the model store over TLS to a
+// gateway's certificate only, and shuts down cleanly.
 func TestAgentCommand(t *testing.T) {
 	rp := os.Getenv(metal.RunnerEnv)
 	if rp == "" {
@@ -37,21 +42,25 @@ func TestAgentCommand(t *testing.T) {
 	}
 	env := testenv.Start(t, testenv.WithScheme(v1alpha1.AddToScheme))
 	ctx := t.Context()
-	for _, ns := range []string{v1alpha1.SystemNamespace, v1alpha1.NodeLeaseNamespace} {
+	for _, ns := range []string{v1alpha1.SystemNamespace, v1alpha1.NodeLeaseNamespace, v1alpha1.NodeIdentityNamespace} {
 		if err := env.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	const token = "s3cret-fleet-token"
-	if err := env.Client.Create(ctx, &corev1.Secret{
-		ObjectMeta: metav1.ObjectMeta{Namespace: v1alpha1.SystemNamespace, Name: v1alpha1.FleetTokenSecret},
-		Data:       map[string][]byte{v1alpha1.FleetTokenKey: []byte(token + "\n")},
-	}); err != nil {
+	// The node's RBAC (every replica readable: no node authorizer here) and admission
+	// policy, and the manager's signer.
+	if err := env.Apply(ctx, "config/agent", "config/agent-replica-reads", "config/admission"); err != nil {
+		t.Fatal(err)
+	}
+	authority := certsignertest.Start(t, env)
+	const node = "mac-cmd"
+	cred, err := credentials.Issue(ctx, kubernetes.NewForConfigOrDie(env.Config), env.Config, node, credentials.Options{})
+	if err != nil {
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
 	kc := filepath.Join(dir, "node.kubeconfig")
-	if err := os.WriteFile(kc, env.KubeConfig, 0o600); err != nil {
+	if err := os.WriteFile(kc, cred.Kubeconfig, 0o600); err != nil {
 		t.Fatal(err)
 	}
 	model := filepath.Join(dir, "tiny.gguf")
@@ -67,7 +76,6 @@ func TestAgentCommand(t *testing.T) {
 	// The kernel picks the port as the agent listens, and the agent advertises it:
 	// no port is chosen here that another process could take first.
 	const anyPort = "127.0.0.1:0"
-	const node = "mac-cmd"
 	cmd := newAgentCmd()
 	cmd.SetArgs([]string{"--kubeconfig", kc, "--node-name", node, "--listen", anyPort, "--advertise-address", anyPort,
 		"--store-dir", filepath.Join(dir, "models"), "--state-dir", filepath.Join(dir, "state"), "--prompt-cache-dir", filepath.Join(dir, "prompt-cache"), "--runner", rp,
@@ -133,13 +141,23 @@ func TestAgentCommand(t *testing.T) {
 		return meta.IsStatusConditionTrue(mr.Status.Conditions, v1alpha1.ReplicaReady) && mr.Status.Endpoint == addr, string(b)
 	})
 
-	chat := func(header ...string) int {
+	// A gateway's certificate, and none at all.
+	clientOf := func(src *pki.Source) *http.Client {
+		tr := http.DefaultTransport.(*http.Transport).Clone()
+		tr.TLSClientConfig = src.ClientConfig(pki.Node(node))
+		t.Cleanup(tr.CloseIdleConnections)
+		return &http.Client{Transport: tr}
+	}
+	gw := clientOf(certsignertest.Source(t, authority, pki.Gateway("macfleet-gateway")))
+	anon := &pki.Source{}
+	if err := anon.SetBundle(pki.EncodeCerts(authority.Bundle()...)); err != nil {
+		t.Fatal(err)
+	}
+	stranger := clientOf(anon)
+	chat := func(hc *http.Client) int {
 		body := []byte(`{"model":"tiny","max_tokens":2,"messages":[{"role":"user","content":"hi"}]}`)
-		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+addr+"/v1/chat/completions", bytes.NewReader(body))
-		for i := 0; i+1 < len(header); i += 2 {
-			req.Header.Set(header[i], header[i+1])
-		}
-		resp, err := http.DefaultClient.Do(req)
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "https://"+addr+"/v1/chat/completions", bytes.NewReader(body))
+		resp, err := hc.Do(req)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -147,16 +165,15 @@ func TestAgentCommand(t *testing.T) {
 		_, _ = io.Copy(io.Discard, resp.Body)
 		return resp.StatusCode
 	}
-	if code := chat(); code != http.StatusUnauthorized {
-		t.Errorf("chat without the fleet token: %d, want 401", code)
+	if code := chat(stranger); code != http.StatusUnauthorized {
+		t.Errorf("chat without a client certificate: %d, want 401", code)
 	}
-	if code := chat("Authorization", "Bearer "+token); code != http.StatusOK {
-		t.Errorf("chat with the fleet token from the Secret: %d, want 200", code)
+	if code := chat(gw); code != http.StatusOK {
+		t.Errorf("chat with a gateway's certificate: %d, want 200", code)
 	}
 
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/api/status", nil)
-	req.Header.Set("Authorization", "Bearer "+token)
-	resp, err := http.DefaultClient.Do(req)
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "https://"+addr+"/api/status", nil)
+	resp, err := gw.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -182,7 +199,7 @@ func TestAgentCommand(t *testing.T) {
 	if c := meta.FindStatusCondition(mn.Status.Conditions, v1alpha1.MacNodeReady); c == nil || c.Status != metav1.ConditionFalse {
 		t.Errorf("MacNode Ready after the agent stopped: %+v, want False", c)
 	}
-	if _, err := http.Get("http://" + addr + "/healthz"); err == nil {
+	if _, err := stranger.Get("https://" + addr + "/healthz"); err == nil {
 		t.Errorf("the agent still serves on %s after it stopped", addr)
 	}
 }

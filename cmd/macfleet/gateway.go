@@ -8,6 +8,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
+	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/fairqueue"
 	"github.com/macfleet/macfleet/gateway"
 	"github.com/macfleet/macfleet/internal/httpserver"
@@ -68,7 +69,8 @@ OTEL_EXPORTER_OTLP_ENDPOINT set it traces every request (see docs/tracing.md).`,
 	f.StringVar(&cfg.Listen, "listen", ":8080", "Address of the OpenAI API")
 	f.StringVar(&cfg.MetricsAddr, "metrics-bind-address", ":9090", `Address of the Prometheus /metrics endpoint; "0" disables it`)
 	f.StringVar(&cfg.ProbeAddr, "health-probe-bind-address", ":8081", `Address of /healthz and /readyz; "0" disables them`)
-	f.StringVar(&cfg.FleetTokenFile, "fleet-token-file", "", "File holding the fleet token presented to agents (re-read when it changes)")
+	f.StringVar(&cfg.AgentCertSecret, "agent-cert-secret", mfv1.SystemNamespace+"/"+mfv1.GatewayTLSSecret, "Secret (namespace/name) with the client "+
+		"certificate presented to agents and the fleet CA bundle, issued and renewed by the manager (re-read every 30s); \"\" calls agents over plain HTTP")
 	f.StringVar(&cfg.APIKeysFile, "api-keys-file", "", "File of admin API keys (every namespace's models and the console), one per line, optionally followed by priority=batch (re-read when it changes)")
 	f.BoolVar(&cfg.TenantKeys, "tenant-keys", false, "Accept the teams' API keys from Secrets of type macfleet.dev/api-key, each reaching its namespace's models and those granted to it (spec.access); with this or --api-keys-file every request needs a key, with neither none does")
 	f.StringVar(&cfg.TokenAudience, "token-audience", satoken.DefaultAudience,

@@ -55,7 +55,8 @@ deployments with spec.autoscaling from the requests in flight on their agents.`,
 	f.StringVar(&cfg.LeaderElectionNamespace, "leader-election-namespace", "", "Namespace of the leader election Lease (default: the manager's own)")
 	f.DurationVar(&cfg.NodeLossGrace, "node-loss-grace", macnode.DefaultNodeLossGrace, "How long a Mac's Lease stays expired before its replicas move to other Macs")
 	f.IntVar(&cfg.SchedulerWorkers, "scheduler-workers", scheduler.DefaultWorkers, "Bindings written in parallel")
-	f.StringVar(&cfg.FleetTokenFile, "fleet-token-file", "", "File holding the fleet token the autoscaler presents to agents to read their load (re-read when it changes)")
+	f.StringVar(&cfg.GatewayIdentity, "gateway-identity", "macfleet-gateway", "Name of the gateway identity (macfleet://gateway/<name>) whose client certificate "+
+		"the manager issues and renews in Secret macfleet-system/macfleet-gateway-tls; \"\" issues none")
 	f.DurationVar(&cfg.AutoscalerInterval, "autoscaler-interval", autoscaler.DefaultInterval, "How often the load of each autoscaled ModelDeployment is measured")
 	f.StringVar(&cfg.NodeAuthorizerAddr, "node-authorizer-bind-address", "", `Address of the node authorizer webhook (HTTPS, path /authorize) the API server asks about node identities' reads of ModelReplicas; "" or "0" disables it`)
 	f.StringVar(&cfg.NodeAuthorizerCertDir, "node-authorizer-cert-dir", "", "Directory with tls.crt and tls.key for the node authorizer webhook (reloaded when they change)")

@@ -15,6 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/macfleet/macfleet/api/v1alpha1"
+	"github.com/macfleet/macfleet/pki"
 )
 
 // Load is a deployment's load at one moment.
@@ -61,9 +62,16 @@ type AgentSource struct {
 	// Client lists the deployment's replicas and reads their MacNodes (the manager's
 	// cache).
 	Client client.Reader
-	// HTTP reaches the agents. Default: a client with DefaultAgentTimeout.
+	// Certificates, when set, is the manager's client certificate and the fleet CA
+	// bundle: agents are read over HTTPS, each handshake requiring the certificate of
+	// the replica's Mac (spec.nodeName), so that a status.endpoint pointed elsewhere is
+	// never read nor sent the certificate. Without it agents are read over plain HTTP.
+	Certificates *pki.Source
+	// HTTP reaches the agents. Default: a client with DefaultAgentTimeout (through
+	// per-Mac transports with Certificates).
 	HTTP *http.Client
-	// Token is the fleet token agents require ("" sends none).
+	// Token is a token sent to agents ("" sends none): agents in cluster mode take
+	// certificates instead; this reaches test agents that take a key.
 	Token func() string
 	// Clock times the status cache. Default: clock.RealClock{}.
 	Clock clock.PassiveClock
@@ -112,7 +120,7 @@ func (s *AgentSource) Measure(ctx context.Context, md *v1alpha1.ModelDeployment)
 		} else if !up {
 			continue
 		}
-		st := s.status(ctx, r.Status.Endpoint)
+		st := s.status(ctx, r.Spec.NodeName, r.Status.Endpoint)
 		if st.err != nil {
 			return Load{}, fmt.Errorf("reading the load of replica %s from its agent at %s: %w", r.Name, r.Status.Endpoint, st.err)
 		}
@@ -148,13 +156,14 @@ func (s *AgentSource) macReady(ctx context.Context, node string) (bool, error) {
 
 // status returns the agent's status, read now unless a read of the last StatusMaxAge
 // (successful or not) is at hand.
-func (s *AgentSource) status(ctx context.Context, endpoint string) agentStatus {
+func (s *AgentSource) status(ctx context.Context, node, endpoint string) agentStatus {
 	now := s.clock().Now()
 	s.mu.Lock()
 	if s.cache == nil {
 		s.cache = map[string]agentStatus{}
 	}
-	st, ok := s.cache[endpoint]
+	key := node + "\x00" + endpoint // a status is the Mac's only if read from it
+	st, ok := s.cache[key]
 	maxAge := s.StatusMaxAge
 	if maxAge <= 0 {
 		maxAge = DefaultStatusMaxAge
@@ -164,14 +173,14 @@ func (s *AgentSource) status(ctx context.Context, endpoint string) agentStatus {
 		return st
 	}
 	st = agentStatus{at: now}
-	st.leases, st.queues, st.err = s.read(ctx, endpoint)
+	st.leases, st.queues, st.err = s.read(ctx, node, endpoint)
 	s.mu.Lock()
 	for k, v := range s.cache { // forget agents not read for a while
 		if now.Sub(v.at) > 10*maxAge {
 			delete(s.cache, k)
 		}
 	}
-	s.cache[endpoint] = st
+	s.cache[key] = st
 	s.mu.Unlock()
 	return st
 }
@@ -183,13 +192,23 @@ func (s *AgentSource) clock() clock.PassiveClock {
 	return s.Clock
 }
 
-// read fetches GET http://<endpoint>/api/status.
-func (s *AgentSource) read(ctx context.Context, endpoint string) (map[string]int32, map[string][]gatewayQueue, error) {
-	hc := s.HTTP
-	if hc == nil {
-		hc = &http.Client{Timeout: DefaultAgentTimeout}
+// read fetches GET https://<endpoint>/api/status from node's agent (http:// without
+// Certificates).
+func (s *AgentSource) read(ctx context.Context, node, endpoint string) (map[string]int32, map[string][]gatewayQueue, error) {
+	s.mu.Lock()
+	if s.HTTP == nil {
+		s.HTTP = &http.Client{Timeout: DefaultAgentTimeout}
+		if s.Certificates != nil {
+			s.HTTP.Transport = pki.NewTransports(s.Certificates, nil)
+		}
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+endpoint+"/api/status", nil)
+	hc := s.HTTP
+	s.mu.Unlock()
+	scheme := "http://"
+	if s.Certificates != nil {
+		scheme = "https://"
+	}
+	req, err := http.NewRequestWithContext(pki.WithNode(ctx, node), http.MethodGet, scheme+endpoint+"/api/status", nil)
 	if err != nil {
 		return nil, nil, err
 	}

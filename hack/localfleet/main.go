@@ -89,8 +89,8 @@ func run(dir, binary, runner, envFile, modelsAddr string) error {
 		return err
 	}
 
-	env := fmt.Sprintf("KUBECONFIG=%s\nGATEWAY=%s\nADMIN_KEY=%s\nMODELS_URL=%s\nFLEET_TOKEN=%s\nLOGS=%s\n",
-		fleet.AdminKubeconfig, fleet.GatewayURL, adminKey, fleet.ModelsURL, fleet.FleetToken, fleet.LogDir())
+	env := fmt.Sprintf("KUBECONFIG=%s\nGATEWAY=%s\nADMIN_KEY=%s\nMODELS_URL=%s\nLOGS=%s\n",
+		fleet.AdminKubeconfig, fleet.GatewayURL, adminKey, fleet.ModelsURL, fleet.LogDir())
 	if err := os.WriteFile(envFile+".tmp", []byte(env), 0o600); err != nil {
 		return err
 	}

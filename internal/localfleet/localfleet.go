@@ -29,15 +29,14 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/macfleet/macfleet/api/v1alpha1"
-	"github.com/macfleet/macfleet/internal/credentials"
 	"github.com/macfleet/macfleet/internal/tcprelay"
 	"github.com/macfleet/macfleet/internal/testenv"
 	"github.com/macfleet/macfleet/metal"
+	"github.com/macfleet/macfleet/pki"
 )
 
 // Node is one simulated Mac.
@@ -103,8 +102,9 @@ type Fleet struct {
 	// ModelsURL is the base URL of the model server; files in ModelsDir are under it.
 	ModelsURL string
 	ModelsDir string
-	// FleetToken authenticates calls to the agents.
-	FleetToken string
+	// AgentHTTP calls the agents (https://, AgentURL) with a client certificate of the
+	// gateway identity "e2e" from the fleet CA: the whole API, as a gateway.
+	AgentHTTP *http.Client
 	// HostIP is the address the agents listen on.
 	HostIP string
 	// NodeAuthorizer is the node authorizer the API server asks; zero with
@@ -205,30 +205,15 @@ func Start(ctx context.Context, opts Options) (_ *Fleet, err error) {
 		return nil, err
 	}
 
-	// The fleet token first: the manager's autoscaler presents it to the agents to read
-	// their load, as the gateway does to proxy requests.
-	cs, err := kubernetes.NewForConfig(f.Env.Config)
-	if err != nil {
-		return nil, err
-	}
-	if err := credentials.EnsureFleetToken(ctx, cs); err != nil {
-		return nil, err
-	}
-	if f.FleetToken, err = f.readFleetToken(ctx); err != nil {
-		return nil, err
-	}
-	tokenFile := filepath.Join(opts.Dir, "fleet-token")
-	if err := os.WriteFile(tokenFile, []byte(f.FleetToken), 0o600); err != nil {
-		return nil, err
-	}
-
+	// No shared secret: the manager keeps the fleet CA, signs each agent's
+	// certificate request and issues the gateway's client certificate, as in a cluster.
 	f.logf("Starting the manager")
 	probe, err := freePort()
 	if err != nil {
 		return nil, err
 	}
 	margs := []string{"manager", "--kubeconfig", f.AdminKubeconfig, "--metrics-bind-address", "0",
-		"--health-probe-bind-address", "127.0.0.1:" + strconv.Itoa(probe), "--fleet-token-file", tokenFile}
+		"--health-probe-bind-address", "127.0.0.1:" + strconv.Itoa(probe)}
 	if opts.NodeLossGrace > 0 {
 		margs = append(margs, "--node-loss-grace", opts.NodeLossGrace.String())
 	}
@@ -238,6 +223,9 @@ func Start(ctx context.Context, opts Options) (_ *Fleet, err error) {
 	}
 	f.manager = &component{name: "manager", args: margs, readyz: fmt.Sprintf("http://127.0.0.1:%d/readyz", probe)}
 	if err := f.startComponent(ctx, f.manager); err != nil {
+		return nil, err
+	}
+	if f.AgentHTTP, err = f.AgentClient(ctx, &pki.Identity{Kind: pki.KindGateway, Name: "e2e"}); err != nil {
 		return nil, err
 	}
 
@@ -262,8 +250,7 @@ func Start(ctx context.Context, opts Options) (_ *Fleet, err error) {
 		}
 		c := &component{name: name, args: []string{"gateway", "--kubeconfig", f.AdminKubeconfig,
 			"--listen", "127.0.0.1:" + strconv.Itoa(gw), "--metrics-bind-address", "0",
-			"--health-probe-bind-address", "127.0.0.1:" + strconv.Itoa(gwProbe),
-			"--fleet-token-file", tokenFile}, readyz: fmt.Sprintf("http://127.0.0.1:%d/readyz", gwProbe)}
+			"--health-probe-bind-address", "127.0.0.1:" + strconv.Itoa(gwProbe)}, readyz: fmt.Sprintf("http://127.0.0.1:%d/readyz", gwProbe)}
 		c.args = append(c.args, opts.GatewayArgs...)
 		f.gateways = append(f.gateways, c)
 		if err := f.startComponent(ctx, c); err != nil {
@@ -431,19 +418,6 @@ func stopRecordedRunners(stateDir string) error {
 	defer cancel()
 	_, err := metal.NewProcessFactory(metal.ProcessConfig{StateDir: filepath.Join(stateDir, "runners")}).StopUnclaimed(ctx)
 	return err
-}
-
-func (f *Fleet) readFleetToken(ctx context.Context) (string, error) {
-	var s corev1.Secret
-	key := client.ObjectKey{Namespace: v1alpha1.SystemNamespace, Name: v1alpha1.FleetTokenSecret}
-	if err := f.Client.Get(ctx, key, &s); err != nil {
-		return "", fmt.Errorf("reading the fleet token: %w", err)
-	}
-	t := strings.TrimSpace(string(s.Data[v1alpha1.FleetTokenKey]))
-	if t == "" {
-		return "", errors.New("the fleet token Secret is empty")
-	}
-	return t, nil
 }
 
 // writeKubeconfig rewrites a kubeconfig to reach the API server through the relay.

@@ -19,21 +19,21 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
-	ctrlmanager "sigs.k8s.io/controller-runtime/pkg/manager"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/controllers/autoscaler"
+	"github.com/macfleet/macfleet/controllers/certsigner"
 	"github.com/macfleet/macfleet/controllers/endpoints"
 	"github.com/macfleet/macfleet/controllers/fleetquota"
 	"github.com/macfleet/macfleet/controllers/macnode"
 	"github.com/macfleet/macfleet/controllers/modeldeployment"
 	"github.com/macfleet/macfleet/controllers/scheduler"
-	"github.com/macfleet/macfleet/gateway"
 	"github.com/macfleet/macfleet/internal/informers"
 	"github.com/macfleet/macfleet/internal/mgrhttp"
 	"github.com/macfleet/macfleet/internal/nodeauthz"
 	"github.com/macfleet/macfleet/internal/source"
+	"github.com/macfleet/macfleet/pki"
 )
 
 // Config is everything the manager needs; cmd/macfleet fills it from flags.
@@ -60,10 +60,15 @@ type Config struct {
 	SchedulerWorkers int
 	// Resolver maps hf:// and ollama:// sources to URLs for the memory estimate.
 	Resolver source.Resolver
-	// FleetTokenFile holds the token presented to agents when the autoscaler reads
-	// their load (re-read when it changes); "" sends none, which agents in cluster mode
-	// refuse: autoscaled deployments then report LoadUnknown.
-	FleetTokenFile string
+	// GatewayIdentity names the gateway's identity (macfleet://gateway/<name>) whose
+	// client certificate the manager issues and renews in Secret
+	// macfleet-system/macfleet-gateway-tls; "" issues none. The manager keeps the fleet
+	// CA, signs the agents' certificates and reads their load with a certificate of its
+	// own (controllers/certsigner).
+	GatewayIdentity string
+	// AgentHTTP, when set, reaches the agents instead of per-Mac HTTPS transports with
+	// the manager's certificate (tests' fake agents over plain HTTP).
+	AgentHTTP *http.Client
 	// AutoscalerInterval is how often an autoscaled deployment's load is measured;
 	// 0 means autoscaler.DefaultInterval.
 	AutoscalerInterval time.Duration
@@ -140,19 +145,19 @@ func New(cfg Config) (ctrl.Manager, error) {
 	if err != nil {
 		return nil, fmt.Errorf("creating the manager: %w", err)
 	}
-	var token func() string
-	if cfg.FleetTokenFile != "" {
-		tf, err := gateway.LoadTokenFile(cfg.FleetTokenFile)
-		if err != nil {
-			return nil, fmt.Errorf("the fleet token: %w", err)
-		}
-		token = tf.Token
-		if err := mgr.Add(ctrlmanager.RunnableFunc(func(ctx context.Context) error {
-			tf.Watch(ctx, gateway.DefaultFilePoll, ctrl.Log.WithName("fleet-token"))
-			return nil
-		})); err != nil {
-			return nil, err
-		}
+	// The fleet CA (read and written directly: the manager caches no Secret).
+	direct, err := client.New(rc, client.Options{Scheme: scheme})
+	if err != nil {
+		return nil, err
+	}
+	authority := &certsigner.Authority{Client: direct, Self: &pki.Source{}, GatewayName: cfg.GatewayIdentity,
+		Log: ctrl.Log.WithName("certsigner")}
+	if err := mgr.Add(authority); err != nil {
+		return nil, err
+	}
+	agents := &autoscaler.AgentSource{Client: mgr.GetClient(), Certificates: authority.Self}
+	if cfg.AgentHTTP != nil {
+		agents = &autoscaler.AgentSource{Client: mgr.GetClient(), HTTP: cfg.AgentHTTP}
 	}
 	resolver := cfg.Resolver
 	reconcilers := []interface{ SetupWithManager(ctrl.Manager) error }{
@@ -161,8 +166,9 @@ func New(cfg Config) (ctrl.Manager, error) {
 		&macnode.Reconciler{NodeLossGrace: cfg.NodeLossGrace, Contact: contact},
 		&endpoints.Reconciler{},
 		&fleetquota.Reconciler{},
-		&autoscaler.Reconciler{Interval: cfg.AutoscalerInterval, Source: &autoscaler.AgentSource{
-			Client: mgr.GetClient(), Token: token}},
+		&autoscaler.Reconciler{Interval: cfg.AutoscalerInterval, Source: agents},
+		&certsigner.Signer{Authority: authority},
+		&certsigner.BundlePublisher{Client: direct, Authority: authority},
 	}
 	for _, r := range reconcilers {
 		if err := r.SetupWithManager(mgr); err != nil {

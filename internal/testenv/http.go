@@ -17,6 +17,12 @@ import (
 // after two minutes.
 func Do(tb testing.TB, method, url string, body any, header ...string) (*http.Response, []byte) {
 	tb.Helper()
+	return DoWith(tb, http.DefaultClient, method, url, body, header...)
+}
+
+// DoWith is Do through the client c.
+func DoWith(tb testing.TB, c *http.Client, method, url string, body any, header ...string) (*http.Response, []byte) {
+	tb.Helper()
 	var r io.Reader
 	switch b := body.(type) {
 	case nil:
@@ -41,7 +47,7 @@ func Do(tb testing.TB, method, url string, body any, header ...string) (*http.Re
 	for i := 0; i+1 < len(header); i += 2 {
 		req.Header.Set(header[i], header[i+1])
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := c.Do(req)
 	if err != nil {
 		tb.Fatalf("%s %s: %v", method, url, err)
 	}

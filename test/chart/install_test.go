@@ -78,18 +78,16 @@ func TestInstallUpgradeUninstall(t *testing.T) {
 		}
 	}
 
-	token := fleetToken(t, c)
-	if len(token) != 48 {
-		t.Errorf("fleet token has %d characters, want 48", len(token))
+	// No shared secret: the chart creates no fleet token (the manager makes the fleet
+	// CA when it runs).
+	if err := c.Get(ctx, client.ObjectKey{Namespace: installNamespace, Name: "macfleet-fleet-token"}, &corev1.Secret{}); !apierrors.IsNotFound(err) {
+		t.Errorf("the fleet token Secret after install: %v, want NotFound", err)
 	}
 	authzCert := secretData(t, c, "macfleet-node-authorizer-tls")
 	authzClient := secretData(t, c, "macfleet-node-authorizer-client")
 
 	mustHelm(t, append([]string{"upgrade", "macfleet", chartDir(t), "--kubeconfig", kubeconfig,
 		"--namespace", installNamespace, "--set", "gateway.replicas=3", "--set", "manager.replicas=2"}, values...)...)
-	if got := fleetToken(t, c); got != token {
-		t.Errorf("upgrade changed the fleet token: %q, then %q", token, got)
-	}
 	// The API server's kubeconfig for the node authorizer trusts the CA made on install.
 	if got := secretData(t, c, "macfleet-node-authorizer-tls"); !maps.EqualFunc(got, authzCert, bytes.Equal) || len(got["ca.crt"]) == 0 {
 		t.Error("upgrade changed the node authorizer's certificate or CA")
@@ -159,11 +157,6 @@ func describe(o *unstructured.Unstructured) string {
 	return o.GetKind() + " " + o.GetNamespace() + "/" + o.GetName()
 }
 
-func fleetToken(t *testing.T, c client.Client) string {
-	t.Helper()
-	return string(secretData(t, c, "macfleet-fleet-token")["token"])
-}
-
 func secretData(t *testing.T, c client.Client, name string) map[string][]byte {
 	t.Helper()
 	var s corev1.Secret
@@ -192,8 +185,9 @@ func waitEstablished(t *testing.T, c client.Client, name string) {
 }
 
 // checkNodeIdentity acts as the agent of Mac mac-1 (ServiceAccount macfleet-nodes/mac-1)
-// with the RBAC and admission policy the chart installed: it reads the fleet token and
-// registers its own MacNode, but cannot list Secrets or register another Mac.
+// with the RBAC and admission policy the chart installed: it reads the fleet CA
+// bundle and registers its own MacNode, but cannot read the CA's or the gateway's
+// Secret, list Secrets or register another Mac.
 func checkNodeIdentity(t *testing.T, env *testenv.Env) {
 	t.Helper()
 	ctx := t.Context()
@@ -207,9 +201,18 @@ func checkNodeIdentity(t *testing.T, env *testenv.Env) {
 		t.Fatal(err)
 	}
 
-	var token corev1.Secret
-	if err := nc.Get(ctx, client.ObjectKey{Namespace: installNamespace, Name: "macfleet-fleet-token"}, &token); err != nil {
-		t.Errorf("node mac-1 cannot read the fleet token: %v", err)
+	// The bundle the manager publishes (made here as the manager would).
+	bundle := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: installNamespace, Name: "macfleet-ca"}}
+	if err := env.Client.Create(ctx, bundle); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	if err := nc.Get(ctx, client.ObjectKeyFromObject(bundle), &corev1.ConfigMap{}); err != nil {
+		t.Errorf("node mac-1 cannot read the fleet CA bundle: %v", err)
+	}
+	for _, name := range []string{"macfleet-ca", "macfleet-gateway-tls", "macfleet-fleet-token"} {
+		if err := nc.Get(ctx, client.ObjectKey{Namespace: installNamespace, Name: name}, &corev1.Secret{}); !apierrors.IsForbidden(err) {
+			t.Errorf("node mac-1 reading Secret %s: %v, want Forbidden", name, err)
+		}
 	}
 	if err := nc.List(ctx, &corev1.SecretList{}, client.InNamespace(installNamespace)); !apierrors.IsForbidden(err) {
 		t.Errorf("node mac-1 listing Secrets: %v, want Forbidden", err)

@@ -122,7 +122,6 @@ func TestTemplateObjects(t *testing.T) {
 		{"Deployment", testNamespace, "macfleet-manager"},
 		{"Deployment", testNamespace, "macfleet-gateway"},
 		{"Service", testNamespace, "macfleet-gateway"},
-		{"Secret", testNamespace, "macfleet-fleet-token"},
 		{"SourcePolicy", "", "default"},
 		{"Service", testNamespace, "macfleet-node-authorizer"},
 		{"Secret", testNamespace, "macfleet-node-authorizer-tls"},
@@ -193,9 +192,6 @@ func TestTemplateObjects(t *testing.T) {
 }
 
 func TestTemplateDeployments(t *testing.T) {
-	tokenVolume := corev1.Volume{Name: "fleet-token", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
-		SecretName: "macfleet-fleet-token", Items: []corev1.KeyToPath{{Key: "token", Path: "token"}},
-	}}}
 	authzVolume := corev1.Volume{Name: "node-authorizer-tls", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
 		SecretName: "macfleet-node-authorizer-tls", Items: []corev1.KeyToPath{{Key: "tls.crt", Path: "tls.crt"}, {Key: "tls.key", Path: "tls.key"},
 			{Key: "ca.crt", Path: "ca.crt"}},
@@ -206,10 +202,10 @@ func TestTemplateDeployments(t *testing.T) {
 		SecretName: "client-keys", Items: []corev1.KeyToPath{{Key: "list", Path: "list"}},
 	}}}
 	defaultManager := []string{"manager", "--metrics-bind-address=:8080", "--health-probe-bind-address=:8081",
-		"--leader-elect=false", "--node-loss-grace=60s", "--scheduler-workers=8", "--fleet-token-file=/etc/macfleet/fleet-token/token",
+		"--leader-elect=false", "--node-loss-grace=60s", "--scheduler-workers=8",
 		authzBind, authzCerts, authzClientCA, "--zap-log-level=info"}
 	defaultGateway := []string{"gateway", "--listen=:8080", "--metrics-bind-address=:9090", "--health-probe-bind-address=:8081",
-		"--fleet-token-file=/etc/macfleet/fleet-token/token", "--tenant-keys", "--token-audience=macfleet", "--cold-start-timeout=2m", "--prefix-affinity=false",
+		"--agent-cert-secret=" + testNamespace + "/macfleet-gateway-tls", "--tenant-keys", "--token-audience=macfleet", "--cold-start-timeout=2m", "--prefix-affinity=false",
 		"--max-inflight-per-slot=1", "--max-queue=256", "--max-queue-per-key=0", "--reserve-slots=1", "--active-window=30s",
 		"--drain-timeout=600s", "--max-connections=1024", "--zap-log-level=info"}
 	tests := []struct {
@@ -229,7 +225,6 @@ func TestTemplateDeployments(t *testing.T) {
 		wantStrategy:    appsv1.RecreateDeploymentStrategyType,
 		wantGateway:     defaultGateway,
 		wantGatewayN:    1,
-		wantVolumes:     []corev1.Volume{tokenVolume},
 		wantServicePort: 80,
 	}, {
 		name: "replicated, tuned, with API keys",
@@ -245,17 +240,17 @@ func TestTemplateDeployments(t *testing.T) {
 		},
 		wantImage: "registry.example/mf:v9",
 		wantManager: []string{"manager", "--metrics-bind-address=:8080", "--health-probe-bind-address=:8081",
-			"--leader-elect=true", "--node-loss-grace=5m", "--scheduler-workers=2", "--fleet-token-file=/etc/macfleet/fleet-token/token",
+			"--leader-elect=true", "--node-loss-grace=5m", "--scheduler-workers=2",
 			authzBind, authzCerts, authzClientCA, "--hf-endpoint=https://hf.example",
 			"--zap-log-level=debug", "--zap-devel"},
 		wantStrategy: "",
 		wantGateway: []string{"gateway", "--listen=:8080", "--metrics-bind-address=:9090", "--health-probe-bind-address=:8081",
-			"--fleet-token-file=/etc/macfleet/fleet-token/token", "--api-keys-file=/etc/macfleet/api-keys/list", "--tenant-keys", "--token-audience=macfleet",
+			"--agent-cert-secret=" + testNamespace + "/macfleet-gateway-tls", "--api-keys-file=/etc/macfleet/api-keys/list", "--tenant-keys", "--token-audience=macfleet",
 			"--cold-start-timeout=30s", "--prefix-affinity=true", "--max-inflight-per-slot=2", "--max-queue=1000",
 			"--max-queue-per-key=100", "--reserve-slots=0", "--active-window=2m", "--drain-timeout=120s", "--max-connections=4096",
 			"--allowed-hosts=gw.example,.corp.example", "--zap-log-level=info"},
 		wantGatewayN:    4,
-		wantVolumes:     []corev1.Volume{tokenVolume, keysVolume},
+		wantVolumes:     []corev1.Volume{keysVolume},
 		wantServicePort: 8000,
 	}, {
 		name:         "open gateway, opted out of keys",
@@ -267,7 +262,6 @@ func TestTemplateDeployments(t *testing.T) {
 			return a == "--tenant-keys" || strings.HasPrefix(a, "--token-audience=")
 		}),
 		wantGatewayN:    1,
-		wantVolumes:     []corev1.Volume{tokenVolume},
 		wantServicePort: 80,
 	}, {
 		name:         "no gateway",
@@ -285,13 +279,12 @@ func TestTemplateDeployments(t *testing.T) {
 				t.Errorf("manager strategy = %q, want %q", got, tc.wantStrategy)
 			}
 			checkPod(t, &m.Spec.Template.Spec, "macfleet-manager", tc.wantImage, tc.wantManager)
-			if diff := cmp.Diff([]corev1.Volume{tokenVolume, authzVolume}, m.Spec.Template.Spec.Volumes); diff != "" {
+			if diff := cmp.Diff([]corev1.Volume{authzVolume}, m.Spec.Template.Spec.Volumes); diff != "" {
 				t.Errorf("manager volumes (-want +got):\n%s", diff)
 			}
-			if vm := m.Spec.Template.Spec.Containers[0].VolumeMounts; len(vm) != 2 || vm[0].Name != "fleet-token" ||
-				!vm[0].ReadOnly || vm[0].MountPath != "/etc/macfleet/fleet-token" || vm[1].Name != authzVolume.Name ||
-				!vm[1].ReadOnly || vm[1].MountPath != "/etc/macfleet/node-authorizer-tls" {
-				t.Errorf("manager volume mounts %+v, want the fleet token and the node authorizer's certificate read-only under /etc/macfleet", vm)
+			if vm := m.Spec.Template.Spec.Containers[0].VolumeMounts; len(vm) != 1 || vm[0].Name != authzVolume.Name ||
+				!vm[0].ReadOnly || vm[0].MountPath != "/etc/macfleet/node-authorizer-tls" {
+				t.Errorf("manager volume mounts %+v, want the node authorizer's certificate read-only under /etc/macfleet", vm)
 			}
 
 			var gw []string
@@ -526,7 +519,7 @@ func TestValuesSchemaRejects(t *testing.T) {
 }
 
 func TestLint(t *testing.T) {
-	for _, set := range [][]string{nil, {"manager.replicas=2", "gateway.apiKeysSecret=keys"}, {"gateway.enabled=false", "fleetToken.create=false"}, monitoringOn, networkPolicyOn} {
+	for _, set := range [][]string{nil, {"manager.replicas=2", "gateway.apiKeysSecret=keys"}, {"gateway.enabled=false"}, monitoringOn, networkPolicyOn} {
 		args := []string{"lint", "--strict", chartDir(t)}
 		for _, s := range set {
 			args = append(args, "--set", s)

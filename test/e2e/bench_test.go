@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/macfleet/macfleet/api/v1alpha1"
+	"github.com/macfleet/macfleet/internal/localfleet"
 	"github.com/macfleet/macfleet/internal/testenv"
 )
 
@@ -30,7 +31,11 @@ func BenchmarkGatewayOverhead(b *testing.B) {
 	waitReady(b, ns, "bench", 1, 3*time.Minute)
 	addrs := sliceAddresses(b, ns, "bench", 1)
 	body := []byte(`{"model":"bench","max_tokens":1,"temperature":0,"messages":[{"role":"user","content":"hi"}]}`)
-	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 16}}
+	// One client for both: the gateway's http:// and the agent's https:// with a
+	// gateway's certificate.
+	tr := fleet.AgentHTTP.Transport.(*http.Transport).Clone()
+	tr.MaxIdleConnsPerHost = 16
+	hc := &http.Client{Transport: tr}
 	send := func(url, token string) time.Duration {
 		req, _ := http.NewRequestWithContext(b.Context(), http.MethodPost, url, bytes.NewReader(body))
 		req.Header.Set("Content-Type", "application/json")
@@ -49,16 +54,16 @@ func BenchmarkGatewayOverhead(b *testing.B) {
 		}
 		return time.Since(start)
 	}
-	direct := "http://" + addrs[0] + "/v1/chat/completions"
+	direct := localfleet.AgentURL(addrs[0]) + "/v1/chat/completions"
 	viaGW := fleet.GatewayURL + "/v1/chat/completions"
 	for range 20 {
-		send(direct, fleet.FleetToken)
+		send(direct, "")
 		send(viaGW, "")
 	}
 	var d, g []time.Duration
 	b.ResetTimer()
 	for b.Loop() {
-		d = append(d, send(direct, fleet.FleetToken))
+		d = append(d, send(direct, ""))
 		g = append(g, send(viaGW, ""))
 	}
 	b.StopTimer()
@@ -82,7 +87,7 @@ func BenchmarkGatewayOverhead(b *testing.B) {
 		wg.Wait()
 		return clients * each / time.Since(start).Seconds()
 	}
-	dr, gr := rps(direct, fleet.FleetToken), rps(viaGW, "")
+	dr, gr := rps(direct, ""), rps(viaGW, "")
 	b.ReportMetric(dr, "direct-req/s")
 	b.ReportMetric(gr, "gateway-req/s")
 	b.ReportMetric(gr/dr, "gateway/direct")

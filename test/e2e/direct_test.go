@@ -17,6 +17,7 @@ import (
 
 	"github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/gateway"
+	"github.com/macfleet/macfleet/internal/localfleet"
 	"github.com/macfleet/macfleet/internal/testenv"
 	"github.com/macfleet/macfleet/metering"
 	"github.com/macfleet/macfleet/tenancy/satoken"
@@ -40,7 +41,7 @@ func TestBudgetedNamespacesGoThroughTheGateway(t *testing.T) {
 	create(t, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "app"}})
 	base, reg := inProcessGateway(t, gateway.Config{TenantKeys: true, GatewayID: "gw-direct-" + ns}, testr.New(t))
 	waitReady(t, ns, "chat", 1, 3*time.Minute)
-	agent := "http://" + sliceAddresses(t, ns, "chat", 1)[0]
+	agent := localfleet.AgentURL(sliceAddresses(t, ns, "chat", 1)[0])
 	tok := serviceAccountToken(t, ns, "app", satoken.DefaultAudience)
 	body := `{"model":"chat","max_tokens":4,"messages":[{"role":"user","content":"Count to three."}]}`
 
@@ -147,10 +148,10 @@ func answerUsage(t *testing.T, body string) metering.Usage {
 }
 
 // agentUsage reads an agent's usage counters of the series whose labels include want
-// (with the fleet token).
+// (as a gateway).
 func agentUsage(t *testing.T, agent string, want map[string]string) (metering.Usage, int) {
 	t.Helper()
-	code, text := call(t, agent, http.MethodGet, "/metrics", fleet.FleetToken, "")
+	code, text := call(t, agent, http.MethodGet, "/metrics", asGateway, "")
 	if code != http.StatusOK {
 		t.Fatalf("the agent's /metrics: %d %s", code, text)
 	}

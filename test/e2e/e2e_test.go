@@ -262,11 +262,10 @@ func TestChatThroughGatewayAndEndpointSlice(t *testing.T) {
 	}
 
 	// The per-deployment Service's EndpointSlices list each Mac holding a ready
-	// replica; a client of the Service calls those agents with the fleet token.
+	// replica; a gateway's client certificate reaches those agents directly.
 	addrs := sliceAddresses(t, ns, "chat", 2)
 	for _, addr := range addrs {
-		direct := openai.NewClient(option.WithBaseURL("http://"+addr+"/v1/"), option.WithAPIKey(fleet.FleetToken),
-			option.WithMaxRetries(0))
+		direct := openaiDirect(addr)
 		got, err := chat(t.Context(), direct, "chat", true)
 		if err != nil {
 			t.Fatalf("chat straight to the agent at %s: %v", addr, err)
@@ -274,12 +273,12 @@ func TestChatThroughGatewayAndEndpointSlice(t *testing.T) {
 		if got != want {
 			t.Errorf("agent %s answered %q, the gateway %q", addr, got, want)
 		}
-		unauth := openai.NewClient(option.WithBaseURL("http://"+addr+"/v1/"), option.WithAPIKey("wrong"),
-			option.WithMaxRetries(0))
+		unauth := openai.NewClient(option.WithBaseURL(localfleet.AgentURL(addr)+"/v1/"), option.WithAPIKey("wrong"),
+			option.WithHTTPClient(anonymousClient(t)), option.WithMaxRetries(0))
 		_, err = chat(t.Context(), unauth, "chat", false)
 		var apiErr *openai.Error
 		if !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusUnauthorized {
-			t.Errorf("agent %s without the fleet token: %v, want 401", addr, err)
+			t.Errorf("agent %s without a certificate, with a wrong key: %v, want 401", addr, err)
 		}
 	}
 

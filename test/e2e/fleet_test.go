@@ -357,9 +357,10 @@ func TestServingSurvivesAPIServerOutage(t *testing.T) {
 	}
 }
 
-// openaiDirect is an OpenAI client that calls one agent with the fleet token.
+// openaiDirect is an OpenAI client that calls one agent as a gateway does (its client
+// certificate).
 func openaiDirect(addr string) openai.Client {
-	return openai.NewClient(option.WithBaseURL("http://"+addr+"/v1/"), option.WithAPIKey(fleet.FleetToken),
+	return openai.NewClient(option.WithBaseURL(localfleet.AgentURL(addr)+"/v1/"), option.WithHTTPClient(fleet.AgentHTTP),
 		option.WithMaxRetries(0))
 }
 

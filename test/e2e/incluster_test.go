@@ -1,11 +1,16 @@
 package e2e
 
 import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"net/url"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -19,6 +24,7 @@ import (
 
 	"github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/gateway"
+	"github.com/macfleet/macfleet/internal/localfleet"
 	"github.com/macfleet/macfleet/internal/testenv"
 	"github.com/macfleet/macfleet/tenancy/satoken"
 )
@@ -47,14 +53,19 @@ func call(t *testing.T, base, method, path, token, body string, header ...string
 	if err != nil {
 		t.Fatal(err)
 	}
-	req.Header.Set("Authorization", "Bearer "+token)
+	hc := anonymousClient(t)
+	if token == asGateway {
+		hc = fleet.AgentHTTP
+	} else {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
 	if body != "" {
 		req.Header.Set("Content-Type", "application/json")
 	}
 	for i := 0; i+1 < len(header); i += 2 {
 		req.Header.Set(header[i], header[i+1])
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := hc.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -62,6 +73,68 @@ func call(t *testing.T, base, method, path, token, body string, header ...string
 	b, _ := io.ReadAll(resp.Body)
 	return resp.StatusCode, string(b)
 }
+
+// tenantCall posts body with token to url as a workload of ns does: checking the
+// agent's certificate against the fleet CA bundle in ns (ConfigMap macfleet-ca, which
+// the manager publishes in every namespace with a ModelDeployment), by chain, not by
+// host name (it names a Mac).
+func tenantCall(t *testing.T, ns, url, token, body string) (int, string) {
+	t.Helper()
+	var bundle []byte
+	testenv.Eventually(t, 30*time.Second, 100*time.Millisecond, func() (bool, string) {
+		cm := &corev1.ConfigMap{}
+		err := fleet.Client.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: v1alpha1.CABundleConfigMap}, cm)
+		bundle = []byte(cm.Data[v1alpha1.CABundleKey])
+		return err == nil && len(bundle) > 0, fmt.Sprintf("the CA bundle in %s: %v", ns, err)
+	})
+	roots := x509.NewCertPool()
+	if !roots.AppendCertsFromPEM(bundle) {
+		t.Fatalf("the CA bundle in %s holds no certificate", ns)
+	}
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.TLSClientConfig = &tls.Config{InsecureSkipVerify: true, //nolint:gosec // the chain is checked below
+		VerifyConnection: func(cs tls.ConnectionState) error {
+			if len(cs.PeerCertificates) == 0 {
+				return errors.New("no certificate")
+			}
+			_, err := cs.PeerCertificates[0].Verify(x509.VerifyOptions{Roots: roots})
+			return err
+		}}
+	defer tr.CloseIdleConnections()
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, url, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+token)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := (&http.Client{Transport: tr}).Do(req)
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// asGateway, as call's token, calls with the client certificate of a gateway
+// (fleet.AgentHTTP) and no bearer token: the whole agent API.
+const asGateway = "\x00as-gateway"
+
+// anonymousClient calls agents over TLS (checking their fleet certificate) without a
+// client certificate, as a tenant's workload does; plain http:// URLs (gateways) too.
+var anonymousClient = func() func(testing.TB) *http.Client {
+	var once sync.Once
+	var hc *http.Client
+	var err error
+	return func(t testing.TB) *http.Client {
+		t.Helper()
+		once.Do(func() { hc, err = fleet.AgentClient(context.Background(), nil) })
+		if err != nil {
+			t.Fatal(err)
+		}
+		return hc
+	}
+}()
 
 func chatBody(model string) string { return requestBody("/v1/chat/completions", model) }
 
@@ -101,7 +174,7 @@ func TestInClusterCallersAreScoped(t *testing.T) {
 	waitReady(t, nsA, "chat", 1, 3*time.Minute)
 	replicasB := waitReady(t, nsB, "secret", 1, 3*time.Minute)
 	agentsB := sliceAddresses(t, nsB, "secret", 1)
-	agentB := "http://" + agentsB[0]
+	agentB := localfleet.AgentURL(agentsB[0])
 	tokA := serviceAccountToken(t, nsA, "app", satoken.DefaultAudience)
 	tokB := serviceAccountToken(t, nsB, "app", satoken.DefaultAudience)
 
@@ -113,6 +186,11 @@ func TestInClusterCallersAreScoped(t *testing.T) {
 	})
 	if code, body := call(t, agentB, http.MethodPost, "/v1/chat/completions", tokB, chatBody("secret")); code != http.StatusOK {
 		t.Fatalf("team B's token on its own Service: %d %s", code, body)
+	}
+	// As team B's workload checks the agent: against the CA bundle the manager
+	// published in team B's namespace.
+	if code, body := tenantCall(t, nsB, agentB+"/v1/chat/completions", tokB, chatBody("secret")); code != http.StatusOK {
+		t.Fatalf("team B's token on its own Service, the agent checked against the bundle in %s: %d %s", nsB, code, body)
 	}
 
 	// Team A's token on team B's deployment: the answer of a model that does not exist.
@@ -150,7 +228,7 @@ func TestInClusterCallersAreScoped(t *testing.T) {
 		}
 	}
 
-	// The admin API takes only the fleet token: not team A's, not even team B's own.
+	// The admin API takes only a gateway's or the manager's certificate: not team A's token, not even team B's own.
 	admin := []struct{ method, path string }{
 		{http.MethodPost, "/api/models/" + url.PathEscape(replicaKey) + "/unload"},
 		{http.MethodPost, "/api/cache/clear"},
@@ -164,8 +242,8 @@ func TestInClusterCallersAreScoped(t *testing.T) {
 			}
 		}
 	}
-	if code, body := call(t, agentB, http.MethodGet, "/api/status", fleet.FleetToken, ""); code != http.StatusOK {
-		t.Errorf("the fleet token on /api/status: %d %s", code, body)
+	if code, body := call(t, agentB, http.MethodGet, "/api/status", asGateway, ""); code != http.StatusOK {
+		t.Errorf("a gateway's certificate on /api/status: %d %s", code, body)
 	}
 	// Team B's model is still loaded: nothing was unloaded.
 	if code, body := call(t, agentB, http.MethodPost, "/v1/chat/completions", tokB, chatBody("secret")); code != http.StatusOK {
@@ -181,8 +259,8 @@ func TestInClusterCallersAreScoped(t *testing.T) {
 		}
 	}
 
-	// The agent counted how it answered the tokens (read with the fleet token).
-	code, metrics := call(t, agentB, http.MethodGet, "/metrics", fleet.FleetToken, "")
+	// The agent counted how it answered the tokens (read as a gateway).
+	code, metrics := call(t, agentB, http.MethodGet, "/metrics", asGateway, "")
 	for _, result := range []string{satoken.ResultCached, satoken.ResultAccepted, satoken.ResultRefused} {
 		if line := `macfleet_agent_token_reviews_total{result="` + result + `"} `; code != http.StatusOK || !strings.Contains(metrics, line) {
 			t.Errorf("the agent's /metrics (%d) has no %s", code, line)

@@ -17,6 +17,7 @@ import (
 
 	"github.com/macfleet/macfleet/agent/server"
 	"github.com/macfleet/macfleet/api/v1alpha1"
+	"github.com/macfleet/macfleet/internal/localfleet"
 	"github.com/macfleet/macfleet/internal/testenv"
 )
 
@@ -113,14 +114,13 @@ func maxReportedQueue(ctx context.Context, ns string) int32 {
 	}
 }
 
-// agentGet reads path from an agent with the fleet token and decodes its JSON body.
+// agentGet reads path from an agent as a gateway and decodes its JSON body.
 func agentGet(ctx context.Context, endpoint, path string, out any) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+endpoint+path, nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, localfleet.AgentURL(endpoint)+path, nil)
 	if err != nil {
 		return err
 	}
-	req.Header.Set("Authorization", "Bearer "+fleet.FleetToken)
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := fleet.AgentHTTP.Do(req)
 	if err != nil {
 		return err
 	}

@@ -57,17 +57,13 @@ func inProcessGateway(t testing.TB, cfg gateway.Config, log logr.Logger) (string
 // runGateway is inProcessGateway with the console as cfg says.
 func runGateway(t testing.TB, cfg gateway.Config, log logr.Logger) (string, *prometheus.Registry) {
 	t.Helper()
-	token := filepath.Join(t.TempDir(), "token")
-	if err := os.WriteFile(token, []byte(fleet.FleetToken), 0o600); err != nil {
-		t.Fatal(err)
-	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	reg := prometheus.NewRegistry()
 	cfg.RestConfig, cfg.Listener, cfg.MetricsAddr, cfg.ProbeAddr = fleet.Env.Config, ln, "0", "0"
-	cfg.FleetTokenFile, cfg.Registerer = token, reg
+	cfg.AgentCertSecret, cfg.Registerer = v1alpha1.SystemNamespace+"/"+v1alpha1.GatewayTLSSecret, reg
 	// controller-runtime's own logger (the gateway logs through the context's).
 	ctrlLogOnce.Do(func() { ctrl.SetLogger(logr.Discard()) })
 	ctx, cancel := context.WithCancel(ctrl.LoggerInto(context.Background(), log))

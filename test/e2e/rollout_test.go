@@ -8,8 +8,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
@@ -39,10 +37,6 @@ type stoppableGateway struct {
 
 func startStoppableGateway(t *testing.T) *stoppableGateway {
 	t.Helper()
-	token := filepath.Join(t.TempDir(), "token")
-	if err := os.WriteFile(token, []byte(fleet.FleetToken), 0o600); err != nil {
-		t.Fatal(err)
-	}
 	var lns [2]net.Listener
 	for i := range lns {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -52,7 +46,7 @@ func startStoppableGateway(t *testing.T) *stoppableGateway {
 		lns[i] = ln
 	}
 	cfg := gateway.Config{RestConfig: fleet.Env.Config, Listener: lns[0], ProbeListener: lns[1], MetricsAddr: "0",
-		FleetTokenFile: token, Registerer: prometheus.NewRegistry(), DisableConsole: true}
+		AgentCertSecret: v1alpha1.SystemNamespace + "/" + v1alpha1.GatewayTLSSecret, Registerer: prometheus.NewRegistry(), DisableConsole: true}
 	ctrlLogOnce.Do(func() { ctrl.SetLogger(logr.Discard()) })
 	ctx, cancel := context.WithCancel(ctrl.LoggerInto(context.Background(), testr.New(t)))
 	g := &stoppableGateway{url: "http://" + lns[0].Addr().String(), probes: "http://" + lns[1].Addr().String(),

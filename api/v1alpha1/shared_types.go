@@ -26,15 +26,16 @@ const (
 	NodeLeaseNamespace = "macfleet-node-lease"
 	// ReplicaNodeNameField is the selectable field agents use to watch only their replicas.
 	ReplicaNodeNameField = "spec.nodeName"
-	// SystemNamespace is where the manager, the gateway and the fleet token live.
+	// SystemNamespace is where the manager, the gateway and the fleet CA live.
 	SystemNamespace = "macfleet-system"
 	// NodeIdentityNamespace holds one ServiceAccount per Mac, named like its MacNode;
 	// the agent of that Mac authenticates as it.
 	NodeIdentityNamespace = "macfleet-nodes"
 	// AgentClusterRole is the ClusterRole bound to every node identity.
 	AgentClusterRole = "macfleet-agent"
-	// FleetTokenSecret (in SystemNamespace) holds the token that the gateway and other
-	// in-cluster clients present to agents, under FleetTokenKey.
+	// FleetTokenSecret (in SystemNamespace) held, under FleetTokenKey, the token that
+	// callers presented to agents before agents took certificates. Nothing creates or
+	// reads it now; a cluster installed before may still have it (delete it).
 	FleetTokenSecret = "macfleet-fleet-token"
 	FleetTokenKey    = "token"
 	// CASecret (in SystemNamespace) holds the fleet CA that the manager keeps and

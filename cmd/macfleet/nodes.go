@@ -32,8 +32,7 @@ func nodesCredentialsCmd() *cobra.Command {
 		Use:   "credentials <name>",
 		Short: "Create a Mac's node identity and print a kubeconfig for its agent",
 		Long: `Creates the ServiceAccount <name> in macfleet-nodes (the identity of the Mac whose
-MacNode is <name>), makes sure the fleet token Secret exists in macfleet-system, and
-prints a kubeconfig that authenticates as that identity with a token from the
+MacNode is <name>) and prints a kubeconfig that authenticates as that identity with a token from the
 TokenRequest API. RBAC from the chart (or config/agent) lets the identity run an agent;
 the admission policy (config/admission) confines it to its own MacNode, its own Lease
 and the status of the replicas bound to it.

@@ -7,14 +7,11 @@
 // What an identity may do comes from the manifests in config/agent (RBAC for the group
 // of all node identities) and config/admission (a ValidatingAdmissionPolicy that ties
 // each identity to its own MacNode, its own Lease and the status of the replicas bound
-// to it). This package only creates the identity and its credential; it also makes sure
-// the fleet token that agents demand from their callers exists.
+// to it). This package only creates the identity and its credential.
 package credentials
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/base64"
 	"errors"
 	"fmt"
 	"net/url"
@@ -52,9 +49,6 @@ const MinDuration = 10 * time.Minute
 
 // PolicyName is the ValidatingAdmissionPolicy (and its binding) in config/admission.
 const PolicyName = "macfleet-node-restriction"
-
-// fleetTokenBytes is the entropy of a generated fleet token.
-const fleetTokenBytes = 32
 
 // labels mark the objects this package creates.
 var labels = map[string]string{
@@ -106,17 +100,13 @@ func ValidateNodeName(name string) error {
 }
 
 // EnsureNode creates the ServiceAccount of node name in macfleet-nodes (or adds its
-// labels when it exists) and makes sure the fleet token Secret exists in
-// macfleet-system, generating a random token if it does not. An existing fleet token
-// is never replaced: agents, the gateway and in-cluster clients share it.
+// labels when it exists). There is no shared secret to create: an agent gets its own
+// certificate with this identity (controllers/certsigner).
 func EnsureNode(ctx context.Context, cs kubernetes.Interface, name string) error {
 	if err := ValidateNodeName(name); err != nil {
 		return err
 	}
-	if err := ensureServiceAccount(ctx, cs, name); err != nil {
-		return err
-	}
-	return EnsureFleetToken(ctx, cs)
+	return ensureServiceAccount(ctx, cs, name)
 }
 
 func ensureServiceAccount(ctx context.Context, cs kubernetes.Interface, name string) error {
@@ -157,68 +147,6 @@ func ensureServiceAccount(ctx context.Context, cs kubernetes.Interface, name str
 		return fmt.Errorf("labelling ServiceAccount %s/%s: %w", v1alpha1.NodeIdentityNamespace, name, err)
 	}
 	return nil
-}
-
-// EnsureFleetToken creates the fleet token Secret with a random token unless it
-// exists, and checks that it holds a token.
-func EnsureFleetToken(ctx context.Context, cs kubernetes.Interface) error {
-	secrets := cs.CoreV1().Secrets(v1alpha1.SystemNamespace)
-	ref := v1alpha1.SystemNamespace + "/" + v1alpha1.FleetTokenSecret
-	existing, err := secrets.Get(ctx, v1alpha1.FleetTokenSecret, metav1.GetOptions{})
-	switch {
-	case apierrors.IsNotFound(err):
-		if existing, err = createFleetToken(ctx, cs); err != nil {
-			return err
-		}
-	case err != nil:
-		return fmt.Errorf("reading the fleet token Secret %s: %w", ref, err)
-	}
-	if len(existing.Data[v1alpha1.FleetTokenKey]) == 0 {
-		return fmt.Errorf("the fleet token Secret %s has no %q key: add one, or delete the Secret to have a token generated",
-			ref, v1alpha1.FleetTokenKey)
-	}
-	return nil
-}
-
-// createFleetToken creates the fleet token Secret with a random token, or returns the
-// one someone else created meanwhile.
-func createFleetToken(ctx context.Context, cs kubernetes.Interface) (*corev1.Secret, error) {
-	secrets := cs.CoreV1().Secrets(v1alpha1.SystemNamespace)
-	ref := v1alpha1.SystemNamespace + "/" + v1alpha1.FleetTokenSecret
-	token, err := randomToken()
-	if err != nil {
-		return nil, err
-	}
-	s := &corev1.Secret{
-		ObjectMeta: metav1.ObjectMeta{Name: v1alpha1.FleetTokenSecret, Namespace: v1alpha1.SystemNamespace, Labels: labels},
-		Type:       corev1.SecretTypeOpaque,
-		Data:       map[string][]byte{v1alpha1.FleetTokenKey: []byte(token)},
-	}
-	created, err := secrets.Create(ctx, s, metav1.CreateOptions{})
-	switch {
-	case err == nil:
-		return created, nil
-	case apierrors.IsAlreadyExists(err):
-		existing, err := secrets.Get(ctx, v1alpha1.FleetTokenSecret, metav1.GetOptions{})
-		if err != nil {
-			return nil, fmt.Errorf("reading the fleet token Secret %s: %w", ref, err)
-		}
-		return existing, nil
-	case apierrors.IsNotFound(err):
-		return nil, fmt.Errorf("creating the fleet token Secret %s: namespace %s does not exist; install the macfleet chart or `kubectl apply -f config/agent` first",
-			ref, v1alpha1.SystemNamespace)
-	default:
-		return nil, fmt.Errorf("creating the fleet token Secret %s: %w", ref, err)
-	}
-}
-
-// randomToken returns 256 random bits, base64url without padding.
-func randomToken() (string, error) {
-	b := make([]byte, fleetTokenBytes)
-	if _, err := rand.Read(b); err != nil {
-		return "", fmt.Errorf("generating the fleet token: %w", err)
-	}
-	return base64.RawURLEncoding.EncodeToString(b), nil
 }
 
 // Issue ensures node name's identity (EnsureNode) and binding Secret, sets the

@@ -214,9 +214,12 @@ func TestNodeIsolation(t *testing.T) {
 		{"update status of replica bound to it", a, func(c client.Client) error {
 			return patchReplicaStatus(ctx, c, ns, "on-a", setReady)
 		}, nil},
-		{"read the fleet token", a, func(c client.Client) error {
+		{"read the fleet CA's key", a, func(c client.Client) error {
+			return c.Get(ctx, client.ObjectKey{Namespace: v1alpha1.SystemNamespace, Name: v1alpha1.CASecret}, &corev1.Secret{})
+		}, []string{rbac, "get", "secrets"}},
+		{"read the retired fleet token", a, func(c client.Client) error {
 			return c.Get(ctx, client.ObjectKey{Namespace: v1alpha1.SystemNamespace, Name: v1alpha1.FleetTokenSecret}, &corev1.Secret{})
-		}, nil},
+		}, []string{rbac, "get", "secrets"}},
 		{"record an event about its MacNode", a, func(c client.Client) error {
 			return c.Create(ctx, nodeEvent("default", "mac-a.1", corev1.ObjectReference{
 				APIVersion: v1alpha1.GroupVersion.String(), Kind: "MacNode", Name: "mac-a"}))
@@ -509,55 +512,6 @@ func TestIssueKubeconfig(t *testing.T) {
 	}
 	if got, want := who.Status.UserInfo.Username, "system:serviceaccount:macfleet-nodes:mac-kc"; got != want {
 		t.Errorf("node token authenticates as %q, want %q", got, want)
-	}
-}
-
-// TestFleetTokenNeverRotated: the first credential creates the fleet token; later ones
-// keep it; a Secret without the key is an error, not something to overwrite.
-func TestFleetTokenNeverRotated(t *testing.T) {
-	install(t)
-	ctx := t.Context()
-	cs := kubernetes.NewForConfigOrDie(env.Config)
-	secrets := cs.CoreV1().Secrets(v1alpha1.SystemNamespace)
-	if err := credentials.EnsureNode(ctx, cs, "mac-t1"); err != nil {
-		t.Fatal(err)
-	}
-	first, err := secrets.Get(ctx, v1alpha1.FleetTokenSecret, metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if n := len(first.Data[v1alpha1.FleetTokenKey]); n < 40 {
-		t.Fatalf("generated fleet token has %d characters, want a 256-bit token", n)
-	}
-	if err := credentials.EnsureNode(ctx, cs, "mac-t2"); err != nil {
-		t.Fatal(err)
-	}
-	second, err := secrets.Get(ctx, v1alpha1.FleetTokenSecret, metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if diff := cmp.Diff(first.Data, second.Data); diff != "" || second.ResourceVersion != first.ResourceVersion {
-		t.Errorf("fleet token changed by a second node's credential (-first +second):\n%s", diff)
-	}
-
-	broken := second.DeepCopy()
-	broken.Data = map[string][]byte{"other": []byte("x")}
-	if _, err := secrets.Update(ctx, broken, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		cur, err := secrets.Get(context.Background(), v1alpha1.FleetTokenSecret, metav1.GetOptions{})
-		if err == nil {
-			cur.Data = first.Data
-			_, err = secrets.Update(context.Background(), cur, metav1.UpdateOptions{})
-		}
-		if err != nil {
-			t.Errorf("restoring the fleet token: %v", err)
-		}
-	})
-	err = credentials.EnsureNode(ctx, cs, "mac-t3")
-	if want := `the fleet token Secret macfleet-system/macfleet-fleet-token has no "token" key`; err == nil || !strings.Contains(err.Error(), want) {
-		t.Errorf("EnsureNode with a keyless fleet Secret = %v, want %q", err, want)
 	}
 }
 

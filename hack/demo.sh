@@ -7,7 +7,8 @@
 # makes a tool call, wakes the autoscaled sample from zero replicas with a request,
 # runs Claude Code against the 32k-context coder sample (when hack/npm's clients are
 # installed), shows a team's key scoped to its namespace and its usage, shows `kubectl
-# get md,mr,mn`, and keeps the fleet running until Ctrl-C (DEMO_EXIT=1 exits instead).
+# get md,mr,mn`, the agents' certificates (mutual TLS, no shared secret), and keeps
+# the fleet running until Ctrl-C (DEMO_EXIT=1 exits instead).
 # The gateway runs as the chart runs it by default, with team keys: the operator's
 # steps use the admin key the local fleet writes into fleet.env (ADMIN_KEY).
 set -euo pipefail
@@ -134,6 +135,19 @@ wait_for 10 "the budget to refuse team-a" sh -c "[ \"\$(curl -s -D '$work/budget
 	-H 'Authorization: Bearer $team_key' -H 'Content-Type: application/json' $GATEWAY/v1/chat/completions \
 	-d '{\"model\":\"tiny-chat\",\"max_tokens\":8,\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}]}')\" = 429 ]"
 echo "  429 $(grep -i '^retry-after' "$work/budget.headers" | tr -d '\r') $(cut -c1-240 "$work/budget.json")"
+
+say "The data plane trusts no shared secret: each Mac serves mutual TLS with its own certificate"
+"$kubectl" get csr -o custom-columns='CSR:.metadata.name,SIGNER:.spec.signerName,REQUESTOR:.spec.username,STATUS:.status.conditions[*].type'
+addr=$("$kubectl" get mn -o jsonpath='{.items[0].status.agent.address}')
+code=$(curl -sk -o /dev/null -w '%{http_code}' "https://$addr/api/status" || true)
+echo "\$ curl -k https://$addr/api/status    # no client certificate: $code"
+[[ $code == 401 ]] || { echo "an agent answered $code without a credential, want 401" >&2; exit 1; }
+if curl -s -m 5 -o /dev/null "http://$addr/api/status"; then
+	echo "an agent answered plain HTTP" >&2
+	exit 1
+fi
+echo "\$ curl http://$addr/api/status     # plain HTTP: no answer"
+echo "  (make attack tries each exploit of docs/security.md against a fleet like this one)"
 
 say "kubectl get md,mr,mn"
 "$kubectl" get md,mr,mn -o wide

@@ -81,7 +81,9 @@ func TestAttackRunnerReadsTheAgentsSecrets(t *testing.T) {
 	for _, target := range []string{kubeconfig, tokenFile} {
 		t.Run(filepath.Base(target), func(t *testing.T) {
 			f := NewProcessFactory(ProcessConfig{RunnerPath: bin,
-				Args: []string{"--fake-read", target, "--fake-dial", ln.Addr().String()}})
+				// The runner stays after its failed load so that its environment can be
+				// read whatever the machine's load (it is stopped at the test's end).
+				Args: []string{"--fake-read", target, "--fake-dial", ln.Addr().String(), "--fake-fail-linger", "1m"}})
 			r := procStart(t, f, ModelSpec{Name: "m", Path: model}, 0)
 
 			checkEnviron(t, r.PID(), "KUBECONFIG=", fleetSecret)

@@ -14,7 +14,9 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"net/url"
 	"os"
+	"strconv"
 	"strings"
 
 	"github.com/go-logr/logr"
@@ -186,4 +188,30 @@ func TraceID(ctx context.Context) string {
 		return ""
 	}
 	return sc.TraceID().String()
+}
+
+// ExportPort is the TCP port spans are exported to when the environment asks for
+// tracing, 0 when it does not: what a sandboxed runner may connect to (package
+// runner/sandbox). An endpoint without a port uses its scheme's (80 or 443).
+func ExportPort(getenv func(string) string) (uint16, error) {
+	if getenv == nil {
+		getenv = os.Getenv
+	}
+	on, err := Enabled(getenv)
+	if err != nil || !on {
+		return 0, err
+	}
+	u, err := url.Parse(firstSet(getenv, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"))
+	if err != nil {
+		return 0, fmt.Errorf("the OTLP endpoint: %w", err)
+	}
+	port := u.Port()
+	if port == "" {
+		port = map[string]string{"http": "80", "https": "443"}[u.Scheme]
+	}
+	n, err := strconv.ParseUint(port, 10, 16)
+	if err != nil || n == 0 {
+		return 0, fmt.Errorf("the OTLP endpoint %q has no valid port", u.Redacted())
+	}
+	return uint16(n), nil
 }

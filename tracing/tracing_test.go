@@ -132,3 +132,25 @@ func TestPropagation(t *testing.T) {
 		t.Fatalf("TraceID without a span = %q", got)
 	}
 }
+
+func TestExportPort(t *testing.T) {
+	for _, tc := range []struct {
+		env     map[string]string
+		want    uint16
+		wantErr string
+	}{
+		{map[string]string{}, 0, ""},
+		{map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318"}, 4318, ""},
+		{map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://a:1", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "https://b:4319/v1/traces"}, 4319, ""},
+		{map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "https://collector"}, 443, ""},
+		{map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector"}, 80, ""},
+		{map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318", "OTEL_SDK_DISABLED": "true"}, 0, ""},
+		{map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:0"}, 0, "has no valid port"},
+		{map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "collector:4318"}, 0, "must be a URL"},
+	} {
+		got, err := ExportPort(func(k string) string { return tc.env[k] })
+		if got != tc.want || (err == nil) != (tc.wantErr == "") || err != nil && !strings.Contains(err.Error(), tc.wantErr) {
+			t.Errorf("ExportPort(%v) = %d, %v; want %d, %q", tc.env, got, err, tc.want, tc.wantErr)
+		}
+	}
+}

@@ -21,14 +21,15 @@ import (
 const probeEnv = "SANDBOX_TEST_PROBE"
 
 type probeRequest struct {
-	Secret, Model, CacheDir, SocketDir, Dial, OtherSocket string
-	ParentPID                                             int
+	Secret, Model, CacheDir, SocketDir, Dial, OtherSocket, Collector string
+	ParentPID                                                        int
 }
 
 // probeResult holds the error of each attempt, "" for success.
 type probeResult struct {
 	ReadSecret, ReadModel, WriteCache, ListenSocket, ReadProcSelf, ReadParentEnviron string
 	DialTCP, DialMPTCP, ListenTCP, ListenMPTCP, UDP, DialUnix, UnixDatagram          string
+	DialCollector                                                                    string
 }
 
 func errString(err error) string {
@@ -77,6 +78,13 @@ func TestSandboxProbe(t *testing.T) {
 		} else {
 			res.DialTCP, res.ListenTCP = errString(err), errString(lerr)
 		}
+	}
+	if req.Collector != "" {
+		c, err := net.DialTimeout("tcp", req.Collector, 5*time.Second)
+		if err == nil {
+			c.Close()
+		}
+		res.DialCollector = errString(err)
 	}
 	if c, err := net.ListenPacket("udp", "127.0.0.1:0"); err != nil {
 		res.UDP = err.Error()
@@ -135,21 +143,38 @@ func TestLandlock(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer uln.Close()
+	collector, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer collector.Close()
 
 	for _, tc := range []struct {
 		name     string
 		loopback bool
+		tracing  bool
 		want     func(probeResult) error
 	}{
-		{"unix socket", false, func(r probeResult) error {
+		{"unix socket", false, false, func(r probeResult) error {
 			if r.ListenTCP == "" || r.ListenMPTCP == "" {
 				return errors.New("a runner on a unix socket could listen on TCP")
 			}
 			return nil
 		}},
-		{"loopback", true, func(r probeResult) error {
+		{"loopback", true, false, func(r probeResult) error {
 			if r.ListenTCP != "" {
 				return errors.New("a loopback runner could not listen on TCP: " + r.ListenTCP)
+			}
+			return nil
+		}},
+		// A tracing runner reaches its collector's port and no other (the other TCP
+		// dials above stay denied); it may connect to unix sockets (docs/security.md).
+		{"tracing", false, true, func(r probeResult) error {
+			if r.DialCollector != "" {
+				return errors.New("a tracing runner could not reach its collector: " + r.DialCollector)
+			}
+			if r.ListenTCP == "" {
+				return errors.New("a tracing runner could listen on TCP")
 			}
 			return nil
 		}},
@@ -157,11 +182,16 @@ func TestLandlock(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			p := Policy{Runner: exe, Model: model, CacheDir: filepath.Join(dir, tc.name, "cache"),
 				SocketDir: filepath.Join(dir, tc.name, "sock"), Loopback: tc.loopback}
+			req := probeRequest{Secret: secret, Model: model, CacheDir: p.CacheDir, SocketDir: p.SocketDir,
+				Dial: ln.Addr().String(), OtherSocket: other, ParentPID: os.Getpid()}
+			if tc.tracing {
+				p.TracePort = uint16(collector.Addr().(*net.TCPAddr).Port)
+				req.Collector = collector.Addr().String()
+			}
 			if err := os.MkdirAll(p.SocketDir, 0o700); err != nil {
 				t.Fatal(err)
 			}
-			res := runProbe(t, exe, p, probeRequest{Secret: secret, Model: model, CacheDir: p.CacheDir, SocketDir: p.SocketDir,
-				Dial: ln.Addr().String(), OtherSocket: other, ParentPID: os.Getpid()})
+			res := runProbe(t, exe, p, req)
 			denied := func(what, e string) {
 				if !strings.Contains(e, syscall.EACCES.Error()) && !strings.Contains(e, syscall.EPERM.Error()) {
 					t.Errorf("%s: want permission denied, got %q", what, e)
@@ -171,7 +201,9 @@ func TestLandlock(t *testing.T) {
 			denied("dialing TCP", res.DialTCP)
 			denied("dialing Multipath TCP", res.DialMPTCP)
 			denied("UDP", res.UDP)
-			denied("dialing another runner's socket", res.DialUnix)
+			if !tc.tracing {
+				denied("dialing another runner's socket", res.DialUnix)
+			}
 			denied("a unix datagram socket", res.UnixDatagram)
 			denied("reading the parent's environ", res.ReadParentEnviron)
 			for what, e := range map[string]string{"reading the model": res.ReadModel, "writing the cache": res.WriteCache,
@@ -193,7 +225,7 @@ func runProbe(t *testing.T, exe string, p Policy, req probeRequest) probeResult 
 	t.Helper()
 	enc, _ := json.Marshal(req)
 	cmd := exec.Command(exe, "-test.run=^TestSandboxProbe$", "-test.v")
-	cmd.Env = Env(os.Environ(), []string{probeEnv + "=" + string(enc)})
+	cmd.Env = Env(os.Environ(), []string{probeEnv + "=" + string(enc)}, false)
 	if err := Wrap(cmd, p); err != nil {
 		t.Fatal(err)
 	}

@@ -66,13 +66,6 @@ func (p *Prober) Verify(ctx context.Context, node, addr string) (v Verdict, prob
 	return Decide(pol, &res, addr, res.At), true
 }
 
-// Forget drops what is known of a Mac (deleted).
-func (p *Prober) Forget(node string) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	delete(p.results, node)
-}
-
 // handshake dials addr and requires the listener there to present the certificate of
 // the Mac node from the fleet CA.
 func (p *Prober) handshake(ctx context.Context, node, addr string) error {

@@ -2,7 +2,6 @@ package manager_test
 
 import (
 	"context"
-	"crypto/tls"
 	"fmt"
 	"io"
 	"net"
@@ -23,6 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
+	"github.com/macfleet/macfleet/controllers/certsigner/certsignertest"
 	"github.com/macfleet/macfleet/internal/localfleet"
 	"github.com/macfleet/macfleet/internal/manager"
 	"github.com/macfleet/macfleet/internal/testenv"
@@ -245,25 +245,7 @@ func serveAgentTLS(t *testing.T, c client.Client, node string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln, err := tls.Listen("tcp", net.JoinHostPort(host, "0"), src.ServerConfig())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			conn, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer conn.Close()
-				_ = conn.(*tls.Conn).Handshake()
-				_, _ = conn.Read(make([]byte, 1))
-			}()
-		}
-	}()
-	return ln.Addr().String()
+	return certsignertest.ServeTLS(t, src, host)
 }
 
 func get(t *testing.T, url string) (string, int) {

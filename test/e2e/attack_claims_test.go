@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"context"
-	"crypto/tls"
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
@@ -30,6 +29,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/macfleet/macfleet/api/v1alpha1"
+	"github.com/macfleet/macfleet/controllers/certsigner/certsignertest"
 	"github.com/macfleet/macfleet/controllers/endpoints"
 	"github.com/macfleet/macfleet/internal/testenv"
 	"github.com/macfleet/macfleet/pki"
@@ -394,7 +394,12 @@ func TestAttackForeignListenerInTenantSlices(t *testing.T) {
 	// A LAN service: plain HTTP, answering anything.
 	lan := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "{}") }),
 		ReadHeaderTimeout: 5 * time.Second}
-	plain := listenOnHost(t, nil)
+	// On the fleet's host address (no loopback address: the API server refuses those
+	// in EndpointSlices).
+	plain, err := net.Listen("tcp", net.JoinHostPort(fleet.HostIP, "0"))
+	if err != nil {
+		t.Fatal(err)
+	}
 	go func() { _ = lan.Serve(plain) }()
 	t.Cleanup(func() { lan.Close() })
 
@@ -457,22 +462,6 @@ func TestAttackForeignListenerInTenantSlices(t *testing.T) {
 	}
 }
 
-// listenOnHost listens on the fleet's host address (where a LAN service would be, and
-// no loopback address: the API server refuses those in EndpointSlices), with TLS when
-// cfg is set.
-func listenOnHost(t *testing.T, cfg *tls.Config) net.Listener {
-	t.Helper()
-	ln, err := net.Listen("tcp", net.JoinHostPort(fleet.HostIP, "0"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if cfg != nil {
-		ln = tls.NewListener(ln, cfg)
-	}
-	t.Cleanup(func() { ln.Close() })
-	return ln
-}
-
 // serveTLSOnHost serves TLS handshakes with a certificate of ca naming the Mac name
 // on the fleet's host address, until the test ends, and returns the address.
 func serveTLSOnHost(t *testing.T, ca *pki.CA, name string) string {
@@ -482,21 +471,7 @@ func serveTLSOnHost(t *testing.T, ca *pki.CA, name string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln := listenOnHost(t, src.ServerConfig())
-	go func() {
-		for {
-			conn, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer conn.Close()
-				_ = conn.(*tls.Conn).Handshake()
-				_, _ = conn.Read(make([]byte, 1))
-			}()
-		}
-	}()
-	return ln.Addr().String()
+	return certsignertest.ServeTLS(t, src, fleet.HostIP)
 }
 
 // unverifiedEvent says whether an AddressUnverified Event about MacNode node names

@@ -2,66 +2,16 @@ package addressproof
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"math/big"
 	"net"
-	"net/url"
 	"strings"
 	"testing"
 	"time"
 
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/macfleet/macfleet/controllers/certsigner/certsignertest"
 	"github.com/macfleet/macfleet/pki"
 )
-
-// serveTLS accepts on a loopback listener and finishes TLS handshakes with cfg; it
-// returns the listener's address.
-func serveTLS(t *testing.T, cfg *tls.Config) string {
-	t.Helper()
-	ln, err := tls.Listen("tcp", "127.0.0.1:0", cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				_ = c.(*tls.Conn).Handshake()
-				c.Read(make([]byte, 1))
-			}()
-		}
-	}()
-	return ln.Addr().String()
-}
-
-// selfSigned is a TLS config with a self-signed certificate naming macfleet://node/name.
-func selfSigned(t *testing.T, name string) *tls.Config {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: name},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-		URIs: []*url.URL{pki.Node(name).URI()}}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, key.Public(), key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key}}}
-}
 
 // TestProber shakes hands with real listeners: only the one holding mac-a's
 // certificate from the fleet CA proves mac-a's address; a failure is retried only
@@ -75,15 +25,19 @@ func TestProber(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	agentOf := func(name string) string {
+	rogue, err := pki.NewCA(time.Now(), time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	agentOf := func(ca *pki.CA, name string) string {
 		src, err := ca.NewSource(ptr(pki.Node(name)), time.Now(), time.Hour)
 		if err != nil {
 			t.Fatal(err)
 		}
-		return serveTLS(t, src.ServerConfig())
+		return certsignertest.ServeTLS(t, src, "127.0.0.1")
 	}
-	macA, macB := agentOf("mac-a"), agentOf("mac-b")
-	forged := serveTLS(t, selfSigned(t, "mac-a"))
+	macA, macB := agentOf(ca, "mac-a"), agentOf(ca, "mac-b")
+	forged := agentOf(rogue, "mac-a")
 	silent, err := net.Listen("tcp", "127.0.0.1:0") // accepts, never answers
 	if err != nil {
 		t.Fatal(err)
@@ -100,7 +54,7 @@ func TestProber(t *testing.T) {
 
 	for _, tc := range []struct{ name, addr, why string }{
 		{"another Mac's agent", macB, "is macfleet://node/mac-b, not macfleet://node/mac-a"},
-		{"a self-signed certificate naming mac-a", forged, "not from the fleet CA"},
+		{"a certificate naming mac-a from another CA", forged, "not from the fleet CA"},
 		{"a plain TCP listener that says nothing", silent.Addr().String(), "did not prove"},
 		{"nothing listening", closedAddr, "dialing the agent"},
 	} {

@@ -192,6 +192,14 @@ func TestAttackReplicaEndpointElsewhere(t *testing.T) {
 		},
 	}
 	create(t, mr)
+	// The node authorizer learns of the replica from its informer, a moment after it
+	// is created: until then the Mac may not even read it.
+	testenv.Eventually(t, 30*time.Second, 100*time.Millisecond, func() (bool, string) {
+		if err := c.Get(t.Context(), client.ObjectKeyFromObject(mr), &v1alpha1.ModelReplica{}); err != nil {
+			return false, "the Mac reading the replica bound to it: " + err.Error()
+		}
+		return true, ""
+	})
 	// The scheduler writes the replica's status too: a conflict is retried.
 	set := func(endpoint string) error {
 		return retry.RetryOnConflict(retry.DefaultRetry, func() error {

@@ -49,10 +49,10 @@ const EventServiceConflict = "ServiceConflict"
 const EventAddressUnverified = "AddressUnverified"
 
 // AddressVerifier proves that a Mac's agent address is the Mac's own
-// (*addressproof.Prober: a TLS handshake with the Mac's fleet certificate). probed
-// says whether a handshake ran in the call.
+// (*addressproof.Prober: a TLS handshake with the Mac's fleet certificate). readySince
+// is when the Mac last became Ready; probed says whether a handshake ran in the call.
 type AddressVerifier interface {
-	Verify(ctx context.Context, node, addr string) (v addressproof.Verdict, probed bool)
+	Verify(ctx context.Context, node, addr string, readySince time.Time) (v addressproof.Verdict, probed bool)
 }
 
 // Reconciler keeps each ModelDeployment's Service and EndpointSlices.
@@ -279,7 +279,11 @@ func (r *Reconciler) verifyAddresses(ctx context.Context, dep *v1alpha1.ModelDep
 		if _, _, _, err := parseAgentAddress(addr); err != nil {
 			continue // desiredSlices says why
 		}
-		v, probed := r.Addresses.Verify(ctx, node.Name, addr)
+		var readySince time.Time
+		if c := meta.FindStatusCondition(node.Status.Conditions, v1alpha1.MacNodeReady); c != nil && c.Status == metav1.ConditionTrue {
+			readySince = c.LastTransitionTime.Time
+		}
+		v, probed := r.Addresses.Verify(ctx, node.Name, addr, readySince)
 		if !v.Proven {
 			excluded[node.Name] = v.Why
 			if probed {

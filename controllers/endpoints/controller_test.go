@@ -491,6 +491,6 @@ func TestEndpointSlicesLeaveOutClaimsNotTheMacs(t *testing.T) {
 // test/e2e's TestAttackForeignListenerInTenantSlices are about the proof.
 type provenAll struct{}
 
-func (provenAll) Verify(context.Context, string, string) (addressproof.Verdict, bool) {
+func (provenAll) Verify(context.Context, string, string, time.Time) (addressproof.Verdict, bool) {
 	return addressproof.Verdict{Proven: true}, false
 }

@@ -22,7 +22,7 @@ type scripted struct {
 	calls    []string
 }
 
-func (s *scripted) Verify(_ context.Context, node, addr string) (addressproof.Verdict, bool) {
+func (s *scripted) Verify(_ context.Context, node, addr string, _ time.Time) (addressproof.Verdict, bool) {
 	s.calls = append(s.calls, node+"@"+addr)
 	return s.verdicts[node], s.probed[node]
 }

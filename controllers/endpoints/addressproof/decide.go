@@ -56,8 +56,10 @@ type Verdict struct {
 }
 
 // Decide judges the Mac's address addr at now from its last handshake last (nil
-// when there was none).
-func Decide(p Policy, last *Result, addr string, now time.Time) Verdict {
+// when there was none). readySince is when the Mac last became Ready (zero:
+// unknown): a failure before it says nothing of the agent that came up since, which
+// is probed without waiting for the backoff.
+func Decide(p Policy, last *Result, addr string, readySince, now time.Time) Verdict {
 	if last == nil || last.Address != addr {
 		return Verdict{Probe: true, Why: fmt.Sprintf("agent address %s is not verified yet", addr)}
 	}
@@ -69,7 +71,7 @@ func Decide(p Policy, last *Result, addr string, now time.Time) Verdict {
 		return Verdict{Probe: true, Why: fmt.Sprintf("the proof of agent address %s expired", addr)}
 	}
 	why := fmt.Sprintf("agent address %s failed verification (%d times): %v", addr, last.Failures, last.Err)
-	if wait := Backoff(p, last.Failures); age < wait && age >= 0 {
+	if wait := Backoff(p, last.Failures); age < wait && age >= 0 && !readySince.After(last.At) {
 		return Verdict{Why: why, RecheckAfter: wait - age}
 	}
 	return Verdict{Probe: true, Why: why}

@@ -18,10 +18,11 @@ func TestDecide(t *testing.T) {
 	bad := errors.New("the server is macfleet://node/mac-b, not macfleet://node/mac-a")
 	const addr = "10.0.0.5:8080"
 	for _, tc := range []struct {
-		name string
-		last *Result
-		want Verdict
-		why  string // a substring of want.Why
+		name       string
+		last       *Result
+		readySince time.Time
+		want       Verdict
+		why        string // a substring of want.Why
 	}{
 		{name: "never probed", last: nil, want: Verdict{Probe: true}, why: "not verified yet"},
 		{name: "proven, fresh", last: &Result{Address: addr, At: t0},
@@ -42,11 +43,17 @@ func TestDecide(t *testing.T) {
 			want: Verdict{RecheckAfter: time.Second}, why: "(3 times)"},
 		{name: "failed many times: capped backoff", last: &Result{Address: addr, At: now.Add(-7 * time.Second), Err: bad, Failures: 40},
 			want: Verdict{RecheckAfter: time.Second}, why: "(40 times)"},
+		{name: "failed before the Mac became Ready: probed at once", last: &Result{Address: addr, At: now.Add(-3 * time.Second), Err: bad, Failures: 3},
+			readySince: now.Add(-2 * time.Second), want: Verdict{Probe: true}, why: "(3 times)"},
+		{name: "failed after the Mac became Ready: backoff", last: &Result{Address: addr, At: now.Add(-3 * time.Second), Err: bad, Failures: 3},
+			readySince: now.Add(-4 * time.Second), want: Verdict{RecheckAfter: time.Second}, why: "(3 times)"},
+		{name: "proven: Ready since does not matter", last: &Result{Address: addr, At: t0},
+			readySince: now, want: Verdict{Proven: true, RecheckAfter: 210 * time.Second}},
 		{name: "failed at another address: the new one is probed", last: &Result{Address: "10.0.0.9:8080", At: now, Err: bad, Failures: 5},
 			want: Verdict{Probe: true}, why: "not verified yet"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got := Decide(p, tc.last, addr, now)
+			got := Decide(p, tc.last, addr, tc.readySince, now)
 			if !strings.Contains(got.Why, tc.why) || (tc.why == "") != (got.Why == "") {
 				t.Errorf("Why = %q, want it to contain %q", got.Why, tc.why)
 			}

@@ -34,10 +34,11 @@ type Prober struct {
 	results map[string]Result // by Mac name
 }
 
-// Verify judges the agent address addr of the Mac node, shaking hands with it when a
-// proof is due. probed says whether a handshake ran in this call (its failure is
-// then news worth reporting; a verdict read from the cache is not).
-func (p *Prober) Verify(ctx context.Context, node, addr string) (v Verdict, probed bool) {
+// Verify judges the agent address addr of the Mac node, Ready since readySince,
+// shaking hands with it when a proof is due (see Decide). probed says whether a
+// handshake ran in this call (its failure is then news worth reporting; a verdict
+// read from the cache is not).
+func (p *Prober) Verify(ctx context.Context, node, addr string, readySince time.Time) (v Verdict, probed bool) {
 	pol := p.policy()
 	p.mu.Lock()
 	last, ok := p.results[node]
@@ -46,7 +47,7 @@ func (p *Prober) Verify(ctx context.Context, node, addr string) (v Verdict, prob
 	if ok {
 		lastp = &last
 	}
-	if v = Decide(pol, lastp, addr, p.now()); !v.Probe {
+	if v = Decide(pol, lastp, addr, readySince, p.now()); !v.Probe {
 		return v, false
 	}
 	err := p.handshake(ctx, node, addr)
@@ -63,7 +64,7 @@ func (p *Prober) Verify(ctx context.Context, node, addr string) (v Verdict, prob
 	}
 	p.results[node] = res
 	p.mu.Unlock()
-	return Decide(pol, &res, addr, res.At), true
+	return Decide(pol, &res, addr, readySince, res.At), true
 }
 
 // handshake dials addr and requires the listener there to present the certificate of

@@ -59,30 +59,30 @@ func TestProber(t *testing.T) {
 		{"nothing listening", closedAddr, "dialing the agent"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			v, probed := p.Verify(ctx, "mac-a", tc.addr)
+			v, probed := p.Verify(ctx, "mac-a", tc.addr, time.Time{})
 			if v.Proven || !probed || !strings.Contains(v.Why, tc.why) {
 				t.Fatalf("Verify(mac-a, %s) = %+v probed %v, want not proven, probed, why containing %q", tc.addr, v, probed, tc.why)
 			}
-			if v, probed := p.Verify(ctx, "mac-a", tc.addr); v.Proven || probed || v.RecheckAfter != time.Second {
+			if v, probed := p.Verify(ctx, "mac-a", tc.addr, time.Time{}); v.Proven || probed || v.RecheckAfter != time.Second {
 				t.Errorf("again within the backoff: %+v probed %v, want the cached failure and a recheck in 1s", v, probed)
 			}
 		})
 	}
 
-	v, probed := p.Verify(ctx, "mac-a", macA)
+	v, probed := p.Verify(ctx, "mac-a", macA, time.Time{})
 	if !v.Proven || !probed || v.RecheckAfter != time.Minute {
 		t.Fatalf("Verify(mac-a, its own agent) = %+v probed %v, want proven for a minute", v, probed)
 	}
 	clk.SetTime(clk.Now().Add(59 * time.Second))
-	if v, probed := p.Verify(ctx, "mac-a", macA); !v.Proven || probed {
+	if v, probed := p.Verify(ctx, "mac-a", macA, time.Time{}); !v.Proven || probed {
 		t.Errorf("within the TTL: %+v probed %v, want the cached proof", v, probed)
 	}
 	clk.SetTime(clk.Now().Add(time.Second))
-	if v, probed := p.Verify(ctx, "mac-a", macA); !v.Proven || !probed {
+	if v, probed := p.Verify(ctx, "mac-a", macA, time.Time{}); !v.Proven || !probed {
 		t.Errorf("after the TTL: %+v probed %v, want a new handshake that proves it", v, probed)
 	}
 	// The Mac moves to another Mac's address: probed at once, refused.
-	if v, probed := p.Verify(ctx, "mac-a", macB); v.Proven || !probed {
+	if v, probed := p.Verify(ctx, "mac-a", macB, time.Time{}); v.Proven || !probed {
 		t.Errorf("a changed address: %+v probed %v, want probed and refused", v, probed)
 	}
 }

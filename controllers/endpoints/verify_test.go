@@ -32,23 +32,24 @@ func (s *scripted) Verify(_ context.Context, node, addr string, _ time.Time) (ad
 // are excluded with the verdict's reason, a failed handshake of this pass is an
 // Event, and the deployment is looked at again at the earliest recheck.
 func TestVerifyAddresses(t *testing.T) {
-	nodes := nodeMap(
-		macNode("proven", "10.0.0.1:8080", metav1.ConditionTrue),
-		macNode("refused-now", "10.0.0.2:8080", metav1.ConditionTrue),
-		macNode("refused-before", "10.0.0.3:8080", metav1.ConditionTrue),
-		macNode("api-server", "10.96.0.1:443", metav1.ConditionTrue),
-		macNode("loopback", "127.0.0.1:8080", metav1.ConditionTrue),
-		macNode("not-ready-replica", "10.0.0.6:8080", metav1.ConditionTrue),
-	)
-	replicas := []v1alpha1.ModelReplica{
-		replica("a-1", "proven", metav1.ConditionTrue),
-		replica("a-2", "proven", metav1.ConditionTrue), // the same Mac: verified once
-		replica("b", "refused-now", metav1.ConditionTrue),
-		replica("c", "refused-before", metav1.ConditionTrue),
-		replica("d", "api-server", metav1.ConditionTrue),
-		replica("e", "loopback", metav1.ConditionTrue),
-		replica("f", "not-ready-replica", metav1.ConditionFalse),
-		replica("g", "missing", metav1.ConditionTrue),
+	// Each Mac with its address and one replica (two on "proven", none Ready on
+	// "not-ready-replica"; "missing" has no MacNode).
+	macs := []struct {
+		node, addr string
+		ready      metav1.ConditionStatus
+	}{
+		{"proven", "10.0.0.1:8080", metav1.ConditionTrue},
+		{"refused-now", "10.0.0.2:8080", metav1.ConditionTrue},
+		{"refused-before", "10.0.0.3:8080", metav1.ConditionTrue},
+		{"api-server", "10.96.0.1:443", metav1.ConditionTrue},
+		{"loopback", "127.0.0.1:8080", metav1.ConditionTrue},
+		{"not-ready-replica", "10.0.0.6:8080", metav1.ConditionFalse},
+	}
+	nodes := nodeMap()
+	replicas := []v1alpha1.ModelReplica{replica("again", "proven", metav1.ConditionTrue), replica("lost", "missing", metav1.ConditionTrue)}
+	for _, m := range macs {
+		nodes[m.node] = macNode(m.node, m.addr, metav1.ConditionTrue)
+		replicas = append(replicas, replica("on-"+m.node, m.node, m.ready))
 	}
 	v := &scripted{
 		verdicts: map[string]addressproof.Verdict{

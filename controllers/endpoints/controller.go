@@ -32,6 +32,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/macfleet/macfleet/api/v1alpha1"
+	"github.com/macfleet/macfleet/controllers/endpoints/addressproof"
 )
 
 // ControllerName names the controller (metrics, logs) and the reporter of its Events.
@@ -40,6 +41,19 @@ const ControllerName = "endpoints"
 // EventServiceConflict: a Service with the deployment's Service name exists and
 // belongs to something else; the controller leaves it (and the slices) alone.
 const EventServiceConflict = "ServiceConflict"
+
+// EventAddressUnverified (Warning, on the MacNode): a handshake with the Mac's agent
+// address did not prove that the listener there holds the Mac's fleet certificate,
+// so the address is in no tenant's EndpointSlice. One Event per failed handshake
+// (they back off, see addressproof.DefaultPolicy).
+const EventAddressUnverified = "AddressUnverified"
+
+// AddressVerifier proves that a Mac's agent address is the Mac's own
+// (*addressproof.Prober: a TLS handshake with the Mac's fleet certificate). readySince
+// is when the Mac last became Ready; probed says whether a handshake ran in the call.
+type AddressVerifier interface {
+	Verify(ctx context.Context, node, addr string, readySince time.Time) (v addressproof.Verdict, probed bool)
+}
 
 // Reconciler keeps each ModelDeployment's Service and EndpointSlices.
 type Reconciler struct {
@@ -52,6 +66,9 @@ type Reconciler struct {
 	// manager's cache does not hold, to keep its addresses out of tenants'
 	// EndpointSlices. Default: mgr.GetAPIReader().
 	APIReader client.Reader
+	// Addresses proves each Mac's agent address before it is published. Required:
+	// the manager gives an *addressproof.Prober with its own client certificate.
+	Addresses AddressVerifier
 
 	reserved reservedAddresses
 }
@@ -92,6 +109,9 @@ func (r *Reconciler) setup(mgr ctrl.Manager, wrap func(reconcile.Reconciler) rec
 	}
 	if r.APIReader == nil {
 		r.APIReader = mgr.GetAPIReader()
+	}
+	if r.Addresses == nil {
+		return fmt.Errorf("the endpoints controller needs an AddressVerifier (Addresses) to prove Macs' agent addresses")
 	}
 	if err := IndexReplicaNodeName(context.Background(), mgr.GetFieldIndexer()); err != nil {
 		return err
@@ -230,11 +250,53 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	if err != nil {
 		return ctrl.Result{}, err
 	}
+	recheck := r.verifyAddresses(ctx, &dep, replicas.Items, nodes, excluded)
 	desired, skipped := desiredSlices(&dep, replicas.Items, nodes, excluded)
 	if len(skipped) > 0 {
 		logger.V(1).Info("Replicas left out of the EndpointSlices", "ModelDeployment", klog.KObj(&dep), "skipped", skipped)
 	}
-	return ctrl.Result{}, r.applySlices(ctx, &dep, desired)
+	return ctrl.Result{RequeueAfter: recheck}, r.applySlices(ctx, &dep, desired)
+}
+
+// verifyAddresses proves the agent address of each Mac holding a Ready replica of
+// dep whose address is not excluded already, adding the Macs whose address is not
+// proven to excluded (with why), and emitting an AddressUnverified Event on the
+// MacNode after each failed handshake. It returns when to look again: the earliest
+// expiry of a proof or end of a backoff (0: none).
+func (r *Reconciler) verifyAddresses(ctx context.Context, dep *v1alpha1.ModelDeployment, replicas []v1alpha1.ModelReplica,
+	nodes map[string]*v1alpha1.MacNode, excluded map[string]string) time.Duration {
+	var recheck time.Duration
+	done := map[string]bool{}
+	for i := range replicas {
+		mr := &replicas[i]
+		node := nodes[mr.Spec.NodeName]
+		if node == nil || done[node.Name] || excluded[node.Name] != "" ||
+			!metav1.IsControlledBy(mr, dep) || !meta.IsStatusConditionTrue(mr.Status.Conditions, v1alpha1.ReplicaReady) {
+			continue
+		}
+		done[node.Name] = true
+		addr := node.Status.Agent.Address
+		if _, _, _, err := parseAgentAddress(addr); err != nil {
+			continue // desiredSlices says why
+		}
+		var readySince time.Time
+		if c := meta.FindStatusCondition(node.Status.Conditions, v1alpha1.MacNodeReady); c != nil && c.Status == metav1.ConditionTrue {
+			readySince = c.LastTransitionTime.Time
+		}
+		v, probed := r.Addresses.Verify(ctx, node.Name, addr, readySince)
+		if !v.Proven {
+			excluded[node.Name] = v.Why
+			if probed {
+				r.Recorder.Eventf(node, nil, corev1.EventTypeWarning, EventAddressUnverified, "VerifyAddress",
+					"%s; it is in no tenant's EndpointSlice until the agent serves its fleet certificate (macfleet://node/%s) at its advertised address (agent --advertise-address)",
+					v.Why, node.Name)
+			}
+		}
+		if v.RecheckAfter > 0 && (recheck == 0 || v.RecheckAfter < recheck) {
+			recheck = v.RecheckAfter
+		}
+	}
+	return recheck
 }
 
 // applyService creates or corrects the deployment's Service. It reports false,

@@ -25,6 +25,7 @@ import (
 	"github.com/macfleet/macfleet/controllers/autoscaler"
 	"github.com/macfleet/macfleet/controllers/certsigner"
 	"github.com/macfleet/macfleet/controllers/endpoints"
+	"github.com/macfleet/macfleet/controllers/endpoints/addressproof"
 	"github.com/macfleet/macfleet/controllers/fleetquota"
 	"github.com/macfleet/macfleet/controllers/macnode"
 	"github.com/macfleet/macfleet/controllers/modeldeployment"
@@ -164,7 +165,7 @@ func New(cfg Config) (ctrl.Manager, error) {
 		&modeldeployment.Reconciler{Resolver: &resolver},
 		&scheduler.Reconciler{Workers: cfg.SchedulerWorkers},
 		&macnode.Reconciler{NodeLossGrace: cfg.NodeLossGrace, Contact: contact},
-		&endpoints.Reconciler{},
+		&endpoints.Reconciler{Addresses: &addressproof.Prober{Source: authority.Self}},
 		&fleetquota.Reconciler{},
 		&autoscaler.Reconciler{Interval: cfg.AutoscalerInterval, Source: agents},
 		&certsigner.Signer{Authority: authority},

@@ -22,8 +22,11 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
+	"github.com/macfleet/macfleet/controllers/certsigner/certsignertest"
+	"github.com/macfleet/macfleet/internal/localfleet"
 	"github.com/macfleet/macfleet/internal/manager"
 	"github.com/macfleet/macfleet/internal/testenv"
+	"github.com/macfleet/macfleet/pki"
 )
 
 var env *testenv.Env
@@ -61,14 +64,18 @@ func TestControlPlaneWiring(t *testing.T) {
 		SchedulerWorkers: 2,
 	})
 
-	// The agent's part: a Mac with a ceiling (at a documentation address: the API
-	// server refuses loopback addresses in EndpointSlices, and nothing dials it here), a Ready condition and a fresh Lease.
+	// The agent's part: a Mac with a ceiling, a Ready condition and a fresh Lease, at an
+	// address where it serves TLS with its certificate from the fleet CA (the endpoints
+	// controller publishes no address it has not proven; the API server refuses
+	// loopback addresses in EndpointSlices).
 	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: mfv1.NodeLeaseNamespace}}); err != nil && !apierrors.IsAlreadyExists(err) {
 		t.Fatal(err)
 	}
 	// Like an agent: renew the Lease first, then register the Mac and report it Ready.
 	ns := testenv.NewNamespace(t, c)
 	node := &mfv1.MacNode{ObjectMeta: metav1.ObjectMeta{Name: "mac-" + ns}}
+	agentAddr := serveAgentTLS(t, c, node.Name)
+	agentHost, agentPort, _ := net.SplitHostPort(agentAddr)
 	lease := &coordinationv1.Lease{
 		ObjectMeta: metav1.ObjectMeta{Namespace: mfv1.NodeLeaseNamespace, Name: node.Name},
 		Spec: coordinationv1.LeaseSpec{
@@ -88,7 +95,7 @@ func TestControlPlaneWiring(t *testing.T) {
 		if err := c.Get(ctx, client.ObjectKeyFromObject(node), node); err != nil {
 			return err
 		}
-		node.Status.Agent.Address = "192.0.2.10:9301"
+		node.Status.Agent.Address = agentAddr
 		node.Status.Memory.Ceiling = ptr.To(resource.MustParse("16Gi"))
 		meta.SetStatusCondition(&node.Status.Conditions, metav1.Condition{Type: mfv1.MacNodeReady, Status: metav1.ConditionTrue, Reason: mfv1.ReasonAgentReady})
 		return c.Status().Update(ctx, node)
@@ -155,12 +162,12 @@ func TestControlPlaneWiring(t *testing.T) {
 		}
 		for _, s := range slices.Items {
 			for _, e := range s.Endpoints {
-				if len(e.Addresses) == 1 && e.Addresses[0] == "192.0.2.10" && len(s.Ports) == 1 && *s.Ports[0].Port == 9301 {
+				if len(e.Addresses) == 1 && e.Addresses[0] == agentHost && len(s.Ports) == 1 && fmt.Sprint(*s.Ports[0].Port) == agentPort {
 					return e.Conditions.Ready, ""
 				}
 			}
 		}
-		return nil, fmt.Sprintf("no endpoint 192.0.2.10:9301 in %d slices", len(slices.Items))
+		return nil, fmt.Sprintf("no endpoint %s in %d slices", agentAddr, len(slices.Items))
 	}
 	testenv.Eventually(t, 20*time.Second, 50*time.Millisecond, func() (bool, string) {
 		r, msg := endpointReady()
@@ -210,6 +217,35 @@ func TestControlPlaneWiring(t *testing.T) {
 			t.Errorf("GET /metrics (%d) lacks %s", code, m)
 		}
 	}
+}
+
+// serveAgentTLS plays the TLS side of the agent of node until the test ends: it waits
+// for the manager's fleet CA (in macfleet-system, created here), serves handshakes with a certificate of it for node on
+// this machine's first non-loopback address, and returns that host:port.
+func serveAgentTLS(t *testing.T, c client.Client, node string) string {
+	t.Helper()
+	if err := c.Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: mfv1.SystemNamespace}}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	var sec corev1.Secret
+	testenv.Eventually(t, 30*time.Second, 100*time.Millisecond, func() (bool, string) {
+		err := c.Get(t.Context(), client.ObjectKey{Namespace: mfv1.SystemNamespace, Name: mfv1.CASecret}, &sec)
+		return err == nil && len(sec.Data["ca.crt"]) > 0, fmt.Sprintf("the fleet CA Secret: %v", err)
+	})
+	ca, err := pki.ParseCA(sec.Data["ca.crt"], sec.Data["ca.key"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := pki.Node(node)
+	src, err := ca.NewSource(&id, time.Now(), time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	host, err := localfleet.HostIP()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return certsignertest.ServeTLS(t, src, host)
 }
 
 func get(t *testing.T, url string) (string, int) {

@@ -5,7 +5,9 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -15,6 +17,7 @@ import (
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -26,7 +29,10 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/macfleet/macfleet/api/v1alpha1"
+	"github.com/macfleet/macfleet/controllers/certsigner/certsignertest"
+	"github.com/macfleet/macfleet/controllers/endpoints"
 	"github.com/macfleet/macfleet/internal/testenv"
+	"github.com/macfleet/macfleet/pki"
 )
 
 // The attacks of docs/security.md, 4 ("What a Mac may claim"): a compromised Mac holds
@@ -186,6 +192,14 @@ func TestAttackReplicaEndpointElsewhere(t *testing.T) {
 		},
 	}
 	create(t, mr)
+	// The node authorizer learns of the replica from its informer, a moment after it
+	// is created: until then the Mac may not even read it.
+	testenv.Eventually(t, 30*time.Second, 100*time.Millisecond, func() (bool, string) {
+		if err := c.Get(t.Context(), client.ObjectKeyFromObject(mr), &v1alpha1.ModelReplica{}); err != nil {
+			return false, "the Mac reading the replica bound to it: " + err.Error()
+		}
+		return true, ""
+	})
 	// The scheduler writes the replica's status too: a conflict is retried.
 	set := func(endpoint string) error {
 		return retry.RetryOnConflict(retry.DefaultRetry, func() error {
@@ -316,33 +330,8 @@ func TestAttackSquatAddressInTenantSlices(t *testing.T) {
 	// own is ready at its address.
 	ns := testenv.NewNamespace(t, fleet.Client)
 	create(t, deployment(ns, "squat", 3))
-	var mine v1alpha1.ModelReplica
-	testenv.Eventually(t, time.Minute, 200*time.Millisecond, func() (bool, string) {
-		var list v1alpha1.ModelReplicaList
-		if err := fleet.Client.List(t.Context(), &list, client.InNamespace(ns)); err != nil {
-			return false, err.Error()
-		}
-		for _, r := range list.Items {
-			if r.Spec.NodeName == squatter {
-				mine = r
-				return true, ""
-			}
-		}
-		return false, fmt.Sprintf("no replica of %d bound to %s yet", len(list.Items), squatter)
-	})
-	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		var cur v1alpha1.ModelReplica
-		if err := c.Get(t.Context(), client.ObjectKeyFromObject(&mine), &cur); err != nil {
-			return err
-		}
-		cur.Status.Endpoint, cur.Status.Phase = squat, v1alpha1.ReplicaRunning
-		meta.SetStatusCondition(&cur.Status.Conditions, metav1.Condition{Type: v1alpha1.ReplicaReady,
-			Status: metav1.ConditionTrue, Reason: "Loaded", Message: "ready"})
-		return c.Status().Update(t.Context(), &cur)
-	})
-	if err != nil {
-		t.Fatalf("the squatter marking its replica ready at its own registered address: %v", err)
-	}
+	mine := replicaOn(t, ns, squatter)
+	markReady(t, c, &mine, squat)
 	macs := []string{fleet.Agent("mac-studio-1").Addr, fleet.Agent("mac-mini-1").Addr}
 	var addrs []string
 	testenv.Eventually(t, 2*time.Minute, 200*time.Millisecond, func() (bool, string) {
@@ -357,4 +346,155 @@ func TestAttackSquatAddressInTenantSlices(t *testing.T) {
 	if slices.Contains(addrs, squat) {
 		t.Fatalf("tenant %s's EndpointSlice lists %s, the API server's service address a Mac claimed: %v", ns, squat, addrs)
 	}
+}
+
+// replicaOn waits for a replica in ns bound to node and returns it.
+func replicaOn(t *testing.T, ns, node string) v1alpha1.ModelReplica {
+	t.Helper()
+	var mine v1alpha1.ModelReplica
+	testenv.Eventually(t, time.Minute, 200*time.Millisecond, func() (bool, string) {
+		var list v1alpha1.ModelReplicaList
+		if err := fleet.Client.List(t.Context(), &list, client.InNamespace(ns)); err != nil {
+			return false, err.Error()
+		}
+		for _, r := range list.Items {
+			if r.Spec.NodeName == node {
+				mine = r
+				return true, ""
+			}
+		}
+		return false, fmt.Sprintf("no replica of %d bound to %s yet", len(list.Items), node)
+	})
+	return mine
+}
+
+// markReady plays the compromised agent saying its replica mr is loaded and ready at
+// addr (its registered address), with its node client c.
+func markReady(t *testing.T, c client.Client, mr *v1alpha1.ModelReplica, addr string) {
+	t.Helper()
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		var cur v1alpha1.ModelReplica
+		if err := c.Get(t.Context(), client.ObjectKeyFromObject(mr), &cur); err != nil {
+			return err
+		}
+		cur.Status.Endpoint, cur.Status.Phase = addr, v1alpha1.ReplicaRunning
+		meta.SetStatusCondition(&cur.Status.Conditions, metav1.Condition{Type: v1alpha1.ReplicaReady,
+			Status: metav1.ConditionTrue, Reason: "Loaded", Message: "ready"})
+		return c.Status().Update(t.Context(), &cur)
+	})
+	if err != nil {
+		t.Fatalf("the Mac marking its replica ready at its registered address %s: %v", addr, err)
+	}
+}
+
+// TestAttackForeignListenerInTenantSlices: a Mac registers as its agent address a
+// listener that is not its agent — a service of the LAN speaking plain HTTP, a TLS
+// server with a certificate naming the Mac from another CA, or one holding another
+// Mac's certificate from the fleet CA — and marks a tenant's replica ready, so that
+// the tenant's Service sends its in-cluster callers (and their tokens) there. The
+// address must now stay out of the tenant's EndpointSlice (the handshake does not
+// prove the Mac's certificate; an AddressUnverified Event on the MacNode says why)
+// while the real Macs stay in it.
+func TestAttackForeignListenerInTenantSlices(t *testing.T) {
+	const impostor = "mac-impostor"
+	c, _ := enroll(t, impostor)
+
+	// A LAN service: plain HTTP, answering anything.
+	lan := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "{}") }),
+		ReadHeaderTimeout: 5 * time.Second}
+	// On the fleet's host address (no loopback address: the API server refuses those
+	// in EndpointSlices).
+	plain, err := net.Listen("tcp", net.JoinHostPort(fleet.HostIP, "0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = lan.Serve(plain) }()
+	t.Cleanup(func() { lan.Close() })
+
+	rogue, err := pki.NewCA(time.Now(), time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sec corev1.Secret
+	if err := fleet.Client.Get(t.Context(), client.ObjectKey{Namespace: v1alpha1.SystemNamespace, Name: v1alpha1.CASecret}, &sec); err != nil {
+		t.Fatal(err)
+	}
+	fleetCA, err := pki.ParseCA(sec.Data["ca.crt"], sec.Data["ca.key"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	listeners := []struct{ what, addr string }{
+		{"a plain HTTP service of the LAN", plain.Addr().String()},
+		{"a TLS server with a certificate naming " + impostor + " from another CA", serveTLSOnHost(t, rogue, impostor)},
+		{"a TLS server with mac-studio-1's certificate from the fleet CA", serveTLSOnHost(t, fleetCA, "mac-studio-1")},
+	}
+	register(t, c, impostor, listeners[0].addr, "Apple M2 Max", "8Gi")
+	ns := testenv.NewNamespace(t, fleet.Client)
+	create(t, deployment(ns, "impostor", 3))
+	mine := replicaOn(t, ns, impostor)
+	markReady(t, c, &mine, listeners[0].addr)
+
+	macs := []string{fleet.Agent("mac-studio-1").Addr, fleet.Agent("mac-mini-1").Addr}
+	for i, l := range listeners {
+		if i > 0 {
+			err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+				var mn v1alpha1.MacNode
+				if err := c.Get(t.Context(), client.ObjectKey{Name: impostor}, &mn); err != nil {
+					return err
+				}
+				mn.Status.Agent.Address = l.addr
+				return c.Status().Update(t.Context(), &mn)
+			})
+			if err != nil {
+				t.Fatalf("moving %s's address to %s: %v", impostor, l.addr, err)
+			}
+		}
+		// Until the controller has judged the address (its Event), it must never be in
+		// the slice; after, the real Macs must be.
+		testenv.Eventually(t, 2*time.Minute, 200*time.Millisecond, func() (bool, string) {
+			addrs := readySliceAddresses(t, ns, "impostor")
+			if slices.Contains(addrs, l.addr) {
+				t.Fatalf("tenant %s's EndpointSlice lists %s, %s that %s registered as its agent: %v", ns, l.addr, l.what, impostor, addrs)
+			}
+			if !unverifiedEvent(t, impostor, l.addr) {
+				return false, fmt.Sprintf("no AddressUnverified Event on MacNode %s for %s yet", impostor, l.addr)
+			}
+			for _, a := range macs {
+				if !slices.Contains(addrs, a) {
+					return false, fmt.Sprintf("ready endpoints %v, want the real Macs' %v", addrs, macs)
+				}
+			}
+			return true, ""
+		})
+		t.Logf("%s at %s: refused, the real Macs published", l.what, l.addr)
+	}
+}
+
+// serveTLSOnHost serves TLS handshakes with a certificate of ca naming the Mac name
+// on the fleet's host address, until the test ends, and returns the address.
+func serveTLSOnHost(t *testing.T, ca *pki.CA, name string) string {
+	t.Helper()
+	id := pki.Node(name)
+	src, err := ca.NewSource(&id, time.Now(), time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return certsignertest.ServeTLS(t, src, fleet.HostIP)
+}
+
+// unverifiedEvent says whether an AddressUnverified Event about MacNode node names
+// addr.
+func unverifiedEvent(t *testing.T, node, addr string) bool {
+	t.Helper()
+	var list eventsv1.EventList
+	if err := fleet.Client.List(t.Context(), &list); err != nil {
+		t.Fatal(err)
+	}
+	for _, ev := range list.Items {
+		if ev.Reason == endpoints.EventAddressUnverified && ev.Regarding.Kind == "MacNode" && ev.Regarding.Name == node &&
+			strings.Contains(ev.Note, addr) {
+			return true
+		}
+	}
+	return false
 }

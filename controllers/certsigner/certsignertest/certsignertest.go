@@ -5,6 +5,8 @@ package certsignertest
 
 import (
 	"context"
+	"crypto/tls"
+	"net"
 	"testing"
 	"time"
 
@@ -68,4 +70,30 @@ func Source(t *testing.T, a *certsigner.Authority, id pki.Identity) *pki.Source 
 		t.Fatal(err)
 	}
 	return src
+}
+
+// ServeTLS plays the TLS side of an agent holding src's certificate until the test
+// ends: it listens on host (a free port), finishes each handshake with
+// src.ServerConfig() and returns the listener's host:port.
+func ServeTLS(t testing.TB, src *pki.Source, host string) string {
+	t.Helper()
+	ln, err := tls.Listen("tcp", net.JoinHostPort(host, "0"), src.ServerConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer conn.Close()
+				_ = conn.(*tls.Conn).Handshake()
+				_, _ = conn.Read(make([]byte, 1))
+			}()
+		}
+	}()
+	return ln.Addr().String()
 }

@@ -158,10 +158,15 @@ func TestScaleFromZeroThroughGateway(t *testing.T) {
 		// No more requests: back to zero after WakeHold + scaleDownDelay, and the
 		// reservation goes with the replica.
 		waitZero(t, ns, "lazy", v1alpha1.WakeHold+zeroDelay+time.Minute)
+		// Back to the baseline or below: the tests before this one remove their replicas
+		// as they end, and a Mac may report such a release only now (seen: a replica of
+		// the test before, still reserved when the baseline held still for 3 s). A
+		// reservation this replica left behind would keep committed above the baseline.
 		testenv.Eventually(t, 30*time.Second, 200*time.Millisecond, func() (bool, string) {
 			now := committed(t)
-			return now == base, fmt.Sprintf("committed %d at zero again, %d before the wake", now, base)
+			return now <= base, fmt.Sprintf("committed %d at zero again, %d before the wake", now, base)
 		})
+		base = settledCommitted(t) // the next round's baseline
 		// What the replica measured outlives it.
 		testenv.Eventually(t, 30*time.Second, 200*time.Millisecond, func() (bool, string) {
 			if err := fleet.Client.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: "lazy"}, &md); err != nil {

@@ -7,7 +7,8 @@
 //
 // An identity is one URI SAN, macfleet://<kind>/<name>: macfleet://node/mac-1 is the
 // Mac whose MacNode is mac-1, macfleet://gateway/<pod> a gateway replica,
-// macfleet://manager/<name> the manager. Keys are ECDSA P-256.
+// macfleet://manager/<name> the manager, macfleet://metrics/<name> a scraper of the
+// agents' /metrics (Prometheus). Keys are ECDSA P-256.
 package pki
 
 import (
@@ -50,6 +51,8 @@ const (
 	KindNode    Kind = "node"
 	KindGateway Kind = "gateway"
 	KindManager Kind = "manager"
+	// KindMetrics scrapes the agents' /metrics and may call nothing else.
+	KindMetrics Kind = "metrics"
 )
 
 // Identity is who a certificate names.
@@ -67,6 +70,9 @@ func Gateway(name string) Identity { return Identity{Kind: KindGateway, Name: na
 // Manager is the identity of the manager.
 func Manager(name string) Identity { return Identity{Kind: KindManager, Name: name} }
 
+// Metrics is the identity of a scraper of the agents' /metrics.
+func Metrics(name string) Identity { return Identity{Kind: KindMetrics, Name: name} }
+
 // URI is the identity's URI SAN.
 func (id Identity) URI() *url.URL {
 	return &url.URL{Scheme: URIScheme, Host: string(id.Kind), Path: "/" + id.Name}
@@ -77,7 +83,7 @@ func (id Identity) String() string { return id.URI().String() }
 // Valid says why id cannot be put in a certificate, or nil.
 func (id Identity) Valid() error {
 	switch id.Kind {
-	case KindNode, KindGateway, KindManager:
+	case KindNode, KindGateway, KindManager, KindMetrics:
 	default:
 		return fmt.Errorf("unknown identity kind %q", id.Kind)
 	}

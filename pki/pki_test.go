@@ -46,6 +46,8 @@ func TestIdentityRoundTrip(t *testing.T) {
 		{uri: "macfleet://node/mac-1", want: Node("mac-1")},
 		{uri: "macfleet://gateway/macfleet-gateway-7c9", want: Gateway("macfleet-gateway-7c9")},
 		{uri: "macfleet://manager/macfleet-manager", want: Manager("macfleet-manager")},
+		{uri: "macfleet://metrics/prometheus", want: Metrics("prometheus")},
+		{uri: "macfleet://metrics/", wantErr: "not a Kubernetes object name"},
 		{uri: "macfleet://tenant/x", wantErr: "unknown identity kind"},
 		{uri: "macfleet://node/", wantErr: "not a Kubernetes object name"},
 		{uri: "macfleet://node/a/b", wantErr: "not a Kubernetes object name"},

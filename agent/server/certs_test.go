@@ -27,7 +27,8 @@ func certSource(t *testing.T, ca *pki.CA, id *pki.Identity) *pki.Source {
 }
 
 // TestClientCertificates: with ClientCertificates, a gateway's and the manager's
-// certificates reach the whole API; a Mac's own certificate reaches nothing (403); no
+// certificates reach the whole API; a metrics scraper's reaches /metrics only; a
+// Mac's own certificate reaches nothing (403); no
 // certificate reaches the OpenAI API with a ServiceAccount token only; and only a
 // gateway's queue reports count.
 func TestClientCertificates(t *testing.T) {
@@ -50,8 +51,8 @@ func TestClientCertificates(t *testing.T) {
 		t.Cleanup(tr.CloseIdleConnections)
 		return &http.Client{Transport: tr}
 	}
-	gw, mgr, otherMac := pki.Gateway("gw"), pki.Manager("macfleet-manager"), pki.Node("mac-2")
-	clients := map[string]*http.Client{"gateway": clientAs(&gw), "manager": clientAs(&mgr), "mac-2": clientAs(&otherMac),
+	gw, mgr, otherMac, scraper := pki.Gateway("gw"), pki.Manager("macfleet-manager"), pki.Node("mac-2"), pki.Metrics("prometheus")
+	clients := map[string]*http.Client{"gateway": clientAs(&gw), "manager": clientAs(&mgr), "mac-2": clientAs(&otherMac), "scraper": clientAs(&scraper),
 		"mac-1 itself": clientAs(&me), "none": clientAs(nil)}
 	do := func(who, method, path, token string, header ...string) (int, string) {
 		t.Helper()
@@ -88,6 +89,14 @@ func TestClientCertificates(t *testing.T) {
 		// A Mac's certificate with a tenant's token is still a Mac's.
 		{who: "mac-2", method: "GET", path: "/v1/models", token: tenantToken, status: 403, contains: "forbidden_caller"},
 		{who: "mac-1 itself", method: "POST", path: "/api/cache/clear", status: 403, contains: "forbidden_caller"},
+		{who: "scraper", method: "GET", path: "/metrics", status: 200, contains: "macfleet_agent_memory_ceiling_bytes"},
+		{who: "scraper", method: "GET", path: "/healthz", status: 200},
+		{who: "scraper", method: "GET", path: "/api/status", status: 403, contains: "macfleet://metrics/prometheus may only scrape"},
+		{who: "scraper", method: "POST", path: "/api/cache/clear", status: 403, contains: "forbidden_caller"},
+		{who: "scraper", method: "POST", path: "/v1/chat/completions", status: 403, contains: "forbidden_caller"},
+		// A scraper's certificate with a tenant's token is still a scraper's.
+		{who: "scraper", method: "GET", path: "/v1/models", token: tenantToken, status: 403, contains: "forbidden_caller"},
+		{who: "mac-2", method: "GET", path: "/metrics", status: 403, contains: "forbidden_caller"},
 		{who: "none", method: "GET", path: "/api/status", status: 401, contains: "missing credentials"},
 		{who: "none", method: "GET", path: "/api/status", token: tenantToken, status: 401, contains: "admin API takes only a gateway's or the manager's certificate"},
 		{who: "none", method: "GET", path: "/v1/models", token: tenantToken, status: 200},

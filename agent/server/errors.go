@@ -34,7 +34,8 @@ const (
 	codeInternal         = openaierr.CodeInternal
 	// codeTokenReview: a ServiceAccount token could not be reviewed now; retry.
 	codeTokenReview = "token_review_unavailable"
-	// codeForbiddenCaller: a fleet certificate whose identity may not call agents (a Mac's).
+	// codeForbiddenCaller: a fleet certificate whose identity may not make this call
+	// (a Mac's on anything, a metrics scraper's beyond /metrics).
 	codeForbiddenCaller = "forbidden_caller"
 )
 

@@ -52,9 +52,10 @@ type Options struct {
 	APIKeyFunc func() string
 	// ClientCertificates authenticates callers by the client certificate they
 	// presented on a TLS listener that checked it against the fleet CA
-	// (pki.Source.ServerConfig): a gateway or the manager is an admin (the whole API,
-	// and a gateway's queue reports count); a Mac's certificate is refused, so one
-	// compromised Mac reaches no other. Callers without a certificate need the API key
+	// (pki.Source.ServerConfig), by authorizeCertificate: a gateway or the manager is
+	// an admin (the whole API, and a gateway's queue reports count); a metrics
+	// scraper's certificate reaches /metrics only; a Mac's certificate is refused, so
+	// one compromised Mac reaches no other. Callers without a certificate need the API key
 	// or (OpenAI API only) a ServiceAccount token.
 	ClientCertificates bool
 	// ReviewToken, when set, authenticates on the OpenAI API (/v1/...) a bearer
@@ -229,7 +230,8 @@ func (s *Server) handleUnknownRoute(w http.ResponseWriter, r *http.Request) {
 }
 
 // authenticate requires, on everything but the health probes, a client certificate
-// of a gateway or the manager (Options.ClientCertificates), the API key if one is
+// of a gateway or the manager (Options.ClientCertificates; a metrics scraper's on
+// /metrics only, see authorizeCertificate), the API key if one is
 // configured, or on the OpenAI API a ServiceAccount token (Options.ReviewToken). The
 // caller's identity goes into the request's context: an admin for a caller's
 // certificate or the API key (or when nothing is configured), the ServiceAccount's
@@ -254,12 +256,12 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 		}
 		if s.opts.ClientCertificates {
 			if id, ok := pki.PeerIdentity(r.TLS); ok {
-				if id.Kind == pki.KindGateway || id.Kind == pki.KindManager {
-					admin(w, r, caller{reportsQueues: id.Kind == pki.KindGateway})
+				access := authorizeCertificate(id, r.Method, r.URL.Path)
+				if access.refused != "" {
+					writeError(w, &apiError{Status: http.StatusForbidden, Type: typePermission, Code: codeForbiddenCaller, Message: access.refused})
 					return
 				}
-				writeError(w, &apiError{Status: http.StatusForbidden, Type: typePermission, Code: codeForbiddenCaller,
-					Message: "the certificate of " + id.String() + " may not call a node agent: only the gateways and the manager may (and tenants with a ServiceAccount token, on /v1/)"})
+				admin(w, r, caller{reportsQueues: access.reportsQueues})
 				return
 			}
 		}

@@ -48,6 +48,11 @@ const (
 	// GatewayTLSSecret (in SystemNamespace) holds the gateway's client certificate
 	// (tls.crt, tls.key) and the CA bundle (ca.crt), issued and renewed by the manager.
 	GatewayTLSSecret = "macfleet-gateway-tls"
+	// MetricsTLSSecret (in SystemNamespace) holds the client certificate of the
+	// scraper of the agents' /metrics (macfleet://metrics/<name>: /metrics and the
+	// health probes, nothing else), its key and the CA bundle, issued and renewed by
+	// the manager.
+	MetricsTLSSecret = "macfleet-metrics-tls"
 	// HeaderReplica is set by the gateway on requests it forwards to an agent: the
 	// namespace/name of the ModelReplica that must serve the request.
 	HeaderReplica = "X-Macfleet-Replica"

@@ -57,6 +57,8 @@ deployments with spec.autoscaling from the requests in flight on their agents.`,
 	f.IntVar(&cfg.SchedulerWorkers, "scheduler-workers", scheduler.DefaultWorkers, "Bindings written in parallel")
 	f.StringVar(&cfg.GatewayIdentity, "gateway-identity", "macfleet-gateway", "Name of the gateway identity (macfleet://gateway/<name>) whose client certificate "+
 		"the manager issues and renews in Secret macfleet-system/macfleet-gateway-tls; \"\" issues none")
+	f.StringVar(&cfg.MetricsIdentity, "metrics-identity", "macfleet-metrics", "Name of the identity (macfleet://metrics/<name>) with which Prometheus scrapes the agents' /metrics "+
+		"(and may call nothing else on them); the manager issues and renews its client certificate in Secret macfleet-system/macfleet-metrics-tls; \"\" issues none")
 	f.DurationVar(&cfg.AutoscalerInterval, "autoscaler-interval", autoscaler.DefaultInterval, "How often the load of each autoscaled ModelDeployment is measured")
 	f.StringVar(&cfg.NodeAuthorizerAddr, "node-authorizer-bind-address", "", `Address of the node authorizer webhook (HTTPS, path /authorize) the API server asks about node identities' reads of ModelReplicas; "" or "0" disables it`)
 	f.StringVar(&cfg.NodeAuthorizerCertDir, "node-authorizer-cert-dir", "", "Directory with tls.crt and tls.key for the node authorizer webhook (reloaded when they change)")

@@ -2,8 +2,8 @@
 // keeps the fleet CA in a Secret and rotates it (pki.Plan), publishes the CA bundle
 // that every agent and caller trusts in a ConfigMap, signs the agents'
 // CertificateSigningRequests (signerName macfleet.dev/node) when the requester is the
-// node identity the request names, and issues the gateway's and the manager's own
-// client certificates.
+// node identity the request names, and issues the client certificates of the
+// gateway, of the metrics scraper and of the manager itself.
 package certsigner
 
 import (
@@ -39,7 +39,7 @@ const (
 // (a deleted or edited one is restored within it).
 const DefaultResync = 5 * time.Minute
 
-// The CA Secret, the bundle ConfigMap and the gateway's Secret, in macfleet-system.
+// The CA Secret, the bundle ConfigMap, the gateway's and the scraper's Secrets, in macfleet-system.
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=get;create;update,namespace=macfleet-system
 // +kubebuilder:rbac:groups="",resources=configmaps,verbs=get;create;update,namespace=macfleet-system
 
@@ -55,6 +55,9 @@ type Authority struct {
 	ManagerName string
 	// GatewayName names the gateway's identity; empty issues no gateway Secret.
 	GatewayName string
+	// MetricsName names the identity of the scraper of the agents' /metrics
+	// (macfleet://metrics/<name>, Secret macfleet-metrics-tls); empty issues none.
+	MetricsName string
 	// CALifetime, LeafLifetime and Propagation: see pki; zero means their defaults.
 	CALifetime, LeafLifetime, Propagation time.Duration
 	Clock                                 clock.Clock
@@ -123,8 +126,8 @@ func (a *Authority) Loaded() <-chan struct{} {
 	return a.loaded
 }
 
-// Sync brings the CA Secret, the bundle ConfigMap, the gateway's Secret and the
-// manager's own certificate up to date, and says how long until the next is due.
+// Sync brings the CA Secret, the bundle ConfigMap, the callers' Secrets (the
+// gateway's, the metrics scraper's) and the manager's own certificate up to date, and says how long until the next is due.
 func (a *Authority) Sync(ctx context.Context) (time.Duration, error) {
 	a.defaults()
 	r, err := a.syncCA(ctx)
@@ -157,13 +160,11 @@ func (a *Authority) Sync(ctx context.Context) (time.Duration, error) {
 		}
 	}
 	due = earliest(due, pki.RenewAt(a.Self.Certificate().Leaf))
-	if a.GatewayName != "" {
-		renew, err := a.ensureGatewaySecret(ctx, bundle)
-		if err != nil {
-			return 0, err
-		}
-		due = earliest(due, renew)
+	renew, err := a.ensureCallerSecrets(ctx, bundle)
+	if err != nil {
+		return 0, err
 	}
+	due = earliest(due, renew)
 	return max(due.Sub(now), time.Second), nil
 }
 
@@ -294,52 +295,6 @@ func ensureBundle(ctx context.Context, c client.Client, namespace string, bundle
 	return nil
 }
 
-// ensureGatewaySecret renews the gateway's certificate when due (or signed by a CA
-// that no longer signs) and keeps its bundle current; it returns when it is next due.
-func (a *Authority) ensureGatewaySecret(ctx context.Context, bundle []byte) (time.Time, error) {
-	key := types.NamespacedName{Namespace: mfv1.SystemNamespace, Name: mfv1.GatewayTLSSecret}
-	sec := &corev1.Secret{}
-	err := a.Client.Get(ctx, key, sec)
-	exists := err == nil
-	if err != nil && !apierrors.IsNotFound(err) {
-		return time.Time{}, fmt.Errorf("reading the gateway's Secret %s: %w", key, err)
-	}
-	a.mu.RLock()
-	current := a.rotation.Current.Cert
-	a.mu.RUnlock()
-	var renewAt time.Time
-	if certs, err := pki.ParseCerts(sec.Data[corev1.TLSCertKey]); err == nil && signedBy(certs[0], current) {
-		renewAt = pki.RenewAt(certs[0])
-	}
-	fresh := !renewAt.IsZero() && a.Clock.Now().Before(renewAt)
-	if fresh && string(sec.Data[mfv1.CABundleKey]) == string(bundle) {
-		return renewAt, nil
-	}
-	if !fresh {
-		certPEM, keyPEM, err := a.issueNew(pki.Gateway(a.GatewayName))
-		if err != nil {
-			return time.Time{}, err
-		}
-		sec.Data = map[string][]byte{corev1.TLSCertKey: certPEM, corev1.TLSPrivateKeyKey: keyPEM}
-		certs, _ := pki.ParseCerts(certPEM)
-		renewAt = pki.RenewAt(certs[0])
-	}
-	sec.Data[mfv1.CABundleKey] = bundle
-	if exists {
-		err = a.Client.Update(ctx, sec)
-	} else {
-		sec.ObjectMeta = metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name,
-			Labels: map[string]string{"app.kubernetes.io/part-of": "macfleet"}}
-		sec.Type = corev1.SecretTypeTLS
-		err = a.Client.Create(ctx, sec)
-	}
-	if err != nil {
-		return time.Time{}, fmt.Errorf("writing the gateway's Secret %s: %w", key, err)
-	}
-	a.Log.Info("Issued the gateway's certificate", "identity", pki.Gateway(a.GatewayName).String(), "renewAt", renewAt)
-	return renewAt, nil
-}
-
 // issueNew makes a key and a certificate for id from the signing CA.
 func (a *Authority) issueNew(id pki.Identity) (certPEM, keyPEM []byte, err error) {
 	key, err := pki.NewKey()
@@ -355,8 +310,8 @@ func (a *Authority) issueNew(id pki.Identity) (certPEM, keyPEM []byte, err error
 }
 
 // IssuePEM is a new key and certificate for id, in PEM: a caller's credential that
-// an operator (or a test) hands out; the manager's own and the gateway's are issued
-// by Sync.
+// an operator (or a test) hands out; the manager's own, the gateway's and the
+// metrics scraper's are issued by Sync.
 func (a *Authority) IssuePEM(id pki.Identity) (certPEM, keyPEM []byte, err error) {
 	return a.issueNew(id)
 }

@@ -67,6 +67,10 @@ type Config struct {
 	// CA, signs the agents' certificates and reads their load with a certificate of its
 	// own (controllers/certsigner).
 	GatewayIdentity string
+	// MetricsIdentity names the identity of the scraper of the agents' /metrics
+	// (macfleet://metrics/<name>: /metrics only) whose client certificate the manager
+	// issues and renews in Secret macfleet-system/macfleet-metrics-tls; "" issues none.
+	MetricsIdentity string
 	// AgentHTTP, when set, reaches the agents instead of per-Mac HTTPS transports with
 	// the manager's certificate (tests' fake agents over plain HTTP).
 	AgentHTTP *http.Client
@@ -152,7 +156,7 @@ func New(cfg Config) (ctrl.Manager, error) {
 		return nil, err
 	}
 	authority := &certsigner.Authority{Client: direct, Self: &pki.Source{}, GatewayName: cfg.GatewayIdentity,
-		Log: ctrl.Log.WithName("certsigner")}
+		MetricsName: cfg.MetricsIdentity, Log: ctrl.Log.WithName("certsigner")}
 	if err := mgr.Add(authority); err != nil {
 		return nil, err
 	}

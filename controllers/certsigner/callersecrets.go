@@ -1,0 +1,105 @@
+package certsigner
+
+import (
+	"context"
+	"crypto/x509"
+	"fmt"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
+	"github.com/macfleet/macfleet/pki"
+)
+
+// callerSecret is one client certificate the authority keeps in a Secret of
+// macfleet-system for a caller of the agents that runs apart from the manager.
+type callerSecret struct {
+	secret string
+	id     pki.Identity
+	// who names the caller in logs and errors.
+	who string
+}
+
+// callerSecrets are the Secrets Sync keeps: the gateway's (the whole agent API) and
+// the metrics scraper's (the agents' /metrics only), each when its name is set.
+func (a *Authority) callerSecrets() []callerSecret {
+	var out []callerSecret
+	if a.GatewayName != "" {
+		out = append(out, callerSecret{secret: mfv1.GatewayTLSSecret, id: pki.Gateway(a.GatewayName), who: "the gateway"})
+	}
+	if a.MetricsName != "" {
+		out = append(out, callerSecret{secret: mfv1.MetricsTLSSecret, id: pki.Metrics(a.MetricsName), who: "the metrics scraper"})
+	}
+	return out
+}
+
+// ensureCallerSecrets keeps every caller's Secret (ensureCallerSecret) and returns
+// when the first is next due (zero: none).
+func (a *Authority) ensureCallerSecrets(ctx context.Context, bundle []byte) (time.Time, error) {
+	var due time.Time
+	for _, c := range a.callerSecrets() {
+		renew, err := a.ensureCallerSecret(ctx, c, bundle)
+		if err != nil {
+			return time.Time{}, err
+		}
+		due = earliest(due, renew)
+	}
+	return due, nil
+}
+
+// ensureCallerSecret renews c's certificate when due (or signed by a CA that no
+// longer signs, or naming another identity) and keeps its bundle current; it returns
+// when it is next due.
+func (a *Authority) ensureCallerSecret(ctx context.Context, c callerSecret, bundle []byte) (time.Time, error) {
+	key := types.NamespacedName{Namespace: mfv1.SystemNamespace, Name: c.secret}
+	sec := &corev1.Secret{}
+	err := a.Client.Get(ctx, key, sec)
+	exists := err == nil
+	if err != nil && !apierrors.IsNotFound(err) {
+		return time.Time{}, fmt.Errorf("reading the Secret of %s %s: %w", c.who, key, err)
+	}
+	a.mu.RLock()
+	current := a.rotation.Current.Cert
+	a.mu.RUnlock()
+	var renewAt time.Time
+	if certs, err := pki.ParseCerts(sec.Data[corev1.TLSCertKey]); err == nil && signedBy(certs[0], current) && names(certs[0], c.id) {
+		renewAt = pki.RenewAt(certs[0])
+	}
+	fresh := !renewAt.IsZero() && a.Clock.Now().Before(renewAt)
+	if fresh && string(sec.Data[mfv1.CABundleKey]) == string(bundle) {
+		return renewAt, nil
+	}
+	if !fresh {
+		certPEM, keyPEM, err := a.issueNew(c.id)
+		if err != nil {
+			return time.Time{}, err
+		}
+		sec.Data = map[string][]byte{corev1.TLSCertKey: certPEM, corev1.TLSPrivateKeyKey: keyPEM}
+		certs, _ := pki.ParseCerts(certPEM)
+		renewAt = pki.RenewAt(certs[0])
+	}
+	sec.Data[mfv1.CABundleKey] = bundle
+	if exists {
+		err = a.Client.Update(ctx, sec)
+	} else {
+		sec.ObjectMeta = metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name,
+			Labels: map[string]string{"app.kubernetes.io/part-of": "macfleet"}}
+		sec.Type = corev1.SecretTypeTLS
+		err = a.Client.Create(ctx, sec)
+	}
+	if err != nil {
+		return time.Time{}, fmt.Errorf("writing the Secret of %s %s: %w", c.who, key, err)
+	}
+	a.Log.Info("Issued a caller's certificate", "caller", c.who, "identity", c.id.String(), "secret", key.String(), "renewAt", renewAt)
+	return renewAt, nil
+}
+
+// names: the certificate names exactly id (a renamed caller gets a new one).
+func names(c *x509.Certificate, id pki.Identity) bool {
+	got, err := pki.IdentityOf(c)
+	return err == nil && got == id
+}

@@ -1,0 +1,105 @@
+package certsigner_test
+
+import (
+	"crypto/x509"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	clocktesting "k8s.io/utils/clock/testing"
+
+	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
+	"github.com/macfleet/macfleet/controllers/certsigner"
+	"github.com/macfleet/macfleet/pki"
+)
+
+// TestAuthorityKeepsTheMetricsSecret: the manager issues the metrics scraper's
+// certificate (macfleet://metrics/<name>) into its own Secret next to the gateway's,
+// renews it at two thirds of its life, issues it again when the Secret names another
+// identity (a gateway's certificate copied over it), and a Mac may not read it.
+func TestAuthorityKeepsTheMetricsSecret(t *testing.T) {
+	ctx := t.Context()
+	for _, ns := range []string{mfv1.SystemNamespace, mfv1.NodeIdentityNamespace, mfv1.NodeLeaseNamespace} {
+		_ = env.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})
+	}
+	if err := env.Apply(ctx, "config/agent", "config/admission"); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{mfv1.GatewayTLSSecret, mfv1.MetricsTLSSecret} {
+		_ = env.Client.Delete(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: mfv1.SystemNamespace, Name: name}}) // an earlier test's
+	}
+	clk := clocktesting.NewFakeClock(time.Now())
+	a := &certsigner.Authority{Client: env.Client, GatewayName: "gw", MetricsName: "scraper", Clock: clk, Log: logr.Discard()}
+	sync := func() time.Duration {
+		t.Helper()
+		next, err := a.Sync(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return next
+	}
+	secret := func(name string) *corev1.Secret {
+		t.Helper()
+		s := &corev1.Secret{}
+		if err := env.Client.Get(ctx, types.NamespacedName{Namespace: mfv1.SystemNamespace, Name: name}, s); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	// leaf checks the Secret's certificate as an agent does and returns it.
+	leaf := func(name string, want pki.Identity) *x509.Certificate {
+		t.Helper()
+		s := secret(name)
+		src := &pki.Source{}
+		if err := src.SetCertificate(s.Data[corev1.TLSCertKey], s.Data[corev1.TLSPrivateKeyKey]); err != nil {
+			t.Fatalf("Secret %s: %v", name, err)
+		}
+		if err := src.SetBundle(s.Data[mfv1.CABundleKey]); err != nil {
+			t.Fatalf("Secret %s: %v", name, err)
+		}
+		c := src.Certificate().Leaf
+		if id, err := pki.Verify([]*x509.Certificate{c}, src.Roots(), clk.Now(), x509.ExtKeyUsageClientAuth); err != nil || id != want {
+			t.Fatalf("Secret %s's certificate as an agent checks it: %v, %v; want %s", name, id, err, want)
+		}
+		return c
+	}
+
+	next := sync()
+	first := leaf(mfv1.MetricsTLSSecret, pki.Metrics("scraper"))
+	leaf(mfv1.GatewayTLSSecret, pki.Gateway("gw"))
+	if due := pki.RenewAt(first).Sub(clk.Now()); next > due+time.Second {
+		t.Errorf("the next check is in %v, after the scraper's renewal (in %v)", next, due)
+	}
+	// Before its renewal it stays as it is.
+	sync()
+	if c := leaf(mfv1.MetricsTLSSecret, pki.Metrics("scraper")); !c.Equal(first) {
+		t.Error("the scraper's certificate was issued again before its renewal was due")
+	}
+	// At two thirds of its life it is issued again.
+	clk.Step(pki.RenewAt(first).Sub(clk.Now()) + time.Second)
+	sync()
+	renewed := leaf(mfv1.MetricsTLSSecret, pki.Metrics("scraper"))
+	if renewed.SerialNumber.Cmp(first.SerialNumber) == 0 {
+		t.Error("the scraper's certificate was not renewed at two thirds of its life")
+	}
+	// A gateway's certificate put in the scraper's Secret is replaced by the scraper's.
+	s, gw := secret(mfv1.MetricsTLSSecret), secret(mfv1.GatewayTLSSecret)
+	s.Data[corev1.TLSCertKey], s.Data[corev1.TLSPrivateKeyKey] = gw.Data[corev1.TLSCertKey], gw.Data[corev1.TLSPrivateKeyKey]
+	if err := env.Client.Update(ctx, s); err != nil {
+		t.Fatal(err)
+	}
+	sync()
+	leaf(mfv1.MetricsTLSSecret, pki.Metrics("scraper"))
+
+	// A Mac reads neither Secret.
+	cs := nodeClientset(t, "mac-scrape")
+	for _, name := range []string{mfv1.MetricsTLSSecret, mfv1.GatewayTLSSecret} {
+		if _, err := cs.CoreV1().Secrets(mfv1.SystemNamespace).Get(ctx, name, metav1.GetOptions{}); err == nil || !strings.Contains(err.Error(), "forbidden") {
+			t.Errorf("a node reading Secret %s: %v; want forbidden", name, err)
+		}
+	}
+}

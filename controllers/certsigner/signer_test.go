@@ -38,7 +38,7 @@ func TestMain(m *testing.M) {
 
 // startSigner installs the node RBAC and admission policy and runs the authority and
 // the signer in a manager until the test ends.
-func startSigner(t *testing.T) *certsigner.Authority {
+func startSigner(t *testing.T, tune ...func(*certsigner.Signer)) *certsigner.Authority {
 	t.Helper()
 	ctx := t.Context()
 	for _, ns := range []string{mfv1.SystemNamespace, mfv1.NodeIdentityNamespace, mfv1.NodeLeaseNamespace} {
@@ -47,7 +47,7 @@ func startSigner(t *testing.T) *certsigner.Authority {
 	if err := env.Apply(ctx, "config/agent", "config/admission"); err != nil {
 		t.Fatal(err)
 	}
-	return certsignertest.Start(t, env)
+	return certsignertest.Start(t, env, tune...)
 }
 
 // nodeClientset is a clientset with node's own credential, as its agent holds.

@@ -14,6 +14,7 @@ import (
 	certv1 "k8s.io/api/certificates/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
@@ -108,6 +109,13 @@ func TestCertificatesFollowThePinnedKey(t *testing.T) {
 		if c := got.Status.Conditions[0]; c.Reason != certsigner.ReasonNotPinnedKey || !strings.Contains(c.Message, "macfleet nodes credentials "+node) {
 			t.Errorf("the thief's request %s: %s %s %q; want %s naming the fix", name, c.Type, c.Reason, c.Message, certsigner.ReasonNotPinnedKey)
 		}
+	}
+
+	// The pin is out of the node identity's reach.
+	patch := []byte(`{"metadata":{"annotations":{"` + keypin.PinAnnotation + `":"` + fingerprint(t, &thief.PublicKey) + `"}}}`)
+	if _, err := cs.CoreV1().Secrets(mfv1.NodeIdentityNamespace).Patch(t.Context(), credentials.BindingSecretName(node),
+		types.MergePatchType, patch, metav1.PatchOptions{}); !apierrors.IsForbidden(err) {
+		t.Errorf("the node identity re-pinning its key: %v; want forbidden", err)
 	}
 
 	// A restarted agent reads its key, rotates to a new one and moves the pin.

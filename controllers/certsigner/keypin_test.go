@@ -130,6 +130,33 @@ func TestCertificatesFollowThePinnedKey(t *testing.T) {
 		t.Errorf("the certified key is still waiting in %s.next: %v", keyFile, err)
 	}
 
+	// An agent stopped after the pin moved to its new key (node.key.next) and before
+	// it installed the certificate restarts with that key, which is now the pin.
+	onDisk, err := os.ReadFile(keyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	current, err := pki.ParseKey(onDisk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pending, _ := pki.NewKey()
+	pendingPEM, _ := pki.EncodeKey(pending)
+	if err := os.WriteFile(keyFile+".next", pendingPEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	proof, _ := keypin.Prove(current, node, pending.Public())
+	if _, _, err := certs.Ask(t.Context(), cs, node, pending, proof, time.Hour, 30*time.Second); err != nil {
+		t.Fatalf("the rotation the agent was stopped in: %v", err)
+	}
+	if got := keep(t, cs, node, keyFile); !got.Equal(&pending.PublicKey) {
+		t.Error("the agent restarted after the pin moved does not serve the pinned key it had waiting")
+	}
+	if onDisk, _ = os.ReadFile(keyFile); string(onDisk) != string(pendingPEM) {
+		t.Error("the pinned key it had waiting did not replace its old key on disk")
+	}
+	second = &pending.PublicKey
+
 	// The Mac lost its key: denied, until it is re-enrolled.
 	lost := filepath.Join(t.TempDir(), "node.key")
 	key, _ := pki.NewKey()

@@ -109,8 +109,9 @@ type Config struct {
 	RunnerSandbox sandbox.Mode
 	// SocketDir holds the runners' sockets (metal.ProcessConfig.SocketDir).
 	SocketDir string
-	// StateDir, when set, is the agent's own state directory: runners are recorded
-	// in StateDir/runners so that the next agent adopts the ones an earlier agent
+	// StateDir, when set, is the agent's own state directory: its TLS key is kept in
+	// KeyFile(StateDir) (the key pinned to the Mac: agent/certs), and runners
+	// are recorded in StateDir/runners so that the next agent adopts the ones an earlier agent
 	// left (KeepRunners, or a crash) whose replica and engine are unchanged instead of
 	// reloading them; the ones no replica claims are stopped after the first sync.
 	StateDir string
@@ -144,6 +145,9 @@ type Config struct {
 	// Started, when set, is called with the address served and the endpoint advertised.
 	Started func(addr, endpoint string)
 }
+
+// KeyFile is where an agent with the state directory stateDir keeps its TLS key.
+func KeyFile(stateDir string) string { return filepath.Join(stateDir, "identity", "node.key") }
 
 // Run runs the agent until ctx ends, then shuts down gracefully.
 func Run(ctx context.Context, cfg Config) error {
@@ -219,7 +223,11 @@ func Run(ctx context.Context, cfg Config) error {
 	tlsSrc, keeper := cfg.Certificates, (*certs.Keeper)(nil)
 	if tlsSrc == nil {
 		tlsSrc = &pki.Source{}
-		keeper = certs.New(certs.Options{Clientset: cs, NodeName: cfg.NodeName, Source: tlsSrc,
+		keyFile := "" // without a state directory the key lives as long as the agent
+		if cfg.StateDir != "" {
+			keyFile = KeyFile(cfg.StateDir)
+		}
+		keeper = certs.New(certs.Options{Clientset: cs, NodeName: cfg.NodeName, Source: tlsSrc, KeyFile: keyFile,
 			Lifetime: cfg.CertificateLifetime, Log: log.WithName("certs")})
 	}
 	ln := cfg.Listener

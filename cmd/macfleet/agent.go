@@ -154,7 +154,7 @@ while the API server is unreachable and resyncs when it returns.`,
 		"does not fit fails as on a full disk (default: the file system's free space alone decides)")
 	f.StringSliceVar(&fl.allowFileDirs, "allow-file-dir", nil, "Directory on this Mac that file:// sources may be in, besides what the cluster's "+
 		"SourcePolicy allows (repeatable; default: the SourcePolicy alone decides)")
-	f.StringVar(&fl.stateDir, "state-dir", defaultDataDir("state"), "Directory for the agent's own state (runner records for adoption)")
+	f.StringVar(&fl.stateDir, "state-dir", defaultDataDir("state"), "Directory for the agent's own state (its TLS key, pinned to the Mac; runner records for adoption)")
 	f.StringVar(&fl.fleetTokenFile, "fleet-token-file", "", "Ignored: the agent gets its own certificate (CertificateSigningRequest, signer macfleet.dev/node) and no fleet token")
 	_ = f.MarkDeprecated("fleet-token-file", "the agent serves TLS with its own certificate; remove the flag")
 	f.StringVar(&fl.tokenAudience, "token-audience", satoken.DefaultAudience, "The OpenAI API (a deployment's Service) also takes in-cluster "+

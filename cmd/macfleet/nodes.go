@@ -45,6 +45,11 @@ bound to the Secret macfleet-nodes/<name>-credential: "macfleet nodes revoke <na
 revokes all of them at once. Running this command again issues another token; earlier
 ones stay valid until they expire or are revoked.
 
+The first TLS certificate the agent gets pins its key to the Mac: later certificates
+are issued only for that key or for a new one it vouches for, so a copy of the token
+gets none. Running this command again clears the pin (it says so), for a Mac that lost
+its key; if the token may have been copied, run "macfleet nodes revoke <name>" first.
+
 --memory-ceiling sets the operator's bound on the Mac (its MacNode's
 spec.memoryCeiling, created now if the agent has not registered yet): the scheduler
 never believes the Mac has more memory than that, whatever its agent reports.`,
@@ -71,6 +76,10 @@ never believes the Mac has more memory than that, whatever its agent reports.`,
 				return err
 			}
 			stderr := cmd.ErrOrStderr()
+			if cred.PinReset != "" {
+				fmt.Fprintf(stderr, "Cleared the key pinned to node %s (%s): the next certificate its agent asks for pins a new key\n",
+					name, cred.PinReset)
+			}
 			for _, w := range cred.Warnings {
 				fmt.Fprintln(stderr, "Warning:", w)
 			}
@@ -118,7 +127,7 @@ ServiceAccount macfleet-nodes/<name> to end them.`,
 			if err := credentials.Revoke(cmd.Context(), cs, args[0]); err != nil {
 				return err
 			}
-			fmt.Fprintf(cmd.ErrOrStderr(), "Revoked every token of node %s; issue a new one with: macfleet nodes credentials %s\n", args[0], args[0])
+			fmt.Fprintf(cmd.ErrOrStderr(), "Revoked every token of node %s and cleared the key pinned to it; issue a new one with: macfleet nodes credentials %s\n", args[0], args[0])
 			return nil
 		},
 	}

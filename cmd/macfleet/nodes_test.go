@@ -15,6 +15,7 @@ import (
 
 	"github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/internal/testenv"
+	"github.com/macfleet/macfleet/pki/keypin"
 )
 
 // TestNodesCredentials runs `macfleet nodes credentials` against a real API server on
@@ -118,6 +119,36 @@ func TestNodesCredentials(t *testing.T) {
 		if _, _, err := run("mac-e", "--kubeconfig", adminKC, "--memory-ceiling", "lots"); err == nil ||
 			!strings.Contains(err.Error(), `--memory-ceiling "lots": want a positive size`) {
 			t.Errorf("a bad --memory-ceiling: error = %v", err)
+		}
+	})
+
+	t.Run("re-enrolling clears the key pin and says so", func(t *testing.T) {
+		key := client.ObjectKey{Namespace: v1alpha1.NodeIdentityNamespace, Name: "mac-b-credential"}
+		sec := &corev1.Secret{}
+		if err := env.Client.Get(t.Context(), key, sec); err != nil {
+			t.Fatal(err)
+		}
+		const pin = "sha256:0123abcd"
+		sec.Annotations[keypin.PinAnnotation] = pin // as the signer pins the agent's first key
+		if err := env.Client.Update(t.Context(), sec); err != nil {
+			t.Fatal(err)
+		}
+		_, stderr, err := run("mac-b", "--kubeconfig", adminKC, "-o", filepath.Join(dir, "mac-b.kubeconfig"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(stderr, "Cleared the key pinned to node mac-b ("+pin+")") {
+			t.Errorf("stderr does not say the pin was cleared:\n%s", stderr)
+		}
+		if err := env.Client.Get(t.Context(), key, sec); err != nil {
+			t.Fatal(err)
+		}
+		if got, ok := sec.Annotations[keypin.PinAnnotation]; ok {
+			t.Errorf("after re-enrolling the pin is %q, want none", got)
+		}
+		_, stderr, err = run("mac-b", "--kubeconfig", adminKC, "-o", filepath.Join(dir, "mac-b.kubeconfig"))
+		if err != nil || strings.Contains(stderr, "Cleared") {
+			t.Errorf("re-enrolling without a pin: %v, stderr %q; want nothing said about a pin", err, stderr)
 		}
 	})
 

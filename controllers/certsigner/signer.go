@@ -2,6 +2,8 @@ package certsigner
 
 import (
 	"context"
+	"crypto/x509"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -12,19 +14,26 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 
 	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
+	"github.com/macfleet/macfleet/controllers/certsigner/csrcleanup"
+	"github.com/macfleet/macfleet/internal/credentials"
 	"github.com/macfleet/macfleet/pki"
+	"github.com/macfleet/macfleet/pki/keypin"
 )
 
 // Condition reasons the signer writes on CertificateSigningRequests.
 const (
 	ReasonApproved = "MacfleetNodeIdentity"
 	ReasonDenied   = "NotTheRequestersNode"
+	// ReasonNotPinnedKey: the request's key is not the one pinned to its Mac, and no
+	// proof by the pinned key vouches for it (package keypin).
+	ReasonNotPinnedKey = "NotTheNodesPinnedKey"
 )
 
 // allowedUsages are the key usages a node's certificate may ask for (it gets exactly
@@ -63,17 +72,25 @@ func lifetime(csr *certv1.CertificateSigningRequest, most time.Duration) time.Du
 	return most
 }
 
-// The signer reads the requests, records its decision and the certificate, for its
-// signer name only.
-// +kubebuilder:rbac:groups=certificates.k8s.io,resources=certificatesigningrequests,verbs=get;list;watch
+// The signer reads the requests, records its decision and the certificate, and
+// deletes them when done, for its signer name only; it keeps each Mac's key pin on
+// the Mac's binding Secret in macfleet-nodes.
+// +kubebuilder:rbac:groups=certificates.k8s.io,resources=certificatesigningrequests,verbs=get;list;watch;delete
 // +kubebuilder:rbac:groups=certificates.k8s.io,resources=certificatesigningrequests/approval;certificatesigningrequests/status,verbs=update
 // +kubebuilder:rbac:groups=certificates.k8s.io,resources=signers,resourceNames=macfleet.dev/node,verbs=approve;sign
+// +kubebuilder:rbac:groups="",resources=secrets,verbs=get;update,namespace=macfleet-nodes
 
-// Signer approves, denies and signs the CertificateSigningRequests of NodeSignerName.
+// Signer approves, denies and signs the CertificateSigningRequests of NodeSignerName,
+// for the key pinned to the requester's Mac (package keypin), and deletes them once
+// done (package csrcleanup).
 type Signer struct {
 	Client    client.Client
 	Clientset kubernetes.Interface
 	Authority *Authority
+	// Retention is how long requests are kept; zero means csrcleanup.DefaultRetention.
+	Retention csrcleanup.Retention
+	// Clock tells the requests' age; nil means the real clock.
+	Clock clock.PassiveClock
 }
 
 // SetupWithManager watches the requests of NodeSignerName.
@@ -88,6 +105,12 @@ func (s *Signer) SetupWithManager(mgr ctrl.Manager) error {
 		}
 		s.Clientset = cs
 	}
+	if s.Retention == (csrcleanup.Retention{}) {
+		s.Retention = csrcleanup.DefaultRetention
+	}
+	if s.Clock == nil {
+		s.Clock = clock.RealClock{}
+	}
 	ours := predicate.NewPredicateFuncs(func(o client.Object) bool {
 		csr, ok := o.(*certv1.CertificateSigningRequest)
 		return ok && csr.Spec.SignerName == pki.NodeSignerName
@@ -96,50 +119,63 @@ func (s *Signer) SetupWithManager(mgr ctrl.Manager) error {
 		For(&certv1.CertificateSigningRequest{}, builder.WithPredicates(ours)).Complete(s)
 }
 
-// Reconcile approves (or denies) a pending request, then signs an approved one.
+// Reconcile deletes a request that is due (csrcleanup), approves (or denies) a
+// pending one, then pins the key and signs an approved one.
 func (s *Signer) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	log := ctrl.LoggerFrom(ctx)
 	csr := &certv1.CertificateSigningRequest{}
 	if err := s.Client.Get(ctx, req.NamespacedName, csr); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
-	if csr.Spec.SignerName != pki.NodeSignerName || len(csr.Status.Certificate) > 0 || hasCondition(csr, certv1.CertificateDenied) || hasCondition(csr, certv1.CertificateFailed) {
+	if csr.Spec.SignerName != pki.NodeSignerName {
 		return ctrl.Result{}, nil
 	}
-	node, why := Decide(csr)
+	remove, after := csrcleanup.Decide(csr, s.Clock.Now(), s.Retention)
+	if remove {
+		return ctrl.Result{}, s.delete(ctx, csr)
+	}
+	if len(csr.Status.Certificate) > 0 || hasCondition(csr, certv1.CertificateDenied) || hasCondition(csr, certv1.CertificateFailed) {
+		return ctrl.Result{RequeueAfter: after}, nil
+	}
+	v, err := s.judge(ctx, csr)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
 	if !hasCondition(csr, certv1.CertificateApproved) {
 		cond := certv1.CertificateSigningRequestCondition{Type: certv1.CertificateApproved, Status: corev1.ConditionTrue,
-			Reason: ReasonApproved, Message: "the requester is the node identity of " + node + " and asks for that node's certificate"}
-		if why != nil {
+			Reason: ReasonApproved, Message: "the requester is the node identity of " + v.node + " and asks for that node's certificate, for " + v.pin.Why}
+		if v.why != nil {
 			cond = certv1.CertificateSigningRequestCondition{Type: certv1.CertificateDenied, Status: corev1.ConditionTrue,
-				Reason: ReasonDenied, Message: why.Error()}
+				Reason: v.reason, Message: v.why.Error()}
 		}
 		cond.LastUpdateTime = metav1.Now()
 		csr.Status.Conditions = append(csr.Status.Conditions, cond)
 		if _, err := s.Clientset.CertificatesV1().CertificateSigningRequests().UpdateApproval(ctx, csr.Name, csr, metav1.UpdateOptions{}); err != nil {
 			return ctrl.Result{}, fmt.Errorf("recording the decision on %s: %w", csr.Name, err)
 		}
-		log.Info("Decided on a certificate request", "csr", csr.Name, "requester", csr.Spec.Username, "approved", why == nil)
+		log.Info("Decided on a certificate request", "csr", csr.Name, "requester", csr.Spec.Username, "approved", v.why == nil, "why", cond.Message)
 		return ctrl.Result{}, nil // the update triggers the signing pass
 	}
-	if why != nil {
-		// Approved by someone else, yet not a request this signer signs.
-		return ctrl.Result{}, s.fail(ctx, csr, why.Error())
+	if v.why != nil {
+		// Approved by someone else, or another request moved the pin since.
+		return ctrl.Result{}, s.fail(ctx, csr, v.reason, v.why.Error())
 	}
 	select {
 	case <-s.Authority.Loaded():
 	default:
 		return ctrl.Result{RequeueAfter: time.Second}, nil
 	}
-	parsed, err := pki.CheckCSR(csr.Spec.Request, pki.Node(node))
-	if err != nil {
-		return ctrl.Result{}, s.fail(ctx, csr, err.Error())
+	// The pin first: a request that lost a race for it is refused on its next pass.
+	if err := s.pin(ctx, v.binding, v.pin.Pin); apierrors.IsConflict(err) {
+		return ctrl.Result{RequeueAfter: time.Second}, nil
+	} else if err != nil {
+		return ctrl.Result{}, err
 	}
 	a := s.Authority
 	a.mu.RLock()
 	ca := a.rotation.Current
 	a.mu.RUnlock()
-	cert, err := ca.Issue(parsed.PublicKey, pki.Node(node), a.Clock.Now(), lifetime(csr, a.LeafLifetime))
+	cert, err := ca.Issue(v.csr.PublicKey, pki.Node(v.node), a.Clock.Now(), lifetime(csr, a.LeafLifetime))
 	if err != nil {
 		return ctrl.Result{}, err
 	}
@@ -150,13 +186,84 @@ func (s *Signer) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, 
 		}
 		return ctrl.Result{}, fmt.Errorf("writing the certificate of %s: %w", csr.Name, err)
 	}
-	log.Info("Signed a node's certificate", "csr", csr.Name, "node", node, "notAfter", cert.NotAfter)
+	log.Info("Signed a node's certificate", "csr", csr.Name, "node", v.node, "key", v.pin.Pin, "notAfter", cert.NotAfter)
 	return ctrl.Result{}, nil
 }
 
-func (s *Signer) fail(ctx context.Context, csr *certv1.CertificateSigningRequest, msg string) error {
+// verdict is the signer's decision on one request.
+type verdict struct {
+	node string
+	csr  *x509.CertificateRequest
+	// binding is the Mac's binding Secret, nil when it has none.
+	binding *corev1.Secret
+	pin     keypin.Decision
+	// why and reason: why it may not be signed, nil when it may.
+	why    error
+	reason string
+}
+
+// judge decides on csr: its requester and names (Decide), then its key against the
+// Mac's pin, read from the Mac's binding Secret (an error only when that read fails).
+func (s *Signer) judge(ctx context.Context, csr *certv1.CertificateSigningRequest) (verdict, error) {
+	node, why := Decide(csr)
+	if why != nil {
+		return verdict{why: why, reason: ReasonDenied}, nil
+	}
+	v := verdict{node: node, reason: ReasonNotPinnedKey}
+	parsed, err := pki.CheckCSR(csr.Spec.Request, pki.Node(node))
+	if err != nil {
+		return verdict{why: err, reason: ReasonDenied}, nil
+	}
+	v.csr = parsed
+	sec, err := s.Clientset.CoreV1().Secrets(mfv1.NodeIdentityNamespace).Get(ctx, credentials.BindingSecretName(node), metav1.GetOptions{})
+	pinned := ""
+	switch {
+	case err == nil:
+		v.binding, pinned = sec, sec.Annotations[keypin.PinAnnotation]
+	case !apierrors.IsNotFound(err):
+		return v, fmt.Errorf("reading the binding Secret of node %s: %w", node, err)
+	}
+	v.pin = keypin.Decide(keypin.Request{Node: node, Key: parsed.PublicKey, Proof: csr.Annotations[keypin.ProofAnnotation],
+		Enrolled: v.binding != nil, Pin: pinned})
+	if !v.pin.Sign {
+		v.why = errors.New(v.pin.Why)
+	}
+	return v, nil
+}
+
+// pin records fingerprint as the key of binding's Mac, if it is not already; the
+// update carries the resourceVersion read, so that of two requests racing for a
+// first pin or a rotation only one wins.
+func (s *Signer) pin(ctx context.Context, binding *corev1.Secret, fingerprint string) error {
+	if binding.Annotations[keypin.PinAnnotation] == fingerprint {
+		return nil
+	}
+	b := binding.DeepCopy()
+	if b.Annotations == nil {
+		b.Annotations = map[string]string{}
+	}
+	b.Annotations[keypin.PinAnnotation] = fingerprint
+	if _, err := s.Clientset.CoreV1().Secrets(b.Namespace).Update(ctx, b, metav1.UpdateOptions{}); err != nil {
+		return fmt.Errorf("pinning the key %s on the binding Secret %s/%s: %w", fingerprint, b.Namespace, b.Name, err)
+	}
+	return nil
+}
+
+// delete removes a request that is no longer needed (the UID guards against a new
+// request of the same name).
+func (s *Signer) delete(ctx context.Context, csr *certv1.CertificateSigningRequest) error {
+	err := s.Clientset.CertificatesV1().CertificateSigningRequests().Delete(ctx, csr.Name,
+		metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &csr.UID}})
+	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+		return fmt.Errorf("deleting the certificate request %s: %w", csr.Name, err)
+	}
+	ctrl.LoggerFrom(ctx).V(1).Info("Deleted a certificate request that is no longer needed", "csr", csr.Name)
+	return nil
+}
+
+func (s *Signer) fail(ctx context.Context, csr *certv1.CertificateSigningRequest, reason, msg string) error {
 	csr.Status.Conditions = append(csr.Status.Conditions, certv1.CertificateSigningRequestCondition{Type: certv1.CertificateFailed,
-		Status: corev1.ConditionTrue, Reason: ReasonDenied, Message: msg, LastUpdateTime: metav1.Now()})
+		Status: corev1.ConditionTrue, Reason: reason, Message: msg, LastUpdateTime: metav1.Now()})
 	_, err := s.Clientset.CertificatesV1().CertificateSigningRequests().UpdateStatus(ctx, csr, metav1.UpdateOptions{})
 	return err
 }

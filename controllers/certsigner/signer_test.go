@@ -14,7 +14,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/clientcmd"
 	clocktesting "k8s.io/utils/clock/testing"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -24,7 +23,6 @@ import (
 	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/controllers/certsigner"
 	"github.com/macfleet/macfleet/controllers/certsigner/certsignertest"
-	"github.com/macfleet/macfleet/internal/credentials"
 	"github.com/macfleet/macfleet/internal/testenv"
 	"github.com/macfleet/macfleet/pki"
 )
@@ -38,7 +36,7 @@ func TestMain(m *testing.M) {
 
 // startSigner installs the node RBAC and admission policy and runs the authority and
 // the signer in a manager until the test ends.
-func startSigner(t *testing.T) *certsigner.Authority {
+func startSigner(t *testing.T, tune ...func(*certsigner.Signer)) *certsigner.Authority {
 	t.Helper()
 	ctx := t.Context()
 	for _, ns := range []string{mfv1.SystemNamespace, mfv1.NodeIdentityNamespace, mfv1.NodeLeaseNamespace} {
@@ -47,21 +45,14 @@ func startSigner(t *testing.T) *certsigner.Authority {
 	if err := env.Apply(ctx, "config/agent", "config/admission"); err != nil {
 		t.Fatal(err)
 	}
-	return certsignertest.Start(t, env)
+	return certsignertest.Start(t, env, tune...)
 }
 
 // nodeClientset is a clientset with node's own credential, as its agent holds.
 func nodeClientset(t *testing.T, node string) kubernetes.Interface {
 	t.Helper()
-	cred, err := credentials.Issue(t.Context(), kubernetes.NewForConfigOrDie(env.Config), env.Config, node, credentials.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	rc, err := clientcmd.RESTConfigFromKubeConfig(cred.Kubeconfig)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return kubernetes.NewForConfigOrDie(rc)
+	cs, _ := enrol(t, node)
+	return cs
 }
 
 // runKeeper runs an agent's certificate keeper with node's own credential (on clk,

@@ -17,6 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/macfleet/macfleet/api/v1alpha1"
+	"github.com/macfleet/macfleet/pki/keypin"
 )
 
 // Every token of a node is bound (TokenRequest boundObjectRef) to one Secret in
@@ -66,6 +67,21 @@ func ensureBinding(ctx context.Context, cs kubernetes.Interface, node string) (*
 	return created, nil
 }
 
+// clearPin removes the key pin (keypin.PinAnnotation) from a binding Secret and
+// returns the pin it removed, empty when there was none.
+func clearPin(ctx context.Context, cs kubernetes.Interface, bound *corev1.Secret) (string, error) {
+	pin, ok := bound.Annotations[keypin.PinAnnotation]
+	if !ok {
+		return "", nil
+	}
+	b := bound.DeepCopy()
+	delete(b.Annotations, keypin.PinAnnotation)
+	if _, err := cs.CoreV1().Secrets(b.Namespace).Update(ctx, b, metav1.UpdateOptions{}); err != nil {
+		return "", fmt.Errorf("clearing the key pin on the binding Secret %s/%s: %w", b.Namespace, b.Name, err)
+	}
+	return pin, nil
+}
+
 // tokenRequest asks for a token of the node's ServiceAccount, for the API server's
 // own audience, bound to the Secret named bound (with its UID) and lasting d.
 func tokenRequest(bound string, boundUID string, d time.Duration) *authenticationv1.TokenRequest {
@@ -89,7 +105,8 @@ func requestToken(ctx context.Context, cs kubernetes.Interface, node string, bou
 }
 
 // Revoke makes every token issued to node stop working, those its agent renewed
-// included: it replaces the node's binding Secret with a new one (new UID). The
+// included: it replaces the node's binding Secret with a new one (new UID), which
+// holds no key pin (keypin): the Mac's next certificate request pins a key again. The
 // identity, its MacNode and its replicas stay; `macfleet nodes credentials` issues
 // a new credential bound to the new Secret.
 func Revoke(ctx context.Context, cs kubernetes.Interface, node string) error {

@@ -78,6 +78,10 @@ type Credential struct {
 	Kubeconfig []byte
 	// Expires is when the API server says the token expires.
 	Expires time.Time
+	// PinReset is the fingerprint of the key that was pinned to the Mac and that
+	// issuing this credential cleared (package keypin): the next certificate request
+	// of the Mac pins a key again. Empty when no key was pinned.
+	PinReset string
 	// Warnings are things the administrator should know but that do not stop the
 	// credential from working: a capped lifetime, missing RBAC or admission policy.
 	Warnings []string
@@ -149,7 +153,8 @@ func ensureServiceAccount(ctx context.Context, cs kubernetes.Interface, name str
 	return nil
 }
 
-// Issue ensures node name's identity (EnsureNode) and binding Secret, sets the
+// Issue ensures node name's identity (EnsureNode) and binding Secret, clears the key
+// pinned to the Mac (a re-enrolled Mac may have lost its key), sets the
 // operator's memory bound when opts asks for one, mints a token for it with the
 // TokenRequest API, bound to the Secret, and renders a kubeconfig that reaches the API
 // server of base (or opts.Server) with base's certificate authority.
@@ -180,6 +185,10 @@ func Issue(ctx context.Context, cs kubernetes.Interface, base *rest.Config, name
 	if err != nil {
 		return nil, err
 	}
+	pinReset, err := clearPin(ctx, cs, bound)
+	if err != nil {
+		return nil, err
+	}
 	if opts.MemoryCeiling != nil {
 		if err := boundCeiling(ctx, base, name, *opts.MemoryCeiling); err != nil {
 			return nil, err
@@ -190,7 +199,7 @@ func Issue(ctx context.Context, cs kubernetes.Interface, base *rest.Config, name
 	if err != nil {
 		return nil, err
 	}
-	cred := &Credential{Node: name, Expires: tr.Status.ExpirationTimestamp.Time}
+	cred := &Credential{Node: name, Expires: tr.Status.ExpirationTimestamp.Time, PinReset: pinReset}
 	if granted := time.Until(cred.Expires); granted < duration-time.Minute {
 		cred.Warnings = append(cred.Warnings, fmt.Sprintf(
 			"the API server capped the token's lifetime: it expires at %s (asked for %v); issue a new credential before then",

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
+	certv1 "k8s.io/api/certificates/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -106,6 +107,7 @@ func TestInstallUpgradeUninstall(t *testing.T) {
 	}
 
 	checkNodeIdentity(t, env)
+	checkManagerPinsKeys(t, env)
 
 	// A release whose CA was made without a client certificate (the Secret gone, as
 	// from a chart before clientAuth) cannot get one signed: the upgrade fails and
@@ -236,5 +238,47 @@ func checkNodeIdentity(t *testing.T, env *testenv.Env) {
 	})
 	if err := nc.Create(ctx, macNode("mac-1")); err != nil {
 		t.Errorf("node mac-1 cannot register its own MacNode: %v", err)
+	}
+}
+
+// checkManagerPinsKeys: with the RBAC the chart installed, the manager's
+// ServiceAccount reads and updates a Mac's binding Secret in macfleet-nodes (where
+// the certificate signer pins the Mac's key) and deletes CertificateSigningRequests,
+// and the Mac's own identity cannot touch the Secret.
+func checkManagerPinsKeys(t *testing.T, env *testenv.Env) {
+	t.Helper()
+	ctx := t.Context()
+	as := func(user string, groups ...string) client.Client {
+		cfg := rest.CopyConfig(env.Config)
+		cfg.Impersonate = rest.ImpersonationConfig{UserName: user, Groups: append(groups, "system:serviceaccounts", "system:authenticated")}
+		c, err := client.New(cfg, client.Options{Scheme: env.Scheme})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	manager := as("system:serviceaccount:"+installNamespace+":macfleet-manager", "system:serviceaccounts:"+installNamespace)
+	node := as("system:serviceaccount:macfleet-nodes:mac-1", "system:serviceaccounts:macfleet-nodes")
+	binding := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "macfleet-nodes", Name: "mac-1-credential"}}
+	if err := env.Client.Create(ctx, binding); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	pin := func(c client.Client, value string) error {
+		var s corev1.Secret
+		if err := c.Get(ctx, client.ObjectKeyFromObject(binding), &s); err != nil {
+			return err
+		}
+		s.Annotations = map[string]string{"macfleet.dev/node-key-sha256": value}
+		return c.Update(ctx, &s)
+	}
+	if err := pin(manager, "sha256:00"); err != nil {
+		t.Errorf("the manager pinning a Mac's key on its binding Secret: %v", err)
+	}
+	if err := pin(node, "sha256:11"); !apierrors.IsForbidden(err) {
+		t.Errorf("node mac-1 pinning its own key: %v, want Forbidden", err)
+	}
+	err := manager.Delete(ctx, &certv1.CertificateSigningRequest{ObjectMeta: metav1.ObjectMeta{Name: "none"}})
+	if !apierrors.IsNotFound(err) {
+		t.Errorf("the manager deleting a CertificateSigningRequest: %v, want NotFound (allowed, and there is none)", err)
 	}
 }

@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"bytes"
-	"context"
 	"crypto/tls"
 	"fmt"
 	"io"
@@ -10,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -24,6 +24,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/macfleet/macfleet/agent/certs"
+	"github.com/macfleet/macfleet/agent/cluster"
 	"github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/gateway"
 	"github.com/macfleet/macfleet/internal/callercert"
@@ -38,8 +39,9 @@ import (
 // get from the agents.
 
 // compromisedMac is what an attacker who took the Mac node holds: its node credential
-// (the kubeconfig the agent runs with) and the agent's certificate, which it gets as
-// the agent does (a CertificateSigningRequest the manager signs).
+// (the kubeconfig the agent runs with) and the agent's key (in its state directory),
+// with which it gets the agent's certificate as the agent does (a
+// CertificateSigningRequest the manager signs for the key pinned to the Mac).
 type compromisedMac struct {
 	node      string
 	clientset kubernetes.Interface
@@ -57,18 +59,22 @@ func takeMac(t *testing.T, node string) compromisedMac {
 	if err != nil {
 		t.Fatal(err)
 	}
-	src := &pki.Source{}
-	k := certs.New(certs.Options{Clientset: cs, NodeName: node, Source: src, Wait: time.Minute})
-	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan error, 1)
-	go func() { done <- k.Run(ctx) }()
-	select {
-	case <-k.Ready():
-	case <-time.After(time.Minute):
-		t.Fatalf("the Mac %s got no certificate within a minute", node)
+	keyPEM, err := os.ReadFile(cluster.KeyFile(fleet.Agent(node).StateDir))
+	if err != nil {
+		t.Fatal(err)
 	}
-	cancel()
-	<-done
+	key, err := pki.ParseKey(keyPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	certPEM, _, err := certs.Ask(t.Context(), cs, node, key, "", pki.DefaultLeafLifetime, time.Minute)
+	if err != nil {
+		t.Fatalf("the Mac %s's own key got no certificate: %v", node, err)
+	}
+	src := &pki.Source{}
+	if err := src.SetCertificate(certPEM, keyPEM); err != nil {
+		t.Fatal(err)
+	}
 	hc, err := fleet.AgentClientWith(t.Context(), src.Certificate())
 	if err != nil {
 		t.Fatal(err)

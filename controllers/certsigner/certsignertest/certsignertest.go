@@ -21,8 +21,9 @@ import (
 
 // Start runs the authority (issuing the gateway identity "macfleet-gateway") and the
 // signer in a manager until the test ends, and waits for the CA. The namespace
-// macfleet-system must exist.
-func Start(t *testing.T, e *testenv.Env) *certsigner.Authority {
+// macfleet-system must exist. Each of tune, if any, adjusts the signer before it
+// starts.
+func Start(t *testing.T, e *testenv.Env, tune ...func(*certsigner.Signer)) *certsigner.Authority {
 	t.Helper()
 	mgr, err := ctrl.NewManager(e.Config, ctrl.Options{Scheme: e.Scheme, Metrics: metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress: "0", Controller: config.Controller{SkipNameValidation: new(true)}})
@@ -33,7 +34,11 @@ func Start(t *testing.T, e *testenv.Env) *certsigner.Authority {
 	if err := mgr.Add(a); err != nil {
 		t.Fatal(err)
 	}
-	if err := (&certsigner.Signer{Authority: a}).SetupWithManager(mgr); err != nil {
+	signer := &certsigner.Signer{Authority: a}
+	for _, f := range tune {
+		f(signer)
+	}
+	if err := signer.SetupWithManager(mgr); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())

@@ -1,0 +1,157 @@
+package apikeyindex
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/config"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
+	"github.com/macfleet/macfleet/internal/testenv"
+	"github.com/macfleet/macfleet/tenancy"
+)
+
+// One API server for the package, started on first use, so that the pure tests run
+// without one.
+var shared = testenv.NewLazy()
+
+func TestMain(m *testing.M) { os.Exit(shared.Run(m)) }
+
+// index is the entries of the index Secret, or why there are none.
+func index(t *testing.T, e *testenv.Env) ([]tenancy.IndexEntry, string) {
+	var s corev1.Secret
+	if err := e.Client.Get(t.Context(), indexKey, &s); err != nil {
+		return nil, err.Error()
+	}
+	ix, err := tenancy.ParseIndex(s.Data[tenancy.IndexField])
+	if err != nil {
+		return nil, err.Error()
+	}
+	return ix.Keys, fmt.Sprintf("%d entries: %s", len(ix.Keys), s.Data[tenancy.IndexField])
+}
+
+// TestPublisher runs the publisher as the manager does against a real API server: the
+// index exists once it starts, with no key Secret in the cluster; a key Secret created,
+// annotated and deleted is in it, changed and gone; the index holds no key; an index
+// deleted or overwritten by hand is restored within a resync; a Secret of another type
+// under the index's name is an error naming the fix, and is left alone.
+func TestPublisher(t *testing.T) {
+	e := shared.Get(t)
+	ctx := t.Context()
+	if err := e.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: mfv1.SystemNamespace}}); err != nil &&
+		!apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	// Before any manager: a Secret of another type where the index goes.
+	squatter := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: indexKey.Namespace, Name: indexKey.Name},
+		Type: corev1.SecretTypeOpaque, Data: map[string][]byte{"x": []byte("y")}}
+	if err := e.Client.Create(ctx, squatter); err != nil {
+		t.Fatal(err)
+	}
+	p := &Publisher{Client: e.Client, Reader: e.Client, Resync: 200 * time.Millisecond}
+	if _, err := p.Reconcile(ctx, ctrl.Request{}); err == nil || !strings.Contains(err.Error(), "delete it") {
+		t.Errorf("an Opaque Secret under the index's name: %v, want an error naming the fix", err)
+	}
+	if err := e.Client.Get(ctx, indexKey, squatter); err != nil || squatter.Type != corev1.SecretTypeOpaque {
+		t.Fatalf("the Opaque Secret: %v, type %q; want it left alone", err, squatter.Type)
+	}
+	if err := e.Client.Delete(ctx, squatter); err != nil {
+		t.Fatal(err)
+	}
+
+	mgr, err := ctrl.NewManager(e.Config, ctrl.Options{Scheme: e.Scheme,
+		Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0",
+		Controller: config.Controller{SkipNameValidation: ptr(true)},
+		Cache:      cache.Options{ByObject: CacheByObject()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := (&Publisher{Client: e.Client, Resync: 200 * time.Millisecond}).SetupWithManager(mgr); err != nil {
+		t.Fatal(err)
+	}
+	mctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- mgr.Start(mctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	})
+	const wait, poll = 30 * time.Second, 10 * time.Millisecond
+	testenv.Eventually(t, wait, poll, func() (bool, string) {
+		keys, msg := index(t, e)
+		return keys != nil && len(keys) == 0, "the index at start: " + msg
+	})
+
+	ns := testenv.NewNamespace(t, e.Client)
+	const key = "a-team-key-0123456789abcdef"
+	s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "ci"}, Type: tenancy.SecretType,
+		Data: map[string][]byte{tenancy.KeyField: []byte(key)}}
+	opaque := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "database"}, Type: corev1.SecretTypeOpaque,
+		Data: map[string][]byte{tenancy.KeyField: []byte("not-a-key-0123456789abcdef")}}
+	for _, obj := range []*corev1.Secret{opaque, s} {
+		if err := e.Client.Create(ctx, obj); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testenv.Eventually(t, wait, poll, func() (bool, string) {
+		keys, msg := index(t, e)
+		return len(keys) == 1 && keys[0].Namespace == ns && keys[0].Name == "ci" && string(keys[0].SHA256) == string(hashOf(key)),
+			"the index with one key Secret: " + msg
+	})
+	var raw corev1.Secret
+	if err := e.Client.Get(ctx, indexKey, &raw); err != nil {
+		t.Fatal(err)
+	}
+	if b := raw.Data[tenancy.IndexField]; strings.Contains(string(b), key) || strings.Contains(string(b), "not-a-key") {
+		t.Errorf("the index holds a Secret's key: %s", b)
+	}
+
+	s.Annotations = map[string]string{tenancy.AnnotationPriority: "batch"}
+	if err := e.Client.Update(ctx, s); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, wait, poll, func() (bool, string) {
+		keys, msg := index(t, e)
+		return len(keys) == 1 && keys[0].Priority != nil && *keys[0].Priority == "batch", "the annotated key: " + msg
+	})
+
+	// By hand: deleted, then overwritten; restored each time.
+	if err := e.Client.Delete(ctx, &raw); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, wait, poll, func() (bool, string) {
+		keys, msg := index(t, e)
+		return len(keys) == 1, "the index deleted by hand: " + msg
+	})
+	if err := e.Client.Get(ctx, indexKey, &raw); err != nil {
+		t.Fatal(err)
+	}
+	raw.Data = map[string][]byte{tenancy.IndexField: []byte(`{"version":1,"keys":[]}`)}
+	if err := e.Client.Update(ctx, &raw); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, wait, poll, func() (bool, string) {
+		keys, msg := index(t, e)
+		return len(keys) == 1, "the index emptied by hand: " + msg
+	})
+
+	if err := e.Client.Delete(ctx, s); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, wait, poll, func() (bool, string) {
+		keys, msg := index(t, e)
+		return keys != nil && len(keys) == 0, "the index after the key Secret's deletion: " + msg
+	})
+}

@@ -40,13 +40,17 @@ import (
 // The envtest API server is started by the first test that needs it, so the unit
 // tests of the package run without the envtest binaries.
 var (
-	envOnce sync.Once
-	env     *testenv.Env
-	envErr  error
+	envOnce      sync.Once
+	env          *testenv.Env
+	envErr       error
+	stopKeyIndex func()
 )
 
 func TestMain(m *testing.M) {
 	code := m.Run()
+	if stopKeyIndex != nil {
+		stopKeyIndex()
+	}
 	if env != nil {
 		if err := env.Stop(); err != nil {
 			fmt.Fprintln(os.Stderr, err)
@@ -57,7 +61,11 @@ func TestMain(m *testing.M) {
 
 func cluster(t *testing.T) *testenv.Env {
 	t.Helper()
-	envOnce.Do(func() { env, envErr = testenv.New(testenv.WithScheme(mfv1.AddToScheme)) })
+	envOnce.Do(func() {
+		if env, envErr = testenv.New(testenv.WithScheme(mfv1.AddToScheme)); envErr == nil {
+			stopKeyIndex, envErr = startKeyIndex(env)
+		}
+	})
 	if envErr != nil {
 		t.Fatal(envErr)
 	}

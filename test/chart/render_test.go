@@ -119,6 +119,7 @@ func TestTemplateObjects(t *testing.T) {
 		{"ClusterRoleBinding", "", "macfleet-manager"},
 		{"ClusterRoleBinding", "", "macfleet-gateway"},
 		{"RoleBinding", testNamespace, "macfleet-manager"},
+		{"RoleBinding", testNamespace, "macfleet-gateway"},
 		{"Deployment", testNamespace, "macfleet-manager"},
 		{"Deployment", testNamespace, "macfleet-gateway"},
 		{"Service", testNamespace, "macfleet-gateway"},

@@ -40,19 +40,25 @@ func index(t *testing.T, e *testenv.Env) ([]tenancy.IndexEntry, string) {
 	return ix.Keys, fmt.Sprintf("%d entries: %s", len(ix.Keys), s.Data[tenancy.IndexField])
 }
 
-// TestPublisher runs the publisher as the manager does against a real API server: the
-// index exists once it starts, with no key Secret in the cluster; a key Secret created,
-// annotated and deleted is in it, changed and gone; the index holds no key; an index
-// deleted or overwritten by hand is restored within a resync; a Secret of another type
-// under the index's name is an error naming the fix, and is left alone.
-func TestPublisher(t *testing.T) {
-	e := shared.Get(t)
-	ctx := t.Context()
-	if err := e.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: mfv1.SystemNamespace}}); err != nil &&
+// systemNamespace makes macfleet-system, where the index goes.
+func systemNamespace(t *testing.T, e *testenv.Env) {
+	t.Helper()
+	if err := e.Client.Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: mfv1.SystemNamespace}}); err != nil &&
 		!apierrors.IsAlreadyExists(err) {
 		t.Fatal(err)
 	}
-	// Before any manager: a Secret of another type where the index goes.
+}
+
+// TestPublisherLeavesAnotherSecretAlone: a Secret of another type under the index's
+// name is an error naming the fix, and is left as it is.
+func TestPublisherLeavesAnotherSecretAlone(t *testing.T) {
+	e := shared.Get(t)
+	ctx := t.Context()
+	systemNamespace(t, e)
+	// No publisher runs here; an index of another test's goes first.
+	if err := e.Client.Delete(ctx, Desired(nil)); err != nil && !apierrors.IsNotFound(err) {
+		t.Fatal(err)
+	}
 	squatter := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: indexKey.Namespace, Name: indexKey.Name},
 		Type: corev1.SecretTypeOpaque, Data: map[string][]byte{"x": []byte("y")}}
 	if err := e.Client.Create(ctx, squatter); err != nil {
@@ -68,7 +74,12 @@ func TestPublisher(t *testing.T) {
 	if err := e.Client.Delete(ctx, squatter); err != nil {
 		t.Fatal(err)
 	}
+}
 
+// startPublisher runs the publisher in a manager as internal/manager does, with a
+// resync of 200 ms, until the test ends.
+func startPublisher(t *testing.T, e *testenv.Env) {
+	t.Helper()
 	mgr, err := ctrl.NewManager(e.Config, ctrl.Options{Scheme: e.Scheme,
 		Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0",
 		Controller: config.Controller{SkipNameValidation: ptr(true)},
@@ -79,7 +90,7 @@ func TestPublisher(t *testing.T) {
 	if err := (&Publisher{Client: e.Client, Resync: 200 * time.Millisecond}).SetupWithManager(mgr); err != nil {
 		t.Fatal(err)
 	}
-	mctx, cancel := context.WithCancel(ctx)
+	mctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- mgr.Start(mctx) }()
 	t.Cleanup(func() {
@@ -88,6 +99,17 @@ func TestPublisher(t *testing.T) {
 			t.Error(err)
 		}
 	})
+}
+
+// TestPublisher runs the publisher as the manager does against a real API server: the
+// index exists once it starts, with no key Secret in the cluster; a key Secret created,
+// annotated and deleted is in it, changed and gone; the index holds no key; an index
+// deleted or overwritten by hand is restored within a resync.
+func TestPublisher(t *testing.T) {
+	e := shared.Get(t)
+	ctx := t.Context()
+	systemNamespace(t, e)
+	startPublisher(t, e)
 	const wait, poll = 30 * time.Second, 10 * time.Millisecond
 	testenv.Eventually(t, wait, poll, func() (bool, string) {
 		keys, msg := index(t, e)

@@ -1,7 +1,7 @@
-package apikeyindex
+package apikeyindex_test
 
 import (
-	"context"
+	"crypto/sha256"
 	"fmt"
 	"os"
 	"strings"
@@ -11,12 +11,12 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/cache"
-	"sigs.k8s.io/controller-runtime/pkg/config"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
+	"github.com/macfleet/macfleet/controllers/apikeyindex"
+	"github.com/macfleet/macfleet/controllers/apikeyindex/apikeyindextest"
 	"github.com/macfleet/macfleet/internal/testenv"
 	"github.com/macfleet/macfleet/tenancy"
 )
@@ -26,6 +26,9 @@ import (
 var shared = testenv.NewLazy()
 
 func TestMain(m *testing.M) { os.Exit(shared.Run(m)) }
+
+// indexKey is the index Secret.
+var indexKey = types.NamespacedName{Namespace: mfv1.SystemNamespace, Name: mfv1.APIKeyIndexSecret}
 
 // index is the entries of the index Secret, or why there are none.
 func index(t *testing.T, e *testenv.Env) ([]tenancy.IndexEntry, string) {
@@ -56,7 +59,7 @@ func TestPublisherLeavesAnotherSecretAlone(t *testing.T) {
 	ctx := t.Context()
 	systemNamespace(t, e)
 	// No publisher runs here; an index of another test's goes first.
-	if err := e.Client.Delete(ctx, Desired(nil)); err != nil && !apierrors.IsNotFound(err) {
+	if err := e.Client.Delete(ctx, apikeyindex.Desired(nil)); err != nil && !apierrors.IsNotFound(err) {
 		t.Fatal(err)
 	}
 	squatter := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: indexKey.Namespace, Name: indexKey.Name},
@@ -64,7 +67,7 @@ func TestPublisherLeavesAnotherSecretAlone(t *testing.T) {
 	if err := e.Client.Create(ctx, squatter); err != nil {
 		t.Fatal(err)
 	}
-	p := &Publisher{Client: e.Client, Reader: e.Client, Resync: 200 * time.Millisecond}
+	p := &apikeyindex.Publisher{Client: e.Client, Reader: e.Client, Resync: 200 * time.Millisecond}
 	if _, err := p.Reconcile(ctx, ctrl.Request{}); err == nil || !strings.Contains(err.Error(), "delete it") {
 		t.Errorf("an Opaque Secret under the index's name: %v, want an error naming the fix", err)
 	}
@@ -76,31 +79,6 @@ func TestPublisherLeavesAnotherSecretAlone(t *testing.T) {
 	}
 }
 
-// startPublisher runs the publisher in a manager as internal/manager does, with a
-// resync of 200 ms, until the test ends.
-func startPublisher(t *testing.T, e *testenv.Env) {
-	t.Helper()
-	mgr, err := ctrl.NewManager(e.Config, ctrl.Options{Scheme: e.Scheme,
-		Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0",
-		Controller: config.Controller{SkipNameValidation: ptr(true)},
-		Cache:      cache.Options{ByObject: CacheByObject()}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := (&Publisher{Client: e.Client, Resync: 200 * time.Millisecond}).SetupWithManager(mgr); err != nil {
-		t.Fatal(err)
-	}
-	mctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- mgr.Start(mctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Error(err)
-		}
-	})
-}
-
 // TestPublisher runs the publisher as the manager does against a real API server: the
 // index exists once it starts, with no key Secret in the cluster; a key Secret created,
 // annotated and deleted is in it, changed and gone; the index holds no key; an index
@@ -108,8 +86,15 @@ func startPublisher(t *testing.T, e *testenv.Env) {
 func TestPublisher(t *testing.T) {
 	e := shared.Get(t)
 	ctx := t.Context()
-	systemNamespace(t, e)
-	startPublisher(t, e)
+	stop, err := apikeyindextest.Start(e, 200*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := stop(); err != nil {
+			t.Error(err)
+		}
+	})
 	const wait, poll = 30 * time.Second, 10 * time.Millisecond
 	testenv.Eventually(t, wait, poll, func() (bool, string) {
 		keys, msg := index(t, e)
@@ -118,6 +103,7 @@ func TestPublisher(t *testing.T) {
 
 	ns := testenv.NewNamespace(t, e.Client)
 	const key = "a-team-key-0123456789abcdef"
+	sum := sha256.Sum256([]byte(key))
 	s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "ci"}, Type: tenancy.SecretType,
 		Data: map[string][]byte{tenancy.KeyField: []byte(key)}}
 	opaque := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "database"}, Type: corev1.SecretTypeOpaque,
@@ -129,7 +115,7 @@ func TestPublisher(t *testing.T) {
 	}
 	testenv.Eventually(t, wait, poll, func() (bool, string) {
 		keys, msg := index(t, e)
-		return len(keys) == 1 && keys[0].Namespace == ns && keys[0].Name == "ci" && string(keys[0].SHA256) == string(hashOf(key)),
+		return len(keys) == 1 && keys[0].Namespace == ns && keys[0].Name == "ci" && string(keys[0].SHA256) == string(sum[:]),
 			"the index with one key Secret: " + msg
 	})
 	var raw corev1.Secret

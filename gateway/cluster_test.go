@@ -31,6 +31,7 @@ import (
 	"github.com/macfleet/macfleet/agent/config"
 	"github.com/macfleet/macfleet/agent/standalone"
 	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
+	"github.com/macfleet/macfleet/controllers/apikeyindex/apikeyindextest"
 	"github.com/macfleet/macfleet/gateway"
 	"github.com/macfleet/macfleet/internal/ggufsynth"
 	"github.com/macfleet/macfleet/internal/testenv"
@@ -40,13 +41,19 @@ import (
 // The envtest API server is started by the first test that needs it, so the unit
 // tests of the package run without the envtest binaries.
 var (
-	envOnce sync.Once
-	env     *testenv.Env
-	envErr  error
+	envOnce      sync.Once
+	env          *testenv.Env
+	envErr       error
+	stopKeyIndex func() error
 )
 
 func TestMain(m *testing.M) {
 	code := m.Run()
+	if stopKeyIndex != nil {
+		if err := stopKeyIndex(); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+		}
+	}
 	if env != nil {
 		if err := env.Stop(); err != nil {
 			fmt.Fprintln(os.Stderr, err)
@@ -57,7 +64,12 @@ func TestMain(m *testing.M) {
 
 func cluster(t *testing.T) *testenv.Env {
 	t.Helper()
-	envOnce.Do(func() { env, envErr = testenv.New(testenv.WithScheme(mfv1.AddToScheme)) })
+	envOnce.Do(func() {
+		// The manager's key index publisher, which the gateway with --tenant-keys reads.
+		if env, envErr = testenv.New(testenv.WithScheme(mfv1.AddToScheme)); envErr == nil {
+			stopKeyIndex, envErr = apikeyindextest.Start(env, 0)
+		}
+	})
 	if envErr != nil {
 		t.Fatal(envErr)
 	}

@@ -20,7 +20,8 @@
 //     even from zero replicas: the gateway writes its wake annotation (see waker).
 //   - GET /v1/models lists one entry per deployment (see handleListModels).
 //   - Optional API keys: admin keys from a file (one per line, re-read when it
-//     changes) and teams' keys from Secrets (TenantKeys, package tenancy), each
+//     changes) and teams' keys from Secrets (TenantKeys, package tenancy; the
+//     gateway reads the manager's index of them, controllers/apikeyindex), each
 //     reaching only what its namespace may use (Table.ResolveAs),
 //     Prometheus metrics, and the client's disconnect cancels the upstream request.
 //

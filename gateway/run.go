@@ -59,6 +59,9 @@ import (
 // The console's usage page reads the TokenUsage ledgers.
 // +kubebuilder:rbac:groups=macfleet.dev,resources=tokenusages,verbs=get;list;watch
 
+// Its client certificate for the agents (AgentCertSecret), by name: no other Secret.
+// +kubebuilder:rbac:groups="",resources=secrets,verbs=get,resourceNames=macfleet-gateway-tls,namespace=macfleet-system
+
 // With --tenant-keys, in-cluster callers' ServiceAccount tokens are checked by a
 // TokenReview (package satoken).
 // +kubebuilder:rbac:groups=authentication.k8s.io,resources=tokenreviews,verbs=create
@@ -96,8 +99,10 @@ type Config struct {
 	// means none.
 	APIKeysFile string
 	// TenantKeys accepts the teams' keys from Secrets of type tenancy.SecretType in
-	// their namespaces, each scoped to what its namespace may use. With it, or with an
-	// APIKeysFile, every request needs a key; with neither, none does.
+	// their namespaces, each scoped to what its namespace may use, as the manager
+	// publishes them in the key index (controllers/apikeyindex): the gateway reads that
+	// Secret, not the teams'. With it, or with an APIKeysFile, every request needs a
+	// key; with neither, none does.
 	TenantKeys bool
 	// TokenAudience, with TenantKeys, also accepts in-cluster callers' ServiceAccount
 	// tokens minted for this audience (satoken.DefaultAudience when empty), each the
@@ -277,7 +282,7 @@ func Run(ctx context.Context, cfg Config) error {
 		&coordinationv1.Lease{}: {Namespaces: map[string]cache.Config{mfv1.NodeLeaseNamespace: {}}},
 	}
 	if cfg.TenantKeys {
-		byObject[&corev1.Secret{}] = tenantSecrets()
+		byObject[&corev1.Secret{}] = keyIndex()
 	}
 	mgr, err := ctrl.NewManager(cfg.RestConfig, ctrl.Options{
 		Scheme: scheme,
@@ -346,7 +351,7 @@ func Run(ctx context.Context, cfg Config) error {
 				return errors.New("the routing table has not been built from synced informers yet")
 			}
 			if tk != nil && !tk.Synced() {
-				return errors.New("the API key Secrets have not been read from synced informers yet")
+				return errors.New("the API key index (Secret macfleet-system/macfleet-api-keys, which the manager publishes) has not been read yet")
 			}
 			if lw != nil && (!opts.Budgets.Synced() || !lw.Restored()) {
 				return errors.New("the TokenBudgets or this replica's usage records have not been read yet")

@@ -18,8 +18,9 @@ import (
 )
 
 // TestTenantKeysAsGateway runs the gateway with --tenant-keys as its own identity,
-// with the ClusterRole that ships: it can watch the key Secrets, a key Secret created
-// works within 5 s and a deleted one stops, and a key in an Opaque Secret is not a key.
+// with the roles that ship, beside the manager's key index publisher: it can watch the
+// index, a key Secret created works within 5 s and a deleted one stops, and a key in
+// an Opaque Secret is not a key.
 // It can review ServiceAccount tokens: one projected for the fleet's audience works,
 // one for the API server's audience is a 401.
 func TestTenantKeysAsGateway(t *testing.T) {

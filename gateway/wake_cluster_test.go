@@ -26,9 +26,9 @@ import (
 // macfleet-gateway in the fleet's namespace).
 const gatewayUser = "system:serviceaccount:macfleet-system:macfleet-gateway"
 
-// asGateway installs the gateway's ClusterRole and its admission policy as shipped
-// (config/rbac/gateway, config/admission/gateway-restriction.yaml), binds the role to
-// the gateway's identity and returns a config that acts as it.
+// asGateway installs the gateway's ClusterRole, its Role in macfleet-system and its
+// admission policy as shipped (config/rbac/gateway, config/admission/gateway-restriction.yaml),
+// binds the roles to the gateway's identity and returns a config that acts as it.
 func asGateway(t *testing.T, e *testenv.Env) *rest.Config {
 	t.Helper()
 	testenv.CreateFromFile(t, e.Client, "config/rbac/gateway/role.yaml")
@@ -42,6 +42,14 @@ func asGateway(t *testing.T, e *testenv.Env) *rest.Config {
 	// t.Context() is done by the time cleanups run: the binding is deleted without it,
 	// or the next test that acts as the gateway finds it still there.
 	t.Cleanup(func() { _ = e.Client.Delete(context.Background(), b) })
+	// The Role of its two Secrets in macfleet-system, bound as the chart binds it.
+	rb := &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Namespace: mfv1.SystemNamespace, Name: "macfleet-gateway-test"},
+		RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "macfleet-gateway"},
+		Subjects: []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: gatewayUser}}}
+	if err := e.Client.Create(t.Context(), rb); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = e.Client.Delete(context.Background(), rb) })
 	cfg := rest.CopyConfig(e.Config)
 	cfg.Impersonate = rest.ImpersonationConfig{UserName: gatewayUser,
 		Groups: []string{"system:serviceaccounts", "system:serviceaccounts:macfleet-system", "system:authenticated"}}

@@ -10,14 +10,16 @@
 // Why a typed Secret and not a custom resource whose status holds only the key's
 // hash: a namespace's own RBAC on Secrets already decides who may create, read and
 // revoke its keys, kubectl creates one in a single command with no tool to hash the
-// key first, and Secrets get the cluster's encryption at rest. The gateway watches
-// only Secrets of this type (a field selector on the watch), and keeps nothing of a
-// key but its SHA-256 in memory. The cost is that whoever may read the namespace's
-// Secrets may read its keys, which is what RBAC on Secrets means anyway.
+// key first, and Secrets get the cluster's encryption at rest. The manager watches
+// only Secrets of this type (a field selector on the watch), keeps nothing of a key
+// but its SHA-256 in memory, and publishes those hashes in one Secret of its own (an
+// Index, controllers/apikeyindex), which is all the gateway reads. The cost is that
+// whoever may read the namespace's Secrets may read its keys, which is what RBAC on
+// Secrets means anyway.
 //
-// The decisions here are pure: Keys is an immutable snapshot built from Secrets,
-// MayUse says whether an identity may use a deployment. The gateway does the
-// watching and the answering.
+// The decisions here are pure: Keys is an immutable snapshot built from Secrets (or
+// an Index's, which read the same), MayUse says whether an identity may use a
+// deployment. The manager and the gateway do the watching and the answering.
 package tenancy
 
 import (
@@ -127,7 +129,7 @@ type Problem struct {
 
 func (p Problem) String() string { return fmt.Sprintf("%s/%s: %s", p.Namespace, p.Name, p.Reason) }
 
-// Redact is what the gateway's informer cache keeps of a key Secret: its name,
+// Redact is what the manager's informer cache keeps of a key Secret: its name,
 // namespace, type, deletion and its priority and cache-scope annotations, and of its data only the key's
 // SHA-256 (or why it has no usable key), so the key itself is never held in memory.
 // Build reads a redacted Secret as it reads the Secret.

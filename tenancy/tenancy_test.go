@@ -44,7 +44,7 @@ func keySecret(ns, name, key string, annotations map[string]string) corev1.Secre
 
 func TestBuild(t *testing.T) {
 	t.Run("secrets", func(t *testing.T) { testBuild(t, func(s corev1.Secret) corev1.Secret { return s }) })
-	// What the gateway's cache holds: the same keys, the same problems, no key bytes.
+	// What the manager's cache holds: the same keys, the same problems, no key bytes.
 	t.Run("redacted", func(t *testing.T) {
 		testBuild(t, func(s corev1.Secret) corev1.Secret {
 			r := Redact(&s)

@@ -53,6 +53,11 @@ const (
 	// health probes, nothing else), its key and the CA bundle, issued and renewed by
 	// the manager.
 	MetricsTLSSecret = "macfleet-metrics-tls"
+	// APIKeyIndexSecret (in SystemNamespace) is the teams' API keys as the gateways
+	// read them: hashes and metadata, never a key (tenancy.Index), published by the
+	// manager from the key Secrets (controllers/apikeyindex). The gateways read this
+	// Secret, and no team's.
+	APIKeyIndexSecret = "macfleet-api-keys"
 	// HeaderReplica is set by the gateway on requests it forwards to an agent: the
 	// namespace/name of the ModelReplica that must serve the request.
 	HeaderReplica = "X-Macfleet-Replica"

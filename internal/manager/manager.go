@@ -1,6 +1,7 @@
 // Package manager runs the macfleet control plane: the modeldeployment, scheduler,
-// macnode, endpoints, fleetquota and autoscaler controllers in one controller-runtime
-// manager with leader election, health probes and Prometheus metrics.
+// macnode, endpoints, fleetquota, autoscaler, certsigner and apikeyindex controllers
+// in one controller-runtime manager with leader election, health probes and
+// Prometheus metrics.
 package manager
 
 import (
@@ -22,6 +23,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
+	"github.com/macfleet/macfleet/controllers/apikeyindex"
 	"github.com/macfleet/macfleet/controllers/autoscaler"
 	"github.com/macfleet/macfleet/controllers/certsigner"
 	"github.com/macfleet/macfleet/controllers/endpoints"
@@ -135,10 +137,11 @@ func New(cfg Config) (ctrl.Manager, error) {
 		LeaderElectionNamespace:       cfg.LeaderElectionNamespace,
 		LeaderElectionReleaseOnCancel: true,
 		Controller:                    config.Controller{SkipNameValidation: &cfg.SkipNameValidation},
-		// Cache only the Leases, Services and EndpointSlices that are macfleet's; the
-		// informers catch up within a second of an API server outage's end.
+		// Cache only the Leases, Services and EndpointSlices that are macfleet's, and
+		// the teams' key Secrets redacted; the informers catch up within a second of an
+		// API server outage's end.
 		Cache: cache.Options{NewInformer: informers.NewInformer(informers.Options{Log: ctrl.Log.WithName("informers"), Contact: contact}), ByObject: maps.Collect(func(yield func(client.Object, cache.ByObject) bool) {
-			for _, m := range []map[client.Object]cache.ByObject{macnode.CacheByObject(), endpoints.CacheByObject()} {
+			for _, m := range []map[client.Object]cache.ByObject{macnode.CacheByObject(), endpoints.CacheByObject(), apikeyindex.CacheByObject()} {
 				for k, v := range m {
 					if !yield(k, v) {
 						return
@@ -174,6 +177,7 @@ func New(cfg Config) (ctrl.Manager, error) {
 		&autoscaler.Reconciler{Interval: cfg.AutoscalerInterval, Source: agents},
 		&certsigner.Signer{Authority: authority},
 		&certsigner.BundlePublisher{Client: direct, Authority: authority},
+		&apikeyindex.Publisher{Client: direct},
 	}
 	for _, r := range reconcilers {
 		if err := r.SetupWithManager(mgr); err != nil {

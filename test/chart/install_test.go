@@ -108,6 +108,7 @@ func TestInstallUpgradeUninstall(t *testing.T) {
 
 	checkNodeIdentity(t, env)
 	checkManagerPinsKeys(t, env)
+	checkGatewaySecrets(t, env)
 
 	// A release whose CA was made without a client certificate (the Secret gone, as
 	// from a chart before clientAuth) cannot get one signed: the upgrade fails and
@@ -211,7 +212,7 @@ func checkNodeIdentity(t *testing.T, env *testenv.Env) {
 	if err := nc.Get(ctx, client.ObjectKeyFromObject(bundle), &corev1.ConfigMap{}); err != nil {
 		t.Errorf("node mac-1 cannot read the fleet CA bundle: %v", err)
 	}
-	for _, name := range []string{"macfleet-ca", "macfleet-gateway-tls", "macfleet-fleet-token"} {
+	for _, name := range []string{"macfleet-ca", "macfleet-gateway-tls", "macfleet-fleet-token", "macfleet-api-keys"} {
 		if err := nc.Get(ctx, client.ObjectKey{Namespace: installNamespace, Name: name}, &corev1.Secret{}); !apierrors.IsForbidden(err) {
 			t.Errorf("node mac-1 reading Secret %s: %v, want Forbidden", name, err)
 		}

@@ -120,6 +120,7 @@ func TestTemplateObjects(t *testing.T) {
 		{"ClusterRoleBinding", "", "macfleet-gateway"},
 		{"RoleBinding", testNamespace, "macfleet-manager"},
 		{"RoleBinding", "macfleet-nodes", "macfleet-manager"},
+		{"RoleBinding", testNamespace, "macfleet-gateway"},
 		{"Deployment", testNamespace, "macfleet-manager"},
 		{"Deployment", testNamespace, "macfleet-gateway"},
 		{"Service", testNamespace, "macfleet-gateway"},

@@ -62,7 +62,10 @@ func runGateway(t testing.TB, cfg gateway.Config, log logr.Logger) (string, *pro
 		t.Fatal(err)
 	}
 	reg := prometheus.NewRegistry()
-	cfg.RestConfig, cfg.Listener, cfg.MetricsAddr, cfg.ProbeAddr = fleet.Env.Config, ln, "0", "0"
+	if cfg.RestConfig == nil {
+		cfg.RestConfig = fleet.Env.Config
+	}
+	cfg.Listener, cfg.MetricsAddr, cfg.ProbeAddr = ln, "0", "0"
 	cfg.AgentCertSecret, cfg.Registerer = v1alpha1.SystemNamespace+"/"+v1alpha1.GatewayTLSSecret, reg
 	// controller-runtime's own logger (the gateway logs through the context's).
 	ctrlLogOnce.Do(func() { ctrl.SetLogger(logr.Discard()) })

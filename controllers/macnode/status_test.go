@@ -104,16 +104,23 @@ func TestSetReplicaUnreachable(t *testing.T) {
 	}
 }
 
+// ceilingNode is a MacNode of chip reporting a ceiling (none if "") under the
+// operator's bound spec ("" for none).
+func ceilingNode(chip, reported, spec string) *v1alpha1.MacNode {
+	n := &v1alpha1.MacNode{}
+	n.Status.Hardware.Chip = chip
+	if reported != "" {
+		n.Status.Memory.Ceiling = ptr.To(resource.MustParse(reported))
+	}
+	if spec != "" {
+		n.Spec.MemoryCeiling = ptr.To(resource.MustParse(spec))
+	}
+	return n
+}
+
 func TestSetCeilingCapped(t *testing.T) {
 	node := func(chip, reported, spec string, conds ...metav1.Condition) *v1alpha1.MacNode {
-		n := &v1alpha1.MacNode{}
-		n.Status.Hardware.Chip = chip
-		if reported != "" {
-			n.Status.Memory.Ceiling = ptr.To(resource.MustParse(reported))
-		}
-		if spec != "" {
-			n.Spec.MemoryCeiling = ptr.To(resource.MustParse(spec))
-		}
+		n := ceilingNode(chip, reported, spec)
 		n.Status.Conditions = conds
 		return n
 	}
@@ -166,14 +173,7 @@ func TestSetCeilingCapped(t *testing.T) {
 
 func TestSetEffectiveCeiling(t *testing.T) {
 	node := func(chip, reported, spec string, cur *v1alpha1.EffectiveCeiling) *v1alpha1.MacNode {
-		n := &v1alpha1.MacNode{}
-		n.Status.Hardware.Chip = chip
-		if reported != "" {
-			n.Status.Memory.Ceiling = ptr.To(resource.MustParse(reported))
-		}
-		if spec != "" {
-			n.Spec.MemoryCeiling = ptr.To(resource.MustParse(spec))
-		}
+		n := ceilingNode(chip, reported, spec)
 		n.Status.EffectiveCeiling = cur
 		return n
 	}

@@ -108,13 +108,30 @@ func deepWeight(v any, limit int64) int64 {
 
 // operandsWeight is the work of a binary operation, counted before it runs: the
 // weight of its operands, through nested lists and dicts for the comparisons that
-// walk them. What it builds is counted after (weight).
+// walk them (a key looked up in a dict walks only the key). What it builds is
+// counted after (weight).
 func (r *renderer) operandsWeight(op string, l, rv any) int64 {
+	if !isContainer(l) && !isContainer(rv) {
+		return satAdd(weight(l), weight(rv))
+	}
 	switch op {
-	case "==", "!=", "<", ">", "<=", ">=", "in", "not in":
+	case "in", "not in":
+		if _, ok := rv.(*Dict); ok {
+			return weight(l) + 1
+		}
+		return satAdd(deepWeight(l, r.left()), deepWeight(rv, r.left()))
+	case "==", "!=", "<", ">", "<=", ">=":
 		return satAdd(deepWeight(l, r.left()), deepWeight(rv, r.left()))
 	}
 	return satAdd(weight(l), weight(rv))
+}
+
+func isContainer(v any) bool {
+	switch v.(type) {
+	case *List, *Dict:
+		return true
+	}
+	return false
 }
 
 // filterWork is the work of filter name on v with args, counted before it runs: v

@@ -85,3 +85,50 @@ func TestRealTemplatesWorkWithinASixteenth(t *testing.T) {
 	}
 	t.Logf("%d of %d templates rendered within %d units of work", rendered, len(all), MaxWork/16)
 }
+
+// The rune index finds what []rune would, on ASCII, on mixed widths and on invalid
+// bytes (each one U+FFFD), for every index and for slices of every step.
+func TestStrIndexMatchesRunes(t *testing.T) {
+	for name, s := range map[string]string{
+		"ascii":   strings.Repeat("abcdefg", 50),
+		"mixed":   strings.Repeat("aé✓😀", 250),
+		"invalid": strings.Repeat("é\xff", 150) + "\xe2\x9c" + strings.Repeat("x", 100),
+		"short":   "hé",
+	} {
+		t.Run(name, func(t *testing.T) {
+			r := &renderer{b: &budget{maxWork: MaxWork}}
+			x, err := r.runes(s)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rs := []rune(s)
+			if x.runes != len(rs) {
+				t.Fatalf("%d runes, want %d", x.runes, len(rs))
+			}
+			for i := range rs {
+				if got := x.at(i); got != string(rs[i]) {
+					t.Fatalf("rune %d is %q, want %q", i, got, string(rs[i]))
+				}
+				if got, want := len([]rune(s[x.offset(i):])), len(rs)-i; got != want {
+					t.Fatalf("offset of rune %d leaves %d runes, want %d", i, got, want)
+				}
+			}
+			for _, step := range []int{2, 3, 63, 64, 70, -1, -2, -5, -64, -70} {
+				for _, start := range []int{0, 1, len(rs) / 2, len(rs) - 1} {
+					var want strings.Builder
+					n := 0
+					for i := start; i >= 0 && i < len(rs); i += step {
+						want.WriteRune(rs[i])
+						n++
+					}
+					if got := x.sliceString(slice{start: start, step: step, count: n}); got != want.String() {
+						t.Fatalf("slice from %d by %d: %q, want %q", start, step, got, want.String())
+					}
+				}
+			}
+			if y, _ := r.runes(s); len(s) >= strIndexMin && y != x {
+				t.Error("a long string was indexed twice")
+			}
+		})
+	}
+}

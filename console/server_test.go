@@ -132,6 +132,20 @@ func TestPagesEscapeWhatTheyShow(t *testing.T) {
 	}
 }
 
+// The fleet page, as served, shows a Mac's effective ceiling and its report beside it.
+func TestFleetPageShowsTheEffectiveCeiling(t *testing.T) {
+	n := mac("mac-liar", metav1.ConditionTrue, time.Minute, mfv1.NodeMemoryStatus{Ceiling: q("1Ti"), Used: q("3Gi")})
+	n.Status.Hardware.Chip = "Apple M4"
+	srv, _ := serve(t, nil, fixed(Snapshot{Nodes: []mfv1.MacNode{n}}))
+	_, body := do(t, http.DefaultClient, "GET", srv.URL+"/ui/", nil, nil)
+	for _, want := range []string{`class="ceiling">32.0 GiB <small class="reported" data-bytes="1099511627776">reported 1.0 TiB, capped</small>`,
+		`3.0 GiB used of 32.0 GiB</span>`, `3.0 GiB used of 32.0 GiB ceiling (the Mac reports 1.0 TiB, capped by the chip&#39;s memory)`} {
+		if !strings.Contains(body, want) {
+			t.Errorf("fleet page lacks %q", want)
+		}
+	}
+}
+
 func TestSignInSetsACookieTheChatUses(t *testing.T) {
 	srv, got := serve(t, keys, fixed(hostile()))
 	jar, _ := cookiejar.New(nil)

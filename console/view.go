@@ -25,6 +25,7 @@ import (
 	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
 
 	"github.com/macfleet/macfleet/internal/bytesize"
+	"github.com/macfleet/macfleet/internal/ceiling"
 	"github.com/macfleet/macfleet/tenancy"
 )
 
@@ -163,11 +164,16 @@ type NodeRow struct {
 	Unschedulable                bool
 	Unified, Ceiling, Used       Bytes
 	Committed, Soft, Hard        Bytes
-	Pressure                     string
-	Evictions                    int64
-	Freed                        Bytes
-	Models                       int
-	Bar                          Bar
+	// Ceiling is what the scheduler places replicas by (internal/ceiling.Node); when
+	// the agent reports more, Reported is its report and CappedBy the bound that
+	// capped it (Operator: spec.memoryCeiling, Chip: the chip's memory).
+	Reported  Bytes
+	CappedBy  string
+	Pressure  string
+	Evictions int64
+	Freed     Bytes
+	Models    int
+	Bar       Bar
 }
 
 // FleetPage is the fleet overview.
@@ -231,10 +237,13 @@ func nodeRow(n mfv1.MacNode, replicas []mfv1.ModelReplica, now time.Time) NodeRo
 		Name: n.Name, Chip: n.Status.Hardware.Chip, AgentVersion: n.Status.Agent.Version,
 		Ready: "Unknown", Unschedulable: n.Spec.Unschedulable,
 		Unified: bytesOf(quantity(n.Status.Hardware.UnifiedMemory)),
-		Ceiling: bytesOf(quantity(m.Ceiling)), Used: bytesOf(quantity(m.Used)),
+		Ceiling: bytesOf(quantity(m.Ceiling)), Reported: bytesOf(quantity(m.Ceiling)), Used: bytesOf(quantity(m.Used)),
 		Committed: bytesOf(quantity(m.Committed)),
 		Soft:      bytesOf(quantity(m.SoftWatermark)), Hard: bytesOf(quantity(m.HardWatermark)),
 		Pressure: string(m.Pressure), Evictions: m.Evictions, Freed: bytesOf(m.FreedBytesTotal),
+	}
+	if c, ok := ceiling.Node(&n); ok && c.Source != ceiling.SourceReported {
+		row.Ceiling, row.CappedBy = bytesOf(c.Bytes), string(c.Source)
 	}
 	if c := meta.FindStatusCondition(n.Status.Conditions, mfv1.MacNodeReady); c != nil {
 		row.Ready, row.ReadyReason, row.ReadyFor = string(c.Status), c.Reason, Age(now, c.LastTransitionTime)
@@ -283,6 +292,9 @@ func nodeBar(row NodeRow, replicas []mfv1.ModelReplica) Bar {
 		}
 	}
 	parts := []string{fmt.Sprintf("%s used of %s ceiling", row.Used.Text, row.Ceiling.Text)}
+	if row.CappedBy != "" {
+		parts[0] += fmt.Sprintf(" (the Mac reports %s, capped by %s)", row.Reported.Text, cappedBy(row.CappedBy))
+	}
 	for _, s := range b.Segments {
 		parts = append(parts, s.Label+" "+s.Bytes.Text)
 	}
@@ -291,6 +303,14 @@ func nodeBar(row NodeRow, replicas []mfv1.ModelReplica) Bar {
 	}
 	b.Summary = strings.Join(parts, "; ")
 	return b
+}
+
+// cappedBy names the bound that capped a Mac's ceiling for people.
+func cappedBy(source string) string {
+	if source == string(ceiling.SourceOperator) {
+		return "spec.memoryCeiling"
+	}
+	return "the chip's memory"
 }
 
 // modelOf names a replica's model: its deployment's served name when the template

@@ -276,3 +276,30 @@ func TestTrafficRow(t *testing.T) {
 		t.Errorf("the models page's traffic of a/qwen: %+v", got)
 	}
 }
+
+// The fleet page shows the ceiling the scheduler places replicas by: a Mac that
+// reports more than its chip has, or than the operator's bound, shows the cap, its
+// report beside it, and counts the cap in the fleet's total.
+func TestBuildFleetShowsTheEffectiveCeiling(t *testing.T) {
+	honest := mac("a-honest", metav1.ConditionTrue, time.Minute, mfv1.NodeMemoryStatus{Ceiling: q("10Gi"), Used: q("2Gi")})
+	liar := mac("b-liar", metav1.ConditionTrue, time.Minute, mfv1.NodeMemoryStatus{Ceiling: q("1Ti"), Used: q("2Gi")})
+	liar.Status.Hardware.Chip = "Apple M4"
+	bounded := mac("c-bounded", metav1.ConditionTrue, time.Minute, mfv1.NodeMemoryStatus{Ceiling: q("28Gi"), Used: q("2Gi")})
+	bounded.Spec.MemoryCeiling = q("8Gi")
+	p := BuildFleet(Snapshot{Now: now, Nodes: []mfv1.MacNode{liar, bounded, honest}})
+	var got [][]any
+	for _, r := range p.Nodes {
+		got = append(got, []any{r.Name, r.Ceiling.Text, r.Reported.Text, r.CappedBy, r.Bar.Summary})
+	}
+	want := [][]any{
+		{"a-honest", "10.0 GiB", "10.0 GiB", "", "2.0 GiB used of 10.0 GiB ceiling; other (agent, system) 2.0 GiB"},
+		{"b-liar", "32.0 GiB", "1.0 TiB", "Chip", "2.0 GiB used of 32.0 GiB ceiling (the Mac reports 1.0 TiB, capped by the chip's memory); other (agent, system) 2.0 GiB"},
+		{"c-bounded", "8.0 GiB", "28.0 GiB", "Operator", "2.0 GiB used of 8.0 GiB ceiling (the Mac reports 28.0 GiB, capped by spec.memoryCeiling); other (agent, system) 2.0 GiB"},
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("rows (-want +got):\n%s", diff)
+	}
+	if p.Ceiling.Text != "50.0 GiB" {
+		t.Errorf("fleet ceiling %s, want 50.0 GiB (10 + 32 + 8)", p.Ceiling.Text)
+	}
+}

@@ -130,6 +130,21 @@ type NodeMemoryStatus struct {
 	FreedBytesTotal int64 `json:"freedBytesTotal,omitempty"`
 }
 
+// EffectiveCeiling is what the control plane believes of a Mac's memory ceiling.
+type EffectiveCeiling struct {
+	// bytes is the ceiling.
+	Bytes resource.Quantity `json:"bytes"`
+	// display is bytes formatted for people, for kubectl's Ceiling column.
+	// +optional
+	// +kubebuilder:validation:MaxLength=32
+	Display string `json:"display,omitempty"`
+	// source is the bound that decided it: Reported (the agent's report, within the
+	// bounds), Operator (spec.memoryCeiling) or Chip (the largest memory of the chip).
+	// +optional
+	// +kubebuilder:validation:Enum=Reported;Operator;Chip
+	Source string `json:"source,omitempty"`
+}
+
 // MacNodeStatus is written by the node's agent (and the Ready condition by the
 // controller when the agent's Lease expires).
 type MacNodeStatus struct {
@@ -140,9 +155,15 @@ type MacNodeStatus struct {
 	// +optional
 	Memory NodeMemoryStatus `json:"memory,omitempty"`
 	// display is the memory's ceiling, used and committed figures formatted for
-	// people, for kubectl's columns.
+	// people, for kubectl's columns (the ceiling as the agent reports it).
 	// +optional
 	Display *MemoryDisplay `json:"display,omitempty"`
+	// effectiveCeiling is the ceiling the scheduler places replicas by: the reported
+	// status.memory.ceiling capped by spec.memoryCeiling and by the largest memory of
+	// the reported chip. The macnode controller writes it; a node may not
+	// (config/admission/node-restriction.yaml).
+	// +optional
+	EffectiveCeiling *EffectiveCeiling `json:"effectiveCeiling,omitempty"`
 	// conditions are Ready and MemoryPressure (written by the agent), and CeilingCapped
 	// (written by the macnode controller while the agent reports more memory than the
 	// Mac may have).
@@ -160,7 +181,8 @@ type MacNodeStatus struct {
 // +kubebuilder:resource:scope=Cluster,shortName=mn,categories=macfleet
 // +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
 // +kubebuilder:printcolumn:name="Chip",type=string,JSONPath=`.status.hardware.chip`
-// +kubebuilder:printcolumn:name="Ceiling",type=string,JSONPath=`.status.display.ceiling`
+// +kubebuilder:printcolumn:name="Ceiling",type=string,JSONPath=`.status.effectiveCeiling.display`,description="The memory ceiling the scheduler places replicas by: the reported one capped by spec.memoryCeiling and the chip's memory"
+// +kubebuilder:printcolumn:name="Reported",type=string,JSONPath=`.status.display.ceiling`,description="The memory ceiling the Mac's agent reports"
 // +kubebuilder:printcolumn:name="Used",type=string,JSONPath=`.status.display.used`
 // +kubebuilder:printcolumn:name="Committed",type=string,JSONPath=`.status.display.committed`
 // +kubebuilder:printcolumn:name="Pressure",type=string,JSONPath=`.status.memory.pressure`

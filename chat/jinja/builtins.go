@@ -144,6 +144,13 @@ func (r *renderer) evalTest(t *testExpr, sc *scope) (any, error) {
 	if err != nil {
 		return nil, err
 	}
+	w := weight(v)
+	for _, a := range args {
+		w = satAdd(w, weight(a))
+	}
+	if err := r.work(w); err != nil {
+		return nil, wrapLine(err, t.line)
+	}
 	ok, err := applyTest(t.name, v, args)
 	if err != nil {
 		return nil, wrapLine(err, t.line)

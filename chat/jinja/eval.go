@@ -46,11 +46,11 @@ func (e *RenderError) Unwrap() error { return e.Err }
 // Render renders the template with vars (converted with FromGo unless they are
 // template values already).
 func (t *Template) Render(vars map[string]any) (out string, err error) {
-	return t.render(vars, maxSteps)
+	return t.render(vars, maxSteps, MaxWork)
 }
 
-// render is Render within steps steps.
-func (t *Template) render(vars map[string]any, steps int) (out string, err error) {
+// render is Render within steps steps and work units of work.
+func (t *Template) render(vars map[string]any, steps int, work int64) (out string, err error) {
 	defer func() {
 		if v := recover(); v != nil {
 			if le, ok := v.(*LimitError); ok {
@@ -64,7 +64,7 @@ func (t *Template) render(vars map[string]any, steps int) (out string, err error
 	for k, v := range vars {
 		globals[k] = FromGo(v)
 	}
-	r := &renderer{b: &budget{maxSteps: steps}}
+	r := &renderer{b: &budget{maxSteps: steps, maxWork: work}}
 	sc := &scope{vars: globals}
 	if err := r.exec(t.body, sc); err != nil {
 		var ctl loopControl
@@ -117,6 +117,15 @@ func (r *renderer) step() error {
 	return nil
 }
 
+// write writes what a template outputs, counting its work.
+func (r *renderer) write(s string, line int) error {
+	if err := r.work(weight(s)); err != nil {
+		return wrapLine(err, line)
+	}
+	r.out.WriteString(s)
+	return nil
+}
+
 func (r *renderer) exec(body []node, sc *scope) error {
 	if err := r.enter(); err != nil {
 		return err
@@ -142,7 +151,7 @@ func (r *renderer) execNode(n node, sc *scope) error {
 		if err != nil {
 			return wrapLine(err, n.line)
 		}
-		r.out.WriteString(toStr(v))
+		return r.write(toStr(v), n.line)
 	case *ifNode:
 		for i, c := range n.conds {
 			v, err := r.eval(c, sc)
@@ -199,7 +208,7 @@ func (r *renderer) execNode(n node, sc *scope) error {
 		if err != nil {
 			return wrapLine(err, n.line)
 		}
-		r.out.WriteString(toStr(v))
+		return r.write(toStr(v), n.line)
 	case *filterBlockNode:
 		sub := &renderer{b: r.b}
 		if err := sub.exec(n.body, sc); err != nil {
@@ -211,7 +220,7 @@ func (r *renderer) execNode(n node, sc *scope) error {
 		if err != nil {
 			return err
 		}
-		r.out.WriteString(toStr(v))
+		return r.write(toStr(v), n.filter.line)
 	case breakNode:
 		return errBreak
 	case continueNode:
@@ -241,6 +250,9 @@ func (r *renderer) execFor(n *forNode, sc *scope) error {
 		return wrapLine(err, n.line)
 	}
 	items, err := iterate(iv)
+	if err == nil {
+		err = r.work(weight(iv))
+	}
 	if err != nil {
 		return &RenderError{n.line, err}
 	}

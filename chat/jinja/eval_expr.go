@@ -49,7 +49,7 @@ func (r *renderer) eval(e expr, sc *scope) (any, error) {
 		if err != nil {
 			return nil, err
 		}
-		return getAttr(obj, e.name), nil
+		return r.attr(obj, e.name)
 	case itemExpr:
 		obj, err := r.eval(e.obj, sc)
 		if err != nil {
@@ -57,6 +57,12 @@ func (r *renderer) eval(e expr, sc *scope) (any, error) {
 		}
 		key, err := r.eval(e.key, sc)
 		if err != nil {
+			return nil, err
+		}
+		if s, ok := obj.(string); ok {
+			return r.indexString(s, key)
+		}
+		if err := r.work(1); err != nil {
 			return nil, err
 		}
 		return getItem(obj, key)
@@ -101,6 +107,17 @@ func (r *renderer) eval(e expr, sc *scope) (any, error) {
 	return nil, fmt.Errorf("unknown expression %T", e)
 }
 
+// attr is getAttr, counting the work of a method it returns.
+func (r *renderer) attr(obj any, name string) (any, error) {
+	v := getAttr(obj, name)
+	if _, ok := v.(Func); ok {
+		if d, ok := obj.(*Dict); !ok || d.m[name] == nil {
+			return v, r.work(r.methodWork(obj, name))
+		}
+	}
+	return v, nil
+}
+
 // getAttr is obj.name: a dict key, else a method of the value, else undefined.
 func getAttr(obj any, name string) any {
 	if d, ok := obj.(*Dict); ok {
@@ -114,6 +131,7 @@ func getAttr(obj any, name string) any {
 	return Undefined{name}
 }
 
+// getItem is obj[key] of anything but a string (indexString).
 func getItem(obj, key any) (any, error) {
 	switch o := obj.(type) {
 	case *Dict:
@@ -138,19 +156,6 @@ func getItem(obj, key any) (any, error) {
 			return Undefined{}, nil
 		}
 		return o.Items[i], nil
-	case string:
-		i, ok := key.(int64)
-		if !ok {
-			return nil, fmt.Errorf("string indices must be integers, not %s", typeName(key))
-		}
-		rs := []rune(o)
-		if i < 0 {
-			i += int64(len(rs))
-		}
-		if i < 0 || i >= int64(len(rs)) {
-			return Undefined{}, nil
-		}
-		return string(rs[i]), nil
 	case Undefined, nil:
 		return Undefined{toStr(key)}, nil
 	}
@@ -179,47 +184,58 @@ func (r *renderer) evalSlice(e sliceExpr, sc *scope) (any, error) {
 			return nil, fmt.Errorf("slice indices must be integers, not %s", typeName(v))
 		}
 	}
-	var items []any
-	isStr := false
+	var n int
+	var str *strIndex
 	switch o := obj.(type) {
 	case *List:
-		items = o.Items
+		n = len(o.Items)
 	case string:
-		isStr = true
-		for _, c := range o {
-			items = append(items, string(c))
+		if str, err = r.runes(o); err != nil {
+			return nil, err
 		}
+		n = str.runes
 	case Undefined, nil:
 		return Undefined{}, nil
 	default:
 		return nil, fmt.Errorf("%s object cannot be sliced", typeName(obj))
 	}
-	idx := sliceIndices(len(items), bounds)
-	if idx == nil {
+	sl, ok := sliceOf(n, bounds)
+	if !ok {
 		return nil, errors.New("slice step cannot be zero")
 	}
-	if isStr {
-		var sb strings.Builder
-		for _, i := range idx {
-			sb.WriteString(items[i].(string))
+	if str != nil {
+		if sl.step == 1 { // a substring, the same bytes
+			return str.s[str.offset(sl.start):str.offset(sl.start+sl.count)], nil
 		}
-		return sb.String(), nil
+		// the runes it walks, up to 4 bytes each
+		if err := r.work(satMul(4*int64(sl.count), int64(max(sl.step, -sl.step)))); err != nil {
+			return nil, err
+		}
+		return str.sliceString(sl), nil
 	}
-	out := &List{Items: make([]any, 0, len(idx))}
-	for _, i := range idx {
-		out.Items = append(out.Items, items[i])
+	if err := r.work(itemWeight * int64(sl.count)); err != nil {
+		return nil, err
+	}
+	items := obj.(*List).Items
+	out := &List{Items: make([]any, sl.count)}
+	for k := range sl.count {
+		out.Items[k] = items[sl.start+k*sl.step]
 	}
 	return out, nil
 }
 
-// sliceIndices follows Python's slice semantics; nil means a zero step.
-func sliceIndices(n int, b [3]*int64) []int {
+// slice is the indices start, start+step, ... of count items.
+type slice struct{ start, step, count int }
+
+// sliceOf follows Python's slice semantics on a sequence of n items; false means a
+// zero step.
+func sliceOf(n int, b [3]*int64) (slice, bool) {
 	step := int64(1)
 	if b[2] != nil {
 		step = *b[2]
 	}
 	if step == 0 {
-		return nil
+		return slice{}, false
 	}
 	clamp := func(p *int64, def int64) int64 {
 		if p == nil {
@@ -234,17 +250,20 @@ func sliceIndices(n int, b [3]*int64) []int {
 		}
 		return max(-1, min(v, int64(n)-1))
 	}
-	out := []int{}
+	var start, stop int64
 	if step > 0 {
-		for i := clamp(b[0], 0); i < clamp(b[1], int64(n)); i += step {
-			out = append(out, int(i))
-		}
+		start, stop = clamp(b[0], 0), clamp(b[1], int64(n))
 	} else {
-		for i := clamp(b[0], int64(n)-1); i > clamp(b[1], -1); i += step {
-			out = append(out, int(i))
-		}
+		start, stop = clamp(b[0], int64(n)-1), clamp(b[1], -1)
 	}
-	return out
+	count := int64(0)
+	switch {
+	case step > 0 && stop > start:
+		count = (stop - start + step - 1) / step
+	case step < 0 && stop < start:
+		count = (start - stop - step - 1) / -step
+	}
+	return slice{start: int(start), step: int(step), count: int(count)}, true
 }
 
 func (r *renderer) evalArgs(args []expr, kwargs []kwarg, sc *scope) ([]any, *Dict, error) {
@@ -293,9 +312,19 @@ func (r *renderer) evalCall(e callExpr, sc *scope) (any, error) {
 		}
 		return nil, &RenderError{e.line, fmt.Errorf("%s object %q is not callable", typeName(fn), name)}
 	}
+	w := int64(0)
+	for _, a := range args {
+		w = satAdd(w, weight(a))
+	}
+	if err := r.work(w); err != nil {
+		return nil, wrapLine(err, e.line)
+	}
 	v, err := f(args, kw)
 	if err == nil {
 		err = r.produced(v)
+	}
+	if err == nil {
+		err = r.work(weight(v))
 	}
 	if err != nil {
 		return nil, wrapLine(err, e.line)
@@ -324,9 +353,15 @@ func (r *renderer) evalBinary(e binaryExpr, sc *scope) (any, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := r.work(r.operandsWeight(e.op, l, rv)); err != nil {
+		return nil, &RenderError{e.line, err}
+	}
 	v, err := binaryOp(e.op, l, rv)
 	if err == nil {
 		err = r.produced(v)
+	}
+	if err == nil {
+		err = r.work(weight(v))
 	}
 	if err != nil {
 		return nil, &RenderError{e.line, err}

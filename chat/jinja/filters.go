@@ -19,9 +19,20 @@ func (r *renderer) evalFilter(f *filterExpr, sc *scope) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	out, err := applyFilter(f.name, v, args, kw)
-	if err == nil {
-		err = r.produced(out)
+	var out any
+	if s, ok := v.(string); ok && (f.name == "length" || f.name == "count") {
+		var x *strIndex
+		if x, err = r.runes(s); err == nil {
+			out = int64(x.runes)
+		}
+	} else if err = r.work(r.filterWork(f.name, v, args, kw)); err == nil {
+		out, err = applyFilter(f.name, v, args, kw)
+		if err == nil {
+			err = r.produced(out)
+		}
+		if err == nil {
+			err = r.work(weightItems(out))
+		}
 	}
 	if err != nil {
 		return nil, wrapLine(fmt.Errorf("filter %s: %w", f.name, err), f.line)

@@ -8,8 +8,8 @@ import (
 // FuzzRender: any template either fails to parse with a *SyntaxError or renders
 // to text within maxOutput (plus one value) or to an error, never a panic that
 // escapes or a fatal stack overflow; a *LimitError names a limit the rendering
-// really went over. Renderings get 20,000 steps instead of a million, so that each
-// input takes milliseconds.
+// really went over. Renderings get 20,000 steps and 20 M units of work instead of a
+// million and MaxWork, so that each input takes milliseconds.
 func FuzzRender(f *testing.F) {
 	for _, src := range []string{
 		`{% for m in messages %}<|im_start|>{{ m.role }}{{ m.content }}<|im_end|>{% endfor %}`,
@@ -18,6 +18,7 @@ func FuzzRender(f *testing.F) {
 		`{{ ('ab' * 1000)|replace('a', 'xyz' * 1000)|length }}`,
 		`{% set l = [] %}{% set _ = l.append(l) %}{{ l|tojson }}`,
 		`{{ messages|map(attribute='content')|join(', ') }}{{ (messages|first).role|upper }}`,
+		`{% set s = 'é' * 1000000 %}{% for i in range(100000) %}{{ s[i] }}{{ s[i:i+3] }}{{ s[::-7]|length }}{{ 'x' in s }}{% endfor %}`,
 	} {
 		f.Add(src)
 	}
@@ -34,7 +35,7 @@ func FuzzRender(f *testing.F) {
 			}
 			return
 		}
-		out, err := tmpl.render(vars, 20_000)
+		out, err := tmpl.render(vars, 20_000, 20_000_000)
 		if err != nil {
 			var le *LimitError
 			if errors.As(err, &le) && le.Size <= le.Max {

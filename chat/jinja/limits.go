@@ -36,7 +36,7 @@ const (
 // (or what it was given) would have taken memory or stack without bound.
 type LimitError struct {
 	// Limit names it: "string size", "list size", "bytes built", "call depth",
-	// "nesting depth", "output size" or "steps".
+	// "nesting depth", "output size", "steps" or "work".
 	Limit string
 	// Size is what the template asked for; Max the limit.
 	Size, Max int64
@@ -51,9 +51,13 @@ func (e *LimitError) Error() string {
 type budget struct {
 	maxSteps int
 	steps    int
+	maxWork  int64
+	work     int64
 	produced int64
 	calls    int
 	depth    int
+	// strs are the rune indexes of the long strings the rendering indexed.
+	strs map[strKey]*strIndex
 }
 
 // fitString refuses a string of n bytes before it is built.

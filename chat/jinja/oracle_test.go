@@ -180,6 +180,9 @@ func TestLanguageMatchesJinja2(t *testing.T) {
 		"not-precedence": `{{ not zz is defined }}{{ not n == 7 }}{{ -n|abs }}`,
 		"unicode-length": `{{ 'héllo ✓'|length }}{{ 'héllo'[1] }}`,
 		"filter-block":   `{% filter upper %}shout {{ n }}{% endfilter %}`,
+		// Long strings are indexed and sliced through a rune index (work.go).
+		"long-unicode": `{% set u = ('aé✓😀' * 100) ~ 'end' %}{% set a = 'xyz' * 200 %}{{ u|length }}{{ u[0] }}{{ u[63] }}{{ u[64] }}{{ u[129] }}{{ u[-1] }}{{ u[-5] }}{{ u[399] }}{{ u[400] }}{{ u[403] is defined }}` +
+			`{{ u[60:70] }}|{{ u[390:] }}|{{ u[-10:-3] }}|{{ u[1:300:37] }}|{{ u[300:10:-41] }}|{{ u[::-97] }}|{{ u[5:5] }}|{{ u[10:2] }}|{{ a[599] }}{{ a[-600] }}{{ a[100:105] }}{{ a[::-150] }}{{ a|length }}`,
 	}
 	var cases []oracleCase
 	for name, src := range templates {

@@ -511,6 +511,9 @@ func iterate(v any) ([]any, error) {
 		}
 		return out, nil
 	case string:
+		if err := fitList(int64(utf8.RuneCountInString(v))); err != nil {
+			return nil, err
+		}
 		var out []any
 		for _, r := range v {
 			out = append(out, string(r))

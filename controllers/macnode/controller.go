@@ -167,7 +167,8 @@ func bindingPredicate() predicate.Funcs {
 // Reconcile compares one MacNode with its Lease: Ready=Unknown when the Lease is
 // missing or expired, replica deletion once it has been so for NodeLossGrace, and a
 // requeue at the moment either would next change. It also says, with the
-// CeilingCapped condition, when the agent reports more memory than the Mac may have.
+// CeilingCapped condition, when the agent reports more memory than the Mac may have,
+// and writes the ceiling the scheduler believes in status.effectiveCeiling.
 func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	logger := log.FromContext(ctx)
 	var node v1alpha1.MacNode
@@ -202,10 +203,11 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 
 	before := node.DeepCopy()
 	expired := live.ready != "" && setReadyUnknown(&node, live.message, now)
-	if capped := setCeilingCapped(&node, now); expired || capped {
+	capped := setCeilingCapped(&node, now)
+	if effective := setEffectiveCeiling(&node); expired || capped || effective {
 		patch := client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{})
 		if err := r.Client.Status().Patch(ctx, &node, patch); err != nil {
-			return ctrl.Result{}, fmt.Errorf("updating the conditions of MacNode %s: %w", node.Name, err)
+			return ctrl.Result{}, fmt.Errorf("updating the conditions and effective ceiling of MacNode %s: %w", node.Name, err)
 		}
 	}
 	if expired {

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/macfleet/macfleet/api/v1alpha1"
@@ -78,4 +79,23 @@ func setCeilingCapped(node *v1alpha1.MacNode, now time.Time) bool {
 			"Mac's real ceiling to bound it exactly", reported, capped, node.Status.Hardware.Chip, capped)
 	}
 	return meta.SetStatusCondition(&node.Status.Conditions, want)
+}
+
+// setEffectiveCeiling sets node's status.effectiveCeiling to what the scheduler
+// believes of its memory (internal/ceiling.Node), which kubectl's Ceiling column and
+// the console show, and removes it while the agent has reported no ceiling. It
+// reports whether it changed.
+func setEffectiveCeiling(node *v1alpha1.MacNode) bool {
+	var want *v1alpha1.EffectiveCeiling
+	if c, ok := ceiling.Node(node); ok {
+		want = &v1alpha1.EffectiveCeiling{Bytes: *resource.NewQuantity(c.Bytes, resource.BinarySI),
+			Display: bytesize.Format(c.Bytes), Source: string(c.Source)}
+	}
+	cur := node.Status.EffectiveCeiling
+	if want == nil && cur == nil || want != nil && cur != nil && want.Bytes.Cmp(cur.Bytes) == 0 &&
+		want.Display == cur.Display && want.Source == cur.Source {
+		return false
+	}
+	node.Status.EffectiveCeiling = want
+	return true
 }

@@ -104,16 +104,23 @@ func TestSetReplicaUnreachable(t *testing.T) {
 	}
 }
 
+// ceilingNode is a MacNode of chip reporting a ceiling (none if "") under the
+// operator's bound spec ("" for none).
+func ceilingNode(chip, reported, spec string) *v1alpha1.MacNode {
+	n := &v1alpha1.MacNode{}
+	n.Status.Hardware.Chip = chip
+	if reported != "" {
+		n.Status.Memory.Ceiling = ptr.To(resource.MustParse(reported))
+	}
+	if spec != "" {
+		n.Spec.MemoryCeiling = ptr.To(resource.MustParse(spec))
+	}
+	return n
+}
+
 func TestSetCeilingCapped(t *testing.T) {
 	node := func(chip, reported, spec string, conds ...metav1.Condition) *v1alpha1.MacNode {
-		n := &v1alpha1.MacNode{}
-		n.Status.Hardware.Chip = chip
-		if reported != "" {
-			n.Status.Memory.Ceiling = ptr.To(resource.MustParse(reported))
-		}
-		if spec != "" {
-			n.Spec.MemoryCeiling = ptr.To(resource.MustParse(spec))
-		}
+		n := ceilingNode(chip, reported, spec)
 		n.Status.Conditions = conds
 		return n
 	}
@@ -159,6 +166,48 @@ func TestSetCeilingCapped(t *testing.T) {
 			}
 			if setCeilingCapped(tt.node, t0.Add(time.Minute)) {
 				t.Error("a second pass changed the condition")
+			}
+		})
+	}
+}
+
+func TestSetEffectiveCeiling(t *testing.T) {
+	node := func(chip, reported, spec string, cur *v1alpha1.EffectiveCeiling) *v1alpha1.MacNode {
+		n := ceilingNode(chip, reported, spec)
+		n.Status.EffectiveCeiling = cur
+		return n
+	}
+	eff := func(q, display, source string) *v1alpha1.EffectiveCeiling {
+		return &v1alpha1.EffectiveCeiling{Bytes: resource.MustParse(q), Display: display, Source: source}
+	}
+	tests := []struct {
+		name        string
+		node        *v1alpha1.MacNode
+		want        *v1alpha1.EffectiveCeiling
+		wantChanged bool
+	}{
+		{name: "no report yet: none", node: node("Apple M4", "", "", nil)},
+		{name: "no report any more: removed", node: node("Apple M4", "", "", eff("28Gi", "28.0 GiB", "Reported")), wantChanged: true},
+		{name: "honest report", node: node("Apple M4", "28Gi", "", nil), want: eff("28Gi", "28.0 GiB", "Reported"), wantChanged: true},
+		{name: "already written", node: node("Apple M4", "28Gi", "", eff("28Gi", "28.0 GiB", "Reported")), want: eff("28Gi", "28.0 GiB", "Reported")},
+		{name: "same bytes in another form", node: node("Apple M4", "28Gi", "", eff("29360128Ki", "28.0 GiB", "Reported")),
+			want: eff("29360128Ki", "28.0 GiB", "Reported")},
+		{name: "beyond the chip", node: node("Apple M4", "1Ti", "", eff("1Ti", "1.0 TiB", "Reported")), want: eff("32Gi", "32.0 GiB", "Chip"), wantChanged: true},
+		{name: "beyond the operator's bound", node: node("Apple M3 Ultra", "200Gi", "64Gi", nil), want: eff("64Gi", "64.0 GiB", "Operator"), wantChanged: true},
+		{name: "a report of nothing is nothing", node: node("Apple M4", "0", "8Gi", nil), want: eff("0", "0 B", "Reported"), wantChanged: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if changed := setEffectiveCeiling(tt.node); changed != tt.wantChanged {
+				t.Errorf("changed = %v, want %v", changed, tt.wantChanged)
+			}
+			got := tt.node.Status.EffectiveCeiling
+			if (got == nil) != (tt.want == nil) || got != nil && (got.Bytes.Cmp(tt.want.Bytes) != 0 ||
+				got.Display != tt.want.Display || got.Source != tt.want.Source) {
+				t.Fatalf("effectiveCeiling = %+v, want %+v", got, tt.want)
+			}
+			if setEffectiveCeiling(tt.node) {
+				t.Error("a second pass changed it")
 			}
 		})
 	}

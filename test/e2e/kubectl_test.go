@@ -90,6 +90,6 @@ func TestKubectlShowsMemoryInOneUnit(t *testing.T) {
 		return check("kubectl get mr", columns(kubectl(t, ns, "get", "mr")), "RESERVED", "RESIDENT")
 	})
 	testenv.Eventually(t, time.Minute, 250*time.Millisecond, func() (bool, string) {
-		return check("kubectl get mn", columns(kubectl(t, "", "get", "mn")), "CEILING", "USED", "COMMITTED")
+		return check("kubectl get mn", columns(kubectl(t, "", "get", "mn")), "CEILING", "REPORTED", "USED", "COMMITTED")
 	})
 }

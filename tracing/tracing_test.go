@@ -70,13 +70,7 @@ func TestNewOffWithoutEndpoint(t *testing.T) {
 // TestExportToReceiver sends spans through the real OTLP/HTTP exporter to an
 // in-process receiver and checks the service name each component reports.
 func TestExportToReceiver(t *testing.T) {
-	rcv, err := otlptest.Start()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rcv.Close()
-	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", rcv.URL)
-	t.Setenv("OTEL_SERVICE_NAME", "mac-agent-7")
+	rcv := startReceiver(t)
 	for _, tc := range []struct {
 		opts Options
 		want string
@@ -105,6 +99,20 @@ func TestExportToReceiver(t *testing.T) {
 			t.Errorf("received %v; want service %q", s, tc.want)
 		}
 	}
+}
+
+// startReceiver starts an OTLP receiver for the test and points the environment's
+// exporter at it, with OTEL_SERVICE_NAME set to mac-agent-7.
+func startReceiver(t *testing.T) *otlptest.Receiver {
+	t.Helper()
+	rcv, err := otlptest.Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(rcv.Close)
+	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", rcv.URL)
+	t.Setenv("OTEL_SERVICE_NAME", "mac-agent-7")
+	return rcv
 }
 
 func TestPropagation(t *testing.T) {
@@ -141,13 +149,7 @@ func TestPropagation(t *testing.T) {
 // (RunnerRelay): same trace, span and parent ids, the runner's service name under the
 // agent's resource, whatever resource the runner claimed.
 func TestRunnerRelay(t *testing.T) {
-	rcv, err := otlptest.Start()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rcv.Close()
-	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", rcv.URL)
-	t.Setenv("OTEL_SERVICE_NAME", "mac-agent-7")
+	rcv := startReceiver(t)
 	t.Setenv("OTEL_RESOURCE_ATTRIBUTES", "deployment.environment=relay-test")
 	ctx := context.Background()
 	agent, err := New(ctx, Options{Service: ServiceAgent, Version: "v9"})

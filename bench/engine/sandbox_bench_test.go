@@ -1,7 +1,6 @@
 package engine
 
 import (
-	"context"
 	"fmt"
 	"os"
 	"sort"
@@ -50,22 +49,7 @@ func BenchmarkSandboxedVsUnconfined(b *testing.B) {
 	for b.Loop() {
 		for range pairs {
 			c0, u0 := ticks()
-			// Both streams at once: whatever else runs on the machine slows both alike.
-			var u stream
-			var uErr error
-			done := make(chan struct{})
-			go func() {
-				defer close(done)
-				u, uErr = unc.chat(context.Background(), modelMid, prompt, genTokens, nil)
-			}()
-			c := con.mustChat(b, modelMid, prompt, genTokens, nil)
-			<-done
-			if uErr != nil {
-				b.Fatal(uErr)
-			}
-			if u.CompletionTokens != genTokens {
-				b.Fatalf("the unconfined runner generated %d of %d tokens", u.CompletionTokens, genTokens)
-			}
+			c, u := chatPair(b, con, unc, modelMid)
 			c1, u1 := ticks()
 			cTicks, uTicks = cTicks+c1-c0, uTicks+u1-u0
 			cRate, uRate = append(cRate, c.DecodeRate()), append(uRate, u.DecodeRate())

@@ -107,16 +107,19 @@ func TestAttackTracingRunnerReachesTheNetwork(t *testing.T) {
 		if resp.StatusCode != http.StatusOK {
 			t.Fatalf("completion: %s", resp.Status)
 		}
-		spans, err := collector.Wait(ctx, traceID, func(ss []otlptest.Span) bool {
+		// The agent drains the runner once the answer is read, not only every
+		// spanRelayPeriod.
+		wctx, cancel := context.WithTimeout(ctx, spanRelayPeriod-time.Second)
+		defer cancel()
+		spans, err := collector.Wait(wctx, traceID, func(ss []otlptest.Span) bool {
+			seen := map[string]bool{}
 			for _, s := range ss {
-				if s.Name == "runner.decode" {
-					return true
-				}
+				seen[s.Name] = true
 			}
-			return false
+			return seen["runner.decode"] && seen["runner POST /v1/completions"]
 		})
 		if err != nil {
-			t.Fatalf("the runner's spans did not reach the collector: %v\n%s", err, out.String())
+			t.Fatalf("the runner's spans did not reach the collector within %s of the answer: %v\n%s", spanRelayPeriod-time.Second, err, out.String())
 		}
 		server := map[string]bool{}
 		for _, s := range spans {

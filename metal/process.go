@@ -387,11 +387,15 @@ func (f *ProcessFactory) Start(ctx context.Context, spec ModelSpec, ceilingBytes
 	return r, nil
 }
 
-// startSpanRelay drains r's spans while it runs, when the agent traces.
+// startSpanRelay drains r's spans while it runs, when the agent traces; r's client
+// tells the drain when an answer has been read. Called before r is handed out.
 func (f *ProcessFactory) startSpanRelay(r *ProcessRunner) {
-	if f.cfg.SpanRelay != nil {
-		go r.relaySpans()
+	if f.cfg.SpanRelay == nil {
+		return
 	}
+	answered := make(chan struct{}, 1)
+	r.client = &http.Client{Transport: answeredTransport{next: r.transport, answered: answered}}
+	go r.relaySpans(answered)
 }
 
 // engineArgs are the runner flags that shape the engine (everything but where it

@@ -3,6 +3,10 @@ package metal
 import (
 	"context"
 	"errors"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
 	"time"
 
 	"go.opentelemetry.io/otel"
@@ -11,20 +15,23 @@ import (
 )
 
 // A tracing runner connects nowhere: it keeps its spans in memory (--trace-relay) and
-// the agent drains them over the runner's socket every spanRelayPeriod, and once more
-// before stopping it, and exports them itself (ProcessConfig.SpanRelay).
+// the agent drains them over the runner's socket and exports them itself
+// (ProcessConfig.SpanRelay): once each answer of a generation request has been read
+// (the runner queues a request's spans before its answer ends), every
+// spanRelayPeriod for callers that bypass the agent, and once more before stopping
+// the runner.
 const (
-	spanRelayPeriod = time.Second
+	spanRelayPeriod = 5 * time.Second
 	// spanDrainTimeout bounds taking the spans from the runner (a local call);
 	// spanExportTimeout exporting them (the collector may be slow or away).
 	spanDrainTimeout  = 5 * time.Second
 	spanExportTimeout = 30 * time.Second
 )
 
-// relaySpans drains the runner's spans every spanRelayPeriod until it exits or is
-// detached, or turns out to keep none (a runner adopted from an agent that did not
-// trace).
-func (r *ProcessRunner) relaySpans() {
+// relaySpans drains the runner's spans after each generation and every
+// spanRelayPeriod until it exits or is detached, or turns out to keep none (a runner
+// adopted from an agent that did not trace).
+func (r *ProcessRunner) relaySpans(answered <-chan struct{}) {
 	t := time.NewTicker(spanRelayPeriod)
 	defer t.Stop()
 	for {
@@ -33,6 +40,7 @@ func (r *ProcessRunner) relaySpans() {
 			return
 		case <-r.detached:
 			return
+		case <-answered:
 		case <-t.C:
 		}
 		body, err := r.drainSpans()
@@ -93,4 +101,37 @@ func (r *ProcessRunner) lastSpans() {
 	if body, err := r.drainSpans(); err == nil {
 		go r.exportSpans(body)
 	}
+}
+
+// answeredTransport signals answered (without blocking: one pending signal is enough)
+// whenever the body of an answer to a generation request (/v1/…) is closed.
+type answeredTransport struct {
+	next     http.RoundTripper
+	answered chan<- struct{}
+}
+
+func (t answeredTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := t.next.RoundTrip(req)
+	if err != nil || !strings.HasPrefix(req.URL.Path, "/v1/") {
+		return resp, err
+	}
+	resp.Body = &answeredBody{ReadCloser: resp.Body, answered: t.answered}
+	return resp, nil
+}
+
+type answeredBody struct {
+	io.ReadCloser
+	answered chan<- struct{}
+	once     sync.Once
+}
+
+func (b *answeredBody) Close() error {
+	err := b.ReadCloser.Close()
+	b.once.Do(func() {
+		select {
+		case b.answered <- struct{}{}:
+		default:
+		}
+	})
+	return err
 }

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"fmt"
 	"sort"
 	"testing"
 	"time"
@@ -20,6 +21,7 @@ import (
 //
 //	traced-tok/s, untraced-tok/s   median decode rate
 //	tok/s-ratio                    median over the pairs of traced / untraced (target ≥ 0.98)
+//	cpu-ratio                      the traced runner's CPU time per token / the untraced one's (Linux)
 //	spans/request                  runner spans the receiver got per traced request
 func BenchmarkTracedVsUntracedRunner(b *testing.B) {
 	const pairs = 20
@@ -38,10 +40,22 @@ func BenchmarkTracedVsUntracedRunner(b *testing.B) {
 
 	var tRate, uRate, ratios []float64
 	requests := 1
+	tPID, uPID := on.model(modelMid).PID, off.model(modelMid).PID
+	var tTicks, uTicks int64
+	cpuOK := true
+	ticks := func() (t, u int64) {
+		t, _, _, tErr := procTicks(tPID)
+		u, _, _, uErr := procTicks(uPID)
+		cpuOK = cpuOK && tErr == nil && uErr == nil
+		return t, u
+	}
 	cpu := startCPU(on.cmd.Process.Pid)
 	for b.Loop() {
 		for range pairs {
+			t0, u0 := ticks()
 			tr, u := chatPair(b, traced, untraced, modelMid)
+			t1, u1 := ticks()
+			tTicks, uTicks = tTicks+t1-t0, uTicks+u1-u0
 			requests++
 			tRate, uRate = append(tRate, tr.DecodeRate()), append(uRate, u.DecodeRate())
 			ratios = append(ratios, tr.DecodeRate()/u.DecodeRate())
@@ -68,10 +82,17 @@ func BenchmarkTracedVsUntracedRunner(b *testing.B) {
 	b.ReportMetric(median(tRate), "traced-tok/s")
 	b.ReportMetric(median(uRate), "untraced-tok/s")
 	b.ReportMetric(ratio, "tok/s-ratio")
+	cpuNote := "CPU time per token: not measured (no /proc)"
+	if cpuOK && tTicks > 0 && uTicks > 0 {
+		// Both runners generated the same number of tokens.
+		cpuRatio := float64(tTicks) / float64(uTicks)
+		b.ReportMetric(cpuRatio, "cpu-ratio")
+		cpuNote = fmt.Sprintf("CPU time per token %.3f× (%d vs %d ticks)", cpuRatio, tTicks, uTicks)
+	}
 	b.ReportMetric(float64(runnerSpans)/float64(requests), "spans/request")
 	sort.Float64s(ratios)
 	b.Logf("traced vs untraced sandboxed runner, mid model (%s): decode %.1f vs %.1f tok/s over %d pairs of %d tokens, "+
-		"median pair ratio %.3f (quartiles %.3f–%.3f; target ≥ 0.98: %s); %d runner.decode spans relayed for %d traced requests",
+		"median pair ratio %.3f (quartiles %.3f–%.3f; target ≥ 0.98: %s); %s; %d runner.decode spans relayed for %d traced requests",
 		others, median(tRate), median(uRate), len(tRate), genTokens, ratio, ratios[len(ratios)/4], ratios[len(ratios)*3/4],
-		verdict(ratio >= 0.98), decodes, requests)
+		verdict(ratio >= 0.98), cpuNote, decodes, requests)
 }

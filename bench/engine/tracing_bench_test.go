@@ -12,8 +12,9 @@ import (
 
 // BenchmarkTracedVsUntracedRunner compares the decode rate of a sandboxed runner whose
 // agent traces (the runner records its spans for every request, keeps them in memory,
-// and its agent drains and exports them every second: tracing/spanrelay) with one
-// whose agent does not, in the same run: two `macfleet serve` agents, the first with
+// and its agent drains and exports them every 5 s, since these requests bypass it:
+// tracing/spanrelay) with one whose agent does not, in the same run: two
+// `macfleet serve` agents, the first with
 // OTEL_EXPORTER_OTLP_ENDPOINT pointing at an OTLP receiver in this process, each with
 // a runner of the mid model; streamed greedy chat completions straight to each
 // runner's socket, the traced one's with a sampled traceparent, in pairs that run at

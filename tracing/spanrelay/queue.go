@@ -31,7 +31,8 @@ const DroppedHeader = "X-Macfleet-Spans-Dropped"
 const ContentType = "application/x-protobuf"
 
 // DefaultQueueBytes bounds a runner's queue: about a thousand traced requests' spans,
-// many seconds of them at any rate a runner serves, against a drain every second.
+// many seconds of them at any rate a runner serves, against a drain after each answer
+// the agent relays and every few seconds.
 const DefaultQueueBytes = 2 << 20
 
 // Queue is a runner's spans waiting for the agent: encoded ExportTraceServiceRequest

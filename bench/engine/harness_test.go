@@ -560,3 +560,48 @@ func chatPair(b *testing.B, first, second endpoint, model string) (stream, strea
 	}
 	return s1, s2
 }
+
+// pairedDecode is what pairs of chats measured: each side's decode rates, the pairs'
+// ratios (first / second) and the CPU time (clock ticks) each side's runner spent.
+type pairedDecode struct {
+	first, second, ratios   []float64
+	firstTicks, secondTicks int64
+	cpuUnknown              bool
+}
+
+// run runs n chatPairs of first and second, whose runners are processes firstPID and
+// secondPID, and adds up what they measured. Which of the two is sent first
+// alternates from pair to pair.
+func (p *pairedDecode) run(b *testing.B, n int, first, second endpoint, firstPID, secondPID int) {
+	b.Helper()
+	ticks := func() (f, s int64) {
+		f, _, _, fErr := procTicks(firstPID)
+		s, _, _, sErr := procTicks(secondPID)
+		p.cpuUnknown = p.cpuUnknown || fErr != nil || sErr != nil
+		return f, s
+	}
+	for i := range n {
+		f0, s0 := ticks()
+		var f, s stream
+		if i%2 == 0 {
+			f, s = chatPair(b, first, second, modelMid)
+		} else {
+			s, f = chatPair(b, second, first, modelMid)
+		}
+		f1, s1 := ticks()
+		p.firstTicks, p.secondTicks = p.firstTicks+f1-f0, p.secondTicks+s1-s0
+		p.first, p.second = append(p.first, f.DecodeRate()), append(p.second, s.DecodeRate())
+		p.ratios = append(p.ratios, f.DecodeRate()/s.DecodeRate())
+	}
+}
+
+// cpuRatio is the first runner's CPU time per token over the second's (both generated
+// the same number of tokens), reported as the metric cpu-ratio, and a note saying it.
+func (p *pairedDecode) cpuRatio(b *testing.B) string {
+	if p.cpuUnknown || p.firstTicks <= 0 || p.secondTicks <= 0 {
+		return "CPU time per token: not measured (no /proc)"
+	}
+	r := float64(p.firstTicks) / float64(p.secondTicks)
+	b.ReportMetric(r, "cpu-ratio")
+	return fmt.Sprintf("CPU time per token %.3f× (%d vs %d ticks)", r, p.firstTicks, p.secondTicks)
+}

@@ -1,7 +1,6 @@
 package engine
 
 import (
-	"fmt"
 	"sort"
 	"testing"
 	"time"
@@ -39,29 +38,12 @@ func BenchmarkTracedVsUntracedRunner(b *testing.B) {
 	traced.mustChat(b, modelMid, prompt, genTokens, nil)
 	untraced.mustChat(b, modelMid, prompt, genTokens, nil)
 
-	var tRate, uRate, ratios []float64
-	requests := 1
-	tPID, uPID := on.model(modelMid).PID, off.model(modelMid).PID
-	var tTicks, uTicks int64
-	cpuOK := true
-	ticks := func() (t, u int64) {
-		t, _, _, tErr := procTicks(tPID)
-		u, _, _, uErr := procTicks(uPID)
-		cpuOK = cpuOK && tErr == nil && uErr == nil
-		return t, u
-	}
+	var p pairedDecode
 	cpu := startCPU(on.cmd.Process.Pid)
 	for b.Loop() {
-		for range pairs {
-			t0, u0 := ticks()
-			tr, u := chatPair(b, traced, untraced, modelMid)
-			t1, u1 := ticks()
-			tTicks, uTicks = tTicks+t1-t0, uTicks+u1-u0
-			requests++
-			tRate, uRate = append(tRate, tr.DecodeRate()), append(uRate, u.DecodeRate())
-			ratios = append(ratios, tr.DecodeRate()/u.DecodeRate())
-		}
+		p.run(b, pairs, traced, untraced, on.model(modelMid).PID, off.model(modelMid).PID)
 	}
+	requests := len(p.ratios) + 1 // and the warm-up
 	// The traced runner's spans reached the receiver through its agent: the
 	// comparison is of a runner that traced.
 	var decodes, runnerSpans int
@@ -77,23 +59,18 @@ func BenchmarkTracedVsUntracedRunner(b *testing.B) {
 		}
 		return decodes == requests
 	})
-	ratio := median(ratios)
+	ratio := median(p.ratios)
 	b.ReportMetric(0, "ns/op")
 	others := reportOthers(b, cpu)
-	b.ReportMetric(median(tRate), "traced-tok/s")
-	b.ReportMetric(median(uRate), "untraced-tok/s")
+	b.ReportMetric(median(p.first), "traced-tok/s")
+	b.ReportMetric(median(p.second), "untraced-tok/s")
 	b.ReportMetric(ratio, "tok/s-ratio")
-	cpuNote := "CPU time per token: not measured (no /proc)"
-	if cpuOK && tTicks > 0 && uTicks > 0 {
-		// Both runners generated the same number of tokens.
-		cpuRatio := float64(tTicks) / float64(uTicks)
-		b.ReportMetric(cpuRatio, "cpu-ratio")
-		cpuNote = fmt.Sprintf("CPU time per token %.3f× (%d vs %d ticks)", cpuRatio, tTicks, uTicks)
-	}
+	cpuNote := p.cpuRatio(b)
 	b.ReportMetric(float64(runnerSpans)/float64(requests), "spans/request")
+	ratios := p.ratios
 	sort.Float64s(ratios)
 	b.Logf("traced vs untraced sandboxed runner, mid model (%s): decode %.1f vs %.1f tok/s over %d pairs of %d tokens, "+
 		"median pair ratio %.3f (quartiles %.3f–%.3f; target ≥ 0.98: %s); %s; %d runner.decode spans relayed for %d traced requests",
-		others, median(tRate), median(uRate), len(tRate), genTokens, ratio, ratios[len(ratios)/4], ratios[len(ratios)*3/4],
+		others, median(p.first), median(p.second), len(ratios), genTokens, ratio, ratios[len(ratios)/4], ratios[len(ratios)*3/4],
 		verdict(ratio >= 0.98), cpuNote, decodes, requests)
 }

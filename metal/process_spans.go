@@ -69,8 +69,7 @@ func (r *ProcessRunner) drainSpans() ([]byte, error) {
 		return nil, err
 	}
 	r.spanMu.Lock()
-	more := dropped > r.spansDropped
-	if more {
+	if dropped > r.spansDropped {
 		r.log.Info("The runner dropped spans: its queue was full between two drains (is the collector slow?)",
 			"dropped", dropped-r.spansDropped)
 		r.spansDropped = dropped

@@ -19,6 +19,7 @@ import (
 	"github.com/go-logr/logr"
 
 	"github.com/macfleet/macfleet/runner/sandbox"
+	"github.com/macfleet/macfleet/tracing/spanrelay"
 )
 
 // ProcessConfig configures the runner processes a ProcessFactory starts.
@@ -74,6 +75,11 @@ type ProcessConfig struct {
 	// PromptCacheSSDBytes is each runner's SSD quota, and the most a model's own
 	// (ModelSpec.PromptCache.SSDBytes) may ask for; 0 means no SSD tier.
 	PromptCacheSSDBytes int64
+
+	// SpanRelay, when set (the agent traces), starts every runner with --trace-relay
+	// and exports the spans drained from it (process_spans.go): a runner never
+	// connects to the collector itself. Nil: runners make no spans.
+	SpanRelay *spanrelay.Forwarder
 
 	// OrphanTimeout is passed as --orphan-timeout to detached runners: one that
 	// receives no request at all for this long (the pool contacts every runner at
@@ -224,6 +230,7 @@ func (f *ProcessFactory) Start(ctx context.Context, spec ModelSpec, ceilingBytes
 				f.claimCacheDirExact(cacheDir)
 				handedDir = r.setCacheDir(cacheDir)
 			}
+			f.startSpanRelay(r)
 			return r, nil
 		}
 		if rec, err = f.newRecord(spec.Name, fp, ceilingBytes); err != nil {
@@ -247,6 +254,11 @@ func (f *ProcessFactory) Start(ctx context.Context, spec ModelSpec, ceilingBytes
 		args = []string{"--model", spec.Path, "--addr", "127.0.0.1:0"}
 	}
 	args = append(args, engineArgs...)
+	if f.cfg.SpanRelay != nil {
+		// Not an engine argument: whether the agent traces is no reason to reload a
+		// model, and an adopted runner without it is only not traced.
+		args = append(args, "--trace-relay")
+	}
 	if rec != nil {
 		args = append(args, "--exit-with-parent=false", "--nonce", rec.Nonce)
 		if f.cfg.OrphanTimeout > 0 {
@@ -371,7 +383,19 @@ func (f *ProcessFactory) Start(ctx context.Context, spec ModelSpec, ceilingBytes
 	r.startedIn = time.Since(began)
 	r.log.V(1).Info("Runner listening", "runner", path, "address", r.dialAddress, "startup", r.startedIn,
 		"detached", rec != nil)
+	f.startSpanRelay(r)
 	return r, nil
+}
+
+// startSpanRelay drains r's spans while it runs, when the agent traces; r's client
+// tells the drain when an answer has been read. Called before r is handed out.
+func (f *ProcessFactory) startSpanRelay(r *ProcessRunner) {
+	if f.cfg.SpanRelay == nil {
+		return
+	}
+	answered := make(chan struct{}, 1)
+	r.client = &http.Client{Transport: answeredTransport{next: r.transport, answered: answered}}
+	go r.relaySpans(answered)
 }
 
 // engineArgs are the runner flags that shape the engine (everything but where it

@@ -66,6 +66,11 @@ type ProcessRunner struct {
 	// cacheDir is the prompt cache directory the runner holds (see claimCacheDir);
 	// released once it is reaped or detached.
 	cacheDir string
+
+	// spansDropped is the runner's last reported count of spans it dropped
+	// (process_spans.go).
+	spanMu       sync.Mutex
+	spansDropped uint64
 }
 
 // setCacheDir hands the runner its claimed prompt cache directory. It reports false

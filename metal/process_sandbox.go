@@ -9,7 +9,6 @@ import (
 	"github.com/go-logr/logr"
 
 	"github.com/macfleet/macfleet/runner/sandbox"
-	"github.com/macfleet/macfleet/tracing"
 )
 
 // command is the exec.Cmd of a runner: confined by the sandbox unless it is off. A
@@ -35,17 +34,10 @@ func (f *ProcessFactory) command(ctx context.Context, path string, args []string
 		cmd.Env = append(os.Environ(), f.cfg.Env...)
 		return cmd
 	}
-	// A runner exports its spans itself (package tracing): when the agent's environment
-	// turns tracing on, the runner keeps the OTEL_* settings and may connect to the
-	// collector's port, nothing else.
-	tracePort, err := tracing.ExportPort(nil)
-	if err != nil {
-		cmd.Err = fmt.Errorf("confining the runner: %w", err)
-		return cmd
-	}
-	cmd.Env = sandbox.Env(os.Environ(), f.cfg.Env, tracePort != 0)
-	p := sandbox.Policy{Runner: path, Model: model, CacheDir: cacheDir, SocketDir: sockDir, Loopback: f.cfg.Loopback,
-		TracePort: tracePort}
+	// Tracing or not, a runner connects nowhere: its spans leave through the agent
+	// (ProcessConfig.SpanRelay).
+	cmd.Env = sandbox.Env(os.Environ(), f.cfg.Env)
+	p := sandbox.Policy{Runner: path, Model: model, CacheDir: cacheDir, SocketDir: sockDir, Loopback: f.cfg.Loopback}
 	if err := sandbox.Wrap(cmd, p); err != nil {
 		cmd.Err = fmt.Errorf("confining the runner: %w", err)
 	}

@@ -65,6 +65,7 @@ func (r *ProcessRunner) stopSequence(grace time.Duration) {
 		}
 	}
 	if grace > 0 {
+		r.lastSpans()
 		r.noteStep(StopShutdown)
 		deadline := time.Now().Add(grace)
 		ctx, cancel := context.WithDeadline(context.Background(), deadline)

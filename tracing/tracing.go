@@ -8,25 +8,30 @@
 // sampler read the rest of the standard variables themselves (headers, timeout,
 // compression, certificates, OTEL_BSP_*, OTEL_TRACES_SAMPLER). A setting macfleet cannot
 // honour is an error at start, never ignored. docs/tracing.md lists the spans.
+//
+// A runner connects nowhere: its spans wait in memory until its agent drains them and
+// exports them with its own settings (NewRelayed, Provider.RunnerRelay; package
+// spanrelay).
 package tracing
 
 import (
 	"context"
 	"fmt"
 	"net/http"
-	"net/url"
 	"os"
-	"strconv"
 	"strings"
 
 	"github.com/go-logr/logr"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/macfleet/macfleet/tracing/spanrelay"
 )
 
 // Service names, the resource's service.name of each component.
@@ -41,8 +46,8 @@ type Options struct {
 	// Service is the default service.name; OTEL_SERVICE_NAME overrides it unless
 	// KeepService is set.
 	Service string
-	// KeepService ignores OTEL_SERVICE_NAME: the runner inherits the agent's
-	// environment and must not take the agent's name.
+	// KeepService ignores OTEL_SERVICE_NAME: the runners' spans are exported from the
+	// agent's environment and must not take the agent's name.
 	KeepService bool
 	// Version is service.version.
 	Version string
@@ -57,6 +62,10 @@ type Options struct {
 // its Tracer is nil and Shutdown does nothing.
 type Provider struct {
 	tp *sdktrace.TracerProvider
+	// client is the exporter's OTLP client, which also exports the runners' spans;
+	// version is the service.version of the runners' resource.
+	client  otlptrace.Client
+	version string
 }
 
 // Enabled reports whether the environment asks for tracing, or why its settings cannot
@@ -108,10 +117,24 @@ func New(ctx context.Context, opts Options) (*Provider, error) {
 	if err != nil || !on {
 		return nil, err
 	}
-	exp, err := otlptracehttp.New(ctx)
+	// The client reads the OTEL_EXPORTER_OTLP_* settings; the exporter starts it.
+	client := otlptracehttp.NewClient()
+	exp, err := otlptrace.New(ctx, client)
 	if err != nil {
 		return nil, fmt.Errorf("the OTLP trace exporter: %w", err)
 	}
+	res, err := newResource(ctx, opts)
+	if err != nil {
+		return nil, err
+	}
+	setErrorLog(opts.Log)
+	return &Provider{tp: sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res)),
+		client: client, version: opts.Version}, nil
+}
+
+// newResource is the resource of opts' service: service.name and .version, the SDK,
+// the host and OTEL_RESOURCE_ATTRIBUTES (OTEL_SERVICE_NAME too unless KeepService).
+func newResource(ctx context.Context, opts Options) (*resource.Resource, error) {
 	attrs := []attribute.KeyValue{attribute.String("service.name", opts.Service)}
 	if opts.Version != "" {
 		attrs = append(attrs, attribute.String("service.version", opts.Version))
@@ -124,11 +147,44 @@ func New(ctx context.Context, opts Options) (*Provider, error) {
 	if err != nil {
 		return nil, fmt.Errorf("the trace resource: %w", err)
 	}
-	if opts.Log.GetSink() != nil {
-		log := opts.Log
+	return res, nil
+}
+
+// setErrorLog sends the SDK's export errors to log (it otherwise prints them to
+// stderr).
+func setErrorLog(log logr.Logger) {
+	if log.GetSink() != nil {
 		otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) { log.Error(err, "Tracing failed") }))
 	}
-	return &Provider{tp: sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res))}, nil
+}
+
+// RunnerRelay exports the spans of the runners this process starts, which connect
+// nowhere themselves: with this provider's OTLP client, under the resource of
+// ServiceRunner on this host. Nil when tracing is off.
+func (p *Provider) RunnerRelay(ctx context.Context) (*spanrelay.Forwarder, error) {
+	if p == nil {
+		return nil, nil
+	}
+	res, err := newResource(ctx, Options{Service: ServiceRunner, KeepService: true, Version: p.version})
+	if err != nil {
+		return nil, err
+	}
+	return spanrelay.NewForwarder(p.client, res), nil
+}
+
+// NewRelayed is a runner's tracer provider: every span, once ended, is encoded into q
+// (no batching: the queue is memory, and the runner makes its spans after a request,
+// off the decode loop), for the agent to drain and export. It reads no OTEL_*
+// variable and connects nowhere; a span is recorded when the agent's span that called
+// the runner was (the agent's sampler decides), and its resource is only
+// service.name, since the agent exports it under a resource of its own.
+func NewRelayed(q *spanrelay.Queue, opts Options) *Provider {
+	setErrorLog(opts.Log)
+	exp := otlptrace.NewUnstarted(q)
+	return &Provider{tp: sdktrace.NewTracerProvider(
+		sdktrace.WithSpanProcessor(sdktrace.NewSimpleSpanProcessor(exp)),
+		sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.AlwaysSample())),
+		sdktrace.WithResource(resource.NewSchemaless(attribute.String("service.name", opts.Service))))}
 }
 
 // Tracer returns the named tracer; nil when tracing is off.
@@ -188,30 +244,4 @@ func TraceID(ctx context.Context) string {
 		return ""
 	}
 	return sc.TraceID().String()
-}
-
-// ExportPort is the TCP port spans are exported to when the environment asks for
-// tracing, 0 when it does not: what a sandboxed runner may connect to (package
-// runner/sandbox). An endpoint without a port uses its scheme's (80 or 443).
-func ExportPort(getenv func(string) string) (uint16, error) {
-	if getenv == nil {
-		getenv = os.Getenv
-	}
-	on, err := Enabled(getenv)
-	if err != nil || !on {
-		return 0, err
-	}
-	u, err := url.Parse(firstSet(getenv, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"))
-	if err != nil {
-		return 0, fmt.Errorf("the OTLP endpoint: %w", err)
-	}
-	port := u.Port()
-	if port == "" {
-		port = map[string]string{"http": "80", "https": "443"}[u.Scheme]
-	}
-	n, err := strconv.ParseUint(port, 10, 16)
-	if err != nil || n == 0 {
-		return 0, fmt.Errorf("the OTLP endpoint %q has no valid port", u.Redacted())
-	}
-	return uint16(n), nil
 }

@@ -3,6 +3,8 @@ package tracing
 import (
 	"context"
 	"net/http"
+	"net/http/httptest"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -10,6 +12,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/macfleet/macfleet/internal/otlptest"
+	"github.com/macfleet/macfleet/tracing/spanrelay"
 )
 
 func TestEnabled(t *testing.T) {
@@ -67,13 +70,7 @@ func TestNewOffWithoutEndpoint(t *testing.T) {
 // TestExportToReceiver sends spans through the real OTLP/HTTP exporter to an
 // in-process receiver and checks the service name each component reports.
 func TestExportToReceiver(t *testing.T) {
-	rcv, err := otlptest.Start()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rcv.Close()
-	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", rcv.URL)
-	t.Setenv("OTEL_SERVICE_NAME", "mac-agent-7")
+	rcv := startReceiver(t)
 	for _, tc := range []struct {
 		opts Options
 		want string
@@ -102,6 +99,20 @@ func TestExportToReceiver(t *testing.T) {
 			t.Errorf("received %v; want service %q", s, tc.want)
 		}
 	}
+}
+
+// startReceiver starts an OTLP receiver for the test and points the environment's
+// exporter at it, with OTEL_SERVICE_NAME set to mac-agent-7.
+func startReceiver(t *testing.T) *otlptest.Receiver {
+	t.Helper()
+	rcv, err := otlptest.Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(rcv.Close)
+	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", rcv.URL)
+	t.Setenv("OTEL_SERVICE_NAME", "mac-agent-7")
+	return rcv
 }
 
 func TestPropagation(t *testing.T) {
@@ -133,24 +144,84 @@ func TestPropagation(t *testing.T) {
 	}
 }
 
-func TestExportPort(t *testing.T) {
-	for _, tc := range []struct {
-		env     map[string]string
-		want    uint16
-		wantErr string
-	}{
-		{map[string]string{}, 0, ""},
-		{map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318"}, 4318, ""},
-		{map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://a:1", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "https://b:4319/v1/traces"}, 4319, ""},
-		{map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "https://collector"}, 443, ""},
-		{map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector"}, 80, ""},
-		{map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318", "OTEL_SDK_DISABLED": "true"}, 0, ""},
-		{map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:0"}, 0, "has no valid port"},
-		{map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "collector:4318"}, 0, "must be a URL"},
-	} {
-		got, err := ExportPort(func(k string) string { return tc.env[k] })
-		if got != tc.want || (err == nil) != (tc.wantErr == "") || err != nil && !strings.Contains(err.Error(), tc.wantErr) {
-			t.Errorf("ExportPort(%v) = %d, %v; want %d, %q", tc.env, got, err, tc.want, tc.wantErr)
+// TestRunnerRelay: a runner's span, made under the agent's traceparent and queued in
+// memory (NewRelayed), reaches the receiver once the agent drains the runner over HTTP
+// (RunnerRelay): same trace, span and parent ids, the runner's service name under the
+// agent's resource, whatever resource the runner claimed.
+func TestRunnerRelay(t *testing.T) {
+	rcv := startReceiver(t)
+	t.Setenv("OTEL_RESOURCE_ATTRIBUTES", "deployment.environment=relay-test")
+	ctx := context.Background()
+	agent, err := New(ctx, Options{Service: ServiceAgent, Version: "v9"})
+	if err != nil || agent == nil {
+		t.Fatalf("New = %v, %v", agent, err)
+	}
+	defer agent.Shutdown(ctx)
+	relay, err := agent.RunnerRelay(ctx)
+	if err != nil || relay == nil {
+		t.Fatalf("RunnerRelay = %v, %v", relay, err)
+	}
+
+	// The runner: its queue behind a real HTTP server; it claims to be the gateway.
+	q := spanrelay.NewQueue(0)
+	runner := NewRelayed(q, Options{Service: ServiceGateway})
+	srv := httptest.NewServer(q)
+	defer srv.Close()
+
+	actx, call := agent.Tracer("agent").Start(ctx, "agent.runner", trace.WithSpanKind(trace.SpanKindClient))
+	h := http.Header{}
+	Inject(actx, h)
+	req, _ := http.NewRequestWithContext(Extract(ctx, h), http.MethodPost, "http://runner/v1/chat/completions", nil)
+	_, server := StartServer(runner.Tracer("runner"), req, "runner POST /v1/chat/completions")
+	server.End()
+	call.End()
+	if err := runner.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	got, err := relay.Relay(ctx, srv.Client(), srv.URL)
+	if err != nil || got.Spans != 1 || got.Dropped != 0 {
+		t.Fatalf("Relay = %+v, %v; want 1 span, none dropped", got, err)
+	}
+	// A second drain finds the queue empty.
+	if again, err := relay.Relay(ctx, srv.Client(), srv.URL); err != nil || again.Spans != 0 {
+		t.Fatalf("a second Relay = %+v, %v; want nothing", again, err)
+	}
+	traceID := call.SpanContext().TraceID().String()
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	spans, err := rcv.Wait(wctx, traceID, func(s []otlptest.Span) bool {
+		for _, sp := range s {
+			if sp.Name == "runner POST /v1/chat/completions" {
+				return true
+			}
 		}
+		return false
+	})
+	if err != nil {
+		t.Fatalf("the runner's span did not reach the receiver: %v", err)
+	}
+	for _, s := range spans {
+		if s.Name != "runner POST /v1/chat/completions" {
+			continue
+		}
+		if s.SpanID != server.SpanContext().SpanID().String() || s.ParentID != call.SpanContext().SpanID().String() || s.Kind != "SERVER" {
+			t.Errorf("relayed span %v; want span %s under the agent's %s", s, server.SpanContext().SpanID(), call.SpanContext().SpanID())
+		}
+		host, _ := os.Hostname()
+		for k, want := range map[string]string{"service.name": ServiceRunner, "service.version": "v9",
+			"deployment.environment": "relay-test", "host.name": host} {
+			if s.Resource[k] != want {
+				t.Errorf("relayed span's resource %s = %q; want %q (resource %v)", k, s.Resource[k], want, s.Resource)
+			}
+		}
+	}
+}
+
+// TestRunnerRelayOff: without tracing there is nothing to relay.
+func TestRunnerRelayOff(t *testing.T) {
+	var p *Provider
+	if f, err := p.RunnerRelay(context.Background()); f != nil || err != nil {
+		t.Fatalf("RunnerRelay of tracing off = %v, %v; want nil, nil", f, err)
 	}
 }

@@ -43,6 +43,7 @@ import (
 	"github.com/macfleet/macfleet/runner/sandbox"
 	"github.com/macfleet/macfleet/sourcepolicy"
 	"github.com/macfleet/macfleet/tenancy/satoken"
+	"github.com/macfleet/macfleet/tracing/spanrelay"
 )
 
 // DefaultShutdownTimeout bounds a graceful shutdown: draining requests and unloading
@@ -126,9 +127,12 @@ type Config struct {
 	PromptCacheSSDBytes int64
 	// Pool tunes the engine pool (ceiling, reserve, timeouts, prompt cache hot budget).
 	Pool metal.Config
-	// TracerProvider traces the OpenAI requests (tracing.New); nil means none. The
-	// runners trace themselves from the environment they inherit.
+	// TracerProvider traces the OpenAI requests (tracing.New); nil means none.
 	TracerProvider trace.TracerProvider
+	// SpanRelay exports the runners' spans, which they hand to the agent
+	// (metal.ProcessConfig.SpanRelay; tracing.Provider.RunnerRelay); nil: runners make
+	// none.
+	SpanRelay *spanrelay.Forwarder
 	// Gauge measures memory; nil means metal.NewGauge().
 	Gauge metal.Gauge
 	// Runnables run beside the agent (node registration, Lease).
@@ -204,7 +208,7 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	pcfg := metal.ProcessConfig{RunnerPath: runnerPath, Threads: cfg.RunnerThreads, SocketDir: cfg.SocketDir, Sandbox: cfg.RunnerSandbox,
 		Log: log.WithName("runner"), Output: cfg.RunnerOutput,
-		PromptCacheDir: cfg.PromptCacheDir, PromptCacheSSDBytes: cfg.PromptCacheSSDBytes}
+		PromptCacheDir: cfg.PromptCacheDir, PromptCacheSSDBytes: cfg.PromptCacheSSDBytes, SpanRelay: cfg.SpanRelay}
 	poolCfg := cfg.Pool
 	if cfg.StateDir != "" {
 		pcfg.StateDir = filepath.Join(cfg.StateDir, "runners")

@@ -25,6 +25,7 @@ import (
 	"github.com/macfleet/macfleet/internal/httpserver"
 	"github.com/macfleet/macfleet/metal"
 	"github.com/macfleet/macfleet/runner/sandbox"
+	"github.com/macfleet/macfleet/tracing/spanrelay"
 )
 
 // DefaultShutdownTimeout bounds a graceful shutdown: draining requests, unloading every
@@ -54,6 +55,9 @@ type Options struct {
 	Started func(addr string)
 	// TracerProvider traces the OpenAI requests (tracing.New); nil means none.
 	TracerProvider trace.TracerProvider
+	// SpanRelay exports the runners' spans (metal.ProcessConfig.SpanRelay); nil:
+	// runners make none.
+	SpanRelay *spanrelay.Forwarder
 	// ShutdownTimeout: DefaultShutdownTimeout when zero.
 	ShutdownTimeout time.Duration
 	// PromptCacheRetention, when positive, removes the prompt cache directories of
@@ -170,7 +174,8 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 
 	factory := metal.NewProcessFactory(metal.ProcessConfig{RunnerPath: runnerPath, Threads: cfg.RunnerThreads,
 		Sandbox: sandbox.Mode(cfg.RunnerSandbox), Log: log.WithName("runner"), Output: opts.RunnerOutput,
-		PromptCacheDir: cfg.PromptCacheDir, PromptCacheSSDBytes: PromptCacheSSDBytes(cfg.PromptCacheSSDBytes)})
+		PromptCacheDir: cfg.PromptCacheDir, PromptCacheSSDBytes: PromptCacheSSDBytes(cfg.PromptCacheSSDBytes),
+		SpanRelay: opts.SpanRelay})
 	pcfg := opts.Pool
 	pcfg.PromptCacheHotBytes = PromptCacheHotBytes(cfg.PromptCacheHotBytes)
 	pcfg.CeilingBytes = int64(cfg.MemoryCeiling)

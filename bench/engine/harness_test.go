@@ -209,6 +209,12 @@ func startAgent(b *testing.B, ms ...served) *agent {
 // startAgentFlags is startAgent with more flags of `macfleet serve`.
 func startAgentFlags(b *testing.B, flags []string, ms ...served) *agent {
 	b.Helper()
+	return startAgentEnv(b, nil, flags, ms...)
+}
+
+// startAgentEnv is startAgentFlags with more environment variables (KEY=VALUE).
+func startAgentEnv(b *testing.B, env, flags []string, ms ...served) *agent {
+	b.Helper()
 	runner := runnerBinary(b)
 	bin := macfleetBinary(b)
 	// The runners' output goes to the agent's stderr, shown if the benchmark fails.
@@ -223,7 +229,7 @@ func startAgentFlags(b *testing.B, flags []string, ms ...served) *agent {
 		args = append(args, "--model", fmt.Sprintf("%s=%s:ctx=%d,parallel=%d", m.name, modelPath(b, m.name), m.ctx, max(m.parallel, 1)))
 	}
 	cmd := exec.Command(bin, args...)
-	cmd.Env = append(os.Environ(), metal.RunnerEnv+"="+runner)
+	cmd.Env = append(append(os.Environ(), metal.RunnerEnv+"="+runner), env...)
 	a := &agent{b: b, cmd: cmd, stderr: &syncbuf.Buffer{}, exited: make(chan struct{}),
 		endpoint: endpoint{name: "agent", client: newClient(nil)}}
 	cmd.Stdout, cmd.Stderr = a.stderr, a.stderr
@@ -444,6 +450,9 @@ type endpoint struct {
 	name   string
 	base   string
 	client *http.Client
+	// traced sends every request with a sampled traceparent of a new trace, as a
+	// traced agent calls its runner.
+	traced bool
 }
 
 type chatMessage struct {
@@ -464,6 +473,11 @@ func (e endpoint) chat(ctx context.Context, model, prompt string, maxTokens int,
 		// As the gateway names every request it forwards, so that it can be cancelled
 		// with its usage: the agent and the runner keep it in their tables.
 		header = http.Header{"X-Macfleet-Request-Id": {rand.Text()}}
+	}
+	if e.traced {
+		var id [24]byte
+		_, _ = rand.Read(id[:])
+		header = http.Header{"Traceparent": {fmt.Sprintf("00-%x-%x-01", id[:16], id[16:])}}
 	}
 	return chatstream.Do(ctx, e.client, e.base, e.name,
 		chatstream.Request{Model: model, Prompt: prompt, MaxTokens: maxTokens, Seed: 1, Header: header}, onPiece)
@@ -522,4 +536,72 @@ func (e endpoint) tokenize(b *testing.B, prompt string) time.Duration {
 		b.Fatalf("%s: POST /tokenize: %s, count %d, %v", e.name, resp.Status, out.Count, err)
 	}
 	return time.Since(start)
+}
+
+// chatPair runs the same greedy chat on two endpoints at once, so that whatever else
+// runs on the machine slows both alike, and fails the benchmark unless both ran to
+// genTokens.
+func chatPair(b *testing.B, first, second endpoint, model string) (stream, stream) {
+	b.Helper()
+	var s2 stream
+	var err2 error
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		s2, err2 = second.chat(context.Background(), model, prompt, genTokens, nil)
+	}()
+	s1 := first.mustChat(b, model, prompt, genTokens, nil)
+	<-done
+	if err2 != nil {
+		b.Fatal(err2)
+	}
+	if s2.CompletionTokens != genTokens {
+		b.Fatalf("%s generated %d of %d tokens", second.name, s2.CompletionTokens, genTokens)
+	}
+	return s1, s2
+}
+
+// pairedDecode is what pairs of chats measured: each side's decode rates, the pairs'
+// ratios (first / second) and the CPU time (clock ticks) each side's runner spent.
+type pairedDecode struct {
+	first, second, ratios   []float64
+	firstTicks, secondTicks int64
+	cpuUnknown              bool
+}
+
+// run runs n chatPairs of first and second, whose runners are processes firstPID and
+// secondPID, and adds up what they measured. Which of the two is sent first
+// alternates from pair to pair.
+func (p *pairedDecode) run(b *testing.B, n int, first, second endpoint, firstPID, secondPID int) {
+	b.Helper()
+	ticks := func() (f, s int64) {
+		f, _, _, fErr := procTicks(firstPID)
+		s, _, _, sErr := procTicks(secondPID)
+		p.cpuUnknown = p.cpuUnknown || fErr != nil || sErr != nil
+		return f, s
+	}
+	for i := range n {
+		f0, s0 := ticks()
+		var f, s stream
+		if i%2 == 0 {
+			f, s = chatPair(b, first, second, modelMid)
+		} else {
+			s, f = chatPair(b, second, first, modelMid)
+		}
+		f1, s1 := ticks()
+		p.firstTicks, p.secondTicks = p.firstTicks+f1-f0, p.secondTicks+s1-s0
+		p.first, p.second = append(p.first, f.DecodeRate()), append(p.second, s.DecodeRate())
+		p.ratios = append(p.ratios, f.DecodeRate()/s.DecodeRate())
+	}
+}
+
+// cpuRatio is the first runner's CPU time per token over the second's (both generated
+// the same number of tokens), reported as the metric cpu-ratio, and a note saying it.
+func (p *pairedDecode) cpuRatio(b *testing.B) string {
+	if p.cpuUnknown || p.firstTicks <= 0 || p.secondTicks <= 0 {
+		return "CPU time per token: not measured (no /proc)"
+	}
+	r := float64(p.firstTicks) / float64(p.secondTicks)
+	b.ReportMetric(r, "cpu-ratio")
+	return fmt.Sprintf("CPU time per token %.3f× (%d vs %d ticks)", r, p.firstTicks, p.secondTicks)
 }

@@ -1,7 +1,6 @@
 package engine
 
 import (
-	"context"
 	"fmt"
 	"os"
 	"sort"
@@ -37,58 +36,23 @@ func BenchmarkSandboxedVsUnconfined(b *testing.B) {
 	con.mustChat(b, modelMid, prompt, genTokens, nil)
 	unc.mustChat(b, modelMid, prompt, genTokens, nil)
 
-	var cRate, uRate, ratios []float64
-	var cTicks, uTicks int64
-	cpuOK := true
-	ticks := func() (c, u int64) {
-		c, _, _, cErr := procTicks(onPID)
-		u, _, _, uErr := procTicks(offPID)
-		cpuOK = cpuOK && cErr == nil && uErr == nil
-		return c, u
-	}
+	var p pairedDecode
 	cpu := startCPU(on.cmd.Process.Pid)
 	for b.Loop() {
-		for range pairs {
-			c0, u0 := ticks()
-			// Both streams at once: whatever else runs on the machine slows both alike.
-			var u stream
-			var uErr error
-			done := make(chan struct{})
-			go func() {
-				defer close(done)
-				u, uErr = unc.chat(context.Background(), modelMid, prompt, genTokens, nil)
-			}()
-			c := con.mustChat(b, modelMid, prompt, genTokens, nil)
-			<-done
-			if uErr != nil {
-				b.Fatal(uErr)
-			}
-			if u.CompletionTokens != genTokens {
-				b.Fatalf("the unconfined runner generated %d of %d tokens", u.CompletionTokens, genTokens)
-			}
-			c1, u1 := ticks()
-			cTicks, uTicks = cTicks+c1-c0, uTicks+u1-u0
-			cRate, uRate = append(cRate, c.DecodeRate()), append(uRate, u.DecodeRate())
-			ratios = append(ratios, c.DecodeRate()/u.DecodeRate())
-		}
+		p.run(b, pairs, con, unc, onPID, offPID)
 	}
-	ratio := median(ratios)
+	ratio := median(p.ratios)
 	b.ReportMetric(0, "ns/op")
 	others := reportOthers(b, cpu)
-	b.ReportMetric(median(cRate), "confined-tok/s")
-	b.ReportMetric(median(uRate), "unconfined-tok/s")
+	b.ReportMetric(median(p.first), "confined-tok/s")
+	b.ReportMetric(median(p.second), "unconfined-tok/s")
 	b.ReportMetric(ratio, "tok/s-ratio")
-	cpuNote := "CPU time per token: not measured (no /proc)"
-	if cpuOK && cTicks > 0 && uTicks > 0 {
-		// Both runners generated the same number of tokens.
-		cpuRatio := float64(cTicks) / float64(uTicks)
-		b.ReportMetric(cpuRatio, "cpu-ratio")
-		cpuNote = fmt.Sprintf("CPU time per token %.3f× (%d vs %d ticks)", cpuRatio, cTicks, uTicks)
-	}
+	cpuNote := p.cpuRatio(b)
+	ratios := p.ratios
 	sort.Float64s(ratios)
 	b.Logf("sandboxed vs unconfined runner, mid model (%s, the unconfined agent's runner among them): decode %.1f vs %.1f tok/s "+
 		"over %d pairs of %d tokens, median pair ratio %.3f (quartiles %.3f–%.3f; target ≥ 0.98: %s); %s",
-		others, median(cRate), median(uRate), len(cRate), genTokens, ratio, ratios[len(ratios)/4], ratios[len(ratios)*3/4],
+		others, median(p.first), median(p.second), len(ratios), genTokens, ratio, ratios[len(ratios)/4], ratios[len(ratios)*3/4],
 		verdict(ratio >= 0.98), cpuNote)
 }
 

@@ -22,6 +22,7 @@ import (
 	"github.com/macfleet/macfleet/runner/llama"
 	"github.com/macfleet/macfleet/runner/server"
 	"github.com/macfleet/macfleet/tracing"
+	"github.com/macfleet/macfleet/tracing/spanrelay"
 )
 
 // Exit codes of docs/runner-protocol.md.
@@ -49,14 +50,15 @@ func run(args []string, stdout, stderr io.Writer) int {
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	// The runner inherits the agent's environment: the same OTEL_* settings, its own
-	// service name.
-	tp, err := tracing.New(ctx, tracing.Options{Service: tracing.ServiceRunner, KeepService: true, Log: cfg.Log.WithName("tracing")})
-	if err != nil {
-		fmt.Fprintln(stderr, "macfleet-runner: tracing:", err)
-		return exitBadFlags
+	// A tracing runner connects nowhere: its spans wait in memory until the agent
+	// drains them over the runner's socket (POST /spans) and exports them.
+	var tp *tracing.Provider
+	if cfg.Spans != nil {
+		tp = tracing.NewRelayed(cfg.Spans, tracing.Options{Service: tracing.ServiceRunner, Log: cfg.Log.WithName("tracing")})
 	}
 	defer func() {
+		// Ends the spans still open into the queue; the agent's last drain, before it
+		// stops the runner, has taken the rest.
 		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
 		_ = tp.Shutdown(sctx)
@@ -103,11 +105,15 @@ func parseFlags(args []string, stderr io.Writer) (server.Config, int, error) {
 	fs.Int64Var(&cfg.PromptCache.SSDBytes, "prompt-cache-ssd-bytes", 0, "prompt cache SSD tier quota in bytes (0: bounded by 99% of the free disk only)")
 	fs.IntVar(&cfg.PromptCache.BlockTokens, "prompt-cache-block", server.DefaultPromptCacheBlock, "prompt cache block size in tokens (states are keyed by block-aligned prefixes)")
 	fs.StringVar(&cfg.PromptCache.ModelID, "prompt-cache-model-id", "", "names the model in the prompt cache identity, e.g. its digest (default: derived from the file)")
+	traceRelay := fs.Bool("trace-relay", false, "trace generation requests, keeping the spans in memory for the agent to drain (POST /spans); the runner itself exports nothing")
 	verbose := fs.BoolP("verbose", "v", false, "log llama.cpp's info messages and per-request details")
 	if err := fs.Parse(args); err != nil {
 		return cfg, 0, err
 	}
 	cfg.Verbose = *verbose
+	if *traceRelay {
+		cfg.Spans = spanrelay.NewQueue(spanrelay.DefaultQueueBytes)
+	}
 	verbosity := 0
 	if cfg.Verbose {
 		verbosity = 4

@@ -132,12 +132,12 @@ while the API server is unreachable and resyncs when it returns.`,
 			}
 			cfg.Gauge = hardware.OverrideGauge(gauge, ov)
 			cfg.Runnables = append(cfg.Runnables, nodeSession(fl, cfg.Pool.CeilingBytes))
-			tp, stopTracing, err := startTracing(ctx, tracing.ServiceAgent, log.WithName("tracing"))
+			tp, relay, stopTracing, err := startTracing(ctx, tracing.ServiceAgent, log.WithName("tracing"))
 			if err != nil {
 				return err
 			}
 			defer stopTracing()
-			cfg.TracerProvider = tp
+			cfg.TracerProvider, cfg.SpanRelay = tp, relay
 			log.Info("Starting the node agent", "node", cfg.NodeName, "store", fl.storeDir, "state", fl.stateDir,
 				"listen", cfg.Listen)
 			return cluster.Run(ctx, cfg)

@@ -55,7 +55,7 @@ OTEL_EXPORTER_OTLP_ENDPOINT set it traces every request (see docs/tracing.md).`,
 				return fmt.Errorf("--active-window must be positive, got %v", cfg.Queue.ActiveWindow)
 			}
 			ctx := ctrl.SetupSignalHandler()
-			tp, stop, err := startTracing(ctx, tracing.ServiceGateway, ctrl.Log.WithName("tracing"))
+			tp, _, stop, err := startTracing(ctx, tracing.ServiceGateway, ctrl.Log.WithName("tracing"))
 			if err != nil {
 				return err
 			}

@@ -134,12 +134,12 @@ func newServeCommand() *cobra.Command {
 				<-ctx.Done()
 				stop()
 			}()
-			tp, stopTracing, err := startTracing(ctx, tracing.ServiceAgent, log.WithName("tracing"))
+			tp, relay, stopTracing, err := startTracing(ctx, tracing.ServiceAgent, log.WithName("tracing"))
 			if err != nil {
 				return err
 			}
 			defer stopTracing()
-			opts.TracerProvider = tp
+			opts.TracerProvider, opts.SpanRelay = tp, relay
 			return standalone.Run(ctx, cfg, opts)
 		},
 	}

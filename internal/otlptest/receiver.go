@@ -24,7 +24,9 @@ import (
 
 // Span is one received span, flattened.
 type Span struct {
-	Service           string
+	Service string
+	// Resource holds the attributes of the span's resource (service.name too).
+	Resource          map[string]string
 	TraceID, SpanID   string
 	ParentID          string // "" for a root
 	Name              string
@@ -95,10 +97,11 @@ func (r *Receiver) handle(w http.ResponseWriter, req *http.Request) {
 	}
 	var spans []Span
 	for _, rs := range in.GetResourceSpans() {
-		service := attrs(rs.GetResource().GetAttributes())["service.name"]
+		res := attrs(rs.GetResource().GetAttributes())
+		service := res["service.name"]
 		for _, ss := range rs.GetScopeSpans() {
 			for _, s := range ss.GetSpans() {
-				sp := Span{Service: service, TraceID: hex.EncodeToString(s.GetTraceId()), SpanID: hex.EncodeToString(s.GetSpanId()),
+				sp := Span{Service: service, Resource: res, TraceID: hex.EncodeToString(s.GetTraceId()), SpanID: hex.EncodeToString(s.GetSpanId()),
 					Name: s.GetName(), Kind: strings.TrimPrefix(s.GetKind().String(), "SPAN_KIND_"),
 					Start: time.Unix(0, int64(s.GetStartTimeUnixNano())), End: time.Unix(0, int64(s.GetEndTimeUnixNano())),
 					Attrs: attrs(s.GetAttributes()), StatusError: s.GetStatus().GetCode() == 2, StatusDescription: s.GetStatus().GetMessage()}

@@ -59,7 +59,7 @@ func launch(enc string, argv []string) {
 	if err := landlockConfig(p).BestEffort().Restrict(landlockRules(p)...); err != nil {
 		fail(fmt.Errorf("restricting the runner: %w", err))
 	}
-	if err := installSocketFilter(p.Loopback, p.TracePort != 0); err != nil {
+	if err := installSocketFilter(p.Loopback); err != nil {
 		fail(err)
 	}
 	env := make([]string, 0, len(os.Environ()))
@@ -108,12 +108,6 @@ func landlockRules(p Policy) []landlock.Rule {
 	}
 	if p.CacheDir != "" {
 		rules = append(rules, landlock.RWDirs(p.CacheDir))
-	}
-	if p.TracePort != 0 {
-		// The collector: its port only; a host name resolves through /etc/hosts (no
-		// DNS: datagram sockets stay refused).
-		rules = append(rules, landlock.ConnectTCP(p.TracePort),
-			landlock.ROFiles("/etc/hosts", "/etc/nsswitch.conf", "/etc/host.conf", "/etc/resolv.conf").IgnoreIfMissing())
 	}
 	return rules
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"os/exec"
@@ -30,6 +31,8 @@ type probeResult struct {
 	ReadSecret, ReadModel, WriteCache, ListenSocket, ReadProcSelf, ReadParentEnviron string
 	DialTCP, DialMPTCP, ListenTCP, ListenMPTCP, UDP, DialUnix, UnixDatagram          string
 	DialCollector                                                                    string
+	// OTELEnv lists the OTEL_* variables the process got.
+	OTELEnv []string
 }
 
 func errString(err error) string {
@@ -101,6 +104,11 @@ func TestSandboxProbe(t *testing.T) {
 	} else {
 		c.Close()
 	}
+	for _, kv := range os.Environ() {
+		if strings.HasPrefix(kv, "OTEL_") {
+			res.OTELEnv = append(res.OTELEnv, kv)
+		}
+	}
 	_, err = os.ReadFile("/proc/self/status")
 	res.ReadProcSelf = errString(err)
 	_, err = os.ReadFile(filepath.Join("/proc", strconv.Itoa(req.ParentPID), "environ"))
@@ -167,11 +175,16 @@ func TestLandlock(t *testing.T) {
 			}
 			return nil
 		}},
-		// A tracing runner reaches its collector's port and no other (the other TCP
-		// dials above stay denied); it may connect to unix sockets (docs/security.md).
+		// With tracing on in the agent's environment, a runner is confined the same:
+		// it reaches neither the collector's port nor any unix socket (checked for
+		// every case below), and gets no OTEL_* variable; its spans leave through the
+		// agent (tracing/spanrelay).
 		{"tracing", false, true, func(r probeResult) error {
-			if r.DialCollector != "" {
-				return errors.New("a tracing runner could not reach its collector: " + r.DialCollector)
+			if !strings.Contains(r.DialCollector, syscall.EACCES.Error()) && !strings.Contains(r.DialCollector, syscall.EPERM.Error()) {
+				return errors.New("a tracing runner's dial to the collector: want permission denied, got " + strconv.Quote(r.DialCollector))
+			}
+			if len(r.OTELEnv) > 0 {
+				return fmt.Errorf("a tracing runner got the agent's tracing settings %q", r.OTELEnv)
 			}
 			if r.ListenTCP == "" {
 				return errors.New("a tracing runner could listen on TCP")
@@ -185,7 +198,9 @@ func TestLandlock(t *testing.T) {
 			req := probeRequest{Secret: secret, Model: model, CacheDir: p.CacheDir, SocketDir: p.SocketDir,
 				Dial: ln.Addr().String(), OtherSocket: other, ParentPID: os.Getpid()}
 			if tc.tracing {
-				p.TracePort = uint16(collector.Addr().(*net.TCPAddr).Port)
+				// The agent's environment turns tracing on, the collector beside it.
+				t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://"+collector.Addr().String())
+				t.Setenv("OTEL_EXPORTER_OTLP_HEADERS", "authorization=collector-secret")
 				req.Collector = collector.Addr().String()
 			}
 			if err := os.MkdirAll(p.SocketDir, 0o700); err != nil {
@@ -201,9 +216,7 @@ func TestLandlock(t *testing.T) {
 			denied("dialing TCP", res.DialTCP)
 			denied("dialing Multipath TCP", res.DialMPTCP)
 			denied("UDP", res.UDP)
-			if !tc.tracing {
-				denied("dialing another runner's socket", res.DialUnix)
-			}
+			denied("dialing another runner's socket", res.DialUnix)
 			denied("a unix datagram socket", res.UnixDatagram)
 			denied("reading the parent's environ", res.ReadParentEnviron)
 			for what, e := range map[string]string{"reading the model": res.ReadModel, "writing the cache": res.WriteCache,
@@ -225,7 +238,7 @@ func runProbe(t *testing.T, exe string, p Policy, req probeRequest) probeResult 
 	t.Helper()
 	enc, _ := json.Marshal(req)
 	cmd := exec.Command(exe, "-test.run=^TestSandboxProbe$", "-test.v")
-	cmd.Env = Env(os.Environ(), []string{probeEnv + "=" + string(enc)}, false)
+	cmd.Env = Env(os.Environ(), []string{probeEnv + "=" + string(enc)})
 	if err := Wrap(cmd, p); err != nil {
 		t.Fatal(err)
 	}

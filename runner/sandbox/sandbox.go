@@ -54,10 +54,6 @@ type Policy struct {
 	// Loopback lets the runner listen on a TCP port (the benchmark mode that serves
 	// on 127.0.0.1); it still may not connect anywhere.
 	Loopback bool
-	// TracePort, when not 0, is the TCP port of the tracing collector the runner
-	// exports its spans to (package tracing): the one port it may connect to, over
-	// plain TCP. 0 when tracing is off: then it connects nowhere.
-	TracePort uint16 `json:",omitempty"`
 }
 
 // Status is what the sandbox enforces on this machine.
@@ -78,19 +74,15 @@ var envAllowed = map[string]bool{
 
 const envAllowedPrefix = "GGML_"
 
-// envTracingPrefix marks the tracing settings (OTEL_*) a runner inherits when it may
-// export spans: the collector's address and, if the operator set them, its headers.
-const envTracingPrefix = "OTEL_"
-
 // Env is a runner's environment: the variables of parent a runner needs (see
-// envAllowed; the OTEL_* ones too when tracing), then extra (the agent's explicit
-// runner environment, KEY=VALUE), which wins over parent.
-func Env(parent, extra []string, tracing bool) []string {
+// envAllowed), then extra (the agent's explicit runner environment, KEY=VALUE), which
+// wins over parent. No OTEL_* variable passes, tracing or not: a runner's spans reach
+// the collector through its agent (package tracing/spanrelay).
+func Env(parent, extra []string) []string {
 	env := make([]string, 0, len(extra)+4)
 	for _, kv := range parent {
 		name, _, ok := strings.Cut(kv, "=")
-		if ok && (envAllowed[name] || strings.HasPrefix(name, envAllowedPrefix) ||
-			tracing && strings.HasPrefix(name, envTracingPrefix)) {
+		if ok && (envAllowed[name] || strings.HasPrefix(name, envAllowedPrefix)) {
 			env = append(env, kv)
 		}
 	}

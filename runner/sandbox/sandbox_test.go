@@ -11,22 +11,21 @@ func TestEnv(t *testing.T) {
 	for _, tc := range []struct {
 		name          string
 		parent, extra []string
-		tracing       bool
 		want          []string
 	}{
 		{"secrets dropped", []string{"KUBECONFIG=/home/a/.kube/config", "HOME=/home/a", "MACFLEET_FLEET_TOKEN=t",
-			"AWS_SECRET_ACCESS_KEY=k", "PATH=/usr/bin", "SSH_AUTH_SOCK=/tmp/ssh"}, nil, false, []string{}},
-		{"runtime and engine knobs kept", []string{"TZ=UTC", "GOMAXPROCS=4", "GGML_METAL_NDEBUG=1", "GGMLX=1", "GODEBUGX=1"}, nil, false,
+			"AWS_SECRET_ACCESS_KEY=k", "PATH=/usr/bin", "SSH_AUTH_SOCK=/tmp/ssh"}, nil, []string{}},
+		{"runtime and engine knobs kept", []string{"TZ=UTC", "GOMAXPROCS=4", "GGML_METAL_NDEBUG=1", "GGMLX=1", "GODEBUGX=1"}, nil,
 			[]string{"TZ=UTC", "GOMAXPROCS=4", "GGML_METAL_NDEBUG=1"}},
-		{"explicit environment after", []string{"TZ=UTC", "KUBECONFIG=/k"}, []string{"TZ=Europe/Paris", "KUBECONFIG=/runner"}, false,
+		{"explicit environment after", []string{"TZ=UTC", "KUBECONFIG=/k"}, []string{"TZ=Europe/Paris", "KUBECONFIG=/runner"},
 			[]string{"TZ=UTC", "TZ=Europe/Paris", "KUBECONFIG=/runner"}},
-		{"malformed entry dropped", []string{"TZ", "=x"}, nil, false, []string{}},
-		{"tracing settings only when tracing", []string{"OTEL_EXPORTER_OTLP_ENDPOINT=http://c:4318", "KUBECONFIG=/k"}, nil, false, []string{}},
-		{"tracing settings kept", []string{"OTEL_EXPORTER_OTLP_ENDPOINT=http://c:4318", "KUBECONFIG=/k", "OTELX=1"}, nil, true,
-			[]string{"OTEL_EXPORTER_OTLP_ENDPOINT=http://c:4318"}},
+		{"malformed entry dropped", []string{"TZ", "=x"}, nil, []string{}},
+		// The agent exports the runner's spans: no collector address or credential.
+		{"tracing settings dropped", []string{"OTEL_EXPORTER_OTLP_ENDPOINT=http://c:4318", "OTEL_EXPORTER_OTLP_HEADERS=authorization=k",
+			"OTEL_RESOURCE_ATTRIBUTES=a=b", "KUBECONFIG=/k"}, nil, []string{}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if diff := cmp.Diff(tc.want, Env(tc.parent, tc.extra, tc.tracing)); diff != "" {
+			if diff := cmp.Diff(tc.want, Env(tc.parent, tc.extra)); diff != "" {
 				t.Errorf("Env (-want +got):\n%s", diff)
 			}
 		})

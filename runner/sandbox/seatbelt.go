@@ -43,15 +43,9 @@ func Profile(p Policy) (string, error) {
 	// The runner listens on its socket; it connects nowhere.
 	line("(allow system-socket (socket-domain AF_UNIX))")
 	line("(allow network-bind network-inbound (local unix-socket (subpath %s)))", sbString(p.SocketDir))
-	if p.Loopback || p.TracePort != 0 {
-		line("(allow system-socket (socket-domain AF_INET) (socket-domain AF_INET6))")
-	}
 	if p.Loopback {
+		line("(allow system-socket (socket-domain AF_INET) (socket-domain AF_INET6))")
 		line(`(allow network-bind network-inbound (local ip "localhost:*"))`)
-	}
-	if p.TracePort != 0 {
-		// The tracing collector's port, nothing else.
-		line(`(allow network-outbound (remote tcp "*:%d"))`, p.TracePort)
 	}
 	// Metal: the GPU's user clients, the shader compiler service, the GPU bundles.
 	line("(allow sysctl-read)")

@@ -27,7 +27,7 @@ const x32SyscallBit = 0x40000000
 
 // socketFilter is the seccomp program of a runner. seccomp_data: nr at 0, arch at 4,
 // args[0] (its low half, little-endian) at 16.
-func socketFilter(goarch string, loopback, tracing bool) ([]bpf.Instruction, error) {
+func socketFilter(goarch string, loopback bool) ([]bpf.Instruction, error) {
 	arch, ok := auditArch[goarch]
 	if !ok {
 		return nil, fmt.Errorf("no seccomp filter for %s", goarch)
@@ -45,16 +45,11 @@ func socketFilter(goarch string, loopback, tracing bool) ([]bpf.Instruction, err
 		ret(unix.ENOSYS),
 		bpf.JumpIf{Cond: bpf.JumpEqual, Val: uint32(unix.SYS_IO_URING_SETUP), SkipFalse: 1},
 		ret(unix.EPERM),
-	}
-	if !tracing {
 		// A runner accepts; it never connects, not even to a unix socket (another
-		// runner's, before Landlock ABI 9 covers them). A tracing runner connects to
-		// its collector: Landlock then allows the collector's TCP port only.
-		prog = append(prog,
-			bpf.JumpIf{Cond: bpf.JumpEqual, Val: uint32(unix.SYS_CONNECT), SkipFalse: 1},
-			ret(unix.EACCES))
-	}
-	prog = append(prog,
+		// runner's, before Landlock ABI 9 covers them), tracing or not: its spans
+		// leave through its agent (package tracing/spanrelay).
+		bpf.JumpIf{Cond: bpf.JumpEqual, Val: uint32(unix.SYS_CONNECT), SkipFalse: 1},
+		ret(unix.EACCES),
 		bpf.JumpIf{Cond: bpf.JumpEqual, Val: uint32(unix.SYS_SOCKET), SkipTrue: 1},
 		allow,
 		bpf.LoadAbsolute{Off: 24, Size: 4}, // the type
@@ -62,15 +57,14 @@ func socketFilter(goarch string, loopback, tracing bool) ([]bpf.Instruction, err
 		bpf.JumpIf{Cond: bpf.JumpEqual, Val: unix.SOCK_STREAM, SkipTrue: 1},
 		ret(unix.EACCES),
 		bpf.LoadAbsolute{Off: 16, Size: 4}, // the family
-	)
-	if !loopback && !tracing {
+	}
+	if !loopback {
 		return append(prog,
 			bpf.JumpIf{Cond: bpf.JumpEqual, Val: unix.AF_UNIX, SkipTrue: 1},
 			ret(unix.EACCES),
 			allow), nil
 	}
-	// A loopback runner may also make TCP sockets to listen on, a tracing one to
-	// connect to its collector, but not Multipath TCP (which Landlock's TCP rules do
+	// A loopback runner may also make TCP sockets to listen on, but not Multipath TCP (which Landlock's TCP rules do
 	// not see): EPROTONOSUPPORT makes Go fall back to plain TCP.
 	return append(prog,
 		bpf.JumpIf{Cond: bpf.JumpEqual, Val: unix.AF_UNIX, SkipTrue: 6}, // allow
@@ -85,8 +79,8 @@ func socketFilter(goarch string, loopback, tracing bool) ([]bpf.Instruction, err
 
 // installSocketFilter applies socketFilter to every thread of this process (the
 // launcher, about to execute the runner).
-func installSocketFilter(loopback, tracing bool) error {
-	prog, err := socketFilter(runtime.GOARCH, loopback, tracing)
+func installSocketFilter(loopback bool) error {
+	prog, err := socketFilter(runtime.GOARCH, loopback)
 	if err != nil {
 		return err
 	}

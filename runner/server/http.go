@@ -16,6 +16,7 @@ import (
 	"github.com/macfleet/macfleet/chat"
 	"github.com/macfleet/macfleet/runner/api"
 	"github.com/macfleet/macfleet/runner/llama"
+	"github.com/macfleet/macfleet/tracing/spanrelay"
 )
 
 var knownPaths = map[string]bool{
@@ -38,6 +39,9 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("POST /abort", s.handleAbort)
 	mux.HandleFunc("POST /cancel", s.handleCancel)
 	mux.HandleFunc("POST /shutdown", s.handleShutdown)
+	if s.cfg.Spans != nil {
+		mux.Handle("POST "+spanrelay.Path, s.cfg.Spans)
+	}
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		if knownPaths[r.URL.Path] {
 			writeError(w, &api.Error{Status: http.StatusMethodNotAllowed, Type: api.TypeInvalidRequest,

@@ -29,6 +29,7 @@ import (
 	"github.com/macfleet/macfleet/runner/api"
 	"github.com/macfleet/macfleet/runner/llama"
 	"github.com/macfleet/macfleet/runner/procmem"
+	"github.com/macfleet/macfleet/tracing/spanrelay"
 )
 
 // Config is the runner's configuration (its command-line flags).
@@ -65,9 +66,12 @@ type Config struct {
 	PromptCache PromptCacheConfig
 	// Stdout receives the listening event.
 	Stdout io.Writer
-	// TracerProvider traces generation requests (tracing.New); nil means none.
+	// TracerProvider traces generation requests (tracing.NewRelayed); nil means none.
 	TracerProvider trace.TracerProvider
-	Log            logr.Logger
+	// Spans is the queue the runner's spans wait in for the agent, which drains it
+	// with POST /spans (package spanrelay); nil: the runner keeps no spans.
+	Spans *spanrelay.Queue
+	Log   logr.Logger
 }
 
 // LoadError means the model could not be loaded (the process exits with code 3).

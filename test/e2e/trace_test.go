@@ -36,7 +36,7 @@ func TestTraceThroughGatewayAgentRunner(t *testing.T) {
 	replica := waitReady(t, ns, "traced", 1, 3*time.Minute)[0]
 	node, key := replica.Spec.NodeName, replica.Namespace+"/"+replica.Name
 
-	// The Mac's agent restarts with tracing on (its runners inherit the environment)
+	// The Mac's agent restarts with tracing on (it exports its runners' spans too)
 	// and logging requests; at the end it restarts as it was.
 	if err := fleet.StopAgent(node, time.Minute); err != nil {
 		t.Fatal(err)

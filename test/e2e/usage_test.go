@@ -76,7 +76,7 @@ var usageCases = []usageCase{
 // deployment to equal those sums exactly, token for token. Some of the requests are
 // streams their client abandons mid-stream: for those, the usage is the prompt's (on
 // the first chunk) and the tokens the runner itself says it generated (its
-// runner.decode span, exported by the runner process to an OTLP receiver in this test).
+// runner.decode span, which its agent exports to an OTLP receiver in this test).
 func TestUsageMetersEveryAnswer(t *testing.T) {
 	if err := apiModel(); err != nil {
 		t.Fatal(err)
@@ -198,7 +198,7 @@ func TestUsageMetersEveryAnswer(t *testing.T) {
 	}
 }
 
-// restartAgentsWith restarts every Mac's agent with env (its runners inherit it) and
+// restartAgentsWith restarts every Mac's agent with env and
 // waits until each is Ready; at the end of the test they restart as they were.
 func restartAgentsWith(t *testing.T, env []string) {
 	t.Helper()

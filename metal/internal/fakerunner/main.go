@@ -46,6 +46,8 @@ func main() {
 		stdoutLog = flag.Bool("fake-chatty", false, "print lines to stdout before the listening line")
 		probeRead = flag.String("fake-read", "", "read this file, as a loader bug would, and fail the load with what it got")
 		probeDial = flag.String("fake-dial", "", "connect to this TCP address and fail the load with the outcome")
+		probeUnix = flag.String("fake-dial-unix", "", "connect to this unix socket and fail the load with the outcome")
+		_         = flag.Bool("trace-relay", false, "accepted; the fake runner makes no spans (it answers POST /spans 404)")
 	)
 	flag.Parse()
 	if (*socket == "") == (*addr == "") {
@@ -92,8 +94,8 @@ func main() {
 	b, _ := json.Marshal(ev)
 	fmt.Println(string(b))
 
-	if *probeRead != "" || *probeDial != "" {
-		*failLoad = probe(*probeRead, *probeDial)
+	if *probeRead != "" || *probeDial != "" || *probeUnix != "" {
+		*failLoad = probe(*probeRead, *probeDial, *probeUnix)
 	}
 	go s.load(*model, *loadTime, *failLoad, *failStay)
 
@@ -318,7 +320,7 @@ func (s *server) completions(w http.ResponseWriter, r *http.Request) {
 
 // probe tries what a compromised runner would (read a file, connect out) and says
 // what it got.
-func probe(path, addr string) string {
+func probe(path, addr, unixSocket string) string {
 	var out []string
 	if path != "" {
 		if b, err := os.ReadFile(path); err != nil {
@@ -327,12 +329,15 @@ func probe(path, addr string) string {
 			out = append(out, fmt.Sprintf("read %s: %q", path, b))
 		}
 	}
-	if addr != "" {
-		if c, err := net.DialTimeout("tcp", addr, 5*time.Second); err != nil {
-			out = append(out, fmt.Sprintf("dial %s: %v", addr, err))
+	for _, d := range []struct{ network, addr string }{{"tcp", addr}, {"unix", unixSocket}} {
+		if d.addr == "" {
+			continue
+		}
+		if c, err := net.DialTimeout(d.network, d.addr, 5*time.Second); err != nil {
+			out = append(out, fmt.Sprintf("dial %s: %v", d.addr, err))
 		} else {
 			c.Close()
-			out = append(out, fmt.Sprintf("dial %s: connected", addr))
+			out = append(out, fmt.Sprintf("dial %s: connected", d.addr))
 		}
 	}
 	return strings.Join(out, "; ")

@@ -329,7 +329,7 @@ func TestSamplesApplyAndPrint(t *testing.T) {
 	}{
 		{kind: "md", columns: []string{"NAME", "READY", "MODEL", "MEMORY", "NODES", "FAILURE", "AGE"}, names: []string{"qwen-7b", "nomic-embed", "llama-8b-local", "tiny-chat", "tiny-chat-ondemand", "tiny-chat-autoscaled", "qwen-7b-elastic", "coder"}},
 		{kind: "mr", columns: []string{"NAME", "NODE", "READY", "PHASE", "RESERVED", "RESIDENT", "AGE"}, names: []string{"print-replica"}},
-		{kind: "mn", columns: []string{"NAME", "READY", "CHIP", "CEILING", "USED", "COMMITTED", "PRESSURE", "AGE"}, names: []string{"print-mac"}},
+		{kind: "mn", columns: []string{"NAME", "READY", "CHIP", "CEILING", "REPORTED", "USED", "COMMITTED", "PRESSURE", "AGE"}, names: []string{"print-mac"}},
 		{kind: "sp", columns: []string{"NAME", "AGE"}, names: []string{"default"}},
 		{kind: "hpa", columns: []string{"NAME", "REFERENCE", "TARGETS", "MINPODS", "MAXPODS", "REPLICAS", "AGE"}, names: []string{"ModelDeployment/qwen-7b"}},
 	} {

@@ -138,6 +138,10 @@ echo "  429 $(grep -i '^retry-after' "$work/budget.headers" | tr -d '\r') $(cut 
 
 say "The data plane trusts no shared secret: each Mac serves mutual TLS with its own certificate"
 "$kubectl" get csr -o custom-columns='CSR:.metadata.name,SIGNER:.spec.signerName,REQUESTOR:.spec.username,STATUS:.status.conditions[*].type'
+mac=$("$kubectl" get mn -o jsonpath='{.items[0].metadata.name}')
+pin=$("$kubectl" -n macfleet-nodes get secret "$mac-credential" -o jsonpath='{.metadata.annotations.macfleet\.dev/node-key-sha256}')
+echo "\$ kubectl -n macfleet-nodes get secret $mac-credential   # the key its certificates must use: $pin"
+[[ -n $pin ]] || { echo "no key pinned to $mac after its first certificate" >&2; exit 1; }
 addr=$("$kubectl" get mn -o jsonpath='{.items[0].status.agent.address}')
 code=$(curl -sk -o /dev/null -w '%{http_code}' "https://$addr/api/status" || true)
 echo "\$ curl -k https://$addr/api/status    # no client certificate: $code"

@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -593,6 +594,26 @@ func (p *pairedDecode) run(b *testing.B, n int, first, second endpoint, firstPID
 		p.first, p.second = append(p.first, f.DecodeRate()), append(p.second, s.DecodeRate())
 		p.ratios = append(p.ratios, f.DecodeRate()/s.DecodeRate())
 	}
+}
+
+// report reports what the pairs measured as metrics (each side's median decode rate
+// under firstName and secondName, the median pair ratio, the CPU ratio, the other
+// processes' CPU since cpu started) and returns one sentence of it for b.Logf, with
+// the verdict on the target ratio ≥ 0.98.
+func (p *pairedDecode) report(b *testing.B, cpu *cpuMeter, firstName, secondName string) string {
+	b.Helper()
+	ratio := median(p.ratios)
+	b.ReportMetric(0, "ns/op")
+	others := reportOthers(b, cpu)
+	b.ReportMetric(median(p.first), firstName+"-tok/s")
+	b.ReportMetric(median(p.second), secondName+"-tok/s")
+	b.ReportMetric(ratio, "tok/s-ratio")
+	cpuNote := p.cpuRatio(b)
+	ratios := slices.Sorted(slices.Values(p.ratios))
+	return fmt.Sprintf("%s: decode %.1f vs %.1f tok/s over %d pairs of %d tokens, median pair ratio %.3f "+
+		"(quartiles %.3f–%.3f; target ≥ 0.98: %s); %s",
+		others, median(p.first), median(p.second), len(ratios), genTokens, ratio, ratios[len(ratios)/4], ratios[len(ratios)*3/4],
+		verdict(ratio >= 0.98), cpuNote)
 }
 
 // cpuRatio is the first runner's CPU time per token over the second's (both generated

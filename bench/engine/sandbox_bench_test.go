@@ -3,7 +3,6 @@ package engine
 import (
 	"fmt"
 	"os"
-	"sort"
 	"strings"
 	"testing"
 )
@@ -41,19 +40,8 @@ func BenchmarkSandboxedVsUnconfined(b *testing.B) {
 	for b.Loop() {
 		p.run(b, pairs, con, unc, onPID, offPID)
 	}
-	ratio := median(p.ratios)
-	b.ReportMetric(0, "ns/op")
-	others := reportOthers(b, cpu)
-	b.ReportMetric(median(p.first), "confined-tok/s")
-	b.ReportMetric(median(p.second), "unconfined-tok/s")
-	b.ReportMetric(ratio, "tok/s-ratio")
-	cpuNote := p.cpuRatio(b)
-	ratios := p.ratios
-	sort.Float64s(ratios)
-	b.Logf("sandboxed vs unconfined runner, mid model (%s, the unconfined agent's runner among them): decode %.1f vs %.1f tok/s "+
-		"over %d pairs of %d tokens, median pair ratio %.3f (quartiles %.3f–%.3f; target ≥ 0.98: %s); %s",
-		others, median(p.first), median(p.second), len(ratios), genTokens, ratio, ratios[len(ratios)/4], ratios[len(ratios)*3/4],
-		verdict(ratio >= 0.98), cpuNote)
+	b.Logf("sandboxed vs unconfined runner, mid model (the unconfined agent's runner among the others): %s",
+		p.report(b, cpu, "confined", "unconfined"))
 }
 
 // seccomped reports whether process pid runs under a seccomp filter, and whether

@@ -1,7 +1,6 @@
 package engine
 
 import (
-	"sort"
 	"testing"
 	"time"
 
@@ -59,18 +58,8 @@ func BenchmarkTracedVsUntracedRunner(b *testing.B) {
 		}
 		return decodes == requests
 	})
-	ratio := median(p.ratios)
-	b.ReportMetric(0, "ns/op")
-	others := reportOthers(b, cpu)
-	b.ReportMetric(median(p.first), "traced-tok/s")
-	b.ReportMetric(median(p.second), "untraced-tok/s")
-	b.ReportMetric(ratio, "tok/s-ratio")
-	cpuNote := p.cpuRatio(b)
+	summary := p.report(b, cpu, "traced", "untraced")
 	b.ReportMetric(float64(runnerSpans)/float64(requests), "spans/request")
-	ratios := p.ratios
-	sort.Float64s(ratios)
-	b.Logf("traced vs untraced sandboxed runner, mid model (%s): decode %.1f vs %.1f tok/s over %d pairs of %d tokens, "+
-		"median pair ratio %.3f (quartiles %.3f–%.3f; target ≥ 0.98: %s); %s; %d runner.decode spans relayed for %d traced requests",
-		others, median(p.first), median(p.second), len(ratios), genTokens, ratio, ratios[len(ratios)/4], ratios[len(ratios)*3/4],
-		verdict(ratio >= 0.98), cpuNote, decodes, requests)
+	b.Logf("traced vs untraced sandboxed runner, mid model: %s; %d runner.decode spans relayed for %d traced requests",
+		summary, decodes, requests)
 }

@@ -128,6 +128,11 @@ bench-peers: build runner $(PEER) ## Measure macfleet serve side by side with a 
 	go run ./bench/peers -macfleet $(BIN)/macfleet -runner $(RUNNER) -peer $(PEER) -peer-version $(PEER_VERSION) \
 		-rounds $(PEERS_ROUNDS) -model $(PEERS_MODEL) -tokens $(PEERS_TOKENS) $(PEERS_FLAGS)
 
+.PHONY: bench-runners
+bench-runners: ## Compare the runners of COMMITS side by side, interleaved (the last is the baseline; RUNNERS_FLAGS for more).
+	@test -n "$(COMMITS)" || { echo 'usage: make bench-runners COMMITS="OLD ... NEW" [RUNNERS_FLAGS="-rounds 5"]' >&2; exit 2; }
+	RUNNERS_FLAGS="$(RUNNERS_FLAGS)" hack/bench-runners.sh $(COMMITS)
+
 .PHONY: peer
 peer: $(PEER) ## Build the peer server of bench-peers into the cache (once per version).
 $(PEER): | deps

@@ -53,27 +53,16 @@ func builtinGlobals() map[string]any {
 		"namespace": Func(func(args []any, kw *Dict) (any, error) {
 			d := NewDict()
 			d.namespace = true
+			var src any
 			if len(args) == 1 {
-				if src, ok := args[0].(*Dict); ok {
-					for _, k := range src.keys {
-						d.Set(k, src.m[k])
-					}
-				}
+				src = args[0]
 			}
-			if kw != nil {
-				for _, k := range kw.keys {
-					d.Set(k, kw.m[k])
-				}
-			}
+			d.merge(src, kw)
 			return d, nil
 		}),
 		"dict": Func(func(_ []any, kw *Dict) (any, error) {
 			d := NewDict()
-			if kw != nil {
-				for _, k := range kw.keys {
-					d.Set(k, kw.m[k])
-				}
-			}
+			d.merge(nil, kw)
 			return d, nil
 		}),
 		"strftime_now": Func(func(args []any, _ *Dict) (any, error) {

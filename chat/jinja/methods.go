@@ -361,18 +361,11 @@ func dictMethod(d *Dict, name string) Func {
 		}
 	case "update":
 		return func(args []any, kw *Dict) (any, error) {
+			var src any
 			if len(args) > 0 {
-				if src, ok := args[0].(*Dict); ok {
-					for _, k := range src.keys {
-						d.Set(k, src.m[k])
-					}
-				}
+				src = args[0]
 			}
-			if kw != nil {
-				for _, k := range kw.keys {
-					d.Set(k, kw.m[k])
-				}
-			}
+			d.merge(src, kw)
 			return nil, nil
 		}
 	}

@@ -13,6 +13,8 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/metering"
 	"github.com/macfleet/macfleet/pki"
@@ -182,32 +184,9 @@ func (g *Gateway) fail(w http.ResponseWriter, model, endpoint string, e *apiErro
 func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, model, name string, id tenancy.Identity, t *ticket, body []byte, start time.Time) (res outcome) {
 	ctx := r.Context()
 	defer g.adm.leave(t)
-	// hd is the current wait's span (tracing only); attempts numbers the attempts.
-	var hd *hold
+	wt := waiting{g: g, model: model, start: start, backoff: minBackoff}
+	defer func() { wt.end(res.reason) }()
 	attempts := 0
-	defer func() { hd.end(res.reason) }()
-	// The deadline timer is made only once the request waits: most requests never do.
-	var deadline *time.Timer
-	defer func() { stopTimer(deadline) }()
-	// waitable: some failure since the last reset may go away by waiting.
-	waitable := false
-	var last *failure
-	var heldSince time.Time
-	backoff := minBackoff
-	// unhold ends this request's part in waking the deployment (see waker); woke: it
-	// asked once for a replica more because every replica was busy.
-	var unhold func()
-	woke := false
-	defer func() {
-		if unhold != nil {
-			unhold()
-		}
-	}()
-	observeHold := func() {
-		if !heldSince.IsZero() {
-			g.metrics.held.WithLabelValues(model).Observe(time.Since(heldSince).Seconds())
-		}
-	}
 	for {
 		tbl := g.Table()
 		rt, aerr := tbl.ResolveAs(name, id)
@@ -222,7 +201,7 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, model, name stri
 			e := &apiError{Status: http.StatusServiceUnavailable, Type: typeUnavailable, Code: codeNoReplica,
 				Message: rt.Unavailable, RetryAfter: coldRetryAfter, reason: "no_ready_replica"}
 			e.write(w)
-			observeHold()
+			wt.observe()
 			return outcome{status: e.Status, reason: e.reason}
 		}
 		be, ok, aerr := g.adm.acquire(rt, t)
@@ -231,90 +210,27 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, model, name stri
 			return outcome{status: aerr.Status, reason: aerr.reason}
 		}
 		if !ok {
-			switch {
-			case wakeable && unhold == nil:
-				rel, err := g.waker.hold(ctx, rt)
-				if err != nil {
-					observeHold()
-					if ctx.Err() != nil {
-						return outcome{status: statusClientGone, reason: "client_gone"}
-					}
-					e := wakeError(err)
-					e.write(w)
-					return outcome{status: e.Status, reason: e.reason}
-				}
-				unhold = rel
-			case unhold == nil && !woke && len(rt.Backends) > 0 && rt.Autoscaled && g.waker != nil && rt.Replicas < rt.MaxReplicas:
-				// Every replica is busy: the queue asks the autoscaler for one more, as
-				// a held request does. A failed write is logged and counted; the request
-				// keeps its place.
-				woke = true
-				if rel, err := g.waker.hold(ctx, rt); err == nil {
-					unhold = rel
-				}
-			}
-			if last != nil && !waitable && allExcluded(rt, t) {
-				last.writeThrough(w)
-				observeHold()
-				return outcome{status: last.status, reason: "upstream_unavailable"}
-			}
-			if heldSince.IsZero() && len(rt.Backends) == 0 {
-				heldSince = time.Now()
-			}
-			if deadline == nil {
-				deadline = time.NewTimer(time.Until(start.Add(g.opts.ColdStartTimeout)))
-			}
-			if hd == nil {
-				hd = g.startHold(ctx, rt, t)
-			}
-			var retry <-chan time.Time
-			var bt *time.Timer
-			if len(t.excluded) > 0 {
-				bt = time.NewTimer(backoff)
-				retry = bt.C
-			}
-			select {
-			case be = <-t.granted:
-				stopTimer(bt)
-			case <-ctx.Done():
-				stopTimer(bt)
-				observeHold()
-				return outcome{status: statusClientGone, reason: "client_gone"}
-			case <-deadline.C:
-				stopTimer(bt)
-				observeHold()
-				e := g.holdTimeout(rt, last, t)
-				e.write(w)
-				return outcome{status: e.Status, reason: e.reason}
-			case <-tbl.Changed():
-				stopTimer(bt)
-				continue
-			case <-retry:
-				g.adm.forgive(rt, t)
-				waitable = false
-				backoff = min(2*backoff, maxBackoff)
+			var next waitNext
+			if be, res, next = wt.wait(ctx, w, tbl, rt, t, wakeable); next == waitDone {
+				return res
+			} else if next == waitAgain {
 				continue
 			}
 		}
-		if unhold != nil {
-			unhold()
-			unhold = nil
-		}
-		hd.end("granted")
-		hd = nil
+		wt.granted()
 		attempts++
 		res := g.attempt(ctx, w, r, model, be, body, start, attempts)
 		g.adm.release(t, be.Key)
 		if res.failure == nil {
-			observeHold()
+			wt.observe()
 			return res
 		}
-		last = res.failure
+		wt.last = res.failure
 		g.adm.exclude(t, be.Key)
-		waitable = waitable || !last.final()
-		g.metrics.retries.WithLabelValues(model, last.reason).Inc()
+		wt.waitable = wt.waitable || !wt.last.final()
+		g.metrics.retries.WithLabelValues(model, wt.last.reason).Inc()
 		g.log.V(1).Info("Attempt failed before the first byte; trying another replica", "model", model,
-			"replica", be.Key, "endpoint", be.Endpoint, "reason", last.reason, "status", last.status, "err", last.err)
+			"replica", be.Key, "endpoint", be.Endpoint, "reason", wt.last.reason, "status", wt.last.status, "err", wt.last.err)
 	}
 }
 
@@ -382,15 +298,7 @@ func (g *Gateway) attempt(ctx context.Context, w http.ResponseWriter, r *http.Re
 	out.Header.Set(runnerapi.HeaderRequestID, id)
 	span := g.startAttempt(ctx, out, be, n)
 	defer func() { endAttempt(span, res) }()
-	if tok := g.opts.FleetToken(); tok != "" {
-		out.Header.Set("Authorization", "Bearer "+tok)
-	}
-	out.Header.Set(mfv1.HeaderReplica, be.Key)
-	out.Header.Set(mfv1.HeaderQueued, strconv.Itoa(g.adm.queued(model)))
-	out.Header.Set(mfv1.HeaderGateway, g.id)
-	if p := g.caller(r).CachePartition(); p != "" {
-		out.Header.Set(runnerapi.HeaderCachePartition, p)
-	}
+	g.setUpstreamHeaders(out, r, model, be)
 	resp, err := g.transport.RoundTrip(out)
 	if err != nil {
 		if ctx.Err() != nil {
@@ -408,30 +316,66 @@ func (g *Gateway) attempt(ctx context.Context, w http.ResponseWriter, r *http.Re
 		// The client went away and no answer follows that a runner generated.
 		return outcome{status: statusClientGone, reason: "client_gone"}
 	}
+	if res, done := uncommitted(w, resp, be); done {
+		return res
+	}
+	copyResponseHeaders(w.Header(), resp.Header)
+	w.WriteHeader(resp.StatusCode)
+	return g.relay(ctx, w, r, model, be, resp, relayed{start: start, span: span, cancelled: &cancelled})
+}
+
+// setUpstreamHeaders sets the headers the agent reads: the fleet token, the replica,
+// the deployment's queue, the gateway and the caller's cache partition.
+func (g *Gateway) setUpstreamHeaders(out, r *http.Request, model string, be Backend) {
+	if tok := g.opts.FleetToken(); tok != "" {
+		out.Header.Set("Authorization", "Bearer "+tok)
+	}
+	out.Header.Set(mfv1.HeaderReplica, be.Key)
+	out.Header.Set(mfv1.HeaderQueued, strconv.Itoa(g.adm.queued(model)))
+	out.Header.Set(mfv1.HeaderGateway, g.id)
+	if p := g.caller(r).CachePartition(); p != "" {
+		out.Header.Set(runnerapi.HeaderCachePartition, p)
+	}
+}
+
+// uncommitted handles the statuses that end the attempt before any byte reaches the
+// client: a 503 or 507 fails it retryably, and so does a 404 of a replica the agent no
+// longer has; another 404 is passed through. done: resp was handled.
+func uncommitted(w http.ResponseWriter, resp *http.Response, be Backend) (res outcome, done bool) {
 	if resp.StatusCode == http.StatusServiceUnavailable || resp.StatusCode == http.StatusInsufficientStorage {
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, failureBodyLimit))
 		return outcome{failure: &failure{backend: be, reason: fmt.Sprintf("status_%d", resp.StatusCode),
-			status: resp.StatusCode, header: resp.Header.Clone(), body: b}}
+			status: resp.StatusCode, header: resp.Header.Clone(), body: b}}, true
 	}
-	if resp.StatusCode == http.StatusNotFound {
-		// The table named this replica, so an agent that does not know it has just
-		// removed it (a rolling update or scale-down deleted it before the table
-		// caught up): another replica can serve the request.
-		b, _ := io.ReadAll(io.LimitReader(resp.Body, failureBodyLimit))
-		if bytes.Contains(b, []byte(`"model_not_found"`)) {
-			return outcome{failure: &failure{backend: be, reason: "replica_gone",
-				status: resp.StatusCode, header: resp.Header.Clone(), body: b}}
-		}
-		copyResponseHeaders(w.Header(), resp.Header)
-		w.Header().Del("Content-Length")
-		w.WriteHeader(resp.StatusCode)
-		_, _ = w.Write(b)
-		return outcome{status: resp.StatusCode, reason: "upstream_status"}
+	if resp.StatusCode != http.StatusNotFound {
+		return outcome{}, false
 	}
-
+	// The table named this replica, so an agent that does not know it has just
+	// removed it (a rolling update or scale-down deleted it before the table
+	// caught up): another replica can serve the request.
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, failureBodyLimit))
+	if bytes.Contains(b, []byte(`"model_not_found"`)) {
+		return outcome{failure: &failure{backend: be, reason: "replica_gone",
+			status: resp.StatusCode, header: resp.Header.Clone(), body: b}}, true
+	}
 	copyResponseHeaders(w.Header(), resp.Header)
+	w.Header().Del("Content-Length")
 	w.WriteHeader(resp.StatusCode)
-	res = outcome{status: resp.StatusCode}
+	_, _ = w.Write(b)
+	return outcome{status: resp.StatusCode, reason: "upstream_status"}, true
+}
+
+// relayed is what relay needs of its attempt beside the response.
+type relayed struct {
+	start     time.Time
+	span      trace.Span
+	cancelled *cancellation
+}
+
+// relay streams the committed response resp of replica be to the client, flushing
+// every chunk, until the upstream ends or either side goes away.
+func (g *Gateway) relay(ctx context.Context, w http.ResponseWriter, r *http.Request, model string, be Backend, resp *http.Response, a relayed) outcome {
+	res := outcome{status: resp.StatusCode}
 	if resp.StatusCode >= 400 {
 		res.reason = "upstream_status"
 	}
@@ -449,10 +393,10 @@ func (g *Gateway) attempt(ctx context.Context, w http.ResponseWriter, r *http.Re
 		gone = gone || ctx.Err() != nil
 		if n > 0 && !gone {
 			if first {
-				ttft := time.Since(start)
+				ttft := time.Since(a.start)
 				g.metrics.ttft.WithLabelValues(model, endpointLabel(r.URL.Path)).Observe(ttft.Seconds())
 				g.traffic.firstByte(model, ttft)
-				firstByte(span, ttft)
+				firstByte(a.span, ttft)
 				first = false
 			}
 			if _, werr := w.Write(buf[:n]); werr != nil {
@@ -465,7 +409,7 @@ func (g *Gateway) attempt(ctx context.Context, w http.ResponseWriter, r *http.Re
 		if rerr == io.EOF {
 			res.usage = g.meter(r, model, resp)
 			if gone && !sent.complete(resp) {
-				g.metrics.cancellations.WithLabelValues(model, cancelled.outcome(true)).Inc()
+				g.metrics.cancellations.WithLabelValues(model, a.cancelled.outcome(true)).Inc()
 				return outcome{status: statusClientGone, reason: "client_gone", usage: res.usage}
 			}
 			return res
@@ -478,21 +422,27 @@ func (g *Gateway) attempt(ctx context.Context, w http.ResponseWriter, r *http.Re
 				if sent.complete(resp) {
 					return res
 				}
-				g.lostOnCancel(model, be, &cancelled)
+				g.lostOnCancel(model, be, a.cancelled)
 				return outcome{status: statusClientGone, reason: "client_gone"}
 			}
-			g.log.Info("Upstream response broke after it started; not retried", "model", model,
-				"replica", be.Key, "endpoint", be.Endpoint, "err", rerr.Error())
-			e := &apiError{Status: http.StatusBadGateway, Type: typeServer, Code: codeUpstream,
-				Message: fmt.Sprintf("the response of replica %s broke off: %v", be.Key, rerr)}
-			if isEventStream(resp.Header) {
-				_, _ = w.Write(e.sseEvent())
-				_ = rc.Flush()
-				return outcome{status: resp.StatusCode, reason: "stream_broken"}
-			}
-			return outcome{status: resp.StatusCode, reason: "stream_broken", abort: true}
+			return g.broken(w, rc, model, be, resp, rerr)
 		}
 	}
+}
+
+// broken ends a response that broke off after it started: not retried; a stream gets
+// an error event, another body is aborted.
+func (g *Gateway) broken(w http.ResponseWriter, rc *http.ResponseController, model string, be Backend, resp *http.Response, rerr error) outcome {
+	g.log.Info("Upstream response broke after it started; not retried", "model", model,
+		"replica", be.Key, "endpoint", be.Endpoint, "err", rerr.Error())
+	e := &apiError{Status: http.StatusBadGateway, Type: typeServer, Code: codeUpstream,
+		Message: fmt.Sprintf("the response of replica %s broke off: %v", be.Key, rerr)}
+	if isEventStream(resp.Header) {
+		_, _ = w.Write(e.sseEvent())
+		_ = rc.Flush()
+		return outcome{status: resp.StatusCode, reason: "stream_broken"}
+	}
+	return outcome{status: resp.StatusCode, reason: "stream_broken", abort: true}
 }
 
 // doneEvent is the last event of an OpenAI stream.

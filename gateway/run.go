@@ -3,7 +3,6 @@ package gateway
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -16,36 +15,22 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/trace"
 	coordinationv1 "k8s.io/api/coordination/v1"
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/validation"
-	"k8s.io/client-go/kubernetes"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
-	"k8s.io/utils/clock"
-	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/healthz"
-	"sigs.k8s.io/controller-runtime/pkg/manager"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/console"
 	"github.com/macfleet/macfleet/fairqueue"
-	"github.com/macfleet/macfleet/internal/callercert"
 	"github.com/macfleet/macfleet/internal/httpserver"
-	"github.com/macfleet/macfleet/internal/informers"
-	"github.com/macfleet/macfleet/internal/mgrhttp"
-	"github.com/macfleet/macfleet/ledger"
-	"github.com/macfleet/macfleet/pki"
 	"github.com/macfleet/macfleet/tenancy"
-	"github.com/macfleet/macfleet/tenancy/satoken"
 )
 
 // The gateway reads the fleet. It writes the wake annotation on an autoscaled
@@ -176,75 +161,14 @@ func Scheme() (*runtime.Scheme, error) {
 // have synced and the first table is in place.
 func Run(ctx context.Context, cfg Config) error {
 	log := ctrl.LoggerFrom(ctx).WithName("gateway")
-	opts := Options{ColdStartTimeout: cfg.ColdStartTimeout, PrefixAffinity: cfg.PrefixAffinity,
+	w := &wiring{cfg: cfg, log: log, opts: Options{ColdStartTimeout: cfg.ColdStartTimeout, PrefixAffinity: cfg.PrefixAffinity,
 		MaxInFlightPerSlot: cfg.MaxInFlightPerSlot, Queue: cfg.Queue, Registerer: cfg.Registerer, Log: log,
-		TracerProvider: cfg.TracerProvider}
-	if opts.Registerer == nil {
-		opts.Registerer = ctrlmetrics.Registry
+		TracerProvider: cfg.TracerProvider}}
+	if w.opts.Registerer == nil {
+		w.opts.Registerer = ctrlmetrics.Registry
 	}
-	poll := cfg.FilePoll
-	if poll <= 0 {
-		poll = DefaultFilePoll
-	}
-	var watchers []func(context.Context)
-	if cfg.AgentCertSecret != "" {
-		ns, name, ok := strings.Cut(cfg.AgentCertSecret, "/")
-		if !ok || ns == "" || name == "" {
-			return fmt.Errorf("the agent certificate Secret %q: want namespace/name", cfg.AgentCertSecret)
-		}
-		cs, err := kubernetes.NewForConfig(cfg.RestConfig)
-		if err != nil {
-			return fmt.Errorf("creating the client of the agent certificate: %w", err)
-		}
-		opts.AgentCertificates = &pki.Source{}
-		watchers = append(watchers, func(ctx context.Context) {
-			callercert.Keep(ctx, cs, ns, name, opts.AgentCertificates, cfg.AgentCertPoll, nil, log.WithName("agent-cert"))
-		})
-	} else {
-		log.Info("No --agent-cert-secret: requests reach agents over plain HTTP, which agents in cluster mode refuse")
-	}
-	if cfg.FleetTokenFile != "" {
-		tf, err := LoadTokenFile(cfg.FleetTokenFile)
-		if err != nil {
-			return fmt.Errorf("the fleet token: %w", err)
-		}
-		opts.FleetToken = tf.Token
-		watchers = append(watchers, func(ctx context.Context) { tf.Watch(ctx, poll, log) })
-	}
-	var kf *KeysFile
-	if cfg.APIKeysFile != "" {
-		var err error
-		if kf, err = LoadKeysFile(cfg.APIKeysFile); err != nil {
-			return fmt.Errorf("the API keys: %w", err)
-		}
-		watchers = append(watchers, func(ctx context.Context) { kf.Watch(ctx, poll, log) })
-	}
-	var tk *TenantKeys // set below, once the cache exists
-	if kf != nil || cfg.TenantKeys {
-		opts.Identify = func(key string) (tenancy.Identity, bool) {
-			if kf != nil {
-				if id, ok := kf.Identify(key); ok {
-					return id, true
-				}
-			}
-			if tk != nil {
-				return tk.Lookup(key)
-			}
-			return tenancy.Identity{}, false
-		}
-	}
-	if cfg.TenantKeys && !cfg.NoServiceAccountTokens {
-		cs, err := kubernetes.NewForConfig(cfg.RestConfig)
-		if err != nil {
-			return fmt.Errorf("creating the TokenReview client: %w", err)
-		}
-		rev, err := satoken.New(cs.AuthenticationV1().TokenReviews(), satoken.Options{Audience: cfg.TokenAudience, TTL: cfg.TokenCacheTTL,
-			Registerer: opts.Registerer, Component: "gateway"})
-		if err != nil {
-			return err
-		}
-		opts.ReviewToken = rev.Review
-		log.Info("Accepting ServiceAccount tokens", "audience", rev.Audience())
+	if err := w.callers(); err != nil {
+		return err
 	}
 	api, err := newAPIServer(cfg, log)
 	if err != nil {
@@ -258,113 +182,29 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return fmt.Errorf("creating the client: %w", err)
 	}
-	opts.Wake = PatchWake(writer)
-	// The teams' callers are counted in the ledger and held to their budgets.
-	var lw *ledger.Writer
-	if cfg.TenantKeys {
-		gid := cfg.GatewayID
-		if gid == "" {
-			gid = DefaultGatewayID()
-		}
-		if errs := validation.IsDNS1123Subdomain(ledger.RecordName(gid, time.Now())); len(errs) > 0 {
-			return fmt.Errorf("the gateway id %q does not make a usage record's name: %s", gid, strings.Join(errs, "; "))
-		}
-		l := ledger.New(gid, clock.RealClock{})
-		opts.Budgets = NewBudgets(l, nil, clock.RealClock{}, log.WithName("budgets"))
-		lw = &ledger.Writer{Ledger: l, Client: writer, Retention: cfg.UsageRetention, Log: log.WithName("ledger")}
+	w.opts.Wake = PatchWake(writer)
+	if err := w.budgets(writer); err != nil {
+		return err
 	}
-	g, err := New(opts)
+	g, err := New(w.opts)
 	if err != nil {
 		return err
 	}
-
-	byObject := map[client.Object]cache.ByObject{
-		&coordinationv1.Lease{}: {Namespaces: map[string]cache.Config{mfv1.NodeLeaseNamespace: {}}},
-	}
-	if cfg.TenantKeys {
-		byObject[&corev1.Secret{}] = keyIndex()
-	}
-	mgr, err := ctrl.NewManager(cfg.RestConfig, ctrl.Options{
-		Scheme: scheme,
-		// The routing table catches up within a second of an API server outage's end.
-		// The console shows how long ago each agent renewed its node Lease.
-		Cache: cache.Options{NewInformer: informers.NewInformer(informers.Options{Log: log.WithName("informers")}),
-			ByObject: byObject},
-		// Probes and metrics are served on listeners of our own (mgrhttp).
-		Metrics:                metricsserver.Options{BindAddress: "0"},
-		HealthProbeBindAddress: "0",
-		Logger:                 log,
-		// The API server drains for up to DrainTimeout; the rest stops after it.
-		GracefulShutdownTimeout: ptr.To(api.drainTimeout + time.Minute),
-	})
-	if err != nil {
-		return fmt.Errorf("creating the manager: %w", err)
-	}
-	f := NewFeeder(mgr.GetCache(), g, log)
-	// The routing table and the usage ledger keep up while the requests in flight
-	// drain: a request held for a cold start still finds the replica that comes up.
-	if err := mgr.Add(api.untilDrained(f)); err != nil {
-		return err
-	}
-	if cfg.TenantKeys {
-		tk = NewTenantKeys(mgr.GetCache(), log.WithName("keys"))
-		if err := mgr.Add(tk); err != nil {
-			return err
-		}
-	}
-	if lw != nil {
-		opts.Budgets.cache, lw.Reader = mgr.GetCache(), mgr.GetCache()
-		if err := mgr.Add(opts.Budgets); err != nil {
-			return err
-		}
-		if err := mgr.Add(api.untilDrained(lw)); err != nil {
-			return err
-		}
-	}
-	handler := g.Handler()
-	if !cfg.DisableConsole {
-		if handler, err = withConsole(g, mgr.GetCache(), opts.Identify, log); err != nil {
-			return err
-		}
-	}
-	api.handler = httpserver.Guard(handler, api.hosts)
-	if err := mgr.Add(api); err != nil {
-		return err
-	}
-	for _, w := range watchers {
-		if err := mgr.Add(manager.RunnableFunc(func(ctx context.Context) error { w(ctx); return nil })); err != nil {
-			return err
-		}
-	}
-	probeLn, err := mgrhttp.Listen(cfg.ProbeListener, cfg.ProbeAddr)
+	mgr, err := w.manager(scheme, api)
 	if err != nil {
 		return err
 	}
-	metricsLn, err := mgrhttp.Listen(cfg.MetricsListener, cfg.MetricsAddr)
+	f, err := w.addRunnables(mgr, g, api)
 	if err != nil {
 		return err
 	}
-	if err := mgrhttp.Add(mgr, probeLn, mgrhttp.Probes{
-		Healthz: map[string]healthz.Checker{"healthz": healthz.Ping},
-		Readyz: map[string]healthz.Checker{"draining": api.notDraining, "table": func(*http.Request) error {
-			if !f.Synced() {
-				return errors.New("the routing table has not been built from synced informers yet")
-			}
-			if tk != nil && !tk.Synced() {
-				return errors.New("the API key index (Secret macfleet-system/macfleet-api-keys, which the manager publishes) has not been read yet")
-			}
-			if lw != nil && (!opts.Budgets.Synced() || !lw.Restored()) {
-				return errors.New("the TokenBudgets or this replica's usage records have not been read yet")
-			}
-			return nil
-		}},
-	}, metricsLn); err != nil {
+	if err := w.addProbes(mgr, api, f); err != nil {
 		return err
 	}
 	// The options as New completed them with defaults.
 	log.Info("Starting gateway", "listen", api.ln.Addr().String(), "drainTimeout", api.drainTimeout, "coldStartTimeout", g.opts.ColdStartTimeout,
 		"prefixAffinity", cfg.PrefixAffinity, "apiKeys", cfg.APIKeysFile != "", "tenantKeys", cfg.TenantKeys, "console", !cfg.DisableConsole,
-		"maxInFlightPerSlot", g.opts.MaxInFlightPerSlot, "budgets", lw != nil, "queue", cfg.Queue.WithDefaults(), "tracing", g.tracer != nil)
+		"maxInFlightPerSlot", g.opts.MaxInFlightPerSlot, "budgets", w.lw != nil, "queue", cfg.Queue.WithDefaults(), "tracing", g.tracer != nil)
 	return mgr.Start(ctx)
 }
 

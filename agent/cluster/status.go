@@ -64,7 +64,32 @@ func ownedStatus(mr *v1alpha1.ModelReplica, local *localView, m *metal.ModelSnap
 	if local.total > 0 || local.done > 0 {
 		st.Progress = &v1alpha1.DownloadProgress{DownloadedBytes: local.done, TotalBytes: local.total}
 	}
+	if downloadStatus(&st, mr, local, cond) {
+		return st
+	}
+	cond(v1alpha1.ReplicaDownloaded, metav1.ConditionTrue, v1alpha1.ReasonStored, "stored at "+local.path)
+	if m != nil {
+		if r := m.LastUnload; r != nil {
+			st.LastUnload = unloadReport(*r)
+		}
+	}
+	state := metal.StateAbsent
+	if m != nil {
+		state = m.State
+	}
+	if local.phase == phaseRemoving {
+		state = metal.StateDraining
+	}
+	engineStatus(&st, local, m, state, onDemand, now, cond)
+	return st
+}
 
+// condFunc adds a condition to the status being built.
+type condFunc func(t string, s metav1.ConditionStatus, reason, msg string)
+
+// downloadStatus sets the status of a replica whose model is not stored yet (being
+// downloaded, or failed to); false if it is stored.
+func downloadStatus(st *v1alpha1.ModelReplicaStatus, mr *v1alpha1.ModelReplica, local *localView, cond condFunc) bool {
 	switch local.phase {
 	case phaseDownloading:
 		st.Phase = v1alpha1.ReplicaDownloading
@@ -81,7 +106,7 @@ func ownedStatus(mr *v1alpha1.ModelReplica, local *localView, m *metal.ModelSnap
 		cond(v1alpha1.ReplicaDownloaded, metav1.ConditionFalse, reason, msg)
 		cond(v1alpha1.ReplicaLoaded, metav1.ConditionFalse, v1alpha1.ReasonDownloading, "waiting for the download")
 		cond(v1alpha1.ReplicaReady, metav1.ConditionFalse, v1alpha1.ReasonDownloading, "waiting for the download")
-		return st
+		return true
 	case phaseDownloadFailed:
 		st.Phase = v1alpha1.ReplicaFailed
 		reason := local.fetchReason
@@ -92,22 +117,14 @@ func ownedStatus(mr *v1alpha1.ModelReplica, local *localView, m *metal.ModelSnap
 		cond(v1alpha1.ReplicaDownloaded, metav1.ConditionFalse, reason, truncate(msg))
 		cond(v1alpha1.ReplicaLoaded, metav1.ConditionFalse, reason, "the model could not be downloaded")
 		cond(v1alpha1.ReplicaReady, metav1.ConditionFalse, reason, "the model could not be downloaded")
-		return st
+		return true
 	}
+	return false
+}
 
-	cond(v1alpha1.ReplicaDownloaded, metav1.ConditionTrue, v1alpha1.ReasonStored, "stored at "+local.path)
-	if m != nil {
-		if r := m.LastUnload; r != nil {
-			st.LastUnload = unloadReport(*r)
-		}
-	}
-	state := metal.StateAbsent
-	if m != nil {
-		state = m.State
-	}
-	if local.phase == phaseRemoving {
-		state = metal.StateDraining
-	}
+// engineStatus sets the status of a stored replica from its engine's state.
+func engineStatus(st *v1alpha1.ModelReplicaStatus, local *localView, m *metal.ModelSnapshot, state metal.State,
+	onDemand bool, now time.Time, cond condFunc) {
 	switch state {
 	case metal.StateReady:
 		st.Phase = v1alpha1.ReplicaRunning
@@ -134,47 +151,58 @@ func ownedStatus(mr *v1alpha1.ModelReplica, local *localView, m *metal.ModelSnap
 			cond(v1alpha1.ReplicaReady, metav1.ConditionFalse, v1alpha1.ReasonDraining, "the model is being unloaded")
 		}
 	case metal.StateFailed:
-		msg := "the model failed to load"
-		if m.LastError != "" {
-			msg = m.LastError
-		}
-		if onDemand && !m.RetryAt.After(now) {
-			// The pool's backoff is over: the next request loads the model again. Ready,
-			// or no request would ever reach it (the gateway routes to Ready replicas).
-			st.Phase = v1alpha1.ReplicaStandby
-			cond(v1alpha1.ReplicaLoaded, metav1.ConditionFalse, v1alpha1.ReasonLoadFailed, truncate(msg+"; the next request loads it again"))
-			cond(v1alpha1.ReplicaReady, metav1.ConditionTrue, v1alpha1.ReasonWaitingForDemand,
-				"the model is on disk; the next request loads it (its last load failed)")
-			break
-		}
-		st.Phase = v1alpha1.ReplicaFailed
-		if !m.RetryAt.IsZero() {
-			msg += "; retrying at " + m.RetryAt.UTC().Format(time.RFC3339)
-		}
-		cond(v1alpha1.ReplicaLoaded, metav1.ConditionFalse, v1alpha1.ReasonLoadFailed, truncate(msg))
-		cond(v1alpha1.ReplicaReady, metav1.ConditionFalse, v1alpha1.ReasonLoadFailed, "the model failed to load")
+		loadFailedStatus(st, m, onDemand, now, cond)
 	default: // registered or about to be, not in memory
-		msg := "not loaded"
-		if st.LastUnload != nil {
-			msg = "unloaded (" + st.LastUnload.Reason + ")"
-		}
-		if local.loadErr != nil && !onDemand {
-			st.Phase = v1alpha1.ReplicaFailed
-			msg := fmt.Sprintf("%v; retrying at %s", local.loadErr, local.loadRetryAt.UTC().Format(time.RFC3339))
-			cond(v1alpha1.ReplicaLoaded, metav1.ConditionFalse, v1alpha1.ReasonLoadFailed, truncate(msg))
-			cond(v1alpha1.ReplicaReady, metav1.ConditionFalse, v1alpha1.ReasonLoadFailed, "the model could not be loaded")
-		} else if onDemand {
-			st.Phase = v1alpha1.ReplicaStandby
-			cond(v1alpha1.ReplicaLoaded, metav1.ConditionFalse, v1alpha1.ReasonUnloaded, msg+"; the first request loads it")
-			cond(v1alpha1.ReplicaReady, metav1.ConditionTrue, v1alpha1.ReasonWaitingForDemand,
-				"the model is on disk; the first request loads it")
-		} else {
-			st.Phase = v1alpha1.ReplicaLoading
-			cond(v1alpha1.ReplicaLoaded, metav1.ConditionFalse, v1alpha1.ReasonUnloaded, msg+"; loading it")
-			cond(v1alpha1.ReplicaReady, metav1.ConditionFalse, v1alpha1.ReasonLoading, msg+"; loading it")
-		}
+		notLoadedStatus(st, local, onDemand, cond)
 	}
-	return st
+}
+
+// loadFailedStatus is engineStatus of an engine that failed to load: Ready once the
+// pool's backoff is over for an on-demand replica.
+func loadFailedStatus(st *v1alpha1.ModelReplicaStatus, m *metal.ModelSnapshot, onDemand bool, now time.Time, cond condFunc) {
+	msg := "the model failed to load"
+	if m.LastError != "" {
+		msg = m.LastError
+	}
+	if onDemand && !m.RetryAt.After(now) {
+		// The pool's backoff is over: the next request loads the model again. Ready,
+		// or no request would ever reach it (the gateway routes to Ready replicas).
+		st.Phase = v1alpha1.ReplicaStandby
+		cond(v1alpha1.ReplicaLoaded, metav1.ConditionFalse, v1alpha1.ReasonLoadFailed, truncate(msg+"; the next request loads it again"))
+		cond(v1alpha1.ReplicaReady, metav1.ConditionTrue, v1alpha1.ReasonWaitingForDemand,
+			"the model is on disk; the next request loads it (its last load failed)")
+		return
+	}
+	st.Phase = v1alpha1.ReplicaFailed
+	if !m.RetryAt.IsZero() {
+		msg += "; retrying at " + m.RetryAt.UTC().Format(time.RFC3339)
+	}
+	cond(v1alpha1.ReplicaLoaded, metav1.ConditionFalse, v1alpha1.ReasonLoadFailed, truncate(msg))
+	cond(v1alpha1.ReplicaReady, metav1.ConditionFalse, v1alpha1.ReasonLoadFailed, "the model failed to load")
+}
+
+// notLoadedStatus is engineStatus of a replica registered (or about to be) and not in
+// memory.
+func notLoadedStatus(st *v1alpha1.ModelReplicaStatus, local *localView, onDemand bool, cond condFunc) {
+	msg := "not loaded"
+	if st.LastUnload != nil {
+		msg = "unloaded (" + st.LastUnload.Reason + ")"
+	}
+	if local.loadErr != nil && !onDemand {
+		st.Phase = v1alpha1.ReplicaFailed
+		msg := fmt.Sprintf("%v; retrying at %s", local.loadErr, local.loadRetryAt.UTC().Format(time.RFC3339))
+		cond(v1alpha1.ReplicaLoaded, metav1.ConditionFalse, v1alpha1.ReasonLoadFailed, truncate(msg))
+		cond(v1alpha1.ReplicaReady, metav1.ConditionFalse, v1alpha1.ReasonLoadFailed, "the model could not be loaded")
+	} else if onDemand {
+		st.Phase = v1alpha1.ReplicaStandby
+		cond(v1alpha1.ReplicaLoaded, metav1.ConditionFalse, v1alpha1.ReasonUnloaded, msg+"; the first request loads it")
+		cond(v1alpha1.ReplicaReady, metav1.ConditionTrue, v1alpha1.ReasonWaitingForDemand,
+			"the model is on disk; the first request loads it")
+	} else {
+		st.Phase = v1alpha1.ReplicaLoading
+		cond(v1alpha1.ReplicaLoaded, metav1.ConditionFalse, v1alpha1.ReasonUnloaded, msg+"; loading it")
+		cond(v1alpha1.ReplicaReady, metav1.ConditionFalse, v1alpha1.ReasonLoading, msg+"; loading it")
+	}
 }
 
 // drainStatus is the agent's status of a replica being removed (spec.drain): Loaded
@@ -182,7 +210,7 @@ func ownedStatus(mr *v1alpha1.ModelReplica, local *localView, m *metal.ModelSnap
 // False/Drained — the deployment controller's signal to delete the replica — with the
 // unload's report in lastUnload. It is never Ready again. cond adds a condition to st.
 func drainStatus(st *v1alpha1.ModelReplicaStatus, local *localView, m *metal.ModelSnapshot,
-	cond func(t string, s metav1.ConditionStatus, reason, msg string)) {
+	cond condFunc) {
 	st.Phase = v1alpha1.ReplicaDraining
 	unloading := false
 	if local != nil {

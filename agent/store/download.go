@@ -17,6 +17,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/go-logr/logr"
+
 	"github.com/macfleet/macfleet/internal/source"
 	"github.com/macfleet/macfleet/sourcepolicy"
 )
@@ -285,28 +287,9 @@ func (s *Store) transfer(ctx context.Context, p *partial, src source.Source, loc
 	defer cancel(nil)
 	stall := time.AfterFunc(s.stallTimeout, func() { cancel(errStalled) })
 	defer stall.Stop()
-	req, err := http.NewRequestWithContext(rctx, http.MethodGet, url, nil)
+	req, err := s.request(rctx, p, src, url, resume, sameURL, log)
 	if err != nil {
-		return false, fmt.Errorf("downloading %s: %w", src.Raw, err)
-	}
-	// Asking for identity keeps the transport from decompressing, so that byte offsets
-	// are the file's.
-	req.Header.Set("Accept-Encoding", "identity")
-	if src.Scheme == source.HuggingFace && s.hfToken != "" {
-		req.Header.Set("Authorization", "Bearer "+s.hfToken)
-	}
-	if resume {
-		req.Header.Set("Range", fmt.Sprintf("bytes=%d-", p.off))
-		switch {
-		case !sameURL:
-		case p.meta.ETag != "" && !strings.HasPrefix(p.meta.ETag, "W/"):
-			req.Header.Set("If-Range", p.meta.ETag)
-		case p.meta.LastModified != "":
-			req.Header.Set("If-Range", p.meta.LastModified)
-		}
-		log.V(2).Info("Resuming download", "offset", p.off)
-	} else {
-		log.V(2).Info("Downloading model")
+		return false, err
 	}
 	resp, err := s.client.Do(req)
 	if err != nil {
@@ -315,34 +298,9 @@ func (s *Store) transfer(ctx context.Context, p *partial, src source.Source, loc
 	defer func() { _ = resp.Body.Close() }()
 
 	etag, lastMod := resp.Header.Get("ETag"), resp.Header.Get("Last-Modified")
-	total := int64(-1)
-	switch resp.StatusCode {
-	case http.StatusPartialContent:
-		start, size, ok := parseContentRange(resp.Header.Get("Content-Range"))
-		changed := (p.meta.ETag != "" && etag != "" && etag != p.meta.ETag) ||
-			(p.meta.Total >= 0 && size >= 0 && size != p.meta.Total)
-		if !resume || !ok || start != p.off || changed {
-			log.V(2).Info("Server answered the resume with another range or version; starting over", "contentRange", resp.Header.Get("Content-Range"))
-			return true, p.reset(url)
-		}
-		total = size
-	case http.StatusOK:
-		if p.off > 0 {
-			log.V(2).Info("Server sent the whole file; starting over", "discarded", p.off)
-		}
-		if err := p.reset(url); err != nil {
-			return false, err
-		}
-		total = resp.ContentLength
-	case http.StatusRequestedRangeNotSatisfiable:
-		if _, size, ok := parseContentRange(resp.Header.Get("Content-Range")); ok && resume && size == p.off {
-			// The partial already holds the whole file.
-			return false, nil
-		}
-		return true, p.reset(url)
-	default:
-		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
-		return false, fmt.Errorf("downloading %s: %w", src.Raw, &source.StatusError{URL: url, StatusCode: resp.StatusCode, Status: resp.Status})
+	total, restart, done, err := p.answer(resp, src, url, resume, log)
+	if done || err != nil {
+		return restart, err
 	}
 	if total < 0 && loc.Size > 0 {
 		total = loc.Size
@@ -362,16 +320,85 @@ func (s *Store) transfer(ctx context.Context, p *partial, src source.Source, loc
 			return false, err
 		}
 	}
+	return false, s.appendBody(ctx, rctx, p, resp.Body, url, total, stall, report)
+}
 
+// request is the GET of the file at url: of the rest of it (from the partial's
+// offset, if the version is unchanged when the server can tell) when resuming.
+func (s *Store) request(rctx context.Context, p *partial, src source.Source, url string, resume, sameURL bool, log logr.Logger) (*http.Request, error) {
+	req, err := http.NewRequestWithContext(rctx, http.MethodGet, url, nil)
+	if err != nil {
+		return nil, fmt.Errorf("downloading %s: %w", src.Raw, err)
+	}
+	// Asking for identity keeps the transport from decompressing, so that byte offsets
+	// are the file's.
+	req.Header.Set("Accept-Encoding", "identity")
+	if src.Scheme == source.HuggingFace && s.hfToken != "" {
+		req.Header.Set("Authorization", "Bearer "+s.hfToken)
+	}
+	if !resume {
+		log.V(2).Info("Downloading model")
+		return req, nil
+	}
+	req.Header.Set("Range", fmt.Sprintf("bytes=%d-", p.off))
+	switch {
+	case !sameURL:
+	case p.meta.ETag != "" && !strings.HasPrefix(p.meta.ETag, "W/"):
+		req.Header.Set("If-Range", p.meta.ETag)
+	case p.meta.LastModified != "":
+		req.Header.Set("If-Range", p.meta.LastModified)
+	}
+	log.V(2).Info("Resuming download", "offset", p.off)
+	return req, nil
+}
+
+// answer reads the status of the server's answer: the rest of the file (the file's
+// total size, -1 if unknown), the whole file (the partial emptied to take it), or
+// nothing more to take (done; restart if the partial was emptied and the request
+// must be made again).
+func (p *partial) answer(resp *http.Response, src source.Source, url string, resume bool, log logr.Logger) (total int64, restart, done bool, err error) {
+	switch resp.StatusCode {
+	case http.StatusPartialContent:
+		start, size, ok := parseContentRange(resp.Header.Get("Content-Range"))
+		etag := resp.Header.Get("ETag")
+		changed := (p.meta.ETag != "" && etag != "" && etag != p.meta.ETag) ||
+			(p.meta.Total >= 0 && size >= 0 && size != p.meta.Total)
+		if !resume || !ok || start != p.off || changed {
+			log.V(2).Info("Server answered the resume with another range or version; starting over", "contentRange", resp.Header.Get("Content-Range"))
+			return 0, true, true, p.reset(url)
+		}
+		return size, false, false, nil
+	case http.StatusOK:
+		if p.off > 0 {
+			log.V(2).Info("Server sent the whole file; starting over", "discarded", p.off)
+		}
+		if err := p.reset(url); err != nil {
+			return 0, false, true, err
+		}
+		return resp.ContentLength, false, false, nil
+	case http.StatusRequestedRangeNotSatisfiable:
+		if _, size, ok := parseContentRange(resp.Header.Get("Content-Range")); ok && resume && size == p.off {
+			// The partial already holds the whole file.
+			return 0, false, true, nil
+		}
+		return 0, true, true, p.reset(url)
+	}
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
+	return 0, false, true, fmt.Errorf("downloading %s: %w", src.Raw, &source.StatusError{URL: url, StatusCode: resp.StatusCode, Status: resp.Status})
+}
+
+// appendBody appends body to the partial, hashing it as it goes and reporting the
+// progress towards total; stall is pushed back by every read that brings bytes.
+func (s *Store) appendBody(ctx, rctx context.Context, p *partial, body io.Reader, url string, total int64, stall *time.Timer, report func(int64, int64)) error {
 	buf := make([]byte, copyBuffer)
 	report(p.off, total)
 	for {
-		n, rerr := resp.Body.Read(buf)
+		n, rerr := body.Read(buf)
 		if s.maxBytes > 0 && p.off+int64(n) > s.maxBytes {
 			// A server that did not say the size, or said less than it sends.
 			_ = p.reset(url)
 			_ = p.saveMeta()
-			return false, &TooLargeError{URL: url, Size: -1, Max: s.maxBytes}
+			return &TooLargeError{URL: url, Size: -1, Max: s.maxBytes}
 		}
 		if n > 0 {
 			stall.Reset(s.stallTimeout)
@@ -379,7 +406,7 @@ func (s *Store) transfer(ctx context.Context, p *partial, src source.Source, loc
 				// The file may hold part of buf: reload from it next time.
 				p.meta.HashState = nil
 				_ = p.saveMeta()
-				return false, fmt.Errorf("writing %s: %w", p.path, werr)
+				return fmt.Errorf("writing %s: %w", p.path, werr)
 			}
 			p.h.Write(buf[:n])
 			p.off += int64(n)
@@ -390,7 +417,7 @@ func (s *Store) transfer(ctx context.Context, p *partial, src source.Source, loc
 		}
 		if rerr != nil {
 			_ = p.checkpoint()
-			return false, s.transferErr(ctx, rctx, url, rerr)
+			return s.transferErr(ctx, rctx, url, rerr)
 		}
 	}
 	if total >= 0 && p.off != total {
@@ -398,9 +425,9 @@ func (s *Store) transfer(ctx context.Context, p *partial, src source.Source, loc
 		if p.off > total {
 			_ = p.reset(url)
 		}
-		return false, &IncompleteError{URL: url, Got: p.off, Want: total}
+		return &IncompleteError{URL: url, Got: p.off, Want: total}
 	}
-	return false, nil
+	return nil
 }
 
 // transferErr says why a request or its body failed: the caller's cancellation, a

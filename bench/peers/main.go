@@ -68,22 +68,8 @@ func main() {
 }
 
 func run(o options) error {
-	if o.peer == "" {
-		return errors.New("-peer is required (make bench-peers builds the peer and passes it)")
-	}
-	if o.rounds < 1 || o.rounds > 100 || o.maxTokens < 2 || o.parallel < 1 || o.threads < 1 || o.ctx < 256 {
-		return fmt.Errorf("bad settings: -rounds %d (1–100), -tokens %d (≥2), -parallel %d, -threads %d (≥1), -ctx %d (≥256)",
-			o.rounds, o.maxTokens, o.parallel, o.threads, o.ctx)
-	}
-	for _, p := range []*string{&o.macfleet, &o.runner, &o.peer} {
-		abs, err := filepath.Abs(*p)
-		if err != nil {
-			return err
-		}
-		if _, err := os.Stat(abs); err != nil {
-			return err
-		}
-		*p = abs
+	if err := o.check(); err != nil {
+		return err
 	}
 	spec, err := ggufsynth.Preset(o.preset)
 	if err != nil {
@@ -109,33 +95,15 @@ func run(o options) error {
 		return err
 	}
 
-	subjects := []string{"macfleet", "peer"}
 	servers := map[string]*server{}
 	defer func() {
 		for _, s := range servers {
 			s.stop()
 		}
 	}()
-	say("starting macfleet serve (ctx %d, parallel %d, threads %d, prompt cache off)", o.ctx, o.parallel, o.threads)
-	if servers["macfleet"], err = startMacfleet(ctx, macfleetConfig{bin: o.macfleet, runner: o.runner, model: model,
-		dir: mkdir(dir, "macfleet"), ctx: o.ctx, parallel: o.parallel, threads: o.threads}); err != nil {
-		delete(servers, "macfleet")
+	subjects, err := startServers(ctx, o, dir, model, servers)
+	if err != nil {
 		return err
-	}
-	say("starting the peer, matched (num_ctx %d, NUM_PARALLEL %d, num_thread %d)", o.ctx, o.parallel, o.threads)
-	if servers["peer"], err = startPeer(ctx, peerConfig{name: "peer", bin: o.peer, model: model, dir: mkdir(dir, "peer"),
-		ctx: o.ctx, parallel: o.parallel, threads: o.threads}); err != nil {
-		delete(servers, "peer")
-		return err
-	}
-	if o.defaults {
-		say("starting the peer at its defaults")
-		subjects = append(subjects, "peer-defaults")
-		if servers["peer-defaults"], err = startPeer(ctx, peerConfig{name: "peer-defaults", bin: o.peer, model: model,
-			dir: mkdir(dir, "peer-defaults")}); err != nil {
-			delete(servers, "peer-defaults")
-			return err
-		}
 	}
 
 	b := &bench{maxTokens: o.maxTokens, timeout: o.requestTimeout}
@@ -149,13 +117,90 @@ func run(o options) error {
 	if b.longPrompt, err = calibrate(ctx, b, servers["macfleet"], longTokens); err != nil {
 		return err
 	}
+	samples, failures, err := measure(ctx, o, b, servers, subjects)
+	if err != nil {
+		return err
+	}
+	doc := report(o, samples, failures, longTokens, started, loadStart, loadAverage())
+	fmt.Println()
+	fmt.Print(doc)
+	out := o.out
+	if out == "" {
+		out = filepath.Join("bin", "bench-peers", "peers-"+started.Format("20060102-150405")+".md")
+	}
+	if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
+		return err
+	}
+	if err := os.WriteFile(out, []byte(doc), 0o644); err != nil {
+		return err
+	}
+	fmt.Println("\nwritten to", out)
+	return nil
+}
 
+// check refuses settings out of range and makes the binaries' paths absolute.
+func (o *options) check() error {
+	if o.peer == "" {
+		return errors.New("-peer is required (make bench-peers builds the peer and passes it)")
+	}
+	if o.rounds < 1 || o.rounds > 100 || o.maxTokens < 2 || o.parallel < 1 || o.threads < 1 || o.ctx < 256 {
+		return fmt.Errorf("bad settings: -rounds %d (1–100), -tokens %d (≥2), -parallel %d, -threads %d (≥1), -ctx %d (≥256)",
+			o.rounds, o.maxTokens, o.parallel, o.threads, o.ctx)
+	}
+	for _, p := range []*string{&o.macfleet, &o.runner, &o.peer} {
+		abs, err := filepath.Abs(*p)
+		if err != nil {
+			return err
+		}
+		if _, err := os.Stat(abs); err != nil {
+			return err
+		}
+		*p = abs
+	}
+	return nil
+}
+
+// startServers starts macfleet serve, the peer matched to it and (with -defaults) the
+// peer at its defaults, each into servers under its subject's name; subjects are the
+// names in the order measured.
+func startServers(ctx context.Context, o options, dir, model string, servers map[string]*server) ([]string, error) {
+	subjects := []string{"macfleet", "peer"}
+	var err error
+	say("starting macfleet serve (ctx %d, parallel %d, threads %d, prompt cache off)", o.ctx, o.parallel, o.threads)
+	if servers["macfleet"], err = startMacfleet(ctx, macfleetConfig{bin: o.macfleet, runner: o.runner, model: model,
+		dir: mkdir(dir, "macfleet"), ctx: o.ctx, parallel: o.parallel, threads: o.threads}); err != nil {
+		delete(servers, "macfleet")
+		return nil, err
+	}
+	say("starting the peer, matched (num_ctx %d, NUM_PARALLEL %d, num_thread %d)", o.ctx, o.parallel, o.threads)
+	if servers["peer"], err = startPeer(ctx, peerConfig{name: "peer", bin: o.peer, model: model, dir: mkdir(dir, "peer"),
+		ctx: o.ctx, parallel: o.parallel, threads: o.threads}); err != nil {
+		delete(servers, "peer")
+		return nil, err
+	}
+	if o.defaults {
+		say("starting the peer at its defaults")
+		subjects = append(subjects, "peer-defaults")
+		if servers["peer-defaults"], err = startPeer(ctx, peerConfig{name: "peer-defaults", bin: o.peer, model: model,
+			dir: mkdir(dir, "peer-defaults")}); err != nil {
+			delete(servers, "peer-defaults")
+			return nil, err
+		}
+	}
+	return subjects, nil
+}
+
+// measure runs the rounds: every job on every subject, in an order shuffled by the
+// seed each round. samples holds each subject's figures by name; failures counts the
+// measurements that failed once and were repeated.
+func measure(ctx context.Context, o options, b *bench, servers map[string]*server, subjects []string) (
+	samples map[string]map[string][]float64, failures map[string]int, err error) {
 	jobs := []string{"decode1", "decode4", "ttftShort", "ttftLong", "cold"}
-	samples := map[string]map[string][]float64{}
+	samples = map[string]map[string][]float64{}
 	for _, s := range subjects {
 		samples[s] = map[string][]float64{}
 	}
-	failures := map[string]int{}
+	failures = map[string]int{}
 	say("rounds: %d of %d measurements each, seed %d", o.rounds, len(jobs)*len(subjects), o.seed)
 	for r := range o.rounds {
 		for _, t := range roundOrder(o.seed, r, subjects, jobs) {
@@ -168,7 +213,7 @@ func run(o options) error {
 				got, err = b.run(ctx, servers[t.subject], t.job)
 			}
 			if err != nil {
-				return fmt.Errorf("round %d, %s on %s: %w; its output:\n%s", r+1, t.job, t.subject, err,
+				return nil, nil, fmt.Errorf("round %d, %s on %s: %w; its output:\n%s", r+1, t.job, t.subject, err,
 					tail(servers[t.subject].out.String(), 3000))
 			}
 			for k, v := range got {
@@ -177,8 +222,13 @@ func run(o options) error {
 		}
 		say("round %d of %d done", r+1, o.rounds)
 	}
-	loadEnd := loadAverage()
+	return samples, failures, nil
+}
 
+// report is the markdown of a run: the settings and the machine's load, then the
+// table of medians.
+func report(o options, samples map[string]map[string][]float64, failures map[string]int, longTokens int,
+	started time.Time, loadStart, loadEnd string) string {
 	peers := []column{{"peer", "peer, matched"}}
 	if o.defaults {
 		peers = append(peers, column{"peer-defaults", "peer, defaults"})
@@ -207,21 +257,7 @@ func run(o options) error {
 		}
 		failed = "measurements that failed once and were repeated: " + strings.Join(fs, ", ")
 	}
-	doc := header + "Medians (min–max); ratios are macfleet / peer, the side in brackets is ahead; " + failed + ".\n\n" + table
-	fmt.Println()
-	fmt.Print(doc)
-	out := o.out
-	if out == "" {
-		out = filepath.Join("bin", "bench-peers", "peers-"+started.Format("20060102-150405")+".md")
-	}
-	if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
-		return err
-	}
-	if err := os.WriteFile(out, []byte(doc), 0o644); err != nil {
-		return err
-	}
-	fmt.Println("\nwritten to", out)
-	return nil
+	return header + "Medians (min–max); ratios are macfleet / peer, the side in brackets is ahead; " + failed + ".\n\n" + table
 }
 
 // calibrate returns how many filler words make a long prompt of about tokens tokens,

@@ -53,27 +53,16 @@ func builtinGlobals() map[string]any {
 		"namespace": Func(func(args []any, kw *Dict) (any, error) {
 			d := NewDict()
 			d.namespace = true
+			var src any
 			if len(args) == 1 {
-				if src, ok := args[0].(*Dict); ok {
-					for _, k := range src.keys {
-						d.Set(k, src.m[k])
-					}
-				}
+				src = args[0]
 			}
-			if kw != nil {
-				for _, k := range kw.keys {
-					d.Set(k, kw.m[k])
-				}
-			}
+			d.merge(src, kw)
 			return d, nil
 		}),
 		"dict": Func(func(_ []any, kw *Dict) (any, error) {
 			d := NewDict()
-			if kw != nil {
-				for _, k := range kw.keys {
-					d.Set(k, kw.m[k])
-				}
-			}
+			d.merge(nil, kw)
 			return d, nil
 		}),
 		"strftime_now": Func(func(args []any, _ *Dict) (any, error) {
@@ -158,124 +147,133 @@ func (r *renderer) evalTest(t *testExpr, sc *scope) (any, error) {
 	return ok != t.negated, nil
 }
 
-func applyTest(name string, v any, args []any) (bool, error) {
-	a0 := func() (any, error) {
-		if len(args) == 0 {
-			return nil, fmt.Errorf("test %s needs an argument", name)
-		}
-		return args[0], nil
-	}
-	switch name {
-	case "defined":
-		_, undef := v.(Undefined)
-		return !undef, nil
-	case "undefined":
-		_, undef := v.(Undefined)
-		return undef, nil
-	case "none":
-		return v == nil, nil
-	case "string":
-		_, ok := v.(string)
-		return ok, nil
-	case "number":
+// testFunc is one test ("is name"): name is the name it was called by (several tests
+// share a function), v the value tested.
+type testFunc func(name string, v any, args []any) (bool, error)
+
+// tests maps each test's name to its function.
+var tests = map[string]testFunc{
+	"defined":   typeTest(func(v any) bool { _, undef := v.(Undefined); return !undef }),
+	"undefined": typeTest(func(v any) bool { _, undef := v.(Undefined); return undef }),
+	"none":      typeTest(func(v any) bool { return v == nil }),
+	"string":    typeTest(func(v any) bool { _, ok := v.(string); return ok }),
+	"number": typeTest(func(v any) bool {
 		switch v.(type) {
 		case int64, float64:
-			return true, nil
+			return true
 		}
-		return false, nil
-	case "integer":
-		_, ok := v.(int64)
-		return ok, nil
-	case "float":
-		_, ok := v.(float64)
-		return ok, nil
-	case "boolean":
-		_, ok := v.(bool)
-		return ok, nil
-	case "true":
-		return v == true, nil
-	case "false":
-		return v == false, nil
-	case "mapping":
-		_, ok := v.(*Dict)
-		return ok, nil
-	case "iterable":
-		switch v.(type) {
-		case *List, *Dict, string:
-			return true, nil
-		}
-		return false, nil
-	case "sequence":
-		switch v.(type) {
-		case *List, *Dict, string:
-			return true, nil
-		}
-		return false, nil
-	case "callable":
-		_, ok := v.(Func)
-		return ok, nil
-	case "odd", "even":
-		i, ok := v.(int64)
-		if !ok {
-			return false, fmt.Errorf("test %s needs an integer", name)
-		}
-		return (i%2 != 0) == (name == "odd"), nil
-	case "divisibleby":
-		x, err := a0()
-		if err != nil {
-			return false, err
-		}
+		return false
+	}),
+	"integer":  typeTest(func(v any) bool { _, ok := v.(int64); return ok }),
+	"float":    typeTest(func(v any) bool { _, ok := v.(float64); return ok }),
+	"boolean":  typeTest(func(v any) bool { _, ok := v.(bool); return ok }),
+	"true":     typeTest(func(v any) bool { return v == true }),
+	"false":    typeTest(func(v any) bool { return v == false }),
+	"mapping":  typeTest(func(v any) bool { _, ok := v.(*Dict); return ok }),
+	"iterable": typeTest(isSequence),
+	"sequence": typeTest(isSequence),
+	"callable": typeTest(func(v any) bool { _, ok := v.(Func); return ok }),
+	"odd":      testOddEven,
+	"even":     testOddEven,
+	"divisibleby": argTest(func(_ string, v, x any) (bool, error) {
 		i, ok1 := v.(int64)
 		d, ok2 := x.(int64)
 		if !ok1 || !ok2 || d == 0 {
 			return false, errors.New("divisibleby needs non-zero integers")
 		}
 		return i%d == 0, nil
-	case "equalto", "eq", "==", "sameas":
-		x, err := a0()
-		if err != nil {
-			return false, err
-		}
-		if name == "sameas" {
-			switch v.(type) {
-			case nil, bool:
-				return v == x, nil
-			}
-		}
-		return equal(v, x), nil
-	case "ne", "!=":
-		x, err := a0()
+	}),
+	"equalto": argTest(testEqual),
+	"eq":      argTest(testEqual),
+	"==":      argTest(testEqual),
+	"sameas":  argTest(testEqual),
+	"ne": func(name string, v any, args []any) (bool, error) {
+		x, err := testArg(name, args)
 		return !equal(v, x), err
-	case "lt", "lessthan", "<", "le", "<=", "gt", "greaterthan", ">", "ge", ">=":
-		x, err := a0()
-		if err != nil {
-			return false, err
-		}
-		c, err := compare(v, x)
-		if err != nil {
-			return false, err
-		}
-		switch name {
-		case "lt", "lessthan", "<":
-			return c < 0, nil
-		case "le", "<=":
-			return c <= 0, nil
-		case "gt", "greaterthan", ">":
-			return c > 0, nil
-		}
-		return c >= 0, nil
-	case "in":
-		x, err := a0()
-		if err != nil {
-			return false, err
-		}
-		return contains(x, v)
-	case "lower":
-		s, ok := v.(string)
-		return ok && s == strings.ToLower(s), nil
-	case "upper":
-		s, ok := v.(string)
-		return ok && s == strings.ToUpper(s), nil
+	},
+	"in":    argTest(func(_ string, v, x any) (bool, error) { return contains(x, v) }),
+	"lower": typeTest(func(v any) bool { s, ok := v.(string); return ok && s == strings.ToLower(s) }),
+	"upper": typeTest(func(v any) bool { s, ok := v.(string); return ok && s == strings.ToUpper(s) }),
+}
+
+func init() {
+	tests["!="] = tests["ne"]
+	for _, name := range []string{"lt", "lessthan", "<", "le", "<=", "gt", "greaterthan", ">", "ge", ">="} {
+		tests[name] = argTest(testCompare)
+	}
+}
+
+func applyTest(name string, v any, args []any) (bool, error) {
+	if t, ok := tests[name]; ok {
+		return t(name, v, args)
 	}
 	return false, fmt.Errorf("unknown test %q", name)
+}
+
+// typeTest is a test of v alone.
+func typeTest(is func(v any) bool) testFunc {
+	return func(_ string, v any, _ []any) (bool, error) { return is(v), nil }
+}
+
+// argTest is a test that needs an argument x.
+func argTest(is func(name string, v, x any) (bool, error)) testFunc {
+	return func(name string, v any, args []any) (bool, error) {
+		x, err := testArg(name, args)
+		if err != nil {
+			return false, err
+		}
+		return is(name, v, x)
+	}
+}
+
+// testArg is the argument of test name.
+func testArg(name string, args []any) (any, error) {
+	if len(args) == 0 {
+		return nil, fmt.Errorf("test %s needs an argument", name)
+	}
+	return args[0], nil
+}
+
+func isSequence(v any) bool {
+	switch v.(type) {
+	case *List, *Dict, string:
+		return true
+	}
+	return false
+}
+
+func testOddEven(name string, v any, _ []any) (bool, error) {
+	i, ok := v.(int64)
+	if !ok {
+		return false, fmt.Errorf("test %s needs an integer", name)
+	}
+	return (i%2 != 0) == (name == "odd"), nil
+}
+
+// testEqual is equalto, eq, == and sameas (identity only for none and booleans).
+func testEqual(name string, v, x any) (bool, error) {
+	if name == "sameas" {
+		switch v.(type) {
+		case nil, bool:
+			return v == x, nil
+		}
+	}
+	return equal(v, x), nil
+}
+
+// testCompare is the ordering tests: lt, le, gt, ge and their other spellings.
+func testCompare(name string, v, x any) (bool, error) {
+	c, err := compare(v, x)
+	if err != nil {
+		return false, err
+	}
+	switch name {
+	case "lt", "lessthan", "<":
+		return c < 0, nil
+	case "le", "<=":
+		return c <= 0, nil
+	case "gt", "greaterthan", ">":
+		return c > 0, nil
+	}
+	return c >= 0, nil
 }

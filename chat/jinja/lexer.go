@@ -65,125 +65,167 @@ func (e *SyntaxError) Error() string {
 // (trim_blocks) and the indentation before them on their line (lstrip_blocks, unless
 // the tag opens with "+").
 func lex(src string) ([]token, error) {
-	var toks []token
-	line := 1
-	pos := 0
-	// stripNext: the previous tag ended with "-" (strip all leading whitespace of the
-	// next text) or was a block (strip one leading newline).
-	stripAll, stripNL := false, false
-	for pos < len(src) {
-		next := nextTag(src, pos)
-		text := src[pos:]
-		if next >= 0 {
-			text = src[pos:next]
-		}
-		if stripAll {
-			text = strings.TrimLeft(text, " \t\r\n")
-		} else if stripNL {
-			if strings.HasPrefix(text, "\r\n") {
-				text = text[2:]
-			} else if strings.HasPrefix(text, "\n") {
-				text = text[1:]
-			}
-		}
-		stripAll, stripNL = false, false
+	l := &lexer{src: src, line: 1}
+	for l.pos < len(src) {
+		next := nextTag(src, l.pos)
 		if next < 0 {
-			if text != "" {
-				toks = append(toks, token{kind: tText, val: text, line: line})
-			}
+			l.text(l.leading(src[l.pos:]))
 			break
 		}
-		open := src[next : next+2]
-		marker := byte(0)
-		if next+2 < len(src) {
-			marker = src[next+2]
+		if err := l.tag(next); err != nil {
+			return nil, err
 		}
-		switch {
-		case marker == '-':
-			text = strings.TrimRight(text, " \t\r\n")
-		case open != "{{" && marker != '+':
-			// lstrip_blocks: drop spaces and tabs between the line start and the tag.
-			tail := text[strings.LastIndexByte(text, '\n')+1:]
-			if strings.Trim(tail, " \t") == "" && atLineStart(src, next-len(tail)) {
-				text = text[:len(text)-len(tail)]
-			}
-		}
-		if text != "" {
-			toks = append(toks, token{kind: tText, val: text, line: line})
-		}
-		line += strings.Count(src[pos:next], "\n")
-		pos = next + 2
-		if marker == '-' || marker == '+' {
-			pos++
-		}
-		switch open {
-		case "{#":
-			end := strings.Index(src[pos:], "#}")
-			if end < 0 {
-				return nil, &SyntaxError{line, "unclosed comment"}
-			}
-			body := src[pos : pos+end]
-			line += strings.Count(body, "\n")
-			pos += end + 2
-			if strings.HasSuffix(body, "-") {
-				stripAll = true
-			} else {
-				stripNL = true
-			}
-		case "{{", "{%":
-			closing := "}}"
-			kind, endKind := tVarBegin, tVarEnd
-			if open == "{%" {
-				closing, kind, endKind = "%}", tBlockBegin, tBlockEnd
-			}
-			toks = append(toks, token{kind: kind, val: open, line: line})
-			var err error
-			var trimRight bool
-			toks, pos, line, trimRight, err = lexExpr(src, pos, line, closing, toks)
-			if err != nil {
+		if l.openedRaw() {
+			if err := l.raw(); err != nil {
 				return nil, err
 			}
-			toks = append(toks, token{kind: endKind, val: closing, line: line})
-			if trimRight {
-				stripAll = true
-			} else if open == "{%" {
-				stripNL = true
-			}
-		}
-		// {% raw %}: everything up to {% endraw %} is text.
-		if n := len(toks); n >= 3 && toks[n-1].kind == tBlockEnd && toks[n-2].kind == tName &&
-			toks[n-2].val == "raw" && toks[n-3].kind == tBlockBegin {
-			toks = toks[:n-3]
-			end := strings.Index(src[pos:], "endraw")
-			if end < 0 {
-				return nil, &SyntaxError{line, "unclosed raw block"}
-			}
-			start := strings.LastIndex(src[pos:pos+end], "{%")
-			if start < 0 {
-				return nil, &SyntaxError{line, "malformed endraw"}
-			}
-			raw := src[pos : pos+start]
-			if stripNL && strings.HasPrefix(raw, "\n") {
-				raw = raw[1:]
-			}
-			if strings.HasPrefix(src[pos+start:], "{%-") {
-				raw = strings.TrimRight(raw, " \t\r\n")
-			}
-			if raw != "" {
-				toks = append(toks, token{kind: tText, val: raw, line: line})
-			}
-			line += strings.Count(src[pos:pos+end], "\n")
-			close := strings.Index(src[pos+end:], "%}")
-			if close < 0 {
-				return nil, &SyntaxError{line, "unclosed endraw"}
-			}
-			stripAll = src[pos+end+close-1] == '-'
-			stripNL = !stripAll
-			pos += end + close + 2
 		}
 	}
-	toks = append(toks, token{kind: tEOF, line: line})
-	return toks, nil
+	l.toks = append(l.toks, token{kind: tEOF, line: l.line})
+	return l.toks, nil
+}
+
+// lexer is lex's state between tags.
+type lexer struct {
+	src  string
+	toks []token
+	line int
+	pos  int
+	// stripAll: the previous tag ended with "-" (strip all leading whitespace of the
+	// next text); stripNL: it was a block (strip one leading newline).
+	stripAll, stripNL bool
+}
+
+// leading is text after the previous tag with that tag's whitespace control applied.
+func (l *lexer) leading(text string) string {
+	if l.stripAll {
+		text = strings.TrimLeft(text, " \t\r\n")
+	} else if l.stripNL {
+		if strings.HasPrefix(text, "\r\n") {
+			text = text[2:]
+		} else if strings.HasPrefix(text, "\n") {
+			text = text[1:]
+		}
+	}
+	l.stripAll, l.stripNL = false, false
+	return text
+}
+
+// text appends a text token unless text is empty.
+func (l *lexer) text(text string) {
+	if text != "" {
+		l.toks = append(l.toks, token{kind: tText, val: text, line: l.line})
+	}
+}
+
+// tag lexes the text before the tag at next and the tag itself.
+func (l *lexer) tag(next int) error {
+	src := l.src
+	text := l.leading(src[l.pos:next])
+	open := src[next : next+2]
+	marker := byte(0)
+	if next+2 < len(src) {
+		marker = src[next+2]
+	}
+	switch {
+	case marker == '-':
+		text = strings.TrimRight(text, " \t\r\n")
+	case open != "{{" && marker != '+':
+		// lstrip_blocks: drop spaces and tabs between the line start and the tag.
+		tail := text[strings.LastIndexByte(text, '\n')+1:]
+		if strings.Trim(tail, " \t") == "" && atLineStart(src, next-len(tail)) {
+			text = text[:len(text)-len(tail)]
+		}
+	}
+	l.text(text)
+	l.line += strings.Count(src[l.pos:next], "\n")
+	l.pos = next + 2
+	if marker == '-' || marker == '+' {
+		l.pos++
+	}
+	if open == "{#" {
+		return l.comment()
+	}
+	return l.expr(open)
+}
+
+// comment skips a comment's body, up to and with its "#}".
+func (l *lexer) comment() error {
+	end := strings.Index(l.src[l.pos:], "#}")
+	if end < 0 {
+		return &SyntaxError{l.line, "unclosed comment"}
+	}
+	body := l.src[l.pos : l.pos+end]
+	l.line += strings.Count(body, "\n")
+	l.pos += end + 2
+	if strings.HasSuffix(body, "-") {
+		l.stripAll = true
+	} else {
+		l.stripNL = true
+	}
+	return nil
+}
+
+// expr lexes a "{{ ... }}" or "{% ... %}" tag after its opening.
+func (l *lexer) expr(open string) error {
+	closing := "}}"
+	kind, endKind := tVarBegin, tVarEnd
+	if open == "{%" {
+		closing, kind, endKind = "%}", tBlockBegin, tBlockEnd
+	}
+	l.toks = append(l.toks, token{kind: kind, val: open, line: l.line})
+	var err error
+	var trimRight bool
+	l.toks, l.pos, l.line, trimRight, err = lexExpr(l.src, l.pos, l.line, closing, l.toks)
+	if err != nil {
+		return err
+	}
+	l.toks = append(l.toks, token{kind: endKind, val: closing, line: l.line})
+	if trimRight {
+		l.stripAll = true
+	} else if open == "{%" {
+		l.stripNL = true
+	}
+	return nil
+}
+
+// openedRaw reports whether the last tag was {% raw %}.
+func (l *lexer) openedRaw() bool {
+	toks := l.toks
+	n := len(toks)
+	return n >= 3 && toks[n-1].kind == tBlockEnd && toks[n-2].kind == tName &&
+		toks[n-2].val == "raw" && toks[n-3].kind == tBlockBegin
+}
+
+// raw replaces the {% raw %} tag's tokens with the text up to {% endraw %}.
+func (l *lexer) raw() error {
+	src, pos := l.src, l.pos
+	l.toks = l.toks[:len(l.toks)-3]
+	end := strings.Index(src[pos:], "endraw")
+	if end < 0 {
+		return &SyntaxError{l.line, "unclosed raw block"}
+	}
+	start := strings.LastIndex(src[pos:pos+end], "{%")
+	if start < 0 {
+		return &SyntaxError{l.line, "malformed endraw"}
+	}
+	raw := src[pos : pos+start]
+	if l.stripNL && strings.HasPrefix(raw, "\n") {
+		raw = raw[1:]
+	}
+	if strings.HasPrefix(src[pos+start:], "{%-") {
+		raw = strings.TrimRight(raw, " \t\r\n")
+	}
+	l.text(raw)
+	l.line += strings.Count(src[pos:pos+end], "\n")
+	close := strings.Index(src[pos+end:], "%}")
+	if close < 0 {
+		return &SyntaxError{l.line, "unclosed endraw"}
+	}
+	l.stripAll = src[pos+end+close-1] == '-'
+	l.stripNL = !l.stripAll
+	l.pos += end + close + 2
+	return nil
 }
 
 func atLineStart(src string, i int) bool { return i == 0 || src[i-1] == '\n' }

@@ -21,156 +21,203 @@ func method(v any, name string) Func {
 	return nil
 }
 
-func stringMethod(s, name string) Func {
-	strip := func(fn func(string, string) string, fnSpace func(string) string) Func {
-		return func(args []any, _ *Dict) (any, error) {
-			if len(args) > 0 && args[0] != nil {
-				return fn(s, toStr(args[0])), nil
-			}
-			return fnSpace(s), nil
-		}
-	}
-	switch name {
-	case "strip":
-		return strip(strings.Trim, strings.TrimSpace)
-	case "lstrip":
-		return strip(strings.TrimLeft, func(s string) string { return strings.TrimLeftFunc(s, unicode.IsSpace) })
-	case "rstrip":
-		return strip(strings.TrimRight, func(s string) string { return strings.TrimRightFunc(s, unicode.IsSpace) })
-	case "upper":
-		return func([]any, *Dict) (any, error) { return strings.ToUpper(s), nil }
-	case "lower":
-		return func([]any, *Dict) (any, error) { return strings.ToLower(s), nil }
-	case "title":
-		return func([]any, *Dict) (any, error) { return pyTitle(s), nil }
-	case "capitalize":
-		return func([]any, *Dict) (any, error) { return applyFilter("capitalize", s, nil, nil) }
-	case "startswith", "endswith":
-		return func(args []any, _ *Dict) (any, error) {
-			if len(args) == 0 {
-				return nil, fmt.Errorf("%s() needs an argument", name)
-			}
-			var cands []any
-			if l, ok := args[0].(*List); ok {
-				cands = l.Items
-			} else {
-				cands = []any{args[0]}
-			}
-			for _, c := range cands {
-				p := toStr(c)
-				if (name == "startswith" && strings.HasPrefix(s, p)) || (name == "endswith" && strings.HasSuffix(s, p)) {
-					return true, nil
-				}
-			}
-			return false, nil
-		}
-	case "split", "rsplit":
-		return func(args []any, kw *Dict) (any, error) {
-			sep := arg(args, kw, 0, "sep", nil)
-			n := -1
-			if m, ok := arg(args, kw, 1, "maxsplit", nil).(int64); ok {
-				n = int(m)
-			}
-			var parts []string
-			switch {
-			case sep == nil:
-				parts = splitSpace(s, n)
-			case toStr(sep) == "":
-				return nil, errors.New("empty separator")
-			case name == "rsplit" && n >= 0:
-				all := strings.Split(s, toStr(sep))
-				if len(all) > n+1 {
-					head := strings.Join(all[:len(all)-n], toStr(sep))
-					all = append([]string{head}, all[len(all)-n:]...)
-				}
-				parts = all
-			default:
-				parts = strings.SplitN(s, toStr(sep), n)
-			}
-			out := &List{Items: make([]any, len(parts))}
-			for i, p := range parts {
-				out.Items[i] = p
-			}
-			return out, nil
-		}
-	case "splitlines":
-		return func([]any, *Dict) (any, error) {
-			out := &List{}
-			for _, l := range strings.SplitAfter(s, "\n") {
-				if l == "" {
-					continue
-				}
-				out.Items = append(out.Items, strings.TrimRight(l, "\r\n"))
-			}
-			return out, nil
-		}
-	case "replace":
-		return func(args []any, kw *Dict) (any, error) {
-			if len(args) < 2 {
-				return nil, errors.New("replace() needs old and new")
-			}
-			n := -1
-			if c, ok := arg(args, kw, 2, "count", nil).(int64); ok {
-				n = int(c)
-			}
-			return replaceString(s, toStr(args[0]), toStr(args[1]), n)
-		}
-	case "find", "rfind", "index", "count":
-		return func(args []any, _ *Dict) (any, error) {
-			if len(args) == 0 {
-				return nil, fmt.Errorf("%s() needs an argument", name)
-			}
-			sub := toStr(args[0])
-			var i int
-			switch name {
-			case "find", "index":
-				i = strings.Index(s, sub)
-			case "rfind":
-				i = strings.LastIndex(s, sub)
-			case "count":
-				return int64(strings.Count(s, sub)), nil
-			}
-			if i < 0 && name == "index" {
-				return nil, errors.New("substring not found")
-			}
-			if i >= 0 {
-				i = len([]rune(s[:i]))
-			}
-			return int64(i), nil
-		}
-	case "join":
-		return func(args []any, _ *Dict) (any, error) {
-			if len(args) == 0 {
-				return nil, errors.New("join() needs an iterable")
-			}
-			items, err := iterate(args[0])
-			if err != nil {
-				return nil, err
-			}
-			parts := make([]string, len(items))
-			for i, it := range items {
-				parts[i] = toStr(it)
-			}
-			return joinStrings(parts, s)
-		}
-	case "format":
+// stringMethods maps each str method's name to a constructor of the method bound to a
+// string; name is the name it was called by (several methods share a constructor).
+var stringMethods = map[string]func(s, name string) Func{
+	"strip": func(s, _ string) Func { return stripMethod(s, strings.Trim, strings.TrimSpace) },
+	"lstrip": func(s, _ string) Func {
+		return stripMethod(s, strings.TrimLeft, func(s string) string { return strings.TrimLeftFunc(s, unicode.IsSpace) })
+	},
+	"rstrip": func(s, _ string) Func {
+		return stripMethod(s, strings.TrimRight, func(s string) string { return strings.TrimRightFunc(s, unicode.IsSpace) })
+	},
+	"upper":      func(s, _ string) Func { return mapMethod(s, strings.ToUpper) },
+	"lower":      func(s, _ string) Func { return mapMethod(s, strings.ToLower) },
+	"title":      func(s, _ string) Func { return mapMethod(s, pyTitle) },
+	"capitalize": func(s, _ string) Func { return mapMethod(s, capitalize) },
+	"startswith": affixMethod,
+	"endswith":   affixMethod,
+	"split":      splitMethod,
+	"rsplit":     splitMethod,
+	"splitlines": splitlinesMethod,
+	"replace":    replaceMethod,
+	"find":       findMethod,
+	"rfind":      findMethod,
+	"index":      findMethod,
+	"count":      findMethod,
+	"join":       joinMethod,
+	"format": func(s, _ string) Func {
 		return func(args []any, kw *Dict) (any, error) { return braceFormat(s, args, kw) }
-	case "isdigit", "isalpha", "isspace", "isupper", "islower":
-		return func([]any, *Dict) (any, error) {
-			if s == "" {
-				return false, nil
-			}
-			for _, c := range s {
-				ok := map[string]bool{"isdigit": unicode.IsDigit(c), "isalpha": unicode.IsLetter(c),
-					"isspace": unicode.IsSpace(c), "isupper": !unicode.IsLower(c), "islower": !unicode.IsUpper(c)}[name]
-				if !ok {
-					return false, nil
-				}
-			}
-			return true, nil
-		}
+	},
+	"isdigit": classMethod,
+	"isalpha": classMethod,
+	"isspace": classMethod,
+	"isupper": classMethod,
+	"islower": classMethod,
+}
+
+func stringMethod(s, name string) Func {
+	if m, ok := stringMethods[name]; ok {
+		return m(s, name)
 	}
 	return nil
+}
+
+// stripMethod is strip, lstrip or rstrip of s: fn with the characters given, else
+// fnSpace.
+func stripMethod(s string, fn func(string, string) string, fnSpace func(string) string) Func {
+	return func(args []any, _ *Dict) (any, error) {
+		if len(args) > 0 && args[0] != nil {
+			return fn(s, toStr(args[0])), nil
+		}
+		return fnSpace(s), nil
+	}
+}
+
+// mapMethod is a method without arguments that maps s through fn when called.
+func mapMethod(s string, fn func(string) string) Func {
+	return func([]any, *Dict) (any, error) { return fn(s), nil }
+}
+
+// affixMethod is startswith and endswith: the argument is a prefix (suffix) or a list
+// of candidates.
+func affixMethod(s, name string) Func {
+	return func(args []any, _ *Dict) (any, error) {
+		if len(args) == 0 {
+			return nil, fmt.Errorf("%s() needs an argument", name)
+		}
+		var cands []any
+		if l, ok := args[0].(*List); ok {
+			cands = l.Items
+		} else {
+			cands = []any{args[0]}
+		}
+		for _, c := range cands {
+			p := toStr(c)
+			if (name == "startswith" && strings.HasPrefix(s, p)) || (name == "endswith" && strings.HasSuffix(s, p)) {
+				return true, nil
+			}
+		}
+		return false, nil
+	}
+}
+
+// splitMethod is split and rsplit.
+func splitMethod(s, name string) Func {
+	return func(args []any, kw *Dict) (any, error) {
+		sep := arg(args, kw, 0, "sep", nil)
+		n := -1
+		if m, ok := arg(args, kw, 1, "maxsplit", nil).(int64); ok {
+			n = int(m)
+		}
+		var parts []string
+		switch {
+		case sep == nil:
+			parts = splitSpace(s, n)
+		case toStr(sep) == "":
+			return nil, errors.New("empty separator")
+		case name == "rsplit" && n >= 0:
+			all := strings.Split(s, toStr(sep))
+			if len(all) > n+1 {
+				head := strings.Join(all[:len(all)-n], toStr(sep))
+				all = append([]string{head}, all[len(all)-n:]...)
+			}
+			parts = all
+		default:
+			parts = strings.SplitN(s, toStr(sep), n)
+		}
+		out := &List{Items: make([]any, len(parts))}
+		for i, p := range parts {
+			out.Items[i] = p
+		}
+		return out, nil
+	}
+}
+
+func splitlinesMethod(s, _ string) Func {
+	return func([]any, *Dict) (any, error) {
+		out := &List{}
+		for _, l := range strings.SplitAfter(s, "\n") {
+			if l == "" {
+				continue
+			}
+			out.Items = append(out.Items, strings.TrimRight(l, "\r\n"))
+		}
+		return out, nil
+	}
+}
+
+func replaceMethod(s, _ string) Func {
+	return func(args []any, kw *Dict) (any, error) {
+		if len(args) < 2 {
+			return nil, errors.New("replace() needs old and new")
+		}
+		n := -1
+		if c, ok := arg(args, kw, 2, "count", nil).(int64); ok {
+			n = int(c)
+		}
+		return replaceString(s, toStr(args[0]), toStr(args[1]), n)
+	}
+}
+
+// findMethod is find, rfind, index and count.
+func findMethod(s, name string) Func {
+	return func(args []any, _ *Dict) (any, error) {
+		if len(args) == 0 {
+			return nil, fmt.Errorf("%s() needs an argument", name)
+		}
+		sub := toStr(args[0])
+		var i int
+		switch name {
+		case "find", "index":
+			i = strings.Index(s, sub)
+		case "rfind":
+			i = strings.LastIndex(s, sub)
+		case "count":
+			return int64(strings.Count(s, sub)), nil
+		}
+		if i < 0 && name == "index" {
+			return nil, errors.New("substring not found")
+		}
+		if i >= 0 {
+			i = len([]rune(s[:i]))
+		}
+		return int64(i), nil
+	}
+}
+
+func joinMethod(s, _ string) Func {
+	return func(args []any, _ *Dict) (any, error) {
+		if len(args) == 0 {
+			return nil, errors.New("join() needs an iterable")
+		}
+		items, err := iterate(args[0])
+		if err != nil {
+			return nil, err
+		}
+		parts := make([]string, len(items))
+		for i, it := range items {
+			parts[i] = toStr(it)
+		}
+		return joinStrings(parts, s)
+	}
+}
+
+// classMethod is isdigit, isalpha, isspace, isupper and islower.
+func classMethod(s, name string) Func {
+	return func([]any, *Dict) (any, error) {
+		if s == "" {
+			return false, nil
+		}
+		for _, c := range s {
+			ok := map[string]bool{"isdigit": unicode.IsDigit(c), "isalpha": unicode.IsLetter(c),
+				"isspace": unicode.IsSpace(c), "isupper": !unicode.IsLower(c), "islower": !unicode.IsUpper(c)}[name]
+			if !ok {
+				return false, nil
+			}
+		}
+		return true, nil
+	}
 }
 
 // braceFormat is str.format with {} and {name} fields.
@@ -314,18 +361,11 @@ func dictMethod(d *Dict, name string) Func {
 		}
 	case "update":
 		return func(args []any, kw *Dict) (any, error) {
+			var src any
 			if len(args) > 0 {
-				if src, ok := args[0].(*Dict); ok {
-					for _, k := range src.keys {
-						d.Set(k, src.m[k])
-					}
-				}
+				src = args[0]
 			}
-			if kw != nil {
-				for _, k := range kw.keys {
-					d.Set(k, kw.m[k])
-				}
-			}
+			d.merge(src, kw)
 			return nil, nil
 		}
 	}

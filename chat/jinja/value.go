@@ -34,6 +34,24 @@ type Dict struct {
 func NewDict() *Dict { return &Dict{m: map[string]any{}} }
 
 // Set sets key to v, appending the key if it is new.
+// merge sets the entries of src (when it is a dict), then those of kw, in their
+// order (Python's dict.update).
+func (d *Dict) merge(src any, kw *Dict) {
+	for _, from := range []*Dict{asDict(src), kw} {
+		if from == nil {
+			continue
+		}
+		for _, k := range from.keys {
+			d.Set(k, from.m[k])
+		}
+	}
+}
+
+func asDict(v any) *Dict {
+	d, _ := v.(*Dict)
+	return d
+}
+
 func (d *Dict) Set(key string, v any) {
 	if _, ok := d.m[key]; !ok {
 		d.keys = append(d.keys, key)

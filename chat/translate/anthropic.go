@@ -130,88 +130,20 @@ func chatFromMessagesBody(m *MessagesRequest, maxTokens int) (map[string]any, []
 	if len(m.Messages) == 0 {
 		return nil, nil, invalid("messages", "messages must not be empty")
 	}
-	var hints []string
-	cached := len(m.CacheControl) > 0
-	// system collects the system prompt: the system field, then every system-role
-	// message in order (templates take one system message, first).
-	var system []string
+	c := conversation{cached: len(m.CacheControl) > 0}
 	if len(m.System) > 0 {
-		bs, e := blocks(m.System, "system")
-		if e != nil {
+		if e := c.addSystem(m.System, "system"); e != nil {
 			return nil, nil, e
-		}
-		text, e := textOf(bs, "system")
-		if e != nil {
-			return nil, nil, e
-		}
-		cached = cached || anyCache(bs)
-		if text != "" {
-			system = append(system, text)
 		}
 	}
-	var msgs []api.Message
 	for i, msg := range m.Messages {
-		param := fmt.Sprintf("messages[%d]", i)
-		if msg.Role != "user" && msg.Role != "assistant" && msg.Role != "system" {
-			return nil, nil, invalid(param+".role", "role must be user, assistant or system, got %q", msg.Role)
-		}
-		bs, e := blocks(msg.Content, param+".content")
-		if e != nil {
+		if e := c.addMessage(msg, fmt.Sprintf("messages[%d]", i)); e != nil {
 			return nil, nil, e
 		}
-		cached = cached || anyCache(bs)
-		if msg.Role == "system" {
-			text, e := textOf(bs, param+".content")
-			if e != nil {
-				return nil, nil, e
-			}
-			if text != "" {
-				system = append(system, text)
-			}
-			continue
-		}
-		out := api.Message{Role: msg.Role}
-		var text strings.Builder
-		for j, b := range bs {
-			bp := fmt.Sprintf("%s.content[%d]", param, j)
-			switch {
-			case b.Type == "text":
-				text.WriteString(b.Text)
-			case b.Type == "tool_use" && msg.Role == "assistant":
-				input := bytes.TrimSpace(b.Input)
-				if len(input) == 0 {
-					input = []byte("{}")
-				}
-				out.ToolCalls = append(out.ToolCalls, api.ToolCall{ID: b.ID, Type: "function",
-					Function: api.FunctionCall{Name: b.Name, Arguments: string(input)}})
-			case b.Type == "thinking" && msg.Role == "assistant":
-				out.ReasoningContent += b.Thinking
-			case b.Type == "redacted_thinking" && msg.Role == "assistant":
-			case b.Type == "tool_result" && msg.Role == "user":
-				rb, e := blocks(b.Content, bp+".content")
-				if e != nil {
-					return nil, nil, e
-				}
-				cached = cached || anyCache(rb)
-				result, e := textOf(rb, bp+".content")
-				if e != nil {
-					return nil, nil, e
-				}
-				if b.IsError {
-					result = "Error: " + result
-				}
-				msgs = append(msgs, api.Message{Role: "tool", ToolCallID: b.ToolUseID, Content: api.MessageContent(result)})
-			default:
-				return nil, nil, unsupported(bp+".type", "a %q block in a %s message is not supported: the models served are text-only", b.Type, msg.Role)
-			}
-		}
-		if text.Len() > 0 || len(out.ToolCalls) > 0 || out.ReasoningContent != "" {
-			out.Content = api.MessageContent(text.String())
-			msgs = append(msgs, out)
-		}
 	}
-	if len(system) > 0 {
-		msgs = append([]api.Message{{Role: "system", Content: api.MessageContent(strings.Join(system, "\n\n"))}}, msgs...)
+	msgs := c.msgs
+	if len(c.system) > 0 {
+		msgs = append([]api.Message{{Role: "system", Content: api.MessageContent(strings.Join(c.system, "\n\n"))}}, msgs...)
 	}
 	if len(msgs) == 0 {
 		return nil, nil, invalid("messages", "messages must hold a user or assistant message")
@@ -238,9 +170,128 @@ func chatFromMessagesBody(m *MessagesRequest, maxTokens int) (map[string]any, []
 	if m.Metadata != nil && m.Metadata.UserID != "" {
 		chat["user"] = m.Metadata.UserID
 	}
+	tools, hints, e := c.tools(m.Tools)
+	if e != nil {
+		return nil, nil, e
+	}
+	if len(tools) > 0 {
+		chat["tools"] = tools
+	}
+	if e := toolChoice(m, chat); e != nil {
+		return nil, nil, e
+	}
+	if e := thinking(m, chat); e != nil {
+		return nil, nil, e
+	}
+	if c.cached {
+		hints = append(hints, "cache_control")
+	}
+	return chat, hints, nil
+}
+
+// conversation is a Messages request's conversation in chat terms, as it is read.
+type conversation struct {
+	msgs []api.Message
+	// system collects the system prompt: the system field, then every system-role
+	// message in order (templates take one system message, first).
+	system []string
+	// cached: some part of the request asked for cache_control.
+	cached bool
+}
+
+// addSystem adds the text of raw (named param in errors) to the system prompt.
+func (c *conversation) addSystem(raw json.RawMessage, param string) *chatError {
+	bs, e := blocks(raw, param)
+	if e != nil {
+		return e
+	}
+	return c.addSystemBlocks(bs, param)
+}
+
+func (c *conversation) addSystemBlocks(bs []block, param string) *chatError {
+	text, e := textOf(bs, param)
+	if e != nil {
+		return e
+	}
+	c.cached = c.cached || anyCache(bs)
+	if text != "" {
+		c.system = append(c.system, text)
+	}
+	return nil
+}
+
+// addMessage adds message msg (named param in errors): a system message to the system
+// prompt, a user or assistant message as one chat message after the tool results it
+// holds.
+func (c *conversation) addMessage(msg AnthropicMessage, param string) *chatError {
+	if msg.Role != "user" && msg.Role != "assistant" && msg.Role != "system" {
+		return invalid(param+".role", "role must be user, assistant or system, got %q", msg.Role)
+	}
+	bs, e := blocks(msg.Content, param+".content")
+	if e != nil {
+		return e
+	}
+	if msg.Role == "system" {
+		return c.addSystemBlocks(bs, param+".content")
+	}
+	c.cached = c.cached || anyCache(bs)
+	out := api.Message{Role: msg.Role}
+	var text strings.Builder
+	for j, b := range bs {
+		if e := c.addBlock(&out, &text, b, fmt.Sprintf("%s.content[%d]", param, j)); e != nil {
+			return e
+		}
+	}
+	if text.Len() > 0 || len(out.ToolCalls) > 0 || out.ReasoningContent != "" {
+		out.Content = api.MessageContent(text.String())
+		c.msgs = append(c.msgs, out)
+	}
+	return nil
+}
+
+// addBlock adds block b (named bp in errors) of message out: text to text, a tool
+// call or reasoning to out, a tool result as a tool message of its own.
+func (c *conversation) addBlock(out *api.Message, text *strings.Builder, b block, bp string) *chatError {
+	switch role := out.Role; {
+	case b.Type == "text":
+		text.WriteString(b.Text)
+	case b.Type == "tool_use" && role == "assistant":
+		input := bytes.TrimSpace(b.Input)
+		if len(input) == 0 {
+			input = []byte("{}")
+		}
+		out.ToolCalls = append(out.ToolCalls, api.ToolCall{ID: b.ID, Type: "function",
+			Function: api.FunctionCall{Name: b.Name, Arguments: string(input)}})
+	case b.Type == "thinking" && role == "assistant":
+		out.ReasoningContent += b.Thinking
+	case b.Type == "redacted_thinking" && role == "assistant":
+	case b.Type == "tool_result" && role == "user":
+		rb, e := blocks(b.Content, bp+".content")
+		if e != nil {
+			return e
+		}
+		c.cached = c.cached || anyCache(rb)
+		result, e := textOf(rb, bp+".content")
+		if e != nil {
+			return e
+		}
+		if b.IsError {
+			result = "Error: " + result
+		}
+		c.msgs = append(c.msgs, api.Message{Role: "tool", ToolCallID: b.ToolUseID, Content: api.MessageContent(result)})
+	default:
+		return unsupported(bp+".type", "a %q block in a %s message is not supported: the models served are text-only", b.Type, role)
+	}
+	return nil
+}
+
+// tools is the chat function tools of the request's client tools; the hosted tools
+// are dropped and named in the hints.
+func (c *conversation) tools(ts []AnthropicTool) ([]api.Tool, []string, *chatError) {
 	var tools []api.Tool
-	for i, t := range m.Tools {
-		cached = cached || len(t.CacheControl) > 0
+	var hints []string
+	for i, t := range ts {
+		c.cached = c.cached || len(t.CacheControl) > 0
 		switch {
 		case compat.HostedAnthropicTool(t.Type):
 			hints = append(hints, "tools["+t.Type+"]")
@@ -251,33 +302,31 @@ func chatFromMessagesBody(m *MessagesRequest, maxTokens int) (map[string]any, []
 		}
 		tools = append(tools, api.Tool{Type: "function", Function: api.Function{Name: t.Name, Description: t.Description, Parameters: t.InputSchema}})
 	}
-	if len(tools) > 0 {
-		chat["tools"] = tools
+	return tools, hints, nil
+}
+
+// toolChoice sets the chat tool_choice (and parallel_tool_calls) of the request's.
+func toolChoice(m *MessagesRequest, chat map[string]any) *chatError {
+	c := m.ToolChoice
+	if c == nil {
+		return nil
 	}
-	if c := m.ToolChoice; c != nil {
-		switch c.Type {
-		case "auto":
-			chat["tool_choice"] = "auto"
-		case "any":
-			chat["tool_choice"] = "required"
-		case "none":
-			chat["tool_choice"] = "none"
-		case "tool":
-			chat["tool_choice"] = map[string]any{"type": "function", "function": map[string]any{"name": c.Name}}
-		default:
-			return nil, nil, invalid("tool_choice.type", "tool_choice type must be auto, any, tool or none, got %q", c.Type)
-		}
-		if c.DisableParallelToolUse {
-			chat["parallel_tool_calls"] = false
-		}
+	switch c.Type {
+	case "auto":
+		chat["tool_choice"] = "auto"
+	case "any":
+		chat["tool_choice"] = "required"
+	case "none":
+		chat["tool_choice"] = "none"
+	case "tool":
+		chat["tool_choice"] = map[string]any{"type": "function", "function": map[string]any{"name": c.Name}}
+	default:
+		return invalid("tool_choice.type", "tool_choice type must be auto, any, tool or none, got %q", c.Type)
 	}
-	if e := thinking(m, chat); e != nil {
-		return nil, nil, e
+	if c.DisableParallelToolUse {
+		chat["parallel_tool_calls"] = false
 	}
-	if cached {
-		hints = append(hints, "cache_control")
-	}
-	return chat, hints, nil
+	return nil
 }
 
 // Anthropic serves POST /v1/messages over a chat completions handler.

@@ -135,19 +135,8 @@ type translated struct {
 
 // chatFromResponses translates a Responses request into a chat completion request.
 func chatFromResponses(q *ResponsesRequest) (*translated, *chatError) {
-	switch {
-	case q.PreviousResponseID != "":
-		return nil, unsupported("previous_response_id",
-			"responses are not stored, so previous_response_id cannot be followed: send the whole conversation as input")
-	case q.Background != nil && *q.Background:
-		return nil, unsupported("background", "background responses are not supported")
-	case q.Truncation != "" && q.Truncation != "disabled":
-		return nil, unsupported("truncation", "truncation %q is not supported", q.Truncation)
-	}
-	for i, inc := range q.Include {
-		if !slices.Contains(includable, inc) {
-			return nil, invalid(fmt.Sprintf("include[%d]", i), "include must be one of %s, got %q", strings.Join(includable, ", "), inc)
-		}
+	if e := checkResponsesRequest(q); e != nil {
+		return nil, e
 	}
 	out := &translated{names: map[string]toolName{}}
 	tools, e := out.flattenTools(q.Tools)
@@ -158,68 +147,9 @@ func chatFromResponses(q *ResponsesRequest) (*translated, *chatError) {
 	for f, n := range out.names {
 		flat[n] = f
 	}
-	var msgs []api.Message
-	if q.Instructions != nil && *q.Instructions != "" {
-		msgs = append(msgs, api.Message{Role: "system", Content: api.MessageContent(*q.Instructions)})
-	}
-	in := bytes.TrimSpace(q.Input)
-	if len(in) == 0 {
-		return nil, invalid("input", "input is required")
-	}
-	if in[0] == '"' {
-		var s string
-		_ = json.Unmarshal(in, &s)
-		msgs = append(msgs, api.Message{Role: "user", Content: api.MessageContent(s)})
-	} else {
-		var items []item
-		dec := json.NewDecoder(bytes.NewReader(in))
-		dec.DisallowUnknownFields()
-		if err := dec.Decode(&items); err != nil {
-			return nil, invalid("input", "input must be a string or a list of items: %v", err)
-		}
-		for i, it := range items {
-			param := fmt.Sprintf("input[%d]", i)
-			switch it.Type {
-			case "", "message":
-				text, e := partsText(it.Content, param+".content")
-				if e != nil {
-					return nil, e
-				}
-				switch it.Role {
-				case "user", "system", "developer":
-					msgs = append(msgs, api.Message{Role: it.Role, Content: api.MessageContent(text)})
-				case "assistant":
-					msgs = append(msgs, api.Message{Role: "assistant", Content: api.MessageContent(text)})
-				default:
-					return nil, invalid(param+".role", "role must be user, assistant, system or developer, got %q", it.Role)
-				}
-			case "function_call":
-				name := it.Name
-				if f, ok := flat[toolName{it.Namespace, it.Name}]; ok {
-					name = f
-				}
-				call := api.ToolCall{ID: it.CallID, Type: "function", Function: api.FunctionCall{Name: name, Arguments: it.Arguments}}
-				// Consecutive calls are one assistant turn.
-				if n := len(msgs); n > 0 && msgs[n-1].Role == "assistant" && (len(msgs[n-1].ToolCalls) > 0 || msgs[n-1].Content == "") {
-					msgs[n-1].ToolCalls = append(msgs[n-1].ToolCalls, call)
-				} else {
-					msgs = append(msgs, api.Message{Role: "assistant", ToolCalls: []api.ToolCall{call}})
-				}
-			case "function_call_output":
-				var out string
-				if json.Unmarshal(it.Output, &out) != nil {
-					var e *chatError
-					if out, e = partsText(it.Output, param+".output"); e != nil {
-						return nil, e
-					}
-				}
-				msgs = append(msgs, api.Message{Role: "tool", ToolCallID: it.CallID, Content: api.MessageContent(out)})
-			case "reasoning":
-				// Past reasoning: templates drop it from earlier turns.
-			default:
-				return nil, unsupported(param+".type", "input items of type %q are not supported", it.Type)
-			}
-		}
+	msgs, e := responsesMessages(q, flat)
+	if e != nil {
+		return nil, e
 	}
 	chat := map[string]any{"model": q.Model, "messages": msgs, "stream": q.Stream}
 	if q.Stream {
@@ -254,50 +184,157 @@ func chatFromResponses(q *ResponsesRequest) (*translated, *chatError) {
 		chat["prompt_cache_key"] = q.PromptCacheKey
 	}
 	if tc := bytes.TrimSpace(q.ToolChoice); len(tc) > 0 {
-		var mode string
-		if json.Unmarshal(tc, &mode) == nil {
-			if mode != "none" && mode != "auto" && mode != "required" {
-				return nil, invalid("tool_choice", "tool_choice must be none, auto, required or {\"type\":\"function\",\"name\":...}, got %q", mode)
-			}
-			chat["tool_choice"] = mode
-		} else {
-			var named struct {
-				Type string `json:"type"`
-				Name string `json:"name"`
-			}
-			if json.Unmarshal(tc, &named) != nil || named.Type != "function" || named.Name == "" {
-				return nil, invalid("tool_choice", "tool_choice must be none, auto, required or {\"type\":\"function\",\"name\":...}")
-			}
-			name := named.Name
-			if f, ok := flat[toolName{"", named.Name}]; ok {
-				name = f
-			}
-			chat["tool_choice"] = map[string]any{"type": "function", "function": map[string]any{"name": name}}
+		if chat["tool_choice"], e = responsesToolChoice(tc, flat); e != nil {
+			return nil, e
 		}
 	}
 	if q.Text != nil && len(q.Text.Format) > 0 {
-		var f struct {
-			Type        string          `json:"type"`
-			Name        string          `json:"name"`
-			Description string          `json:"description"`
-			Schema      json.RawMessage `json:"schema"`
-			Strict      *bool           `json:"strict"`
-		}
-		if err := json.Unmarshal(q.Text.Format, &f); err != nil {
-			return nil, invalid("text.format", "text.format must be an object")
-		}
-		switch f.Type {
-		case "text", "json_object":
-			chat["response_format"] = map[string]any{"type": f.Type}
-		case "json_schema":
-			chat["response_format"] = map[string]any{"type": "json_schema", "json_schema": map[string]any{
-				"name": f.Name, "description": f.Description, "schema": f.Schema, "strict": f.Strict}}
-		default:
-			return nil, invalid("text.format.type", "text.format type must be text, json_object or json_schema, got %q", f.Type)
+		if chat["response_format"], e = responsesFormat(q.Text.Format); e != nil {
+			return nil, e
 		}
 	}
 	out.chat = chat
 	return out, nil
+}
+
+// checkResponsesRequest refuses what a Responses request may ask that is not served.
+func checkResponsesRequest(q *ResponsesRequest) *chatError {
+	switch {
+	case q.PreviousResponseID != "":
+		return unsupported("previous_response_id",
+			"responses are not stored, so previous_response_id cannot be followed: send the whole conversation as input")
+	case q.Background != nil && *q.Background:
+		return unsupported("background", "background responses are not supported")
+	case q.Truncation != "" && q.Truncation != "disabled":
+		return unsupported("truncation", "truncation %q is not supported", q.Truncation)
+	}
+	for i, inc := range q.Include {
+		if !slices.Contains(includable, inc) {
+			return invalid(fmt.Sprintf("include[%d]", i), "include must be one of %s, got %q", strings.Join(includable, ", "), inc)
+		}
+	}
+	return nil
+}
+
+// responsesMessages is the conversation of a Responses request: its instructions as
+// the system message, then its input (a string, or a list of items); flat maps the
+// client's tool names to the ones the model sees.
+func responsesMessages(q *ResponsesRequest, flat map[toolName]string) ([]api.Message, *chatError) {
+	var msgs []api.Message
+	if q.Instructions != nil && *q.Instructions != "" {
+		msgs = append(msgs, api.Message{Role: "system", Content: api.MessageContent(*q.Instructions)})
+	}
+	in := bytes.TrimSpace(q.Input)
+	if len(in) == 0 {
+		return nil, invalid("input", "input is required")
+	}
+	if in[0] == '"' {
+		var s string
+		_ = json.Unmarshal(in, &s)
+		return append(msgs, api.Message{Role: "user", Content: api.MessageContent(s)}), nil
+	}
+	var items []item
+	dec := json.NewDecoder(bytes.NewReader(in))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&items); err != nil {
+		return nil, invalid("input", "input must be a string or a list of items: %v", err)
+	}
+	for i, it := range items {
+		var e *chatError
+		if msgs, e = appendInputItem(msgs, it, fmt.Sprintf("input[%d]", i), flat); e != nil {
+			return nil, e
+		}
+	}
+	return msgs, nil
+}
+
+// appendInputItem appends input item it (named param in errors) to msgs.
+func appendInputItem(msgs []api.Message, it item, param string, flat map[toolName]string) ([]api.Message, *chatError) {
+	switch it.Type {
+	case "", "message":
+		text, e := partsText(it.Content, param+".content")
+		if e != nil {
+			return nil, e
+		}
+		switch it.Role {
+		case "user", "system", "developer":
+			return append(msgs, api.Message{Role: it.Role, Content: api.MessageContent(text)}), nil
+		case "assistant":
+			return append(msgs, api.Message{Role: "assistant", Content: api.MessageContent(text)}), nil
+		}
+		return nil, invalid(param+".role", "role must be user, assistant, system or developer, got %q", it.Role)
+	case "function_call":
+		name := it.Name
+		if f, ok := flat[toolName{it.Namespace, it.Name}]; ok {
+			name = f
+		}
+		call := api.ToolCall{ID: it.CallID, Type: "function", Function: api.FunctionCall{Name: name, Arguments: it.Arguments}}
+		// Consecutive calls are one assistant turn.
+		if n := len(msgs); n > 0 && msgs[n-1].Role == "assistant" && (len(msgs[n-1].ToolCalls) > 0 || msgs[n-1].Content == "") {
+			msgs[n-1].ToolCalls = append(msgs[n-1].ToolCalls, call)
+			return msgs, nil
+		}
+		return append(msgs, api.Message{Role: "assistant", ToolCalls: []api.ToolCall{call}}), nil
+	case "function_call_output":
+		var out string
+		if json.Unmarshal(it.Output, &out) != nil {
+			var e *chatError
+			if out, e = partsText(it.Output, param+".output"); e != nil {
+				return nil, e
+			}
+		}
+		return append(msgs, api.Message{Role: "tool", ToolCallID: it.CallID, Content: api.MessageContent(out)}), nil
+	case "reasoning":
+		// Past reasoning: templates drop it from earlier turns.
+		return msgs, nil
+	}
+	return nil, unsupported(param+".type", "input items of type %q are not supported", it.Type)
+}
+
+// responsesToolChoice is the chat tool_choice of a Responses tool_choice: a mode, or
+// a named function (renamed as the model sees it).
+func responsesToolChoice(tc json.RawMessage, flat map[toolName]string) (any, *chatError) {
+	var mode string
+	if json.Unmarshal(tc, &mode) == nil {
+		if mode != "none" && mode != "auto" && mode != "required" {
+			return nil, invalid("tool_choice", "tool_choice must be none, auto, required or {\"type\":\"function\",\"name\":...}, got %q", mode)
+		}
+		return mode, nil
+	}
+	var named struct {
+		Type string `json:"type"`
+		Name string `json:"name"`
+	}
+	if json.Unmarshal(tc, &named) != nil || named.Type != "function" || named.Name == "" {
+		return nil, invalid("tool_choice", "tool_choice must be none, auto, required or {\"type\":\"function\",\"name\":...}")
+	}
+	name := named.Name
+	if f, ok := flat[toolName{"", named.Name}]; ok {
+		name = f
+	}
+	return map[string]any{"type": "function", "function": map[string]any{"name": name}}, nil
+}
+
+// responsesFormat is the chat response_format of a Responses text.format.
+func responsesFormat(format json.RawMessage) (any, *chatError) {
+	var f struct {
+		Type        string          `json:"type"`
+		Name        string          `json:"name"`
+		Description string          `json:"description"`
+		Schema      json.RawMessage `json:"schema"`
+		Strict      *bool           `json:"strict"`
+	}
+	if err := json.Unmarshal(format, &f); err != nil {
+		return nil, invalid("text.format", "text.format must be an object")
+	}
+	switch f.Type {
+	case "text", "json_object":
+		return map[string]any{"type": f.Type}, nil
+	case "json_schema":
+		return map[string]any{"type": "json_schema", "json_schema": map[string]any{
+			"name": f.Name, "description": f.Description, "schema": f.Schema, "strict": f.Strict}}, nil
+	}
+	return nil, invalid("text.format.type", "text.format type must be text, json_object or json_schema, got %q", f.Type)
 }
 
 // flattenTools turns the request's tools into chat function tools: function tools as

@@ -179,6 +179,13 @@ func startServers(ctx context.Context, o options, dir, model string, servers map
 		return nil, err
 	}
 	if o.defaults {
+		say("starting macfleet serve at its defaults (the model alone: its context, one slot, the thread policy, the prompt cache)")
+		subjects = append(subjects, "macfleet-defaults")
+		if servers["macfleet-defaults"], err = startMacfleet(ctx, macfleetConfig{bin: o.macfleet, runner: o.runner, model: model,
+			dir: mkdir(dir, "macfleet-defaults"), defaults: true}); err != nil {
+			delete(servers, "macfleet-defaults")
+			return nil, err
+		}
 		say("starting the peer at its defaults")
 		subjects = append(subjects, "peer-defaults")
 		if servers["peer-defaults"], err = startPeer(ctx, peerConfig{name: "peer-defaults", bin: o.peer, model: model,
@@ -229,15 +236,18 @@ func measure(ctx context.Context, o options, b *bench, servers map[string]*serve
 // table of medians.
 func report(o options, samples map[string]map[string][]float64, failures map[string]int, longTokens int,
 	started time.Time, loadStart, loadEnd string) string {
-	peers := []column{{"peer", "peer, matched"}}
+	pairs := []pair{{column{"macfleet", "macfleet, matched"}, column{"peer", "peer, matched"}}}
 	if o.defaults {
-		peers = append(peers, column{"peer-defaults", "peer, defaults"})
+		pairs = append(pairs,
+			pair{column{"macfleet-defaults", "macfleet, defaults"}, column{"peer-defaults", "peer, defaults"}},
+			pair{column{"macfleet", "macfleet, matched"}, column{"peer-defaults", "peer, defaults"}})
 	}
+	shown := subjectsOf(pairs)
 	counted := []string{}
-	for _, c := range append([]column{{"macfleet", "macfleet"}}, peers...) {
+	for _, c := range shown {
 		counted = append(counted, fmt.Sprintf("%s %.0f", c.title, summarize(samples[c.subject]["longPromptTokens"]).median))
 	}
-	table := renderTable(samples, column{"macfleet", "macfleet"}, peers,
+	table := renderTable(samples, pairs,
 		map[string]string{"ttftLong": fmt.Sprintf("~%d tokens; counted: %s", longTokens, strings.Join(counted, ", "))})
 	version := o.peerVersion
 	if version == "" {
@@ -245,14 +255,14 @@ func report(o options, samples map[string]map[string][]float64, failures map[str
 	}
 	host, _ := os.Hostname()
 	header := fmt.Sprintf("`make bench-peers`, %s UTC, %s/%s, %d CPUs (%s); peer %s; model %s (synthesized, f16); "+
-		"matched: ctx %d, %d slots, threads %d, macfleet's prompt cache off; rounds %d, %d tokens a decode stream, seed %d. "+
+		"matched: ctx %d, %d slots, threads %d, macfleet's prompt cache off; defaults: each server given the model alone; rounds %d, %d tokens a decode stream, seed %d. "+
 		"Load average (1, 5, 15 min) at the start %s, at the end %s.\n\n",
 		started.Format("2006-01-02 15:04"), runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), host, version, o.preset,
 		o.ctx, o.parallel, o.threads, o.rounds, o.maxTokens, o.seed, loadStart, loadEnd)
 	failed := "no measurement failed"
 	if len(failures) > 0 {
 		var fs []string
-		for _, c := range append([]column{{"macfleet", "macfleet"}}, peers...) {
+		for _, c := range shown {
 			fs = append(fs, fmt.Sprintf("%s %d", c.title, failures[c.subject]))
 		}
 		failed = "measurements that failed once and were repeated: " + strings.Join(fs, ", ")

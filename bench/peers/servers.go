@@ -125,6 +125,9 @@ func (s *server) call(ctx context.Context, method, path string, in, out any) err
 type macfleetConfig struct {
 	bin, runner, model, dir string
 	ctx, parallel, threads  int
+	// defaults gives serve the model alone: its own context, slots, threads and
+	// prompt cache (in dir), as a user who names only the model gets them.
+	defaults bool
 }
 
 // servingLine is the log line of `macfleet serve` with the address it serves.
@@ -133,12 +136,22 @@ var servingLine = regexp.MustCompile(`"msg"="Serving the OpenAI and admin API" "
 // startMacfleet runs `macfleet serve` with the model (prompt cache off, never idling
 // out during the run), waits until it serves and loads the model.
 func startMacfleet(ctx context.Context, c macfleetConfig) (*server, error) {
-	cmd := exec.Command(c.bin, "serve", "--listen", "127.0.0.1:0", "--runner", c.runner,
-		"--runner-threads", strconv.Itoa(c.threads), "--idle-timeout", "1h",
-		"--prompt-cache-dir", filepath.Join(c.dir, "prompt-cache"), "--prompt-cache-hot-bytes", "0", "--prompt-cache-ssd-bytes", "0",
-		"--model", fmt.Sprintf("%s=%s:ctx=%d,parallel=%d,cache=off", modelName, c.model, c.ctx, c.parallel))
+	args := []string{"serve", "--listen", "127.0.0.1:0", "--runner", c.runner, "--idle-timeout", "1h",
+		"--prompt-cache-dir", filepath.Join(c.dir, "prompt-cache")}
+	if c.defaults {
+		args = append(args, "--model", fmt.Sprintf("%s=%s", modelName, c.model))
+	} else {
+		args = append(args, "--runner-threads", strconv.Itoa(c.threads),
+			"--prompt-cache-hot-bytes", "0", "--prompt-cache-ssd-bytes", "0",
+			"--model", fmt.Sprintf("%s=%s:ctx=%d,parallel=%d,cache=off", modelName, c.model, c.ctx, c.parallel))
+	}
+	cmd := exec.Command(c.bin, args...)
 	cmd.Env = os.Environ()
-	s, err := start("macfleet", cmd)
+	name := "macfleet"
+	if c.defaults {
+		name = "macfleet-defaults"
+	}
+	s, err := start(name, cmd)
 	if err != nil {
 		return nil, err
 	}

@@ -121,21 +121,44 @@ type column struct {
 	title   string
 }
 
-// renderTable is the markdown table of the run: one row per metric, the subjects'
-// medians and spreads, and macfleet's ratio against each peer configuration.
-// samples maps subject → metric key → samples; notes name the metrics' details (such
-// as the long prompt's length).
-func renderTable(samples map[string]map[string][]float64, ours column, peers []column, notes map[string]string) string {
+// pair is two subjects compared in the table: macfleet's (ours) and the peer's.
+type pair struct{ ours, theirs column }
+
+// subjectsOf lists the pairs' subjects once each, in the order they first appear.
+func subjectsOf(pairs []pair) []column {
+	var out []column
+	seen := map[string]bool{}
+	for _, p := range pairs {
+		for _, c := range []column{p.ours, p.theirs} {
+			if !seen[c.subject] {
+				seen[c.subject] = true
+				out = append(out, c)
+			}
+		}
+	}
+	return out
+}
+
+// renderTable is the markdown table of the run: one row per metric; for each pair the
+// two subjects' medians and spreads (a subject already shown by an earlier pair is not
+// repeated) and ours / theirs. samples maps subject → metric key → samples; notes name
+// the metrics' details (such as the long prompt's length).
+func renderTable(samples map[string]map[string][]float64, pairs []pair, notes map[string]string) string {
 	var b strings.Builder
-	b.WriteString("| | " + ours.title)
-	for _, p := range peers {
-		fmt.Fprintf(&b, " | %s | macfleet / %s", p.title, p.title)
+	shown := map[string]bool{}
+	var header, rule strings.Builder
+	for _, p := range pairs {
+		for _, c := range []column{p.ours, p.theirs} {
+			if !shown[c.subject] {
+				shown[c.subject] = true
+				header.WriteString(" | " + c.title)
+				rule.WriteString("|---")
+			}
+		}
+		fmt.Fprintf(&header, " | %s / %s", p.ours.title, p.theirs.title)
+		rule.WriteString("|---")
 	}
-	b.WriteString(" |\n|---|---")
-	for range peers {
-		b.WriteString("|---|---")
-	}
-	b.WriteString("|\n")
+	fmt.Fprintf(&b, "|%s |\n|---%s|\n", header.String(), rule.String())
 	for _, m := range metrics {
 		dir := "higher is better"
 		if !m.higherBetter {
@@ -145,11 +168,17 @@ func renderTable(samples map[string]map[string][]float64, ours column, peers []c
 		if n := notes[m.key]; n != "" {
 			title += " (" + n + ")"
 		}
-		o := summarize(samples[ours.subject][m.key])
-		fmt.Fprintf(&b, "| %s, %s; %s | %s", title, m.unit, dir, cell(o, m.unit))
-		for _, p := range peers {
-			t := summarize(samples[p.subject][m.key])
-			fmt.Fprintf(&b, " | %s | %s", cell(t, m.unit), ratioCell(ratio(o, t), m.higherBetter))
+		fmt.Fprintf(&b, "| %s, %s; %s", title, m.unit, dir)
+		clear(shown)
+		for _, p := range pairs {
+			o, t := summarize(samples[p.ours.subject][m.key]), summarize(samples[p.theirs.subject][m.key])
+			for _, c := range []column{p.ours, p.theirs} {
+				if !shown[c.subject] {
+					shown[c.subject] = true
+					fmt.Fprintf(&b, " | %s", cell(summarize(samples[c.subject][m.key]), m.unit))
+				}
+			}
+			fmt.Fprintf(&b, " | %s", ratioCell(ratio(o, t), m.higherBetter))
 		}
 		b.WriteString(" |\n")
 	}

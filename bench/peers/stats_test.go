@@ -104,7 +104,7 @@ func TestRenderTable(t *testing.T) {
 		"macfleet": {"decode1": {110, 120, 130}, "ttftShort": {30, 40, 50}},
 		"peer":     {"decode1": {100, 100, 100}, "ttftShort": {50, 50, 50}},
 	}
-	got := renderTable(samples, column{"macfleet", "macfleet"}, []column{{"peer", "peer, matched"}},
+	got := renderTable(samples, []pair{{column{"macfleet", "macfleet"}, column{"peer", "peer, matched"}}},
 		map[string]string{"ttftLong": "900 tokens"})
 	for _, want := range []string{
 		"| | macfleet | peer, matched | macfleet / peer, matched |",
@@ -118,5 +118,31 @@ func TestRenderTable(t *testing.T) {
 	}
 	if n := strings.Count(got, "\n"); n != 2+len(metrics) {
 		t.Errorf("table has %d lines, want %d:\n%s", n, 2+len(metrics), got)
+	}
+}
+
+// TestRenderTablePairs: each subject's cells appear once, at its first pair, and every
+// pair has its ratio, so defaults against defaults and matched against the peer's
+// defaults sit in one table.
+func TestRenderTablePairs(t *testing.T) {
+	samples := map[string]map[string][]float64{
+		"m":  {"decode1": {120}},
+		"p":  {"decode1": {100}},
+		"md": {"decode1": {90}},
+		"pd": {"decode1": {60}},
+	}
+	m, p, md, pd := column{"m", "ours"}, column{"p", "theirs"}, column{"md", "ours, defaults"}, column{"pd", "theirs, defaults"}
+	got := renderTable(samples, []pair{{m, p}, {md, pd}, {m, pd}}, nil)
+	for _, want := range []string{
+		"| | ours | theirs | ours / theirs | ours, defaults | theirs, defaults | ours, defaults / theirs, defaults | ours / theirs, defaults |",
+		"|---|---|---|---|---|---|---|---|",
+		"| decode, 1 stream, tok/s; higher is better | 120 | 100 | 1.20× (macfleet) | 90 | 60 | 1.50× (macfleet) | 2.00× (macfleet) |",
+	} {
+		if !strings.Contains(got, want+"\n") {
+			t.Errorf("table lacks the line\n%s\ngot:\n%s", want, got)
+		}
+	}
+	if got := subjectsOf([]pair{{m, p}, {md, pd}, {m, pd}}); len(got) != 4 || got[3] != pd {
+		t.Errorf("subjectsOf = %v, want the four subjects once each", got)
 	}
 }

@@ -64,7 +64,7 @@ generate: ## Generate deepcopy functions.
 
 .PHONY: manifests
 manifests: ## Generate CRDs and RBAC from markers; copy them into the chart.
-	$(CONTROLLER_GEN) crd rbac:roleName=macfleet-manager paths=./api/... paths=./controllers/... paths=./internal/manager/... \
+	$(CONTROLLER_GEN) crd rbac:roleName=macfleet-manager paths=./api/... paths=./controllers/... paths=./app/manager/... \
 		output:crd:artifacts:config=config/crd/bases output:rbac:artifacts:config=config/rbac
 	$(CONTROLLER_GEN) rbac:roleName=macfleet-gateway paths=./gateway/... output:rbac:artifacts:config=config/rbac/gateway
 	$(CHART_SYNC)

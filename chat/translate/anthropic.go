@@ -7,8 +7,8 @@ import (
 	"net/http"
 	"strings"
 
+	"github.com/macfleet/macfleet/api/runnerapi"
 	"github.com/macfleet/macfleet/chat/compat"
-	"github.com/macfleet/macfleet/runner/api"
 )
 
 // MessagesRequest is the body of POST /v1/messages (Anthropic Messages API).
@@ -149,7 +149,7 @@ func chatFromMessagesBody(m *MessagesRequest, maxTokens int) (map[string]any, []
 			system = append(system, text)
 		}
 	}
-	var msgs []api.Message
+	var msgs []runnerapi.Message
 	for i, msg := range m.Messages {
 		param := fmt.Sprintf("messages[%d]", i)
 		if msg.Role != "user" && msg.Role != "assistant" && msg.Role != "system" {
@@ -170,7 +170,7 @@ func chatFromMessagesBody(m *MessagesRequest, maxTokens int) (map[string]any, []
 			}
 			continue
 		}
-		out := api.Message{Role: msg.Role}
+		out := runnerapi.Message{Role: msg.Role}
 		var text strings.Builder
 		for j, b := range bs {
 			bp := fmt.Sprintf("%s.content[%d]", param, j)
@@ -182,8 +182,8 @@ func chatFromMessagesBody(m *MessagesRequest, maxTokens int) (map[string]any, []
 				if len(input) == 0 {
 					input = []byte("{}")
 				}
-				out.ToolCalls = append(out.ToolCalls, api.ToolCall{ID: b.ID, Type: "function",
-					Function: api.FunctionCall{Name: b.Name, Arguments: string(input)}})
+				out.ToolCalls = append(out.ToolCalls, runnerapi.ToolCall{ID: b.ID, Type: "function",
+					Function: runnerapi.FunctionCall{Name: b.Name, Arguments: string(input)}})
 			case b.Type == "thinking" && msg.Role == "assistant":
 				out.ReasoningContent += b.Thinking
 			case b.Type == "redacted_thinking" && msg.Role == "assistant":
@@ -200,18 +200,18 @@ func chatFromMessagesBody(m *MessagesRequest, maxTokens int) (map[string]any, []
 				if b.IsError {
 					result = "Error: " + result
 				}
-				msgs = append(msgs, api.Message{Role: "tool", ToolCallID: b.ToolUseID, Content: api.MessageContent(result)})
+				msgs = append(msgs, runnerapi.Message{Role: "tool", ToolCallID: b.ToolUseID, Content: runnerapi.MessageContent(result)})
 			default:
 				return nil, nil, unsupported(bp+".type", "a %q block in a %s message is not supported: the models served are text-only", b.Type, msg.Role)
 			}
 		}
 		if text.Len() > 0 || len(out.ToolCalls) > 0 || out.ReasoningContent != "" {
-			out.Content = api.MessageContent(text.String())
+			out.Content = runnerapi.MessageContent(text.String())
 			msgs = append(msgs, out)
 		}
 	}
 	if len(system) > 0 {
-		msgs = append([]api.Message{{Role: "system", Content: api.MessageContent(strings.Join(system, "\n\n"))}}, msgs...)
+		msgs = append([]runnerapi.Message{{Role: "system", Content: runnerapi.MessageContent(strings.Join(system, "\n\n"))}}, msgs...)
 	}
 	if len(msgs) == 0 {
 		return nil, nil, invalid("messages", "messages must hold a user or assistant message")
@@ -238,7 +238,7 @@ func chatFromMessagesBody(m *MessagesRequest, maxTokens int) (map[string]any, []
 	if m.Metadata != nil && m.Metadata.UserID != "" {
 		chat["user"] = m.Metadata.UserID
 	}
-	var tools []api.Tool
+	var tools []runnerapi.Tool
 	for i, t := range m.Tools {
 		cached = cached || len(t.CacheControl) > 0
 		switch {
@@ -249,7 +249,7 @@ func chatFromMessagesBody(m *MessagesRequest, maxTokens int) (map[string]any, []
 			return nil, nil, unsupported(fmt.Sprintf("tools[%d].type", i),
 				"the Anthropic-defined tool %q is not supported: define a client tool with input_schema", t.Type)
 		}
-		tools = append(tools, api.Tool{Type: "function", Function: api.Function{Name: t.Name, Description: t.Description, Parameters: t.InputSchema}})
+		tools = append(tools, runnerapi.Tool{Type: "function", Function: runnerapi.Function{Name: t.Name, Description: t.Description, Parameters: t.InputSchema}})
 	}
 	if len(tools) > 0 {
 		chat["tools"] = tools
@@ -381,7 +381,7 @@ func stopReason(finish, stopSeq string) (string, any) {
 
 type anthropicWhole struct{ w http.ResponseWriter }
 
-func (a *anthropicWhole) whole(c *api.ChatCompletion) {
+func (a *anthropicWhole) whole(c *runnerapi.ChatCompletion) {
 	ch := c.Choices[0]
 	content := []map[string]any{}
 	if ch.Message.ReasoningContent != "" {
@@ -400,9 +400,9 @@ func (a *anthropicWhole) whole(c *api.ChatCompletion) {
 		"stop_sequence": seq, "usage": anthropicUsage(c.Usage)})
 }
 
-func (a *anthropicWhole) chunk(*api.ChatCompletionChunk) {}
-func (a *anthropicWhole) end(*chatError)                 {}
-func (a *anthropicWhole) fail(e *chatError)              { anthropicError(a.w, e) }
+func (a *anthropicWhole) chunk(*runnerapi.ChatCompletionChunk) {}
+func (a *anthropicWhole) end(*chatError)                       {}
+func (a *anthropicWhole) fail(e *chatError)                    { anthropicError(a.w, e) }
 
 // toolUseID keeps a call's id, in Anthropic's form.
 func toolUseID(id string) string { return "toolu_" + strings.TrimPrefix(id, "call_") }
@@ -418,19 +418,19 @@ type anthropicStream struct {
 	open    string // the open block's kind: "", thinking, text, tool_use
 	finish  string
 	stopSeq string
-	usage   *api.Usage
+	usage   *runnerapi.Usage
 }
 
 // start sends message_start with the prompt's usage, which the chat stream's first
-// chunk carries (api.HeaderPromptUsage).
-func (a *anthropicStream) start(id string, prompt *api.Usage) {
+// chunk carries (runnerapi.HeaderPromptUsage).
+func (a *anthropicStream) start(id string, prompt *runnerapi.Usage) {
 	if a.started {
 		return
 	}
 	a.started = true
-	var usage *api.Usage
+	var usage *runnerapi.Usage
 	if prompt != nil {
-		usage = &api.Usage{PromptTokens: prompt.PromptTokens, PromptTokensDetails: prompt.PromptTokensDetails}
+		usage = &runnerapi.Usage{PromptTokens: prompt.PromptTokens, PromptTokensDetails: prompt.PromptTokensDetails}
 	}
 	a.sse.send("message_start", map[string]any{"type": "message_start", "message": map[string]any{
 		"id": "msg_" + strings.TrimPrefix(id, "chatcmpl-"), "type": "message", "role": "assistant", "model": a.model,
@@ -460,7 +460,7 @@ func (a *anthropicStream) delta(d map[string]any) {
 	a.sse.send("content_block_delta", map[string]any{"type": "content_block_delta", "index": a.index, "delta": d})
 }
 
-func (a *anthropicStream) chunk(c *api.ChatCompletionChunk) {
+func (a *anthropicStream) chunk(c *runnerapi.ChatCompletionChunk) {
 	a.start(c.ID, c.Usage)
 	if c.Usage != nil {
 		a.usage = c.Usage
@@ -507,5 +507,5 @@ func (a *anthropicStream) end(err *chatError) {
 	a.sse.send("message_stop", map[string]any{"type": "message_stop"})
 }
 
-func (a *anthropicStream) whole(*api.ChatCompletion) {}
-func (a *anthropicStream) fail(e *chatError)         { anthropicError(a.w, e) }
+func (a *anthropicStream) whole(*runnerapi.ChatCompletion) {}
+func (a *anthropicStream) fail(e *chatError)               { anthropicError(a.w, e) }

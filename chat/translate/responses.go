@@ -9,8 +9,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/macfleet/macfleet/api/runnerapi"
 	"github.com/macfleet/macfleet/chat/compat"
-	"github.com/macfleet/macfleet/runner/api"
 )
 
 // ResponsesRequest is the body of POST /v1/responses (OpenAI Responses API).
@@ -158,9 +158,9 @@ func chatFromResponses(q *ResponsesRequest) (*translated, *chatError) {
 	for f, n := range out.names {
 		flat[n] = f
 	}
-	var msgs []api.Message
+	var msgs []runnerapi.Message
 	if q.Instructions != nil && *q.Instructions != "" {
-		msgs = append(msgs, api.Message{Role: "system", Content: api.MessageContent(*q.Instructions)})
+		msgs = append(msgs, runnerapi.Message{Role: "system", Content: runnerapi.MessageContent(*q.Instructions)})
 	}
 	in := bytes.TrimSpace(q.Input)
 	if len(in) == 0 {
@@ -169,7 +169,7 @@ func chatFromResponses(q *ResponsesRequest) (*translated, *chatError) {
 	if in[0] == '"' {
 		var s string
 		_ = json.Unmarshal(in, &s)
-		msgs = append(msgs, api.Message{Role: "user", Content: api.MessageContent(s)})
+		msgs = append(msgs, runnerapi.Message{Role: "user", Content: runnerapi.MessageContent(s)})
 	} else {
 		var items []item
 		dec := json.NewDecoder(bytes.NewReader(in))
@@ -187,9 +187,9 @@ func chatFromResponses(q *ResponsesRequest) (*translated, *chatError) {
 				}
 				switch it.Role {
 				case "user", "system", "developer":
-					msgs = append(msgs, api.Message{Role: it.Role, Content: api.MessageContent(text)})
+					msgs = append(msgs, runnerapi.Message{Role: it.Role, Content: runnerapi.MessageContent(text)})
 				case "assistant":
-					msgs = append(msgs, api.Message{Role: "assistant", Content: api.MessageContent(text)})
+					msgs = append(msgs, runnerapi.Message{Role: "assistant", Content: runnerapi.MessageContent(text)})
 				default:
 					return nil, invalid(param+".role", "role must be user, assistant, system or developer, got %q", it.Role)
 				}
@@ -198,12 +198,12 @@ func chatFromResponses(q *ResponsesRequest) (*translated, *chatError) {
 				if f, ok := flat[toolName{it.Namespace, it.Name}]; ok {
 					name = f
 				}
-				call := api.ToolCall{ID: it.CallID, Type: "function", Function: api.FunctionCall{Name: name, Arguments: it.Arguments}}
+				call := runnerapi.ToolCall{ID: it.CallID, Type: "function", Function: runnerapi.FunctionCall{Name: name, Arguments: it.Arguments}}
 				// Consecutive calls are one assistant turn.
 				if n := len(msgs); n > 0 && msgs[n-1].Role == "assistant" && (len(msgs[n-1].ToolCalls) > 0 || msgs[n-1].Content == "") {
 					msgs[n-1].ToolCalls = append(msgs[n-1].ToolCalls, call)
 				} else {
-					msgs = append(msgs, api.Message{Role: "assistant", ToolCalls: []api.ToolCall{call}})
+					msgs = append(msgs, runnerapi.Message{Role: "assistant", ToolCalls: []runnerapi.ToolCall{call}})
 				}
 			case "function_call_output":
 				var out string
@@ -213,7 +213,7 @@ func chatFromResponses(q *ResponsesRequest) (*translated, *chatError) {
 						return nil, e
 					}
 				}
-				msgs = append(msgs, api.Message{Role: "tool", ToolCallID: it.CallID, Content: api.MessageContent(out)})
+				msgs = append(msgs, runnerapi.Message{Role: "tool", ToolCallID: it.CallID, Content: runnerapi.MessageContent(out)})
 			case "reasoning":
 				// Past reasoning: templates drop it from earlier turns.
 			default:
@@ -304,7 +304,7 @@ func chatFromResponses(q *ResponsesRequest) (*translated, *chatError) {
 // they are, a namespace's functions each on its own (named as in the namespace unless
 // that name is taken, then "namespace__name"), hosted tools dropped and named in the
 // hints; any other type is refused.
-func (t *translated) flattenTools(raw []json.RawMessage) ([]api.Tool, *chatError) {
+func (t *translated) flattenTools(raw []json.RawMessage) ([]runnerapi.Tool, *chatError) {
 	type fn struct {
 		tool  ResponsesTool
 		name  toolName
@@ -349,7 +349,7 @@ func (t *translated) flattenTools(raw []json.RawMessage) ([]api.Tool, *chatError
 	for _, f := range fns {
 		count[f.name.name]++
 	}
-	var tools []api.Tool
+	var tools []runnerapi.Tool
 	for _, f := range fns {
 		name := f.name.name
 		if f.name.namespace != "" && count[name] > 1 {
@@ -359,7 +359,7 @@ func (t *translated) flattenTools(raw []json.RawMessage) ([]api.Tool, *chatError
 			return nil, invalid(f.param+".name", "function %q is defined twice", name)
 		}
 		t.names[name] = f.name
-		tools = append(tools, api.Tool{Type: "function", Function: api.Function{Name: name, Description: f.tool.Description,
+		tools = append(tools, runnerapi.Tool{Type: "function", Function: runnerapi.Function{Name: name, Description: f.tool.Description,
 			Parameters: f.tool.Parameters, Strict: f.tool.Strict}})
 	}
 	return tools, nil

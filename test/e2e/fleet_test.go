@@ -24,8 +24,8 @@ import (
 
 	"github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/controllers/endpoints"
-	"github.com/macfleet/macfleet/internal/localfleet"
-	"github.com/macfleet/macfleet/internal/testenv"
+	"github.com/macfleet/macfleet/test/support/localfleet"
+	"github.com/macfleet/macfleet/test/support/testenv"
 )
 
 // readySliceAddresses returns host:port of the ready endpoints in a deployment's

@@ -33,10 +33,10 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/macfleet/macfleet/api/v1alpha1"
-	"github.com/macfleet/macfleet/internal/tcprelay"
-	"github.com/macfleet/macfleet/internal/testenv"
 	"github.com/macfleet/macfleet/metal"
 	"github.com/macfleet/macfleet/pki"
+	"github.com/macfleet/macfleet/test/support/tcprelay"
+	"github.com/macfleet/macfleet/test/support/testenv"
 )
 
 // Node is one simulated Mac.

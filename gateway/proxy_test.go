@@ -64,11 +64,6 @@ func (g *testGateway) serveReplicas(endpoints ...string) {
 		[]mfv1.MacNode{node("mac", metav1.ConditionTrue)}))
 }
 
-func hostOf(t *testing.T, u string) string {
-	t.Helper()
-	return strings.TrimPrefix(u, "http://")
-}
-
 // upstream is an httptest agent whose behaviour a test scripts per call.
 type upstream struct {
 	*httptest.Server

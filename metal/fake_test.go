@@ -125,12 +125,6 @@ func (g *fakeGauge) setLag(n int) {
 	g.lag = n
 }
 
-func (g *fakeGauge) setExtra(b int64) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	g.extra = b
-}
-
 // fakeFactory starts fakeRunners.
 type fakeFactory struct {
 	g *fakeGauge

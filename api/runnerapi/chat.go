@@ -148,18 +148,6 @@ func (u Unsupported) Check() *Error {
 	return nil
 }
 
-func compact(b json.RawMessage) string {
-	var buf bytes.Buffer
-	if json.Compact(&buf, b) != nil {
-		return string(b)
-	}
-	s := buf.String()
-	if len(s) > 120 {
-		s = s[:120] + "…"
-	}
-	return s
-}
-
 // CheckTools validates the tool fields against each other.
 func (t ChatTools) CheckTools() *Error {
 	switch {

@@ -96,12 +96,11 @@ func TestScaleUpAndDown(t *testing.T) {
 // load sends chats through the gateway from a few goroutines until stop is closed,
 // counting successes and keeping every failure.
 type load struct {
-	ok     atomic.Int64
-	mu     sync.Mutex
-	errs   []error
-	stop   chan struct{}
-	wg     sync.WaitGroup
-	stream bool
+	ok   atomic.Int64
+	mu   sync.Mutex
+	errs []error
+	stop chan struct{}
+	wg   sync.WaitGroup
 }
 
 func startLoad(ctx context.Context, model string, workers int) *load {

@@ -21,6 +21,10 @@ HELM_VERSION  := $(shell awk '$$1 == "helm.sh/helm/v3" {print $$2}' hack/tools/g
 HELM_K8S_MINOR := $(shell awk '$$1 == "k8s.io/client-go" {split($$2, v, "."); print v[2]}' hack/tools/go.mod)
 HELM_LDFLAGS  := -X helm.sh/helm/v3/internal/version.version=$(HELM_VERSION) \
 	$(foreach p,pkg/chartutil pkg/lint/rules,-X helm.sh/helm/v3/$(p).k8sVersionMajor=1 -X helm.sh/helm/v3/$(p).k8sVersionMinor=$(HELM_K8S_MINOR))
+# golangci-lint, run by `make verify` (hack/lint.sh, .golangci.yml): built from the Go
+# module pinned in hack/tools/go.mod into the cache, once per version.
+GOLANGCI_LINT_VERSION := $(shell awk '$$1 == "github.com/golangci/golangci-lint/v2" {print $$2}' hack/tools/go.mod)
+GOLANGCI_LINT := $(CACHE_DIR)/golangci-lint/$(GOLANGCI_LINT_VERSION)/golangci-lint
 CHART         := charts/macfleet
 CHART_SYNC    := go run ./test/chart/chartsync
 # The peer server `make bench-peers` measures against: built from the Go module at the
@@ -39,13 +43,15 @@ MACFLEET_STEPS := $(strip $(if $(wildcard $(ENVTEST_DIR)/kube-apiserver),,etcd k
 	$(if $(filter demo dev-cluster bench-peers,$(MAKECMDGOALS)),$(if $(wildcard $(BIN)/macfleet),,macfleet)) \
 	$(if $(filter demo runner test attack soak bench bench-peers,$(MAKECMDGOALS)),$(if $(wildcard $(RUNNER)),,runner)) \
 	$(if $(filter bench-peers peer,$(MAKECMDGOALS)),$(if $(wildcard $(PEER)),,peer)) \
-	$(if $(filter test helm chart-test chart-verify,$(MAKECMDGOALS)),$(if $(wildcard $(HELM)),,helm)))
+	$(if $(filter test helm chart-test chart-verify,$(MAKECMDGOALS)),$(if $(wildcard $(HELM)),,helm)) \
+	$(if $(filter verify lint golangci-lint,$(MAKECMDGOALS)),$(if $(wildcard $(GOLANGCI_LINT)),,golangci-lint)))
 MACFLEET_STEPS_START := $(shell date +%s)
 export MACFLEET_STEPS MACFLEET_STEPS_START CACHE_DIR
 
 export KUBEBUILDER_ASSETS := $(ENVTEST_DIR)
 export MACFLEET_RUNNER    := $(RUNNER)
 export MACFLEET_HELM      := $(HELM)
+export GOLANGCI_LINT
 
 .PHONY: all
 all: generate manifests build
@@ -64,7 +70,7 @@ generate: ## Generate deepcopy functions.
 
 .PHONY: manifests
 manifests: ## Generate CRDs and RBAC from markers; copy them into the chart.
-	$(CONTROLLER_GEN) crd rbac:roleName=macfleet-manager paths=./api/... paths=./controllers/... paths=./internal/manager/... \
+	$(CONTROLLER_GEN) crd rbac:roleName=macfleet-manager paths=./api/... paths=./controllers/... paths=./app/manager/... \
 		output:crd:artifacts:config=config/crd/bases output:rbac:artifacts:config=config/rbac
 	$(CONTROLLER_GEN) rbac:roleName=macfleet-gateway paths=./gateway/... output:rbac:artifacts:config=config/rbac/gateway
 	$(CHART_SYNC)
@@ -88,8 +94,18 @@ $(ENVTEST_DIR)/kube-apiserver: | deps
 ##@ Verify and test
 
 .PHONY: verify
-verify: ## Fail if generation leaves a diff; vet; cross-compile for darwin/arm64.
+verify: ## Fail if generation leaves a diff; vet; lint (golangci-lint); cross-compile for darwin/arm64.
 	hack/verify.sh
+
+.PHONY: lint
+lint: golangci-lint ## Run golangci-lint (.golangci.yml: function length, duplication, import layers).
+	hack/lint.sh
+
+.PHONY: golangci-lint
+golangci-lint: $(GOLANGCI_LINT) ## Build golangci-lint from Go modules into the cache (version pinned in hack/tools/go.mod).
+$(GOLANGCI_LINT):
+	hack/step.sh golangci-lint go build -modfile=hack/tools/go.mod -trimpath \
+		-ldflags "-X main.version=$(patsubst v%,%,$(GOLANGCI_LINT_VERSION))" -o $@ github.com/golangci/golangci-lint/v2/cmd/golangci-lint
 
 .PHONY: test
 test: deps envtest runner helm ## Run every test (race detector, real API server, real runners).

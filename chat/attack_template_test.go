@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/macfleet/macfleet/runner/api"
+	"github.com/macfleet/macfleet/api/runnerapi"
 )
 
 // TestAttackTemplateBurnsCPU: a model's chat template walks a 32 MB string a million
@@ -30,17 +30,17 @@ func TestAttackTemplateBurnsCPU(t *testing.T) {
 		t.Fatal(err)
 	}
 	const bound = 30 * time.Second
-	render := func(t *testing.T, walk string) (string, *api.Error) {
+	render := func(t *testing.T, walk string) (string, *runnerapi.Error) {
 		t.Helper()
 		type result struct {
 			out string
-			e   *api.Error
+			e   *runnerapi.Error
 		}
 		done := make(chan result, 1)
 		start := time.Now()
 		go func() {
 			kw, _ := json.Marshal(walk)
-			out, e := tmpl.Render(Input{Messages: []api.Message{{Role: "user", Content: "hi"}},
+			out, e := tmpl.Render(Input{Messages: []runnerapi.Message{{Role: "user", Content: "hi"}},
 				Kwargs: map[string]json.RawMessage{"walk": kw}, AddGenerationPrompt: true}, false)
 			done <- result{out, e}
 		}()
@@ -69,7 +69,7 @@ func TestAttackTemplateBurnsCPU(t *testing.T) {
 		}
 		body, _ := json.Marshal(e)
 		t.Logf("%d %s", e.Status, body)
-		if e.Status != http.StatusBadRequest || e.Type != api.TypeInvalidRequest || e.Param != "messages" ||
+		if e.Status != http.StatusBadRequest || e.Type != runnerapi.TypeInvalidRequest || e.Param != "messages" ||
 			!strings.Contains(e.Message, "work limit") {
 			t.Errorf("got %d %s, want a 400 invalid_request_error on messages naming the work limit", e.Status, body)
 		}

@@ -6,7 +6,7 @@ import (
 	"encoding/json"
 	"strings"
 
-	"github.com/macfleet/macfleet/runner/api"
+	"github.com/macfleet/macfleet/api/runnerapi"
 )
 
 // Format is how a model family writes tool calls in its output.
@@ -128,12 +128,12 @@ func argumentString(a json.RawMessage) (string, bool) {
 
 // parseCalls parses the text of a call region in format f. It returns nil when the
 // text is not a well-formed call, so the caller keeps it as content.
-func parseCalls(f Format, text string) []api.ToolCall {
+func parseCalls(f Format, text string) []runnerapi.ToolCall {
 	text = strings.TrimSpace(text)
-	var out []api.ToolCall
+	var out []runnerapi.ToolCall
 	add := func(name, args string) {
-		out = append(out, api.ToolCall{ID: NewCallID(), Type: "function",
-			Function: api.FunctionCall{Name: name, Arguments: args}})
+		out = append(out, runnerapi.ToolCall{ID: NewCallID(), Type: "function",
+			Function: runnerapi.FunctionCall{Name: name, Arguments: args}})
 	}
 	switch f {
 	case FormatMistral:

@@ -6,10 +6,10 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/macfleet/macfleet/api/runnerapi"
 	"github.com/macfleet/macfleet/chat"
 	"github.com/macfleet/macfleet/chat/grammar"
-	"github.com/macfleet/macfleet/internal/testassets"
-	"github.com/macfleet/macfleet/runner/api"
+	"github.com/macfleet/macfleet/test/support/testassets"
 )
 
 var (
@@ -47,7 +47,7 @@ func templatesForFuzz(f *testing.F) []*chat.Template {
 	return fuzzTemplates
 }
 
-func wantClientError(t *testing.T, what string, e *api.Error) {
+func wantClientError(t *testing.T, what string, e *runnerapi.Error) {
 	t.Helper()
 	if e != nil && (e.Status != http.StatusBadRequest || e.Message == "") {
 		t.Fatalf("%s: %d %q, want a 400 with a message", what, e.Status, e.Message)
@@ -72,8 +72,8 @@ func FuzzChatRequest(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, body []byte) {
-		var req api.ChatRequest
-		if e := api.DecodeJSON(body, &req); e != nil {
+		var req runnerapi.ChatRequest
+		if e := runnerapi.DecodeJSON(body, &req); e != nil {
 			wantClientError(t, "decoding", e)
 			return
 		}

@@ -3,7 +3,7 @@ package chat
 import (
 	"strings"
 
-	"github.com/macfleet/macfleet/runner/api"
+	"github.com/macfleet/macfleet/api/runnerapi"
 )
 
 // Delta is what a piece of model output adds to the answer.
@@ -11,7 +11,7 @@ type Delta struct {
 	Content   string
 	Reasoning string
 	// ToolCalls are complete calls, Index set to their position in the answer.
-	ToolCalls []api.ToolCall
+	ToolCalls []runnerapi.ToolCall
 }
 
 // Empty reports a delta with nothing in it.
@@ -283,8 +283,8 @@ func (p *Parser) finishHarmony() Delta {
 				continue
 			}
 			i := p.calls
-			d.ToolCalls = append(d.ToolCalls, api.ToolCall{Index: &i, ID: NewCallID(), Type: "function",
-				Function: api.FunctionCall{Name: name, Arguments: args}})
+			d.ToolCalls = append(d.ToolCalls, runnerapi.ToolCall{Index: &i, ID: NewCallID(), Type: "function",
+				Function: runnerapi.FunctionCall{Name: name, Arguments: args}})
 			p.calls++
 		case channel == "analysis":
 			d.Reasoning += msg

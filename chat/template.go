@@ -10,8 +10,8 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/macfleet/macfleet/api/runnerapi"
 	"github.com/macfleet/macfleet/chat/jinja"
-	"github.com/macfleet/macfleet/runner/api"
 )
 
 // Template is a model's chat template, parsed once and rendered per request.
@@ -43,8 +43,8 @@ func NewTemplate(src, bos, eos string) (*Template, error) {
 
 // Input is what a prompt is rendered from.
 type Input struct {
-	Messages []api.Message
-	Tools    []api.Tool
+	Messages []runnerapi.Message
+	Tools    []runnerapi.Tool
 	// Kwargs are chat_template_kwargs: extra top-level template variables.
 	Kwargs map[string]json.RawMessage
 	// ReasoningEffort reaches templates that read it (gpt-oss).
@@ -54,7 +54,7 @@ type Input struct {
 }
 
 // InputOf is the input of a chat request.
-func InputOf(req *api.ChatRequest) Input {
+func InputOf(req *runnerapi.ChatRequest) Input {
 	in := Input{Messages: req.Messages, Kwargs: req.ChatTemplateKwargs, ReasoningEffort: req.ReasoningEffort,
 		AddGenerationPrompt: true}
 	if req.ToolChoice == nil || req.ToolChoice.Mode != "none" {
@@ -64,11 +64,11 @@ func InputOf(req *api.ChatRequest) Input {
 }
 
 // Render renders the prompt. It strips a leading BOS text when stripBOS is set (the
-// tokenizer adds BOS itself). Errors are *api.Error: a conversation the template
+// tokenizer adds BOS itself). Errors are *runnerapi.Error: a conversation the template
 // refuses (raise_exception) or cannot render is the client's 400.
-func (t *Template) Render(in Input, stripBOS bool) (string, *api.Error) {
+func (t *Template) Render(in Input, stripBOS bool) (string, *runnerapi.Error) {
 	if len(in.Tools) > 0 && !t.Tools {
-		return "", api.InvalidRequest(api.CodeUnsupportedParameter, "tools",
+		return "", runnerapi.InvalidRequest(runnerapi.CodeUnsupportedParameter, "tools",
 			"this model's chat template does not render tools, so it cannot call them")
 	}
 	vars, e := t.vars(in)
@@ -79,10 +79,10 @@ func (t *Template) Render(in Input, stripBOS bool) (string, *api.Error) {
 	if err != nil {
 		var raised *jinja.RaisedError
 		if errors.As(err, &raised) {
-			return "", api.InvalidRequest(api.CodeTemplateError, "messages",
+			return "", runnerapi.InvalidRequest(runnerapi.CodeTemplateError, "messages",
 				"the model's chat template refused the conversation: %s", raised.Message)
 		}
-		return "", api.InvalidRequest(api.CodeTemplateError, "messages",
+		return "", runnerapi.InvalidRequest(runnerapi.CodeTemplateError, "messages",
 			"the model's chat template failed to render the conversation: %v", err)
 	}
 	if stripBOS && t.bos != "" {
@@ -91,7 +91,7 @@ func (t *Template) Render(in Input, stripBOS bool) (string, *api.Error) {
 	return out, nil
 }
 
-func (t *Template) vars(in Input) (map[string]any, *api.Error) {
+func (t *Template) vars(in Input) (map[string]any, *runnerapi.Error) {
 	msgs := &jinja.List{}
 	for i, m := range in.Messages {
 		d, e := messageValue(m, i)
@@ -111,7 +111,7 @@ func (t *Template) vars(in Input) (map[string]any, *api.Error) {
 		for i, tool := range in.Tools {
 			v, err := toolValue(tool)
 			if err != nil {
-				return nil, api.InvalidRequest(api.CodeInvalidValue, fmt.Sprintf("tools[%d].function.parameters", i),
+				return nil, runnerapi.InvalidRequest(runnerapi.CodeInvalidValue, fmt.Sprintf("tools[%d].function.parameters", i),
 					"parameters is not valid JSON: %v", err)
 			}
 			tools.Items = append(tools.Items, v)
@@ -124,7 +124,7 @@ func (t *Template) vars(in Input) (map[string]any, *api.Error) {
 	for k, raw := range in.Kwargs {
 		v, err := jinja.FromJSON(raw)
 		if err != nil {
-			return nil, api.InvalidRequest(api.CodeInvalidValue, "chat_template_kwargs."+k, "invalid JSON: %v", err)
+			return nil, runnerapi.InvalidRequest(runnerapi.CodeInvalidValue, "chat_template_kwargs."+k, "invalid JSON: %v", err)
 		}
 		vars[k] = v
 	}
@@ -133,7 +133,7 @@ func (t *Template) vars(in Input) (map[string]any, *api.Error) {
 
 // messageValue is a message as templates expect it: content a string, tool call
 // arguments an object (templates print them with tojson).
-func messageValue(m api.Message, i int) (*jinja.Dict, *api.Error) {
+func messageValue(m runnerapi.Message, i int) (*jinja.Dict, *runnerapi.Error) {
 	d := jinja.NewDict()
 	role := m.Role
 	d.Set("role", role)
@@ -154,7 +154,7 @@ func messageValue(m api.Message, i int) (*jinja.Dict, *api.Error) {
 				args, err = jinja.NewDict(), nil
 			}
 			if err != nil {
-				return nil, api.InvalidRequest(api.CodeInvalidValue,
+				return nil, runnerapi.InvalidRequest(runnerapi.CodeInvalidValue,
 					fmt.Sprintf("messages[%d].tool_calls[%d].function.arguments", i, j),
 					"arguments must be a JSON string holding an object: %v", err)
 			}
@@ -175,7 +175,7 @@ func messageValue(m api.Message, i int) (*jinja.Dict, *api.Error) {
 	return d, nil
 }
 
-func toolValue(t api.Tool) (*jinja.Dict, error) {
+func toolValue(t runnerapi.Tool) (*jinja.Dict, error) {
 	fn := jinja.NewDict()
 	fn.Set("name", t.Function.Name)
 	if t.Function.Description != "" {

@@ -6,14 +6,14 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/macfleet/macfleet/internal/testassets"
-	"github.com/macfleet/macfleet/runner/api"
+	"github.com/macfleet/macfleet/api/runnerapi"
+	"github.com/macfleet/macfleet/test/support/testassets"
 )
 
-func request(t *testing.T, body string) *api.ChatRequest {
+func request(t *testing.T, body string) *runnerapi.ChatRequest {
 	t.Helper()
-	var req api.ChatRequest
-	if e := api.DecodeJSON([]byte(body), &req); e != nil {
+	var req runnerapi.ChatRequest
+	if e := runnerapi.DecodeJSON([]byte(body), &req); e != nil {
 		t.Fatal(e)
 	}
 	if e := req.Check(); e != nil {
@@ -62,7 +62,7 @@ func TestRenderLlama31Tools(t *testing.T) {
 		t.Errorf("BOS text not stripped: %q", out[:40])
 	}
 	// tool_choice none renders without the tools.
-	req.ToolChoice = &api.ToolChoice{Mode: "none"}
+	req.ToolChoice = &runnerapi.ToolChoice{Mode: "none"}
 	out, e = tmpl.Render(InputOf(req), true)
 	if e != nil || strings.Contains(out, "Weather now") {
 		t.Fatalf("tool_choice none: %v, prompt mentions the tool: %v", e, strings.Contains(out, "Weather now"))
@@ -77,12 +77,12 @@ func TestRenderErrors(t *testing.T) {
 	}{
 		{"tools on a template without tools", chatml,
 			`{"model":"m","messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function","function":{"name":"f"}}]}`,
-			api.CodeUnsupportedParameter, "tools", "does not render tools"},
+			runnerapi.CodeUnsupportedParameter, "tools", "does not render tools"},
 		{"raise_exception", strict, `{"model":"m","messages":[{"role":"system","content":"x"},{"role":"user","content":"hi"}]}`,
-			api.CodeTemplateError, "messages", "refused the conversation: System role not supported"},
+			runnerapi.CodeTemplateError, "messages", "refused the conversation: System role not supported"},
 		{"bad arguments", chatml,
 			`{"model":"m","messages":[{"role":"assistant","content":"","tool_calls":[{"id":"a","type":"function","function":{"name":"f","arguments":"{not json"}}]}]}`,
-			api.CodeInvalidValue, "messages[0].tool_calls[0].function.arguments", "arguments must be a JSON string"},
+			runnerapi.CodeInvalidValue, "messages[0].tool_calls[0].function.arguments", "arguments must be a JSON string"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tmpl, err := NewTemplate(tc.tmpl, "", "")
@@ -102,23 +102,23 @@ func TestRequestFields(t *testing.T) {
 	for _, tc := range []struct {
 		body, code, param string
 	}{
-		{`{"model":"m","messages":[],"frobnicate":1}`, api.CodeUnknownParameter, "frobnicate"},
-		{`{"model":"m","messages":[],"response_format":{"type":"json"}}`, api.CodeInvalidValue, "response_format.type"},
-		{`{"model":"m","messages":[],"response_format":{"type":"json_schema","json_schema":{"name":"a b","schema":{}}}}`, api.CodeInvalidValue, "response_format.json_schema.name"},
-		{`{"model":"m","messages":[],"response_format":{"type":"json_object","json_schema":{"name":"a","schema":{}}}}`, api.CodeInvalidValue, "response_format.json_schema"},
-		{`{"model":"m","messages":[],"top_logprobs":3}`, api.CodeInvalidValue, "top_logprobs"},
-		{`{"model":"m","messages":[],"n":0}`, api.CodeInvalidValue, "n"},
-		{`{"model":"m","messages":[],"logit_bias":{"1":5}}`, api.CodeUnsupportedParameter, "logit_bias"},
-		{`{"model":"m","messages":[],"audio":{"voice":"x"}}`, api.CodeUnsupportedParameter, "audio"},
-		{`{"model":"m","messages":[],"tool_choice":"required"}`, api.CodeInvalidValue, "tool_choice"},
-		{`{"model":"m","messages":[],"tools":[{"type":"function","function":{"name":"f","strict":true}}]}`, api.CodeUnsupportedParameter, "tools[0].function.strict"},
-		{`{"model":"m","messages":[],"tool_choice":{"type":"function","function":{"name":"g"}},"tools":[{"type":"function","function":{"name":"f"}}]}`, api.CodeInvalidValue, "tool_choice"},
-		{`{"model":"m","messages":[],"tools":[{"type":"function","function":{"name":"bad name"}}]}`, api.CodeInvalidValue, "tools[0].function.name"},
-		{`{"model":"m","messages":[{"role":"tool","content":"x"}]}`, api.CodeInvalidValue, "messages[0].tool_call_id"},
-		{`{"model":"m","messages":[{"role":"user","content":"x","extra":1}]}`, api.CodeUnknownParameter, "extra"},
+		{`{"model":"m","messages":[],"frobnicate":1}`, runnerapi.CodeUnknownParameter, "frobnicate"},
+		{`{"model":"m","messages":[],"response_format":{"type":"json"}}`, runnerapi.CodeInvalidValue, "response_format.type"},
+		{`{"model":"m","messages":[],"response_format":{"type":"json_schema","json_schema":{"name":"a b","schema":{}}}}`, runnerapi.CodeInvalidValue, "response_format.json_schema.name"},
+		{`{"model":"m","messages":[],"response_format":{"type":"json_object","json_schema":{"name":"a","schema":{}}}}`, runnerapi.CodeInvalidValue, "response_format.json_schema"},
+		{`{"model":"m","messages":[],"top_logprobs":3}`, runnerapi.CodeInvalidValue, "top_logprobs"},
+		{`{"model":"m","messages":[],"n":0}`, runnerapi.CodeInvalidValue, "n"},
+		{`{"model":"m","messages":[],"logit_bias":{"1":5}}`, runnerapi.CodeUnsupportedParameter, "logit_bias"},
+		{`{"model":"m","messages":[],"audio":{"voice":"x"}}`, runnerapi.CodeUnsupportedParameter, "audio"},
+		{`{"model":"m","messages":[],"tool_choice":"required"}`, runnerapi.CodeInvalidValue, "tool_choice"},
+		{`{"model":"m","messages":[],"tools":[{"type":"function","function":{"name":"f","strict":true}}]}`, runnerapi.CodeUnsupportedParameter, "tools[0].function.strict"},
+		{`{"model":"m","messages":[],"tool_choice":{"type":"function","function":{"name":"g"}},"tools":[{"type":"function","function":{"name":"f"}}]}`, runnerapi.CodeInvalidValue, "tool_choice"},
+		{`{"model":"m","messages":[],"tools":[{"type":"function","function":{"name":"bad name"}}]}`, runnerapi.CodeInvalidValue, "tools[0].function.name"},
+		{`{"model":"m","messages":[{"role":"tool","content":"x"}]}`, runnerapi.CodeInvalidValue, "messages[0].tool_call_id"},
+		{`{"model":"m","messages":[{"role":"user","content":"x","extra":1}]}`, runnerapi.CodeUnknownParameter, "extra"},
 	} {
-		var req api.ChatRequest
-		e := api.DecodeJSON([]byte(tc.body), &req)
+		var req runnerapi.ChatRequest
+		e := runnerapi.DecodeJSON([]byte(tc.body), &req)
 		if e == nil {
 			if _, e = req.Options(); e == nil {
 				e = req.Check()
@@ -166,8 +166,8 @@ func BenchmarkRenderRequest(b *testing.B) {
 	b.Run("decode", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
-			var req api.ChatRequest
-			if e := api.DecodeJSON(body, &req); e != nil {
+			var req runnerapi.ChatRequest
+			if e := runnerapi.DecodeJSON(body, &req); e != nil {
 				b.Fatal(e)
 			}
 		}
@@ -175,8 +175,8 @@ func BenchmarkRenderRequest(b *testing.B) {
 	b.Run("render", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
-			var req api.ChatRequest
-			if e := api.DecodeJSON(body, &req); e != nil {
+			var req runnerapi.ChatRequest
+			if e := runnerapi.DecodeJSON(body, &req); e != nil {
 				b.Fatal(e)
 			}
 			if _, e := tmpl.Render(InputOf(&req), true); e != nil {

@@ -17,9 +17,9 @@ import (
 
 	"github.com/macfleet/macfleet/agent/config"
 	"github.com/macfleet/macfleet/agent/standalone"
+	"github.com/macfleet/macfleet/api/runnerapi"
 	"github.com/macfleet/macfleet/internal/ggufsynth"
 	"github.com/macfleet/macfleet/metal"
-	"github.com/macfleet/macfleet/runner/api"
 )
 
 // The self-test's model: the "small" synthesized preset (≈20 MB of f16 weights) with
@@ -239,7 +239,7 @@ func complete(ctx context.Context, r metal.Runner) (int, string, error) {
 	if resp.StatusCode != http.StatusOK {
 		return 0, "", fmt.Errorf("completion: HTTP %d: %s", resp.StatusCode, truncate(string(b), 200))
 	}
-	var c api.Completion
+	var c runnerapi.Completion
 	if err := json.Unmarshal(b, &c); err != nil {
 		return 0, "", fmt.Errorf("decoding the completion: %w", err)
 	}

@@ -23,11 +23,11 @@ import (
 
 	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/budget"
-	"github.com/macfleet/macfleet/internal/otlptest"
 	"github.com/macfleet/macfleet/ledger"
 	"github.com/macfleet/macfleet/metering"
 	"github.com/macfleet/macfleet/tenancy"
 	"github.com/macfleet/macfleet/tenancy/satoken"
+	"github.com/macfleet/macfleet/test/support/otlptest"
 	"github.com/macfleet/macfleet/tracing"
 )
 

@@ -18,10 +18,10 @@ import (
 
 	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/gateway"
-	"github.com/macfleet/macfleet/internal/testenv"
 	"github.com/macfleet/macfleet/ledger"
 	"github.com/macfleet/macfleet/metering"
 	"github.com/macfleet/macfleet/tenancy"
+	"github.com/macfleet/macfleet/test/support/testenv"
 )
 
 // meteredFleet is a namespace with deployment qwen, whose one replica answers every

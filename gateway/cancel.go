@@ -11,8 +11,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/macfleet/macfleet/api/runnerapi"
 	"github.com/macfleet/macfleet/pki"
-	runnerapi "github.com/macfleet/macfleet/runner/api"
 )
 
 // Cancelling an answer whose client went away, without losing its usage.

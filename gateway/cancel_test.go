@@ -14,9 +14,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
-	"github.com/macfleet/macfleet/internal/testenv"
+	"github.com/macfleet/macfleet/api/runnerapi"
 	"github.com/macfleet/macfleet/metering"
-	runnerapi "github.com/macfleet/macfleet/runner/api"
+	"github.com/macfleet/macfleet/test/support/testenv"
 )
 
 // cancelAgent is an httptest agent that streams one token every 5 ms until a

@@ -34,8 +34,8 @@ import (
 	"github.com/macfleet/macfleet/controllers/apikeyindex/apikeyindextest"
 	"github.com/macfleet/macfleet/gateway"
 	"github.com/macfleet/macfleet/internal/ggufsynth"
-	"github.com/macfleet/macfleet/internal/testenv"
 	"github.com/macfleet/macfleet/metal"
+	"github.com/macfleet/macfleet/test/support/testenv"
 )
 
 // The envtest API server is started by the first test that needs it, so the unit

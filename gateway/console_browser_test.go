@@ -16,8 +16,8 @@ import (
 
 	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/gateway"
-	"github.com/macfleet/macfleet/internal/browsertest"
-	"github.com/macfleet/macfleet/internal/testenv"
+	"github.com/macfleet/macfleet/test/support/browsertest"
+	"github.com/macfleet/macfleet/test/support/testenv"
 )
 
 func value(q *resource.Quantity) int64 {

@@ -16,9 +16,9 @@ import (
 
 	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/gateway"
-	"github.com/macfleet/macfleet/internal/browsertest"
-	"github.com/macfleet/macfleet/internal/testenv"
 	"github.com/macfleet/macfleet/tenancy"
+	"github.com/macfleet/macfleet/test/support/browsertest"
+	"github.com/macfleet/macfleet/test/support/testenv"
 )
 
 // Team B's secrets on the attack fleet: none may reach team A's key.

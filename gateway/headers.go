@@ -5,9 +5,9 @@ import (
 	"net/http"
 	"strings"
 
+	"github.com/macfleet/macfleet/api/runnerapi"
 	"github.com/macfleet/macfleet/chat/compat"
 	"github.com/macfleet/macfleet/console"
-	runnerapi "github.com/macfleet/macfleet/runner/api"
 )
 
 // hopHeaders are connection-level headers that a proxy must not forward.

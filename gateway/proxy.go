@@ -15,10 +15,10 @@ import (
 
 	"go.opentelemetry.io/otel/trace"
 
+	runnerapi "github.com/macfleet/macfleet/api/runnerapi"
 	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/metering"
 	"github.com/macfleet/macfleet/pki"
-	runnerapi "github.com/macfleet/macfleet/runner/api"
 	"github.com/macfleet/macfleet/tenancy"
 )
 

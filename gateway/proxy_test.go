@@ -22,9 +22,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/macfleet/macfleet/api/runnerapi"
 	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
-	"github.com/macfleet/macfleet/internal/testenv"
-	runnerapi "github.com/macfleet/macfleet/runner/api"
+	"github.com/macfleet/macfleet/test/support/testenv"
 )
 
 const fleetToken = "fleet-secret"
@@ -62,11 +62,6 @@ func (g *testGateway) serveReplicas(endpoints ...string) {
 	}
 	g.SetTable(BuildTable([]mfv1.ModelDeployment{deployment("a", "m", "")}, rs,
 		[]mfv1.MacNode{node("mac", metav1.ConditionTrue)}))
-}
-
-func hostOf(t *testing.T, u string) string {
-	t.Helper()
-	return strings.TrimPrefix(u, "http://")
 }
 
 // upstream is an httptest agent whose behaviour a test scripts per call.

@@ -11,8 +11,8 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/macfleet/macfleet/api/runnerapi"
 	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
-	runnerapi "github.com/macfleet/macfleet/runner/api"
 	"github.com/macfleet/macfleet/tenancy"
 )
 

@@ -12,9 +12,9 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/macfleet/macfleet/gateway"
-	"github.com/macfleet/macfleet/internal/testenv"
 	"github.com/macfleet/macfleet/tenancy"
 	"github.com/macfleet/macfleet/tenancy/satoken"
+	"github.com/macfleet/macfleet/test/support/testenv"
 )
 
 // TestTenantKeysAsGateway runs the gateway with --tenant-keys as its own identity,

@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/macfleet/macfleet/fairqueue"
-	"github.com/macfleet/macfleet/internal/testenv"
+	"github.com/macfleet/macfleet/test/support/testenv"
 )
 
 // TestTraffic: the console's figures of a deployment's recent requests, on a fake

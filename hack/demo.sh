@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# make demo — a whole macfleet on this machine (hack/localfleet, internal/localfleet):
+# make demo — a whole macfleet on this machine (hack/localfleet, test/support/localfleet):
 # kube-apiserver + etcd, `macfleet manager`, `macfleet gateway`, two `macfleet agent`s
 # simulating Macs with different memory ceilings (each with its own node credential),
 # and a model server holding a synthesized GGUF model. It applies config/samples/,

@@ -8,6 +8,8 @@
 #     one a component registers (test/chart TestMonitoringMetricsExported);
 #   - go.mod/go.sum of the module and of the tool modules are tidy;
 #   - gofmt and `go vet` (pure Go, CGO_ENABLED=0) are clean;
+#   - golangci-lint (.golangci.yml: function length, duplication, the import layers of
+#     docs/architecture.md) is clean, built into the cache first if missing;
 #   - cmd/macfleet cross-compiles for darwin/arm64 without cgo.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -76,6 +78,7 @@ step "prometheus rules and dashboards" prometheus_rules
 step "go mod tidy" tidy
 step "gofmt" gofmt_clean
 step "go vet" env CGO_ENABLED=0 go vet ./...
+step "golangci-lint" ${MAKE:-make} --no-print-directory lint
 step "build darwin/arm64" env GOOS=darwin GOARCH=arm64 CGO_ENABLED=0 go build -trimpath -o /dev/null ./cmd/macfleet
 
 if ((${#failed[@]})); then

@@ -16,7 +16,7 @@ import (
 	"github.com/go-logr/logr/testr"
 
 	"github.com/macfleet/macfleet/internal/ggufsynth"
-	"github.com/macfleet/macfleet/internal/syncbuf"
+	"github.com/macfleet/macfleet/test/support/syncbuf"
 )
 
 // adoptEnv is a real runner binary, a synthesized tiny model and a state directory.

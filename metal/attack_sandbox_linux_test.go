@@ -11,8 +11,8 @@ import (
 	"time"
 
 	"github.com/macfleet/macfleet/internal/ggufsynth"
-	"github.com/macfleet/macfleet/internal/syncbuf"
 	"github.com/macfleet/macfleet/runner/sandbox"
+	"github.com/macfleet/macfleet/test/support/syncbuf"
 )
 
 // TestAttackRunnerReadsTheAgentsSecrets: a runner with a loader bug (the fake

@@ -11,9 +11,9 @@ import (
 	"time"
 
 	"github.com/macfleet/macfleet/internal/ggufsynth"
-	"github.com/macfleet/macfleet/internal/otlptest"
-	"github.com/macfleet/macfleet/internal/syncbuf"
 	"github.com/macfleet/macfleet/runner/sandbox"
+	"github.com/macfleet/macfleet/test/support/otlptest"
+	"github.com/macfleet/macfleet/test/support/syncbuf"
 	"github.com/macfleet/macfleet/tracing"
 )
 

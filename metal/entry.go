@@ -4,7 +4,7 @@ import (
 	"context"
 	"time"
 
-	"github.com/macfleet/macfleet/runner/api"
+	"github.com/macfleet/macfleet/api/runnerapi"
 )
 
 // State is an entry's place in its life cycle:
@@ -173,7 +173,7 @@ type engine struct {
 	// cache is the runner's last prompt cache report.
 	cache *PromptCacheStats
 	// chat is how the runner renders chat prompts (nil until it reported).
-	chat *api.ChatInfo
+	chat *runnerapi.ChatInfo
 }
 
 func newEngine(e *entry, spec ModelSpec, gen uint64, reservation int64) *engine {

@@ -13,7 +13,7 @@ import (
 	"github.com/go-logr/logr/funcr"
 	testingclock "k8s.io/utils/clock/testing"
 
-	"github.com/macfleet/macfleet/runner/api"
+	"github.com/macfleet/macfleet/api/runnerapi"
 )
 
 // This file holds the fakes the pool's timing tests use: a Gauge whose host figure is
@@ -123,12 +123,6 @@ func (g *fakeGauge) setLag(n int) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.lag = n
-}
-
-func (g *fakeGauge) setExtra(b int64) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	g.extra = b
 }
 
 // fakeFactory starts fakeRunners.
@@ -266,7 +260,7 @@ type fakeRunner struct {
 	budgets   []int64
 	budgetErr error
 	// ssd is what Status reports as the SSD tier (nil: none).
-	ssd *api.PromptCacheSSD
+	ssd *runnerapi.PromptCacheSSD
 }
 
 var _ Runner = (*fakeRunner)(nil)
@@ -332,18 +326,18 @@ func (r *fakeRunner) Status(ctx context.Context) (RunnerStatus, error) {
 	fp, _ := r.f.g.Process(r.pid)
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	pc := &api.PromptCacheStatus{Hot: api.PromptCacheHot{Bytes: r.hotBytes, BudgetBytes: r.hotBudget}, SSD: r.ssd}
+	pc := &runnerapi.PromptCacheStatus{Hot: runnerapi.PromptCacheHot{Bytes: r.hotBytes, BudgetBytes: r.hotBudget}, SSD: r.ssd}
 	return RunnerStatus{State: "ready", PID: r.pid, FootprintBytes: fp, PromptCache: pc}, nil
 }
 
 // SetCacheBudget records the budget and frees the hot bytes over it, like the runner.
-func (r *fakeRunner) SetCacheBudget(ctx context.Context, b api.CacheBudget) (api.CacheBudgetResult, error) {
+func (r *fakeRunner) SetCacheBudget(ctx context.Context, b runnerapi.CacheBudget) (runnerapi.CacheBudgetResult, error) {
 	r.mu.Lock()
 	if r.budgetErr != nil {
 		defer r.mu.Unlock()
-		return api.CacheBudgetResult{}, r.budgetErr
+		return runnerapi.CacheBudgetResult{}, r.budgetErr
 	}
-	var res api.CacheBudgetResult
+	var res runnerapi.CacheBudgetResult
 	if b.HotBytes != nil {
 		r.hotBudget = *b.HotBytes
 		r.budgets = append(r.budgets, r.hotBudget)

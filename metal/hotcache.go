@@ -7,7 +7,7 @@ import (
 	"strings"
 	"sync"
 
-	"github.com/macfleet/macfleet/runner/api"
+	"github.com/macfleet/macfleet/api/runnerapi"
 )
 
 // The hot tier of the prompt cache lives in the runners' memory. The agent has one
@@ -62,7 +62,7 @@ type PromptCacheStats struct {
 	InlineFallbacks int64  `json:"inlineFallbacks"`
 }
 
-func promptCacheStats(st *api.PromptCacheStatus) *PromptCacheStats {
+func promptCacheStats(st *runnerapi.PromptCacheStatus) *PromptCacheStats {
 	if st == nil {
 		return nil
 	}
@@ -208,7 +208,7 @@ func (p *Pool) pushBudgets(pushes []budgetPush) {
 			ctx, cancel := p.withDeadline(context.Background(), p.cfg.RunnerCallTimeout, "setting the cache budget of "+ps.name)
 			defer cancel()
 			hot := ps.hot
-			res, err := ps.r.SetCacheBudget(ctx, api.CacheBudget{HotBytes: &hot})
+			res, err := ps.r.SetCacheBudget(ctx, runnerapi.CacheBudget{HotBytes: &hot})
 			if err != nil {
 				p.log.V(2).Info("Setting the prompt cache budget failed", "model", ps.name, "hotBytes", hot, "err", err.Error())
 				return

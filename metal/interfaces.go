@@ -12,7 +12,7 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/macfleet/macfleet/runner/api"
+	"github.com/macfleet/macfleet/api/runnerapi"
 )
 
 // Residency says how a model stays in memory.
@@ -96,9 +96,9 @@ type RunnerStatus struct {
 	SlotsBusy           int    `json:"slots_busy"`
 	RequestsActive      int    `json:"requests_active"`
 	// PromptCache is the prompt cache's report (absent until the model is loaded).
-	PromptCache *api.PromptCacheStatus `json:"prompt_cache,omitempty"`
+	PromptCache *runnerapi.PromptCacheStatus `json:"prompt_cache,omitempty"`
 	// Chat says how the runner renders chat prompts (absent until loaded).
-	Chat *api.ChatInfo `json:"chat,omitempty"`
+	Chat *runnerapi.ChatInfo `json:"chat,omitempty"`
 }
 
 // Limits are pushed to every runner on every enforcer poll.
@@ -134,7 +134,7 @@ type Runner interface {
 	ClearCache(ctx context.Context) (CacheClearResult, error)
 	// SetCacheBudget is POST /cache/budget: the hot-tier budget (and SSD quota) the
 	// agent gives the runner's prompt cache; absent fields stay as they are.
-	SetCacheBudget(ctx context.Context, b api.CacheBudget) (api.CacheBudgetResult, error)
+	SetCacheBudget(ctx context.Context, b runnerapi.CacheBudget) (runnerapi.CacheBudgetResult, error)
 	// Stop asks for a graceful shutdown, escalates to SIGTERM and then SIGKILL after
 	// grace, and returns once the process has been reaped. Idempotent.
 	Stop(ctx context.Context, grace time.Duration) error

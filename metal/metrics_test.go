@@ -10,9 +10,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	testingclock "k8s.io/utils/clock/testing"
 
-	"github.com/macfleet/macfleet/internal/testenv"
-	"github.com/macfleet/macfleet/runner/api"
+	"github.com/macfleet/macfleet/api/runnerapi"
 	"github.com/macfleet/macfleet/runner/sandbox"
+	"github.com/macfleet/macfleet/test/support/testenv"
 )
 
 func TestMetricsExportPoolStateAndEvents(t *testing.T) {
@@ -79,7 +79,7 @@ func TestMetricsExportPromptCacheCounters(t *testing.T) {
 	h.load("off")
 	r := h.f.last(t, "c")
 	r.mu.Lock()
-	r.ssd = &api.PromptCacheSSD{Saves: 7, SavesPersisted: 6, Errors: 1, Hits: 3, Misses: 4, Evictions: 5,
+	r.ssd = &runnerapi.PromptCacheSSD{Saves: 7, SavesPersisted: 6, Errors: 1, Hits: 3, Misses: 4, Evictions: 5,
 		UnlinkFailures: 1, InlineFallbacks: 2, Bytes: 4096}
 	r.mu.Unlock()
 	h.p.poll() // pushes the share, reads the report

@@ -20,7 +20,7 @@ import (
 
 	"github.com/go-logr/logr"
 
-	"github.com/macfleet/macfleet/runner/api"
+	"github.com/macfleet/macfleet/api/runnerapi"
 )
 
 // ProcessRunner is one runner process. It implements Runner.
@@ -391,8 +391,8 @@ func (r *ProcessRunner) ClearCache(ctx context.Context) (CacheClearResult, error
 }
 
 // SetCacheBudget is POST /cache/budget.
-func (r *ProcessRunner) SetCacheBudget(ctx context.Context, b api.CacheBudget) (api.CacheBudgetResult, error) {
-	var out api.CacheBudgetResult
+func (r *ProcessRunner) SetCacheBudget(ctx context.Context, b runnerapi.CacheBudget) (runnerapi.CacheBudgetResult, error) {
+	var out runnerapi.CacheBudgetResult
 	err := r.call(ctx, http.MethodPost, "/cache/budget", b, &out)
 	return out, err
 }

@@ -22,7 +22,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/macfleet/macfleet/internal/ggufsynth"
-	"github.com/macfleet/macfleet/internal/syncbuf"
+	"github.com/macfleet/macfleet/test/support/syncbuf"
 )
 
 // TestProcessRunner runs real processes of metal/internal/fakerunner, a program that

@@ -5,7 +5,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/macfleet/macfleet/runner/api"
+	"github.com/macfleet/macfleet/api/runnerapi"
 )
 
 // Snapshot is everything the agent's status API, metrics and the MacNode and
@@ -70,7 +70,7 @@ type ModelSnapshot struct {
 	PromptCache *PromptCacheStats `json:"promptCache,omitempty"`
 	// Chat is how the loaded engine renders chat prompts: its renderer (the model's
 	// own Jinja template or llama.cpp's built-in ones) and tool-call format.
-	Chat *api.ChatInfo `json:"chat,omitempty"`
+	Chat *runnerapi.ChatInfo `json:"chat,omitempty"`
 }
 
 // Snapshot returns the pool's state. Models are sorted by name.

@@ -12,22 +12,14 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/macfleet/macfleet/internal/source"
 )
 
-// DeniedError is a source, or an address, the policy does not allow. Its message
-// names the fix. It is not retryable as such: fetching again helps only once the
-// policy changed.
-type DeniedError struct {
-	// Namespace is the namespace whose rules were applied; empty for an address check
-	// (the address rules are the same for every namespace).
-	Namespace string
-	// Source is the model source, or the address dialled.
-	Source string
-	// Reason is the Decision's reason.
-	Reason string
-}
-
-func (e *DeniedError) Error() string { return e.Reason }
+// DeniedError is a source, or an address, the policy does not allow. The type lives
+// with the source parser on the ground floor (source.DeniedError) so the memory
+// estimate, which reads sources, can recognise a refusal without importing the policy.
+type DeniedError = source.DeniedError
 
 // Err returns a *DeniedError for a denied decision, nil for an allowed one.
 func (d Decision) Err(namespace, src string) error {

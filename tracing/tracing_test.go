@@ -11,7 +11,7 @@ import (
 
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/macfleet/macfleet/internal/otlptest"
+	"github.com/macfleet/macfleet/test/support/otlptest"
 	"github.com/macfleet/macfleet/tracing/spanrelay"
 )
 

@@ -30,10 +30,10 @@ import (
 	"github.com/macfleet/macfleet/agent/server"
 	"github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/internal/ggufsynth"
-	"github.com/macfleet/macfleet/internal/testenv"
 	"github.com/macfleet/macfleet/metal"
 	"github.com/macfleet/macfleet/pki"
 	"github.com/macfleet/macfleet/sourcepolicy"
+	"github.com/macfleet/macfleet/test/support/testenv"
 )
 
 var (

@@ -17,8 +17,8 @@ import (
 
 	"github.com/macfleet/macfleet/agent/store"
 	"github.com/macfleet/macfleet/api/v1alpha1"
-	"github.com/macfleet/macfleet/internal/testenv"
 	"github.com/macfleet/macfleet/sourcepolicy"
+	"github.com/macfleet/macfleet/test/support/testenv"
 )
 
 // TestSourcePolicyAtTheAgent: the agent fetches under the cluster's SourcePolicy. A

@@ -11,9 +11,9 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/macfleet/macfleet/api/runnerapi"
 	"github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/metal"
-	"github.com/macfleet/macfleet/runner/api"
 )
 
 func testReplica(res v1alpha1.Residency) *v1alpha1.ModelReplica {
@@ -244,12 +244,12 @@ func TestApplyOwnedKeepsOthers(t *testing.T) {
 func TestLoadedMessageNamesARefusedTemplate(t *testing.T) {
 	for _, tc := range []struct {
 		name string
-		chat *api.ChatInfo
+		chat *runnerapi.ChatInfo
 		want string
 	}{
-		{"own template", &api.ChatInfo{Renderer: api.RendererJinja}, "runner pid 42 holds the model (50.0 MiB resident)"},
+		{"own template", &runnerapi.ChatInfo{Renderer: runnerapi.RendererJinja}, "runner pid 42 holds the model (50.0 MiB resident)"},
 		{"no chat info", nil, "runner pid 42 holds the model (50.0 MiB resident)"},
-		{"refused", &api.ChatInfo{Renderer: api.RendererBuiltin, TemplateError: "template syntax error at line 1: blocks or expressions nested deeper than 256"},
+		{"refused", &runnerapi.ChatInfo{Renderer: runnerapi.RendererBuiltin, TemplateError: "template syntax error at line 1: blocks or expressions nested deeper than 256"},
 			"runner pid 42 holds the model (50.0 MiB resident); the model's chat template is not used (template syntax error at line 1: blocks or expressions nested deeper than 256): prompts are rendered with llama.cpp's built-in templates"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -6,14 +6,14 @@ import (
 	"sync"
 	"time"
 
+	"github.com/macfleet/macfleet/api/runnerapi"
 	"github.com/macfleet/macfleet/metal"
-	"github.com/macfleet/macfleet/runner/api"
 )
 
 // Cancelling an answer without losing its usage. A gateway whose client went away
 // does not drop its connection to the agent at once (that would cancel the runner's
 // request and lose what the runner generated): it asks POST /api/requests/cancel to
-// end the request it named (api.HeaderRequestID). The agent asks the request's runner
+// end the request it named (runnerapi.HeaderRequestID). The agent asks the request's runner
 // to end it (the runner's POST /cancel); the runner ends it as it would at a stop
 // condition, with its usage, and the agent sends that usage as the metering.Header
 // trailer as for any answer.
@@ -63,31 +63,31 @@ func (t *requestRunners) get(id string) (metal.Runner, bool) {
 // false} when no runner has it (still queued on the agent, or already answered), in
 // which case the caller drops its connection as before.
 func (s *Server) handleCancel(w http.ResponseWriter, r *http.Request) {
-	var req api.Cancel
+	var req runnerapi.Cancel
 	body, aerr := s.readBody(w, r)
 	if aerr != nil {
 		writeError(w, aerr)
 		return
 	}
-	if e := api.DecodeJSON(body, &req); e != nil {
+	if e := runnerapi.DecodeJSON(body, &req); e != nil {
 		writeError(w, fromRunnerAPI(e))
 		return
 	}
 	if req.ID == "" {
-		writeError(w, invalid(codeMissingField, "id", "id must name a request (the %s it was sent with)", api.HeaderRequestID))
+		writeError(w, invalid(codeMissingField, "id", "id must name a request (the %s it was sent with)", runnerapi.HeaderRequestID))
 		return
 	}
 	rn, ok := s.requests.get(req.ID)
 	if !ok {
-		writeJSON(w, http.StatusOK, api.Cancelled{})
+		writeJSON(w, http.StatusOK, runnerapi.Cancelled{})
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), cancelTimeout)
 	defer cancel()
-	var out api.Cancelled
-	if err := callRunner(ctx, rn, pathCancel, api.Cancel{ID: req.ID}, &out); err != nil {
+	var out runnerapi.Cancelled
+	if err := callRunner(ctx, rn, pathCancel, runnerapi.Cancel{ID: req.ID}, &out); err != nil {
 		s.log.Info("Cancelling a request on its runner failed", "err", err.Error())
-		writeJSON(w, http.StatusOK, api.Cancelled{})
+		writeJSON(w, http.StatusOK, runnerapi.Cancelled{})
 		return
 	}
 	writeJSON(w, http.StatusOK, out)

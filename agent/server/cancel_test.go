@@ -9,12 +9,12 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/macfleet/macfleet/api/runnerapi"
 	"github.com/macfleet/macfleet/metering"
-	"github.com/macfleet/macfleet/runner/api"
 )
 
 // TestCancelEndsTheAnswerWithItsUsage: a gateway that names its request
-// (api.HeaderRequestID) and then asks POST /api/requests/cancel to end it gets the rest
+// (runnerapi.HeaderRequestID) and then asks POST /api/requests/cancel to end it gets the rest
 // of the stream up to [DONE] and, as for any answer, the runner's usage of it as the
 // metering.Header trailer: the tokens generated until the cancel, fewer than asked
 // for. A request the agent does not have answers found false; no id is a 400.
@@ -25,7 +25,7 @@ func TestCancelEndsTheAnswerWithItsUsage(t *testing.T) {
 	b, _ := json.Marshal(body)
 	req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, a.url+"/v1/chat/completions", bytes.NewReader(b))
 	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set(api.HeaderRequestID, "gw-req-1")
+	req.Header.Set(runnerapi.HeaderRequestID, "gw-req-1")
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
@@ -45,10 +45,10 @@ func TestCancelEndsTheAnswerWithItsUsage(t *testing.T) {
 			contents++
 		}
 	}
-	cancel := func(id string) api.Cancelled {
+	cancel := func(id string) runnerapi.Cancelled {
 		t.Helper()
-		r, rb := a.do(http.MethodPost, "/api/requests/cancel", api.Cancel{ID: id})
-		var out api.Cancelled
+		r, rb := a.do(http.MethodPost, "/api/requests/cancel", runnerapi.Cancel{ID: id})
+		var out runnerapi.Cancelled
 		if r.StatusCode != http.StatusOK || json.Unmarshal(rb, &out) != nil {
 			t.Fatalf("cancel %q: %d %s", id, r.StatusCode, rb)
 		}
@@ -78,7 +78,7 @@ func TestCancelEndsTheAnswerWithItsUsage(t *testing.T) {
 	if cancel("gw-req-1").Found || cancel("never-sent").Found {
 		t.Error("a request the agent does not have was found")
 	}
-	if r, rb := a.do(http.MethodPost, "/api/requests/cancel", api.Cancel{}); r.StatusCode != http.StatusBadRequest {
+	if r, rb := a.do(http.MethodPost, "/api/requests/cancel", runnerapi.Cancel{}); r.StatusCode != http.StatusBadRequest {
 		t.Errorf("cancel without an id: %d %s, want 400", r.StatusCode, rb)
 	}
 }

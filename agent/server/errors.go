@@ -7,9 +7,9 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/macfleet/macfleet/api/runnerapi"
 	"github.com/macfleet/macfleet/internal/openaierr"
 	"github.com/macfleet/macfleet/metal"
-	"github.com/macfleet/macfleet/runner/api"
 )
 
 // OpenAI error types of the agent's own errors (the pool's carry their own).
@@ -69,7 +69,7 @@ func fromPool(err error) *apiError {
 }
 
 // fromRunnerAPI maps a validation error of the shared request types.
-func fromRunnerAPI(e *api.Error) *apiError {
+func fromRunnerAPI(e *runnerapi.Error) *apiError {
 	out := &apiError{Status: e.Status, Type: e.Type, Code: e.Code, Message: e.Message, Param: e.Param}
 	if e.EstimatedBytes > 0 || e.LimitBytes > 0 {
 		out.Fields = map[string]any{"estimated_bytes": e.EstimatedBytes, "limit_bytes": e.LimitBytes}
@@ -89,7 +89,7 @@ type runnerError struct {
 }
 
 func (e *runnerError) Error() string {
-	var eb api.ErrorBody
+	var eb runnerapi.ErrorBody
 	if json.Unmarshal(e.body, &eb) == nil && eb.Error.Message != "" {
 		return fmt.Sprintf("runner answered %d: %s", e.status, eb.Error.Message)
 	}

@@ -27,12 +27,12 @@ import (
 	"github.com/macfleet/macfleet/agent/config"
 	"github.com/macfleet/macfleet/agent/server"
 	"github.com/macfleet/macfleet/agent/standalone"
+	"github.com/macfleet/macfleet/api/runnerapi"
 	"github.com/macfleet/macfleet/internal/ggufsynth"
-	"github.com/macfleet/macfleet/internal/testenv"
 	"github.com/macfleet/macfleet/metal"
 	"github.com/macfleet/macfleet/pki"
-	"github.com/macfleet/macfleet/runner/api"
 	"github.com/macfleet/macfleet/tenancy"
+	"github.com/macfleet/macfleet/test/support/testenv"
 )
 
 // tinyModel is a synthesized ggufsynth.Tiny model shared by the package's tests.
@@ -413,7 +413,7 @@ func (a *testAgent) runnerStatus(model string) metal.RunnerStatus {
 }
 
 // tokenCount tokenizes through the model's runner, as the prefill guard does.
-func (a *testAgent) tokenCount(model string, req api.TokenizeRequest) int {
+func (a *testAgent) tokenCount(model string, req runnerapi.TokenizeRequest) int {
 	a.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -433,7 +433,7 @@ func (a *testAgent) tokenCount(model string, req api.TokenizeRequest) int {
 		a.t.Fatal(err)
 	}
 	defer resp.Body.Close()
-	var out api.TokenizeResponse
+	var out runnerapi.TokenizeResponse
 	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
 		a.t.Fatal(err)
 	}

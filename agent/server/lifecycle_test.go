@@ -13,8 +13,8 @@ import (
 
 	"github.com/macfleet/macfleet/agent/config"
 	"github.com/macfleet/macfleet/agent/server"
+	"github.com/macfleet/macfleet/api/runnerapi"
 	"github.com/macfleet/macfleet/metal"
-	"github.com/macfleet/macfleet/runner/api"
 )
 
 // TestConcurrentStreamsShareOneRunner: four streams on a model with four slots are
@@ -423,7 +423,7 @@ func TestPrefillGuard(t *testing.T) {
 
 	content := strings.Repeat("tell me more ", 40)
 	msgs := []map[string]string{{"role": "user", "content": content}}
-	tokens := a.tokenCount("tiny", api.TokenizeRequest{Messages: []api.Message{{Role: "user", Content: api.MessageContent(content)}}})
+	tokens := a.tokenCount("tiny", runnerapi.TokenizeRequest{Messages: []runnerapi.Message{{Role: "user", Content: runnerapi.MessageContent(content)}}})
 	for _, stream := range []bool{false, true} {
 		body := map[string]any{"model": "tiny", "messages": msgs, "max_tokens": 4, "stream": stream}
 		resp, b := a.do(http.MethodPost, "/v1/chat/completions", body)

@@ -14,10 +14,10 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/macfleet/macfleet/api/runnerapi"
 	"github.com/macfleet/macfleet/chat/compat"
 	"github.com/macfleet/macfleet/internal/bytesize"
 	"github.com/macfleet/macfleet/metal"
-	"github.com/macfleet/macfleet/runner/api"
 )
 
 // Runner endpoints the agent calls.
@@ -59,12 +59,12 @@ type generation struct {
 	includeUsage bool
 	// tokenize is the runner /tokenize request whose count the prefill guard needs;
 	// tokens, when positive, is that count already known (a prompt of token ids).
-	tokenize api.TokenizeRequest
+	tokenize runnerapi.TokenizeRequest
 	tokens   int
 }
 
 func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
-	var req api.ChatRequest
+	var req runnerapi.ChatRequest
 	body, ok := s.decodeRequest(w, r, &req, func() string { return req.Model })
 	if !ok {
 		return
@@ -96,11 +96,11 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 	}
 	// The runner renders the whole request (tools, template variables) to count it.
 	s.generate(w, r, generation{path: pathChat, model: req.Model, body: body, stream: opts.Stream,
-		includeUsage: opts.IncludeUsage, tokenize: api.TokenizeRequest{Chat: body}})
+		includeUsage: opts.IncludeUsage, tokenize: runnerapi.TokenizeRequest{Chat: body}})
 }
 
 func (s *Server) handleCompletion(w http.ResponseWriter, r *http.Request) {
-	var req api.CompletionRequest
+	var req runnerapi.CompletionRequest
 	body, ok := s.decodeRequest(w, r, &req, func() string { return req.Model })
 	if !ok {
 		return
@@ -136,7 +136,7 @@ func (s *Server) handleCompletion(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) handleEmbeddings(w http.ResponseWriter, r *http.Request) {
-	var req api.EmbeddingRequest
+	var req runnerapi.EmbeddingRequest
 	body, ok := s.decodeRequest(w, r, &req, func() string { return req.Model })
 	if !ok {
 		return
@@ -219,14 +219,14 @@ func (s *Server) acquire(w http.ResponseWriter, r *http.Request, model string) (
 // renders it (template, tools, template variables): {"prompt_tokens": N}. It serves
 // Anthropic's POST /v1/messages/count_tokens through the translator.
 func (s *Server) handleChatTokens(w http.ResponseWriter, r *http.Request) {
-	var req api.ChatRequest
+	var req runnerapi.ChatRequest
 	body, ok := s.decodeRequest(w, r, &req, func() string { return req.Model })
 	if !ok {
 		return
 	}
 	e := req.Check()
 	if e == nil && len(req.Messages) == 0 {
-		e = api.InvalidRequest(codeMissingField, "messages", "messages must be a non-empty array")
+		e = runnerapi.InvalidRequest(codeMissingField, "messages", "messages must be a non-empty array")
 	}
 	if e != nil {
 		writeError(w, fromRunnerAPI(e))
@@ -237,7 +237,7 @@ func (s *Server) handleChatTokens(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer lease.Release()
-	n, err := s.countTokens(r.Context(), rn, api.TokenizeRequest{Chat: body})
+	n, err := s.countTokens(r.Context(), rn, runnerapi.TokenizeRequest{Chat: body})
 	if err != nil {
 		s.writeUpstreamError(w, r, lease, rn, err)
 		return
@@ -286,12 +286,12 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, g generation) 
 	}
 	s.proxy(w, r, lease, rn, proxyRequest{path: g.path, body: body, stream: g.stream, stripUsage: stripUsage,
 		requested: g.model, served: lease.Model(), generates: g.path != pathEmbeddings,
-		promptUsage: g.stream && g.includeUsage && r.Header.Get(api.HeaderPromptUsage) == "first-chunk"})
+		promptUsage: g.stream && g.includeUsage && r.Header.Get(runnerapi.HeaderPromptUsage) == "first-chunk"})
 }
 
 // countTokens asks the runner for the prompt's token count.
-func (s *Server) countTokens(ctx context.Context, rn metal.Runner, req api.TokenizeRequest) (int, error) {
-	var out api.TokenizeResponse
+func (s *Server) countTokens(ctx context.Context, rn metal.Runner, req runnerapi.TokenizeRequest) (int, error) {
+	var out runnerapi.TokenizeResponse
 	if err := callRunner(ctx, rn, pathTokenize, req, &out); err != nil {
 		return 0, err
 	}
@@ -360,7 +360,7 @@ func (s *Server) decodeRequest(w http.ResponseWriter, r *http.Request, req any, 
 		writeError(w, aerr)
 		return nil, false
 	}
-	if e := api.DecodeJSON(body, req); e != nil {
+	if e := runnerapi.DecodeJSON(body, req); e != nil {
 		writeError(w, fromRunnerAPI(e))
 		return nil, false
 	}

@@ -10,8 +10,8 @@ import (
 
 	"github.com/macfleet/macfleet/agent/config"
 	"github.com/macfleet/macfleet/agent/server"
+	"github.com/macfleet/macfleet/api/runnerapi"
 	"github.com/macfleet/macfleet/metal"
-	"github.com/macfleet/macfleet/runner/api"
 )
 
 // longChat is a chat request whose prompt spans several prompt cache blocks, so the
@@ -42,7 +42,7 @@ func (a *testAgent) runnerOf(model string) metal.Runner {
 	return nil
 }
 
-func (a *testAgent) promptCacheOf(model string) api.PromptCacheStatus {
+func (a *testAgent) promptCacheOf(model string) runnerapi.PromptCacheStatus {
 	a.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

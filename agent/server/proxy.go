@@ -15,9 +15,9 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/macfleet/macfleet/api/runnerapi"
 	"github.com/macfleet/macfleet/metal"
 	"github.com/macfleet/macfleet/metering"
-	"github.com/macfleet/macfleet/runner/api"
 )
 
 // maxResponseBytes bounds a non-streamed runner answer the agent buffers.
@@ -35,14 +35,14 @@ type proxyRequest struct {
 	requested, served string
 	// generates: a completion (TTFT and token metrics), not embeddings.
 	generates bool
-	// promptUsage passes api.HeaderPromptUsage on (only with usage asked for, so
+	// promptUsage passes runnerapi.HeaderPromptUsage on (only with usage asked for, so
 	// that no usage chunk is stripped).
 	promptUsage bool
 }
 
 // proxy forwards pr to the runner with the client's context, so a client that goes
 // away cancels the upstream request and the runner frees its slot. A request the
-// gateway named (api.HeaderRequestID) can also be ended by /api/requests/cancel, which
+// gateway named (runnerapi.HeaderRequestID) can also be ended by /api/requests/cancel, which
 // keeps its usage (cancel.go). It returns only once the response is completely
 // written (or abandoned by the client).
 func (s *Server) proxy(w http.ResponseWriter, r *http.Request, lease *metal.Lease, rn metal.Runner, pr proxyRequest) {
@@ -56,18 +56,18 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, lease *metal.Leas
 		return
 	}
 	req.Header.Set("Content-Type", "application/json")
-	if p := r.Header.Get(api.HeaderCachePartition); p != "" {
-		req.Header.Set(api.HeaderCachePartition, p) // the caller's, as the gateway found it
+	if p := r.Header.Get(runnerapi.HeaderCachePartition); p != "" {
+		req.Header.Set(runnerapi.HeaderCachePartition, p) // the caller's, as the gateway found it
 	}
 	s.injectTrace(sctx, req.Header)
 	if pr.stream {
 		req.Header.Set("Accept", "text/event-stream")
 	}
 	if pr.promptUsage {
-		req.Header.Set(api.HeaderPromptUsage, "first-chunk")
+		req.Header.Set(runnerapi.HeaderPromptUsage, "first-chunk")
 	}
-	if id := r.Header.Get(api.HeaderRequestID); id != "" && pr.generates {
-		req.Header.Set(api.HeaderRequestID, id)
+	if id := r.Header.Get(runnerapi.HeaderRequestID); id != "" && pr.generates {
+		req.Header.Set(runnerapi.HeaderRequestID, id)
 		defer s.requests.add(id, rn)()
 	}
 	resp, err := rn.Client().Do(req)
@@ -250,7 +250,7 @@ func eventData(event []byte) []byte {
 // counts the whole answer); ok false when it has none.
 func answerUsage(data []byte) (metering.Usage, bool) {
 	var c struct {
-		Usage *api.Usage `json:"usage"`
+		Usage *runnerapi.Usage `json:"usage"`
 	}
 	if json.Unmarshal(data, &c) != nil || c.Usage == nil {
 		return metering.Usage{}, false

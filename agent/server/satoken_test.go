@@ -11,8 +11,8 @@ import (
 	"testing"
 
 	"github.com/macfleet/macfleet/agent/cluster"
+	"github.com/macfleet/macfleet/api/runnerapi"
 	"github.com/macfleet/macfleet/metering"
-	"github.com/macfleet/macfleet/runner/api"
 	"github.com/macfleet/macfleet/tenancy"
 	"github.com/macfleet/macfleet/tenancy/satoken"
 )
@@ -189,7 +189,7 @@ func answeredUsage(t *testing.T, b []byte, stream bool) metering.Usage {
 	var u metering.Usage
 	for _, c := range chunks {
 		var a struct {
-			Usage *api.Usage `json:"usage"`
+			Usage *runnerapi.Usage `json:"usage"`
 		}
 		if err := json.Unmarshal(c, &a); err != nil {
 			t.Fatalf("answer %s: %v", c, err)

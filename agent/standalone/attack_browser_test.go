@@ -12,9 +12,9 @@ import (
 
 	"github.com/chromedp/chromedp"
 
-	"github.com/macfleet/macfleet/internal/browsertest"
 	"github.com/macfleet/macfleet/internal/httpserver"
 	"github.com/macfleet/macfleet/metal"
+	"github.com/macfleet/macfleet/test/support/browsertest"
 )
 
 // chatRequests is the sum of the agent's macfleet_agent_requests_total for model m.

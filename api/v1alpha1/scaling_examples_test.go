@@ -11,7 +11,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
-	"github.com/macfleet/macfleet/internal/testenv"
+	"github.com/macfleet/macfleet/test/support/testenv"
 )
 
 // exampleObject is what the scaling examples test reads of a manifest.

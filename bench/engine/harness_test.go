@@ -22,10 +22,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/macfleet/macfleet/internal/chatstream"
 	"github.com/macfleet/macfleet/internal/ggufsynth"
-	"github.com/macfleet/macfleet/internal/syncbuf"
 	"github.com/macfleet/macfleet/metal"
+	"github.com/macfleet/macfleet/test/support/chatstream"
+	"github.com/macfleet/macfleet/test/support/syncbuf"
 )
 
 // workDir holds the macfleet binary and the synthesized models of one test binary.
@@ -465,7 +465,7 @@ type chatMessage struct {
 // request was sent.
 type stream = chatstream.Result
 
-// chat streams a greedy chat completion of maxTokens tokens (internal/chatstream).
+// chat streams a greedy chat completion of maxTokens tokens (test/support/chatstream).
 // onPiece, when set, is called after every text chunk with the number of chunks so far.
 // The stream must end with [DONE] and report its usage.
 func (e endpoint) chat(ctx context.Context, model, prompt string, maxTokens int, onPiece func(n int)) (stream, error) {

@@ -4,7 +4,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/macfleet/macfleet/internal/otlptest"
+	"github.com/macfleet/macfleet/test/support/otlptest"
 	"github.com/macfleet/macfleet/tracing"
 )
 

@@ -8,11 +8,11 @@ import (
 	"sync"
 	"time"
 
-	"github.com/macfleet/macfleet/internal/chatstream"
+	"github.com/macfleet/macfleet/test/support/chatstream"
 )
 
 // chat streams a chat completion through the OpenAI API both servers speak
-// (internal/chatstream). It samples (temperature 0.8, a fixed seed) rather than decoding
+// (test/support/chatstream). It samples (temperature 0.8, a fixed seed) rather than decoding
 // greedily: greedy decoding of a random-weight model soon repeats one token, and the
 // peer cuts such a stream short without a finish chunk or [DONE] (after 30 repeats),
 // which would time nothing comparable.

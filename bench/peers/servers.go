@@ -20,7 +20,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/macfleet/macfleet/internal/syncbuf"
+	"github.com/macfleet/macfleet/test/support/syncbuf"
 )
 
 // server is one server process on a loopback port, in its own process group so that

@@ -16,10 +16,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/macfleet/macfleet/api/runnerapi"
 	"github.com/macfleet/macfleet/internal/ggufsynth"
-	"github.com/macfleet/macfleet/internal/syncbuf"
-	"github.com/macfleet/macfleet/internal/testassets"
-	"github.com/macfleet/macfleet/runner/api"
+	"github.com/macfleet/macfleet/test/support/syncbuf"
+	"github.com/macfleet/macfleet/test/support/testassets"
 )
 
 var (
@@ -128,14 +128,14 @@ func startRunner(b *testing.B, bin, model string, threads string, flags ...strin
 		b.Fatalf("runner did not announce its listener: %v\n%s", err, r.stderr.String())
 	}
 	go func() { _, _ = io.Copy(io.Discard, stdout) }()
-	var ev api.ListeningEvent
+	var ev runnerapi.ListeningEvent
 	if err := json.Unmarshal([]byte(line), &ev); err != nil || ev.Addr == "" {
 		b.Fatalf("listening line %q: %v", line, err)
 	}
 	r.base = "http://" + ev.Addr
 	deadline := time.Now().Add(2 * time.Minute)
 	for {
-		var h api.Health
+		var h runnerapi.Health
 		if code, err := r.get("/health", &h); err == nil && code == http.StatusOK {
 			return r
 		}
@@ -191,8 +191,8 @@ func (r *runner) post(path string, body, v any) {
 	}
 }
 
-func (r *runner) status() api.Status {
-	var st api.Status
+func (r *runner) status() runnerapi.Status {
+	var st runnerapi.Status
 	if code, err := r.get("/status", &st); err != nil || code != http.StatusOK {
 		r.b.Fatalf("status: %d %v", code, err)
 	}
@@ -212,14 +212,14 @@ func body(msgs msgs, fields map[string]any) map[string]any {
 }
 
 func (r *runner) tokens(msgs msgs) int {
-	var tr api.TokenizeResponse
+	var tr runnerapi.TokenizeResponse
 	r.post("/tokenize", map[string]any{"chat": body(msgs, nil)}, &tr)
 	return tr.Count
 }
 
 // chat runs a greedy chat completion and returns the reply.
 func (r *runner) chat(msgs msgs, maxTokens int) string {
-	var c api.ChatCompletion
+	var c runnerapi.ChatCompletion
 	r.post("/v1/chat/completions", body(msgs, map[string]any{"max_tokens": maxTokens}), &c)
 	if len(c.Choices) != 1 {
 		r.b.Fatalf("chat: %+v", c)
@@ -252,7 +252,7 @@ func (r *runner) ttft(msgs msgs) (time.Duration, int) {
 			continue
 		}
 		var c struct {
-			Usage *api.Usage `json:"usage"`
+			Usage *runnerapi.Usage `json:"usage"`
 		}
 		if json.Unmarshal([]byte(data), &c) == nil && c.Usage != nil {
 			cached = 0

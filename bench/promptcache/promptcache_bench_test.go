@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/macfleet/macfleet/runner/api"
+	"github.com/macfleet/macfleet/api/runnerapi"
 )
 
 const (
@@ -167,7 +167,7 @@ func secondTurn(b *testing.B, model string, tools bool) {
 			waitPersisted(b, r)
 		case "ssd", "ssd-cold":
 			waitPersisted(b, r)
-			var cc api.CacheClear
+			var cc runnerapi.CacheClear
 			r.post("/cache/clear", nil, &cc)
 			if record {
 				reclaimed = append(reclaimed, cc.BytesReclaimed)

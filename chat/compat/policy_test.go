@@ -10,9 +10,9 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/macfleet/macfleet/api/runnerapi"
 	"github.com/macfleet/macfleet/chat/compat"
 	"github.com/macfleet/macfleet/chat/translate"
-	"github.com/macfleet/macfleet/runner/api"
 )
 
 var update = flag.Bool("update", false, "rewrite docs/api.md's policy tables from the code")
@@ -80,7 +80,7 @@ func TestPoliciesCoverTheRequests(t *testing.T) {
 		p   *compat.Policy
 		req any
 	}{
-		{&compat.Chat, api.ChatRequest{}},
+		{&compat.Chat, runnerapi.ChatRequest{}},
 		{&compat.Responses, translate.ResponsesRequest{}},
 		{&compat.Messages, translate.MessagesRequest{}},
 	} {
@@ -102,10 +102,10 @@ func TestPoliciesCoverTheRequests(t *testing.T) {
 // TestChatHintsAreUnsupportedFields: the agent reads a chat request's hints from its
 // Unsupported fields alone, so every hint of the chat policy must be one.
 func TestChatHintsAreUnsupportedFields(t *testing.T) {
-	fields := jsonFields(reflect.TypeOf(api.Unsupported{}))
+	fields := jsonFields(reflect.TypeOf(runnerapi.Unsupported{}))
 	for _, f := range compat.Chat.Fields {
 		if f.Treatment == compat.Hint && !slices.Contains(fields, f.Name) {
-			t.Errorf("the chat hint %q is not a field of api.Unsupported", f.Name)
+			t.Errorf("the chat hint %q is not a field of runnerapi.Unsupported", f.Name)
 		}
 	}
 }

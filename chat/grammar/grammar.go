@@ -10,8 +10,8 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/macfleet/macfleet/api/runnerapi"
 	"github.com/macfleet/macfleet/chat"
-	"github.com/macfleet/macfleet/runner/api"
 )
 
 // Spec is a constraint: named JSON schemas and named GBNF rule bodies, one of them
@@ -36,17 +36,17 @@ func (s *Spec) JSON() (schemas, rules []byte) {
 // Input is what of a request and model decides the constraint.
 type Input struct {
 	Format         chat.Format
-	Tools          []api.Tool
-	ToolChoice     *api.ToolChoice
+	Tools          []runnerapi.Tool
+	ToolChoice     *runnerapi.ToolChoice
 	Parallel       bool
-	ResponseFormat *api.ResponseFormat
+	ResponseFormat *runnerapi.ResponseFormat
 	// InReasoning: the prompt leaves the model inside an open <think> block, which
 	// it may finish before the constrained part.
 	InReasoning bool
 }
 
 // ForChat returns the constraint of a chat request, or nil when the output is free.
-func ForChat(in Input) (*Spec, *api.Error) {
+func ForChat(in Input) (*Spec, *runnerapi.Error) {
 	forced := in.ToolChoice != nil && (in.ToolChoice.Mode == "required" || in.ToolChoice.Mode == "function")
 	callable := len(in.Tools) > 0 && (in.ToolChoice == nil || in.ToolChoice.Mode != "none")
 	format := in.ResponseFormat.Constrained()
@@ -58,7 +58,7 @@ func ForChat(in Input) (*Spec, *api.Error) {
 		if forced {
 			param = "tool_choice"
 		}
-		return nil, api.InvalidRequest(api.CodeUnsupportedParameter, param,
+		return nil, runnerapi.InvalidRequest(runnerapi.CodeUnsupportedParameter, param,
 			"constrained output (%s) is not supported yet for models that write the harmony format", param)
 	}
 	s := &Spec{Schemas: map[string]json.RawMessage{}, Rules: map[string]string{}, b: &budget{}}
@@ -68,7 +68,7 @@ func ForChat(in Input) (*Spec, *api.Error) {
 		if in.ToolChoice != nil && in.ToolChoice.Mode == "function" {
 			for _, t := range in.Tools {
 				if t.Function.Name == in.ToolChoice.Function {
-					tools = []api.Tool{t}
+					tools = []runnerapi.Tool{t}
 				}
 			}
 		}
@@ -102,7 +102,7 @@ func ForChat(in Input) (*Spec, *api.Error) {
 
 // addCalls adds the rule mf-calls: one call (or, with parallel, one or more) to any
 // of tools in the model's call syntax, arguments by each tool's parameter schema.
-func (s *Spec) addCalls(f chat.Format, tools []api.Tool, parallel bool) *api.Error {
+func (s *Spec) addCalls(f chat.Format, tools []runnerapi.Tool, parallel bool) *runnerapi.Error {
 	key := "arguments"
 	if f == chat.FormatLlama3 {
 		key = "parameters"

@@ -6,21 +6,21 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/macfleet/macfleet/api/runnerapi"
 	"github.com/macfleet/macfleet/chat"
-	"github.com/macfleet/macfleet/runner/api"
 )
 
-func tools(names ...string) []api.Tool {
-	var out []api.Tool
+func tools(names ...string) []runnerapi.Tool {
+	var out []runnerapi.Tool
 	for _, n := range names {
-		out = append(out, api.Tool{Type: "function", Function: api.Function{Name: n,
+		out = append(out, runnerapi.Tool{Type: "function", Function: runnerapi.Function{Name: n,
 			Parameters: json.RawMessage(`{"type":"object","properties":{"city":{"type":"string","maxLength":20}},"required":["city"]}`)}})
 	}
 	return out
 }
 
 func TestForChat(t *testing.T) {
-	schema := &api.ResponseFormat{Type: "json_schema", JSONSchema: &api.JSONSchemaFormat{Name: "w",
+	schema := &runnerapi.ResponseFormat{Type: "json_schema", JSONSchema: &runnerapi.JSONSchemaFormat{Name: "w",
 		Schema: json.RawMessage(`{"type":"object","properties":{"n":{"type":"integer"}}}`)}}
 	cases := []struct {
 		name string
@@ -31,37 +31,37 @@ func TestForChat(t *testing.T) {
 		errParam    string
 	}{
 		{name: "free text", in: Input{Format: chat.FormatHermes, Tools: tools("a")}},
-		{name: "text format", in: Input{ResponseFormat: &api.ResponseFormat{Type: "text"}}},
-		{name: "json object", in: Input{ResponseFormat: &api.ResponseFormat{Type: "json_object"}},
+		{name: "text format", in: Input{ResponseFormat: &runnerapi.ResponseFormat{Type: "text"}}},
+		{name: "json object", in: Input{ResponseFormat: &runnerapi.ResponseFormat{Type: "json_object"}},
 			root: "{{mf-answer}}", schemas: []string{"mf-answer"}},
 		{name: "json schema", in: Input{ResponseFormat: schema}, root: "{{mf-answer}}", schemas: []string{"mf-answer"}},
 		{name: "hermes required, one call", in: Input{Format: chat.FormatHermes, Tools: tools("a", "b"),
-			ToolChoice: &api.ToolChoice{Mode: "required"}},
+			ToolChoice: &runnerapi.ToolChoice{Mode: "required"}},
 			root: "mf-calls", calls: `"<tool_call>\n" mf-call "\n</tool_call>"`, schemas: []string{"mf-args-0", "mf-args-1"}},
 		{name: "hermes required, parallel", in: Input{Format: chat.FormatHermes, Tools: tools("a"),
-			ToolChoice: &api.ToolChoice{Mode: "required"}, Parallel: true},
+			ToolChoice: &runnerapi.ToolChoice{Mode: "required"}, Parallel: true},
 			root: "mf-calls", calls: `"<tool_call>\n" mf-call "\n</tool_call>" ( "\n" "<tool_call>\n" mf-call "\n</tool_call>" )*`,
 			schemas: []string{"mf-args-0"}},
 		{name: "named function keeps one tool", in: Input{Format: chat.FormatLlama3, Tools: tools("a", "b"),
-			ToolChoice: &api.ToolChoice{Mode: "function", Function: "b"}},
+			ToolChoice: &runnerapi.ToolChoice{Mode: "function", Function: "b"}},
 			root: "mf-calls", calls: "mf-call", schemas: []string{"mf-args-0"}},
 		{name: "mistral array", in: Input{Format: chat.FormatMistral, Tools: tools("a"),
-			ToolChoice: &api.ToolChoice{Mode: "required"}, Parallel: true},
+			ToolChoice: &runnerapi.ToolChoice{Mode: "required"}, Parallel: true},
 			root: "mf-calls", calls: `"[TOOL_CALLS][" mf-call ( ", " mf-call )* "]"`, schemas: []string{"mf-args-0"}},
 		{name: "auto tools with a format: call or answer", in: Input{Format: chat.FormatHermes, Tools: tools("a"),
 			ResponseFormat: schema},
 			root: "mf-calls | {{mf-answer}}", calls: `"<tool_call>\n" mf-call "\n</tool_call>"`,
 			schemas: []string{"mf-answer", "mf-args-0"}},
 		{name: "tool_choice none with a format: answer only", in: Input{Format: chat.FormatHermes, Tools: tools("a"),
-			ToolChoice: &api.ToolChoice{Mode: "none"}, ResponseFormat: schema},
+			ToolChoice: &runnerapi.ToolChoice{Mode: "none"}, ResponseFormat: schema},
 			root: "{{mf-answer}}", schemas: []string{"mf-answer"}},
 		{name: "reasoning first", in: Input{ResponseFormat: schema, InReasoning: true},
 			root: "mf-reasoning ( {{mf-answer}} )", schemas: []string{"mf-answer"}},
 		{name: "harmony refused", in: Input{Format: chat.FormatHarmony, Tools: tools("a"),
-			ToolChoice: &api.ToolChoice{Mode: "required"}}, errParam: "tool_choice"},
+			ToolChoice: &runnerapi.ToolChoice{Mode: "required"}}, errParam: "tool_choice"},
 		{name: "unsupported keyword in tool parameters", in: Input{Format: chat.FormatHermes,
-			Tools:      []api.Tool{{Type: "function", Function: api.Function{Name: "a", Parameters: json.RawMessage(`{"not":{}}`)}}},
-			ToolChoice: &api.ToolChoice{Mode: "required"}}, errParam: "tools[0].function.parameters"},
+			Tools:      []runnerapi.Tool{{Type: "function", Function: runnerapi.Function{Name: "a", Parameters: json.RawMessage(`{"not":{}}`)}}},
+			ToolChoice: &runnerapi.ToolChoice{Mode: "required"}}, errParam: "tools[0].function.parameters"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -109,7 +109,7 @@ func TestCallRuleNamesTheFunction(t *testing.T) {
 		{chat.FormatHermes, `"{\"name\": \"get_weather\", \"arguments\": " {{mf-args-0}} "}"`},
 		{chat.FormatLlama3, `"{\"name\": \"get_weather\", \"parameters\": " {{mf-args-0}} "}"`},
 	} {
-		s, e := ForChat(Input{Format: tc.format, Tools: tools("get_weather"), ToolChoice: &api.ToolChoice{Mode: "required"}})
+		s, e := ForChat(Input{Format: tc.format, Tools: tools("get_weather"), ToolChoice: &runnerapi.ToolChoice{Mode: "required"}})
 		if e != nil {
 			t.Fatal(e)
 		}

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/macfleet/macfleet/runner/api"
+	"github.com/macfleet/macfleet/api/runnerapi"
 )
 
 func nested(depth int) string {
@@ -65,12 +65,12 @@ func TestCheckSchemaLimits(t *testing.T) {
 // The schemas of one request share the weight: many tools each under the limit
 // cannot add up past it.
 func TestToolSchemasShareTheWeight(t *testing.T) {
-	var ts []api.Tool
+	var ts []runnerapi.Tool
 	for i := range 50 {
-		ts = append(ts, api.Tool{Type: "function", Function: api.Function{Name: fmt.Sprint("t", i),
+		ts = append(ts, runnerapi.Tool{Type: "function", Function: runnerapi.Function{Name: fmt.Sprint("t", i),
 			Parameters: json.RawMessage(`{"type":"object","properties":{"s":{"type":"string","maxLength":1000}}}`)}})
 	}
-	_, e := ForChat(Input{Tools: ts, ToolChoice: &api.ToolChoice{Mode: "required"}})
+	_, e := ForChat(Input{Tools: ts, ToolChoice: &runnerapi.ToolChoice{Mode: "required"}})
 	if e == nil || !strings.Contains(e.Message, "schema weight limit") || !strings.HasPrefix(e.Param, "tools[") {
 		t.Fatalf("ForChat: %+v, want a 400 on a tool's parameters naming the weight limit", e)
 	}

@@ -8,7 +8,7 @@ import (
 	"sort"
 	"strings"
 
-	"github.com/macfleet/macfleet/runner/api"
+	"github.com/macfleet/macfleet/api/runnerapi"
 )
 
 // Keywords of JSON Schema that constrained output enforces, and where the
@@ -39,19 +39,19 @@ func set(keys ...string) map[string]bool {
 // CheckSchema refuses a schema that uses a keyword constrained output cannot enforce,
 // naming the keyword and where it is, so no part of a schema is silently dropped, and
 // a schema over the limits (MaxSchemaBytes, MaxSchemaDepth, MaxSchemaWeight).
-func CheckSchema(schema json.RawMessage, param string) *api.Error {
+func CheckSchema(schema json.RawMessage, param string) *runnerapi.Error {
 	return checkSchema(&budget{}, schema, param)
 }
 
 // checkSchema is CheckSchema spending from b, shared by the schemas of a request.
-func checkSchema(b *budget, schema json.RawMessage, param string) *api.Error {
+func checkSchema(b *budget, schema json.RawMessage, param string) *runnerapi.Error {
 	if len(schema) > MaxSchemaBytes {
-		return api.InvalidRequest(api.CodeInvalidValue, param, "%s",
+		return runnerapi.InvalidRequest(runnerapi.CodeInvalidValue, param, "%s",
 			(&LimitError{Limit: "schema size", Size: len(schema), Max: MaxSchemaBytes}).Error())
 	}
 	var v any
 	if err := json.Unmarshal(schema, &v); err != nil {
-		return api.InvalidRequest(api.CodeInvalidValue, param, "the schema is not valid JSON: %v", err)
+		return runnerapi.InvalidRequest(runnerapi.CodeInvalidValue, param, "the schema is not valid JSON: %v", err)
 	}
 	c := checker{b: b}
 	err := c.node(v, "", 0)
@@ -61,9 +61,9 @@ func checkSchema(b *budget, schema json.RawMessage, param string) *api.Error {
 	if err != nil {
 		var le *LimitError
 		if errors.As(err, &le) {
-			return api.InvalidRequest(api.CodeInvalidValue, param, "%s", err.Error())
+			return runnerapi.InvalidRequest(runnerapi.CodeInvalidValue, param, "%s", err.Error())
 		}
-		return api.InvalidRequest(api.CodeUnsupportedParameter, param, "%s", err.Error())
+		return runnerapi.InvalidRequest(runnerapi.CodeUnsupportedParameter, param, "%s", err.Error())
 	}
 	return nil
 }

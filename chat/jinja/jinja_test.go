@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/macfleet/macfleet/internal/testassets"
+	"github.com/macfleet/macfleet/test/support/testassets"
 )
 
 func TestErrors(t *testing.T) {

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/macfleet/macfleet/internal/testassets"
+	"github.com/macfleet/macfleet/test/support/testassets"
 )
 
 type oracleCase struct {

@@ -3,7 +3,7 @@ package jinja
 import (
 	"testing"
 
-	"github.com/macfleet/macfleet/internal/testassets"
+	"github.com/macfleet/macfleet/test/support/testassets"
 )
 
 // BenchmarkRenderRealTemplates renders the 50-message conversation of

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/macfleet/macfleet/internal/testassets"
+	"github.com/macfleet/macfleet/test/support/testassets"
 )
 
 // Each storm stays within the steps and the size limits and walks big values on

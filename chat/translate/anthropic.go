@@ -7,8 +7,8 @@ import (
 	"net/http"
 	"strings"
 
+	"github.com/macfleet/macfleet/api/runnerapi"
 	"github.com/macfleet/macfleet/chat/compat"
-	"github.com/macfleet/macfleet/runner/api"
 )
 
 // MessagesRequest is the body of POST /v1/messages (Anthropic Messages API).
@@ -143,7 +143,7 @@ func chatFromMessagesBody(m *MessagesRequest, maxTokens int) (map[string]any, []
 	}
 	msgs := c.msgs
 	if len(c.system) > 0 {
-		msgs = append([]api.Message{{Role: "system", Content: api.MessageContent(strings.Join(c.system, "\n\n"))}}, msgs...)
+		msgs = append([]runnerapi.Message{{Role: "system", Content: runnerapi.MessageContent(strings.Join(c.system, "\n\n"))}}, msgs...)
 	}
 	if len(msgs) == 0 {
 		return nil, nil, invalid("messages", "messages must hold a user or assistant message")
@@ -191,7 +191,7 @@ func chatFromMessagesBody(m *MessagesRequest, maxTokens int) (map[string]any, []
 
 // conversation is a Messages request's conversation in chat terms, as it is read.
 type conversation struct {
-	msgs []api.Message
+	msgs []runnerapi.Message
 	// system collects the system prompt: the system field, then every system-role
 	// message in order (templates take one system message, first).
 	system []string
@@ -235,7 +235,7 @@ func (c *conversation) addMessage(msg AnthropicMessage, param string) *chatError
 		return c.addSystemBlocks(bs, param+".content")
 	}
 	c.cached = c.cached || anyCache(bs)
-	out := api.Message{Role: msg.Role}
+	out := runnerapi.Message{Role: msg.Role}
 	var text strings.Builder
 	for j, b := range bs {
 		if e := c.addBlock(&out, &text, b, fmt.Sprintf("%s.content[%d]", param, j)); e != nil {
@@ -243,7 +243,7 @@ func (c *conversation) addMessage(msg AnthropicMessage, param string) *chatError
 		}
 	}
 	if text.Len() > 0 || len(out.ToolCalls) > 0 || out.ReasoningContent != "" {
-		out.Content = api.MessageContent(text.String())
+		out.Content = runnerapi.MessageContent(text.String())
 		c.msgs = append(c.msgs, out)
 	}
 	return nil
@@ -251,7 +251,7 @@ func (c *conversation) addMessage(msg AnthropicMessage, param string) *chatError
 
 // addBlock adds block b (named bp in errors) of message out: text to text, a tool
 // call or reasoning to out, a tool result as a tool message of its own.
-func (c *conversation) addBlock(out *api.Message, text *strings.Builder, b block, bp string) *chatError {
+func (c *conversation) addBlock(out *runnerapi.Message, text *strings.Builder, b block, bp string) *chatError {
 	switch role := out.Role; {
 	case b.Type == "text":
 		text.WriteString(b.Text)
@@ -260,8 +260,8 @@ func (c *conversation) addBlock(out *api.Message, text *strings.Builder, b block
 		if len(input) == 0 {
 			input = []byte("{}")
 		}
-		out.ToolCalls = append(out.ToolCalls, api.ToolCall{ID: b.ID, Type: "function",
-			Function: api.FunctionCall{Name: b.Name, Arguments: string(input)}})
+		out.ToolCalls = append(out.ToolCalls, runnerapi.ToolCall{ID: b.ID, Type: "function",
+			Function: runnerapi.FunctionCall{Name: b.Name, Arguments: string(input)}})
 	case b.Type == "thinking" && role == "assistant":
 		out.ReasoningContent += b.Thinking
 	case b.Type == "redacted_thinking" && role == "assistant":
@@ -278,7 +278,7 @@ func (c *conversation) addBlock(out *api.Message, text *strings.Builder, b block
 		if b.IsError {
 			result = "Error: " + result
 		}
-		c.msgs = append(c.msgs, api.Message{Role: "tool", ToolCallID: b.ToolUseID, Content: api.MessageContent(result)})
+		c.msgs = append(c.msgs, runnerapi.Message{Role: "tool", ToolCallID: b.ToolUseID, Content: runnerapi.MessageContent(result)})
 	default:
 		return unsupported(bp+".type", "a %q block in a %s message is not supported: the models served are text-only", b.Type, role)
 	}
@@ -287,8 +287,8 @@ func (c *conversation) addBlock(out *api.Message, text *strings.Builder, b block
 
 // tools is the chat function tools of the request's client tools; the hosted tools
 // are dropped and named in the hints.
-func (c *conversation) tools(ts []AnthropicTool) ([]api.Tool, []string, *chatError) {
-	var tools []api.Tool
+func (c *conversation) tools(ts []AnthropicTool) ([]runnerapi.Tool, []string, *chatError) {
+	var tools []runnerapi.Tool
 	var hints []string
 	for i, t := range ts {
 		c.cached = c.cached || len(t.CacheControl) > 0
@@ -300,7 +300,7 @@ func (c *conversation) tools(ts []AnthropicTool) ([]api.Tool, []string, *chatErr
 			return nil, nil, unsupported(fmt.Sprintf("tools[%d].type", i),
 				"the Anthropic-defined tool %q is not supported: define a client tool with input_schema", t.Type)
 		}
-		tools = append(tools, api.Tool{Type: "function", Function: api.Function{Name: t.Name, Description: t.Description, Parameters: t.InputSchema}})
+		tools = append(tools, runnerapi.Tool{Type: "function", Function: runnerapi.Function{Name: t.Name, Description: t.Description, Parameters: t.InputSchema}})
 	}
 	return tools, hints, nil
 }
@@ -430,7 +430,7 @@ func stopReason(finish, stopSeq string) (string, any) {
 
 type anthropicWhole struct{ w http.ResponseWriter }
 
-func (a *anthropicWhole) whole(c *api.ChatCompletion) {
+func (a *anthropicWhole) whole(c *runnerapi.ChatCompletion) {
 	ch := c.Choices[0]
 	content := []map[string]any{}
 	if ch.Message.ReasoningContent != "" {
@@ -449,9 +449,9 @@ func (a *anthropicWhole) whole(c *api.ChatCompletion) {
 		"stop_sequence": seq, "usage": anthropicUsage(c.Usage)})
 }
 
-func (a *anthropicWhole) chunk(*api.ChatCompletionChunk) {}
-func (a *anthropicWhole) end(*chatError)                 {}
-func (a *anthropicWhole) fail(e *chatError)              { anthropicError(a.w, e) }
+func (a *anthropicWhole) chunk(*runnerapi.ChatCompletionChunk) {}
+func (a *anthropicWhole) end(*chatError)                       {}
+func (a *anthropicWhole) fail(e *chatError)                    { anthropicError(a.w, e) }
 
 // toolUseID keeps a call's id, in Anthropic's form.
 func toolUseID(id string) string { return "toolu_" + strings.TrimPrefix(id, "call_") }
@@ -467,19 +467,19 @@ type anthropicStream struct {
 	open    string // the open block's kind: "", thinking, text, tool_use
 	finish  string
 	stopSeq string
-	usage   *api.Usage
+	usage   *runnerapi.Usage
 }
 
 // start sends message_start with the prompt's usage, which the chat stream's first
-// chunk carries (api.HeaderPromptUsage).
-func (a *anthropicStream) start(id string, prompt *api.Usage) {
+// chunk carries (runnerapi.HeaderPromptUsage).
+func (a *anthropicStream) start(id string, prompt *runnerapi.Usage) {
 	if a.started {
 		return
 	}
 	a.started = true
-	var usage *api.Usage
+	var usage *runnerapi.Usage
 	if prompt != nil {
-		usage = &api.Usage{PromptTokens: prompt.PromptTokens, PromptTokensDetails: prompt.PromptTokensDetails}
+		usage = &runnerapi.Usage{PromptTokens: prompt.PromptTokens, PromptTokensDetails: prompt.PromptTokensDetails}
 	}
 	a.sse.send("message_start", map[string]any{"type": "message_start", "message": map[string]any{
 		"id": "msg_" + strings.TrimPrefix(id, "chatcmpl-"), "type": "message", "role": "assistant", "model": a.model,
@@ -509,7 +509,7 @@ func (a *anthropicStream) delta(d map[string]any) {
 	a.sse.send("content_block_delta", map[string]any{"type": "content_block_delta", "index": a.index, "delta": d})
 }
 
-func (a *anthropicStream) chunk(c *api.ChatCompletionChunk) {
+func (a *anthropicStream) chunk(c *runnerapi.ChatCompletionChunk) {
 	a.start(c.ID, c.Usage)
 	if c.Usage != nil {
 		a.usage = c.Usage
@@ -556,5 +556,5 @@ func (a *anthropicStream) end(err *chatError) {
 	a.sse.send("message_stop", map[string]any{"type": "message_stop"})
 }
 
-func (a *anthropicStream) whole(*api.ChatCompletion) {}
-func (a *anthropicStream) fail(e *chatError)         { anthropicError(a.w, e) }
+func (a *anthropicStream) whole(*runnerapi.ChatCompletion) {}
+func (a *anthropicStream) fail(e *chatError)               { anthropicError(a.w, e) }

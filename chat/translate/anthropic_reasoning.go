@@ -4,7 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 
-	"github.com/macfleet/macfleet/runner/api"
+	"github.com/macfleet/macfleet/api/runnerapi"
 )
 
 // thinking maps thinking and output_config onto the chat request's reasoning
@@ -72,7 +72,7 @@ func anyCache(bs []block) bool {
 // anthropicUsage is a chat usage in Anthropic's terms: input_tokens are the prompt
 // tokens that were not read from the prompt cache, cache_read_input_tokens those that
 // were (their sum is the prompt); nothing is written to a cache on request.
-func anthropicUsage(u *api.Usage) map[string]any {
+func anthropicUsage(u *runnerapi.Usage) map[string]any {
 	var in, cached, out int
 	if u != nil {
 		in, out = u.PromptTokens, u.CompletionTokens

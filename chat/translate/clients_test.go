@@ -10,8 +10,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/macfleet/macfleet/api/runnerapi"
 	"github.com/macfleet/macfleet/chat/compat"
-	"github.com/macfleet/macfleet/runner/api"
 )
 
 // clientFixture is a recorded request of a real client (testdata/clients/README.md).
@@ -95,9 +95,9 @@ func TestClientFixtures(t *testing.T) {
 // chatChecker decodes and checks a chat completion request as the agent does.
 func chatChecker() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		var req api.ChatRequest
+		var req runnerapi.ChatRequest
 		b, _ := readBody(w, r)
-		e := api.DecodeJSON(b, &req)
+		e := runnerapi.DecodeJSON(b, &req)
 		if e == nil {
 			_, e = req.Options()
 		}

@@ -8,8 +8,8 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/macfleet/macfleet/api/runnerapi"
 	"github.com/macfleet/macfleet/chat/compat"
-	"github.com/macfleet/macfleet/runner/api"
 )
 
 // compatCase is one field a client sends: the request, what of the chat request it
@@ -198,8 +198,8 @@ func TestAnthropicUsage(t *testing.T) {
 	chunks := append(append([]string{first}, toolStream[1:len(toolStream)-1]...), last)
 	f := &fakeChat{chunks: chunks}
 	w := post(t, Anthropic(f), "/v1/messages", `{"model":"m","max_tokens":50,"stream":true,"messages":[{"role":"user","content":"x"}]}`)
-	if got := f.header.Get(api.HeaderPromptUsage); got != "first-chunk" {
-		t.Errorf("the chat request's %s = %q, want first-chunk", api.HeaderPromptUsage, got)
+	if got := f.header.Get(runnerapi.HeaderPromptUsage); got != "first-chunk" {
+		t.Errorf("the chat request's %s = %q, want first-chunk", runnerapi.HeaderPromptUsage, got)
 	}
 	events := readEvents(t, w.Body)
 	want := map[string]any{"input_tokens": 626.0, "cache_read_input_tokens": 19000.0, "cache_creation_input_tokens": 0.0, "output_tokens": 0.0}
@@ -212,7 +212,7 @@ func TestAnthropicUsage(t *testing.T) {
 	}
 
 	whole := toolWhole
-	whole.Usage = &api.Usage{PromptTokens: 100, CompletionTokens: 9, TotalTokens: 109, PromptTokensDetails: &api.PromptTokensDetails{CachedTokens: 64}}
+	whole.Usage = &runnerapi.Usage{PromptTokens: 100, CompletionTokens: 9, TotalTokens: 109, PromptTokensDetails: &runnerapi.PromptTokensDetails{CachedTokens: 64}}
 	w = post(t, Anthropic(&fakeChat{whole: whole}), "/v1/messages", `{"model":"m","max_tokens":50,"messages":[{"role":"user","content":"x"}]}`)
 	var resp struct{ Usage map[string]any }
 	_ = json.Unmarshal(w.Body.Bytes(), &resp)

@@ -9,21 +9,21 @@ import (
 	"testing"
 	"time"
 
-	"github.com/macfleet/macfleet/runner/api"
+	"github.com/macfleet/macfleet/api/runnerapi"
 )
 
 // checkingChat answers as the runner's chat endpoint does: a request it refuses gets
 // the runner's error, one it accepts fakeChat's answer.
 type checkingChat struct {
 	fakeChat
-	refused *api.Error
+	refused *runnerapi.Error
 	form    bool // refused while decoding: the request's form, not a value
 }
 
 func (c *checkingChat) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	b, _ := io.ReadAll(r.Body)
-	var req api.ChatRequest
-	e := api.DecodeJSON(b, &req)
+	var req runnerapi.ChatRequest
+	e := runnerapi.DecodeJSON(b, &req)
 	c.form = e != nil
 	if e == nil {
 		_, e = req.Options()

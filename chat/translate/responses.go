@@ -9,8 +9,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/macfleet/macfleet/api/runnerapi"
 	"github.com/macfleet/macfleet/chat/compat"
-	"github.com/macfleet/macfleet/runner/api"
 )
 
 // ResponsesRequest is the body of POST /v1/responses (OpenAI Responses API).
@@ -219,10 +219,10 @@ func checkResponsesRequest(q *ResponsesRequest) *chatError {
 // responsesMessages is the conversation of a Responses request: its instructions as
 // the system message, then its input (a string, or a list of items); flat maps the
 // client's tool names to the ones the model sees.
-func responsesMessages(q *ResponsesRequest, flat map[toolName]string) ([]api.Message, *chatError) {
-	var msgs []api.Message
+func responsesMessages(q *ResponsesRequest, flat map[toolName]string) ([]runnerapi.Message, *chatError) {
+	var msgs []runnerapi.Message
 	if q.Instructions != nil && *q.Instructions != "" {
-		msgs = append(msgs, api.Message{Role: "system", Content: api.MessageContent(*q.Instructions)})
+		msgs = append(msgs, runnerapi.Message{Role: "system", Content: runnerapi.MessageContent(*q.Instructions)})
 	}
 	in := bytes.TrimSpace(q.Input)
 	if len(in) == 0 {
@@ -231,7 +231,7 @@ func responsesMessages(q *ResponsesRequest, flat map[toolName]string) ([]api.Mes
 	if in[0] == '"' {
 		var s string
 		_ = json.Unmarshal(in, &s)
-		return append(msgs, api.Message{Role: "user", Content: api.MessageContent(s)}), nil
+		return append(msgs, runnerapi.Message{Role: "user", Content: runnerapi.MessageContent(s)}), nil
 	}
 	var items []item
 	dec := json.NewDecoder(bytes.NewReader(in))
@@ -249,7 +249,7 @@ func responsesMessages(q *ResponsesRequest, flat map[toolName]string) ([]api.Mes
 }
 
 // appendInputItem appends input item it (named param in errors) to msgs.
-func appendInputItem(msgs []api.Message, it item, param string, flat map[toolName]string) ([]api.Message, *chatError) {
+func appendInputItem(msgs []runnerapi.Message, it item, param string, flat map[toolName]string) ([]runnerapi.Message, *chatError) {
 	switch it.Type {
 	case "", "message":
 		text, e := partsText(it.Content, param+".content")
@@ -258,9 +258,9 @@ func appendInputItem(msgs []api.Message, it item, param string, flat map[toolNam
 		}
 		switch it.Role {
 		case "user", "system", "developer":
-			return append(msgs, api.Message{Role: it.Role, Content: api.MessageContent(text)}), nil
+			return append(msgs, runnerapi.Message{Role: it.Role, Content: runnerapi.MessageContent(text)}), nil
 		case "assistant":
-			return append(msgs, api.Message{Role: "assistant", Content: api.MessageContent(text)}), nil
+			return append(msgs, runnerapi.Message{Role: "assistant", Content: runnerapi.MessageContent(text)}), nil
 		}
 		return nil, invalid(param+".role", "role must be user, assistant, system or developer, got %q", it.Role)
 	case "function_call":
@@ -268,13 +268,13 @@ func appendInputItem(msgs []api.Message, it item, param string, flat map[toolNam
 		if f, ok := flat[toolName{it.Namespace, it.Name}]; ok {
 			name = f
 		}
-		call := api.ToolCall{ID: it.CallID, Type: "function", Function: api.FunctionCall{Name: name, Arguments: it.Arguments}}
+		call := runnerapi.ToolCall{ID: it.CallID, Type: "function", Function: runnerapi.FunctionCall{Name: name, Arguments: it.Arguments}}
 		// Consecutive calls are one assistant turn.
 		if n := len(msgs); n > 0 && msgs[n-1].Role == "assistant" && (len(msgs[n-1].ToolCalls) > 0 || msgs[n-1].Content == "") {
 			msgs[n-1].ToolCalls = append(msgs[n-1].ToolCalls, call)
 			return msgs, nil
 		}
-		return append(msgs, api.Message{Role: "assistant", ToolCalls: []api.ToolCall{call}}), nil
+		return append(msgs, runnerapi.Message{Role: "assistant", ToolCalls: []runnerapi.ToolCall{call}}), nil
 	case "function_call_output":
 		var out string
 		if json.Unmarshal(it.Output, &out) != nil {
@@ -283,7 +283,7 @@ func appendInputItem(msgs []api.Message, it item, param string, flat map[toolNam
 				return nil, e
 			}
 		}
-		return append(msgs, api.Message{Role: "tool", ToolCallID: it.CallID, Content: api.MessageContent(out)}), nil
+		return append(msgs, runnerapi.Message{Role: "tool", ToolCallID: it.CallID, Content: runnerapi.MessageContent(out)}), nil
 	case "reasoning":
 		// Past reasoning: templates drop it from earlier turns.
 		return msgs, nil
@@ -341,7 +341,7 @@ func responsesFormat(format json.RawMessage) (any, *chatError) {
 // they are, a namespace's functions each on its own (named as in the namespace unless
 // that name is taken, then "namespace__name"), hosted tools dropped and named in the
 // hints; any other type is refused.
-func (t *translated) flattenTools(raw []json.RawMessage) ([]api.Tool, *chatError) {
+func (t *translated) flattenTools(raw []json.RawMessage) ([]runnerapi.Tool, *chatError) {
 	type fn struct {
 		tool  ResponsesTool
 		name  toolName
@@ -386,7 +386,7 @@ func (t *translated) flattenTools(raw []json.RawMessage) ([]api.Tool, *chatError
 	for _, f := range fns {
 		count[f.name.name]++
 	}
-	var tools []api.Tool
+	var tools []runnerapi.Tool
 	for _, f := range fns {
 		name := f.name.name
 		if f.name.namespace != "" && count[name] > 1 {
@@ -396,7 +396,7 @@ func (t *translated) flattenTools(raw []json.RawMessage) ([]api.Tool, *chatError
 			return nil, invalid(f.param+".name", "function %q is defined twice", name)
 		}
 		t.names[name] = f.name
-		tools = append(tools, api.Tool{Type: "function", Function: api.Function{Name: name, Description: f.tool.Description,
+		tools = append(tools, runnerapi.Tool{Type: "function", Function: runnerapi.Function{Name: name, Description: f.tool.Description,
 			Parameters: f.tool.Parameters, Strict: f.tool.Strict}})
 	}
 	return tools, nil

@@ -7,7 +7,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/macfleet/macfleet/runner/api"
+	"github.com/macfleet/macfleet/api/runnerapi"
 )
 
 // responseState builds a Responses answer from the chat handler's: the whole response
@@ -23,7 +23,7 @@ type responseState struct {
 	model   string
 	output  []map[string]any
 	finish  string
-	usage   *api.Usage
+	usage   *runnerapi.Usage
 	seq     int
 	started bool
 	// the open item of a stream: its kind (reasoning, message, function_call) and text
@@ -146,7 +146,7 @@ func (s *responseState) call(id, callID, name, args, status string) map[string]a
 	return item
 }
 
-func (s *responseState) whole(c *api.ChatCompletion) {
+func (s *responseState) whole(c *runnerapi.ChatCompletion) {
 	s.id, s.model, s.usage = "resp_"+strings.TrimPrefix(c.ID, "chatcmpl-"), c.Model, c.Usage
 	ch := c.Choices[0]
 	s.finish = ch.FinishReason
@@ -172,7 +172,7 @@ func (s *responseState) send(typ string, fields map[string]any) {
 	s.sse.send(typ, fields)
 }
 
-func (s *responseState) chunk(c *api.ChatCompletionChunk) {
+func (s *responseState) chunk(c *runnerapi.ChatCompletionChunk) {
 	if !s.started {
 		s.started = true
 		s.id, s.model = "resp_"+strings.TrimPrefix(c.ID, "chatcmpl-"), c.Model
@@ -288,7 +288,7 @@ func (s *responseState) end(err *chatError) {
 		return
 	}
 	if !s.started {
-		s.chunk(&api.ChatCompletionChunk{})
+		s.chunk(&runnerapi.ChatCompletionChunk{})
 	}
 	s.closeItem()
 	status := s.status()

@@ -16,8 +16,8 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/macfleet/macfleet/api/runnerapi"
 	"github.com/macfleet/macfleet/chat/compat"
-	"github.com/macfleet/macfleet/runner/api"
 )
 
 // MaxBodyBytes bounds a translated request body.
@@ -33,12 +33,12 @@ type chatError struct {
 }
 
 func invalid(param, format string, args ...any) *chatError {
-	e := api.InvalidRequest(api.CodeInvalidValue, param, format, args...)
+	e := runnerapi.InvalidRequest(runnerapi.CodeInvalidValue, param, format, args...)
 	return &chatError{Status: e.Status, Message: e.Message, Type: e.Type, Code: e.Code, Param: e.Param}
 }
 
 func unsupported(param, format string, args ...any) *chatError {
-	e := api.InvalidRequest(api.CodeUnsupportedParameter, param, format, args...)
+	e := runnerapi.InvalidRequest(runnerapi.CodeUnsupportedParameter, param, format, args...)
 	return &chatError{Status: e.Status, Message: e.Message, Type: e.Type, Code: e.Code, Param: e.Param}
 }
 
@@ -46,8 +46,8 @@ func unsupported(param, format string, args ...any) *chatError {
 // a top-level field the policy p refuses whatever its value is refused with the
 // policy's reason (p is nil for a nested object).
 func decodeStrict(body []byte, v any, p *compat.Policy) *chatError {
-	if e := api.DecodeJSON(body, v); e != nil {
-		if msg, ok := refusal(p, e.Param); ok && e.Code == api.CodeUnknownParameter {
+	if e := runnerapi.DecodeJSON(body, v); e != nil {
+		if msg, ok := refusal(p, e.Param); ok && e.Code == runnerapi.CodeUnknownParameter {
 			return unsupported(e.Param, "%s", msg)
 		}
 		return &chatError{Status: e.Status, Message: e.Message, Type: e.Type, Code: e.Code, Param: e.Param}
@@ -83,9 +83,9 @@ func readBody(w http.ResponseWriter, r *http.Request) ([]byte, *chatError) {
 // sink receives the chat handler's answer, translated as it arrives.
 type sink interface {
 	// whole is a non-streamed chat completion.
-	whole(c *api.ChatCompletion)
+	whole(c *runnerapi.ChatCompletion)
 	// chunk is one chunk of a stream (the first call starts the stream).
-	chunk(c *api.ChatCompletionChunk)
+	chunk(c *runnerapi.ChatCompletionChunk)
 	// end ends a stream: err is set when it broke (an error event, or the handler
 	// stopped without [DONE]).
 	end(err *chatError)
@@ -104,7 +104,7 @@ func serveChat(next http.Handler, r *http.Request, chatBody []byte, out sink) {
 	req.Header.Set("Content-Type", "application/json")
 	// A stream's first chunk carries the prompt's usage (Anthropic's message_start
 	// reports it before any content).
-	req.Header.Set(api.HeaderPromptUsage, "first-chunk")
+	req.Header.Set(runnerapi.HeaderPromptUsage, "first-chunk")
 	cw := &captureWriter{header: http.Header{}, out: out}
 	next.ServeHTTP(cw, req)
 	cw.finish()
@@ -191,7 +191,7 @@ func (c *captureWriter) data(data string) {
 		c.out.end(e)
 		return
 	}
-	var ch api.ChatCompletionChunk
+	var ch runnerapi.ChatCompletionChunk
 	if json.Unmarshal([]byte(data), &ch) == nil {
 		c.out.chunk(&ch)
 	}
@@ -214,7 +214,7 @@ func (c *captureWriter) finish() {
 	case c.status != http.StatusOK:
 		c.out.fail(parseError(c.status, c.buf.Bytes()))
 	default:
-		var cc api.ChatCompletion
+		var cc runnerapi.ChatCompletion
 		if err := json.Unmarshal(c.buf.Bytes(), &cc); err != nil || len(cc.Choices) == 0 {
 			c.out.fail(&chatError{Status: http.StatusBadGateway, Type: "api_error", Message: "the chat answer did not decode"})
 			return

@@ -14,7 +14,7 @@ import (
 	"github.com/openai/openai-go/v3/option"
 	"github.com/openai/openai-go/v3/responses"
 
-	"github.com/macfleet/macfleet/runner/api"
+	"github.com/macfleet/macfleet/api/runnerapi"
 )
 
 // fakeChat is a chat completions handler with a canned answer: whole (non-stream)
@@ -23,7 +23,7 @@ import (
 type fakeChat struct {
 	got     map[string]any
 	header  http.Header
-	whole   api.ChatCompletion
+	whole   runnerapi.ChatCompletion
 	chunks  []string
 	status  int
 	errBody string
@@ -73,11 +73,11 @@ var toolStream = []string{
 	`{"id":"chatcmpl-abc","model":"m","choices":[],"usage":{"prompt_tokens":42,"completion_tokens":9,"total_tokens":51}}`,
 }
 
-var toolWhole = api.ChatCompletion{ID: "chatcmpl-abc", Object: "chat.completion", Model: "m",
-	Choices: []api.ChatChoice{{Message: api.ChatMessageOut{Role: "assistant", Content: str("Let me check."), ReasoningContent: "Think.",
-		ToolCalls: []api.ToolCall{{ID: "call_1", Type: "function", Function: api.FunctionCall{Name: "get_weather", Arguments: `{"city":"Paris"}`}}}},
+var toolWhole = runnerapi.ChatCompletion{ID: "chatcmpl-abc", Object: "chat.completion", Model: "m",
+	Choices: []runnerapi.ChatChoice{{Message: runnerapi.ChatMessageOut{Role: "assistant", Content: str("Let me check."), ReasoningContent: "Think.",
+		ToolCalls: []runnerapi.ToolCall{{ID: "call_1", Type: "function", Function: runnerapi.FunctionCall{Name: "get_weather", Arguments: `{"city":"Paris"}`}}}},
 		FinishReason: "tool_calls"}},
-	Usage: &api.Usage{PromptTokens: 42, CompletionTokens: 9, TotalTokens: 51}}
+	Usage: &runnerapi.Usage{PromptTokens: 42, CompletionTokens: 9, TotalTokens: 51}}
 
 type sseEvent struct {
 	event string

@@ -25,9 +25,9 @@ import (
 	"github.com/macfleet/macfleet/controllers/certsigner/certsignertest"
 	"github.com/macfleet/macfleet/internal/credentials"
 	"github.com/macfleet/macfleet/internal/ggufsynth"
-	"github.com/macfleet/macfleet/internal/testenv"
 	"github.com/macfleet/macfleet/metal"
 	"github.com/macfleet/macfleet/pki"
+	"github.com/macfleet/macfleet/test/support/testenv"
 )
 
 // TestAgentCommand runs `macfleet agent` in-process against a real API server with a

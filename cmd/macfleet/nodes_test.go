@@ -14,8 +14,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/macfleet/macfleet/api/v1alpha1"
-	"github.com/macfleet/macfleet/internal/testenv"
 	"github.com/macfleet/macfleet/pki/keypin"
+	"github.com/macfleet/macfleet/test/support/testenv"
 )
 
 // TestNodesCredentials runs `macfleet nodes credentials` against a real API server on

@@ -17,8 +17,8 @@ import (
 	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/controllers/apikeyindex"
 	"github.com/macfleet/macfleet/controllers/apikeyindex/apikeyindextest"
-	"github.com/macfleet/macfleet/internal/testenv"
 	"github.com/macfleet/macfleet/tenancy"
+	"github.com/macfleet/macfleet/test/support/testenv"
 )
 
 // One API server for the package, started on first use, so that the pure tests run

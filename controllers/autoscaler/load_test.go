@@ -19,8 +19,8 @@ import (
 
 	"github.com/macfleet/macfleet/agent/server"
 	"github.com/macfleet/macfleet/api/v1alpha1"
-	"github.com/macfleet/macfleet/internal/testenv"
 	"github.com/macfleet/macfleet/metal"
+	"github.com/macfleet/macfleet/test/support/testenv"
 )
 
 // fakeAgent serves /api/status with the agent's own response type, requiring the

@@ -13,9 +13,9 @@ import (
 
 	"github.com/macfleet/macfleet/agent/server"
 	"github.com/macfleet/macfleet/api/v1alpha1"
-	"github.com/macfleet/macfleet/internal/testenv"
 	"github.com/macfleet/macfleet/metal"
 	"github.com/macfleet/macfleet/pki"
+	"github.com/macfleet/macfleet/test/support/testenv"
 )
 
 // tlsSource is a pki.Source with a certificate of ca for id.

@@ -23,9 +23,9 @@ import (
 	"github.com/macfleet/macfleet/controllers/certsigner"
 	"github.com/macfleet/macfleet/controllers/certsigner/csrcleanup"
 	"github.com/macfleet/macfleet/internal/credentials"
-	"github.com/macfleet/macfleet/internal/testenv"
 	"github.com/macfleet/macfleet/pki"
 	"github.com/macfleet/macfleet/pki/keypin"
+	"github.com/macfleet/macfleet/test/support/testenv"
 )
 
 // enrol issues node's credential, as `macfleet nodes credentials` does, and returns

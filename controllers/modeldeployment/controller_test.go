@@ -25,7 +25,7 @@ import (
 	"github.com/macfleet/macfleet/internal/estimate"
 	"github.com/macfleet/macfleet/internal/ggufsynth"
 	"github.com/macfleet/macfleet/internal/source"
-	"github.com/macfleet/macfleet/internal/testenv"
+	"github.com/macfleet/macfleet/test/support/testenv"
 )
 
 func newDeployment(name, src string, replicas int32, memory string) *v1alpha1.ModelDeployment {

@@ -14,7 +14,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/macfleet/macfleet/internal/testenv"
+	"github.com/macfleet/macfleet/test/support/testenv"
 )
 
 func main() {

@@ -1,6 +1,6 @@
 // Command localfleet runs a whole macfleet on this machine for `make demo`: kube-apiserver
 // and etcd, the manager, the gateway, two agents simulating Macs with different memory
-// ceilings, and an HTTP server holding a synthesized model (internal/localfleet). Once
+// ceilings, and an HTTP server holding a synthesized model (test/support/localfleet). Once
 // the fleet is up it writes an env file (KUBECONFIG, GATEWAY, ...) that hack/demo.sh
 // sources, and runs until interrupted.
 package main
@@ -18,8 +18,8 @@ import (
 	"time"
 
 	"github.com/macfleet/macfleet/internal/ggufsynth"
-	"github.com/macfleet/macfleet/internal/localfleet"
-	"github.com/macfleet/macfleet/internal/testassets"
+	"github.com/macfleet/macfleet/test/support/localfleet"
+	"github.com/macfleet/macfleet/test/support/testassets"
 )
 
 func main() {

@@ -27,7 +27,7 @@ import (
 
 	"github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/internal/credentials"
-	"github.com/macfleet/macfleet/internal/testenv"
+	"github.com/macfleet/macfleet/test/support/testenv"
 )
 
 var env *testenv.Env

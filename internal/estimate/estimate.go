@@ -66,7 +66,6 @@ import (
 	gguf "github.com/gpustack/gguf-parser-go"
 
 	"github.com/macfleet/macfleet/internal/source"
-	"github.com/macfleet/macfleet/sourcepolicy"
 )
 
 // KVCacheType is the element type of the KV cache.
@@ -369,7 +368,7 @@ const (
 
 // deniedError is the source policy's refusal inside a transport error, or nil.
 func deniedError(err error) error {
-	var de *sourcepolicy.DeniedError
+	var de *source.DeniedError
 	if errors.As(err, &de) {
 		return de
 	}

@@ -3,7 +3,7 @@ package estimate
 import (
 	gguf "github.com/gpustack/gguf-parser-go"
 
-	"github.com/macfleet/macfleet/runner/api"
+	"github.com/macfleet/macfleet/api/runnerapi"
 )
 
 // DefaultBatch is the runner's n_batch (and n_ubatch) when Params.Batch is 0: its
@@ -60,10 +60,10 @@ func vocabTables(gf *gguf.GGUFFile) int64 {
 // outputBuffer is llama.cpp's output buffer (host memory whatever the backend): a
 // row of logits and one of embeddings (the runner's context has embeddings on) per
 // output of the largest step. A generating slot outputs one row per step; an
-// embedding input outputs every token, and the runner feeds those api.EmbedChunk
+// embedding input outputs every token, and the runner feeds those runnerapi.EmbedChunk
 // tokens per slot per step, within n_batch. llama.cpp grows the buffer to the most
 // rows it has seen and never shrinks it.
 func outputBuffer(vocab, embd, parallel, batch int64) int64 {
-	rows := max(parallel, min(batch, parallel*api.EmbedChunk))
+	rows := max(parallel, min(batch, parallel*runnerapi.EmbedChunk))
 	return rows * (vocab + embd) * 4
 }

@@ -14,9 +14,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/macfleet/macfleet/api/runnerapi"
 	"github.com/macfleet/macfleet/internal/ggufsynth"
-	"github.com/macfleet/macfleet/internal/syncbuf"
-	"github.com/macfleet/macfleet/runner/api"
+	"github.com/macfleet/macfleet/test/support/syncbuf"
 )
 
 // maxRatio is how far above the measured peak a first estimate may be (issue 10).
@@ -116,10 +116,10 @@ func measurePeak(t *testing.T, bin, path string, tc footprintCase) int64 {
 			t.Logf("runner stderr:\n%s", stderr.String())
 		}
 	})
-	events := make(chan api.ListeningEvent, 1)
+	events := make(chan runnerapi.ListeningEvent, 1)
 	go func() {
 		sc := bufio.NewScanner(stdout)
-		var ev api.ListeningEvent
+		var ev runnerapi.ListeningEvent
 		if sc.Scan() && json.Unmarshal(sc.Bytes(), &ev) == nil {
 			events <- ev
 		}
@@ -144,7 +144,7 @@ func measurePeak(t *testing.T, bin, path string, tc footprintCase) int64 {
 	post(t, base+"/v1/completions", map[string]any{
 		"prompt": tokens(tc.spec, int(tc.ctx/max(tc.parallel, 1))-generate-1), "max_tokens": generate, "temperature": 0,
 	})
-	post(t, base+"/v1/embeddings", map[string]any{"input": [][]int{tokens(tc.spec, 2*api.EmbedChunk)}})
+	post(t, base+"/v1/embeddings", map[string]any{"input": [][]int{tokens(tc.spec, 2*runnerapi.EmbedChunk)}})
 	return peakRSS(t, cmd.Process.Pid)
 }
 
@@ -165,13 +165,13 @@ func waitReady(t *testing.T, base string, exited <-chan struct{}) {
 	defer tick.Stop()
 	for {
 		if resp, err := http.Get(base + "/health"); err == nil {
-			var h api.Health
+			var h runnerapi.Health
 			err := json.NewDecoder(resp.Body).Decode(&h)
 			_ = resp.Body.Close()
-			if err == nil && h.Status == api.StateReady {
+			if err == nil && h.Status == runnerapi.StateReady {
 				return
 			}
-			if h.Status == api.StateFailed {
+			if h.Status == runnerapi.StateFailed {
 				t.Fatalf("the runner failed to load: %s", h.Error)
 			}
 		}

@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/macfleet/macfleet/runner/api"
+	"github.com/macfleet/macfleet/api/runnerapi"
 )
 
 // BenchmarkRunnerMid measures the runner on the mid model (≈175 MiB, 92M parameters):
@@ -130,7 +130,7 @@ func timedStreamWith(b testing.TB, r *runner, prompt string, maxTokens int, extr
 					Content *string `json:"content"`
 				} `json:"delta"`
 			} `json:"choices"`
-			Usage *api.Usage `json:"usage"`
+			Usage *runnerapi.Usage `json:"usage"`
 		}
 		if err := json.Unmarshal([]byte(ev.data), &c); err != nil {
 			b.Fatalf("chunk %q: %v", ev.data, err)
@@ -153,9 +153,9 @@ func timedStreamWith(b testing.TB, r *runner, prompt string, maxTokens int, extr
 	return s
 }
 
-func completeTextB(b testing.TB, r *runner, prompt string, maxTokens int) api.Completion {
+func completeTextB(b testing.TB, r *runner, prompt string, maxTokens int) runnerapi.Completion {
 	b.Helper()
-	var c api.Completion
+	var c runnerapi.Completion
 	if code := r.postJSON("/v1/completions", map[string]any{"prompt": prompt, "temperature": 0, "max_tokens": maxTokens}, &c); code != http.StatusOK {
 		b.Fatalf("completion: %d", code)
 	}

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/macfleet/macfleet/runner/api"
+	"github.com/macfleet/macfleet/api/runnerapi"
 )
 
 // TestCancelEndsAStreamWithItsUsage: POST /cancel naming a stream's request id ends
@@ -26,7 +26,7 @@ func TestCancelEndsAStreamWithItsUsage(t *testing.T) {
 		b, _ := json.Marshal(body)
 		req, _ := http.NewRequestWithContext(context.Background(), http.MethodPost, r.base+"/v1/chat/completions", bytes.NewReader(b))
 		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set(api.HeaderRequestID, id)
+		req.Header.Set(runnerapi.HeaderRequestID, id)
 		resp, err := r.client.Do(req)
 		if err != nil {
 			t.Fatal(err)
@@ -51,12 +51,12 @@ func TestCancelEndsAStreamWithItsUsage(t *testing.T) {
 	var (
 		tokens    int
 		finish    string
-		usage     *api.Usage
+		usage     *runnerapi.Usage
 		cancelled time.Time
 		freed     time.Duration
 	)
 	_, done, err := readSSE(t, resp.Body, func(ev sseEvent) bool {
-		var c api.ChatCompletionChunk
+		var c runnerapi.ChatCompletionChunk
 		if err := json.Unmarshal([]byte(ev.data), &c); err != nil {
 			t.Fatalf("bad chunk %q: %v", ev.data, err)
 		}
@@ -73,8 +73,8 @@ func TestCancelEndsAStreamWithItsUsage(t *testing.T) {
 		}
 		if tokens >= 3 && cancelled.IsZero() {
 			cancelled = time.Now()
-			var out api.Cancelled
-			if code := r.postJSON("/cancel", api.Cancel{ID: "req-1"}, &out); code != http.StatusOK || !out.Found {
+			var out runnerapi.Cancelled
+			if code := r.postJSON("/cancel", runnerapi.Cancel{ID: "req-1"}, &out); code != http.StatusOK || !out.Found {
 				t.Fatalf("POST /cancel req-1: %d %+v, want 200 found", code, out)
 			}
 			freed = idle(cancelled)
@@ -84,18 +84,18 @@ func TestCancelEndsAStreamWithItsUsage(t *testing.T) {
 	if err != nil || !done {
 		t.Fatalf("the cancelled stream ended with done %v, %v; want [DONE]", done, err)
 	}
-	if finish != api.FinishCancelled || usage == nil {
-		t.Fatalf("finish %q, usage %+v; want %q and a usage", finish, usage, api.FinishCancelled)
+	if finish != runnerapi.FinishCancelled || usage == nil {
+		t.Fatalf("finish %q, usage %+v; want %q and a usage", finish, usage, runnerapi.FinishCancelled)
 	}
 	if usage.CompletionTokens != tokens || tokens >= maxTokens || usage.PromptTokens == 0 {
 		t.Errorf("usage %+v for %d tokens streamed (max %d): want completion_tokens = the tokens streamed, fewer than max",
 			*usage, tokens, maxTokens)
 	}
-	var out api.Cancelled
-	if code := r.postJSON("/cancel", api.Cancel{ID: "req-1"}, &out); code != http.StatusOK || out.Found {
+	var out runnerapi.Cancelled
+	if code := r.postJSON("/cancel", runnerapi.Cancel{ID: "req-1"}, &out); code != http.StatusOK || out.Found {
 		t.Errorf("POST /cancel of an answered request: %d %+v, want 200 not found", code, out)
 	}
-	if code := r.postJSON("/cancel", api.Cancel{}, nil); code != http.StatusBadRequest {
+	if code := r.postJSON("/cancel", runnerapi.Cancel{}, nil); code != http.StatusBadRequest {
 		t.Errorf("POST /cancel without an id: %d, want 400", code)
 	}
 
@@ -127,14 +127,14 @@ func TestAbortReportsTheUsageBeforeTheError(t *testing.T) {
 	defer resp.Body.Close()
 	var (
 		tokens  int
-		usage   *api.Usage
+		usage   *runnerapi.Usage
 		errored bool
 		aborted bool
 	)
 	_, _, err = readSSE(t, resp.Body, func(ev sseEvent) bool {
 		var c struct {
-			api.ChatCompletionChunk
-			Error *api.Error `json:"error"`
+			runnerapi.ChatCompletionChunk
+			Error *runnerapi.Error `json:"error"`
 		}
 		if err := json.Unmarshal([]byte(ev.data), &c); err != nil {
 			t.Fatalf("bad chunk %q: %v", ev.data, err)
@@ -156,7 +156,7 @@ func TestAbortReportsTheUsageBeforeTheError(t *testing.T) {
 		}
 		if tokens >= 3 && !aborted {
 			aborted = true
-			var out api.Abort
+			var out runnerapi.Abort
 			if code := r.postJSON("/abort", nil, &out); code != http.StatusOK || out.Aborted != 1 {
 				t.Fatalf("POST /abort: %d %+v", code, out)
 			}
@@ -186,9 +186,9 @@ func TestCancelEndsAWholeAnswerWithItsUsage(t *testing.T) {
 		b, _ := json.Marshal(body)
 		req, _ := http.NewRequestWithContext(context.Background(), http.MethodPost, r.base+"/v1/chat/completions", bytes.NewReader(b))
 		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set(api.HeaderRequestID, id)
+		req.Header.Set(runnerapi.HeaderRequestID, id)
 		type result struct {
-			out api.ChatCompletion
+			out runnerapi.ChatCompletion
 			err error
 		}
 		done := make(chan result, 1)
@@ -204,8 +204,8 @@ func TestCancelEndsAWholeAnswerWithItsUsage(t *testing.T) {
 			done <- res
 		}()
 		waitFor(t, 10*time.Second, "both choices generating", func() bool { return r.status().SlotsBusy == 2 })
-		var c api.Cancelled
-		if code := r.postJSON("/cancel", api.Cancel{ID: id}, &c); code != http.StatusOK || !c.Found {
+		var c runnerapi.Cancelled
+		if code := r.postJSON("/cancel", runnerapi.Cancel{ID: id}, &c); code != http.StatusOK || !c.Found {
 			t.Fatalf("POST /cancel: %d %+v, want 200 found", code, c)
 		}
 		var res result
@@ -219,9 +219,9 @@ func TestCancelEndsAWholeAnswerWithItsUsage(t *testing.T) {
 		}
 		tokens := 0
 		for _, ch := range res.out.Choices {
-			if ch.FinishReason != api.FinishCancelled || ch.Logprobs == nil {
+			if ch.FinishReason != runnerapi.FinishCancelled || ch.Logprobs == nil {
 				t.Fatalf("choice %d: finish %q, logprobs %v; want %q with logprobs", ch.Index, ch.FinishReason,
-					ch.Logprobs != nil, api.FinishCancelled)
+					ch.Logprobs != nil, runnerapi.FinishCancelled)
 			}
 			tokens += len(ch.Logprobs.Content)
 		}

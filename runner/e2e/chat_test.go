@@ -13,10 +13,10 @@ import (
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 
+	"github.com/macfleet/macfleet/api/runnerapi"
 	"github.com/macfleet/macfleet/chat"
 	"github.com/macfleet/macfleet/internal/ggufsynth"
-	"github.com/macfleet/macfleet/internal/testassets"
-	"github.com/macfleet/macfleet/runner/api"
+	"github.com/macfleet/macfleet/test/support/testassets"
 )
 
 // specModel synthesizes a model from a spec once per test binary.
@@ -56,13 +56,13 @@ const toolConversation = `{"model":"llama31","max_tokens":8,"temperature":0,"too
 func TestChatTemplateRealVocabulary(t *testing.T) {
 	r := startReady(t, specModel(t, "llama31", testassets.Llama31Spec))
 	st := r.status()
-	if st.Chat == nil || st.Chat.Renderer != api.RendererJinja || st.Chat.ToolFormat != "llama3-json" || !st.Chat.Tools {
+	if st.Chat == nil || st.Chat.Renderer != runnerapi.RendererJinja || st.Chat.ToolFormat != "llama3-json" || !st.Chat.Tools {
 		t.Fatalf("status chat %+v, want the model's Jinja template with llama3-json tool calls", st.Chat)
 	}
 
 	// The prompt the runner counts is the template's rendering, tokenized with the
 	// special tokens as single tokens and one BOS.
-	var tok api.TokenizeResponse
+	var tok runnerapi.TokenizeResponse
 	if code := r.postJSON("/tokenize", map[string]any{"chat": json.RawMessage(toolConversation)}, &tok); code != http.StatusOK {
 		t.Fatalf("tokenize: %d", code)
 	}
@@ -74,8 +74,8 @@ func TestChatTemplateRealVocabulary(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var req api.ChatRequest
-	if e := api.DecodeJSON([]byte(toolConversation), &req); e != nil {
+	var req runnerapi.ChatRequest
+	if e := runnerapi.DecodeJSON([]byte(toolConversation), &req); e != nil {
 		t.Fatal(e)
 	}
 	prompt, e := tmpl.Render(chat.InputOf(&req), true)
@@ -141,11 +141,11 @@ func TestChatTemplateRealVocabulary(t *testing.T) {
 		param string
 		code  string
 	}{
-		{option.WithJSONSet("frobnicate", true), "frobnicate", api.CodeUnknownParameter},
-		{option.WithJSONSet("prediction", map[string]any{"type": "content", "content": "x"}), "prediction", api.CodeUnsupportedParameter},
-		{option.WithJSONSet("audio", map[string]any{"voice": "alloy", "format": "mp3"}), "audio", api.CodeUnsupportedParameter},
-		{option.WithJSONSet("n", 2), "n", api.CodeInvalidValue}, // one slot
-		{option.WithJSONSet("tool_choice", map[string]any{"type": "function", "function": map[string]any{"name": "nope"}}), "tool_choice", api.CodeInvalidValue},
+		{option.WithJSONSet("frobnicate", true), "frobnicate", runnerapi.CodeUnknownParameter},
+		{option.WithJSONSet("prediction", map[string]any{"type": "content", "content": "x"}), "prediction", runnerapi.CodeUnsupportedParameter},
+		{option.WithJSONSet("audio", map[string]any{"voice": "alloy", "format": "mp3"}), "audio", runnerapi.CodeUnsupportedParameter},
+		{option.WithJSONSet("n", 2), "n", runnerapi.CodeInvalidValue}, // one slot
+		{option.WithJSONSet("tool_choice", map[string]any{"type": "function", "function": map[string]any{"name": "nope"}}), "tool_choice", runnerapi.CodeInvalidValue},
 	} {
 		_, err := client.Chat.Completions.New(ctx, params, tc.opt)
 		var apiErr *openai.Error
@@ -161,9 +161,9 @@ func TestChatTemplateRealVocabulary(t *testing.T) {
 		two.Messages[2].OfAssistant.ToolCalls...)
 	_, err = client.Chat.Completions.New(ctx, two)
 	var apiErr *openai.Error
-	if !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusBadRequest || apiErr.Code != api.CodeTemplateError ||
+	if !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusBadRequest || apiErr.Code != runnerapi.CodeTemplateError ||
 		!strings.Contains(apiErr.Message, "only supports single tool-calls") {
-		t.Errorf("two tool calls for a single-call template: %v, want 400 %s with the template's message", err, api.CodeTemplateError)
+		t.Errorf("two tool calls for a single-call template: %v, want 400 %s with the template's message", err, runnerapi.CodeTemplateError)
 	}
 }
 
@@ -188,7 +188,7 @@ func TestChatReasoning(t *testing.T) {
 		b["chat_template_kwargs"] = map[string]any{"enable_thinking": thinking}
 		return b
 	}
-	var plain, thought api.ChatCompletion
+	var plain, thought runnerapi.ChatCompletion
 	if code := r.postJSON("/v1/chat/completions", body(false, false), &plain); code != http.StatusOK {
 		t.Fatalf("chat: %d", code)
 	}
@@ -213,7 +213,7 @@ func TestChatReasoning(t *testing.T) {
 	defer resp.Body.Close()
 	var reasoning, content strings.Builder
 	_, done, err := readSSE(t, resp.Body, func(ev sseEvent) bool {
-		var ch api.ChatCompletionChunk
+		var ch runnerapi.ChatCompletionChunk
 		if json.Unmarshal([]byte(ev.data), &ch) == nil && len(ch.Choices) == 1 {
 			if d := ch.Choices[0].Delta; d.ReasoningContent != nil {
 				reasoning.WriteString(*d.ReasoningContent)

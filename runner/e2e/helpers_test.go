@@ -23,9 +23,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/macfleet/macfleet/api/runnerapi"
 	"github.com/macfleet/macfleet/internal/ggufsynth"
-	"github.com/macfleet/macfleet/internal/syncbuf"
-	"github.com/macfleet/macfleet/runner/api"
+	"github.com/macfleet/macfleet/test/support/syncbuf"
 )
 
 var (
@@ -153,7 +153,7 @@ func startRunner(t testing.TB, modelPath string, flags ...string) *runner {
 	case <-time.After(30 * time.Second):
 		t.Fatalf("runner did not announce its listener within 30s; stderr:\n%s", r.stderr.String())
 	}
-	var ev api.ListeningEvent
+	var ev runnerapi.ListeningEvent
 	if err := json.Unmarshal([]byte(line), &ev); err != nil || ev.Event != "listening" {
 		t.Fatalf("unexpected first stdout line %q: %v", line, err)
 	}
@@ -185,12 +185,12 @@ func (r *runner) waitReady(timeout time.Duration) {
 	r.t.Helper()
 	deadline := time.Now().Add(timeout)
 	for {
-		var h api.Health
+		var h runnerapi.Health
 		status, err := r.getJSON("/health", &h)
-		if err == nil && status == http.StatusOK && h.Status == api.StateReady {
+		if err == nil && status == http.StatusOK && h.Status == runnerapi.StateReady {
 			return
 		}
-		if h.Status == api.StateFailed {
+		if h.Status == runnerapi.StateFailed {
 			r.t.Fatalf("runner failed to load: %s", h.Error)
 		}
 		select {
@@ -284,9 +284,9 @@ func (r *runner) postJSON(path string, body, v any) int {
 	return resp.StatusCode
 }
 
-func (r *runner) status() api.Status {
+func (r *runner) status() runnerapi.Status {
 	r.t.Helper()
-	var st api.Status
+	var st runnerapi.Status
 	if code, err := r.getJSON("/status", &st); err != nil || code != http.StatusOK {
 		r.t.Fatalf("GET /status: %d %v", code, err)
 	}

@@ -11,8 +11,8 @@ import (
 
 	"github.com/openai/openai-go/v3"
 
-	"github.com/macfleet/macfleet/internal/testassets"
-	"github.com/macfleet/macfleet/runner/api"
+	"github.com/macfleet/macfleet/api/runnerapi"
+	"github.com/macfleet/macfleet/test/support/testassets"
 )
 
 // TestLogprobsAndChoices: logprobs and top_logprobs describe exactly the tokens
@@ -113,7 +113,7 @@ func TestLogprobsAndChoices(t *testing.T) {
 	}
 
 	// Text completions: the legacy shape.
-	var tc api.Completion
+	var tc runnerapi.Completion
 	if code := r.postJSON("/v1/completions", `{"model":"m","prompt":"Once upon","max_tokens":6,"temperature":0,"logprobs":2}`, &tc); code != http.StatusOK {
 		t.Fatalf("completion: %d", code)
 	}

@@ -10,12 +10,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/macfleet/macfleet/runner/api"
+	"github.com/macfleet/macfleet/api/runnerapi"
 )
 
 // chatIn sends a greedy chat of prompt in a prompt cache partition (the gateway's
 // header, "" for none) with salt as cache_salt ("" for none) and returns its usage.
-func chatIn(t *testing.T, r *runner, partition, salt, prompt string) api.Usage {
+func chatIn(t *testing.T, r *runner, partition, salt, prompt string) runnerapi.Usage {
 	t.Helper()
 	body := map[string]any{"model": "test", "temperature": 0, "max_tokens": 4,
 		"messages": []chatMsg{{"role": "user", "content": prompt}}}
@@ -29,7 +29,7 @@ func chatIn(t *testing.T, r *runner, partition, salt, prompt string) api.Usage {
 	}
 	req.Header.Set("Content-Type", "application/json")
 	if partition != "" {
-		req.Header.Set(api.HeaderCachePartition, partition)
+		req.Header.Set(runnerapi.HeaderCachePartition, partition)
 	}
 	resp, err := r.client.Do(req)
 	if err != nil {
@@ -37,7 +37,7 @@ func chatIn(t *testing.T, r *runner, partition, salt, prompt string) api.Usage {
 	}
 	defer resp.Body.Close()
 	out, _ := io.ReadAll(resp.Body)
-	var c api.ChatCompletion
+	var c runnerapi.ChatCompletion
 	if resp.StatusCode != http.StatusOK || json.Unmarshal(out, &c) != nil || c.Usage == nil {
 		t.Fatalf("chat in partition %q: %d %s", partition, resp.StatusCode, out)
 	}
@@ -86,7 +86,7 @@ func TestPromptCachePartitions(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	var res api.CacheBudgetResult
+	var res runnerapi.CacheBudgetResult
 	if code := r.postJSON("/cache/budget", map[string]any{"hot_bytes": 0}, &res); code != http.StatusOK || res.EvictedEntries == 0 {
 		t.Fatalf("emptying the hot tier: %d %+v", code, res)
 	}

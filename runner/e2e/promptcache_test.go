@@ -10,8 +10,8 @@ import (
 	"testing"
 	"unicode/utf8"
 
-	"github.com/macfleet/macfleet/internal/testassets"
-	"github.com/macfleet/macfleet/runner/api"
+	"github.com/macfleet/macfleet/api/runnerapi"
+	"github.com/macfleet/macfleet/test/support/testassets"
 )
 
 // words returns n pseudo-random words (deterministic per seed).
@@ -30,7 +30,7 @@ func words(seed uint64, n int) string {
 type chatMsg = map[string]string
 
 // chatTurn sends a greedy chat of msgs and returns the reply and usage.
-func chatTurn(t *testing.T, r *runner, msgs []chatMsg, maxTokens int) (string, api.Usage) {
+func chatTurn(t *testing.T, r *runner, msgs []chatMsg, maxTokens int) (string, runnerapi.Usage) {
 	t.Helper()
 	c := chatWhole(t, r, map[string]any{"model": "test", "messages": msgs, "temperature": 0, "max_tokens": maxTokens})
 	if len(c.Choices) != 1 || c.Usage == nil {
@@ -39,14 +39,14 @@ func chatTurn(t *testing.T, r *runner, msgs []chatMsg, maxTokens int) (string, a
 	return c.Choices[0].Message.Text(), *c.Usage
 }
 
-func cachedTokens(u api.Usage) int {
+func cachedTokens(u runnerapi.Usage) int {
 	if u.PromptTokensDetails == nil {
 		return 0
 	}
 	return u.PromptTokensDetails.CachedTokens
 }
 
-func promptCacheStatus(t *testing.T, r *runner) api.PromptCacheStatus {
+func promptCacheStatus(t *testing.T, r *runner) runnerapi.PromptCacheStatus {
 	t.Helper()
 	st := r.status()
 	if st.PromptCache == nil {
@@ -55,9 +55,9 @@ func promptCacheStatus(t *testing.T, r *runner) api.PromptCacheStatus {
 	return *st.PromptCache
 }
 
-func clearCache(t *testing.T, r *runner) api.CacheClear {
+func clearCache(t *testing.T, r *runner) runnerapi.CacheClear {
 	t.Helper()
-	var cc api.CacheClear
+	var cc runnerapi.CacheClear
 	if code := r.postJSON("/cache/clear", nil, &cc); code != http.StatusOK {
 		t.Fatalf("cache clear: %d", code)
 	}
@@ -66,7 +66,7 @@ func clearCache(t *testing.T, r *runner) api.CacheClear {
 
 func tokenCount(t *testing.T, r *runner, msgs []chatMsg) int {
 	t.Helper()
-	var tr api.TokenizeResponse
+	var tr runnerapi.TokenizeResponse
 	if code := r.postJSON("/tokenize", map[string]any{"messages": msgs}, &tr); code != http.StatusOK {
 		t.Fatalf("tokenize: %d", code)
 	}
@@ -123,7 +123,7 @@ func TestPromptCacheRestoreMatchesFullPrefill(t *testing.T) {
 	dir := t.TempDir()
 	flags := []string{"--prompt-cache-block", fmt.Sprint(pcBlock), "--prompt-cache-hot-bytes", fmt.Sprint(1 << 30),
 		"--prompt-cache-dir", dir}
-	check := func(t *testing.T, r *runner, turn int, what string) api.Usage {
+	check := func(t *testing.T, r *runner, turn int, what string) runnerapi.Usage {
 		t.Helper()
 		reply, u := chatTurn(t, r, conv.messages(turn), pcMaxTokens)
 		if reply != conv.replies[turn] {
@@ -135,7 +135,7 @@ func TestPromptCacheRestoreMatchesFullPrefill(t *testing.T) {
 	// prompt: at least the previous prompt but its last few tokens (the generation
 	// prefix, which the next turn may tokenize with the reply), not only up to a block
 	// boundary, and never the whole prompt.
-	wantRestored := func(t *testing.T, u api.Usage, prevPrompt int, what string) {
+	wantRestored := func(t *testing.T, u runnerapi.Usage, prevPrompt int, what string) {
 		t.Helper()
 		got := cachedTokens(u)
 		least := prevPrompt - 8
@@ -275,7 +275,7 @@ func TestPromptCacheBudgetAndClear(t *testing.T) {
 		t.Errorf("a runner without cache flags used the cache: %+v", pc)
 	}
 	// A budget handed out at runtime turns the hot tier on.
-	var res api.CacheBudgetResult
+	var res runnerapi.CacheBudgetResult
 	if code := plain.postJSON("/cache/budget", map[string]any{"hot_bytes": 64 << 20}, &res); code != http.StatusOK || res.HotBytes != 64<<20 {
 		t.Fatalf("budget: %d %+v", code, res)
 	}
@@ -289,7 +289,7 @@ func TestPromptCacheBudgetAndClear(t *testing.T) {
 		res.HotBytes != 0 || res.EvictedEntries != pc.Hot.Entries || res.EvictedBytes != pc.Hot.Bytes {
 		t.Errorf("budget 0: %d %+v, hot tier held %+v", code, res, pc.Hot)
 	}
-	var eb api.ErrorBody
+	var eb runnerapi.ErrorBody
 	if code := plain.postJSON("/cache/budget", map[string]any{"hot_bytes": -1}, &eb); code != http.StatusBadRequest ||
 		eb.Error.Param == nil || *eb.Error.Param != "hot_bytes" {
 		t.Errorf("negative budget: %d %+v", code, eb)

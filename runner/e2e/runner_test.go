@@ -25,18 +25,18 @@ import (
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 
+	"github.com/macfleet/macfleet/api/runnerapi"
 	"github.com/macfleet/macfleet/internal/ggufsynth"
-	"github.com/macfleet/macfleet/runner/api"
 )
 
 // completeText runs a greedy non-streamed text completion and returns the choice.
-func completeText(t *testing.T, r *runner, prompt string, maxTokens int, extra map[string]any) api.Completion {
+func completeText(t *testing.T, r *runner, prompt string, maxTokens int, extra map[string]any) runnerapi.Completion {
 	t.Helper()
 	body := map[string]any{"prompt": prompt, "temperature": 0, "max_tokens": maxTokens}
 	for k, v := range extra {
 		body[k] = v
 	}
-	var c api.Completion
+	var c runnerapi.Completion
 	if code := r.postJSON("/v1/completions", body, &c); code != http.StatusOK {
 		t.Fatalf("completion: status %d", code)
 	}
@@ -46,9 +46,9 @@ func completeText(t *testing.T, r *runner, prompt string, maxTokens int, extra m
 	return c
 }
 
-func chatWhole(t *testing.T, r *runner, body any) api.ChatCompletion {
+func chatWhole(t *testing.T, r *runner, body any) runnerapi.ChatCompletion {
 	t.Helper()
-	var c api.ChatCompletion
+	var c runnerapi.ChatCompletion
 	if code := r.postJSON("/v1/chat/completions", body, &c); code != http.StatusOK {
 		t.Fatalf("chat: status %d", code)
 	}
@@ -73,7 +73,7 @@ func TestGreedyGenerationIsDeterministic(t *testing.T) {
 	if got := *a.Choices[0].FinishReason; got != "length" {
 		t.Errorf("finish_reason = %q, want length", got)
 	}
-	want := api.Usage{PromptTokens: a.Usage.PromptTokens, CompletionTokens: 24, TotalTokens: a.Usage.PromptTokens + 24}
+	want := runnerapi.Usage{PromptTokens: a.Usage.PromptTokens, CompletionTokens: 24, TotalTokens: a.Usage.PromptTokens + 24}
 	if d := cmp.Diff(want, *a.Usage); d != "" {
 		t.Errorf("usage (-want +got):\n%s", d)
 	}
@@ -133,16 +133,16 @@ type chunk struct {
 			Role    string  `json:"role"`
 			Content *string `json:"content"`
 		} `json:"delta"`
-		Logprobs     *api.ChatLogprobs `json:"logprobs"`
-		FinishReason *string           `json:"finish_reason"`
+		Logprobs     *runnerapi.ChatLogprobs `json:"logprobs"`
+		FinishReason *string                 `json:"finish_reason"`
 	} `json:"choices"`
-	Usage *api.Usage     `json:"usage"`
-	Error *api.ErrorBody `json:"-"`
+	Usage *runnerapi.Usage     `json:"usage"`
+	Error *runnerapi.ErrorBody `json:"-"`
 }
 
 // streamChat posts a streamed chat and returns the parsed chunks, the content, whether
 // [DONE] arrived, and an error event if one ended the stream.
-func streamChat(t *testing.T, r *runner, ctx context.Context, body map[string]any, onChunk func(chunk) bool) ([]chunk, string, bool, *api.ErrorBody) {
+func streamChat(t *testing.T, r *runner, ctx context.Context, body map[string]any, onChunk func(chunk) bool) ([]chunk, string, bool, *runnerapi.ErrorBody) {
 	t.Helper()
 	resp, err := r.post(ctx, "/v1/chat/completions", body)
 	if err != nil {
@@ -158,10 +158,10 @@ func streamChat(t *testing.T, r *runner, ctx context.Context, body map[string]an
 	}
 	var chunks []chunk
 	var content strings.Builder
-	var errEv *api.ErrorBody
+	var errEv *runnerapi.ErrorBody
 	_, done, _ := readSSE(t, resp.Body, func(ev sseEvent) bool {
 		if strings.HasPrefix(ev.data, `{"error"`) {
-			errEv = &api.ErrorBody{}
+			errEv = &runnerapi.ErrorBody{}
 			if err := json.Unmarshal([]byte(ev.data), errEv); err != nil {
 				t.Fatalf("bad error event %q: %v", ev.data, err)
 			}
@@ -220,9 +220,9 @@ func TestStreamingFraming(t *testing.T) {
 		t.Fatalf("last chunk is not a usage chunk: %+v", usage)
 	}
 	// The streamed request reuses the prefix the first one left in the slot.
-	wantUsage := api.Usage{PromptTokens: whole.Usage.PromptTokens, CompletionTokens: 20,
+	wantUsage := runnerapi.Usage{PromptTokens: whole.Usage.PromptTokens, CompletionTokens: 20,
 		TotalTokens:         whole.Usage.PromptTokens + 20,
-		PromptTokensDetails: &api.PromptTokensDetails{CachedTokens: whole.Usage.PromptTokens - 1}}
+		PromptTokensDetails: &runnerapi.PromptTokensDetails{CachedTokens: whole.Usage.PromptTokens - 1}}
 	if d := cmp.Diff(wantUsage, *usage.Usage); d != "" {
 		t.Errorf("stream usage (-want +got):\n%s", d)
 	}
@@ -245,10 +245,10 @@ func TestCompletionStreaming(t *testing.T) {
 	}
 	defer resp.Body.Close()
 	var text strings.Builder
-	var last api.Completion
+	var last runnerapi.Completion
 	var finish string
 	_, done, err := readSSE(t, resp.Body, func(ev sseEvent) bool {
-		var c api.Completion
+		var c runnerapi.Completion
 		if err := json.Unmarshal([]byte(ev.data), &c); err != nil {
 			t.Fatalf("bad chunk %q: %v", ev.data, err)
 		}
@@ -291,11 +291,11 @@ func greedyLogprobs(prompt string, maxTokens int, stream bool) map[string]any {
 }
 
 // soloGreedy runs prompt alone, not streamed, and returns its completion's tokens.
-func soloGreedy(t *testing.T, r *runner, prompt string, maxTokens int) []api.TokenLogprob {
+func soloGreedy(t *testing.T, r *runner, prompt string, maxTokens int) []runnerapi.TokenLogprob {
 	t.Helper()
 	var out struct {
 		Choices []struct {
-			Logprobs api.ChatLogprobs `json:"logprobs"`
+			Logprobs runnerapi.ChatLogprobs `json:"logprobs"`
 		} `json:"choices"`
 	}
 	if code := r.postJSON("/v1/chat/completions", greedyLogprobs(prompt, maxTokens, false), &out); code != http.StatusOK || len(out.Choices) != 1 {
@@ -307,7 +307,7 @@ func soloGreedy(t *testing.T, r *runner, prompt string, maxTokens int) []api.Tok
 // departure says where got departs from the solo run's tokens: "" when it does not,
 // or only at a step whose two best tokens were within tieMargin (then the rest is not
 // compared: a different token changes everything after it).
-func departure(solo, got []api.TokenLogprob) string {
+func departure(solo, got []runnerapi.TokenLogprob) string {
 	for k, tok := range solo {
 		if k >= len(got) {
 			return fmt.Sprintf("ends after %d tokens, alone it went on with %q", k, tok.Token)
@@ -343,12 +343,12 @@ func TestConcurrentStreamsMatchAlone(t *testing.T) {
 		t.Run(fmt.Sprintf("%s %d streams", tc.preset, n), func(t *testing.T) {
 			r := startReady(t, model(t, tc.preset), "--parallel", "4", "--ctx", "4096")
 			prompts := []string{"alpha beta", "The weather today", "Once upon a time in a land", "x"}[:n]
-			alone := make([][]api.TokenLogprob, n)
+			alone := make([][]runnerapi.TokenLogprob, n)
 			for i, p := range prompts {
 				alone[i] = soloGreedy(t, r, p, 48)
 			}
 			// Drop the cached prefixes so the concurrent run prefills from scratch too.
-			var cc api.CacheClear
+			var cc runnerapi.CacheClear
 			if code := r.postJSON("/cache/clear", nil, &cc); code != http.StatusOK {
 				t.Fatalf("cache clear: %d", code)
 			}
@@ -356,8 +356,8 @@ func TestConcurrentStreamsMatchAlone(t *testing.T) {
 			// The comparison means something only if the streams shared the engine: on a
 			// busy machine one may end before another starts, so a run that did not
 			// overlap is run again (three runs at most).
-			concurrent := func() (got [][]api.TokenLogprob, maxBusy int) {
-				got = make([][]api.TokenLogprob, n)
+			concurrent := func() (got [][]runnerapi.TokenLogprob, maxBusy int) {
+				got = make([][]runnerapi.TokenLogprob, n)
 				var wg sync.WaitGroup
 				start := make(chan struct{})
 				for i, p := range prompts {
@@ -385,7 +385,7 @@ func TestConcurrentStreamsMatchAlone(t *testing.T) {
 							return
 						default:
 						}
-						var st api.Status
+						var st runnerapi.Status
 						if _, err := r.getJSON("/status", &st); err == nil && st.SlotsBusy > maxBusy {
 							maxBusy = st.SlotsBusy
 						}
@@ -406,7 +406,7 @@ func TestConcurrentStreamsMatchAlone(t *testing.T) {
 					}
 					if d := departure(alone[i], got[i]); d != "" {
 						t.Errorf("stream %d (%q): concurrent, it %s", i, prompts[i], d)
-					} else if len(got[i]) != len(alone[i]) || !slices.EqualFunc(got[i], alone[i], func(a, b api.TokenLogprob) bool { return slices.Equal(a.Bytes, b.Bytes) }) {
+					} else if len(got[i]) != len(alone[i]) || !slices.EqualFunc(got[i], alone[i], func(a, b runnerapi.TokenLogprob) bool { return slices.Equal(a.Bytes, b.Bytes) }) {
 						t.Logf("stream %d departs from its solo run at a near tie (within %v)", i, tieMargin)
 					}
 				}
@@ -461,36 +461,36 @@ func TestErrors(t *testing.T) {
 		wantStatus int
 		wantCode   string
 	}{
-		{"bad json", "/v1/chat/completions", `{"messages": [`, 400, api.CodeInvalidJSON},
-		{"trailing data", "/v1/chat/completions", `{"messages":[{"role":"user","content":"x"}]} {}`, 400, api.CodeInvalidJSON},
-		{"wrong type", "/v1/chat/completions", `{"messages":"hi"}`, 400, api.CodeInvalidValue},
-		{"no messages", "/v1/chat/completions", `{"messages":[]}`, 400, api.CodeInvalidValue},
-		{"bad role", "/v1/chat/completions", `{"messages":[{"role":"wizard","content":"x"}]}`, 400, api.CodeInvalidValue},
-		{"image part", "/v1/chat/completions", `{"messages":[{"role":"user","content":[{"type":"image_url"}]}]}`, 400, api.CodeInvalidValue},
-		{"temperature", "/v1/chat/completions", `{"messages":[{"role":"user","content":"x"}],"temperature":5}`, 400, api.CodeInvalidValue},
-		{"n above the slots", "/v1/chat/completions", `{"messages":[{"role":"user","content":"x"}],"n":3}`, 400, api.CodeInvalidValue},
-		{"n above the limit", "/v1/chat/completions", `{"messages":[{"role":"user","content":"x"}],"n":17}`, 400, api.CodeInvalidValue},
-		{"unknown field", "/v1/chat/completions", `{"messages":[{"role":"user","content":"x"}],"cache_prompt":true}`, 400, api.CodeUnknownParameter},
-		{"tools without template support", "/v1/chat/completions", `{"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"f"}}]}`, 400, api.CodeUnsupportedParameter},
-		{"completion suffix", "/v1/completions", `{"prompt":"x","suffix":"y"}`, 400, api.CodeUnsupportedParameter},
-		{"max_tokens", "/v1/chat/completions", `{"messages":[{"role":"user","content":"x"}],"max_tokens":0}`, 400, api.CodeInvalidValue},
-		{"stream_options without stream", "/v1/chat/completions", `{"messages":[{"role":"user","content":"x"}],"stream_options":{"include_usage":true}}`, 400, api.CodeInvalidValue},
-		{"nul byte", "/v1/chat/completions", `{"messages":[{"role":"user","content":"a\u0000b"}]}`, 400, api.CodeInvalidValue},
-		{"prompt too long", "/v1/chat/completions", fmt.Sprintf(`{"messages":[{"role":"user","content":%q}]}`, long), 400, api.CodeContextLengthExceeded},
-		{"stream prompt too long", "/v1/chat/completions", fmt.Sprintf(`{"stream":true,"messages":[{"role":"user","content":%q}]}`, long), 400, api.CodeContextLengthExceeded},
-		{"completion prompt too long", "/v1/completions", fmt.Sprintf(`{"prompt":%q}`, long), 400, api.CodeContextLengthExceeded},
-		{"no prompt", "/v1/completions", `{}`, 400, api.CodeInvalidValue},
-		{"token out of vocab", "/v1/completions", `{"prompt":[1, 99999]}`, 400, api.CodeInvalidValue},
-		{"embedding too long", "/v1/embeddings", fmt.Sprintf(`{"input":%q}`, long), 400, api.CodeContextLengthExceeded},
-		{"embedding dims", "/v1/embeddings", `{"input":"x","dimensions":7}`, 400, api.CodeInvalidValue},
-		{"embedding no input", "/v1/embeddings", `{}`, 400, api.CodeInvalidValue},
-		{"negative limits", "/limits", `{"ceiling_bytes":-1}`, 400, api.CodeInvalidValue},
-		{"tokenize nothing", "/tokenize", `{}`, 400, api.CodeInvalidValue},
-		{"unknown path", "/v1/unknown", `{}`, 404, api.CodeNotFound},
+		{"bad json", "/v1/chat/completions", `{"messages": [`, 400, runnerapi.CodeInvalidJSON},
+		{"trailing data", "/v1/chat/completions", `{"messages":[{"role":"user","content":"x"}]} {}`, 400, runnerapi.CodeInvalidJSON},
+		{"wrong type", "/v1/chat/completions", `{"messages":"hi"}`, 400, runnerapi.CodeInvalidValue},
+		{"no messages", "/v1/chat/completions", `{"messages":[]}`, 400, runnerapi.CodeInvalidValue},
+		{"bad role", "/v1/chat/completions", `{"messages":[{"role":"wizard","content":"x"}]}`, 400, runnerapi.CodeInvalidValue},
+		{"image part", "/v1/chat/completions", `{"messages":[{"role":"user","content":[{"type":"image_url"}]}]}`, 400, runnerapi.CodeInvalidValue},
+		{"temperature", "/v1/chat/completions", `{"messages":[{"role":"user","content":"x"}],"temperature":5}`, 400, runnerapi.CodeInvalidValue},
+		{"n above the slots", "/v1/chat/completions", `{"messages":[{"role":"user","content":"x"}],"n":3}`, 400, runnerapi.CodeInvalidValue},
+		{"n above the limit", "/v1/chat/completions", `{"messages":[{"role":"user","content":"x"}],"n":17}`, 400, runnerapi.CodeInvalidValue},
+		{"unknown field", "/v1/chat/completions", `{"messages":[{"role":"user","content":"x"}],"cache_prompt":true}`, 400, runnerapi.CodeUnknownParameter},
+		{"tools without template support", "/v1/chat/completions", `{"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"f"}}]}`, 400, runnerapi.CodeUnsupportedParameter},
+		{"completion suffix", "/v1/completions", `{"prompt":"x","suffix":"y"}`, 400, runnerapi.CodeUnsupportedParameter},
+		{"max_tokens", "/v1/chat/completions", `{"messages":[{"role":"user","content":"x"}],"max_tokens":0}`, 400, runnerapi.CodeInvalidValue},
+		{"stream_options without stream", "/v1/chat/completions", `{"messages":[{"role":"user","content":"x"}],"stream_options":{"include_usage":true}}`, 400, runnerapi.CodeInvalidValue},
+		{"nul byte", "/v1/chat/completions", `{"messages":[{"role":"user","content":"a\u0000b"}]}`, 400, runnerapi.CodeInvalidValue},
+		{"prompt too long", "/v1/chat/completions", fmt.Sprintf(`{"messages":[{"role":"user","content":%q}]}`, long), 400, runnerapi.CodeContextLengthExceeded},
+		{"stream prompt too long", "/v1/chat/completions", fmt.Sprintf(`{"stream":true,"messages":[{"role":"user","content":%q}]}`, long), 400, runnerapi.CodeContextLengthExceeded},
+		{"completion prompt too long", "/v1/completions", fmt.Sprintf(`{"prompt":%q}`, long), 400, runnerapi.CodeContextLengthExceeded},
+		{"no prompt", "/v1/completions", `{}`, 400, runnerapi.CodeInvalidValue},
+		{"token out of vocab", "/v1/completions", `{"prompt":[1, 99999]}`, 400, runnerapi.CodeInvalidValue},
+		{"embedding too long", "/v1/embeddings", fmt.Sprintf(`{"input":%q}`, long), 400, runnerapi.CodeContextLengthExceeded},
+		{"embedding dims", "/v1/embeddings", `{"input":"x","dimensions":7}`, 400, runnerapi.CodeInvalidValue},
+		{"embedding no input", "/v1/embeddings", `{}`, 400, runnerapi.CodeInvalidValue},
+		{"negative limits", "/limits", `{"ceiling_bytes":-1}`, 400, runnerapi.CodeInvalidValue},
+		{"tokenize nothing", "/tokenize", `{}`, 400, runnerapi.CodeInvalidValue},
+		{"unknown path", "/v1/unknown", `{}`, 404, runnerapi.CodeNotFound},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			var eb api.ErrorBody
+			var eb runnerapi.ErrorBody
 			if code := r.postJSON(tt.path, tt.body, &eb); code != tt.wantStatus || eb.Error.Code != tt.wantCode {
 				t.Errorf("got %d %+v, want %d %s", code, eb.Error, tt.wantStatus, tt.wantCode)
 			}
@@ -500,9 +500,9 @@ func TestErrors(t *testing.T) {
 		})
 	}
 	t.Run("method not allowed", func(t *testing.T) {
-		var eb api.ErrorBody
+		var eb runnerapi.ErrorBody
 		code, err := r.getJSON("/v1/chat/completions", &eb)
-		if err != nil || code != http.StatusMethodNotAllowed || eb.Error.Code != api.CodeMethodNotAllowed {
+		if err != nil || code != http.StatusMethodNotAllowed || eb.Error.Code != runnerapi.CodeMethodNotAllowed {
 			t.Errorf("GET chat: %d %+v %v", code, eb, err)
 		}
 	})
@@ -512,13 +512,13 @@ func TestErrors(t *testing.T) {
 
 func TestEmbeddings(t *testing.T) {
 	r := startReady(t, model(t, "tiny"), "--parallel", "2")
-	var resp api.EmbeddingResponse
+	var resp runnerapi.EmbeddingResponse
 	type floats struct {
 		Data []struct {
 			Index     int       `json:"index"`
 			Embedding []float32 `json:"embedding"`
 		} `json:"data"`
-		Usage api.Usage `json:"usage"`
+		Usage runnerapi.Usage `json:"usage"`
 	}
 	var f floats
 	if code := r.postJSON("/v1/embeddings", map[string]any{"input": []string{"hello world", "something else"}}, &f); code != 200 {
@@ -570,14 +570,14 @@ func TestEmbeddings(t *testing.T) {
 
 func TestTokenize(t *testing.T) {
 	r := startReady(t, model(t, "tiny"))
-	var tr api.TokenizeResponse
+	var tr runnerapi.TokenizeResponse
 	if code := r.postJSON("/tokenize", map[string]any{"content": "ab"}, &tr); code != 200 {
 		t.Fatalf("tokenize: %d", code)
 	}
 	if tr.Count != len(tr.Tokens) || tr.Count < 2 || tr.Tokens[0] != ggufsynth.BOSToken {
 		t.Errorf("tokenize content: %+v", tr)
 	}
-	var chat api.TokenizeResponse
+	var chat runnerapi.TokenizeResponse
 	r.postJSON("/tokenize", map[string]any{"messages": []map[string]string{{"role": "user", "content": "ab"}}}, &chat)
 	var starts, ends int
 	for _, tok := range chat.Tokens {
@@ -616,7 +616,7 @@ func TestPrefixReuse(t *testing.T) {
 	if st.KVCellsUsed == 0 || st.SlotsBusy != 0 {
 		t.Errorf("status after two requests: %+v", st)
 	}
-	var cc api.CacheClear
+	var cc runnerapi.CacheClear
 	if code := r.postJSON("/cache/clear", nil, &cc); code != 200 || cc.EntriesCleared != 1 {
 		t.Errorf("cache clear: %d %+v", code, cc)
 	}
@@ -633,34 +633,34 @@ func TestLimitsRefusePrefill(t *testing.T) {
 	}
 	// A ceiling just above the current footprint leaves room for a short prompt only.
 	ceiling := st.FootprintBytes + 64*st.Model.KVBytesPerToken
-	var l api.Limits
-	if code := r.postJSON("/limits", api.Limits{CeilingBytes: ceiling}, &l); code != 200 || l.CeilingBytes != ceiling {
+	var l runnerapi.Limits
+	if code := r.postJSON("/limits", runnerapi.Limits{CeilingBytes: ceiling}, &l); code != 200 || l.CeilingBytes != ceiling {
 		t.Fatalf("limits: %d %+v", code, l)
 	}
 	long := strings.Repeat("lorem ipsum ", 60) // well over 64 tokens
 	for _, stream := range []bool{false, true} {
-		var eb api.ErrorBody
+		var eb runnerapi.ErrorBody
 		body := chatBody(long, 4, stream)
 		if code := r.postJSON("/v1/chat/completions", body, &eb); code != http.StatusRequestEntityTooLarge ||
-			eb.Error.Code != api.CodePrefillMemoryExceeded || eb.Error.LimitBytes != ceiling || eb.Error.EstimatedBytes <= 0 {
-			t.Errorf("stream=%v: got %d %+v, want 413 %s", stream, code, eb.Error, api.CodePrefillMemoryExceeded)
+			eb.Error.Code != runnerapi.CodePrefillMemoryExceeded || eb.Error.LimitBytes != ceiling || eb.Error.EstimatedBytes <= 0 {
+			t.Errorf("stream=%v: got %d %+v, want 413 %s", stream, code, eb.Error, runnerapi.CodePrefillMemoryExceeded)
 		}
 	}
 	// The runner refuses work, it does not die; lifting the ceiling restores service.
-	r.postJSON("/limits", api.Limits{CeilingBytes: 0}, nil)
+	r.postJSON("/limits", runnerapi.Limits{CeilingBytes: 0}, nil)
 	completeText(t, r, long, 2, nil)
 }
 
 func TestAbortEndsRunningAndQueuedRequests(t *testing.T) {
 	r := startReady(t, model(t, "tiny"), "--parallel", "1")
-	queued := make(chan *api.ErrorBody, 1)
+	queued := make(chan *runnerapi.ErrorBody, 1)
 	n := 0
 	_, _, done, errEv := streamChat(t, r, context.Background(), chatBody("go on forever", 100000, true), func(chunk) bool {
 		n++
 		if n == 2 {
 			// A second request waits for the only slot.
 			go func() {
-				var eb api.ErrorBody
+				var eb runnerapi.ErrorBody
 				code := r.postJSON("/v1/chat/completions", chatBody("me next", 4, false), &eb)
 				if code != http.StatusServiceUnavailable {
 					t.Errorf("queued request: status %d, want 503", code)
@@ -671,17 +671,17 @@ func TestAbortEndsRunningAndQueuedRequests(t *testing.T) {
 				st := r.status()
 				return st.RequestsActive == 2 && st.SlotsBusy == 1
 			})
-			var a api.Abort
+			var a runnerapi.Abort
 			if code := r.postJSON("/abort", nil, &a); code != 200 || a.Aborted != 2 {
 				t.Errorf("abort: %d %+v, want 2 aborted", code, a)
 			}
 		}
 		return true
 	})
-	if done || errEv == nil || errEv.Error.Code != api.CodeAborted {
+	if done || errEv == nil || errEv.Error.Code != runnerapi.CodeAborted {
 		t.Fatalf("aborted stream ended with done=%v error=%+v", done, errEv)
 	}
-	if eb := <-queued; eb.Error.Code != api.CodeAborted {
+	if eb := <-queued; eb.Error.Code != runnerapi.CodeAborted {
 		t.Errorf("queued request ended with %+v", eb.Error)
 	}
 	waitFor(t, 10*time.Second, "the runner to be idle", func() bool {
@@ -703,8 +703,8 @@ func TestSIGTERMMidStream(t *testing.T) {
 		}
 		return true
 	})
-	if done || errEv == nil || errEv.Error.Code != api.CodeShuttingDown {
-		t.Errorf("stream ended with done=%v error=%+v, want a %s error event", done, errEv, api.CodeShuttingDown)
+	if done || errEv == nil || errEv.Error.Code != runnerapi.CodeShuttingDown {
+		t.Errorf("stream ended with done=%v error=%+v, want a %s error event", done, errEv, runnerapi.CodeShuttingDown)
 	}
 	if code := r.exitCode(15 * time.Second); code != 0 {
 		t.Errorf("exit code %d after SIGTERM, want 0", code)
@@ -741,7 +741,7 @@ func TestStatusDescribesTheModel(t *testing.T) {
 	st := r.status()
 	spec := ggufsynth.Tiny()
 	fi, _ := os.Stat(m)
-	want := api.ModelInfo{
+	want := runnerapi.ModelInfo{
 		Path: m, SizeBytes: fi.Size(), NCtxTrain: spec.Ctx, NEmbd: spec.Embd, NLayer: spec.Layers,
 		NHead: spec.Heads, NHeadKV: spec.KVHeads, NVocab: spec.Vocab, KVType: "f16", ChatTemplate: true,
 		KVBytesPerToken: int64(spec.KVBytesPerToken(2)),
@@ -749,7 +749,7 @@ func TestStatusDescribesTheModel(t *testing.T) {
 	if d := cmp.Diff(want, *st.Model); d != "" {
 		t.Errorf("status model (-want +got):\n%s", d)
 	}
-	if st.State != api.StateReady || st.SlotsTotal != 4 || st.KVCellsTotal != 1024 || st.PID != r.cmd.Process.Pid {
+	if st.State != runnerapi.StateReady || st.SlotsTotal != 4 || st.KVCellsTotal != 1024 || st.PID != r.cmd.Process.Pid {
 		t.Errorf("status %+v", st)
 	}
 }
@@ -760,10 +760,10 @@ func TestLoadFailureAndBadFlags(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := startRunner(t, bad)
-	var h api.Health
+	var h runnerapi.Health
 	waitFor(t, 10*time.Second, "/health to report the failure", func() bool {
 		code, err := r.getJSON("/health", &h)
-		return err == nil && code == http.StatusServiceUnavailable && h.Status == api.StateFailed
+		return err == nil && code == http.StatusServiceUnavailable && h.Status == runnerapi.StateFailed
 	})
 	if h.Error == "" {
 		t.Error("failed health has no error message")
@@ -852,7 +852,7 @@ func TestExitsWithParent(t *testing.T) {
 	}
 	// The listening line names the runner's pid; once it is printed the runner watches
 	// its parent.
-	var ev api.ListeningEvent
+	var ev runnerapi.ListeningEvent
 	if err := json.NewDecoder(out).Decode(&ev); err != nil || ev.PID == 0 {
 		t.Fatalf("listening line: %+v %v", ev, err)
 	}

@@ -13,10 +13,10 @@ import (
 	"github.com/openai/openai-go/v3/option"
 	"github.com/santhosh-tekuri/jsonschema/v6"
 
+	"github.com/macfleet/macfleet/api/runnerapi"
 	"github.com/macfleet/macfleet/chat"
 	"github.com/macfleet/macfleet/internal/ggufsynth"
-	"github.com/macfleet/macfleet/internal/testassets"
-	"github.com/macfleet/macfleet/runner/api"
+	"github.com/macfleet/macfleet/test/support/testassets"
 )
 
 // personSchema is bounded (lengths, ranges, enums, item counts), so even a
@@ -151,16 +151,16 @@ func TestStructuredOutputs(t *testing.T) {
 		name, format, param, code, message string
 	}{
 		{"unsupported keyword", `{"type":"json_schema","json_schema":{"name":"x","schema":{"type":"object","properties":{"a":{"not":{"type":"string"}}}}}}`,
-			"response_format.json_schema.schema", api.CodeUnsupportedParameter, `keyword "not"`},
+			"response_format.json_schema.schema", runnerapi.CodeUnsupportedParameter, `keyword "not"`},
 		{"unsupported format", `{"type":"json_schema","json_schema":{"name":"x","schema":{"type":"string","format":"email"}}}`,
-			"response_format.json_schema.schema", api.CodeUnsupportedParameter, "format email"},
+			"response_format.json_schema.schema", runnerapi.CodeUnsupportedParameter, "format email"},
 		{"pattern the converter refuses", `{"type":"json_schema","json_schema":{"name":"x","schema":{"type":"string","pattern":"abc"}}}`,
-			"response_format", api.CodeInvalidValue, "Pattern must start with '^'"},
+			"response_format", runnerapi.CodeInvalidValue, "Pattern must start with '^'"},
 		{"no schema", `{"type":"json_schema","json_schema":{"name":"x"}}`,
-			"response_format.json_schema.schema", api.CodeMissingField, "needs a schema"},
-		{"unknown type", `{"type":"yaml"}`, "response_format.type", api.CodeInvalidValue, "text, json_object or json_schema"},
+			"response_format.json_schema.schema", runnerapi.CodeMissingField, "needs a schema"},
+		{"unknown type", `{"type":"yaml"}`, "response_format.type", runnerapi.CodeInvalidValue, "text, json_object or json_schema"},
 		{"unknown field", `{"type":"json_schema","json_schema":{"name":"x","schema":{},"strictly":true}}`,
-			"strictly", api.CodeUnknownParameter, "strictly"},
+			"strictly", runnerapi.CodeUnknownParameter, "strictly"},
 	} {
 		// Raw HTTP: the SDK's params drop a format they do not know.
 		var e struct {
@@ -300,12 +300,12 @@ func TestForcedToolCalls(t *testing.T) {
 				boundedWeatherTool, timeTool, call.ID, call.Function.Name, call.Function.Arguments, call.ID)
 			// Raw HTTP: the SDK re-encodes the tools' schemas (sorting their keys), and
 			// the count is compared with /tokenize of the very same body.
-			var answer api.ChatCompletion
+			var answer runnerapi.ChatCompletion
 			if code := r.postJSON("/v1/chat/completions", history, &answer); code != http.StatusOK {
 				t.Fatalf("the answer to the tool result: %d", code)
 			}
-			var req api.ChatRequest
-			if e := api.DecodeJSON([]byte(history), &req); e != nil {
+			var req runnerapi.ChatRequest
+			if e := runnerapi.DecodeJSON([]byte(history), &req); e != nil {
 				t.Fatal(e)
 			}
 			tmpl, err := chat.NewTemplate(m.source, "<|begin_of_text|>", "<|eot_id|>")
@@ -323,7 +323,7 @@ func TestForcedToolCalls(t *testing.T) {
 					t.Errorf("the rendered history lacks %q:\n%s", want, prompt)
 				}
 			}
-			var tok api.TokenizeResponse
+			var tok runnerapi.TokenizeResponse
 			if code := r.postJSON("/tokenize", map[string]any{"chat": json.RawMessage(history)}, &tok); code != http.StatusOK {
 				t.Fatalf("tokenize: %d", code)
 			}

@@ -9,31 +9,31 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
-	"github.com/macfleet/macfleet/runner/api"
+	"github.com/macfleet/macfleet/api/runnerapi"
 )
 
-// TestPromptUsageOnTheFirstChunk: with api.HeaderPromptUsage, a stream that asks for
+// TestPromptUsageOnTheFirstChunk: with runnerapi.HeaderPromptUsage, a stream that asks for
 // usage has the prompt's usage (prompt and cached tokens, no completion yet) on its
 // first chunk as well as the whole usage on its last; without it, only on the last.
 func TestPromptUsageOnTheFirstChunk(t *testing.T) {
 	r := startReady(t, model(t, "tiny"))
 	body := chatBody("Tell me a story about a river", 6, true)
 	body["stream_options"] = map[string]any{"include_usage": true}
-	stream := func(header bool) []api.ChatCompletionChunk {
+	stream := func(header bool) []runnerapi.ChatCompletionChunk {
 		b, _ := json.Marshal(body)
 		req, _ := http.NewRequestWithContext(context.Background(), http.MethodPost, r.base+"/v1/chat/completions", bytes.NewReader(b))
 		req.Header.Set("Content-Type", "application/json")
 		if header {
-			req.Header.Set(api.HeaderPromptUsage, "first-chunk")
+			req.Header.Set(runnerapi.HeaderPromptUsage, "first-chunk")
 		}
 		resp, err := r.client.Do(req)
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer resp.Body.Close()
-		var chunks []api.ChatCompletionChunk
+		var chunks []runnerapi.ChatCompletionChunk
 		_, done, err := readSSE(t, resp.Body, func(ev sseEvent) bool {
-			var c api.ChatCompletionChunk
+			var c runnerapi.ChatCompletionChunk
 			if err := json.Unmarshal([]byte(ev.data), &c); err != nil {
 				t.Fatalf("bad chunk %q: %v", ev.data, err)
 			}
@@ -55,7 +55,7 @@ func TestPromptUsageOnTheFirstChunk(t *testing.T) {
 		if first.Usage == nil || last.Usage == nil {
 			t.Fatalf("request %d: first chunk usage %+v, last %+v", i+1, first.Usage, last.Usage)
 		}
-		want := api.Usage{PromptTokens: last.Usage.PromptTokens, TotalTokens: last.Usage.PromptTokens,
+		want := runnerapi.Usage{PromptTokens: last.Usage.PromptTokens, TotalTokens: last.Usage.PromptTokens,
 			PromptTokensDetails: last.Usage.PromptTokensDetails}
 		if d := cmp.Diff(want, *first.Usage); d != "" {
 			t.Errorf("request %d: first chunk usage (-want +got):\n%s", i+1, d)

@@ -6,11 +6,11 @@ import (
 	"net/http"
 	"sync"
 
-	"github.com/macfleet/macfleet/runner/api"
+	"github.com/macfleet/macfleet/api/runnerapi"
 )
 
 // requestTable holds the generations in progress that a caller named
-// (api.HeaderRequestID), so that POST /cancel can end one the way a stop condition
+// (runnerapi.HeaderRequestID), so that POST /cancel can end one the way a stop condition
 // does: its handler sends what was generated and the usage, instead of a dropped
 // connection that takes the usage with it.
 type requestTable struct {
@@ -45,20 +45,20 @@ func (t *requestTable) cancel(id string) bool {
 	choices, ok := t.byID[id]
 	t.mu.Unlock()
 	for _, c := range choices {
-		c.j.complete(api.FinishCancelled)
+		c.j.complete(runnerapi.FinishCancelled)
 	}
 	return ok
 }
 
 func (s *Server) handleCancel(w http.ResponseWriter, r *http.Request) {
-	var req api.Cancel
+	var req runnerapi.Cancel
 	if err := readJSON(w, r, &req); err != nil {
 		writeError(w, err)
 		return
 	}
 	if req.ID == "" {
-		writeError(w, api.InvalidRequest(api.CodeInvalidValue, "id", "id must name a request (its %s)", api.HeaderRequestID))
+		writeError(w, runnerapi.InvalidRequest(runnerapi.CodeInvalidValue, "id", "id must name a request (its %s)", runnerapi.HeaderRequestID))
 		return
 	}
-	writeJSON(w, http.StatusOK, api.Cancelled{Found: s.requests.cancel(req.ID)})
+	writeJSON(w, http.StatusOK, runnerapi.Cancelled{Found: s.requests.cancel(req.ID)})
 }

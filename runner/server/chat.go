@@ -7,9 +7,9 @@ import (
 	"net/http"
 	"strings"
 
+	"github.com/macfleet/macfleet/api/runnerapi"
 	"github.com/macfleet/macfleet/chat"
 	"github.com/macfleet/macfleet/chat/grammar"
-	"github.com/macfleet/macfleet/runner/api"
 	"github.com/macfleet/macfleet/runner/llama"
 )
 
@@ -18,12 +18,12 @@ import (
 // whose text the output parser needs to see (tool-call and reasoning markers).
 func (s *Server) setupChat(m *llama.Model) {
 	src := m.ChatTemplate()
-	info := api.ChatInfo{Renderer: api.RendererBuiltin, ToolFormat: chat.FormatNone.String()}
+	info := runnerapi.ChatInfo{Renderer: runnerapi.RendererBuiltin, ToolFormat: chat.FormatNone.String()}
 	if src != "" {
 		t, err := chat.NewTemplate(src, tokenText(m, m.BOS()), tokenText(m, m.EOS()))
 		if err == nil {
 			s.chat = t
-			info = api.ChatInfo{Renderer: api.RendererJinja, ToolFormat: t.Format.String(), Tools: t.Tools, Thinking: t.Thinking}
+			info = runnerapi.ChatInfo{Renderer: runnerapi.RendererJinja, ToolFormat: t.Format.String(), Tools: t.Tools, Thinking: t.Thinking}
 		} else {
 			info.TemplateError = err.Error()
 			s.log.Info("The model's chat template does not parse; using llama.cpp's built-in templates", "error", err.Error())
@@ -55,18 +55,18 @@ func tokenText(m *llama.Model, tok int32) string {
 }
 
 // renderChat renders a chat request into the prompt text (generation prompt added).
-func (s *Server) renderChat(req *api.ChatRequest) (string, *api.Error) {
+func (s *Server) renderChat(req *runnerapi.ChatRequest) (string, *runnerapi.Error) {
 	if len(req.Messages) == 0 {
-		return "", api.InvalidRequest(api.CodeInvalidValue, "messages", "messages must not be empty")
+		return "", runnerapi.InvalidRequest(runnerapi.CodeInvalidValue, "messages", "messages must not be empty")
 	}
 	for i, m := range req.Messages {
 		switch m.Role {
 		case "system", "user", "assistant", "tool", "developer":
 		default:
-			return "", api.InvalidRequest(api.CodeInvalidValue, fmt.Sprintf("messages[%d].role", i), "unsupported role %q", m.Role)
+			return "", runnerapi.InvalidRequest(runnerapi.CodeInvalidValue, fmt.Sprintf("messages[%d].role", i), "unsupported role %q", m.Role)
 		}
 		if strings.IndexByte(string(m.Content), 0) >= 0 {
-			return "", api.InvalidRequest(api.CodeInvalidValue, fmt.Sprintf("messages[%d].content", i),
+			return "", runnerapi.InvalidRequest(runnerapi.CodeInvalidValue, fmt.Sprintf("messages[%d].content", i),
 				"content must not contain NUL bytes")
 		}
 	}
@@ -74,7 +74,7 @@ func (s *Server) renderChat(req *api.ChatRequest) (string, *api.Error) {
 		return s.chat.Render(chat.InputOf(req), s.model.AddBOS())
 	}
 	if len(req.Tools) > 0 && (req.ToolChoice == nil || req.ToolChoice.Mode != "none") {
-		return "", api.InvalidRequest(api.CodeUnsupportedParameter, "tools",
+		return "", runnerapi.InvalidRequest(runnerapi.CodeUnsupportedParameter, "tools",
 			"this model has no chat template that renders tools, so it cannot call them")
 	}
 	cm := make([]llama.ChatMessage, len(req.Messages))
@@ -87,13 +87,13 @@ func (s *Server) renderChat(req *api.ChatRequest) (string, *api.Error) {
 	}
 	prompt, err := llama.ApplyChatTemplate(s.tmpl, cm, true)
 	if err != nil {
-		return "", api.Internal("applying the chat template: %v", err)
+		return "", runnerapi.Internal("applying the chat template: %v", err)
 	}
 	return prompt, nil
 }
 
 // chatOptions are the output parser's options for a request and its prompt.
-func (s *Server) chatOptions(req *api.ChatRequest, prompt string) chat.Options {
+func (s *Server) chatOptions(req *runnerapi.ChatRequest, prompt string) chat.Options {
 	o := chat.Options{Parallel: req.ParallelToolCalls == nil || *req.ParallelToolCalls}
 	if s.chat == nil {
 		return o
@@ -113,7 +113,7 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 		writeError(w, herr)
 		return
 	}
-	var req api.ChatRequest
+	var req runnerapi.ChatRequest
 	if err := readJSON(w, r, &req); err != nil {
 		writeError(w, err)
 		return
@@ -133,7 +133,7 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 	}
 	toks, err := s.model.Tokenize(prompt, true, true)
 	if err != nil {
-		writeError(w, api.InvalidRequest(api.CodeInvalidValue, "messages", "tokenizing: %v", err))
+		writeError(w, runnerapi.InvalidRequest(runnerapi.CodeInvalidValue, "messages", "tokenizing: %v", err))
 		return
 	}
 	co := s.chatOptions(&req, prompt)
@@ -146,14 +146,14 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 
 // chatGrammar builds the grammar that response_format and tool_choice put the output
 // under, or "" when the output is free.
-func (s *Server) chatGrammar(req *api.ChatRequest, co chat.Options) (string, *api.Error) {
+func (s *Server) chatGrammar(req *runnerapi.ChatRequest, co chat.Options) (string, *runnerapi.Error) {
 	spec, herr := grammar.ForChat(grammar.Input{Format: co.Format, Tools: req.Tools, ToolChoice: req.ToolChoice,
 		Parallel: co.Parallel, ResponseFormat: req.ResponseFormat, InReasoning: co.InReasoning})
 	if herr != nil || spec == nil {
 		return "", herr
 	}
 	if req.Forced() && s.chat == nil {
-		return "", api.InvalidRequest(api.CodeUnsupportedParameter, "tools",
+		return "", runnerapi.InvalidRequest(runnerapi.CodeUnsupportedParameter, "tools",
 			"this model has no chat template that renders tools, so it cannot call them")
 	}
 	schemas, rules := spec.JSON()
@@ -165,7 +165,7 @@ func (s *Server) chatGrammar(req *api.ChatRequest, co chat.Options) (string, *ap
 		err = llama.CheckGrammar(s.model, g)
 	}
 	if err != nil {
-		return "", api.InvalidRequest(api.CodeInvalidValue, spec.Param, "the schema cannot be enforced: %v", err)
+		return "", runnerapi.InvalidRequest(runnerapi.CodeInvalidValue, spec.Param, "the schema cannot be enforced: %v", err)
 	}
 	return g, nil
 }

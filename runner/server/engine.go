@@ -10,14 +10,14 @@ import (
 
 	"github.com/go-logr/logr"
 
-	"github.com/macfleet/macfleet/runner/api"
+	"github.com/macfleet/macfleet/api/runnerapi"
 	"github.com/macfleet/macfleet/runner/llama"
 	"github.com/macfleet/macfleet/runner/textstream"
 )
 
 // embedChunk bounds the tokens of an embedding input decoded per step (see
-// api.EmbedChunk).
-const embedChunk = api.EmbedChunk
+// runnerapi.EmbedChunk).
+const embedChunk = runnerapi.EmbedChunk
 
 // engine owns the llama.cpp context and runs the continuous-batching loop on one
 // goroutine: every step it decodes one llama_batch holding the next token of every
@@ -33,7 +33,7 @@ type engine struct {
 	slots           []*slot
 	tick            uint64
 	// guard refuses a prefill chunk of n tokens that would exceed the ceiling.
-	guard func(n int) *api.Error
+	guard func(n int) *runnerapi.Error
 	// pc is the prompt cache (nil: none). Set before run starts.
 	pc *promptCache
 
@@ -46,7 +46,7 @@ type engine struct {
 	pending  []*job
 	active   map[*job]struct{} // pending or in a slot, until the engine lets go of it
 	closed   bool
-	closeErr *api.Error
+	closeErr *runnerapi.Error
 	busy     int
 	kvUsed   int
 }
@@ -84,7 +84,7 @@ type slot struct {
 	outIdx int // batch index whose logits are sampled, -1 for none
 }
 
-func newEngine(log logr.Logger, model *llama.Model, ctx *llama.Context, guard func(int) *api.Error) *engine {
+func newEngine(log logr.Logger, model *llama.Model, ctx *llama.Context, guard func(int) *runnerapi.Error) *engine {
 	e := &engine{
 		log: log, model: model, ctx: ctx,
 		nBatch: ctx.NBatch(), nCtxSeq: ctx.NCtxSeq(),
@@ -103,7 +103,7 @@ func newEngine(log logr.Logger, model *llama.Model, ctx *llama.Context, guard fu
 }
 
 // submit queues a job; it fails once the engine is closing.
-func (e *engine) submit(j *job) *api.Error {
+func (e *engine) submit(j *job) *runnerapi.Error {
 	e.mu.Lock()
 	if e.closed {
 		err := e.closeErr
@@ -126,7 +126,7 @@ func (e *engine) poke() {
 
 // abortAll ends every job with err at once (their handlers send it); the engine frees
 // their slots at its next step. It returns how many jobs it ended.
-func (e *engine) abortAll(err *api.Error) int {
+func (e *engine) abortAll(err *runnerapi.Error) int {
 	e.mu.Lock()
 	n := 0
 	for j := range e.active {
@@ -141,7 +141,7 @@ func (e *engine) abortAll(err *api.Error) int {
 
 // close refuses new jobs with err, aborts the current ones and waits for the loop to
 // exit.
-func (e *engine) close(err *api.Error) {
+func (e *engine) close(err *runnerapi.Error) {
 	e.mu.Lock()
 	already := e.closed
 	e.closed, e.closeErr = true, err
@@ -377,7 +377,7 @@ func (e *engine) assign(s *slot, j *job, keep int) {
 	if o.Grammar != "" {
 		if err := s.sampler.Constrain(e.model, o.Grammar); err != nil {
 			// The handler checked the grammar; this is not the client's fault.
-			j.fail(api.Internal("constraining the output: %v", err))
+			j.fail(runnerapi.Internal("constraining the output: %v", err))
 			e.release(s)
 			return
 		}
@@ -450,12 +450,12 @@ func (e *engine) step() {
 	if b.N() > e.nBatch || b.N() > b.Cap() {
 		// Unreachable by construction; decoding it would abort the process.
 		e.log.Error(nil, "Refusing an oversize batch", "tokens", b.N(), "nBatch", e.nBatch)
-		e.failStep(api.Internal("internal error: oversize batch"))
+		e.failStep(runnerapi.Internal("internal error: oversize batch"))
 		return
 	}
 	if err := e.ctx.Decode(b); err != nil {
 		e.log.Error(err, "Decode failed", "tokens", b.N())
-		e.failStep(api.Internal("decode failed: %v", err))
+		e.failStep(runnerapi.Internal("decode failed: %v", err))
 		return
 	}
 	for _, s := range e.slots {
@@ -488,7 +488,7 @@ func (e *engine) step() {
 
 // failStep ends every job of the failed batch and drops their sequences' KV, whose
 // state is unknown after a failed decode.
-func (e *engine) failStep(err *api.Error) {
+func (e *engine) failStep(err *runnerapi.Error) {
 	for _, s := range e.slots {
 		if s.take == 0 {
 			continue
@@ -506,7 +506,7 @@ func (e *engine) sample(s *slot) {
 	j := s.job
 	tok, err := s.sampler.Sample(e.ctx, s.outIdx)
 	if err != nil {
-		j.fail(api.Internal("sampling: %v", err))
+		j.fail(runnerapi.Internal("sampling: %v", err))
 		e.release(s)
 		return
 	}
@@ -519,7 +519,7 @@ func (e *engine) sample(s *slot) {
 	if p, ok := j.special[tok]; ok {
 		piece = p
 	}
-	var lp *api.TokenLogprob
+	var lp *runnerapi.TokenLogprob
 	if j.opts.Logprobs {
 		lp = e.logprob(s.outIdx, tok, j.opts.TopLogprobs)
 	}
@@ -544,13 +544,13 @@ func (e *engine) sample(s *slot) {
 }
 
 // logprob is the log-probability of tok at output row i with the top k alternatives.
-func (e *engine) logprob(i int, tok int32, k int) *api.TokenLogprob {
+func (e *engine) logprob(i int, tok int32, k int) *runnerapi.TokenLogprob {
 	lp, top := e.ctx.Logprobs(i, tok, k)
 	text, b := e.tokenText(tok)
-	out := &api.TokenLogprob{Token: text, Logprob: float64(lp), Bytes: b, TopLogprobs: make([]api.TopLogprob, len(top))}
+	out := &runnerapi.TokenLogprob{Token: text, Logprob: float64(lp), Bytes: b, TopLogprobs: make([]runnerapi.TopLogprob, len(top))}
 	for i, t := range top {
 		text, b := e.tokenText(t.Token)
-		out.TopLogprobs[i] = api.TopLogprob{Token: text, Logprob: float64(t.Logprob), Bytes: b}
+		out.TopLogprobs[i] = runnerapi.TopLogprob{Token: text, Logprob: float64(t.Logprob), Bytes: b}
 	}
 	return out
 }

@@ -13,8 +13,8 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/macfleet/macfleet/api/runnerapi"
 	"github.com/macfleet/macfleet/chat"
-	"github.com/macfleet/macfleet/runner/api"
 	"github.com/macfleet/macfleet/runner/llama"
 	"github.com/macfleet/macfleet/tracing/spanrelay"
 )
@@ -44,12 +44,12 @@ func (s *Server) routes() http.Handler {
 	}
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		if knownPaths[r.URL.Path] {
-			writeError(w, &api.Error{Status: http.StatusMethodNotAllowed, Type: api.TypeInvalidRequest,
-				Code: api.CodeMethodNotAllowed, Message: fmt.Sprintf("%s is not allowed on %s", r.Method, r.URL.Path)})
+			writeError(w, &runnerapi.Error{Status: http.StatusMethodNotAllowed, Type: runnerapi.TypeInvalidRequest,
+				Code: runnerapi.CodeMethodNotAllowed, Message: fmt.Sprintf("%s is not allowed on %s", r.Method, r.URL.Path)})
 			return
 		}
-		writeError(w, &api.Error{Status: http.StatusNotFound, Type: api.TypeInvalidRequest,
-			Code: api.CodeNotFound, Message: fmt.Sprintf("no such endpoint: %s %s", r.Method, r.URL.Path)})
+		writeError(w, &runnerapi.Error{Status: http.StatusNotFound, Type: runnerapi.TypeInvalidRequest,
+			Code: runnerapi.CodeNotFound, Message: fmt.Sprintf("no such endpoint: %s %s", r.Method, r.URL.Path)})
 	})
 	return s.tracked(s.recoverer(mux))
 }
@@ -64,7 +64,7 @@ func (s *Server) recoverer(next http.Handler) http.Handler {
 					panic(v)
 				}
 				s.log.Error(fmt.Errorf("%v", v), "Handler panicked", "path", r.URL.Path)
-				writeError(w, api.Internal("internal error"))
+				writeError(w, runnerapi.Internal("internal error"))
 			}
 		}()
 		next.ServeHTTP(w, r)
@@ -75,14 +75,14 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	b, err := json.Marshal(v)
 	if err != nil {
 		status = http.StatusInternalServerError
-		b, _ = json.Marshal(api.Internal("encoding the response: %v", err))
+		b, _ = json.Marshal(runnerapi.Internal("encoding the response: %v", err))
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
 	_, _ = w.Write(append(b, '\n'))
 }
 
-func writeError(w http.ResponseWriter, e *api.Error) {
+func writeError(w http.ResponseWriter, e *runnerapi.Error) {
 	if e.Status == http.StatusServiceUnavailable {
 		w.Header().Set("Retry-After", "1")
 	}
@@ -90,27 +90,27 @@ func writeError(w http.ResponseWriter, e *api.Error) {
 }
 
 // readJSON reads and strictly decodes a bounded request body.
-func readJSON(w http.ResponseWriter, r *http.Request, v any) *api.Error {
+func readJSON(w http.ResponseWriter, r *http.Request, v any) *runnerapi.Error {
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
-			return &api.Error{Status: http.StatusRequestEntityTooLarge, Type: api.TypeInvalidRequest,
-				Code: api.CodeInvalidValue, Message: fmt.Sprintf("request body exceeds %d bytes", mbe.Limit)}
+			return &runnerapi.Error{Status: http.StatusRequestEntityTooLarge, Type: runnerapi.TypeInvalidRequest,
+				Code: runnerapi.CodeInvalidValue, Message: fmt.Sprintf("request body exceeds %d bytes", mbe.Limit)}
 		}
-		return api.InvalidRequest(api.CodeInvalidJSON, "", "reading the body: %v", err)
+		return runnerapi.InvalidRequest(runnerapi.CodeInvalidJSON, "", "reading the body: %v", err)
 	}
-	return api.DecodeJSON(body, v)
+	return runnerapi.DecodeJSON(body, v)
 }
 
 func (s *Server) handleHealth(w http.ResponseWriter, _ *http.Request) {
 	state, progress, loadErr := s.getState()
-	h := api.Health{Status: state, Progress: progress, Nonce: s.cfg.Nonce}
+	h := runnerapi.Health{Status: state, Progress: progress, Nonce: s.cfg.Nonce}
 	status := http.StatusServiceUnavailable
 	switch state {
-	case api.StateReady:
+	case runnerapi.StateReady:
 		status = http.StatusOK
-	case api.StateFailed:
+	case runnerapi.StateFailed:
 		h.Error = loadErr
 		defer s.failureSeenOnce.Do(func() { close(s.failureSeen) })
 	}
@@ -119,11 +119,11 @@ func (s *Server) handleHealth(w http.ResponseWriter, _ *http.Request) {
 
 func (s *Server) handleStatus(w http.ResponseWriter, _ *http.Request) {
 	state, _, _ := s.getState()
-	st := api.Status{
+	st := runnerapi.Status{
 		State: state, PID: pidSelf, FootprintBytes: s.footprint(0), SlotsTotal: s.cfg.Parallel,
 		CeilingBytes: s.ceiling.Load(),
 	}
-	if state == api.StateReady || state == api.StateStopping {
+	if state == runnerapi.StateReady || state == runnerapi.StateStopping {
 		if s.eng != nil {
 			st.SlotsBusy, st.KVCellsUsed, st.RequestsActive = s.eng.stats()
 			st.KVCellsTotal = s.nCtxSeq * s.cfg.Parallel
@@ -139,13 +139,13 @@ func (s *Server) handleStatus(w http.ResponseWriter, _ *http.Request) {
 }
 
 func (s *Server) handleLimits(w http.ResponseWriter, r *http.Request) {
-	var l api.Limits
+	var l runnerapi.Limits
 	if err := readJSON(w, r, &l); err != nil {
 		writeError(w, err)
 		return
 	}
 	if l.CeilingBytes < 0 || l.HardLimitBytes < 0 || l.HostUsedBytes < 0 {
-		writeError(w, api.InvalidRequest(api.CodeInvalidValue, "ceiling_bytes", "limits must not be negative"))
+		writeError(w, runnerapi.InvalidRequest(runnerapi.CodeInvalidValue, "ceiling_bytes", "limits must not be negative"))
 		return
 	}
 	s.ceiling.Store(l.CeilingBytes)
@@ -164,20 +164,20 @@ func (s *Server) handleCacheClear(w http.ResponseWriter, _ *http.Request) {
 	hotBytes, hotEntries := s.clearPromptCacheHot()
 	llama.TrimHeap()
 	after := s.footprint(0)
-	writeJSON(w, http.StatusOK, api.CacheClear{BytesReclaimed: max(0, before-after), EntriesCleared: n + hotEntries,
+	writeJSON(w, http.StatusOK, runnerapi.CacheClear{BytesReclaimed: max(0, before-after), EntriesCleared: n + hotEntries,
 		HotEntriesCleared: hotEntries, HotBytesCleared: hotBytes})
 }
 
 func (s *Server) handleAbort(w http.ResponseWriter, _ *http.Request) {
 	n := 0
 	if eng, herr := s.readyEngine(); herr == nil {
-		n = eng.abortAll(api.Unavailable(api.CodeAborted, "the request was aborted by the node agent"))
+		n = eng.abortAll(runnerapi.Unavailable(runnerapi.CodeAborted, "the request was aborted by the node agent"))
 	}
-	writeJSON(w, http.StatusOK, api.Abort{Aborted: n})
+	writeJSON(w, http.StatusOK, runnerapi.Abort{Aborted: n})
 }
 
 func (s *Server) handleShutdown(w http.ResponseWriter, _ *http.Request) {
-	writeJSON(w, http.StatusAccepted, map[string]string{"status": api.StateStopping})
+	writeJSON(w, http.StatusAccepted, map[string]string{"status": runnerapi.StateStopping})
 	s.requestStop()
 }
 
@@ -186,7 +186,7 @@ func (s *Server) handleTokenize(w http.ResponseWriter, r *http.Request) {
 		writeError(w, herr)
 		return
 	}
-	var req api.TokenizeRequest
+	var req runnerapi.TokenizeRequest
 	if err := readJSON(w, r, &req); err != nil {
 		writeError(w, err)
 		return
@@ -196,20 +196,20 @@ func (s *Server) handleTokenize(w http.ResponseWriter, r *http.Request) {
 	parseSpecial := false
 	switch {
 	case (req.Content != nil && req.Messages != nil) || (req.Chat != nil && (req.Content != nil || req.Messages != nil)):
-		writeError(w, api.InvalidRequest(api.CodeInvalidValue, "content", "give one of content, messages and chat"))
+		writeError(w, runnerapi.InvalidRequest(runnerapi.CodeInvalidValue, "content", "give one of content, messages and chat"))
 		return
 	case req.Content != nil:
 		text = *req.Content
 	case req.Messages != nil:
-		prompt, herr := s.renderChat(&api.ChatRequest{Messages: req.Messages})
+		prompt, herr := s.renderChat(&runnerapi.ChatRequest{Messages: req.Messages})
 		if herr != nil {
 			writeError(w, herr)
 			return
 		}
 		text, parseSpecial = prompt, true
 	case req.Chat != nil:
-		var chatReq api.ChatRequest
-		if herr := api.DecodeJSON(req.Chat, &chatReq); herr != nil {
+		var chatReq runnerapi.ChatRequest
+		if herr := runnerapi.DecodeJSON(req.Chat, &chatReq); herr != nil {
 			writeError(w, herr)
 			return
 		}
@@ -224,15 +224,15 @@ func (s *Server) handleTokenize(w http.ResponseWriter, r *http.Request) {
 		}
 		text, parseSpecial = prompt, true
 	default:
-		writeError(w, api.InvalidRequest(api.CodeInvalidValue, "content", "content or messages is required"))
+		writeError(w, runnerapi.InvalidRequest(runnerapi.CodeInvalidValue, "content", "content or messages is required"))
 		return
 	}
 	toks, err := s.model.Tokenize(text, addSpecial, parseSpecial)
 	if err != nil {
-		writeError(w, api.InvalidRequest(api.CodeInvalidValue, "content", "tokenizing: %v", err))
+		writeError(w, runnerapi.InvalidRequest(runnerapi.CodeInvalidValue, "content", "tokenizing: %v", err))
 		return
 	}
-	writeJSON(w, http.StatusOK, api.TokenizeResponse{Tokens: toks, Count: len(toks)})
+	writeJSON(w, http.StatusOK, runnerapi.TokenizeResponse{Tokens: toks, Count: len(toks)})
 }
 
 func (s *Server) handleCompletion(w http.ResponseWriter, r *http.Request) {
@@ -241,7 +241,7 @@ func (s *Server) handleCompletion(w http.ResponseWriter, r *http.Request) {
 		writeError(w, herr)
 		return
 	}
-	var req api.CompletionRequest
+	var req runnerapi.CompletionRequest
 	if err := readJSON(w, r, &req); err != nil {
 		writeError(w, err)
 		return
@@ -255,11 +255,11 @@ func (s *Server) handleCompletion(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if req.Prompt == nil || req.Prompt.Len() != 1 {
-		writeError(w, api.InvalidRequest(api.CodeInvalidValue, "prompt", "prompt must be one string or one array of token ids"))
+		writeError(w, runnerapi.InvalidRequest(runnerapi.CodeInvalidValue, "prompt", "prompt must be one string or one array of token ids"))
 		return
 	}
 	if req.Echo {
-		writeError(w, api.InvalidRequest(api.CodeInvalidValue, "echo", "echo is not supported"))
+		writeError(w, runnerapi.InvalidRequest(runnerapi.CodeInvalidValue, "echo", "echo is not supported"))
 		return
 	}
 	toks, herr := s.inputTokens(*req.Prompt, 0, "prompt", true)
@@ -275,11 +275,11 @@ func (s *Server) handleCompletion(w http.ResponseWriter, r *http.Request) {
 }
 
 // inputTokens tokenizes input i of in (text gets BOS; token ids are checked).
-func (s *Server) inputTokens(in api.Input, i int, param string, parseSpecial bool) ([]int32, *api.Error) {
+func (s *Server) inputTokens(in runnerapi.Input, i int, param string, parseSpecial bool) ([]int32, *runnerapi.Error) {
 	if in.Texts != nil {
 		toks, err := s.model.Tokenize(in.Texts[i], true, parseSpecial)
 		if err != nil {
-			return nil, api.InvalidRequest(api.CodeInvalidValue, param, "tokenizing: %v", err)
+			return nil, runnerapi.InvalidRequest(runnerapi.CodeInvalidValue, param, "tokenizing: %v", err)
 		}
 		return toks, nil
 	}
@@ -287,7 +287,7 @@ func (s *Server) inputTokens(in api.Input, i int, param string, parseSpecial boo
 	n := int32(s.info.NVocab)
 	for _, t := range toks {
 		if t < 0 || t >= n {
-			return nil, api.InvalidRequest(api.CodeInvalidValue, param, "token id %d is outside the vocabulary (0..%d)", t, n-1)
+			return nil, runnerapi.InvalidRequest(runnerapi.CodeInvalidValue, param, "token id %d is outside the vocabulary (0..%d)", t, n-1)
 		}
 	}
 	return toks, nil
@@ -296,26 +296,26 @@ func (s *Server) inputTokens(in api.Input, i int, param string, parseSpecial boo
 // generate runs a chat (co set) or text completion job and writes its response.
 // text is the prompt's text when it was tokenized from one ("" for token ids).
 func (s *Server) generate(w http.ResponseWriter, r *http.Request, eng *engine, co *chat.Options, model string,
-	text string, toks []int32, opts api.Options) {
+	text string, toks []int32, opts runnerapi.Options) {
 	isChat := co != nil
 	param := "prompt"
 	if isChat {
 		param = "messages"
 	}
 	if len(toks) == 0 {
-		writeError(w, api.InvalidRequest(api.CodeInvalidValue, param, "the prompt is empty"))
+		writeError(w, runnerapi.InvalidRequest(runnerapi.CodeInvalidValue, param, "the prompt is empty"))
 		return
 	}
 	var restore *restoreState
 	var lookup lookupSpan
-	partition := cachePartition(r.Header.Get(api.HeaderCachePartition), opts.CacheSalt)
+	partition := cachePartition(r.Header.Get(runnerapi.HeaderCachePartition), opts.CacheSalt)
 	if len(toks) < s.nCtxSeq {
 		lookup.start = time.Now()
 		restore, toks = s.lookupPrompt(text, toks, partition)
 		lookup.end, lookup.restore = time.Now(), restore
 	}
 	if len(toks) >= s.nCtxSeq {
-		writeError(w, api.ContextExceeded(len(toks), s.nCtxSeq))
+		writeError(w, runnerapi.ContextExceeded(len(toks), s.nCtxSeq))
 		return
 	}
 	if herr := s.guard(len(toks)); herr != nil {
@@ -323,13 +323,13 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, eng *engine, c
 		return
 	}
 	if opts.N > len(eng.slots) {
-		writeError(w, api.InvalidRequest(api.CodeInvalidValue, "n",
+		writeError(w, runnerapi.InvalidRequest(runnerapi.CodeInvalidValue, "n",
 			"n is %d but this model serves at most %d sequences at once (its parallel slots)", opts.N, len(eng.slots)))
 		return
 	}
-	out := responder{w: w, chat: isChat, id: api.NewID(map[bool]string{true: "chatcmpl-", false: "cmpl-"}[isChat]),
+	out := responder{w: w, chat: isChat, id: runnerapi.NewID(map[bool]string{true: "chatcmpl-", false: "cmpl-"}[isChat]),
 		created: time.Now().Unix(), model: model, promptTokens: len(toks), includeUsage: opts.IncludeUsage,
-		usageFirst: opts.Stream && opts.IncludeUsage && r.Header.Get(api.HeaderPromptUsage) == "first-chunk",
+		usageFirst: opts.Stream && opts.IncludeUsage && r.Header.Get(runnerapi.HeaderPromptUsage) == "first-chunk",
 		logprobs:   opts.Logprobs, notify: make(chan struct{}, 1)}
 	for i := range opts.N {
 		o := opts
@@ -352,7 +352,7 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, eng *engine, c
 		}
 		out.choices = append(out.choices, c)
 	}
-	if id := r.Header.Get(api.HeaderRequestID); id != "" {
+	if id := r.Header.Get(runnerapi.HeaderRequestID); id != "" {
 		defer s.requests.add(id, out.choices)()
 	}
 	if opts.Stream {
@@ -381,23 +381,23 @@ func (s *Server) handleEmbeddings(w http.ResponseWriter, r *http.Request) {
 		writeError(w, herr)
 		return
 	}
-	var req api.EmbeddingRequest
+	var req runnerapi.EmbeddingRequest
 	if err := readJSON(w, r, &req); err != nil {
 		writeError(w, err)
 		return
 	}
 	switch {
 	case req.Input == nil || req.Input.Len() == 0:
-		writeError(w, api.InvalidRequest(api.CodeInvalidValue, "input", "input is required"))
+		writeError(w, runnerapi.InvalidRequest(runnerapi.CodeInvalidValue, "input", "input is required"))
 		return
 	case req.Input.Len() > 2048:
-		writeError(w, api.InvalidRequest(api.CodeInvalidValue, "input", "at most 2048 inputs are allowed"))
+		writeError(w, runnerapi.InvalidRequest(runnerapi.CodeInvalidValue, "input", "at most 2048 inputs are allowed"))
 		return
 	case req.EncodingFormat != "" && req.EncodingFormat != "float" && req.EncodingFormat != "base64":
-		writeError(w, api.InvalidRequest(api.CodeInvalidValue, "encoding_format", "encoding_format must be float or base64"))
+		writeError(w, runnerapi.InvalidRequest(runnerapi.CodeInvalidValue, "encoding_format", "encoding_format must be float or base64"))
 		return
 	case req.Dimensions != nil && *req.Dimensions != s.info.NEmbd:
-		writeError(w, api.InvalidRequest(api.CodeInvalidValue, "dimensions",
+		writeError(w, runnerapi.InvalidRequest(runnerapi.CodeInvalidValue, "dimensions",
 			"this model's embeddings have %d dimensions", s.info.NEmbd))
 		return
 	}
@@ -408,9 +408,9 @@ func (s *Server) handleEmbeddings(w http.ResponseWriter, r *http.Request) {
 		switch {
 		case herr != nil:
 		case len(toks) == 0:
-			herr = api.InvalidRequest(api.CodeInvalidValue, "input", "input %d is empty", i)
+			herr = runnerapi.InvalidRequest(runnerapi.CodeInvalidValue, "input", "input %d is empty", i)
 		case len(toks) > s.nCtxSeq:
-			herr = api.ContextExceeded(len(toks), s.nCtxSeq)
+			herr = runnerapi.ContextExceeded(len(toks), s.nCtxSeq)
 			herr.Param = "input"
 		default:
 			herr = s.guard(len(toks))
@@ -420,10 +420,10 @@ func (s *Server) handleEmbeddings(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		total += len(toks)
-		jobs[i] = newJob(r.Context(), toks, api.Options{}, true)
+		jobs[i] = newJob(r.Context(), toks, runnerapi.Options{}, true)
 		// The slot keeps an input's tokens: a chat of another partition must not
 		// reuse them.
-		jobs[i].partition = r.Header.Get(api.HeaderCachePartition)
+		jobs[i].partition = r.Header.Get(runnerapi.HeaderCachePartition)
 	}
 	for _, j := range jobs {
 		if herr := eng.submit(j); herr != nil {
@@ -431,8 +431,8 @@ func (s *Server) handleEmbeddings(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	resp := api.EmbeddingResponse{Object: "list", Model: s.modelName(req.Model),
-		Usage: api.Usage{PromptTokens: total, TotalTokens: total}}
+	resp := runnerapi.EmbeddingResponse{Object: "list", Model: s.modelName(req.Model),
+		Usage: runnerapi.Usage{PromptTokens: total, TotalTokens: total}}
 	for i, j := range jobs {
 		for {
 			u := j.take()
@@ -460,7 +460,7 @@ func (s *Server) handleEmbeddings(w http.ResponseWriter, r *http.Request) {
 			}
 			enc = base64.StdEncoding.EncodeToString(b)
 		}
-		resp.Data = append(resp.Data, api.Embedding{Object: "embedding", Index: i, Embedding: enc})
+		resp.Data = append(resp.Data, runnerapi.Embedding{Object: "embedding", Index: i, Embedding: enc})
 	}
 	writeJSON(w, http.StatusOK, resp)
 }

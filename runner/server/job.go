@@ -8,7 +8,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/macfleet/macfleet/runner/api"
+	"github.com/macfleet/macfleet/api/runnerapi"
 )
 
 // job is one unit of work for the engine: a generation (chat or text completion) or
@@ -19,7 +19,7 @@ type job struct {
 	ctx    context.Context
 	embed  bool
 	tokens []int32
-	opts   api.Options
+	opts   runnerapi.Options
 	// restore is a cached state of a prefix of tokens (set before submit; the engine
 	// takes it at admission).
 	restore *restoreState
@@ -33,13 +33,13 @@ type job struct {
 
 	mu        sync.Mutex
 	text      strings.Builder // produced but not yet taken by the handler
-	logprobs  []api.TokenLogprob
+	logprobs  []runnerapi.TokenLogprob
 	done      bool
-	finish    string     // stop or length, when done without error
-	stopSeq   string     // the stop string that ended the generation
-	err       *api.Error // when done with an error
-	generated int        // completion tokens
-	cached    int        // prompt tokens reused from the slot's KV cache
+	finish    string           // stop or length, when done without error
+	stopSeq   string           // the stop string that ended the generation
+	err       *runnerapi.Error // when done with an error
+	generated int              // completion tokens
+	cached    int              // prompt tokens reused from the slot's KV cache
 	embedding []float32
 	firstAt   time.Time // first generated token
 	times     jobTimes
@@ -53,7 +53,7 @@ type jobTimes struct {
 	restoreTook time.Duration
 }
 
-func newJob(ctx context.Context, tokens []int32, opts api.Options, embed bool) *job {
+func newJob(ctx context.Context, tokens []int32, opts runnerapi.Options, embed bool) *job {
 	return &job{ctx: ctx, tokens: tokens, opts: opts, embed: embed, notify: make(chan struct{}, 1),
 		times: jobTimes{submitted: time.Now()}}
 }
@@ -67,7 +67,7 @@ func (j *job) wake() {
 
 // emit appends generated text (and the token's logprob, when asked for); ignored
 // once the job is done.
-func (j *job) emit(text string, tokens int, lp *api.TokenLogprob) {
+func (j *job) emit(text string, tokens int, lp *runnerapi.TokenLogprob) {
 	j.mu.Lock()
 	if !j.done {
 		j.text.WriteString(text)
@@ -97,7 +97,7 @@ func (j *job) complete(finish string) bool {
 }
 
 // fail ends the job with err; it reports false if it had already ended.
-func (j *job) fail(err *api.Error) bool {
+func (j *job) fail(err *runnerapi.Error) bool {
 	j.mu.Lock()
 	ok := !j.done
 	if ok {
@@ -122,10 +122,10 @@ func (j *job) finished() bool {
 // update is what a handler takes from the job at one wake-up.
 type update struct {
 	text      string
-	logprobs  []api.TokenLogprob
+	logprobs  []runnerapi.TokenLogprob
 	done      bool
 	finish    string
-	err       *api.Error
+	err       *runnerapi.Error
 	generated int
 	cached    int
 	stopSeq   string

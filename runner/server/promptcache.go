@@ -23,8 +23,8 @@ import (
 
 	"github.com/go-logr/logr"
 
+	"github.com/macfleet/macfleet/api/runnerapi"
 	"github.com/macfleet/macfleet/metal/promptcache"
-	"github.com/macfleet/macfleet/runner/api"
 	"github.com/macfleet/macfleet/runner/llama"
 )
 
@@ -389,8 +389,8 @@ func (pc *promptCache) put(key promptcache.Key, data []byte) {
 }
 
 // setBudget applies a new hot budget and/or SSD quota.
-func (pc *promptCache) setBudget(b api.CacheBudget) api.CacheBudgetResult {
-	var res api.CacheBudgetResult
+func (pc *promptCache) setBudget(b runnerapi.CacheBudget) runnerapi.CacheBudgetResult {
+	var res runnerapi.CacheBudgetResult
 	if b.HotBytes != nil {
 		res.EvictedBytes, res.EvictedEntries = pc.c.Hot.SetBudget(*b.HotBytes)
 		pc.setMemoryLimit(*b.HotBytes)
@@ -417,20 +417,20 @@ func (pc *promptCache) clearHot() (bytes int64, entries int) {
 }
 
 // status is the prompt cache part of /status.
-func (pc *promptCache) status() *api.PromptCacheStatus {
+func (pc *promptCache) status() *runnerapi.PromptCacheStatus {
 	st := pc.c.Stats()
-	out := &api.PromptCacheStatus{
+	out := &runnerapi.PromptCacheStatus{
 		BlockTokens: pc.block, Model: pc.id.Model, Format: pc.id.Format,
 		Restores: pc.restores.Load(), RestoredTokens: pc.restoredTokens.Load(), RestoreFailures: pc.restoreFailures.Load(),
 		StatesSaved: pc.statesSaved.Load(), SavesSkipped: pc.savesSkipped.Load(), SavesPending: pc.savesPending.Load(),
-		Hot: api.PromptCacheHot{
+		Hot: runnerapi.PromptCacheHot{
 			Entries: st.Hot.Entries, Bytes: st.Hot.Bytes, BudgetBytes: st.Hot.BudgetBytes, Hits: st.Hot.Hits,
 			Misses: st.Hot.Misses, Puts: st.Hot.Puts, Evictions: st.Hot.Evictions, Rejected: st.Hot.Rejected,
 		},
 	}
 	if s := st.SSD; s != nil {
 		out.Dir = pc.c.SSD.Dir()
-		out.SSD = &api.PromptCacheSSD{
+		out.SSD = &runnerapi.PromptCacheSSD{
 			Saves: s.Saves, SavesPersisted: s.SavesPersisted, Duplicates: s.Duplicates, QuotaRejects: s.QuotaRejects,
 			Cancelled: s.Cancelled, Errors: s.Errors, Hits: s.Hits, Misses: s.Misses, Corrupt: s.Corrupt,
 			Evictions: s.Evictions, UnlinkFailures: s.UnlinkFailures, InlineFallbacks: s.InlineFallbacks,
@@ -494,20 +494,20 @@ func (s *Server) handleCacheBudget(w http.ResponseWriter, r *http.Request) {
 		writeError(w, herr)
 		return
 	}
-	var b api.CacheBudget
+	var b runnerapi.CacheBudget
 	if err := readJSON(w, r, &b); err != nil {
 		writeError(w, err)
 		return
 	}
 	switch {
 	case b.HotBytes != nil && *b.HotBytes < 0:
-		writeError(w, api.InvalidRequest(api.CodeInvalidValue, "hot_bytes", "hot_bytes must not be negative"))
+		writeError(w, runnerapi.InvalidRequest(runnerapi.CodeInvalidValue, "hot_bytes", "hot_bytes must not be negative"))
 		return
 	case b.SSDBytes != nil && *b.SSDBytes < 0:
-		writeError(w, api.InvalidRequest(api.CodeInvalidValue, "ssd_bytes", "ssd_bytes must not be negative"))
+		writeError(w, runnerapi.InvalidRequest(runnerapi.CodeInvalidValue, "ssd_bytes", "ssd_bytes must not be negative"))
 		return
 	case s.pc == nil:
-		writeError(w, api.Unavailable(api.CodeInternal, "the prompt cache could not be opened (see the runner's log)"))
+		writeError(w, runnerapi.Unavailable(runnerapi.CodeInternal, "the prompt cache could not be opened (see the runner's log)"))
 		return
 	}
 	writeJSON(w, http.StatusOK, s.pc.setBudget(b))
@@ -539,7 +539,7 @@ func (v promptVocab) TokenizeTail(text string) ([]int32, error) {
 }
 
 // promptCacheStatus is the /status part (nil without a cache).
-func (s *Server) promptCacheStatus() *api.PromptCacheStatus {
+func (s *Server) promptCacheStatus() *runnerapi.PromptCacheStatus {
 	if s.pc == nil {
 		return nil
 	}

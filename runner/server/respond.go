@@ -9,8 +9,8 @@ import (
 	"net/http"
 	"strings"
 
+	"github.com/macfleet/macfleet/api/runnerapi"
 	"github.com/macfleet/macfleet/chat"
-	"github.com/macfleet/macfleet/runner/api"
 )
 
 // responder writes one completion in OpenAI's shapes: n choices, each its own job.
@@ -26,7 +26,7 @@ type responder struct {
 	model        string
 	promptTokens int
 	includeUsage bool
-	// usageFirst puts the prompt's usage on the first chunk too (api.HeaderPromptUsage).
+	// usageFirst puts the prompt's usage on the first chunk too (runnerapi.HeaderPromptUsage).
 	usageFirst bool
 	logprobs   bool
 }
@@ -36,17 +36,17 @@ type choice struct {
 	index  int
 	j      *job
 	parser *chat.Parser
-	text   strings.Builder    // whole response: everything generated
-	lps    []api.TokenLogprob // logprobs not yet sent (stream) or all (whole)
-	offset int                // text sent so far, for the legacy text_offset
-	cached int                // prompt tokens reused, as of the last update
-	last   update             // the final update, once done
+	text   strings.Builder          // whole response: everything generated
+	lps    []runnerapi.TokenLogprob // logprobs not yet sent (stream) or all (whole)
+	offset int                      // text sent so far, for the legacy text_offset
+	cached int                      // prompt tokens reused, as of the last update
+	last   update                   // the final update, once done
 	done   bool
 }
 
 // poll takes what each unfinished choice produced; it returns the first error and
 // whether every choice is done.
-func (o *responder) poll(each func(c *choice, u update) bool) (err *api.Error, all, ok bool) {
+func (o *responder) poll(each func(c *choice, u update) bool) (err *runnerapi.Error, all, ok bool) {
 	all = true
 	for _, c := range o.choices {
 		if c.done {
@@ -68,24 +68,24 @@ func (o *responder) poll(each func(c *choice, u update) bool) (err *api.Error, a
 	return err, all, true
 }
 
-func (o *responder) usage() *api.Usage {
-	us := &api.Usage{PromptTokens: o.promptTokens}
+func (o *responder) usage() *runnerapi.Usage {
+	us := &runnerapi.Usage{PromptTokens: o.promptTokens}
 	for _, c := range o.choices {
 		us.CompletionTokens += c.last.generated
 	}
 	us.TotalTokens = us.PromptTokens + us.CompletionTokens
 	if cached := o.choices[0].last.cached; cached > 0 {
-		us.PromptTokensDetails = &api.PromptTokensDetails{CachedTokens: cached}
+		us.PromptTokensDetails = &runnerapi.PromptTokensDetails{CachedTokens: cached}
 	}
 	return us
 }
 
 // promptUsage is the usage of the prompt alone, as known when the first output of c
 // (the first choice) arrived.
-func (o *responder) promptUsage(c *choice) *api.Usage {
-	us := &api.Usage{PromptTokens: o.promptTokens, TotalTokens: o.promptTokens}
+func (o *responder) promptUsage(c *choice) *runnerapi.Usage {
+	us := &runnerapi.Usage{PromptTokens: o.promptTokens, TotalTokens: o.promptTokens}
 	if c.cached > 0 {
-		us.PromptTokensDetails = &api.PromptTokensDetails{CachedTokens: c.cached}
+		us.PromptTokensDetails = &runnerapi.PromptTokensDetails{CachedTokens: c.cached}
 	}
 	return us
 }
@@ -122,23 +122,23 @@ func (o *responder) whole(r *http.Request) {
 			continue
 		}
 		if !o.chat {
-			out := api.Completion{ID: o.id, Object: "text_completion", Created: o.created, Model: o.model, Usage: o.usage()}
+			out := runnerapi.Completion{ID: o.id, Object: "text_completion", Created: o.created, Model: o.model, Usage: o.usage()}
 			for _, c := range o.choices {
 				finish := c.last.finish
-				tc := api.TextChoice{Index: c.index, Text: c.text.String(), FinishReason: &finish, StopSequence: c.last.stopSeq}
+				tc := runnerapi.TextChoice{Index: c.index, Text: c.text.String(), FinishReason: &finish, StopSequence: c.last.stopSeq}
 				if o.logprobs {
-					tc.Logprobs = api.TextLogprobsOf(c.lps, 0)
+					tc.Logprobs = runnerapi.TextLogprobsOf(c.lps, 0)
 				}
 				out.Choices = append(out.Choices, tc)
 			}
 			writeJSON(o.w, http.StatusOK, out)
 			return
 		}
-		out := api.ChatCompletion{ID: o.id, Object: "chat.completion", Created: o.created, Model: o.model, Usage: o.usage()}
+		out := runnerapi.ChatCompletion{ID: o.id, Object: "chat.completion", Created: o.created, Model: o.model, Usage: o.usage()}
 		for _, c := range o.choices {
 			d := c.parser.Push(c.text.String())
 			rest := c.parser.Finish()
-			msg := api.ChatMessageOut{Role: "assistant", ReasoningContent: d.Reasoning + rest.Reasoning,
+			msg := runnerapi.ChatMessageOut{Role: "assistant", ReasoningContent: d.Reasoning + rest.Reasoning,
 				ToolCalls: append(d.ToolCalls, rest.ToolCalls...)}
 			if content := d.Content + rest.Content; content != "" || len(msg.ToolCalls) == 0 {
 				msg.Content = &content
@@ -146,9 +146,9 @@ func (o *responder) whole(r *http.Request) {
 			for i := range msg.ToolCalls {
 				msg.ToolCalls[i].Index = nil
 			}
-			cc := api.ChatChoice{Index: c.index, Message: msg, FinishReason: c.finishReason(), StopSequence: c.last.stopSeq}
+			cc := runnerapi.ChatChoice{Index: c.index, Message: msg, FinishReason: c.finishReason(), StopSequence: c.last.stopSeq}
 			if o.logprobs {
-				cc.Logprobs = &api.ChatLogprobs{Content: nonNil(c.lps), Refusal: []api.TokenLogprob{}}
+				cc.Logprobs = &runnerapi.ChatLogprobs{Content: nonNil(c.lps), Refusal: []runnerapi.TokenLogprob{}}
 			}
 			out.Choices = append(out.Choices, cc)
 		}
@@ -157,9 +157,9 @@ func (o *responder) whole(r *http.Request) {
 	}
 }
 
-func nonNil(l []api.TokenLogprob) []api.TokenLogprob {
+func nonNil(l []runnerapi.TokenLogprob) []runnerapi.TokenLogprob {
 	if l == nil {
-		return []api.TokenLogprob{}
+		return []runnerapi.TokenLogprob{}
 	}
 	return l
 }
@@ -218,7 +218,7 @@ func (o *responder) stream(r *http.Request) {
 				if !o.chat {
 					continue
 				}
-				chunk := o.chatChunk(c, api.ChatDelta{Role: "assistant", Content: ptr("")}, nil)
+				chunk := o.chatChunk(c, runnerapi.ChatDelta{Role: "assistant", Content: ptr("")}, nil)
 				if o.usageFirst && c.index == 0 {
 					chunk.Usage = o.promptUsage(c)
 				}
@@ -261,12 +261,12 @@ func (o *responder) sendUsage(send func(any) bool) bool {
 		obj = "text_completion"
 	}
 	return send(struct {
-		ID      string     `json:"id"`
-		Object  string     `json:"object"`
-		Created int64      `json:"created"`
-		Model   string     `json:"model"`
-		Choices []struct{} `json:"choices"`
-		Usage   *api.Usage `json:"usage"`
+		ID      string           `json:"id"`
+		Object  string           `json:"object"`
+		Created int64            `json:"created"`
+		Model   string           `json:"model"`
+		Choices []struct{}       `json:"choices"`
+		Usage   *runnerapi.Usage `json:"usage"`
 	}{o.id, obj, o.created, o.model, []struct{}{}, o.usage()})
 }
 
@@ -289,11 +289,11 @@ func (o *responder) sendEnd(send func(any) bool, c *choice) bool {
 	}
 	finish := c.finishReason()
 	if !o.chat {
-		return send(api.Completion{ID: o.id, Object: "text_completion", Created: o.created, Model: o.model,
-			Choices: []api.TextChoice{{Index: c.index, Text: "", Logprobs: o.textLogprobs(c, ""), FinishReason: &finish,
+		return send(runnerapi.Completion{ID: o.id, Object: "text_completion", Created: o.created, Model: o.model,
+			Choices: []runnerapi.TextChoice{{Index: c.index, Text: "", Logprobs: o.textLogprobs(c, ""), FinishReason: &finish,
 				StopSequence: c.last.stopSeq}}})
 	}
-	chunk := o.chatChunk(c, api.ChatDelta{}, &finish)
+	chunk := o.chatChunk(c, runnerapi.ChatDelta{}, &finish)
 	chunk.Choices[0].StopSequence = c.last.stopSeq
 	return send(chunk)
 }
@@ -302,17 +302,17 @@ func (o *responder) sendEnd(send func(any) bool, c *choice) bool {
 // a chat.
 func (o *responder) sendText(send func(any) bool, c *choice, text string) bool {
 	if !o.chat {
-		return send(api.Completion{ID: o.id, Object: "text_completion", Created: o.created, Model: o.model,
-			Choices: []api.TextChoice{{Index: c.index, Text: text, Logprobs: o.textLogprobs(c, text)}}})
+		return send(runnerapi.Completion{ID: o.id, Object: "text_completion", Created: o.created, Model: o.model,
+			Choices: []runnerapi.TextChoice{{Index: c.index, Text: text, Logprobs: o.textLogprobs(c, text)}}})
 	}
 	return o.sendDelta(send, c, c.parser.Push(text))
 }
 
-func (o *responder) textLogprobs(c *choice, text string) *api.TextLogprobs {
+func (o *responder) textLogprobs(c *choice, text string) *runnerapi.TextLogprobs {
 	if !o.logprobs {
 		return nil
 	}
-	lp := api.TextLogprobsOf(c.lps, c.offset)
+	lp := runnerapi.TextLogprobsOf(c.lps, c.offset)
 	c.offset += len(text)
 	c.lps = nil
 	return lp
@@ -321,17 +321,17 @@ func (o *responder) textLogprobs(c *choice, text string) *api.TextLogprobs {
 // sendDelta sends what the parser decided: reasoning, content, then each tool call as
 // OpenAI streams them (a first chunk with id, type and name, then the arguments).
 func (o *responder) sendDelta(send func(any) bool, c *choice, d chat.Delta) bool {
-	if d.Reasoning != "" && !send(o.chatChunk(c, api.ChatDelta{ReasoningContent: &d.Reasoning}, nil)) {
+	if d.Reasoning != "" && !send(o.chatChunk(c, runnerapi.ChatDelta{ReasoningContent: &d.Reasoning}, nil)) {
 		return false
 	}
-	if d.Content != "" && !send(o.chatChunk(c, api.ChatDelta{Content: &d.Content}, nil)) {
+	if d.Content != "" && !send(o.chatChunk(c, runnerapi.ChatDelta{Content: &d.Content}, nil)) {
 		return false
 	}
 	for _, tc := range d.ToolCalls {
-		head := api.ToolCall{Index: tc.Index, ID: tc.ID, Type: tc.Type, Function: api.FunctionCall{Name: tc.Function.Name}}
-		args := api.ToolCall{Index: tc.Index, Function: api.FunctionCall{Arguments: tc.Function.Arguments}}
-		if !send(o.chatChunk(c, api.ChatDelta{ToolCalls: []api.ToolCall{head}}, nil)) ||
-			!send(o.chatChunk(c, api.ChatDelta{ToolCalls: []api.ToolCall{args}}, nil)) {
+		head := runnerapi.ToolCall{Index: tc.Index, ID: tc.ID, Type: tc.Type, Function: runnerapi.FunctionCall{Name: tc.Function.Name}}
+		args := runnerapi.ToolCall{Index: tc.Index, Function: runnerapi.FunctionCall{Arguments: tc.Function.Arguments}}
+		if !send(o.chatChunk(c, runnerapi.ChatDelta{ToolCalls: []runnerapi.ToolCall{head}}, nil)) ||
+			!send(o.chatChunk(c, runnerapi.ChatDelta{ToolCalls: []runnerapi.ToolCall{args}}, nil)) {
 			return false
 		}
 	}
@@ -340,12 +340,12 @@ func (o *responder) sendDelta(send func(any) bool, c *choice, d chat.Delta) bool
 
 // chatChunk is a chunk of choice c; it carries the logprobs produced since the last
 // chunk that carried any.
-func (o *responder) chatChunk(c *choice, d api.ChatDelta, finish *string) api.ChatCompletionChunk {
-	ch := api.ChatChunkChoice{Index: c.index, Delta: d, FinishReason: finish}
+func (o *responder) chatChunk(c *choice, d runnerapi.ChatDelta, finish *string) runnerapi.ChatCompletionChunk {
+	ch := runnerapi.ChatChunkChoice{Index: c.index, Delta: d, FinishReason: finish}
 	if o.logprobs && (len(c.lps) > 0 || finish != nil) {
-		ch.Logprobs = &api.ChatLogprobs{Content: nonNil(c.lps), Refusal: []api.TokenLogprob{}}
+		ch.Logprobs = &runnerapi.ChatLogprobs{Content: nonNil(c.lps), Refusal: []runnerapi.TokenLogprob{}}
 		c.lps = nil
 	}
-	return api.ChatCompletionChunk{ID: o.id, Object: "chat.completion.chunk", Created: o.created, Model: o.model,
-		Choices: []api.ChatChunkChoice{ch}}
+	return runnerapi.ChatCompletionChunk{ID: o.id, Object: "chat.completion.chunk", Created: o.created, Model: o.model,
+		Choices: []runnerapi.ChatChunkChoice{ch}}
 }

@@ -25,8 +25,8 @@ import (
 	"github.com/go-logr/logr"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/macfleet/macfleet/api/runnerapi"
 	"github.com/macfleet/macfleet/chat"
-	"github.com/macfleet/macfleet/runner/api"
 	"github.com/macfleet/macfleet/runner/llama"
 	"github.com/macfleet/macfleet/runner/procmem"
 	"github.com/macfleet/macfleet/tracing/spanrelay"
@@ -107,11 +107,11 @@ type Server struct {
 	lctx       *llama.Context
 	eng        *engine
 	pc         *promptCache // nil when it could not be opened
-	info       api.ModelInfo
-	tmpl       string           // llama.cpp built-in template, when chat is nil
-	chat       *chat.Template   // the model's own template (nil: none that parses)
-	chatInfo   api.ChatInfo     // reported in /status
-	markers    map[int32][]byte // control tokens the output parser must see
+	info       runnerapi.ModelInfo
+	tmpl       string             // llama.cpp built-in template, when chat is nil
+	chat       *chat.Template     // the model's own template (nil: none that parses)
+	chatInfo   runnerapi.ChatInfo // reported in /status
+	markers    map[int32][]byte   // control tokens the output parser must see
 	nCtxSeq    int
 	kvPerToken int64
 	defaultID  string
@@ -126,7 +126,7 @@ type Server struct {
 	lastRequest atomic.Int64
 	inFlight    atomic.Int64
 
-	// requests are the generations in progress by api.HeaderRequestID, for /cancel.
+	// requests are the generations in progress by runnerapi.HeaderRequestID, for /cancel.
 	requests requestTable
 }
 
@@ -162,7 +162,7 @@ func Run(ctx context.Context, cfg Config) error {
 	go func() { loaded <- s.load() }()
 
 	stopping := func() {
-		s.setState(api.StateStopping, "")
+		s.setState(runnerapi.StateStopping, "")
 		s.cancelLoad.Store(true)
 	}
 	select {
@@ -179,7 +179,7 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return s.notLoaded(ctx, srv, err)
 	}
-	s.setState(api.StateReady, "")
+	s.setState(runnerapi.StateReady, "")
 	s.log.Info("Ready", "model", s.info.Path, "slots", s.cfg.Parallel, "slotContext", s.nCtxSeq,
 		"kvCells", s.lctx.NCtx(), "batch", s.lctx.NBatch())
 	return s.serve(ctx, srv, serveErr)
@@ -187,7 +187,7 @@ func Run(ctx context.Context, cfg Config) error {
 
 func newServer(cfg Config) *Server {
 	s := &Server{
-		cfg: cfg, log: cfg.Log, state: api.StateLoading,
+		cfg: cfg, log: cfg.Log, state: runnerapi.StateLoading,
 		failureSeen: make(chan struct{}), stopReq: make(chan struct{}),
 		defaultID: strings.TrimSuffix(filepath.Base(cfg.ModelPath), filepath.Ext(cfg.ModelPath)),
 	}
@@ -201,7 +201,7 @@ func newServer(cfg Config) *Server {
 
 // announce writes the listening line the agent reads on stdout.
 func (s *Server) announce(ln net.Listener) error {
-	ev := api.ListeningEvent{Event: "listening", PID: os.Getpid()}
+	ev := runnerapi.ListeningEvent{Event: "listening", PID: os.Getpid()}
 	if s.cfg.Socket != "" {
 		ev.Socket = s.cfg.Socket
 	} else {
@@ -226,7 +226,7 @@ func (s *Server) notLoaded(ctx context.Context, srv *http.Server, err error) err
 		return nil
 	}
 	s.log.Error(err, "Loading the model failed")
-	s.setState(api.StateFailed, err.Error())
+	s.setState(runnerapi.StateFailed, err.Error())
 	// Let the agent read the failure on /health (bounded: the exit code and stderr
 	// tell it too).
 	select {
@@ -246,12 +246,12 @@ func (s *Server) serve(ctx context.Context, srv *http.Server, serveErr <-chan er
 	case <-ctx.Done():
 	case <-s.stopReq:
 	case err := <-serveErr:
-		s.eng.close(api.Unavailable(api.CodeShuttingDown, "the runner is stopping"))
+		s.eng.close(runnerapi.Unavailable(runnerapi.CodeShuttingDown, "the runner is stopping"))
 		return fmt.Errorf("serving: %w", err)
 	}
 	s.log.Info("Stopping")
-	s.setState(api.StateStopping, "")
-	s.eng.close(api.Unavailable(api.CodeShuttingDown, "the runner is stopping"))
+	s.setState(runnerapi.StateStopping, "")
+	s.eng.close(runnerapi.Unavailable(runnerapi.CodeShuttingDown, "the runner is stopping"))
 	s.closePromptCache()
 	if s.shutdownHTTP(srv) {
 		s.free()
@@ -310,14 +310,14 @@ func (s *Server) free() {
 func (s *Server) setState(state, errMsg string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.state == api.StateStopping && state != api.StateStopping {
+	if s.state == runnerapi.StateStopping && state != runnerapi.StateStopping {
 		return
 	}
 	s.state = state
 	if errMsg != "" {
 		s.loadErr = errMsg
 	}
-	if state == api.StateReady {
+	if state == runnerapi.StateReady {
 		s.progress = 1
 	}
 }
@@ -437,7 +437,7 @@ func (s *Server) load() error {
 	if kvType == "" {
 		kvType = "f16"
 	}
-	s.info = api.ModelInfo{
+	s.info = runnerapi.ModelInfo{
 		Path: cfg.ModelPath, SizeBytes: st.Size(), NCtxTrain: m.NCtxTrain(), NEmbd: m.NEmbd(),
 		NLayer: m.NLayer(), NHead: m.NHead(), NHeadKV: m.NHeadKV(), NVocab: m.NVocab(),
 		KVType: kvType, ChatTemplate: m.ChatTemplate() != "", KVBytesPerToken: s.kvPerToken,
@@ -478,7 +478,7 @@ func (s *Server) footprint(maxAge time.Duration) int64 {
 
 // guard refuses a prefill of n tokens whose KV would take the footprint over the
 // ceiling pushed with /limits.
-func (s *Server) guard(n int) *api.Error {
+func (s *Server) guard(n int) *runnerapi.Error {
 	c := s.ceiling.Load()
 	if c <= 0 {
 		return nil
@@ -486,23 +486,23 @@ func (s *Server) guard(n int) *api.Error {
 	fp := s.footprint(50 * time.Millisecond)
 	est := int64(n) * s.kvPerToken
 	if fp+est > c {
-		return api.PrefillTooLarge(est, fp, c)
+		return runnerapi.PrefillTooLarge(est, fp, c)
 	}
 	return nil
 }
 
 // readyEngine returns the engine when the runner serves requests.
-func (s *Server) readyEngine() (*engine, *api.Error) {
+func (s *Server) readyEngine() (*engine, *runnerapi.Error) {
 	state, progress, loadErr := s.getState()
 	switch state {
-	case api.StateReady:
+	case runnerapi.StateReady:
 		return s.eng, nil
-	case api.StateLoading:
-		return nil, api.Unavailable(api.CodeLoading, "the model is loading (%.0f%%)", 100*progress)
-	case api.StateFailed:
-		return nil, api.Unavailable(api.CodeLoadFailed, "the model failed to load: %s", loadErr)
+	case runnerapi.StateLoading:
+		return nil, runnerapi.Unavailable(runnerapi.CodeLoading, "the model is loading (%.0f%%)", 100*progress)
+	case runnerapi.StateFailed:
+		return nil, runnerapi.Unavailable(runnerapi.CodeLoadFailed, "the model failed to load: %s", loadErr)
 	default:
-		return nil, api.Unavailable(api.CodeShuttingDown, "the runner is stopping")
+		return nil, runnerapi.Unavailable(runnerapi.CodeShuttingDown, "the runner is stopping")
 	}
 }
 

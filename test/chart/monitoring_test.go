@@ -22,7 +22,7 @@ import (
 	"github.com/macfleet/macfleet/gateway"
 	// The manager's controllers register their metrics on controller-runtime's
 	// registry in init functions: importing the manager's wiring runs them all.
-	_ "github.com/macfleet/macfleet/internal/manager"
+	_ "github.com/macfleet/macfleet/app/manager"
 	"github.com/macfleet/macfleet/metal"
 )
 

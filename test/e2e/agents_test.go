@@ -18,10 +18,10 @@ import (
 	"time"
 
 	"github.com/macfleet/macfleet/api/v1alpha1"
-	"github.com/macfleet/macfleet/internal/clientrecord"
 	"github.com/macfleet/macfleet/internal/ggufsynth"
-	"github.com/macfleet/macfleet/internal/testassets"
-	"github.com/macfleet/macfleet/internal/testenv"
+	"github.com/macfleet/macfleet/test/support/clientrecord"
+	"github.com/macfleet/macfleet/test/support/testassets"
+	"github.com/macfleet/macfleet/test/support/testenv"
 )
 
 // The coding agents' requests carry a system prompt and tools of about 20k tokens:

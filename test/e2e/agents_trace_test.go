@@ -6,7 +6,7 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/macfleet/macfleet/internal/clientrecord"
+	"github.com/macfleet/macfleet/test/support/clientrecord"
 )
 
 // The coding agents must send nothing off this machine: when strace is installed,

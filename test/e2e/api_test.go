@@ -19,8 +19,8 @@ import (
 
 	"github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/internal/ggufsynth"
-	"github.com/macfleet/macfleet/internal/testassets"
-	"github.com/macfleet/macfleet/internal/testenv"
+	"github.com/macfleet/macfleet/test/support/testassets"
+	"github.com/macfleet/macfleet/test/support/testenv"
 )
 
 // apiModel is a random-weight model with the real Llama 3 vocabulary and Llama 3.1

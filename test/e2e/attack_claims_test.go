@@ -31,8 +31,8 @@ import (
 	"github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/controllers/certsigner/certsignertest"
 	"github.com/macfleet/macfleet/controllers/endpoints"
-	"github.com/macfleet/macfleet/internal/testenv"
 	"github.com/macfleet/macfleet/pki"
+	"github.com/macfleet/macfleet/test/support/testenv"
 )
 
 // The attacks of docs/security.md, 4 ("What a Mac may claim"): a compromised Mac holds

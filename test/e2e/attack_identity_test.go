@@ -28,10 +28,10 @@ import (
 	"github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/gateway"
 	"github.com/macfleet/macfleet/internal/callercert"
-	"github.com/macfleet/macfleet/internal/localfleet"
-	"github.com/macfleet/macfleet/internal/testenv"
 	"github.com/macfleet/macfleet/pki"
 	"github.com/macfleet/macfleet/tenancy/satoken"
+	"github.com/macfleet/macfleet/test/support/localfleet"
+	"github.com/macfleet/macfleet/test/support/testenv"
 )
 
 // The attacks on the callers of an agent (docs/security.md, "1. Callers of an

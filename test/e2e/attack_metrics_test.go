@@ -16,10 +16,10 @@ import (
 	"github.com/macfleet/macfleet/agent/server"
 	"github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/internal/callercert"
-	"github.com/macfleet/macfleet/internal/localfleet"
-	"github.com/macfleet/macfleet/internal/testenv"
 	"github.com/macfleet/macfleet/metal"
 	"github.com/macfleet/macfleet/pki"
+	"github.com/macfleet/macfleet/test/support/localfleet"
+	"github.com/macfleet/macfleet/test/support/testenv"
 )
 
 // scrapeSecretInDocs is the Secret of macfleet-system whose certificate

@@ -18,10 +18,10 @@ import (
 	"github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/controllers/certsigner"
 	"github.com/macfleet/macfleet/internal/credentials"
-	"github.com/macfleet/macfleet/internal/localfleet"
-	"github.com/macfleet/macfleet/internal/testenv"
 	"github.com/macfleet/macfleet/pki"
 	"github.com/macfleet/macfleet/pki/keypin"
+	"github.com/macfleet/macfleet/test/support/localfleet"
+	"github.com/macfleet/macfleet/test/support/testenv"
 )
 
 // The attack on a Mac's node credential (docs/security.md, "Node credentials"): a

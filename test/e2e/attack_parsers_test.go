@@ -17,7 +17,7 @@ import (
 
 	"github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/internal/ggufsynth"
-	"github.com/macfleet/macfleet/internal/testenv"
+	"github.com/macfleet/macfleet/test/support/testenv"
 )
 
 // TestAttackCraftedGGUFHeader: a tenant deploys a source whose GGUF header of a few

@@ -24,8 +24,8 @@ import (
 
 	"github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/internal/ggufsynth"
-	"github.com/macfleet/macfleet/internal/testenv"
 	"github.com/macfleet/macfleet/metal"
+	"github.com/macfleet/macfleet/test/support/testenv"
 )
 
 // macStudio pins a deployment's replicas to the fleet's mac-studio-1.

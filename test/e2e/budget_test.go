@@ -19,8 +19,8 @@ import (
 
 	"github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/gateway"
-	"github.com/macfleet/macfleet/internal/testenv"
 	"github.com/macfleet/macfleet/ledger"
+	"github.com/macfleet/macfleet/test/support/testenv"
 )
 
 // budgetFleet is one namespace with a deployment, served by gateways with the teams'

@@ -17,8 +17,8 @@ import (
 
 	"github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/gateway"
-	"github.com/macfleet/macfleet/internal/browsertest"
-	"github.com/macfleet/macfleet/internal/testenv"
+	"github.com/macfleet/macfleet/test/support/browsertest"
+	"github.com/macfleet/macfleet/test/support/testenv"
 )
 
 // TestConsoleScopedPerTeamOnFleet opens the console of a gateway with an admin key and

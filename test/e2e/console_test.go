@@ -15,8 +15,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/macfleet/macfleet/api/v1alpha1"
-	"github.com/macfleet/macfleet/internal/browsertest"
-	"github.com/macfleet/macfleet/internal/testenv"
+	"github.com/macfleet/macfleet/test/support/browsertest"
+	"github.com/macfleet/macfleet/test/support/testenv"
 )
 
 // leaseShown is a Lease renewed seconds ago, as the fleet page says it.

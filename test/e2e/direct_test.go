@@ -17,10 +17,10 @@ import (
 
 	"github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/gateway"
-	"github.com/macfleet/macfleet/internal/localfleet"
-	"github.com/macfleet/macfleet/internal/testenv"
 	"github.com/macfleet/macfleet/metering"
 	"github.com/macfleet/macfleet/tenancy/satoken"
+	"github.com/macfleet/macfleet/test/support/localfleet"
+	"github.com/macfleet/macfleet/test/support/testenv"
 )
 
 // TestBudgetedNamespacesGoThroughTheGateway is a workload of team A calling its own

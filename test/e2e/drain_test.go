@@ -14,7 +14,7 @@ import (
 
 	"github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/controllers/modeldeployment"
-	"github.com/macfleet/macfleet/internal/testenv"
+	"github.com/macfleet/macfleet/test/support/testenv"
 )
 
 // TestScaleDownDrainsUnderLoad: scaling 2→1 while requests flow drains the replica

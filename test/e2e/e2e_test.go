@@ -1,7 +1,7 @@
 // Package e2e runs a whole fleet on this machine — kube-apiserver and etcd, `macfleet
 // manager`, two replicas of `macfleet gateway`, two `macfleet agent`s simulating Macs, real runner
 // processes on a synthesized model — and drives it as users do: manifests in, OpenAI
-// requests out (internal/localfleet starts it).
+// requests out (test/support/localfleet starts it).
 //
 // The tests share one fleet and run in order; each uses its own namespace. The last
 // one kills an agent.
@@ -26,8 +26,8 @@ import (
 
 	"github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/internal/ggufsynth"
-	"github.com/macfleet/macfleet/internal/localfleet"
-	"github.com/macfleet/macfleet/internal/testenv"
+	"github.com/macfleet/macfleet/test/support/localfleet"
+	"github.com/macfleet/macfleet/test/support/testenv"
 )
 
 const (

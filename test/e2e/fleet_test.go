@@ -24,8 +24,8 @@ import (
 
 	"github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/controllers/endpoints"
-	"github.com/macfleet/macfleet/internal/localfleet"
-	"github.com/macfleet/macfleet/internal/testenv"
+	"github.com/macfleet/macfleet/test/support/localfleet"
+	"github.com/macfleet/macfleet/test/support/testenv"
 )
 
 // readySliceAddresses returns host:port of the ready endpoints in a deployment's
@@ -96,12 +96,11 @@ func TestScaleUpAndDown(t *testing.T) {
 // load sends chats through the gateway from a few goroutines until stop is closed,
 // counting successes and keeping every failure.
 type load struct {
-	ok     atomic.Int64
-	mu     sync.Mutex
-	errs   []error
-	stop   chan struct{}
-	wg     sync.WaitGroup
-	stream bool
+	ok   atomic.Int64
+	mu   sync.Mutex
+	errs []error
+	stop chan struct{}
+	wg   sync.WaitGroup
 }
 
 func startLoad(ctx context.Context, model string, workers int) *load {

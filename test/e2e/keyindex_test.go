@@ -10,7 +10,7 @@ import (
 	"github.com/go-logr/logr/testr"
 
 	"github.com/macfleet/macfleet/gateway"
-	"github.com/macfleet/macfleet/internal/testenv"
+	"github.com/macfleet/macfleet/test/support/testenv"
 )
 
 // TestKeysWhileTheManagerIsDown: the gateways read the teams' keys from the index the

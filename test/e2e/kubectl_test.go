@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/macfleet/macfleet/internal/testenv"
+	"github.com/macfleet/macfleet/test/support/testenv"
 )
 
 // kubectl runs the real kubectl as the fleet's admin in namespace ns ("" for none) and

@@ -22,8 +22,8 @@ import (
 
 	"github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/gateway"
-	"github.com/macfleet/macfleet/internal/testenv"
 	"github.com/macfleet/macfleet/tenancy"
+	"github.com/macfleet/macfleet/test/support/testenv"
 )
 
 // keyWait is how soon a key created or deleted with kubectl must take effect.

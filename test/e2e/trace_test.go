@@ -12,9 +12,9 @@ import (
 	"github.com/openai/openai-go/v3/option"
 
 	"github.com/macfleet/macfleet/gateway"
-	"github.com/macfleet/macfleet/internal/otlptest"
-	"github.com/macfleet/macfleet/internal/syncbuf"
-	"github.com/macfleet/macfleet/internal/testenv"
+	"github.com/macfleet/macfleet/test/support/otlptest"
+	"github.com/macfleet/macfleet/test/support/syncbuf"
+	"github.com/macfleet/macfleet/test/support/testenv"
 	"github.com/macfleet/macfleet/tracing"
 )
 

@@ -16,12 +16,12 @@ import (
 
 	"github.com/go-logr/logr/testr"
 
+	"github.com/macfleet/macfleet/api/runnerapi"
 	"github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/gateway"
-	"github.com/macfleet/macfleet/internal/otlptest"
-	"github.com/macfleet/macfleet/internal/testenv"
 	"github.com/macfleet/macfleet/metering"
-	runnerapi "github.com/macfleet/macfleet/runner/api"
+	"github.com/macfleet/macfleet/test/support/otlptest"
+	"github.com/macfleet/macfleet/test/support/testenv"
 )
 
 // usageCase is one kind of request of the metering test: its path and body. A

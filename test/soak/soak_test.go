@@ -20,7 +20,7 @@ import (
 
 	"github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/internal/ggufsynth"
-	"github.com/macfleet/macfleet/internal/localfleet"
+	"github.com/macfleet/macfleet/test/support/localfleet"
 )
 
 const (

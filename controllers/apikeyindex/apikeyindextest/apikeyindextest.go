@@ -1,6 +1,6 @@
 // Package apikeyindextest runs the manager's API key index publisher (package
 // apikeyindex) against a test's API server, with the cache and clients
-// internal/manager gives it, for tests of the gateway with --tenant-keys, which reads
+// app/manager gives it, for tests of the gateway with --tenant-keys, which reads
 // the teams' keys from the index.
 package apikeyindextest
 
@@ -19,7 +19,7 @@ import (
 
 	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/controllers/apikeyindex"
-	"github.com/macfleet/macfleet/internal/testenv"
+	"github.com/macfleet/macfleet/test/support/testenv"
 )
 
 // Start creates the namespace macfleet-system if it is missing and runs the publisher

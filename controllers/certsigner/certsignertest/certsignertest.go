@@ -15,8 +15,8 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/macfleet/macfleet/controllers/certsigner"
-	"github.com/macfleet/macfleet/internal/testenv"
 	"github.com/macfleet/macfleet/pki"
+	"github.com/macfleet/macfleet/test/support/testenv"
 )
 
 // Start runs the authority (issuing the gateway identity "macfleet-gateway") and the

@@ -239,7 +239,7 @@ func TestRepoRoot(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if diff := cmp.Diff(filepath.Join(root, "internal", "testenv"), wd); diff != "" {
+	if diff := cmp.Diff(filepath.Join(root, "test", "support", "testenv"), wd); diff != "" {
 		t.Errorf("RepoRoot() does not contain this package (-want +got):\n%s", diff)
 	}
 }

@@ -18,8 +18,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
-	"github.com/macfleet/macfleet/internal/manager"
-	"github.com/macfleet/macfleet/internal/testenv"
+	"github.com/macfleet/macfleet/app/manager"
+	"github.com/macfleet/macfleet/test/support/testenv"
 )
 
 // TestAutoscalerWiring runs the manager as `macfleet manager` does, with a fake agent

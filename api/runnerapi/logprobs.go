@@ -1,4 +1,4 @@
-package api
+package runnerapi
 
 // TokenLogprob is a generated token's log-probability under the model (before
 // sampling and any grammar), with the most likely alternatives at that position.

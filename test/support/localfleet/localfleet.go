@@ -33,10 +33,10 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/macfleet/macfleet/api/v1alpha1"
-	"github.com/macfleet/macfleet/internal/tcprelay"
-	"github.com/macfleet/macfleet/internal/testenv"
 	"github.com/macfleet/macfleet/metal"
 	"github.com/macfleet/macfleet/pki"
+	"github.com/macfleet/macfleet/test/support/tcprelay"
+	"github.com/macfleet/macfleet/test/support/testenv"
 )
 
 // Node is one simulated Mac.
@@ -134,21 +134,8 @@ type Agent struct {
 // Start brings up a fleet and waits until every Mac is Ready and the gateway serves.
 // The context bounds the start only; Stop ends the fleet.
 func Start(ctx context.Context, opts Options) (_ *Fleet, err error) {
-	if opts.Log == nil {
-		opts.Log = io.Discard
-	}
-	if len(opts.Nodes) == 0 {
-		opts.Nodes = DefaultNodes
-	}
-	for _, p := range []*string{&opts.Binary, &opts.Runner, &opts.Dir} {
-		if *p, err = filepath.Abs(*p); err != nil {
-			return nil, err
-		}
-	}
-	for _, bin := range []string{opts.Binary, opts.Runner} {
-		if st, err := os.Stat(bin); err != nil || st.IsDir() {
-			return nil, fmt.Errorf("localfleet: %s is missing: run `make build runner`", bin)
-		}
+	if opts, err = opts.complete(); err != nil {
+		return nil, err
 	}
 	f := &Fleet{opts: opts, agents: map[string]*Agent{}, ModelsDir: filepath.Join(opts.Dir, "models")}
 	defer func() {
@@ -164,58 +151,111 @@ func Start(ctx context.Context, opts Options) (_ *Fleet, err error) {
 	if f.HostIP, err = HostIP(); err != nil {
 		return nil, err
 	}
-
-	// The manager serves the node authorizer, which the API server asks from its start.
-	envOpts := []testenv.Option{testenv.WithScheme(v1alpha1.AddToScheme)}
-	var authzAddr string
-	if !opts.ReplicaReadsByRBAC {
-		port, err := freePort()
-		if err != nil {
-			return nil, err
-		}
-		authzAddr = "127.0.0.1:" + strconv.Itoa(port)
-		if f.NodeAuthorizer, err = WriteNodeAuthorizer(opts.Dir, authzAddr); err != nil {
-			return nil, err
-		}
-		envOpts = append(envOpts, testenv.WithAuthorizationConfig(f.NodeAuthorizer.AuthorizationConfig))
-	}
-	f.logf("Starting kube-apiserver and etcd")
-	if f.Env, err = testenv.New(envOpts...); err != nil {
-		return nil, err
-	}
-	f.Client = f.Env.Client
-	u, err := url.Parse(f.Env.Config.Host)
+	authzAddr, err := f.startAPIServer(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("the API server's address %q: %w", f.Env.Config.Host, err)
-	}
-	if f.relay, err = tcprelay.New(u.Host); err != nil {
 		return nil, err
 	}
-	if f.AdminKubeconfig, err = f.writeKubeconfig(f.Env.KubeConfig, "admin.kubeconfig"); err != nil {
-		return nil, err
-	}
-	if err := f.installManifests(ctx, opts.ReplicaReadsByRBAC); err != nil {
-		return nil, err
-	}
-
 	if err := f.serveModels(); err != nil {
 		return nil, err
 	}
 	if err := f.allowLocalSources(ctx); err != nil {
 		return nil, err
 	}
+	if err := f.startManager(ctx, authzAddr); err != nil {
+		return nil, err
+	}
+	for _, n := range opts.Nodes {
+		if err := f.addAgent(ctx, n); err != nil {
+			return nil, err
+		}
+	}
+	if err := f.startGateways(ctx); err != nil {
+		return nil, err
+	}
+	for _, n := range opts.Nodes {
+		if err := f.WaitNodeReady(ctx, n.Name); err != nil {
+			return nil, err
+		}
+	}
+	f.logf("Fleet up: %d Macs, gateway %s, console %s/ui/", len(opts.Nodes), strings.Join(f.GatewayURLs, " "), f.GatewayURL)
+	return f, nil
+}
 
-	// No shared secret: the manager keeps the fleet CA, signs each agent's
-	// certificate request and issues the gateway's client certificate, as in a cluster.
+// complete fills the defaults of opts, makes its paths absolute and checks that the
+// binaries exist.
+func (opts Options) complete() (Options, error) {
+	if opts.Log == nil {
+		opts.Log = io.Discard
+	}
+	if len(opts.Nodes) == 0 {
+		opts.Nodes = DefaultNodes
+	}
+	for _, p := range []*string{&opts.Binary, &opts.Runner, &opts.Dir} {
+		var err error
+		if *p, err = filepath.Abs(*p); err != nil {
+			return opts, err
+		}
+	}
+	for _, bin := range []string{opts.Binary, opts.Runner} {
+		if st, err := os.Stat(bin); err != nil || st.IsDir() {
+			return opts, fmt.Errorf("localfleet: %s is missing: run `make build runner`", bin)
+		}
+	}
+	return opts, nil
+}
+
+// startAPIServer starts kube-apiserver and etcd, the relay in front of them, writes the
+// admin kubeconfig and installs the manifests. It returns the address the manager's
+// node authorizer is to serve on ("" when replica reads go by RBAC).
+func (f *Fleet) startAPIServer(ctx context.Context) (authzAddr string, err error) {
+	// The manager serves the node authorizer, which the API server asks from its start.
+	envOpts := []testenv.Option{testenv.WithScheme(v1alpha1.AddToScheme)}
+	if !f.opts.ReplicaReadsByRBAC {
+		port, err := freePort()
+		if err != nil {
+			return "", err
+		}
+		authzAddr = "127.0.0.1:" + strconv.Itoa(port)
+		if f.NodeAuthorizer, err = WriteNodeAuthorizer(f.opts.Dir, authzAddr); err != nil {
+			return "", err
+		}
+		envOpts = append(envOpts, testenv.WithAuthorizationConfig(f.NodeAuthorizer.AuthorizationConfig))
+	}
+	f.logf("Starting kube-apiserver and etcd")
+	if f.Env, err = testenv.New(envOpts...); err != nil {
+		return "", err
+	}
+	f.Client = f.Env.Client
+	u, err := url.Parse(f.Env.Config.Host)
+	if err != nil {
+		return "", fmt.Errorf("the API server's address %q: %w", f.Env.Config.Host, err)
+	}
+	if f.relay, err = tcprelay.New(u.Host); err != nil {
+		return "", err
+	}
+	if f.AdminKubeconfig, err = f.writeKubeconfig(f.Env.KubeConfig, "admin.kubeconfig"); err != nil {
+		return "", err
+	}
+	if err := f.installManifests(ctx, f.opts.ReplicaReadsByRBAC); err != nil {
+		return "", err
+	}
+	return authzAddr, nil
+}
+
+// startManager starts the manager process and builds f.AgentHTTP, the client that calls
+// the agents as the gateway identity.
+// No shared secret: the manager keeps the fleet CA, signs each agent's certificate
+// request and issues the gateway's client certificate, as in a cluster.
+func (f *Fleet) startManager(ctx context.Context, authzAddr string) (err error) {
 	f.logf("Starting the manager")
 	probe, err := freePort()
 	if err != nil {
-		return nil, err
+		return err
 	}
 	margs := []string{"manager", "--kubeconfig", f.AdminKubeconfig, "--metrics-bind-address", "0",
 		"--health-probe-bind-address", "127.0.0.1:" + strconv.Itoa(probe)}
-	if opts.NodeLossGrace > 0 {
-		margs = append(margs, "--node-loss-grace", opts.NodeLossGrace.String())
+	if f.opts.NodeLossGrace > 0 {
+		margs = append(margs, "--node-loss-grace", f.opts.NodeLossGrace.String())
 	}
 	if authzAddr != "" {
 		margs = append(margs, "--node-authorizer-bind-address", authzAddr, "--node-authorizer-cert-dir", f.NodeAuthorizer.CertDir,
@@ -223,19 +263,16 @@ func Start(ctx context.Context, opts Options) (_ *Fleet, err error) {
 	}
 	f.manager = &component{name: "manager", args: margs, readyz: fmt.Sprintf("http://127.0.0.1:%d/readyz", probe)}
 	if err := f.startComponent(ctx, f.manager); err != nil {
-		return nil, err
+		return err
 	}
-	if f.AgentHTTP, err = f.AgentClient(ctx, &pki.Identity{Kind: pki.KindGateway, Name: "e2e"}); err != nil {
-		return nil, err
-	}
+	f.AgentHTTP, err = f.AgentClient(ctx, &pki.Identity{Kind: pki.KindGateway, Name: "e2e"})
+	return err
+}
 
-	for _, n := range opts.Nodes {
-		if err := f.addAgent(ctx, n); err != nil {
-			return nil, err
-		}
-	}
-
-	for i := range max(opts.Gateways, 1) {
+// startGateways starts opts.Gateways gateway processes (at least one) and records
+// their URLs.
+func (f *Fleet) startGateways(ctx context.Context) (err error) {
+	for i := range max(f.opts.Gateways, 1) {
 		name := "gateway"
 		if i > 0 {
 			name = fmt.Sprintf("gateway-%d", i+1)
@@ -246,27 +283,20 @@ func Start(ctx context.Context, opts Options) (_ *Fleet, err error) {
 			gwProbe, err = freePort()
 		}
 		if err != nil {
-			return nil, err
+			return err
 		}
 		c := &component{name: name, args: []string{"gateway", "--kubeconfig", f.AdminKubeconfig,
 			"--listen", "127.0.0.1:" + strconv.Itoa(gw), "--metrics-bind-address", "0",
 			"--health-probe-bind-address", "127.0.0.1:" + strconv.Itoa(gwProbe)}, readyz: fmt.Sprintf("http://127.0.0.1:%d/readyz", gwProbe)}
-		c.args = append(c.args, opts.GatewayArgs...)
+		c.args = append(c.args, f.opts.GatewayArgs...)
 		f.gateways = append(f.gateways, c)
 		if err := f.startComponent(ctx, c); err != nil {
-			return nil, err
+			return err
 		}
 		f.GatewayURLs = append(f.GatewayURLs, "http://127.0.0.1:"+strconv.Itoa(gw))
 	}
 	f.GatewayURL = f.GatewayURLs[0]
-
-	for _, n := range opts.Nodes {
-		if err := f.WaitNodeReady(ctx, n.Name); err != nil {
-			return nil, err
-		}
-	}
-	f.logf("Fleet up: %d Macs, gateway %s, console %s/ui/", len(opts.Nodes), strings.Join(f.GatewayURLs, " "), f.GatewayURL)
-	return f, nil
+	return nil
 }
 
 func (f *Fleet) logf(format string, args ...any) {

@@ -1,4 +1,4 @@
-package api
+package runnerapi
 
 import (
 	"encoding/json"

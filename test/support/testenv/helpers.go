@@ -64,14 +64,13 @@ func Eventually(tb testing.TB, timeout, interval time.Duration, cond func() (don
 	tick := time.NewTicker(interval)
 	defer tick.Stop()
 	for {
-		done, msg := cond()
-		if done {
+		if done, _ := cond(); done {
 			return
 		}
 		select {
 		case <-tick.C:
 		case <-deadline.C:
-			if done, msg = cond(); !done {
+			if done, msg := cond(); !done {
 				tb.Fatalf("Condition not met within %v: %s", timeout, msg)
 			}
 			return

@@ -127,7 +127,23 @@ func New(cfg Config) (ctrl.Manager, error) {
 	// The informers tell the macnode controller when the manager itself lost the API
 	// server, so that it does not call every Mac lost when it returns.
 	contact := &informers.Contact{}
-	mgr, err := ctrl.NewManager(rc, ctrl.Options{
+	mgr, err := newControllerManager(cfg, rc, scheme, contact)
+	if err != nil {
+		return nil, fmt.Errorf("creating the manager: %w", err)
+	}
+	if err := setupReconcilers(mgr, cfg, rc, scheme, contact); err != nil {
+		return nil, err
+	}
+	if err := addServers(mgr, cfg); err != nil {
+		return nil, err
+	}
+	return mgr, nil
+}
+
+// newControllerManager creates the controller-runtime manager: leader election, no
+// servers of its own, and a cache of only what macfleet reads.
+func newControllerManager(cfg Config, rc *rest.Config, scheme *runtime.Scheme, contact *informers.Contact) (ctrl.Manager, error) {
+	return ctrl.NewManager(rc, ctrl.Options{
 		Scheme: scheme,
 		// Probes and metrics are served on listeners of our own (mgrhttp).
 		Metrics:                       metricsserver.Options{BindAddress: "0"},
@@ -150,18 +166,19 @@ func New(cfg Config) (ctrl.Manager, error) {
 			}
 		})},
 	})
-	if err != nil {
-		return nil, fmt.Errorf("creating the manager: %w", err)
-	}
+}
+
+// setupReconcilers adds the fleet CA and every controller to mgr.
+func setupReconcilers(mgr ctrl.Manager, cfg Config, rc *rest.Config, scheme *runtime.Scheme, contact *informers.Contact) error {
 	// The fleet CA (read and written directly: the manager caches no Secret).
 	direct, err := client.New(rc, client.Options{Scheme: scheme})
 	if err != nil {
-		return nil, err
+		return err
 	}
 	authority := &certsigner.Authority{Client: direct, Self: &pki.Source{}, GatewayName: cfg.GatewayIdentity,
 		MetricsName: cfg.MetricsIdentity, Log: ctrl.Log.WithName("certsigner")}
 	if err := mgr.Add(authority); err != nil {
-		return nil, err
+		return err
 	}
 	agents := &autoscaler.AgentSource{Client: mgr.GetClient(), Certificates: authority.Self}
 	if cfg.AgentHTTP != nil {
@@ -181,9 +198,15 @@ func New(cfg Config) (ctrl.Manager, error) {
 	}
 	for _, r := range reconcilers {
 		if err := r.SetupWithManager(mgr); err != nil {
-			return nil, fmt.Errorf("setting up %T: %w", r, err)
+			return fmt.Errorf("setting up %T: %w", r, err)
 		}
 	}
+	return nil
+}
+
+// addServers adds the probe, metrics and node authorizer servers on their listeners;
+// when one cannot be set up, the listeners already opened are closed.
+func addServers(mgr ctrl.Manager, cfg Config) error {
 	probes := mgrhttp.Probes{
 		Healthz: map[string]healthz.Checker{"healthz": healthz.Ping},
 		Readyz: map[string]healthz.Checker{"readyz": func(req *http.Request) error {
@@ -195,7 +218,7 @@ func New(cfg Config) (ctrl.Manager, error) {
 	}
 	probeLn, err := mgrhttp.Listen(cfg.ProbeListener, cfg.ProbeAddr)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	metricsLn, err := mgrhttp.Listen(cfg.MetricsListener, cfg.MetricsAddr)
 	if err == nil {
@@ -219,9 +242,9 @@ func New(cfg Config) (ctrl.Manager, error) {
 				ln.Close()
 			}
 		}
-		return nil, err
+		return err
 	}
-	return mgr, nil
+	return nil
 }
 
 // Run builds the manager and runs it until ctx ends.

@@ -19,8 +19,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
-	"github.com/macfleet/macfleet/internal/manager"
-	"github.com/macfleet/macfleet/internal/testenv"
+	"github.com/macfleet/macfleet/app/manager"
+	"github.com/macfleet/macfleet/test/support/testenv"
 )
 
 // TestNamespaceOverItsMemoryQuota runs the whole control plane with a FleetQuota of

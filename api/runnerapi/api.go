@@ -1,8 +1,8 @@
-// Package api holds the runner's wire types: the private protocol between the node
+// Package runnerapi holds the runner's wire types: the private protocol between the node
 // agent and a macfleet-runner process (docs/runner-protocol.md) and the OpenAI request
 // and response shapes the runner serves, with the parsing and validation of requests.
 // It is pure Go so the agent, tests and benchmarks can share it.
-package api
+package runnerapi
 
 import (
 	"encoding/json"

@@ -1,4 +1,4 @@
-package api
+package runnerapi
 
 import (
 	"bytes"
@@ -146,18 +146,6 @@ func (u Unsupported) Check() *Error {
 		return InvalidRequest(CodeInvalidValue, "reasoning_effort", "reasoning_effort must be none, minimal, low, medium or high, got %q", u.ReasoningEffort)
 	}
 	return nil
-}
-
-func compact(b json.RawMessage) string {
-	var buf bytes.Buffer
-	if json.Compact(&buf, b) != nil {
-		return string(b)
-	}
-	s := buf.String()
-	if len(s) > 120 {
-		s = s[:120] + "…"
-	}
-	return s
 }
 
 // CheckTools validates the tool fields against each other.

@@ -1,4 +1,4 @@
-package api
+package runnerapi
 
 // PromptCacheStatus is the prompt cache part of GET /status: how the runner uses the
 // cache and the counters of its two tiers (the hot tier in the runner's memory, the

@@ -6,7 +6,7 @@ import (
 
 	"k8s.io/client-go/rest"
 
-	"github.com/macfleet/macfleet/internal/tcprelay"
+	"github.com/macfleet/macfleet/test/support/tcprelay"
 )
 
 // Relay forwards TCP connections from a reserved loopback port to a target

@@ -3,7 +3,7 @@ package testenv
 import (
 	"testing"
 
-	"github.com/macfleet/macfleet/internal/tcprelay"
+	"github.com/macfleet/macfleet/test/support/tcprelay"
 )
 
 // Port is a loopback TCP port held for a test's lifetime by a socket bound to it but

@@ -33,14 +33,14 @@ import (
 )
 
 type options struct {
-	preset             string
-	rounds, tokens     int
-	threads, parallel  int
-	ctx                int
-	temperature        float64
-	requestTimeout     time.Duration
-	runners            []string
-	modelPath, tempDir string
+	preset            string
+	rounds, tokens    int
+	threads, parallel int
+	ctx               int
+	temperature       float64
+	requestTimeout    time.Duration
+	runners           []string
+	modelPath         string
 }
 
 func main() {

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/macfleet/macfleet/metal/decide"
 )
 
 func TestClassifyPressure(t *testing.T) {
@@ -27,7 +29,7 @@ func TestClassifyPressure(t *testing.T) {
 		{"dropping below the ceiling resets the run", 9*gib + 600*mib, 1, PressureHard, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got, run := classifyPressure(tc.usage, c, 2*gib, tc.overRun)
+			got, run := decide.ClassifyPressure(tc.usage, c.limits(), 2*gib, tc.overRun)
 			if got != tc.want || run != tc.wantRun {
 				t.Fatalf("classifyPressure = %s %d, want %s %d", got, run, tc.want, tc.wantRun)
 			}

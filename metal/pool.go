@@ -322,7 +322,7 @@ func (p *Pool) Remove(name string) (<-chan struct{}, error) {
 		return nil, &UnknownModelError{Model: name}
 	}
 	e.removed = true
-	if !e.state.transient() && e.state != StateReady {
+	if !e.state.Transient() && e.state != StateReady {
 		p.deleteEntryLocked(e)
 		return closedChan(), nil
 	}
@@ -490,7 +490,7 @@ func (p *Pool) Detach(ctx context.Context) (int, error) {
 				continue
 			}
 		}
-		if e.state == StateReady || e.state.transient() {
+		if e.state == StateReady || e.state.Transient() {
 			waits = append(waits, p.startUnloadLocked(e, ReasonShutdown))
 		}
 	}
@@ -514,7 +514,7 @@ func (p *Pool) Close(ctx context.Context) error {
 	p.closed = true
 	var waits []<-chan struct{}
 	for _, e := range p.entries {
-		if e.state == StateReady || e.state.transient() {
+		if e.state == StateReady || e.state.Transient() {
 			waits = append(waits, p.startUnloadLocked(e, ReasonShutdown))
 		}
 	}

@@ -197,12 +197,9 @@ func NewProcessFactory(cfg ProcessConfig) *ProcessFactory {
 // same fingerprint that is alive and proves its identity is adopted instead (see
 // ProcessConfig.StateDir); Adopted reports it.
 func (f *ProcessFactory) Start(ctx context.Context, spec ModelSpec, ceilingBytes int64) (Runner, error) {
-	startErr := func(err error) error {
-		return &RunnerError{Model: spec.Name, Phase: PhaseStart, ExitCode: -1, Err: err}
-	}
 	path, err := ResolveRunnerPath(f.cfg.RunnerPath)
 	if err != nil {
-		return nil, startErr(err)
+		return nil, startError(spec.Name, err)
 	}
 	log := f.cfg.Log
 	if log.GetSink() == nil {
@@ -217,14 +214,11 @@ func (f *ProcessFactory) Start(ctx context.Context, spec ModelSpec, ceilingBytes
 	}()
 	var rec *runnerRecord
 	if f.cfg.StateDir != "" {
-		// The fingerprint names the file's cache directory without the index a second
-		// runner of the same file gets (claimCacheDir): that depends on start order.
-		fpArgs := append(f.engineArgs(spec, ceilingBytes), f.promptCacheArgs(spec, f.cacheDirBase(spec))...)
-		fp, err := f.fingerprint(path, spec, fpArgs)
-		if err != nil {
-			return nil, startErr(err)
+		var r *ProcessRunner
+		if r, rec, err = f.adoptOrRecord(ctx, path, spec, ceilingBytes, log); err != nil {
+			return nil, startError(spec.Name, err)
 		}
-		if r := f.adopt(ctx, spec, fp, log); r != nil {
+		if r != nil {
 			if r.rec != nil && r.rec.CacheDir != "" {
 				cacheDir = r.rec.CacheDir
 				f.claimCacheDirExact(cacheDir)
@@ -233,27 +227,51 @@ func (f *ProcessFactory) Start(ctx context.Context, spec ModelSpec, ceilingBytes
 			f.startSpanRelay(r)
 			return r, nil
 		}
-		if rec, err = f.newRecord(spec.Name, fp, ceilingBytes); err != nil {
-			return nil, startErr(err)
-		}
 	}
 	cacheDir = f.claimCacheDir(spec)
 	if rec != nil {
 		rec.CacheDir = cacheDir
 	}
-	engineArgs := append(f.engineArgs(spec, ceilingBytes), f.promptCacheArgs(spec, cacheDir)...)
-
-	// The socket directory is made even for loopback runners: it is the runner's
-	// private scratch directory, removed when the process is reaped.
-	dir, sock, err := makeSocketDir(f.cfg.SocketDir)
+	r, handed, err := f.launch(ctx, path, spec, ceilingBytes, cacheDir, rec, log)
+	handedDir = handed
 	if err != nil {
-		return nil, startErr(err)
+		return nil, err
 	}
+	f.startSpanRelay(r)
+	return r, nil
+}
+
+func startError(model string, err error) error {
+	return &RunnerError{Model: model, Phase: PhaseStart, ExitCode: -1, Err: err}
+}
+
+// adoptOrRecord adopts a recorded runner with spec's fingerprint, or else makes the
+// record of the runner about to be started (detached, for the next agent to adopt).
+func (f *ProcessFactory) adoptOrRecord(ctx context.Context, path string, spec ModelSpec, ceilingBytes int64, log logr.Logger) (*ProcessRunner, *runnerRecord, error) {
+	// The fingerprint names the file's cache directory without the index a second
+	// runner of the same file gets (claimCacheDir): that depends on start order.
+	fpArgs := append(f.engineArgs(spec, ceilingBytes), f.promptCacheArgs(spec, f.cacheDirBase(spec))...)
+	fp, err := f.fingerprint(path, spec, fpArgs)
+	if err != nil {
+		return nil, nil, err
+	}
+	if r := f.adopt(ctx, spec, fp, log); r != nil {
+		return r, nil, nil
+	}
+	rec, err := f.newRecord(spec.Name, fp, ceilingBytes)
+	return nil, rec, err
+}
+
+// runnerArgs is the runner's whole command line: where it listens, the engine
+// (engineArgs), its prompt cache, tracing, and — detached (rec) — how it outlives
+// the agent.
+func (f *ProcessFactory) runnerArgs(spec ModelSpec, ceilingBytes int64, sock, cacheDir string, rec *runnerRecord) []string {
 	args := []string{"--model", spec.Path, "--socket", sock}
 	if f.cfg.Loopback {
 		args = []string{"--model", spec.Path, "--addr", "127.0.0.1:0"}
 	}
-	args = append(args, engineArgs...)
+	args = append(args, f.engineArgs(spec, ceilingBytes)...)
+	args = append(args, f.promptCacheArgs(spec, cacheDir)...)
 	if f.cfg.SpanRelay != nil {
 		// Not an engine argument: whether the agent traces is no reason to reload a
 		// model, and an adopted runner without it is only not traced.
@@ -265,126 +283,180 @@ func (f *ProcessFactory) Start(ctx context.Context, spec ModelSpec, ceilingBytes
 			args = append(args, "--orphan-timeout", f.cfg.OrphanTimeout.String())
 		}
 	}
+	return args
+}
 
-	cmd := f.command(ctx, path, args, spec.Path, cacheDir, dir)
-	// The runner writes straight into pipes (or, detached, a log file) we own, so
-	// cmd.Wait never waits on a copy goroutine (a grandchild holding a pipe open
-	// cannot stall the reaper).
-	var outR, errR, logFile *os.File
-	closeAll := func() {
-		for _, file := range []*os.File{outR, errR, logFile} {
-			if file != nil {
-				file.Close()
-			}
-		}
-		os.RemoveAll(dir)
-		if rec != nil {
-			os.Remove(f.logPath(rec.ID))
-		}
+// launch execs a new runner and waits for its listening line. handed says whether
+// the runner took over cacheDir (it releases it when reaped), also on failure.
+func (f *ProcessFactory) launch(ctx context.Context, path string, spec ModelSpec, ceilingBytes int64, cacheDir string,
+	rec *runnerRecord, log logr.Logger) (r *ProcessRunner, handed bool, err error) {
+	// The socket directory is made even for loopback runners: it is the runner's
+	// private scratch directory, removed when the process is reaped.
+	dir, sock, err := makeSocketDir(f.cfg.SocketDir)
+	if err != nil {
+		return nil, false, startError(spec.Name, err)
 	}
-	if rec != nil {
-		// A detached runner must not write into pipes: once the agent is gone a write
-		// would kill it with SIGPIPE. Its output goes to a log file that every agent
-		// owning it follows.
-		logFile, err = os.OpenFile(f.logPath(rec.ID), os.O_WRONLY|os.O_CREATE|os.O_TRUNC|os.O_APPEND, 0o600)
-		if err != nil {
-			closeAll()
-			return nil, startErr(fmt.Errorf("creating the runner's log: %w", err))
-		}
-		cmd.Stdout, cmd.Stderr = logFile, logFile
-		// A session of its own: no terminal's hangup or ^C, no process group of the
-		// agent's service manager reaches it.
-		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	} else {
-		var outW, errW *os.File
-		if outR, outW, err = os.Pipe(); err != nil {
-			closeAll()
-			return nil, startErr(err)
-		}
-		if errR, errW, err = os.Pipe(); err != nil {
-			outW.Close()
-			closeAll()
-			return nil, startErr(err)
-		}
-		cmd.Stdout, cmd.Stderr = outW, errW
-		// A new process group: signals to the agent's group (a terminal's ^C) do not
-		// reach the runner, and Stop can signal the runner together with anything it
-		// spawned.
-		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-		dieWithParent(cmd.SysProcAttr)
+	cmd := f.command(ctx, path, f.runnerArgs(spec, ceilingBytes, sock, cacheDir, rec), spec.Path, cacheDir, dir)
+	out, err := f.attachOutput(cmd, rec, dir)
+	if err != nil {
+		return nil, false, startError(spec.Name, err)
 	}
 	began := time.Now()
 	err = cmd.Start()
-	if cmd.Stdout != nil && outR != nil {
-		// Our copies of the write ends: the runner holds its own.
-		cmd.Stdout.(*os.File).Close()
-		cmd.Stderr.(*os.File).Close()
-	}
+	out.closeWriteEnds(cmd)
 	if err != nil {
-		closeAll()
-		return nil, startErr(err)
+		out.closeAll()
+		return nil, false, startError(spec.Name, err)
 	}
 
-	r := f.newRunner(spec.Name, cmd.Process.Pid, dir, log)
+	r = f.newRunner(spec.Name, cmd.Process.Pid, dir, log)
 	r.cmd = cmd
-	handedDir = r.setCacheDir(cacheDir)
-	listening := make(chan listenEvent, 1)
-	stdoutEOF := make(chan struct{})
-	if rec != nil {
-		logFile.Close()
-		rec.PID, rec.Dir = r.pid, dir
-		// A failure here only weakens a later adoption (the nonce still proves it).
-		rec.StartTime, _ = procStartTime(r.pid)
-		r.rec = rec
-		f.claim(rec.ID)
-		go r.followLog(f.logPath(rec.ID), false, listening)
-		stdoutEOF = r.stderrEOF
-	} else {
-		go func() {
-			defer close(stdoutEOF)
-			r.readStdout(outR, listening)
-		}()
-		go r.readStderr(errR)
-	}
+	handed = r.setCacheDir(cacheDir)
+	listening, stdoutEOF := f.follow(r, rec, out)
 	go r.reap()
 
-	timer := time.NewTimer(f.cfg.ListenTimeout)
-	defer timer.Stop()
-	var ev listenEvent
-	select {
-	case ev = <-listening:
-	case <-r.exited:
-		// It may have announced itself and then failed fast (a load error): read what
-		// it wrote before deciding, so that the failure is reported as a load failure.
-		select {
-		case <-stdoutEOF:
-		case <-time.After(time.Second):
-		}
-		select {
-		case ev = <-listening:
-		default:
-			return nil, r.startFailure(errors.New("exited before listening"))
-		}
-	case <-timer.C:
-		return nil, r.startFailure(fmt.Errorf("no listening line within %s", f.cfg.ListenTimeout))
-	case <-ctx.Done():
-		return nil, r.startFailure(ctx.Err())
+	ev, err := awaitListening(ctx, r, f.cfg.ListenTimeout, listening, stdoutEOF)
+	if err != nil {
+		return nil, handed, err
 	}
-
 	if err := r.setAddress(ev.Socket, ev.Addr); err != nil {
-		return nil, r.startFailure(err)
+		return nil, handed, r.startFailure(err)
 	}
 	if rec != nil {
 		rec.Network, rec.Address = r.dialNetwork, r.dialAddress
 		if err := writeRecord(f.cfg.StateDir, rec); err != nil {
-			return nil, r.startFailure(err)
+			return nil, handed, r.startFailure(err)
 		}
 	}
 	r.startedIn = time.Since(began)
 	r.log.V(1).Info("Runner listening", "runner", path, "address", r.dialAddress, "startup", r.startedIn,
 		"detached", rec != nil)
-	f.startSpanRelay(r)
-	return r, nil
+	return r, handed, nil
+}
+
+// runnerOutput is where a starting runner writes: pipes we read, or — detached — a
+// log file that every agent owning it follows.
+type runnerOutput struct {
+	outR, errR, logFile *os.File
+	dir                 string
+	logPath             string
+}
+
+// closeAll undoes attachOutput and removes the runner's directory and log: the
+// start failed.
+func (o *runnerOutput) closeAll() {
+	for _, file := range []*os.File{o.outR, o.errR, o.logFile} {
+		if file != nil {
+			file.Close()
+		}
+	}
+	os.RemoveAll(o.dir)
+	if o.logPath != "" {
+		os.Remove(o.logPath)
+	}
+}
+
+// closeWriteEnds closes our copies of the pipes' write ends once the runner was
+// exec'd (or failed to be): the runner holds its own.
+func (o *runnerOutput) closeWriteEnds(cmd *exec.Cmd) {
+	if cmd.Stdout != nil && o.outR != nil {
+		cmd.Stdout.(*os.File).Close()
+		cmd.Stderr.(*os.File).Close()
+	}
+}
+
+// attachOutput points cmd's output at pipes, or for a detached runner (rec) at its
+// log file, and sets its process group or session. The runner writes straight into
+// files we own, so cmd.Wait never waits on a copy goroutine (a grandchild holding a
+// pipe open cannot stall the reaper).
+func (f *ProcessFactory) attachOutput(cmd *exec.Cmd, rec *runnerRecord, dir string) (*runnerOutput, error) {
+	out := &runnerOutput{dir: dir}
+	if rec != nil {
+		out.logPath = f.logPath(rec.ID)
+		// A detached runner must not write into pipes: once the agent is gone a write
+		// would kill it with SIGPIPE. Its output goes to a log file that every agent
+		// owning it follows.
+		var err error
+		out.logFile, err = os.OpenFile(out.logPath, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|os.O_APPEND, 0o600)
+		if err != nil {
+			out.closeAll()
+			return nil, fmt.Errorf("creating the runner's log: %w", err)
+		}
+		cmd.Stdout, cmd.Stderr = out.logFile, out.logFile
+		// A session of its own: no terminal's hangup or ^C, no process group of the
+		// agent's service manager reaches it.
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+		return out, nil
+	}
+	var outW, errW *os.File
+	var err error
+	if out.outR, outW, err = os.Pipe(); err != nil {
+		out.closeAll()
+		return nil, err
+	}
+	if out.errR, errW, err = os.Pipe(); err != nil {
+		outW.Close()
+		out.closeAll()
+		return nil, err
+	}
+	cmd.Stdout, cmd.Stderr = outW, errW
+	// A new process group: signals to the agent's group (a terminal's ^C) do not
+	// reach the runner, and Stop can signal the runner together with anything it
+	// spawned.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	dieWithParent(cmd.SysProcAttr)
+	return out, nil
+}
+
+// follow starts reading a started runner's output for its listening line (and its
+// stderr tail). stdoutEOF is closed once its output has been read to the end.
+func (f *ProcessFactory) follow(r *ProcessRunner, rec *runnerRecord, out *runnerOutput) (<-chan listenEvent, <-chan struct{}) {
+	listening := make(chan listenEvent, 1)
+	if rec != nil {
+		out.logFile.Close()
+		rec.PID, rec.Dir = r.pid, out.dir
+		// A failure here only weakens a later adoption (the nonce still proves it).
+		rec.StartTime, _ = procStartTime(r.pid)
+		r.rec = rec
+		f.claim(rec.ID)
+		go r.followLog(f.logPath(rec.ID), false, listening)
+		return listening, r.stderrEOF
+	}
+	stdoutEOF := make(chan struct{})
+	go func() {
+		defer close(stdoutEOF)
+		r.readStdout(out.outR, listening)
+	}()
+	go r.readStderr(out.errR)
+	return listening, stdoutEOF
+}
+
+// awaitListening waits for the runner's listening line, up to timeout and ctx. A
+// runner that exits first may still have announced itself before failing fast (a
+// load error): what it wrote is read before deciding, so that the failure is
+// reported as a load failure.
+func awaitListening(ctx context.Context, r *ProcessRunner, timeout time.Duration, listening <-chan listenEvent, stdoutEOF <-chan struct{}) (listenEvent, error) {
+	timer := time.NewTimer(timeout)
+	defer timer.Stop()
+	select {
+	case ev := <-listening:
+		return ev, nil
+	case <-r.exited:
+		select {
+		case <-stdoutEOF:
+		case <-time.After(time.Second):
+		}
+		select {
+		case ev := <-listening:
+			return ev, nil
+		default:
+			return listenEvent{}, r.startFailure(errors.New("exited before listening"))
+		}
+	case <-timer.C:
+		return listenEvent{}, r.startFailure(fmt.Errorf("no listening line within %s", timeout))
+	case <-ctx.Done():
+		return listenEvent{}, r.startFailure(ctx.Err())
+	}
 }
 
 // startSpanRelay drains r's spans while it runs, when the agent traces; r's client

@@ -35,7 +35,7 @@ import (
 	"github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/internal/tcprelay"
 	"github.com/macfleet/macfleet/internal/testenv"
-	"github.com/macfleet/macfleet/metal"
+	"github.com/macfleet/macfleet/metal/runnerproc"
 	"github.com/macfleet/macfleet/pki"
 )
 
@@ -416,7 +416,7 @@ func (f *Fleet) Stop() {
 func stopRecordedRunners(stateDir string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	_, err := metal.NewProcessFactory(metal.ProcessConfig{StateDir: filepath.Join(stateDir, "runners")}).StopUnclaimed(ctx)
+	_, err := runnerproc.NewProcessFactory(runnerproc.ProcessConfig{StateDir: filepath.Join(stateDir, "runners")}).StopUnclaimed(ctx)
 	return err
 }
 

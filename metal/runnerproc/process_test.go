@@ -1,4 +1,4 @@
-package metal
+package runnerproc
 
 import (
 	"bufio"
@@ -23,9 +23,10 @@ import (
 
 	"github.com/macfleet/macfleet/internal/ggufsynth"
 	"github.com/macfleet/macfleet/internal/syncbuf"
+	"github.com/macfleet/macfleet/metal"
 )
 
-// TestProcessRunner runs real processes of metal/internal/fakerunner, a program that
+// TestProcessRunner runs real processes of metal/runnerproc/internal/fakerunner, a program that
 // speaks the runner protocol and can be told to misbehave. It is built once into the
 // test's temporary directory; the subtests run in parallel.
 func TestProcessRunner(t *testing.T) {
@@ -34,7 +35,7 @@ func TestProcessRunner(t *testing.T) {
 	if err := os.WriteFile(model, []byte("GGUF"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	spec := ModelSpec{Name: "tiny", Path: model, ContextLength: 2048, Parallel: 2, KVCacheType: "q8_0"}
+	spec := metal.ModelSpec{Name: "tiny", Path: model, ContextLength: 2048, Parallel: 2, KVCacheType: "q8_0"}
 
 	t.Run("ReadyAndControlCalls", func(t *testing.T) {
 		t.Parallel()
@@ -59,7 +60,7 @@ func TestProcessRunner(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		want := RunnerStatus{State: "ready", PID: r.PID(), FootprintBytes: 1 << 20, KVCellsTotal: 1024, SlotsTotal: 2}
+		want := metal.RunnerStatus{State: "ready", PID: r.PID(), FootprintBytes: 1 << 20, KVCellsTotal: 1024, SlotsTotal: 2}
 		if d := cmp.Diff(want, st); d != "" {
 			t.Errorf("Status (-want +got):\n%s", d)
 		}
@@ -72,11 +73,11 @@ func TestProcessRunner(t *testing.T) {
 			t.Errorf("runner ceiling = %d, want %d", raw.CeilingBytes, int64(3<<30))
 		}
 
-		limits := Limits{CeilingBytes: 4 << 30, HardLimitBytes: 20 << 30, HostUsedBytes: 7 << 30}
+		limits := metal.Limits{CeilingBytes: 4 << 30, HardLimitBytes: 20 << 30, HostUsedBytes: 7 << 30}
 		if err := r.SetLimits(ctx, limits); err != nil {
 			t.Fatal(err)
 		}
-		var got Limits
+		var got metal.Limits
 		procGetJSON(t, r, "/debug/limits", &got)
 		if d := cmp.Diff(limits, got); d != "" {
 			t.Errorf("limits the runner received (-sent +got):\n%s", d)
@@ -85,7 +86,7 @@ func TestProcessRunner(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if d := cmp.Diff(CacheClearResult{BytesReclaimed: 4096, EntriesCleared: 2}, cc); d != "" {
+		if d := cmp.Diff(metal.CacheClearResult{BytesReclaimed: 4096, EntriesCleared: 2}, cc); d != "" {
 			t.Errorf("ClearCache (-want +got):\n%s", d)
 		}
 		if n, err := r.Abort(ctx); err != nil || n != 0 {
@@ -452,7 +453,7 @@ func TestProcessRunnerRealRunner(t *testing.T) {
 	}
 	var out syncbuf.Buffer
 	f := NewProcessFactory(ProcessConfig{RunnerPath: bin, Threads: 2, Output: &out})
-	spec := ModelSpec{Name: "tiny", Path: model, ContextLength: 1024, Parallel: 2}
+	spec := metal.ModelSpec{Name: "tiny", Path: model, ContextLength: 1024, Parallel: 2}
 	began := time.Now()
 	r := procStart(t, f, spec, 1<<30)
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
@@ -469,7 +470,7 @@ func TestProcessRunnerRealRunner(t *testing.T) {
 	if st.State != "ready" || st.PID != r.PID() || st.SlotsTotal != 2 || st.FootprintBytes <= 0 {
 		t.Errorf("Status = %+v: want ready, pid %d, 2 slots, a footprint", st, r.PID())
 	}
-	gauge, err := NewGauge()
+	gauge, err := metal.NewGauge()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -505,7 +506,7 @@ func TestProcessRunnerRealRunner(t *testing.T) {
 		t.Errorf("stream: %v, events %q", err, events)
 	}
 
-	if err := r.SetLimits(ctx, Limits{CeilingBytes: 1 << 30, HardLimitBytes: 8 << 30, HostUsedBytes: 1 << 30}); err != nil {
+	if err := r.SetLimits(ctx, metal.Limits{CeilingBytes: 1 << 30, HardLimitBytes: 8 << 30, HostUsedBytes: 1 << 30}); err != nil {
 		t.Errorf("SetLimits: %v", err)
 	}
 	if _, err := r.ClearCache(ctx); err != nil {
@@ -531,7 +532,7 @@ func TestProcessRunnerRealRunner(t *testing.T) {
 	if err := os.WriteFile(bad, bytes.Repeat([]byte("not a model "), 100), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	r = procStart(t, f, ModelSpec{Name: "bad", Path: bad}, 0)
+	r = procStart(t, f, metal.ModelSpec{Name: "bad", Path: bad}, 0)
 	err = r.WaitReady(ctx)
 	var re *RunnerError
 	if !errors.As(err, &re) || re.Phase != PhaseLoad || re.Message == "" {
@@ -558,7 +559,7 @@ func TestProcessRunnerHelperAgent(t *testing.T) {
 		t.Skip("helper process of TestProcessRunner/DiesWithAgent")
 	}
 	r, err := NewProcessFactory(ProcessConfig{RunnerPath: bin}).Start(context.Background(),
-		ModelSpec{Name: "orphan", Path: os.Getenv(procHelperModelEnv)}, 0)
+		metal.ModelSpec{Name: "orphan", Path: os.Getenv(procHelperModelEnv)}, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -594,13 +595,13 @@ func TestResolveRunnerPath(t *testing.T) {
 	}
 }
 
-// procBuildFakeRunner builds metal/internal/fakerunner into t.TempDir().
+// procBuildFakeRunner builds metal/runnerproc/internal/fakerunner into t.TempDir().
 func procBuildFakeRunner(t *testing.T) string {
 	t.Helper()
 	return procBuildHelper(t, "fakerunner")
 }
 
-// procBuildHelper builds the program metal/internal/NAME into t.TempDir(), without
+// procBuildHelper builds the program metal/runnerproc/internal/NAME into t.TempDir(), without
 // the race detector.
 func procBuildHelper(t *testing.T, name string) string {
 	t.Helper()
@@ -618,7 +619,7 @@ func procBuildHelper(t *testing.T, name string) string {
 }
 
 // procStart starts a runner and stops it (at once) when the test ends.
-func procStart(t *testing.T, f *ProcessFactory, spec ModelSpec, ceiling int64) *ProcessRunner {
+func procStart(t *testing.T, f *ProcessFactory, spec metal.ModelSpec, ceiling int64) *ProcessRunner {
 	t.Helper()
 	r, err := f.Start(t.Context(), spec, ceiling)
 	if err != nil {
@@ -674,7 +675,7 @@ func procWaitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
 	}
 }
 
-func procGetJSON(t *testing.T, r Runner, path string, out any) {
+func procGetJSON(t *testing.T, r metal.Runner, path string, out any) {
 	t.Helper()
 	req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, r.BaseURL()+path, nil)
 	if err != nil {
@@ -690,7 +691,7 @@ func procGetJSON(t *testing.T, r Runner, path string, out any) {
 	}
 }
 
-func procPost(t *testing.T, r Runner, body string) string {
+func procPost(t *testing.T, r metal.Runner, body string) string {
 	t.Helper()
 	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, r.BaseURL()+"/v1/completions", strings.NewReader(body))
 	if err != nil {
@@ -710,7 +711,7 @@ func procPost(t *testing.T, r Runner, body string) string {
 
 // procStream runs a streamed completion and returns the data of its SSE events; err is
 // set when the stream broke off instead of ending.
-func procStream(ctx context.Context, r Runner, maxTokens int) ([]string, error) {
+func procStream(ctx context.Context, r metal.Runner, maxTokens int) ([]string, error) {
 	body, _ := json.Marshal(map[string]any{"prompt": "hi", "max_tokens": maxTokens, "stream": true})
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, r.BaseURL()+"/v1/completions", bytes.NewReader(body))
 	if err != nil {

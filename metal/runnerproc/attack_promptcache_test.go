@@ -1,21 +1,23 @@
-package metal
+package runnerproc
 
 import (
 	"encoding/json"
+	"github.com/macfleet/macfleet/metal"
+	"github.com/macfleet/macfleet/runner/api"
 	"strings"
 	"testing"
 	"time"
 )
 
 // ssdStats is the runner's prompt cache report (its /status).
-func ssdStats(t *testing.T, r Runner) *PromptCacheStats {
+func ssdStats(t *testing.T, r metal.Runner) *api.PromptCacheStatus {
 	t.Helper()
-	var st RunnerStatus
+	var st metal.RunnerStatus
 	procGetJSON(t, r, "/status", &st)
-	if st.PromptCache == nil {
-		t.Fatal("the runner reports no prompt cache")
+	if st.PromptCache == nil || st.PromptCache.SSD == nil {
+		t.Fatalf("the runner reports no prompt cache with an SSD tier: %+v", st.PromptCache)
 	}
-	return promptCacheStats(st.PromptCache)
+	return st.PromptCache
 }
 
 // TestAttackPromptCacheOfAnotherTenant: team B runs the same model file as team A on
@@ -31,21 +33,21 @@ func TestAttackPromptCacheOfAnotherTenant(t *testing.T) {
 	factory := func() *ProcessFactory {
 		return env.factory(func(c *ProcessConfig) { c.PromptCacheDir, c.PromptCacheSSDBytes = pcDir, 1<<30 })
 	}
-	spec := func(ns string) ModelSpec {
+	spec := func(ns string) metal.ModelSpec {
 		s := env.spec()
-		s.Name, s.Namespace, s.PromptCache = "tiny-"+ns, ns, PromptCacheSpec{Enabled: true}
+		s.Name, s.Namespace, s.PromptCache = "tiny-"+ns, ns, metal.PromptCacheSpec{Enabled: true}
 		return s
 	}
 	secret := strings.Repeat("Team A's confidential merger memo, paragraph after paragraph. ", 6)
 	body, _ := json.Marshal(map[string]any{"prompt": secret, "max_tokens": 1, "temperature": 0})
 
-	run := func(ns string, wantSaved bool) *PromptCacheStats {
+	run := func(ns string, wantSaved bool) *api.PromptCacheStatus {
 		t.Helper()
 		r := adoptStart(t, factory(), spec(ns))
 		procPost(t, r, string(body))
-		var st *PromptCacheStats
+		var st *api.PromptCacheStatus
 		deadline := time.Now().Add(30 * time.Second)
-		for st = ssdStats(t, r); wantSaved && st.SavesPersisted < 1; st = ssdStats(t, r) {
+		for st = ssdStats(t, r); wantSaved && st.SSD.SavesPersisted < 1; st = ssdStats(t, r) {
 			if time.Now().After(deadline) {
 				t.Fatalf("%s's runner did not persist its prompt: %+v", ns, st)
 			}
@@ -62,12 +64,12 @@ func TestAttackPromptCacheOfAnotherTenant(t *testing.T) {
 		t.Fatalf("team A's first runner restored %d states from an empty cache", a.Restores)
 	}
 	b := run("team-b", false)
-	if b.Hits != 0 || b.Restores != 0 || b.RestoredTokens != 0 {
+	if b.SSD.Hits != 0 || b.Restores != 0 || b.RestoredTokens != 0 {
 		t.Errorf("team B's runner restored team A's prompt: %d SSD hits, %d restores (%d tokens) from %s",
-			b.Hits, b.Restores, b.RestoredTokens, b.SSDDir)
+			b.SSD.Hits, b.Restores, b.RestoredTokens, b.Dir)
 	}
-	if b.SSDDir == a.SSDDir {
-		t.Errorf("teams A and B share the SSD directory %s", a.SSDDir)
+	if b.Dir == a.Dir {
+		t.Errorf("teams A and B share the SSD directory %s", a.Dir)
 	}
 	// The control: the cache works, for its own tenant.
 	if again := run("team-a", false); again.Restores < 1 || again.RestoredTokens < 64 {

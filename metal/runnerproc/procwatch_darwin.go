@@ -1,4 +1,4 @@
-package metal
+package runnerproc
 
 import (
 	"errors"
@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/macfleet/macfleet/metal"
 )
 
 // kqueueHandle watches a process with a kqueue EVFILT_PROC/NOTE_EXIT filter, which
@@ -36,7 +38,7 @@ func openProc(pid int) (procHandle, error) {
 	if _, err := unix.Kevent(kq, []unix.Kevent_t{ev}, nil, nil); err != nil {
 		unix.Close(kq)
 		if errors.Is(err, unix.ESRCH) {
-			return nil, fmt.Errorf("pid %d: %w", pid, ErrProcessNotFound)
+			return nil, fmt.Errorf("pid %d: %w", pid, metal.ErrProcessNotFound)
 		}
 		return nil, fmt.Errorf("kevent %d: %w", pid, err)
 	}
@@ -94,7 +96,7 @@ func procStartTime(pid int) (uint64, error) {
 		return 0, fmt.Errorf("kern.proc.pid %d: %w", pid, err)
 	}
 	if int(kp.Proc.P_pid) != pid {
-		return 0, fmt.Errorf("pid %d: %w", pid, ErrProcessNotFound)
+		return 0, fmt.Errorf("pid %d: %w", pid, metal.ErrProcessNotFound)
 	}
 	tv := kp.Proc.P_starttime
 	return uint64(tv.Sec)*1e6 + uint64(tv.Usec), nil

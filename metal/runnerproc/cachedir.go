@@ -1,4 +1,4 @@
-package metal
+package runnerproc
 
 import (
 	"crypto/sha256"
@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+
+	"github.com/macfleet/macfleet/metal"
 )
 
 // The SSD tier of a runner's prompt cache lives in a directory of its own under
@@ -77,7 +79,7 @@ func isLowerHex(s string) bool {
 }
 
 // promptCacheSSDQuota is the SSD quota a runner of spec gets: 0 means no SSD tier.
-func (f *ProcessFactory) promptCacheSSDQuota(spec ModelSpec) int64 {
+func (f *ProcessFactory) promptCacheSSDQuota(spec metal.ModelSpec) int64 {
 	agent := f.cfg.PromptCacheSSDBytes
 	pc := spec.PromptCache
 	if !pc.Enabled || f.cfg.PromptCacheDir == "" || agent <= 0 || pc.SSDBytes < 0 {
@@ -91,7 +93,7 @@ func (f *ProcessFactory) promptCacheSSDQuota(spec ModelSpec) int64 {
 
 // claimCacheDir reserves the SSD directory of a runner of spec; "" when it has no
 // SSD tier. releaseCacheDir gives it back once the runner is gone.
-func (f *ProcessFactory) claimCacheDir(spec ModelSpec) string {
+func (f *ProcessFactory) claimCacheDir(spec metal.ModelSpec) string {
 	if f.promptCacheSSDQuota(spec) == 0 {
 		return ""
 	}
@@ -125,7 +127,7 @@ func (f *ProcessFactory) claimCacheDir(spec ModelSpec) string {
 
 // cacheDirBase is the SSD directory of spec's model file before any index; "" when
 // it has no SSD tier.
-func (f *ProcessFactory) cacheDirBase(spec ModelSpec) string {
+func (f *ProcessFactory) cacheDirBase(spec metal.ModelSpec) string {
 	if f.promptCacheSSDQuota(spec) == 0 {
 		return ""
 	}
@@ -152,7 +154,7 @@ func (f *ProcessFactory) releaseCacheDir(dir string) {
 // directory (see claimCacheDir). The hot budget is not among them: a runner starts
 // with none and the pool hands it a share once it is ready (so the flags, which the
 // adoption fingerprint covers, do not depend on what else is loaded).
-func (f *ProcessFactory) promptCacheArgs(spec ModelSpec, dir string) []string {
+func (f *ProcessFactory) promptCacheArgs(spec metal.ModelSpec, dir string) []string {
 	if dir == "" {
 		return nil
 	}

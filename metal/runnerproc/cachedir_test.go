@@ -1,4 +1,4 @@
-package metal
+package runnerproc
 
 import (
 	"path/filepath"
@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/macfleet/macfleet/metal"
 )
 
 func TestPromptCacheModelID(t *testing.T) {
@@ -39,23 +41,23 @@ func TestPromptCacheArgs(t *testing.T) {
 		name     string
 		cacheDir string
 		agentSSD int64
-		pc       PromptCacheSpec
+		pc       metal.PromptCacheSpec
 		want     []string
 	}{
-		{"disabled", dir + "/pc", 1 << 30, PromptCacheSpec{}, nil},
-		{"agent quota", dir + "/pc", 1 << 30, PromptCacheSpec{Enabled: true},
+		{"disabled", dir + "/pc", 1 << 30, metal.PromptCacheSpec{}, nil},
+		{"agent quota", dir + "/pc", 1 << 30, metal.PromptCacheSpec{Enabled: true},
 			[]string{"--prompt-cache-dir", base, "--prompt-cache-ssd-bytes", "1073741824"}},
-		{"smaller model quota", dir + "/pc", 1 << 30, PromptCacheSpec{Enabled: true, SSDBytes: 1 << 20},
+		{"smaller model quota", dir + "/pc", 1 << 30, metal.PromptCacheSpec{Enabled: true, SSDBytes: 1 << 20},
 			[]string{"--prompt-cache-dir", base, "--prompt-cache-ssd-bytes", "1048576"}},
-		{"larger model quota is bounded", dir + "/pc", 1 << 30, PromptCacheSpec{Enabled: true, SSDBytes: 1 << 40},
+		{"larger model quota is bounded", dir + "/pc", 1 << 30, metal.PromptCacheSpec{Enabled: true, SSDBytes: 1 << 40},
 			[]string{"--prompt-cache-dir", base, "--prompt-cache-ssd-bytes", "1073741824"}},
-		{"model turns the SSD tier off", dir + "/pc", 1 << 30, PromptCacheSpec{Enabled: true, SSDBytes: -1}, nil},
-		{"agent turns it off", dir + "/pc", 0, PromptCacheSpec{Enabled: true}, nil},
-		{"no directory", "", 1 << 30, PromptCacheSpec{Enabled: true}, nil},
+		{"model turns the SSD tier off", dir + "/pc", 1 << 30, metal.PromptCacheSpec{Enabled: true, SSDBytes: -1}, nil},
+		{"agent turns it off", dir + "/pc", 0, metal.PromptCacheSpec{Enabled: true}, nil},
+		{"no directory", "", 1 << 30, metal.PromptCacheSpec{Enabled: true}, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := NewProcessFactory(ProcessConfig{PromptCacheDir: tc.cacheDir, PromptCacheSSDBytes: tc.agentSSD})
-			spec := ModelSpec{Name: "m", Path: model, PromptCache: tc.pc}
+			spec := metal.ModelSpec{Name: "m", Path: model, PromptCache: tc.pc}
 			d := f.claimCacheDir(spec)
 			defer f.releaseCacheDir(d)
 			if d2 := f.claimCacheDir(spec); d != "" && d2 != d+"~2" {
@@ -79,7 +81,7 @@ func TestPromptCacheDirsOfRealRunners(t *testing.T) {
 		return func(c *ProcessConfig) { c.PromptCacheDir, c.PromptCacheSSDBytes = pcDir, ssd }
 	}
 	spec := env.spec()
-	spec.PromptCache = PromptCacheSpec{Enabled: true}
+	spec.PromptCache = metal.PromptCacheSpec{Enabled: true}
 	base := filepath.Join(pcDir, PromptCacheDirName("", env.model))
 
 	f := env.factory(withCache(1 << 30))
@@ -90,7 +92,7 @@ func TestPromptCacheDirsOfRealRunners(t *testing.T) {
 	if r1.cacheDir != base || r2.cacheDir != base+"~2" {
 		t.Fatalf("cache dirs %q and %q, want %q and %q", r1.cacheDir, r2.cacheDir, base, base+"~2")
 	}
-	var st RunnerStatus
+	var st metal.RunnerStatus
 	procGetJSON(t, r1, "/status", &st)
 	if st.PromptCache == nil || !strings.HasPrefix(st.PromptCache.Dir, base+string(filepath.Separator)) ||
 		st.PromptCache.SSD == nil {
@@ -134,7 +136,7 @@ func TestAdoptionKeepsEachRunnersCacheDir(t *testing.T) {
 	pcDir := t.TempDir()
 	withCache := func(c *ProcessConfig) { c.PromptCacheDir, c.PromptCacheSSDBytes = pcDir, 1<<30 }
 	spec := env.spec()
-	spec.PromptCache = PromptCacheSpec{Enabled: true}
+	spec.PromptCache = metal.PromptCacheSpec{Enabled: true}
 	spec2 := spec
 	spec2.Name = "tiny-2"
 	base := filepath.Join(pcDir, PromptCacheDirName("", env.model))

@@ -1,4 +1,4 @@
-package metal
+package runnerproc
 
 import (
 	"errors"
@@ -10,6 +10,8 @@ import (
 	"syscall"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/macfleet/macfleet/metal"
 )
 
 // pidfdHandle watches and signals a process through a pidfd: the descriptor names one
@@ -29,7 +31,7 @@ func openProc(pid int) (procHandle, error) {
 	fd, err := unix.PidfdOpen(pid, 0)
 	if err != nil {
 		if errors.Is(err, unix.ESRCH) {
-			return nil, fmt.Errorf("pid %d: %w", pid, ErrProcessNotFound)
+			return nil, fmt.Errorf("pid %d: %w", pid, metal.ErrProcessNotFound)
 		}
 		return nil, fmt.Errorf("pidfd_open %d: %w", pid, err)
 	}
@@ -99,7 +101,7 @@ func procStartTime(pid int) (uint64, error) {
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
-			return 0, fmt.Errorf("pid %d: %w", pid, ErrProcessNotFound)
+			return 0, fmt.Errorf("pid %d: %w", pid, metal.ErrProcessNotFound)
 		}
 		return 0, err
 	}
@@ -112,16 +114,16 @@ func procStartTime(pid int) (uint64, error) {
 func parseStatStartTime(stat string) (uint64, error) {
 	i := strings.LastIndexByte(stat, ')')
 	if i < 0 {
-		return 0, fmt.Errorf("%w: stat %q", ErrMalformed, stat)
+		return 0, fmt.Errorf("%w: stat %q", metal.ErrMalformed, stat)
 	}
 	fields := strings.Fields(stat[i+1:])
 	const startTime = 22 - 3 // fields after ')' start with field 3 (state)
 	if len(fields) <= startTime {
-		return 0, fmt.Errorf("%w: stat has %d fields", ErrMalformed, len(fields)+2)
+		return 0, fmt.Errorf("%w: stat has %d fields", metal.ErrMalformed, len(fields)+2)
 	}
 	v, err := strconv.ParseUint(fields[startTime], 10, 64)
 	if err != nil {
-		return 0, fmt.Errorf("%w: stat start time %q", ErrMalformed, fields[startTime])
+		return 0, fmt.Errorf("%w: stat start time %q", metal.ErrMalformed, fields[startTime])
 	}
 	return v, nil
 }

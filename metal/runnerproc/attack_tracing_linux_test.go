@@ -1,4 +1,4 @@
-package metal
+package runnerproc
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 	"github.com/macfleet/macfleet/internal/ggufsynth"
 	"github.com/macfleet/macfleet/internal/otlptest"
 	"github.com/macfleet/macfleet/internal/syncbuf"
+	"github.com/macfleet/macfleet/metal"
 	"github.com/macfleet/macfleet/runner/sandbox"
 	"github.com/macfleet/macfleet/tracing"
 )
@@ -63,7 +64,7 @@ func TestAttackTracingRunnerReachesTheNetwork(t *testing.T) {
 		}
 		f := NewProcessFactory(ProcessConfig{RunnerPath: procBuildFakeRunner(t), SpanRelay: relay,
 			Args: []string{"--fake-dial", collectorAddr, "--fake-dial-unix", other, "--fake-fail-linger", "1m"}})
-		r := procStart(t, f, ModelSpec{Name: "m", Path: model}, 0)
+		r := procStart(t, f, metal.ModelSpec{Name: "m", Path: model}, 0)
 		checkEnviron(t, r.PID(), "OTEL_", collectorSecret)
 		ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 		defer cancel()
@@ -88,7 +89,7 @@ func TestAttackTracingRunnerReachesTheNetwork(t *testing.T) {
 		}
 		var out syncbuf.Buffer
 		f := NewProcessFactory(ProcessConfig{RunnerPath: realRunner(t), Threads: 1, Output: &out, SpanRelay: relay})
-		r := procStart(t, f, ModelSpec{Name: "tiny", Path: model, ContextLength: 256, Parallel: 1}, 0)
+		r := procStart(t, f, metal.ModelSpec{Name: "tiny", Path: model, ContextLength: 256, Parallel: 1}, 0)
 		ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 		defer cancel()
 		if err := r.WaitReady(ctx); err != nil {

@@ -1,6 +1,6 @@
 //go:build !linux
 
-package metal
+package runnerproc
 
 import "testing"
 

@@ -1,4 +1,4 @@
-package metal
+package runnerproc
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 
 	"github.com/macfleet/macfleet/internal/ggufsynth"
 	"github.com/macfleet/macfleet/internal/syncbuf"
+	"github.com/macfleet/macfleet/metal"
 	"github.com/macfleet/macfleet/runner/sandbox"
 )
 
@@ -58,8 +59,8 @@ func TestAttackRunnerReadsTheAgentsSecrets(t *testing.T) {
 		var out syncbuf.Buffer
 		f := NewProcessFactory(ProcessConfig{RunnerPath: bin, Threads: 1, Output: &out,
 			PromptCacheDir: t.TempDir(), PromptCacheSSDBytes: 64 << 20})
-		r := procStart(t, f, ModelSpec{Name: "tiny", Path: model, ContextLength: 256, Parallel: 1,
-			PromptCache: PromptCacheSpec{Enabled: true}}, 0)
+		r := procStart(t, f, metal.ModelSpec{Name: "tiny", Path: model, ContextLength: 256, Parallel: 1,
+			PromptCache: metal.PromptCacheSpec{Enabled: true}}, 0)
 		ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 		defer cancel()
 		if err := r.WaitReady(ctx); err != nil {
@@ -84,7 +85,7 @@ func TestAttackRunnerReadsTheAgentsSecrets(t *testing.T) {
 				// The runner stays after its failed load so that its environment can be
 				// read whatever the machine's load (it is stopped at the test's end).
 				Args: []string{"--fake-read", target, "--fake-dial", ln.Addr().String(), "--fake-fail-linger", "1m"}})
-			r := procStart(t, f, ModelSpec{Name: "m", Path: model}, 0)
+			r := procStart(t, f, metal.ModelSpec{Name: "m", Path: model}, 0)
 
 			checkEnviron(t, r.PID(), "KUBECONFIG=", fleetSecret)
 

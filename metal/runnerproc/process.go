@@ -1,4 +1,4 @@
-package metal
+package runnerproc
 
 import (
 	"context"
@@ -18,6 +18,7 @@ import (
 
 	"github.com/go-logr/logr"
 
+	"github.com/macfleet/macfleet/metal"
 	"github.com/macfleet/macfleet/runner/sandbox"
 	"github.com/macfleet/macfleet/tracing/spanrelay"
 )
@@ -174,7 +175,7 @@ type ProcessFactory struct {
 	sandboxLogged sync.Once
 }
 
-var _ RunnerFactory = (*ProcessFactory)(nil)
+var _ metal.RunnerFactory = (*ProcessFactory)(nil)
 
 // NewProcessFactory returns a RunnerFactory of runner processes.
 func NewProcessFactory(cfg ProcessConfig) *ProcessFactory {
@@ -196,7 +197,7 @@ func NewProcessFactory(cfg ProcessConfig) *ProcessFactory {
 // killed and reaped before Start returns. With a StateDir, a recorded runner with the
 // same fingerprint that is alive and proves its identity is adopted instead (see
 // ProcessConfig.StateDir); Adopted reports it.
-func (f *ProcessFactory) Start(ctx context.Context, spec ModelSpec, ceilingBytes int64) (Runner, error) {
+func (f *ProcessFactory) Start(ctx context.Context, spec metal.ModelSpec, ceilingBytes int64) (metal.Runner, error) {
 	path, err := ResolveRunnerPath(f.cfg.RunnerPath)
 	if err != nil {
 		return nil, startError(spec.Name, err)
@@ -247,7 +248,7 @@ func startError(model string, err error) error {
 
 // adoptOrRecord adopts a recorded runner with spec's fingerprint, or else makes the
 // record of the runner about to be started (detached, for the next agent to adopt).
-func (f *ProcessFactory) adoptOrRecord(ctx context.Context, path string, spec ModelSpec, ceilingBytes int64, log logr.Logger) (*ProcessRunner, *runnerRecord, error) {
+func (f *ProcessFactory) adoptOrRecord(ctx context.Context, path string, spec metal.ModelSpec, ceilingBytes int64, log logr.Logger) (*ProcessRunner, *runnerRecord, error) {
 	// The fingerprint names the file's cache directory without the index a second
 	// runner of the same file gets (claimCacheDir): that depends on start order.
 	fpArgs := append(f.engineArgs(spec, ceilingBytes), f.promptCacheArgs(spec, f.cacheDirBase(spec))...)
@@ -265,7 +266,7 @@ func (f *ProcessFactory) adoptOrRecord(ctx context.Context, path string, spec Mo
 // runnerArgs is the runner's whole command line: where it listens, the engine
 // (engineArgs), its prompt cache, tracing, and — detached (rec) — how it outlives
 // the agent.
-func (f *ProcessFactory) runnerArgs(spec ModelSpec, ceilingBytes int64, sock, cacheDir string, rec *runnerRecord) []string {
+func (f *ProcessFactory) runnerArgs(spec metal.ModelSpec, ceilingBytes int64, sock, cacheDir string, rec *runnerRecord) []string {
 	args := []string{"--model", spec.Path, "--socket", sock}
 	if f.cfg.Loopback {
 		args = []string{"--model", spec.Path, "--addr", "127.0.0.1:0"}
@@ -288,7 +289,7 @@ func (f *ProcessFactory) runnerArgs(spec ModelSpec, ceilingBytes int64, sock, ca
 
 // launch execs a new runner and waits for its listening line. handed says whether
 // the runner took over cacheDir (it releases it when reaped), also on failure.
-func (f *ProcessFactory) launch(ctx context.Context, path string, spec ModelSpec, ceilingBytes int64, cacheDir string,
+func (f *ProcessFactory) launch(ctx context.Context, path string, spec metal.ModelSpec, ceilingBytes int64, cacheDir string,
 	rec *runnerRecord, log logr.Logger) (r *ProcessRunner, handed bool, err error) {
 	// The socket directory is made even for loopback runners: it is the runner's
 	// private scratch directory, removed when the process is reaped.
@@ -472,7 +473,7 @@ func (f *ProcessFactory) startSpanRelay(r *ProcessRunner) {
 
 // engineArgs are the runner flags that shape the engine (everything but where it
 // listens and how it relates to the agent).
-func (f *ProcessFactory) engineArgs(spec ModelSpec, ceilingBytes int64) []string {
+func (f *ProcessFactory) engineArgs(spec metal.ModelSpec, ceilingBytes int64) []string {
 	var args []string
 	addInt := func(flag string, v int64) {
 		if v > 0 {

@@ -1,4 +1,4 @@
-package metal
+package runnerproc
 
 // Runner adoption across agent restarts (ProcessConfig.StateDir): detached runners are
 // recorded in the state directory, a restarted agent adopts the ones whose engine is
@@ -30,6 +30,8 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+
+	"github.com/macfleet/macfleet/metal"
 )
 
 // procHandle watches and signals one process: it never signals a later process that
@@ -45,15 +47,7 @@ type procHandle interface {
 	close()
 }
 
-// Detacher is a Runner that can outlive its pool. Detach lets go of the process
-// without stopping it, so the next agent can adopt it; it reports false when the
-// runner cannot be left running (it was not started detached, or it is stopping or
-// gone), and the caller then stops it as usual.
-type Detacher interface {
-	Detach() bool
-}
-
-var _ Detacher = (*ProcessRunner)(nil)
+var _ metal.Detacher = (*ProcessRunner)(nil)
 
 // runnerRecord is one detached runner, stored as StateDir/<id>.json; its output is
 // StateDir/<id>.log.
@@ -228,7 +222,7 @@ func (f *ProcessFactory) stopRecorded(ctx context.Context, rec *runnerRecord, lo
 
 // adopt returns a recorded runner with fingerprint fp that is alive and proves its
 // identity, claimed for this factory; nil when there is none.
-func (f *ProcessFactory) adopt(ctx context.Context, spec ModelSpec, fp string, log logr.Logger) *ProcessRunner {
+func (f *ProcessFactory) adopt(ctx context.Context, spec metal.ModelSpec, fp string, log logr.Logger) *ProcessRunner {
 	recs, err := f.readRecords()
 	if err != nil {
 		log.Info("Reading the runner records failed; starting a new runner", "err", err.Error())
@@ -281,7 +275,7 @@ var errStaleRecord = errors.New("stale runner record")
 func (f *ProcessFactory) attach(rec *runnerRecord, log logr.Logger) (*ProcessRunner, error) {
 	h, err := openProc(rec.PID)
 	if err != nil {
-		if errors.Is(err, ErrProcessNotFound) {
+		if errors.Is(err, metal.ErrProcessNotFound) {
 			f.dropRecord(rec)
 			return nil, fmt.Errorf("%w: pid %d has exited", errStaleRecord, rec.PID)
 		}
@@ -332,7 +326,7 @@ func (r *ProcessRunner) verify(ctx context.Context, rec *runnerRecord) (otherNon
 	if h.Status != "ready" && h.Status != "loading" {
 		return false, fmt.Errorf("the runner is %s", h.Status)
 	}
-	var st RunnerStatus
+	var st metal.RunnerStatus
 	if err := r.call(ctx, http.MethodGet, "/status", nil, &st); err != nil {
 		return false, fmt.Errorf("status: %w", err)
 	}
@@ -433,7 +427,7 @@ func (r *ProcessRunner) followLog(path string, fromEnd bool, listening chan<- li
 // and the model file (path, size, modification time), the runner's engine flags (the
 // ceiling among them), the factory's environment and the restart-relevant fields of
 // spec (needsRestart).
-func (f *ProcessFactory) fingerprint(runnerPath string, spec ModelSpec, engineArgs []string) (string, error) {
+func (f *ProcessFactory) fingerprint(runnerPath string, spec metal.ModelSpec, engineArgs []string) (string, error) {
 	type file struct {
 		Path    string `json:"path"`
 		Size    int64  `json:"size"`
@@ -447,14 +441,14 @@ func (f *ProcessFactory) fingerprint(runnerPath string, spec ModelSpec, engineAr
 		return fi
 	}
 	b, err := json.Marshal(struct {
-		Runner   file           `json:"runner"`
-		Model    file           `json:"model"`
-		Loopback bool           `json:"loopback"`
-		Args     []string       `json:"args"`
-		Env      []string       `json:"env"`
-		Engine   engineIdentity `json:"engine"`
-		Sandbox  string         `json:"sandbox,omitempty"`
-	}{stat(runnerPath), stat(spec.Path), f.cfg.Loopback, engineArgs, f.cfg.Env, engineIdentityOf(spec), f.sandboxIdentity()})
+		Runner   file     `json:"runner"`
+		Model    file     `json:"model"`
+		Loopback bool     `json:"loopback"`
+		Args     []string `json:"args"`
+		Env      []string `json:"env"`
+		Engine   any      `json:"engine"`
+		Sandbox  string   `json:"sandbox,omitempty"`
+	}{stat(runnerPath), stat(spec.Path), f.cfg.Loopback, engineArgs, f.cfg.Env, metal.EngineIdentity(spec), f.sandboxIdentity()})
 	if err != nil {
 		return "", err
 	}

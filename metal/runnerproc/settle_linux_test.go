@@ -1,4 +1,4 @@
-package metal
+package runnerproc
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 	"github.com/go-logr/logr/testr"
 
 	"github.com/macfleet/macfleet/internal/ggufsynth"
+	"github.com/macfleet/macfleet/metal"
 )
 
 // hostSample is one Host() call during an unload, by the gauge the pool uses and by
@@ -25,15 +26,15 @@ type hostSample struct {
 // recordingGauge is the real Linux gauge, recording every Host() sample next to what
 // meminfo alone said.
 type recordingGauge struct {
-	Gauge
-	memOnly *ProcGauge
+	metal.Gauge
+	memOnly *metal.ProcGauge
 	began   time.Time
 
 	mu      sync.Mutex
 	samples []hostSample
 }
 
-func (g *recordingGauge) Host() (HostMemory, error) {
+func (g *recordingGauge) Host() (metal.HostMemory, error) {
 	hm, err := g.Gauge.Host()
 	old, oerr := g.memOnly.Host()
 	if err == nil && oerr == nil {
@@ -75,19 +76,19 @@ func TestSettleLargeUnload(t *testing.T) {
 	}
 	t.Logf("synthesized %d params in %v", spec.Params(), time.Since(began).Round(time.Millisecond))
 
-	base, err := NewGauge()
+	base, err := metal.NewGauge()
 	if err != nil {
 		t.Fatal(err)
 	}
 	gauge := &recordingGauge{Gauge: base,
-		memOnly: NewProcGauge(withoutZoneinfo{os.DirFS("/proc")}, "/proc", int64(os.Getpagesize()))}
+		memOnly: metal.NewProcGauge(withoutZoneinfo{os.DirFS("/proc")}, "/proc", int64(os.Getpagesize()))}
 	f := NewProcessFactory(ProcessConfig{RunnerPath: bin, Threads: 1, Args: []string{"--mmap=false"}})
-	p, err := New(Config{CeilingBytes: 8 << 30, AgentPID: -1}, f, gauge, nil, testr.New(t))
+	p, err := metal.New(metal.Config{CeilingBytes: 8 << 30, AgentPID: -1}, f, gauge, nil, testr.New(t))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = p.Close(context.Background()) })
-	if err := p.Register(ModelSpec{Name: "large", Path: model, ContextLength: 512, Parallel: 1,
+	if err := p.Register(metal.ModelSpec{Name: "large", Path: model, ContextLength: 512, Parallel: 1,
 		EstimatedBytes: 1 << 30}); err != nil {
 		t.Fatal(err)
 	}
@@ -116,7 +117,7 @@ func TestSettleLargeUnload(t *testing.T) {
 	if report.ResidentBytes < 400<<20 {
 		t.Fatalf("resident %d MB: the runner should hold the model's %d MB of weights", report.ResidentBytes>>20, spec.Params()*4>>20)
 	}
-	if report.Outcome != Settled || report.Duration > time.Second {
+	if report.Outcome != metal.Settled || report.Duration > time.Second {
 		t.Errorf("outcome %s after %v; want Settled within 1s", report.Outcome, report.Duration)
 	}
 	if d := report.FreedBytes - report.ResidentBytes; d < -tolerance || d > tolerance {

@@ -1,4 +1,4 @@
-package metal
+package runnerproc
 
 import (
 	"context"
@@ -17,6 +17,7 @@ import (
 
 	"github.com/macfleet/macfleet/internal/ggufsynth"
 	"github.com/macfleet/macfleet/internal/syncbuf"
+	"github.com/macfleet/macfleet/metal"
 )
 
 // adoptEnv is a real runner binary, a synthesized tiny model and a state directory.
@@ -44,8 +45,8 @@ func (e adoptEnv) factory(mod ...func(*ProcessConfig)) *ProcessFactory {
 	return NewProcessFactory(cfg)
 }
 
-func (e adoptEnv) spec() ModelSpec {
-	return ModelSpec{Name: "tiny", Path: e.model, ContextLength: 512, Parallel: 1, EstimatedBytes: 64 << 20}
+func (e adoptEnv) spec() metal.ModelSpec {
+	return metal.ModelSpec{Name: "tiny", Path: e.model, ContextLength: 512, Parallel: 1, EstimatedBytes: 64 << 20}
 }
 
 func (e adoptEnv) records(t *testing.T) []string {
@@ -72,7 +73,7 @@ func realRunner(t *testing.T) string {
 
 // adoptStart starts (or adopts) a runner, waits for it to be ready and makes sure it
 // is gone when the test ends, whoever holds it.
-func adoptStart(t *testing.T, f *ProcessFactory, spec ModelSpec) *ProcessRunner {
+func adoptStart(t *testing.T, f *ProcessFactory, spec metal.ModelSpec) *ProcessRunner {
 	t.Helper()
 	r, err := f.Start(t.Context(), spec, spec.EstimatedBytes)
 	if err != nil {
@@ -141,7 +142,7 @@ func TestAdoptRunners(t *testing.T) {
 		if body := procPost(t, r2, `{"prompt":"Hello","max_tokens":4,"temperature":0}`); !strings.Contains(body, `"choices"`) {
 			t.Errorf("completion through the adopted runner = %s", body)
 		}
-		gauge, err := NewGauge()
+		gauge, err := metal.NewGauge()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -351,13 +352,13 @@ func TestAdoptRunners(t *testing.T) {
 // next agent adopts it instead of loading the model again.
 func TestPoolKeepRunnersOnExit(t *testing.T) {
 	env := newAdoptEnv(t)
-	gauge, err := NewGauge()
+	gauge, err := metal.NewGauge()
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := Config{CeilingBytes: 4 << 30, KeepRunnersOnExit: true, AgentPID: -1}
-	newPool := func(f *ProcessFactory) *Pool {
-		p, err := New(cfg, f, gauge, nil, testr.New(t))
+	cfg := metal.Config{CeilingBytes: 4 << 30, KeepRunnersOnExit: true, AgentPID: -1}
+	newPool := func(f *ProcessFactory) *metal.Pool {
+		p, err := metal.New(cfg, f, gauge, nil, testr.New(t))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -388,7 +389,7 @@ func TestPoolKeepRunnersOnExit(t *testing.T) {
 	if !procAlive(pid) {
 		t.Fatal("the runner did not survive its pool")
 	}
-	if s := p1.Snapshot(); s.CommittedBytes != 0 || s.Runners != 0 || s.Models[0].State != StateUnloaded {
+	if s := p1.Snapshot(); s.CommittedBytes != 0 || s.Runners != 0 || s.Models[0].State != metal.StateUnloaded {
 		t.Errorf("detached pool: committed %d runners %d state %s; want 0, 0, Unloaded", s.CommittedBytes, s.Runners, s.Models[0].State)
 	}
 
@@ -434,7 +435,7 @@ func TestPoolKeepRunnersOnExit(t *testing.T) {
 	}
 }
 
-func modelPID(p *Pool, name string) int {
+func modelPID(p *metal.Pool, name string) int {
 	for _, m := range p.Snapshot().Models {
 		if m.Name == name {
 			return m.PID

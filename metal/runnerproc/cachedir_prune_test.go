@@ -1,4 +1,4 @@
-package metal
+package runnerproc
 
 import (
 	"os"
@@ -9,6 +9,8 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"golang.org/x/sys/unix"
+
+	"github.com/macfleet/macfleet/metal"
 )
 
 // lchtimes sets the times of a symbolic link itself.
@@ -63,8 +65,8 @@ func TestPrunePromptCacheDirs(t *testing.T) {
 	stateDir := filepath.Join(base, "state")
 	models := filepath.Join(base, "models")
 	f := NewProcessFactory(ProcessConfig{PromptCacheDir: root, PromptCacheSSDBytes: 1 << 30, StateDir: stateDir})
-	spec := func(name string) ModelSpec {
-		return ModelSpec{Name: name, Path: filepath.Join(models, name+".gguf"), PromptCache: PromptCacheSpec{Enabled: true}}
+	spec := func(name string) metal.ModelSpec {
+		return metal.ModelSpec{Name: name, Path: filepath.Join(models, name+".gguf"), PromptCache: metal.PromptCacheSpec{Enabled: true}}
 	}
 	id := func(name string) string { return PromptCacheDirName("", spec(name).Path) }
 

@@ -1,4 +1,4 @@
-package metal
+package runnerproc
 
 import (
 	"bufio"
@@ -20,6 +20,7 @@ import (
 
 	"github.com/go-logr/logr"
 
+	"github.com/macfleet/macfleet/metal"
 	"github.com/macfleet/macfleet/runner/api"
 )
 
@@ -85,7 +86,7 @@ func (r *ProcessRunner) setCacheDir(dir string) bool {
 	return true
 }
 
-var _ Runner = (*ProcessRunner)(nil)
+var _ metal.Runner = (*ProcessRunner)(nil)
 
 type listenEvent struct {
 	Event  string `json:"event"`
@@ -363,14 +364,14 @@ func (r *ProcessRunner) loadExitError() error {
 }
 
 // Status is GET /status.
-func (r *ProcessRunner) Status(ctx context.Context) (RunnerStatus, error) {
-	var st RunnerStatus
+func (r *ProcessRunner) Status(ctx context.Context) (metal.RunnerStatus, error) {
+	var st metal.RunnerStatus
 	err := r.call(ctx, http.MethodGet, "/status", nil, &st)
 	return st, err
 }
 
 // SetLimits is POST /limits.
-func (r *ProcessRunner) SetLimits(ctx context.Context, l Limits) error {
+func (r *ProcessRunner) SetLimits(ctx context.Context, l metal.Limits) error {
 	return r.call(ctx, http.MethodPost, "/limits", l, nil)
 }
 
@@ -384,8 +385,8 @@ func (r *ProcessRunner) Abort(ctx context.Context) (int, error) {
 }
 
 // ClearCache is POST /cache/clear.
-func (r *ProcessRunner) ClearCache(ctx context.Context) (CacheClearResult, error) {
-	var out CacheClearResult
+func (r *ProcessRunner) ClearCache(ctx context.Context) (metal.CacheClearResult, error) {
+	var out metal.CacheClearResult
 	err := r.call(ctx, http.MethodPost, "/cache/clear", struct{}{}, &out)
 	return out, err
 }

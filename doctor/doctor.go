@@ -24,6 +24,7 @@ import (
 
 	"github.com/macfleet/macfleet/agent/hardware"
 	"github.com/macfleet/macfleet/metal"
+	"github.com/macfleet/macfleet/metal/runnerproc"
 	"github.com/macfleet/macfleet/runner/sandbox"
 )
 
@@ -180,7 +181,7 @@ func Run(ctx context.Context, opts Options) (Report, error) {
 		rep.Runner.Sandbox = "none"
 	}
 	if err != nil {
-		rep.Runner.Check, rep.Runner.Note = CheckFailed, err.Error()+"; build it with `make runner` (bin/macfleet-runner) or set "+metal.RunnerEnv
+		rep.Runner.Check, rep.Runner.Note = CheckFailed, err.Error()+"; build it with `make runner` (bin/macfleet-runner) or set "+runnerproc.RunnerEnv
 	}
 	if opts.SkipSelfTest {
 		return rep, nil
@@ -197,24 +198,24 @@ func Run(ctx context.Context, opts Options) (Report, error) {
 	return rep, nil
 }
 
-// locateRunner finds the runner as the agent does (metal.RunnerExecutable) and says
+// locateRunner finds the runner as the agent does (runnerproc.RunnerExecutable) and says
 // where it was found.
 func locateRunner(configured string) (path, origin string, err error) {
-	path, err = metal.RunnerExecutable(configured)
+	path, err = runnerproc.RunnerExecutable(configured)
 	if err != nil {
 		return "", "", err
 	}
 	exe, _ := os.Executable()
-	return path, runnerOrigin(configured, os.Getenv(metal.RunnerEnv), exe, path), nil
+	return path, runnerOrigin(configured, os.Getenv(runnerproc.RunnerEnv), exe, path), nil
 }
 
-// runnerOrigin names where metal.ResolveRunnerPath took path from.
+// runnerOrigin names where runnerproc.ResolveRunnerPath took path from.
 func runnerOrigin(configured, env, exe, path string) string {
 	switch {
 	case configured != "":
 		return "--runner"
 	case env != "":
-		return "$" + metal.RunnerEnv
+		return "$" + runnerproc.RunnerEnv
 	case exe != "" && filepath.Dir(exe) == filepath.Dir(path):
 		return "next to macfleet"
 	}

@@ -20,6 +20,7 @@ import (
 	"github.com/macfleet/macfleet/api/runnerapi"
 	"github.com/macfleet/macfleet/internal/ggufsynth"
 	"github.com/macfleet/macfleet/metal"
+	"github.com/macfleet/macfleet/metal/runnerproc"
 )
 
 // The self-test's model: the "small" synthesized preset (≈20 MB of f16 weights) with
@@ -123,7 +124,7 @@ func selfTest(ctx context.Context, opts Options, g metal.Gauge, rep *Report) {
 	st.add("synth", time.Since(t), CheckOK, "%s, %d params, file %s, estimate %s",
 		filepath.Base(path), spec.Params(), formatSize(size), formatSize(ms.EstimatedBytes))
 
-	factory := metal.NewProcessFactory(metal.ProcessConfig{RunnerPath: rep.Runner.Path, Log: opts.Log.WithName("runner")})
+	factory := runnerproc.NewProcessFactory(runnerproc.ProcessConfig{RunnerPath: rep.Runner.Path, Log: opts.Log.WithName("runner")})
 	pool, err := metal.New(metal.Config{CeilingBytes: opts.CeilingBytes, ReserveBytes: opts.ReserveBytes, IdleTimeout: -1},
 		factory, g, clock.RealClock{}, opts.Log.WithName("pool"))
 	if err == nil {

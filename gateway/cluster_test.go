@@ -35,6 +35,7 @@ import (
 	"github.com/macfleet/macfleet/gateway"
 	"github.com/macfleet/macfleet/internal/ggufsynth"
 	"github.com/macfleet/macfleet/metal"
+	"github.com/macfleet/macfleet/metal/runnerproc"
 	"github.com/macfleet/macfleet/test/support/testenv"
 )
 
@@ -335,7 +336,7 @@ func startAgent(t *testing.T, runner string) string {
 // MACFLEET_RUNNER.
 func realAgent(t *testing.T, key string) (e *testenv.Env, agent, keysFile string) {
 	t.Helper()
-	runner := os.Getenv(metal.RunnerEnv)
+	runner := os.Getenv(runnerproc.RunnerEnv)
 	if runner == "" {
 		t.Skip("MACFLEET_RUNNER is not set: build the runner with `make runner` and export MACFLEET_RUNNER=$PWD/bin/macfleet-runner")
 	}

@@ -3,19 +3,14 @@ package metal
 import (
 	"context"
 	"fmt"
-	"slices"
-	"strings"
 	"time"
+
+	"github.com/macfleet/macfleet/metal/decide"
 )
 
-// admit decides whether e may load with spec, evicting idle models first, and on
-// success commits the reservation and returns the new engine (e.eng). It is the
-// algorithm of ENGINE_POOL.md:
-//
-//	current   = max(measured pool footprint, committed reservations)
-//	projected = current + estimate
-//	while projected > soft target and an evictable victim exists: unload it, re-measure
-//	admit if projected <= ceiling
+// admit asks decide.Admit, round by round, whether e may load with spec — evicting
+// idle models first, waiting for unloads in progress, or refusing — and on success
+// commits the reservation and returns the new engine (e.eng).
 //
 // Admissions are serialized (loads wait for each other, serving does not); the pool
 // mutex is only taken to decide, never across a measurement or an eviction.
@@ -35,132 +30,69 @@ func (p *Pool) admit(ctx context.Context, e *entry, spec ModelSpec, gen uint64) 
 	}
 	defer func() { <-p.admitting }()
 
-	est := spec.EstimatedBytes
-	p.mu.Lock()
-	ceiling, level := p.ceiling, p.level
-	if est > ceiling.Bytes {
-		p.mu.Unlock()
-		return nil, &ModelTooLargeError{Model: spec.Name, EstimatedBytes: est, Ceiling: ceiling}
-	}
-	if level.atLeast(PressureHard) {
-		err := p.insufficientLocked(e, spec, max(p.usage, p.committed), ceiling.SoftBytes,
-			fmt.Sprintf("loads are paused under %s memory pressure", level))
-		p.mu.Unlock()
-		return nil, err
-	}
-	p.mu.Unlock()
-
-	evicted := false
+	req := decide.AdmitRequest{Model: spec.Name, Estimate: spec.EstimatedBytes, Measured: -1}
 	for {
-		measured := p.measurePool()
 		p.mu.Lock()
-		if ctx.Err() != nil {
+		if req.Measured >= 0 && ctx.Err() != nil {
 			p.mu.Unlock()
 			return nil, p.ctxLoadError(ctx, spec.Name)
 		}
-		ceiling, level = p.ceiling, p.level
-		if est > ceiling.Bytes { // the ceiling may have been lowered meanwhile
-			p.mu.Unlock()
-			return nil, &ModelTooLargeError{Model: spec.Name, EstimatedBytes: est, Ceiling: ceiling}
-		}
-		current := max(measured, p.committed)
-		if evicted {
-			// Gauges may still show the victims' residue: trust the reservations.
-			current = p.committed
-		}
-		projected := current + est
-		limit, detail := ceiling.Bytes, ""
-		if level.atLeast(PressureSoft) {
-			limit, detail = ceiling.SoftBytes, fmt.Sprintf("loads are paused above the soft watermark under %s memory pressure", level)
-		}
-
-		var wait <-chan struct{}
-		if projected > ceiling.SoftBytes {
-			if v := p.pickVictimLocked(e, projected-ceiling.SoftBytes); v != nil {
-				p.log.V(2).Info("Evicting to admit a model", "model", spec.Name, "victim", v.spec.Name,
-					"projectedBytes", projected, "softBytes", ceiling.SoftBytes)
-				wait = p.startUnloadLocked(v, ReasonEviction)
-				evicted = true
-			}
-		}
-		if wait == nil && projected > limit {
-			// Unloads already under way will hand their reservations back: wait for
-			// them rather than refusing a load that fits once they are done.
-			if pending, ch := p.pendingReleaseLocked(e); pending > 0 && projected-pending <= limit {
-				wait = ch
-			}
-		}
-		if wait == nil {
-			if projected > limit {
-				err := p.insufficientLocked(e, spec, current, limit, detail)
-				p.mu.Unlock()
-				return nil, err
-			}
-			g := newEngine(e, spec, gen, est)
-			p.committed += est
-			p.activity++
-			e.eng = g
-			p.mu.Unlock()
-			return g, nil
-		}
+		d := decide.Admit(p.decideSnapshotLocked(), req)
+		g, wait, err := p.applyAdmissionLocked(e, spec, gen, d)
 		p.mu.Unlock()
-		select {
-		case <-wait:
-		case <-ctx.Done():
-			return nil, p.ctxLoadError(ctx, spec.Name)
+		if g != nil || err != nil {
+			return g, err
 		}
+		if wait != nil {
+			select {
+			case <-wait:
+			case <-ctx.Done():
+				return nil, p.ctxLoadError(ctx, spec.Name)
+			}
+		}
+		req.Evicted = req.Evicted || d.Kind == decide.AdmitEvict
+		req.Measured = p.measurePool()
 	}
 }
 
-// pendingReleaseLocked sums the reservations of engines being torn down and returns
-// the transition of one of them to wait for.
-func (p *Pool) pendingReleaseLocked(self *entry) (int64, <-chan struct{}) {
-	var sum int64
-	var ch <-chan struct{}
+// applyAdmissionLocked applies one admission round: the engine admitted, or a channel
+// to wait on before the next round, or the refusal; all nil: measure and ask again.
+func (p *Pool) applyAdmissionLocked(e *entry, spec ModelSpec, gen uint64, d decide.Admission) (*engine, <-chan struct{}, error) {
+	switch d.Kind {
+	case decide.AdmitLoad:
+		g := newEngine(e, spec, gen, spec.EstimatedBytes)
+		p.committed += spec.EstimatedBytes
+		p.activity++
+		e.eng = g
+		return g, nil, nil
+	case decide.AdmitEvict:
+		p.log.V(2).Info("Evicting to admit a model", "model", spec.Name, "victim", d.Victim,
+			"projectedBytes", d.Projected, "softBytes", p.ceiling.SoftBytes)
+		return nil, p.startUnloadLocked(p.entries[d.Victim], ReasonEviction), nil
+	case decide.AdmitWait:
+		// Unloads already under way will hand their reservations back.
+		if ch := p.releasingLocked(e); ch != nil {
+			return nil, ch, nil
+		}
+	case decide.AdmitTooLarge:
+		return nil, nil, &ModelTooLargeError{Model: spec.Name, EstimatedBytes: spec.EstimatedBytes, Ceiling: p.ceiling}
+	case decide.AdmitMeasure:
+		return nil, nil, nil
+	}
+	return nil, nil, &InsufficientMemoryError{Model: spec.Name, EstimatedBytes: spec.EstimatedBytes,
+		CurrentBytes: d.Current, LimitBytes: d.Limit, Ceiling: p.ceiling, Pressure: p.level,
+		Detail: d.Detail, Retry: p.pausedRetry()}
+}
+
+// releasingLocked is the transition of an engine being torn down (other than self's)
+// to wait for, or nil.
+func (p *Pool) releasingLocked(self *entry) <-chan struct{} {
 	for g := range p.engines {
-		if g.entry == self || !g.tearingDown {
-			continue
-		}
-		sum += g.reservation
-		if ch == nil && g.entry.transition != nil {
-			ch = g.entry.transition
+		if g.entry != self && g.tearingDown && g.entry.transition != nil {
+			return g.entry.transition
 		}
 	}
-	if ch == nil {
-		return 0, nil
-	}
-	return sum, ch
-}
-
-func (p *Pool) insufficientLocked(self *entry, spec ModelSpec, current, limit int64, detail string) error {
-	var blockers []string
-	for _, e := range p.entries {
-		if e == self || e.eng == nil {
-			continue
-		}
-		switch {
-		case e.state == StateReady && e.spec.Residency == Pinned:
-			blockers = append(blockers, e.spec.Name+" (pinned)")
-		case e.state == StateReady && e.eng.inUse > 0:
-			blockers = append(blockers, e.spec.Name+" (busy)")
-		case e.state == StateLoading:
-			blockers = append(blockers, e.spec.Name+" (loading)")
-		case e.state == StateDraining || e.state == StateStopping:
-			blockers = append(blockers, e.spec.Name+" (unloading)")
-		}
-	}
-	slices.Sort(blockers)
-	if len(blockers) > 0 {
-		held := "memory is held by " + strings.Join(blockers, ", ")
-		if detail == "" {
-			detail = held
-		} else {
-			detail += "; " + held
-		}
-	}
-	return &InsufficientMemoryError{Model: spec.Name, EstimatedBytes: spec.EstimatedBytes,
-		CurrentBytes: current, LimitBytes: limit, Ceiling: p.ceiling, Pressure: p.level,
-		Detail: detail, Retry: p.pausedRetry()}
+	return nil
 }
 
 // pausedRetry is the retry hint of a refused load.

@@ -4,59 +4,19 @@ import (
 	"context"
 	"sync"
 	"time"
+
+	"github.com/macfleet/macfleet/metal/decide"
 )
 
-// PressureLevel is the memory enforcer's verdict at one poll.
-type PressureLevel string
+// PressureLevel is the memory enforcer's verdict at one poll (decide.ClassifyPressure).
+type PressureLevel = decide.PressureLevel
 
 const (
-	// PressureOK: usage below the soft watermark; nothing to do.
-	PressureOK PressureLevel = "ok"
-	// PressureSoft: at or above soft; loads pause above the soft watermark, idle
-	// LRU models are evicted while more than one non-pinned model is loaded.
-	PressureSoft PressureLevel = "soft"
-	// PressureHard: at or above hard; loads in progress are aborted, idle victims
-	// evicted, else the LRU busy model's requests aborted (it stays loaded).
-	PressureHard PressureLevel = "hard"
-	// PressureEmergency: at or above the ceiling for two polls in a row, or over it
-	// by the emergency margin; everything in flight is aborted and non-pinned
-	// models unloaded.
-	PressureEmergency PressureLevel = "emergency"
+	PressureOK        = decide.PressureOK
+	PressureSoft      = decide.PressureSoft
+	PressureHard      = decide.PressureHard
+	PressureEmergency = decide.PressureEmergency
 )
-
-// Rank orders levels: ok 0, soft 1, hard 2, emergency 3.
-func (l PressureLevel) Rank() int {
-	switch l {
-	case PressureSoft:
-		return 1
-	case PressureHard:
-		return 2
-	case PressureEmergency:
-		return 3
-	}
-	return 0
-}
-
-func (l PressureLevel) atLeast(o PressureLevel) bool { return l.Rank() >= o.Rank() }
-
-// classifyPressure is the pure level decision. overRun counts consecutive polls at
-// or above the ceiling before this one; it returns the level and the new count.
-func classifyPressure(usage int64, c Ceiling, emergencyMargin int64, overRun int) (PressureLevel, int) {
-	if usage >= c.Bytes {
-		overRun++
-	} else {
-		overRun = 0
-	}
-	switch {
-	case usage >= c.Bytes+emergencyMargin || overRun >= 2:
-		return PressureEmergency, overRun
-	case usage >= c.HardBytes:
-		return PressureHard, overRun
-	case usage >= c.SoftBytes:
-		return PressureSoft, overRun
-	}
-	return PressureOK, overRun
-}
 
 // Run drives the memory enforcer until ctx ends, then unloads every model (or, with
 // Config.KeepRunnersOnExit, detaches the runners that can outlive it) and returns. Polls are adaptive — PollActive while anything loads, serves or unloads
@@ -111,63 +71,30 @@ func (p *Pool) shutdown() error {
 func (p *Pool) pollInterval() time.Duration {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	now := p.clock.Now()
-	active := p.level != PressureOK
-	loaded := false
-	next := time.Duration(-1)
-	for _, e := range p.entries {
-		switch {
-		case e.state.transient():
-			active = true
-		case e.state == StateReady:
-			loaded = true
-			if e.eng.inUse > 0 {
-				active = true
-			} else if t := e.idleTimeout(p.cfg.IdleTimeout); t > 0 {
-				left := max(e.lastUsed.Add(t).Sub(now), 10*time.Millisecond)
-				if next < 0 || left < next {
-					next = left
-				}
-			}
-		}
-	}
-	interval := p.cfg.PollEmpty
-	switch {
-	case active:
-		interval = p.cfg.PollActive
-	case loaded:
-		interval = p.cfg.PollIdle
-	}
-	if next >= 0 && next < interval {
-		interval = next
-	}
-	return interval
+	return decide.NextPoll(p.decideSnapshotLocked(), decide.Intervals{
+		Active: p.cfg.PollActive, Idle: p.cfg.PollIdle, Empty: p.cfg.PollEmpty})
 }
 
-// poll is one enforcer pass: measure, classify, push limits to every runner, act.
+// poll is one enforcer pass: measure, decide (decide.Enforce), apply, then push
+// limits to every runner and abort what the decision aborts, outside the lock.
 func (p *Pool) poll() {
 	measured := p.measurePool()
 
 	p.mu.Lock()
-	now := p.clock.Now()
+	snap := p.decideSnapshotLocked()
 	prev := p.level
-	level, run := classifyPressure(measured, p.ceiling, p.cfg.EmergencyMarginBytes, p.overCeilingRun)
-	p.usage, p.level, p.overCeilingRun, p.lastPoll = measured, level, run, now
-	// Hot tiers are what goes first under hard pressure: shrinking them costs no
-	// request and no reload (their states are on the SSD as well).
-	hotReclaim := int64(0)
-	switch {
-	case level.atLeast(PressureHard):
-		if !p.hotShrunk {
-			hotReclaim = p.hotHeldLocked()
-			p.log.Info("Shrinking the prompt cache hot tiers under memory pressure", "level", string(level), "hotBytes", hotReclaim)
-		}
-		p.hotShrunk = true
-	case level == PressureOK:
-		p.hotShrunk = false
+	d := decide.Enforce(snap, decide.Poll{Measured: measured, OverRun: p.overCeilingRun,
+		EmergencyMargin: p.cfg.EmergencyMarginBytes, HotShrunk: p.hotShrunk, HotHeld: p.hotHeldLocked()})
+	level := d.Level
+	p.usage, p.level, p.overCeilingRun, p.lastPoll = measured, level, d.OverRun, snap.Now
+	if d.ShrinkHot {
+		// Hot tiers are what goes first under hard pressure: shrinking them costs no
+		// request and no reload (their states are on the SSD as well).
+		p.log.Info("Shrinking the prompt cache hot tiers under memory pressure", "level", string(level), "hotBytes", d.HotReclaim)
 	}
+	p.hotShrunk = d.HotShrunk
 	decreases, increases := p.planHotLocked()
-	aborts := p.actLocked(level, measured, now, hotReclaim)
+	aborts := p.applyEnforcementLocked(d.Actions)
 	type push struct {
 		name string
 		r    Runner
@@ -214,100 +141,34 @@ func (p *Pool) poll() {
 	wg.Wait()
 }
 
-// actLocked applies the level's actions: it starts unloads and cancels loads itself
-// and returns the engines whose in-flight requests must be aborted.
-func (p *Pool) actLocked(level PressureLevel, usage int64, now time.Time, hotReclaim int64) []*engine {
+// applyEnforcementLocked applies the enforcer's actions in order: it starts unloads
+// and cancels loads itself and returns the engines whose in-flight requests must be
+// aborted.
+func (p *Pool) applyEnforcementLocked(actions []decide.Action) []*engine {
 	var aborts []*engine
-	pending := int64(0)
-	nonPinned := 0
-	for g := range p.engines {
-		if g.tearingDown {
-			pending += max(g.footprint, g.reservation)
-		}
-	}
-	for _, e := range p.entries {
-		if e.state == StateReady && e.spec.Residency != Pinned {
-			nonPinned++
-		}
-	}
-
-	// A runner over its own ceiling by more than 10% is a pressure victim.
-	for _, e := range p.entries {
-		g := e.eng
-		if e.state != StateReady || g == nil || g.reservation <= 0 || g.overCeiling {
+	for _, a := range actions {
+		e := p.entries[a.Model]
+		if e == nil {
 			continue
 		}
-		if g.footprint > g.ownCeiling() {
+		switch a.Kind {
+		case decide.AbortRequests:
+			if e.eng != nil {
+				aborts = appendEngine(aborts, e.eng)
+			}
+		case decide.UnloadOverCeiling:
+			g := e.eng
 			g.overCeiling = true
 			p.log.Info("Runner is over its own ceiling", "model", e.spec.Name, "footprintBytes", g.footprint,
 				"ceilingBytes", g.ownCeiling(), "reservedBytes", g.reservation, "hotBudgetBytes", g.hotBudget)
-			if g.inUse > 0 {
-				aborts = append(aborts, g)
-			}
 			p.startUnloadLocked(e, ReasonOverCeiling)
-			pending += max(g.footprint, g.reservation)
-		}
-	}
-
-	switch level {
-	case PressureEmergency:
-		for _, e := range p.entries {
-			switch {
-			case e.state == StateLoading:
-				p.startUnloadLocked(e, ReasonPressure)
-			case (e.state == StateReady || e.state == StateDraining) && e.eng != nil && e.eng.inUse > 0:
-				aborts = appendEngine(aborts, e.eng)
-			}
-			if e.state == StateReady && e.spec.Residency != Pinned {
-				p.startUnloadLocked(e, ReasonPressure)
-			}
-		}
-	case PressureHard:
-		for _, e := range p.entries {
-			if e.state == StateLoading {
-				p.startUnloadLocked(e, ReasonPressure)
-			}
-		}
-		if need := usage - p.ceiling.SoftBytes - pending - hotReclaim; need > 0 {
-			if v := p.pickVictimLocked(nil, need); v != nil {
-				p.startUnloadLocked(v, ReasonPressure)
-			} else if busy := p.lruBusyLocked(); busy != nil {
-				aborts = appendEngine(aborts, busy.eng)
-			}
-		}
-	case PressureSoft:
-		if pending == 0 && nonPinned > 1 {
-			if v := p.pickVictimLocked(nil, 0); v != nil {
-				p.startUnloadLocked(v, ReasonPressure)
-			}
-		}
-	}
-
-	// Idle expiry: OnDemand models without a lease past their idle timeout.
-	for _, e := range p.entries {
-		if e.state != StateReady || e.eng.inUse > 0 {
-			continue
-		}
-		if t := e.idleTimeout(p.cfg.IdleTimeout); t > 0 && now.Sub(e.lastUsed) >= t {
+		case decide.UnloadPressure:
+			p.startUnloadLocked(e, ReasonPressure)
+		case decide.UnloadIdle:
 			p.startUnloadLocked(e, ReasonIdle)
 		}
 	}
 	return aborts
-}
-
-// lruBusyLocked is the least recently used Ready entry with requests in flight.
-func (p *Pool) lruBusyLocked() *entry {
-	var best *entry
-	for _, e := range p.entries {
-		if e.state != StateReady || e.eng == nil || e.eng.inUse == 0 {
-			continue
-		}
-		if best == nil || e.lastUsed.Before(best.lastUsed) ||
-			(e.lastUsed.Equal(best.lastUsed) && e.spec.Name < best.spec.Name) {
-			best = e
-		}
-	}
-	return best
 }
 
 func appendEngine(list []*engine, g *engine) []*engine {

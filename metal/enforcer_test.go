@@ -9,32 +9,6 @@ import (
 	"github.com/google/go-cmp/cmp"
 )
 
-func TestClassifyPressure(t *testing.T) {
-	c := ComputeCeiling(Hardware{TotalBytes: 64 * gib}, 10*gib, 0, 0, 0) // soft 9, hard 9.5
-	for _, tc := range []struct {
-		name    string
-		usage   int64
-		overRun int
-		want    PressureLevel
-		wantRun int
-	}{
-		{"ok", 8 * gib, 0, PressureOK, 0},
-		{"soft at the watermark", 9 * gib, 0, PressureSoft, 0},
-		{"hard at the watermark", c.HardBytes, 0, PressureHard, 0},
-		{"first poll at the ceiling is hard", 10 * gib, 0, PressureHard, 1},
-		{"second poll at the ceiling is an emergency", 10 * gib, 1, PressureEmergency, 2},
-		{"ceiling + 2 GiB is an emergency at once", 12 * gib, 0, PressureEmergency, 1},
-		{"dropping below the ceiling resets the run", 9*gib + 600*mib, 1, PressureHard, 0},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			got, run := classifyPressure(tc.usage, c, 2*gib, tc.overRun)
-			if got != tc.want || run != tc.wantRun {
-				t.Fatalf("classifyPressure = %s %d, want %s %d", got, run, tc.want, tc.wantRun)
-			}
-		})
-	}
-}
-
 // setAgent sets the agent's own footprint, the simplest lever on measured usage.
 func (h *harness) setAgent(b int64) { h.g.setProc(fakeAgentPID, b) }
 

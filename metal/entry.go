@@ -5,34 +5,23 @@ import (
 	"time"
 
 	"github.com/macfleet/macfleet/api/runnerapi"
+	"github.com/macfleet/macfleet/metal/decide"
 )
 
 // State is an entry's place in its life cycle:
 // Absent → Loading → Ready → Draining → Stopping → Unloaded, and Failed.
-type State string
+// The pool's decisions (package decide) read it.
+type State = decide.State
 
 const (
-	// StateAbsent: registered, never loaded.
-	StateAbsent State = "Absent"
-	// StateLoading: admitted (or being admitted), reservation held, runner starting.
-	StateLoading State = "Loading"
-	// StateReady: serving; accepts leases.
-	StateReady State = "Ready"
-	// StateDraining: refuses new leases, waits for the ones in flight, then aborts.
-	StateDraining State = "Draining"
-	// StateStopping: runner being stopped and its memory settling.
-	StateStopping State = "Stopping"
-	// StateUnloaded: was loaded, now stopped; the next Acquire loads it again.
-	StateUnloaded State = "Unloaded"
-	// StateFailed: the last load failed or the runner crashed; sticky until the
-	// backoff passes, then the next Acquire loads it again.
-	StateFailed State = "Failed"
+	StateAbsent   = decide.StateAbsent
+	StateLoading  = decide.StateLoading
+	StateReady    = decide.StateReady
+	StateDraining = decide.StateDraining
+	StateStopping = decide.StateStopping
+	StateUnloaded = decide.StateUnloaded
+	StateFailed   = decide.StateFailed
 )
-
-// transient states have an owner goroutine driving them forward under a deadline.
-func (s State) transient() bool {
-	return s == StateLoading || s == StateDraining || s == StateStopping
-}
 
 // UnloadReason says why an engine was stopped.
 type UnloadReason string
@@ -65,17 +54,13 @@ func (r UnloadReason) evicts() bool {
 	return r == ReasonEviction || r == ReasonPressure || r == ReasonOverCeiling
 }
 
-// SettleOutcome is how the settle barrier ended.
-type SettleOutcome string
+// SettleOutcome is how the settle barrier ended (decide.Settle).
+type SettleOutcome = decide.SettleOutcome
 
 const (
-	// Settled: the host gauge gave back the runner's footprint (within tolerance).
-	Settled SettleOutcome = "Settled"
-	// Indeterminate: another engine was loading or serving, so the global gauge could
-	// not be attributed to this unload; FreedBytes is the runner's last footprint.
-	Indeterminate SettleOutcome = "Indeterminate"
-	// TimedOut: the memory did not come back within the settle timeout.
-	TimedOut SettleOutcome = "TimedOut"
+	Settled       = decide.Settled
+	Indeterminate = decide.Indeterminate
+	TimedOut      = decide.TimedOut
 )
 
 // UnloadReport is what one unload gave back.
@@ -214,11 +199,6 @@ func (e *entry) setTransientLocked(s State) {
 	if e.transition == nil {
 		e.transition = make(chan struct{})
 	}
-}
-
-// serving says whether e has work in flight on a live engine.
-func (e *entry) servingLocked() bool {
-	return e.eng != nil && e.eng.inUse > 0 && (e.state == StateReady || e.state == StateDraining)
 }
 
 func (e *entry) idleTimeout(def time.Duration) time.Duration {

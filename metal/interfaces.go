@@ -4,7 +4,8 @@
 //
 // This file holds the seams: a Runner is one engine process serving one model (started
 // by a RunnerFactory), a Gauge measures memory. The pool depends only on these
-// interfaces; process.go and gauge_*.go implement them for real, fakes live in tests.
+// interfaces; package runnerproc (runner processes) and gauge_*.go implement them
+// for real, fakes live in tests.
 package metal
 
 import (
@@ -61,7 +62,7 @@ type ModelSpec struct {
 }
 
 // PromptCacheSpec is one model's prompt cache settings. The agent's own settings
-// (Config.PromptCacheHotBytes, ProcessConfig.PromptCacheDir and PromptCacheSSDBytes)
+// (Config.PromptCacheHotBytes, runnerproc.ProcessConfig.PromptCacheDir and PromptCacheSSDBytes)
 // bound them: a model narrows what the agent allows, never widens it.
 type PromptCacheSpec struct {
 	// Enabled turns the prompt cache on for the model's runners.
@@ -144,6 +145,14 @@ type Runner interface {
 	// (nil after a requested stop).
 	Exited() <-chan struct{}
 	ExitErr() error
+}
+
+// Detacher is a Runner that can outlive its pool. Detach lets go of the process
+// without stopping it, so the next agent can adopt it; it reports false when the
+// runner cannot be left running (it was not started detached, or it is stopping or
+// gone), and the caller then stops it as usual.
+type Detacher interface {
+	Detach() bool
 }
 
 // RunnerFactory starts runners. ceilingBytes is the runner's own memory ceiling.

@@ -114,7 +114,7 @@ func (p *Pool) refuseLoad(e *entry, a *loadAttempt, prev State, err error) {
 	a.err = err
 	e.lastErr = err
 	e.attempt = nil
-	if prev.transient() || prev == StateReady {
+	if prev.Transient() || prev == StateReady {
 		prev = StateUnloaded
 	}
 	e.setStableLocked(prev)

@@ -6,12 +6,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus/testutil"
-	testingclock "k8s.io/utils/clock/testing"
 
 	"github.com/macfleet/macfleet/api/runnerapi"
-	"github.com/macfleet/macfleet/runner/sandbox"
 	"github.com/macfleet/macfleet/test/support/testenv"
 )
 
@@ -122,35 +119,5 @@ macfleet_agent_prompt_cache_ssd_bytes{model="c"} 4096
 `
 	if err := testutil.CollectAndCompare(m, strings.NewReader(gauges), MetricPromptCacheBudget, MetricPromptCacheHot, MetricPromptCacheSSD); err != nil {
 		t.Fatal(err)
-	}
-}
-
-// TestMetricsExportRunnerSandbox checks macfleet_agent_runner_sandboxed for a pool of
-// runner processes, sandbox on and off.
-func TestMetricsExportRunnerSandbox(t *testing.T) {
-	st := sandbox.Probe()
-	mechanism, enforced := st.Mechanism, "0"
-	if mechanism == "" {
-		mechanism = "none"
-	}
-	if st.Enforced {
-		enforced = "1"
-	}
-	for _, tc := range []struct {
-		mode sandbox.Mode
-		want string
-	}{
-		{"", `macfleet_agent_runner_sandboxed{mechanism="` + mechanism + `",mode="on"} ` + enforced},
-		{sandbox.Off, `macfleet_agent_runner_sandboxed{mechanism="none",mode="off"} 0`},
-	} {
-		p, err := New(Config{}, NewProcessFactory(ProcessConfig{Sandbox: tc.mode}), newFakeGauge(16*gib), testingclock.NewFakeClock(epoch), logr.Discard())
-		if err != nil {
-			t.Fatal(err)
-		}
-		want := "# HELP macfleet_agent_runner_sandboxed 1 when runners are confined, 0 when the sandbox is off or unavailable, " +
-			"with the mode and the mechanism (landlock, seatbelt, seccomp, or none).\n# TYPE macfleet_agent_runner_sandboxed gauge\n" + tc.want + "\n"
-		if err := testutil.CollectAndCompare(NewMetrics(p), strings.NewReader(want), MetricRunnerSandbox); err != nil {
-			t.Errorf("sandbox %q: %v", tc.mode, err)
-		}
 	}
 }

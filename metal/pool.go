@@ -64,7 +64,7 @@ type Config struct {
 	AgentPID int
 	// KeepRunnersOnExit makes Run, when its context ends, Detach instead of Close:
 	// the runners of Ready models are left running for the next agent to adopt
-	// (ProcessConfig.StateDir). For an agent that restarts; `macfleet serve` unloads.
+	// (runnerproc.ProcessConfig.StateDir). For an agent that restarts; `macfleet serve` unloads.
 	KeepRunnersOnExit bool
 	// PromptCacheHotBytes is the agent's prompt cache hot budget, shared among the
 	// runners whose model enables the cache (see hotcache.go): 0 means
@@ -130,7 +130,7 @@ type LoadEvent struct {
 // Pool is the engine pool of one node. Create it with New, drive its memory enforcer
 // with Run, and take a Lease per request with Acquire:
 //
-//	p, _ := metal.New(cfg, metal.NewProcessFactory(pcfg), gauge, clock.RealClock{}, log)
+//	p, _ := metal.New(cfg, runnerproc.NewProcessFactory(pcfg), gauge, clock.RealClock{}, log)
 //	go p.Run(ctx)                       // enforcer; unloads everything when ctx ends
 //	_ = p.Register(spec)                // from flags/config; Update on reload
 //	_ = p.Load(ctx, "qwen")             // eager load (Resident, Pinned, admin)
@@ -322,7 +322,7 @@ func (p *Pool) Remove(name string) (<-chan struct{}, error) {
 		return nil, &UnknownModelError{Model: name}
 	}
 	e.removed = true
-	if !e.state.transient() && e.state != StateReady {
+	if !e.state.Transient() && e.state != StateReady {
 		p.deleteEntryLocked(e)
 		return closedChan(), nil
 	}
@@ -464,7 +464,7 @@ func closedChan() chan struct{} {
 
 // Detach stops the pool while leaving the runners of Ready models running: it refuses
 // new leases, lets go of every runner that can outlive the pool (a Detacher whose
-// Detach succeeds, e.g. a process started with ProcessConfig.StateDir) without
+// Detach succeeds, e.g. a process started with runnerproc.ProcessConfig.StateDir) without
 // stopping it, and unloads the rest like Close (loads in progress are canceled). Leases
 // already taken keep working until the agent exits. It returns how many runners
 // were left running.
@@ -490,7 +490,7 @@ func (p *Pool) Detach(ctx context.Context) (int, error) {
 				continue
 			}
 		}
-		if e.state == StateReady || e.state.transient() {
+		if e.state == StateReady || e.state.Transient() {
 			waits = append(waits, p.startUnloadLocked(e, ReasonShutdown))
 		}
 	}
@@ -514,7 +514,7 @@ func (p *Pool) Close(ctx context.Context) error {
 	p.closed = true
 	var waits []<-chan struct{}
 	for _, e := range p.entries {
-		if e.state == StateReady || e.state.transient() {
+		if e.state == StateReady || e.state.Transient() {
 			waits = append(waits, p.startUnloadLocked(e, ReasonShutdown))
 		}
 	}

@@ -156,3 +156,8 @@ func engineIdentityOf(s ModelSpec) engineIdentity {
 		KVCacheType: s.KVCacheType, EstimatedBytes: s.EstimatedBytes, Dims: s.Dims, PromptCache: s.PromptCache,
 		Namespace: s.Namespace}
 }
+
+// EngineIdentity is the engine identity of s (every field a running engine depends
+// on) as a value to fingerprint: the process factory hashes it to decide whether a
+// recorded runner may be adopted.
+func EngineIdentity(s ModelSpec) any { return engineIdentityOf(s) }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/go-logr/logr"
 )
 
 // teardownPlan says how one engine is taken down.
@@ -93,9 +95,33 @@ func (p *Pool) startUnloadLocked(e *entry, reason UnloadReason) <-chan struct{} 
 func (p *Pool) teardown(e *entry, g *engine, plan teardownPlan) {
 	start := p.clock.Now()
 	log := p.log.WithValues("model", g.name, "reason", string(plan.reason))
+	aborted := p.drain(g, plan, log)
+	report := p.stopAndSettle(e, g, plan, log)
 
-	// 1. Drain: wait for leases, abort what remains, wait for the request
-	// goroutines to return.
+	// 4. Release the reservation, only now; 5. report.
+	p.mu.Lock()
+	now := p.clock.Now()
+	if report != nil {
+		report.Aborted, report.Time, report.Duration = aborted, now, now.Sub(start)
+	}
+	p.releaseEngineLocked(e, g, plan, report, now)
+	obs := p.observersLocked()
+	p.mu.Unlock()
+
+	p.signal(p.wakeNow)
+	if report != nil {
+		log.V(2).Info("Model unloaded", "outcome", string(report.Outcome), "freedBytes", report.FreedBytes,
+			"residentBytes", report.ResidentBytes, "duration", report.Duration)
+		for _, o := range obs {
+			o.Unloaded(g.name, *report)
+		}
+	}
+}
+
+// drain is step 1 of a teardown: wait for leases up to the plan's drain deadline,
+// abort what remains, wait for the request goroutines to return. It returns how
+// many generations the abort ended.
+func (p *Pool) drain(g *engine, plan teardownPlan, log logr.Logger) int {
 	aborted := 0
 	released := p.awaitReleased(g, plan.drain)
 	if !released && !plan.crashed && g.runner != nil {
@@ -112,8 +138,14 @@ func (p *Pool) teardown(e *entry, g *engine, plan teardownPlan) {
 			log.Info("Requests still hold the engine after abort; stopping it anyway")
 		}
 	}
+	return aborted
+}
 
-	// 2. Stop: invalidate handles, reset counters, stop and reap the process.
+// stopAndSettle is steps 2 and 3 of a teardown: invalidate the engine's handles,
+// reset its counters, stop and reap the runner, and wait for the settle barrier.
+// It returns the unload's report without its timing (nil when no runner had
+// started).
+func (p *Pool) stopAndSettle(e *entry, g *engine, plan teardownPlan, log logr.Logger) *UnloadReport {
 	p.mu.Lock()
 	if e.eng == g && e.state != StateStopping {
 		e.setTransientLocked(StateStopping)
@@ -129,38 +161,35 @@ func (p *Pool) teardown(e *entry, g *engine, plan teardownPlan) {
 	runner, pid := g.runner, g.pid
 	activity := p.activity
 	p.mu.Unlock()
-
-	outcome, freed := Settled, int64(0)
-	if runner != nil {
-		if !plan.crashed {
-			if fp, err := p.gauge.Process(pid); err == nil && fp > 0 {
-				resident = fp
-			}
-		}
-		pre, preErr := p.gauge.Host()
-		ctx, cancel := p.withDeadline(context.Background(), p.cfg.StopTimeout, "stopping "+g.name)
-		if err := runner.Stop(ctx, p.cfg.StopGrace); err != nil {
-			log.Info("Stopping the runner failed", "pid", pid, "err", err.Error())
-		}
-		cancel()
-		// 3. Settle.
-		switch {
-		case plan.crashed || preErr != nil:
-			outcome, freed = Indeterminate, resident
-		default:
-			outcome, freed = p.settle(e, activity, pre.UsedBytes, resident)
-		}
+	if runner == nil {
+		return nil
 	}
 
-	// 4. Release the reservation, only now; 5. report.
-	p.mu.Lock()
-	now := p.clock.Now()
+	if !plan.crashed {
+		if fp, err := p.gauge.Process(pid); err == nil && fp > 0 {
+			resident = fp
+		}
+	}
+	pre, preErr := p.gauge.Host()
+	ctx, cancel := p.withDeadline(context.Background(), p.cfg.StopTimeout, "stopping "+g.name)
+	if err := runner.Stop(ctx, p.cfg.StopGrace); err != nil {
+		log.Info("Stopping the runner failed", "pid", pid, "err", err.Error())
+	}
+	cancel()
+	outcome, freed := Indeterminate, resident
+	if !plan.crashed && preErr == nil {
+		outcome, freed = p.settle(e, activity, pre.UsedBytes, resident)
+	}
+	return &UnloadReport{Reason: plan.reason, FreedBytes: max(freed, 0), ResidentBytes: resident, Outcome: outcome}
+}
+
+// releaseEngineLocked is steps 4 and 5 of a teardown: the reservation goes back,
+// the report is kept and counted, and the entry reaches its final state (Failed
+// with a backoff, or Unloaded).
+func (p *Pool) releaseEngineLocked(e *entry, g *engine, plan teardownPlan, report *UnloadReport, now time.Time) {
 	p.committed -= g.reservation
 	delete(p.engines, g)
-	var report *UnloadReport
-	if runner != nil {
-		report = &UnloadReport{Reason: plan.reason, FreedBytes: max(freed, 0), ResidentBytes: resident,
-			Outcome: outcome, Duration: now.Sub(start), Time: now, Aborted: aborted}
+	if report != nil {
 		e.lastUnload = report
 		p.unloads++
 		p.freedTotal += report.FreedBytes
@@ -168,36 +197,26 @@ func (p *Pool) teardown(e *entry, g *engine, plan teardownPlan) {
 			p.evictions++
 		}
 	}
-	if e.eng == g {
-		e.eng = nil
-		if plan.final == StateFailed {
-			if !g.loadedAt.IsZero() && now.Sub(g.loadedAt) >= p.cfg.BackoffMax {
-				e.failures = 0 // it ran long enough: start the backoff afresh
-			}
-			e.failures++
-			e.retryAt = now.Add(p.backoff(e.failures))
-			if plan.cause != nil {
-				e.failReason = plan.cause.Error()
-				e.lastErr = plan.cause
-			}
-		} else if !g.loadedAt.IsZero() {
-			e.failures = 0
-		}
-		e.setStableLocked(plan.final)
-		if e.removed {
-			p.deleteEntryLocked(e)
-		}
+	if e.eng != g {
+		return
 	}
-	obs := p.observersLocked()
-	p.mu.Unlock()
-
-	p.signal(p.wakeNow)
-	if report != nil {
-		log.V(2).Info("Model unloaded", "outcome", string(report.Outcome), "freedBytes", report.FreedBytes,
-			"residentBytes", report.ResidentBytes, "duration", report.Duration)
-		for _, o := range obs {
-			o.Unloaded(g.name, *report)
+	e.eng = nil
+	if plan.final == StateFailed {
+		if !g.loadedAt.IsZero() && now.Sub(g.loadedAt) >= p.cfg.BackoffMax {
+			e.failures = 0 // it ran long enough: start the backoff afresh
 		}
+		e.failures++
+		e.retryAt = now.Add(p.backoff(e.failures))
+		if plan.cause != nil {
+			e.failReason = plan.cause.Error()
+			e.lastErr = plan.cause
+		}
+	} else if !g.loadedAt.IsZero() {
+		e.failures = 0
+	}
+	e.setStableLocked(plan.final)
+	if e.removed {
+		p.deleteEntryLocked(e)
 	}
 }
 

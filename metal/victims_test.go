@@ -2,43 +2,9 @@ package metal
 
 import (
 	"testing"
-	"time"
-)
 
-func TestSelectVictim(t *testing.T) {
-	at := func(s int) time.Time { return epoch.Add(time.Duration(s) * time.Second) }
-	c := func(name string, used int, g int64) victimCandidate {
-		return victimCandidate{Name: name, LastUsed: at(used), Bytes: g * gib}
-	}
-	for _, tc := range []struct {
-		name   string
-		cands  []victimCandidate
-		target int64
-		want   string
-	}{
-		{name: "none", want: ""},
-		{name: "plain LRU", cands: []victimCandidate{c("new", 9, 1), c("old", 1, 1), c("mid", 5, 8)}, want: "old"},
-		{name: "LRU tie: larger first", cands: []victimCandidate{c("small", 1, 1), c("big", 1, 4)}, want: "big"},
-		{name: "LRU tie: then name", cands: []victimCandidate{c("y", 1, 2), c("x", 1, 2)}, want: "x"},
-		{name: "target: LRU that alone frees enough", target: 3 * gib,
-			cands: []victimCandidate{c("oldsmall", 1, 1), c("midbig", 5, 4), c("newbig", 9, 8)}, want: "midbig"},
-		{name: "target: exactly enough counts", target: 4 * gib,
-			cands: []victimCandidate{c("old", 1, 4), c("newbig", 9, 8)}, want: "old"},
-		{name: "target: none frees enough, the largest", target: 10 * gib,
-			cands: []victimCandidate{c("old", 1, 2), c("big", 5, 6), c("mid", 3, 4)}, want: "big"},
-		{name: "target: largest tie goes to the older", target: 10 * gib,
-			cands: []victimCandidate{c("newer", 5, 6), c("older", 3, 6)}, want: "older"},
-		{name: "zero target is plain LRU", target: 0,
-			cands: []victimCandidate{c("old", 1, 1), c("big", 2, 9)}, want: "old"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			got, ok := selectVictim(tc.cands, tc.target)
-			if got.Name != tc.want || ok != (tc.want != "") {
-				t.Fatalf("selectVictim = %q %v, want %q", got.Name, ok, tc.want)
-			}
-		})
-	}
-}
+	"github.com/macfleet/macfleet/metal/decide"
+)
 
 // Candidates are Ready, unpinned, unleased and not the model being admitted;
 // Loading and Draining entries never are.
@@ -69,7 +35,7 @@ func TestVictimCandidates(t *testing.T) {
 	h.f.waitRunner(t, "loading", 1)
 
 	h.p.mu.Lock()
-	cands := h.p.victimCandidatesLocked(h.p.entries["idle"])
+	cands := decide.Candidates(h.p.decideModelsLocked(), "idle")
 	h.p.mu.Unlock()
 	var names []string
 	for _, c := range cands {

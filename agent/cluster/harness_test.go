@@ -31,6 +31,7 @@ import (
 	"github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/internal/ggufsynth"
 	"github.com/macfleet/macfleet/metal"
+	"github.com/macfleet/macfleet/metal/runnerproc"
 	"github.com/macfleet/macfleet/pki"
 	"github.com/macfleet/macfleet/sourcepolicy"
 	"github.com/macfleet/macfleet/test/support/testenv"
@@ -98,7 +99,7 @@ var nodeSeq atomic.Int64
 // runnerPath returns $MACFLEET_RUNNER or skips the test.
 func runnerPath(t *testing.T) string {
 	t.Helper()
-	p := os.Getenv(metal.RunnerEnv)
+	p := os.Getenv(runnerproc.RunnerEnv)
 	if p == "" {
 		t.Skip("MACFLEET_RUNNER is not set: build the runner with `make runner` and export MACFLEET_RUNNER=$PWD/bin/macfleet-runner")
 	}

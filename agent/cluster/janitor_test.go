@@ -21,7 +21,7 @@ import (
 	"github.com/macfleet/macfleet/agent/store"
 	"github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/internal/ggufsynth"
-	"github.com/macfleet/macfleet/metal"
+	"github.com/macfleet/macfleet/metal/runnerproc"
 	"github.com/macfleet/macfleet/test/support/testenv"
 )
 
@@ -66,7 +66,7 @@ func TestJanitorRemovesTheFilesOfDeletedReplicas(t *testing.T) {
 	}
 	// The prompt cache directory of a model that left this Mac two days ago.
 	cacheDir := t.TempDir()
-	stale := filepath.Join(cacheDir, metal.PromptCacheModelID(filepath.Join(storeDir, "blobs", "sha256-"+strings.Repeat("ab", 32))))
+	stale := filepath.Join(cacheDir, runnerproc.PromptCacheModelID(filepath.Join(storeDir, "blobs", "sha256-"+strings.Repeat("ab", 32))))
 	if err := os.MkdirAll(stale, 0o755); err != nil {
 		t.Fatal(err)
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/metal"
+	"github.com/macfleet/macfleet/metal/runnerproc"
 	"github.com/macfleet/macfleet/tenancy"
 )
 
@@ -22,7 +23,7 @@ func TestResolveSendsBudgetedCallersToTheGateway(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pool, err := metal.New(metal.Config{CeilingBytes: 1 << 30}, metal.NewProcessFactory(metal.ProcessConfig{SocketDir: t.TempDir()}),
+	pool, err := metal.New(metal.Config{CeilingBytes: 1 << 30}, runnerproc.NewProcessFactory(runnerproc.ProcessConfig{SocketDir: t.TempDir()}),
 		gauge, nil, logr.Discard())
 	if err != nil {
 		t.Fatal(err)

@@ -39,6 +39,7 @@ import (
 	"github.com/macfleet/macfleet/internal/httpserver"
 	"github.com/macfleet/macfleet/internal/informers"
 	"github.com/macfleet/macfleet/metal"
+	"github.com/macfleet/macfleet/metal/runnerproc"
 	"github.com/macfleet/macfleet/pki"
 	"github.com/macfleet/macfleet/runner/sandbox"
 	"github.com/macfleet/macfleet/sourcepolicy"
@@ -101,14 +102,14 @@ type Config struct {
 	// built-in default while there is none), and replicas are fetched only once it is
 	// known. Give the store the same holder so that its downloads follow the policy.
 	SourcePolicy *sourcepolicy.Holder
-	// RunnerPath: see metal.ProcessConfig.RunnerPath. RunnerThreads zero lets the
+	// RunnerPath: see runnerproc.ProcessConfig.RunnerPath. RunnerThreads zero lets the
 	// runner choose. RunnerOutput, when set, receives every runner's output lines.
 	RunnerPath    string
 	RunnerThreads int
 	RunnerOutput  io.Writer
-	// RunnerSandbox: see metal.ProcessConfig.Sandbox (empty: on).
+	// RunnerSandbox: see runnerproc.ProcessConfig.Sandbox (empty: on).
 	RunnerSandbox sandbox.Mode
-	// SocketDir holds the runners' sockets (metal.ProcessConfig.SocketDir).
+	// SocketDir holds the runners' sockets (runnerproc.ProcessConfig.SocketDir).
 	SocketDir string
 	// StateDir, when set, is the agent's own state directory: its TLS key is kept in
 	// KeyFile(StateDir) (the key pinned to the Mac: agent/certs), and runners
@@ -130,7 +131,7 @@ type Config struct {
 	// TracerProvider traces the OpenAI requests (tracing.New); nil means none.
 	TracerProvider trace.TracerProvider
 	// SpanRelay exports the runners' spans, which they hand to the agent
-	// (metal.ProcessConfig.SpanRelay; tracing.Provider.RunnerRelay); nil: runners make
+	// (runnerproc.ProcessConfig.SpanRelay; tracing.Provider.RunnerRelay); nil: runners make
 	// none.
 	SpanRelay *spanrelay.Forwarder
 	// Gauge measures memory; nil means metal.NewGauge().
@@ -202,11 +203,11 @@ func Run(ctx context.Context, cfg Config) error {
 			return fmt.Errorf("measuring memory: %w", err)
 		}
 	}
-	runnerPath, err := metal.RunnerExecutable(cfg.RunnerPath)
+	runnerPath, err := runnerproc.RunnerExecutable(cfg.RunnerPath)
 	if err != nil {
 		return err
 	}
-	pcfg := metal.ProcessConfig{RunnerPath: runnerPath, Threads: cfg.RunnerThreads, SocketDir: cfg.SocketDir, Sandbox: cfg.RunnerSandbox,
+	pcfg := runnerproc.ProcessConfig{RunnerPath: runnerPath, Threads: cfg.RunnerThreads, SocketDir: cfg.SocketDir, Sandbox: cfg.RunnerSandbox,
 		Log: log.WithName("runner"), Output: cfg.RunnerOutput,
 		PromptCacheDir: cfg.PromptCacheDir, PromptCacheSSDBytes: cfg.PromptCacheSSDBytes, SpanRelay: cfg.SpanRelay}
 	poolCfg := cfg.Pool
@@ -214,7 +215,7 @@ func Run(ctx context.Context, cfg Config) error {
 		pcfg.StateDir = filepath.Join(cfg.StateDir, "runners")
 		poolCfg.KeepRunnersOnExit = cfg.KeepRunners
 	}
-	factory := metal.NewProcessFactory(pcfg)
+	factory := runnerproc.NewProcessFactory(pcfg)
 	pool, err := metal.New(poolCfg, factory, gauge, clock.RealClock{}, log.WithName("pool"))
 	if err != nil {
 		return err

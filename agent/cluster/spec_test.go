@@ -9,7 +9,7 @@ import (
 
 	"github.com/macfleet/macfleet/agent/cluster"
 	"github.com/macfleet/macfleet/api/v1alpha1"
-	"github.com/macfleet/macfleet/metal"
+	"github.com/macfleet/macfleet/metal/runnerproc"
 )
 
 // A replica's runner keeps its prompt cache under the replica's namespace: two
@@ -27,7 +27,7 @@ func TestBuildSpecCarriesTheNamespace(t *testing.T) {
 		if spec.Namespace != ns {
 			t.Errorf("spec of a replica in %s has namespace %q", ns, spec.Namespace)
 		}
-		dirs[ns] = metal.PromptCacheDirName(spec.Namespace, spec.Path)
+		dirs[ns] = runnerproc.PromptCacheDirName(spec.Namespace, spec.Path)
 	}
 	if dirs["team-a"] == dirs["team-b"] || filepath.Dir(dirs["team-a"]) != "." {
 		t.Errorf("prompt cache directory names %v: want one per namespace", dirs)

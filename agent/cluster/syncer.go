@@ -55,7 +55,7 @@ type SyncerOptions struct {
 	// to LoadBackoffMax: 1s and 5m.
 	LoadBackoffInitial, LoadBackoffMax time.Duration
 	// Recorded names the pool entries whose runners an earlier agent left running
-	// (metal.ProcessFactory.RecordedModels): they are loaded at their first
+	// (runnerproc.ProcessFactory.RecordedModels): they are loaded at their first
 	// registration even when OnDemand, so that their runners are adopted.
 	Recorded []string
 	// StatusWritten, when set, is called after every successful status write.

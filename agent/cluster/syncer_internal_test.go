@@ -19,6 +19,7 @@ import (
 	"github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/internal/ggufsynth"
 	"github.com/macfleet/macfleet/metal"
+	"github.com/macfleet/macfleet/metal/runnerproc"
 )
 
 // pathStore returns file:// paths as they are.
@@ -39,7 +40,7 @@ func (pathStore) Fetch(_ context.Context, _, source, _ string, progress func(don
 // sees as one update when its watch missed the delete: engine settings reload the
 // engine, residency applies in place, a new file starts over, deletion removes it.
 func TestUpdateInPlace(t *testing.T) {
-	rp := os.Getenv(metal.RunnerEnv)
+	rp := os.Getenv(runnerproc.RunnerEnv)
 	if rp == "" {
 		t.Skip("MACFLEET_RUNNER is not set")
 	}
@@ -58,7 +59,7 @@ func TestUpdateInPlace(t *testing.T) {
 	}
 	pool, err := metal.New(metal.Config{CeilingBytes: 4 << 30, DrainTimeout: 5 * time.Second, StopGrace: 3 * time.Second,
 		BackoffInitial: 100 * time.Millisecond, SettleTimeout: time.Second},
-		metal.NewProcessFactory(metal.ProcessConfig{RunnerPath: rp, Threads: 1, SocketDir: t.TempDir()}), gauge, nil, logr.Discard())
+		runnerproc.NewProcessFactory(runnerproc.ProcessConfig{RunnerPath: rp, Threads: 1, SocketDir: t.TempDir()}), gauge, nil, logr.Discard())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -16,7 +16,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/macfleet/macfleet/agent/store"
-	"github.com/macfleet/macfleet/metal"
+	"github.com/macfleet/macfleet/metal/runnerproc"
 )
 
 // Defaults of Options.
@@ -60,7 +60,7 @@ type Options struct {
 type Janitor struct {
 	opts    Options
 	store   StorePruner // nil: no store pruning
-	factory *metal.ProcessFactory
+	factory *runnerproc.ProcessFactory
 	// inUse names the models (store sources) and files the Mac needs.
 	inUse func() ([]store.Model, []string)
 	log   logr.Logger
@@ -72,7 +72,7 @@ type Janitor struct {
 // New returns a Janitor over st (nil: the store is not pruned) and the prompt cache
 // directories of factory, keeping what inUse names; nil when there is nothing to
 // prune.
-func New(opts Options, st StorePruner, factory *metal.ProcessFactory, inUse func() ([]store.Model, []string), log logr.Logger) *Janitor {
+func New(opts Options, st StorePruner, factory *runnerproc.ProcessFactory, inUse func() ([]store.Model, []string), log logr.Logger) *Janitor {
 	j := &Janitor{opts: opts, factory: factory, inUse: inUse, log: log}
 	if st != nil && opts.StoreRetention > 0 {
 		j.store = st
@@ -153,12 +153,12 @@ func (j *Janitor) pass(ctx context.Context) {
 		for _, m := range models {
 			if h := strings.ToLower(strings.TrimPrefix(m.SHA256, "sha256:")); h != "" {
 				// A stored file's directories are named by its digest (after the
-				// namespace, metal.PromptCacheDirName): they stay while a replica is
+				// namespace, runnerproc.PromptCacheDirName): they stay while a replica is
 				// bound, even one whose file is not (back) in the store yet.
 				keep = append(keep, "sha256-"+h)
 			}
 		}
-		rep, err := j.factory.PrunePromptCacheDirs(ctx, metal.PromptCachePruneOptions{Now: j.opts.Clock.Now(),
+		rep, err := j.factory.PrunePromptCacheDirs(ctx, runnerproc.PromptCachePruneOptions{Now: j.opts.Clock.Now(),
 			Retention: j.opts.PromptCacheRetention, KeepModels: keep})
 		j.removed.WithLabelValues(KindPromptCacheDir).Add(float64(len(rep.Removed)))
 		j.freed.WithLabelValues(KindPromptCacheDir).Add(float64(rep.FreedBytes))

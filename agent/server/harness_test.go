@@ -30,6 +30,7 @@ import (
 	"github.com/macfleet/macfleet/api/runnerapi"
 	"github.com/macfleet/macfleet/internal/ggufsynth"
 	"github.com/macfleet/macfleet/metal"
+	"github.com/macfleet/macfleet/metal/runnerproc"
 	"github.com/macfleet/macfleet/pki"
 	"github.com/macfleet/macfleet/tenancy"
 	"github.com/macfleet/macfleet/test/support/testenv"
@@ -57,7 +58,7 @@ func TestMain(m *testing.M) {
 // runnerPath returns $MACFLEET_RUNNER or skips the test.
 func runnerPath(t *testing.T) string {
 	t.Helper()
-	p := os.Getenv(metal.RunnerEnv)
+	p := os.Getenv(runnerproc.RunnerEnv)
 	if p == "" {
 		t.Skip("MACFLEET_RUNNER is not set: build the runner with `make runner` and export MACFLEET_RUNNER=$PWD/bin/macfleet-runner")
 	}
@@ -180,7 +181,7 @@ func startAgent(t *testing.T, o agentOptions) *testAgent {
 	def(&cfg.PollActive, 200*time.Millisecond)
 	// One thread per runner: on a busy 2-core machine, llama.cpp's worker threads
 	// waiting on each other make decoding far slower than one thread alone.
-	factory := &recordingFactory{RunnerFactory: metal.NewProcessFactory(metal.ProcessConfig{RunnerPath: rp,
+	factory := &recordingFactory{RunnerFactory: runnerproc.NewProcessFactory(runnerproc.ProcessConfig{RunnerPath: rp,
 		SocketDir: t.TempDir(), Threads: 1}), runners: map[int]metal.Runner{}}
 	pool, err := metal.New(cfg, factory, gauge, nil, logr.Discard())
 	if err != nil {

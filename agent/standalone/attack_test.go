@@ -20,6 +20,7 @@ import (
 	"github.com/macfleet/macfleet/agent/standalone"
 	"github.com/macfleet/macfleet/internal/httpserver"
 	"github.com/macfleet/macfleet/metal"
+	"github.com/macfleet/macfleet/metal/runnerproc"
 )
 
 // servedMac is `macfleet serve` on a developer's Mac: the standalone agent on real
@@ -31,7 +32,7 @@ type servedMac struct {
 
 func serveMac(t *testing.T, limits httpserver.Limits) *servedMac {
 	t.Helper()
-	runner := os.Getenv(metal.RunnerEnv)
+	runner := os.Getenv(runnerproc.RunnerEnv)
 	if runner == "" {
 		t.Skip("MACFLEET_RUNNER is not set: build the runner with `make runner` and export MACFLEET_RUNNER=$PWD/bin/macfleet-runner")
 	}

@@ -13,14 +13,14 @@ import (
 
 	"github.com/macfleet/macfleet/agent/config"
 	"github.com/macfleet/macfleet/agent/standalone"
-	"github.com/macfleet/macfleet/metal"
+	"github.com/macfleet/macfleet/metal/runnerproc"
 )
 
 // `macfleet serve` removes the prompt cache directory of a model file it no longer
 // serves once idle past the retention, keeps the one of a configured model however
 // old (it is not loaded: nothing claims it), and never touches a model file.
 func TestServePrunesTheCacheDirsOfModelsGone(t *testing.T) {
-	runner := os.Getenv(metal.RunnerEnv)
+	runner := os.Getenv(runnerproc.RunnerEnv)
 	if runner == "" {
 		t.Skip("MACFLEET_RUNNER is not set: build the runner with `make runner` and export MACFLEET_RUNNER=$PWD/bin/macfleet-runner")
 	}
@@ -32,7 +32,7 @@ func TestServePrunesTheCacheDirsOfModelsGone(t *testing.T) {
 	cacheDir := filepath.Join(t.TempDir(), "prompt-cache")
 	old := time.Now().Add(-48 * time.Hour)
 	mkOld := func(model string) string {
-		d := filepath.Join(cacheDir, metal.PromptCacheDirName("", model))
+		d := filepath.Join(cacheDir, runnerproc.PromptCacheDirName("", model))
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			t.Fatal(err)
 		}

@@ -18,6 +18,7 @@ import (
 	"github.com/macfleet/macfleet/agent/server"
 	"github.com/macfleet/macfleet/agent/standalone"
 	"github.com/macfleet/macfleet/metal"
+	"github.com/macfleet/macfleet/metal/runnerproc"
 )
 
 // serving is one standalone.Run in the background.
@@ -132,7 +133,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 // repeated prompt of the second run is an SSD hit, restored instead of prefilled, and
 // answers like the first run did.
 func TestRestartKeepsTheSSDTier(t *testing.T) {
-	runner := os.Getenv(metal.RunnerEnv)
+	runner := os.Getenv(runnerproc.RunnerEnv)
 	if runner == "" {
 		t.Skip("MACFLEET_RUNNER is not set: build the runner with `make runner` and export MACFLEET_RUNNER=$PWD/bin/macfleet-runner")
 	}
@@ -156,7 +157,7 @@ func TestRestartKeepsTheSSDTier(t *testing.T) {
 		return pc != nil && pc.SavesPersisted >= 1
 	})
 	pc := first.model("m").PromptCache
-	if wantDir := filepath.Join(cacheDir, metal.PromptCacheDirName("", path)); !strings.HasPrefix(pc.SSDDir, wantDir+string(filepath.Separator)) {
+	if wantDir := filepath.Join(cacheDir, runnerproc.PromptCacheDirName("", path)); !strings.HasPrefix(pc.SSDDir, wantDir+string(filepath.Separator)) {
 		t.Fatalf("SSD dir %q, want one under %s", pc.SSDDir, wantDir)
 	}
 	first.stop()

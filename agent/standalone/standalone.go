@@ -24,6 +24,7 @@ import (
 	"github.com/macfleet/macfleet/internal/estimate"
 	"github.com/macfleet/macfleet/internal/httpserver"
 	"github.com/macfleet/macfleet/metal"
+	"github.com/macfleet/macfleet/metal/runnerproc"
 	"github.com/macfleet/macfleet/runner/sandbox"
 	"github.com/macfleet/macfleet/tracing/spanrelay"
 )
@@ -55,7 +56,7 @@ type Options struct {
 	Started func(addr string)
 	// TracerProvider traces the OpenAI requests (tracing.New); nil means none.
 	TracerProvider trace.TracerProvider
-	// SpanRelay exports the runners' spans (metal.ProcessConfig.SpanRelay); nil:
+	// SpanRelay exports the runners' spans (runnerproc.ProcessConfig.SpanRelay); nil:
 	// runners make none.
 	SpanRelay *spanrelay.Forwarder
 	// ShutdownTimeout: DefaultShutdownTimeout when zero.
@@ -130,7 +131,7 @@ func sizeOrOff(s *config.Size) int64 {
 	return int64(*s)
 }
 
-// PromptCacheSSDBytes is the factory's form (metal.ProcessConfig.PromptCacheSSDBytes)
+// PromptCacheSSDBytes is the factory's form (runnerproc.ProcessConfig.PromptCacheSSDBytes)
 // of the agent's per-model SSD quota: unset is config.DefaultPromptCacheSSDBytes.
 func PromptCacheSSDBytes(s *config.Size) int64 {
 	if s == nil {
@@ -159,7 +160,7 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 	if err != nil {
 		return fmt.Errorf("measuring memory: %w", err)
 	}
-	runnerPath, err := metal.RunnerExecutable(cfg.Runner)
+	runnerPath, err := runnerproc.RunnerExecutable(cfg.Runner)
 	if err != nil {
 		return err
 	}
@@ -172,7 +173,7 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 		specs = append(specs, spec)
 	}
 
-	factory := metal.NewProcessFactory(metal.ProcessConfig{RunnerPath: runnerPath, Threads: cfg.RunnerThreads,
+	factory := runnerproc.NewProcessFactory(runnerproc.ProcessConfig{RunnerPath: runnerPath, Threads: cfg.RunnerThreads,
 		Sandbox: sandbox.Mode(cfg.RunnerSandbox), Log: log.WithName("runner"), Output: opts.RunnerOutput,
 		PromptCacheDir: cfg.PromptCacheDir, PromptCacheSSDBytes: PromptCacheSSDBytes(cfg.PromptCacheSSDBytes),
 		SpanRelay: opts.SpanRelay})

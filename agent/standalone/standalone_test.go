@@ -26,6 +26,7 @@ import (
 	"github.com/macfleet/macfleet/agent/standalone"
 	"github.com/macfleet/macfleet/internal/ggufsynth"
 	"github.com/macfleet/macfleet/metal"
+	"github.com/macfleet/macfleet/metal/runnerproc"
 )
 
 func tinyModel(t *testing.T) string {
@@ -139,7 +140,7 @@ func (s *syncBuffer) String() string {
 // (ctx) drains a stream in flight, unloads both with reports in the log, and leaves
 // no runner behind.
 func TestRunServesAndShutsDown(t *testing.T) {
-	runner := os.Getenv(metal.RunnerEnv)
+	runner := os.Getenv(runnerproc.RunnerEnv)
 	if runner == "" {
 		t.Skip("MACFLEET_RUNNER is not set: build the runner with `make runner` and export MACFLEET_RUNNER=$PWD/bin/macfleet-runner")
 	}

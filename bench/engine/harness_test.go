@@ -24,6 +24,7 @@ import (
 
 	"github.com/macfleet/macfleet/internal/ggufsynth"
 	"github.com/macfleet/macfleet/metal"
+	"github.com/macfleet/macfleet/metal/runnerproc"
 	"github.com/macfleet/macfleet/test/support/chatstream"
 	"github.com/macfleet/macfleet/test/support/syncbuf"
 )
@@ -46,7 +47,7 @@ func TestMain(m *testing.M) {
 // runnerBinary returns the absolute path of $MACFLEET_RUNNER, or skips.
 func runnerBinary(b *testing.B) string {
 	b.Helper()
-	p := os.Getenv(metal.RunnerEnv)
+	p := os.Getenv(runnerproc.RunnerEnv)
 	if p == "" {
 		b.Skip("MACFLEET_RUNNER is not set, skipping the engine benchmarks: build the runner with `make runner` " +
 			"and run `MACFLEET_RUNNER=$PWD/bin/macfleet-runner hack/bench.sh engine` (or `make bench`)")
@@ -230,7 +231,7 @@ func startAgentEnv(b *testing.B, env, flags []string, ms ...served) *agent {
 		args = append(args, "--model", fmt.Sprintf("%s=%s:ctx=%d,parallel=%d", m.name, modelPath(b, m.name), m.ctx, max(m.parallel, 1)))
 	}
 	cmd := exec.Command(bin, args...)
-	cmd.Env = append(append(os.Environ(), metal.RunnerEnv+"="+runner), env...)
+	cmd.Env = append(append(os.Environ(), runnerproc.RunnerEnv+"="+runner), env...)
 	a := &agent{b: b, cmd: cmd, stderr: &syncbuf.Buffer{}, exited: make(chan struct{}),
 		endpoint: endpoint{name: "agent", client: newClient(nil)}}
 	cmd.Stdout, cmd.Stderr = a.stderr, a.stderr

@@ -25,7 +25,7 @@ import (
 	"github.com/macfleet/macfleet/controllers/certsigner/certsignertest"
 	"github.com/macfleet/macfleet/internal/credentials"
 	"github.com/macfleet/macfleet/internal/ggufsynth"
-	"github.com/macfleet/macfleet/metal"
+	"github.com/macfleet/macfleet/metal/runnerproc"
 	"github.com/macfleet/macfleet/pki"
 	"github.com/macfleet/macfleet/test/support/testenv"
 )
@@ -36,7 +36,7 @@ import (
 // renews its Lease, serves a replica bound to it from the model store over TLS to a
 // gateway's certificate only, and shuts down cleanly.
 func TestAgentCommand(t *testing.T) {
-	rp := os.Getenv(metal.RunnerEnv)
+	rp := os.Getenv(runnerproc.RunnerEnv)
 	if rp == "" {
 		t.Skip("MACFLEET_RUNNER is not set: build the runner with `make runner` and export MACFLEET_RUNNER=$PWD/bin/macfleet-runner")
 	}

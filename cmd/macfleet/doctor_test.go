@@ -11,13 +11,14 @@ import (
 
 	"github.com/macfleet/macfleet/doctor"
 	"github.com/macfleet/macfleet/metal"
+	"github.com/macfleet/macfleet/metal/runnerproc"
 )
 
 // doctorRunner returns $MACFLEET_RUNNER; without it the test is skipped, except in CI
 // (CI=true), where the Makefile always builds and names the runner.
 func doctorRunner(t *testing.T) string {
 	t.Helper()
-	rp := os.Getenv(metal.RunnerEnv)
+	rp := os.Getenv(runnerproc.RunnerEnv)
 	switch {
 	case rp != "":
 		return rp

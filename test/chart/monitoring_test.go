@@ -24,6 +24,7 @@ import (
 	// registry in init functions: importing the manager's wiring runs them all.
 	_ "github.com/macfleet/macfleet/app/manager"
 	"github.com/macfleet/macfleet/metal"
+	"github.com/macfleet/macfleet/metal/runnerproc"
 )
 
 // monitoringOn turns on every monitoring object of the chart.
@@ -58,7 +59,7 @@ func exporters(t *testing.T) []exporter {
 	if err != nil {
 		t.Fatal(err)
 	}
-	factory := metal.NewProcessFactory(metal.ProcessConfig{SocketDir: t.TempDir()})
+	factory := runnerproc.NewProcessFactory(runnerproc.ProcessConfig{SocketDir: t.TempDir()})
 	pool, err := metal.New(metal.Config{CeilingBytes: 4 << 30}, factory, gauge, nil, logr.Discard())
 	if err != nil {
 		t.Fatalf("building a pool: %v", err)

@@ -33,7 +33,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/macfleet/macfleet/api/v1alpha1"
-	"github.com/macfleet/macfleet/metal"
+	"github.com/macfleet/macfleet/metal/runnerproc"
 	"github.com/macfleet/macfleet/pki"
 	"github.com/macfleet/macfleet/test/support/tcprelay"
 	"github.com/macfleet/macfleet/test/support/testenv"
@@ -446,7 +446,7 @@ func (f *Fleet) Stop() {
 func stopRecordedRunners(stateDir string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	_, err := metal.NewProcessFactory(metal.ProcessConfig{StateDir: filepath.Join(stateDir, "runners")}).StopUnclaimed(ctx)
+	_, err := runnerproc.NewProcessFactory(runnerproc.ProcessConfig{StateDir: filepath.Join(stateDir, "runners")}).StopUnclaimed(ctx)
 	return err
 }
 

@@ -1,9 +1,0 @@
-//go:build !linux
-
-package metal
-
-import "testing"
-
-func procTestDiesWithAgent(t *testing.T, _, _ string) {
-	t.Skip("the parent-death signal is Linux only")
-}

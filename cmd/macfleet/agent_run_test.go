@@ -21,6 +21,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/macfleet/macfleet/api/engine"
 	"github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/controllers/certsigner/certsignertest"
 	"github.com/macfleet/macfleet/internal/credentials"
@@ -126,7 +127,7 @@ func TestAgentCommand(t *testing.T) {
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "tiny-0", Labels: map[string]string{v1alpha1.LabelDeployment: "tiny"}},
 		Spec: v1alpha1.ModelReplicaSpec{
 			Template: v1alpha1.ModelReplicaTemplate{Model: v1alpha1.ModelSource{Source: "file://" + model},
-				Engine: v1alpha1.EngineSpec{ContextLength: 512, Parallel: 1}, Residency: v1alpha1.ResidencyResident},
+				Engine: v1alpha1.EngineSpec{Settings: engine.Settings{ContextLength: 512, Parallel: 1}}, Residency: v1alpha1.ResidencyResident},
 			TemplateHash: "h1", MemoryReservation: resource.MustParse("512Mi"), NodeName: node,
 		},
 	}

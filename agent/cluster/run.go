@@ -33,6 +33,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/macfleet/macfleet/agent/certs"
+	"github.com/macfleet/macfleet/agent/hardware"
 	"github.com/macfleet/macfleet/agent/janitor"
 	"github.com/macfleet/macfleet/agent/server"
 	"github.com/macfleet/macfleet/api/v1alpha1"
@@ -101,8 +102,9 @@ type Config struct {
 	// built-in default while there is none), and replicas are fetched only once it is
 	// known. Give the store the same holder so that its downloads follow the policy.
 	SourcePolicy *sourcepolicy.Holder
-	// RunnerPath: see metal.ProcessConfig.RunnerPath. RunnerThreads zero lets the
-	// runner choose. RunnerOutput, when set, receives every runner's output lines.
+	// RunnerPath: see metal.ProcessConfig.RunnerPath. RunnerThreads are the threads of
+	// runners whose replica sets none (zero: the thread policy, engine.PolicyThreads).
+	// RunnerOutput, when set, receives every runner's output lines.
 	RunnerPath    string
 	RunnerThreads int
 	RunnerOutput  io.Writer
@@ -206,7 +208,8 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return err
 	}
-	pcfg := metal.ProcessConfig{RunnerPath: runnerPath, Threads: cfg.RunnerThreads, SocketDir: cfg.SocketDir, Sandbox: cfg.RunnerSandbox,
+	pcfg := metal.ProcessConfig{RunnerPath: runnerPath, Threads: cfg.RunnerThreads, PerformanceCores: hardware.PerformanceCores(),
+		SocketDir: cfg.SocketDir, Sandbox: cfg.RunnerSandbox,
 		Log: log.WithName("runner"), Output: cfg.RunnerOutput,
 		PromptCacheDir: cfg.PromptCacheDir, PromptCacheSSDBytes: cfg.PromptCacheSSDBytes, SpanRelay: cfg.SpanRelay}
 	poolCfg := cfg.Pool

@@ -18,9 +18,11 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/macfleet/macfleet/agent/config"
+	"github.com/macfleet/macfleet/agent/hardware"
 	"github.com/macfleet/macfleet/agent/janitor"
 	"github.com/macfleet/macfleet/agent/server"
 	"github.com/macfleet/macfleet/agent/store"
+	"github.com/macfleet/macfleet/api/engine"
 	"github.com/macfleet/macfleet/internal/estimate"
 	"github.com/macfleet/macfleet/internal/httpserver"
 	"github.com/macfleet/macfleet/metal"
@@ -75,26 +77,26 @@ type Options struct {
 // its training context in each slot, as the runner does. ContextLength is per sequence,
 // as in a ModelDeployment: the engine holds ContextLength × Parallel tokens.
 func BuildSpec(ctx context.Context, m config.Model) (metal.ModelSpec, error) {
-	ctxLen := m.ContextLength * max(m.Parallel, 1)
-	p := estimate.Params{Path: m.Path, ContextLength: int32(ctxLen), Parallel: int32(max(m.Parallel, 1)),
-		KVCacheType: estimate.KVCacheType(m.KVCacheType)}
+	e := m.WithDefaults()
+	p := estimate.Params{Path: m.Path, ContextLength: int32(e.TotalContext()), Parallel: e.Parallel,
+		KVCacheType: estimate.KVCacheType(e.KVCacheType)}
 	est, err := estimate.Estimate(ctx, p)
 	if err != nil {
 		return metal.ModelSpec{}, fmt.Errorf("model %q: estimating its memory: %w", m.Name, err)
 	}
-	if ctxLen == 0 && est.Dims.CtxTrain > 0 {
-		ctxLen = int(est.Dims.CtxTrain) * max(m.Parallel, 1)
-		p.ContextLength = int32(ctxLen)
+	if e.ContextLength == 0 && est.Dims.CtxTrain > 0 {
+		e.ContextLength = int32(est.Dims.CtxTrain)
+		p.ContextLength = int32(e.TotalContext())
 		if est, err = estimate.Estimate(ctx, p); err != nil {
 			return metal.ModelSpec{}, fmt.Errorf("model %q: estimating its memory: %w", m.Name, err)
 		}
 	}
 	spec := metal.ModelSpec{
-		Name: m.Name, Aliases: m.Aliases, Path: m.Path, ContextLength: ctxLen, Parallel: max(m.Parallel, 1),
-		KVCacheType: m.KVCacheType, Residency: metal.Residency(m.Residency), IdleTimeout: time.Duration(m.IdleTimeout),
-		EstimatedBytes: est.Total,
+		Name: m.Name, Aliases: m.Aliases, Path: m.Path, ContextLength: e.TotalContext(), Parallel: int(e.Parallel),
+		KVCacheType: string(m.KVCacheType), Threads: int(e.Threads), Residency: metal.Residency(m.Residency),
+		IdleTimeout: time.Duration(m.IdleTimeout), EstimatedBytes: est.Total, WeightBytes: est.Weights,
 		Dims: metal.ModelDims{Layers: int(est.Dims.Layers), Embedding: int(est.Dims.Embd), Heads: int(est.Dims.Heads),
-			KVHeads: int(est.Dims.KVHeads), Vocab: int(est.Dims.Vocab), KVTypeSize: kvTypeSize(m.KVCacheType)},
+			KVHeads: int(est.Dims.KVHeads), Vocab: int(est.Dims.Vocab), KVTypeSize: kvTypeSize(e.KVCacheType)},
 		PromptCache: PromptCacheSpec(m.PromptCache),
 	}
 	if m.Memory > 0 {
@@ -140,7 +142,7 @@ func PromptCacheSSDBytes(s *config.Size) int64 {
 }
 
 // kvTypeSize is the bytes per KV element of a cache type (block sizes for quantized ones).
-func kvTypeSize(t string) float64 {
+func kvTypeSize(t engine.KVCacheType) float64 {
 	switch t {
 	case "q8_0":
 		return 34.0 / 32
@@ -172,7 +174,8 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 		specs = append(specs, spec)
 	}
 
-	factory := metal.NewProcessFactory(metal.ProcessConfig{RunnerPath: runnerPath, Threads: cfg.RunnerThreads,
+	cores := hardware.PerformanceCores()
+	factory := metal.NewProcessFactory(metal.ProcessConfig{RunnerPath: runnerPath, Threads: cfg.RunnerThreads, PerformanceCores: cores,
 		Sandbox: sandbox.Mode(cfg.RunnerSandbox), Log: log.WithName("runner"), Output: opts.RunnerOutput,
 		PromptCacheDir: cfg.PromptCacheDir, PromptCacheSSDBytes: PromptCacheSSDBytes(cfg.PromptCacheSSDBytes),
 		SpanRelay: opts.SpanRelay})
@@ -218,7 +221,8 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 			return err
 		}
 		log.Info("Model registered", "model", spec.Name, "path", spec.Path, "residency", spec.Residency,
-			"contextLength", spec.ContextLength, "parallel", spec.Parallel, "estimatedBytes", spec.EstimatedBytes,
+			"contextLength", spec.ContextLength, "parallel", spec.Parallel, "threads", spec.Engine(cfg.RunnerThreads, cores).Threads,
+			"estimatedBytes", spec.EstimatedBytes,
 			"promptCache", spec.PromptCache.Enabled)
 	}
 	c := pool.Ceiling()

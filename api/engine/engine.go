@@ -123,8 +123,13 @@ func (s Settings) Validate() error {
 	add := func(field, format string, args ...any) {
 		errs = append(errs, &FieldError{Field: field, Reason: fmt.Sprintf(format, args...)})
 	}
-	if c := s.ContextLength; c != 0 && (c < MinContextLength || c > MaxContextLength) {
-		add("contextLength", "%d is not between %d and %d tokens per sequence", c, MinContextLength, MaxContextLength)
+	switch c := s.ContextLength; {
+	case c < 0:
+		add("contextLength", "%d is negative", c)
+	case c > 0 && c < MinContextLength:
+		add("contextLength", "%d is fewer than %d tokens per sequence", c, MinContextLength)
+	case c > MaxContextLength:
+		add("contextLength", "%d is more than %d tokens per sequence", c, MaxContextLength)
 	}
 	if p := s.Parallel; p != 0 && (p < MinParallel || p > MaxParallel) {
 		add("parallel", "%d is not between %d and %d", p, MinParallel, MaxParallel)

@@ -146,7 +146,7 @@ func newServeCommand() *cobra.Command {
 	f := cmd.Flags()
 	f.StringVar(&configFile, "config", "", "YAML configuration file (listen, apiKey, memoryCeiling, promptCacheDir, promptCacheHotBytes, promptCacheSSDBytes, "+
 		"models: [{name, path, contextLength, parallel, residency, idleTimeout, memory, aliases, promptCache: {enabled, hotBytes, ssdBytes}}])")
-	f.StringArrayVar(&models, "model", nil, "a model to serve: NAME=PATH[:ctx=N,parallel=N,residency=OnDemand|Resident|Pinned,idle=D,memory=SIZE,kv=T,alias=A,cache=on|off,hot=SIZE,ssd=SIZE] (repeatable)")
+	f.StringArrayVar(&models, "model", nil, "a model to serve: NAME=PATH[:ctx=N,parallel=N,threads=N,residency=OnDemand|Resident|Pinned,idle=D,memory=SIZE,kv=T,alias=A,cache=on|off,hot=SIZE,ssd=SIZE] (repeatable)")
 	f.StringVar(&flags.Listen, "listen", "", "address of the API (default "+config.DefaultListen+")")
 	f.StringVar(&ceiling, "memory-ceiling", "", "cap the memory of all models together, e.g. 12Gi (default: the machine's ceiling)")
 	f.StringVar(&reserve, "memory-reserve", "", "memory left to the OS below the machine's ceiling (default 4Gi below 24Gi of RAM, else 6Gi)")
@@ -159,7 +159,7 @@ func newServeCommand() *cobra.Command {
 		"(a web page's name re-resolved to this machine, DNS rebinding); so are browsers' cross-origin requests")
 	f.IntVar(&maxConns, "max-connections", httpserver.DefaultMaxConnections, "connections the API holds open at once; the next one is answered 503 with Retry-After")
 	f.StringVar(&flags.Runner, "runner", "", "the macfleet-runner binary (default $MACFLEET_RUNNER, else next to macfleet, else on $PATH)")
-	f.IntVar(&flags.RunnerThreads, "runner-threads", 0, "CPU threads of each runner (default: the runner chooses)")
+	f.IntVar(&flags.RunnerThreads, "runner-threads", 0, "CPU threads of each runner whose model sets none (default: the thread policy: the performance cores, one for a model under 32 MiB of weights)")
 	f.StringVar(&flags.RunnerSandbox, "runner-sandbox", "", "confine each runner to its model, cache and socket, with no network and a scrubbed "+
 		"environment (Landlock on Linux, Seatbelt on macOS): on or off (default on)")
 	f.DurationVar(&idle, "idle-timeout", 0, "unload OnDemand models idle this long (default 5m)")

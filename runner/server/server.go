@@ -216,7 +216,7 @@ func Run(ctx context.Context, cfg Config) error {
 		return &LoadError{Err: err}
 	}
 	s.setState(api.StateReady, "")
-	s.log.Info("Ready", "model", s.info.Path, "slots", s.cfg.Parallel, "slotContext", s.nCtxSeq,
+	s.log.Info("Ready", "model", s.info.Path, "slots", s.cfg.Parallel, "threads", s.cfg.Threads, "slotContext", s.nCtxSeq,
 		"kvCells", s.lctx.NCtx(), "batch", s.lctx.NBatch())
 
 	select {

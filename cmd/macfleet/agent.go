@@ -27,7 +27,6 @@ import (
 	"github.com/macfleet/macfleet/agent/node"
 	"github.com/macfleet/macfleet/agent/standalone"
 	"github.com/macfleet/macfleet/agent/store"
-	"github.com/macfleet/macfleet/internal/ceiling"
 	"github.com/macfleet/macfleet/internal/credentials"
 	"github.com/macfleet/macfleet/internal/source"
 	"github.com/macfleet/macfleet/metal"
@@ -166,7 +165,7 @@ while the API server is unreachable and resyncs when it returns.`,
 	f.StringVar(&fl.ceiling, "memory-ceiling", "", "Cap the memory of all models together, e.g. 12Gi (default: the Mac's ceiling; the MacNode's spec.memoryCeiling lowers it)")
 	f.StringVar(&fl.reserve, "memory-reserve", "", "Memory left to the OS below the Mac's ceiling (default 4Gi below 24Gi of RAM, else 6Gi)")
 	f.StringVar(&fl.runner, "runner", "", "The macfleet-runner binary (default $MACFLEET_RUNNER, else next to macfleet, else on $PATH)")
-	f.IntVar(&fl.runnerThreads, "runner-threads", 0, "CPU threads of each runner (default: the runner chooses)")
+	f.IntVar(&fl.runnerThreads, "runner-threads", 0, "CPU threads of each runner whose model sets none (default: the thread policy: the performance cores, one for a model under 32 MiB of weights)")
 	f.StringVar(&fl.runnerSandbox, "runner-sandbox", string(sandbox.On), "Confine each runner to its model, cache and socket, with no network "+
 		"and a scrubbed environment (Landlock on Linux, Seatbelt on macOS): on or off")
 	f.BoolVar(&fl.keepRunners, "keep-runners", true, "Leave the runners of loaded models running when the agent stops, for the next agent "+
@@ -307,22 +306,18 @@ func (fl agentFlags) config() (cluster.Config, hardware.Overrides, error) {
 	return cfg, ov, nil
 }
 
-// nodeSession registers the MacNode and renews its Lease beside the replica sync;
-// the pool's loads, unloads and pressure changes trigger memory status writes, and
-// the MacNode's spec.memoryCeiling lowers the pool's ceiling (the smaller of it and
-// --memory-ceiling wins).
+// nodeSession registers the MacNode and renews its Lease beside the replica sync
+// (node.NewForPool: the pool's events trigger memory status writes, and the MacNode's
+// spec.memoryCeiling lowers the pool's ceiling together with --memory-ceiling).
 func nodeSession(fl agentFlags, flagCeiling int64) cluster.Runnable {
 	return func(ctx context.Context, env cluster.Env) error {
-		s, err := node.New(node.Config{
-			Client: env.Client, NodeName: env.NodeName, Hardware: hardware.FromMetal(env.Pool.Hardware()),
-			Address: env.Endpoint, Version: agentVersion(), Memory: node.PoolMemory(env.Pool),
-			LeaseDuration: fl.leaseDuration, Log: ctrl.Log.WithName("node"),
-			OnCeilingOverride: func(b int64) { env.Pool.SetConfiguredCeiling(ceiling.Agent(flagCeiling, b)) },
-		})
+		s, err := node.NewForPool(node.Config{
+			Client: env.Client, NodeName: env.NodeName, Address: env.Endpoint, Version: agentVersion(),
+			LeaseDuration: fl.leaseDuration, Log: ctrl.Log.WithName("node"), FlagCeiling: flagCeiling,
+		}, env.Pool)
 		if err != nil {
 			return err
 		}
-		env.Pool.AddObserver(notifyObserver{s})
 		return s.Run(ctx)
 	}
 }
@@ -350,13 +345,6 @@ func renewCredential(rc *rest.Config, kubeconfig string, cfg *cluster.Config, lo
 	cfg.Runnables = append(cfg.Runnables, func(ctx context.Context, _ cluster.Env) error { return rot.Run(ctx) })
 	return nil
 }
-
-// notifyObserver asks the node session for a memory status write on pool events.
-type notifyObserver struct{ s *node.Session }
-
-func (o notifyObserver) LoadFinished(metal.LoadEvent)             { o.s.NotifyChanged() }
-func (o notifyObserver) Unloaded(string, metal.UnloadReport)      { o.s.NotifyChanged() }
-func (o notifyObserver) PressureChanged(_, _ metal.PressureLevel) { o.s.NotifyChanged() }
 
 // agentVersion is the module version the binary was built from.
 func agentVersion() string {

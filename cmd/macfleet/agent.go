@@ -87,61 +87,72 @@ while the API server is unreachable and resyncs when it returns.`,
 			"  macfleet agent --kubeconfig kc --node-name mac-2 --listen :8081 --memory-ceiling 12Gi \\\n" +
 			"      --unified-memory 16Gi --chip 'Apple M2'",
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			log := zap.New(zap.UseFlagOptions(&zapOpts))
-			ctrl.SetLogger(log)
-			cfg, ov, err := fl.config()
-			if err != nil {
-				return err
-			}
-			rc, err := restConfig(fl.kubeconfig)
-			if err != nil {
-				return err
-			}
-			if err := renewCredential(rc, fl.kubeconfig, &cfg, log); err != nil {
-				return err
-			}
-			cfg.RestConfig = rc
-			cfg.Log = log
-			if fl.runnerOutput {
-				cfg.RunnerOutput = cmd.ErrOrStderr()
-			}
-			// The first SIGINT or SIGTERM shuts down gracefully, a second one kills.
-			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
-			defer stop()
-			go func() {
-				<-ctx.Done()
-				stop()
-			}()
-
-			if fl.fleetTokenFile != "" {
-				log.Info("Ignoring --fleet-token-file: the agent serves TLS with its own certificate and takes the gateways' and the manager's certificates instead of a fleet token")
-			}
-			// The store's downloads and file opens follow the cluster's SourcePolicy, which
-			// the agent watches.
-			policy := sourcepolicy.NewHolder(nil)
-			st, err := fl.newStore(policy, log.WithName("store"))
-			if err != nil {
-				return err
-			}
-			cfg.Store, cfg.SourcePolicy = st, policy
-			gauge, err := metal.NewGauge()
-			if err != nil {
-				return fmt.Errorf("measuring memory: %w", err)
-			}
-			cfg.Gauge = hardware.OverrideGauge(gauge, ov)
-			cfg.Runnables = append(cfg.Runnables, nodeSession(fl, cfg.Pool.CeilingBytes))
-			tp, relay, stopTracing, err := startTracing(ctx, tracing.ServiceAgent, log.WithName("tracing"))
-			if err != nil {
-				return err
-			}
-			defer stopTracing()
-			cfg.TracerProvider, cfg.SpanRelay = tp, relay
-			log.Info("Starting the node agent", "node", cfg.NodeName, "store", fl.storeDir, "state", fl.stateDir,
-				"listen", cfg.Listen)
-			return cluster.Run(ctx, cfg)
-		},
+		RunE: func(cmd *cobra.Command, _ []string) error { return fl.run(cmd, zapOpts) },
 	}
+	fl.register(cmd, host, &zapOpts)
+	cmd.AddCommand(newAgentInstallCmd())
+	return cmd
+}
+
+// run starts the node agent: flags to cluster.Config, the node credential's renewal,
+// the store, the gauge, the node session and tracing wired in, then cluster.Run.
+func (fl agentFlags) run(cmd *cobra.Command, zapOpts zap.Options) error {
+	log := zap.New(zap.UseFlagOptions(&zapOpts))
+	ctrl.SetLogger(log)
+	cfg, ov, err := fl.config()
+	if err != nil {
+		return err
+	}
+	rc, err := restConfig(fl.kubeconfig)
+	if err != nil {
+		return err
+	}
+	if err := renewCredential(rc, fl.kubeconfig, &cfg, log); err != nil {
+		return err
+	}
+	cfg.RestConfig = rc
+	cfg.Log = log
+	if fl.runnerOutput {
+		cfg.RunnerOutput = cmd.ErrOrStderr()
+	}
+	// The first SIGINT or SIGTERM shuts down gracefully, a second one kills.
+	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	go func() {
+		<-ctx.Done()
+		stop()
+	}()
+
+	if fl.fleetTokenFile != "" {
+		log.Info("Ignoring --fleet-token-file: the agent serves TLS with its own certificate and takes the gateways' and the manager's certificates instead of a fleet token")
+	}
+	// The store's downloads and file opens follow the cluster's SourcePolicy, which
+	// the agent watches.
+	policy := sourcepolicy.NewHolder(nil)
+	st, err := fl.newStore(policy, log.WithName("store"))
+	if err != nil {
+		return err
+	}
+	cfg.Store, cfg.SourcePolicy = st, policy
+	gauge, err := metal.NewGauge()
+	if err != nil {
+		return fmt.Errorf("measuring memory: %w", err)
+	}
+	cfg.Gauge = hardware.OverrideGauge(gauge, ov)
+	cfg.Runnables = append(cfg.Runnables, nodeSession(fl, cfg.Pool.CeilingBytes))
+	tp, relay, stopTracing, err := startTracing(ctx, tracing.ServiceAgent, log.WithName("tracing"))
+	if err != nil {
+		return err
+	}
+	defer stopTracing()
+	cfg.TracerProvider, cfg.SpanRelay = tp, relay
+	log.Info("Starting the node agent", "node", cfg.NodeName, "store", fl.storeDir, "state", fl.stateDir,
+		"listen", cfg.Listen)
+	return cluster.Run(ctx, cfg)
+}
+
+// register binds the agent's flags to fl and zapOpts.
+func (fl *agentFlags) register(cmd *cobra.Command, host string, zapOpts *zap.Options) {
 	f := cmd.Flags()
 	f.StringVar(&fl.kubeconfig, "kubeconfig", "", "Path to the node's kubeconfig (from macfleet nodes credentials); default: $KUBECONFIG, then in-cluster")
 	f.StringVar(&fl.nodeName, "node-name", host, "Name of this Mac's MacNode (and of its node identity)")
@@ -191,8 +202,6 @@ while the API server is unreachable and resyncs when it returns.`,
 	gfs := goflag.NewFlagSet("zap", goflag.ContinueOnError)
 	zapOpts.BindFlags(gfs)
 	f.AddGoFlagSet(gfs)
-	cmd.AddCommand(newAgentInstallCmd())
-	return cmd
 }
 
 // storeOptions are the model store's options from the flags (without the log and

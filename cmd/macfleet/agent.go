@@ -115,13 +115,8 @@ func (fl agentFlags) run(cmd *cobra.Command, zapOpts zap.Options) error {
 	if fl.runnerOutput {
 		cfg.RunnerOutput = cmd.ErrOrStderr()
 	}
-	// The first SIGINT or SIGTERM shuts down gracefully, a second one kills.
-	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+	ctx, stop := shutdownContext(cmd.Context())
 	defer stop()
-	go func() {
-		<-ctx.Done()
-		stop()
-	}()
 
 	if fl.fleetTokenFile != "" {
 		log.Info("Ignoring --fleet-token-file: the agent serves TLS with its own certificate and takes the gateways' and the manager's certificates instead of a fleet token")
@@ -353,6 +348,17 @@ func renewCredential(rc *rest.Config, kubeconfig string, cfg *cluster.Config, lo
 		"boundTo", c.Namespace+"/"+c.Secret)
 	cfg.Runnables = append(cfg.Runnables, func(ctx context.Context, _ cluster.Env) error { return rot.Run(ctx) })
 	return nil
+}
+
+// shutdownContext ends at the first SIGINT or SIGTERM, for a graceful shutdown; a
+// second one kills the process at once (the default handling is back).
+func shutdownContext(parent context.Context) (context.Context, context.CancelFunc) {
+	ctx, stop := signal.NotifyContext(parent, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		<-ctx.Done()
+		stop()
+	}()
+	return ctx, stop
 }
 
 // agentVersion is the module version the binary was built from.

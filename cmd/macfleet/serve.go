@@ -3,8 +3,6 @@ package main
 import (
 	"fmt"
 	"os"
-	"os/signal"
-	"syscall"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -143,13 +141,8 @@ func (sf serveFlags) run(cmd *cobra.Command) error {
 	if sf.runnerOutput {
 		opts.RunnerOutput = cmd.ErrOrStderr()
 	}
-	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+	ctx, stop := shutdownContext(cmd.Context())
 	defer stop()
-	go func() {
-		// After the first signal, a second one kills the agent at once.
-		<-ctx.Done()
-		stop()
-	}()
 	tp, relay, stopTracing, err := startTracing(ctx, tracing.ServiceAgent, log.WithName("tracing"))
 	if err != nil {
 		return err

@@ -17,6 +17,7 @@ type CeilingSetter interface {
 // its loads, unloads and pressure changes.
 func NewForPool(cfg Config, pool *metal.Pool) (*Session, error) {
 	cfg.Hardware = hardware.FromMetal(pool.Hardware())
+	cfg.Hardware.PerformanceCores = hardware.PerformanceCores()
 	cfg.Memory = PoolMemory(pool)
 	cfg.Ceiling = poolCeiling{pool}
 	s, err := New(cfg)

@@ -21,6 +21,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/macfleet/macfleet/agent/hardware"
 	"github.com/macfleet/macfleet/api/engine"
 	"github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/controllers/certsigner/certsignertest"
@@ -116,6 +117,10 @@ func TestAgentCommand(t *testing.T) {
 	addr := mn.Status.Agent.Address
 	if mn.Labels[v1alpha1.LabelMemoryGiB] != "16" || mn.Status.Hardware.Chip != "Apple M2" {
 		t.Errorf("MacNode labels %v, hardware %+v; want the simulated 16 GiB Apple M2", mn.Labels, mn.Status.Hardware)
+	}
+	// The thread policy's cores are the host's own, not a simulated Mac's.
+	if got := int(mn.Status.Hardware.PerformanceCores); got != hardware.PerformanceCores() {
+		t.Errorf("MacNode performanceCores %d, want this host's %d", got, hardware.PerformanceCores())
 	}
 	var lease coordinationv1.Lease
 	if err := env.Client.Get(ctx, types.NamespacedName{Namespace: v1alpha1.NodeLeaseNamespace, Name: node}, &lease); err != nil {

@@ -17,6 +17,7 @@ import (
 
 	"github.com/macfleet/macfleet/agent/config"
 	"github.com/macfleet/macfleet/agent/standalone"
+	"github.com/macfleet/macfleet/api/engine"
 	"github.com/macfleet/macfleet/api/runnerapi"
 	"github.com/macfleet/macfleet/internal/ggufsynth"
 	"github.com/macfleet/macfleet/metal"
@@ -116,7 +117,7 @@ func selfTest(ctx context.Context, opts Options, g metal.Gauge, rep *Report) {
 		st.fail("synth", time.Since(t), "writing the model: %v", err)
 		return
 	}
-	ms, err := standalone.BuildSpec(ctx, config.Model{Name: selfTestModel, Path: path, ContextLength: selfTestContext, Parallel: 1})
+	ms, err := standalone.BuildSpec(ctx, config.Model{Name: selfTestModel, Path: path, Settings: engine.Settings{ContextLength: selfTestContext, Parallel: 1}})
 	if err != nil {
 		st.fail("synth", time.Since(t), "%v", err)
 		return

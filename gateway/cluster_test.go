@@ -30,6 +30,7 @@ import (
 
 	"github.com/macfleet/macfleet/agent/config"
 	"github.com/macfleet/macfleet/agent/standalone"
+	"github.com/macfleet/macfleet/api/engine"
 	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/controllers/apikeyindex/apikeyindextest"
 	"github.com/macfleet/macfleet/gateway"
@@ -300,7 +301,7 @@ func startAgent(t *testing.T, runner string) string {
 	}
 	acfg, err := config.Config{Runner: runner, RunnerThreads: 1, MemoryCeiling: 2 << 30, Listen: "127.0.0.1:0",
 		APIKey: fleetToken,
-		Models: []config.Model{{Name: "tiny", Path: model, ContextLength: 1024, Residency: config.ResidencyResident}},
+		Models: []config.Model{{Name: "tiny", Path: model, Settings: engine.Settings{ContextLength: 1024}, Residency: config.ResidencyResident}},
 	}.Complete()
 	if err != nil {
 		t.Fatal(err)

@@ -28,6 +28,7 @@ import (
 	"github.com/macfleet/macfleet/agent/cluster"
 	"github.com/macfleet/macfleet/agent/janitor"
 	"github.com/macfleet/macfleet/agent/server"
+	"github.com/macfleet/macfleet/api/engine"
 	"github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/internal/ggufsynth"
 	"github.com/macfleet/macfleet/metal"
@@ -359,7 +360,7 @@ func newReplica(t *testing.T, ns, name, node string, o replicaOpts) *v1alpha1.Mo
 		Spec: v1alpha1.ModelReplicaSpec{
 			Template: v1alpha1.ModelReplicaTemplate{
 				Model: v1alpha1.ModelSource{Source: o.source, SHA256: o.sha, ServedName: o.servedName},
-				Engine: v1alpha1.EngineSpec{ContextLength: o.ctxLen, Parallel: 1, KVCacheType: v1alpha1.KVCacheF16,
+				Engine: v1alpha1.EngineSpec{Settings: engine.Settings{ContextLength: o.ctxLen, Parallel: 1, KVCacheType: v1alpha1.KVCacheF16},
 					PromptCache: o.promptCache},
 				Residency: o.residency,
 			},

@@ -28,13 +28,13 @@ import (
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
-	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/macfleet/macfleet/agent/certs"
 	"github.com/macfleet/macfleet/agent/janitor"
 	"github.com/macfleet/macfleet/agent/server"
+	"github.com/macfleet/macfleet/agent/standalone"
 	"github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/internal/httpserver"
 	"github.com/macfleet/macfleet/internal/informers"
@@ -102,8 +102,9 @@ type Config struct {
 	// built-in default while there is none), and replicas are fetched only once it is
 	// known. Give the store the same holder so that its downloads follow the policy.
 	SourcePolicy *sourcepolicy.Holder
-	// RunnerPath: see runnerproc.ProcessConfig.RunnerPath. RunnerThreads zero lets the
-	// runner choose. RunnerOutput, when set, receives every runner's output lines.
+	// RunnerPath: see runnerproc.ProcessConfig.RunnerPath. RunnerThreads are the threads of
+	// runners whose replica sets none (zero: the thread policy, engine.PolicyThreads).
+	// RunnerOutput, when set, receives every runner's output lines.
 	RunnerPath    string
 	RunnerThreads int
 	RunnerOutput  io.Writer
@@ -164,81 +165,137 @@ func Run(ctx context.Context, cfg Config) error {
 	if rc.QPS == 0 {
 		rc.QPS, rc.Burst = 20, 40
 	}
-	scheme := runtime.NewScheme()
-	if err := clientgoscheme.AddToScheme(scheme); err != nil {
-		return err
-	}
-	if err := v1alpha1.AddToScheme(scheme); err != nil {
-		return err
-	}
-	direct, err := client.New(rc, client.Options{Scheme: scheme})
-	if err != nil {
-		return fmt.Errorf("creating the API client: %w", err)
-	}
-	// The replica informer catches up within a second of an API server outage's end.
-	rcache, err := cache.New(rc, cache.Options{Scheme: scheme, ByObject: map[client.Object]cache.ByObject{
-		&v1alpha1.ModelReplica{}: {Field: fields.OneTermEqualSelector(v1alpha1.ReplicaNodeNameField, cfg.NodeName)},
-	}, NewInformer: informers.NewInformer(informers.Options{Log: log.WithName("informers")})})
-	if err != nil {
-		return fmt.Errorf("creating the replica cache: %w", err)
-	}
-	inf, err := rcache.GetInformer(ctx, &v1alpha1.ModelReplica{}, cache.BlockUntilSynced(false))
-	if err != nil {
-		return fmt.Errorf("watching replicas: %w", err)
-	}
-	sii, ok := inf.(toolscache.SharedIndexInformer)
-	if !ok {
-		return fmt.Errorf("the replica informer is a %T, not a shared index informer", inf)
-	}
-	policySynced := func() bool { return true }
-	if cfg.SourcePolicy != nil {
-		if policySynced, err = watchSourcePolicy(ctx, rcache, cfg.SourcePolicy, log.WithName("sourcepolicy")); err != nil {
-			return err
-		}
-	}
-
-	gauge := cfg.Gauge
-	if gauge == nil {
-		if gauge, err = metal.NewGauge(); err != nil {
-			return fmt.Errorf("measuring memory: %w", err)
-		}
-	}
-	runnerPath, err := runnerproc.RunnerExecutable(cfg.RunnerPath)
+	w, err := watchReplicas(ctx, rc, cfg)
 	if err != nil {
 		return err
 	}
-	pcfg := runnerproc.ProcessConfig{RunnerPath: runnerPath, Threads: cfg.RunnerThreads, SocketDir: cfg.SocketDir, Sandbox: cfg.RunnerSandbox,
-		Log: log.WithName("runner"), Output: cfg.RunnerOutput,
+	pcfg := runnerproc.ProcessConfig{RunnerPath: cfg.RunnerPath, Threads: cfg.RunnerThreads, SocketDir: cfg.SocketDir,
+		Sandbox: cfg.RunnerSandbox, Log: log.WithName("runner"), Output: cfg.RunnerOutput,
 		PromptCacheDir: cfg.PromptCacheDir, PromptCacheSSDBytes: cfg.PromptCacheSSDBytes, SpanRelay: cfg.SpanRelay}
 	poolCfg := cfg.Pool
 	if cfg.StateDir != "" {
 		pcfg.StateDir = filepath.Join(cfg.StateDir, "runners")
 		poolCfg.KeepRunnersOnExit = cfg.KeepRunners
 	}
-	factory := runnerproc.NewProcessFactory(pcfg)
-	pool, err := metal.New(poolCfg, factory, gauge, clock.RealClock{}, log.WithName("pool"))
+	eng, err := standalone.NewEngine(pcfg, poolCfg, cfg.Gauge, log)
 	if err != nil {
 		return err
 	}
-
 	cs, err := kubernetes.NewForConfig(rc)
 	if err != nil {
 		return fmt.Errorf("creating the API clientset: %w", err)
 	}
-	tlsSrc, keeper := cfg.Certificates, (*certs.Keeper)(nil)
-	if tlsSrc == nil {
-		tlsSrc = &pki.Source{}
-		keyFile := "" // without a state directory the key lives as long as the agent
-		if cfg.StateDir != "" {
-			keyFile = KeyFile(cfg.StateDir)
-		}
-		keeper = certs.New(certs.Options{Clientset: cs, NodeName: cfg.NodeName, Source: tlsSrc, KeyFile: keyFile,
-			Lifetime: cfg.CertificateLifetime, Log: log.WithName("certs")})
+	tlsSrc, keeper := certificates(cfg, cs)
+	ln, endpoint, err := listen(cfg, tlsSrc)
+	if err != nil {
+		return err
 	}
+	a, err := newAgent(cfg, cs, w, eng, endpoint)
+	if err != nil {
+		ln.Close()
+		return err
+	}
+	httpSrv := httpserver.New(a.srv.Handler(), httpserver.Limits{})
+
+	// The pool outlives ctx: it unloads everything on shutdown, after the HTTP
+	// server stopped taking requests.
+	poolCtx, stopPool := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopPool()
+	poolDone := make(chan error, 1)
+	go func() { poolDone <- eng.Pool.Run(poolCtx) }()
+	serveDone := make(chan error, 1)
+	go func() { serveDone <- httpSrv.Serve(ln) }()
+	log.Info("Serving the OpenAI and admin API", "addr", ln.Addr().String(), "endpoint", endpoint, "node", cfg.NodeName,
+		"runner", eng.RunnerPath, "ceiling", eng.Pool.Ceiling().Describe())
+	if cfg.Started != nil {
+		cfg.Started(ln.Addr().String(), endpoint)
+	}
+
+	runErr := a.run(ctx, cfg, keeper, serveDone)
+	if errors.Is(runErr, context.Canceled) {
+		runErr = nil
+	}
+	timeout := cfg.ShutdownTimeout
+	if timeout <= 0 {
+		timeout = DefaultShutdownTimeout
+	}
+	log.Info("Shutting down: draining requests and unloading models", "timeout", timeout)
+	err = errors.Join(runErr, a.srv.Shutdown(httpSrv, stopPool, poolDone, timeout))
+	if err == nil {
+		log.Info("Stopped")
+	}
+	return err
+}
+
+// replicaWatch is the agent's view of the API: a direct client, the cache of the
+// ModelReplicas bound to its node (and the SourcePolicy), and their informer.
+type replicaWatch struct {
+	direct       client.Client
+	cache        cache.Cache
+	informer     toolscache.SharedIndexInformer
+	policySynced func() bool
+}
+
+// watchReplicas makes the clients and the replica cache (not started).
+func watchReplicas(ctx context.Context, rc *rest.Config, cfg Config) (*replicaWatch, error) {
+	log := cfg.Log
+	scheme := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+		return nil, err
+	}
+	if err := v1alpha1.AddToScheme(scheme); err != nil {
+		return nil, err
+	}
+	w := &replicaWatch{policySynced: func() bool { return true }}
+	var err error
+	if w.direct, err = client.New(rc, client.Options{Scheme: scheme}); err != nil {
+		return nil, fmt.Errorf("creating the API client: %w", err)
+	}
+	// The replica informer catches up within a second of an API server outage's end.
+	w.cache, err = cache.New(rc, cache.Options{Scheme: scheme, ByObject: map[client.Object]cache.ByObject{
+		&v1alpha1.ModelReplica{}: {Field: fields.OneTermEqualSelector(v1alpha1.ReplicaNodeNameField, cfg.NodeName)},
+	}, NewInformer: informers.NewInformer(informers.Options{Log: log.WithName("informers")})})
+	if err != nil {
+		return nil, fmt.Errorf("creating the replica cache: %w", err)
+	}
+	inf, err := w.cache.GetInformer(ctx, &v1alpha1.ModelReplica{}, cache.BlockUntilSynced(false))
+	if err != nil {
+		return nil, fmt.Errorf("watching replicas: %w", err)
+	}
+	var ok bool
+	if w.informer, ok = inf.(toolscache.SharedIndexInformer); !ok {
+		return nil, fmt.Errorf("the replica informer is a %T, not a shared index informer", inf)
+	}
+	if cfg.SourcePolicy != nil {
+		if w.policySynced, err = watchSourcePolicy(ctx, w.cache, cfg.SourcePolicy, log.WithName("sourcepolicy")); err != nil {
+			return nil, err
+		}
+	}
+	return w, nil
+}
+
+// certificates is the source of the agent's serving certificate: cfg's, else a
+// keeper that asks the manager for one (nil keeper with cfg's).
+func certificates(cfg Config, cs kubernetes.Interface) (*pki.Source, *certs.Keeper) {
+	if cfg.Certificates != nil {
+		return cfg.Certificates, nil
+	}
+	src := &pki.Source{}
+	keyFile := "" // without a state directory the key lives as long as the agent
+	if cfg.StateDir != "" {
+		keyFile = KeyFile(cfg.StateDir)
+	}
+	return src, certs.New(certs.Options{Clientset: cs, NodeName: cfg.NodeName, Source: src, KeyFile: keyFile,
+		Lifetime: cfg.CertificateLifetime, Log: cfg.Log.WithName("certs")})
+}
+
+// listen opens the TLS listener and works out the advertised endpoint.
+func listen(cfg Config, tlsSrc *pki.Source) (net.Listener, string, error) {
 	ln := cfg.Listener
 	if ln == nil {
+		var err error
 		if ln, err = net.Listen("tcp", cfg.Listen); err != nil {
-			return fmt.Errorf("listening on %s: %w", cfg.Listen, err)
+			return nil, "", fmt.Errorf("listening on %s: %w", cfg.Listen, err)
 		}
 	}
 	// The connection cap wraps the TCP listener, beneath TLS; TLS only: a caller that
@@ -246,129 +303,105 @@ func Run(ctx context.Context, cfg Config) error {
 	ln = tls.NewListener(httpserver.Listener(ln, httpserver.Limits{}), tlsSrc.ServerConfig())
 	endpoint := cfg.AdvertiseAddress
 	if endpoint == "" {
+		var err error
 		if endpoint, err = DefaultAdvertiseAddress(ln.Addr().String()); err != nil {
 			ln.Close()
-			return err
+			return nil, "", err
 		}
 	} else if host, port, err := net.SplitHostPort(endpoint); err == nil && port == "0" {
 		_, lport, _ := net.SplitHostPort(ln.Addr().String())
 		endpoint = net.JoinHostPort(host, lport)
 	}
+	return ln, endpoint, nil
+}
 
+// agent is the running agent's parts: the replica sync, the HTTP server, the janitor.
+type agent struct {
+	log      logr.Logger
+	w        *replicaWatch
+	eng      *standalone.Engine
+	endpoint string
+	syncer   *Syncer
+	srv      *server.Server
+	jan      *janitor.Janitor
+}
+
+// newAgent builds the syncer (adopting the runners an earlier agent recorded), the
+// HTTP server with its token review, and the janitor.
+func newAgent(cfg Config, cs kubernetes.Interface, w *replicaWatch, eng *standalone.Engine, endpoint string) (*agent, error) {
+	log := cfg.Log
+	a := &agent{log: log, w: w, eng: eng, endpoint: endpoint}
 	so := cfg.Syncer
 	if cfg.StateDir != "" {
-		if so.Recorded, err = factory.RecordedModels(); err != nil {
+		var err error
+		if so.Recorded, err = eng.Factory.RecordedModels(); err != nil {
 			log.Error(err, "Reading the records of runners an earlier agent left; they will be stopped, not adopted")
 		} else if len(so.Recorded) > 0 {
 			log.Info("Runners of an earlier agent to adopt", "models", so.Recorded)
 		}
 	}
-	so.NodeName, so.Endpoint, so.Cache, so.Informer, so.Live, so.Client = cfg.NodeName, endpoint, rcache, sii, direct, direct
-	so.Pool, so.Store, so.Log = pool, cfg.Store, log.WithName("sync")
-	syncer, err := NewSyncer(so)
-	if err != nil {
-		ln.Close()
-		return err
+	so.NodeName, so.Endpoint, so.Cache, so.Informer, so.Live, so.Client = cfg.NodeName, endpoint, w.cache, w.informer, w.direct, w.direct
+	so.Pool, so.Store, so.Log = eng.Pool, cfg.Store, log.WithName("sync")
+	var err error
+	if a.syncer, err = NewSyncer(so); err != nil {
+		return nil, err
 	}
 	reg := prometheus.NewRegistry()
-	sopts := server.Options{ClientCertificates: true, ResolveModel: syncer.Resolve,
-		ListModels: syncer.ListModels, DeploymentOf: syncer.DeploymentOf, Log: log.WithName("http"), Registerer: reg, TracerProvider: cfg.TracerProvider}
+	sopts := server.Options{ClientCertificates: true, ResolveModel: a.syncer.Resolve,
+		ListModels: a.syncer.ListModels, DeploymentOf: a.syncer.DeploymentOf, Log: log.WithName("http"), Registerer: reg, TracerProvider: cfg.TracerProvider}
 	if !cfg.NoServiceAccountTokens {
 		rev, err := satoken.New(cs.AuthenticationV1().TokenReviews(),
 			satoken.Options{Audience: cfg.TokenAudience, TTL: cfg.TokenCacheTTL, Registerer: reg, Component: "agent"})
 		if err != nil {
-			ln.Close()
-			return err
+			return nil, err
 		}
 		sopts.ReviewToken = rev.Review
 	}
-	srv, err := server.New(pool, sopts)
-	if err != nil {
-		ln.Close()
-		return err
+	if a.srv, err = server.New(eng.Pool, sopts); err != nil {
+		return nil, err
 	}
 	var pruner janitor.StorePruner
 	if p, ok := cfg.Store.(janitor.StorePruner); ok {
 		pruner = p
 	}
-	jan := janitor.New(cfg.Janitor, pruner, factory, syncer.inUse, log.WithName("janitor"))
-	if jan != nil {
-		for _, c := range jan.Collectors() {
+	if a.jan = janitor.New(cfg.Janitor, pruner, eng.Factory, a.syncer.inUse, log.WithName("janitor")); a.jan != nil {
+		for _, c := range a.jan.Collectors() {
 			if err := reg.Register(c); err != nil {
-				ln.Close()
-				return err
+				return nil, err
 			}
 		}
 	}
-	httpSrv := httpserver.New(srv.Handler(), httpserver.Limits{})
+	return a, nil
+}
 
-	// The pool outlives ctx: it unloads everything on shutdown, after the HTTP
-	// server stopped taking requests.
-	poolCtx, stopPool := context.WithCancel(context.WithoutCancel(ctx))
-	defer stopPool()
-	poolDone := make(chan error, 1)
-	go func() { poolDone <- pool.Run(poolCtx) }()
-	serveDone := make(chan error, 1)
-	go func() { serveDone <- httpSrv.Serve(ln) }()
-	log.Info("Serving the OpenAI and admin API", "addr", ln.Addr().String(), "endpoint", endpoint, "node", cfg.NodeName,
-		"runner", runnerPath, "ceiling", pool.Ceiling().Describe())
-	if cfg.Started != nil {
-		cfg.Started(ln.Addr().String(), endpoint)
-	}
-
+// run runs the agent's loops until ctx ends or one fails: the replica cache, the
+// sync, the certificate keeper, readiness, the stop of unclaimed runners, the
+// janitor, cfg's Runnables, and a watch on the HTTP server.
+func (a *agent) run(ctx context.Context, cfg Config, keeper *certs.Keeper, serveDone chan error) error {
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error {
-		if err := rcache.Start(gctx); err != nil && gctx.Err() == nil {
+		if err := a.w.cache.Start(gctx); err != nil && gctx.Err() == nil {
 			return fmt.Errorf("the replica cache stopped: %w", err)
 		}
 		return nil
 	})
 	g.Go(func() error {
-		if !toolscache.WaitForCacheSync(gctx.Done(), policySynced) {
+		if !toolscache.WaitForCacheSync(gctx.Done(), a.w.policySynced) {
 			return nil
 		}
-		return syncer.Run(gctx)
+		return a.syncer.Run(gctx)
 	})
 	if keeper != nil {
 		g.Go(func() error { return keeper.Run(gctx) })
 	}
-	g.Go(func() error {
-		if !rcache.WaitForCacheSync(gctx) {
-			return nil
-		}
-		if keeper != nil {
-			select {
-			case <-keeper.Ready():
-			case <-gctx.Done():
-				return nil
-			}
-		}
-		srv.SetReady(true)
-		log.Info("Ready")
-		return nil
-	})
+	g.Go(func() error { return a.ready(gctx, keeper) })
 	if cfg.StateDir != "" {
-		// Runners an earlier agent left that no replica claimed in the first sync
-		// (deleted, changed, or OnDemand) are stopped.
-		g.Go(func() error {
-			select {
-			case <-syncer.InitialSync():
-			case <-gctx.Done():
-				return nil
-			}
-			n, err := factory.StopUnclaimed(gctx)
-			if err != nil && gctx.Err() == nil {
-				log.Error(err, "Stopping the runners no replica claimed")
-			} else if n > 0 {
-				log.Info("Stopped the runners of an earlier agent that no replica claimed", "runners", n)
-			}
-			return nil
-		})
+		g.Go(func() error { return a.stopUnclaimed(gctx) })
 	}
-	if jan != nil {
-		g.Go(func() error { return jan.Run(gctx, rcache.WaitForCacheSync) })
+	if a.jan != nil {
+		g.Go(func() error { return a.jan.Run(gctx, a.w.cache.WaitForCacheSync) })
 	}
-	env := Env{NodeName: cfg.NodeName, Endpoint: endpoint, Pool: pool, Client: direct, Ready: sii.HasSynced}
+	env := Env{NodeName: cfg.NodeName, Endpoint: a.endpoint, Pool: a.eng.Pool, Client: a.w.direct, Ready: a.w.informer.HasSynced}
 	for _, r := range cfg.Runnables {
 		g.Go(func() error { return r(gctx, env) })
 	}
@@ -381,21 +414,42 @@ func Run(ctx context.Context, cfg Config) error {
 			return fmt.Errorf("the HTTP server stopped: %w", err)
 		}
 	})
-	runErr := g.Wait()
-	if errors.Is(runErr, context.Canceled) {
-		runErr = nil
-	}
+	return g.Wait()
+}
 
-	timeout := cfg.ShutdownTimeout
-	if timeout <= 0 {
-		timeout = DefaultShutdownTimeout
+// ready marks the server ready once the replicas are cached and the serving
+// certificate (if the agent asks for its own) is there.
+func (a *agent) ready(ctx context.Context, keeper *certs.Keeper) error {
+	if !a.w.cache.WaitForCacheSync(ctx) {
+		return nil
 	}
-	log.Info("Shutting down: draining requests and unloading models", "timeout", timeout)
-	err = errors.Join(runErr, srv.Shutdown(httpSrv, stopPool, poolDone, timeout))
-	if err == nil {
-		log.Info("Stopped")
+	if keeper != nil {
+		select {
+		case <-keeper.Ready():
+		case <-ctx.Done():
+			return nil
+		}
 	}
-	return err
+	a.srv.SetReady(true)
+	a.log.Info("Ready")
+	return nil
+}
+
+// stopUnclaimed stops the runners an earlier agent left that no replica claimed in
+// the first sync (deleted, changed, or OnDemand).
+func (a *agent) stopUnclaimed(ctx context.Context) error {
+	select {
+	case <-a.syncer.InitialSync():
+	case <-ctx.Done():
+		return nil
+	}
+	n, err := a.eng.Factory.StopUnclaimed(ctx)
+	if err != nil && ctx.Err() == nil {
+		a.log.Error(err, "Stopping the runners no replica claimed")
+	} else if n > 0 {
+		a.log.Info("Stopped the runners of an earlier agent that no replica claimed", "runners", n)
+	}
+	return nil
 }
 
 // DefaultAdvertiseAddress is the first non-loopback IPv4 address of this host with

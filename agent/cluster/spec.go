@@ -20,13 +20,11 @@ import (
 func BuildSpec(ctx context.Context, name, path string, mr *v1alpha1.ModelReplica) (metal.ModelSpec, error) {
 	t := mr.Spec.Template
 	m := config.Model{
-		Name:          name,
-		Path:          path,
-		ContextLength: int(t.Engine.ContextLength),
-		Parallel:      int(t.Engine.Parallel),
-		KVCacheType:   string(t.Engine.KVCacheType),
-		Residency:     string(t.Residency),
-		Memory:        config.Size(mr.Spec.MemoryReservation.Value()),
+		Name:      name,
+		Path:      path,
+		Settings:  t.Engine.Settings,
+		Residency: string(t.Residency),
+		Memory:    config.Size(mr.Spec.MemoryReservation.Value()),
 	}
 	if m.Residency == "" {
 		m.Residency = string(v1alpha1.ResidencyResident)

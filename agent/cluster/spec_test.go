@@ -8,6 +8,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/macfleet/macfleet/agent/cluster"
+	"github.com/macfleet/macfleet/api/engine"
 	"github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/metal/runnerproc"
 )
@@ -19,7 +20,7 @@ func TestBuildSpecCarriesTheNamespace(t *testing.T) {
 	for _, ns := range []string{"team-a", "team-b"} {
 		mr := &v1alpha1.ModelReplica{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "m-0"},
 			Spec: v1alpha1.ModelReplicaSpec{MemoryReservation: resource.MustParse("256Mi"),
-				Template: v1alpha1.ModelReplicaTemplate{Engine: v1alpha1.EngineSpec{ContextLength: 512, Parallel: 1}}}}
+				Template: v1alpha1.ModelReplicaTemplate{Engine: v1alpha1.EngineSpec{Settings: engine.Settings{ContextLength: 512, Parallel: 1}}}}}
 		spec, err := cluster.BuildSpec(t.Context(), ns+"-m-0", tinyModel, mr)
 		if err != nil {
 			t.Fatal(err)

@@ -16,6 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
+	"github.com/macfleet/macfleet/api/engine"
 	"github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/internal/ggufsynth"
 	"github.com/macfleet/macfleet/metal"
@@ -78,7 +79,7 @@ func TestUpdateInPlace(t *testing.T) {
 		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "r-0", UID: "u1", Labels: map[string]string{v1alpha1.LabelDeployment: "d"}},
 		Spec: v1alpha1.ModelReplicaSpec{
 			Template: v1alpha1.ModelReplicaTemplate{Model: v1alpha1.ModelSource{Source: "file://" + model},
-				Engine: v1alpha1.EngineSpec{ContextLength: 512, Parallel: 1, KVCacheType: v1alpha1.KVCacheF16}, Residency: v1alpha1.ResidencyResident},
+				Engine: v1alpha1.EngineSpec{Settings: engine.Settings{ContextLength: 512, Parallel: 1, KVCacheType: v1alpha1.KVCacheF16}}, Residency: v1alpha1.ResidencyResident},
 			TemplateHash: "h1", MemoryReservation: resource.MustParse("512Mi"), NodeName: "mac",
 		},
 	}

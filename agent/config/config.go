@@ -19,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	"sigs.k8s.io/yaml"
 
+	"github.com/macfleet/macfleet/api/engine"
 	"github.com/macfleet/macfleet/runner/sandbox"
 )
 
@@ -40,9 +41,6 @@ const (
 	ResidencyPinned   = "Pinned"
 )
 
-// KV cache types the runner accepts.
-var kvCacheTypes = []string{"f16", "q8_0", "q4_0"}
-
 // Config is the whole agent configuration. The YAML file uses the lowerCamel field
 // names below; sizes are Kubernetes quantities ("12Gi", "512Mi", "2G") or bytes.
 type Config struct {
@@ -55,7 +53,8 @@ type Config struct {
 	// Runner is the macfleet-runner binary; empty means $MACFLEET_RUNNER, else next to
 	// the macfleet binary, else on $PATH.
 	Runner string `json:"runner,omitempty"`
-	// RunnerThreads is the CPU threads of each runner (0: the runner chooses).
+	// RunnerThreads is the CPU threads of each runner whose model sets none (0: the
+	// thread policy, engine.PolicyThreads, chooses).
 	RunnerThreads int `json:"runnerThreads,omitempty"`
 	// RunnerSandbox confines each runner (runner/sandbox): "on" (the default) or "off".
 	RunnerSandbox string `json:"runnerSandbox,omitempty"`
@@ -92,13 +91,10 @@ type Model struct {
 	Aliases []string `json:"aliases,omitempty"`
 	// Path is the local GGUF file.
 	Path string `json:"path"`
-	// ContextLength is the context of one sequence, as in a ModelDeployment: the engine
-	// holds ContextLength × Parallel tokens (0: the model's training context per slot).
-	ContextLength int `json:"contextLength,omitempty"`
-	// Parallel is the number of sequences decoded together (0: 1).
-	Parallel int `json:"parallel,omitempty"`
-	// KVCacheType is f16 (default), q8_0 or q4_0.
-	KVCacheType string `json:"kvCacheType,omitempty"`
+	// Settings are the engine settings (contextLength, parallel, kvCacheType, threads)
+	// as in a ModelDeployment, with the same bounds. An unset contextLength gives every
+	// slot the model's training context.
+	engine.Settings `json:",inline"`
 	// Residency is OnDemand (default), Resident or Pinned.
 	Residency string `json:"residency,omitempty"`
 	// IdleTimeout overrides the agent's default for this model.
@@ -214,7 +210,7 @@ func Load(path string) (Config, error) {
 //
 //	NAME=PATH[:key=value,key=value...]
 //
-// with keys ctx (context length), parallel, residency, idle (idle timeout), memory
+// with keys ctx (context length), parallel, threads, residency, idle (idle timeout), memory
 // (estimate override), kv (KV cache type), alias (repeatable, or several joined
 // with "|"), cache (on or off: the prompt cache), hot (its hot budget cap) and ssd
 // (its SSD quota). The options suffix is recognised only when everything after the last
@@ -222,7 +218,7 @@ func Load(path string) (Config, error) {
 func ParseModelFlag(s string) (Model, error) {
 	name, rest, ok := strings.Cut(s, "=")
 	if !ok || name == "" || rest == "" {
-		return Model{}, fmt.Errorf("--model %q: want NAME=PATH[:ctx=N,parallel=N,residency=R,idle=D,memory=SIZE,kv=T,alias=A,cache=on|off,hot=SIZE,ssd=SIZE]", s)
+		return Model{}, fmt.Errorf("--model %q: want NAME=PATH[:ctx=N,parallel=N,threads=N,residency=R,idle=D,memory=SIZE,kv=T,alias=A,cache=on|off,hot=SIZE,ssd=SIZE]", s)
 	}
 	m := Model{Name: name, Path: rest}
 	i := strings.LastIndexByte(rest, ':')
@@ -235,9 +231,11 @@ func ParseModelFlag(s string) (Model, error) {
 		var err error
 		switch k {
 		case "ctx", "context":
-			m.ContextLength, err = strconv.Atoi(v)
+			m.ContextLength, err = parseInt32(v)
 		case "parallel":
-			m.Parallel, err = strconv.Atoi(v)
+			m.Parallel, err = parseInt32(v)
+		case "threads":
+			m.Threads, err = parseInt32(v)
 		case "residency":
 			m.Residency = canonicalResidency(v)
 		case "idle", "idleTimeout":
@@ -247,7 +245,7 @@ func ParseModelFlag(s string) (Model, error) {
 		case "memory":
 			m.Memory, err = ParseSize(v)
 		case "kv", "kvCacheType":
-			m.KVCacheType = v
+			m.KVCacheType = engine.KVCacheType(v)
 		case "alias":
 			m.Aliases = append(m.Aliases, strings.Split(v, "|")...)
 		case "cache":
@@ -276,8 +274,13 @@ func ParseModelFlag(s string) (Model, error) {
 	return m, nil
 }
 
-var optionKeys = []string{"ctx", "context", "parallel", "residency", "idle", "idleTimeout", "memory", "kv", "kvCacheType", "alias",
+var optionKeys = []string{"ctx", "context", "parallel", "threads", "residency", "idle", "idleTimeout", "memory", "kv", "kvCacheType", "alias",
 	"cache", "hot", "ssd"}
+
+func parseInt32(s string) (int32, error) {
+	v, err := strconv.ParseInt(s, 10, 32)
+	return int32(v), err
+}
 
 func (m *Model) promptCache() *PromptCache {
 	if m.PromptCache == nil {
@@ -388,7 +391,7 @@ func (c Config) Complete() (Config, error) {
 		}
 		m.Residency = canonicalResidency(m.Residency)
 		if m.KVCacheType == "" {
-			m.KVCacheType = "f16"
+			m.KVCacheType = engine.DefaultKVCacheType
 		}
 	}
 	errs = append(errs, c.validate()...)
@@ -426,8 +429,8 @@ func (c Config) validate() []error {
 	} else if host != "" && host != "localhost" && net.ParseIP(host) == nil {
 		add("listen: %q: the host must be an IP address or localhost", c.Listen)
 	}
-	if c.RunnerThreads < 0 || c.RunnerThreads > 1024 {
-		add("runnerThreads: %d is not between 0 (the runner chooses) and 1024", c.RunnerThreads)
+	if c.RunnerThreads < 0 || c.RunnerThreads > engine.MaxThreads {
+		add("runnerThreads: %d is not between 0 (the thread policy chooses) and %d", c.RunnerThreads, engine.MaxThreads)
 	}
 	if _, err := sandbox.ParseMode(c.RunnerSandbox); err != nil {
 		add("runnerSandbox: %v", err)
@@ -478,17 +481,10 @@ func (c Config) validate() []error {
 		case !st.Mode().IsRegular():
 			add("%s.path: %s is not a regular file", f, m.Path)
 		}
-		if m.ContextLength < 0 {
-			add("%s.contextLength: %d is negative", f, m.ContextLength)
-		}
-		if m.Parallel < 0 || m.Parallel > 256 {
-			add("%s.parallel: %d is not between 1 and 256", f, m.Parallel)
-		}
-		if m.ContextLength > 0 && m.ContextLength < 16 {
-			add("%s.contextLength: %d is fewer than 16 tokens per sequence", f, m.ContextLength)
-		}
-		if !slices.Contains(kvCacheTypes, m.KVCacheType) {
-			add("%s.kvCacheType: %q is not one of %s", f, m.KVCacheType, strings.Join(kvCacheTypes, ", "))
+		if err := m.Settings.Validate(); err != nil {
+			for _, e := range err.(interface{ Unwrap() []error }).Unwrap() {
+				add("%s.%v", f, e)
+			}
 		}
 		switch m.Residency {
 		case ResidencyOnDemand, ResidencyResident, ResidencyPinned:

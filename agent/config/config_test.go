@@ -9,6 +9,8 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"k8s.io/utils/ptr"
+
+	"github.com/macfleet/macfleet/api/engine"
 )
 
 func TestParseSize(t *testing.T) {
@@ -53,19 +55,21 @@ func TestParseModelFlag(t *testing.T) {
 		{in: "qwen=/m/qwen.gguf", want: Model{Name: "qwen", Path: "/m/qwen.gguf"}},
 		{
 			in: "qwen=/m/qwen.gguf:ctx=4096,parallel=4,residency=pinned,memory=2Gi,kv=q8_0,alias=q|qw",
-			want: Model{Name: "qwen", Path: "/m/qwen.gguf", ContextLength: 4096, Parallel: 4,
-				Residency: ResidencyPinned, Memory: 2 << 30, KVCacheType: "q8_0", Aliases: []string{"q", "qw"}},
+			want: Model{Name: "qwen", Path: "/m/qwen.gguf", Settings: engine.Settings{ContextLength: 4096, Parallel: 4, KVCacheType: "q8_0"},
+				Residency: ResidencyPinned, Memory: 2 << 30, Aliases: []string{"q", "qw"}},
 		},
+		{in: "t=/m/t.gguf:threads=3,parallel=2", want: Model{Name: "t", Path: "/m/t.gguf", Settings: engine.Settings{Parallel: 2, Threads: 3}}},
+		{in: "t=/m/t.gguf:threads=many", wantErr: "option threads"},
 		{in: "e=/m/e.gguf:idle=90s", want: Model{Name: "e", Path: "/m/e.gguf", IdleTimeout: Duration(90 * time.Second)}},
 		// A colon that does not start an option list belongs to the path.
 		{in: "odd=/m/a:b.gguf", want: Model{Name: "odd", Path: "/m/a:b.gguf"}},
-		{in: "odd=/m/a:b/x.gguf:ctx=64", want: Model{Name: "odd", Path: "/m/a:b/x.gguf", ContextLength: 64}},
+		{in: "odd=/m/a:b/x.gguf:ctx=64", want: Model{Name: "odd", Path: "/m/a:b/x.gguf", Settings: engine.Settings{ContextLength: 64}}},
 		{in: "/m/qwen.gguf", wantErr: "want NAME=PATH"},
 		{in: "=x.gguf", wantErr: "want NAME=PATH"},
 		{in: "q=/m/q.gguf:ctx=lots", wantErr: "option ctx"},
 		{in: "q=/m/q.gguf:memory=big", wantErr: "option memory"},
 		{in: "c=/m/c.gguf:cache=off", want: Model{Name: "c", Path: "/m/c.gguf", PromptCache: &PromptCache{Enabled: ptr.To(false)}}},
-		{in: "c=/m/c.gguf:ctx=64,cache=on,hot=512Mi,ssd=20Gi", want: Model{Name: "c", Path: "/m/c.gguf", ContextLength: 64,
+		{in: "c=/m/c.gguf:ctx=64,cache=on,hot=512Mi,ssd=20Gi", want: Model{Name: "c", Path: "/m/c.gguf", Settings: engine.Settings{ContextLength: 64},
 			PromptCache: &PromptCache{Enabled: ptr.To(true), HotBytes: ptr.To(Size(512 << 20)), SSDBytes: ptr.To(Size(20 << 30))}}},
 		{in: "c=/m/c.gguf:hot=0", want: Model{Name: "c", Path: "/m/c.gguf", PromptCache: &PromptCache{HotBytes: ptr.To(Size(0))}}},
 		{in: "c=/m/c.gguf:cache=maybe", wantErr: `option cache: "maybe" is not on or off`},
@@ -139,10 +143,10 @@ models:
 		IdleTimeout: Duration(10 * time.Minute), MaxBodyBytes: DefaultMaxBodyBytes,
 		PromptCacheDir: filepath.Join(dir, "cache"), PromptCacheHotBytes: ptr.To(Size(2 << 30)), PromptCacheSSDBytes: ptr.To(Size(0)),
 		Models: []Model{
-			{Name: "qwen", Aliases: []string{"q"}, Path: model, ContextLength: 8192, Parallel: 4,
-				KVCacheType: "f16", Residency: ResidencyResident,
+			{Name: "qwen", Aliases: []string{"q"}, Path: model, Settings: engine.Settings{ContextLength: 8192, Parallel: 4,
+				KVCacheType: "f16"}, Residency: ResidencyResident,
 				PromptCache: &PromptCache{HotBytes: ptr.To(Size(1 << 30)), SSDBytes: ptr.To(Size(5 << 30))}},
-			{Name: "embed", Path: other, KVCacheType: "f16", Residency: ResidencyOnDemand,
+			{Name: "embed", Path: other, Settings: engine.Settings{KVCacheType: "f16"}, Residency: ResidencyOnDemand,
 				PromptCache: &PromptCache{Enabled: ptr.To(false)}},
 		},
 	}
@@ -182,8 +186,8 @@ func TestCompleteReportsEveryProblem(t *testing.T) {
 		},
 		{
 			name: "bad model fields",
-			cfg: Config{Models: []Model{{Name: "a/b", Path: filepath.Join(dir, "missing.gguf"), Parallel: -1,
-				KVCacheType: "f8", Residency: "Sometimes", ContextLength: -5}}},
+			cfg: Config{Models: []Model{{Name: "a/b", Path: filepath.Join(dir, "missing.gguf"),
+				Settings: engine.Settings{Parallel: -1, KVCacheType: "f8", ContextLength: -5}, Residency: "Sometimes"}}},
 			want: []string{
 				`models[0] (a/b).name: "a/b" may only contain`,
 				"models[0] (a/b).path: stat",
@@ -213,8 +217,8 @@ func TestCompleteReportsEveryProblem(t *testing.T) {
 		},
 		{
 			name: "ceiling too small and tiny slots",
-			cfg:  Config{MemoryCeiling: 1 << 20, Models: []Model{{Name: "a", Path: model, ContextLength: 8, Parallel: 4}}},
-			want: []string{"memoryCeiling: 1Mi is too small", "fewer than 16 tokens"},
+			cfg:  Config{MemoryCeiling: 1 << 20, Models: []Model{{Name: "a", Path: model, Settings: engine.Settings{ContextLength: 8, Parallel: 4}}}},
+			want: []string{"memoryCeiling: 1Mi is too small", "fewer than 256 tokens"},
 		},
 		{
 			name: "prompt cache sizes with the cache off",

@@ -30,6 +30,9 @@ type Info struct {
 	Chip string `json:"chip,omitempty"`
 	// CPUCores is the number of physical CPU cores (performance and efficiency).
 	CPUCores int `json:"cpuCores,omitempty"`
+	// PerformanceCores are what the thread policy counts (PerformanceCores); 0 when
+	// not read.
+	PerformanceCores int `json:"performanceCores,omitempty"`
 	// GPUCores is the number of GPU cores; 0 when unknown (always on Linux).
 	GPUCores int `json:"gpuCores,omitempty"`
 	// UnifiedMemoryBytes is the physical memory.

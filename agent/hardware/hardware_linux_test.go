@@ -2,6 +2,7 @@ package hardware
 
 import (
 	"errors"
+	"runtime"
 	"testing"
 	"testing/fstest"
 
@@ -132,5 +133,25 @@ func TestDetectFromProc(t *testing.T) {
 				t.Errorf("Info (-want +got):\n%s", diff)
 			}
 		})
+	}
+}
+
+// TestPerformanceCoresAreThePhysicalCores: on Linux the thread policy counts the
+// physical cores /proc/cpuinfo lists, between 1 and the logical CPUs.
+func TestPerformanceCoresAreThePhysicalCores(t *testing.T) {
+	g, err := metal.NewGauge()
+	if err != nil {
+		t.Fatal(err)
+	}
+	hw, err := g.Hardware()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := PerformanceCores()
+	if hw.CPUCores > 0 && got != hw.CPUCores {
+		t.Errorf("PerformanceCores = %d, want the gauge's %d physical cores", got, hw.CPUCores)
+	}
+	if got < 1 || got > runtime.NumCPU() {
+		t.Errorf("PerformanceCores = %d, want between 1 and the %d logical CPUs", got, runtime.NumCPU())
 	}
 }

@@ -33,6 +33,7 @@ import (
 
 	"github.com/macfleet/macfleet/agent/hardware"
 	"github.com/macfleet/macfleet/api/v1alpha1"
+	"github.com/macfleet/macfleet/internal/ceiling"
 )
 
 // Defaults of Config.
@@ -66,12 +67,15 @@ type Config struct {
 	// Memory is read for status.memory and the MemoryPressure condition on every
 	// status write. Nil leaves both out.
 	Memory MemorySource
-	// OnCeilingOverride is called with the MacNode's spec.memoryCeiling in bytes (0 when
-	// unset) the first time the session reads the MacNode and whenever it changes,
-	// from the session's goroutine, before the memory status is read. The agent lowers
-	// its pool's ceiling with it (metal.Pool.SetConfiguredCeiling, together with its
-	// own --memory-ceiling: the smaller wins) and need not call NotifyChanged.
-	OnCeilingOverride func(bytes int64)
+	// Ceiling is the pool whose ceiling the MacNode's spec.memoryCeiling lowers: the
+	// first time the session reads the MacNode and whenever it changes, from the
+	// session's goroutine and before the memory status is read, it is given the
+	// precedence of internal/ceiling (ceiling.Agent) of FlagCeiling and
+	// spec.memoryCeiling: the smaller wins. Nil: the ceiling is only recorded
+	// (CeilingOverride).
+	Ceiling CeilingSetter
+	// FlagCeiling is the agent's --memory-ceiling in bytes (0: unset).
+	FlagCeiling int64
 
 	// LeaseDuration is the Lease's leaseDurationSeconds; the Lease is renewed every
 	// quarter of it. Default 40s. Rounded up to whole seconds in the Lease.
@@ -511,8 +515,8 @@ func (s *Session) surfaceSpec(spec v1alpha1.MacNodeSpec) {
 	s.mu.Unlock()
 	if changed {
 		s.cfg.Log.Info("Memory ceiling override", "MacNode", klog.KRef("", s.cfg.NodeName), "bytes", bytes)
-		if s.cfg.OnCeilingOverride != nil {
-			s.cfg.OnCeilingOverride(bytes)
+		if s.cfg.Ceiling != nil {
+			s.cfg.Ceiling.SetConfiguredCeiling(ceiling.Agent(s.cfg.FlagCeiling, bytes))
 		}
 	}
 }

@@ -473,11 +473,11 @@ func TestAdminSpec(t *testing.T) {
 	}
 	r := start(t, Config{NodeName: name, Hardware: mac, Address: "10.1.2.3:8080", Memory: newMemory(),
 		LeaseDuration: 2 * time.Second,
-		OnCeilingOverride: func(b int64) {
+		Ceiling: ceilingFunc(func(b int64) {
 			mu.Lock()
 			defer mu.Unlock()
 			overrides = append(overrides, b)
-		}})
+		})})
 	node := readyIs(t, name, metav1.ConditionTrue, v1alpha1.ReasonAgentReady)
 	if node.UID != pre.UID {
 		t.Fatalf("the MacNode was recreated (uid %s, was %s)", node.UID, pre.UID)
@@ -636,3 +636,8 @@ func TestAPIOutage(t *testing.T) {
 		})
 	}
 }
+
+// ceilingFunc records the ceilings the session configures.
+type ceilingFunc func(bytes int64)
+
+func (f ceilingFunc) SetConfiguredCeiling(bytes int64) { f(bytes) }

@@ -110,7 +110,8 @@ func applyStatus(node *v1alpha1.MacNode, in statusInputs, now time.Time) {
 func hardwareStatus(hw hardware.Info) v1alpha1.HardwareStatus {
 	return v1alpha1.HardwareStatus{
 		Chip: truncate(hw.Chip, 128), CPUCores: int32(hw.CPUCores), GPUCores: int32(hw.GPUCores),
-		UnifiedMemory: bytesQuantity(hw.UnifiedMemoryBytes), MetalWorkingSet: bytesQuantity(hw.MetalWorkingSetBytes),
+		PerformanceCores: int32(hw.PerformanceCores),
+		UnifiedMemory:    bytesQuantity(hw.UnifiedMemoryBytes), MetalWorkingSet: bytesQuantity(hw.MetalWorkingSetBytes),
 		WiredLimit: bytesQuantity(hw.WiredLimitBytes),
 	}
 }

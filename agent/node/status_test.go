@@ -83,7 +83,7 @@ var quantityCmp = cmp.Comparer(func(a, b resource.Quantity) bool { return a.Cmp(
 func TestApplyStatus(t *testing.T) {
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	t1 := t0.Add(time.Minute)
-	hw := hardware.Info{Chip: "Apple M2", CPUCores: 8, GPUCores: 10, UnifiedMemoryBytes: 16 * gib,
+	hw := hardware.Info{Chip: "Apple M2", CPUCores: 8, PerformanceCores: 4, GPUCores: 10, UnifiedMemoryBytes: 16 * gib,
 		MetalWorkingSetBytes: 10 * gib, Arch: "arm64", OS: "darwin"}
 	mem := Memory{CeilingBytes: 10 * gib, SoftWatermarkBytes: 9 * gib, HardWatermarkBytes: 9*gib + gib/2,
 		UsedBytes: 3 * gib, CommittedBytes: 5 * gib, Pressure: v1alpha1.PressureOK, Evictions: 1, FreedBytesTotal: 2 * gib}
@@ -145,7 +145,7 @@ func TestApplyStatus(t *testing.T) {
 				cmpopts.IgnoreFields(metav1.Condition{}, "Message"), cmpopts.SortSlices(func(a, b metav1.Condition) bool { return a.Type < b.Type })); diff != "" {
 				t.Errorf("conditions (-want +got):\n%s", diff)
 			}
-			wantHW := v1alpha1.HardwareStatus{Chip: "Apple M2", CPUCores: 8, GPUCores: 10, UnifiedMemory: qty(16 * gib), MetalWorkingSet: qty(10 * gib)}
+			wantHW := v1alpha1.HardwareStatus{Chip: "Apple M2", CPUCores: 8, PerformanceCores: 4, GPUCores: 10, UnifiedMemory: qty(16 * gib), MetalWorkingSet: qty(10 * gib)}
 			if diff := cmp.Diff(wantHW, node.Status.Hardware, quantityCmp); diff != "" {
 				t.Errorf("hardware (-want +got):\n%s", diff)
 			}

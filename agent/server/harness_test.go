@@ -27,6 +27,7 @@ import (
 	"github.com/macfleet/macfleet/agent/config"
 	"github.com/macfleet/macfleet/agent/server"
 	"github.com/macfleet/macfleet/agent/standalone"
+	"github.com/macfleet/macfleet/api/engine"
 	"github.com/macfleet/macfleet/api/runnerapi"
 	"github.com/macfleet/macfleet/internal/ggufsynth"
 	"github.com/macfleet/macfleet/metal"
@@ -189,8 +190,7 @@ func startAgent(t *testing.T, o agentOptions) *testAgent {
 	}
 	specs := o.specs
 	if specs == nil {
-		specs = []metal.ModelSpec{tinySpec(t, config.Model{Name: "tiny", Aliases: []string{"tiny-alias"},
-			ContextLength: 4096, Parallel: 2})}
+		specs = []metal.ModelSpec{tinySpec(t, config.Model{Name: "tiny", Aliases: []string{"tiny-alias"}, Settings: engine.Settings{ContextLength: 4096, Parallel: 2}})}
 	}
 	for _, s := range specs {
 		if err := pool.Register(s); err != nil {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/macfleet/macfleet/agent/config"
 	"github.com/macfleet/macfleet/agent/server"
+	"github.com/macfleet/macfleet/api/engine"
 	"github.com/macfleet/macfleet/api/runnerapi"
 	"github.com/macfleet/macfleet/metal"
 )
@@ -21,7 +22,7 @@ import (
 // served together by one runner process, each holding its lease until its last byte.
 func TestConcurrentStreamsShareOneRunner(t *testing.T) {
 	a := startAgent(t, agentOptions{specs: []metal.ModelSpec{
-		tinySpec(t, config.Model{Name: "tiny", ContextLength: 2048, Parallel: 4})}})
+		tinySpec(t, config.Model{Name: "tiny", Settings: engine.Settings{ContextLength: 2048, Parallel: 4}})}})
 	ctx := testContext(t)
 	const streams, maxTokens = 4, 200
 
@@ -76,7 +77,7 @@ func TestConcurrentStreamsShareOneRunner(t *testing.T) {
 // ended.
 func TestClientDisconnectFreesTheSlot(t *testing.T) {
 	a := startAgent(t, agentOptions{specs: []metal.ModelSpec{
-		tinySpec(t, config.Model{Name: "tiny", ContextLength: 32768, Parallel: 1})}})
+		tinySpec(t, config.Model{Name: "tiny", Settings: engine.Settings{ContextLength: 32768, Parallel: 1}})}})
 	// 30,000 tokens take this model minutes; the slot must be free within seconds.
 	const maxTokens = 30000
 	for _, stream := range []bool{true, false} {
@@ -260,8 +261,8 @@ func TestUnloadReportAndLoadEndpoint(t *testing.T) {
 func TestEvictionAndBusyModels(t *testing.T) {
 	a := startAgent(t, agentOptions{pool: metal.Config{CeilingBytes: 512 << 20, AgentPID: -1},
 		specs: []metal.ModelSpec{
-			tinySpec(t, config.Model{Name: "a", Memory: 300 << 20, ContextLength: 8192}),
-			tinySpec(t, config.Model{Name: "b", Memory: 300 << 20, ContextLength: 8192}),
+			tinySpec(t, config.Model{Name: "a", Memory: 300 << 20, Settings: engine.Settings{ContextLength: 8192}}),
+			tinySpec(t, config.Model{Name: "b", Memory: 300 << 20, Settings: engine.Settings{ContextLength: 8192}}),
 		}})
 	ctx := testContext(t)
 	if resp, b := a.do(http.MethodPost, "/v1/chat/completions", chatBody("a", 4, false)); resp.StatusCode != http.StatusOK {
@@ -303,7 +304,7 @@ func TestEvictionAndBusyModels(t *testing.T) {
 // A non-streamed request of a runner killed under it gets a 503 body.
 func TestRunnerKilledMidStream(t *testing.T) {
 	a := startAgent(t, agentOptions{pool: metal.Config{BackoffInitial: 300 * time.Millisecond},
-		specs: []metal.ModelSpec{tinySpec(t, config.Model{Name: "tiny", ContextLength: 32768, Parallel: 1})}})
+		specs: []metal.ModelSpec{tinySpec(t, config.Model{Name: "tiny", Settings: engine.Settings{ContextLength: 32768, Parallel: 1}})}})
 	ctx := testContext(t)
 	s := a.openStream(ctx, false, "/v1/chat/completions", chatBody("tiny", 30000, true))
 	if _, err := s.next(); err != nil {
@@ -458,8 +459,8 @@ func TestPrefillGuard(t *testing.T) {
 // TestCacheClear reaches every runner and sums what they dropped.
 func TestCacheClear(t *testing.T) {
 	a := startAgent(t, agentOptions{specs: []metal.ModelSpec{
-		tinySpec(t, config.Model{Name: "a", ContextLength: 4096}),
-		tinySpec(t, config.Model{Name: "b", ContextLength: 4096}),
+		tinySpec(t, config.Model{Name: "a", Settings: engine.Settings{ContextLength: 4096}}),
+		tinySpec(t, config.Model{Name: "b", Settings: engine.Settings{ContextLength: 4096}}),
 	}})
 	for _, m := range []string{"a", "b"} {
 		if resp, b := a.do(http.MethodPost, "/v1/chat/completions", chatBody(m, 4, false)); resp.StatusCode != http.StatusOK {

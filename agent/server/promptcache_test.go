@@ -10,6 +10,7 @@ import (
 
 	"github.com/macfleet/macfleet/agent/config"
 	"github.com/macfleet/macfleet/agent/server"
+	"github.com/macfleet/macfleet/api/engine"
 	"github.com/macfleet/macfleet/api/runnerapi"
 	"github.com/macfleet/macfleet/metal"
 )
@@ -65,11 +66,11 @@ func (a *testAgent) chat(body map[string]any) {
 func TestPromptCacheHotBudgetSharedByRealRunners(t *testing.T) {
 	const budget = 64 << 20
 	a := startAgent(t, agentOptions{pool: metal.Config{PromptCacheHotBytes: budget}, specs: []metal.ModelSpec{
-		tinySpec(t, config.Model{Name: "a", ContextLength: 1024}),
-		tinySpec(t, config.Model{Name: "b", ContextLength: 1024}),
-		tinySpec(t, config.Model{Name: "capped", ContextLength: 1024,
+		tinySpec(t, config.Model{Name: "a", Settings: engine.Settings{ContextLength: 1024}}),
+		tinySpec(t, config.Model{Name: "b", Settings: engine.Settings{ContextLength: 1024}}),
+		tinySpec(t, config.Model{Name: "capped", Settings: engine.Settings{ContextLength: 1024},
 			PromptCache: &config.PromptCache{HotBytes: ptr(config.Size(8 << 20))}}),
-		tinySpec(t, config.Model{Name: "off", ContextLength: 1024,
+		tinySpec(t, config.Model{Name: "off", Settings: engine.Settings{ContextLength: 1024},
 			PromptCache: &config.PromptCache{Enabled: ptr(false)}}),
 	}})
 	budgets := func(want map[string]int64) {
@@ -128,7 +129,7 @@ func TestPromptCacheHotBudgetSharedByRealRunners(t *testing.T) {
 func TestPromptCacheHardPressureFreesTheHotTier(t *testing.T) {
 	const budget = 32 << 20
 	a := startAgent(t, agentOptions{pool: metal.Config{PromptCacheHotBytes: budget}, specs: []metal.ModelSpec{
-		tinySpec(t, config.Model{Name: "p", ContextLength: 1024, Residency: config.ResidencyPinned}),
+		tinySpec(t, config.Model{Name: "p", Settings: engine.Settings{ContextLength: 1024}, Residency: config.ResidencyPinned}),
 	}})
 	a.chat(longChat("p", false))
 	eventually(t, 20*time.Second, "p's hot tier to hold a state", func() bool {
@@ -158,8 +159,8 @@ func TestPromptCacheHardPressureFreesTheHotTier(t *testing.T) {
 // unloaded, and reports the entries dropped and the bytes the footprints gave back.
 func TestCacheClearReachesARunnerBeingUnloaded(t *testing.T) {
 	a := startAgent(t, agentOptions{pool: metal.Config{PromptCacheHotBytes: 64 << 20}, specs: []metal.ModelSpec{
-		tinySpec(t, config.Model{Name: "going", ContextLength: 1024, Parallel: 2}),
-		tinySpec(t, config.Model{Name: "staying", ContextLength: 1024}),
+		tinySpec(t, config.Model{Name: "going", Settings: engine.Settings{ContextLength: 1024, Parallel: 2}}),
+		tinySpec(t, config.Model{Name: "staying", Settings: engine.Settings{ContextLength: 1024}}),
 	}})
 	for _, m := range []string{"going", "staying"} {
 		a.chat(longChat(m, false))

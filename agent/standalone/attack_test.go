@@ -18,6 +18,7 @@ import (
 	"github.com/macfleet/macfleet/agent/config"
 	"github.com/macfleet/macfleet/agent/server"
 	"github.com/macfleet/macfleet/agent/standalone"
+	"github.com/macfleet/macfleet/api/engine"
 	"github.com/macfleet/macfleet/internal/httpserver"
 	"github.com/macfleet/macfleet/metal"
 	"github.com/macfleet/macfleet/metal/runnerproc"
@@ -37,7 +38,7 @@ func serveMac(t *testing.T, limits httpserver.Limits) *servedMac {
 		t.Skip("MACFLEET_RUNNER is not set: build the runner with `make runner` and export MACFLEET_RUNNER=$PWD/bin/macfleet-runner")
 	}
 	cfg, err := config.Config{Runner: runner, RunnerThreads: 1, MemoryCeiling: 2 << 30, Listen: "127.0.0.1:0",
-		Models: []config.Model{{Name: "m", Path: tinyModel(t), ContextLength: 4096, Residency: config.ResidencyResident}}}.Complete()
+		Models: []config.Model{{Name: "m", Path: tinyModel(t), Settings: engine.Settings{ContextLength: 4096}, Residency: config.ResidencyResident}}}.Complete()
 	if err != nil {
 		t.Fatal(err)
 	}

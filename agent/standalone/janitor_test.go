@@ -13,6 +13,7 @@ import (
 
 	"github.com/macfleet/macfleet/agent/config"
 	"github.com/macfleet/macfleet/agent/standalone"
+	"github.com/macfleet/macfleet/api/engine"
 	"github.com/macfleet/macfleet/metal/runnerproc"
 )
 
@@ -49,7 +50,7 @@ func TestServePrunesTheCacheDirsOfModelsGone(t *testing.T) {
 	kept, gone := mkOld(path), mkOld(goneModel)
 	cfg, err := config.Config{
 		Runner: runner, RunnerThreads: 1, MemoryCeiling: 2 << 30, Listen: "127.0.0.1:0", PromptCacheDir: cacheDir,
-		Models: []config.Model{{Name: "m", Path: path, ContextLength: 512, Residency: config.ResidencyOnDemand}},
+		Models: []config.Model{{Name: "m", Path: path, Settings: engine.Settings{ContextLength: 512}, Residency: config.ResidencyOnDemand}},
 	}.Complete()
 	if err != nil {
 		t.Fatal(err)

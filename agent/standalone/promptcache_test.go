@@ -17,6 +17,7 @@ import (
 	"github.com/macfleet/macfleet/agent/config"
 	"github.com/macfleet/macfleet/agent/server"
 	"github.com/macfleet/macfleet/agent/standalone"
+	"github.com/macfleet/macfleet/api/engine"
 	"github.com/macfleet/macfleet/metal"
 	"github.com/macfleet/macfleet/metal/runnerproc"
 )
@@ -143,7 +144,7 @@ func TestRestartKeepsTheSSDTier(t *testing.T) {
 	cfg, err := config.Config{
 		Runner: runner, RunnerThreads: 1, MemoryCeiling: 2 << 30, Listen: "127.0.0.1:0",
 		PromptCacheDir: cacheDir, PromptCacheHotBytes: &hot,
-		Models: []config.Model{{Name: "m", Path: path, ContextLength: 2048, Residency: config.ResidencyResident}},
+		Models: []config.Model{{Name: "m", Path: path, Settings: engine.Settings{ContextLength: 2048}, Residency: config.ResidencyResident}},
 	}.Complete()
 	if err != nil {
 		t.Fatal(err)

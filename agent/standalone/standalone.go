@@ -15,12 +15,12 @@ import (
 
 	"github.com/go-logr/logr"
 	"go.opentelemetry.io/otel/trace"
-	"k8s.io/utils/clock"
 
 	"github.com/macfleet/macfleet/agent/config"
 	"github.com/macfleet/macfleet/agent/janitor"
 	"github.com/macfleet/macfleet/agent/server"
 	"github.com/macfleet/macfleet/agent/store"
+	"github.com/macfleet/macfleet/api/engine"
 	"github.com/macfleet/macfleet/internal/estimate"
 	"github.com/macfleet/macfleet/internal/httpserver"
 	"github.com/macfleet/macfleet/metal"
@@ -76,26 +76,26 @@ type Options struct {
 // its training context in each slot, as the runner does. ContextLength is per sequence,
 // as in a ModelDeployment: the engine holds ContextLength × Parallel tokens.
 func BuildSpec(ctx context.Context, m config.Model) (metal.ModelSpec, error) {
-	ctxLen := m.ContextLength * max(m.Parallel, 1)
-	p := estimate.Params{Path: m.Path, ContextLength: int32(ctxLen), Parallel: int32(max(m.Parallel, 1)),
-		KVCacheType: estimate.KVCacheType(m.KVCacheType)}
+	e := m.WithDefaults()
+	p := estimate.Params{Path: m.Path, ContextLength: int32(e.TotalContext()), Parallel: e.Parallel,
+		KVCacheType: estimate.KVCacheType(e.KVCacheType)}
 	est, err := estimate.Estimate(ctx, p)
 	if err != nil {
 		return metal.ModelSpec{}, fmt.Errorf("model %q: estimating its memory: %w", m.Name, err)
 	}
-	if ctxLen == 0 && est.Dims.CtxTrain > 0 {
-		ctxLen = int(est.Dims.CtxTrain) * max(m.Parallel, 1)
-		p.ContextLength = int32(ctxLen)
+	if e.ContextLength == 0 && est.Dims.CtxTrain > 0 {
+		e.ContextLength = int32(est.Dims.CtxTrain)
+		p.ContextLength = int32(e.TotalContext())
 		if est, err = estimate.Estimate(ctx, p); err != nil {
 			return metal.ModelSpec{}, fmt.Errorf("model %q: estimating its memory: %w", m.Name, err)
 		}
 	}
 	spec := metal.ModelSpec{
-		Name: m.Name, Aliases: m.Aliases, Path: m.Path, ContextLength: ctxLen, Parallel: max(m.Parallel, 1),
-		KVCacheType: m.KVCacheType, Residency: metal.Residency(m.Residency), IdleTimeout: time.Duration(m.IdleTimeout),
-		EstimatedBytes: est.Total,
+		Name: m.Name, Aliases: m.Aliases, Path: m.Path, ContextLength: e.TotalContext(), Parallel: int(e.Parallel),
+		KVCacheType: string(m.KVCacheType), Threads: int(e.Threads), Residency: metal.Residency(m.Residency),
+		IdleTimeout: time.Duration(m.IdleTimeout), EstimatedBytes: est.Total, WeightBytes: est.Weights,
 		Dims: metal.ModelDims{Layers: int(est.Dims.Layers), Embedding: int(est.Dims.Embd), Heads: int(est.Dims.Heads),
-			KVHeads: int(est.Dims.KVHeads), Vocab: int(est.Dims.Vocab), KVTypeSize: kvTypeSize(m.KVCacheType)},
+			KVHeads: int(est.Dims.KVHeads), Vocab: int(est.Dims.Vocab), KVTypeSize: kvTypeSize(e.KVCacheType)},
 		PromptCache: PromptCacheSpec(m.PromptCache),
 	}
 	if m.Memory > 0 {
@@ -141,7 +141,7 @@ func PromptCacheSSDBytes(s *config.Size) int64 {
 }
 
 // kvTypeSize is the bytes per KV element of a cache type (block sizes for quantized ones).
-func kvTypeSize(t string) float64 {
+func kvTypeSize(t engine.KVCacheType) float64 {
 	switch t {
 	case "q8_0":
 		return 34.0 / 32
@@ -156,14 +156,21 @@ func kvTypeSize(t string) float64 {
 // every model, logging each unload's report.
 func Run(ctx context.Context, cfg config.Config, opts Options) error {
 	log := opts.Log
-	gauge, err := metal.NewGauge()
-	if err != nil {
-		return fmt.Errorf("measuring memory: %w", err)
+	pcfg := opts.Pool
+	pcfg.PromptCacheHotBytes = PromptCacheHotBytes(cfg.PromptCacheHotBytes)
+	pcfg.CeilingBytes = int64(cfg.MemoryCeiling)
+	pcfg.ReserveBytes = int64(cfg.MemoryReserve)
+	if cfg.IdleTimeout != 0 {
+		pcfg.IdleTimeout = time.Duration(cfg.IdleTimeout)
 	}
-	runnerPath, err := runnerproc.RunnerExecutable(cfg.Runner)
+	eng, err := NewEngine(runnerproc.ProcessConfig{RunnerPath: cfg.Runner, Threads: cfg.RunnerThreads,
+		Sandbox: sandbox.Mode(cfg.RunnerSandbox), Log: log.WithName("runner"), Output: opts.RunnerOutput,
+		PromptCacheDir: cfg.PromptCacheDir, PromptCacheSSDBytes: PromptCacheSSDBytes(cfg.PromptCacheSSDBytes),
+		SpanRelay: opts.SpanRelay}, pcfg, nil, log)
 	if err != nil {
 		return err
 	}
+	pool := eng.Pool
 	specs := make([]metal.ModelSpec, 0, len(cfg.Models))
 	for _, m := range cfg.Models {
 		spec, err := BuildSpec(ctx, m)
@@ -172,61 +179,14 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 		}
 		specs = append(specs, spec)
 	}
-
-	factory := runnerproc.NewProcessFactory(runnerproc.ProcessConfig{RunnerPath: runnerPath, Threads: cfg.RunnerThreads,
-		Sandbox: sandbox.Mode(cfg.RunnerSandbox), Log: log.WithName("runner"), Output: opts.RunnerOutput,
-		PromptCacheDir: cfg.PromptCacheDir, PromptCacheSSDBytes: PromptCacheSSDBytes(cfg.PromptCacheSSDBytes),
-		SpanRelay: opts.SpanRelay})
-	pcfg := opts.Pool
-	pcfg.PromptCacheHotBytes = PromptCacheHotBytes(cfg.PromptCacheHotBytes)
-	pcfg.CeilingBytes = int64(cfg.MemoryCeiling)
-	pcfg.ReserveBytes = int64(cfg.MemoryReserve)
-	if cfg.IdleTimeout != 0 {
-		pcfg.IdleTimeout = time.Duration(cfg.IdleTimeout)
-	}
-	pool, err := metal.New(pcfg, factory, gauge, clock.RealClock{}, log.WithName("pool"))
-	if err != nil {
-		return err
-	}
 	if opts.PromptCacheRetention > 0 && cfg.PromptCacheDir != "" {
-		gcCtx, stopGC := context.WithCancel(ctx)
-		gcDone := make(chan struct{})
-		// The model files are the user's: only prompt cache directories are pruned.
-		jan := janitor.New(janitor.Options{PromptCacheRetention: opts.PromptCacheRetention, Interval: opts.GCInterval,
-			FirstDelay: opts.GCFirstDelay}, nil, factory, func() ([]store.Model, []string) {
-			var keep []string
-			for _, m := range pool.Snapshot().Models {
-				keep = append(keep, m.Spec.Path)
-				if m.LoadedSpec != nil {
-					keep = append(keep, m.LoadedSpec.Path)
-				}
-			}
-			return nil, keep
-		}, log.WithName("janitor"))
-		go func() {
-			defer close(gcDone)
-			_ = jan.Run(gcCtx, func(context.Context) bool { return true })
-		}()
-		defer func() {
-			stopGC()
-			<-gcDone
-		}()
+		defer startJanitor(ctx, opts, eng, log)()
 	}
 	obs := &logObserver{log: log, pool: pool}
 	pool.AddObserver(obs)
-	for _, spec := range specs {
-		if err := pool.Register(spec); err != nil {
-			return err
-		}
-		log.Info("Model registered", "model", spec.Name, "path", spec.Path, "residency", spec.Residency,
-			"contextLength", spec.ContextLength, "parallel", spec.Parallel, "estimatedBytes", spec.EstimatedBytes,
-			"promptCache", spec.PromptCache.Enabled)
+	if err := register(eng, specs, cfg, log); err != nil {
+		return err
 	}
-	c := pool.Ceiling()
-	log.Info("Memory ceiling", "bytes", c.Bytes, "bound", c.Bound, "softBytes", c.SoftBytes, "hardBytes", c.HardBytes,
-		"detail", c.Describe())
-	log.Info("Prompt cache", "ssdDir", cfg.PromptCacheDir, "ssdBytesPerModel", PromptCacheSSDBytes(cfg.PromptCacheSSDBytes),
-		"hotBytes", pool.PromptCacheHotBudget())
 
 	srv, err := server.New(pool, server.Options{APIKey: cfg.APIKey, MaxBodyBytes: int64(cfg.MaxBodyBytes),
 		Log: log.WithName("http"), TracerProvider: opts.TracerProvider})
@@ -254,31 +214,11 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 	serveDone := make(chan error, 1)
 	go func() { serveDone <- httpSrv.Serve(ln) }()
 	addr := ln.Addr().String()
-	log.Info("Serving the OpenAI and admin API", "addr", addr, "apiKey", cfg.APIKey != "", "runner", runnerPath)
+	log.Info("Serving the OpenAI and admin API", "addr", addr, "apiKey", cfg.APIKey != "", "runner", eng.RunnerPath)
 	if opts.Started != nil {
 		opts.Started(addr)
 	}
-
-	// Resident and Pinned models load now; the agent is ready once each has loaded
-	// or failed (a failure is logged and retried by the next request).
-	var eager sync.WaitGroup
-	for _, spec := range specs {
-		if spec.Residency == metal.OnDemand {
-			continue
-		}
-		eager.Go(func() {
-			if err := pool.Load(ctx, spec.Name); err != nil && ctx.Err() == nil {
-				log.Error(err, "Loading a resident model failed", "model", spec.Name)
-			}
-		})
-	}
-	go func() {
-		eager.Wait()
-		if ctx.Err() == nil {
-			srv.SetReady(true)
-			log.Info("Ready")
-		}
-	}()
+	go loadEager(ctx, pool, specs, srv, log)
 
 	var serveErr error
 	select {
@@ -292,6 +232,75 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 		log.Info("Stopped")
 	}
 	return err
+}
+
+// startJanitor prunes the prompt cache directories of model files no longer served
+// until the returned function stops it. The model files are the user's: only prompt
+// cache directories are pruned.
+func startJanitor(ctx context.Context, opts Options, eng *Engine, log logr.Logger) (stop func()) {
+	gcCtx, stopGC := context.WithCancel(ctx)
+	gcDone := make(chan struct{})
+	jan := janitor.New(janitor.Options{PromptCacheRetention: opts.PromptCacheRetention, Interval: opts.GCInterval,
+		FirstDelay: opts.GCFirstDelay}, nil, eng.Factory, func() ([]store.Model, []string) {
+		var keep []string
+		for _, m := range eng.Pool.Snapshot().Models {
+			keep = append(keep, m.Spec.Path)
+			if m.LoadedSpec != nil {
+				keep = append(keep, m.LoadedSpec.Path)
+			}
+		}
+		return nil, keep
+	}, log.WithName("janitor"))
+	go func() {
+		defer close(gcDone)
+		_ = jan.Run(gcCtx, func(context.Context) bool { return true })
+	}()
+	return func() {
+		stopGC()
+		<-gcDone
+	}
+}
+
+// register registers the models with the pool, logging each with the threads its
+// runner gets, then the ceiling and the prompt cache's budgets.
+func register(eng *Engine, specs []metal.ModelSpec, cfg config.Config, log logr.Logger) error {
+	pool := eng.Pool
+	for _, spec := range specs {
+		if err := pool.Register(spec); err != nil {
+			return err
+		}
+		log.Info("Model registered", "model", spec.Name, "path", spec.Path, "residency", spec.Residency,
+			"contextLength", spec.ContextLength, "parallel", spec.Parallel,
+			"threads", spec.Engine(cfg.RunnerThreads, eng.PerformanceCores).Threads,
+			"estimatedBytes", spec.EstimatedBytes, "promptCache", spec.PromptCache.Enabled)
+	}
+	c := pool.Ceiling()
+	log.Info("Memory ceiling", "bytes", c.Bytes, "bound", c.Bound, "softBytes", c.SoftBytes, "hardBytes", c.HardBytes,
+		"detail", c.Describe())
+	log.Info("Prompt cache", "ssdDir", cfg.PromptCacheDir, "ssdBytesPerModel", PromptCacheSSDBytes(cfg.PromptCacheSSDBytes),
+		"hotBytes", pool.PromptCacheHotBudget())
+	return nil
+}
+
+// loadEager loads the Resident and Pinned models now; the agent is ready once each
+// has loaded or failed (a failure is logged and retried by the next request).
+func loadEager(ctx context.Context, pool *metal.Pool, specs []metal.ModelSpec, srv *server.Server, log logr.Logger) {
+	var eager sync.WaitGroup
+	for _, spec := range specs {
+		if spec.Residency == metal.OnDemand {
+			continue
+		}
+		eager.Go(func() {
+			if err := pool.Load(ctx, spec.Name); err != nil && ctx.Err() == nil {
+				log.Error(err, "Loading a resident model failed", "model", spec.Name)
+			}
+		})
+	}
+	eager.Wait()
+	if ctx.Err() == nil {
+		srv.SetReady(true)
+		log.Info("Ready")
+	}
 }
 
 // shutdown stops accepting connections and drains the requests in flight while the

@@ -24,6 +24,7 @@ import (
 	"github.com/macfleet/macfleet/agent/config"
 	"github.com/macfleet/macfleet/agent/server"
 	"github.com/macfleet/macfleet/agent/standalone"
+	"github.com/macfleet/macfleet/api/engine"
 	"github.com/macfleet/macfleet/internal/ggufsynth"
 	"github.com/macfleet/macfleet/metal"
 	"github.com/macfleet/macfleet/metal/runnerproc"
@@ -52,24 +53,24 @@ func TestBuildSpec(t *testing.T) {
 	}{
 		{
 			name: "training context per slot",
-			in:   config.Model{Name: "t", Path: path, Parallel: 2, KVCacheType: "f16", Residency: "Pinned"},
+			in:   config.Model{Name: "t", Path: path, Settings: engine.Settings{Parallel: 2, KVCacheType: "f16"}, Residency: "Pinned"},
 			want: metal.ModelSpec{Name: "t", Path: path, ContextLength: 2 * tiny.Ctx, Parallel: 2, KVCacheType: "f16",
 				Residency: metal.Pinned, Dims: dims, PromptCache: metal.PromptCacheSpec{Enabled: true}},
 			estimated: true,
 		},
 		{
 			name: "explicit settings and memory",
-			in: config.Model{Name: "t", Aliases: []string{"a"}, Path: path, ContextLength: 1024, KVCacheType: "q8_0",
+			in: config.Model{Name: "t", Aliases: []string{"a"}, Path: path, Settings: engine.Settings{ContextLength: 1024, KVCacheType: "q8_0", Threads: 3},
 				Residency: "OnDemand", IdleTimeout: config.Duration(time.Minute), Memory: 3 << 20},
 			want: metal.ModelSpec{Name: "t", Aliases: []string{"a"}, Path: path, ContextLength: 1024, Parallel: 1,
-				KVCacheType: "q8_0", Residency: metal.OnDemand, IdleTimeout: time.Minute, EstimatedBytes: 3 << 20,
+				KVCacheType: "q8_0", Threads: 3, Residency: metal.OnDemand, IdleTimeout: time.Minute, EstimatedBytes: 3 << 20,
 				Dims: metal.ModelDims{Layers: dims.Layers, Embedding: dims.Embedding, Heads: dims.Heads,
 					KVHeads: dims.KVHeads, Vocab: dims.Vocab, KVTypeSize: 34.0 / 32},
 				PromptCache: metal.PromptCacheSpec{Enabled: true}},
 		},
 		{
 			name: "prompt cache capped, without an SSD tier",
-			in: config.Model{Name: "t", Path: path, ContextLength: 512, KVCacheType: "f16", Residency: "OnDemand", Memory: 1 << 20,
+			in: config.Model{Name: "t", Path: path, Settings: engine.Settings{ContextLength: 512, KVCacheType: "f16"}, Residency: "OnDemand", Memory: 1 << 20,
 				PromptCache: &config.PromptCache{HotBytes: ptr.To(config.Size(64 << 20)), SSDBytes: ptr.To(config.Size(0))}},
 			want: metal.ModelSpec{Name: "t", Path: path, ContextLength: 512, Parallel: 1, KVCacheType: "f16",
 				Residency: metal.OnDemand, EstimatedBytes: 1 << 20, Dims: dims,
@@ -77,7 +78,7 @@ func TestBuildSpec(t *testing.T) {
 		},
 		{
 			name: "prompt cache off",
-			in: config.Model{Name: "t", Path: path, ContextLength: 512, KVCacheType: "f16", Residency: "OnDemand", Memory: 1 << 20,
+			in: config.Model{Name: "t", Path: path, Settings: engine.Settings{ContextLength: 512, KVCacheType: "f16"}, Residency: "OnDemand", Memory: 1 << 20,
 				PromptCache: &config.PromptCache{Enabled: ptr.To(false)}},
 			want: metal.ModelSpec{Name: "t", Path: path, ContextLength: 512, Parallel: 1, KVCacheType: "f16",
 				Residency: metal.OnDemand, EstimatedBytes: 1 << 20, Dims: dims},
@@ -95,14 +96,19 @@ func TestBuildSpec(t *testing.T) {
 				}
 				tt.want.EstimatedBytes = got.EstimatedBytes
 			}
+			// The weights (for the thread policy) are read from the header.
+			if got.WeightBytes <= 0 || got.WeightBytes > got.EstimatedBytes && tt.estimated {
+				t.Errorf("weights %d, want a positive figure from the header within the estimate %d", got.WeightBytes, got.EstimatedBytes)
+			}
+			tt.want.WeightBytes = got.WeightBytes
 			if d := cmp.Diff(tt.want, got); d != "" {
 				t.Errorf("spec (-want +got):\n%s", d)
 			}
 		})
 	}
 	// A larger context costs more memory.
-	small, _ := standalone.BuildSpec(context.Background(), config.Model{Name: "s", Path: path, ContextLength: 512, KVCacheType: "f16"})
-	large, _ := standalone.BuildSpec(context.Background(), config.Model{Name: "l", Path: path, ContextLength: 16384, KVCacheType: "f16"})
+	small, _ := standalone.BuildSpec(context.Background(), config.Model{Name: "s", Path: path, Settings: engine.Settings{ContextLength: 512, KVCacheType: "f16"}})
+	large, _ := standalone.BuildSpec(context.Background(), config.Model{Name: "l", Path: path, Settings: engine.Settings{ContextLength: 16384, KVCacheType: "f16"}})
 	if large.EstimatedBytes <= small.EstimatedBytes {
 		t.Errorf("estimate for 16384 tokens %d <= for 512 tokens %d", large.EstimatedBytes, small.EstimatedBytes)
 	}
@@ -151,8 +157,8 @@ func TestRunServesAndShutsDown(t *testing.T) {
 		MemoryCeiling: 2 << 30,
 		Listen:        "127.0.0.1:0",
 		Models: []config.Model{
-			{Name: "resident", Path: path, ContextLength: 4096, Residency: config.ResidencyResident},
-			{Name: "lazy", Path: path, ContextLength: 32768},
+			{Name: "resident", Path: path, Settings: engine.Settings{ContextLength: 4096}, Residency: config.ResidencyResident},
+			{Name: "lazy", Path: path, Settings: engine.Settings{ContextLength: 32768}},
 		},
 	}.Complete()
 	if err != nil {

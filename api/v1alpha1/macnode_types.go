@@ -75,6 +75,11 @@ type HardwareStatus struct {
 	// cpuCores is the number of CPU cores.
 	// +optional
 	CPUCores int32 `json:"cpuCores,omitempty"`
+	// performanceCores are the cores the agent's thread policy gives a runner whose
+	// deployment sets no engine.threads and whose agent no --runner-threads: the
+	// performance cores on macOS, the physical cores elsewhere.
+	// +optional
+	PerformanceCores int32 `json:"performanceCores,omitempty"`
 	// gpuCores is the number of GPU cores, when known.
 	// +optional
 	GPUCores int32 `json:"gpuCores,omitempty"`

@@ -3,6 +3,8 @@ package v1alpha1
 import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/macfleet/macfleet/api/engine"
 )
 
 // Well-known labels and annotations.
@@ -86,14 +88,15 @@ const (
 	ResidencyOnDemand Residency = "OnDemand"
 )
 
-// KVCacheType is the element type of the KV cache.
-// +kubebuilder:validation:Enum=f16;q8_0;q4_0
-type KVCacheType string
+// KVCacheType is the element type of the KV cache (defined, with its values, in
+// package engine).
+type KVCacheType = engine.KVCacheType
 
+// KV cache types.
 const (
-	KVCacheF16  KVCacheType = "f16"
-	KVCacheQ8_0 KVCacheType = "q8_0"
-	KVCacheQ4_0 KVCacheType = "q4_0"
+	KVCacheF16  = engine.KVCacheF16
+	KVCacheQ8_0 = engine.KVCacheQ8_0
+	KVCacheQ4_0 = engine.KVCacheQ4_0
 )
 
 // ModelSource says where a model's GGUF file comes from.
@@ -130,24 +133,10 @@ type ModelSource struct {
 
 // EngineSpec configures the llama.cpp engine that serves the model.
 type EngineSpec struct {
-	// contextLength is the context of one sequence in tokens. The engine's KV cache
-	// holds contextLength × parallel tokens, and the memory estimate counts them all.
-	// +optional
-	// +kubebuilder:default=4096
-	// +kubebuilder:validation:XValidation:rule="self >= 256 && self <= 1048576",message="contextLength must be between 256 and 1048576 tokens"
-	ContextLength int32 `json:"contextLength,omitempty"`
-
-	// parallel is the number of sequences decoded together (continuous batching), each
-	// with its own contextLength.
-	// +optional
-	// +kubebuilder:default=1
-	// +kubebuilder:validation:XValidation:rule="self >= 1 && self <= 64",message="parallel must be between 1 and 64"
-	Parallel int32 `json:"parallel,omitempty"`
-
-	// kvCacheType is the KV cache element type.
-	// +optional
-	// +kubebuilder:default=f16
-	KVCacheType KVCacheType `json:"kvCacheType,omitempty"`
+	// Settings are the engine settings every layer shares (contextLength, parallel,
+	// kvCacheType, threads): package engine holds them with their bounds, defaults
+	// and the runner's flags.
+	engine.Settings `json:",inline"`
 
 	// promptCache configures the prompt cache of the replicas' runners: the KV state
 	// of recent conversations, kept in memory (the hot tier, a share of the Mac's hot

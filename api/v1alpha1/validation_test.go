@@ -15,6 +15,7 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/macfleet/macfleet/api/engine"
 	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/test/support/testenv"
 )
@@ -93,6 +94,11 @@ func TestModelDeploymentValidation(t *testing.T) {
 			wantErr: "parallel must be between 1 and 64"},
 		{name: "unknown kv cache type", mutate: func(s *mfv1.ModelDeploymentSpec) { s.Engine.KVCacheType = "f32" },
 			wantErr: `spec.engine.kvCacheType: Unsupported value: "f32"`},
+		{name: "threads set", mutate: func(s *mfv1.ModelDeploymentSpec) { s.Engine.Threads = 8 }},
+		{name: "too many threads", mutate: func(s *mfv1.ModelDeploymentSpec) { s.Engine.Threads = engine.MaxThreads + 1 },
+			wantErr: "threads must be between 0 (the agent chooses) and 256"},
+		{name: "negative threads", mutate: func(s *mfv1.ModelDeploymentSpec) { s.Engine.Threads = -1 },
+			wantErr: "threads must be between 0 (the agent chooses) and 256"},
 		{name: "file source without memory", mutate: func(s *mfv1.ModelDeploymentSpec) { s.Model.Source = "file:///opt/models/x.gguf" },
 			wantErr: "a file:// source needs resources.memory"},
 		{name: "file source with memory", mutate: func(s *mfv1.ModelDeploymentSpec) {
@@ -170,7 +176,7 @@ func TestModelDeploymentDefaults(t *testing.T) {
 	}
 	want := mfv1.ModelDeploymentSpec{
 		Model:     md.Spec.Model,
-		Engine:    mfv1.EngineSpec{ContextLength: 4096, Parallel: 1, KVCacheType: mfv1.KVCacheF16},
+		Engine:    mfv1.EngineSpec{Settings: engine.Settings{ContextLength: 4096, Parallel: 1, KVCacheType: mfv1.KVCacheF16}},
 		Replicas:  ptr.To[int32](1),
 		Residency: mfv1.ResidencyResident,
 		Placement: mfv1.Placement{Strategy: mfv1.BinPack, MaxReplicasPerNode: 1},

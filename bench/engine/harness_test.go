@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -224,8 +225,11 @@ func startAgentEnv(b *testing.B, env, flags []string, ms ...served) *agent {
 	// called directly (bench/promptcache measures the cache).
 	// The kernel picks the port as the agent listens, and the agent logs it: no port
 	// is chosen here that another process could take first.
+	// The runners get the threads a runner started directly takes by default (CPUs −
+	// 1), not the agent's thread policy, so the two compare.
 	args := []string{"serve", "--listen", "127.0.0.1:0", "--runner", runner, "--idle-timeout", "1h", "--runner-output",
-		"--prompt-cache-hot-bytes", "0", "--prompt-cache-ssd-bytes", "0"}
+		"--prompt-cache-hot-bytes", "0", "--prompt-cache-ssd-bytes", "0",
+		"--runner-threads", strconv.Itoa(max(1, runtime.NumCPU()-1))}
 	args = append(args, flags...)
 	for _, m := range ms {
 		args = append(args, "--model", fmt.Sprintf("%s=%s:ctx=%d,parallel=%d", m.name, modelPath(b, m.name), m.ctx, max(m.parallel, 1)))

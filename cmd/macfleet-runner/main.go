@@ -19,7 +19,7 @@ import (
 	"github.com/go-logr/logr/funcr"
 	"github.com/spf13/pflag"
 
-	"github.com/macfleet/macfleet/runner/llama"
+	"github.com/macfleet/macfleet/api/engine"
 	"github.com/macfleet/macfleet/runner/server"
 	"github.com/macfleet/macfleet/tracing"
 	"github.com/macfleet/macfleet/tracing/spanrelay"
@@ -85,14 +85,11 @@ func parseFlags(args []string, stderr io.Writer) (server.Config, int, error) {
 	fs.StringVar(&cfg.ModelPath, "model", "", "GGUF model file (required)")
 	fs.StringVar(&cfg.Socket, "socket", "", "serve on this unix socket")
 	fs.StringVar(&cfg.Addr, "addr", "", "serve on this TCP address (loopback; port 0 picks one)")
-	fs.IntVar(&cfg.Ctx, "ctx", 0, "total context in tokens across all slots (0: the model's training context per slot)")
-	fs.IntVar(&cfg.Parallel, "parallel", 1, "slots: sequences decoded together")
-	fs.IntVar(&cfg.Batch, "batch", 512, "most tokens decoded per step (n_batch)")
 	// One core is left to the agent and the runner's own Go code: ggml's thread
 	// barriers spin, and a descheduled thread stalls every step (on a busy 2-core host
-	// two threads decoded 10x slower than one).
-	fs.IntVar(&cfg.Threads, "threads", max(1, runtime.NumCPU()-1), "CPU threads")
-	fs.StringVar(&cfg.KVType, "kv-type", "f16", "KV cache type: f16, q8_0 or q4_0")
+	// two threads decoded 10x slower than one). The agent passes --threads itself
+	// (its thread policy, engine.PolicyThreads).
+	engineFlags := engine.BindRunnerFlags(fs, max(1, runtime.NumCPU()-1))
 	fs.Int64Var(&cfg.CeilingBytes, "ceiling-bytes", 0, "memory ceiling; prefill that would exceed it is refused (0: none)")
 	fs.StringVar(&cfg.Alias, "alias", "", "model name in responses")
 	fs.IntVar(&cfg.GPULayers, "gpu-layers", 999, "layers offloaded to the GPU (Metal)")
@@ -125,16 +122,6 @@ func parseFlags(args []string, stderr io.Writer) (server.Config, int, error) {
 		return cfg, 0, errors.New("--model is required")
 	case (cfg.Socket == "") == (cfg.Addr == ""):
 		return cfg, 0, errors.New("exactly one of --socket and --addr is required")
-	case cfg.Parallel < 1 || cfg.Parallel > 64:
-		return cfg, 0, fmt.Errorf("--parallel must be between 1 and 64, got %d", cfg.Parallel)
-	case cfg.Batch < cfg.Parallel:
-		return cfg, 0, fmt.Errorf("--batch %d must be at least --parallel %d", cfg.Batch, cfg.Parallel)
-	case cfg.Ctx < 0:
-		return cfg, 0, fmt.Errorf("--ctx must not be negative, got %d", cfg.Ctx)
-	case cfg.Ctx > 0 && cfg.Ctx < cfg.Parallel*8:
-		return cfg, 0, fmt.Errorf("--ctx %d leaves fewer than 8 tokens per slot", cfg.Ctx)
-	case cfg.Threads < 1:
-		return cfg, 0, fmt.Errorf("--threads must be positive, got %d", cfg.Threads)
 	case cfg.OrphanTimeout < 0:
 		return cfg, 0, fmt.Errorf("--orphan-timeout must not be negative, got %s", cfg.OrphanTimeout)
 	case cfg.PromptCache.HotBytes < 0 || cfg.PromptCache.SSDBytes < 0:
@@ -144,8 +131,10 @@ func parseFlags(args []string, stderr io.Writer) (server.Config, int, error) {
 	case cfg.CeilingBytes < 0:
 		return cfg, 0, fmt.Errorf("--ceiling-bytes must not be negative, got %d", cfg.CeilingBytes)
 	}
-	if _, err := llama.KVTypeSize(cfg.KVType); err != nil {
+	e, err := engineFlags.Runner()
+	if err != nil {
 		return cfg, 0, err
 	}
+	cfg.Ctx, cfg.Parallel, cfg.Batch, cfg.Threads, cfg.KVType = e.Ctx, e.Parallel, e.Batch, e.Threads, e.KVType
 	return cfg, verbosity, nil
 }

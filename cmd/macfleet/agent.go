@@ -27,7 +27,6 @@ import (
 	"github.com/macfleet/macfleet/agent/node"
 	"github.com/macfleet/macfleet/agent/standalone"
 	"github.com/macfleet/macfleet/agent/store"
-	"github.com/macfleet/macfleet/internal/ceiling"
 	"github.com/macfleet/macfleet/internal/credentials"
 	"github.com/macfleet/macfleet/internal/source"
 	"github.com/macfleet/macfleet/metal"
@@ -88,61 +87,67 @@ while the API server is unreachable and resyncs when it returns.`,
 			"  macfleet agent --kubeconfig kc --node-name mac-2 --listen :8081 --memory-ceiling 12Gi \\\n" +
 			"      --unified-memory 16Gi --chip 'Apple M2'",
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			log := zap.New(zap.UseFlagOptions(&zapOpts))
-			ctrl.SetLogger(log)
-			cfg, ov, err := fl.config()
-			if err != nil {
-				return err
-			}
-			rc, err := restConfig(fl.kubeconfig)
-			if err != nil {
-				return err
-			}
-			if err := renewCredential(rc, fl.kubeconfig, &cfg, log); err != nil {
-				return err
-			}
-			cfg.RestConfig = rc
-			cfg.Log = log
-			if fl.runnerOutput {
-				cfg.RunnerOutput = cmd.ErrOrStderr()
-			}
-			// The first SIGINT or SIGTERM shuts down gracefully, a second one kills.
-			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
-			defer stop()
-			go func() {
-				<-ctx.Done()
-				stop()
-			}()
-
-			if fl.fleetTokenFile != "" {
-				log.Info("Ignoring --fleet-token-file: the agent serves TLS with its own certificate and takes the gateways' and the manager's certificates instead of a fleet token")
-			}
-			// The store's downloads and file opens follow the cluster's SourcePolicy, which
-			// the agent watches.
-			policy := sourcepolicy.NewHolder(nil)
-			st, err := fl.newStore(policy, log.WithName("store"))
-			if err != nil {
-				return err
-			}
-			cfg.Store, cfg.SourcePolicy = st, policy
-			gauge, err := metal.NewGauge()
-			if err != nil {
-				return fmt.Errorf("measuring memory: %w", err)
-			}
-			cfg.Gauge = hardware.OverrideGauge(gauge, ov)
-			cfg.Runnables = append(cfg.Runnables, nodeSession(fl, cfg.Pool.CeilingBytes))
-			tp, relay, stopTracing, err := startTracing(ctx, tracing.ServiceAgent, log.WithName("tracing"))
-			if err != nil {
-				return err
-			}
-			defer stopTracing()
-			cfg.TracerProvider, cfg.SpanRelay = tp, relay
-			log.Info("Starting the node agent", "node", cfg.NodeName, "store", fl.storeDir, "state", fl.stateDir,
-				"listen", cfg.Listen)
-			return cluster.Run(ctx, cfg)
-		},
+		RunE: func(cmd *cobra.Command, _ []string) error { return fl.run(cmd, zapOpts) },
 	}
+	fl.register(cmd, host, &zapOpts)
+	cmd.AddCommand(newAgentInstallCmd())
+	return cmd
+}
+
+// run starts the node agent: flags to cluster.Config, the node credential's renewal,
+// the store, the gauge, the node session and tracing wired in, then cluster.Run.
+func (fl agentFlags) run(cmd *cobra.Command, zapOpts zap.Options) error {
+	log := zap.New(zap.UseFlagOptions(&zapOpts))
+	ctrl.SetLogger(log)
+	cfg, ov, err := fl.config()
+	if err != nil {
+		return err
+	}
+	rc, err := restConfig(fl.kubeconfig)
+	if err != nil {
+		return err
+	}
+	if err := renewCredential(rc, fl.kubeconfig, &cfg, log); err != nil {
+		return err
+	}
+	cfg.RestConfig = rc
+	cfg.Log = log
+	if fl.runnerOutput {
+		cfg.RunnerOutput = cmd.ErrOrStderr()
+	}
+	ctx, stop := shutdownContext(cmd.Context())
+	defer stop()
+
+	if fl.fleetTokenFile != "" {
+		log.Info("Ignoring --fleet-token-file: the agent serves TLS with its own certificate and takes the gateways' and the manager's certificates instead of a fleet token")
+	}
+	// The store's downloads and file opens follow the cluster's SourcePolicy, which
+	// the agent watches.
+	policy := sourcepolicy.NewHolder(nil)
+	st, err := fl.newStore(policy, log.WithName("store"))
+	if err != nil {
+		return err
+	}
+	cfg.Store, cfg.SourcePolicy = st, policy
+	gauge, err := metal.NewGauge()
+	if err != nil {
+		return fmt.Errorf("measuring memory: %w", err)
+	}
+	cfg.Gauge = hardware.OverrideGauge(gauge, ov)
+	cfg.Runnables = append(cfg.Runnables, nodeSession(fl, cfg.Pool.CeilingBytes))
+	tp, relay, stopTracing, err := startTracing(ctx, tracing.ServiceAgent, log.WithName("tracing"))
+	if err != nil {
+		return err
+	}
+	defer stopTracing()
+	cfg.TracerProvider, cfg.SpanRelay = tp, relay
+	log.Info("Starting the node agent", "node", cfg.NodeName, "store", fl.storeDir, "state", fl.stateDir,
+		"listen", cfg.Listen)
+	return cluster.Run(ctx, cfg)
+}
+
+// register binds the agent's flags to fl and zapOpts.
+func (fl *agentFlags) register(cmd *cobra.Command, host string, zapOpts *zap.Options) {
 	f := cmd.Flags()
 	f.StringVar(&fl.kubeconfig, "kubeconfig", "", "Path to the node's kubeconfig (from macfleet nodes credentials); default: $KUBECONFIG, then in-cluster")
 	f.StringVar(&fl.nodeName, "node-name", host, "Name of this Mac's MacNode (and of its node identity)")
@@ -166,7 +171,7 @@ while the API server is unreachable and resyncs when it returns.`,
 	f.StringVar(&fl.ceiling, "memory-ceiling", "", "Cap the memory of all models together, e.g. 12Gi (default: the Mac's ceiling; the MacNode's spec.memoryCeiling lowers it)")
 	f.StringVar(&fl.reserve, "memory-reserve", "", "Memory left to the OS below the Mac's ceiling (default 4Gi below 24Gi of RAM, else 6Gi)")
 	f.StringVar(&fl.runner, "runner", "", "The macfleet-runner binary (default $MACFLEET_RUNNER, else next to macfleet, else on $PATH)")
-	f.IntVar(&fl.runnerThreads, "runner-threads", 0, "CPU threads of each runner (default: the runner chooses)")
+	f.IntVar(&fl.runnerThreads, "runner-threads", 0, "CPU threads of each runner whose model sets none (default: the thread policy: the performance cores, one for a model under 32 MiB of weights)")
 	f.StringVar(&fl.runnerSandbox, "runner-sandbox", string(sandbox.On), "Confine each runner to its model, cache and socket, with no network "+
 		"and a scrubbed environment (Landlock on Linux, Seatbelt on macOS): on or off")
 	f.BoolVar(&fl.keepRunners, "keep-runners", true, "Leave the runners of loaded models running when the agent stops, for the next agent "+
@@ -192,8 +197,6 @@ while the API server is unreachable and resyncs when it returns.`,
 	gfs := goflag.NewFlagSet("zap", goflag.ContinueOnError)
 	zapOpts.BindFlags(gfs)
 	f.AddGoFlagSet(gfs)
-	cmd.AddCommand(newAgentInstallCmd())
-	return cmd
 }
 
 // storeOptions are the model store's options from the flags (without the log and
@@ -307,22 +310,18 @@ func (fl agentFlags) config() (cluster.Config, hardware.Overrides, error) {
 	return cfg, ov, nil
 }
 
-// nodeSession registers the MacNode and renews its Lease beside the replica sync;
-// the pool's loads, unloads and pressure changes trigger memory status writes, and
-// the MacNode's spec.memoryCeiling lowers the pool's ceiling (the smaller of it and
-// --memory-ceiling wins).
+// nodeSession registers the MacNode and renews its Lease beside the replica sync
+// (node.NewForPool: the pool's events trigger memory status writes, and the MacNode's
+// spec.memoryCeiling lowers the pool's ceiling together with --memory-ceiling).
 func nodeSession(fl agentFlags, flagCeiling int64) cluster.Runnable {
 	return func(ctx context.Context, env cluster.Env) error {
-		s, err := node.New(node.Config{
-			Client: env.Client, NodeName: env.NodeName, Hardware: hardware.FromMetal(env.Pool.Hardware()),
-			Address: env.Endpoint, Version: agentVersion(), Memory: node.PoolMemory(env.Pool),
-			LeaseDuration: fl.leaseDuration, Log: ctrl.Log.WithName("node"),
-			OnCeilingOverride: func(b int64) { env.Pool.SetConfiguredCeiling(ceiling.Agent(flagCeiling, b)) },
-		})
+		s, err := node.NewForPool(node.Config{
+			Client: env.Client, NodeName: env.NodeName, Address: env.Endpoint, Version: agentVersion(),
+			LeaseDuration: fl.leaseDuration, Log: ctrl.Log.WithName("node"), FlagCeiling: flagCeiling,
+		}, env.Pool)
 		if err != nil {
 			return err
 		}
-		env.Pool.AddObserver(notifyObserver{s})
 		return s.Run(ctx)
 	}
 }
@@ -351,12 +350,16 @@ func renewCredential(rc *rest.Config, kubeconfig string, cfg *cluster.Config, lo
 	return nil
 }
 
-// notifyObserver asks the node session for a memory status write on pool events.
-type notifyObserver struct{ s *node.Session }
-
-func (o notifyObserver) LoadFinished(metal.LoadEvent)             { o.s.NotifyChanged() }
-func (o notifyObserver) Unloaded(string, metal.UnloadReport)      { o.s.NotifyChanged() }
-func (o notifyObserver) PressureChanged(_, _ metal.PressureLevel) { o.s.NotifyChanged() }
+// shutdownContext ends at the first SIGINT or SIGTERM, for a graceful shutdown; a
+// second one kills the process at once (the default handling is back).
+func shutdownContext(parent context.Context) (context.Context, context.CancelFunc) {
+	ctx, stop := signal.NotifyContext(parent, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		<-ctx.Done()
+		stop()
+	}()
+	return ctx, stop
+}
 
 // agentVersion is the module version the binary was built from.
 func agentVersion() string {

@@ -21,6 +21,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/macfleet/macfleet/agent/hardware"
+	"github.com/macfleet/macfleet/api/engine"
 	"github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/controllers/certsigner/certsignertest"
 	"github.com/macfleet/macfleet/internal/credentials"
@@ -116,6 +118,10 @@ func TestAgentCommand(t *testing.T) {
 	if mn.Labels[v1alpha1.LabelMemoryGiB] != "16" || mn.Status.Hardware.Chip != "Apple M2" {
 		t.Errorf("MacNode labels %v, hardware %+v; want the simulated 16 GiB Apple M2", mn.Labels, mn.Status.Hardware)
 	}
+	// The thread policy's cores are the host's own, not a simulated Mac's.
+	if got := int(mn.Status.Hardware.PerformanceCores); got != hardware.PerformanceCores() {
+		t.Errorf("MacNode performanceCores %d, want this host's %d", got, hardware.PerformanceCores())
+	}
 	var lease coordinationv1.Lease
 	if err := env.Client.Get(ctx, types.NamespacedName{Namespace: v1alpha1.NodeLeaseNamespace, Name: node}, &lease); err != nil {
 		t.Errorf("the node's Lease: %v", err)
@@ -126,7 +132,7 @@ func TestAgentCommand(t *testing.T) {
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "tiny-0", Labels: map[string]string{v1alpha1.LabelDeployment: "tiny"}},
 		Spec: v1alpha1.ModelReplicaSpec{
 			Template: v1alpha1.ModelReplicaTemplate{Model: v1alpha1.ModelSource{Source: "file://" + model},
-				Engine: v1alpha1.EngineSpec{ContextLength: 512, Parallel: 1}, Residency: v1alpha1.ResidencyResident},
+				Engine: v1alpha1.EngineSpec{Settings: engine.Settings{ContextLength: 512, Parallel: 1}}, Residency: v1alpha1.ResidencyResident},
 			TemplateHash: "h1", MemoryReservation: resource.MustParse("512Mi"), NodeName: node,
 		},
 	}

@@ -3,8 +3,6 @@ package main
 import (
 	"fmt"
 	"os"
-	"os/signal"
-	"syscall"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -20,29 +18,33 @@ import (
 
 func init() { root.AddCommand(newServeCommand()) }
 
+// serveFlags are the command line of `macfleet serve`.
+type serveFlags struct {
+	configFile             string
+	models                 []string
+	flags                  config.Config
+	ceiling, reserve, body string
+	pcHot, pcSSD           string
+	idle                   time.Duration
+	pcRetention, gcEvery   time.Duration
+	verbosity              int
+	runnerOutput           bool
+	insecure               bool
+	allowedHosts           []string
+	maxConns               int
+}
+
 func newServeCommand() *cobra.Command {
-	var (
-		configFile             string
-		models                 []string
-		flags                  config.Config
-		ceiling, reserve, body string
-		pcHot, pcSSD           string
-		idle                   time.Duration
-		pcRetention, gcEvery   time.Duration
-		verbosity              int
-		runnerOutput           bool
-		insecure               bool
-		allowedHosts           []string
-		maxConns               int
-	)
+	var sf serveFlags
 	cmd := &cobra.Command{
-		Use:   "serve --model NAME=PATH[:ctx=N,parallel=N,residency=R] [flags]",
+		Use:   "serve --model NAME=PATH[:ctx=N,parallel=N,threads=N,residency=R] [flags]",
 		Short: "Serve GGUF models through an OpenAI-compatible API on this machine, without Kubernetes",
 		Long: "Runs the node agent standalone: each model is served by its own runner process, " +
 			"loaded on demand (or at start for Resident and Pinned models) within the memory ceiling, " +
 			"behind the OpenAI API (/v1/...) and the admin API (/api/status, /metrics). Flags override " +
 			"the --config file; --model adds models to it.\n\n" +
-			"--model options after the path: ctx (context per sequence; the engine holds ctx × parallel tokens), parallel (slots), residency " +
+			"--model options after the path: ctx (context per sequence; the engine holds ctx × parallel tokens), parallel (slots), threads (its runner's " +
+			"CPU threads; default --runner-threads, else the thread policy), residency " +
 			"(OnDemand, Resident, Pinned), idle (idle timeout), memory (estimate override, e.g. 2Gi), " +
 			"kv (f16, q8_0, q4_0), alias (another name; repeat or join with |), cache (on or off: the prompt cache, " +
 			"on by default), hot (cap of the model's share of the hot budget; 0: no hot tier), ssd (the model's " +
@@ -55,125 +57,133 @@ func newServeCommand() *cobra.Command {
 			"  macfleet serve --model qwen=/m/q.gguf:hot=2Gi,ssd=20Gi --prompt-cache-hot-bytes 4Gi\n" +
 			"  macfleet serve --config agent.yaml --api-key \"$KEY\"",
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			var cfg config.Config
-			if configFile != "" {
-				var err error
-				if cfg, err = config.Load(configFile); err != nil {
-					return err
-				}
-			}
-			for _, m := range models {
-				mc, err := config.ParseModelFlag(m)
-				if err != nil {
-					return err
-				}
-				flags.Models = append(flags.Models, mc)
-			}
-			for _, f := range []struct {
-				name string
-				in   string
-				dst  *config.Size
-			}{{"memory-ceiling", ceiling, &flags.MemoryCeiling}, {"memory-reserve", reserve, &flags.MemoryReserve},
-				{"max-body", body, &flags.MaxBodyBytes}} {
-				if f.in == "" {
-					continue
-				}
-				v, err := config.ParseSize(f.in)
-				if err != nil {
-					return fmt.Errorf("--%s: %w", f.name, err)
-				}
-				*f.dst = v
-			}
-			for _, f := range []struct {
-				name string
-				in   string
-				dst  **config.Size
-			}{{"prompt-cache-hot-bytes", pcHot, &flags.PromptCacheHotBytes}, {"prompt-cache-ssd-bytes", pcSSD, &flags.PromptCacheSSDBytes}} {
-				if f.in == "" {
-					continue
-				}
-				v, err := config.ParseSize(f.in)
-				if err != nil {
-					return fmt.Errorf("--%s: %w", f.name, err)
-				}
-				*f.dst = &v
-			}
-			flags.IdleTimeout = config.Duration(idle)
-			cfg = cfg.Merge(flags)
-			if cfg.PromptCacheDir == "" {
-				cfg.PromptCacheDir = defaultDataDir("prompt-cache")
-			}
-			cfg, err := cfg.Complete()
-			if err != nil {
-				return err
-			}
-
-			if pcRetention < 0 || gcEvery < 0 {
-				return fmt.Errorf("--prompt-cache-retention and --gc-interval must not be negative")
-			}
-			if err := standalone.CheckExposure(cfg.Listen, cfg.APIKey != "", insecure); err != nil {
-				return err
-			}
-			if _, err := httpserver.NewHosts(cfg.Listen, allowedHosts); err != nil {
-				return fmt.Errorf("--allowed-hosts: %w", err)
-			}
-			if maxConns < 1 {
-				return fmt.Errorf("--max-connections must be at least 1")
-			}
-			log := newLogger(verbosity)
-			opts := standalone.Options{Log: log, PromptCacheRetention: pcRetention, GCInterval: gcEvery,
-				AllowedHosts: allowedHosts, Limits: httpserver.Limits{MaxConnections: maxConns}}
-			if runnerOutput {
-				opts.RunnerOutput = cmd.ErrOrStderr()
-			}
-			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
-			defer stop()
-			go func() {
-				// After the first signal, a second one kills the agent at once.
-				<-ctx.Done()
-				stop()
-			}()
-			tp, relay, stopTracing, err := startTracing(ctx, tracing.ServiceAgent, log.WithName("tracing"))
-			if err != nil {
-				return err
-			}
-			defer stopTracing()
-			opts.TracerProvider, opts.SpanRelay = tp, relay
-			return standalone.Run(ctx, cfg, opts)
-		},
+		RunE: func(cmd *cobra.Command, _ []string) error { return sf.run(cmd) },
 	}
+	sf.register(cmd)
+	return cmd
+}
+
+// config is the agent's configuration: the --config file, then the flags over it,
+// completed and validated.
+func (sf serveFlags) config() (config.Config, error) {
+	var cfg config.Config
+	if sf.configFile != "" {
+		var err error
+		if cfg, err = config.Load(sf.configFile); err != nil {
+			return cfg, err
+		}
+	}
+	for _, m := range sf.models {
+		mc, err := config.ParseModelFlag(m)
+		if err != nil {
+			return cfg, err
+		}
+		sf.flags.Models = append(sf.flags.Models, mc)
+	}
+	for _, f := range []struct {
+		name string
+		in   string
+		dst  *config.Size
+	}{{"memory-ceiling", sf.ceiling, &sf.flags.MemoryCeiling}, {"memory-reserve", sf.reserve, &sf.flags.MemoryReserve},
+		{"max-body", sf.body, &sf.flags.MaxBodyBytes}} {
+		if f.in == "" {
+			continue
+		}
+		v, err := config.ParseSize(f.in)
+		if err != nil {
+			return cfg, fmt.Errorf("--%s: %w", f.name, err)
+		}
+		*f.dst = v
+	}
+	for _, f := range []struct {
+		name string
+		in   string
+		dst  **config.Size
+	}{{"prompt-cache-hot-bytes", sf.pcHot, &sf.flags.PromptCacheHotBytes}, {"prompt-cache-ssd-bytes", sf.pcSSD, &sf.flags.PromptCacheSSDBytes}} {
+		if f.in == "" {
+			continue
+		}
+		v, err := config.ParseSize(f.in)
+		if err != nil {
+			return cfg, fmt.Errorf("--%s: %w", f.name, err)
+		}
+		*f.dst = &v
+	}
+	sf.flags.IdleTimeout = config.Duration(sf.idle)
+	cfg = cfg.Merge(sf.flags)
+	if cfg.PromptCacheDir == "" {
+		cfg.PromptCacheDir = defaultDataDir("prompt-cache")
+	}
+	return cfg.Complete()
+}
+
+// run checks the flags that are not configuration and serves until a signal.
+func (sf serveFlags) run(cmd *cobra.Command) error {
+	cfg, err := sf.config()
+	if err != nil {
+		return err
+	}
+	if sf.pcRetention < 0 || sf.gcEvery < 0 {
+		return fmt.Errorf("--prompt-cache-retention and --gc-interval must not be negative")
+	}
+	if err := standalone.CheckExposure(cfg.Listen, cfg.APIKey != "", sf.insecure); err != nil {
+		return err
+	}
+	if _, err := httpserver.NewHosts(cfg.Listen, sf.allowedHosts); err != nil {
+		return fmt.Errorf("--allowed-hosts: %w", err)
+	}
+	if sf.maxConns < 1 {
+		return fmt.Errorf("--max-connections must be at least 1")
+	}
+	log := newLogger(sf.verbosity)
+	opts := standalone.Options{Log: log, PromptCacheRetention: sf.pcRetention, GCInterval: sf.gcEvery,
+		AllowedHosts: sf.allowedHosts, Limits: httpserver.Limits{MaxConnections: sf.maxConns}}
+	if sf.runnerOutput {
+		opts.RunnerOutput = cmd.ErrOrStderr()
+	}
+	ctx, stop := shutdownContext(cmd.Context())
+	defer stop()
+	tp, relay, stopTracing, err := startTracing(ctx, tracing.ServiceAgent, log.WithName("tracing"))
+	if err != nil {
+		return err
+	}
+	defer stopTracing()
+	opts.TracerProvider, opts.SpanRelay = tp, relay
+	return standalone.Run(ctx, cfg, opts)
+}
+
+// register binds the flags to
+func (sf *serveFlags) register(cmd *cobra.Command) {
 	f := cmd.Flags()
-	f.StringVar(&configFile, "config", "", "YAML configuration file (listen, apiKey, memoryCeiling, promptCacheDir, promptCacheHotBytes, promptCacheSSDBytes, "+
-		"models: [{name, path, contextLength, parallel, residency, idleTimeout, memory, aliases, promptCache: {enabled, hotBytes, ssdBytes}}])")
-	f.StringArrayVar(&models, "model", nil, "a model to serve: NAME=PATH[:ctx=N,parallel=N,residency=OnDemand|Resident|Pinned,idle=D,memory=SIZE,kv=T,alias=A,cache=on|off,hot=SIZE,ssd=SIZE] (repeatable)")
-	f.StringVar(&flags.Listen, "listen", "", "address of the API (default "+config.DefaultListen+")")
-	f.StringVar(&ceiling, "memory-ceiling", "", "cap the memory of all models together, e.g. 12Gi (default: the machine's ceiling)")
-	f.StringVar(&reserve, "memory-reserve", "", "memory left to the OS below the machine's ceiling (default 4Gi below 24Gi of RAM, else 6Gi)")
-	f.StringVar(&flags.APIKey, "api-key", "", "require this key as Authorization: Bearer KEY (not on /healthz, /readyz)")
-	f.StringVar(&flags.APIKeyFile, "api-key-file", "", "read the API key from a file")
-	f.BoolVar(&insecure, "insecure", false, "serve without an API key on an address other machines can reach (--listen 0.0.0.0:8080, a LAN address); "+
+	f.StringVar(&sf.configFile, "config", "", "YAML configuration file (listen, apiKey, memoryCeiling, promptCacheDir, promptCacheHotBytes, promptCacheSSDBytes, "+
+		"models: [{name, path, contextLength, parallel, kvCacheType, threads, residency, idleTimeout, memory, aliases, promptCache: {enabled, hotBytes, ssdBytes}}])")
+	f.StringArrayVar(&sf.models, "model", nil, "a model to serve: NAME=PATH[:ctx=N,parallel=N,threads=N,residency=OnDemand|Resident|Pinned,idle=D,memory=SIZE,kv=T,alias=A,cache=on|off,hot=SIZE,ssd=SIZE] (repeatable)")
+	f.StringVar(&sf.flags.Listen, "listen", "", "address of the API (default "+config.DefaultListen+")")
+	f.StringVar(&sf.ceiling, "memory-ceiling", "", "cap the memory of all models together, e.g. 12Gi (default: the machine's ceiling)")
+	f.StringVar(&sf.reserve, "memory-reserve", "", "memory left to the OS below the machine's ceiling (default 4Gi below 24Gi of RAM, else 6Gi)")
+	f.StringVar(&sf.flags.APIKey, "api-key", "", "require this key as Authorization: Bearer KEY (not on /healthz, /readyz)")
+	f.StringVar(&sf.flags.APIKeyFile, "api-key-file", "", "read the API key from a file")
+	f.BoolVar(&sf.insecure, "insecure", false, "serve without an API key on an address other machines can reach (--listen 0.0.0.0:8080, a LAN address); "+
 		"without it, serve refuses to start so")
-	f.StringSliceVar(&allowedHosts, "allowed-hosts", nil, "names the API answers to in the Host header besides localhost, IP addresses and the --listen host, "+
+	f.StringSliceVar(&sf.allowedHosts, "allowed-hosts", nil, "names the API answers to in the Host header besides localhost, IP addresses and the --listen host, "+
 		"e.g. mymac.local or .example.com for every name under it; * turns the check off. Requests naming another host are refused "+
 		"(a web page's name re-resolved to this machine, DNS rebinding); so are browsers' cross-origin requests")
-	f.IntVar(&maxConns, "max-connections", httpserver.DefaultMaxConnections, "connections the API holds open at once; the next one is answered 503 with Retry-After")
-	f.StringVar(&flags.Runner, "runner", "", "the macfleet-runner binary (default $MACFLEET_RUNNER, else next to macfleet, else on $PATH)")
-	f.IntVar(&flags.RunnerThreads, "runner-threads", 0, "CPU threads of each runner (default: the runner chooses)")
-	f.StringVar(&flags.RunnerSandbox, "runner-sandbox", "", "confine each runner to its model, cache and socket, with no network and a scrubbed "+
+	f.IntVar(&sf.maxConns, "max-connections", httpserver.DefaultMaxConnections, "connections the API holds open at once; the next one is answered 503 with Retry-After")
+	f.StringVar(&sf.flags.Runner, "runner", "", "the macfleet-runner binary (default $MACFLEET_RUNNER, else next to macfleet, else on $PATH)")
+	f.IntVar(&sf.flags.RunnerThreads, "runner-threads", 0, "CPU threads of each runner whose model sets none (default: the thread policy: the performance cores, one for a model under 32 MiB of weights)")
+	f.StringVar(&sf.flags.RunnerSandbox, "runner-sandbox", "", "confine each runner to its model, cache and socket, with no network and a scrubbed "+
 		"environment (Landlock on Linux, Seatbelt on macOS): on or off (default on)")
-	f.DurationVar(&idle, "idle-timeout", 0, "unload OnDemand models idle this long (default 5m)")
-	f.StringVar(&body, "max-body", "", "request body limit (default 16Mi)")
-	f.StringVar(&flags.PromptCacheDir, "prompt-cache-dir", "", "directory of the prompt cache's SSD tier, one subdirectory per model file (default "+
+	f.DurationVar(&sf.idle, "idle-timeout", 0, "unload OnDemand models idle this long (default 5m)")
+	f.StringVar(&sf.body, "max-body", "", "request body limit (default 16Mi)")
+	f.StringVar(&sf.flags.PromptCacheDir, "prompt-cache-dir", "", "directory of the prompt cache's SSD tier, one subdirectory per model file (default "+
 		defaultDataDir("prompt-cache")+")")
-	f.StringVar(&pcHot, "prompt-cache-hot-bytes", "", "prompt cache memory (hot tier) shared by all models, e.g. 4Gi; 0 turns the hot tier off (default: a tenth of the memory ceiling)")
-	f.StringVar(&pcSSD, "prompt-cache-ssd-bytes", "", "prompt cache SSD quota of each model, and the most a model's ssd= may set; 0 turns the SSD tier off (default 10Gi)")
-	f.DurationVar(&pcRetention, "prompt-cache-retention", 24*time.Hour, "delete the prompt cache directories of model files no longer served "+
+	f.StringVar(&sf.pcHot, "prompt-cache-hot-bytes", "", "prompt cache memory (hot tier) shared by all models, e.g. 4Gi; 0 turns the hot tier off (default: a tenth of the memory ceiling)")
+	f.StringVar(&sf.pcSSD, "prompt-cache-ssd-bytes", "", "prompt cache SSD quota of each model, and the most a model's ssd= may set; 0 turns the SSD tier off (default 10Gi)")
+	f.DurationVar(&sf.pcRetention, "prompt-cache-retention", 24*time.Hour, "delete the prompt cache directories of model files no longer served "+
 		"once nothing in them changed for this long; 0 never deletes (model files are never deleted)")
-	f.DurationVar(&gcEvery, "gc-interval", janitor.DefaultInterval, "how often the prompt cache directories are pruned (the first time a minute after the start)")
-	f.IntVarP(&verbosity, "verbosity", "v", 0, "log verbosity (1: runner output and more, 2: every request)")
-	f.BoolVar(&runnerOutput, "runner-output", false, "copy every runner's output to stderr, prefixed with its model")
-	return cmd
+	f.DurationVar(&sf.gcEvery, "gc-interval", janitor.DefaultInterval, "how often the prompt cache directories are pruned (the first time a minute after the start)")
+	f.IntVarP(&sf.verbosity, "verbosity", "v", 0, "log verbosity (1: runner output and more, 2: every request)")
+	f.BoolVar(&sf.runnerOutput, "runner-output", false, "copy every runner's output to stderr, prefixed with its model")
 }
 
 // newLogger logs "time level message key=value..." lines to stderr.

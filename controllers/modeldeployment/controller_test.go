@@ -21,6 +21,7 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/macfleet/macfleet/api/engine"
 	"github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/internal/estimate"
 	"github.com/macfleet/macfleet/internal/ggufsynth"
@@ -60,7 +61,7 @@ func TestCreateReplicas(t *testing.T) {
 	hash := templateHash(replicaTemplate(f.deployment("qwen")))
 	wantTemplate := v1alpha1.ModelReplicaTemplate{
 		Model:     v1alpha1.ModelSource{Source: "https://models.example/qwen.gguf", ServedName: "qwen"},
-		Engine:    v1alpha1.EngineSpec{ContextLength: 4096, Parallel: 1, KVCacheType: v1alpha1.KVCacheF16},
+		Engine:    v1alpha1.EngineSpec{Settings: engine.Settings{ContextLength: 4096, Parallel: 1, KVCacheType: v1alpha1.KVCacheF16}},
 		Residency: v1alpha1.ResidencyResident,
 	}
 	for _, mr := range reps {

@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/sets"
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/macfleet/macfleet/api/engine"
 	"github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/internal/estimate"
 	"github.com/macfleet/macfleet/internal/source"
@@ -38,7 +39,7 @@ func TestReservationBackoffAndCache(t *testing.T) {
 		},
 	}
 	md := deployment(func(md *v1alpha1.ModelDeployment) {
-		md.Spec.Engine = v1alpha1.EngineSpec{ContextLength: 8192, Parallel: 2}
+		md.Spec.Engine = v1alpha1.EngineSpec{Settings: engine.Settings{ContextLength: 8192, Parallel: 2}}
 	})
 	tmpl := replicaTemplate(md)
 
@@ -83,7 +84,7 @@ func TestReservationBackoffAndCache(t *testing.T) {
 
 	// Other engine settings are another estimate.
 	md2 := deployment(func(md *v1alpha1.ModelDeployment) {
-		md.Spec.Engine = v1alpha1.EngineSpec{ContextLength: 16384, Parallel: 2}
+		md.Spec.Engine = v1alpha1.EngineSpec{Settings: engine.Settings{ContextLength: 16384, Parallel: 2}}
 	})
 	r.reservationFor(t.Context(), md2, replicaTemplate(md2))
 	if len(calls) != n+1 || calls[n].ContextLength != 16384*2 {

@@ -7,18 +7,15 @@ import (
 	"fmt"
 	"slices"
 
+	"github.com/macfleet/macfleet/api/engine"
 	"github.com/macfleet/macfleet/api/v1alpha1"
 )
 
 // Defaults the API server applies (kubebuilder:default markers); the template applies
 // them again so that an object written without them (an older API server, a client
 // that bypassed defaulting, a unit test) hashes like one written with them.
-const (
-	defaultContextLength = 4096
-	defaultParallel      = 1
-	defaultKVCacheType   = v1alpha1.KVCacheF16
-	defaultResidency     = v1alpha1.ResidencyResident
-)
+// The engine settings' defaults are package engine's.
+const defaultResidency = v1alpha1.ResidencyResident
 
 // hashLength is how many hex digits of the SHA-256 go into the template hash.
 const hashLength = 10
@@ -42,14 +39,9 @@ func replicaTemplate(md *v1alpha1.ModelDeployment) v1alpha1.ModelReplicaTemplate
 		slices.Sort(t.Model.Aliases)
 		t.Model.Aliases = slices.Compact(t.Model.Aliases)
 	}
+	t.Engine.Settings = t.Engine.WithDefaults()
 	if t.Engine.ContextLength == 0 {
-		t.Engine.ContextLength = defaultContextLength
-	}
-	if t.Engine.Parallel == 0 {
-		t.Engine.Parallel = defaultParallel
-	}
-	if t.Engine.KVCacheType == "" {
-		t.Engine.KVCacheType = defaultKVCacheType
+		t.Engine.ContextLength = engine.DefaultContextLength
 	}
 	if t.Residency == "" {
 		t.Residency = defaultResidency

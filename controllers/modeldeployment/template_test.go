@@ -8,6 +8,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
+	"github.com/macfleet/macfleet/api/engine"
 	"github.com/macfleet/macfleet/api/v1alpha1"
 )
 
@@ -32,7 +33,7 @@ func TestTemplateHash(t *testing.T) {
 
 	same := map[string]func(*v1alpha1.ModelDeployment){
 		"explicit defaults": func(md *v1alpha1.ModelDeployment) {
-			md.Spec.Engine = v1alpha1.EngineSpec{ContextLength: 4096, Parallel: 1, KVCacheType: v1alpha1.KVCacheF16}
+			md.Spec.Engine = v1alpha1.EngineSpec{Settings: engine.Settings{ContextLength: 4096, Parallel: 1, KVCacheType: v1alpha1.KVCacheF16}}
 			md.Spec.Residency = v1alpha1.ResidencyResident
 			md.Spec.Model.ServedName = "qwen"
 		},

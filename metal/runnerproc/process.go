@@ -41,8 +41,13 @@ type ProcessConfig struct {
 	// no network and a scrubbed environment (runner/sandbox). Empty means
 	// sandbox.On; sandbox.Off starts runners unconfined with the agent's environment.
 	Sandbox sandbox.Mode
-	// Threads is passed as --threads; zero lets the runner choose.
+	// Threads is the agent's --threads for models that set none (ModelSpec.Threads);
+	// zero leaves them to the thread policy.
 	Threads int
+	// PerformanceCores are the Mac's performance cores, for the thread policy
+	// (engine.PolicyThreads); zero (no policy) lets the runner choose when neither the
+	// model nor Threads does.
+	PerformanceCores int
 	// Batch is passed as --batch; zero lets the runner choose.
 	Batch int
 	// Loopback makes runners listen on 127.0.0.1 (--addr 127.0.0.1:0) instead of a
@@ -474,19 +479,9 @@ func (f *ProcessFactory) startSpanRelay(r *ProcessRunner) {
 // engineArgs are the runner flags that shape the engine (everything but where it
 // listens and how it relates to the agent).
 func (f *ProcessFactory) engineArgs(spec metal.ModelSpec, ceilingBytes int64) []string {
-	var args []string
-	addInt := func(flag string, v int64) {
-		if v > 0 {
-			args = append(args, flag, strconv.FormatInt(v, 10))
-		}
-	}
-	addInt("--ctx", int64(spec.ContextLength))
-	addInt("--parallel", int64(spec.Parallel))
-	addInt("--ceiling-bytes", ceilingBytes)
-	addInt("--threads", int64(f.cfg.Threads))
-	addInt("--batch", int64(f.cfg.Batch))
-	if spec.KVCacheType != "" {
-		args = append(args, "--kv-type", spec.KVCacheType)
+	args := spec.Engine(f.cfg.Threads, f.cfg.PerformanceCores).Args(f.cfg.Batch)
+	if ceilingBytes > 0 {
+		args = append(args, "--ceiling-bytes", strconv.FormatInt(ceilingBytes, 10))
 	}
 	if spec.Name != "" {
 		args = append(args, "--alias", spec.Name)

@@ -24,6 +24,7 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/macfleet/macfleet/api/engine"
 	"github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/internal/ggufsynth"
 	"github.com/macfleet/macfleet/test/support/localfleet"
@@ -91,7 +92,7 @@ func deployment(ns, name string, replicas int32, mutate ...func(*v1alpha1.ModelD
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
 		Spec: v1alpha1.ModelDeploymentSpec{
 			Model:    v1alpha1.ModelSource{Source: fleet.ModelsURL + "/" + modelFile},
-			Engine:   v1alpha1.EngineSpec{ContextLength: 512, Parallel: 2},
+			Engine:   v1alpha1.EngineSpec{Settings: engine.Settings{ContextLength: 512, Parallel: 2}},
 			Replicas: ptr.To(replicas),
 		},
 	}

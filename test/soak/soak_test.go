@@ -18,6 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
+	"github.com/macfleet/macfleet/api/engine"
 	"github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/internal/ggufsynth"
 	"github.com/macfleet/macfleet/test/support/localfleet"
@@ -73,7 +74,7 @@ func TestSoak(t *testing.T) {
 			ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name},
 			Spec: v1alpha1.ModelDeploymentSpec{
 				Model:     v1alpha1.ModelSource{Source: fleet.ModelsURL + "/" + file},
-				Engine:    v1alpha1.EngineSpec{ContextLength: 512, Parallel: 2},
+				Engine:    v1alpha1.EngineSpec{Settings: engine.Settings{ContextLength: 512, Parallel: 2}},
 				Replicas:  ptr.To[int32](2),
 				Placement: v1alpha1.Placement{Strategy: v1alpha1.Spread},
 			},

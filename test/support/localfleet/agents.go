@@ -50,6 +50,10 @@ func (f *Fleet) StartAgentWith(name string, env, extraArgs []string) error {
 		"--advertise-address", a.Addr, "--store-dir", filepath.Join(base, "models"), "--state-dir", a.StateDir,
 		"--prompt-cache-dir", filepath.Join(base, "prompt-cache"),
 		"--memory-ceiling", a.Node.MemoryCeiling, "--runner", f.opts.Runner,
+		// One thread a runner, explicitly: the fleet's Macs share one (often busy, often
+		// 2-core) host, where ggml's spinning thread barriers collapse a runner given
+		// every core (the thread policy's choice on a real Mac).
+		"--runner-threads", "1",
 		// A fleet that stops is gone for good: its agents take their runners with
 		// them. A killed agent leaves them for its successor (see Stop).
 		"--keep-runners=false"}

@@ -133,16 +133,7 @@ type Server struct {
 // Run serves until ctx ends or /shutdown is called, then stops gracefully. It listens
 // before loading the model so load progress is visible on /health.
 func Run(ctx context.Context, cfg Config) error {
-	s := &Server{
-		cfg: cfg, log: cfg.Log, state: runnerapi.StateLoading,
-		failureSeen: make(chan struct{}), stopReq: make(chan struct{}),
-		defaultID: strings.TrimSuffix(filepath.Base(cfg.ModelPath), filepath.Ext(cfg.ModelPath)),
-	}
-	s.ceiling.Store(cfg.CeilingBytes)
-	if cfg.TracerProvider != nil {
-		s.tracer = cfg.TracerProvider.Tracer(tracerName)
-	}
-	s.lastRequest.Store(time.Now().UnixNano())
+	s := newServer(cfg)
 	// Taken before the listening line: once the agent has read it, a parent exit is
 	// always noticed.
 	ppid := os.Getppid()
@@ -157,18 +148,9 @@ func Run(ctx context.Context, cfg Config) error {
 	srv := &http.Server{Handler: s.routes(), ReadHeaderTimeout: 30 * time.Second}
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()
-
-	ev := runnerapi.ListeningEvent{Event: "listening", PID: os.Getpid()}
-	if cfg.Socket != "" {
-		ev.Socket = cfg.Socket
-	} else {
-		ev.Addr = ln.Addr().String()
+	if err := s.announce(ln); err != nil {
+		return err
 	}
-	line, _ := json.Marshal(ev)
-	if _, err := fmt.Fprintf(cfg.Stdout, "%s\n", line); err != nil {
-		return fmt.Errorf("announcing the listener: %w", err)
-	}
-	s.log.Info("Listening", "addr", ev.Addr, "socket", ev.Socket, "model", cfg.ModelPath)
 
 	if cfg.ExitWithParent {
 		go s.watchParent(ctx, ppid)
@@ -195,30 +177,71 @@ func Run(ctx context.Context, cfg Config) error {
 		return fmt.Errorf("serving: %w", err)
 	}
 	if err != nil {
-		if s.cancelLoad.Load() {
-			s.log.Info("Stopped while loading")
-			if s.shutdownHTTP(srv) {
-				s.free()
-			}
-			return nil
-		}
-		s.log.Error(err, "Loading the model failed")
-		s.setState(runnerapi.StateFailed, err.Error())
-		// Let the agent read the failure on /health (bounded: the exit code and stderr
-		// tell it too).
-		select {
-		case <-s.failureSeen:
-		case <-time.After(2 * time.Second):
-		case <-ctx.Done():
-		case <-s.stopReq:
-		}
-		s.shutdownHTTP(srv)
-		return &LoadError{Err: err}
+		return s.notLoaded(ctx, srv, err)
 	}
 	s.setState(runnerapi.StateReady, "")
 	s.log.Info("Ready", "model", s.info.Path, "slots", s.cfg.Parallel, "threads", s.cfg.Threads, "slotContext", s.nCtxSeq,
 		"kvCells", s.lctx.NCtx(), "batch", s.lctx.NBatch())
+	return s.serve(ctx, srv, serveErr)
+}
 
+func newServer(cfg Config) *Server {
+	s := &Server{
+		cfg: cfg, log: cfg.Log, state: runnerapi.StateLoading,
+		failureSeen: make(chan struct{}), stopReq: make(chan struct{}),
+		defaultID: strings.TrimSuffix(filepath.Base(cfg.ModelPath), filepath.Ext(cfg.ModelPath)),
+	}
+	s.ceiling.Store(cfg.CeilingBytes)
+	if cfg.TracerProvider != nil {
+		s.tracer = cfg.TracerProvider.Tracer(tracerName)
+	}
+	s.lastRequest.Store(time.Now().UnixNano())
+	return s
+}
+
+// announce writes the listening line the agent reads on stdout.
+func (s *Server) announce(ln net.Listener) error {
+	ev := runnerapi.ListeningEvent{Event: "listening", PID: os.Getpid()}
+	if s.cfg.Socket != "" {
+		ev.Socket = s.cfg.Socket
+	} else {
+		ev.Addr = ln.Addr().String()
+	}
+	line, _ := json.Marshal(ev)
+	if _, err := fmt.Fprintf(s.cfg.Stdout, "%s\n", line); err != nil {
+		return fmt.Errorf("announcing the listener: %w", err)
+	}
+	s.log.Info("Listening", "addr", ev.Addr, "socket", ev.Socket, "model", s.cfg.ModelPath)
+	return nil
+}
+
+// notLoaded stops a runner whose load ended in err: stopped while loading, or failed
+// (a LoadError, once the agent has read the failure on /health or a bound passed).
+func (s *Server) notLoaded(ctx context.Context, srv *http.Server, err error) error {
+	if s.cancelLoad.Load() {
+		s.log.Info("Stopped while loading")
+		if s.shutdownHTTP(srv) {
+			s.free()
+		}
+		return nil
+	}
+	s.log.Error(err, "Loading the model failed")
+	s.setState(runnerapi.StateFailed, err.Error())
+	// Let the agent read the failure on /health (bounded: the exit code and stderr
+	// tell it too).
+	select {
+	case <-s.failureSeen:
+	case <-time.After(2 * time.Second):
+	case <-ctx.Done():
+	case <-s.stopReq:
+	}
+	s.shutdownHTTP(srv)
+	return &LoadError{Err: err}
+}
+
+// serve serves the loaded model until ctx ends, /shutdown is called or the HTTP
+// server fails, then stops.
+func (s *Server) serve(ctx context.Context, srv *http.Server, serveErr <-chan error) error {
 	select {
 	case <-ctx.Done():
 	case <-s.stopReq:

@@ -25,6 +25,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/macfleet/macfleet/agent/hardware"
+	"github.com/macfleet/macfleet/api/engine"
 	"github.com/macfleet/macfleet/internal/ggufsynth"
 )
 
@@ -54,7 +56,7 @@ func main() {
 	flag.IntVar(&o.longTokens, "long", 2000, "tokens of the long prompt (at most the context less 32)")
 	flag.IntVar(&o.ctx, "ctx", 1024, "context per sequence, both servers (matched)")
 	flag.IntVar(&o.parallel, "parallel", 4, "slots, both servers (matched)")
-	flag.IntVar(&o.threads, "threads", max(1, runtime.NumCPU()-1), "CPU threads, both servers (matched)")
+	flag.IntVar(&o.threads, "threads", 0, "CPU threads, both servers (matched); 0: what macfleet's thread policy gives the model on this machine")
 	flag.Uint64Var(&o.seed, "seed", uint64(time.Now().UnixNano()), "seed of the rounds' order (printed, to repeat a run)")
 	flag.BoolVar(&o.defaults, "defaults", true, "also measure the peer at its defaults")
 	flag.StringVar(&o.out, "out", "", "the markdown file written (default bin/bench-peers/peers-TIME.md)")
@@ -93,6 +95,12 @@ func run(o options) error {
 	say("synthesizing the %s model (%s)", o.preset, model)
 	if err := ggufsynth.Write(model, spec); err != nil {
 		return err
+	}
+	if o.threads == 0 {
+		// Matched at what macfleet chooses by itself: its thread policy for this
+		// machine's performance cores and the model's weights.
+		o.threads = max(1, engine.PolicyThreads(hardware.PerformanceCores(), spec.Params()*2))
+		say("threads, matched: %d (the thread policy)", o.threads)
 	}
 
 	servers := map[string]*server{}
@@ -143,8 +151,8 @@ func (o *options) check() error {
 	if o.peer == "" {
 		return errors.New("-peer is required (make bench-peers builds the peer and passes it)")
 	}
-	if o.rounds < 1 || o.rounds > 100 || o.maxTokens < 2 || o.parallel < 1 || o.threads < 1 || o.ctx < 256 {
-		return fmt.Errorf("bad settings: -rounds %d (1–100), -tokens %d (≥2), -parallel %d, -threads %d (≥1), -ctx %d (≥256)",
+	if o.rounds < 1 || o.rounds > 100 || o.maxTokens < 2 || o.parallel < 1 || o.threads < 0 || o.ctx < 256 {
+		return fmt.Errorf("bad settings: -rounds %d (1–100), -tokens %d (≥2), -parallel %d, -threads %d (≥0), -ctx %d (≥256)",
 			o.rounds, o.maxTokens, o.parallel, o.threads, o.ctx)
 	}
 	for _, p := range []*string{&o.macfleet, &o.runner, &o.peer} {

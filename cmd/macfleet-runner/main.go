@@ -135,6 +135,6 @@ func parseFlags(args []string, stderr io.Writer) (server.Config, int, error) {
 	if err != nil {
 		return cfg, 0, err
 	}
-	cfg.Ctx, cfg.Parallel, cfg.Batch, cfg.Threads, cfg.KVType = e.Ctx, e.Parallel, e.Batch, e.Threads, e.KVType
+	cfg.Runner = e
 	return cfg, verbosity, nil
 }

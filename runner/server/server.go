@@ -22,6 +22,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	apiengine "github.com/macfleet/macfleet/api/engine"
+
 	"github.com/go-logr/logr"
 	"go.opentelemetry.io/otel/trace"
 
@@ -37,14 +39,11 @@ type Config struct {
 	ModelPath string
 	// Exactly one of Socket and Addr is set.
 	Socket, Addr string
-	// Ctx is the total context in tokens, split evenly across the Parallel slots; zero
-	// gives every slot the model's training context.
-	Ctx      int
-	Parallel int
-	// Batch is n_batch: the most tokens decoded in one step.
-	Batch   int
-	Threads int
-	KVType  string
+	// Runner is the engine settings as the runner runs them (package engine: the one
+	// settings type, its bounds and the runner's flags): Ctx is the total context,
+	// split evenly across the Parallel slots, zero giving every slot the model's
+	// training context; Batch is n_batch.
+	apiengine.Runner
 	// CeilingBytes is the initial memory ceiling (0: none); /limits replaces it.
 	CeilingBytes int64
 	// Alias is the model name in responses (default: the request's model, else the

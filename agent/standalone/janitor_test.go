@@ -72,9 +72,11 @@ func TestServePrunesTheCacheDirsOfModelsGone(t *testing.T) {
 			t.Errorf("Run: %v", err)
 		}
 	}()
-	waitFor(t, "the gone model's prompt cache directory to be removed", func() bool {
+	// The janitor logs after it removed the directories: wait for both, not just the
+	// removal, or the check of the log below races the janitor's next line.
+	waitFor(t, "the gone model's prompt cache directory to be removed and the removal logged", func() bool {
 		_, err := os.Stat(gone)
-		return os.IsNotExist(err)
+		return os.IsNotExist(err) && strings.Contains(logs.String(), "Removed the prompt cache directories of models no longer in use")
 	})
 	if _, err := os.Stat(kept); err != nil {
 		t.Errorf("the configured model's prompt cache directory: %v, want it kept", err)

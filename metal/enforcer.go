@@ -83,8 +83,9 @@ func (p *Pool) poll() {
 	p.mu.Lock()
 	snap := p.decideSnapshotLocked()
 	prev := p.level
-	d := decide.Enforce(snap, decide.Poll{Measured: measured, OverRun: p.overCeilingRun,
-		EmergencyMargin: p.cfg.EmergencyMarginBytes, HotShrunk: p.hotShrunk, HotHeld: p.hotHeldLocked()})
+	in := decide.Poll{Measured: measured, OverRun: p.overCeilingRun,
+		EmergencyMargin: p.cfg.EmergencyMarginBytes, HotShrunk: p.hotShrunk, HotHeld: p.hotHeldLocked()}
+	d := decide.Enforce(snap, in)
 	level := d.Level
 	p.usage, p.level, p.overCeilingRun, p.lastPoll = measured, level, d.OverRun, snap.Now
 	if d.ShrinkHot {
@@ -94,6 +95,10 @@ func (p *Pool) poll() {
 	}
 	p.hotShrunk = d.HotShrunk
 	decreases, increases := p.planHotLocked()
+	// The hot shares just planned are part of every runner's own ceiling: the actions
+	// are decided on them, so a runner that took its share is not unloaded as over its
+	// ceiling by the snapshot from before the plan. Same inputs, same level.
+	d.Actions = decide.Enforce(p.decideSnapshotLocked(), in).Actions
 	aborts := p.applyEnforcementLocked(d.Actions)
 	type push struct {
 		name string

@@ -101,33 +101,15 @@ type ModelDims struct {
 	KVTypeSize float64 `json:"kvTypeSize"` // bytes per KV element (2 for f16)
 }
 
-// RunnerStatus is a runner's own report (GET /status of docs/runner-protocol.md).
-type RunnerStatus struct {
-	State               string `json:"state"`
-	PID                 int    `json:"pid"`
-	FootprintBytes      int64  `json:"footprint_bytes"`
-	MetalAllocatedBytes int64  `json:"metal_allocated_bytes"`
-	KVCellsUsed         int    `json:"kv_cells_used"`
-	KVCellsTotal        int    `json:"kv_cells_total"`
-	SlotsTotal          int    `json:"slots_total"`
-	SlotsBusy           int    `json:"slots_busy"`
-	RequestsActive      int    `json:"requests_active"`
-	// PromptCache is the prompt cache's report (absent until the model is loaded).
-	PromptCache *runnerapi.PromptCacheStatus `json:"prompt_cache,omitempty"`
-	// Chat says how the runner renders chat prompts (absent until loaded).
-	Chat *runnerapi.ChatInfo `json:"chat,omitempty"`
-}
+// RunnerStatus is a runner's own report: the wire type of GET /status
+// (docs/runner-protocol.md), not a copy of it.
+type RunnerStatus = runnerapi.Status
 
-// Limits are pushed to every runner on every enforcer poll.
-type Limits struct {
-	// CeilingBytes is the runner's own ceiling (its reservation); it refuses prefill
-	// that would take its footprint over it.
-	CeilingBytes int64 `json:"ceiling_bytes"`
-	// HardLimitBytes is the host's hard watermark.
-	HardLimitBytes int64 `json:"hard_limit_bytes"`
-	// HostUsedBytes is the host usage the enforcer measured at this poll.
-	HostUsedBytes int64 `json:"host_used_bytes"`
-}
+// Limits are pushed to every runner on every enforcer poll (POST /limits): the
+// runner's own ceiling (its reservation and hot share), past which it refuses prefill
+// that would take its footprint over it; the host's hard watermark; and the host
+// usage the enforcer measured at this poll.
+type Limits = runnerapi.Limits
 
 // CacheClearResult is a runner's answer to a prompt-cache clear.
 type CacheClearResult struct {

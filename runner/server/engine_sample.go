@@ -1,0 +1,111 @@
+//go:build cgo && !race
+
+package server
+
+import (
+	"math"
+
+	"github.com/macfleet/macfleet/api/runnerapi"
+)
+
+// What a generating slot does with a step's logits: sample the next token, report
+// its log-probabilities, and finish the answer (stop, length, embedding).
+
+// sample picks the next token of a generating slot from this step's logits and
+// decides whether the generation ends.
+func (e *engine) sample(s *slot) {
+	j := s.job
+	tok, err := s.sampler.Sample(e.ctx, s.outIdx)
+	if err != nil {
+		j.fail(runnerapi.Internal("sampling: %v", err))
+		e.release(s)
+		return
+	}
+	if e.model.IsEOG(tok) {
+		j.emit(s.stream.Flush(), 1, nil)
+		e.finish(s, "stop")
+		return
+	}
+	piece := e.model.Piece(tok)
+	if p, ok := j.special[tok]; ok {
+		piece = p
+	}
+	var lp *runnerapi.TokenLogprob
+	if j.opts.Logprobs {
+		lp = e.logprob(s.outIdx, tok, j.opts.TopLogprobs)
+	}
+	text, stopped := s.stream.Push(piece)
+	j.emit(text, 1, lp)
+	j.mu.Lock()
+	generated := j.generated
+	j.mu.Unlock()
+	switch {
+	case stopped:
+		j.mu.Lock()
+		j.stopSeq = s.stream.Matched()
+		j.mu.Unlock()
+		e.finish(s, "stop")
+	case j.opts.MaxTokens > 0 && generated >= j.opts.MaxTokens,
+		len(s.cached) >= e.nCtxSeq: // no cell left to decode the token into
+		j.emit(s.stream.Flush(), 0, nil)
+		e.finish(s, "length")
+	default:
+		s.next = tok
+	}
+}
+
+// logprob is the log-probability of tok at output row i with the top k alternatives.
+func (e *engine) logprob(i int, tok int32, k int) *runnerapi.TokenLogprob {
+	lp, top := e.ctx.Logprobs(i, tok, k)
+	text, b := e.tokenText(tok)
+	out := &runnerapi.TokenLogprob{Token: text, Logprob: float64(lp), Bytes: b, TopLogprobs: make([]runnerapi.TopLogprob, len(top))}
+	for i, t := range top {
+		text, b := e.tokenText(t.Token)
+		out.TopLogprobs[i] = runnerapi.TopLogprob{Token: text, Logprob: float64(t.Logprob), Bytes: b}
+	}
+	return out
+}
+
+// tokenText is a token's text (a control token's own text) and its bytes.
+func (e *engine) tokenText(tok int32) (string, []int) {
+	p := e.model.Piece(tok)
+	if len(p) == 0 {
+		p = []byte(e.model.TokenText(tok))
+	}
+	b := make([]int, len(p))
+	for i, c := range p {
+		b[i] = int(c)
+	}
+	return string(p), b
+}
+
+func (e *engine) finish(s *slot, reason string) {
+	// Saved before the job completes, so a client's next turn, sent as soon as this
+	// answer ends, finds the state.
+	if !s.job.embed {
+		e.saveState(s)
+	}
+	s.job.complete(reason)
+	e.release(s)
+}
+
+func (e *engine) finishEmbedding(s *slot) {
+	v := s.emb
+	n := float32(len(s.job.tokens))
+	var norm float64
+	for i := range v {
+		v[i] /= n
+		norm += float64(v[i]) * float64(v[i])
+	}
+	if norm > 0 {
+		inv := float32(1 / math.Sqrt(norm))
+		for i := range v {
+			v[i] *= inv
+		}
+	}
+	j := s.job
+	j.mu.Lock()
+	j.embedding = v
+	j.mu.Unlock()
+	e.finish(s, "stop")
+}

@@ -6,7 +6,7 @@
 // once whether the numbers are right, and goes into a bug report as it is.
 //
 // Nothing here measures memory a second way: the figures are the agent's own
-// (metal.Gauge, metal.ComputeCeiling, metal.Pool). What this package adds is the
+// (enginepool.Gauge, enginepool.ComputeCeiling, enginepool.Pool). What this package adds is the
 // operating system's side of each comparison (ostools.go) and the verdicts, which
 // are pure functions of the two.
 package doctor
@@ -23,8 +23,8 @@ import (
 	"github.com/go-logr/logr"
 
 	"github.com/macfleet/macfleet/agent/hardware"
-	"github.com/macfleet/macfleet/metal"
-	"github.com/macfleet/macfleet/metal/runnerproc"
+	"github.com/macfleet/macfleet/enginepool"
+	"github.com/macfleet/macfleet/enginepool/runnerproc"
 	"github.com/macfleet/macfleet/runner/sandbox"
 )
 
@@ -45,8 +45,8 @@ type Options struct {
 	SkipSelfTest bool
 	// SelfTestTimeout bounds the self-test; zero means DefaultSelfTestTimeout.
 	SelfTestTimeout time.Duration
-	// Gauge measures memory; nil means metal.NewGauge().
-	Gauge metal.Gauge
+	// Gauge measures memory; nil means enginepool.NewGauge().
+	Gauge enginepool.Gauge
 	// Tools reads the OS's own figures; nil means SystemTools.
 	Tools Tools
 	// GOOS and GOARCH say which OS tools to ask and which backend to expect; empty
@@ -88,8 +88,8 @@ type Report struct {
 	// HardwareError is why the gauge could not read the hardware.
 	HardwareError string `json:"hardwareError,omitempty"`
 	// Ceiling is what the agent would enforce; Bounds explain it.
-	Ceiling metal.Ceiling `json:"ceiling"`
-	Bounds  []Bound       `json:"bounds"`
+	Ceiling enginepool.Ceiling `json:"ceiling"`
+	Bounds  []Bound            `json:"bounds"`
 	// Memory sets each gauge's figure beside the OS's own.
 	Memory []Row `json:"memory"`
 	// Runner is the runner binary and the backend it reported in the self-test.
@@ -154,7 +154,7 @@ func Run(ctx context.Context, opts Options) (Report, error) {
 	g := opts.Gauge
 	if g == nil {
 		var err error
-		if g, err = metal.NewGauge(); err != nil {
+		if g, err = enginepool.NewGauge(); err != nil {
 			rep.HardwareError = err.Error()
 			return rep, nil
 		}
@@ -167,7 +167,7 @@ func Run(ctx context.Context, opts Options) (Report, error) {
 	rep.Hardware = hardware.Info{Chip: hw.Chip, CPUCores: hw.CPUCores, GPUCores: hw.GPUCores,
 		UnifiedMemoryBytes: hw.TotalBytes, MetalWorkingSetBytes: hw.MetalWorkingSetBytes,
 		WiredLimitBytes: hw.WiredLimitBytes, Arch: opts.GOARCH, OS: opts.GOOS}
-	rep.Ceiling = metal.ComputeCeiling(hw, opts.CeilingBytes, opts.ReserveBytes, 0, 0)
+	rep.Ceiling = enginepool.ComputeCeiling(hw, opts.CeilingBytes, opts.ReserveBytes, 0, 0)
 	rep.Bounds = Bounds(rep.Ceiling, opts.ReserveBytes > 0, opts.GOOS)
 
 	host, hostErr := g.Host()
@@ -225,34 +225,34 @@ func runnerOrigin(configured, env, exe, path string) string {
 // Bounds explains the ceiling: each bound of min(static, Metal cap, configured), the
 // one that wins, and the watermarks. reserveConfigured says the reserve came from
 // --memory-reserve rather than the default.
-func Bounds(c metal.Ceiling, reserveConfigured bool, goos string) []Bound {
+func Bounds(c enginepool.Ceiling, reserveConfigured bool, goos string) []Bound {
 	reserve := "the default reserve: 4 GiB below 24 GiB of memory, else 6 GiB"
 	if reserveConfigured {
 		reserve = "--memory-reserve"
 	}
-	static := Bound{Name: "static", Bytes: c.StaticBytes, Wins: c.Bound == metal.BoundStatic,
+	static := Bound{Name: "static", Bytes: c.StaticBytes, Wins: c.Bound == enginepool.BoundStatic,
 		Note: fmt.Sprintf("%s memory - %s reserve (%s)", formatSize(c.TotalBytes), formatSize(c.ReserveBytes), reserve)}
 	metalCap := Bound{Name: "metal cap", Bytes: c.MetalCapBytes,
-		Wins: c.Bound == metal.BoundWiredLimit || c.Bound == metal.BoundMetalWorkingSet}
+		Wins: c.Bound == enginepool.BoundWiredLimit || c.Bound == enginepool.BoundMetalWorkingSet}
 	switch {
-	case c.MetalCapBound == metal.BoundWiredLimit:
+	case c.MetalCapBound == enginepool.BoundWiredLimit:
 		metalCap.Note = "iogpu.wired_limit_mb, which overrides the Metal working set"
-	case c.MetalCapBound == metal.BoundMetalWorkingSet:
+	case c.MetalCapBound == enginepool.BoundMetalWorkingSet:
 		metalCap.Note = "the Metal recommended working set (iogpu.wired_limit_mb is the default)"
 	case goos == "darwin":
 		metalCap.Note = "absent: neither a wired limit nor a Metal working set was read"
 	default:
 		metalCap.Note = "absent: no Metal on " + goos
 	}
-	configured := Bound{Name: "configured", Bytes: c.ConfiguredBytes, Wins: c.Bound == metal.BoundConfigured,
+	configured := Bound{Name: "configured", Bytes: c.ConfiguredBytes, Wins: c.Bound == enginepool.BoundConfigured,
 		Note: "--memory-ceiling (or the MacNode's spec.memoryCeiling)"}
 	if c.ConfiguredBytes == 0 {
 		configured.Note = "none: " + configured.Note
 	}
 	return []Bound{static, metalCap, configured,
 		{Name: "ceiling", Bytes: c.Bytes, Note: c.Describe() + "; to raise it, " + c.Fix()},
-		{Name: "soft", Bytes: c.SoftBytes, Note: fmt.Sprintf("%.0f%% of the ceiling: loads wait and idle models are evicted above it", 100*metal.DefaultSoftFraction)},
-		{Name: "hard", Bytes: c.HardBytes, Note: fmt.Sprintf("%.0f%% of the ceiling: in-flight requests are aborted above it", 100*metal.DefaultHardFraction)},
+		{Name: "soft", Bytes: c.SoftBytes, Note: fmt.Sprintf("%.0f%% of the ceiling: loads wait and idle models are evicted above it", 100*enginepool.DefaultSoftFraction)},
+		{Name: "hard", Bytes: c.HardBytes, Note: fmt.Sprintf("%.0f%% of the ceiling: in-flight requests are aborted above it", 100*enginepool.DefaultHardFraction)},
 	}
 }
 

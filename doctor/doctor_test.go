@@ -10,7 +10,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
-	"github.com/macfleet/macfleet/metal"
+	"github.com/macfleet/macfleet/enginepool"
 )
 
 const (
@@ -58,33 +58,33 @@ func TestCompare(t *testing.T) {
 func TestBounds(t *testing.T) {
 	tests := []struct {
 		name              string
-		hw                metal.Hardware
+		hw                enginepool.Hardware
 		configured        int64
 		goos              string
 		wantWinner        string
 		wantMetalCapNote  string
 		wantCeilingPrefix string
 	}{{
-		name: "linux: static", hw: metal.Hardware{TotalBytes: 16 * gib}, goos: "linux",
+		name: "linux: static", hw: enginepool.Hardware{TotalBytes: 16 * gib}, goos: "linux",
 		wantWinner: "static", wantMetalCapNote: "absent: no Metal on linux", wantCeilingPrefix: "bound by the static ceiling",
 	}, {
-		name: "mac: working set below static", hw: metal.Hardware{TotalBytes: 16 * gib, MetalWorkingSetBytes: 10 * gib}, goos: "darwin",
+		name: "mac: working set below static", hw: enginepool.Hardware{TotalBytes: 16 * gib, MetalWorkingSetBytes: 10 * gib}, goos: "darwin",
 		wantWinner: "metal cap", wantMetalCapNote: "the Metal recommended working set", wantCeilingPrefix: "bound by the Metal recommended working set",
 	}, {
 		name: "mac: wired limit wins over the working set", goos: "darwin",
-		hw:         metal.Hardware{TotalBytes: 64 * gib, MetalWorkingSetBytes: 48 * gib, WiredLimitBytes: 40 * gib},
+		hw:         enginepool.Hardware{TotalBytes: 64 * gib, MetalWorkingSetBytes: 48 * gib, WiredLimitBytes: 40 * gib},
 		wantWinner: "metal cap", wantMetalCapNote: "iogpu.wired_limit_mb", wantCeilingPrefix: "bound by the GPU wired limit",
 	}, {
-		name: "configured below everything", hw: metal.Hardware{TotalBytes: 64 * gib, MetalWorkingSetBytes: 48 * gib},
+		name: "configured below everything", hw: enginepool.Hardware{TotalBytes: 64 * gib, MetalWorkingSetBytes: 48 * gib},
 		configured: 12 * gib, goos: "darwin",
 		wantWinner: "configured", wantMetalCapNote: "the Metal recommended working set", wantCeilingPrefix: "bound by the configured ceiling",
 	}, {
-		name: "mac without Metal figures", hw: metal.Hardware{TotalBytes: 8 * gib}, goos: "darwin",
+		name: "mac without Metal figures", hw: enginepool.Hardware{TotalBytes: 8 * gib}, goos: "darwin",
 		wantWinner: "static", wantMetalCapNote: "absent: neither", wantCeilingPrefix: "bound by the static ceiling",
 	}}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			c := metal.ComputeCeiling(tt.hw, tt.configured, 0, 0, 0)
+			c := enginepool.ComputeCeiling(tt.hw, tt.configured, 0, 0, 0)
 			bs := Bounds(c, false, tt.goos)
 			var names, winners []string
 			byName := map[string]Bound{}
@@ -115,7 +115,7 @@ func TestBounds(t *testing.T) {
 			}
 		})
 	}
-	if note := Bounds(metal.ComputeCeiling(metal.Hardware{TotalBytes: 16 * gib}, 0, 2*gib, 0, 0), true, "linux")[0].Note; !strings.Contains(note, "--memory-reserve") {
+	if note := Bounds(enginepool.ComputeCeiling(enginepool.Hardware{TotalBytes: 16 * gib}, 0, 2*gib, 0, 0), true, "linux")[0].Note; !strings.Contains(note, "--memory-reserve") {
 		t.Errorf("a configured reserve is not named: %q", note)
 	}
 }
@@ -177,27 +177,27 @@ func TestFormatSize(t *testing.T) {
 	}
 }
 
-// fakeGauge is a metal.Gauge with fixed answers.
+// fakeGauge is a enginepool.Gauge with fixed answers.
 type fakeGauge struct {
-	hw      metal.Hardware
-	host    metal.HostMemory
+	hw      enginepool.Hardware
+	host    enginepool.HostMemory
 	hostErr error
 	procs   map[int]int64
 }
 
-func (g fakeGauge) Hardware() (metal.Hardware, error) { return g.hw, nil }
-func (g fakeGauge) Host() (metal.HostMemory, error)   { return g.host, g.hostErr }
+func (g fakeGauge) Hardware() (enginepool.Hardware, error) { return g.hw, nil }
+func (g fakeGauge) Host() (enginepool.HostMemory, error)   { return g.host, g.hostErr }
 func (g fakeGauge) Process(pid int) (int64, error) {
 	if v, ok := g.procs[pid]; ok {
 		return v, nil
 	}
-	return 0, fmt.Errorf("pid %d: %w", pid, metal.ErrProcessNotFound)
+	return 0, fmt.Errorf("pid %d: %w", pid, enginepool.ErrProcessNotFound)
 }
 
 // mac16 is a 16 GiB Mac whose gauge agrees with vmStatOutput (540000 pages used).
 var mac16 = fakeGauge{
-	hw: metal.Hardware{TotalBytes: 16 * gib, MetalWorkingSetBytes: 11453246122, Chip: "Apple M2", CPUCores: 8, GPUCores: 10},
-	host: metal.HostMemory{TotalBytes: 16 * gib, UsedBytes: 540000*16384 + 3*mib,
+	hw: enginepool.Hardware{TotalBytes: 16 * gib, MetalWorkingSetBytes: 11453246122, Chip: "Apple M2", CPUCores: 8, GPUCores: 10},
+	host: enginepool.HostMemory{TotalBytes: 16 * gib, UsedBytes: 540000*16384 + 3*mib,
 		AvailableBytes: 16*gib - 540000*16384 - 3*mib},
 	procs: map[int]int64{4242: 700 * mib},
 }
@@ -297,8 +297,8 @@ func TestMemoryRowsLinux(t *testing.T) {
 			if tt.zoneinfo {
 				tools.files["/proc/zoneinfo"] = pcpZone
 			}
-			gm := gaugeMemory{hw: metal.Hardware{TotalBytes: total},
-				host: metal.HostMemory{TotalBytes: total, UsedBytes: tt.used, AvailableBytes: total - tt.used}}
+			gm := gaugeMemory{hw: enginepool.Hardware{TotalBytes: total},
+				host: enginepool.HostMemory{TotalBytes: total, UsedBytes: tt.used, AvailableBytes: total - tt.used}}
 			got := checks(linuxRows(gm, tools))
 			want := map[string]Check{"memory total": CheckOK, "memory used": tt.want, "memory available": tt.want}
 			if d := cmp.Diff(want, got); d != "" {
@@ -306,7 +306,7 @@ func TestMemoryRowsLinux(t *testing.T) {
 			}
 		})
 	}
-	rows := linuxRows(gaugeMemory{hw: metal.Hardware{TotalBytes: total}}, fakeTools{})
+	rows := linuxRows(gaugeMemory{hw: enginepool.Hardware{TotalBytes: total}}, fakeTools{})
 	if got := checks(rows); got["memory total"] != CheckUnavailable {
 		t.Errorf("without /proc/meminfo: %v", got)
 	}
@@ -328,7 +328,7 @@ func TestRunReport(t *testing.T) {
 	if rep.Failed() {
 		t.Fatalf("the report failed: %v", rep.problems())
 	}
-	if rep.Ceiling.Bound != metal.BoundMetalWorkingSet || rep.Hardware.Chip != "Apple M2" || rep.Runner.Origin != "--runner" {
+	if rep.Ceiling.Bound != enginepool.BoundMetalWorkingSet || rep.Hardware.Chip != "Apple M2" || rep.Runner.Origin != "--runner" {
 		t.Errorf("ceiling bound %s, chip %q, runner origin %q", rep.Ceiling.Bound, rep.Hardware.Chip, rep.Runner.Origin)
 	}
 	var out bytes.Buffer

@@ -7,7 +7,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/macfleet/macfleet/metal"
+	"github.com/macfleet/macfleet/enginepool"
 )
 
 // osToolTimeout bounds each OS tool doctor runs (vm_stat, sysctl, memory_pressure, ps).
@@ -15,9 +15,9 @@ const osToolTimeout = 10 * time.Second
 
 // gaugeMemory is one reading of the agent's gauge.
 type gaugeMemory struct {
-	hw      metal.Hardware
+	hw      enginepool.Hardware
 	hwErr   error
-	host    metal.HostMemory
+	host    enginepool.HostMemory
 	hostErr error
 }
 
@@ -125,7 +125,7 @@ func darwinRows(ctx context.Context, m gaugeMemory, t Tools) []Row {
 // Linux /proc/PID/status VmRSS (the gauge reads smaps_rollup Rss, the same pages); on
 // macOS ps's RSS, for reference only, since phys_footprint also counts Metal buffers
 // and compressed memory.
-func processRow(ctx context.Context, goos string, g metal.Gauge, t Tools, pid int) Row {
+func processRow(ctx context.Context, goos string, g enginepool.Gauge, t Tools, pid int) Row {
 	fp, err := g.Process(pid)
 	agent := figure{fp, err}
 	what := fmt.Sprintf("runner footprint (pid %d)", pid)

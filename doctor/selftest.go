@@ -19,9 +19,9 @@ import (
 	"github.com/macfleet/macfleet/agent/standalone"
 	"github.com/macfleet/macfleet/api/engine"
 	"github.com/macfleet/macfleet/api/runnerapi"
+	"github.com/macfleet/macfleet/enginepool"
+	"github.com/macfleet/macfleet/enginepool/runnerproc"
 	"github.com/macfleet/macfleet/internal/ggufsynth"
-	"github.com/macfleet/macfleet/metal"
-	"github.com/macfleet/macfleet/metal/runnerproc"
 )
 
 // The self-test's model: the "small" synthesized preset (≈20 MB of f16 weights) with
@@ -62,7 +62,7 @@ type SelfTest struct {
 	// Duration covers every step.
 	Duration time.Duration `json:"duration"`
 	// Unload is the pool's report of the unload: freed bytes and settle outcome.
-	Unload *metal.UnloadReport `json:"unload,omitempty"`
+	Unload *enginepool.UnloadReport `json:"unload,omitempty"`
 }
 
 // Step is one step of the self-test.
@@ -84,7 +84,7 @@ func (st *SelfTest) fail(name string, took time.Duration, format string, args ..
 // selfTest runs the steps in order, stopping at the first that fails: synthesize the
 // model, build its spec as `macfleet serve` does, load it through a pool over real
 // runner processes, generate, unload, and check that the runner process is gone.
-func selfTest(ctx context.Context, opts Options, g metal.Gauge, rep *Report) {
+func selfTest(ctx context.Context, opts Options, g enginepool.Gauge, rep *Report) {
 	st := rep.SelfTest
 	start := time.Now()
 	defer func() {
@@ -126,7 +126,7 @@ func selfTest(ctx context.Context, opts Options, g metal.Gauge, rep *Report) {
 		filepath.Base(path), spec.Params(), formatSize(size), formatSize(ms.EstimatedBytes))
 
 	factory := runnerproc.NewProcessFactory(runnerproc.ProcessConfig{RunnerPath: rep.Runner.Path, Log: opts.Log.WithName("runner")})
-	pool, err := metal.New(metal.Config{CeilingBytes: opts.CeilingBytes, ReserveBytes: opts.ReserveBytes, IdleTimeout: -1},
+	pool, err := enginepool.New(enginepool.Config{CeilingBytes: opts.CeilingBytes, ReserveBytes: opts.ReserveBytes, IdleTimeout: -1},
 		factory, g, clock.RealClock{}, opts.Log.WithName("pool"))
 	if err == nil {
 		err = pool.Register(ms)
@@ -163,13 +163,13 @@ func selfTest(ctx context.Context, opts Options, g metal.Gauge, rep *Report) {
 	}
 	st.Unload = ur
 	c := CheckOK
-	if ur.Outcome != metal.Settled {
+	if ur.Outcome != enginepool.Settled {
 		c = CheckFailed
 	}
 	st.add("unload", ur.Duration, c, "freed %s of %s resident: %s", formatSize(ur.FreedBytes), formatSize(ur.ResidentBytes), ur.Outcome)
 
 	// The pool reaped the runner before it settled: the pid must be gone.
-	if _, err := g.Process(pid); errors.Is(err, metal.ErrProcessNotFound) {
+	if _, err := g.Process(pid); errors.Is(err, enginepool.ErrProcessNotFound) {
 		st.add("exit", 0, CheckOK, "runner pid %d is gone", pid)
 	} else {
 		st.fail("exit", 0, "runner pid %d is still measurable after the unload (err %v)", pid, err)
@@ -178,7 +178,7 @@ func selfTest(ctx context.Context, opts Options, g metal.Gauge, rep *Report) {
 
 // loadAndGenerate loads the model through the pool, records the runner's backend and
 // footprint, and generates from it. It returns the runner's pid.
-func loadAndGenerate(ctx context.Context, opts Options, g metal.Gauge, pool *metal.Pool, rep *Report) (int, bool) {
+func loadAndGenerate(ctx context.Context, opts Options, g enginepool.Gauge, pool *enginepool.Pool, rep *Report) (int, bool) {
 	st := rep.SelfTest
 	t := time.Now()
 	lease, err := pool.Acquire(ctx, selfTestModel)
@@ -218,7 +218,7 @@ func loadAndGenerate(ctx context.Context, opts Options, g metal.Gauge, pool *met
 
 // complete asks the runner for a short greedy completion and returns the number of
 // generated tokens and the text.
-func complete(ctx context.Context, r metal.Runner) (int, string, error) {
+func complete(ctx context.Context, r enginepool.Runner) (int, string, error) {
 	body, err := json.Marshal(map[string]any{"model": selfTestModel, "prompt": selfTestPrompt,
 		"max_tokens": selfTestTokens, "temperature": 0})
 	if err != nil {
@@ -255,7 +255,7 @@ func complete(ctx context.Context, r metal.Runner) (int, string, error) {
 // darwin/arm64 the agent expects Metal. The runner names its offload ("gpuN": N
 // layers on a GPU device ggml registered, "cpu": none) in its prompt cache's state
 // format, after the engine version.
-func setBackend(rr *RunnerReport, st metal.RunnerStatus, goos, goarch string) {
+func setBackend(rr *RunnerReport, st enginepool.RunnerStatus, goos, goarch string) {
 	rr.MetalAllocatedBytes = st.MetalAllocatedBytes
 	if st.PromptCache != nil {
 		rr.Engine, rr.Offload = parseStateFormat(st.PromptCache.Format)

@@ -33,10 +33,10 @@ import (
 	"github.com/macfleet/macfleet/api/engine"
 	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/controllers/apikeyindex/apikeyindextest"
+	"github.com/macfleet/macfleet/enginepool"
+	"github.com/macfleet/macfleet/enginepool/runnerproc"
 	"github.com/macfleet/macfleet/gateway"
 	"github.com/macfleet/macfleet/internal/ggufsynth"
-	"github.com/macfleet/macfleet/metal"
-	"github.com/macfleet/macfleet/metal/runnerproc"
 	"github.com/macfleet/macfleet/test/support/testenv"
 )
 
@@ -314,7 +314,7 @@ func startAgent(t *testing.T, runner string) string {
 	adone := make(chan error, 1)
 	go func() {
 		adone <- standalone.Run(actx, acfg, standalone.Options{Log: testr.New(t), Listener: aln,
-			Pool: metal.Config{DrainTimeout: time.Second, SettleTimeout: time.Second}})
+			Pool: enginepool.Config{DrainTimeout: time.Second, SettleTimeout: time.Second}})
 	}()
 	t.Cleanup(func() {
 		acancel()

@@ -13,13 +13,13 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/macfleet/macfleet/internal/source"
+	"github.com/macfleet/macfleet/internal/modelsource"
 )
 
 // DeniedError is a source, or an address, the policy does not allow. The type lives
-// with the source parser on the ground floor (source.DeniedError) so the memory
+// with the source parser on the ground floor (modelsource.DeniedError) so the memory
 // estimate, which reads sources, can recognise a refusal without importing the policy.
-type DeniedError = source.DeniedError
+type DeniedError = modelsource.DeniedError
 
 // Err returns a *DeniedError for a denied decision, nil for an allowed one.
 func (d Decision) Err(namespace, src string) error {

@@ -29,7 +29,7 @@ import (
 	"strings"
 
 	"github.com/macfleet/macfleet/api/v1alpha1"
-	"github.com/macfleet/macfleet/internal/source"
+	"github.com/macfleet/macfleet/internal/modelsource"
 )
 
 // Policy is a compiled SourcePolicy. The zero value allows nothing; use Default or
@@ -139,7 +139,7 @@ func (p *Policy) Decide(namespace, raw string, ips []netip.Addr) Decision {
 // DecideSource checks the source string against the rules for namespace; it does
 // not look at addresses.
 func (p *Policy) DecideSource(namespace, raw string) Decision {
-	src, err := source.Parse(raw)
+	src, err := modelsource.Parse(raw)
 	if err != nil {
 		return deny("%v", err)
 	}
@@ -148,7 +148,7 @@ func (p *Policy) DecideSource(namespace, raw string) Decision {
 		return fmt.Sprintf("add it to spec.rules[].%s of a rule for namespace %q in %s", field, namespace, p.name)
 	}
 	switch src.Scheme {
-	case source.HuggingFace, source.Ollama:
+	case modelsource.HuggingFace, modelsource.Ollama:
 		reg := v1alpha1.SourceRegistry(src.Scheme)
 		for _, r := range rules {
 			if slices.Contains(r.Registries, reg) {
@@ -156,7 +156,7 @@ func (p *Policy) DecideSource(namespace, raw string) Decision {
 			}
 		}
 		return deny("%s:// sources are not allowed for namespace %q: %s", reg, namespace, fix("registries"))
-	case source.HTTP:
+	case modelsource.HTTP:
 		u, err := url.Parse(src.URL)
 		if err != nil {
 			return deny("invalid model source %q: %v", raw, err)
@@ -178,7 +178,7 @@ func (p *Policy) DecideSource(namespace, raw string) Decision {
 				host, namespace, namespace, p.name)
 		}
 		return deny("source host %q is not allowed for namespace %q: %s", host, namespace, fix("hosts"))
-	case source.File:
+	case modelsource.File:
 		if !plainFilePath(raw) {
 			return deny("file source %s must name a plain absolute path: no . or .. segments, no //, no %%-escapes but %%20, no query or fragment", raw)
 		}

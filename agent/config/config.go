@@ -34,7 +34,7 @@ const (
 	DefaultPromptCacheSSDBytes = 10 << 30
 )
 
-// Residency values (the same strings as metal.Residency).
+// Residency values (the same strings as enginepool.Residency).
 const (
 	ResidencyOnDemand = "OnDemand"
 	ResidencyResident = "Resident"

@@ -3,7 +3,7 @@ package hardware
 import (
 	"runtime"
 
-	"github.com/macfleet/macfleet/metal"
+	"github.com/macfleet/macfleet/enginepool"
 )
 
 // PerformanceCores are the cores the thread policy (engine.PolicyThreads) gives a
@@ -16,7 +16,7 @@ func PerformanceCores() int {
 	if n := perfLevel0Cores(); n > 0 {
 		return n
 	}
-	if g, err := metal.NewGauge(); err == nil {
+	if g, err := enginepool.NewGauge(); err == nil {
 		if hw, err := g.Hardware(); err == nil && hw.CPUCores > 0 {
 			return hw.CPUCores
 		}

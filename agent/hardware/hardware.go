@@ -2,16 +2,16 @@
 // unified memory, the Metal recommended working set and iogpu.wired_limit_mb, plus the
 // architecture and operating system, as its MacNode shows them.
 //
-// The figures come from the engine pool's memory gauge (metal.Gauge.Hardware): on
+// The figures come from the engine pool's memory gauge (enginepool.Gauge.Hardware): on
 // macOS sysctls, the Metal device and the IORegistry; on Linux /proc/meminfo and
 // /proc/cpuinfo. This package does not read the kernel a second time; it adds the
 // architecture and OS and applies Overrides, so that several agents on one Linux host
 // can each simulate a different Mac. Wrap the gauge the pool is built with in
 // OverrideGauge so that the pool's memory ceiling follows the simulated Mac too:
 //
-//	g, _ := metal.NewGauge()
+//	g, _ := enginepool.NewGauge()
 //	g = hardware.OverrideGauge(g, overrides)
-//	pool, _ := metal.New(cfg, factory, g, clk, log)
+//	pool, _ := enginepool.New(cfg, factory, g, clk, log)
 //	info := hardware.FromMetal(pool.Hardware())
 package hardware
 
@@ -21,7 +21,7 @@ import (
 	"math"
 	"runtime"
 
-	"github.com/macfleet/macfleet/metal"
+	"github.com/macfleet/macfleet/enginepool"
 )
 
 // Info is the hardware of one node.
@@ -95,7 +95,7 @@ func (o Overrides) IsZero() bool { return o == Overrides{} }
 // is scaled by the same ratio, so that a simulated 16 GiB Mac on a 64 GiB one does not
 // keep the larger Mac's working set. A detected wired limit above the overridden memory
 // is dropped (it would have no meaning there).
-func (o Overrides) Apply(hw metal.Hardware) metal.Hardware {
+func (o Overrides) Apply(hw enginepool.Hardware) enginepool.Hardware {
 	if o.Chip != "" {
 		hw.Chip = o.Chip
 	}
@@ -126,32 +126,32 @@ func (o Overrides) Apply(hw metal.Hardware) metal.Hardware {
 
 // FromMetal turns what the pool's gauge read into Info for this process's
 // architecture and operating system.
-func FromMetal(hw metal.Hardware) Info {
+func FromMetal(hw enginepool.Hardware) Info {
 	return fromMetal(hw, runtime.GOARCH, runtime.GOOS)
 }
 
-func fromMetal(hw metal.Hardware, arch, goos string) Info {
+func fromMetal(hw enginepool.Hardware, arch, goos string) Info {
 	return Info{
 		Chip: hw.Chip, CPUCores: hw.CPUCores, GPUCores: hw.GPUCores, UnifiedMemoryBytes: hw.TotalBytes,
 		MetalWorkingSetBytes: hw.MetalWorkingSetBytes, WiredLimitBytes: hw.WiredLimitBytes, Arch: arch, OS: goos,
 	}
 }
 
-// Detect reads this machine's hardware through metal.NewGauge and applies o. An agent
+// Detect reads this machine's hardware through enginepool.NewGauge and applies o. An agent
 // that builds a pool should rather wrap the pool's gauge in OverrideGauge and call
 // FromMetal(pool.Hardware()), which reads the hardware once for both.
 func Detect(o Overrides) (Info, error) {
 	if err := o.Validate(); err != nil {
 		return Info{}, err
 	}
-	g, err := metal.NewGauge()
+	g, err := enginepool.NewGauge()
 	if err != nil {
 		return Info{}, fmt.Errorf("detecting the hardware: %w", err)
 	}
 	return detect(OverrideGauge(g, o), runtime.GOARCH, runtime.GOOS)
 }
 
-func detect(g metal.Gauge, arch, goos string) (Info, error) {
+func detect(g enginepool.Gauge, arch, goos string) (Info, error) {
 	hw, err := g.Hardware()
 	if err != nil {
 		return Info{}, fmt.Errorf("detecting the hardware: %w", err)
@@ -161,7 +161,7 @@ func detect(g metal.Gauge, arch, goos string) (Info, error) {
 
 // OverrideGauge returns g with o applied to every Hardware report; Host and Process
 // measurements pass through. With a zero o it returns g itself.
-func OverrideGauge(g metal.Gauge, o Overrides) metal.Gauge {
+func OverrideGauge(g enginepool.Gauge, o Overrides) enginepool.Gauge {
 	if o.IsZero() {
 		return g
 	}
@@ -169,11 +169,11 @@ func OverrideGauge(g metal.Gauge, o Overrides) metal.Gauge {
 }
 
 type overrideGauge struct {
-	metal.Gauge
+	enginepool.Gauge
 	o Overrides
 }
 
-func (g overrideGauge) Hardware() (metal.Hardware, error) {
+func (g overrideGauge) Hardware() (enginepool.Hardware, error) {
 	hw, err := g.Gauge.Hardware()
 	if err != nil {
 		return hw, err

@@ -8,7 +8,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
-	"github.com/macfleet/macfleet/metal"
+	"github.com/macfleet/macfleet/enginepool"
 )
 
 // cpuinfo of a two-core x86 VM with hyper-threading: four logical processors on two
@@ -114,15 +114,15 @@ func TestDetectFromProc(t *testing.T) {
 			for name, content := range tt.files {
 				fsys[name] = &fstest.MapFile{Data: []byte(content)}
 			}
-			g := OverrideGauge(metal.NewProcGauge(fsys, "/proc", 4096), tt.o)
+			g := OverrideGauge(enginepool.NewProcGauge(fsys, "/proc", 4096), tt.o)
 			got, err := detect(g, "amd64", "linux")
 			if tt.wantErr {
 				if err == nil {
 					t.Fatalf("detect succeeded with %+v, want an error", got)
 				}
-				var ge *metal.GaugeError
+				var ge *enginepool.GaugeError
 				if !errors.As(err, &ge) {
-					t.Errorf("error %v does not wrap a *metal.GaugeError", err)
+					t.Errorf("error %v does not wrap a *enginepool.GaugeError", err)
 				}
 				return
 			}
@@ -139,7 +139,7 @@ func TestDetectFromProc(t *testing.T) {
 // TestPerformanceCoresAreThePhysicalCores: on Linux the thread policy counts the
 // physical cores /proc/cpuinfo lists, between 1 and the logical CPUs.
 func TestPerformanceCoresAreThePhysicalCores(t *testing.T) {
-	g, err := metal.NewGauge()
+	g, err := enginepool.NewGauge()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,47 +7,47 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
-	"github.com/macfleet/macfleet/metal"
+	"github.com/macfleet/macfleet/enginepool"
 )
 
 const gib = int64(1) << 30
 
 func TestOverridesApply(t *testing.T) {
 	// A 64 GiB Mac: Metal's working set is 48 GiB, the wired limit raised to 56 GiB.
-	mac64 := metal.Hardware{TotalBytes: 64 * gib, MetalWorkingSetBytes: 48 * gib, WiredLimitBytes: 56 * gib,
+	mac64 := enginepool.Hardware{TotalBytes: 64 * gib, MetalWorkingSetBytes: 48 * gib, WiredLimitBytes: 56 * gib,
 		Chip: "Apple M1 Max", CPUCores: 10, GPUCores: 32}
 	tests := []struct {
 		name string
 		o    Overrides
-		hw   metal.Hardware
-		want metal.Hardware
+		hw   enginepool.Hardware
+		want enginepool.Hardware
 	}{
 		{name: "zero overrides change nothing", hw: mac64, want: mac64},
 		{
 			name: "smaller memory scales the working set and drops a larger wired limit",
 			o:    Overrides{UnifiedMemoryBytes: 16 * gib},
 			hw:   mac64,
-			want: metal.Hardware{TotalBytes: 16 * gib, MetalWorkingSetBytes: 12 * gib, Chip: "Apple M1 Max", CPUCores: 10, GPUCores: 32},
+			want: enginepool.Hardware{TotalBytes: 16 * gib, MetalWorkingSetBytes: 12 * gib, Chip: "Apple M1 Max", CPUCores: 10, GPUCores: 32},
 		},
 		{
 			name: "explicit working set and wired limit win",
 			o:    Overrides{UnifiedMemoryBytes: 16 * gib, MetalWorkingSetBytes: 11 * gib, WiredLimitBytes: 14 * gib},
 			hw:   mac64,
-			want: metal.Hardware{TotalBytes: 16 * gib, MetalWorkingSetBytes: 11 * gib, WiredLimitBytes: 14 * gib,
+			want: enginepool.Hardware{TotalBytes: 16 * gib, MetalWorkingSetBytes: 11 * gib, WiredLimitBytes: 14 * gib,
 				Chip: "Apple M1 Max", CPUCores: 10, GPUCores: 32},
 		},
 		{
 			name: "same memory keeps the detected working set",
 			o:    Overrides{UnifiedMemoryBytes: 64 * gib, Chip: "Apple M3 Max"},
 			hw:   mac64,
-			want: metal.Hardware{TotalBytes: 64 * gib, MetalWorkingSetBytes: 48 * gib, WiredLimitBytes: 56 * gib,
+			want: enginepool.Hardware{TotalBytes: 64 * gib, MetalWorkingSetBytes: 48 * gib, WiredLimitBytes: 56 * gib,
 				Chip: "Apple M3 Max", CPUCores: 10, GPUCores: 32},
 		},
 		{
 			name: "Linux has no working set to scale",
 			o:    Overrides{UnifiedMemoryBytes: 32 * gib},
-			hw:   metal.Hardware{TotalBytes: 24 * gib, CPUCores: 2},
-			want: metal.Hardware{TotalBytes: 32 * gib, CPUCores: 2},
+			hw:   enginepool.Hardware{TotalBytes: 24 * gib, CPUCores: 2},
+			want: enginepool.Hardware{TotalBytes: 32 * gib, CPUCores: 2},
 		},
 	}
 	for _, tt := range tests {
@@ -88,26 +88,26 @@ func TestOverridesValidate(t *testing.T) {
 
 // fakeGauge reports fixed hardware.
 type fakeGauge struct {
-	metal.Gauge // nil: Host and Process are not called
-	hw          metal.Hardware
+	enginepool.Gauge // nil: Host and Process are not called
+	hw               enginepool.Hardware
 }
 
-func (g fakeGauge) Hardware() (metal.Hardware, error) { return g.hw, nil }
+func (g fakeGauge) Hardware() (enginepool.Hardware, error) { return g.hw, nil }
 
 // TestOverrideGaugeFeedsTheCeiling proves the point of OverrideGauge: a pool built on
 // it computes its ceiling from the simulated Mac, not the host.
 func TestOverrideGaugeFeedsTheCeiling(t *testing.T) {
-	host := fakeGauge{hw: metal.Hardware{TotalBytes: 24 * gib, CPUCores: 2}}
+	host := fakeGauge{hw: enginepool.Hardware{TotalBytes: 24 * gib, CPUCores: 2}}
 	g := OverrideGauge(host, Overrides{UnifiedMemoryBytes: 16 * gib})
 	hw, err := g.Hardware()
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := metal.ComputeCeiling(hw, 0, 0, 0, 0)
-	if want := 16*gib - metal.DefaultReserve(16*gib); c.Bytes != want {
+	c := enginepool.ComputeCeiling(hw, 0, 0, 0, 0)
+	if want := 16*gib - enginepool.DefaultReserve(16*gib); c.Bytes != want {
 		t.Errorf("ceiling = %d, want %d (16 GiB minus the reserve)", c.Bytes, want)
 	}
-	if OverrideGauge(host, Overrides{}) != metal.Gauge(host) {
+	if OverrideGauge(host, Overrides{}) != enginepool.Gauge(host) {
 		t.Error("OverrideGauge with zero overrides wrapped the gauge")
 	}
 }

@@ -7,7 +7,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/macfleet/macfleet/metal"
+	"github.com/macfleet/macfleet/enginepool"
 )
 
 // StatusResponse is the body of GET /api/status: the pool's snapshot (per model: state,
@@ -17,7 +17,7 @@ import (
 // readiness.
 type StatusResponse struct {
 	Ready bool `json:"ready"`
-	metal.Snapshot
+	enginepool.Snapshot
 	// GatewayQueues are, per pool entry, the requests for its deployment waiting in
 	// each gateway's queue, as the gateways last reported them (see GatewayQueueTTL).
 	GatewayQueues map[string][]GatewayQueue `json:"gatewayQueues,omitempty"`
@@ -32,17 +32,17 @@ func (s *Server) handleStatus(w http.ResponseWriter, _ *http.Request) {
 
 // ModelActionResponse is the body of the load and unload endpoints.
 type ModelActionResponse struct {
-	Model string      `json:"model"`
-	State metal.State `json:"state"`
+	Model string           `json:"model"`
+	State enginepool.State `json:"state"`
 	// Unloaded says whether this call stopped an engine (false: it was not loaded).
 	Unloaded bool `json:"unloaded,omitempty"`
 	// LastUnload is the model's latest unload report.
-	LastUnload *metal.UnloadReport `json:"lastUnload,omitempty"`
+	LastUnload *enginepool.UnloadReport `json:"lastUnload,omitempty"`
 	// Status is the model's full entry of /api/status.
-	Status *metal.ModelSnapshot `json:"status,omitempty"`
+	Status *enginepool.ModelSnapshot `json:"status,omitempty"`
 }
 
-func (s *Server) modelSnapshot(name string) *metal.ModelSnapshot {
+func (s *Server) modelSnapshot(name string) *enginepool.ModelSnapshot {
 	for _, m := range s.pool.Snapshot().Models {
 		if m.Name == name || slices.Contains(m.Aliases, name) {
 			return &m
@@ -82,7 +82,7 @@ func (s *Server) handleLoad(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if s.modelSnapshot(id) == nil {
-		writeError(w, fromPool(&metal.UnknownModelError{Model: id}))
+		writeError(w, fromPool(&enginepool.UnknownModelError{Model: id}))
 		return
 	}
 	if !wait {
@@ -116,7 +116,7 @@ func (s *Server) handleUnload(w http.ResponseWriter, r *http.Request) {
 	}
 	before := s.modelSnapshot(id)
 	if before == nil {
-		writeError(w, fromPool(&metal.UnknownModelError{Model: id}))
+		writeError(w, fromPool(&enginepool.UnknownModelError{Model: id}))
 		return
 	}
 	if wait {
@@ -143,8 +143,8 @@ func (s *Server) handleUnload(w http.ResponseWriter, r *http.Request) {
 	select {
 	case <-done:
 		out := s.actionResponse(id)
-		out.Unloaded = before.State == metal.StateReady || before.State == metal.StateLoading ||
-			before.State == metal.StateDraining || before.State == metal.StateStopping
+		out.Unloaded = before.State == enginepool.StateReady || before.State == enginepool.StateLoading ||
+			before.State == enginepool.StateDraining || before.State == enginepool.StateStopping
 		writeJSON(w, http.StatusOK, out)
 	default:
 		w.Header().Set("Location", "/api/status")
@@ -158,16 +158,16 @@ func (s *Server) handleUnload(w http.ResponseWriter, r *http.Request) {
 // the drop of the runners' footprints measured from outside, EntriesCleared what the
 // runners report they dropped.
 type CacheClearResponse struct {
-	BytesReclaimed int64                    `json:"bytes_reclaimed"`
-	EntriesCleared int                      `json:"entries_cleared"`
-	Runners        []metal.RunnerCacheClear `json:"runners"`
+	BytesReclaimed int64                         `json:"bytes_reclaimed"`
+	EntriesCleared int                           `json:"entries_cleared"`
+	Runners        []enginepool.RunnerCacheClear `json:"runners"`
 }
 
 func (s *Server) handleCacheClear(w http.ResponseWriter, r *http.Request) {
 	rep := s.pool.ClearCache(r.Context())
 	out := CacheClearResponse{BytesReclaimed: rep.BytesReclaimed, Runners: rep.Runners}
 	if out.Runners == nil {
-		out.Runners = []metal.RunnerCacheClear{}
+		out.Runners = []enginepool.RunnerCacheClear{}
 	}
 	for _, rc := range rep.Runners {
 		out.EntriesCleared += rc.EntriesCleared

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/macfleet/macfleet/api/runnerapi"
-	"github.com/macfleet/macfleet/metal"
+	"github.com/macfleet/macfleet/enginepool"
 )
 
 // Cancelling an answer without losing its usage. A gateway whose client went away
@@ -28,11 +28,11 @@ type requestRunners struct {
 }
 
 // namedRequest is one entry of requestRunners.
-type namedRequest struct{ rn metal.Runner }
+type namedRequest struct{ rn enginepool.Runner }
 
 // add registers request id as served by rn and returns the function that removes it
 // (only it: a later request with the same id replaces it in the table).
-func (t *requestRunners) add(id string, rn metal.Runner) func() {
+func (t *requestRunners) add(id string, rn enginepool.Runner) func() {
 	e := &namedRequest{rn: rn}
 	t.mu.Lock()
 	if t.byID == nil {
@@ -49,7 +49,7 @@ func (t *requestRunners) add(id string, rn metal.Runner) func() {
 	}
 }
 
-func (t *requestRunners) get(id string) (metal.Runner, bool) {
+func (t *requestRunners) get(id string) (enginepool.Runner, bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if e, ok := t.byID[id]; ok {

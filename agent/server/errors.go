@@ -8,8 +8,8 @@ import (
 	"time"
 
 	"github.com/macfleet/macfleet/api/runnerapi"
+	"github.com/macfleet/macfleet/enginepool"
 	"github.com/macfleet/macfleet/internal/openaierr"
-	"github.com/macfleet/macfleet/metal"
 )
 
 // OpenAI error types of the agent's own errors (the pool's carry their own).
@@ -57,10 +57,10 @@ func sseError(e *apiError) []byte { return e.SSEEvent() }
 func writeJSON(w http.ResponseWriter, status int, v any) { openaierr.WriteJSON(w, status, v) }
 
 // fromPool maps an error of the engine pool. The pool's errors carry their status,
-// code and Retry-After (metal.StatusError); anything else is a bug or an interrupted
+// code and Retry-After (enginepool.StatusError); anything else is a bug or an interrupted
 // wait and becomes a 500 or a 503.
 func fromPool(err error) *apiError {
-	if se, ok := metal.AsStatusError(err); ok {
+	if se, ok := enginepool.AsStatusError(err); ok {
 		return &apiError{Status: se.HTTPStatus(), Type: se.Type(), Code: se.Code(), Message: se.Error(),
 			RetryAfter: se.RetryAfter(), Fields: se.Fields()}
 	}

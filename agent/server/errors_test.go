@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/macfleet/macfleet/agent/config"
-	"github.com/macfleet/macfleet/metal"
+	"github.com/macfleet/macfleet/enginepool"
 )
 
 // TestErrorStatuses checks the status, OpenAI error body and headers of every request
@@ -136,8 +136,8 @@ func TestErrorStatuses(t *testing.T) {
 func TestModelTooLarge(t *testing.T) {
 	const ceiling = 64 << 20
 	// The agent's own footprint is left out so no memory pressure races the refusal.
-	a := startAgent(t, agentOptions{noRunner: true, pool: metal.Config{CeilingBytes: ceiling, AgentPID: -1},
-		specs: []metal.ModelSpec{tinySpec(t, config.Model{Name: "huge", Memory: 1 << 30})}})
+	a := startAgent(t, agentOptions{noRunner: true, pool: enginepool.Config{CeilingBytes: ceiling, AgentPID: -1},
+		specs: []enginepool.ModelSpec{tinySpec(t, config.Model{Name: "huge", Memory: 1 << 30})}})
 	for _, req := range []struct{ method, path, body string }{
 		{"POST", "/v1/chat/completions", `{"model":"huge","messages":[{"role":"user","content":"hi"}]}`},
 		{"POST", "/api/models/huge/load", ""},
@@ -174,18 +174,18 @@ func TestModelTooLarge(t *testing.T) {
 // reports hard, then emergency, pressure; the gauges show usage and the ceiling.
 func TestPressureMetrics(t *testing.T) {
 	const ceiling = 1 << 20
-	a := startAgent(t, agentOptions{noRunner: true, pool: metal.Config{CeilingBytes: ceiling}})
+	a := startAgent(t, agentOptions{noRunner: true, pool: enginepool.Config{CeilingBytes: ceiling}})
 	eventually(t, 30*time.Second, "emergency pressure", func() bool {
-		n, _ := a.metric(metal.MetricMemoryPressure)
+		n, _ := a.metric(enginepool.MetricMemoryPressure)
 		return n == 3
 	})
-	if n, _ := a.metric(metal.MetricMemoryUsed); n <= ceiling {
+	if n, _ := a.metric(enginepool.MetricMemoryUsed); n <= ceiling {
 		t.Errorf("memory_used_bytes = %v, want above the %d ceiling (the agent's own footprint)", n, ceiling)
 	}
-	if n, ok := a.metric(metal.MetricMemoryCeiling, "bound", "configured"); !ok || n != ceiling {
+	if n, ok := a.metric(enginepool.MetricMemoryCeiling, "bound", "configured"); !ok || n != ceiling {
 		t.Errorf(`memory_ceiling_bytes{bound="configured"} = %v (%v), want %d`, n, ok, ceiling)
 	}
-	if s := a.status(); s.Pressure != metal.PressureEmergency {
+	if s := a.status(); s.Pressure != enginepool.PressureEmergency {
 		t.Errorf("/api/status pressure %q, want emergency", s.Pressure)
 	}
 }

@@ -29,9 +29,9 @@ import (
 	"github.com/macfleet/macfleet/agent/standalone"
 	"github.com/macfleet/macfleet/api/engine"
 	"github.com/macfleet/macfleet/api/runnerapi"
+	"github.com/macfleet/macfleet/enginepool"
+	"github.com/macfleet/macfleet/enginepool/runnerproc"
 	"github.com/macfleet/macfleet/internal/ggufsynth"
-	"github.com/macfleet/macfleet/metal"
-	"github.com/macfleet/macfleet/metal/runnerproc"
 	"github.com/macfleet/macfleet/pki"
 	"github.com/macfleet/macfleet/tenancy"
 	"github.com/macfleet/macfleet/test/support/testenv"
@@ -71,7 +71,7 @@ func runnerPath(t *testing.T) string {
 
 // tinySpec is the pool spec of the tiny model under name, built the way `macfleet
 // serve` builds it (estimate and dimensions from the GGUF header).
-func tinySpec(t *testing.T, m config.Model) metal.ModelSpec {
+func tinySpec(t *testing.T, m config.Model) enginepool.ModelSpec {
 	t.Helper()
 	if m.Path == "" {
 		m.Path = tinyModel
@@ -90,7 +90,7 @@ func tinySpec(t *testing.T, m config.Model) metal.ModelSpec {
 }
 
 type agentOptions struct {
-	specs  []metal.ModelSpec
+	specs  []enginepool.ModelSpec
 	apiKey string
 	// reviewToken is Options.ReviewToken.
 	reviewToken func(context.Context, string) (tenancy.Identity, error)
@@ -98,7 +98,7 @@ type agentOptions struct {
 	resolveModel func(*http.Request, string) (string, error)
 	deploymentOf func(string) string
 	maxBody      int64
-	pool         metal.Config
+	pool         enginepool.Config
 	// serverCert, when set, serves over TLS with it and authenticates callers by their
 	// client certificates (Options.ClientCertificates), as the cluster agent does.
 	serverCert *pki.Source
@@ -112,7 +112,7 @@ type agentOptions struct {
 // listener.
 type testAgent struct {
 	t    *testing.T
-	pool *metal.Pool
+	pool *enginepool.Pool
 	srv  *server.Server
 	url  string
 	reg  *prometheus.Registry
@@ -128,12 +128,12 @@ type testAgent struct {
 // recordingFactory remembers the runners it started, so tests can ask a runner
 // directly about its slots.
 type recordingFactory struct {
-	metal.RunnerFactory
+	enginepool.RunnerFactory
 	mu      sync.Mutex
-	runners map[int]metal.Runner
+	runners map[int]enginepool.Runner
 }
 
-func (f *recordingFactory) Start(ctx context.Context, spec metal.ModelSpec, ceiling int64) (metal.Runner, error) {
+func (f *recordingFactory) Start(ctx context.Context, spec enginepool.ModelSpec, ceiling int64) (enginepool.Runner, error) {
 	r, err := f.RunnerFactory.Start(ctx, spec, ceiling)
 	if err == nil {
 		f.mu.Lock()
@@ -143,7 +143,7 @@ func (f *recordingFactory) Start(ctx context.Context, spec metal.ModelSpec, ceil
 	return r, err
 }
 
-func (f *recordingFactory) runner(pid int) metal.Runner {
+func (f *recordingFactory) runner(pid int) enginepool.Runner {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.runners[pid]
@@ -163,7 +163,7 @@ func startAgent(t *testing.T, o agentOptions) *testAgent {
 	if !o.noRunner {
 		rp = runnerPath(t)
 	}
-	gauge, err := metal.NewGauge()
+	gauge, err := enginepool.NewGauge()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -183,14 +183,14 @@ func startAgent(t *testing.T, o agentOptions) *testAgent {
 	// One thread per runner: on a busy 2-core machine, llama.cpp's worker threads
 	// waiting on each other make decoding far slower than one thread alone.
 	factory := &recordingFactory{RunnerFactory: runnerproc.NewProcessFactory(runnerproc.ProcessConfig{RunnerPath: rp,
-		SocketDir: t.TempDir(), Threads: 1}), runners: map[int]metal.Runner{}}
-	pool, err := metal.New(cfg, factory, gauge, nil, logr.Discard())
+		SocketDir: t.TempDir(), Threads: 1}), runners: map[int]enginepool.Runner{}}
+	pool, err := enginepool.New(cfg, factory, gauge, nil, logr.Discard())
 	if err != nil {
 		t.Fatal(err)
 	}
 	specs := o.specs
 	if specs == nil {
-		specs = []metal.ModelSpec{tinySpec(t, config.Model{Name: "tiny", Aliases: []string{"tiny-alias"}, Settings: engine.Settings{ContextLength: 4096, Parallel: 2}})}
+		specs = []enginepool.ModelSpec{tinySpec(t, config.Model{Name: "tiny", Aliases: []string{"tiny-alias"}, Settings: engine.Settings{ContextLength: 4096, Parallel: 2}})}
 	}
 	for _, s := range specs {
 		if err := pool.Register(s); err != nil {
@@ -301,7 +301,7 @@ func (a *testAgent) status() server.StatusResponse {
 	return s
 }
 
-func (a *testAgent) model(name string) metal.ModelSnapshot {
+func (a *testAgent) model(name string) enginepool.ModelSnapshot {
 	a.t.Helper()
 	for _, m := range a.status().Models {
 		if m.Name == name {
@@ -309,7 +309,7 @@ func (a *testAgent) model(name string) metal.ModelSnapshot {
 		}
 	}
 	a.t.Fatalf("model %q is not in /api/status", name)
-	return metal.ModelSnapshot{}
+	return enginepool.ModelSnapshot{}
 }
 
 // metric reads one sample of /metrics by name and labels; ok is false if absent.
@@ -393,7 +393,7 @@ func eventually(t *testing.T, timeout time.Duration, what string, cond func() bo
 
 // runnerStatus asks the model's runner for its own status (slots, requests) through
 // a lease of the test's own, released at once.
-func (a *testAgent) runnerStatus(model string) metal.RunnerStatus {
+func (a *testAgent) runnerStatus(model string) enginepool.RunnerStatus {
 	a.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

@@ -15,13 +15,13 @@ import (
 	"github.com/macfleet/macfleet/agent/server"
 	"github.com/macfleet/macfleet/api/engine"
 	"github.com/macfleet/macfleet/api/runnerapi"
-	"github.com/macfleet/macfleet/metal"
+	"github.com/macfleet/macfleet/enginepool"
 )
 
 // TestConcurrentStreamsShareOneRunner: four streams on a model with four slots are
 // served together by one runner process, each holding its lease until its last byte.
 func TestConcurrentStreamsShareOneRunner(t *testing.T) {
-	a := startAgent(t, agentOptions{specs: []metal.ModelSpec{
+	a := startAgent(t, agentOptions{specs: []enginepool.ModelSpec{
 		tinySpec(t, config.Model{Name: "tiny", Settings: engine.Settings{ContextLength: 2048, Parallel: 4}})}})
 	ctx := testContext(t)
 	const streams, maxTokens = 4, 200
@@ -76,7 +76,7 @@ func TestConcurrentStreamsShareOneRunner(t *testing.T) {
 // streamed or not; the runner frees the slot long before the generation could have
 // ended.
 func TestClientDisconnectFreesTheSlot(t *testing.T) {
-	a := startAgent(t, agentOptions{specs: []metal.ModelSpec{
+	a := startAgent(t, agentOptions{specs: []enginepool.ModelSpec{
 		tinySpec(t, config.Model{Name: "tiny", Settings: engine.Settings{ContextLength: 32768, Parallel: 1}})}})
 	// 30,000 tokens take this model minutes; the slot must be free within seconds.
 	const maxTokens = 30000
@@ -134,7 +134,7 @@ func runnerSlotsBusy(a *testAgent, model string) int {
 // stream — whose runner may long be done generating — holds its lease until its last
 // byte reaches the client. Then the model unloads with a report.
 func TestDrainingAndLeaseToLastByte(t *testing.T) {
-	a := startAgent(t, agentOptions{pool: metal.Config{DrainTimeout: time.Minute}})
+	a := startAgent(t, agentOptions{pool: enginepool.Config{DrainTimeout: time.Minute}})
 	ctx := testContext(t)
 	s := a.openStream(ctx, true, "/v1/chat/completions", chatBody("tiny", 300, true))
 	if _, err := s.next(); err != nil {
@@ -143,7 +143,7 @@ func TestDrainingAndLeaseToLastByte(t *testing.T) {
 
 	resp, b := a.do(http.MethodPost, "/api/models/tiny/unload", nil)
 	var act server.ModelActionResponse
-	if err := json.Unmarshal(b, &act); resp.StatusCode != http.StatusAccepted || err != nil || act.State != metal.StateDraining {
+	if err := json.Unmarshal(b, &act); resp.StatusCode != http.StatusAccepted || err != nil || act.State != enginepool.StateDraining {
 		t.Fatalf("unload: %d %s; want 202 Draining", resp.StatusCode, b)
 	}
 	for _, path := range []string{"/v1/chat/completions", "/v1/embeddings"} {
@@ -156,17 +156,17 @@ func TestDrainingAndLeaseToLastByte(t *testing.T) {
 			t.Fatalf("%s while draining: %d (Retry-After %q) %s; want 503 with Retry-After", path, resp.StatusCode,
 				resp.Header.Get("Retry-After"), b)
 		}
-		if e := decodeError(t, b); e.Error.Code != metal.CodeModelDraining {
-			t.Errorf("%s while draining: code %q, want %s", path, e.Error.Code, metal.CodeModelDraining)
+		if e := decodeError(t, b); e.Error.Code != enginepool.CodeModelDraining {
+			t.Errorf("%s while draining: code %q, want %s", path, e.Error.Code, enginepool.CodeModelDraining)
 		}
 	}
 	// The runner finishes 300 tokens in well under a second on an idle machine (its slot frees while its
 	// answer waits in the socket buffers); the lease stays held because the last byte
 	// has not been written.
 	eventually(t, 90*time.Second, "the runner to finish generating", func() bool {
-		return a.model("tiny").State == metal.StateDraining && runnerSlotsFree(a)
+		return a.model("tiny").State == enginepool.StateDraining && runnerSlotsFree(a)
 	})
-	if m := a.model("tiny"); m.State != metal.StateDraining || m.Leases != 1 {
+	if m := a.model("tiny"); m.State != enginepool.StateDraining || m.Leases != 1 {
 		t.Fatalf("before the client read the stream: state %s, leases %d; want Draining with the lease held", m.State, m.Leases)
 	}
 
@@ -175,16 +175,16 @@ func TestDrainingAndLeaseToLastByte(t *testing.T) {
 	if events[len(events)-1] != "[DONE]" {
 		t.Fatalf("the drained stream ended with %q, want [DONE] (it must not be aborted)", events[len(events)-1])
 	}
-	var m metal.ModelSnapshot
+	var m enginepool.ModelSnapshot
 	eventually(t, 30*time.Second, "the model to unload", func() bool {
 		m = a.model("tiny")
-		return m.State == metal.StateUnloaded && m.LastUnload != nil
+		return m.State == enginepool.StateUnloaded && m.LastUnload != nil
 	})
 	r := m.LastUnload
-	if r.Reason != metal.ReasonAdmin || r.Aborted != 0 || r.ResidentBytes <= 0 || r.FreedBytes < 0 {
+	if r.Reason != enginepool.ReasonAdmin || r.Aborted != 0 || r.ResidentBytes <= 0 || r.FreedBytes < 0 {
 		t.Errorf("unload report %+v; want reason admin, nothing aborted, resident bytes measured, freed >= 0", *r)
 	}
-	a.expectMetric(1, metal.MetricUnloads, "reason", "admin", "outcome", string(r.Outcome))
+	a.expectMetric(1, enginepool.MetricUnloads, "reason", "admin", "outcome", string(r.Outcome))
 	// The model loads again on the next request.
 	if resp, b := a.do(http.MethodPost, "/v1/chat/completions", chatBody("tiny", 4, false)); resp.StatusCode != http.StatusOK {
 		t.Errorf("after the unload: %d %s", resp.StatusCode, b)
@@ -205,11 +205,11 @@ func TestUnloadReportAndLoadEndpoint(t *testing.T) {
 	a := startAgent(t, agentOptions{})
 	resp, b := a.do(http.MethodPost, "/api/models/tiny-alias/load", nil)
 	var act server.ModelActionResponse
-	if err := json.Unmarshal(b, &act); resp.StatusCode != http.StatusOK || err != nil || act.State != metal.StateReady ||
+	if err := json.Unmarshal(b, &act); resp.StatusCode != http.StatusOK || err != nil || act.State != enginepool.StateReady ||
 		act.Model != "tiny" || act.Status == nil || act.Status.PID == 0 {
 		t.Fatalf("load: %d %s; want 200 Ready with the model's status", resp.StatusCode, b)
 	}
-	a.expectMetric(1, metal.MetricLoads, "result", "ok")
+	a.expectMetric(1, enginepool.MetricLoads, "result", "ok")
 	pid := act.Status.PID
 
 	resp, b = a.do(http.MethodPost, "/api/models/tiny/unload?wait=true", nil)
@@ -218,17 +218,17 @@ func TestUnloadReportAndLoadEndpoint(t *testing.T) {
 		t.Fatalf("unload?wait=true: %d %s; want 200 with the report", resp.StatusCode, b)
 	}
 	r := *act.LastUnload
-	if r.Reason != metal.ReasonAdmin || r.ResidentBytes <= 0 || r.FreedBytes < 0 || r.Duration <= 0 {
+	if r.Reason != enginepool.ReasonAdmin || r.ResidentBytes <= 0 || r.FreedBytes < 0 || r.Duration <= 0 {
 		t.Errorf("report %+v", r)
 	}
-	if r.Outcome != metal.Settled && r.Outcome != metal.TimedOut && r.Outcome != metal.Indeterminate {
+	if r.Outcome != enginepool.Settled && r.Outcome != enginepool.TimedOut && r.Outcome != enginepool.Indeterminate {
 		t.Errorf("outcome %q", r.Outcome)
 	}
 	if err := syscall.Kill(pid, 0); err != syscall.ESRCH {
 		t.Errorf("runner pid %d after the unload: kill(0) = %v, want ESRCH", pid, err)
 	}
 	m := a.model("tiny")
-	if m.State != metal.StateUnloaded || m.LastUnload == nil || *m.LastUnload != r {
+	if m.State != enginepool.StateUnloaded || m.LastUnload == nil || *m.LastUnload != r {
 		t.Errorf("/api/status: state %s, last unload %+v; want Unloaded with %+v", m.State, m.LastUnload, r)
 	}
 	if s := a.status(); s.FreedBytesTotal != r.FreedBytes || s.CommittedBytes != 0 || s.Unloads != 1 {
@@ -236,8 +236,8 @@ func TestUnloadReportAndLoadEndpoint(t *testing.T) {
 			s.Unloads, r.FreedBytes)
 	}
 	eventually(t, 5*time.Second, "the unload metrics", func() bool {
-		u, _ := a.metric(metal.MetricUnloads, "reason", "admin", "outcome", string(r.Outcome))
-		f, _ := a.metric(metal.MetricUnloadFreed)
+		u, _ := a.metric(enginepool.MetricUnloads, "reason", "admin", "outcome", string(r.Outcome))
+		f, _ := a.metric(enginepool.MetricUnloadFreed)
 		return u == 1 && f == 1
 	})
 
@@ -252,15 +252,15 @@ func TestUnloadReportAndLoadEndpoint(t *testing.T) {
 	if resp.StatusCode != http.StatusAccepted {
 		t.Errorf("load?wait=false: %d %s, want 202", resp.StatusCode, b)
 	}
-	eventually(t, 30*time.Second, "the background load", func() bool { return a.model("tiny").State == metal.StateReady })
+	eventually(t, 30*time.Second, "the background load", func() bool { return a.model("tiny").State == enginepool.StateReady })
 }
 
 // TestEvictionAndBusyModels: admission evicts an idle model to make room (counted in
 // the metrics), but never one that a request holds — that request's lease runs from
 // routing to its last byte — and the refusal names the busy model.
 func TestEvictionAndBusyModels(t *testing.T) {
-	a := startAgent(t, agentOptions{pool: metal.Config{CeilingBytes: 512 << 20, AgentPID: -1},
-		specs: []metal.ModelSpec{
+	a := startAgent(t, agentOptions{pool: enginepool.Config{CeilingBytes: 512 << 20, AgentPID: -1},
+		specs: []enginepool.ModelSpec{
 			tinySpec(t, config.Model{Name: "a", Memory: 300 << 20, Settings: engine.Settings{ContextLength: 8192}}),
 			tinySpec(t, config.Model{Name: "b", Memory: 300 << 20, Settings: engine.Settings{ContextLength: 8192}}),
 		}})
@@ -271,10 +271,10 @@ func TestEvictionAndBusyModels(t *testing.T) {
 	if resp, b := a.do(http.MethodPost, "/v1/chat/completions", chatBody("b", 4, false)); resp.StatusCode != http.StatusOK {
 		t.Fatalf("b: %d %s", resp.StatusCode, b)
 	}
-	if m := a.model("a"); m.State != metal.StateUnloaded || m.LastUnload == nil || m.LastUnload.Reason != metal.ReasonEviction {
+	if m := a.model("a"); m.State != enginepool.StateUnloaded || m.LastUnload == nil || m.LastUnload.Reason != enginepool.ReasonEviction {
 		t.Fatalf("a after b loaded: %s %+v; want Unloaded by eviction", m.State, m.LastUnload)
 	}
-	a.expectMetric(1, metal.MetricEvictions)
+	a.expectMetric(1, enginepool.MetricEvictions)
 
 	// b is busy now: a stream holds it. Loading a must not evict it.
 	s := a.openStream(ctx, true, "/v1/chat/completions", chatBody("b", 100, true))
@@ -285,17 +285,17 @@ func TestEvictionAndBusyModels(t *testing.T) {
 	if resp.StatusCode != http.StatusInsufficientStorage {
 		t.Fatalf("a while b streams: %d %s; want 507", resp.StatusCode, b)
 	}
-	if e := decodeError(t, b); e.Error.Code != metal.CodeInsufficientMemory || !strings.Contains(e.Error.Message, "b (busy)") {
+	if e := decodeError(t, b); e.Error.Code != enginepool.CodeInsufficientMemory || !strings.Contains(e.Error.Message, "b (busy)") {
 		t.Errorf("refusal %q (%s); want insufficient_memory naming b (busy)", e.Error.Message, e.Error.Code)
 	}
-	if m := a.model("b"); m.State != metal.StateReady || m.Leases != 1 {
+	if m := a.model("b"); m.State != enginepool.StateReady || m.Leases != 1 {
 		t.Errorf("b: %s with %d leases; want Ready, 1", m.State, m.Leases)
 	}
 	a.release()
 	if events := s.all(); events[len(events)-1] != "[DONE]" {
 		t.Errorf("b's stream ended with %q", events[len(events)-1])
 	}
-	a.expectMetric(1, metal.MetricEvictions)
+	a.expectMetric(1, enginepool.MetricEvictions)
 }
 
 // TestRunnerKilledMidStream: SIGKILL of the runner during a stream ends the stream
@@ -303,8 +303,8 @@ func TestEvictionAndBusyModels(t *testing.T) {
 // the failure backoff get 503 + Retry-After, and a later request reloads the model.
 // A non-streamed request of a runner killed under it gets a 503 body.
 func TestRunnerKilledMidStream(t *testing.T) {
-	a := startAgent(t, agentOptions{pool: metal.Config{BackoffInitial: 300 * time.Millisecond},
-		specs: []metal.ModelSpec{tinySpec(t, config.Model{Name: "tiny", Settings: engine.Settings{ContextLength: 32768, Parallel: 1}})}})
+	a := startAgent(t, agentOptions{pool: enginepool.Config{BackoffInitial: 300 * time.Millisecond},
+		specs: []enginepool.ModelSpec{tinySpec(t, config.Model{Name: "tiny", Settings: engine.Settings{ContextLength: 32768, Parallel: 1}})}})
 	ctx := testContext(t)
 	s := a.openStream(ctx, false, "/v1/chat/completions", chatBody("tiny", 30000, true))
 	if _, err := s.next(); err != nil {
@@ -324,8 +324,8 @@ func TestRunnerKilledMidStream(t *testing.T) {
 			Code, Message, Type string
 		} `json:"error"`
 	}
-	if err := json.Unmarshal([]byte(last), &eb); err != nil || eb.Error.Code != metal.CodeEngineStopped {
-		t.Fatalf("the stream ended with %q; want an error event with code %s", last, metal.CodeEngineStopped)
+	if err := json.Unmarshal([]byte(last), &eb); err != nil || eb.Error.Code != enginepool.CodeEngineStopped {
+		t.Fatalf("the stream ended with %q; want an error event with code %s", last, enginepool.CodeEngineStopped)
 	}
 	for _, ev := range events {
 		if ev == "[DONE]" {
@@ -354,14 +354,14 @@ func TestRunnerKilledMidStream(t *testing.T) {
 		t.Fatal("not reloaded")
 	}
 	m := a.model("tiny")
-	if m.PID == pid || m.State != metal.StateReady {
+	if m.PID == pid || m.State != enginepool.StateReady {
 		t.Errorf("after reload: pid %d (killed %d), state %s", m.PID, pid, m.State)
 	}
 	if s := a.status(); s.Crashes != 1 {
 		t.Errorf("crashes = %d, want 1", s.Crashes)
 	}
-	a.expectMetric(2, metal.MetricLoads, "result", "ok")
-	a.expectMetric(1, metal.MetricUnloads, "reason", "crash")
+	a.expectMetric(2, enginepool.MetricLoads, "result", "ok")
+	a.expectMetric(1, enginepool.MetricUnloads, "reason", "crash")
 
 	// A non-streamed request whose runner dies gets a 503 body, never a hang.
 	type answer struct {
@@ -384,8 +384,8 @@ func TestRunnerKilledMidStream(t *testing.T) {
 		t.Fatalf("non-streamed request of a killed runner: %d (Retry-After %q) %s; want 503 with Retry-After",
 			ans.resp.StatusCode, ans.resp.Header.Get("Retry-After"), ans.body)
 	}
-	if e := decodeError(t, ans.body); e.Error.Code != metal.CodeEngineStopped {
-		t.Errorf("non-streamed request of a killed runner: code %q, want %s", e.Error.Code, metal.CodeEngineStopped)
+	if e := decodeError(t, ans.body); e.Error.Code != enginepool.CodeEngineStopped {
+		t.Errorf("non-streamed request of a killed runner: code %q, want %s", e.Error.Code, enginepool.CodeEngineStopped)
 	}
 }
 
@@ -398,10 +398,10 @@ func procIdle(a *testAgent, pid int) bool {
 
 // statusByPID reads a runner's own /status, found by pid among the runners the
 // factory started.
-func statusByPID(a *testAgent, pid int) (metal.RunnerStatus, bool) {
+func statusByPID(a *testAgent, pid int) (enginepool.RunnerStatus, bool) {
 	r := a.factory.runner(pid)
 	if r == nil {
-		return metal.RunnerStatus{}, false
+		return enginepool.RunnerStatus{}, false
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -414,7 +414,7 @@ func statusByPID(a *testAgent, pid int) (metal.RunnerStatus, bool) {
 // with the estimate (from the runner's own tokenization and the model's dimensions)
 // and the limit; the same request passes once the ceiling allows it.
 func TestPrefillGuard(t *testing.T) {
-	a := startAgent(t, agentOptions{noEnforcer: true, pool: metal.Config{AgentPID: -1}})
+	a := startAgent(t, agentOptions{noEnforcer: true, pool: enginepool.Config{AgentPID: -1}})
 	if resp, b := a.do(http.MethodPost, "/api/models/tiny/load", nil); resp.StatusCode != http.StatusOK {
 		t.Fatalf("load: %d %s", resp.StatusCode, b)
 	}
@@ -432,16 +432,16 @@ func TestPrefillGuard(t *testing.T) {
 			t.Fatalf("stream=%v: %d %s %s; want a 413 JSON answer", stream, resp.StatusCode, resp.Header.Get("Content-Type"), b)
 		}
 		e := decodeError(t, b)
-		if want := metal.PrefillPeak(spec.Dims, tokens); e.Error.Code != metal.CodePrefillMemoryExceeded ||
+		if want := enginepool.PrefillPeak(spec.Dims, tokens); e.Error.Code != enginepool.CodePrefillMemoryExceeded ||
 			e.Error.EstimatedBytes != want || e.Error.LimitBytes != c.HardBytes {
 			t.Errorf("stream=%v: %s estimated %d limit %d; want %s, %d (%d tokens), %d", stream, e.Error.Code,
-				e.Error.EstimatedBytes, e.Error.LimitBytes, metal.CodePrefillMemoryExceeded, want, tokens, c.HardBytes)
+				e.Error.EstimatedBytes, e.Error.LimitBytes, enginepool.CodePrefillMemoryExceeded, want, tokens, c.HardBytes)
 		}
 	}
 	// Completions with a token-id prompt are guarded by their own length.
 	resp, b := a.do(http.MethodPost, "/v1/completions", map[string]any{"model": "tiny", "prompt": []int{1, 90, 91, 92, 93}})
 	if e := decodeError(t, b); resp.StatusCode != http.StatusRequestEntityTooLarge ||
-		e.Error.EstimatedBytes != metal.PrefillPeak(spec.Dims, 5) {
+		e.Error.EstimatedBytes != enginepool.PrefillPeak(spec.Dims, 5) {
 		t.Errorf("token prompt: %d %s; want 413 estimating 5 tokens", resp.StatusCode, b)
 	}
 	if m := a.model("tiny"); m.Leases != 0 || m.Requests < 3 {
@@ -458,7 +458,7 @@ func TestPrefillGuard(t *testing.T) {
 
 // TestCacheClear reaches every runner and sums what they dropped.
 func TestCacheClear(t *testing.T) {
-	a := startAgent(t, agentOptions{specs: []metal.ModelSpec{
+	a := startAgent(t, agentOptions{specs: []enginepool.ModelSpec{
 		tinySpec(t, config.Model{Name: "a", Settings: engine.Settings{ContextLength: 4096}}),
 		tinySpec(t, config.Model{Name: "b", Settings: engine.Settings{ContextLength: 4096}}),
 	}})

@@ -9,8 +9,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/macfleet/macfleet/enginepool"
 	"github.com/macfleet/macfleet/internal/openaierr"
-	"github.com/macfleet/macfleet/metal"
 	"github.com/macfleet/macfleet/metering"
 	"github.com/macfleet/macfleet/tenancy"
 	"github.com/macfleet/macfleet/tracing"
@@ -18,7 +18,7 @@ import (
 
 // metrics are the agent's request metrics, recorded by the handlers. The pool's own
 // metrics (memory gauges, pressure level, loads, unloads, freed bytes, evictions,
-// per-model state) come from metal.NewMetrics, registered next to them.
+// per-model state) come from enginepool.NewMetrics, registered next to them.
 type metrics struct {
 	requests        *prometheus.CounterVec
 	ttft            *prometheus.HistogramVec
@@ -29,10 +29,10 @@ type metrics struct {
 	usage *metering.Meter
 }
 
-func newMetrics(reg prometheus.Registerer, pool *metal.Pool) (*metrics, error) {
+func newMetrics(reg prometheus.Registerer, pool *enginepool.Pool) (*metrics, error) {
 	m := newRequestMetrics()
 	for _, c := range []prometheus.Collector{m.requests, m.ttft, m.generatedTokens, m.tokensPerSecond,
-		m.usage.Requests, m.usage.Tokens, metal.NewMetrics(pool)} {
+		m.usage.Requests, m.usage.Tokens, enginepool.NewMetrics(pool)} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -16,8 +16,8 @@ import (
 
 	"github.com/macfleet/macfleet/api/runnerapi"
 	"github.com/macfleet/macfleet/chat/compat"
+	"github.com/macfleet/macfleet/enginepool"
 	"github.com/macfleet/macfleet/internal/bytesize"
-	"github.com/macfleet/macfleet/metal"
 )
 
 // Runner endpoints the agent calls.
@@ -176,7 +176,7 @@ func requireModel(m string) *apiError {
 // acquire resolves the model's pool entry and leases its engine (loading it if
 // need be). On failure it has written the error (or the client went away) and returns
 // a nil lease; otherwise the caller releases the lease.
-func (s *Server) acquire(w http.ResponseWriter, r *http.Request, model string) (*metal.Lease, metal.Runner) {
+func (s *Server) acquire(w http.ResponseWriter, r *http.Request, model string) (*enginepool.Lease, enginepool.Runner) {
 	ctx := r.Context()
 	info := requestInfo(ctx)
 	entry := model
@@ -290,7 +290,7 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, g generation) 
 }
 
 // countTokens asks the runner for the prompt's token count.
-func (s *Server) countTokens(ctx context.Context, rn metal.Runner, req runnerapi.TokenizeRequest) (int, error) {
+func (s *Server) countTokens(ctx context.Context, rn enginepool.Runner, req runnerapi.TokenizeRequest) (int, error) {
 	var out runnerapi.TokenizeResponse
 	if err := callRunner(ctx, rn, pathTokenize, req, &out); err != nil {
 		return 0, err
@@ -346,7 +346,7 @@ func (s *Server) handleGetModel(w http.ResponseWriter, r *http.Request) {
 		known = slices.Contains(s.opts.ListModels(r), id)
 	}
 	if !known {
-		writeError(w, fromPool(&metal.UnknownModelError{Model: id}))
+		writeError(w, fromPool(&enginepool.UnknownModelError{Model: id}))
 		return
 	}
 	writeJSON(w, http.StatusOK, s.modelObject(id))

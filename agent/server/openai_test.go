@@ -15,7 +15,7 @@ import (
 	"github.com/openai/openai-go/v3/option"
 
 	"github.com/macfleet/macfleet/agent/config"
-	"github.com/macfleet/macfleet/metal"
+	"github.com/macfleet/macfleet/enginepool"
 )
 
 func openaiClient(a *testAgent, opts ...option.RequestOption) openai.Client {
@@ -141,8 +141,8 @@ func TestOpenAIClientChatAndCompletions(t *testing.T) {
 		a.expectMetric(3, "macfleet_agent_ttft_seconds", "model", "tiny")
 		a.expectMetric(6*maxTokens, "macfleet_agent_generated_tokens_total", "model", "tiny")
 		a.expectMetric(6, "macfleet_agent_tokens_per_second", "model", "tiny")
-		a.expectMetric(1, metal.MetricLoads, "result", "ok")
-		if n, _ := a.metric(metal.MetricMemoryCommitted); n <= 0 {
+		a.expectMetric(1, enginepool.MetricLoads, "result", "ok")
+		if n, _ := a.metric(enginepool.MetricMemoryCommitted); n <= 0 {
 			t.Errorf("memory_committed_bytes = %v with a model loaded, want > 0", n)
 		}
 	})
@@ -274,7 +274,7 @@ func TestEmbeddings(t *testing.T) {
 }
 
 func TestModelsEndpoints(t *testing.T) {
-	a := startAgent(t, agentOptions{noRunner: true, specs: []metal.ModelSpec{
+	a := startAgent(t, agentOptions{noRunner: true, specs: []enginepool.ModelSpec{
 		tinySpec(t, config.Model{Name: "tiny", Aliases: []string{"t"}}),
 		tinySpec(t, config.Model{Name: "other"}),
 	}})

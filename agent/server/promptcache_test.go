@@ -12,7 +12,7 @@ import (
 	"github.com/macfleet/macfleet/agent/server"
 	"github.com/macfleet/macfleet/api/engine"
 	"github.com/macfleet/macfleet/api/runnerapi"
-	"github.com/macfleet/macfleet/metal"
+	"github.com/macfleet/macfleet/enginepool"
 )
 
 // longChat is a chat request whose prompt spans several prompt cache blocks, so the
@@ -29,7 +29,7 @@ func longChat(model string, stream bool) map[string]any {
 
 // runnerOf is the runner of model's current engine, asked without a lease (it may be
 // draining).
-func (a *testAgent) runnerOf(model string) metal.Runner {
+func (a *testAgent) runnerOf(model string) enginepool.Runner {
 	a.t.Helper()
 	pid := a.pool.Snapshot().Models
 	for _, m := range pid {
@@ -65,7 +65,7 @@ func (a *testAgent) chat(body map[string]any) {
 // and unload: what each runner was told is read from its own /status.
 func TestPromptCacheHotBudgetSharedByRealRunners(t *testing.T) {
 	const budget = 64 << 20
-	a := startAgent(t, agentOptions{pool: metal.Config{PromptCacheHotBytes: budget}, specs: []metal.ModelSpec{
+	a := startAgent(t, agentOptions{pool: enginepool.Config{PromptCacheHotBytes: budget}, specs: []enginepool.ModelSpec{
 		tinySpec(t, config.Model{Name: "a", Settings: engine.Settings{ContextLength: 1024}}),
 		tinySpec(t, config.Model{Name: "b", Settings: engine.Settings{ContextLength: 1024}}),
 		tinySpec(t, config.Model{Name: "capped", Settings: engine.Settings{ContextLength: 1024},
@@ -115,11 +115,11 @@ func TestPromptCacheHotBudgetSharedByRealRunners(t *testing.T) {
 	if m := a.model("off"); m.PromptCache != nil {
 		t.Errorf("a model without the cache reports %+v", m.PromptCache)
 	}
-	a.expectMetric(float64(budget-8<<20), metal.MetricPromptCacheBudget, "model", "a")
-	if v, ok := a.metric(metal.MetricPromptCacheHot, "model", "a"); !ok || v <= 0 {
-		t.Errorf("%s{model=a} = %v, %v; want the hot tier's bytes", metal.MetricPromptCacheHot, v, ok)
+	a.expectMetric(float64(budget-8<<20), enginepool.MetricPromptCacheBudget, "model", "a")
+	if v, ok := a.metric(enginepool.MetricPromptCacheHot, "model", "a"); !ok || v <= 0 {
+		t.Errorf("%s{model=a} = %v, %v; want the hot tier's bytes", enginepool.MetricPromptCacheHot, v, ok)
 	}
-	if _, ok := a.metric(metal.MetricPromptCachePrefix+"saves_total", "model", "a"); !ok {
+	if _, ok := a.metric(enginepool.MetricPromptCachePrefix+"saves_total", "model", "a"); !ok {
 		t.Errorf("no saves counter for a")
 	}
 }
@@ -128,7 +128,7 @@ func TestPromptCacheHotBudgetSharedByRealRunners(t *testing.T) {
 // its hot bytes; once pressure is over the share comes back.
 func TestPromptCacheHardPressureFreesTheHotTier(t *testing.T) {
 	const budget = 32 << 20
-	a := startAgent(t, agentOptions{pool: metal.Config{PromptCacheHotBytes: budget}, specs: []metal.ModelSpec{
+	a := startAgent(t, agentOptions{pool: enginepool.Config{PromptCacheHotBytes: budget}, specs: []enginepool.ModelSpec{
 		tinySpec(t, config.Model{Name: "p", Settings: engine.Settings{ContextLength: 1024}, Residency: config.ResidencyPinned}),
 	}})
 	a.chat(longChat("p", false))
@@ -143,14 +143,14 @@ func TestPromptCacheHardPressureFreesTheHotTier(t *testing.T) {
 		pc := a.promptCacheOf("p")
 		return pc.Hot.BudgetBytes == 0 && pc.Hot.Bytes == 0 && pc.Hot.Entries == 0
 	})
-	if lvl := a.pool.Snapshot().Pressure; lvl.Rank() < metal.PressureHard.Rank() {
+	if lvl := a.pool.Snapshot().Pressure; lvl.Rank() < enginepool.PressureHard.Rank() {
 		t.Logf("pressure is %s now", lvl)
 	}
 	a.pool.SetConfiguredCeiling(4 << 30)
 	eventually(t, 20*time.Second, "the share back once pressure is over", func() bool {
 		return a.promptCacheOf("p").Hot.BudgetBytes == budget
 	})
-	if st := a.model("p").State; st != metal.StateReady {
+	if st := a.model("p").State; st != enginepool.StateReady {
 		t.Fatalf("p is %s, want it still loaded", st)
 	}
 }
@@ -158,7 +158,7 @@ func TestPromptCacheHardPressureFreesTheHotTier(t *testing.T) {
 // POST /api/cache/clear empties every hot tier, including the runner of a model being
 // unloaded, and reports the entries dropped and the bytes the footprints gave back.
 func TestCacheClearReachesARunnerBeingUnloaded(t *testing.T) {
-	a := startAgent(t, agentOptions{pool: metal.Config{PromptCacheHotBytes: 64 << 20}, specs: []metal.ModelSpec{
+	a := startAgent(t, agentOptions{pool: enginepool.Config{PromptCacheHotBytes: 64 << 20}, specs: []enginepool.ModelSpec{
 		tinySpec(t, config.Model{Name: "going", Settings: engine.Settings{ContextLength: 1024, Parallel: 2}}),
 		tinySpec(t, config.Model{Name: "staying", Settings: engine.Settings{ContextLength: 1024}}),
 	}})
@@ -176,7 +176,7 @@ func TestCacheClearReachesARunnerBeingUnloaded(t *testing.T) {
 	if resp, b := a.do(http.MethodPost, "/api/models/going/unload", nil); resp.StatusCode != http.StatusAccepted {
 		t.Fatalf("unload: %d %s; want 202 while it drains", resp.StatusCode, b)
 	}
-	if s := a.model("going").State; s != metal.StateDraining {
+	if s := a.model("going").State; s != enginepool.StateDraining {
 		t.Fatalf("going is %s, want Draining", s)
 	}
 	goingHot := a.promptCacheOf("going").Hot.Entries
@@ -186,7 +186,7 @@ func TestCacheClearReachesARunnerBeingUnloaded(t *testing.T) {
 	if err := json.Unmarshal(b, &out); resp.StatusCode != http.StatusOK || err != nil {
 		t.Fatalf("cache clear: %d %s", resp.StatusCode, b)
 	}
-	byModel := map[string]metal.RunnerCacheClear{}
+	byModel := map[string]enginepool.RunnerCacheClear{}
 	for _, r := range out.Runners {
 		byModel[r.Model] = r
 	}
@@ -204,7 +204,7 @@ func TestCacheClearReachesARunnerBeingUnloaded(t *testing.T) {
 	// tier is not checked empty afterwards.)
 	a.release()
 	cancel()
-	eventually(t, 30*time.Second, "going to unload", func() bool { return a.model("going").State == metal.StateUnloaded })
+	eventually(t, 30*time.Second, "going to unload", func() bool { return a.model("going").State == enginepool.StateUnloaded })
 }
 
 func ptr[T any](v T) *T { return &v }

@@ -16,7 +16,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/macfleet/macfleet/api/runnerapi"
-	"github.com/macfleet/macfleet/metal"
+	"github.com/macfleet/macfleet/enginepool"
 	"github.com/macfleet/macfleet/metering"
 )
 
@@ -45,7 +45,7 @@ type proxyRequest struct {
 // gateway named (runnerapi.HeaderRequestID) can also be ended by /api/requests/cancel, which
 // keeps its usage (cancel.go). It returns only once the response is completely
 // written (or abandoned by the client).
-func (s *Server) proxy(w http.ResponseWriter, r *http.Request, lease *metal.Lease, rn metal.Runner, pr proxyRequest) {
+func (s *Server) proxy(w http.ResponseWriter, r *http.Request, lease *enginepool.Lease, rn enginepool.Runner, pr proxyRequest) {
 	ctx := r.Context()
 	sctx, span := s.startSpan(ctx, "agent.runner", trace.SpanKindClient, attribute.String("macfleet.model", pr.served),
 		attribute.Bool("macfleet.stream", pr.stream))
@@ -115,7 +115,7 @@ func upstreamStatus(resp *http.Response, b []byte) error {
 // field is rewritten when the client named the model by an alias, and the usage chunk
 // is dropped when the client did not ask for it. A stream that ends without [DONE] or
 // an error event (the runner died, the connection broke) gets a final error event.
-func (s *Server) copyStream(w http.ResponseWriter, r *http.Request, lease *metal.Lease, rn metal.Runner, body io.Reader, pr proxyRequest) {
+func (s *Server) copyStream(w http.ResponseWriter, r *http.Request, lease *enginepool.Lease, rn enginepool.Runner, body io.Reader, pr proxyRequest) {
 	ctx := r.Context()
 	info := requestInfo(ctx)
 	h := w.Header()
@@ -311,7 +311,7 @@ func withUsage(body []byte) ([]byte, error) {
 
 // callRunner does one JSON request to a runner under ctx; a non-2xx answer is a
 // *runnerError.
-func callRunner(ctx context.Context, rn metal.Runner, path string, in, out any) error {
+func callRunner(ctx context.Context, rn enginepool.Runner, path string, in, out any) error {
 	b, err := json.Marshal(in)
 	if err != nil {
 		return err
@@ -342,7 +342,7 @@ func callRunner(ctx context.Context, rn metal.Runner, path string, in, out any) 
 // writeUpstreamError answers a request whose runner call failed before anything was
 // written: the runner's own error passes through; a broken connection says whether
 // the runner died. Nothing is written if the client has gone.
-func (s *Server) writeUpstreamError(w http.ResponseWriter, r *http.Request, lease *metal.Lease, rn metal.Runner, err error) {
+func (s *Server) writeUpstreamError(w http.ResponseWriter, r *http.Request, lease *enginepool.Lease, rn enginepool.Runner, err error) {
 	if re, ok := asRunnerError(err); ok && json.Valid(re.body) {
 		re.write(w)
 		return
@@ -356,7 +356,7 @@ func (s *Server) writeUpstreamError(w http.ResponseWriter, r *http.Request, leas
 // is no one to tell), 503 engine_stopped + Retry-After when the runner stopped or died
 // (the pool marks it Failed and the next request reloads it after its backoff), 502
 // otherwise.
-func (s *Server) upstreamFailure(ctx context.Context, lease *metal.Lease, rn metal.Runner, err error) *apiError {
+func (s *Server) upstreamFailure(ctx context.Context, lease *enginepool.Lease, rn enginepool.Runner, err error) *apiError {
 	if ctx.Err() != nil {
 		return nil
 	}
@@ -380,7 +380,7 @@ func (s *Server) upstreamFailure(ctx context.Context, lease *metal.Lease, rn met
 		if xerr := rn.ExitErr(); xerr != nil {
 			msg += ": " + xerr.Error()
 		}
-		return &apiError{Status: http.StatusServiceUnavailable, Type: typeUnavailable, Code: metal.CodeEngineStopped,
+		return &apiError{Status: http.StatusServiceUnavailable, Type: typeUnavailable, Code: enginepool.CodeEngineStopped,
 			Message: msg + "; it will be reloaded by the next request", RetryAfter: time.Second}
 	default:
 	}

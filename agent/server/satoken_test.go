@@ -10,7 +10,7 @@ import (
 	"sync/atomic"
 	"testing"
 
-	"github.com/macfleet/macfleet/agent/cluster"
+	"github.com/macfleet/macfleet/agent/clustermode"
 	"github.com/macfleet/macfleet/api/runnerapi"
 	"github.com/macfleet/macfleet/metering"
 	"github.com/macfleet/macfleet/tenancy"
@@ -110,7 +110,7 @@ func TestDirectCallersAreMetered(t *testing.T) {
 		},
 		resolveModel: func(r *http.Request, model string) (string, error) {
 			if id, _ := tenancy.IdentityFrom(r.Context()); id.Namespace == "team-b" {
-				return "", &cluster.ThroughGatewayError{Namespace: "team-b", Deployment: "team-a/tiny"}
+				return "", &clustermode.ThroughGatewayError{Namespace: "team-b", Deployment: "team-a/tiny"}
 			}
 			return model, nil
 		},

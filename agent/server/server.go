@@ -27,8 +27,8 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/macfleet/macfleet/chat/translate"
+	"github.com/macfleet/macfleet/enginepool"
 	"github.com/macfleet/macfleet/internal/openaierr"
-	"github.com/macfleet/macfleet/metal"
 	"github.com/macfleet/macfleet/pki"
 	"github.com/macfleet/macfleet/tenancy"
 	"github.com/macfleet/macfleet/tenancy/satoken"
@@ -76,7 +76,7 @@ type Options struct {
 	// from the request (its headers and its caller's tenancy.IdentityFrom) and the
 	// model named in its body; without it the
 	// body's model is the entry's name or alias (standalone). Errors implementing
-	// metal.StatusError keep their status and code (for example 400 for a name that
+	// enginepool.StatusError keep their status and code (for example 400 for a name that
 	// is ambiguous, 404 for an unknown one).
 	ResolveModel func(r *http.Request, model string) (string, error)
 	// DeploymentOf, when set, names the deployment ("namespace/name") of a pool
@@ -95,7 +95,7 @@ type Options struct {
 
 // Server serves the agent's API over one engine pool.
 type Server struct {
-	pool    *metal.Pool
+	pool    *enginepool.Pool
 	opts    Options
 	log     logr.Logger
 	metrics *metrics
@@ -111,9 +111,9 @@ type Server struct {
 }
 
 // New builds the server over pool and registers its metrics — the request metrics and
-// the pool's own (metal.NewMetrics) — on opts.Registerer. The server is not ready
+// the pool's own (enginepool.NewMetrics) — on opts.Registerer. The server is not ready
 // (/readyz answers 503) until SetReady(true).
-func New(pool *metal.Pool, opts Options) (*Server, error) {
+func New(pool *enginepool.Pool, opts Options) (*Server, error) {
 	if opts.MaxBodyBytes <= 0 {
 		opts.MaxBodyBytes = DefaultMaxBodyBytes
 	}

@@ -12,8 +12,8 @@ import (
 
 	"github.com/chromedp/chromedp"
 
+	"github.com/macfleet/macfleet/enginepool"
 	"github.com/macfleet/macfleet/internal/httpserver"
-	"github.com/macfleet/macfleet/metal"
 	"github.com/macfleet/macfleet/test/support/browsertest"
 )
 
@@ -77,8 +77,8 @@ fetch(%[2]q, {method: "POST", mode: "no-cors", headers: {"Content-Type": "text/p
 	if n := chatRequests(t, s.addr); n != 0 {
 		t.Errorf("%v chat requests of the page reached the model; want none", n)
 	}
-	if st := s.state(t); st != metal.StateReady {
-		t.Errorf("the model is %s after the page's form; want it still %s", st, metal.StateReady)
+	if st := s.state(t); st != enginepool.StateReady {
+		t.Errorf("the model is %s after the page's form; want it still %s", st, enginepool.StateReady)
 	}
 	// The metric counts: a program's request is served and counted.
 	resp, err := http.Post(target+"/v1/chat/completions", "application/json",

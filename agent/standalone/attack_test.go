@@ -19,9 +19,9 @@ import (
 	"github.com/macfleet/macfleet/agent/server"
 	"github.com/macfleet/macfleet/agent/standalone"
 	"github.com/macfleet/macfleet/api/engine"
+	"github.com/macfleet/macfleet/enginepool"
+	"github.com/macfleet/macfleet/enginepool/runnerproc"
 	"github.com/macfleet/macfleet/internal/httpserver"
-	"github.com/macfleet/macfleet/metal"
-	"github.com/macfleet/macfleet/metal/runnerproc"
 )
 
 // servedMac is `macfleet serve` on a developer's Mac: the standalone agent on real
@@ -51,7 +51,7 @@ func serveMac(t *testing.T, limits httpserver.Limits) *servedMac {
 	done := make(chan error, 1)
 	go func() {
 		done <- standalone.Run(ctx, cfg, standalone.Options{Log: funcr.New(s.logs.line, funcr.Options{}), Listener: ln,
-			Limits: limits, Pool: metal.Config{DrainTimeout: time.Second, SettleTimeout: time.Second}})
+			Limits: limits, Pool: enginepool.Config{DrainTimeout: time.Second, SettleTimeout: time.Second}})
 	}()
 	t.Cleanup(func() {
 		cancel()
@@ -82,7 +82,7 @@ func serveMac(t *testing.T, limits httpserver.Limits) *servedMac {
 }
 
 // state is the model's state as /api/status tells a local client.
-func (s *servedMac) state(t *testing.T) metal.State {
+func (s *servedMac) state(t *testing.T) enginepool.State {
 	t.Helper()
 	resp, err := http.Get("http://" + s.addr + "/api/status")
 	if err != nil {
@@ -130,8 +130,8 @@ func TestAttackCrossOriginPostToServe(t *testing.T) {
 	if code, body := browserPost(t, base+"/v1/messages"); code != http.StatusForbidden || !strings.Contains(body, `"type":"error"`) {
 		t.Errorf("a cross-site POST to the Messages API: %d %s; want a 403 Anthropic error", code, body)
 	}
-	if st := s.state(t); st != metal.StateReady {
-		t.Errorf("the model is %s after the page's requests; want it still %s", st, metal.StateReady)
+	if st := s.state(t); st != enginepool.StateReady {
+		t.Errorf("the model is %s after the page's requests; want it still %s", st, enginepool.StateReady)
 	}
 	// The developer's own tools (curl, the SDKs) send no Origin and still work.
 	resp, err := http.Post(base+"/v1/chat/completions", "application/json",

@@ -7,14 +7,14 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/macfleet/macfleet/agent/hardware"
-	"github.com/macfleet/macfleet/metal"
-	"github.com/macfleet/macfleet/metal/runnerproc"
+	"github.com/macfleet/macfleet/enginepool"
+	"github.com/macfleet/macfleet/enginepool/runnerproc"
 )
 
 // Engine is an agent's engine pool with the factory of its runner processes: what
 // both agents, standalone and cluster, build the same way (NewEngine).
 type Engine struct {
-	Pool    *metal.Pool
+	Pool    *enginepool.Pool
 	Factory *runnerproc.ProcessFactory
 	// RunnerPath is the runner executable resolved (runnerproc.RunnerExecutable).
 	RunnerPath string
@@ -24,10 +24,10 @@ type Engine struct {
 
 // NewEngine resolves the runner executable of process (RunnerPath), gives its
 // factory the thread policy's cores (hardware.PerformanceCores), and builds the pool
-// over gauge (nil: metal.NewGauge) with pool.
-func NewEngine(process runnerproc.ProcessConfig, pool metal.Config, gauge metal.Gauge, log logr.Logger) (*Engine, error) {
+// over gauge (nil: enginepool.NewGauge) with pool.
+func NewEngine(process runnerproc.ProcessConfig, pool enginepool.Config, gauge enginepool.Gauge, log logr.Logger) (*Engine, error) {
 	if gauge == nil {
-		g, err := metal.NewGauge()
+		g, err := enginepool.NewGauge()
 		if err != nil {
 			return nil, fmt.Errorf("measuring memory: %w", err)
 		}
@@ -39,7 +39,7 @@ func NewEngine(process runnerproc.ProcessConfig, pool metal.Config, gauge metal.
 	}
 	process.RunnerPath, process.PerformanceCores = path, hardware.PerformanceCores()
 	e := &Engine{Factory: runnerproc.NewProcessFactory(process), RunnerPath: path, PerformanceCores: process.PerformanceCores}
-	if e.Pool, err = metal.New(pool, e.Factory, gauge, clock.RealClock{}, log.WithName("pool")); err != nil {
+	if e.Pool, err = enginepool.New(pool, e.Factory, gauge, clock.RealClock{}, log.WithName("pool")); err != nil {
 		return nil, err
 	}
 	return e, nil

@@ -18,8 +18,8 @@ import (
 	"github.com/macfleet/macfleet/agent/server"
 	"github.com/macfleet/macfleet/agent/standalone"
 	"github.com/macfleet/macfleet/api/engine"
-	"github.com/macfleet/macfleet/metal"
-	"github.com/macfleet/macfleet/metal/runnerproc"
+	"github.com/macfleet/macfleet/enginepool"
+	"github.com/macfleet/macfleet/enginepool/runnerproc"
 )
 
 // serving is one standalone.Run in the background.
@@ -41,7 +41,7 @@ func serve(t *testing.T, cfg config.Config) *serving {
 	done := make(chan error, 1)
 	go func() {
 		done <- standalone.Run(ctx, cfg, standalone.Options{Log: funcr.New(s.logs.line, funcr.Options{}), Listener: ln,
-			Pool: metal.Config{DrainTimeout: time.Second, SettleTimeout: time.Second}})
+			Pool: enginepool.Config{DrainTimeout: time.Second, SettleTimeout: time.Second}})
 	}()
 	stopped := false
 	s.stop = func() {
@@ -75,7 +75,7 @@ func serve(t *testing.T, cfg config.Config) *serving {
 	}
 }
 
-func (s *serving) model(name string) metal.ModelSnapshot {
+func (s *serving) model(name string) enginepool.ModelSnapshot {
 	s.t.Helper()
 	resp, err := http.Get(s.base + "/api/status")
 	if err != nil {
@@ -92,7 +92,7 @@ func (s *serving) model(name string) metal.ModelSnapshot {
 		}
 	}
 	s.t.Fatalf("no model %s", name)
-	return metal.ModelSnapshot{}
+	return enginepool.ModelSnapshot{}
 }
 
 func (s *serving) chat(model, content string) string {

@@ -21,10 +21,10 @@ import (
 	"github.com/macfleet/macfleet/agent/server"
 	"github.com/macfleet/macfleet/agent/store"
 	"github.com/macfleet/macfleet/api/engine"
+	"github.com/macfleet/macfleet/enginepool"
+	"github.com/macfleet/macfleet/enginepool/runnerproc"
 	"github.com/macfleet/macfleet/internal/estimate"
 	"github.com/macfleet/macfleet/internal/httpserver"
-	"github.com/macfleet/macfleet/metal"
-	"github.com/macfleet/macfleet/metal/runnerproc"
 	"github.com/macfleet/macfleet/runner/sandbox"
 	"github.com/macfleet/macfleet/tracing/spanrelay"
 )
@@ -41,7 +41,7 @@ type Options struct {
 	RunnerOutput io.Writer
 	// Pool tunes the engine pool (timeouts, backoff); the ceiling, reserve and idle
 	// timeout come from the configuration.
-	Pool metal.Config
+	Pool enginepool.Config
 	// Listener, when set, is served instead of listening on the configured address.
 	Listener net.Listener
 	// Limits bound the API's connections and requests (httpserver's defaults when
@@ -75,26 +75,26 @@ type Options struct {
 // unless the configuration gives the memory. A model without a context length gets
 // its training context in each slot, as the runner does. ContextLength is per sequence,
 // as in a ModelDeployment: the engine holds ContextLength × Parallel tokens.
-func BuildSpec(ctx context.Context, m config.Model) (metal.ModelSpec, error) {
+func BuildSpec(ctx context.Context, m config.Model) (enginepool.ModelSpec, error) {
 	e := m.WithDefaults()
 	p := estimate.Params{Path: m.Path, ContextLength: int32(e.TotalContext()), Parallel: e.Parallel,
 		KVCacheType: estimate.KVCacheType(e.KVCacheType)}
 	est, err := estimate.Estimate(ctx, p)
 	if err != nil {
-		return metal.ModelSpec{}, fmt.Errorf("model %q: estimating its memory: %w", m.Name, err)
+		return enginepool.ModelSpec{}, fmt.Errorf("model %q: estimating its memory: %w", m.Name, err)
 	}
 	if e.ContextLength == 0 && est.Dims.CtxTrain > 0 {
 		e.ContextLength = int32(est.Dims.CtxTrain)
 		p.ContextLength = int32(e.TotalContext())
 		if est, err = estimate.Estimate(ctx, p); err != nil {
-			return metal.ModelSpec{}, fmt.Errorf("model %q: estimating its memory: %w", m.Name, err)
+			return enginepool.ModelSpec{}, fmt.Errorf("model %q: estimating its memory: %w", m.Name, err)
 		}
 	}
-	spec := metal.ModelSpec{
+	spec := enginepool.ModelSpec{
 		Name: m.Name, Aliases: m.Aliases, Path: m.Path, ContextLength: e.TotalContext(), Parallel: int(e.Parallel),
-		KVCacheType: string(m.KVCacheType), Threads: int(e.Threads), Residency: metal.Residency(m.Residency),
+		KVCacheType: string(m.KVCacheType), Threads: int(e.Threads), Residency: enginepool.Residency(m.Residency),
 		IdleTimeout: time.Duration(m.IdleTimeout), EstimatedBytes: est.Total, WeightBytes: est.Weights,
-		Dims: metal.ModelDims{Layers: int(est.Dims.Layers), Embedding: int(est.Dims.Embd), Heads: int(est.Dims.Heads),
+		Dims: enginepool.ModelDims{Layers: int(est.Dims.Layers), Embedding: int(est.Dims.Embd), Heads: int(est.Dims.Heads),
 			KVHeads: int(est.Dims.KVHeads), Vocab: int(est.Dims.Vocab), KVTypeSize: kvTypeSize(e.KVCacheType)},
 		PromptCache: PromptCacheSpec(m.PromptCache),
 	}
@@ -106,8 +106,8 @@ func BuildSpec(ctx context.Context, m config.Model) (metal.ModelSpec, error) {
 
 // PromptCacheSpec is the pool's form of a model's prompt cache settings: unset means
 // enabled with the agent's settings; a size of 0 turns that tier off.
-func PromptCacheSpec(pc *config.PromptCache) metal.PromptCacheSpec {
-	out := metal.PromptCacheSpec{Enabled: pc.IsEnabled()}
+func PromptCacheSpec(pc *config.PromptCache) enginepool.PromptCacheSpec {
+	out := enginepool.PromptCacheSpec{Enabled: pc.IsEnabled()}
 	if pc == nil || !out.Enabled {
 		return out
 	}
@@ -115,7 +115,7 @@ func PromptCacheSpec(pc *config.PromptCache) metal.PromptCacheSpec {
 	return out
 }
 
-// PromptCacheHotBytes is the pool's form (metal.Config.PromptCacheHotBytes) of the
+// PromptCacheHotBytes is the pool's form (enginepool.Config.PromptCacheHotBytes) of the
 // agent's hot budget: unset is the default fraction of the ceiling, 0 none.
 func PromptCacheHotBytes(s *config.Size) int64 { return sizeOrOff(s) }
 
@@ -171,7 +171,7 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 		return err
 	}
 	pool := eng.Pool
-	specs := make([]metal.ModelSpec, 0, len(cfg.Models))
+	specs := make([]enginepool.ModelSpec, 0, len(cfg.Models))
 	for _, m := range cfg.Models {
 		spec, err := BuildSpec(ctx, m)
 		if err != nil {
@@ -263,7 +263,7 @@ func startJanitor(ctx context.Context, opts Options, eng *Engine, log logr.Logge
 
 // register registers the models with the pool, logging each with the threads its
 // runner gets, then the ceiling and the prompt cache's budgets.
-func register(eng *Engine, specs []metal.ModelSpec, cfg config.Config, log logr.Logger) error {
+func register(eng *Engine, specs []enginepool.ModelSpec, cfg config.Config, log logr.Logger) error {
 	pool := eng.Pool
 	for _, spec := range specs {
 		if err := pool.Register(spec); err != nil {
@@ -284,10 +284,10 @@ func register(eng *Engine, specs []metal.ModelSpec, cfg config.Config, log logr.
 
 // loadEager loads the Resident and Pinned models now; the agent is ready once each
 // has loaded or failed (a failure is logged and retried by the next request).
-func loadEager(ctx context.Context, pool *metal.Pool, specs []metal.ModelSpec, srv *server.Server, log logr.Logger) {
+func loadEager(ctx context.Context, pool *enginepool.Pool, specs []enginepool.ModelSpec, srv *server.Server, log logr.Logger) {
 	var eager sync.WaitGroup
 	for _, spec := range specs {
-		if spec.Residency == metal.OnDemand {
+		if spec.Residency == enginepool.OnDemand {
 			continue
 		}
 		eager.Go(func() {
@@ -321,14 +321,14 @@ func shutdown(log logr.Logger, srv *server.Server, httpSrv *http.Server, stopPoo
 // logObserver logs one line per load and unload with the bytes measured.
 type logObserver struct {
 	log  logr.Logger
-	pool *metal.Pool
+	pool *enginepool.Pool
 
 	mu sync.Mutex
 	// logged is the time of the last unload report logged per model.
 	logged map[string]time.Time
 }
 
-func (o *logObserver) LoadFinished(ev metal.LoadEvent) {
+func (o *logObserver) LoadFinished(ev enginepool.LoadEvent) {
 	if ev.Err != nil {
 		o.log.Error(ev.Err, "Model load failed", "model", ev.Model, "duration", ev.Duration.Round(time.Millisecond))
 		return
@@ -344,7 +344,7 @@ func (o *logObserver) LoadFinished(ev metal.LoadEvent) {
 		"residentBytes", resident, "reservedBytes", reserved, "pid", pid)
 }
 
-func (o *logObserver) Unloaded(model string, r metal.UnloadReport) {
+func (o *logObserver) Unloaded(model string, r enginepool.UnloadReport) {
 	// Logged under the lock, so flush cannot skip a report whose line is not out yet.
 	o.mu.Lock()
 	defer o.mu.Unlock()
@@ -371,6 +371,6 @@ func (o *logObserver) flush() {
 	}
 }
 
-func (o *logObserver) PressureChanged(from, to metal.PressureLevel) {
+func (o *logObserver) PressureChanged(from, to enginepool.PressureLevel) {
 	o.log.Info("Memory pressure changed", "from", from, "to", to)
 }

@@ -25,9 +25,9 @@ import (
 	"github.com/macfleet/macfleet/agent/server"
 	"github.com/macfleet/macfleet/agent/standalone"
 	"github.com/macfleet/macfleet/api/engine"
+	"github.com/macfleet/macfleet/enginepool"
+	"github.com/macfleet/macfleet/enginepool/runnerproc"
 	"github.com/macfleet/macfleet/internal/ggufsynth"
-	"github.com/macfleet/macfleet/metal"
-	"github.com/macfleet/macfleet/metal/runnerproc"
 )
 
 func tinyModel(t *testing.T) string {
@@ -42,46 +42,46 @@ func tinyModel(t *testing.T) string {
 func TestBuildSpec(t *testing.T) {
 	path := tinyModel(t)
 	tiny := ggufsynth.Tiny()
-	dims := metal.ModelDims{Layers: tiny.Layers, Embedding: tiny.Embd, Heads: tiny.Heads, KVHeads: tiny.KVHeads,
+	dims := enginepool.ModelDims{Layers: tiny.Layers, Embedding: tiny.Embd, Heads: tiny.Heads, KVHeads: tiny.KVHeads,
 		Vocab: tiny.Vocab, KVTypeSize: 2}
 	tests := []struct {
 		name string
 		in   config.Model
-		want metal.ModelSpec
+		want enginepool.ModelSpec
 		// estimated: the estimate is read from the header (positive), else want's.
 		estimated bool
 	}{
 		{
 			name: "training context per slot",
 			in:   config.Model{Name: "t", Path: path, Settings: engine.Settings{Parallel: 2, KVCacheType: "f16"}, Residency: "Pinned"},
-			want: metal.ModelSpec{Name: "t", Path: path, ContextLength: 2 * tiny.Ctx, Parallel: 2, KVCacheType: "f16",
-				Residency: metal.Pinned, Dims: dims, PromptCache: metal.PromptCacheSpec{Enabled: true}},
+			want: enginepool.ModelSpec{Name: "t", Path: path, ContextLength: 2 * tiny.Ctx, Parallel: 2, KVCacheType: "f16",
+				Residency: enginepool.Pinned, Dims: dims, PromptCache: enginepool.PromptCacheSpec{Enabled: true}},
 			estimated: true,
 		},
 		{
 			name: "explicit settings and memory",
 			in: config.Model{Name: "t", Aliases: []string{"a"}, Path: path, Settings: engine.Settings{ContextLength: 1024, KVCacheType: "q8_0", Threads: 3},
 				Residency: "OnDemand", IdleTimeout: config.Duration(time.Minute), Memory: 3 << 20},
-			want: metal.ModelSpec{Name: "t", Aliases: []string{"a"}, Path: path, ContextLength: 1024, Parallel: 1,
-				KVCacheType: "q8_0", Threads: 3, Residency: metal.OnDemand, IdleTimeout: time.Minute, EstimatedBytes: 3 << 20,
-				Dims: metal.ModelDims{Layers: dims.Layers, Embedding: dims.Embedding, Heads: dims.Heads,
+			want: enginepool.ModelSpec{Name: "t", Aliases: []string{"a"}, Path: path, ContextLength: 1024, Parallel: 1,
+				KVCacheType: "q8_0", Threads: 3, Residency: enginepool.OnDemand, IdleTimeout: time.Minute, EstimatedBytes: 3 << 20,
+				Dims: enginepool.ModelDims{Layers: dims.Layers, Embedding: dims.Embedding, Heads: dims.Heads,
 					KVHeads: dims.KVHeads, Vocab: dims.Vocab, KVTypeSize: 34.0 / 32},
-				PromptCache: metal.PromptCacheSpec{Enabled: true}},
+				PromptCache: enginepool.PromptCacheSpec{Enabled: true}},
 		},
 		{
 			name: "prompt cache capped, without an SSD tier",
 			in: config.Model{Name: "t", Path: path, Settings: engine.Settings{ContextLength: 512, KVCacheType: "f16"}, Residency: "OnDemand", Memory: 1 << 20,
 				PromptCache: &config.PromptCache{HotBytes: ptr.To(config.Size(64 << 20)), SSDBytes: ptr.To(config.Size(0))}},
-			want: metal.ModelSpec{Name: "t", Path: path, ContextLength: 512, Parallel: 1, KVCacheType: "f16",
-				Residency: metal.OnDemand, EstimatedBytes: 1 << 20, Dims: dims,
-				PromptCache: metal.PromptCacheSpec{Enabled: true, HotBytes: 64 << 20, SSDBytes: -1}},
+			want: enginepool.ModelSpec{Name: "t", Path: path, ContextLength: 512, Parallel: 1, KVCacheType: "f16",
+				Residency: enginepool.OnDemand, EstimatedBytes: 1 << 20, Dims: dims,
+				PromptCache: enginepool.PromptCacheSpec{Enabled: true, HotBytes: 64 << 20, SSDBytes: -1}},
 		},
 		{
 			name: "prompt cache off",
 			in: config.Model{Name: "t", Path: path, Settings: engine.Settings{ContextLength: 512, KVCacheType: "f16"}, Residency: "OnDemand", Memory: 1 << 20,
 				PromptCache: &config.PromptCache{Enabled: ptr.To(false)}},
-			want: metal.ModelSpec{Name: "t", Path: path, ContextLength: 512, Parallel: 1, KVCacheType: "f16",
-				Residency: metal.OnDemand, EstimatedBytes: 1 << 20, Dims: dims},
+			want: enginepool.ModelSpec{Name: "t", Path: path, ContextLength: 512, Parallel: 1, KVCacheType: "f16",
+				Residency: enginepool.OnDemand, EstimatedBytes: 1 << 20, Dims: dims},
 		},
 	}
 	for _, tt := range tests {
@@ -177,7 +177,7 @@ func TestRunServesAndShutsDown(t *testing.T) {
 		done <- standalone.Run(ctx, cfg, standalone.Options{
 			Log:      funcr.New(logs.line, funcr.Options{}),
 			Listener: ln,
-			Pool:     metal.Config{DrainTimeout: time.Second, SettleTimeout: time.Second},
+			Pool:     enginepool.Config{DrainTimeout: time.Second, SettleTimeout: time.Second},
 		})
 	}()
 	t.Cleanup(func() {
@@ -221,15 +221,15 @@ func TestRunServesAndShutsDown(t *testing.T) {
 		}
 		return s
 	}
-	states := map[string]metal.State{}
+	states := map[string]enginepool.State{}
 	s := status()
 	for _, m := range s.Models {
 		states[m.Name] = m.State
 	}
-	if d := cmp.Diff(map[string]metal.State{"resident": metal.StateReady, "lazy": metal.StateAbsent}, states); d != "" {
+	if d := cmp.Diff(map[string]enginepool.State{"resident": enginepool.StateReady, "lazy": enginepool.StateAbsent}, states); d != "" {
 		t.Errorf("states once ready (-want +got):\n%s", d)
 	}
-	if s.Ceiling.Bound != metal.BoundConfigured || s.Ceiling.Bytes != 2<<30 {
+	if s.Ceiling.Bound != enginepool.BoundConfigured || s.Ceiling.Bytes != 2<<30 {
 		t.Errorf("ceiling %+v; want the configured 2Gi", s.Ceiling)
 	}
 

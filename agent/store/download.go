@@ -19,7 +19,7 @@ import (
 
 	"github.com/go-logr/logr"
 
-	"github.com/macfleet/macfleet/internal/source"
+	"github.com/macfleet/macfleet/internal/modelsource"
 	"github.com/macfleet/macfleet/sourcepolicy"
 )
 
@@ -38,7 +38,7 @@ var errStalled = errors.New("stalled")
 
 // download resolves src, downloads it into the store and verifies it. It returns the
 // verified file's path and size.
-func (s *Store) download(ctx context.Context, src source.Source, want string, report func(int64, int64)) (string, int64, error) {
+func (s *Store) download(ctx context.Context, src modelsource.Source, want string, report func(int64, int64)) (string, int64, error) {
 	loc, err := s.resolve(ctx, src)
 	if err != nil {
 		return "", 0, err
@@ -106,8 +106,8 @@ func (s *Store) download(ctx context.Context, src source.Source, want string, re
 	return p, part.off, nil
 }
 
-func (s *Store) resolve(ctx context.Context, src source.Source) (source.Location, error) {
-	if src.Scheme == source.Ollama {
+func (s *Store) resolve(ctx context.Context, src modelsource.Source) (modelsource.Location, error) {
+	if src.Scheme == modelsource.Ollama {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, manifestTimeout)
 		defer cancel()
@@ -267,7 +267,7 @@ func (p *partial) close() { _ = p.f.Close() }
 
 // transfer makes one request for the rest of the file and appends the body to the
 // partial. restart means the partial was emptied and the request must be made again.
-func (s *Store) transfer(ctx context.Context, p *partial, src source.Source, loc source.Location, digest string, report func(int64, int64)) (restart bool, err error) {
+func (s *Store) transfer(ctx context.Context, p *partial, src modelsource.Source, loc modelsource.Location, digest string, report func(int64, int64)) (restart bool, err error) {
 	url := loc.URL
 	log := s.log.WithValues("source", src.String(), "url", url)
 	sameURL := p.meta.URL == url
@@ -325,7 +325,7 @@ func (s *Store) transfer(ctx context.Context, p *partial, src source.Source, loc
 
 // request is the GET of the file at url: of the rest of it (from the partial's
 // offset, if the version is unchanged when the server can tell) when resuming.
-func (s *Store) request(rctx context.Context, p *partial, src source.Source, url string, resume, sameURL bool, log logr.Logger) (*http.Request, error) {
+func (s *Store) request(rctx context.Context, p *partial, src modelsource.Source, url string, resume, sameURL bool, log logr.Logger) (*http.Request, error) {
 	req, err := http.NewRequestWithContext(rctx, http.MethodGet, url, nil)
 	if err != nil {
 		return nil, fmt.Errorf("downloading %s: %w", src.Raw, err)
@@ -333,7 +333,7 @@ func (s *Store) request(rctx context.Context, p *partial, src source.Source, url
 	// Asking for identity keeps the transport from decompressing, so that byte offsets
 	// are the file's.
 	req.Header.Set("Accept-Encoding", "identity")
-	if src.Scheme == source.HuggingFace && s.hfToken != "" {
+	if src.Scheme == modelsource.HuggingFace && s.hfToken != "" {
 		req.Header.Set("Authorization", "Bearer "+s.hfToken)
 	}
 	if !resume {
@@ -356,7 +356,7 @@ func (s *Store) request(rctx context.Context, p *partial, src source.Source, url
 // total size, -1 if unknown), the whole file (the partial emptied to take it), or
 // nothing more to take (done; restart if the partial was emptied and the request
 // must be made again).
-func (p *partial) answer(resp *http.Response, src source.Source, url string, resume bool, log logr.Logger) (total int64, restart, done bool, err error) {
+func (p *partial) answer(resp *http.Response, src modelsource.Source, url string, resume bool, log logr.Logger) (total int64, restart, done bool, err error) {
 	switch resp.StatusCode {
 	case http.StatusPartialContent:
 		start, size, ok := parseContentRange(resp.Header.Get("Content-Range"))
@@ -384,7 +384,7 @@ func (p *partial) answer(resp *http.Response, src source.Source, url string, res
 		return 0, true, true, p.reset(url)
 	}
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
-	return 0, false, true, fmt.Errorf("downloading %s: %w", src.Raw, &source.StatusError{URL: url, StatusCode: resp.StatusCode, Status: resp.Status})
+	return 0, false, true, fmt.Errorf("downloading %s: %w", src.Raw, &modelsource.StatusError{URL: url, StatusCode: resp.StatusCode, Status: resp.Status})
 }
 
 // appendBody appends body to the partial, hashing it as it goes and reporting the
@@ -443,11 +443,11 @@ func (s *Store) transferErr(ctx, rctx context.Context, url string, err error) er
 	if errors.As(err, &denied) {
 		return fmt.Errorf("downloading %s: %w", url, denied)
 	}
-	return fmt.Errorf("downloading %s: %w", url, source.Unreachable(url, err))
+	return fmt.Errorf("downloading %s: %w", url, modelsource.Unreachable(url, err))
 }
 
 // finish verifies the complete partial file and renames it to its digest's name.
-func (s *Store) finish(p *partial, src source.Source, url, digest string) (path, got string, err error) {
+func (s *Store) finish(p *partial, src modelsource.Source, url, digest string) (path, got string, err error) {
 	if err := p.f.Sync(); err != nil {
 		return "", "", fmt.Errorf("model store: %w", err)
 	}

@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"net/http"
 
-	"github.com/macfleet/macfleet/internal/source"
+	"github.com/macfleet/macfleet/internal/modelsource"
 	"github.com/macfleet/macfleet/sourcepolicy"
 )
 
@@ -127,9 +127,9 @@ func Retryable(err error) bool {
 		digest   *DigestError
 		format   *FormatError
 		local    *LocalFileError
-		parse    *source.ParseError
-		manifest *source.ManifestError
-		status   *source.StatusError
+		parse    *modelsource.ParseError
+		manifest *modelsource.ManifestError
+		status   *modelsource.StatusError
 		denied   *sourcepolicy.DeniedError
 		tooLarge *TooLargeError
 	)

@@ -21,7 +21,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/macfleet/macfleet/api/v1alpha1"
-	"github.com/macfleet/macfleet/internal/source"
+	"github.com/macfleet/macfleet/internal/modelsource"
 	"github.com/macfleet/macfleet/sourcepolicy"
 )
 
@@ -259,7 +259,7 @@ func readFile(t *testing.T, p string) []byte {
 // partialPath is where the partial download of the source raw lives.
 func partialPath(t *testing.T, dir, raw string) string {
 	t.Helper()
-	src, err := source.Parse(raw)
+	src, err := modelsource.Parse(raw)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,7 +13,7 @@ import (
 	"path/filepath"
 	"syscall"
 
-	"github.com/macfleet/macfleet/internal/source"
+	"github.com/macfleet/macfleet/internal/modelsource"
 	"github.com/macfleet/macfleet/sourcepolicy"
 )
 
@@ -60,7 +60,7 @@ func allowedLocalPath(path string, dirs []string, whose string) (string, error) 
 // regular file starting with the GGUF magic, and with the wanted SHA-256 when given.
 // The hash is remembered, so that a restarted agent does not read a multi-gigabyte
 // file again.
-func (s *Store) verifyLocal(ctx context.Context, src source.Source, path, want string, report func(int64, int64)) (string, int64, error) {
+func (s *Store) verifyLocal(ctx context.Context, src modelsource.Source, path, want string, report func(int64, int64)) (string, int64, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		switch {

@@ -13,13 +13,13 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/macfleet/macfleet/internal/source"
+	"github.com/macfleet/macfleet/internal/modelsource"
 )
 
 // A file's use time is the later of its own modification time (when it was
 // downloaded) and that of its marker used/sha256-<hex>, which every successful Fetch
 // and every Prune that keeps it refreshes. The file itself is never touched: its
-// modification time is part of a runner's adoption fingerprint (metal), so changing
+// modification time is part of a runner's adoption fingerprint (enginepool), so changing
 // it would make a restarted agent reload every model instead of adopting its runner.
 //
 // Fetch refreshes the marker under a shared flock on the file, and Prune removes a
@@ -165,8 +165,8 @@ func (s *Store) keepSet(opts PruneOptions) (blobs, partials map[string]bool) {
 		if err != nil {
 			continue
 		}
-		src, err := source.Parse(m.Source)
-		if err != nil || src.Scheme == source.File {
+		src, err := modelsource.Parse(m.Source)
+		if err != nil || src.Scheme == modelsource.File {
 			continue
 		}
 		if want != "" {

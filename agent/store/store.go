@@ -42,7 +42,7 @@ import (
 	"github.com/go-logr/logr"
 	"k8s.io/utils/clock"
 
-	"github.com/macfleet/macfleet/internal/source"
+	"github.com/macfleet/macfleet/internal/modelsource"
 	"github.com/macfleet/macfleet/sourcepolicy"
 )
 
@@ -57,12 +57,12 @@ const (
 
 // Options configure a Store.
 type Options struct {
-	// HFEndpoint is the Hugging Face hub (source.DefaultHFEndpoint when empty).
+	// HFEndpoint is the Hugging Face hub (modelsource.DefaultHFEndpoint when empty).
 	HFEndpoint string
 	// HFToken, when set, is sent as a bearer token with hf:// downloads (gated models).
 	// The HTTP client drops it on redirects to other hosts.
 	HFToken string
-	// OllamaRegistry is the ollama registry (source.DefaultOllamaRegistry when empty).
+	// OllamaRegistry is the ollama registry (modelsource.DefaultOllamaRegistry when empty).
 	OllamaRegistry string
 	// HTTPClient makes every request. It must not have an overall Timeout: downloads
 	// take as long as they take; stalls are caught by StallTimeout. When nil, a client
@@ -104,7 +104,7 @@ type Options struct {
 type Store struct {
 	dir, blobs, refs, local, used string
 
-	resolver         *source.Resolver
+	resolver         *modelsource.Resolver
 	client           *http.Client
 	policy           *sourcepolicy.Holder
 	hfToken          string
@@ -176,7 +176,7 @@ func New(dir string, opts Options) (*Store, error) {
 	if s.stallTimeout <= 0 {
 		s.stallTimeout = DefaultStallTimeout
 	}
-	s.resolver = &source.Resolver{HFEndpoint: opts.HFEndpoint, OllamaRegistry: opts.OllamaRegistry, HTTPClient: s.client}
+	s.resolver = &modelsource.Resolver{HFEndpoint: opts.HFEndpoint, OllamaRegistry: opts.OllamaRegistry, HTTPClient: s.client}
 	s.removeTemp()
 	return s, nil
 }
@@ -208,7 +208,7 @@ func (s *Store) Fetch(ctx context.Context, namespace, rawSource, sha256 string, 
 	if err != nil {
 		return "", err
 	}
-	src, err := source.Parse(rawSource)
+	src, err := modelsource.Parse(rawSource)
 	if err != nil {
 		return "", err
 	}
@@ -216,14 +216,14 @@ func (s *Store) Fetch(ctx context.Context, namespace, rawSource, sha256 string, 
 	if err := policy.DecideSource(namespace, rawSource).Err(namespace, rawSource); err != nil {
 		return "", err
 	}
-	if src.Scheme == source.HTTP {
+	if src.Scheme == modelsource.HTTP {
 		// Redirects must stay on hosts the namespace may use.
 		ctx = sourcepolicy.ForSource(ctx, namespace, rawSource)
 	}
 	if err := ctx.Err(); err != nil {
 		return "", fmt.Errorf("fetching %s: %w", rawSource, err)
 	}
-	if src.Scheme == source.File {
+	if src.Scheme == modelsource.File {
 		real, err := allowedLocalPath(src.LocalPath, policy.FileDirectories(namespace), "allowed for its namespace")
 		if err != nil {
 			return "", &sourcepolicy.DeniedError{Namespace: namespace, Source: rawSource, Reason: err.Error() +
@@ -260,7 +260,7 @@ func (s *Store) Fetch(ctx context.Context, namespace, rawSource, sha256 string, 
 }
 
 // fetchStored returns the path of the store's file of src, downloading it if needed.
-func (s *Store) fetchStored(ctx context.Context, src source.Source, rawSource, want string, progress func(done, total int64)) (string, error) {
+func (s *Store) fetchStored(ctx context.Context, src modelsource.Source, rawSource, want string, progress func(done, total int64)) (string, error) {
 	// What this source already gave needs no network. A file that only another
 	// source gave is not handed out on its digest alone: it is downloaded from src
 	// and verified (see verifiedFrom).
@@ -302,7 +302,7 @@ func (s *Store) fetchStored(ctx context.Context, src source.Source, rawSource, w
 // Files stored before this rule have the same records, so every source that
 // downloaded one still finds it without network; another source of the same digest
 // downloads it once, from itself.
-func (s *Store) verifiedFrom(src source.Source, digest string) bool {
+func (s *Store) verifiedFrom(src modelsource.Source, digest string) bool {
 	if digest == "" {
 		return false
 	}
@@ -358,17 +358,17 @@ type ref struct {
 // maxEarlierDigests bounds ref.Earlier.
 const maxEarlierDigests = 8
 
-func (s *Store) refPath(src source.Source) string {
+func (s *Store) refPath(src modelsource.Source) string {
 	return filepath.Join(s.refs, hashName(src.String())+".json")
 }
 
 // readRef returns the digest of the file src gave last time, or "".
-func (s *Store) readRef(src source.Source) string {
+func (s *Store) readRef(src modelsource.Source) string {
 	return s.loadRef(src).Digest
 }
 
 // loadRef returns src's record; empty when there is none or it is unusable.
-func (s *Store) loadRef(src source.Source) ref {
+func (s *Store) loadRef(src modelsource.Source) ref {
 	b, err := os.ReadFile(s.refPath(src))
 	if err != nil {
 		return ref{}
@@ -385,7 +385,7 @@ func (s *Store) loadRef(src source.Source) ref {
 
 // writeRef records that src gave the file of digest, keeping the files it gave
 // before.
-func (s *Store) writeRef(src source.Source, digest string) {
+func (s *Store) writeRef(src modelsource.Source, digest string) {
 	old := s.loadRef(src)
 	r := ref{Source: src.String(), Digest: digest}
 	for _, d := range append(old.Earlier, old.Digest) {

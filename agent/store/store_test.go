@@ -21,7 +21,7 @@ import (
 	"github.com/go-logr/logr/funcr"
 	"github.com/google/go-cmp/cmp"
 
-	"github.com/macfleet/macfleet/internal/source"
+	"github.com/macfleet/macfleet/internal/modelsource"
 )
 
 func TestResumeAfterCut(t *testing.T) {
@@ -729,13 +729,13 @@ func TestRetryable(t *testing.T) {
 		{&DigestError{}, false},
 		{&FormatError{}, false},
 		{&LocalFileError{}, false},
-		{&source.ParseError{}, false},
-		{&source.ManifestError{}, false},
-		{&source.StatusError{StatusCode: 404}, false},
-		{&source.StatusError{StatusCode: 410}, false},
-		{&source.StatusError{StatusCode: 502}, true},
-		{&source.StatusError{StatusCode: 408}, true},
-		{&source.UnreachableError{Err: errors.New("refused")}, true},
+		{&modelsource.ParseError{}, false},
+		{&modelsource.ManifestError{}, false},
+		{&modelsource.StatusError{StatusCode: 404}, false},
+		{&modelsource.StatusError{StatusCode: 410}, false},
+		{&modelsource.StatusError{StatusCode: 502}, true},
+		{&modelsource.StatusError{StatusCode: 408}, true},
+		{&modelsource.UnreachableError{Err: errors.New("refused")}, true},
 		{&DiskSpaceError{}, true},
 		{&StalledError{}, true},
 		{&IncompleteError{}, true},

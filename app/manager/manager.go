@@ -34,8 +34,8 @@ import (
 	"github.com/macfleet/macfleet/controllers/scheduler"
 	"github.com/macfleet/macfleet/internal/informers"
 	"github.com/macfleet/macfleet/internal/mgrhttp"
+	"github.com/macfleet/macfleet/internal/modelsource"
 	"github.com/macfleet/macfleet/internal/nodeauthz"
-	"github.com/macfleet/macfleet/internal/source"
 	"github.com/macfleet/macfleet/pki"
 )
 
@@ -62,7 +62,7 @@ type Config struct {
 	// SchedulerWorkers is how many binding writes run in parallel.
 	SchedulerWorkers int
 	// Resolver maps hf:// and ollama:// sources to URLs for the memory estimate.
-	Resolver source.Resolver
+	Resolver modelsource.Resolver
 	// GatewayIdentity names the gateway's identity (macfleet://gateway/<name>) whose
 	// client certificate the manager issues and renews in Secret
 	// macfleet-system/macfleet-gateway-tls; "" issues none. The manager keeps the fleet

@@ -23,9 +23,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/macfleet/macfleet/enginepool"
+	"github.com/macfleet/macfleet/enginepool/runnerproc"
 	"github.com/macfleet/macfleet/internal/ggufsynth"
-	"github.com/macfleet/macfleet/metal"
-	"github.com/macfleet/macfleet/metal/runnerproc"
 	"github.com/macfleet/macfleet/test/support/chatstream"
 	"github.com/macfleet/macfleet/test/support/syncbuf"
 )
@@ -313,15 +313,15 @@ func (a *agent) poll(timeout time.Duration, what string, cond func() bool) {
 // statusResponse is the body of GET /api/status.
 type statusResponse struct {
 	Ready bool `json:"ready"`
-	metal.Snapshot
+	enginepool.Snapshot
 }
 
 // modelActionResponse is the body of POST /api/models/{id}/load and .../unload.
 type modelActionResponse struct {
-	Model      string              `json:"model"`
-	State      metal.State         `json:"state"`
-	Unloaded   bool                `json:"unloaded"`
-	LastUnload *metal.UnloadReport `json:"lastUnload"`
+	Model      string                   `json:"model"`
+	State      enginepool.State         `json:"state"`
+	Unloaded   bool                     `json:"unloaded"`
+	LastUnload *enginepool.UnloadReport `json:"lastUnload"`
 }
 
 func (a *agent) status() statusResponse {
@@ -333,7 +333,7 @@ func (a *agent) status() statusResponse {
 	return st
 }
 
-func (a *agent) model(name string) metal.ModelSnapshot {
+func (a *agent) model(name string) enginepool.ModelSnapshot {
 	a.b.Helper()
 	for _, m := range a.status().Models {
 		if m.Name == name {
@@ -341,14 +341,14 @@ func (a *agent) model(name string) metal.ModelSnapshot {
 		}
 	}
 	a.b.Fatalf("model %q is not in /api/status", name)
-	return metal.ModelSnapshot{}
+	return enginepool.ModelSnapshot{}
 }
 
 // load loads a model and waits until it is Ready.
 func (a *agent) load(name string) {
 	a.b.Helper()
 	var out modelActionResponse
-	if code := a.do(http.MethodPost, "/api/models/"+name+"/load", &out); code != http.StatusOK || out.State != metal.StateReady {
+	if code := a.do(http.MethodPost, "/api/models/"+name+"/load", &out); code != http.StatusOK || out.State != enginepool.StateReady {
 		a.b.Fatalf("POST /api/models/%s/load: %d, state %q", name, code, out.State)
 	}
 }

@@ -20,16 +20,16 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
-	"github.com/macfleet/macfleet/agent/cluster"
+	"github.com/macfleet/macfleet/agent/clustermode"
 	"github.com/macfleet/macfleet/agent/config"
 	"github.com/macfleet/macfleet/agent/hardware"
 	"github.com/macfleet/macfleet/agent/janitor"
-	"github.com/macfleet/macfleet/agent/node"
+	"github.com/macfleet/macfleet/agent/macnode"
 	"github.com/macfleet/macfleet/agent/standalone"
 	"github.com/macfleet/macfleet/agent/store"
+	"github.com/macfleet/macfleet/enginepool"
 	"github.com/macfleet/macfleet/internal/credentials"
-	"github.com/macfleet/macfleet/internal/source"
-	"github.com/macfleet/macfleet/metal"
+	"github.com/macfleet/macfleet/internal/modelsource"
 	"github.com/macfleet/macfleet/runner/sandbox"
 	"github.com/macfleet/macfleet/sourcepolicy"
 	"github.com/macfleet/macfleet/tenancy/satoken"
@@ -94,8 +94,8 @@ while the API server is unreachable and resyncs when it returns.`,
 	return cmd
 }
 
-// run starts the node agent: flags to cluster.Config, the node credential's renewal,
-// the store, the gauge, the node session and tracing wired in, then cluster.Run.
+// run starts the node agent: flags to clustermode.Config, the node credential's renewal,
+// the store, the gauge, the node session and tracing wired in, then clustermode.Run.
 func (fl agentFlags) run(cmd *cobra.Command, zapOpts zap.Options) error {
 	log := zap.New(zap.UseFlagOptions(&zapOpts))
 	ctrl.SetLogger(log)
@@ -129,7 +129,7 @@ func (fl agentFlags) run(cmd *cobra.Command, zapOpts zap.Options) error {
 		return err
 	}
 	cfg.Store, cfg.SourcePolicy = st, policy
-	gauge, err := metal.NewGauge()
+	gauge, err := enginepool.NewGauge()
 	if err != nil {
 		return fmt.Errorf("measuring memory: %w", err)
 	}
@@ -143,7 +143,7 @@ func (fl agentFlags) run(cmd *cobra.Command, zapOpts zap.Options) error {
 	cfg.TracerProvider, cfg.SpanRelay = tp, relay
 	log.Info("Starting the node agent", "node", cfg.NodeName, "store", fl.storeDir, "state", fl.stateDir,
 		"listen", cfg.Listen)
-	return cluster.Run(ctx, cfg)
+	return clustermode.Run(ctx, cfg)
 }
 
 // register binds the agent's flags to fl and zapOpts.
@@ -167,7 +167,7 @@ func (fl *agentFlags) register(cmd *cobra.Command, host string, zapOpts *zap.Opt
 	f.BoolVar(&fl.noSATokens, "no-service-account-tokens", false, "Take only the gateways' and the manager's certificates, not ServiceAccount tokens")
 	f.DurationVar(&fl.tokenCacheTTL, "token-cache-ttl", satoken.DefaultTTL, "How long a ServiceAccount token's review is reused: "+
 		"the longest a deleted ServiceAccount's token keeps working")
-	f.DurationVar(&fl.leaseDuration, "lease-duration", node.DefaultLeaseDuration, "The node Lease's duration; it is renewed every quarter of it")
+	f.DurationVar(&fl.leaseDuration, "lease-duration", macnode.DefaultLeaseDuration, "The node Lease's duration; it is renewed every quarter of it")
 	f.StringVar(&fl.ceiling, "memory-ceiling", "", "Cap the memory of all models together, e.g. 12Gi (default: the Mac's ceiling; the MacNode's spec.memoryCeiling lowers it)")
 	f.StringVar(&fl.reserve, "memory-reserve", "", "Memory left to the OS below the Mac's ceiling (default 4Gi below 24Gi of RAM, else 6Gi)")
 	f.StringVar(&fl.runner, "runner", "", "The macfleet-runner binary (default $MACFLEET_RUNNER, else next to macfleet, else on $PATH)")
@@ -186,8 +186,8 @@ func (fl *agentFlags) register(cmd *cobra.Command, host string, zapOpts *zap.Opt
 	f.DurationVar(&fl.gcInterval, "gc-interval", janitor.DefaultInterval, "How often the store and prompt cache directories are pruned "+
 		"(the first time a minute after the replicas are known)")
 	f.BoolVar(&fl.runnerOutput, "runner-output", false, "Copy every runner's output to stderr, prefixed with its replica")
-	f.StringVar(&fl.hfEndpoint, "hf-endpoint", source.DefaultHFEndpoint, "Model hub that hf:// sources download from")
-	f.StringVar(&fl.ollamaRegistry, "ollama-registry", source.DefaultOllamaRegistry, "Registry that ollama:// sources download from")
+	f.StringVar(&fl.hfEndpoint, "hf-endpoint", modelsource.DefaultHFEndpoint, "Model hub that hf:// sources download from")
+	f.StringVar(&fl.ollamaRegistry, "ollama-registry", modelsource.DefaultOllamaRegistry, "Registry that ollama:// sources download from")
 	f.StringVar(&fl.chip, "chip", "", "Override the detected chip name (to simulate a Mac), e.g. 'Apple M2 Max'")
 	f.StringVar(&fl.unifiedMemory, "unified-memory", "", "Override the detected memory, e.g. 16Gi (the ceiling follows)")
 	f.IntVar(&fl.cpuCores, "cpu-cores", 0, "Override the detected CPU cores")
@@ -227,8 +227,8 @@ func (fl agentFlags) storeOptions() (store.Options, error) {
 }
 
 // config turns the flags into the agent's configuration and hardware overrides.
-func (fl agentFlags) config() (cluster.Config, hardware.Overrides, error) {
-	var cfg cluster.Config
+func (fl agentFlags) config() (clustermode.Config, hardware.Overrides, error) {
+	var cfg clustermode.Config
 	var ov hardware.Overrides
 	cfg.TokenAudience, cfg.NoServiceAccountTokens, cfg.TokenCacheTTL = fl.tokenAudience, fl.noSATokens, fl.tokenCacheTTL
 	if fl.nodeName == "" {
@@ -311,11 +311,11 @@ func (fl agentFlags) config() (cluster.Config, hardware.Overrides, error) {
 }
 
 // nodeSession registers the MacNode and renews its Lease beside the replica sync
-// (node.NewForPool: the pool's events trigger memory status writes, and the MacNode's
+// (macnode.NewForPool: the pool's events trigger memory status writes, and the MacNode's
 // spec.memoryCeiling lowers the pool's ceiling together with --memory-ceiling).
-func nodeSession(fl agentFlags, flagCeiling int64) cluster.Runnable {
-	return func(ctx context.Context, env cluster.Env) error {
-		s, err := node.NewForPool(node.Config{
+func nodeSession(fl agentFlags, flagCeiling int64) clustermode.Runnable {
+	return func(ctx context.Context, env clustermode.Env) error {
+		s, err := macnode.NewForPool(macnode.Config{
 			Client: env.Client, NodeName: env.NodeName, Address: env.Endpoint, Version: agentVersion(),
 			LeaseDuration: fl.leaseDuration, Log: ctrl.Log.WithName("node"), FlagCeiling: flagCeiling,
 		}, env.Pool)
@@ -330,7 +330,7 @@ func nodeSession(fl agentFlags, flagCeiling int64) cluster.Runnable {
 // kubeconfig file with each new one (internal/credentials.Rotator): every client made
 // from rc afterwards uses the current token. A credential that is not a bound node
 // token is used as it is, until it expires.
-func renewCredential(rc *rest.Config, kubeconfig string, cfg *cluster.Config, log logr.Logger) error {
+func renewCredential(rc *rest.Config, kubeconfig string, cfg *clustermode.Config, log logr.Logger) error {
 	if kubeconfig == "" && !strings.ContainsRune(os.Getenv("KUBECONFIG"), filepath.ListSeparator) {
 		kubeconfig = os.Getenv("KUBECONFIG")
 	}
@@ -346,7 +346,7 @@ func renewCredential(rc *rest.Config, kubeconfig string, cfg *cluster.Config, lo
 	c := rot.Claims()
 	log.Info("Renewing the node token before it expires", "expires", c.Expires, "renewAt", credentials.RenewAt(c),
 		"boundTo", c.Namespace+"/"+c.Secret)
-	cfg.Runnables = append(cfg.Runnables, func(ctx context.Context, _ cluster.Env) error { return rot.Run(ctx) })
+	cfg.Runnables = append(cfg.Runnables, func(ctx context.Context, _ clustermode.Env) error { return rot.Run(ctx) })
 	return nil
 }
 

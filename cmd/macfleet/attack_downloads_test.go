@@ -18,7 +18,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/macfleet/macfleet/api/v1alpha1"
-	"github.com/macfleet/macfleet/internal/source"
+	"github.com/macfleet/macfleet/internal/modelsource"
 	"github.com/macfleet/macfleet/sourcepolicy"
 )
 
@@ -34,7 +34,7 @@ func shippedStore(t *testing.T, spec v1alpha1.SourcePolicySpec) interface {
 	if err != nil {
 		t.Fatal(err)
 	}
-	fl := agentFlags{storeDir: t.TempDir(), hfEndpoint: source.DefaultHFEndpoint, ollamaRegistry: source.DefaultOllamaRegistry}
+	fl := agentFlags{storeDir: t.TempDir(), hfEndpoint: modelsource.DefaultHFEndpoint, ollamaRegistry: modelsource.DefaultOllamaRegistry}
 	st, err := fl.newStore(sourcepolicy.NewHolder(p), logr.Discard())
 	if err != nil {
 		t.Fatal(err)

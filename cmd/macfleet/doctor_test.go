@@ -10,8 +10,8 @@ import (
 	"testing"
 
 	"github.com/macfleet/macfleet/doctor"
-	"github.com/macfleet/macfleet/metal"
-	"github.com/macfleet/macfleet/metal/runnerproc"
+	"github.com/macfleet/macfleet/enginepool"
+	"github.com/macfleet/macfleet/enginepool/runnerproc"
 )
 
 // doctorRunner returns $MACFLEET_RUNNER; without it the test is skipped, except in CI
@@ -85,7 +85,7 @@ func TestDoctorCommand(t *testing.T) {
 	if got := strings.Join(steps, ","); got != "synth,load,generate,unload,exit" {
 		t.Errorf("steps %s", got)
 	}
-	if st.Unload.Outcome != metal.Settled || st.Unload.ResidentBytes <= 0 || st.Unload.FreedBytes < 0 {
+	if st.Unload.Outcome != enginepool.Settled || st.Unload.ResidentBytes <= 0 || st.Unload.FreedBytes < 0 {
 		t.Errorf("unload report %+v", st.Unload)
 	}
 	if rep.Runner.Backend == "" || rep.Runner.Engine == "" {

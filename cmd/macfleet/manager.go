@@ -15,7 +15,7 @@ import (
 	"github.com/macfleet/macfleet/controllers/autoscaler"
 	"github.com/macfleet/macfleet/controllers/macnode"
 	"github.com/macfleet/macfleet/controllers/scheduler"
-	"github.com/macfleet/macfleet/internal/source"
+	"github.com/macfleet/macfleet/internal/modelsource"
 )
 
 func init() {
@@ -63,8 +63,8 @@ deployments with spec.autoscaling from the requests in flight on their agents.`,
 	f.StringVar(&cfg.NodeAuthorizerAddr, "node-authorizer-bind-address", "", `Address of the node authorizer webhook (HTTPS, path /authorize) the API server asks about node identities' reads of ModelReplicas; "" or "0" disables it`)
 	f.StringVar(&cfg.NodeAuthorizerCertDir, "node-authorizer-cert-dir", "", "Directory with tls.crt and tls.key for the node authorizer webhook (reloaded when they change)")
 	f.StringVar(&cfg.NodeAuthorizerClientCA, "node-authorizer-client-ca", "", "PEM file of the CAs that sign the API server's client certificate for the node authorizer webhook; callers without such a certificate are refused (unset: any caller that reaches the port is answered)")
-	f.StringVar(&cfg.Resolver.HFEndpoint, "hf-endpoint", source.DefaultHFEndpoint, "Model hub that hf:// sources resolve against")
-	f.StringVar(&cfg.Resolver.OllamaRegistry, "ollama-registry", source.DefaultOllamaRegistry, "Registry that ollama:// sources resolve against")
+	f.StringVar(&cfg.Resolver.HFEndpoint, "hf-endpoint", modelsource.DefaultHFEndpoint, "Model hub that hf:// sources resolve against")
+	f.StringVar(&cfg.Resolver.OllamaRegistry, "ollama-registry", modelsource.DefaultOllamaRegistry, "Registry that ollama:// sources resolve against")
 	gfs := goflag.NewFlagSet("zap", goflag.ContinueOnError)
 	zapOpts.BindFlags(gfs)
 	f.AddGoFlagSet(gfs)

@@ -19,7 +19,7 @@ import (
 
 	"github.com/macfleet/macfleet/agent/server"
 	"github.com/macfleet/macfleet/api/v1alpha1"
-	"github.com/macfleet/macfleet/metal"
+	"github.com/macfleet/macfleet/enginepool"
 	"github.com/macfleet/macfleet/test/support/testenv"
 )
 
@@ -28,11 +28,11 @@ import (
 type fakeAgent struct {
 	srv    *httptest.Server
 	reads  atomic.Int32
-	models []metal.ModelSnapshot
+	models []enginepool.ModelSnapshot
 	queues map[string][]server.GatewayQueue
 }
 
-func newFakeAgent(t *testing.T, token string, models ...metal.ModelSnapshot) *fakeAgent {
+func newFakeAgent(t *testing.T, token string, models ...enginepool.ModelSnapshot) *fakeAgent {
 	a := &fakeAgent{models: models}
 	a.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		a.reads.Add(1)
@@ -40,7 +40,7 @@ func newFakeAgent(t *testing.T, token string, models ...metal.ModelSnapshot) *fa
 			http.Error(w, "unauthorized", http.StatusUnauthorized)
 			return
 		}
-		writeJSONBody(t, w, server.StatusResponse{Ready: true, Snapshot: metal.Snapshot{Models: a.models},
+		writeJSONBody(t, w, server.StatusResponse{Ready: true, Snapshot: enginepool.Snapshot{Models: a.models},
 			GatewayQueues: a.queues})
 	}))
 	t.Cleanup(a.srv.Close)
@@ -87,12 +87,12 @@ func TestAgentSource(t *testing.T) {
 	ns := testenv.NewNamespace(t, e.Client)
 	const token = "fleet-secret"
 	macA := newFakeAgent(t, token,
-		metal.ModelSnapshot{Name: ns + "/chat-0", Leases: 3},
-		metal.ModelSnapshot{Name: ns + "/other-0", Leases: 7},
-		metal.ModelSnapshot{Name: ns + "/chat-5", Leases: 4}) // draining: skipped
+		enginepool.ModelSnapshot{Name: ns + "/chat-0", Leases: 3},
+		enginepool.ModelSnapshot{Name: ns + "/other-0", Leases: 7},
+		enginepool.ModelSnapshot{Name: ns + "/chat-5", Leases: 4}) // draining: skipped
 	macB := newFakeAgent(t, token,
-		metal.ModelSnapshot{Name: ns + "/chat-1", Leases: 2},
-		metal.ModelSnapshot{Name: ns + "/chat-2", Leases: 9}) // not Ready: skipped
+		enginepool.ModelSnapshot{Name: ns + "/chat-1", Leases: 2},
+		enginepool.ModelSnapshot{Name: ns + "/chat-2", Leases: 9}) // not Ready: skipped
 	// A third Mac was lost (its Lease expired): its agent does not answer, and its
 	// replica, still Ready in its last status, serves nothing new.
 	lost := httptest.NewServer(http.NotFoundHandler())
@@ -178,13 +178,13 @@ func TestAgentSourceGatewayQueues(t *testing.T) {
 	ns := testenv.NewNamespace(t, e.Client)
 	const token = "fleet-secret"
 	at := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
-	macA := newFakeAgent(t, token, metal.ModelSnapshot{Name: ns + "/chat-0", Leases: 2},
-		metal.ModelSnapshot{Name: ns + "/other-0", Leases: 1})
+	macA := newFakeAgent(t, token, enginepool.ModelSnapshot{Name: ns + "/chat-0", Leases: 2},
+		enginepool.ModelSnapshot{Name: ns + "/other-0", Leases: 1})
 	macA.queues = map[string][]server.GatewayQueue{
 		ns + "/chat-0":  {{Gateway: "g1", Queued: 4, At: at(1)}, {Gateway: "g2", Queued: 1, At: at(1)}},
 		ns + "/other-0": {{Gateway: "g1", Queued: 50, At: at(3)}},
 	}
-	macB := newFakeAgent(t, token, metal.ModelSnapshot{Name: ns + "/chat-1", Leases: 2})
+	macB := newFakeAgent(t, token, enginepool.ModelSnapshot{Name: ns + "/chat-1", Leases: 2})
 	macB.queues = map[string][]server.GatewayQueue{
 		ns + "/chat-1": {{Gateway: "g1", Queued: 6, At: at(2)}, {Gateway: "g2", Queued: 3, At: at(0)}},
 	}

@@ -13,7 +13,7 @@ import (
 
 	"github.com/macfleet/macfleet/agent/server"
 	"github.com/macfleet/macfleet/api/v1alpha1"
-	"github.com/macfleet/macfleet/metal"
+	"github.com/macfleet/macfleet/enginepool"
 	"github.com/macfleet/macfleet/pki"
 	"github.com/macfleet/macfleet/test/support/testenv"
 )
@@ -45,7 +45,7 @@ func TestAgentSourceReadsTheMacItMeans(t *testing.T) {
 	agent := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		id, _ := pki.PeerIdentity(r.TLS)
 		caller.Store(id)
-		writeJSONBody(t, w, server.StatusResponse{Ready: true, Snapshot: metal.Snapshot{Models: []metal.ModelSnapshot{
+		writeJSONBody(t, w, server.StatusResponse{Ready: true, Snapshot: enginepool.Snapshot{Models: []enginepool.ModelSnapshot{
 			{Name: ns + "/a-0", Leases: 2}, {Name: ns + "/b-0", Leases: 7}}}})
 	}))
 	agent.Listener = tls.NewListener(agent.Listener, tlsSource(t, ca, pki.Node(nodeA)).ServerConfig())

@@ -36,7 +36,7 @@ import (
 
 	"github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/internal/estimate"
-	"github.com/macfleet/macfleet/internal/source"
+	"github.com/macfleet/macfleet/internal/modelsource"
 	"github.com/macfleet/macfleet/sourcepolicy"
 )
 
@@ -67,8 +67,8 @@ type Reconciler struct {
 	// Default: clock.RealClock{}.
 	Clock clock.PassiveClock
 	// Resolver turns hf:// and ollama:// sources into URLs; its HTTPClient also makes
-	// the estimate's first request. Default: &source.Resolver{} (production endpoints).
-	Resolver *source.Resolver
+	// the estimate's first request. Default: &modelsource.Resolver{} (production endpoints).
+	Resolver *modelsource.Resolver
 	// Estimate reads a GGUF header and estimates its memory. Default: estimate.Estimate.
 	Estimate func(context.Context, estimate.Params) (estimate.Result, error)
 	// EstimateTimeout bounds one estimate (resolve + header read).
@@ -125,7 +125,7 @@ func (r *Reconciler) setup(mgr ctrl.Manager, opts controller.Options) error {
 		r.Recorder = mgr.GetEventRecorder(ControllerName)
 	}
 	if r.Resolver == nil {
-		r.Resolver = &source.Resolver{}
+		r.Resolver = &modelsource.Resolver{}
 	}
 	// The estimate connects only where the source policy allows: its client and the
 	// parser's dialer check every address they connect to.

@@ -25,7 +25,7 @@ import (
 	"github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/internal/estimate"
 	"github.com/macfleet/macfleet/internal/ggufsynth"
-	"github.com/macfleet/macfleet/internal/source"
+	"github.com/macfleet/macfleet/internal/modelsource"
 	"github.com/macfleet/macfleet/test/support/testenv"
 )
 
@@ -439,7 +439,7 @@ func (s *ggufServer) wantReservation(t *testing.T, ctx int32) string {
 func TestEstimateFromGGUFHeader(t *testing.T) {
 	srv := newGGUFServer(t, true)
 	f := newFixture(t)
-	f.start(&Reconciler{Resolver: &source.Resolver{HFEndpoint: srv.URL + "/hub"}})
+	f.start(&Reconciler{Resolver: &modelsource.Resolver{HFEndpoint: srv.URL + "/hub"}})
 
 	for _, tc := range []struct{ name, src string }{
 		{"http", srv.URL + "/model.gguf"},
@@ -479,7 +479,7 @@ func TestEstimateFailureRetries(t *testing.T) {
 	srv := newGGUFServer(t, false)
 	f := newFixture(t)
 	f.start(&Reconciler{
-		Resolver:             &source.Resolver{HFEndpoint: srv.URL + "/hub"},
+		Resolver:             &modelsource.Resolver{HFEndpoint: srv.URL + "/hub"},
 		EstimateRetryInitial: 100 * time.Millisecond,
 		EstimateRetryMax:     400 * time.Millisecond,
 	})

@@ -10,7 +10,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/macfleet/macfleet/api/v1alpha1"
-	"github.com/macfleet/macfleet/internal/source"
+	"github.com/macfleet/macfleet/internal/modelsource"
 	"github.com/macfleet/macfleet/test/support/testenv"
 )
 
@@ -142,7 +142,7 @@ func startMeasured(t *testing.T, name string) measuredStart {
 	t.Helper()
 	srv := newGGUFServer(t, true)
 	f := newFixture(t)
-	f.start(&Reconciler{Resolver: &source.Resolver{HFEndpoint: srv.URL + "/hub"}})
+	f.start(&Reconciler{Resolver: &modelsource.Resolver{HFEndpoint: srv.URL + "/hub"}})
 	md := newDeployment(name, srv.URL+"/model.gguf", 1, "")
 	md.Spec.Engine.ContextLength = 2048
 	f.create(md)

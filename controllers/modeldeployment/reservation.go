@@ -11,7 +11,7 @@ import (
 
 	"github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/internal/estimate"
-	"github.com/macfleet/macfleet/internal/source"
+	"github.com/macfleet/macfleet/internal/modelsource"
 	"github.com/macfleet/macfleet/sourcepolicy"
 )
 
@@ -124,7 +124,7 @@ func (r *Reconciler) reservationFor(ctx context.Context, md *v1alpha1.ModelDeplo
 		return reservation{Err: e.err, RetryAfter: e.retryAt.Sub(now)}
 	}
 
-	if src, perr := source.Parse(k.Source); perr == nil && src.Scheme == source.HTTP {
+	if src, perr := modelsource.Parse(k.Source); perr == nil && src.Scheme == modelsource.HTTP {
 		// Redirects must stay on hosts the namespace may use.
 		ctx = sourcepolicy.ForSource(ctx, md.Namespace, k.Source)
 	}
@@ -141,11 +141,11 @@ func (r *Reconciler) reservationFor(ctx context.Context, md *v1alpha1.ModelDeplo
 }
 
 func (r *Reconciler) estimate(ctx context.Context, k estimateKey) (estimate.Result, error) {
-	src, err := source.Parse(k.Source)
+	src, err := modelsource.Parse(k.Source)
 	if err != nil {
 		return estimate.Result{}, err
 	}
-	if src.Scheme == source.File {
+	if src.Scheme == modelsource.File {
 		return estimate.Result{}, ErrFileSourceNeedsMemory
 	}
 	ctx, cancel := context.WithTimeout(ctx, r.EstimateTimeout)

@@ -17,7 +17,7 @@ import (
 	"github.com/macfleet/macfleet/api/engine"
 	"github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/internal/estimate"
-	"github.com/macfleet/macfleet/internal/source"
+	"github.com/macfleet/macfleet/internal/modelsource"
 )
 
 func TestReservationBackoffAndCache(t *testing.T) {
@@ -26,7 +26,7 @@ func TestReservationBackoffAndCache(t *testing.T) {
 	failing := true
 	r := &Reconciler{
 		Clock:                clk,
-		Resolver:             &source.Resolver{HFEndpoint: "http://hub.test"},
+		Resolver:             &modelsource.Resolver{HFEndpoint: "http://hub.test"},
 		EstimateTimeout:      time.Second,
 		EstimateRetryInitial: 5 * time.Second,
 		EstimateRetryMax:     30 * time.Second,
@@ -95,7 +95,7 @@ func TestReservationBackoffAndCache(t *testing.T) {
 func TestReservationExplicitAndFile(t *testing.T) {
 	r := &Reconciler{
 		Clock:                clocktesting.NewFakePassiveClock(time.Now()),
-		Resolver:             &source.Resolver{},
+		Resolver:             &modelsource.Resolver{},
 		EstimateTimeout:      time.Second,
 		EstimateRetryInitial: time.Second,
 		EstimateRetryMax:     time.Second,

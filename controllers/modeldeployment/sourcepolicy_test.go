@@ -12,7 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/macfleet/macfleet/api/v1alpha1"
-	"github.com/macfleet/macfleet/internal/source"
+	"github.com/macfleet/macfleet/internal/modelsource"
 	"github.com/macfleet/macfleet/test/support/testenv"
 )
 
@@ -46,7 +46,7 @@ func setSourcePolicy(t *testing.T, mutate func(*v1alpha1.SourcePolicySpec)) {
 func TestSourcePolicy(t *testing.T) {
 	srv := newGGUFServer(t, true)
 	f := newFixture(t)
-	f.start(&Reconciler{Resolver: &source.Resolver{HFEndpoint: srv.URL + "/hub"}})
+	f.start(&Reconciler{Resolver: &modelsource.Resolver{HFEndpoint: srv.URL + "/hub"}})
 
 	waitReason := func(name, reason, msg string) {
 		t.Helper()

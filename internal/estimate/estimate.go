@@ -65,7 +65,7 @@ import (
 
 	gguf "github.com/gpustack/gguf-parser-go"
 
-	"github.com/macfleet/macfleet/internal/source"
+	"github.com/macfleet/macfleet/internal/modelsource"
 )
 
 // KVCacheType is the element type of the KV cache.
@@ -213,8 +213,8 @@ func (e *ParamsError) Error() string { return "invalid estimate parameters: " + 
 const readBufferSize = 1 << 20
 
 // Estimate reads the GGUF header at p.URL or p.Path and returns llama.cpp's memory
-// needs for p's engine settings. Failures are typed: *source.UnreachableError,
-// *source.StatusError, *NotGGUFError, *NoRangeError, *ParseError (wrapping a
+// needs for p's engine settings. Failures are typed: *modelsource.UnreachableError,
+// *modelsource.StatusError, *NotGGUFError, *NoRangeError, *ParseError (wrapping a
 // *ggufheader.LimitError for a header over Limits), *UnsupportedModelError,
 // *ParamsError, or a wrapped os error for a local path.
 func Estimate(ctx context.Context, p Params) (Result, error) {
@@ -308,7 +308,7 @@ func parseRemote(ctx context.Context, p Params) (*gguf.GGUFFile, error) {
 		)
 		for attempt := 1; attempt <= remoteAttempts; attempt++ {
 			h, err = fetchHeader(ctx, cli, p.Header, u)
-			var ue *source.UnreachableError
+			var ue *modelsource.UnreachableError
 			if err == nil || !errors.As(err, &ue) || attempt == remoteAttempts {
 				break
 			}
@@ -368,7 +368,7 @@ const (
 
 // deniedError is the source policy's refusal inside a transport error, or nil.
 func deniedError(err error) error {
-	var de *source.DeniedError
+	var de *modelsource.DeniedError
 	if errors.As(err, &de) {
 		return de
 	}

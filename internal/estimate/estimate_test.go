@@ -17,7 +17,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/macfleet/macfleet/internal/ggufsynth"
-	"github.com/macfleet/macfleet/internal/source"
+	"github.com/macfleet/macfleet/internal/modelsource"
 	"github.com/macfleet/macfleet/test/support/testenv"
 )
 
@@ -354,9 +354,9 @@ func TestErrors(t *testing.T) {
 		is      func(error) bool
 		wantMsg string
 	}{
-		{"unreachable", Params{URL: dead}, as(new(*source.UnreachableError)), "unreachable"},
+		{"unreachable", Params{URL: dead}, as(new(*modelsource.UnreachableError)), "unreachable"},
 		{"404", Params{URL: notFound.URL + "/m.gguf"}, func(err error) bool {
-			var se *source.StatusError
+			var se *modelsource.StatusError
 			return errors.As(err, &se) && se.NotFound()
 		}, "404 Not Found"},
 		{"not a GGUF remote", Params{URL: text.URL + "/x.gguf"}, as(new(*NotGGUFError)), `not a GGUF file (it does not start with the GGUF magic)`},

@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/macfleet/macfleet/internal/ggufsynth"
-	"github.com/macfleet/macfleet/internal/source"
+	"github.com/macfleet/macfleet/internal/modelsource"
 )
 
 // fuzzSeeds are a real header and crafted ones, each limit's bomb among them.
@@ -45,7 +45,7 @@ func checkEstimate(t *testing.T, r Result, err error) {
 			notGGUF *NotGGUFError
 			parse   *ParseError
 			unsup   *UnsupportedModelError
-			unreach *source.UnreachableError
+			unreach *modelsource.UnreachableError
 		)
 		if !errors.As(err, &notGGUF) && !errors.As(err, &parse) && !errors.As(err, &unsup) && !errors.As(err, &unreach) {
 			t.Fatalf("Estimate: %T %v, want a NotGGUFError, ParseError, UnsupportedModelError or UnreachableError", err, err)

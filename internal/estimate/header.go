@@ -19,7 +19,7 @@ import (
 	gguf "github.com/gpustack/gguf-parser-go"
 
 	"github.com/macfleet/macfleet/internal/ggufheader"
-	"github.com/macfleet/macfleet/internal/source"
+	"github.com/macfleet/macfleet/internal/modelsource"
 )
 
 // DialFunc connects to network address, or refuses to.
@@ -80,7 +80,7 @@ func headerClient(p Params) *http.Client {
 // doubling up to 8 MiB), checking it with ggufheader.Scan as it arrives: it never
 // holds more than the header and one request's answer, nor asks for more than
 // Limits.MaxHeaderBytes. The first answer classifies the common failures with typed
-// errors (*source.UnreachableError, *source.StatusError, *NoRangeError,
+// errors (*modelsource.UnreachableError, *modelsource.StatusError, *NoRangeError,
 // *NotGGUFError); a header over a limit is a *ParseError wrapping a
 // *ggufheader.LimitError.
 func fetchHeader(ctx context.Context, cli *http.Client, hdr http.Header, u string) (*remoteHeader, error) {
@@ -140,7 +140,7 @@ func (r *rangeReader) Read(p []byte) (int, error) {
 		if errors.Is(err, io.EOF) {
 			err = io.ErrUnexpectedEOF
 		}
-		r.err = source.Unreachable(r.url, err)
+		r.err = modelsource.Unreachable(r.url, err)
 		return n, r.err
 	}
 	return n, nil
@@ -169,7 +169,7 @@ func (r *rangeReader) next() error {
 			// The client's dialer refused the address (a source policy).
 			return fmt.Errorf("reading the GGUF header of %s: %w", r.url, de)
 		}
-		return source.Unreachable(r.url, err)
+		return modelsource.Unreachable(r.url, err)
 	}
 	switch resp.StatusCode {
 	case http.StatusPartialContent:
@@ -179,12 +179,12 @@ func (r *rangeReader) next() error {
 		return &NoRangeError{URL: r.url}
 	default:
 		_ = resp.Body.Close()
-		return &source.StatusError{URL: r.url, StatusCode: resp.StatusCode, Status: resp.Status}
+		return &modelsource.StatusError{URL: r.url, StatusCode: resp.StatusCode, Status: resp.Status}
 	}
 	first, last, total, ok := contentRange(resp.Header.Get("Content-Range"))
 	if !ok || first != r.off || last > end || (r.size >= 0 && total != r.size) {
 		_ = resp.Body.Close()
-		return source.Unreachable(r.url, fmt.Errorf("the answer to bytes=%d-%d has Content-Range %q", r.off, end, resp.Header.Get("Content-Range")))
+		return modelsource.Unreachable(r.url, fmt.Errorf("the answer to bytes=%d-%d has Content-Range %q", r.off, end, resp.Header.Get("Content-Range")))
 	}
 	r.size, r.body, r.left = total, resp.Body, last-first+1
 	return nil

@@ -24,7 +24,7 @@ import (
 	"github.com/go-logr/logr"
 
 	"github.com/macfleet/macfleet/api/runnerapi"
-	"github.com/macfleet/macfleet/metal/promptcache"
+	"github.com/macfleet/macfleet/enginepool/promptcache"
 	"github.com/macfleet/macfleet/runner/llama"
 )
 

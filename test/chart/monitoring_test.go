@@ -23,8 +23,8 @@ import (
 	// The manager's controllers register their metrics on controller-runtime's
 	// registry in init functions: importing the manager's wiring runs them all.
 	_ "github.com/macfleet/macfleet/app/manager"
-	"github.com/macfleet/macfleet/metal"
-	"github.com/macfleet/macfleet/metal/runnerproc"
+	"github.com/macfleet/macfleet/enginepool"
+	"github.com/macfleet/macfleet/enginepool/runnerproc"
 )
 
 // monitoringOn turns on every monitoring object of the chart.
@@ -52,15 +52,15 @@ func exporters(t *testing.T) []exporter {
 	if _, err := gateway.New(gateway.Options{Registerer: gw}); err != nil {
 		t.Fatalf("building a gateway: %v", err)
 	}
-	// The agent's registry as agent/cluster/run.go fills it: the server's request
-	// metrics and the pool's (metal.NewMetrics), then the janitor's.
+	// The agent's registry as agent/clustermode/run.go fills it: the server's request
+	// metrics and the pool's (enginepool.NewMetrics), then the janitor's.
 	agent := prometheus.NewRegistry()
-	gauge, err := metal.NewGauge()
+	gauge, err := enginepool.NewGauge()
 	if err != nil {
 		t.Fatal(err)
 	}
 	factory := runnerproc.NewProcessFactory(runnerproc.ProcessConfig{SocketDir: t.TempDir()})
-	pool, err := metal.New(metal.Config{CeilingBytes: 4 << 30}, factory, gauge, nil, logr.Discard())
+	pool, err := enginepool.New(enginepool.Config{CeilingBytes: 4 << 30}, factory, gauge, nil, logr.Discard())
 	if err != nil {
 		t.Fatalf("building a pool: %v", err)
 	}

@@ -24,7 +24,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/macfleet/macfleet/agent/certs"
-	"github.com/macfleet/macfleet/agent/cluster"
+	"github.com/macfleet/macfleet/agent/clustermode"
 	"github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/gateway"
 	"github.com/macfleet/macfleet/internal/callercert"
@@ -59,7 +59,7 @@ func takeMac(t *testing.T, node string) compromisedMac {
 	if err != nil {
 		t.Fatal(err)
 	}
-	keyPEM, err := os.ReadFile(cluster.KeyFile(fleet.Agent(node).StateDir))
+	keyPEM, err := os.ReadFile(clustermode.KeyFile(fleet.Agent(node).StateDir))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,8 +15,8 @@ import (
 
 	"github.com/macfleet/macfleet/agent/server"
 	"github.com/macfleet/macfleet/api/v1alpha1"
+	"github.com/macfleet/macfleet/enginepool"
 	"github.com/macfleet/macfleet/internal/callercert"
-	"github.com/macfleet/macfleet/metal"
 	"github.com/macfleet/macfleet/pki"
 	"github.com/macfleet/macfleet/test/support/localfleet"
 	"github.com/macfleet/macfleet/test/support/testenv"
@@ -45,7 +45,7 @@ func scrapeSecretInDocs(t *testing.T) string {
 }
 
 // modelOn is the entry of the pool of agent (with the gateway's certificate) named name.
-func modelOn(t *testing.T, agent, name string) metal.ModelSnapshot {
+func modelOn(t *testing.T, agent, name string) enginepool.ModelSnapshot {
 	t.Helper()
 	code, body := call(t, agent, http.MethodGet, "/api/status", asGateway, "")
 	var st server.StatusResponse
@@ -58,7 +58,7 @@ func modelOn(t *testing.T, agent, name string) metal.ModelSnapshot {
 		}
 	}
 	t.Fatalf("the agent holds no model %s: %s", name, body)
-	return metal.ModelSnapshot{}
+	return enginepool.ModelSnapshot{}
 }
 
 // TestAttackScrapeCredentialUnloadsAModel: whoever holds the credential Prometheus
@@ -96,8 +96,8 @@ func TestAttackScrapeCredentialUnloadsAModel(t *testing.T) {
 				secret, r.Spec.NodeName, a.method, a.path, code, body)
 		}
 	}
-	if after := modelOn(t, agent, key); after.State != metal.StateReady || after.PID != before.PID {
-		t.Errorf("after the attempts the model is %s in runner %d; want it %s in the same runner %d", after.State, after.PID, metal.StateReady, before.PID)
+	if after := modelOn(t, agent, key); after.State != enginepool.StateReady || after.PID != before.PID {
+		t.Errorf("after the attempts the model is %s in runner %d; want it %s in the same runner %d", after.State, after.PID, enginepool.StateReady, before.PID)
 	}
 	code, body := do(t, scraper, http.MethodGet, agent+"/metrics", "")
 	if code != http.StatusOK || !strings.Contains(body, "macfleet_agent_memory_ceiling_bytes") {

@@ -23,8 +23,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/macfleet/macfleet/api/v1alpha1"
+	"github.com/macfleet/macfleet/enginepool"
 	"github.com/macfleet/macfleet/internal/ggufsynth"
-	"github.com/macfleet/macfleet/metal"
 	"github.com/macfleet/macfleet/test/support/testenv"
 )
 
@@ -136,10 +136,10 @@ func TestAttackAnotherTenantsDigest(t *testing.T) {
 
 // promptCacheOf reads the prompt cache report of the model key ("<namespace>/<replica>")
 // from the agent at addr; nil while the agent does not have it.
-func promptCacheOf(t *testing.T, addr, key string) (*metal.PromptCacheStats, bool) {
+func promptCacheOf(t *testing.T, addr, key string) (*enginepool.PromptCacheStats, bool) {
 	t.Helper()
 	var st struct {
-		Models []metal.ModelSnapshot `json:"models"`
+		Models []enginepool.ModelSnapshot `json:"models"`
 	}
 	if err := agentGet(t.Context(), addr, "/api/status", &st); err != nil {
 		t.Fatal(err)
@@ -163,7 +163,7 @@ func TestAttackFleetPromptCacheOfAnotherTenant(t *testing.T) {
 	// run deploys the tiny model in ns on mac-studio-1, sends the secret prompt, waits
 	// for its state to be saved to the SSD (or restored from it), removes the
 	// deployment and its runner, and returns the runner's prompt cache report.
-	run := func(ns, name string) metal.PromptCacheStats {
+	run := func(ns, name string) enginepool.PromptCacheStats {
 		t.Helper()
 		create(t, deployment(ns, name, 1, func(md *v1alpha1.ModelDeployment) {
 			md.Spec.Engine.ContextLength = 1024
@@ -179,7 +179,7 @@ func TestAttackFleetPromptCacheOfAnotherTenant(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s's chat: %v", ns, err)
 		}
-		var pc *metal.PromptCacheStats
+		var pc *enginepool.PromptCacheStats
 		testenv.Eventually(t, 30*time.Second, 100*time.Millisecond, func() (bool, string) {
 			pc, _ = promptCacheOf(t, addr, key)
 			// A state saved to the SSD, or one restored from it (then nothing new is saved).

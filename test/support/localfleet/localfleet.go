@@ -33,7 +33,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/macfleet/macfleet/api/v1alpha1"
-	"github.com/macfleet/macfleet/metal/runnerproc"
+	"github.com/macfleet/macfleet/enginepool/runnerproc"
 	"github.com/macfleet/macfleet/pki"
 	"github.com/macfleet/macfleet/test/support/tcprelay"
 	"github.com/macfleet/macfleet/test/support/testenv"
@@ -441,7 +441,7 @@ func (f *Fleet) Stop() {
 }
 
 // stopRecordedRunners stops the runners an agent recorded in its state directory
-// (metal's adoption records) and left running: an agent killed by a test leaves them
+// (the engine pool's adoption records) and left running: an agent killed by a test leaves them
 // for its successor. The records prove which processes are runners.
 func stopRecordedRunners(stateDir string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

@@ -1,0 +1,297 @@
+package enginepool
+
+import (
+	"context"
+	"math"
+	"slices"
+	"strings"
+	"sync"
+
+	"github.com/macfleet/macfleet/api/runnerapi"
+)
+
+// The hot tier of the prompt cache lives in the runners' memory. The agent has one
+// hot budget (Config.PromptCacheHotBytes) that the pool shares out among the Ready
+// runners whose model enables the cache, equally, each capped by its model's own
+// hotBytes, and moves when models load and unload. A share counts in its runner's
+// own ceiling (runnerCeiling + share), and the budget handed out is bounded by what
+// the reservations leave below the soft watermark, so hot tiers never push the Mac
+// into pressure by themselves. Under hard pressure every share drops to zero (the
+// runners free their hot tiers) before the enforcer aborts any request; the shares
+// come back once pressure is ok again.
+//
+// Shares are decided and pushed (POST /cache/budget) by the enforcer's poll, which
+// loads, unloads and pressure changes wake: one goroutine, so pushes never overtake
+// each other. Decreases are pushed, and answered, before increases, so the runners
+// together never hold more than the budget.
+
+// DefaultPromptCacheHotFraction is the agent's default hot budget as a fraction of
+// the memory ceiling.
+const DefaultPromptCacheHotFraction = 0.10
+
+// PromptCacheStats is a runner's prompt cache report, in /api/status per model.
+type PromptCacheStats struct {
+	Enabled bool `json:"enabled"`
+	// HotShareBytes is the share of the agent's hot budget the pool gives the runner;
+	// HotBudgetBytes the budget the runner last confirmed (it follows the share).
+	HotShareBytes  int64 `json:"hotShareBytes"`
+	HotBudgetBytes int64 `json:"hotBudgetBytes"`
+	// Hot tier contents and counters.
+	HotBytes     int64 `json:"hotBytes"`
+	HotEntries   int   `json:"hotEntries"`
+	HotHits      int64 `json:"hotHits"`
+	HotMisses    int64 `json:"hotMisses"`
+	HotEvictions int64 `json:"hotEvictions"`
+	// Restores counts states restored into a slot; RestoredTokens the prompt tokens
+	// they spared from prefill.
+	Restores       int64 `json:"restores"`
+	RestoredTokens int64 `json:"restoredTokens"`
+	// SSD tier (absent counters are zero when the runner has no SSD tier): its
+	// directory, contents, effective quota and the counters of ENGINE_POOL.md.
+	SSDDir          string `json:"ssdDir,omitempty"`
+	SSDBytes        int64  `json:"ssdBytes"`
+	SSDEntries      int    `json:"ssdEntries"`
+	SSDQuotaBytes   int64  `json:"ssdQuotaBytes"`
+	Saves           int64  `json:"saves"`
+	SavesPersisted  int64  `json:"savesPersisted"`
+	Errors          int64  `json:"errors"`
+	Hits            int64  `json:"hits"`
+	Misses          int64  `json:"misses"`
+	Evictions       int64  `json:"evictions"`
+	UnlinkFailures  int64  `json:"unlinkFailures"`
+	InlineFallbacks int64  `json:"inlineFallbacks"`
+}
+
+func promptCacheStats(st *runnerapi.PromptCacheStatus) *PromptCacheStats {
+	if st == nil {
+		return nil
+	}
+	s := &PromptCacheStats{
+		HotBytes: st.Hot.Bytes, HotEntries: st.Hot.Entries, HotHits: st.Hot.Hits, HotMisses: st.Hot.Misses,
+		HotEvictions: st.Hot.Evictions, HotBudgetBytes: st.Hot.BudgetBytes,
+		Restores: st.Restores, RestoredTokens: st.RestoredTokens, SSDDir: st.Dir,
+	}
+	if d := st.SSD; d != nil {
+		s.SSDBytes, s.SSDEntries, s.SSDQuotaBytes = d.Bytes, d.Entries, d.QuotaBytes
+		s.Saves, s.SavesPersisted, s.Errors, s.Hits, s.Misses = d.Saves, d.SavesPersisted, d.Errors, d.Hits, d.Misses
+		s.Evictions, s.UnlinkFailures, s.InlineFallbacks = d.Evictions, d.UnlinkFailures, d.InlineFallbacks
+	}
+	return s
+}
+
+// hotBudgetLocked is the agent's hot budget: the configured one (or the default
+// fraction of the ceiling), bounded by what the reservations leave below the soft
+// watermark, and zero while pressure keeps the hot tiers shrunk.
+func (p *Pool) hotBudgetLocked() int64 {
+	if p.hotShrunk {
+		return 0
+	}
+	return max(0, min(p.configuredHotLocked(), p.ceiling.SoftBytes-p.committed))
+}
+
+// PromptCacheHotBudget is the agent's hot budget as configured (before the bound of
+// the reservations and pressure).
+func (p *Pool) PromptCacheHotBudget() int64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.configuredHotLocked()
+}
+
+func (p *Pool) configuredHotLocked() int64 {
+	b := p.cfg.PromptCacheHotBytes
+	switch {
+	case b < 0:
+		return 0
+	case b == 0:
+		return int64(float64(p.ceiling.Bytes) * DefaultPromptCacheHotFraction)
+	}
+	return b
+}
+
+// hotCandidateLocked says whether g gets a share: Ready, not being torn down, its
+// model enabling a hot tier.
+func hotCandidateLocked(g *engine) bool {
+	pc := g.spec.PromptCache
+	return pc.Enabled && pc.HotBytes >= 0 && g.runner != nil && !g.tearingDown && !isClosed(g.stopped) &&
+		g.entry.eng == g && g.entry.state == StateReady
+}
+
+// shareHot splits budget among wants (each a cap; <= 0 means none): equally, a capped
+// one taking at most its cap and leaving the rest to the others. The shares never sum
+// to more than budget.
+func shareHot(budget int64, caps []int64) []int64 {
+	out := make([]int64, len(caps))
+	order := make([]int, len(caps))
+	for i := range order {
+		order[i] = i
+	}
+	capOf := func(i int) int64 {
+		if caps[i] <= 0 {
+			return math.MaxInt64
+		}
+		return caps[i]
+	}
+	slices.SortStableFunc(order, func(a, b int) int {
+		ca, cb := capOf(a), capOf(b)
+		switch {
+		case ca < cb:
+			return -1
+		case ca > cb:
+			return 1
+		}
+		return 0
+	})
+	left := max(budget, 0)
+	for n, i := range order {
+		share := min(capOf(i), left/int64(len(order)-n))
+		out[i] = share
+		left -= share
+	}
+	return out
+}
+
+// budgetPush is one POST /cache/budget the poll sends.
+type budgetPush struct {
+	g    *engine
+	name string
+	r    Runner
+	hot  int64
+}
+
+// planHotLocked decides every runner's share and returns the pushes to send:
+// decreases and increases separately. A runner that is draining keeps its budget
+// (its hot tier goes with it, and a cache clear still reaches it) unless pressure
+// shrinks every tier; its budget stays counted until its process is gone.
+func (p *Pool) planHotLocked() (decreases, increases []budgetPush) {
+	var cands []*engine
+	held := int64(0)
+	for g := range p.engines {
+		if !g.spec.PromptCache.Enabled || g.runner == nil {
+			continue
+		}
+		if hotCandidateLocked(g) {
+			cands = append(cands, g)
+			continue
+		}
+		g.hotShare = 0
+		if g.hotBudget > 0 {
+			if p.hotShrunk && !isClosed(g.stopped) {
+				decreases = append(decreases, budgetPush{g, g.name, g.runner, 0})
+			}
+			held += g.hotBudget
+		}
+	}
+	slices.SortFunc(cands, func(a, b *engine) int { return strings.Compare(a.name, b.name) })
+	caps := make([]int64, len(cands))
+	for i, g := range cands {
+		caps[i] = g.spec.PromptCache.HotBytes
+	}
+	shares := shareHot(p.hotBudgetLocked()-held, caps)
+	for i, g := range cands {
+		g.hotShare = shares[i]
+		switch {
+		case g.hotBudget == g.hotShare:
+		case g.hotBudget >= 0 && g.hotShare > g.hotBudget:
+			increases = append(increases, budgetPush{g, g.name, g.runner, g.hotShare})
+		default: // a decrease, or a runner whose budget is not known (just loaded or adopted)
+			decreases = append(decreases, budgetPush{g, g.name, g.runner, g.hotShare})
+		}
+	}
+	return decreases, increases
+}
+
+// pushBudgets sends pushes concurrently and records what each runner confirmed.
+func (p *Pool) pushBudgets(pushes []budgetPush) {
+	var wg sync.WaitGroup
+	for _, ps := range pushes {
+		wg.Go(func() {
+			ctx, cancel := p.withDeadline(context.Background(), p.cfg.RunnerCallTimeout, "setting the cache budget of "+ps.name)
+			defer cancel()
+			hot := ps.hot
+			res, err := ps.r.SetCacheBudget(ctx, runnerapi.CacheBudget{HotBytes: &hot})
+			if err != nil {
+				p.log.V(2).Info("Setting the prompt cache budget failed", "model", ps.name, "hotBytes", hot, "err", err.Error())
+				return
+			}
+			p.mu.Lock()
+			ps.g.hotBudget = res.HotBytes
+			p.mu.Unlock()
+			if res.EvictedBytes > 0 {
+				p.log.V(2).Info("Prompt cache hot tier shrunk", "model", ps.name, "hotBytes", res.HotBytes,
+					"evictedBytes", res.EvictedBytes, "evictedEntries", res.EvictedEntries)
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// RefreshPromptCacheStats reads the prompt cache report of every live runner whose
+// model enables the cache, for the next Snapshot (the enforcer does it every poll).
+// Each runner is asked with the pool's RunnerCallTimeout.
+func (p *Pool) RefreshPromptCacheStats() { p.refreshCacheStats() }
+
+// refreshCacheStats reads the prompt cache report of every live runner whose model
+// enables the cache.
+func (p *Pool) refreshCacheStats() {
+	type target struct {
+		g    *engine
+		name string
+		r    Runner
+	}
+	p.mu.Lock()
+	var targets []target
+	for g := range p.engines {
+		// Engines without a prompt cache are read until they report their chat
+		// rendering, which never changes.
+		if g.runner != nil && !isClosed(g.stopped) && (g.spec.PromptCache.Enabled || g.chat == nil) {
+			targets = append(targets, target{g, g.name, g.runner})
+		}
+	}
+	p.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, t := range targets {
+		wg.Go(func() {
+			ctx, cancel := p.withDeadline(context.Background(), p.cfg.RunnerCallTimeout, "reading the status of "+t.name)
+			defer cancel()
+			st, err := t.r.Status(ctx)
+			if err != nil {
+				return
+			}
+			p.mu.Lock()
+			defer p.mu.Unlock()
+			if st.Chat != nil {
+				t.g.chat = st.Chat
+			}
+			if st.PromptCache == nil || !t.g.spec.PromptCache.Enabled {
+				return
+			}
+			s := promptCacheStats(st.PromptCache)
+			s.Enabled = true
+			s.HotShareBytes = t.g.hotShare
+			t.g.cache = s
+			if e := t.g.entry; e.eng == t.g {
+				e.lastCache = s
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// hotHeldLocked sums the hot-tier bytes the runners last reported: what shrinking
+// every hot tier gives back.
+func (p *Pool) hotHeldLocked() int64 {
+	var sum int64
+	for g := range p.engines {
+		if g.cache != nil && !g.tearingDown {
+			sum += g.cache.HotBytes
+		}
+	}
+	return sum
+}
+
+// ownCeiling is the ceiling a runner enforces on itself and past which the enforcer
+// treats it as over its ceiling: its reservation plus the 10% tolerance, plus the
+// hot-tier budget it holds.
+func (g *engine) ownCeiling() int64 {
+	return runnerCeiling(g.reservation) + max(g.hotBudget, g.hotShare, 0)
+}

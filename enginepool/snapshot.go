@@ -1,0 +1,163 @@
+package enginepool
+
+import (
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/macfleet/macfleet/api/runnerapi"
+)
+
+// Snapshot is everything the agent's status API, metrics and the MacNode and
+// ModelReplica statuses need, taken under one lock.
+type Snapshot struct {
+	Time    time.Time `json:"time"`
+	Ceiling Ceiling   `json:"ceiling"`
+	// UsageBytes is the enforcer's last measurement: runner footprints plus the
+	// agent's own (AgentBytes).
+	UsageBytes int64 `json:"usageBytes"`
+	AgentBytes int64 `json:"agentBytes"`
+	// CommittedBytes is the sum of reservations of engines loading or loaded.
+	CommittedBytes  int64         `json:"committedBytes"`
+	Pressure        PressureLevel `json:"pressure"`
+	LastPoll        time.Time     `json:"lastPoll,omitzero"`
+	Loads           int64         `json:"loads"`
+	LoadFailures    int64         `json:"loadFailures"`
+	Crashes         int64         `json:"crashes"`
+	Unloads         int64         `json:"unloads"`
+	Evictions       int64         `json:"evictions"`
+	FreedBytesTotal int64         `json:"freedBytesTotal"`
+	// Runners counts runner processes not yet reaped (including ones whose model
+	// was removed while they drain).
+	Runners int             `json:"runners"`
+	Models  []ModelSnapshot `json:"models"`
+}
+
+// ModelSnapshot is one model's part of a Snapshot.
+type ModelSnapshot struct {
+	Name      string    `json:"name"`
+	Aliases   []string  `json:"aliases,omitempty"`
+	Residency Residency `json:"residency"`
+	State     State     `json:"state"`
+	// Spec is the desired spec; LoadedSpec the one the running engine was started
+	// with. PendingRestart says they differ in a field that needs a reload.
+	Spec           ModelSpec  `json:"spec"`
+	LoadedSpec     *ModelSpec `json:"loadedSpec,omitempty"`
+	PendingRestart bool       `json:"pendingRestart,omitempty"`
+	// Leases held now. A request is active exactly while it holds its lease, so
+	// this is also the number of active requests.
+	Leases         int `json:"leases"`
+	ActiveRequests int `json:"activeRequests"`
+	// Requests is the number of leases handed out by the current engine.
+	Requests       int64         `json:"requests"`
+	EstimatedBytes int64         `json:"estimatedBytes"`
+	ReservedBytes  int64         `json:"reservedBytes"`
+	ResidentBytes  int64         `json:"residentBytes"`
+	PeakBytes      int64         `json:"peakBytes"`
+	PID            int           `json:"pid,omitempty"`
+	LoadedAt       time.Time     `json:"loadedAt,omitzero"`
+	LastUsed       time.Time     `json:"lastUsed,omitzero"`
+	IdleTimeout    time.Duration `json:"idleTimeout,omitempty"`
+	LastUnload     *UnloadReport `json:"lastUnload,omitempty"`
+	Failures       int           `json:"failures,omitempty"`
+	FailureReason  string        `json:"failureReason,omitempty"`
+	RetryAt        time.Time     `json:"retryAt,omitzero"`
+	LastError      string        `json:"lastError,omitempty"`
+	// Retired: Retire was called; the model refuses requests and stays unloaded.
+	Retired bool `json:"retired,omitempty"`
+	// PromptCache is the latest prompt cache report of the model's runner (kept
+	// after an unload); absent when its cache is disabled or it never reported.
+	PromptCache *PromptCacheStats `json:"promptCache,omitempty"`
+	// Chat is how the loaded engine renders chat prompts: its renderer (the model's
+	// own Jinja template or llama.cpp's built-in ones) and tool-call format.
+	Chat *runnerapi.ChatInfo `json:"chat,omitempty"`
+}
+
+// Snapshot returns the pool's state. Models are sorted by name.
+func (p *Pool) Snapshot() Snapshot {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	s := Snapshot{
+		Time: p.clock.Now(), Ceiling: p.ceiling, UsageBytes: p.usage, AgentBytes: p.agentBytes,
+		CommittedBytes: p.committed, Pressure: p.level, LastPoll: p.lastPoll,
+		Loads: p.loads, LoadFailures: p.loadFailures, Crashes: p.crashes, Unloads: p.unloads,
+		Evictions: p.evictions, FreedBytesTotal: p.freedTotal, Runners: 0,
+	}
+	for g := range p.engines {
+		if g.runner != nil {
+			s.Runners++
+		}
+	}
+	for _, e := range p.entries {
+		m := ModelSnapshot{
+			Name: e.spec.Name, Aliases: slices.Clone(e.spec.Aliases), Residency: e.spec.Residency,
+			State: e.state, Spec: e.spec, EstimatedBytes: e.spec.EstimatedBytes, LastUsed: e.lastUsed,
+			IdleTimeout: e.idleTimeout(p.cfg.IdleTimeout), Failures: e.failures, FailureReason: e.failReason,
+			Retired: e.retired,
+		}
+		m.Spec.Aliases = slices.Clone(e.spec.Aliases)
+		if e.state == StateFailed {
+			m.RetryAt = e.retryAt
+		}
+		if e.lastErr != nil {
+			m.LastError = e.lastErr.Error()
+		}
+		if e.lastUnload != nil {
+			r := *e.lastUnload
+			m.LastUnload = &r
+		}
+		if c := e.lastCache; c != nil {
+			pc := *c
+			if g := e.eng; g != nil {
+				pc.HotShareBytes = g.hotShare
+			} else {
+				pc.HotShareBytes = 0
+			}
+			m.PromptCache = &pc
+		}
+		if g := e.eng; g != nil {
+			m.Chat = g.chat
+			loaded := g.spec
+			loaded.Aliases = slices.Clone(g.spec.Aliases)
+			m.LoadedSpec = &loaded
+			m.PendingRestart = needsRestart(g.spec, e.spec)
+			m.Leases, m.ActiveRequests, m.Requests = g.inUse, g.inUse, g.requests
+			m.ReservedBytes, m.ResidentBytes, m.PeakBytes = g.reservation, g.footprint, g.peak
+			m.PID, m.LoadedAt = g.pid, g.loadedAt
+		}
+		s.Models = append(s.Models, m)
+	}
+	slices.SortFunc(s.Models, func(a, b ModelSnapshot) int { return strings.Compare(a.Name, b.Name) })
+	return s
+}
+
+// needsRestart says whether moving from a to b changes the engine itself.
+func needsRestart(a, b ModelSpec) bool {
+	return engineIdentityOf(a) != engineIdentityOf(b)
+}
+
+// engineIdentity is every field of a ModelSpec a running engine depends on: a change
+// of any of them needs a new runner. The process factory fingerprints it to decide
+// whether a recorded runner may be adopted.
+type engineIdentity struct {
+	Path           string          `json:"path"`
+	ContextLength  int             `json:"contextLength"`
+	Parallel       int             `json:"parallel"`
+	KVCacheType    string          `json:"kvCacheType"`
+	EstimatedBytes int64           `json:"estimatedBytes"`
+	Dims           ModelDims       `json:"dims"`
+	PromptCache    PromptCacheSpec `json:"promptCache"`
+	// Namespace picks the prompt cache directory.
+	Namespace string `json:"namespace,omitempty"`
+}
+
+func engineIdentityOf(s ModelSpec) engineIdentity {
+	return engineIdentity{Path: s.Path, ContextLength: s.ContextLength, Parallel: s.Parallel,
+		KVCacheType: s.KVCacheType, EstimatedBytes: s.EstimatedBytes, Dims: s.Dims, PromptCache: s.PromptCache,
+		Namespace: s.Namespace}
+}
+
+// EngineIdentity is the engine identity of s (every field a running engine depends
+// on) as a value to fingerprint: the process factory hashes it to decide whether a
+// recorded runner may be adopted.
+func EngineIdentity(s ModelSpec) any { return engineIdentityOf(s) }

@@ -1,9 +1,0 @@
-//go:build !linux && !darwin
-
-package metal
-
-// NewGauge returns the gauge of this operating system. There is none here: only Linux
-// (/proc) and macOS are measured.
-func NewGauge() (Gauge, error) {
-	return nil, &GaugeError{Op: "init", Source: "this platform", Err: ErrGaugeUnsupported}
-}

@@ -140,7 +140,9 @@ func needsRestart(a, b ModelSpec) bool {
 // of any of them needs a new runner. The process factory fingerprints it to decide
 // whether a recorded runner may be adopted.
 type engineIdentity struct {
-	Path           string          `json:"path"`
+	Path string `json:"path"`
+	// ContextLength is the engine's total context (every slot's), as the
+	// fingerprints of recorded runners have always hashed it.
 	ContextLength  int             `json:"contextLength"`
 	Parallel       int             `json:"parallel"`
 	KVCacheType    string          `json:"kvCacheType"`
@@ -152,8 +154,8 @@ type engineIdentity struct {
 }
 
 func engineIdentityOf(s ModelSpec) engineIdentity {
-	return engineIdentity{Path: s.Path, ContextLength: s.ContextLength, Parallel: s.Parallel,
-		KVCacheType: s.KVCacheType, EstimatedBytes: s.EstimatedBytes, Dims: s.Dims, PromptCache: s.PromptCache,
+	return engineIdentity{Path: s.Path, ContextLength: s.Engine.TotalContext(), Parallel: int(s.Engine.Parallel),
+		KVCacheType: string(s.Engine.KVCacheType), EstimatedBytes: s.EstimatedBytes, Dims: s.Dims, PromptCache: s.PromptCache,
 		Namespace: s.Namespace}
 }
 

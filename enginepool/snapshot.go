@@ -138,7 +138,10 @@ func needsRestart(a, b ModelSpec) bool {
 
 // engineIdentity is every field of a ModelSpec a running engine depends on: a change
 // of any of them needs a new runner. The process factory fingerprints it to decide
-// whether a recorded runner may be adopted.
+// whether a recorded runner may be adopted (with the runner's flags, so that a new
+// engine setting is in the fingerprint through engine.Settings.Args). The engine
+// settings are spelled out, as recorded runners' fingerprints have hashed them:
+// TestEngineIdentityCoversEverySetting fails on a setting left out.
 type engineIdentity struct {
 	Path string `json:"path"`
 	// ContextLength is the engine's total context (every slot's), as the

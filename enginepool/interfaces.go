@@ -43,38 +43,25 @@ type ModelSpec struct {
 	// are per namespace and model file, so one tenant's runner never restores
 	// another's prompts.
 	Namespace string `json:"namespace,omitempty"`
-	// ContextLength is the total context across all parallel slots.
-	ContextLength int `json:"contextLength"`
-	// Parallel is the number of sequences decoded together.
-	Parallel int `json:"parallel"`
-	// KVCacheType is f16 (default), q8_0 or q4_0.
-	KVCacheType string `json:"kvCacheType,omitempty"`
-	// Threads is the model's own CPU threads (engine.threads); 0 leaves them to the
-	// factory: ProcessConfig.Threads, else the thread policy.
-	Threads   int       `json:"threads,omitempty"`
-	Residency Residency `json:"residency"`
+	// Engine is the model's engine settings as the API and `macfleet serve` give
+	// them: ContextLength is one slot's (the engine holds Engine.TotalContext()
+	// tokens), Threads 0 leaves them to the factory (ProcessConfig.Threads, else the
+	// thread policy: engine.Settings.WithRunnerThreads).
+	Engine    apiengine.Settings `json:"engine"`
+	Residency Residency          `json:"residency"`
 	// IdleTimeout unloads an idle OnDemand model; zero means the pool default.
 	IdleTimeout time.Duration `json:"idleTimeout,omitempty"`
 	// EstimatedBytes is the memory the model is expected to take once loaded; it is
 	// reserved in the pool's committed account from before the runner starts until
 	// after its memory has settled on unload.
 	EstimatedBytes int64 `json:"estimatedBytes"`
-	// WeightBytes are the model's weights (the thread policy gives a small model one
-	// thread); 0 when unknown.
+	// WeightBytes are the model's weights, read from its file: the thread policy
+	// gives a small model one thread. 0 when unknown.
 	WeightBytes int64 `json:"weightBytes,omitempty"`
 	// Dims are the model's dimensions, used by the prefill guard.
 	Dims ModelDims `json:"dims"`
 	// PromptCache configures the runner's prompt cache (hot and SSD tiers).
 	PromptCache PromptCacheSpec `json:"promptCache"`
-}
-
-// Engine is the spec's engine settings (ContextLength is the total here, a slot's
-// there) with the runner threads chosen: the model's, else the agent's nodeThreads,
-// else the thread policy for performanceCores (package engine: Threads, PolicyThreads).
-func (s ModelSpec) Engine(nodeThreads, performanceCores int) apiengine.Settings {
-	threads := apiengine.Threads(int32(s.Threads), int32(nodeThreads), apiengine.PolicyThreads(performanceCores, s.WeightBytes))
-	return apiengine.Settings{ContextLength: int32(s.ContextLength / max(s.Parallel, 1)), Parallel: int32(s.Parallel),
-		KVCacheType: apiengine.KVCacheType(s.KVCacheType), Threads: int32(threads)}
 }
 
 // PromptCacheSpec is one model's prompt cache settings. The agent's own settings

@@ -138,9 +138,14 @@ func needsRestart(a, b ModelSpec) bool {
 
 // engineIdentity is every field of a ModelSpec a running engine depends on: a change
 // of any of them needs a new runner. The process factory fingerprints it to decide
-// whether a recorded runner may be adopted.
+// whether a recorded runner may be adopted (with the runner's flags, so that a new
+// engine setting is in the fingerprint through engine.Settings.Args). The engine
+// settings are spelled out, as recorded runners' fingerprints have hashed them:
+// TestEngineIdentityCoversEverySetting fails on a setting left out.
 type engineIdentity struct {
-	Path           string          `json:"path"`
+	Path string `json:"path"`
+	// ContextLength is the engine's total context (every slot's), as the
+	// fingerprints of recorded runners have always hashed it.
 	ContextLength  int             `json:"contextLength"`
 	Parallel       int             `json:"parallel"`
 	KVCacheType    string          `json:"kvCacheType"`
@@ -152,8 +157,8 @@ type engineIdentity struct {
 }
 
 func engineIdentityOf(s ModelSpec) engineIdentity {
-	return engineIdentity{Path: s.Path, ContextLength: s.ContextLength, Parallel: s.Parallel,
-		KVCacheType: s.KVCacheType, EstimatedBytes: s.EstimatedBytes, Dims: s.Dims, PromptCache: s.PromptCache,
+	return engineIdentity{Path: s.Path, ContextLength: s.Engine.TotalContext(), Parallel: int(s.Engine.Parallel),
+		KVCacheType: string(s.Engine.KVCacheType), EstimatedBytes: s.EstimatedBytes, Dims: s.Dims, PromptCache: s.PromptCache,
 		Namespace: s.Namespace}
 }
 

@@ -378,8 +378,8 @@ func (s *Syncer) registerLocked(ctx context.Context, r *replica, sb specResult, 
 		}
 	}
 	r.phase, r.spec = phaseRegistered, spec
-	s.log.Info("Model registered", "replica", r.key, "residency", spec.Residency, "contextLength", spec.ContextLength,
-		"parallel", spec.Parallel, "estimatedBytes", spec.EstimatedBytes)
+	s.log.Info("Model registered", "replica", r.key, "residency", spec.Residency, "contextLength", spec.Engine.TotalContext(),
+		"parallel", spec.Engine.Parallel, "estimatedBytes", spec.EstimatedBytes)
 	if s.recorded[r.key] {
 		// An earlier agent left this model's runner: load now to adopt it (an
 		// OnDemand one then idles out as usual).

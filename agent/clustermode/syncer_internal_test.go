@@ -132,7 +132,7 @@ func TestUpdateInPlace(t *testing.T) {
 		r.Spec.TemplateHash, r.Spec.Template.Engine.ContextLength = "h2", 1024
 	})
 	m = drive("reload with the new context", func(m *enginepool.ModelSnapshot) bool {
-		return loaded(m) && m.LoadedSpec != nil && m.LoadedSpec.ContextLength == 1024
+		return loaded(m) && m.LoadedSpec != nil && m.LoadedSpec.Engine.TotalContext() == 1024
 	})
 	if m.PID == pid {
 		t.Errorf("the engine kept pid %d though its context length changed", pid)

@@ -90,9 +90,10 @@ func BuildSpec(ctx context.Context, m config.Model) (enginepool.ModelSpec, error
 			return enginepool.ModelSpec{}, fmt.Errorf("model %q: estimating its memory: %w", m.Name, err)
 		}
 	}
+	// The KV cache type as configured: unset passes no --kv-type (the runner's default).
+	e.KVCacheType = m.KVCacheType
 	spec := enginepool.ModelSpec{
-		Name: m.Name, Aliases: m.Aliases, Path: m.Path, ContextLength: e.TotalContext(), Parallel: int(e.Parallel),
-		KVCacheType: string(m.KVCacheType), Threads: int(e.Threads), Residency: enginepool.Residency(m.Residency),
+		Name: m.Name, Aliases: m.Aliases, Path: m.Path, Engine: e, Residency: enginepool.Residency(m.Residency),
 		IdleTimeout: time.Duration(m.IdleTimeout), EstimatedBytes: est.Total, WeightBytes: est.Weights,
 		Dims: enginepool.ModelDims{Layers: int(est.Dims.Layers), Embedding: int(est.Dims.Embd), Heads: int(est.Dims.Heads),
 			KVHeads: int(est.Dims.KVHeads), Vocab: int(est.Dims.Vocab), KVTypeSize: kvTypeSize(e.KVCacheType)},
@@ -270,8 +271,8 @@ func register(eng *Engine, specs []enginepool.ModelSpec, cfg config.Config, log 
 			return err
 		}
 		log.Info("Model registered", "model", spec.Name, "path", spec.Path, "residency", spec.Residency,
-			"contextLength", spec.ContextLength, "parallel", spec.Parallel,
-			"threads", spec.Engine(cfg.RunnerThreads, eng.PerformanceCores).Threads,
+			"contextLength", spec.Engine.TotalContext(), "parallel", spec.Engine.Parallel,
+			"threads", spec.Engine.WithRunnerThreads(cfg.RunnerThreads, eng.PerformanceCores, spec.WeightBytes).Threads,
 			"estimatedBytes", spec.EstimatedBytes, "promptCache", spec.PromptCache.Enabled)
 	}
 	c := pool.Ceiling()

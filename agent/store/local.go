@@ -150,3 +150,16 @@ func (p *progressReader) Read(b []byte) (int, error) {
 	}
 	return n, err
 }
+
+// LocalFileDirs are the directories of Options.LocalFileDirs as the Mac's owner gives
+// them (the agent's --allow-file-dir), cleaned; each must be absolute. nil for none.
+func LocalFileDirs(dirs []string) ([]string, error) {
+	var out []string
+	for _, d := range dirs {
+		if !filepath.IsAbs(d) {
+			return nil, fmt.Errorf("%q: want an absolute directory", d)
+		}
+		out = append(out, filepath.Clean(d))
+	}
+	return out, nil
+}

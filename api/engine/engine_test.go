@@ -190,3 +190,33 @@ func TestThreadsPrecedence(t *testing.T) {
 		})
 	}
 }
+
+// TestWithRunnerThreads: only Threads changes, by the precedence model > agent >
+// policy, the policy reading the cores and the model's weights.
+func TestWithRunnerThreads(t *testing.T) {
+	big := Settings{ContextLength: 1024, Parallel: 2, KVCacheType: KVCacheQ8_0}
+	withThreads := big
+	withThreads.Threads = 3
+	tests := []struct {
+		name        string
+		s           Settings
+		node, cores int
+		weights     int64
+		wantThreads int32
+	}{
+		{name: "nothing known: the runner chooses", s: big, weights: 4 << 30, wantThreads: 0},
+		{name: "the policy: every performance core", s: big, cores: 8, weights: 4 << 30, wantThreads: 8},
+		{name: "the policy: a small model gets one thread", s: big, cores: 8, weights: 16 << 20, wantThreads: 1},
+		{name: "the agent's threads beat the policy", s: big, node: 1, cores: 8, weights: 4 << 30, wantThreads: 1},
+		{name: "the model's threads beat the agent's", s: withThreads, node: 1, cores: 8, weights: 4 << 30, wantThreads: 3},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			want := tt.s
+			want.Threads = tt.wantThreads
+			if d := cmp.Diff(want, tt.s.WithRunnerThreads(tt.node, tt.cores, tt.weights)); d != "" {
+				t.Errorf("WithRunnerThreads(%d, %d, %d) (-want +got):\n%s", tt.node, tt.cores, tt.weights, d)
+			}
+		})
+	}
+}

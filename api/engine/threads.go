@@ -39,3 +39,11 @@ func Threads(model, node int32, policy int) int {
 	}
 	return max(policy, 0)
 }
+
+// WithRunnerThreads is s as a runner runs it: Threads by the precedence of Threads —
+// s's own, else the agent's nodeThreads, else the thread policy for the Mac's
+// performanceCores and the model's weightBytes (PolicyThreads).
+func (s Settings) WithRunnerThreads(nodeThreads, performanceCores int, weightBytes int64) Settings {
+	s.Threads = int32(Threads(s.Threads, int32(nodeThreads), PolicyThreads(performanceCores, weightBytes)))
+	return s
+}

@@ -16,5 +16,5 @@ func (fl agentFlags) newStore(policy *sourcepolicy.Holder, log logr.Logger) (*st
 		return nil, err
 	}
 	opts.Log, opts.Policy = log, policy
-	return store.New(fl.storeDir, opts)
+	return store.New(fl.opts.StoreDir, opts)
 }

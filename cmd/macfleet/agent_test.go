@@ -3,18 +3,18 @@ package main
 import (
 	"os"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/macfleet/macfleet/agent/clustermode"
 	"github.com/macfleet/macfleet/agent/hardware"
 )
 
 func TestAgentFlagsConfig(t *testing.T) {
 	dir := t.TempDir()
-	base := agentFlags{nodeName: "mac-1", listen: ":8080", storeDir: filepath.Join(dir, "m"), stateDir: filepath.Join(dir, "s")}
+	base := agentFlags{opts: clustermode.Options{NodeName: "mac-1", Listen: ":8080", StoreDir: filepath.Join(dir, "m"), StateDir: filepath.Join(dir, "s")}}
 	tests := []struct {
 		name    string
 		edit    func(*agentFlags)
@@ -27,7 +27,7 @@ func TestAgentFlagsConfig(t *testing.T) {
 	}{
 		{name: "defaults", edit: func(*agentFlags) {}, ssd: 10 << 30},
 		{name: "prompt cache", edit: func(f *agentFlags) {
-			f.promptCacheDir, f.pcHot, f.pcSSD = filepath.Join(dir, "pc"), "3Gi", "40Gi"
+			f.opts.PromptCacheDir, f.pcHot, f.pcSSD = filepath.Join(dir, "pc"), "3Gi", "40Gi"
 		}, hot: 3 << 30, ssd: 40 << 30, pcDir: filepath.Join(dir, "pc")},
 		{name: "prompt cache tiers off", edit: func(f *agentFlags) { f.pcHot, f.pcSSD = "0", "0" }, hot: -1},
 		{name: "bad prompt cache size", edit: func(f *agentFlags) { f.pcSSD = "much" }, err: "--prompt-cache-ssd-bytes"},
@@ -37,8 +37,8 @@ func TestAgentFlagsConfig(t *testing.T) {
 		{name: "bad size", edit: func(f *agentFlags) { f.reserve = "lots" }, err: "--memory-reserve"},
 		{name: "working set above memory", edit: func(f *agentFlags) { f.unifiedMemory, f.workingSet = "8Gi", "9Gi" },
 			err: "working set"},
-		{name: "no node name", edit: func(f *agentFlags) { f.nodeName = "" }, err: "--node-name"},
-		{name: "bad runner sandbox", edit: func(f *agentFlags) { f.runnerSandbox = "maybe" }, err: `--runner-sandbox: runner sandbox "maybe": want "on" or "off"`},
+		{name: "no node name", edit: func(f *agentFlags) { f.opts.NodeName = "" }, err: "--node-name"},
+		{name: "bad runner sandbox", edit: func(f *agentFlags) { f.opts.RunnerSandbox = "maybe" }, err: `--runner-sandbox: runner sandbox "maybe": want "on" or "off"`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -64,7 +64,7 @@ func TestAgentFlagsConfig(t *testing.T) {
 			if d := cmp.Diff(tt.ov, ov); d != "" {
 				t.Errorf("overrides (-want +got):\n%s", d)
 			}
-			for _, d := range []string{f.storeDir, f.stateDir} {
+			for _, d := range []string{f.opts.StoreDir, f.opts.StateDir} {
 				if fi, err := os.Stat(d); err != nil || !fi.IsDir() {
 					t.Errorf("%s not created: %v", d, err)
 				}
@@ -102,26 +102,5 @@ func TestAgentStoreOptions(t *testing.T) {
 				t.Errorf("options %+v, want max %d, dirs %v", opts, tc.max, tc.dirs)
 			}
 		})
-	}
-}
-
-func TestDefaultDataDir(t *testing.T) {
-	home, err := os.UserHomeDir()
-	if err != nil {
-		t.Skip("no home directory")
-	}
-	if runtime.GOOS == "darwin" {
-		if got, want := defaultDataDir("models"), filepath.Join(home, "Library", "Application Support", "macfleet", "models"); got != want {
-			t.Errorf("defaultDataDir = %s, want %s", got, want)
-		}
-		return
-	}
-	t.Setenv("XDG_DATA_HOME", "/data/x")
-	if got := defaultDataDir("state"); got != "/data/x/macfleet/state" {
-		t.Errorf("with XDG_DATA_HOME: %s", got)
-	}
-	t.Setenv("XDG_DATA_HOME", "")
-	if got, want := defaultDataDir("models"), filepath.Join(home, ".local", "share", "macfleet", "models"); got != want {
-		t.Errorf("defaultDataDir = %s, want %s", got, want)
 	}
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/go-logr/logr"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/macfleet/macfleet/agent/clustermode"
 	"github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/internal/modelsource"
 	"github.com/macfleet/macfleet/sourcepolicy"
@@ -34,7 +35,7 @@ func shippedStore(t *testing.T, spec v1alpha1.SourcePolicySpec) interface {
 	if err != nil {
 		t.Fatal(err)
 	}
-	fl := agentFlags{storeDir: t.TempDir(), hfEndpoint: modelsource.DefaultHFEndpoint, ollamaRegistry: modelsource.DefaultOllamaRegistry}
+	fl := agentFlags{opts: clustermode.Options{StoreDir: t.TempDir()}, hfEndpoint: modelsource.DefaultHFEndpoint, ollamaRegistry: modelsource.DefaultOllamaRegistry}
 	st, err := fl.newStore(sourcepolicy.NewHolder(p), logr.Discard())
 	if err != nil {
 		t.Fatal(err)

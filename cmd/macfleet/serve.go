@@ -63,8 +63,8 @@ func newServeCommand() *cobra.Command {
 	return cmd
 }
 
-// config is the agent's configuration: the --config file, then the flags over it,
-// completed and validated.
+// config is the agent's configuration: the --config file and the flags over it
+// (config.Resolve).
 func (sf serveFlags) config() (config.Config, error) {
 	var cfg config.Config
 	if sf.configFile != "" {
@@ -80,64 +80,36 @@ func (sf serveFlags) config() (config.Config, error) {
 		}
 		sf.flags.Models = append(sf.flags.Models, mc)
 	}
-	for _, f := range []struct {
-		name string
-		in   string
-		dst  *config.Size
-	}{{"memory-ceiling", sf.ceiling, &sf.flags.MemoryCeiling}, {"memory-reserve", sf.reserve, &sf.flags.MemoryReserve},
-		{"max-body", sf.body, &sf.flags.MaxBodyBytes}} {
-		if f.in == "" {
-			continue
-		}
-		v, err := config.ParseSize(f.in)
-		if err != nil {
-			return cfg, fmt.Errorf("--%s: %w", f.name, err)
-		}
-		*f.dst = v
+	if err := parseSizes(sizeFlag{"memory-ceiling", sf.ceiling, (*int64)(&sf.flags.MemoryCeiling)},
+		sizeFlag{"memory-reserve", sf.reserve, (*int64)(&sf.flags.MemoryReserve)},
+		sizeFlag{"max-body", sf.body, (*int64)(&sf.flags.MaxBodyBytes)}); err != nil {
+		return cfg, err
 	}
-	for _, f := range []struct {
-		name string
-		in   string
-		dst  **config.Size
-	}{{"prompt-cache-hot-bytes", sf.pcHot, &sf.flags.PromptCacheHotBytes}, {"prompt-cache-ssd-bytes", sf.pcSSD, &sf.flags.PromptCacheSSDBytes}} {
-		if f.in == "" {
-			continue
-		}
-		v, err := config.ParseSize(f.in)
-		if err != nil {
-			return cfg, fmt.Errorf("--%s: %w", f.name, err)
-		}
-		*f.dst = &v
+	var err error
+	if sf.flags.PromptCacheHotBytes, err = parseSize("prompt-cache-hot-bytes", sf.pcHot); err != nil {
+		return cfg, err
+	}
+	if sf.flags.PromptCacheSSDBytes, err = parseSize("prompt-cache-ssd-bytes", sf.pcSSD); err != nil {
+		return cfg, err
 	}
 	sf.flags.IdleTimeout = config.Duration(sf.idle)
-	cfg = cfg.Merge(sf.flags)
-	if cfg.PromptCacheDir == "" {
-		cfg.PromptCacheDir = defaultDataDir("prompt-cache")
-	}
-	return cfg.Complete()
+	return config.Resolve(cfg, sf.flags)
 }
 
-// run checks the flags that are not configuration and serves until a signal.
+// run checks the flags that are not configuration (standalone.Check) and serves
+// until a signal.
 func (sf serveFlags) run(cmd *cobra.Command) error {
 	cfg, err := sf.config()
 	if err != nil {
 		return err
 	}
-	if sf.pcRetention < 0 || sf.gcEvery < 0 {
-		return fmt.Errorf("--prompt-cache-retention and --gc-interval must not be negative")
-	}
-	if err := standalone.CheckExposure(cfg.Listen, cfg.APIKey != "", sf.insecure); err != nil {
+	opts := standalone.Options{PromptCacheRetention: sf.pcRetention, GCInterval: sf.gcEvery,
+		AllowedHosts: sf.allowedHosts, Limits: httpserver.Limits{MaxConnections: sf.maxConns}}
+	if err := standalone.Check(cfg, opts, sf.insecure); err != nil {
 		return err
 	}
-	if _, err := httpserver.NewHosts(cfg.Listen, sf.allowedHosts); err != nil {
-		return fmt.Errorf("--allowed-hosts: %w", err)
-	}
-	if sf.maxConns < 1 {
-		return fmt.Errorf("--max-connections must be at least 1")
-	}
 	log := newLogger(sf.verbosity)
-	opts := standalone.Options{Log: log, PromptCacheRetention: sf.pcRetention, GCInterval: sf.gcEvery,
-		AllowedHosts: sf.allowedHosts, Limits: httpserver.Limits{MaxConnections: sf.maxConns}}
+	opts.Log = log
 	if sf.runnerOutput {
 		opts.RunnerOutput = cmd.ErrOrStderr()
 	}
@@ -176,7 +148,7 @@ func (sf *serveFlags) register(cmd *cobra.Command) {
 	f.DurationVar(&sf.idle, "idle-timeout", 0, "unload OnDemand models idle this long (default 5m)")
 	f.StringVar(&sf.body, "max-body", "", "request body limit (default 16Mi)")
 	f.StringVar(&sf.flags.PromptCacheDir, "prompt-cache-dir", "", "directory of the prompt cache's SSD tier, one subdirectory per model file (default "+
-		defaultDataDir("prompt-cache")+")")
+		config.DataDir("prompt-cache")+")")
 	f.StringVar(&sf.pcHot, "prompt-cache-hot-bytes", "", "prompt cache memory (hot tier) shared by all models, e.g. 4Gi; 0 turns the hot tier off (default: a tenth of the memory ceiling)")
 	f.StringVar(&sf.pcSSD, "prompt-cache-ssd-bytes", "", "prompt cache SSD quota of each model, and the most a model's ssd= may set; 0 turns the SSD tier off (default 10Gi)")
 	f.DurationVar(&sf.pcRetention, "prompt-cache-retention", 24*time.Hour, "delete the prompt cache directories of model files no longer served "+

@@ -15,6 +15,7 @@ import (
 
 	"github.com/go-logr/logr/testr"
 
+	"github.com/macfleet/macfleet/api/engine"
 	"github.com/macfleet/macfleet/enginepool"
 	"github.com/macfleet/macfleet/internal/ggufsynth"
 	"github.com/macfleet/macfleet/test/support/syncbuf"
@@ -46,7 +47,7 @@ func (e adoptEnv) factory(mod ...func(*ProcessConfig)) *ProcessFactory {
 }
 
 func (e adoptEnv) spec() enginepool.ModelSpec {
-	return enginepool.ModelSpec{Name: "tiny", Path: e.model, ContextLength: 512, Parallel: 1, EstimatedBytes: 64 << 20}
+	return enginepool.ModelSpec{Name: "tiny", Path: e.model, Engine: engine.Settings{ContextLength: 512, Parallel: 1}, EstimatedBytes: 64 << 20}
 }
 
 func (e adoptEnv) records(t *testing.T) []string {
@@ -182,7 +183,7 @@ func TestAdoptRunners(t *testing.T) {
 		}
 		f2 := env.factory()
 		spec := env.spec()
-		spec.ContextLength = 1024
+		spec.Engine.ContextLength = 1024
 		r := adoptStart(t, f2, spec)
 		if r.Adopted() || r.PID() == old.PID() {
 			t.Fatalf("a changed spec got pid %d adopted %v; want a new runner", r.PID(), r.Adopted())

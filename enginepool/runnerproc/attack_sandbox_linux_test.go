@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/macfleet/macfleet/api/engine"
 	"github.com/macfleet/macfleet/enginepool"
 	"github.com/macfleet/macfleet/internal/ggufsynth"
 	"github.com/macfleet/macfleet/runner/sandbox"
@@ -59,7 +60,7 @@ func TestAttackRunnerReadsTheAgentsSecrets(t *testing.T) {
 		var out syncbuf.Buffer
 		f := NewProcessFactory(ProcessConfig{RunnerPath: bin, Threads: 1, Output: &out,
 			PromptCacheDir: t.TempDir(), PromptCacheSSDBytes: 64 << 20})
-		r := procStart(t, f, enginepool.ModelSpec{Name: "tiny", Path: model, ContextLength: 256, Parallel: 1,
+		r := procStart(t, f, enginepool.ModelSpec{Name: "tiny", Path: model, Engine: engine.Settings{ContextLength: 256, Parallel: 1},
 			PromptCache: enginepool.PromptCacheSpec{Enabled: true}}, 0)
 		ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 		defer cancel()

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/macfleet/macfleet/api/engine"
 	"github.com/macfleet/macfleet/enginepool"
 	"github.com/macfleet/macfleet/internal/ggufsynth"
 	"github.com/macfleet/macfleet/runner/sandbox"
@@ -89,7 +90,7 @@ func TestAttackTracingRunnerReachesTheNetwork(t *testing.T) {
 		}
 		var out syncbuf.Buffer
 		f := NewProcessFactory(ProcessConfig{RunnerPath: realRunner(t), Threads: 1, Output: &out, SpanRelay: relay})
-		r := procStart(t, f, enginepool.ModelSpec{Name: "tiny", Path: model, ContextLength: 256, Parallel: 1}, 0)
+		r := procStart(t, f, enginepool.ModelSpec{Name: "tiny", Path: model, Engine: engine.Settings{ContextLength: 256, Parallel: 1}}, 0)
 		ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 		defer cancel()
 		if err := r.WaitReady(ctx); err != nil {

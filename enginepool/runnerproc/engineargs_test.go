@@ -5,6 +5,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/macfleet/macfleet/api/engine"
 	"github.com/macfleet/macfleet/enginepool"
 )
 
@@ -12,9 +13,9 @@ import (
 // the threads of the precedence model > agent (ProcessConfig.Threads) > thread policy
 // (ProcessConfig.PerformanceCores and the model's weights).
 func TestEngineArgs(t *testing.T) {
-	big := enginepool.ModelSpec{Name: "m", ContextLength: 2048, Parallel: 2, KVCacheType: "q8_0", WeightBytes: 4 << 30}
+	big := enginepool.ModelSpec{Name: "m", Engine: engine.Settings{ContextLength: 1024, Parallel: 2, KVCacheType: "q8_0"}, WeightBytes: 4 << 30}
 	withThreads := big
-	withThreads.Threads = 3
+	withThreads.Engine.Threads = 3
 	small := big
 	small.WeightBytes = 16 << 20
 	tests := []struct {

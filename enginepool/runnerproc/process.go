@@ -41,7 +41,7 @@ type ProcessConfig struct {
 	// no network and a scrubbed environment (runner/sandbox). Empty means
 	// sandbox.On; sandbox.Off starts runners unconfined with the agent's environment.
 	Sandbox sandbox.Mode
-	// Threads is the agent's --threads for models that set none (ModelSpec.Threads);
+	// Threads is the agent's --threads for models that set none (ModelSpec.Engine.Threads);
 	// zero leaves them to the thread policy.
 	Threads int
 	// PerformanceCores are the Mac's performance cores, for the thread policy
@@ -479,7 +479,7 @@ func (f *ProcessFactory) startSpanRelay(r *ProcessRunner) {
 // engineArgs are the runner flags that shape the engine (everything but where it
 // listens and how it relates to the agent).
 func (f *ProcessFactory) engineArgs(spec enginepool.ModelSpec, ceilingBytes int64) []string {
-	args := spec.Engine(f.cfg.Threads, f.cfg.PerformanceCores).Args(f.cfg.Batch)
+	args := spec.Engine.WithRunnerThreads(f.cfg.Threads, f.cfg.PerformanceCores, spec.WeightBytes).Args(f.cfg.Batch)
 	if ceilingBytes > 0 {
 		args = append(args, "--ceiling-bytes", strconv.FormatInt(ceilingBytes, 10))
 	}

@@ -21,6 +21,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/macfleet/macfleet/api/engine"
 	"github.com/macfleet/macfleet/enginepool"
 	"github.com/macfleet/macfleet/internal/ggufsynth"
 	"github.com/macfleet/macfleet/test/support/syncbuf"
@@ -35,7 +36,7 @@ func TestProcessRunner(t *testing.T) {
 	if err := os.WriteFile(model, []byte("GGUF"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	spec := enginepool.ModelSpec{Name: "tiny", Path: model, ContextLength: 2048, Parallel: 2, KVCacheType: "q8_0"}
+	spec := enginepool.ModelSpec{Name: "tiny", Path: model, Engine: engine.Settings{ContextLength: 1024, Parallel: 2, KVCacheType: "q8_0"}}
 
 	t.Run("ReadyAndControlCalls", func(t *testing.T) {
 		t.Parallel()
@@ -447,7 +448,7 @@ func TestProcessRunnerRealRunner(t *testing.T) {
 	}
 	var out syncbuf.Buffer
 	f := NewProcessFactory(ProcessConfig{RunnerPath: bin, Threads: 2, Output: &out})
-	spec := enginepool.ModelSpec{Name: "tiny", Path: model, ContextLength: 1024, Parallel: 2}
+	spec := enginepool.ModelSpec{Name: "tiny", Path: model, Engine: engine.Settings{ContextLength: 512, Parallel: 2}}
 	began := time.Now()
 	r := procStart(t, f, spec, 1<<30)
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)

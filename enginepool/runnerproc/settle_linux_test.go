@@ -12,6 +12,7 @@ import (
 
 	"github.com/go-logr/logr/testr"
 
+	"github.com/macfleet/macfleet/api/engine"
 	"github.com/macfleet/macfleet/enginepool"
 	"github.com/macfleet/macfleet/internal/ggufsynth"
 )
@@ -88,7 +89,7 @@ func TestSettleLargeUnload(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = p.Close(context.Background()) })
-	if err := p.Register(enginepool.ModelSpec{Name: "large", Path: model, ContextLength: 512, Parallel: 1,
+	if err := p.Register(enginepool.ModelSpec{Name: "large", Path: model, Engine: engine.Settings{ContextLength: 512, Parallel: 1},
 		EstimatedBytes: 1 << 30}); err != nil {
 		t.Fatal(err)
 	}

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"time"
@@ -75,6 +76,22 @@ func ParseClaims(token string) (Claims, error) {
 // leaves a fifth of it (about 5h of a 24h token) to retry through an API server
 // outage.
 func RenewAt(c Claims) time.Time { return c.IssuedAt.Add(c.Expires.Sub(c.IssuedAt) * 4 / 5) }
+
+// KubeconfigFile is the kubeconfig file a renewed token is written to: the one given
+// (flag, the agent's --kubeconfig), else $KUBECONFIG (env) when it names one file,
+// else none ("": the credential came from a merged list or from inside a cluster).
+func KubeconfigFile(flag, env string) string {
+	if flag == "" && !strings.ContainsRune(env, filepath.ListSeparator) {
+		return env
+	}
+	return flag
+}
+
+// RetryIn is how long after a failed renewal at now the next attempt waits: a tenth of
+// the token's remaining lifetime, at least a second and at most renewRetry (a minute).
+func RetryIn(c Claims, now time.Time) time.Duration {
+	return min(renewRetry, max(c.Expires.Sub(now)/10, time.Second))
+}
 
 // Rotator holds a node agent's token and renews it before it expires, with a
 // TokenRequest for its own ServiceAccount bound to the same Secret, for the same
@@ -155,7 +172,7 @@ func (r *Rotator) Run(ctx context.Context) error {
 				break
 			}
 			now := r.Clock.Now()
-			wait = min(renewRetry, max(c.Expires.Sub(now)/10, time.Second))
+			wait = RetryIn(c, now)
 			if now.After(c.Expires) {
 				err = fmt.Errorf("%w; the token expired at %s: give this Mac a new credential (macfleet nodes credentials %s)",
 					err, c.Expires.UTC().Format(time.RFC3339), c.ServiceAccount)

@@ -78,6 +78,46 @@ func TestRenewAt(t *testing.T) {
 	}
 }
 
+// TestRetryIn: a failed renewal is retried after a tenth of the token's remaining
+// life, between a second and a minute, and every second once it has expired.
+func TestRetryIn(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	c := credentials.Claims{IssuedAt: t0, Expires: t0.Add(24 * time.Hour)}
+	for _, tt := range []struct {
+		name string
+		now  time.Time
+		want time.Duration
+	}{
+		{name: "hours left: the longest wait", now: credentials.RenewAt(c), want: time.Minute},
+		{name: "five minutes left: a tenth of them", now: c.Expires.Add(-5 * time.Minute), want: 30 * time.Second},
+		{name: "five seconds left: at least a second", now: c.Expires.Add(-5 * time.Second), want: time.Second},
+		{name: "expired: every second", now: c.Expires.Add(time.Hour), want: time.Second},
+	} {
+		if got := credentials.RetryIn(c, tt.now); got != tt.want {
+			t.Errorf("%s: RetryIn = %v, want %v", tt.name, got, tt.want)
+		}
+	}
+}
+
+// TestKubeconfigFile: the file a renewed token is written to is --kubeconfig, else
+// $KUBECONFIG when it names a single file.
+func TestKubeconfigFile(t *testing.T) {
+	list := "/a/kc" + string(filepath.ListSeparator) + "/b/kc"
+	for _, tt := range []struct {
+		name, flag, env, want string
+	}{
+		{name: "the flag", flag: "/etc/node.kubeconfig", env: "/home/kc", want: "/etc/node.kubeconfig"},
+		{name: "the flag beside a list", flag: "/etc/node.kubeconfig", env: list, want: "/etc/node.kubeconfig"},
+		{name: "$KUBECONFIG naming one file", env: "/home/kc", want: "/home/kc"},
+		{name: "$KUBECONFIG naming several: none", env: list, want: ""},
+		{name: "neither: none (in-cluster)", want: ""},
+	} {
+		if got := credentials.KubeconfigFile(tt.flag, tt.env); got != tt.want {
+			t.Errorf("%s: KubeconfigFile(%q, %q) = %q, want %q", tt.name, tt.flag, tt.env, got, tt.want)
+		}
+	}
+}
+
 func TestNewRotatorRefusesWhatItCannotRenew(t *testing.T) {
 	unbound := jwt(t, map[string]any{"iat": 1, "exp": 2, "kubernetes.io": map[string]any{"serviceaccount": map[string]any{"name": "a"}}})
 	for name, rc := range map[string]*rest.Config{

@@ -1,0 +1,109 @@
+package clustermode
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/macfleet/macfleet/agent/config"
+	"github.com/macfleet/macfleet/agent/janitor"
+	"github.com/macfleet/macfleet/agent/standalone"
+	"github.com/macfleet/macfleet/runner/sandbox"
+)
+
+// Options are the settings of `macfleet agent` as its command line gives them, one
+// field per flag (named in the errors): cmd/macfleet binds its flags to them and
+// parses the sizes, Config applies the defaults and checks them, and CreateDirs makes
+// the directories.
+type Options struct {
+	// NodeName is the MacNode's name (--node-name); required.
+	NodeName string
+	// Listen and AdvertiseAddress: see Config.
+	Listen, AdvertiseAddress string
+	// StoreDir (--store-dir) is the model store, StateDir (--state-dir) the agent's
+	// own state; both required, and created by CreateDirs.
+	StoreDir, StateDir string
+	// PromptCacheDir (--prompt-cache-dir) is made absolute; empty: no SSD tier.
+	PromptCacheDir string
+	// CeilingBytes and ReserveBytes: see enginepool.Config (0: the Mac's).
+	CeilingBytes, ReserveBytes int64
+	// PromptCacheHotBytes (--prompt-cache-hot-bytes) is the hot budget shared by the
+	// replicas: unset a tenth of the ceiling, 0 no hot tier. PromptCacheSSDBytes
+	// (--prompt-cache-ssd-bytes) is each replica's SSD quota: unset
+	// config.DefaultPromptCacheSSDBytes, 0 no SSD tier.
+	PromptCacheHotBytes, PromptCacheSSDBytes *config.Size
+	// RunnerPath, RunnerThreads and KeepRunners: see Config. RunnerSandbox is "on"
+	// or "off" (--runner-sandbox).
+	RunnerPath    string
+	RunnerThreads int
+	RunnerSandbox string
+	KeepRunners   bool
+	// StoreRetention, PromptCacheRetention and GCInterval are the janitor's
+	// (janitor.Options); none may be negative.
+	StoreRetention, PromptCacheRetention, GCInterval time.Duration
+	// TokenAudience, NoServiceAccountTokens and TokenCacheTTL: see Config.
+	TokenAudience          string
+	NoServiceAccountTokens bool
+	TokenCacheTTL          time.Duration
+}
+
+// Config is the agent's configuration for o, without what the caller wires in (the
+// rest config, the store, the gauge, tracing, the log): the prompt cache's defaults
+// (Options.PromptCacheHotBytes, PromptCacheSSDBytes) applied, the prompt cache
+// directory made absolute, and the first invalid setting an error naming its flag.
+func (o Options) Config() (Config, error) {
+	if o.NodeName == "" {
+		return Config{}, errors.New("--node-name is required (the hostname is not available)")
+	}
+	cfg := Config{NodeName: o.NodeName, Listen: o.Listen, AdvertiseAddress: o.AdvertiseAddress,
+		RunnerPath: o.RunnerPath, RunnerThreads: o.RunnerThreads, StateDir: o.StateDir, KeepRunners: o.KeepRunners,
+		TokenAudience: o.TokenAudience, NoServiceAccountTokens: o.NoServiceAccountTokens, TokenCacheTTL: o.TokenCacheTTL,
+		PromptCacheSSDBytes: standalone.PromptCacheSSDBytes(o.PromptCacheSSDBytes)}
+	cfg.Pool.CeilingBytes, cfg.Pool.ReserveBytes = o.CeilingBytes, o.ReserveBytes
+	cfg.Pool.PromptCacheHotBytes = standalone.PromptCacheHotBytes(o.PromptCacheHotBytes)
+	if o.PromptCacheDir != "" {
+		dir, err := filepath.Abs(o.PromptCacheDir)
+		if err != nil {
+			return cfg, fmt.Errorf("--prompt-cache-dir: %w", err)
+		}
+		cfg.PromptCacheDir = dir
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"store-retention", o.StoreRetention}, {"prompt-cache-retention", o.PromptCacheRetention}, {"gc-interval", o.GCInterval}} {
+		if d.v < 0 {
+			return cfg, fmt.Errorf("--%s: %s is negative", d.name, d.v)
+		}
+	}
+	cfg.Janitor = janitor.Options{StoreRetention: o.StoreRetention, PromptCacheRetention: o.PromptCacheRetention,
+		Interval: o.GCInterval}
+	for _, d := range o.dirs() {
+		if d.dir == "" {
+			return cfg, fmt.Errorf("--%s is required (no home directory to default to)", d.flag)
+		}
+	}
+	mode, err := sandbox.ParseMode(o.RunnerSandbox)
+	if err != nil {
+		return cfg, fmt.Errorf("--runner-sandbox: %w", err)
+	}
+	cfg.RunnerSandbox = mode
+	return cfg, nil
+}
+
+// CreateDirs creates the store and state directories (Config checked they are set).
+func (o Options) CreateDirs() error {
+	for _, d := range o.dirs() {
+		if err := os.MkdirAll(d.dir, 0o755); err != nil {
+			return fmt.Errorf("--%s: %w", d.flag, err)
+		}
+	}
+	return nil
+}
+
+// dirs are the directories the agent needs, with their flags.
+func (o Options) dirs() []struct{ flag, dir string } {
+	return []struct{ flag, dir string }{{"store-dir", o.StoreDir}, {"state-dir", o.StateDir}}
+}

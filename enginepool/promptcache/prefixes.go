@@ -4,6 +4,7 @@ import (
 	"container/list"
 	"maps"
 	"slices"
+	"strings"
 	"sync"
 
 	"github.com/macfleet/macfleet/api/runnerapi"
@@ -30,6 +31,25 @@ const (
 	// PrefixLogLength bounds the event log; a caller further behind gets a reset.
 	PrefixLogLength = 4096
 )
+
+// ParseDigests reads a runnerapi.HeaderPrefixDigests value: comma-separated digests
+// of 16 lowercase hex digits, shallowest first. It keeps the deepest
+// runnerapi.MaxPrefixDigests; a malformed value gives none.
+func ParseDigests(h string) []string {
+	if h == "" {
+		return nil
+	}
+	out := strings.Split(h, ",")
+	for _, d := range out {
+		if len(d) != 16 || strings.IndexFunc(d, func(r rune) bool { return (r < '0' || r > '9') && (r < 'a' || r > 'f') }) >= 0 {
+			return nil
+		}
+	}
+	if len(out) > runnerapi.MaxPrefixDigests {
+		out = out[len(out)-runnerapi.MaxPrefixDigests:]
+	}
+	return out
+}
 
 // Backing is a saved state that backs a digest: the key the state is stored under and
 // the prompt tokens a restore of it spares.

@@ -2,6 +2,7 @@ package promptcache
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -203,4 +204,31 @@ func TestPrefixTableWakesWaiters(t *testing.T) {
 		t.Fatal("no channel after Close")
 	}
 	<-wait // later waiters return at once
+}
+
+func TestParseDigests(t *testing.T) {
+	d := func(i int) string { return fmt.Sprintf("%016x", i) }
+	many := make([]string, runnerapi.MaxPrefixDigests+3)
+	for i := range many {
+		many[i] = d(i)
+	}
+	for _, tc := range []struct {
+		name, in string
+		want     []string
+	}{
+		{"none", "", nil},
+		{"one", d(1), []string{d(1)}},
+		{"several", d(1) + "," + d(2) + "," + d(3), []string{d(1), d(2), d(3)}},
+		{"the deepest are kept", strings.Join(many, ","), many[3:]},
+		{"upper case", "00000000000000AB", nil},
+		{"too short", d(1) + ",abc", nil},
+		{"too long", d(1) + "0", nil},
+		{"spaces", d(1) + ", " + d(2), nil},
+		{"empty item", d(1) + ",", nil},
+		{"not hex", "000000000000000g", nil},
+	} {
+		if diff := cmp.Diff(tc.want, ParseDigests(tc.in)); diff != "" {
+			t.Errorf("%s (-want +got):\n%s", tc.name, diff)
+		}
+	}
 }

@@ -401,12 +401,14 @@ func (pc *promptCache) putRefs(keys []promptcache.Key, ref []byte) {
 	if pc.c.SSD == nil || len(fresh) == 0 || !pc.addSaver() {
 		return
 	}
-	pc.savesPending.Add(1)
+	pc.savesPending.Add(int64(len(fresh)))
 	go func() {
 		defer pc.savers.Done()
-		defer pc.savesPending.Add(-1)
-		for _, k := range fresh {
-			if err := pc.c.SSD.Save(k, ref); err != nil {
+		for i, k := range fresh {
+			err := pc.c.SSD.Save(k, ref)
+			pc.savesPending.Add(-1)
+			if err != nil {
+				pc.savesPending.Add(-int64(len(fresh) - i - 1))
 				if !errors.Is(err, promptcache.ErrClosed) {
 					pc.log.Info("Saving a prompt cache reference to the SSD tier failed", "error", err.Error())
 				}

@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"net/http/httptrace"
 	"testing"
@@ -19,24 +18,9 @@ import (
 // and usage.
 func chatWith(t *testing.T, r *runner, headers map[string]string, msgs []chatMsg, maxTokens int) (string, runnerapi.Usage) {
 	t.Helper()
-	b, _ := json.Marshal(map[string]any{"model": "test", "temperature": 0, "max_tokens": maxTokens, "messages": msgs})
-	req, err := http.NewRequestWithContext(context.Background(), http.MethodPost, r.base+"/v1/chat/completions", bytes.NewReader(b))
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("Content-Type", "application/json")
-	for k, v := range headers {
-		req.Header.Set(k, v)
-	}
-	resp, err := r.client.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	out, _ := io.ReadAll(resp.Body)
-	var c runnerapi.ChatCompletion
-	if resp.StatusCode != http.StatusOK || json.Unmarshal(out, &c) != nil || c.Usage == nil || len(c.Choices) != 1 {
-		t.Fatalf("chat with %v: %d %s", headers, resp.StatusCode, out)
+	c := chatRequest(t, r, map[string]any{"model": "test", "temperature": 0, "max_tokens": maxTokens, "messages": msgs}, headers)
+	if len(c.Choices) != 1 {
+		t.Fatalf("chat with %v: %d choices", headers, len(c.Choices))
 	}
 	return c.Choices[0].Message.Text(), *c.Usage
 }

@@ -218,8 +218,7 @@ func (t *PrefixTable) Refresh(where func(Key) Tier) {
 		return tier
 	}
 	var events []runnerapi.PrefixEvent
-	for _, d := range slices.Sorted(maps.Keys(t.digests)) {
-		e := t.digests[d]
+	for d, e := range t.digests {
 		now := HoldOf(e.backings, cached)
 		if ev, ok := HoldEvent(d, e.hold, now); ok {
 			events = append(events, ev)
@@ -231,6 +230,7 @@ func (t *PrefixTable) Refresh(where func(Key) Tier) {
 			delete(t.digests, d)
 		}
 	}
+	slices.SortFunc(events, func(a, b runnerapi.PrefixEvent) int { return strings.Compare(a.Digest, b.Digest) })
 	t.logLocked(events)
 }
 

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -37,6 +38,29 @@ func passFleetHeaders(r *http.Request, out http.Header) {
 	}
 }
 
+// prefixQuery is the query the agent sends the runner for a caller's: epoch and after
+// as they are (after must be a number), wait at most maxPrefixWait.
+func prefixQuery(q url.Values) (url.Values, *apiError) {
+	fwd := url.Values{}
+	if e := q.Get("epoch"); e != "" {
+		fwd.Set("epoch", e)
+	}
+	if a := q.Get("after"); a != "" {
+		if _, err := strconv.ParseUint(a, 10, 64); err != nil {
+			return nil, invalid(codeInvalidValue, "after", "after must be an event number, got %q", a)
+		}
+		fwd.Set("after", a)
+	}
+	if v := q.Get("wait"); v != "" {
+		sec, err := strconv.ParseFloat(v, 64)
+		if err != nil || sec < 0 || math.IsNaN(sec) {
+			return nil, invalid(codeInvalidValue, "wait", "wait must be a number of seconds, got %q", v)
+		}
+		fwd.Set("wait", strconv.FormatFloat(min(sec, maxPrefixWait.Seconds()), 'f', -1, 64))
+	}
+	return fwd, nil
+}
+
 // maxPrefixWait bounds a long poll on /api/models/{id}/prefixes (the runner's bound).
 const maxPrefixWait = 30 * time.Second
 
@@ -45,25 +69,10 @@ const maxPrefixWait = 30 * time.Second
 // maxPrefixWait; a model without a ready runner is a 503.
 func (s *Server) handlePrefixes(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
-	q := r.URL.Query()
-	fwd := url.Values{}
-	if e := q.Get("epoch"); e != "" {
-		fwd.Set("epoch", e)
-	}
-	if a := q.Get("after"); a != "" {
-		if _, err := strconv.ParseUint(a, 10, 64); err != nil {
-			writeError(w, invalid(codeInvalidValue, "after", "after must be an event number, got %q", a))
-			return
-		}
-		fwd.Set("after", a)
-	}
-	if v := q.Get("wait"); v != "" {
-		sec, err := strconv.ParseFloat(v, 64)
-		if err != nil || sec < 0 {
-			writeError(w, invalid(codeInvalidValue, "wait", "wait must be a number of seconds, got %q", v))
-			return
-		}
-		fwd.Set("wait", strconv.FormatFloat(min(sec, maxPrefixWait.Seconds()), 'f', -1, 64))
+	fwd, aerr := prefixQuery(r.URL.Query())
+	if aerr != nil {
+		writeError(w, aerr)
+		return
 	}
 	rn, err := s.pool.RunnerOf(id)
 	if err != nil {

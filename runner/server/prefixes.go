@@ -5,6 +5,7 @@ package server
 import (
 	"crypto/rand"
 	"encoding/hex"
+	"math"
 	"net/http"
 	"strconv"
 	"time"
@@ -94,11 +95,11 @@ func (s *Server) handlePrefixes(w http.ResponseWriter, r *http.Request) {
 	var wait time.Duration
 	if v := q.Get("wait"); v != "" {
 		sec, err := strconv.ParseFloat(v, 64)
-		if err != nil || sec < 0 {
+		if err != nil || sec < 0 || math.IsNaN(sec) {
 			writeError(w, runnerapi.InvalidRequest(runnerapi.CodeInvalidValue, "wait", "wait must be a number of seconds, got %q", v))
 			return
 		}
-		wait = min(time.Duration(sec*float64(time.Second)), maxPrefixWait)
+		wait = time.Duration(min(sec, maxPrefixWait.Seconds()) * float64(time.Second))
 	}
 	epoch := q.Get("epoch")
 	ans, next := s.prefixes.Answer(epoch, after)

@@ -5,7 +5,6 @@ package server
 import (
 	"context"
 	"crypto/sha256"
-	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -54,85 +53,10 @@ const DefaultPromptCacheBlock = 64
 // (request bodies, states on their way to the SSD, SSD reads).
 const memoryLimitSlack = 512 << 20
 
-// A cached blob is a small header, the tokens the state holds, and the llama.cpp
-// sequence state:
-//
-//	0   magic "MFKV"
-//	4   version (uint32, little endian)
-//	8   kind (uint32): 0 state, 1 reference
-//	12  state: token count n (uint32), then n tokens (int32), then the state bytes
-//	    reference: the key (32 bytes) of the state it points to
-//
-// A reference is what the key of the prompt's deepest block holds when the state was
-// saved deeper (prompt + generated tokens): a next turn whose prompt re-tokenizes the
-// generated text differently still finds the prompt's part, without storing the state
-// twice.
-const (
-	blobMagic   = "MFKV"
-	blobVersion = 1
-	kindState   = 0
-	kindRef     = 1
-	blobHeader  = 16
-	refSize     = 12 + 32
-)
-
 // promptTailTokens is how many of a prompt's last tokens the reference skips: a chat
 // prompt ends with the template's generation prefix ("<|im_start|>assistant\n"), whose
 // last tokens the next turn's prompt may tokenize differently, merged with the reply.
 const promptTailTokens = 8
-
-var errBadBlob = errors.New("malformed prompt cache entry")
-
-func encodeStateHeader(tokens []int32) []byte {
-	b := make([]byte, blobHeader+4*len(tokens))
-	copy(b, blobMagic)
-	binary.LittleEndian.PutUint32(b[4:], blobVersion)
-	binary.LittleEndian.PutUint32(b[8:], kindState)
-	binary.LittleEndian.PutUint32(b[12:], uint32(len(tokens)))
-	for i, t := range tokens {
-		binary.LittleEndian.PutUint32(b[blobHeader+4*i:], uint32(t))
-	}
-	return b
-}
-
-func encodeRef(key promptcache.Key) []byte {
-	b := make([]byte, refSize)
-	copy(b, blobMagic)
-	binary.LittleEndian.PutUint32(b[4:], blobVersion)
-	binary.LittleEndian.PutUint32(b[8:], kindRef)
-	copy(b[12:], key[:])
-	return b
-}
-
-// decodeBlob returns a state's tokens and state bytes, or the key a reference points
-// to (ref true).
-func decodeBlob(b []byte) (tokens []int32, state []byte, ref promptcache.Key, isRef bool, err error) {
-	if len(b) < 12 || string(b[:4]) != blobMagic || binary.LittleEndian.Uint32(b[4:]) != blobVersion {
-		return nil, nil, ref, false, errBadBlob
-	}
-	switch binary.LittleEndian.Uint32(b[8:]) {
-	case kindRef:
-		if len(b) != refSize {
-			return nil, nil, ref, false, errBadBlob
-		}
-		return nil, nil, promptcache.Key(b[12:]), true, nil
-	case kindState:
-	default:
-		return nil, nil, ref, false, errBadBlob
-	}
-	if len(b) < blobHeader {
-		return nil, nil, ref, false, errBadBlob
-	}
-	n := int(binary.LittleEndian.Uint32(b[12:]))
-	if n == 0 || (len(b)-blobHeader)/4 < n || len(b) == blobHeader+4*n {
-		return nil, nil, ref, false, errBadBlob
-	}
-	tokens = make([]int32, n)
-	for i := range tokens {
-		tokens[i] = int32(binary.LittleEndian.Uint32(b[blobHeader+4*i:]))
-	}
-	return tokens, b[blobHeader+4*n:], ref, false, nil
-}
 
 // restoreState is a cached state found for a prompt: restoring it and keeping its
 // first n tokens spares their prefill.

@@ -185,6 +185,10 @@ func TestPrefixEvents(t *testing.T) {
 			code int
 			out  runnerapi.PrefixEvents
 		}
+		// Fresh connections, accepted in order: once the probe is answered, the poll's
+		// connection was accepted, and a stopping server serves a new connection's
+		// request instead of closing it as idle.
+		fresh := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
 		done, wrote := make(chan polled, 1), make(chan struct{})
 		go func() {
 			ctx := httptrace.WithClientTrace(context.Background(), &httptrace.ClientTrace{
@@ -192,7 +196,7 @@ func TestPrefixEvents(t *testing.T) {
 			url := fmt.Sprintf("%s/cache/prefixes?epoch=%s&after=%d&wait=30", r.base, first.Epoch, moved.Seq)
 			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 			var p polled
-			if resp, err := r.client.Do(req); err == nil {
+			if resp, err := fresh.Do(req); err == nil {
 				p.code = resp.StatusCode
 				_ = json.NewDecoder(resp.Body).Decode(&p.out)
 				resp.Body.Close()
@@ -200,7 +204,11 @@ func TestPrefixEvents(t *testing.T) {
 			done <- p
 		}()
 		<-wrote
-		r.status() // one more round trip: the poll has been read
+		if resp, err := fresh.Get(r.base + "/health"); err != nil {
+			t.Fatal(err)
+		} else {
+			resp.Body.Close()
+		}
 		start := time.Now()
 		r.stop()
 		select {

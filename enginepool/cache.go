@@ -72,3 +72,21 @@ func (p *Pool) ClearCache(ctx context.Context) CacheClearReport {
 	p.signal(p.wakeNow)
 	return rep
 }
+
+// RunnerOf is the runner of model (a name or alias) while it is Ready, for the
+// admin reads that ask a runner about itself (its prefix events): it takes no lease
+// and never loads the model. An unknown model is an UnknownModelError; a model
+// without a ready runner an UnavailableError (it holds nothing).
+func (p *Pool) RunnerOf(model string) (Runner, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	e := p.lookupLocked(model)
+	if e == nil {
+		return nil, &UnknownModelError{Model: model}
+	}
+	if e.state != StateReady || e.eng == nil || e.eng.runner == nil || isClosed(e.eng.stopped) {
+		return nil, &UnavailableError{Model: e.spec.Name, State: e.state, ErrCode: CodeEngineStopped,
+			Reason: "the model is not loaded: no runner holds its prefixes", Retry: p.cfg.RetryAfter}
+	}
+	return e.eng.runner, nil
+}

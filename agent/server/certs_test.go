@@ -97,6 +97,13 @@ func TestClientCertificates(t *testing.T) {
 		// A scraper's certificate with a tenant's token is still a scraper's.
 		{who: "scraper", method: "GET", path: "/v1/models", token: tenantToken, status: 403, contains: "forbidden_caller"},
 		{who: "mac-2", method: "GET", path: "/metrics", status: 403, contains: "forbidden_caller"},
+		// The prefix events are an admin read: the gateways and the manager only.
+		{who: "gateway", method: "GET", path: "/api/models/tiny/prefixes", status: 503, contains: "the model is not loaded"},
+		{who: "manager", method: "GET", path: "/api/models/tiny/prefixes", status: 503, contains: "the model is not loaded"},
+		{who: "scraper", method: "GET", path: "/api/models/tiny/prefixes", status: 403, contains: "may only scrape"},
+		{who: "mac-2", method: "GET", path: "/api/models/tiny/prefixes", status: 403, contains: "forbidden_caller"},
+		{who: "scraper", method: "GET", path: "/api/models/tiny/prefixes", token: tenantToken, status: 403, contains: "forbidden_caller"},
+		{who: "none", method: "GET", path: "/api/models/tiny/prefixes", token: tenantToken, status: 401, contains: "admin API takes only"},
 		{who: "none", method: "GET", path: "/api/status", status: 401, contains: "missing credentials"},
 		{who: "none", method: "GET", path: "/api/status", token: tenantToken, status: 401, contains: "admin API takes only a gateway's or the manager's certificate"},
 		{who: "none", method: "GET", path: "/v1/models", token: tenantToken, status: 200},

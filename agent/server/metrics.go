@@ -24,6 +24,8 @@ type metrics struct {
 	ttft            *prometheus.HistogramVec
 	generatedTokens *prometheus.CounterVec
 	tokensPerSecond *prometheus.HistogramVec
+	// prefixEvents counts the prefix events relayed from the runners to the gateways.
+	prefixEvents *prometheus.CounterVec
 	// usage counts the answers to in-cluster callers served directly, as the
 	// gateway counts its callers' (macfleet_usage_*_total).
 	usage *metering.Meter
@@ -31,7 +33,7 @@ type metrics struct {
 
 func newMetrics(reg prometheus.Registerer, pool *enginepool.Pool) (*metrics, error) {
 	m := newRequestMetrics()
-	for _, c := range []prometheus.Collector{m.requests, m.ttft, m.generatedTokens, m.tokensPerSecond,
+	for _, c := range []prometheus.Collector{m.requests, m.ttft, m.generatedTokens, m.tokensPerSecond, m.prefixEvents,
 		m.usage.Requests, m.usage.Tokens, enginepool.NewMetrics(pool)} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
@@ -60,6 +62,10 @@ func newRequestMetrics() *metrics {
 			Help: "Decode rate of each completion: tokens after the first over the time after the first event " +
 				"(streams), or tokens over the whole request (non-streamed).",
 			Buckets: prometheus.ExponentialBuckets(1, 2, 14), // 1 .. 8192 tokens/s
+		}, []string{"model"}),
+		prefixEvents: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "macfleet_agent_prefix_events_total",
+			Help: "Prefix events (a digest held, moved to the SSD or dropped) relayed from a model's runner on /api/models/{id}/prefixes, full listings included.",
 		}, []string{"model"}),
 		usage: metering.NewMeter(),
 	}

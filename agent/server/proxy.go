@@ -56,9 +56,7 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, lease *enginepool
 		return
 	}
 	req.Header.Set("Content-Type", "application/json")
-	if p := r.Header.Get(runnerapi.HeaderCachePartition); p != "" {
-		req.Header.Set(runnerapi.HeaderCachePartition, p) // the caller's, as the gateway found it
-	}
+	passFleetHeaders(r, req.Header)
 	s.injectTrace(sctx, req.Header)
 	if pr.stream {
 		req.Header.Set("Accept", "text/event-stream")

@@ -192,6 +192,7 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("GET /api/status", s.handleStatus)
 	mux.HandleFunc("POST /api/models/{id}/load", s.handleLoad)
 	mux.HandleFunc("POST /api/models/{id}/unload", s.handleUnload)
+	mux.HandleFunc("GET /api/models/{id}/prefixes", s.handlePrefixes)
 	mux.HandleFunc("POST /api/cache/clear", s.handleCacheClear)
 	mux.HandleFunc("POST /api/requests/cancel", s.handleCancel)
 	mux.Handle("GET /metrics", s.metricsHandler())
@@ -216,7 +217,7 @@ var knownPaths = []string{"/v1/chat/completions", "/v1/completions", "/v1/embedd
 func (s *Server) handleUnknownRoute(w http.ResponseWriter, r *http.Request) {
 	p := r.URL.Path
 	known := strings.HasPrefix(p, "/v1/models/") ||
-		(strings.HasPrefix(p, "/api/models/") && (strings.HasSuffix(p, "/load") || strings.HasSuffix(p, "/unload")))
+		(strings.HasPrefix(p, "/api/models/") && (strings.HasSuffix(p, "/load") || strings.HasSuffix(p, "/unload") || strings.HasSuffix(p, "/prefixes")))
 	for _, k := range knownPaths {
 		known = known || p == k
 	}

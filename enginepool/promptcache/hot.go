@@ -75,6 +75,14 @@ func (h *Hot) Get(key Key) ([]byte, bool) {
 	return data, ok
 }
 
+// Has reports whether key is stored, without marking it used or counting a hit.
+func (h *Hot) Has(key Key) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	_, ok := h.index[key]
+	return ok
+}
+
 func (h *Hot) getLocked(key Key) ([]byte, bool) {
 	e, ok := h.index[key]
 	if !ok {

@@ -325,6 +325,21 @@ func (s *SSD) Has(key Key) bool {
 	return ok
 }
 
+// Holds reports whether key is indexed or queued to be written (not yet cancelled).
+func (s *SSD) Holds(key Key) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.entries[key]; ok {
+		return true
+	}
+	for _, it := range s.pending[key] {
+		if !it.cancelled {
+			return true
+		}
+	}
+	return false
+}
+
 // Load reads and verifies the state under key. A missing, truncated or corrupt file
 // is a miss; a corrupt one is removed.
 func (s *SSD) Load(key Key) ([]byte, bool) {

@@ -22,14 +22,25 @@ func chatIn(t *testing.T, r *runner, partition, salt, prompt string) runnerapi.U
 	if salt != "" {
 		body["cache_salt"] = salt
 	}
+	var headers map[string]string
+	if partition != "" {
+		headers = map[string]string{runnerapi.HeaderCachePartition: partition}
+	}
+	return *chatRequest(t, r, body, headers).Usage
+}
+
+// chatRequest sends a chat request body with headers and returns the answer, which
+// must be one with usage.
+func chatRequest(t *testing.T, r *runner, body map[string]any, headers map[string]string) runnerapi.ChatCompletion {
+	t.Helper()
 	b, _ := json.Marshal(body)
 	req, err := http.NewRequestWithContext(context.Background(), http.MethodPost, r.base+"/v1/chat/completions", bytes.NewReader(b))
 	if err != nil {
 		t.Fatal(err)
 	}
 	req.Header.Set("Content-Type", "application/json")
-	if partition != "" {
-		req.Header.Set(runnerapi.HeaderCachePartition, partition)
+	for k, v := range headers {
+		req.Header.Set(k, v)
 	}
 	resp, err := r.client.Do(req)
 	if err != nil {
@@ -39,9 +50,9 @@ func chatIn(t *testing.T, r *runner, partition, salt, prompt string) runnerapi.U
 	out, _ := io.ReadAll(resp.Body)
 	var c runnerapi.ChatCompletion
 	if resp.StatusCode != http.StatusOK || json.Unmarshal(out, &c) != nil || c.Usage == nil {
-		t.Fatalf("chat in partition %q: %d %s", partition, resp.StatusCode, out)
+		t.Fatalf("chat with %v: %d %s", headers, resp.StatusCode, out)
 	}
-	return *c.Usage
+	return c
 }
 
 // TestPromptCachePartitions: a prefix computed in one partition (team A) is never a

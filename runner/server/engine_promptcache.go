@@ -44,9 +44,12 @@ func (e *engine) saveState(s *slot) {
 	if !e.pc.active() || len(s.cached) < e.pc.block {
 		return
 	}
-	e.pc.save(s.cached, len(s.job.tokens), s.partition, e.ctx.SeqStateSize(s.id), func(header []byte) []byte {
+	full, ok := e.pc.save(s.cached, len(s.job.tokens), s.partition, e.ctx.SeqStateSize(s.id), func(header []byte) []byte {
 		return e.ctx.SeqState(s.id, header)
 	})
+	if ok {
+		e.pc.noteSaved(s.job.digests, full, len(s.job.tokens))
+	}
 }
 
 // clearIdle drops the cached prefixes of idle slots and returns how many it dropped.

@@ -15,13 +15,14 @@ import (
 
 	"github.com/macfleet/macfleet/api/runnerapi"
 	"github.com/macfleet/macfleet/chat"
+	"github.com/macfleet/macfleet/enginepool/promptcache"
 	"github.com/macfleet/macfleet/runner/llama"
 	"github.com/macfleet/macfleet/tracing/spanrelay"
 )
 
 var knownPaths = map[string]bool{
 	"/health": true, "/status": true, "/v1/chat/completions": true, "/v1/completions": true,
-	"/v1/embeddings": true, "/tokenize": true, "/limits": true, "/cache/clear": true, "/cache/budget": true,
+	"/v1/embeddings": true, "/tokenize": true, "/limits": true, "/cache/clear": true, "/cache/budget": true, "/cache/prefixes": true,
 	"/abort": true, "/cancel": true, "/shutdown": true,
 }
 
@@ -36,6 +37,7 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("POST /limits", s.handleLimits)
 	mux.HandleFunc("POST /cache/clear", s.handleCacheClear)
 	mux.HandleFunc("POST /cache/budget", s.handleCacheBudget)
+	mux.HandleFunc("GET /cache/prefixes", s.handlePrefixes)
 	mux.HandleFunc("POST /abort", s.handleAbort)
 	mux.HandleFunc("POST /cancel", s.handleCancel)
 	mux.HandleFunc("POST /shutdown", s.handleShutdown)
@@ -309,6 +311,7 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, eng *engine, c
 	var restore *restoreState
 	var lookup lookupSpan
 	partition := cachePartition(r.Header.Get(runnerapi.HeaderCachePartition), opts.CacheSalt)
+	digests := promptcache.ParseDigests(r.Header.Get(runnerapi.HeaderPrefixDigests))
 	if len(toks) < s.nCtxSeq {
 		lookup.start = time.Now()
 		restore, toks = s.lookupPrompt(text, toks, partition)
@@ -335,7 +338,7 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, eng *engine, c
 		o := opts
 		o.Seed += uint32(i) // each choice its own reproducible sequence
 		j := newJob(r.Context(), toks, o, false)
-		j.notify, j.partition = out.notify, partition
+		j.notify, j.partition, j.digests = out.notify, partition, digests
 		if i == 0 {
 			j.restore = restore
 		}

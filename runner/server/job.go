@@ -25,6 +25,9 @@ type job struct {
 	restore *restoreState
 	// partition is the prompt cache partition the job may reuse and fill.
 	partition string
+	// digests are the request's prefix digests (runnerapi.HeaderPrefixDigests), told
+	// to the prefix table with the state the job's slot saves.
+	digests []string
 	// special maps control tokens to the text to emit for them (tool-call and
 	// reasoning markers); other control tokens emit nothing.
 	special map[int32][]byte

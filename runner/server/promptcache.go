@@ -5,7 +5,6 @@ package server
 import (
 	"context"
 	"crypto/sha256"
-	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -54,85 +53,10 @@ const DefaultPromptCacheBlock = 64
 // (request bodies, states on their way to the SSD, SSD reads).
 const memoryLimitSlack = 512 << 20
 
-// A cached blob is a small header, the tokens the state holds, and the llama.cpp
-// sequence state:
-//
-//	0   magic "MFKV"
-//	4   version (uint32, little endian)
-//	8   kind (uint32): 0 state, 1 reference
-//	12  state: token count n (uint32), then n tokens (int32), then the state bytes
-//	    reference: the key (32 bytes) of the state it points to
-//
-// A reference is what the key of the prompt's deepest block holds when the state was
-// saved deeper (prompt + generated tokens): a next turn whose prompt re-tokenizes the
-// generated text differently still finds the prompt's part, without storing the state
-// twice.
-const (
-	blobMagic   = "MFKV"
-	blobVersion = 1
-	kindState   = 0
-	kindRef     = 1
-	blobHeader  = 16
-	refSize     = 12 + 32
-)
-
 // promptTailTokens is how many of a prompt's last tokens the reference skips: a chat
 // prompt ends with the template's generation prefix ("<|im_start|>assistant\n"), whose
 // last tokens the next turn's prompt may tokenize differently, merged with the reply.
 const promptTailTokens = 8
-
-var errBadBlob = errors.New("malformed prompt cache entry")
-
-func encodeStateHeader(tokens []int32) []byte {
-	b := make([]byte, blobHeader+4*len(tokens))
-	copy(b, blobMagic)
-	binary.LittleEndian.PutUint32(b[4:], blobVersion)
-	binary.LittleEndian.PutUint32(b[8:], kindState)
-	binary.LittleEndian.PutUint32(b[12:], uint32(len(tokens)))
-	for i, t := range tokens {
-		binary.LittleEndian.PutUint32(b[blobHeader+4*i:], uint32(t))
-	}
-	return b
-}
-
-func encodeRef(key promptcache.Key) []byte {
-	b := make([]byte, refSize)
-	copy(b, blobMagic)
-	binary.LittleEndian.PutUint32(b[4:], blobVersion)
-	binary.LittleEndian.PutUint32(b[8:], kindRef)
-	copy(b[12:], key[:])
-	return b
-}
-
-// decodeBlob returns a state's tokens and state bytes, or the key a reference points
-// to (ref true).
-func decodeBlob(b []byte) (tokens []int32, state []byte, ref promptcache.Key, isRef bool, err error) {
-	if len(b) < 12 || string(b[:4]) != blobMagic || binary.LittleEndian.Uint32(b[4:]) != blobVersion {
-		return nil, nil, ref, false, errBadBlob
-	}
-	switch binary.LittleEndian.Uint32(b[8:]) {
-	case kindRef:
-		if len(b) != refSize {
-			return nil, nil, ref, false, errBadBlob
-		}
-		return nil, nil, promptcache.Key(b[12:]), true, nil
-	case kindState:
-	default:
-		return nil, nil, ref, false, errBadBlob
-	}
-	if len(b) < blobHeader {
-		return nil, nil, ref, false, errBadBlob
-	}
-	n := int(binary.LittleEndian.Uint32(b[12:]))
-	if n == 0 || (len(b)-blobHeader)/4 < n || len(b) == blobHeader+4*n {
-		return nil, nil, ref, false, errBadBlob
-	}
-	tokens = make([]int32, n)
-	for i := range tokens {
-		tokens[i] = int32(binary.LittleEndian.Uint32(b[blobHeader+4*i:]))
-	}
-	return tokens, b[blobHeader+4*n:], ref, false, nil
-}
 
 // restoreState is a cached state found for a prompt: restoring it and keeping its
 // first n tokens spares their prefill.
@@ -157,6 +81,12 @@ type promptCache struct {
 	closed   bool
 	savers   sync.WaitGroup
 	ssdQuota atomic.Int64
+
+	// prefixes is the runner's prefix table (never nil once opened); refresh asks its
+	// tracker to recompute the digests' tiers (see trackPrefixes).
+	prefixes    *promptcache.PrefixTable
+	refresh     chan struct{}
+	stopTracker chan struct{}
 
 	restores, restoredTokens, restoreFailures atomic.Int64
 	statesSaved, savesSkipped, savesPending   atomic.Int64
@@ -189,7 +119,8 @@ func newPromptCache(log logr.Logger, cfg PromptCacheConfig, modelPath string, kv
 			return nil, fmt.Errorf("opening the prompt cache SSD tier: %w", err)
 		}
 	}
-	pc := &promptCache{log: log, id: id, block: block, c: promptcache.New(promptcache.NewHot(cfg.HotBytes), ssd)}
+	pc := &promptCache{log: log, id: id, block: block, c: promptcache.New(promptcache.NewHot(cfg.HotBytes), ssd),
+		refresh: make(chan struct{}, 1), stopTracker: make(chan struct{}), prefixes: promptcache.NewPrefixTable(newEpoch())}
 	pc.ssdQuota.Store(cfg.SSDBytes)
 	pc.setMemoryLimit(cfg.HotBytes)
 	return pc, nil
@@ -315,6 +246,7 @@ func (pc *promptCache) resolve(data []byte, want []int32) (*restoreState, error)
 // wait for its writer).
 func (pc *promptCache) forget(key promptcache.Key) {
 	pc.c.Hot.Remove(key)
+	pc.changed()
 	if pc.c.SSD == nil {
 		return
 	}
@@ -341,34 +273,73 @@ func (pc *promptCache) addSaver() bool {
 
 // save stores the state of a slot holding tokens (prompt + generated, the first
 // promptLen of them the prompt) under the key of its deepest full block, and a
-// reference to it under the key of the deepest full block of the prompt without its
-// last promptTailTokens. state is called
-// (on the engine goroutine) to serialize the sequence after the header.
-func (pc *promptCache) save(tokens []int32, promptLen int, partition string, stateSize int, state func(header []byte) []byte) {
+// reference to it under the key of every full block of the prompt without its last
+// promptTailTokens (see putRefs). state is called (on the engine goroutine) to
+// serialize the sequence after the header. It returns the state's key (ok false when
+// nothing was saved).
+func (pc *promptCache) save(tokens []int32, promptLen int, partition string, stateSize int, state func(header []byte) []byte) (full promptcache.Key, ok bool) {
 	if !pc.active() {
-		return
+		return full, false
 	}
 	keys := promptcache.BlockKeys(pc.id, partition, tokens, pc.block)
 	if len(keys) == 0 {
 		pc.savesSkipped.Add(1)
-		return
+		return full, false
 	}
 	size := int64(blobHeader + 4*len(tokens) + stateSize)
 	if pc.c.SSD == nil && size > pc.c.Hot.Stats().BudgetBytes {
 		pc.savesSkipped.Add(1) // the hot tier would refuse it: spare the copy
-		return
+		return full, false
 	}
 	blob := state(encodeStateHeader(tokens))
 	if len(blob) <= blobHeader+4*len(tokens) {
 		pc.savesSkipped.Add(1)
-		return
+		return full, false
 	}
 	pc.statesSaved.Add(1)
-	full := keys[len(keys)-1]
+	full = keys[len(keys)-1]
 	pc.put(full, blob)
 	if pd := (promptLen - promptTailTokens) / pc.block; pd >= 1 && pd < len(keys) {
-		pc.put(keys[pd-1], encodeRef(full))
+		pc.putRefs(keys[:pd], encodeRef(full))
 	}
+	return full, true
+}
+
+// putRefs stores ref under the deepest of keys as put does, and under each shallower
+// key that holds nothing yet: another conversation that shares only the start of this
+// prompt (a long system prompt, the tools) finds the state under the deepest block
+// they share and restores it trimmed to the shared tokens. A key that holds something
+// keeps it (a state there holds the same tokens; a reference there is as good unless
+// its state is gone, and lookup drops it then). The shallower references go to the
+// SSD tier in order on one goroutine; the SSD tier skips keys it already stores.
+func (pc *promptCache) putRefs(keys []promptcache.Key, ref []byte) {
+	deepest := keys[len(keys)-1]
+	pc.put(deepest, ref)
+	var fresh []promptcache.Key
+	for _, k := range keys[:len(keys)-1] {
+		if !pc.c.Hot.Has(k) {
+			pc.c.Hot.Put(k, ref)
+			fresh = append(fresh, k)
+		}
+	}
+	if pc.c.SSD == nil || len(fresh) == 0 || !pc.addSaver() {
+		return
+	}
+	pc.savesPending.Add(int64(len(fresh)))
+	go func() {
+		defer pc.savers.Done()
+		for i, k := range fresh {
+			err := pc.c.SSD.Save(k, ref)
+			pc.savesPending.Add(-1)
+			if err != nil {
+				pc.savesPending.Add(-int64(len(fresh) - i - 1))
+				if !errors.Is(err, promptcache.ErrClosed) {
+					pc.log.Info("Saving a prompt cache reference to the SSD tier failed", "error", err.Error())
+				}
+				return
+			}
+		}
+	}()
 }
 
 // put stores data in the hot tier at once and hands it to the SSD tier on another
@@ -406,12 +377,14 @@ func (pc *promptCache) setBudget(b runnerapi.CacheBudget) runnerapi.CacheBudgetR
 	}
 	res.HotBytes = pc.c.Hot.Stats().BudgetBytes
 	res.SSDBytes = pc.ssdQuota.Load()
+	pc.changed()
 	return res
 }
 
 // clearHot empties the hot tier and returns the freed heap to the operating system.
 func (pc *promptCache) clearHot() (bytes int64, entries int) {
 	bytes, entries = pc.c.Hot.Clear()
+	pc.changed()
 	debug.FreeOSMemory()
 	return bytes, entries
 }
@@ -448,7 +421,9 @@ func (pc *promptCache) close(ctx context.Context) error {
 	pc.closed = true
 	pc.mu.Unlock()
 	pc.savers.Wait()
-	return pc.c.Close(ctx)
+	err := pc.c.Close(ctx)
+	close(pc.stopTracker)
+	return err
 }
 
 // openPromptCache creates the prompt cache of the loaded model and hands it to the
@@ -470,6 +445,8 @@ func (s *Server) openPromptCache() {
 		s.log.Error(err, "The prompt cache is unusable; serving without it")
 		return
 	}
+	pc.prefixes = s.prefixes
+	go pc.trackPrefixes(pc.stopTracker)
 	s.pc, s.eng.pc = pc, pc
 	s.log.Info("Prompt cache", "model", pc.id.Model, "format", pc.id.Format, "blockTokens", pc.block,
 		"hotBytes", cfg.HotBytes, "ssdDir", cfg.Dir, "ssdBytes", cfg.SSDBytes)

@@ -29,6 +29,7 @@ import (
 
 	"github.com/macfleet/macfleet/api/runnerapi"
 	"github.com/macfleet/macfleet/chat"
+	"github.com/macfleet/macfleet/enginepool/promptcache"
 	"github.com/macfleet/macfleet/runner/llama"
 	"github.com/macfleet/macfleet/runner/procmem"
 	"github.com/macfleet/macfleet/tracing/spanrelay"
@@ -102,10 +103,13 @@ type Server struct {
 	cancelLoad      atomic.Bool
 
 	// Set once by load, before the state becomes ready.
-	model      *llama.Model
-	lctx       *llama.Context
-	eng        *engine
-	pc         *promptCache // nil when it could not be opened
+	model *llama.Model
+	lctx  *llama.Context
+	eng   *engine
+	pc    *promptCache // nil when it could not be opened
+	// prefixes is the prefix table this process reports on /cache/prefixes (empty
+	// without a prompt cache).
+	prefixes   *promptcache.PrefixTable
 	info       runnerapi.ModelInfo
 	tmpl       string             // llama.cpp built-in template, when chat is nil
 	chat       *chat.Template     // the model's own template (nil: none that parses)
@@ -189,6 +193,7 @@ func newServer(cfg Config) *Server {
 		cfg: cfg, log: cfg.Log, state: runnerapi.StateLoading,
 		failureSeen: make(chan struct{}), stopReq: make(chan struct{}),
 		defaultID: strings.TrimSuffix(filepath.Base(cfg.ModelPath), filepath.Ext(cfg.ModelPath)),
+		prefixes:  promptcache.NewPrefixTable(newEpoch()),
 	}
 	s.ceiling.Store(cfg.CeilingBytes)
 	if cfg.TracerProvider != nil {
@@ -251,6 +256,7 @@ func (s *Server) serve(ctx context.Context, srv *http.Server, serveErr <-chan er
 	s.log.Info("Stopping")
 	s.setState(runnerapi.StateStopping, "")
 	s.eng.close(runnerapi.Unavailable(runnerapi.CodeShuttingDown, "the runner is stopping"))
+	s.prefixes.Close() // releases the long polls
 	s.closePromptCache()
 	if s.shutdownHTTP(srv) {
 		s.free()

@@ -1,6 +1,9 @@
 package prefixindex
 
 import (
+	"errors"
+	"fmt"
+
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -28,10 +31,27 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.entries, m.events, m.resets, m.dropped, m.pollErrors} {
-		if err := reg.Register(c); err != nil {
-			return nil, err
+	var err error
+	register := func(c prometheus.Metric) prometheus.Metric {
+		if err != nil {
+			return c
 		}
+		if e := reg.Register(c.(prometheus.Collector)); e != nil {
+			// A gateway restarted in the same process keeps counting in the series of
+			// the one before.
+			if are, ok := errors.AsType[prometheus.AlreadyRegisteredError](e); ok {
+				if same, ok := are.ExistingCollector.(prometheus.Metric); ok {
+					return same
+				}
+			}
+			err = fmt.Errorf("registering the prefix index's metrics: %w", e)
+		}
+		return c
 	}
-	return m, nil
+	m.entries = register(m.entries).(prometheus.Gauge)
+	m.events = register(m.events).(prometheus.Counter)
+	m.resets = register(m.resets).(prometheus.Counter)
+	m.dropped = register(m.dropped).(prometheus.Counter)
+	m.pollErrors = register(m.pollErrors).(prometheus.Counter)
+	return m, err
 }

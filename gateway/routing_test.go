@@ -217,7 +217,7 @@ func TestPrefixCacheRouting(t *testing.T) {
 }
 
 // TestPrefixCacheOff: a deployment whose prompt cache is off is routed by least load,
-// with no digests sent and no agent polled.
+// with no digests sent (not even a client's) and no agent polled.
 func TestPrefixCacheOff(t *testing.T) {
 	agents := []*cacheAgent{newCacheAgent(t, "a/r0"), newCacheAgent(t, "a/r1")}
 	g := newTestGateway(t, Options{Routing: RoutingPrefixCache})
@@ -230,7 +230,7 @@ func TestPrefixCacheOff(t *testing.T) {
 		[]mfv1.MacNode{node("mac", metav1.ConditionTrue)}))
 	seen := map[string]int{}
 	for range 4 {
-		_, got := post(t, g.url, chatBody)
+		_, got := post(t, g.url, chatBody, runnerapi.HeaderPrefixDigests, "0123456789abcdef")
 		seen[got]++
 	}
 	if len(seen) != 2 {

@@ -174,13 +174,14 @@ func (b *balancer) pickN(rt *Route, excluded map[string]bool, hint routeHint, pe
 	if !some {
 		return Backend{}, 0, "", false
 	}
-	i := -1
+	var i int
 	switch {
 	case hint.mode == RoutingPrefixCache && rt.PromptCache:
 		if i = b.choosePrefix(rt, loads, eligible, hint.digests); i >= 0 {
 			routed = routedPrefixHit
 		} else {
-			i, routed = chooseBounded(rt.hashRing(), loads, eligible, hint.h, b.c), routedFallback
+			i, routed = chooseLeast(loads, eligible, int(b.next%uint(n))), routedFallback
+			b.next++
 		}
 	case hint.mode == RoutingPrefixAffinity:
 		i, routed = chooseBounded(rt.hashRing(), loads, eligible, hint.h, b.c), routedPrefixAffinity

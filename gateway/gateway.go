@@ -109,8 +109,7 @@ type Options struct {
 	// RoutingPrefixAffinity with PrefixAffinity, else RoutingLeastLoad.
 	Routing Routing
 	// PrefixAffinity routes by consistent hashing with bounded loads on the prompt's
-	// first PrefixBytes bytes instead of pure least-outstanding (Routing empty); the
-	// same bytes are RoutingPrefixCache's fallback.
+	// first PrefixBytes bytes instead of pure least-outstanding (Routing empty).
 	PrefixAffinity bool
 	PrefixBytes    int
 	// LoadBound is c of the bounded loads (DefaultLoadBound when < 1).

@@ -129,7 +129,7 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, start time.Time)
 		return "", g.fail(w, "", endpoint, aerr)
 	}
 	prefixBytes := 0
-	if g.opts.Routing != RoutingLeastLoad {
+	if g.opts.Routing == RoutingPrefixAffinity {
 		prefixBytes = g.opts.PrefixBytes
 	}
 	head, aerr := parseHead(body, prefixBytes)
@@ -148,7 +148,7 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, start time.Time)
 	defer gauge.Dec()
 	defer g.traffic.started(model)()
 	var h uint64
-	if g.opts.Routing != RoutingLeastLoad {
+	if g.opts.Routing == RoutingPrefixAffinity {
 		h = hashKey(head.prefix)
 	}
 	flow, prio, aerr := g.classify(r, id)

@@ -18,8 +18,8 @@ type Routing string
 const (
 	// RoutingPrefixCache routes a conversation to the replica whose prompt cache holds
 	// the longest part of it, by the prefix index (package prefixindex), weighted by
-	// tier and load (choosePrefix); with no replica holding any of it, by prefix
-	// affinity. Deployments with the prompt cache off are routed by least load.
+	// tier and load (choosePrefix); with no replica holding any of it, and for
+	// deployments with the prompt cache off, by least load.
 	RoutingPrefixCache Routing = "prefix-cache"
 	// RoutingPrefixAffinity hashes the start of the conversation onto the replicas
 	// (consistent hashing with bounded loads).
@@ -72,8 +72,9 @@ const (
 	routedLeastLoad      = "least_load"
 )
 
-// routeHint is what of a request picks its replica: the mode, the affinity hash of
-// its prefix, and under RoutingPrefixCache its prefix digests.
+// routeHint is what of a request picks its replica: the mode, under
+// RoutingPrefixAffinity the hash of its prefix, under RoutingPrefixCache its prefix
+// digests.
 type routeHint struct {
 	mode    Routing
 	h       uint64

@@ -184,7 +184,14 @@ func TestPrefixCacheRouting(t *testing.T) {
 		defer close(done)
 		post(t, g.url, turn1, "X-Test-Hold", "1")
 	}()
-	<-holder.held
+	select {
+	case <-holder.held:
+	case <-other.held:
+		close(other.release)
+		t.Fatal("the request of the held conversation went to the replica that does not hold it")
+	case <-time.After(10 * time.Second):
+		t.Fatal("the held request reached no replica")
+	}
 	turn2 := strings.TrimSuffix(turn1, "]}") + `,{"role":"assistant","content":"Looks fine."},{"role":"user","content":"And util.go?"}]}`
 	anthropicTurn2 := `{"model":"m","max_tokens":100,"system":"` + strings.TrimSuffix(strings.TrimPrefix(system, `{"role":"system","content":"`), `"}`) +
 		`","messages":[{"role":"user","content":"Review main.go"},{"role":"assistant","content":"Looks fine."},{"role":"user","content":"And util.go?"}]}`

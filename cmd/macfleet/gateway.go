@@ -104,8 +104,8 @@ OTEL_EXPORTER_OTLP_ENDPOINT set it traces every request (see docs/tracing.md).`,
 		"How long the replica keeps its own usage records of past days before deleting them")
 	f.StringVar(&routing, "routing", string(gateway.RoutingPrefixCache),
 		"How a request's replica is picked: prefix-cache (the replica whose prompt cache holds the longest part of the conversation, "+
-			"by the agents' prefix events, weighed by tier and load; with none holding any, prefix-affinity; deployments without a prompt "+
-			"cache by least-load), prefix-affinity (consistent hashing of the conversation's start with bounded load) or least-load")
+			"by the agents' prefix events, weighed by tier and load; with none holding any, and for deployments without a prompt "+
+			"cache, least-load), prefix-affinity (consistent hashing of the conversation's start with bounded load) or least-load")
 	f.BoolVar(&cfg.PrefixAffinity, "prefix-affinity", false,
 		"Same as --routing=prefix-affinity (kept for older command lines)")
 	f.DurationVar(&cfg.DrainTimeout, "drain-timeout", gateway.DefaultDrainTimeout,

@@ -472,7 +472,7 @@ func TestValuesMatchBinaryDefaults(t *testing.T) {
 		NodeLossGrace: macnode.DefaultNodeLossGrace, ColdStartTimeout: gateway.DefaultColdStartTimeout,
 		SchedulerWorkers: scheduler.DefaultWorkers, ManagerMetrics: 8080, ManagerProbe: 8081,
 		GatewayPort: 8080, GatewayMetrics: 9090, GatewayProbe: 8081, TokenAudience: satoken.DefaultAudience,
-		Routing: string(gateway.RoutingPrefixCache),
+		Routing:      string(gateway.RoutingPrefixCache),
 		DrainTimeout: gateway.DefaultDrainTimeout, MaxConnections: httpserver.DefaultMaxConnections,
 	}
 	if diff := cmp.Diff(want, got); diff != "" {

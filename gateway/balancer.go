@@ -179,6 +179,8 @@ func (b *balancer) pickN(rt *Route, excluded map[string]bool, hint routeHint, pe
 	case hint.mode == RoutingPrefixCache && rt.PromptCache:
 		if i = b.choosePrefix(rt, loads, eligible, hint.digests); i >= 0 {
 			routed = routedPrefixHit
+		} else if hint.keyed {
+			i, routed = chooseBounded(rt.hashRing(), loads, eligible, hint.h, b.c), routedFallback
 		} else {
 			i, routed = chooseLeast(loads, eligible, int(b.next%uint(n))), routedFallback
 			b.next++

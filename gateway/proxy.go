@@ -129,7 +129,7 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, start time.Time)
 		return "", g.fail(w, "", endpoint, aerr)
 	}
 	prefixBytes := 0
-	if g.opts.Routing == RoutingPrefixAffinity {
+	if g.opts.Routing != RoutingLeastLoad {
 		prefixBytes = g.opts.PrefixBytes
 	}
 	head, aerr := parseHead(body, prefixBytes)
@@ -148,7 +148,7 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, start time.Time)
 	defer gauge.Dec()
 	defer g.traffic.started(model)()
 	var h uint64
-	if g.opts.Routing == RoutingPrefixAffinity {
+	if g.opts.Routing == RoutingPrefixAffinity || head.keyed {
 		h = hashKey(head.prefix)
 	}
 	flow, prio, aerr := g.classify(r, id)
@@ -167,6 +167,7 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, start time.Time)
 	t := g.adm.newTicket(model, flow, prio, h)
 	t.width = head.N
 	if g.opts.Routing == RoutingPrefixCache && rt.PromptCache {
+		t.hint.keyed = head.keyed
 		t.hint.digests = prefixdigest.Of(id.CachePartition(), model, body)
 		r = r.WithContext(withPrefixDigests(r.Context(), t.hint.digests))
 	}

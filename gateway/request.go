@@ -20,6 +20,8 @@ type requestHead struct {
 	N int
 	// prefix is up to PrefixBytes of the prompt's text; nil without affinity.
 	prefix []byte
+	// keyed: prefix is the client's prompt_cache_key.
+	keyed bool
 }
 
 // maxChoices bounds the slots one request is counted for; a larger n is refused by
@@ -93,7 +95,7 @@ func parseHead(body []byte, prefixBytes int) (requestHead, *apiError) {
 	if prefixBytes > 0 {
 		var key string
 		if json.Unmarshal(head.PromptCacheKey, &key) == nil && key != "" {
-			out.prefix = []byte("prompt_cache_key\x00" + key)
+			out.prefix, out.keyed = []byte("prompt_cache_key\x00"+key), true
 		} else {
 			out.prefix = head.conversation.prefix(prefixBytes)
 		}

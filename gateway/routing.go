@@ -18,8 +18,9 @@ type Routing string
 const (
 	// RoutingPrefixCache routes a conversation to the replica whose prompt cache holds
 	// the longest part of it, by the prefix index (package prefixindex), weighted by
-	// tier and load (choosePrefix); with no replica holding any of it, and for
-	// deployments with the prompt cache off, by least load.
+	// tier and load (choosePrefix); with no replica holding any of it, by affinity on
+	// its prompt_cache_key when it has one, else (and for deployments with the prompt
+	// cache off) by least load.
 	RoutingPrefixCache Routing = "prefix-cache"
 	// RoutingPrefixAffinity hashes the start of the conversation onto the replicas
 	// (consistent hashing with bounded loads).
@@ -74,10 +75,11 @@ const (
 
 // routeHint is what of a request picks its replica: the mode, under
 // RoutingPrefixAffinity the hash of its prefix, under RoutingPrefixCache its prefix
-// digests.
+// digests and, when it has a prompt_cache_key (keyed), the key's hash.
 type routeHint struct {
 	mode    Routing
 	h       uint64
+	keyed   bool
 	digests []string
 }
 

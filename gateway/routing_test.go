@@ -266,3 +266,41 @@ func eventually(t *testing.T, what string, cond func() bool) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// TestPrefixCacheFallback: with no replica holding a conversation, prefix-cache
+// routing keeps requests that share a prompt_cache_key on one replica (whatever their
+// prompts; different keys spread) and spreads requests without one by least load.
+func TestPrefixCacheFallback(t *testing.T) {
+	h := func(_ int, w http.ResponseWriter, r *http.Request) { okJSON(w, r) }
+	ups := []*upstream{newUpstream(t, h), newUpstream(t, h), newUpstream(t, h)}
+	g := newTestGateway(t, Options{Routing: RoutingPrefixCache})
+	t.Cleanup(g.Close)
+	g.serveReplicas(ups[0].host(), ups[1].host(), ups[2].host())
+	homes := map[string]bool{}
+	for k := range 12 {
+		var home string
+		for i := range 3 {
+			body := fmt.Sprintf(`{"model":"m","prompt_cache_key":"thread-%d","messages":[{"role":"user","content":"q%d"}]}`, k, i)
+			if _, got := post(t, g.url, body); i == 0 {
+				home = got
+			} else if got != home {
+				t.Errorf("key %d: request %d went to %s, the first to %s", k, i, got, home)
+			}
+		}
+		homes[home] = true
+	}
+	if len(homes) < 2 {
+		t.Errorf("12 keys all went to %v", homes)
+	}
+	seen := map[string]int{}
+	for range 6 {
+		_, got := post(t, g.url, chatBody)
+		seen[got]++
+	}
+	if len(seen) != 3 {
+		t.Errorf("6 sequential requests without a key went to %v, want all three replicas (least load)", seen)
+	}
+	if n := testutil.ToFloat64(g.metrics.routing.WithLabelValues("a/m", routedFallback)); n != 42 {
+		t.Errorf("%v requests routed by the fallback, want all 42", n)
+	}
+}

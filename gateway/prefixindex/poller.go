@@ -153,17 +153,30 @@ func (p *Poller) run(ctx context.Context, pl *poll, prev *poll) {
 			backoff = min(max(2*backoff, minB), maxB)
 			p.Log.V(1).Info("Polling a replica's prefix events failed; backing off", "replica", pl.target.Key,
 				"endpoint", pl.target.Endpoint, "backoff", backoff, "err", err.Error())
-			t := time.NewTimer(backoff)
-			select {
-			case <-ctx.Done():
-				t.Stop()
+			if !sleep(ctx, backoff) {
 				return
-			case <-t.C:
 			}
 			continue
 		}
 		backoff = 0
 		p.Index.Apply(pl.target.Key, ev)
+		// An answer without events ended its wait (or the agent does not hold answers
+		// back): pause, so that such an agent is not polled in a tight loop.
+		if len(ev.Events) == 0 && !sleep(ctx, minB) {
+			return
+		}
+	}
+}
+
+// sleep waits d, false when ctx ended first.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
 	}
 }
 

@@ -17,6 +17,7 @@ import (
 	"github.com/macfleet/macfleet/gateway/prefixdigest"
 	"github.com/macfleet/macfleet/gateway/prefixindex"
 	"github.com/macfleet/macfleet/gateway/prefixindex/prefixindextest"
+	"github.com/macfleet/macfleet/test/support/testenv"
 )
 
 func TestChoosePrefix(t *testing.T) {
@@ -125,9 +126,7 @@ func newCacheAgent(t *testing.T, key string) *cacheAgent {
 	a := &cacheAgent{events: prefixindextest.New(key, "epoch-"+key), release: make(chan struct{}), held: make(chan struct{}, 8)}
 	a.upstream = newUpstream(t, func(_ int, w http.ResponseWriter, r *http.Request) {
 		if r.Method == http.MethodGet && strings.HasPrefix(r.URL.Path, "/api/models/") {
-			mux := http.NewServeMux()
-			mux.Handle("GET /api/models/{id}/prefixes", a.events)
-			mux.ServeHTTP(w, r)
+			a.events.Handler().ServeHTTP(w, r)
 			return
 		}
 		h := r.Header.Get(runnerapi.HeaderPrefixDigests)
@@ -176,7 +175,9 @@ func TestPrefixCacheRouting(t *testing.T) {
 		t.Fatalf("the agent got digests %q, want the gateway's %q", h, want)
 	}
 	holderKey := []string{"a/r0", "a/r1"}[home]
-	eventually(t, "the index learns what the holder holds", func() bool { return g.bal.index.Len(holderKey) == 2 })
+	testenv.Eventually(t, 10*time.Second, 5*time.Millisecond, func() (bool, string) {
+		return g.bal.index.Len(holderKey) == 2, "not yet: the index learns what the holder holds"
+	})
 
 	// Keep the holder busy with one request: least load would now pick the other.
 	done := make(chan struct{})
@@ -253,17 +254,6 @@ func TestPrefixCacheOff(t *testing.T) {
 	}
 	if n := testutil.ToFloat64(g.metrics.routing.WithLabelValues("a/m", routedLeastLoad)); n != 4 {
 		t.Errorf("%v requests routed by least load, want 4", n)
-	}
-}
-
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting until %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
 	}
 }
 

@@ -112,9 +112,9 @@ func Parse(body []byte) (c Conversation, ok bool) {
 		if json.Unmarshal(req.Messages, &items) != nil {
 			return Conversation{}, false
 		}
-		system = texts(req.System)
+		system = Texts(req.System)
 	case len(req.Instructions) > 0 || len(req.Input) > 0:
-		system = texts(req.Instructions)
+		system = Texts(req.Instructions)
 		in := bytes.TrimSpace(req.Input)
 		if len(in) > 0 && in[0] == '"' {
 			items = []item{{Role: "user", Content: in}}
@@ -134,7 +134,7 @@ func Parse(body []byte) (c Conversation, ok bool) {
 			role = "system"
 		}
 		if head && role == "system" && (it.Type == "" || it.Type == "message") {
-			system = append(system, texts(it.Content)...)
+			system = append(system, Texts(it.Content)...)
 			continue
 		}
 		head = false
@@ -155,7 +155,7 @@ func (it item) appendTo(msgs []Message, role string) []Message {
 		}
 		return append(msgs, Message{Role: "assistant", ToolCalls: []ToolCall{call}})
 	case "function_call_output":
-		return append(msgs, Message{Role: "tool", Text: strings.Join(texts(it.Output), "\n")})
+		return append(msgs, Message{Role: "tool", Text: strings.Join(Texts(it.Output), "\n")})
 	case "", "message":
 	default:
 		return msgs // reasoning and other items the prompt does not carry as a message
@@ -169,7 +169,7 @@ func (it item) appendTo(msgs []Message, role string) []Message {
 			case "tool_use":
 				m.ToolCalls = append(m.ToolCalls, ToolCall{Name: p.Name, Arguments: canonicalArgs(p.Input)})
 			case "tool_result":
-				msgs = append(msgs, Message{Role: "tool", Text: strings.Join(texts(p.Content), "\n")})
+				msgs = append(msgs, Message{Role: "tool", Text: strings.Join(Texts(p.Content), "\n")})
 			case "", "text", "input_text", "output_text":
 				if p.Text != "" {
 					text = append(text, p.Text)
@@ -177,7 +177,7 @@ func (it item) appendTo(msgs []Message, role string) []Message {
 			}
 		}
 	} else {
-		text = texts(it.Content)
+		text = Texts(it.Content)
 	}
 	for _, tc := range it.ToolCalls {
 		m.ToolCalls = append(m.ToolCalls, ToolCall{Name: tc.Function.Name, Arguments: canonicalArgs(tc.Function.Arguments)})
@@ -242,8 +242,9 @@ func canonicalJSON(raw json.RawMessage) string {
 	return string(b)
 }
 
-// texts reads a string, an array of strings, or an array of content parts with text.
-func texts(raw json.RawMessage) []string {
+// Texts reads a string, an array of strings, or an array of content parts with
+// "text" (the gateway's prefix affinity reads prompts the same way).
+func Texts(raw json.RawMessage) []string {
 	raw = bytes.TrimSpace(raw)
 	if len(raw) == 0 {
 		return nil
@@ -251,7 +252,7 @@ func texts(raw json.RawMessage) []string {
 	switch raw[0] {
 	case '"':
 		var s string
-		if json.Unmarshal(raw, &s) == nil && s != "" {
+		if json.Unmarshal(raw, &s) == nil {
 			return []string{s}
 		}
 	case '[':
@@ -263,9 +264,7 @@ func texts(raw json.RawMessage) []string {
 		for _, p := range parts {
 			var s string
 			if json.Unmarshal(p, &s) == nil {
-				if s != "" {
-					out = append(out, s)
-				}
+				out = append(out, s)
 				continue
 			}
 			var pt part

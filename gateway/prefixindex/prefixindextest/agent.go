@@ -121,3 +121,10 @@ func (a *Agent) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		a.mu.Lock()
 	}
 }
+
+// Handler serves the agent at "GET /api/models/{id}/prefixes".
+func (a *Agent) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("GET /api/models/{id}/prefixes", a)
+	return mux
+}

@@ -18,11 +18,11 @@ import (
 	"github.com/macfleet/macfleet/test/support/testenv"
 )
 
-// prefixSystem is a system prompt long enough (about a thousand tokens) that a replica
-// holding it is worth a detour.
+// prefixSystem is a system prompt long enough (about a thousand tokens of the
+// synthesized model's small vocabulary) that a replica holding it is worth a detour.
 var prefixSystem = "You are the reviewer of a Go code base. " + strings.Repeat(
 	"Check every exported name for a doc comment, every error for a wrapped cause, every goroutine for a way to end, "+
-		"and every lock for the shortest hold. ", 30)
+		"and every lock for the shortest hold. ", 8)
 
 // prefixChat is a chat completion of model: the system prompt, then alternating user
 // and assistant messages.
@@ -68,7 +68,7 @@ func postChat(ctx context.Context, base, body string) (int, string, error) {
 // GET /api/models/{id}/prefixes): run it once that is merged.
 func TestPrefixCacheRouting(t *testing.T) {
 	ns := testenv.NewNamespace(t, fleet.Client)
-	create(t, deployment(ns, "cached", 2, func(md *v1alpha1.ModelDeployment) { md.Spec.Engine.ContextLength = 4096 }))
+	create(t, deployment(ns, "cached", 2, func(md *v1alpha1.ModelDeployment) { md.Spec.Engine.ContextLength = 16384 }))
 	waitReady(t, ns, "cached", 2, 3*time.Minute)
 	model := ns + "/cached"
 	url, reg := inProcessGateway(t, gateway.Config{Routing: gateway.RoutingPrefixCache}, testr.NewWithInterface(t, testr.Options{}))
@@ -119,7 +119,7 @@ func TestPrefixCacheRouting(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		_, _, _ = postChat(busy, url, prefixChat(model, 3000, question, reply, "Now tell a very long story about goroutines."))
+		_, _, _ = postChat(busy, url, prefixChat(model, 6000, question, reply, "Now tell a very long story about goroutines."))
 	}()
 	testenv.Eventually(t, 30*time.Second, 10*time.Millisecond, func() (bool, string) {
 		inflight := metricValue(t, reg, "macfleet_gateway_inflight", map[string]string{"model": model})

@@ -71,7 +71,8 @@ func TestPrefixCacheRouting(t *testing.T) {
 	create(t, deployment(ns, "cached", 2, func(md *v1alpha1.ModelDeployment) { md.Spec.Engine.ContextLength = 16384 }))
 	waitReady(t, ns, "cached", 2, 3*time.Minute)
 	model := ns + "/cached"
-	url, reg := inProcessGateway(t, gateway.Config{Routing: gateway.RoutingPrefixCache}, testr.NewWithInterface(t, testr.Options{}))
+	// Verbosity 1 logs the failed polls of the agents' prefix events.
+	url, reg := inProcessGateway(t, gateway.Config{Routing: gateway.RoutingPrefixCache}, testr.NewWithInterface(t, testr.Options{Verbosity: 1}))
 	routed := func(how string) float64 {
 		return metricValue(t, reg, "macfleet_gateway_routing_decisions_total", map[string]string{"model": model, "routing": how})
 	}
@@ -97,7 +98,8 @@ func TestPrefixCacheRouting(t *testing.T) {
 	}
 	testenv.Eventually(t, 30*time.Second, 50*time.Millisecond, func() (bool, string) {
 		n := metricValue(t, reg, "macfleet_gateway_prefix_index_entries", nil)
-		return n > 0, "the gateway's prefix index holds nothing after the first turn"
+		return n > 0, fmt.Sprintf("the gateway's prefix index holds nothing after the first turn (%v polls of the agents failed)",
+			metricValue(t, reg, "macfleet_gateway_prefix_index_poll_errors_total", nil))
 	})
 	var answer struct {
 		Choices []struct {

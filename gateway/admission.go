@@ -39,13 +39,14 @@ type admission struct {
 	perSlot int
 	limits  fairqueue.Limits
 	// reserve and window configure each deployment's fairqueue.Share.
-	reserve  int
-	window   time.Duration
-	affinity bool
-	bal      *balancer
-	table    func() *Table
-	m        *metrics
-	now      func() time.Time
+	reserve int
+	window  time.Duration
+	// routing is the mode of every ticket's hint.
+	routing Routing
+	bal     *balancer
+	table   func() *Table
+	m       *metrics
+	now     func() time.Time
 
 	mu     sync.Mutex
 	queues map[string]*modelQueue
@@ -66,7 +67,9 @@ type ticket struct {
 	model    string
 	flow     string
 	priority fairqueue.Priority
-	h        uint64
+	// hint picks its replica; routed says how the current grant was picked.
+	hint   routeHint
+	routed string
 	// excluded are the replicas that failed this request; the dispatcher reads it
 	// while the ticket waits, so it changes under admission.mu only.
 	excluded map[string]bool
@@ -86,13 +89,14 @@ type ticket struct {
 
 func newAdmission(opts Options, bal *balancer, table func() *Table, m *metrics) *admission {
 	limits := opts.Queue.WithDefaults()
-	return &admission{perSlot: opts.MaxInFlightPerSlot, limits: limits, affinity: opts.PrefixAffinity,
+	return &admission{perSlot: opts.MaxInFlightPerSlot, limits: limits, routing: opts.Routing,
 		reserve: limits.ReserveSlots, window: limits.ActiveWindow,
 		bal: bal, table: table, m: m, now: time.Now, queues: map[string]*modelQueue{}}
 }
 
 func (a *admission) newTicket(model, flow string, p fairqueue.Priority, h uint64) *ticket {
-	return &ticket{model: model, flow: flow, priority: p, h: h, width: 1, granted: make(chan Backend, 1)}
+	return &ticket{model: model, flow: flow, priority: p, hint: routeHint{mode: a.routing, h: h}, width: 1,
+		granted: make(chan Backend, 1)}
 }
 
 func (a *admission) queue(model string) *modelQueue {
@@ -154,7 +158,7 @@ func (a *admission) pick(rt *Route, mq *modelQueue, t *ticket, now time.Time) (b
 	if a.perSlot > 0 && !mq.share.Allows(t.flow, t.width, capacity(rt, a.perSlot), now) {
 		return Backend{}, false, true
 	}
-	if be, t.counted, ok = a.bal.pickN(rt, t.excluded, a.affinity, t.h, a.perSlot, t.width); ok {
+	if be, t.counted, t.routed, ok = a.bal.pickN(rt, t.excluded, t.hint, a.perSlot, t.width); ok {
 		mq.share.Grant(t.flow, t.counted)
 	}
 	return be, ok, false

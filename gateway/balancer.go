@@ -5,6 +5,8 @@ import (
 	"math"
 	"slices"
 	"sync"
+
+	"github.com/macfleet/macfleet/gateway/prefixindex"
 )
 
 // Balancing defaults.
@@ -115,22 +117,29 @@ func chooseLeast(loads []int, eligible []bool, start int) int {
 // picks a replica for each attempt.
 type balancer struct {
 	c float64
+	// index is the fleet's prompt caches for RoutingPrefixCache; nil routes such
+	// requests by their fallback.
+	index *prefixindex.Index
 
 	mu       sync.Mutex
 	inflight map[string]int
 	next     uint
 }
 
-func newBalancer(c float64) *balancer {
+func newBalancer(c float64, index *prefixindex.Index) *balancer {
 	if c < 1 {
 		c = DefaultLoadBound
 	}
-	return &balancer{c: c, inflight: map[string]int{}}
+	return &balancer{c: c, index: index, inflight: map[string]int{}}
 }
 
-// pick is pickN for a request that takes one slot.
+// pick is pickN for a request that takes one slot, by affinity on h or least load.
 func (b *balancer) pick(rt *Route, excluded map[string]bool, affinity bool, h uint64, perSlot int) (Backend, bool) {
-	be, _, ok := b.pickN(rt, excluded, affinity, h, perSlot, 1)
+	hint := routeHint{mode: RoutingLeastLoad, h: h}
+	if affinity {
+		hint.mode = RoutingPrefixAffinity
+	}
+	be, _, _, ok := b.pickN(rt, excluded, hint, perSlot, 1)
 	return be, ok
 }
 
@@ -138,12 +147,12 @@ func (b *balancer) pick(rt *Route, excluded map[string]bool, affinity bool, h ui
 // takes w slots (a chat with n choices takes n), and counts it there; the caller must
 // releaseN the count returned. A backend has room while the gateway's requests on it
 // plus w stay within perSlot × its slots (always when perSlot ≤ 0); w is counted as at
-// most that, so a request wider than a replica still fits an idle one. With affinity it
-// hashes the prompt prefix h onto the route's ring, else it takes the least loaded.
-func (b *balancer) pickN(rt *Route, excluded map[string]bool, affinity bool, h uint64, perSlot, w int) (Backend, int, bool) {
+// most that, so a request wider than a replica still fits an idle one. The hint's mode
+// picks among them (see Routing); routed says how it was picked.
+func (b *balancer) pickN(rt *Route, excluded map[string]bool, hint routeHint, perSlot, w int) (be Backend, counted int, routed string, ok bool) {
 	n := len(rt.Backends)
 	if n == 0 {
-		return Backend{}, 0, false
+		return Backend{}, 0, "", false
 	}
 	w = max(w, 1)
 	width := func(be Backend) int {
@@ -163,19 +172,44 @@ func (b *balancer) pickN(rt *Route, excluded map[string]bool, affinity bool, h u
 		some = some || eligible[i]
 	}
 	if !some {
-		return Backend{}, 0, false
+		return Backend{}, 0, "", false
 	}
 	var i int
-	if affinity {
-		i = chooseBounded(rt.hashRing(), loads, eligible, h, b.c)
-	} else {
-		i = chooseLeast(loads, eligible, int(b.next%uint(n)))
+	switch {
+	case hint.mode == RoutingPrefixCache && rt.PromptCache:
+		if i = b.choosePrefix(rt, loads, eligible, hint.digests); i >= 0 {
+			routed = routedPrefixHit
+		} else if hint.keyed {
+			i, routed = chooseBounded(rt.hashRing(), loads, eligible, hint.h, b.c), routedFallback
+		} else {
+			i, routed = chooseLeast(loads, eligible, int(b.next%uint(n))), routedFallback
+			b.next++
+		}
+	case hint.mode == RoutingPrefixAffinity:
+		i, routed = chooseBounded(rt.hashRing(), loads, eligible, hint.h, b.c), routedPrefixAffinity
+	default:
+		i, routed = chooseLeast(loads, eligible, int(b.next%uint(n))), routedLeastLoad
 		b.next++
 	}
-	be := rt.Backends[i]
-	counted := width(be)
+	be = rt.Backends[i]
+	counted = width(be)
 	b.inflight[be.Key] += counted
-	return be, counted, true
+	return be, counted, routed, true
+}
+
+// choosePrefix reads what each backend of rt holds of digests from the index and
+// scores them (see choosePrefix); -1 when none holds any.
+func (b *balancer) choosePrefix(rt *Route, loads []int, eligible []bool, digests []string) int {
+	if b.index == nil || len(digests) == 0 {
+		return -1
+	}
+	cands := make([]prefixCandidate, len(rt.Backends))
+	for i, be := range rt.Backends {
+		if eligible[i] {
+			cands[i] = prefixCandidate{hit: b.index.Deepest(be.Key, digests), load: loads[i], slots: be.Slots}
+		}
+	}
+	return choosePrefix(cands, eligible, b.c)
 }
 
 // release ends a request counted by pick.

@@ -167,7 +167,7 @@ func TestChooseLeast(t *testing.T) {
 // evenly; sequential ones rotate over idle replicas.
 func TestBalancerSpreads(t *testing.T) {
 	rt := &Route{Backends: backends(3)}
-	b := newBalancer(DefaultLoadBound)
+	b := newBalancer(DefaultLoadBound, nil)
 	got := map[string]int{}
 	for range 9 {
 		be, ok := b.pick(rt, nil, false, 0, 0)
@@ -210,7 +210,7 @@ func TestBalancerSpreads(t *testing.T) {
 func TestBalancerRoom(t *testing.T) {
 	rt := &Route{Backends: []Backend{{Key: "ns/one", Slots: 1}, {Key: "ns/four", Slots: 4}}}
 	for _, affinity := range []bool{false, true} {
-		b := newBalancer(DefaultLoadBound)
+		b := newBalancer(DefaultLoadBound, nil)
 		got := map[string]int{}
 		for range 5 {
 			be, ok := b.pick(rt, nil, affinity, 7, 1)

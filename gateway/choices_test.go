@@ -42,14 +42,14 @@ func TestParseHeadChoices(t *testing.T) {
 // all of them, so a replica never gets more choices to generate at once than it has
 // slots, and a request wider than any replica still goes to an idle one.
 func TestPickN(t *testing.T) {
-	b := newBalancer(0)
+	b := newBalancer(0, nil)
 	rt := &Route{Backends: []Backend{{Key: "ns/four", Slots: 4}}}
 	steps := []struct {
 		w, wantCounted int
 		ok             bool
 	}{{3, 3, true}, {2, 0, false}, {1, 1, true}, {1, 0, false}}
 	for i, s := range steps {
-		_, counted, ok := b.pickN(rt, nil, false, 0, 1, s.w)
+		_, counted, _, ok := b.pickN(rt, nil, routeHint{}, 1, s.w)
 		if ok != s.ok || counted != s.wantCounted {
 			t.Fatalf("step %d: pickN(width %d) = %d, %v; want %d, %v", i, s.w, counted, ok, s.wantCounted, s.ok)
 		}
@@ -59,10 +59,10 @@ func TestPickN(t *testing.T) {
 	if n := b.outstanding("ns/four"); n != 0 {
 		t.Fatalf("%d outstanding after releasing everything", n)
 	}
-	if _, counted, ok := b.pickN(rt, nil, false, 0, 1, 10); !ok || counted != 4 {
+	if _, counted, _, ok := b.pickN(rt, nil, routeHint{}, 1, 10); !ok || counted != 4 {
 		t.Fatalf("a 10-wide request on an idle 4-slot replica: counted %d, %v; want 4, true", counted, ok)
 	}
-	if _, _, ok := b.pickN(rt, nil, false, 0, 1, 1); ok {
+	if _, _, _, ok := b.pickN(rt, nil, routeHint{}, 1, 1); ok {
 		t.Fatal("a request placed on a replica whose every slot a wide request holds")
 	}
 }

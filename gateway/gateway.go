@@ -45,7 +45,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/trace"
 
+	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/fairqueue"
+	"github.com/macfleet/macfleet/gateway/prefixindex"
 	"github.com/macfleet/macfleet/internal/openaierr"
 	"github.com/macfleet/macfleet/pki"
 	"github.com/macfleet/macfleet/tenancy"
@@ -103,8 +105,11 @@ type Options struct {
 	// no routable replica, so the autoscaler brings one (scale from zero). Without it
 	// a deployment at zero replicas is a 503 at once.
 	Wake WakeFunc
+	// Routing is how a replica is picked (see Routing). Empty means
+	// RoutingPrefixAffinity with PrefixAffinity, else RoutingLeastLoad.
+	Routing Routing
 	// PrefixAffinity routes by consistent hashing with bounded loads on the prompt's
-	// first PrefixBytes bytes instead of pure least-outstanding.
+	// first PrefixBytes bytes instead of pure least-outstanding (Routing empty).
 	PrefixAffinity bool
 	PrefixBytes    int
 	// LoadBound is c of the bounded loads (DefaultLoadBound when < 1).
@@ -139,6 +144,9 @@ type Gateway struct {
 	waker     *waker
 	tracer    trace.Tracer // nil: tracing off
 	transport http.RoundTripper
+	// prefixes polls the agents' prefix events into the balancer's index under
+	// RoutingPrefixCache; nil otherwise.
+	prefixes *prefixindex.Poller
 	// agentScheme is "https://" with Options.AgentCertificates, else "http://".
 	agentScheme string
 	handler     http.Handler
@@ -168,11 +176,26 @@ func New(opts Options) (*Gateway, error) {
 	if opts.FleetToken == nil {
 		opts.FleetToken = func() string { return "" }
 	}
+	if opts.Routing == "" {
+		opts.Routing = RoutingLeastLoad
+		if opts.PrefixAffinity {
+			opts.Routing = RoutingPrefixAffinity
+		}
+	}
+	if _, err := ParseRouting(string(opts.Routing)); err != nil {
+		return nil, err
+	}
 	m, err := newMetrics(opts.Registerer)
 	if err != nil {
 		return nil, err
 	}
-	g := &Gateway{opts: opts, log: opts.Log, bal: newBalancer(opts.LoadBound), metrics: m, transport: opts.Transport,
+	var index *prefixindex.Index
+	if opts.Routing == RoutingPrefixCache {
+		if index, err = prefixindex.New(0, opts.Registerer); err != nil {
+			return nil, err
+		}
+	}
+	g := &Gateway{opts: opts, log: opts.Log, bal: newBalancer(opts.LoadBound, index), metrics: m, transport: opts.Transport,
 		id: newGatewayID()}
 	g.agentScheme = "http://"
 	if opts.AgentCertificates != nil {
@@ -183,6 +206,10 @@ func New(opts Options) (*Gateway, error) {
 	}
 	if g.transport == nil {
 		g.transport = NewTransport()
+	}
+	if index != nil {
+		g.prefixes = &prefixindex.Poller{Index: index, Log: opts.Log.WithName("prefixes"),
+			Fetch: prefixindex.HTTPFetch{Transport: g.transport, Scheme: g.agentScheme, Prepare: g.toAgent}.Fetch}
 	}
 	if opts.TracerProvider != nil {
 		g.tracer = opts.TracerProvider.Tracer(tracerName)
@@ -219,12 +246,43 @@ func NewTransport() *http.Transport {
 func (g *Gateway) Handler() http.Handler { return g.handler }
 
 // SetTable replaces the routing table and wakes requests waiting for a replica.
+// Under RoutingPrefixCache it polls the prefix events of exactly the table's
+// backends with a prompt cache.
 func (g *Gateway) SetTable(t *Table) {
 	old := g.table.Swap(t)
 	if old != nil && old != t {
 		g.adm.tableChanged(t)
 		close(old.changed)
 	}
+	if g.prefixes != nil {
+		var targets []prefixindex.Target
+		for _, rt := range t.routes {
+			if !rt.PromptCache {
+				continue
+			}
+			for _, be := range rt.Backends {
+				targets = append(targets, prefixindex.Target{Key: be.Key, Endpoint: be.Endpoint, Node: be.Node})
+			}
+		}
+		g.prefixes.Sync(targets)
+	}
+}
+
+// Close stops the gateway's background work (the polls of the prefix index).
+func (g *Gateway) Close() {
+	if g.prefixes != nil {
+		g.prefixes.Close()
+	}
+}
+
+// toAgent readies a request of the gateway's own for t's agent: the fleet token, the
+// gateway's id and the Mac whose certificate the connection must present.
+func (g *Gateway) toAgent(r *http.Request, t prefixindex.Target) *http.Request {
+	if tok := g.opts.FleetToken(); tok != "" {
+		r.Header.Set("Authorization", "Bearer "+tok)
+	}
+	r.Header.Set(mfv1.HeaderGateway, g.id)
+	return r.WithContext(pki.WithNode(r.Context(), t.Node))
 }
 
 // Table is the current routing table.

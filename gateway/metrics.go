@@ -25,6 +25,7 @@ type metrics struct {
 	queueWait     *prometheus.HistogramVec
 	queueRejected *prometheus.CounterVec
 	cancellations *prometheus.CounterVec
+	routing       *prometheus.CounterVec
 
 	// usage counts requests and tokens per key, namespace and deployment.
 	usage *metering.Meter
@@ -87,6 +88,12 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 				"answer and its usage was counted; not_running: no runner was generating it yet, dropped; timed_out: it did not " +
 				"end within the cancel grace, dropped, usage lost; failed: the agent could not be asked, dropped, usage lost).",
 		}, []string{"model", "outcome"}),
+		routing: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "macfleet_gateway_routing_decisions_total",
+			Help: "Replicas given to requests, by deployment and how they were picked (prefix_hit: the replica holding the " +
+				"longest prefix of the conversation by the prefix index; fallback: no replica held any, by affinity on its prompt_cache_key or by least load; " +
+				"prefix_affinity; least_load).",
+		}, []string{"model", "routing"}),
 	}
 	var err error
 	reg1 := func(c prometheus.Collector) prometheus.Collector {
@@ -108,6 +115,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m.queueWait = reg1(m.queueWait).(*prometheus.HistogramVec)
 	m.queueRejected = reg1(m.queueRejected).(*prometheus.CounterVec)
 	m.cancellations = reg1(m.cancellations).(*prometheus.CounterVec)
+	m.routing = reg1(m.routing).(*prometheus.CounterVec)
 	m.usage = metering.NewMeter()
 	m.usage.Requests = reg1(m.usage.Requests).(*prometheus.CounterVec)
 	m.usage.Tokens = reg1(m.usage.Tokens).(*prometheus.CounterVec)

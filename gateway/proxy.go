@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -17,6 +18,7 @@ import (
 
 	runnerapi "github.com/macfleet/macfleet/api/runnerapi"
 	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
+	"github.com/macfleet/macfleet/gateway/prefixdigest"
 	"github.com/macfleet/macfleet/metering"
 	"github.com/macfleet/macfleet/pki"
 	"github.com/macfleet/macfleet/tenancy"
@@ -127,7 +129,7 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, start time.Time)
 		return "", g.fail(w, "", endpoint, aerr)
 	}
 	prefixBytes := 0
-	if g.opts.PrefixAffinity {
+	if g.opts.Routing != RoutingLeastLoad {
 		prefixBytes = g.opts.PrefixBytes
 	}
 	head, aerr := parseHead(body, prefixBytes)
@@ -146,7 +148,7 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, start time.Time)
 	defer gauge.Dec()
 	defer g.traffic.started(model)()
 	var h uint64
-	if g.opts.PrefixAffinity {
+	if g.opts.Routing == RoutingPrefixAffinity || head.keyed {
 		h = hashKey(head.prefix)
 	}
 	flow, prio, aerr := g.classify(r, id)
@@ -164,6 +166,11 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, start time.Time)
 	}
 	t := g.adm.newTicket(model, flow, prio, h)
 	t.width = head.N
+	if g.opts.Routing == RoutingPrefixCache && rt.PromptCache {
+		t.hint.keyed = head.keyed
+		t.hint.digests = prefixdigest.Of(id.CachePartition(), model, body)
+		r = r.WithContext(withPrefixDigests(r.Context(), t.hint.digests))
+	}
 	res := g.serve(w, r, model, head.Model, id, t, body, start)
 	g.count(model, endpoint, res.status, res.reason)
 	return model, res
@@ -218,6 +225,7 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, model, name stri
 			}
 		}
 		wt.granted()
+		g.routed(ctx, t)
 		attempts++
 		res := g.attempt(ctx, w, r, model, be, body, start, attempts)
 		g.adm.release(t, be.Key)
@@ -335,6 +343,9 @@ func (g *Gateway) setUpstreamHeaders(out, r *http.Request, model string, be Back
 	out.Header.Set(mfv1.HeaderGateway, g.id)
 	if p := g.caller(r).CachePartition(); p != "" {
 		out.Header.Set(runnerapi.HeaderCachePartition, p)
+	}
+	if d := prefixDigestsFrom(r.Context()); len(d) > 0 {
+		out.Header.Set(runnerapi.HeaderPrefixDigests, strings.Join(d, ","))
 	}
 }
 

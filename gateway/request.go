@@ -8,6 +8,8 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+
+	"github.com/macfleet/macfleet/gateway/prefixdigest"
 )
 
 // requestHead is what the gateway reads of a request body: the model, and under prefix
@@ -20,6 +22,8 @@ type requestHead struct {
 	N int
 	// prefix is up to PrefixBytes of the prompt's text; nil without affinity.
 	prefix []byte
+	// keyed: prefix is the client's prompt_cache_key.
+	keyed bool
 }
 
 // maxChoices bounds the slots one request is counted for; a larger n is refused by
@@ -93,7 +97,7 @@ func parseHead(body []byte, prefixBytes int) (requestHead, *apiError) {
 	if prefixBytes > 0 {
 		var key string
 		if json.Unmarshal(head.PromptCacheKey, &key) == nil && key != "" {
-			out.prefix = []byte("prompt_cache_key\x00" + key)
+			out.prefix, out.keyed = []byte("prompt_cache_key\x00"+key), true
 		} else {
 			out.prefix = head.conversation.prefix(prefixBytes)
 		}
@@ -202,37 +206,4 @@ func promptPrefix(messages, prompt, input json.RawMessage, n int) []byte {
 }
 
 // texts reads a string, an array of strings, or an array of content parts with "text".
-func texts(raw json.RawMessage) []string {
-	raw = bytes.TrimSpace(raw)
-	if len(raw) == 0 {
-		return nil
-	}
-	switch raw[0] {
-	case '"':
-		var s string
-		if json.Unmarshal(raw, &s) == nil {
-			return []string{s}
-		}
-	case '[':
-		var parts []json.RawMessage
-		if json.Unmarshal(raw, &parts) != nil {
-			return nil
-		}
-		var out []string
-		for _, p := range parts {
-			var s string
-			if json.Unmarshal(p, &s) == nil {
-				out = append(out, s)
-				continue
-			}
-			var part struct {
-				Text string `json:"text"`
-			}
-			if json.Unmarshal(p, &part) == nil && part.Text != "" {
-				out = append(out, part.Text)
-			}
-		}
-		return out
-	}
-	return nil
-}
+func texts(raw json.RawMessage) []string { return prefixdigest.Texts(raw) }

@@ -101,6 +101,8 @@ type Config struct {
 	MaxInFlightPerSlot int
 	Queue              fairqueue.Limits
 	PrefixAffinity     bool
+	// Routing: see Options.Routing (empty: by PrefixAffinity).
+	Routing Routing
 	// DisableConsole turns off the web console at /ui (see package console).
 	DisableConsole bool
 	// FilePoll is how often the two files are checked for changes (DefaultFilePoll).
@@ -162,7 +164,7 @@ func Scheme() (*runtime.Scheme, error) {
 func Run(ctx context.Context, cfg Config) error {
 	log := ctrl.LoggerFrom(ctx).WithName("gateway")
 	w := &wiring{cfg: cfg, log: log, opts: Options{ColdStartTimeout: cfg.ColdStartTimeout, PrefixAffinity: cfg.PrefixAffinity,
-		MaxInFlightPerSlot: cfg.MaxInFlightPerSlot, Queue: cfg.Queue, Registerer: cfg.Registerer, Log: log,
+		Routing: cfg.Routing, MaxInFlightPerSlot: cfg.MaxInFlightPerSlot, Queue: cfg.Queue, Registerer: cfg.Registerer, Log: log,
 		TracerProvider: cfg.TracerProvider}}
 	if w.opts.Registerer == nil {
 		w.opts.Registerer = ctrlmetrics.Registry
@@ -190,6 +192,7 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return err
 	}
+	defer g.Close()
 	mgr, err := w.manager(scheme, api)
 	if err != nil {
 		return err
@@ -203,7 +206,7 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	// The options as New completed them with defaults.
 	log.Info("Starting gateway", "listen", api.ln.Addr().String(), "drainTimeout", api.drainTimeout, "coldStartTimeout", g.opts.ColdStartTimeout,
-		"prefixAffinity", cfg.PrefixAffinity, "apiKeys", cfg.APIKeysFile != "", "tenantKeys", cfg.TenantKeys, "console", !cfg.DisableConsole,
+		"routing", g.opts.Routing, "apiKeys", cfg.APIKeysFile != "", "tenantKeys", cfg.TenantKeys, "console", !cfg.DisableConsole,
 		"maxInFlightPerSlot", g.opts.MaxInFlightPerSlot, "budgets", w.lw != nil, "queue", cfg.Queue.WithDefaults(), "tracing", g.tracer != nil)
 	return mgr.Start(ctx)
 }

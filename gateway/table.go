@@ -56,6 +56,9 @@ type Route struct {
 	MaxReplicas int
 	// Access is spec.access.namespaces: the other namespaces whose keys may use it.
 	Access []string
+	// PromptCache: its replicas' runners keep a prompt cache (spec.engine.promptCache,
+	// on unless disabled), so RoutingPrefixCache routes it by the prefix index.
+	PromptCache bool
 
 	// ring is built on the first prefix-affinity pick (most tables never need one).
 	ringOnce sync.Once
@@ -141,6 +144,8 @@ func BuildTable(deployments []mfv1.ModelDeployment, replicas []mfv1.ModelReplica
 		if d.Spec.Access != nil {
 			rt.Access = d.Spec.Access.Namespaces
 		}
+		pc := d.Spec.Engine.PromptCache
+		rt.PromptCache = pc == nil || pc.Enabled == nil || *pc.Enabled
 		if v, ok := d.Annotations[mfv1.AnnotationWakeRequested]; ok {
 			rt.WakeRequested, _ = time.Parse(time.RFC3339Nano, v)
 		}
@@ -295,6 +300,9 @@ func routingKey(obj any) string {
 		}
 		if o.Spec.Autoscaling != nil {
 			fmt.Fprintf(&b, "%d\x00", o.Spec.Autoscaling.MaxReplicas)
+		}
+		if pc := o.Spec.Engine.PromptCache; pc != nil && pc.Enabled != nil {
+			fmt.Fprintf(&b, "cache=%v\x00", *pc.Enabled)
 		}
 		cond(o.Status.Conditions, mfv1.DeploymentScheduled)
 	default:

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
@@ -208,6 +209,16 @@ func TestRoutingKey(t *testing.T) {
 			c.Spec.Replicas = ptr.To[int32](0)
 			return c
 		}, true},
+		{"deployment prompt cache off", &d, func() any {
+			c := d.DeepCopy()
+			c.Spec.Engine.PromptCache = &mfv1.PromptCacheSpec{Enabled: ptr.To(false)}
+			return c
+		}, true},
+		{"deployment prompt cache sizes", &d, func() any {
+			c := d.DeepCopy()
+			c.Spec.Engine.PromptCache = &mfv1.PromptCacheSpec{SSDBytes: ptr.To(resource.MustParse("1Gi"))}
+			return c
+		}, false},
 	}
 	for _, tt := range tests {
 		if got := routingKey(tt.before) != routingKey(tt.change()); got != tt.want {

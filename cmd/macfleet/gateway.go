@@ -25,6 +25,7 @@ func newGatewayCmd() *cobra.Command {
 	var (
 		cfg        gateway.Config
 		kubeconfig string
+		routing    string
 		zapOpts    = zap.Options{Development: false}
 	)
 	cmd := &cobra.Command{
@@ -50,6 +51,9 @@ OTEL_EXPORTER_OTLP_ENDPOINT set it traces every request (see docs/tracing.md).`,
 			cfg.RestConfig = rc
 			if cfg.Queue.ReserveSlots == 0 { // the flag's 0 is none; the Limits' 0 is the default
 				cfg.Queue.ReserveSlots = -1
+			}
+			if cfg.Routing, err = gateway.ResolveRouting(routing, cmd.Flags().Changed("routing"), cfg.PrefixAffinity); err != nil {
+				return err
 			}
 			if cfg.Queue.ActiveWindow <= 0 {
 				return fmt.Errorf("--active-window must be positive, got %v", cfg.Queue.ActiveWindow)
@@ -98,8 +102,12 @@ OTEL_EXPORTER_OTLP_ENDPOINT set it traces every request (see docs/tracing.md).`,
 		"This replica's name in its usage records (TokenUsage <id>.<YYYY-MM-DD> in each team's namespace); distinct per replica. Default: $POD_NAME, else the host name")
 	f.DurationVar(&cfg.UsageRetention, "usage-retention", ledger.DefaultRetention,
 		"How long the replica keeps its own usage records of past days before deleting them")
+	f.StringVar(&routing, "routing", string(gateway.RoutingPrefixCache),
+		"How a request's replica is picked: prefix-cache (the replica whose prompt cache holds the longest part of the conversation, "+
+			"by the agents' prefix events, weighed by tier and load; with none holding any, and for deployments without a prompt "+
+			"cache, least-load), prefix-affinity (consistent hashing of the conversation's start with bounded load) or least-load")
 	f.BoolVar(&cfg.PrefixAffinity, "prefix-affinity", false,
-		"Route requests sharing a prompt prefix to the same replica (consistent hashing with bounded load)")
+		"Same as --routing=prefix-affinity (kept for older command lines)")
 	f.DurationVar(&cfg.DrainTimeout, "drain-timeout", gateway.DefaultDrainTimeout,
 		"On SIGTERM, /readyz fails at once and no new connection is taken; the requests in flight (streams, cold-start holds, the queue) "+
 			"get this long to finish. Keep the pod's terminationGracePeriodSeconds above it (the chart derives it)")

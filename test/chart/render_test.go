@@ -208,7 +208,7 @@ func TestTemplateDeployments(t *testing.T) {
 		authzBind, authzCerts, authzClientCA, "--zap-log-level=info"}
 	defaultGateway := []string{"gateway", "--listen=:8080", "--metrics-bind-address=:9090", "--health-probe-bind-address=:8081",
 		"--agent-cert-secret=" + testNamespace + "/macfleet-gateway-tls", "--tenant-keys", "--token-audience=macfleet", "--cold-start-timeout=2m", "--prefix-affinity=false",
-		"--max-inflight-per-slot=1", "--max-queue=256", "--max-queue-per-key=0", "--reserve-slots=1", "--active-window=30s",
+		"--routing=prefix-cache", "--max-inflight-per-slot=1", "--max-queue=256", "--max-queue-per-key=0", "--reserve-slots=1", "--active-window=30s",
 		"--drain-timeout=600s", "--max-connections=1024", "--zap-log-level=info"}
 	tests := []struct {
 		name            string
@@ -248,7 +248,7 @@ func TestTemplateDeployments(t *testing.T) {
 		wantStrategy: "",
 		wantGateway: []string{"gateway", "--listen=:8080", "--metrics-bind-address=:9090", "--health-probe-bind-address=:8081",
 			"--agent-cert-secret=" + testNamespace + "/macfleet-gateway-tls", "--api-keys-file=/etc/macfleet/api-keys/list", "--tenant-keys", "--token-audience=macfleet",
-			"--cold-start-timeout=30s", "--prefix-affinity=true", "--max-inflight-per-slot=2", "--max-queue=1000",
+			"--cold-start-timeout=30s", "--prefix-affinity=true", "--routing=prefix-affinity", "--max-inflight-per-slot=2", "--max-queue=1000",
 			"--max-queue-per-key=100", "--reserve-slots=0", "--active-window=2m", "--drain-timeout=120s", "--max-connections=4096",
 			"--allowed-hosts=gw.example,.corp.example", "--zap-log-level=info"},
 		wantGatewayN:    4,
@@ -432,6 +432,7 @@ func TestValuesMatchBinaryDefaults(t *testing.T) {
 				TimeoutSeconds int `json:"timeoutSeconds"`
 			} `json:"drain"`
 			PrefixAffinity bool   `json:"prefixAffinity"`
+			Routing        string `json:"routing"`
 			TokenAudience  string `json:"tokenAudience"`
 			Port           int    `json:"port"`
 			MetricsPort    int    `json:"metricsPort"`
@@ -454,6 +455,7 @@ func TestValuesMatchBinaryDefaults(t *testing.T) {
 		ManagerMetrics, ManagerProbe              int
 		GatewayPort, GatewayMetrics, GatewayProbe int
 		PrefixAffinity                            bool
+		Routing                                   string
 		TokenAudience                             string
 		DrainTimeout                              time.Duration
 		MaxConnections                            int
@@ -462,7 +464,7 @@ func TestValuesMatchBinaryDefaults(t *testing.T) {
 		NodeLossGrace: dur(v.Manager.NodeLossGrace), ColdStartTimeout: dur(v.Gateway.ColdStartTimeout),
 		SchedulerWorkers: v.Manager.SchedulerWorkers, ManagerMetrics: v.Manager.MetricsPort, ManagerProbe: v.Manager.ProbePort,
 		GatewayPort: v.Gateway.Port, GatewayMetrics: v.Gateway.MetricsPort, GatewayProbe: v.Gateway.ProbePort,
-		PrefixAffinity: v.Gateway.PrefixAffinity, TokenAudience: v.Gateway.TokenAudience,
+		PrefixAffinity: v.Gateway.PrefixAffinity, Routing: v.Gateway.Routing, TokenAudience: v.Gateway.TokenAudience,
 		DrainTimeout: time.Duration(v.Gateway.Drain.TimeoutSeconds) * time.Second, MaxConnections: v.Gateway.MaxConnections,
 	}
 	// The ports are the flags' defaults in cmd/macfleet (manager.go, gateway.go).
@@ -470,6 +472,7 @@ func TestValuesMatchBinaryDefaults(t *testing.T) {
 		NodeLossGrace: macnode.DefaultNodeLossGrace, ColdStartTimeout: gateway.DefaultColdStartTimeout,
 		SchedulerWorkers: scheduler.DefaultWorkers, ManagerMetrics: 8080, ManagerProbe: 8081,
 		GatewayPort: 8080, GatewayMetrics: 9090, GatewayProbe: 8081, TokenAudience: satoken.DefaultAudience,
+		Routing:      string(gateway.RoutingPrefixCache),
 		DrainTimeout: gateway.DefaultDrainTimeout, MaxConnections: httpserver.DefaultMaxConnections,
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
@@ -491,6 +494,7 @@ func TestValuesSchemaRejects(t *testing.T) {
 		{"gateway.service.type=Ingress", []string{"gateway/service/type"}},
 		{"gateway.apiKeysSecret=Not_A_Name", []string{"gateway/apiKeysSecret"}},
 		{"gateway.coldStartTimeout=2", []string{"gateway/coldStartTimeout"}},
+		{"gateway.routing=random", []string{"gateway/routing"}},
 		{"gateway.queue.maxQueued=0", []string{"gateway/queue/maxQueued"}},
 		{"placement.strategy=Spread", []string{"placement"}},
 		{"monitoring.dashboards.enable=true", []string{"monitoring/dashboards", "enable"}},

@@ -1,0 +1,70 @@
+// Package prefixdigest hashes a chat request's conversation into prefix digests (see
+// runnerapi.HeaderPrefixDigests): digest 0 covers the conversation's head (its system
+// prompt or instructions and its tools' definitions), digest i chains its i-th message
+// onto digest i-1. The three chat APIs (chat completions, Responses, Anthropic
+// Messages) are read into one canonical conversation first, so one conversation gets
+// the same digests through any of them, and a conversation extended by a turn keeps
+// the digests of its earlier prefixes. The chain is seeded by the caller's cache
+// partition and the deployment, so two tenants, or two models, never share a digest.
+package prefixdigest
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"strconv"
+
+	"github.com/macfleet/macfleet/api/runnerapi"
+)
+
+// version names the canonical form; changing the form changes every digest.
+const version = "macfleet-prefix-v1"
+
+// Of returns the prefix digests of a chat request body for the caller's cache
+// partition ("" for none) and the deployment model, shallowest first, each 16
+// lowercase hex digits; at most runnerapi.MaxPrefixDigests, the deepest kept. A body
+// that is not a chat request (a text completion, an embedding, malformed JSON) has
+// none.
+func Of(partition, model string, body []byte) []string {
+	c, ok := Parse(body)
+	if !ok {
+		return nil
+	}
+	return c.Digests(partition, model)
+}
+
+// Digests chains c's digests (see Of).
+func (c Conversation) Digests(partition, model string) []string {
+	h := sha256.New()
+	var sum [sha256.Size]byte
+	write := func(fields ...string) {
+		var n [8]byte
+		for _, f := range fields {
+			binary.BigEndian.PutUint64(n[:], uint64(len(f)))
+			h.Write(n[:])
+			h.Write([]byte(f))
+		}
+	}
+	h.Write([]byte(version))
+	write(partition, model, c.System, strconv.Itoa(len(c.Tools)))
+	write(c.Tools...)
+	h.Sum(sum[:0])
+	out := make([]string, 0, min(len(c.Messages)+1, runnerapi.MaxPrefixDigests))
+	skip := max(len(c.Messages)+1-runnerapi.MaxPrefixDigests, 0)
+	if skip == 0 {
+		out = append(out, hex.EncodeToString(sum[:8]))
+	}
+	for i, m := range c.Messages {
+		h.Reset()
+		h.Write(sum[:])
+		write(m.Role, m.Text, strconv.Itoa(len(m.ToolCalls)))
+		for _, tc := range m.ToolCalls {
+			write(tc.Name, tc.Arguments)
+		}
+		h.Sum(sum[:0])
+		if i+1 >= skip {
+			out = append(out, hex.EncodeToString(sum[:8]))
+		}
+	}
+	return out
+}

@@ -1,0 +1,88 @@
+package prefixindex
+
+import (
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/macfleet/macfleet/api/runnerapi"
+)
+
+func ev(d, tier string, n int) runnerapi.PrefixEvent {
+	return runnerapi.PrefixEvent{Digest: d, Tier: tier, Tokens: n}
+}
+
+// TestApply: each step's answer applied to one backend, then what the index holds.
+func TestApply(t *testing.T) {
+	chain := []string{"a", "b", "c", "d"}
+	type step struct {
+		answer runnerapi.PrefixEvents
+		// wantDeepest of chain after the step; wantLen digests held.
+		wantDeepest Hit
+		wantLen     int
+		wantPos     uint64
+	}
+	tests := []struct {
+		name  string
+		max   int
+		steps []step
+	}{
+		{name: "first answer, then events after it", steps: []step{
+			{answer: runnerapi.PrefixEvents{Epoch: "e1", Seq: 2, Reset: true, Events: []runnerapi.PrefixEvent{ev("a", "hot", 100), ev("b", "ssd", 300)}},
+				wantDeepest: Hit{Depth: 2, Held: Held{Tier: "ssd", Tokens: 300}}, wantLen: 2, wantPos: 2},
+			{answer: runnerapi.PrefixEvents{Epoch: "e1", Seq: 4, Events: []runnerapi.PrefixEvent{ev("c", "hot", 400), ev("b", "", 0)}},
+				wantDeepest: Hit{Depth: 3, Held: Held{Tier: "hot", Tokens: 400}}, wantLen: 2, wantPos: 4},
+			{answer: runnerapi.PrefixEvents{Epoch: "e1", Seq: 5, Events: []runnerapi.PrefixEvent{ev("c", "ssd", 400)}},
+				wantDeepest: Hit{Depth: 3, Held: Held{Tier: "ssd", Tokens: 400}}, wantLen: 2, wantPos: 5},
+		}},
+		{name: "a reset replaces the set", steps: []step{
+			{answer: runnerapi.PrefixEvents{Epoch: "e1", Seq: 2, Events: []runnerapi.PrefixEvent{ev("a", "hot", 1), ev("d", "hot", 9)}},
+				wantDeepest: Hit{Depth: 4, Held: Held{Tier: "hot", Tokens: 9}}, wantLen: 2, wantPos: 2},
+			{answer: runnerapi.PrefixEvents{Epoch: "e1", Seq: 90, Reset: true, Events: []runnerapi.PrefixEvent{ev("a", "hot", 1)}},
+				wantDeepest: Hit{Depth: 1, Held: Held{Tier: "hot", Tokens: 1}}, wantLen: 1, wantPos: 90},
+		}},
+		{name: "a new epoch replaces the set even without reset", steps: []step{
+			{answer: runnerapi.PrefixEvents{Epoch: "e1", Seq: 7, Events: []runnerapi.PrefixEvent{ev("b", "hot", 5)}},
+				wantDeepest: Hit{Depth: 2, Held: Held{Tier: "hot", Tokens: 5}}, wantLen: 1, wantPos: 7},
+			{answer: runnerapi.PrefixEvents{Epoch: "e2", Seq: 1, Events: []runnerapi.PrefixEvent{ev("x", "hot", 5)}},
+				wantDeepest: Hit{}, wantLen: 1, wantPos: 1},
+		}},
+		{name: "a full set drops new digests but updates held ones", max: 2, steps: []step{
+			{answer: runnerapi.PrefixEvents{Epoch: "e", Seq: 3, Events: []runnerapi.PrefixEvent{ev("a", "hot", 1), ev("b", "hot", 2), ev("c", "hot", 3)}},
+				wantDeepest: Hit{Depth: 2, Held: Held{Tier: "hot", Tokens: 2}}, wantLen: 2, wantPos: 3},
+			{answer: runnerapi.PrefixEvents{Epoch: "e", Seq: 5, Events: []runnerapi.PrefixEvent{ev("b", "ssd", 2), ev("a", "", 0), ev("d", "hot", 4)}},
+				wantDeepest: Hit{Depth: 4, Held: Held{Tier: "hot", Tokens: 4}}, wantLen: 2, wantPos: 5},
+		}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			x, err := New(tc.max, prometheus.NewRegistry())
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i, s := range tc.steps {
+				x.Apply("ns/r1", s.answer)
+				if got := x.Deepest("ns/r1", chain); got != s.wantDeepest {
+					t.Errorf("step %d: deepest %+v, want %+v", i, got, s.wantDeepest)
+				}
+				if got := x.Len("ns/r1"); got != s.wantLen {
+					t.Errorf("step %d: %d digests held, want %d", i, got, s.wantLen)
+				}
+				if epoch, seq := x.Position("ns/r1"); epoch != s.answer.Epoch || seq != s.wantPos {
+					t.Errorf("step %d: position %s/%d, want %s/%d", i, epoch, seq, s.answer.Epoch, s.wantPos)
+				}
+				if got := testutil.ToFloat64(x.m.entries); int(got) != s.wantLen {
+					t.Errorf("step %d: entries gauge %v, want %d", i, got, s.wantLen)
+				}
+			}
+			if x.Deepest("ns/other", chain) != (Hit{}) {
+				t.Error("another backend holds what r1 holds")
+			}
+			x.Remove("ns/r1")
+			if x.Len("ns/r1") != 0 || x.Deepest("ns/r1", chain) != (Hit{}) || testutil.ToFloat64(x.m.entries) != 0 {
+				t.Error("a removed backend still holds digests")
+			}
+		})
+	}
+}

@@ -1,0 +1,172 @@
+package gateway
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"strings"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/macfleet/macfleet/gateway/prefixindex"
+)
+
+// Routing is how the gateway picks a replica of a deployment for a request.
+type Routing string
+
+const (
+	// RoutingPrefixCache routes a conversation to the replica whose prompt cache holds
+	// the longest part of it, by the prefix index (package prefixindex), weighted by
+	// tier and load (choosePrefix); with no replica holding any of it, by affinity on
+	// its prompt_cache_key when it has one, else (and for deployments with the prompt
+	// cache off) by least load.
+	RoutingPrefixCache Routing = "prefix-cache"
+	// RoutingPrefixAffinity hashes the start of the conversation onto the replicas
+	// (consistent hashing with bounded loads).
+	RoutingPrefixAffinity Routing = "prefix-affinity"
+	// RoutingLeastLoad takes the replica with the fewest requests in flight.
+	RoutingLeastLoad Routing = "least-load"
+)
+
+// Routings lists the modes, the flag's values.
+var Routings = []Routing{RoutingPrefixCache, RoutingPrefixAffinity, RoutingLeastLoad}
+
+// ParseRouting reads a --routing value.
+func ParseRouting(s string) (Routing, error) {
+	for _, r := range Routings {
+		if string(r) == s {
+			return r, nil
+		}
+	}
+	names := make([]string, len(Routings))
+	for i, r := range Routings {
+		names[i] = string(r)
+	}
+	return "", fmt.Errorf("unknown routing %q: use one of %s", s, strings.Join(names, ", "))
+}
+
+// ResolveRouting is the mode that --routing (set: given on the command line) and the
+// older --prefix-affinity select: --prefix-affinity=true is
+// --routing=prefix-affinity, and an error when --routing names another mode.
+func ResolveRouting(routing string, set, prefixAffinity bool) (Routing, error) {
+	r, err := ParseRouting(routing)
+	if err != nil {
+		return "", fmt.Errorf("--routing: %w", err)
+	}
+	if !prefixAffinity {
+		return r, nil
+	}
+	if set && r != RoutingPrefixAffinity {
+		return "", fmt.Errorf("--prefix-affinity is --routing=%s, but --routing=%s was given: give --routing alone",
+			RoutingPrefixAffinity, r)
+	}
+	return RoutingPrefixAffinity, nil
+}
+
+// How a request's replica was picked, as the routing decisions metric and the
+// request's span name it.
+const (
+	routedPrefixHit      = "prefix_hit"
+	routedFallback       = "fallback"
+	routedPrefixAffinity = "prefix_affinity"
+	routedLeastLoad      = "least_load"
+)
+
+// routeHint is what of a request picks its replica: the mode, under
+// RoutingPrefixAffinity the hash of its prefix, under RoutingPrefixCache its prefix
+// digests and, when it has a prompt_cache_key (keyed), the key's hash.
+type routeHint struct {
+	mode    Routing
+	h       uint64
+	keyed   bool
+	digests []string
+}
+
+// Tier weights: a prefix in memory is restored at once, one on the SSD is read back
+// first (still far faster than a prefill on a Mac).
+var tierWeight = map[string]float64{"hot": 1, "ssd": 0.5}
+
+// prefixCandidate is one replica as choosePrefix sees it: the deepest prefix of the
+// request it holds, the gateway's requests in flight on it and its sequence slots.
+type prefixCandidate struct {
+	hit   prefixindex.Hit
+	load  int
+	slots int
+}
+
+// prefixScore is what a replica's held prefix is worth to a request: the prompt
+// tokens it spares (its depth in digests when the runner did not say), weighted by
+// tier, times the share of the replica's slots the request would get — slots over
+// slots + requests in flight + requests queued behind them (those beyond its slots,
+// this one included) — so that a replica that holds a prefix but is saturated is
+// worth less than one that holds less and is idle. 0 when it holds nothing.
+func prefixScore(c prefixCandidate) float64 {
+	if c.hit.Depth == 0 {
+		return 0
+	}
+	saved := float64(c.hit.Tokens)
+	if saved <= 0 {
+		saved = float64(c.hit.Depth)
+	}
+	slots := max(c.slots, 1)
+	queued := max(c.load+1-slots, 0)
+	return tierWeight[c.hit.Tier] * saved * float64(slots) / float64(slots+c.load+queued)
+}
+
+// choosePrefix returns the eligible replica with the best prefixScore among those
+// whose load after taking the request stays within ceil(c × (total load + 1) /
+// eligible replicas) — the bound of consistent hashing with bounded loads, so a hot
+// prefix spills over to other replicas instead of piling onto one. Ties go to the
+// less loaded, then the first. -1 when no eligible replica within the bound holds
+// any of the request's prefix: the caller falls back.
+func choosePrefix(cands []prefixCandidate, eligible []bool, c float64) int {
+	n, total := 0, 0
+	for i, ok := range eligible {
+		if ok {
+			n++
+			total += cands[i].load
+		}
+	}
+	if n == 0 {
+		return -1
+	}
+	bound := int(math.Ceil(c * float64(total+1) / float64(n)))
+	best, bestScore := -1, 0.0
+	for i, cand := range cands {
+		if !eligible[i] || cand.load+1 > bound {
+			continue
+		}
+		s := prefixScore(cand)
+		if s > bestScore || (s == bestScore && s > 0 && cand.load < cands[best].load) {
+			best, bestScore = i, s
+		}
+	}
+	return best
+}
+
+// routed records how t's current replica was picked: the routing decisions metric and
+// the request's span.
+func (g *Gateway) routed(ctx context.Context, t *ticket) {
+	if t.routed == "" {
+		return
+	}
+	g.metrics.routing.WithLabelValues(t.model, t.routed).Inc()
+	if span := trace.SpanFromContext(ctx); span.IsRecording() {
+		span.SetAttributes(attribute.String("macfleet.routing", t.routed),
+			attribute.Int("macfleet.prefix.digests", len(t.hint.digests)))
+	}
+}
+
+type prefixDigestsKey struct{}
+
+// withPrefixDigests carries a request's prefix digests to its attempts, which send
+// them to the agent (runnerapi.HeaderPrefixDigests).
+func withPrefixDigests(ctx context.Context, digests []string) context.Context {
+	return context.WithValue(ctx, prefixDigestsKey{}, digests)
+}
+
+func prefixDigestsFrom(ctx context.Context) []string {
+	d, _ := ctx.Value(prefixDigestsKey{}).([]string)
+	return d
+}

@@ -210,3 +210,28 @@ func (e *entry) idleTimeout(def time.Duration) time.Duration {
 	}
 	return def
 }
+
+// lookupLocked resolves a name or alias.
+func (p *Pool) lookupLocked(name string) *entry {
+	if e, ok := p.entries[name]; ok {
+		return e
+	}
+	if n, ok := p.aliases[name]; ok {
+		return p.entries[n]
+	}
+	return nil
+}
+
+// deleteEntryLocked drops e and its aliases from the tables (if e is still the
+// entry of its name).
+func (p *Pool) deleteEntryLocked(e *entry) {
+	if p.entries[e.spec.Name] != e {
+		return
+	}
+	delete(p.entries, e.spec.Name)
+	for _, a := range e.spec.Aliases {
+		if p.aliases[a] == e.spec.Name {
+			delete(p.aliases, a)
+		}
+	}
+}

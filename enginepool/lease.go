@@ -1,7 +1,6 @@
 package enginepool
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"time"
@@ -82,102 +81,6 @@ func (l *Lease) Release() {
 	}
 	if e := g.entry; e.eng == g {
 		e.lastUsed = p.clock.Now()
-	}
-}
-
-// maxAcquireRounds bounds how often Acquire follows a load that ended in a state it
-// cannot lease from (for example a load immediately evicted again).
-const maxAcquireRounds = 4
-
-// Acquire returns a lease on model (a name or alias). If the model is not loaded it
-// triggers the load — for any residency — and waits for it, bounded by ctx; the load
-// itself goes on for other callers if ctx ends. Errors are StatusErrors: 404 unknown
-// model; 503 + Retry-After while draining, stopping, in failure backoff or still
-// loading when ctx ends; 507 when admission cannot make room.
-func (p *Pool) Acquire(ctx context.Context, model string) (*Lease, error) {
-	cold := false
-	for range maxAcquireRounds {
-		l, a, err := p.tryAcquire(model)
-		if l != nil {
-			l.cold = cold
-		}
-		if l != nil || err != nil {
-			return l, err
-		}
-		cold = true
-		if err := p.awaitLoad(ctx, model, a); err != nil {
-			return nil, err
-		}
-	}
-	return nil, &UnavailableError{Model: model, State: StateLoading, ErrCode: CodeModelLoading,
-		Reason: "the model was unloaded again right after loading", Retry: p.cfg.RetryAfter}
-}
-
-// Load loads model if it is not loaded and waits for it, bounded by ctx (admin load,
-// eager loading of Resident and Pinned models).
-func (p *Pool) Load(ctx context.Context, model string) error {
-	l, err := p.Acquire(ctx, model)
-	if err != nil {
-		return err
-	}
-	l.Release()
-	return nil
-}
-
-// tryAcquire leases a Ready engine, or returns the load attempt to wait for.
-func (p *Pool) tryAcquire(model string) (*Lease, *loadAttempt, error) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.closed {
-		return nil, nil, &UnavailableError{Model: model, State: StateStopping, ErrCode: CodePoolClosed,
-			Reason: "the node agent is shutting down", Retry: p.cfg.RetryAfter}
-	}
-	e := p.lookupLocked(model)
-	if e == nil || e.removed {
-		return nil, nil, &UnknownModelError{Model: model}
-	}
-	if e.retired {
-		// The same answer as while draining: a gateway retries elsewhere.
-		return nil, nil, &UnavailableError{Model: e.spec.Name, State: e.state, ErrCode: CodeModelDraining,
-			Reason: "the model is being removed from this node", Retry: p.cfg.RetryAfter}
-	}
-	now := p.clock.Now()
-	switch e.state {
-	case StateReady:
-		return p.leaseLocked(e, now), nil, nil
-	case StateLoading:
-		return nil, e.attempt, nil
-	case StateDraining, StateStopping:
-		return nil, nil, &UnavailableError{Model: e.spec.Name, State: e.state, ErrCode: CodeModelDraining,
-			Reason: "the model is being unloaded", Retry: p.cfg.RetryAfter}
-	case StateFailed:
-		if now.Before(e.retryAt) {
-			return nil, nil, &UnavailableError{Model: e.spec.Name, State: e.state, ErrCode: CodeModelLoadFailed,
-				Reason: e.failReason, Retry: e.retryAt.Sub(now), Err: e.lastErr}
-		}
-	}
-	return nil, p.startLoadLocked(e), nil
-}
-
-func (p *Pool) leaseLocked(e *entry, now time.Time) *Lease {
-	g := e.eng
-	g.inUse++
-	g.requests++
-	p.activity++
-	e.lastUsed = now
-	if g.inUse == 1 {
-		p.signal(p.wakeActive)
-	}
-	return &Lease{pool: p, eng: g, model: e.spec.Name, acquired: now}
-}
-
-func (p *Pool) awaitLoad(ctx context.Context, model string, a *loadAttempt) error {
-	select {
-	case <-a.done:
-		return a.err
-	case <-ctx.Done():
-		return &UnavailableError{Model: model, State: StateLoading, ErrCode: CodeModelLoading,
-			Reason: "the model is still loading", Retry: p.cfg.RetryAfter, Err: context.Cause(ctx)}
 	}
 }
 

@@ -109,24 +109,6 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
-// Observer receives the pool's events, synchronously from the goroutine that caused
-// them and never under the pool mutex. Implementations must not block for long.
-type Observer interface {
-	// LoadFinished follows every load attempt; err is nil when the model is Ready.
-	LoadFinished(ev LoadEvent)
-	// Unloaded follows every stopped engine, with what it gave back.
-	Unloaded(model string, r UnloadReport)
-	// PressureChanged follows a change of the enforcer's level.
-	PressureChanged(from, to PressureLevel)
-}
-
-// LoadEvent describes one finished load attempt.
-type LoadEvent struct {
-	Model    string
-	Duration time.Duration
-	Err      error
-}
-
 // Pool is the engine pool of one node. Create it with New, drive its memory enforcer
 // with Run, and take a Lease per request with Acquire:
 //
@@ -243,15 +225,6 @@ func (p *Pool) SetConfiguredCeiling(bytes int64) Ceiling {
 	return c
 }
 
-// AddObserver subscribes o to the pool's events.
-func (p *Pool) AddObserver(o Observer) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.observers = append(p.observers, o)
-}
-
-func (p *Pool) observersLocked() []Observer { return slices.Clone(p.observers) }
-
 // Register adds a model. It does not load it: Acquire or Load does.
 func (p *Pool) Register(spec ModelSpec) error {
 	spec, err := normalizeSpec(spec)
@@ -329,18 +302,6 @@ func (p *Pool) Remove(name string) (<-chan struct{}, error) {
 	return p.startUnloadLocked(e, ReasonRemoved), nil
 }
 
-func (p *Pool) deleteEntryLocked(e *entry) {
-	if p.entries[e.spec.Name] != e {
-		return
-	}
-	delete(p.entries, e.spec.Name)
-	for _, a := range e.spec.Aliases {
-		if p.aliases[a] == e.spec.Name {
-			delete(p.aliases, a)
-		}
-	}
-}
-
 func (p *Pool) checkAliasesLocked(spec ModelSpec) error {
 	for _, a := range spec.Aliases {
 		if a == spec.Name {
@@ -388,78 +349,6 @@ func normalizeSpec(spec ModelSpec) (ModelSpec, error) {
 	}
 	spec.Aliases = slices.Clone(spec.Aliases)
 	return spec, nil
-}
-
-// lookupLocked resolves a name or alias.
-func (p *Pool) lookupLocked(name string) *entry {
-	if e, ok := p.entries[name]; ok {
-		return e
-	}
-	if n, ok := p.aliases[name]; ok {
-		return p.entries[n]
-	}
-	return nil
-}
-
-// signal is a non-blocking send on a one-slot channel.
-func (p *Pool) signal(ch chan struct{}) {
-	select {
-	case ch <- struct{}{}:
-	default:
-	}
-}
-
-// withDeadline derives a context that the injected clock cancels after d, so
-// deadlines of transient states follow a fake clock in tests.
-func (p *Pool) withDeadline(parent context.Context, d time.Duration, what string) (context.Context, context.CancelFunc) {
-	ctx, cancel := context.WithCancelCause(parent)
-	t := p.clock.NewTimer(d)
-	go func() {
-		select {
-		case <-t.C():
-			cancel(fmt.Errorf("%s: deadline of %s exceeded: %w", what, d, context.DeadlineExceeded))
-		case <-ctx.Done():
-			t.Stop()
-		}
-	}()
-	return ctx, func() { cancel(context.Canceled) }
-}
-
-// waitFor waits for ch up to d on the injected clock. It reports whether ch closed.
-func (p *Pool) waitFor(ch <-chan struct{}, d time.Duration) bool {
-	if ch == nil {
-		return true
-	}
-	select {
-	case <-ch:
-		return true
-	default:
-	}
-	if d <= 0 {
-		return false
-	}
-	t := p.clock.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ch:
-		return true
-	case <-t.C():
-		return false
-	}
-}
-
-func (p *Pool) backoff(failures int) time.Duration {
-	d := p.cfg.BackoffInitial
-	for i := 1; i < failures && d < p.cfg.BackoffMax; i++ {
-		d *= 2
-	}
-	return min(d, p.cfg.BackoffMax)
-}
-
-func closedChan() chan struct{} {
-	ch := make(chan struct{})
-	close(ch)
-	return ch
 }
 
 // Detach stops the pool while leaving the runners of Ready models running: it refuses

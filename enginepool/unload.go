@@ -2,6 +2,7 @@ package enginepool
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -251,4 +252,41 @@ func (p *Pool) Retire(model string) (<-chan struct{}, error) {
 	}
 	e.retired = true
 	return p.startUnloadLocked(e, ReasonRetired), nil
+}
+
+// loadCanceledError is what waiters of a load canceled for reason get.
+func (p *Pool) loadCanceledErrorLocked(e *entry, reason UnloadReason) error {
+	if reason == ReasonPressure {
+		return &InsufficientMemoryError{Model: e.spec.Name, EstimatedBytes: e.spec.EstimatedBytes,
+			CurrentBytes: max(p.usage, p.committed), LimitBytes: p.ceiling.HardBytes, Ceiling: p.ceiling,
+			Pressure: p.level, Detail: "the load was aborted under memory pressure", Retry: p.pausedRetry()}
+	}
+	return &UnavailableError{Model: e.spec.Name, State: StateLoading, ErrCode: CodeModelDraining,
+		Reason: fmt.Sprintf("the load was canceled (%s)", reason), Retry: p.cfg.RetryAfter}
+}
+
+// watch turns an unexpected runner exit into a teardown that ends in Failed.
+func (p *Pool) watch(g *engine) {
+	select {
+	case <-g.runner.Exited():
+	case <-g.stopped:
+		return
+	}
+	p.mu.Lock()
+	e := g.entry
+	if g.tearingDown || e.eng != g {
+		p.mu.Unlock()
+		return
+	}
+	cause := g.runner.ExitErr()
+	if cause == nil {
+		cause = errors.New("the runner exited unexpectedly")
+	}
+	g.tearingDown = true
+	g.invalidateLocked(engineStoppedError(g.name, ReasonCrash, cause, p.cfg.RetryAfter))
+	e.setTransientLocked(StateStopping)
+	p.crashes++
+	p.mu.Unlock()
+	p.log.Info("Runner exited unexpectedly", "model", g.name, "pid", g.pid, "err", cause.Error())
+	p.teardown(e, g, teardownPlan{reason: ReasonCrash, final: StateFailed, cause: cause, crashed: true})
 }

@@ -646,7 +646,12 @@ func TestLimitsRefusePrefill(t *testing.T) {
 			t.Errorf("stream=%v: got %d %+v, want 413 %s", stream, code, eb.Error, runnerapi.CodePrefillMemoryExceeded)
 		}
 	}
-	// The runner refuses work, it does not die; lifting the ceiling restores service.
+	// The runner refuses work, it does not die; a ceiling far above the footprint (the
+	// guard's constant-time path) and no ceiling at all both restore service.
+	if code := r.postJSON("/limits", runnerapi.Limits{CeilingBytes: st.FootprintBytes + 1<<30}, nil); code != 200 {
+		t.Fatalf("limits: %d", code)
+	}
+	completeText(t, r, long, 2, nil)
 	r.postJSON("/limits", runnerapi.Limits{CeilingBytes: 0}, nil)
 	completeText(t, r, long, 2, nil)
 }

@@ -59,6 +59,25 @@ curl -sSN "$GATEWAY/v1/chat/completions" -H "Authorization: Bearer $ADMIN_KEY" -
 	tee "$work/stream.txt" | sed -n '1,4p;/usage/p;/DONE/p' | cut -c1-200
 grep -q '^data: \[DONE\]' "$work/stream.txt" || { echo "the stream did not end with [DONE]" >&2; exit 1; }
 
+say "The fleet prompt cache: a conversation's next turn goes to the replica that holds its start"
+# A system prompt of a few 64-token blocks; turn 2 repeats turn 1 and adds to it. The
+# gateway sends each request's prefix digests; the runner that saved turn 1 reports
+# them, and the gateway routes turn 2 there (--routing=prefix-cache, the default).
+system=$(printf 'You are the fleet assistant of team %s. ' alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma tau upsilon phi chi psi omega)
+turn1='{"role":"system","content":"'$system'"},{"role":"user","content":"Which Mac holds this conversation?"}'
+chat_turn() { # chat_turn MESSAGES OUT
+	curl -sS "$GATEWAY/v1/chat/completions" -H "Authorization: Bearer $ADMIN_KEY" -H 'Content-Type: application/json' \
+		-d '{"model":"tiny-chat","max_tokens":4,"temperature":0,"messages":['"$1"']}' >"$2"
+}
+chat_turn "$turn1" "$work/turn1.json"
+echo "turn 1: $(grep -o '"prompt_tokens":[0-9]*' "$work/turn1.json"), $(grep -o '"cached_tokens":[0-9]*' "$work/turn1.json" || echo '"cached_tokens":0')"
+turn2=$turn1',{"role":"assistant","content":"The one the gateway picked."},{"role":"user","content":"And the next turn?"}'
+# The runner saves turn 1's state after answering and the gateway learns of it from the
+# agent's prefix events a moment later: ask until turn 2 restores it (at most 10 s).
+turn2_hits() { chat_turn "$turn2" "$work/turn2.json" && ! grep -q '"cached_tokens":0' "$work/turn2.json" && grep -q '"cached_tokens"' "$work/turn2.json"; }
+wait_for 10 "turn 2 to restore turn 1's prefix" turn2_hits
+echo "turn 2: $(grep -o '"prompt_tokens":[0-9]*' "$work/turn2.json"), $(grep -o '"cached_tokens":[0-9]*' "$work/turn2.json")   (docs/fleet.md: routing)"
+
 say "A tool call: the model's own chat template renders the tools, tool_choice \"required\" constrains sampling"
 # One call (parallel_tool_calls false), greedy: the random-weight model pads JSON with
 # all the white space the grammar allows, and sampled freely it may start a second

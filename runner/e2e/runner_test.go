@@ -656,6 +656,39 @@ func TestLimitsRefusePrefill(t *testing.T) {
 	completeText(t, r, long, 2, nil)
 }
 
+// TestLimitsReclaimGarbageBeforeRefusing: a refused request leaves tens of MiB of
+// garbage on the runner's heap (its body, its decoded fields) that the footprint
+// counts until the runtime returns it; under a ceiling just above the runner's live
+// footprint, the next ordinary prefill is admitted, not refused for that garbage.
+func TestLimitsReclaimGarbageBeforeRefusing(t *testing.T) {
+	r := startReady(t, model(t, "tiny"))
+	st := r.status()
+	if st.Model == nil || st.Model.KVBytesPerToken <= 0 {
+		t.Fatalf("status lacks the model: %+v", st)
+	}
+	junk := map[string]any{"max_tokens": 2, "messages": []map[string]string{{"role": strings.Repeat("x", 40<<20), "content": "hi"}}}
+	var refused runnerapi.ErrorBody
+	if code := r.postJSON("/v1/chat/completions", junk, &refused); code != http.StatusBadRequest || len(refused.Error.Message) > 256 {
+		t.Fatalf("a 40 MiB role: %d with a %d-byte message, want 400 quoting a clipped role", code, len(refused.Error.Message))
+	}
+	grown := r.status().FootprintBytes
+	if grown-st.FootprintBytes < 32<<20 {
+		t.Skipf("the refused request left %d bytes on the footprint: nothing to reclaim", grown-st.FootprintBytes)
+	}
+	ceiling := st.FootprintBytes + 16<<20
+	if code := r.postJSON("/limits", runnerapi.Limits{CeilingBytes: ceiling}, nil); code != 200 {
+		t.Fatalf("limits: %d", code)
+	}
+	var eb runnerapi.ErrorBody
+	if code := r.postJSON("/v1/chat/completions", chatBody("hello", 2, false), &eb); code != http.StatusOK {
+		t.Errorf("after %d MiB of garbage, under a ceiling %d MiB above the live footprint: %d %+v",
+			(grown-st.FootprintBytes)>>20, (ceiling-st.FootprintBytes)>>20, code, eb.Error)
+	}
+	if fp := r.status().FootprintBytes; fp > ceiling {
+		t.Errorf("footprint %d after the reclaim, ceiling %d", fp, ceiling)
+	}
+}
+
 func TestAbortEndsRunningAndQueuedRequests(t *testing.T) {
 	r := startReady(t, model(t, "tiny"), "--parallel", "1")
 	queued := make(chan *runnerapi.ErrorBody, 1)

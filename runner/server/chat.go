@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/macfleet/macfleet/api/runnerapi"
 	"github.com/macfleet/macfleet/chat"
@@ -63,7 +64,7 @@ func (s *Server) renderChat(req *runnerapi.ChatRequest) (string, *runnerapi.Erro
 		switch m.Role {
 		case "system", "user", "assistant", "tool", "developer":
 		default:
-			return "", runnerapi.InvalidRequest(runnerapi.CodeInvalidValue, fmt.Sprintf("messages[%d].role", i), "unsupported role %q", m.Role)
+			return "", runnerapi.InvalidRequest(runnerapi.CodeInvalidValue, fmt.Sprintf("messages[%d].role", i), "unsupported role %q", clipText(m.Role, 64))
 		}
 		if strings.IndexByte(string(m.Content), 0) >= 0 {
 			return "", runnerapi.InvalidRequest(runnerapi.CodeInvalidValue, fmt.Sprintf("messages[%d].content", i),
@@ -168,4 +169,16 @@ func (s *Server) chatGrammar(req *runnerapi.ChatRequest, co chat.Options) (strin
 		return "", runnerapi.InvalidRequest(runnerapi.CodeInvalidValue, spec.Param, "the schema cannot be enforced: %v", err)
 	}
 	return g, nil
+}
+
+// clipText is s cut to at most n bytes (on a rune boundary) with "…" when cut: what
+// an error message quotes of a client's value.
+func clipText(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n] + "…"
 }

@@ -17,6 +17,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -122,8 +123,10 @@ type Server struct {
 	ceiling atomic.Int64
 
 	fpMu sync.Mutex
-	fpAt time.Time
-	fp   int64
+	// reclaimedAt is when the guard last returned the heap's garbage (unix ns).
+	reclaimedAt atomic.Int64
+	fpAt        time.Time
+	fp          int64
 
 	// lastRequest (unix nanoseconds) and inFlight drive the orphan timeout.
 	lastRequest atomic.Int64
@@ -500,10 +503,31 @@ func (s *Server) guard(n int) *runnerapi.Error {
 		return nil
 	}
 	fp := s.footprint(50 * time.Millisecond)
+	if fp+est > c && s.reclaim() {
+		fp = s.footprint(0)
+	}
 	if fp+est > c {
 		return runnerapi.PrefillTooLarge(est, fp, c)
 	}
 	return nil
+}
+
+// reclaimEvery bounds how often the guard collects the runner's garbage before a
+// refusal: a runner that is really over its ceiling does not collect on every request.
+const reclaimEvery = time.Second
+
+// reclaim returns the Go heap's garbage and the C heap's free pages to the system (a
+// refused request's body, a template's strings), which the footprint counts until the runtime returns it on its
+// own, and reports whether it ran: at most once every reclaimEvery.
+func (s *Server) reclaim() bool {
+	now := time.Now().UnixNano()
+	last := s.reclaimedAt.Load()
+	if now-last < int64(reclaimEvery) || !s.reclaimedAt.CompareAndSwap(last, now) {
+		return false
+	}
+	debug.FreeOSMemory()
+	llama.TrimHeap()
+	return true
 }
 
 // readyEngine returns the engine when the runner serves requests.

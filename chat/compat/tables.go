@@ -27,7 +27,7 @@ var Chat = Policy{API: "OpenAI Chat Completions", Endpoint: "/v1/chat/completion
 	{Name: "response_format", Treatment: Honoured, Does: "text, json_object, json_schema, enforced by grammar"},
 	{Name: "reasoning_effort", Treatment: Honoured, Does: "passed to the chat template"},
 	{Name: "chat_template_kwargs", Treatment: Honoured, Does: "variables for the chat template (an extension), e.g. enable_thinking"},
-	{Name: "prompt_cache_key", Treatment: Honoured, Does: "the gateway's prefix-affinity key: requests with the same key go to the same replica (with prefix affinity on)"},
+	{Name: "prompt_cache_key", Treatment: Honoured, Does: "the gateway's prefix-affinity key: requests with the same key go to the same replica (with `--routing=prefix-affinity`, and with `prefix-cache` when no replica holds the conversation yet)"},
 	{Name: "cache_salt", Treatment: Honoured, Does: "divides the prompt cache (an extension): only requests with the same salt, and of the same team, share cached prefixes"},
 	{Name: "store", Treatment: Hint, Does: "nothing is stored", Neutral: []string{"false"}},
 	{Name: "metadata", Treatment: Hint, Does: "accepted, not stored"},

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"runtime"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -219,6 +220,7 @@ func runFleetIndex(b *testing.B) {
 	indexBytes := heapNow() - base
 	runtime.KeepAlive(alone)
 	alone = nil
+	baseline := stringMapBytes(reps)
 
 	// A restarted gateway: a fresh index, every replica polled from nothing.
 	reg := prometheus.NewRegistry()
@@ -263,6 +265,7 @@ func runFleetIndex(b *testing.B) {
 	b.ReportMetric(float64(rebuildWire)/float64(total), "wire-B/digest-reset")
 	b.ReportMetric(float64(indexBytes)/float64(total), "index-B/digest")
 	b.ReportMetric(float64(indexBytes)/(1<<20), "index-MiB")
+	b.ReportMetric(float64(baseline)/float64(total), "string-map-B/digest")
 	b.ReportMetric(float64(pipelineBytes)/(1<<20), "pipeline-MiB")
 	b.ReportMetric(float64(goroutines), "goroutines")
 	b.ReportMetric(float64(published)/elapsed.Seconds(), "events/s")
@@ -305,4 +308,26 @@ func publishSteady(rng *rand.Rand, reps []*fleetReplica, rate int, d time.Durati
 		}
 	}
 	return published
+}
+
+// stringMapBytes is the heap the same digests take in the baseline, the index's earlier
+// shape: per backend a map from the digest string to its tier string and tokens, the
+// strings allocated apart as a JSON decoder leaves them.
+func stringMapBytes(reps []*fleetReplica) uint64 {
+	type held struct {
+		tier   string
+		tokens int
+	}
+	base := heapNow()
+	sets := make(map[string]map[string]held, len(reps))
+	for _, r := range reps {
+		m := map[string]held{}
+		for _, e := range fleetListing(r).Events {
+			m[strings.Clone(e.Digest)] = held{tier: strings.Clone(e.Tier), tokens: e.Tokens}
+		}
+		sets[r.key] = m
+	}
+	n := heapNow() - base
+	runtime.KeepAlive(sets)
+	return n
 }

@@ -45,7 +45,7 @@ func Scope(s Snapshot, id tenancy.Identity) Snapshot {
 		}
 	}
 	hide := macRedactor(macs)
-	out := Snapshot{Now: s.Now, Viewer: id, Traffic: map[string]Traffic{}}
+	out := Snapshot{Now: s.Now, Viewer: id, Traffic: map[string]Traffic{}, PromptCache: map[string]PromptCache{}}
 	for _, d := range s.Deployments {
 		var granted []string
 		if d.Spec.Access != nil {
@@ -59,6 +59,9 @@ func Scope(s Snapshot, id tenancy.Identity) Snapshot {
 			out.Deployments = append(out.Deployments, d)
 			if t, ok := s.Traffic[d.Namespace+"/"+d.Name]; ok {
 				out.Traffic[d.Namespace+"/"+d.Name] = t
+			}
+			if pc, ok := s.PromptCache[d.Namespace+"/"+d.Name]; ok {
+				out.PromptCache[d.Namespace+"/"+d.Name] = pc
 			}
 		case tenancy.MayUse(id, d.Namespace, granted):
 			out.Deployments = append(out.Deployments, sharedDeployment(d))

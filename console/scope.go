@@ -27,7 +27,8 @@ const HiddenMac = "a Mac"
 //   - of another namespace's deployment that grants it access (tenancy.MayUse), only
 //     its namespace, name, served name and replica counts: never its source, digest,
 //     conditions or memory;
-//   - the traffic of its own deployments and its own namespace's TokenUsages.
+//   - the traffic and prompt cache counters of its own deployments and its own
+//     namespace's TokenUsages.
 //
 // The objects of s are not modified: what changes is copied.
 func Scope(s Snapshot, id tenancy.Identity) Snapshot {

@@ -27,7 +27,8 @@ const HiddenMac = "a Mac"
 //   - of another namespace's deployment that grants it access (tenancy.MayUse), only
 //     its namespace, name, served name and replica counts: never its source, digest,
 //     conditions or memory;
-//   - the traffic of its own deployments and its own namespace's TokenUsages.
+//   - the traffic and prompt cache counters of its own deployments and its own
+//     namespace's TokenUsages.
 //
 // The objects of s are not modified: what changes is copied.
 func Scope(s Snapshot, id tenancy.Identity) Snapshot {
@@ -45,7 +46,7 @@ func Scope(s Snapshot, id tenancy.Identity) Snapshot {
 		}
 	}
 	hide := macRedactor(macs)
-	out := Snapshot{Now: s.Now, Viewer: id, Traffic: map[string]Traffic{}}
+	out := Snapshot{Now: s.Now, Viewer: id, Traffic: map[string]Traffic{}, PromptCache: map[string]PromptCache{}}
 	for _, d := range s.Deployments {
 		var granted []string
 		if d.Spec.Access != nil {
@@ -59,6 +60,9 @@ func Scope(s Snapshot, id tenancy.Identity) Snapshot {
 			out.Deployments = append(out.Deployments, d)
 			if t, ok := s.Traffic[d.Namespace+"/"+d.Name]; ok {
 				out.Traffic[d.Namespace+"/"+d.Name] = t
+			}
+			if pc, ok := s.PromptCache[d.Namespace+"/"+d.Name]; ok {
+				out.PromptCache[d.Namespace+"/"+d.Name] = pc
 			}
 		case tenancy.MayUse(id, d.Namespace, granted):
 			out.Deployments = append(out.Deployments, sharedDeployment(d))

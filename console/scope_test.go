@@ -74,6 +74,7 @@ func twoTeams() Snapshot {
 		Deployments: []mfv1.ModelDeployment{own, private, shared},
 		Replicas:    []mfv1.ModelReplica{aRep, bRep},
 		Traffic:     map[string]Traffic{"team-a/qwen": {RequestsPerSecond: 1}, "team-b/shared": {RequestsPerSecond: 7}, "team-b/" + bPrivate: {Queued: 3}},
+		PromptCache: map[string]PromptCache{"team-a/qwen": {HotHits: 2}, "team-b/shared": {SSDHits: 5}, "team-b/" + bPrivate: {HotMisses: 9}},
 		Usage:       []mfv1.TokenUsage{ledger("team-a", "ci", "team-b/shared", 10), ledger("team-b", bKey, "team-b/"+bPrivate, 987654)},
 	}
 }
@@ -121,6 +122,9 @@ func TestScope(t *testing.T) {
 	}
 	if d := cmp.Diff(map[string]Traffic{"team-a/qwen": {RequestsPerSecond: 1}}, a.Traffic); d != "" {
 		t.Errorf("traffic (-want +got):\n%s", d)
+	}
+	if d := cmp.Diff(map[string]PromptCache{"team-a/qwen": {HotHits: 2}}, a.PromptCache); d != "" {
+		t.Errorf("prompt cache (-want +got):\n%s", d)
 	}
 	if len(a.Usage) != 1 || a.Usage[0].Namespace != "team-a" {
 		t.Errorf("usage: %+v", a.Usage)

@@ -41,6 +41,9 @@ type Snapshot struct {
 	// Traffic is each deployment's recent traffic through this gateway, by
 	// "<namespace>/<name>"; a deployment without an entry had none.
 	Traffic map[string]Traffic
+	// PromptCache is each deployment's prompt cache counters by "<namespace>/<name>";
+	// a deployment without an entry has none reported.
+	PromptCache map[string]PromptCache
 	// Usage is the gateways' TokenUsage ledgers (read for the usage page only).
 	Usage []mfv1.TokenUsage
 	Now   time.Time
@@ -354,8 +357,10 @@ type DeploymentRow struct {
 	// only its name and readiness (Scope removed the rest).
 	Shared bool
 	// Traffic is its recent requests through this gateway.
-	Traffic  TrafficRow
-	Replicas []ReplicaRow
+	Traffic TrafficRow
+	// PromptCache is its prompt cache's hit rate by tier; nil when none was reported.
+	PromptCache *PromptCacheRow
+	Replicas    []ReplicaRow
 }
 
 // ModelsPage lists the deployments.
@@ -386,6 +391,10 @@ func BuildModels(s Snapshot) ModelsPage {
 		row.Shared = s.Viewer.Namespace != "" && !s.Viewer.Admin && d.Namespace != s.Viewer.Namespace
 		row.Problems = deploymentProblems(d.Status.Conditions)
 		row.Traffic = trafficRow(s.Traffic[row.Model])
+		if pc, ok := s.PromptCache[row.Model]; ok {
+			r := promptCacheRow(pc)
+			row.PromptCache = &r
+		}
 		scheduled := meta.FindStatusCondition(d.Status.Conditions, mfv1.DeploymentScheduled)
 		for _, r := range reps[key{d.Namespace, d.Name}] {
 			row.Replicas = append(row.Replicas, replicaRow(r, scheduled))

@@ -177,6 +177,34 @@ func TestConsoleInBrowser(t *testing.T) {
 		t.Errorf("the models page's traffic line after a playground chat: %q", traffic)
 	}
 
+	// The prompt cache's hit rate by tier, from the runner's counters through its agent:
+	// the same conversation again finds its prefix in the hot tier. Bytes from
+	// peers read "not yet": there is no peer fetch to count.
+	long := strings.Repeat("The fleet keeps this system prompt in its cache. ", 8)
+	chat := `{"model":"tiny","max_tokens":2,"messages":[{"role":"system","content":"` + long + `"},{"role":"user","content":"hi"}]}`
+	hotRate := regexp.MustCompile(`prompt cache: hot [1-9]\d*%, SSD \d+%, miss \d+% \([1-9]\d* lookups\)`)
+	var cacheLine string
+	testenv.Eventually(t, 2*time.Minute, 500*time.Millisecond, func() (bool, string) {
+		if code, body := send(http.MethodPost, g.url+"/v1/chat/completions", chat, g.key); code != http.StatusOK {
+			return false, fmt.Sprintf("chat: %d %s", code, body)
+		}
+		if err := chromedp.Do(ctx, chromedp.Navigate(g.url+"/ui/models"), chromedp.WaitVisible(chromedp.CSS(`p.traffic`))); err != nil {
+			return false, err.Error()
+		}
+		res, err := chromedp.Run(ctx, chromedp.Evaluate[string](`(document.querySelector("p.prompt-cache") || {}).textContent || ""`))
+		if err != nil {
+			return false, err.Error()
+		}
+		cacheLine = res
+		return hotRate.MatchString(cacheLine), "the models page's prompt cache line: " + cacheLine
+	})
+	if !strings.Contains(cacheLine, "bytes from peers: not yet (no peer fetch)") || !regexp.MustCompile(`\d+ tokens restored`).MatchString(cacheLine) {
+		t.Errorf("the models page's prompt cache line: %q", cacheLine)
+	}
+	if err := chromedp.Do(ctx, shot("console-models-prompt-cache.png")); err != nil {
+		t.Fatal(err)
+	}
+
 	// A phone: the page itself never scrolls sideways (wide tables scroll in their box).
 	if err := chromedp.Do(ctx, chromedp.EmulateViewport(390, 844, chromedp.EmulateMobile, chromedp.EmulateScale(2)),
 		chromedp.Navigate(g.url+"/ui/"), chromedp.WaitVisible(chromedp.CSS(`svg.bar`)), shot("console-fleet-phone.png")); err != nil {

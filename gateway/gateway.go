@@ -147,6 +147,8 @@ type Gateway struct {
 	// prefixes polls the agents' prefix events into the balancer's index under
 	// RoutingPrefixCache; nil otherwise.
 	prefixes *prefixindex.Poller
+	// cacheStats reads the replicas' prompt cache counters for the console.
+	cacheStats *cacheStats
 	// agentScheme is "https://" with Options.AgentCertificates, else "http://".
 	agentScheme string
 	handler     http.Handler
@@ -217,6 +219,7 @@ func New(opts Options) (*Gateway, error) {
 	g.table.Store(startingTable())
 	g.adm = newAdmission(opts, g.bal, g.Table, m)
 	g.traffic = newTraffic()
+	g.cacheStats = &cacheStats{fetch: g.fetchAgentStatus, now: time.Now}
 	if opts.Wake != nil {
 		g.waker = newWaker(opts.Wake, g.Table, m.wakes, opts.Log.WithName("wake"))
 	}

@@ -1,6 +1,8 @@
 package prefixindex
 
 import (
+	"fmt"
+	"math"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -84,5 +86,55 @@ func TestApply(t *testing.T) {
 				t.Error("a removed backend still holds digests")
 			}
 		})
+	}
+}
+
+func TestDigestKey(t *testing.T) {
+	tests := []struct {
+		a, b string
+		same bool
+	}{
+		{a: "00000000000000ff", b: "ff", same: true}, // hex digits are their value
+		{a: "0123456789abcdef", b: "0123456789abcdee"},
+		{a: "x", b: "y"}, // not hex: hashed
+		{a: "0123456789abcdef0", b: "123456789abcdef0"}, // 17 digits are hashed, not truncated
+		{a: "", b: "0"},
+	}
+	for _, tc := range tests {
+		if got := digestKey(tc.a) == digestKey(tc.b); got != tc.same {
+			t.Errorf("digestKey(%q) == digestKey(%q): %v, want %v", tc.a, tc.b, got, tc.same)
+		}
+	}
+	if got := digestKey("0123456789abcdef"); got != 0x0123456789abcdef {
+		t.Errorf("digestKey of a digest is %#x, want its value", got)
+	}
+}
+
+func TestApplyKeepsTiersAndTokens(t *testing.T) {
+	x, err := New(0, prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	evs := []runnerapi.PrefixEvent{ev("a", "hot", 1<<40), ev("b", "peer", 7), ev("c", "ssd", -3)}
+	for i := range maxTiers {
+		evs = append(evs, ev("d", fmt.Sprintf("tier-%d", i), 1))
+	}
+	x.Apply("ns/r", runnerapi.PrefixEvents{Epoch: "e", Seq: 1, Events: evs})
+	for _, tc := range []struct {
+		chain []string
+		want  Hit
+	}{
+		{chain: []string{"a"}, want: Hit{Depth: 1, Held: Held{Tier: "hot", Tokens: math.MaxUint32}}},
+		{chain: []string{"b"}, want: Hit{Depth: 1, Held: Held{Tier: "peer", Tokens: 7}}},
+		{chain: []string{"c"}, want: Hit{Depth: 1, Held: Held{Tier: "ssd", Tokens: 0}}},
+		// d was last reported in a tier beyond maxTiers: it keeps the one before.
+		{chain: []string{"d"}, want: Hit{Depth: 1, Held: Held{Tier: fmt.Sprintf("tier-%d", maxTiers-4), Tokens: 1}}},
+	} {
+		if got := x.Deepest("ns/r", tc.chain); got != tc.want {
+			t.Errorf("deepest of %v: %+v, want %+v", tc.chain, got, tc.want)
+		}
+	}
+	if got := testutil.ToFloat64(x.m.dropped); got != 3 {
+		t.Errorf("dropped %v, want 3 (the reports of d in the tiers past maxTiers)", got)
 	}
 }

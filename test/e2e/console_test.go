@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"regexp"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -113,6 +114,23 @@ func TestConsoleOnFleet(t *testing.T) {
 
 	// The playground streams from the Resident model.
 	browsertest.Playground(t, ctx, ui+"/playground", "console-chat", art, "playground.png")
+
+	// The Resident model's prompt cache line: the runner's counters, which the gateway
+	// reads from the replica's agent (cluster mode: the model named by the replica,
+	// over the gateway's mutual TLS); nothing moves between Macs yet.
+	cacheLine := fmt.Sprintf(`section[aria-labelledby="d-%s-console-chat"] p.prompt-cache`, ns)
+	testenv.Eventually(t, time.Minute, 500*time.Millisecond, func() (bool, string) {
+		if err := chromedp.Do(ctx, chromedp.Navigate(ui+"/models"), chromedp.WaitVisible(chromedp.CSS(`section.deployment`))); err != nil {
+			return false, err.Error()
+		}
+		line, err := chromedp.Run(ctx, chromedp.Evaluate[string](fmt.Sprintf(`(document.querySelector(%q) || {}).textContent || ""`, cacheLine)))
+		if err != nil {
+			return false, err.Error()
+		}
+		ok := regexp.MustCompile(`^prompt cache: hot (\d+%|—), SSD (\d+%|—), miss (\d+%|—) \(\d+ lookups\)`).MatchString(line) &&
+			strings.Contains(line, "bytes from peers: not yet (no peer fetch)") && !strings.Contains(line, "did not report")
+		return ok, "the models page's prompt cache line of console-chat: " + line
+	})
 
 	// An unload: the OnDemand model loads on a request and unloads when idle; the
 	// unloads page shows the bytes its agent reported.

@@ -146,7 +146,7 @@ func run(o options) error {
 }
 
 // measureMode runs the workload through a gateway of one routing mode, on prefixes of
-// its own (seed), after clearing the hot tiers.
+// its own (seed) and the run's arrivals (o.seed), after clearing the hot tiers.
 func measureMode(ctx, gctx context.Context, f *localfleet.Fleet, o options, mode string, seed uint64) (summary, error) {
 	g, err := startGateway(gctx, f, gateway.Routing(mode))
 	if err != nil {
@@ -167,7 +167,8 @@ func measureMode(ctx, gctx context.Context, f *localfleet.Fleet, o options, mode
 	if err != nil {
 		return summary{}, err
 	}
-	w := workload{Requests: schedule(seed, o.tenants, o.users, o.rate, o.modeLimit)}
+	// The same arrivals in every mode (o.seed); the prefixes are the mode's own (seed).
+	w := workload{Requests: schedule(o.seed, o.tenants, o.users, o.rate, o.modeLimit)}
 	for t := range o.tenants {
 		w.Systems = append(w.Systems, systemPrompt(seed, t, o.words))
 	}

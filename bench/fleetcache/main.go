@@ -142,6 +142,13 @@ func run(o options) error {
 	fmt.Printf("load after the run: %s\n\n", uptime())
 	fmt.Print(table(rows))
 	printRatio(rows)
+	failed := 0
+	for _, r := range rows {
+		failed += r.Failed
+	}
+	if failed > 0 {
+		return fmt.Errorf("%d requests failed (above)", failed)
+	}
 	return nil
 }
 

@@ -40,8 +40,8 @@ DEPS_GOALS    := $(strip $(if $(filter test attack soak fuzz bench chart-test,$(
 # The components this run builds from nothing, in make's order: hack/step.sh announces
 # each as "[N/M] name" with the time since make started.
 MACFLEET_STEPS := $(strip $(if $(wildcard $(ENVTEST_DIR)/kube-apiserver),,etcd kube-apiserver kubectl) \
-	$(if $(filter demo dev-cluster bench-peers,$(MAKECMDGOALS)),$(if $(wildcard $(BIN)/macfleet),,macfleet)) \
-	$(if $(filter demo runner test attack soak bench bench-peers,$(MAKECMDGOALS)),$(if $(wildcard $(RUNNER)),,runner)) \
+	$(if $(filter demo dev-cluster bench-peers bench-fleetcache,$(MAKECMDGOALS)),$(if $(wildcard $(BIN)/macfleet),,macfleet)) \
+	$(if $(filter demo runner test attack soak bench bench-peers bench-fleetcache,$(MAKECMDGOALS)),$(if $(wildcard $(RUNNER)),,runner)) \
 	$(if $(filter bench-peers peer,$(MAKECMDGOALS)),$(if $(wildcard $(PEER)),,peer)) \
 	$(if $(filter test helm chart-test chart-verify,$(MAKECMDGOALS)),$(if $(wildcard $(HELM)),,helm)) \
 	$(if $(filter verify lint golangci-lint,$(MAKECMDGOALS)),$(if $(wildcard $(GOLANGCI_LINT)),,golangci-lint)))
@@ -143,6 +143,15 @@ PEERS_FLAGS   ?= $(if $(PEERS_SMOKE),-long 200)
 bench-peers: build runner $(PEER) ## Measure macfleet serve side by side with a peer server on this machine (docs/benchmarks.md).
 	go run ./bench/peers -macfleet $(BIN)/macfleet -runner $(RUNNER) -peer $(PEER) -peer-version $(PEER_VERSION) \
 		-rounds $(PEERS_ROUNDS) -model $(PEERS_MODEL) -tokens $(PEERS_TOKENS) $(PEERS_FLAGS)
+
+# FLEETCACHE_SMOKE=1: 2 Macs, 2 tenants × 2 users of short prompts, to check the harness
+# end to end (the fleet's start takes most of its half minute), not the figures.
+FLEETCACHE_SMOKE ?=
+FLEETCACHE_FLAGS ?= $(if $(FLEETCACHE_SMOKE),-smoke)
+
+.PHONY: bench-fleetcache
+bench-fleetcache: envtest build runner ## The fleet as one prompt cache (issue 26): least-load, prefix-affinity and prefix-cache routing on 4 simulated Macs (docs/benchmarks.md).
+	go run ./bench/fleetcache -macfleet $(BIN)/macfleet -runner $(RUNNER) $(FLEETCACHE_FLAGS)
 
 .PHONY: bench-runners
 bench-runners: ## Compare the runners of COMMITS side by side, interleaved (the last is the baseline; RUNNERS_FLAGS for more).

@@ -175,9 +175,9 @@ func TestPeerStateRestoresLikeAPrefill(t *testing.T) {
 }
 
 // TestPeerStateRejects: an entry with a flipped payload or header byte, truncated, of
-// another partition, or for a runner of another context setting or model file keeps
-// nothing (the next request prefills in full and answers as a cold runner); no state
-// is exported to another partition.
+// another partition, or for a runner of another slot count, a shorter context or
+// another model file keeps nothing (the next request prefills in full and answers as a
+// cold runner); no state is exported to another partition.
 func TestPeerStateRejects(t *testing.T) {
 	m := specModel(t, "llama31", testassets.Llama31Spec)
 	const digest, partition = "00000000000000d2", "team-a"
@@ -204,7 +204,8 @@ func TestPeerStateRejects(t *testing.T) {
 		t.Fatalf("copying the model: %v", err)
 	}
 	b := startReady(t, m, peerFlags("")...)
-	otherCtx := startReady(t, m, peerFlags("", "--parallel", "2")...)
+	otherSlots := startReady(t, m, peerFlags("", "--parallel", "2")...)
+	smallCtx := startReady(t, m, peerFlags("", "--ctx", "1024")...)
 	otherFile := startReady(t, otherModel, peerFlags("")...)
 	cases := []struct {
 		name, reason, partition string
@@ -217,7 +218,8 @@ func TestPeerStateRejects(t *testing.T) {
 		{"a truncated entry", runnerapi.PeerMissCorrupt, partition, b, entry[:len(entry)-1]},
 		{"another partition", runnerapi.PeerMissKey, "team-b", b, entry},
 		{"the shared partition", runnerapi.PeerMissKey, "", b, entry},
-		{"another context setting", runnerapi.PeerMissIncompatible, partition, otherCtx, entry},
+		{"another slot count", runnerapi.PeerMissIncompatible, partition, otherSlots, entry},
+		{"a context shorter than the state", runnerapi.PeerMissIncompatible, partition, smallCtx, entry},
 		{"another model file", runnerapi.PeerMissIncompatible, partition, otherFile, entry},
 	}
 	for _, c := range cases {
@@ -227,6 +229,12 @@ func TestPeerStateRejects(t *testing.T) {
 		}
 		if ev := prefixes(t, c.r, "", 0, 0); len(ev.Events) != 0 {
 			t.Errorf("%s: the prefix table learnt %+v", c.name, ev.Events)
+		}
+		if pc := promptCacheStatus(t, c.r); pc.Hot.Entries != 0 || pc.PeerImports != 0 {
+			t.Errorf("%s: the runner keeps %d hot entries after %d imports", c.name, pc.Hot.Entries, pc.PeerImports)
+		}
+		if c.r == smallCtx {
+			continue // the prompt does not fit its context
 		}
 		reply, u := chatWith(t, c.r, map[string]string{runnerapi.HeaderCachePartition: c.partition}, msgs, 16)
 		if cachedTokens(u) != 0 || reply != coldReply {

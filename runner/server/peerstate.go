@@ -101,8 +101,9 @@ func (pc *promptCache) importLimit() int64 {
 // importState reads an entry from body, checks it (promptcache.CheckImport) and keeps
 // it: the state under its key in both tiers, a reference to it under every shallower
 // full block (a prompt that extends only part of it finds it), digests associated
-// with it. It returns the HTTP status and the result.
-func (pc *promptCache) importState(body io.Reader, partition string, digests []string) (int, runnerapi.PeerStateResult) {
+// with it. A state longer than slotCtx tokens is refused as incompatible. It returns
+// the HTTP status and the result.
+func (pc *promptCache) importState(body io.Reader, partition string, digests []string, slotCtx int) (int, runnerapi.PeerStateResult) {
 	fail := func(status int, m *promptcache.ImportMiss) (int, runnerapi.PeerStateResult) {
 		return status, runnerapi.PeerStateResult{Reason: m.Reason, Detail: m.Detail}
 	}
@@ -128,6 +129,12 @@ func (pc *promptCache) importState(body io.Reader, partition string, digests []s
 		return corrupt("%v", err)
 	}
 	imp, m := promptcache.CheckImport(h, payload, pc.id, partition, pc.block, limit, stateTokens)
+	if m == nil && len(imp.Tokens) > slotCtx {
+		// The identity leaves the context size out (it does not change a state's bytes),
+		// but a state longer than a slot could never be restored here.
+		m = &promptcache.ImportMiss{Reason: runnerapi.PeerMissIncompatible,
+			Detail: fmt.Sprintf("the state holds %d tokens, a slot here holds %d", len(imp.Tokens), slotCtx)}
+	}
 	if m != nil {
 		return fail(http.StatusUnprocessableEntity, m)
 	}
@@ -224,7 +231,7 @@ func (s *Server) handleImportState(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	partition := r.Header.Get(runnerapi.HeaderCachePartition)
-	status, res := s.pc.importState(r.Body, partition, promptcache.ParseDigests(r.Header.Get(runnerapi.HeaderPrefixDigests)))
+	status, res := s.pc.importState(r.Body, partition, promptcache.ParseDigests(r.Header.Get(runnerapi.HeaderPrefixDigests)), s.nCtxSeq)
 	res.Millis = time.Since(start).Milliseconds()
 	if res.Imported {
 		s.log.V(1).Info("Imported a peer's prompt cache state", "tokens", res.Tokens, "bytes", res.Bytes, "ms", res.Millis)

@@ -200,3 +200,24 @@ func TestPrefixTableBackings(t *testing.T) {
 		t.Errorf("Backings of an unknown digest = %v, want none", got)
 	}
 }
+
+// TestHotPeek: an export reads a hot state without counting a hit or making it recently
+// used.
+func TestHotPeek(t *testing.T) {
+	h := NewHot(200)
+	h.Put(key(0), payload(0, 100))
+	h.Put(key(1), payload(1, 100))
+	if data, ok := h.Peek(key(0)); !ok || !bytes.Equal(data, payload(0, 100)) {
+		t.Fatalf("Peek(key 0) = %d bytes, %v", len(data), ok)
+	}
+	if _, ok := h.Peek(key(2)); ok {
+		t.Fatal("Peek found a key never put")
+	}
+	if st := h.Stats(); st.Hits != 0 || st.Misses != 0 {
+		t.Errorf("Peek counted %d hits and %d misses", st.Hits, st.Misses)
+	}
+	h.Put(key(2), payload(2, 100)) // evicts the least recently used: still key 0
+	if got := hotKeys(h); !slices.Equal(got, []Key{key(2), key(1)}) {
+		t.Errorf("after a Peek of key 0 and a Put, the hot tier holds %v, want keys 2 and 1", got)
+	}
+}

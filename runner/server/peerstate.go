@@ -53,7 +53,7 @@ func (pc *promptCache) exportKey(key promptcache.Key, partition string, refs int
 		k, ok := promptcache.StateKey(pc.id, partition, tokens, pc.block)
 		return ok && k == key
 	}
-	if data, ok := pc.c.Hot.Get(key); ok {
+	if data, ok := pc.c.Hot.Peek(key); ok {
 		tokens, _, ref, isRef, err := decodeBlob(data)
 		switch {
 		case err == nil && isRef && refs > 0:

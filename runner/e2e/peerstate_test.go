@@ -43,56 +43,53 @@ func peerPrompt(t *testing.T, r *runner) []chatMsg {
 	return msgs
 }
 
-// exportState is GET /cache/states/{digest} in partition: the status, the body and the
-// state's tokens (X-Macfleet-State-Tokens).
-func exportState(t *testing.T, r *runner, digest, partition string) (int, []byte, int) {
+// stateRequest sends a request to a peer state endpoint with the headers that are not
+// empty and returns the answer's status, header and body.
+func stateRequest(t *testing.T, r *runner, method, path string, body []byte, headers map[string]string) (int, http.Header, []byte) {
 	t.Helper()
-	req, err := http.NewRequestWithContext(context.Background(), http.MethodGet, r.base+"/cache/states/"+digest, nil)
+	req, err := http.NewRequestWithContext(context.Background(), method, r.base+path, bytes.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if partition != "" {
-		req.Header.Set(runnerapi.HeaderCachePartition, partition)
+	req.Header.Set("Content-Type", "application/octet-stream")
+	for k, v := range headers {
+		if v != "" {
+			req.Header.Set(k, v)
+		}
 	}
 	resp, err := r.client.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
+	out, err := io.ReadAll(resp.Body)
 	if err != nil {
-		t.Fatalf("GET /cache/states/%s: reading: %v", digest, err)
+		t.Fatalf("%s %s: reading: %v", method, path, err)
 	}
-	tokens, _ := strconv.Atoi(resp.Header.Get(runnerapi.HeaderStateTokens))
-	return resp.StatusCode, body, tokens
+	return resp.StatusCode, resp.Header, out
+}
+
+// exportState is GET /cache/states/{digest} in partition: the status, the body and the
+// state's tokens (X-Macfleet-State-Tokens).
+func exportState(t *testing.T, r *runner, digest, partition string) (int, []byte, int) {
+	t.Helper()
+	code, h, body := stateRequest(t, r, http.MethodGet, "/cache/states/"+digest, nil,
+		map[string]string{runnerapi.HeaderCachePartition: partition})
+	tokens, _ := strconv.Atoi(h.Get(runnerapi.HeaderStateTokens))
+	return code, body, tokens
 }
 
 // importState is POST /cache/states of entry in partition with digests (none when
 // empty): the status and the answer.
 func importState(t *testing.T, r *runner, entry []byte, partition, digests string) (int, runnerapi.PeerStateResult) {
 	t.Helper()
-	req, err := http.NewRequestWithContext(context.Background(), http.MethodPost, r.base+"/cache/states", bytes.NewReader(entry))
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("Content-Type", "application/octet-stream")
-	if partition != "" {
-		req.Header.Set(runnerapi.HeaderCachePartition, partition)
-	}
-	if digests != "" {
-		req.Header.Set(runnerapi.HeaderPrefixDigests, digests)
-	}
-	resp, err := r.client.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
+	code, _, b := stateRequest(t, r, http.MethodPost, "/cache/states", entry,
+		map[string]string{runnerapi.HeaderCachePartition: partition, runnerapi.HeaderPrefixDigests: digests})
 	var res runnerapi.PeerStateResult
 	if err := json.Unmarshal(b, &res); err != nil {
-		t.Fatalf("POST /cache/states: %d %q: %v", resp.StatusCode, b, err)
+		t.Fatalf("POST /cache/states: %d %q: %v", code, b, err)
 	}
-	return resp.StatusCode, res
+	return code, res
 }
 
 // savedState prefills msgs on r in partition with digest, checks the answer came cold,

@@ -17,14 +17,7 @@ import (
 
 func mustTLSCert(t *testing.T, ca *CA, id Identity, at time.Time) *tls.Certificate {
 	t.Helper()
-	key, err := NewKey()
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := ca.Issue(key.Public(), id, at, DefaultLeafLifetime)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c, key := mustKeyAndLeaf(t, ca, id, at)
 	return &tls.Certificate{Certificate: [][]byte{c.Raw}, PrivateKey: key, Leaf: c}
 }
 

@@ -57,22 +57,14 @@ func NewEstimates() *Estimates {
 	return &Estimates{links: map[LinkKey]*linkEst{}, models: map[string]*modelEst{}}
 }
 
-func (e *Estimates) model(m string) *modelEst {
-	me := e.models[m]
-	if me == nil {
-		me = &modelEst{}
-		e.models[m] = me
+// entry is m's value for k, made when there is none.
+func entry[K comparable, V any](m map[K]*V, k K) *V {
+	v := m[k]
+	if v == nil {
+		v = new(V)
+		m[k] = v
 	}
-	return me
-}
-
-func (e *Estimates) link(k LinkKey) *linkEst {
-	le := e.links[k]
-	if le == nil {
-		le = &linkEst{}
-		e.links[k] = le
-	}
-	return le
+	return v
 }
 
 // Inputs are the decision's inputs for a state of tokens of deployment model over
@@ -102,7 +94,7 @@ func (e *Estimates) ObservePrefill(model string, tokens int, d time.Duration) {
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	e.model(model).prefill.add(float64(tokens) / d.Seconds())
+	entry(e.models, model).prefill.add(float64(tokens) / d.Seconds())
 }
 
 // ObserveFetch samples a fetch's outcome as the fetching agent reported it: a fetch
@@ -117,14 +109,14 @@ func (e *Estimates) ObserveFetch(model string, link LinkKey, res runnerapi.PeerS
 	d := time.Duration(res.Millis) * time.Millisecond
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	le := e.link(link)
+	le := entry(e.links, link)
 	switch {
 	case res.Bytes > 0:
 		rtt := time.Duration(le.rtt.or(float64(DefaultRTT)))
 		moving := max(d-rtt, time.Millisecond)
 		le.throughput.add(float64(res.Bytes) / moving.Seconds())
 		if res.Imported && res.Tokens > 0 {
-			e.model(model).bytesPerToken.add(float64(res.Bytes) / float64(res.Tokens))
+			entry(e.models, model).bytesPerToken.add(float64(res.Bytes) / float64(res.Tokens))
 		}
 	case res.Reason == runnerapi.PeerMissNotFound || res.Reason == runnerapi.PeerMissRefused:
 		le.rtt.add(float64(d))

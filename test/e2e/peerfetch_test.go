@@ -188,18 +188,8 @@ func TestPeerFetchRestoresAPrefix(t *testing.T) {
 	if err != nil || code != http.StatusOK {
 		t.Fatalf("the request for R: %d %s (%v)", code, text, err)
 	}
-	u2 := answerUsage(t, text)
-	var answer struct {
-		Choices []struct {
-			Message struct {
-				Content string `json:"content"`
-			} `json:"message"`
-		} `json:"choices"`
-	}
-	if err := json.Unmarshal([]byte(text), &answer); err != nil || len(answer.Choices) == 0 {
-		t.Fatalf("the answer %s: %v", text, err)
-	}
-	t.Logf("on R: %d prompt tokens (%d cached): %q; decisions %v, fetches imported %v, bytes %v", u2.Input, u2.Cached, answer.Choices[0].Message.Content,
+	u2, got := answerUsage(t, text), answerContent(t, text)
+	t.Logf("on R: %d prompt tokens (%d cached): %q; decisions %v, fetches imported %v, bytes %v", u2.Input, u2.Cached, got,
 		gw("macfleet_gateway_peer_fetch_decisions_total", map[string]string{}), gw("macfleet_gateway_peer_fetches_total", map[string]string{"result": "imported"}),
 		gw("macfleet_gateway_peer_fetch_bytes_total", map[string]string{}))
 	if n := gw("macfleet_gateway_peer_fetches_total", map[string]string{"result": "imported"}); n != 1 {
@@ -214,7 +204,7 @@ func TestPeerFetchRestoresAPrefix(t *testing.T) {
 	if u2.Cached < u1.Input/2 {
 		t.Errorf("R restored %d of its %d prompt tokens, want at least the system prompt (about half of %d)", u2.Cached, u2.Input, u1.Input)
 	}
-	if got := answer.Choices[0].Message.Content; got != want {
+	if got != want {
 		t.Errorf("R's greedy answer after the peer's state %q differs from the full prefill's %q", got, want)
 	}
 	stop()

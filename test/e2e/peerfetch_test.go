@@ -26,9 +26,27 @@ import (
 	"github.com/macfleet/macfleet/test/support/testenv"
 )
 
-// streamChat posts body (a chat completion, streamed) to the gateway at base and
-// returns the answer's text and usage, read from its events.
-func streamChat(ctx context.Context, t *testing.T, base, body string) (string, metering.Usage) {
+// postChatAs posts a chat completion to the gateway at base with token.
+func postChatAs(ctx context.Context, base, token, body string) (int, string, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/chat/completions", strings.NewReader(body))
+	if err != nil {
+		return 0, "", err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, "", err
+	}
+	defer resp.Body.Close()
+	var b bytes.Buffer
+	_, err = b.ReadFrom(resp.Body)
+	return resp.StatusCode, b.String(), err
+}
+
+// streamChat posts body (a chat completion, streamed) to the gateway at base with
+// token and returns the answer's text and usage, read from its events.
+func streamChat(ctx context.Context, t *testing.T, base, token, body string) (string, metering.Usage) {
 	t.Helper()
 	var m map[string]any
 	if err := json.Unmarshal([]byte(body), &m); err != nil {
@@ -41,6 +59,7 @@ func streamChat(ctx context.Context, t *testing.T, base, body string) (string, m
 		t.Fatal(err)
 	}
 	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+token)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
@@ -112,8 +131,9 @@ series:
 	return sum
 }
 
-// TestPeerFetchRestoresAPrefix: a deployment of two replicas, one per simulated Mac,
-// behind a gateway with --routing=prefix-cache and peer fetch. A conversation's first
+// TestPeerFetchRestoresAPrefix: team A's deployment of two replicas, one per simulated
+// Mac, behind a gateway with --routing=prefix-cache and peer fetch, called with team
+// A's ServiceAccount token (its cache partition is A's). A conversation's first
 // turn (streamed: the gateway measures the prefill rate from it) leaves its prefix on
 // the replica that answered, P. P is then kept busy with two long answers to the same
 // system prompt (routed to P by their prefix) so that the load bound sends the next
@@ -132,14 +152,17 @@ func TestPeerFetchRestoresAPrefix(t *testing.T) {
 		md.Spec.Engine.ContextLength = 16384
 		md.Spec.Access = &v1alpha1.Access{Namespaces: []string{nsB}}
 	}))
-	create(t, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: nsB, Name: "app"}})
+	for _, n := range []string{ns, nsB} {
+		create(t, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: n, Name: "app"}})
+	}
 	replicas := waitReady(t, ns, "peer", 2, 3*time.Minute)
 	if replicas[0].Spec.NodeName == replicas[1].Spec.NodeName {
 		t.Fatalf("both replicas are on %s; the test needs one per Mac", replicas[0].Spec.NodeName)
 	}
 	agents := sliceAddresses(t, ns, "peer", 2)
 	model := ns + "/peer"
-	url, reg := inProcessGateway(t, gateway.Config{Routing: gateway.RoutingPrefixCache, PeerFetchMargin: 1e-9},
+	tokA, tokB := serviceAccountToken(t, ns, "app", satoken.DefaultAudience), serviceAccountToken(t, nsB, "app", satoken.DefaultAudience)
+	url, reg := inProcessGateway(t, gateway.Config{Routing: gateway.RoutingPrefixCache, PeerFetchMargin: 1e-9, TenantKeys: true},
 		testr.NewWithInterface(t, testr.Options{Verbosity: 2}))
 	gw := func(name string, labels map[string]string) float64 {
 		labels["model"] = model
@@ -156,10 +179,10 @@ func TestPeerFetchRestoresAPrefix(t *testing.T) {
 	turn := prefixChat(model, 16, question)
 	testenv.Eventually(t, time.Minute, 100*time.Millisecond, func() (bool, string) {
 		// Not the conversation's system prompt: the first turn must prefill it all.
-		code, text, err := postChat(t.Context(), url, fmt.Sprintf(`{"model":%q,"max_tokens":1,"messages":[{"role":"user","content":"hi"}]}`, model))
+		code, text, err := postChatAs(t.Context(), url, tokA, fmt.Sprintf(`{"model":%q,"max_tokens":1,"messages":[{"role":"user","content":"hi"}]}`, model))
 		return err == nil && code == http.StatusOK, fmt.Sprintf("the gateway does not serve %s yet: %d %s %v", model, code, text, err)
 	})
-	want, u1 := streamChat(t.Context(), t, url, turn)
+	want, u1 := streamChat(t.Context(), t, url, tokA, turn)
 	t.Logf("turn 1: %d prompt tokens (%d cached): %q", u1.Input, u1.Cached, want)
 	testenv.Eventually(t, 30*time.Second, 50*time.Millisecond, func() (bool, string) {
 		n := metricValue(t, reg, "macfleet_gateway_prefix_index_entries", nil)
@@ -174,7 +197,7 @@ func TestPeerFetchRestoresAPrefix(t *testing.T) {
 	for i := range 2 {
 		go func() {
 			defer func() { done <- struct{}{} }()
-			_, _, _ = postChat(busy, url, prefixChat(model, 6000, fmt.Sprintf("Tell a very long story about goroutine %d.", i)))
+			_, _, _ = postChatAs(busy, url, tokA, prefixChat(model, 6000, fmt.Sprintf("Tell a very long story about goroutine %d.", i)))
 		}()
 		testenv.Eventually(t, 30*time.Second, 10*time.Millisecond, func() (bool, string) {
 			h := gw("macfleet_gateway_routing_decisions_total", map[string]string{"routing": "prefix_hit"}) - hits
@@ -184,7 +207,7 @@ func TestPeerFetchRestoresAPrefix(t *testing.T) {
 	}
 
 	// The same conversation again: P is at its load bound, R holds nothing of it.
-	code, text, err := postChat(t.Context(), url, turn)
+	code, text, err := postChatAs(t.Context(), url, tokA, turn)
 	if err != nil || code != http.StatusOK {
 		t.Fatalf("the request for R: %d %s (%v)", code, text, err)
 	}
@@ -214,20 +237,11 @@ func TestPeerFetchRestoresAPrefix(t *testing.T) {
 	// Another namespace's tenant, granted the deployment, sends the same conversation:
 	// its partition holds nothing, and no fetch is asked.
 	decisions := gw("macfleet_gateway_peer_fetch_decisions_total", map[string]string{})
-	tokB := serviceAccountToken(t, nsB, "app", satoken.DefaultAudience)
-	req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, url+"/v1/chat/completions", strings.NewReader(turn))
-	req.Header.Set("Authorization", "Bearer "+tokB)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
+	code, text, err = postChatAs(t.Context(), url, tokB, turn)
+	if err != nil || code != http.StatusOK {
+		t.Fatalf("the other tenant's request: %d %s (%v)", code, text, err)
 	}
-	var buf bytes.Buffer
-	_, _ = buf.ReadFrom(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("the other tenant's request: %d %s", resp.StatusCode, buf.String())
-	}
-	if u := answerUsage(t, buf.String()); u.Cached != 0 {
+	if u := answerUsage(t, text); u.Cached != 0 {
 		t.Errorf("another namespace's tenant restored %d tokens of the conversation", u.Cached)
 	}
 	if d := gw("macfleet_gateway_peer_fetch_decisions_total", map[string]string{}); d != decisions {

@@ -56,7 +56,8 @@ type Options struct {
 	// (pki.Source.ServerConfig), by authorizeCertificate: a gateway or the manager is
 	// an admin (the whole API, and a gateway's queue reports count); a metrics
 	// scraper's certificate reaches /metrics only; a Mac's certificate is refused, so
-	// one compromised Mac reaches no other. Callers without a certificate need the API key
+	// one compromised Mac reaches no other, but for the prompt states a gateway's
+	// ticket grants it (Peers). Callers without a certificate need the API key
 	// or (OpenAI API only) a ServiceAccount token.
 	ClientCertificates bool
 	// ReviewToken, when set, authenticates on the OpenAI API (/v1/...) a bearer

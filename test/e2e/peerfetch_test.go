@@ -12,8 +12,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr/testr"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
+	dto "github.com/prometheus/client_model/go"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -103,31 +102,9 @@ func streamChat(ctx context.Context, t *testing.T, base, token, body string) (st
 
 // agentCounter sums an agent's counter name over the series whose labels include
 // want (read as a gateway).
-func agentCounter(t *testing.T, agent, name string, want map[string]string) float64 {
+func agentCounter(t *testing.T, agent, name string, want map[string]string) (sum float64) {
 	t.Helper()
-	code, text := call(t, agent, http.MethodGet, "/metrics", asGateway, "")
-	if code != http.StatusOK {
-		t.Fatalf("the agent's /metrics: %d %s", code, text)
-	}
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := parser.TextToMetricFamilies(strings.NewReader(text))
-	if err != nil {
-		t.Fatalf("parsing the agent's /metrics: %v", err)
-	}
-	var sum float64
-series:
-	for _, m := range fams[name].GetMetric() {
-		got := map[string]string{}
-		for _, l := range m.GetLabel() {
-			got[l.GetName()] = l.GetValue()
-		}
-		for k, v := range want {
-			if got[k] != v {
-				continue series
-			}
-		}
-		sum += m.GetCounter().GetValue()
-	}
+	eachSeries(agentFamilies(t, agent)[name], want, func(_ map[string]string, m *dto.Metric) { sum += m.GetCounter().GetValue() })
 	return sum
 }
 

@@ -115,7 +115,8 @@ func savedState(t *testing.T, r *runner, msgs []chatMsg, partition, digest strin
 // TestPeerStateRestoresLikeAPrefill: runner A prefills a prompt of more than 1 k tokens
 // and saves its state; exported from A (hot tier, and byte for byte the same from its
 // SSD tier) and imported into a fresh runner B of the same model and settings, it
-// spares B the prompt's prefill, and B answers token for token what the cold A did.
+// spares B the prompt's prefill, and B answers token for token what the cold A did;
+// another conversation with the same system prompt restores the shared blocks.
 func TestPeerStateRestoresLikeAPrefill(t *testing.T) {
 	m := specModel(t, "llama31", testassets.Llama31Spec)
 	const digest, partition = "00000000000000d1", "team-a"
@@ -150,8 +151,24 @@ func TestPeerStateRestoresLikeAPrefill(t *testing.T) {
 	if len(ev.Events) != 1 || ev.Events[0].Digest != digest || ev.Events[0].Tier != string(promptcache.TierHot) {
 		t.Errorf("B's prefix table after the import: %+v, want %s held hot", ev.Events, digest)
 	}
+	// Another conversation with the same system prompt restores the blocks they share:
+	// the import put references under the state's shallower blocks.
+	part := map[string]string{runnerapi.HeaderCachePartition: partition}
+	other := []chatMsg{msgs[0], {"role": "user", "content": "Describe the " + words(28, 40)}}
+	cold := startReady(t, m)
+	otherCold, _ := chatWith(t, cold, nil, other, 16)
+	cold.stop()
+	shared := sharedTokens(tokensOf(t, b, msgs), tokensOf(t, b, other))
+	otherReply, u := chatWith(t, b, part, other, 16)
+	if got := cachedTokens(u); got < shared/peerBlock*peerBlock || got > shared {
+		t.Errorf("B restored %d tokens of a conversation sharing %d with the import, want at least %d", got, shared, shared/peerBlock*peerBlock)
+	}
+	if otherReply != otherCold {
+		t.Errorf("B says %q to the other conversation, a cold runner %q", otherReply, otherCold)
+	}
+
 	promptTokens := len(tokensOf(t, b, msgs))
-	reply, u := chatWith(t, b, map[string]string{runnerapi.HeaderCachePartition: partition}, msgs, 16)
+	reply, u := chatWith(t, b, part, msgs, 16)
 	if got := cachedTokens(u); got < promptTokens-peerBlock || got >= promptTokens {
 		t.Errorf("B restored %d of the prompt's %d tokens, want all but the last (at least %d)", got, promptTokens, promptTokens-peerBlock)
 	}
@@ -159,8 +176,8 @@ func TestPeerStateRestoresLikeAPrefill(t *testing.T) {
 		t.Errorf("B after the import says %q, the cold A said %q", reply, coldReply)
 	}
 	pc := promptCacheStatus(t, b)
-	if pc.PeerImports != 2 || pc.Restores != 1 || pc.Hot.Entries == 0 {
-		t.Errorf("B's prompt cache: %d imports, %d restores, %d hot entries; want 2, 1, some", pc.PeerImports, pc.Restores, pc.Hot.Entries)
+	if pc.PeerImports != 2 || pc.Restores != 2 || pc.Hot.Entries == 0 {
+		t.Errorf("B's prompt cache: %d imports, %d restores, %d hot entries; want 2, 2, some", pc.PeerImports, pc.Restores, pc.Hot.Entries)
 	}
 	waitFor(t, 30*time.Second, "B's SSD tier to persist the import", func() bool {
 		pc := promptCacheStatus(t, b)

@@ -32,6 +32,14 @@ const (
 // (the replica's key), its runner's prompt cache counters (absent until it loaded).
 type agentStatus struct {
 	Models []modelStatus `json:"models"`
+	// PeerFetches are the agent's fetches of prompt states from other Macs, by model
+	// (peer fetch).
+	PeerFetches map[string]agentPeerFetches `json:"peerFetches"`
+}
+
+type agentPeerFetches struct {
+	Bytes   int64            `json:"bytes"`
+	Results map[string]int64 `json:"results"`
 }
 
 type modelStatus struct {
@@ -55,6 +63,12 @@ func (s agentStatus) counters() map[string]console.PromptCache {
 		if pc := m.PromptCache; pc != nil {
 			out[m.Name] = console.PromptCache{HotHits: pc.HotHits, HotMisses: pc.HotMisses, SSDHits: pc.Hits,
 				RestoredTokens: pc.RestoredTokens, Replicas: 1}
+		}
+	}
+	for name, pf := range s.PeerFetches {
+		if c, ok := out[name]; ok {
+			c.PeerBytes, c.PeerFetches = pf.Bytes, pf.Results
+			out[name] = c
 		}
 	}
 	return out

@@ -74,7 +74,22 @@ func TestCacheStatsReusesAnAnswerForItsTTL(t *testing.T) {
 		t.Errorf("after the TTL: %+v, asked %d times, want a new answer", got, len(asked))
 	}
 	fail, now = true, now.Add(cacheStatsTTL)
-	if got := read(); got != (console.PromptCache{Unreported: 1}) {
+	if got := read(); !cmp.Equal(got, console.PromptCache{Unreported: 1}) {
 		t.Errorf("agent down: %+v, want the replica unreported", got)
+	}
+}
+
+// TestAgentStatusCountsPeerFetches: an agent's peer fetches join its model's prompt
+// cache counters; those of a model without counters are not shown on their own.
+func TestAgentStatusCountsPeerFetches(t *testing.T) {
+	st := agentStatus{Models: []modelStatus{{Name: "ns/a-0", PromptCache: &runnerCacheStats{HotHits: 2}}, {Name: "ns/b-0"}},
+		PeerFetches: map[string]agentPeerFetches{
+			"ns/a-0": {Bytes: 4096, Results: map[string]int64{"imported": 1, "not_found": 2}},
+			"ns/b-0": {Bytes: 1, Results: map[string]int64{"imported": 1}},
+		}}
+	want := map[string]console.PromptCache{"ns/a-0": {HotHits: 2, Replicas: 1, PeerBytes: 4096,
+		PeerFetches: map[string]int64{"imported": 1, "not_found": 2}}}
+	if d := cmp.Diff(want, st.counters()); d != "" {
+		t.Errorf("counters (-want +got):\n%s", d)
 	}
 }

@@ -179,7 +179,7 @@ func TestConsoleInBrowser(t *testing.T) {
 
 	// The prompt cache's hit rate by tier, from the runner's counters through its agent:
 	// the same conversation again finds its prefix in the hot tier. Bytes from
-	// peers read "not yet": there is no peer fetch to count.
+	// peers read "none fetched": this gateway has no second Mac to fetch from.
 	long := strings.Repeat("The fleet keeps this system prompt in its cache. ", 8)
 	chat := `{"model":"tiny","max_tokens":2,"messages":[{"role":"system","content":"` + long + `"},{"role":"user","content":"hi"}]}`
 	hotRate := regexp.MustCompile(`prompt cache: hot [1-9]\d*%, SSD \d+%, miss \d+% \([1-9]\d* lookups\)`)
@@ -198,7 +198,7 @@ func TestConsoleInBrowser(t *testing.T) {
 		cacheLine = res
 		return hotRate.MatchString(cacheLine), "the models page's prompt cache line: " + cacheLine
 	})
-	if !strings.Contains(cacheLine, "bytes from peers: not yet (no peer fetch)") || !regexp.MustCompile(`\d+ tokens restored`).MatchString(cacheLine) {
+	if !strings.Contains(cacheLine, "bytes from peers: none fetched") || !regexp.MustCompile(`\d+ tokens restored`).MatchString(cacheLine) {
 		t.Errorf("the models page's prompt cache line: %q", cacheLine)
 	}
 	if err := chromedp.Do(ctx, shot("console-models-prompt-cache.png")); err != nil {

@@ -124,6 +124,14 @@ type Options struct {
 	// TracerProvider, when set, traces every proxied request (see trace.go); nil means
 	// no tracing.
 	TracerProvider trace.TracerProvider
+	// DisablePeerFetch turns off peer fetch under RoutingPrefixCache (see
+	// peerFetcher): a request routed to a replica that holds less of its prefix than
+	// one on another Mac is then always prefilled. Peer fetch also needs
+	// AgentCertificates (its tickets are signed with the gateway's key).
+	DisablePeerFetch bool
+	// PeerFetchMargin is how many times faster than the prefill a fetch must be
+	// estimated (peerfetch.DefaultMargin when ≤ 0).
+	PeerFetchMargin float64
 	// Budgets, when set, checks team callers' requests against their TokenBudgets
 	// before they are queued (429 over one) and counts their usage in its ledger.
 	Budgets *Budgets
@@ -147,6 +155,9 @@ type Gateway struct {
 	// prefixes polls the agents' prefix events into the balancer's index under
 	// RoutingPrefixCache; nil otherwise.
 	prefixes *prefixindex.Poller
+	// peers asks agents to fetch prefixes from peer Macs (RoutingPrefixCache); nil
+	// when off.
+	peers *peerFetcher
 	// cacheStats reads the replicas' prompt cache counters for the console.
 	cacheStats *cacheStats
 	// agentScheme is "https://" with Options.AgentCertificates, else "http://".
@@ -208,6 +219,9 @@ func New(opts Options) (*Gateway, error) {
 	}
 	if g.transport == nil {
 		g.transport = NewTransport()
+	}
+	if g.peers, err = newPeerFetcher(opts, index, g.agentScheme); err != nil {
+		return nil, err
 	}
 	if index != nil {
 		g.prefixes = &prefixindex.Poller{Index: index, Log: opts.Log.WithName("prefixes"),

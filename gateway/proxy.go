@@ -227,7 +227,7 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, model, name stri
 		wt.granted()
 		g.routed(ctx, t)
 		attempts++
-		res := g.attempt(ctx, w, r, model, be, body, start, attempts)
+		res := g.attempt(ctx, w, r, rt, be, body, start, attempts)
 		g.adm.release(t, be.Key)
 		if res.failure == nil {
 			wt.observe()
@@ -291,7 +291,8 @@ func (g *Gateway) holdTimeout(rt *Route, last *failure, t *ticket) *apiError {
 // attempt sends the request to one replica. Before the response's status is committed
 // to the client it can fail retryably; after that it streams the body through,
 // flushing every chunk, until the upstream ends or either side goes away.
-func (g *Gateway) attempt(ctx context.Context, w http.ResponseWriter, r *http.Request, model string, be Backend, body []byte, start time.Time, n int) (res outcome) {
+func (g *Gateway) attempt(ctx context.Context, w http.ResponseWriter, r *http.Request, rt *Route, be Backend, body []byte, start time.Time, n int) (res outcome) {
+	model := rt.ID()
 	// The upstream request outlives a client that goes away just long enough for its
 	// answer to end with its usage (see cancel.go).
 	id := newRequestID()
@@ -307,6 +308,11 @@ func (g *Gateway) attempt(ctx context.Context, w http.ResponseWriter, r *http.Re
 	span := g.startAttempt(ctx, out, be, n)
 	defer func() { endAttempt(span, res) }()
 	g.setUpstreamHeaders(out, r, model, be)
+	var peer *peerSource
+	if g.peers != nil {
+		peer = g.peers.hint(out, rt, model, be, prefixDigestsFrom(ctx), g.caller(r).CachePartition())
+	}
+	sent := time.Now()
 	resp, err := g.transport.RoundTrip(out)
 	if err != nil {
 		if ctx.Err() != nil {
@@ -324,12 +330,20 @@ func (g *Gateway) attempt(ctx context.Context, w http.ResponseWriter, r *http.Re
 		// The client went away and no answer follows that a runner generated.
 		return outcome{status: statusClientGone, reason: "client_gone"}
 	}
+	if peer != nil {
+		g.peers.report(model, be, peer, resp.Header)
+	}
 	if res, done := uncommitted(w, resp, be); done {
 		return res
 	}
 	copyResponseHeaders(w.Header(), resp.Header)
 	w.WriteHeader(resp.StatusCode)
-	return g.relay(ctx, w, r, model, be, resp, relayed{start: start, span: span, cancelled: &cancelled})
+	a := relayed{start: start, span: span, cancelled: &cancelled}
+	res = g.relay(ctx, w, r, model, be, resp, &a)
+	if g.peers != nil && peer == nil && isEventStream(resp.Header) && !a.firstAt.IsZero() {
+		g.peers.observePrefill(model, res.usage, a.firstAt.Sub(sent))
+	}
+	return res
 }
 
 // setUpstreamHeaders sets the headers the agent reads: the fleet token, the replica,
@@ -381,11 +395,13 @@ type relayed struct {
 	start     time.Time
 	span      trace.Span
 	cancelled *cancellation
+	// firstAt is set by relay: when the answer's first byte came (zero: none did).
+	firstAt time.Time
 }
 
 // relay streams the committed response resp of replica be to the client, flushing
 // every chunk, until the upstream ends or either side goes away.
-func (g *Gateway) relay(ctx context.Context, w http.ResponseWriter, r *http.Request, model string, be Backend, resp *http.Response, a relayed) outcome {
+func (g *Gateway) relay(ctx context.Context, w http.ResponseWriter, r *http.Request, model string, be Backend, resp *http.Response, a *relayed) outcome {
 	res := outcome{status: resp.StatusCode}
 	if resp.StatusCode >= 400 {
 		res.reason = "upstream_status"
@@ -404,7 +420,8 @@ func (g *Gateway) relay(ctx context.Context, w http.ResponseWriter, r *http.Requ
 		gone = gone || ctx.Err() != nil
 		if n > 0 && !gone {
 			if first {
-				ttft := time.Since(a.start)
+				a.firstAt = time.Now()
+				ttft := a.firstAt.Sub(a.start)
 				g.metrics.ttft.WithLabelValues(model, endpointLabel(r.URL.Path)).Observe(ttft.Seconds())
 				g.traffic.firstByte(model, ttft)
 				firstByte(a.span, ttft)

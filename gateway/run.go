@@ -103,6 +103,9 @@ type Config struct {
 	PrefixAffinity     bool
 	// Routing: see Options.Routing (empty: by PrefixAffinity).
 	Routing Routing
+	// DisablePeerFetch and PeerFetchMargin: see Options.
+	DisablePeerFetch bool
+	PeerFetchMargin  float64
 	// DisableConsole turns off the web console at /ui (see package console).
 	DisableConsole bool
 	// FilePoll is how often the two files are checked for changes (DefaultFilePoll).
@@ -165,7 +168,7 @@ func Run(ctx context.Context, cfg Config) error {
 	log := ctrl.LoggerFrom(ctx).WithName("gateway")
 	w := &wiring{cfg: cfg, log: log, opts: Options{ColdStartTimeout: cfg.ColdStartTimeout, PrefixAffinity: cfg.PrefixAffinity,
 		Routing: cfg.Routing, MaxInFlightPerSlot: cfg.MaxInFlightPerSlot, Queue: cfg.Queue, Registerer: cfg.Registerer, Log: log,
-		TracerProvider: cfg.TracerProvider}}
+		TracerProvider: cfg.TracerProvider, DisablePeerFetch: cfg.DisablePeerFetch, PeerFetchMargin: cfg.PeerFetchMargin}}
 	if w.opts.Registerer == nil {
 		w.opts.Registerer = ctrlmetrics.Registry
 	}
@@ -206,7 +209,7 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	// The options as New completed them with defaults.
 	log.Info("Starting gateway", "listen", api.ln.Addr().String(), "drainTimeout", api.drainTimeout, "coldStartTimeout", g.opts.ColdStartTimeout,
-		"routing", g.opts.Routing, "apiKeys", cfg.APIKeysFile != "", "tenantKeys", cfg.TenantKeys, "console", !cfg.DisableConsole,
+		"routing", g.opts.Routing, "peerFetch", g.peers != nil, "apiKeys", cfg.APIKeysFile != "", "tenantKeys", cfg.TenantKeys, "console", !cfg.DisableConsole,
 		"maxInFlightPerSlot", g.opts.MaxInFlightPerSlot, "budgets", w.lw != nil, "queue", cfg.Queue.WithDefaults(), "tracing", g.tracer != nil)
 	return mgr.Start(ctx)
 }

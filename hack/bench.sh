@@ -19,7 +19,10 @@ if [[ $what == all || $what == engine ]]; then
 		run hack/go-env.sh go test -run '^$' -bench . -benchtime 1x -timeout 30m ./bench/engine/
 	fi
 	# Prompt cache: TTFT of a 2,000-token conversation's second turn, hot and SSD vs none.
-	run hack/go-env.sh go test -run '^$' -bench . -benchtime 1x -timeout 30m ./bench/promptcache/
+	run hack/go-env.sh go test -run '^$' -bench SecondTurn -benchtime 1x -timeout 30m ./bench/promptcache/
+	# A prefix from a peer (issue 26): importing an 8 k-token prefix's state and answering
+	# from it, against prefilling it, on the same runner.
+	run hack/go-env.sh go test -run '^$' -bench PeerImport8k -benchtime 1x -timeout 60m ./bench/promptcache/
 fi
 if [[ $what == all || $what == fleet ]]; then
 	# A whole local fleet (test/e2e): the gateway against calling the agent directly

@@ -26,6 +26,13 @@ func mustCA(t *testing.T, at time.Time) *CA {
 
 func mustLeaf(t *testing.T, ca *CA, id Identity, at time.Time) *x509.Certificate {
 	t.Helper()
+	c, _ := mustKeyAndLeaf(t, ca, id, at)
+	return c
+}
+
+// mustKeyAndLeaf is a new key and a certificate of ca for id over it.
+func mustKeyAndLeaf(t *testing.T, ca *CA, id Identity, at time.Time) (*x509.Certificate, *ecdsa.PrivateKey) {
+	t.Helper()
 	key, err := NewKey()
 	if err != nil {
 		t.Fatal(err)
@@ -34,7 +41,7 @@ func mustLeaf(t *testing.T, ca *CA, id Identity, at time.Time) *x509.Certificate
 	if err != nil {
 		t.Fatal(err)
 	}
-	return c
+	return c, key
 }
 
 func TestIdentityRoundTrip(t *testing.T) {

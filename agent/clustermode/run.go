@@ -190,7 +190,7 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return err
 	}
-	a, err := newAgent(cfg, cs, w, eng, endpoint)
+	a, err := newAgent(cfg, cs, w, eng, endpoint, tlsSrc)
 	if err != nil {
 		ln.Close()
 		return err
@@ -328,7 +328,7 @@ type agent struct {
 
 // newAgent builds the syncer (adopting the runners an earlier agent recorded), the
 // HTTP server with its token review, and the janitor.
-func newAgent(cfg Config, cs kubernetes.Interface, w *replicaWatch, eng *standalone.Engine, endpoint string) (*agent, error) {
+func newAgent(cfg Config, cs kubernetes.Interface, w *replicaWatch, eng *standalone.Engine, endpoint string, tlsSrc *pki.Source) (*agent, error) {
 	log := cfg.Log
 	a := &agent{log: log, w: w, eng: eng, endpoint: endpoint}
 	so := cfg.Syncer
@@ -348,7 +348,10 @@ func newAgent(cfg Config, cs kubernetes.Interface, w *replicaWatch, eng *standal
 	}
 	reg := prometheus.NewRegistry()
 	sopts := server.Options{ClientCertificates: true, ResolveModel: a.syncer.Resolve,
-		ListModels: a.syncer.ListModels, DeploymentOf: a.syncer.DeploymentOf, Log: log.WithName("http"), Registerer: reg, TracerProvider: cfg.TracerProvider}
+		ListModels: a.syncer.ListModels, DeploymentOf: a.syncer.DeploymentOf, Log: log.WithName("http"), Registerer: reg, TracerProvider: cfg.TracerProvider,
+		// Peer fetch: this Mac serves prompt states to the Macs a gateway's ticket
+		// names, and fetches from other Macs with its own certificate.
+		Peers: &server.PeerOptions{Node: cfg.NodeName, Roots: tlsSrc.Roots, Transport: pki.NewTransports(tlsSrc, nil)}}
 	if !cfg.NoServiceAccountTokens {
 		rev, err := satoken.New(cs.AuthenticationV1().TokenReviews(),
 			satoken.Options{Audience: cfg.TokenAudience, TTL: cfg.TokenCacheTTL, Registerer: reg, Component: "agent"})

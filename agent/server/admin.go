@@ -21,13 +21,16 @@ type StatusResponse struct {
 	// GatewayQueues are, per pool entry, the requests for its deployment waiting in
 	// each gateway's queue, as the gateways last reported them (see GatewayQueueTTL).
 	GatewayQueues map[string][]GatewayQueue `json:"gatewayQueues,omitempty"`
+	// PeerFetches are, per pool entry, the prompt states this agent fetched from
+	// other Macs (peer fetch): bytes received and fetches by result.
+	PeerFetches map[string]PeerFetchStats `json:"peerFetches,omitempty"`
 }
 
 func (s *Server) handleStatus(w http.ResponseWriter, _ *http.Request) {
 	// The prompt cache counters are read from the runners now, not at the last poll.
 	s.pool.RefreshPromptCacheStats()
 	writeJSON(w, http.StatusOK, StatusResponse{Ready: s.ready.Load(), Snapshot: s.pool.Snapshot(),
-		GatewayQueues: s.queues.snapshot(time.Now())})
+		GatewayQueues: s.queues.snapshot(time.Now()), PeerFetches: s.peers.snapshot()})
 }
 
 // ModelActionResponse is the body of the load and unload endpoints.

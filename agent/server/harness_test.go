@@ -102,6 +102,8 @@ type agentOptions struct {
 	// serverCert, when set, serves over TLS with it and authenticates callers by their
 	// client certificates (Options.ClientCertificates), as the cluster agent does.
 	serverCert *pki.Source
+	// peers is Options.Peers.
+	peers *server.PeerOptions
 	// noEnforcer leaves the pool's enforcer loop (Run) off.
 	noEnforcer bool
 	// needsRunner: false for tests that never load a model.
@@ -199,7 +201,7 @@ func startAgent(t *testing.T, o agentOptions) *testAgent {
 	}
 	reg := prometheus.NewRegistry()
 	srv, err := server.New(pool, server.Options{APIKey: o.apiKey, ReviewToken: o.reviewToken, MaxBodyBytes: o.maxBody, Registerer: reg,
-		ResolveModel: o.resolveModel, DeploymentOf: o.deploymentOf, ClientCertificates: o.serverCert != nil})
+		ResolveModel: o.resolveModel, DeploymentOf: o.deploymentOf, ClientCertificates: o.serverCert != nil, Peers: o.peers})
 	if err != nil {
 		t.Fatal(err)
 	}

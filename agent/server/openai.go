@@ -284,6 +284,9 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, g generation) 
 			body, stripUsage = b, true
 		}
 	}
+	if g.path != pathEmbeddings {
+		s.peerRestore(w, r, rn, lease.Model())
+	}
 	s.proxy(w, r, lease, rn, proxyRequest{path: g.path, body: body, stream: g.stream, stripUsage: stripUsage,
 		requested: g.model, served: lease.Model(), generates: g.path != pathEmbeddings,
 		promptUsage: g.stream && g.includeUsage && r.Header.Get(runnerapi.HeaderPromptUsage) == "first-chunk"})

@@ -26,6 +26,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/macfleet/macfleet/api/runnerapi"
 	"github.com/macfleet/macfleet/chat/translate"
 	"github.com/macfleet/macfleet/enginepool"
 	"github.com/macfleet/macfleet/internal/openaierr"
@@ -55,7 +56,8 @@ type Options struct {
 	// (pki.Source.ServerConfig), by authorizeCertificate: a gateway or the manager is
 	// an admin (the whole API, and a gateway's queue reports count); a metrics
 	// scraper's certificate reaches /metrics only; a Mac's certificate is refused, so
-	// one compromised Mac reaches no other. Callers without a certificate need the API key
+	// one compromised Mac reaches no other, but for the prompt states a gateway's
+	// ticket grants it (Peers). Callers without a certificate need the API key
 	// or (OpenAI API only) a ServiceAccount token.
 	ClientCertificates bool
 	// ReviewToken, when set, authenticates on the OpenAI API (/v1/...) a bearer
@@ -87,6 +89,11 @@ type Options struct {
 	// ListModels, when set, gives the ids GET /v1/models lists to r's caller instead
 	// of the pool's entries.
 	ListModels func(r *http.Request) []string
+	// Peers, when set, takes part in peer fetch (api/runnerapi/peerstate.go): it
+	// serves prompt states to other Macs that present a gateway's ticket, and follows
+	// a gateway's hint to fetch one before a request (peerstate.go). Nil: a Mac's
+	// certificate reaches nothing and hints are dropped.
+	Peers *PeerOptions
 	// TracerProvider, when set, traces every OpenAI request (see trace.go); nil means
 	// no tracing.
 	TracerProvider trace.TracerProvider
@@ -99,6 +106,7 @@ type Server struct {
 	opts    Options
 	log     logr.Logger
 	metrics *metrics
+	peers   *peerMetrics
 	tracer  trace.Tracer // nil: tracing off
 	started time.Time
 	ready   atomic.Bool
@@ -135,7 +143,12 @@ func New(pool *enginepool.Pool, opts Options) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{pool: pool, opts: opts, log: opts.Log, metrics: m, started: time.Now()}
+	s := &Server{pool: pool, opts: opts, log: opts.Log, metrics: m, peers: newPeerMetrics(), started: time.Now()}
+	for _, c := range s.peers.collectors() {
+		if err := opts.Registerer.Register(c); err != nil {
+			return nil, err
+		}
+	}
 	if opts.TracerProvider != nil {
 		s.tracer = opts.TracerProvider.Tracer(tracerName)
 	}
@@ -193,6 +206,7 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("POST /api/models/{id}/load", s.handleLoad)
 	mux.HandleFunc("POST /api/models/{id}/unload", s.handleUnload)
 	mux.HandleFunc("GET /api/models/{id}/prefixes", s.handlePrefixes)
+	mux.HandleFunc("GET /api/models/{id}/states/{digest}", s.handleState)
 	mux.HandleFunc("POST /api/cache/clear", s.handleCacheClear)
 	mux.HandleFunc("POST /api/requests/cancel", s.handleCancel)
 	mux.Handle("GET /metrics", s.metricsHandler())
@@ -217,7 +231,8 @@ var knownPaths = []string{"/v1/chat/completions", "/v1/completions", "/v1/embedd
 func (s *Server) handleUnknownRoute(w http.ResponseWriter, r *http.Request) {
 	p := r.URL.Path
 	known := strings.HasPrefix(p, "/v1/models/") ||
-		(strings.HasPrefix(p, "/api/models/") && (strings.HasSuffix(p, "/load") || strings.HasSuffix(p, "/unload") || strings.HasSuffix(p, "/prefixes")))
+		(strings.HasPrefix(p, "/api/models/") && (strings.HasSuffix(p, "/load") || strings.HasSuffix(p, "/unload") || strings.HasSuffix(p, "/prefixes"))) ||
+		isStatePath(r.URL.EscapedPath())
 	for _, k := range knownPaths {
 		known = known || p == k
 	}
@@ -257,12 +272,13 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 		}
 		if s.opts.ClientCertificates {
 			if id, ok := pki.PeerIdentity(r.TLS); ok {
-				access := authorizeCertificate(id, r.Method, r.URL.Path)
+				access := authorizeCertificate(id, certRequest{method: r.Method, path: r.URL.EscapedPath(),
+					ticket: r.Header.Get(runnerapi.HeaderPeerTicket)}, s.ticketCheck())
 				if access.refused != "" {
 					writeError(w, &apiError{Status: http.StatusForbidden, Type: typePermission, Code: codeForbiddenCaller, Message: access.refused})
 					return
 				}
-				admin(w, r, caller{reportsQueues: access.reportsQueues})
+				admin(w, r, caller{reportsQueues: access.reportsQueues, gateway: access.gateway, ticket: access.ticket})
 				return
 			}
 		}
@@ -311,16 +327,24 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 
 // caller is what a request's admin may do beyond the API (the context holds it under
 // callerKey{}): reportsQueues — its X-Macfleet-Queued reports count (a gateway's
-// certificate; the API key, or no authentication, where no certificates are used).
-type caller struct{ reportsQueues bool }
+// certificate; the API key, or no authentication, where no certificates are used);
+// gateway — a gateway's certificate, whose peer fetch hints are followed; ticket — a
+// Mac's checked state ticket (its only access: GET /api/models/{id}/states/{digest}).
+type caller struct {
+	reportsQueues bool
+	gateway       bool
+	ticket        *pki.StateTicket
+}
+
+func callerOf(r *http.Request) caller {
+	c, _ := r.Context().Value(callerKey{}).(caller)
+	return c
+}
 
 type callerKey struct{}
 
 // reportsQueues: the caller's X-Macfleet-Queued reports count (see caller).
-func reportsQueues(r *http.Request) bool {
-	c, _ := r.Context().Value(callerKey{}).(caller)
-	return c.reportsQueues
-}
+func reportsQueues(r *http.Request) bool { return callerOf(r).reportsQueues }
 
 // recoverer turns a handler panic into a logged 500 (when nothing was sent yet) so one
 // bad request never takes the agent down. It is a last resort: handlers validate.

@@ -91,6 +91,9 @@ const (
 	// PeerMissKey: the key is not what the state's tokens give in the request's
 	// partition (another partition's state, or a forged one).
 	PeerMissKey = "key_mismatch"
+	// PeerMissTooLarge: the state is bigger than the importing runner's tiers can hold
+	// (or than its hard cap).
+	PeerMissTooLarge = "too_large"
 	// PeerMissNotFound: the peer holds no state for the digest (any more).
 	PeerMissNotFound = "not_found"
 	// PeerMissRefused: the peer refused the fetch (ticket, certificate).

@@ -24,6 +24,12 @@ type PromptCacheStatus struct {
 	// SavesPending counts entries handed to the SSD tier that it has not accepted yet
 	// (its queue is full for up to a second before it writes inline).
 	SavesPending int64 `json:"saves_pending"`
+	// PeerImports counts states a peer sent that POST /cache/states kept;
+	// PeerImportMisses those it refused (see PeerStateResult.Reason); PeerExports the
+	// states GET /cache/states/{digest} sent whole.
+	PeerImports      int64 `json:"peer_imports,omitempty"`
+	PeerImportMisses int64 `json:"peer_import_misses,omitempty"`
+	PeerExports      int64 `json:"peer_exports,omitempty"`
 
 	Hot PromptCacheHot  `json:"hot"`
 	SSD *PromptCacheSSD `json:"ssd,omitempty"`

@@ -230,11 +230,22 @@ func (r *runner) chat(msgs msgs, maxTokens int) string {
 // ttft streams a one-token greedy chat and returns the time until the response
 // arrives (the runner sends the status line with the first token) and the prompt
 // tokens the runner did not prefill.
-func (r *runner) ttft(msgs msgs) (time.Duration, int) {
+func (r *runner) ttft(msgs msgs) (time.Duration, int) { return r.ttftWith(msgs, nil) }
+
+// ttftWith is ttft with extra request headers.
+func (r *runner) ttftWith(msgs msgs, headers http.Header) (time.Duration, int) {
 	buf, _ := json.Marshal(body(msgs, map[string]any{"max_tokens": 1, "stream": true,
 		"stream_options": map[string]any{"include_usage": true}}))
+	req, err := http.NewRequest(http.MethodPost, r.base+"/v1/chat/completions", bytes.NewReader(buf))
+	if err != nil {
+		r.b.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	for k, v := range headers {
+		req.Header[k] = v
+	}
 	start := time.Now()
-	resp, err := r.client.Post(r.base+"/v1/chat/completions", "application/json", bytes.NewReader(buf))
+	resp, err := r.client.Do(req)
 	if err != nil {
 		r.b.Fatal(err)
 	}

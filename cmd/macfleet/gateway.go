@@ -5,12 +5,14 @@ import (
 	"fmt"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/fairqueue"
 	"github.com/macfleet/macfleet/gateway"
+	"github.com/macfleet/macfleet/gateway/peerfetch"
 	"github.com/macfleet/macfleet/internal/httpserver"
 	"github.com/macfleet/macfleet/ledger"
 	"github.com/macfleet/macfleet/tenancy/satoken"
@@ -26,6 +28,7 @@ func newGatewayCmd() *cobra.Command {
 		cfg        gateway.Config
 		kubeconfig string
 		routing    string
+		peerFetch  bool
 		zapOpts    = zap.Options{Development: false}
 	)
 	cmd := &cobra.Command{
@@ -55,6 +58,7 @@ OTEL_EXPORTER_OTLP_ENDPOINT set it traces every request (see docs/tracing.md).`,
 			if cfg.Routing, err = gateway.ResolveRouting(routing, cmd.Flags().Changed("routing"), cfg.PrefixAffinity); err != nil {
 				return err
 			}
+			cfg.DisablePeerFetch = !peerFetch
 			if cfg.Queue.ActiveWindow <= 0 {
 				return fmt.Errorf("--active-window must be positive, got %v", cfg.Queue.ActiveWindow)
 			}
@@ -102,12 +106,7 @@ OTEL_EXPORTER_OTLP_ENDPOINT set it traces every request (see docs/tracing.md).`,
 		"This replica's name in its usage records (TokenUsage <id>.<YYYY-MM-DD> in each team's namespace); distinct per replica. Default: $POD_NAME, else the host name")
 	f.DurationVar(&cfg.UsageRetention, "usage-retention", ledger.DefaultRetention,
 		"How long the replica keeps its own usage records of past days before deleting them")
-	f.StringVar(&routing, "routing", string(gateway.RoutingPrefixCache),
-		"How a request's replica is picked: prefix-cache (the replica whose prompt cache holds the longest part of the conversation, "+
-			"by the agents' prefix events, weighed by tier and load; with none holding any, and for deployments without a prompt "+
-			"cache, least-load), prefix-affinity (consistent hashing of the conversation's start with bounded load) or least-load")
-	f.BoolVar(&cfg.PrefixAffinity, "prefix-affinity", false,
-		"Same as --routing=prefix-affinity (kept for older command lines)")
+	routingFlags(f, &cfg, &routing, &peerFetch)
 	f.DurationVar(&cfg.DrainTimeout, "drain-timeout", gateway.DefaultDrainTimeout,
 		"On SIGTERM, /readyz fails at once and no new connection is taken; the requests in flight (streams, cold-start holds, the queue) "+
 			"get this long to finish. Keep the pod's terminationGracePeriodSeconds above it (the chart derives it)")
@@ -120,4 +119,20 @@ OTEL_EXPORTER_OTLP_ENDPOINT set it traces every request (see docs/tracing.md).`,
 	zapOpts.BindFlags(gfs)
 	f.AddGoFlagSet(gfs)
 	return cmd
+}
+
+// routingFlags are the gateway's flags of how a replica is picked and of peer fetch.
+func routingFlags(f *pflag.FlagSet, cfg *gateway.Config, routing *string, peerFetch *bool) {
+	f.StringVar(routing, "routing", string(gateway.RoutingPrefixCache),
+		"How a request's replica is picked: prefix-cache (the replica whose prompt cache holds the longest part of the conversation, "+
+			"by the agents' prefix events, weighed by tier and load; with none holding any, and for deployments without a prompt "+
+			"cache, least-load), prefix-affinity (consistent hashing of the conversation's start with bounded load) or least-load")
+	f.BoolVar(peerFetch, "peer-fetch", true,
+		"With --routing=prefix-cache: when a request goes to a replica that holds less of its prefix than a replica on another Mac, "+
+			"have its agent fetch the prefix's state from that Mac first when that is estimated faster than prefilling it "+
+			"(measured link throughput, bytes per token and prefill rate; see docs/prompt-cache.md). false: always prefill")
+	f.Float64Var(&cfg.PeerFetchMargin, "peer-fetch-margin", peerfetch.DefaultMargin,
+		"With --peer-fetch: how many times faster than the prefill a fetch must be estimated to be asked for")
+	f.BoolVar(&cfg.PrefixAffinity, "prefix-affinity", false,
+		"Same as --routing=prefix-affinity (kept for older command lines)")
 }

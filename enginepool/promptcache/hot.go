@@ -75,6 +75,18 @@ func (h *Hot) Get(key Key) ([]byte, bool) {
 	return data, ok
 }
 
+// Peek returns the state under key without marking it used or counting a hit or miss
+// (a peer's export is not a lookup of this runner's).
+func (h *Hot) Peek(key Key) ([]byte, bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	e, ok := h.index[key]
+	if !ok {
+		return nil, false
+	}
+	return e.Value.(*hotEntry).data, true
+}
+
 // Has reports whether key is stored, without marking it used or counting a hit.
 func (h *Hot) Has(key Key) bool {
 	h.mu.Lock()

@@ -202,6 +202,20 @@ func (t *PrefixTable) Associate(digests []string, b Backing) {
 	t.logLocked(events)
 }
 
+// Backings returns the states that back digest, most tokens first (none when the
+// table does not hold it).
+func (t *PrefixTable) Backings(digest string) []Backing {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	e := t.digests[digest]
+	if e == nil {
+		return nil
+	}
+	out := slices.Clone(e.backings)
+	slices.SortStableFunc(out, func(a, b Backing) int { return b.Tokens - a.Tokens })
+	return out
+}
+
 // Refresh recomputes every digest's hold with where (the tier a state is in now),
 // forgets the states no tier holds and the digests left without any, and logs the
 // changes (in digest order).

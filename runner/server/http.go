@@ -23,7 +23,7 @@ import (
 var knownPaths = map[string]bool{
 	"/health": true, "/status": true, "/v1/chat/completions": true, "/v1/completions": true,
 	"/v1/embeddings": true, "/tokenize": true, "/limits": true, "/cache/clear": true, "/cache/budget": true, "/cache/prefixes": true,
-	"/abort": true, "/cancel": true, "/shutdown": true,
+	"/cache/states": true, "/abort": true, "/cancel": true, "/shutdown": true,
 }
 
 func (s *Server) routes() http.Handler {
@@ -38,6 +38,8 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("POST /cache/clear", s.handleCacheClear)
 	mux.HandleFunc("POST /cache/budget", s.handleCacheBudget)
 	mux.HandleFunc("GET /cache/prefixes", s.handlePrefixes)
+	mux.HandleFunc("GET /cache/states/{digest}", s.handleExportState)
+	mux.HandleFunc("POST /cache/states", s.handleImportState)
 	mux.HandleFunc("POST /abort", s.handleAbort)
 	mux.HandleFunc("POST /cancel", s.handleCancel)
 	mux.HandleFunc("POST /shutdown", s.handleShutdown)

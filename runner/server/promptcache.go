@@ -90,6 +90,7 @@ type promptCache struct {
 
 	restores, restoredTokens, restoreFailures atomic.Int64
 	statesSaved, savesSkipped, savesPending   atomic.Int64
+	imports, importMisses, exports            atomic.Int64
 }
 
 // newPromptCache opens the tiers for the loaded model. kvType, nSeq and offload go
@@ -396,6 +397,7 @@ func (pc *promptCache) status() *runnerapi.PromptCacheStatus {
 		BlockTokens: pc.block, Model: pc.id.Model, Format: pc.id.Format,
 		Restores: pc.restores.Load(), RestoredTokens: pc.restoredTokens.Load(), RestoreFailures: pc.restoreFailures.Load(),
 		StatesSaved: pc.statesSaved.Load(), SavesSkipped: pc.savesSkipped.Load(), SavesPending: pc.savesPending.Load(),
+		PeerImports: pc.imports.Load(), PeerImportMisses: pc.importMisses.Load(), PeerExports: pc.exports.Load(),
 		Hot: runnerapi.PromptCacheHot{
 			Entries: st.Hot.Entries, Bytes: st.Hot.Bytes, BudgetBytes: st.Hot.BudgetBytes, Hits: st.Hot.Hits,
 			Misses: st.Hot.Misses, Puts: st.Hot.Puts, Evictions: st.Hot.Evictions, Rejected: st.Hot.Rejected,

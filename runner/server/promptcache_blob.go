@@ -5,6 +5,7 @@ package server
 import (
 	"encoding/binary"
 	"errors"
+	"io"
 
 	"github.com/macfleet/macfleet/enginepool/promptcache"
 )
@@ -83,4 +84,56 @@ func decodeBlob(b []byte) (tokens []int32, state []byte, ref promptcache.Key, is
 		tokens[i] = int32(binary.LittleEndian.Uint32(b[blobHeader+4*i:]))
 	}
 	return tokens, b[blobHeader+4*n:], ref, false, nil
+}
+
+// readBlobStart reads the start of a blob of size bytes from r: the tokens of a state
+// (leaving r at its state bytes), or the key a reference points to (ref true). It
+// reads no more than the header and the tokens, so a state is never loaded whole.
+func readBlobStart(r io.Reader, size int64) (tokens []int32, ref promptcache.Key, isRef bool, err error) {
+	var h [blobHeader]byte
+	if size < 12 {
+		return nil, ref, false, errBadBlob
+	}
+	if _, err := io.ReadFull(r, h[:12]); err != nil {
+		return nil, ref, false, err
+	}
+	if string(h[:4]) != blobMagic || binary.LittleEndian.Uint32(h[4:]) != blobVersion {
+		return nil, ref, false, errBadBlob
+	}
+	switch binary.LittleEndian.Uint32(h[8:]) {
+	case kindRef:
+		if size != refSize {
+			return nil, ref, false, errBadBlob
+		}
+		_, err := io.ReadFull(r, ref[:])
+		return nil, ref, err == nil, err
+	case kindState:
+	default:
+		return nil, ref, false, errBadBlob
+	}
+	if _, err := io.ReadFull(r, h[12:]); err != nil {
+		return nil, ref, false, err
+	}
+	n := int64(binary.LittleEndian.Uint32(h[12:]))
+	if n == 0 || blobHeader+4*n >= size {
+		return nil, ref, false, errBadBlob
+	}
+	raw := make([]byte, 4*n)
+	if _, err := io.ReadFull(r, raw); err != nil {
+		return nil, ref, false, err
+	}
+	tokens = make([]int32, n)
+	for i := range tokens {
+		tokens[i] = int32(binary.LittleEndian.Uint32(raw[4*i:]))
+	}
+	return tokens, ref, false, nil
+}
+
+// stateTokens returns the tokens of a state blob (a reference is not a state).
+func stateTokens(b []byte) ([]int32, error) {
+	tokens, _, _, isRef, err := decodeBlob(b)
+	if err == nil && isRef {
+		err = errors.New("a reference, not a state")
+	}
+	return tokens, err
 }

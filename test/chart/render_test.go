@@ -208,7 +208,7 @@ func TestTemplateDeployments(t *testing.T) {
 		authzBind, authzCerts, authzClientCA, "--zap-log-level=info"}
 	defaultGateway := []string{"gateway", "--listen=:8080", "--metrics-bind-address=:9090", "--health-probe-bind-address=:8081",
 		"--agent-cert-secret=" + testNamespace + "/macfleet-gateway-tls", "--tenant-keys", "--token-audience=macfleet", "--cold-start-timeout=2m", "--prefix-affinity=false",
-		"--routing=prefix-cache", "--max-inflight-per-slot=1", "--max-queue=256", "--max-queue-per-key=0", "--reserve-slots=1", "--active-window=30s",
+		"--routing=prefix-cache", "--peer-fetch=true", "--peer-fetch-margin=2", "--max-inflight-per-slot=1", "--max-queue=256", "--max-queue-per-key=0", "--reserve-slots=1", "--active-window=30s",
 		"--drain-timeout=600s", "--max-connections=1024", "--zap-log-level=info"}
 	tests := []struct {
 		name            string
@@ -235,7 +235,7 @@ func TestTemplateDeployments(t *testing.T) {
 			"manager.replicas=3", "manager.nodeLossGrace=5m", "manager.schedulerWorkers=2",
 			"manager.hfEndpoint=https://hf.example", "manager.logLevel=debug", "manager.extraArgs={--zap-devel}",
 			"gateway.replicas=4", "gateway.apiKeysSecret=client-keys", "gateway.apiKeysSecretKey=list",
-			"gateway.prefixAffinity=true", "gateway.coldStartTimeout=30s", "gateway.service.port=8000",
+			"gateway.prefixAffinity=true", "gateway.peerFetch=false", "gateway.peerFetchMargin=3", "gateway.coldStartTimeout=30s", "gateway.service.port=8000",
 			"gateway.queue.maxInFlightPerSlot=2", "gateway.queue.maxQueued=1000", "gateway.queue.maxPerKey=100",
 			"gateway.queue.reserveSlots=0", "gateway.queue.activeWindow=2m",
 			"gateway.drain.timeoutSeconds=120", "gateway.maxConnections=4096", "gateway.allowedHosts={gw.example,.corp.example}",
@@ -248,7 +248,8 @@ func TestTemplateDeployments(t *testing.T) {
 		wantStrategy: "",
 		wantGateway: []string{"gateway", "--listen=:8080", "--metrics-bind-address=:9090", "--health-probe-bind-address=:8081",
 			"--agent-cert-secret=" + testNamespace + "/macfleet-gateway-tls", "--api-keys-file=/etc/macfleet/api-keys/list", "--tenant-keys", "--token-audience=macfleet",
-			"--cold-start-timeout=30s", "--prefix-affinity=true", "--routing=prefix-affinity", "--max-inflight-per-slot=2", "--max-queue=1000",
+			"--cold-start-timeout=30s", "--prefix-affinity=true", "--routing=prefix-affinity", "--peer-fetch=false", "--peer-fetch-margin=3",
+			"--max-inflight-per-slot=2", "--max-queue=1000",
 			"--max-queue-per-key=100", "--reserve-slots=0", "--active-window=2m", "--drain-timeout=120s", "--max-connections=4096",
 			"--allowed-hosts=gw.example,.corp.example", "--zap-log-level=info"},
 		wantGatewayN:    4,

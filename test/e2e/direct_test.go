@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr/testr"
+	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 	corev1 "k8s.io/api/core/v1"
@@ -151,33 +152,11 @@ func answerUsage(t *testing.T, body string) metering.Usage {
 // (as a gateway).
 func agentUsage(t *testing.T, agent string, want map[string]string) (metering.Usage, int) {
 	t.Helper()
-	code, text := call(t, agent, http.MethodGet, "/metrics", asGateway, "")
-	if code != http.StatusOK {
-		t.Fatalf("the agent's /metrics: %d %s", code, text)
-	}
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := parser.TextToMetricFamilies(strings.NewReader(text))
-	if err != nil {
-		t.Fatalf("parsing the agent's /metrics: %v", err)
-	}
+	fams := agentFamilies(t, agent)
 	var u metering.Usage
 	var requests int
 	for _, name := range []string{"macfleet_usage_requests_total", "macfleet_usage_tokens_total"} {
-		fam := fams[name]
-		if fam == nil {
-			continue
-		}
-	series:
-		for _, m := range fam.GetMetric() {
-			got := map[string]string{}
-			for _, l := range m.GetLabel() {
-				got[l.GetName()] = l.GetValue()
-			}
-			for k, v := range want {
-				if got[k] != v {
-					continue series
-				}
-			}
+		eachSeries(fams[name], want, func(got map[string]string, m *dto.Metric) {
 			n := int64(m.GetCounter().GetValue())
 			switch got["type"] {
 			case "":
@@ -189,7 +168,39 @@ func agentUsage(t *testing.T, agent string, want map[string]string) (metering.Us
 			case metering.TypeOutput:
 				u.Output += n
 			}
-		}
+		})
 	}
 	return u, requests
+}
+
+// agentFamilies is an agent's /metrics (read as a gateway), by metric name.
+func agentFamilies(t *testing.T, agent string) map[string]*dto.MetricFamily {
+	t.Helper()
+	code, text := call(t, agent, http.MethodGet, "/metrics", asGateway, "")
+	if code != http.StatusOK {
+		t.Fatalf("the agent's /metrics: %d %s", code, text)
+	}
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := parser.TextToMetricFamilies(strings.NewReader(text))
+	if err != nil {
+		t.Fatalf("parsing the agent's /metrics: %v", err)
+	}
+	return fams
+}
+
+// eachSeries calls f with each series of fam (nil: none) whose labels include want.
+func eachSeries(fam *dto.MetricFamily, want map[string]string, f func(labels map[string]string, m *dto.Metric)) {
+series:
+	for _, m := range fam.GetMetric() {
+		got := map[string]string{}
+		for _, l := range m.GetLabel() {
+			got[l.GetName()] = l.GetValue()
+		}
+		for k, v := range want {
+			if got[k] != v {
+				continue series
+			}
+		}
+		f(got, m)
+	}
 }

@@ -39,6 +39,22 @@ func prefixChat(model string, maxTokens int, turns ...string) string {
 	return string(b)
 }
 
+// answerContent is the first choice's message of a chat completion's answer.
+func answerContent(t *testing.T, body string) string {
+	t.Helper()
+	var answer struct {
+		Choices []struct {
+			Message struct {
+				Content string `json:"content"`
+			} `json:"message"`
+		} `json:"choices"`
+	}
+	if err := json.Unmarshal([]byte(body), &answer); err != nil || len(answer.Choices) == 0 {
+		t.Fatalf("the answer %s: %v", body, err)
+	}
+	return answer.Choices[0].Message.Content
+}
+
 // postChat posts a chat completion to the gateway at base.
 func postChat(ctx context.Context, base, body string) (int, string, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/chat/completions", bytes.NewBufferString(body))
@@ -101,17 +117,7 @@ func TestPrefixCacheRouting(t *testing.T) {
 		return n > 0, fmt.Sprintf("the gateway's prefix index holds nothing after the first turn (%v polls of the agents failed)",
 			metricValue(t, reg, "macfleet_gateway_prefix_index_poll_errors_total", nil))
 	})
-	var answer struct {
-		Choices []struct {
-			Message struct {
-				Content string `json:"content"`
-			} `json:"message"`
-		} `json:"choices"`
-	}
-	if err := json.Unmarshal([]byte(first), &answer); err != nil || len(answer.Choices) == 0 {
-		t.Fatalf("the first answer %s: %v", first, err)
-	}
-	reply := answer.Choices[0].Message.Content
+	reply := answerContent(t, first)
 
 	// Keep the holder busy: a long answer to the same conversation goes there by its
 	// prefix and holds one of its two slots.

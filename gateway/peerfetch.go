@@ -1,0 +1,159 @@
+package gateway
+
+import (
+	"encoding/json"
+	"net/http"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/macfleet/macfleet/api/runnerapi"
+	"github.com/macfleet/macfleet/gateway/peerfetch"
+	"github.com/macfleet/macfleet/gateway/prefixindex"
+	"github.com/macfleet/macfleet/metering"
+	"github.com/macfleet/macfleet/pki"
+)
+
+// TicketLifetime is how long a state ticket the gateway signs is valid: the fetching
+// agent uses it at once, and gives up after runnerapi.PeerFetchTimeoutSeconds.
+const TicketLifetime = 20 * time.Second
+
+// peerFetcher is the gateway's side of peer fetch (api/runnerapi/peerstate.go): when
+// a request goes to a replica that holds less of its prefix than a replica of the
+// same deployment on another Mac, and peerfetch.Decide says fetching is faster than
+// prefilling, the request carries a hint and a ticket to fetch the state first; the
+// agent's report on the answer feeds the measurements and the counters.
+type peerFetcher struct {
+	index  *prefixindex.Index
+	certs  *pki.Source
+	scheme string
+	margin float64
+	est    *peerfetch.Estimates
+	now    func() time.Time
+	log    logr.Logger
+
+	decisions *prometheus.CounterVec
+	fetches   *prometheus.CounterVec
+	bytes     *prometheus.CounterVec
+}
+
+// newPeerFetcher is the gateway's peer fetch, or nil when it is off: another routing
+// than prefix-cache, Options.DisablePeerFetch, or no fleet certificate to sign
+// tickets with (agents over plain HTTP).
+func newPeerFetcher(opts Options, index *prefixindex.Index, scheme string) (*peerFetcher, error) {
+	if index == nil || opts.DisablePeerFetch || opts.AgentCertificates == nil {
+		return nil, nil
+	}
+	p := &peerFetcher{index: index, certs: opts.AgentCertificates, scheme: scheme, margin: opts.PeerFetchMargin,
+		est: peerfetch.NewEstimates(), now: time.Now, log: opts.Log.WithName("peerfetch"),
+		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "macfleet_gateway_peer_fetch_decisions_total",
+			Help: "Requests routed to a replica that holds less of their prefix than one on another Mac, by deployment and decision " +
+				"(faster: a fetch was asked; slower, few_tokens, no_prefill_rate, not_measured: prefilled).",
+		}, []string{"model", "decision"}),
+		fetches: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "macfleet_gateway_peer_fetches_total",
+			Help: "Peer fetches the agents reported on their answers, by deployment and result (imported, or the miss reason).",
+		}, []string{"model", "result"}),
+		bytes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "macfleet_gateway_peer_fetch_bytes_total",
+			Help: "Bytes of prompt state moved between Macs by the peer fetches the gateway asked for, by deployment.",
+		}, []string{"model"}),
+	}
+	for _, c := range []**prometheus.CounterVec{&p.decisions, &p.fetches, &p.bytes} {
+		got, err := register(opts.Registerer, *c)
+		if err != nil {
+			return nil, err
+		}
+		*c = got.(*prometheus.CounterVec)
+	}
+	return p, nil
+}
+
+// peerSource is the replica a hint names and the link it is fetched over.
+type peerSource struct {
+	be  Backend
+	hit prefixindex.Hit
+}
+
+// holder is the replica of rt on another Mac than be's that holds the deepest of
+// digests, when it holds more than be does; ok false otherwise.
+func (p *peerFetcher) holder(rt *Route, be Backend, digests []string) (src peerSource, tokens int, ok bool) {
+	own := p.index.Deepest(be.Key, digests)
+	for _, o := range rt.Backends {
+		if o.Node == "" || o.Node == be.Node || o.Key == be.Key {
+			continue
+		}
+		hit := p.index.Deepest(o.Key, digests)
+		if hit.Depth > src.hit.Depth || (hit.Depth == src.hit.Depth && hit.Depth > 0 && tierWeight[hit.Tier] > tierWeight[src.hit.Tier]) {
+			src = peerSource{be: o, hit: hit}
+		}
+	}
+	if src.hit.Depth <= own.Depth {
+		return peerSource{}, 0, false
+	}
+	return src, src.hit.Tokens - own.Tokens, true
+}
+
+// hint adds runnerapi.HeaderPeerState to out, the request to replica be of rt, when
+// a replica on another Mac holds more of its prefix and fetching is decided faster;
+// the source it names, for report, or nil.
+func (p *peerFetcher) hint(out *http.Request, rt *Route, model string, be Backend, digests []string, partition string) *peerSource {
+	if len(digests) == 0 || be.Node == "" {
+		return nil
+	}
+	src, tokens, ok := p.holder(rt, be, digests)
+	if !ok {
+		return nil
+	}
+	d := peerfetch.Decide(p.est.Inputs(model, peerfetch.LinkKey{Source: src.be.Node, Target: be.Node}, tokens, p.margin))
+	p.decisions.WithLabelValues(model, d.Reason).Inc()
+	if !d.Fetch {
+		return nil
+	}
+	digest := digests[src.hit.Depth-1]
+	now := p.now()
+	ticket, err := pki.SignTicket(pki.StateTicket{Target: be.Node, Source: src.be.Node, Model: src.be.Key, Digest: digest,
+		Partition: partition, Issued: now, Expires: now.Add(TicketLifetime)}, p.certs.Certificate())
+	if err != nil {
+		p.log.Error(err, "Signing a state ticket; the request is prefilled", "model", model)
+		return nil
+	}
+	b, err := json.Marshal(runnerapi.PeerStateHint{Agent: p.scheme + src.be.Endpoint, Model: src.be.Key, Digest: digest,
+		Tokens: tokens, Ticket: ticket})
+	if err != nil {
+		return nil
+	}
+	out.Header.Set(runnerapi.HeaderPeerState, string(b))
+	p.log.V(2).Info("Asking for a peer fetch", "model", model, "replica", be.Key, "from", src.be.Key, "tokens", tokens,
+		"transfer", d.Transfer, "prefill", d.Prefill)
+	return &src
+}
+
+// report reads the agent's runnerapi.HeaderPeerRestore on the answer of replica be
+// to a request hinted to fetch from src: the measurements and the counters.
+func (p *peerFetcher) report(model string, be Backend, src *peerSource, h http.Header) {
+	var res runnerapi.PeerStateResult
+	v := h.Get(runnerapi.HeaderPeerRestore)
+	if v == "" || json.Unmarshal([]byte(v), &res) != nil {
+		return // an agent without peer fetch
+	}
+	result := res.Reason
+	if res.Imported {
+		result = "imported"
+	}
+	p.fetches.WithLabelValues(model, result).Inc()
+	p.bytes.WithLabelValues(model).Add(float64(max(res.Bytes, 0)))
+	p.est.ObserveFetch(model, peerfetch.LinkKey{Source: src.be.Node, Target: be.Node}, res)
+}
+
+// observePrefill samples model's prefill rate from a streamed answer that fetched
+// nothing: the tokens its usage says were prefilled (prompt less cached), over the
+// time from sending the request to its first byte.
+func (p *peerFetcher) observePrefill(model string, u *metering.Usage, firstByte time.Duration) {
+	if u == nil || firstByte <= 0 {
+		return
+	}
+	p.est.ObservePrefill(model, int(u.Input-u.Cached), firstByte)
+}

@@ -1,0 +1,85 @@
+package peerfetch
+
+import (
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/macfleet/macfleet/api/runnerapi"
+)
+
+func TestDecide(t *testing.T) {
+	gigabit := Link{Throughput: 110e6, RTT: 2 * time.Millisecond}
+	tenGig := Link{Throughput: 1.1e9, RTT: 2 * time.Millisecond}
+	const gib = 1 << 30 // 8192 tokens × 128 KiB
+	at := func(rate float64) time.Duration { return time.Duration(gib / rate * float64(time.Second)) }
+	for _, tc := range []struct {
+		name string
+		in   Inputs
+		want Decision
+	}{
+		{name: "8k tokens of an 8B model (1 GiB) over 10 GbE, prefilled at 500 tok/s",
+			in:   Inputs{Tokens: 8192, BytesPerToken: 128 << 10, Link: tenGig, PrefillRate: 500},
+			want: Decision{Fetch: true, Transfer: 2*time.Millisecond + at(1.1e9), Prefill: 16384 * time.Millisecond, Reason: ReasonFaster}},
+		{name: "the same over gigabit: faster, but not twice as fast",
+			in:   Inputs{Tokens: 8192, BytesPerToken: 128 << 10, Link: gigabit, PrefillRate: 500},
+			want: Decision{Transfer: 2*time.Millisecond + at(110e6), Prefill: 16384 * time.Millisecond, Reason: ReasonSlower}},
+		{name: "over an unmeasured link (defaults) a slow prefill is still worth fetching",
+			in:   Inputs{Tokens: 8192, BytesPerToken: DefaultBytesPerToken, Link: Link{Throughput: DefaultThroughput, RTT: DefaultRTT}, PrefillRate: 100},
+			want: Decision{Fetch: true, Transfer: DefaultRTT + at(DefaultThroughput), Prefill: 81920 * time.Millisecond, Reason: ReasonFaster}},
+		{name: "a fast prefill is not worth a slow link",
+			in:   Inputs{Tokens: 8192, BytesPerToken: 128 << 10, Link: Link{Throughput: 10e6, RTT: 5 * time.Millisecond}, PrefillRate: 4000},
+			want: Decision{Transfer: 5*time.Millisecond + at(10e6), Prefill: 2048 * time.Millisecond, Reason: ReasonSlower}},
+		{name: "faster, but not by the margin",
+			in:   Inputs{Tokens: 1000, BytesPerToken: 1000, Link: Link{Throughput: 1e6, RTT: 0}, PrefillRate: 600},
+			want: Decision{Transfer: time.Second, Prefill: 1666666666, Reason: ReasonSlower}},
+		{name: "a margin of 1.5 lets it through",
+			in:   Inputs{Tokens: 1000, BytesPerToken: 1000, Link: Link{Throughput: 1e6, RTT: 0}, PrefillRate: 600, Margin: 1.5},
+			want: Decision{Fetch: true, Transfer: time.Second, Prefill: 1666666666, Reason: ReasonFaster}},
+		{name: "the round trip counts",
+			in:   Inputs{Tokens: 1000, BytesPerToken: 1000, Link: Link{Throughput: 1e6, RTT: 200 * time.Millisecond}, PrefillRate: 600, Margin: 1.5},
+			want: Decision{Transfer: 1200 * time.Millisecond, Prefill: 1666666666, Reason: ReasonSlower}},
+		{name: "no prefill measured yet", in: Inputs{Tokens: 8192, BytesPerToken: 1, Link: gigabit},
+			want: Decision{Reason: ReasonNoPrefill}},
+		{name: "too few tokens", in: Inputs{Tokens: MinTokens - 1, BytesPerToken: 1, Link: gigabit, PrefillRate: 1},
+			want: Decision{Reason: ReasonFewTokens}},
+		{name: "a broken link estimate", in: Inputs{Tokens: 8192, BytesPerToken: 1, PrefillRate: 100},
+			want: Decision{Reason: ReasonNotMeasured}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if d := cmp.Diff(tc.want, Decide(tc.in)); d != "" {
+				t.Errorf("Decide(%+v) (-want +got):\n%s", tc.in, d)
+			}
+		})
+	}
+}
+
+// TestEstimates: the defaults until measured, then moving averages of the samples:
+// a prefill's rate, a fetch's throughput (less the round trip) and bytes per token,
+// a quick miss's round trip; per deployment and per link.
+func TestEstimates(t *testing.T) {
+	e := NewEstimates()
+	ab := LinkKey{Source: "mac-1", Target: "mac-2"}
+	defaults := Inputs{Tokens: 4096, Margin: 2, BytesPerToken: DefaultBytesPerToken, Link: Link{Throughput: DefaultThroughput, RTT: DefaultRTT}}
+	if d := cmp.Diff(defaults, e.Inputs("ns/chat", ab, 4096, 2)); d != "" {
+		t.Fatalf("before any sample (-want +got):\n%s", d)
+	}
+	e.ObservePrefill("ns/chat", MinPrefillSample-1, time.Millisecond) // too short to count
+	e.ObservePrefill("ns/chat", 1000, 2*time.Second)
+	e.ObserveFetch("ns/chat", ab, runnerapi.PeerStateResult{Reason: runnerapi.PeerMissNotFound, Millis: 10})
+	e.ObserveFetch("ns/chat", ab, runnerapi.PeerStateResult{Imported: true, Tokens: 1000, Bytes: 4e6, Millis: 110})
+	want := Inputs{Tokens: 4096, Margin: 2, PrefillRate: 500, BytesPerToken: 4000, Link: Link{Throughput: 40e6, RTT: 10 * time.Millisecond}}
+	if d := cmp.Diff(want, e.Inputs("ns/chat", ab, 4096, 2)); d != "" {
+		t.Fatalf("after one sample each (-want +got):\n%s", d)
+	}
+	e.ObservePrefill("ns/chat", 1000, time.Second)
+	e.ObserveFetch("ns/chat", ab, runnerapi.PeerStateResult{Reason: runnerapi.PeerMissUnavailable, Millis: 10000}) // a timeout says nothing of the link's RTT
+	want.PrefillRate = 0.3*1000 + 0.7*500
+	if d := cmp.Diff(want, e.Inputs("ns/chat", ab, 4096, 2)); d != "" {
+		t.Fatalf("after a second prefill (-want +got):\n%s", d)
+	}
+	if d := cmp.Diff(defaults, e.Inputs("ns/other", LinkKey{Source: "mac-2", Target: "mac-1"}, 4096, 2)); d != "" {
+		t.Fatalf("another deployment over the reverse link (-want +got):\n%s", d)
+	}
+}

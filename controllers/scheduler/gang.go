@@ -137,16 +137,16 @@ func (s *solver) headOf(nodes []int32) int32 {
 
 // placeGang chooses a gang for a replica of group g, or returns nil.
 func (s *solver) placeGang(g *group) *gang {
-	eligible := s.gangCandidates(g)
-	maxK := min(g.maxNodes, len(eligible))
-	if maxK < 2 {
-		return nil
+	// The eligible nodes with the most allocatable memory, walking byAlloc down.
+	top := make([]int32, 0, g.maxNodes)
+	for k := len(s.byAlloc) - 1; k >= 0 && len(top) < g.maxNodes; k-- {
+		if i := s.byAlloc[k]; g.set.has(i) && s.underMax(g, i) && s.layerRoom(g.layers, i, false) > 0 {
+			top = append(top, i)
+		}
 	}
-	byAlloc := slices.Clone(eligible)
-	slices.SortFunc(byAlloc, func(a, b int32) int { return s.compareAlloc(b, a) })
 	k := 0
-	for n := 2; n <= maxK; n++ {
-		if s.canHold(g.layers, byAlloc[:n]) {
+	for n := 2; n <= len(top); n++ {
+		if s.canHold(g.layers, top[:n]) {
 			k = n
 			break
 		}
@@ -154,7 +154,7 @@ func (s *solver) placeGang(g *group) *gang {
 	if k == 0 {
 		return nil
 	}
-	pref := slices.Clone(eligible)
+	pref := s.gangCandidates(g)
 	slices.SortFunc(pref, func(a, b int32) int { return s.comparePreference(g, a, b) })
 	chosen := s.chooseGang(g.layers, pref, k)
 	return s.splitLayers(g.layers, chosen)

@@ -1,7 +1,9 @@
 package v1alpha1_test
 
 import (
+	"slices"
 	"strconv"
+	"strings"
 	"testing"
 
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -129,6 +131,20 @@ func TestModelReplicaSplitValidation(t *testing.T) {
 			s.mutate(cur)
 			checkErr(t, env.Client.Update(ctx, cur), s.wantErr)
 		})
+	}
+
+	// kubectl: the default columns are unchanged; -o wide shows the Macs and layers.
+	_, kubectl := kubectlFor(t)
+	out := kubectl("get", "-n", ns, "mr", "gang")
+	if head := strings.Fields(strings.SplitN(out, "\n", 2)[0]); slices.Contains(head, "MACS") {
+		t.Errorf("kubectl get mr shows MACS without -o wide:\n%s", out)
+	}
+	wide := strings.Split(strings.TrimSpace(kubectl("get", "-n", ns, "mr", "gang", "-o", "wide")), "\n")
+	head, row := strings.Fields(wide[0]), strings.Fields(wide[1])
+	for col, want := range map[string]string{"NODE": "mac-a", "MACS": "mac-a,mac-b", "LAYERS": "0-39,40-79"} {
+		if i := slices.Index(head, col); i < 0 || i >= len(row) || row[i] != want {
+			t.Errorf("kubectl get mr -o wide: column %s is not %q:\n%s", col, want, strings.Join(wide, "\n"))
+		}
 	}
 }
 

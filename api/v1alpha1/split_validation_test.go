@@ -94,11 +94,7 @@ func TestModelReplicaSplitValidation(t *testing.T) {
 	if err := env.Client.Create(ctx, mr); err != nil {
 		t.Fatalf("creating: %v", err)
 	}
-	steps := []struct {
-		name    string
-		mutate  func(*mfv1.ModelReplica)
-		wantErr string
-	}{
+	applyReplicaSteps(t, client.ObjectKeyFromObject(mr), []replicaStep{
 		{name: "split without nodeName", mutate: func(r *mfv1.ModelReplica) { r.Spec.Split = split("mac-a") },
 			wantErr: "split.shards[0] is the head: its node must be nodeName"},
 		{name: "head not nodeName", mutate: func(r *mfv1.ModelReplica) { r.Spec.NodeName, r.Spec.Split = "mac-c", split("mac-a") },
@@ -121,17 +117,7 @@ func TestModelReplicaSplitValidation(t *testing.T) {
 			wantErr: "split is immutable once set"},
 		{name: "change the layer memory", mutate: func(r *mfv1.ModelReplica) { r.Spec.LayerMemory.Layers = 81 },
 			wantErr: "layerMemory is immutable"},
-	}
-	for _, s := range steps {
-		t.Run(s.name, func(t *testing.T) {
-			cur := &mfv1.ModelReplica{}
-			if err := env.Client.Get(ctx, client.ObjectKeyFromObject(mr), cur); err != nil {
-				t.Fatal(err)
-			}
-			s.mutate(cur)
-			checkErr(t, env.Client.Update(ctx, cur), s.wantErr)
-		})
-	}
+	})
 
 	// kubectl: the default columns are unchanged; -o wide shows the Macs and layers.
 	_, kubectl := kubectlFor(t)
@@ -145,6 +131,30 @@ func TestModelReplicaSplitValidation(t *testing.T) {
 		if i := slices.Index(head, col); i < 0 || i >= len(row) || row[i] != want {
 			t.Errorf("kubectl get mr -o wide: column %s is not %q:\n%s", col, want, strings.Join(wide, "\n"))
 		}
+	}
+}
+
+// replicaStep is one update of a replica and the message it is rejected with ("":
+// accepted).
+type replicaStep struct {
+	name    string
+	mutate  func(*mfv1.ModelReplica)
+	wantErr string
+}
+
+// applyReplicaSteps applies each step, in order, to the replica as the API server has
+// it, as a subtest.
+func applyReplicaSteps(t *testing.T, key client.ObjectKey, steps []replicaStep) {
+	t.Helper()
+	for _, s := range steps {
+		t.Run(s.name, func(t *testing.T) {
+			cur := &mfv1.ModelReplica{}
+			if err := env.Client.Get(t.Context(), key, cur); err != nil {
+				t.Fatal(err)
+			}
+			s.mutate(cur)
+			checkErr(t, env.Client.Update(t.Context(), cur), s.wantErr)
+		})
 	}
 }
 

@@ -64,6 +64,12 @@ type MacNodeSpec struct {
 	// +optional
 	// +kubebuilder:validation:XValidation:rule="quantity(string(self)).isGreaterThan(quantity('0'))",message="memoryCeiling must be positive"
 	MemoryCeiling *resource.Quantity `json:"memoryCeiling,omitempty"`
+
+	// link is the Mac's network link as the operator knows it. When a replica is split
+	// across Macs, the scheduler prefers, among gangs of as few Macs, the Macs with
+	// the fastest link. It overrides status.link (what the agent measures).
+	// +optional
+	Link *Link `json:"link,omitempty"`
 }
 
 // HardwareStatus is what the agent detected.
@@ -169,6 +175,10 @@ type MacNodeStatus struct {
 	// (config/admission/node-restriction.yaml).
 	// +optional
 	EffectiveCeiling *EffectiveCeiling `json:"effectiveCeiling,omitempty"`
+	// link is the Mac's network link as its agent measures it (a later agent writes
+	// it; spec.link, set by the operator, takes precedence).
+	// +optional
+	Link *Link `json:"link,omitempty"`
 	// conditions are Ready and MemoryPressure (written by the agent), and CeilingCapped
 	// (written by the macnode controller while the agent reports more memory than the
 	// Mac may have).
@@ -192,6 +202,7 @@ type MacNodeStatus struct {
 // +kubebuilder:printcolumn:name="Committed",type=string,JSONPath=`.status.display.committed`
 // +kubebuilder:printcolumn:name="Pressure",type=string,JSONPath=`.status.memory.pressure`
 // +kubebuilder:printcolumn:name="Cordoned",type=boolean,JSONPath=`.spec.unschedulable`,priority=1
+// +kubebuilder:printcolumn:name="Link",type=string,JSONPath=`.spec.link.bandwidth`,priority=1,description="The link bandwidth the operator set, in bits per second"
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type MacNode struct {
 	metav1.TypeMeta   `json:",inline"`

@@ -73,6 +73,17 @@ type Placement struct {
 	// +kubebuilder:default=1
 	// +kubebuilder:validation:XValidation:rule="self >= 1 && self <= 64",message="maxReplicasPerNode must be between 1 and 64"
 	MaxReplicasPerNode int32 `json:"maxReplicasPerNode,omitempty"`
+
+	// maxMacsPerReplica is how many Macs one replica may span. 1 (the default) keeps
+	// every replica on one Mac. Above 1, a replica that fits no single Mac is placed
+	// as a gang: its layers split into contiguous ranges over 2 to maxMacsPerReplica
+	// distinct Macs, sized to each Mac's free memory, all bound at once or none.
+	// Each shard counts as a replica of the deployment on its Mac for
+	// maxReplicasPerNode. Absent means 1 (not defaulted in the stored object, so
+	// deployments written before the field existed read back unchanged).
+	// +optional
+	// +kubebuilder:validation:XValidation:rule="self >= 1 && self <= 16",message="maxMacsPerReplica must be between 1 (every replica on one Mac) and 16"
+	MaxMacsPerReplica int32 `json:"maxMacsPerReplica,omitempty"`
 }
 
 // ModelResources overrides what the controller would estimate.
@@ -89,6 +100,8 @@ type ModelResources struct {
 //
 // +kubebuilder:validation:XValidation:rule="!has(self.idleTimeout) || (has(self.residency) && self.residency == 'OnDemand')",message="idleTimeout is only allowed with residency OnDemand"
 // +kubebuilder:validation:XValidation:rule="!self.model.source.startsWith('file://') || (has(self.resources) && has(self.resources.memory))",message="a file:// source needs resources.memory: the controller cannot read the GGUF header of a file on a Mac"
+// +kubebuilder:validation:XValidation:rule="!has(self.placement) || !has(self.placement.maxMacsPerReplica) || self.placement.maxMacsPerReplica <= 1 || !has(self.residency) || self.residency != 'OnDemand'",message="placement.maxMacsPerReplica above 1 needs residency Resident or Pinned: a split replica's shards are sized to the memory reserved on each Mac, and OnDemand reserves none"
+// +kubebuilder:validation:XValidation:rule="!has(self.placement) || !has(self.placement.maxMacsPerReplica) || self.placement.maxMacsPerReplica <= 1 || !self.model.source.startsWith('file://')",message="placement.maxMacsPerReplica above 1 needs an hf://, ollama:// or https:// source: the layers are split by the GGUF header, which the controller cannot read from a file:// source"
 type ModelDeploymentSpec struct {
 	// model is the GGUF file to serve and the names it answers to.
 	// +required

@@ -71,10 +71,14 @@ type ModelReplicaTemplate struct {
 	IdleTimeout *metav1.Duration `json:"idleTimeout,omitempty"`
 }
 
-// ModelReplicaSpec is one replica of a model, bound to at most one Mac.
+// ModelReplicaSpec is one replica of a model, bound to one Mac (nodeName) or, when
+// split, to the distinct Macs of its shards (split; nodeName is the head's).
 //
 // +kubebuilder:validation:XValidation:rule="!has(oldSelf.nodeName) || size(oldSelf.nodeName) == 0 || (has(self.nodeName) && self.nodeName == oldSelf.nodeName)",message="nodeName is immutable once set: delete the replica to move it"
 // +kubebuilder:validation:XValidation:rule="self.template == oldSelf.template",message="template is immutable: the deployment replaces replicas instead"
+// +kubebuilder:validation:XValidation:rule="!has(oldSelf.split) || (has(self.split) && self.split == oldSelf.split)",message="split is immutable once set: delete the replica to place it again"
+// +kubebuilder:validation:XValidation:rule="!has(self.split) || (has(self.nodeName) && self.split.shards[0].node == self.nodeName)",message="split.shards[0] is the head: its node must be nodeName, and both are set in the same write"
+// +kubebuilder:validation:XValidation:rule="!has(oldSelf.layerMemory) || (has(self.layerMemory) && self.layerMemory == oldSelf.layerMemory)",message="layerMemory is immutable: the deployment replaces replicas instead"
 // +kubebuilder:validation:XValidation:rule="!has(oldSelf.drain) || (has(self.drain) && self.drain == oldSelf.drain)",message="drain cannot be changed or cleared once set: a draining replica is deleted"
 type ModelReplicaSpec struct {
 	// template is the model and engine this replica runs.
@@ -96,6 +100,18 @@ type ModelReplicaSpec struct {
 	// +optional
 	// +kubebuilder:validation:MaxLength=253
 	NodeName string `json:"nodeName,omitempty"`
+
+	// layerMemory is how the replica's memory divides over the model's layers, set by
+	// the deployment controller when the deployment's maxMacsPerReplica is above 1;
+	// the scheduler sizes a split replica's shards by it.
+	// +optional
+	LayerMemory *LayerMemory `json:"layerMemory,omitempty"`
+
+	// split is set by the scheduler, with nodeName, when the replica fits no single
+	// Mac and is placed across several: each shard's Mac, layers and reservation.
+	// Absent for a replica on one Mac.
+	// +optional
+	Split *ReplicaSplit `json:"split,omitempty"`
 
 	// drain, when set, is when the deployment controller chose to remove this replica:
 	// the gateway no longer routes to it; the agent finishes its in-flight requests,
@@ -156,6 +172,13 @@ type ModelReplicaStatus struct {
 	// lastUnload is what the agent measured when it last unloaded this replica's model.
 	// +optional
 	LastUnload *UnloadReport `json:"lastUnload,omitempty"`
+	// shards is what each Mac of a split replica reports about its shard, one entry
+	// per node of spec.split, each written by that Mac's agent.
+	// +optional
+	// +listType=map
+	// +listMapKey=node
+	// +kubebuilder:validation:MaxItems=16
+	Shards []ShardStatus `json:"shards,omitempty"`
 	// conditions are Scheduled, Downloaded, Loaded and Ready.
 	// +optional
 	// +listType=map
@@ -173,6 +196,8 @@ type ModelReplicaStatus struct {
 // +kubebuilder:resource:shortName=mr,categories=macfleet
 // +kubebuilder:selectablefield:JSONPath=`.spec.nodeName`
 // +kubebuilder:printcolumn:name="Node",type=string,JSONPath=`.spec.nodeName`
+// +kubebuilder:printcolumn:name="Macs",type=string,JSONPath=`.spec.split.macs`,priority=1,description="The Macs of a replica split across several, head first"
+// +kubebuilder:printcolumn:name="Layers",type=string,JSONPath=`.spec.split.layers`,priority=1,description="Each shard's layers (inclusive), in the order of Macs"
 // +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
 // +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`
 // +kubebuilder:printcolumn:name="Drain",type=date,JSONPath=`.spec.drain`,priority=1

@@ -219,11 +219,7 @@ func TestModelReplicaImmutability(t *testing.T) {
 		t.Fatalf("binding: %v", err)
 	}
 	drainAt := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	steps := []struct {
-		name    string
-		mutate  func(*mfv1.ModelReplica)
-		wantErr string
-	}{
+	applyReplicaSteps(t, client.ObjectKeyFromObject(mr), []replicaStep{
 		{name: "rebind", mutate: func(r *mfv1.ModelReplica) { r.Spec.NodeName = "mac-b" }, wantErr: "nodeName is immutable once set"},
 		{name: "unbind", mutate: func(r *mfv1.ModelReplica) { r.Spec.NodeName = "" }, wantErr: "nodeName is immutable once set"},
 		{name: "change template", mutate: func(r *mfv1.ModelReplica) { r.Spec.Template.Engine.ContextLength = 8192 },
@@ -234,17 +230,7 @@ func TestModelReplicaImmutability(t *testing.T) {
 			wantErr: "drain cannot be changed or cleared once set"},
 		{name: "clear the drain", mutate: func(r *mfv1.ModelReplica) { r.Spec.Drain = nil },
 			wantErr: "drain cannot be changed or cleared once set"},
-	}
-	for _, s := range steps {
-		t.Run(s.name, func(t *testing.T) {
-			cur := &mfv1.ModelReplica{}
-			if err := env.Client.Get(ctx, client.ObjectKeyFromObject(mr), cur); err != nil {
-				t.Fatal(err)
-			}
-			s.mutate(cur)
-			checkErr(t, env.Client.Update(ctx, cur), s.wantErr)
-		})
-	}
+	})
 }
 
 // TestModelReplicaSelectableNodeName proves agents can list only their own replicas

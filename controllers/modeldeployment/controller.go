@@ -221,7 +221,11 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	var syncErr error
 	var drainLeft time.Duration
 	if res.Quantity != nil {
-		drainLeft, syncErr = r.sync(ctx, md, access, tmpl, hash, *res.Quantity, replicas, current)
+		var layers *v1alpha1.LayerMemory
+		if res.Layers != nil {
+			layers = layerMemoryFor(*res.Layers, res.Quantity.Value())
+		}
+		drainLeft, syncErr = r.sync(ctx, md, access, tmpl, hash, *res.Quantity, layers, replicas, current)
 	}
 
 	now := r.Clock.Now()
@@ -343,7 +347,7 @@ func (r *Reconciler) listReplicas(ctx context.Context, md *v1alpha1.ModelDeploym
 // watch events wake the deployment again). It returns how long the drains still
 // running may take (0: none).
 func (r *Reconciler) sync(ctx context.Context, md *v1alpha1.ModelDeployment, access replicaAccess, tmpl v1alpha1.ModelReplicaTemplate, hash string,
-	q resource.Quantity, replicas []v1alpha1.ModelReplica, current func(*v1alpha1.ModelReplica) bool) (time.Duration, error) {
+	q resource.Quantity, layers *v1alpha1.LayerMemory, replicas []v1alpha1.ModelReplica, current func(*v1alpha1.ModelReplica) bool) (time.Duration, error) {
 	logger := log.FromContext(ctx)
 	listed, live := sets.New[string](), sets.New[string]()
 	var infos []replicaInfo
@@ -362,8 +366,16 @@ func (r *Reconciler) sync(ctx context.Context, md *v1alpha1.ModelDeployment, acc
 		}
 		live.Insert(mr.Name)
 		byName[mr.Name] = mr
-		infos = append(infos, replicaInfo{Name: mr.Name, Created: mr.CreationTimestamp.Time,
-			Current: current(mr), Ready: isReady(mr), Bound: mr.Spec.NodeName != ""})
+		info := replicaInfo{Name: mr.Name, Created: mr.CreationTimestamp.Time,
+			Current: current(mr), Ready: isReady(mr), Bound: mr.Spec.NodeName != ""}
+		if mr.Spec.Split != nil {
+			up, err := r.replicaNodesReady(ctx, mr)
+			if err != nil {
+				return 0, err
+			}
+			info.BrokenGang = !up
+		}
+		infos = append(infos, info)
 	}
 	now := r.Clock.Now()
 	drainLeft, err := r.endDrains(ctx, md, draining, now)
@@ -403,6 +415,9 @@ func (r *Reconciler) sync(ctx context.Context, md *v1alpha1.ModelDeployment, acc
 	)
 	createErr := slowStartBatch(act.Create, func() error {
 		mr, err := newReplica(md, access, tmpl, hash, q, r.Scheme)
+		if err == nil && splits(md) {
+			mr.Spec.LayerMemory = layers.DeepCopy()
+		}
 		if err != nil {
 			return err
 		}

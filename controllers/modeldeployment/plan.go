@@ -27,6 +27,9 @@ type replicaInfo struct {
 	// Pressure ranks the memory pressure of its Mac: 0 OK (or unknown), 1 Soft,
 	// 2 Hard, 3 Emergency (pressureRank).
 	Pressure int
+	// BrokenGang: it is split across Macs and the Mac of one of its shards is not
+	// Ready (gangBroken).
+	BrokenGang bool
 }
 
 // actions is what one reconcile pass should do.
@@ -41,6 +44,9 @@ type actions struct {
 // template without ever having fewer ready replicas than desired while old ones still
 // serve:
 //
+//   - A broken gang (a replica split across Macs that lost one) never serves again:
+//     it is deleted at once, current or old, and a current replica replaces it, to
+//     be placed whole.
 //   - An old replica that is not ready serves nothing: it is deleted at once.
 //   - Without old replicas, the current ones are scaled to desired (creating all
 //     missing ones at once, deleting the excess in deletion order).
@@ -57,6 +63,8 @@ func plan(desired int, replicas []replicaInfo) actions {
 	var cur, old []replicaInfo
 	for _, r := range replicas {
 		switch {
+		case r.BrokenGang:
+			act.Delete = append(act.Delete, r.Name)
 		case r.Current:
 			cur = append(cur, r)
 		case !r.Ready:

@@ -22,7 +22,7 @@ import (
 // startRemoval drains mr (one patch setting spec.drain) or deletes it at once, as
 // decideRemoval says.
 func (r *Reconciler) startRemoval(ctx context.Context, mr *v1alpha1.ModelReplica, now time.Time) error {
-	up, err := r.nodeReady(ctx, mr.Spec.NodeName)
+	up, err := r.replicaNodesReady(ctx, mr)
 	if err != nil {
 		return err
 	}
@@ -50,7 +50,7 @@ func (r *Reconciler) endDrains(ctx context.Context, md *v1alpha1.ModelDeployment
 	now time.Time) (time.Duration, error) {
 	var left time.Duration
 	for _, mr := range draining {
-		up, err := r.nodeReady(ctx, mr.Spec.NodeName)
+		up, err := r.replicaNodesReady(ctx, mr)
 		if err != nil {
 			return 0, err
 		}
@@ -92,7 +92,8 @@ func (r *Reconciler) nodeReady(ctx context.Context, node string) (bool, error) {
 	return mn.DeletionTimestamp == nil && meta.IsStatusConditionTrue(mn.Status.Conditions, v1alpha1.MacNodeReady), nil
 }
 
-// nodeChanged wakes the deployments with a replica draining on the MacNode.
+// nodeChanged wakes the deployments with a replica draining on the MacNode, or split
+// across Macs with a shard on it.
 func (r *Reconciler) nodeChanged(ctx context.Context, obj client.Object) []ctrl.Request {
 	var list v1alpha1.ModelReplicaList
 	if err := r.Client.List(ctx, &list); err != nil {
@@ -103,7 +104,8 @@ func (r *Reconciler) nodeChanged(ctx context.Context, obj client.Object) []ctrl.
 	for i := range list.Items {
 		mr := &list.Items[i]
 		owner := metav1.GetControllerOf(mr)
-		if mr.Spec.Drain == nil || mr.Spec.NodeName != obj.GetName() || owner == nil || owner.Kind != "ModelDeployment" {
+		if owner == nil || owner.Kind != "ModelDeployment" || !onNode(mr, obj.GetName()) ||
+			(mr.Spec.Drain == nil && mr.Spec.Split == nil) {
 			continue
 		}
 		reqs = append(reqs, ctrl.Request{NamespacedName: client.ObjectKey{Namespace: mr.Namespace, Name: owner.Name}})

@@ -31,6 +31,9 @@ type reservation struct {
 	Err error
 	// RetryAfter is when to try estimating again after Err.
 	RetryAfter time.Duration
+	// Layers is the estimate divided over the model's layers, for a deployment whose
+	// replicas may span Macs; nil otherwise or when unknown.
+	Layers *estimate.Layered
 }
 
 // estimateKey identifies one estimate: the same model with the same engine settings
@@ -112,14 +115,29 @@ var ErrFileSourceNeedsMemory = errors.New("a file:// source needs spec.resources
 func (r *Reconciler) reservationFor(ctx context.Context, md *v1alpha1.ModelDeployment, t v1alpha1.ModelReplicaTemplate) reservation {
 	if res := md.Spec.Resources; res != nil && res.Memory != nil {
 		q := res.Memory.DeepCopy()
-		return reservation{Quantity: &q, Explicit: true}
+		out := reservation{Quantity: &q, Explicit: true}
+		if splits(md) {
+			// The override sets the memory; the layers still come from the header.
+			out.Layers = r.estimated(ctx, md, t).Layers
+		}
+		return out
 	}
+	res := r.estimated(ctx, md, t)
+	if !splits(md) {
+		res.Layers = nil
+	}
+	return res
+}
+
+// estimated is the reservation from the (cached) estimate of the model's GGUF header,
+// rounded up to whole MiB, with the estimate divided over its layers.
+func (r *Reconciler) estimated(ctx context.Context, md *v1alpha1.ModelDeployment, t v1alpha1.ModelReplicaTemplate) reservation {
 	k := estimateKey{Source: t.Model.Source, ContextLength: t.Engine.ContextLength, Parallel: t.Engine.Parallel, KVCacheType: t.Engine.KVCacheType}
 	now := r.Clock.Now()
 	e, ok := r.estimates.get(k)
 	switch {
 	case ok && e.err == nil:
-		return reservation{Quantity: roundUpMiB(e.result.Total)}
+		return reservation{Quantity: roundUpMiB(e.result.Total), Layers: byLayer(e.result)}
 	case ok && now.Before(e.retryAt):
 		return reservation{Err: e.err, RetryAfter: e.retryAt.Sub(now)}
 	}
@@ -137,7 +155,15 @@ func (r *Reconciler) reservationFor(ctx context.Context, md *v1alpha1.ModelDeplo
 		return reservation{Err: err, RetryAfter: delay}
 	}
 	r.estimates.put(k, estimateEntry{result: &res})
-	return reservation{Quantity: roundUpMiB(res.Total)}
+	return reservation{Quantity: roundUpMiB(res.Total), Layers: byLayer(&res)}
+}
+
+// byLayer is the estimate divided over its layers, nil when the header gave none.
+func byLayer(res *estimate.Result) *estimate.Layered {
+	if l, ok := res.ByLayer(); ok {
+		return &l
+	}
+	return nil
 }
 
 func (r *Reconciler) estimate(ctx context.Context, k estimateKey) (estimate.Result, error) {

@@ -97,8 +97,12 @@ func summarize(replicas []v1alpha1.ModelReplica, current func(*v1alpha1.ModelRep
 		}
 		if r.Spec.NodeName == "" {
 			s.Unbound++
-		} else if !slices.Contains(s.Nodes, r.Spec.NodeName) {
-			s.Nodes = append(s.Nodes, r.Spec.NodeName)
+		} else {
+			for _, n := range replicaNodes(r) {
+				if !slices.Contains(s.Nodes, n) {
+					s.Nodes = append(s.Nodes, n)
+				}
+			}
 		}
 		if c := meta.FindStatusCondition(r.Status.Conditions, v1alpha1.ReplicaScheduled); c != nil && c.Status == metav1.ConditionFalse && r.Spec.NodeName == "" {
 			s.Unschedulable++

@@ -152,7 +152,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, _ reconcile.Request) (ctrl.R
 			return ctrl.Result{}, fmt.Errorf("listing %T: %w", list, err)
 		}
 	}
-	v := buildView(nodes.Items, replicas.Items, deployments.Items, r.ledger.assumedNode)
+	v := buildGangView(nodes.Items, replicas.Items, deployments.Items, r.ledger.assumed)
 	v.snap.Quotas = quotaSnapshot(quotas.Items, v.bound)
 
 	start := r.Clock.Now()
@@ -220,7 +220,7 @@ func (r *Reconciler) apply(ctx context.Context, writes []write) error {
 func (r *Reconciler) write(ctx context.Context, w write) error {
 	rep := w.replica.DeepCopy()
 	if w.node != "" {
-		if err := r.bind(ctx, rep, w.node); err != nil {
+		if err := r.bind(ctx, rep, w.node, w.split); err != nil {
 			return err
 		}
 	}
@@ -238,23 +238,24 @@ func (r *Reconciler) write(ctx context.Context, w write) error {
 	return nil
 }
 
-// bind sets rep's spec.nodeName with a merge patch carrying rep's resourceVersion, so
-// the API server rejects it if the replica changed since it was read (bound by another
-// scheduler, for one); the CEL rule on nodeName forbids rebinding anyway. On success
-// rep is the replica as the API server returned it.
-func (r *Reconciler) bind(ctx context.Context, rep *v1alpha1.ModelReplica, node string) error {
+// bind sets rep's spec.nodeName (and, for a gang, spec.split: every shard in the same
+// patch, so a gang is bound whole or not at all) with a merge patch carrying rep's
+// resourceVersion, so the API server rejects it if the replica changed since it was
+// read (bound by another scheduler, for one); the CEL rules on nodeName and split
+// forbid rebinding anyway. On success rep is the replica as the API server returned it.
+func (r *Reconciler) bind(ctx context.Context, rep *v1alpha1.ModelReplica, node string, split *v1alpha1.ReplicaSplit) error {
 	before := rep.DeepCopy()
-	rep.Spec.NodeName = node
+	rep.Spec.NodeName, rep.Spec.Split = node, split
 	if err := r.Client.Patch(ctx, rep, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{})); err != nil {
 		return fmt.Errorf("binding %s to %s: %w", klog.KObj(rep), node, err)
 	}
-	seen := r.ledger.bound(rep.UID, node)
+	seen := r.ledger.boundAs(rep.UID, node, split)
 	if seen.IsZero() {
 		seen = rep.CreationTimestamp.Time
 	}
 	schedulingLatency.Observe(r.Clock.Since(seen).Seconds())
 	bindingsTotal.Inc()
-	r.Recorder.Eventf(rep, nil, corev1.EventTypeNormal, EventScheduled, "Binding", "Bound to %s", node)
+	r.Recorder.Eventf(rep, nil, corev1.EventTypeNormal, EventScheduled, "Binding", "%s", bindingCondition(node, split).Message)
 	log.FromContext(ctx).V(2).Info("Bound replica", "ModelReplica", klog.KObj(rep), "MacNode", node)
 	return nil
 }

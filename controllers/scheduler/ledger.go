@@ -31,6 +31,8 @@ type ledger struct {
 type ledgerEntry struct {
 	// node is the node the scheduler bound the replica to; "" once the cache shows it.
 	node string
+	// split is the gang the scheduler bound the replica as, with node.
+	split *v1alpha1.ReplicaSplit
 	// cond is the Scheduled condition the scheduler last wrote; nil once the cache
 	// shows it.
 	cond *metav1.Condition
@@ -75,10 +77,15 @@ func (l *ledger) deleted(uid types.UID) {
 // bound records a binding the API server accepted. It returns when the replica was
 // first seen (zero if unknown), for the scheduling latency, and forgets that time.
 func (l *ledger) bound(uid types.UID, node string) (seen time.Time) {
+	return l.boundAs(uid, node, nil)
+}
+
+// boundAs is bound for a binding with its split (nil: one node).
+func (l *ledger) boundAs(uid types.UID, node string, split *v1alpha1.ReplicaSplit) (seen time.Time) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	e := l.entry(uid)
-	seen, e.seen, e.node = e.seen, time.Time{}, node
+	seen, e.seen, e.node, e.split = e.seen, time.Time{}, node, split
 	return seen
 }
 
@@ -92,21 +99,27 @@ func (l *ledger) wrote(uid types.UID, cond metav1.Condition) {
 // assumedNode returns the node the scheduler bound r to while the cached r does not
 // show the binding yet, else "". It also forgets whatever the cached r already shows.
 func (l *ledger) assumedNode(r *v1alpha1.ModelReplica) string {
+	node, _ := l.assumed(r)
+	return node
+}
+
+// assumed is assumedNode with the split of an assumed gang binding.
+func (l *ledger) assumed(r *v1alpha1.ModelReplica) (string, *v1alpha1.ReplicaSplit) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	e := l.entries[r.UID]
 	if e == nil {
-		return ""
+		return "", nil
 	}
 	if r.Spec.NodeName != "" {
-		e.node = ""
+		e.node, e.split = "", nil
 	}
 	if e.cond != nil && conditionSays(meta.FindStatusCondition(r.Status.Conditions, v1alpha1.ReplicaScheduled), *e.cond) {
 		e.cond = nil
 	}
-	node := e.node
+	node, split := e.node, e.split
 	l.dropIfEmpty(r.UID)
-	return node
+	return node, split
 }
 
 // condition returns r's Scheduled condition as the scheduler knows it: the one it

@@ -6,9 +6,22 @@ import (
 
 // QuotaCharge is what a bound replica counts against its namespace's FleetQuota: its
 // memory reservation, whether it reserves it on its Mac (Resident, Pinned) or only
-// holds it while loaded (OnDemand). Unbound replicas count nothing.
+// holds it while loaded (OnDemand); for a replica split across Macs, what its shards
+// reserve together. Unbound replicas count nothing.
 func QuotaCharge(r *v1alpha1.ModelReplica) int64 {
+	if r.Spec.Split != nil {
+		return splitCharge(r.Spec.Split)
+	}
 	return max(r.Spec.MemoryReservation.Value(), 0)
+}
+
+// splitCharge is what a split replica's shards reserve together.
+func splitCharge(split *v1alpha1.ReplicaSplit) int64 {
+	var total int64
+	for _, s := range split.Shards {
+		total += max(s.Memory.Value(), 0)
+	}
+	return total
 }
 
 // Limits is the quota each namespace with a FleetQuota (not being deleted) is held
@@ -40,7 +53,11 @@ func quotaSnapshot(quotas []v1alpha1.FleetQuota, bound []boundReplica) map[strin
 	out := Limits(quotas)
 	for _, b := range bound {
 		if q, ok := out[b.replica.Namespace]; ok {
-			q.Used += QuotaCharge(b.replica)
+			charge := QuotaCharge(b.replica)
+			if b.split != nil {
+				charge = splitCharge(b.split)
+			}
+			q.Used += charge
 			out[b.replica.Namespace] = q
 		}
 	}

@@ -24,11 +24,17 @@ type view struct {
 	orphans []*v1alpha1.ModelReplica
 }
 
-// boundReplica is a replica and the node it is bound to.
+// boundReplica is a replica and the node it is bound to (the head's, for a split
+// replica, whose shards split lists).
 type boundReplica struct {
 	replica *v1alpha1.ModelReplica
 	node    string
+	split   *v1alpha1.ReplicaSplit
 }
+
+// assumedFunc returns the binding the scheduler wrote for a replica that its cache
+// does not show yet: the node ("" if none) and, for a gang, its split.
+type assumedFunc func(*v1alpha1.ModelReplica) (string, *v1alpha1.ReplicaSplit)
 
 // buildView maps the cached MacNodes, ModelReplicas and ModelDeployments to a solver
 // snapshot.
@@ -36,11 +42,23 @@ type boundReplica struct {
 // A replica is bound when its spec.nodeName is set, or when assumed returns a node for
 // it: a binding this scheduler wrote that the cache does not show yet. Bound replicas
 // count towards their node's per-deployment replicas, and reserving ones (Resident,
-// Pinned) towards its Committed memory. Unbound replicas that are not being deleted
+// Pinned) towards its Committed memory; a split replica counts on each of its
+// shards' nodes, with the shard's memory. Unbound replicas that are not being deleted
 // are pending, with their placement taken from the deployment named by their
 // macfleet.dev/deployment label; those whose deployment is unknown are orphans.
 func buildView(nodes []v1alpha1.MacNode, replicas []v1alpha1.ModelReplica, deployments []v1alpha1.ModelDeployment,
 	assumed func(*v1alpha1.ModelReplica) string) view {
+	var both assumedFunc
+	if assumed != nil {
+		both = func(r *v1alpha1.ModelReplica) (string, *v1alpha1.ReplicaSplit) { return assumed(r), nil }
+	}
+	return buildGangView(nodes, replicas, deployments, both)
+}
+
+// buildGangView is buildView with assumed gang bindings: their shards count on their
+// nodes before the cache shows them.
+func buildGangView(nodes []v1alpha1.MacNode, replicas []v1alpha1.ModelReplica, deployments []v1alpha1.ModelDeployment,
+	assumed assumedFunc) view {
 	v := view{
 		snap:    Snapshot{Nodes: make([]Node, len(nodes))},
 		pending: make(map[string]*v1alpha1.ModelReplica),
@@ -59,25 +77,19 @@ func buildView(nodes []v1alpha1.MacNode, replicas []v1alpha1.ModelReplica, deplo
 
 	for i := range replicas {
 		r := &replicas[i]
-		node := r.Spec.NodeName
+		node, split := r.Spec.NodeName, r.Spec.Split
 		if node == "" && assumed != nil {
-			node = assumed(r)
+			node, split = assumed(r)
 		}
 		dep := deploymentKey(r)
 		if node != "" {
-			v.bound = append(v.bound, boundReplica{replica: r, node: node})
-			n := index[node]
-			if n == nil {
+			v.bound = append(v.bound, boundReplica{replica: r, node: node, split: split})
+			if split == nil {
+				countOn(index[node], dep, r, r.Spec.MemoryReservation.Value())
 				continue
 			}
-			if reserves(r) {
-				n.Committed += r.Spec.MemoryReservation.Value()
-			}
-			if dep != "" {
-				if n.ReplicasByDeployment == nil {
-					n.ReplicasByDeployment = make(map[string]int)
-				}
-				n.ReplicasByDeployment[dep]++
+			for _, s := range split.Shards {
+				countOn(index[s.Node], dep, r, s.Memory.Value())
 			}
 			continue
 		}
@@ -100,9 +112,48 @@ func buildView(nodes []v1alpha1.MacNode, replicas []v1alpha1.ModelReplica, deplo
 			NodeSelector: d.Spec.Placement.NodeSelector,
 			Strategy:     Strategy(d.Spec.Placement.Strategy),
 			MaxPerNode:   int(d.Spec.Placement.MaxReplicasPerNode),
+			MaxNodes:     int(d.Spec.Placement.MaxMacsPerReplica),
+			Layers:       layerModel(r.Spec.LayerMemory),
 		})
 	}
 	return v
+}
+
+// countOn counts replica r of deployment dep (its shard of mem bytes) on node n, if
+// the node is known.
+func countOn(n *Node, dep string, r *v1alpha1.ModelReplica, mem int64) {
+	if n == nil {
+		return
+	}
+	if reserves(r) {
+		n.Committed += mem
+	}
+	if dep != "" {
+		if n.ReplicasByDeployment == nil {
+			n.ReplicasByDeployment = make(map[string]int)
+		}
+		n.ReplicasByDeployment[dep]++
+	}
+}
+
+// layerModel maps a replica's layerMemory to the solver's; nil is the zero model
+// (not splittable).
+func layerModel(lm *v1alpha1.LayerMemory) LayerModel {
+	if lm == nil {
+		return LayerModel{}
+	}
+	return LayerModel{Layers: lm.Layers, PerLayer: lm.PerLayer.Value(), Head: lm.Head.Value(), Worker: lm.Worker.Value()}
+}
+
+// linkBandwidth is the node's link speed in bits per second: spec.link (the
+// operator's) if set, else status.link (the agent's), else 0.
+func linkBandwidth(mn *v1alpha1.MacNode) int64 {
+	for _, l := range []*v1alpha1.Link{mn.Spec.Link, mn.Status.Link} {
+		if l != nil && l.Bandwidth != nil && l.Bandwidth.Sign() > 0 {
+			return l.Bandwidth.Value()
+		}
+	}
+	return 0
 }
 
 // solverNode maps a MacNode to the solver's Node, without the bound replicas
@@ -116,6 +167,7 @@ func solverNode(mn *v1alpha1.MacNode) Node {
 		Ready:         ok && mn.DeletionTimestamp == nil && meta.IsStatusConditionTrue(mn.Status.Conditions, v1alpha1.MacNodeReady),
 		Unschedulable: mn.Spec.Unschedulable,
 		Ceiling:       bytes,
+		LinkBandwidth: linkBandwidth(mn),
 	}
 }
 
@@ -133,7 +185,7 @@ func nodeCeiling(mn *v1alpha1.MacNode) (int64, bool) {
 func nodeChanged(old, cur *v1alpha1.MacNode) bool {
 	a, b := solverNode(old), solverNode(cur)
 	return a.Ready != b.Ready || a.Unschedulable != b.Unschedulable || a.Ceiling != b.Ceiling ||
-		!maps.Equal(a.Labels, b.Labels)
+		a.LinkBandwidth != b.LinkBandwidth || !maps.Equal(a.Labels, b.Labels)
 }
 
 // deploymentKey is the namespace/name of the replica's deployment: its

@@ -16,6 +16,9 @@
 // A non-reserving (OnDemand) replica under BinPack prefers the node where it also fits
 // the free memory most tightly, then the node where it overflows the free memory least.
 // Ties go to the lexically smallest node name.
+//
+// A reserving replica that fits no single node and may span several (MaxNodes > 1,
+// with a LayerModel) is placed as a gang over distinct nodes, all or none (gang.go).
 package scheduler
 
 import (
@@ -51,8 +54,12 @@ type Node struct {
 	// replicas already bound to the node, in bytes.
 	Committed int64
 	// ReplicasByDeployment counts the replicas already bound to the node, by deployment
-	// key (namespace/name), for maxReplicasPerNode.
+	// key (namespace/name), for maxReplicasPerNode; a shard of a split replica counts
+	// as one.
 	ReplicasByDeployment map[string]int
+	// LinkBandwidth is the node's link speed in bits per second, 0 if unknown; gangs
+	// prefer faster links.
+	LinkBandwidth int64
 }
 
 // Replica is one unbound ModelReplica waiting for a node.
@@ -75,6 +82,12 @@ type Replica struct {
 	Strategy Strategy
 	// MaxPerNode caps the replicas of the deployment on one node; 0 means 1.
 	MaxPerNode int
+	// MaxNodes is how many nodes the replica may span; 0 and 1 mean one. Above 1, a
+	// reserving replica with a splittable Layers that fits no single node is placed
+	// as a gang.
+	MaxNodes int
+	// Layers is how the replica's memory divides over its layers, for a gang.
+	Layers LayerModel
 }
 
 // Snapshot is the solver's whole input: the fleet, the replicas to place and the
@@ -102,10 +115,12 @@ type Quota struct {
 // to tune yet, the parameter keeps Solve's signature stable when there is.
 type Options struct{}
 
-// Binding assigns a replica (by key) to a node (by name).
+// Binding assigns a replica (by key) to a node (by name). For a gang, Node is the
+// head's node and Shards lists every shard, head first; Shards is nil otherwise.
 type Binding struct {
 	Replica string
 	Node    string
+	Shards  []Shard
 }
 
 // Result is what a solve decided. Bindings are in placement order (largest memory
@@ -298,6 +313,23 @@ func solve(snap Snapshot, tun tuning) Result {
 		if !g.failed || mem < g.failedMemory {
 			node = s.pick(g, mem)
 		}
+		if node < 0 && g.gang() && !g.gangFailed {
+			if gg := s.placeGang(g); gg != nil {
+				if total := gg.total(); limited && !q.fits(total) {
+					res.Unplaceable[r.Key] = q.reason(r.Namespace, total)
+					continue
+				}
+				res.Bindings = append(res.Bindings, s.bindGang(g, r.Key, gg))
+				if limited {
+					q.Used += gg.total()
+					quotas[r.Namespace] = q
+				}
+				continue
+			}
+			// Allocatable only shrinks and counts only grow: no later replica of the
+			// group (same layers) finds a gang either.
+			g.gangFailed = true
+		}
 		if node < 0 {
 			g.failed, g.failedMemory = true, mem
 			// Nothing changed since the same group failed at the same size: the
@@ -308,6 +340,9 @@ func solve(snap Snapshot, tun tuning) Result {
 			}
 			b := s.explain(g, mem)
 			g.lastReason, g.lastReasonAt, g.lastReasonMemory = b.reason(), s.bound, mem
+			if g.gang() && b.fit == 0 {
+				g.lastReason.Message += "; " + s.gangReason(g)
+			}
 			res.Unplaceable[r.Key] = g.lastReason
 			continue
 		}
@@ -343,8 +378,16 @@ func Explain(snap Snapshot, r Replica) Reason {
 		return q.reason(r.Namespace, memoryOf(&r))
 	}
 	s := newSolver(snap.Nodes, []Replica{r}, defaultTuning)
-	b := s.explain(s.groupFor(&r), memoryOf(&r))
-	return b.reason()
+	g := s.groupFor(&r)
+	b := s.explain(g, memoryOf(&r))
+	reason := b.reason()
+	if g.gang() && b.fit == 0 {
+		if gg := s.placeGang(g); gg != nil {
+			return Reason{Code: ReasonSchedulable, Message: fmt.Sprintf("%s; a gang of %d Macs fits", reason.Message, len(gg.nodes))}
+		}
+		reason.Message += "; " + s.gangReason(g)
+	}
+	return reason
 }
 
 // memoryOf is the replica's memory; a negative reservation counts as none.

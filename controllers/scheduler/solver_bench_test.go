@@ -1,6 +1,7 @@
 package scheduler
 
 import (
+	"math/rand/v2"
 	"testing"
 	"time"
 )
@@ -54,4 +55,71 @@ func BenchmarkSolve(b *testing.B) {
 		run("firstfit", firstFit, &firstfit)
 		run("solve", func(s Snapshot) Result { return Solve(s, Options{}) }, nil)
 	}
+}
+
+// BenchmarkSolveGangs measures one full solve of the mixed snapshot of BenchmarkSolve
+// (1,000 Macs × 10,000 pending replicas) in which one deployment in 200 (50 replicas)
+// serves a model larger than any Mac, 150 to 250 GiB over 80 layers, that may span up
+// to 8 Macs, and the Macs have links of 10, 40 or 80 Gbit/s. The baseline, nogang, is
+// the same snapshot with maxMacsPerReplica 1 (the large replicas are only explained).
+// gangs reports how many replicas were placed as gangs, x-nogang how many times
+// slower than the baseline the solve ran.
+//
+// Reproduce: go test -bench SolveGangs -benchmem -run '^$' ./controllers/scheduler/
+func BenchmarkSolveGangs(b *testing.B) {
+	gangs := withGangs(benchSnapshot(1000, 10000, []Strategy{BinPack, Spread}, 1), 200, 8)
+	single := withGangs(benchSnapshot(1000, 10000, []Strategy{BinPack, Spread}, 1), 200, 1)
+	var baseline time.Duration
+	for _, sc := range []struct {
+		name string
+		snap Snapshot
+	}{{"nogang", single}, {"gangs", gangs}} {
+		b.Run(sc.name, func(b *testing.B) {
+			var res Result
+			for b.Loop() {
+				res = Solve(sc.snap, Options{})
+			}
+			split := 0
+			for _, bd := range res.Bindings {
+				if bd.Shards != nil {
+					split++
+				}
+			}
+			b.ReportMetric(float64(len(res.Bindings)), "bound")
+			b.ReportMetric(float64(split), "gangs")
+			perOp := b.Elapsed() / time.Duration(b.N)
+			if baseline == 0 {
+				baseline = perOp
+				return
+			}
+			b.ReportMetric(float64(perOp)/float64(baseline), "x-nogang")
+		})
+	}
+}
+
+// withGangs turns one deployment in every of snap's into a model larger than any Mac
+// that may span maxNodes Macs, and gives the Macs link speeds.
+func withGangs(snap Snapshot, every, maxNodes int) Snapshot {
+	rng := rand.New(rand.NewPCG(27, 27))
+	for i := range snap.Nodes {
+		snap.Nodes[i].LinkBandwidth = []int64{10e9, 40e9, 80e9}[rng.IntN(3)]
+	}
+	models := map[string]LayerModel{}
+	for i := range snap.Pending {
+		r := &snap.Pending[i]
+		m, ok := models[r.Deployment]
+		if !ok {
+			if len(models)%every == 0 {
+				size := (150 + rng.Int64N(100)) * gi
+				m = LayerModel{Layers: 80, PerLayer: (size - 4*gi) / 80, Head: 4 * gi, Worker: gi / 2}
+			}
+			models[r.Deployment] = m
+		}
+		if m.Layers == 0 {
+			continue
+		}
+		r.Layers, r.MaxNodes, r.Reserves, r.NodeSelector = m, maxNodes, true, nil
+		r.Memory = m.Head + int64(m.Layers)*m.PerLayer
+	}
+	return snap
 }

@@ -75,8 +75,13 @@ type group struct {
 	strategy   Strategy
 	maxPerNode int32
 	reserves   bool
+	// maxNodes and layers are the replicas' MaxNodes (at least 1) and Layers.
+	maxNodes int
+	layers   LayerModel
 	// set is the schedulable nodes matching the selector.
 	set *nodeSet
+	// gangFailed: a replica of the group found no gang.
+	gangFailed bool
 
 	failed           bool
 	failedMemory     int64
@@ -165,9 +170,10 @@ func (s *solver) groupFor(r *Replica) *group {
 		strategy = BinPack
 	}
 	maxPerNode := int32(min(max(r.MaxPerNode, 1), math.MaxInt32))
+	maxNodes := max(r.MaxNodes, 1)
 	for _, g := range d.groups {
 		if g.strategy == strategy && g.maxPerNode == maxPerNode && g.reserves == r.Reserves &&
-			maps.Equal(g.selector, r.NodeSelector) {
+			g.maxNodes == maxNodes && g.layers == r.Layers && maps.Equal(g.selector, r.NodeSelector) {
 			return g
 		}
 	}
@@ -177,6 +183,8 @@ func (s *solver) groupFor(r *Replica) *group {
 		strategy:   strategy,
 		maxPerNode: maxPerNode,
 		reserves:   r.Reserves,
+		maxNodes:   maxNodes,
+		layers:     r.Layers,
 		set:        s.matching(r.NodeSelector),
 	}
 	d.groups = append(d.groups, g)
@@ -346,6 +354,19 @@ func (s *solver) walkSpread(g *group, mem int64) int32 {
 		}
 	}
 	return best
+}
+
+// gang reports whether the group's replicas may be placed as gangs.
+func (g *group) gang() bool {
+	return g.maxNodes > 1 && g.reserves && g.layers.splittable()
+}
+
+// bindGang records a gang of a replica (by key) of group g and returns its Binding.
+func (s *solver) bindGang(g *group, key string, gg *gang) Binding {
+	for k, i := range gg.nodes {
+		s.bind(g, i, gg.memory[k])
+	}
+	return Binding{Replica: key, Node: s.nodes[gg.nodes[0]].Name, Shards: s.shards(gg)}
 }
 
 // bind records a replica of group g on node i.

@@ -1,0 +1,68 @@
+package modeldeployment
+
+import (
+	"context"
+	"testing"
+
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/macfleet/macfleet/api/v1alpha1"
+	"github.com/macfleet/macfleet/internal/estimate"
+)
+
+// TestBrokenGangIsReplacedWhole runs the controller against the API server: the
+// replicas of a deployment that may span 3 Macs carry the estimate's layer memory;
+// bound as a gang (the test plays the scheduler) and serving, the replica is deleted
+// at once, without a drain, when the Mac of one of its workers stops being Ready, and
+// a new unbound replica takes its place for the scheduler to place whole.
+func TestBrokenGangIsReplacedWhole(t *testing.T) {
+	const gib = int64(1) << 30
+	est := estimate.Result{Weights: 40 * gib, KVCache: 8 * gib, Compute: gib, Overhead: 256 << 20,
+		Dims: estimate.Dims{Layers: 48, Vocab: 32000, Embd: 4096, Params: 70_000_000_000}}
+	est.Total = est.Weights + est.KVCache + est.Compute + est.Overhead
+	f := newFixture(t)
+	f.start(&Reconciler{Estimate: func(context.Context, estimate.Params) (estimate.Result, error) { return est, nil }})
+	macs := []string{f.readyMacNode("a"), f.readyMacNode("b")}
+	md := newDeployment("big", "https://models.example/big.gguf", 1, "")
+	md.Spec.Placement.MaxMacsPerReplica = 3
+	f.create(md)
+
+	mr := f.waitReplicas(1)[0]
+	l, _ := est.ByLayer()
+	want := layerMemoryFor(l, roundUpMiB(est.Total).Value())
+	if mr.Spec.LayerMemory == nil || mr.Spec.LayerMemory.Layers != 48 || !mr.Spec.LayerMemory.PerLayer.Equal(want.PerLayer) ||
+		!mr.Spec.LayerMemory.Head.Equal(want.Head) || !mr.Spec.LayerMemory.Worker.Equal(want.Worker) {
+		t.Fatalf("layerMemory %+v, want %+v", mr.Spec.LayerMemory, want)
+	}
+
+	before := mr.DeepCopy()
+	mr.Spec.NodeName = macs[0]
+	mr.Spec.Split = &v1alpha1.ReplicaSplit{Shards: []v1alpha1.ReplicaShard{
+		{Node: macs[0], FirstLayer: 0, LastLayer: 23, Memory: resource.MustParse("26Gi")},
+		{Node: macs[1], FirstLayer: 24, LastLayer: 47, Memory: resource.MustParse("25Gi")},
+	}}
+	if err := f.c.Patch(t.Context(), &mr, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{})); err != nil {
+		t.Fatalf("binding as a gang: %v", err)
+	}
+	f.markLoaded(&mr)
+	f.waitStatus("big", func(md *v1alpha1.ModelDeployment) (bool, string) {
+		return md.Status.ReadyReplicas == 1 && len(md.Status.Nodes) == 2, md.Status.Ready + " on " + condition(md, v1alpha1.DeploymentAvailable)
+	})
+	if got := f.deployment("big").Status.Nodes; got[0] != macs[0] || got[1] != macs[1] {
+		t.Errorf("status.nodes %v, want both Macs of the gang %v", got, macs)
+	}
+	gone := f.watchDeletions()
+
+	f.setMacReady(macs[1], metav1.ConditionFalse)
+	if last := gone(mr.Name); last.Spec.Drain != nil {
+		t.Errorf("the broken gang was drained (from %s), want deleted at once", last.Spec.Drain)
+	}
+	next := f.waitReplicas(1)[0]
+	if next.Name == mr.Name || next.Spec.NodeName != "" || next.Spec.Split != nil ||
+		next.Spec.LayerMemory == nil || next.Spec.LayerMemory.Layers != 48 {
+		t.Errorf("replacement %s: nodeName %q, split %+v, layerMemory %+v; want a new unbound replica with the layers",
+			next.Name, next.Spec.NodeName, next.Spec.Split, next.Spec.LayerMemory)
+	}
+}

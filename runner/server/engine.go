@@ -35,6 +35,9 @@ type engine struct {
 	guard func(n int) *runnerapi.Error
 	// pc is the prompt cache (nil: none). Set before run starts.
 	pc *promptCache
+	// linkLost, for a split model, returns the error of a lost split worker (and fails
+	// the runner), nil while every link works. Set before run starts.
+	linkLost func() *runnerapi.Error
 
 	wake chan struct{}
 	cmds chan func()
@@ -452,7 +455,17 @@ func (e *engine) step() {
 		e.failStep(runnerapi.Internal("internal error: oversize batch"))
 		return
 	}
-	if err := e.ctx.Decode(b); err != nil {
+	err := e.ctx.Decode(b)
+	// A split worker lost in the middle of a step may leave a decode that looks
+	// successful over zeroed activations: the link's state decides, not the result.
+	if e.linkLost != nil {
+		if lerr := e.linkLost(); lerr != nil {
+			e.log.Error(err, "Decode failed: a split worker is lost", "tokens", b.N())
+			e.failStep(lerr)
+			return
+		}
+	}
+	if err != nil {
 		e.log.Error(err, "Decode failed", "tokens", b.N())
 		e.failStep(runnerapi.Internal("decode failed: %v", err))
 		return

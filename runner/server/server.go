@@ -32,6 +32,7 @@ import (
 	"github.com/macfleet/macfleet/chat"
 	"github.com/macfleet/macfleet/enginepool/promptcache"
 	"github.com/macfleet/macfleet/runner/llama"
+	"github.com/macfleet/macfleet/runner/netdevice"
 	"github.com/macfleet/macfleet/runner/procmem"
 	"github.com/macfleet/macfleet/tracing/spanrelay"
 )
@@ -65,6 +66,11 @@ type Config struct {
 	OrphanTimeout time.Duration
 	// PromptCache configures the prompt cache (hot and SSD tiers).
 	PromptCache PromptCacheConfig
+	// Split lists the workers that hold the model's last layers, in layer order
+	// (docs/split-model.md); empty: the runner holds them all. SplitTimeout bounds every
+	// read and write on their links (0: DefaultSplitTimeout).
+	Split        []SplitWorker
+	SplitTimeout time.Duration
 	// Stdout receives the listening event.
 	Stdout io.Writer
 	// TracerProvider traces generation requests (tracing.NewRelayed); nil means none.
@@ -96,6 +102,7 @@ type Server struct {
 	state    string
 	progress float64
 	loadErr  string
+	lostErr  string // a split worker's failed link, once the runner has failed for it
 
 	failureSeen     chan struct{}
 	failureSeenOnce sync.Once
@@ -108,6 +115,7 @@ type Server struct {
 	lctx  *llama.Context
 	eng   *engine
 	pc    *promptCache // nil when it could not be opened
+	split []*netdevice.Device
 	// prefixes is the prefix table this process reports on /cache/prefixes (empty
 	// without a prompt cache).
 	prefixes   *promptcache.PrefixTable
@@ -404,7 +412,10 @@ func (s *Server) load() error {
 		return err
 	}
 	start := time.Now()
-	m, err := llama.LoadModel(cfg.ModelPath, llama.ModelParams{
+	if s.split, err = s.splitDevices(context.Background()); err != nil {
+		return err
+	}
+	params := llama.ModelParams{
 		GPULayers: cfg.GPULayers, Mmap: cfg.Mmap,
 		Progress: func(p float32) bool {
 			s.mu.Lock()
@@ -413,11 +424,19 @@ func (s *Server) load() error {
 			s.mu.Unlock()
 			return !s.cancelLoad.Load()
 		},
-	})
+	}
+	s.splitParams(&params)
+	m, err := llama.LoadModel(cfg.ModelPath, params)
 	if err != nil {
+		if serr := s.splitLost(); serr != nil {
+			return fmt.Errorf("%w (%w)", err, serr)
+		}
 		return err
 	}
 	s.model = m
+	if err := s.checkSplit(m); err != nil {
+		return err
+	}
 	if m.HasEncoder() {
 		return errors.New("encoder-decoder models are not supported")
 	}
@@ -451,6 +470,14 @@ func (s *Server) load() error {
 		KVType: kvType, ChatTemplate: m.ChatTemplate() != "", KVBytesPerToken: s.kvPerToken,
 	}
 	s.eng = newEngine(s.log.WithName("engine"), m, lctx, s.guard)
+	if len(s.split) > 0 {
+		s.eng.linkLost = func() *runnerapi.Error {
+			if err := s.splitLost(); err != nil {
+				return s.onSplitLost(err)
+			}
+			return nil
+		}
+	}
 	s.openPromptCache()
 	go s.eng.run()
 	s.log.Info("Model loaded", "desc", m.Desc(), "params", m.NParams(), "took", time.Since(start).Round(time.Millisecond),
@@ -539,6 +566,9 @@ func (s *Server) readyEngine() (*engine, *runnerapi.Error) {
 	case runnerapi.StateLoading:
 		return nil, runnerapi.Unavailable(runnerapi.CodeLoading, "the model is loading (%.0f%%)", 100*progress)
 	case runnerapi.StateFailed:
+		if lost := s.splitLostMessage(); lost != "" {
+			return nil, runnerapi.Unavailable(runnerapi.CodeSplitWorkerLost, "%s", lost)
+		}
 		return nil, runnerapi.Unavailable(runnerapi.CodeLoadFailed, "the model failed to load: %s", loadErr)
 	default:
 		return nil, runnerapi.Unavailable(runnerapi.CodeShuttingDown, "the runner is stopping")

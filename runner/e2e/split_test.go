@@ -1,0 +1,218 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"os/exec"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/macfleet/macfleet/api/runnerapi"
+	"github.com/macfleet/macfleet/internal/ggufsynth"
+	"github.com/macfleet/macfleet/test/support/syncbuf"
+	"github.com/macfleet/macfleet/test/support/testassets"
+)
+
+// splitSpec is Llama31Spec (the real Llama 3 vocabulary and chat template) with six
+// layers, so that a runner and one or two workers each hold some; seed picks the
+// weights (two seeds: two files whose metadata and tensor table are identical).
+func splitSpec(seed uint64) func() (ggufsynth.Spec, error) {
+	return func() (ggufsynth.Spec, error) {
+		s, err := testassets.Llama31Spec()
+		s.Name, s.Layers, s.Seed = "macfleet-split", 6, seed
+		return s, err
+	}
+}
+
+// splitLayerBytes is the size of one layer's weights in splitSpec's model: F16
+// attention (q and o 64x64, k and v 64x32) and feed-forward (three 64x128) matrices.
+const splitLayerBytes = 2 * (2*64*64 + 2*64*32 + 3*64*128)
+
+// worker is one started `macfleet-runner worker` process.
+type worker struct {
+	cmd    *exec.Cmd
+	addr   string
+	stderr *syncbuf.Buffer
+	exited chan struct{}
+}
+
+// startWorker starts a worker on modelPath, waits for its listening line, and
+// registers a cleanup that stops it.
+func startWorker(t testing.TB, modelPath string) *worker {
+	t.Helper()
+	cmd := exec.Command(runnerBinary(t), "worker", "--listen", "127.0.0.1:0", "--model", modelPath, "--threads", "1")
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := &worker{cmd: cmd, stderr: &syncbuf.Buffer{}, exited: make(chan struct{})}
+	cmd.Stderr = w.stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		_ = cmd.Wait()
+		close(w.exited)
+	}()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-w.exited
+		if t.Failed() {
+			t.Logf("worker stderr:\n%s", tail(w.stderr.String(), 4000))
+		}
+	})
+	lines := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		if sc.Scan() {
+			lines <- sc.Text()
+		}
+		close(lines)
+	}()
+	select {
+	case line, ok := <-lines:
+		var ev runnerapi.ListeningEvent
+		if !ok || json.Unmarshal([]byte(line), &ev) != nil || ev.Event != "listening" || ev.Addr == "" {
+			t.Fatalf("worker's first line %q; stderr:\n%s", line, w.stderr.String())
+		}
+		w.addr = ev.Addr
+	case <-time.After(30 * time.Second):
+		t.Fatalf("the worker did not announce its listener within 30s; stderr:\n%s", w.stderr.String())
+	}
+	return w
+}
+
+// splitFlags gives each worker its layers, in order.
+func splitFlags(workers []*worker, layers ...int) []string {
+	var flags []string
+	for i, w := range workers {
+		flags = append(flags, "--split-worker", w.addr, "--split-layers", strconv.Itoa(layers[i]))
+	}
+	return flags
+}
+
+// greedyTokens is a greedy chat's tokens (their bytes, from the logprobs) and its text.
+type greedyTokens struct {
+	tokens  []string
+	content string
+}
+
+func greedyBody(prompt string, maxTokens int, stream bool) map[string]any {
+	b := chatBody(prompt, maxTokens, stream)
+	b["logprobs"] = true
+	return b
+}
+
+func tokenBytes(lps []runnerapi.TokenLogprob) []string {
+	var out []string
+	for _, lp := range lps {
+		b := make([]byte, len(lp.Bytes))
+		for i, c := range lp.Bytes {
+			b[i] = byte(c)
+		}
+		out = append(out, string(b))
+	}
+	return out
+}
+
+func greedyWhole(t *testing.T, r *runner, prompt string, maxTokens int) greedyTokens {
+	t.Helper()
+	c := chatWhole(t, r, greedyBody(prompt, maxTokens, false))
+	if len(c.Choices) != 1 || c.Choices[0].Logprobs == nil {
+		t.Fatalf("chat %+v: want one choice with logprobs", c)
+	}
+	g := greedyTokens{tokens: tokenBytes(c.Choices[0].Logprobs.Content)}
+	if c.Choices[0].Message.Content != nil {
+		g.content = *c.Choices[0].Message.Content
+	}
+	return g
+}
+
+func greedyStream(t *testing.T, r *runner, prompt string, maxTokens int) greedyTokens {
+	t.Helper()
+	var g greedyTokens
+	chunks, content, done, errEv := streamChat(t, r, context.Background(), greedyBody(prompt, maxTokens, true), nil)
+	if !done || errEv != nil {
+		t.Fatalf("stream ended without [DONE] (error %+v)", errEv)
+	}
+	for _, c := range chunks {
+		for _, ch := range c.Choices {
+			if ch.Logprobs != nil {
+				g.tokens = append(g.tokens, tokenBytes(ch.Logprobs.Content)...)
+			}
+		}
+	}
+	g.content = content
+	return g
+}
+
+func sameTokens(t *testing.T, what string, got, want greedyTokens) {
+	t.Helper()
+	if len(want.tokens) < 8 {
+		t.Fatalf("%s: the one-process reference produced only %d tokens", what, len(want.tokens))
+	}
+	for i := range max(len(got.tokens), len(want.tokens)) {
+		if i >= len(got.tokens) || i >= len(want.tokens) || got.tokens[i] != want.tokens[i] {
+			t.Fatalf("%s: token %d differs: split %q, one process %q\nsplit: %q\none process: %q", what, i,
+				got.tokens[min(i, len(got.tokens)-1)], want.tokens[min(i, len(want.tokens)-1)], got.content, want.content)
+		}
+	}
+	if got.content != want.content {
+		t.Fatalf("%s: same tokens, different text: %q vs %q", what, got.content, want.content)
+	}
+}
+
+// TestSplitModelMatchesOneProcess: a model split across a runner and one worker
+// (three layers each), and across a runner and two workers (two layers each), answers
+// token for token as the same model in one process, whole and streamed; the workers
+// read the weights from their own files, and the links carry activations and graphs.
+func TestSplitModelMatchesOneProcess(t *testing.T) {
+	m := specModel(t, "split-seed3", splitSpec(3))
+	prompts := []string{"Tell me a story about the sea.", "List three prime numbers and explain why."}
+	const maxTokens = 40
+	one := startReady(t, m)
+	var want []greedyTokens
+	for _, p := range prompts {
+		want = append(want, greedyWhole(t, one, p, maxTokens))
+	}
+	wantStream := greedyStream(t, one, prompts[0], maxTokens)
+	sameTokens(t, "one process streamed", wantStream, want[0])
+	one.stop()
+
+	for _, tc := range []struct {
+		name   string
+		layers []int
+	}{{"two processes", []int{3}}, {"three processes", []int{2, 2}}} {
+		t.Run(tc.name, func(t *testing.T) {
+			var workers []*worker
+			for range tc.layers {
+				workers = append(workers, startWorker(t, m))
+			}
+			r := startReady(t, m, splitFlags(workers, tc.layers...)...)
+			loaded := r.status()
+			for i, ws := range loaded.Split {
+				// The weights stayed home: loading sent each worker a name, a size and a
+				// hash per tensor, not its layers' F16 weights.
+				if weights := uint64(tc.layers[i] * splitLayerBytes); ws.BytesSent >= weights/4 {
+					t.Errorf("loading sent split worker %d %d bytes; its layers' weights are %d bytes", i, ws.BytesSent, weights)
+				}
+			}
+			for i, p := range prompts {
+				sameTokens(t, p, greedyWhole(t, r, p, maxTokens), want[i])
+			}
+			sameTokens(t, "streamed", greedyStream(t, r, prompts[0], maxTokens), want[0])
+			st := r.status()
+			t.Logf("after load %+v; after %d requests %+v", loaded.Split, len(prompts)+1, st.Split)
+			if len(st.Split) != len(workers) {
+				t.Fatalf("status lists %d split workers, want %d: %+v", len(st.Split), len(workers), st.Split)
+			}
+			for i, ws := range st.Split {
+				if ws.Addr != workers[i].addr || ws.Layers != tc.layers[i] || ws.Error != "" || ws.Computes == 0 {
+					t.Errorf("split worker %d: %+v", i, ws)
+				}
+			}
+		})
+	}
+}

@@ -4,8 +4,10 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"net/http"
 	"os/exec"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -214,5 +216,89 @@ func TestSplitModelMatchesOneProcess(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestSplitModelWorkerFileDiffers: a worker whose copy of the model differs refuses the
+// load with an error naming what differs — a tensor's bytes (same metadata, other
+// weights), or the file itself (other metadata) at the greeting — and the runner
+// fails its load (health failed, exit code 3).
+func TestSplitModelWorkerFileDiffers(t *testing.T) {
+	m := specModel(t, "split-seed3", splitSpec(3))
+	for _, tc := range []struct {
+		name, workerModel string
+		want              []string
+	}{
+		{"other weights", specModel(t, "split-seed4", splitSpec(4)), []string{"tensor blk.", "the worker's file differs"}},
+		{"other metadata", specModel(t, "split-seed3-2layers", func() (ggufsynth.Spec, error) {
+			s, err := splitSpec(3)()
+			s.Layers = 2
+			return s, err
+		}), []string{"the worker's model file differs from the runner's"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := startWorker(t, tc.workerModel)
+			r := startRunner(t, m, splitFlags([]*worker{w}, 3)...)
+			var h runnerapi.Health
+			waitFor(t, 30*time.Second, "the load to fail", func() bool {
+				_, err := r.getJSON("/health", &h)
+				return err == nil && h.Status == runnerapi.StateFailed
+			})
+			t.Logf("health error: %s", h.Error)
+			for _, want := range tc.want {
+				if !strings.Contains(h.Error, want) {
+					t.Errorf("health error %q does not say %q", h.Error, want)
+				}
+			}
+			if code := r.exitCode(10 * time.Second); code != 3 {
+				t.Errorf("exit code %d, want 3 (load failed)", code)
+			}
+		})
+	}
+}
+
+// TestSplitModelWorkerKilled: kill -9 of the worker in the middle of a stream ends the
+// request with an error within 5 s; the runner then reports the lost worker on /health
+// (failed) and /status and refuses new requests, so the agent takes it out of service.
+func TestSplitModelWorkerKilled(t *testing.T) {
+	m := specModel(t, "split-seed3", splitSpec(3))
+	w := startWorker(t, m)
+	r := startReady(t, m, splitFlags([]*worker{w}, 3)...)
+	body := chatBody("Tell me a very long story about the sea.", 4000, true)
+	var killed time.Time
+	chunks, _, done, errEv := streamChat(t, r, context.Background(), body, func(c chunk) bool {
+		if killed.IsZero() && len(c.Choices) > 0 && c.Choices[0].Delta.Content != nil {
+			if err := w.cmd.Process.Kill(); err != nil {
+				t.Fatal(err)
+			}
+			killed = time.Now()
+		}
+		return true
+	})
+	took := time.Since(killed)
+	if killed.IsZero() || done {
+		t.Fatalf("the stream finished (%d chunks, done %v) before the worker was killed", len(chunks), done)
+	}
+	if took > 5*time.Second {
+		t.Errorf("the stream ended %v after the kill, want within 5s", took)
+	}
+	if errEv == nil || errEv.Error.Code != runnerapi.CodeSplitWorkerLost {
+		t.Fatalf("the stream ended with %+v, want a %s error event", errEv, runnerapi.CodeSplitWorkerLost)
+	}
+	t.Logf("the stream ended %v after the kill: %s", took.Round(time.Millisecond), errEv.Error.Message)
+
+	var h runnerapi.Health
+	code, err := r.getJSON("/health", &h)
+	if err != nil || code != http.StatusServiceUnavailable || h.Status != runnerapi.StateFailed || !strings.Contains(h.Error, w.addr) {
+		t.Errorf("health after the kill: %d %+v %v, want 503 failed naming %s", code, h, err, w.addr)
+	}
+	st := r.status()
+	if len(st.Split) != 1 || st.Split[0].Error == "" {
+		t.Errorf("status split %+v, want the lost worker's error", st.Split)
+	}
+	var eb runnerapi.ErrorBody
+	if code := r.postJSON("/v1/chat/completions", chatBody("Hello", 4, false), &eb); code != http.StatusServiceUnavailable ||
+		eb.Error.Code != runnerapi.CodeSplitWorkerLost {
+		t.Errorf("a new request after the kill: %d %+v, want 503 %s", code, eb, runnerapi.CodeSplitWorkerLost)
 	}
 }

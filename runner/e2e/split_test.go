@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -301,4 +302,35 @@ func TestSplitModelWorkerKilled(t *testing.T) {
 		eb.Error.Code != runnerapi.CodeSplitWorkerLost {
 		t.Errorf("a new request after the kill: %d %+v, want 503 %s", code, eb, runnerapi.CodeSplitWorkerLost)
 	}
+}
+
+// TestSplitModelWorkerHangs: a worker that stops answering (SIGSTOP: its socket stays
+// open, as on a cut link that sends no reset) fails the request once --split-timeout
+// passes, never hanging it.
+func TestSplitModelWorkerHangs(t *testing.T) {
+	m := specModel(t, "split-seed3", splitSpec(3))
+	w := startWorker(t, m)
+	r := startReady(t, m, append(splitFlags([]*worker{w}, 3), "--split-timeout", "1s")...)
+	t.Cleanup(func() { _ = w.cmd.Process.Signal(syscall.SIGCONT) })
+	var stopped time.Time
+	_, _, done, errEv := streamChat(t, r, context.Background(), chatBody("Tell me a very long story.", 4000, true), func(c chunk) bool {
+		if stopped.IsZero() && len(c.Choices) > 0 && c.Choices[0].Delta.Content != nil {
+			if err := w.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+				t.Fatal(err)
+			}
+			stopped = time.Now()
+		}
+		return true
+	})
+	took := time.Since(stopped)
+	if stopped.IsZero() || done {
+		t.Fatalf("the stream finished (done %v) before the worker was stopped", done)
+	}
+	if errEv == nil || errEv.Error.Code != runnerapi.CodeSplitWorkerLost || !strings.Contains(errEv.Error.Message, "no answer within") {
+		t.Fatalf("the stream ended with %+v, want a %s error for the timeout", errEv, runnerapi.CodeSplitWorkerLost)
+	}
+	if took < time.Second || took > 5*time.Second {
+		t.Errorf("the stream ended %v after the worker stopped, want after the 1s timeout and within 5s", took)
+	}
+	t.Logf("the stream ended %v after the worker stopped: %s", took.Round(time.Millisecond), errEv.Error.Message)
 }

@@ -12,13 +12,14 @@
 #include <sys/time.h>
 #include <unistd.h>
 
+#include <unordered_map>
 #include <unordered_set>
 
 #include "../src/ggml-impl.h"
 #include "ggml-cpu.h"
 #include "nd_device.h"
 
-static void nd_put_tensor(std::vector<uint8_t> &v, const struct ggml_tensor *t, const std::unordered_set<const ggml_tensor *> &sent) {
+static mfnd_tensor nd_record(const struct ggml_tensor *t, const std::unordered_set<const ggml_tensor *> &sent) {
 	mfnd_tensor m;
 	memset(&m, 0, sizeof(m));
 	m.id = (uint64_t)(uintptr_t)t;
@@ -41,14 +42,15 @@ static void nd_put_tensor(std::vector<uint8_t> &v, const struct ggml_tensor *t, 
 	}
 	m.view_offs = t->view_offs;
 	m.data = (uint64_t)(uintptr_t)t->data;
-	mfnd_put(v, m);
+	return m;
 }
 
-// nd_serialize writes a graph: the nodes, their sources and the tensors those view,
-// then the nodes' order.
-static void nd_serialize(struct ggml_cgraph *g, std::vector<uint8_t> &v) {
+// nd_serialize writes a graph (wire.h, mfnd_graph): the nodes, their sources and the
+// tensors those view, as the records that differ from the previous graph's.
+static void nd_serialize(nd_device *d, struct ggml_cgraph *g, std::vector<uint8_t> &v) {
 	std::unordered_set<const ggml_tensor *> seen;
 	std::vector<const ggml_tensor *> list;
+	std::vector<uint32_t> nodes;
 	auto add = [&](const ggml_tensor *t) {
 		for (; t != NULL && !seen.count(t); t = t->view_src) {
 			seen.insert(t);
@@ -61,15 +63,30 @@ static void nd_serialize(struct ggml_cgraph *g, std::vector<uint8_t> &v) {
 			add(g->nodes[i]->src[s]);
 		}
 	}
-	uint32_t counts[2] = {(uint32_t)list.size(), (uint32_t)g->n_nodes};
-	v.reserve(8 + list.size() * sizeof(mfnd_tensor) + g->n_nodes * 8);
-	mfnd_put(v, counts);
-	for (const ggml_tensor *t : list) {
-		nd_put_tensor(v, t, seen);
+	std::unordered_map<const ggml_tensor *, uint32_t> index;
+	for (uint32_t i = 0; i < list.size(); i++) {
+		index[list[i]] = i;
 	}
 	for (int i = 0; i < g->n_nodes; i++) {
-		mfnd_put(v, (uint64_t)(uintptr_t)g->nodes[i]);
+		nodes.push_back(index[g->nodes[i]]);
 	}
+	mfnd_graph h = {(uint32_t)list.size(), (uint32_t)nodes.size(), 0, nodes != d->last_nodes};
+	v.resize(sizeof(h));
+	d->last_tensors.resize(list.size());
+	for (uint32_t i = 0; i < list.size(); i++) {
+		mfnd_tensor m = nd_record(list[i], seen);
+		if (memcmp(&m, &d->last_tensors[i], sizeof(m)) != 0 || m.id == 0) {
+			mfnd_put(v, i);
+			mfnd_put(v, m);
+			d->last_tensors[i] = m;
+			h.n_changed++;
+		}
+	}
+	if (h.nodes_sent) {
+		v.insert(v.end(), (const uint8_t *)nodes.data(), (const uint8_t *)(nodes.data() + nodes.size()));
+		d->last_nodes = nodes;
+	}
+	memcpy(v.data(), &h, sizeof(h));
 }
 
 static const char *nd_backend_name(ggml_backend_t b) { return ((nd_device *)b->context)->name.c_str(); }
@@ -79,8 +96,8 @@ static void nd_backend_free(ggml_backend_t b) { delete b; }
 static enum ggml_status nd_backend_compute(ggml_backend_t b, struct ggml_cgraph *g, int) {
 	nd_device *d = (nd_device *)b->context;
 	std::vector<uint8_t> msg, reply;
-	nd_serialize(g, msg);
 	std::lock_guard<std::mutex> lock(d->mu);
+	nd_serialize(d, g, msg);
 	if (!nd_call(d, MFND_COMPUTE, msg.data(), msg.size(), reply)) {
 		return GGML_STATUS_FAILED;
 	}

@@ -17,6 +17,10 @@ struct nd_device {
 	std::vector<uint8_t> out; // queued frames, flushed before every answered command
 	mfnd_hello_reply info = {};
 	uint64_t sent = 0, received = 0, round_trips = 0, computes = 0;
+	// The last graph sent, which the worker holds too: the next one is sent as the
+	// records that changed (a decode step's graph mostly repeats the previous one's).
+	std::vector<mfnd_tensor> last_tensors;
+	std::vector<uint32_t> last_nodes;
 	struct ggml_backend_buffer_type buft;
 	struct ggml_backend_device dev;
 	struct ggml_backend_reg reg;

@@ -83,6 +83,17 @@ struct mfnd_tensor {
 	uint64_t data;
 };
 
+// A graph to compute: mfnd_graph, then n_changed pairs (u32 index, mfnd_tensor) that
+// replace or append to the worker's copy of the previous graph's tensor list (cut to
+// n_tensors), then, when nodes_sent, n_nodes u32 indexes into that list (else the
+// previous graph's nodes).
+struct mfnd_graph {
+	uint32_t n_tensors;
+	uint32_t n_nodes;
+	uint32_t n_changed;
+	uint32_t nodes_sent;
+};
+
 // mfnd_hash is a fast 64-bit hash for telling two copies of a file apart (not a
 // cryptographic digest).
 static inline uint64_t mfnd_hash(const void *p, size_t n) {

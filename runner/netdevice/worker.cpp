@@ -90,8 +90,14 @@ struct worker {
 		return reply(0, p, n);
 	}
 
+	// The current graph, updated by each compute message.
+	std::vector<mfnd_tensor> tensors;
+	std::vector<uint32_t> nodes;
+
 	bool hello();
 	void set_file();
+	bool update(mfnd_graph *h);
+	std::vector<ggml_tensor *> build(struct ggml_context *ctx);
 	bool compute();
 	bool serve_one(uint8_t cmd);
 };
@@ -157,30 +163,50 @@ void worker::set_file() {
 	}
 }
 
-bool worker::compute() {
-	uint32_t counts[2];
-	if (msg.size() < sizeof(counts)) {
-		fail("malformed graph");
-		return answer(NULL, 0);
+// update applies a graph message (wire.h, mfnd_graph) to the previous graph.
+bool worker::update(mfnd_graph *h) {
+	if (msg.size() < sizeof(*h)) {
+		return false;
 	}
-	memcpy(counts, msg.data(), sizeof(counts));
-	size_t n = counts[0], nodes = counts[1];
-	if (msg.size() != sizeof(counts) + n * sizeof(mfnd_tensor) + nodes * 8) {
-		fail("malformed graph");
-		return answer(NULL, 0);
+	memcpy(h, msg.data(), sizeof(*h));
+	size_t rec = sizeof(uint32_t) + sizeof(mfnd_tensor);
+	if (msg.size() != sizeof(*h) + (size_t)h->n_changed * rec + (h->nodes_sent ? (size_t)h->n_nodes * 4 : 0)) {
+		return false;
 	}
-	if (!err.empty()) {
-		return answer(NULL, 0);
+	tensors.resize(h->n_tensors);
+	const uint8_t *p = msg.data() + sizeof(*h);
+	for (uint32_t i = 0; i < h->n_changed; i++, p += rec) {
+		uint32_t at;
+		memcpy(&at, p, 4);
+		if (at >= h->n_tensors) {
+			return false;
+		}
+		memcpy(&tensors[at], p + 4, sizeof(mfnd_tensor));
 	}
-	struct ggml_init_params ip = {n * ggml_tensor_overhead() + ggml_graph_overhead_custom(nodes, false), NULL, true};
-	struct ggml_context *ctx = ggml_init(ip);
+	if (h->nodes_sent) {
+		nodes.resize(h->n_nodes);
+		memcpy(nodes.data(), p, (size_t)h->n_nodes * 4);
+	}
+	if (nodes.size() != h->n_nodes) {
+		return false;
+	}
+	for (uint32_t n : nodes) {
+		if (n >= h->n_tensors) {
+			return false;
+		}
+	}
+	return true;
+}
+
+// build makes the tensors of the current graph in ctx, in the worker's buffers.
+std::vector<ggml_tensor *> worker::build(struct ggml_context *ctx) {
+	std::vector<ggml_tensor *> out(tensors.size());
 	std::unordered_map<uint64_t, ggml_tensor *> byid;
-	const mfnd_tensor *recs = (const mfnd_tensor *)(msg.data() + sizeof(counts));
-	std::vector<mfnd_tensor> rs(recs, recs + n); // aligned copies
-	for (const mfnd_tensor &r : rs) {
+	for (size_t i = 0; i < tensors.size(); i++) {
+		const mfnd_tensor &r = tensors[i];
 		struct ggml_tensor *t = ggml_new_tensor(ctx, (enum ggml_type)r.type, GGML_MAX_DIMS, r.ne);
-		for (int i = 0; i < GGML_MAX_DIMS; i++) {
-			t->nb[i] = r.nb[i];
+		for (int k = 0; k < GGML_MAX_DIMS; k++) {
+			t->nb[k] = r.nb[k];
 		}
 		t->op = (enum ggml_op)r.op;
 		t->flags = r.flags;
@@ -191,28 +217,38 @@ bool worker::compute() {
 		if (t->buffer == NULL && ggml_nbytes(t) > 0) {
 			fail(std::string("graph tensor ") + ggml_op_name(t->op) + ": an address outside the worker's buffers");
 		}
-		byid[r.id] = t;
+		byid[r.id] = out[i] = t;
 	}
-	for (size_t i = 0; i < n; i++) {
-		struct ggml_tensor *t = byid[rs[i].id];
-		for (int s = 0; s < GGML_MAX_SRC; s++) {
-			auto it = byid.find(rs[i].src[s]);
-			t->src[s] = rs[i].src[s] != 0 && it != byid.end() ? it->second : NULL;
-		}
-		auto it = byid.find(rs[i].view_src);
-		t->view_src = rs[i].view_src != 0 && it != byid.end() ? it->second : NULL;
-	}
-	struct ggml_cgraph *g = ggml_new_graph_custom(ctx, nodes, false);
-	const uint8_t *ids = msg.data() + sizeof(counts) + n * sizeof(mfnd_tensor);
-	for (size_t i = 0; i < nodes && err.empty(); i++) {
-		uint64_t id;
-		memcpy(&id, ids + i * 8, 8);
+	auto ref = [&](uint64_t id) -> ggml_tensor * {
 		auto it = byid.find(id);
-		if (it == byid.end()) {
-			fail("malformed graph: a node that is not among its tensors");
-			break;
+		return id != 0 && it != byid.end() ? it->second : NULL;
+	};
+	for (size_t i = 0; i < tensors.size(); i++) {
+		for (int k = 0; k < GGML_MAX_SRC; k++) {
+			out[i]->src[k] = ref(tensors[i].src[k]);
 		}
-		g->nodes[g->n_nodes++] = it->second;
+		out[i]->view_src = ref(tensors[i].view_src);
+	}
+	return out;
+}
+
+bool worker::compute() {
+	mfnd_graph h;
+	if (!update(&h)) {
+		fail("malformed graph");
+		tensors.clear();
+		nodes.clear();
+		return answer(NULL, 0);
+	}
+	if (!err.empty()) {
+		return answer(NULL, 0);
+	}
+	struct ggml_init_params ip = {tensors.size() * ggml_tensor_overhead() + ggml_graph_overhead_custom(nodes.size(), false), NULL, true};
+	struct ggml_context *ctx = ggml_init(ip);
+	std::vector<ggml_tensor *> ts = build(ctx);
+	struct ggml_cgraph *g = ggml_new_graph_custom(ctx, nodes.size(), false);
+	for (uint32_t n : nodes) {
+		g->nodes[g->n_nodes++] = ts[n];
 	}
 	if (err.empty() && ggml_backend_graph_compute(cpu, g) != GGML_STATUS_SUCCESS) {
 		fail("the worker's CPU backend failed to compute the graph");

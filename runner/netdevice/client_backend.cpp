@@ -102,6 +102,10 @@ static enum ggml_status nd_backend_compute(ggml_backend_t b, struct ggml_cgraph 
 		return GGML_STATUS_FAILED;
 	}
 	d->computes++;
+	if (g->n_nodes > 0 && reply.size() == ggml_nbytes(g->nodes[g->n_nodes - 1])) {
+		d->out_addr = (uint64_t)(uintptr_t)g->nodes[g->n_nodes - 1]->data;
+		d->out_bytes.swap(reply);
+	}
 	return GGML_STATUS_SUCCESS;
 }
 

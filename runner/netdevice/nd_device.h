@@ -21,6 +21,12 @@ struct nd_device {
 	// records that changed (a decode step's graph mostly repeats the previous one's).
 	std::vector<mfnd_tensor> last_tensors;
 	std::vector<uint32_t> last_nodes;
+	// The bytes of the last graph's last node, which the worker answers COMPUTE with:
+	// the next split almost always reads exactly that (the hidden state after the
+	// worker's layers), and reading it from here saves a round trip. Any later command
+	// drops it.
+	uint64_t out_addr = 0;
+	std::vector<uint8_t> out_bytes;
 	struct ggml_backend_buffer_type buft;
 	struct ggml_backend_device dev;
 	struct ggml_backend_reg reg;

@@ -253,8 +253,12 @@ bool worker::compute() {
 	if (err.empty() && ggml_backend_graph_compute(cpu, g) != GGML_STATUS_SUCCESS) {
 		fail("the worker's CPU backend failed to compute the graph");
 	}
+	// The answer carries the last node's bytes, which the runner reads next.
+	struct ggml_tensor *last = nodes.empty() ? NULL : ts[nodes.back()];
+	size_t n = last != NULL && last->data != NULL && ggml_nbytes(last) <= MFND_MAX_OUTPUT ? ggml_nbytes(last) : 0;
+	bool ok = answer(n > 0 ? last->data : NULL, n);
 	ggml_free(ctx);
-	return answer(NULL, 0);
+	return ok;
 }
 
 // serve_one handles one command whose payload is in msg; false ends the session.

@@ -2,8 +2,6 @@ package e2e
 
 import (
 	"fmt"
-	"os"
-	"sync"
 	"testing"
 	"time"
 
@@ -21,10 +19,7 @@ import (
 //
 //	MACFLEET_RUNNER=bin/macfleet-runner go test -run '^$' -bench SplitModel -benchtime 3x ./runner/e2e
 func BenchmarkSplitModel(b *testing.B) {
-	threads := os.Getenv("MACFLEET_BENCH_THREADS")
-	if threads == "" {
-		threads = "1"
-	}
+	threads := benchThreads("1")
 	m := model(b, "mid")
 	const genTokens = 128
 	for _, tc := range []struct {
@@ -60,22 +55,8 @@ func BenchmarkSplitModel(b *testing.B) {
 
 			var agg float64
 			for range b.N {
-				var wg sync.WaitGroup
-				stats := make([]streamStats, 4)
-				start := time.Now()
-				for k := range stats {
-					wg.Add(1)
-					go func() {
-						defer wg.Done()
-						stats[k] = timedStream(b, r, fmt.Sprintf("%d split stream", benchRound.Add(1)), genTokens)
-					}()
-				}
-				wg.Wait()
-				total := 0
-				for _, s := range stats {
-					total += s.tokens
-				}
-				agg += float64(total) / time.Since(start).Seconds()
+				a, _ := fourStreams(b, r, genTokens)
+				agg += a
 			}
 			b.ReportMetric(agg/float64(b.N), "4-stream-tok/s")
 		})

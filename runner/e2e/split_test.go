@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"net/http"
@@ -66,16 +65,8 @@ func startWorker(t testing.TB, modelPath string) *worker {
 			t.Logf("worker stderr:\n%s", tail(w.stderr.String(), 4000))
 		}
 	})
-	lines := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(stdout)
-		if sc.Scan() {
-			lines <- sc.Text()
-		}
-		close(lines)
-	}()
 	select {
-	case line, ok := <-lines:
+	case line, ok := <-firstLine(stdout):
 		var ev runnerapi.ListeningEvent
 		if !ok || json.Unmarshal([]byte(line), &ev) != nil || ev.Event != "listening" || ev.Addr == "" {
 			t.Fatalf("worker's first line %q; stderr:\n%s", line, w.stderr.String())

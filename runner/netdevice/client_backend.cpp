@@ -201,18 +201,6 @@ static const struct ggml_backend_reg_i nd_reg_iface = {
 
 static void nd_seterr(char *err, size_t errlen, const std::string &msg) { snprintf(err, errlen, "%s", msg.c_str()); }
 
-static void nd_socket_options(int fd, int timeout_ms) {
-	struct timeval tv = {timeout_ms / 1000, (timeout_ms % 1000) * 1000};
-	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-	setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-	int one = 1;
-	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-	setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
-#ifdef SO_NOSIGPIPE
-	setsockopt(fd, SOL_SOCKET, SO_NOSIGPIPE, &one, sizeof(one));
-#endif
-}
-
 extern "C" void *mfnd_open(int fd, const char *addr, int index, const char *model_path, int timeout_ms, char *err, size_t errlen) {
 	mfnd_hello h = {MFND_MAGIC, MFND_VERSION, (uint32_t)sizeof(void *), 0x01020304u, 0, 0};
 	std::string e = mfnd_file_identity(model_path, &h.file_size, &h.header_hash);
@@ -221,7 +209,7 @@ extern "C" void *mfnd_open(int fd, const char *addr, int index, const char *mode
 		nd_seterr(err, errlen, e);
 		return NULL;
 	}
-	nd_socket_options(fd, timeout_ms);
+	mfnd_socket_options(fd, timeout_ms);
 	nd_device *d = new nd_device;
 	d->fd = fd;
 	d->addr = addr;

@@ -5,7 +5,10 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -38,10 +41,24 @@ std::string mfnd_file_identity(const char *path, uint64_t *size, uint64_t *heade
 	return "";
 }
 
-bool mfnd_write_all(int fd, const void *p, size_t n) {
-	const char *b = (const char *)p;
+void mfnd_socket_options(int fd, int timeout_ms) {
+	if (timeout_ms > 0) {
+		struct timeval tv = {timeout_ms / 1000, (timeout_ms % 1000) * 1000};
+		setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+		setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+	}
+	int one = 1;
+	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+	setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
+#ifdef SO_NOSIGPIPE
+	setsockopt(fd, SOL_SOCKET, SO_NOSIGPIPE, &one, sizeof(one));
+#endif
+}
+
+// mfnd_io moves n bytes whole, in one direction.
+static bool mfnd_io(int fd, char *b, size_t n, bool out) {
 	while (n > 0) {
-		ssize_t k = send(fd, b, n, MSG_NOSIGNAL);
+		ssize_t k = out ? send(fd, b, n, MSG_NOSIGNAL) : recv(fd, b, n, 0);
 		if (k < 0 && errno == EINTR) {
 			continue;
 		}
@@ -54,18 +71,6 @@ bool mfnd_write_all(int fd, const void *p, size_t n) {
 	return true;
 }
 
-bool mfnd_read_all(int fd, void *p, size_t n) {
-	char *b = (char *)p;
-	while (n > 0) {
-		ssize_t k = recv(fd, b, n, 0);
-		if (k < 0 && errno == EINTR) {
-			continue;
-		}
-		if (k <= 0) {
-			return false;
-		}
-		b += k;
-		n -= (size_t)k;
-	}
-	return true;
-}
+bool mfnd_write_all(int fd, const void *p, size_t n) { return mfnd_io(fd, (char *)p, n, true); }
+
+bool mfnd_read_all(int fd, void *p, size_t n) { return mfnd_io(fd, (char *)p, n, false); }

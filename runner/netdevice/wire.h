@@ -122,6 +122,9 @@ std::string mfnd_file_identity(const char *path, uint64_t *size, uint64_t *heade
 // Socket helpers shared by both ends: whole writes and reads, false on error or EOF
 // (a read timeout set with SO_RCVTIMEO ends a read with an error too).
 bool mfnd_write_all(int fd, const void *p, size_t n);
+// mfnd_socket_options sets a link's options: no Nagle delay, keepalive, no SIGPIPE,
+// and with timeout_ms > 0 a timeout on every read and write.
+void mfnd_socket_options(int fd, int timeout_ms);
 bool mfnd_read_all(int fd, void *p, size_t n);
 
 // mfnd_put appends a value's bytes to a frame under construction.

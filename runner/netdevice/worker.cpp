@@ -344,12 +344,9 @@ bool worker::serve_one(uint8_t cmd) {
 extern "C" int mfnd_serve(int fd, const char *model_path, int threads, char *err, size_t errlen) {
 	worker w;
 	w.sock = fd;
-	int one = 1;
-	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-	setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
-#ifdef SO_NOSIGPIPE
-	setsockopt(fd, SOL_SOCKET, SO_NOSIGPIPE, &one, sizeof(one));
-#endif
+	// No timeout: a runner may stay idle for hours; its death closes the connection
+	// (keepalive finds a vanished peer).
+	mfnd_socket_options(fd, 0);
 	std::string e = mfnd_file_identity(model_path, &w.file_size, &w.header_hash);
 	struct gguf_init_params gp = {true, NULL};
 	if (e.empty() && (w.gguf = gguf_init_from_file(model_path, gp)) == NULL) {

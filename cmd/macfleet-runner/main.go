@@ -31,6 +31,7 @@ const (
 	exitFailed     = 1
 	exitBadFlags   = 2
 	exitLoadFailed = 3
+	exitSplitLost  = 4
 )
 
 func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
@@ -69,12 +70,16 @@ func run(args []string, stdout, stderr io.Writer) int {
 	cfg.TracerProvider = tp.TracerProvider()
 	err = server.Run(ctx, cfg)
 	var le *server.LoadError
+	var sl *server.SplitLostError
 	switch {
 	case err == nil:
 		return exitOK
 	case errors.As(err, &le):
 		fmt.Fprintln(stderr, "macfleet-runner:", err)
 		return exitLoadFailed
+	case errors.As(err, &sl):
+		fmt.Fprintln(stderr, "macfleet-runner:", err)
+		return exitSplitLost
 	default:
 		fmt.Fprintln(stderr, "macfleet-runner:", err)
 		return exitFailed

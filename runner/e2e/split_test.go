@@ -250,8 +250,9 @@ func TestSplitModelWorkerFileDiffers(t *testing.T) {
 }
 
 // TestSplitModelWorkerKilled: kill -9 of the worker in the middle of a stream ends the
-// request with an error within 5 s; the runner then reports the lost worker on /health
-// (failed) and /status and refuses new requests, so the agent takes it out of service.
+// request with an error within 5 s; the runner then reports the lost worker on /status
+// and /health (failed), refuses new requests, and exits with code 4, so the agent takes
+// it out of service as a runner that died.
 func TestSplitModelWorkerKilled(t *testing.T) {
 	m := specModel(t, "split-seed3", splitSpec(3))
 	w := startWorker(t, m)
@@ -279,11 +280,8 @@ func TestSplitModelWorkerKilled(t *testing.T) {
 	}
 	t.Logf("the stream ended %v after the kill: %s", took.Round(time.Millisecond), errEv.Error.Message)
 
-	var h runnerapi.Health
-	code, err := r.getJSON("/health", &h)
-	if err != nil || code != http.StatusServiceUnavailable || h.Status != runnerapi.StateFailed || !strings.Contains(h.Error, w.addr) {
-		t.Errorf("health after the kill: %d %+v %v, want 503 failed naming %s", code, h, err, w.addr)
-	}
+	// The runner lingers (at most 2 s) until /health has reported the failure: status
+	// and a new request first.
 	st := r.status()
 	if len(st.Split) != 1 || st.Split[0].Error == "" {
 		t.Errorf("status split %+v, want the lost worker's error", st.Split)
@@ -292,6 +290,15 @@ func TestSplitModelWorkerKilled(t *testing.T) {
 	if code := r.postJSON("/v1/chat/completions", chatBody("Hello", 4, false), &eb); code != http.StatusServiceUnavailable ||
 		eb.Error.Code != runnerapi.CodeSplitWorkerLost {
 		t.Errorf("a new request after the kill: %d %+v, want 503 %s", code, eb, runnerapi.CodeSplitWorkerLost)
+	}
+	var h runnerapi.Health
+	code, err := r.getJSON("/health", &h)
+	if err != nil || code != http.StatusServiceUnavailable || h.Status != runnerapi.StateFailed || !strings.Contains(h.Error, w.addr) {
+		t.Errorf("health after the kill: %d %+v %v, want 503 failed naming %s", code, h, err, w.addr)
+	}
+	// Then it exits, as a runner that died: the agent takes the replica out of service.
+	if code := r.exitCode(10 * time.Second); code != 4 {
+		t.Errorf("exit code %d, want 4 (a split worker is lost)", code)
 	}
 }
 

@@ -106,6 +106,7 @@ type Server struct {
 
 	failureSeen     chan struct{}
 	failureSeenOnce sync.Once
+	lost            chan struct{} // closed once a split worker is lost
 	stopReq         chan struct{}
 	stopOnce        sync.Once
 	cancelLoad      atomic.Bool
@@ -202,7 +203,7 @@ func Run(ctx context.Context, cfg Config) error {
 func newServer(cfg Config) *Server {
 	s := &Server{
 		cfg: cfg, log: cfg.Log, state: runnerapi.StateLoading,
-		failureSeen: make(chan struct{}), stopReq: make(chan struct{}),
+		failureSeen: make(chan struct{}), stopReq: make(chan struct{}), lost: make(chan struct{}),
 		defaultID: strings.TrimSuffix(filepath.Base(cfg.ModelPath), filepath.Ext(cfg.ModelPath)),
 		prefixes:  promptcache.NewPrefixTable(newEpoch()),
 	}
@@ -257,12 +258,15 @@ func (s *Server) notLoaded(ctx context.Context, srv *http.Server, err error) err
 // serve serves the loaded model until ctx ends, /shutdown is called or the HTTP
 // server fails, then stops.
 func (s *Server) serve(ctx context.Context, srv *http.Server, serveErr <-chan error) error {
+	var lost error
 	select {
 	case <-ctx.Done():
 	case <-s.stopReq:
 	case err := <-serveErr:
 		s.eng.close(runnerapi.Unavailable(runnerapi.CodeShuttingDown, "the runner is stopping"))
 		return fmt.Errorf("serving: %w", err)
+	case <-s.lost:
+		lost = s.awaitLostSeen(ctx)
 	}
 	s.log.Info("Stopping")
 	s.setState(runnerapi.StateStopping, "")
@@ -273,7 +277,7 @@ func (s *Server) serve(ctx context.Context, srv *http.Server, serveErr <-chan er
 		s.free()
 	}
 	s.log.Info("Stopped")
-	return nil
+	return lost
 }
 
 func listen(cfg Config) (net.Listener, error) {

@@ -80,7 +80,8 @@ func (s *Server) splitLost() error {
 }
 
 // onSplitLost fails the runner once a split worker is lost: /health reports it, new
-// requests are refused and the agent takes the replica out of service.
+// requests are refused, and the runner exits (SplitLostError) so that the agent takes
+// the replica out of service as for any runner that died.
 func (s *Server) onSplitLost(err error) *runnerapi.Error {
 	s.mu.Lock()
 	first := s.lostErr == ""
@@ -91,6 +92,7 @@ func (s *Server) onSplitLost(err error) *runnerapi.Error {
 	if first {
 		s.log.Error(err, "A split worker is lost; the runner serves nothing more")
 		s.setState(runnerapi.StateFailed, err.Error())
+		close(s.lost)
 	}
 	return runnerapi.Unavailable(runnerapi.CodeSplitWorkerLost, "%v", err)
 }
@@ -115,4 +117,22 @@ func (s *Server) splitLostMessage() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.lostErr
+}
+
+// SplitLostError ends a runner whose split worker was lost (the process exits with
+// code 4).
+type SplitLostError struct{ Err string }
+
+func (e *SplitLostError) Error() string { return "a split worker is lost: " + e.Err }
+
+// awaitLostSeen lets the agent read the failure on /health (bounded, as after a failed
+// load: the exit code and stderr tell it too) and returns the error to exit with.
+func (s *Server) awaitLostSeen(ctx context.Context) error {
+	select {
+	case <-s.failureSeen:
+	case <-time.After(2 * time.Second):
+	case <-ctx.Done():
+	case <-s.stopReq:
+	}
+	return &SplitLostError{Err: s.splitLostMessage()}
 }

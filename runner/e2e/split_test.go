@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"os/exec"
 	"strconv"
@@ -331,4 +332,43 @@ func TestSplitModelWorkerHangs(t *testing.T) {
 		t.Errorf("the stream ended %v after the worker stopped, want after the 1s timeout and within 5s", took)
 	}
 	t.Logf("the stream ended %v after the worker stopped: %s", took.Round(time.Millisecond), errEv.Error.Message)
+}
+
+// TestSplitModelPromptCache: the prompt cache works on a split model — a conversation's
+// state, saved from the worker's KV cache into the runner's hot tier after turn 1 and
+// pushed out of the only slot by another conversation, is restored into the worker for
+// turn 2 — and the split answers every turn as one process doing the same does.
+func TestSplitModelPromptCache(t *testing.T) {
+	m := specModel(t, "split-seed3", splitSpec(3))
+	conv := &conversation{users: []string{words(1, 200), words(2, 100)}}
+	other := []chatMsg{{"role": "user", "content": words(3, 150)}}
+	flags := []string{"--prompt-cache-block", fmt.Sprint(pcBlock), "--prompt-cache-hot-bytes", fmt.Sprint(256 << 20)}
+	// turns runs turn 1, the other conversation and turn 2, and returns the replies and
+	// the tokens turn 2 restored.
+	turns := func(r *runner) ([]string, int) {
+		var replies []string
+		reply, _ := chatTurn(t, r, conv.messages(0), pcMaxTokens)
+		conv.replies = append(conv.replies[:0], reply)
+		replies = append(replies, reply)
+		reply, _ = chatTurn(t, r, other, pcMaxTokens)
+		replies = append(replies, reply)
+		reply, u := chatTurn(t, r, conv.messages(1), pcMaxTokens)
+		return append(replies, reply), cachedTokens(u)
+	}
+	one := startReady(t, m, flags...)
+	want, wantRestored := turns(one)
+	one.stop()
+
+	w := startWorker(t, m)
+	r := startReady(t, m, append(splitFlags([]*worker{w}, 3), flags...)...)
+	got, restored := turns(r)
+	if restored == 0 || restored != wantRestored {
+		t.Errorf("turn 2 restored %d tokens from the prompt cache, one process %d (cache %+v)", restored, wantRestored, promptCacheStatus(t, r))
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Errorf("reply %d: split %q, one process %q", i, got[i], want[i])
+		}
+	}
+	t.Logf("turn 2 restored %d tokens; replies %q", restored, got)
 }

@@ -2,8 +2,11 @@ package e2e
 
 import (
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"os/exec"
 	"strconv"
@@ -371,4 +374,48 @@ func TestSplitModelPromptCache(t *testing.T) {
 		}
 	}
 	t.Logf("turn 2 restored %d tokens; replies %q", restored, got)
+}
+
+// TestSplitWorkerServesRunnersInTurn: a worker refuses a stranger speaking another
+// protocol version and keeps serving; when its runner goes away it serves the next one
+// (the same answer again).
+func TestSplitWorkerServesRunnersInTurn(t *testing.T) {
+	m := specModel(t, "split-seed3", splitSpec(3))
+	w := startWorker(t, m)
+
+	conn, err := net.DialTimeout("tcp", w.addr, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A greeting of protocol version 99: u32 length, the HELLO command, then magic,
+	// version, pointer size, byte order, file size and header hash.
+	hello := binary.LittleEndian.AppendUint32(nil, 32)
+	hello = append(hello, 1)
+	for _, v := range []uint32{0x444e464d, 99, 8, 0x01020304} {
+		hello = binary.LittleEndian.AppendUint32(hello, v)
+	}
+	hello = append(hello, make([]byte, 16)...)
+	if _, err := conn.Write(hello); err != nil {
+		t.Fatal(err)
+	}
+	_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	answer, err := io.ReadAll(conn)
+	conn.Close()
+	if err != nil || len(answer) < 5 || answer[4] != 1 || !strings.Contains(string(answer[5:]), "protocol version 99") {
+		t.Fatalf("the worker answered a version-99 greeting with %q (%v), want an error naming the version", answer, err)
+	}
+
+	var first []greedyTokens
+	for i := range 2 {
+		r := startReady(t, m, splitFlags([]*worker{w}, 3)...)
+		first = append(first, greedyWhole(t, r, "Tell me a story about the sea.", 16))
+		r.stop()
+		if code := r.exitCode(10 * time.Second); code != 0 {
+			t.Fatalf("runner %d exited with %d", i, code)
+		}
+	}
+	sameTokens(t, "the second runner", first[1], first[0])
+	waitFor(t, 10*time.Second, "the worker to log both runners' ends", func() bool {
+		return strings.Count(w.stderr.String(), "disconnected") == 2
+	})
 }

@@ -115,6 +115,11 @@ type SplitWorkerStatus struct {
 	BytesReceived uint64 `json:"bytes_received"`
 	RoundTrips    uint64 `json:"round_trips"`
 	Computes      uint64 `json:"computes"`
+	// LinkWaitSeconds is the time the runner spent waiting on answered commands
+	// (sending, the worker's work, the answer); WorkerComputeSeconds the part of it the
+	// worker spent computing graphs. The difference is what the link costs.
+	LinkWaitSeconds      float64 `json:"link_wait_seconds"`
+	WorkerComputeSeconds float64 `json:"worker_compute_seconds"`
 	// Error is set once the link has failed (the worker died, the link was cut or
 	// timed out); the runner is then failed and serves nothing.
 	Error string `json:"error,omitempty"`

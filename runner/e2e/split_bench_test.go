@@ -51,6 +51,9 @@ func BenchmarkSplitModel(b *testing.B) {
 				b.ReportMetric(float64(after.BytesSent-before.BytesSent)/float64(tokens), "sent-B/tok")
 				b.ReportMetric(float64(after.BytesReceived-before.BytesReceived)/float64(tokens), "recv-B/tok")
 				b.ReportMetric(float64(after.RoundTrips-before.RoundTrips)/float64(tokens), "round-trips/tok")
+				link := (after.LinkWaitSeconds - after.WorkerComputeSeconds) - (before.LinkWaitSeconds - before.WorkerComputeSeconds)
+				b.ReportMetric(link*1e6/float64(tokens), "link-us/tok")
+				b.ReportMetric((after.WorkerComputeSeconds-before.WorkerComputeSeconds)*1e6/float64(tokens), "worker-compute-us/tok")
 			}
 
 			var agg float64
@@ -70,6 +73,8 @@ func linkTotals(st runnerapi.Status) runnerapi.SplitWorkerStatus {
 		t.BytesSent += w.BytesSent
 		t.BytesReceived += w.BytesReceived
 		t.RoundTrips += w.RoundTrips
+		t.LinkWaitSeconds += w.LinkWaitSeconds
+		t.WorkerComputeSeconds += w.WorkerComputeSeconds
 	}
 	return t
 }

@@ -207,7 +207,8 @@ func TestSplitModelMatchesOneProcess(t *testing.T) {
 				t.Fatalf("status lists %d split workers, want %d: %+v", len(st.Split), len(workers), st.Split)
 			}
 			for i, ws := range st.Split {
-				if ws.Addr != workers[i].addr || ws.Layers != tc.layers[i] || ws.Error != "" || ws.Computes == 0 {
+				if ws.Addr != workers[i].addr || ws.Layers != tc.layers[i] || ws.Error != "" || ws.Computes == 0 ||
+					ws.WorkerComputeSeconds <= 0 || ws.LinkWaitSeconds < ws.WorkerComputeSeconds {
 					t.Errorf("split worker %d: %+v", i, ws)
 				}
 			}

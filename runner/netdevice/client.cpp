@@ -9,6 +9,8 @@
 #include <errno.h>
 #include <unistd.h>
 
+#include <chrono>
+
 #include "ggml-cpu.h"
 
 struct nd_buffer {
@@ -60,6 +62,7 @@ bool nd_flush(nd_device *d) {
 
 // nd_call sends a command (after the queued ones) and reads its answer.
 bool nd_call(nd_device *d, uint8_t cmd, const void *p, size_t n, std::vector<uint8_t> &reply) {
+	auto start = std::chrono::steady_clock::now();
 	nd_queue(d, cmd, p, n);
 	if (!nd_flush(d)) {
 		return false;
@@ -78,6 +81,7 @@ bool nd_call(nd_device *d, uint8_t cmd, const void *p, size_t n, std::vector<uin
 		return false;
 	}
 	d->received += MFND_HEADER + len;
+	d->wait_ns += (uint64_t)std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
 	d->round_trips++;
 	if (head[4] != 0) {
 		nd_fail(d, std::string(reply.begin(), reply.end()));

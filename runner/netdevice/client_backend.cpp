@@ -102,9 +102,14 @@ static enum ggml_status nd_backend_compute(ggml_backend_t b, struct ggml_cgraph 
 		return GGML_STATUS_FAILED;
 	}
 	d->computes++;
-	if (g->n_nodes > 0 && reply.size() == ggml_nbytes(g->nodes[g->n_nodes - 1])) {
+	uint64_t ns = 0;
+	if (reply.size() >= sizeof(ns)) {
+		memcpy(&ns, reply.data(), sizeof(ns));
+		d->compute_ns += ns;
+	}
+	if (g->n_nodes > 0 && reply.size() == sizeof(ns) + ggml_nbytes(g->nodes[g->n_nodes - 1])) {
 		d->out_addr = (uint64_t)(uintptr_t)g->nodes[g->n_nodes - 1]->data;
-		d->out_bytes.swap(reply);
+		d->out_bytes.assign(reply.begin() + sizeof(ns), reply.end());
 	}
 	return GGML_STATUS_SUCCESS;
 }
@@ -254,5 +259,5 @@ extern "C" int mfnd_error(void *dev, char *err, size_t errlen) {
 extern "C" void mfnd_get_stats(void *dev, mfnd_stats *s) {
 	nd_device *d = (nd_device *)((ggml_backend_dev_t)dev)->context;
 	std::lock_guard<std::mutex> lock(d->mu);
-	*s = {d->sent, d->received, d->round_trips, d->computes};
+	*s = {d->sent, d->received, d->round_trips, d->computes, d->wait_ns, d->compute_ns};
 }

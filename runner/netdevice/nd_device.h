@@ -17,6 +17,9 @@ struct nd_device {
 	std::vector<uint8_t> out; // queued frames, flushed before every answered command
 	mfnd_hello_reply info = {};
 	uint64_t sent = 0, received = 0, round_trips = 0, computes = 0;
+	// wait_ns: time spent in answered commands (sending, the worker's work, the
+	// answer); compute_ns: the part the worker spent computing graphs, as it reports.
+	uint64_t wait_ns = 0, compute_ns = 0;
 	// The last graph sent, which the worker holds too: the next one is sent as the
 	// records that changed (a decode step's graph mostly repeats the previous one's).
 	std::vector<mfnd_tensor> last_tensors;

@@ -43,9 +43,11 @@ type Device struct {
 }
 
 // Stats counts one device's traffic: bytes each way, answered round trips and graphs
-// computed.
+// computed; Wait is the time spent in answered commands (sending, the worker's work,
+// the answer), Compute the part of it the worker spent computing.
 type Stats struct {
 	BytesSent, BytesReceived, RoundTrips, Computes uint64
+	Wait, Compute                                  time.Duration
 }
 
 // Connect dials a worker and greets it with the identity of modelPath (the worker
@@ -107,7 +109,8 @@ func (d *Device) Stats() Stats {
 	var s C.mfnd_stats
 	C.mfnd_get_stats(d.dev, &s)
 	return Stats{BytesSent: uint64(s.sent), BytesReceived: uint64(s.received),
-		RoundTrips: uint64(s.round_trips), Computes: uint64(s.computes)}
+		RoundTrips: uint64(s.round_trips), Computes: uint64(s.computes),
+		Wait: time.Duration(s.wait_ns), Compute: time.Duration(s.compute_ns)}
 }
 
 // Serve serves one runner on conn until it disconnects, computing with threads CPU

@@ -18,7 +18,7 @@
 #endif
 
 #define MFND_MAGIC 0x444e464du // "MFND"
-#define MFND_VERSION 2u
+#define MFND_VERSION 3u
 
 // Commands. Those marked "answered" wait for the worker's reply; the others are
 // queued and their errors are reported by the next answered command.
@@ -32,7 +32,7 @@ enum mfnd_cmd : uint8_t {
 	MFND_GET = 7,       // answered: reads bytes
 	MFND_COPY = 8,      // copies within the worker's memory
 	MFND_MEMSET = 9,    // fills a range with a byte
-	MFND_COMPUTE = 10,  // answered: computes a graph; the answer is its last node's bytes
+	MFND_COMPUTE = 10,  // answered: computes a graph; the answer is the compute time (u64 ns) and its last node's bytes
 	MFND_STATUS = 11,   // answered: the first queued error, if any
 };
 

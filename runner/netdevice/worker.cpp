@@ -12,6 +12,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <map>
 #include <unordered_map>
 
@@ -30,7 +31,7 @@ struct worker {
 	ggml_backend_t cpu = NULL;
 	std::map<uint64_t, ggml_backend_buffer_t> buffers; // by base address
 	std::string err; // the first error of a queued command, reported by the next answered one
-	std::vector<uint8_t> msg;
+	std::vector<uint8_t> msg, out;
 	uint64_t file_size = 0, header_hash = 0;
 
 	~worker() {
@@ -250,13 +251,21 @@ bool worker::compute() {
 	for (uint32_t n : nodes) {
 		g->nodes[g->n_nodes++] = ts[n];
 	}
+	auto start = std::chrono::steady_clock::now();
 	if (err.empty() && ggml_backend_graph_compute(cpu, g) != GGML_STATUS_SUCCESS) {
 		fail("the worker's CPU backend failed to compute the graph");
 	}
-	// The answer carries the last node's bytes, which the runner reads next.
+	uint64_t ns = (uint64_t)std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
+	// The answer: the compute time, then the last node's bytes, which the runner reads
+	// next.
 	struct ggml_tensor *last = nodes.empty() ? NULL : ts[nodes.back()];
 	size_t n = last != NULL && last->data != NULL && ggml_nbytes(last) <= MFND_MAX_OUTPUT ? ggml_nbytes(last) : 0;
-	bool ok = answer(n > 0 ? last->data : NULL, n);
+	out.resize(sizeof(ns) + n);
+	memcpy(out.data(), &ns, sizeof(ns));
+	if (n > 0) {
+		memcpy(out.data() + sizeof(ns), last->data, n);
+	}
+	bool ok = answer(out.data(), out.size());
 	ggml_free(ctx);
 	return ok;
 }

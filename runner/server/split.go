@@ -103,7 +103,8 @@ func (s *Server) splitStatus() []runnerapi.SplitWorkerStatus {
 	for i, d := range s.split {
 		st := d.Stats()
 		ws := runnerapi.SplitWorkerStatus{Addr: d.Addr, Layers: s.cfg.Split[i].Layers,
-			BytesSent: st.BytesSent, BytesReceived: st.BytesReceived, RoundTrips: st.RoundTrips, Computes: st.Computes}
+			BytesSent: st.BytesSent, BytesReceived: st.BytesReceived, RoundTrips: st.RoundTrips, Computes: st.Computes,
+			LinkWaitSeconds: st.Wait.Seconds(), WorkerComputeSeconds: st.Compute.Seconds()}
 		if err := d.Err(); err != nil {
 			ws.Error = err.Error()
 		}

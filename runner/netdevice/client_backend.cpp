@@ -232,6 +232,7 @@ extern "C" void *mfnd_open(int fd, const char *addr, int index, const char *mode
 		return NULL;
 	}
 	memcpy(&d->info, reply.data(), sizeof(d->info));
+	d->desc += " (" + std::to_string(d->info.threads) + " threads)";
 	return &d->dev;
 }
 

@@ -54,7 +54,7 @@ struct mfnd_hello {
 
 struct mfnd_hello_reply {
 	uint32_t version;
-	uint32_t threads;
+	uint32_t threads; // the worker's compute threads (for logs)
 	uint64_t mem_free;
 	uint64_t mem_total;
 };

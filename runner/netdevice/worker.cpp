@@ -33,6 +33,7 @@ struct worker {
 	std::string err; // the first error of a queued command, reported by the next answered one
 	std::vector<uint8_t> msg, out;
 	uint64_t file_size = 0, header_hash = 0;
+	int threads = 1;
 
 	~worker() {
 		for (auto &b : buffers) {
@@ -125,7 +126,7 @@ bool worker::hello() {
 		reply(1, e.data(), e.size());
 		return false;
 	}
-	mfnd_hello_reply r = {MFND_VERSION, 0, 0, 0};
+	mfnd_hello_reply r = {MFND_VERSION, (uint32_t)threads, 0, 0};
 	// No portable free-memory figure for host memory here: report the model's size as a
 	// floor; placement is decided by the control plane, not by llama.cpp's defaults.
 	r.mem_free = r.mem_total = file_size * 4;
@@ -353,6 +354,7 @@ bool worker::serve_one(uint8_t cmd) {
 extern "C" int mfnd_serve(int fd, const char *model_path, int threads, char *err, size_t errlen) {
 	worker w;
 	w.sock = fd;
+	w.threads = threads > 0 ? threads : 1;
 	// No timeout: a runner may stay idle for hours; its death closes the connection
 	// (keepalive finds a vanished peer).
 	mfnd_socket_options(fd, 0);
@@ -390,7 +392,7 @@ extern "C" int mfnd_serve(int fd, const char *model_path, int threads, char *err
 			} else if (!e.empty()) {
 				w.reply(1, e.data(), e.size());
 			} else if (w.hello()) {
-				ggml_backend_cpu_set_n_threads(w.cpu, threads > 0 ? threads : 1);
+				ggml_backend_cpu_set_n_threads(w.cpu, w.threads);
 				greeted = true;
 				continue;
 			} else {

@@ -57,9 +57,18 @@ func BenchmarkSplitModel(b *testing.B) {
 			}
 
 			var agg float64
+			before = linkTotals(r.status())
 			for range b.N {
 				a, _ := fourStreams(b, r, genTokens)
 				agg += a
+			}
+			if len(workers) > 0 {
+				after := linkTotals(r.status())
+				steps := float64(4 * genTokens * b.N) // at most; fewer when a stream ends early
+				b.ReportMetric(float64(after.RoundTrips-before.RoundTrips)/steps, "4-stream-round-trips/tok")
+				b.ReportMetric(float64(after.BytesSent-before.BytesSent)/steps, "4-stream-sent-B/tok")
+				link := (after.LinkWaitSeconds - after.WorkerComputeSeconds) - (before.LinkWaitSeconds - before.WorkerComputeSeconds)
+				b.ReportMetric(link*1e6/steps, "4-stream-link-us/tok")
 			}
 			b.ReportMetric(agg/float64(b.N), "4-stream-tok/s")
 		})

@@ -146,6 +146,20 @@ func greedyStream(t *testing.T, r *runner, prompt string, maxTokens int) greedyT
 	return g
 }
 
+// toolReply is the answer to chat_test's tool conversation, as JSON.
+func toolReply(t *testing.T, r *runner) string {
+	t.Helper()
+	c := chatWhole(t, r, toolConversation)
+	if len(c.Choices) != 1 || c.Usage == nil || c.Usage.CompletionTokens == 0 {
+		t.Fatalf("tool conversation: %+v", c)
+	}
+	b, err := json.Marshal(c.Choices[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
 func sameTokens(t *testing.T, what string, got, want greedyTokens) {
 	t.Helper()
 	if len(want.tokens) < 8 {
@@ -164,8 +178,9 @@ func sameTokens(t *testing.T, what string, got, want greedyTokens) {
 
 // TestSplitModelMatchesOneProcess: a model split across a runner and one worker
 // (three layers each), and across a runner and two workers (two layers each), answers
-// token for token as the same model in one process, whole and streamed; the workers
-// read the weights from their own files, and the links carry activations and graphs.
+// token for token as the same model in one process, whole, streamed and with tools;
+// the workers read the weights from their own files, and the links carry activations
+// and graphs.
 func TestSplitModelMatchesOneProcess(t *testing.T) {
 	m := specModel(t, "split-seed3", splitSpec(3))
 	prompts := []string{"Tell me a story about the sea.", "List three prime numbers and explain why."}
@@ -177,6 +192,9 @@ func TestSplitModelMatchesOneProcess(t *testing.T) {
 	}
 	wantStream := greedyStream(t, one, prompts[0], maxTokens)
 	sameTokens(t, "one process streamed", wantStream, want[0])
+	// A conversation with tools, a tool call and its result, rendered by the model's
+	// own template.
+	wantTool := toolReply(t, one)
 	one.stop()
 
 	for _, tc := range []struct {
@@ -201,6 +219,9 @@ func TestSplitModelMatchesOneProcess(t *testing.T) {
 				sameTokens(t, p, greedyWhole(t, r, p, maxTokens), want[i])
 			}
 			sameTokens(t, "streamed", greedyStream(t, r, prompts[0], maxTokens), want[0])
+			if got := toolReply(t, r); got != wantTool {
+				t.Errorf("the tool conversation's answer: split %s, one process %s", got, wantTool)
+			}
 			st := r.status()
 			t.Logf("after load %+v; after %d requests %+v", loaded.Split, len(prompts)+1, st.Split)
 			if len(st.Split) != len(workers) {
@@ -419,4 +440,28 @@ func TestSplitWorkerServesRunnersInTurn(t *testing.T) {
 	waitFor(t, 10*time.Second, "the worker to log both runners' ends", func() bool {
 		return strings.Count(w.stderr.String(), "disconnected") == 2
 	})
+}
+
+// TestSplitModelWorkerUnreachable: a runner whose worker does not answer fails its load
+// with the worker's address and the reason (exit code 3).
+func TestSplitModelWorkerUnreachable(t *testing.T) {
+	m := specModel(t, "split-seed3", splitSpec(3))
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close() // nothing listens there now
+	r := startRunner(t, m, "--split-worker", addr, "--split-layers", "3")
+	var h runnerapi.Health
+	waitFor(t, 30*time.Second, "the load to fail", func() bool {
+		_, err := r.getJSON("/health", &h)
+		return err == nil && h.Status == runnerapi.StateFailed
+	})
+	if !strings.Contains(h.Error, "split worker "+addr) || !strings.Contains(h.Error, "refused") {
+		t.Errorf("health error %q, want the worker's address and the refused connection", h.Error)
+	}
+	if code := r.exitCode(10 * time.Second); code != 3 {
+		t.Errorf("exit code %d, want 3 (load failed)", code)
+	}
 }

@@ -107,8 +107,10 @@ type Status struct {
 // SplitWorkerStatus is one split worker's link as the runner sees it.
 type SplitWorkerStatus struct {
 	Addr string `json:"addr"`
-	// Layers is how many of the model's layers the worker computes.
-	Layers int `json:"layers"`
+	// Layers is how many of the model's layers the worker computes, from FirstLayer
+	// (counted from 0; the runner keeps the layers before the first worker's).
+	Layers     int `json:"layers"`
+	FirstLayer int `json:"first_layer"`
 	// BytesSent and BytesReceived count the link's traffic (framing included);
 	// RoundTrips the answered commands; Computes the graphs the worker computed.
 	BytesSent     uint64 `json:"bytes_sent"`

@@ -198,9 +198,9 @@ func TestSplitModelMatchesOneProcess(t *testing.T) {
 	one.stop()
 
 	for _, tc := range []struct {
-		name   string
-		layers []int
-	}{{"two processes", []int{3}}, {"three processes", []int{2, 2}}} {
+		name          string
+		layers, first []int
+	}{{"two processes", []int{3}, []int{3}}, {"three processes", []int{2, 2}, []int{2, 4}}} {
 		t.Run(tc.name, func(t *testing.T) {
 			var workers []*worker
 			for range tc.layers {
@@ -228,7 +228,7 @@ func TestSplitModelMatchesOneProcess(t *testing.T) {
 				t.Fatalf("status lists %d split workers, want %d: %+v", len(st.Split), len(workers), st.Split)
 			}
 			for i, ws := range st.Split {
-				if ws.Addr != workers[i].addr || ws.Layers != tc.layers[i] || ws.Error != "" || ws.Computes == 0 ||
+				if ws.Addr != workers[i].addr || ws.Layers != tc.layers[i] || ws.FirstLayer != tc.first[i] || ws.Error != "" || ws.Computes == 0 ||
 					ws.WorkerComputeSeconds <= 0 || ws.LinkWaitSeconds < ws.WorkerComputeSeconds {
 					t.Errorf("split worker %d: %+v", i, ws)
 				}

@@ -100,15 +100,22 @@ func (s *Server) onSplitLost(err error) *runnerapi.Error {
 // splitStatus reports the workers' links for /status.
 func (s *Server) splitStatus() []runnerapi.SplitWorkerStatus {
 	var out []runnerapi.SplitWorkerStatus
+	// The workers take the last layers in order (0 when the model did not load).
+	first := s.info.NLayer
+	for _, w := range s.cfg.Split {
+		first -= w.Layers
+	}
+	first = max(first, 0)
 	for i, d := range s.split {
 		st := d.Stats()
-		ws := runnerapi.SplitWorkerStatus{Addr: d.Addr, Layers: s.cfg.Split[i].Layers,
+		ws := runnerapi.SplitWorkerStatus{Addr: d.Addr, Layers: s.cfg.Split[i].Layers, FirstLayer: first,
 			BytesSent: st.BytesSent, BytesReceived: st.BytesReceived, RoundTrips: st.RoundTrips, Computes: st.Computes,
 			LinkWaitSeconds: st.Wait.Seconds(), WorkerComputeSeconds: st.Compute.Seconds()}
 		if err := d.Err(); err != nil {
 			ws.Error = err.Error()
 		}
 		out = append(out, ws)
+		first += ws.Layers
 	}
 	return out
 }

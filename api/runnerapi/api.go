@@ -122,6 +122,9 @@ type SplitWorkerStatus struct {
 	// worker spent computing graphs. The difference is what the link costs.
 	LinkWaitSeconds      float64 `json:"link_wait_seconds"`
 	WorkerComputeSeconds float64 `json:"worker_compute_seconds"`
+	// AllocatedBytes is the worker's memory this runner's buffers take (its layers'
+	// weights, their KV cache, the compute buffer): the shard's share on its Mac.
+	AllocatedBytes int64 `json:"allocated_bytes"`
 	// Error is set once the link has failed (the worker died, the link was cut or
 	// timed out); the runner is then failed and serves nothing.
 	Error string `json:"error,omitempty"`

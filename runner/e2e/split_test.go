@@ -209,6 +209,11 @@ func TestSplitModelMatchesOneProcess(t *testing.T) {
 			r := startReady(t, m, splitFlags(workers, tc.layers...)...)
 			loaded := r.status()
 			for i, ws := range loaded.Split {
+				// The worker holds its layers' weights and KV cache: at least the
+				// weights, and for 8192 cells of f16 keys and values (32 wide) per layer.
+				if least := int64(tc.layers[i] * (splitLayerBytes + 8192*2*32*2)); ws.AllocatedBytes < least {
+					t.Errorf("split worker %d holds %d bytes of buffers, want at least %d", i, ws.AllocatedBytes, least)
+				}
 				// The weights stayed home: loading sent each worker a name, a size and a
 				// hash per tensor, not its layers' F16 weights.
 				if weights := uint64(tc.layers[i] * splitLayerBytes); ws.BytesSent >= weights/4 {

@@ -96,6 +96,7 @@ static void nd_buffer_free(ggml_backend_buffer_t buf) {
 	nd_buffer *b = (nd_buffer *)buf->context;
 	std::lock_guard<std::mutex> lock(b->d->mu);
 	nd_queue(b->d, MFND_FREE, &b->base, sizeof(b->base));
+	b->d->allocated -= buf->size;
 	delete b;
 }
 
@@ -195,6 +196,7 @@ static ggml_backend_buffer_t nd_buft_alloc(ggml_backend_buffer_type_t buft, size
 		return NULL;
 	}
 	nd_buffer *b = new nd_buffer{d, 0};
+	d->allocated += size;
 	memcpy(&b->base, reply.data(), 8);
 	return ggml_backend_buffer_init(buft, nd_buffer_iface, b, size);
 }

@@ -20,6 +20,7 @@ struct nd_device {
 	// wait_ns: time spent in answered commands (sending, the worker's work, the
 	// answer); compute_ns: the part the worker spent computing graphs, as it reports.
 	uint64_t wait_ns = 0, compute_ns = 0;
+	uint64_t allocated = 0; // bytes of the worker's buffers this runner holds
 	// The last graph sent, which the worker holds too: the next one is sent as the
 	// records that changed (a decode step's graph mostly repeats the previous one's).
 	std::vector<mfnd_tensor> last_tensors;

@@ -44,10 +44,12 @@ type Device struct {
 
 // Stats counts one device's traffic: bytes each way, answered round trips and graphs
 // computed; Wait is the time spent in answered commands (sending, the worker's work,
-// the answer), Compute the part of it the worker spent computing.
+// the answer), Compute the part of it the worker spent computing; Allocated the bytes
+// of the worker's buffers the runner holds (weights, KV cache, compute).
 type Stats struct {
 	BytesSent, BytesReceived, RoundTrips, Computes uint64
 	Wait, Compute                                  time.Duration
+	Allocated                                      uint64
 }
 
 // Connect dials a worker and greets it with the identity of modelPath (the worker
@@ -110,7 +112,7 @@ func (d *Device) Stats() Stats {
 	C.mfnd_get_stats(d.dev, &s)
 	return Stats{BytesSent: uint64(s.sent), BytesReceived: uint64(s.received),
 		RoundTrips: uint64(s.round_trips), Computes: uint64(s.computes),
-		Wait: time.Duration(s.wait_ns), Compute: time.Duration(s.compute_ns)}
+		Wait: time.Duration(s.wait_ns), Compute: time.Duration(s.compute_ns), Allocated: uint64(s.allocated)}
 }
 
 // Serve serves one runner on conn until it disconnects, computing with threads CPU

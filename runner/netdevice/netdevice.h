@@ -10,7 +10,7 @@ extern "C" {
 #endif
 
 typedef struct mfnd_stats {
-	uint64_t sent, received, round_trips, computes, wait_ns, compute_ns;
+	uint64_t sent, received, round_trips, computes, wait_ns, compute_ns, allocated;
 } mfnd_stats;
 
 // mfnd_open greets the worker on the connected socket fd (which it then owns) and

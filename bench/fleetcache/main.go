@@ -45,7 +45,7 @@ type options struct {
 	modes, cacheKeys      string
 	modeLimit, reqTimeout time.Duration
 	timeout               time.Duration
-	smoke, keep           bool
+	smoke, keep, requests bool
 }
 
 func main() {
@@ -69,6 +69,7 @@ func main() {
 	flag.DurationVar(&o.timeout, "timeout", 40*time.Minute, "the whole run's limit")
 	flag.BoolVar(&o.smoke, "smoke", false, "a quick check: 2 Macs, 2 tenants × 2 users, short prompts (the fleet's start dominates)")
 	flag.BoolVar(&o.keep, "keep", false, "keep the fleet's directory (logs) after the run")
+	flag.BoolVar(&o.requests, "requests", false, "print each answer: tenant, user, arrival, TTFT, tokens restored")
 	flag.Parse()
 	if o.smoke {
 		o.macs, o.tenants, o.users, o.words, o.rate, o.maxTokens = 2, 2, 2, 300, 4, 2
@@ -199,6 +200,12 @@ func measureMode(ctx, gctx context.Context, f *localfleet.Fleet, o options, mode
 	}
 	s := summarize(mode, outs, after.sub(before), routed)
 	fmt.Printf("%s done: TTFT p90 %s, %d of %d prompt tokens restored, load %s\n", mode, secs(s.P90), s.Cached, s.Prompt, uptime())
+	c := splitCold(outs, s.P90)
+	fmt.Printf("%s cold answers (restored less than half the prompt): %d, %d of them arrived before their tenant's first token anywhere, %d after; "+
+		"%d of the %d answers at or above the p90 are such early ones\n", mode, c.Cold, c.Early, c.Late, c.InTail, c.Tail)
+	if o.requests {
+		fmt.Print(requestLines(mode, outs))
+	}
 	return s, ctx.Err()
 }
 

@@ -1,0 +1,132 @@
+package gateway
+
+import (
+	"math"
+	"testing"
+	"time"
+
+	"github.com/macfleet/macfleet/api/runnerapi"
+	"github.com/macfleet/macfleet/gateway/prefixindex"
+)
+
+func TestPrefixScoreInFlight(t *testing.T) {
+	held := func(tier string, depth, tokens int) prefixindex.Hit {
+		return prefixindex.Hit{Depth: depth, Held: prefixindex.Held{Tier: tier, Tokens: tokens}}
+	}
+	for _, tc := range []struct {
+		name string
+		c    prefixCandidate
+		want float64
+	}{
+		{"nothing held or prefilled", prefixCandidate{slots: 2}, 0},
+		{"prefilling only, idle", prefixCandidate{prefilling: 1, slots: 1}, inflightWeight},
+		{"prefilling only, two digests deep, one of two slots busy", prefixCandidate{prefilling: 2, load: 1, slots: 2},
+			inflightWeight * 2 * 2 / 3},
+		{"prefilling only, queued behind a full replica", prefixCandidate{prefilling: 1, load: 2, slots: 2},
+			inflightWeight * 2 / 5},
+		{"held with its tokens outweighs the same prefix prefilling", prefixCandidate{hit: held(runnerapi.TierHot, 1, 4000), prefilling: 2, slots: 1},
+			4000},
+		{"held on the SSD, tokens unreported, shallower than the one prefilling",
+			prefixCandidate{hit: held(runnerapi.TierSSD, 1, 0), prefilling: 3, slots: 1}, math.Max(0.5*1, inflightWeight*3)},
+		{"held on the SSD, tokens unreported, as deep as the one prefilling: the SSD's weight",
+			prefixCandidate{hit: held(runnerapi.TierSSD, 2, 0), prefilling: 2, slots: 1}, 0.5 * 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := prefixScore(tc.c); math.Abs(got-tc.want) > 1e-9 {
+				t.Errorf("prefixScore = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestChoosePrefixInFlight(t *testing.T) {
+	hot := func(tokens, load int) prefixCandidate {
+		return prefixCandidate{hit: prefixindex.Hit{Depth: 1, Held: prefixindex.Held{Tier: runnerapi.TierHot, Tokens: tokens}}, load: load, slots: 2}
+	}
+	pre := func(depth, load int) prefixCandidate { return prefixCandidate{prefilling: depth, load: load, slots: 2} }
+	none := func(load int) prefixCandidate { return prefixCandidate{load: load, slots: 2} }
+	for _, tc := range []struct {
+		name  string
+		cands []prefixCandidate
+		want  int
+	}{
+		{"nobody holds it, one replica prefills it: there, though busier",
+			[]prefixCandidate{none(1), pre(1, 1), none(0), none(1)}, 1},
+		{"a holder within the bound beats the one prefilling",
+			[]prefixCandidate{pre(1, 1), hot(4000, 1), none(0), none(1)}, 1},
+		{"the holder over the bound, another prefilling it within the bound: the one prefilling",
+			[]prefixCandidate{hot(4000, 3), pre(1, 1), none(0), none(0)}, 1},
+		{"the one prefilling over the bound: fall back",
+			[]prefixCandidate{pre(1, 3), none(0), none(0), none(0)}, -1},
+		{"two prefilling it: the less loaded",
+			[]prefixCandidate{pre(1, 2), pre(1, 1), none(0), none(1)}, 1},
+		{"prefilling a deeper prefix of the conversation beats a shallower one",
+			[]prefixCandidate{pre(1, 1), pre(2, 1), none(1), none(1)}, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			eligible := make([]bool, len(tc.cands))
+			for i := range eligible {
+				eligible[i] = true
+			}
+			if got := choosePrefix(tc.cands, eligible, DefaultLoadBound); got != tc.want {
+				scores := make([]float64, len(tc.cands))
+				for i, c := range tc.cands {
+					scores[i] = prefixScore(c)
+				}
+				t.Errorf("choosePrefix = %d, want %d (scores %v)", got, tc.want, scores)
+			}
+		})
+	}
+}
+
+// TestBalancerRoutesToThePrefillingReplica: with nothing in the index, a request's
+// prefix is recorded on the replica it went to, the next request of that prefix goes
+// there too (prefix_inflight), and once both ended and the linger passed (fake clock)
+// the record no longer routes.
+func TestBalancerRoutesToThePrefillingReplica(t *testing.T) {
+	index, err := prefixindex.New(0, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := newBalancer(DefaultLoadBound, index)
+	now := time.Date(2026, 11, 25, 20, 0, 0, 0, time.UTC)
+	b.now = func() time.Time { return now }
+	rt := &Route{PromptCache: true, Backends: []Backend{{Key: "ns/r0", Slots: 2}, {Key: "ns/r1", Slots: 2}}}
+	hint := func(user string) routeHint {
+		return routeHint{mode: RoutingPrefixCache, digests: []string{"00000000000000aa", user}}
+	}
+	first, _, routed, ok := b.pickN(rt, nil, hint("00000000000000b1"), 0, 1)
+	if !ok || routed != routedFallback {
+		t.Fatalf("the first request: routed %q (ok %v), want %q", routed, ok, routedFallback)
+	}
+	now = now.Add(2 * time.Second)
+	second, _, routed, _ := b.pickN(rt, nil, hint("00000000000000b2"), 0, 1)
+	if routed != routedPrefixInFlight || second.Key != first.Key {
+		t.Fatalf("the second request of the prefix: %s routed %q, want %s by %q", second.Key, routed, first.Key, routedPrefixInFlight)
+	}
+	// The second ends; the index learns that the first replica holds the prefix: a
+	// held hit.
+	b.releaseN(second.Key, 1)
+	b.endPrefill(second.Key, hint("00000000000000b2"))
+	index.Apply(first.Key, runnerapi.PrefixEvents{Epoch: "e", Reset: true,
+		Events: []runnerapi.PrefixEvent{{Digest: "00000000000000aa", Tier: runnerapi.TierHot, Tokens: 4000}}})
+	third, _, routed, _ := b.pickN(rt, nil, hint("00000000000000b3"), 0, 1)
+	if routed != routedPrefixHit || third.Key != first.Key {
+		t.Errorf("with the save reported: %s routed %q, want %s by %q", third.Key, routed, first.Key, routedPrefixHit)
+	}
+	index.Remove(first.Key)
+	for _, u := range []string{"00000000000000b1", "00000000000000b3"} {
+		b.releaseN(first.Key, 1)
+		b.endPrefill(first.Key, hint(u))
+	}
+	now = now.Add(prefixindex.DefaultInFlightLinger)
+	if _, _, routed, _ := b.pickN(rt, nil, hint("00000000000000b4"), 0, 1); routed != routedPrefixInFlight {
+		t.Errorf("within the linger after the last end: routed %q, want %q", routed, routedPrefixInFlight)
+	}
+	b.releaseN(first.Key, 1)
+	b.endPrefill(first.Key, hint("00000000000000b4"))
+	now = now.Add(prefixindex.DefaultInFlightLinger + time.Second)
+	if _, _, routed, _ := b.pickN(rt, nil, hint("00000000000000b5"), 0, 1); routed != routedFallback {
+		t.Errorf("past the linger: routed %q, want %q", routed, routedFallback)
+	}
+}

@@ -68,13 +68,7 @@ func TestChoosePrefixInFlight(t *testing.T) {
 			for i := range eligible {
 				eligible[i] = true
 			}
-			if got := choosePrefix(tc.cands, eligible, DefaultLoadBound); got != tc.want {
-				scores := make([]float64, len(tc.cands))
-				for i, c := range tc.cands {
-					scores[i] = prefixScore(c)
-				}
-				t.Errorf("choosePrefix = %d, want %d (scores %v)", got, tc.want, scores)
-			}
+			wantChoice(t, tc.cands, eligible, tc.want)
 		})
 	}
 }

@@ -225,14 +225,22 @@ func (b *balancer) choosePrefix(rt *Route, loads []int, eligible []bool, digests
 	now := b.now()
 	for i, be := range rt.Backends {
 		if eligible[i] {
-			cands[i] = prefixCandidate{hit: b.index.Deepest(be.Key, digests), load: loads[i], slots: be.Slots,
-				prefilling: b.prefilling.Deepest(be.Key, digests, now)}
+			cands[i] = prefixCandidate{hit: b.index.Deepest(be.Key, digests), load: loads[i], slots: be.Slots}
+			if b.prefilling != nil {
+				cands[i].prefilling = b.prefilling.Deepest(be.Key, digests, now)
+			}
 		}
 	}
 	if i = choosePrefix(cands, eligible, b.c); i < 0 {
 		return -1, false
 	}
 	return i, cands[i].hit.Depth == 0
+}
+
+// withoutInFlight turns the record of prefixes being prefilled off (Options.NoInFlightPrefixes).
+func (b *balancer) withoutInFlight() *balancer {
+	b.prefilling = nil
+	return b
 }
 
 // startPrefill records that a request with digests routed to the backend key is

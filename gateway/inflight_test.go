@@ -19,17 +19,19 @@ func TestPrefixScoreInFlight(t *testing.T) {
 		want float64
 	}{
 		{"nothing held or prefilled", prefixCandidate{slots: 2}, 0},
-		{"prefilling only, idle", prefixCandidate{prefilling: 1, slots: 1}, inflightWeight},
-		{"prefilling only, two digests deep, one of two slots busy", prefixCandidate{prefilling: 2, load: 1, slots: 2},
-			inflightWeight * 2 * 2 / 3},
-		{"prefilling only, queued behind a full replica", prefixCandidate{prefilling: 1, load: 2, slots: 2},
+		{"prefilling only, idle: a slot free, it would prefill beside it", prefixCandidate{prefilling: 1, slots: 1}, 0},
+		{"prefilling only, one of two slots free", prefixCandidate{prefilling: 2, load: 1, slots: 2}, 0},
+		{"prefilling only, its only slot taken: it queues behind", prefixCandidate{prefilling: 2, load: 1, slots: 1},
+			inflightWeight * 2 * 1 / 3},
+		{"prefilling only, both slots taken", prefixCandidate{prefilling: 1, load: 2, slots: 2},
 			inflightWeight * 2 / 5},
-		{"held with its tokens outweighs the same prefix prefilling", prefixCandidate{hit: held(runnerapi.TierHot, 1, 4000), prefilling: 2, slots: 1},
-			4000},
+		{"held with its tokens outweighs the same prefix prefilling", prefixCandidate{hit: held(runnerapi.TierHot, 1, 4000), prefilling: 2, load: 1, slots: 1},
+			4000.0 / 3},
 		{"held on the SSD, tokens unreported, shallower than the one prefilling",
-			prefixCandidate{hit: held(runnerapi.TierSSD, 1, 0), prefilling: 3, slots: 1}, math.Max(0.5*1, inflightWeight*3)},
+			prefixCandidate{hit: held(runnerapi.TierSSD, 1, 0), prefilling: 3, load: 1, slots: 1}, math.Max(0.5*1, inflightWeight*3) / 3},
 		{"held on the SSD, tokens unreported, as deep as the one prefilling: the SSD's weight",
-			prefixCandidate{hit: held(runnerapi.TierSSD, 2, 0), prefilling: 2, slots: 1}, 0.5 * 2},
+			prefixCandidate{hit: held(runnerapi.TierSSD, 2, 0), prefilling: 2, load: 1, slots: 1}, 0.5 * 2 / 3},
+		{"held, a slot free: the held prefix alone", prefixCandidate{hit: held(runnerapi.TierHot, 1, 0), prefilling: 5, slots: 2}, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if got := prefixScore(tc.c); math.Abs(got-tc.want) > 1e-9 {
@@ -45,23 +47,26 @@ func TestChoosePrefixInFlight(t *testing.T) {
 	}
 	pre := func(depth, load int) prefixCandidate { return prefixCandidate{prefilling: depth, load: load, slots: 2} }
 	none := func(load int) prefixCandidate { return prefixCandidate{load: load, slots: 2} }
+	// 9 requests in flight over 4 replicas: the bound is 4 each.
 	for _, tc := range []struct {
 		name  string
 		cands []prefixCandidate
 		want  int
 	}{
-		{"nobody holds it, one replica prefills it: there, though busier",
-			[]prefixCandidate{none(1), pre(1, 1), none(0), none(1)}, 1},
+		{"nobody holds it, a full replica prefills it: queue there, though busier",
+			[]prefixCandidate{none(3), pre(1, 2), none(2), none(2)}, 1},
+		{"nobody holds it, the replica prefilling it has a slot free: fall back",
+			[]prefixCandidate{none(3), pre(1, 1), none(3), none(2)}, -1},
 		{"a holder within the bound beats the one prefilling",
-			[]prefixCandidate{pre(1, 1), hot(4000, 1), none(0), none(1)}, 1},
+			[]prefixCandidate{pre(1, 2), hot(4000, 2), none(3), none(2)}, 1},
 		{"the holder over the bound, another prefilling it within the bound: the one prefilling",
-			[]prefixCandidate{hot(4000, 3), pre(1, 1), none(0), none(0)}, 1},
+			[]prefixCandidate{hot(4000, 4), pre(1, 2), none(2), none(1)}, 1},
 		{"the one prefilling over the bound: fall back",
-			[]prefixCandidate{pre(1, 3), none(0), none(0), none(0)}, -1},
+			[]prefixCandidate{pre(1, 5), none(2), none(1), none(1)}, -1},
 		{"two prefilling it: the less loaded",
-			[]prefixCandidate{pre(1, 2), pre(1, 1), none(0), none(1)}, 1},
+			[]prefixCandidate{pre(1, 3), pre(1, 2), none(2), none(2)}, 1},
 		{"prefilling a deeper prefix of the conversation beats a shallower one",
-			[]prefixCandidate{pre(1, 1), pre(2, 1), none(1), none(1)}, 1},
+			[]prefixCandidate{pre(1, 2), pre(2, 2), none(3), none(2)}, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			eligible := make([]bool, len(tc.cands))
@@ -74,9 +79,9 @@ func TestChoosePrefixInFlight(t *testing.T) {
 }
 
 // TestBalancerRoutesToThePrefillingReplica: with nothing in the index, a request's
-// prefix is recorded on the replica it went to, the next request of that prefix goes
-// there too (prefix_inflight), and once both ended and the linger passed (fake clock)
-// the record no longer routes.
+// prefix is recorded on the replica it went to, the next request of that prefix
+// queues there (prefix_inflight) while it has no slot free, and once the requests
+// ended and the linger passed (fake clock) the record no longer routes.
 func TestBalancerRoutesToThePrefillingReplica(t *testing.T) {
 	index, err := prefixindex.New(0, nil)
 	if err != nil {
@@ -85,13 +90,17 @@ func TestBalancerRoutesToThePrefillingReplica(t *testing.T) {
 	b := newBalancer(DefaultLoadBound, index)
 	now := time.Date(2026, 11, 25, 20, 0, 0, 0, time.UTC)
 	b.now = func() time.Time { return now }
-	rt := &Route{PromptCache: true, Backends: []Backend{{Key: "ns/r0", Slots: 2}, {Key: "ns/r1", Slots: 2}}}
+	rt := &Route{PromptCache: true, Backends: []Backend{{Key: "ns/r0", Slots: 1}, {Key: "ns/r1", Slots: 1}}}
 	hint := func(user string) routeHint {
 		return routeHint{mode: RoutingPrefixCache, digests: []string{"00000000000000aa", user}}
 	}
 	first, _, routed, ok := b.pickN(rt, nil, hint("00000000000000b1"), 0, 1)
 	if !ok || routed != routedFallback {
 		t.Fatalf("the first request: routed %q (ok %v), want %q", routed, ok, routedFallback)
+	}
+	other := rt.Backends[0].Key
+	if other == first.Key {
+		other = rt.Backends[1].Key
 	}
 	now = now.Add(2 * time.Second)
 	second, _, routed, _ := b.pickN(rt, nil, hint("00000000000000b2"), 0, 1)
@@ -113,12 +122,29 @@ func TestBalancerRoutesToThePrefillingReplica(t *testing.T) {
 		b.releaseN(first.Key, 1)
 		b.endPrefill(first.Key, hint(u))
 	}
-	now = now.Add(prefixindex.DefaultInFlightLinger)
+	// With its slot free the record does not count: another request would prefill
+	// beside it, not wait.
+	if _, _, routed, _ := b.pickN(rt, map[string]bool{other: true}, hint("00000000000000b9"), 0, 1); routed != routedFallback {
+		t.Errorf("the replica's slot free: routed %q, want %q", routed, routedFallback)
+	}
+	now = now.Add(time.Second)
 	if _, _, routed, _ := b.pickN(rt, nil, hint("00000000000000b4"), 0, 1); routed != routedPrefixInFlight {
+		t.Errorf("the slot taken: routed %q, want %q", routed, routedPrefixInFlight)
+	}
+	for _, u := range []string{"00000000000000b9", "00000000000000b4"} {
+		b.releaseN(first.Key, 1)
+		b.endPrefill(first.Key, hint(u))
+	}
+	// A request of another kind takes the slot; the record lingers, then expires.
+	if busy, _, _, _ := b.pickN(rt, map[string]bool{other: true}, routeHint{mode: RoutingLeastLoad}, 0, 1); busy.Key != first.Key {
+		t.Fatalf("the busy request went to %s", busy.Key)
+	}
+	now = now.Add(prefixindex.DefaultInFlightLinger)
+	if _, _, routed, _ := b.pickN(rt, nil, hint("00000000000000b6"), 0, 1); routed != routedPrefixInFlight {
 		t.Errorf("within the linger after the last end: routed %q, want %q", routed, routedPrefixInFlight)
 	}
 	b.releaseN(first.Key, 1)
-	b.endPrefill(first.Key, hint("00000000000000b4"))
+	b.endPrefill(first.Key, hint("00000000000000b6"))
 	now = now.Add(prefixindex.DefaultInFlightLinger + time.Second)
 	if _, _, routed, _ := b.pickN(rt, nil, hint("00000000000000b5"), 0, 1); routed != routedFallback {
 		t.Errorf("past the linger: routed %q, want %q", routed, routedFallback)

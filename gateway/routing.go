@@ -90,8 +90,7 @@ var tierWeight = map[string]float64{"hot": 1, "ssd": 0.5}
 
 // inflightWeight is what a prefix being prefilled on a replica (prefixindex.InFlight)
 // is worth, against the tiers': less than one on the SSD, which is there to restore
-// now, where this one is there only once its prefill ends (its request waits behind
-// it, or takes the replica's other slot).
+// now, where this one is there only once its prefill ends.
 const inflightWeight = 0.4
 
 // prefixCandidate is one replica as choosePrefix sees it: the deepest prefix of the
@@ -111,21 +110,29 @@ type prefixCandidate struct {
 // slots + requests in flight + requests queued behind them (those beyond its slots,
 // this one included) — so that a replica that holds a prefix but is saturated is
 // worth less than one that holds less and is idle. A prefix being prefilled there
-// counts as its depth (its tokens are known only once the runner reports the save)
-// weighted by inflightWeight, and the better of the two is the score: a held prefix
-// whose tokens were reported outweighs one in flight, which matters when nobody holds
-// the prefix yet or its holders are beyond the load bound. 0 when it holds and
-// prefills nothing of the request.
+// counts only when every slot of the replica is taken, so the request queues behind
+// the prefill and then finds the prefix in the slot that prefilled it: with a slot
+// free it would prefill the same tokens again beside it, slowing that prefill, which
+// is better done on another replica. It counts as its depth (its tokens are known
+// only once the runner reports the save) weighted by inflightWeight, and the better
+// of the two is the score: a held prefix whose tokens were reported outweighs one in
+// flight, which matters when nobody holds the prefix yet or its holders are beyond
+// the load bound. 0 when it holds nothing of the request and prefills nothing it
+// would wait for.
 func prefixScore(c prefixCandidate) float64 {
-	if c.hit.Depth == 0 && c.prefilling == 0 {
+	slots := max(c.slots, 1)
+	prefilling := c.prefilling
+	if c.load < slots {
+		prefilling = 0
+	}
+	if c.hit.Depth == 0 && prefilling == 0 {
 		return 0
 	}
 	saved := float64(c.hit.Tokens)
 	if saved <= 0 {
 		saved = float64(c.hit.Depth)
 	}
-	worth := max(tierWeight[c.hit.Tier]*saved, inflightWeight*float64(c.prefilling))
-	slots := max(c.slots, 1)
+	worth := max(tierWeight[c.hit.Tier]*saved, inflightWeight*float64(prefilling))
 	queued := max(c.load+1-slots, 0)
 	return worth * float64(slots) / float64(slots+c.load+queued)
 }

@@ -101,8 +101,10 @@ type Config struct {
 	MaxInFlightPerSlot int
 	Queue              fairqueue.Limits
 	PrefixAffinity     bool
-	// Routing: see Options.Routing (empty: by PrefixAffinity).
-	Routing Routing
+	// Routing: see Options.Routing (empty: by PrefixAffinity). NoInFlightPrefixes:
+	// see Options.NoInFlightPrefixes.
+	Routing            Routing
+	NoInFlightPrefixes bool
 	// DisableConsole turns off the web console at /ui (see package console).
 	DisableConsole bool
 	// FilePoll is how often the two files are checked for changes (DefaultFilePoll).
@@ -164,7 +166,7 @@ func Scheme() (*runtime.Scheme, error) {
 func Run(ctx context.Context, cfg Config) error {
 	log := ctrl.LoggerFrom(ctx).WithName("gateway")
 	w := &wiring{cfg: cfg, log: log, opts: Options{ColdStartTimeout: cfg.ColdStartTimeout, PrefixAffinity: cfg.PrefixAffinity,
-		Routing: cfg.Routing, MaxInFlightPerSlot: cfg.MaxInFlightPerSlot, Queue: cfg.Queue, Registerer: cfg.Registerer, Log: log,
+		Routing: cfg.Routing, NoInFlightPrefixes: cfg.NoInFlightPrefixes, MaxInFlightPerSlot: cfg.MaxInFlightPerSlot, Queue: cfg.Queue, Registerer: cfg.Registerer, Log: log,
 		TracerProvider: cfg.TracerProvider}}
 	if w.opts.Registerer == nil {
 		w.opts.Registerer = ctrlmetrics.Registry

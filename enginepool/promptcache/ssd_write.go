@@ -139,10 +139,19 @@ func (s *SSD) writer() {
 func (s *SSD) write(it *item) {
 	defer close(it.done)
 	s.sample(false)
+	// Evict on the directory's real contents: other processes may share it.
+	s.refresh(true)
 
 	size := int64(headerSize + len(it.data))
 	s.mu.Lock()
 	if it.cancelled {
+		s.finishLocked(it)
+		s.mu.Unlock()
+		return
+	}
+	if _, ok := s.entries[it.key]; ok {
+		// Another process of the directory saved it meanwhile.
+		s.st.Duplicates++
 		s.finishLocked(it)
 		s.mu.Unlock()
 		return
@@ -220,8 +229,12 @@ func (s *SSD) write(it *item) {
 	}
 	var replaced string
 	if old, ok := s.entries[it.key]; ok {
-		replaced = old.path
-		s.dropEntryLocked(old)
+		if old.path == path {
+			s.dropEntryLocked(old) // a refresh indexed the file already
+		} else {
+			replaced = old.path
+			s.dropForUnlinkLocked(old)
+		}
 	}
 	s.addEntryLocked(&entry{key: it.key, path: path, size: size, lastUse: s.cfg.Clock.Now()})
 	s.st.SavesPersisted++
@@ -251,7 +264,7 @@ func (s *SSD) reserveLocked(size int64) ([]*entry, bool) {
 			s.forBytes -= v.size
 		case s.lru.Len() > 0:
 			v = s.lru.Back().Value.(*entry)
-			s.dropEntryLocked(v)
+			s.dropForUnlinkLocked(v)
 		default:
 			return victims, false
 		}
@@ -270,6 +283,7 @@ func (s *SSD) unlinkVictims(victims []*entry) (failed bool) {
 	for _, v := range victims {
 		err := os.Remove(v.path)
 		s.mu.Lock()
+		delete(s.unlinking, v.path)
 		switch {
 		case err == nil || errors.Is(err, fs.ErrNotExist):
 			s.st.Evictions++
@@ -287,11 +301,13 @@ func (s *SSD) unlinkVictims(victims []*entry) (failed bool) {
 
 // unlink removes a file this tier no longer indexes, counting a failure.
 func (s *SSD) unlink(path string) {
-	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		s.mu.Lock()
+	err := os.Remove(path)
+	s.mu.Lock()
+	delete(s.unlinking, path)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		s.st.UnlinkFailures++
-		s.mu.Unlock()
 	}
+	s.mu.Unlock()
 }
 
 func (s *SSD) finishLocked(it *item) {
@@ -312,6 +328,8 @@ func (s *SSD) removePendingLocked(it *item) {
 }
 
 func (s *SSD) addEntryLocked(e *entry) {
+	s.gen++
+	e.gen = s.gen
 	s.entries[e.key] = e
 	e.elem = s.lru.PushFront(e)
 	s.ownBytes += e.size

@@ -227,7 +227,7 @@ func (b *balancer) choosePrefix(rt *Route, loads []int, eligible []bool, digests
 		if eligible[i] {
 			cands[i] = prefixCandidate{hit: b.index.Deepest(be.Key, digests), load: loads[i], slots: be.Slots}
 			if b.prefilling != nil {
-				cands[i].prefilling = b.prefilling.Deepest(be.Key, digests, now)
+				cands[i].prefilling, cands[i].prefilled = b.prefilling.Deepest(be.Key, digests, now)
 			}
 		}
 	}

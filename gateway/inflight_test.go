@@ -32,6 +32,8 @@ func TestPrefixScoreInFlight(t *testing.T) {
 		{"held on the SSD, tokens unreported, as deep as the one prefilling: the SSD's weight",
 			prefixCandidate{hit: held(runnerapi.TierSSD, 2, 0), prefilling: 2, load: 1, slots: 1}, 0.5 * 2 / 3},
 		{"held, a slot free: the held prefix alone", prefixCandidate{hit: held(runnerapi.TierHot, 1, 0), prefilling: 5, slots: 2}, 1},
+		{"prefilled (its requests ended), idle: counts", prefixCandidate{prefilling: 1, prefilled: true, slots: 2}, inflightWeight},
+		{"prefilled, one of two slots taken", prefixCandidate{prefilling: 2, prefilled: true, load: 1, slots: 2}, inflightWeight * 2 * 2 / 3},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if got := prefixScore(tc.c); math.Abs(got-tc.want) > 1e-9 {
@@ -57,6 +59,8 @@ func TestChoosePrefixInFlight(t *testing.T) {
 			[]prefixCandidate{none(3), pre(1, 2), none(2), none(2)}, 1},
 		{"nobody holds it, the replica prefilling it has a slot free: fall back",
 			[]prefixCandidate{none(3), pre(1, 1), none(3), none(2)}, -1},
+		{"nobody holds it, a replica just prefilled it (the index not told): there, a slot free",
+			[]prefixCandidate{none(3), {prefilling: 1, prefilled: true, load: 1, slots: 2}, none(3), none(2)}, 1},
 		{"a holder within the bound beats the one prefilling",
 			[]prefixCandidate{pre(1, 2), hot(4000, 2), none(3), none(2)}, 1},
 		{"the holder over the bound, another prefilling it within the bound: the one prefilling",
@@ -80,8 +84,9 @@ func TestChoosePrefixInFlight(t *testing.T) {
 
 // TestBalancerRoutesToThePrefillingReplica: with nothing in the index, a request's
 // prefix is recorded on the replica it went to, the next request of that prefix
-// queues there (prefix_inflight) while it has no slot free, and once the requests
-// ended and the linger passed (fake clock) the record no longer routes.
+// queues there (prefix_inflight) while it has no slot free, goes there once the
+// prefill's request ended (the index not told yet), and once the linger passed (fake
+// clock) the record no longer routes.
 func TestBalancerRoutesToThePrefillingReplica(t *testing.T) {
 	index, err := prefixindex.New(0, nil)
 	if err != nil {
@@ -118,33 +123,19 @@ func TestBalancerRoutesToThePrefillingReplica(t *testing.T) {
 		t.Errorf("with the save reported: %s routed %q, want %s by %q", third.Key, routed, first.Key, routedPrefixHit)
 	}
 	index.Remove(first.Key)
-	for _, u := range []string{"00000000000000b1", "00000000000000b3"} {
-		b.releaseN(first.Key, 1)
-		b.endPrefill(first.Key, hint(u))
-	}
-	// With its slot free the record does not count: another request would prefill
-	// beside it, not wait.
-	if _, _, routed, _ := b.pickN(rt, map[string]bool{other: true}, hint("00000000000000b9"), 0, 1); routed != routedFallback {
-		t.Errorf("the replica's slot free: routed %q, want %q", routed, routedFallback)
-	}
-	now = now.Add(time.Second)
-	if _, _, routed, _ := b.pickN(rt, nil, hint("00000000000000b4"), 0, 1); routed != routedPrefixInFlight {
-		t.Errorf("the slot taken: routed %q, want %q", routed, routedPrefixInFlight)
-	}
-	for _, u := range []string{"00000000000000b9", "00000000000000b4"} {
-		b.releaseN(first.Key, 1)
-		b.endPrefill(first.Key, hint(u))
-	}
-	// A request of another kind takes the slot; the record lingers, then expires.
-	if busy, _, _, _ := b.pickN(rt, map[string]bool{other: true}, routeHint{mode: RoutingLeastLoad}, 0, 1); busy.Key != first.Key {
-		t.Fatalf("the busy request went to %s", busy.Key)
-	}
-	now = now.Add(prefixindex.DefaultInFlightLinger)
-	if _, _, routed, _ := b.pickN(rt, nil, hint("00000000000000b6"), 0, 1); routed != routedPrefixInFlight {
-		t.Errorf("within the linger after the last end: routed %q, want %q", routed, routedPrefixInFlight)
-	}
+	b.releaseN(third.Key, 1)
+	b.endPrefill(third.Key, hint("00000000000000b3"))
+	// The first request ends too: its slot is free and holds the prefix, which the
+	// index has not heard of (it forgot it here): the next request goes there.
 	b.releaseN(first.Key, 1)
-	b.endPrefill(first.Key, hint("00000000000000b6"))
+	b.endPrefill(first.Key, hint("00000000000000b1"))
+	now = now.Add(prefixindex.DefaultInFlightLinger)
+	fourth, _, routed, _ := b.pickN(rt, nil, hint("00000000000000b4"), 0, 1)
+	if routed != routedPrefixInFlight || fourth.Key != first.Key {
+		t.Errorf("just prefilled, within the linger: %s routed %q, want %s by %q", fourth.Key, routed, first.Key, routedPrefixInFlight)
+	}
+	b.releaseN(fourth.Key, 1)
+	b.endPrefill(fourth.Key, hint("00000000000000b4"))
 	now = now.Add(prefixindex.DefaultInFlightLinger + time.Second)
 	if _, _, routed, _ := b.pickN(rt, nil, hint("00000000000000b5"), 0, 1); routed != routedFallback {
 		t.Errorf("past the linger: routed %q, want %q", routed, routedFallback)

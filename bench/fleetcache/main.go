@@ -6,11 +6,13 @@
 // system prompt of about P tokens among U users, whose short unique questions arrive
 // as a seeded Poisson stream. The same workload shape (fresh prefixes for each mode)
 // goes through one in-process gateway per routing mode, back to back with the hot
-// tiers cleared in between: least-load, prefix-affinity, prefix-cache. It prints, per
-// mode, TTFT p50/p90/p99, throughput, the prompt tokens restored (usage
-// cached_tokens), the runners' hot and SSD tier hits (through the agents' /api/status)
-// and the gateway's routing decisions, then the TTFT p90 ratio of prefix-affinity to
-// prefix-cache.
+// tiers cleared in between: least-load, prefix-affinity, prefix-cache without the
+// record of the prefixes being prefilled (prefix-cache-no-inflight, as before it) and
+// prefix-cache. It prints, per mode, TTFT p50/p90/p99, throughput, the prompt tokens
+// restored (usage cached_tokens), the runners' hot and SSD tier hits (through the
+// agents' /api/status), the gateway's routing decisions and how many cold answers
+// arrived before their tenant's first token (-requests: every answer), then the TTFT
+// p90 ratio of prefix-affinity to each prefix-cache mode.
 //
 // Traffic stays on this machine (the agents listen on its own address, everything
 // else on loopback); every request is bounded in time, each mode in requests and

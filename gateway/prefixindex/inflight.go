@@ -112,16 +112,18 @@ func (f *InFlight) End(backend string, digests []string, now time.Time) {
 }
 
 // Deepest is how many of digests (a request's chain, shallowest first) are being
-// prefilled on backend at now: the depth of the deepest live one (0: none).
-func (f *InFlight) Deepest(backend string, digests []string, now time.Time) int {
+// prefilled on backend at now: the depth of the deepest live one (0: none), and
+// whether its requests have all ended (done: the prefix was prefilled and is being
+// saved and reported, held meanwhile in the slot that prefilled it).
+func (f *InFlight) Deepest(backend string, digests []string, now time.Time) (depth int, done bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for i := len(digests) - 1; i >= 0; i-- {
 		if e := f.entries[inflightKey{backend, digestKey(digests[i])}]; e != nil && inflightLive(*e, now, f.maxAge, f.linger) {
-			return i + 1
+			return i + 1, e.requests == 0
 		}
 	}
-	return 0
+	return 0, false
 }
 
 // Len is how many entries the record keeps, dead ones not yet swept included.

@@ -103,10 +103,6 @@ func TestBalancerRoutesToThePrefillingReplica(t *testing.T) {
 	if !ok || routed != routedFallback {
 		t.Fatalf("the first request: routed %q (ok %v), want %q", routed, ok, routedFallback)
 	}
-	other := rt.Backends[0].Key
-	if other == first.Key {
-		other = rt.Backends[1].Key
-	}
 	now = now.Add(2 * time.Second)
 	second, _, routed, _ := b.pickN(rt, nil, hint("00000000000000b2"), 0, 1)
 	if routed != routedPrefixInFlight || second.Key != first.Key {

@@ -144,19 +144,10 @@ func (s *SSD) write(it *item) {
 
 	size := int64(headerSize + len(it.data))
 	s.mu.Lock()
-	if it.cancelled {
-		s.finishLocked(it)
+	if !s.beginWriteLocked(it) {
 		s.mu.Unlock()
 		return
 	}
-	if _, ok := s.entries[it.key]; ok {
-		// Another process of the directory saved it meanwhile.
-		s.st.Duplicates++
-		s.finishLocked(it)
-		s.mu.Unlock()
-		return
-	}
-	it.state = itemWriting
 	victims, ok := s.reserveLocked(size)
 	s.mu.Unlock()
 
@@ -243,6 +234,22 @@ func (s *SSD) write(it *item) {
 	if replaced != "" {
 		s.unlink(replaced)
 	}
+}
+
+// beginWriteLocked marks it as being written, unless it was cancelled or another
+// process of the directory saved its key meanwhile (a duplicate): then it is done.
+func (s *SSD) beginWriteLocked(it *item) bool {
+	if it.cancelled {
+		s.finishLocked(it)
+		return false
+	}
+	if _, ok := s.entries[it.key]; ok {
+		s.st.Duplicates++
+		s.finishLocked(it)
+		return false
+	}
+	it.state = itemWriting
+	return true
 }
 
 // reserveLocked makes room for size bytes: while the tier would exceed its quota it

@@ -225,6 +225,7 @@ func (a *admission) recheckLater(mq *modelQueue, model string) {
 // release ends t's use of a replica and hands the room to a waiting request.
 func (a *admission) release(t *ticket, key string) {
 	a.bal.releaseN(key, t.counted)
+	a.bal.endPrefill(key, t.hint)
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	mq := a.queues[t.model]
@@ -255,6 +256,7 @@ func (a *admission) leave(t *ticket) {
 	select {
 	case be := <-t.granted:
 		a.bal.releaseN(be.Key, t.counted)
+		a.bal.endPrefill(be.Key, t.hint)
 		if mq != nil {
 			mq.share.Done(t.flow, t.counted)
 		}

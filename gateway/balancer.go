@@ -5,6 +5,7 @@ import (
 	"math"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/macfleet/macfleet/gateway/prefixindex"
 )
@@ -120,6 +121,10 @@ type balancer struct {
 	// index is the fleet's prompt caches for RoutingPrefixCache; nil routes such
 	// requests by their fallback.
 	index *prefixindex.Index
+	// prefilling records which replica each routed prefix is being prefilled on,
+	// for RoutingPrefixCache (nil with no index); now is its clock.
+	prefilling *prefixindex.InFlight
+	now        func() time.Time
 
 	mu       sync.Mutex
 	inflight map[string]int
@@ -130,7 +135,11 @@ func newBalancer(c float64, index *prefixindex.Index) *balancer {
 	if c < 1 {
 		c = DefaultLoadBound
 	}
-	return &balancer{c: c, index: index, inflight: map[string]int{}}
+	b := &balancer{c: c, index: index, now: time.Now, inflight: map[string]int{}}
+	if index != nil {
+		b.prefilling = prefixindex.NewInFlight(0, 0, 0)
+	}
+	return b
 }
 
 // pick is pickN for a request that takes one slot, by affinity on h or least load.
@@ -177,8 +186,12 @@ func (b *balancer) pickN(rt *Route, excluded map[string]bool, hint routeHint, pe
 	var i int
 	switch {
 	case hint.mode == RoutingPrefixCache && rt.PromptCache:
-		if i = b.choosePrefix(rt, loads, eligible, hint.digests); i >= 0 {
+		var prefilling bool
+		if i, prefilling = b.choosePrefix(rt, loads, eligible, hint.digests); i >= 0 {
 			routed = routedPrefixHit
+			if prefilling {
+				routed = routedPrefixInFlight
+			}
 		} else if hint.keyed {
 			i, routed = chooseBounded(rt.hashRing(), loads, eligible, hint.h, b.c), routedFallback
 		} else {
@@ -192,24 +205,58 @@ func (b *balancer) pickN(rt *Route, excluded map[string]bool, hint routeHint, pe
 		b.next++
 	}
 	be = rt.Backends[i]
+	if hint.mode == RoutingPrefixCache && rt.PromptCache {
+		b.startPrefill(be.Key, hint.digests)
+	}
 	counted = width(be)
 	b.inflight[be.Key] += counted
 	return be, counted, routed, true
 }
 
 // choosePrefix reads what each backend of rt holds of digests from the index and
-// scores them (see choosePrefix); -1 when none holds any.
-func (b *balancer) choosePrefix(rt *Route, loads []int, eligible []bool, digests []string) int {
+// which of them requests routed there are prefilling, and scores them (see
+// choosePrefix); -1 when none holds or prefills any. prefilling: the one chosen holds
+// none of them, only prefills them.
+func (b *balancer) choosePrefix(rt *Route, loads []int, eligible []bool, digests []string) (i int, prefilling bool) {
 	if b.index == nil || len(digests) == 0 {
-		return -1
+		return -1, false
 	}
 	cands := make([]prefixCandidate, len(rt.Backends))
+	now := b.now()
 	for i, be := range rt.Backends {
 		if eligible[i] {
 			cands[i] = prefixCandidate{hit: b.index.Deepest(be.Key, digests), load: loads[i], slots: be.Slots}
+			if b.prefilling != nil {
+				cands[i].prefilling, cands[i].prefilled = b.prefilling.Deepest(be.Key, digests, now)
+			}
 		}
 	}
-	return choosePrefix(cands, eligible, b.c)
+	if i = choosePrefix(cands, eligible, b.c); i < 0 {
+		return -1, false
+	}
+	return i, cands[i].hit.Depth == 0
+}
+
+// withoutInFlight turns the record of prefixes being prefilled off (Options.NoInFlightPrefixes).
+func (b *balancer) withoutInFlight() *balancer {
+	b.prefilling = nil
+	return b
+}
+
+// startPrefill records that a request with digests routed to the backend key is
+// prefilling them there (prefixindex.InFlight), until endPrefill.
+func (b *balancer) startPrefill(key string, digests []string) {
+	if b.prefilling != nil && len(digests) > 0 {
+		b.prefilling.Start(key, digests, b.now())
+	}
+}
+
+// endPrefill records that a request with hint routed to the backend key ended (or
+// left it), for the prefixes startPrefill recorded.
+func (b *balancer) endPrefill(key string, hint routeHint) {
+	if b.prefilling != nil && hint.mode == RoutingPrefixCache && len(hint.digests) > 0 {
+		b.prefilling.End(key, hint.digests, b.now())
+	}
 }
 
 // release ends a request counted by pick.

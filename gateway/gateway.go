@@ -108,6 +108,10 @@ type Options struct {
 	// Routing is how a replica is picked (see Routing). Empty means
 	// RoutingPrefixAffinity with PrefixAffinity, else RoutingLeastLoad.
 	Routing Routing
+	// NoInFlightPrefixes keeps RoutingPrefixCache to what the index holds, without
+	// the record of the prefixes being prefilled (prefixindex.InFlight), as before it:
+	// for comparing the two in one benchmark run.
+	NoInFlightPrefixes bool
 	// PrefixAffinity routes by consistent hashing with bounded loads on the prompt's
 	// first PrefixBytes bytes instead of pure least-outstanding (Routing empty).
 	PrefixAffinity bool
@@ -208,7 +212,11 @@ func New(opts Options) (*Gateway, error) {
 			return nil, err
 		}
 	}
-	g := &Gateway{opts: opts, log: opts.Log, bal: newBalancer(opts.LoadBound, index), metrics: m, transport: opts.Transport,
+	bal := newBalancer(opts.LoadBound, index)
+	if opts.NoInFlightPrefixes {
+		bal = bal.withoutInFlight()
+	}
+	g := &Gateway{opts: opts, log: opts.Log, bal: bal, metrics: m, transport: opts.Transport,
 		id: newGatewayID()}
 	g.agentScheme = "http://"
 	if opts.AgentCertificates != nil {

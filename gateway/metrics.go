@@ -91,7 +91,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		routing: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "macfleet_gateway_routing_decisions_total",
 			Help: "Replicas given to requests, by deployment and how they were picked (prefix_hit: the replica holding the " +
-				"longest prefix of the conversation by the prefix index; fallback: no replica held any, by affinity on its prompt_cache_key or by least load; " +
+				"longest prefix of the conversation by the prefix index; prefix_inflight: the replica a request of the same prefix was routed to " +
+				"and is prefilling it, nobody holding it yet; fallback: no replica held any, by affinity on its prompt_cache_key or by least load; " +
 				"prefix_affinity; least_load).",
 		}, []string{"model", "routing"}),
 	}

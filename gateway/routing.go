@@ -68,6 +68,7 @@ func ResolveRouting(routing string, set, prefixAffinity bool) (Routing, error) {
 // request's span name it.
 const (
 	routedPrefixHit      = "prefix_hit"
+	routedPrefixInFlight = "prefix_inflight"
 	routedFallback       = "fallback"
 	routedPrefixAffinity = "prefix_affinity"
 	routedLeastLoad      = "least_load"
@@ -87,12 +88,21 @@ type routeHint struct {
 // first (still far faster than a prefill on a Mac).
 var tierWeight = map[string]float64{"hot": 1, "ssd": 0.5}
 
+// inflightWeight is what a prefix being prefilled on a replica (prefixindex.InFlight)
+// is worth, against the tiers': less than one on the SSD, which is there to restore
+// now, where this one is there only once its prefill ends.
+const inflightWeight = 0.4
+
 // prefixCandidate is one replica as choosePrefix sees it: the deepest prefix of the
-// request it holds, the gateway's requests in flight on it and its sequence slots.
+// request it holds, the depth of the deepest one a request routed there is
+// prefilling (prefilling; prefilled: those requests ended, the index not told yet),
+// the gateway's requests in flight on it and its sequence slots.
 type prefixCandidate struct {
-	hit   prefixindex.Hit
-	load  int
-	slots int
+	hit        prefixindex.Hit
+	prefilling int
+	prefilled  bool
+	load       int
+	slots      int
 }
 
 // prefixScore is what a replica's held prefix is worth to a request: the prompt
@@ -100,18 +110,33 @@ type prefixCandidate struct {
 // tier, times the share of the replica's slots the request would get — slots over
 // slots + requests in flight + requests queued behind them (those beyond its slots,
 // this one included) — so that a replica that holds a prefix but is saturated is
-// worth less than one that holds less and is idle. 0 when it holds nothing.
+// worth less than one that holds less and is idle. A prefix being prefilled there
+// counts once its requests ended (prefilled: it sits in the slot that prefilled it
+// and is being saved, before the index hears of it), and before that only when every
+// slot of the replica is taken, so the request queues behind the prefill: with a
+// slot free it would prefill the same tokens again beside it, slowing that prefill,
+// which is better done on another replica. It counts as its depth (its tokens are
+// known only once the runner reports the save) weighted by inflightWeight, and the
+// better of the two is the score: a held prefix whose tokens were reported
+// outweighs one in flight, which matters when nobody holds the prefix yet or its
+// holders are beyond the load bound. 0 when it holds nothing of the request and
+// prefills nothing it would wait for.
 func prefixScore(c prefixCandidate) float64 {
-	if c.hit.Depth == 0 {
+	slots := max(c.slots, 1)
+	prefilling := c.prefilling
+	if c.load < slots && !c.prefilled {
+		prefilling = 0
+	}
+	if c.hit.Depth == 0 && prefilling == 0 {
 		return 0
 	}
 	saved := float64(c.hit.Tokens)
 	if saved <= 0 {
 		saved = float64(c.hit.Depth)
 	}
-	slots := max(c.slots, 1)
+	worth := max(tierWeight[c.hit.Tier]*saved, inflightWeight*float64(prefilling))
 	queued := max(c.load+1-slots, 0)
-	return tierWeight[c.hit.Tier] * saved * float64(slots) / float64(slots+c.load+queued)
+	return worth * float64(slots) / float64(slots+c.load+queued)
 }
 
 // choosePrefix returns the eligible replica with the best prefixScore among those

@@ -70,14 +70,20 @@ func TestChoosePrefix(t *testing.T) {
 			if e == nil {
 				e = all(len(tc.cands))
 			}
-			if got := choosePrefix(tc.cands, e, DefaultLoadBound); got != tc.want {
-				scores := make([]float64, len(tc.cands))
-				for i, c := range tc.cands {
-					scores[i] = prefixScore(c)
-				}
-				t.Errorf("choosePrefix = %d, want %d (scores %v)", got, tc.want, scores)
-			}
+			wantChoice(t, tc.cands, e, tc.want)
 		})
+	}
+}
+
+// wantChoice checks that choosePrefix picks want of cands, showing the scores when not.
+func wantChoice(t *testing.T, cands []prefixCandidate, eligible []bool, want int) {
+	t.Helper()
+	if got := choosePrefix(cands, eligible, DefaultLoadBound); got != want {
+		scores := make([]float64, len(cands))
+		for i, c := range cands {
+			scores[i] = prefixScore(c)
+		}
+		t.Errorf("choosePrefix = %d, want %d (scores %v)", got, want, scores)
 	}
 }
 

@@ -101,8 +101,10 @@ type Config struct {
 	MaxInFlightPerSlot int
 	Queue              fairqueue.Limits
 	PrefixAffinity     bool
-	// Routing: see Options.Routing (empty: by PrefixAffinity).
-	Routing Routing
+	// Routing: see Options.Routing (empty: by PrefixAffinity). NoInFlightPrefixes:
+	// see Options.NoInFlightPrefixes.
+	Routing            Routing
+	NoInFlightPrefixes bool
 	// DisablePeerFetch and PeerFetchMargin: see Options.
 	DisablePeerFetch bool
 	PeerFetchMargin  float64
@@ -167,7 +169,7 @@ func Scheme() (*runtime.Scheme, error) {
 func Run(ctx context.Context, cfg Config) error {
 	log := ctrl.LoggerFrom(ctx).WithName("gateway")
 	w := &wiring{cfg: cfg, log: log, opts: Options{ColdStartTimeout: cfg.ColdStartTimeout, PrefixAffinity: cfg.PrefixAffinity,
-		Routing: cfg.Routing, MaxInFlightPerSlot: cfg.MaxInFlightPerSlot, Queue: cfg.Queue, Registerer: cfg.Registerer, Log: log,
+		Routing: cfg.Routing, NoInFlightPrefixes: cfg.NoInFlightPrefixes, MaxInFlightPerSlot: cfg.MaxInFlightPerSlot, Queue: cfg.Queue, Registerer: cfg.Registerer, Log: log,
 		TracerProvider: cfg.TracerProvider, DisablePeerFetch: cfg.DisablePeerFetch, PeerFetchMargin: cfg.PeerFetchMargin}}
 	if w.opts.Registerer == nil {
 		w.opts.Registerer = ctrlmetrics.Registry

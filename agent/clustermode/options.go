@@ -31,7 +31,8 @@ type Options struct {
 	CeilingBytes, ReserveBytes int64
 	// PromptCacheHotBytes (--prompt-cache-hot-bytes) is the hot budget shared by the
 	// replicas: unset a tenth of the ceiling, 0 no hot tier. PromptCacheSSDBytes
-	// (--prompt-cache-ssd-bytes) is each replica's SSD quota: unset
+	// (--prompt-cache-ssd-bytes) is the SSD quota of each model of each namespace,
+	// shared by its replicas on this Mac (one directory): unset
 	// config.DefaultPromptCacheSSDBytes, 0 no SSD tier.
 	PromptCacheHotBytes, PromptCacheSSDBytes *config.Size
 	// RunnerPath, RunnerThreads and KeepRunners: see Config. RunnerSandbox is "on"

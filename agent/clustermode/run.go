@@ -123,8 +123,9 @@ type Config struct {
 	KeepRunners bool
 	// PromptCacheDir is the root of the prompt cache's SSD tier (a directory per model
 	// file below it, found again after a restart); empty: no SSD tier.
-	// PromptCacheSSDBytes is each replica's SSD quota and the most its deployment may
-	// ask for (0: no SSD tier). The hot budget is Pool.PromptCacheHotBytes.
+	// PromptCacheSSDBytes is the SSD quota of each model of each namespace (its
+	// replicas here share one directory) and the most its deployment may ask for (0:
+	// no SSD tier). The hot budget is Pool.PromptCacheHotBytes.
 	PromptCacheDir      string
 	PromptCacheSSDBytes int64
 	// Pool tunes the engine pool (ceiling, reserve, timeouts, prompt cache hot budget).

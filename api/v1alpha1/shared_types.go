@@ -165,8 +165,9 @@ type PromptCacheSpec struct {
 	// +kubebuilder:validation:XValidation:rule="!quantity(string(self)).isLessThan(quantity('0'))",message="hotBytes must not be negative"
 	HotBytes *resource.Quantity `json:"hotBytes,omitempty"`
 
-	// ssdBytes is each replica's SSD quota, at most the agent's per-model quota. 0
-	// keeps nothing on disk. Unset: the agent's quota.
+	// ssdBytes is the SSD quota of the model on each Mac (its replicas there share
+	// one directory), at most the agent's per-model quota. 0 keeps nothing on disk.
+	// Unset: the agent's quota.
 	// +optional
 	// +kubebuilder:validation:XValidation:rule="!quantity(string(self)).isLessThan(quantity('0'))",message="ssdBytes must not be negative"
 	SSDBytes *resource.Quantity `json:"ssdBytes,omitempty"`

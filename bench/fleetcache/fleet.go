@@ -107,9 +107,23 @@ type gatewayProc struct {
 
 var ctrlLogOnce sync.Once
 
-// startGateway runs a gateway with the given routing in this process until ctx ends,
+// modeNoInFlight is a benchmark mode: prefix-cache routing without the record of the
+// prefixes being prefilled (gateway.Config.NoInFlightPrefixes), as before it, to
+// compare the two in one run.
+const modeNoInFlight = "prefix-cache-no-inflight"
+
+// gatewayMode is the routing and the in-flight switch of a benchmark mode.
+func gatewayMode(mode string) (gateway.Routing, bool) {
+	if mode == modeNoInFlight {
+		return gateway.RoutingPrefixCache, true
+	}
+	return gateway.Routing(mode), false
+}
+
+// startGateway runs a gateway of the given mode in this process until ctx ends,
 // as the fleet's gateway identity (its agent certificate from the fleet's Secret).
-func startGateway(ctx context.Context, f *localfleet.Fleet, routing gateway.Routing) (*gatewayProc, error) {
+func startGateway(ctx context.Context, f *localfleet.Fleet, mode string) (*gatewayProc, error) {
+	routing, noInFlight := gatewayMode(mode)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
@@ -117,7 +131,7 @@ func startGateway(ctx context.Context, f *localfleet.Fleet, routing gateway.Rout
 	g := &gatewayProc{url: "http://" + ln.Addr().String(), reg: prometheus.NewRegistry(), done: make(chan error, 1)}
 	cfg := gateway.Config{RestConfig: f.Env.Config, Listener: ln, MetricsAddr: "0", ProbeAddr: "0",
 		AgentCertSecret: v1alpha1.SystemNamespace + "/" + v1alpha1.GatewayTLSSecret, Registerer: g.reg,
-		DisableConsole: true, Routing: routing, GatewayID: "bench-" + string(routing)}
+		DisableConsole: true, Routing: routing, NoInFlightPrefixes: noInFlight, GatewayID: "bench-" + mode}
 	ctrlLogOnce.Do(func() { ctrl.SetLogger(logr.Discard()) })
 	go func() { g.done <- gateway.Run(ctrl.LoggerInto(ctx, logr.Discard()), cfg) }()
 	return g, nil

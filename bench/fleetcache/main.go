@@ -6,11 +6,13 @@
 // system prompt of about P tokens among U users, whose short unique questions arrive
 // as a seeded Poisson stream. The same workload shape (fresh prefixes for each mode)
 // goes through one in-process gateway per routing mode, back to back with the hot
-// tiers cleared in between: least-load, prefix-affinity, prefix-cache. It prints, per
-// mode, TTFT p50/p90/p99, throughput, the prompt tokens restored (usage
-// cached_tokens), the runners' hot and SSD tier hits (through the agents' /api/status)
-// and the gateway's routing decisions, then the TTFT p90 ratio of prefix-affinity to
-// prefix-cache.
+// tiers cleared in between: least-load, prefix-affinity, prefix-cache without the
+// record of the prefixes being prefilled (prefix-cache-no-inflight, as before it) and
+// prefix-cache. It prints, per mode, TTFT p50/p90/p99, throughput, the prompt tokens
+// restored (usage cached_tokens), the runners' hot and SSD tier hits (through the
+// agents' /api/status), the gateway's routing decisions and how many cold answers
+// arrived before their tenant's first token (-requests: every answer), then the TTFT
+// p90 ratio of prefix-affinity to each prefix-cache mode.
 //
 // Traffic stays on this machine (the agents listen on its own address, everything
 // else on loopback); every request is bounded in time, each mode in requests and
@@ -45,7 +47,7 @@ type options struct {
 	modes, cacheKeys      string
 	modeLimit, reqTimeout time.Duration
 	timeout               time.Duration
-	smoke, keep           bool
+	smoke, keep, requests bool
 }
 
 func main() {
@@ -63,12 +65,14 @@ func main() {
 	flag.StringVar(&o.ssdBytes, "ssd-bytes", "2Mi", "each replica's SSD quota (agent --prompt-cache-ssd-bytes)")
 	flag.Uint64Var(&o.seed, "seed", 26, "seed of the prompts and arrivals")
 	flag.StringVar(&o.cacheKeys, "cache-key", keyUser, "the prompt_cache_key each request carries: user (a thread id per user), tenant or none")
-	flag.StringVar(&o.modes, "modes", "least-load,prefix-affinity,prefix-cache", "routing modes, in the order run")
+	flag.StringVar(&o.modes, "modes", "least-load,prefix-affinity,"+modeNoInFlight+",prefix-cache",
+		"routing modes, in the order run ("+modeNoInFlight+": prefix-cache without the record of the prefixes being prefilled)")
 	flag.DurationVar(&o.modeLimit, "mode-limit", 170*time.Second, "latest arrival of a mode (later gaps shrink to fit)")
 	flag.DurationVar(&o.reqTimeout, "request-timeout", 3*time.Minute, "each request's limit")
 	flag.DurationVar(&o.timeout, "timeout", 40*time.Minute, "the whole run's limit")
 	flag.BoolVar(&o.smoke, "smoke", false, "a quick check: 2 Macs, 2 tenants × 2 users, short prompts (the fleet's start dominates)")
 	flag.BoolVar(&o.keep, "keep", false, "keep the fleet's directory (logs) after the run")
+	flag.BoolVar(&o.requests, "requests", false, "print each answer: tenant, user, arrival, TTFT, tokens restored")
 	flag.Parse()
 	if o.smoke {
 		o.macs, o.tenants, o.users, o.words, o.rate, o.maxTokens = 2, 2, 2, 300, 4, 2
@@ -155,7 +159,7 @@ func run(o options) error {
 // measureMode runs the workload through a gateway of one routing mode, on prefixes of
 // its own (seed) and the run's arrivals (o.seed), after clearing the hot tiers.
 func measureMode(ctx, gctx context.Context, f *localfleet.Fleet, o options, mode string, seed uint64) (summary, error) {
-	g, err := startGateway(gctx, f, gateway.Routing(mode))
+	g, err := startGateway(gctx, f, mode)
 	if err != nil {
 		return summary{}, err
 	}
@@ -199,6 +203,12 @@ func measureMode(ctx, gctx context.Context, f *localfleet.Fleet, o options, mode
 	}
 	s := summarize(mode, outs, after.sub(before), routed)
 	fmt.Printf("%s done: TTFT p90 %s, %d of %d prompt tokens restored, load %s\n", mode, secs(s.P90), s.Cached, s.Prompt, uptime())
+	c := splitCold(outs, s.P90)
+	fmt.Printf("%s cold answers (restored less than half the prompt): %d, %d of them arrived before their tenant's first token anywhere, %d after; "+
+		"%d of the %d answers at or above the p90 are such early ones\n", mode, c.Cold, c.Early, c.Late, c.InTail, c.Tail)
+	if o.requests {
+		fmt.Print(requestLines(mode, outs))
+	}
 	return s, ctx.Err()
 }
 
@@ -213,20 +223,24 @@ func waitServes(ctx context.Context, url, model string) error {
 	}, func() string { return "the gateway to serve " + model + ": " + last })
 }
 
-// printRatio prints prefix-affinity's TTFT p90 over prefix-cache's.
+// printRatio prints prefix-affinity's TTFT p90 over prefix-cache's, with and
+// without the in-flight record.
 func printRatio(rows []summary) {
-	var aff, pc *summary
+	var aff *summary
 	for i := range rows {
-		switch gateway.Routing(rows[i].Mode) {
-		case gateway.RoutingPrefixAffinity:
+		if gateway.Routing(rows[i].Mode) == gateway.RoutingPrefixAffinity {
 			aff = &rows[i]
-		case gateway.RoutingPrefixCache:
-			pc = &rows[i]
 		}
 	}
-	if aff != nil && pc != nil {
-		fmt.Printf("\nTTFT p90, prefix-affinity / prefix-cache: %.2f× (target ≥ 5×)\n", ratio(aff.P90, pc.P90))
+	if aff == nil {
+		return
 	}
+	for _, r := range rows {
+		if routing, _ := gatewayMode(r.Mode); routing == gateway.RoutingPrefixCache {
+			fmt.Printf("\nTTFT p90, prefix-affinity / %s: %.2f× (target ≥ 5×); p50 %.2f×", r.Mode, ratio(aff.P90, r.P90), ratio(aff.P50, r.P50))
+		}
+	}
+	fmt.Println()
 }
 
 // uptime is the load average line of uptime(1), for the record.

@@ -171,7 +171,7 @@ func (fl *agentFlags) register(cmd *cobra.Command, host string, zapOpts *zap.Opt
 		"to adopt (recorded under --state-dir; an unadopted runner exits after 5m without requests); false unloads everything on exit")
 	f.StringVar(&fl.opts.PromptCacheDir, "prompt-cache-dir", config.DataDir("prompt-cache"), "Directory of the prompt cache's SSD tier: one subdirectory per namespace and model file, kept across restarts (empty: no SSD tier)")
 	f.StringVar(&fl.pcHot, "prompt-cache-hot-bytes", "", "Prompt cache memory (hot tier) shared by the replicas on this Mac, e.g. 4Gi; 0 turns the hot tier off (default: a tenth of the memory ceiling)")
-	f.StringVar(&fl.pcSSD, "prompt-cache-ssd-bytes", "", "Prompt cache SSD quota of each replica, and the most a deployment's promptCache.ssdBytes may set; 0 turns the SSD tier off (default 10Gi)")
+	f.StringVar(&fl.pcSSD, "prompt-cache-ssd-bytes", "", "Prompt cache SSD quota of each model of each namespace (its replicas on this Mac share one directory and this quota), and the most a deployment's promptCache.ssdBytes may set; 0 turns the SSD tier off (default 10Gi)")
 	f.DurationVar(&fl.opts.StoreRetention, "store-retention", 24*time.Hour, "Delete the model store's files that no replica bound to this Mac needs "+
 		"once no agent sharing --store-dir used them for this long, and partial downloads idle this long; 0 never deletes")
 	f.DurationVar(&fl.opts.PromptCacheRetention, "prompt-cache-retention", 24*time.Hour, "Delete the prompt cache directories of model files no replica on this Mac uses "+

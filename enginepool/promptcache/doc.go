@@ -12,7 +12,8 @@
 //   - SSD: one directory per model/format under a cache directory, a byte quota
 //     bounded by the free disk, a bounded write queue drained by one writer
 //     goroutine, inline eviction, checksummed files, and an index rebuilt from the
-//     files on Open.
+//     files on Open and kept in step with the directory, which several processes of
+//     one identity may share (ssd_shared.go).
 //
 // Cache puts the two together: Save writes through to both, Longest finds the longest
 // cached prefix (hot first, then SSD) and promotes SSD hits to hot.

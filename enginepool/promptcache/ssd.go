@@ -64,6 +64,10 @@ type SSDConfig struct {
 	// ForgetWait and ClearWait bound how long Forget and Clear wait for an in-flight
 	// write (defaults 2 s and 5 s).
 	ForgetWait, ClearWait time.Duration
+	// RefreshInterval is the longest a lookup trusts a reading of the directory whose
+	// modification time did not change, to learn of the states other processes
+	// sharing it saved and removed (default 1 s; see ssd_shared.go).
+	RefreshInterval time.Duration
 	// Sync fsyncs every file before it is renamed into place. Off by default: a file
 	// torn by a crash fails its checksum and is a miss, so durability buys nothing
 	// but write latency.
@@ -127,6 +131,8 @@ type SSD struct {
 
 	// sampleMu serializes free-disk readings (which do I/O outside mu).
 	sampleMu sync.Mutex
+	// refreshMu serializes readings of the directory (refresh).
+	refreshMu sync.Mutex
 
 	mu       sync.Mutex
 	closed   bool
@@ -141,7 +147,14 @@ type SSD struct {
 	diskCap    int64
 	freeBytes  int64
 	lastSample time.Time
-	st         SSDStats
+	// gen counts the entries indexed (each entry's gen is its number); lastRefresh
+	// is the last reading of the directory and dirMtime the directory's modification
+	// time before it; unlinking the paths this process dropped and is removing.
+	gen         uint64
+	lastRefresh time.Time
+	dirMtime    time.Time
+	unlinking   map[string]bool
+	st          SSDStats
 }
 
 type entry struct {
@@ -150,6 +163,7 @@ type entry struct {
 	size    int64
 	lastUse time.Time
 	elem    *list.Element
+	gen     uint64
 }
 
 type itemState int
@@ -194,6 +208,9 @@ func Open(cfg SSDConfig) (*SSD, error) {
 	if cfg.ClearWait <= 0 {
 		cfg.ClearWait = DefaultClearWait
 	}
+	if cfg.RefreshInterval <= 0 {
+		cfg.RefreshInterval = DefaultRefreshInterval
+	}
 	if cfg.Statfs == nil {
 		cfg.Statfs = FreeBytes
 	}
@@ -212,6 +229,7 @@ func Open(cfg SSDConfig) (*SSD, error) {
 		writerDone: make(chan struct{}),
 		entries:    map[Key]*entry{},
 		pending:    map[Key][]*item{},
+		unlinking:  map[string]bool{},
 		diskCap:    -1,
 		freeBytes:  -1,
 	}
@@ -230,8 +248,12 @@ func Open(cfg SSDConfig) (*SSD, error) {
 func (s *SSD) Dir() string { return s.dir }
 
 // loadIndex indexes this identity's files: valid entries are kept (the newest per
-// key), temporary and corrupt files removed, anything else left as foreign.
+// key), corrupt files and stale temporary ones (staleTemp) removed, anything else
+// left as foreign.
 func (s *SSD) loadIndex() error {
+	if info, err := os.Stat(s.dir); err == nil {
+		s.dirMtime = info.ModTime()
+	}
 	des, err := os.ReadDir(s.dir)
 	if err != nil {
 		return fmt.Errorf("reading prompt cache directory: %w", err)
@@ -243,7 +265,9 @@ func (s *SSD) loadIndex() error {
 		name := de.Name()
 		path := filepath.Join(s.dir, name)
 		if strings.HasSuffix(name, tempSuffix) {
-			_ = os.Remove(path)
+			if info, err := de.Info(); err == nil && staleTemp(name, info.ModTime()) {
+				_ = os.Remove(path)
+			}
 			continue
 		}
 		key, ok := parseEntryFileName(name)
@@ -263,8 +287,9 @@ func (s *SSD) loadIndex() error {
 			continue
 		}
 		if old, ok := s.entries[key]; ok {
-			// Two files for one key (a crash between rename and cleanup): keep the newer.
-			if !info.ModTime().After(old.lastUse) {
+			// Two files for one key (a crash between rename and cleanup, or two
+			// processes of the directory): keep the one every process keeps.
+			if !newerFile(listedFile{path, info.ModTime()}, listedFile{old.path, old.lastUse}) {
 				_ = os.Remove(path)
 				continue
 			}
@@ -283,6 +308,7 @@ func (s *SSD) loadIndex() error {
 	for _, en := range all {
 		en.elem = s.lru.PushBack(en)
 	}
+	s.lastRefresh = s.cfg.Clock.Now()
 	return nil
 }
 
@@ -327,6 +353,7 @@ func (s *SSD) Has(key Key) bool {
 
 // Holds reports whether key is indexed or queued to be written (not yet cancelled).
 func (s *SSD) Holds(key Key) bool {
+	s.refresh(false)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if _, ok := s.entries[key]; ok {
@@ -353,7 +380,14 @@ func (s *SSD) load(key Key) ([]byte, bool) {
 	e, ok := s.entries[key]
 	s.mu.Unlock()
 	if !ok {
-		return nil, false
+		// Another process sharing the directory may have saved it since.
+		s.refresh(true)
+		s.mu.Lock()
+		e, ok = s.entries[key]
+		s.mu.Unlock()
+		if !ok {
+			return nil, false
+		}
 	}
 	data, err := readEntry(e.path, s.idHash, key)
 	if err != nil {
@@ -362,8 +396,10 @@ func (s *SSD) load(key Key) ([]byte, bool) {
 			s.st.Corrupt++
 		}
 		indexed := s.entries[key] == e
-		if indexed {
-			s.dropEntryLocked(e)
+		if indexed && !errors.Is(err, fs.ErrNotExist) {
+			s.dropForUnlinkLocked(e)
+		} else if indexed {
+			s.dropEntryLocked(e) // another process removed it: a miss
 		}
 		s.mu.Unlock()
 		if indexed && !errors.Is(err, fs.ErrNotExist) {
@@ -386,6 +422,7 @@ func (s *SSD) load(key Key) ([]byte, bool) {
 // deepest loads the deepest of keys[from:] that is stored and valid, returning its
 // index or -1, without counting.
 func (s *SSD) deepest(keys []Key, from int) (int, []byte) {
+	s.refresh(false)
 	for i := len(keys) - 1; i >= from; i-- {
 		if !s.Has(keys[i]) {
 			continue

@@ -49,7 +49,7 @@ func (s *SSD) cancelLocked(k Key) (waits []chan struct{}, paths []string) {
 		}
 	}
 	if e, ok := s.entries[k]; ok {
-		s.dropEntryLocked(e)
+		s.dropForUnlinkLocked(e)
 		paths = append(paths, e.path)
 	}
 	return waits, paths

@@ -139,15 +139,15 @@ func (s *SSD) writer() {
 func (s *SSD) write(it *item) {
 	defer close(it.done)
 	s.sample(false)
+	// Evict on the directory's real contents: other processes may share it.
+	s.refresh(true)
 
 	size := int64(headerSize + len(it.data))
 	s.mu.Lock()
-	if it.cancelled {
-		s.finishLocked(it)
+	if !s.beginWriteLocked(it) {
 		s.mu.Unlock()
 		return
 	}
-	it.state = itemWriting
 	victims, ok := s.reserveLocked(size)
 	s.mu.Unlock()
 
@@ -220,8 +220,12 @@ func (s *SSD) write(it *item) {
 	}
 	var replaced string
 	if old, ok := s.entries[it.key]; ok {
-		replaced = old.path
-		s.dropEntryLocked(old)
+		if old.path == path {
+			s.dropEntryLocked(old) // a refresh indexed the file already
+		} else {
+			replaced = old.path
+			s.dropForUnlinkLocked(old)
+		}
 	}
 	s.addEntryLocked(&entry{key: it.key, path: path, size: size, lastUse: s.cfg.Clock.Now()})
 	s.st.SavesPersisted++
@@ -230,6 +234,22 @@ func (s *SSD) write(it *item) {
 	if replaced != "" {
 		s.unlink(replaced)
 	}
+}
+
+// beginWriteLocked marks it as being written, unless it was cancelled or another
+// process of the directory saved its key meanwhile (a duplicate): then it is done.
+func (s *SSD) beginWriteLocked(it *item) bool {
+	if it.cancelled {
+		s.finishLocked(it)
+		return false
+	}
+	if _, ok := s.entries[it.key]; ok {
+		s.st.Duplicates++
+		s.finishLocked(it)
+		return false
+	}
+	it.state = itemWriting
+	return true
 }
 
 // reserveLocked makes room for size bytes: while the tier would exceed its quota it
@@ -251,7 +271,7 @@ func (s *SSD) reserveLocked(size int64) ([]*entry, bool) {
 			s.forBytes -= v.size
 		case s.lru.Len() > 0:
 			v = s.lru.Back().Value.(*entry)
-			s.dropEntryLocked(v)
+			s.dropForUnlinkLocked(v)
 		default:
 			return victims, false
 		}
@@ -270,6 +290,7 @@ func (s *SSD) unlinkVictims(victims []*entry) (failed bool) {
 	for _, v := range victims {
 		err := os.Remove(v.path)
 		s.mu.Lock()
+		delete(s.unlinking, v.path)
 		switch {
 		case err == nil || errors.Is(err, fs.ErrNotExist):
 			s.st.Evictions++
@@ -287,11 +308,13 @@ func (s *SSD) unlinkVictims(victims []*entry) (failed bool) {
 
 // unlink removes a file this tier no longer indexes, counting a failure.
 func (s *SSD) unlink(path string) {
-	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		s.mu.Lock()
+	err := os.Remove(path)
+	s.mu.Lock()
+	delete(s.unlinking, path)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		s.st.UnlinkFailures++
-		s.mu.Unlock()
 	}
+	s.mu.Unlock()
 }
 
 func (s *SSD) finishLocked(it *item) {
@@ -312,6 +335,8 @@ func (s *SSD) removePendingLocked(it *item) {
 }
 
 func (s *SSD) addEntryLocked(e *entry) {
+	s.gen++
+	e.gen = s.gen
 	s.entries[e.key] = e
 	e.elem = s.lru.PushFront(e)
 	s.ownBytes += e.size

@@ -68,9 +68,9 @@ type runnerRecord struct {
 	Fingerprint  string `json:"fingerprint"`
 	CeilingBytes int64  `json:"ceilingBytes"`
 	// CacheDir is the prompt cache directory the runner was started with ("" for
-	// none). It is not in the fingerprint: which of a file's directories (<id>,
-	// <id>~2, ...) a runner got depends on the order runners started in, and an
-	// adopted runner keeps the one it has.
+	// none). It is not in the fingerprint: a runner may have got another of the
+	// file's directories (<id>~2, ...: see claimCacheDir), and an adopted runner
+	// keeps the one it has.
 	CacheDir string    `json:"cacheDir,omitempty"`
 	Nonce    string    `json:"nonce"`
 	Created  time.Time `json:"created"`

@@ -16,11 +16,18 @@ import (
 // sha256-<hex> of a file in the agent's model store, else the file's name and a hash
 // of its absolute path. A restarted agent (or a reloaded model) therefore finds the
 // states its predecessor saved for the same tenant, and no other tenant's: two teams
-// serving the same file never restore each other's prompts. The runner keeps the
-// states of each engine format in a subdirectory and counts every other file of its
-// directory toward its quota, so a directory is never shared by two running
-// runners: a second runner of the same tenant and file gets <namespace>_<id>~2, a
-// third ~3, the lowest index free at its start.
+// serving the same file never restore each other's prompts. Every runner of the same
+// tenant and file on this agent (the replicas of a model, an adopted runner and a new
+// one) shares that one directory: each restores what the others saved, and each gets
+// the whole quota, which bounds the directory because a runner's evictions work on
+// the directory's real contents (enginepool/promptcache, ssd_shared.go). The runner
+// keeps the states of each engine format in a subdirectory and counts every other
+// file of its directory toward its quota and evicts it first, so runners of the same
+// file in other formats or context settings share the quota too. Only a runner
+// starting while the janitor is removing the directory gets another one,
+// <namespace>_<id>~2 (~3, ...: the lowest index not being removed); agents before
+// the shared directory gave every further runner of a file such an index, and an
+// adopted runner keeps the one it has.
 //
 // Directories named by the model file alone (<id>, before namespaces) are never
 // reused: the janitor removes them once idle for the retention.
@@ -91,26 +98,14 @@ func (f *ProcessFactory) promptCacheSSDQuota(spec enginepool.ModelSpec) int64 {
 	return agent
 }
 
-// claimCacheDir reserves the SSD directory of a runner of spec; "" when it has no
-// SSD tier. releaseCacheDir gives it back once the runner is gone.
+// claimCacheDir reserves the SSD directory of a runner of spec, the one every runner
+// of its namespace and file shares (unless the janitor is removing it: see above);
+// "" when it has no SSD tier. releaseCacheDir gives it back once the runner is gone.
 func (f *ProcessFactory) claimCacheDir(spec enginepool.ModelSpec) string {
 	if f.promptCacheSSDQuota(spec) == 0 {
 		return ""
 	}
 	base := f.cacheDirBase(spec)
-	// Directories of recorded runners not adopted (yet) are still in use: a runner of
-	// the previous agent may be adopted after this one starts, or is about to be
-	// stopped by StopUnclaimed.
-	recorded := map[string]bool{}
-	if f.cfg.StateDir != "" {
-		if recs, err := f.readRecords(); err == nil {
-			for _, rec := range recs {
-				if rec.CacheDir != "" {
-					recorded[rec.CacheDir] = true
-				}
-			}
-		}
-	}
 	f.claimMu.Lock()
 	defer f.claimMu.Unlock()
 	for i := 1; ; i++ {
@@ -118,8 +113,8 @@ func (f *ProcessFactory) claimCacheDir(spec enginepool.ModelSpec) string {
 		if i > 1 {
 			dir = base + "~" + strconv.Itoa(i)
 		}
-		if !f.cacheDirs[dir] && !recorded[dir] {
-			f.cacheDirs[dir] = true
+		if !f.pruning[dir] {
+			f.cacheDirs[dir]++
 			return dir
 		}
 	}
@@ -134,20 +129,25 @@ func (f *ProcessFactory) cacheDirBase(spec enginepool.ModelSpec) string {
 	return filepath.Join(f.cfg.PromptCacheDir, PromptCacheDirName(spec.Namespace, spec.Path))
 }
 
-// claimCacheDirExact marks dir as held by an adopted runner.
+// claimCacheDirExact marks dir as held by an adopted runner too.
 func (f *ProcessFactory) claimCacheDirExact(dir string) {
 	f.claimMu.Lock()
 	defer f.claimMu.Unlock()
-	f.cacheDirs[dir] = true
+	f.cacheDirs[dir]++
 }
 
+// releaseCacheDir gives back one runner's hold of dir.
 func (f *ProcessFactory) releaseCacheDir(dir string) {
 	if dir == "" {
 		return
 	}
 	f.claimMu.Lock()
 	defer f.claimMu.Unlock()
-	delete(f.cacheDirs, dir)
+	if f.cacheDirs[dir] <= 1 {
+		delete(f.cacheDirs, dir)
+		return
+	}
+	f.cacheDirs[dir]--
 }
 
 // promptCacheArgs are the runner's prompt cache flags for spec with its SSD

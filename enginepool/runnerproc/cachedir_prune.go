@@ -92,7 +92,7 @@ func (f *ProcessFactory) PrunePromptCacheDirs(ctx context.Context, opts PromptCa
 			continue
 		}
 		freed, removed, err := removeIfIdle(dir, opts.Now, opts.Retention)
-		f.releaseCacheDir(dir)
+		f.releasePruneHold(dir)
 		if err != nil {
 			errs = append(errs, err)
 		}
@@ -104,15 +104,23 @@ func (f *ProcessFactory) PrunePromptCacheDirs(ctx context.Context, opts PromptCa
 	return rep, errors.Join(errs...)
 }
 
-// holdCacheDirForPrune claims dir unless a runner has it.
+// holdCacheDirForPrune marks dir as being removed unless a runner has it: a runner
+// starting meanwhile gets another directory (claimCacheDir).
 func (f *ProcessFactory) holdCacheDirForPrune(dir string) bool {
 	f.claimMu.Lock()
 	defer f.claimMu.Unlock()
-	if f.cacheDirs[dir] {
+	if f.cacheDirs[dir] > 0 || f.pruning[dir] {
 		return false
 	}
-	f.cacheDirs[dir] = true
+	f.pruning[dir] = true
 	return true
+}
+
+// releasePruneHold ends holdCacheDirForPrune's hold.
+func (f *ProcessFactory) releasePruneHold(dir string) {
+	f.claimMu.Lock()
+	defer f.claimMu.Unlock()
+	delete(f.pruning, dir)
 }
 
 // cacheDirID returns the model id of a directory name claimCacheDir gives:

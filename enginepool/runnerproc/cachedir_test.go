@@ -60,8 +60,8 @@ func TestPromptCacheArgs(t *testing.T) {
 			spec := enginepool.ModelSpec{Name: "m", Path: model, PromptCache: tc.pc}
 			d := f.claimCacheDir(spec)
 			defer f.releaseCacheDir(d)
-			if d2 := f.claimCacheDir(spec); d != "" && d2 != d+"~2" {
-				t.Errorf("a second runner of the file got %q, want %q", d2, d+"~2")
+			if d2 := f.claimCacheDir(spec); d2 != d {
+				t.Errorf("a second runner of the file got %q, want the first one's %q (one directory per namespace and file)", d2, d)
 			} else {
 				f.releaseCacheDir(d2)
 			}
@@ -72,8 +72,8 @@ func TestPromptCacheArgs(t *testing.T) {
 	}
 }
 
-// Runners of one model file get directories of their own, released when they exit;
-// the prompt cache flags are in the adoption fingerprint.
+// Runners of one model file share its directory, held while one of them runs; the
+// prompt cache flags are in the adoption fingerprint.
 func TestPromptCacheDirsOfRealRunners(t *testing.T) {
 	env := newAdoptEnv(t)
 	pcDir := t.TempDir()
@@ -89,20 +89,25 @@ func TestPromptCacheDirsOfRealRunners(t *testing.T) {
 	spec2 := spec
 	spec2.Name = "tiny-2"
 	r2 := adoptStart(t, f, spec2)
-	if r1.cacheDir != base || r2.cacheDir != base+"~2" {
-		t.Fatalf("cache dirs %q and %q, want %q and %q", r1.cacheDir, r2.cacheDir, base, base+"~2")
+	if r1.cacheDir != base || r2.cacheDir != base {
+		t.Fatalf("cache dirs %q and %q, want both %q", r1.cacheDir, r2.cacheDir, base)
 	}
-	var st enginepool.RunnerStatus
-	procGetJSON(t, r1, "/status", &st)
-	if st.PromptCache == nil || !strings.HasPrefix(st.PromptCache.Dir, base+string(filepath.Separator)) ||
-		st.PromptCache.SSD == nil {
-		t.Fatalf("runner's prompt cache %+v, want an SSD tier under %s", st.PromptCache, base)
+	for _, r := range []*ProcessRunner{r1, r2} {
+		var st enginepool.RunnerStatus
+		procGetJSON(t, r, "/status", &st)
+		if st.PromptCache == nil || !strings.HasPrefix(st.PromptCache.Dir, base+string(filepath.Separator)) ||
+			st.PromptCache.SSD == nil {
+			t.Fatalf("runner's prompt cache %+v, want an SSD tier under %s", st.PromptCache, base)
+		}
 	}
 	if err := r2.Stop(t.Context(), time.Second); err != nil {
 		t.Fatal(err)
 	}
-	if got := f.claimCacheDir(spec2); got != base+"~2" {
-		t.Errorf("after the second runner exited the next claim got %q, want its directory back", got)
+	if f.holdCacheDirForPrune(base) {
+		t.Error("the janitor could take the directory while the first runner still holds it")
+	}
+	if got := f.claimCacheDir(spec2); got != base {
+		t.Errorf("after the second runner exited the next claim got %q, want %q", got, base)
 	}
 
 	// Detached, then a factory with another SSD quota: not adopted (the flags differ).
@@ -113,8 +118,8 @@ func TestPromptCacheDirsOfRealRunners(t *testing.T) {
 	if other.Adopted() {
 		t.Fatal("a runner with other prompt cache flags was adopted")
 	}
-	if other.cacheDir != base+"~2" {
-		t.Errorf("the new factory's runner got %q, want %q (the detached runner still holds %q)", other.cacheDir, base+"~2", base)
+	if other.cacheDir != base {
+		t.Errorf("the new factory's runner got %q, want %q, which it shares with the detached runner", other.cacheDir, base)
 	}
 	if err := other.Stop(t.Context(), time.Second); err != nil {
 		t.Fatal(err)
@@ -128,9 +133,9 @@ func TestPromptCacheDirsOfRealRunners(t *testing.T) {
 	}
 }
 
-// TestAdoptionKeepsEachRunnersCacheDir: two runners of one file hold <id> and <id>~2;
-// the next agent starts their models in the other order and still adopts both, each
-// with the directory it has (the index is not part of the fingerprint).
+// TestAdoptionKeepsEachRunnersCacheDir: two runners of one file share <id>; the next
+// agent starts their models in the other order and still adopts both with it, and a
+// third runner of the file shares it too.
 func TestAdoptionKeepsEachRunnersCacheDir(t *testing.T) {
 	env := newAdoptEnv(t)
 	pcDir := t.TempDir()
@@ -143,8 +148,8 @@ func TestAdoptionKeepsEachRunnersCacheDir(t *testing.T) {
 
 	f := env.factory(withCache)
 	r1, r2 := adoptStart(t, f, spec), adoptStart(t, f, spec2)
-	if r1.cacheDir != base || r2.cacheDir != base+"~2" {
-		t.Fatalf("cache dirs %q and %q, want %q and %q", r1.cacheDir, r2.cacheDir, base, base+"~2")
+	if r1.cacheDir != base || r2.cacheDir != base {
+		t.Fatalf("cache dirs %q and %q, want both %q", r1.cacheDir, r2.cacheDir, base)
 	}
 	if !r1.Detach() || !r2.Detach() {
 		t.Fatal("Detach = false")
@@ -156,17 +161,17 @@ func TestAdoptionKeepsEachRunnersCacheDir(t *testing.T) {
 		name     string
 		got, was *ProcessRunner
 		dir      string
-	}{{"tiny-2", a2, r2, base + "~2"}, {"tiny", a1, r1, base}} {
+	}{{"tiny-2", a2, r2, base}, {"tiny", a1, r1, base}} {
 		if !c.got.Adopted() || c.got.PID() != c.was.PID() || c.got.cacheDir != c.dir {
 			t.Errorf("%s: adopted %v pid %d dir %q; want pid %d adopted with %q", c.name, c.got.Adopted(), c.got.PID(),
 				c.got.cacheDir, c.was.PID(), c.dir)
 		}
 	}
-	// A third runner of the file gets a directory neither holds.
+	// A third runner of the file shares it.
 	spec3 := spec
 	spec3.Name = "tiny-3"
-	if got := next.claimCacheDir(spec3); got != base+"~3" {
-		t.Errorf("a third runner's directory %q, want %q", got, base+"~3")
+	if got := next.claimCacheDir(spec3); got != base {
+		t.Errorf("a third runner's directory %q, want %q", got, base)
 	}
 	for _, r := range []*ProcessRunner{a1, a2} {
 		if err := r.Stop(t.Context(), time.Second); err != nil {

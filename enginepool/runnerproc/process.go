@@ -173,9 +173,11 @@ type ProcessFactory struct {
 	// or is stopping, so no record is ever taken twice.
 	claimMu sync.Mutex
 	claimed map[string]bool
-	// cacheDirs are the prompt cache directories of the runners of this factory
-	// (guarded by claimMu).
-	cacheDirs map[string]bool
+	// cacheDirs count the runners of this factory holding each prompt cache
+	// directory, pruning are the directories the janitor is removing (both guarded
+	// by claimMu).
+	cacheDirs map[string]int
+	pruning   map[string]bool
 
 	sandboxLogged sync.Once
 }
@@ -193,7 +195,7 @@ func NewProcessFactory(cfg ProcessConfig) *ProcessFactory {
 	if cfg.OrphanTimeout == 0 {
 		cfg.OrphanTimeout = DefaultOrphanTimeout
 	}
-	return &ProcessFactory{cfg: cfg, claimed: map[string]bool{}, cacheDirs: map[string]bool{}}
+	return &ProcessFactory{cfg: cfg, claimed: map[string]bool{}, cacheDirs: map[string]int{}, pruning: map[string]bool{}}
 }
 
 // Start execs a runner for spec in a new process group and returns once it listens
@@ -254,8 +256,9 @@ func startError(model string, err error) error {
 // adoptOrRecord adopts a recorded runner with spec's fingerprint, or else makes the
 // record of the runner about to be started (detached, for the next agent to adopt).
 func (f *ProcessFactory) adoptOrRecord(ctx context.Context, path string, spec enginepool.ModelSpec, ceilingBytes int64, log logr.Logger) (*ProcessRunner, *runnerRecord, error) {
-	// The fingerprint names the file's cache directory without the index a second
-	// runner of the same file gets (claimCacheDir): that depends on start order.
+	// The fingerprint names the file's cache directory without the index a runner
+	// starting while the janitor removes it gets (claimCacheDir), or an earlier
+	// agent gave a second runner of the file.
 	fpArgs := append(f.engineArgs(spec, ceilingBytes), f.promptCacheArgs(spec, f.cacheDirBase(spec))...)
 	fp, err := f.fingerprint(path, spec, fpArgs)
 	if err != nil {

@@ -1,0 +1,139 @@
+package gateway
+
+import (
+	"math"
+	"testing"
+	"time"
+
+	"github.com/macfleet/macfleet/api/runnerapi"
+	"github.com/macfleet/macfleet/gateway/prefixindex"
+)
+
+func TestPrefixScoreInFlight(t *testing.T) {
+	held := func(tier string, depth, tokens int) prefixindex.Hit {
+		return prefixindex.Hit{Depth: depth, Held: prefixindex.Held{Tier: tier, Tokens: tokens}}
+	}
+	for _, tc := range []struct {
+		name string
+		c    prefixCandidate
+		want float64
+	}{
+		{"nothing held or prefilled", prefixCandidate{slots: 2}, 0},
+		{"prefilling only, idle: a slot free, it would prefill beside it", prefixCandidate{prefilling: 1, slots: 1}, 0},
+		{"prefilling only, one of two slots free", prefixCandidate{prefilling: 2, load: 1, slots: 2}, 0},
+		{"prefilling only, its only slot taken: it queues behind", prefixCandidate{prefilling: 2, load: 1, slots: 1},
+			inflightWeight * 2 * 1 / 3},
+		{"prefilling only, both slots taken", prefixCandidate{prefilling: 1, load: 2, slots: 2},
+			inflightWeight * 2 / 5},
+		{"held with its tokens outweighs the same prefix prefilling", prefixCandidate{hit: held(runnerapi.TierHot, 1, 4000), prefilling: 2, load: 1, slots: 1},
+			4000.0 / 3},
+		{"held on the SSD, tokens unreported, shallower than the one prefilling",
+			prefixCandidate{hit: held(runnerapi.TierSSD, 1, 0), prefilling: 3, load: 1, slots: 1}, math.Max(0.5*1, inflightWeight*3) / 3},
+		{"held on the SSD, tokens unreported, as deep as the one prefilling: the SSD's weight",
+			prefixCandidate{hit: held(runnerapi.TierSSD, 2, 0), prefilling: 2, load: 1, slots: 1}, 0.5 * 2 / 3},
+		{"held, a slot free: the held prefix alone", prefixCandidate{hit: held(runnerapi.TierHot, 1, 0), prefilling: 5, slots: 2}, 1},
+		{"prefilled (its requests ended), idle: counts", prefixCandidate{prefilling: 1, prefilled: true, slots: 2}, inflightWeight},
+		{"prefilled, one of two slots taken", prefixCandidate{prefilling: 2, prefilled: true, load: 1, slots: 2}, inflightWeight * 2 * 2 / 3},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := prefixScore(tc.c); math.Abs(got-tc.want) > 1e-9 {
+				t.Errorf("prefixScore = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestChoosePrefixInFlight(t *testing.T) {
+	hot := func(tokens, load int) prefixCandidate {
+		return prefixCandidate{hit: prefixindex.Hit{Depth: 1, Held: prefixindex.Held{Tier: runnerapi.TierHot, Tokens: tokens}}, load: load, slots: 2}
+	}
+	pre := func(depth, load int) prefixCandidate { return prefixCandidate{prefilling: depth, load: load, slots: 2} }
+	none := func(load int) prefixCandidate { return prefixCandidate{load: load, slots: 2} }
+	// 9 requests in flight over 4 replicas: the bound is 4 each.
+	for _, tc := range []struct {
+		name  string
+		cands []prefixCandidate
+		want  int
+	}{
+		{"nobody holds it, a full replica prefills it: queue there, though busier",
+			[]prefixCandidate{none(3), pre(1, 2), none(2), none(2)}, 1},
+		{"nobody holds it, the replica prefilling it has a slot free: fall back",
+			[]prefixCandidate{none(3), pre(1, 1), none(3), none(2)}, -1},
+		{"nobody holds it, a replica just prefilled it (the index not told): there, a slot free",
+			[]prefixCandidate{none(3), {prefilling: 1, prefilled: true, load: 1, slots: 2}, none(3), none(2)}, 1},
+		{"a holder within the bound beats the one prefilling",
+			[]prefixCandidate{pre(1, 2), hot(4000, 2), none(3), none(2)}, 1},
+		{"the holder over the bound, another prefilling it within the bound: the one prefilling",
+			[]prefixCandidate{hot(4000, 4), pre(1, 2), none(2), none(1)}, 1},
+		{"the one prefilling over the bound: fall back",
+			[]prefixCandidate{pre(1, 5), none(2), none(1), none(1)}, -1},
+		{"two prefilling it: the less loaded",
+			[]prefixCandidate{pre(1, 3), pre(1, 2), none(2), none(2)}, 1},
+		{"prefilling a deeper prefix of the conversation beats a shallower one",
+			[]prefixCandidate{pre(1, 2), pre(2, 2), none(3), none(2)}, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			eligible := make([]bool, len(tc.cands))
+			for i := range eligible {
+				eligible[i] = true
+			}
+			wantChoice(t, tc.cands, eligible, tc.want)
+		})
+	}
+}
+
+// TestBalancerRoutesToThePrefillingReplica: with nothing in the index, a request's
+// prefix is recorded on the replica it went to, the next request of that prefix
+// queues there (prefix_inflight) while it has no slot free, goes there once the
+// prefill's request ended (the index not told yet), and once the linger passed (fake
+// clock) the record no longer routes.
+func TestBalancerRoutesToThePrefillingReplica(t *testing.T) {
+	index, err := prefixindex.New(0, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := newBalancer(DefaultLoadBound, index)
+	now := time.Date(2026, 11, 25, 20, 0, 0, 0, time.UTC)
+	b.now = func() time.Time { return now }
+	rt := &Route{PromptCache: true, Backends: []Backend{{Key: "ns/r0", Slots: 1}, {Key: "ns/r1", Slots: 1}}}
+	hint := func(user string) routeHint {
+		return routeHint{mode: RoutingPrefixCache, digests: []string{"00000000000000aa", user}}
+	}
+	first, _, routed, ok := b.pickN(rt, nil, hint("00000000000000b1"), 0, 1)
+	if !ok || routed != routedFallback {
+		t.Fatalf("the first request: routed %q (ok %v), want %q", routed, ok, routedFallback)
+	}
+	now = now.Add(2 * time.Second)
+	second, _, routed, _ := b.pickN(rt, nil, hint("00000000000000b2"), 0, 1)
+	if routed != routedPrefixInFlight || second.Key != first.Key {
+		t.Fatalf("the second request of the prefix: %s routed %q, want %s by %q", second.Key, routed, first.Key, routedPrefixInFlight)
+	}
+	// The second ends; the index learns that the first replica holds the prefix: a
+	// held hit.
+	b.releaseN(second.Key, 1)
+	b.endPrefill(second.Key, hint("00000000000000b2"))
+	index.Apply(first.Key, runnerapi.PrefixEvents{Epoch: "e", Reset: true,
+		Events: []runnerapi.PrefixEvent{{Digest: "00000000000000aa", Tier: runnerapi.TierHot, Tokens: 4000}}})
+	third, _, routed, _ := b.pickN(rt, nil, hint("00000000000000b3"), 0, 1)
+	if routed != routedPrefixHit || third.Key != first.Key {
+		t.Errorf("with the save reported: %s routed %q, want %s by %q", third.Key, routed, first.Key, routedPrefixHit)
+	}
+	index.Remove(first.Key)
+	b.releaseN(third.Key, 1)
+	b.endPrefill(third.Key, hint("00000000000000b3"))
+	// The first request ends too: its slot is free and holds the prefix, which the
+	// index has not heard of (it forgot it here): the next request goes there.
+	b.releaseN(first.Key, 1)
+	b.endPrefill(first.Key, hint("00000000000000b1"))
+	now = now.Add(prefixindex.DefaultInFlightLinger)
+	fourth, _, routed, _ := b.pickN(rt, nil, hint("00000000000000b4"), 0, 1)
+	if routed != routedPrefixInFlight || fourth.Key != first.Key {
+		t.Errorf("just prefilled, within the linger: %s routed %q, want %s by %q", fourth.Key, routed, first.Key, routedPrefixInFlight)
+	}
+	b.releaseN(fourth.Key, 1)
+	b.endPrefill(fourth.Key, hint("00000000000000b4"))
+	now = now.Add(prefixindex.DefaultInFlightLinger + time.Second)
+	if _, _, routed, _ := b.pickN(rt, nil, hint("00000000000000b5"), 0, 1); routed != routedFallback {
+		t.Errorf("past the linger: routed %q, want %q", routed, routedFallback)
+	}
+}

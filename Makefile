@@ -150,7 +150,7 @@ FLEETCACHE_SMOKE ?=
 FLEETCACHE_FLAGS ?= $(if $(FLEETCACHE_SMOKE),-smoke)
 
 .PHONY: bench-fleetcache
-bench-fleetcache: envtest build runner ## The fleet as one prompt cache (issue 26): least-load, prefix-affinity and prefix-cache routing (without and with in-flight prefixes) on 4 simulated Macs (docs/benchmarks.md).
+bench-fleetcache: envtest build runner ## The fleet as one prompt cache (issue 26): least-load, prefix-affinity, prefix-cache routing, and prefix-cache with peer fetch, on 4 simulated Macs (docs/benchmarks.md).
 	go run ./bench/fleetcache -macfleet $(BIN)/macfleet -runner $(RUNNER) $(FLEETCACHE_FLAGS)
 
 .PHONY: bench-runners

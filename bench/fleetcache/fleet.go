@@ -107,23 +107,41 @@ type gatewayProc struct {
 
 var ctrlLogOnce sync.Once
 
-// modeNoInFlight is a benchmark mode: prefix-cache routing without the record of the
-// prefixes being prefilled (gateway.Config.NoInFlightPrefixes), as before it, to
-// compare the two in one run.
-const modeNoInFlight = "prefix-cache-no-inflight"
+// Benchmark modes beyond the gateway's routings: prefix-cache routing without the
+// record of the prefixes being prefilled (gateway.Config.NoInFlightPrefixes), as
+// before it; and prefix-cache routing with peer fetch (a replica that misses a prefix
+// another Mac's replica holds fetches its state when that is estimated faster than
+// prefilling). The plain prefix-cache mode runs without peer fetch, so that the four
+// of least-load, prefix-affinity, prefix-cache and prefix-cache-peer-fetch compare
+// routing alone and routing with peer fetch in one run.
+const (
+	modeNoInFlight = "prefix-cache-no-inflight"
+	modePeerFetch  = "prefix-cache-peer-fetch"
+)
 
-// gatewayMode is the routing and the in-flight switch of a benchmark mode.
-func gatewayMode(mode string) (gateway.Routing, bool) {
-	if mode == modeNoInFlight {
-		return gateway.RoutingPrefixCache, true
+// gatewayModeConfig is what a benchmark mode sets in the gateway's configuration.
+type gatewayModeConfig struct {
+	Routing            gateway.Routing
+	NoInFlightPrefixes bool
+	DisablePeerFetch   bool
+}
+
+// gatewayMode is the routing, the in-flight switch and the peer-fetch switch of a
+// benchmark mode.
+func gatewayMode(mode string) gatewayModeConfig {
+	switch mode {
+	case modeNoInFlight:
+		return gatewayModeConfig{Routing: gateway.RoutingPrefixCache, NoInFlightPrefixes: true, DisablePeerFetch: true}
+	case modePeerFetch:
+		return gatewayModeConfig{Routing: gateway.RoutingPrefixCache}
 	}
-	return gateway.Routing(mode), false
+	return gatewayModeConfig{Routing: gateway.Routing(mode), DisablePeerFetch: true}
 }
 
 // startGateway runs a gateway of the given mode in this process until ctx ends,
 // as the fleet's gateway identity (its agent certificate from the fleet's Secret).
 func startGateway(ctx context.Context, f *localfleet.Fleet, mode string) (*gatewayProc, error) {
-	routing, noInFlight := gatewayMode(mode)
+	m := gatewayMode(mode)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
@@ -131,7 +149,8 @@ func startGateway(ctx context.Context, f *localfleet.Fleet, mode string) (*gatew
 	g := &gatewayProc{url: "http://" + ln.Addr().String(), reg: prometheus.NewRegistry(), done: make(chan error, 1)}
 	cfg := gateway.Config{RestConfig: f.Env.Config, Listener: ln, MetricsAddr: "0", ProbeAddr: "0",
 		AgentCertSecret: v1alpha1.SystemNamespace + "/" + v1alpha1.GatewayTLSSecret, Registerer: g.reg,
-		DisableConsole: true, Routing: routing, NoInFlightPrefixes: noInFlight, GatewayID: "bench-" + mode}
+		DisableConsole: true, Routing: m.Routing, NoInFlightPrefixes: m.NoInFlightPrefixes, DisablePeerFetch: m.DisablePeerFetch,
+		GatewayID: "bench-" + mode}
 	ctrlLogOnce.Do(func() { ctrl.SetLogger(logr.Discard()) })
 	go func() { g.done <- gateway.Run(ctrl.LoggerInto(ctx, logr.Discard()), cfg) }()
 	return g, nil
@@ -143,15 +162,27 @@ func (g *gatewayProc) routed() (map[string]float64, error) {
 	if err != nil {
 		return nil, err
 	}
+	// The routing decisions by kind; peer fetches by result ("peer fetch: imported",
+	// "peer fetch: not_found", ...) and the bytes they moved ("peer fetch bytes").
+	labels := map[string]struct{ label, prefix string }{
+		"macfleet_gateway_routing_decisions_total": {"routing", ""},
+		"macfleet_gateway_peer_fetches_total":      {"result", "peer fetch: "},
+		"macfleet_gateway_peer_fetch_bytes_total":  {"", "peer fetch bytes"},
+	}
 	out := map[string]float64{}
 	for _, mf := range mfs {
-		if mf.GetName() != "macfleet_gateway_routing_decisions_total" {
+		want, ok := labels[mf.GetName()]
+		if !ok {
 			continue
 		}
 		for _, m := range mf.GetMetric() {
+			if want.label == "" {
+				out[want.prefix] += m.GetCounter().GetValue()
+				continue
+			}
 			for _, l := range m.GetLabel() {
-				if l.GetName() == "routing" {
-					out[l.GetValue()] += m.GetCounter().GetValue()
+				if l.GetName() == want.label {
+					out[want.prefix+l.GetValue()] += m.GetCounter().GetValue()
 				}
 			}
 		}

@@ -6,11 +6,14 @@
 // system prompt of about P tokens among U users, whose short unique questions arrive
 // as a seeded Poisson stream. The same workload shape (fresh prefixes for each mode)
 // goes through one in-process gateway per routing mode, back to back with the hot
-// tiers cleared in between: least-load, prefix-affinity, prefix-cache without the
-// record of the prefixes being prefilled (prefix-cache-no-inflight, as before it) and
-// prefix-cache. It prints, per mode, TTFT p50/p90/p99, throughput, the prompt tokens
+// tiers cleared in between: least-load, prefix-affinity, prefix-cache (routing by what
+// each replica holds, without peer fetch) and prefix-cache-peer-fetch (the same, and a
+// replica that misses a prefix another Mac's replica holds fetches its state when the
+// gateway estimates that faster than prefilling); -modes adds prefix-cache-no-inflight
+// (prefix-cache without the record of the prefixes being prefilled). It prints, per mode, TTFT p50/p90/p99, throughput, the prompt tokens
 // restored (usage cached_tokens), the runners' hot and SSD tier hits (through the
-// agents' /api/status), the gateway's routing decisions and how many cold answers
+// agents' /api/status), the gateway's routing decisions and peer fetches (by result,
+// and the bytes moved) and how many cold answers
 // arrived before their tenant's first token (-requests: every answer), then the TTFT
 // p90 ratio of prefix-affinity to each prefix-cache mode.
 //
@@ -65,8 +68,9 @@ func main() {
 	flag.StringVar(&o.ssdBytes, "ssd-bytes", "2Mi", "each replica's SSD quota (agent --prompt-cache-ssd-bytes)")
 	flag.Uint64Var(&o.seed, "seed", 26, "seed of the prompts and arrivals")
 	flag.StringVar(&o.cacheKeys, "cache-key", keyUser, "the prompt_cache_key each request carries: user (a thread id per user), tenant or none")
-	flag.StringVar(&o.modes, "modes", "least-load,prefix-affinity,"+modeNoInFlight+",prefix-cache",
-		"routing modes, in the order run ("+modeNoInFlight+": prefix-cache without the record of the prefixes being prefilled)")
+	flag.StringVar(&o.modes, "modes", "least-load,prefix-affinity,prefix-cache,"+modePeerFetch,
+		"routing modes, in the order run (prefix-cache: without peer fetch; "+modePeerFetch+": with it; "+
+			modeNoInFlight+": prefix-cache without peer fetch and without the record of the prefixes being prefilled)")
 	flag.DurationVar(&o.modeLimit, "mode-limit", 170*time.Second, "latest arrival of a mode (later gaps shrink to fit)")
 	flag.DurationVar(&o.reqTimeout, "request-timeout", 3*time.Minute, "each request's limit")
 	flag.DurationVar(&o.timeout, "timeout", 40*time.Minute, "the whole run's limit")
@@ -236,7 +240,7 @@ func printRatio(rows []summary) {
 		return
 	}
 	for _, r := range rows {
-		if routing, _ := gatewayMode(r.Mode); routing == gateway.RoutingPrefixCache {
+		if gatewayMode(r.Mode).Routing == gateway.RoutingPrefixCache {
 			fmt.Printf("\nTTFT p90, prefix-affinity / %s: %.2f× (target ≥ 5×); p50 %.2f×", r.Mode, ratio(aff.P90, r.P90), ratio(aff.P50, r.P50))
 		}
 	}

@@ -168,8 +168,12 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, start time.Time)
 	t.width = head.N
 	if g.opts.Routing == RoutingPrefixCache && rt.PromptCache {
 		t.hint.keyed = head.keyed
-		t.hint.digests = prefixdigest.Of(id.CachePartition(), model, body)
-		r = r.WithContext(withPrefixDigests(r.Context(), t.hint.digests))
+		var all []string
+		if c, ok := prefixdigest.Parse(body); ok {
+			all = c.Digests(id.CachePartition(), model)
+			t.hint.digests = c.Routable(all)
+		}
+		r = r.WithContext(withPrefixDigests(r.Context(), all, t.hint.digests))
 	}
 	res := g.serve(w, r, model, head.Model, id, t, body, start)
 	g.count(model, endpoint, res.status, res.reason)
@@ -310,7 +314,7 @@ func (g *Gateway) attempt(ctx context.Context, w http.ResponseWriter, r *http.Re
 	g.setUpstreamHeaders(out, r, model, be)
 	var peer *peerSource
 	if g.peers != nil {
-		peer = g.peers.hint(out, rt, model, be, prefixDigestsFrom(ctx), g.caller(r).CachePartition())
+		peer = g.peers.hint(out, rt, model, be, prefixDigestsFrom(ctx).routable, g.caller(r).CachePartition())
 	}
 	sent := time.Now()
 	resp, err := g.transport.RoundTrip(out)
@@ -358,7 +362,7 @@ func (g *Gateway) setUpstreamHeaders(out, r *http.Request, model string, be Back
 	if p := g.caller(r).CachePartition(); p != "" {
 		out.Header.Set(runnerapi.HeaderCachePartition, p)
 	}
-	if d := prefixDigestsFrom(r.Context()); len(d) > 0 {
+	if d := prefixDigestsFrom(r.Context()).all; len(d) > 0 {
 		out.Header.Set(runnerapi.HeaderPrefixDigests, strings.Join(d, ","))
 	}
 }

@@ -185,13 +185,18 @@ func (g *Gateway) routed(ctx context.Context, t *ticket) {
 
 type prefixDigestsKey struct{}
 
+// prefixDigests are a request's prefix digests: all of them, sent to the agent, and
+// those worth routing by (prefixdigest.Conversation.Routable).
+type prefixDigests struct{ all, routable []string }
+
 // withPrefixDigests carries a request's prefix digests to its attempts, which send
-// them to the agent (runnerapi.HeaderPrefixDigests).
-func withPrefixDigests(ctx context.Context, digests []string) context.Context {
-	return context.WithValue(ctx, prefixDigestsKey{}, digests)
+// them all to the agent (runnerapi.HeaderPrefixDigests) and look for a peer holding
+// the routable ones.
+func withPrefixDigests(ctx context.Context, all, routable []string) context.Context {
+	return context.WithValue(ctx, prefixDigestsKey{}, prefixDigests{all: all, routable: routable})
 }
 
-func prefixDigestsFrom(ctx context.Context) []string {
-	d, _ := ctx.Value(prefixDigestsKey{}).([]string)
+func prefixDigestsFrom(ctx context.Context) prefixDigests {
+	d, _ := ctx.Value(prefixDigestsKey{}).(prefixDigests)
 	return d
 }

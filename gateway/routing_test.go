@@ -266,6 +266,9 @@ func TestPrefixCacheOff(t *testing.T) {
 // TestPrefixCacheFallback: with no replica holding a conversation, prefix-cache
 // routing keeps requests that share a prompt_cache_key on one replica (whatever their
 // prompts; different keys spread) and spreads requests without one by least load.
+// Every conversation is its own: one sent before counts as held by the replica that
+// prefilled it until the index hears of the save (the in-flight record), which these
+// upstreams never report.
 func TestPrefixCacheFallback(t *testing.T) {
 	h := func(_ int, w http.ResponseWriter, r *http.Request) { okJSON(w, r) }
 	ups := []*upstream{newUpstream(t, h), newUpstream(t, h), newUpstream(t, h)}
@@ -276,7 +279,7 @@ func TestPrefixCacheFallback(t *testing.T) {
 	for k := range 12 {
 		var home string
 		for i := range 3 {
-			body := fmt.Sprintf(`{"model":"m","prompt_cache_key":"thread-%d","messages":[{"role":"user","content":"q%d"}]}`, k, i)
+			body := fmt.Sprintf(`{"model":"m","prompt_cache_key":"thread-%d","messages":[{"role":"user","content":"q%d of thread %d"}]}`, k, i, k)
 			if _, got := post(t, g.url, body); i == 0 {
 				home = got
 			} else if got != home {
@@ -289,8 +292,8 @@ func TestPrefixCacheFallback(t *testing.T) {
 		t.Errorf("12 keys all went to %v", homes)
 	}
 	seen := map[string]int{}
-	for range 6 {
-		_, got := post(t, g.url, chatBody)
+	for i := range 6 {
+		_, got := post(t, g.url, fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":"question %d"}]}`, i))
 		seen[got]++
 	}
 	if len(seen) != 3 {

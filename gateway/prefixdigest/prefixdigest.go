@@ -33,6 +33,19 @@ func Of(partition, model string, body []byte) []string {
 	return c.Digests(partition, model)
 }
 
+// Routable returns the digests of c, as Digests gave them, that name a prefix worth
+// routing by: all of them but digest 0 when the head is empty (no system prompt, no
+// tools). Every conversation of a partition without a head shares that digest, and
+// what a replica holds under it is no prefix of this conversation beyond the chat
+// template's first tokens; routing by it would send every such conversation to the
+// replica that served the first.
+func (c Conversation) Routable(digests []string) []string {
+	if c.System == "" && len(c.Tools) == 0 && len(digests) == len(c.Messages)+1 {
+		return digests[1:]
+	}
+	return digests
+}
+
 // Digests chains c's digests (see Of).
 func (c Conversation) Digests(partition, model string) []string {
 	h := sha256.New()

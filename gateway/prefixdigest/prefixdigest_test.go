@@ -153,3 +153,44 @@ func FuzzOf(f *testing.F) {
 		}
 	})
 }
+
+// TestRoutable: digest 0 is left out of routing only when the head is empty, and only
+// when the digests start with it (a conversation longer than MaxPrefixDigests has lost
+// it already).
+func TestRoutable(t *testing.T) {
+	long := make([]string, runnerapi.MaxPrefixDigests+3)
+	for i := range long {
+		long[i] = fmt.Sprintf(`{"role":"user","content":"m%d"}`, i)
+	}
+	for _, tc := range []struct {
+		name, body string
+		dropFirst  bool
+	}{
+		{"no head", `{"messages":[{"role":"user","content":"hi"}]}`, true},
+		{"system prompt", `{"messages":[{"role":"system","content":"Be terse."},{"role":"user","content":"hi"}]}`, false},
+		{"tools", `{"tools":[{"type":"function","function":{"name":"f","parameters":{}}}],"messages":[{"role":"user","content":"hi"}]}`, false},
+		{"no head, beyond the bound", `{"messages":[` + strings.Join(long, ",") + `]}`, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, ok := Parse([]byte(tc.body))
+			if !ok {
+				t.Fatal("not parsed")
+			}
+			all := c.Digests("p", "m")
+			got := c.Routable(all)
+			want := all
+			if tc.dropFirst {
+				want = all[1:]
+			}
+			if !slices.Equal(got, want) {
+				t.Errorf("Routable = %v, want %v (of %v)", got, want, all)
+			}
+		})
+	}
+	a, _ := Parse([]byte(`{"messages":[{"role":"user","content":"one"}]}`))
+	b, _ := Parse([]byte(`{"messages":[{"role":"user","content":"two"}]}`))
+	ra, rb := a.Routable(a.Digests("p", "m")), b.Routable(b.Digests("p", "m"))
+	if len(ra) != 1 || len(rb) != 1 || ra[0] == rb[0] {
+		t.Errorf("two head-less conversations share a routable digest: %v %v", ra, rb)
+	}
+}

@@ -99,6 +99,35 @@ type Status struct {
 	PromptCache *PromptCacheStatus `json:"prompt_cache,omitempty"`
 	// Chat is absent until the model is loaded.
 	Chat *ChatInfo `json:"chat,omitempty"`
+	// Split lists the workers that hold some of the model's layers (docs/split-model.md),
+	// absent when the runner holds them all.
+	Split []SplitWorkerStatus `json:"split,omitempty"`
+}
+
+// SplitWorkerStatus is one split worker's link as the runner sees it.
+type SplitWorkerStatus struct {
+	Addr string `json:"addr"`
+	// Layers is how many of the model's layers the worker computes, from FirstLayer
+	// (counted from 0; the runner keeps the layers before the first worker's).
+	Layers     int `json:"layers"`
+	FirstLayer int `json:"first_layer"`
+	// BytesSent and BytesReceived count the link's traffic (framing included);
+	// RoundTrips the answered commands; Computes the graphs the worker computed.
+	BytesSent     uint64 `json:"bytes_sent"`
+	BytesReceived uint64 `json:"bytes_received"`
+	RoundTrips    uint64 `json:"round_trips"`
+	Computes      uint64 `json:"computes"`
+	// LinkWaitSeconds is the time the runner spent waiting on answered commands
+	// (sending, the worker's work, the answer); WorkerComputeSeconds the part of it the
+	// worker spent computing graphs. The difference is what the link costs.
+	LinkWaitSeconds      float64 `json:"link_wait_seconds"`
+	WorkerComputeSeconds float64 `json:"worker_compute_seconds"`
+	// AllocatedBytes is the worker's memory this runner's buffers take (its layers'
+	// weights, their KV cache, the compute buffer): the shard's share on its Mac.
+	AllocatedBytes int64 `json:"allocated_bytes"`
+	// Error is set once the link has failed (the worker died, the link was cut or
+	// timed out); the runner is then failed and serves nothing.
+	Error string `json:"error,omitempty"`
 }
 
 // Limits is the body of POST /limits.
@@ -188,9 +217,12 @@ const (
 	CodeShuttingDown          = "shutting_down"
 	CodeLoading               = "model_loading"
 	CodeLoadFailed            = "model_load_failed"
-	CodeNotFound              = "not_found"
-	CodeMethodNotAllowed      = "method_not_allowed"
-	CodeInternal              = "internal_error"
+	// CodeSplitWorkerLost: a worker holding some of the model's layers died or its link
+	// failed; the runner serves nothing more (docs/split-model.md).
+	CodeSplitWorkerLost  = "split_worker_lost"
+	CodeNotFound         = "not_found"
+	CodeMethodNotAllowed = "method_not_allowed"
+	CodeInternal         = "internal_error"
 )
 
 // Error types (the OpenAI "type" field).

@@ -31,11 +31,15 @@ const (
 	exitFailed     = 1
 	exitBadFlags   = 2
 	exitLoadFailed = 3
+	exitSplitLost  = 4
 )
 
 func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
 
 func run(args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 && args[0] == "worker" {
+		return runWorker(args[1:], stdout, stderr)
+	}
 	cfg, verbosity, err := parseFlags(args, stderr)
 	if err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
@@ -66,12 +70,16 @@ func run(args []string, stdout, stderr io.Writer) int {
 	cfg.TracerProvider = tp.TracerProvider()
 	err = server.Run(ctx, cfg)
 	var le *server.LoadError
+	var sl *server.SplitLostError
 	switch {
 	case err == nil:
 		return exitOK
 	case errors.As(err, &le):
 		fmt.Fprintln(stderr, "macfleet-runner:", err)
 		return exitLoadFailed
+	case errors.As(err, &sl):
+		fmt.Fprintln(stderr, "macfleet-runner:", err)
+		return exitSplitLost
 	default:
 		fmt.Fprintln(stderr, "macfleet-runner:", err)
 		return exitFailed
@@ -102,6 +110,9 @@ func parseFlags(args []string, stderr io.Writer) (server.Config, int, error) {
 	fs.Int64Var(&cfg.PromptCache.SSDBytes, "prompt-cache-ssd-bytes", 0, "prompt cache SSD tier quota in bytes (0: bounded by 99% of the free disk only)")
 	fs.IntVar(&cfg.PromptCache.BlockTokens, "prompt-cache-block", server.DefaultPromptCacheBlock, "prompt cache block size in tokens (states are keyed by block-aligned prefixes)")
 	fs.StringVar(&cfg.PromptCache.ModelID, "prompt-cache-model-id", "", "names the model in the prompt cache identity, e.g. its digest (default: derived from the file)")
+	splitWorkers := fs.StringArray("split-worker", nil, "a worker (`macfleet-runner worker`) at HOST:PORT computing the model's last layers; repeat for several, in layer order, each with its --split-layers (docs/split-model.md)")
+	splitLayers := fs.IntSlice("split-layers", nil, "how many layers the matching --split-worker computes")
+	fs.DurationVar(&cfg.SplitTimeout, "split-timeout", server.DefaultSplitTimeout, "bound on every read and write on a split worker's link: a worker silent for longer is lost")
 	traceRelay := fs.Bool("trace-relay", false, "trace generation requests, keeping the spans in memory for the agent to drain (POST /spans); the runner itself exports nothing")
 	verbose := fs.BoolP("verbose", "v", false, "log llama.cpp's info messages and per-request details")
 	if err := fs.Parse(args); err != nil {
@@ -130,6 +141,16 @@ func parseFlags(args []string, stderr io.Writer) (server.Config, int, error) {
 		return cfg, 0, fmt.Errorf("--prompt-cache-block must be positive, got %d", cfg.PromptCache.BlockTokens)
 	case cfg.CeilingBytes < 0:
 		return cfg, 0, fmt.Errorf("--ceiling-bytes must not be negative, got %d", cfg.CeilingBytes)
+	case len(*splitWorkers) != len(*splitLayers):
+		return cfg, 0, fmt.Errorf("%d --split-worker but %d --split-layers: give one count per worker", len(*splitWorkers), len(*splitLayers))
+	case cfg.SplitTimeout <= 0:
+		return cfg, 0, fmt.Errorf("--split-timeout must be positive, got %s", cfg.SplitTimeout)
+	}
+	for i, addr := range *splitWorkers {
+		if (*splitLayers)[i] < 1 {
+			return cfg, 0, fmt.Errorf("--split-layers must be positive, got %d for %s", (*splitLayers)[i], addr)
+		}
+		cfg.Split = append(cfg.Split, server.SplitWorker{Addr: addr, Layers: (*splitLayers)[i]})
 	}
 	e, err := engineFlags.Runner()
 	if err != nil {

@@ -21,11 +21,7 @@ import (
 //
 //	MACFLEET_RUNNER=bin/macfleet-runner go test -run '^$' -bench RunnerMid -benchtime 3x ./runner/e2e
 func BenchmarkRunnerMid(b *testing.B) {
-	threads := os.Getenv("MACFLEET_BENCH_THREADS")
-	if threads == "" {
-		threads = "2"
-	}
-	r := startReady(b, model(b, "mid"), "--parallel", "4", "--ctx", "8192", "--threads", threads)
+	r := startReady(b, model(b, "mid"), "--parallel", "4", "--ctx", "8192", "--threads", benchThreads("2"))
 	const genTokens = 128
 
 	b.Run("decode-1-stream", func(b *testing.B) {
@@ -39,24 +35,8 @@ func BenchmarkRunnerMid(b *testing.B) {
 	b.Run("decode-4-streams", func(b *testing.B) {
 		var agg, per float64
 		for range b.N {
-			var wg sync.WaitGroup
-			stats := make([]streamStats, 4)
-			start := time.Now()
-			for k := range stats {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					stats[k] = timedStream(b, r, fmt.Sprintf("%d stream", benchRound.Add(1)), genTokens)
-				}()
-			}
-			wg.Wait()
-			wall := time.Since(start)
-			total := 0
-			for _, s := range stats {
-				total += s.tokens
-				per += s.decodeRate() / 4
-			}
-			agg += float64(total) / wall.Seconds()
+			a, p := fourStreams(b, r, genTokens)
+			agg, per = agg+a, per+p
 		}
 		b.ReportMetric(agg/float64(b.N), "aggregate-tok/s")
 		b.ReportMetric(per/float64(b.N), "per-stream-tok/s")
@@ -80,6 +60,37 @@ func BenchmarkRunnerMid(b *testing.B) {
 		}
 		b.ReportMetric(float64(ttft.Microseconds())/1000/float64(b.N), "ms")
 	})
+}
+
+// fourStreams decodes four streams at once and returns their aggregate rate (tokens
+// over the wall time) and the mean of their own decode rates.
+func fourStreams(b testing.TB, r *runner, genTokens int) (agg, per float64) {
+	var wg sync.WaitGroup
+	stats := make([]streamStats, 4)
+	start := time.Now()
+	for k := range stats {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			stats[k] = timedStream(b, r, fmt.Sprintf("%d stream", benchRound.Add(1)), genTokens)
+		}()
+	}
+	wg.Wait()
+	wall := time.Since(start)
+	total := 0
+	for _, s := range stats {
+		total += s.tokens
+		per += s.decodeRate() / 4
+	}
+	return float64(total) / wall.Seconds(), per
+}
+
+// benchThreads is $MACFLEET_BENCH_THREADS, else def.
+func benchThreads(def string) string {
+	if t := os.Getenv("MACFLEET_BENCH_THREADS"); t != "" {
+		return t
+	}
+	return def
 }
 
 // benchRound makes every benchmark prompt unique (no prefix reuse across runs).

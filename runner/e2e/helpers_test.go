@@ -133,15 +133,7 @@ func startRunner(t testing.TB, modelPath string, flags ...string) *runner {
 		}
 	})
 
-	lines := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(stdout)
-		if sc.Scan() {
-			lines <- sc.Text()
-		}
-		close(lines)
-		_, _ = io.Copy(io.Discard, stdout)
-	}()
+	lines := firstLine(stdout)
 	var line string
 	select {
 	case l, ok := <-lines:
@@ -171,6 +163,21 @@ func startRunner(t testing.TB, modelPath string, flags ...string) *runner {
 		r.base = "http://" + ev.Addr
 	}
 	return r
+}
+
+// firstLine delivers a process's first line of output (the channel closes without one
+// at EOF) and discards the rest.
+func firstLine(stdout io.Reader) <-chan string {
+	lines := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		if sc.Scan() {
+			lines <- sc.Text()
+		}
+		close(lines)
+		_, _ = io.Copy(io.Discard, stdout)
+	}()
+	return lines
 }
 
 // startReady starts a runner and waits until /health says ready.

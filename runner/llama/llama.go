@@ -42,9 +42,12 @@ static _Bool mf_progress(float progress, void *user) {
 	return mfGoProgress(progress, (uintptr_t)user);
 }
 
-static struct llama_model *mf_load_model(const char *path, int n_gpu_layers, _Bool use_mmap, uintptr_t handle) {
+static struct llama_model *mf_load_model(const char *path, int n_gpu_layers, _Bool use_mmap, uintptr_t handle,
+		ggml_backend_dev_t *devices, const float *tensor_split) {
 	struct llama_model_params p = llama_model_default_params();
 	p.n_gpu_layers = n_gpu_layers;
+	p.devices = devices;
+	p.tensor_split = tensor_split;
 	p.use_mmap = use_mmap;
 	p.progress_callback = mf_progress;
 	p.progress_callback_user_data = (void *)handle;
@@ -173,6 +176,11 @@ type ModelParams struct {
 	// Progress is called during the load with a fraction in [0,1]; returning false
 	// cancels the load.
 	Progress func(float32) bool
+	// Devices, when set, replaces the GPUs with these ggml devices (ggml_backend_dev_t,
+	// e.g. runner/netdevice's): the last GPULayers layers go to them, in the
+	// proportions of Split (one weight per device), the rest stay on the CPU.
+	Devices []unsafe.Pointer
+	Split   []float32
 }
 
 // Model is a loaded model. Its read-only methods are safe for concurrent use.
@@ -197,7 +205,27 @@ func LoadModel(path string, p ModelParams) (*Model, error) {
 	defer h.Delete()
 	cpath := C.CString(path)
 	defer C.free(unsafe.Pointer(cpath))
-	c := C.mf_load_model(cpath, C.int(p.GPULayers), C._Bool(p.Mmap), C.uintptr_t(h))
+	var devs *C.ggml_backend_dev_t
+	var split *C.float
+	if len(p.Devices) > 0 {
+		if len(p.Split) != len(p.Devices) {
+			return nil, fmt.Errorf("%d devices but %d split weights", len(p.Devices), len(p.Split))
+		}
+		// C memory: llama.cpp reads the lists during the load only, and cgo forbids Go
+		// pointers to Go pointers.
+		n := len(p.Devices)
+		devs = (*C.ggml_backend_dev_t)(C.calloc(C.size_t(n+1), C.size_t(unsafe.Sizeof(uintptr(0)))))
+		defer C.free(unsafe.Pointer(devs))
+		split = (*C.float)(C.calloc(C.size_t(max(n, int(C.llama_max_devices()))), C.size_t(unsafe.Sizeof(C.float(0)))))
+		defer C.free(unsafe.Pointer(split))
+		ds := unsafe.Slice(devs, n+1)
+		ss := unsafe.Slice(split, n)
+		for i, d := range p.Devices {
+			ds[i] = C.ggml_backend_dev_t(d)
+			ss[i] = C.float(p.Split[i])
+		}
+	}
+	c := C.mf_load_model(cpath, C.int(p.GPULayers), C._Bool(p.Mmap), C.uintptr_t(h), devs, split)
 	if c == nil {
 		return nil, fmt.Errorf("llama.cpp could not load %s (see its log on stderr)", path)
 	}

@@ -35,6 +35,9 @@ type engine struct {
 	guard func(n int) *runnerapi.Error
 	// pc is the prompt cache (nil: none). Set before run starts.
 	pc *promptCache
+	// linkLost, for a split model, returns the error of a lost split worker (and fails
+	// the runner), nil while every link works. Set before run starts.
+	linkLost func() *runnerapi.Error
 
 	wake chan struct{}
 	cmds chan func()
@@ -452,9 +455,7 @@ func (e *engine) step() {
 		e.failStep(runnerapi.Internal("internal error: oversize batch"))
 		return
 	}
-	if err := e.ctx.Decode(b); err != nil {
-		e.log.Error(err, "Decode failed", "tokens", b.N())
-		e.failStep(runnerapi.Internal("decode failed: %v", err))
+	if !e.decode(b) {
 		return
 	}
 	for _, s := range e.slots {
@@ -483,6 +484,26 @@ func (e *engine) step() {
 			}
 		}
 	}
+}
+
+// decode runs the step's batch; on failure it fails the step's jobs and returns false.
+func (e *engine) decode(b *llama.Batch) bool {
+	err := e.ctx.Decode(b)
+	// A split worker lost in the middle of a step may leave a decode that looks
+	// successful over zeroed activations: the link's state decides, not the result.
+	if e.linkLost != nil {
+		if lerr := e.linkLost(); lerr != nil {
+			e.log.Error(err, "Decode failed: a split worker is lost", "tokens", b.N())
+			e.failStep(lerr)
+			return false
+		}
+	}
+	if err != nil {
+		e.log.Error(err, "Decode failed", "tokens", b.N())
+		e.failStep(runnerapi.Internal("decode failed: %v", err))
+		return false
+	}
+	return true
 }
 
 // failStep ends every job of the failed batch and drops their sequences' KV, whose

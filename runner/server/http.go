@@ -139,6 +139,10 @@ func (s *Server) handleStatus(w http.ResponseWriter, _ *http.Request) {
 			st.Chat = &ci
 		}
 	}
+	if state != runnerapi.StateLoading {
+		// The split workers' links, also once the runner has failed for one of them.
+		st.Split = s.splitStatus()
+	}
 	writeJSON(w, http.StatusOK, st)
 }
 

@@ -32,6 +32,7 @@ import (
 	"github.com/macfleet/macfleet/chat"
 	"github.com/macfleet/macfleet/enginepool/promptcache"
 	"github.com/macfleet/macfleet/runner/llama"
+	"github.com/macfleet/macfleet/runner/netdevice"
 	"github.com/macfleet/macfleet/runner/procmem"
 	"github.com/macfleet/macfleet/tracing/spanrelay"
 )
@@ -65,6 +66,11 @@ type Config struct {
 	OrphanTimeout time.Duration
 	// PromptCache configures the prompt cache (hot and SSD tiers).
 	PromptCache PromptCacheConfig
+	// Split lists the workers that hold the model's last layers, in layer order
+	// (docs/split-model.md); empty: the runner holds them all. SplitTimeout bounds every
+	// read and write on their links (0: DefaultSplitTimeout).
+	Split        []SplitWorker
+	SplitTimeout time.Duration
 	// Stdout receives the listening event.
 	Stdout io.Writer
 	// TracerProvider traces generation requests (tracing.NewRelayed); nil means none.
@@ -96,9 +102,11 @@ type Server struct {
 	state    string
 	progress float64
 	loadErr  string
+	lostErr  string // a split worker's failed link, once the runner has failed for it
 
 	failureSeen     chan struct{}
 	failureSeenOnce sync.Once
+	lost            chan struct{} // closed once a split worker is lost
 	stopReq         chan struct{}
 	stopOnce        sync.Once
 	cancelLoad      atomic.Bool
@@ -108,6 +116,7 @@ type Server struct {
 	lctx  *llama.Context
 	eng   *engine
 	pc    *promptCache // nil when it could not be opened
+	split []*netdevice.Device
 	// prefixes is the prefix table this process reports on /cache/prefixes (empty
 	// without a prompt cache).
 	prefixes   *promptcache.PrefixTable
@@ -194,7 +203,7 @@ func Run(ctx context.Context, cfg Config) error {
 func newServer(cfg Config) *Server {
 	s := &Server{
 		cfg: cfg, log: cfg.Log, state: runnerapi.StateLoading,
-		failureSeen: make(chan struct{}), stopReq: make(chan struct{}),
+		failureSeen: make(chan struct{}), stopReq: make(chan struct{}), lost: make(chan struct{}),
 		defaultID: strings.TrimSuffix(filepath.Base(cfg.ModelPath), filepath.Ext(cfg.ModelPath)),
 		prefixes:  promptcache.NewPrefixTable(newEpoch()),
 	}
@@ -249,12 +258,15 @@ func (s *Server) notLoaded(ctx context.Context, srv *http.Server, err error) err
 // serve serves the loaded model until ctx ends, /shutdown is called or the HTTP
 // server fails, then stops.
 func (s *Server) serve(ctx context.Context, srv *http.Server, serveErr <-chan error) error {
+	var lost error
 	select {
 	case <-ctx.Done():
 	case <-s.stopReq:
 	case err := <-serveErr:
 		s.eng.close(runnerapi.Unavailable(runnerapi.CodeShuttingDown, "the runner is stopping"))
 		return fmt.Errorf("serving: %w", err)
+	case <-s.lost:
+		lost = s.awaitLostSeen(ctx)
 	}
 	s.log.Info("Stopping")
 	s.setState(runnerapi.StateStopping, "")
@@ -265,7 +277,7 @@ func (s *Server) serve(ctx context.Context, srv *http.Server, serveErr <-chan er
 		s.free()
 	}
 	s.log.Info("Stopped")
-	return nil
+	return lost
 }
 
 func listen(cfg Config) (net.Listener, error) {
@@ -404,7 +416,10 @@ func (s *Server) load() error {
 		return err
 	}
 	start := time.Now()
-	m, err := llama.LoadModel(cfg.ModelPath, llama.ModelParams{
+	if s.split, err = s.splitDevices(context.Background()); err != nil {
+		return err
+	}
+	params := llama.ModelParams{
 		GPULayers: cfg.GPULayers, Mmap: cfg.Mmap,
 		Progress: func(p float32) bool {
 			s.mu.Lock()
@@ -413,11 +428,19 @@ func (s *Server) load() error {
 			s.mu.Unlock()
 			return !s.cancelLoad.Load()
 		},
-	})
+	}
+	s.splitParams(&params)
+	m, err := llama.LoadModel(cfg.ModelPath, params)
 	if err != nil {
+		if serr := s.splitLost(); serr != nil {
+			return fmt.Errorf("%w (%w)", err, serr)
+		}
 		return err
 	}
 	s.model = m
+	if err := s.checkSplit(m); err != nil {
+		return err
+	}
 	if m.HasEncoder() {
 		return errors.New("encoder-decoder models are not supported")
 	}
@@ -451,6 +474,14 @@ func (s *Server) load() error {
 		KVType: kvType, ChatTemplate: m.ChatTemplate() != "", KVBytesPerToken: s.kvPerToken,
 	}
 	s.eng = newEngine(s.log.WithName("engine"), m, lctx, s.guard)
+	if len(s.split) > 0 {
+		s.eng.linkLost = func() *runnerapi.Error {
+			if err := s.splitLost(); err != nil {
+				return s.onSplitLost(err)
+			}
+			return nil
+		}
+	}
 	s.openPromptCache()
 	go s.eng.run()
 	s.log.Info("Model loaded", "desc", m.Desc(), "params", m.NParams(), "took", time.Since(start).Round(time.Millisecond),
@@ -539,6 +570,9 @@ func (s *Server) readyEngine() (*engine, *runnerapi.Error) {
 	case runnerapi.StateLoading:
 		return nil, runnerapi.Unavailable(runnerapi.CodeLoading, "the model is loading (%.0f%%)", 100*progress)
 	case runnerapi.StateFailed:
+		if lost := s.splitLostMessage(); lost != "" {
+			return nil, runnerapi.Unavailable(runnerapi.CodeSplitWorkerLost, "%s", lost)
+		}
 		return nil, runnerapi.Unavailable(runnerapi.CodeLoadFailed, "the model failed to load: %s", loadErr)
 	default:
 		return nil, runnerapi.Unavailable(runnerapi.CodeShuttingDown, "the runner is stopping")

@@ -1,0 +1,219 @@
+// The network device: a ggml backend device whose buffers and computation live in a
+// worker process (worker.cpp), reached over one TCP connection. llama.cpp places the
+// layers given to this device in its buffers; ggml's scheduler hands this device's
+// backend the sub-graphs of those layers, which are sent to the worker and computed
+// there. docs/split-model.md describes the design and the protocol.
+
+#include "nd_device.h"
+
+#include <errno.h>
+#include <unistd.h>
+
+#include <chrono>
+
+#include "ggml-cpu.h"
+
+struct nd_buffer {
+	nd_device *d;
+	uint64_t base;
+};
+
+void nd_fail(nd_device *d, const std::string &msg) {
+	if (d->err.empty()) {
+		d->err = "split worker " + d->addr + ": " + msg;
+		fprintf(stderr, "macfleet-runner: %s\n", d->err.c_str());
+	}
+	if (d->fd >= 0) {
+		close(d->fd);
+		d->fd = -1;
+	}
+	d->out.clear();
+}
+
+void nd_queue(nd_device *d, uint8_t cmd, const void *p, size_t n, const void *extra, size_t extra_n) {
+	if (!d->err.empty()) {
+		return;
+	}
+	d->out_bytes.clear();
+	uint32_t len = (uint32_t)(n + extra_n);
+	mfnd_put(d->out, len);
+	d->out.push_back(cmd);
+	d->out.insert(d->out.end(), (const uint8_t *)p, (const uint8_t *)p + n);
+	if (extra_n > 0) {
+		d->out.insert(d->out.end(), (const uint8_t *)extra, (const uint8_t *)extra + extra_n);
+	}
+}
+
+bool nd_flush(nd_device *d) {
+	if (!d->err.empty()) {
+		return false;
+	}
+	if (d->out.empty()) {
+		return true;
+	}
+	if (!mfnd_write_all(d->fd, d->out.data(), d->out.size())) {
+		nd_fail(d, std::string("the link is lost (sending: ") + strerror(errno) + ")");
+		return false;
+	}
+	d->sent += d->out.size();
+	d->out.clear();
+	return true;
+}
+
+// nd_call sends a command (after the queued ones) and reads its answer.
+bool nd_call(nd_device *d, uint8_t cmd, const void *p, size_t n, std::vector<uint8_t> &reply) {
+	auto start = std::chrono::steady_clock::now();
+	nd_queue(d, cmd, p, n);
+	if (!nd_flush(d)) {
+		return false;
+	}
+	uint8_t head[MFND_HEADER];
+	if (!mfnd_read_all(d->fd, head, sizeof(head))) {
+		bool timeout = errno == EAGAIN || errno == EWOULDBLOCK;
+		nd_fail(d, timeout ? "no answer within the link timeout" : "the link is lost (the worker closed it or died)");
+		return false;
+	}
+	uint32_t len;
+	memcpy(&len, head, 4);
+	reply.resize(len);
+	if (len > 0 && !mfnd_read_all(d->fd, reply.data(), len)) {
+		nd_fail(d, "the link is lost in the middle of an answer");
+		return false;
+	}
+	d->received += MFND_HEADER + len;
+	d->wait_ns += (uint64_t)std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
+	d->round_trips++;
+	if (head[4] != 0) {
+		nd_fail(d, std::string(reply.begin(), reply.end()));
+		return false;
+	}
+	return true;
+}
+
+// ---- buffers ----
+
+static void nd_buffer_free(ggml_backend_buffer_t buf) {
+	nd_buffer *b = (nd_buffer *)buf->context;
+	std::lock_guard<std::mutex> lock(b->d->mu);
+	nd_queue(b->d, MFND_FREE, &b->base, sizeof(b->base));
+	b->d->allocated -= buf->size;
+	delete b;
+}
+
+static void *nd_buffer_base(ggml_backend_buffer_t buf) { return (void *)(uintptr_t)((nd_buffer *)buf->context)->base; }
+
+static void nd_buffer_memset(ggml_backend_buffer_t buf, struct ggml_tensor *t, uint8_t value, size_t offset, size_t size) {
+	nd_buffer *b = (nd_buffer *)buf->context;
+	struct {
+		uint64_t addr, size;
+		uint8_t value;
+	} __attribute__((packed)) m = {(uint64_t)(uintptr_t)t->data + offset, size, value};
+	std::lock_guard<std::mutex> lock(b->d->mu);
+	nd_queue(b->d, MFND_MEMSET, &m, sizeof(m));
+}
+
+// Weights are not sent: the worker reads them from its own copy of the model file and
+// checks them against the hash of the bytes the runner would have sent.
+static void nd_buffer_set(ggml_backend_buffer_t buf, struct ggml_tensor *t, const void *data, size_t offset, size_t size) {
+	nd_buffer *b = (nd_buffer *)buf->context;
+	uint64_t addr = (uint64_t)(uintptr_t)t->data + offset;
+	std::lock_guard<std::mutex> lock(b->d->mu);
+	if (buf->usage == GGML_BACKEND_BUFFER_USAGE_WEIGHTS && t->name[0] != 0) {
+		mfnd_set_file m = {addr, offset, size, mfnd_hash(data, size), {0}};
+		strncpy(m.name, t->name, sizeof(m.name) - 1);
+		nd_queue(b->d, MFND_SET_FILE, &m, sizeof(m));
+	} else {
+		uint64_t h[2] = {addr, size};
+		nd_queue(b->d, MFND_SET, h, sizeof(h), data, size);
+	}
+	if (b->d->out.size() > (4u << 20)) {
+		nd_flush(b->d);
+	}
+}
+
+static void nd_buffer_get(ggml_backend_buffer_t buf, const struct ggml_tensor *t, void *data, size_t offset, size_t size) {
+	nd_buffer *b = (nd_buffer *)buf->context;
+	uint64_t h[2] = {(uint64_t)(uintptr_t)t->data + offset, size};
+	std::vector<uint8_t> reply;
+	std::lock_guard<std::mutex> lock(b->d->mu);
+	nd_device *d = b->d;
+	if (d->err.empty() && h[0] >= d->out_addr && h[0] + size <= d->out_addr + d->out_bytes.size()) {
+		memcpy(data, d->out_bytes.data() + (h[0] - d->out_addr), size);
+		return;
+	}
+	if (nd_call(b->d, MFND_GET, h, sizeof(h), reply) && reply.size() == size) {
+		memcpy(data, reply.data(), size);
+		return;
+	}
+	if (b->d->err.empty()) {
+		nd_fail(b->d, "a read returned the wrong size");
+	}
+	// The interface cannot return an error: the compute that follows fails instead.
+	memset(data, 0, size);
+}
+
+static bool nd_buffer_cpy(ggml_backend_buffer_t buf, const struct ggml_tensor *src, struct ggml_tensor *dst) {
+	if (src->buffer == NULL || src->buffer->buft != buf->buft) {
+		return false; // another device: ggml copies through the host
+	}
+	nd_buffer *b = (nd_buffer *)buf->context;
+	uint64_t m[3] = {(uint64_t)(uintptr_t)src->data, (uint64_t)(uintptr_t)dst->data, ggml_nbytes(src)};
+	std::lock_guard<std::mutex> lock(b->d->mu);
+	nd_queue(b->d, MFND_COPY, m, sizeof(m));
+	return true;
+}
+
+static void nd_buffer_clear(ggml_backend_buffer_t buf, uint8_t value) {
+	nd_buffer *b = (nd_buffer *)buf->context;
+	struct {
+		uint64_t base;
+		uint8_t value;
+	} __attribute__((packed)) m = {b->base, value};
+	std::lock_guard<std::mutex> lock(b->d->mu);
+	nd_queue(b->d, MFND_CLEAR, &m, sizeof(m));
+}
+
+static const struct ggml_backend_buffer_i nd_buffer_iface = {
+	/* free_buffer   */ nd_buffer_free,
+	/* get_base      */ nd_buffer_base,
+	/* init_tensor   */ NULL,
+	/* memset_tensor */ nd_buffer_memset,
+	/* set_tensor    */ nd_buffer_set,
+	/* get_tensor    */ nd_buffer_get,
+	/* cpy_tensor    */ nd_buffer_cpy,
+	/* clear         */ nd_buffer_clear,
+	/* reset         */ NULL,
+};
+
+static const char *nd_buft_name(ggml_backend_buffer_type_t buft) { return ((nd_device *)buft->context)->buft_name.c_str(); }
+
+static ggml_backend_buffer_t nd_buft_alloc(ggml_backend_buffer_type_t buft, size_t size) {
+	nd_device *d = (nd_device *)buft->context;
+	uint64_t n = size;
+	std::vector<uint8_t> reply;
+	std::lock_guard<std::mutex> lock(d->mu);
+	if (!nd_call(d, MFND_ALLOC, &n, sizeof(n), reply) || reply.size() != 8) {
+		return NULL;
+	}
+	nd_buffer *b = new nd_buffer{d, 0};
+	d->allocated += size;
+	memcpy(&b->base, reply.data(), 8);
+	return ggml_backend_buffer_init(buft, nd_buffer_iface, b, size);
+}
+
+static size_t nd_buft_alignment(ggml_backend_buffer_type_t) {
+	// The worker allocates with the CPU buffer type of this same build.
+	return ggml_backend_buft_get_alignment(ggml_backend_cpu_buffer_type());
+}
+
+static bool nd_buft_is_host(ggml_backend_buffer_type_t) { return false; }
+
+const struct ggml_backend_buffer_type_i nd_buft_iface = {
+	/* get_name       */ nd_buft_name,
+	/* alloc_buffer   */ nd_buft_alloc,
+	/* get_alignment  */ nd_buft_alignment,
+	/* get_max_size   */ NULL,
+	/* get_alloc_size */ NULL,
+	/* is_host        */ nd_buft_is_host,
+	/* noalloc_buffer */ NULL,
+};

@@ -1,0 +1,264 @@
+// The network device's backend and device: graphs the scheduler assigns to the device
+// are serialized and computed by the worker; the device answers llama.cpp's questions
+// about memory, buffers and supported operations.
+
+#include "netdevice.h"
+#include "wire.h"
+
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include <unordered_map>
+#include <unordered_set>
+
+#include "../src/ggml-impl.h"
+#include "ggml-cpu.h"
+#include "nd_device.h"
+
+static mfnd_tensor nd_record(const struct ggml_tensor *t, const std::unordered_set<const ggml_tensor *> &sent) {
+	mfnd_tensor m;
+	memset(&m, 0, sizeof(m));
+	m.id = (uint64_t)(uintptr_t)t;
+	m.type = t->type;
+	m.op = t->op;
+	m.flags = t->flags;
+	for (int i = 0; i < GGML_MAX_DIMS; i++) {
+		m.ne[i] = t->ne[i];
+		m.nb[i] = t->nb[i];
+	}
+	memcpy(m.op_params, t->op_params, sizeof(m.op_params));
+	for (int i = 0; i < GGML_MAX_SRC; i++) {
+		// Sources outside the message (computed elsewhere, never read here) stay NULL.
+		if (t->src[i] != NULL && sent.count(t->src[i])) {
+			m.src[i] = (uint64_t)(uintptr_t)t->src[i];
+		}
+	}
+	if (t->view_src != NULL && sent.count(t->view_src)) {
+		m.view_src = (uint64_t)(uintptr_t)t->view_src;
+	}
+	m.view_offs = t->view_offs;
+	m.data = (uint64_t)(uintptr_t)t->data;
+	return m;
+}
+
+// nd_serialize writes a graph (wire.h, mfnd_graph): the nodes, their sources and the
+// tensors those view, as the records that differ from the previous graph's.
+static void nd_serialize(nd_device *d, struct ggml_cgraph *g, std::vector<uint8_t> &v) {
+	std::unordered_set<const ggml_tensor *> seen;
+	std::vector<const ggml_tensor *> list;
+	std::vector<uint32_t> nodes;
+	auto add = [&](const ggml_tensor *t) {
+		for (; t != NULL && !seen.count(t); t = t->view_src) {
+			seen.insert(t);
+			list.push_back(t);
+		}
+	};
+	for (int i = 0; i < g->n_nodes; i++) {
+		add(g->nodes[i]);
+		for (int s = 0; s < GGML_MAX_SRC; s++) {
+			add(g->nodes[i]->src[s]);
+		}
+	}
+	std::unordered_map<const ggml_tensor *, uint32_t> index;
+	for (uint32_t i = 0; i < list.size(); i++) {
+		index[list[i]] = i;
+	}
+	for (int i = 0; i < g->n_nodes; i++) {
+		nodes.push_back(index[g->nodes[i]]);
+	}
+	mfnd_graph h = {(uint32_t)list.size(), (uint32_t)nodes.size(), 0, nodes != d->last_nodes};
+	v.resize(sizeof(h));
+	d->last_tensors.resize(list.size());
+	for (uint32_t i = 0; i < list.size(); i++) {
+		mfnd_tensor m = nd_record(list[i], seen);
+		if (memcmp(&m, &d->last_tensors[i], sizeof(m)) != 0 || m.id == 0) {
+			mfnd_put(v, i);
+			mfnd_put(v, m);
+			d->last_tensors[i] = m;
+			h.n_changed++;
+		}
+	}
+	if (h.nodes_sent) {
+		v.insert(v.end(), (const uint8_t *)nodes.data(), (const uint8_t *)(nodes.data() + nodes.size()));
+		d->last_nodes = nodes;
+	}
+	memcpy(v.data(), &h, sizeof(h));
+}
+
+static const char *nd_backend_name(ggml_backend_t b) { return ((nd_device *)b->context)->name.c_str(); }
+
+static void nd_backend_free(ggml_backend_t b) { delete b; }
+
+static enum ggml_status nd_backend_compute(ggml_backend_t b, struct ggml_cgraph *g, int) {
+	nd_device *d = (nd_device *)b->context;
+	std::vector<uint8_t> msg, reply;
+	std::lock_guard<std::mutex> lock(d->mu);
+	nd_serialize(d, g, msg);
+	if (!nd_call(d, MFND_COMPUTE, msg.data(), msg.size(), reply)) {
+		return GGML_STATUS_FAILED;
+	}
+	d->computes++;
+	uint64_t ns = 0;
+	if (reply.size() >= sizeof(ns)) {
+		memcpy(&ns, reply.data(), sizeof(ns));
+		d->compute_ns += ns;
+	}
+	if (g->n_nodes > 0 && reply.size() == sizeof(ns) + ggml_nbytes(g->nodes[g->n_nodes - 1])) {
+		d->out_addr = (uint64_t)(uintptr_t)g->nodes[g->n_nodes - 1]->data;
+		d->out_bytes.assign(reply.begin() + sizeof(ns), reply.end());
+	}
+	return GGML_STATUS_SUCCESS;
+}
+
+static ggml_guid_t nd_guid(void) {
+	static ggml_guid guid = {0x6d, 0x66, 0x6e, 0x64, 0x2d, 0x6e, 0x65, 0x74, 0x64, 0x65, 0x76, 0x69, 0x63, 0x65, 0x00, 0x01};
+	return &guid;
+}
+
+static const struct ggml_backend_i nd_backend_iface = {
+	/* get_name           */ nd_backend_name,
+	/* free               */ nd_backend_free,
+	/* set_tensor_async   */ NULL,
+	/* get_tensor_async   */ NULL,
+	/* cpy_tensor_async   */ NULL,
+	/* synchronize        */ NULL,
+	/* graph_plan_create  */ NULL,
+	/* graph_plan_free    */ NULL,
+	/* graph_plan_update  */ NULL,
+	/* graph_plan_compute */ NULL,
+	/* graph_compute      */ nd_backend_compute,
+	/* event_record       */ NULL,
+	/* event_wait         */ NULL,
+	/* graph_optimize     */ NULL,
+	/* graph_reserve      */ NULL,
+	/* buffer_size        */ NULL,
+	/* reset              */ NULL,
+};
+
+static const char *nd_dev_name(ggml_backend_dev_t dev) { return ((nd_device *)dev->context)->name.c_str(); }
+static const char *nd_dev_desc(ggml_backend_dev_t dev) { return ((nd_device *)dev->context)->desc.c_str(); }
+
+static void nd_dev_memory(ggml_backend_dev_t dev, size_t *free, size_t *total) {
+	nd_device *d = (nd_device *)dev->context;
+	*free = d->info.mem_free;
+	*total = d->info.mem_total;
+}
+
+static enum ggml_backend_dev_type nd_dev_type(ggml_backend_dev_t) { return GGML_BACKEND_DEVICE_TYPE_GPU; }
+
+static void nd_dev_props(ggml_backend_dev_t dev, struct ggml_backend_dev_props *p) {
+	memset(p, 0, sizeof(*p));
+	p->name = nd_dev_name(dev);
+	p->description = nd_dev_desc(dev);
+	p->id = p->name;
+	p->library = "macfleet-netdevice";
+	nd_dev_memory(dev, &p->memory_free, &p->memory_total);
+	p->type = GGML_BACKEND_DEVICE_TYPE_GPU;
+}
+
+static ggml_backend_t nd_dev_init_backend(ggml_backend_dev_t dev, const char *) {
+	return new ggml_backend{nd_guid(), nd_backend_iface, dev, dev->context};
+}
+
+static ggml_backend_buffer_type_t nd_dev_buft(ggml_backend_dev_t dev) { return &((nd_device *)dev->context)->buft; }
+
+// The worker computes with the CPU backend of this same build: it supports what the
+// local CPU device supports.
+static bool nd_dev_supports_op(ggml_backend_dev_t, const struct ggml_tensor *op) {
+	ggml_backend_dev_t cpu = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
+	return cpu != NULL && ggml_backend_dev_supports_op(cpu, op);
+}
+
+static bool nd_dev_supports_buft(ggml_backend_dev_t dev, ggml_backend_buffer_type_t buft) { return buft == nd_dev_buft(dev); }
+
+static const struct ggml_backend_device_i nd_dev_iface = {
+	/* get_name             */ nd_dev_name,
+	/* get_description      */ nd_dev_desc,
+	/* get_memory           */ nd_dev_memory,
+	/* get_type             */ nd_dev_type,
+	/* get_props            */ nd_dev_props,
+	/* init_backend         */ nd_dev_init_backend,
+	/* get_buffer_type      */ nd_dev_buft,
+	/* get_host_buffer_type */ NULL,
+	/* buffer_from_host_ptr */ NULL,
+	/* supports_op          */ nd_dev_supports_op,
+	/* supports_buft        */ nd_dev_supports_buft,
+	/* offload_op           */ NULL,
+	/* event_new            */ NULL,
+	/* event_free           */ NULL,
+	/* event_synchronize    */ NULL,
+	/* reset                */ NULL,
+};
+
+static const char *nd_reg_name(ggml_backend_reg_t) { return "MFNET"; }
+static size_t nd_reg_count(ggml_backend_reg_t) { return 0; }
+
+static const struct ggml_backend_reg_i nd_reg_iface = {
+	/* get_name         */ nd_reg_name,
+	/* get_device_count */ nd_reg_count,
+	/* get_device       */ NULL,
+	/* get_proc_address */ NULL,
+};
+
+static void nd_seterr(char *err, size_t errlen, const std::string &msg) { snprintf(err, errlen, "%s", msg.c_str()); }
+
+extern "C" void *mfnd_open(int fd, const char *addr, int index, const char *model_path, int timeout_ms, char *err, size_t errlen) {
+	mfnd_hello h = {MFND_MAGIC, MFND_VERSION, (uint32_t)sizeof(void *), 0x01020304u, 0, 0};
+	std::string e = mfnd_file_identity(model_path, &h.file_size, &h.header_hash);
+	if (!e.empty()) {
+		close(fd);
+		nd_seterr(err, errlen, e);
+		return NULL;
+	}
+	mfnd_socket_options(fd, timeout_ms);
+	nd_device *d = new nd_device;
+	d->fd = fd;
+	d->addr = addr;
+	d->name = "NET" + std::to_string(index);
+	d->desc = std::string("split worker at ") + addr;
+	d->buft_name = d->name;
+	d->reg = {GGML_BACKEND_API_VERSION, nd_reg_iface, d};
+	d->dev = {nd_dev_iface, &d->reg, d};
+	d->buft = {nd_buft_iface, &d->dev, d, false};
+	std::vector<uint8_t> reply;
+	if (!nd_call(d, MFND_HELLO, &h, sizeof(h), reply) || reply.size() != sizeof(mfnd_hello_reply)) {
+		nd_seterr(err, errlen, d->err.empty() ? "split worker " + std::string(addr) + ": a malformed greeting" : d->err);
+		nd_fail(d, "closed");
+		delete d;
+		return NULL;
+	}
+	memcpy(&d->info, reply.data(), sizeof(d->info));
+	d->desc += " (" + std::to_string(d->info.threads) + " threads)";
+	return &d->dev;
+}
+
+extern "C" int mfnd_check(void *dev, char *err, size_t errlen) {
+	nd_device *d = (nd_device *)((ggml_backend_dev_t)dev)->context;
+	std::vector<uint8_t> reply;
+	std::lock_guard<std::mutex> lock(d->mu);
+	if (nd_call(d, MFND_STATUS, NULL, 0, reply)) {
+		return 0;
+	}
+	nd_seterr(err, errlen, d->err);
+	return -1;
+}
+
+extern "C" int mfnd_error(void *dev, char *err, size_t errlen) {
+	nd_device *d = (nd_device *)((ggml_backend_dev_t)dev)->context;
+	std::lock_guard<std::mutex> lock(d->mu);
+	if (d->err.empty()) {
+		return 0;
+	}
+	nd_seterr(err, errlen, d->err);
+	return -1;
+}
+
+extern "C" void mfnd_get_stats(void *dev, mfnd_stats *s) {
+	nd_device *d = (nd_device *)((ggml_backend_dev_t)dev)->context;
+	std::lock_guard<std::mutex> lock(d->mu);
+	*s = {d->sent, d->received, d->round_trips, d->computes, d->wait_ns, d->compute_ns, d->allocated};
+}

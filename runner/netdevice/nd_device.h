@@ -1,0 +1,45 @@
+// The runner-side state of one network device, shared by client.cpp (the link and the
+// buffers) and client_backend.cpp (the backend and the device).
+#pragma once
+
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "../src/ggml-backend-impl.h"
+#include "wire.h"
+
+struct nd_device {
+	std::string addr, name, desc, buft_name;
+	int fd = -1;
+	std::mutex mu; // guards everything below: the scheduler and buffer frees may run on different threads
+	std::string err; // sticky: once set, the link is gone and every call fails fast
+	std::vector<uint8_t> out; // queued frames, flushed before every answered command
+	mfnd_hello_reply info = {};
+	uint64_t sent = 0, received = 0, round_trips = 0, computes = 0;
+	// wait_ns: time spent in answered commands (sending, the worker's work, the
+	// answer); compute_ns: the part the worker spent computing graphs, as it reports.
+	uint64_t wait_ns = 0, compute_ns = 0;
+	uint64_t allocated = 0; // bytes of the worker's buffers this runner holds
+	// The last graph sent, which the worker holds too: the next one is sent as the
+	// records that changed (a decode step's graph mostly repeats the previous one's).
+	std::vector<mfnd_tensor> last_tensors;
+	std::vector<uint32_t> last_nodes;
+	// The bytes of the last graph's last node, which the worker answers COMPUTE with:
+	// the next split almost always reads exactly that (the hidden state after the
+	// worker's layers), and reading it from here saves a round trip. Any later command
+	// drops it.
+	uint64_t out_addr = 0;
+	std::vector<uint8_t> out_bytes;
+	struct ggml_backend_buffer_type buft;
+	struct ggml_backend_device dev;
+	struct ggml_backend_reg reg;
+};
+
+// The link (client.cpp); callers hold d->mu.
+void nd_fail(nd_device *d, const std::string &msg);
+void nd_queue(nd_device *d, uint8_t cmd, const void *p, size_t n, const void *extra = NULL, size_t extra_n = 0);
+bool nd_flush(nd_device *d);
+bool nd_call(nd_device *d, uint8_t cmd, const void *p, size_t n, std::vector<uint8_t> &reply);
+
+extern const struct ggml_backend_buffer_type_i nd_buft_iface;

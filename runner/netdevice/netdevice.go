@@ -1,0 +1,162 @@
+//go:build cgo && !race
+
+// Package netdevice splits a model's layers across processes (and Macs): a ggml
+// backend device in the runner whose buffers and computation live in a worker process
+// reached over TCP, and that worker (`macfleet-runner worker`). The runner keeps the
+// tokenizer, sampling, the prompt cache, the first layers and the output layer; each
+// worker holds its layers' weights, read from its own copy of the model file, and
+// their KV cache, and computes them. docs/split-model.md describes the design, the
+// protocol and the failure behaviour.
+//
+// The C++ sources implement ggml's device, buffer and backend interfaces
+// (ggml-backend-impl.h of the vendored ggml); like runner/llama, this package is only
+// built into the runner binary and has no tests of its own (runner/e2e tests it
+// through real processes).
+package netdevice
+
+/*
+#cgo CXXFLAGS: -std=c++17
+#include <stdlib.h>
+#include "netdevice.h"
+*/
+import "C"
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"time"
+	"unsafe"
+
+	// ggml itself (the symbols these sources call), as runner/llama links it.
+	_ "github.com/ollama/ollama/llama/llama.cpp/src"
+)
+
+const errLen = 1024
+
+// Device is one worker seen as a ggml backend device. It lives as long as the process.
+type Device struct {
+	Addr string
+	dev  unsafe.Pointer
+}
+
+// Stats counts one device's traffic: bytes each way, answered round trips and graphs
+// computed; Wait is the time spent in answered commands (sending, the worker's work,
+// the answer), Compute the part of it the worker spent computing; Allocated the bytes
+// of the worker's buffers the runner holds (weights, KV cache, compute).
+type Stats struct {
+	BytesSent, BytesReceived, RoundTrips, Computes uint64
+	Wait, Compute                                  time.Duration
+	Allocated                                      uint64
+}
+
+// Connect dials a worker and greets it with the identity of modelPath (the worker
+// refuses a different file); index names the device (NET0, NET1...). timeout bounds the
+// dial and every later read and write on the link.
+func Connect(ctx context.Context, addr, modelPath string, index int, timeout time.Duration) (*Device, error) {
+	d := net.Dialer{Timeout: timeout}
+	conn, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("split worker %s: %w", addr, err)
+	}
+	f, err := conn.(*net.TCPConn).File()
+	conn.Close()
+	if err != nil {
+		return nil, fmt.Errorf("split worker %s: %w", addr, err)
+	}
+	defer f.Close()
+	// The C side owns a duplicate of the socket and closes it.
+	fd, err := dupFD(f)
+	if err != nil {
+		return nil, fmt.Errorf("split worker %s: %w", addr, err)
+	}
+	caddr, cpath := C.CString(addr), C.CString(modelPath)
+	defer C.free(unsafe.Pointer(caddr))
+	defer C.free(unsafe.Pointer(cpath))
+	buf := make([]byte, errLen)
+	dev := C.mfnd_open(C.int(fd), caddr, C.int(index), cpath, C.int(timeout.Milliseconds()), cbuf(buf), errLen)
+	if dev == nil {
+		return nil, errors.New(goString(buf))
+	}
+	return &Device{Addr: addr, dev: dev}, nil
+}
+
+// Handle is the ggml_backend_dev_t to pass to llama.cpp's model parameters.
+func (d *Device) Handle() unsafe.Pointer { return d.dev }
+
+// Check asks the worker for the first error of the commands it has not answered yet
+// (after a load: a weight whose bytes differ from the runner's file).
+func (d *Device) Check() error {
+	buf := make([]byte, errLen)
+	if C.mfnd_check(d.dev, cbuf(buf), errLen) != 0 {
+		return errors.New(goString(buf))
+	}
+	return nil
+}
+
+// Err is the link's failure, nil while it works. Once set it stays: the worker died,
+// the link was cut or timed out, or the worker reported an error.
+func (d *Device) Err() error {
+	buf := make([]byte, errLen)
+	if C.mfnd_error(d.dev, cbuf(buf), errLen) != 0 {
+		return errors.New(goString(buf))
+	}
+	return nil
+}
+
+// Stats returns the device's traffic so far.
+func (d *Device) Stats() Stats {
+	var s C.mfnd_stats
+	C.mfnd_get_stats(d.dev, &s)
+	return Stats{BytesSent: uint64(s.sent), BytesReceived: uint64(s.received),
+		RoundTrips: uint64(s.round_trips), Computes: uint64(s.computes),
+		Wait: time.Duration(s.wait_ns), Compute: time.Duration(s.compute_ns), Allocated: uint64(s.allocated)}
+}
+
+// Serve serves one runner on conn until it disconnects, computing with threads CPU
+// threads; it closes conn.
+func Serve(conn *net.TCPConn, modelPath string, threads int) error {
+	f, err := conn.File()
+	conn.Close()
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	fd, err := dupFD(f)
+	if err != nil {
+		return err
+	}
+	cpath := C.CString(modelPath)
+	defer C.free(unsafe.Pointer(cpath))
+	buf := make([]byte, errLen)
+	if C.mfnd_serve(C.int(fd), cpath, C.int(threads), cbuf(buf), errLen) != 0 {
+		return errors.New(goString(buf))
+	}
+	return nil
+}
+
+func dupFD(f *os.File) (int, error) {
+	raw, err := f.SyscallConn()
+	if err != nil {
+		return -1, err
+	}
+	fd := -1
+	var derr error
+	if err := raw.Control(func(s uintptr) { fd, derr = dup(int(s)) }); err != nil {
+		return -1, err
+	}
+	return fd, derr
+}
+
+func cbuf(b []byte) *C.char { return (*C.char)(unsafe.Pointer(&b[0])) }
+
+func goString(b []byte) string {
+	for i, c := range b {
+		if c == 0 {
+			return string(b[:i])
+		}
+	}
+	return string(b)
+}

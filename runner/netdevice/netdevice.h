@@ -1,0 +1,32 @@
+// The C interface of the network device (client.cpp) and the worker (worker.cpp) to
+// Go. The Go side dials and accepts; these functions take the connected socket.
+#pragma once
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct mfnd_stats {
+	uint64_t sent, received, round_trips, computes, wait_ns, compute_ns, allocated;
+} mfnd_stats;
+
+// mfnd_open greets the worker on the connected socket fd (which it then owns) and
+// returns the device (a ggml_backend_dev_t), or NULL with a message in err.
+void *mfnd_open(int fd, const char *addr, int index, const char *model_path, int timeout_ms, char *err, size_t errlen);
+// mfnd_check asks the worker for its first queued error (a weight whose bytes differ,
+// a bad address); it returns 0 when all is well, else -1 with the message in err.
+int mfnd_check(void *dev, char *err, size_t errlen);
+// mfnd_error returns -1 with the message in err once the link has failed, else 0.
+int mfnd_error(void *dev, char *err, size_t errlen);
+void mfnd_get_stats(void *dev, mfnd_stats *s);
+
+// mfnd_serve serves one runner on the connected socket fd until it disconnects; it
+// returns 0 then, or -1 with a message in err when the session failed.
+int mfnd_serve(int fd, const char *model_path, int threads, char *err, size_t errlen);
+
+#ifdef __cplusplus
+}
+#endif

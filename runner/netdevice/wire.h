@@ -1,0 +1,134 @@
+// The wire protocol between a runner's network device (client.cpp) and a worker
+// (worker.cpp); docs/split-model.md describes it. Both ends are this same source, so
+// the protocol is versioned for safety, not for compatibility across builds.
+#pragma once
+
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/socket.h>
+
+#include <string>
+#include <vector>
+
+#include "ggml.h"
+
+#ifndef MSG_NOSIGNAL
+#define MSG_NOSIGNAL 0 // darwin: SO_NOSIGPIPE is set on the socket instead
+#endif
+
+#define MFND_MAGIC 0x444e464du // "MFND"
+#define MFND_VERSION 3u
+
+// Commands. Those marked "answered" wait for the worker's reply; the others are
+// queued and their errors are reported by the next answered command.
+enum mfnd_cmd : uint8_t {
+	MFND_HELLO = 1,     // answered: protocol and model identity
+	MFND_ALLOC = 2,     // answered: a buffer of the worker's memory
+	MFND_FREE = 3,      // frees a buffer
+	MFND_CLEAR = 4,     // fills a whole buffer with a byte
+	MFND_SET = 5,       // writes bytes sent along
+	MFND_SET_FILE = 6,  // writes a weight from the worker's own model file, checked
+	MFND_GET = 7,       // answered: reads bytes
+	MFND_COPY = 8,      // copies within the worker's memory
+	MFND_MEMSET = 9,    // fills a range with a byte
+	MFND_COMPUTE = 10,  // answered: computes a graph; the answer is the compute time (u64 ns) and its last node's bytes
+	MFND_STATUS = 11,   // answered: the first queued error, if any
+};
+
+// Frame: u32 payload length, u8 command (request) or status (reply: 0 ok, 1 error,
+// the payload then being the message), payload.
+#define MFND_HEADER 5u
+#define MFND_MAX_FRAME (1u << 31)
+// COMPUTE is answered with the bytes of the graph's last node up to this size.
+#define MFND_MAX_OUTPUT (64u << 20)
+
+struct mfnd_hello {
+	uint32_t magic;
+	uint32_t version;
+	uint32_t ptr_size;   // both ends must agree on pointer width and byte order
+	uint32_t endian;     // 0x01020304 as written by the sender
+	uint64_t file_size;  // the model file's size
+	uint64_t header_hash; // hash of the file's GGUF header (metadata and tensor table)
+};
+
+struct mfnd_hello_reply {
+	uint32_t version;
+	uint32_t threads; // the worker's compute threads (for logs)
+	uint64_t mem_free;
+	uint64_t mem_total;
+};
+
+struct mfnd_set_file {
+	uint64_t addr;
+	uint64_t offset; // within the tensor
+	uint64_t size;
+	uint64_t hash;
+	char name[GGML_MAX_NAME];
+};
+
+// One tensor of a graph to compute. Pointers (id, src, view_src) are the runner's
+// tensor addresses, used as references within the message; data is the worker's
+// address the runner's allocator placed the tensor at.
+struct mfnd_tensor {
+	uint64_t id;
+	int32_t type;
+	int32_t op;
+	int32_t flags;
+	int32_t pad;
+	int64_t ne[GGML_MAX_DIMS];
+	uint64_t nb[GGML_MAX_DIMS];
+	int32_t op_params[GGML_MAX_OP_PARAMS / sizeof(int32_t)];
+	uint64_t src[GGML_MAX_SRC];
+	uint64_t view_src;
+	uint64_t view_offs;
+	uint64_t data;
+};
+
+// A graph to compute: mfnd_graph, then n_changed pairs (u32 index, mfnd_tensor) that
+// replace or append to the worker's copy of the previous graph's tensor list (cut to
+// n_tensors), then, when nodes_sent, n_nodes u32 indexes into that list (else the
+// previous graph's nodes).
+struct mfnd_graph {
+	uint32_t n_tensors;
+	uint32_t n_nodes;
+	uint32_t n_changed;
+	uint32_t nodes_sent;
+};
+
+// mfnd_hash is a fast 64-bit hash for telling two copies of a file apart (not a
+// cryptographic digest).
+static inline uint64_t mfnd_hash(const void *p, size_t n) {
+	const uint8_t *b = (const uint8_t *)p;
+	uint64_t h = 0x9e3779b97f4a7c15ull ^ (uint64_t)n;
+	size_t i = 0;
+	for (; i + 8 <= n; i += 8) {
+		uint64_t w;
+		memcpy(&w, b + i, 8);
+		h = (h ^ w) * 0x100000001b3ull;
+		h ^= h >> 31;
+	}
+	for (; i < n; i++) {
+		h = (h ^ b[i]) * 0x100000001b3ull;
+	}
+	h ^= h >> 29;
+	return h * 0xbf58476d1ce4e5b9ull;
+}
+
+// mfnd_file_identity reads a GGUF file's size and the hash of its header (everything
+// before the tensor data). It returns an error message, empty on success.
+std::string mfnd_file_identity(const char *path, uint64_t *size, uint64_t *header_hash);
+
+// Socket helpers shared by both ends: whole writes and reads, false on error or EOF
+// (a read timeout set with SO_RCVTIMEO ends a read with an error too).
+bool mfnd_write_all(int fd, const void *p, size_t n);
+// mfnd_socket_options sets a link's options: no Nagle delay, keepalive, no SIGPIPE,
+// and with timeout_ms > 0 a timeout on every read and write.
+void mfnd_socket_options(int fd, int timeout_ms);
+bool mfnd_read_all(int fd, void *p, size_t n);
+
+// mfnd_put appends a value's bytes to a frame under construction.
+template <typename T> static inline void mfnd_put(std::vector<uint8_t> &v, const T &x) {
+	const uint8_t *p = (const uint8_t *)&x;
+	v.insert(v.end(), p, p + sizeof(T));
+}

@@ -1,0 +1,414 @@
+// The worker: holds the buffers a runner's network device allocates in it, fills the
+// weights from its own copy of the model file, and computes the graphs it is sent with
+// ggml's CPU backend. One runner at a time; docs/split-model.md describes the protocol.
+
+#include "netdevice.h"
+#include "wire.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <map>
+#include <unordered_map>
+
+#include "../src/ggml-backend-impl.h"
+#include "../src/ggml-impl.h"
+#include "ggml-backend.h"
+#include "ggml-cpu.h"
+#include "gguf.h"
+
+namespace {
+
+struct worker {
+	int sock = -1;
+	int file = -1;
+	struct gguf_context *gguf = NULL;
+	ggml_backend_t cpu = NULL;
+	std::map<uint64_t, ggml_backend_buffer_t> buffers; // by base address
+	std::string err; // the first error of a queued command, reported by the next answered one
+	std::vector<uint8_t> msg, out;
+	uint64_t file_size = 0, header_hash = 0;
+	int threads = 1;
+
+	~worker() {
+		for (auto &b : buffers) {
+			ggml_backend_buffer_free(b.second);
+		}
+		if (cpu != NULL) {
+			ggml_backend_free(cpu);
+		}
+		if (gguf != NULL) {
+			gguf_free(gguf);
+		}
+		if (file >= 0) {
+			close(file);
+		}
+	}
+
+	// find returns the buffer holding [addr, addr+n), or NULL.
+	ggml_backend_buffer_t find(uint64_t addr, uint64_t n) {
+		auto it = buffers.upper_bound(addr);
+		if (it == buffers.begin()) {
+			return NULL;
+		}
+		--it;
+		ggml_backend_buffer_t b = it->second;
+		uint64_t base = it->first, size = ggml_backend_buffer_get_size(b);
+		return addr + n <= base + size && addr + n >= addr ? b : NULL;
+	}
+
+	uint8_t *mem(uint64_t addr, uint64_t n, const char *what) {
+		if (find(addr, n) == NULL) {
+			fail(std::string(what) + ": an address outside the worker's buffers");
+			return NULL;
+		}
+		return (uint8_t *)(uintptr_t)addr;
+	}
+
+	void fail(const std::string &e) {
+		if (err.empty()) {
+			err = e;
+		}
+	}
+
+	bool reply(uint8_t status, const void *p, size_t n) {
+		uint8_t head[MFND_HEADER];
+		uint32_t len = (uint32_t)n;
+		memcpy(head, &len, 4);
+		head[4] = status;
+		return mfnd_write_all(sock, head, sizeof(head)) && (n == 0 || mfnd_write_all(sock, p, n));
+	}
+
+	// answer replies with p, or with the first queued error.
+	bool answer(const void *p, size_t n) {
+		if (!err.empty()) {
+			return reply(1, err.data(), err.size());
+		}
+		return reply(0, p, n);
+	}
+
+	// The current graph, updated by each compute message.
+	std::vector<mfnd_tensor> tensors;
+	std::vector<uint32_t> nodes;
+
+	bool hello();
+	void set_file();
+	bool update(mfnd_graph *h);
+	std::vector<ggml_tensor *> build(struct ggml_context *ctx);
+	bool compute();
+	bool serve_one(uint8_t cmd);
+};
+
+bool worker::hello() {
+	mfnd_hello h;
+	if (msg.size() != sizeof(h)) {
+		fail("malformed greeting");
+		reply(1, err.data(), err.size());
+		return false;
+	}
+	memcpy(&h, msg.data(), sizeof(h));
+	std::string e;
+	if (h.magic != MFND_MAGIC || h.version != MFND_VERSION) {
+		e = "protocol version " + std::to_string(h.version) + " is not this worker's " + std::to_string(MFND_VERSION);
+	} else if (h.ptr_size != sizeof(void *) || h.endian != 0x01020304u) {
+		e = "the runner's pointer size or byte order differs from the worker's";
+	} else if (h.file_size != file_size || h.header_hash != header_hash) {
+		e = "the worker's model file differs from the runner's (size " + std::to_string(file_size) + " vs " +
+		    std::to_string(h.file_size) + ", or its metadata and tensor table differ)";
+	}
+	if (!e.empty()) {
+		fail(e);
+		reply(1, e.data(), e.size());
+		return false;
+	}
+	mfnd_hello_reply r = {MFND_VERSION, (uint32_t)threads, 0, 0};
+	// No portable free-memory figure for host memory here: report the model's size as a
+	// floor; placement is decided by the control plane, not by llama.cpp's defaults.
+	r.mem_free = r.mem_total = file_size * 4;
+	return reply(0, &r, sizeof(r));
+}
+
+void worker::set_file() {
+	mfnd_set_file m;
+	memcpy(&m, msg.data(), sizeof(m));
+	m.name[sizeof(m.name) - 1] = 0;
+	int64_t id = gguf_find_tensor(gguf, m.name);
+	if (id < 0) {
+		fail(std::string("tensor ") + m.name + " is not in the worker's model file: the worker's file differs");
+		return;
+	}
+	size_t tsize = gguf_get_tensor_size(gguf, id);
+	uint8_t *dst = mem(m.addr, m.size, m.name);
+	if (dst == NULL) {
+		return;
+	}
+	if (m.offset + m.size > tsize) {
+		fail(std::string("tensor ") + m.name + ": a write past its end: the worker's file differs");
+		return;
+	}
+	off_t at = (off_t)(gguf_get_data_offset(gguf) + gguf_get_tensor_offset(gguf, id) + m.offset);
+	for (uint64_t done = 0; done < m.size;) {
+		ssize_t k = pread(file, dst + done, m.size - done, at + (off_t)done);
+		if (k <= 0) {
+			fail(std::string("tensor ") + m.name + ": reading the worker's model file: " + strerror(errno));
+			return;
+		}
+		done += (uint64_t)k;
+	}
+	if (mfnd_hash(dst, m.size) != m.hash) {
+		fail(std::string("tensor ") + m.name + ": its bytes differ from the runner's: the worker's file differs");
+	}
+}
+
+// update applies a graph message (wire.h, mfnd_graph) to the previous graph.
+bool worker::update(mfnd_graph *h) {
+	if (msg.size() < sizeof(*h)) {
+		return false;
+	}
+	memcpy(h, msg.data(), sizeof(*h));
+	size_t rec = sizeof(uint32_t) + sizeof(mfnd_tensor);
+	if (msg.size() != sizeof(*h) + (size_t)h->n_changed * rec + (h->nodes_sent ? (size_t)h->n_nodes * 4 : 0)) {
+		return false;
+	}
+	tensors.resize(h->n_tensors);
+	const uint8_t *p = msg.data() + sizeof(*h);
+	for (uint32_t i = 0; i < h->n_changed; i++, p += rec) {
+		uint32_t at;
+		memcpy(&at, p, 4);
+		if (at >= h->n_tensors) {
+			return false;
+		}
+		memcpy(&tensors[at], p + 4, sizeof(mfnd_tensor));
+	}
+	if (h->nodes_sent) {
+		nodes.resize(h->n_nodes);
+		memcpy(nodes.data(), p, (size_t)h->n_nodes * 4);
+	}
+	if (nodes.size() != h->n_nodes) {
+		return false;
+	}
+	for (uint32_t n : nodes) {
+		if (n >= h->n_tensors) {
+			return false;
+		}
+	}
+	return true;
+}
+
+// build makes the tensors of the current graph in ctx, in the worker's buffers.
+std::vector<ggml_tensor *> worker::build(struct ggml_context *ctx) {
+	std::vector<ggml_tensor *> out(tensors.size());
+	std::unordered_map<uint64_t, ggml_tensor *> byid;
+	for (size_t i = 0; i < tensors.size(); i++) {
+		const mfnd_tensor &r = tensors[i];
+		struct ggml_tensor *t = ggml_new_tensor(ctx, (enum ggml_type)r.type, GGML_MAX_DIMS, r.ne);
+		for (int k = 0; k < GGML_MAX_DIMS; k++) {
+			t->nb[k] = r.nb[k];
+		}
+		t->op = (enum ggml_op)r.op;
+		t->flags = r.flags;
+		memcpy(t->op_params, r.op_params, sizeof(t->op_params));
+		t->view_offs = r.view_offs;
+		t->data = (void *)(uintptr_t)r.data;
+		t->buffer = r.data != 0 ? find(r.data, ggml_nbytes(t)) : NULL;
+		if (t->buffer == NULL && ggml_nbytes(t) > 0) {
+			fail(std::string("graph tensor ") + ggml_op_name(t->op) + ": an address outside the worker's buffers");
+		}
+		byid[r.id] = out[i] = t;
+	}
+	auto ref = [&](uint64_t id) -> ggml_tensor * {
+		auto it = byid.find(id);
+		return id != 0 && it != byid.end() ? it->second : NULL;
+	};
+	for (size_t i = 0; i < tensors.size(); i++) {
+		for (int k = 0; k < GGML_MAX_SRC; k++) {
+			out[i]->src[k] = ref(tensors[i].src[k]);
+		}
+		out[i]->view_src = ref(tensors[i].view_src);
+	}
+	return out;
+}
+
+bool worker::compute() {
+	mfnd_graph h;
+	if (!update(&h)) {
+		fail("malformed graph");
+		tensors.clear();
+		nodes.clear();
+		return answer(NULL, 0);
+	}
+	if (!err.empty()) {
+		return answer(NULL, 0);
+	}
+	struct ggml_init_params ip = {tensors.size() * ggml_tensor_overhead() + ggml_graph_overhead_custom(nodes.size(), false), NULL, true};
+	struct ggml_context *ctx = ggml_init(ip);
+	std::vector<ggml_tensor *> ts = build(ctx);
+	struct ggml_cgraph *g = ggml_new_graph_custom(ctx, nodes.size(), false);
+	for (uint32_t n : nodes) {
+		g->nodes[g->n_nodes++] = ts[n];
+	}
+	auto start = std::chrono::steady_clock::now();
+	if (err.empty() && ggml_backend_graph_compute(cpu, g) != GGML_STATUS_SUCCESS) {
+		fail("the worker's CPU backend failed to compute the graph");
+	}
+	uint64_t ns = (uint64_t)std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
+	// The answer: the compute time, then the last node's bytes, which the runner reads
+	// next.
+	struct ggml_tensor *last = nodes.empty() ? NULL : ts[nodes.back()];
+	size_t n = last != NULL && last->data != NULL && ggml_nbytes(last) <= MFND_MAX_OUTPUT ? ggml_nbytes(last) : 0;
+	out.resize(sizeof(ns) + n);
+	memcpy(out.data(), &ns, sizeof(ns));
+	if (n > 0) {
+		memcpy(out.data() + sizeof(ns), last->data, n);
+	}
+	bool ok = answer(out.data(), out.size());
+	ggml_free(ctx);
+	return ok;
+}
+
+// serve_one handles one command whose payload is in msg; false ends the session.
+bool worker::serve_one(uint8_t cmd) {
+	uint64_t a[3] = {0, 0, 0};
+	memcpy(a, msg.data(), std::min(msg.size(), sizeof(a)));
+	switch (cmd) {
+	case MFND_ALLOC: {
+		ggml_backend_buffer_t b = ggml_backend_buft_alloc_buffer(ggml_backend_cpu_buffer_type(), a[0]);
+		if (b == NULL) {
+			std::string e = "the worker cannot allocate " + std::to_string(a[0]) + " bytes";
+			return reply(1, e.data(), e.size());
+		}
+		uint64_t base = (uint64_t)(uintptr_t)ggml_backend_buffer_get_base(b);
+		buffers[base] = b;
+		return answer(&base, sizeof(base));
+	}
+	case MFND_FREE: {
+		auto it = buffers.find(a[0]);
+		if (it == buffers.end()) {
+			fail("freeing a buffer the worker does not hold");
+		} else {
+			ggml_backend_buffer_free(it->second);
+			buffers.erase(it);
+		}
+		return true;
+	}
+	case MFND_CLEAR: {
+		auto it = buffers.find(a[0]);
+		if (it == buffers.end() || msg.size() < 9) {
+			fail("clearing a buffer the worker does not hold");
+		} else {
+			ggml_backend_buffer_clear(it->second, msg[8]);
+		}
+		return true;
+	}
+	case MFND_SET: {
+		uint8_t *dst = msg.size() == 16 + a[1] ? mem(a[0], a[1], "set") : NULL;
+		if (dst != NULL) {
+			memcpy(dst, msg.data() + 16, a[1]);
+		}
+		return true;
+	}
+	case MFND_SET_FILE:
+		if (msg.size() != sizeof(mfnd_set_file)) {
+			fail("malformed weight write");
+		} else {
+			set_file();
+		}
+		return true;
+	case MFND_GET: {
+		uint8_t *src = mem(a[0], a[1], "get");
+		return answer(src, src != NULL ? a[1] : 0);
+	}
+	case MFND_COPY: {
+		uint8_t *src = mem(a[0], a[2], "copy"), *dst = mem(a[1], a[2], "copy");
+		if (src != NULL && dst != NULL) {
+			memmove(dst, src, a[2]);
+		}
+		return true;
+	}
+	case MFND_MEMSET: {
+		uint8_t *dst = msg.size() == 17 ? mem(a[0], a[1], "memset") : NULL;
+		if (dst != NULL) {
+			memset(dst, msg[16], a[1]);
+		}
+		return true;
+	}
+	case MFND_COMPUTE:
+		return compute();
+	case MFND_STATUS:
+		return answer(NULL, 0);
+	default: {
+		std::string e = "unknown command " + std::to_string(cmd);
+		reply(1, e.data(), e.size());
+		return false;
+	}
+	}
+}
+
+} // namespace
+
+extern "C" int mfnd_serve(int fd, const char *model_path, int threads, char *err, size_t errlen) {
+	worker w;
+	w.sock = fd;
+	w.threads = threads > 0 ? threads : 1;
+	// No timeout: a runner may stay idle for hours; its death closes the connection
+	// (keepalive finds a vanished peer).
+	mfnd_socket_options(fd, 0);
+	std::string e = mfnd_file_identity(model_path, &w.file_size, &w.header_hash);
+	struct gguf_init_params gp = {true, NULL};
+	if (e.empty() && (w.gguf = gguf_init_from_file(model_path, gp)) == NULL) {
+		e = std::string(model_path) + " is not a readable GGUF file";
+	}
+	if (e.empty() && (w.file = open(model_path, O_RDONLY)) < 0) {
+		e = std::string("cannot open ") + model_path + ": " + strerror(errno);
+	}
+	if (e.empty() && (w.cpu = ggml_backend_cpu_init()) == NULL) {
+		e = "cannot start the CPU backend";
+	}
+	bool greeted = false;
+	for (;;) {
+		uint8_t head[MFND_HEADER];
+		if (!mfnd_read_all(fd, head, sizeof(head))) {
+			break; // the runner disconnected
+		}
+		uint32_t len;
+		memcpy(&len, head, 4);
+		if (len > MFND_MAX_FRAME) {
+			e = "a frame of " + std::to_string(len) + " bytes";
+			break;
+		}
+		w.msg.resize(len);
+		if (len > 0 && !mfnd_read_all(fd, w.msg.data(), len)) {
+			e = "the runner disconnected in the middle of a command";
+			break;
+		}
+		if (!greeted) {
+			if (head[4] != MFND_HELLO) {
+				e = "the first command is not a greeting";
+			} else if (!e.empty()) {
+				w.reply(1, e.data(), e.size());
+			} else if (w.hello()) {
+				ggml_backend_cpu_set_n_threads(w.cpu, w.threads);
+				greeted = true;
+				continue;
+			} else {
+				e = "refused the runner: " + w.err;
+			}
+			break;
+		}
+		if (!w.serve_one(head[4])) {
+			e = "the session ended: " + (w.err.empty() ? std::string("the link failed") : w.err);
+			break;
+		}
+	}
+	close(fd);
+	if (!e.empty()) {
+		snprintf(err, errlen, "%s", e.c_str());
+		return -1;
+	}
+	return 0;
+}

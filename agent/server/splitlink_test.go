@@ -63,13 +63,13 @@ func splitOf(ns, name, head string, workers ...string) *v1alpha1.ModelReplica {
 	return mr
 }
 
-// TestSplitLink: through the real agent API over mutual TLS, the Mac of a split
+// TestAttackSplitLinkByAnotherMac: through the real agent API over mutual TLS, the Mac of a split
 // replica's head reaches its worker shard's worker on another Mac's loopback, byte for
 // byte, via a loopback forwarder for its runner; a worker lost closes the runner's
 // connection at once. Another Mac's certificate (even one holding a shard of another
 // replica there), the worker Mac's own, a gateway's, and a tenant's token cannot open
 // the link.
-func TestSplitLink(t *testing.T) {
+func TestAttackSplitLinkByAnotherMac(t *testing.T) {
 	ca, err := pki.NewCA(time.Now(), 24*time.Hour)
 	if err != nil {
 		t.Fatal(err)

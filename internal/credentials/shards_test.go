@@ -42,10 +42,10 @@ func setShard(node string, phase v1alpha1.ReplicaPhase, resident string) func(*v
 	}
 }
 
-// TestWorkerShardStatus: the agent of a Mac holding a worker shard of a split replica
+// TestAttackWorkerShardWritesAnotherEntry: the agent of a Mac holding a worker shard of a split replica
 // writes its own entry of status.shards and nothing else of the replica; no node, the
 // head's included, writes another node's entry, and a Mac with no shard writes none.
-func TestWorkerShardStatus(t *testing.T) {
+func TestAttackWorkerShardWritesAnotherEntry(t *testing.T) {
 	install(t)
 	admin := env.Client
 	ctx := t.Context()

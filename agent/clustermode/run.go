@@ -396,6 +396,9 @@ func (a *agent) run(ctx context.Context, cfg Config, keeper *certs.Keeper, serve
 		return nil
 	})
 	g.Go(func() error { return a.w.shards.start(gctx) })
+	shardRuns := &shardSync{node: cfg.NodeName, shards: a.w.shards, pool: a.eng.Pool, store: cfg.Store, status: a.w.direct,
+		log: a.log.WithName("shards"), started: map[string]*shardRun{}}
+	g.Go(func() error { return shardRuns.run(gctx) })
 	g.Go(func() error {
 		if !toolscache.WaitForCacheSync(gctx.Done(), a.w.policySynced) {
 			return nil

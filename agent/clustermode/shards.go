@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"sync"
 
 	"github.com/go-logr/logr"
 	"k8s.io/apimachinery/pkg/labels"
@@ -25,6 +26,10 @@ import (
 type workerShards struct {
 	node  string
 	cache cache.Cache
+	mu    sync.Mutex
+	// addrs are the loopback addresses of the local workers (shardSync), by replica
+	// "namespace/name".
+	addrs map[string]string
 }
 
 // watchWorkerShards makes the cache (not started).
@@ -36,7 +41,7 @@ func watchWorkerShards(rc *rest.Config, scheme *runtime.Scheme, node string, log
 	if err != nil {
 		return nil, fmt.Errorf("creating the worker shard cache: %w", err)
 	}
-	return &workerShards{node: node, cache: c}, nil
+	return &workerShards{node: node, cache: c, addrs: map[string]string{}}, nil
 }
 
 // start watches the replicas (GetInformer) and runs the cache until ctx ends.
@@ -50,10 +55,21 @@ func (w *workerShards) start(ctx context.Context) error {
 	return nil
 }
 
+// setWorker records the loopback address of the local worker of replica ns/name (""
+// forgets it).
+func (w *workerShards) setWorker(ns, name, addr string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if addr == "" {
+		delete(w.addrs, ns+"/"+name)
+		return
+	}
+	w.addrs[ns+"/"+name] = addr
+}
+
 // lookup is the split link's splitlink.Lookup: the replica as this Mac's cache shows
-// it when it holds a worker shard on this Mac, and its local worker's address — none
-// yet: the agent does not start workers yet (docs/split-model.md, "Not done yet"), so
-// the head's Mac is answered 503 split_worker_unavailable once authorized.
+// it when it holds a worker shard on this Mac, and its local worker's address ("" until
+// the worker runs: the head's Mac is then answered 503 split_worker_unavailable).
 func (w *workerShards) lookup(ctx context.Context, ns, name string) (*v1alpha1.ModelReplica, string) {
 	var mr v1alpha1.ModelReplica
 	if err := w.cache.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &mr); err != nil {
@@ -62,7 +78,9 @@ func (w *workerShards) lookup(ctx context.Context, ns, name string) (*v1alpha1.M
 	if !slices.Contains(mr.Spec.Split.WorkerNodes(), w.node) {
 		return nil, ""
 	}
-	return &mr, ""
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return &mr, w.addrs[ns+"/"+name]
 }
 
 // handler is the split link's endpoint on this Mac's agent.

@@ -9,6 +9,7 @@ import (
 	"github.com/go-logr/logr"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
+	toolscache "k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/macfleet/macfleet/api/v1alpha1"
@@ -119,7 +120,7 @@ func (s *shardSync) reconcile(ctx context.Context) {
 		if mr, ok := want[key]; !ok || string(mr.UID) != r.uid {
 			r.cancel()
 			delete(s.started, key)
-			ns, name := splitKey(key)
+			ns, name, _ := toolscache.SplitMetaNamespaceKey(key)
 			s.shards.setWorker(ns, name, "")
 			var unknown *enginepool.UnknownModelError
 			if _, err := s.pool.Remove(shardEntryName(ns, name)); err != nil && !errors.As(err, &unknown) {
@@ -227,13 +228,4 @@ func closeQty(a, b *resource.Quantity, tolerance int64) bool {
 	}
 	d := a.Value() - b.Value()
 	return d <= tolerance && d >= -tolerance
-}
-
-func splitKey(key string) (ns, name string) {
-	for i := range len(key) {
-		if key[i] == '/' {
-			return key[:i], key[i+1:]
-		}
-	}
-	return "", key
 }

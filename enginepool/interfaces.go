@@ -62,6 +62,12 @@ type ModelSpec struct {
 	Dims ModelDims `json:"dims"`
 	// PromptCache configures the runner's prompt cache (hot and SSD tiers).
 	PromptCache PromptCacheSpec `json:"promptCache"`
+	// SplitWorker makes the entry a worker shard of a replica split across Macs
+	// (docs/split-model.md): the factory starts `macfleet-runner worker` on loopback
+	// for Path instead of a runner. It holds EstimatedBytes in the committed account,
+	// is measured, enforced and unloaded like a runner, but serves no request: its
+	// only client is the head's runner, through the agent's split link.
+	SplitWorker bool `json:"splitWorker,omitempty"`
 }
 
 // PromptCacheSpec is one model's prompt cache settings. The agent's own settings

@@ -231,8 +231,10 @@ func Run(ctx context.Context, cfg Config) error {
 // replicaWatch is the agent's view of the API: a direct client, the cache of the
 // ModelReplicas bound to its node (and the SourcePolicy), and their informer.
 type replicaWatch struct {
-	direct       client.Client
-	cache        cache.Cache
+	direct client.Client
+	cache  cache.Cache
+	// shards are the replicas with a worker shard on this Mac.
+	shards       *workerShards
 	informer     toolscache.SharedIndexInformer
 	policySynced func() bool
 }
@@ -258,6 +260,9 @@ func watchReplicas(ctx context.Context, rc *rest.Config, cfg Config) (*replicaWa
 	}, NewInformer: informers.NewInformer(informers.Options{Log: log.WithName("informers")})})
 	if err != nil {
 		return nil, fmt.Errorf("creating the replica cache: %w", err)
+	}
+	if w.shards, err = watchWorkerShards(rc, scheme, cfg.NodeName, log.WithName("informers")); err != nil {
+		return nil, err
 	}
 	inf, err := w.cache.GetInformer(ctx, &v1alpha1.ModelReplica{}, cache.BlockUntilSynced(false))
 	if err != nil {
@@ -352,7 +357,9 @@ func newAgent(cfg Config, cs kubernetes.Interface, w *replicaWatch, eng *standal
 		ListModels: a.syncer.ListModels, DeploymentOf: a.syncer.DeploymentOf, Log: log.WithName("http"), Registerer: reg, TracerProvider: cfg.TracerProvider,
 		// Peer fetch: this Mac serves prompt states to the Macs a gateway's ticket
 		// names, and fetches from other Macs with its own certificate.
-		Peers: &server.PeerOptions{Node: cfg.NodeName, Roots: tlsSrc.Roots, Transport: pki.NewTransports(tlsSrc, nil)}}
+		Peers: &server.PeerOptions{Node: cfg.NodeName, Roots: tlsSrc.Roots, Transport: pki.NewTransports(tlsSrc, nil)},
+		// The link of a split replica's head to this Mac's worker shard of it.
+		SplitLink: w.shards.handler(log.WithName("splitlink"))}
 	if !cfg.NoServiceAccountTokens {
 		rev, err := satoken.New(cs.AuthenticationV1().TokenReviews(),
 			satoken.Options{Audience: cfg.TokenAudience, TTL: cfg.TokenCacheTTL, Registerer: reg, Component: "agent"})
@@ -389,6 +396,10 @@ func (a *agent) run(ctx context.Context, cfg Config, keeper *certs.Keeper, serve
 		}
 		return nil
 	})
+	g.Go(func() error { return a.w.shards.start(gctx) })
+	shardRuns := &shardSync{node: cfg.NodeName, shards: a.w.shards, pool: a.eng.Pool, store: cfg.Store, status: a.w.direct,
+		log: a.log.WithName("shards"), started: map[string]*shardRun{}}
+	g.Go(func() error { return shardRuns.run(gctx) })
 	g.Go(func() error {
 		if !toolscache.WaitForCacheSync(gctx.Done(), a.w.policySynced) {
 			return nil

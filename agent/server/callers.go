@@ -53,7 +53,10 @@ type ticketCheck struct {
 //   - a Mac: GET /api/models/{id}/states/{digest} only, and only with a gateway's
 //     ticket (pki.VerifyTicket) naming that Mac as the one fetching, this agent's Mac
 //     as the source, that model and that digest; nothing else, so one compromised Mac
-//     reaches no other beyond the states the gateways handed it;
+//     reaches no other beyond the states the gateways handed it; and GET
+//     /api/split/{namespace}/{replica}, the link of a split replica's head to this
+//     Mac's worker shard, which Options.SplitLink grants only to the Mac of that
+//     replica's head (agent/splitlink.Authorize);
 //   - any other kind: nothing.
 func authorizeCertificate(id pki.Identity, req certRequest, tc ticketCheck) certAccess {
 	switch id.Kind {
@@ -68,6 +71,9 @@ func authorizeCertificate(id pki.Identity, req certRequest, tc ticketCheck) cert
 		return certAccess{refused: "the certificate of " + id.String() + " may only scrape a node agent (GET /metrics, /healthz, /readyz), not " +
 			req.method + " " + req.path + ": only the gateways and the manager may call the rest of the API"}
 	case pki.KindNode:
+		if req.method == http.MethodGet && strings.HasPrefix(req.path, splitPathPrefix) {
+			return certAccess{} // the split link's handler checks the caller against the replica
+		}
 		model, digest, ok := statePath(req.path)
 		if !ok || req.method != http.MethodGet || tc.node == "" {
 			break
@@ -84,8 +90,11 @@ func authorizeCertificate(id pki.Identity, req certRequest, tc ticketCheck) cert
 	}
 	return certAccess{refused: "the certificate of " + id.String() + " may not call a node agent: only the gateways and the manager may " +
 		"(and tenants with a ServiceAccount token, on /v1/; a metrics scraper's certificate, on /metrics; " +
-		"a Mac's, on a prompt state a gateway's ticket grants it)"}
+		"a Mac's, on a prompt state a gateway's ticket grants it and on the split link of a replica it is the head of)"}
 }
+
+// splitPathPrefix starts the split link's path (agent/splitlink.Path).
+const splitPathPrefix = "/api/split/"
 
 // statePath reads the model id and digest of an escaped path
 // /api/models/{id}/states/{digest}; ok false for any other path.

@@ -41,6 +41,12 @@ func TestAuthorizeCertificate(t *testing.T) {
 		{id: pki.Node("mac-2"), method: "GET", path: "/metrics", refused: "macfleet://node/mac-2 may not call a node agent"},
 		{id: pki.Node("mac-2"), method: "POST", path: "/api/models/m/unload", refused: "may not call a node agent"},
 		{id: pki.Identity{Kind: "tenant", Name: "x"}, method: "GET", path: "/v1/models", refused: "may not call a node agent"},
+		// The split link: a Mac's certificate reaches its handler, which checks the
+		// replica (agent/splitlink); nothing else under it, and no other method.
+		{id: pki.Node("mac-2"), method: "GET", path: "/api/split/team-a/big-0", refused: everything},
+		{id: pki.Node("mac-2"), method: "POST", path: "/api/split/team-a/big-0", refused: "may not call a node agent"},
+		{id: pki.Node("mac-2"), method: "GET", path: "/api/splits", refused: "may not call a node agent"},
+		{id: pki.Metrics("prometheus"), method: "GET", path: "/api/split/team-a/big-0", refused: "may only scrape"},
 	} {
 		got := authorizeCertificate(tc.id, certRequest{method: tc.method, path: tc.path}, ticketCheck{})
 		if tc.refused == everything && got.refused != "" || tc.refused != everything && !strings.Contains(got.refused, tc.refused) ||

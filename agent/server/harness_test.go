@@ -104,6 +104,8 @@ type agentOptions struct {
 	serverCert *pki.Source
 	// peers is Options.Peers.
 	peers *server.PeerOptions
+	// splitLink is Options.SplitLink.
+	splitLink http.Handler
 	// noEnforcer leaves the pool's enforcer loop (Run) off.
 	noEnforcer bool
 	// needsRunner: false for tests that never load a model.
@@ -201,7 +203,7 @@ func startAgent(t *testing.T, o agentOptions) *testAgent {
 	}
 	reg := prometheus.NewRegistry()
 	srv, err := server.New(pool, server.Options{APIKey: o.apiKey, ReviewToken: o.reviewToken, MaxBodyBytes: o.maxBody, Registerer: reg,
-		ResolveModel: o.resolveModel, DeploymentOf: o.deploymentOf, ClientCertificates: o.serverCert != nil, Peers: o.peers})
+		ResolveModel: o.resolveModel, DeploymentOf: o.deploymentOf, ClientCertificates: o.serverCert != nil, Peers: o.peers, SplitLink: o.splitLink})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -94,6 +94,11 @@ type Options struct {
 	// a gateway's hint to fetch one before a request (peerstate.go). Nil: a Mac's
 	// certificate reaches nothing and hints are dropped.
 	Peers *PeerOptions
+	// SplitLink, when set, serves GET /api/split/{namespace}/{replica}: the link the
+	// Mac of a split replica's head opens to this Mac's worker shard of it (package
+	// agent/splitlink, which checks the caller's node certificate against the replica).
+	// Nil: the endpoint does not exist.
+	SplitLink http.Handler
 	// TracerProvider, when set, traces every OpenAI request (see trace.go); nil means
 	// no tracing.
 	TracerProvider trace.TracerProvider
@@ -209,6 +214,9 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("GET /api/models/{id}/states/{digest}", s.handleState)
 	mux.HandleFunc("POST /api/cache/clear", s.handleCacheClear)
 	mux.HandleFunc("POST /api/requests/cancel", s.handleCancel)
+	if s.opts.SplitLink != nil {
+		mux.Handle("GET /api/split/{namespace}/{replica}", s.opts.SplitLink)
+	}
 	mux.Handle("GET /metrics", s.metricsHandler())
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})

@@ -1,6 +1,9 @@
 package v1alpha1
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
+
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
@@ -13,6 +16,36 @@ import (
 
 // MaxMacsPerReplica is the most Macs one replica may span.
 const MaxMacsPerReplica = 16
+
+// ShardLabelPrefix starts the label the scheduler puts on a split replica for each Mac
+// that holds one of its worker shards (every shard but the head, whose Mac finds the
+// replica by spec.nodeName): the agent of that Mac lists and watches the replicas
+// carrying its own label (ShardLabel), and the node authorizer lets it read only those.
+const ShardLabelPrefix = "shard.macfleet.dev/"
+
+// ShardLabelWorker is the value of a ShardLabel.
+const ShardLabelWorker = "worker"
+
+// ShardLabel is the label key that marks a replica as holding a worker shard on node:
+// ShardLabelPrefix and the first 20 bytes of the SHA-256 of the node's name in hex, as
+// a label key's name is at most 63 characters and a MacNode's name up to 253.
+func ShardLabel(node string) string {
+	sum := sha256.Sum256([]byte(node))
+	return ShardLabelPrefix + hex.EncodeToString(sum[:20])
+}
+
+// WorkerNodes are the Macs of a split's worker shards (every shard but the head), in
+// shard order; none for nil.
+func (s *ReplicaSplit) WorkerNodes() []string {
+	if s == nil || len(s.Shards) < 2 {
+		return nil
+	}
+	nodes := make([]string, 0, len(s.Shards)-1)
+	for _, sh := range s.Shards[1:] {
+		nodes = append(nodes, sh.Node)
+	}
+	return nodes
+}
 
 // LayerMemory is how a replica's memory divides over the model's layers, so that the
 // scheduler can size each shard of a split replica. The deployment controller sets it

@@ -42,14 +42,26 @@ func layerMemoryFor(l estimate.Layered, reservation int64) *v1alpha1.LayerMemory
 }
 
 // gangBroken reports whether mr is bound as a gang with a shard on a Mac that is not
-// Ready (or gone): the gang cannot serve, and the deployment replaces it whole.
+// Ready (or gone), or a shard whose Mac's agent reports it Failed in status.shards (its
+// worker process died, or could not load): the gang cannot serve, and the deployment
+// replaces it whole.
 func gangBroken(mr *v1alpha1.ModelReplica, ready func(node string) bool) bool {
 	if mr.Spec.Split == nil {
 		return false
 	}
 	for _, s := range mr.Spec.Split.Shards {
-		if !ready(s.Node) {
+		if !ready(s.Node) || shardFailed(mr, s.Node) {
 			return true
+		}
+	}
+	return false
+}
+
+// shardFailed reports whether status.shards says the shard of mr on node failed.
+func shardFailed(mr *v1alpha1.ModelReplica, node string) bool {
+	for _, st := range mr.Status.Shards {
+		if st.Node == node {
+			return st.Phase == v1alpha1.ReplicaFailed
 		}
 	}
 	return false

@@ -16,7 +16,8 @@ import (
 // replicas of a deployment that may span 3 Macs carry the estimate's layer memory;
 // bound as a gang (the test plays the scheduler) and serving, the replica is deleted
 // at once, without a drain, when the Mac of one of its workers stops being Ready, and
-// a new unbound replica takes its place for the scheduler to place whole.
+// a new unbound replica takes its place for the scheduler to place whole; so is one
+// whose worker shard its Mac's agent reports Failed.
 func TestBrokenGangIsReplacedWhole(t *testing.T) {
 	const gib = int64(1) << 30
 	est := estimate.Result{Weights: 40 * gib, KVCache: 8 * gib, Compute: gib, Overhead: 256 << 20,
@@ -64,5 +65,31 @@ func TestBrokenGangIsReplacedWhole(t *testing.T) {
 		next.Spec.LayerMemory == nil || next.Spec.LayerMemory.Layers != 48 {
 		t.Errorf("replacement %s: nodeName %q, split %+v, layerMemory %+v; want a new unbound replica with the layers",
 			next.Name, next.Spec.NodeName, next.Spec.Split, next.Spec.LayerMemory)
+	}
+
+	// Both Macs Ready, the replacement bound and serving; then the agent of its worker
+	// shard's Mac reports the shard Failed (its worker process died): deleted at once
+	// too, and replaced.
+	f.setMacReady(macs[1], metav1.ConditionTrue)
+	before = next.DeepCopy()
+	next.Spec.NodeName, next.Spec.Split = macs[0], mr.Spec.Split
+	if err := f.c.Patch(t.Context(), &next, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{})); err != nil {
+		t.Fatalf("binding the replacement as a gang: %v", err)
+	}
+	f.markLoaded(&next)
+	f.waitStatus("big", func(md *v1alpha1.ModelDeployment) (bool, string) {
+		return md.Status.ReadyReplicas == 1, md.Status.Ready
+	})
+	before = next.DeepCopy()
+	next.Status.Shards = []v1alpha1.ShardStatus{{Node: macs[0], Phase: v1alpha1.ReplicaRunning}, {Node: macs[1], Phase: v1alpha1.ReplicaFailed}}
+	if err := f.c.Status().Patch(t.Context(), &next, client.MergeFrom(before)); err != nil {
+		t.Fatalf("reporting the worker shard failed: %v", err)
+	}
+	if last := gone(next.Name); last.Spec.Drain != nil {
+		t.Errorf("the gang with a failed shard was drained (from %s), want deleted at once", last.Spec.Drain)
+	}
+	third := f.waitReplicas(1)[0]
+	if third.Name == next.Name || third.Spec.NodeName != "" || third.Spec.Split != nil {
+		t.Errorf("replacement %s: nodeName %q, split %+v; want a new unbound replica", third.Name, third.Spec.NodeName, third.Spec.Split)
 	}
 }

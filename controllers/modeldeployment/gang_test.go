@@ -46,6 +46,14 @@ func TestPlanReplacesBrokenGangs(t *testing.T) {
 	}
 }
 
+// withShards sets mr's status.shards from node, phase pairs.
+func withShards(mr *v1alpha1.ModelReplica, pairs ...any) *v1alpha1.ModelReplica {
+	for i := 0; i+1 < len(pairs); i += 2 {
+		mr.Status.Shards = append(mr.Status.Shards, v1alpha1.ShardStatus{Node: pairs[i].(string), Phase: pairs[i+1].(v1alpha1.ReplicaPhase)})
+	}
+	return mr
+}
+
 func splitReplica(nodes ...string) *v1alpha1.ModelReplica {
 	mr := &v1alpha1.ModelReplica{}
 	mr.Spec.NodeName = nodes[0]
@@ -79,6 +87,11 @@ func TestGangBroken(t *testing.T) {
 		{"every shard's Mac ready", splitReplica("a", "b", "c"), ready("a", "b", "c"), false},
 		{"a worker's Mac lost", splitReplica("a", "b", "c"), ready("a", "c"), true},
 		{"the head's Mac lost", splitReplica("a", "b"), ready("b"), true},
+		{"a worker shard failed", withShards(splitReplica("a", "b", "c"), "a", v1alpha1.ReplicaRunning, "b", v1alpha1.ReplicaFailed, "c", v1alpha1.ReplicaRunning), ready("a", "b", "c"), true},
+		{"the head's shard failed", withShards(splitReplica("a", "b"), "a", v1alpha1.ReplicaFailed), ready("a", "b"), true},
+		{"shards loading and ready", withShards(splitReplica("a", "b", "c"), "a", v1alpha1.ReplicaLoading, "b", v1alpha1.ReplicaRunning), ready("a", "b", "c"), false},
+		{"a Failed entry of a Mac not in the split", withShards(splitReplica("a", "b"), "z", v1alpha1.ReplicaFailed), ready("a", "b"), false},
+		{"not split: its Failed phase is not a broken gang", withShards(splitReplica("a"), "a", v1alpha1.ReplicaFailed), ready("a"), false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -28,7 +28,7 @@ type replicaInfo struct {
 	// 2 Hard, 3 Emergency (pressureRank).
 	Pressure int
 	// BrokenGang: it is split across Macs and the Mac of one of its shards is not
-	// Ready (gangBroken).
+	// Ready, or a shard failed (gangBroken).
 	BrokenGang bool
 }
 

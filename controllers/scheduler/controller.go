@@ -242,10 +242,18 @@ func (r *Reconciler) write(ctx context.Context, w write) error {
 // patch, so a gang is bound whole or not at all) with a merge patch carrying rep's
 // resourceVersion, so the API server rejects it if the replica changed since it was
 // read (bound by another scheduler, for one); the CEL rules on nodeName and split
-// forbid rebinding anyway. On success rep is the replica as the API server returned it.
+// forbid rebinding anyway. A gang's replica also gets, in the same patch, the label
+// v1alpha1.ShardLabel of each worker shard's Mac, by which that Mac's agent finds it.
+// On success rep is the replica as the API server returned it.
 func (r *Reconciler) bind(ctx context.Context, rep *v1alpha1.ModelReplica, node string, split *v1alpha1.ReplicaSplit) error {
 	before := rep.DeepCopy()
 	rep.Spec.NodeName, rep.Spec.Split = node, split
+	for _, w := range split.WorkerNodes() {
+		if rep.Labels == nil {
+			rep.Labels = map[string]string{}
+		}
+		rep.Labels[v1alpha1.ShardLabel(w)] = v1alpha1.ShardLabelWorker
+	}
 	if err := r.Client.Patch(ctx, rep, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{})); err != nil {
 		return fmt.Errorf("binding %s to %s: %w", klog.KObj(rep), node, err)
 	}

@@ -92,6 +92,15 @@ func TestGangPlacement(t *testing.T) {
 	if !equalSplit(got.Spec.Split, want) {
 		t.Errorf("split:\n  %+v\nwant\n  %+v", got.Spec.Split, want)
 	}
+	// The worker shard's Mac finds the replica by its label; the head's by nodeName.
+	if v := got.Labels[v1alpha1.ShardLabel(f.node("b"))]; v != v1alpha1.ShardLabelWorker {
+		t.Errorf("label %s = %q, want %q (b holds a worker shard); labels %v", v1alpha1.ShardLabel(f.node("b")), v, v1alpha1.ShardLabelWorker, got.Labels)
+	}
+	for _, n := range []string{"a", "c"} {
+		if _, ok := got.Labels[v1alpha1.ShardLabel(f.node(n))]; ok {
+			t.Errorf("big-0 carries the worker label of %s, which holds no worker shard: %v", n, got.Labels)
+		}
+	}
 	note := fmt.Sprintf("Bound to 2 Macs: %s (head, layers 0-31), %s (layers 32-59)", f.node("a"), f.node("b"))
 	if c := findScheduled(got); c.Message != note {
 		t.Errorf("Scheduled message %q, want %q", c.Message, note)

@@ -220,6 +220,9 @@ func (f *ProcessFactory) Start(ctx context.Context, spec enginepool.ModelSpec, c
 			f.releaseCacheDir(cacheDir)
 		}
 	}()
+	if spec.SplitWorker {
+		return f.startWorker(ctx, path, spec, log)
+	}
 	var rec *runnerRecord
 	if f.cfg.StateDir != "" {
 		var r *ProcessRunner
@@ -275,6 +278,9 @@ func (f *ProcessFactory) adoptOrRecord(ctx context.Context, path string, spec en
 // (engineArgs), its prompt cache, tracing, and — detached (rec) — how it outlives
 // the agent.
 func (f *ProcessFactory) runnerArgs(spec enginepool.ModelSpec, ceilingBytes int64, sock, cacheDir string, rec *runnerRecord) []string {
+	if spec.SplitWorker {
+		return f.workerArgs(spec)
+	}
 	args := []string{"--model", spec.Path, "--socket", sock}
 	if f.cfg.Loopback {
 		args = []string{"--model", spec.Path, "--addr", "127.0.0.1:0"}
@@ -305,7 +311,7 @@ func (f *ProcessFactory) launch(ctx context.Context, path string, spec enginepoo
 	if err != nil {
 		return nil, false, startError(spec.Name, err)
 	}
-	cmd := f.command(ctx, path, f.runnerArgs(spec, ceilingBytes, sock, cacheDir, rec), spec.Path, cacheDir, dir)
+	cmd := f.command(ctx, path, f.runnerArgs(spec, ceilingBytes, sock, cacheDir, rec), spec.Path, cacheDir, dir, spec.SplitWorker)
 	out, err := f.attachOutput(cmd, rec, dir)
 	if err != nil {
 		return nil, false, startError(spec.Name, err)

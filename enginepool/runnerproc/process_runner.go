@@ -49,6 +49,9 @@ type ProcessRunner struct {
 
 	// rec is the runner's record in the StateDir (detached runners only).
 	rec *runnerRecord
+	// worker: a split worker (WorkerRunner), which has no HTTP API: Stop starts at
+	// SIGTERM, its graceful stop.
+	worker bool
 
 	stopOnce sync.Once
 	exited   chan struct{} // closed by reap after cmd.Wait returned

@@ -64,7 +64,7 @@ func (r *ProcessRunner) stopSequence(grace time.Duration) {
 			return false
 		}
 	}
-	if grace > 0 {
+	if grace > 0 && !r.worker {
 		r.lastSpans()
 		r.noteStep(StopShutdown)
 		deadline := time.Now().Add(grace)

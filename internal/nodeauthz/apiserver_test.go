@@ -264,3 +264,64 @@ func TestWebhookAnswersOnlyTheAPIServer(t *testing.T) {
 		t.Errorf("a caller with a certificate of the client CA: %s, %+v (%v); want 200, not allowed (no such replica)", resp.Status, got.Status, err)
 	}
 }
+
+// TestAPIServerLetsWorkerShardsRead: through the real API server, a Mac holding a
+// worker shard of a split replica lists, watches and gets it by its worker label, and a
+// third Mac of the fleet reads none of it.
+func TestAPIServerLetsWorkerShardsRead(t *testing.T) {
+	env := serve(t)
+	ctx := t.Context()
+	ns := testenv.NewNamespace(t, env.Client)
+	split := newReplica(ns, "split", "mac-a")
+	split.Labels = map[string]string{v1alpha1.ShardLabel("mac-b"): v1alpha1.ShardLabelWorker}
+	split.Spec.Split = &v1alpha1.ReplicaSplit{Shards: []v1alpha1.ReplicaShard{
+		{Node: "mac-a", FirstLayer: 0, LastLayer: 3, Memory: resource.MustParse("1Gi")},
+		{Node: "mac-b", FirstLayer: 4, LastLayer: 7, Memory: resource.MustParse("1Gi")},
+	}}
+	if err := env.Client.Create(ctx, split); err != nil {
+		t.Fatal(err)
+	}
+	if err := env.Client.Create(ctx, newReplica(ns, "b-alone", "mac-b")); err != nil {
+		t.Fatal(err)
+	}
+	worker := asNode(t, env, "mac-b")
+	var list v1alpha1.ModelReplicaList
+	shards := client.HasLabels{v1alpha1.ShardLabel("mac-b")}
+	if err := worker.List(ctx, &list, shards); err != nil || len(list.Items) != 1 || list.Items[0].Name != "split" {
+		t.Errorf("mac-b listing its worker shards: %v, %d items, want only %s/split", err, len(list.Items), ns)
+	}
+	if err := worker.List(ctx, &list, client.InNamespace(ns), client.MatchingLabels{v1alpha1.ShardLabel("mac-b"): v1alpha1.ShardLabelWorker}); err != nil || len(list.Items) != 1 {
+		t.Errorf("mac-b listing its worker shards of one namespace by value: %v, %d items", err, len(list.Items))
+	}
+	cfg := rest.CopyConfig(env.Config)
+	cfg.Impersonate = rest.ImpersonationConfig{UserName: "system:serviceaccount:" + v1alpha1.NodeIdentityNamespace + ":mac-b",
+		Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + v1alpha1.NodeIdentityNamespace, "system:authenticated"}}
+	watcher, err := client.NewWithWatch(cfg, client.Options{Scheme: env.Scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := watcher.Watch(ctx, &v1alpha1.ModelReplicaList{}, shards)
+	if err != nil {
+		t.Errorf("mac-b watching its worker shards: %v", err)
+	} else {
+		w.Stop()
+	}
+	testenv.Eventually(t, 10*time.Second, 20*time.Millisecond, func() (bool, string) {
+		err := worker.Get(ctx, client.ObjectKey{Namespace: ns, Name: "split"}, &v1alpha1.ModelReplica{})
+		return err == nil, fmt.Sprintf("mac-b getting the replica it holds a worker shard of: %v", err)
+	})
+
+	third := asNode(t, env, "mac-c")
+	for what, err := range map[string]error{
+		"list mac-b's worker shards":   third.List(ctx, &list, shards),
+		"list replicas with any label": third.List(ctx, &list, client.HasLabels{v1alpha1.LabelDeployment}),
+		"get the split replica":        third.Get(ctx, client.ObjectKey{Namespace: ns, Name: "split"}, &v1alpha1.ModelReplica{}),
+	} {
+		if !apierrors.IsForbidden(err) {
+			t.Errorf("mac-c: %s: %v, want 403 Forbidden", what, err)
+		}
+	}
+	if err := third.List(ctx, &list, client.HasLabels{v1alpha1.ShardLabel("mac-c")}); err != nil || len(list.Items) != 0 {
+		t.Errorf("mac-c listing its own worker shards: %v, %d items, want none", err, len(list.Items))
+	}
+}

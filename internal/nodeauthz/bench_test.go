@@ -21,7 +21,7 @@ import (
 // BenchmarkDecide is the webhook's decision alone, for a get (with its lookup) and a
 // watch.
 func BenchmarkDecide(b *testing.B) {
-	lookup := func(string, string) (string, bool) { return "mac-a", true }
+	lookup := func(string, string) (nodeauthz.Binding, bool) { return nodeauthz.Binding{Node: "mac-a"}, true }
 	get := nodeauthz.Request{User: "system:serviceaccount:macfleet-nodes:mac-a", Verb: "get", Group: "macfleet.dev",
 		Resource: "modelreplicas", Namespace: "team-a", Name: "r"}
 	watch := nodeauthz.Request{User: get.User, Verb: "watch", Group: "macfleet.dev", Resource: "modelreplicas",

@@ -9,14 +9,18 @@
 // of the AuthorizationConfiguration in config/authorization). Decide allows
 //   - list and watch of modelreplicas whose field selector requires
 //     spec.nodeName=<node> (the agent's cache), in any namespace or all of them;
+//   - list and watch of modelreplicas whose label selector requires the label
+//     v1alpha1.ShardLabel(<node>) (the replicas split across Macs in which <node> holds a
+//     worker shard; the scheduler sets the label when it binds the gang);
 //   - get of a modelreplica, or of its status, that the manager's cache shows bound to
-//     <node>;
+//     <node> or holding a worker shard on <node>;
 //
 // and has no opinion on anything else, which the API server, RBAC having had none
 // either, turns into a 403.
 package nodeauthz
 
 import (
+	"slices"
 	"strings"
 
 	"github.com/macfleet/macfleet/api/v1alpha1"
@@ -35,6 +39,8 @@ type Request struct {
 	// FieldSelector holds the requirements of a list's or a watch's field selector, as
 	// the API server parsed them.
 	FieldSelector []Requirement
+	// LabelSelector holds those of its label selector.
+	LabelSelector []Requirement
 }
 
 // Requirement is one term of a field selector: Key Operator Values, Operator being
@@ -45,9 +51,15 @@ type Requirement struct {
 	Values   []string
 }
 
-// BindingLookup returns the node a ModelReplica is bound to ("" while unbound) and
-// whether the replica exists.
-type BindingLookup func(namespace, name string) (node string, found bool)
+// Binding is where a ModelReplica runs: the node it is bound to ("" while unbound) and,
+// for a replica split across Macs, the nodes of its worker shards.
+type Binding struct {
+	Node    string
+	Workers []string
+}
+
+// BindingLookup returns a ModelReplica's binding and whether the replica exists.
+type BindingLookup func(namespace, name string) (b Binding, found bool)
 
 // Decision is the answer: Allowed, or no opinion (the next authorizer decides). The
 // webhook never denies outright; RBAC, asked before it, grants what else a node may do.
@@ -74,17 +86,22 @@ func Decide(r Request, lookup BindingLookup) Decision {
 		if requiresNode(r.FieldSelector, node) {
 			return Decision{Allowed: true, Reason: "node " + node + " may " + r.Verb + " the replicas bound to it"}
 		}
+		if requiresLabel(r.LabelSelector, v1alpha1.ShardLabel(node)) {
+			return Decision{Allowed: true, Reason: "node " + node + " may " + r.Verb + " the replicas holding a worker shard on it"}
+		}
 		return Decision{Reason: "node " + node + " may " + r.Verb + " replicas only with the field selector " +
-			v1alpha1.ReplicaNodeNameField + "=" + node}
+			v1alpha1.ReplicaNodeNameField + "=" + node + " or the label selector " + v1alpha1.ShardLabel(node)}
 	case r.Verb == "get" && r.Name != "" && r.Namespace != "":
-		bound, found := lookup(r.Namespace, r.Name)
+		b, found := lookup(r.Namespace, r.Name)
 		switch {
 		case !found:
 			return Decision{Reason: "replica " + r.Namespace + "/" + r.Name + " is unknown to the manager"}
-		case bound != node:
-			return Decision{Reason: "replica " + r.Namespace + "/" + r.Name + " is not bound to node " + node}
+		case b.Node == node:
+			return Decision{Allowed: true, Reason: "replica " + r.Namespace + "/" + r.Name + " is bound to node " + node}
+		case slices.Contains(b.Workers, node):
+			return Decision{Allowed: true, Reason: "replica " + r.Namespace + "/" + r.Name + " holds a worker shard on node " + node}
 		}
-		return Decision{Allowed: true, Reason: "replica " + r.Namespace + "/" + r.Name + " is bound to node " + node}
+		return Decision{Reason: "replica " + r.Namespace + "/" + r.Name + " is not bound to node " + node}
 	}
 	return Decision{Reason: "node " + node + " may not " + r.Verb + " modelreplicas by this authorizer"}
 }
@@ -104,6 +121,17 @@ func NodeOf(user string) (string, bool) {
 func requiresNode(sel []Requirement, node string) bool {
 	for _, req := range sel {
 		if req.Key == v1alpha1.ReplicaNodeNameField && req.Operator == "In" && len(req.Values) == 1 && req.Values[0] == node {
+			return true
+		}
+	}
+	return false
+}
+
+// requiresLabel reports whether a label selector matches only objects that carry the
+// label key: a term Exists, or In some values. Further terms only narrow it.
+func requiresLabel(sel []Requirement, key string) bool {
+	for _, req := range sel {
+		if req.Key == key && (req.Operator == "Exists" || (req.Operator == "In" && len(req.Values) > 0)) {
 			return true
 		}
 	}

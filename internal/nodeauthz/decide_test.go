@@ -2,15 +2,23 @@ package nodeauthz
 
 import (
 	"testing"
+
+	"github.com/macfleet/macfleet/api/v1alpha1"
 )
 
 func TestDecide(t *testing.T) {
 	const mac = "system:serviceaccount:macfleet-nodes:mac-a"
 	mine := []Requirement{{Key: "spec.nodeName", Operator: "In", Values: []string{"mac-a"}}}
-	bindings := map[string]string{"team-a/mine": "mac-a", "team-b/theirs": "mac-b", "team-a/pending": ""}
-	lookup := func(ns, name string) (string, bool) {
-		n, ok := bindings[ns+"/"+name]
-		return n, ok
+	bindings := map[string]Binding{"team-a/mine": {Node: "mac-a"}, "team-b/theirs": {Node: "mac-b"}, "team-a/pending": {},
+		"team-b/split": {Node: "mac-b", Workers: []string{"mac-c", "mac-a"}}, "team-b/split-elsewhere": {Node: "mac-b", Workers: []string{"mac-c"}}}
+	lookup := func(ns, name string) (Binding, bool) {
+		b, ok := bindings[ns+"/"+name]
+		return b, ok
+	}
+	shard := func(node string, op string, values ...string) func(*Request) {
+		return func(r *Request) {
+			r.LabelSelector = []Requirement{{Key: v1alpha1.ShardLabel(node), Operator: op, Values: values}}
+		}
 	}
 	replica := func(verb string, mod ...func(*Request)) Request {
 		r := Request{User: mac, Verb: verb, Group: "macfleet.dev", Resource: "modelreplicas"}
@@ -59,6 +67,19 @@ func TestDecide(t *testing.T) {
 		{"ModelDeployments", Request{User: mac, Verb: "list", Group: "macfleet.dev", Resource: "modeldeployments", FieldSelector: mine}, false},
 		{"replicas of another group", replica("list", selector(mine...), func(r *Request) { r.Group = "example.com" }), false},
 		{"non-resource request", Request{User: mac, Verb: "get"}, false},
+		{"list the replicas with a worker shard on it", replica("list", shard("mac-a", "Exists")), true},
+		{"watch the replicas with a worker shard on it", replica("watch", shard("mac-a", "In", v1alpha1.ShardLabelWorker)), true},
+		{"watch them in one namespace", replica("watch", named("team-b", ""), shard("mac-a", "Exists")), true},
+		{"list another Mac's worker shards", replica("list", shard("mac-c", "Exists")), false},
+		{"list the replicas without its worker label", replica("list", shard("mac-a", "DoesNotExist")), false},
+		{"list the replicas but those with its worker label", replica("list", shard("mac-a", "NotIn", v1alpha1.ShardLabelWorker)), false},
+		{"list with its worker label in no values", replica("list", shard("mac-a", "In")), false},
+		{"list with the label key in the field selector", replica("list", selector(Requirement{Key: v1alpha1.ShardLabel("mac-a"), Operator: "Exists"})), false},
+		{"get a replica with a worker shard on it", replica("get", named("team-b", "split")), true},
+		{"get its status", replica("get", named("team-b", "split"), sub("status")), true},
+		{"get a split replica with no shard on it", replica("get", named("team-b", "split-elsewhere")), false},
+		{"update a replica with a worker shard on it", replica("update", named("team-b", "split")), false},
+		{"deletecollection with its worker label", replica("deletecollection", shard("mac-a", "Exists")), false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			d := Decide(tc.req, lookup)
@@ -74,7 +95,7 @@ func TestDecide(t *testing.T) {
 
 func TestDecideLooksUpOnlyGets(t *testing.T) {
 	calls := 0
-	lookup := func(string, string) (string, bool) { calls++; return "mac-a", true }
+	lookup := func(string, string) (Binding, bool) { calls++; return Binding{Node: "mac-a"}, true }
 	mac := "system:serviceaccount:macfleet-nodes:mac-a"
 	for _, r := range []Request{
 		{User: mac, Verb: "list", Group: "macfleet.dev", Resource: "modelreplicas"},

@@ -27,7 +27,7 @@ const lookupTimeout = 2 * time.Second
 // from the API server and answers with Decide's decision.
 type Handler struct {
 	// Lookup finds a replica's binding; CacheLookup builds one on the manager's cache.
-	Lookup func(ctx context.Context, namespace, name string) (node string, found bool)
+	Lookup func(ctx context.Context, namespace, name string) (b Binding, found bool)
 	Log    logr.Logger
 	// Decisions, when set, counts the answers by decision ("allowed", "no-opinion").
 	Decisions *prometheus.CounterVec
@@ -51,7 +51,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ctx := r.Context()
-	d := Decide(RequestOf(&sar.Spec), func(ns, name string) (string, bool) { return h.Lookup(ctx, ns, name) })
+	d := Decide(RequestOf(&sar.Spec), func(ns, name string) (Binding, bool) { return h.Lookup(ctx, ns, name) })
 	h.Log.V(4).Info("Decided", "user", sar.Spec.User, "attributes", sar.Spec.ResourceAttributes, "allowed", d.Allowed, "reason", d.Reason)
 	if h.Decisions != nil {
 		label := "no-opinion"
@@ -81,14 +81,19 @@ func RequestOf(spec *authzv1.SubjectAccessReviewSpec) Request {
 			r.FieldSelector = append(r.FieldSelector, Requirement{Key: req.Key, Operator: string(req.Operator), Values: req.Values})
 		}
 	}
+	if a.LabelSelector != nil {
+		for _, req := range a.LabelSelector.Requirements {
+			r.LabelSelector = append(r.LabelSelector, Requirement{Key: req.Key, Operator: string(req.Operator), Values: req.Values})
+		}
+	}
 	return r
 }
 
 // CacheLookup finds bindings in a reader of ModelReplicas — the manager's cache, so that
 // answering costs no API request. A read error other than NotFound counts as not found
 // (no opinion, so the request is refused) and is logged.
-func CacheLookup(c client.Reader, log logr.Logger) func(ctx context.Context, namespace, name string) (string, bool) {
-	return func(ctx context.Context, namespace, name string) (string, bool) {
+func CacheLookup(c client.Reader, log logr.Logger) func(ctx context.Context, namespace, name string) (Binding, bool) {
+	return func(ctx context.Context, namespace, name string) (Binding, bool) {
 		ctx, cancel := context.WithTimeout(ctx, lookupTimeout)
 		defer cancel()
 		var r v1alpha1.ModelReplica
@@ -96,8 +101,8 @@ func CacheLookup(c client.Reader, log logr.Logger) func(ctx context.Context, nam
 			if !apierrors.IsNotFound(err) {
 				log.Error(err, "Reading a replica's binding; answering no opinion", "ModelReplica", types.NamespacedName{Namespace: namespace, Name: name})
 			}
-			return "", false
+			return Binding{}, false
 		}
-		return r.Spec.NodeName, true
+		return Binding{Node: r.Spec.NodeName, Workers: r.Spec.Split.WorkerNodes()}, true
 	}
 }

@@ -12,6 +12,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	authzv1 "k8s.io/api/authorization/v1"
+
+	"github.com/macfleet/macfleet/api/v1alpha1"
 )
 
 // TestHandler: the webhook reads the SubjectAccessReview the API server sends
@@ -19,8 +21,8 @@ import (
 // same kind; anything else is a 400.
 func TestHandler(t *testing.T) {
 	decisions := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "decisions_total"}, []string{"decision"})
-	h := &Handler{Log: logr.Discard(), Decisions: decisions, Lookup: func(_ context.Context, ns, name string) (string, bool) {
-		return "mac-a", ns == "team-a" && name == "mine"
+	h := &Handler{Log: logr.Discard(), Decisions: decisions, Lookup: func(_ context.Context, ns, name string) (Binding, bool) {
+		return Binding{Node: "mac-a"}, ns == "team-a" && name == "mine"
 	}}
 	review := func(attrs string) string {
 		return `{"apiVersion":"authorization.k8s.io/v1","kind":"SubjectAccessReview","spec":{` +
@@ -34,6 +36,10 @@ func TestHandler(t *testing.T) {
 	}{
 		{"own watch", review(`{"verb":"watch","group":"macfleet.dev","version":"v1alpha1","resource":"modelreplicas",` +
 			`"fieldSelector":{"requirements":[{"key":"spec.nodeName","operator":"In","values":["mac-a"]}]}}`), http.StatusOK, true},
+		{"watch of its worker shards", review(`{"verb":"watch","group":"macfleet.dev","version":"v1alpha1","resource":"modelreplicas",` +
+			`"labelSelector":{"requirements":[{"key":"` + v1alpha1.ShardLabel("mac-a") + `","operator":"Exists"}]}}`), http.StatusOK, true},
+		{"watch of another Mac's worker shards", review(`{"verb":"watch","group":"macfleet.dev","version":"v1alpha1","resource":"modelreplicas",` +
+			`"labelSelector":{"requirements":[{"key":"` + v1alpha1.ShardLabel("mac-b") + `","operator":"Exists"}]}}`), http.StatusOK, false},
 		{"watch of all", review(`{"verb":"watch","group":"macfleet.dev","version":"v1alpha1","resource":"modelreplicas"}`), http.StatusOK, false},
 		{"get own", review(`{"verb":"get","group":"macfleet.dev","resource":"modelreplicas","namespace":"team-a","name":"mine"}`), http.StatusOK, true},
 		{"get another", review(`{"verb":"get","group":"macfleet.dev","resource":"modelreplicas","namespace":"team-b","name":"x"}`), http.StatusOK, false},
@@ -67,7 +73,7 @@ func TestHandler(t *testing.T) {
 		t.Errorf("GET: %d, want 405", rec.Code)
 	}
 	allowed, none := testutil.ToFloat64(decisions.WithLabelValues("allowed")), testutil.ToFloat64(decisions.WithLabelValues("no-opinion"))
-	if allowed != 2 || none != 2 {
-		t.Errorf("counted %v allowed and %v no-opinion answers, want 2 and 2", allowed, none)
+	if allowed != 3 || none != 3 {
+		t.Errorf("counted %v allowed and %v no-opinion answers, want 3 and 3", allowed, none)
 	}
 }

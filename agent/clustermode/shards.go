@@ -1,0 +1,89 @@
+package clustermode
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+
+	"github.com/go-logr/logr"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/macfleet/macfleet/agent/splitlink"
+	"github.com/macfleet/macfleet/api/v1alpha1"
+	"github.com/macfleet/macfleet/internal/informers"
+)
+
+// workerShards is the agent's view of the replicas split across Macs in which its Mac
+// holds a worker shard (issue 27). The agent's replica cache selects spec.nodeName,
+// which is the head's Mac; the scheduler labels a gang's replica for each worker
+// shard's Mac (v1alpha1.ShardLabel), and this cache selects this Mac's label, the one
+// selector besides spec.nodeName the node authorizer lets it list and watch by.
+type workerShards struct {
+	node  string
+	cache cache.Cache
+	mu    sync.Mutex
+	// addrs are the loopback addresses of the local workers (shardSync), by replica
+	// "namespace/name".
+	addrs map[string]string
+}
+
+// watchWorkerShards makes the cache (not started).
+func watchWorkerShards(rc *rest.Config, scheme *runtime.Scheme, node string, log logr.Logger) (*workerShards, error) {
+	sel := labels.SelectorFromSet(labels.Set{v1alpha1.ShardLabel(node): v1alpha1.ShardLabelWorker})
+	c, err := cache.New(rc, cache.Options{Scheme: scheme, ByObject: map[client.Object]cache.ByObject{
+		&v1alpha1.ModelReplica{}: {Label: sel},
+	}, NewInformer: informers.NewInformer(informers.Options{Log: log})})
+	if err != nil {
+		return nil, fmt.Errorf("creating the worker shard cache: %w", err)
+	}
+	return &workerShards{node: node, cache: c, addrs: map[string]string{}}, nil
+}
+
+// start watches the replicas (GetInformer) and runs the cache until ctx ends.
+func (w *workerShards) start(ctx context.Context) error {
+	if _, err := w.cache.GetInformer(ctx, &v1alpha1.ModelReplica{}, cache.BlockUntilSynced(false)); err != nil {
+		return fmt.Errorf("watching the replicas with a worker shard on this Mac: %w", err)
+	}
+	if err := w.cache.Start(ctx); err != nil && ctx.Err() == nil {
+		return fmt.Errorf("the worker shard cache stopped: %w", err)
+	}
+	return nil
+}
+
+// setWorker records the loopback address of the local worker of replica ns/name (""
+// forgets it).
+func (w *workerShards) setWorker(ns, name, addr string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if addr == "" {
+		delete(w.addrs, ns+"/"+name)
+		return
+	}
+	w.addrs[ns+"/"+name] = addr
+}
+
+// lookup is the split link's splitlink.Lookup: the replica as this Mac's cache shows
+// it when it holds a worker shard on this Mac, and its local worker's address ("" until
+// the worker runs: the head's Mac is then answered 503 split_worker_unavailable).
+func (w *workerShards) lookup(ctx context.Context, ns, name string) (*v1alpha1.ModelReplica, string) {
+	var mr v1alpha1.ModelReplica
+	if err := w.cache.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &mr); err != nil {
+		return nil, ""
+	}
+	if !slices.Contains(mr.Spec.Split.WorkerNodes(), w.node) {
+		return nil, ""
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return &mr, w.addrs[ns+"/"+name]
+}
+
+// handler is the split link's endpoint on this Mac's agent.
+func (w *workerShards) handler(log logr.Logger) *splitlink.Handler {
+	return &splitlink.Handler{Self: w.node, Lookup: w.lookup, Log: log}
+}

@@ -1,0 +1,231 @@
+package clustermode
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	toolscache "k8s.io/client-go/tools/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/macfleet/macfleet/api/v1alpha1"
+	"github.com/macfleet/macfleet/enginepool"
+)
+
+// shardSyncInterval is how often the worker shards are reconciled and reported.
+const shardSyncInterval = 500 * time.Millisecond
+
+// workerShardOf is the pure rule of which shard of mr this Mac runs as a worker: its
+// shard of spec.split when it is not the head's; nil otherwise (and for a replica
+// being deleted).
+func workerShardOf(mr *v1alpha1.ModelReplica, node string) *v1alpha1.ReplicaShard {
+	if mr.DeletionTimestamp != nil || mr.Spec.Split == nil || mr.Spec.NodeName == node {
+		return nil
+	}
+	for i := range mr.Spec.Split.Shards[1:] {
+		if s := &mr.Spec.Split.Shards[i+1]; s.Node == node {
+			return s
+		}
+	}
+	return nil
+}
+
+// shardEntryName is the pool entry of the worker shard of replica ns/name: no served
+// name of a replica has this form, so no request resolves to it.
+func shardEntryName(ns, name string) string { return "split-worker:" + ns + "/" + name }
+
+// shardPhase is the shard's phase from its pool entry (nil: not registered yet).
+func shardPhase(m *enginepool.ModelSnapshot, fetchErr error) v1alpha1.ReplicaPhase {
+	switch {
+	case fetchErr != nil:
+		return v1alpha1.ReplicaFailed
+	case m == nil:
+		return v1alpha1.ReplicaDownloading
+	case m.State == enginepool.StateReady:
+		return v1alpha1.ReplicaRunning
+	case m.State == enginepool.StateFailed:
+		return v1alpha1.ReplicaFailed
+	}
+	return v1alpha1.ReplicaLoading
+}
+
+// shardEntry is this Mac's entry of status.shards for a shard in phase with pool entry m.
+func shardEntry(node string, phase v1alpha1.ReplicaPhase, m *enginepool.ModelSnapshot) v1alpha1.ShardStatus {
+	e := v1alpha1.ShardStatus{Node: node, Phase: phase}
+	if m != nil && m.ResidentBytes > 0 {
+		e.Resident = resource.NewQuantity(m.ResidentBytes, resource.BinarySI)
+	}
+	if m != nil && m.PeakBytes > 0 {
+		e.Peak = resource.NewQuantity(m.PeakBytes, resource.BinarySI)
+	}
+	return e
+}
+
+// shardSync runs this Mac's worker shards under its engine pool: for each replica of
+// the worker shard cache with a shard here, it fetches the model into the store,
+// registers a Pinned pool entry (enginepool.ModelSpec.SplitWorker) reserving the
+// shard's memory and loads it, hands the worker's loopback address to the split link,
+// and writes its own entry of status.shards (phase, resident, peak); a shard no longer
+// wanted is removed from the pool.
+type shardSync struct {
+	node   string
+	shards *workerShards
+	pool   *enginepool.Pool
+	store  Store
+	status client.StatusClient
+	log    logr.Logger
+
+	mu      sync.Mutex
+	started map[string]*shardRun // by replica "namespace/name"
+}
+
+// shardRun is one worker shard being fetched, loaded or run.
+type shardRun struct {
+	uid      string
+	fetchErr error
+	cancel   context.CancelFunc
+}
+
+func (s *shardSync) run(ctx context.Context) error {
+	t := time.NewTicker(shardSyncInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		s.reconcile(ctx)
+	}
+}
+
+// reconcile starts and stops worker shards as the cache says and reports each.
+func (s *shardSync) reconcile(ctx context.Context) {
+	var list v1alpha1.ModelReplicaList
+	if err := s.shards.cache.List(ctx, &list); err != nil {
+		return // not synced yet
+	}
+	want := map[string]*v1alpha1.ModelReplica{}
+	for i := range list.Items {
+		if mr := &list.Items[i]; workerShardOf(mr, s.node) != nil {
+			want[mr.Namespace+"/"+mr.Name] = mr
+		}
+	}
+	s.mu.Lock()
+	for key, r := range s.started {
+		if mr, ok := want[key]; !ok || string(mr.UID) != r.uid {
+			r.cancel()
+			delete(s.started, key)
+			ns, name, _ := toolscache.SplitMetaNamespaceKey(key)
+			s.shards.setWorker(ns, name, "")
+			var unknown *enginepool.UnknownModelError
+			if _, err := s.pool.Remove(shardEntryName(ns, name)); err != nil && !errors.As(err, &unknown) {
+				s.log.Error(err, "Removing a worker shard", "replica", key)
+			}
+		}
+	}
+	for key, mr := range want {
+		if _, ok := s.started[key]; !ok {
+			s.startLocked(ctx, key, mr)
+		}
+	}
+	s.mu.Unlock()
+	snap := s.pool.Snapshot()
+	for key, mr := range want {
+		s.report(ctx, key, mr, snap)
+	}
+}
+
+// startLocked fetches the shard's model and loads its worker, in the background.
+func (s *shardSync) startLocked(ctx context.Context, key string, mr *v1alpha1.ModelReplica) {
+	rctx, cancel := context.WithCancel(ctx)
+	r := &shardRun{uid: string(mr.UID), cancel: cancel}
+	s.started[key] = r
+	shard := *workerShardOf(mr, s.node)
+	src := mr.Spec.Template.Model
+	go func() {
+		path, err := s.store.Fetch(rctx, mr.Namespace, src.Source, src.SHA256, func(int64, int64) {})
+		if err == nil {
+			err = s.pool.Register(enginepool.ModelSpec{Name: shardEntryName(mr.Namespace, mr.Name), Path: path,
+				Namespace: mr.Namespace, Residency: enginepool.Pinned, SplitWorker: true,
+				Engine: mr.Spec.Template.Engine.Settings, EstimatedBytes: shard.Memory.Value()})
+			if err != nil {
+				s.log.Error(err, "Registering a worker shard", "replica", key)
+			}
+		}
+		if err != nil {
+			s.mu.Lock()
+			r.fetchErr = err
+			s.mu.Unlock()
+			return
+		}
+		if err := s.pool.Load(rctx, shardEntryName(mr.Namespace, mr.Name)); err != nil && rctx.Err() == nil {
+			s.log.Info("Loading a worker shard failed", "replica", key, "err", err.Error())
+		}
+	}()
+}
+
+// report hands the worker's address to the split link and writes this Mac's entry
+// of the replica's status.shards when it changed.
+func (s *shardSync) report(ctx context.Context, key string, mr *v1alpha1.ModelReplica, snap enginepool.Snapshot) {
+	entryName := shardEntryName(mr.Namespace, mr.Name)
+	m := findModel(snap, entryName)
+	s.mu.Lock()
+	var fetchErr error
+	if r := s.started[key]; r != nil {
+		fetchErr = r.fetchErr
+	}
+	s.mu.Unlock()
+	phase := shardPhase(m, fetchErr)
+	addr := ""
+	if phase == v1alpha1.ReplicaRunning {
+		if rn, err := s.pool.RunnerOf(entryName); err == nil {
+			if w, ok := rn.(interface{ Addr() string }); ok {
+				addr = w.Addr()
+			}
+		}
+	}
+	s.shards.setWorker(mr.Namespace, mr.Name, addr)
+	entry := shardEntry(s.node, phase, m)
+	if sameShardEntry(mr.Status.Shards, entry) {
+		return
+	}
+	upd := mr.DeepCopy()
+	replaced := false
+	for i := range upd.Status.Shards {
+		if upd.Status.Shards[i].Node == s.node {
+			upd.Status.Shards[i], replaced = entry, true
+		}
+	}
+	if !replaced {
+		upd.Status.Shards = append(upd.Status.Shards, entry)
+	}
+	// A conflict (the head wrote meanwhile) is retried at the next tick, from the cache.
+	if err := s.status.Status().Update(ctx, upd); err != nil && !apierrors.IsConflict(err) && !apierrors.IsNotFound(err) {
+		s.log.Error(err, "Writing this Mac's entry of status.shards", "replica", key)
+	}
+}
+
+// sameShardEntry reports whether shards already hold entry (quantities by value,
+// resident within 1 MiB so that a small drift writes nothing).
+func sameShardEntry(shards []v1alpha1.ShardStatus, entry v1alpha1.ShardStatus) bool {
+	for _, s := range shards {
+		if s.Node != entry.Node {
+			continue
+		}
+		return s.Phase == entry.Phase && closeQty(s.Resident, entry.Resident, 1<<20) && closeQty(s.Peak, entry.Peak, 1<<20)
+	}
+	return false
+}
+
+func closeQty(a, b *resource.Quantity, tolerance int64) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	d := a.Value() - b.Value()
+	return d <= tolerance && d >= -tolerance
+}

@@ -1,0 +1,66 @@
+package splitlink
+
+import (
+	"strings"
+	"testing"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/macfleet/macfleet/api/v1alpha1"
+)
+
+func TestAuthorize(t *testing.T) {
+	split := func(head string, workers ...string) *v1alpha1.ModelReplica {
+		mr := &v1alpha1.ModelReplica{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "r"}}
+		mr.Spec.NodeName = head
+		if len(workers) > 0 {
+			mr.Spec.Split = &v1alpha1.ReplicaSplit{Shards: []v1alpha1.ReplicaShard{{Node: head}}}
+			for _, w := range workers {
+				mr.Spec.Split.Shards = append(mr.Spec.Split.Shards, v1alpha1.ReplicaShard{Node: w})
+			}
+		}
+		return mr
+	}
+	deleting := split("h", "w")
+	deleting.DeletionTimestamp = &metav1.Time{}
+	for _, tc := range []struct {
+		name         string
+		mr           *v1alpha1.ModelReplica
+		self, caller string
+		want         string // "" allowed
+	}{
+		{"the head to its worker", split("h", "w"), "w", "h", ""},
+		{"the head to its second worker", split("h", "w1", "w2"), "w2", "h", ""},
+		{"another Mac", split("h", "w"), "w", "x", "only the Mac of replica ns/r's head, h, may open its split link, not x"},
+		{"another worker of the gang", split("h", "w1", "w2"), "w2", "w1", "not w1"},
+		{"the worker itself", split("h", "w"), "w", "w", "not w"},
+		{"no caller", split("h", "w"), "w", "", "not "},
+		{"unknown replica", nil, "w", "h", "no replica of that name holds a worker shard on w"},
+		{"not split", split("h"), "w", "h", "holds no worker shard on w"},
+		{"split elsewhere", split("h", "z"), "w", "h", "holds no worker shard on w"},
+		{"to the head's own Mac", split("h", "w"), "h", "h", "holds no worker shard on h"},
+		{"being deleted", deleting, "w", "h", "being deleted"},
+	} {
+		err := Authorize(tc.mr, tc.self, tc.caller)
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("%s: %v, want allowed", tc.name, err)
+		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+			t.Errorf("%s: %v, want refused with %q", tc.name, err, tc.want)
+		}
+	}
+}
+
+func TestPath(t *testing.T) {
+	for _, tc := range []struct{ ns, name string }{{"team-a", "big-0"}, {"a", "b"}} {
+		ns, name, ok := parsePath(Path(tc.ns, tc.name))
+		if !ok || ns != tc.ns || name != tc.name {
+			t.Errorf("parsePath(Path(%q, %q)) = %q, %q, %v", tc.ns, tc.name, ns, name, ok)
+		}
+	}
+	for _, p := range []string{"/api/split/", "/api/split/a", "/api/split/a/", "/api/split//b", "/api/split/a/b/c", "/api/splits/a/b", "/api/split/a/%zz"} {
+		if _, _, ok := parsePath(p); ok {
+			t.Errorf("parsePath(%q) accepted it", p)
+		}
+	}
+}

@@ -85,7 +85,22 @@ func privateSource(t *testing.T, ns, dir string) string {
 			})
 		})
 	})
-	return "http://" + ln.Addr().String()
+	base := "http://" + ln.Addr().String()
+	// The admission policy reads the SourcePolicy from its own informer: wait until it
+	// admits the host for ns (a server-side dry run), so the test's first create is not
+	// refused by the policy as it was before the edit.
+	mem := resource.MustParse("1Mi")
+	testenv.Eventually(t, 30*time.Second, 200*time.Millisecond, func() (bool, string) {
+		probe := deployment(ns, "source-policy-probe", 0, func(md *v1alpha1.ModelDeployment) {
+			md.Spec.Model = v1alpha1.ModelSource{Source: base + "/probe.gguf"}
+			md.Spec.Resources = &v1alpha1.ModelResources{Memory: &mem}
+		})
+		if err := fleet.Client.Create(t.Context(), probe, client.DryRunAll); err != nil {
+			return false, "the source policy to admit " + base + " for " + ns + ": " + err.Error()
+		}
+		return true, ""
+	})
+	return base
 }
 
 // TestAttackAnotherTenantsDigest: team B deploys a public source naming team A's

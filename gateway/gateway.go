@@ -233,7 +233,7 @@ func New(opts Options) (*Gateway, error) {
 	if g.peers, err = newPeerFetcher(opts, index, g.agentScheme); err != nil {
 		return nil, err
 	}
-	if g.warm, err = newWarmer(g, opts.Registerer); err != nil {
+	if g.warm, err = newWarmer(g.peers, g.Table, g.postWarm, opts.Registerer); err != nil {
 		return nil, err
 	}
 	if index != nil {

@@ -33,6 +33,9 @@ const (
 	maxWarmed = 4096
 )
 
+// warmPost asks replica be's agent to warm up (Gateway.postWarm).
+type warmPost func(ctx context.Context, be Backend, req runnerapi.PeerWarmRequest) (runnerapi.PeerWarmResponse, error)
+
 // warmer warms replicas that start cold (prefixindex.Poller.OnCold: a new replica, a
 // rescheduled one, a restarted runner) from the replicas of their deployment on other
 // Macs, in the background, never on a request's path: once per replica and runner
@@ -44,7 +47,7 @@ type warmer struct {
 	p      *peerFetcher
 	recent *peerfetch.Recent
 	table  func() *Table
-	post   func(ctx context.Context, be Backend, req runnerapi.PeerWarmRequest) (runnerapi.PeerWarmResponse, error)
+	post   warmPost
 
 	warmups *prometheus.CounterVec
 	queue   chan prefixindex.Target
@@ -58,12 +61,14 @@ type warmer struct {
 	warmed map[string]string // replica key → the runner epoch warmed
 }
 
-// newWarmer is the gateway's warmer (its worker starts with the first cold replica), or is nil when peer fetch is off.
-func newWarmer(g *Gateway, reg prometheus.Registerer) (*warmer, error) {
-	if g.peers == nil {
+// newWarmer is the gateway's warmer over peer fetch p (nil when peer fetch is off:
+// then nil too), the routing table and post, the call of an agent's warm-up; its
+// worker starts with the first cold replica.
+func newWarmer(p *peerFetcher, table func() *Table, post warmPost, reg prometheus.Registerer) (*warmer, error) {
+	if p == nil {
 		return nil, nil
 	}
-	w := &warmer{p: g.peers, recent: peerfetch.NewRecent(0, 0), table: g.Table, post: g.postWarm,
+	w := &warmer{p: p, recent: peerfetch.NewRecent(0, 0), table: table, post: post,
 		warmups: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "macfleet_gateway_peer_warmups_total",
 			Help: "States the gateway asked cold replicas to fetch from other Macs to warm up, by deployment and result " +

@@ -2,14 +2,13 @@ package gateway
 
 import (
 	"context"
+	"crypto/x509"
 	"fmt"
 	"slices"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/go-logr/logr"
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/macfleet/macfleet/api/runnerapi"
@@ -25,25 +24,7 @@ import (
 // epoch, and its answers are counted as warm-ups and as peer fetches.
 func TestWarmerWarmsAColdReplica(t *testing.T) {
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	ca, err := pki.NewCA(t0, pki.DefaultCALifetime)
-	if err != nil {
-		t.Fatal(err)
-	}
-	gw := pki.Gateway("gw-0")
-	certs, err := ca.NewSource(&gw, t0, pki.DefaultLeafLifetime)
-	if err != nil {
-		t.Fatal(err)
-	}
-	index, err := prefixindex.New(0, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	reg := prometheus.NewRegistry()
-	p, err := newPeerFetcher(Options{AgentCertificates: certs, Registerer: reg, Log: logr.Discard()}, index, "https://")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p.now = func() time.Time { return t0 }
+	p, index, reg, ca := newTestPeerFetcher(t, t0)
 	const model = "team-a/chat"
 	p.est.ObservePrefill(model, 1000, time.Minute) // slow enough that the default link is worth it
 	r1 := Backend{Key: "team-a/chat-0", Endpoint: "10.0.0.1:8443", Node: "mac-1", Slots: 2}
@@ -99,7 +80,7 @@ func TestWarmerWarmsAColdReplica(t *testing.T) {
 	type claim struct{ digest, partition string }
 	var got []claim
 	for _, h := range calls()[0].Hints {
-		c, err := pki.TicketClaims(h.Ticket)
+		c, err := pki.VerifyTicket(h.Ticket, pki.Pool([]*x509.Certificate{ca.Cert}), t0.Add(time.Second))
 		if err != nil {
 			t.Fatal(err)
 		}

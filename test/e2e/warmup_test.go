@@ -8,14 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/go-logr/logr/testr"
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-
 	"github.com/macfleet/macfleet/api/runnerapi"
 	"github.com/macfleet/macfleet/api/v1alpha1"
-	"github.com/macfleet/macfleet/gateway"
-	"github.com/macfleet/macfleet/tenancy/satoken"
 	"github.com/macfleet/macfleet/test/support/localfleet"
 	"github.com/macfleet/macfleet/test/support/testenv"
 )
@@ -31,23 +25,9 @@ import (
 // prefill did (greedy), and team B's in B's; each conversation in the other
 // partition restores nothing.
 func TestWarmUpFromPeers(t *testing.T) {
-	ns, nsB := testenv.NewNamespace(t, fleet.Client), testenv.NewNamespace(t, fleet.Client)
-	create(t, deployment(ns, "warm", 1, func(md *v1alpha1.ModelDeployment) {
-		md.Spec.Engine.ContextLength = 16384
-		md.Spec.Access = &v1alpha1.Access{Namespaces: []string{nsB}}
-	}))
-	for _, n := range []string{ns, nsB} {
-		create(t, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: n, Name: "app"}})
-	}
+	s := newPeerTenants(t, "warm", 1)
+	ns, nsB, model, tokA, tokB, url, reg, gw := s.ns, s.nsB, s.model, s.tokA, s.tokB, s.url, s.reg, s.gw
 	p := waitReady(t, ns, "warm", 1, 3*time.Minute)[0]
-	model := ns + "/warm"
-	tokA, tokB := serviceAccountToken(t, ns, "app", satoken.DefaultAudience), serviceAccountToken(t, nsB, "app", satoken.DefaultAudience)
-	url, reg := inProcessGateway(t, gateway.Config{Routing: gateway.RoutingPrefixCache, PeerFetchMargin: 1e-9, TenantKeys: true},
-		testr.NewWithInterface(t, testr.Options{Verbosity: 2}))
-	gw := func(name string, labels map[string]string) float64 {
-		labels["model"] = model
-		return metricValue(t, reg, name, labels)
-	}
 	testenv.Eventually(t, time.Minute, 100*time.Millisecond, func() (bool, string) {
 		code, text, err := postChatAs(t.Context(), url, tokA, fmt.Sprintf(`{"model":%q,"max_tokens":1,"messages":[{"role":"user","content":"hi"}]}`, model))
 		return err == nil && code == http.StatusOK, fmt.Sprintf("the gateway does not serve %s yet: %d %s %v", model, code, text, err)

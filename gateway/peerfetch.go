@@ -54,11 +54,11 @@ func newPeerFetcher(opts Options, index *prefixindex.Index, scheme string) (*pee
 		}, []string{"model", "decision"}),
 		fetches: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "macfleet_gateway_peer_fetches_total",
-			Help: "Peer fetches the agents reported on their answers, by deployment and result (imported, or the miss reason).",
+			Help: "Peer fetches the agents reported on their answers and for warm-ups, by deployment and result (imported, or the miss reason).",
 		}, []string{"model", "result"}),
 		bytes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "macfleet_gateway_peer_fetch_bytes_total",
-			Help: "Bytes of prompt state moved between Macs by the peer fetches the gateway asked for, by deployment.",
+			Help: "Bytes of prompt state moved between Macs by the peer fetches (warm-ups included) the gateway asked for, by deployment.",
 		}, []string{"model"}),
 	}
 	for _, c := range []**prometheus.CounterVec{&p.decisions, &p.fetches, &p.bytes} {

@@ -282,7 +282,7 @@ func newPeerMetrics() *peerMetrics {
 	return &peerMetrics{
 		fetches: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "macfleet_agent_peer_fetches_total",
-			Help: "Prompt states this agent fetched from another Mac before a request, by model and result (imported, or why not).",
+			Help: "Prompt states this agent fetched from another Mac before a request or to warm up, by model and result (imported, or why not).",
 		}, []string{"model", "result"}),
 		bytes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "macfleet_agent_peer_fetch_bytes_total",

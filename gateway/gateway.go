@@ -162,6 +162,8 @@ type Gateway struct {
 	// peers asks agents to fetch prefixes from peer Macs (RoutingPrefixCache); nil
 	// when off.
 	peers *peerFetcher
+	// warm warms cold replicas from their peers (warmup.go); nil with peers.
+	warm *warmer
 	// cacheStats reads the replicas' prompt cache counters for the console.
 	cacheStats *cacheStats
 	// agentScheme is "https://" with Options.AgentCertificates, else "http://".
@@ -231,9 +233,15 @@ func New(opts Options) (*Gateway, error) {
 	if g.peers, err = newPeerFetcher(opts, index, g.agentScheme); err != nil {
 		return nil, err
 	}
+	if g.warm, err = newWarmer(g.peers, g.Table, g.postWarm, opts.Registerer); err != nil {
+		return nil, err
+	}
 	if index != nil {
 		g.prefixes = &prefixindex.Poller{Index: index, Log: opts.Log.WithName("prefixes"),
 			Fetch: prefixindex.HTTPFetch{Transport: g.transport, Scheme: g.agentScheme, Prepare: g.toAgent}.Fetch}
+		if g.warm != nil {
+			g.prefixes.OnCold = g.warm.cold
+		}
 	}
 	if opts.TracerProvider != nil {
 		g.tracer = opts.TracerProvider.Tracer(tracerName)
@@ -297,6 +305,9 @@ func (g *Gateway) SetTable(t *Table) {
 func (g *Gateway) Close() {
 	if g.prefixes != nil {
 		g.prefixes.Close()
+	}
+	if g.warm != nil {
+		g.warm.close()
 	}
 }
 

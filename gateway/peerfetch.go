@@ -54,11 +54,11 @@ func newPeerFetcher(opts Options, index *prefixindex.Index, scheme string) (*pee
 		}, []string{"model", "decision"}),
 		fetches: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "macfleet_gateway_peer_fetches_total",
-			Help: "Peer fetches the agents reported on their answers, by deployment and result (imported, or the miss reason).",
+			Help: "Peer fetches the agents reported on their answers and for warm-ups, by deployment and result (imported, or the miss reason).",
 		}, []string{"model", "result"}),
 		bytes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "macfleet_gateway_peer_fetch_bytes_total",
-			Help: "Bytes of prompt state moved between Macs by the peer fetches the gateway asked for, by deployment.",
+			Help: "Bytes of prompt state moved between Macs by the peer fetches (warm-ups included) the gateway asked for, by deployment.",
 		}, []string{"model"}),
 	}
 	for _, c := range []**prometheus.CounterVec{&p.decisions, &p.fetches, &p.bytes} {
@@ -112,16 +112,12 @@ func (p *peerFetcher) hint(out *http.Request, rt *Route, model string, be Backen
 	if !d.Fetch {
 		return nil
 	}
-	digest := digests[src.hit.Depth-1]
-	now := p.now()
-	ticket, err := pki.SignTicket(pki.StateTicket{Target: be.Node, Source: src.be.Node, Model: src.be.Key, Digest: digest,
-		Partition: partition, Issued: now, Expires: now.Add(TicketLifetime)}, p.certs.Certificate())
+	h, err := p.signHint(src.be, be, digests[src.hit.Depth-1], partition, tokens)
 	if err != nil {
 		p.log.Error(err, "Signing a state ticket; the request is prefilled", "model", model)
 		return nil
 	}
-	b, err := json.Marshal(runnerapi.PeerStateHint{Agent: p.scheme + src.be.Endpoint, Model: src.be.Key, Digest: digest,
-		Tokens: tokens, Ticket: ticket})
+	b, err := json.Marshal(h)
 	if err != nil {
 		return nil
 	}
@@ -129,6 +125,18 @@ func (p *peerFetcher) hint(out *http.Request, rt *Route, model string, be Backen
 	p.log.V(2).Info("Asking for a peer fetch", "model", model, "replica", be.Key, "from", src.be.Key, "tokens", tokens,
 		"transfer", d.Transfer, "prefill", d.Prefill)
 	return &src
+}
+
+// signHint is the hint for target's Mac to fetch digest (of partition, sparing
+// tokens) from replica src, with a ticket valid for TicketLifetime from now.
+func (p *peerFetcher) signHint(src, target Backend, digest, partition string, tokens int) (runnerapi.PeerStateHint, error) {
+	now := p.now()
+	ticket, err := pki.SignTicket(pki.StateTicket{Target: target.Node, Source: src.Node, Model: src.Key, Digest: digest,
+		Partition: partition, Issued: now, Expires: now.Add(TicketLifetime)}, p.certs.Certificate())
+	if err != nil {
+		return runnerapi.PeerStateHint{}, err
+	}
+	return runnerapi.PeerStateHint{Agent: p.scheme + src.Endpoint, Model: src.Key, Digest: digest, Tokens: tokens, Ticket: ticket}, nil
 }
 
 // report reads the agent's runnerapi.HeaderPeerRestore on the answer of replica be
@@ -139,13 +147,20 @@ func (p *peerFetcher) report(model string, be Backend, src *peerSource, h http.H
 	if v == "" || json.Unmarshal([]byte(v), &res) != nil {
 		return // an agent without peer fetch
 	}
+	p.count(model, src.be, be, res)
+}
+
+// count is one fetch's outcome, from replica src into replica be: the counters and
+// the estimates. It returns the result label (imported, or the miss reason).
+func (p *peerFetcher) count(model string, src, be Backend, res runnerapi.PeerStateResult) string {
 	result := res.Reason
 	if res.Imported {
 		result = "imported"
 	}
 	p.fetches.WithLabelValues(model, result).Inc()
 	p.bytes.WithLabelValues(model).Add(float64(max(res.Bytes, 0)))
-	p.est.ObserveFetch(model, peerfetch.LinkKey{Source: src.be.Node, Target: be.Node}, res)
+	p.est.ObserveFetch(model, peerfetch.LinkKey{Source: src.Node, Target: be.Node}, res)
+	return result
 }
 
 // observePrefill samples model's prefill rate from a streamed answer that fetched

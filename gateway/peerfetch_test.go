@@ -19,13 +19,11 @@ import (
 	"github.com/macfleet/macfleet/pki"
 )
 
-// TestPeerFetchHint: the gateway asks replica R (mac-2) to fetch a prefix from the
-// replica on another Mac that holds the deepest of the request's digests (mac-1,
-// not R's neighbour on mac-2), with a ticket that grants exactly that; not when R
-// holds as much, no prefill rate is measured yet, or the deployment has no replica
-// elsewhere; and R's report feeds the counters and the estimates.
-func TestPeerFetchHint(t *testing.T) {
-	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+// newTestPeerFetcher is a gateway's peer fetch with a certificate of gw-0 of a new
+// fleet CA (returned), an empty prefix index and a registry of its own, its clock
+// stopped at t0.
+func newTestPeerFetcher(t *testing.T, t0 time.Time) (*peerFetcher, *prefixindex.Index, *prometheus.Registry, *pki.CA) {
+	t.Helper()
 	ca, err := pki.NewCA(t0, pki.DefaultCALifetime)
 	if err != nil {
 		t.Fatal(err)
@@ -45,6 +43,17 @@ func TestPeerFetchHint(t *testing.T) {
 		t.Fatalf("newPeerFetcher = %v, %v", p, err)
 	}
 	p.now = func() time.Time { return t0 }
+	return p, index, reg, ca
+}
+
+// TestPeerFetchHint: the gateway asks replica R (mac-2) to fetch a prefix from the
+// replica on another Mac that holds the deepest of the request's digests (mac-1,
+// not R's neighbour on mac-2), with a ticket that grants exactly that; not when R
+// holds as much, no prefill rate is measured yet, or the deployment has no replica
+// elsewhere; and R's report feeds the counters and the estimates.
+func TestPeerFetchHint(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	p, index, reg, ca := newTestPeerFetcher(t, t0)
 	digests := []string{"000000000000000a", "000000000000000b", "000000000000000c"}
 	held := func(key string, depth, tokens int, tier string) {
 		var ev []runnerapi.PrefixEvent

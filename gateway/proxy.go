@@ -314,7 +314,9 @@ func (g *Gateway) attempt(ctx context.Context, w http.ResponseWriter, r *http.Re
 	g.setUpstreamHeaders(out, r, model, be)
 	var peer *peerSource
 	if g.peers != nil {
-		peer = g.peers.hint(out, rt, model, be, prefixDigestsFrom(ctx).routable, g.caller(r).CachePartition())
+		digests, partition := prefixDigestsFrom(ctx).routable, g.caller(r).CachePartition()
+		peer = g.peers.hint(out, rt, model, be, digests, partition)
+		g.warm.record(model, digests, partition)
 	}
 	sent := time.Now()
 	resp, err := g.transport.RoundTrip(out)

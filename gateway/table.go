@@ -108,6 +108,19 @@ func (t *Table) Changed() <-chan struct{} { return t.changed }
 // Routes lists the deployments sorted by namespace and name.
 func (t *Table) Routes() []*Route { return t.routes }
 
+// backendOf is the routable replica key and its deployment's route; ok false when
+// no route has it.
+func (t *Table) backendOf(key string) (*Route, Backend, bool) {
+	for _, rt := range t.routes {
+		for _, be := range rt.Backends {
+			if be.Key == key {
+				return rt, be, true
+			}
+		}
+	}
+	return nil, Backend{}, false
+}
+
 // BuildTable computes the routing table from the deployments, replicas and Macs. A
 // replica is routable when its Ready condition is True, its status.endpoint is set,
 // it is not being deleted and its MacNode's Ready condition is True. Replicas belong

@@ -47,6 +47,12 @@ func TestAuthorizeCertificate(t *testing.T) {
 		{id: pki.Node("mac-2"), method: "POST", path: "/api/split/team-a/big-0", refused: "may not call a node agent"},
 		{id: pki.Node("mac-2"), method: "GET", path: "/api/splits", refused: "may not call a node agent"},
 		{id: pki.Metrics("prometheus"), method: "GET", path: "/api/split/team-a/big-0", refused: "may only scrape"},
+		// The warm-up (POST /api/models/{id}/states/warm): the gateways and the manager only.
+		{id: pki.Gateway("gw"), method: "POST", path: "/api/models/m/states/warm", refused: everything, reportsQueues: true},
+		{id: pki.Manager("mgr"), method: "POST", path: "/api/models/m/states/warm", refused: everything},
+		{id: pki.Node("mac-2"), method: "POST", path: "/api/models/m/states/warm", refused: "may not call a node agent"},
+		{id: pki.Metrics("prometheus"), method: "POST", path: "/api/models/m/states/warm", refused: "may only scrape"},
+		{id: pki.Identity{Kind: "tenant", Name: "x"}, method: "POST", path: "/api/models/m/states/warm", refused: "may not call a node agent"},
 	} {
 		got := authorizeCertificate(tc.id, certRequest{method: tc.method, path: tc.path}, ticketCheck{})
 		if tc.refused == everything && got.refused != "" || tc.refused != everything && !strings.Contains(got.refused, tc.refused) ||
@@ -115,6 +121,8 @@ func TestAuthorizeCertificateStateTickets(t *testing.T) {
 		{name: "the ticket on the OpenAI API", id: mac2, req: certRequest{"POST", "/v1/chat/completions", valid},
 			check: on, refused: "may not call a node agent"},
 		{name: "another method", id: mac2, req: certRequest{"POST", path, valid}, check: on, refused: "may not call a node agent"},
+		{name: "the ticket on the warm-up", id: mac2, req: certRequest{"POST", "/api/models/team-a%2Fchat-0/states/warm", valid},
+			check: on, refused: "may not call a node agent"},
 		{name: "peer fetch off", id: mac2, req: certRequest{"GET", path, valid}, check: ticketCheck{}, refused: "may not call a node agent"},
 		{name: "a gateway needs no ticket", id: pki.Gateway("gw"), req: certRequest{"GET", path, ""}, check: on},
 		{name: "nor does the manager", id: pki.Manager("mgr"), req: certRequest{"GET", path, ""}, check: on},

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/url"
 	"strings"
@@ -125,30 +126,53 @@ func (s *Server) peerRestore(w http.ResponseWriter, r *http.Request, rn enginepo
 		return
 	}
 	start := time.Now()
-	res := s.fetchPeerState(r, rn, v)
-	res.Millis = time.Since(start).Milliseconds()
-	if !res.Imported && res.Reason == "" {
-		res.Reason = runnerapi.PeerMissUnavailable
-	}
-	s.peers.record(model, res)
-	if res.Imported {
-		s.log.V(1).Info("Restored a prefix from a peer Mac", "model", model, "tokens", res.Tokens, "bytes", res.Bytes, "ms", res.Millis)
-	} else {
-		s.log.Info("Peer fetch restored nothing; the request is prefilled", "model", model, "reason", res.Reason,
-			"detail", res.Detail, "bytes", res.Bytes, "ms", res.Millis)
-	}
+	res := s.settleFetch(model, start, s.fetchPeerState(r, rn, v), false)
 	if b, err := json.Marshal(res); err == nil {
 		w.Header().Set(runnerapi.HeaderPeerRestore, string(b))
 	}
 }
 
+// settleFetch completes res, a fetch for model begun at start (its time; a miss
+// without a reason is unavailable), counts and logs it (warm: a warm-up's).
+func (s *Server) settleFetch(model string, start time.Time, res runnerapi.PeerStateResult, warm bool) runnerapi.PeerStateResult {
+	res.Millis = time.Since(start).Milliseconds()
+	if !res.Imported && res.Reason == "" {
+		res.Reason = runnerapi.PeerMissUnavailable
+	}
+	s.peers.record(model, res, warm)
+	switch {
+	case res.Imported:
+		s.log.V(1).Info("Restored a prefix from a peer Mac", "model", model, "warmup", warm, "tokens", res.Tokens, "bytes", res.Bytes, "ms", res.Millis)
+	case warm:
+		s.log.Info("A warm-up fetch from a peer restored nothing", "model", model, "reason", res.Reason,
+			"detail", res.Detail, "bytes", res.Bytes, "ms", res.Millis)
+	default:
+		s.log.Info("Peer fetch restored nothing; the request is prefilled", "model", model, "reason", res.Reason,
+			"detail", res.Detail, "bytes", res.Bytes, "ms", res.Millis)
+	}
+	return res
+}
+
 // fetchPeerState does one fetch and import for the hint v (JSON), within
-// runnerapi.PeerFetchTimeoutSeconds of the request's context.
+// runnerapi.PeerFetchTimeoutSeconds of the request's context, importing with the
+// request's partition and digests.
 func (s *Server) fetchPeerState(r *http.Request, rn enginepool.Runner, v string) runnerapi.PeerStateResult {
 	var hint runnerapi.PeerStateHint
 	if err := json.Unmarshal([]byte(v), &hint); err != nil {
 		return runnerapi.PeerStateResult{Detail: "the gateway's hint is not JSON: " + err.Error()}
 	}
+	return s.fetchHint(r.Context(), rn, hint, func(pki.StateTicket) http.Header {
+		h := http.Header{}
+		passFleetHeaders(r, h)
+		return h
+	})
+}
+
+// fetchHint fetches the state hint names from the peer agent and imports it into rn
+// with the fleet headers (partition, digests) importHeaders gives for the hint's
+// ticket, within runnerapi.PeerFetchTimeoutSeconds of ctx.
+func (s *Server) fetchHint(ctx context.Context, rn enginepool.Runner, hint runnerapi.PeerStateHint,
+	importHeaders func(pki.StateTicket) http.Header) runnerapi.PeerStateResult {
 	claims, err := pki.TicketClaims(hint.Ticket)
 	if err != nil {
 		return runnerapi.PeerStateResult{Reason: runnerapi.PeerMissRefused, Detail: err.Error()}
@@ -156,7 +180,7 @@ func (s *Server) fetchPeerState(r *http.Request, rn enginepool.Runner, v string)
 	if !strings.HasPrefix(hint.Agent, "https://") {
 		return runnerapi.PeerStateResult{Reason: runnerapi.PeerMissRefused, Detail: "the peer agent " + hint.Agent + " is not https"}
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), runnerapi.PeerFetchTimeoutSeconds*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, runnerapi.PeerFetchTimeoutSeconds*time.Second)
 	defer cancel()
 	u := strings.TrimSuffix(hint.Agent, "/") + "/api/models/" + url.PathEscape(hint.Model) + "/states/" + url.PathEscape(hint.Digest)
 	req, err := http.NewRequestWithContext(pki.WithNode(ctx, claims.Source), http.MethodGet, u, nil)
@@ -179,7 +203,7 @@ func (s *Server) fetchPeerState(r *http.Request, rn enginepool.Runner, v string)
 		return runnerapi.PeerStateResult{Detail: peerStatus(claims.Source, resp)}
 	}
 	body := &countingReader{r: resp.Body}
-	res := s.importState(ctx, r, rn, body, resp.ContentLength)
+	res := s.importState(ctx, rn, body, resp.ContentLength, importHeaders(claims))
 	res.Bytes = body.n
 	return res
 }
@@ -191,15 +215,17 @@ func peerStatus(mac string, resp *http.Response) string {
 }
 
 // importState streams body (length n, -1 unknown) into rn's POST /cache/states with
-// the request's partition and digests, and returns the runner's verdict.
-func (s *Server) importState(ctx context.Context, r *http.Request, rn enginepool.Runner, body io.Reader, n int64) runnerapi.PeerStateResult {
+// the fleet headers fleet (the partition and digests), and returns the runner's verdict.
+func (s *Server) importState(ctx context.Context, rn enginepool.Runner, body io.Reader, n int64, fleet http.Header) runnerapi.PeerStateResult {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, rn.BaseURL()+"/cache/states", body)
 	if err != nil {
 		return runnerapi.PeerStateResult{Detail: err.Error()}
 	}
 	req.ContentLength = n
 	req.Header.Set("Content-Type", "application/octet-stream")
-	passFleetHeaders(r, req.Header)
+	for k, v := range fleet {
+		req.Header[k] = v
+	}
 	resp, err := rn.Client().Do(req)
 	if err != nil {
 		if errors.Is(err, context.DeadlineExceeded) {
@@ -232,10 +258,12 @@ func (c *countingReader) Read(p []byte) (int, error) {
 
 // PeerFetchStats are a model's peer fetches as this agent made them (GET
 // /api/status, peerFetches): the bytes received from other Macs and the fetches by
-// result (imported, or the miss reason).
+// result (imported, or the miss reason), warm-ups (POST .../states/warm) included;
+// Warmups are the warm-ups alone, by result.
 type PeerFetchStats struct {
 	Bytes   int64            `json:"bytes"`
 	Results map[string]int64 `json:"results"`
+	Warmups map[string]int64 `json:"warmups,omitempty"`
 }
 
 // peerMetrics count the agent's peer fetches: its metrics and the per-model
@@ -244,6 +272,7 @@ type peerMetrics struct {
 	fetches *prometheus.CounterVec
 	bytes   *prometheus.CounterVec
 	served  *prometheus.CounterVec
+	warmups *prometheus.CounterVec
 
 	mu      sync.Mutex
 	byModel map[string]*PeerFetchStats
@@ -253,7 +282,7 @@ func newPeerMetrics() *peerMetrics {
 	return &peerMetrics{
 		fetches: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "macfleet_agent_peer_fetches_total",
-			Help: "Prompt states this agent fetched from another Mac before a request, by model and result (imported, or why not).",
+			Help: "Prompt states this agent fetched from another Mac before a request or to warm up, by model and result (imported, or why not).",
 		}, []string{"model", "result"}),
 		bytes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "macfleet_agent_peer_fetch_bytes_total",
@@ -263,21 +292,29 @@ func newPeerMetrics() *peerMetrics {
 			Name: "macfleet_agent_peer_served_bytes_total",
 			Help: "Bytes of prompt state this agent served on GET /api/models/{id}/states/{digest}, by model.",
 		}, []string{"model"}),
+		warmups: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "macfleet_agent_peer_warmups_total",
+			Help: "Prompt states this agent fetched from another Mac to warm a replica (POST /api/models/{id}/states/warm), by model and result; " +
+				"they are counted in macfleet_agent_peer_fetches_total too.",
+		}, []string{"model", "result"}),
 		byModel: map[string]*PeerFetchStats{},
 	}
 }
 
 func (m *peerMetrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.fetches, m.bytes, m.served}
+	return []prometheus.Collector{m.fetches, m.bytes, m.served, m.warmups}
 }
 
-// record counts one fetch for model.
-func (m *peerMetrics) record(model string, res runnerapi.PeerStateResult) {
+// record counts one fetch for model (warm: a warm-up's, not a request's).
+func (m *peerMetrics) record(model string, res runnerapi.PeerStateResult, warm bool) {
 	result := res.Reason
 	if res.Imported {
 		result = "imported"
 	}
 	m.fetches.WithLabelValues(model, result).Inc()
+	if warm {
+		m.warmups.WithLabelValues(model, result).Inc()
+	}
 	m.bytes.WithLabelValues(model).Add(float64(res.Bytes))
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -288,6 +325,12 @@ func (m *peerMetrics) record(model string, res runnerapi.PeerStateResult) {
 	}
 	st.Bytes += res.Bytes
 	st.Results[result]++
+	if warm {
+		if st.Warmups == nil {
+			st.Warmups = map[string]int64{}
+		}
+		st.Warmups[result]++
+	}
 }
 
 // snapshot is a copy of the per-model counters (nil when none).
@@ -299,11 +342,7 @@ func (m *peerMetrics) snapshot() map[string]PeerFetchStats {
 	}
 	out := make(map[string]PeerFetchStats, len(m.byModel))
 	for k, v := range m.byModel {
-		res := make(map[string]int64, len(v.Results))
-		for r, n := range v.Results {
-			res[r] = n
-		}
-		out[k] = PeerFetchStats{Bytes: v.Bytes, Results: res}
+		out[k] = PeerFetchStats{Bytes: v.Bytes, Results: maps.Clone(v.Results), Warmups: maps.Clone(v.Warmups)}
 	}
 	return out
 }

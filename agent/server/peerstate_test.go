@@ -232,16 +232,7 @@ func TestAttackPeerHintFromATenant(t *testing.T) {
 	if got := gathered(t, a, "macfleet_agent_peer_fetches_total", "model", "tiny", "result", runnerapi.PeerMissNotFound); got != 1 {
 		t.Errorf("macfleet_agent_peer_fetches_total{model=tiny,result=not_found} = %v, want 1", got)
 	}
-	req, _ := http.NewRequestWithContext(t.Context(), http.MethodGet, a.url+"/api/status", nil)
-	sresp, err := f.client(&gw, me).Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sresp.Body.Close()
-	var st server.StatusResponse
-	if err := json.NewDecoder(sresp.Body).Decode(&st); err != nil {
-		t.Fatal(err)
-	}
+	st := a.statusAs(f.client(&gw, me))
 	if got := st.PeerFetches["tiny"]; got.Results[runnerapi.PeerMissNotFound] != 1 || len(got.Results) != 1 {
 		t.Fatalf("/api/status peerFetches[tiny] = %+v, want exactly one not_found", got)
 	}

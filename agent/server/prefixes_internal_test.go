@@ -3,6 +3,9 @@ package server
 import (
 	"net/url"
 	"testing"
+
+	"github.com/macfleet/macfleet/api/runnerapi"
+	"github.com/macfleet/macfleet/pki"
 )
 
 func TestPrefixQuery(t *testing.T) {
@@ -32,5 +35,18 @@ func TestPrefixQuery(t *testing.T) {
 		case tc.param == "" && (aerr != nil || got.Encode() != tc.want):
 			t.Errorf("prefixQuery(%q) = %q, %+v; want %q", tc.in, got.Encode(), aerr, tc.want)
 		}
+	}
+}
+
+// TestWarmHeaders: a warm-up imports a state under the partition its ticket names
+// (none: the shared one) and backing the hint's digest.
+func TestWarmHeaders(t *testing.T) {
+	hint := runnerapi.PeerStateHint{Digest: "00112233aabbccdd"}
+	h := warmHeaders(pki.StateTicket{Partition: "team-a", Digest: "00112233aabbccdd"}, hint)
+	if h.Get(runnerapi.HeaderCachePartition) != "team-a" || h.Get(runnerapi.HeaderPrefixDigests) != "00112233aabbccdd" {
+		t.Fatalf("headers %v, want team-a's partition and the digest", h)
+	}
+	if h := warmHeaders(pki.StateTicket{}, hint); h.Get(runnerapi.HeaderCachePartition) != "" || len(h.Values(runnerapi.HeaderCachePartition)) != 0 {
+		t.Fatalf("a ticket of the shared partition: headers %v, want no partition", h)
 	}
 }

@@ -212,6 +212,7 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("POST /api/models/{id}/unload", s.handleUnload)
 	mux.HandleFunc("GET /api/models/{id}/prefixes", s.handlePrefixes)
 	mux.HandleFunc("GET /api/models/{id}/states/{digest}", s.handleState)
+	mux.HandleFunc("POST /api/models/{id}/states/warm", s.handleWarm)
 	mux.HandleFunc("POST /api/cache/clear", s.handleCacheClear)
 	mux.HandleFunc("POST /api/requests/cancel", s.handleCancel)
 	if s.opts.SplitLink != nil {

@@ -103,3 +103,27 @@ const (
 	// PeerMissDisabled: this runner's prompt cache is off.
 	PeerMissDisabled = "disabled"
 )
+
+// Warm-up: a replica that starts holding nothing (a new replica, or a new epoch of its
+// runner) while replicas of its deployment on other Macs hold prefixes is warmed by a
+// gateway, in the background, before any request reaches it: the gateway asks its
+// agent POST /api/models/{id}/states/warm with a PeerWarmRequest, and the agent fetches
+// the hints one after another exactly as before a request (steps 2 to 4 above), each
+// imported into the partition its ticket names, and answers a PeerWarmResponse.
+
+// MaxWarmHints bounds the hints of one warm-up request.
+const MaxWarmHints = 16
+
+// WarmTimeoutSeconds bounds a whole warm-up: hints not begun by then are answered
+// unavailable without a fetch.
+const WarmTimeoutSeconds = 60
+
+// PeerWarmRequest is the body of POST /api/models/{id}/states/warm.
+type PeerWarmRequest struct {
+	Hints []PeerStateHint `json:"hints"`
+}
+
+// PeerWarmResponse answers it: one result per hint, in order.
+type PeerWarmResponse struct {
+	Results []PeerStateResult `json:"results"`
+}

@@ -49,6 +49,11 @@ type Poller struct {
 	// Wait, MinBackoff, MaxBackoff: the defaults above when zero.
 	Wait, MinBackoff, MaxBackoff time.Duration
 	Log                          logr.Logger
+	// OnCold, when set, is called (on the poll's goroutine: it must not block) when
+	// a target's answer replaced what the index knew of it (its first answer, a
+	// reset, a new epoch of its runner) and it holds nothing: a new or restarted
+	// replica, which the gateway warms from its peers.
+	OnCold func(t Target, epoch string)
 
 	mu      sync.Mutex
 	closed  bool
@@ -160,6 +165,9 @@ func (p *Poller) run(ctx context.Context, pl *poll, prev *poll) {
 		}
 		backoff = 0
 		p.Index.Apply(pl.target.Key, ev)
+		if p.OnCold != nil && ev.Epoch != "" && (ev.Reset || ev.Epoch != epoch) && p.Index.Len(pl.target.Key) == 0 {
+			p.OnCold(pl.target, ev.Epoch)
+		}
 		// An answer without events ended its wait (or the agent does not hold answers
 		// back): pause, so that such an agent is not polled in a tight loop.
 		if len(ev.Events) == 0 && !sleep(ctx, minB) {

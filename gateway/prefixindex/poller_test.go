@@ -1,9 +1,12 @@
 package prefixindex
 
 import (
+	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -104,5 +107,56 @@ func TestPollerUnknownModel(t *testing.T) {
 	p.Close()
 	if x.Len("ns/r1") != 0 {
 		t.Error("an unknown replica has entries")
+	}
+}
+
+// TestPollerCallsOnCold: OnCold is called for a replica whose first answer holds
+// nothing and for each new epoch of its runner that holds nothing, once each; not for
+// later events, nor for a new epoch that holds something already.
+func TestPollerCallsOnCold(t *testing.T) {
+	ag := prefixindextest.New("ns/r1", "e1")
+	srv := httptest.NewServer(ag.Handler())
+	defer srv.Close()
+	x, err := New(0, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var cold []string
+	colds := func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(cold)
+	}
+	p := &Poller{Index: x, Wait: time.Second, MinBackoff: time.Millisecond, MaxBackoff: 4 * time.Millisecond,
+		Fetch: HTTPFetch{Transport: http.DefaultTransport, Scheme: "http://"}.Fetch,
+		OnCold: func(tg Target, epoch string) {
+			mu.Lock()
+			defer mu.Unlock()
+			cold = append(cold, tg.Key+"@"+epoch)
+		}}
+	defer p.Close()
+	p.Sync([]Target{{Key: "ns/r1", Endpoint: strings.TrimPrefix(srv.URL, "http://"), Node: "mac-1"}})
+	testenv.Eventually(t, 10*time.Second, 5*time.Millisecond, func() (bool, string) {
+		return len(colds()) == 1, fmt.Sprintf("cold calls %v, want the first answer's", colds())
+	})
+	ag.Publish(ev("a", runnerapi.TierHot, 100))
+	testenv.Eventually(t, 10*time.Second, 5*time.Millisecond, func() (bool, string) {
+		return x.Len("ns/r1") == 1, "not yet: a is applied"
+	})
+	ag.Restart("e2")
+	testenv.Eventually(t, 10*time.Second, 5*time.Millisecond, func() (bool, string) {
+		return len(colds()) == 2, fmt.Sprintf("cold calls %v, want e2's too", colds())
+	})
+	ag.Restart("e3", ev("b", runnerapi.TierHot, 100))
+	testenv.Eventually(t, 10*time.Second, 5*time.Millisecond, func() (bool, string) {
+		return x.Len("ns/r1") == 1, "not yet: e3's set is applied"
+	})
+	ag.Publish(ev("b", "", 0))
+	testenv.Eventually(t, 10*time.Second, 5*time.Millisecond, func() (bool, string) {
+		return x.Len("ns/r1") == 0, "not yet: b's eviction is applied"
+	})
+	if got, want := colds(), []string{"ns/r1@e1", "ns/r1@e2"}; !slices.Equal(got, want) {
+		t.Fatalf("cold calls %v, want %v", got, want)
 	}
 }

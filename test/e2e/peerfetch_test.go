@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr/testr"
+	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -108,6 +109,40 @@ func agentCounter(t *testing.T, agent, name string, want map[string]string) (sum
 	return sum
 }
 
+// peerTenants is a deployment of team A (namespace ns) granted to team B (nsB), each
+// with a ServiceAccount "app" and its token, and an in-process gateway routing by
+// prefix cache with tenant keys and peer fetch at a margin that lets any fetch
+// through.
+type peerTenants struct {
+	ns, nsB, model, tokA, tokB, url string
+	reg                             *prometheus.Registry
+	// gw is the gateway's metric name for the deployment, with labels.
+	gw func(name string, labels map[string]string) float64
+}
+
+// newPeerTenants creates the namespaces, the deployment name of replicas (16 k
+// context), the ServiceAccounts and the gateway.
+func newPeerTenants(t *testing.T, name string, replicas int32) peerTenants {
+	t.Helper()
+	s := peerTenants{ns: testenv.NewNamespace(t, fleet.Client), nsB: testenv.NewNamespace(t, fleet.Client)}
+	create(t, deployment(s.ns, name, replicas, func(md *v1alpha1.ModelDeployment) {
+		md.Spec.Engine.ContextLength = 16384
+		md.Spec.Access = &v1alpha1.Access{Namespaces: []string{s.nsB}}
+	}))
+	for _, n := range []string{s.ns, s.nsB} {
+		create(t, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: n, Name: "app"}})
+	}
+	s.model = s.ns + "/" + name
+	s.tokA, s.tokB = serviceAccountToken(t, s.ns, "app", satoken.DefaultAudience), serviceAccountToken(t, s.nsB, "app", satoken.DefaultAudience)
+	s.url, s.reg = inProcessGateway(t, gateway.Config{Routing: gateway.RoutingPrefixCache, PeerFetchMargin: 1e-9, TenantKeys: true},
+		testr.NewWithInterface(t, testr.Options{Verbosity: 2}))
+	s.gw = func(metric string, labels map[string]string) float64 {
+		labels["model"] = s.model
+		return metricValue(t, s.reg, metric, labels)
+	}
+	return s
+}
+
 // TestPeerFetchRestoresAPrefix: team A's deployment of two replicas, one per simulated
 // Mac, behind a gateway with --routing=prefix-cache and peer fetch, called with team
 // A's ServiceAccount token (its cache partition is A's). A conversation's first
@@ -124,27 +159,13 @@ func agentCounter(t *testing.T, agent, name string, want map[string]string) (sum
 // gateway's margin is set to let any fetch through: the decision itself is
 // table-tested (gateway/peerfetch), this test is about the wiring and the bytes.
 func TestPeerFetchRestoresAPrefix(t *testing.T) {
-	ns, nsB := testenv.NewNamespace(t, fleet.Client), testenv.NewNamespace(t, fleet.Client)
-	create(t, deployment(ns, "peer", 2, func(md *v1alpha1.ModelDeployment) {
-		md.Spec.Engine.ContextLength = 16384
-		md.Spec.Access = &v1alpha1.Access{Namespaces: []string{nsB}}
-	}))
-	for _, n := range []string{ns, nsB} {
-		create(t, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: n, Name: "app"}})
-	}
+	s := newPeerTenants(t, "peer", 2)
+	ns, model, tokA, tokB, url, reg, gw := s.ns, s.model, s.tokA, s.tokB, s.url, s.reg, s.gw
 	replicas := waitReady(t, ns, "peer", 2, 3*time.Minute)
 	if replicas[0].Spec.NodeName == replicas[1].Spec.NodeName {
 		t.Fatalf("both replicas are on %s; the test needs one per Mac", replicas[0].Spec.NodeName)
 	}
 	agents := sliceAddresses(t, ns, "peer", 2)
-	model := ns + "/peer"
-	tokA, tokB := serviceAccountToken(t, ns, "app", satoken.DefaultAudience), serviceAccountToken(t, nsB, "app", satoken.DefaultAudience)
-	url, reg := inProcessGateway(t, gateway.Config{Routing: gateway.RoutingPrefixCache, PeerFetchMargin: 1e-9, TenantKeys: true},
-		testr.NewWithInterface(t, testr.Options{Verbosity: 2}))
-	gw := func(name string, labels map[string]string) float64 {
-		labels["model"] = model
-		return metricValue(t, reg, name, labels)
-	}
 	fetched := func(result string) (n float64) {
 		for _, a := range agents {
 			n += agentCounter(t, localfleet.AgentURL(a), "macfleet_agent_peer_fetches_total", map[string]string{"result": result})

@@ -1,0 +1,105 @@
+package gateway
+
+import (
+	"context"
+	"crypto/x509"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/macfleet/macfleet/api/runnerapi"
+	"github.com/macfleet/macfleet/gateway/prefixindex"
+	"github.com/macfleet/macfleet/pki"
+	"github.com/macfleet/macfleet/test/support/testenv"
+)
+
+// TestWarmerWarmsAColdReplica: a replica that starts cold (mac-2) is asked to fetch,
+// from the replica on another Mac (mac-1), the deepest digest it holds of each
+// conversation routed lately, each with a ticket for that state in the conversation's
+// own partition; not what a replica on its own Mac holds. It is asked once per runner
+// epoch, and its answers are counted as warm-ups and as peer fetches.
+func TestWarmerWarmsAColdReplica(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	p, index, reg, ca := newTestPeerFetcher(t, t0)
+	const model = "team-a/chat"
+	p.est.ObservePrefill(model, 1000, time.Minute) // slow enough that the default link is worth it
+	r1 := Backend{Key: "team-a/chat-0", Endpoint: "10.0.0.1:8443", Node: "mac-1", Slots: 2}
+	r2 := Backend{Key: "team-a/chat-1", Endpoint: "10.0.0.2:8443", Node: "mac-2", Slots: 2}
+	r3 := Backend{Key: "team-a/chat-2", Endpoint: "10.0.0.2:8443", Node: "mac-2", Slots: 2}
+	table := emptyTable()
+	table.routes = []*Route{{Namespace: "team-a", Deployment: "chat", Backends: []Backend{r1, r2, r3}}}
+	convA := []string{"000000000000000a", "000000000000000b", "000000000000000c"}
+	convB := []string{"00000000000000d1", "00000000000000d2"}
+	convC := []string{"00000000000000e1"}
+	held := func(key string, events ...runnerapi.PrefixEvent) {
+		index.Apply(key, runnerapi.PrefixEvents{Epoch: "e", Seq: 1, Reset: true, Events: events})
+	}
+	held(r1.Key, runnerapi.PrefixEvent{Digest: convA[1], Tier: runnerapi.TierHot, Tokens: 2000},
+		runnerapi.PrefixEvent{Digest: convB[1], Tier: runnerapi.TierSSD, Tokens: 3000})
+	held(r3.Key, runnerapi.PrefixEvent{Digest: convC[0], Tier: runnerapi.TierHot, Tokens: 5000}) // r2's own Mac: not a peer
+
+	var mu sync.Mutex
+	var asked []runnerapi.PeerWarmRequest
+	post := func(_ context.Context, be Backend, req runnerapi.PeerWarmRequest) (runnerapi.PeerWarmResponse, error) {
+		if be != r2 {
+			return runnerapi.PeerWarmResponse{}, fmt.Errorf("asked %v, want r2", be)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		asked = append(asked, req)
+		out := runnerapi.PeerWarmResponse{}
+		for _, h := range req.Hints {
+			out.Results = append(out.Results, runnerapi.PeerStateResult{Imported: true, Tokens: h.Tokens, Bytes: int64(h.Tokens) * 1000, Millis: 50})
+		}
+		return out, nil
+	}
+	calls := func() []runnerapi.PeerWarmRequest {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(asked)
+	}
+	w, err := newWarmer(p, func() *Table { return table }, post, reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(w.close)
+	w.record(model, convA, "team-a")
+	w.record(model, convB, "team-b")
+	w.record(model, convC, "team-a")
+
+	target := prefixindex.Target{Key: r2.Key, Endpoint: r2.Endpoint, Node: r2.Node}
+	w.cold(target, "e1")
+	w.cold(target, "e1")
+	testenv.Eventually(t, 10*time.Second, 5*time.Millisecond, func() (bool, string) {
+		return len(calls()) == 1, fmt.Sprintf("%d warm-ups asked, want 1", len(calls()))
+	})
+	type claim struct{ digest, partition string }
+	var got []claim
+	for _, h := range calls()[0].Hints {
+		c, err := pki.VerifyTicket(h.Ticket, pki.Pool([]*x509.Certificate{ca.Cert}), t0.Add(time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.Target != "mac-2" || c.Source != "mac-1" || c.Model != r1.Key || c.Digest != h.Digest || h.Model != r1.Key ||
+			h.Agent != "https://"+r1.Endpoint {
+			t.Errorf("hint %+v with ticket %+v; want a fetch of r1's %s by mac-2 from mac-1", h, c, h.Digest)
+		}
+		got = append(got, claim{c.Digest, c.Partition})
+	}
+	if want := []claim{{convB[1], "team-b"}, {convA[1], "team-a"}}; !slices.Equal(got, want) {
+		t.Fatalf("warmed %v, want %v (the most tokens first, each in its partition, nothing of r2's own Mac)", got, want)
+	}
+	w.cold(target, "e2")
+	testenv.Eventually(t, 10*time.Second, 5*time.Millisecond, func() (bool, string) {
+		return len(calls()) == 2, fmt.Sprintf("%d warm-ups asked, want a second for the new epoch", len(calls()))
+	})
+	testenv.Eventually(t, 10*time.Second, 5*time.Millisecond, func() (bool, string) {
+		n := testutil.ToFloat64(w.warmups.WithLabelValues(model, "imported"))
+		f := testutil.ToFloat64(p.fetches.WithLabelValues(model, "imported"))
+		return n == 4 && f == 4, fmt.Sprintf("%v warm-ups and %v peer fetches counted imported, want 4 each", n, f)
+	})
+}

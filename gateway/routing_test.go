@@ -266,10 +266,13 @@ func TestPrefixCacheOff(t *testing.T) {
 // TestPrefixCacheFallback: with no replica holding a conversation, prefix-cache
 // routing keeps requests that share a prompt_cache_key on one replica (whatever their
 // prompts; different keys spread) and spreads requests without one by least load.
+// The record of prefixes in flight is off: the requests share their prompts, and a
+// replica prefilling one (or just done with it) draws the next whether or not it has
+// a slot free, since the runner shares an in-flight prefix (TestPrefixScoreInFlight).
 func TestPrefixCacheFallback(t *testing.T) {
 	h := func(_ int, w http.ResponseWriter, r *http.Request) { okJSON(w, r) }
 	ups := []*upstream{newUpstream(t, h), newUpstream(t, h), newUpstream(t, h)}
-	g := newTestGateway(t, Options{Routing: RoutingPrefixCache})
+	g := newTestGateway(t, Options{Routing: RoutingPrefixCache, NoInFlightPrefixes: true})
 	t.Cleanup(g.Close)
 	g.serveReplicas(ups[0].host(), ups[1].host(), ups[2].host())
 	homes := map[string]bool{}

@@ -54,7 +54,8 @@ func (e *engine) holdOrShare(j *job, now time.Time) bool {
 	return false
 }
 
-// startHold looks for a slot prefilling a prompt j shares and makes j wait on it.
+// startHold looks for a busy slot (prefilling or generating) whose prompt j shares
+// and makes j wait on it (for no time when it fed the shared tokens already).
 func (e *engine) startHold(j *job, now time.Time) bool {
 	keep := 0
 	if j.restore != nil {
@@ -65,7 +66,10 @@ func (e *engine) startHold(j *job, now time.Time) bool {
 		switch {
 		case s.job == nil:
 			keep = max(keep, reusable(s, j))
-		case s.phase == phasePrefill && !s.job.embed && s.partition == j.partition:
+		case !s.job.embed && s.partition == j.partition:
+			// Prefilling, or generating with its whole prompt fed: a copy of its
+			// sequence is as good then, and saves the prefill the state saved at its
+			// end would come too late for.
 			busy = append(busy, prefilling{slot: s.id, keys: e.blockKeys(s.job, len(s.job.tokens)), fed: s.fed})
 		}
 	}

@@ -13,7 +13,8 @@ import (
 // cached prefix. The decisions below are pure; the engine applies them
 // (engine_inflight.go).
 
-// prefilling is what the decision sees of a slot prefilling a prompt.
+// prefilling is what the decision sees of a busy slot: prefilling a prompt, or
+// generating after it (fed is then the whole prompt).
 type prefilling struct {
 	slot int
 	// keys are the block keys of its prompt (partition-seeded: a slot of another

@@ -46,6 +46,11 @@ type PromptCacheStats struct {
 	// they spared from prefill.
 	Restores       int64 `json:"restores"`
 	RestoredTokens int64 `json:"restoredTokens"`
+	// InflightShares counts requests that took the KV of a prefix another slot was
+	// prefilling instead of prefilling it again (also counted in Restores),
+	// InflightSharedTokens the prompt tokens that spared.
+	InflightShares       int64 `json:"inflightShares"`
+	InflightSharedTokens int64 `json:"inflightSharedTokens"`
 	// SSD tier (absent counters are zero when the runner has no SSD tier): its
 	// directory, contents, effective quota and the counters of ENGINE_POOL.md.
 	SSDDir          string `json:"ssdDir,omitempty"`
@@ -70,6 +75,7 @@ func promptCacheStats(st *runnerapi.PromptCacheStatus) *PromptCacheStats {
 		HotBytes: st.Hot.Bytes, HotEntries: st.Hot.Entries, HotHits: st.Hot.Hits, HotMisses: st.Hot.Misses,
 		HotEvictions: st.Hot.Evictions, HotBudgetBytes: st.Hot.BudgetBytes,
 		Restores: st.Restores, RestoredTokens: st.RestoredTokens, SSDDir: st.Dir,
+		InflightShares: st.InflightShares, InflightSharedTokens: st.InflightSharedTokens,
 	}
 	if d := st.SSD; d != nil {
 		s.SSDBytes, s.SSDEntries, s.SSDQuotaBytes = d.Bytes, d.Entries, d.QuotaBytes

@@ -19,8 +19,8 @@ func TestPrefixScoreInFlight(t *testing.T) {
 		want float64
 	}{
 		{"nothing held or prefilled", prefixCandidate{slots: 2}, 0},
-		{"prefilling only, idle: a slot free, it would prefill beside it", prefixCandidate{prefilling: 1, slots: 1}, 0},
-		{"prefilling only, one of two slots free", prefixCandidate{prefilling: 2, load: 1, slots: 2}, 0},
+		{"prefilling only, idle: a slot free, it waits for the prefill and shares it", prefixCandidate{prefilling: 1, slots: 1}, inflightWeight},
+		{"prefilling only, one of two slots free: shares it too", prefixCandidate{prefilling: 2, load: 1, slots: 2}, inflightWeight * 2 * 2 / 3},
 		{"prefilling only, its only slot taken: it queues behind", prefixCandidate{prefilling: 2, load: 1, slots: 1},
 			inflightWeight * 2 * 1 / 3},
 		{"prefilling only, both slots taken", prefixCandidate{prefilling: 1, load: 2, slots: 2},
@@ -31,7 +31,8 @@ func TestPrefixScoreInFlight(t *testing.T) {
 			prefixCandidate{hit: held(runnerapi.TierSSD, 1, 0), prefilling: 3, load: 1, slots: 1}, math.Max(0.5*1, inflightWeight*3) / 3},
 		{"held on the SSD, tokens unreported, as deep as the one prefilling: the SSD's weight",
 			prefixCandidate{hit: held(runnerapi.TierSSD, 2, 0), prefilling: 2, load: 1, slots: 1}, 0.5 * 2 / 3},
-		{"held, a slot free: the held prefix alone", prefixCandidate{hit: held(runnerapi.TierHot, 1, 0), prefilling: 5, slots: 2}, 1},
+		{"held shallower, a slot free: the deeper prefill it would share", prefixCandidate{hit: held(runnerapi.TierHot, 1, 0), prefilling: 5, slots: 2}, inflightWeight * 5},
+		{"held as deep, a slot free: the held prefix's weight", prefixCandidate{hit: held(runnerapi.TierHot, 5, 0), prefilling: 5, slots: 2}, 5},
 		{"prefilled (its requests ended), idle: counts", prefixCandidate{prefilling: 1, prefilled: true, slots: 2}, inflightWeight},
 		{"prefilled, one of two slots taken", prefixCandidate{prefilling: 2, prefilled: true, load: 1, slots: 2}, inflightWeight * 2 * 2 / 3},
 	} {
@@ -57,8 +58,8 @@ func TestChoosePrefixInFlight(t *testing.T) {
 	}{
 		{"nobody holds it, a full replica prefills it: queue there, though busier",
 			[]prefixCandidate{none(3), pre(1, 2), none(2), none(2)}, 1},
-		{"nobody holds it, the replica prefilling it has a slot free: fall back",
-			[]prefixCandidate{none(3), pre(1, 1), none(3), none(2)}, -1},
+		{"nobody holds it, the replica prefilling it has a slot free: there, to share it",
+			[]prefixCandidate{none(3), pre(1, 1), none(3), none(2)}, 1},
 		{"nobody holds it, a replica just prefilled it (the index not told): there, a slot free",
 			[]prefixCandidate{none(3), {prefilling: 1, prefilled: true, load: 1, slots: 2}, none(3), none(2)}, 1},
 		{"a holder within the bound beats the one prefilling",

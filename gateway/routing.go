@@ -95,7 +95,8 @@ const inflightWeight = 0.4
 
 // prefixCandidate is one replica as choosePrefix sees it: the deepest prefix of the
 // request it holds, the depth of the deepest one a request routed there is
-// prefilling (prefilling; prefilled: those requests ended, the index not told yet),
+// prefilling (prefilling; prefilled: those requests ended, the index not told yet —
+// the score counts both alike since the runner shares an in-flight prefix),
 // the gateway's requests in flight on it and its sequence slots.
 type prefixCandidate struct {
 	hit        prefixindex.Hit
@@ -111,22 +112,17 @@ type prefixCandidate struct {
 // slots + requests in flight + requests queued behind them (those beyond its slots,
 // this one included) — so that a replica that holds a prefix but is saturated is
 // worth less than one that holds less and is idle. A prefix being prefilled there
-// counts once its requests ended (prefilled: it sits in the slot that prefilled it
-// and is being saved, before the index hears of it), and before that only when every
-// slot of the replica is taken, so the request queues behind the prefill: with a
-// slot free it would prefill the same tokens again beside it, slowing that prefill,
-// which is better done on another replica. It counts as its depth (its tokens are
-// known only once the runner reports the save) weighted by inflightWeight, and the
-// better of the two is the score: a held prefix whose tokens were reported
-// outweighs one in flight, which matters when nobody holds the prefix yet or its
-// holders are beyond the load bound. 0 when it holds nothing of the request and
-// prefills nothing it would wait for.
+// counts too, whether or not a slot is free: the runner lets a request wait for a
+// prefix another of its slots is prefilling and takes its KV once fed (see
+// docs/prompt-cache.md, "In-flight prefixes"), where it used to prefill the same
+// tokens again beside it. It counts as its depth (its tokens are known only once the
+// runner reports the save) weighted by inflightWeight, below every tier's, and the
+// better of the two is the score: a held prefix whose tokens were reported outweighs
+// one in flight, which matters when nobody holds the prefix yet or its holders are
+// beyond the load bound. 0 when it holds nothing of the request and prefills nothing.
 func prefixScore(c prefixCandidate) float64 {
 	slots := max(c.slots, 1)
 	prefilling := c.prefilling
-	if c.load < slots && !c.prefilled {
-		prefilling = 0
-	}
 	if c.hit.Depth == 0 && prefilling == 0 {
 		return 0
 	}

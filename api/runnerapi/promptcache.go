@@ -30,6 +30,15 @@ type PromptCacheStatus struct {
 	PeerImports      int64 `json:"peer_imports,omitempty"`
 	PeerImportMisses int64 `json:"peer_import_misses,omitempty"`
 	PeerExports      int64 `json:"peer_exports,omitempty"`
+	// InflightWaits counts requests that waited for a prefix another slot was
+	// prefilling instead of prefilling it again; InflightShares those that then took
+	// its KV (InflightSharedTokens the prompt tokens that spared, also counted in
+	// Restores and RestoredTokens), InflightGiveUps those that prefilled normally
+	// (the other request ended first, or the wait outlasted a prefill).
+	InflightWaits        int64 `json:"inflight_waits"`
+	InflightShares       int64 `json:"inflight_shares"`
+	InflightSharedTokens int64 `json:"inflight_shared_tokens"`
+	InflightGiveUps      int64 `json:"inflight_give_ups"`
 
 	Hot PromptCacheHot  `json:"hot"`
 	SSD *PromptCacheSSD `json:"ssd,omitempty"`

@@ -201,12 +201,16 @@ type agentStatus struct {
 			Misses         int64 `json:"misses"`
 			Restores       int64 `json:"restores"`
 			RestoredTokens int64 `json:"restoredTokens"`
-			HotBytes       int64 `json:"hotBytes"`
-			HotEntries     int   `json:"hotEntries"`
-			HotBudgetBytes int64 `json:"hotBudgetBytes"`
-			SSDBytes       int64 `json:"ssdBytes"`
-			SSDEntries     int   `json:"ssdEntries"`
-			SSDQuotaBytes  int64 `json:"ssdQuotaBytes"`
+			// InflightShares, InflightSharedTokens: restores from a slot prefilling
+			// the prefix (issue 26), counted in Restores too.
+			InflightShares       int64 `json:"inflightShares"`
+			InflightSharedTokens int64 `json:"inflightSharedTokens"`
+			HotBytes             int64 `json:"hotBytes"`
+			HotEntries           int   `json:"hotEntries"`
+			HotBudgetBytes       int64 `json:"hotBudgetBytes"`
+			SSDBytes             int64 `json:"ssdBytes"`
+			SSDEntries           int   `json:"ssdEntries"`
+			SSDQuotaBytes        int64 `json:"ssdQuotaBytes"`
 		} `json:"promptCache"`
 	} `json:"models"`
 }
@@ -235,7 +239,8 @@ func counters(ctx context.Context, f *localfleet.Fleet, contents bool) (tierCoun
 		}
 		for _, m := range st.Models {
 			if pc := m.PromptCache; pc != nil {
-				sum = sum.add(tierCounters{pc.HotHits, pc.HotMisses, pc.Hits, pc.Misses, pc.Restores, pc.RestoredTokens})
+				sum = sum.add(tierCounters{pc.HotHits, pc.HotMisses, pc.Hits, pc.Misses, pc.Restores, pc.RestoredTokens,
+					pc.InflightShares, pc.InflightSharedTokens})
 				if contents {
 					fmt.Printf("  %s: hot %d entries, %.1f of %.1f MiB; SSD %d entries, %.1f of %.1f MiB\n", name, pc.HotEntries,
 						mib(pc.HotBytes), mib(pc.HotBudgetBytes), pc.SSDEntries, mib(pc.SSDBytes), mib(pc.SSDQuotaBytes))

@@ -20,18 +20,26 @@ type outcome struct {
 }
 
 // tierCounters are an agent's prompt cache counters summed over its runners.
+// InflightShares and InflightSharedTokens are the restores (and their tokens) taken
+// from another slot prefilling the prefix, not from a tier.
 type tierCounters struct {
 	HotHits, HotMisses, SSDHits, SSDMisses, Restores, RestoredTokens int64
+	InflightShares, InflightSharedTokens                             int64
 }
 
 func (a tierCounters) sub(b tierCounters) tierCounters {
-	return tierCounters{a.HotHits - b.HotHits, a.HotMisses - b.HotMisses, a.SSDHits - b.SSDHits,
-		a.SSDMisses - b.SSDMisses, a.Restores - b.Restores, a.RestoredTokens - b.RestoredTokens}
+	return a.add(b.times(-1))
+}
+
+func (a tierCounters) times(k int64) tierCounters {
+	return tierCounters{k * a.HotHits, k * a.HotMisses, k * a.SSDHits, k * a.SSDMisses, k * a.Restores, k * a.RestoredTokens,
+		k * a.InflightShares, k * a.InflightSharedTokens}
 }
 
 func (a tierCounters) add(b tierCounters) tierCounters {
 	return tierCounters{a.HotHits + b.HotHits, a.HotMisses + b.HotMisses, a.SSDHits + b.SSDHits,
-		a.SSDMisses + b.SSDMisses, a.Restores + b.Restores, a.RestoredTokens + b.RestoredTokens}
+		a.SSDMisses + b.SSDMisses, a.Restores + b.Restores, a.RestoredTokens + b.RestoredTokens,
+		a.InflightShares + b.InflightShares, a.InflightSharedTokens + b.InflightSharedTokens}
 }
 
 // summary is one routing mode's row of the results.
@@ -109,12 +117,13 @@ func ratio(a, b time.Duration) float64 {
 // table renders the rows as markdown.
 func table(rows []summary) string {
 	var b strings.Builder
-	b.WriteString("| routing | requests (failed) | TTFT p50 | p90 | p99 | cold prefill TTFT (median) | req/s | prompt tok/s | generated tok/s | prompt tokens restored (prefill saved) | from the tiers: states / tokens | hot hits / misses | SSD hits / misses | routed |\n")
-	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	b.WriteString("| routing | requests (failed) | TTFT p50 | p90 | p99 | cold prefill TTFT (median) | req/s | prompt tok/s | generated tok/s | prompt tokens restored (prefill saved) | restored: states / tokens | of them shared in flight | hot hits / misses | SSD hits / misses | routed |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, s := range rows {
-		fmt.Fprintf(&b, "| `%s` | %d (%d) | %s | %s | %s | %s | %.2f | %.0f | %.1f | %d of %d (%.1f %%) | %d / %d | %d / %d | %d / %d | %s |\n",
+		fmt.Fprintf(&b, "| `%s` | %d (%d) | %s | %s | %s | %s | %.2f | %.0f | %.1f | %d of %d (%.1f %%) | %d / %d | %d / %d | %d / %d | %d / %d | %s |\n",
 			s.Mode, s.Requests, s.Failed, secs(s.P50), secs(s.P90), secs(s.P99), secs(s.ColdTTFT), s.ReqPerSec, s.PromptTokSec,
-			s.GenTokSec, s.Cached, s.Prompt, 100*s.HitRate(), s.Tiers.Restores, s.Tiers.RestoredTokens, s.Tiers.HotHits, s.Tiers.HotMisses, s.Tiers.SSDHits, s.Tiers.SSDMisses,
+			s.GenTokSec, s.Cached, s.Prompt, 100*s.HitRate(), s.Tiers.Restores, s.Tiers.RestoredTokens,
+			s.Tiers.InflightShares, s.Tiers.InflightSharedTokens, s.Tiers.HotHits, s.Tiers.HotMisses, s.Tiers.SSDHits, s.Tiers.SSDMisses,
 			routedText(s.Routed))
 	}
 	return b.String()

@@ -58,8 +58,8 @@ func TestSummarize(t *testing.T) {
 }
 
 func TestCountersDelta(t *testing.T) {
-	a := tierCounters{10, 20, 30, 40, 50, 60}
-	b := tierCounters{1, 2, 3, 4, 5, 6}
+	a := tierCounters{10, 20, 30, 40, 50, 60, 70, 80}
+	b := tierCounters{1, 2, 3, 4, 5, 6, 7, 8}
 	if got := a.sub(b).add(b); got != a {
 		t.Errorf("%+v", got)
 	}

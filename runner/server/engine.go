@@ -4,6 +4,7 @@ package server
 
 import (
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"time"
 
@@ -38,6 +39,9 @@ type engine struct {
 	// linkLost, for a split model, returns the error of a lost split worker (and fails
 	// the runner), nil while every link works. Set before run starts.
 	linkLost func() *runnerapi.Error
+	// perToken is the measured decode time per batch token (EWMA), what prefilling a
+	// token costs: it bounds a wait for an in-flight prefix (engine goroutine only).
+	perToken time.Duration
 
 	wake chan struct{}
 	cmds chan func()
@@ -283,19 +287,31 @@ func (e *engine) admit() {
 	clear(e.pending[len(live):])
 	e.pending = live
 	e.mu.Unlock()
-	for {
+	now := time.Now()
+	for i := 0; ; {
 		e.mu.Lock()
-		if len(e.pending) == 0 {
+		if i >= len(e.pending) {
 			e.mu.Unlock()
 			return
 		}
-		j := e.pending[0]
+		j := e.pending[i]
+		e.mu.Unlock()
+		if !e.anyFree() {
+			return
+		}
+		// A job waiting for a prefix another slot is prefilling stays queued; the
+		// jobs behind it may take the free slots meanwhile.
+		if e.holdOrShare(j, now) {
+			i++
+			continue
+		}
+		e.mu.Lock()
 		s, keep := e.pickSlot(j)
 		if s == nil {
 			e.mu.Unlock()
 			return
 		}
-		e.pending = e.pending[1:]
+		e.pending = slices.Delete(e.pending, i, i+1)
 		e.mu.Unlock()
 		e.assign(s, j, keep)
 	}
@@ -488,7 +504,9 @@ func (e *engine) step() {
 
 // decode runs the step's batch; on failure it fails the step's jobs and returns false.
 func (e *engine) decode(b *llama.Batch) bool {
+	start := time.Now()
 	err := e.ctx.Decode(b)
+	e.notePerToken(time.Since(start), b.N())
 	// A split worker lost in the middle of a step may leave a decode that looks
 	// successful over zeroed activations: the link's state decides, not the result.
 	if e.linkLost != nil {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/macfleet/macfleet/api/runnerapi"
+	"github.com/macfleet/macfleet/enginepool/promptcache"
 )
 
 // job is one unit of work for the engine: a generation (chat or text completion) or
@@ -31,6 +32,12 @@ type job struct {
 	// special maps control tokens to the text to emit for them (tool-call and
 	// reasoning markers); other control tokens emit nothing.
 	special map[int32][]byte
+	// keys are the block keys of the prompt, hold the job's wait on a slot prefilling
+	// a prompt it shares, holdChecked whether it looked for one (engine goroutine only:
+	// see engine_inflight.go).
+	keys        []promptcache.Key
+	hold        *jobHold
+	holdChecked bool
 
 	notify chan struct{}
 

@@ -91,6 +91,10 @@ type promptCache struct {
 	restores, restoredTokens, restoreFailures atomic.Int64
 	statesSaved, savesSkipped, savesPending   atomic.Int64
 	imports, importMisses, exports            atomic.Int64
+	// In-flight prefixes (engine_inflight.go): jobs that waited on a slot prefilling
+	// a prompt they share, those that took its KV and how many tokens, those that
+	// gave up and prefilled normally.
+	inflightWaits, inflightShares, inflightSharedTokens, inflightGiveUps atomic.Int64
 }
 
 // newPromptCache opens the tiers for the loaded model. kvType, nSeq and offload go
@@ -398,6 +402,8 @@ func (pc *promptCache) status() *runnerapi.PromptCacheStatus {
 		Restores: pc.restores.Load(), RestoredTokens: pc.restoredTokens.Load(), RestoreFailures: pc.restoreFailures.Load(),
 		StatesSaved: pc.statesSaved.Load(), SavesSkipped: pc.savesSkipped.Load(), SavesPending: pc.savesPending.Load(),
 		PeerImports: pc.imports.Load(), PeerImportMisses: pc.importMisses.Load(), PeerExports: pc.exports.Load(),
+		InflightWaits: pc.inflightWaits.Load(), InflightShares: pc.inflightShares.Load(),
+		InflightSharedTokens: pc.inflightSharedTokens.Load(), InflightGiveUps: pc.inflightGiveUps.Load(),
 		Hot: runnerapi.PromptCacheHot{
 			Entries: st.Hot.Entries, Bytes: st.Hot.Bytes, BudgetBytes: st.Hot.BudgetBytes, Hits: st.Hot.Hits,
 			Misses: st.Hot.Misses, Puts: st.Hot.Puts, Evictions: st.Hot.Evictions, Rejected: st.Hot.Rejected,

@@ -68,6 +68,20 @@ type ModelSpec struct {
 	// is measured, enforced and unloaded like a runner, but serves no request: its
 	// only client is the head's runner, through the agent's split link.
 	SplitWorker bool `json:"splitWorker,omitempty"`
+	// SplitWorkers make the entry the head of a replica split across Macs: its runner
+	// keeps the first layers and connects to each worker, in layer order, for the
+	// last layers (--split-worker, --split-layers). The addresses are loopback ones
+	// of the agent's split link; such a runner is never adopted or detached (the
+	// addresses end with the agent) and its sandbox lets it connect to loopback.
+	SplitWorkers []SplitWorker `json:"splitWorkers,omitempty"`
+}
+
+// SplitWorker is one worker shard a split head's runner computes layers on.
+type SplitWorker struct {
+	// Addr is the loopback HOST:PORT the runner connects to.
+	Addr string `json:"addr"`
+	// Layers is how many of the model's blocks the worker computes.
+	Layers int `json:"layers"`
 }
 
 // PromptCacheSpec is one model's prompt cache settings. The agent's own settings

@@ -348,6 +348,8 @@ func newAgent(cfg Config, cs kubernetes.Interface, w *replicaWatch, eng *standal
 	}
 	so.NodeName, so.Endpoint, so.Cache, so.Informer, so.Live, so.Client = cfg.NodeName, endpoint, w.cache, w.informer, w.direct, w.direct
 	so.Pool, so.Store, so.Log = eng.Pool, cfg.Store, log.WithName("sync")
+	// The runner of a split replica whose head is this Mac reaches its workers' Macs.
+	so.SplitLinks = newSplitLinks(w.direct, tlsSrc, log.WithName("splitlink"))
 	var err error
 	if a.syncer, err = NewSyncer(so); err != nil {
 		return nil, err

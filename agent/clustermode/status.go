@@ -2,6 +2,7 @@ package clustermode
 
 import (
 	"fmt"
+	"slices"
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -68,6 +69,22 @@ func ownedStatus(mr *v1alpha1.ModelReplica, local *localView, m *enginepool.Mode
 		return st
 	}
 	cond(v1alpha1.ReplicaDownloaded, metav1.ConditionTrue, v1alpha1.ReasonStored, "stored at "+local.path)
+	if mr.Spec.Split != nil {
+		// The head's own entry of status.shards (each worker Mac writes its own).
+		// The head's own entry of status.shards (each worker Mac writes its own); stored,
+		// the head is Loading until its runner is Ready.
+		phase := v1alpha1.ReplicaLoading
+		if m != nil {
+			phase = shardPhase(m, nil)
+		}
+		st.Shards = []v1alpha1.ShardStatus{shardEntry(mr.Spec.NodeName, phase, m)}
+	}
+	if w := splitWaitingFor(mr); w != nil && (m == nil || m.State == enginepool.StateAbsent || m.State == enginepool.StateUnloaded) {
+		st.Phase = v1alpha1.ReplicaLoading
+		cond(v1alpha1.ReplicaLoaded, metav1.ConditionFalse, v1alpha1.ReasonWaitingForShard, waitingMessage(w))
+		cond(v1alpha1.ReplicaReady, metav1.ConditionFalse, v1alpha1.ReasonWaitingForShard, waitingMessage(w))
+		return st
+	}
 	if m != nil {
 		if r := m.LastUnload; r != nil {
 			st.LastUnload = unloadReport(*r)
@@ -254,6 +271,13 @@ func applyOwned(st *v1alpha1.ModelReplicaStatus, owned v1alpha1.ModelReplicaStat
 		Resident: bytesize.Quantity(owned.Memory.Resident)}
 	if owned.LastUnload != nil {
 		st.LastUnload = owned.LastUnload
+	}
+	for _, e := range owned.Shards { // the agent's own entries; the others' stay
+		if i := slices.IndexFunc(st.Shards, func(s v1alpha1.ShardStatus) bool { return s.Node == e.Node }); i >= 0 {
+			st.Shards[i] = e
+		} else {
+			st.Shards = append(st.Shards, e)
+		}
 	}
 	for _, c := range owned.Conditions {
 		c.LastTransitionTime = metav1.NewTime(now)

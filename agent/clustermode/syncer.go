@@ -42,8 +42,12 @@ type SyncerOptions struct {
 	Store Store
 	// BuildSpec defaults to BuildSpec.
 	BuildSpec SpecBuilder
-	Clock     clock.WithTicker
-	Log       logr.Logger
+	// SplitLinks give the runner of a split replica's head (this Mac is its
+	// spec.nodeName) its workers' loopback addresses; nil runs no split head's runner
+	// across its workers.
+	SplitLinks *SplitLinks
+	Clock      clock.WithTicker
+	Log        logr.Logger
 	// ResyncPeriod re-examines every replica (memory figures, missed events): 30s.
 	ResyncPeriod time.Duration
 	// ProgressInterval throttles status writes of download progress: 1s.
@@ -255,7 +259,7 @@ func (s *Syncer) sync(ctx context.Context, key string) (time.Duration, error) {
 	local := s.replicas[key]
 	desired := desiredOf(mr, local, s.opts.NodeName)
 	observed := observedOf(local, findModel(snap, key))
-	action := Decide(desired, observed)
+	action := splitGate(Decide(desired, observed), mr)
 	s.log.V(2).Info("Sync", "replica", key, "desired", desired, "observed", observed, "action", action)
 	if observed == ObservedLoaded && local.loadErr != nil {
 		local.loadErr, local.loadFailures, local.loadRetryAt = nil, 0, time.Time{}
@@ -267,6 +271,11 @@ func (s *Syncer) sync(ctx context.Context, key string) (time.Duration, error) {
 		path, phase := local.path, local.phase
 		s.mu.Unlock()
 		sb.spec, sb.err = s.opts.BuildSpec(ctx, key, path, mr)
+		if sb.err == nil && mr.Spec.Split != nil && s.opts.SplitLinks != nil {
+			var addrs map[string]string
+			addrs, sb.err = s.opts.SplitLinks.Addrs(mr)
+			sb.spec = splitHeadSpec(sb.spec, mr, addrs)
+		}
 		s.mu.Lock()
 		if s.replicas[key] != local || local.phase != phase || local.path != path {
 			s.mu.Unlock()
@@ -291,6 +300,9 @@ func (s *Syncer) sync(ctx context.Context, key string) (time.Duration, error) {
 	s.mu.Unlock()
 	if err != nil {
 		return 0, err
+	}
+	if local == nil && s.opts.SplitLinks != nil && (mr == nil || desiredOf(mr, nil, s.opts.NodeName) == DesiredAbsent) {
+		s.opts.SplitLinks.Close(key) // the replica is gone from this Mac: so are its links
 	}
 
 	if mr != nil && desiredOf(mr, local, s.opts.NodeName) != DesiredAbsent {

@@ -31,8 +31,12 @@ const (
 	ReasonLoadFailed       = "LoadFailed"
 	ReasonRunnerReady      = "RunnerReady"
 	ReasonWaitingForDemand = "WaitingForDemand"
-	ReasonUnloaded         = "Unloaded"
-	ReasonDraining         = "Draining"
+	// ReasonWaitingForShard: the Loaded and Ready conditions of a split replica's head
+	// while a worker shard's Mac has not reported its shard Ready in status.shards: a
+	// partial gang never serves (the message names the shard).
+	ReasonWaitingForShard = "WaitingForShard"
+	ReasonUnloaded        = "Unloaded"
+	ReasonDraining        = "Draining"
 	// ReasonDrained: the Loaded condition of a replica with spec.drain set, once the
 	// agent has unloaded its model for good; the deployment controller then deletes it.
 	ReasonDrained = "Drained"

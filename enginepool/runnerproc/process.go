@@ -224,7 +224,8 @@ func (f *ProcessFactory) Start(ctx context.Context, spec enginepool.ModelSpec, c
 		return f.startWorker(ctx, path, spec, log)
 	}
 	var rec *runnerRecord
-	if f.cfg.StateDir != "" {
+	// A split head's runner is not detached: its workers' addresses end with the agent.
+	if f.cfg.StateDir != "" && len(spec.SplitWorkers) == 0 {
 		var r *ProcessRunner
 		if r, rec, err = f.adoptOrRecord(ctx, path, spec, ceilingBytes, log); err != nil {
 			return nil, startError(spec.Name, err)
@@ -287,6 +288,7 @@ func (f *ProcessFactory) runnerArgs(spec enginepool.ModelSpec, ceilingBytes int6
 	}
 	args = append(args, f.engineArgs(spec, ceilingBytes)...)
 	args = append(args, f.promptCacheArgs(spec, cacheDir)...)
+	args = append(args, splitArgs(spec.SplitWorkers)...)
 	if f.cfg.SpanRelay != nil {
 		// Not an engine argument: whether the agent traces is no reason to reload a
 		// model, and an adopted runner without it is only not traced.
@@ -311,7 +313,7 @@ func (f *ProcessFactory) launch(ctx context.Context, path string, spec enginepoo
 	if err != nil {
 		return nil, false, startError(spec.Name, err)
 	}
-	cmd := f.command(ctx, path, f.runnerArgs(spec, ceilingBytes, sock, cacheDir, rec), spec.Path, cacheDir, dir, spec.SplitWorker)
+	cmd := f.command(ctx, path, f.runnerArgs(spec, ceilingBytes, sock, cacheDir, rec), spec.Path, cacheDir, dir, spec.SplitWorker, splitPorts(spec.SplitWorkers))
 	out, err := f.attachOutput(cmd, rec, dir)
 	if err != nil {
 		return nil, false, startError(spec.Name, err)

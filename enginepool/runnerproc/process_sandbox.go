@@ -13,7 +13,7 @@ import (
 
 // command is the exec.Cmd of a runner: confined by the sandbox unless it is off. A
 // failure to confine it is left in cmd.Err, so that cmd.Start fails with it.
-func (f *ProcessFactory) command(ctx context.Context, path string, args []string, model, cacheDir, sockDir string, worker bool) *exec.Cmd {
+func (f *ProcessFactory) command(ctx context.Context, path string, args []string, model, cacheDir, sockDir string, worker bool, connect []uint16) *exec.Cmd {
 	cmd := exec.Command(path, args...)
 	mode, st := f.SandboxStatus()
 	f.sandboxLogged.Do(func() {
@@ -38,8 +38,10 @@ func (f *ProcessFactory) command(ctx context.Context, path string, args []string
 	// (ProcessConfig.SpanRelay).
 	cmd.Env = sandbox.Env(os.Environ(), f.cfg.Env)
 	// A split worker speaks TCP on loopback (its only transport), as runners do with
-	// ProcessConfig.Loopback.
-	p := sandbox.Policy{Runner: path, Model: model, CacheDir: cacheDir, SocketDir: sockDir, Loopback: f.cfg.Loopback || worker}
+	// ProcessConfig.Loopback; a split head connects to its workers through the agent's
+	// split link, on loopback only.
+	p := sandbox.Policy{Runner: path, Model: model, CacheDir: cacheDir, SocketDir: sockDir, Loopback: f.cfg.Loopback || worker,
+		ConnectPorts: connect}
 	if err := sandbox.Wrap(cmd, p); err != nil {
 		cmd.Err = fmt.Errorf("confining the runner: %w", err)
 	}

@@ -2,6 +2,7 @@ package runnerproc
 
 import (
 	"context"
+	"net/netip"
 	"strconv"
 
 	"github.com/go-logr/logr"
@@ -78,4 +79,25 @@ func (w *WorkerRunner) ClearCache(context.Context) (enginepool.CacheClearResult,
 // SetCacheBudget sets nothing.
 func (w *WorkerRunner) SetCacheBudget(context.Context, runnerapi.CacheBudget) (runnerapi.CacheBudgetResult, error) {
 	return runnerapi.CacheBudgetResult{}, nil
+}
+
+// splitArgs are a split head's --split-worker and --split-layers pairs, in layer order.
+func splitArgs(workers []enginepool.SplitWorker) []string {
+	var args []string
+	for _, w := range workers {
+		args = append(args, "--split-worker", w.Addr, "--split-layers", strconv.Itoa(w.Layers))
+	}
+	return args
+}
+
+// splitPorts are the loopback ports of a split head's workers, which its sandbox lets
+// it connect to (nil for any other runner).
+func splitPorts(workers []enginepool.SplitWorker) []uint16 {
+	var ports []uint16
+	for _, w := range workers {
+		if ap, err := netip.ParseAddrPort(w.Addr); err == nil && ap.Addr().IsLoopback() {
+			ports = append(ports, ap.Port())
+		}
+	}
+	return ports
 }

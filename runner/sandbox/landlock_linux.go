@@ -59,7 +59,7 @@ func launch(enc string, argv []string) {
 	if err := landlockConfig(p).BestEffort().Restrict(landlockRules(p)...); err != nil {
 		fail(fmt.Errorf("restricting the runner: %w", err))
 	}
-	if err := installSocketFilter(p.Loopback); err != nil {
+	if err := installSocketFilter(p.Loopback, len(p.ConnectPorts) > 0); err != nil {
 		fail(err)
 	}
 	env := make([]string, 0, len(os.Environ()))
@@ -108,6 +108,9 @@ func landlockRules(p Policy) []landlock.Rule {
 	}
 	if p.CacheDir != "" {
 		rules = append(rules, landlock.RWDirs(p.CacheDir))
+	}
+	for _, port := range p.ConnectPorts {
+		rules = append(rules, landlock.ConnectTCP(port))
 	}
 	return rules
 }

@@ -15,6 +15,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	ll "github.com/landlock-lsm/go-landlock/landlock/syscall"
 )
 
 // probeEnv, set, makes TestSandboxProbe the probe: it tries every access of a
@@ -23,7 +25,9 @@ const probeEnv = "SANDBOX_TEST_PROBE"
 
 type probeRequest struct {
 	Secret, Model, CacheDir, SocketDir, Dial, OtherSocket, Collector string
-	ParentPID                                                        int
+	// Worker is the address a split head's runner may connect to.
+	Worker    string
+	ParentPID int
 }
 
 // probeResult holds the error of each attempt, "" for success.
@@ -31,6 +35,7 @@ type probeResult struct {
 	ReadSecret, ReadModel, WriteCache, ListenSocket, ReadProcSelf, ReadParentEnviron string
 	DialTCP, DialMPTCP, ListenTCP, ListenMPTCP, UDP, DialUnix, UnixDatagram          string
 	DialCollector                                                                    string
+	DialWorker                                                                       string
 	// OTELEnv lists the OTEL_* variables the process got.
 	OTELEnv []string
 }
@@ -88,6 +93,13 @@ func TestSandboxProbe(t *testing.T) {
 			c.Close()
 		}
 		res.DialCollector = errString(err)
+	}
+	if req.Worker != "" {
+		c, err := net.DialTimeout("tcp", req.Worker, 5*time.Second)
+		if err == nil {
+			c.Close()
+		}
+		res.DialWorker = errString(err)
 	}
 	if c, err := net.ListenPacket("udp", "127.0.0.1:0"); err != nil {
 		res.UDP = err.Error()
@@ -157,19 +169,27 @@ func TestLandlock(t *testing.T) {
 	}
 	defer collector.Close()
 
+	// A split head's worker, through the agent's split link: the one port it may reach.
+	worker, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer worker.Close()
+
 	for _, tc := range []struct {
-		name     string
-		loopback bool
-		tracing  bool
-		want     func(probeResult) error
+		name      string
+		loopback  bool
+		tracing   bool
+		splitHead bool
+		want      func(probeResult) error
 	}{
-		{"unix socket", false, false, func(r probeResult) error {
+		{"unix socket", false, false, false, func(r probeResult) error {
 			if r.ListenTCP == "" || r.ListenMPTCP == "" {
 				return errors.New("a runner on a unix socket could listen on TCP")
 			}
 			return nil
 		}},
-		{"loopback", true, false, func(r probeResult) error {
+		{"loopback", true, false, false, func(r probeResult) error {
 			if r.ListenTCP != "" {
 				return errors.New("a loopback runner could not listen on TCP: " + r.ListenTCP)
 			}
@@ -179,7 +199,7 @@ func TestLandlock(t *testing.T) {
 		// it reaches neither the collector's port nor any unix socket (checked for
 		// every case below), and gets no OTEL_* variable; its spans leave through the
 		// agent (tracing/spanrelay).
-		{"tracing", false, true, func(r probeResult) error {
+		{"tracing", false, true, false, func(r probeResult) error {
 			if !strings.Contains(r.DialCollector, syscall.EACCES.Error()) && !strings.Contains(r.DialCollector, syscall.EPERM.Error()) {
 				return errors.New("a tracing runner's dial to the collector: want permission denied, got " + strconv.Quote(r.DialCollector))
 			}
@@ -191,12 +211,27 @@ func TestLandlock(t *testing.T) {
 			}
 			return nil
 		}},
+		// A split replica's head reaches its workers' loopback ports and nothing else
+		// (the dial to another port, Multipath TCP and UDP are refused, checked below).
+		{"split head", false, false, true, func(r probeResult) error {
+			if r.DialWorker != "" {
+				return errors.New("a split head could not connect to its worker: " + r.DialWorker)
+			}
+			if r.ListenTCP == "" {
+				return errors.New("a split head could listen on TCP")
+			}
+			return nil
+		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := Policy{Runner: exe, Model: model, CacheDir: filepath.Join(dir, tc.name, "cache"),
 				SocketDir: filepath.Join(dir, tc.name, "sock"), Loopback: tc.loopback}
 			req := probeRequest{Secret: secret, Model: model, CacheDir: p.CacheDir, SocketDir: p.SocketDir,
 				Dial: ln.Addr().String(), OtherSocket: other, ParentPID: os.Getpid()}
+			if tc.splitHead {
+				p.ConnectPorts = []uint16{uint16(worker.Addr().(*net.TCPAddr).Port)}
+				req.Worker = worker.Addr().String()
+			}
 			if tc.tracing {
 				// The agent's environment turns tracing on, the collector beside it.
 				t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://"+collector.Addr().String())
@@ -216,7 +251,11 @@ func TestLandlock(t *testing.T) {
 			denied("dialing TCP", res.DialTCP)
 			denied("dialing Multipath TCP", res.DialMPTCP)
 			denied("UDP", res.UDP)
-			denied("dialing another runner's socket", res.DialUnix)
+			if !tc.splitHead || landlockABI() >= 9 {
+				// A split head may connect(2); before Landlock ABI 9 nothing keeps that
+				// from unix sockets.
+				denied("dialing another runner's socket", res.DialUnix)
+			}
 			denied("a unix datagram socket", res.UnixDatagram)
 			denied("reading the parent's environ", res.ReadParentEnviron)
 			for what, e := range map[string]string{"reading the model": res.ReadModel, "writing the cache": res.WriteCache,
@@ -257,4 +296,13 @@ func runProbe(t *testing.T, exe string, p Policy, req probeRequest) probeResult 
 	}
 	t.Logf("%+v", res)
 	return res
+}
+
+// landlockABI is the kernel's Landlock ABI version (0 without Landlock).
+func landlockABI() int {
+	abi, err := ll.LandlockGetABIVersion()
+	if err != nil {
+		return 0
+	}
+	return abi
 }

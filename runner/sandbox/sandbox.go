@@ -54,6 +54,11 @@ type Policy struct {
 	// Loopback lets the runner listen on a TCP port (the benchmark mode that serves
 	// on 127.0.0.1); it still may not connect anywhere.
 	Loopback bool
+	// ConnectPorts are the loopback TCP ports a split replica's head runner connects
+	// to (its workers, through the agent's split link); none for any other runner.
+	// Seatbelt allows localhost on these ports only; on Linux, Landlock (ABI 4) allows
+	// connecting to these ports only, and cannot tell loopback from other hosts.
+	ConnectPorts []uint16 `json:",omitempty"`
 }
 
 // Status is what the sandbox enforces on this machine.

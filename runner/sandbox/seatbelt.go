@@ -47,6 +47,12 @@ func Profile(p Policy) (string, error) {
 		line("(allow system-socket (socket-domain AF_INET) (socket-domain AF_INET6))")
 		line(`(allow network-bind network-inbound (local ip "localhost:*"))`)
 	}
+	if len(p.ConnectPorts) > 0 {
+		line("(allow system-socket (socket-domain AF_INET) (socket-domain AF_INET6))")
+		for _, port := range p.ConnectPorts {
+			line(`(allow network-outbound (remote ip "localhost:%d"))`, port)
+		}
+	}
 	// Metal: the GPU's user clients, the shader compiler service, the GPU bundles.
 	line("(allow sysctl-read)")
 	line("(allow iokit-get-properties)")

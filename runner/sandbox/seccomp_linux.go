@@ -27,7 +27,9 @@ const x32SyscallBit = 0x40000000
 
 // socketFilter is the seccomp program of a runner. seccomp_data: nr at 0, arch at 4,
 // args[0] (its low half, little-endian) at 16.
-func socketFilter(goarch string, loopback bool) ([]bpf.Instruction, error) {
+// connect (a split head runner, Policy.ConnectPorts) lets it make TCP sockets and
+// connect(2): which ports it may reach, Landlock says.
+func socketFilter(goarch string, loopback, connect bool) ([]bpf.Instruction, error) {
 	arch, ok := auditArch[goarch]
 	if !ok {
 		return nil, fmt.Errorf("no seccomp filter for %s", goarch)
@@ -45,11 +47,15 @@ func socketFilter(goarch string, loopback bool) ([]bpf.Instruction, error) {
 		ret(unix.ENOSYS),
 		bpf.JumpIf{Cond: bpf.JumpEqual, Val: uint32(unix.SYS_IO_URING_SETUP), SkipFalse: 1},
 		ret(unix.EPERM),
+	}
+	if !connect {
 		// A runner accepts; it never connects, not even to a unix socket (another
 		// runner's, before Landlock ABI 9 covers them), tracing or not: its spans
 		// leave through its agent (package tracing/spanrelay).
-		bpf.JumpIf{Cond: bpf.JumpEqual, Val: uint32(unix.SYS_CONNECT), SkipFalse: 1},
-		ret(unix.EACCES),
+		prog = append(prog, bpf.JumpIf{Cond: bpf.JumpEqual, Val: uint32(unix.SYS_CONNECT), SkipFalse: 1},
+			ret(unix.EACCES))
+	}
+	prog = append(prog,
 		bpf.JumpIf{Cond: bpf.JumpEqual, Val: uint32(unix.SYS_SOCKET), SkipTrue: 1},
 		allow,
 		bpf.LoadAbsolute{Off: 24, Size: 4}, // the type
@@ -57,8 +63,8 @@ func socketFilter(goarch string, loopback bool) ([]bpf.Instruction, error) {
 		bpf.JumpIf{Cond: bpf.JumpEqual, Val: unix.SOCK_STREAM, SkipTrue: 1},
 		ret(unix.EACCES),
 		bpf.LoadAbsolute{Off: 16, Size: 4}, // the family
-	}
-	if !loopback {
+	)
+	if !loopback && !connect {
 		return append(prog,
 			bpf.JumpIf{Cond: bpf.JumpEqual, Val: unix.AF_UNIX, SkipTrue: 1},
 			ret(unix.EACCES),
@@ -79,8 +85,8 @@ func socketFilter(goarch string, loopback bool) ([]bpf.Instruction, error) {
 
 // installSocketFilter applies socketFilter to every thread of this process (the
 // launcher, about to execute the runner).
-func installSocketFilter(loopback bool) error {
-	prog, err := socketFilter(runtime.GOARCH, loopback)
+func installSocketFilter(loopback, connect bool) error {
+	prog, err := socketFilter(runtime.GOARCH, loopback, connect)
 	if err != nil {
 		return err
 	}

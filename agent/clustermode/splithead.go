@@ -1,0 +1,149 @@
+package clustermode
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"sync"
+
+	"github.com/go-logr/logr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/macfleet/macfleet/agent/splitlink"
+	"github.com/macfleet/macfleet/api/v1alpha1"
+	"github.com/macfleet/macfleet/enginepool"
+	"github.com/macfleet/macfleet/pki"
+)
+
+// The head of a replica split across Macs (issue 27, docs/split-model.md): its Mac is
+// the replica's spec.nodeName, and its runner keeps the first layers and computes the
+// others on the worker shards' Macs, each through a loopback address of the agent's
+// split link (splitlink.Forward).
+
+// splitWaitingFor is the pure rule of a split head's gate: the first worker shard, in
+// layer order, whose Mac has not reported it Ready (Running) in status.shards; nil when
+// every worker shard is Ready, and for a replica that is not split. The head's runner
+// starts only once it is nil: a partial gang never serves.
+func splitWaitingFor(mr *v1alpha1.ModelReplica) *v1alpha1.ReplicaShard {
+	if mr.Spec.Split == nil {
+		return nil
+	}
+	shards := mr.Spec.Split.Shards
+	for i := 1; i < len(shards); i++ {
+		ready := false
+		for _, st := range mr.Status.Shards {
+			if st.Node == shards[i].Node {
+				ready = st.Phase == v1alpha1.ReplicaRunning
+			}
+		}
+		if !ready {
+			return &shards[i]
+		}
+	}
+	return nil
+}
+
+// splitGate holds a split head's action while a worker shard is not Ready: nothing is
+// registered or loaded (a registered OnDemand entry would load at the first request).
+// Any other action (fetch, update, remove, retire) goes ahead.
+func splitGate(a Action, mr *v1alpha1.ModelReplica) Action {
+	if mr == nil || splitWaitingFor(mr) == nil {
+		return a
+	}
+	switch a {
+	case ActionRegisterLoad, ActionRegister, ActionLoad, ActionRetryLoad:
+		return ActionNone
+	}
+	return a
+}
+
+// waitingMessage says which shard a split head waits for.
+func waitingMessage(s *v1alpha1.ReplicaShard) string {
+	return fmt.Sprintf("waiting for the worker shard on %s (layers %d-%d) to report Ready: a partial gang never serves",
+		s.Node, s.FirstLayer, s.LastLayer)
+}
+
+// splitHeadSpec is the pure rule of a split head's pool spec: spec (BuildSpec's, for
+// the whole model) reserving the head shard's memory only, with one worker per worker
+// shard in layer order, at its split link address (addrs, by the shard's Mac) and
+// computing its shard's layers. spec is returned unchanged for a replica not split.
+func splitHeadSpec(spec enginepool.ModelSpec, mr *v1alpha1.ModelReplica, addrs map[string]string) enginepool.ModelSpec {
+	if mr.Spec.Split == nil || len(mr.Spec.Split.Shards) == 0 {
+		return spec
+	}
+	shards := mr.Spec.Split.Shards
+	spec.EstimatedBytes = shards[0].Memory.Value()
+	spec.SplitWorkers = nil
+	for _, s := range shards[1:] {
+		spec.SplitWorkers = append(spec.SplitWorkers, enginepool.SplitWorker{Addr: addrs[s.Node],
+			Layers: int(s.LastLayer-s.FirstLayer) + 1})
+	}
+	return spec
+}
+
+// SplitLinks are the head Mac's split links: one splitlink.Forwarder per worker shard
+// of each split replica whose head is this Mac, kept for the replica's life so that its
+// runner's addresses (and so its pool spec) do not change.
+type SplitLinks struct {
+	// Dial opens the link to the worker shard of replica namespace/name on Mac node.
+	Dial func(ctx context.Context, node, namespace, name string) (net.Conn, error)
+	Log  logr.Logger
+
+	mu  sync.Mutex
+	fwd map[string]map[string]*splitlink.Forwarder // by replica key, then worker Mac
+}
+
+// newSplitLinks dials a worker shard's Mac at the agent address its MacNode reports,
+// with this Mac's fleet certificate, checking that the agent is that Mac's.
+func newSplitLinks(c client.Reader, tlsSrc *pki.Source, log logr.Logger) *SplitLinks {
+	return &SplitLinks{Log: log, Dial: func(ctx context.Context, node, namespace, name string) (net.Conn, error) {
+		var mn v1alpha1.MacNode
+		if err := c.Get(ctx, client.ObjectKey{Name: node}, &mn); err != nil {
+			return nil, fmt.Errorf("reading MacNode %s: %w", node, err)
+		}
+		if mn.Status.Agent.Address == "" {
+			return nil, fmt.Errorf("MacNode %s reports no agent address", node)
+		}
+		return splitlink.Dial(ctx, mn.Status.Agent.Address, tlsSrc.ClientConfig(pki.Node(node)), namespace, name)
+	}}
+}
+
+// Addrs are the loopback addresses of mr's worker shards, by Mac, made on first use.
+func (l *SplitLinks) Addrs(mr *v1alpha1.ModelReplica) (map[string]string, error) {
+	key := mr.Namespace + "/" + mr.Name
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.fwd == nil {
+		l.fwd = map[string]map[string]*splitlink.Forwarder{}
+	}
+	if l.fwd[key] == nil {
+		l.fwd[key] = map[string]*splitlink.Forwarder{}
+	}
+	addrs := map[string]string{}
+	for _, node := range mr.Spec.Split.WorkerNodes() {
+		f := l.fwd[key][node]
+		if f == nil {
+			ns, name := mr.Namespace, mr.Name
+			var err error
+			f, err = splitlink.Forward(func(ctx context.Context) (net.Conn, error) { return l.Dial(ctx, node, ns, name) },
+				l.Log.WithValues("replica", key, "worker", node))
+			if err != nil {
+				return nil, fmt.Errorf("forwarding to the worker shard on %s: %w", node, err)
+			}
+			l.fwd[key][node] = f
+		}
+		addrs[node] = f.Addr()
+	}
+	return addrs, nil
+}
+
+// Close ends the links of replica key.
+func (l *SplitLinks) Close(key string) {
+	l.mu.Lock()
+	fwd := l.fwd[key]
+	delete(l.fwd, key)
+	l.mu.Unlock()
+	for _, f := range fwd {
+		_ = f.Close()
+	}
+}

@@ -47,6 +47,9 @@ OTEL_EXPORTER_OTLP_ENDPOINT set it traces every request (see docs/tracing.md).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctrl.SetLogger(zap.New(zap.UseFlagOptions(&zapOpts)))
+			if cfg.PeerFetchMargin <= 0 {
+				return fmt.Errorf("--peer-fetch-margin must be positive (how many times faster than the prefill a fetch must be), got %v", cfg.PeerFetchMargin)
+			}
 			rc, err := restConfig(kubeconfig)
 			if err != nil {
 				return err

@@ -45,7 +45,7 @@ var splitCounters = []struct {
 		func(w *runnerapi.SplitWorkerStatus) float64 { return float64(w.BytesSent) }},
 	{"received_bytes", "Bytes the head's runner received from the worker shard (framing included).",
 		func(w *runnerapi.SplitWorkerStatus) float64 { return float64(w.BytesReceived) }},
-	{"round_trips", "Answered commands on the link: one per decode step and worker.",
+	{"round_trips", "Answered commands on the link (a decode step takes one per worker).",
 		func(w *runnerapi.SplitWorkerStatus) float64 { return float64(w.RoundTrips) }},
 	{"computes", "Graphs the worker shard computed.",
 		func(w *runnerapi.SplitWorkerStatus) float64 { return float64(w.Computes) }},

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	coltracepb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
+	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/macfleet/macfleet/api/runnerapi"
@@ -45,33 +46,12 @@ func drainStages(t *testing.T, r *runner, traceID string) (prefill, decode stage
 		for _, rs := range req.GetResourceSpans() {
 			for _, ss := range rs.GetScopeSpans() {
 				for _, s := range ss.GetSpans() {
-					if hex.EncodeToString(s.GetTraceId()) != traceID {
-						continue
-					}
-					var st stageLink
-					for _, kv := range s.GetAttributes() {
-						v := kv.GetValue()
-						switch kv.GetKey() {
-						case "macfleet.split.sent_bytes":
-							st.sent = v.GetIntValue()
-						case "macfleet.split.received_bytes":
-							st.received = v.GetIntValue()
-						case "macfleet.split.round_trips":
-							st.roundTrips = v.GetIntValue()
-						case "macfleet.split.link_wait_seconds":
-							st.wait = v.GetDoubleValue()
-						case "macfleet.split.worker_compute_seconds":
-							st.compute = v.GetDoubleValue()
-						case "macfleet.split.head_compute_seconds":
-							st.head = v.GetDoubleValue()
-						}
-					}
-					st.seen = true
-					switch s.GetName() {
-					case "runner.prefill":
-						prefill = st
-					case "runner.decode":
-						decode = st
+					switch {
+					case hex.EncodeToString(s.GetTraceId()) != traceID:
+					case s.GetName() == "runner.prefill":
+						prefill = stageOf(s)
+					case s.GetName() == "runner.decode":
+						decode = stageOf(s)
 					}
 				}
 			}
@@ -79,6 +59,24 @@ func drainStages(t *testing.T, r *runner, traceID string) (prefill, decode stage
 		time.Sleep(50 * time.Millisecond)
 	}
 	return prefill, decode
+}
+
+// stageOf reads a stage span's split attributes.
+func stageOf(s *tracepb.Span) stageLink {
+	st := stageLink{seen: true}
+	ints := map[string]*int64{"macfleet.split.sent_bytes": &st.sent, "macfleet.split.received_bytes": &st.received,
+		"macfleet.split.round_trips": &st.roundTrips}
+	floats := map[string]*float64{"macfleet.split.link_wait_seconds": &st.wait,
+		"macfleet.split.worker_compute_seconds": &st.compute, "macfleet.split.head_compute_seconds": &st.head}
+	for _, kv := range s.GetAttributes() {
+		if p := ints[kv.GetKey()]; p != nil {
+			*p = kv.GetValue().GetIntValue()
+		}
+		if p := floats[kv.GetKey()]; p != nil {
+			*p = kv.GetValue().GetDoubleValue()
+		}
+	}
+	return st
 }
 
 // TestSplitModelMetersItsLinks: a split runner's /status counts the link's traffic and

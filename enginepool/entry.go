@@ -159,6 +159,8 @@ type engine struct {
 	cache *PromptCacheStats
 	// chat is how the runner renders chat prompts (nil until it reported).
 	chat *runnerapi.ChatInfo
+	// split is a split head runner's last report of its links (nil: not split).
+	split *SplitStats
 }
 
 func newEngine(e *entry, spec ModelSpec, gen uint64, reservation int64) *engine {

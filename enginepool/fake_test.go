@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -261,6 +262,9 @@ type fakeRunner struct {
 	budgetErr error
 	// ssd is what Status reports as the SSD tier (nil: none).
 	ssd *runnerapi.PromptCacheSSD
+	// split and splitHead are what Status reports as a split head's links.
+	split     []runnerapi.SplitWorkerStatus
+	splitHead float64
 }
 
 var _ Runner = (*fakeRunner)(nil)
@@ -327,7 +331,8 @@ func (r *fakeRunner) Status(ctx context.Context) (RunnerStatus, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	pc := &runnerapi.PromptCacheStatus{Hot: runnerapi.PromptCacheHot{Bytes: r.hotBytes, BudgetBytes: r.hotBudget}, SSD: r.ssd}
-	return RunnerStatus{State: "ready", PID: r.pid, FootprintBytes: fp, PromptCache: pc}, nil
+	return RunnerStatus{State: "ready", PID: r.pid, FootprintBytes: fp, PromptCache: pc,
+		Split: slices.Clone(r.split), SplitHeadComputeSeconds: r.splitHead}, nil
 }
 
 // SetCacheBudget records the budget and frees the hot bytes over it, like the runner.

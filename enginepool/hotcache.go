@@ -232,12 +232,13 @@ func (p *Pool) pushBudgets(pushes []budgetPush) {
 }
 
 // RefreshPromptCacheStats reads the prompt cache report of every live runner whose
-// model enables the cache, for the next Snapshot (the enforcer does it every poll).
+// model enables the cache, and the link report of every split head's, for the next
+// Snapshot (the enforcer does it every poll).
 // Each runner is asked with the pool's RunnerCallTimeout.
 func (p *Pool) RefreshPromptCacheStats() { p.refreshCacheStats() }
 
 // refreshCacheStats reads the prompt cache report of every live runner whose model
-// enables the cache.
+// enables the cache, and the link report of every split head's.
 func (p *Pool) refreshCacheStats() {
 	type target struct {
 		g    *engine
@@ -249,7 +250,7 @@ func (p *Pool) refreshCacheStats() {
 	for g := range p.engines {
 		// Engines without a prompt cache are read until they report their chat
 		// rendering, which never changes.
-		if g.runner != nil && !isClosed(g.stopped) && (g.spec.PromptCache.Enabled || g.chat == nil) {
+		if g.runner != nil && !isClosed(g.stopped) && (g.spec.PromptCache.Enabled || g.chat == nil || len(g.spec.SplitWorkers) > 0) {
 			targets = append(targets, target{g, g.name, g.runner})
 		}
 	}
@@ -268,6 +269,7 @@ func (p *Pool) refreshCacheStats() {
 			if st.Chat != nil {
 				t.g.chat = st.Chat
 			}
+			t.g.split = splitStats(&st)
 			if st.PromptCache == nil || !t.g.spec.PromptCache.Enabled {
 				return
 			}

@@ -82,6 +82,7 @@ type Metrics struct {
 	pcCounters                                                            []*prometheus.Desc
 	pcHot, pcBudget, pcSSD                                                *prometheus.Desc
 	sandboxed                                                             *prometheus.Desc
+	split                                                                 splitDescs
 }
 
 // NewMetrics subscribes to p's events and returns its collector.
@@ -129,6 +130,7 @@ func NewMetrics(p *Pool) *Metrics {
 	m.pcSSD = prometheus.NewDesc(MetricPromptCacheSSD, "Bytes of each model's prompt cache SSD tier.", []string{"model"}, nil)
 	m.sandboxed = prometheus.NewDesc(MetricRunnerSandbox, "1 when runners are confined, 0 when the sandbox is off or unavailable, "+
 		"with the mode and the mechanism (landlock, seatbelt, seccomp, or none).", []string{"mode", "mechanism"}, nil)
+	m.split = newSplitDescs()
 	p.AddObserver(m)
 	return m
 }
@@ -178,6 +180,7 @@ func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range m.pcCounters {
 		ch <- d
 	}
+	m.split.describe(ch)
 }
 
 // Collect implements prometheus.Collector.
@@ -237,5 +240,6 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 			gauge(m.pcBudget, float64(max(pc.HotBudgetBytes, 0)), ms.Name)
 			gauge(m.pcSSD, float64(pc.SSDBytes), ms.Name)
 		}
+		m.split.collect(ch, ms.Name, ms.Split)
 	}
 }

@@ -71,6 +71,9 @@ type ModelSnapshot struct {
 	// Chat is how the loaded engine renders chat prompts: its renderer (the model's
 	// own Jinja template or llama.cpp's built-in ones) and tool-call format.
 	Chat *runnerapi.ChatInfo `json:"chat,omitempty"`
+	// Split is the loaded runner's latest report of its links to the worker shards,
+	// when it is a split replica's head.
+	Split *SplitStats `json:"split,omitempty"`
 }
 
 // Snapshot returns the pool's state. Models are sorted by name.
@@ -116,7 +119,7 @@ func (p *Pool) Snapshot() Snapshot {
 			m.PromptCache = &pc
 		}
 		if g := e.eng; g != nil {
-			m.Chat = g.chat
+			m.Chat, m.Split = g.chat, g.split
 			loaded := g.spec
 			loaded.Aliases = slices.Clone(g.spec.Aliases)
 			m.LoadedSpec = &loaded

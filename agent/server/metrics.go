@@ -91,7 +91,7 @@ func (m *metrics) observeGeneration(model string, n int, d time.Duration, stream
 func (s *Server) metricsHandler() http.Handler {
 	h := promhttp.HandlerFor(s.opts.Gatherer, promhttp.HandlerOpts{})
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		// The prompt cache counters are read from the runners at scrape time.
+		// The prompt cache and split link counters are read from the runners at scrape time.
 		s.pool.RefreshPromptCacheStats()
 		h.ServeHTTP(w, r)
 	})

@@ -102,6 +102,10 @@ type Status struct {
 	// Split lists the workers that hold some of the model's layers (docs/split-model.md),
 	// absent when the runner holds them all.
 	Split []SplitWorkerStatus `json:"split,omitempty"`
+	// SplitHeadComputeSeconds is, for a split runner, the time its decode steps took
+	// minus the time they waited on the workers' links: the runner's own layers and the
+	// output layer (docs/split-model.md#metrics-and-traces).
+	SplitHeadComputeSeconds float64 `json:"split_head_compute_seconds,omitempty"`
 }
 
 // SplitWorkerStatus is one split worker's link as the runner sees it.

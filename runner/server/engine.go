@@ -39,6 +39,8 @@ type engine struct {
 	// linkLost, for a split model, returns the error of a lost split worker (and fails
 	// the runner), nil while every link works. Set before run starts.
 	linkLost func() *runnerapi.Error
+	// link measures a split model's steps (nil: not split). Set before run starts.
+	link *linkMeter
 	// perToken is the measured decode time per batch token (EWMA), what prefilling a
 	// token costs: it bounds a wait for an in-flight prefix (engine goroutine only).
 	perToken time.Duration
@@ -505,8 +507,16 @@ func (e *engine) step() {
 // decode runs the step's batch; on failure it fails the step's jobs and returns false.
 func (e *engine) decode(b *llama.Batch) bool {
 	start := time.Now()
+	var before linkFigures
+	if e.link != nil {
+		before = e.link.totals()
+	}
 	err := e.ctx.Decode(b)
-	e.notePerToken(time.Since(start), b.N())
+	took := time.Since(start)
+	e.notePerToken(took, b.N())
+	if e.link != nil {
+		e.meterStep(before, took)
+	}
 	// A split worker lost in the middle of a step may leave a decode that looks
 	// successful over zeroed activations: the link's state decides, not the result.
 	if e.linkLost != nil {

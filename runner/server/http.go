@@ -137,6 +137,7 @@ func (s *Server) handleStatus(w http.ResponseWriter, _ *http.Request) {
 			st.PromptCache = s.promptCacheStatus()
 			ci := s.chatInfo
 			st.Chat = &ci
+			st.SplitHeadComputeSeconds = s.eng.link.headSeconds()
 		}
 	}
 	if state != runnerapi.StateLoading {

@@ -53,6 +53,7 @@ type job struct {
 	embedding []float32
 	firstAt   time.Time // first generated token
 	times     jobTimes
+	link      *jobLink // a split runner's link figures (nil: not split)
 }
 
 // jobTimes are when a job passed each stage, for its trace spans.

@@ -481,6 +481,7 @@ func (s *Server) load() error {
 			}
 			return nil
 		}
+		s.eng.link = newLinkMeter(s.split)
 	}
 	s.openPromptCache()
 	go s.eng.run()

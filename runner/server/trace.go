@@ -19,8 +19,9 @@ import (
 // continuing the agent's traceparent, and below it runner.prompt_cache (the lookup),
 // runner.queue (waiting for a slot), runner.prefill (with runner.prompt_cache.restore
 // when a cached state was restored) and runner.decode. The engine goroutine only
-// stamps times on the job; the spans are made by the handler once the job is over, so
-// tracing costs the decode loop nothing.
+// stamps times on the job (and, on a split runner, adds each step's link figures,
+// split_meter.go); the spans are made by the handler once the job is over, so tracing
+// costs the decode loop nothing.
 
 const tracerName = "github.com/macfleet/macfleet/runner/server"
 
@@ -61,6 +62,11 @@ func (s *Server) traceJob(ctx context.Context, lookup lookupSpan, j *job) {
 	}
 	j.mu.Lock()
 	t, first, cached, generated, err := j.times, j.firstAt, j.cached, j.generated, j.err
+	var link *jobLink
+	if j.link != nil {
+		l := *j.link
+		link = &l
+	}
 	j.mu.Unlock()
 	now := time.Now()
 	if t.ended.IsZero() {
@@ -75,14 +81,15 @@ func (s *Server) traceJob(ctx context.Context, lookup lookupSpan, j *job) {
 	if prefillEnd.IsZero() {
 		prefillEnd = t.ended
 	}
-	pctx := s.span(ctx, "runner.prefill", t.admitted, prefillEnd, attribute.Int("macfleet.prompt_tokens", len(j.tokens)),
-		attribute.Int("macfleet.cached_tokens", cached))
+	pctx := s.span(ctx, "runner.prefill", t.admitted, prefillEnd, append(linkAttrs(link, false),
+		attribute.Int("macfleet.prompt_tokens", len(j.tokens)), attribute.Int("macfleet.cached_tokens", cached))...)
 	if t.restoreTook > 0 {
 		s.span(pctx, "runner.prompt_cache.restore", t.admitted, t.admitted.Add(t.restoreTook),
 			attribute.Int("macfleet.prompt_cache.restored_tokens", t.restored))
 	}
 	if !first.IsZero() {
-		dctx := s.span(ctx, "runner.decode", first, t.ended, attribute.Int("macfleet.completion_tokens", generated))
+		dctx := s.span(ctx, "runner.decode", first, t.ended, append(linkAttrs(link, true),
+			attribute.Int("macfleet.completion_tokens", generated))...)
 		if err != nil {
 			trace.SpanFromContext(dctx).SetStatus(codes.Error, err.Message)
 		}

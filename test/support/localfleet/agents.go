@@ -2,6 +2,7 @@ package localfleet
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -54,9 +55,11 @@ func (f *Fleet) RemoveAgent(ctx context.Context, name string) error {
 	if a == nil {
 		return fmt.Errorf("no Mac %q in this fleet", name)
 	}
+	var stopErr error
 	if a.proc != nil {
+		// Stop kills the agent when it does not stop in time: it is gone either way.
 		if err := a.proc.Stop(30 * time.Second); err != nil {
-			return fmt.Errorf("stopping the agent of %s: %w", name, err)
+			stopErr = fmt.Errorf("stopping the agent of %s: %w", name, err)
 		}
 	}
 	f.mu.Lock()
@@ -64,7 +67,7 @@ func (f *Fleet) RemoveAgent(ctx context.Context, name string) error {
 	f.mu.Unlock()
 	n := &v1alpha1.MacNode{}
 	n.Name = name
-	return client.IgnoreNotFound(f.Client.Delete(ctx, n))
+	return errors.Join(stopErr, client.IgnoreNotFound(f.Client.Delete(ctx, n)))
 }
 
 // StartAgent starts (or restarts) the agent of a Mac.

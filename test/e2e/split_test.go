@@ -224,6 +224,22 @@ func greedy(t *testing.T, c openai.Client, model, prompt string, stream bool) st
 	return b.String()
 }
 
+// greedyTokens sends one greedy chat completion with logprobs and returns the tokens
+// it generated, as the server names them (text and bytes).
+func greedyTokens(t *testing.T, c openai.Client, model, prompt string) []string {
+	t.Helper()
+	r, err := c.Chat.Completions.New(t.Context(), params(t, fmt.Sprintf(`{"model":%q,"max_tokens":24,"temperature":0,"seed":1,
+		"logprobs":true,"messages":[{"role":"user","content":%q}]}`, model, prompt)))
+	if err != nil {
+		t.Fatalf("%s: %v", model, err)
+	}
+	var tokens []string
+	for _, lp := range r.Choices[0].Logprobs.Content {
+		tokens = append(tokens, fmt.Sprintf("%q%v", lp.Token, lp.Bytes))
+	}
+	return tokens
+}
+
 // forcedToolCall asks for a forced get_weather call and returns its arguments.
 func forcedToolCall(t *testing.T, c openai.Client, model string) string {
 	t.Helper()
@@ -276,6 +292,10 @@ func compareWithWhole(t *testing.T, split, whole string) {
 		}
 		if want == "" {
 			t.Errorf("prompt %q: an empty answer compares nothing", p)
+		}
+		wantTokens, gotTokens := greedyTokens(t, c, whole, p), greedyTokens(t, c, split, p)
+		if !slices.Equal(gotTokens, wantTokens) || len(wantTokens) == 0 {
+			t.Errorf("prompt %q: split generated the tokens %v, one process %v", p, gotTokens, wantTokens)
 		}
 	}
 	if got, want := forcedToolCall(t, c, split), forcedToolCall(t, c, whole); got != want {

@@ -49,14 +49,16 @@ func footprintHash(tmpl v1alpha1.ModelReplicaTemplate) string {
 // larger — measured for tmpl's model and engine settings: by a loaded replica with
 // tmpl's footprint (the agent reports both while the model is loaded), or earlier, as
 // status kept it (its measuredMemory, when measuredFootprintHash is tmpl's). ok is
-// false when there is neither.
+// false when there is neither. A replica split across Macs measures nothing here: its
+// status.memory is its head's process alone, not the whole model's footprint, and
+// placing its replacement by it would put the whole model on one Mac too small for it.
 func measuredFootprint(tmpl v1alpha1.ModelReplicaTemplate, replicas []v1alpha1.ModelReplica, st *v1alpha1.ModelDeploymentStatus) (bytes int64, ok bool) {
 	if st.MeasuredMemory != nil && st.MeasuredFootprintHash == footprintHash(tmpl) && st.MeasuredMemory.Value() > 0 {
 		bytes, ok = st.MeasuredMemory.Value(), true
 	}
 	for i := range replicas {
 		r := &replicas[i]
-		if !sameFootprint(&tmpl, &r.Spec.Template) {
+		if !sameFootprint(&tmpl, &r.Spec.Template) || r.Spec.Split != nil {
 			continue
 		}
 		for _, q := range []*resource.Quantity{r.Status.Memory.Peak, r.Status.Memory.Resident} {

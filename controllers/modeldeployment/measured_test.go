@@ -30,6 +30,14 @@ func measuredReplica(md *v1alpha1.ModelDeployment, peak, resident int64) v1alpha
 	return mr
 }
 
+// measuredGang is measuredReplica bound as a gang of two Macs: what it reports is
+// its head's process.
+func measuredGang(md *v1alpha1.ModelDeployment, peak, resident int64) v1alpha1.ModelReplica {
+	mr := measuredReplica(md, peak, resident)
+	mr.Spec.NodeName, mr.Spec.Split = "mac-a", splitReplica("mac-a", "mac-b").Spec.Split
+	return mr
+}
+
 func TestWithMeasurement(t *testing.T) {
 	base := deployment(nil)
 	estimated := func(n int64) reservation { return reservation{Quantity: resource.NewQuantity(n, resource.BinarySI)} }
@@ -70,6 +78,11 @@ func TestWithMeasurement(t *testing.T) {
 			replicas: []v1alpha1.ModelReplica{measuredReplica(other(func(md *v1alpha1.ModelDeployment) {
 				md.Spec.Model.SHA256 = "ab"
 			}), 100*mi, 0)}},
+		{name: "split replica: its head's footprint is not the model's", res: estimated(618 * mi),
+			replicas: []v1alpha1.ModelReplica{measuredGang(base, 100*mi, 90*mi)}},
+		{name: "split and whole replicas: the whole one's", res: estimated(618 * mi),
+			replicas: []v1alpha1.ModelReplica{measuredGang(base, 300*mi, 0), measuredReplica(base, 100*mi, 0)},
+			want:     130 * mi, wantMeasured: 100 * mi},
 		{name: "explicit memory: never moved", res: reservation{Quantity: resource.NewQuantity(618*mi, resource.BinarySI), Explicit: true},
 			replicas: []v1alpha1.ModelReplica{measuredReplica(base, 100*mi, 0)}},
 		{name: "unknown reservation stays unknown", res: reservation{},

@@ -2,6 +2,7 @@ package localfleet
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -9,6 +10,10 @@ import (
 	"path/filepath"
 	"strconv"
 	"time"
+
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/macfleet/macfleet/api/v1alpha1"
 )
 
 // The simulated Macs' agents: minting a Mac's credential, starting, restarting,
@@ -32,6 +37,37 @@ func (f *Fleet) addAgent(ctx context.Context, n Node) error {
 	f.agents[n.Name] = a
 	f.mu.Unlock()
 	return f.StartAgent(n.Name)
+}
+
+// AddAgent adds a simulated Mac to a running fleet: it mints the Mac's credential,
+// starts its agent and waits until its MacNode is Ready.
+func (f *Fleet) AddAgent(ctx context.Context, n Node) error {
+	if err := f.addAgent(ctx, n); err != nil {
+		return err
+	}
+	return f.WaitNodeReady(ctx, n.Name)
+}
+
+// RemoveAgent takes a Mac out of the fleet: it stops its agent (which stops its
+// runners) and deletes its MacNode, so that nothing is placed on it any more.
+func (f *Fleet) RemoveAgent(ctx context.Context, name string) error {
+	a := f.Agent(name)
+	if a == nil {
+		return fmt.Errorf("no Mac %q in this fleet", name)
+	}
+	var stopErr error
+	if a.proc != nil {
+		// Stop kills the agent when it does not stop in time: it is gone either way.
+		if err := a.proc.Stop(30 * time.Second); err != nil {
+			stopErr = fmt.Errorf("stopping the agent of %s: %w", name, err)
+		}
+	}
+	f.mu.Lock()
+	delete(f.agents, name)
+	f.mu.Unlock()
+	n := &v1alpha1.MacNode{}
+	n.Name = name
+	return errors.Join(stopErr, client.IgnoreNotFound(f.Client.Delete(ctx, n)))
 }
 
 // StartAgent starts (or restarts) the agent of a Mac.

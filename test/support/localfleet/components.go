@@ -78,6 +78,9 @@ type Runner struct {
 	Node string
 	// Model is the model file it serves.
 	Model string
+	// Worker says it is a split replica's worker shard (`macfleet-runner worker`),
+	// not a runner with an HTTP API.
+	Worker bool
 }
 
 // Runners lists the runner processes serving a model from one of the fleet's
@@ -111,7 +114,7 @@ func (f *Fleet) Runners() ([]Runner, error) {
 				continue
 			}
 			node, _, _ := strings.Cut(strings.TrimPrefix(args[i+1], agents), string(filepath.Separator))
-			out = append(out, Runner{PID: pid, Node: node, Model: args[i+1]})
+			out = append(out, Runner{PID: pid, Node: node, Model: args[i+1], Worker: args[1] == "worker"})
 			break
 		}
 	}

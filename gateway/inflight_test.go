@@ -83,6 +83,42 @@ func TestChoosePrefixInFlight(t *testing.T) {
 	}
 }
 
+// TestChoosePrefixFreeSlot: the bench's shape (issue 26's TTFT tail): 4 replicas of 2
+// slots, few requests in the fleet, so the load bound (c 1.25) is 1 a replica. A
+// replica with a slot free that holds or prefills the request's prefix takes it above
+// the bound (a follower shares the first prefill, a tenant's users stay on its
+// holder); the bound still spreads the requests that would queue behind full slots.
+func TestChoosePrefixFreeSlot(t *testing.T) {
+	hot := func(tokens, load int) prefixCandidate {
+		return prefixCandidate{hit: prefixindex.Hit{Depth: 1, Held: prefixindex.Held{Tier: runnerapi.TierHot, Tokens: tokens}}, load: load, slots: 2}
+	}
+	pre := func(depth, load int) prefixCandidate { return prefixCandidate{prefilling: depth, load: load, slots: 2} }
+	none := func(load int) prefixCandidate { return prefixCandidate{load: load, slots: 2} }
+	for _, tc := range []struct {
+		name  string
+		cands []prefixCandidate
+		want  int
+	}{
+		{"the fleet's only request prefills the prefix on R (bound 1): its follower goes to R",
+			[]prefixCandidate{none(0), pre(1, 1), none(0), none(0)}, 1},
+		{"R holds the prefix and serves one request (bound 1): the next user of the tenant goes to R",
+			[]prefixCandidate{none(0), hot(4000, 1), none(0), none(0)}, 1},
+		{"R prefilling with both slots taken, 2 in the fleet (bound 1): spill, fall back",
+			[]prefixCandidate{none(0), pre(1, 2), none(0), none(0)}, -1},
+		{"R holding with both slots taken: another holder within the bound takes it",
+			[]prefixCandidate{hot(4000, 2), none(0), hot(3000, 0), none(0)}, 2},
+		{"a holder with a slot free over the bound, another idle holding as much: the idle one",
+			[]prefixCandidate{hot(4000, 1), hot(4000, 0), none(0), none(0)}, 1},
+		{"a free slot does not let a replica that holds nothing past the bound",
+			[]prefixCandidate{none(1), none(0), none(0), none(0)}, -1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			eligible := []bool{true, true, true, true}
+			wantChoice(t, tc.cands, eligible, tc.want)
+		})
+	}
+}
+
 // TestBalancerRoutesToThePrefillingReplica: with nothing in the index, a request's
 // prefix is recorded on the replica it went to, the next request of that prefix
 // queues there (prefix_inflight) while it has no slot free, goes there once the

@@ -132,7 +132,7 @@ func TestPeerFetchHint(t *testing.T) {
 			t.Errorf("fetches{result=%s} = %v, want %v", result, got, n)
 		}
 	}
-	in := p.est.Inputs(model, peerfetch.LinkKey{Source: "mac-1", Target: "mac-2"}, 2000, 0)
+	in := p.est.Inputs(model, peerfetch.LinkKey{Source: "mac-1", Target: "mac-2"}, 2000, 0, peerfetch.Prior{})
 	if in.BytesPerToken != 4000 || in.Link.Throughput != 8e6/0.2 || in.Link.RTT != 4*time.Millisecond {
 		t.Errorf("estimates after the reports: %+v; want 4000 bytes/token, 40 MB/s (8 MB over 220 ms less the default 20 ms RTT), RTT 4 ms", in)
 	}

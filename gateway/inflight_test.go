@@ -44,18 +44,42 @@ func TestPrefixScoreInFlight(t *testing.T) {
 	}
 }
 
-func TestChoosePrefixInFlight(t *testing.T) {
-	hot := func(tokens, load int) prefixCandidate {
-		return prefixCandidate{hit: prefixindex.Hit{Depth: 1, Held: prefixindex.Held{Tier: runnerapi.TierHot, Tokens: tokens}}, load: load, slots: 2}
+// Replicas of two slots for the choosePrefix tables: holding a prefix hot that spares
+// tokens, prefilling one of depth digests, or holding nothing; load requests in flight.
+func hot2(tokens, load int) prefixCandidate {
+	return prefixCandidate{hit: prefixindex.Hit{Depth: 1, Held: prefixindex.Held{Tier: runnerapi.TierHot, Tokens: tokens}}, load: load, slots: 2}
+}
+
+func pre2(depth, load int) prefixCandidate {
+	return prefixCandidate{prefilling: depth, load: load, slots: 2}
+}
+
+func none2(load int) prefixCandidate { return prefixCandidate{load: load, slots: 2} }
+
+type choiceCase struct {
+	name  string
+	cands []prefixCandidate
+	want  int
+}
+
+// wantChoices runs each case with every replica eligible.
+func wantChoices(t *testing.T, cases []choiceCase) {
+	t.Helper()
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			eligible := make([]bool, len(tc.cands))
+			for i := range eligible {
+				eligible[i] = true
+			}
+			wantChoice(t, tc.cands, eligible, tc.want)
+		})
 	}
-	pre := func(depth, load int) prefixCandidate { return prefixCandidate{prefilling: depth, load: load, slots: 2} }
-	none := func(load int) prefixCandidate { return prefixCandidate{load: load, slots: 2} }
+}
+
+func TestChoosePrefixInFlight(t *testing.T) {
+	hot, pre, none := hot2, pre2, none2
 	// 9 requests in flight over 4 replicas: the bound is 4 each.
-	for _, tc := range []struct {
-		name  string
-		cands []prefixCandidate
-		want  int
-	}{
+	wantChoices(t, []choiceCase{
 		{"nobody holds it, a full replica prefills it: queue there, though busier",
 			[]prefixCandidate{none(3), pre(1, 2), none(2), none(2)}, 1},
 		{"nobody holds it, the replica prefilling it has a slot free: there, to share it",
@@ -72,15 +96,30 @@ func TestChoosePrefixInFlight(t *testing.T) {
 			[]prefixCandidate{pre(1, 3), pre(1, 2), none(2), none(2)}, 1},
 		{"prefilling a deeper prefix of the conversation beats a shallower one",
 			[]prefixCandidate{pre(1, 2), pre(2, 2), none(3), none(2)}, 1},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			eligible := make([]bool, len(tc.cands))
-			for i := range eligible {
-				eligible[i] = true
-			}
-			wantChoice(t, tc.cands, eligible, tc.want)
-		})
-	}
+	})
+}
+
+// TestChoosePrefixFreeSlot: the bench's shape (issue 26's TTFT tail): 4 replicas of 2
+// slots, few requests in the fleet, so the load bound (c 1.25) is 1 a replica. A
+// replica with a slot free that holds or prefills the request's prefix takes it above
+// the bound (a follower shares the first prefill, a tenant's users stay on its
+// holder); the bound still spreads the requests that would queue behind full slots.
+func TestChoosePrefixFreeSlot(t *testing.T) {
+	hot, pre, none := hot2, pre2, none2
+	wantChoices(t, []choiceCase{
+		{"the fleet's only request prefills the prefix on R (bound 1): its follower goes to R",
+			[]prefixCandidate{none(0), pre(1, 1), none(0), none(0)}, 1},
+		{"R holds the prefix and serves one request (bound 1): the next user of the tenant goes to R",
+			[]prefixCandidate{none(0), hot(4000, 1), none(0), none(0)}, 1},
+		{"R prefilling with both slots taken, 2 in the fleet (bound 1): spill, fall back",
+			[]prefixCandidate{none(0), pre(1, 2), none(0), none(0)}, -1},
+		{"R holding with both slots taken: another holder within the bound takes it",
+			[]prefixCandidate{hot(4000, 2), none(0), hot(3000, 0), none(0)}, 2},
+		{"a holder with a slot free over the bound, another idle holding as much: the idle one",
+			[]prefixCandidate{hot(4000, 1), hot(4000, 0), none(0), none(0)}, 1},
+		{"a free slot does not let a replica that holds nothing past the bound",
+			[]prefixCandidate{none(1), none(0), none(0), none(0)}, -1},
+	})
 }
 
 // TestBalancerRoutesToThePrefillingReplica: with nothing in the index, a request's

@@ -107,7 +107,7 @@ func (p *peerFetcher) hint(out *http.Request, rt *Route, model string, be Backen
 	if !ok {
 		return nil
 	}
-	d := peerfetch.Decide(p.est.Inputs(model, peerfetch.LinkKey{Source: src.be.Node, Target: be.Node}, tokens, p.margin))
+	d := peerfetch.Decide(p.est.Inputs(model, peerfetch.LinkKey{Source: src.be.Node, Target: be.Node}, tokens, p.margin, p.prior(src.be, be)))
 	p.decisions.WithLabelValues(model, d.Reason).Inc()
 	if !d.Fetch {
 		return nil
@@ -125,6 +125,17 @@ func (p *peerFetcher) hint(out *http.Request, rt *Route, model string, be Backen
 	p.log.V(2).Info("Asking for a peer fetch", "model", model, "replica", be.Key, "from", src.be.Key, "tokens", tokens,
 		"transfer", d.Transfer, "prefill", d.Prefill)
 	return &src
+}
+
+// prior is what is known of a fetch from src into target before one is measured: the
+// bytes per token src's runner reports (else target's) and the link their Macs
+// declare.
+func (p *peerFetcher) prior(src, target Backend) peerfetch.Prior {
+	bpt := p.index.BytesPerToken(src.Key)
+	if bpt <= 0 {
+		bpt = p.index.BytesPerToken(target.Key)
+	}
+	return peerfetch.Prior{BytesPerToken: bpt, Link: peerfetch.PairLink(src.Link, target.Link)}
 }
 
 // signHint is the hint for target's Mac to fetch digest (of partition, sparing

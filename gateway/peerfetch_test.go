@@ -132,7 +132,7 @@ func TestPeerFetchHint(t *testing.T) {
 			t.Errorf("fetches{result=%s} = %v, want %v", result, got, n)
 		}
 	}
-	in := p.est.Inputs(model, peerfetch.LinkKey{Source: "mac-1", Target: "mac-2"}, 2000, 0)
+	in := p.est.Inputs(model, peerfetch.LinkKey{Source: "mac-1", Target: "mac-2"}, 2000, 0, peerfetch.Prior{})
 	if in.BytesPerToken != 4000 || in.Link.Throughput != 8e6/0.2 || in.Link.RTT != 4*time.Millisecond {
 		t.Errorf("estimates after the reports: %+v; want 4000 bytes/token, 40 MB/s (8 MB over 220 ms less the default 20 ms RTT), RTT 4 ms", in)
 	}
@@ -169,5 +169,48 @@ func TestPeerFetchOff(t *testing.T) {
 		if p, err := newPeerFetcher(tc.opts, tc.index, "https://"); p != nil || err != nil {
 			t.Errorf("%s: newPeerFetcher = %v, %v; want off", name, p, err)
 		}
+	}
+}
+
+// TestPeerFetchPrior: before any fetch is measured, the gateway decides on the bytes
+// per token the holder's runner reports with its prefix events and the link the Macs
+// declare. A 4 k-token prefix prefilled at 1,000 tokens/s (4 s) is not fetched at the
+// defaults (128 KiB a token, 50 MB/s: 10.7 s), is once P's runner reports 256 bytes a
+// token (about 40 ms), and is not again when the Macs declare a slow link.
+func TestPeerFetchPrior(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	p, index, _, _ := newTestPeerFetcher(t, t0)
+	digests := []string{"000000000000000a"}
+	const model = "team-a/chat"
+	r1 := Backend{Key: "team-a/chat-0", Endpoint: "10.0.0.1:8443", Node: "mac-1", Slots: 2}
+	r2 := Backend{Key: "team-a/chat-1", Endpoint: "10.0.0.2:8443", Node: "mac-2", Slots: 2}
+	slow := peerfetch.DeclaredLink(1e6, 0) // 1 Mb/s
+	p.observePrefill(model, &metering.Usage{Input: 4096}, 4096*time.Millisecond)
+	held := func(bpt float64) {
+		index.Apply(r1.Key, runnerapi.PrefixEvents{Epoch: "e", Seq: 1, Reset: true, BytesPerToken: bpt,
+			Events: []runnerapi.PrefixEvent{{Digest: digests[0], Tier: runnerapi.TierHot, Tokens: 4096}}})
+	}
+	for _, tc := range []struct {
+		name       string
+		bpt        float64
+		src, dst   peerfetch.Link
+		wantReason string
+	}{
+		{name: "nothing reported: the defaults", wantReason: peerfetch.ReasonSlower},
+		{name: "P's runner reports 256 bytes a token", bpt: 256, wantReason: peerfetch.ReasonFaster},
+		{name: "reported, but one Mac declares a 1 Mb/s link", bpt: 256, dst: slow, wantReason: peerfetch.ReasonSlower},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			held(tc.bpt)
+			src, dst := r1, r2
+			src.Link, dst.Link = tc.src, tc.dst
+			rt := &Route{Namespace: "team-a", Deployment: "chat", Backends: []Backend{src, dst}}
+			before := testutil.ToFloat64(p.decisions.WithLabelValues(model, tc.wantReason))
+			out, _ := http.NewRequest(http.MethodPost, "https://"+dst.Endpoint+"/v1/chat/completions", nil)
+			hinted := p.hint(out, rt, model, dst, digests, "team-a") != nil
+			if got := testutil.ToFloat64(p.decisions.WithLabelValues(model, tc.wantReason)); got != before+1 || hinted != (tc.wantReason == peerfetch.ReasonFaster) {
+				t.Errorf("hinted %v, %s decisions %v → %v; want one %s", hinted, tc.wantReason, before, got, tc.wantReason)
+			}
+		})
 	}
 }

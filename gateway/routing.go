@@ -136,11 +136,16 @@ func prefixScore(c prefixCandidate) float64 {
 }
 
 // choosePrefix returns the eligible replica with the best prefixScore among those
-// whose load after taking the request stays within ceil(c × (total load + 1) /
-// eligible replicas) — the bound of consistent hashing with bounded loads, so a hot
-// prefix spills over to other replicas instead of piling onto one. Ties go to the
-// less loaded, then the first. -1 when no eligible replica within the bound holds
-// any of the request's prefix: the caller falls back.
+// that may take the request: a replica with a sequence slot free (load < slots) that
+// holds or prefills some of the request's prefix, and any replica whose load after
+// taking the request stays within ceil(c × (total load + 1) / eligible replicas) —
+// the bound of consistent hashing with bounded loads, so a hot prefix spills over to
+// other replicas once its holders' slots are full instead of queueing behind them.
+// With few requests in the fleet the bound is one a replica, and without the free
+// slot's exception a tenant's second request, arriving while its first prefills or is
+// answered on R, went elsewhere and prefilled the same prefix cold. Ties go to the
+// less loaded, then the first. -1 when no replica that may take the request holds
+// any of its prefix: the caller falls back.
 func choosePrefix(cands []prefixCandidate, eligible []bool, c float64) int {
 	n, total := 0, 0
 	for i, ok := range eligible {
@@ -155,7 +160,7 @@ func choosePrefix(cands []prefixCandidate, eligible []bool, c float64) int {
 	bound := int(math.Ceil(c * float64(total+1) / float64(n)))
 	best, bestScore := -1, 0.0
 	for i, cand := range cands {
-		if !eligible[i] || cand.load+1 > bound {
+		if !eligible[i] || (cand.load+1 > bound && cand.load >= max(cand.slots, 1)) {
 			continue
 		}
 		s := prefixScore(cand)

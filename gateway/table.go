@@ -12,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
+	"github.com/macfleet/macfleet/gateway/peerfetch"
 	"github.com/macfleet/macfleet/tenancy"
 )
 
@@ -28,6 +29,10 @@ type Backend struct {
 	// Slots is its engine's sequence slots (engine.parallel, at least 1): how many
 	// requests it generates at once.
 	Slots int
+	// Link is its Mac's link as the MacNode declares it (spec.link, else status.link;
+	// zero when neither is set), the prior of a peer fetch's link before one is
+	// measured (peerfetch.DeclaredLink).
+	Link peerfetch.Link
 }
 
 // Route is one ModelDeployment as the gateway sees it.
@@ -130,8 +135,10 @@ func (t *Table) backendOf(key string) (*Route, Backend, bool) {
 func BuildTable(deployments []mfv1.ModelDeployment, replicas []mfv1.ModelReplica, nodes []mfv1.MacNode) *Table {
 	t := emptyTable()
 	nodeReady := make(map[string]bool, len(nodes))
+	nodeLink := make(map[string]peerfetch.Link, len(nodes))
 	for i := range nodes {
 		nodeReady[nodes[i].Name] = meta.IsStatusConditionTrue(nodes[i].Status.Conditions, mfv1.MacNodeReady)
+		nodeLink[nodes[i].Name] = declaredLink(&nodes[i])
 	}
 	byID := t.byID
 	for i := range deployments {
@@ -175,7 +182,7 @@ func BuildTable(deployments []mfv1.ModelDeployment, replicas []mfv1.ModelReplica
 		if meta.IsStatusConditionTrue(r.Status.Conditions, mfv1.ReplicaReady) && r.Status.Endpoint != "" &&
 			r.Spec.NodeName != "" && nodeReady[r.Spec.NodeName] {
 			rt.Backends = append(rt.Backends, Backend{Key: r.Namespace + "/" + r.Name, Endpoint: r.Status.Endpoint, Node: r.Spec.NodeName,
-				Slots: max(int(r.Spec.Template.Engine.Parallel), 1)})
+				Slots: max(int(r.Spec.Template.Engine.Parallel), 1), Link: nodeLink[r.Spec.NodeName]})
 		}
 	}
 	slices.SortFunc(t.routes, func(a, b *Route) int { return strings.Compare(a.ID(), b.ID()) })
@@ -188,6 +195,27 @@ func BuildTable(deployments []mfv1.ModelDeployment, replicas []mfv1.ModelReplica
 		}
 	}
 	return t
+}
+
+// declaredLink is the link n declares: spec.link where set, else status.link (the
+// agent's measure), as a peer fetch's prior (peerfetch.DeclaredLink).
+func declaredLink(n *mfv1.MacNode) peerfetch.Link {
+	l := n.Spec.Link
+	if l == nil {
+		l = n.Status.Link
+	}
+	if l == nil {
+		return peerfetch.Link{}
+	}
+	var bps float64
+	if l.Bandwidth != nil {
+		bps = l.Bandwidth.AsApproximateFloat64()
+	}
+	var rtt time.Duration
+	if l.RTT != nil {
+		rtt = l.RTT.Duration
+	}
+	return peerfetch.DeclaredLink(bps, rtt)
 }
 
 // unavailable says why a deployment will have no routable replica however long a

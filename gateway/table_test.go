@@ -4,6 +4,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -11,6 +12,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
+	"github.com/macfleet/macfleet/gateway/peerfetch"
 )
 
 func TestBuildTableRoutableReplicas(t *testing.T) {
@@ -29,7 +31,7 @@ func TestBuildTableRoutableReplicas(t *testing.T) {
 			name: "ready replica on a ready Mac",
 			replicas: []mfv1.ModelReplica{replica("a", "qwen-1", "qwen", "mac1", "10.0.0.1:8080", T),
 				withParallel(replica("a", "qwen-0", "qwen", "mac2", "10.0.0.2:8080", T), 4)},
-			want:     []Backend{{"a/qwen-0", "10.0.0.2:8080", "mac2", 4}, {"a/qwen-1", "10.0.0.1:8080", "mac1", 1}},
+			want:     []Backend{{"a/qwen-0", "10.0.0.2:8080", "mac2", 4, peerfetch.Link{}}, {"a/qwen-1", "10.0.0.1:8080", "mac1", 1, peerfetch.Link{}}},
 			existing: 2,
 		},
 		{name: "replica not ready", replicas: []mfv1.ModelReplica{replica("a", "q", "qwen", "mac1", "10.0.0.1:8080", F)}, existing: 1},
@@ -224,5 +226,36 @@ func TestRoutingKey(t *testing.T) {
 		if got := routingKey(tt.before) != routingKey(tt.change()); got != tt.want {
 			t.Errorf("%s: rebuild %v, want %v", tt.name, got, tt.want)
 		}
+	}
+}
+
+// TestDeclaredLink: a Mac's link prior is spec.link where the operator set it, else
+// the agent's status.link, else nothing; half its bandwidth, in bytes/s.
+func TestDeclaredLink(t *testing.T) {
+	link := func(bw string, rtt time.Duration) *mfv1.Link {
+		l := &mfv1.Link{RTT: &metav1.Duration{Duration: rtt}}
+		if bw != "" {
+			l.Bandwidth = ptr.To(resource.MustParse(bw))
+		}
+		return l
+	}
+	for _, tc := range []struct {
+		name         string
+		spec, status *mfv1.Link
+		want         peerfetch.Link
+	}{
+		{name: "neither"},
+		{name: "the agent's measure", status: link("10G", time.Millisecond), want: peerfetch.Link{Throughput: 625e6, RTT: time.Millisecond}},
+		{name: "the operator's overrides it", spec: link("1G", 3*time.Millisecond), status: link("10G", time.Millisecond),
+			want: peerfetch.Link{Throughput: 62.5e6, RTT: 3 * time.Millisecond}},
+		{name: "a round trip alone", spec: link("", 2*time.Millisecond), want: peerfetch.Link{RTT: 2 * time.Millisecond}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			n := node("mac", metav1.ConditionTrue)
+			n.Spec.Link, n.Status.Link = tc.spec, tc.status
+			if got := declaredLink(&n); got != tc.want {
+				t.Errorf("declaredLink = %+v, want %+v", got, tc.want)
+			}
+		})
 	}
 }

@@ -183,7 +183,7 @@ func (w *warmer) candidates(rt *Route, be Backend) []peerfetch.Candidate {
 			}
 			tokens := hit.Tokens - own.Tokens
 			out = append(out, peerfetch.Candidate{Digest: c.Digests[hit.Depth-1], Partition: c.Partition, Source: o.Key, LastHit: c.At,
-				Inputs: w.p.est.Inputs(model, peerfetch.LinkKey{Source: o.Node, Target: be.Node}, tokens, w.p.margin)})
+				Inputs: w.p.est.Inputs(model, peerfetch.LinkKey{Source: o.Node, Target: be.Node}, tokens, w.p.margin, w.p.prior(o, be))})
 		}
 	}
 	return out

@@ -99,6 +99,9 @@ func TestPrefixesRelayedAndFleetHeadersFromAdminsOnly(t *testing.T) {
 	if !slices.Equal(digests(got.Events), []string{d1}) || got.Events[0].Tier != runnerapi.TierHot || got.Events[0].Tokens == 0 {
 		t.Fatalf("after the admin's chat: %+v", got)
 	}
+	if got.BytesPerToken <= 0 {
+		t.Errorf("the relayed events after a save carry no bytes per token: %+v", got)
+	}
 
 	// The tenant forges both headers: its digest is dropped, its partition is its own.
 	if u := chat(prompt, "Authorization", "Bearer "+tenant, runnerapi.HeaderCachePartition, "victim", runnerapi.HeaderPrefixDigests, d2); cached(u) != 0 {

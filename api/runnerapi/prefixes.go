@@ -49,4 +49,9 @@ type PrefixEvents struct {
 	Seq    uint64        `json:"seq"`
 	Reset  bool          `json:"reset,omitempty"`
 	Events []PrefixEvent `json:"events"`
+	// BytesPerToken is the size of the runner's saved states per token they hold (its
+	// latest save's or import's bytes, as a peer fetch moves them, over its tokens):
+	// the gateway's first figure for whether fetching a state beats prefilling it. 0
+	// when the runner saved nothing yet; a runner older than the field never sends it.
+	BytesPerToken float64 `json:"bpt,omitempty"`
 }

@@ -59,9 +59,9 @@ func main() {
 	flag.StringVar(&o.runner, "runner", "bin/macfleet-runner", "the macfleet-runner binary")
 	flag.IntVar(&o.macs, "macs", 4, "simulated Macs, one replica on each")
 	flag.IntVar(&o.tenants, "tenants", 4, "tenants (T), each with its own system prompt")
-	flag.IntVar(&o.users, "users", 12, "users per tenant (U), each one request with a unique question")
+	flag.IntVar(&o.users, "users", 24, "users per tenant (U), each one request with a unique question (the tenants' first requests, which nothing can hold, are T of T × U)")
 	flag.IntVar(&o.words, "words", 3750, "words of each system prompt (about 1.1 Llama 3 tokens a word: 3750 are about 4.1 k tokens)")
-	flag.Float64Var(&o.rate, "rate", 0.3, "arrivals per second (Poisson)")
+	flag.Float64Var(&o.rate, "rate", 0.4, "arrivals per second (Poisson)")
 	flag.IntVar(&o.maxTokens, "max-tokens", 8, "tokens generated per request")
 	flag.IntVar(&o.ctxPerSlot, "ctx", 8192, "context per slot (two slots a replica)")
 	flag.StringVar(&o.hotBytes, "hot-bytes", "2Mi", "each Mac's hot tier budget (agent --prompt-cache-hot-bytes)")
@@ -71,7 +71,7 @@ func main() {
 	flag.StringVar(&o.modes, "modes", "least-load,prefix-affinity,prefix-cache,"+modePeerFetch,
 		"routing modes, in the order run (prefix-cache: without peer fetch; "+modePeerFetch+": with it; "+
 			modeNoInFlight+": prefix-cache without peer fetch and without the record of the prefixes being prefilled)")
-	flag.DurationVar(&o.modeLimit, "mode-limit", 170*time.Second, "latest arrival of a mode (later gaps shrink to fit)")
+	flag.DurationVar(&o.modeLimit, "mode-limit", 250*time.Second, "latest arrival of a mode (later gaps shrink to fit)")
 	flag.DurationVar(&o.reqTimeout, "request-timeout", 3*time.Minute, "each request's limit")
 	flag.DurationVar(&o.timeout, "timeout", 40*time.Minute, "the whole run's limit")
 	flag.BoolVar(&o.smoke, "smoke", false, "a quick check: 2 Macs, 2 tenants × 2 users, short prompts (the fleet's start dominates)")

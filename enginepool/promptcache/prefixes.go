@@ -160,6 +160,8 @@ type PrefixTable struct {
 	log     []LoggedEvent
 	changed chan struct{} // closed (and replaced) when events are logged
 	closed  bool
+	// bytesPerToken is the latest saved state's (NoteStateSize), 0 before any.
+	bytesPerToken float64
 }
 
 type digestEntry struct {
@@ -200,6 +202,18 @@ func (t *PrefixTable) Associate(digests []string, b Backing) {
 		delete(t.digests, oldest)
 	}
 	t.logLocked(events)
+}
+
+// NoteStateSize records the size of a state the runner saved or imported, bytes for
+// tokens, that answers report as the runner's bytes per token
+// (runnerapi.PrefixEvents.BytesPerToken).
+func (t *PrefixTable) NoteStateSize(bytes int64, tokens int) {
+	if bytes <= 0 || tokens <= 0 {
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.bytesPerToken = float64(bytes) / float64(tokens)
 }
 
 // Backings returns the states that back digest, most tokens first (none when the
@@ -278,7 +292,9 @@ func (t *PrefixTable) Answer(reqEpoch string, after uint64) (runnerapi.PrefixEve
 			}
 		}
 	}
-	return AnswerPrefixes(t.epoch, t.seq, t.log, held, reqEpoch, after), t.changed
+	ans := AnswerPrefixes(t.epoch, t.seq, t.log, held, reqEpoch, after)
+	ans.BytesPerToken = t.bytesPerToken
+	return ans, t.changed
 }
 
 // Close releases every waiter and every later one at once.

@@ -232,3 +232,22 @@ func TestParseDigests(t *testing.T) {
 		}
 	}
 }
+
+// TestPrefixTableBytesPerToken: answers carry the latest saved state's bytes per
+// token, resets and events alike, none before a save; an empty state is no figure.
+func TestPrefixTableBytesPerToken(t *testing.T) {
+	tab := NewPrefixTable("e1")
+	if got, _ := tab.Answer("", 0); got.BytesPerToken != 0 {
+		t.Errorf("before any save: %v bytes a token, want 0", got.BytesPerToken)
+	}
+	tab.NoteStateSize(1<<20, 4096)
+	tab.NoteStateSize(0, 10)
+	tab.NoteStateSize(10, 0)
+	if got, _ := tab.Answer("", 0); !got.Reset || got.BytesPerToken != 256 {
+		t.Errorf("a reset after a save of 1 MiB for 4096 tokens: %+v, want 256 bytes a token", got)
+	}
+	tab.NoteStateSize(3<<20, 4096)
+	if got, _ := tab.Answer("e1", 0); got.Reset || got.BytesPerToken != 768 {
+		t.Errorf("events after a second save: %+v, want its 768 bytes a token", got)
+	}
+}

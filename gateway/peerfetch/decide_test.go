@@ -1,6 +1,7 @@
 package peerfetch
 
 import (
+	"math"
 	"testing"
 	"time"
 
@@ -40,6 +41,12 @@ func TestDecide(t *testing.T) {
 		{name: "the round trip counts",
 			in:   Inputs{Tokens: 1000, BytesPerToken: 1000, Link: Link{Throughput: 1e6, RTT: 200 * time.Millisecond}, PrefillRate: 600, Margin: 1.5},
 			want: Decision{Transfer: 1200 * time.Millisecond, Prefill: 1666666666, Reason: ReasonSlower}},
+		{name: "no fetch measured yet, the runner reported 256 bytes a token: 4 k tokens over the default link beat a 4 s prefill",
+			in:   Inputs{Tokens: 4096, BytesPerToken: 256, Link: Link{Throughput: DefaultThroughput, RTT: DefaultRTT}, PrefillRate: 1024},
+			want: Decision{Fetch: true, Transfer: DefaultRTT + 20971520*time.Nanosecond, Prefill: 4 * time.Second, Reason: ReasonFaster}},
+		{name: "the same with the default bytes a token (nothing reported): prefilled",
+			in:   Inputs{Tokens: 4096, BytesPerToken: DefaultBytesPerToken, Link: Link{Throughput: DefaultThroughput, RTT: DefaultRTT}, PrefillRate: 1024},
+			want: Decision{Transfer: DefaultRTT + 10737418240*time.Nanosecond, Prefill: 4 * time.Second, Reason: ReasonSlower}},
 		{name: "no prefill measured yet", in: Inputs{Tokens: 8192, BytesPerToken: 1, Link: gigabit},
 			want: Decision{Reason: ReasonNoPrefill}},
 		{name: "too few tokens", in: Inputs{Tokens: MinTokens - 1, BytesPerToken: 1, Link: gigabit, PrefillRate: 1},
@@ -62,7 +69,7 @@ func TestEstimates(t *testing.T) {
 	e := NewEstimates()
 	ab := LinkKey{Source: "mac-1", Target: "mac-2"}
 	defaults := Inputs{Tokens: 4096, Margin: 2, BytesPerToken: DefaultBytesPerToken, Link: Link{Throughput: DefaultThroughput, RTT: DefaultRTT}}
-	if d := cmp.Diff(defaults, e.Inputs("ns/chat", ab, 4096, 2)); d != "" {
+	if d := cmp.Diff(defaults, e.Inputs("ns/chat", ab, 4096, 2, Prior{})); d != "" {
 		t.Fatalf("before any sample (-want +got):\n%s", d)
 	}
 	e.ObservePrefill("ns/chat", MinPrefillSample-1, time.Millisecond) // too short to count
@@ -70,16 +77,62 @@ func TestEstimates(t *testing.T) {
 	e.ObserveFetch("ns/chat", ab, runnerapi.PeerStateResult{Reason: runnerapi.PeerMissNotFound, Millis: 10})
 	e.ObserveFetch("ns/chat", ab, runnerapi.PeerStateResult{Imported: true, Tokens: 1000, Bytes: 4e6, Millis: 110})
 	want := Inputs{Tokens: 4096, Margin: 2, PrefillRate: 500, BytesPerToken: 4000, Link: Link{Throughput: 40e6, RTT: 10 * time.Millisecond}}
-	if d := cmp.Diff(want, e.Inputs("ns/chat", ab, 4096, 2)); d != "" {
+	if d := cmp.Diff(want, e.Inputs("ns/chat", ab, 4096, 2, Prior{})); d != "" {
 		t.Fatalf("after one sample each (-want +got):\n%s", d)
 	}
 	e.ObservePrefill("ns/chat", 1000, time.Second)
 	e.ObserveFetch("ns/chat", ab, runnerapi.PeerStateResult{Reason: runnerapi.PeerMissUnavailable, Millis: 10000}) // a timeout says nothing of the link's RTT
 	want.PrefillRate = 0.3*1000 + 0.7*500
-	if d := cmp.Diff(want, e.Inputs("ns/chat", ab, 4096, 2)); d != "" {
+	if d := cmp.Diff(want, e.Inputs("ns/chat", ab, 4096, 2, Prior{})); d != "" {
 		t.Fatalf("after a second prefill (-want +got):\n%s", d)
 	}
-	if d := cmp.Diff(defaults, e.Inputs("ns/other", LinkKey{Source: "mac-2", Target: "mac-1"}, 4096, 2)); d != "" {
+	if d := cmp.Diff(defaults, e.Inputs("ns/other", LinkKey{Source: "mac-2", Target: "mac-1"}, 4096, 2, Prior{})); d != "" {
 		t.Fatalf("another deployment over the reverse link (-want +got):\n%s", d)
+	}
+}
+
+// TestEstimatesPrior: before a fetch is measured, the runner's reported bytes per
+// token and the Macs' declared link stand in for the defaults; a measured fetch
+// replaces them; an unusable prior is the default.
+func TestEstimatesPrior(t *testing.T) {
+	e := NewEstimates()
+	ab := LinkKey{Source: "mac-1", Target: "mac-2"}
+	prior := Prior{BytesPerToken: 256, Link: Link{Throughput: 625e6, RTT: time.Millisecond}}
+	e.ObservePrefill("ns/chat", 4096, 4*time.Second)
+	want := Inputs{Tokens: 4096, Margin: 2, PrefillRate: 1024, BytesPerToken: 256, Link: prior.Link}
+	if d := cmp.Diff(want, e.Inputs("ns/chat", ab, 4096, 2, prior)); d != "" {
+		t.Fatalf("before any fetch (-want +got):\n%s", d)
+	}
+	if d := Decide(e.Inputs("ns/chat", ab, 4096, 2, Prior{BytesPerToken: 256})); !d.Fetch {
+		t.Errorf("reported 256 bytes a token over the default link: %+v, want a fetch", d)
+	}
+	if d := Decide(e.Inputs("ns/chat", ab, 4096, 2, Prior{})); d.Fetch {
+		t.Errorf("nothing reported (128 KiB a token) over the default link: %+v, want a prefill", d)
+	}
+	bad := Inputs{Tokens: 4096, Margin: 2, PrefillRate: 1024, BytesPerToken: DefaultBytesPerToken, Link: Link{Throughput: DefaultThroughput, RTT: DefaultRTT}}
+	if d := cmp.Diff(bad, e.Inputs("ns/chat", ab, 4096, 2, Prior{BytesPerToken: math.Inf(1), Link: Link{Throughput: -1}})); d != "" {
+		t.Errorf("an unusable prior (-want +got):\n%s", d)
+	}
+	e.ObserveFetch("ns/chat", ab, runnerapi.PeerStateResult{Imported: true, Tokens: 1000, Bytes: 4e5, Millis: 30}) // 10 ms over the default round trip
+	want.BytesPerToken, want.Link.Throughput = 400, 4e5/0.010
+	if d := cmp.Diff(want, e.Inputs("ns/chat", ab, 4096, 2, prior)); d != "" {
+		t.Errorf("after a measured fetch (-want +got):\n%s", d)
+	}
+}
+
+func TestPairLink(t *testing.T) {
+	tb, gb := DeclaredLink(10e9, time.Millisecond), DeclaredLink(1e9, 3*time.Millisecond)
+	for _, tc := range []struct {
+		name string
+		a, b Link
+		want Link
+	}{
+		{"neither declared", Link{}, Link{}, Link{}},
+		{"one declared", tb, Link{}, tb},
+		{"the slower and the longer round trip", tb, gb, Link{Throughput: 62.5e6, RTT: 3 * time.Millisecond}},
+	} {
+		if got := PairLink(tc.a, tc.b); got != tc.want {
+			t.Errorf("%s: PairLink = %+v, want %+v", tc.name, got, tc.want)
+		}
 	}
 }

@@ -1,6 +1,7 @@
 package peerfetch
 
 import (
+	"math"
 	"sync"
 	"time"
 
@@ -67,20 +68,65 @@ func entry[K comparable, V any](m map[K]*V, k K) *V {
 	return v
 }
 
+// Prior is what is known of a decision's inputs before a fetch measured them: the
+// bytes per token the source replica's runner reports with its prefix events
+// (runnerapi.PrefixEvents.BytesPerToken) and the link its Macs declare. A field ≤ 0
+// (or not finite) is unknown: the default.
+type Prior struct {
+	BytesPerToken float64
+	Link          Link
+}
+
+// DeclaredShare is the share of a Mac's declared link bandwidth (MacNode spec.link,
+// else status.link) a fetch is assumed to reach end to end before one is measured
+// (the stream, the checks and the import cost their share; DefaultThroughput assumes
+// under half of gigabit Ethernet).
+const DeclaredShare = 0.5
+
+// DeclaredLink is the prior of one Mac's link from its declared bandwidth in bits/s
+// and round trip (0: not declared): DeclaredShare of the bandwidth, in bytes/s.
+func DeclaredLink(bitsPerSecond float64, rtt time.Duration) Link {
+	return Link{Throughput: max(bitsPerSecond, 0) / 8 * DeclaredShare, RTT: max(rtt, 0)}
+}
+
+// PairLink is the prior of the link between two Macs from what each declares: the
+// slower throughput and the longer round trip of those declared (0 when neither
+// declares it).
+func PairLink(a, b Link) Link {
+	out := Link{RTT: max(a.RTT, b.RTT)}
+	switch {
+	case a.Throughput > 0 && b.Throughput > 0:
+		out.Throughput = min(a.Throughput, b.Throughput)
+	default:
+		out.Throughput = max(a.Throughput, b.Throughput, 0)
+	}
+	return out
+}
+
+// orPrior is v when it is a usable figure (positive, finite), else def.
+func orPrior(v, def float64) float64 {
+	if v > 0 && !math.IsInf(v, 0) {
+		return v
+	}
+	return def
+}
+
 // Inputs are the decision's inputs for a state of tokens of deployment model over
-// link: measured values, or the defaults where nothing was measured yet (the prefill
-// rate has none: 0).
-func (e *Estimates) Inputs(model string, link LinkKey, tokens int, margin float64) Inputs {
+// link: measured values; where nothing was measured yet, prior's, else the defaults
+// (the prefill rate has none: 0).
+func (e *Estimates) Inputs(model string, link LinkKey, tokens int, margin float64, prior Prior) Inputs {
+	bpt := orPrior(prior.BytesPerToken, DefaultBytesPerToken)
+	throughput := orPrior(prior.Link.Throughput, DefaultThroughput)
+	rtt := orPrior(float64(prior.Link.RTT), float64(DefaultRTT))
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	in := Inputs{Tokens: tokens, Margin: margin, BytesPerToken: DefaultBytesPerToken,
-		Link: Link{Throughput: DefaultThroughput, RTT: DefaultRTT}}
+	in := Inputs{Tokens: tokens, Margin: margin, BytesPerToken: bpt, Link: Link{Throughput: throughput, RTT: time.Duration(rtt)}}
 	if me := e.models[model]; me != nil {
 		in.PrefillRate = me.prefill.or(0)
-		in.BytesPerToken = me.bytesPerToken.or(DefaultBytesPerToken)
+		in.BytesPerToken = me.bytesPerToken.or(bpt)
 	}
 	if le := e.links[link]; le != nil {
-		in.Link = Link{Throughput: le.throughput.or(DefaultThroughput), RTT: time.Duration(le.rtt.or(float64(DefaultRTT)))}
+		in.Link = Link{Throughput: le.throughput.or(throughput), RTT: time.Duration(le.rtt.or(rtt))}
 	}
 	return in
 }

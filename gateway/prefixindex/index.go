@@ -44,6 +44,8 @@ type backendSet struct {
 	epoch   string
 	seq     uint64
 	digests map[uint64]uint64
+	// bytesPerToken is the latest its runner reported (0: none yet).
+	bytesPerToken float64
 }
 
 // Index is safe for concurrent use.
@@ -146,6 +148,9 @@ func (x *Index) Apply(backend string, ev runnerapi.PrefixEvents) {
 		x.m.resets.Inc()
 	}
 	b.epoch, b.seq = ev.Epoch, ev.Seq
+	if ev.BytesPerToken > 0 && !math.IsInf(ev.BytesPerToken, 0) {
+		b.bytesPerToken = ev.BytesPerToken
+	}
 	before := len(b.digests)
 	for _, e := range ev.Events {
 		k := digestKey(e.Digest)
@@ -190,6 +195,18 @@ func (x *Index) Deepest(backend string, digests []string) Hit {
 		}
 	}
 	return Hit{}
+}
+
+// BytesPerToken is the size of backend's saved states per token, as its runner last
+// reported it (runnerapi.PrefixEvents.BytesPerToken); 0 when it reported none (an
+// older runner, or none saved yet).
+func (x *Index) BytesPerToken(backend string) float64 {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	if b := x.backends[backend]; b != nil {
+		return b.bytesPerToken
+	}
+	return 0
 }
 
 // Len is how many digests the index holds for backend.

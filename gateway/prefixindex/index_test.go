@@ -138,3 +138,30 @@ func TestApplyKeepsTiersAndTokens(t *testing.T) {
 		t.Errorf("dropped %v, want 3 (the reports of d in the tiers past maxTiers)", got)
 	}
 }
+
+// TestBytesPerToken: the index keeps the bytes per token a backend's runner last
+// reported, across answers that do not carry it (an older runner: 0), and forgets it
+// with the backend.
+func TestBytesPerToken(t *testing.T) {
+	x, err := New(0, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := x.BytesPerToken("ns/r0"); got != 0 {
+		t.Fatalf("unknown backend: %v", got)
+	}
+	x.Apply("ns/r0", runnerapi.PrefixEvents{Epoch: "e1", Seq: 1, Reset: true, Events: []runnerapi.PrefixEvent{ev("a", "hot", 100)}})
+	if got := x.BytesPerToken("ns/r0"); got != 0 {
+		t.Errorf("a runner that does not report it: %v, want 0", got)
+	}
+	x.Apply("ns/r0", runnerapi.PrefixEvents{Epoch: "e1", Seq: 2, Events: []runnerapi.PrefixEvent{ev("b", "hot", 200)}, BytesPerToken: 256})
+	x.Apply("ns/r0", runnerapi.PrefixEvents{Epoch: "e1", Seq: 3, Events: []runnerapi.PrefixEvent{ev("c", "hot", 300)}})
+	x.Apply("ns/r0", runnerapi.PrefixEvents{Epoch: "e1", Seq: 4, BytesPerToken: math.Inf(1)})
+	if got := x.BytesPerToken("ns/r0"); got != 256 {
+		t.Errorf("reported 256, then answers without it: %v, want 256", got)
+	}
+	x.Remove("ns/r0")
+	if got := x.BytesPerToken("ns/r0"); got != 0 {
+		t.Errorf("after Remove: %v, want 0", got)
+	}
+}

@@ -44,11 +44,12 @@ func (e *engine) saveState(s *slot) {
 	if !e.pc.active() || len(s.cached) < e.pc.block {
 		return
 	}
-	full, ok := e.pc.save(s.cached, len(s.job.tokens), s.partition, e.ctx.SeqStateSize(s.id), func(header []byte) []byte {
+	size := e.ctx.SeqStateSize(s.id)
+	full, ok := e.pc.save(s.cached, len(s.job.tokens), s.partition, size, func(header []byte) []byte {
 		return e.ctx.SeqState(s.id, header)
 	})
 	if ok {
-		e.pc.noteSaved(s.job.digests, full, len(s.job.tokens))
+		e.pc.noteSaved(s.job.digests, full, len(s.job.tokens), int64(blobHeader+4*len(s.cached)+size), len(s.cached))
 	}
 }
 

@@ -143,7 +143,7 @@ func (pc *promptCache) importState(body io.Reader, partition string, digests []s
 		pc.putRefs(imp.BlockKeys[:d], encodeRef(imp.Key))
 	}
 	pc.imports.Add(1)
-	pc.noteSaved(digests, imp.Key, len(imp.Tokens))
+	pc.noteSaved(digests, imp.Key, len(imp.Tokens), int64(len(h)+len(payload)), len(imp.Tokens))
 	return http.StatusOK, runnerapi.PeerStateResult{Imported: true, Tokens: len(imp.Tokens), Bytes: int64(len(h) + len(payload))}
 }
 

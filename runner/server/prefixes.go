@@ -55,8 +55,10 @@ func (pc *promptCache) changed() {
 	}
 }
 
-// noteSaved associates digests with the state saved under full.
-func (pc *promptCache) noteSaved(digests []string, full promptcache.Key, promptTokens int) {
+// noteSaved associates digests with the state saved under full, of stateBytes for
+// stateTokens (the prefix table reports its bytes per token).
+func (pc *promptCache) noteSaved(digests []string, full promptcache.Key, promptTokens int, stateBytes int64, stateTokens int) {
+	pc.prefixes.NoteStateSize(stateBytes, stateTokens)
 	if len(digests) > 0 {
 		pc.prefixes.Associate(digests, promptcache.Backing{State: full, Tokens: promptTokens})
 	}

@@ -22,18 +22,7 @@ import (
 // very report its pool kept — so that, when the replica is deleted, its last status
 // lists every shard's freed bytes, each measured by its own Mac.
 func TestSplitReplicaShardsReportTheirMemory(t *testing.T) {
-	worker := startAgent(t, agentOptions{})
-	head := startAgent(t, agentOptions{})
-	mn := &v1alpha1.MacNode{ObjectMeta: metav1.ObjectMeta{Name: worker.node}}
-	if err := env.Client.Create(t.Context(), mn); err != nil {
-		t.Fatal(err)
-	}
-	mn.Status.Agent.Address = worker.endpoint
-	if err := env.Client.Status().Update(t.Context(), mn); err != nil {
-		t.Fatal(err)
-	}
-	ns := testenv.NewNamespace(t, env.Client)
-	createSplit(t, ns, "big-0", head.node, worker.node)
+	head, worker, ns := startSplit(t)
 	measured := func(s *v1alpha1.ShardStatus) bool {
 		return s != nil && s.Phase == v1alpha1.ReplicaRunning && s.Resident != nil && s.Resident.Value() > 0 &&
 			s.Peak != nil && s.Peak.Cmp(*s.Resident) >= 0

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	toolscache "k8s.io/client-go/tools/cache"
@@ -53,9 +54,20 @@ func shardPhase(m *enginepool.ModelSnapshot, fetchErr error) v1alpha1.ReplicaPha
 	return v1alpha1.ReplicaLoading
 }
 
-// shardEntry is this Mac's entry of status.shards for a shard in phase with pool entry m.
+// shardRetires is the pure rule of when this Mac unloads its worker shard of mr for
+// good: the replica drains (spec.drain) and the head's agent reports the head's runner
+// unloaded for it (v1alpha1.ModelReplica.DrainReported). Until then the head's runner
+// may still be finishing requests across the shards.
+func shardRetires(mr *v1alpha1.ModelReplica) bool { return mr.DrainReported() }
+
+// shardEntry is this Mac's entry of status.shards for a shard in phase with pool entry
+// m: the footprint the pool measures of the shard's process and the pool's report of
+// its last unload.
 func shardEntry(node string, phase v1alpha1.ReplicaPhase, m *enginepool.ModelSnapshot) v1alpha1.ShardStatus {
 	e := v1alpha1.ShardStatus{Node: node, Phase: phase}
+	if m != nil && m.LastUnload != nil {
+		e.LastUnload = unloadReport(*m.LastUnload)
+	}
 	if m != nil && m.ResidentBytes > 0 {
 		e.Resident = resource.NewQuantity(m.ResidentBytes, resource.BinarySI)
 	}
@@ -69,8 +81,10 @@ func shardEntry(node string, phase v1alpha1.ReplicaPhase, m *enginepool.ModelSna
 // the worker shard cache with a shard here, it fetches the model into the store,
 // registers a Pinned pool entry (enginepool.ModelSpec.SplitWorker) reserving the
 // shard's memory and loads it, hands the worker's loopback address to the split link,
-// and writes its own entry of status.shards (phase, resident, peak); a shard no longer
-// wanted is removed from the pool.
+// and writes its own entry of status.shards (phase, resident, peak, lastUnload). A
+// shard of a drained replica is retired (shardRetires: unloaded through the pool's
+// settle barrier, its report kept for lastUnload); a shard no longer wanted is removed
+// from the pool.
 type shardSync struct {
 	node   string
 	shards *workerShards
@@ -88,6 +102,8 @@ type shardRun struct {
 	uid      string
 	fetchErr error
 	cancel   context.CancelFunc
+	// retiring: shardRetires holds; the fetch and load are canceled.
+	retiring bool
 }
 
 func (s *shardSync) run(ctx context.Context) error {
@@ -129,7 +145,11 @@ func (s *shardSync) reconcile(ctx context.Context) {
 		}
 	}
 	for key, mr := range want {
-		if _, ok := s.started[key]; !ok {
+		r, ok := s.started[key]
+		switch {
+		case shardRetires(mr):
+			s.retireLocked(key, mr, r)
+		case !ok:
 			s.startLocked(ctx, key, mr)
 		}
 	}
@@ -169,6 +189,25 @@ func (s *shardSync) startLocked(ctx context.Context, key string, mr *v1alpha1.Mo
 	}()
 }
 
+// retireLocked stops the shard's fetch and load (r, nil when none was started) and
+// retires its pool entry: the pool drains and stops the worker, waits for the settle
+// barrier and keeps the unload's report. Called at every tick while the shard
+// retires (Retire is idempotent), so an entry registered meanwhile is retired too.
+func (s *shardSync) retireLocked(key string, mr *v1alpha1.ModelReplica, r *shardRun) {
+	if r == nil {
+		r = &shardRun{uid: string(mr.UID), cancel: func() {}}
+		s.started[key] = r
+	}
+	if !r.retiring {
+		r.retiring = true
+		r.cancel()
+	}
+	var unknown *enginepool.UnknownModelError
+	if _, err := s.pool.Retire(shardEntryName(mr.Namespace, mr.Name)); err != nil && !errors.As(err, &unknown) {
+		s.log.Error(err, "Retiring a worker shard", "replica", key)
+	}
+}
+
 // report hands the worker's address to the split link and writes this Mac's entry
 // of the replica's status.shards when it changed.
 func (s *shardSync) report(ctx context.Context, key string, mr *v1alpha1.ModelReplica, snap enginepool.Snapshot) {
@@ -176,11 +215,15 @@ func (s *shardSync) report(ctx context.Context, key string, mr *v1alpha1.ModelRe
 	m := findModel(snap, entryName)
 	s.mu.Lock()
 	var fetchErr error
+	retiring := false
 	if r := s.started[key]; r != nil {
-		fetchErr = r.fetchErr
+		fetchErr, retiring = r.fetchErr, r.retiring
 	}
 	s.mu.Unlock()
 	phase := shardPhase(m, fetchErr)
+	if retiring {
+		phase = v1alpha1.ReplicaDraining
+	}
 	addr := ""
 	if phase == v1alpha1.ReplicaRunning {
 		if rn, err := s.pool.RunnerOf(entryName); err == nil {
@@ -217,7 +260,8 @@ func sameShardEntry(shards []v1alpha1.ShardStatus, entry v1alpha1.ShardStatus) b
 		if s.Node != entry.Node {
 			continue
 		}
-		return s.Phase == entry.Phase && closeQty(s.Resident, entry.Resident, 1<<20) && closeQty(s.Peak, entry.Peak, 1<<20)
+		return s.Phase == entry.Phase && closeQty(s.Resident, entry.Resident, 1<<20) && closeQty(s.Peak, entry.Peak, 1<<20) &&
+			equality.Semantic.DeepEqual(s.LastUnload, entry.LastUnload)
 	}
 	return false
 }

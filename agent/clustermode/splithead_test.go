@@ -21,20 +21,7 @@ import (
 // agent — under its pool reserving the head shard's memory, reports its own
 // status.shards entry, and the replica serves a chat.
 func TestAgentRunsASplitHead(t *testing.T) {
-	worker := startAgent(t, agentOptions{})
-	head := startAgent(t, agentOptions{})
-	// The worker Mac's MacNode says where its agent listens (the cluster's macnode
-	// registration is not part of this harness).
-	mn := &v1alpha1.MacNode{ObjectMeta: metav1.ObjectMeta{Name: worker.node}}
-	if err := env.Client.Create(t.Context(), mn); err != nil {
-		t.Fatal(err)
-	}
-	mn.Status.Agent.Address = worker.endpoint
-	if err := env.Client.Status().Update(t.Context(), mn); err != nil {
-		t.Fatal(err)
-	}
-	ns := testenv.NewNamespace(t, env.Client)
-	createSplit(t, ns, "big-0", head.node, worker.node)
+	head, worker, ns := startSplit(t)
 	waitReplica(t, 2*time.Minute, ns, "big-0", func(mr *v1alpha1.ModelReplica) (bool, string) {
 		phases := map[string]v1alpha1.ReplicaPhase{}
 		for _, s := range mr.Status.Shards {
@@ -96,4 +83,25 @@ func checkSplitMetrics(t *testing.T, head *testAgent, model string, tokens float
 	if got := value(enginepool.MetricSplitHeadCompute, m); got <= 0 {
 		t.Errorf("%s = %v", enginepool.MetricSplitHeadCompute, got)
 	}
+}
+
+// startSplit starts the agents of a head's and a worker's Mac and creates replica
+// big-0 split across them, in a namespace of its own.
+func startSplit(t *testing.T) (head, worker *testAgent, ns string) {
+	t.Helper()
+	worker = startAgent(t, agentOptions{})
+	head = startAgent(t, agentOptions{})
+	// The worker Mac's MacNode says where its agent listens (the cluster's macnode
+	// registration is not part of this harness).
+	mn := &v1alpha1.MacNode{ObjectMeta: metav1.ObjectMeta{Name: worker.node}}
+	if err := env.Client.Create(t.Context(), mn); err != nil {
+		t.Fatal(err)
+	}
+	mn.Status.Agent.Address = worker.endpoint
+	if err := env.Client.Status().Update(t.Context(), mn); err != nil {
+		t.Fatal(err)
+	}
+	ns = testenv.NewNamespace(t, env.Client)
+	createSplit(t, ns, "big-0", head.node, worker.node)
+	return head, worker, ns
 }

@@ -52,6 +52,11 @@ func ownedStatus(mr *v1alpha1.ModelReplica, local *localView, m *enginepool.Mode
 	}
 	if mr.Spec.Drain != nil {
 		drainStatus(&st, local, m, cond)
+		if mr.Spec.Split != nil {
+			// The head's own entry, with its unload for lastUnload; each worker's Mac
+			// unloads its shard once this reports Drained (shardRetires).
+			st.Shards = []v1alpha1.ShardStatus{shardEntry(mr.Spec.NodeName, v1alpha1.ReplicaDraining, m)}
+		}
 		return st
 	}
 	if local == nil {
@@ -70,7 +75,6 @@ func ownedStatus(mr *v1alpha1.ModelReplica, local *localView, m *enginepool.Mode
 	}
 	cond(v1alpha1.ReplicaDownloaded, metav1.ConditionTrue, v1alpha1.ReasonStored, "stored at "+local.path)
 	if mr.Spec.Split != nil {
-		// The head's own entry of status.shards (each worker Mac writes its own).
 		// The head's own entry of status.shards (each worker Mac writes its own); stored,
 		// the head is Loading until its runner is Ready.
 		phase := v1alpha1.ReplicaLoading

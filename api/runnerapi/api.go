@@ -129,6 +129,10 @@ type SplitWorkerStatus struct {
 	// AllocatedBytes is the worker's memory this runner's buffers take (its layers'
 	// weights, their KV cache, the compute buffer): the shard's share on its Mac.
 	AllocatedBytes int64 `json:"allocated_bytes"`
+	// MemoryBytes is what the worker answered as its free and total memory when the
+	// runner connected: its --memory (the shard's reservation on its Mac, when its
+	// agent started it), else its Mac's physical memory.
+	MemoryBytes int64 `json:"memory_bytes"`
 	// Error is set once the link has failed (the worker died, the link was cut or
 	// timed out); the runner is then failed and serves nothing.
 	Error string `json:"error,omitempty"`

@@ -173,7 +173,9 @@ type ModelReplicaStatus struct {
 	// kubectl's columns.
 	// +optional
 	Display *MemoryDisplay `json:"display,omitempty"`
-	// lastUnload is what the agent measured when it last unloaded this replica's model.
+	// lastUnload is what the agent measured when it last unloaded this replica's model;
+	// for a split replica, the head's runner (each shard's own is in
+	// shards[].lastUnload, measured by that shard's Mac).
 	// +optional
 	LastUnload *UnloadReport `json:"lastUnload,omitempty"`
 	// shards is what each Mac of a split replica reports about its shard, one entry

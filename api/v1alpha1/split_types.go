@@ -3,7 +3,9 @@ package v1alpha1
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"time"
 
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
@@ -131,6 +133,13 @@ type ShardStatus struct {
 	// peak is the highest footprint measured since the shard was loaded.
 	// +optional
 	Peak *resource.Quantity `json:"peak,omitempty"`
+	// lastUnload is what this shard's Mac measured when it last unloaded the shard:
+	// its own process's footprint before the stop and the memory its Mac got back
+	// after the settle barrier. A worker's Mac unloads its shard when the replica
+	// drains, once the head's runner is unloaded; the head's entry repeats the
+	// replica's status.lastUnload.
+	// +optional
+	LastUnload *UnloadReport `json:"lastUnload,omitempty"`
 }
 
 // Link is a Mac's network link to the other Macs of the fleet, as a split replica's
@@ -144,4 +153,32 @@ type Link struct {
 	// rtt is the round-trip time to the other Macs.
 	// +optional
 	RTT *metav1.Duration `json:"rtt,omitempty"`
+}
+
+// DrainReported says whether the agent of mr's Mac (the head's, for a split replica)
+// reports its model unloaded for the drain: its Loaded condition is False/Drained and
+// was written for the current spec (the one with spec.drain set).
+func (mr *ModelReplica) DrainReported() bool {
+	if mr.Spec.Drain == nil {
+		return false
+	}
+	c := meta.FindStatusCondition(mr.Status.Conditions, ReplicaLoaded)
+	return c != nil && c.Status == metav1.ConditionFalse && c.Reason == ReasonDrained &&
+		c.ObservedGeneration >= mr.Generation
+}
+
+// UnloadedSince says whether u is an unload that finished at or after t (lastUnload
+// has one-second resolution: an unload in t's second counts).
+func (u *UnloadReport) UnloadedSince(t *metav1.Time) bool {
+	return u != nil && t != nil && !u.Time.Before(&metav1.Time{Time: t.Truncate(time.Second)})
+}
+
+// ShardEntry is the entry of node in mr's status.shards (nil when it has none).
+func (mr *ModelReplica) ShardEntry(node string) *ShardStatus {
+	for i := range mr.Status.Shards {
+		if mr.Status.Shards[i].Node == node {
+			return &mr.Status.Shards[i]
+		}
+	}
+	return nil
 }

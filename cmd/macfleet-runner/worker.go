@@ -30,6 +30,8 @@ func runWorker(args []string, stdout, stderr io.Writer) int {
 	listen := fs.String("listen", "", "serve runners on this TCP address (port 0 picks one)")
 	model := fs.String("model", "", "this Mac's copy of the GGUF model file (required): the runner's must be identical")
 	threads := fs.Int("threads", max(1, runtime.NumCPU()-1), "CPU threads computing the layers")
+	memory := fs.Int64("memory", 0, "bytes the worker answers the runner as its free and total memory: "+
+		"its shard's reservation on this Mac (default: the Mac's physical memory)")
 	verbose := fs.BoolP("verbose", "v", false, "log ggml's info messages")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
@@ -47,6 +49,9 @@ func runWorker(args []string, stdout, stderr io.Writer) int {
 		return exitBadFlags
 	case *threads < 1:
 		fmt.Fprintln(stderr, "macfleet-runner worker: --threads must be positive")
+		return exitBadFlags
+	case *memory < 0:
+		fmt.Fprintln(stderr, "macfleet-runner worker: --memory must not be negative")
 		return exitBadFlags
 	}
 	if _, err := os.Stat(*model); err != nil {
@@ -79,7 +84,7 @@ func runWorker(args []string, stdout, stderr io.Writer) int {
 		remote := conn.RemoteAddr().String()
 		fmt.Fprintf(stderr, "macfleet-runner worker: serving the runner at %s\n", remote)
 		// One runner at a time: its buffers are freed when it disconnects.
-		if err := netdevice.Serve(conn.(*net.TCPConn), *model, *threads); err != nil {
+		if err := netdevice.Serve(conn.(*net.TCPConn), *model, *threads, *memory); err != nil {
 			fmt.Fprintf(stderr, "macfleet-runner worker: the runner at %s: %v\n", remote, err)
 		} else {
 			fmt.Fprintf(stderr, "macfleet-runner worker: the runner at %s disconnected\n", remote)

@@ -2,10 +2,10 @@ package modeldeployment
 
 import (
 	"fmt"
+	"strings"
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/meta"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/macfleet/macfleet/api/v1alpha1"
 )
@@ -89,24 +89,36 @@ func decideRemoval(mr *v1alpha1.ModelReplica, nodeReady bool, now time.Time, tim
 	return removal{Action: removalWait, Wait: left}
 }
 
-// drained says whether the agent reports mr's model unloaded for its drain: its
-// Loaded condition says Drained and was written for the current spec (the one with
-// spec.drain set).
+// drained says whether the agents report mr's model unloaded for its drain: the
+// agent of its Mac says so in its Loaded condition, written for the current spec (the
+// one with spec.drain set), and, for a split replica, every worker shard's Mac has
+// reported its own shard's unload (shardsUnloaded).
 func drained(mr *v1alpha1.ModelReplica) bool {
-	c := meta.FindStatusCondition(mr.Status.Conditions, v1alpha1.ReplicaLoaded)
-	return c != nil && c.Status == metav1.ConditionFalse && c.Reason == v1alpha1.ReasonDrained &&
-		c.ObservedGeneration >= mr.Generation
+	return mr.DrainReported() && shardsUnloaded(mr)
+}
+
+// shardsUnloaded says whether every worker shard of mr's split reports an unload
+// since the drain began (its entry's lastUnload), or a failed shard with nothing in
+// memory; true for a replica that is not split. A worker's Mac unloads its shard once
+// the head reports its runner unloaded.
+func shardsUnloaded(mr *v1alpha1.ModelReplica) bool {
+	for _, node := range mr.Spec.Split.WorkerNodes() {
+		e := mr.ShardEntry(node)
+		if e == nil || (e.Phase != v1alpha1.ReplicaFailed && !e.LastUnload.UnloadedSince(mr.Spec.Drain)) {
+			return false
+		}
+	}
+	return true
 }
 
 // drainUnload is the unload the agent recorded for mr's drain: status.lastUnload when
 // it finished at or after the drain began (lastUnload has one-second resolution),
 // nil otherwise.
 func drainUnload(mr *v1alpha1.ModelReplica) *v1alpha1.UnloadReport {
-	u := mr.Status.LastUnload
-	if u == nil || mr.Spec.Drain == nil || u.Time.Before(&metav1.Time{Time: mr.Spec.Drain.Truncate(time.Second)}) {
-		return nil
+	if u := mr.Status.LastUnload; u.UnloadedSince(mr.Spec.Drain) {
+		return u
 	}
-	return u
+	return nil
 }
 
 // removedNote is the deployment Event's message for a draining replica deleted for
@@ -115,14 +127,33 @@ func removedNote(mr *v1alpha1.ModelReplica, why string, timeout time.Duration) s
 	switch why {
 	case removedDrained:
 		if u := drainUnload(mr); u != nil {
-			return fmt.Sprintf("Replica %s drained and unloaded on %s, freed %s", mr.Name, mr.Spec.NodeName, mebibytes(u.FreedBytes))
+			return fmt.Sprintf("Replica %s drained and unloaded on %s, freed %s", mr.Name, mr.Spec.NodeName,
+				mebibytes(u.FreedBytes)) + shardsFreedNote(mr)
 		}
-		return fmt.Sprintf("Replica %s drained on %s (its model was not in memory)", mr.Name, mr.Spec.NodeName)
+		return fmt.Sprintf("Replica %s drained on %s (its model was not in memory)", mr.Name, mr.Spec.NodeName) +
+			shardsFreedNote(mr)
 	case removedTimedOut:
 		return fmt.Sprintf("Replica %s deleted: its agent on %s did not report the model unloaded within %s", mr.Name,
 			mr.Spec.NodeName, timeout)
 	}
 	return fmt.Sprintf("Replica %s deleted while draining: its Mac %s is not Ready", mr.Name, mr.Spec.NodeName)
+}
+
+// shardsFreedNote is what each worker shard's Mac freed at the drain of a split
+// replica, for removedNote ("" for a replica that is not split).
+func shardsFreedNote(mr *v1alpha1.ModelReplica) string {
+	var parts []string
+	for _, node := range mr.Spec.Split.WorkerNodes() {
+		if e := mr.ShardEntry(node); e != nil && e.LastUnload.UnloadedSince(mr.Spec.Drain) {
+			parts = append(parts, fmt.Sprintf("%s freed %s", node, mebibytes(e.LastUnload.FreedBytes)))
+		} else {
+			parts = append(parts, node+" reported no unload")
+		}
+	}
+	if len(parts) == 0 {
+		return ""
+	}
+	return "; its worker shards: " + strings.Join(parts, ", ")
 }
 
 func mebibytes(b int64) string { return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20)) }

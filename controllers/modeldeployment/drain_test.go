@@ -35,6 +35,27 @@ func reportsLoaded(mr *v1alpha1.ModelReplica, status metav1.ConditionStatus, rea
 	return mr
 }
 
+// splitDrained makes mr a replica split over its node and workers, whose head reports
+// Drained for generation 2; unloads gives each worker's entry of status.shards: a
+// lastUnload at that time, or (zero time) a Failed entry with none.
+func splitDrained(mr *v1alpha1.ModelReplica, unloads map[string]time.Time, workers ...string) *v1alpha1.ModelReplica {
+	reportsLoaded(mr, metav1.ConditionFalse, v1alpha1.ReasonDrained, 2)
+	mr.Spec.Split = &v1alpha1.ReplicaSplit{Shards: []v1alpha1.ReplicaShard{{Node: mr.Spec.NodeName}}}
+	for _, w := range workers {
+		mr.Spec.Split.Shards = append(mr.Spec.Split.Shards, v1alpha1.ReplicaShard{Node: w})
+		at, ok := unloads[w]
+		switch {
+		case !ok:
+		case at.IsZero():
+			mr.Status.Shards = append(mr.Status.Shards, v1alpha1.ShardStatus{Node: w, Phase: v1alpha1.ReplicaFailed})
+		default:
+			mr.Status.Shards = append(mr.Status.Shards, v1alpha1.ShardStatus{Node: w, Phase: v1alpha1.ReplicaDraining,
+				LastUnload: &v1alpha1.UnloadReport{FreedBytes: 100 << 20, Time: metav1.NewTime(at)}})
+		}
+	}
+	return mr
+}
+
 func TestDecideRemoval(t *testing.T) {
 	clk := clocktesting.NewFakePassiveClock(t0)
 	const timeout = 2 * time.Minute
@@ -72,6 +93,24 @@ func TestDecideRemoval(t *testing.T) {
 			removal{Action: removalDelete, Why: removedNodeDown}},
 		{"timed out: delete", removing("mac-1", true, t0.Add(-timeout)), true,
 			removal{Action: removalDelete, Why: removedTimedOut}},
+		// Draining a split replica: deleted once the head and every worker shard's Mac
+		// report their unloads.
+		{"split: the head drained, a worker has not reported: wait",
+			splitDrained(removing("mac-1", false, began), map[string]time.Time{"mac-2": t0}, "mac-2", "mac-3"), true,
+			removal{Action: removalWait, Wait: 90 * time.Second}},
+		{"split: every worker reports its unload since the drain: delete",
+			splitDrained(removing("mac-1", false, began), map[string]time.Time{"mac-2": t0, "mac-3": began}, "mac-2", "mac-3"), true,
+			removal{Action: removalDelete, Why: removedDrained}},
+		{"split: a worker's unload before the drain does not count",
+			splitDrained(removing("mac-1", false, began), map[string]time.Time{"mac-2": began.Add(-time.Second)}, "mac-2"), true,
+			removal{Action: removalWait, Wait: 90 * time.Second}},
+		{"split: a failed worker shard has nothing to unload",
+			splitDrained(removing("mac-1", false, began), map[string]time.Time{"mac-2": {}}, "mac-2"), true,
+			removal{Action: removalDelete, Why: removedDrained}},
+		{"split: the workers unloaded but the head has not: wait",
+			reportsLoaded(splitDrained(removing("mac-1", false, began), map[string]time.Time{"mac-2": t0}, "mac-2"),
+				metav1.ConditionFalse, v1alpha1.ReasonDraining, 2), true,
+			removal{Action: removalWait, Wait: 90 * time.Second}},
 		{"a second before the timeout: wait", removing("mac-1", true, t0.Add(-timeout+time.Second)), true,
 			removal{Action: removalWait, Wait: time.Second}},
 	}
@@ -115,6 +154,13 @@ func TestRemovedNote(t *testing.T) {
 	mr.Status.LastUnload.Time = metav1.NewTime(t0.Add(-time.Second)) // an earlier unload (idle)
 	if got := removedNote(mr, removedDrained, time.Minute); strings.Contains(got, "freed") {
 		t.Errorf("note = %q reports the freed bytes of an unload before the drain", got)
+	}
+	split := splitDrained(reportsLoaded(removing("mac-1", false, drainAt), metav1.ConditionFalse, v1alpha1.ReasonDrained, 2),
+		map[string]time.Time{"mac-2": t0}, "mac-2", "mac-3")
+	split.Name, split.Status.LastUnload = "m-abc-y", &v1alpha1.UnloadReport{FreedBytes: 50 << 20, Time: metav1.NewTime(t0)}
+	if got, want := removedNote(split, removedDrained, time.Minute),
+		"Replica m-abc-y drained and unloaded on mac-1, freed 50.0 MiB; its worker shards: mac-2 freed 100.0 MiB, mac-3 reported no unload"; got != want {
+		t.Errorf("split note = %q, want %q", got, want)
 	}
 	if got := removedNote(mr, removedTimedOut, time.Minute); !strings.Contains(got, "within 1m0s") {
 		t.Errorf("timeout note = %q, want the timeout named", got)

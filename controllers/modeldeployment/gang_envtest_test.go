@@ -19,18 +19,8 @@ import (
 // a new unbound replica takes its place for the scheduler to place whole; so is one
 // whose worker shard its Mac's agent reports Failed.
 func TestBrokenGangIsReplacedWhole(t *testing.T) {
-	const gib = int64(1) << 30
-	est := estimate.Result{Weights: 40 * gib, KVCache: 8 * gib, Compute: gib, Overhead: 256 << 20,
-		Dims: estimate.Dims{Layers: 48, Vocab: 32000, Embd: 4096, Params: 70_000_000_000}}
-	est.Total = est.Weights + est.KVCache + est.Compute + est.Overhead
-	f := newFixture(t)
-	f.start(&Reconciler{Estimate: func(context.Context, estimate.Params) (estimate.Result, error) { return est, nil }})
-	macs := []string{f.readyMacNode("a"), f.readyMacNode("b")}
-	md := newDeployment("big", "https://models.example/big.gguf", 1, "")
-	md.Spec.Placement.MaxMacsPerReplica = 3
-	f.create(md)
-
-	mr := f.waitReplicas(1)[0]
+	f, macs, mr := newGangFixture(t, &Reconciler{})
+	est := gangEstimate()
 	l, _ := est.ByLayer()
 	want := layerMemoryFor(l, roundUpMiB(est.Total).Value())
 	if mr.Spec.LayerMemory == nil || mr.Spec.LayerMemory.Layers != 48 || !mr.Spec.LayerMemory.PerLayer.Equal(want.PerLayer) ||
@@ -38,15 +28,7 @@ func TestBrokenGangIsReplacedWhole(t *testing.T) {
 		t.Fatalf("layerMemory %+v, want %+v", mr.Spec.LayerMemory, want)
 	}
 
-	before := mr.DeepCopy()
-	mr.Spec.NodeName = macs[0]
-	mr.Spec.Split = &v1alpha1.ReplicaSplit{Shards: []v1alpha1.ReplicaShard{
-		{Node: macs[0], FirstLayer: 0, LastLayer: 23, Memory: resource.MustParse("26Gi")},
-		{Node: macs[1], FirstLayer: 24, LastLayer: 47, Memory: resource.MustParse("25Gi")},
-	}}
-	if err := f.c.Patch(t.Context(), &mr, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{})); err != nil {
-		t.Fatalf("binding as a gang: %v", err)
-	}
+	f.bindGang(&mr, macs)
 	f.markLoaded(&mr)
 	f.waitStatus("big", func(md *v1alpha1.ModelDeployment) (bool, string) {
 		return md.Status.ReadyReplicas == 1 && len(md.Status.Nodes) == 2, md.Status.Ready + " on " + condition(md, v1alpha1.DeploymentAvailable)
@@ -71,7 +53,7 @@ func TestBrokenGangIsReplacedWhole(t *testing.T) {
 	// shard's Mac reports the shard Failed (its worker process died): deleted at once
 	// too, and replaced.
 	f.setMacReady(macs[1], metav1.ConditionTrue)
-	before = next.DeepCopy()
+	before := next.DeepCopy()
 	next.Spec.NodeName, next.Spec.Split = macs[0], mr.Spec.Split
 	if err := f.c.Patch(t.Context(), &next, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{})); err != nil {
 		t.Fatalf("binding the replacement as a gang: %v", err)
@@ -91,5 +73,44 @@ func TestBrokenGangIsReplacedWhole(t *testing.T) {
 	third := f.waitReplicas(1)[0]
 	if third.Name == next.Name || third.Spec.NodeName != "" || third.Spec.Split != nil {
 		t.Errorf("replacement %s: nodeName %q, split %+v; want a new unbound replica", third.Name, third.Spec.NodeName, third.Spec.Split)
+	}
+}
+
+// gangEstimate is the estimate of a 48-layer model of about 49 GiB.
+func gangEstimate() estimate.Result {
+	const gib = int64(1) << 30
+	est := estimate.Result{Weights: 40 * gib, KVCache: 8 * gib, Compute: gib, Overhead: 256 << 20,
+		Dims: estimate.Dims{Layers: 48, Vocab: 32000, Embd: 4096, Params: 70_000_000_000}}
+	est.Total = est.Weights + est.KVCache + est.Compute + est.Overhead
+	return est
+}
+
+// newGangFixture starts r with gangEstimate against the API server, two Ready Macs,
+// and deployment "big" of one replica that may span 3 Macs; it returns the replica.
+func newGangFixture(t *testing.T, r *Reconciler) (*fixture, []string, v1alpha1.ModelReplica) {
+	t.Helper()
+	est := gangEstimate()
+	r.Estimate = func(context.Context, estimate.Params) (estimate.Result, error) { return est, nil }
+	f := newFixture(t)
+	f.start(r)
+	macs := []string{f.readyMacNode("a"), f.readyMacNode("b")}
+	md := newDeployment("big", "https://models.example/big.gguf", 1, "")
+	md.Spec.Placement.MaxMacsPerReplica = 3
+	f.create(md)
+	return f, macs, f.waitReplicas(1)[0]
+}
+
+// bindGang plays the scheduler: it binds mr as a gang of macs[0] (the head, layers
+// 0-23) and macs[1] (layers 24-47) in one write.
+func (f *fixture) bindGang(mr *v1alpha1.ModelReplica, macs []string) {
+	f.t.Helper()
+	before := mr.DeepCopy()
+	mr.Spec.NodeName = macs[0]
+	mr.Spec.Split = &v1alpha1.ReplicaSplit{Shards: []v1alpha1.ReplicaShard{
+		{Node: macs[0], FirstLayer: 0, LastLayer: 23, Memory: resource.MustParse("26Gi")},
+		{Node: macs[1], FirstLayer: 24, LastLayer: 47, Memory: resource.MustParse("25Gi")},
+	}}
+	if err := f.c.Patch(f.t.Context(), mr, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{})); err != nil {
+		f.t.Fatalf("binding as a gang: %v", err)
 	}
 }

@@ -24,12 +24,16 @@ type WorkerRunner struct {
 var _ enginepool.Runner = (*WorkerRunner)(nil)
 
 // workerArgs is the worker's command line: loopback only, since the protocol has no
-// authentication of its own (the agent's split link carries it from the head's Mac).
+// authentication of its own (the agent's split link carries it from the head's Mac);
+// the shard's reservation is the memory it answers the head's runner as its own.
 func (f *ProcessFactory) workerArgs(spec enginepool.ModelSpec) []string {
 	threads := spec.Engine.WithRunnerThreads(f.cfg.Threads, f.cfg.PerformanceCores, spec.WeightBytes).Threads
 	args := []string{"worker", "--listen", "127.0.0.1:0", "--model", spec.Path}
 	if threads > 0 {
 		args = append(args, "--threads", strconv.Itoa(int(threads)))
+	}
+	if spec.EstimatedBytes > 0 {
+		args = append(args, "--memory", strconv.FormatInt(spec.EstimatedBytes, 10))
 	}
 	return args
 }

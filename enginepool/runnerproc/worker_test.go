@@ -17,6 +17,7 @@ import (
 	"github.com/go-logr/logr/testr"
 
 	"github.com/macfleet/macfleet/api/engine"
+	"github.com/macfleet/macfleet/api/runnerapi"
 	"github.com/macfleet/macfleet/enginepool"
 	"github.com/macfleet/macfleet/internal/ggufsynth"
 )
@@ -24,9 +25,9 @@ import (
 // TestSplitWorkerUnderThePool: a worker shard (ModelSpec.SplitWorker) is a real
 // `macfleet-runner worker` process started by the pool: it listens on loopback only,
 // its reservation counts in the pool's committed memory, a real runner split across
-// it loads through it, the pool measures its footprint (which holds the shard's layers
-// once the runner loaded), and unloading it stops the process and reports what it
-// held.
+// it loads through it — the worker answering the shard's reservation as its memory —,
+// the pool measures its footprint (which holds the shard's layers once the runner
+// loaded), and unloading it stops the process and reports what it held.
 func TestSplitWorkerUnderThePool(t *testing.T) {
 	bin := os.Getenv(RunnerEnv)
 	if bin == "" {
@@ -99,6 +100,19 @@ func TestSplitWorkerUnderThePool(t *testing.T) {
 		}
 		return h.Status == "ready"
 	})
+	var st runnerapi.Status
+	resp, err := http.Get("http://" + addr + "/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = json.NewDecoder(resp.Body).Decode(&st)
+	resp.Body.Close()
+	if err != nil {
+		t.Fatalf("the split runner's /status: %v", err)
+	}
+	if len(st.Split) != 1 || st.Split[0].MemoryBytes != reserved {
+		t.Errorf("the split runner's workers %+v: want one answering the shard's %d bytes reserved as its memory", st.Split, reserved)
+	}
 	var resident int64
 	procWaitFor(t, 10*time.Second, "the pool to measure the worker holding its layers", func() bool {
 		for _, m := range p.Snapshot().Models {

@@ -214,6 +214,10 @@ func TestSplitModelMatchesOneProcess(t *testing.T) {
 				if least := int64(tc.layers[i] * (splitLayerBytes + 8192*2*32*2)); ws.AllocatedBytes < least {
 					t.Errorf("split worker %d holds %d bytes of buffers, want at least %d", i, ws.AllocatedBytes, least)
 				}
+				// Started without --memory, it answers its Mac's physical memory.
+				if ws.MemoryBytes < ws.AllocatedBytes {
+					t.Errorf("split worker %d answered %d bytes of memory, less than the %d its buffers hold", i, ws.MemoryBytes, ws.AllocatedBytes)
+				}
 				// The weights stayed home: loading sent each worker a name, a size and a
 				// hash per tensor, not its layers' F16 weights.
 				if weights := uint64(tc.layers[i] * splitLayerBytes); ws.BytesSent >= weights/4 {

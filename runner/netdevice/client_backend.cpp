@@ -260,5 +260,5 @@ extern "C" int mfnd_error(void *dev, char *err, size_t errlen) {
 extern "C" void mfnd_get_stats(void *dev, mfnd_stats *s) {
 	nd_device *d = (nd_device *)((ggml_backend_dev_t)dev)->context;
 	std::lock_guard<std::mutex> lock(d->mu);
-	*s = {d->sent, d->received, d->round_trips, d->computes, d->wait_ns, d->compute_ns, d->allocated};
+	*s = {d->sent, d->received, d->round_trips, d->computes, d->wait_ns, d->compute_ns, d->allocated, d->info.mem_total};
 }

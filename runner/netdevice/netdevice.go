@@ -45,11 +45,12 @@ type Device struct {
 // Stats counts one device's traffic: bytes each way, answered round trips and graphs
 // computed; Wait is the time spent in answered commands (sending, the worker's work,
 // the answer), Compute the part of it the worker spent computing; Allocated the bytes
-// of the worker's buffers the runner holds (weights, KV cache, compute).
+// of the worker's buffers the runner holds (weights, KV cache, compute); Memory the
+// memory the worker answered as its own at the greeting (Serve's memory).
 type Stats struct {
 	BytesSent, BytesReceived, RoundTrips, Computes uint64
 	Wait, Compute                                  time.Duration
-	Allocated                                      uint64
+	Allocated, Memory                              uint64
 }
 
 // Connect dials a worker and greets it with the identity of modelPath (the worker
@@ -112,12 +113,14 @@ func (d *Device) Stats() Stats {
 	C.mfnd_get_stats(d.dev, &s)
 	return Stats{BytesSent: uint64(s.sent), BytesReceived: uint64(s.received),
 		RoundTrips: uint64(s.round_trips), Computes: uint64(s.computes),
-		Wait: time.Duration(s.wait_ns), Compute: time.Duration(s.compute_ns), Allocated: uint64(s.allocated)}
+		Wait: time.Duration(s.wait_ns), Compute: time.Duration(s.compute_ns), Allocated: uint64(s.allocated),
+		Memory: uint64(s.memory)}
 }
 
 // Serve serves one runner on conn until it disconnects, computing with threads CPU
-// threads; it closes conn.
-func Serve(conn *net.TCPConn, modelPath string, threads int) error {
+// threads and answering memory bytes as its free and total memory (0: the Mac's
+// physical memory); it closes conn.
+func Serve(conn *net.TCPConn, modelPath string, threads int, memory int64) error {
 	f, err := conn.File()
 	conn.Close()
 	if err != nil {
@@ -131,7 +134,7 @@ func Serve(conn *net.TCPConn, modelPath string, threads int) error {
 	cpath := C.CString(modelPath)
 	defer C.free(unsafe.Pointer(cpath))
 	buf := make([]byte, errLen)
-	if C.mfnd_serve(C.int(fd), cpath, C.int(threads), cbuf(buf), errLen) != 0 {
+	if C.mfnd_serve(C.int(fd), cpath, C.int(threads), C.uint64_t(max(memory, 0)), cbuf(buf), errLen) != 0 {
 		return errors.New(goString(buf))
 	}
 	return nil

@@ -10,7 +10,7 @@ extern "C" {
 #endif
 
 typedef struct mfnd_stats {
-	uint64_t sent, received, round_trips, computes, wait_ns, compute_ns, allocated;
+	uint64_t sent, received, round_trips, computes, wait_ns, compute_ns, allocated, memory;
 } mfnd_stats;
 
 // mfnd_open greets the worker on the connected socket fd (which it then owns) and
@@ -24,8 +24,10 @@ int mfnd_error(void *dev, char *err, size_t errlen);
 void mfnd_get_stats(void *dev, mfnd_stats *s);
 
 // mfnd_serve serves one runner on the connected socket fd until it disconnects; it
-// returns 0 then, or -1 with a message in err when the session failed.
-int mfnd_serve(int fd, const char *model_path, int threads, char *err, size_t errlen);
+// returns 0 then, or -1 with a message in err when the session failed. memory is what
+// the worker answers the runner as its free and total memory (0: the Mac's physical
+// memory).
+int mfnd_serve(int fd, const char *model_path, int threads, uint64_t memory, char *err, size_t errlen);
 
 #ifdef __cplusplus
 }

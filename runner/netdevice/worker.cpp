@@ -34,6 +34,8 @@ struct worker {
 	std::vector<uint8_t> msg, out;
 	uint64_t file_size = 0, header_hash = 0;
 	int threads = 1;
+	// memory is what the worker answers as its free and total memory (mfnd_serve).
+	uint64_t memory = 0;
 
 	~worker() {
 		for (auto &b : buffers) {
@@ -127,9 +129,7 @@ bool worker::hello() {
 		return false;
 	}
 	mfnd_hello_reply r = {MFND_VERSION, (uint32_t)threads, 0, 0};
-	// No portable free-memory figure for host memory here: report the model's size as a
-	// floor; placement is decided by the control plane, not by llama.cpp's defaults.
-	r.mem_free = r.mem_total = file_size * 4;
+	r.mem_free = r.mem_total = memory;
 	return reply(0, &r, sizeof(r));
 }
 
@@ -351,10 +351,11 @@ bool worker::serve_one(uint8_t cmd) {
 
 } // namespace
 
-extern "C" int mfnd_serve(int fd, const char *model_path, int threads, char *err, size_t errlen) {
+extern "C" int mfnd_serve(int fd, const char *model_path, int threads, uint64_t memory, char *err, size_t errlen) {
 	worker w;
 	w.sock = fd;
 	w.threads = threads > 0 ? threads : 1;
+	w.memory = memory;
 	// No timeout: a runner may stay idle for hours; its death closes the connection
 	// (keepalive finds a vanished peer).
 	mfnd_socket_options(fd, 0);
@@ -368,6 +369,12 @@ extern "C" int mfnd_serve(int fd, const char *model_path, int threads, char *err
 	}
 	if (e.empty() && (w.cpu = ggml_backend_cpu_init()) == NULL) {
 		e = "cannot start the CPU backend";
+	}
+	if (e.empty() && w.memory == 0) {
+		// No budget given: the Mac's physical memory, as the CPU backend reports it.
+		size_t free = 0, total = 0;
+		ggml_backend_dev_memory(ggml_backend_get_device(w.cpu), &free, &total);
+		w.memory = total;
 	}
 	bool greeted = false;
 	for (;;) {

@@ -110,7 +110,8 @@ func (s *Server) splitStatus() []runnerapi.SplitWorkerStatus {
 		st := d.Stats()
 		ws := runnerapi.SplitWorkerStatus{Addr: d.Addr, Layers: s.cfg.Split[i].Layers, FirstLayer: first,
 			BytesSent: st.BytesSent, BytesReceived: st.BytesReceived, RoundTrips: st.RoundTrips, Computes: st.Computes,
-			LinkWaitSeconds: st.Wait.Seconds(), WorkerComputeSeconds: st.Compute.Seconds(), AllocatedBytes: int64(st.Allocated)}
+			LinkWaitSeconds: st.Wait.Seconds(), WorkerComputeSeconds: st.Compute.Seconds(), AllocatedBytes: int64(st.Allocated),
+			MemoryBytes: int64(st.Memory)}
 		if err := d.Err(); err != nil {
 			ws.Error = err.Error()
 		}

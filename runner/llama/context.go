@@ -8,6 +8,12 @@ package llama
 /*
 #include <stdlib.h>
 #include "llama.h"
+#include "ggml-cpu.h"
+
+static struct ggml_threadpool *mf_threadpool_new(int n) {
+	struct ggml_threadpool_params p = ggml_threadpool_params_default(n);
+	return ggml_threadpool_new(&p);
+}
 
 static void mf_batch_set(struct llama_batch *b, int i, llama_token tok, llama_pos pos, llama_seq_id seq, _Bool output) {
 	b->token[i] = tok;
@@ -69,6 +75,7 @@ func kvType(t string) (C.enum_ggml_type, error) {
 // Context is an inference context: the KV cache and compute buffers.
 type Context struct {
 	c     *C.struct_llama_context
+	tp    *C.struct_ggml_threadpool
 	mem   C.llama_memory_t
 	model *Model
 	nEmbd int
@@ -100,7 +107,15 @@ func NewContext(m *Model, p ContextParams) (*Context, error) {
 	if c == nil {
 		return nil, errors.New("llama.cpp could not create a context (see its log on stderr)")
 	}
-	return &Context{c: c, mem: C.llama_get_memory(c), model: m, nEmbd: m.NEmbd()}, nil
+	ctx := &Context{c: c, mem: C.llama_get_memory(c), model: m, nEmbd: m.NEmbd()}
+	// One thread pool for the context's life. Without it every llama_decode starts
+	// and joins its own threads (a disposable pool per graph), which costs each step a
+	// thread start and leaves the threads cold; on a busy host the new threads also
+	// queue behind everything else before the step can begin.
+	if ctx.tp = C.mf_threadpool_new(C.int(max(p.Threads, 1))); ctx.tp != nil {
+		C.llama_attach_threadpool(c, ctx.tp, ctx.tp)
+	}
+	return ctx, nil
 }
 
 // Free releases the context (KV cache and compute buffers).
@@ -108,6 +123,10 @@ func (c *Context) Free() {
 	if c.c != nil {
 		C.llama_free(c.c)
 		c.c = nil
+	}
+	if c.tp != nil {
+		C.ggml_threadpool_free(c.tp)
+		c.tp = nil
 	}
 }
 

@@ -29,6 +29,7 @@ struct worker {
 	int file = -1;
 	struct gguf_context *gguf = NULL;
 	ggml_backend_t cpu = NULL;
+	struct ggml_threadpool *pool = NULL; // kept for the session, as the runner keeps its own
 	std::map<uint64_t, ggml_backend_buffer_t> buffers; // by base address
 	std::string err; // the first error of a queued command, reported by the next answered one
 	std::vector<uint8_t> msg, out;
@@ -43,6 +44,9 @@ struct worker {
 		}
 		if (cpu != NULL) {
 			ggml_backend_free(cpu);
+		}
+		if (pool != NULL) {
+			ggml_threadpool_free(pool);
 		}
 		if (gguf != NULL) {
 			gguf_free(gguf);
@@ -400,6 +404,10 @@ extern "C" int mfnd_serve(int fd, const char *model_path, int threads, uint64_t 
 				w.reply(1, e.data(), e.size());
 			} else if (w.hello()) {
 				ggml_backend_cpu_set_n_threads(w.cpu, w.threads);
+				struct ggml_threadpool_params tp = ggml_threadpool_params_default(w.threads);
+				if ((w.pool = ggml_threadpool_new(&tp)) != NULL) {
+					ggml_backend_cpu_set_threadpool(w.cpu, w.pool);
+				}
 				greeted = true;
 				continue;
 			} else {

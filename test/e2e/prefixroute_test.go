@@ -78,7 +78,9 @@ func postChat(ctx context.Context, base, body string) (int, string, error) {
 // answer — so that least load would pick the idle other — the conversation's second
 // turn and another user's request with the same system prompt both go to the holder
 // (routed by a prefix hit) and restore their prefix from its prompt cache: the idle
-// replica, which never saw the conversation, could restore none of it.
+// replica, which never saw the conversation, could restore none of it. A second
+// gateway started afterwards rebuilds its index from the agents and routes the
+// conversation's next turn to the holder before it has routed anything else.
 //
 // It needs the runner and agent side of the fleet prompt cache (prefix events on
 // GET /api/models/{id}/prefixes): run it once that is merged.
@@ -156,4 +158,29 @@ func TestPrefixCacheRouting(t *testing.T) {
 	}
 	stop()
 	<-done
+
+	// A restarted gateway starts with an empty index and rebuilds it from the agents
+	// (their first answer to a caller without an epoch lists every digest held), so
+	// before it has routed anything the conversation's next turn is a prefix hit there.
+	url2, reg2 := inProcessGateway(t, gateway.Config{Routing: gateway.RoutingPrefixCache}, testr.NewWithInterface(t, testr.Options{Verbosity: 1}))
+	testenv.Eventually(t, 30*time.Second, 50*time.Millisecond, func() (bool, string) {
+		n := metricValue(t, reg2, "macfleet_gateway_prefix_index_entries", nil)
+		return n > 0, fmt.Sprintf("a new gateway's prefix index holds nothing (%v polls of the agents failed)",
+			metricValue(t, reg2, "macfleet_gateway_prefix_index_poll_errors_total", nil))
+	})
+	var again string
+	testenv.Eventually(t, time.Minute, 100*time.Millisecond, func() (bool, string) {
+		code, text, err := postChat(t.Context(), url2, prefixChat(model, 8, question, reply, "And this: var once sync.Once"))
+		again = text
+		return err == nil && code == http.StatusOK, fmt.Sprintf("the new gateway does not serve %s yet: %d %s %v", model, code, text, err)
+	})
+	u4 := answerUsage(t, again)
+	t.Logf("through a new gateway: %d prompt tokens (%d cached)", u4.Input, u4.Cached)
+	if n := metricValue(t, reg2, "macfleet_gateway_routing_decisions_total", map[string]string{"model": model, "routing": "prefix_hit"}); n != 1 {
+		t.Errorf("the new gateway routed the conversation's next turn by %v prefix hits, want 1: its index was not rebuilt from the agents", n)
+	}
+	if u4.Cached < u1.Input*9/10 {
+		t.Errorf("through the new gateway the next turn restored %d of its %d prompt tokens, want at least 90%% of turn 1's %d",
+			u4.Cached, u4.Input, u1.Input)
+	}
 }

@@ -170,7 +170,7 @@ func (p *peerFetcher) count(model string, src, be Backend, res runnerapi.PeerSta
 	}
 	p.fetches.WithLabelValues(model, result).Inc()
 	p.bytes.WithLabelValues(model).Add(float64(max(res.Bytes, 0)))
-	p.est.ObserveFetch(model, peerfetch.LinkKey{Source: src.Node, Target: be.Node}, res)
+	p.est.ObserveFetch(model, peerfetch.LinkKey{Source: src.Node, Target: be.Node}, res, peerfetch.PairLink(src.Link, be.Link))
 	return result
 }
 

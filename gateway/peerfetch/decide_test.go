@@ -74,14 +74,14 @@ func TestEstimates(t *testing.T) {
 	}
 	e.ObservePrefill("ns/chat", MinPrefillSample-1, time.Millisecond) // too short to count
 	e.ObservePrefill("ns/chat", 1000, 2*time.Second)
-	e.ObserveFetch("ns/chat", ab, runnerapi.PeerStateResult{Reason: runnerapi.PeerMissNotFound, Millis: 10})
-	e.ObserveFetch("ns/chat", ab, runnerapi.PeerStateResult{Imported: true, Tokens: 1000, Bytes: 4e6, Millis: 110})
+	e.ObserveFetch("ns/chat", ab, runnerapi.PeerStateResult{Reason: runnerapi.PeerMissNotFound, Millis: 10}, Link{})
+	e.ObserveFetch("ns/chat", ab, runnerapi.PeerStateResult{Imported: true, Tokens: 1000, Bytes: 4e6, Millis: 110}, Link{})
 	want := Inputs{Tokens: 4096, Margin: 2, PrefillRate: 500, BytesPerToken: 4000, Link: Link{Throughput: 40e6, RTT: 10 * time.Millisecond}}
 	if d := cmp.Diff(want, e.Inputs("ns/chat", ab, 4096, 2, Prior{})); d != "" {
 		t.Fatalf("after one sample each (-want +got):\n%s", d)
 	}
 	e.ObservePrefill("ns/chat", 1000, time.Second)
-	e.ObserveFetch("ns/chat", ab, runnerapi.PeerStateResult{Reason: runnerapi.PeerMissUnavailable, Millis: 10000}) // a timeout says nothing of the link's RTT
+	e.ObserveFetch("ns/chat", ab, runnerapi.PeerStateResult{Reason: runnerapi.PeerMissUnavailable, Millis: 10000}, Link{}) // a timeout says nothing of the link's RTT
 	want.PrefillRate = 0.3*1000 + 0.7*500
 	if d := cmp.Diff(want, e.Inputs("ns/chat", ab, 4096, 2, Prior{})); d != "" {
 		t.Fatalf("after a second prefill (-want +got):\n%s", d)
@@ -113,10 +113,37 @@ func TestEstimatesPrior(t *testing.T) {
 	if d := cmp.Diff(bad, e.Inputs("ns/chat", ab, 4096, 2, Prior{BytesPerToken: math.Inf(1), Link: Link{Throughput: -1}})); d != "" {
 		t.Errorf("an unusable prior (-want +got):\n%s", d)
 	}
-	e.ObserveFetch("ns/chat", ab, runnerapi.PeerStateResult{Imported: true, Tokens: 1000, Bytes: 4e5, Millis: 30}) // 10 ms over the default round trip
+	e.ObserveFetch("ns/chat", ab, runnerapi.PeerStateResult{Imported: true, Tokens: 1000, Bytes: 4e5, Millis: 30}, Link{}) // 10 ms over the default round trip
 	want.BytesPerToken, want.Link.Throughput = 400, 4e5/0.010
 	if d := cmp.Diff(want, e.Inputs("ns/chat", ab, 4096, 2, prior)); d != "" {
 		t.Errorf("after a measured fetch (-want +got):\n%s", d)
+	}
+}
+
+// TestObserveFetchDeclaredRTT: a fetch's throughput is its bytes over its time less
+// the link's round trip; before a round trip is measured, the declared one stands in
+// for DefaultRTT (a 25 ms fetch over a declared 1 ms link moved its bytes in 24 ms,
+// not in the 5 ms the default 20 ms would leave).
+func TestObserveFetchDeclaredRTT(t *testing.T) {
+	ab := LinkKey{Source: "mac-1", Target: "mac-2"}
+	res := runnerapi.PeerStateResult{Imported: true, Tokens: 1000, Bytes: 24e5, Millis: 25}
+	for _, tc := range []struct {
+		name     string
+		declared Link
+		want     float64
+	}{
+		{"declared 1 ms", Link{RTT: time.Millisecond}, 24e5 / 0.024},
+		{"nothing declared", Link{}, 24e5 / (0.025 - DefaultRTT.Seconds())},
+		{"an unusable declaration", Link{RTT: -time.Second}, 24e5 / (0.025 - DefaultRTT.Seconds())},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := NewEstimates()
+			e.ObserveFetch("ns/chat", ab, res, tc.declared)
+			got := e.Inputs("ns/chat", ab, 4096, 2, Prior{}).Link.Throughput
+			if math.Abs(got-tc.want) > 1e-6*tc.want {
+				t.Errorf("throughput %.0f B/s, want %.0f", got, tc.want)
+			}
+		})
 	}
 }
 

@@ -145,10 +145,11 @@ func (e *Estimates) ObservePrefill(model string, tokens int, d time.Duration) {
 
 // ObserveFetch samples a fetch's outcome as the fetching agent reported it: a fetch
 // that moved bytes samples the link's throughput (bytes over its time less the
-// link's round trip) and, when imported, the deployment's bytes per token; one that
-// moved nothing because the peer answered at once (not found, refused) samples the
-// round trip.
-func (e *Estimates) ObserveFetch(model string, link LinkKey, res runnerapi.PeerStateResult) {
+// link's round trip: the measured one, else the declared one of prior, else
+// DefaultRTT) and, when imported, the deployment's bytes per token; one that moved
+// nothing because the peer answered at once (not found, refused) samples the round
+// trip.
+func (e *Estimates) ObserveFetch(model string, link LinkKey, res runnerapi.PeerStateResult, prior Link) {
 	if res.Millis < 0 {
 		return
 	}
@@ -158,7 +159,7 @@ func (e *Estimates) ObserveFetch(model string, link LinkKey, res runnerapi.PeerS
 	le := entry(e.links, link)
 	switch {
 	case res.Bytes > 0:
-		rtt := time.Duration(le.rtt.or(float64(DefaultRTT)))
+		rtt := time.Duration(le.rtt.or(orPrior(float64(prior.RTT), float64(DefaultRTT))))
 		moving := max(d-rtt, time.Millisecond)
 		le.throughput.add(float64(res.Bytes) / moving.Seconds())
 		if res.Imported && res.Tokens > 0 {

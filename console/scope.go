@@ -22,8 +22,8 @@ const HiddenMac = "a Mac"
 //
 //   - no Mac, Lease or other namespace's replica;
 //   - its own namespace's deployments and replicas, with Mac names (spec.nodeName,
-//     status.nodes, endpoints and Mac names inside condition messages) replaced by
-//     HiddenMac;
+//     status.nodes, a split replica's shards, endpoints and Mac names inside
+//     condition messages and unload reasons) replaced by HiddenMac;
 //   - of another namespace's deployment that grants it access (tenancy.MayUse), only
 //     its namespace, name, served name and replica counts: never its source, digest,
 //     conditions or memory;
@@ -43,6 +43,14 @@ func Scope(s Snapshot, id tenancy.Identity) Snapshot {
 	for _, r := range s.Replicas {
 		if r.Spec.NodeName != "" {
 			macs[r.Spec.NodeName] = true
+		}
+		for _, sh := range r.Status.Shards {
+			macs[sh.Node] = true
+		}
+		if r.Spec.Split != nil {
+			for _, sh := range r.Spec.Split.Shards {
+				macs[sh.Node] = true
+			}
 		}
 	}
 	hide := macRedactor(macs)
@@ -81,6 +89,7 @@ func Scope(s Snapshot, id tenancy.Identity) Snapshot {
 		if u := r.Status.LastUnload; u != nil {
 			u.Reason = hide(u.Reason)
 		}
+		hideShards(&r, hide)
 		out.Replicas = append(out.Replicas, r)
 	}
 	for _, u := range s.Usage {
@@ -100,6 +109,40 @@ func sharedDeployment(d mfv1.ModelDeployment) mfv1.ModelDeployment {
 	out.Spec.Replicas = d.Spec.Replicas
 	out.Status.Replicas, out.Status.ReadyReplicas = d.Status.Replicas, d.Status.ReadyReplicas
 	return out
+}
+
+// hideShards replaces the Macs' names of a split replica's shards (a copy) with
+// HiddenMac, first putting the shards' status entries in shard order so that each
+// still pairs with its shard (BuildUnloads pairs them by index then).
+func hideShards(r *mfv1.ModelReplica, hide func(string) string) {
+	if sp := r.Spec.Split; sp != nil {
+		order := map[string]int{}
+		for i, sh := range sp.Shards {
+			order[sh.Node] = i
+		}
+		slices.SortStableFunc(r.Status.Shards, func(a, b mfv1.ShardStatus) int {
+			ia, oka := order[a.Node]
+			ib, okb := order[b.Node]
+			return cmp.Or(cmp.Compare(boolRank(!oka), boolRank(!okb)), cmp.Compare(ia, ib))
+		})
+		for i := range sp.Shards {
+			sp.Shards[i].Node = HiddenMac
+		}
+		sp.Macs = hide(sp.Macs)
+	}
+	for i := range r.Status.Shards {
+		r.Status.Shards[i].Node = HiddenMac
+		if u := r.Status.Shards[i].LastUnload; u != nil {
+			u.Reason = hide(u.Reason)
+		}
+	}
+}
+
+func boolRank(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // macRedactor replaces the names of macs in a text with HiddenMac.

@@ -474,53 +474,6 @@ func replicaRow(r mfv1.ModelReplica, scheduled *metav1.Condition) ReplicaRow {
 	return row
 }
 
-// UnloadRow is one unload a replica reported.
-type UnloadRow struct {
-	Model, Namespace, Replica, Node string
-	Reason, Outcome                 string
-	Freed, Resident                 Bytes
-	Duration                        string
-	Time                            time.Time
-	Ago                             string
-}
-
-// UnloadsPage lists the most recent unloads.
-type UnloadsPage struct {
-	Unloads []UnloadRow
-	Freed   Bytes
-}
-
-// BuildUnloads is the unloads table: every replica's last unload, newest first, at
-// most MaxUnloads.
-func BuildUnloads(s Snapshot) UnloadsPage {
-	var p UnloadsPage
-	for _, r := range s.Replicas {
-		u := r.Status.LastUnload
-		if u == nil {
-			continue
-		}
-		p.Unloads = append(p.Unloads, UnloadRow{
-			Model: modelOf(r), Namespace: r.Namespace, Replica: r.Name, Node: r.Spec.NodeName,
-			Reason: u.Reason, Outcome: string(u.Outcome),
-			Freed: bytesOf(u.FreedBytes), Resident: bytesOf(u.ResidentBytes),
-			Duration: u.Duration.Duration.Round(time.Millisecond).String(),
-			Time:     u.Time.UTC(), Ago: Age(s.Now, u.Time),
-		})
-	}
-	slices.SortFunc(p.Unloads, func(a, b UnloadRow) int {
-		return cmp.Or(b.Time.Compare(a.Time), cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Replica, b.Replica))
-	})
-	if len(p.Unloads) > MaxUnloads {
-		p.Unloads = p.Unloads[:MaxUnloads]
-	}
-	var freed int64
-	for _, u := range p.Unloads {
-		freed += u.Freed.N
-	}
-	p.Freed = bytesOf(freed)
-	return p
-}
-
 // PlaygroundModel is one choice in the playground.
 type PlaygroundModel struct {
 	Model, Label string

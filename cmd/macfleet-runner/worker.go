@@ -23,7 +23,7 @@ import (
 
 // runWorker is `macfleet-runner worker`: it holds some of a model's layers for a
 // runner started with --split-worker (docs/split-model.md), serving one runner at a
-// time until SIGTERM.
+// time until SIGTERM, which ends the session it is serving.
 func runWorker(args []string, stdout, stderr io.Writer) int {
 	fs := pflag.NewFlagSet("macfleet-runner worker", pflag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -83,10 +83,16 @@ func runWorker(args []string, stdout, stderr io.Writer) int {
 		}
 		remote := conn.RemoteAddr().String()
 		fmt.Fprintf(stderr, "macfleet-runner worker: serving the runner at %s\n", remote)
-		// One runner at a time: its buffers are freed when it disconnects.
-		if err := netdevice.Serve(conn.(*net.TCPConn), *model, *threads, *memory); err != nil {
+		// One runner at a time: its buffers are freed when it disconnects or a signal
+		// ends its session (the runner then fails its requests: its worker is lost).
+		err = netdevice.Serve(ctx, conn.(*net.TCPConn), *model, *threads, *memory)
+		switch {
+		case ctx.Err() != nil:
+			fmt.Fprintf(stderr, "macfleet-runner worker: stopping: ended the session with the runner at %s\n", remote)
+			return exitOK
+		case err != nil:
 			fmt.Fprintf(stderr, "macfleet-runner worker: the runner at %s: %v\n", remote, err)
-		} else {
+		default:
 			fmt.Fprintf(stderr, "macfleet-runner worker: the runner at %s disconnected\n", remote)
 		}
 	}

@@ -64,19 +64,10 @@ func (r *ProcessRunner) stopSequence(grace time.Duration) {
 			return false
 		}
 	}
-	if grace > 0 && !r.worker {
-		r.lastSpans()
-		r.noteStep(StopShutdown)
-		deadline := time.Now().Add(grace)
-		ctx, cancel := context.WithDeadline(context.Background(), deadline)
-		err := r.call(ctx, http.MethodPost, "/shutdown", struct{}{}, nil)
-		cancel()
-		if err != nil && !errors.Is(err, ErrRunnerExited) {
-			// A runner already stopping may drop the answer; one that is wedged
-			// gets SIGTERM once the grace is over either way.
-			r.log.V(1).Info("Shutdown request failed", "err", err.Error())
-		}
-		if wait(time.Until(deadline)) {
+	if grace > 0 {
+		// A split worker has no HTTP API: SIGTERM is its graceful stop (it ends the
+		// session it serves and exits).
+		if !r.worker && r.shutdown(grace, wait) {
 			return
 		}
 		r.noteStep(StopTerm)
@@ -90,6 +81,23 @@ func (r *ProcessRunner) stopSequence(grace time.Duration) {
 	if !wait(reapWait) {
 		r.log.Info("Runner not reaped after SIGKILL", "wait", reapWait)
 	}
+}
+
+// shutdown asks the runner over HTTP to stop and waits up to grace; it reports whether
+// the runner exited.
+func (r *ProcessRunner) shutdown(grace time.Duration, wait func(time.Duration) bool) bool {
+	r.lastSpans()
+	r.noteStep(StopShutdown)
+	deadline := time.Now().Add(grace)
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	err := r.call(ctx, http.MethodPost, "/shutdown", struct{}{}, nil)
+	cancel()
+	if err != nil && !errors.Is(err, ErrRunnerExited) {
+		// A runner already stopping may drop the answer; one that is wedged
+		// gets SIGTERM once the grace is over either way.
+		r.log.V(1).Info("Shutdown request failed", "err", err.Error())
+	}
+	return wait(time.Until(deadline))
 }
 
 // noteStep records the furthest escalation reached, unless the process is already gone.

@@ -337,6 +337,64 @@ func TestSplitModelWorkerKilled(t *testing.T) {
 	}
 }
 
+// TestSplitModelWorkerStopsOnSIGTERM: SIGTERM to a worker in the middle of a stream
+// ends its session at once — the worker exits 0 well within the 2 s the pool waits
+// after SIGTERM before SIGKILL (runnerproc's KillAfter) — and the runner ends the
+// request with a split_worker_lost error event, never hanging it.
+func TestSplitModelWorkerStopsOnSIGTERM(t *testing.T) {
+	const exitBound = time.Second
+	m := specModel(t, "split-seed3", splitSpec(3))
+	w := startWorker(t, m)
+	r := startReady(t, m, splitFlags([]*worker{w}, 3)...)
+	var (
+		termed time.Time
+		exited time.Duration // how long the worker took to exit; 0: not within exitBound
+	)
+	chunks, _, done, errEv := streamChat(t, r, context.Background(), chatBody("Tell me a very long story about the sea.", 4000, true), func(c chunk) bool {
+		if !termed.IsZero() || len(c.Choices) == 0 || c.Choices[0].Delta.Content == nil {
+			return true
+		}
+		if err := w.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+			t.Fatal(err)
+		}
+		termed = time.Now()
+		select {
+		case <-w.exited:
+			exited = time.Since(termed)
+		case <-time.After(exitBound):
+			// Today's worker would be SIGKILLed by the pool now; so is this one, to end
+			// the stream.
+			t.Errorf("the worker did not exit within %v of SIGTERM while serving; stderr:\n%s", exitBound, tail(w.stderr.String(), 2000))
+			_ = w.cmd.Process.Kill()
+		}
+		return true
+	})
+	took := time.Since(termed)
+	if termed.IsZero() || done {
+		t.Fatalf("the stream finished (%d chunks, done %v) before the worker was stopped", len(chunks), done)
+	}
+	if exited > 0 {
+		if code := w.cmd.ProcessState.ExitCode(); code != 0 {
+			t.Errorf("the worker exited with %d after SIGTERM, want 0", code)
+		}
+		if !strings.Contains(w.stderr.String(), "ended the session with the runner") {
+			t.Errorf("the worker's stderr does not say it ended the session:\n%s", tail(w.stderr.String(), 2000))
+		}
+	}
+	if took > 5*time.Second {
+		t.Errorf("the stream ended %v after SIGTERM, want within 5s", took)
+	}
+	if errEv == nil || errEv.Error.Code != runnerapi.CodeSplitWorkerLost {
+		t.Fatalf("the stream ended with %+v, want a %s error event", errEv, runnerapi.CodeSplitWorkerLost)
+	}
+	t.Logf("the worker exited %v after SIGTERM (0: SIGKILLed); the stream ended %v after SIGTERM: %s",
+		exited.Round(time.Millisecond), took.Round(time.Millisecond), errEv.Error.Message)
+	// The runner then exits as one whose worker is lost.
+	if code := r.exitCode(10 * time.Second); code != 4 {
+		t.Errorf("the runner's exit code %d, want 4 (a split worker is lost)", code)
+	}
+}
+
 // TestSplitModelWorkerHangs: a worker that stops answering (SIGSTOP: its socket stays
 // open, as on a cut link that sends no reset) fails the request once --split-timeout
 // passes, never hanging it.

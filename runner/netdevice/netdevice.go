@@ -27,6 +27,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"syscall"
 	"time"
 	"unsafe"
 
@@ -117,10 +118,12 @@ func (d *Device) Stats() Stats {
 		Memory: uint64(s.memory)}
 }
 
-// Serve serves one runner on conn until it disconnects, computing with threads CPU
-// threads and answering memory bytes as its free and total memory (0: the Mac's
-// physical memory); it closes conn.
-func Serve(conn *net.TCPConn, modelPath string, threads int, memory int64) error {
+// Serve serves one runner on conn until it disconnects or ctx ends, computing with
+// threads CPU threads and answering memory bytes as its free and total memory (0: the
+// Mac's physical memory); it closes conn. When ctx ends Serve shuts the connection
+// down: the worker finishes the command it is computing, frees its buffers and
+// returns, and the runner sees its worker lost.
+func Serve(ctx context.Context, conn *net.TCPConn, modelPath string, threads int, memory int64) error {
 	f, err := conn.File()
 	conn.Close()
 	if err != nil {
@@ -131,6 +134,22 @@ func Serve(conn *net.TCPConn, modelPath string, threads int, memory int64) error
 	if err != nil {
 		return err
 	}
+	// f stays open until the session has ended, so shutting the socket down through
+	// it never reaches a descriptor the C side has closed and the kernel reused.
+	served := make(chan struct{})
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		select {
+		case <-ctx.Done():
+			shutdown(f)
+		case <-served:
+		}
+	}()
+	defer func() {
+		close(served)
+		<-stopped
+	}()
 	cpath := C.CString(modelPath)
 	defer C.free(unsafe.Pointer(cpath))
 	buf := make([]byte, errLen)
@@ -138,6 +157,16 @@ func Serve(conn *net.TCPConn, modelPath string, threads int, memory int64) error
 		return errors.New(goString(buf))
 	}
 	return nil
+}
+
+// shutdown ends both directions of the socket f refers to, for every descriptor of it:
+// the worker's next read of the runner sees the end.
+func shutdown(f *os.File) {
+	raw, err := f.SyscallConn()
+	if err != nil {
+		return
+	}
+	_ = raw.Control(func(s uintptr) { _ = syscall.Shutdown(int(s), syscall.SHUT_RDWR) })
 }
 
 func dupFD(f *os.File) (int, error) {

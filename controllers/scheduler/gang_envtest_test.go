@@ -162,6 +162,51 @@ func TestGangPlacement(t *testing.T) {
 	})
 }
 
+// TestGangCountsTheAgentsMemory runs the scheduler against the API server with Macs
+// whose agents report their own memory (status.memory.agent): a gang that would fill
+// two Macs exactly but for their agents' share is Unschedulable, with a message that
+// names the agents' memory, and is placed once a Mac that holds its share with its
+// agent's arrives, with room for the agent on every Mac it uses.
+func TestGangCountsTheAgentsMemory(t *testing.T) {
+	f := newFixture(t)
+	r := f.startScheduler()
+	// 60 layers of 1 GiB, a 4 GiB head, 0.5 GiB workers: a (34) heads 30 layers
+	// and b (30.5) works 30, exactly, leaving nothing for their agents' 64 MiB.
+	f.createNode(nodeSpec{name: "a", ceiling: 34, agentMiB: 64})
+	f.createNode(nodeSpec{name: "b", ceiling: 30.5, agentMiB: 64})
+	f.createDeployment("big", v1alpha1.Placement{MaxMacsPerReplica: 2})
+	f.waitCached(r, []string{"a", "b"}, []string{"big"})
+
+	f.createGangReplica("big-0", "big", 60, 1, 4, 0.5)
+	held := f.waitScheduled("big-0", metav1.ConditionFalse, string(ReasonInsufficientMemory))
+	msg := "0/2 Macs fit: 2 insufficient memory (need 64.0GiB, largest free 33.9GiB after its agent's own 64MiB); " +
+		"no gang of up to 2 Macs: the 2 eligible Macs have 64.3GiB free together after their agents' own 128MiB, a gang of 2 needs 64.5GiB"
+	if c := findScheduled(held); c.Message != msg {
+		t.Errorf("big-0:\n  %s\nwant\n  %s", c.Message, msg)
+	}
+	if held.Spec.NodeName != "" || held.Spec.Split != nil {
+		t.Errorf("big-0 bound to %q with split %+v, want nothing", held.Spec.NodeName, held.Spec.Split)
+	}
+
+	// c (36) heads 31 layers with room for its agent; b then works 29 with room for its own.
+	f.createNode(nodeSpec{name: "c", ceiling: 36, agentMiB: 64})
+	got := f.waitScheduled("big-0", metav1.ConditionTrue, v1alpha1.ReasonBound)
+	checkCovers(t, got, 60)
+	want := &v1alpha1.ReplicaSplit{Shards: []v1alpha1.ReplicaShard{
+		{Node: f.node("c"), FirstLayer: 0, LastLayer: 30, Memory: *qty(4 + 31)},
+		{Node: f.node("b"), FirstLayer: 31, LastLayer: 59, Memory: *qty(0.5 + 29)},
+	}, Macs: f.node("c") + "," + f.node("b"), Layers: "0-30,31-59"}
+	if !equalSplit(got.Spec.Split, want) {
+		t.Errorf("split:\n  %+v\nwant\n  %+v", got.Spec.Split, want)
+	}
+	ceilings := map[string]float64{"a": 34, "b": 30.5, "c": 36}
+	for name, c := range f.committed() {
+		if room := qty(ceilings[name]).Value() - c; room < 64<<20 {
+			t.Errorf("Mac %s: %d bytes left beyond its shards, less than its agent's 64 MiB", name, room)
+		}
+	}
+}
+
 // equalSplit compares splits, quantities by value.
 func equalSplit(a, b *v1alpha1.ReplicaSplit) bool {
 	if a == nil || b == nil || len(a.Shards) != len(b.Shards) || a.Macs != b.Macs || a.Layers != b.Layers {

@@ -220,7 +220,8 @@ func TestSolveGang(t *testing.T) {
 
 // TestSolveGangInvariants solves random fleets with gangs and checks what every solve
 // must hold: each gang on distinct nodes within MaxNodes, its layers contiguous and
-// each placed once, no node over its allocatable memory, and no gang with fewer nodes
+// each placed once, no node over its allocatable memory (its agent's own memory
+// included), and no gang with fewer nodes
 // possible when it was placed.
 func TestSolveGangInvariants(t *testing.T) {
 	rng := rand.New(rand.NewPCG(27, 1))
@@ -229,6 +230,7 @@ func TestSolveGangInvariants(t *testing.T) {
 		for i := range 2 + rng.IntN(12) {
 			n := mac("m"+strconv.Itoa(i), float64(8+rng.IntN(120)), float64(rng.IntN(8)))
 			n.LinkBandwidth = int64(rng.IntN(3)) * 10e9
+			n.Agent = []int64{0, 64 << 20, 512 << 20}[rng.IntN(3)]
 			if rng.IntN(10) == 0 {
 				n.Ready = false
 			}
@@ -248,7 +250,7 @@ func TestSolveGangInvariants(t *testing.T) {
 		free := map[string]int64{}
 		ready := map[string]bool{}
 		for _, n := range nodes {
-			free[n.Name] = n.Ceiling - n.Committed
+			free[n.Name] = n.Ceiling - n.Committed - n.Agent // what the agent admits
 			ready[n.Name] = n.Ready
 		}
 		byKey := map[string]Replica{}

@@ -207,6 +207,16 @@ type breakdown struct {
 	reserves                    bool
 }
 
+// offer records the memory offered by a node the memory filter rejected, whose agent
+// uses agent bytes itself: the largest offer wins, among equal ones the largest agent's,
+// so that the message does not depend on the order nodes are seen in.
+func (b *breakdown) offer(offered, agent int64) {
+	agent = max(agent, 0)
+	if offered > b.largest || (offered == b.largest && agent > b.largestAgent) {
+		b.largest, b.largestAgent = offered, agent
+	}
+}
+
 // reason renders the breakdown.
 func (b *breakdown) reason() Reason {
 	if b.total == 0 {

@@ -411,9 +411,7 @@ func (s *solver) explain(g *group, mem int64) breakdown {
 			if g.reserves {
 				offered = s.alloc[i]
 			}
-			if offered > b.largest {
-				b.largest, b.largestAgent = offered, max(s.nodes[i].Agent, 0)
-			}
+			b.offer(offered, s.nodes[i].Agent)
 		default:
 			b.fit++
 		}

@@ -12,6 +12,8 @@ type Memory struct {
 	HardWatermarkBytes int64
 	// UsedBytes is the enforcer's last measurement (runners plus the agent).
 	UsedBytes int64
+	// AgentBytes is the agent's own part of UsedBytes.
+	AgentBytes int64
 	// CommittedBytes is the sum of the reservations of loaded and loading models.
 	CommittedBytes  int64
 	Pressure        v1alpha1.PressureLevel
@@ -45,7 +47,7 @@ func PoolMemory(p Snapshotter) MemorySource {
 func MemoryFromSnapshot(s enginepool.Snapshot) Memory {
 	return Memory{
 		CeilingBytes: s.Ceiling.Bytes, SoftWatermarkBytes: s.Ceiling.SoftBytes, HardWatermarkBytes: s.Ceiling.HardBytes,
-		UsedBytes: s.UsageBytes, CommittedBytes: s.CommittedBytes, Pressure: PressureLevel(s.Pressure),
+		UsedBytes: s.UsageBytes, AgentBytes: s.AgentBytes, CommittedBytes: s.CommittedBytes, Pressure: PressureLevel(s.Pressure),
 		Evictions: s.Evictions, FreedBytesTotal: s.FreedBytesTotal,
 	}
 }

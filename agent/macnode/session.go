@@ -487,7 +487,7 @@ func (s *Session) patchStatus(ctx context.Context, node *v1alpha1.MacNode, in st
 }
 
 // statusChanged says whether after differs from before; without usage a difference
-// in the measured usage alone does not count.
+// in the measured usage (the pool's and the agent's own) alone does not count.
 func statusChanged(before, after v1alpha1.MacNodeStatus, usage bool) bool {
 	if equality.Semantic.DeepEqual(before, after) {
 		return false
@@ -496,7 +496,7 @@ func statusChanged(before, after v1alpha1.MacNodeStatus, usage bool) bool {
 		return true
 	}
 	cmp := *after.DeepCopy()
-	cmp.Memory.Used = before.Memory.Used
+	cmp.Memory.Used, cmp.Memory.Agent = before.Memory.Used, before.Memory.Agent
 	if cmp.Display != nil && before.Display != nil {
 		cmp.Display.Used = before.Display.Used
 	}

@@ -377,22 +377,30 @@ func TestMemoryStatus(t *testing.T) {
 	memoryIs("registered", gib, 4*gib, v1alpha1.PressureOK)
 
 	// A notification writes within MinNotifyInterval (1s), long before the renewal.
-	mem.update(func(m *Memory) { m.UsedBytes, m.CommittedBytes = 2*gib, 6*gib })
+	mem.update(func(m *Memory) { m.UsedBytes, m.AgentBytes, m.CommittedBytes = 2*gib, 64<<20, 6*gib })
 	r.s.NotifyChanged()
 	step(t, clk, time.Second)
 	if err := r.round(t); err != nil {
 		t.Fatal(err)
 	}
 	memoryIs("after NotifyChanged", 2*gib, 6*gib, v1alpha1.PressureOK)
+	agentIs := func(what string, want int64) {
+		t.Helper()
+		if got := bytesOf(getNode(t, env.Client, name).Status.Memory.Agent); got != want {
+			t.Errorf("%s: the agent's own memory = %d, want %d", what, got, want)
+		}
+	}
+	agentIs("after NotifyChanged", 64<<20)
 
 	// The usage alone moving is not written at renewals (t0+10s, +20s, +30s) …
-	mem.update(func(m *Memory) { m.UsedBytes = 3 * gib })
+	mem.update(func(m *Memory) { m.UsedBytes, m.AgentBytes = 3*gib, 70<<20 })
 	for i := range 3 {
 		step(t, clk, []time.Duration{9 * time.Second, 10 * time.Second, 10 * time.Second}[i])
 		if err := r.round(t); err != nil {
 			t.Fatal(err)
 		}
 		memoryIs(fmt.Sprintf("renewal %d", i+1), 2*gib, 6*gib, v1alpha1.PressureOK)
+		agentIs(fmt.Sprintf("renewal %d", i+1), 64<<20)
 	}
 	// … but StatusInterval (30s) after the last write it is.
 	step(t, clk, time.Second)
@@ -400,6 +408,7 @@ func TestMemoryStatus(t *testing.T) {
 		t.Fatal(err)
 	}
 	memoryIs("after StatusInterval", 3*gib, 6*gib, v1alpha1.PressureOK)
+	agentIs("after StatusInterval", 70<<20)
 
 	// A pressure change is written at the next renewal even without a notification,
 	// with the usage of the moment, and raises MemoryPressure.

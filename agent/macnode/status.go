@@ -117,12 +117,14 @@ func hardwareStatus(hw hardware.Info) v1alpha1.HardwareStatus {
 }
 
 // memoryStatus is the status form of m. Used and committed are written even when zero
-// (an idle pool uses nothing); the ceiling and watermarks only when known.
+// (an idle pool uses nothing); the ceiling, watermarks and the agent's own footprint
+// only when known.
 func memoryStatus(m Memory) v1alpha1.NodeMemoryStatus {
 	return v1alpha1.NodeMemoryStatus{
 		Ceiling: bytesQuantity(m.CeilingBytes), SoftWatermark: bytesQuantity(m.SoftWatermarkBytes),
 		HardWatermark: bytesQuantity(m.HardWatermarkBytes),
 		Used:          resource.NewQuantity(max(m.UsedBytes, 0), resource.BinarySI),
+		Agent:         bytesQuantity(m.AgentBytes),
 		Committed:     resource.NewQuantity(max(m.CommittedBytes, 0), resource.BinarySI),
 		Pressure:      pressureOrOK(m.Pressure), Evictions: m.Evictions, FreedBytesTotal: m.FreedBytesTotal,
 	}

@@ -86,7 +86,7 @@ func TestApplyStatus(t *testing.T) {
 	hw := hardware.Info{Chip: "Apple M2", CPUCores: 8, PerformanceCores: 4, GPUCores: 10, UnifiedMemoryBytes: 16 * gib,
 		MetalWorkingSetBytes: 10 * gib, Arch: "arm64", OS: "darwin"}
 	mem := Memory{CeilingBytes: 10 * gib, SoftWatermarkBytes: 9 * gib, HardWatermarkBytes: 9*gib + gib/2,
-		UsedBytes: 3 * gib, CommittedBytes: 5 * gib, Pressure: v1alpha1.PressureOK, Evictions: 1, FreedBytesTotal: 2 * gib}
+		UsedBytes: 3 * gib, AgentBytes: 64 << 20, CommittedBytes: 5 * gib, Pressure: v1alpha1.PressureOK, Evictions: 1, FreedBytesTotal: 2 * gib}
 	ready := statusInputs{hardware: hw, version: "v1", address: "10.0.0.2:8080", memory: &mem,
 		ready: metav1.ConditionTrue, readyReason: v1alpha1.ReasonAgentReady, readyMessage: "alive"}
 	cond := func(typ string, status metav1.ConditionStatus, reason string, at time.Time) metav1.Condition {
@@ -152,7 +152,7 @@ func TestApplyStatus(t *testing.T) {
 			if tt.in.memory != nil {
 				m := *tt.in.memory
 				want := v1alpha1.NodeMemoryStatus{Ceiling: qty(m.CeilingBytes), SoftWatermark: qty(m.SoftWatermarkBytes),
-					HardWatermark: qty(m.HardWatermarkBytes), Used: qty(m.UsedBytes), Committed: qty(m.CommittedBytes),
+					HardWatermark: qty(m.HardWatermarkBytes), Used: qty(m.UsedBytes), Agent: qty(64 << 20), Committed: qty(m.CommittedBytes),
 					Pressure: m.Pressure, Evictions: 1, FreedBytesTotal: 2 * gib}
 				if diff := cmp.Diff(want, node.Status.Memory, quantityCmp); diff != "" {
 					t.Errorf("memory (-want +got):\n%s", diff)
@@ -200,6 +200,9 @@ func TestStatusChanged(t *testing.T) {
 	// kubectl's USED column moves with the usage, and is not due without it either.
 	displayed := *usedOnly.DeepCopy()
 	displayed.Display = &v1alpha1.MemoryDisplay{Used: "1.1 GiB", Committed: "2.0 GiB"}
+	// The agent's own footprint drifts with every measurement, as the usage does.
+	agentOnly := *usedOnly.DeepCopy()
+	agentOnly.Memory.Agent = qty(64 << 20)
 	tests := []struct {
 		name  string
 		after v1alpha1.MacNodeStatus
@@ -213,6 +216,8 @@ func TestStatusChanged(t *testing.T) {
 		{"usage and its display, usage not due", displayed, false, false},
 		{"usage and its display, usage due", displayed, true, true},
 		{"pressure changed, usage not due", pressure, false, true},
+		{"usage and the agent's own, usage not due", agentOnly, false, false},
+		{"usage and the agent's own, usage due", agentOnly, true, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -226,10 +231,10 @@ func TestStatusChanged(t *testing.T) {
 func TestMemoryFromSnapshot(t *testing.T) {
 	s := enginepool.Snapshot{
 		Ceiling:    enginepool.Ceiling{Bytes: 10 * gib, SoftBytes: 9 * gib, HardBytes: 9*gib + gib/2},
-		UsageBytes: 3 * gib, CommittedBytes: 4 * gib, Pressure: enginepool.PressureHard, Evictions: 7, FreedBytesTotal: 5 * gib,
+		UsageBytes: 3 * gib, AgentBytes: 60 << 20, CommittedBytes: 4 * gib, Pressure: enginepool.PressureHard, Evictions: 7, FreedBytesTotal: 5 * gib,
 	}
 	want := Memory{CeilingBytes: 10 * gib, SoftWatermarkBytes: 9 * gib, HardWatermarkBytes: 9*gib + gib/2, UsedBytes: 3 * gib,
-		CommittedBytes: 4 * gib, Pressure: v1alpha1.PressureHard, Evictions: 7, FreedBytesTotal: 5 * gib}
+		AgentBytes: 60 << 20, CommittedBytes: 4 * gib, Pressure: v1alpha1.PressureHard, Evictions: 7, FreedBytesTotal: 5 * gib}
 	if diff := cmp.Diff(want, MemoryFromSnapshot(s)); diff != "" {
 		t.Errorf("MemoryFromSnapshot (-want +got):\n%s", diff)
 	}

@@ -127,6 +127,11 @@ type NodeMemoryStatus struct {
 	// used is the measured footprint of the runners plus the agent.
 	// +optional
 	Used *resource.Quantity `json:"used,omitempty"`
+	// agent is the measured footprint of the agent itself, part of used. The pool
+	// counts it when it admits a load, so the scheduler counts it too: what a Mac
+	// offers replicas is its ceiling less committed less agent.
+	// +optional
+	Agent *resource.Quantity `json:"agent,omitempty"`
 	// committed is the sum of the reservations of loaded and loading models.
 	// +optional
 	Committed *resource.Quantity `json:"committed,omitempty"`

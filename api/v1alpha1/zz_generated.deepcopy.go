@@ -922,6 +922,11 @@ func (in *NodeMemoryStatus) DeepCopyInto(out *NodeMemoryStatus) {
 		x := (*in).DeepCopy()
 		*out = &x
 	}
+	if in.Agent != nil {
+		in, out := &in.Agent, &out.Agent
+		x := (*in).DeepCopy()
+		*out = &x
+	}
 	if in.Committed != nil {
 		in, out := &in.Committed, &out.Committed
 		x := (*in).DeepCopy()

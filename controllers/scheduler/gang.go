@@ -265,9 +265,10 @@ func (s *solver) gangReason(g *group) string {
 	}
 	slices.SortFunc(passing, func(a, b int32) int { return s.compareAlloc(b, a) })
 	k := min(g.maxNodes, len(passing))
-	var free int64
+	var free, agents int64
 	for _, i := range passing[:k] {
 		free += max(s.alloc[i], 0)
+		agents += max(s.nodes[i].Agent, 0)
 	}
 	m := g.layers
 	need := m.gangNeed(max(k, 2))
@@ -277,13 +278,13 @@ func (s *solver) gangReason(g *group) string {
 	case len(passing) == 0:
 		sb.WriteString("no eligible Macs")
 	case len(passing) == 1:
-		fmt.Fprintf(&sb, "only 1 eligible Mac (%s free), a gang needs 2", gib(free, math.Floor))
+		fmt.Fprintf(&sb, "only 1 eligible Mac (%s free%s), a gang needs 2", gib(free, math.Floor), agentNote(agents, "its agent's"))
 	case k < len(passing):
-		fmt.Fprintf(&sb, "the %d eligible Macs with the most free memory (of %d) have %s free together, a gang of %d needs %s",
-			k, len(passing), gib(free, math.Floor), k, gib(need, math.Ceil))
+		fmt.Fprintf(&sb, "the %d eligible Macs with the most free memory (of %d) have %s free together%s, a gang of %d needs %s",
+			k, len(passing), gib(free, math.Floor), agentNote(agents, "their agents'"), k, gib(need, math.Ceil))
 	default:
-		fmt.Fprintf(&sb, "the %d eligible Macs have %s free together, a gang of %d needs %s",
-			k, gib(free, math.Floor), k, gib(need, math.Ceil))
+		fmt.Fprintf(&sb, "the %d eligible Macs have %s free together%s, a gang of %d needs %s",
+			k, gib(free, math.Floor), agentNote(agents, "their agents'"), k, gib(need, math.Ceil))
 	}
 	if len(passing) > 1 && free >= need {
 		fmt.Fprintf(&sb, " in whole layers of %s", gib(m.PerLayer, math.Ceil))

@@ -84,14 +84,7 @@ func TestGangPlacement(t *testing.T) {
 	// 60 layers of 1 GiB, a 4 GiB head: 64 GiB, more than any Mac.
 	f.createGangReplica("big-0", "big", 60, 1, 4, 0.5)
 	got := f.waitScheduled("big-0", metav1.ConditionTrue, v1alpha1.ReasonBound)
-	checkCovers(t, got, 60)
-	want := &v1alpha1.ReplicaSplit{Shards: []v1alpha1.ReplicaShard{
-		{Node: f.node("a"), FirstLayer: 0, LastLayer: 31, Memory: *qty(4 + 32)},
-		{Node: f.node("b"), FirstLayer: 32, LastLayer: 59, Memory: *qty(0.5 + 28)},
-	}, Macs: f.node("a") + "," + f.node("b"), Layers: "0-31,32-59"}
-	if !equalSplit(got.Spec.Split, want) {
-		t.Errorf("split:\n  %+v\nwant\n  %+v", got.Spec.Split, want)
-	}
+	f.checkPair(got, "a", "b", 32, 60, 4+32, 0.5+28)
 	// The worker shard's Mac finds the replica by its label; the head's by nodeName.
 	if v := got.Labels[v1alpha1.ShardLabel(f.node("b"))]; v != v1alpha1.ShardLabelWorker {
 		t.Errorf("label %s = %q, want %q (b holds a worker shard); labels %v", v1alpha1.ShardLabel(f.node("b")), v, v1alpha1.ShardLabelWorker, got.Labels)
@@ -121,15 +114,8 @@ func TestGangPlacement(t *testing.T) {
 
 	// No gang fits: Unschedulable with why, nothing reserved.
 	f.createGangReplica("huge-0", "huge", 400, 1.25, 20, 1)
-	held = f.waitScheduled("huge-0", metav1.ConditionFalse, string(ReasonInsufficientMemory))
-	msg := "0/3 Macs fit: 3 insufficient memory (need 520.0GiB, largest free 20.0GiB); " +
-		"no gang of up to 4 Macs: the 3 eligible Macs have 27.5GiB free together, a gang of 3 needs 522.0GiB"
-	if c := findScheduled(held); c.Message != msg {
-		t.Errorf("huge-0:\n  %s\nwant\n  %s", c.Message, msg)
-	}
-	if held.Spec.NodeName != "" || held.Spec.Split != nil {
-		t.Errorf("huge-0 bound to %q with split %+v, want nothing", held.Spec.NodeName, held.Spec.Split)
-	}
+	f.waitHeld("huge-0", "0/3 Macs fit: 3 insufficient memory (need 520.0GiB, largest free 20.0GiB); "+
+		"no gang of up to 4 Macs: the 3 eligible Macs have 27.5GiB free together, a gang of 3 needs 522.0GiB")
 	if got := f.committed(); fmt.Sprint(got) != fmt.Sprint(wantCommitted) {
 		t.Errorf("committed by Mac after the failed gang %v, want %v", got, wantCommitted)
 	}
@@ -160,6 +146,64 @@ func TestGangPlacement(t *testing.T) {
 		c := f.committed()
 		return c["b"] == 0 && c["a"] > 0 && c["d"] > 0, fmt.Sprintf("committed by Mac %v, want a and d, not b", c)
 	})
+}
+
+// TestGangCountsTheAgentsMemory runs the scheduler against the API server with Macs
+// whose agents report their own memory (status.memory.agent): a gang that would fill
+// two Macs exactly but for their agents' share is Unschedulable, with a message that
+// names the agents' memory, and is placed once a Mac that holds its share with its
+// agent's arrives, with room for the agent on every Mac it uses.
+func TestGangCountsTheAgentsMemory(t *testing.T) {
+	f := newFixture(t)
+	r := f.startScheduler()
+	// 60 layers of 1 GiB, a 4 GiB head, 0.5 GiB workers: a (34) heads 30 layers
+	// and b (30.5) works 30, exactly, leaving nothing for their agents' 64 MiB.
+	f.createNode(nodeSpec{name: "a", ceiling: 34, agentMiB: 64})
+	f.createNode(nodeSpec{name: "b", ceiling: 30.5, agentMiB: 64})
+	f.createDeployment("big", v1alpha1.Placement{MaxMacsPerReplica: 2})
+	f.waitCached(r, []string{"a", "b"}, []string{"big"})
+
+	f.createGangReplica("big-0", "big", 60, 1, 4, 0.5)
+	f.waitHeld("big-0", "0/2 Macs fit: 2 insufficient memory (need 64.0GiB, largest free 33.9GiB after its agent's own 64MiB); "+
+		"no gang of up to 2 Macs: the 2 eligible Macs have 64.3GiB free together after their agents' own 128MiB, a gang of 2 needs 64.5GiB")
+
+	// c (36) heads 31 layers with room for its agent; b then works 29 with room for its own.
+	f.createNode(nodeSpec{name: "c", ceiling: 36, agentMiB: 64})
+	got := f.waitScheduled("big-0", metav1.ConditionTrue, v1alpha1.ReasonBound)
+	f.checkPair(got, "c", "b", 31, 60, 4+31, 0.5+29)
+	ceilings := map[string]float64{"a": 34, "b": 30.5, "c": 36}
+	for name, c := range f.committed() {
+		if room := qty(ceilings[name]).Value() - c; room < 64<<20 {
+			t.Errorf("Mac %s: %d bytes left beyond its shards, less than its agent's 64 MiB", name, room)
+		}
+	}
+}
+
+// waitHeld waits for replica name to be Unschedulable for insufficient memory and
+// fails unless its message is msg and it is bound to nothing.
+func (f *fixture) waitHeld(name, msg string) {
+	f.t.Helper()
+	held := f.waitScheduled(name, metav1.ConditionFalse, string(ReasonInsufficientMemory))
+	if c := findScheduled(held); c.Message != msg {
+		f.t.Errorf("%s:\n  %s\nwant\n  %s", name, c.Message, msg)
+	}
+	if held.Spec.NodeName != "" || held.Spec.Split != nil {
+		f.t.Errorf("%s bound to %q with split %+v, want nothing", name, held.Spec.NodeName, held.Spec.Split)
+	}
+}
+
+// checkPair fails unless r is a gang of layers layers on two Macs: head (layers
+// 0..split-1, headGiB reserved) and worker (the rest, workerGiB).
+func (f *fixture) checkPair(r *v1alpha1.ModelReplica, head, worker string, split, layers int32, headGiB, workerGiB float64) {
+	f.t.Helper()
+	checkCovers(f.t, r, layers)
+	want := &v1alpha1.ReplicaSplit{Shards: []v1alpha1.ReplicaShard{
+		{Node: f.node(head), FirstLayer: 0, LastLayer: split - 1, Memory: *qty(headGiB)},
+		{Node: f.node(worker), FirstLayer: split, LastLayer: layers - 1, Memory: *qty(workerGiB)},
+	}, Macs: f.node(head) + "," + f.node(worker), Layers: fmt.Sprintf("0-%d,%d-%d", split-1, split, layers-1)}
+	if !equalSplit(r.Spec.Split, want) {
+		f.t.Errorf("split:\n  %+v\nwant\n  %+v", r.Spec.Split, want)
+	}
 }
 
 // equalSplit compares splits, quantities by value.

@@ -127,6 +127,34 @@ func TestSolveGang(t *testing.T) {
 					"no gang of up to 2 Macs: the 2 eligible Macs have 19.0GiB free together, a gang of 2 needs 18.0GiB in whole layers of 4.0GiB"}},
 		},
 		{
+			name: "a gang exactly filling two Macs but for their agents goes to others",
+			// a (34 free) heads 30 layers, b (30.5) works 30: the 64.5 GiB gang fills
+			// both exactly, leaving their agents nothing. c (36) heads 31 layers with
+			// room for its agent, and b then works 29 with room for its own.
+			nodes: []Node{withAgent(mac("a", 34, 0), 64), withAgent(mac("b", 30.5, 0), 64),
+				withAgent(mac("c", 36, 0), 64), withAgent(mac("d", 36, 0), 64)},
+			pending: []Replica{big("r", 2)},
+			want: []Binding{{Replica: "ns/r", Node: "c", Shards: []Shard{
+				shard("c", 0, 30, 4+31), shard("b", 31, 59, 0.5+29),
+			}}},
+		},
+		{
+			name:    "the same two Macs without their agents' share hold the gang exactly",
+			nodes:   []Node{mac("a", 34, 0), mac("b", 30.5, 0), withAgent(mac("c", 36, 0), 64), withAgent(mac("d", 36, 0), 64)},
+			pending: []Replica{big("r", 2)},
+			want: []Binding{{Replica: "ns/r", Node: "a", Shards: []Shard{
+				shard("a", 0, 29, 4+30), shard("b", 30, 59, 0.5+30),
+			}}},
+		},
+		{
+			name:    "a gang that fits only without the agents' share is unschedulable and says so",
+			nodes:   []Node{withAgent(mac("a", 34, 0), 64), withAgent(mac("b", 30.5, 0), 64)},
+			pending: []Replica{big("r", 2)},
+			unplaceable: map[string]Reason{"ns/r": {Code: ReasonInsufficientMemory,
+				Message: "0/2 Macs fit: 2 insufficient memory (need 64.0GiB, largest free 33.9GiB after its agent's own 64MiB); " +
+					"no gang of up to 2 Macs: the 2 eligible Macs have 64.3GiB free together after their agents' own 128MiB, a gang of 2 needs 64.5GiB"}},
+		},
+		{
 			name:    "a single eligible Mac",
 			nodes:   []Node{mac("a", 40, 0), labeled(mac("b", 40, 0), "pool", "x")},
 			pending: []Replica{selecting(big("r", 4), "pool", "x")},
@@ -192,7 +220,8 @@ func TestSolveGang(t *testing.T) {
 
 // TestSolveGangInvariants solves random fleets with gangs and checks what every solve
 // must hold: each gang on distinct nodes within MaxNodes, its layers contiguous and
-// each placed once, no node over its allocatable memory, and no gang with fewer nodes
+// each placed once, no node over its allocatable memory (its agent's own memory
+// included), and no gang with fewer nodes
 // possible when it was placed.
 func TestSolveGangInvariants(t *testing.T) {
 	rng := rand.New(rand.NewPCG(27, 1))
@@ -201,6 +230,7 @@ func TestSolveGangInvariants(t *testing.T) {
 		for i := range 2 + rng.IntN(12) {
 			n := mac("m"+strconv.Itoa(i), float64(8+rng.IntN(120)), float64(rng.IntN(8)))
 			n.LinkBandwidth = int64(rng.IntN(3)) * 10e9
+			n.Agent = []int64{0, 64 << 20, 512 << 20}[rng.IntN(3)]
 			if rng.IntN(10) == 0 {
 				n.Ready = false
 			}
@@ -220,7 +250,7 @@ func TestSolveGangInvariants(t *testing.T) {
 		free := map[string]int64{}
 		ready := map[string]bool{}
 		for _, n := range nodes {
-			free[n.Name] = n.Ceiling - n.Committed
+			free[n.Name] = n.Ceiling - n.Committed - n.Agent // what the agent admits
 			ready[n.Name] = n.Ready
 		}
 		byKey := map[string]Replica{}

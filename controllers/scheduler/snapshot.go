@@ -167,8 +167,18 @@ func solverNode(mn *v1alpha1.MacNode) Node {
 		Ready:         ok && mn.DeletionTimestamp == nil && meta.IsStatusConditionTrue(mn.Status.Conditions, v1alpha1.MacNodeReady),
 		Unschedulable: mn.Spec.Unschedulable,
 		Ceiling:       bytes,
+		Agent:         agentMemory(mn),
 		LinkBandwidth: linkBandwidth(mn),
 	}
+}
+
+// agentMemory is the memory the node's agent reports using itself
+// (status.memory.agent), 0 if it reports none.
+func agentMemory(mn *v1alpha1.MacNode) int64 {
+	if q := mn.Status.Memory.Agent; q != nil {
+		return max(q.Value(), 0)
+	}
+	return 0
 }
 
 // nodeCeiling is the memory a node may give to models (internal/ceiling.Node): the
@@ -181,7 +191,9 @@ func nodeCeiling(mn *v1alpha1.MacNode) (int64, bool) {
 }
 
 // nodeChanged reports whether an update of a MacNode changes anything the solver looks
-// at (agents update the status often, mostly the used memory).
+// at (agents update the status often, mostly the used memory). The agent's own memory
+// drifts with every measurement, so a change of it alone does not count: each solve
+// reads the latest figure.
 func nodeChanged(old, cur *v1alpha1.MacNode) bool {
 	a, b := solverNode(old), solverNode(cur)
 	return a.Ready != b.Ready || a.Unschedulable != b.Unschedulable || a.Ceiling != b.Ceiling ||

@@ -128,6 +128,11 @@ func TestSolverNode(t *testing.T) {
 			want: Node{Name: "a", Ready: true, Ceiling: 100 * gi},
 		},
 		{
+			name: "the agent's own memory",
+			node: apiNode("a", 32, func(n *v1alpha1.MacNode) { n.Status.Memory.Agent = resource.NewQuantity(60<<20, resource.BinarySI) }),
+			want: Node{Name: "a", Ready: true, Ceiling: 32 * gi, Agent: 60 << 20},
+		},
+		{
 			name: "cordoned",
 			node: apiNode("a", 32, func(n *v1alpha1.MacNode) { n.Spec.Unschedulable = true }),
 			want: Node{Name: "a", Ready: true, Unschedulable: true, Ceiling: 32 * gi},
@@ -158,6 +163,8 @@ func TestNodeChanged(t *testing.T) {
 			n.Status.Memory.Used = qty(3)
 			n.Status.Agent.Version = "v2"
 		}, false},
+		// It drifts with every measurement; each solve reads the latest.
+		{"the agent's own memory", func(n *v1alpha1.MacNode) { n.Status.Memory.Agent = qty(1) }, false},
 		{"ready lost", func(n *v1alpha1.MacNode) { n.Status.Conditions[0].Status = metav1.ConditionUnknown }, true},
 		{"cordoned", func(n *v1alpha1.MacNode) { n.Spec.Unschedulable = true }, true},
 		{"ceiling", func(n *v1alpha1.MacNode) { n.Status.Memory.Ceiling = qty(30) }, true},

@@ -53,6 +53,11 @@ type Node struct {
 	// Committed is the sum of the reservations of the reserving (Resident or Pinned)
 	// replicas already bound to the node, in bytes.
 	Committed int64
+	// Agent is the memory the node's agent itself uses, in bytes (MacNode
+	// status.memory.agent). Its engine pool counts it as in use when it admits a
+	// replica's process, so the solver takes it off the node's memory: a reserving
+	// replica must fit Ceiling − Committed − Agent, any replica Ceiling − Agent.
+	Agent int64
 	// ReplicasByDeployment counts the replicas already bound to the node, by deployment
 	// key (namespace/name), for maxReplicasPerNode; a shard of a split replica counts
 	// as one.
@@ -196,9 +201,20 @@ type breakdown struct {
 	// maxPerNode is the replica's effective maxReplicasPerNode.
 	maxPerNode int
 	// need is the replica's memory; largest is the most memory offered by a node that
-	// the memory filter rejected: allocatable for reserving replicas, ceiling otherwise.
-	need, largest int64
-	reserves      bool
+	// the memory filter rejected: allocatable for reserving replicas, ceiling otherwise,
+	// both less the node's agent's own memory, largestAgent.
+	need, largest, largestAgent int64
+	reserves                    bool
+}
+
+// offer records the memory offered by a node the memory filter rejected, whose agent
+// uses agent bytes itself: the largest offer wins, among equal ones the largest agent's,
+// so that the message does not depend on the order nodes are seen in.
+func (b *breakdown) offer(offered, agent int64) {
+	agent = max(agent, 0)
+	if offered > b.largest || (offered == b.largest && agent > b.largestAgent) {
+		b.largest, b.largestAgent = offered, agent
+	}
 }
 
 // reason renders the breakdown.
@@ -238,8 +254,8 @@ func (b *breakdown) reason() Reason {
 			if !b.reserves {
 				offered = "ceiling"
 			}
-			fmt.Fprintf(&sb, "%d insufficient memory (need %s, largest %s %s)",
-				n, gib(b.need, math.Ceil), offered, gib(max(b.largest, 0), math.Floor))
+			fmt.Fprintf(&sb, "%d insufficient memory (need %s, largest %s %s%s)",
+				n, gib(b.need, math.Ceil), offered, gib(max(b.largest, 0), math.Floor), agentNote(b.largestAgent, "its agent's"))
 		}
 	}
 	code := ReasonSchedulable
@@ -247,6 +263,20 @@ func (b *breakdown) reason() Reason {
 		code = filterCodes[order[0]]
 	}
 	return Reason{Code: code, Message: sb.String()}
+}
+
+// agentNote is the part of a message that says how much of a node's memory its agent
+// uses itself (whose says whose: "its agent's", "their agents'"), "" when none.
+func agentNote(bytes int64, whose string) string {
+	if bytes <= 0 {
+		return ""
+	}
+	return fmt.Sprintf(" after %s own %s", whose, mib(bytes))
+}
+
+// mib formats bytes as whole MiB, rounded up.
+func mib(bytes int64) string {
+	return fmt.Sprintf("%dMiB", (bytes+1<<20-1)>>20)
 }
 
 // gib formats bytes as GiB with one decimal, rounded by round (math.Ceil for what a

@@ -17,8 +17,9 @@ import (
 type solver struct {
 	tuning
 	nodes []*Node
-	// alloc is each node's allocatable memory (ceiling minus committed), updated as
-	// reserving replicas are bound; ceiling is each node's ceiling.
+	// alloc is each node's allocatable memory (ceiling minus committed minus its
+	// agent's own), updated as reserving replicas are bound; ceiling is each node's
+	// ceiling minus its agent's own.
 	alloc, ceiling []int64
 	// notReady and cordoned count the nodes the first two filters reject.
 	notReady, cordoned int
@@ -107,8 +108,9 @@ func newSolver(nodes []Node, pending []Replica, tun tuning) *solver {
 
 	s.schedulable = &nodeSet{nodes: make([]int32, 0, len(nodes))}
 	for i, n := range s.nodes {
-		s.alloc[i] = n.Ceiling - n.Committed
-		s.ceiling[i] = n.Ceiling
+		agent := max(n.Agent, 0)
+		s.alloc[i] = n.Ceiling - n.Committed - agent
+		s.ceiling[i] = n.Ceiling - agent
 		switch {
 		case !n.Ready:
 			s.notReady++
@@ -409,7 +411,7 @@ func (s *solver) explain(g *group, mem int64) breakdown {
 			if g.reserves {
 				offered = s.alloc[i]
 			}
-			b.largest = max(b.largest, offered)
+			b.offer(offered, s.nodes[i].Agent)
 		default:
 			b.fit++
 		}

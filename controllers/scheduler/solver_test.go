@@ -19,6 +19,9 @@ func mac(name string, ceiling, committed float64) Node {
 	return Node{Name: name, Ready: true, Ceiling: gb(ceiling), Committed: gb(committed)}
 }
 
+// withAgent sets the memory the node's agent uses itself, in MiB.
+func withAgent(n Node, mib int64) Node { n.Agent = mib << 20; return n }
+
 func notReady(n Node) Node { n.Ready = false; return n }
 func cordoned(n Node) Node { n.Unschedulable = true; return n }
 func labeled(n Node, kv ...string) Node {
@@ -78,6 +81,30 @@ func TestSolvePlacement(t *testing.T) {
 			nodes:   []Node{mac("a", 64, 0), mac("b", 16, 4), mac("c", 32, 0)},
 			pending: []Replica{resident("r", "d", 10)},
 			want:    bindings("r", "b"),
+		},
+		{
+			name: "a replica filling a Mac exactly leaves no room for its agent: the next fit",
+			// a's ceiling less committed is the replica's 10 GiB, but a's agent uses
+			// 64 MiB of it; c, larger, holds both.
+			nodes:   []Node{withAgent(mac("a", 12, 2), 64), withAgent(mac("c", 16, 0), 64)},
+			pending: []Replica{resident("r", "d", 10)},
+			want:    bindings("r", "c"),
+		},
+		{
+			name:    "without its agent's share the same Mac fits exactly",
+			nodes:   []Node{mac("a", 12, 2), withAgent(mac("c", 16, 0), 64)},
+			pending: []Replica{resident("r", "d", 10)},
+			want:    bindings("r", "a"),
+		},
+		{
+			name: "an on-demand replica must fit the ceiling less the agent's share",
+			nodes: []Node{withAgent(mac("a", 10, 0), 1), withAgent(mac("b", 10.5, 0), 64),
+				withAgent(mac("c", 11, 0), 64)},
+			pending: []Replica{onDemand("r", "d", 10), onDemand("s", "e", 10.5)},
+			// r: a's ceiling less 1 MiB is short; b holds it. s: b's 10.5 GiB less its
+			// agent's is short; c holds it.
+			want:        bindings("s", "c", "r", "b"),
+			unplaceable: nil,
 		},
 		{
 			name:    "binpack is the default strategy and ties go to the smallest name",
@@ -348,6 +375,24 @@ func TestSolveReasons(t *testing.T) {
 			want: Reason{
 				Code:    ReasonInsufficientMemory,
 				Message: "0/1 Macs fit: 1 insufficient memory (need 4.1GiB, largest free 3.9GiB)",
+			},
+		},
+		{
+			name:    "a Mac whose agent's share leaves too little names it",
+			nodes:   []Node{withAgent(mac("a", 12, 2), 100), withAgent(mac("b", 8, 0), 50)},
+			replica: resident("r", "d", 10),
+			want: Reason{
+				Code:    ReasonInsufficientMemory,
+				Message: "0/2 Macs fit: 2 insufficient memory (need 10.0GiB, largest free 9.9GiB after its agent's own 100MiB)",
+			},
+		},
+		{
+			name:    "an on-demand replica's ceiling is net of the agent's share",
+			nodes:   []Node{withAgent(mac("a", 24, 0), 64)},
+			replica: onDemand("r", "d", 24),
+			want: Reason{
+				Code:    ReasonInsufficientMemory,
+				Message: "0/1 Macs fit: 1 insufficient memory (need 24.0GiB, largest ceiling 23.9GiB after its agent's own 64MiB)",
 			},
 		},
 		{

@@ -13,6 +13,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	eventsv1 "k8s.io/api/events/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
@@ -159,6 +160,7 @@ type nodeSpec struct {
 	name        string
 	ceiling     float64 // GiB reported by the agent; 0: none yet
 	specCeiling float64 // GiB, spec.memoryCeiling; 0: unset
+	agentMiB    int64   // MiB the agent reports using itself; 0: none
 	labels      map[string]string
 	cordoned    bool
 	notReady    bool
@@ -189,6 +191,9 @@ func (f *fixture) createNode(s nodeSpec) *v1alpha1.MacNode {
 	}
 	if s.ceiling > 0 {
 		n.Status.Memory.Ceiling = qty(s.ceiling)
+	}
+	if s.agentMiB > 0 {
+		n.Status.Memory.Agent = resource.NewQuantity(s.agentMiB<<20, resource.BinarySI)
 	}
 	n.Status.Conditions = []metav1.Condition{{
 		Type: v1alpha1.MacNodeReady, Status: ready, Reason: v1alpha1.ReasonAgentReady, LastTransitionTime: metav1.Now(),

@@ -132,8 +132,28 @@ func addSplitPool(t *testing.T, pool string, ceilings ...int64) []string {
 
 // splitAgentAllowance is the memory each simulated Mac has beyond its shard: the
 // agent's engine pool counts its own footprint (about 55 MiB) as in use when it admits
-// a load, while the scheduler places by reservations alone.
+// a load, and the scheduler leaves that footprint free on each Mac (MacNode
+// status.memory.agent), so a Mac without the allowance would hold no shard at all.
 const splitAgentAllowance = 96 << 20
+
+// checkAgentsFit fails unless each named Mac's agent reports its own memory
+// (status.memory.agent, which the scheduler leaves free) within splitAgentAllowance:
+// the allowance is what let the gang's Macs hold their shards.
+func checkAgentsFit(t *testing.T, names []string) {
+	t.Helper()
+	for _, name := range names {
+		mn := &v1alpha1.MacNode{}
+		if err := fleet.Client.Get(t.Context(), client.ObjectKey{Name: name}, mn); err != nil {
+			t.Fatal(err)
+		}
+		a := mn.Status.Memory.Agent
+		if a == nil || a.Sign() <= 0 || a.Value() > splitAgentAllowance {
+			t.Errorf("MacNode %s: status.memory.agent %v, want above 0 and at most %d", name, a, splitAgentAllowance)
+			continue
+		}
+		t.Logf("MacNode %s: its agent uses %s itself", name, a)
+	}
+}
 
 // poolCeilings sizes a pool for a gang of len(layers) shards of a replica with lm:
 // the head's Mac holds the head and layers[0] layers, each other Mac a worker and its
@@ -346,6 +366,7 @@ func splitServing(t *testing.T, pool string, macs int) (split, whole string, nam
 	// out), so that their agents stop no shard of a live gang.
 	t.Cleanup(func() { removeDeployment(t, ns, "split") })
 	gang = checkGang(t, ns, "split", names)
+	checkAgentsFit(t, names)
 	waitReady(t, nsWhole, "whole", 1, 3*time.Minute)
 	return ns + "/split", nsWhole + "/whole", names, gang
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/chromedp/chromedp"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
@@ -36,7 +37,7 @@ const (
 
 // teamsFleet is a gateway running as its own identity with an admin key and both
 // teams' keys, over two Macs and two namespaces: team A's "tiny" (a real agent
-// behind it), team B's private deployment and its "b-shared" granted to team A, with
+// behind it) and a replica of team A split across both Macs, team B's private deployment and its "b-shared" granted to team A, with
 // condition messages that carry team B's source and digest and both teams'
 // TokenUsage ledgers.
 type teamsFleet struct {
@@ -62,6 +63,7 @@ func newTeamsFleet(t *testing.T) teamsFleet {
 	a.deployment("tiny", "", 1)
 	a.replica("tiny-0", "tiny", tf.macA)
 	a.setReplica("tiny-0", metav1.ConditionTrue, agent)
+	a.splitReplica("big-0", "big", tf.macA, tf.macB)
 
 	for _, d := range []struct {
 		name, served string
@@ -120,6 +122,38 @@ func newTeamsFleet(t *testing.T) teamsFleet {
 		return code == http.StatusOK && strings.Contains(body, "b-llama"), fmt.Sprintf("team A's key: %d %s", code, body)
 	})
 	return tf
+}
+
+// splitReplica is a replica of deployment split across macs (the head on the first),
+// unloaded on each: its spec.split and status.shards name every Mac, which the
+// console's Unloads page lists shard by shard.
+func (f *fleet) splitReplica(name, deployment string, macs ...string) {
+	f.t.Helper()
+	split := &mfv1.ReplicaSplit{}
+	for i, m := range macs {
+		split.Shards = append(split.Shards, mfv1.ReplicaShard{Node: m, FirstLayer: int32(i), LastLayer: int32(i), Memory: resource.MustParse("1Gi")})
+	}
+	r := &mfv1.ModelReplica{
+		ObjectMeta: metav1.ObjectMeta{Namespace: f.ns, Name: name, Labels: map[string]string{mfv1.LabelDeployment: deployment}},
+		Spec: mfv1.ModelReplicaSpec{
+			Template:          mfv1.ModelReplicaTemplate{Model: mfv1.ModelSource{Source: "https://models.example/big.gguf"}},
+			TemplateHash:      "h1",
+			MemoryReservation: resource.MustParse("2Gi"),
+			NodeName:          macs[0],
+			Split:             split,
+		},
+	}
+	if err := f.c.Create(f.t.Context(), r); err != nil {
+		f.t.Fatal(err)
+	}
+	f.cleanup(r)
+	f.updateReplica(name, func(s *mfv1.ModelReplicaStatus) {
+		for _, m := range macs {
+			s.Shards = append(s.Shards, mfv1.ShardStatus{Node: m, Phase: mfv1.ReplicaDraining,
+				LastUnload: &mfv1.UnloadReport{Reason: "Deleted", FreedBytes: 1 << 30, Outcome: mfv1.UnloadSettled, Time: metav1.Now()}})
+		}
+		s.LastUnload = s.Shards[0].LastUnload.DeepCopy() // the head's, repeated in its entry
+	})
 }
 
 // secretsOfB is everything of team B's (and of the Macs) that team A's key must never

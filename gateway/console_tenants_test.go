@@ -37,7 +37,8 @@ const (
 
 // teamsFleet is a gateway running as its own identity with an admin key and both
 // teams' keys, over two Macs and two namespaces: team A's "tiny" (a real agent
-// behind it) and a replica of team A split across both Macs, team B's private deployment and its "b-shared" granted to team A, with
+// behind it) and a replica of team A's split across both Macs, team B's private
+// deployment and its "b-shared" granted to team A, with
 // condition messages that carry team B's source and digest and both teams'
 // TokenUsage ledgers.
 type teamsFleet struct {

@@ -101,15 +101,23 @@ static enum ggml_status nd_backend_compute(ggml_backend_t b, struct ggml_cgraph 
 	if (!nd_call(d, MFND_COMPUTE, msg.data(), msg.size(), reply)) {
 		return GGML_STATUS_FAILED;
 	}
-	d->computes++;
 	uint64_t ns = 0;
 	if (reply.size() >= sizeof(ns)) {
 		memcpy(&ns, reply.data(), sizeof(ns));
-		d->compute_ns += ns;
+	}
+	std::lock_guard<std::mutex> slock(d->smu);
+	d->computes++;
+	d->compute_ns += ns;
+	// This backend's previous output is replaced (its graphs reuse their buffers).
+	for (size_t i = 0; i < d->outs.size(); i++) {
+		if (d->outs[i].owner == b) {
+			d->outs.erase(d->outs.begin() + i);
+			break;
+		}
 	}
 	if (g->n_nodes > 0 && reply.size() == sizeof(ns) + ggml_nbytes(g->nodes[g->n_nodes - 1])) {
-		d->out_addr = (uint64_t)(uintptr_t)g->nodes[g->n_nodes - 1]->data;
-		d->out_bytes.assign(reply.begin() + sizeof(ns), reply.end());
+		d->outs.push_back({b, (uint64_t)(uintptr_t)g->nodes[g->n_nodes - 1]->data,
+			std::vector<uint8_t>(reply.begin() + sizeof(ns), reply.end())});
 	}
 	return GGML_STATUS_SUCCESS;
 }
@@ -249,7 +257,7 @@ extern "C" int mfnd_check(void *dev, char *err, size_t errlen) {
 
 extern "C" int mfnd_error(void *dev, char *err, size_t errlen) {
 	nd_device *d = (nd_device *)((ggml_backend_dev_t)dev)->context;
-	std::lock_guard<std::mutex> lock(d->mu);
+	std::lock_guard<std::mutex> lock(d->smu);
 	if (d->err.empty()) {
 		return 0;
 	}
@@ -259,6 +267,6 @@ extern "C" int mfnd_error(void *dev, char *err, size_t errlen) {
 
 extern "C" void mfnd_get_stats(void *dev, mfnd_stats *s) {
 	nd_device *d = (nd_device *)((ggml_backend_dev_t)dev)->context;
-	std::lock_guard<std::mutex> lock(d->mu);
+	std::lock_guard<std::mutex> lock(d->smu);
 	*s = {d->sent, d->received, d->round_trips, d->computes, d->wait_ns, d->compute_ns, d->allocated, d->info.mem_total};
 }

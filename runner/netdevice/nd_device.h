@@ -34,10 +34,8 @@ struct nd_device {
 	// answer); compute_ns: the part the worker spent computing graphs, as it reports.
 	uint64_t wait_ns = 0, compute_ns = 0;
 	uint64_t allocated = 0; // bytes of the worker's buffers this runner holds
-	// The last graph sent, which the worker holds too: the next one is sent as the
-	// records that changed (a decode step's graph mostly repeats the previous one's).
-	std::vector<mfnd_tensor> last_tensors;
-	std::vector<uint32_t> last_nodes;
+	// The graph streams (wire.h, mfnd_graph) the backends hold (under mu).
+	std::vector<bool> streams;
 	// The bytes of the last graph's last node, which the worker answers COMPUTE with,
 	// one per backend: the next split almost always reads exactly that (the hidden
 	// state after the worker's layers), and reading it from here saves a round trip.
@@ -48,6 +46,16 @@ struct nd_device {
 	struct ggml_backend_buffer_type buft;
 	struct ggml_backend_device dev;
 	struct ggml_backend_reg reg;
+};
+
+// One backend of the device (a llama context's): its graph stream, and the last graph
+// it sent on it, which the worker holds too. The next one is sent as the records that
+// changed (a decode step's graph mostly repeats the same context's previous one).
+struct nd_backend {
+	nd_device *d;
+	uint32_t stream;
+	std::vector<mfnd_tensor> last_tensors;
+	std::vector<uint32_t> last_nodes;
 };
 
 // The link (client.cpp); callers hold d->mu.

@@ -2,11 +2,17 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
+	"math"
+	"net/http"
+	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/macfleet/macfleet/api/runnerapi"
 )
 
 // pipelinePrompts are four prompts of different lengths, answered at once.
@@ -148,4 +154,93 @@ func TestSplitModelPipelinedPromptCache(t *testing.T) {
 		}
 	}
 	t.Logf("turn 2 restored %d tokens; cache %+v", restored, pc)
+}
+
+// tracedChat sends a greedy chat as part of trace traceID and returns its completion
+// tokens.
+func tracedChat(r *runner, traceID, prompt string, maxTokens int) (int64, error) {
+	body, _ := json.Marshal(chatBody(prompt, maxTokens, false))
+	req, err := http.NewRequest(http.MethodPost, r.base+"/v1/chat/completions", strings.NewReader(string(body)))
+	if err != nil {
+		return 0, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Traceparent", "00-"+traceID+"-00f067aa0ba902b7-01")
+	resp, err := r.client.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	b, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	var c runnerapi.ChatCompletion
+	if err != nil || resp.StatusCode != http.StatusOK || json.Unmarshal(b, &c) != nil || c.Usage == nil {
+		return 0, fmt.Errorf("chat: %d %v %s", resp.StatusCode, err, b)
+	}
+	return int64(c.Usage.CompletionTokens), nil
+}
+
+// TestSplitModelPipelinedMetersEachContext: on a pipelined split runner, two chats
+// decoded at once in the two contexts each get their own context's link figures in
+// their spans: together they add up to the links' growth in /status (nothing counted
+// twice), their link wait is at least the links' (it also counts waiting for the other
+// context's commands) and their head compute adds up to the runner's.
+func TestSplitModelPipelinedMetersEachContext(t *testing.T) {
+	m := specModel(t, "split-seed3", splitSpec(3))
+	w := startWorker(t, m)
+	r := startReady(t, m, append(splitFlags([]*worker{w}, 3), "--parallel", "4", "--split-pipeline", "2", "--trace-relay")...)
+	before := r.status()
+	ids := []string{"4bf92f3577b34da6a3ce929d0e0e4736", "7c1e2f3577b34da6a3ce929d0e0e4799"}
+	tokens := make([]int64, len(ids))
+	errs := make([]error, len(ids))
+	var wg sync.WaitGroup
+	for i, id := range ids {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			tokens[i], errs[i] = tracedChat(r, id, pipelinePrompts[i], 48)
+		}()
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil || tokens[i] < 8 {
+			t.Fatalf("chat %d: %d tokens, %v; want at least 8", i, tokens[i], err)
+		}
+	}
+	after := r.status()
+	stages := drainTraces(t, r, ids...)
+	var sum stageLink
+	for i, id := range ids {
+		p, d := stages[id][0], stages[id][1]
+		t.Logf("chat %d: %d tokens; prefill %+v; decode %+v", i, tokens[i], p, d)
+		if d.roundTrips < tokens[i]-1 || d.head <= 0 || d.compute <= 0 {
+			t.Errorf("chat %d's runner.decode %+v: want a round trip per generated token after the first, head and worker compute", i, d)
+		}
+		for _, st := range []stageLink{p, d} {
+			sum.sent += st.sent
+			sum.received += st.received
+			sum.roundTrips += st.roundTrips
+			sum.wait += st.wait
+			sum.compute += st.compute
+			sum.head += st.head
+		}
+	}
+	d0, d1 := before.Split[0], after.Split[0]
+	if got, want := sum.sent, int64(d1.BytesSent-d0.BytesSent); got != want {
+		t.Errorf("the spans count %d bytes sent, /status %d", got, want)
+	}
+	if got, want := sum.received, int64(d1.BytesReceived-d0.BytesReceived); got != want {
+		t.Errorf("the spans count %d bytes received, /status %d", got, want)
+	}
+	if got, want := sum.roundTrips, int64(d1.RoundTrips-d0.RoundTrips); got != want {
+		t.Errorf("the spans count %d round trips, /status %d", got, want)
+	}
+	if got, want := sum.compute, d1.WorkerComputeSeconds-d0.WorkerComputeSeconds; math.Abs(got-want) > 1e-6 {
+		t.Errorf("the spans count %.6fs of worker compute, /status %.6fs", got, want)
+	}
+	if got, want := sum.wait, d1.LinkWaitSeconds-d0.LinkWaitSeconds; got < want-1e-6 {
+		t.Errorf("the spans count %.6fs of link wait, less than /status's %.6fs", got, want)
+	}
+	if got, want := sum.head, after.SplitHeadComputeSeconds-before.SplitHeadComputeSeconds; math.Abs(got-want) > 1e-6 {
+		t.Errorf("the spans count %.6fs of head compute, /status %.6fs", got, want)
+	}
 }

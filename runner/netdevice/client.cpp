@@ -18,6 +18,18 @@ struct nd_buffer {
 	uint64_t base;
 };
 
+thread_local mfnd_thread_stats nd_thread = {};
+
+std::unique_lock<std::mutex> nd_lock(nd_device *d) {
+	std::unique_lock<std::mutex> l(d->mu, std::try_to_lock);
+	if (!l.owns_lock()) {
+		auto start = std::chrono::steady_clock::now();
+		l.lock();
+		nd_thread.queue_ns += (uint64_t)std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
+	}
+	return l;
+}
+
 void nd_fail(nd_device *d, const std::string &msg) {
 	{
 		std::lock_guard<std::mutex> slock(d->smu);
@@ -62,6 +74,7 @@ bool nd_flush(nd_device *d) {
 		std::lock_guard<std::mutex> slock(d->smu);
 		d->sent += d->out.size();
 	}
+	nd_thread.sent += d->out.size();
 	d->out.clear();
 	return true;
 }
@@ -88,9 +101,13 @@ bool nd_call(nd_device *d, uint8_t cmd, const void *p, size_t n, std::vector<uin
 	}
 	{
 		std::lock_guard<std::mutex> slock(d->smu);
+		uint64_t ns = (uint64_t)std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
 		d->received += MFND_HEADER + len;
-		d->wait_ns += (uint64_t)std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
+		d->wait_ns += ns;
 		d->round_trips++;
+		nd_thread.received += MFND_HEADER + len;
+		nd_thread.wait_ns += ns;
+		nd_thread.round_trips++;
 	}
 	if (head[4] != 0) {
 		nd_fail(d, std::string(reply.begin(), reply.end()));
@@ -115,7 +132,7 @@ void nd_drop_outputs(nd_device *d, uint64_t addr, uint64_t size) {
 
 static void nd_buffer_free(ggml_backend_buffer_t buf) {
 	nd_buffer *b = (nd_buffer *)buf->context;
-	std::lock_guard<std::mutex> lock(b->d->mu);
+	auto lock = nd_lock(b->d);
 	nd_drop_outputs(b->d, b->base, buf->size);
 	nd_queue(b->d, MFND_FREE, &b->base, sizeof(b->base));
 	{
@@ -133,7 +150,7 @@ static void nd_buffer_memset(ggml_backend_buffer_t buf, struct ggml_tensor *t, u
 		uint64_t addr, size;
 		uint8_t value;
 	} __attribute__((packed)) m = {(uint64_t)(uintptr_t)t->data + offset, size, value};
-	std::lock_guard<std::mutex> lock(b->d->mu);
+	auto lock = nd_lock(b->d);
 	nd_drop_outputs(b->d, m.addr, m.size);
 	nd_queue(b->d, MFND_MEMSET, &m, sizeof(m));
 }
@@ -143,7 +160,7 @@ static void nd_buffer_memset(ggml_backend_buffer_t buf, struct ggml_tensor *t, u
 static void nd_buffer_set(ggml_backend_buffer_t buf, struct ggml_tensor *t, const void *data, size_t offset, size_t size) {
 	nd_buffer *b = (nd_buffer *)buf->context;
 	uint64_t addr = (uint64_t)(uintptr_t)t->data + offset;
-	std::lock_guard<std::mutex> lock(b->d->mu);
+	auto lock = nd_lock(b->d);
 	nd_drop_outputs(b->d, addr, size);
 	if (buf->usage == GGML_BACKEND_BUFFER_USAGE_WEIGHTS && t->name[0] != 0) {
 		mfnd_set_file m = {addr, offset, size, mfnd_hash(data, size), {0}};
@@ -173,7 +190,7 @@ static void nd_buffer_get(ggml_backend_buffer_t buf, const struct ggml_tensor *t
 			}
 		}
 	}
-	std::lock_guard<std::mutex> lock(b->d->mu);
+	auto lock = nd_lock(b->d);
 	if (nd_call(b->d, MFND_GET, h, sizeof(h), reply) && reply.size() == size) {
 		memcpy(data, reply.data(), size);
 		return;
@@ -191,7 +208,7 @@ static bool nd_buffer_cpy(ggml_backend_buffer_t buf, const struct ggml_tensor *s
 	}
 	nd_buffer *b = (nd_buffer *)buf->context;
 	uint64_t m[3] = {(uint64_t)(uintptr_t)src->data, (uint64_t)(uintptr_t)dst->data, ggml_nbytes(src)};
-	std::lock_guard<std::mutex> lock(b->d->mu);
+	auto lock = nd_lock(b->d);
 	nd_drop_outputs(b->d, m[1], m[2]);
 	nd_queue(b->d, MFND_COPY, m, sizeof(m));
 	return true;
@@ -203,7 +220,7 @@ static void nd_buffer_clear(ggml_backend_buffer_t buf, uint8_t value) {
 		uint64_t base;
 		uint8_t value;
 	} __attribute__((packed)) m = {b->base, value};
-	std::lock_guard<std::mutex> lock(b->d->mu);
+	auto lock = nd_lock(b->d);
 	nd_drop_outputs(b->d, b->base, buf->size);
 	nd_queue(b->d, MFND_CLEAR, &m, sizeof(m));
 }
@@ -226,7 +243,7 @@ static ggml_backend_buffer_t nd_buft_alloc(ggml_backend_buffer_type_t buft, size
 	nd_device *d = (nd_device *)buft->context;
 	uint64_t n = size;
 	std::vector<uint8_t> reply;
-	std::lock_guard<std::mutex> lock(d->mu);
+	auto lock = nd_lock(d);
 	if (!nd_call(d, MFND_ALLOC, &n, sizeof(n), reply) || reply.size() != 8) {
 		return NULL;
 	}

@@ -105,7 +105,7 @@ static enum ggml_status nd_backend_compute(ggml_backend_t b, struct ggml_cgraph 
 	nd_backend *nb = (nd_backend *)b->context;
 	nd_device *d = nb->d;
 	std::vector<uint8_t> msg, reply;
-	std::lock_guard<std::mutex> lock(d->mu);
+	auto lock = nd_lock(d);
 	nd_serialize(nb, g, msg);
 	if (!nd_call(d, MFND_COMPUTE, msg.data(), msg.size(), reply)) {
 		return GGML_STATUS_FAILED;
@@ -114,6 +114,8 @@ static enum ggml_status nd_backend_compute(ggml_backend_t b, struct ggml_cgraph 
 	if (reply.size() >= sizeof(ns)) {
 		memcpy(&ns, reply.data(), sizeof(ns));
 	}
+	nd_thread.computes++;
+	nd_thread.compute_ns += ns;
 	std::lock_guard<std::mutex> slock(d->smu);
 	d->computes++;
 	d->compute_ns += ns;
@@ -295,3 +297,5 @@ extern "C" void mfnd_get_stats(void *dev, mfnd_stats *s) {
 	std::lock_guard<std::mutex> lock(d->smu);
 	*s = {d->sent, d->received, d->round_trips, d->computes, d->wait_ns, d->compute_ns, d->allocated, d->info.mem_total};
 }
+
+extern "C" void mfnd_get_thread_stats(mfnd_thread_stats *s) { *s = nd_thread; }

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "../src/ggml-backend-impl.h"
+#include "netdevice.h"
 #include "wire.h"
 
 // The last node's bytes of a graph one backend computed (see nd_device.outs).
@@ -57,6 +58,13 @@ struct nd_backend {
 	std::vector<mfnd_tensor> last_tensors;
 	std::vector<uint32_t> last_nodes;
 };
+
+// nd_thread is the calling thread's share of the links' counters (netdevice.h,
+// mfnd_thread_stats).
+extern thread_local mfnd_thread_stats nd_thread;
+
+// nd_lock takes d->mu for a command, counting the wait in nd_thread.queue_ns.
+std::unique_lock<std::mutex> nd_lock(nd_device *d);
 
 // The link (client.cpp); callers hold d->mu.
 void nd_fail(nd_device *d, const std::string &msg);

@@ -3,10 +3,69 @@
 package server
 
 import (
+	"fmt"
 	"sync"
 
 	"github.com/macfleet/macfleet/api/runnerapi"
+	"github.com/macfleet/macfleet/runner/llama"
 )
+
+// newContexts creates the llama contexts the slots are divided among: one, or
+// --split-pipeline of them on a split runner (pipelineSlots).
+func (s *Server) newContexts(m *llama.Model) error {
+	cfg := s.cfg
+	ctxTotal := cfg.Ctx
+	if ctxTotal <= 0 {
+		ctxTotal = m.NCtxTrain() * cfg.Parallel
+	}
+	groups, err := pipelineSlots(cfg.Parallel, max(cfg.SplitPipeline, 1), len(s.split) > 0)
+	if err != nil {
+		return err
+	}
+	for _, n := range groups {
+		// Every slot gets the context it would get in one context.
+		nctx := ctxTotal
+		if len(groups) > 1 {
+			nctx = ctxTotal / cfg.Parallel * n
+		}
+		lctx, err := llama.NewContext(m, llama.ContextParams{
+			NCtx: nctx, NBatch: cfg.Batch, NSeqMax: n, Threads: cfg.Threads,
+			KVType: cfg.KVType, Embeddings: true,
+		})
+		if err != nil {
+			return err
+		}
+		s.lctxs = append(s.lctxs, lctx)
+		if lctx.NBatch() < n {
+			return fmt.Errorf("n_batch %d is below the %d slots", lctx.NBatch(), n)
+		}
+	}
+	s.nSeqCtx = groups[0]
+	return nil
+}
+
+// newEngineSet makes an engine for each context.
+func (s *Server) newEngineSet(m *llama.Model) *engineSet {
+	es := &engineSet{}
+	for i, c := range s.lctxs {
+		log := s.log.WithName("engine")
+		if len(s.lctxs) > 1 {
+			log = log.WithValues("context", i)
+		}
+		e := newEngine(log, m, c, s.guard)
+		if len(s.split) > 0 {
+			e.linkLost = func() *runnerapi.Error {
+				if err := s.splitLost(); err != nil {
+					return s.onSplitLost(err)
+				}
+				return nil
+			}
+			e.link = newLinkMeter(s.split)
+		}
+		es.engs = append(es.engs, e)
+	}
+	return es
+}
 
 // engineSet is the runner's engines: one, or on a pipelined split runner one per
 // llama context (pipeline.go), each with its own slots, KV cache and goroutine. The

@@ -449,34 +449,10 @@ func (s *Server) load() error {
 	if m.HasEncoder() {
 		return errors.New("encoder-decoder models are not supported")
 	}
-	ctxTotal := cfg.Ctx
-	if ctxTotal <= 0 {
-		ctxTotal = m.NCtxTrain() * cfg.Parallel
-	}
-	groups, err := pipelineSlots(cfg.Parallel, max(cfg.SplitPipeline, 1), len(s.split) > 0)
-	if err != nil {
+	if err := s.newContexts(m); err != nil {
 		return err
 	}
-	for _, n := range groups {
-		// Every slot gets the context it would get in one context.
-		nctx := ctxTotal
-		if len(groups) > 1 {
-			nctx = ctxTotal / cfg.Parallel * n
-		}
-		lctx, err := llama.NewContext(m, llama.ContextParams{
-			NCtx: nctx, NBatch: cfg.Batch, NSeqMax: n, Threads: cfg.Threads,
-			KVType: cfg.KVType, Embeddings: true,
-		})
-		if err != nil {
-			return err
-		}
-		s.lctxs = append(s.lctxs, lctx)
-		if lctx.NBatch() < n {
-			return fmt.Errorf("n_batch %d is below the %d slots", lctx.NBatch(), n)
-		}
-	}
 	lctx := s.lctxs[0]
-	s.nSeqCtx = groups[0]
 	kvSize, _ := llama.KVTypeSize(cfg.KVType)
 	headDim := m.NEmbd() / max(m.NHead(), 1)
 	s.kvPerToken = int64(float64(2*m.NLayer()*m.NHeadKV()*headDim) * kvSize)
@@ -491,24 +467,7 @@ func (s *Server) load() error {
 		NLayer: m.NLayer(), NHead: m.NHead(), NHeadKV: m.NHeadKV(), NVocab: m.NVocab(),
 		KVType: kvType, ChatTemplate: m.ChatTemplate() != "", KVBytesPerToken: s.kvPerToken,
 	}
-	s.eng = &engineSet{}
-	for i, c := range s.lctxs {
-		log := s.log.WithName("engine")
-		if len(s.lctxs) > 1 {
-			log = log.WithValues("context", i)
-		}
-		e := newEngine(log, m, c, s.guard)
-		if len(s.split) > 0 {
-			e.linkLost = func() *runnerapi.Error {
-				if err := s.splitLost(); err != nil {
-					return s.onSplitLost(err)
-				}
-				return nil
-			}
-			e.link = newLinkMeter(s.split)
-		}
-		s.eng.engs = append(s.eng.engs, e)
-	}
+	s.eng = s.newEngineSet(m)
 	s.openPromptCache()
 	s.eng.start()
 	s.log.Info("Model loaded", "desc", m.Desc(), "params", m.NParams(), "took", time.Since(start).Round(time.Millisecond),

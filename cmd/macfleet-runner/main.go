@@ -113,6 +113,7 @@ func parseFlags(args []string, stderr io.Writer) (server.Config, int, error) {
 	splitWorkers := fs.StringArray("split-worker", nil, "a worker (`macfleet-runner worker`) at HOST:PORT computing the model's last layers; repeat for several, in layer order, each with its --split-layers (docs/split-model.md)")
 	splitLayers := fs.IntSlice("split-layers", nil, "how many layers the matching --split-worker computes")
 	fs.DurationVar(&cfg.SplitTimeout, "split-timeout", server.DefaultSplitTimeout, "bound on every read and write on a split worker's link: a worker silent for longer is lost")
+	fs.IntVar(&cfg.SplitPipeline, "split-pipeline", 1, "llama contexts a split runner decodes at once, each with --parallel divided by it slots, so that its own layers compute for one while a worker computes for another (docs/split-model.md, Pipelining); 1: one context")
 	traceRelay := fs.Bool("trace-relay", false, "trace generation requests, keeping the spans in memory for the agent to drain (POST /spans); the runner itself exports nothing")
 	verbose := fs.BoolP("verbose", "v", false, "log llama.cpp's info messages and per-request details")
 	if err := fs.Parse(args); err != nil {
@@ -145,6 +146,10 @@ func parseFlags(args []string, stderr io.Writer) (server.Config, int, error) {
 		return cfg, 0, fmt.Errorf("%d --split-worker but %d --split-layers: give one count per worker", len(*splitWorkers), len(*splitLayers))
 	case cfg.SplitTimeout <= 0:
 		return cfg, 0, fmt.Errorf("--split-timeout must be positive, got %s", cfg.SplitTimeout)
+	case cfg.SplitPipeline < 1:
+		return cfg, 0, fmt.Errorf("--split-pipeline must be positive, got %d", cfg.SplitPipeline)
+	case cfg.SplitPipeline > 1 && len(*splitWorkers) == 0:
+		return cfg, 0, errors.New("--split-pipeline needs --split-worker: without workers the runner computes every stage itself")
 	}
 	for i, addr := range *splitWorkers {
 		if (*splitLayers)[i] < 1 {

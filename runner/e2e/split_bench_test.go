@@ -15,7 +15,10 @@ import (
 // after the other, so a split uses no more CPU at a time than one process). Reported:
 // single-stream and 4-stream aggregate decode tok/s, time to first token, and per
 // generated token the bytes on the split links each way and their round trips
-// (docs/benchmarks.md, "A model split across Macs").
+// (docs/benchmarks.md, "A model split across Macs"). The -pipelined cases decode the
+// four slots in two llama contexts (--split-pipeline 2), so that the runner computes
+// for one while a worker computes for the other: the runner then uses up to twice
+// its threads at a time.
 //
 //	MACFLEET_RUNNER=bin/macfleet-runner go test -run '^$' -bench SplitModel -benchtime 3x ./runner/e2e
 func BenchmarkSplitModel(b *testing.B) {
@@ -23,15 +26,20 @@ func BenchmarkSplitModel(b *testing.B) {
 	m := model(b, "mid")
 	const genTokens = 128
 	for _, tc := range []struct {
-		name   string
-		layers []int
-	}{{"one-process", nil}, {"split-2way", []int{4}}, {"split-3way", []int{3, 3}}} {
+		name     string
+		layers   []int
+		pipeline string
+	}{{"one-process", nil, ""}, {"split-2way", []int{4}, ""}, {"split-3way", []int{3, 3}, ""},
+		{"split-2way-pipelined", []int{4}, "2"}, {"split-3way-pipelined", []int{3, 3}, "2"}} {
 		b.Run(tc.name, func(b *testing.B) {
 			var workers []*worker
 			for range tc.layers {
 				workers = append(workers, startWorker(b, m))
 			}
 			flags := append(splitFlags(workers, tc.layers...), "--parallel", "4", "--ctx", "8192", "--threads", threads)
+			if tc.pipeline != "" {
+				flags = append(flags, "--split-pipeline", tc.pipeline)
+			}
 			r := startReady(b, m, flags...)
 			timedStream(b, r, "warm up", 8)
 

@@ -30,10 +30,27 @@ type stageLink struct {
 // runner.decode are there, and returns their split attributes.
 func drainStages(t *testing.T, r *runner, traceID string) (prefill, decode stageLink) {
 	t.Helper()
+	st := drainTraces(t, r, traceID)[traceID]
+	return st[0], st[1]
+}
+
+// drainTraces drains the runner's spans until every trace's runner.prefill and
+// runner.decode are there, and returns their split attributes by trace.
+func drainTraces(t *testing.T, r *runner, traceIDs ...string) map[string][2]stageLink {
+	t.Helper()
+	out := map[string][2]stageLink{}
+	complete := func() bool {
+		for _, id := range traceIDs {
+			if st := out[id]; !st[0].seen || !st[1].seen {
+				return false
+			}
+		}
+		return true
+	}
 	deadline := time.Now().Add(30 * time.Second)
-	for !prefill.seen || !decode.seen {
+	for !complete() {
 		if time.Now().After(deadline) {
-			t.Fatalf("the runner's spans have no runner.prefill (%v) or runner.decode (%v) of trace %s after 30s", prefill.seen, decode.seen, traceID)
+			t.Fatalf("the runner's spans lack a runner.prefill or runner.decode of traces %v after 30s: %+v", traceIDs, out)
 		}
 		body, _, err := spanrelay.Drain(context.Background(), r.client, r.base)
 		if err != nil {
@@ -46,19 +63,23 @@ func drainStages(t *testing.T, r *runner, traceID string) (prefill, decode stage
 		for _, rs := range req.GetResourceSpans() {
 			for _, ss := range rs.GetScopeSpans() {
 				for _, s := range ss.GetSpans() {
-					switch {
-					case hex.EncodeToString(s.GetTraceId()) != traceID:
-					case s.GetName() == "runner.prefill":
-						prefill = stageOf(s)
-					case s.GetName() == "runner.decode":
-						decode = stageOf(s)
+					id := hex.EncodeToString(s.GetTraceId())
+					st := out[id]
+					switch s.GetName() {
+					case "runner.prefill":
+						st[0] = stageOf(s)
+					case "runner.decode":
+						st[1] = stageOf(s)
 					}
+					out[id] = st
 				}
 			}
 		}
-		time.Sleep(50 * time.Millisecond)
+		if !complete() {
+			time.Sleep(50 * time.Millisecond)
+		}
 	}
-	return prefill, decode
+	return out
 }
 
 // stageOf reads a stage span's split attributes.

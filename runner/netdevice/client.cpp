@@ -18,10 +18,26 @@ struct nd_buffer {
 	uint64_t base;
 };
 
+thread_local mfnd_thread_stats nd_thread = {};
+
+std::unique_lock<std::mutex> nd_lock(nd_device *d) {
+	std::unique_lock<std::mutex> l(d->mu, std::try_to_lock);
+	if (!l.owns_lock()) {
+		auto start = std::chrono::steady_clock::now();
+		l.lock();
+		nd_thread.queue_ns += (uint64_t)std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
+	}
+	return l;
+}
+
 void nd_fail(nd_device *d, const std::string &msg) {
-	if (d->err.empty()) {
-		d->err = "split worker " + d->addr + ": " + msg;
-		fprintf(stderr, "macfleet-runner: %s\n", d->err.c_str());
+	{
+		std::lock_guard<std::mutex> slock(d->smu);
+		if (d->err.empty()) {
+			d->err = "split worker " + d->addr + ": " + msg;
+			fprintf(stderr, "macfleet-runner: %s\n", d->err.c_str());
+		}
+		d->outs.clear();
 	}
 	if (d->fd >= 0) {
 		close(d->fd);
@@ -34,7 +50,6 @@ void nd_queue(nd_device *d, uint8_t cmd, const void *p, size_t n, const void *ex
 	if (!d->err.empty()) {
 		return;
 	}
-	d->out_bytes.clear();
 	uint32_t len = (uint32_t)(n + extra_n);
 	mfnd_put(d->out, len);
 	d->out.push_back(cmd);
@@ -55,7 +70,11 @@ bool nd_flush(nd_device *d) {
 		nd_fail(d, std::string("the link is lost (sending: ") + strerror(errno) + ")");
 		return false;
 	}
-	d->sent += d->out.size();
+	{
+		std::lock_guard<std::mutex> slock(d->smu);
+		d->sent += d->out.size();
+	}
+	nd_thread.sent += d->out.size();
 	d->out.clear();
 	return true;
 }
@@ -80,9 +99,16 @@ bool nd_call(nd_device *d, uint8_t cmd, const void *p, size_t n, std::vector<uin
 		nd_fail(d, "the link is lost in the middle of an answer");
 		return false;
 	}
-	d->received += MFND_HEADER + len;
-	d->wait_ns += (uint64_t)std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
-	d->round_trips++;
+	{
+		std::lock_guard<std::mutex> slock(d->smu);
+		uint64_t ns = (uint64_t)std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
+		d->received += MFND_HEADER + len;
+		d->wait_ns += ns;
+		d->round_trips++;
+		nd_thread.received += MFND_HEADER + len;
+		nd_thread.wait_ns += ns;
+		nd_thread.round_trips++;
+	}
 	if (head[4] != 0) {
 		nd_fail(d, std::string(reply.begin(), reply.end()));
 		return false;
@@ -90,13 +116,29 @@ bool nd_call(nd_device *d, uint8_t cmd, const void *p, size_t n, std::vector<uin
 	return true;
 }
 
+void nd_drop_outputs(nd_device *d, uint64_t addr, uint64_t size) {
+	std::lock_guard<std::mutex> slock(d->smu);
+	for (size_t i = 0; i < d->outs.size();) {
+		const nd_output &o = d->outs[i];
+		if (o.addr < addr + size && addr < o.addr + o.bytes.size()) {
+			d->outs.erase(d->outs.begin() + i);
+		} else {
+			i++;
+		}
+	}
+}
+
 // ---- buffers ----
 
 static void nd_buffer_free(ggml_backend_buffer_t buf) {
 	nd_buffer *b = (nd_buffer *)buf->context;
-	std::lock_guard<std::mutex> lock(b->d->mu);
+	auto lock = nd_lock(b->d);
+	nd_drop_outputs(b->d, b->base, buf->size);
 	nd_queue(b->d, MFND_FREE, &b->base, sizeof(b->base));
-	b->d->allocated -= buf->size;
+	{
+		std::lock_guard<std::mutex> slock(b->d->smu);
+		b->d->allocated -= buf->size;
+	}
 	delete b;
 }
 
@@ -108,7 +150,8 @@ static void nd_buffer_memset(ggml_backend_buffer_t buf, struct ggml_tensor *t, u
 		uint64_t addr, size;
 		uint8_t value;
 	} __attribute__((packed)) m = {(uint64_t)(uintptr_t)t->data + offset, size, value};
-	std::lock_guard<std::mutex> lock(b->d->mu);
+	auto lock = nd_lock(b->d);
+	nd_drop_outputs(b->d, m.addr, m.size);
 	nd_queue(b->d, MFND_MEMSET, &m, sizeof(m));
 }
 
@@ -117,7 +160,8 @@ static void nd_buffer_memset(ggml_backend_buffer_t buf, struct ggml_tensor *t, u
 static void nd_buffer_set(ggml_backend_buffer_t buf, struct ggml_tensor *t, const void *data, size_t offset, size_t size) {
 	nd_buffer *b = (nd_buffer *)buf->context;
 	uint64_t addr = (uint64_t)(uintptr_t)t->data + offset;
-	std::lock_guard<std::mutex> lock(b->d->mu);
+	auto lock = nd_lock(b->d);
+	nd_drop_outputs(b->d, addr, size);
 	if (buf->usage == GGML_BACKEND_BUFFER_USAGE_WEIGHTS && t->name[0] != 0) {
 		mfnd_set_file m = {addr, offset, size, mfnd_hash(data, size), {0}};
 		strncpy(m.name, t->name, sizeof(m.name) - 1);
@@ -135,12 +179,18 @@ static void nd_buffer_get(ggml_backend_buffer_t buf, const struct ggml_tensor *t
 	nd_buffer *b = (nd_buffer *)buf->context;
 	uint64_t h[2] = {(uint64_t)(uintptr_t)t->data + offset, size};
 	std::vector<uint8_t> reply;
-	std::lock_guard<std::mutex> lock(b->d->mu);
 	nd_device *d = b->d;
-	if (d->err.empty() && h[0] >= d->out_addr && h[0] + size <= d->out_addr + d->out_bytes.size()) {
-		memcpy(data, d->out_bytes.data() + (h[0] - d->out_addr), size);
-		return;
+	{
+		// Without mu: another context may be waiting on the worker meanwhile.
+		std::lock_guard<std::mutex> slock(d->smu);
+		for (const nd_output &o : d->outs) {
+			if (d->err.empty() && h[0] >= o.addr && h[0] + size <= o.addr + o.bytes.size()) {
+				memcpy(data, o.bytes.data() + (h[0] - o.addr), size);
+				return;
+			}
+		}
 	}
+	auto lock = nd_lock(b->d);
 	if (nd_call(b->d, MFND_GET, h, sizeof(h), reply) && reply.size() == size) {
 		memcpy(data, reply.data(), size);
 		return;
@@ -158,7 +208,8 @@ static bool nd_buffer_cpy(ggml_backend_buffer_t buf, const struct ggml_tensor *s
 	}
 	nd_buffer *b = (nd_buffer *)buf->context;
 	uint64_t m[3] = {(uint64_t)(uintptr_t)src->data, (uint64_t)(uintptr_t)dst->data, ggml_nbytes(src)};
-	std::lock_guard<std::mutex> lock(b->d->mu);
+	auto lock = nd_lock(b->d);
+	nd_drop_outputs(b->d, m[1], m[2]);
 	nd_queue(b->d, MFND_COPY, m, sizeof(m));
 	return true;
 }
@@ -169,7 +220,8 @@ static void nd_buffer_clear(ggml_backend_buffer_t buf, uint8_t value) {
 		uint64_t base;
 		uint8_t value;
 	} __attribute__((packed)) m = {b->base, value};
-	std::lock_guard<std::mutex> lock(b->d->mu);
+	auto lock = nd_lock(b->d);
+	nd_drop_outputs(b->d, b->base, buf->size);
 	nd_queue(b->d, MFND_CLEAR, &m, sizeof(m));
 }
 
@@ -191,12 +243,15 @@ static ggml_backend_buffer_t nd_buft_alloc(ggml_backend_buffer_type_t buft, size
 	nd_device *d = (nd_device *)buft->context;
 	uint64_t n = size;
 	std::vector<uint8_t> reply;
-	std::lock_guard<std::mutex> lock(d->mu);
+	auto lock = nd_lock(d);
 	if (!nd_call(d, MFND_ALLOC, &n, sizeof(n), reply) || reply.size() != 8) {
 		return NULL;
 	}
 	nd_buffer *b = new nd_buffer{d, 0};
-	d->allocated += size;
+	{
+		std::lock_guard<std::mutex> slock(d->smu);
+		d->allocated += size;
+	}
 	memcpy(&b->base, reply.data(), 8);
 	return ggml_backend_buffer_init(buft, nd_buffer_iface, b, size);
 }

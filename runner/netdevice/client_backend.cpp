@@ -47,7 +47,7 @@ static mfnd_tensor nd_record(const struct ggml_tensor *t, const std::unordered_s
 
 // nd_serialize writes a graph (wire.h, mfnd_graph): the nodes, their sources and the
 // tensors those view, as the records that differ from the previous graph's.
-static void nd_serialize(nd_device *d, struct ggml_cgraph *g, std::vector<uint8_t> &v) {
+static void nd_serialize(nd_backend *d, struct ggml_cgraph *g, std::vector<uint8_t> &v) {
 	std::unordered_set<const ggml_tensor *> seen;
 	std::vector<const ggml_tensor *> list;
 	std::vector<uint32_t> nodes;
@@ -70,7 +70,7 @@ static void nd_serialize(nd_device *d, struct ggml_cgraph *g, std::vector<uint8_
 	for (int i = 0; i < g->n_nodes; i++) {
 		nodes.push_back(index[g->nodes[i]]);
 	}
-	mfnd_graph h = {(uint32_t)list.size(), (uint32_t)nodes.size(), 0, nodes != d->last_nodes};
+	mfnd_graph h = {(uint32_t)list.size(), (uint32_t)nodes.size(), 0, nodes != d->last_nodes, d->stream};
 	v.resize(sizeof(h));
 	d->last_tensors.resize(list.size());
 	for (uint32_t i = 0; i < list.size(); i++) {
@@ -89,27 +89,46 @@ static void nd_serialize(nd_device *d, struct ggml_cgraph *g, std::vector<uint8_
 	memcpy(v.data(), &h, sizeof(h));
 }
 
-static const char *nd_backend_name(ggml_backend_t b) { return ((nd_device *)b->context)->name.c_str(); }
+static const char *nd_backend_name(ggml_backend_t b) { return ((nd_backend *)b->context)->d->name.c_str(); }
 
-static void nd_backend_free(ggml_backend_t b) { delete b; }
+static void nd_backend_free(ggml_backend_t b) {
+	nd_backend *nb = (nd_backend *)b->context;
+	{
+		std::lock_guard<std::mutex> lock(nb->d->mu);
+		nb->d->streams[nb->stream] = false;
+	}
+	delete nb;
+	delete b;
+}
 
 static enum ggml_status nd_backend_compute(ggml_backend_t b, struct ggml_cgraph *g, int) {
-	nd_device *d = (nd_device *)b->context;
+	nd_backend *nb = (nd_backend *)b->context;
+	nd_device *d = nb->d;
 	std::vector<uint8_t> msg, reply;
-	std::lock_guard<std::mutex> lock(d->mu);
-	nd_serialize(d, g, msg);
+	auto lock = nd_lock(d);
+	nd_serialize(nb, g, msg);
 	if (!nd_call(d, MFND_COMPUTE, msg.data(), msg.size(), reply)) {
 		return GGML_STATUS_FAILED;
 	}
-	d->computes++;
 	uint64_t ns = 0;
 	if (reply.size() >= sizeof(ns)) {
 		memcpy(&ns, reply.data(), sizeof(ns));
-		d->compute_ns += ns;
+	}
+	nd_thread.computes++;
+	nd_thread.compute_ns += ns;
+	std::lock_guard<std::mutex> slock(d->smu);
+	d->computes++;
+	d->compute_ns += ns;
+	// This backend's previous output is replaced (its graphs reuse their buffers).
+	for (size_t i = 0; i < d->outs.size(); i++) {
+		if (d->outs[i].owner == b) {
+			d->outs.erase(d->outs.begin() + i);
+			break;
+		}
 	}
 	if (g->n_nodes > 0 && reply.size() == sizeof(ns) + ggml_nbytes(g->nodes[g->n_nodes - 1])) {
-		d->out_addr = (uint64_t)(uintptr_t)g->nodes[g->n_nodes - 1]->data;
-		d->out_bytes.assign(reply.begin() + sizeof(ns), reply.end());
+		d->outs.push_back({b, (uint64_t)(uintptr_t)g->nodes[g->n_nodes - 1]->data,
+			std::vector<uint8_t>(reply.begin() + sizeof(ns), reply.end())});
 	}
 	return GGML_STATUS_SUCCESS;
 }
@@ -160,8 +179,24 @@ static void nd_dev_props(ggml_backend_dev_t dev, struct ggml_backend_dev_props *
 	p->type = GGML_BACKEND_DEVICE_TYPE_GPU;
 }
 
+// Every backend (one per llama context) sends its graphs on a stream of its own; a
+// stream freed is reused, and its first graph then replaces the worker's whole copy.
 static ggml_backend_t nd_dev_init_backend(ggml_backend_dev_t dev, const char *) {
-	return new ggml_backend{nd_guid(), nd_backend_iface, dev, dev->context};
+	nd_device *d = (nd_device *)dev->context;
+	std::lock_guard<std::mutex> lock(d->mu);
+	uint32_t s = 0;
+	while (s < d->streams.size() && d->streams[s]) {
+		s++;
+	}
+	if (s >= MFND_MAX_STREAMS) {
+		GGML_LOG_ERROR("%s: more than %u contexts on one split worker\n", d->name.c_str(), MFND_MAX_STREAMS);
+		return NULL;
+	}
+	if (s == d->streams.size()) {
+		d->streams.push_back(true);
+	}
+	d->streams[s] = true;
+	return new ggml_backend{nd_guid(), nd_backend_iface, dev, new nd_backend{d, s, {}, {}}};
 }
 
 static ggml_backend_buffer_type_t nd_dev_buft(ggml_backend_dev_t dev) { return &((nd_device *)dev->context)->buft; }
@@ -249,7 +284,7 @@ extern "C" int mfnd_check(void *dev, char *err, size_t errlen) {
 
 extern "C" int mfnd_error(void *dev, char *err, size_t errlen) {
 	nd_device *d = (nd_device *)((ggml_backend_dev_t)dev)->context;
-	std::lock_guard<std::mutex> lock(d->mu);
+	std::lock_guard<std::mutex> lock(d->smu);
 	if (d->err.empty()) {
 		return 0;
 	}
@@ -259,6 +294,8 @@ extern "C" int mfnd_error(void *dev, char *err, size_t errlen) {
 
 extern "C" void mfnd_get_stats(void *dev, mfnd_stats *s) {
 	nd_device *d = (nd_device *)((ggml_backend_dev_t)dev)->context;
-	std::lock_guard<std::mutex> lock(d->mu);
+	std::lock_guard<std::mutex> lock(d->smu);
 	*s = {d->sent, d->received, d->round_trips, d->computes, d->wait_ns, d->compute_ns, d->allocated, d->info.mem_total};
 }
+
+extern "C" void mfnd_get_thread_stats(mfnd_thread_stats *s) { *s = nd_thread; }

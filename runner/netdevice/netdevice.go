@@ -47,10 +47,11 @@ type Device struct {
 // computed; Wait is the time spent in answered commands (sending, the worker's work,
 // the answer), Compute the part of it the worker spent computing; Allocated the bytes
 // of the worker's buffers the runner holds (weights, KV cache, compute); Memory the
-// memory the worker answered as its own at the greeting (Serve's memory).
+// memory the worker answered as its own at the greeting (Serve's memory); Queue only
+// in ThreadStats.
 type Stats struct {
 	BytesSent, BytesReceived, RoundTrips, Computes uint64
-	Wait, Compute                                  time.Duration
+	Wait, Compute, Queue                           time.Duration
 	Allocated, Memory                              uint64
 }
 
@@ -116,6 +117,18 @@ func (d *Device) Stats() Stats {
 		RoundTrips: uint64(s.round_trips), Computes: uint64(s.computes),
 		Wait: time.Duration(s.wait_ns), Compute: time.Duration(s.compute_ns), Allocated: uint64(s.allocated),
 		Memory: uint64(s.memory)}
+}
+
+// ThreadStats returns what the calling OS thread's commands cost so far, summed over
+// every device: Queue is the time it waited for another thread's command to leave a
+// link free (a pipelined runner's other context); Allocated and Memory are zero. The
+// caller keeps to one thread (runtime.LockOSThread) for the figures to be its own.
+func ThreadStats() Stats {
+	var s C.mfnd_thread_stats
+	C.mfnd_get_thread_stats(&s)
+	return Stats{BytesSent: uint64(s.sent), BytesReceived: uint64(s.received),
+		RoundTrips: uint64(s.round_trips), Computes: uint64(s.computes),
+		Wait: time.Duration(s.wait_ns), Compute: time.Duration(s.compute_ns), Queue: time.Duration(s.queue_ns)}
 }
 
 // Serve serves one runner on conn until it disconnects or ctx ends, computing with

@@ -23,6 +23,14 @@ int mfnd_check(void *dev, char *err, size_t errlen);
 int mfnd_error(void *dev, char *err, size_t errlen);
 void mfnd_get_stats(void *dev, mfnd_stats *s);
 
+// What the calling thread's commands cost so far, on every device (a split runner's
+// engine keeps to one thread): queue_ns is the time it waited for another thread's
+// command to leave a link free (a pipelined runner's other context).
+typedef struct mfnd_thread_stats {
+	uint64_t sent, received, round_trips, computes, wait_ns, compute_ns, queue_ns;
+} mfnd_thread_stats;
+void mfnd_get_thread_stats(mfnd_thread_stats *s);
+
 // mfnd_serve serves one runner on the connected socket fd until it disconnects; it
 // returns 0 then, or -1 with a message in err when the session failed. memory is what
 // the worker answers the runner as its free and total memory (0: the Mac's physical

@@ -18,7 +18,7 @@
 #endif
 
 #define MFND_MAGIC 0x444e464du // "MFND"
-#define MFND_VERSION 3u
+#define MFND_VERSION 4u
 
 // Commands. Those marked "answered" wait for the worker's reply; the others are
 // queued and their errors are reported by the next answered command.
@@ -86,15 +86,20 @@ struct mfnd_tensor {
 };
 
 // A graph to compute: mfnd_graph, then n_changed pairs (u32 index, mfnd_tensor) that
-// replace or append to the worker's copy of the previous graph's tensor list (cut to
-// n_tensors), then, when nodes_sent, n_nodes u32 indexes into that list (else the
-// previous graph's nodes).
+// replace or append to the worker's copy of the previous graph of the same stream's
+// tensor list (cut to n_tensors), then, when nodes_sent, n_nodes u32 indexes into that
+// list (else that previous graph's nodes). A stream is one of the runner's backends on
+// the device (one per llama context): each context's graphs repeat its own previous
+// ones.
 struct mfnd_graph {
 	uint32_t n_tensors;
 	uint32_t n_nodes;
 	uint32_t n_changed;
 	uint32_t nodes_sent;
+	uint32_t stream; // below MFND_MAX_STREAMS
 };
+
+#define MFND_MAX_STREAMS 64u
 
 // mfnd_hash is a fast 64-bit hash for telling two copies of a file apart (not a
 // cryptographic digest).

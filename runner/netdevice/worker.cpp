@@ -98,14 +98,17 @@ struct worker {
 		return reply(0, p, n);
 	}
 
-	// The current graph, updated by each compute message.
-	std::vector<mfnd_tensor> tensors;
-	std::vector<uint32_t> nodes;
+	// The current graph of each stream, updated by each compute message.
+	struct graph {
+		std::vector<mfnd_tensor> tensors;
+		std::vector<uint32_t> nodes;
+	};
+	std::vector<graph> graphs;
 
 	bool hello();
 	void set_file();
-	bool update(mfnd_graph *h);
-	std::vector<ggml_tensor *> build(struct ggml_context *ctx);
+	graph *update(mfnd_graph *h);
+	std::vector<ggml_tensor *> build(struct ggml_context *ctx, const std::vector<mfnd_tensor> &tensors);
 	bool compute();
 	bool serve_one(uint8_t cmd);
 };
@@ -169,23 +172,31 @@ void worker::set_file() {
 	}
 }
 
-// update applies a graph message (wire.h, mfnd_graph) to the previous graph.
-bool worker::update(mfnd_graph *h) {
+// update applies a graph message (wire.h, mfnd_graph) to its stream's previous graph
+// and returns that stream's graph, NULL for a malformed message.
+worker::graph *worker::update(mfnd_graph *h) {
 	if (msg.size() < sizeof(*h)) {
-		return false;
+		return NULL;
 	}
 	memcpy(h, msg.data(), sizeof(*h));
 	size_t rec = sizeof(uint32_t) + sizeof(mfnd_tensor);
-	if (msg.size() != sizeof(*h) + (size_t)h->n_changed * rec + (h->nodes_sent ? (size_t)h->n_nodes * 4 : 0)) {
-		return false;
+	if (msg.size() != sizeof(*h) + (size_t)h->n_changed * rec + (h->nodes_sent ? (size_t)h->n_nodes * 4 : 0) ||
+	    h->stream >= MFND_MAX_STREAMS) {
+		return NULL;
 	}
+	if (graphs.size() <= h->stream) {
+		graphs.resize(h->stream + 1);
+	}
+	graph *gr = &graphs[h->stream];
+	std::vector<mfnd_tensor> &tensors = gr->tensors;
+	std::vector<uint32_t> &nodes = gr->nodes;
 	tensors.resize(h->n_tensors);
 	const uint8_t *p = msg.data() + sizeof(*h);
 	for (uint32_t i = 0; i < h->n_changed; i++, p += rec) {
 		uint32_t at;
 		memcpy(&at, p, 4);
 		if (at >= h->n_tensors) {
-			return false;
+			return NULL;
 		}
 		memcpy(&tensors[at], p + 4, sizeof(mfnd_tensor));
 	}
@@ -194,18 +205,18 @@ bool worker::update(mfnd_graph *h) {
 		memcpy(nodes.data(), p, (size_t)h->n_nodes * 4);
 	}
 	if (nodes.size() != h->n_nodes) {
-		return false;
+		return NULL;
 	}
 	for (uint32_t n : nodes) {
 		if (n >= h->n_tensors) {
-			return false;
+			return NULL;
 		}
 	}
-	return true;
+	return gr;
 }
 
 // build makes the tensors of the current graph in ctx, in the worker's buffers.
-std::vector<ggml_tensor *> worker::build(struct ggml_context *ctx) {
+std::vector<ggml_tensor *> worker::build(struct ggml_context *ctx, const std::vector<mfnd_tensor> &tensors) {
 	std::vector<ggml_tensor *> out(tensors.size());
 	std::unordered_map<uint64_t, ggml_tensor *> byid;
 	for (size_t i = 0; i < tensors.size(); i++) {
@@ -240,18 +251,20 @@ std::vector<ggml_tensor *> worker::build(struct ggml_context *ctx) {
 
 bool worker::compute() {
 	mfnd_graph h;
-	if (!update(&h)) {
+	graph *gr = update(&h);
+	if (gr == NULL) {
 		fail("malformed graph");
-		tensors.clear();
-		nodes.clear();
+		graphs.clear();
 		return answer(NULL, 0);
 	}
 	if (!err.empty()) {
 		return answer(NULL, 0);
 	}
+	const std::vector<mfnd_tensor> &tensors = gr->tensors;
+	const std::vector<uint32_t> &nodes = gr->nodes;
 	struct ggml_init_params ip = {tensors.size() * ggml_tensor_overhead() + ggml_graph_overhead_custom(nodes.size(), false), NULL, true};
 	struct ggml_context *ctx = ggml_init(ip);
-	std::vector<ggml_tensor *> ts = build(ctx);
+	std::vector<ggml_tensor *> ts = build(ctx, tensors);
 	struct ggml_cgraph *g = ggml_new_graph_custom(ctx, nodes.size(), false);
 	for (uint32_t n : nodes) {
 		g->nodes[g->n_nodes++] = ts[n];

@@ -4,6 +4,7 @@ package server
 
 import (
 	"math/rand/v2"
+	"runtime"
 	"slices"
 	"sync"
 	"time"
@@ -183,6 +184,10 @@ func (e *engine) stats() (busy, kvUsed, requests int) {
 
 func (e *engine) run() {
 	defer close(e.done)
+	// One thread for the context's decodes: a split runner's link figures are the
+	// thread's (linkMeter).
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
 	for {
 		e.reap()
 		e.admit()

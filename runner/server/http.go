@@ -137,7 +137,7 @@ func (s *Server) handleStatus(w http.ResponseWriter, _ *http.Request) {
 			st.PromptCache = s.promptCacheStatus()
 			ci := s.chatInfo
 			st.Chat = &ci
-			st.SplitHeadComputeSeconds = s.eng.link.headSeconds()
+			st.SplitHeadComputeSeconds = s.eng.headSeconds()
 		}
 	}
 	if state != runnerapi.StateLoading {
@@ -168,8 +168,7 @@ func (s *Server) handleCacheClear(w http.ResponseWriter, _ *http.Request) {
 		return
 	}
 	before := s.footprint(0)
-	n := 0
-	eng.do(func() { n = eng.clearIdle() })
+	n := eng.clearIdle()
 	hotBytes, hotEntries := s.clearPromptCacheHot()
 	llama.TrimHeap()
 	after := s.footprint(0)
@@ -304,7 +303,7 @@ func (s *Server) inputTokens(in runnerapi.Input, i int, param string, parseSpeci
 
 // generate runs a chat (co set) or text completion job and writes its response.
 // text is the prompt's text when it was tokenized from one ("" for token ids).
-func (s *Server) generate(w http.ResponseWriter, r *http.Request, eng *engine, co *chat.Options, model string,
+func (s *Server) generate(w http.ResponseWriter, r *http.Request, eng *engineSet, co *chat.Options, model string,
 	text string, toks []int32, opts runnerapi.Options) {
 	isChat := co != nil
 	param := "prompt"
@@ -332,9 +331,9 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, eng *engine, c
 		writeError(w, herr)
 		return
 	}
-	if opts.N > len(eng.slots) {
+	if opts.N > eng.slotCount() {
 		writeError(w, runnerapi.InvalidRequest(runnerapi.CodeInvalidValue, "n",
-			"n is %d but this model serves at most %d sequences at once (its parallel slots)", opts.N, len(eng.slots)))
+			"n is %d but this model serves at most %d sequences at once (its parallel slots)", opts.N, eng.slotCount()))
 		return
 	}
 	out := responder{w: w, chat: isChat, id: runnerapi.NewID(map[bool]string{true: "chatcmpl-", false: "cmpl-"}[isChat]),

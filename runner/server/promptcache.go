@@ -443,11 +443,11 @@ func (s *Server) openPromptCache() {
 	if llama.GPUCount() > 0 && s.cfg.GPULayers > 0 {
 		offload = fmt.Sprintf("gpu%d", min(s.cfg.GPULayers, s.model.NLayer()+1))
 	}
-	pc, err := newPromptCache(s.log.WithName("promptcache"), cfg, s.cfg.ModelPath, s.info.KVType, s.cfg.Parallel, offload)
+	pc, err := newPromptCache(s.log.WithName("promptcache"), cfg, s.cfg.ModelPath, s.info.KVType, s.nSeqCtx, offload)
 	if err != nil && cfg.Dir != "" {
 		s.log.Error(err, "The prompt cache's SSD tier is unusable; keeping the hot tier only", "dir", cfg.Dir)
 		cfg.Dir = ""
-		pc, err = newPromptCache(s.log.WithName("promptcache"), cfg, s.cfg.ModelPath, s.info.KVType, s.cfg.Parallel, offload)
+		pc, err = newPromptCache(s.log.WithName("promptcache"), cfg, s.cfg.ModelPath, s.info.KVType, s.nSeqCtx, offload)
 	}
 	if err != nil {
 		s.log.Error(err, "The prompt cache is unusable; serving without it")
@@ -455,7 +455,10 @@ func (s *Server) openPromptCache() {
 	}
 	pc.prefixes = s.prefixes
 	go pc.trackPrefixes(pc.stopTracker)
-	s.pc, s.eng.pc = pc, pc
+	s.pc = pc
+	for _, e := range s.eng.engs {
+		e.pc = pc
+	}
 	s.log.Info("Prompt cache", "model", pc.id.Model, "format", pc.id.Format, "blockTokens", pc.block,
 		"hotBytes", cfg.HotBytes, "ssdDir", cfg.Dir, "ssdBytes", cfg.SSDBytes)
 }

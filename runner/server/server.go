@@ -71,6 +71,10 @@ type Config struct {
 	// read and write on their links (0: DefaultSplitTimeout).
 	Split        []SplitWorker
 	SplitTimeout time.Duration
+	// SplitPipeline is how many llama contexts a split runner decodes at once, each
+	// with Parallel/SplitPipeline slots on its own goroutine, so that the runner's and
+	// the workers' stages overlap (docs/split-model.md, "Pipelining"); 0 or 1: one.
+	SplitPipeline int
 	// Stdout receives the listening event.
 	Stdout io.Writer
 	// TracerProvider traces generation requests (tracing.NewRelayed); nil means none.
@@ -113,8 +117,8 @@ type Server struct {
 
 	// Set once by load, before the state becomes ready.
 	model *llama.Model
-	lctx  *llama.Context
-	eng   *engine
+	lctxs []*llama.Context // one per engine
+	eng   *engineSet
 	pc    *promptCache // nil when it could not be opened
 	split []*netdevice.Device
 	// prefixes is the prefix table this process reports on /cache/prefixes (empty
@@ -126,6 +130,7 @@ type Server struct {
 	chatInfo   runnerapi.ChatInfo // reported in /status
 	markers    map[int32][]byte   // control tokens the output parser must see
 	nCtxSeq    int
+	nSeqCtx    int // the sequences (slots) of each context
 	kvPerToken int64
 	defaultID  string
 
@@ -196,7 +201,7 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	s.setState(runnerapi.StateReady, "")
 	s.log.Info("Ready", "model", s.info.Path, "slots", s.cfg.Parallel, "threads", s.cfg.Threads, "slotContext", s.nCtxSeq,
-		"kvCells", s.lctx.NCtx(), "batch", s.lctx.NBatch())
+		"kvCells", s.nCtxSeq*s.cfg.Parallel, "batch", s.lctxs[0].NBatch(), "contexts", len(s.lctxs))
 	return s.serve(ctx, srv, serveErr)
 }
 
@@ -317,10 +322,10 @@ func (s *Server) shutdownHTTP(srv *http.Server) bool {
 // free releases the context and the model. It is only called once no handler can use
 // them; when handlers did not return in time the process exit frees everything.
 func (s *Server) free() {
-	if s.lctx != nil {
-		s.lctx.Free()
-		s.lctx = nil
+	for _, c := range s.lctxs {
+		c.Free()
 	}
+	s.lctxs = nil
 	if s.model != nil {
 		s.model.Free()
 		s.model = nil
@@ -444,21 +449,10 @@ func (s *Server) load() error {
 	if m.HasEncoder() {
 		return errors.New("encoder-decoder models are not supported")
 	}
-	ctxTotal := cfg.Ctx
-	if ctxTotal <= 0 {
-		ctxTotal = m.NCtxTrain() * cfg.Parallel
-	}
-	lctx, err := llama.NewContext(m, llama.ContextParams{
-		NCtx: ctxTotal, NBatch: cfg.Batch, NSeqMax: cfg.Parallel, Threads: cfg.Threads,
-		KVType: cfg.KVType, Embeddings: true,
-	})
-	if err != nil {
+	if err := s.newContexts(m); err != nil {
 		return err
 	}
-	s.lctx = lctx
-	if lctx.NBatch() < cfg.Parallel {
-		return fmt.Errorf("n_batch %d is below the %d slots", lctx.NBatch(), cfg.Parallel)
-	}
+	lctx := s.lctxs[0]
 	kvSize, _ := llama.KVTypeSize(cfg.KVType)
 	headDim := m.NEmbd() / max(m.NHead(), 1)
 	s.kvPerToken = int64(float64(2*m.NLayer()*m.NHeadKV()*headDim) * kvSize)
@@ -473,18 +467,9 @@ func (s *Server) load() error {
 		NLayer: m.NLayer(), NHead: m.NHead(), NHeadKV: m.NHeadKV(), NVocab: m.NVocab(),
 		KVType: kvType, ChatTemplate: m.ChatTemplate() != "", KVBytesPerToken: s.kvPerToken,
 	}
-	s.eng = newEngine(s.log.WithName("engine"), m, lctx, s.guard)
-	if len(s.split) > 0 {
-		s.eng.linkLost = func() *runnerapi.Error {
-			if err := s.splitLost(); err != nil {
-				return s.onSplitLost(err)
-			}
-			return nil
-		}
-		s.eng.link = newLinkMeter(s.split)
-	}
+	s.eng = s.newEngineSet(m)
 	s.openPromptCache()
-	go s.eng.run()
+	s.eng.start()
 	s.log.Info("Model loaded", "desc", m.Desc(), "params", m.NParams(), "took", time.Since(start).Round(time.Millisecond),
 		"gpus", llama.GPUCount())
 	return nil
@@ -563,7 +548,7 @@ func (s *Server) reclaim() bool {
 }
 
 // readyEngine returns the engine when the runner serves requests.
-func (s *Server) readyEngine() (*engine, *runnerapi.Error) {
+func (s *Server) readyEngine() (*engineSet, *runnerapi.Error) {
 	state, progress, loadErr := s.getState()
 	switch state {
 	case runnerapi.StateReady:

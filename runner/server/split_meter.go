@@ -36,9 +36,10 @@ func (a *linkFigures) add(b linkFigures) {
 // linkMeter measures a split runner's decode steps: what each step cost on the links
 // and in the runner itself, given to the jobs of the step for their spans, and the
 // runner's own compute time in total for /status. The engine has none when the runner
-// holds every layer, and then does no work for it.
+// holds every layer, and then does no work for it. Each engine has its own and reads
+// the counters of its own thread (the engine keeps to one), so that on a pipelined
+// runner a step counts its own context's commands, not the other's.
 type linkMeter struct {
-	devs []*netdevice.Device
 	// headNanos is the runner's own compute time so far (engine goroutine writes,
 	// /status reads).
 	headNanos atomic.Int64
@@ -48,21 +49,16 @@ func newLinkMeter(devs []*netdevice.Device) *linkMeter {
 	if len(devs) == 0 {
 		return nil
 	}
-	return &linkMeter{devs: devs}
+	return &linkMeter{}
 }
 
-// totals sums the workers' link counters.
+// totals sums the calling thread's link counters over the workers. Its wait includes
+// the time the thread waited for a link another context's command held: that is not
+// the runner's own compute either.
 func (m *linkMeter) totals() linkFigures {
-	var f linkFigures
-	for _, d := range m.devs {
-		st := d.Stats()
-		f.sent += st.BytesSent
-		f.received += st.BytesReceived
-		f.roundTrips += st.RoundTrips
-		f.wait += st.Wait
-		f.compute += st.Compute
-	}
-	return f
+	st := netdevice.ThreadStats()
+	return linkFigures{sent: st.BytesSent, received: st.BytesReceived, roundTrips: st.RoundTrips,
+		wait: st.Wait + st.Queue, compute: st.Compute}
 }
 
 // headSeconds is the runner's own compute time so far; 0 on a runner that is not split.

@@ -669,3 +669,54 @@ func TestSSDClose(t *testing.T) {
 		}
 	})
 }
+
+// TestSSDSaveLater: a key handed to SaveLater is pending at once — before the returned
+// function queues it — so a prefix table refreshed in between still finds the state of
+// a hot tier that refused it (over its budget); the write then lands, a duplicate is
+// skipped, and after Close the function reports ErrClosed.
+func TestSSDSaveLater(t *testing.T) {
+	s := openSSD(t, SSDConfig{Dir: t.TempDir(), Identity: testID})
+	hot := NewHot(0) // refuses every state, as a runner's hot tier with no budget does
+	where := func(k Key) Tier {
+		switch {
+		case hot.Has(k):
+			return TierHot
+		case s.Holds(k):
+			return TierSSD
+		}
+		return TierNone
+	}
+	table := NewPrefixTable("e")
+	full := key(1)
+	if hot.Put(full, payload(1, entrySize)) {
+		t.Fatal("a hot tier without budget took a state")
+	}
+	queue := s.SaveLater(full, payload(1, entrySize))
+	table.Associate([]string{"00000000000000d1"}, Backing{State: full, Tokens: 100})
+	table.Refresh(where) // what the runner's tracker does at once after a save
+	if got, _ := table.Answer("", 0); len(got.Events) != 1 || got.Events[0].Tier != string(TierSSD) {
+		t.Fatalf("before the write is queued the table answers %+v, want the digest held on the SSD", got)
+	}
+	if err := queue(); err != nil {
+		t.Fatal(err)
+	}
+	if st := waitSettled(t, s); st.SavesPersisted != 1 {
+		t.Fatalf("after the queued write: %+v", st)
+	}
+	table.Refresh(where)
+	if got, _ := table.Answer("", 0); len(got.Events) != 1 || got.Events[0].Tier != string(TierSSD) {
+		t.Errorf("once written the table answers %+v, want the digest still held on the SSD", got)
+	}
+	if err := s.SaveLater(full, payload(1, entrySize))(); err != nil {
+		t.Errorf("a duplicate: %v", err)
+	}
+	if st := s.Stats(); st.Duplicates != 1 || st.SavesPersisted != 1 {
+		t.Errorf("a duplicate was not skipped: %+v", st)
+	}
+	if err := s.Close(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SaveLater(key(2), payload(2, entrySize))(); !errors.Is(err, ErrClosed) {
+		t.Errorf("SaveLater after Close = %v, want ErrClosed", err)
+	}
+}

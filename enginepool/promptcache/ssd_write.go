@@ -70,31 +70,49 @@ func (s *SSD) SetQuota(quotaBytes int64) {
 // it). A key already stored or pending is not written again. data must not be
 // modified afterwards.
 func (s *SSD) Save(key Key, data []byte) error {
+	return s.SaveLater(key, data)()
+}
+
+// SaveLater is Save in two steps, for a caller that must not wait on a full queue but
+// must not leave a gap either: the key is pending when SaveLater returns (Holds
+// reports it, a duplicate save is skipped), and the returned function, which the
+// caller must call exactly once (Close waits for it), queues the write as Save does —
+// on the caller's goroutine of choice. Without the first step a state the hot tier
+// refused (over its budget) was held by no tier until that goroutine ran, and a
+// prefix table refreshed in between forgot it for good.
+func (s *SSD) SaveLater(key Key, data []byte) (queue func() error) {
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
-		return ErrClosed
+		return func() error { return ErrClosed }
 	}
 	s.st.Saves++
 	if e, ok := s.entries[key]; ok {
 		s.st.Duplicates++
 		s.touchLocked(e)
 		s.mu.Unlock()
-		return nil
+		return func() error { return nil }
 	}
 	for _, it := range s.pending[key] {
 		if !it.cancelled {
 			s.st.Duplicates++
 			s.mu.Unlock()
-			return nil
+			return func() error { return nil }
 		}
 	}
 	it := &item{key: key, data: data, done: make(chan struct{})}
 	s.pending[key] = append(s.pending[key], it)
 	s.savers.Add(1)
 	s.mu.Unlock()
-	defer s.savers.Done()
+	return func() error {
+		defer s.savers.Done()
+		return s.enqueue(it)
+	}
+}
 
+// enqueue hands it to the writer, or writes it inline when the queue stayed full for
+// QueueWait.
+func (s *SSD) enqueue(it *item) error {
 	select {
 	case s.queue <- it:
 		return nil

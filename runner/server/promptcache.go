@@ -331,17 +331,20 @@ func (pc *promptCache) putRefs(keys []promptcache.Key, ref []byte) {
 		return
 	}
 	pc.savesPending.Add(int64(len(fresh)))
+	// Pending in the SSD tier from now (SaveLater), written in order on one goroutine.
+	queues := make([]func() error, len(fresh))
+	for i, k := range fresh {
+		queues[i] = pc.c.SSD.SaveLater(k, ref)
+	}
 	go func() {
 		defer pc.savers.Done()
-		for i, k := range fresh {
-			err := pc.c.SSD.Save(k, ref)
+		failed := false
+		for _, queue := range queues {
+			err := queue() // every one, even after a failure: each is waited for
 			pc.savesPending.Add(-1)
-			if err != nil {
-				pc.savesPending.Add(-int64(len(fresh) - i - 1))
-				if !errors.Is(err, promptcache.ErrClosed) {
-					pc.log.Info("Saving a prompt cache reference to the SSD tier failed", "error", err.Error())
-				}
-				return
+			if err != nil && !failed && !errors.Is(err, promptcache.ErrClosed) {
+				failed = true
+				pc.log.Info("Saving a prompt cache reference to the SSD tier failed", "error", err.Error())
 			}
 		}
 	}()
@@ -355,10 +358,13 @@ func (pc *promptCache) put(key promptcache.Key, data []byte) {
 		return
 	}
 	pc.savesPending.Add(1)
+	// Pending in the SSD tier from now (SaveLater): a state the hot tier refused is
+	// held somewhere when the prefix table next looks (noteSaved refreshes it at once).
+	queue := pc.c.SSD.SaveLater(key, data)
 	go func() {
 		defer pc.savers.Done()
 		defer pc.savesPending.Add(-1)
-		if err := pc.c.SSD.Save(key, data); err != nil && !errors.Is(err, promptcache.ErrClosed) {
+		if err := queue(); err != nil && !errors.Is(err, promptcache.ErrClosed) {
 			pc.log.Info("Saving a prompt cache state to the SSD tier failed", "error", err.Error())
 		}
 	}()

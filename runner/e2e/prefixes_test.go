@@ -158,6 +158,17 @@ func TestPrefixEvents(t *testing.T) {
 		}
 	}
 
+	// Without a hot budget every state goes straight to the SSD tier, on a goroutine of
+	// its own: the refresh that follows the save at once must still find it there (the
+	// state is pending in the SSD tier before that goroutine runs), or the digests are
+	// dropped and no gateway ever learns them.
+	t.Run("ssd-only", func(t *testing.T) {
+		r := startReady(t, m, "--prompt-cache-block", "32", "--prompt-cache-dir", t.TempDir())
+		first := prefixes(t, r, "", 0, 0)
+		_, u := chatWith(t, r, digests, msgs, 4)
+		want("saved to the SSD only", prefixes(t, r, first.Epoch, 0, 10*time.Second), false, held("ssd", u.PromptTokens))
+	})
+
 	t.Run("hot-ssd-restart", func(t *testing.T) {
 		dir := t.TempDir()
 		flags := []string{"--prompt-cache-block", "32", "--prompt-cache-hot-bytes", fmt.Sprint(1 << 30), "--prompt-cache-dir", dir}

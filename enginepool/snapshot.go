@@ -155,6 +155,9 @@ type engineIdentity struct {
 	EstimatedBytes int64           `json:"estimatedBytes"`
 	Dims           ModelDims       `json:"dims"`
 	PromptCache    PromptCacheSpec `json:"promptCache"`
+	// SplitPipeline is a split head's llama contexts (0: unset), omitted when unset so
+	// that the fingerprints of runners recorded before it stay the same.
+	SplitPipeline int `json:"splitPipeline,omitempty"`
 	// Namespace picks the prompt cache directory.
 	Namespace string `json:"namespace,omitempty"`
 }
@@ -162,7 +165,7 @@ type engineIdentity struct {
 func engineIdentityOf(s ModelSpec) engineIdentity {
 	return engineIdentity{Path: s.Path, ContextLength: s.Engine.TotalContext(), Parallel: int(s.Engine.Parallel),
 		KVCacheType: string(s.Engine.KVCacheType), EstimatedBytes: s.EstimatedBytes, Dims: s.Dims, PromptCache: s.PromptCache,
-		Namespace: s.Namespace}
+		SplitPipeline: int(s.Engine.SplitPipeline), Namespace: s.Namespace}
 }
 
 // EngineIdentity is the engine identity of s (every field a running engine depends

@@ -44,6 +44,10 @@ const (
 
 	// DefaultBatch is the runner's n_batch when none is given.
 	DefaultBatch = 512
+	// MinSplitPipeline and MaxSplitPipeline bound SplitPipeline, the llama contexts a
+	// split replica's head decodes at once (0 is "unset", which is 1).
+	MinSplitPipeline = 1
+	MaxSplitPipeline = 8
 )
 
 // KVCacheType is the element type of the KV cache.
@@ -90,6 +94,18 @@ type Settings struct {
 	// +optional
 	// +kubebuilder:validation:XValidation:rule="self >= 0 && self <= 256",message="threads must be between 0 (the agent chooses) and 256"
 	Threads int32 `json:"threads,omitempty"`
+
+	// splitPipeline is how many llama contexts the head of a replica split across
+	// Macs (placement.maxMacsPerReplica above 1) decodes at once, each with
+	// parallel/splitPipeline slots, so that the head computes its layers for one while
+	// a worker computes its layers for another (docs/split-model.md, Pipelining).
+	// parallel must be a multiple of it. A replica placed whole on one Mac ignores it.
+	// Each context has its own compute buffers: the head's and every worker's
+	// reservation grow by one compute buffer per context beyond the first. Unset or 1:
+	// one context.
+	// +optional
+	// +kubebuilder:validation:XValidation:rule="self >= 1 && self <= 8",message="splitPipeline must be between 1 (one context) and 8"
+	SplitPipeline int32 `json:"splitPipeline,omitempty"`
 }
 
 // WithDefaults returns s with Parallel and KVCacheType filled in when unset.
@@ -140,6 +156,12 @@ func (s Settings) Validate() error {
 	if t := s.Threads; t < 0 || t > MaxThreads {
 		add("threads", "%d is not between 0 (the agent chooses) and %d", t, MaxThreads)
 	}
+	switch sp := s.SplitPipeline; {
+	case sp != 0 && (sp < MinSplitPipeline || sp > MaxSplitPipeline):
+		add("splitPipeline", "%d is not between %d and %d", sp, MinSplitPipeline, MaxSplitPipeline)
+	case sp > 1 && s.Parallel != 0 && s.Parallel%sp != 0:
+		add("splitPipeline", "parallel %d is not a multiple of %d", s.Parallel, sp)
+	}
 	return errors.Join(errs...)
 }
 
@@ -152,6 +174,21 @@ func validKVCacheType(t KVCacheType) error {
 	return fmt.Errorf("%q is not one of f16, q8_0, q4_0", string(t))
 }
 
+// Pipeline is how many llama contexts a split head decodes at once: SplitPipeline,
+// 1 when unset.
+func (s Settings) Pipeline() int {
+	return int(max(s.SplitPipeline, 1))
+}
+
+// SplitArgs are the engine flags only a split replica's head takes: --split-pipeline
+// when above 1.
+func (s Settings) SplitArgs() []string {
+	if p := s.Pipeline(); p > 1 {
+		return []string{"--split-pipeline", strconv.Itoa(p)}
+	}
+	return nil
+}
+
 // TotalContext is the engine's whole KV cache in tokens: ContextLength × Parallel
 // (0 when ContextLength is unset: the runner then gives every slot the model's
 // training context).
@@ -161,7 +198,8 @@ func (s Settings) TotalContext() int {
 
 // Args are the runner's engine flags for s: --ctx (the total context), --parallel,
 // --threads, --batch (batch is n_batch, an agent-wide setting; 0 leaves it to the
-// runner) and --kv-type, each only when set.
+// runner) and --kv-type, each only when set. SplitPipeline is not among them: it is a
+// split head's flag alone (SplitArgs).
 func (s Settings) Args(batch int) []string {
 	var args []string
 	add := func(flag string, v int) {

@@ -3,6 +3,7 @@ package engine
 import (
 	"errors"
 	"io"
+	"slices"
 	"strings"
 	"testing"
 
@@ -48,6 +49,10 @@ func TestValidate(t *testing.T) {
 		{name: "unknown kv type", in: Settings{KVCacheType: "f32"}, want: []string{"kvCacheType"}},
 		{name: "too many threads", in: Settings{Threads: MaxThreads + 1}, want: []string{"threads"}},
 		{name: "negative threads", in: Settings{Threads: -1}, want: []string{"threads"}},
+		{name: "split pipeline bounds are inclusive", in: Settings{Parallel: 8, SplitPipeline: MaxSplitPipeline}},
+		{name: "split pipeline too deep", in: Settings{Parallel: 16, SplitPipeline: MaxSplitPipeline + 1}, want: []string{"splitPipeline"}},
+		{name: "negative split pipeline", in: Settings{SplitPipeline: -1}, want: []string{"splitPipeline"}},
+		{name: "slots not a multiple of the split pipeline", in: Settings{Parallel: 3, SplitPipeline: 2}, want: []string{"splitPipeline"}},
 		{name: "all at once", in: Settings{ContextLength: 8, Parallel: 65, KVCacheType: "x", Threads: -2},
 			want: []string{"contextLength", "parallel", "kvCacheType", "threads"}},
 	}
@@ -95,6 +100,23 @@ func TestArgs(t *testing.T) {
 				t.Errorf("Args (-want +got):\n%s", d)
 			}
 		})
+	}
+}
+
+// TestSplitArgs: Args never writes the split pipeline (a whole replica's runner
+// refuses it); SplitArgs writes it for a split head only when above 1.
+func TestSplitArgs(t *testing.T) {
+	for _, tc := range []struct {
+		pipeline int32
+		want     []string
+	}{{0, nil}, {1, nil}, {2, []string{"--split-pipeline", "2"}}, {8, []string{"--split-pipeline", "8"}}} {
+		s := Settings{Parallel: 8, SplitPipeline: tc.pipeline}
+		if d := cmp.Diff(tc.want, s.SplitArgs()); d != "" {
+			t.Errorf("SplitPipeline %d: SplitArgs (-want +got):\n%s", tc.pipeline, d)
+		}
+		if args := s.Args(0); slices.Contains(args, "--split-pipeline") {
+			t.Errorf("SplitPipeline %d: Args wrote %q", tc.pipeline, args)
+		}
 	}
 }
 

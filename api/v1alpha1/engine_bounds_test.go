@@ -57,6 +57,7 @@ func TestEngineBoundsMatchCRD(t *testing.T) {
 			check("contextLength", rule(engine.MinContextLength, engine.MaxContextLength), fmt.Sprint(engine.DefaultContextLength))
 			check("parallel", rule(engine.MinParallel, engine.MaxParallel), fmt.Sprint(engine.DefaultParallel))
 			check("threads", rule(0, engine.MaxThreads), "")
+			check("splitPipeline", rule(engine.MinSplitPipeline, engine.MaxSplitPipeline), "")
 			var enum []string
 			for _, v := range props["kvCacheType"].Enum {
 				enum = append(enum, string(v.Raw))

@@ -132,9 +132,11 @@ type ModelSource struct {
 }
 
 // EngineSpec configures the llama.cpp engine that serves the model.
+//
+// +kubebuilder:validation:XValidation:rule="!has(self.splitPipeline) || self.splitPipeline < 1 || !has(self.parallel) || self.parallel % self.splitPipeline == 0",message="parallel must be a multiple of splitPipeline: every llama context of a split head gets parallel/splitPipeline slots"
 type EngineSpec struct {
 	// Settings are the engine settings every layer shares (contextLength, parallel,
-	// kvCacheType, threads): package engine holds them with their bounds, defaults
+	// kvCacheType, threads, splitPipeline): package engine holds them with their bounds, defaults
 	// and the runner's flags.
 	engine.Settings `json:",inline"`
 

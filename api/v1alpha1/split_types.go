@@ -65,11 +65,13 @@ type LayerMemory struct {
 	// +required
 	PerLayer resource.Quantity `json:"perLayer"`
 	// head is what shard 0 reserves besides its blocks: the token embeddings, the
-	// output layer, the compute buffers, the vocabulary and the runner's baseline.
+	// output layer, the compute buffers (one per llama context: engine.splitPipeline),
+	// the vocabulary and the runner's baseline.
 	// +required
 	Head resource.Quantity `json:"head"`
 	// worker is what every other shard reserves besides its blocks: its process's
-	// baseline and compute buffer.
+	// baseline and compute buffer (one per llama context of the head:
+	// engine.splitPipeline).
 	// +required
 	Worker resource.Quantity `json:"worker"`
 }

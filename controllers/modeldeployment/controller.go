@@ -223,7 +223,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	if res.Quantity != nil {
 		var layers *v1alpha1.LayerMemory
 		if res.Layers != nil {
-			layers = layerMemoryFor(*res.Layers, res.Quantity.Value())
+			layers = layerMemoryFor(*res.Layers, res.Quantity.Value(), tmpl.Engine.Pipeline())
 		}
 		drainLeft, syncErr = r.sync(ctx, md, access, tmpl, hash, *res.Quantity, layers, replicas, current)
 	}

@@ -24,8 +24,12 @@ func splits(md *v1alpha1.ModelDeployment) bool {
 // estimate's division over the layers, scaled so that one shard holding every layer
 // reserves at least the reservation (the reservation may be an override or bounded by
 // a measurement rather than the estimate itself). Worker is not scaled: it is a
-// process's own baseline and compute buffer. Nil when the estimate has no layers.
-func layerMemoryFor(l estimate.Layered, reservation int64) *v1alpha1.LayerMemory {
+// process's own baseline and compute buffer. pipeline is the head's llama contexts
+// (engine splitPipeline, at least 1): each context beyond the first adds one compute
+// buffer to the head and to every worker (docs/split-model.md, Pipelining), on top of
+// the scaled figures, since a replica placed whole on one Mac holds one context and
+// keeps its reservation. Nil when the estimate has no layers.
+func layerMemoryFor(l estimate.Layered, reservation int64, pipeline int) *v1alpha1.LayerMemory {
 	whole := l.Head + l.Layers*l.PerLayer
 	if l.Layers <= 0 || whole <= 0 || reservation <= 0 {
 		return nil
@@ -33,11 +37,12 @@ func layerMemoryFor(l estimate.Layered, reservation int64) *v1alpha1.LayerMemory
 	scale := float64(reservation) / float64(whole)
 	head := min(int64(float64(l.Head)*scale+0.5), reservation)
 	perLayer := max((reservation-head+l.Layers-1)/l.Layers, 1)
+	extra := int64(max(pipeline, 1)-1) * max(l.Compute, 0)
 	return &v1alpha1.LayerMemory{
 		Layers:   int32(min(l.Layers, 4096)),
 		PerLayer: *resource.NewQuantity(perLayer, resource.BinarySI),
-		Head:     *resource.NewQuantity(head, resource.BinarySI),
-		Worker:   *resource.NewQuantity(l.Worker, resource.BinarySI),
+		Head:     *resource.NewQuantity(head+extra, resource.BinarySI),
+		Worker:   *resource.NewQuantity(l.Worker+extra, resource.BinarySI),
 	}
 }
 

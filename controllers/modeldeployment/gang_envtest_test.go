@@ -22,7 +22,7 @@ func TestBrokenGangIsReplacedWhole(t *testing.T) {
 	f, macs, mr := newGangFixture(t, &Reconciler{})
 	est := gangEstimate()
 	l, _ := est.ByLayer()
-	want := layerMemoryFor(l, roundUpMiB(est.Total).Value())
+	want := layerMemoryFor(l, roundUpMiB(est.Total).Value(), 1)
 	if mr.Spec.LayerMemory == nil || mr.Spec.LayerMemory.Layers != 48 || !mr.Spec.LayerMemory.PerLayer.Equal(want.PerLayer) ||
 		!mr.Spec.LayerMemory.Head.Equal(want.Head) || !mr.Spec.LayerMemory.Worker.Equal(want.Worker) {
 		t.Fatalf("layerMemory %+v, want %+v", mr.Spec.LayerMemory, want)
@@ -98,6 +98,43 @@ func newGangFixture(t *testing.T, r *Reconciler) (*fixture, []string, v1alpha1.M
 	md.Spec.Placement.MaxMacsPerReplica = 3
 	f.create(md)
 	return f, macs, f.waitReplicas(1)[0]
+}
+
+// TestPipelinedGangReservesComputeBuffers runs the controller against the API server: a
+// deployment whose split head decodes in two llama contexts (engine.splitPipeline 2)
+// gives its replicas that setting in their template and a layerMemory whose head and
+// worker each hold one more compute buffer than one context's, the layers unchanged.
+func TestPipelinedGangReservesComputeBuffers(t *testing.T) {
+	r := &Reconciler{}
+	est := gangEstimate()
+	r.Estimate = func(context.Context, estimate.Params) (estimate.Result, error) { return est, nil }
+	f := newFixture(t)
+	f.start(r)
+	md := newDeployment("big", "https://models.example/big.gguf", 1, "")
+	md.Spec.Placement.MaxMacsPerReplica = 2
+	md.Spec.Engine.Parallel = 4
+	md.Spec.Engine.SplitPipeline = 2
+	f.create(md)
+	mr := f.waitReplicas(1)[0]
+
+	if got := mr.Spec.Template.Engine.SplitPipeline; got != 2 {
+		t.Errorf("the replica's template has splitPipeline %d, want 2", got)
+	}
+	l, _ := est.ByLayer()
+	one := layerMemoryFor(l, roundUpMiB(est.Total).Value(), 1)
+	lm := mr.Spec.LayerMemory
+	if lm == nil {
+		t.Fatal("the replica has no layerMemory")
+	}
+	if got, want := lm.Head.Value(), one.Head.Value()+est.Compute; got != want {
+		t.Errorf("layerMemory.head %d, want one context's %d and a compute buffer %d", got, one.Head.Value(), est.Compute)
+	}
+	if got, want := lm.Worker.Value(), one.Worker.Value()+est.Compute; got != want {
+		t.Errorf("layerMemory.worker %d, want one context's %d and a compute buffer %d", got, one.Worker.Value(), est.Compute)
+	}
+	if lm.Layers != one.Layers || !lm.PerLayer.Equal(one.PerLayer) {
+		t.Errorf("layerMemory layers %d of %s, want %d of %s", lm.Layers, lm.PerLayer.String(), one.Layers, one.PerLayer.String())
+	}
 }
 
 // bindGang plays the scheduler: it binds mr as a gang of macs[0] (the head, layers

@@ -123,7 +123,7 @@ func TestLayerMemoryFor(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			lm := layerMemoryFor(l, tt.reservation)
+			lm := layerMemoryFor(l, tt.reservation, 1)
 			if lm == nil {
 				t.Fatal("nil layer memory")
 			}
@@ -139,7 +139,32 @@ func TestLayerMemoryFor(t *testing.T) {
 			}
 		})
 	}
-	if lm := layerMemoryFor(estimate.Layered{}, whole); lm != nil {
+	if lm := layerMemoryFor(estimate.Layered{}, whole, 1); lm != nil {
 		t.Errorf("no layers: %+v, want nil", lm)
+	}
+}
+
+// TestLayerMemoryForPipeline: a head of N llama contexts (engine splitPipeline)
+// reserves N-1 more compute buffers, and so does every worker; the layers and the
+// scaling to the reservation are those of one context.
+func TestLayerMemoryForPipeline(t *testing.T) {
+	const gib = int64(1) << 30
+	l := estimate.Layered{Layers: 80, PerLayer: gib / 2, Head: 4 * gib, Worker: gib, Compute: gib / 4}
+	whole := l.Head + l.Layers*l.PerLayer
+	one := layerMemoryFor(l, whole, 1)
+	for _, tt := range []struct {
+		pipeline int
+		extra    int64
+	}{{0, 0}, {1, 0}, {2, gib / 4}, {4, 3 * gib / 4}} {
+		lm := layerMemoryFor(l, whole, tt.pipeline)
+		if got, want := lm.Head.Value(), one.Head.Value()+tt.extra; got != want {
+			t.Errorf("pipeline %d: head %d, want %d", tt.pipeline, got, want)
+		}
+		if got, want := lm.Worker.Value(), one.Worker.Value()+tt.extra; got != want {
+			t.Errorf("pipeline %d: worker %d, want %d", tt.pipeline, got, want)
+		}
+		if !lm.PerLayer.Equal(one.PerLayer) || lm.Layers != one.Layers {
+			t.Errorf("pipeline %d: layers %d of %s, want %d of %s", tt.pipeline, lm.Layers, lm.PerLayer.String(), one.Layers, one.PerLayer.String())
+		}
 	}
 }

@@ -288,7 +288,11 @@ func (f *ProcessFactory) runnerArgs(spec enginepool.ModelSpec, ceilingBytes int6
 	}
 	args = append(args, f.engineArgs(spec, ceilingBytes)...)
 	args = append(args, f.promptCacheArgs(spec, cacheDir)...)
-	args = append(args, splitArgs(spec.SplitWorkers)...)
+	if len(spec.SplitWorkers) > 0 {
+		args = append(args, splitArgs(spec.SplitWorkers)...)
+		// A whole replica ignores the split pipeline: only a split head takes it.
+		args = append(args, spec.Engine.SplitArgs()...)
+	}
 	if f.cfg.SpanRelay != nil {
 		// Not an engine argument: whether the agent traces is no reason to reload a
 		// model, and an adopted runner without it is only not traced.

@@ -1,10 +1,12 @@
 package runnerproc
 
 import (
+	"slices"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/macfleet/macfleet/api/engine"
 	"github.com/macfleet/macfleet/enginepool"
 )
 
@@ -32,6 +34,48 @@ func TestSplitArgs(t *testing.T) {
 			}
 			if d := cmp.Diff(tc.wantPorts, splitPorts(tc.workers)); d != "" {
 				t.Errorf("splitPorts (-want +got):\n%s", d)
+			}
+		})
+	}
+}
+
+// TestSplitPipelineArgs: a split head's command line carries --split-pipeline N (after
+// its workers) when the replica asks for more than one context; a whole replica's and
+// a worker's never do, whatever their settings say.
+func TestSplitPipelineArgs(t *testing.T) {
+	workers := []enginepool.SplitWorker{{Addr: "127.0.0.1:40001", Layers: 10}}
+	settings := func(pipeline int32) engine.Settings {
+		return engine.Settings{ContextLength: 1024, Parallel: 4, Threads: 1, SplitPipeline: pipeline}
+	}
+	for _, tc := range []struct {
+		name string
+		spec enginepool.ModelSpec
+		want []string // the command line's tail from --split-worker on; nil: no split flags
+	}{
+		{name: "split head, two contexts", spec: enginepool.ModelSpec{Engine: settings(2), SplitWorkers: workers},
+			want: []string{"--split-worker", "127.0.0.1:40001", "--split-layers", "10", "--split-pipeline", "2"}},
+		{name: "split head, four contexts", spec: enginepool.ModelSpec{Engine: settings(4), SplitWorkers: workers},
+			want: []string{"--split-worker", "127.0.0.1:40001", "--split-layers", "10", "--split-pipeline", "4"}},
+		{name: "split head, one context", spec: enginepool.ModelSpec{Engine: settings(1), SplitWorkers: workers},
+			want: []string{"--split-worker", "127.0.0.1:40001", "--split-layers", "10"}},
+		{name: "split head, unset", spec: enginepool.ModelSpec{Engine: settings(0), SplitWorkers: workers},
+			want: []string{"--split-worker", "127.0.0.1:40001", "--split-layers", "10"}},
+		{name: "whole replica ignores it", spec: enginepool.ModelSpec{Engine: settings(2)}},
+		{name: "worker ignores it", spec: enginepool.ModelSpec{Engine: settings(2), SplitWorker: true}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tc.spec.Name, tc.spec.Path = "m", "/models/m.gguf"
+			f := NewProcessFactory(ProcessConfig{Threads: 1})
+			args := f.runnerArgs(tc.spec, 0, "/tmp/runner.sock", "", nil)
+			var got []string
+			if i := slices.Index(args, "--split-worker"); i >= 0 {
+				got = args[i:]
+			}
+			if d := cmp.Diff(tc.want, got); d != "" {
+				t.Errorf("split flags (-want +got):\n%s\nwhole command line: %q", d, args)
+			}
+			if tc.want == nil && slices.Contains(args, "--split-pipeline") {
+				t.Errorf("--split-pipeline on a runner that is not a split head: %q", args)
 			}
 		})
 	}

@@ -22,6 +22,10 @@ type Layered struct {
 	Head int64
 	// Worker is what every other shard needs besides its blocks.
 	Worker int64
+	// Compute is the compute buffer of one llama context, counted in Head and in
+	// Worker once: a pipelined split head (engine splitPipeline) and its workers hold
+	// one per context.
+	Compute int64
 }
 
 // ByLayer divides the estimate over the model's layers. Head + Layers × PerLayer is
@@ -45,6 +49,7 @@ func (r Result) ByLayer() (l Layered, ok bool) {
 		PerLayer: (inBlocks + r.Dims.Layers - 1) / r.Dims.Layers,
 		Head:     outside + r.Compute + r.Overhead,
 		Worker:   RunnerBaseline + r.Compute,
+		Compute:  r.Compute,
 	}
 	return l, true
 }

@@ -54,6 +54,9 @@ func TestByLayer(t *testing.T) {
 			if l.Worker != RunnerBaseline+tt.r.Compute {
 				t.Errorf("worker = %d, want the runner baseline and the compute buffer %d", l.Worker, RunnerBaseline+tt.r.Compute)
 			}
+			if l.Compute != tt.r.Compute {
+				t.Errorf("compute = %d, want the estimate's compute buffer %d", l.Compute, tt.r.Compute)
+			}
 		})
 	}
 }

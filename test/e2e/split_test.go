@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/openai/openai-go/v3"
+	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -348,15 +349,34 @@ func gangLayers(layers int64, n int) []int64 {
 // replicas of its namespace: the whole one's would let a replacement of the split one
 // be placed whole). It waits until both are Ready, checks that "split" is a gang over
 // the whole pool, and returns both model names, the pool's Macs (the head's first) and
-// the gang.
-func splitServing(t *testing.T, pool string, macs int) (split, whole string, names []string, gang v1alpha1.ModelReplica) {
+// the gang. With pipeline above 1 both have that many slots and the split head decodes
+// them in that many llama contexts (engine.splitPipeline).
+func splitServing(t *testing.T, pool string, macs int, pipeline int32) (split, whole string, names []string, gang v1alpha1.ModelReplica) {
 	t.Helper()
 	if err := splitModel(); err != nil {
 		t.Fatal(err)
 	}
 	nsWhole, ns := testenv.NewNamespace(t, fleet.Client), testenv.NewNamespace(t, fleet.Client)
-	create(t, splitDeployment(nsWhole, "whole", 1, ""))
-	create(t, splitDeployment(ns, "split", int32(macs), pool))
+	mdWhole, mdSplit := splitDeployment(nsWhole, "whole", 1, ""), splitDeployment(ns, "split", int32(macs), pool)
+	if pipeline > 1 {
+		mdWhole.Spec.Engine.Parallel, mdSplit.Spec.Engine.Parallel = pipeline, pipeline
+		mdSplit.Spec.Engine.SplitPipeline = pipeline
+		// The head's and the worker's extra compute buffers are not scaled with the
+		// reservation: on this small model they outweigh two layers, so a pool sized
+		// for the pipelined gang would hold the whole replica (one context) on its
+		// head's Mac. A reservation of about 6x the estimate (1.5 GB) makes the layers
+		// outweigh them, so the gang needs both Macs.
+		q := resource.MustParse("8Gi")
+		mdSplit.Spec.Resources = &v1alpha1.ModelResources{Memory: &q}
+	}
+	create(t, mdWhole)
+	if mdSplit.Spec.Resources != nil {
+		// A replica with its memory set is created at once, with no layerMemory if the
+		// controller's first estimate of the header failed; once "whole" is Ready the
+		// estimate of the same file and engine is cached.
+		waitReady(t, nsWhole, "whole", 1, 3*time.Minute)
+	}
+	create(t, mdSplit)
 	// The pool's Macs are sized from the replica's layerMemory: until they are added,
 	// the replica is pending (no Mac matches its nodeSelector).
 	lm := layerMemoryOf(t, ns, "split")
@@ -377,7 +397,7 @@ func splitServing(t *testing.T, pool string, macs int) (split, whole string, nam
 // SIGKILL mid-stream ends that stream with an error within 5 s, the gang is replaced
 // whole (no replica is Ready with a shard that is not), and the deployment serves again.
 func TestSplitReplicaServes(t *testing.T) {
-	split, whole, macs, gang := splitServing(t, "two", 2)
+	split, whole, macs, gang := splitServing(t, "two", 2, 1)
 	compareWithWhole(t, split, whole)
 	if t.Failed() {
 		return
@@ -394,7 +414,7 @@ func TestSplitReplicaServes(t *testing.T) {
 // whose hidden states pass through the head): no two of the pool's Macs can hold the
 // replica, so the gang takes all three and answers as one process does.
 func TestSplitReplicaAcrossThreeMacs(t *testing.T) {
-	split, whole, _, _ := splitServing(t, "three", 3)
+	split, whole, _, _ := splitServing(t, "three", 3, 1)
 	compareWithWhole(t, split, whole)
 }
 

@@ -486,6 +486,9 @@ func (c Config) validate() []error {
 				add("%s.%v", f, e)
 			}
 		}
+		if m.SplitPipeline > 1 {
+			add("%s.splitPipeline: %d needs a replica split across Macs (a ModelDeployment with placement.maxMacsPerReplica above 1); a model served on one Mac decodes in one context", f, m.SplitPipeline)
+		}
 		switch m.Residency {
 		case ResidencyOnDemand, ResidencyResident, ResidencyPinned:
 		default:

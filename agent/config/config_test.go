@@ -198,6 +198,11 @@ func TestCompleteReportsEveryProblem(t *testing.T) {
 			},
 		},
 		{
+			name: "several contexts on one Mac",
+			cfg:  Config{Models: []Model{{Name: "a", Path: model, Settings: engine.Settings{Parallel: 4, SplitPipeline: 2}}}},
+			want: []string{"models[0] (a).splitPipeline: 2 needs a replica split across Macs"},
+		},
+		{
 			name: "duplicates",
 			cfg: Config{Models: []Model{
 				{Name: "a", Path: model, Aliases: []string{"x", "x"}},

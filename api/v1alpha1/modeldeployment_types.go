@@ -102,6 +102,7 @@ type ModelResources struct {
 // +kubebuilder:validation:XValidation:rule="!self.model.source.startsWith('file://') || (has(self.resources) && has(self.resources.memory))",message="a file:// source needs resources.memory: the controller cannot read the GGUF header of a file on a Mac"
 // +kubebuilder:validation:XValidation:rule="!has(self.placement) || !has(self.placement.maxMacsPerReplica) || self.placement.maxMacsPerReplica <= 1 || !has(self.residency) || self.residency != 'OnDemand'",message="placement.maxMacsPerReplica above 1 needs residency Resident or Pinned: a split replica's shards are sized to the memory reserved on each Mac, and OnDemand reserves none"
 // +kubebuilder:validation:XValidation:rule="!has(self.placement) || !has(self.placement.maxMacsPerReplica) || self.placement.maxMacsPerReplica <= 1 || !self.model.source.startsWith('file://')",message="placement.maxMacsPerReplica above 1 needs an hf://, ollama:// or https:// source: the layers are split by the GGUF header, which the controller cannot read from a file:// source"
+// +kubebuilder:validation:XValidation:rule="!has(self.engine) || !has(self.engine.splitPipeline) || self.engine.splitPipeline <= 1 || (has(self.placement) && has(self.placement.maxMacsPerReplica) && self.placement.maxMacsPerReplica > 1)",message="engine.splitPipeline above 1 needs placement.maxMacsPerReplica above 1: only the head of a replica split across Macs decodes in several contexts"
 type ModelDeploymentSpec struct {
 	// model is the GGUF file to serve and the names it answers to.
 	// +required

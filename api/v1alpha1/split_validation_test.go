@@ -26,6 +26,7 @@ func TestMaxMacsPerReplicaValidation(t *testing.T) {
 		source    string
 		residency string
 		memory    string
+		pipeline  int64 // engine.splitPipeline with parallel 4; 0: unset
 		wantErr   string
 	}{
 		{name: "zero", max: 0, wantErr: "maxMacsPerReplica must be between 1 (every replica on one Mac) and 16"},
@@ -40,6 +41,10 @@ func TestMaxMacsPerReplicaValidation(t *testing.T) {
 		{name: "two, file source", max: 2, source: "file:///opt/models/big.gguf", memory: "400Gi",
 			wantErr: "placement.maxMacsPerReplica above 1 needs an hf://, ollama:// or https:// source"},
 		{name: "one, file source", max: 1, source: "file:///opt/models/big.gguf", memory: "400Gi"},
+		{name: "one, pipelined", max: 1, pipeline: 2,
+			wantErr: "engine.splitPipeline above 1 needs placement.maxMacsPerReplica above 1"},
+		{name: "two, pipelined", max: 2, pipeline: 2},
+		{name: "one, one context", max: 1, pipeline: 1},
 	}
 	for i, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -56,6 +61,9 @@ func TestMaxMacsPerReplicaValidation(t *testing.T) {
 			}
 			if tc.memory != "" {
 				spec["resources"] = map[string]any{"memory": tc.memory}
+			}
+			if tc.pipeline != 0 {
+				spec["engine"] = map[string]any{"parallel": 4, "splitPipeline": tc.pipeline}
 			}
 			err := createUnstructured(t, map[string]any{
 				"apiVersion": mfv1.GroupVersion.String(), "kind": "ModelDeployment",

@@ -225,7 +225,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		if res.Layers != nil {
 			layers = layerMemoryFor(*res.Layers, res.Quantity.Value(), tmpl.Engine.Pipeline())
 		}
-		drainLeft, syncErr = r.sync(ctx, md, access, tmpl, hash, *res.Quantity, layers, replicas, current)
+		// An error with a reservation is a split deployment's header not read yet:
+		// replicas may drain and go, none may come.
+		drainLeft, syncErr = r.sync(ctx, md, access, tmpl, hash, *res.Quantity, layers, res.Err == nil, replicas, current)
 	}
 
 	now := r.Clock.Now()
@@ -347,7 +349,7 @@ func (r *Reconciler) listReplicas(ctx context.Context, md *v1alpha1.ModelDeploym
 // watch events wake the deployment again). It returns how long the drains still
 // running may take (0: none).
 func (r *Reconciler) sync(ctx context.Context, md *v1alpha1.ModelDeployment, access replicaAccess, tmpl v1alpha1.ModelReplicaTemplate, hash string,
-	q resource.Quantity, layers *v1alpha1.LayerMemory, replicas []v1alpha1.ModelReplica, current func(*v1alpha1.ModelReplica) bool) (time.Duration, error) {
+	q resource.Quantity, layers *v1alpha1.LayerMemory, canCreate bool, replicas []v1alpha1.ModelReplica, current func(*v1alpha1.ModelReplica) bool) (time.Duration, error) {
 	logger := log.FromContext(ctx)
 	listed, live := sets.New[string](), sets.New[string]()
 	var infos []replicaInfo
@@ -391,6 +393,9 @@ func (r *Reconciler) sync(ctx context.Context, md *v1alpha1.ModelDeployment, acc
 		r.rankPressure(ctx, replicas, infos)
 	}
 	act := plan(desired, infos)
+	if !canCreate {
+		act.Create = 0
+	}
 	if act.Create == 0 && len(act.Delete) == 0 {
 		return drainLeft, nil
 	}

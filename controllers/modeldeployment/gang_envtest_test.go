@@ -2,7 +2,11 @@ package modeldeployment
 
 import (
 	"context"
+	"errors"
+	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -150,4 +154,52 @@ func (f *fixture) bindGang(mr *v1alpha1.ModelReplica, macs []string) {
 	if err := f.c.Patch(f.t.Context(), mr, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{})); err != nil {
 		f.t.Fatalf("binding as a gang: %v", err)
 	}
+}
+
+// TestSplitOverrideWaitsForTheHeader runs the controller against the API server: a
+// deployment that may span Macs and sets resources.memory still needs the model's
+// header to divide it over its layers. While reading the header fails, no replica is
+// created (one without layerMemory could never be placed as a gang, and the field is
+// immutable) and the conditions say why; once the header is read, the replica comes
+// with the override as its reservation and the layers.
+func TestSplitOverrideWaitsForTheHeader(t *testing.T) {
+	est := gangEstimate()
+	var failing atomic.Bool
+	failing.Store(true)
+	r := &Reconciler{EstimateRetryInitial: 200 * time.Millisecond, EstimateRetryMax: 200 * time.Millisecond}
+	r.Estimate = func(context.Context, estimate.Params) (estimate.Result, error) {
+		if failing.Load() {
+			return estimate.Result{}, errors.New("the model server answered 503")
+		}
+		return est, nil
+	}
+	f := newFixture(t)
+	f.start(r)
+	md := newDeployment("big", "https://models.example/big.gguf", 1, "60Gi")
+	md.Spec.Placement.MaxMacsPerReplica = 2
+	f.create(md)
+
+	const why = "dividing the model over Macs (placement.maxMacsPerReplica 2) needs its header: estimating the memory of https://models.example/big.gguf: the model server answered 503"
+	f.waitStatus("big", func(md *v1alpha1.ModelDeployment) (bool, string) {
+		got := condition(md, v1alpha1.DeploymentScheduled)
+		return got == "False/"+v1alpha1.ReasonEstimateFailed+": "+why, got
+	})
+	if reps := f.replicas(); len(reps) != 0 {
+		t.Fatalf("replicas %v created while the header could not be read, want none", names(reps))
+	}
+
+	failing.Store(false)
+	mr := f.waitReplicas(1)[0]
+	if got := mr.Spec.MemoryReservation.String(); got != "60Gi" {
+		t.Errorf("reservation %s, want the override 60Gi", got)
+	}
+	l, _ := est.ByLayer()
+	want := layerMemoryFor(l, mr.Spec.MemoryReservation.Value(), 1)
+	if lm := mr.Spec.LayerMemory; lm == nil || lm.Layers != want.Layers || !lm.Head.Equal(want.Head) || !lm.PerLayer.Equal(want.PerLayer) {
+		t.Errorf("layerMemory %+v, want %+v (the header's layers scaled to the override)", lm, want)
+	}
+	f.waitStatus("big", func(md *v1alpha1.ModelDeployment) (bool, string) {
+		got := condition(md, v1alpha1.DeploymentScheduled)
+		return !strings.Contains(got, v1alpha1.ReasonEstimateFailed), got
+	})
 }

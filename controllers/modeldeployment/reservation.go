@@ -27,7 +27,9 @@ type reservation struct {
 	// Measured is the footprint a loaded replica of the same model and engine
 	// settings reported, when Quantity was bounded by it (withMeasurement); else 0.
 	Measured int64
-	// Err says why Quantity is nil.
+	// Err says why Quantity is nil or, with an explicit Quantity, why the layers of a
+	// deployment whose replicas may span Macs are not known: no replica may be created
+	// then.
 	Err error
 	// RetryAfter is when to try estimating again after Err.
 	RetryAfter time.Duration
@@ -117,8 +119,16 @@ func (r *Reconciler) reservationFor(ctx context.Context, md *v1alpha1.ModelDeplo
 		q := res.Memory.DeepCopy()
 		out := reservation{Quantity: &q, Explicit: true}
 		if splits(md) {
-			// The override sets the memory; the layers still come from the header.
-			out.Layers = r.estimated(ctx, md, t).Layers
+			// The override sets the memory; the layers still come from the header, and a
+			// replica created without them could never be placed as a gang (layerMemory
+			// is immutable): until the header is read, say why and create none.
+			est := r.estimated(ctx, md, t)
+			out.Layers = est.Layers
+			if est.Err != nil {
+				out.Err = fmt.Errorf("dividing the model over Macs (placement.maxMacsPerReplica %d) needs its header: %w",
+					md.Spec.Placement.MaxMacsPerReplica, est.Err)
+				out.RetryAfter = est.RetryAfter
+			}
 		}
 		return out
 	}

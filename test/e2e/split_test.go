@@ -370,12 +370,8 @@ func splitServing(t *testing.T, pool string, macs int, pipeline int32) (split, w
 		mdSplit.Spec.Resources = &v1alpha1.ModelResources{Memory: &q}
 	}
 	create(t, mdWhole)
-	if mdSplit.Spec.Resources != nil {
-		// A replica with its memory set is created at once, with no layerMemory if the
-		// controller's first estimate of the header failed; once "whole" is Ready the
-		// estimate of the same file and engine is cached.
-		waitReady(t, nsWhole, "whole", 1, 3*time.Minute)
-	}
+	// With its memory set, the split deployment still gets its replica only once the
+	// controller has read the header (layerMemory comes with it).
 	create(t, mdSplit)
 	// The pool's Macs are sized from the replica's layerMemory: until they are added,
 	// the replica is pending (no Mac matches its nodeSelector).

@@ -258,8 +258,10 @@ type fakeRunner struct {
 	// every budget the pool pushed.
 	hotBudget int64
 	hotBytes  int64
-	budgets   []int64
-	budgetErr error
+	// hotRejected counts states the hot tier refused (rejectHot).
+	hotRejected int64
+	budgets     []int64
+	budgetErr   error
 	// ssd is what Status reports as the SSD tier (nil: none).
 	ssd *runnerapi.PromptCacheSSD
 	// split and splitHead are what Status reports as a split head's links.
@@ -330,7 +332,7 @@ func (r *fakeRunner) Status(ctx context.Context) (RunnerStatus, error) {
 	fp, _ := r.f.g.Process(r.pid)
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	pc := &runnerapi.PromptCacheStatus{Hot: runnerapi.PromptCacheHot{Bytes: r.hotBytes, BudgetBytes: r.hotBudget}, SSD: r.ssd}
+	pc := &runnerapi.PromptCacheStatus{Hot: runnerapi.PromptCacheHot{Bytes: r.hotBytes, BudgetBytes: r.hotBudget, Rejected: r.hotRejected}, SSD: r.ssd}
 	return RunnerStatus{State: "ready", PID: r.pid, FootprintBytes: fp, PromptCache: pc,
 		Split: slices.Clone(r.split), SplitHeadComputeSeconds: r.splitHead}, nil
 }
@@ -368,6 +370,13 @@ func (r *fakeRunner) fillHot(b int64) int64 {
 	r.mu.Unlock()
 	r.f.g.addProc(r.pid, add)
 	return add
+}
+
+// rejectHot simulates a state larger than the whole hot budget: refused, counted.
+func (r *fakeRunner) rejectHot() {
+	r.mu.Lock()
+	r.hotRejected++
+	r.mu.Unlock()
 }
 
 func (r *fakeRunner) Budgets() []int64 {

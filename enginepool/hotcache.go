@@ -42,6 +42,10 @@ type PromptCacheStats struct {
 	HotHits      int64 `json:"hotHits"`
 	HotMisses    int64 `json:"hotMisses"`
 	HotEvictions int64 `json:"hotEvictions"`
+	// HotRejected counts states larger than the runner's whole hot budget: kept by the
+	// SSD tier alone (or by no tier without one). Rising on a Mac with many replicas
+	// says their shares of the budget are smaller than one conversation's state.
+	HotRejected int64 `json:"hotRejected"`
 	// Restores counts states restored into a slot; RestoredTokens the prompt tokens
 	// they spared from prefill.
 	Restores       int64 `json:"restores"`
@@ -73,7 +77,7 @@ func promptCacheStats(st *runnerapi.PromptCacheStatus) *PromptCacheStats {
 	}
 	s := &PromptCacheStats{
 		HotBytes: st.Hot.Bytes, HotEntries: st.Hot.Entries, HotHits: st.Hot.Hits, HotMisses: st.Hot.Misses,
-		HotEvictions: st.Hot.Evictions, HotBudgetBytes: st.Hot.BudgetBytes,
+		HotEvictions: st.Hot.Evictions, HotRejected: st.Hot.Rejected, HotBudgetBytes: st.Hot.BudgetBytes,
 		Restores: st.Restores, RestoredTokens: st.RestoredTokens, SSDDir: st.Dir,
 		InflightShares: st.InflightShares, InflightSharedTokens: st.InflightSharedTokens,
 	}

@@ -58,6 +58,7 @@ var promptCacheCounters = []struct {
 	{"hot_hits", "Hot tier lookups that found a state.", func(s *PromptCacheStats) int64 { return s.HotHits }},
 	{"hot_misses", "Hot tier lookups that found none.", func(s *PromptCacheStats) int64 { return s.HotMisses }},
 	{"hot_evictions", "Hot tier states evicted to stay within the budget.", func(s *PromptCacheStats) int64 { return s.HotEvictions }},
+	{"hot_rejected", "States larger than the runner's whole hot budget, kept by the SSD tier alone (by none without one).", func(s *PromptCacheStats) int64 { return s.HotRejected }},
 	{"restores", "Cached states restored into a slot instead of a prefill.", func(s *PromptCacheStats) int64 { return s.Restores }},
 	{"restored_tokens", "Prompt tokens a restore spared from prefill.", func(s *PromptCacheStats) int64 { return s.RestoredTokens }},
 }

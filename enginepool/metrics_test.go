@@ -81,6 +81,8 @@ func TestMetricsExportPromptCacheCounters(t *testing.T) {
 	r.mu.Unlock()
 	h.p.poll() // pushes the share, reads the report
 	r.fillHot(1000)
+	r.rejectHot()
+	r.rejectHot()
 	h.p.RefreshPromptCacheStats()
 
 	if problems, err := testutil.CollectAndLint(m); err != nil || len(problems) > 0 {
@@ -91,7 +93,7 @@ func TestMetricsExportPromptCacheCounters(t *testing.T) {
 		name string
 		v    int
 	}{{"saves", 7}, {"saves_persisted", 6}, {"errors", 1}, {"hits", 3}, {"misses", 4}, {"evictions", 5},
-		{"unlink_failures", 1}, {"inline_fallbacks", 2}} {
+		{"unlink_failures", 1}, {"inline_fallbacks", 2}, {"hot_rejected", 2}} {
 		for _, pc := range promptCacheCounters {
 			if pc.name == c.name {
 				fmt.Fprintf(&want, "# HELP %s%s_total Prompt cache: %s Counted by the model's current runner.\n", MetricPromptCachePrefix, c.name, pc.help)
@@ -100,7 +102,7 @@ func TestMetricsExportPromptCacheCounters(t *testing.T) {
 		fmt.Fprintf(&want, "# TYPE %s%s_total counter\n%s%s_total{model=\"c\"} %d\n", MetricPromptCachePrefix, c.name, MetricPromptCachePrefix, c.name, c.v)
 	}
 	names := []string{}
-	for _, c := range []string{"saves", "saves_persisted", "errors", "hits", "misses", "evictions", "unlink_failures", "inline_fallbacks"} {
+	for _, c := range []string{"saves", "saves_persisted", "errors", "hits", "misses", "evictions", "unlink_failures", "inline_fallbacks", "hot_rejected"} {
 		names = append(names, MetricPromptCachePrefix+c+"_total")
 	}
 	if err := testutil.CollectAndCompare(m, strings.NewReader(want.String()), names...); err != nil {

@@ -25,9 +25,10 @@ func splits(md *v1alpha1.ModelDeployment) bool {
 // reserves at least the reservation (the reservation may be an override or bounded by
 // a measurement rather than the estimate itself). Worker is not scaled: it is a
 // process's own baseline and compute buffer. pipeline is the head's llama contexts
-// (engine splitPipeline, at least 1): each context beyond the first adds one compute
-// buffer to the head and to every worker (docs/split-model.md, Pipelining), on top of
-// the scaled figures, since a replica placed whole on one Mac holds one context and
+// (engine splitPipeline, at least 1): each context beyond the first adds a compute
+// buffer to the head and to every worker, and the head's contexts their output buffers
+// (estimate.Layered.Pipelined; docs/split-model.md, Pipelining), on top of the scaled
+// figures, since a replica placed whole on one Mac holds one context and
 // keeps its reservation. Nil when the estimate has no layers.
 func layerMemoryFor(l estimate.Layered, reservation int64, pipeline int) *v1alpha1.LayerMemory {
 	whole := l.Head + l.Layers*l.PerLayer
@@ -37,12 +38,12 @@ func layerMemoryFor(l estimate.Layered, reservation int64, pipeline int) *v1alph
 	scale := float64(reservation) / float64(whole)
 	head := min(int64(float64(l.Head)*scale+0.5), reservation)
 	perLayer := max((reservation-head+l.Layers-1)/l.Layers, 1)
-	extra := int64(max(pipeline, 1)-1) * max(l.Compute, 0)
+	headExtra, workerExtra := l.Pipelined(pipeline)
 	return &v1alpha1.LayerMemory{
 		Layers:   int32(min(l.Layers, 4096)),
 		PerLayer: *resource.NewQuantity(perLayer, resource.BinarySI),
-		Head:     *resource.NewQuantity(head+extra, resource.BinarySI),
-		Worker:   *resource.NewQuantity(l.Worker+extra, resource.BinarySI),
+		Head:     *resource.NewQuantity(head+headExtra, resource.BinarySI),
+		Worker:   *resource.NewQuantity(l.Worker+workerExtra, resource.BinarySI),
 	}
 }
 

@@ -107,16 +107,20 @@ func newGangFixture(t *testing.T, r *Reconciler) (*fixture, []string, v1alpha1.M
 // TestPipelinedGangReservesComputeBuffers runs the controller against the API server: a
 // deployment whose split head decodes in two llama contexts (engine.splitPipeline 2)
 // gives its replicas that setting in their template and a layerMemory whose head and
-// worker each hold one more compute buffer than one context's, the layers unchanged.
+// worker each hold one more compute buffer than one context's, and whose head holds the
+// second context's output buffer, the layers unchanged.
 func TestPipelinedGangReservesComputeBuffers(t *testing.T) {
 	r := &Reconciler{}
 	est := gangEstimate()
+	// 16 sequences: one context's output buffer is bounded by n_batch, two contexts
+	// of 8 hold one each.
+	est.Parallel, est.Batch = 16, 512
 	r.Estimate = func(context.Context, estimate.Params) (estimate.Result, error) { return est, nil }
 	f := newFixture(t)
 	f.start(r)
 	md := newDeployment("big", "https://models.example/big.gguf", 1, "")
 	md.Spec.Placement.MaxMacsPerReplica = 2
-	md.Spec.Engine.Parallel = 4
+	md.Spec.Engine.Parallel = 16
 	md.Spec.Engine.SplitPipeline = 2
 	f.create(md)
 	mr := f.waitReplicas(1)[0]
@@ -130,8 +134,10 @@ func TestPipelinedGangReservesComputeBuffers(t *testing.T) {
 	if lm == nil {
 		t.Fatal("the replica has no layerMemory")
 	}
-	if got, want := lm.Head.Value(), one.Head.Value()+est.Compute; got != want {
-		t.Errorf("layerMemory.head %d, want one context's %d and a compute buffer %d", got, one.Head.Value(), est.Compute)
+	// A second compute buffer, and 512 more output rows of (vocab + embd) floats.
+	output := int64(512 * (32000 + 4096) * 4)
+	if got, want := lm.Head.Value(), one.Head.Value()+est.Compute+output; got != want {
+		t.Errorf("layerMemory.head %d, want one context's %d, a compute buffer %d and an output buffer %d", got, one.Head.Value(), est.Compute, output)
 	}
 	if got, want := lm.Worker.Value(), one.Worker.Value()+est.Compute; got != want {
 		t.Errorf("layerMemory.worker %d, want one context's %d and a compute buffer %d", got, one.Worker.Value(), est.Compute)

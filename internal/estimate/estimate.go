@@ -143,8 +143,9 @@ type Result struct {
 
 	// ContextLength is the context the KV cache was sized for, after padding.
 	ContextLength int64
-	// Parallel is the number of sequences the estimate assumed.
+	// Parallel is the number of sequences the estimate assumed; Batch the n_batch.
 	Parallel int32
+	Batch    int32
 	// KVCacheType is the KV element type the estimate assumed.
 	KVCacheType KVCacheType
 	// FlashAttention says whether the estimate assumed flash attention.
@@ -418,7 +419,7 @@ func compute(gf *gguf.GGUFFile, loc string, p Params) (Result, error) {
 		outputBuffer(int64(a.VocabularyLength), int64(a.EmbeddingLength), int64(parallel), int64(batch))
 	r.Total = r.Weights + r.KVCache + r.Compute + r.Overhead
 	r.ContextLength = int64(e.ContextSize)
-	r.Parallel = parallel
+	r.Parallel, r.Batch = parallel, batch
 	r.KVCacheType = p.KVCacheType
 	if r.KVCacheType == "" {
 		r.KVCacheType = KVF16

@@ -64,6 +64,15 @@ func vocabTables(gf *gguf.GGUFFile) int64 {
 // tokens per slot per step, within n_batch. llama.cpp grows the buffer to the most
 // rows it has seen and never shrinks it.
 func outputBuffer(vocab, embd, parallel, batch int64) int64 {
-	rows := max(parallel, min(batch, parallel*runnerapi.EmbedChunk))
-	return rows * (vocab + embd) * 4
+	return outputRows(parallel, batch) * outputRowBytes(vocab, embd)
+}
+
+// outputRows is the most rows the output buffer of a context of parallel slots holds.
+func outputRows(parallel, batch int64) int64 {
+	return max(parallel, min(batch, parallel*runnerapi.EmbedChunk))
+}
+
+// outputRowBytes is one output row: its logits and its embedding, in float32.
+func outputRowBytes(vocab, embd int64) int64 {
+	return (vocab + embd) * 4
 }

@@ -24,8 +24,31 @@ type Layered struct {
 	Worker int64
 	// Compute is the compute buffer of one llama context, counted in Head and in
 	// Worker once: a pipelined split head (engine splitPipeline) and its workers hold
-	// one per context.
+	// one per context (Pipelined).
 	Compute int64
+	// Parallel, Batch and OutputRow size the head's output buffers (Pipelined): the
+	// engine's sequences and n_batch, and the bytes of one output row.
+	Parallel, Batch, OutputRow int64
+}
+
+// Pipelined is what a split head decoding in n llama contexts (engine splitPipeline,
+// each of Parallel/n sequences) and each of its workers need beyond the one context
+// Head and Worker count. Each of them holds n−1 more compute buffers, each counted
+// at the whole engine's (the attention part of a context of fewer cells is smaller:
+// this errs high). The head also holds one output buffer per context: n buffers of
+// Parallel/n sequences' rows, which exceed the one of Parallel sequences when Batch
+// bounds the latter (a row per embedding input token, up to Batch a step).
+func (l Layered) Pipelined(n int) (head, worker int64) {
+	if n <= 1 {
+		return 0, 0
+	}
+	worker = int64(n-1) * max(l.Compute, 0)
+	head = worker
+	if l.Parallel > 0 && l.Batch > 0 && l.OutputRow > 0 {
+		per := max(l.Parallel/int64(n), 1)
+		head += max(int64(n)*outputRows(per, l.Batch)-outputRows(l.Parallel, l.Batch), 0) * l.OutputRow
+	}
+	return head, worker
 }
 
 // ByLayer divides the estimate over the model's layers. Head + Layers × PerLayer is
@@ -50,6 +73,11 @@ func (r Result) ByLayer() (l Layered, ok bool) {
 		Head:     outside + r.Compute + r.Overhead,
 		Worker:   RunnerBaseline + r.Compute,
 		Compute:  r.Compute,
+		Parallel: int64(r.Parallel),
+		Batch:    int64(r.Batch),
+	}
+	if r.Dims.Vocab > 0 && r.Dims.Embd > 0 {
+		l.OutputRow = outputRowBytes(r.Dims.Vocab, r.Dims.Embd)
 	}
 	return l, true
 }

@@ -54,8 +54,44 @@ func TestByLayer(t *testing.T) {
 			if l.Worker != RunnerBaseline+tt.r.Compute {
 				t.Errorf("worker = %d, want the runner baseline and the compute buffer %d", l.Worker, RunnerBaseline+tt.r.Compute)
 			}
+			if tt.r.Dims.Vocab > 0 && l.OutputRow != (tt.r.Dims.Vocab+tt.r.Dims.Embd)*4 {
+				t.Errorf("output row = %d bytes, want (vocab + embd) × 4", l.OutputRow)
+			}
 			if l.Compute != tt.r.Compute {
 				t.Errorf("compute = %d, want the estimate's compute buffer %d", l.Compute, tt.r.Compute)
+			}
+		})
+	}
+}
+
+// TestPipelined: a split head of n llama contexts holds n−1 more compute buffers, as
+// does each worker; the head also holds n output buffers of Parallel/n sequences, which
+// exceed the one of Parallel sequences only when n_batch bounds the latter's rows.
+func TestPipelined(t *testing.T) {
+	const row = (128256 + 4096) * 4 // a Llama 3 8B output row
+	base := Layered{Layers: 32, PerLayer: 1 << 28, Head: 3 << 30, Worker: 1 << 30, Compute: 300 << 20, Batch: 512, OutputRow: row}
+	for _, tt := range []struct {
+		name                 string
+		parallel             int64
+		n                    int
+		wantHead, wantWorker int64
+	}{
+		{"one context", 4, 1, 0, 0},
+		{"no setting", 4, 0, 0, 0},
+		// 4 slots: 256 rows (64 each) in one context, 2 × 128 in two.
+		{"two contexts, rows unbounded", 4, 2, 300 << 20, 300 << 20},
+		{"four contexts of one slot", 4, 4, 900 << 20, 900 << 20},
+		// 16 slots: one context is bounded at 512 rows, two of 8 slots hold 512 each.
+		{"two contexts, one bounded by the batch", 16, 2, 300<<20 + 512*row, 300 << 20},
+		{"eight contexts of two slots", 16, 8, 7*(300<<20) + (8*128-512)*row, 7 * (300 << 20)},
+		{"unknown parallel: compute only", 0, 2, 300 << 20, 300 << 20},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			l := base
+			l.Parallel = tt.parallel
+			head, worker := l.Pipelined(tt.n)
+			if head != tt.wantHead || worker != tt.wantWorker {
+				t.Errorf("Pipelined(%d) = head %d, worker %d; want %d, %d", tt.n, head, worker, tt.wantHead, tt.wantWorker)
 			}
 		})
 	}

@@ -111,7 +111,7 @@ func (s *Server) splitStatus() []runnerapi.SplitWorkerStatus {
 		ws := runnerapi.SplitWorkerStatus{Addr: d.Addr, Layers: s.cfg.Split[i].Layers, FirstLayer: first,
 			BytesSent: st.BytesSent, BytesReceived: st.BytesReceived, RoundTrips: st.RoundTrips, Computes: st.Computes,
 			LinkWaitSeconds: st.Wait.Seconds(), WorkerComputeSeconds: st.Compute.Seconds(), AllocatedBytes: int64(st.Allocated),
-			MemoryBytes: int64(st.Memory)}
+			MemoryBytes: int64(st.Memory), Device: runnerapi.SplitWorkerDevice{Type: d.Worker.Type, Name: d.Worker.Name}}
 		if err := d.Err(); err != nil {
 			ws.Error = err.Error()
 		}

@@ -289,6 +289,10 @@ bool worker::compute() {
 	struct ggml_context *ctx = ggml_init(ip);
 	std::vector<ggml_tensor *> ts = build(ctx, tensors);
 	struct ggml_cgraph *g = ggml_new_graph_custom(ctx, nodes.size(), false);
+	// The nodes are placed as they are, so the graph's visited set and use counts stay
+	// empty: a backend that fuses operations (Metal) then fuses none, and always
+	// writes every node, some of which the runner's next split may read (the worker
+	// sees only its split, not who uses its results).
 	for (uint32_t n : nodes) {
 		g->nodes[g->n_nodes++] = ts[n];
 	}

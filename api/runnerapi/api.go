@@ -133,9 +133,20 @@ type SplitWorkerStatus struct {
 	// runner connected: its --memory (the shard's reservation on its Mac, when its
 	// agent started it), else its Mac's physical memory.
 	MemoryBytes int64 `json:"memory_bytes"`
+	// Device is the ggml device the worker computes with, as it answered the runner's
+	// greeting: the first GPU of its build (Metal on a Mac), else its CPU, or the one
+	// its --device names.
+	Device SplitWorkerDevice `json:"device"`
 	// Error is set once the link has failed (the worker died, the link was cut or
 	// timed out); the runner is then failed and serves nothing.
 	Error string `json:"error,omitempty"`
+}
+
+// SplitWorkerDevice is a ggml device: its type ("CPU", "GPU", "IGPU", "ACCEL") and
+// its name in ggml ("CPU", "Metal").
+type SplitWorkerDevice struct {
+	Type string `json:"type"`
+	Name string `json:"name"`
 }
 
 // Limits is the body of POST /limits.

@@ -29,9 +29,12 @@ func runWorker(args []string, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	listen := fs.String("listen", "", "serve runners on this TCP address (port 0 picks one)")
 	model := fs.String("model", "", "this Mac's copy of the GGUF model file (required): the runner's must be identical")
-	threads := fs.Int("threads", max(1, runtime.NumCPU()-1), "CPU threads computing the layers")
+	device := fs.String("device", string(netdevice.DeviceAuto), "the device computing the layers: "+
+		"auto (the first GPU ggml has, Metal on a Mac, else the CPU), cpu, or gpu (fails without one)")
+	threads := fs.Int("threads", max(1, runtime.NumCPU()-1), "CPU threads computing the layers (on the CPU device)")
 	memory := fs.Int64("memory", 0, "bytes the worker answers the runner as its free and total memory: "+
-		"its shard's reservation on this Mac (default: the Mac's physical memory)")
+		"its shard's reservation on this Mac (default: the device's: the Mac's physical memory on the CPU, "+
+		"the memory Metal may use on the GPU)")
 	verbose := fs.BoolP("verbose", "v", false, "log ggml's info messages")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
@@ -54,11 +57,22 @@ func runWorker(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "macfleet-runner worker: --memory must not be negative")
 		return exitBadFlags
 	}
+	choice, err := netdevice.ParseDeviceChoice(*device)
+	if err != nil {
+		fmt.Fprintln(stderr, "macfleet-runner worker: --device:", err)
+		return exitBadFlags
+	}
 	if _, err := os.Stat(*model); err != nil {
 		fmt.Fprintln(stderr, "macfleet-runner worker:", err)
 		return exitLoadFailed
 	}
 	llama.Init(*verbose)
+	dev, err := netdevice.WorkerDevice(choice)
+	if err != nil {
+		fmt.Fprintf(stderr, "macfleet-runner worker: --device %s: %v\n", choice, err)
+		return exitFailed
+	}
+	fmt.Fprintf(stderr, "macfleet-runner worker: computing on %s (%s)\n", dev.Name, dev.Type)
 	ln, err := net.Listen("tcp", *listen)
 	if err != nil {
 		fmt.Fprintln(stderr, "macfleet-runner worker:", err)
@@ -85,7 +99,7 @@ func runWorker(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "macfleet-runner worker: serving the runner at %s\n", remote)
 		// One runner at a time: its buffers are freed when it disconnects or a signal
 		// ends its session (the runner then fails its requests: its worker is lost).
-		err = netdevice.Serve(ctx, conn.(*net.TCPConn), *model, *threads, *memory)
+		err = netdevice.Serve(ctx, conn.(*net.TCPConn), *model, choice, *threads, *memory)
 		switch {
 		case ctx.Err() != nil:
 			fmt.Fprintf(stderr, "macfleet-runner worker: stopping: ended the session with the runner at %s\n", remote)

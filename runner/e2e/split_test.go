@@ -44,11 +44,12 @@ type worker struct {
 	exited chan struct{}
 }
 
-// startWorker starts a worker on modelPath, waits for its listening line, and
-// registers a cleanup that stops it.
-func startWorker(t testing.TB, modelPath string) *worker {
+// startWorker starts a worker on modelPath (with flags added), waits for its
+// listening line, and registers a cleanup that stops it.
+func startWorker(t testing.TB, modelPath string, flags ...string) *worker {
 	t.Helper()
-	cmd := exec.Command(runnerBinary(t), "worker", "--listen", "127.0.0.1:0", "--model", modelPath, "--threads", "1")
+	args := append([]string{"worker", "--listen", "127.0.0.1:0", "--model", modelPath, "--threads", "1"}, flags...)
+	cmd := exec.Command(runnerBinary(t), args...)
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)

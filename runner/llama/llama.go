@@ -17,6 +17,7 @@ package llama
 #include <stdio.h>
 #include <stdint.h>
 #include "llama.h"
+#include "gguf.h"
 
 static int mf_log_verbose = 0;
 static enum ggml_log_level mf_log_last = GGML_LOG_LEVEL_INFO;
@@ -90,6 +91,46 @@ static int mf_gpu_count(void) {
 	}
 	return n;
 }
+
+// mf_gpu_device is the i-th of the devices mf_gpu_count counts, in registry order.
+static ggml_backend_dev_t mf_gpu_device(int i) {
+	for (size_t k = 0; k < ggml_backend_dev_count(); k++) {
+		ggml_backend_dev_t d = ggml_backend_dev_get(k);
+		enum ggml_backend_dev_type t = ggml_backend_dev_type(d);
+		if ((t == GGML_BACKEND_DEVICE_TYPE_GPU || t == GGML_BACKEND_DEVICE_TYPE_IGPU) && i-- == 0) {
+			return d;
+		}
+	}
+	return NULL;
+}
+
+// mf_block_count reads a GGUF file's <architecture>.block_count (llama.cpp's
+// n_layer): -1 for an unreadable file, -2 when the key is missing or not an integer.
+static int64_t mf_block_count(const char *path) {
+	struct gguf_init_params gp = {true, NULL};
+	struct gguf_context *g = gguf_init_from_file(path, gp);
+	if (g == NULL) {
+		return -1;
+	}
+	int64_t n = -2;
+	int64_t a = gguf_find_key(g, "general.architecture");
+	if (a >= 0 && gguf_get_kv_type(g, a) == GGUF_TYPE_STRING) {
+		char key[256];
+		snprintf(key, sizeof(key), "%s.block_count", gguf_get_val_str(g, a));
+		int64_t k = gguf_find_key(g, key);
+		switch (k >= 0 ? gguf_get_kv_type(g, k) : GGUF_TYPE_COUNT) {
+		case GGUF_TYPE_UINT16: n = gguf_get_val_u16(g, k); break;
+		case GGUF_TYPE_INT16: n = gguf_get_val_i16(g, k); break;
+		case GGUF_TYPE_UINT32: n = gguf_get_val_u32(g, k); break;
+		case GGUF_TYPE_INT32: n = gguf_get_val_i32(g, k); break;
+		case GGUF_TYPE_UINT64: n = (int64_t)gguf_get_val_u64(g, k); break;
+		case GGUF_TYPE_INT64: n = gguf_get_val_i64(g, k); break;
+		default: break;
+		}
+	}
+	gguf_free(g);
+	return n;
+}
 */
 import "C"
 
@@ -145,6 +186,34 @@ func EngineVersion() string {
 // GPUCount is the number of GPU devices ggml registered (Metal on Apple Silicon).
 func GPUCount() int { return int(C.mf_gpu_count()) }
 
+// GPUDevices are the GPU devices ggml registered (GPUCount of them), as
+// ggml_backend_dev_t handles for ModelParams.Devices.
+func GPUDevices() []unsafe.Pointer {
+	n := GPUCount()
+	out := make([]unsafe.Pointer, 0, n)
+	for i := range n {
+		if d := C.mf_gpu_device(C.int(i)); d != nil {
+			out = append(out, unsafe.Pointer(d))
+		}
+	}
+	return out
+}
+
+// BlockCount reads a GGUF model's number of repeating layers (its architecture's
+// block_count, llama.cpp's n_layer) without loading it.
+func BlockCount(path string) (int, error) {
+	cpath := C.CString(path)
+	defer C.free(unsafe.Pointer(cpath))
+	switch n := int64(C.mf_block_count(cpath)); {
+	case n == -1:
+		return 0, fmt.Errorf("%s is not a readable GGUF file", path)
+	case n < 0:
+		return 0, fmt.Errorf("%s has no integer <architecture>.block_count", path)
+	default:
+		return int(n), nil
+	}
+}
+
 // GPUAllocatedBytes is the memory the GPU devices report in use (best effort; zero
 // without a GPU).
 func GPUAllocatedBytes() uint64 { return uint64(C.mf_gpu_allocated()) }
@@ -168,8 +237,8 @@ type ModelParams struct {
 	// Progress is called during the load with a fraction in [0,1]; returning false
 	// cancels the load.
 	Progress func(float32) bool
-	// Devices, when set, replaces the GPUs with these ggml devices (ggml_backend_dev_t,
-	// e.g. runner/netdevice's): the last GPULayers layers go to them, in the
+	// Devices, when set, replaces the GPUs with these ggml devices (ggml_backend_dev_t:
+	// GPUDevices', runner/netdevice's): the last GPULayers layers go to them, in the
 	// proportions of Split (one weight per device), the rest stay on the CPU.
 	Devices []unsafe.Pointer
 	Split   []float32

@@ -11,7 +11,6 @@
 
 #include <chrono>
 
-#include "ggml-cpu.h"
 
 struct nd_buffer {
 	nd_device *d;
@@ -256,9 +255,20 @@ static ggml_backend_buffer_t nd_buft_alloc(ggml_backend_buffer_type_t buft, size
 	return ggml_backend_buffer_init(buft, nd_buffer_iface, b, size);
 }
 
-static size_t nd_buft_alignment(ggml_backend_buffer_type_t) {
-	// The worker allocates with the CPU buffer type of this same build.
-	return ggml_backend_buft_get_alignment(ggml_backend_cpu_buffer_type());
+// The worker allocates with its device's buffer type: its alignment and largest
+// buffer come with its greeting, and the size a tensor takes in it is what this
+// process's device of the same kind answers (the same build's buffer type).
+static size_t nd_buft_alignment(ggml_backend_buffer_type_t buft) {
+	return (size_t)((nd_device *)buft->context)->info.alignment;
+}
+
+static size_t nd_buft_max_size(ggml_backend_buffer_type_t buft) {
+	uint64_t m = ((nd_device *)buft->context)->info.max_size;
+	return m == 0 || m > SIZE_MAX ? SIZE_MAX : (size_t)m;
+}
+
+static size_t nd_buft_alloc_size(ggml_backend_buffer_type_t buft, const struct ggml_tensor *t) {
+	return ggml_backend_buft_get_alloc_size(ggml_backend_dev_buffer_type(((nd_device *)buft->context)->local), t);
 }
 
 static bool nd_buft_is_host(ggml_backend_buffer_type_t) { return false; }
@@ -267,8 +277,8 @@ const struct ggml_backend_buffer_type_i nd_buft_iface = {
 	/* get_name       */ nd_buft_name,
 	/* alloc_buffer   */ nd_buft_alloc,
 	/* get_alignment  */ nd_buft_alignment,
-	/* get_max_size   */ NULL,
-	/* get_alloc_size */ NULL,
+	/* get_max_size   */ nd_buft_max_size,
+	/* get_alloc_size */ nd_buft_alloc_size,
 	/* is_host        */ nd_buft_is_host,
 	/* noalloc_buffer */ NULL,
 };

@@ -16,7 +16,6 @@
 #include <unordered_set>
 
 #include "../src/ggml-impl.h"
-#include "ggml-cpu.h"
 #include "nd_device.h"
 
 static mfnd_tensor nd_record(const struct ggml_tensor *t, const std::unordered_set<const ggml_tensor *> &sent) {
@@ -201,13 +200,15 @@ static ggml_backend_t nd_dev_init_backend(ggml_backend_dev_t dev, const char *) 
 
 static ggml_backend_buffer_type_t nd_dev_buft(ggml_backend_dev_t dev) { return &((nd_device *)dev->context)->buft; }
 
-// The worker computes with the CPU backend of this same build: it supports what the
-// local CPU device supports.
-static bool nd_dev_supports_op(ggml_backend_dev_t, const struct ggml_tensor *op) {
-	ggml_backend_dev_t cpu = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
-	return cpu != NULL && ggml_backend_dev_supports_op(cpu, op);
+// The worker computes with its device's backend of this same build: it supports what
+// this process's device of the same kind supports (nd_local_device).
+static bool nd_dev_supports_op(ggml_backend_dev_t dev, const struct ggml_tensor *op) {
+	ggml_backend_dev_t local = ((nd_device *)dev->context)->local;
+	return local != NULL && ggml_backend_dev_supports_op(local, op);
 }
 
+// Only its own buffers: the worker reads nothing of the runner's memory, so the
+// scheduler copies a split's inputs in.
 static bool nd_dev_supports_buft(ggml_backend_dev_t dev, ggml_backend_buffer_type_t buft) { return buft == nd_dev_buft(dev); }
 
 static const struct ggml_backend_device_i nd_dev_iface = {
@@ -241,6 +242,26 @@ static const struct ggml_backend_reg_i nd_reg_iface = {
 
 static void nd_seterr(char *err, size_t errlen, const std::string &msg) { snprintf(err, errlen, "%s", msg.c_str()); }
 
+// nd_local_device is this process's device standing for a worker's (mfnd_hello_reply):
+// the one of the same name (a worker on Metal, a runner with Metal), else the first of
+// the same type, else the CPU (a runner without the worker's kind of device).
+static ggml_backend_dev_t nd_local_device(const mfnd_hello_reply &info) {
+	ggml_backend_dev_t same_type = NULL;
+	for (size_t i = 0; i < ggml_backend_dev_count(); i++) {
+		ggml_backend_dev_t d = ggml_backend_dev_get(i);
+		if ((uint32_t)ggml_backend_dev_type(d) != info.dev_type) {
+			continue;
+		}
+		if (strncmp(ggml_backend_dev_name(d), info.dev_name, sizeof(info.dev_name)) == 0) {
+			return d;
+		}
+		if (same_type == NULL) {
+			same_type = d;
+		}
+	}
+	return same_type != NULL ? same_type : ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
+}
+
 extern "C" void *mfnd_open(int fd, const char *addr, int index, const char *model_path, int timeout_ms, char *err, size_t errlen) {
 	mfnd_hello h = {MFND_MAGIC, MFND_VERSION, (uint32_t)sizeof(void *), 0x01020304u, 0, 0};
 	std::string e = mfnd_file_identity(model_path, &h.file_size, &h.header_hash);
@@ -260,15 +281,45 @@ extern "C" void *mfnd_open(int fd, const char *addr, int index, const char *mode
 	d->dev = {nd_dev_iface, &d->reg, d};
 	d->buft = {nd_buft_iface, &d->dev, d, false};
 	std::vector<uint8_t> reply;
-	if (!nd_call(d, MFND_HELLO, &h, sizeof(h), reply) || reply.size() != sizeof(mfnd_hello_reply)) {
-		nd_seterr(err, errlen, d->err.empty() ? "split worker " + std::string(addr) + ": a malformed greeting" : d->err);
+	bool ok = nd_call(d, MFND_HELLO, &h, sizeof(h), reply);
+	uint32_t version = 0;
+	if (ok && reply.size() >= sizeof(version)) {
+		memcpy(&version, reply.data(), sizeof(version));
+	}
+	if (!ok || version != MFND_VERSION || reply.size() != sizeof(mfnd_hello_reply)) {
+		std::string e = d->err;
+		if (e.empty() && version != MFND_VERSION) {
+			e = "split worker " + std::string(addr) + ": the worker speaks protocol version " + std::to_string(version) +
+			    ", this runner " + std::to_string(MFND_VERSION) + ": run the same build on both";
+		} else if (e.empty()) {
+			e = "split worker " + std::string(addr) + ": a malformed greeting";
+		}
+		nd_seterr(err, errlen, e);
 		nd_fail(d, "closed");
 		delete d;
 		return NULL;
 	}
 	memcpy(&d->info, reply.data(), sizeof(d->info));
-	d->desc += " (" + std::to_string(d->info.threads) + " threads)";
+	d->info.dev_name[sizeof(d->info.dev_name) - 1] = 0;
+	d->local = nd_local_device(d->info);
+	if (d->local == NULL) {
+		nd_seterr(err, errlen, "split worker " + std::string(addr) + ": this runner has no CPU device");
+		nd_fail(d, "closed");
+		delete d;
+		return NULL;
+	}
+	if (d->info.threads > 0 && d->info.dev_type == GGML_BACKEND_DEVICE_TYPE_CPU) {
+		d->desc += std::string(" (") + d->info.dev_name + ", " + std::to_string(d->info.threads) + " threads)";
+	} else {
+		d->desc += std::string(" (") + d->info.dev_name + ")";
+	}
 	return &d->dev;
+}
+
+extern "C" void mfnd_device_info(void *dev, int *type, char *name, size_t namelen) {
+	nd_device *d = (nd_device *)((ggml_backend_dev_t)dev)->context;
+	*type = (int)d->info.dev_type;
+	snprintf(name, namelen, "%s", d->info.dev_name);
 }
 
 extern "C" int mfnd_check(void *dev, char *err, size_t errlen) {

@@ -30,6 +30,10 @@ struct nd_device {
 	std::string err; // sticky: once set, the link is gone and every call fails fast (written under mu and smu)
 	std::vector<uint8_t> out; // queued frames, flushed before every answered command
 	mfnd_hello_reply info = {};
+	// local is this process's device of the worker's kind (nd_local_device): the same
+	// build computes there with the same backend, so it answers for the worker which
+	// operations it supports and how much memory a tensor takes in its buffers.
+	ggml_backend_dev_t local = NULL;
 	uint64_t sent = 0, received = 0, round_trips = 0, computes = 0;
 	// wait_ns: time spent in answered commands (sending, the worker's work, the
 	// answer); compute_ns: the part the worker spent computing graphs, as it reports.

@@ -18,6 +18,7 @@ package netdevice
 #cgo CXXFLAGS: -std=c++17
 #include <stdlib.h>
 #include "netdevice.h"
+#include "ggml-backend.h"
 */
 import "C"
 
@@ -40,7 +41,9 @@ const errLen = 1024
 // Device is one worker seen as a ggml backend device. It lives as long as the process.
 type Device struct {
 	Addr string
-	dev  unsafe.Pointer
+	// Worker is the device the worker computes with, as it answered the greeting.
+	Worker DeviceInfo
+	dev    unsafe.Pointer
 }
 
 // Stats counts one device's traffic: bytes each way, answered round trips and graphs
@@ -83,7 +86,78 @@ func Connect(ctx context.Context, addr, modelPath string, index int, timeout tim
 	if dev == nil {
 		return nil, errors.New(goString(buf))
 	}
-	return &Device{Addr: addr, dev: dev}, nil
+	var typ C.int
+	name := make([]byte, 64)
+	C.mfnd_device_info(dev, &typ, cbuf(name), C.size_t(len(name)))
+	return &Device{Addr: addr, Worker: DeviceInfo{Type: deviceTypeName(typ), Name: goString(name)}, dev: dev}, nil
+}
+
+// WorkerDevice is the device a worker computes with for choice; an error when there
+// is none (a GPU asked for on a host without one). Call it after llama.Init.
+func WorkerDevice(choice DeviceChoice) (DeviceInfo, error) {
+	var typ C.int
+	name := make([]byte, 64)
+	buf := make([]byte, errLen)
+	if C.mfnd_worker_device(choice.code(), &typ, cbuf(name), C.size_t(len(name)), cbuf(buf), errLen) != 0 {
+		return DeviceInfo{}, errors.New(goString(buf))
+	}
+	return DeviceInfo{Type: deviceTypeName(typ), Name: goString(name)}, nil
+}
+
+// code is the choice's number in netdevice.h.
+func (c DeviceChoice) code() C.int {
+	switch c {
+	case DeviceCPU:
+		return C.MFND_DEVICE_CPU
+	case DeviceGPU:
+		return C.MFND_DEVICE_GPU
+	}
+	return C.MFND_DEVICE_AUTO
+}
+
+// deviceTypeName names an enum ggml_backend_dev_type value as ggml-backend.h does.
+func deviceTypeName(t C.int) string {
+	switch t {
+	case C.GGML_BACKEND_DEVICE_TYPE_CPU:
+		return "CPU"
+	case C.GGML_BACKEND_DEVICE_TYPE_GPU:
+		return "GPU"
+	case C.GGML_BACKEND_DEVICE_TYPE_IGPU:
+		return "IGPU"
+	case C.GGML_BACKEND_DEVICE_TYPE_ACCEL:
+		return "ACCEL"
+	}
+	return fmt.Sprintf("device type %d", int(t))
+}
+
+// DeviceChoice is the device a worker computes with (`macfleet-runner worker
+// --device`).
+type DeviceChoice string
+
+const (
+	// DeviceAuto is the first GPU ggml registered (Metal on Apple Silicon), else the
+	// CPU.
+	DeviceAuto DeviceChoice = "auto"
+	// DeviceCPU is ggml's CPU device.
+	DeviceCPU DeviceChoice = "cpu"
+	// DeviceGPU is the first GPU ggml registered; a worker on a host without one fails.
+	DeviceGPU DeviceChoice = "gpu"
+)
+
+// ParseDeviceChoice reads a --device value.
+func ParseDeviceChoice(s string) (DeviceChoice, error) {
+	switch c := DeviceChoice(s); c {
+	case DeviceAuto, DeviceCPU, DeviceGPU:
+		return c, nil
+	}
+	return "", fmt.Errorf("unknown device %q: want auto, cpu or gpu", s)
+}
+
+// DeviceInfo is a ggml device a worker computes with: its type (CPU, GPU, IGPU,
+// ACCEL) and its name in ggml ("CPU", "Metal").
+type DeviceInfo struct {
+	Type string
+	Name string
 }
 
 // Handle is the ggml_backend_dev_t to pass to llama.cpp's model parameters.
@@ -132,11 +206,12 @@ func ThreadStats() Stats {
 }
 
 // Serve serves one runner on conn until it disconnects or ctx ends, computing with
-// threads CPU threads and answering memory bytes as its free and total memory (0: the
-// Mac's physical memory); it closes conn. When ctx ends Serve shuts the connection
+// choice's device (WorkerDevice; threads CPU threads when it is the CPU) and answering
+// memory bytes as its free and total memory (0: the device's: the CPU's is the Mac's
+// physical memory); it closes conn. When ctx ends Serve shuts the connection
 // down: the worker finishes the command it is computing, frees its buffers and
 // returns, and the runner sees its worker lost.
-func Serve(ctx context.Context, conn *net.TCPConn, modelPath string, threads int, memory int64) error {
+func Serve(ctx context.Context, conn *net.TCPConn, modelPath string, choice DeviceChoice, threads int, memory int64) error {
 	f, err := conn.File()
 	conn.Close()
 	if err != nil {
@@ -166,7 +241,7 @@ func Serve(ctx context.Context, conn *net.TCPConn, modelPath string, threads int
 	cpath := C.CString(modelPath)
 	defer C.free(unsafe.Pointer(cpath))
 	buf := make([]byte, errLen)
-	if C.mfnd_serve(C.int(fd), cpath, C.int(threads), C.uint64_t(max(memory, 0)), cbuf(buf), errLen) != 0 {
+	if C.mfnd_serve(C.int(fd), cpath, choice.code(), C.int(threads), C.uint64_t(max(memory, 0)), cbuf(buf), errLen) != 0 {
 		return errors.New(goString(buf))
 	}
 	return nil

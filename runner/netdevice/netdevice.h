@@ -31,11 +31,25 @@ typedef struct mfnd_thread_stats {
 } mfnd_thread_stats;
 void mfnd_get_thread_stats(mfnd_thread_stats *s);
 
+// mfnd_device_info gives the device a runner's network device's worker computes with,
+// as the worker answered the greeting: its type (enum ggml_backend_dev_type) and name.
+void mfnd_device_info(void *dev, int *type, char *name, size_t namelen);
+
+// The device a worker computes with: the first GPU ggml registered, else the CPU
+// (auto), or the one asked for.
+enum { MFND_DEVICE_AUTO = 0, MFND_DEVICE_CPU = 1, MFND_DEVICE_GPU = 2 };
+
+// mfnd_worker_device gives the device a worker would compute with for choice (one of
+// the above): its type (enum ggml_backend_dev_type) and name; -1 with a message in err
+// when there is none (a GPU asked for on a host without one).
+int mfnd_worker_device(int choice, int *type, char *name, size_t namelen, char *err, size_t errlen);
+
 // mfnd_serve serves one runner on the connected socket fd until it disconnects; it
-// returns 0 then, or -1 with a message in err when the session failed. memory is what
-// the worker answers the runner as its free and total memory (0: the Mac's physical
-// memory).
-int mfnd_serve(int fd, const char *model_path, int threads, uint64_t memory, char *err, size_t errlen);
+// returns 0 then, or -1 with a message in err when the session failed. The worker
+// computes with choice's device (mfnd_worker_device), with threads threads when that
+// is the CPU. memory is what the worker answers the runner as its free and total
+// memory (0: the device's).
+int mfnd_serve(int fd, const char *model_path, int choice, int threads, uint64_t memory, char *err, size_t errlen);
 
 #ifdef __cplusplus
 }

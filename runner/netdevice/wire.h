@@ -18,7 +18,7 @@
 #endif
 
 #define MFND_MAGIC 0x444e464du // "MFND"
-#define MFND_VERSION 4u
+#define MFND_VERSION 5u
 
 // Commands. Those marked "answered" wait for the worker's reply; the others are
 // queued and their errors are reported by the next answered command.
@@ -42,6 +42,8 @@ enum mfnd_cmd : uint8_t {
 #define MFND_MAX_FRAME (1u << 31)
 // COMPUTE is answered with the bytes of the graph's last node up to this size.
 #define MFND_MAX_OUTPUT (64u << 20)
+// The longest device name a worker reports, terminator included.
+#define MFND_DEVICE_NAME 64u
 
 struct mfnd_hello {
 	uint32_t magic;
@@ -52,11 +54,20 @@ struct mfnd_hello {
 	uint64_t header_hash; // hash of the file's GGUF header (metadata and tensor table)
 };
 
+// The worker's answer to HELLO: its memory, and the ggml device it computes with
+// (its type, e.g. CPU or GPU, and name, e.g. "CPU" or "Metal"; the runner answers for
+// the device what its own device of that type answers) with its buffer type's
+// alignment and largest buffer.
 struct mfnd_hello_reply {
 	uint32_t version;
-	uint32_t threads; // the worker's compute threads (for logs)
+	uint32_t threads; // the worker's compute threads (for logs; a CPU device uses them)
 	uint64_t mem_free;
 	uint64_t mem_total;
+	uint32_t dev_type; // enum ggml_backend_dev_type
+	uint32_t pad;
+	uint64_t alignment;
+	uint64_t max_size;
+	char dev_name[MFND_DEVICE_NAME];
 };
 
 struct mfnd_set_file {

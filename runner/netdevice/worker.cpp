@@ -1,9 +1,12 @@
 // The worker: holds the buffers a runner's network device allocates in it, fills the
 // weights from its own copy of the model file, and computes the graphs it is sent with
-// ggml's CPU backend. One runner at a time; docs/split-model.md describes the protocol.
+// the backend of its device: the first GPU ggml registered (Metal on Apple Silicon),
+// else the CPU (worker_device.cpp). One runner at a time; docs/split-model.md
+// describes the protocol.
 
 #include "netdevice.h"
 #include "wire.h"
+#include "worker_device.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -28,11 +31,14 @@ struct worker {
 	int sock = -1;
 	int file = -1;
 	struct gguf_context *gguf = NULL;
-	ggml_backend_t cpu = NULL;
-	struct ggml_threadpool *pool = NULL; // kept for the session, as the runner keeps its own
+	ggml_backend_dev_t dev = NULL;
+	ggml_backend_buffer_type_t buft = NULL;
+	ggml_backend_t backend = NULL;
+	struct ggml_threadpool *pool = NULL; // a CPU backend's, kept for the session as the runner keeps its own
 	std::map<uint64_t, ggml_backend_buffer_t> buffers; // by base address
 	std::string err; // the first error of a queued command, reported by the next answered one
 	std::vector<uint8_t> msg, out;
+	std::vector<uint8_t> stage; // bytes on their way into or out of a buffer that is not host memory
 	uint64_t file_size = 0, header_hash = 0;
 	int threads = 1;
 	// memory is what the worker answers as its free and total memory (mfnd_serve).
@@ -42,8 +48,8 @@ struct worker {
 		for (auto &b : buffers) {
 			ggml_backend_buffer_free(b.second);
 		}
-		if (cpu != NULL) {
-			ggml_backend_free(cpu);
+		if (backend != NULL) {
+			ggml_backend_free(backend);
 		}
 		if (pool != NULL) {
 			ggml_threadpool_free(pool);
@@ -68,12 +74,13 @@ struct worker {
 		return addr + n <= base + size && addr + n >= addr ? b : NULL;
 	}
 
-	uint8_t *mem(uint64_t addr, uint64_t n, const char *what) {
-		if (find(addr, n) == NULL) {
+	// mem is find, failing the session's command when the range is outside them.
+	ggml_backend_buffer_t mem(uint64_t addr, uint64_t n, const char *what) {
+		ggml_backend_buffer_t b = find(addr, n);
+		if (b == NULL) {
 			fail(std::string(what) + ": an address outside the worker's buffers");
-			return NULL;
 		}
-		return (uint8_t *)(uintptr_t)addr;
+		return b;
 	}
 
 	void fail(const std::string &e) {
@@ -135,8 +142,15 @@ bool worker::hello() {
 		reply(1, e.data(), e.size());
 		return false;
 	}
-	mfnd_hello_reply r = {MFND_VERSION, (uint32_t)threads, 0, 0};
+	mfnd_hello_reply r;
+	memset(&r, 0, sizeof(r));
+	r.version = MFND_VERSION;
+	r.threads = (uint32_t)threads;
 	r.mem_free = r.mem_total = memory;
+	r.dev_type = (uint32_t)ggml_backend_dev_type(dev);
+	r.alignment = ggml_backend_buft_get_alignment(buft);
+	r.max_size = ggml_backend_buft_get_max_size(buft);
+	snprintf(r.dev_name, sizeof(r.dev_name), "%s", ggml_backend_dev_name(dev));
 	return reply(0, &r, sizeof(r));
 }
 
@@ -150,14 +164,20 @@ void worker::set_file() {
 		return;
 	}
 	size_t tsize = gguf_get_tensor_size(gguf, id);
-	uint8_t *dst = mem(m.addr, m.size, m.name);
-	if (dst == NULL) {
+	ggml_backend_buffer_t b = mem(m.addr, m.size, m.name);
+	if (b == NULL) {
 		return;
 	}
 	if (m.offset + m.size > tsize) {
 		fail(std::string("tensor ") + m.name + ": a write past its end: the worker's file differs");
 		return;
 	}
+	// A host buffer is read into directly; any other through a staging copy.
+	bool host = mfnd_host(b);
+	if (!host) {
+		stage.resize(m.size);
+	}
+	uint8_t *dst = host ? (uint8_t *)(uintptr_t)m.addr : stage.data();
 	off_t at = (off_t)(gguf_get_data_offset(gguf) + gguf_get_tensor_offset(gguf, id) + m.offset);
 	for (uint64_t done = 0; done < m.size;) {
 		ssize_t k = pread(file, dst + done, m.size - done, at + (off_t)done);
@@ -166,6 +186,9 @@ void worker::set_file() {
 			return;
 		}
 		done += (uint64_t)k;
+	}
+	if (!host) {
+		mfnd_range_set(b, m.addr, dst, m.size);
 	}
 	if (mfnd_hash(dst, m.size) != m.hash) {
 		fail(std::string("tensor ") + m.name + ": its bytes differ from the runner's: the worker's file differs");
@@ -266,22 +289,26 @@ bool worker::compute() {
 	struct ggml_context *ctx = ggml_init(ip);
 	std::vector<ggml_tensor *> ts = build(ctx, tensors);
 	struct ggml_cgraph *g = ggml_new_graph_custom(ctx, nodes.size(), false);
+	// The nodes are placed as they are, so the graph's visited set and use counts stay
+	// empty: a backend that fuses operations (Metal) then fuses none, and always
+	// writes every node, some of which the runner's next split may read (the worker
+	// sees only its split, not who uses its results).
 	for (uint32_t n : nodes) {
 		g->nodes[g->n_nodes++] = ts[n];
 	}
 	auto start = std::chrono::steady_clock::now();
-	if (err.empty() && ggml_backend_graph_compute(cpu, g) != GGML_STATUS_SUCCESS) {
-		fail("the worker's CPU backend failed to compute the graph");
+	if (err.empty() && ggml_backend_graph_compute(backend, g) != GGML_STATUS_SUCCESS) {
+		fail(std::string("the worker's ") + ggml_backend_dev_name(dev) + " backend failed to compute the graph");
 	}
 	uint64_t ns = (uint64_t)std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
 	// The answer: the compute time, then the last node's bytes, which the runner reads
 	// next.
 	struct ggml_tensor *last = nodes.empty() ? NULL : ts[nodes.back()];
-	size_t n = last != NULL && last->data != NULL && ggml_nbytes(last) <= MFND_MAX_OUTPUT ? ggml_nbytes(last) : 0;
+	size_t n = err.empty() && last != NULL && last->buffer != NULL && ggml_nbytes(last) <= MFND_MAX_OUTPUT ? ggml_nbytes(last) : 0;
 	out.resize(sizeof(ns) + n);
 	memcpy(out.data(), &ns, sizeof(ns));
 	if (n > 0) {
-		memcpy(out.data() + sizeof(ns), last->data, n);
+		mfnd_range_get(last->buffer, (uint64_t)(uintptr_t)last->data, out.data() + sizeof(ns), n);
 	}
 	bool ok = answer(out.data(), out.size());
 	ggml_free(ctx);
@@ -294,7 +321,7 @@ bool worker::serve_one(uint8_t cmd) {
 	memcpy(a, msg.data(), std::min(msg.size(), sizeof(a)));
 	switch (cmd) {
 	case MFND_ALLOC: {
-		ggml_backend_buffer_t b = ggml_backend_buft_alloc_buffer(ggml_backend_cpu_buffer_type(), a[0]);
+		ggml_backend_buffer_t b = ggml_backend_buft_alloc_buffer(buft, a[0]);
 		if (b == NULL) {
 			std::string e = "the worker cannot allocate " + std::to_string(a[0]) + " bytes";
 			return reply(1, e.data(), e.size());
@@ -323,9 +350,9 @@ bool worker::serve_one(uint8_t cmd) {
 		return true;
 	}
 	case MFND_SET: {
-		uint8_t *dst = msg.size() == 16 + a[1] ? mem(a[0], a[1], "set") : NULL;
-		if (dst != NULL) {
-			memcpy(dst, msg.data() + 16, a[1]);
+		ggml_backend_buffer_t b = msg.size() == 16 + a[1] ? mem(a[0], a[1], "set") : NULL;
+		if (b != NULL) {
+			mfnd_range_set(b, a[0], msg.data() + 16, a[1]);
 		}
 		return true;
 	}
@@ -337,20 +364,28 @@ bool worker::serve_one(uint8_t cmd) {
 		}
 		return true;
 	case MFND_GET: {
-		uint8_t *src = mem(a[0], a[1], "get");
-		return answer(src, src != NULL ? a[1] : 0);
+		ggml_backend_buffer_t b = mem(a[0], a[1], "get");
+		if (b == NULL) {
+			return answer(NULL, 0);
+		}
+		if (mfnd_host(b)) {
+			return answer((const void *)(uintptr_t)a[0], a[1]);
+		}
+		stage.resize(a[1]);
+		mfnd_range_get(b, a[0], stage.data(), a[1]);
+		return answer(stage.data(), a[1]);
 	}
 	case MFND_COPY: {
-		uint8_t *src = mem(a[0], a[2], "copy"), *dst = mem(a[1], a[2], "copy");
+		ggml_backend_buffer_t src = mem(a[0], a[2], "copy"), dst = mem(a[1], a[2], "copy");
 		if (src != NULL && dst != NULL) {
-			memmove(dst, src, a[2]);
+			mfnd_range_copy(src, a[0], dst, a[1], a[2], stage);
 		}
 		return true;
 	}
 	case MFND_MEMSET: {
-		uint8_t *dst = msg.size() == 17 ? mem(a[0], a[1], "memset") : NULL;
-		if (dst != NULL) {
-			memset(dst, msg[16], a[1]);
+		ggml_backend_buffer_t b = msg.size() == 17 ? mem(a[0], a[1], "memset") : NULL;
+		if (b != NULL) {
+			mfnd_range_fill(b, a[0], msg[16], a[1]);
 		}
 		return true;
 	}
@@ -368,7 +403,7 @@ bool worker::serve_one(uint8_t cmd) {
 
 } // namespace
 
-extern "C" int mfnd_serve(int fd, const char *model_path, int threads, uint64_t memory, char *err, size_t errlen) {
+extern "C" int mfnd_serve(int fd, const char *model_path, int choice, int threads, uint64_t memory, char *err, size_t errlen) {
 	worker w;
 	w.sock = fd;
 	w.threads = threads > 0 ? threads : 1;
@@ -384,13 +419,17 @@ extern "C" int mfnd_serve(int fd, const char *model_path, int threads, uint64_t 
 	if (e.empty() && (w.file = open(model_path, O_RDONLY)) < 0) {
 		e = std::string("cannot open ") + model_path + ": " + strerror(errno);
 	}
-	if (e.empty() && (w.cpu = ggml_backend_cpu_init()) == NULL) {
-		e = "cannot start the CPU backend";
+	if (e.empty() && (w.dev = mfnd_pick_device(choice, &e)) != NULL) {
+		w.buft = ggml_backend_dev_buffer_type(w.dev);
+		if ((w.backend = ggml_backend_dev_init(w.dev, NULL)) == NULL) {
+			e = std::string("cannot start the ") + ggml_backend_dev_name(w.dev) + " backend";
+		}
 	}
 	if (e.empty() && w.memory == 0) {
-		// No budget given: the Mac's physical memory, as the CPU backend reports it.
+		// No budget given: the device's memory (the CPU's is the Mac's physical memory,
+		// a GPU's what ggml reports it may use).
 		size_t free = 0, total = 0;
-		ggml_backend_dev_memory(ggml_backend_get_device(w.cpu), &free, &total);
+		ggml_backend_dev_memory(w.dev, &free, &total);
 		w.memory = total;
 	}
 	bool greeted = false;
@@ -416,10 +455,12 @@ extern "C" int mfnd_serve(int fd, const char *model_path, int threads, uint64_t 
 			} else if (!e.empty()) {
 				w.reply(1, e.data(), e.size());
 			} else if (w.hello()) {
-				ggml_backend_cpu_set_n_threads(w.cpu, w.threads);
-				struct ggml_threadpool_params tp = ggml_threadpool_params_default(w.threads);
-				if ((w.pool = ggml_threadpool_new(&tp)) != NULL) {
-					ggml_backend_cpu_set_threadpool(w.cpu, w.pool);
+				if (ggml_backend_is_cpu(w.backend)) {
+					ggml_backend_cpu_set_n_threads(w.backend, w.threads);
+					struct ggml_threadpool_params tp = ggml_threadpool_params_default(w.threads);
+					if ((w.pool = ggml_threadpool_new(&tp)) != NULL) {
+						ggml_backend_cpu_set_threadpool(w.backend, w.pool);
+					}
 				}
 				greeted = true;
 				continue;

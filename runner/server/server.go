@@ -434,7 +434,9 @@ func (s *Server) load() error {
 			return !s.cancelLoad.Load()
 		},
 	}
-	s.splitParams(&params)
+	if err := s.splitParams(&params); err != nil {
+		return err
+	}
 	m, err := llama.LoadModel(cfg.ModelPath, params)
 	if err != nil {
 		if serr := s.splitLost(); serr != nil {

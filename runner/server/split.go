@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"time"
+	"unsafe"
 
 	"github.com/macfleet/macfleet/api/runnerapi"
 	"github.com/macfleet/macfleet/runner/llama"
@@ -40,17 +41,41 @@ func (s *Server) splitDevices(ctx context.Context) ([]*netdevice.Device, error) 
 	return devs, nil
 }
 
-// splitParams sets the model parameters that give the workers their layers.
-func (s *Server) splitParams(p *llama.ModelParams) {
+// splitParams sets the model parameters that give the workers their layers and, on a
+// runner with a GPU (Metal) and --gpu-layers above 0, its own layers to its GPU
+// (planSplit).
+func (s *Server) splitParams(p *llama.ModelParams) error {
 	if len(s.split) == 0 {
-		return
+		return nil
 	}
-	p.GPULayers = 0
-	for i, d := range s.split {
-		p.Devices = append(p.Devices, d.Handle())
-		p.Split = append(p.Split, float32(s.cfg.Split[i].Layers))
-		p.GPULayers += s.cfg.Split[i].Layers
+	var gpus []unsafe.Pointer
+	nLayer := 0
+	if s.cfg.GPULayers > 0 {
+		gpus = llama.GPUDevices()
 	}
+	if len(gpus) > 0 {
+		var err error
+		if nLayer, err = llama.BlockCount(s.cfg.ModelPath); err != nil {
+			return err
+		}
+	}
+	workers := make([]int, len(s.split))
+	for i := range s.split {
+		workers[i] = s.cfg.Split[i].Layers
+	}
+	plan, err := planSplit(len(gpus), nLayer, workers)
+	if err != nil {
+		return err
+	}
+	p.GPULayers, p.Split, p.Devices = plan.GPULayers, plan.Split, nil
+	for _, d := range plan.Devices {
+		if d.Local {
+			p.Devices = append(p.Devices, gpus[d.Index])
+		} else {
+			p.Devices = append(p.Devices, s.split[d.Index].Handle())
+		}
+	}
+	return nil
 }
 
 // checkSplit verifies a loaded split model: the workers took every weight from their
@@ -111,7 +136,7 @@ func (s *Server) splitStatus() []runnerapi.SplitWorkerStatus {
 		ws := runnerapi.SplitWorkerStatus{Addr: d.Addr, Layers: s.cfg.Split[i].Layers, FirstLayer: first,
 			BytesSent: st.BytesSent, BytesReceived: st.BytesReceived, RoundTrips: st.RoundTrips, Computes: st.Computes,
 			LinkWaitSeconds: st.Wait.Seconds(), WorkerComputeSeconds: st.Compute.Seconds(), AllocatedBytes: int64(st.Allocated),
-			MemoryBytes: int64(st.Memory)}
+			MemoryBytes: int64(st.Memory), Device: runnerapi.SplitWorkerDevice{Type: d.Worker.Type, Name: d.Worker.Name}}
 		if err := d.Err(); err != nil {
 			ws.Error = err.Error()
 		}

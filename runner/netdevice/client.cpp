@@ -84,7 +84,8 @@ bool nd_flush(nd_device *d) {
 
 // nd_read_answer reads one answer, counting it; false (and the link failed) on a lost
 // link or an error answer.
-static bool nd_read_answer(nd_device *d, std::vector<uint8_t> &reply) {
+// Its bytes and round trip count for ts: the calling thread's, or a compute's owner's.
+static bool nd_read_answer(nd_device *d, std::vector<uint8_t> &reply, mfnd_thread_stats *ts) {
 	uint8_t head[MFND_HEADER];
 	if (!mfnd_read_all(d->fd, head, sizeof(head))) {
 		bool timeout = errno == EAGAIN || errno == EWOULDBLOCK;
@@ -102,8 +103,8 @@ static bool nd_read_answer(nd_device *d, std::vector<uint8_t> &reply) {
 		std::lock_guard<std::mutex> slock(d->smu);
 		d->received += MFND_HEADER + len;
 		d->round_trips++;
-		nd_thread.received += MFND_HEADER + len;
-		nd_thread.round_trips++;
+		ts->received += MFND_HEADER + len;
+		ts->round_trips++;
 	}
 	if (head[4] != 0) {
 		nd_fail(d, std::string(reply.begin(), reply.end()));
@@ -120,9 +121,9 @@ static void nd_computed(nd_device *d, const nd_pending &p, const std::vector<uin
 		memcpy(&ns, reply.data(), sizeof(ns));
 		memcpy(&peer, reply.data() + sizeof(ns), sizeof(peer));
 	}
-	nd_thread.computes++;
-	nd_thread.compute_ns += ns;
 	std::lock_guard<std::mutex> slock(d->smu);
+	p.owner->owed.computes++;
+	p.owner->owed.compute_ns += ns;
 	d->computes++;
 	d->compute_ns += ns;
 	d->peer_sent = std::max(d->peer_sent, peer);
@@ -146,7 +147,8 @@ static bool nd_drain_uncounted(nd_device *d, nd_backend *owner) {
 	}
 	std::vector<uint8_t> reply;
 	while (!d->pending.empty() && (owner == NULL || nd_owns_pending(d, owner))) {
-		if (!nd_read_answer(d, reply)) {
+		// Counted for the compute's own backend, whichever thread reads it.
+		if (!nd_read_answer(d, reply, &d->pending.front().owner->owed)) {
 			return false;
 		}
 		nd_pending p = d->pending.front();
@@ -167,7 +169,9 @@ bool nd_drain(nd_device *d, nd_backend *owner) {
 	if (!d->err.empty()) {
 		return false;
 	}
-	if (d->out.empty() && (d->pending.empty() || (owner != NULL && !nd_owns_pending(d, owner)))) {
+	// A backend with no answer pending has nothing to wait for: the frames queued are
+	// another context's (or go with the next answered command), sent by it.
+	if (owner != NULL ? !nd_owns_pending(d, owner) : d->out.empty() && d->pending.empty()) {
 		return true;
 	}
 	auto start = std::chrono::steady_clock::now();
@@ -181,9 +185,19 @@ bool nd_drain(nd_device *d, nd_backend *owner) {
 bool nd_call(nd_device *d, uint8_t cmd, const void *p, size_t n, std::vector<uint8_t> &reply) {
 	auto start = std::chrono::steady_clock::now();
 	nd_queue(d, cmd, p, n);
-	bool ok = nd_drain_uncounted(d, NULL) && nd_read_answer(d, reply);
+	bool ok = nd_drain_uncounted(d, NULL) && nd_read_answer(d, reply, &nd_thread);
 	nd_count_wait(d, start);
 	return ok;
+}
+
+void nd_collect(nd_backend *b) {
+	std::lock_guard<std::mutex> slock(b->d->smu);
+	mfnd_thread_stats &o = b->owed;
+	nd_thread.received += o.received;
+	nd_thread.round_trips += o.round_trips;
+	nd_thread.computes += o.computes;
+	nd_thread.compute_ns += o.compute_ns;
+	o = {};
 }
 
 void nd_drop_outputs(nd_device *d, uint64_t addr, uint64_t size) {

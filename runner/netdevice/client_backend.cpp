@@ -119,6 +119,7 @@ static enum ggml_status nd_backend_compute(ggml_backend_t b, struct ggml_cgraph 
 	nd_device *d = nb->d;
 	std::vector<uint8_t> msg;
 	auto lock = nd_lock(d);
+	nd_collect(nb);
 	if (!d->err.empty()) {
 		return GGML_STATUS_FAILED;
 	}
@@ -149,6 +150,7 @@ static void nd_backend_synchronize(ggml_backend_t b) {
 	nd_backend *nb = (nd_backend *)b->context;
 	auto lock = nd_lock(nb->d);
 	nd_drain(nb->d, nb);
+	nd_collect(nb);
 }
 
 static bool nd_is_backend(ggml_backend_t b);

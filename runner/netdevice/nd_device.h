@@ -89,6 +89,10 @@ struct nd_backend {
 	bool queued = false;
 	uint64_t queued_gen = 0;
 	size_t queued_at = 0;
+	// What its COMPUTEs' answers cost when another thread (a pipelined runner's other
+	// context) read them: its own thread adds it to its counters at its next compute
+	// or synchronize (under d->smu), so that each context counts its own graphs.
+	mfnd_thread_stats owed = {};
 };
 
 // nd_thread is the calling thread's share of the links' counters (netdevice.h,
@@ -108,5 +112,8 @@ bool nd_call(nd_device *d, uint8_t cmd, const void *p, size_t n, std::vector<uin
 bool nd_drain(nd_device *d, nd_backend *owner);
 // nd_drop_outputs forgets the computed outputs overlapping [addr, addr+size).
 void nd_drop_outputs(nd_device *d, uint64_t addr, uint64_t size);
+// nd_collect adds what b's answers cost when read by another thread to the calling
+// thread's counters (b's own thread calls it).
+void nd_collect(nd_backend *b);
 
 extern const struct ggml_backend_buffer_type_i nd_buft_iface;

@@ -44,11 +44,11 @@ type worker struct {
 	exited chan struct{}
 }
 
-// startWorker starts a worker on modelPath, waits for its listening line, and
-// registers a cleanup that stops it.
-func startWorker(t testing.TB, modelPath string) *worker {
+// startWorker starts a worker on modelPath (with extra flags), waits for its
+// listening line, and registers a cleanup that stops it.
+func startWorker(t testing.TB, modelPath string, extra ...string) *worker {
 	t.Helper()
-	cmd := exec.Command(runnerBinary(t), "worker", "--listen", "127.0.0.1:0", "--model", modelPath, "--threads", "1")
+	cmd := exec.Command(runnerBinary(t), append([]string{"worker", "--listen", "127.0.0.1:0", "--model", modelPath, "--threads", "1"}, extra...)...)
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)

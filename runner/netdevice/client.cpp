@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 
 #include "ggml-cpu.h"
@@ -20,6 +21,11 @@ struct nd_buffer {
 };
 
 thread_local mfnd_thread_stats nd_thread = {};
+
+// Once one link has failed the runner serves nothing more (docs/split-model.md,
+// Failures): waits on the other links end at once instead of each running into its
+// timeout in turn (a stopped worker would otherwise cost a timeout per worker).
+std::atomic<bool> nd_link_failed{false};
 
 std::unique_lock<std::mutex> nd_lock(nd_device *d) {
 	std::unique_lock<std::mutex> l(d->mu, std::try_to_lock);
@@ -35,6 +41,7 @@ void nd_fail(nd_device *d, const std::string &msg) {
 	{
 		std::lock_guard<std::mutex> slock(d->smu);
 		if (d->err.empty()) {
+			nd_link_failed = true;
 			d->err = "split worker " + d->addr + ": " + msg;
 			fprintf(stderr, "macfleet-runner: %s\n", d->err.c_str());
 		}
@@ -166,7 +173,7 @@ static void nd_count_wait(nd_device *d, std::chrono::steady_clock::time_point st
 }
 
 bool nd_drain(nd_device *d, nd_backend *owner) {
-	if (!d->err.empty()) {
+	if (!d->err.empty() || nd_link_failed) {
 		return false;
 	}
 	// A backend with no answer pending has nothing to wait for: the frames queued are
@@ -183,6 +190,9 @@ bool nd_drain(nd_device *d, nd_backend *owner) {
 // nd_call sends a command (after the queued ones) and reads its answer, after those
 // of the computes before it.
 bool nd_call(nd_device *d, uint8_t cmd, const void *p, size_t n, std::vector<uint8_t> &reply) {
+	if (nd_link_failed) {
+		return false;
+	}
 	auto start = std::chrono::steady_clock::now();
 	nd_queue(d, cmd, p, n);
 	bool ok = nd_drain_uncounted(d, NULL) && nd_read_answer(d, reply, &nd_thread);
@@ -289,7 +299,7 @@ static void nd_buffer_get(ggml_backend_buffer_t buf, const struct ggml_tensor *t
 		memcpy(data, reply.data(), size);
 		return;
 	}
-	if (b->d->err.empty()) {
+	if (b->d->err.empty() && !nd_link_failed) {
 		nd_fail(b->d, "a read returned the wrong size");
 	}
 	// The interface cannot return an error: the compute that follows fails instead.

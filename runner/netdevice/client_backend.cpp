@@ -120,7 +120,7 @@ static enum ggml_status nd_backend_compute(ggml_backend_t b, struct ggml_cgraph 
 	std::vector<uint8_t> msg;
 	auto lock = nd_lock(d);
 	nd_collect(nb);
-	if (!d->err.empty()) {
+	if (!d->err.empty() || nd_link_failed) {
 		return GGML_STATUS_FAILED;
 	}
 	nd_serialize(nb, g, msg);
@@ -369,7 +369,7 @@ extern "C" int mfnd_peer(void *dev, void *next_dev, char *err, size_t errlen) {
 	std::vector<uint8_t> reply;
 	std::lock_guard<std::mutex> lock(d->mu);
 	if (!nd_call(d, MFND_PEER, &p, sizeof(p), reply)) {
-		nd_seterr(err, errlen, d->err);
+		nd_seterr(err, errlen, d->err.empty() ? "split worker " + d->addr + ": not asked: another split worker's link failed" : d->err);
 		return -1;
 	}
 	d->next = next;
@@ -383,7 +383,7 @@ extern "C" int mfnd_check(void *dev, char *err, size_t errlen) {
 	if (nd_call(d, MFND_STATUS, NULL, 0, reply)) {
 		return 0;
 	}
-	nd_seterr(err, errlen, d->err);
+	nd_seterr(err, errlen, d->err.empty() ? "split worker " + d->addr + ": not asked: another split worker's link failed" : d->err);
 	return -1;
 }
 

@@ -2,6 +2,7 @@
 // buffers) and client_backend.cpp (the backend and the device).
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <deque>
 #include <mutex>
@@ -98,6 +99,9 @@ struct nd_backend {
 // nd_thread is the calling thread's share of the links' counters (netdevice.h,
 // mfnd_thread_stats).
 extern thread_local mfnd_thread_stats nd_thread;
+
+// nd_link_failed is set once any device's link has failed (client.cpp).
+extern std::atomic<bool> nd_link_failed;
 
 // nd_lock takes d->mu for a command, counting the wait in nd_thread.queue_ns.
 std::unique_lock<std::mutex> nd_lock(nd_device *d);

@@ -184,7 +184,7 @@ static bool nd_backend_cpy_async(ggml_backend_t src_b, ggml_backend_t dst_b, con
 		}
 		a.seq = ++sd->push_seq;
 		uint64_t addr = (uint64_t)(uintptr_t)src->data;
-		if (sb->queued && sb->queued_gen == sd->gen && !sd->pending.empty() && sd->pending.back().owner == sb &&
+		if (sb->queued && sb->queued_gen == sd->gen && !sd->pending.empty() && sd->pending.back().owner == sb && size <= MFND_MAX_OUTPUT &&
 		    sd->pending.back().addr == addr && sd->pending.back().size == size && !sd->pending.back().pushed) {
 			mfnd_graph h;
 			memcpy(&h, sd->out.data() + sb->queued_at, sizeof(h));

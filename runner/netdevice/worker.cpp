@@ -187,22 +187,25 @@ bool nd_worker::compute() {
 		fail("the worker's CPU backend failed to compute the graph");
 	}
 	uint64_t ns = (uint64_t)std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
-	// The last node's bytes go to the next worker (pushed) or back to the runner, which
-	// reads them next.
+	// The answer: the compute time, the bytes pushed so far, then the last node's bytes,
+	// which the runner reads next, unless they go to the next worker (the node is read
+	// from the worker's memory here only, for either).
 	struct ggml_tensor *last = nodes.empty() ? NULL : ts[nodes.back()];
-	size_t n = last != NULL && last->data != NULL && ggml_nbytes(last) <= MFND_MAX_OUTPUT ? ggml_nbytes(last) : 0;
-	if (push_out) {
-		push(h.push_seq, n > 0 ? last->data : NULL, n);
+	size_t n = last != NULL && last->data != NULL ? ggml_nbytes(last) : 0;
+	if (!push_out && n > MFND_MAX_OUTPUT) {
 		n = 0;
 	}
-	// The answer: the compute time, the bytes pushed so far, then the last node's
-	// bytes unless pushed.
-	out.resize(2 * sizeof(uint64_t) + n);
+	const size_t head = 2 * sizeof(uint64_t);
+	out.resize(head + n);
+	if (n > 0) {
+		memcpy(out.data() + head, last->data, n);
+	}
+	if (push_out) {
+		push(h.push_seq, n > 0 ? out.data() + head : NULL, n);
+		out.resize(head);
+	}
 	memcpy(out.data(), &ns, sizeof(ns));
 	memcpy(out.data() + sizeof(ns), &pushed, sizeof(pushed));
-	if (n > 0) {
-		memcpy(out.data() + 2 * sizeof(uint64_t), last->data, n);
-	}
 	bool ok = answer(out.data(), out.size());
 	ggml_free(ctx);
 	return ok;

@@ -137,6 +137,12 @@ type SplitWorkerStatus struct {
 	// greeting: the first GPU of its build (Metal on a Mac), else its CPU, or the one
 	// its --device names.
 	Device SplitWorkerDevice `json:"device"`
+	// PeerLink says the worker pushes the hidden state after its layers straight to
+	// the next worker (it was started with --next); PeerBytesSent counts those pushes'
+	// bytes (framing included) as the worker reports them with each computed graph.
+	// They are on the link between the two workers, not in BytesSent or BytesReceived.
+	PeerLink      bool   `json:"peer_link,omitempty"`
+	PeerBytesSent uint64 `json:"peer_bytes_sent,omitempty"`
 	// Error is set once the link has failed (the worker died, the link was cut or
 	// timed out); the runner is then failed and serves nothing.
 	Error string `json:"error,omitempty"`

@@ -13,6 +13,7 @@ import (
 	"os/signal"
 	"runtime"
 	"syscall"
+	"time"
 
 	"github.com/spf13/pflag"
 
@@ -35,6 +36,9 @@ func runWorker(args []string, stdout, stderr io.Writer) int {
 	memory := fs.Int64("memory", 0, "bytes the worker answers the runner as its free and total memory: "+
 		"its shard's reservation on this Mac (default: the device's: the Mac's physical memory on the CPU, "+
 		"the memory Metal may use on the GPU)")
+	next := fs.String("next", "", "the address at which this worker reaches the worker of the next shard (its --listen address, "+
+		"or a forward to it): the hidden state after this worker's layers then goes straight there, not through the runner "+
+		"(docs/split-model.md, Worker to worker)")
 	verbose := fs.BoolP("verbose", "v", false, "log ggml's info messages")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
@@ -86,9 +90,26 @@ func runWorker(args []string, stdout, stderr io.Writer) int {
 	}()
 	line, _ := json.Marshal(runnerapi.ListeningEvent{Event: "listening", Addr: ln.Addr().String(), PID: os.Getpid()})
 	fmt.Fprintf(stdout, "%s\n", line)
+	// Every connection is either a runner's session, served one at a time below, or a
+	// previous worker's peer link, which joins the session being served: the listener
+	// keeps accepting while a session runs.
+	runners := make(chan *net.TCPConn)
+	acceptErr := make(chan error, 1)
+	go func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				acceptErr <- err
+				return
+			}
+			go sortConn(ctx, conn.(*net.TCPConn), runners, stderr)
+		}
+	}()
 	for {
-		conn, err := ln.Accept()
-		if err != nil {
+		var conn *net.TCPConn
+		select {
+		case conn = <-runners:
+		case err := <-acceptErr:
 			if ctx.Err() != nil {
 				return exitOK
 			}
@@ -99,7 +120,7 @@ func runWorker(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "macfleet-runner worker: serving the runner at %s\n", remote)
 		// One runner at a time: its buffers are freed when it disconnects or a signal
 		// ends its session (the runner then fails its requests: its worker is lost).
-		err = netdevice.Serve(ctx, conn.(*net.TCPConn), *model, choice, *threads, *memory)
+		err = netdevice.Serve(ctx, conn, *model, choice, *threads, *memory, *next)
 		switch {
 		case ctx.Err() != nil:
 			fmt.Fprintf(stderr, "macfleet-runner worker: stopping: ended the session with the runner at %s\n", remote)
@@ -108,6 +129,30 @@ func runWorker(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stderr, "macfleet-runner worker: the runner at %s: %v\n", remote, err)
 		default:
 			fmt.Fprintf(stderr, "macfleet-runner worker: the runner at %s disconnected\n", remote)
+		}
+	}
+}
+
+// sortConn hands a new connection to the session loop (a runner) or to the session
+// being served (a previous worker's peer link), by its first frame.
+func sortConn(ctx context.Context, conn *net.TCPConn, runners chan<- *net.TCPConn, stderr io.Writer) {
+	remote := conn.RemoteAddr().String()
+	peer, err := netdevice.IsPeerLink(conn, 10*time.Second)
+	switch {
+	case err != nil:
+		fmt.Fprintf(stderr, "macfleet-runner worker: closed the connection from %s: %v\n", remote, err)
+		conn.Close()
+	case peer:
+		if err := netdevice.AcceptPeer(conn); err != nil {
+			fmt.Fprintf(stderr, "macfleet-runner worker: the peer link from %s: %v\n", remote, err)
+			return
+		}
+		fmt.Fprintf(stderr, "macfleet-runner worker: accepted the peer link from %s (the previous shard's worker)\n", remote)
+	default:
+		select {
+		case runners <- conn:
+		case <-ctx.Done():
+			conn.Close()
 		}
 	}
 }

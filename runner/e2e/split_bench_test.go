@@ -18,7 +18,9 @@ import (
 // (docs/benchmarks.md, "A model split across Macs"). The -pipelined cases decode the
 // four slots in two llama contexts (--split-pipeline 2), so that the runner computes
 // for one while a worker computes for the other: the runner then uses up to twice
-// its threads at a time.
+// its threads at a time. The -w2w case starts the first worker with --next the second:
+// the hidden state between them goes over their peer link, not through the runner
+// (peer-B/tok: what the first worker pushed per token).
 //
 //	MACFLEET_RUNNER=bin/macfleet-runner go test -run '^$' -bench SplitModel -benchtime 3x ./runner/e2e
 func BenchmarkSplitModel(b *testing.B) {
@@ -29,12 +31,19 @@ func BenchmarkSplitModel(b *testing.B) {
 		name     string
 		layers   []int
 		pipeline string
-	}{{"one-process", nil, ""}, {"split-2way", []int{4}, ""}, {"split-3way", []int{3, 3}, ""},
-		{"split-2way-pipelined", []int{4}, "2"}, {"split-3way-pipelined", []int{3, 3}, "2"}} {
+		w2w      bool
+	}{{"one-process", nil, "", false}, {"split-2way", []int{4}, "", false}, {"split-3way", []int{3, 3}, "", false},
+		{"split-3way-w2w", []int{3, 3}, "", true},
+		{"split-2way-pipelined", []int{4}, "2", false}, {"split-3way-pipelined", []int{3, 3}, "2", false},
+		{"split-3way-w2w-pipelined", []int{3, 3}, "2", true}} {
 		b.Run(tc.name, func(b *testing.B) {
 			var workers []*worker
-			for range tc.layers {
-				workers = append(workers, startWorker(b, m))
+			if tc.w2w {
+				workers = startChain(b, m, len(tc.layers))
+			} else {
+				for range tc.layers {
+					workers = append(workers, startWorker(b, m))
+				}
 			}
 			flags := append(splitFlags(workers, tc.layers...), "--parallel", "4", "--ctx", "8192", "--threads", threads)
 			if tc.pipeline != "" {
@@ -62,6 +71,9 @@ func BenchmarkSplitModel(b *testing.B) {
 				link := (after.LinkWaitSeconds - after.WorkerComputeSeconds) - (before.LinkWaitSeconds - before.WorkerComputeSeconds)
 				b.ReportMetric(link*1e6/float64(tokens), "link-us/tok")
 				b.ReportMetric((after.WorkerComputeSeconds-before.WorkerComputeSeconds)*1e6/float64(tokens), "worker-compute-us/tok")
+				if tc.w2w {
+					b.ReportMetric(float64(after.PeerBytesSent-before.PeerBytesSent)/float64(tokens), "peer-B/tok")
+				}
 			}
 
 			var agg float64
@@ -92,6 +104,7 @@ func linkTotals(st runnerapi.Status) runnerapi.SplitWorkerStatus {
 		t.RoundTrips += w.RoundTrips
 		t.LinkWaitSeconds += w.LinkWaitSeconds
 		t.WorkerComputeSeconds += w.WorkerComputeSeconds
+		t.PeerBytesSent += w.PeerBytesSent
 	}
 	return t
 }

@@ -183,11 +183,22 @@ func tracedChat(r *runner, traceID, prompt string, maxTokens int) (int64, error)
 // decoded at once in the two contexts each get their own context's link figures in
 // their spans: together they add up to the links' growth in /status (nothing counted
 // twice), their link wait is at least the links' (it also counts waiting for the other
-// context's commands) and their head compute adds up to the runner's.
+// context's commands) and their head compute adds up to the runner's. The same with
+// two workers, the first pushing to the second (--next): the answers a context reads
+// for the other are counted once, by the thread that read them.
 func TestSplitModelPipelinedMetersEachContext(t *testing.T) {
 	m := specModel(t, "split-seed3", splitSpec(3))
-	w := startWorker(t, m)
-	r := startReady(t, m, append(splitFlags([]*worker{w}, 3), "--parallel", "4", "--split-pipeline", "2", "--trace-relay")...)
+	t.Run("one worker", func(t *testing.T) {
+		w := startWorker(t, m)
+		meterEachContext(t, startReady(t, m, append(splitFlags([]*worker{w}, 3), "--parallel", "4", "--split-pipeline", "2", "--trace-relay")...))
+	})
+	t.Run("worker to worker", func(t *testing.T) {
+		workers := startChain(t, m, 2)
+		meterEachContext(t, startReady(t, m, append(splitFlags(workers, 2, 2), "--parallel", "4", "--split-pipeline", "2", "--trace-relay")...))
+	})
+}
+
+func meterEachContext(t *testing.T, r *runner) {
 	before := r.status()
 	ids := []string{"4bf92f3577b34da6a3ce929d0e0e4736", "7c1e2f3577b34da6a3ce929d0e0e4799"}
 	tokens := make([]int64, len(ids))
@@ -224,7 +235,7 @@ func TestSplitModelPipelinedMetersEachContext(t *testing.T) {
 			sum.head += st.head
 		}
 	}
-	d0, d1 := before.Split[0], after.Split[0]
+	d0, d1 := linkTotals(before), linkTotals(after)
 	if got, want := sum.sent, int64(d1.BytesSent-d0.BytesSent); got != want {
 		t.Errorf("the spans count %d bytes sent, /status %d", got, want)
 	}

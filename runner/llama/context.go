@@ -142,6 +142,11 @@ func (c *Context) NBatch() int { return int(C.llama_n_batch(c.c)) }
 // NSeqMax is the number of sequences.
 func (c *Context) NSeqMax() int { return int(C.llama_n_seq_max(c.c)) }
 
+// Synchronize waits for the context's backends to finish what Decode started: a
+// split runner's network devices compute asynchronously and report a failure found
+// then on the link (runner/netdevice), which the caller checks after it.
+func (c *Context) Synchronize() { C.llama_synchronize(c.c) }
+
 // ErrNoKVSlot is returned by Decode when the KV cache has no room for the batch.
 var ErrNoKVSlot = errors.New("no KV cache slot for the batch")
 

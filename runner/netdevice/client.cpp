@@ -9,6 +9,8 @@
 #include <errno.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 
 
@@ -18,6 +20,11 @@ struct nd_buffer {
 };
 
 thread_local mfnd_thread_stats nd_thread = {};
+
+// Once one link has failed the runner serves nothing more (docs/split-model.md,
+// Failures): waits on the other links end at once instead of each running into its
+// timeout in turn (a stopped worker would otherwise cost a timeout per worker).
+std::atomic<bool> nd_link_failed{false};
 
 std::unique_lock<std::mutex> nd_lock(nd_device *d) {
 	std::unique_lock<std::mutex> l(d->mu, std::try_to_lock);
@@ -33,11 +40,13 @@ void nd_fail(nd_device *d, const std::string &msg) {
 	{
 		std::lock_guard<std::mutex> slock(d->smu);
 		if (d->err.empty()) {
+			nd_link_failed = true;
 			d->err = "split worker " + d->addr + ": " + msg;
 			fprintf(stderr, "macfleet-runner: %s\n", d->err.c_str());
 		}
 		d->outs.clear();
 	}
+	d->pending.clear();
 	if (d->fd >= 0) {
 		close(d->fd);
 		d->fd = -1;
@@ -75,16 +84,14 @@ bool nd_flush(nd_device *d) {
 	}
 	nd_thread.sent += d->out.size();
 	d->out.clear();
+	d->gen++;
 	return true;
 }
 
-// nd_call sends a command (after the queued ones) and reads its answer.
-bool nd_call(nd_device *d, uint8_t cmd, const void *p, size_t n, std::vector<uint8_t> &reply) {
-	auto start = std::chrono::steady_clock::now();
-	nd_queue(d, cmd, p, n);
-	if (!nd_flush(d)) {
-		return false;
-	}
+// nd_read_answer reads one answer, counting it; false (and the link failed) on a lost
+// link or an error answer.
+// Its bytes and round trip count for ts: the calling thread's, or a compute's owner's.
+static bool nd_read_answer(nd_device *d, std::vector<uint8_t> &reply, mfnd_thread_stats *ts) {
 	uint8_t head[MFND_HEADER];
 	if (!mfnd_read_all(d->fd, head, sizeof(head))) {
 		bool timeout = errno == EAGAIN || errno == EWOULDBLOCK;
@@ -100,19 +107,106 @@ bool nd_call(nd_device *d, uint8_t cmd, const void *p, size_t n, std::vector<uin
 	}
 	{
 		std::lock_guard<std::mutex> slock(d->smu);
-		uint64_t ns = (uint64_t)std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
 		d->received += MFND_HEADER + len;
-		d->wait_ns += ns;
 		d->round_trips++;
-		nd_thread.received += MFND_HEADER + len;
-		nd_thread.wait_ns += ns;
-		nd_thread.round_trips++;
+		ts->received += MFND_HEADER + len;
+		ts->round_trips++;
 	}
 	if (head[4] != 0) {
 		nd_fail(d, std::string(reply.begin(), reply.end()));
 		return false;
 	}
 	return true;
+}
+
+// nd_computed takes a COMPUTE's answer: the worker's compute time, the bytes it has
+// pushed to the next worker so far, and the last node's bytes unless pushed.
+static void nd_computed(nd_device *d, const nd_pending &p, const std::vector<uint8_t> &reply) {
+	uint64_t ns = 0, peer = 0;
+	if (reply.size() >= 2 * sizeof(uint64_t)) {
+		memcpy(&ns, reply.data(), sizeof(ns));
+		memcpy(&peer, reply.data() + sizeof(ns), sizeof(peer));
+	}
+	std::lock_guard<std::mutex> slock(d->smu);
+	p.owner->owed.computes++;
+	p.owner->owed.compute_ns += ns;
+	d->computes++;
+	d->compute_ns += ns;
+	d->peer_sent = std::max(d->peer_sent, peer);
+	if (!p.pushed && p.size > 0 && reply.size() == 2 * sizeof(uint64_t) + p.size) {
+		d->outs.push_back({p.owner, p.addr, std::vector<uint8_t>(reply.begin() + 2 * sizeof(uint64_t), reply.end())});
+	}
+}
+
+static bool nd_owns_pending(nd_device *d, nd_backend *owner) {
+	for (const nd_pending &p : d->pending) {
+		if (p.owner == owner) {
+			return true;
+		}
+	}
+	return false;
+}
+
+static bool nd_drain_uncounted(nd_device *d, nd_backend *owner) {
+	if (!nd_flush(d)) {
+		return false;
+	}
+	std::vector<uint8_t> reply;
+	while (!d->pending.empty() && (owner == NULL || nd_owns_pending(d, owner))) {
+		// Counted for the compute's own backend, whichever thread reads it.
+		if (!nd_read_answer(d, reply, &d->pending.front().owner->owed)) {
+			return false;
+		}
+		nd_pending p = d->pending.front();
+		d->pending.pop_front();
+		nd_computed(d, p, reply);
+	}
+	return true;
+}
+
+static void nd_count_wait(nd_device *d, std::chrono::steady_clock::time_point start) {
+	uint64_t ns = (uint64_t)std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
+	std::lock_guard<std::mutex> slock(d->smu);
+	d->wait_ns += ns;
+	nd_thread.wait_ns += ns;
+}
+
+bool nd_drain(nd_device *d, nd_backend *owner) {
+	if (!d->err.empty() || nd_link_failed) {
+		return false;
+	}
+	// A backend with no answer pending has nothing to wait for: the frames queued are
+	// another context's (or go with the next answered command), sent by it.
+	if (owner != NULL ? !nd_owns_pending(d, owner) : d->out.empty() && d->pending.empty()) {
+		return true;
+	}
+	auto start = std::chrono::steady_clock::now();
+	bool ok = nd_drain_uncounted(d, owner);
+	nd_count_wait(d, start);
+	return ok;
+}
+
+// nd_call sends a command (after the queued ones) and reads its answer, after those
+// of the computes before it.
+bool nd_call(nd_device *d, uint8_t cmd, const void *p, size_t n, std::vector<uint8_t> &reply) {
+	if (nd_link_failed) {
+		return false;
+	}
+	auto start = std::chrono::steady_clock::now();
+	nd_queue(d, cmd, p, n);
+	bool ok = nd_drain_uncounted(d, NULL) && nd_read_answer(d, reply, &nd_thread);
+	nd_count_wait(d, start);
+	return ok;
+}
+
+void nd_collect(nd_backend *b) {
+	std::lock_guard<std::mutex> slock(b->d->smu);
+	mfnd_thread_stats &o = b->owed;
+	nd_thread.received += o.received;
+	nd_thread.round_trips += o.round_trips;
+	nd_thread.computes += o.computes;
+	nd_thread.compute_ns += o.compute_ns;
+	o = {};
 }
 
 void nd_drop_outputs(nd_device *d, uint64_t addr, uint64_t size) {
@@ -174,27 +268,37 @@ static void nd_buffer_set(ggml_backend_buffer_t buf, struct ggml_tensor *t, cons
 	}
 }
 
+// nd_cached_output copies [addr, addr+size) from a computed output, if one holds it.
+static bool nd_cached_output(nd_device *d, uint64_t addr, void *data, size_t size) {
+	std::lock_guard<std::mutex> slock(d->smu);
+	for (const nd_output &o : d->outs) {
+		if (d->err.empty() && addr >= o.addr && addr + size <= o.addr + o.bytes.size()) {
+			memcpy(data, o.bytes.data() + (addr - o.addr), size);
+			return true;
+		}
+	}
+	return false;
+}
+
 static void nd_buffer_get(ggml_backend_buffer_t buf, const struct ggml_tensor *t, void *data, size_t offset, size_t size) {
 	nd_buffer *b = (nd_buffer *)buf->context;
 	uint64_t h[2] = {(uint64_t)(uintptr_t)t->data + offset, size};
 	std::vector<uint8_t> reply;
 	nd_device *d = b->d;
-	{
-		// Without mu: another context may be waiting on the worker meanwhile.
-		std::lock_guard<std::mutex> slock(d->smu);
-		for (const nd_output &o : d->outs) {
-			if (d->err.empty() && h[0] >= o.addr && h[0] + size <= o.addr + o.bytes.size()) {
-				memcpy(data, o.bytes.data() + (h[0] - o.addr), size);
-				return;
-			}
-		}
+	// Without mu first: another context may be waiting on the worker meanwhile.
+	if (nd_cached_output(d, h[0], data, size)) {
+		return;
 	}
 	auto lock = nd_lock(b->d);
+	// A compute's answer still pending may carry it.
+	if (nd_drain(d, NULL) && nd_cached_output(d, h[0], data, size)) {
+		return;
+	}
 	if (nd_call(b->d, MFND_GET, h, sizeof(h), reply) && reply.size() == size) {
 		memcpy(data, reply.data(), size);
 		return;
 	}
-	if (b->d->err.empty()) {
+	if (b->d->err.empty() && !nd_link_failed) {
 		nd_fail(b->d, "a read returned the wrong size");
 	}
 	// The interface cannot return an error: the compute that follows fails instead.

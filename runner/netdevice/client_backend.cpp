@@ -69,7 +69,7 @@ static void nd_serialize(nd_backend *d, struct ggml_cgraph *g, std::vector<uint8
 	for (int i = 0; i < g->n_nodes; i++) {
 		nodes.push_back(index[g->nodes[i]]);
 	}
-	mfnd_graph h = {(uint32_t)list.size(), (uint32_t)nodes.size(), 0, nodes != d->last_nodes, d->stream};
+	mfnd_graph h = {(uint32_t)list.size(), (uint32_t)nodes.size(), 0, nodes != d->last_nodes, d->stream, 0, 0};
 	v.resize(sizeof(h));
 	d->last_tensors.resize(list.size());
 	for (uint32_t i = 0; i < list.size(); i++) {
@@ -92,44 +92,120 @@ static const char *nd_backend_name(ggml_backend_t b) { return ((nd_backend *)b->
 
 static void nd_backend_free(ggml_backend_t b) {
 	nd_backend *nb = (nd_backend *)b->context;
+	nd_device *d = nb->d;
 	{
-		std::lock_guard<std::mutex> lock(nb->d->mu);
-		nb->d->streams[nb->stream] = false;
+		std::lock_guard<std::mutex> lock(d->mu);
+		nd_drain(d, nb); // its answers name it
+		d->streams[nb->stream] = false;
+		std::lock_guard<std::mutex> slock(d->smu);
+		for (size_t i = 0; i < d->outs.size(); i++) {
+			if (d->outs[i].owner == nb) {
+				d->outs.erase(d->outs.begin() + i);
+				break;
+			}
+		}
 	}
 	delete nb;
 	delete b;
 }
 
+// nd_backend_compute queues the graph's COMPUTE and returns: the answer is read by
+// synchronize, or before any later answer of the link (ggml's scheduler synchronizes
+// a backend before it reads its outputs or overwrites its inputs). Until it is sent, a
+// copy of its last node to the next worker can make it a push (nd_backend_cpy_async).
 static enum ggml_status nd_backend_compute(ggml_backend_t b, struct ggml_cgraph *g, int) {
 	nd_backend *nb = (nd_backend *)b->context;
 	nd_device *d = nb->d;
-	std::vector<uint8_t> msg, reply;
+	std::vector<uint8_t> msg;
 	auto lock = nd_lock(d);
-	nd_serialize(nb, g, msg);
-	if (!nd_call(d, MFND_COMPUTE, msg.data(), msg.size(), reply)) {
+	nd_collect(nb);
+	if (!d->err.empty() || nd_link_failed) {
 		return GGML_STATUS_FAILED;
 	}
-	uint64_t ns = 0;
-	if (reply.size() >= sizeof(ns)) {
-		memcpy(&ns, reply.data(), sizeof(ns));
-	}
-	nd_thread.computes++;
-	nd_thread.compute_ns += ns;
-	std::lock_guard<std::mutex> slock(d->smu);
-	d->computes++;
-	d->compute_ns += ns;
-	// This backend's previous output is replaced (its graphs reuse their buffers).
-	for (size_t i = 0; i < d->outs.size(); i++) {
-		if (d->outs[i].owner == b) {
-			d->outs.erase(d->outs.begin() + i);
-			break;
+	nd_serialize(nb, g, msg);
+	{
+		// This backend's previous output is replaced (its graphs reuse their buffers).
+		std::lock_guard<std::mutex> slock(d->smu);
+		for (size_t i = 0; i < d->outs.size(); i++) {
+			if (d->outs[i].owner == nb) {
+				d->outs.erase(d->outs.begin() + i);
+				break;
+			}
 		}
 	}
-	if (g->n_nodes > 0 && reply.size() == sizeof(ns) + ggml_nbytes(g->nodes[g->n_nodes - 1])) {
-		d->outs.push_back({b, (uint64_t)(uintptr_t)g->nodes[g->n_nodes - 1]->data,
-			std::vector<uint8_t>(reply.begin() + sizeof(ns), reply.end())});
-	}
+	const struct ggml_tensor *last = g->n_nodes > 0 ? g->nodes[g->n_nodes - 1] : NULL;
+	nb->queued = true;
+	nb->queued_gen = d->gen;
+	nb->queued_at = d->out.size() + MFND_HEADER;
+	nd_queue(d, MFND_COMPUTE, msg.data(), msg.size());
+	d->pending.push_back({nb, last != NULL ? (uint64_t)(uintptr_t)last->data : 0, last != NULL ? ggml_nbytes(last) : 0, false});
 	return GGML_STATUS_SUCCESS;
+}
+
+// nd_backend_synchronize sends what is queued and reads this backend's pending
+// answers. It cannot return an error: a failed link or compute is kept (the device's
+// error, which the runner checks after every decode) and the next compute fails.
+static void nd_backend_synchronize(ggml_backend_t b) {
+	nd_backend *nb = (nd_backend *)b->context;
+	auto lock = nd_lock(nb->d);
+	nd_drain(nb->d, nb);
+	nd_collect(nb);
+}
+
+static bool nd_is_backend(ggml_backend_t b);
+
+// nd_backend_cpy_async copies a split's input from the previous shard's worker
+// straight to this one when the previous worker has a peer link to this one: the
+// previous worker pushes the tensor as the link's next sequence number, and this
+// worker is sent an AWAIT of that number into dst, ahead of its own inputs and COMPUTE.
+// The push rides on the previous worker's COMPUTE when the tensor is that queued
+// COMPUTE's last node (the hidden state after its layers), which then answers without
+// it; else it is a PUSH after it (the worker runs commands in order, so after the
+// COMPUTE that wrote the tensor). Any other copy goes through the runner, as ggml does
+// without this (returning false).
+static bool nd_backend_cpy_async(ggml_backend_t src_b, ggml_backend_t dst_b, const struct ggml_tensor *src, struct ggml_tensor *dst) {
+	if (!nd_is_backend(src_b) || !nd_is_backend(dst_b)) {
+		return false;
+	}
+	nd_backend *sb = (nd_backend *)src_b->context;
+	nd_device *sd = sb->d, *dd = ((nd_backend *)dst_b->context)->d;
+	size_t size = ggml_nbytes(src);
+	if (sd->next != dd || src->buffer == NULL || src->buffer->buft != &sd->buft || dst->buffer == NULL ||
+	    dst->buffer->buft != &dd->buft || ggml_nbytes(dst) != size || size == 0 || size >= MFND_MAX_FRAME / 2 ||
+	    !ggml_is_contiguous(src) || !ggml_is_contiguous(dst)) {
+		return false;
+	}
+	mfnd_await a = {0, (uint64_t)(uintptr_t)dst->data, size};
+	{
+		auto lock = nd_lock(sd);
+		if (!sd->err.empty()) {
+			return false;
+		}
+		a.seq = ++sd->push_seq;
+		uint64_t addr = (uint64_t)(uintptr_t)src->data;
+		if (sb->queued && sb->queued_gen == sd->gen && !sd->pending.empty() && sd->pending.back().owner == sb && size <= MFND_MAX_OUTPUT &&
+		    sd->pending.back().addr == addr && sd->pending.back().size == size && !sd->pending.back().pushed) {
+			mfnd_graph h;
+			memcpy(&h, sd->out.data() + sb->queued_at, sizeof(h));
+			h.flags |= MFND_GRAPH_PUSH;
+			h.push_seq = a.seq;
+			memcpy(sd->out.data() + sb->queued_at, &h, sizeof(h));
+			sd->pending.back().pushed = true;
+		} else {
+			mfnd_push p = {a.seq, addr, size};
+			nd_queue(sd, MFND_PUSH, &p, sizeof(p));
+		}
+		sb->queued = false;
+		if (!nd_flush(sd)) {
+			return false;
+		}
+	}
+	auto lock = nd_lock(dd);
+	nd_drop_outputs(dd, a.addr, size);
+	nd_queue(dd, MFND_AWAIT, &a, sizeof(a));
+	// Sent now, so that the worker reads the push as soon as it comes.
+	nd_flush(dd);
+	return true;
 }
 
 static ggml_guid_t nd_guid(void) {
@@ -142,8 +218,8 @@ static const struct ggml_backend_i nd_backend_iface = {
 	/* free               */ nd_backend_free,
 	/* set_tensor_async   */ NULL,
 	/* get_tensor_async   */ NULL,
-	/* cpy_tensor_async   */ NULL,
-	/* synchronize        */ NULL,
+	/* cpy_tensor_async   */ nd_backend_cpy_async,
+	/* synchronize        */ nd_backend_synchronize,
 	/* graph_plan_create  */ NULL,
 	/* graph_plan_free    */ NULL,
 	/* graph_plan_update  */ NULL,
@@ -156,6 +232,8 @@ static const struct ggml_backend_i nd_backend_iface = {
 	/* buffer_size        */ NULL,
 	/* reset              */ NULL,
 };
+
+static bool nd_is_backend(ggml_backend_t b) { return b != NULL && ggml_guid_matches(b->guid, nd_guid()); }
 
 static const char *nd_dev_name(ggml_backend_dev_t dev) { return ((nd_device *)dev->context)->name.c_str(); }
 static const char *nd_dev_desc(ggml_backend_dev_t dev) { return ((nd_device *)dev->context)->desc.c_str(); }
@@ -262,8 +340,16 @@ static ggml_backend_dev_t nd_local_device(const mfnd_hello_reply &info) {
 	return same_type != NULL ? same_type : ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
 }
 
-extern "C" void *mfnd_open(int fd, const char *addr, int index, const char *model_path, int timeout_ms, char *err, size_t errlen) {
-	mfnd_hello h = {MFND_MAGIC, MFND_VERSION, (uint32_t)sizeof(void *), 0x01020304u, 0, 0};
+extern "C" void *mfnd_open(int fd, const char *addr, int index, const char *model_path, int timeout_ms, const uint8_t *session,
+                           char *err, size_t errlen) {
+	mfnd_hello h;
+	memset(&h, 0, sizeof(h));
+	h.magic = MFND_MAGIC;
+	h.version = MFND_VERSION;
+	h.ptr_size = (uint32_t)sizeof(void *);
+	h.endian = 0x01020304u;
+	memcpy(h.session, session, sizeof(h.session));
+	h.timeout_ms = (uint32_t)timeout_ms;
 	std::string e = mfnd_file_identity(model_path, &h.file_size, &h.header_hash);
 	if (!e.empty()) {
 		close(fd);
@@ -308,6 +394,8 @@ extern "C" void *mfnd_open(int fd, const char *addr, int index, const char *mode
 		delete d;
 		return NULL;
 	}
+	memcpy(d->session, session, sizeof(d->session));
+	d->has_next = d->info.has_next != 0;
 	if (d->info.threads > 0 && d->info.dev_type == GGML_BACKEND_DEVICE_TYPE_CPU) {
 		d->desc += std::string(" (") + d->info.dev_name + ", " + std::to_string(d->info.threads) + " threads)";
 	} else {
@@ -322,6 +410,23 @@ extern "C" void mfnd_device_info(void *dev, int *type, char *name, size_t namele
 	snprintf(name, namelen, "%s", d->info.dev_name);
 }
 
+extern "C" int mfnd_has_next(void *dev) { return ((nd_device *)((ggml_backend_dev_t)dev)->context)->has_next ? 1 : 0; }
+
+extern "C" int mfnd_peer(void *dev, void *next_dev, char *err, size_t errlen) {
+	nd_device *d = (nd_device *)((ggml_backend_dev_t)dev)->context;
+	nd_device *next = (nd_device *)((ggml_backend_dev_t)next_dev)->context;
+	mfnd_peer_req p;
+	memcpy(p.session, next->session, sizeof(p.session));
+	std::vector<uint8_t> reply;
+	std::lock_guard<std::mutex> lock(d->mu);
+	if (!nd_call(d, MFND_PEER, &p, sizeof(p), reply)) {
+		nd_seterr(err, errlen, d->err.empty() ? "split worker " + d->addr + ": not asked: another split worker's link failed" : d->err);
+		return -1;
+	}
+	d->next = next;
+	return 0;
+}
+
 extern "C" int mfnd_check(void *dev, char *err, size_t errlen) {
 	nd_device *d = (nd_device *)((ggml_backend_dev_t)dev)->context;
 	std::vector<uint8_t> reply;
@@ -329,7 +434,7 @@ extern "C" int mfnd_check(void *dev, char *err, size_t errlen) {
 	if (nd_call(d, MFND_STATUS, NULL, 0, reply)) {
 		return 0;
 	}
-	nd_seterr(err, errlen, d->err);
+	nd_seterr(err, errlen, d->err.empty() ? "split worker " + d->addr + ": not asked: another split worker's link failed" : d->err);
 	return -1;
 }
 
@@ -346,7 +451,8 @@ extern "C" int mfnd_error(void *dev, char *err, size_t errlen) {
 extern "C" void mfnd_get_stats(void *dev, mfnd_stats *s) {
 	nd_device *d = (nd_device *)((ggml_backend_dev_t)dev)->context;
 	std::lock_guard<std::mutex> lock(d->smu);
-	*s = {d->sent, d->received, d->round_trips, d->computes, d->wait_ns, d->compute_ns, d->allocated, d->info.mem_total};
+	*s = {d->sent, d->received, d->round_trips, d->computes, d->wait_ns, d->compute_ns, d->allocated, d->info.mem_total,
+	      d->peer_sent, d->next != NULL ? 1u : 0u};
 }
 
 extern "C" void mfnd_get_thread_stats(mfnd_thread_stats *s) { *s = nd_thread; }

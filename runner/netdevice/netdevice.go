@@ -24,6 +24,7 @@ import "C"
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"net"
@@ -56,6 +57,11 @@ type Stats struct {
 	BytesSent, BytesReceived, RoundTrips, Computes uint64
 	Wait, Compute, Queue                           time.Duration
 	Allocated, Memory                              uint64
+	// PeerBytesSent is what the worker pushed straight to the next shard's worker
+	// (framing included), as it reports it; Peer says its peer link to it is up. Not in
+	// ThreadStats.
+	PeerBytesSent uint64
+	Peer          bool
 }
 
 // Connect dials a worker and greets it with the identity of modelPath (the worker
@@ -78,11 +84,19 @@ func Connect(ctx context.Context, addr, modelPath string, index int, timeout tim
 	if err != nil {
 		return nil, fmt.Errorf("split worker %s: %w", addr, err)
 	}
+	// The session's id: the previous worker's peer link must present it (Peer).
+	session := make([]byte, 16)
+	if _, err := rand.Read(session); err != nil {
+		syscall.Close(fd)
+		return nil, fmt.Errorf("split worker %s: %w", addr, err)
+	}
 	caddr, cpath := C.CString(addr), C.CString(modelPath)
 	defer C.free(unsafe.Pointer(caddr))
 	defer C.free(unsafe.Pointer(cpath))
+	csession := C.CBytes(session)
+	defer C.free(csession)
 	buf := make([]byte, errLen)
-	dev := C.mfnd_open(C.int(fd), caddr, C.int(index), cpath, C.int(timeout.Milliseconds()), cbuf(buf), errLen)
+	dev := C.mfnd_open(C.int(fd), caddr, C.int(index), cpath, C.int(timeout.Milliseconds()), (*C.uint8_t)(csession), cbuf(buf), errLen)
 	if dev == nil {
 		return nil, errors.New(goString(buf))
 	}
@@ -160,6 +174,22 @@ type DeviceInfo struct {
 	Name string
 }
 
+// HasNext says whether the worker was started with --next: it can push the hidden
+// state after its layers straight to the next shard's worker (Peer).
+func (d *Device) HasNext() bool { return C.mfnd_has_next(d.dev) != 0 }
+
+// Peer asks the worker to open its peer link to next's worker, which must be the one
+// its --next reaches: next's worker accepts it only with the session id its runner gave
+// it. From then on the hidden state between them goes over that link, not through the
+// runner. An error fails the link.
+func (d *Device) Peer(next *Device) error {
+	buf := make([]byte, errLen)
+	if C.mfnd_peer(d.dev, next.dev, cbuf(buf), errLen) != 0 {
+		return errors.New(goString(buf))
+	}
+	return nil
+}
+
 // Handle is the ggml_backend_dev_t to pass to llama.cpp's model parameters.
 func (d *Device) Handle() unsafe.Pointer { return d.dev }
 
@@ -190,7 +220,7 @@ func (d *Device) Stats() Stats {
 	return Stats{BytesSent: uint64(s.sent), BytesReceived: uint64(s.received),
 		RoundTrips: uint64(s.round_trips), Computes: uint64(s.computes),
 		Wait: time.Duration(s.wait_ns), Compute: time.Duration(s.compute_ns), Allocated: uint64(s.allocated),
-		Memory: uint64(s.memory)}
+		Memory: uint64(s.memory), PeerBytesSent: uint64(s.peer_sent), Peer: s.peer != 0}
 }
 
 // ThreadStats returns what the calling OS thread's commands cost so far, summed over
@@ -205,13 +235,59 @@ func ThreadStats() Stats {
 		Wait: time.Duration(s.wait_ns), Compute: time.Duration(s.compute_ns), Queue: time.Duration(s.queue_ns)}
 }
 
+// peerHello is the command of a peer link's first frame (wire.h, MFND_PEER_HELLO).
+const peerHello = 14
+
+// IsPeerLink waits up to timeout for a new connection's first frame and says whether
+// it opens a previous worker's peer link (AcceptPeer) rather than a runner's session
+// (Serve); it reads nothing.
+func IsPeerLink(conn *net.TCPConn, timeout time.Duration) (bool, error) {
+	f, err := conn.File()
+	if err != nil {
+		return false, err
+	}
+	defer f.Close()
+	fd, err := dupFD(f)
+	if err != nil {
+		return false, err
+	}
+	defer syscall.Close(fd)
+	cmd := C.mfnd_peek(C.int(fd), C.int(timeout.Milliseconds()))
+	if cmd < 0 {
+		return false, fmt.Errorf("nothing sent within %v", timeout)
+	}
+	return cmd == peerHello, nil
+}
+
+// AcceptPeer hands a previous worker's peer link to the runner session being served,
+// if the link presents that session's id; else it refuses it, saying why to the
+// previous worker and in the error. It closes conn.
+func AcceptPeer(conn *net.TCPConn) error {
+	f, err := conn.File()
+	conn.Close()
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	fd, err := dupFD(f)
+	if err != nil {
+		return err
+	}
+	buf := make([]byte, errLen)
+	if C.mfnd_peer_accept(C.int(fd), cbuf(buf), errLen) != 0 {
+		return errors.New(goString(buf))
+	}
+	return nil
+}
+
 // Serve serves one runner on conn until it disconnects or ctx ends, computing with
 // choice's device (WorkerDevice; threads CPU threads when it is the CPU) and answering
 // memory bytes as its free and total memory (0: the device's: the CPU's is the Mac's
-// physical memory); it closes conn. When ctx ends Serve shuts the connection
-// down: the worker finishes the command it is computing, frees its buffers and
-// returns, and the runner sees its worker lost.
-func Serve(ctx context.Context, conn *net.TCPConn, modelPath string, choice DeviceChoice, threads int, memory int64) error {
+// physical memory); next is the address of the next shard's worker (--next, "" for
+// none), which it dials when the runner asks. It closes conn. When ctx ends Serve
+// shuts the connection down: the worker finishes the command it is computing, frees
+// its buffers and returns, and the runner sees its worker lost.
+func Serve(ctx context.Context, conn *net.TCPConn, modelPath string, choice DeviceChoice, threads int, memory int64, next string) error {
 	f, err := conn.File()
 	conn.Close()
 	if err != nil {
@@ -238,10 +314,11 @@ func Serve(ctx context.Context, conn *net.TCPConn, modelPath string, choice Devi
 		close(served)
 		<-stopped
 	}()
-	cpath := C.CString(modelPath)
+	cpath, cnext := C.CString(modelPath), C.CString(next)
 	defer C.free(unsafe.Pointer(cpath))
+	defer C.free(unsafe.Pointer(cnext))
 	buf := make([]byte, errLen)
-	if C.mfnd_serve(C.int(fd), cpath, choice.code(), C.int(threads), C.uint64_t(max(memory, 0)), cbuf(buf), errLen) != 0 {
+	if C.mfnd_serve(C.int(fd), cpath, choice.code(), C.int(threads), C.uint64_t(max(memory, 0)), cnext, cbuf(buf), errLen) != 0 {
 		return errors.New(goString(buf))
 	}
 	return nil

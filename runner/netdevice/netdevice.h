@@ -11,11 +11,22 @@ extern "C" {
 
 typedef struct mfnd_stats {
 	uint64_t sent, received, round_trips, computes, wait_ns, compute_ns, allocated, memory;
+	// peer_sent: the bytes the worker pushed to the next shard's worker (framing
+	// included), as it reported them; peer: its peer link to it is up.
+	uint64_t peer_sent;
+	uint32_t peer;
 } mfnd_stats;
 
-// mfnd_open greets the worker on the connected socket fd (which it then owns) and
-// returns the device (a ggml_backend_dev_t), or NULL with a message in err.
-void *mfnd_open(int fd, const char *addr, int index, const char *model_path, int timeout_ms, char *err, size_t errlen);
+// mfnd_open greets the worker on the connected socket fd (which it then owns), giving
+// its session the 16-byte id session, and returns the device (a ggml_backend_dev_t),
+// or NULL with a message in err.
+void *mfnd_open(int fd, const char *addr, int index, const char *model_path, int timeout_ms, const uint8_t *session,
+                char *err, size_t errlen);
+// mfnd_has_next says whether the worker was started with --next.
+int mfnd_has_next(void *dev);
+// mfnd_peer asks the worker to open its peer link to the worker of next_dev (the next
+// shard's): 0, or -1 with the message in err (the link is then failed).
+int mfnd_peer(void *dev, void *next_dev, char *err, size_t errlen);
 // mfnd_check asks the worker for its first queued error (a weight whose bytes differ,
 // a bad address); it returns 0 when all is well, else -1 with the message in err.
 int mfnd_check(void *dev, char *err, size_t errlen);
@@ -48,8 +59,18 @@ int mfnd_worker_device(int choice, int *type, char *name, size_t namelen, char *
 // returns 0 then, or -1 with a message in err when the session failed. The worker
 // computes with choice's device (mfnd_worker_device), with threads threads when that
 // is the CPU. memory is what the worker answers the runner as its free and total
-// memory (0: the device's).
-int mfnd_serve(int fd, const char *model_path, int choice, int threads, uint64_t memory, char *err, size_t errlen);
+// memory (0: the device's). next is --next, the address of the next shard's worker
+// ("" or NULL: none).
+int mfnd_serve(int fd, const char *model_path, int choice, int threads, uint64_t memory, const char *next, char *err,
+               size_t errlen);
+// mfnd_peek returns the command of a new connection's first frame without reading it
+// (MFND_PEER_HELLO, 14, for a previous worker's peer link), or -1 when none comes
+// within timeout_ms.
+int mfnd_peek(int fd, int timeout_ms);
+// mfnd_peer_accept takes a peer link (it owns fd): it joins the session being served
+// when it presents that session's id; else it is refused and closed, -1 with the
+// reason in err.
+int mfnd_peer_accept(int fd, char *err, size_t errlen);
 
 #ifdef __cplusplus
 }

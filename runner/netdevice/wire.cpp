@@ -5,12 +5,16 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
+#include <poll.h>
 #include <sys/time.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include <chrono>
 
 #include "gguf.h"
 
@@ -55,6 +59,12 @@ void mfnd_socket_options(int fd, int timeout_ms) {
 #endif
 }
 
+#ifdef SOCK_CLOEXEC
+#define SOCK_CLOEXEC_IF_ANY SOCK_CLOEXEC
+#else
+#define SOCK_CLOEXEC_IF_ANY 0
+#endif
+
 // mfnd_io moves n bytes whole, in one direction.
 static bool mfnd_io(int fd, char *b, size_t n, bool out) {
 	while (n > 0) {
@@ -74,3 +84,84 @@ static bool mfnd_io(int fd, char *b, size_t n, bool out) {
 bool mfnd_write_all(int fd, const void *p, size_t n) { return mfnd_io(fd, (char *)p, n, true); }
 
 bool mfnd_read_all(int fd, void *p, size_t n) { return mfnd_io(fd, (char *)p, n, false); }
+
+int mfnd_dial(const std::string &addr, int timeout_ms, std::string &err) {
+	size_t colon = addr.rfind(':');
+	if (colon == std::string::npos || colon == 0 || colon + 1 == addr.size()) {
+		err = "the address " + addr + " is not HOST:PORT";
+		return -1;
+	}
+	std::string host = addr.substr(0, colon), port = addr.substr(colon + 1);
+	if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
+		host = host.substr(1, host.size() - 2);
+	}
+	struct addrinfo hints, *res = NULL;
+	memset(&hints, 0, sizeof(hints));
+	hints.ai_family = AF_UNSPEC;
+	hints.ai_socktype = SOCK_STREAM;
+	int rc = getaddrinfo(host.c_str(), port.c_str(), &hints, &res);
+	if (rc != 0) {
+		err = "resolving " + addr + ": " + gai_strerror(rc);
+		return -1;
+	}
+	int fd = -1;
+	err = "connecting to " + addr + ": no address";
+	for (struct addrinfo *a = res; a != NULL; a = a->ai_next) {
+		fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC_IF_ANY, a->ai_protocol);
+		if (fd < 0) {
+			continue;
+		}
+		// A non-blocking connect bounded by the timeout, then a blocking socket.
+		int fl = fcntl(fd, F_GETFL, 0);
+		fcntl(fd, F_SETFL, fl | O_NONBLOCK);
+		int c = connect(fd, a->ai_addr, a->ai_addrlen);
+		int e = c == 0 ? 0 : errno;
+		if (e == EINPROGRESS) {
+			struct pollfd p = {fd, POLLOUT, 0};
+			int k = poll(&p, 1, timeout_ms > 0 ? timeout_ms : -1);
+			socklen_t len = sizeof(e);
+			if (k == 0) {
+				e = ETIMEDOUT;
+			} else if (k < 0 || getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &len) != 0) {
+				e = errno;
+			}
+		}
+		if (e == 0) {
+			fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+			err.clear();
+			break;
+		}
+		err = "connecting to " + addr + ": " + strerror(e);
+		close(fd);
+		fd = -1;
+	}
+	freeaddrinfo(res);
+	if (fd >= 0) {
+		mfnd_socket_options(fd, timeout_ms);
+	}
+	return fd;
+}
+
+int mfnd_peek_command(int fd, int timeout_ms) {
+	uint8_t head[MFND_HEADER];
+	auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+	while (std::chrono::steady_clock::now() < deadline) {
+		struct pollfd p = {fd, POLLIN, 0};
+		int k = poll(&p, 1, 100);
+		if (k < 0 && errno != EINTR) {
+			return -1;
+		}
+		if (k <= 0) {
+			continue;
+		}
+		ssize_t n = recv(fd, head, sizeof(head), MSG_PEEK);
+		if (n == (ssize_t)sizeof(head)) {
+			return head[4];
+		}
+		if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN)) {
+			return -1; // closed before a whole header
+		}
+		usleep(1000); // part of the header: wait for the rest
+	}
+	return -1;
+}

@@ -18,7 +18,7 @@
 #endif
 
 #define MFND_MAGIC 0x444e464du // "MFND"
-#define MFND_VERSION 5u
+#define MFND_VERSION 6u
 
 // Commands. Those marked "answered" wait for the worker's reply; the others are
 // queued and their errors are reported by the next answered command.
@@ -32,8 +32,14 @@ enum mfnd_cmd : uint8_t {
 	MFND_GET = 7,       // answered: reads bytes
 	MFND_COPY = 8,      // copies within the worker's memory
 	MFND_MEMSET = 9,    // fills a range with a byte
-	MFND_COMPUTE = 10,  // answered: computes a graph; the answer is the compute time (u64 ns) and its last node's bytes
+	MFND_COMPUTE = 10,  // answered: computes a graph; the answer is the compute time (u64 ns), the bytes pushed to the next worker so far (u64) and, unless pushed, its last node's bytes
 	MFND_STATUS = 11,   // answered: the first queued error, if any
+	MFND_PEER = 12,     // answered: dial the --next worker and greet it with its session id (mfnd_peer_req)
+	MFND_AWAIT = 13,    // reads the previous worker's push of a sequence number into the worker's memory (mfnd_await)
+	// The first frame of a peer connection, from the previous worker: the next worker's
+	// session id (16 bytes); answered with 0 (accepted) or 1 and the reason.
+	MFND_PEER_HELLO = 14,
+	MFND_PUSH = 15, // pushes bytes of the worker's memory to the next worker (mfnd_push)
 };
 
 // Frame: u32 payload length, u8 command (request) or status (reply: 0 ok, 1 error,
@@ -52,6 +58,11 @@ struct mfnd_hello {
 	uint32_t endian;     // 0x01020304 as written by the sender
 	uint64_t file_size;  // the model file's size
 	uint64_t header_hash; // hash of the file's GGUF header (metadata and tensor table)
+	// A random id the runner gives this worker's session: the previous worker's peer
+	// connection must present it (MFND_PEER_HELLO).
+	uint8_t session[16];
+	uint32_t timeout_ms; // the runner's split timeout: bounds every wait on a peer link
+	uint32_t pad;
 };
 
 // The worker's answer to HELLO: its memory, and the ggml device it computes with
@@ -64,11 +75,38 @@ struct mfnd_hello_reply {
 	uint64_t mem_free;
 	uint64_t mem_total;
 	uint32_t dev_type; // enum ggml_backend_dev_type
-	uint32_t pad;
+	uint32_t has_next; // started with --next: it can push to the next shard's worker
 	uint64_t alignment;
 	uint64_t max_size;
 	char dev_name[MFND_DEVICE_NAME];
 };
+
+// MFND_PEER (mfnd_peer_req): the next worker's session id, which the worker presents to it.
+struct mfnd_peer_req {
+	uint8_t session[16];
+};
+
+// MFND_AWAIT: write the push of seq (from the previous worker, on the peer connection)
+// at addr; its size must be size. The next worker takes addresses from its own runner
+// only: a push carries a sequence number and bytes.
+struct mfnd_await {
+	uint64_t seq;
+	uint64_t addr;
+	uint64_t size;
+};
+
+// MFND_PUSH: push [addr, addr+size) to the next worker as seq. A COMPUTE pushes its
+// last node itself (MFND_GRAPH_PUSH); this is for any other tensor the next worker's
+// layers read (a prefill graph's first worker has two such outputs).
+struct mfnd_push {
+	uint64_t seq;
+	uint64_t addr;
+	uint64_t size;
+};
+
+// A push on a peer connection: the frame header (u32 length, u8 0 ok or 1 error), the
+// sequence number (u64), then the bytes, or the message of the error that kept the
+// previous worker from computing them.
 
 struct mfnd_set_file {
 	uint64_t addr;
@@ -108,7 +146,14 @@ struct mfnd_graph {
 	uint32_t n_changed;
 	uint32_t nodes_sent;
 	uint32_t stream; // below MFND_MAX_STREAMS
+	// MFND_GRAPH_PUSH: after computing, push the last node's bytes to the next worker as
+	// push_seq (and answer without them). The runner sets it on a queued COMPUTE when
+	// ggml asks to copy that node to the next worker's device (client_backend.cpp).
+	uint32_t flags;
+	uint64_t push_seq;
 };
+
+#define MFND_GRAPH_PUSH 1u
 
 #define MFND_MAX_STREAMS 64u
 
@@ -142,6 +187,12 @@ bool mfnd_write_all(int fd, const void *p, size_t n);
 // and with timeout_ms > 0 a timeout on every read and write.
 void mfnd_socket_options(int fd, int timeout_ms);
 bool mfnd_read_all(int fd, void *p, size_t n);
+// mfnd_dial connects to HOST:PORT within timeout_ms; it returns the socket, or -1
+// with a message in err.
+int mfnd_dial(const std::string &addr, int timeout_ms, std::string &err);
+// mfnd_peek_command waits up to timeout_ms for a connection's first frame header and
+// returns its command without consuming it, or -1.
+int mfnd_peek_command(int fd, int timeout_ms);
 
 // mfnd_put appends a value's bytes to a frame under construction.
 template <typename T> static inline void mfnd_put(std::vector<uint8_t> &v, const T &x) {

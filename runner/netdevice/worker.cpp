@@ -5,8 +5,7 @@
 // describes the protocol.
 
 #include "netdevice.h"
-#include "wire.h"
-#include "worker_device.h"
+#include "worker.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -25,112 +24,16 @@
 #include "ggml-cpu.h"
 #include "gguf.h"
 
-namespace {
-
-struct worker {
-	int sock = -1;
-	int file = -1;
-	struct gguf_context *gguf = NULL;
-	ggml_backend_dev_t dev = NULL;
-	ggml_backend_buffer_type_t buft = NULL;
-	ggml_backend_t backend = NULL;
-	struct ggml_threadpool *pool = NULL; // a CPU backend's, kept for the session as the runner keeps its own
-	std::map<uint64_t, ggml_backend_buffer_t> buffers; // by base address
-	std::string err; // the first error of a queued command, reported by the next answered one
-	std::vector<uint8_t> msg, out;
-	std::vector<uint8_t> stage; // bytes on their way into or out of a buffer that is not host memory
-	uint64_t file_size = 0, header_hash = 0;
-	int threads = 1;
-	// memory is what the worker answers as its free and total memory (mfnd_serve).
-	uint64_t memory = 0;
-
-	~worker() {
-		for (auto &b : buffers) {
-			ggml_backend_buffer_free(b.second);
-		}
-		if (backend != NULL) {
-			ggml_backend_free(backend);
-		}
-		if (pool != NULL) {
-			ggml_threadpool_free(pool);
-		}
-		if (gguf != NULL) {
-			gguf_free(gguf);
-		}
-		if (file >= 0) {
-			close(file);
-		}
-	}
-
-	// find returns the buffer holding [addr, addr+n), or NULL.
-	ggml_backend_buffer_t find(uint64_t addr, uint64_t n) {
-		auto it = buffers.upper_bound(addr);
-		if (it == buffers.begin()) {
-			return NULL;
-		}
-		--it;
-		ggml_backend_buffer_t b = it->second;
-		uint64_t base = it->first, size = ggml_backend_buffer_get_size(b);
-		return addr + n <= base + size && addr + n >= addr ? b : NULL;
-	}
-
-	// mem is find, failing the session's command when the range is outside them.
-	ggml_backend_buffer_t mem(uint64_t addr, uint64_t n, const char *what) {
-		ggml_backend_buffer_t b = find(addr, n);
-		if (b == NULL) {
-			fail(std::string(what) + ": an address outside the worker's buffers");
-		}
-		return b;
-	}
-
-	void fail(const std::string &e) {
-		if (err.empty()) {
-			err = e;
-		}
-	}
-
-	bool reply(uint8_t status, const void *p, size_t n) {
-		uint8_t head[MFND_HEADER];
-		uint32_t len = (uint32_t)n;
-		memcpy(head, &len, 4);
-		head[4] = status;
-		return mfnd_write_all(sock, head, sizeof(head)) && (n == 0 || mfnd_write_all(sock, p, n));
-	}
-
-	// answer replies with p, or with the first queued error.
-	bool answer(const void *p, size_t n) {
-		if (!err.empty()) {
-			return reply(1, err.data(), err.size());
-		}
-		return reply(0, p, n);
-	}
-
-	// The current graph of each stream, updated by each compute message.
-	struct graph {
-		std::vector<mfnd_tensor> tensors;
-		std::vector<uint32_t> nodes;
-	};
-	std::vector<graph> graphs;
-
-	bool hello();
-	void set_file();
-	graph *update(mfnd_graph *h);
-	std::vector<ggml_tensor *> build(struct ggml_context *ctx, const std::vector<mfnd_tensor> &tensors);
-	bool compute();
-	bool serve_one(uint8_t cmd);
-};
-
-bool worker::hello() {
+bool nd_worker::hello() {
 	mfnd_hello h;
-	if (msg.size() != sizeof(h)) {
-		fail("malformed greeting");
-		reply(1, err.data(), err.size());
-		return false;
-	}
-	memcpy(&h, msg.data(), sizeof(h));
+	memset(&h, 0, sizeof(h));
+	// The version first, from a greeting of any size: another version's may differ.
+	memcpy(&h, msg.data(), std::min(msg.size(), sizeof(h)));
 	std::string e;
-	if (h.magic != MFND_MAGIC || h.version != MFND_VERSION) {
+	if (msg.size() < 8 || h.magic != MFND_MAGIC || h.version != MFND_VERSION) {
 		e = "protocol version " + std::to_string(h.version) + " is not this worker's " + std::to_string(MFND_VERSION);
+	} else if (msg.size() != sizeof(h)) {
+		e = "malformed greeting";
 	} else if (h.ptr_size != sizeof(void *) || h.endian != 0x01020304u) {
 		e = "the runner's pointer size or byte order differs from the worker's";
 	} else if (h.file_size != file_size || h.header_hash != header_hash) {
@@ -142,11 +45,13 @@ bool worker::hello() {
 		reply(1, e.data(), e.size());
 		return false;
 	}
+	begin_session(h.session, (int)h.timeout_ms);
 	mfnd_hello_reply r;
 	memset(&r, 0, sizeof(r));
 	r.version = MFND_VERSION;
 	r.threads = (uint32_t)threads;
 	r.mem_free = r.mem_total = memory;
+	r.has_next = !next.empty();
 	r.dev_type = (uint32_t)ggml_backend_dev_type(dev);
 	r.alignment = ggml_backend_buft_get_alignment(buft);
 	r.max_size = ggml_backend_buft_get_max_size(buft);
@@ -154,7 +59,7 @@ bool worker::hello() {
 	return reply(0, &r, sizeof(r));
 }
 
-void worker::set_file() {
+void nd_worker::set_file() {
 	mfnd_set_file m;
 	memcpy(&m, msg.data(), sizeof(m));
 	m.name[sizeof(m.name) - 1] = 0;
@@ -197,7 +102,7 @@ void worker::set_file() {
 
 // update applies a graph message (wire.h, mfnd_graph) to its stream's previous graph
 // and returns that stream's graph, NULL for a malformed message.
-worker::graph *worker::update(mfnd_graph *h) {
+nd_worker::graph *nd_worker::update(mfnd_graph *h) {
 	if (msg.size() < sizeof(*h)) {
 		return NULL;
 	}
@@ -239,7 +144,7 @@ worker::graph *worker::update(mfnd_graph *h) {
 }
 
 // build makes the tensors of the current graph in ctx, in the worker's buffers.
-std::vector<ggml_tensor *> worker::build(struct ggml_context *ctx, const std::vector<mfnd_tensor> &tensors) {
+std::vector<ggml_tensor *> nd_worker::build(struct ggml_context *ctx, const std::vector<mfnd_tensor> &tensors) {
 	std::vector<ggml_tensor *> out(tensors.size());
 	std::unordered_map<uint64_t, ggml_tensor *> byid;
 	for (size_t i = 0; i < tensors.size(); i++) {
@@ -272,15 +177,19 @@ std::vector<ggml_tensor *> worker::build(struct ggml_context *ctx, const std::ve
 	return out;
 }
 
-bool worker::compute() {
+bool nd_worker::compute() {
 	mfnd_graph h;
+	memset(&h, 0, sizeof(h));
 	graph *gr = update(&h);
+	bool push_out = (h.flags & MFND_GRAPH_PUSH) != 0;
 	if (gr == NULL) {
 		fail("malformed graph");
 		graphs.clear();
-		return answer(NULL, 0);
 	}
 	if (!err.empty()) {
+		if (push_out) {
+			push(h.push_seq, NULL, 0); // the next worker's await fails with the error
+		}
 		return answer(NULL, 0);
 	}
 	const std::vector<mfnd_tensor> &tensors = gr->tensors;
@@ -301,22 +210,32 @@ bool worker::compute() {
 		fail(std::string("the worker's ") + ggml_backend_dev_name(dev) + " backend failed to compute the graph");
 	}
 	uint64_t ns = (uint64_t)std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
-	// The answer: the compute time, then the last node's bytes, which the runner reads
-	// next.
+	// The answer: the compute time, the bytes pushed so far, then the last node's bytes,
+	// which the runner reads next, unless they go to the next worker (the node is read
+	// from the worker's memory here only, for either).
 	struct ggml_tensor *last = nodes.empty() ? NULL : ts[nodes.back()];
-	size_t n = err.empty() && last != NULL && last->buffer != NULL && ggml_nbytes(last) <= MFND_MAX_OUTPUT ? ggml_nbytes(last) : 0;
-	out.resize(sizeof(ns) + n);
-	memcpy(out.data(), &ns, sizeof(ns));
-	if (n > 0) {
-		mfnd_range_get(last->buffer, (uint64_t)(uintptr_t)last->data, out.data() + sizeof(ns), n);
+	size_t n = err.empty() && last != NULL && last->buffer != NULL ? ggml_nbytes(last) : 0;
+	if (!push_out && n > MFND_MAX_OUTPUT) {
+		n = 0;
 	}
+	const size_t head = 2 * sizeof(uint64_t);
+	out.resize(head + n);
+	if (n > 0) {
+		mfnd_range_get(last->buffer, (uint64_t)(uintptr_t)last->data, out.data() + head, n);
+	}
+	if (push_out) {
+		push(h.push_seq, n > 0 ? out.data() + head : NULL, n);
+		out.resize(head);
+	}
+	memcpy(out.data(), &ns, sizeof(ns));
+	memcpy(out.data() + sizeof(ns), &pushed, sizeof(pushed));
 	bool ok = answer(out.data(), out.size());
 	ggml_free(ctx);
 	return ok;
 }
 
 // serve_one handles one command whose payload is in msg; false ends the session.
-bool worker::serve_one(uint8_t cmd) {
+bool nd_worker::serve_one(uint8_t cmd) {
 	uint64_t a[3] = {0, 0, 0};
 	memcpy(a, msg.data(), std::min(msg.size(), sizeof(a)));
 	switch (cmd) {
@@ -393,6 +312,27 @@ bool worker::serve_one(uint8_t cmd) {
 		return compute();
 	case MFND_STATUS:
 		return answer(NULL, 0);
+	case MFND_PEER:
+		return peer();
+	case MFND_AWAIT:
+		await();
+		return true;
+	case MFND_PUSH: {
+		ggml_backend_buffer_t b = msg.size() == sizeof(mfnd_push) ? mem(a[1], a[2], "push") : NULL;
+		if (msg.size() != sizeof(mfnd_push)) {
+			fail("malformed push");
+		}
+		const void *src = NULL;
+		if (b != NULL && mfnd_host(b)) {
+			src = (const void *)(uintptr_t)a[1];
+		} else if (b != NULL) {
+			stage.resize(a[2]);
+			mfnd_range_get(b, a[1], stage.data(), a[2]);
+			src = stage.data();
+		}
+		push(a[0], src, src != NULL ? a[2] : 0); // with an error, the error
+		return true;
+	}
 	default: {
 		std::string e = "unknown command " + std::to_string(cmd);
 		reply(1, e.data(), e.size());
@@ -401,10 +341,11 @@ bool worker::serve_one(uint8_t cmd) {
 	}
 }
 
-} // namespace
 
-extern "C" int mfnd_serve(int fd, const char *model_path, int choice, int threads, uint64_t memory, char *err, size_t errlen) {
-	worker w;
+extern "C" int mfnd_serve(int fd, const char *model_path, int choice, int threads, uint64_t memory, const char *next, char *err,
+                          size_t errlen) {
+	nd_worker w;
+	w.next = next != NULL ? next : "";
 	w.sock = fd;
 	w.threads = threads > 0 ? threads : 1;
 	w.memory = memory;

@@ -517,6 +517,10 @@ func (e *engine) decode(b *llama.Batch) bool {
 		before = e.link.totals()
 	}
 	err := e.ctx.Decode(b)
+	if e.linkLost != nil {
+		// The workers' answers are all read before the link is checked below.
+		e.ctx.Synchronize()
+	}
 	took := time.Since(start)
 	e.notePerToken(took, b.N())
 	if e.link != nil {

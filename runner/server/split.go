@@ -38,6 +38,18 @@ func (s *Server) splitDevices(ctx context.Context) ([]*netdevice.Device, error) 
 		}
 		devs = append(devs, d)
 	}
+	// Worker to worker: a worker started with --next is asked to open its peer link to
+	// the next shard's worker; its hidden state then goes there directly. A --next that
+	// does not reach that worker fails the load rather than being passed over.
+	for i := 0; i+1 < len(devs); i++ {
+		if !devs[i].HasNext() {
+			continue
+		}
+		if err := devs[i].Peer(devs[i+1]); err != nil {
+			return nil, err
+		}
+		s.log.Info("Split worker pushes to the next one directly", "worker", devs[i].Addr, "next", devs[i+1].Addr)
+	}
 	return devs, nil
 }
 
@@ -136,7 +148,8 @@ func (s *Server) splitStatus() []runnerapi.SplitWorkerStatus {
 		ws := runnerapi.SplitWorkerStatus{Addr: d.Addr, Layers: s.cfg.Split[i].Layers, FirstLayer: first,
 			BytesSent: st.BytesSent, BytesReceived: st.BytesReceived, RoundTrips: st.RoundTrips, Computes: st.Computes,
 			LinkWaitSeconds: st.Wait.Seconds(), WorkerComputeSeconds: st.Compute.Seconds(), AllocatedBytes: int64(st.Allocated),
-			MemoryBytes: int64(st.Memory), Device: runnerapi.SplitWorkerDevice{Type: d.Worker.Type, Name: d.Worker.Name}}
+			MemoryBytes: int64(st.Memory), Device: runnerapi.SplitWorkerDevice{Type: d.Worker.Type, Name: d.Worker.Name},
+			PeerLink: st.Peer, PeerBytesSent: st.PeerBytesSent}
 		if err := d.Err(); err != nil {
 			ws.Error = err.Error()
 		}

@@ -68,6 +68,11 @@ type ModelSpec struct {
 	// is measured, enforced and unloaded like a runner, but serves no request: its
 	// only client is the head's runner, through the agent's split link.
 	SplitWorker bool `json:"splitWorker,omitempty"`
+	// SplitNext, for a SplitWorker entry whose shard is followed by another worker
+	// shard, is the loopback HOST:PORT of the agent's peer link to that shard's Mac
+	// (--next): the worker pushes its layers' output there instead of through the
+	// head's runner. Empty for the last worker shard.
+	SplitNext string `json:"splitNext,omitempty"`
 	// SplitWorkers make the entry the head of a replica split across Macs: its runner
 	// keeps the first layers and connects to each worker, in layer order, for the
 	// last layers (--split-worker, --split-layers). The addresses are loopback ones

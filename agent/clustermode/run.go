@@ -328,6 +328,7 @@ type agent struct {
 	eng      *standalone.Engine
 	endpoint string
 	syncer   *Syncer
+	peers    *SplitLinks
 	srv      *server.Server
 	jan      *janitor.Janitor
 }
@@ -350,6 +351,8 @@ func newAgent(cfg Config, cs kubernetes.Interface, w *replicaWatch, eng *standal
 	so.Pool, so.Store, so.Log = eng.Pool, cfg.Store, log.WithName("sync")
 	// The runner of a split replica whose head is this Mac reaches its workers' Macs.
 	so.SplitLinks = newSplitLinks(w.direct, tlsSrc, log.WithName("splitlink"))
+	// A worker shard here followed by another pushes its output to that one's Mac.
+	a.peers = newPeerLinks(w.direct, tlsSrc, log.WithName("splitlink-peer"))
 	var err error
 	if a.syncer, err = NewSyncer(so); err != nil {
 		return nil, err
@@ -399,7 +402,7 @@ func (a *agent) run(ctx context.Context, cfg Config, keeper *certs.Keeper, serve
 		return nil
 	})
 	g.Go(func() error { return a.w.shards.start(gctx) })
-	shardRuns := &shardSync{node: cfg.NodeName, shards: a.w.shards, pool: a.eng.Pool, store: cfg.Store, status: a.w.direct,
+	shardRuns := &shardSync{node: cfg.NodeName, shards: a.w.shards, peers: a.peers, pool: a.eng.Pool, store: cfg.Store, status: a.w.direct,
 		log: a.log.WithName("shards"), started: map[string]*shardRun{}}
 	g.Go(func() error { return shardRuns.run(gctx) })
 	g.Go(func() error {

@@ -88,6 +88,9 @@ func shardEntry(node string, phase v1alpha1.ReplicaPhase, m *enginepool.ModelSna
 type shardSync struct {
 	node   string
 	shards *workerShards
+	// peers carry a worker's output to the next worker shard's Mac (--next); nil: no
+	// worker pushes, each one's output goes back through the head's runner.
+	peers  *SplitLinks
 	pool   *enginepool.Pool
 	store  Store
 	status client.StatusClient
@@ -138,6 +141,9 @@ func (s *shardSync) reconcile(ctx context.Context) {
 			delete(s.started, key)
 			ns, name, _ := toolscache.SplitMetaNamespaceKey(key)
 			s.shards.setWorker(ns, name, "")
+			if s.peers != nil {
+				s.peers.Close(key)
+			}
 			var unknown *enginepool.UnknownModelError
 			if _, err := s.pool.Remove(shardEntryName(ns, name)); err != nil && !errors.As(err, &unknown) {
 				s.log.Error(err, "Removing a worker shard", "replica", key)
@@ -167,11 +173,21 @@ func (s *shardSync) startLocked(ctx context.Context, key string, mr *v1alpha1.Mo
 	s.started[key] = r
 	shard := *workerShardOf(mr, s.node)
 	src := mr.Spec.Template.Model
+	// A worker shard followed by another pushes its output there (--next), over a
+	// peer link of this Mac's: made now, so that the address holds for the shard's life.
+	var next string
+	var nextErr error
+	if to := mr.Spec.Split.NextWorker(s.node); to != "" && s.peers != nil {
+		next, nextErr = s.peers.Addr(mr, to)
+	}
 	go func() {
 		path, err := s.store.Fetch(rctx, mr.Namespace, src.Source, src.SHA256, func(int64, int64) {})
 		if err == nil {
+			err = nextErr
+		}
+		if err == nil {
 			err = s.pool.Register(enginepool.ModelSpec{Name: shardEntryName(mr.Namespace, mr.Name), Path: path,
-				Namespace: mr.Namespace, Residency: enginepool.Pinned, SplitWorker: true,
+				Namespace: mr.Namespace, Residency: enginepool.Pinned, SplitWorker: true, SplitNext: next,
 				Engine: mr.Spec.Template.Engine.Settings, EstimatedBytes: shard.Memory.Value()})
 			if err != nil {
 				s.log.Error(err, "Registering a worker shard", "replica", key)

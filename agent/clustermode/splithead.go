@@ -2,6 +2,7 @@ package clustermode
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"net"
 	"sync"
@@ -81,9 +82,10 @@ func splitHeadSpec(spec enginepool.ModelSpec, mr *v1alpha1.ModelReplica, addrs m
 	return spec
 }
 
-// SplitLinks are the head Mac's split links: one splitlink.Forwarder per worker shard
-// of each split replica whose head is this Mac, kept for the replica's life so that its
-// runner's addresses (and so its pool spec) do not change.
+// SplitLinks are a Mac's split links: on the head's Mac one splitlink.Forwarder per
+// worker shard of each split replica whose head is this Mac (newSplitLinks), on a
+// worker shard's Mac one to the next worker shard (newPeerLinks); each kept for the
+// replica's life so that its process's addresses (and so its pool spec) do not change.
 type SplitLinks struct {
 	// Dial opens the link to the worker shard of replica namespace/name on Mac node.
 	Dial func(ctx context.Context, node, namespace, name string) (net.Conn, error)
@@ -96,7 +98,20 @@ type SplitLinks struct {
 // newSplitLinks dials a worker shard's Mac at the agent address its MacNode reports,
 // with this Mac's fleet certificate, checking that the agent is that Mac's.
 func newSplitLinks(c client.Reader, tlsSrc *pki.Source, log logr.Logger) *SplitLinks {
-	return &SplitLinks{Log: log, Dial: func(ctx context.Context, node, namespace, name string) (net.Conn, error) {
+	return &SplitLinks{Log: log, Dial: dialAgent(c, tlsSrc, splitlink.Dial)}
+}
+
+// newPeerLinks are a worker shard's Mac's links to the next worker shard's Mac
+// (splitlink.DialPeer), dialed as newSplitLinks does.
+func newPeerLinks(c client.Reader, tlsSrc *pki.Source, log logr.Logger) *SplitLinks {
+	return &SplitLinks{Log: log, Dial: dialAgent(c, tlsSrc, splitlink.DialPeer)}
+}
+
+// dialAgent opens a link with dial to Mac node's agent, at the address its MacNode
+// reports, with this Mac's fleet certificate, checking that the agent is that Mac's.
+func dialAgent(c client.Reader, tlsSrc *pki.Source,
+	dial func(context.Context, string, *tls.Config, string, string) (net.Conn, error)) func(context.Context, string, string, string) (net.Conn, error) {
+	return func(ctx context.Context, node, namespace, name string) (net.Conn, error) {
 		var mn v1alpha1.MacNode
 		if err := c.Get(ctx, client.ObjectKey{Name: node}, &mn); err != nil {
 			return nil, fmt.Errorf("reading MacNode %s: %w", node, err)
@@ -104,12 +119,26 @@ func newSplitLinks(c client.Reader, tlsSrc *pki.Source, log logr.Logger) *SplitL
 		if mn.Status.Agent.Address == "" {
 			return nil, fmt.Errorf("MacNode %s reports no agent address", node)
 		}
-		return splitlink.Dial(ctx, mn.Status.Agent.Address, tlsSrc.ClientConfig(pki.Node(node)), namespace, name)
-	}}
+		return dial(ctx, mn.Status.Agent.Address, tlsSrc.ClientConfig(pki.Node(node)), namespace, name)
+	}
 }
 
 // Addrs are the loopback addresses of mr's worker shards, by Mac, made on first use.
 func (l *SplitLinks) Addrs(mr *v1alpha1.ModelReplica) (map[string]string, error) {
+	addrs := map[string]string{}
+	for _, node := range mr.Spec.Split.WorkerNodes() {
+		addr, err := l.Addr(mr, node)
+		if err != nil {
+			return nil, err
+		}
+		addrs[node] = addr
+	}
+	return addrs, nil
+}
+
+// Addr is the loopback address of the link to mr's worker shard on Mac node, made on
+// first use.
+func (l *SplitLinks) Addr(mr *v1alpha1.ModelReplica, node string) (string, error) {
 	key := mr.Namespace + "/" + mr.Name
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -119,22 +148,18 @@ func (l *SplitLinks) Addrs(mr *v1alpha1.ModelReplica) (map[string]string, error)
 	if l.fwd[key] == nil {
 		l.fwd[key] = map[string]*splitlink.Forwarder{}
 	}
-	addrs := map[string]string{}
-	for _, node := range mr.Spec.Split.WorkerNodes() {
-		f := l.fwd[key][node]
-		if f == nil {
-			ns, name := mr.Namespace, mr.Name
-			var err error
-			f, err = splitlink.Forward(func(ctx context.Context) (net.Conn, error) { return l.Dial(ctx, node, ns, name) },
-				l.Log.WithValues("replica", key, "worker", node))
-			if err != nil {
-				return nil, fmt.Errorf("forwarding to the worker shard on %s: %w", node, err)
-			}
-			l.fwd[key][node] = f
+	f := l.fwd[key][node]
+	if f == nil {
+		ns, name := mr.Namespace, mr.Name
+		var err error
+		f, err = splitlink.Forward(func(ctx context.Context) (net.Conn, error) { return l.Dial(ctx, node, ns, name) },
+			l.Log.WithValues("replica", key, "worker", node))
+		if err != nil {
+			return "", fmt.Errorf("forwarding to the worker shard on %s: %w", node, err)
 		}
-		addrs[node] = f.Addr()
+		l.fwd[key][node] = f
 	}
-	return addrs, nil
+	return f.Addr(), nil
 }
 
 // Close ends the links of replica key.

@@ -56,7 +56,8 @@ type ticketCheck struct {
 //     reaches no other beyond the states the gateways handed it; and GET
 //     /api/split/{namespace}/{replica}, the link of a split replica's head to this
 //     Mac's worker shard, which Options.SplitLink grants only to the Mac of that
-//     replica's head (agent/splitlink.Authorize);
+//     replica's head (agent/splitlink.Authorize), and its /peer link, only to the Mac of
+//     the worker shard before this Mac's (agent/splitlink.AuthorizePeer);
 //   - any other kind: nothing.
 func authorizeCertificate(id pki.Identity, req certRequest, tc ticketCheck) certAccess {
 	switch id.Kind {

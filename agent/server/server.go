@@ -95,7 +95,8 @@ type Options struct {
 	// certificate reaches nothing and hints are dropped.
 	Peers *PeerOptions
 	// SplitLink, when set, serves GET /api/split/{namespace}/{replica}: the link the
-	// Mac of a split replica's head opens to this Mac's worker shard of it (package
+	// Mac of a split replica's head opens to this Mac's worker shard of it, and
+	// .../peer, the one the Mac of the worker shard before it opens (package
 	// agent/splitlink, which checks the caller's node certificate against the replica).
 	// Nil: the endpoint does not exist.
 	SplitLink http.Handler
@@ -217,6 +218,7 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("POST /api/requests/cancel", s.handleCancel)
 	if s.opts.SplitLink != nil {
 		mux.Handle("GET /api/split/{namespace}/{replica}", s.opts.SplitLink)
+		mux.Handle("GET /api/split/{namespace}/{replica}/peer", s.opts.SplitLink)
 	}
 	mux.Handle("GET /metrics", s.metricsHandler())
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {

@@ -53,14 +53,58 @@ func TestAuthorize(t *testing.T) {
 
 func TestPath(t *testing.T) {
 	for _, tc := range []struct{ ns, name string }{{"team-a", "big-0"}, {"a", "b"}} {
-		ns, name, ok := parsePath(Path(tc.ns, tc.name))
-		if !ok || ns != tc.ns || name != tc.name {
-			t.Errorf("parsePath(Path(%q, %q)) = %q, %q, %v", tc.ns, tc.name, ns, name, ok)
+		ns, name, peer, ok := parsePath(Path(tc.ns, tc.name))
+		if !ok || peer || ns != tc.ns || name != tc.name {
+			t.Errorf("parsePath(Path(%q, %q)) = %q, %q, peer %v, %v", tc.ns, tc.name, ns, name, peer, ok)
+		}
+		ns, name, peer, ok = parsePath(PeerPath(tc.ns, tc.name))
+		if !ok || !peer || ns != tc.ns || name != tc.name {
+			t.Errorf("parsePath(PeerPath(%q, %q)) = %q, %q, peer %v, %v", tc.ns, tc.name, ns, name, peer, ok)
 		}
 	}
-	for _, p := range []string{"/api/split/", "/api/split/a", "/api/split/a/", "/api/split//b", "/api/split/a/b/c", "/api/splits/a/b", "/api/split/a/%zz"} {
-		if _, _, ok := parsePath(p); ok {
+	for _, p := range []string{"/api/split/", "/api/split/a", "/api/split/a/", "/api/split//b", "/api/split/a/b/c", "/api/splits/a/b", "/api/split/a/%zz",
+		"/api/split/a/peer", "/api/split/a/b/peer/peer", "/api/split/a/b/c/peer"} {
+		if _, _, _, ok := parsePath(p); ok {
 			t.Errorf("parsePath(%q) accepted it", p)
+		}
+	}
+}
+
+func TestAuthorizePeer(t *testing.T) {
+	split := func(head string, workers ...string) *v1alpha1.ModelReplica {
+		mr := &v1alpha1.ModelReplica{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "r"}}
+		mr.Spec.NodeName = head
+		mr.Spec.Split = &v1alpha1.ReplicaSplit{Shards: []v1alpha1.ReplicaShard{{Node: head}}}
+		for _, w := range workers {
+			mr.Spec.Split.Shards = append(mr.Spec.Split.Shards, v1alpha1.ReplicaShard{Node: w})
+		}
+		return mr
+	}
+	deleting := split("h", "w1", "w2")
+	deleting.DeletionTimestamp = &metav1.Time{}
+	for _, tc := range []struct {
+		name         string
+		mr           *v1alpha1.ModelReplica
+		self, caller string
+		want         string // "" allowed
+	}{
+		{"the first worker to the second", split("h", "w1", "w2"), "w2", "w1", ""},
+		{"the second worker to the third", split("h", "w1", "w2", "w3"), "w3", "w2", ""},
+		{"two shards back", split("h", "w1", "w2", "w3"), "w3", "w1", "only the Mac of the worker shard before w3's in replica ns/r, w2, may open its peer link, not w1"},
+		{"the head", split("h", "w1", "w2"), "w2", "h", "not h"},
+		{"the next worker, backwards", split("h", "w1", "w2"), "w1", "w2", "takes its input from the head's runner"},
+		{"a worker fed by the head", split("h", "w"), "w", "h", "takes its input from the head's runner: it has no peer link"},
+		{"no caller", split("h", "w1", "w2"), "w2", "", "not "},
+		{"unknown replica", nil, "w2", "w1", "no replica of that name holds a worker shard on w2"},
+		{"to the head's Mac", split("h", "w1", "w2"), "h", "w1", "holds no worker shard on h"},
+		{"being deleted", deleting, "w2", "w1", "being deleted"},
+	} {
+		err := AuthorizePeer(tc.mr, tc.self, tc.caller)
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("%s: %v, want allowed", tc.name, err)
+		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+			t.Errorf("%s: %v, want refused with %q", tc.name, err, tc.want)
 		}
 	}
 }

@@ -21,6 +21,17 @@ import (
 // check that the agent is the worker's Mac (pki.Source.ClientConfig of its node
 // identity). The connection returned carries the worker protocol's bytes.
 func Dial(ctx context.Context, addr string, tlsCfg *tls.Config, namespace, name string) (net.Conn, error) {
+	return dial(ctx, addr, tlsCfg, Path(namespace, name))
+}
+
+// DialPeer opens the peer link to the worker shard of replica namespace/name at the
+// agent listening on addr, as Dial does, from the Mac of the worker shard before it
+// (tlsCfg: that Mac's client certificate).
+func DialPeer(ctx context.Context, addr string, tlsCfg *tls.Config, namespace, name string) (net.Conn, error) {
+	return dial(ctx, addr, tlsCfg, PeerPath(namespace, name))
+}
+
+func dial(ctx context.Context, addr string, tlsCfg *tls.Config, path string) (net.Conn, error) {
 	cfg := tlsCfg.Clone()
 	cfg.NextProtos = []string{"http/1.1"} // an HTTP/2 stream cannot be upgraded
 	if _, ok := ctx.Deadline(); !ok {
@@ -34,7 +45,7 @@ func Dial(ctx context.Context, addr string, tlsCfg *tls.Config, namespace, name 
 	}
 	deadline, _ := ctx.Deadline()
 	_ = conn.SetDeadline(deadline)
-	req := "GET " + Path(namespace, name) + " HTTP/1.1\r\nHost: " + addr + "\r\nConnection: Upgrade\r\nUpgrade: " + Protocol + "\r\n\r\n"
+	req := "GET " + path + " HTTP/1.1\r\nHost: " + addr + "\r\nConnection: Upgrade\r\nUpgrade: " + Protocol + "\r\n\r\n"
 	if _, err := io.WriteString(conn, req); err != nil {
 		conn.Close()
 		return nil, fmt.Errorf("split link to %s: %w", addr, err)

@@ -2,6 +2,9 @@ package splitlink
 
 import (
 	"context"
+	"encoding/binary"
+	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"strings"
@@ -9,6 +12,7 @@ import (
 
 	"github.com/go-logr/logr"
 
+	"github.com/macfleet/macfleet/api/runnerapi"
 	"github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/internal/openaierr"
 	"github.com/macfleet/macfleet/pki"
@@ -48,7 +52,7 @@ type Handler struct {
 // ServeHTTP answers one link request: 101 Switching Protocols and then the worker's
 // bytes, or an OpenAI-style error.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	ns, name, ok := parsePath(r.URL.EscapedPath())
+	ns, name, peer, ok := parsePath(r.URL.EscapedPath())
 	if !ok {
 		refuse(w, http.StatusNotFound, openaierr.TypeInvalidRequest, codeNotFoundPath, "no such endpoint: "+r.Method+" "+r.URL.Path)
 		return
@@ -69,7 +73,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	mr, addr := h.Lookup(r.Context(), ns, name)
-	if err := Authorize(mr, h.Self, id.Name); err != nil {
+	authorize := Authorize
+	if peer {
+		authorize = AuthorizePeer
+	}
+	if err := authorize(mr, h.Self, id.Name); err != nil {
 		h.Log.Info("Refused a split link", "caller", id.String(), "replica", ns+"/"+name, "why", err.Error())
 		refuse(w, http.StatusForbidden, typePermission, CodeForbidden, err.Error())
 		return
@@ -103,8 +111,23 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		worker.Close()
 		return
 	}
-	h.Log.V(1).Info("Opened a split link", "caller", id.Name, "replica", ns+"/"+name, "worker", addr)
-	pipe(&bufferedConn{Conn: conn, r: brw.Reader}, worker)
+	client := &bufferedConn{Conn: conn, r: brw.Reader}
+	if peer {
+		// The previous worker's Mac may greet the worker as its peer, nothing else: a
+		// runner's session opened on a peer link would be a second head.
+		hello, err := readPeerHello(client, timeout)
+		if err == nil {
+			_, err = worker.Write(hello)
+		}
+		if err != nil {
+			h.Log.Info("Closed a peer link", "caller", id.String(), "replica", ns+"/"+name, "why", err.Error())
+			conn.Close()
+			worker.Close()
+			return
+		}
+	}
+	h.Log.V(1).Info("Opened a split link", "caller", id.Name, "replica", ns+"/"+name, "worker", addr, "peer", peer)
+	pipe(client, worker)
 	h.Log.V(1).Info("Closed a split link", "caller", id.Name, "replica", ns+"/"+name)
 }
 
@@ -122,4 +145,25 @@ func headerHas(h http.Header, key, token string) bool {
 		}
 	}
 	return false
+}
+
+// readPeerHello reads the first frame of a peer link, within timeout, and returns its
+// bytes if it is the worker protocol's peer greeting (runnerapi.SplitPeerHello with a
+// session id), else an error naming what came instead.
+func readPeerHello(c net.Conn, timeout time.Duration) ([]byte, error) {
+	_ = c.SetReadDeadline(time.Now().Add(timeout))
+	defer func() { _ = c.SetReadDeadline(time.Time{}) }()
+	frame := make([]byte, 5+runnerapi.SplitPeerSessionBytes)
+	if _, err := io.ReadFull(c, frame[:5]); err != nil {
+		return nil, fmt.Errorf("no peer greeting: %w", err)
+	}
+	size, cmd := binary.LittleEndian.Uint32(frame[:4]), frame[4]
+	if cmd != runnerapi.SplitPeerHello || size != runnerapi.SplitPeerSessionBytes {
+		return nil, fmt.Errorf("the first frame is command %d of %d bytes, not the peer greeting (command %d of %d bytes)",
+			cmd, size, runnerapi.SplitPeerHello, runnerapi.SplitPeerSessionBytes)
+	}
+	if _, err := io.ReadFull(c, frame[5:]); err != nil {
+		return nil, fmt.Errorf("a truncated peer greeting: %w", err)
+	}
+	return frame, nil
 }

@@ -40,3 +40,25 @@ func TestWorkerNodes(t *testing.T) {
 		t.Errorf("WorkerNodes of no split = %v, want none", got)
 	}
 }
+
+func TestNextAndPreviousWorker(t *testing.T) {
+	split := &ReplicaSplit{Shards: []ReplicaShard{{Node: "a"}, {Node: "b"}, {Node: "c"}, {Node: "d"}}}
+	for _, tc := range []struct{ node, next, prev string }{
+		{"a", "", ""},  // the head: not a worker shard
+		{"b", "c", ""}, // the first worker: its input comes from the head
+		{"c", "d", "b"},
+		{"d", "", "c"}, // the last worker: its output goes back to the head
+		{"x", "", ""},
+	} {
+		if got := split.NextWorker(tc.node); got != tc.next {
+			t.Errorf("NextWorker(%s) = %q, want %q", tc.node, got, tc.next)
+		}
+		if got := split.PreviousWorker(tc.node); got != tc.prev {
+			t.Errorf("PreviousWorker(%s) = %q, want %q", tc.node, got, tc.prev)
+		}
+	}
+	var none *ReplicaSplit
+	if none.NextWorker("a") != "" || none.PreviousWorker("a") != "" {
+		t.Error("a nil split has next or previous workers")
+	}
+}

@@ -49,6 +49,32 @@ func (s *ReplicaSplit) WorkerNodes() []string {
 	return nodes
 }
 
+// NextWorker is the Mac of the worker shard right after node's worker shard, in
+// shard order: the worker there takes node's worker's output over the split's peer
+// link (docs/split-model.md). "" when node holds no worker shard or holds the last.
+func (s *ReplicaSplit) NextWorker(node string) string {
+	w := s.WorkerNodes()
+	for i := 0; i+1 < len(w); i++ {
+		if w[i] == node {
+			return w[i+1]
+		}
+	}
+	return ""
+}
+
+// PreviousWorker is the Mac of the worker shard right before node's worker shard, the
+// one Mac that may open node's peer link. "" when node holds no worker shard or holds
+// the first (whose input comes from the head's runner).
+func (s *ReplicaSplit) PreviousWorker(node string) string {
+	w := s.WorkerNodes()
+	for i := 1; i < len(w); i++ {
+		if w[i] == node {
+			return w[i-1]
+		}
+	}
+	return ""
+}
+
 // LayerMemory is how a replica's memory divides over the model's layers, so that the
 // scheduler can size each shard of a split replica. The deployment controller sets it
 // (from the GGUF estimate, scaled to the replica's memoryReservation) on the replicas

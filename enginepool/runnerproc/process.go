@@ -317,7 +317,7 @@ func (f *ProcessFactory) launch(ctx context.Context, path string, spec enginepoo
 	if err != nil {
 		return nil, false, startError(spec.Name, err)
 	}
-	cmd := f.command(ctx, path, f.runnerArgs(spec, ceilingBytes, sock, cacheDir, rec), spec.Path, cacheDir, dir, spec.SplitWorker, splitPorts(spec.SplitWorkers))
+	cmd := f.command(ctx, path, f.runnerArgs(spec, ceilingBytes, sock, cacheDir, rec), spec.Path, cacheDir, dir, spec.SplitWorker, splitPorts(spec))
 	out, err := f.attachOutput(cmd, rec, dir)
 	if err != nil {
 		return nil, false, startError(spec.Name, err)

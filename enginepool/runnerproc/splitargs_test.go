@@ -32,7 +32,40 @@ func TestSplitArgs(t *testing.T) {
 			if d := cmp.Diff(tc.wantArgs, splitArgs(tc.workers)); d != "" {
 				t.Errorf("splitArgs (-want +got):\n%s", d)
 			}
-			if d := cmp.Diff(tc.wantPorts, splitPorts(tc.workers)); d != "" {
+			if d := cmp.Diff(tc.wantPorts, splitPorts(enginepool.ModelSpec{SplitWorkers: tc.workers})); d != "" {
+				t.Errorf("splitPorts (-want +got):\n%s", d)
+			}
+		})
+	}
+}
+
+// TestSplitWorkerArgs: a worker shard followed by another gets --next and may connect
+// to that loopback port (the agent's peer link); the last one, neither; a head never
+// takes a worker's next.
+func TestSplitWorkerArgs(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		spec      enginepool.ModelSpec
+		wantNext  string
+		wantPorts []uint16
+	}{
+		{name: "middle worker", spec: enginepool.ModelSpec{SplitWorker: true, SplitNext: "127.0.0.1:40100"},
+			wantNext: "127.0.0.1:40100", wantPorts: []uint16{40100}},
+		{name: "last worker", spec: enginepool.ModelSpec{SplitWorker: true}},
+		{name: "a head ignores a next", spec: enginepool.ModelSpec{SplitNext: "127.0.0.1:40100",
+			SplitWorkers: []enginepool.SplitWorker{{Addr: "127.0.0.1:40001", Layers: 2}}}, wantPorts: []uint16{40001}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tc.spec.Name, tc.spec.Path = "m", "/models/m.gguf"
+			args := NewProcessFactory(ProcessConfig{Threads: 1}).runnerArgs(tc.spec, 0, "/tmp/runner.sock", "", nil)
+			next := ""
+			if i := slices.Index(args, "--next"); i >= 0 && i+1 < len(args) {
+				next = args[i+1]
+			}
+			if next != tc.wantNext {
+				t.Errorf("--next %q, want %q; command line %q", next, tc.wantNext, args)
+			}
+			if d := cmp.Diff(tc.wantPorts, splitPorts(tc.spec)); d != "" {
 				t.Errorf("splitPorts (-want +got):\n%s", d)
 			}
 		})

@@ -35,6 +35,9 @@ func (f *ProcessFactory) workerArgs(spec enginepool.ModelSpec) []string {
 	if spec.EstimatedBytes > 0 {
 		args = append(args, "--memory", strconv.FormatInt(spec.EstimatedBytes, 10))
 	}
+	if spec.SplitNext != "" {
+		args = append(args, "--next", spec.SplitNext)
+	}
 	return args
 }
 
@@ -94,12 +97,19 @@ func splitArgs(workers []enginepool.SplitWorker) []string {
 	return args
 }
 
-// splitPorts are the loopback ports of a split head's workers, which its sandbox lets
-// it connect to (nil for any other runner).
-func splitPorts(workers []enginepool.SplitWorker) []uint16 {
+// splitPorts are the loopback ports its sandbox lets a process connect to: a split
+// head's workers, or a split worker's next worker shard (nil for any other runner).
+func splitPorts(spec enginepool.ModelSpec) []uint16 {
+	addrs := []string{}
+	for _, w := range spec.SplitWorkers {
+		addrs = append(addrs, w.Addr)
+	}
+	if spec.SplitWorker && spec.SplitNext != "" {
+		addrs = append(addrs, spec.SplitNext)
+	}
 	var ports []uint16
-	for _, w := range workers {
-		if ap, err := netip.ParseAddrPort(w.Addr); err == nil && ap.Addr().IsLoopback() {
+	for _, a := range addrs {
+		if ap, err := netip.ParseAddrPort(a); err == nil && ap.Addr().IsLoopback() {
 			ports = append(ports, ap.Port())
 		}
 	}

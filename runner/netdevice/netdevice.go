@@ -235,8 +235,14 @@ func ThreadStats() Stats {
 		Wait: time.Duration(s.wait_ns), Compute: time.Duration(s.compute_ns), Queue: time.Duration(s.queue_ns)}
 }
 
-// peerHello is the command of a peer link's first frame (wire.h, MFND_PEER_HELLO).
-const peerHello = 14
+// PeerHello is the command of a peer link's first frame (wire.h, MFND_PEER_HELLO) and
+// the size of the session id it carries, which an agent checks on a peer link before
+// it reaches its worker (runnerapi.SplitPeerHello, SplitPeerSessionBytes).
+func PeerHello() (command, sessionBytes int) {
+	var n C.int
+	command = int(C.mfnd_peer_hello(&n))
+	return command, int(n)
+}
 
 // IsPeerLink waits up to timeout for a new connection's first frame and says whether
 // it opens a previous worker's peer link (AcceptPeer) rather than a runner's session
@@ -256,7 +262,8 @@ func IsPeerLink(conn *net.TCPConn, timeout time.Duration) (bool, error) {
 	if cmd < 0 {
 		return false, fmt.Errorf("nothing sent within %v", timeout)
 	}
-	return cmd == peerHello, nil
+	hello, _ := PeerHello()
+	return int(cmd) == hello, nil
 }
 
 // AcceptPeer hands a previous worker's peer link to the runner session being served,

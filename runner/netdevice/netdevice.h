@@ -67,6 +67,9 @@ int mfnd_serve(int fd, const char *model_path, int choice, int threads, uint64_t
 // (MFND_PEER_HELLO, 14, for a previous worker's peer link), or -1 when none comes
 // within timeout_ms.
 int mfnd_peek(int fd, int timeout_ms);
+// mfnd_peer_hello returns the command of a peer link's first frame (MFND_PEER_HELLO)
+// and gives the size of the session id it carries.
+int mfnd_peer_hello(int *session_bytes);
 // mfnd_peer_accept takes a peer link (it owns fd): it joins the session being served
 // when it presents that session's id; else it is refused and closed, -1 with the
 // reason in err.

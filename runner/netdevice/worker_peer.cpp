@@ -178,6 +178,11 @@ void nd_worker::await() {
 
 extern "C" int mfnd_peek(int fd, int timeout_ms) { return mfnd_peek_command(fd, timeout_ms); }
 
+extern "C" int mfnd_peer_hello(int *session_bytes) {
+	*session_bytes = (int)sizeof(mfnd_peer_req::session);
+	return MFND_PEER_HELLO;
+}
+
 extern "C" int mfnd_peer_accept(int fd, char *err, size_t errlen) {
 	mfnd_socket_options(fd, 10000); // the greeting comes at once
 	uint8_t status = 0;

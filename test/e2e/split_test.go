@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/macfleet/macfleet/api/v1alpha1"
+	"github.com/macfleet/macfleet/enginepool"
 	"github.com/macfleet/macfleet/internal/ggufsynth"
 	"github.com/macfleet/macfleet/test/support/localfleet"
 	"github.com/macfleet/macfleet/test/support/testassets"
@@ -410,8 +411,30 @@ func TestSplitReplicaServes(t *testing.T) {
 // whose hidden states pass through the head): no two of the pool's Macs can hold the
 // replica, so the gang takes all three and answers as one process does.
 func TestSplitReplicaAcrossThreeMacs(t *testing.T) {
-	split, whole, _, _ := splitServing(t, "three", 3, 1)
+	split, whole, _, gang := splitServing(t, "three", 3, 1)
 	compareWithWhole(t, split, whole)
+
+	// The first worker's Mac carries its output to the second's over their peer link
+	// (--next): the head's runner reports that worker's pushes, and none of the last.
+	key := gang.Namespace + "/" + gang.Name
+	testenv.Eventually(t, 30*time.Second, 200*time.Millisecond, func() (bool, string) {
+		var st struct {
+			Models []enginepool.ModelSnapshot `json:"models"`
+		}
+		if err := agentGet(t.Context(), fleet.Agent(gang.Spec.NodeName).Addr, "/api/status", &st); err != nil {
+			return false, err.Error()
+		}
+		for _, m := range st.Models {
+			if m.Name != key || m.Split == nil || len(m.Split.Workers) != 2 {
+				continue
+			}
+			w := m.Split.Workers
+			ok := w[0].PeerLink && w[0].PeerBytesSent > 0 && !w[1].PeerLink && w[1].PeerBytesSent == 0
+			return ok, fmt.Sprintf("workers' peer links: %v (%d bytes pushed), %v (%d bytes pushed); want the first pushing to the second",
+				w[0].PeerLink, w[0].PeerBytesSent, w[1].PeerLink, w[1].PeerBytesSent)
+		}
+		return false, "the head's agent reports no split of " + key
+	})
 }
 
 // killWorkerMidStream kills the worker shard of gang with SIGKILL while a streamed

@@ -53,6 +53,8 @@ var splitCounters = []struct {
 		func(w *runnerapi.SplitWorkerStatus) float64 { return w.LinkWaitSeconds }},
 	{"worker_compute_seconds", "The part of the link wait the worker shard spent computing its layers.",
 		func(w *runnerapi.SplitWorkerStatus) float64 { return w.WorkerComputeSeconds }},
+	{"peer_sent_bytes", "Bytes the worker shard pushed straight to the next worker shard (framing included; 0 for the last).",
+		func(w *runnerapi.SplitWorkerStatus) float64 { return float64(w.PeerBytesSent) }},
 }
 
 // splitDescs are the descriptions of the split metrics.

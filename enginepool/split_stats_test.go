@@ -27,7 +27,7 @@ func TestMetricsExportSplitLinks(t *testing.T) {
 	r.mu.Lock()
 	r.split = []runnerapi.SplitWorkerStatus{
 		{Addr: "127.0.0.1:40001", Layers: 20, FirstLayer: 10, BytesSent: 10240, BytesReceived: 4096, RoundTrips: 12, Computes: 11,
-			LinkWaitSeconds: 1.5, WorkerComputeSeconds: 1.25, AllocatedBytes: 5 * gib},
+			LinkWaitSeconds: 1.5, WorkerComputeSeconds: 1.25, AllocatedBytes: 5 * gib, PeerLink: true, PeerBytesSent: 3072},
 		{Addr: "127.0.0.1:40002", Layers: 30, FirstLayer: 30, BytesSent: 20480, BytesReceived: 8192, RoundTrips: 13, Computes: 12,
 			LinkWaitSeconds: 2.5, WorkerComputeSeconds: 2, AllocatedBytes: 7 * gib},
 	}
@@ -43,6 +43,7 @@ func TestMetricsExportSplitLinks(t *testing.T) {
 	values := map[string][2]string{
 		"sent_bytes": {"10240", "20480"}, "received_bytes": {"4096", "8192"}, "round_trips": {"12", "13"},
 		"computes": {"11", "12"}, "link_wait_seconds": {"1.5", "2.5"}, "worker_compute_seconds": {"1.25", "2"},
+		"peer_sent_bytes": {"3072", "0"},
 	}
 	for _, c := range splitCounters {
 		name := MetricSplitPrefix + c.name + "_total"

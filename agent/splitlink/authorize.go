@@ -82,6 +82,19 @@ func parseReplicaPath(escaped string) (namespace, name string, ok bool) {
 // Mac (spec.nodeName). mr nil: the replica is unknown to self (no such replica, or none
 // with a worker shard on self). A nil error allows.
 func Authorize(mr *v1alpha1.ModelReplica, self, caller string) error {
+	if err := workerShardOn(mr, self); err != nil {
+		return err
+	}
+	if caller == "" || caller != mr.Spec.NodeName {
+		return fmt.Errorf("only the Mac of replica %s/%s's head, %s, may open its split link, not %s",
+			mr.Namespace, mr.Name, mr.Spec.NodeName, caller)
+	}
+	return nil
+}
+
+// workerShardOn is nil when mr is a live split replica with a worker shard on self,
+// else why not.
+func workerShardOn(mr *v1alpha1.ModelReplica, self string) error {
 	switch {
 	case mr == nil:
 		return fmt.Errorf("no replica of that name holds a worker shard on %s", self)
@@ -89,9 +102,6 @@ func Authorize(mr *v1alpha1.ModelReplica, self, caller string) error {
 		return fmt.Errorf("replica %s/%s holds no worker shard on %s", mr.Namespace, mr.Name, self)
 	case mr.DeletionTimestamp != nil:
 		return fmt.Errorf("replica %s/%s is being deleted", mr.Namespace, mr.Name)
-	case caller == "" || caller != mr.Spec.NodeName:
-		return fmt.Errorf("only the Mac of replica %s/%s's head, %s, may open its split link, not %s",
-			mr.Namespace, mr.Name, mr.Spec.NodeName, caller)
 	}
 	return nil
 }
@@ -101,13 +111,8 @@ func Authorize(mr *v1alpha1.ModelReplica, self, caller string) error {
 // self that follows another worker shard (not the head), and caller is that shard's
 // Mac (v1alpha1.ReplicaSplit.PreviousWorker). A nil error allows.
 func AuthorizePeer(mr *v1alpha1.ModelReplica, self, caller string) error {
-	switch {
-	case mr == nil:
-		return fmt.Errorf("no replica of that name holds a worker shard on %s", self)
-	case mr.Spec.Split == nil || !slices.Contains(mr.Spec.Split.WorkerNodes(), self):
-		return fmt.Errorf("replica %s/%s holds no worker shard on %s", mr.Namespace, mr.Name, self)
-	case mr.DeletionTimestamp != nil:
-		return fmt.Errorf("replica %s/%s is being deleted", mr.Namespace, mr.Name)
+	if err := workerShardOn(mr, self); err != nil {
+		return err
 	}
 	prev := mr.Spec.Split.PreviousWorker(self)
 	switch {

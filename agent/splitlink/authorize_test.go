@@ -10,17 +10,6 @@ import (
 )
 
 func TestAuthorize(t *testing.T) {
-	split := func(head string, workers ...string) *v1alpha1.ModelReplica {
-		mr := &v1alpha1.ModelReplica{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "r"}}
-		mr.Spec.NodeName = head
-		if len(workers) > 0 {
-			mr.Spec.Split = &v1alpha1.ReplicaSplit{Shards: []v1alpha1.ReplicaShard{{Node: head}}}
-			for _, w := range workers {
-				mr.Spec.Split.Shards = append(mr.Spec.Split.Shards, v1alpha1.ReplicaShard{Node: w})
-			}
-		}
-		return mr
-	}
 	deleting := split("h", "w")
 	deleting.DeletionTimestamp = &metav1.Time{}
 	for _, tc := range []struct {
@@ -71,15 +60,6 @@ func TestPath(t *testing.T) {
 }
 
 func TestAuthorizePeer(t *testing.T) {
-	split := func(head string, workers ...string) *v1alpha1.ModelReplica {
-		mr := &v1alpha1.ModelReplica{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "r"}}
-		mr.Spec.NodeName = head
-		mr.Spec.Split = &v1alpha1.ReplicaSplit{Shards: []v1alpha1.ReplicaShard{{Node: head}}}
-		for _, w := range workers {
-			mr.Spec.Split.Shards = append(mr.Spec.Split.Shards, v1alpha1.ReplicaShard{Node: w})
-		}
-		return mr
-	}
 	deleting := split("h", "w1", "w2")
 	deleting.DeletionTimestamp = &metav1.Time{}
 	for _, tc := range []struct {
@@ -107,4 +87,18 @@ func TestAuthorizePeer(t *testing.T) {
 			t.Errorf("%s: %v, want refused with %q", tc.name, err, tc.want)
 		}
 	}
+}
+
+// split is replica ns/r with its head on head and a worker shard on each of workers, in
+// order; not split without workers.
+func split(head string, workers ...string) *v1alpha1.ModelReplica {
+	mr := &v1alpha1.ModelReplica{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "r"}}
+	mr.Spec.NodeName = head
+	if len(workers) > 0 {
+		mr.Spec.Split = &v1alpha1.ReplicaSplit{Shards: []v1alpha1.ReplicaShard{{Node: head}}}
+		for _, w := range workers {
+			mr.Spec.Split.Shards = append(mr.Spec.Split.Shards, v1alpha1.ReplicaShard{Node: w})
+		}
+	}
+	return mr
 }

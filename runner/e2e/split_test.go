@@ -293,28 +293,7 @@ func TestSplitModelWorkerKilled(t *testing.T) {
 	m := specModel(t, "split-seed3", splitSpec(3))
 	w := startWorker(t, m)
 	r := startReady(t, m, splitFlags([]*worker{w}, 3)...)
-	body := chatBody("Tell me a very long story about the sea.", 4000, true)
-	var killed time.Time
-	chunks, _, done, errEv := streamChat(t, r, context.Background(), body, func(c chunk) bool {
-		if killed.IsZero() && len(c.Choices) > 0 && c.Choices[0].Delta.Content != nil {
-			if err := w.cmd.Process.Kill(); err != nil {
-				t.Fatal(err)
-			}
-			killed = time.Now()
-		}
-		return true
-	})
-	took := time.Since(killed)
-	if killed.IsZero() || done {
-		t.Fatalf("the stream finished (%d chunks, done %v) before the worker was killed", len(chunks), done)
-	}
-	if took > 5*time.Second {
-		t.Errorf("the stream ended %v after the kill, want within 5s", took)
-	}
-	if errEv == nil || errEv.Error.Code != runnerapi.CodeSplitWorkerLost {
-		t.Fatalf("the stream ended with %+v, want a %s error event", errEv, runnerapi.CodeSplitWorkerLost)
-	}
-	t.Logf("the stream ended %v after the kill: %s", took.Round(time.Millisecond), errEv.Error.Message)
+	killMidStream(t, r, w)
 
 	// The runner lingers (at most 2 s) until /health has reported the failure: status
 	// and a new request first.
@@ -532,4 +511,31 @@ func TestSplitModelWorkerUnreachable(t *testing.T) {
 	if code := r.exitCode(10 * time.Second); code != 3 {
 		t.Errorf("exit code %d, want 3 (load failed)", code)
 	}
+}
+
+// killMidStream kills w with SIGKILL once r streams content and checks that the stream
+// ends within 5 s with a split_worker_lost error event.
+func killMidStream(t *testing.T, r *runner, w *worker) {
+	t.Helper()
+	var killed time.Time
+	chunks, _, done, errEv := streamChat(t, r, context.Background(), chatBody("Tell me a very long story about the sea.", 4000, true), func(c chunk) bool {
+		if killed.IsZero() && len(c.Choices) > 0 && c.Choices[0].Delta.Content != nil {
+			if err := w.cmd.Process.Kill(); err != nil {
+				t.Fatal(err)
+			}
+			killed = time.Now()
+		}
+		return true
+	})
+	took := time.Since(killed)
+	if killed.IsZero() || done {
+		t.Fatalf("the stream finished (%d chunks, done %v) before the worker was killed", len(chunks), done)
+	}
+	if took > 5*time.Second {
+		t.Errorf("the stream ended %v after the kill, want within 5s", took)
+	}
+	if errEv == nil || errEv.Error.Code != runnerapi.CodeSplitWorkerLost {
+		t.Fatalf("the stream ended with %+v, want a %s error event", errEv, runnerapi.CodeSplitWorkerLost)
+	}
+	t.Logf("the stream ended %v after the kill: %s", took.Round(time.Millisecond), errEv.Error.Message)
 }

@@ -126,27 +126,7 @@ func TestSplitModelWorkerToWorkerKilled(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			workers := startChain(t, m, 2)
 			r := startReady(t, m, splitFlags(workers, 2, 2)...)
-			var killed time.Time
-			chunks, _, done, errEv := streamChat(t, r, context.Background(), chatBody("Tell me a very long story about the sea.", 4000, true), func(c chunk) bool {
-				if killed.IsZero() && len(c.Choices) > 0 && c.Choices[0].Delta.Content != nil {
-					if err := workers[tc.killed].cmd.Process.Kill(); err != nil {
-						t.Fatal(err)
-					}
-					killed = time.Now()
-				}
-				return true
-			})
-			took := time.Since(killed)
-			if killed.IsZero() || done {
-				t.Fatalf("the stream finished (%d chunks, done %v) before the worker was killed", len(chunks), done)
-			}
-			if took > 5*time.Second {
-				t.Errorf("the stream ended %v after the kill, want within 5s", took)
-			}
-			if errEv == nil || errEv.Error.Code != runnerapi.CodeSplitWorkerLost {
-				t.Fatalf("the stream ended with %+v, want a %s error event", errEv, runnerapi.CodeSplitWorkerLost)
-			}
-			t.Logf("the stream ended %v after the kill: %s", took.Round(time.Millisecond), errEv.Error.Message)
+			killMidStream(t, r, workers[tc.killed])
 			if code := r.exitCode(10 * time.Second); code != 4 {
 				t.Errorf("exit code %d, want 4 (a split worker is lost)", code)
 			}

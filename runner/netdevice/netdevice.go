@@ -270,16 +270,11 @@ func IsPeerLink(conn *net.TCPConn, timeout time.Duration) (bool, error) {
 // if the link presents that session's id; else it refuses it, saying why to the
 // previous worker and in the error. It closes conn.
 func AcceptPeer(conn *net.TCPConn) error {
-	f, err := conn.File()
-	conn.Close()
+	f, fd, err := take(conn)
 	if err != nil {
 		return err
 	}
 	defer f.Close()
-	fd, err := dupFD(f)
-	if err != nil {
-		return err
-	}
 	buf := make([]byte, errLen)
 	if C.mfnd_peer_accept(C.int(fd), cbuf(buf), errLen) != 0 {
 		return errors.New(goString(buf))
@@ -295,16 +290,11 @@ func AcceptPeer(conn *net.TCPConn) error {
 // shuts the connection down: the worker finishes the command it is computing, frees
 // its buffers and returns, and the runner sees its worker lost.
 func Serve(ctx context.Context, conn *net.TCPConn, modelPath string, choice DeviceChoice, threads int, memory int64, next string) error {
-	f, err := conn.File()
-	conn.Close()
+	f, fd, err := take(conn)
 	if err != nil {
 		return err
 	}
 	defer f.Close()
-	fd, err := dupFD(f)
-	if err != nil {
-		return err
-	}
 	// f stays open until the session has ended, so shutting the socket down through
 	// it never reaches a descriptor the C side has closed and the kernel reused.
 	served := make(chan struct{})
@@ -339,6 +329,22 @@ func shutdown(f *os.File) {
 		return
 	}
 	_ = raw.Control(func(s uintptr) { _ = syscall.Shutdown(int(s), syscall.SHUT_RDWR) })
+}
+
+// take closes conn and returns its file, for the caller to close, and a duplicate of
+// its descriptor for the C side (dupFD).
+func take(conn *net.TCPConn) (*os.File, int, error) {
+	f, err := conn.File()
+	conn.Close()
+	if err != nil {
+		return nil, -1, err
+	}
+	fd, err := dupFD(f)
+	if err != nil {
+		f.Close()
+		return nil, -1, err
+	}
+	return f, fd, nil
 }
 
 func dupFD(f *os.File) (int, error) {

@@ -30,13 +30,7 @@ func TestAuthorize(t *testing.T) {
 		{"to the head's own Mac", split("h", "w"), "h", "h", "holds no worker shard on h"},
 		{"being deleted", deleting, "w", "h", "being deleted"},
 	} {
-		err := Authorize(tc.mr, tc.self, tc.caller)
-		switch {
-		case tc.want == "" && err != nil:
-			t.Errorf("%s: %v, want allowed", tc.name, err)
-		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
-			t.Errorf("%s: %v, want refused with %q", tc.name, err, tc.want)
-		}
+		checkRule(t, tc.name, Authorize(tc.mr, tc.self, tc.caller), tc.want)
 	}
 }
 
@@ -79,13 +73,7 @@ func TestAuthorizePeer(t *testing.T) {
 		{"to the head's Mac", split("h", "w1", "w2"), "h", "w1", "holds no worker shard on h"},
 		{"being deleted", deleting, "w2", "w1", "being deleted"},
 	} {
-		err := AuthorizePeer(tc.mr, tc.self, tc.caller)
-		switch {
-		case tc.want == "" && err != nil:
-			t.Errorf("%s: %v, want allowed", tc.name, err)
-		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
-			t.Errorf("%s: %v, want refused with %q", tc.name, err, tc.want)
-		}
+		checkRule(t, tc.name, AuthorizePeer(tc.mr, tc.self, tc.caller), tc.want)
 	}
 }
 
@@ -101,4 +89,15 @@ func split(head string, workers ...string) *v1alpha1.ModelReplica {
 		}
 	}
 	return mr
+}
+
+// checkRule checks a rule's answer: allowed when want is "", else refused saying want.
+func checkRule(t *testing.T, name string, err error, want string) {
+	t.Helper()
+	switch {
+	case want == "" && err != nil:
+		t.Errorf("%s: %v, want allowed", name, err)
+	case want != "" && (err == nil || !strings.Contains(err.Error(), want)):
+		t.Errorf("%s: %v, want refused with %q", name, err, want)
+	}
 }

@@ -267,20 +267,7 @@ func TestSplitModelWorkerFileDiffers(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			w := startWorker(t, tc.workerModel)
 			r := startRunner(t, m, splitFlags([]*worker{w}, 3)...)
-			var h runnerapi.Health
-			waitFor(t, 30*time.Second, "the load to fail", func() bool {
-				_, err := r.getJSON("/health", &h)
-				return err == nil && h.Status == runnerapi.StateFailed
-			})
-			t.Logf("health error: %s", h.Error)
-			for _, want := range tc.want {
-				if !strings.Contains(h.Error, want) {
-					t.Errorf("health error %q does not say %q", h.Error, want)
-				}
-			}
-			if code := r.exitCode(10 * time.Second); code != 3 {
-				t.Errorf("exit code %d, want 3 (load failed)", code)
-			}
+			checkLoadFails(t, r, tc.want...)
 		})
 	}
 }
@@ -538,4 +525,24 @@ func killMidStream(t *testing.T, r *runner, w *worker) {
 		t.Fatalf("the stream ended with %+v, want a %s error event", errEv, runnerapi.CodeSplitWorkerLost)
 	}
 	t.Logf("the stream ended %v after the kill: %s", took.Round(time.Millisecond), errEv.Error.Message)
+}
+
+// checkLoadFails waits until r's /health says its load failed, checks that the error
+// says each of want, and that r exits with code 3.
+func checkLoadFails(t *testing.T, r *runner, want ...string) {
+	t.Helper()
+	var h runnerapi.Health
+	waitFor(t, 30*time.Second, "the load to fail", func() bool {
+		_, err := r.getJSON("/health", &h)
+		return err == nil && h.Status == runnerapi.StateFailed
+	})
+	t.Logf("health error: %s", h.Error)
+	for _, w := range want {
+		if !strings.Contains(h.Error, w) {
+			t.Errorf("health error %q does not say %q", h.Error, w)
+		}
+	}
+	if code := r.exitCode(10 * time.Second); code != 3 {
+		t.Errorf("exit code %d, want 3 (load failed)", code)
+	}
 }

@@ -173,20 +173,7 @@ func TestSplitWorkerRefusesAStrangersPeerLink(t *testing.T) {
 		first := startWorker(t, m, "--next", other.addr)
 		second := startWorker(t, m)
 		r := startRunner(t, m, splitFlags([]*worker{first, second}, 2, 2)...)
-		var h runnerapi.Health
-		waitFor(t, 30*time.Second, "the load to fail", func() bool {
-			_, err := r.getJSON("/health", &h)
-			return err == nil && h.Status == runnerapi.StateFailed
-		})
-		t.Logf("health error: %s", h.Error)
-		for _, want := range []string{"split worker " + first.addr, "the next worker at " + other.addr, "refused the peer link", "session id"} {
-			if !strings.Contains(h.Error, want) {
-				t.Errorf("health error %q does not say %q", h.Error, want)
-			}
-		}
-		if code := r.exitCode(10 * time.Second); code != 3 {
-			t.Errorf("exit code %d, want 3 (load failed)", code)
-		}
+		checkLoadFails(t, r, "split worker "+first.addr, "the next worker at "+other.addr, "refused the peer link", "session id")
 	})
 }
 

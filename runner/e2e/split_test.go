@@ -187,11 +187,7 @@ func TestSplitModelMatchesOneProcess(t *testing.T) {
 	prompts := []string{"Tell me a story about the sea.", "List three prime numbers and explain why."}
 	const maxTokens = 40
 	one := startReady(t, m)
-	var want []greedyTokens
-	for _, p := range prompts {
-		want = append(want, greedyWhole(t, one, p, maxTokens))
-	}
-	wantStream := greedyStream(t, one, prompts[0], maxTokens)
+	want, wantStream := greedyReference(t, one, prompts, maxTokens)
 	sameTokens(t, "one process streamed", wantStream, want[0])
 	// A conversation with tools, a tool call and its result, rendered by the model's
 	// own template.
@@ -545,4 +541,14 @@ func checkLoadFails(t *testing.T, r *runner, want ...string) {
 	if code := r.exitCode(10 * time.Second); code != 3 {
 		t.Errorf("exit code %d, want 3 (load failed)", code)
 	}
+}
+
+// greedyReference is what one answers greedily to each prompt, whole, and to the first,
+// streamed.
+func greedyReference(t *testing.T, one *runner, prompts []string, maxTokens int) (want []greedyTokens, stream greedyTokens) {
+	t.Helper()
+	for _, p := range prompts {
+		want = append(want, greedyWhole(t, one, p, maxTokens))
+	}
+	return want, greedyStream(t, one, prompts[0], maxTokens)
 }

@@ -43,11 +43,7 @@ func TestSplitModelWorkerToWorker(t *testing.T) {
 	prompts := []string{"Tell me a story about the sea.", "List three prime numbers and explain why."}
 	const maxTokens = 40
 	one := startReady(t, m)
-	var want []greedyTokens
-	for _, p := range prompts {
-		want = append(want, greedyWhole(t, one, p, maxTokens))
-	}
-	wantStream := greedyStream(t, one, prompts[0], maxTokens)
+	want, wantStream := greedyReference(t, one, prompts, maxTokens)
 	wantTool := toolReply(t, one)
 	one.stop()
 

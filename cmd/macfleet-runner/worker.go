@@ -90,6 +90,22 @@ func runWorker(args []string, stdout, stderr io.Writer) int {
 	}()
 	line, _ := json.Marshal(runnerapi.ListeningEvent{Event: "listening", Addr: ln.Addr().String(), PID: os.Getpid()})
 	fmt.Fprintf(stdout, "%s\n", line)
+	return serveSessions(ctx, ln, session{model: *model, choice: choice, threads: *threads, memory: *memory, next: *next}, stderr)
+}
+
+// session is what the worker serves each runner with: its model file, device, threads,
+// memory and --next.
+type session struct {
+	model   string
+	choice  netdevice.DeviceChoice
+	threads int
+	memory  int64
+	next    string
+}
+
+// serveSessions serves the runners that connect to ln, one at a time, until ctx ends or
+// ln fails; it returns the worker's exit code.
+func serveSessions(ctx context.Context, ln net.Listener, w session, stderr io.Writer) int {
 	// Every connection is either a runner's session, served one at a time below, or a
 	// previous worker's peer link, which joins the session being served: the listener
 	// keeps accepting while a session runs.
@@ -120,7 +136,7 @@ func runWorker(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "macfleet-runner worker: serving the runner at %s\n", remote)
 		// One runner at a time: its buffers are freed when it disconnects or a signal
 		// ends its session (the runner then fails its requests: its worker is lost).
-		err = netdevice.Serve(ctx, conn, *model, choice, *threads, *memory, *next)
+		err := netdevice.Serve(ctx, conn, w.model, w.choice, w.threads, w.memory, w.next)
 		switch {
 		case ctx.Err() != nil:
 			fmt.Fprintf(stderr, "macfleet-runner worker: stopping: ended the session with the runner at %s\n", remote)

@@ -146,10 +146,12 @@ func TestSplitWorkerRefusesAStrangersPeerLink(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer conn.Close()
-		// A peer greeting: u32 length, MFND_PEER_HELLO (14), a 16-byte session id.
-		frame := binary.LittleEndian.AppendUint32(nil, 16)
-		frame = append(frame, 14)
-		session := make([]byte, 16)
+		// A peer greeting as the agents check it on a peer link (runnerapi): u32 length,
+		// the command, a session id. A worker whose protocol disagreed would take it
+		// for a runner's session, not refuse its session id.
+		frame := binary.LittleEndian.AppendUint32(nil, runnerapi.SplitPeerSessionBytes)
+		frame = append(frame, runnerapi.SplitPeerHello)
+		session := make([]byte, runnerapi.SplitPeerSessionBytes)
 		_, _ = rand.Read(session)
 		if _, err := conn.Write(append(frame, session...)); err != nil {
 			t.Fatal(err)

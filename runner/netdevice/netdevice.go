@@ -237,7 +237,8 @@ func ThreadStats() Stats {
 
 // PeerHello is the command of a peer link's first frame (wire.h, MFND_PEER_HELLO) and
 // the size of the session id it carries, which an agent checks on a peer link before
-// it reaches its worker (runnerapi.SplitPeerHello, SplitPeerSessionBytes).
+// it reaches its worker (runnerapi.SplitPeerHello, SplitPeerSessionBytes; runner/e2e
+// TestSplitWorkerRefusesAStrangersPeerLink greets a real worker with those).
 func PeerHello() (command, sessionBytes int) {
 	var n C.int
 	command = int(C.mfnd_peer_hello(&n))

@@ -365,23 +365,9 @@ func TestSplitModelWorkerHangs(t *testing.T) {
 	m := specModel(t, "split-seed3", splitSpec(3))
 	w := startWorker(t, m)
 	r := startReady(t, m, append(splitFlags([]*worker{w}, 3), "--split-timeout", "1s")...)
-	t.Cleanup(func() { _ = w.cmd.Process.Signal(syscall.SIGCONT) })
-	var stopped time.Time
-	_, _, done, errEv := streamChat(t, r, context.Background(), chatBody("Tell me a very long story.", 4000, true), func(c chunk) bool {
-		if stopped.IsZero() && len(c.Choices) > 0 && c.Choices[0].Delta.Content != nil {
-			if err := w.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
-				t.Fatal(err)
-			}
-			stopped = time.Now()
-		}
-		return true
-	})
-	took := time.Since(stopped)
-	if stopped.IsZero() || done {
-		t.Fatalf("the stream finished (done %v) before the worker was stopped", done)
-	}
-	if errEv == nil || errEv.Error.Code != runnerapi.CodeSplitWorkerLost || !strings.Contains(errEv.Error.Message, "no answer within") {
-		t.Fatalf("the stream ended with %+v, want a %s error for the timeout", errEv, runnerapi.CodeSplitWorkerLost)
+	took, errEv := signalMidStream(t, r, w, syscall.SIGSTOP)
+	if !strings.Contains(errEv.Error.Message, "no answer within") {
+		t.Fatalf("the stream ended with %+v, want an error for the timeout", errEv)
 	}
 	if took < time.Second || took > 5*time.Second {
 		t.Errorf("the stream ended %v after the worker stopped, want after the 1s timeout and within 5s", took)
@@ -500,27 +486,39 @@ func TestSplitModelWorkerUnreachable(t *testing.T) {
 // ends within 5 s with a split_worker_lost error event.
 func killMidStream(t *testing.T, r *runner, w *worker) {
 	t.Helper()
-	var killed time.Time
+	took, errEv := signalMidStream(t, r, w, syscall.SIGKILL)
+	if took > 5*time.Second {
+		t.Errorf("the stream ended %v after the kill, want within 5s", took)
+	}
+	t.Logf("the stream ended %v after the kill: %s", took.Round(time.Millisecond), errEv.Error.Message)
+}
+
+// signalMidStream sends w sig once r streams content (a SIGSTOP is undone at the test's
+// end), checks that the stream then ends with a split_worker_lost error event, and
+// returns how long after the signal it ended, and the event.
+func signalMidStream(t *testing.T, r *runner, w *worker, sig syscall.Signal) (time.Duration, *runnerapi.ErrorBody) {
+	t.Helper()
+	if sig == syscall.SIGSTOP {
+		t.Cleanup(func() { _ = w.cmd.Process.Signal(syscall.SIGCONT) })
+	}
+	var sent time.Time
 	chunks, _, done, errEv := streamChat(t, r, context.Background(), chatBody("Tell me a very long story about the sea.", 4000, true), func(c chunk) bool {
-		if killed.IsZero() && len(c.Choices) > 0 && c.Choices[0].Delta.Content != nil {
-			if err := w.cmd.Process.Kill(); err != nil {
+		if sent.IsZero() && len(c.Choices) > 0 && c.Choices[0].Delta.Content != nil {
+			if err := w.cmd.Process.Signal(sig); err != nil {
 				t.Fatal(err)
 			}
-			killed = time.Now()
+			sent = time.Now()
 		}
 		return true
 	})
-	took := time.Since(killed)
-	if killed.IsZero() || done {
-		t.Fatalf("the stream finished (%d chunks, done %v) before the worker was killed", len(chunks), done)
-	}
-	if took > 5*time.Second {
-		t.Errorf("the stream ended %v after the kill, want within 5s", took)
+	took := time.Since(sent)
+	if sent.IsZero() || done {
+		t.Fatalf("the stream finished (%d chunks, done %v) before the worker got %v", len(chunks), done, sig)
 	}
 	if errEv == nil || errEv.Error.Code != runnerapi.CodeSplitWorkerLost {
 		t.Fatalf("the stream ended with %+v, want a %s error event", errEv, runnerapi.CodeSplitWorkerLost)
 	}
-	t.Logf("the stream ended %v after the kill: %s", took.Round(time.Millisecond), errEv.Error.Message)
+	return took, errEv
 }
 
 // checkLoadFails waits until r's /health says its load failed, checks that the error

@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"context"
 	"crypto/rand"
 	"encoding/binary"
 	"io"
@@ -184,24 +183,7 @@ func TestSplitModelWorkerToWorkerHangs(t *testing.T) {
 	m := specModel(t, "split-seed3", splitSpec(3))
 	workers := startChain(t, m, 2)
 	r := startReady(t, m, append(splitFlags(workers, 2, 2), "--split-timeout", "1s")...)
-	t.Cleanup(func() { _ = workers[0].cmd.Process.Signal(syscall.SIGCONT) })
-	var stopped time.Time
-	_, _, done, errEv := streamChat(t, r, context.Background(), chatBody("Tell me a very long story.", 4000, true), func(c chunk) bool {
-		if stopped.IsZero() && len(c.Choices) > 0 && c.Choices[0].Delta.Content != nil {
-			if err := workers[0].cmd.Process.Signal(syscall.SIGSTOP); err != nil {
-				t.Fatal(err)
-			}
-			stopped = time.Now()
-		}
-		return true
-	})
-	took := time.Since(stopped)
-	if stopped.IsZero() || done {
-		t.Fatalf("the stream finished (done %v) before the worker was stopped", done)
-	}
-	if errEv == nil || errEv.Error.Code != runnerapi.CodeSplitWorkerLost {
-		t.Fatalf("the stream ended with %+v, want a %s error", errEv, runnerapi.CodeSplitWorkerLost)
-	}
+	took, errEv := signalMidStream(t, r, workers[0], syscall.SIGSTOP)
 	if took < time.Second || took > 1900*time.Millisecond {
 		t.Errorf("the stream ended %v after the worker stopped, want after the 1s timeout and before a second one", took)
 	}

@@ -132,7 +132,8 @@ func TestSplitModelWorkerToWorkerKilled(t *testing.T) {
 // TestSplitWorkerRefusesAStrangersPeerLink: a worker accepts a peer link only with the
 // session id its current runner gave it. A connection presenting another id is
 // refused with the reason; and a runner whose first worker's --next reaches a worker
-// serving another runner fails its load saying so (exit code 3).
+// serving another runner fails its load saying so (exit code 3), as does one whose last
+// worker has a --next (nothing follows it: the flag is not passed over).
 func TestSplitWorkerRefusesAStrangersPeerLink(t *testing.T) {
 	m := specModel(t, "split-seed3", splitSpec(3))
 	// A worker serving a runner of its own.
@@ -171,6 +172,12 @@ func TestSplitWorkerRefusesAStrangersPeerLink(t *testing.T) {
 		second := startWorker(t, m)
 		r := startRunner(t, m, splitFlags([]*worker{first, second}, 2, 2)...)
 		checkLoadFails(t, r, "split worker "+first.addr, "the next worker at "+other.addr, "refused the peer link", "session id")
+	})
+
+	t.Run("a --next on the last worker", func(t *testing.T) {
+		last := startWorker(t, m, "--next", other.addr)
+		r := startRunner(t, m, splitFlags([]*worker{last}, 3)...)
+		checkLoadFails(t, r, "split worker "+last.addr+" was started with --next", "no worker follows it")
 	})
 }
 

@@ -50,6 +50,12 @@ func (s *Server) splitDevices(ctx context.Context) ([]*netdevice.Device, error) 
 		}
 		s.log.Info("Split worker pushes to the next one directly", "worker", devs[i].Addr, "next", devs[i+1].Addr)
 	}
+	if len(devs) > 0 && devs[len(devs)-1].HasNext() {
+		last := devs[len(devs)-1]
+		return nil, fmt.Errorf("split worker %s was started with --next, but it computes the model's last split layers: "+
+			"its output goes back to the runner, so no worker follows it (drop --next, or list the worker it reaches after it with --split-worker)",
+			last.Addr)
+	}
 	return devs, nil
 }
 

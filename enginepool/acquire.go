@@ -116,12 +116,14 @@ func (p *Pool) leaseLocked(e *entry, now time.Time) *Lease {
 	g := e.eng
 	g.inUse++
 	g.requests++
+	offset := int64(now.Sub(g.loadedAt))
+	g.activeNanos += offset
 	p.activity++
 	e.lastUsed = now
 	if g.inUse == 1 {
 		p.signal(p.wakeActive)
 	}
-	return &Lease{pool: p, eng: g, model: e.spec.Name, acquired: now}
+	return &Lease{pool: p, eng: g, model: e.spec.Name, offset: offset}
 }
 
 // startLoadLocked moves e to Loading and starts its owner goroutine, which drives it

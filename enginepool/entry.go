@@ -135,6 +135,11 @@ type engine struct {
 	pid    int
 
 	inUse int
+	// The integral of inUse over time since loadedAt (ModelSnapshot.LeaseSeconds),
+	// kept in two sums that cost one subtraction a lease: heldNanos, the time the
+	// released leases were held; activeNanos, the sum of the active leases' acquire
+	// times as offsets from loadedAt (see leaseSecondsAt).
+	heldNanos, activeNanos int64
 	// released is closed when inUse reaches zero while the drain waits for it.
 	released chan struct{}
 	// stopped is closed when the engine is invalidated (stopping or crashed); stopErr
@@ -236,4 +241,11 @@ func (p *Pool) deleteEntryLocked(e *entry) {
 			delete(p.aliases, a)
 		}
 	}
+}
+
+// leaseSecondsAt is the integral of inUse over time from loadedAt to now: the time
+// the released leases were held, plus, for each active one, now less its acquire time.
+func (g *engine) leaseSecondsAt(now time.Time) float64 {
+	active := int64(g.inUse)*int64(now.Sub(g.loadedAt)) - g.activeNanos
+	return time.Duration(g.heldNanos + max(active, 0)).Seconds()
 }

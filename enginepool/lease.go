@@ -12,10 +12,12 @@ import (
 // draining unload waits for it. Release it exactly when the request is over; Release
 // is idempotent and never takes a count below zero.
 type Lease struct {
-	pool     *Pool
-	eng      *engine
-	model    string
-	acquired time.Time
+	pool  *Pool
+	eng   *engine
+	model string
+	// offset is when the lease was taken, as nanoseconds since the engine's loadedAt
+	// (engine.activeNanos).
+	offset   int64
 	released bool // guarded by pool.mu
 	cold     bool
 }
@@ -72,15 +74,18 @@ func (l *Lease) Release() {
 	}
 	l.released = true
 	g := l.eng
+	now := p.clock.Now()
 	if g.inUse > 0 {
 		g.inUse--
+		g.activeNanos -= l.offset
+		g.heldNanos += int64(now.Sub(g.loadedAt)) - l.offset
 		if g.inUse == 0 && g.released != nil {
 			close(g.released)
 			g.released = nil
 		}
 	}
 	if e := g.entry; e.eng == g {
-		e.lastUsed = p.clock.Now()
+		e.lastUsed = now
 	}
 }
 

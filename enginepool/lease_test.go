@@ -494,3 +494,45 @@ func indexOf(list []string, s string) int {
 	}
 	return -1
 }
+
+// LeaseSeconds is the integral of the leases over time: its growth between two
+// snapshots over the time between them is the mean number of active requests, even
+// when no snapshot catches a request in flight.
+func TestLeaseSecondsIntegratesTheLeases(t *testing.T) {
+	h := newHarness(t, Config{})
+	h.register("a", 1, OnDemand)
+	h.acquire("a").Release() // loaded; no time passed
+	start := h.model("a")
+	if start.LeaseSeconds != 0 {
+		t.Fatalf("leaseSeconds = %v after a lease held for no time, want 0", start.LeaseSeconds)
+	}
+	steps := []struct {
+		hold    int           // leases held over the step
+		d       time.Duration // the step
+		wantAdd float64       // lease-seconds it adds
+	}{
+		{hold: 2, d: time.Second, wantAdd: 2},
+		{hold: 0, d: 3 * time.Second, wantAdd: 0},
+		{hold: 3, d: 500 * time.Millisecond, wantAdd: 1.5},
+		{hold: 1, d: 2 * time.Second, wantAdd: 2},
+	}
+	want := 0.0
+	for i, st := range steps {
+		var held []*Lease
+		for range st.hold {
+			held = append(held, h.acquire("a"))
+		}
+		h.clk.Step(st.d)
+		// A snapshot while the leases are held counts them up to its time.
+		want += st.wantAdd
+		if got := h.model("a").LeaseSeconds; got != want {
+			t.Fatalf("step %d (%d leases for %v): leaseSeconds = %v while held, want %v", i, st.hold, st.d, got, want)
+		}
+		for _, l := range held {
+			l.Release()
+		}
+		if got := h.model("a").LeaseSeconds; got != want {
+			t.Fatalf("step %d: leaseSeconds = %v after the releases, want %v", i, got, want)
+		}
+	}
+}

@@ -49,7 +49,12 @@ type ModelSnapshot struct {
 	Leases         int `json:"leases"`
 	ActiveRequests int `json:"activeRequests"`
 	// Requests is the number of leases handed out by the current engine.
-	Requests       int64         `json:"requests"`
+	Requests int64 `json:"requests"`
+	// LeaseSeconds is the integral of Leases over time since the engine loaded
+	// (LoadedAt), up to the snapshot's Time: its growth between two snapshots of one
+	// engine, over the time between them, is the mean number of active requests in
+	// between, however short each request was. The autoscaler measures load with it.
+	LeaseSeconds   float64       `json:"leaseSeconds"`
 	EstimatedBytes int64         `json:"estimatedBytes"`
 	ReservedBytes  int64         `json:"reservedBytes"`
 	ResidentBytes  int64         `json:"residentBytes"`
@@ -125,6 +130,7 @@ func (p *Pool) Snapshot() Snapshot {
 			m.LoadedSpec = &loaded
 			m.PendingRestart = needsRestart(g.spec, e.spec)
 			m.Leases, m.ActiveRequests, m.Requests = g.inUse, g.inUse, g.requests
+			m.LeaseSeconds = g.leaseSecondsAt(s.Time)
 			m.ReservedBytes, m.ResidentBytes, m.PeakBytes = g.reservation, g.footprint, g.peak
 			m.PID, m.LoadedAt = g.pid, g.loadedAt
 		}

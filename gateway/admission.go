@@ -54,7 +54,10 @@ type admission struct {
 
 // modelQueue is one deployment's waiting requests and how fast they leave.
 type modelQueue struct {
-	q     *fairqueue.Queue[*ticket]
+	q *fairqueue.Queue[*ticket]
+	// area integrates q's length over time (noted at every change), for the
+	// agents' load reports (mfv1.HeaderQueuedSeconds).
+	area  queueArea
 	rate  fairqueue.Rate
 	share *fairqueue.Share
 	// recheck is armed while a waiting request was held back only by the share: when
@@ -142,6 +145,7 @@ func (a *admission) acquire(rt *Route, t *ticket) (Backend, bool, *apiError) {
 			return Backend{}, false, a.rejectFull(rt, mq, t, err, now)
 		}
 		t.entry, t.waited = e, true
+		mq.area.note(mq.q.Len(), now)
 		a.m.queueDepth.WithLabelValues(t.model, t.priority.String()).Inc()
 	}
 	a.dispatchLocked(rt, mq)
@@ -192,6 +196,7 @@ func (a *admission) dispatchLocked(rt *Route, mq *modelQueue) {
 			return
 		}
 		mq.rate.Observe(now)
+		mq.area.note(mq.q.Len(), now)
 		t := e.Value
 		t.entry = nil
 		a.dequeued(e, now)
@@ -248,7 +253,9 @@ func (a *admission) leave(t *ticket) {
 	mq := a.queues[t.model]
 	if t.entry != nil {
 		if mq.q.Remove(t.entry) {
-			a.dequeued(t.entry, a.now())
+			now := a.now()
+			mq.area.note(mq.q.Len(), now)
+			a.dequeued(t.entry, now)
 		}
 		t.entry = nil
 		return
@@ -305,13 +312,38 @@ func (a *admission) tableChanged(t *Table) {
 }
 
 // queued is how many requests wait for model.
-func (a *admission) queued(model string) int {
+// queued is how many requests wait for model now, and the integral of that over
+// time (request-seconds) up to now.
+func (a *admission) queued(model string) (int, float64) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if mq := a.queues[model]; mq != nil {
-		return mq.q.Len()
+		if n := mq.q.Len(); n > 0 || mq.area.n > 0 { // an empty queue adds nothing
+			mq.area.note(n, a.now())
+		}
+		return mq.q.Len(), mq.area.seconds
 	}
-	return 0
+	return 0, 0
+}
+
+// queueArea is the integral of a queue's length over time: seconds is the sum of
+// length × duration up to mark, the last time note was called, when the length was n.
+type queueArea struct {
+	seconds float64
+	n       int
+	mark    time.Time
+}
+
+// note brings the integral up to now at the length it had since the last note, and
+// records n as the length from now on. A clock that went back adds nothing.
+func (q *queueArea) note(n int, now time.Time) {
+	if now.After(q.mark) {
+		if !q.mark.IsZero() {
+			q.seconds += float64(q.n) * now.Sub(q.mark).Seconds()
+		}
+		q.mark = now
+	}
+	q.n = n
 }
 
 // waiting is how many requests wait for model, and the estimate of how long a new

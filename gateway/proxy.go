@@ -359,7 +359,13 @@ func (g *Gateway) setUpstreamHeaders(out, r *http.Request, model string, be Back
 		out.Header.Set("Authorization", "Bearer "+tok)
 	}
 	out.Header.Set(mfv1.HeaderReplica, be.Key)
-	out.Header.Set(mfv1.HeaderQueued, strconv.Itoa(g.adm.queued(model)))
+	queued, area := g.adm.queued(model)
+	out.Header.Set(mfv1.HeaderQueued, strconv.Itoa(queued))
+	if area == 0 { // the common case, without formatting a float
+		out.Header.Set(mfv1.HeaderQueuedSeconds, "0")
+	} else {
+		out.Header.Set(mfv1.HeaderQueuedSeconds, strconv.FormatFloat(area, 'f', 6, 64))
+	}
 	out.Header.Set(mfv1.HeaderGateway, g.id)
 	if p := g.caller(r).CachePartition(); p != "" {
 		out.Header.Set(runnerapi.HeaderCachePartition, p)

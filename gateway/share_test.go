@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"net/http"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -93,18 +94,21 @@ func TestReserveSlotReturns(t *testing.T) {
 }
 
 // TestQueueReportedToAgents: every forwarded request tells the agent how many
-// requests for its deployment wait in this gateway's queue, and which gateway it is,
-// for the autoscaler's load; a client cannot set either.
+// requests for its deployment wait in this gateway's queue, the integral of that
+// over time, and which gateway it is, for the autoscaler's load; a client cannot set
+// any of them.
 func TestQueueReportedToAgents(t *testing.T) {
 	g, rep := keysGateway(t, Options{})
 	var mu sync.Mutex
-	seen := map[string][2]string{} // tag → queued, gateway
+	seen := map[string][3]string{} // tag → queued, gateway, queued seconds
 	rep.Config.Handler = wrapHeaders(rep.Config.Handler, func(r *http.Request) {
 		mu.Lock()
-		seen[r.Header.Get("X-Test-Tag")] = [2]string{r.Header.Get(mfv1.HeaderQueued), r.Header.Get(mfv1.HeaderGateway)}
+		seen[r.Header.Get("X-Test-Tag")] = [3]string{r.Header.Get(mfv1.HeaderQueued), r.Header.Get(mfv1.HeaderGateway),
+			r.Header.Get(mfv1.HeaderQueuedSeconds)}
 		mu.Unlock()
 	})
-	chs := map[string]<-chan answer{"a1": send(t, g, "key-a", "a1", mfv1.HeaderQueued, "99", mfv1.HeaderGateway, "forged")}
+	chs := map[string]<-chan answer{"a1": send(t, g, "key-a", "a1", mfv1.HeaderQueued, "99", mfv1.HeaderGateway, "forged",
+		mfv1.HeaderQueuedSeconds, "99999")}
 	rep.waitArrived(t, 1)
 	chs["a2"] = send(t, g, "key-a", "a2")
 	chs["b1"] = send(t, g, "key-b", "b1")
@@ -121,6 +125,43 @@ func TestQueueReportedToAgents(t *testing.T) {
 	for tag, q := range want {
 		if got := seen[tag]; got[0] != q || got[1] != g.id || g.id == "" {
 			t.Errorf("%s reached the agent with queued %q from gateway %q; want %q from %q", tag, got[0], got[1], q, g.id)
+		}
+	}
+	// Nothing had waited when the first one left; the two others waited, two at
+	// first, then one: the integral grows from each to the next.
+	areas := make([]float64, len(order))
+	for i, tag := range order {
+		a, err := strconv.ParseFloat(seen[tag][2], 64)
+		if err != nil || a < 0 {
+			t.Fatalf("%s reached the agent with queued seconds %q, want a non-negative number (%v)", tag, seen[tag][2], err)
+		}
+		areas[i] = a
+	}
+	if areas[0] != 0 || areas[1] <= 0 || areas[2] <= areas[1] {
+		t.Errorf("queued seconds in the order the requests left: %v; want 0, then growing", areas)
+	}
+}
+
+// TestQueueArea: the integral of a queue's length over time, noted at each change.
+func TestQueueArea(t *testing.T) {
+	t0 := time.Date(2026, 11, 26, 9, 0, 0, 0, time.UTC)
+	var q queueArea
+	for i, st := range []struct {
+		n    int           // the length noted
+		at   time.Duration // when, after t0
+		want float64       // seconds after the note
+	}{
+		{n: 3, at: 0, want: 0},                         // the first note starts the count
+		{n: 1, at: 2 * time.Second, want: 6},           // 3 for 2 s
+		{n: 1, at: 2 * time.Second, want: 6},           // no time passed
+		{n: 0, at: 2500 * time.Millisecond, want: 6.5}, // 1 for 0.5 s
+		{n: 4, at: 10 * time.Second, want: 6.5},        // empty for 7.5 s
+		{n: 4, at: 9 * time.Second, want: 6.5},         // a clock that went back adds nothing
+		{n: 0, at: 11 * time.Second, want: 10.5},       // 4 since the mark at 10 s
+	} {
+		q.note(st.n, t0.Add(st.at))
+		if q.seconds != st.want {
+			t.Errorf("note %d (%d at +%v): %v request-seconds, want %v", i, st.n, st.at, q.seconds, st.want)
 		}
 	}
 }

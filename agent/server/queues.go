@@ -1,6 +1,7 @@
 package server
 
 import (
+	"math"
 	"net/http"
 	"strconv"
 	"sync"
@@ -19,9 +20,13 @@ const maxGatewaysPerModel = 64
 // GatewayQueue is what one gateway last said of its queue for a model's deployment
 // (headers v1alpha1.HeaderQueued and HeaderGateway on a request it forwarded).
 type GatewayQueue struct {
-	Gateway string    `json:"gateway"`
-	Queued  int32     `json:"queued"`
-	At      time.Time `json:"at"`
+	Gateway string `json:"gateway"`
+	Queued  int32  `json:"queued"`
+	// QueuedSeconds is the integral of the queue's length over time the gateway
+	// reported with it (v1alpha1.HeaderQueuedSeconds); nil from a gateway that does
+	// not send it.
+	QueuedSeconds *float64  `json:"queuedSeconds,omitempty"`
+	At            time.Time `json:"at"`
 }
 
 // gatewayQueues keeps the latest GatewayQueue per model and gateway.
@@ -31,7 +36,8 @@ type gatewayQueues struct {
 }
 
 // observe records the queue a forwarded request reports for model; a request without
-// the headers, or with a value that is not a count, records nothing.
+// the headers, or with a value that is not a count, records nothing. A queued-seconds
+// value that is not a finite non-negative number is left out of the report.
 func (q *gatewayQueues) observe(r *http.Request, model string, now time.Time) {
 	gw := r.Header.Get(v1alpha1.HeaderGateway)
 	v := r.Header.Get(v1alpha1.HeaderQueued)
@@ -61,7 +67,11 @@ func (q *gatewayQueues) observe(r *http.Request, model string, now time.Time) {
 		}
 		delete(byGW, oldest)
 	}
-	byGW[gw] = GatewayQueue{Gateway: gw, Queued: int32(n), At: now}
+	e := GatewayQueue{Gateway: gw, Queued: int32(n), At: now}
+	if s, err := strconv.ParseFloat(r.Header.Get(v1alpha1.HeaderQueuedSeconds), 64); err == nil && s >= 0 && !math.IsInf(s, 0) {
+		e.QueuedSeconds = &s
+	}
+	byGW[gw] = e
 }
 
 // snapshot returns the reports younger than GatewayQueueTTL, per model, and forgets

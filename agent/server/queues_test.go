@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"k8s.io/utils/ptr"
 
 	"github.com/macfleet/macfleet/api/v1alpha1"
 )
@@ -17,8 +18,11 @@ import (
 func TestGatewayQueues(t *testing.T) {
 	t0 := time.Date(2026, 11, 23, 9, 0, 0, 0, time.UTC)
 	var q gatewayQueues
-	send := func(model, gw, queued string, at time.Time) {
+	send := func(model, gw, queued string, at time.Time, seconds ...string) {
 		r := httptest.NewRequest("POST", "/v1/chat/completions", nil)
+		for _, s := range seconds {
+			r.Header.Set(v1alpha1.HeaderQueuedSeconds, s)
+		}
 		if gw != "" {
 			r.Header.Set(v1alpha1.HeaderGateway, gw)
 		}
@@ -28,15 +32,19 @@ func TestGatewayQueues(t *testing.T) {
 		q.observe(r, model, at)
 	}
 	send("ns/a-0", "g1", "4", t0)
-	send("ns/a-0", "g1", "2", t0.Add(time.Second)) // newer: replaces
-	send("ns/a-0", "g2", "0", t0.Add(time.Second))
+	send("ns/a-0", "g1", "2", t0.Add(time.Second), "12.5") // newer: replaces
+	send("ns/a-0", "g2", "0", t0.Add(time.Second), "NaN")  // not a number of seconds: the count stays
+	send("ns/d-0", "g1", "1", t0, "-3")
+	send("ns/d-0", "g2", "1", t0, "+Inf")
 	send("ns/a-0", "g3", "-1", t0)   // not a count
 	send("ns/a-0", "g3", "many", t0) // not a count
 	send("ns/a-0", "", "5", t0)      // no gateway
 	send("ns/b-0", "g1", "", t0)     // no count
 	send("ns/b-0", "g1", "9", t0.Add(-GatewayQueueTTL))
 	want := map[string][]GatewayQueue{"ns/a-0": {
-		{Gateway: "g1", Queued: 2, At: t0.Add(time.Second)}, {Gateway: "g2", Queued: 0, At: t0.Add(time.Second)}}}
+		{Gateway: "g1", Queued: 2, QueuedSeconds: ptr.To(12.5), At: t0.Add(time.Second)},
+		{Gateway: "g2", Queued: 0, At: t0.Add(time.Second)}},
+		"ns/d-0": {{Gateway: "g1", Queued: 1, At: t0}, {Gateway: "g2", Queued: 1, At: t0}}}
 	sortQ := cmp.Transformer("sort", func(in []GatewayQueue) map[string]GatewayQueue {
 		out := map[string]GatewayQueue{}
 		for _, e := range in {

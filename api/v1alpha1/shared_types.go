@@ -71,6 +71,12 @@ const (
 	// server.
 	HeaderQueued  = "X-Macfleet-Queued"
 	HeaderGateway = "X-Macfleet-Gateway"
+	// HeaderQueuedSeconds is set beside HeaderQueued: the integral of that queue's
+	// length over time since the gateway started (request-seconds, a decimal). Its
+	// growth between two reports over the time between them is the mean queue in
+	// between, which a report of the queue at one instant cannot tell when requests
+	// are short: the autoscaler measures with it.
+	HeaderQueuedSeconds = "X-Macfleet-Queued-Seconds"
 )
 
 // Residency says how a model stays in a Mac's memory.

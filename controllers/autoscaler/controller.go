@@ -205,6 +205,7 @@ func (r *Reconciler) measure(ctx context.Context, md *v1alpha1.ModelDeployment, 
 		log.FromContext(ctx).V(1).Info("Measuring the load failed", "error", err.Error())
 	} else {
 		inflight.WithLabelValues(deploymentLabel(md)).Set(float64(load.InFlight + load.Held))
+		log.FromContext(ctx).V(2).Info("Measured the load", "inFlight", load.InFlight, "held", load.Held)
 		s := Sample{Time: now, InFlight: load.InFlight, Held: load.Held}
 		if n := len(h.samples); n > 0 && !h.samples[n-1].Time.Before(now) {
 			h.samples[n-1] = s // the clock did not move: the newer measurement wins

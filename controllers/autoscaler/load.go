@@ -84,29 +84,55 @@ type AgentSource struct {
 
 // agentStatus is what the source keeps of one agent's /api/status.
 type agentStatus struct {
-	at     time.Time
-	leases map[string]int32 // pool entry name ("<namespace>/<replica>") → leases
+	at time.Time
+	// models: pool entry name ("<namespace>/<replica>") → its leases now, the integral
+	// of its leases, and their mean since the agent's previous read when known.
+	models map[string]modelLoad
 	// queues: pool entry name → what each gateway last said of its queue for the entry's
-	// deployment.
+	// deployment, each with the queue it stands for since the agent's previous read.
 	queues map[string][]gatewayQueue
 	err    error
 }
 
-// gatewayQueue is one gateway's report of its queue, as an agent relays it.
-type gatewayQueue struct {
-	Gateway string    `json:"gateway"`
-	Queued  int32     `json:"queued"`
-	At      time.Time `json:"at"`
+// modelLoad is one pool entry's load in an agent's status.
+type modelLoad struct {
+	leases  int32
+	reading leaseReading
+	// mean is the mean leases since the agent's previous read (hasMean: known).
+	mean    float64
+	hasMean bool
 }
 
-// Measure sums the leases of md's Ready replicas on their agents.
+// inFlight is the entry's requests in flight: the mean since the previous read, or
+// the leases now without one.
+func (m modelLoad) inFlight() float64 {
+	if m.hasMean {
+		return m.mean
+	}
+	return float64(m.leases)
+}
+
+// gatewayQueue is one gateway's report of its queue, as an agent relays it.
+type gatewayQueue struct {
+	Gateway       string    `json:"gateway"`
+	Queued        int32     `json:"queued"`
+	QueuedSeconds *float64  `json:"queuedSeconds"`
+	At            time.Time `json:"at"`
+	// held is the queue the report stands for (see nextQueueReading).
+	held float64
+}
+
+// Measure sums the requests in flight on md's Ready replicas, as their agents report
+// them, and those held in the gateways' queues: each the mean since the previous read
+// where the agents' and gateways' integrals give one (see meanLeases), the count at
+// the instant otherwise.
 func (s *AgentSource) Measure(ctx context.Context, md *v1alpha1.ModelDeployment) (Load, error) {
 	var list v1alpha1.ModelReplicaList
 	if err := s.Client.List(ctx, &list, client.InNamespace(md.Namespace),
 		client.MatchingLabels{v1alpha1.LabelDeployment: md.Name}); err != nil {
 		return Load{}, fmt.Errorf("listing the replicas of %s: %w", md.Name, err)
 	}
-	var load Load
+	var inFlight float64
 	newest := map[string]gatewayQueue{} // gateway → its newest report for md
 	for i := range list.Items {
 		r := &list.Items[i]
@@ -125,17 +151,18 @@ func (s *AgentSource) Measure(ctx context.Context, md *v1alpha1.ModelDeployment)
 			return Load{}, fmt.Errorf("reading the load of replica %s from its agent at %s: %w", r.Name, r.Status.Endpoint, st.err)
 		}
 		key := r.Namespace + "/" + r.Name
-		load.InFlight += st.leases[key]
+		inFlight += st.models[key].inFlight()
 		for _, q := range st.queues[key] {
 			if old, ok := newest[q.Gateway]; !ok || q.At.After(old.At) {
 				newest[q.Gateway] = q
 			}
 		}
 	}
+	held := 0.0
 	for _, q := range newest {
-		load.Held += max(q.Queued, 0)
+		held += q.held
 	}
-	return load, nil
+	return loadOf(inFlight, held), nil
 }
 
 // macReady says whether the Mac named node is Ready; a replica not bound to a Mac
@@ -172,8 +199,22 @@ func (s *AgentSource) status(ctx context.Context, node, endpoint string) agentSt
 	if ok && now.Sub(st.at) < maxAge && !now.Before(st.at) {
 		return st
 	}
+	prev := st
 	st = agentStatus{at: now}
-	st.leases, st.queues, st.err = s.read(ctx, node, endpoint)
+	st.models, st.queues, st.err = s.read(ctx, node, endpoint)
+	// The means since the previous read: both the leases' and the queues' cover
+	// about the same time.
+	for name, m := range st.models {
+		if p, ok := prev.models[name]; ok {
+			m.mean, m.hasMean = meanLeases(p.reading, m.reading)
+			st.models[name] = m
+		}
+	}
+	for name, reports := range st.queues {
+		for i, q := range reports {
+			st.queues[name][i].held = queueHeld(prev.queues[name], q)
+		}
+	}
 	s.mu.Lock()
 	for k, v := range s.cache { // forget agents not read for a while
 		if now.Sub(v.at) > 10*maxAge {
@@ -194,7 +235,7 @@ func (s *AgentSource) clock() clock.PassiveClock {
 
 // read fetches GET https://<endpoint>/api/status from node's agent (http:// without
 // Certificates).
-func (s *AgentSource) read(ctx context.Context, node, endpoint string) (map[string]int32, map[string][]gatewayQueue, error) {
+func (s *AgentSource) read(ctx context.Context, node, endpoint string) (map[string]modelLoad, map[string][]gatewayQueue, error) {
 	s.mu.Lock()
 	if s.HTTP == nil {
 		s.HTTP = &http.Client{Timeout: DefaultAgentTimeout}
@@ -226,18 +267,26 @@ func (s *AgentSource) read(ctx context.Context, node, endpoint string) (map[stri
 		return nil, nil, fmt.Errorf("GET /api/status answered %s", resp.Status)
 	}
 	var body struct {
+		Time   time.Time `json:"time"`
 		Models []struct {
-			Name   string `json:"name"`
-			Leases int32  `json:"leases"`
+			Name         string    `json:"name"`
+			Leases       int32     `json:"leases"`
+			LeaseSeconds *float64  `json:"leaseSeconds"`
+			LoadedAt     time.Time `json:"loadedAt"`
 		} `json:"models"`
 		GatewayQueues map[string][]gatewayQueue `json:"gatewayQueues"`
 	}
 	if err := json.NewDecoder(io.LimitReader(resp.Body, maxStatusBytes)).Decode(&body); err != nil {
 		return nil, nil, fmt.Errorf("decoding /api/status: %w", err)
 	}
-	out := make(map[string]int32, len(body.Models))
+	out := make(map[string]modelLoad, len(body.Models))
 	for _, m := range body.Models {
-		out[m.Name] = max(m.Leases, 0)
+		ml := modelLoad{leases: max(m.Leases, 0)}
+		// An agent without the integral, or an engine not loaded, reports no reading.
+		if m.LeaseSeconds != nil && !m.LoadedAt.IsZero() && !body.Time.IsZero() {
+			ml.reading = leaseReading{at: body.Time, loadedAt: m.LoadedAt, seconds: *m.LeaseSeconds}
+		}
+		out[m.Name] = ml
 	}
 	return out, body.GatewayQueues, nil
 }

@@ -15,6 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	clocktesting "k8s.io/utils/clock/testing"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/macfleet/macfleet/agent/server"
@@ -28,6 +29,7 @@ import (
 type fakeAgent struct {
 	srv    *httptest.Server
 	reads  atomic.Int32
+	time   time.Time // the snapshot's time
 	models []enginepool.ModelSnapshot
 	queues map[string][]server.GatewayQueue
 }
@@ -40,7 +42,7 @@ func newFakeAgent(t *testing.T, token string, models ...enginepool.ModelSnapshot
 			http.Error(w, "unauthorized", http.StatusUnauthorized)
 			return
 		}
-		writeJSONBody(t, w, server.StatusResponse{Ready: true, Snapshot: enginepool.Snapshot{Models: a.models},
+		writeJSONBody(t, w, server.StatusResponse{Ready: true, Snapshot: enginepool.Snapshot{Time: a.time, Models: a.models},
 			GatewayQueues: a.queues})
 	}))
 	t.Cleanup(a.srv.Close)
@@ -198,4 +200,53 @@ func TestAgentSourceGatewayQueues(t *testing.T) {
 	if err != nil || got != (Load{InFlight: 4, Held: 7}) {
 		t.Fatalf("Measure = %+v, %v; want 4 in flight and 7 held", got, err)
 	}
+}
+
+// TestAgentSourceMeans: where the agents report lease-seconds and the gateways queued
+// seconds, a measurement is the mean load since the previous read, not the count at
+// the read's instant: short requests between two reads count, however few are in
+// flight when one is made. Without a previous read of the same engine, or from a
+// gateway without the integral, the count stands in.
+func TestAgentSourceMeans(t *testing.T) {
+	e := apiServer(t)
+	ns := testenv.NewNamespace(t, e.Client)
+	const token = "fleet-secret"
+	loaded := t0.Add(-time.Hour)
+	mac := newFakeAgent(t, token, enginepool.ModelSnapshot{Name: ns + "/chat-0", Leases: 1, LeaseSeconds: 100, LoadedAt: loaded})
+	mac.time = t0
+	mac.queues = map[string][]server.GatewayQueue{ns + "/chat-0": {
+		{Gateway: "g1", Queued: 0, QueuedSeconds: ptr.To(50.0), At: t0},
+		{Gateway: "g2", Queued: 2, At: t0}, // a gateway without the integral
+	}}
+	replica(t, ns, "chat", "chat-0", "", mac.endpoint(), true)
+	clk := clocktesting.NewFakeClock(t0)
+	src := &AgentSource{Client: e.Client, Token: func() string { return token }, Clock: clk, StatusMaxAge: time.Second}
+	md := &v1alpha1.ModelDeployment{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "chat"}}
+	measure := func(want Load, why string) {
+		t.Helper()
+		if got, err := src.Measure(t.Context(), md); err != nil || got != want {
+			t.Fatalf("%s: Measure = %+v, %v; want %+v", why, got, err, want)
+		}
+	}
+	measure(Load{InFlight: 1, Held: 2}, "the first read: the counts")
+
+	// 2 s later: 15 lease-seconds more (7.5 in flight on average) though none is in
+	// flight now; g1 queued 12 request-seconds over the 2 s between its reports
+	// (6 waiting on average) though its queue is empty now; g2 says 3.
+	clk.Step(2 * time.Second)
+	mac.time = t0.Add(2 * time.Second)
+	mac.models[0].Leases, mac.models[0].LeaseSeconds = 0, 115
+	mac.queues[ns+"/chat-0"] = []server.GatewayQueue{
+		{Gateway: "g1", Queued: 0, QueuedSeconds: ptr.To(62.0), At: t0.Add(2 * time.Second)},
+		{Gateway: "g2", Queued: 3, At: t0.Add(2 * time.Second)},
+	}
+	measure(Load{InFlight: 8, Held: 9}, "the means since the previous read (7.5 + 6 + 3)")
+	// Within StatusMaxAge the same read and the same reports give the same load.
+	measure(Load{InFlight: 8, Held: 9}, "the same read again")
+
+	// The engine was reloaded: a new integral, so the count at the instant.
+	clk.Step(2 * time.Second)
+	mac.time = t0.Add(4 * time.Second)
+	mac.models[0].Leases, mac.models[0].LeaseSeconds, mac.models[0].LoadedAt = 2, 1, t0.Add(3*time.Second)
+	measure(Load{InFlight: 2, Held: 9}, "after a reload: the leases now; the gateways' reports unchanged")
 }

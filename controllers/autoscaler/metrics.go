@@ -17,7 +17,7 @@ const (
 var (
 	inflight = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: MetricInFlight,
-		Help: "Requests in flight (and held) on an autoscaled deployment at its last load measurement.",
+		Help: "Requests in flight (and held) on an autoscaled deployment at its last load measurement: their mean since the previous one, rounded up.",
 	}, []string{"deployment"})
 	recommended = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: MetricRecommended,

@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -157,7 +158,8 @@ func TestAttackMacUnloadsAnotherMacsModel(t *testing.T) {
 }
 
 // TestAttackForgedQueueReportsScaleUp: a compromised Mac, and a tenant's workload with
-// its own ServiceAccount token, send X-Macfleet-Queued: 1000 to the agent of an
+// its own ServiceAccount token, send X-Macfleet-Queued: 1000, and an
+// X-Macfleet-Queued-Seconds that grows by a million each report, to the agent of an
 // autoscaled deployment's replica to push it to maxReplicas; the Mac must get 403,
 // the tenant's report must be ignored, and the deployment must stay at its minimum.
 func TestAttackForgedQueueReportsScaleUp(t *testing.T) {
@@ -175,13 +177,18 @@ func TestAttackForgedQueueReportsScaleUp(t *testing.T) {
 	tenant := serviceAccountToken(t, ns, "app", satoken.DefaultAudience)
 	agent := localfleet.AgentURL(r.Status.Endpoint)
 	key := r.Namespace + "/" + r.Name
-	forged := []string{v1alpha1.HeaderQueued, "1000", v1alpha1.HeaderGateway, "forged"}
+	// The count and the integral over time the autoscaler takes a mean of: a thousand
+	// waiting, and a million request-seconds more every report.
+	area := 0
 
 	// Forge for three autoscaler intervals (5 s each) past the reports' 10 s life, at
 	// the attacker's pace of two reports a second.
 	pace := time.NewTicker(500 * time.Millisecond)
 	defer pace.Stop()
 	for until := time.Now().Add(25 * time.Second); time.Now().Before(until); <-pace.C {
+		area += 1_000_000
+		forged := []string{v1alpha1.HeaderQueued, "1000", v1alpha1.HeaderGateway, "forged",
+			v1alpha1.HeaderQueuedSeconds, strconv.Itoa(area)}
 		if code, body := do(t, attacker.agents, http.MethodPost, agent+"/v1/chat/completions", chatBody(key),
 			append(forged, v1alpha1.HeaderReplica, key)...); code != http.StatusForbidden {
 			t.Fatalf("%s's forged queue report: %d %s; want 403", attacker.node, code, body)

@@ -63,8 +63,14 @@ func run(m *testing.M) int {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	log := &strings.Builder{}
+	var managerArgs []string
+	if v := os.Getenv("MACFLEET_E2E_MANAGER_LOG_LEVEL"); v != "" {
+		// With MACFLEET_E2E_KEEP, e.g. 2 keeps every autoscaler measurement in the
+		// manager's log (docs/benchmarks.md, "The autoscaler's load samples").
+		managerArgs = append(managerArgs, "--zap-log-level="+v)
+	}
 	fleet, err = localfleet.Start(ctx, localfleet.Options{Binary: bin, Runner: runner, Dir: filepath.Join(dir, "fleet"),
-		LeaseDuration: leaseDuration, NodeLossGrace: nodeLossGrace, Gateways: 2, Log: log})
+		LeaseDuration: leaseDuration, NodeLossGrace: nodeLossGrace, Gateways: 2, ManagerArgs: managerArgs, Log: log})
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "e2e: starting the fleet: %v\n%s", err, log)
 		dumpLogs(filepath.Join(dir, "fleet", "logs"))

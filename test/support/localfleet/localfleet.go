@@ -68,6 +68,8 @@ type Options struct {
 	ModelsAddr string
 	// AgentArgs are extra arguments for every agent.
 	AgentArgs []string
+	// ManagerArgs are extra arguments for the manager.
+	ManagerArgs []string
 	// GatewayArgs are extra arguments for every gateway replica.
 	GatewayArgs []string
 	// Gateways is how many gateway replicas run (each its own process and port); 1
@@ -257,6 +259,7 @@ func (f *Fleet) startManager(ctx context.Context, authzAddr string) (err error) 
 	if f.opts.NodeLossGrace > 0 {
 		margs = append(margs, "--node-loss-grace", f.opts.NodeLossGrace.String())
 	}
+	margs = append(margs, f.opts.ManagerArgs...)
 	if authzAddr != "" {
 		margs = append(margs, "--node-authorizer-bind-address", authzAddr, "--node-authorizer-cert-dir", f.NodeAuthorizer.CertDir,
 			"--node-authorizer-client-ca", f.NodeAuthorizer.ClientCA)

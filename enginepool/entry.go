@@ -245,7 +245,9 @@ func (p *Pool) deleteEntryLocked(e *entry) {
 
 // leaseSecondsAt is the integral of inUse over time from loadedAt to now: the time
 // the released leases were held, plus, for each active one, now less its acquire time.
+// In floating point: inUse × the engine's age would overflow int64 nanoseconds
+// after about three years at a hundred leases.
 func (g *engine) leaseSecondsAt(now time.Time) float64 {
-	active := int64(g.inUse)*int64(now.Sub(g.loadedAt)) - g.activeNanos
-	return time.Duration(g.heldNanos + max(active, 0)).Seconds()
+	active := float64(g.inUse)*float64(now.Sub(g.loadedAt)) - float64(g.activeNanos)
+	return (float64(g.heldNanos) + max(active, 0)) / float64(time.Second)
 }

@@ -28,10 +28,20 @@ type leaseReading struct {
 // meanLeases is the mean number of leases between prev and cur; ok is false when
 // they are not two reports of one engine's integral, in order.
 func meanLeases(prev, cur leaseReading) (mean float64, ok bool) {
-	if prev.at.IsZero() || !cur.at.After(prev.at) || !prev.loadedAt.Equal(cur.loadedAt) || cur.seconds < prev.seconds {
+	if prev.at.IsZero() || !prev.loadedAt.Equal(cur.loadedAt) {
 		return 0, false
 	}
-	return (cur.seconds - prev.seconds) / cur.at.Sub(prev.at).Seconds(), true
+	return meanOver(prev.at, prev.seconds, cur.at, cur.seconds)
+}
+
+// meanOver is the mean of what an integral over time integrates between two
+// readings of it: v0 at t0 and v1 at t1. ok is false unless t1 is later and the
+// integral did not shrink (a restarted counter).
+func meanOver(t0 time.Time, v0 float64, t1 time.Time, v1 float64) (mean float64, ok bool) {
+	if !t1.After(t0) || v1 < v0 {
+		return 0, false
+	}
+	return (v1 - v0) / t1.Sub(t0).Seconds(), true
 }
 
 // queueHeld is the queue a gateway's report q stands for, given the agent's previous
@@ -47,11 +57,11 @@ func queueHeld(prev []gatewayQueue, q gatewayQueue) float64 {
 		return held
 	}
 	p := prev[i]
-	switch {
-	case q.At.Equal(p.At) && *q.QueuedSeconds == *p.QueuedSeconds:
+	if q.At.Equal(p.At) && *q.QueuedSeconds == *p.QueuedSeconds {
 		return p.held
-	case q.At.After(p.At) && *q.QueuedSeconds >= *p.QueuedSeconds:
-		return (*q.QueuedSeconds - *p.QueuedSeconds) / q.At.Sub(p.At).Seconds()
+	}
+	if mean, ok := meanOver(p.At, *p.QueuedSeconds, q.At, *q.QueuedSeconds); ok {
+		return mean
 	}
 	return held
 }

@@ -70,7 +70,7 @@ generate: ## Generate deepcopy functions.
 
 .PHONY: manifests
 manifests: ## Generate CRDs and RBAC from markers; copy them into the chart.
-	$(CONTROLLER_GEN) crd rbac:roleName=macfleet-manager paths=./api/... paths=./controllers/... paths=./app/manager/... \
+	$(CONTROLLER_GEN) crd rbac:roleName=macfleet-manager paths=./api/... paths=./controllers/... paths=./internal/manager/... \
 		output:crd:artifacts:config=config/crd/bases output:rbac:artifacts:config=config/rbac
 	$(CONTROLLER_GEN) rbac:roleName=macfleet-gateway paths=./gateway/... output:rbac:artifacts:config=config/rbac/gateway
 	$(CHART_SYNC)
@@ -83,7 +83,7 @@ build: ## Build the pure-Go macfleet binary.
 
 .PHONY: runner
 runner: $(RUNNER) ## Build the cgo runner (llama.cpp; Metal on darwin, CPU elsewhere).
-$(RUNNER): $(shell find runner cmd/macfleet-runner -name '*.go' -o -name '*.h' -o -name '*.c*' 2>/dev/null) go.mod hack/build-runner.sh | deps
+$(RUNNER): $(shell find metal/runner cmd/macfleet-runner -name '*.go' -o -name '*.h' -o -name '*.c*' 2>/dev/null) go.mod hack/build-runner.sh | deps
 	hack/step.sh runner hack/build-runner.sh $(RUNNER)
 
 .PHONY: envtest
@@ -141,7 +141,7 @@ PEERS_FLAGS   ?= $(if $(PEERS_SMOKE),-long 200)
 
 .PHONY: bench-peers
 bench-peers: build runner $(PEER) ## Measure macfleet serve side by side with a peer server on this machine (docs/benchmarks.md).
-	go run ./bench/peers -macfleet $(BIN)/macfleet -runner $(RUNNER) -peer $(PEER) -peer-version $(PEER_VERSION) \
+	go run ./test/bench/peers -macfleet $(BIN)/macfleet -runner $(RUNNER) -peer $(PEER) -peer-version $(PEER_VERSION) \
 		-rounds $(PEERS_ROUNDS) -model $(PEERS_MODEL) -tokens $(PEERS_TOKENS) $(PEERS_FLAGS)
 
 # FLEETCACHE_SMOKE=1: 2 Macs, 2 tenants × 2 users of short prompts, to check the harness
@@ -151,7 +151,7 @@ FLEETCACHE_FLAGS ?= $(if $(FLEETCACHE_SMOKE),-smoke)
 
 .PHONY: bench-fleetcache
 bench-fleetcache: envtest build runner ## The fleet as one prompt cache (issue 26): least-load, prefix-affinity, prefix-cache routing, and prefix-cache with peer fetch, on 4 simulated Macs (docs/benchmarks.md).
-	go run ./bench/fleetcache -macfleet $(BIN)/macfleet -runner $(RUNNER) $(FLEETCACHE_FLAGS)
+	go run ./test/bench/fleetcache -macfleet $(BIN)/macfleet -runner $(RUNNER) $(FLEETCACHE_FLAGS)
 
 .PHONY: bench-runners
 bench-runners: ## Compare the runners of COMMITS side by side, interleaved (the last is the baseline; RUNNERS_FLAGS for more).

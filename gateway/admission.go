@@ -9,9 +9,9 @@ import (
 	"sync"
 	"time"
 
-	"github.com/macfleet/macfleet/fairqueue"
-	"github.com/macfleet/macfleet/tenancy"
-	"github.com/macfleet/macfleet/tenancy/satoken"
+	"github.com/macfleet/macfleet/gateway/fairqueue"
+	"github.com/macfleet/macfleet/gateway/tenancy"
+	"github.com/macfleet/macfleet/gateway/tenancy/satoken"
 )
 
 // HeaderPriority is the request header that asks for a priority class: interactive

@@ -22,7 +22,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
-	"github.com/macfleet/macfleet/fairqueue"
+	"github.com/macfleet/macfleet/gateway/fairqueue"
 	"github.com/macfleet/macfleet/test/support/testenv"
 )
 

@@ -22,13 +22,13 @@ import (
 	"k8s.io/utils/ptr"
 
 	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
-	"github.com/macfleet/macfleet/budget"
-	"github.com/macfleet/macfleet/ledger"
-	"github.com/macfleet/macfleet/metering"
-	"github.com/macfleet/macfleet/tenancy"
-	"github.com/macfleet/macfleet/tenancy/satoken"
+	"github.com/macfleet/macfleet/gateway/budget"
+	"github.com/macfleet/macfleet/gateway/ledger"
+	"github.com/macfleet/macfleet/gateway/metering"
+	"github.com/macfleet/macfleet/gateway/tenancy"
+	"github.com/macfleet/macfleet/gateway/tenancy/satoken"
+	"github.com/macfleet/macfleet/internal/tracing"
 	"github.com/macfleet/macfleet/test/support/otlptest"
-	"github.com/macfleet/macfleet/tracing"
 )
 
 // benchSetup is a trivial upstream (a fixed small chat completion) and a gateway over

@@ -14,10 +14,10 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 
 	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
-	"github.com/macfleet/macfleet/budget"
-	"github.com/macfleet/macfleet/ledger"
-	"github.com/macfleet/macfleet/metering"
-	"github.com/macfleet/macfleet/tenancy"
+	"github.com/macfleet/macfleet/gateway/budget"
+	"github.com/macfleet/macfleet/gateway/ledger"
+	"github.com/macfleet/macfleet/gateway/metering"
+	"github.com/macfleet/macfleet/gateway/tenancy"
 )
 
 // The gateway counts its team callers' usage in TokenUsage records of their

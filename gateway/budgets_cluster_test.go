@@ -18,9 +18,9 @@ import (
 
 	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/gateway"
-	"github.com/macfleet/macfleet/ledger"
-	"github.com/macfleet/macfleet/metering"
-	"github.com/macfleet/macfleet/tenancy"
+	"github.com/macfleet/macfleet/gateway/ledger"
+	"github.com/macfleet/macfleet/gateway/metering"
+	"github.com/macfleet/macfleet/gateway/tenancy"
 	"github.com/macfleet/macfleet/test/support/testenv"
 )
 

@@ -12,7 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 
 	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
-	"github.com/macfleet/macfleet/console"
+	"github.com/macfleet/macfleet/gateway/console"
 	"github.com/macfleet/macfleet/gateway/prefixindex"
 )
 

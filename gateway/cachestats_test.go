@@ -10,7 +10,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
-	"github.com/macfleet/macfleet/console"
+	"github.com/macfleet/macfleet/gateway/console"
 	"github.com/macfleet/macfleet/gateway/prefixindex"
 )
 

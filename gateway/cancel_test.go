@@ -15,7 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/macfleet/macfleet/api/runnerapi"
-	"github.com/macfleet/macfleet/metering"
+	"github.com/macfleet/macfleet/gateway/metering"
 	"github.com/macfleet/macfleet/test/support/testenv"
 )
 

@@ -8,7 +8,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
-	"github.com/macfleet/macfleet/fairqueue"
+	"github.com/macfleet/macfleet/gateway/fairqueue"
 	"github.com/macfleet/macfleet/test/support/testenv"
 )
 

@@ -17,7 +17,7 @@ import (
 
 	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/gateway"
-	"github.com/macfleet/macfleet/tenancy"
+	"github.com/macfleet/macfleet/gateway/tenancy"
 	"github.com/macfleet/macfleet/test/support/browsertest"
 	"github.com/macfleet/macfleet/test/support/testenv"
 )

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/macfleet/macfleet/chat/translate"
+	"github.com/macfleet/macfleet/internal/chat/translate"
 
 	"github.com/macfleet/macfleet/internal/openaierr"
 )

@@ -13,8 +13,8 @@ import (
 
 	"github.com/go-logr/logr"
 
-	"github.com/macfleet/macfleet/fairqueue"
-	"github.com/macfleet/macfleet/tenancy"
+	"github.com/macfleet/macfleet/gateway/fairqueue"
+	"github.com/macfleet/macfleet/gateway/tenancy"
 )
 
 // DefaultFilePoll is how often the API keys and fleet token files are checked for

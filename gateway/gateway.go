@@ -46,12 +46,12 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
-	"github.com/macfleet/macfleet/fairqueue"
+	"github.com/macfleet/macfleet/gateway/fairqueue"
 	"github.com/macfleet/macfleet/gateway/prefixindex"
+	"github.com/macfleet/macfleet/gateway/tenancy"
+	"github.com/macfleet/macfleet/gateway/tenancy/satoken"
 	"github.com/macfleet/macfleet/internal/openaierr"
-	"github.com/macfleet/macfleet/pki"
-	"github.com/macfleet/macfleet/tenancy"
-	"github.com/macfleet/macfleet/tenancy/satoken"
+	"github.com/macfleet/macfleet/internal/pki"
 )
 
 // Defaults of Options.

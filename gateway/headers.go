@@ -6,8 +6,8 @@ import (
 	"strings"
 
 	"github.com/macfleet/macfleet/api/runnerapi"
-	"github.com/macfleet/macfleet/chat/compat"
-	"github.com/macfleet/macfleet/console"
+	"github.com/macfleet/macfleet/gateway/console"
+	"github.com/macfleet/macfleet/internal/chat/compat"
 )
 
 // hopHeaders are connection-level headers that a proxy must not forward.

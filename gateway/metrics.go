@@ -6,7 +6,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/macfleet/macfleet/metering"
+	"github.com/macfleet/macfleet/gateway/metering"
 )
 
 // metrics are the gateway's Prometheus series. The model label is the deployment's

@@ -4,7 +4,7 @@ import (
 	"encoding/json"
 	"net/http"
 
-	"github.com/macfleet/macfleet/tenancy"
+	"github.com/macfleet/macfleet/gateway/tenancy"
 )
 
 // modelObject is one entry of GET /v1/models: the OpenAI fields plus the deployment's

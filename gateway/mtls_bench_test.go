@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/macfleet/macfleet/pki"
+	"github.com/macfleet/macfleet/internal/pki"
 )
 
 // BenchmarkMutualTLS measures what calling agents over mutual TLS adds to the

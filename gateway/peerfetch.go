@@ -9,10 +9,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/macfleet/macfleet/api/runnerapi"
+	"github.com/macfleet/macfleet/gateway/metering"
 	"github.com/macfleet/macfleet/gateway/peerfetch"
 	"github.com/macfleet/macfleet/gateway/prefixindex"
-	"github.com/macfleet/macfleet/metering"
-	"github.com/macfleet/macfleet/pki"
+	"github.com/macfleet/macfleet/internal/pki"
 )
 
 // TicketLifetime is how long a state ticket the gateway signs is valid: the fetching

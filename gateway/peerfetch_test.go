@@ -13,10 +13,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/macfleet/macfleet/api/runnerapi"
+	"github.com/macfleet/macfleet/gateway/metering"
 	"github.com/macfleet/macfleet/gateway/peerfetch"
 	"github.com/macfleet/macfleet/gateway/prefixindex"
-	"github.com/macfleet/macfleet/metering"
-	"github.com/macfleet/macfleet/pki"
+	"github.com/macfleet/macfleet/internal/pki"
 )
 
 // newTestPeerFetcher is a gateway's peer fetch with a certificate of gw-0 of a new

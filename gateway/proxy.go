@@ -18,10 +18,10 @@ import (
 
 	runnerapi "github.com/macfleet/macfleet/api/runnerapi"
 	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
+	"github.com/macfleet/macfleet/gateway/metering"
 	"github.com/macfleet/macfleet/gateway/prefixdigest"
-	"github.com/macfleet/macfleet/metering"
-	"github.com/macfleet/macfleet/pki"
-	"github.com/macfleet/macfleet/tenancy"
+	"github.com/macfleet/macfleet/gateway/tenancy"
+	"github.com/macfleet/macfleet/internal/pki"
 )
 
 // Waiting for a replica after every routable one failed: the pause before trying

@@ -27,10 +27,10 @@ import (
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
-	"github.com/macfleet/macfleet/console"
-	"github.com/macfleet/macfleet/fairqueue"
+	"github.com/macfleet/macfleet/gateway/console"
+	"github.com/macfleet/macfleet/gateway/fairqueue"
+	"github.com/macfleet/macfleet/gateway/tenancy"
 	"github.com/macfleet/macfleet/internal/httpserver"
-	"github.com/macfleet/macfleet/tenancy"
 )
 
 // The gateway reads the fleet. It writes the wake annotation on an autoscaled

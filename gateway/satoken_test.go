@@ -8,8 +8,8 @@ import (
 	"sync/atomic"
 	"testing"
 
-	"github.com/macfleet/macfleet/tenancy"
-	"github.com/macfleet/macfleet/tenancy/satoken"
+	"github.com/macfleet/macfleet/gateway/tenancy"
+	"github.com/macfleet/macfleet/gateway/tenancy/satoken"
 )
 
 // TestServiceAccountTokenCallers: a credential shaped like a ServiceAccount token

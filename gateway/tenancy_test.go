@@ -13,7 +13,7 @@ import (
 
 	"github.com/macfleet/macfleet/api/runnerapi"
 	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
-	"github.com/macfleet/macfleet/tenancy"
+	"github.com/macfleet/macfleet/gateway/tenancy"
 )
 
 // Keys of the scoping tests: a team-a key, a team-b key, an admin key.

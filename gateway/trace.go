@@ -10,8 +10,8 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/macfleet/macfleet/tenancy"
-	"github.com/macfleet/macfleet/tracing"
+	"github.com/macfleet/macfleet/gateway/tenancy"
+	"github.com/macfleet/macfleet/internal/tracing"
 )
 
 // The gateway's spans (docs/tracing.md): one server span per proxied request, a

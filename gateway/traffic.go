@@ -5,7 +5,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/macfleet/macfleet/fairqueue"
+	"github.com/macfleet/macfleet/gateway/fairqueue"
 )
 
 // Recent traffic, as the console shows it: requests per second over the last

@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/macfleet/macfleet/fairqueue"
+	"github.com/macfleet/macfleet/gateway/fairqueue"
 	"github.com/macfleet/macfleet/test/support/testenv"
 )
 

@@ -13,7 +13,7 @@ import (
 
 	"github.com/macfleet/macfleet/api/runnerapi"
 	"github.com/macfleet/macfleet/gateway/prefixindex"
-	"github.com/macfleet/macfleet/pki"
+	"github.com/macfleet/macfleet/internal/pki"
 	"github.com/macfleet/macfleet/test/support/testenv"
 )
 

@@ -3,10 +3,10 @@
 #
 # Builds the runner of each COMMIT (once; cached in ~/.cache/macfleet/runners/SHA) with
 # this tree's cgo flags (hack/go-env.sh), so only the runner's own code differs between
-# them, and compares them side by side with bench/runners: interleaved rounds of one
+# them, and compares them side by side with test/bench/runners: interleaved rounds of one
 # stream's decode and four streams' aggregate, on the same synthesized model. The last
-# commit is the baseline of the ratios. RUNNERS_FLAGS go to bench/runners (-rounds,
-# -threads, …; `go run ./bench/runners -h`).
+# commit is the baseline of the ratios. RUNNERS_FLAGS go to test/bench/runners (-rounds,
+# -threads, …; `go run ./test/bench/runners -h`).
 #
 #	RUNNERS_FLAGS='-rounds 5' hack/bench-runners.sh 6959d71 9e0d756 HEAD
 set -euo pipefail
@@ -38,4 +38,4 @@ for c in "$@"; do
 	bins+=("$bin")
 done
 cd "$root"
-exec go run ./bench/runners ${flags[@]+"${flags[@]}"} "${bins[@]}"
+exec go run ./test/bench/runners ${flags[@]+"${flags[@]}"} "${bins[@]}"

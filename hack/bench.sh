@@ -12,17 +12,17 @@ if [[ $what == all || $what == control-plane ]]; then
 	run go test -run '^$' -bench 'BenchmarkSolve' -benchmem -count 1 ./controllers/scheduler/
 	# End to end on a real API server: 1,000 replicas bound on 100 MacNodes, against
 	# creating the same objects with no scheduler running.
-	run go test -run '^$' -bench 'BenchmarkBind' -benchtime 1x -timeout 20m ./bench/scheduling/
+	run go test -run '^$' -bench 'BenchmarkBind' -benchtime 1x -timeout 20m ./test/bench/scheduling/
 fi
 if [[ $what == all || $what == engine ]]; then
-	if compgen -G 'bench/engine/*_test.go' >/dev/null; then
-		run hack/go-env.sh go test -run '^$' -bench . -benchtime 1x -timeout 30m ./bench/engine/
+	if compgen -G 'test/bench/engine/*_test.go' >/dev/null; then
+		run hack/go-env.sh go test -run '^$' -bench . -benchtime 1x -timeout 30m ./test/bench/engine/
 	fi
 	# Prompt cache: TTFT of a 2,000-token conversation's second turn, hot and SSD vs none.
-	run hack/go-env.sh go test -run '^$' -bench SecondTurn -benchtime 1x -timeout 30m ./bench/promptcache/
+	run hack/go-env.sh go test -run '^$' -bench SecondTurn -benchtime 1x -timeout 30m ./test/bench/promptcache/
 	# A prefix from a peer (issue 26): importing an 8 k-token prefix's state and answering
 	# from it, against prefilling it, on the same runner.
-	run hack/go-env.sh go test -run '^$' -bench PeerImport8k -benchtime 1x -timeout 60m ./bench/promptcache/
+	run hack/go-env.sh go test -run '^$' -bench PeerImport8k -benchtime 1x -timeout 60m ./test/bench/promptcache/
 fi
 if [[ $what == all || $what == fleet ]]; then
 	# A whole local fleet (test/e2e): the gateway against calling the agent directly

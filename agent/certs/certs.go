@@ -30,8 +30,8 @@ import (
 
 	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/internal/credentials"
-	"github.com/macfleet/macfleet/pki"
-	"github.com/macfleet/macfleet/pki/keypin"
+	"github.com/macfleet/macfleet/internal/pki"
+	"github.com/macfleet/macfleet/internal/pki/keypin"
 )
 
 // Defaults of Options.

@@ -22,7 +22,7 @@ import (
 
 	"github.com/macfleet/macfleet/agent/store"
 	"github.com/macfleet/macfleet/api/v1alpha1"
-	"github.com/macfleet/macfleet/enginepool"
+	"github.com/macfleet/macfleet/metal/enginepool"
 	"github.com/macfleet/macfleet/test/support/testenv"
 )
 

@@ -9,7 +9,7 @@ import (
 
 	"github.com/macfleet/macfleet/agent/store"
 	"github.com/macfleet/macfleet/api/v1alpha1"
-	"github.com/macfleet/macfleet/sourcepolicy"
+	"github.com/macfleet/macfleet/internal/sourcepolicy"
 )
 
 // Store fetches models into the node's persistent store (agent/store implements it).

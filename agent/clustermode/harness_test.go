@@ -30,11 +30,11 @@ import (
 	"github.com/macfleet/macfleet/agent/server"
 	"github.com/macfleet/macfleet/api/engine"
 	"github.com/macfleet/macfleet/api/v1alpha1"
-	"github.com/macfleet/macfleet/enginepool"
-	"github.com/macfleet/macfleet/enginepool/runnerproc"
 	"github.com/macfleet/macfleet/internal/ggufsynth"
-	"github.com/macfleet/macfleet/pki"
-	"github.com/macfleet/macfleet/sourcepolicy"
+	"github.com/macfleet/macfleet/internal/pki"
+	"github.com/macfleet/macfleet/internal/sourcepolicy"
+	"github.com/macfleet/macfleet/metal/enginepool"
+	"github.com/macfleet/macfleet/metal/enginepool/runnerproc"
 	"github.com/macfleet/macfleet/test/support/testenv"
 )
 

@@ -8,7 +8,7 @@ import (
 	toolscache "k8s.io/client-go/tools/cache"
 
 	"github.com/macfleet/macfleet/api/v1alpha1"
-	"github.com/macfleet/macfleet/enginepool"
+	"github.com/macfleet/macfleet/metal/enginepool"
 )
 
 // InitialSync is closed once every replica bound to the node when the agent started

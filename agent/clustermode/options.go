@@ -10,7 +10,7 @@ import (
 	"github.com/macfleet/macfleet/agent/config"
 	"github.com/macfleet/macfleet/agent/janitor"
 	"github.com/macfleet/macfleet/agent/standalone"
-	"github.com/macfleet/macfleet/runner/sandbox"
+	"github.com/macfleet/macfleet/metal/runner/sandbox"
 )
 
 // Options are the settings of `macfleet agent` as its command line gives them, one

@@ -14,7 +14,7 @@ import (
 
 	"github.com/macfleet/macfleet/agent/config"
 	"github.com/macfleet/macfleet/agent/janitor"
-	"github.com/macfleet/macfleet/runner/sandbox"
+	"github.com/macfleet/macfleet/metal/runner/sandbox"
 )
 
 // TestOptionsConfig: the agent's defaults (prompt cache budgets, sandbox on) and

@@ -9,7 +9,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 
 	"github.com/macfleet/macfleet/api/v1alpha1"
-	"github.com/macfleet/macfleet/sourcepolicy"
+	"github.com/macfleet/macfleet/internal/sourcepolicy"
 )
 
 // watchSourcePolicy keeps h at the compiled SourcePolicy "default" (the built-in

@@ -9,8 +9,8 @@ import (
 	"time"
 
 	"github.com/macfleet/macfleet/api/v1alpha1"
-	"github.com/macfleet/macfleet/enginepool"
-	"github.com/macfleet/macfleet/tenancy"
+	"github.com/macfleet/macfleet/gateway/tenancy"
+	"github.com/macfleet/macfleet/metal/enginepool"
 )
 
 // AmbiguousModelError: the requested name is served by replicas of more than one

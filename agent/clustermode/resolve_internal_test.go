@@ -9,9 +9,9 @@ import (
 	"github.com/go-logr/logr"
 
 	"github.com/macfleet/macfleet/api/v1alpha1"
-	"github.com/macfleet/macfleet/enginepool"
-	"github.com/macfleet/macfleet/enginepool/runnerproc"
-	"github.com/macfleet/macfleet/tenancy"
+	"github.com/macfleet/macfleet/gateway/tenancy"
+	"github.com/macfleet/macfleet/metal/enginepool"
+	"github.com/macfleet/macfleet/metal/enginepool/runnerproc"
 )
 
 // TestResolveSendsBudgetedCallersToTheGateway: a caller whose namespace is in the

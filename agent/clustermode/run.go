@@ -36,15 +36,15 @@ import (
 	"github.com/macfleet/macfleet/agent/server"
 	"github.com/macfleet/macfleet/agent/standalone"
 	"github.com/macfleet/macfleet/api/v1alpha1"
-	"github.com/macfleet/macfleet/enginepool"
-	"github.com/macfleet/macfleet/enginepool/runnerproc"
+	"github.com/macfleet/macfleet/gateway/tenancy/satoken"
 	"github.com/macfleet/macfleet/internal/httpserver"
 	"github.com/macfleet/macfleet/internal/informers"
-	"github.com/macfleet/macfleet/pki"
-	"github.com/macfleet/macfleet/runner/sandbox"
-	"github.com/macfleet/macfleet/sourcepolicy"
-	"github.com/macfleet/macfleet/tenancy/satoken"
-	"github.com/macfleet/macfleet/tracing/spanrelay"
+	"github.com/macfleet/macfleet/internal/pki"
+	"github.com/macfleet/macfleet/internal/sourcepolicy"
+	"github.com/macfleet/macfleet/internal/tracing/spanrelay"
+	"github.com/macfleet/macfleet/metal/enginepool"
+	"github.com/macfleet/macfleet/metal/enginepool/runnerproc"
+	"github.com/macfleet/macfleet/metal/runner/sandbox"
 )
 
 // DefaultShutdownTimeout bounds a graceful shutdown: draining requests and unloading

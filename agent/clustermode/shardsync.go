@@ -14,7 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/macfleet/macfleet/api/v1alpha1"
-	"github.com/macfleet/macfleet/enginepool"
+	"github.com/macfleet/macfleet/metal/enginepool"
 )
 
 // shardSyncInterval is how often the worker shards are reconciled and reported.

@@ -17,7 +17,7 @@ import (
 
 	"github.com/macfleet/macfleet/agent/store"
 	"github.com/macfleet/macfleet/api/v1alpha1"
-	"github.com/macfleet/macfleet/sourcepolicy"
+	"github.com/macfleet/macfleet/internal/sourcepolicy"
 	"github.com/macfleet/macfleet/test/support/testenv"
 )
 

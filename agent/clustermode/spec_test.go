@@ -10,7 +10,7 @@ import (
 	"github.com/macfleet/macfleet/agent/clustermode"
 	"github.com/macfleet/macfleet/api/engine"
 	"github.com/macfleet/macfleet/api/v1alpha1"
-	"github.com/macfleet/macfleet/enginepool/runnerproc"
+	"github.com/macfleet/macfleet/metal/enginepool/runnerproc"
 )
 
 // A replica's runner keeps its prompt cache under the replica's namespace: two

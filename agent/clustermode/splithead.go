@@ -12,8 +12,8 @@ import (
 
 	"github.com/macfleet/macfleet/agent/splitlink"
 	"github.com/macfleet/macfleet/api/v1alpha1"
-	"github.com/macfleet/macfleet/enginepool"
-	"github.com/macfleet/macfleet/pki"
+	"github.com/macfleet/macfleet/internal/pki"
+	"github.com/macfleet/macfleet/metal/enginepool"
 )
 
 // The head of a replica split across Macs (issue 27, docs/split-model.md): its Mac is

@@ -19,8 +19,8 @@ import (
 	"github.com/macfleet/macfleet/agent/splitlink"
 	"github.com/macfleet/macfleet/api/engine"
 	"github.com/macfleet/macfleet/api/v1alpha1"
-	"github.com/macfleet/macfleet/enginepool"
-	"github.com/macfleet/macfleet/pki"
+	"github.com/macfleet/macfleet/internal/pki"
+	"github.com/macfleet/macfleet/metal/enginepool"
 	"github.com/macfleet/macfleet/test/support/syncbuf"
 	"github.com/macfleet/macfleet/test/support/testenv"
 )

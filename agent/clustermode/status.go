@@ -10,8 +10,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/macfleet/macfleet/api/v1alpha1"
-	"github.com/macfleet/macfleet/enginepool"
 	"github.com/macfleet/macfleet/internal/bytesize"
+	"github.com/macfleet/macfleet/metal/enginepool"
 )
 
 // localView is a copy of the fields of a replica record that its status shows, taken

@@ -18,7 +18,7 @@ import (
 
 	"github.com/macfleet/macfleet/agent/store"
 	"github.com/macfleet/macfleet/api/v1alpha1"
-	"github.com/macfleet/macfleet/enginepool"
+	"github.com/macfleet/macfleet/metal/enginepool"
 )
 
 // SpecBuilder turns a downloaded replica into the pool's spec of its entry.

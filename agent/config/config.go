@@ -20,7 +20,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/macfleet/macfleet/api/engine"
-	"github.com/macfleet/macfleet/runner/sandbox"
+	"github.com/macfleet/macfleet/metal/runner/sandbox"
 )
 
 // Defaults.
@@ -56,7 +56,7 @@ type Config struct {
 	// RunnerThreads is the CPU threads of each runner whose model sets none (0: the
 	// thread policy, engine.PolicyThreads, chooses).
 	RunnerThreads int `json:"runnerThreads,omitempty"`
-	// RunnerSandbox confines each runner (runner/sandbox): "on" (the default) or "off".
+	// RunnerSandbox confines each runner (metal/runner/sandbox): "on" (the default) or "off".
 	RunnerSandbox string `json:"runnerSandbox,omitempty"`
 	// MemoryCeiling caps the pool below the machine's own ceiling (0: none).
 	MemoryCeiling Size `json:"memoryCeiling,omitempty"`

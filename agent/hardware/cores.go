@@ -3,7 +3,7 @@ package hardware
 import (
 	"runtime"
 
-	"github.com/macfleet/macfleet/enginepool"
+	"github.com/macfleet/macfleet/metal/enginepool"
 )
 
 // PerformanceCores are the cores the thread policy (engine.PolicyThreads) gives a

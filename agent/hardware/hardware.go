@@ -21,7 +21,7 @@ import (
 	"math"
 	"runtime"
 
-	"github.com/macfleet/macfleet/enginepool"
+	"github.com/macfleet/macfleet/metal/enginepool"
 )
 
 // Info is the hardware of one node.

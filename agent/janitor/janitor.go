@@ -16,7 +16,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/macfleet/macfleet/agent/store"
-	"github.com/macfleet/macfleet/enginepool/runnerproc"
+	"github.com/macfleet/macfleet/metal/enginepool/runnerproc"
 )
 
 // Defaults of Options.

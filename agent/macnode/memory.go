@@ -2,7 +2,7 @@ package macnode
 
 import (
 	"github.com/macfleet/macfleet/api/v1alpha1"
-	"github.com/macfleet/macfleet/enginepool"
+	"github.com/macfleet/macfleet/metal/enginepool"
 )
 
 // Memory is the pool's memory account as the MacNode shows it.

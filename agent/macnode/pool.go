@@ -2,7 +2,7 @@ package macnode
 
 import (
 	"github.com/macfleet/macfleet/agent/hardware"
-	"github.com/macfleet/macfleet/enginepool"
+	"github.com/macfleet/macfleet/metal/enginepool"
 )
 
 // CeilingSetter is what the session lowers with the MacNode's spec.memoryCeiling

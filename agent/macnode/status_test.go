@@ -13,7 +13,7 @@ import (
 
 	"github.com/macfleet/macfleet/agent/hardware"
 	"github.com/macfleet/macfleet/api/v1alpha1"
-	"github.com/macfleet/macfleet/enginepool"
+	"github.com/macfleet/macfleet/metal/enginepool"
 )
 
 func TestChipLabelValue(t *testing.T) {

@@ -7,7 +7,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/macfleet/macfleet/enginepool"
+	"github.com/macfleet/macfleet/metal/enginepool"
 )
 
 // StatusResponse is the body of GET /api/status: the pool's snapshot (per model: state,

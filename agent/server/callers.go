@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/macfleet/macfleet/api/runnerapi"
-	"github.com/macfleet/macfleet/pki"
+	"github.com/macfleet/macfleet/internal/pki"
 )
 
 // certAccess is what one request may do whose caller presented a certificate of the

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/macfleet/macfleet/pki"
+	"github.com/macfleet/macfleet/internal/pki"
 )
 
 func TestAuthorizeCertificate(t *testing.T) {

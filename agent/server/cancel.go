@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/macfleet/macfleet/api/runnerapi"
-	"github.com/macfleet/macfleet/enginepool"
+	"github.com/macfleet/macfleet/metal/enginepool"
 )
 
 // Cancelling an answer without losing its usage. A gateway whose client went away

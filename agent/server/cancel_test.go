@@ -10,7 +10,7 @@ import (
 	"testing"
 
 	"github.com/macfleet/macfleet/api/runnerapi"
-	"github.com/macfleet/macfleet/metering"
+	"github.com/macfleet/macfleet/gateway/metering"
 )
 
 // TestCancelEndsTheAnswerWithItsUsage: a gateway that names its request

@@ -10,9 +10,9 @@ import (
 	"time"
 
 	"github.com/macfleet/macfleet/api/v1alpha1"
-	"github.com/macfleet/macfleet/pki"
-	"github.com/macfleet/macfleet/tenancy"
-	"github.com/macfleet/macfleet/tenancy/satoken"
+	"github.com/macfleet/macfleet/gateway/tenancy"
+	"github.com/macfleet/macfleet/gateway/tenancy/satoken"
+	"github.com/macfleet/macfleet/internal/pki"
 )
 
 // certSource is a pki.Source with a certificate of ca for id (none for nil) and ca's

@@ -8,7 +8,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
-	"github.com/macfleet/macfleet/chat/compat"
+	"github.com/macfleet/macfleet/internal/chat/compat"
 )
 
 // anthropicEvents parses an Anthropic event stream into its events' data, by name.

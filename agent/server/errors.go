@@ -8,8 +8,8 @@ import (
 	"time"
 
 	"github.com/macfleet/macfleet/api/runnerapi"
-	"github.com/macfleet/macfleet/enginepool"
 	"github.com/macfleet/macfleet/internal/openaierr"
+	"github.com/macfleet/macfleet/metal/enginepool"
 )
 
 // OpenAI error types of the agent's own errors (the pool's carry their own).

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/macfleet/macfleet/agent/config"
-	"github.com/macfleet/macfleet/enginepool"
+	"github.com/macfleet/macfleet/metal/enginepool"
 )
 
 // TestErrorStatuses checks the status, OpenAI error body and headers of every request

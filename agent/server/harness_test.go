@@ -29,11 +29,11 @@ import (
 	"github.com/macfleet/macfleet/agent/standalone"
 	"github.com/macfleet/macfleet/api/engine"
 	"github.com/macfleet/macfleet/api/runnerapi"
-	"github.com/macfleet/macfleet/enginepool"
-	"github.com/macfleet/macfleet/enginepool/runnerproc"
+	"github.com/macfleet/macfleet/gateway/tenancy"
 	"github.com/macfleet/macfleet/internal/ggufsynth"
-	"github.com/macfleet/macfleet/pki"
-	"github.com/macfleet/macfleet/tenancy"
+	"github.com/macfleet/macfleet/internal/pki"
+	"github.com/macfleet/macfleet/metal/enginepool"
+	"github.com/macfleet/macfleet/metal/enginepool/runnerproc"
 	"github.com/macfleet/macfleet/test/support/testenv"
 )
 

@@ -15,7 +15,7 @@ import (
 	"github.com/macfleet/macfleet/agent/server"
 	"github.com/macfleet/macfleet/api/engine"
 	"github.com/macfleet/macfleet/api/runnerapi"
-	"github.com/macfleet/macfleet/enginepool"
+	"github.com/macfleet/macfleet/metal/enginepool"
 )
 
 // TestConcurrentStreamsShareOneRunner: four streams on a model with four slots are

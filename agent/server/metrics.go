@@ -9,11 +9,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"github.com/macfleet/macfleet/enginepool"
+	"github.com/macfleet/macfleet/gateway/metering"
+	"github.com/macfleet/macfleet/gateway/tenancy"
 	"github.com/macfleet/macfleet/internal/openaierr"
-	"github.com/macfleet/macfleet/metering"
-	"github.com/macfleet/macfleet/tenancy"
-	"github.com/macfleet/macfleet/tracing"
+	"github.com/macfleet/macfleet/internal/tracing"
+	"github.com/macfleet/macfleet/metal/enginepool"
 )
 
 // metrics are the agent's request metrics, recorded by the handlers. The pool's own

@@ -15,9 +15,9 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/macfleet/macfleet/api/runnerapi"
-	"github.com/macfleet/macfleet/chat/compat"
-	"github.com/macfleet/macfleet/enginepool"
 	"github.com/macfleet/macfleet/internal/bytesize"
+	"github.com/macfleet/macfleet/internal/chat/compat"
+	"github.com/macfleet/macfleet/metal/enginepool"
 )
 
 // Runner endpoints the agent calls.
@@ -88,7 +88,7 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 		writeError(w, fromRunnerAPI(e))
 		return
 	}
-	// The hints are all fields of Unsupported (chat/compat's test): re-reading that
+	// The hints are all fields of Unsupported (internal/chat/compat's test): re-reading that
 	// small struct is cheaper than the body.
 	unsupported, _ := json.Marshal(req.Unsupported)
 	if hints := compat.Chat.Hints(unsupported); len(hints) > 0 {

@@ -15,7 +15,7 @@ import (
 	"github.com/openai/openai-go/v3/option"
 
 	"github.com/macfleet/macfleet/agent/config"
-	"github.com/macfleet/macfleet/enginepool"
+	"github.com/macfleet/macfleet/metal/enginepool"
 )
 
 func openaiClient(a *testAgent, opts ...option.RequestOption) openai.Client {

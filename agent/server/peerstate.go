@@ -17,8 +17,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/macfleet/macfleet/api/runnerapi"
-	"github.com/macfleet/macfleet/enginepool"
-	"github.com/macfleet/macfleet/pki"
+	"github.com/macfleet/macfleet/internal/pki"
+	"github.com/macfleet/macfleet/metal/enginepool"
 )
 
 // Peer fetch, the agent's two sides (api/runnerapi/peerstate.go has the flow):

@@ -15,9 +15,9 @@ import (
 
 	"github.com/macfleet/macfleet/agent/server"
 	"github.com/macfleet/macfleet/api/runnerapi"
-	"github.com/macfleet/macfleet/pki"
-	"github.com/macfleet/macfleet/tenancy"
-	"github.com/macfleet/macfleet/tenancy/satoken"
+	"github.com/macfleet/macfleet/gateway/tenancy"
+	"github.com/macfleet/macfleet/gateway/tenancy/satoken"
+	"github.com/macfleet/macfleet/internal/pki"
 )
 
 // peerFleet is a fleet CA, a gateway's certificate and clients of the fleet's

@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/macfleet/macfleet/api/runnerapi"
-	"github.com/macfleet/macfleet/tenancy"
+	"github.com/macfleet/macfleet/gateway/tenancy"
 )
 
 // fleetHeaders are the request headers that only the fleet's own callers set: the

@@ -5,7 +5,7 @@ import (
 	"testing"
 
 	"github.com/macfleet/macfleet/api/runnerapi"
-	"github.com/macfleet/macfleet/pki"
+	"github.com/macfleet/macfleet/internal/pki"
 )
 
 func TestPrefixQuery(t *testing.T) {

@@ -16,8 +16,8 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/macfleet/macfleet/api/runnerapi"
-	"github.com/macfleet/macfleet/enginepool"
-	"github.com/macfleet/macfleet/metering"
+	"github.com/macfleet/macfleet/gateway/metering"
+	"github.com/macfleet/macfleet/metal/enginepool"
 )
 
 // maxResponseBytes bounds a non-streamed runner answer the agent buffers.

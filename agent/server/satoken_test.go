@@ -12,9 +12,9 @@ import (
 
 	"github.com/macfleet/macfleet/agent/clustermode"
 	"github.com/macfleet/macfleet/api/runnerapi"
-	"github.com/macfleet/macfleet/metering"
-	"github.com/macfleet/macfleet/tenancy"
-	"github.com/macfleet/macfleet/tenancy/satoken"
+	"github.com/macfleet/macfleet/gateway/metering"
+	"github.com/macfleet/macfleet/gateway/tenancy"
+	"github.com/macfleet/macfleet/gateway/tenancy/satoken"
 )
 
 // TestServiceAccountTokens: a token-shaped credential that is not the fleet token is

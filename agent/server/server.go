@@ -27,12 +27,12 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/macfleet/macfleet/api/runnerapi"
-	"github.com/macfleet/macfleet/chat/translate"
-	"github.com/macfleet/macfleet/enginepool"
+	"github.com/macfleet/macfleet/gateway/tenancy"
+	"github.com/macfleet/macfleet/gateway/tenancy/satoken"
+	"github.com/macfleet/macfleet/internal/chat/translate"
 	"github.com/macfleet/macfleet/internal/openaierr"
-	"github.com/macfleet/macfleet/pki"
-	"github.com/macfleet/macfleet/tenancy"
-	"github.com/macfleet/macfleet/tenancy/satoken"
+	"github.com/macfleet/macfleet/internal/pki"
+	"github.com/macfleet/macfleet/metal/enginepool"
 )
 
 // Defaults of Options.

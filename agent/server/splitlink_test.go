@@ -16,8 +16,8 @@ import (
 
 	"github.com/macfleet/macfleet/agent/splitlink"
 	"github.com/macfleet/macfleet/api/v1alpha1"
-	"github.com/macfleet/macfleet/pki"
-	"github.com/macfleet/macfleet/tenancy"
+	"github.com/macfleet/macfleet/gateway/tenancy"
+	"github.com/macfleet/macfleet/internal/pki"
 )
 
 // echoWorker stands in for `macfleet-runner worker` on the worker Mac's loopback: it

@@ -14,7 +14,7 @@ import (
 	"github.com/macfleet/macfleet/agent/splitlink"
 	"github.com/macfleet/macfleet/api/runnerapi"
 	"github.com/macfleet/macfleet/api/v1alpha1"
-	"github.com/macfleet/macfleet/pki"
+	"github.com/macfleet/macfleet/internal/pki"
 )
 
 // recordingWorker stands in for `macfleet-runner worker`: it sends on got everything

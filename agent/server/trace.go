@@ -9,7 +9,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 
-	"github.com/macfleet/macfleet/tracing"
+	"github.com/macfleet/macfleet/internal/tracing"
 )
 
 // The agent's spans (docs/tracing.md): a server span per OpenAI request continuing the

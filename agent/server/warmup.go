@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/macfleet/macfleet/api/runnerapi"
-	"github.com/macfleet/macfleet/pki"
+	"github.com/macfleet/macfleet/internal/pki"
 )
 
 // maxWarmBodyBytes bounds a warm-up request's body: runnerapi.MaxWarmHints hints,

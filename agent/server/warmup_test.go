@@ -10,7 +10,7 @@ import (
 
 	"github.com/macfleet/macfleet/agent/server"
 	"github.com/macfleet/macfleet/api/runnerapi"
-	"github.com/macfleet/macfleet/pki"
+	"github.com/macfleet/macfleet/internal/pki"
 )
 
 // TestWarmFetchesEachHint: POST /api/models/{id}/states/warm from a gateway makes the

@@ -15,7 +15,7 @@ import (
 	"github.com/macfleet/macfleet/api/runnerapi"
 	"github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/internal/openaierr"
-	"github.com/macfleet/macfleet/pki"
+	"github.com/macfleet/macfleet/internal/pki"
 )
 
 // DefaultDialTimeout bounds the worker agent's dial of its local worker, and the head

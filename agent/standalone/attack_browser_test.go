@@ -12,8 +12,8 @@ import (
 
 	"github.com/chromedp/chromedp"
 
-	"github.com/macfleet/macfleet/enginepool"
 	"github.com/macfleet/macfleet/internal/httpserver"
+	"github.com/macfleet/macfleet/metal/enginepool"
 	"github.com/macfleet/macfleet/test/support/browsertest"
 )
 

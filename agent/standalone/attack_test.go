@@ -19,9 +19,9 @@ import (
 	"github.com/macfleet/macfleet/agent/server"
 	"github.com/macfleet/macfleet/agent/standalone"
 	"github.com/macfleet/macfleet/api/engine"
-	"github.com/macfleet/macfleet/enginepool"
-	"github.com/macfleet/macfleet/enginepool/runnerproc"
 	"github.com/macfleet/macfleet/internal/httpserver"
+	"github.com/macfleet/macfleet/metal/enginepool"
+	"github.com/macfleet/macfleet/metal/enginepool/runnerproc"
 )
 
 // servedMac is `macfleet serve` on a developer's Mac: the standalone agent on real

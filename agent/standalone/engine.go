@@ -7,8 +7,8 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/macfleet/macfleet/agent/hardware"
-	"github.com/macfleet/macfleet/enginepool"
-	"github.com/macfleet/macfleet/enginepool/runnerproc"
+	"github.com/macfleet/macfleet/metal/enginepool"
+	"github.com/macfleet/macfleet/metal/enginepool/runnerproc"
 )
 
 // Engine is an agent's engine pool with the factory of its runner processes: what

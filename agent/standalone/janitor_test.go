@@ -14,7 +14,7 @@ import (
 	"github.com/macfleet/macfleet/agent/config"
 	"github.com/macfleet/macfleet/agent/standalone"
 	"github.com/macfleet/macfleet/api/engine"
-	"github.com/macfleet/macfleet/enginepool/runnerproc"
+	"github.com/macfleet/macfleet/metal/enginepool/runnerproc"
 )
 
 // `macfleet serve` removes the prompt cache directory of a model file it no longer

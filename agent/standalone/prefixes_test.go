@@ -11,8 +11,8 @@ import (
 	"github.com/macfleet/macfleet/agent/config"
 	"github.com/macfleet/macfleet/api/engine"
 	"github.com/macfleet/macfleet/api/runnerapi"
-	"github.com/macfleet/macfleet/enginepool"
-	"github.com/macfleet/macfleet/enginepool/runnerproc"
+	"github.com/macfleet/macfleet/metal/enginepool"
+	"github.com/macfleet/macfleet/metal/enginepool/runnerproc"
 )
 
 // `macfleet serve` has the agent's GET /api/models/{id}/prefixes: a chat's prefix

@@ -21,12 +21,12 @@ import (
 	"github.com/macfleet/macfleet/agent/server"
 	"github.com/macfleet/macfleet/agent/store"
 	"github.com/macfleet/macfleet/api/engine"
-	"github.com/macfleet/macfleet/enginepool"
-	"github.com/macfleet/macfleet/enginepool/runnerproc"
 	"github.com/macfleet/macfleet/internal/estimate"
 	"github.com/macfleet/macfleet/internal/httpserver"
-	"github.com/macfleet/macfleet/runner/sandbox"
-	"github.com/macfleet/macfleet/tracing/spanrelay"
+	"github.com/macfleet/macfleet/internal/tracing/spanrelay"
+	"github.com/macfleet/macfleet/metal/enginepool"
+	"github.com/macfleet/macfleet/metal/enginepool/runnerproc"
+	"github.com/macfleet/macfleet/metal/runner/sandbox"
 )
 
 // DefaultShutdownTimeout bounds a graceful shutdown: draining requests, unloading every

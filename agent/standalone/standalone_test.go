@@ -25,9 +25,9 @@ import (
 	"github.com/macfleet/macfleet/agent/server"
 	"github.com/macfleet/macfleet/agent/standalone"
 	"github.com/macfleet/macfleet/api/engine"
-	"github.com/macfleet/macfleet/enginepool"
-	"github.com/macfleet/macfleet/enginepool/runnerproc"
 	"github.com/macfleet/macfleet/internal/ggufsynth"
+	"github.com/macfleet/macfleet/metal/enginepool"
+	"github.com/macfleet/macfleet/metal/enginepool/runnerproc"
 )
 
 func tinyModel(t *testing.T) string {

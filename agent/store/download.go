@@ -20,7 +20,7 @@ import (
 	"github.com/go-logr/logr"
 
 	"github.com/macfleet/macfleet/internal/modelsource"
-	"github.com/macfleet/macfleet/sourcepolicy"
+	"github.com/macfleet/macfleet/internal/sourcepolicy"
 )
 
 // ggufMagic starts every GGUF file.

@@ -6,7 +6,7 @@ import (
 	"net/http"
 
 	"github.com/macfleet/macfleet/internal/modelsource"
-	"github.com/macfleet/macfleet/sourcepolicy"
+	"github.com/macfleet/macfleet/internal/sourcepolicy"
 )
 
 // The error types below are what a caller branches on (errors.As); their messages are

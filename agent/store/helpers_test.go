@@ -22,7 +22,7 @@ import (
 
 	"github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/internal/modelsource"
-	"github.com/macfleet/macfleet/sourcepolicy"
+	"github.com/macfleet/macfleet/internal/sourcepolicy"
 )
 
 // model returns n bytes that look like a GGUF file: the magic, then noise.

@@ -14,7 +14,7 @@ import (
 	"syscall"
 
 	"github.com/macfleet/macfleet/internal/modelsource"
-	"github.com/macfleet/macfleet/sourcepolicy"
+	"github.com/macfleet/macfleet/internal/sourcepolicy"
 )
 
 // localRecord is the SHA-256 of a local file as it was when hashed: it stays valid

@@ -43,7 +43,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/macfleet/macfleet/internal/modelsource"
-	"github.com/macfleet/macfleet/sourcepolicy"
+	"github.com/macfleet/macfleet/internal/sourcepolicy"
 )
 
 // Defaults for Options left zero.

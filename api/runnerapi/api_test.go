@@ -149,7 +149,7 @@ func TestErrorJSON(t *testing.T) {
 	}
 }
 
-// TestChatHintsAccepted: the chat fields the compatibility policy (chat/compat) calls
+// TestChatHintsAccepted: the chat fields the compatibility policy (internal/chat/compat) calls
 // hints are accepted whatever their value (issue 28); the refused ones stay 400s.
 func TestChatHintsAccepted(t *testing.T) {
 	for _, tc := range []struct {

@@ -98,7 +98,7 @@ type ChatTools struct {
 // Unsupported are OpenAI chat fields macfleet does not act on: the ones refused
 // unless neutral (logit_bias, audio, modalities, prediction, web_search_options) and
 // the hints accepted whatever their value (store, metadata, service_tier, verbosity,
-// safety_identifier, user, prompt_cache_retention; see chat/compat), plus
+// safety_identifier, user, prompt_cache_retention; see internal/chat/compat), plus
 // prompt_cache_key (the gateway routes by it) and reasoning_effort (the template
 // reads it).
 type Unsupported struct {

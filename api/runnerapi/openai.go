@@ -155,7 +155,7 @@ func (in Input) Len() int { return len(in.Texts) + len(in.Tokens) }
 // StreamOptions are OpenAI's stream_options.
 type StreamOptions struct {
 	IncludeUsage bool `json:"include_usage"`
-	// IncludeObfuscation is a hint (chat/compat): events are never padded.
+	// IncludeObfuscation is a hint (internal/chat/compat): events are never padded.
 	IncludeObfuscation *bool `json:"include_obfuscation,omitempty"`
 }
 

@@ -20,9 +20,9 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/macfleet/macfleet/api/engine"
-	"github.com/macfleet/macfleet/runner/server"
-	"github.com/macfleet/macfleet/tracing"
-	"github.com/macfleet/macfleet/tracing/spanrelay"
+	"github.com/macfleet/macfleet/internal/tracing"
+	"github.com/macfleet/macfleet/internal/tracing/spanrelay"
+	"github.com/macfleet/macfleet/metal/runner/server"
 )
 
 // Exit codes of docs/runner-protocol.md.

@@ -18,8 +18,8 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/macfleet/macfleet/api/runnerapi"
-	"github.com/macfleet/macfleet/runner/llama"
-	"github.com/macfleet/macfleet/runner/netdevice"
+	"github.com/macfleet/macfleet/metal/runner/llama"
+	"github.com/macfleet/macfleet/metal/runner/netdevice"
 )
 
 // runWorker is `macfleet-runner worker`: it holds some of a model's layers for a

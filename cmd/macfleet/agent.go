@@ -21,13 +21,13 @@ import (
 	"github.com/macfleet/macfleet/agent/janitor"
 	"github.com/macfleet/macfleet/agent/macnode"
 	"github.com/macfleet/macfleet/agent/store"
-	"github.com/macfleet/macfleet/enginepool"
+	"github.com/macfleet/macfleet/gateway/tenancy/satoken"
 	"github.com/macfleet/macfleet/internal/credentials"
 	"github.com/macfleet/macfleet/internal/modelsource"
-	"github.com/macfleet/macfleet/runner/sandbox"
-	"github.com/macfleet/macfleet/sourcepolicy"
-	"github.com/macfleet/macfleet/tenancy/satoken"
-	"github.com/macfleet/macfleet/tracing"
+	"github.com/macfleet/macfleet/internal/sourcepolicy"
+	"github.com/macfleet/macfleet/internal/tracing"
+	"github.com/macfleet/macfleet/metal/enginepool"
+	"github.com/macfleet/macfleet/metal/runner/sandbox"
 )
 
 func init() { root.AddCommand(newAgentCmd()) }

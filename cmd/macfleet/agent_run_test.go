@@ -25,10 +25,10 @@ import (
 	"github.com/macfleet/macfleet/api/engine"
 	"github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/controllers/certsigner/certsignertest"
-	"github.com/macfleet/macfleet/enginepool/runnerproc"
 	"github.com/macfleet/macfleet/internal/credentials"
 	"github.com/macfleet/macfleet/internal/ggufsynth"
-	"github.com/macfleet/macfleet/pki"
+	"github.com/macfleet/macfleet/internal/pki"
+	"github.com/macfleet/macfleet/metal/enginepool/runnerproc"
 	"github.com/macfleet/macfleet/test/support/testenv"
 )
 

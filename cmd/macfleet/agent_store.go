@@ -4,7 +4,7 @@ import (
 	"github.com/go-logr/logr"
 
 	"github.com/macfleet/macfleet/agent/store"
-	"github.com/macfleet/macfleet/sourcepolicy"
+	"github.com/macfleet/macfleet/internal/sourcepolicy"
 )
 
 // newStore opens the agent's model store as `macfleet agent` runs it: the flags'

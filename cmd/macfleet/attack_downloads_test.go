@@ -20,7 +20,7 @@ import (
 	"github.com/macfleet/macfleet/agent/clustermode"
 	"github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/internal/modelsource"
-	"github.com/macfleet/macfleet/sourcepolicy"
+	"github.com/macfleet/macfleet/internal/sourcepolicy"
 )
 
 const attackNS = "team-b"

@@ -11,7 +11,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/macfleet/macfleet/agent/config"
-	"github.com/macfleet/macfleet/doctor"
+	"github.com/macfleet/macfleet/internal/doctor"
 )
 
 func init() { root.AddCommand(newDoctorCommand()) }

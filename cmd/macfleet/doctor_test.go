@@ -9,9 +9,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/macfleet/macfleet/doctor"
-	"github.com/macfleet/macfleet/enginepool"
-	"github.com/macfleet/macfleet/enginepool/runnerproc"
+	"github.com/macfleet/macfleet/internal/doctor"
+	"github.com/macfleet/macfleet/metal/enginepool"
+	"github.com/macfleet/macfleet/metal/enginepool/runnerproc"
 )
 
 // doctorRunner returns $MACFLEET_RUNNER; without it the test is skipped, except in CI

@@ -10,13 +10,13 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
-	"github.com/macfleet/macfleet/fairqueue"
 	"github.com/macfleet/macfleet/gateway"
+	"github.com/macfleet/macfleet/gateway/fairqueue"
+	"github.com/macfleet/macfleet/gateway/ledger"
 	"github.com/macfleet/macfleet/gateway/peerfetch"
+	"github.com/macfleet/macfleet/gateway/tenancy/satoken"
 	"github.com/macfleet/macfleet/internal/httpserver"
-	"github.com/macfleet/macfleet/ledger"
-	"github.com/macfleet/macfleet/tenancy/satoken"
-	"github.com/macfleet/macfleet/tracing"
+	"github.com/macfleet/macfleet/internal/tracing"
 )
 
 func init() {

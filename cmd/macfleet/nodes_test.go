@@ -14,7 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/macfleet/macfleet/api/v1alpha1"
-	"github.com/macfleet/macfleet/pki/keypin"
+	"github.com/macfleet/macfleet/internal/pki/keypin"
 	"github.com/macfleet/macfleet/test/support/testenv"
 )
 

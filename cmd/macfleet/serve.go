@@ -13,7 +13,7 @@ import (
 	"github.com/macfleet/macfleet/agent/janitor"
 	"github.com/macfleet/macfleet/agent/standalone"
 	"github.com/macfleet/macfleet/internal/httpserver"
-	"github.com/macfleet/macfleet/tracing"
+	"github.com/macfleet/macfleet/internal/tracing"
 )
 
 func init() { root.AddCommand(newServeCommand()) }

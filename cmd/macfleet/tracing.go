@@ -7,8 +7,8 @@ import (
 	"github.com/go-logr/logr"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/macfleet/macfleet/tracing"
-	"github.com/macfleet/macfleet/tracing/spanrelay"
+	"github.com/macfleet/macfleet/internal/tracing"
+	"github.com/macfleet/macfleet/internal/tracing/spanrelay"
 )
 
 // startTracing builds the component's tracer provider from the OTEL_* environment

@@ -8,7 +8,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/macfleet/macfleet/gateway"
-	"github.com/macfleet/macfleet/metering/report"
+	"github.com/macfleet/macfleet/gateway/metering/report"
 )
 
 func init() { root.AddCommand(usageCmd()) }

@@ -23,7 +23,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
-	"github.com/macfleet/macfleet/pki"
+	"github.com/macfleet/macfleet/internal/pki"
 )
 
 // Keys of the CA Secret.

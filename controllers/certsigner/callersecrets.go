@@ -12,7 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
-	"github.com/macfleet/macfleet/pki"
+	"github.com/macfleet/macfleet/internal/pki"
 )
 
 // callerSecret is one client certificate the authority keeps in a Secret of

@@ -14,7 +14,7 @@ import (
 
 	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/controllers/certsigner"
-	"github.com/macfleet/macfleet/pki"
+	"github.com/macfleet/macfleet/internal/pki"
 )
 
 // TestAuthorityKeepsTheMetricsSecret: the manager issues the metrics scraper's

@@ -23,8 +23,8 @@ import (
 	"github.com/macfleet/macfleet/controllers/certsigner"
 	"github.com/macfleet/macfleet/controllers/certsigner/csrcleanup"
 	"github.com/macfleet/macfleet/internal/credentials"
-	"github.com/macfleet/macfleet/pki"
-	"github.com/macfleet/macfleet/pki/keypin"
+	"github.com/macfleet/macfleet/internal/pki"
+	"github.com/macfleet/macfleet/internal/pki/keypin"
 	"github.com/macfleet/macfleet/test/support/testenv"
 )
 

@@ -23,8 +23,8 @@ import (
 	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/controllers/certsigner/csrcleanup"
 	"github.com/macfleet/macfleet/internal/credentials"
-	"github.com/macfleet/macfleet/pki"
-	"github.com/macfleet/macfleet/pki/keypin"
+	"github.com/macfleet/macfleet/internal/pki"
+	"github.com/macfleet/macfleet/internal/pki/keypin"
 )
 
 // Condition reasons the signer writes on CertificateSigningRequests.

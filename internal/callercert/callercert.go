@@ -16,7 +16,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
-	"github.com/macfleet/macfleet/pki"
+	"github.com/macfleet/macfleet/internal/pki"
 )
 
 // DefaultPoll is how often the Secret is re-read.

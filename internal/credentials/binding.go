@@ -17,7 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/macfleet/macfleet/api/v1alpha1"
-	"github.com/macfleet/macfleet/pki/keypin"
+	"github.com/macfleet/macfleet/internal/pki/keypin"
 )
 
 // Every token of a node is bound (TokenRequest boundObjectRef) to one Secret in

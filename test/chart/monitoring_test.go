@@ -22,9 +22,9 @@ import (
 	"github.com/macfleet/macfleet/gateway"
 	// The manager's controllers register their metrics on controller-runtime's
 	// registry in init functions: importing the manager's wiring runs them all.
-	_ "github.com/macfleet/macfleet/app/manager"
-	"github.com/macfleet/macfleet/enginepool"
-	"github.com/macfleet/macfleet/enginepool/runnerproc"
+	_ "github.com/macfleet/macfleet/internal/manager"
+	"github.com/macfleet/macfleet/metal/enginepool"
+	"github.com/macfleet/macfleet/metal/enginepool/runnerproc"
 )
 
 // monitoringOn turns on every monitoring object of the chart.

@@ -22,8 +22,8 @@ import (
 	"github.com/macfleet/macfleet/controllers/macnode"
 	"github.com/macfleet/macfleet/controllers/scheduler"
 	"github.com/macfleet/macfleet/gateway"
+	"github.com/macfleet/macfleet/gateway/tenancy/satoken"
 	"github.com/macfleet/macfleet/internal/httpserver"
-	"github.com/macfleet/macfleet/tenancy/satoken"
 )
 
 // testNamespace is the release namespace of the rendering tests: not macfleet-system,

@@ -33,7 +33,7 @@ const (
 	agentMaxOutputTokens = 64
 	// agentTurnTimeout bounds one client process (one turn).
 	agentTurnTimeout = 6 * time.Minute
-	// recordEnv set rewrites chat/translate/testdata/clients from this run.
+	// recordEnv set rewrites internal/chat/translate/testdata/clients from this run.
 	recordEnv = "MACFLEET_E2E_RECORD"
 )
 
@@ -286,7 +286,7 @@ func runAgentTurn(t *testing.T, proxy *clientrecord.Proxy, c agentClient, turn i
 // fixtureModel replaces the deployment's name, which changes every run, in fixtures.
 const fixtureModel = "agents/coder"
 
-// writeFixture writes a recorded request, redacted, to chat/translate/testdata/clients,
+// writeFixture writes a recorded request, redacted, to internal/chat/translate/testdata/clients,
 // with fixtureModel for model.
 func writeFixture(t *testing.T, name, model string, x clientrecord.Exchange) {
 	t.Helper()
@@ -299,7 +299,7 @@ func writeFixture(t *testing.T, name, model string, x clientrecord.Exchange) {
 		t.Fatalf("fixture %s: %v", name, err)
 	}
 	b = bytes.ReplaceAll(b, []byte(model), []byte(fixtureModel))
-	path := filepath.Join(root, "chat", "translate", "testdata", "clients", name)
+	path := filepath.Join(root, "internal", "chat", "translate", "testdata", "clients", name)
 	if err := os.WriteFile(path, b, 0o644); err != nil {
 		t.Fatal(err)
 	}

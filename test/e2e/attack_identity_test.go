@@ -28,9 +28,9 @@ import (
 	"github.com/macfleet/macfleet/agent/clustermode"
 	"github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/gateway"
+	"github.com/macfleet/macfleet/gateway/tenancy/satoken"
 	"github.com/macfleet/macfleet/internal/callercert"
-	"github.com/macfleet/macfleet/pki"
-	"github.com/macfleet/macfleet/tenancy/satoken"
+	"github.com/macfleet/macfleet/internal/pki"
 	"github.com/macfleet/macfleet/test/support/localfleet"
 	"github.com/macfleet/macfleet/test/support/testenv"
 )

@@ -15,9 +15,9 @@ import (
 
 	"github.com/macfleet/macfleet/agent/server"
 	"github.com/macfleet/macfleet/api/v1alpha1"
-	"github.com/macfleet/macfleet/enginepool"
 	"github.com/macfleet/macfleet/internal/callercert"
-	"github.com/macfleet/macfleet/pki"
+	"github.com/macfleet/macfleet/internal/pki"
+	"github.com/macfleet/macfleet/metal/enginepool"
 	"github.com/macfleet/macfleet/test/support/localfleet"
 	"github.com/macfleet/macfleet/test/support/testenv"
 )

@@ -18,8 +18,8 @@ import (
 	"github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/controllers/certsigner"
 	"github.com/macfleet/macfleet/internal/credentials"
-	"github.com/macfleet/macfleet/pki"
-	"github.com/macfleet/macfleet/pki/keypin"
+	"github.com/macfleet/macfleet/internal/pki"
+	"github.com/macfleet/macfleet/internal/pki/keypin"
 	"github.com/macfleet/macfleet/test/support/localfleet"
 	"github.com/macfleet/macfleet/test/support/testenv"
 )

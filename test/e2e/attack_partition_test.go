@@ -12,7 +12,7 @@ import (
 
 	"github.com/macfleet/macfleet/api/runnerapi"
 	"github.com/macfleet/macfleet/api/v1alpha1"
-	"github.com/macfleet/macfleet/tenancy/satoken"
+	"github.com/macfleet/macfleet/gateway/tenancy/satoken"
 	"github.com/macfleet/macfleet/test/support/localfleet"
 	"github.com/macfleet/macfleet/test/support/testenv"
 )

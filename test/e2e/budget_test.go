@@ -19,7 +19,7 @@ import (
 
 	"github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/gateway"
-	"github.com/macfleet/macfleet/ledger"
+	"github.com/macfleet/macfleet/gateway/ledger"
 	"github.com/macfleet/macfleet/test/support/testenv"
 )
 

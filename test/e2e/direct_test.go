@@ -18,8 +18,8 @@ import (
 
 	"github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/gateway"
-	"github.com/macfleet/macfleet/metering"
-	"github.com/macfleet/macfleet/tenancy/satoken"
+	"github.com/macfleet/macfleet/gateway/metering"
+	"github.com/macfleet/macfleet/gateway/tenancy/satoken"
 	"github.com/macfleet/macfleet/test/support/localfleet"
 	"github.com/macfleet/macfleet/test/support/testenv"
 )

@@ -16,8 +16,8 @@ import (
 	"time"
 
 	"github.com/macfleet/macfleet/api/v1alpha1"
-	"github.com/macfleet/macfleet/fairqueue"
 	"github.com/macfleet/macfleet/gateway"
+	"github.com/macfleet/macfleet/gateway/fairqueue"
 	"github.com/macfleet/macfleet/test/support/testenv"
 )
 

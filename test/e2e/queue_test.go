@@ -24,8 +24,8 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 
 	"github.com/macfleet/macfleet/api/v1alpha1"
-	"github.com/macfleet/macfleet/fairqueue"
 	"github.com/macfleet/macfleet/gateway"
+	"github.com/macfleet/macfleet/gateway/fairqueue"
 	"github.com/macfleet/macfleet/test/support/testenv"
 )
 

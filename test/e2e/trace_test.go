@@ -12,10 +12,10 @@ import (
 	"github.com/openai/openai-go/v3/option"
 
 	"github.com/macfleet/macfleet/gateway"
+	"github.com/macfleet/macfleet/internal/tracing"
 	"github.com/macfleet/macfleet/test/support/otlptest"
 	"github.com/macfleet/macfleet/test/support/syncbuf"
 	"github.com/macfleet/macfleet/test/support/testenv"
-	"github.com/macfleet/macfleet/tracing"
 )
 
 // TestTraceThroughGatewayAgentRunner: with the standard OTEL_* variables pointing at an

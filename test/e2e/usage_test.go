@@ -19,7 +19,7 @@ import (
 	"github.com/macfleet/macfleet/api/runnerapi"
 	"github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/gateway"
-	"github.com/macfleet/macfleet/metering"
+	"github.com/macfleet/macfleet/gateway/metering"
 	"github.com/macfleet/macfleet/test/support/otlptest"
 	"github.com/macfleet/macfleet/test/support/testenv"
 )

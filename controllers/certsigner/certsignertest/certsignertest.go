@@ -15,7 +15,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/macfleet/macfleet/controllers/certsigner"
-	"github.com/macfleet/macfleet/pki"
+	"github.com/macfleet/macfleet/internal/pki"
 	"github.com/macfleet/macfleet/test/support/testenv"
 )
 

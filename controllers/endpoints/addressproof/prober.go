@@ -10,7 +10,7 @@ import (
 
 	"k8s.io/utils/clock"
 
-	"github.com/macfleet/macfleet/pki"
+	"github.com/macfleet/macfleet/internal/pki"
 )
 
 // DefaultTimeout bounds one handshake: an agent answers in milliseconds; a listener

@@ -10,7 +10,7 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/macfleet/macfleet/controllers/certsigner/certsignertest"
-	"github.com/macfleet/macfleet/pki"
+	"github.com/macfleet/macfleet/internal/pki"
 )
 
 // TestProber shakes hands with real listeners: only the one holding mac-a's

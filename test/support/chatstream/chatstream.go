@@ -1,7 +1,7 @@
 // Package chatstream sends one streamed OpenAI chat completion and times it: when the
 // request went out, the first text, every text chunk and the finish, with the usage the
-// server reports. It is the client the benchmarks time servers with (bench/engine
-// against the runner and the agent, bench/peers against a peer server).
+// server reports. It is the client the benchmarks time servers with (test/bench/engine
+// against the runner and the agent, test/bench/peers against a peer server).
 package chatstream
 
 import (

@@ -1,0 +1,291 @@
+// Package ledger is a gateway replica's count of its team callers' usage, kept in
+// memory on the request path and published as TokenUsage records (one per namespace
+// and UTC day, named <gateway>.<YYYY-MM-DD>) by a Writer: the day's tokens and
+// requests per key and deployment, and each key's current minute and hour and
+// requests in flight, which the other replicas add to their own counts when they
+// check a TokenBudget (package budget).
+package ledger
+
+import (
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/clock"
+
+	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
+	"github.com/macfleet/macfleet/gateway/budget"
+	"github.com/macfleet/macfleet/gateway/metering"
+)
+
+// RecordName is the name of gateway's TokenUsage record of day.
+func RecordName(gateway string, day time.Time) string {
+	return gateway + "." + day.UTC().Format(time.DateOnly)
+}
+
+// RenewEvery is how often a namespace with requests in flight is published even
+// when nothing else changed, so that the other replicas keep counting them (they
+// stop after budget.StaleAfter).
+const RenewEvery = 5 * time.Second
+
+// Ledger counts one gateway replica's usage per namespace. It is safe for
+// concurrent use; its methods take one short lock.
+type Ledger struct {
+	gateway string
+	clock   clock.PassiveClock
+
+	mu     sync.Mutex
+	spaces map[string]*space
+	// ended are the records of days that ended before they were written.
+	ended []*mfv1.TokenUsage
+}
+
+// space is one namespace's counts of the current day.
+type space struct {
+	day   time.Time
+	usage map[usageKey]*mfv1.KeyUsage
+	keys  map[string]*budget.Tally
+	total budget.Tally
+	// dirty: changed since last taken; published: when last taken.
+	dirty     bool
+	published time.Time
+	// restored: the day's record was read back (or found absent) before any write.
+	restored bool
+}
+
+type usageKey struct{ key, deployment string }
+
+// New is gateway's ledger, empty.
+func New(gateway string, c clock.PassiveClock) *Ledger {
+	return &Ledger{gateway: gateway, clock: c, spaces: map[string]*space{}}
+}
+
+// Gateway is the replica the ledger counts for.
+func (l *Ledger) Gateway() string { return l.gateway }
+
+// space is ns's counts of now's day, a new day's once the last one ended. l.mu is held.
+func (l *Ledger) space(ns string, now time.Time) *space {
+	day := budget.Start(budget.Day, now)
+	s := l.spaces[ns]
+	if s != nil && s.day.Equal(day) {
+		return s
+	}
+	if s != nil && s.dirty {
+		l.ended = append(l.ended, s.record(l.gateway, ns, now))
+	}
+	n := &space{day: day, usage: map[usageKey]*mfv1.KeyUsage{}, keys: map[string]*budget.Tally{}}
+	if s != nil { // requests in flight go on into the new day
+		for k, t := range s.keys {
+			if t.InFlight > 0 {
+				n.keys[k] = &budget.Tally{InFlight: t.InFlight}
+			}
+		}
+		n.total.InFlight, n.restored = s.total.InFlight, true
+	}
+	l.spaces[ns] = n
+	return n
+}
+
+func (s *space) key(k string) *budget.Tally {
+	t := s.keys[k]
+	if t == nil {
+		t = &budget.Tally{}
+		s.keys[k] = t
+	}
+	return t
+}
+
+// Admit asks decide, under the ledger's lock, whether key of ns may start a request
+// given this replica's own counts, and counts the request in flight when it may: two
+// requests that arrive together cannot both take the last concurrent slot. done ends
+// an admitted request; it is nil when refused.
+func (l *Ledger) Admit(ns, key string, decide func(budget.Own) budget.Decision) (d budget.Decision, done func()) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	now := l.clock.Now()
+	s := l.space(ns, now)
+	t := s.key(key)
+	d = decide(budget.Own{Key: *t, Namespace: s.total})
+	if !d.Allowed {
+		return d, nil
+	}
+	t.InFlight++
+	s.total.InFlight++
+	s.dirty = true
+	return d, func() { l.end(ns, key) }
+}
+
+func (l *Ledger) end(ns, key string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	s := l.space(ns, l.clock.Now())
+	if t := s.keys[key]; t != nil && t.InFlight > 0 {
+		t.InFlight--
+		s.total.InFlight--
+		s.dirty = true
+	}
+}
+
+// Record counts one answer of deployment (namespace/name) to key of ns.
+func (l *Ledger) Record(ns, key, deployment string, u metering.Usage) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	now := l.clock.Now()
+	s := l.space(ns, now)
+	k := usageKey{key, deployment}
+	ku := s.usage[k]
+	if ku == nil {
+		ku = &mfv1.KeyUsage{Key: key, Deployment: deployment}
+		s.usage[k] = ku
+	}
+	ku.Requests++
+	ku.InputTokens += u.Input
+	ku.CachedTokens += u.Cached
+	ku.OutputTokens += u.Output
+	n := u.Input + u.Output
+	s.key(key).Add(now, n)
+	s.total.Add(now, n)
+	s.dirty = true
+}
+
+// Restore adds the counts of the replica's own record tu, as read back from the API
+// server after a restart, to today's counts of its namespace, once. A record of
+// another day or replica is ignored.
+func (l *Ledger) Restore(tu *mfv1.TokenUsage) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	now := l.clock.Now()
+	if tu.Spec.Gateway != l.gateway || tu.Spec.Day != now.UTC().Format(time.DateOnly) {
+		return
+	}
+	s := l.space(tu.Namespace, now)
+	if s.restored {
+		return
+	}
+	s.restored = true
+	for _, u := range tu.Spec.Usage {
+		k := usageKey{u.Key, u.Deployment}
+		ku := s.usage[k]
+		if ku == nil {
+			ku = &mfv1.KeyUsage{Key: u.Key, Deployment: u.Deployment}
+			s.usage[k] = ku
+		}
+		ku.Requests += u.Requests
+		ku.InputTokens += u.InputTokens
+		ku.CachedTokens += u.CachedTokens
+		ku.OutputTokens += u.OutputTokens
+		s.key(u.Key).DayTokens += u.InputTokens + u.OutputTokens
+		s.total.DayTokens += u.InputTokens + u.OutputTokens
+	}
+	// The windows still current count on; requests in flight died with the process.
+	for _, w := range tu.Spec.Windows {
+		t := s.key(w.Key)
+		if w.Minute != nil && w.Minute.UTC().Equal(budget.Start(budget.Minute, now)) {
+			t.Minute, t.MinuteTokens = w.Minute.UTC(), t.MinuteTokens+w.MinuteTokens
+		}
+		if w.Hour != nil && w.Hour.UTC().Equal(budget.Start(budget.Hour, now)) {
+			t.Hour, t.HourTokens = w.Hour.UTC(), t.HourTokens+w.HourTokens
+		}
+	}
+	for _, t := range s.keys {
+		t.Day = s.day
+	}
+	s.total = sum(s)
+	s.dirty = true
+}
+
+// sum is the namespace's tally from its keys'.
+func sum(s *space) budget.Tally {
+	tot := budget.Tally{Day: s.day}
+	for _, t := range s.keys {
+		if t.Minute.After(tot.Minute) {
+			tot.Minute, tot.MinuteTokens = t.Minute, 0
+		}
+		if t.Hour.After(tot.Hour) {
+			tot.Hour, tot.HourTokens = t.Hour, 0
+		}
+	}
+	for _, t := range s.keys {
+		if t.Minute.Equal(tot.Minute) {
+			tot.MinuteTokens += t.MinuteTokens
+		}
+		if t.Hour.Equal(tot.Hour) {
+			tot.HourTokens += t.HourTokens
+		}
+		tot.DayTokens += t.DayTokens
+		tot.InFlight += t.InFlight
+	}
+	return tot
+}
+
+// Take returns the records to write: those of the namespaces that changed since they
+// were last taken, those with requests in flight not published for RenewEvery, and
+// those of days that ended unwritten. A record whose write fails is given back with
+// Retry.
+func (l *Ledger) Take() []*mfv1.TokenUsage {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	now := l.clock.Now()
+	out := l.ended
+	l.ended = nil
+	for ns := range l.spaces {
+		s := l.space(ns, now)
+		if !s.dirty && !(s.total.InFlight > 0 && now.Sub(s.published) >= RenewEvery) {
+			continue
+		}
+		s.dirty, s.published = false, now
+		out = append(out, s.record(l.gateway, ns, now))
+	}
+	return out
+}
+
+// Retry marks the record's namespace to be taken again (its write failed).
+func (l *Ledger) Retry(tu *mfv1.TokenUsage) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	now := l.clock.Now()
+	if tu.Spec.Day != now.UTC().Format(time.DateOnly) {
+		l.ended = append(l.ended, tu)
+		return
+	}
+	l.space(tu.Namespace, now).dirty = true
+}
+
+// record is s as ns's TokenUsage record at now, its lists sorted.
+func (s *space) record(gateway, ns string, now time.Time) *mfv1.TokenUsage {
+	rt := metav1.NewMicroTime(now)
+	tu := &mfv1.TokenUsage{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: RecordName(gateway, s.day)},
+		Spec: mfv1.TokenUsageSpec{Gateway: gateway, Day: s.day.Format(time.DateOnly), RenewTime: &rt,
+			Usage: make([]mfv1.KeyUsage, 0, len(s.usage)), Windows: make([]mfv1.KeyWindow, 0, len(s.keys))},
+	}
+	for _, u := range s.usage {
+		tu.Spec.Usage = append(tu.Spec.Usage, *u)
+	}
+	slices.SortFunc(tu.Spec.Usage, func(a, b mfv1.KeyUsage) int {
+		if c := strings.Compare(a.Key, b.Key); c != 0 {
+			return c
+		}
+		return strings.Compare(a.Deployment, b.Deployment)
+	})
+	minute, hour := budget.Start(budget.Minute, now), budget.Start(budget.Hour, now)
+	for k, t := range s.keys {
+		w := mfv1.KeyWindow{Key: k, InFlight: int32(t.InFlight)}
+		if t.Minute.Equal(minute) {
+			m := metav1.NewTime(minute)
+			w.Minute, w.MinuteTokens = &m, t.MinuteTokens
+		}
+		if t.Hour.Equal(hour) {
+			h := metav1.NewTime(hour)
+			w.Hour, w.HourTokens = &h, t.HourTokens
+		}
+		if w.Minute == nil && w.Hour == nil && w.InFlight == 0 {
+			continue // nothing current to add
+		}
+		tu.Spec.Windows = append(tu.Spec.Windows, w)
+	}
+	slices.SortFunc(tu.Spec.Windows, func(a, b mfv1.KeyWindow) int { return strings.Compare(a.Key, b.Key) })
+	return tu
+}

@@ -1,0 +1,102 @@
+package ledger
+
+import (
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	clocktesting "k8s.io/utils/clock/testing"
+
+	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
+	"github.com/macfleet/macfleet/gateway/budget"
+	"github.com/macfleet/macfleet/gateway/metering"
+)
+
+func allow(budget.Own) budget.Decision { return budget.Decision{Allowed: true} }
+
+// TestLedgerRecords follows one namespace through a day's end: the records taken,
+// what a restarted replica reads back, and requests in flight across the day.
+func TestLedgerRecords(t *testing.T) {
+	at := time.Date(2026, 11, 25, 23, 59, 50, 0, time.UTC)
+	clk := clocktesting.NewFakeClock(at)
+	l := New("gw-a", clk)
+	_, done := l.Admit("team-a", "ci", allow)
+	l.Record("team-a", "ci", "team-a/qwen", metering.Usage{Input: 10, Cached: 3, Output: 5})
+	l.Record("team-a", "app", "team-a/qwen", metering.Usage{Input: 1, Output: 1})
+	l.Record("team-a", "ci", "team-a/qwen", metering.Usage{Input: 2, Output: 2})
+	got := l.Take()
+	minute, hour := metav1.NewTime(at.Truncate(time.Minute)), metav1.NewTime(at.Truncate(time.Hour))
+	rt := metav1.NewMicroTime(at)
+	want := []*mfv1.TokenUsage{{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "team-a", Name: "gw-a.2026-11-25"},
+		Spec: mfv1.TokenUsageSpec{Gateway: "gw-a", Day: "2026-11-25", RenewTime: &rt,
+			Usage: []mfv1.KeyUsage{
+				{Key: "app", Deployment: "team-a/qwen", Requests: 1, InputTokens: 1, OutputTokens: 1},
+				{Key: "ci", Deployment: "team-a/qwen", Requests: 2, InputTokens: 12, CachedTokens: 3, OutputTokens: 7},
+			},
+			Windows: []mfv1.KeyWindow{
+				{Key: "app", Minute: &minute, MinuteTokens: 2, Hour: &hour, HourTokens: 2},
+				{Key: "ci", Minute: &minute, MinuteTokens: 19, Hour: &hour, HourTokens: 19, InFlight: 1},
+			}},
+	}}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Fatalf("the first record (-want +got):\n%s", diff)
+	}
+	if got := l.Take(); len(got) != 0 {
+		t.Errorf("nothing changed, yet %d records were taken", len(got))
+	}
+	clk.Step(RenewEvery)
+	if got := l.Take(); len(got) != 1 {
+		t.Errorf("a request in flight for %v: %d records taken, want it renewed", RenewEvery, len(got))
+	}
+
+	// A restarted replica reads its record back and counts on.
+	r := New("gw-a", clk)
+	r.Restore(want[0])
+	r.Restore(want[0]) // once only
+	var own budget.Own
+	r.Admit("team-a", "ci", func(o budget.Own) budget.Decision { own = o; return budget.Decision{Allowed: false} })
+	if own.Key.DayTokens != 19 || own.Namespace.DayTokens != 21 || own.Key.MinuteTokens != 19 || own.Namespace.MinuteTokens != 21 {
+		t.Errorf("restored counts: %+v, want 19 and 21 tokens of the day and minute", own)
+	}
+
+	// The day ends with a request in flight: the new day's record counts from zero
+	// but for the request in flight, which then ends.
+	clk.Step(10 * time.Second)
+	l.Record("team-a", "ci", "team-a/qwen", metering.Usage{Input: 1, Output: 1})
+	done()
+	got = l.Take()
+	if len(got) != 1 || got[0].Name != "gw-a.2026-11-26" {
+		t.Fatalf("after the day's end: %d records, want the new day's", len(got))
+	}
+	if u := got[0].Spec.Usage; len(u) != 1 || u[0].InputTokens != 1 {
+		t.Errorf("the new day's usage: %+v", u)
+	}
+	if w := got[0].Spec.Windows; len(w) != 1 || w[0].InFlight != 0 || w[0].MinuteTokens != 2 {
+		t.Errorf("the new day's windows: %+v", w)
+	}
+}
+
+// TestLedgerAdmitConcurrency: two requests arriving together cannot both take the last
+// concurrent slot, because Admit decides and counts under one lock.
+func TestLedgerAdmitConcurrency(t *testing.T) {
+	l := New("gw-a", clocktesting.NewFakeClock(time.Now()))
+	limit := func(o budget.Own) budget.Decision { return budget.Decision{Allowed: o.Namespace.InFlight < 5} }
+	admitted := make(chan bool, 50)
+	for range 50 {
+		go func() {
+			d, _ := l.Admit("team-a", "ci", limit)
+			admitted <- d.Allowed
+		}()
+	}
+	n := 0
+	for range 50 {
+		if <-admitted {
+			n++
+		}
+	}
+	if n != 5 {
+		t.Errorf("%d of 50 requests admitted under a limit of 5 in flight", n)
+	}
+}

@@ -1,0 +1,288 @@
+// Package satoken authenticates in-cluster callers by their ServiceAccount tokens: a
+// workload mounts a projected token whose audience is the fleet's (DefaultAudience)
+// and sends it as "Authorization: Bearer TOKEN" to the gateway or to a deployment's
+// own Service. The API server checks the token (a TokenReview naming the audience);
+// the caller is then the tenant identity of its ServiceAccount:
+//
+//	tenancy.Identity{Namespace: <the ServiceAccount's namespace>, Name: "system:serviceaccount:<its name>"}
+//
+// which reaches what its namespace may use (tenancy.MayUse), like a key of that
+// namespace. That Name is what TokenBudget.spec.key and the usage counters name the
+// caller by.
+//
+// A Reviewer caches each review's answer for a short time (Options.TTL, never past the
+// token's own expiry) under the token's SHA-256, so a busy caller costs one TokenReview
+// per TTL and the tokens themselves are never kept. A deleted ServiceAccount, or one
+// re-created under the same name, stops its tokens within the TTL. Tokens are never
+// logged.
+//
+// The decisions are pure: Identify reads a review's status, LooksLikeToken tells a
+// token from an API key, and the cache takes its clock from the caller.
+package satoken
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	authnv1 "k8s.io/api/authentication/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/clock"
+
+	"github.com/macfleet/macfleet/gateway/tenancy"
+)
+
+// Defaults of Options.
+const (
+	// DefaultAudience is the audience a token must be minted for to call the fleet.
+	DefaultAudience = "macfleet"
+	// DefaultTTL is how long a review's answer is reused: the longest a deleted
+	// ServiceAccount's token keeps working.
+	DefaultTTL = 10 * time.Second
+	// DefaultMaxEntries bounds the cache; a full cache drops its expired entries,
+	// then arbitrary ones.
+	DefaultMaxEntries = 4096
+	// DefaultTimeout bounds one TokenReview.
+	DefaultTimeout = 5 * time.Second
+)
+
+// NamePrefix starts the Name of a ServiceAccount's identity; the ServiceAccount's name
+// follows.
+const NamePrefix = "system:serviceaccount:"
+
+// Reviews creates TokenReviews: the client-go TokenReviewInterface
+// (clientset.AuthenticationV1().TokenReviews()) is one.
+type Reviews interface {
+	Create(ctx context.Context, tr *authnv1.TokenReview, opts metav1.CreateOptions) (*authnv1.TokenReview, error)
+}
+
+// Options configure a Reviewer; zero fields take the defaults.
+type Options struct {
+	Audience   string
+	TTL        time.Duration
+	MaxEntries int
+	Timeout    time.Duration
+	Clock      clock.PassiveClock
+	// Registerer, when set, receives macfleet_<Component>_token_reviews_total{result}:
+	// how tokens were answered, ResultCached (from the cache, either way),
+	// ResultAccepted and ResultRefused (by a review) or ResultFailed (no review).
+	Registerer prometheus.Registerer
+	Component  string
+}
+
+// The result label of the reviews counter.
+const (
+	ResultCached   = "cached"
+	ResultAccepted = "accepted"
+	ResultRefused  = "refused"
+	ResultFailed   = "failed"
+)
+
+// Reviewer authenticates ServiceAccount tokens through the API server, with a cache.
+type Reviewer struct {
+	reviews Reviews
+	opts    Options
+	// counted is the reviews counter by result (nil: not counted).
+	counted *prometheus.CounterVec
+
+	mu      sync.RWMutex
+	entries map[[32]byte]entry
+}
+
+// entry is a cached answer: the identity, or why the token was refused.
+type entry struct {
+	id      tenancy.Identity
+	refusal string
+	expires time.Time
+}
+
+// New is a Reviewer asking reviews. It fails only when its counter cannot be
+// registered.
+func New(reviews Reviews, opts Options) (*Reviewer, error) {
+	if opts.Audience == "" {
+		opts.Audience = DefaultAudience
+	}
+	if opts.TTL <= 0 {
+		opts.TTL = DefaultTTL
+	}
+	if opts.MaxEntries <= 0 {
+		opts.MaxEntries = DefaultMaxEntries
+	}
+	if opts.Timeout <= 0 {
+		opts.Timeout = DefaultTimeout
+	}
+	if opts.Clock == nil {
+		opts.Clock = clock.RealClock{}
+	}
+	r := &Reviewer{reviews: reviews, opts: opts, entries: map[[32]byte]entry{}}
+	if opts.Registerer != nil {
+		r.counted = prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "macfleet_" + opts.Component + "_token_reviews_total",
+			Help: "ServiceAccount tokens presented, by how they were answered: cached, accepted or refused by a TokenReview, or failed (no review).",
+		}, []string{"result"})
+		if err := opts.Registerer.Register(r.counted); err != nil {
+			// A second reviewer of the process (gateways in one test) shares the counter.
+			are, ok := errors.AsType[prometheus.AlreadyRegisteredError](err)
+			existing, same := are.ExistingCollector.(*prometheus.CounterVec)
+			if !ok || !same {
+				return nil, fmt.Errorf("registering the token reviews counter: %w", err)
+			}
+			r.counted = existing
+		}
+	}
+	return r, nil
+}
+
+func (r *Reviewer) count(result string) {
+	if r.counted != nil {
+		r.counted.WithLabelValues(result).Inc()
+	}
+}
+
+// Audience is the audience tokens must carry.
+func (r *Reviewer) Audience() string { return r.opts.Audience }
+
+// RefusedError is a token the API server did not accept for this fleet (invalid,
+// expired, of a deleted ServiceAccount, of another audience, or not a
+// ServiceAccount's). Its message never holds the token.
+type RefusedError struct{ Reason string }
+
+func (e *RefusedError) Error() string { return "the ServiceAccount token was refused: " + e.Reason }
+
+// Review is the identity of token: a *RefusedError when the API server does not
+// accept it, another error when it could not be asked (not cached: the next request
+// asks again).
+func (r *Reviewer) Review(ctx context.Context, token string) (tenancy.Identity, error) {
+	h := sha256.Sum256([]byte(token))
+	now := r.opts.Clock.Now()
+	r.mu.RLock()
+	e, ok := r.entries[h]
+	r.mu.RUnlock()
+	if ok && now.Before(e.expires) {
+		r.count(ResultCached)
+		return e.answer()
+	}
+	ctx, cancel := context.WithTimeout(ctx, r.opts.Timeout)
+	defer cancel()
+	tr, err := r.reviews.Create(ctx, &authnv1.TokenReview{Spec: authnv1.TokenReviewSpec{Token: token,
+		Audiences: []string{r.opts.Audience}}}, metav1.CreateOptions{})
+	if err != nil {
+		r.count(ResultFailed)
+		return tenancy.Identity{}, fmt.Errorf("reviewing a ServiceAccount token: %w", err)
+	}
+	e = entry{expires: Expiry(token, now, r.opts.TTL)}
+	if e.id, err = Identify(tr.Status, r.opts.Audience); err != nil {
+		e.refusal = err.Error()
+		r.count(ResultRefused)
+	} else {
+		r.count(ResultAccepted)
+	}
+	r.store(h, e, now)
+	return e.answer()
+}
+
+func (e entry) answer() (tenancy.Identity, error) {
+	if e.refusal != "" {
+		return tenancy.Identity{}, &RefusedError{Reason: e.refusal}
+	}
+	return e.id, nil
+}
+
+// store caches e, making room first when the cache is full.
+func (r *Reviewer) store(h [32]byte, e entry, now time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, ok := r.entries[h]; !ok && len(r.entries) >= r.opts.MaxEntries {
+		for k, old := range r.entries {
+			if !now.Before(old.expires) {
+				delete(r.entries, k)
+			}
+		}
+		for k := range r.entries {
+			if len(r.entries) < r.opts.MaxEntries {
+				break
+			}
+			delete(r.entries, k)
+		}
+	}
+	r.entries[h] = e
+}
+
+// Len is how many answers the cache holds.
+func (r *Reviewer) Len() int {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	return len(r.entries)
+}
+
+// Identify is the tenant identity a TokenReview's status authenticates for audience:
+// the ServiceAccount's namespace and "system:serviceaccount:<name>". A token that is
+// not authenticated, not for audience, or not a ServiceAccount's is an error saying
+// why.
+func Identify(st authnv1.TokenReviewStatus, audience string) (tenancy.Identity, error) {
+	if !st.Authenticated {
+		if st.Error != "" {
+			return tenancy.Identity{}, errors.New("not authenticated: " + st.Error)
+		}
+		return tenancy.Identity{}, errors.New("not authenticated (expired, of a deleted ServiceAccount, or not for audience " + audience + ")")
+	}
+	// The API server answers with the audiences of the request the token is valid for;
+	// an empty list would mean it ignored the request's audiences.
+	if !slices.Contains(st.Audiences, audience) {
+		return tenancy.Identity{}, fmt.Errorf("the token is not for audience %q", audience)
+	}
+	rest, ok := strings.CutPrefix(st.User.Username, NamePrefix)
+	ns, name, ok2 := strings.Cut(rest, ":")
+	if !ok || !ok2 || ns == "" || name == "" || strings.Contains(name, ":") {
+		return tenancy.Identity{}, fmt.Errorf("%q is not a ServiceAccount", st.User.Username)
+	}
+	return tenancy.Identity{Namespace: ns, Name: NamePrefix + name}, nil
+}
+
+// LooksLikeToken says whether a bearer credential is shaped like a ServiceAccount
+// token (a JWT: three base64url parts, a JSON header first), so that only those are
+// sent to the API server: the teams' API keys never are.
+func LooksLikeToken(s string) bool {
+	if !strings.HasPrefix(s, "eyJ") || strings.Count(s, ".") != 2 {
+		return false
+	}
+	for _, c := range s {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_' || c == '.') {
+			return false
+		}
+	}
+	return true
+}
+
+// Expiry is when a review of token answered at now stops being reused: after ttl, or
+// at the token's own expiry ("exp", read without checking the signature, which only
+// shortens the reuse) if that is sooner.
+func Expiry(token string, now time.Time, ttl time.Duration) time.Time {
+	end := now.Add(ttl)
+	parts := strings.Split(token, ".")
+	if len(parts) != 3 {
+		return end
+	}
+	payload, err := base64.RawURLEncoding.DecodeString(parts[1])
+	if err != nil {
+		return end
+	}
+	var claims struct {
+		Exp *int64 `json:"exp"`
+	}
+	if json.Unmarshal(payload, &claims) != nil || claims.Exp == nil {
+		return end
+	}
+	if exp := time.Unix(*claims.Exp, 0); exp.Before(end) {
+		return exp
+	}
+	return end
+}

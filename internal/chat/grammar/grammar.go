@@ -1,0 +1,172 @@
+// Package grammar decides what a chat request constrains the model's output to —
+// a JSON schema (response_format), a forced tool call in the model's own call syntax
+// (tool_choice "required" or a named function), or both as alternatives — and
+// describes it as JSON schemas plus GBNF rules for llama.cpp's converter and grammar
+// sampler. It is pure: the runner turns a Spec into a grammar.
+package grammar
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+
+	"github.com/macfleet/macfleet/api/runnerapi"
+	"github.com/macfleet/macfleet/internal/chat"
+)
+
+// Spec is a constraint: named JSON schemas and named GBNF rule bodies, one of them
+// "root", in which {{name}} stands for a value of the schema of that name.
+type Spec struct {
+	Schemas map[string]json.RawMessage
+	Rules   map[string]string
+	// Param is the request field the constraint comes from, for errors.
+	Param string
+
+	// b is what the schemas have spent of MaxSchemaWeight.
+	b *budget
+}
+
+// JSON returns the schemas and rules as the JSON objects the converter takes.
+func (s *Spec) JSON() (schemas, rules []byte) {
+	schemas, _ = json.Marshal(s.Schemas)
+	rules, _ = json.Marshal(s.Rules)
+	return schemas, rules
+}
+
+// Input is what of a request and model decides the constraint.
+type Input struct {
+	Format         chat.Format
+	Tools          []runnerapi.Tool
+	ToolChoice     *runnerapi.ToolChoice
+	Parallel       bool
+	ResponseFormat *runnerapi.ResponseFormat
+	// InReasoning: the prompt leaves the model inside an open <think> block, which
+	// it may finish before the constrained part.
+	InReasoning bool
+}
+
+// ForChat returns the constraint of a chat request, or nil when the output is free.
+func ForChat(in Input) (*Spec, *runnerapi.Error) {
+	forced := in.ToolChoice != nil && (in.ToolChoice.Mode == "required" || in.ToolChoice.Mode == "function")
+	callable := len(in.Tools) > 0 && (in.ToolChoice == nil || in.ToolChoice.Mode != "none")
+	format := in.ResponseFormat.Constrained()
+	if !forced && !format {
+		return nil, nil
+	}
+	if in.Format == chat.FormatHarmony {
+		param := "response_format"
+		if forced {
+			param = "tool_choice"
+		}
+		return nil, runnerapi.InvalidRequest(runnerapi.CodeUnsupportedParameter, param,
+			"constrained output (%s) is not supported yet for models that write the harmony format", param)
+	}
+	s := &Spec{Schemas: map[string]json.RawMessage{}, Rules: map[string]string{}, b: &budget{}}
+	var alts []string
+	if forced || callable && format {
+		tools := in.Tools
+		if in.ToolChoice != nil && in.ToolChoice.Mode == "function" {
+			for _, t := range in.Tools {
+				if t.Function.Name == in.ToolChoice.Function {
+					tools = []runnerapi.Tool{t}
+				}
+			}
+		}
+		if e := s.addCalls(in.Format, tools, in.Parallel); e != nil {
+			return nil, e
+		}
+		alts = append(alts, "mf-calls")
+		s.Param = "tools"
+	}
+	if format && !forced {
+		schema := json.RawMessage(`{"type":"object"}`)
+		if in.ResponseFormat.Type == "json_schema" {
+			schema = in.ResponseFormat.JSONSchema.Schema
+			if e := checkSchema(s.b, schema, "response_format.json_schema.schema"); e != nil {
+				return nil, e
+			}
+		}
+		s.Schemas["mf-answer"] = schema
+		alts = append(alts, "{{mf-answer}}")
+		s.Param = "response_format"
+	}
+	body := strings.Join(alts, " | ")
+	if in.InReasoning {
+		// Reasoning text (no "<") until the block closes, then the constrained part.
+		s.Rules["mf-reasoning"] = `[^<]* "</think>" [ \t\n]*`
+		body = "mf-reasoning ( " + body + " )"
+	}
+	s.Rules["root"] = body
+	return s, nil
+}
+
+// addCalls adds the rule mf-calls: one call (or, with parallel, one or more) to any
+// of tools in the model's call syntax, arguments by each tool's parameter schema.
+func (s *Spec) addCalls(f chat.Format, tools []runnerapi.Tool, parallel bool) *runnerapi.Error {
+	key := "arguments"
+	if f == chat.FormatLlama3 {
+		key = "parameters"
+	}
+	var calls []string
+	for i, t := range tools {
+		params := t.Function.Parameters
+		if len(strings.TrimSpace(string(params))) == 0 || string(params) == "null" {
+			params = json.RawMessage(`{"type":"object"}`)
+		}
+		if e := checkSchema(s.b, params, fmt.Sprintf("tools[%d].function.parameters", i)); e != nil {
+			return e
+		}
+		args := fmt.Sprintf("mf-args-%d", i)
+		s.Schemas[args] = params
+		rule := fmt.Sprintf("mf-call-%d", i)
+		s.Rules[rule] = fmt.Sprintf(`%s {{%s}} "}"`, literal(fmt.Sprintf(`{"name": %q, %q: `, t.Function.Name, key)), args)
+		calls = append(calls, rule)
+	}
+	s.Rules["mf-call"] = strings.Join(calls, " | ")
+	var one, sep, open, closing string
+	switch f {
+	case chat.FormatHermes:
+		one = `"<tool_call>\n" mf-call "\n</tool_call>"`
+		sep = `"\n"`
+	case chat.FormatMistral:
+		open, closing = `"[TOOL_CALLS][" `, ` "]"`
+		one, sep = "mf-call", `", "`
+	case chat.FormatLlama3:
+		one, sep = "mf-call", `"; "`
+	default: // no known syntax: bare JSON objects, which the parser recognises
+		one, sep = "mf-call", `"\n"`
+	}
+	body := one
+	if parallel {
+		body = one + " ( " + sep + " " + one + " )*"
+	}
+	s.Rules["mf-calls"] = open + body + closing
+	return nil
+}
+
+// literal quotes text as a GBNF string literal.
+func literal(text string) string {
+	var b strings.Builder
+	b.WriteByte('"')
+	for _, r := range text {
+		switch r {
+		case '"', '\\':
+			b.WriteByte('\\')
+			b.WriteRune(r)
+		case '\n':
+			b.WriteString(`\n`)
+		case '\r':
+			b.WriteString(`\r`)
+		case '\t':
+			b.WriteString(`\t`)
+		default:
+			if r < 0x20 {
+				fmt.Fprintf(&b, `\x%02X`, r)
+				continue
+			}
+			b.WriteRune(r)
+		}
+	}
+	b.WriteByte('"')
+	return b.String()
+}

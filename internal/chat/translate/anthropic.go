@@ -1,0 +1,560 @@
+package translate
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+
+	"github.com/macfleet/macfleet/api/runnerapi"
+	"github.com/macfleet/macfleet/internal/chat/compat"
+)
+
+// MessagesRequest is the body of POST /v1/messages (Anthropic Messages API).
+type MessagesRequest struct {
+	Model         string             `json:"model"`
+	MaxTokens     *int               `json:"max_tokens"`
+	Messages      []AnthropicMessage `json:"messages"`
+	System        json.RawMessage    `json:"system,omitempty"`
+	StopSequences []string           `json:"stop_sequences,omitempty"`
+	Temperature   *float64           `json:"temperature,omitempty"`
+	TopP          *float64           `json:"top_p,omitempty"`
+	TopK          *int               `json:"top_k,omitempty"`
+	Stream        bool               `json:"stream,omitempty"`
+	Tools         []AnthropicTool    `json:"tools,omitempty"`
+	ToolChoice    *struct {
+		Type                   string `json:"type"`
+		Name                   string `json:"name,omitempty"`
+		DisableParallelToolUse bool   `json:"disable_parallel_tool_use,omitempty"`
+	} `json:"tool_choice,omitempty"`
+	Metadata *struct {
+		UserID string `json:"user_id,omitempty"`
+	} `json:"metadata,omitempty"`
+	Thinking *struct {
+		Type         string `json:"type"`
+		BudgetTokens int    `json:"budget_tokens,omitempty"`
+		Display      string `json:"display,omitempty"`
+	} `json:"thinking,omitempty"`
+	OutputConfig *struct {
+		Effort string          `json:"effort,omitempty"`
+		Format json.RawMessage `json:"format,omitempty"`
+	} `json:"output_config,omitempty"`
+	// Hints (compat.Messages): accepted, reported in compat.IgnoredHintsHeader.
+	ServiceTier       string          `json:"service_tier,omitempty"`
+	ContextManagement json.RawMessage `json:"context_management,omitempty"`
+	CacheControl      json.RawMessage `json:"cache_control,omitempty"`
+}
+
+// AnthropicMessage is one message: its content a string or a list of blocks.
+type AnthropicMessage struct {
+	Role    string          `json:"role"`
+	Content json.RawMessage `json:"content"`
+}
+
+// AnthropicTool is a client tool.
+type AnthropicTool struct {
+	Type         string          `json:"type,omitempty"`
+	Name         string          `json:"name"`
+	Description  string          `json:"description,omitempty"`
+	InputSchema  json.RawMessage `json:"input_schema"`
+	CacheControl json.RawMessage `json:"cache_control,omitempty"`
+	// The fields of server tools (compat.HostedAnthropicTool), which are dropped.
+	MaxUses        json.RawMessage `json:"max_uses,omitempty"`
+	AllowedDomains json.RawMessage `json:"allowed_domains,omitempty"`
+	BlockedDomains json.RawMessage `json:"blocked_domains,omitempty"`
+	UserLocation   json.RawMessage `json:"user_location,omitempty"`
+}
+
+// block is a content block of a request (the fields of every kind served).
+type block struct {
+	Type      string          `json:"type"`
+	Text      string          `json:"text"`
+	ID        string          `json:"id"`
+	Name      string          `json:"name"`
+	Input     json.RawMessage `json:"input"`
+	ToolUseID string          `json:"tool_use_id"`
+	Content   json.RawMessage `json:"content"`
+	IsError   bool            `json:"is_error"`
+	Thinking  string          `json:"thinking"`
+	Signature string          `json:"signature"`
+	Data      string          `json:"data"`
+	Citations json.RawMessage `json:"citations"`
+	Cache     json.RawMessage `json:"cache_control"`
+}
+
+// blocks reads a string or a list of content blocks.
+func blocks(raw json.RawMessage, param string) ([]block, *chatError) {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 || raw[0] == '"' {
+		var s string
+		if len(raw) > 0 && json.Unmarshal(raw, &s) != nil {
+			return nil, invalid(param, "content must be a string or a list of content blocks")
+		}
+		return []block{{Type: "text", Text: s}}, nil
+	}
+	var out []block
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&out); err != nil {
+		return nil, invalid(param, "content must be a string or a list of content blocks: %v", err)
+	}
+	return out, nil
+}
+
+// textOf joins the text blocks of a tool result or system prompt.
+func textOf(bs []block, param string) (string, *chatError) {
+	var sb strings.Builder
+	for i, b := range bs {
+		if b.Type != "text" {
+			return "", unsupported(fmt.Sprintf("%s[%d].type", param, i), "only text blocks are supported here, got %q", b.Type)
+		}
+		sb.WriteString(b.Text)
+	}
+	return sb.String(), nil
+}
+
+// chatFromMessages translates a Messages request into a chat completion request, and
+// names the hints it accepted without effect below the top level (cache_control, the
+// server tools it dropped).
+func chatFromMessages(m *MessagesRequest) (map[string]any, []string, *chatError) {
+	if m.MaxTokens == nil {
+		return nil, nil, invalid("max_tokens", "max_tokens is required")
+	}
+	return chatFromMessagesBody(m, *m.MaxTokens)
+}
+
+// chatFromMessagesBody is chatFromMessages with the answer's token cap given
+// (count_tokens has none).
+func chatFromMessagesBody(m *MessagesRequest, maxTokens int) (map[string]any, []string, *chatError) {
+	if len(m.Messages) == 0 {
+		return nil, nil, invalid("messages", "messages must not be empty")
+	}
+	c := conversation{cached: len(m.CacheControl) > 0}
+	if len(m.System) > 0 {
+		if e := c.addSystem(m.System, "system"); e != nil {
+			return nil, nil, e
+		}
+	}
+	for i, msg := range m.Messages {
+		if e := c.addMessage(msg, fmt.Sprintf("messages[%d]", i)); e != nil {
+			return nil, nil, e
+		}
+	}
+	msgs := c.msgs
+	if len(c.system) > 0 {
+		msgs = append([]runnerapi.Message{{Role: "system", Content: runnerapi.MessageContent(strings.Join(c.system, "\n\n"))}}, msgs...)
+	}
+	if len(msgs) == 0 {
+		return nil, nil, invalid("messages", "messages must hold a user or assistant message")
+	}
+	chat := map[string]any{"model": m.Model, "messages": msgs, "max_tokens": maxTokens, "stream": m.Stream}
+	if m.Stream {
+		chat["stream_options"] = map[string]any{"include_usage": true}
+	}
+	if len(m.StopSequences) > 0 {
+		chat["stop"] = m.StopSequences
+	}
+	if m.Temperature != nil {
+		if *m.Temperature < 0 || *m.Temperature > 1 {
+			return nil, nil, invalid("temperature", "temperature must be between 0 and 1, got %g", *m.Temperature)
+		}
+		chat["temperature"] = *m.Temperature
+	}
+	if m.TopP != nil {
+		chat["top_p"] = *m.TopP
+	}
+	if m.TopK != nil {
+		chat["top_k"] = *m.TopK
+	}
+	if m.Metadata != nil && m.Metadata.UserID != "" {
+		chat["user"] = m.Metadata.UserID
+	}
+	tools, hints, e := c.tools(m.Tools)
+	if e != nil {
+		return nil, nil, e
+	}
+	if len(tools) > 0 {
+		chat["tools"] = tools
+	}
+	if e := toolChoice(m, chat); e != nil {
+		return nil, nil, e
+	}
+	if e := thinking(m, chat); e != nil {
+		return nil, nil, e
+	}
+	if c.cached {
+		hints = append(hints, "cache_control")
+	}
+	return chat, hints, nil
+}
+
+// conversation is a Messages request's conversation in chat terms, as it is read.
+type conversation struct {
+	msgs []runnerapi.Message
+	// system collects the system prompt: the system field, then every system-role
+	// message in order (templates take one system message, first).
+	system []string
+	// cached: some part of the request asked for cache_control.
+	cached bool
+}
+
+// addSystem adds the text of raw (named param in errors) to the system prompt.
+func (c *conversation) addSystem(raw json.RawMessage, param string) *chatError {
+	bs, e := blocks(raw, param)
+	if e != nil {
+		return e
+	}
+	return c.addSystemBlocks(bs, param)
+}
+
+func (c *conversation) addSystemBlocks(bs []block, param string) *chatError {
+	text, e := textOf(bs, param)
+	if e != nil {
+		return e
+	}
+	c.cached = c.cached || anyCache(bs)
+	if text != "" {
+		c.system = append(c.system, text)
+	}
+	return nil
+}
+
+// addMessage adds message msg (named param in errors): a system message to the system
+// prompt, a user or assistant message as one chat message after the tool results it
+// holds.
+func (c *conversation) addMessage(msg AnthropicMessage, param string) *chatError {
+	if msg.Role != "user" && msg.Role != "assistant" && msg.Role != "system" {
+		return invalid(param+".role", "role must be user, assistant or system, got %q", msg.Role)
+	}
+	bs, e := blocks(msg.Content, param+".content")
+	if e != nil {
+		return e
+	}
+	if msg.Role == "system" {
+		return c.addSystemBlocks(bs, param+".content")
+	}
+	c.cached = c.cached || anyCache(bs)
+	out := runnerapi.Message{Role: msg.Role}
+	var text strings.Builder
+	for j, b := range bs {
+		if e := c.addBlock(&out, &text, b, fmt.Sprintf("%s.content[%d]", param, j)); e != nil {
+			return e
+		}
+	}
+	if text.Len() > 0 || len(out.ToolCalls) > 0 || out.ReasoningContent != "" {
+		out.Content = runnerapi.MessageContent(text.String())
+		c.msgs = append(c.msgs, out)
+	}
+	return nil
+}
+
+// addBlock adds block b (named bp in errors) of message out: text to text, a tool
+// call or reasoning to out, a tool result as a tool message of its own.
+func (c *conversation) addBlock(out *runnerapi.Message, text *strings.Builder, b block, bp string) *chatError {
+	switch role := out.Role; {
+	case b.Type == "text":
+		text.WriteString(b.Text)
+	case b.Type == "tool_use" && role == "assistant":
+		input := bytes.TrimSpace(b.Input)
+		if len(input) == 0 {
+			input = []byte("{}")
+		}
+		out.ToolCalls = append(out.ToolCalls, runnerapi.ToolCall{ID: b.ID, Type: "function",
+			Function: runnerapi.FunctionCall{Name: b.Name, Arguments: string(input)}})
+	case b.Type == "thinking" && role == "assistant":
+		out.ReasoningContent += b.Thinking
+	case b.Type == "redacted_thinking" && role == "assistant":
+	case b.Type == "tool_result" && role == "user":
+		rb, e := blocks(b.Content, bp+".content")
+		if e != nil {
+			return e
+		}
+		c.cached = c.cached || anyCache(rb)
+		result, e := textOf(rb, bp+".content")
+		if e != nil {
+			return e
+		}
+		if b.IsError {
+			result = "Error: " + result
+		}
+		c.msgs = append(c.msgs, runnerapi.Message{Role: "tool", ToolCallID: b.ToolUseID, Content: runnerapi.MessageContent(result)})
+	default:
+		return unsupported(bp+".type", "a %q block in a %s message is not supported: the models served are text-only", b.Type, role)
+	}
+	return nil
+}
+
+// tools is the chat function tools of the request's client tools; the hosted tools
+// are dropped and named in the hints.
+func (c *conversation) tools(ts []AnthropicTool) ([]runnerapi.Tool, []string, *chatError) {
+	var tools []runnerapi.Tool
+	var hints []string
+	for i, t := range ts {
+		c.cached = c.cached || len(t.CacheControl) > 0
+		switch {
+		case compat.HostedAnthropicTool(t.Type):
+			hints = append(hints, "tools["+t.Type+"]")
+			continue
+		case t.Type != "" && t.Type != "custom":
+			return nil, nil, unsupported(fmt.Sprintf("tools[%d].type", i),
+				"the Anthropic-defined tool %q is not supported: define a client tool with input_schema", t.Type)
+		}
+		tools = append(tools, runnerapi.Tool{Type: "function", Function: runnerapi.Function{Name: t.Name, Description: t.Description, Parameters: t.InputSchema}})
+	}
+	return tools, hints, nil
+}
+
+// toolChoice sets the chat tool_choice (and parallel_tool_calls) of the request's.
+func toolChoice(m *MessagesRequest, chat map[string]any) *chatError {
+	c := m.ToolChoice
+	if c == nil {
+		return nil
+	}
+	switch c.Type {
+	case "auto":
+		chat["tool_choice"] = "auto"
+	case "any":
+		chat["tool_choice"] = "required"
+	case "none":
+		chat["tool_choice"] = "none"
+	case "tool":
+		chat["tool_choice"] = map[string]any{"type": "function", "function": map[string]any{"name": c.Name}}
+	default:
+		return invalid("tool_choice.type", "tool_choice type must be auto, any, tool or none, got %q", c.Type)
+	}
+	if c.DisableParallelToolUse {
+		chat["parallel_tool_calls"] = false
+	}
+	return nil
+}
+
+// Anthropic serves POST /v1/messages over a chat completions handler.
+func Anthropic(chat http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		req, chatReq, ok := readMessages(w, r, chatFromMessages)
+		if !ok {
+			return
+		}
+		b, _ := json.Marshal(chatReq)
+		var out sink = &anthropicWhole{w: w}
+		if req.Stream {
+			out = &anthropicStream{w: w, sse: newSSE(w), model: req.Model}
+		}
+		serveChat(chat, r, b, out)
+	})
+}
+
+// readMessages reads and decodes a Messages request, translates it with toChat and
+// names its hints in the response header; on an error it answers the Anthropic error
+// and returns ok false.
+func readMessages(w http.ResponseWriter, r *http.Request,
+	toChat func(*MessagesRequest) (map[string]any, []string, *chatError)) (req *MessagesRequest, chatReq map[string]any, ok bool) {
+	req = &MessagesRequest{}
+	body, e := readBody(w, r)
+	if e == nil {
+		e = decodeStrict(body, req, &compat.Messages)
+	}
+	var hints []string
+	if e == nil {
+		chatReq, hints, e = toChat(req)
+	}
+	if e != nil {
+		anthropicError(w, e)
+		return nil, nil, false
+	}
+	setHints(w, append(compat.Messages.Hints(body), hints...))
+	return req, chatReq, true
+}
+
+// anthropicErrorType maps an HTTP status to Anthropic's error type.
+func anthropicErrorType(status int) string {
+	switch status {
+	case http.StatusBadRequest, http.StatusUnprocessableEntity:
+		return "invalid_request_error"
+	case http.StatusUnauthorized:
+		return "authentication_error"
+	case http.StatusForbidden:
+		return "permission_error"
+	case http.StatusNotFound:
+		return "not_found_error"
+	case http.StatusRequestEntityTooLarge:
+		return "request_too_large"
+	case http.StatusTooManyRequests:
+		return "rate_limit_error"
+	case http.StatusServiceUnavailable, http.StatusInsufficientStorage, 529:
+		return "overloaded_error"
+	}
+	return "api_error"
+}
+
+func anthropicErrorBody(e *chatError) map[string]any {
+	msg := e.Message
+	if e.Param != "" && !strings.Contains(msg, e.Param) {
+		msg = e.Param + ": " + msg
+	}
+	return map[string]any{"type": "error", "error": map[string]any{"type": anthropicErrorType(e.Status), "message": msg}}
+}
+
+// AnthropicErrorBody converts an OpenAI error body with its HTTP status into
+// Anthropic's shape; ok is false when body is not an OpenAI error.
+func AnthropicErrorBody(status int, body []byte) (out []byte, ok bool) {
+	var probe struct {
+		Type  string          `json:"type"`
+		Error json.RawMessage `json:"error"`
+	}
+	if json.Unmarshal(body, &probe) != nil || probe.Type == "error" || len(probe.Error) == 0 {
+		return nil, false
+	}
+	out, _ = json.Marshal(anthropicErrorBody(parseError(status, body)))
+	return out, true
+}
+
+func anthropicError(w http.ResponseWriter, e *chatError) {
+	writeJSON(w, e.Status, anthropicErrorBody(e))
+}
+
+// stopReason maps a chat finish reason and the stop string that ended the answer to
+// Anthropic's stop_reason and stop_sequence.
+func stopReason(finish, stopSeq string) (string, any) {
+	switch {
+	case finish == "length":
+		return "max_tokens", nil
+	case finish == "tool_calls":
+		return "tool_use", nil
+	case stopSeq != "":
+		return "stop_sequence", stopSeq
+	}
+	return "end_turn", nil
+}
+
+type anthropicWhole struct{ w http.ResponseWriter }
+
+func (a *anthropicWhole) whole(c *runnerapi.ChatCompletion) {
+	ch := c.Choices[0]
+	content := []map[string]any{}
+	if ch.Message.ReasoningContent != "" {
+		content = append(content, map[string]any{"type": "thinking", "thinking": ch.Message.ReasoningContent, "signature": ""})
+	}
+	if t := ch.Message.Text(); t != "" {
+		content = append(content, map[string]any{"type": "text", "text": t})
+	}
+	for _, tc := range ch.Message.ToolCalls {
+		content = append(content, map[string]any{"type": "tool_use", "id": toolUseID(tc.ID), "name": tc.Function.Name,
+			"input": argsObject(tc.Function.Arguments)})
+	}
+	reason, seq := stopReason(ch.FinishReason, ch.StopSequence)
+	writeJSON(a.w, http.StatusOK, map[string]any{"id": "msg_" + strings.TrimPrefix(c.ID, "chatcmpl-"), "type": "message",
+		"role": "assistant", "model": c.Model, "content": content, "stop_reason": reason,
+		"stop_sequence": seq, "usage": anthropicUsage(c.Usage)})
+}
+
+func (a *anthropicWhole) chunk(*runnerapi.ChatCompletionChunk) {}
+func (a *anthropicWhole) end(*chatError)                       {}
+func (a *anthropicWhole) fail(e *chatError)                    { anthropicError(a.w, e) }
+
+// toolUseID keeps a call's id, in Anthropic's form.
+func toolUseID(id string) string { return "toolu_" + strings.TrimPrefix(id, "call_") }
+
+// anthropicStream turns chat chunks into Anthropic stream events: one content block
+// at a time (thinking, text, each tool use), then message_delta and message_stop.
+type anthropicStream struct {
+	w       http.ResponseWriter
+	sse     *sse
+	model   string
+	started bool
+	index   int    // the open block's index
+	open    string // the open block's kind: "", thinking, text, tool_use
+	finish  string
+	stopSeq string
+	usage   *runnerapi.Usage
+}
+
+// start sends message_start with the prompt's usage, which the chat stream's first
+// chunk carries (runnerapi.HeaderPromptUsage).
+func (a *anthropicStream) start(id string, prompt *runnerapi.Usage) {
+	if a.started {
+		return
+	}
+	a.started = true
+	var usage *runnerapi.Usage
+	if prompt != nil {
+		usage = &runnerapi.Usage{PromptTokens: prompt.PromptTokens, PromptTokensDetails: prompt.PromptTokensDetails}
+	}
+	a.sse.send("message_start", map[string]any{"type": "message_start", "message": map[string]any{
+		"id": "msg_" + strings.TrimPrefix(id, "chatcmpl-"), "type": "message", "role": "assistant", "model": a.model,
+		"content": []any{}, "stop_reason": nil, "stop_sequence": nil, "usage": anthropicUsage(usage)}})
+}
+
+// block opens a block of kind (closing the open one) unless it is already open.
+func (a *anthropicStream) block(kind string, cb map[string]any) {
+	if a.open == kind && kind != "tool_use" {
+		return
+	}
+	a.closeBlock()
+	a.open = kind
+	a.sse.send("content_block_start", map[string]any{"type": "content_block_start", "index": a.index, "content_block": cb})
+}
+
+func (a *anthropicStream) closeBlock() {
+	if a.open == "" {
+		return
+	}
+	a.sse.send("content_block_stop", map[string]any{"type": "content_block_stop", "index": a.index})
+	a.open = ""
+	a.index++
+}
+
+func (a *anthropicStream) delta(d map[string]any) {
+	a.sse.send("content_block_delta", map[string]any{"type": "content_block_delta", "index": a.index, "delta": d})
+}
+
+func (a *anthropicStream) chunk(c *runnerapi.ChatCompletionChunk) {
+	a.start(c.ID, c.Usage)
+	if c.Usage != nil {
+		a.usage = c.Usage
+	}
+	for _, ch := range c.Choices {
+		d := ch.Delta
+		if d.ReasoningContent != nil && *d.ReasoningContent != "" {
+			a.block("thinking", map[string]any{"type": "thinking", "thinking": "", "signature": ""})
+			a.delta(map[string]any{"type": "thinking_delta", "thinking": *d.ReasoningContent})
+		}
+		if d.Content != nil && *d.Content != "" {
+			a.block("text", map[string]any{"type": "text", "text": ""})
+			a.delta(map[string]any{"type": "text_delta", "text": *d.Content})
+		}
+		for _, tc := range d.ToolCalls {
+			if tc.ID != "" {
+				a.block("tool_use", map[string]any{"type": "tool_use", "id": toolUseID(tc.ID), "name": tc.Function.Name,
+					"input": map[string]any{}})
+			}
+			if tc.Function.Arguments != "" {
+				a.delta(map[string]any{"type": "input_json_delta", "partial_json": tc.Function.Arguments})
+			}
+		}
+		if ch.FinishReason != nil {
+			a.finish, a.stopSeq = *ch.FinishReason, ch.StopSequence
+		}
+	}
+}
+
+func (a *anthropicStream) end(err *chatError) {
+	if err != nil {
+		if !a.started {
+			a.fail(err)
+			return
+		}
+		a.sse.send("error", anthropicErrorBody(err))
+		return
+	}
+	a.start("", nil)
+	a.closeBlock()
+	reason, seq := stopReason(a.finish, a.stopSeq)
+	a.sse.send("message_delta", map[string]any{"type": "message_delta",
+		"delta": map[string]any{"stop_reason": reason, "stop_sequence": seq}, "usage": anthropicUsage(a.usage)})
+	a.sse.send("message_stop", map[string]any{"type": "message_stop"})
+}
+
+func (a *anthropicStream) whole(*runnerapi.ChatCompletion) {}
+func (a *anthropicStream) fail(e *chatError)               { anthropicError(a.w, e) }

@@ -1,0 +1,260 @@
+package translate
+
+import (
+	"encoding/json"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/macfleet/macfleet/api/runnerapi"
+	"github.com/macfleet/macfleet/internal/chat/compat"
+)
+
+// compatCase is one field a client sends: the request, what of the chat request it
+// must become (keys of the chat request, compared as JSON), and the hints header.
+type compatCase struct {
+	name, body string
+	chat       map[string]string
+	hints      string
+}
+
+// runCompat posts each case through h and compares the chat request and the header.
+func runCompat(t *testing.T, h func(http.Handler) http.Handler, path string, cases []compatCase) {
+	t.Helper()
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			f := &fakeChat{whole: toolWhole}
+			w := post(t, h(f), path, tc.body)
+			if w.Code != http.StatusOK {
+				t.Fatalf("%d %s", w.Code, w.Body)
+			}
+			got, want := map[string]string{}, map[string]string{}
+			for k, v := range tc.chat {
+				b, _ := json.Marshal(f.got[k])
+				got[k] = string(b)
+				var norm any
+				if err := json.Unmarshal([]byte(v), &norm); err != nil {
+					t.Fatalf("want %s: %v", k, err)
+				}
+				b, _ = json.Marshal(norm)
+				want[k] = string(b)
+			}
+			if d := cmp.Diff(want, got); d != "" {
+				t.Errorf("chat request (-want +got):\n%s", d)
+			}
+			if g := w.Header().Get(compat.IgnoredHintsHeader); g != tc.hints {
+				t.Errorf("%s: %q, want %q", compat.IgnoredHintsHeader, g, tc.hints)
+			}
+		})
+	}
+}
+
+// TestAnthropicClientFields: the fields Claude Code sends on its first request (issue
+// 28), each honoured or accepted as a hint and named in the header.
+func TestAnthropicClientFields(t *testing.T) {
+	const user = `{"role":"user","content":"Hi"}`
+	runCompat(t, Anthropic, "/v1/messages?beta=true", []compatCase{
+		{name: "context_management", body: `{"model":"m","max_tokens":5,"messages":[` + user + `],
+			"context_management":{"edits":[{"type":"clear_thinking_20251015","keep":"all"}]}}`,
+			chat: map[string]string{"messages": `[{"role":"user","content":"Hi"}]`}, hints: "context_management"},
+		{name: "output_config effort", body: `{"model":"m","max_tokens":5,"messages":[` + user + `],"output_config":{"effort":"high"}}`,
+			chat: map[string]string{"reasoning_effort": `"high"`}},
+		{name: "output_config format", body: `{"model":"m","max_tokens":5,"messages":[` + user + `],
+			"output_config":{"format":{"type":"json_schema","schema":{"type":"object"}}}}`,
+			chat: map[string]string{"response_format": `{"json_schema":{"name":"output","schema":{"type":"object"}},"type":"json_schema"}`}},
+		{name: "system message folded", body: `{"model":"m","max_tokens":5,"system":"S1","messages":[` + user + `,
+			{"role":"system","content":[{"type":"text","text":"S2"}]},{"role":"assistant","content":"Hello"},` + user + `]}`,
+			chat: map[string]string{"messages": `[{"role":"system","content":"S1\n\nS2"},{"role":"user","content":"Hi"},` +
+				`{"role":"assistant","content":"Hello"},{"role":"user","content":"Hi"}]`}},
+		{name: "thinking adaptive", body: `{"model":"m","max_tokens":5,"messages":[` + user + `],"thinking":{"type":"adaptive"}}`,
+			chat: map[string]string{"chat_template_kwargs": `{"enable_thinking":true}`, "reasoning_effort": "null"}},
+		{name: "thinking budget", body: `{"model":"m","max_tokens":5,"messages":[` + user + `],"thinking":{"type":"enabled","budget_tokens":20000}}`,
+			chat: map[string]string{"chat_template_kwargs": `{"enable_thinking":true}`, "reasoning_effort": `"high"`}},
+		{name: "cache_control", body: `{"model":"m","max_tokens":5,"system":[{"type":"text","text":"S","cache_control":{"type":"ephemeral"}}],
+			"tools":[{"name":"f","input_schema":{"type":"object"},"cache_control":{"type":"ephemeral"}}],
+			"messages":[{"role":"user","content":[{"type":"text","text":"Hi","cache_control":{"type":"ephemeral","ttl":"1h"}}]}]}`,
+			chat: map[string]string{"messages": `[{"role":"system","content":"S"},{"role":"user","content":"Hi"}]`}, hints: "cache_control"},
+		{name: "server tool dropped", body: `{"model":"m","max_tokens":5,"messages":[` + user + `],
+			"tools":[{"type":"web_search_20250305","name":"web_search","max_uses":3},{"name":"f","input_schema":{"type":"object"}}]}`,
+			chat:  map[string]string{"tools": `[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}]`},
+			hints: "tools[web_search_20250305]"},
+		{name: "metadata and service_tier", body: `{"model":"m","max_tokens":5,"messages":[` + user + `],
+			"metadata":{"user_id":"u"},"service_tier":"auto"}`, chat: map[string]string{}, hints: "metadata"},
+	})
+}
+
+// TestAnthropicRefusals: what the policy refuses is a 400 naming the field.
+func TestAnthropicRefusals(t *testing.T) {
+	for _, tc := range []struct{ body, want string }{
+		{`{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"x"}],"mcp_servers":[{"type":"url","url":"u","name":"n"}]}`, "mcp_servers"},
+		{`{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"x"}],"tools":[{"type":"bash_20250124","name":"bash"}]}`, "tools[0].type"},
+		{`{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"x"}],"thinking":{"type":"sometimes"}}`, "thinking.type"},
+		{`{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"x"}],"context_managment":{}}`, "context_managment"},
+	} {
+		w := post(t, Anthropic(&fakeChat{whole: toolWhole}), "/v1/messages", tc.body)
+		var e struct {
+			Error struct{ Type, Message string }
+		}
+		_ = json.Unmarshal(w.Body.Bytes(), &e)
+		if w.Code != http.StatusBadRequest || e.Error.Type != "invalid_request_error" || !strings.Contains(e.Error.Message, tc.want) {
+			t.Errorf("%s: %d %s, want a 400 naming %s", tc.body, w.Code, w.Body, tc.want)
+		}
+	}
+}
+
+// TestResponsesClientFields: the fields Codex sends on its first request (issue 28).
+func TestResponsesClientFields(t *testing.T) {
+	const fn = `{"type":"function","name":"exec_command","parameters":{"type":"object"},"strict":false}`
+	runCompat(t, Responses, "/v1/responses", []compatCase{
+		{name: "namespace tools", body: `{"model":"m","input":"x","tools":[` + fn + `,{"type":"namespace","name":"multi_agent_v1",
+			"description":"Agents.","tools":[{"type":"function","name":"spawn_agent","description":"Spawn.","parameters":{"type":"object"},"strict":false,
+			"defer_loading":true}]}]}`,
+			chat: map[string]string{"tools": `[{"type":"function","function":{"name":"exec_command","parameters":{"type":"object"},"strict":false}},` +
+				`{"type":"function","function":{"name":"spawn_agent","description":"Spawn.","parameters":{"type":"object"},"strict":false}}]`}},
+		{name: "namespace name clash", body: `{"model":"m","input":"x","tools":[` + fn + `,{"type":"namespace","name":"ns","description":"",
+			"tools":[` + fn + `]}]}`,
+			chat: map[string]string{"tools": `[{"type":"function","function":{"name":"exec_command","parameters":{"type":"object"},"strict":false}},` +
+				`{"type":"function","function":{"name":"ns__exec_command","parameters":{"type":"object"},"strict":false}}]`}},
+		{name: "namespaced call in the history", body: `{"model":"m","tools":[{"type":"namespace","name":"ns","description":"","tools":[` + fn + `]}],
+			"input":[{"type":"function_call","call_id":"c1","namespace":"ns","name":"exec_command","arguments":"{}"},
+			{"type":"function_call_output","call_id":"c1","output":"ok"}]}`,
+			chat: map[string]string{"messages": `[{"role":"assistant","content":"","tool_calls":[{"id":"c1","type":"function",` +
+				`"function":{"name":"exec_command","arguments":"{}"}}]},{"role":"tool","content":"ok","tool_call_id":"c1"}]`}},
+		{name: "web_search dropped", body: `{"model":"m","input":"x","tools":[` + fn + `,{"type":"web_search","external_web_access":false}]}`,
+			chat:  map[string]string{"tools": `[{"type":"function","function":{"name":"exec_command","parameters":{"type":"object"},"strict":false}}]`},
+			hints: "tools[web_search]"},
+		{name: "prompt_cache_key", body: `{"model":"m","input":"x","prompt_cache_key":"thread-1"}`,
+			chat: map[string]string{"prompt_cache_key": `"thread-1"`}},
+		{name: "client_metadata", body: `{"model":"m","input":"x","client_metadata":{"session_id":"s"}}`,
+			chat: map[string]string{}, hints: "client_metadata"},
+		{name: "include", body: `{"model":"m","input":"x","include":["reasoning.encrypted_content"]}`,
+			chat: map[string]string{}, hints: "include"},
+		{name: "store false", body: `{"model":"m","input":"x","store":false,"stream_options":{"include_obfuscation":false}}`, chat: map[string]string{}},
+		{name: "context_management", body: `{"model":"m","input":"x","context_management":[{"type":"compaction","compact_threshold":1000}]}`,
+			chat: map[string]string{}, hints: "context_management"},
+		{name: "store true", body: `{"model":"m","input":"x","store":true}`, chat: map[string]string{}, hints: "store"},
+		{name: "hints together", body: `{"model":"m","service_tier":"flex","safety_identifier":"u","reasoning":{"summary":"auto"},
+			"input":[{"type":"reasoning","id":"rs_1","summary":[],"encrypted_content":"opaque"},{"type":"message","role":"user","content":"x"}]}`,
+			chat: map[string]string{"messages": `[{"role":"user","content":"x"}]`}, hints: "safety_identifier, service_tier, reasoning.summary"},
+	})
+}
+
+// TestResponsesNamespacedCall: a call of a namespaced function comes back in the
+// client's terms, its namespace and its own name, streamed or not.
+func TestResponsesNamespacedCall(t *testing.T) {
+	body := `{"model":"m","input":"x","tools":[{"type":"namespace","name":"weather","description":"",
+		"tools":[{"type":"function","name":"get_weather","parameters":{"type":"object"}}]}]}`
+	w := post(t, Responses(&fakeChat{whole: toolWhole}), "/v1/responses", body)
+	var resp struct{ Output []map[string]any }
+	if err := json.Unmarshal(w.Body.Bytes(), &resp); err != nil || len(resp.Output) != 3 {
+		t.Fatalf("%d %s", w.Code, w.Body)
+	}
+	if d := cmp.Diff(map[string]any{"type": "function_call", "id": "fc_abc_3", "call_id": "call_1", "name": "get_weather",
+		"namespace": "weather", "arguments": `{"city":"Paris"}`, "status": "completed"}, resp.Output[2]); d != "" {
+		t.Errorf("call (-want +got):\n%s", d)
+	}
+	w = post(t, Responses(&fakeChat{chunks: toolStream}), "/v1/responses", body[:len(body)-1]+`,"stream":true}`)
+	events := readEvents(t, w.Body)
+	var done map[string]any
+	for _, e := range events {
+		if e.event == "response.output_item.done" && e.data["item"].(map[string]any)["type"] == "function_call" {
+			done = e.data["item"].(map[string]any)
+		}
+	}
+	if done["namespace"] != "weather" || done["name"] != "get_weather" || done["arguments"] != `{"city":"Paris"}` {
+		t.Errorf("streamed call %v", done)
+	}
+}
+
+// TestResponsesRefusals: what the policy refuses is a 400 naming the field.
+func TestResponsesRefusals(t *testing.T) {
+	for _, tc := range []struct{ body, param string }{
+		{`{"model":"m","input":"x","include":["bogus.item"]}`, "include[0]"},
+		{`{"model":"m","input":"x","conversation":"conv_1"}`, "conversation"},
+		{`{"model":"m","input":"x","tools":[{"type":"custom","name":"apply_patch"}]}`, "tools[0].type"},
+		{`{"model":"m","input":"x","tools":[{"type":"namespace","name":"n","tools":[{"type":"custom","name":"x"}]}]}`, "tools[0].tools[0].type"},
+		{`{"model":"m","input":"x","truncation":"auto"}`, "truncation"},
+		{`{"model":"m","input":"x","prompt_cache_kee":"k"}`, "prompt_cache_kee"},
+	} {
+		w := post(t, Responses(&fakeChat{whole: toolWhole}), "/v1/responses", tc.body)
+		var e struct{ Error struct{ Param *string } }
+		_ = json.Unmarshal(w.Body.Bytes(), &e)
+		if w.Code != http.StatusBadRequest || e.Error.Param == nil || *e.Error.Param != tc.param {
+			t.Errorf("%s: %d %s, want a 400 naming %s", tc.body, w.Code, w.Body, tc.param)
+		}
+	}
+}
+
+// TestAnthropicUsage: message_start reports the prompt's size, which the chat
+// stream's first chunk carries when the translator asks for it; the cached part is
+// cache_read_input_tokens there, in message_delta and in a whole answer.
+func TestAnthropicUsage(t *testing.T) {
+	first := `{"id":"chatcmpl-abc","object":"chat.completion.chunk","model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":""}}],` +
+		`"usage":{"prompt_tokens":19626,"completion_tokens":0,"total_tokens":19626,"prompt_tokens_details":{"cached_tokens":19000}}}`
+	last := `{"id":"chatcmpl-abc","model":"m","choices":[],"usage":{"prompt_tokens":19626,"completion_tokens":9,"total_tokens":19635,` +
+		`"prompt_tokens_details":{"cached_tokens":19000}}}`
+	chunks := append(append([]string{first}, toolStream[1:len(toolStream)-1]...), last)
+	f := &fakeChat{chunks: chunks}
+	w := post(t, Anthropic(f), "/v1/messages", `{"model":"m","max_tokens":50,"stream":true,"messages":[{"role":"user","content":"x"}]}`)
+	if got := f.header.Get(runnerapi.HeaderPromptUsage); got != "first-chunk" {
+		t.Errorf("the chat request's %s = %q, want first-chunk", runnerapi.HeaderPromptUsage, got)
+	}
+	events := readEvents(t, w.Body)
+	want := map[string]any{"input_tokens": 626.0, "cache_read_input_tokens": 19000.0, "cache_creation_input_tokens": 0.0, "output_tokens": 0.0}
+	if d := cmp.Diff(want, events[0].data["message"].(map[string]any)["usage"]); d != "" {
+		t.Errorf("message_start usage (-want +got):\n%s", d)
+	}
+	want["output_tokens"] = 9.0
+	if d := cmp.Diff(want, events[len(events)-2].data["usage"]); d != "" {
+		t.Errorf("message_delta usage (-want +got):\n%s", d)
+	}
+
+	whole := toolWhole
+	whole.Usage = &runnerapi.Usage{PromptTokens: 100, CompletionTokens: 9, TotalTokens: 109, PromptTokensDetails: &runnerapi.PromptTokensDetails{CachedTokens: 64}}
+	w = post(t, Anthropic(&fakeChat{whole: whole}), "/v1/messages", `{"model":"m","max_tokens":50,"messages":[{"role":"user","content":"x"}]}`)
+	var resp struct{ Usage map[string]any }
+	_ = json.Unmarshal(w.Body.Bytes(), &resp)
+	if d := cmp.Diff(map[string]any{"input_tokens": 36.0, "cache_read_input_tokens": 64.0, "cache_creation_input_tokens": 0.0,
+		"output_tokens": 9.0}, resp.Usage); d != "" {
+		t.Errorf("usage (-want +got):\n%s", d)
+	}
+}
+
+// TestAnthropicCountTokens: count_tokens translates the request as /v1/messages does
+// (max_tokens may be left out) and answers the count handler's count in Anthropic's
+// shape; the handler's errors come back Anthropic-shaped.
+func TestAnthropicCountTokens(t *testing.T) {
+	var got map[string]any
+	count := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_ = json.NewDecoder(r.Body).Decode(&got)
+		if got["model"] == "missing" {
+			w.WriteHeader(http.StatusNotFound)
+			_, _ = w.Write([]byte(`{"error":{"message":"model \"missing\" not found","type":"invalid_request_error","code":"model_not_found"}}`))
+			return
+		}
+		_, _ = w.Write([]byte(`{"prompt_tokens":1234}`))
+	})
+	w := post(t, AnthropicCountTokens(count), "/v1/messages/count_tokens", `{"model":"m","system":"S",
+		"messages":[{"role":"user","content":"Hi"}],"thinking":{"type":"adaptive"},"context_management":{"edits":[]},
+		"tools":[{"name":"f","input_schema":{"type":"object"}}]}`)
+	if w.Code != http.StatusOK || strings.TrimSpace(w.Body.String()) != `{"input_tokens":1234}` {
+		t.Fatalf("%d %s", w.Code, w.Body)
+	}
+	if got["max_tokens"] != nil || got["stream"] != false || got["tools"] == nil || got["chat_template_kwargs"] == nil {
+		t.Errorf("the chat request %v", got)
+	}
+	if h := w.Header().Get(compat.IgnoredHintsHeader); h != "context_management" {
+		t.Errorf("hints %q", h)
+	}
+	w = post(t, AnthropicCountTokens(count), "/v1/messages/count_tokens", `{"model":"missing","messages":[{"role":"user","content":"Hi"}]}`)
+	var e struct {
+		Type  string
+		Error struct{ Type, Message string }
+	}
+	_ = json.Unmarshal(w.Body.Bytes(), &e)
+	if w.Code != http.StatusNotFound || e.Type != "error" || e.Error.Type != "not_found_error" {
+		t.Errorf("%d %s", w.Code, w.Body)
+	}
+}

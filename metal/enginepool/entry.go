@@ -1,0 +1,253 @@
+package enginepool
+
+import (
+	"context"
+	"time"
+
+	"github.com/macfleet/macfleet/api/runnerapi"
+	"github.com/macfleet/macfleet/metal/enginepool/decide"
+)
+
+// State is an entry's place in its life cycle:
+// Absent → Loading → Ready → Draining → Stopping → Unloaded, and Failed.
+// The pool's decisions (package decide) read it.
+type State = decide.State
+
+const (
+	StateAbsent   = decide.StateAbsent
+	StateLoading  = decide.StateLoading
+	StateReady    = decide.StateReady
+	StateDraining = decide.StateDraining
+	StateStopping = decide.StateStopping
+	StateUnloaded = decide.StateUnloaded
+	StateFailed   = decide.StateFailed
+)
+
+// UnloadReason says why an engine was stopped.
+type UnloadReason string
+
+const (
+	ReasonAdmin       UnloadReason = "admin"
+	ReasonIdle        UnloadReason = "idle"
+	ReasonEviction    UnloadReason = "eviction"     // admission made room for another model
+	ReasonPressure    UnloadReason = "pressure"     // the memory enforcer
+	ReasonOverCeiling UnloadReason = "over-ceiling" // runner exceeded its own ceiling by >10%
+	ReasonRemoved     UnloadReason = "removed"      // the model left the configuration
+	ReasonShutdown    UnloadReason = "shutdown"
+	ReasonCrash       UnloadReason = "crash"
+	ReasonLoadFailed  UnloadReason = "load-failed"
+	ReasonLoadAborted UnloadReason = "load-aborted"
+	ReasonRetired     UnloadReason = "retired" // Retire: the model serves no more, its entry stays
+)
+
+// graceful reasons wait the long drain deadline; pressure reasons the short one.
+func (r UnloadReason) graceful() bool {
+	switch r {
+	case ReasonPressure, ReasonOverCeiling:
+		return false
+	}
+	return true
+}
+
+// evicts says whether the reason counts as an eviction in the pool's counters.
+func (r UnloadReason) evicts() bool {
+	return r == ReasonEviction || r == ReasonPressure || r == ReasonOverCeiling
+}
+
+// SettleOutcome is how the settle barrier ended (decide.Settle).
+type SettleOutcome = decide.SettleOutcome
+
+const (
+	Settled       = decide.Settled
+	Indeterminate = decide.Indeterminate
+	TimedOut      = decide.TimedOut
+)
+
+// UnloadReport is what one unload gave back.
+type UnloadReport struct {
+	Reason UnloadReason `json:"reason"`
+	// FreedBytes is never negative. Settled/TimedOut: the drop of the host gauge;
+	// Indeterminate: the runner's last measured footprint.
+	FreedBytes int64 `json:"freedBytes"`
+	// ResidentBytes is the runner's footprint measured just before it was stopped.
+	ResidentBytes int64         `json:"residentBytes"`
+	Outcome       SettleOutcome `json:"outcome"`
+	// Duration runs from the start of the drain to the end of the settle.
+	Duration time.Duration `json:"duration"`
+	Time     time.Time     `json:"time"`
+	// Aborted is the number of in-flight generations the drain had to abort.
+	Aborted int `json:"aborted,omitempty"`
+}
+
+// entry is one registered model. Every field is guarded by Pool.mu.
+type entry struct {
+	// spec is the desired spec, used by the next load. A loaded engine keeps the spec
+	// it was started with (engine.spec), so a config reload never replaces it.
+	spec  ModelSpec
+	state State
+	// eng is the engine of the current load (Loading with a reservation, Ready,
+	// Draining, Stopping); nil otherwise.
+	eng *engine
+	// attempt is the load in progress while Loading.
+	attempt *loadAttempt
+	// transition is closed when the entry next reaches a stable state; nil while stable.
+	transition chan struct{}
+
+	lastUsed   time.Time
+	failures   int
+	failReason string
+	retryAt    time.Time
+	lastErr    error
+	lastUnload *UnloadReport
+	// lastCache is the latest prompt cache report of the entry's engines; it outlives
+	// the engine so counters do not vanish on unload.
+	lastCache *PromptCacheStats
+	// removed entries are deleted once their engine has stopped.
+	removed bool
+	// retired entries refuse every lease and load (Retire) until they are removed.
+	retired bool
+}
+
+// loadAttempt is one load; waiters block on done and then read err.
+type loadAttempt struct {
+	done   chan struct{}
+	err    error
+	cancel context.CancelCauseFunc
+	// cancelReason is set when someone (unload, pressure, shutdown) cancels the load.
+	cancelReason UnloadReason
+	cancelErr    error
+	started      time.Time
+}
+
+// engine is one runner lifetime. Leases point at an engine, not at the entry, so
+// counters of a stopped engine can never leak into the next one. Fields are guarded
+// by Pool.mu except where noted.
+type engine struct {
+	entry *entry
+	name  string
+	gen   uint64
+	// spec is what the runner was started with (immutable).
+	spec ModelSpec
+	// reservation is held in Pool.committed from admission until after settle.
+	reservation int64
+	// runner, pid are set once the factory returned, before any lease exists.
+	runner Runner
+	pid    int
+
+	inUse int
+	// The integral of inUse over time since loadedAt (ModelSnapshot.LeaseSeconds),
+	// kept in two sums that cost one subtraction a lease: heldNanos, the time the
+	// released leases were held; activeNanos, the sum of the active leases' acquire
+	// times as offsets from loadedAt (see leaseSecondsAt).
+	heldNanos, activeNanos int64
+	// released is closed when inUse reaches zero while the drain waits for it.
+	released chan struct{}
+	// stopped is closed when the engine is invalidated (stopping or crashed); stopErr
+	// (written before the close) says why.
+	stopped chan struct{}
+	stopErr error
+	// tearingDown marks that an owner goroutine is stopping this engine.
+	tearingDown bool
+
+	footprint      int64
+	peak           int64
+	activeReported int
+	requests       int64
+	loadedAt       time.Time
+	// overCeilingSince guards against acting twice on one over-ceiling runner.
+	overCeiling bool
+
+	// hotShare is the share of the agent's hot budget the pool decided for the
+	// runner; hotBudget the budget the runner last confirmed (-1: not known yet).
+	hotShare, hotBudget int64
+	// cache is the runner's last prompt cache report.
+	cache *PromptCacheStats
+	// chat is how the runner renders chat prompts (nil until it reported).
+	chat *runnerapi.ChatInfo
+	// split is a split head runner's last report of its links (nil: not split).
+	split *SplitStats
+}
+
+func newEngine(e *entry, spec ModelSpec, gen uint64, reservation int64) *engine {
+	return &engine{
+		entry:       e,
+		name:        spec.Name,
+		gen:         gen,
+		spec:        spec,
+		reservation: reservation,
+		stopped:     make(chan struct{}),
+		hotBudget:   -1,
+	}
+}
+
+// invalidateLocked closes the engine's handle: leases report err from now on.
+func (g *engine) invalidateLocked(err error) {
+	select {
+	case <-g.stopped:
+		return
+	default:
+	}
+	g.stopErr = err
+	close(g.stopped)
+}
+
+// setStableLocked moves e to a stable state and wakes everyone waiting for it.
+func (e *entry) setStableLocked(s State) {
+	e.state = s
+	if e.transition != nil {
+		close(e.transition)
+		e.transition = nil
+	}
+}
+
+// setTransientLocked moves e to a transient state, opening a transition if needed.
+func (e *entry) setTransientLocked(s State) {
+	e.state = s
+	if e.transition == nil {
+		e.transition = make(chan struct{})
+	}
+}
+
+func (e *entry) idleTimeout(def time.Duration) time.Duration {
+	if e.spec.Residency != OnDemand && e.spec.Residency != "" {
+		return 0
+	}
+	if e.spec.IdleTimeout > 0 {
+		return e.spec.IdleTimeout
+	}
+	return def
+}
+
+// lookupLocked resolves a name or alias.
+func (p *Pool) lookupLocked(name string) *entry {
+	if e, ok := p.entries[name]; ok {
+		return e
+	}
+	if n, ok := p.aliases[name]; ok {
+		return p.entries[n]
+	}
+	return nil
+}
+
+// deleteEntryLocked drops e and its aliases from the tables (if e is still the
+// entry of its name).
+func (p *Pool) deleteEntryLocked(e *entry) {
+	if p.entries[e.spec.Name] != e {
+		return
+	}
+	delete(p.entries, e.spec.Name)
+	for _, a := range e.spec.Aliases {
+		if p.aliases[a] == e.spec.Name {
+			delete(p.aliases, a)
+		}
+	}
+}
+
+// leaseSecondsAt is the integral of inUse over time from loadedAt to now: the time
+// the released leases were held, plus, for each active one, now less its acquire time.
+// In floating point: inUse × the engine's age would overflow int64 nanoseconds
+// after about three years at a hundred leases.
+func (g *engine) leaseSecondsAt(now time.Time) float64 {
+	active := float64(g.inUse)*float64(now.Sub(g.loadedAt)) - float64(g.activeNanos)
+	return (float64(g.heldNanos) + max(active, 0)) / float64(time.Second)
+}

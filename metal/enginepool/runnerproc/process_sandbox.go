@@ -1,0 +1,68 @@
+package runnerproc
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+
+	"github.com/go-logr/logr"
+
+	"github.com/macfleet/macfleet/metal/runner/sandbox"
+)
+
+// command is the exec.Cmd of a runner: confined by the sandbox unless it is off. A
+// failure to confine it is left in cmd.Err, so that cmd.Start fails with it.
+func (f *ProcessFactory) command(ctx context.Context, path string, args []string, model, cacheDir, sockDir string, worker bool, connect []uint16) *exec.Cmd {
+	cmd := exec.Command(path, args...)
+	mode, st := f.SandboxStatus()
+	f.sandboxLogged.Do(func() {
+		log := f.cfg.Log
+		if log.GetSink() == nil {
+			log = logr.FromContextOrDiscard(ctx)
+		}
+		switch {
+		case mode == sandbox.Off:
+			log.Info("Runner sandbox off: runners run unconfined, with the agent's environment")
+		case !st.Enforced:
+			log.Info("Runner sandbox unavailable: runners are not confined to their files", "detail", st.Detail)
+		default:
+			log.V(1).Info("Runners are sandboxed", "mechanism", st.Mechanism, "detail", st.Detail)
+		}
+	})
+	if mode == sandbox.Off {
+		cmd.Env = append(os.Environ(), f.cfg.Env...)
+		return cmd
+	}
+	// Tracing or not, a runner connects nowhere: its spans leave through the agent
+	// (ProcessConfig.SpanRelay).
+	cmd.Env = sandbox.Env(os.Environ(), f.cfg.Env)
+	// A split worker speaks TCP on loopback (its only transport), as runners do with
+	// ProcessConfig.Loopback; a split head connects to its workers through the agent's
+	// split link, on loopback only.
+	p := sandbox.Policy{Runner: path, Model: model, CacheDir: cacheDir, SocketDir: sockDir, Loopback: f.cfg.Loopback || worker,
+		ConnectPorts: connect}
+	if err := sandbox.Wrap(cmd, p); err != nil {
+		cmd.Err = fmt.Errorf("confining the runner: %w", err)
+	}
+	return cmd
+}
+
+// SandboxStatus is the factory's sandbox mode and, when on, what this machine
+// enforces of it.
+func (f *ProcessFactory) SandboxStatus() (sandbox.Mode, sandbox.Status) {
+	if f.cfg.Sandbox == sandbox.Off {
+		return sandbox.Off, sandbox.Status{Detail: "turned off"}
+	}
+	return sandbox.On, sandbox.Probe()
+}
+
+// sandboxIdentity is what the adoption fingerprint records of the sandbox: a runner
+// started confined differently is not adopted.
+func (f *ProcessFactory) sandboxIdentity() string {
+	mode, st := f.SandboxStatus()
+	if mode == sandbox.Off {
+		return ""
+	}
+	return string(mode) + "/" + st.Mechanism
+}

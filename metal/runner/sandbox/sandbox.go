@@ -1,0 +1,95 @@
+// Package sandbox confines each runner process (the llama.cpp engine that parses a
+// tenant's GGUF file) to what it needs: its model file (read), its prompt-cache
+// directory and its socket directory (read and write), its own binary and the system
+// libraries, and no network. The agent's environment is scrubbed on the way in, so a
+// runner never holds the agent's KUBECONFIG or token variables.
+//
+// On Linux the confinement is Landlock: the agent starts a short-lived launcher (its
+// own executable, see Wrap) that restricts itself and then executes the runner, which
+// inherits the restriction. On macOS it is a Seatbelt profile (Profile) run by
+// sandbox-exec. The agent process itself is never restricted.
+//
+// docs/security.md ("6. Runner processes") lists what each runner may touch.
+package sandbox
+
+import (
+	"fmt"
+	"strings"
+)
+
+// Mode says whether runners are confined.
+type Mode string
+
+const (
+	// On confines every runner as far as the kernel can (the default). Where the
+	// kernel cannot (Linux without Landlock), runners start unconfined but with a
+	// scrubbed environment, and Status says so.
+	On Mode = "on"
+	// Off starts runners as the agent's children with the agent's environment.
+	Off Mode = "off"
+)
+
+// ParseMode reads a --runner-sandbox value; empty is On.
+func ParseMode(s string) (Mode, error) {
+	switch Mode(s) {
+	case "", On:
+		return On, nil
+	case Off:
+		return Off, nil
+	}
+	return "", fmt.Errorf("runner sandbox %q: want %q or %q", s, On, Off)
+}
+
+// Policy is what one runner may touch. Paths are absolute.
+type Policy struct {
+	// Runner is the runner binary: read and execute.
+	Runner string
+	// Model is the model file: read only.
+	Model string
+	// CacheDir is the runner's prompt-cache directory (read, write, create, remove);
+	// empty when the runner has no SSD tier.
+	CacheDir string
+	// SocketDir is the runner's private directory holding its unix socket.
+	SocketDir string
+	// Loopback lets the runner listen on a TCP port (the benchmark mode that serves
+	// on 127.0.0.1); it still may not connect anywhere.
+	Loopback bool
+	// ConnectPorts are the loopback TCP ports a split replica's head runner connects
+	// to (its workers, through the agent's split link); none for any other runner.
+	// Seatbelt allows localhost on these ports only; on Linux, Landlock (ABI 4) allows
+	// connecting to these ports only, and cannot tell loopback from other hosts.
+	ConnectPorts []uint16 `json:",omitempty"`
+}
+
+// Status is what the sandbox enforces on this machine.
+type Status struct {
+	// Mechanism is "landlock" or "seatbelt"; empty when none is available.
+	Mechanism string
+	// Enforced is true when runners are confined.
+	Enforced bool
+	// Detail says what is enforced, or why nothing is.
+	Detail string
+}
+
+// envAllowed are the variables a runner inherits from the agent: the Go runtime's
+// knobs, the time zone of its log lines, and the engine's own (GGML_*) tuning.
+var envAllowed = map[string]bool{
+	"TZ": true, "GODEBUG": true, "GOGC": true, "GOMAXPROCS": true, "GOMEMLIMIT": true, "GOTRACEBACK": true,
+}
+
+const envAllowedPrefix = "GGML_"
+
+// Env is a runner's environment: the variables of parent a runner needs (see
+// envAllowed), then extra (the agent's explicit runner environment, KEY=VALUE), which
+// wins over parent. No OTEL_* variable passes, tracing or not: a runner's spans reach
+// the collector through its agent (package internal/tracing/spanrelay).
+func Env(parent, extra []string) []string {
+	env := make([]string, 0, len(extra)+4)
+	for _, kv := range parent {
+		name, _, ok := strings.Cut(kv, "=")
+		if ok && (envAllowed[name] || strings.HasPrefix(name, envAllowedPrefix)) {
+			env = append(env, kv)
+		}
+	}
+	return append(env, extra...)
+}

@@ -1,0 +1,184 @@
+//go:build cgo && !race
+
+package server
+
+import (
+	"fmt"
+	"net/http"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/macfleet/macfleet/api/runnerapi"
+	"github.com/macfleet/macfleet/internal/chat"
+	"github.com/macfleet/macfleet/internal/chat/grammar"
+	"github.com/macfleet/macfleet/metal/runner/llama"
+)
+
+// setupChat prepares chat rendering for the loaded model: its own Jinja template when
+// it has one that parses, else llama.cpp's built-in templates; and the control tokens
+// whose text the output parser needs to see (tool-call and reasoning markers).
+func (s *Server) setupChat(m *llama.Model) {
+	src := m.ChatTemplate()
+	info := runnerapi.ChatInfo{Renderer: runnerapi.RendererBuiltin, ToolFormat: chat.FormatNone.String()}
+	if src != "" {
+		t, err := chat.NewTemplate(src, tokenText(m, m.BOS()), tokenText(m, m.EOS()))
+		if err == nil {
+			s.chat = t
+			info = runnerapi.ChatInfo{Renderer: runnerapi.RendererJinja, ToolFormat: t.Format.String(), Tools: t.Tools, Thinking: t.Thinking}
+		} else {
+			info.TemplateError = err.Error()
+			s.log.Info("The model's chat template does not parse; using llama.cpp's built-in templates", "error", err.Error())
+		}
+	}
+	s.chatInfo = info
+	if s.chat == nil {
+		s.tmpl = s.pickTemplate(src)
+	}
+	s.markers = map[int32][]byte{}
+	var marks []string
+	if s.chat != nil {
+		marks = append(s.chat.Format.Markers(), "<think>", "</think>")
+	}
+	for _, mark := range marks {
+		toks, err := m.Tokenize(mark, false, true)
+		if err != nil || len(toks) != 1 || len(m.Piece(toks[0])) > 0 {
+			continue // not a single control token: its text is in the output anyway
+		}
+		s.markers[toks[0]] = []byte(mark)
+	}
+}
+
+func tokenText(m *llama.Model, tok int32) string {
+	if tok < 0 {
+		return ""
+	}
+	return m.TokenText(tok)
+}
+
+// renderChat renders a chat request into the prompt text (generation prompt added).
+func (s *Server) renderChat(req *runnerapi.ChatRequest) (string, *runnerapi.Error) {
+	if len(req.Messages) == 0 {
+		return "", runnerapi.InvalidRequest(runnerapi.CodeInvalidValue, "messages", "messages must not be empty")
+	}
+	for i, m := range req.Messages {
+		switch m.Role {
+		case "system", "user", "assistant", "tool", "developer":
+		default:
+			return "", runnerapi.InvalidRequest(runnerapi.CodeInvalidValue, fmt.Sprintf("messages[%d].role", i), "unsupported role %q", clipText(m.Role, 64))
+		}
+		if strings.IndexByte(string(m.Content), 0) >= 0 {
+			return "", runnerapi.InvalidRequest(runnerapi.CodeInvalidValue, fmt.Sprintf("messages[%d].content", i),
+				"content must not contain NUL bytes")
+		}
+	}
+	if s.chat != nil {
+		return s.chat.Render(chat.InputOf(req), s.model.AddBOS())
+	}
+	if len(req.Tools) > 0 && (req.ToolChoice == nil || req.ToolChoice.Mode != "none") {
+		return "", runnerapi.InvalidRequest(runnerapi.CodeUnsupportedParameter, "tools",
+			"this model has no chat template that renders tools, so it cannot call them")
+	}
+	cm := make([]llama.ChatMessage, len(req.Messages))
+	for i, m := range req.Messages {
+		role := m.Role
+		if role == "developer" {
+			role = "system"
+		}
+		cm[i] = llama.ChatMessage{Role: role, Content: string(m.Content)}
+	}
+	prompt, err := llama.ApplyChatTemplate(s.tmpl, cm, true)
+	if err != nil {
+		return "", runnerapi.Internal("applying the chat template: %v", err)
+	}
+	return prompt, nil
+}
+
+// chatOptions are the output parser's options for a request and its prompt.
+func (s *Server) chatOptions(req *runnerapi.ChatRequest, prompt string) chat.Options {
+	o := chat.Options{Parallel: req.ParallelToolCalls == nil || *req.ParallelToolCalls}
+	if s.chat == nil {
+		return o
+	}
+	o.Format = s.chat.Format
+	o.Tools = len(req.Tools) > 0 && (req.ToolChoice == nil || req.ToolChoice.Mode != "none")
+	o.Thinking = s.chat.Thinking
+	// A prompt that ends inside an open <think> block: the output starts with reasoning.
+	trimmed := strings.TrimRight(prompt, " \t\r\n")
+	o.InReasoning = o.Thinking && strings.HasSuffix(trimmed, "<think>")
+	return o
+}
+
+func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
+	eng, herr := s.readyEngine()
+	if herr != nil {
+		writeError(w, herr)
+		return
+	}
+	var req runnerapi.ChatRequest
+	if err := readJSON(w, r, &req); err != nil {
+		writeError(w, err)
+		return
+	}
+	opts, herr := req.Options()
+	if herr == nil {
+		herr = req.Check()
+	}
+	if herr != nil {
+		writeError(w, herr)
+		return
+	}
+	prompt, herr := s.renderChat(&req)
+	if herr != nil {
+		writeError(w, herr)
+		return
+	}
+	toks, err := s.model.Tokenize(prompt, true, true)
+	if err != nil {
+		writeError(w, runnerapi.InvalidRequest(runnerapi.CodeInvalidValue, "messages", "tokenizing: %v", err))
+		return
+	}
+	co := s.chatOptions(&req, prompt)
+	if opts.Grammar, herr = s.chatGrammar(&req, co); herr != nil {
+		writeError(w, herr)
+		return
+	}
+	s.generate(w, r, eng, &co, s.modelName(req.Model), prompt, toks, opts)
+}
+
+// chatGrammar builds the grammar that response_format and tool_choice put the output
+// under, or "" when the output is free.
+func (s *Server) chatGrammar(req *runnerapi.ChatRequest, co chat.Options) (string, *runnerapi.Error) {
+	spec, herr := grammar.ForChat(grammar.Input{Format: co.Format, Tools: req.Tools, ToolChoice: req.ToolChoice,
+		Parallel: co.Parallel, ResponseFormat: req.ResponseFormat, InReasoning: co.InReasoning})
+	if herr != nil || spec == nil {
+		return "", herr
+	}
+	if req.Forced() && s.chat == nil {
+		return "", runnerapi.InvalidRequest(runnerapi.CodeUnsupportedParameter, "tools",
+			"this model has no chat template that renders tools, so it cannot call them")
+	}
+	schemas, rules := spec.JSON()
+	g, err := llama.BuildGrammar(schemas, rules)
+	if err == nil {
+		err = grammar.CheckGrammarSize(g)
+	}
+	if err == nil {
+		err = llama.CheckGrammar(s.model, g)
+	}
+	if err != nil {
+		return "", runnerapi.InvalidRequest(runnerapi.CodeInvalidValue, spec.Param, "the schema cannot be enforced: %v", err)
+	}
+	return g, nil
+}
+
+// clipText is s cut to at most n bytes (on a rune boundary) with "…" when cut: what
+// an error message quotes of a client's value.
+func clipText(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n] + "…"
+}

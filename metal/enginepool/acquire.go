@@ -121,7 +121,7 @@ func (p *Pool) leaseLocked(e *entry, now time.Time) *Lease {
 	p.activity++
 	e.lastUsed = now
 	if g.inUse == 1 {
-		p.signal(p.wakeActive)
+		signal(p.wakeActive)
 	}
 	return &Lease{pool: p, eng: g, model: e.spec.Name, offset: offset}
 }
@@ -136,7 +136,7 @@ func (p *Pool) startLoadLocked(e *entry) *loadAttempt {
 	e.setTransientLocked(StateLoading)
 	p.gen++
 	go p.runLoad(ctx, e, a, e.spec, prev, p.gen)
-	p.signal(p.wakeNow)
+	signal(p.wakeNow)
 	return a
 }
 
@@ -155,7 +155,7 @@ func (p *Pool) awaitLoad(ctx context.Context, model string, a *loadAttempt) erro
 // or a teardown.
 func (p *Pool) runLoad(ctx context.Context, e *entry, a *loadAttempt, spec ModelSpec, prev State, gen uint64) {
 	defer a.cancel(context.Canceled)
-	ctx, stop := p.withDeadline(ctx, p.cfg.LoadTimeout, "loading "+spec.Name)
+	ctx, stop := p.clock.withDeadline(ctx, p.cfg.LoadTimeout, "loading "+spec.Name)
 	defer stop()
 
 	g, err := p.admit(ctx, e, spec, gen)
@@ -252,7 +252,7 @@ func (p *Pool) applyAdmissionLocked(e *entry, spec ModelSpec, gen uint64, d deci
 	}
 	return nil, nil, &InsufficientMemoryError{Model: spec.Name, EstimatedBytes: spec.EstimatedBytes,
 		CurrentBytes: d.Current, LimitBytes: d.Limit, Ceiling: p.ceiling, Pressure: p.level,
-		Detail: d.Detail, Retry: p.pausedRetry()}
+		Detail: d.Detail, Retry: p.cfg.pausedRetry()}
 }
 
 // releasingLocked is the transition of an engine being torn down (other than self's)
@@ -265,9 +265,6 @@ func (p *Pool) releasingLocked(self *entry) <-chan struct{} {
 	}
 	return nil
 }
-
-// pausedRetry is the retry hint of a refused load.
-func (p *Pool) pausedRetry() time.Duration { return 5 * p.cfg.PollActive }
 
 func (p *Pool) ctxLoadError(ctx context.Context, model string) error {
 	p.mu.Lock()
@@ -294,7 +291,7 @@ func (p *Pool) startRunner(ctx context.Context, g *engine, spec ModelSpec) error
 	p.engines[g] = struct{}{}
 	p.activity++
 	p.mu.Unlock()
-	p.signal(p.wakeNow) // measure it and push its limits while it loads
+	signal(p.wakeNow) // measure it and push its limits while it loads
 	return runner.WaitReady(ctx)
 }
 
@@ -324,7 +321,7 @@ func (p *Pool) loadedLocked(e *entry, g *engine, a *loadAttempt, fp int64) {
 	p.mu.Unlock()
 	p.log.V(2).Info("Model loaded", "model", g.spec.Name, "reservedBytes", g.reservation, "duration", p.clock.Since(a.started))
 	go p.watch(g)
-	p.signal(p.wakeNow)
+	signal(p.wakeNow)
 	for _, o := range obs {
 		o.LoadFinished(LoadEvent{Model: g.spec.Name, Duration: p.clock.Since(a.started)})
 	}
@@ -345,7 +342,7 @@ func (p *Pool) loadFailedLocked(ctx context.Context, e *entry, g *engine, a *loa
 			plan.cause = err
 		}
 		a.err = &UnavailableError{Model: spec.Name, State: StateFailed, ErrCode: CodeModelLoadFailed,
-			Reason: err.Error(), Retry: p.backoff(e.failures + 1), Err: err}
+			Reason: err.Error(), Retry: p.cfg.backoff(e.failures + 1), Err: err}
 		p.loadFailures++
 	}
 	g.tearingDown = true
@@ -383,7 +380,7 @@ func (p *Pool) refuseLoad(e *entry, a *loadAttempt, prev State, err error) {
 	obs := p.observersLocked()
 	p.mu.Unlock()
 	p.log.V(2).Info("Model load refused", "model", e.spec.Name, "err", err.Error())
-	p.signal(p.wakeNow)
+	signal(p.wakeNow)
 	for _, o := range obs {
 		o.LoadFinished(LoadEvent{Model: e.spec.Name, Duration: p.clock.Since(a.started), Err: err})
 	}

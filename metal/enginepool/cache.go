@@ -50,7 +50,7 @@ func (p *Pool) ClearCache(ctx context.Context) CacheClearReport {
 		wg.Go(func() {
 			rc := RunnerCacheClear{Model: t.name, PID: t.pid}
 			before, berr := p.gauge.Process(t.pid)
-			cctx, cancel := p.withDeadline(ctx, p.cfg.RunnerCallTimeout, "clearing the cache of "+t.name)
+			cctx, cancel := p.clock.withDeadline(ctx, p.cfg.RunnerCallTimeout, "clearing the cache of "+t.name)
 			res, err := t.r.ClearCache(cctx)
 			cancel()
 			if err != nil {
@@ -69,7 +69,7 @@ func (p *Pool) ClearCache(ctx context.Context) CacheClearReport {
 		rep.BytesReclaimed += rc.BytesReclaimed
 	}
 	slices.SortFunc(rep.Runners, func(a, b RunnerCacheClear) int { return strings.Compare(a.Model, b.Model) })
-	p.signal(p.wakeNow)
+	signal(p.wakeNow)
 	return rep
 }
 

@@ -57,7 +57,7 @@ func (p *Pool) Run(ctx context.Context) error {
 
 func (p *Pool) shutdown() error {
 	d := p.cfg.DrainTimeout + p.cfg.AbortWaitTimeout + p.cfg.StopTimeout + p.cfg.SettleTimeout + 5*time.Second
-	ctx, cancel := p.withDeadline(context.Background(), d, "shutting down the engine pool")
+	ctx, cancel := p.clock.withDeadline(context.Background(), d, "shutting down the engine pool")
 	defer cancel()
 	if p.cfg.KeepRunnersOnExit {
 		kept, err := p.Detach(ctx)
@@ -128,7 +128,7 @@ func (p *Pool) poll() {
 	wg.Go(p.refreshCacheStats)
 	for _, ps := range pushes {
 		wg.Go(func() {
-			ctx, cancel := p.withDeadline(context.Background(), p.cfg.RunnerCallTimeout, "pushing limits to "+ps.name)
+			ctx, cancel := p.clock.withDeadline(context.Background(), p.cfg.RunnerCallTimeout, "pushing limits to "+ps.name)
 			defer cancel()
 			if err := ps.r.SetLimits(ctx, ps.l); err != nil {
 				p.log.V(2).Info("Pushing limits failed", "model", ps.name, "err", err.Error())
@@ -137,7 +137,7 @@ func (p *Pool) poll() {
 	}
 	for _, g := range aborts {
 		wg.Go(func() {
-			ctx, cancel := p.withDeadline(context.Background(), p.cfg.RunnerCallTimeout, "aborting "+g.name)
+			ctx, cancel := p.clock.withDeadline(context.Background(), p.cfg.RunnerCallTimeout, "aborting "+g.name)
 			defer cancel()
 			n, err := g.runner.Abort(ctx)
 			p.log.Info("Aborted in-flight requests under memory pressure", "model", g.name, "level", string(level), "aborted", n, "err", errString(err))

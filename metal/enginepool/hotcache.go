@@ -215,7 +215,7 @@ func (p *Pool) pushBudgets(pushes []budgetPush) {
 	var wg sync.WaitGroup
 	for _, ps := range pushes {
 		wg.Go(func() {
-			ctx, cancel := p.withDeadline(context.Background(), p.cfg.RunnerCallTimeout, "setting the cache budget of "+ps.name)
+			ctx, cancel := p.clock.withDeadline(context.Background(), p.cfg.RunnerCallTimeout, "setting the cache budget of "+ps.name)
 			defer cancel()
 			hot := ps.hot
 			res, err := ps.r.SetCacheBudget(ctx, runnerapi.CacheBudget{HotBytes: &hot})
@@ -262,7 +262,7 @@ func (p *Pool) refreshCacheStats() {
 	var wg sync.WaitGroup
 	for _, t := range targets {
 		wg.Go(func() {
-			ctx, cancel := p.withDeadline(context.Background(), p.cfg.RunnerCallTimeout, "reading the status of "+t.name)
+			ctx, cancel := p.clock.withDeadline(context.Background(), p.cfg.RunnerCallTimeout, "reading the status of "+t.name)
 			defer cancel()
 			st, err := t.r.Status(ctx)
 			if err != nil {

@@ -4,24 +4,29 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"k8s.io/utils/clock"
 )
 
 // The owner goroutines' tools: the wake channels they signal, the deadlines of their
 // transient states (on the injected clock) and the failure backoff.
 
 // signal is a non-blocking send on a one-slot channel.
-func (p *Pool) signal(ch chan struct{}) {
+func signal(ch chan struct{}) {
 	select {
 	case ch <- struct{}{}:
 	default:
 	}
 }
 
-// withDeadline derives a context that the injected clock cancels after d, so
-// deadlines of transient states follow a fake clock in tests.
-func (p *Pool) withDeadline(parent context.Context, d time.Duration, what string) (context.Context, context.CancelFunc) {
+// ownerClock is the pool's injected clock with the deadlines and bounded waits of
+// the owner goroutines on it, so that they follow a fake clock in tests.
+type ownerClock struct{ clock.WithTicker }
+
+// withDeadline derives a context that the clock cancels after d.
+func (c ownerClock) withDeadline(parent context.Context, d time.Duration, what string) (context.Context, context.CancelFunc) {
 	ctx, cancel := context.WithCancelCause(parent)
-	t := p.clock.NewTimer(d)
+	t := c.NewTimer(d)
 	go func() {
 		select {
 		case <-t.C():
@@ -33,8 +38,8 @@ func (p *Pool) withDeadline(parent context.Context, d time.Duration, what string
 	return ctx, func() { cancel(context.Canceled) }
 }
 
-// waitFor waits for ch up to d on the injected clock. It reports whether ch closed.
-func (p *Pool) waitFor(ch <-chan struct{}, d time.Duration) bool {
+// waitFor waits for ch up to d on the clock. It reports whether ch closed.
+func (c ownerClock) waitFor(ch <-chan struct{}, d time.Duration) bool {
 	if ch == nil {
 		return true
 	}
@@ -46,7 +51,7 @@ func (p *Pool) waitFor(ch <-chan struct{}, d time.Duration) bool {
 	if d <= 0 {
 		return false
 	}
-	t := p.clock.NewTimer(d)
+	t := c.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-ch:
@@ -56,13 +61,17 @@ func (p *Pool) waitFor(ch <-chan struct{}, d time.Duration) bool {
 	}
 }
 
-func (p *Pool) backoff(failures int) time.Duration {
-	d := p.cfg.BackoffInitial
-	for i := 1; i < failures && d < p.cfg.BackoffMax; i++ {
+// backoff is the wait before the next load after failures consecutive failures.
+func (c Config) backoff(failures int) time.Duration {
+	d := c.BackoffInitial
+	for i := 1; i < failures && d < c.BackoffMax; i++ {
 		d *= 2
 	}
-	return min(d, p.cfg.BackoffMax)
+	return min(d, c.BackoffMax)
 }
+
+// pausedRetry is the retry hint of a refused load.
+func (c Config) pausedRetry() time.Duration { return 5 * c.PollActive }
 
 func closedChan() chan struct{} {
 	ch := make(chan struct{})

@@ -127,7 +127,7 @@ type Pool struct {
 	cfg     Config
 	factory RunnerFactory
 	gauge   Gauge
-	clock   clock.WithTicker
+	clock   ownerClock
 	log     logr.Logger
 	hw      Hardware
 
@@ -186,7 +186,7 @@ func New(cfg Config, factory RunnerFactory, gauge Gauge, clk clock.WithTicker, l
 		cfg:        cfg,
 		factory:    factory,
 		gauge:      gauge,
-		clock:      clk,
+		clock:      ownerClock{clk},
 		log:        log,
 		hw:         hw,
 		baseCtx:    ctx,
@@ -221,7 +221,7 @@ func (p *Pool) SetConfiguredCeiling(bytes int64) Ceiling {
 	p.ceiling = ComputeCeiling(p.hw, bytes, p.cfg.ReserveBytes, p.cfg.SoftFraction, p.cfg.HardFraction)
 	c := p.ceiling
 	p.mu.Unlock()
-	p.signal(p.wakeNow)
+	signal(p.wakeNow)
 	return c
 }
 

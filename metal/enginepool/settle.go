@@ -27,7 +27,7 @@ func (p *Pool) settle(self *entry, activity uint64, pre, resident int64) (Settle
 		step := decide.Settle(s)
 		if step.Kind == decide.SettleDone {
 			if step.Outcome == TimedOut {
-				p.signal(p.wakeNow)
+				signal(p.wakeNow)
 			}
 			return step.Outcome, step.Freed
 		}

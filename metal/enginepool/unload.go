@@ -109,7 +109,7 @@ func (p *Pool) teardown(e *entry, g *engine, plan teardownPlan) {
 	obs := p.observersLocked()
 	p.mu.Unlock()
 
-	p.signal(p.wakeNow)
+	signal(p.wakeNow)
 	if report != nil {
 		log.V(2).Info("Model unloaded", "outcome", string(report.Outcome), "freedBytes", report.FreedBytes,
 			"residentBytes", report.ResidentBytes, "duration", report.Duration)
@@ -126,7 +126,7 @@ func (p *Pool) drain(g *engine, plan teardownPlan, log logr.Logger) int {
 	aborted := 0
 	released := p.awaitReleased(g, plan.drain)
 	if !released && !plan.crashed && g.runner != nil {
-		ctx, cancel := p.withDeadline(context.Background(), p.cfg.RunnerCallTimeout, "aborting "+g.name)
+		ctx, cancel := p.clock.withDeadline(context.Background(), p.cfg.RunnerCallTimeout, "aborting "+g.name)
 		n, err := g.runner.Abort(ctx)
 		cancel()
 		aborted = n
@@ -172,7 +172,7 @@ func (p *Pool) stopAndSettle(e *entry, g *engine, plan teardownPlan, log logr.Lo
 		}
 	}
 	pre, preErr := p.gauge.Host()
-	ctx, cancel := p.withDeadline(context.Background(), p.cfg.StopTimeout, "stopping "+g.name)
+	ctx, cancel := p.clock.withDeadline(context.Background(), p.cfg.StopTimeout, "stopping "+g.name)
 	if err := runner.Stop(ctx, p.cfg.StopGrace); err != nil {
 		log.Info("Stopping the runner failed", "pid", pid, "err", err.Error())
 	}
@@ -207,7 +207,7 @@ func (p *Pool) releaseEngineLocked(e *entry, g *engine, plan teardownPlan, repor
 			e.failures = 0 // it ran long enough: start the backoff afresh
 		}
 		e.failures++
-		e.retryAt = now.Add(p.backoff(e.failures))
+		e.retryAt = now.Add(p.cfg.backoff(e.failures))
 		if plan.cause != nil {
 			e.failReason = plan.cause.Error()
 			e.lastErr = plan.cause
@@ -233,7 +233,7 @@ func (p *Pool) awaitReleased(g *engine, d time.Duration) bool {
 	}
 	ch := g.released
 	p.mu.Unlock()
-	return p.waitFor(ch, d)
+	return p.clock.waitFor(ch, d)
 }
 
 // Retire takes model out of service for good while keeping it registered: from now
@@ -259,7 +259,7 @@ func (p *Pool) loadCanceledErrorLocked(e *entry, reason UnloadReason) error {
 	if reason == ReasonPressure {
 		return &InsufficientMemoryError{Model: e.spec.Name, EstimatedBytes: e.spec.EstimatedBytes,
 			CurrentBytes: max(p.usage, p.committed), LimitBytes: p.ceiling.HardBytes, Ceiling: p.ceiling,
-			Pressure: p.level, Detail: "the load was aborted under memory pressure", Retry: p.pausedRetry()}
+			Pressure: p.level, Detail: "the load was aborted under memory pressure", Retry: p.cfg.pausedRetry()}
 	}
 	return &UnavailableError{Model: e.spec.Name, State: StateLoading, ErrCode: CodeModelDraining,
 		Reason: fmt.Sprintf("the load was canceled (%s)", reason), Retry: p.cfg.RetryAfter}

@@ -236,24 +236,18 @@ func (p *Pool) Register(spec ModelSpec) error {
 	if p.closed {
 		return errors.New("enginepool: pool is closed")
 	}
-	if e, ok := p.entries[spec.Name]; ok {
-		if !e.removed {
-			return fmt.Errorf("model %q is already registered", spec.Name)
-		}
-		// Re-registered while its engine was still stopping: keep the entry (and
-		// the engine it owns), cancel the removal, and apply the spec for the next load.
-		if err := p.checkAliasesLocked(spec); err != nil {
-			return err
-		}
-		e.removed, e.retired = false, false
-		p.applySpecLocked(e, spec)
-		return nil
+	e := p.entries[spec.Name]
+	if e != nil && !e.removed {
+		return fmt.Errorf("model %q is already registered", spec.Name)
 	}
-	if err := p.checkAliasesLocked(spec); err != nil {
+	if err := p.setSpecLocked(e, spec); err != nil {
 		return err
 	}
-	p.entries[spec.Name] = &entry{spec: spec, state: StateAbsent}
-	p.setAliasesLocked(spec, nil)
+	if e != nil {
+		// Re-registered while its engine was still stopping: the entry (and the engine
+		// it owns) is kept, the removal canceled, and the spec applies at the next load.
+		e.removed, e.retired = false, false
+	}
 	return nil
 }
 
@@ -272,17 +266,45 @@ func (p *Pool) Update(spec ModelSpec) error {
 	if !ok || e.removed {
 		return &UnknownModelError{Model: spec.Name}
 	}
-	if err := p.checkAliasesLocked(spec); err != nil {
-		return err
-	}
-	p.applySpecLocked(e, spec)
-	return nil
+	return p.setSpecLocked(e, spec)
 }
 
-func (p *Pool) applySpecLocked(e *entry, spec ModelSpec) {
-	old := e.spec
+// setSpecLocked is what Register and Update share: it makes spec the desired spec
+// of e (a new entry when e is nil) and moves the alias table from e's old aliases to
+// spec's, refusing — before it changes anything — an alias that is another model's
+// name or alias, or a name that is another model's alias. The engine e owns keeps
+// the spec it was started with (engine.spec).
+func (p *Pool) setSpecLocked(e *entry, spec ModelSpec) error {
+	for _, a := range spec.Aliases {
+		if a == spec.Name {
+			continue
+		}
+		if _, ok := p.entries[a]; ok {
+			return fmt.Errorf("alias %q of model %q is the name of another model", a, spec.Name)
+		}
+		if owner, ok := p.aliases[a]; ok && owner != spec.Name {
+			return fmt.Errorf("alias %q of model %q is already an alias of %q", a, spec.Name, owner)
+		}
+	}
+	if owner, ok := p.aliases[spec.Name]; ok && owner != spec.Name {
+		return fmt.Errorf("model name %q is already an alias of %q", spec.Name, owner)
+	}
+	if e == nil {
+		e = &entry{state: StateAbsent}
+		p.entries[spec.Name] = e
+	}
+	for _, a := range e.spec.Aliases {
+		if p.aliases[a] == spec.Name {
+			delete(p.aliases, a)
+		}
+	}
 	e.spec = spec
-	p.setAliasesLocked(spec, old.Aliases)
+	for _, a := range spec.Aliases {
+		if a != spec.Name {
+			p.aliases[a] = spec.Name
+		}
+	}
+	return nil
 }
 
 // Remove unregisters a model. A loaded model is unloaded first (reason removed) and
@@ -300,37 +322,6 @@ func (p *Pool) Remove(name string) (<-chan struct{}, error) {
 		return closedChan(), nil
 	}
 	return p.startUnloadLocked(e, ReasonRemoved), nil
-}
-
-func (p *Pool) checkAliasesLocked(spec ModelSpec) error {
-	for _, a := range spec.Aliases {
-		if a == spec.Name {
-			continue
-		}
-		if _, ok := p.entries[a]; ok {
-			return fmt.Errorf("alias %q of model %q is the name of another model", a, spec.Name)
-		}
-		if owner, ok := p.aliases[a]; ok && owner != spec.Name {
-			return fmt.Errorf("alias %q of model %q is already an alias of %q", a, spec.Name, owner)
-		}
-	}
-	if owner, ok := p.aliases[spec.Name]; ok && owner != spec.Name {
-		return fmt.Errorf("model name %q is already an alias of %q", spec.Name, owner)
-	}
-	return nil
-}
-
-func (p *Pool) setAliasesLocked(spec ModelSpec, old []string) {
-	for _, a := range old {
-		if p.aliases[a] == spec.Name {
-			delete(p.aliases, a)
-		}
-	}
-	for _, a := range spec.Aliases {
-		if a != spec.Name {
-			p.aliases[a] = spec.Name
-		}
-	}
 }
 
 func normalizeSpec(spec ModelSpec) (ModelSpec, error) {

@@ -222,7 +222,7 @@ func (p *Pool) admit(ctx context.Context, e *entry, spec ModelSpec, gen uint64) 
 			}
 		}
 		req.Evicted = req.Evicted || d.Kind == decide.AdmitEvict
-		req.Measured = p.measurePool()
+		req.Measured = p.meter.footprints()
 	}
 }
 

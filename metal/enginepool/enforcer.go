@@ -78,7 +78,7 @@ func (p *Pool) pollInterval() time.Duration {
 // poll is one enforcer pass: measure, decide (decide.Enforce), apply, then push
 // limits to every runner and abort what the decision aborts, outside the lock.
 func (p *Pool) poll() {
-	measured := p.measurePool()
+	measured := p.meter.footprints()
 
 	p.mu.Lock()
 	snap := p.decideSnapshotLocked()
@@ -125,7 +125,7 @@ func (p *Pool) poll() {
 	p.pushBudgets(decreases)
 	p.pushBudgets(increases)
 	var wg sync.WaitGroup
-	wg.Go(p.refreshCacheStats)
+	wg.Go(p.meter.statuses)
 	for _, ps := range pushes {
 		wg.Go(func() {
 			ctx, cancel := p.clock.withDeadline(context.Background(), p.cfg.RunnerCallTimeout, "pushing limits to "+ps.name)

@@ -235,60 +235,6 @@ func (p *Pool) pushBudgets(pushes []budgetPush) {
 	wg.Wait()
 }
 
-// RefreshPromptCacheStats reads the prompt cache report of every live runner whose
-// model enables the cache, and the link report of every split head's, for the next
-// Snapshot (the enforcer does it every poll).
-// Each runner is asked with the pool's RunnerCallTimeout.
-func (p *Pool) RefreshPromptCacheStats() { p.refreshCacheStats() }
-
-// refreshCacheStats reads the prompt cache report of every live runner whose model
-// enables the cache, and the link report of every split head's.
-func (p *Pool) refreshCacheStats() {
-	type target struct {
-		g    *engine
-		name string
-		r    Runner
-	}
-	p.mu.Lock()
-	var targets []target
-	for g := range p.engines {
-		// Engines without a prompt cache are read until they report their chat
-		// rendering, which never changes.
-		if g.runner != nil && !isClosed(g.stopped) && (g.spec.PromptCache.Enabled || g.chat == nil || len(g.spec.SplitWorkers) > 0) {
-			targets = append(targets, target{g, g.name, g.runner})
-		}
-	}
-	p.mu.Unlock()
-	var wg sync.WaitGroup
-	for _, t := range targets {
-		wg.Go(func() {
-			ctx, cancel := p.clock.withDeadline(context.Background(), p.cfg.RunnerCallTimeout, "reading the status of "+t.name)
-			defer cancel()
-			st, err := t.r.Status(ctx)
-			if err != nil {
-				return
-			}
-			p.mu.Lock()
-			defer p.mu.Unlock()
-			if st.Chat != nil {
-				t.g.chat = st.Chat
-			}
-			t.g.split = splitStats(&st)
-			if st.PromptCache == nil || !t.g.spec.PromptCache.Enabled {
-				return
-			}
-			s := promptCacheStats(st.PromptCache)
-			s.Enabled = true
-			s.HotShareBytes = t.g.hotShare
-			t.g.cache = s
-			if e := t.g.entry; e.eng == t.g {
-				e.lastCache = s
-			}
-		})
-	}
-	wg.Wait()
-}
-
 // hotHeldLocked sums the hot-tier bytes the runners last reported: what shrinking
 // every hot tier gives back.
 func (p *Pool) hotHeldLocked() int64 {
@@ -307,3 +253,9 @@ func (p *Pool) hotHeldLocked() int64 {
 func (g *engine) ownCeiling() int64 {
 	return runnerCeiling(g.reservation) + max(g.hotBudget, g.hotShare, 0)
 }
+
+// RefreshPromptCacheStats reads the prompt cache report of every live runner whose
+// model enables the cache, and the link report of every split head's, for the next
+// Snapshot (the enforcer does it every poll).
+// Each runner is asked with the pool's RunnerCallTimeout.
+func (p *Pool) RefreshPromptCacheStats() { p.meter.statuses() }

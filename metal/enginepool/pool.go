@@ -165,6 +165,10 @@ type Pool struct {
 	// Counters.
 	loads, loadFailures, crashes, unloads, evictions int64
 	freedTotal                                       int64
+
+	// The effects, each with a pointer back to the pool.
+	meter   meter
+	settler settler
 }
 
 // New builds a pool. It reads the hardware once to compute the ceiling; it starts no
@@ -200,6 +204,7 @@ func New(cfg Config, factory RunnerFactory, gauge Gauge, clk clock.WithTicker, l
 		engines:    map[*engine]struct{}{},
 		level:      PressureOK,
 	}
+	p.meter, p.settler = meter{p}, settler{p}
 	return p, nil
 }
 

@@ -57,7 +57,7 @@ func (p *Pool) CheckPrefill(model string, tokens int) error {
 	current := p.usage
 	p.mu.Unlock()
 	if !polled {
-		current = p.measurePool()
+		current = p.meter.footprints()
 	}
 	p.mu.Lock()
 	limit := p.ceiling.HardBytes

@@ -2,6 +2,11 @@ package enginepool
 
 import "github.com/macfleet/macfleet/metal/enginepool/decide"
 
+// settler is the settle barrier of an unload (ENGINE_POOL.md, step 3): it watches
+// the host gauge give back what a stopped runner held, and reads from the pool only
+// whether anything else ran meanwhile.
+type settler struct{ p *Pool }
+
 // settle waits for the host gauge to give back what a stopped runner held: it
 // samples at once and then as decide.Settle says, until it says the barrier is
 // done. pre is the host's used memory sampled before the runner was stopped and
@@ -9,7 +14,8 @@ import "github.com/macfleet/macfleet/metal/enginepool/decide"
 // was taken (anything that loaded or took a request since makes the gauge
 // unattributable). A TimedOut barrier wakes the enforcer. It runs in the unload's
 // owner goroutine and holds no lock while waiting.
-func (p *Pool) settle(self *entry, activity uint64, pre, resident int64) (SettleOutcome, int64) {
+func (st settler) settle(self *entry, activity uint64, pre, resident int64) (SettleOutcome, int64) {
+	p := st.p
 	name := ""
 	if self != nil {
 		name = self.spec.Name
@@ -17,7 +23,7 @@ func (p *Pool) settle(self *entry, activity uint64, pre, resident int64) (Settle
 	s := decide.SettleSample{Deadline: p.clock.Now().Add(p.cfg.SettleTimeout), Interval: p.cfg.SettleInterval,
 		Pre: pre, Resident: resident, ToleranceFloor: p.cfg.SettleToleranceBytes}
 	for {
-		s.OthersBusy, s.HostOK = p.othersBusy(name, activity), false
+		s.OthersBusy, s.HostOK = st.othersBusy(name, activity), false
 		if !s.OthersBusy {
 			if hm, err := p.gauge.Host(); err == nil {
 				s.Used, s.HostOK = hm.UsedBytes, true
@@ -39,7 +45,8 @@ func (p *Pool) settle(self *entry, activity uint64, pre, resident int64) (Settle
 
 // othersBusy says whether an entry other than self is loading or serving, or has
 // loaded or taken a request since the activity count was read.
-func (p *Pool) othersBusy(self string, activity uint64) bool {
+func (st settler) othersBusy(self string, activity uint64) bool {
+	p := st.p
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.activity != activity || decide.OthersBusy(p.decideModelsLocked(), self)

@@ -179,7 +179,7 @@ func (p *Pool) stopAndSettle(e *entry, g *engine, plan teardownPlan, log logr.Lo
 	cancel()
 	outcome, freed := Indeterminate, resident
 	if !plan.crashed && preErr == nil {
-		outcome, freed = p.settle(e, activity, pre.UsedBytes, resident)
+		outcome, freed = p.settler.settle(e, activity, pre.UsedBytes, resident)
 	}
 	return &UnloadReport{Reason: plan.reason, FreedBytes: max(freed, 0), ResidentBytes: resident, Outcome: outcome}
 }

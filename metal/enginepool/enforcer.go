@@ -84,7 +84,7 @@ func (p *Pool) poll() {
 	snap := p.decideSnapshotLocked()
 	prev := p.level
 	in := decide.Poll{Measured: measured, OverRun: p.overCeilingRun,
-		EmergencyMargin: p.cfg.EmergencyMarginBytes, HotShrunk: p.hotShrunk, HotHeld: p.hotHeldLocked()}
+		EmergencyMargin: p.cfg.EmergencyMarginBytes, HotShrunk: p.hotShrunk, HotHeld: p.hot.heldLocked()}
 	d := decide.Enforce(snap, in)
 	level := d.Level
 	p.usage, p.level, p.overCeilingRun, p.lastPoll = measured, level, d.OverRun, snap.Now
@@ -94,7 +94,7 @@ func (p *Pool) poll() {
 		p.log.Info("Shrinking the prompt cache hot tiers under memory pressure", "level", string(level), "hotBytes", d.HotReclaim)
 	}
 	p.hotShrunk = d.HotShrunk
-	decreases, increases := p.planHotLocked()
+	decreases, increases := p.hot.planLocked()
 	// The hot shares just planned are part of every runner's own ceiling: the actions
 	// are decided on them, so a runner that took its share is not unloaded as over its
 	// ceiling by the snapshot from before the plan. Same inputs, same level.
@@ -122,8 +122,8 @@ func (p *Pool) poll() {
 		}
 	}
 	// Budgets that shrink first (and before any abort), then the ones that grow.
-	p.pushBudgets(decreases)
-	p.pushBudgets(increases)
+	p.hot.push(decreases)
+	p.hot.push(increases)
 	var wg sync.WaitGroup
 	wg.Go(p.meter.statuses)
 	for _, ps := range pushes {

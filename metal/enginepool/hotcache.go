@@ -89,14 +89,20 @@ func promptCacheStats(st *runnerapi.PromptCacheStatus) *PromptCacheStats {
 	return s
 }
 
-// hotBudgetLocked is the agent's hot budget: the configured one (or the default
+// hotBudget shares the agent's hot budget out among the runners and pushes their
+// shares, as described above. It holds a pointer back to the pool: the shares and
+// the budgets the runners confirmed live in the engines, under the pool mutex.
+type hotBudget struct{ p *Pool }
+
+// budgetLocked is the agent's hot budget: the configured one (or the default
 // fraction of the ceiling), bounded by what the reservations leave below the soft
 // watermark, and zero while pressure keeps the hot tiers shrunk.
-func (p *Pool) hotBudgetLocked() int64 {
+func (h hotBudget) budgetLocked() int64 {
+	p := h.p
 	if p.hotShrunk {
 		return 0
 	}
-	return max(0, min(p.configuredHotLocked(), p.ceiling.SoftBytes-p.committed))
+	return max(0, min(h.configuredLocked(), p.ceiling.SoftBytes-p.committed))
 }
 
 // PromptCacheHotBudget is the agent's hot budget as configured (before the bound of
@@ -104,10 +110,19 @@ func (p *Pool) hotBudgetLocked() int64 {
 func (p *Pool) PromptCacheHotBudget() int64 {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.configuredHotLocked()
+	return p.hot.configuredLocked()
 }
 
-func (p *Pool) configuredHotLocked() int64 {
+// RefreshPromptCacheStats reads the prompt cache report of every live runner whose
+// model enables the cache, and the link report of every split head's, for the next
+// Snapshot (the enforcer does it every poll).
+// Each runner is asked with the pool's RunnerCallTimeout.
+func (p *Pool) RefreshPromptCacheStats() { p.meter.statuses() }
+
+// configuredLocked is the hot budget as configured: Config.PromptCacheHotBytes, or
+// DefaultPromptCacheHotFraction of the ceiling.
+func (h hotBudget) configuredLocked() int64 {
+	p := h.p
 	b := p.cfg.PromptCacheHotBytes
 	switch {
 	case b < 0:
@@ -168,11 +183,12 @@ type budgetPush struct {
 	hot  int64
 }
 
-// planHotLocked decides every runner's share and returns the pushes to send:
+// planLocked decides every runner's share and returns the pushes to send:
 // decreases and increases separately. A runner that is draining keeps its budget
 // (its hot tier goes with it, and a cache clear still reaches it) unless pressure
 // shrinks every tier; its budget stays counted until its process is gone.
-func (p *Pool) planHotLocked() (decreases, increases []budgetPush) {
+func (h hotBudget) planLocked() (decreases, increases []budgetPush) {
+	p := h.p
 	var cands []*engine
 	held := int64(0)
 	for g := range p.engines {
@@ -196,7 +212,7 @@ func (p *Pool) planHotLocked() (decreases, increases []budgetPush) {
 	for i, g := range cands {
 		caps[i] = g.spec.PromptCache.HotBytes
 	}
-	shares := shareHot(p.hotBudgetLocked()-held, caps)
+	shares := shareHot(h.budgetLocked()-held, caps)
 	for i, g := range cands {
 		g.hotShare = shares[i]
 		switch {
@@ -210,8 +226,9 @@ func (p *Pool) planHotLocked() (decreases, increases []budgetPush) {
 	return decreases, increases
 }
 
-// pushBudgets sends pushes concurrently and records what each runner confirmed.
-func (p *Pool) pushBudgets(pushes []budgetPush) {
+// push sends pushes concurrently and records what each runner confirmed.
+func (h hotBudget) push(pushes []budgetPush) {
+	p := h.p
 	var wg sync.WaitGroup
 	for _, ps := range pushes {
 		wg.Go(func() {
@@ -235,9 +252,10 @@ func (p *Pool) pushBudgets(pushes []budgetPush) {
 	wg.Wait()
 }
 
-// hotHeldLocked sums the hot-tier bytes the runners last reported: what shrinking
+// heldLocked sums the hot-tier bytes the runners last reported: what shrinking
 // every hot tier gives back.
-func (p *Pool) hotHeldLocked() int64 {
+func (h hotBudget) heldLocked() int64 {
+	p := h.p
 	var sum int64
 	for g := range p.engines {
 		if g.cache != nil && !g.tearingDown {
@@ -253,9 +271,3 @@ func (p *Pool) hotHeldLocked() int64 {
 func (g *engine) ownCeiling() int64 {
 	return runnerCeiling(g.reservation) + max(g.hotBudget, g.hotShare, 0)
 }
-
-// RefreshPromptCacheStats reads the prompt cache report of every live runner whose
-// model enables the cache, and the link report of every split head's, for the next
-// Snapshot (the enforcer does it every poll).
-// Each runner is asked with the pool's RunnerCallTimeout.
-func (p *Pool) RefreshPromptCacheStats() { p.meter.statuses() }

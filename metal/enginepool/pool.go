@@ -169,6 +169,7 @@ type Pool struct {
 	// The effects, each with a pointer back to the pool.
 	meter   meter
 	settler settler
+	hot     hotBudget
 }
 
 // New builds a pool. It reads the hardware once to compute the ceiling; it starts no
@@ -204,7 +205,7 @@ func New(cfg Config, factory RunnerFactory, gauge Gauge, clk clock.WithTicker, l
 		engines:    map[*engine]struct{}{},
 		level:      PressureOK,
 	}
-	p.meter, p.settler = meter{p}, settler{p}
+	p.meter, p.settler, p.hot = meter{p}, settler{p}, hotBudget{p}
 	return p, nil
 }
 

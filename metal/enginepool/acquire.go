@@ -239,7 +239,7 @@ func (p *Pool) applyAdmissionLocked(e *entry, spec ModelSpec, gen uint64, d deci
 	case decide.AdmitEvict:
 		p.log.V(2).Info("Evicting to admit a model", "model", spec.Name, "victim", d.Victim,
 			"projectedBytes", d.Projected, "softBytes", p.ceiling.SoftBytes)
-		return nil, p.startUnloadLocked(p.entries[d.Victim], ReasonEviction), nil
+		return nil, p.unloader.startLocked(p.entries[d.Victim], ReasonEviction), nil
 	case decide.AdmitWait:
 		// Unloads already under way will hand their reservations back.
 		if ch := p.releasingLocked(e); ch != nil {
@@ -320,7 +320,7 @@ func (p *Pool) loadedLocked(e *entry, g *engine, a *loadAttempt, fp int64) {
 	obs := p.observersLocked()
 	p.mu.Unlock()
 	p.log.V(2).Info("Model loaded", "model", g.spec.Name, "reservedBytes", g.reservation, "duration", p.clock.Since(a.started))
-	go p.watch(g)
+	go p.unloader.watch(g)
 	signal(p.wakeNow)
 	for _, o := range obs {
 		o.LoadFinished(LoadEvent{Model: g.spec.Name, Duration: p.clock.Since(a.started)})
@@ -356,7 +356,7 @@ func (p *Pool) loadFailedLocked(ctx context.Context, e *entry, g *engine, a *loa
 	for _, o := range obs {
 		o.LoadFinished(LoadEvent{Model: spec.Name, Duration: p.clock.Since(a.started), Err: a.err})
 	}
-	p.teardown(e, g, plan)
+	p.unloader.teardown(e, g, plan)
 }
 
 // refuseLoad ends a load that admission refused or that was canceled before it had a

@@ -166,11 +166,11 @@ func (p *Pool) applyEnforcementLocked(actions []decide.Action) []*engine {
 			g.overCeiling = true
 			p.log.Info("Runner is over its own ceiling", "model", e.spec.Name, "footprintBytes", g.footprint,
 				"ceilingBytes", g.ownCeiling(), "reservedBytes", g.reservation, "hotBudgetBytes", g.hotBudget)
-			p.startUnloadLocked(e, ReasonOverCeiling)
+			p.unloader.startLocked(e, ReasonOverCeiling)
 		case decide.UnloadPressure:
-			p.startUnloadLocked(e, ReasonPressure)
+			p.unloader.startLocked(e, ReasonPressure)
 		case decide.UnloadIdle:
-			p.startUnloadLocked(e, ReasonIdle)
+			p.unloader.startLocked(e, ReasonIdle)
 		}
 	}
 	return aborts

@@ -167,9 +167,10 @@ type Pool struct {
 	freedTotal                                       int64
 
 	// The effects, each with a pointer back to the pool.
-	meter   meter
-	settler settler
-	hot     hotBudget
+	meter    meter
+	settler  settler
+	hot      hotBudget
+	unloader unloader
 }
 
 // New builds a pool. It reads the hardware once to compute the ceiling; it starts no
@@ -205,7 +206,7 @@ func New(cfg Config, factory RunnerFactory, gauge Gauge, clk clock.WithTicker, l
 		engines:    map[*engine]struct{}{},
 		level:      PressureOK,
 	}
-	p.meter, p.settler, p.hot = meter{p}, settler{p}, hotBudget{p}
+	p.meter, p.settler, p.hot, p.unloader = meter{p}, settler{p}, hotBudget{p}, unloader{p}
 	return p, nil
 }
 
@@ -327,7 +328,7 @@ func (p *Pool) Remove(name string) (<-chan struct{}, error) {
 		p.deleteEntryLocked(e)
 		return closedChan(), nil
 	}
-	return p.startUnloadLocked(e, ReasonRemoved), nil
+	return p.unloader.startLocked(e, ReasonRemoved), nil
 }
 
 func normalizeSpec(spec ModelSpec) (ModelSpec, error) {
@@ -377,7 +378,7 @@ func (p *Pool) Detach(ctx context.Context) (int, error) {
 			}
 		}
 		if e.state == StateReady || e.state.Transient() {
-			waits = append(waits, p.startUnloadLocked(e, ReasonShutdown))
+			waits = append(waits, p.unloader.startLocked(e, ReasonShutdown))
 		}
 	}
 	p.mu.Unlock()
@@ -401,7 +402,7 @@ func (p *Pool) Close(ctx context.Context) error {
 	var waits []<-chan struct{}
 	for _, e := range p.entries {
 		if e.state == StateReady || e.state.Transient() {
-			waits = append(waits, p.startUnloadLocked(e, ReasonShutdown))
+			waits = append(waits, p.unloader.startLocked(e, ReasonShutdown))
 		}
 	}
 	p.mu.Unlock()

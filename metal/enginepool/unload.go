@@ -9,6 +9,12 @@ import (
 	"github.com/go-logr/logr"
 )
 
+// unloader stops engines: it hands an entry to an unload owner (or cancels its load),
+// and is that owner — drain, stop, settle, release, report — for unloads and
+// crashes alike. It holds a pointer back to the pool, whose mutex it takes only
+// between the steps, never across a wait.
+type unloader struct{ p *Pool }
+
 // teardownPlan says how one engine is taken down.
 type teardownPlan struct {
 	reason UnloadReason
@@ -33,7 +39,7 @@ func (p *Pool) StartUnload(model string) (<-chan struct{}, error) {
 	if e == nil || e.removed {
 		return nil, &UnknownModelError{Model: model}
 	}
-	return p.startUnloadLocked(e, ReasonAdmin), nil
+	return p.unloader.startLocked(e, ReasonAdmin), nil
 }
 
 // Unload unloads model and waits for it, bounded by ctx. It returns the report of the
@@ -46,7 +52,7 @@ func (p *Pool) Unload(ctx context.Context, model string) (*UnloadReport, error) 
 		return nil, &UnknownModelError{Model: model}
 	}
 	before := e.lastUnload
-	done := p.startUnloadLocked(e, ReasonAdmin)
+	done := p.unloader.startLocked(e, ReasonAdmin)
 	p.mu.Unlock()
 	select {
 	case <-done:
@@ -62,9 +68,10 @@ func (p *Pool) Unload(ctx context.Context, model string) (*UnloadReport, error) 
 	return &r, nil
 }
 
-// startUnloadLocked hands e to an unload owner (or cancels its load) and returns a
+// startLocked hands e to an unload owner (or cancels its load) and returns a
 // channel closed when e is stable again. It is idempotent.
-func (p *Pool) startUnloadLocked(e *entry, reason UnloadReason) <-chan struct{} {
+func (u unloader) startLocked(e *entry, reason UnloadReason) <-chan struct{} {
+	p := u.p
 	switch e.state {
 	case StateReady:
 		g := e.eng
@@ -74,12 +81,12 @@ func (p *Pool) startUnloadLocked(e *entry, reason UnloadReason) <-chan struct{} 
 		if !reason.graceful() {
 			drain = p.cfg.PressureDrainTimeout
 		}
-		go p.teardown(e, g, teardownPlan{reason: reason, final: StateUnloaded, drain: drain})
+		go u.teardown(e, g, teardownPlan{reason: reason, final: StateUnloaded, drain: drain})
 		return e.transition
 	case StateLoading:
 		if a := e.attempt; a != nil && a.cancelReason == "" {
 			a.cancelReason = reason
-			a.cancelErr = p.loadCanceledErrorLocked(e, reason)
+			a.cancelErr = u.loadCanceledErrorLocked(e, reason)
 			a.cancel(a.cancelErr)
 		}
 		return e.transition
@@ -93,11 +100,12 @@ func (p *Pool) startUnloadLocked(e *entry, reason UnloadReason) <-chan struct{} 
 // drain → abort → wait for request goroutines → stop → settle → release the
 // reservation → report. Every wait has a deadline; the pool mutex is never held
 // across any of them.
-func (p *Pool) teardown(e *entry, g *engine, plan teardownPlan) {
+func (u unloader) teardown(e *entry, g *engine, plan teardownPlan) {
+	p := u.p
 	start := p.clock.Now()
 	log := p.log.WithValues("model", g.name, "reason", string(plan.reason))
-	aborted := p.drain(g, plan, log)
-	report := p.stopAndSettle(e, g, plan, log)
+	aborted := u.drain(g, plan, log)
+	report := u.stopAndSettle(e, g, plan, log)
 
 	// 4. Release the reservation, only now; 5. report.
 	p.mu.Lock()
@@ -105,7 +113,7 @@ func (p *Pool) teardown(e *entry, g *engine, plan teardownPlan) {
 	if report != nil {
 		report.Aborted, report.Time, report.Duration = aborted, now, now.Sub(start)
 	}
-	p.releaseEngineLocked(e, g, plan, report, now)
+	u.releaseLocked(e, g, plan, report, now)
 	obs := p.observersLocked()
 	p.mu.Unlock()
 
@@ -122,9 +130,10 @@ func (p *Pool) teardown(e *entry, g *engine, plan teardownPlan) {
 // drain is step 1 of a teardown: wait for leases up to the plan's drain deadline,
 // abort what remains, wait for the request goroutines to return. It returns how
 // many generations the abort ended.
-func (p *Pool) drain(g *engine, plan teardownPlan, log logr.Logger) int {
+func (u unloader) drain(g *engine, plan teardownPlan, log logr.Logger) int {
+	p := u.p
 	aborted := 0
-	released := p.awaitReleased(g, plan.drain)
+	released := u.awaitReleased(g, plan.drain)
 	if !released && !plan.crashed && g.runner != nil {
 		ctx, cancel := p.clock.withDeadline(context.Background(), p.cfg.RunnerCallTimeout, "aborting "+g.name)
 		n, err := g.runner.Abort(ctx)
@@ -135,7 +144,7 @@ func (p *Pool) drain(g *engine, plan teardownPlan, log logr.Logger) int {
 		}
 	}
 	if !released {
-		if !p.awaitReleased(g, p.cfg.AbortWaitTimeout) {
+		if !u.awaitReleased(g, p.cfg.AbortWaitTimeout) {
 			log.Info("Requests still hold the engine after abort; stopping it anyway")
 		}
 	}
@@ -146,7 +155,8 @@ func (p *Pool) drain(g *engine, plan teardownPlan, log logr.Logger) int {
 // reset its counters, stop and reap the runner, and wait for the settle barrier.
 // It returns the unload's report without its timing (nil when no runner had
 // started).
-func (p *Pool) stopAndSettle(e *entry, g *engine, plan teardownPlan, log logr.Logger) *UnloadReport {
+func (u unloader) stopAndSettle(e *entry, g *engine, plan teardownPlan, log logr.Logger) *UnloadReport {
+	p := u.p
 	p.mu.Lock()
 	if e.eng == g && e.state != StateStopping {
 		e.setTransientLocked(StateStopping)
@@ -184,10 +194,11 @@ func (p *Pool) stopAndSettle(e *entry, g *engine, plan teardownPlan, log logr.Lo
 	return &UnloadReport{Reason: plan.reason, FreedBytes: max(freed, 0), ResidentBytes: resident, Outcome: outcome}
 }
 
-// releaseEngineLocked is steps 4 and 5 of a teardown: the reservation goes back,
+// releaseLocked is steps 4 and 5 of a teardown: the reservation goes back,
 // the report is kept and counted, and the entry reaches its final state (Failed
 // with a backoff, or Unloaded).
-func (p *Pool) releaseEngineLocked(e *entry, g *engine, plan teardownPlan, report *UnloadReport, now time.Time) {
+func (u unloader) releaseLocked(e *entry, g *engine, plan teardownPlan, report *UnloadReport, now time.Time) {
+	p := u.p
 	p.committed -= g.reservation
 	delete(p.engines, g)
 	if report != nil {
@@ -222,7 +233,8 @@ func (p *Pool) releaseEngineLocked(e *entry, g *engine, plan teardownPlan, repor
 }
 
 // awaitReleased waits up to d (on the injected clock) for g's leases to reach zero.
-func (p *Pool) awaitReleased(g *engine, d time.Duration) bool {
+func (u unloader) awaitReleased(g *engine, d time.Duration) bool {
+	p := u.p
 	p.mu.Lock()
 	if g.inUse == 0 {
 		p.mu.Unlock()
@@ -251,11 +263,12 @@ func (p *Pool) Retire(model string) (<-chan struct{}, error) {
 		return nil, &UnknownModelError{Model: model}
 	}
 	e.retired = true
-	return p.startUnloadLocked(e, ReasonRetired), nil
+	return p.unloader.startLocked(e, ReasonRetired), nil
 }
 
-// loadCanceledError is what waiters of a load canceled for reason get.
-func (p *Pool) loadCanceledErrorLocked(e *entry, reason UnloadReason) error {
+// loadCanceledErrorLocked is what waiters of a load canceled for reason get.
+func (u unloader) loadCanceledErrorLocked(e *entry, reason UnloadReason) error {
+	p := u.p
 	if reason == ReasonPressure {
 		return &InsufficientMemoryError{Model: e.spec.Name, EstimatedBytes: e.spec.EstimatedBytes,
 			CurrentBytes: max(p.usage, p.committed), LimitBytes: p.ceiling.HardBytes, Ceiling: p.ceiling,
@@ -266,7 +279,8 @@ func (p *Pool) loadCanceledErrorLocked(e *entry, reason UnloadReason) error {
 }
 
 // watch turns an unexpected runner exit into a teardown that ends in Failed.
-func (p *Pool) watch(g *engine) {
+func (u unloader) watch(g *engine) {
+	p := u.p
 	select {
 	case <-g.runner.Exited():
 	case <-g.stopped:
@@ -288,5 +302,5 @@ func (p *Pool) watch(g *engine) {
 	p.crashes++
 	p.mu.Unlock()
 	p.log.Info("Runner exited unexpectedly", "model", g.name, "pid", g.pid, "err", cause.Error())
-	p.teardown(e, g, teardownPlan{reason: ReasonCrash, final: StateFailed, cause: cause, crashed: true})
+	u.teardown(e, g, teardownPlan{reason: ReasonCrash, final: StateFailed, cause: cause, crashed: true})
 }

@@ -13,13 +13,13 @@ import (
 //
 //	Acquire          a lease on a Ready engine, loading the model first if it must
 //	  route          under the lock: decide.RouteRequest, then lease, join or start a load
-//	  awaitLoad      wait for the load, bounded by the request's context
-//	runLoad          the load's owner goroutine (one per Loading state):
+//	  loader.await   wait for the load, bounded by the request's context
+//	loader.run       the load's owner goroutine (one per Loading state):
 //	  admit          decide.Admit round by round: evict, wait for unloads, measure, refuse
 //	  startRunner    start the runner under its ceiling and wait until it serves
-//	  loaded         Ready: close the attempt, watch the runner
-//	  loadFailed     the runner did not come up: tear it down, Failed (or Unloaded if canceled)
-//	  refuseLoad     admission refused: the entry goes back to where it was
+//	  loadedLocked   Ready: close the attempt, watch the runner
+//	  failedLocked   the runner did not come up: tear it down, Failed (or Unloaded if canceled)
+//	  refuse         admission refused: the entry goes back to where it was
 //
 // The request then holds its Lease (lease.go: Runner, Release), and the agent checks
 // the prompt against memory with CheckPrefill (prefill.go) before the first byte.
@@ -49,7 +49,7 @@ func (p *Pool) Acquire(ctx context.Context, model string) (*Lease, error) {
 			return l, err
 		}
 		cold = true
-		if err := p.awaitLoad(ctx, model, a); err != nil {
+		if err := p.loader.await(ctx, model, a); err != nil {
 			return nil, err
 		}
 	}
@@ -83,65 +83,67 @@ func (p *Pool) route(model string) (*Lease, *loadAttempt, error) {
 	d := decide.RouteRequest(in)
 	switch d.Kind {
 	case decide.RouteLease:
-		return p.leaseLocked(e, now), nil, nil
+		// A lease on e's Ready engine; it restarts e's idle clock.
+		g := e.eng
+		l := &Lease{pool: p, eng: g, model: e.spec.Name, offset: g.leaseLocked(now)}
+		p.activity++
+		e.lastUsed = now
+		if g.inUse == 1 {
+			signal(p.wakeActive)
+		}
+		return l, nil, nil
 	case decide.RouteJoin:
 		return nil, e.attempt, nil
 	case decide.RouteLoad:
-		return nil, p.startLoadLocked(e), nil
+		return nil, p.loader.startLocked(e), nil
 	}
-	return nil, nil, p.refusalLocked(model, e, d)
+	return nil, nil, refusal(model, e, d, p.cfg.RetryAfter)
 }
 
-// refusalLocked is the error of a refused request.
-func (p *Pool) refusalLocked(model string, e *entry, d decide.Route) error {
+// refusal is the error of a refused request; retry is the hint of refusals whose
+// end is not known.
+func refusal(model string, e *entry, d decide.Route, retry time.Duration) error {
 	switch d.Refusal {
 	case decide.RefuseClosed:
 		return &UnavailableError{Model: model, State: StateStopping, ErrCode: CodePoolClosed,
-			Reason: "the node agent is shutting down", Retry: p.cfg.RetryAfter}
+			Reason: "the node agent is shutting down", Retry: retry}
 	case decide.RefuseUnknown:
 		return &UnknownModelError{Model: model}
 	case decide.RefuseRetired:
 		return &UnavailableError{Model: e.spec.Name, State: e.state, ErrCode: CodeModelDraining,
-			Reason: "the model is being removed from this node", Retry: p.cfg.RetryAfter}
+			Reason: "the model is being removed from this node", Retry: retry}
 	case decide.RefuseBackoff:
 		return &UnavailableError{Model: e.spec.Name, State: e.state, ErrCode: CodeModelLoadFailed,
 			Reason: e.failReason, Retry: d.Retry, Err: e.lastErr}
 	}
 	return &UnavailableError{Model: e.spec.Name, State: e.state, ErrCode: CodeModelDraining,
-		Reason: "the model is being unloaded", Retry: p.cfg.RetryAfter}
+		Reason: "the model is being unloaded", Retry: retry}
 }
 
-// leaseLocked takes a lease on e's Ready engine and restarts its idle clock.
-func (p *Pool) leaseLocked(e *entry, now time.Time) *Lease {
-	g := e.eng
-	g.inUse++
-	g.requests++
-	offset := int64(now.Sub(g.loadedAt))
-	g.activeNanos += offset
-	p.activity++
-	e.lastUsed = now
-	if g.inUse == 1 {
-		signal(p.wakeActive)
-	}
-	return &Lease{pool: p, eng: g, model: e.spec.Name, offset: offset}
-}
+// loader brings models in: it starts a load's owner goroutine and is that owner —
+// admission, the runner's start, Ready or the teardown of a failed start. It holds
+// a pointer back to the pool, whose mutex it takes to decide and apply, never across
+// a start, a wait or a measurement.
+type loader struct{ p *Pool }
 
-// startLoadLocked moves e to Loading and starts its owner goroutine, which drives it
+// startLocked moves e to Loading and starts its owner goroutine, which drives it
 // to Ready, Failed or back to a stable unloaded state under LoadTimeout.
-func (p *Pool) startLoadLocked(e *entry) *loadAttempt {
+func (l loader) startLocked(e *entry) *loadAttempt {
+	p := l.p
 	ctx, cancel := context.WithCancelCause(p.baseCtx)
 	a := &loadAttempt{done: make(chan struct{}), cancel: cancel, started: p.clock.Now()}
 	prev := e.state
 	e.attempt = a
 	e.setTransientLocked(StateLoading)
 	p.gen++
-	go p.runLoad(ctx, e, a, e.spec, prev, p.gen)
+	go l.run(ctx, e, a, e.spec, prev, p.gen)
 	signal(p.wakeNow)
 	return a
 }
 
-// awaitLoad waits for a load attempt, bounded by the request's context.
-func (p *Pool) awaitLoad(ctx context.Context, model string, a *loadAttempt) error {
+// await waits for a load attempt, bounded by the request's context.
+func (l loader) await(ctx context.Context, model string, a *loadAttempt) error {
+	p := l.p
 	select {
 	case <-a.done:
 		return a.err
@@ -151,19 +153,20 @@ func (p *Pool) awaitLoad(ctx context.Context, model string, a *loadAttempt) erro
 	}
 }
 
-// runLoad is the owner of one Loading state: admission, then the runner, then Ready
+// run is the owner of one Loading state: admission, then the runner, then Ready
 // or a teardown.
-func (p *Pool) runLoad(ctx context.Context, e *entry, a *loadAttempt, spec ModelSpec, prev State, gen uint64) {
+func (l loader) run(ctx context.Context, e *entry, a *loadAttempt, spec ModelSpec, prev State, gen uint64) {
+	p := l.p
 	defer a.cancel(context.Canceled)
 	ctx, stop := p.clock.withDeadline(ctx, p.cfg.LoadTimeout, "loading "+spec.Name)
 	defer stop()
 
-	g, err := p.admit(ctx, e, spec, gen)
+	g, err := l.admit(ctx, e, spec, gen)
 	if err != nil {
-		p.refuseLoad(e, a, prev, err)
+		l.refuse(e, a, prev, err)
 		return
 	}
-	err = p.startRunner(ctx, g, spec)
+	err = l.startRunner(ctx, g, spec)
 	var fp int64
 	if err == nil {
 		fp, _ = p.gauge.Process(g.pid)
@@ -173,10 +176,10 @@ func (p *Pool) runLoad(ctx context.Context, e *entry, a *loadAttempt, spec Model
 		err = a.cancelErr
 	}
 	if err == nil {
-		p.loadedLocked(e, g, a, fp) // unlocks
+		l.loadedLocked(e, g, a, fp) // unlocks
 		return
 	}
-	p.loadFailedLocked(ctx, e, g, a, err) // unlocks
+	l.failedLocked(ctx, e, g, a, err) // unlocks
 }
 
 // admit asks decide.Admit, round by round, whether e may load with spec — evicting
@@ -185,7 +188,8 @@ func (p *Pool) runLoad(ctx context.Context, e *entry, a *loadAttempt, spec Model
 //
 // Admissions are serialized (loads wait for each other, serving does not); the pool
 // mutex is only taken to decide, never across a measurement or an eviction.
-func (p *Pool) admit(ctx context.Context, e *entry, spec ModelSpec, gen uint64) (*engine, error) {
+func (l loader) admit(ctx context.Context, e *entry, spec ModelSpec, gen uint64) (*engine, error) {
+	p := l.p
 	// A model that can never fit says so at once, before waiting for other admissions
 	// (whose wait a pressure cancel could otherwise turn into insufficient_memory).
 	p.mu.Lock()
@@ -197,7 +201,7 @@ func (p *Pool) admit(ctx context.Context, e *entry, spec ModelSpec, gen uint64) 
 	select {
 	case p.admitting <- struct{}{}:
 	case <-ctx.Done():
-		return nil, p.ctxLoadError(ctx, spec.Name)
+		return nil, l.ctxLoadError(ctx, spec.Name)
 	}
 	defer func() { <-p.admitting }()
 
@@ -206,10 +210,10 @@ func (p *Pool) admit(ctx context.Context, e *entry, spec ModelSpec, gen uint64) 
 		p.mu.Lock()
 		if req.Measured >= 0 && ctx.Err() != nil {
 			p.mu.Unlock()
-			return nil, p.ctxLoadError(ctx, spec.Name)
+			return nil, l.ctxLoadError(ctx, spec.Name)
 		}
 		d := decide.Admit(p.decideSnapshotLocked(), req)
-		g, wait, err := p.applyAdmissionLocked(e, spec, gen, d)
+		g, wait, err := l.applyAdmissionLocked(e, spec, gen, d)
 		p.mu.Unlock()
 		if g != nil || err != nil {
 			return g, err
@@ -218,7 +222,7 @@ func (p *Pool) admit(ctx context.Context, e *entry, spec ModelSpec, gen uint64) 
 			select {
 			case <-wait:
 			case <-ctx.Done():
-				return nil, p.ctxLoadError(ctx, spec.Name)
+				return nil, l.ctxLoadError(ctx, spec.Name)
 			}
 		}
 		req.Evicted = req.Evicted || d.Kind == decide.AdmitEvict
@@ -228,7 +232,8 @@ func (p *Pool) admit(ctx context.Context, e *entry, spec ModelSpec, gen uint64) 
 
 // applyAdmissionLocked applies one admission round: the engine admitted, or a channel
 // to wait on before the next round, or the refusal; all nil: measure and ask again.
-func (p *Pool) applyAdmissionLocked(e *entry, spec ModelSpec, gen uint64, d decide.Admission) (*engine, <-chan struct{}, error) {
+func (l loader) applyAdmissionLocked(e *entry, spec ModelSpec, gen uint64, d decide.Admission) (*engine, <-chan struct{}, error) {
+	p := l.p
 	switch d.Kind {
 	case decide.AdmitLoad:
 		g := newEngine(e, spec, gen, spec.EstimatedBytes)
@@ -242,7 +247,7 @@ func (p *Pool) applyAdmissionLocked(e *entry, spec ModelSpec, gen uint64, d deci
 		return nil, p.unloader.startLocked(p.entries[d.Victim], ReasonEviction), nil
 	case decide.AdmitWait:
 		// Unloads already under way will hand their reservations back.
-		if ch := p.releasingLocked(e); ch != nil {
+		if ch := l.releasingLocked(e); ch != nil {
 			return nil, ch, nil
 		}
 	case decide.AdmitTooLarge:
@@ -257,8 +262,8 @@ func (p *Pool) applyAdmissionLocked(e *entry, spec ModelSpec, gen uint64, d deci
 
 // releasingLocked is the transition of an engine being torn down (other than self's)
 // to wait for, or nil.
-func (p *Pool) releasingLocked(self *entry) <-chan struct{} {
-	for g := range p.engines {
+func (l loader) releasingLocked(self *entry) <-chan struct{} {
+	for g := range l.p.engines {
 		if g.entry != self && g.tearingDown && g.entry.transition != nil {
 			return g.entry.transition
 		}
@@ -266,7 +271,10 @@ func (p *Pool) releasingLocked(self *entry) <-chan struct{} {
 	return nil
 }
 
-func (p *Pool) ctxLoadError(ctx context.Context, model string) error {
+// ctxLoadError is the error of an admission that ctx ended: the cancel error of
+// the load when someone canceled it, else ctx's cause.
+func (l loader) ctxLoadError(ctx context.Context, model string) error {
+	p := l.p
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if e := p.lookupLocked(model); e != nil && e.attempt != nil && e.attempt.cancelErr != nil {
@@ -278,7 +286,8 @@ func (p *Pool) ctxLoadError(ctx context.Context, model string) error {
 // startRunner starts the admitted engine's runner under its ceiling (runnerCeiling),
 // registers it for measurement, and waits until it serves. The lock is not held
 // while starting or waiting.
-func (p *Pool) startRunner(ctx context.Context, g *engine, spec ModelSpec) error {
+func (l loader) startRunner(ctx context.Context, g *engine, spec ModelSpec) error {
+	p := l.p
 	runner, err := p.factory.Start(ctx, spec, runnerCeiling(g.reservation))
 	if err != nil {
 		return err
@@ -305,7 +314,8 @@ func runnerCeiling(reservation int64) int64 { return reservation + reservation/1
 // loadedLocked makes e Ready on g (footprint fp as just measured), wakes the load's
 // waiters and starts watching the runner. Called with the lock held; returns with it
 // released.
-func (p *Pool) loadedLocked(e *entry, g *engine, a *loadAttempt, fp int64) {
+func (l loader) loadedLocked(e *entry, g *engine, a *loadAttempt, fp int64) {
+	p := l.p
 	now := p.clock.Now()
 	g.footprint, g.peak = fp, max(g.peak, fp)
 	p.activity++
@@ -327,10 +337,11 @@ func (p *Pool) loadedLocked(e *entry, g *engine, a *loadAttempt, fp int64) {
 	}
 }
 
-// loadFailedLocked ends a load whose runner did not come up (err) or that was
+// failedLocked ends a load whose runner did not come up (err) or that was
 // canceled: its waiters get the error, and the engine is torn down to Failed (or to
 // Unloaded when canceled). Called with the lock held; returns with it released.
-func (p *Pool) loadFailedLocked(ctx context.Context, e *entry, g *engine, a *loadAttempt, err error) {
+func (l loader) failedLocked(ctx context.Context, e *entry, g *engine, a *loadAttempt, err error) {
+	p := l.p
 	spec := g.spec
 	plan := teardownPlan{reason: ReasonLoadFailed, final: StateFailed, cause: err}
 	if a.cancelReason != "" {
@@ -359,9 +370,10 @@ func (p *Pool) loadFailedLocked(ctx context.Context, e *entry, g *engine, a *loa
 	p.unloader.teardown(e, g, plan)
 }
 
-// refuseLoad ends a load that admission refused or that was canceled before it had a
+// refuse ends a load that admission refused or that was canceled before it had a
 // reservation: nothing to stop, the entry goes back to where it was.
-func (p *Pool) refuseLoad(e *entry, a *loadAttempt, prev State, err error) {
+func (l loader) refuse(e *entry, a *loadAttempt, prev State, err error) {
+	p := l.p
 	p.mu.Lock()
 	if a.cancelReason != "" {
 		err = a.cancelErr

@@ -243,6 +243,16 @@ func (p *Pool) deleteEntryLocked(e *entry) {
 	}
 }
 
+// leaseLocked counts a new lease on g taken at now and returns when it was taken as
+// an offset from loadedAt (what Lease.Release takes back out of activeNanos).
+func (g *engine) leaseLocked(now time.Time) int64 {
+	g.inUse++
+	g.requests++
+	offset := int64(now.Sub(g.loadedAt))
+	g.activeNanos += offset
+	return offset
+}
+
 // leaseSecondsAt is the integral of inUse over time from loadedAt to now: the time
 // the released leases were held, plus, for each active one, now less its acquire time.
 // In floating point: inUse × the engine's age would overflow int64 nanoseconds

@@ -170,6 +170,7 @@ type Pool struct {
 	meter    meter
 	settler  settler
 	hot      hotBudget
+	loader   loader
 	unloader unloader
 }
 
@@ -206,7 +207,8 @@ func New(cfg Config, factory RunnerFactory, gauge Gauge, clk clock.WithTicker, l
 		engines:    map[*engine]struct{}{},
 		level:      PressureOK,
 	}
-	p.meter, p.settler, p.hot, p.unloader = meter{p}, settler{p}, hotBudget{p}, unloader{p}
+	p.meter, p.settler, p.hot = meter{p}, settler{p}, hotBudget{p}
+	p.loader, p.unloader = loader{p}, unloader{p}
 	return p, nil
 }
 

@@ -40,7 +40,7 @@ func TestCacheClearReachesEveryRunnerAndExitReclaims(t *testing.T) {
 	if _, err := h.p.Unload(h.ctx(), "b"); err != nil {
 		t.Fatal(err)
 	}
-	h.p.poll()
+	h.p.enforcer.poll()
 	s := h.p.Snapshot()
 	if s.Runners != 0 || s.CommittedBytes != 0 || s.UsageBytes != 0 {
 		t.Fatalf("with nothing loaded: runners %d committed %d usage %d", s.Runners, s.CommittedBytes, s.UsageBytes)

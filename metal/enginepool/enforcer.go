@@ -22,10 +22,20 @@ const (
 // Config.KeepRunnersOnExit, detaches the runners that can outlive it) and returns. Polls are adaptive — PollActive while anything loads, serves or unloads
 // or pressure is not ok, PollIdle with models loaded, PollEmpty without — and are
 // brought forward by loads, unloads and the first request on an idle engine.
-func (p *Pool) Run(ctx context.Context) error {
+func (p *Pool) Run(ctx context.Context) error { return p.enforcer.run(ctx) }
+
+// enforcer is the memory enforcer: its poll loop measures, asks decide.Enforce and
+// applies the verdict — unloads, aborts, the hot budget — and pushes the limits to
+// every runner. It holds a pointer back to the pool; its level and counters are
+// pool state, under the pool mutex.
+type enforcer struct{ p *Pool }
+
+// run is Run's loop.
+func (en enforcer) run(ctx context.Context) error {
+	p := en.p
 	for {
-		p.poll()
-		due := p.clock.Now().Add(p.pollInterval())
+		en.poll()
+		due := p.clock.Now().Add(en.interval())
 	wait:
 		for {
 			d := due.Sub(p.clock.Now())
@@ -36,7 +46,7 @@ func (p *Pool) Run(ctx context.Context) error {
 			select {
 			case <-ctx.Done():
 				t.Stop()
-				return p.shutdown()
+				return en.shutdown()
 			case <-t.C():
 				break wait
 			case <-p.wakeNow:
@@ -55,7 +65,10 @@ func (p *Pool) Run(ctx context.Context) error {
 	}
 }
 
-func (p *Pool) shutdown() error {
+// shutdown ends Run: it unloads every model, or detaches the runners that can
+// outlive the pool when Config.KeepRunnersOnExit says so.
+func (en enforcer) shutdown() error {
+	p := en.p
 	d := p.cfg.DrainTimeout + p.cfg.AbortWaitTimeout + p.cfg.StopTimeout + p.cfg.SettleTimeout + 5*time.Second
 	ctx, cancel := p.clock.withDeadline(context.Background(), d, "shutting down the engine pool")
 	defer cancel()
@@ -67,8 +80,9 @@ func (p *Pool) shutdown() error {
 	return p.Close(ctx)
 }
 
-// pollInterval is the adaptive interval, shortened to the next idle expiry.
-func (p *Pool) pollInterval() time.Duration {
+// interval is the adaptive poll interval, shortened to the next idle expiry.
+func (en enforcer) interval() time.Duration {
+	p := en.p
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return decide.NextPoll(p.decideSnapshotLocked(), decide.Intervals{
@@ -77,7 +91,8 @@ func (p *Pool) pollInterval() time.Duration {
 
 // poll is one enforcer pass: measure, decide (decide.Enforce), apply, then push
 // limits to every runner and abort what the decision aborts, outside the lock.
-func (p *Pool) poll() {
+func (en enforcer) poll() {
+	p := en.p
 	measured := p.meter.footprints()
 
 	p.mu.Lock()
@@ -99,7 +114,7 @@ func (p *Pool) poll() {
 	// are decided on them, so a runner that took its share is not unloaded as over its
 	// ceiling by the snapshot from before the plan. Same inputs, same level.
 	d.Actions = decide.Enforce(p.decideSnapshotLocked(), in).Actions
-	aborts := p.applyEnforcementLocked(d.Actions)
+	aborts := en.applyLocked(d.Actions)
 	type push struct {
 		name string
 		r    Runner
@@ -146,10 +161,11 @@ func (p *Pool) poll() {
 	wg.Wait()
 }
 
-// applyEnforcementLocked applies the enforcer's actions in order: it starts unloads
+// applyLocked applies the enforcer's actions in order: it starts unloads
 // and cancels loads itself and returns the engines whose in-flight requests must be
 // aborted.
-func (p *Pool) applyEnforcementLocked(actions []decide.Action) []*engine {
+func (en enforcer) applyLocked(actions []decide.Action) []*engine {
+	p := en.p
 	var aborts []*engine
 	for _, a := range actions {
 		e := p.entries[a.Model]

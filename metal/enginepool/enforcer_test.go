@@ -31,7 +31,7 @@ func TestEmergencyPressureAbortsInFlightWork(t *testing.T) {
 	h.f.waitRunner(t, "loading", 1)
 
 	h.setAgent(4 * gib) // 3+3+2+4 = 12 GiB = ceiling + 2 GiB
-	h.p.poll()
+	h.p.enforcer.poll()
 	if lvl := h.p.Snapshot().Pressure; lvl != PressureEmergency {
 		t.Fatalf("pressure = %s, want emergency", lvl)
 	}
@@ -63,11 +63,11 @@ func TestEmergencyAfterTwoPollsAtTheCeiling(t *testing.T) {
 	h.register("pinned", 3, Pinned)
 	h.load("pinned")
 	h.setAgent(7*gib + 100*mib) // 10.1 GiB: over the ceiling, under +2 GiB
-	h.p.poll()
+	h.p.enforcer.poll()
 	if lvl := h.p.Snapshot().Pressure; lvl != PressureHard {
 		t.Fatalf("first poll: %s, want hard", lvl)
 	}
-	h.p.poll()
+	h.p.enforcer.poll()
 	if lvl := h.p.Snapshot().Pressure; lvl != PressureEmergency {
 		t.Fatalf("second poll: %s, want emergency", lvl)
 	}
@@ -85,7 +85,7 @@ func TestHardPressure(t *testing.T) {
 		rq := h.startRequest("busy", false)
 		defer rq.end()
 		h.setAgent(3*gib + 600*mib) // 9.6 GiB
-		h.p.poll()
+		h.p.enforcer.poll()
 		h.waitState("idle", StateUnloaded)
 		if got, aborts := h.state("busy"), h.f.last(t, "busy").Aborts(); got != StateReady || aborts != 0 {
 			t.Fatalf("busy = %s with %d aborts; an idle victim existed", got, aborts)
@@ -112,7 +112,7 @@ func TestHardPressure(t *testing.T) {
 		h.f.waitRunner(t, "loading", 1)
 
 		h.setAgent(gib + 600*mib) // 3+2+2+1+1.6 = 9.6 GiB
-		h.p.poll()
+		h.p.enforcer.poll()
 		eventually(t, "older's request to be aborted", ro.returned)
 		if err := <-loadErr; err == nil {
 			t.Fatal("a load survived hard pressure")
@@ -136,9 +136,9 @@ func TestSoftPressureEvictsIdleLRUWhileMoreThanOneNonPinned(t *testing.T) {
 	h.load("b")
 	h.load("p")
 	h.setAgent(3*gib + 200*mib) // 9.2 GiB: soft
-	h.p.poll()
+	h.p.enforcer.poll()
 	h.waitState("a", StateUnloaded)
-	h.p.poll() // still soft (the agent is large), but only b is non-pinned now
+	h.p.enforcer.poll() // still soft (the agent is large), but only b is non-pinned now
 	if got := h.state("b"); got != StateReady {
 		t.Fatalf("b = %s: the last non-pinned model was evicted at soft", got)
 	}
@@ -155,7 +155,7 @@ func TestLoadsPauseUnderPressure(t *testing.T) {
 	h.register("x", 1, OnDemand)
 	h.load("p")
 	h.setAgent(6*gib + 600*mib) // 9.6: hard
-	h.p.poll()
+	h.p.enforcer.poll()
 	_, err := h.p.Acquire(h.ctx(), "x")
 	se, ok := AsStatusError(err)
 	if !ok || se.HTTPStatus() != http.StatusInsufficientStorage || se.Code() != CodeInsufficientMemory ||
@@ -163,7 +163,7 @@ func TestLoadsPauseUnderPressure(t *testing.T) {
 		t.Fatalf("load under hard pressure: %v", err)
 	}
 	h.setAgent(5*gib + 200*mib) // 8.2: ok → x (1 GiB) would make 9.2 > soft, but fits the ceiling
-	h.p.poll()
+	h.p.enforcer.poll()
 	h.acquire("x").Release()
 	if got := h.state("x"); got != StateReady {
 		t.Fatalf("x = %s", got)
@@ -172,7 +172,7 @@ func TestLoadsPauseUnderPressure(t *testing.T) {
 		t.Fatal(err)
 	}
 	h.setAgent(6*gib + 100*mib) // 9.1: soft → 10.1 > soft: paused
-	h.p.poll()
+	h.p.enforcer.poll()
 	_, err = h.p.Acquire(h.ctx(), "x")
 	if se, ok := AsStatusError(err); !ok || se.Code() != CodeInsufficientMemory || !contains(err.Error(), "soft watermark") {
 		t.Fatalf("load under soft pressure: %v", err)
@@ -188,9 +188,9 @@ func TestLimitsPushedToEveryRunnerEveryPoll(t *testing.T) {
 	h.register("c", 1, OnDemand)
 	h.load("a")
 	h.setAgent(6*gib + 200*mib) // 9.2: soft
-	h.p.poll()
+	h.p.enforcer.poll()
 	h.setAgent(0) // back to ok: the last pressure change
-	h.p.poll()
+	h.p.enforcer.poll()
 	h.load("b") // loaded after it
 	h.f.mu.Lock()
 	h.f.manualReady = true
@@ -199,7 +199,7 @@ func TestLimitsPushedToEveryRunnerEveryPoll(t *testing.T) {
 	rc := h.f.waitRunner(t, "c", 1)
 	defer rc.MarkReady()
 
-	h.p.poll() // no change of level
+	h.p.enforcer.poll() // no change of level
 	hard := h.p.Snapshot().Ceiling.HardBytes
 	usage := int64(3*gib + 1*gib + 1*gib)
 	for _, tc := range []struct {
@@ -231,7 +231,7 @@ func TestRunnerOverItsCeilingIsAPressureVictim(t *testing.T) {
 	h.load("within")
 	h.g.addProc(h.f.last(t, "over").pid, 300*mib)   // +14.6%
 	h.g.addProc(h.f.last(t, "within").pid, 150*mib) // +7.3%
-	h.p.poll()
+	h.p.enforcer.poll()
 	h.waitState("over", StateUnloaded)
 	if r := h.model("over").LastUnload; r.Reason != ReasonOverCeiling {
 		t.Fatalf("over's unload %+v", r)
@@ -256,28 +256,28 @@ func TestIdleExpiryNeverOfALeasedEntry(t *testing.T) {
 	}
 	l := h.acquire("own")
 	h.clk.Step(5 * time.Minute)
-	h.p.poll()
+	h.p.enforcer.poll()
 	if got := h.state("own"); got != StateReady {
 		t.Fatalf("leased model expired: %s", got)
 	}
 	l.Release() // idle clock restarts now
 	h.clk.Step(59 * time.Second)
-	h.p.poll()
+	h.p.enforcer.poll()
 	if got := h.state("own"); got != StateReady {
 		t.Fatalf("expired %s after its lease ended, before its timeout", got)
 	}
 	h.clk.Step(time.Second)
-	h.p.poll()
+	h.p.enforcer.poll()
 	h.waitState("own", StateUnloaded)
 	if r := h.model("own").LastUnload; r.Reason != ReasonIdle {
 		t.Fatalf("reason %s", r.Reason)
 	}
 
 	h.clk.Step(10 * time.Minute)
-	h.p.poll()
+	h.p.enforcer.poll()
 	h.waitState("default", StateUnloaded)
 	h.clk.Step(24 * time.Hour)
-	h.p.poll()
+	h.p.enforcer.poll()
 	for _, n := range []string{"resident", "pinned"} {
 		if got := h.state(n); got != StateReady {
 			t.Fatalf("%s = %s: Resident and Pinned models never expire", n, got)
@@ -287,12 +287,12 @@ func TestIdleExpiryNeverOfALeasedEntry(t *testing.T) {
 
 func TestPollIntervalIsAdaptive(t *testing.T) {
 	h := newHarness(t, Config{IdleTimeout: -1})
-	if d := h.p.pollInterval(); d != 30*time.Second {
+	if d := h.p.enforcer.interval(); d != 30*time.Second {
 		t.Fatalf("empty: %s", d)
 	}
 	h.register("r", 1, Resident)
 	h.load("r")
-	if d := h.p.pollInterval(); d != 10*time.Second {
+	if d := h.p.enforcer.interval(); d != 10*time.Second {
 		t.Fatalf("loaded, idle: %s", d)
 	}
 	if err := h.p.Register(ModelSpec{Name: "od", EstimatedBytes: gib, IdleTimeout: 4 * time.Second}); err != nil {
@@ -300,17 +300,17 @@ func TestPollIntervalIsAdaptive(t *testing.T) {
 	}
 	h.acquire("od").Release()
 	h.clk.Step(time.Second)
-	if d := h.p.pollInterval(); d != 3*time.Second {
+	if d := h.p.enforcer.interval(); d != 3*time.Second {
 		t.Fatalf("next idle expiry in 3s: %s", d)
 	}
 	l := h.acquire("r")
-	if d := h.p.pollInterval(); d != time.Second {
+	if d := h.p.enforcer.interval(); d != time.Second {
 		t.Fatalf("serving: %s", d)
 	}
 	l.Release()
 	h.setAgent(8 * gib)
-	h.p.poll()
-	if d := h.p.pollInterval(); d != time.Second {
+	h.p.enforcer.poll()
+	if d := h.p.enforcer.interval(); d != time.Second {
 		t.Fatalf("under pressure: %s", d)
 	}
 }

@@ -73,7 +73,7 @@ func TestHotBudgetIsSharedAndMovesWithLoadsAndUnloads(t *testing.T) {
 	}
 	check := func(step string, want map[string]int64) {
 		t.Helper()
-		h.p.poll()
+		h.p.enforcer.poll()
 		if d := cmp.Diff(want, budgets()); d != "" {
 			t.Fatalf("%s: budgets the runners were told (-want +got):\n%s", step, d)
 		}
@@ -132,7 +132,7 @@ func TestHotBudgetLeavesTheReservationsTheirRoom(t *testing.T) {
 	h := newHarness(t, Config{PromptCacheHotBytes: 4 * gib}) // soft 9 GiB
 	h.registerCached("big", 7, Pinned, 0)
 	h.load("big")
-	h.p.poll()
+	h.p.enforcer.poll()
 	if got := h.f.last(t, "big").HotBudget(); got != 2*gib {
 		t.Fatalf("budget %d, want the 2 GiB left below the soft watermark", got)
 	}
@@ -150,7 +150,7 @@ func TestHardPressureShrinksHotTiersBeforeAborting(t *testing.T) {
 	h.registerCached("y", 2, Pinned, 0)
 	h.load("x")
 	h.load("y")
-	h.p.poll()
+	h.p.enforcer.poll()
 	rx, ry := h.f.last(t, "x"), h.f.last(t, "y")
 	rx.fillHot(gib)
 	ry.fillHot(gib)
@@ -162,7 +162,7 @@ func TestHardPressureShrinksHotTiersBeforeAborting(t *testing.T) {
 
 	// 2+1 + 2+1 + 3.6 = 9.6 GiB: hard. Shrinking the hot tiers gives back 2 GiB.
 	h.setAgent(3*gib + 600*mib)
-	h.p.poll()
+	h.p.enforcer.poll()
 	if lvl := h.p.Snapshot().Pressure; lvl != PressureHard {
 		t.Fatalf("pressure %s, want hard", lvl)
 	}
@@ -172,12 +172,12 @@ func TestHardPressureShrinksHotTiersBeforeAborting(t *testing.T) {
 	if rx.Aborts()+ry.Aborts() != 0 || reqX.returned() || reqY.returned() {
 		t.Fatal("requests were aborted although shrinking the hot tiers was enough")
 	}
-	h.p.poll() // 7.6 GiB now: soft, not hard; the tiers stay shrunk
+	h.p.enforcer.poll() // 7.6 GiB now: soft, not hard; the tiers stay shrunk
 	if lvl := h.p.Snapshot().Pressure; lvl != PressureOK {
 		// 2+2+3.6 = 7.6 < 9 (soft): ok, and the shares come back.
 		t.Fatalf("pressure %s after the shrink, want ok", lvl)
 	}
-	h.p.poll()
+	h.p.enforcer.poll()
 	if rx.HotBudget() != gib || ry.HotBudget() != gib {
 		t.Fatalf("budgets after pressure ended: %d %d, want 1 GiB each", rx.HotBudget(), ry.HotBudget())
 	}
@@ -185,7 +185,7 @@ func TestHardPressureShrinksHotTiersBeforeAborting(t *testing.T) {
 	// Hard again with the hot tiers empty: nothing to shrink, so the LRU busy model
 	// has its requests aborted — after its budget was taken to zero.
 	h.setAgent(5*gib + 600*mib) // 4 + 5.6 = 9.6
-	h.p.poll()
+	h.p.enforcer.poll()
 	eventually(t, "the LRU busy model's requests to be aborted", func() bool { return reqX.returned() })
 	var budgetAt, abortAt = -1, -1
 	for i, ev := range h.f.Events() {
@@ -207,15 +207,15 @@ func TestHotBudgetCountsInTheRunnersCeiling(t *testing.T) {
 	h := newHarness(t, Config{PromptCacheHotBytes: gib})
 	h.registerCached("cached", 2, OnDemand, 0)
 	h.load("cached")
-	h.p.poll()
+	h.p.enforcer.poll()
 	r := h.f.last(t, "cached")
 	r.fillHot(gib) // 2 GiB + 1 GiB of hot tier: +50% over the reservation
-	h.p.poll()
+	h.p.enforcer.poll()
 	if got := h.state("cached"); got != StateReady {
 		t.Fatalf("a runner holding its hot budget was unloaded: %s", got)
 	}
 	h.g.addProc(r.pid, 300*mib) // beyond reservation + 10% + budget
-	h.p.poll()
+	h.p.enforcer.poll()
 	h.waitState("cached", StateUnloaded)
 	if rep := h.model("cached").LastUnload; rep.Reason != ReasonOverCeiling {
 		t.Fatalf("unload %+v, want over-ceiling", rep)

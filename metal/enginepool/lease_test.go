@@ -123,7 +123,7 @@ func TestLeaseHeldFromRoutingPreventsEviction(t *testing.T) {
 	}
 
 	h.clk.Step(10 * time.Minute) // far past a's idle timeout
-	h.p.poll()
+	h.p.enforcer.poll()
 	if got, stops := h.state("a"), h.f.last(t, "a").Stops(); got != StateReady || stops != 0 {
 		t.Fatalf("leased a after idle timeout: state %s, stops %d", got, stops)
 	}
@@ -328,7 +328,7 @@ func TestLockNeverHeldAcrossIO(t *testing.T) {
 		if err := h.p.CheckPrefill("a", 100); err != nil {
 			t.Error(err)
 		}
-		h.p.poll()
+		h.p.enforcer.poll()
 	})
 	close(gate)
 	close(stopGate)

@@ -19,7 +19,7 @@ func TestMetricsExportPoolStateAndEvents(t *testing.T) {
 	h.register("b", 6, OnDemand)
 	h.load("a")
 	h.load("b") // evicts a
-	h.p.poll()
+	h.p.enforcer.poll()
 	// Observers hear of a load just after its waiters are woken, and of an unload after
 	// it settles: wait for the second load and the eviction's unload.
 	testenv.Eventually(t, 10*time.Second, time.Millisecond, func() (bool, string) {
@@ -79,7 +79,7 @@ func TestMetricsExportPromptCacheCounters(t *testing.T) {
 	r.ssd = &runnerapi.PromptCacheSSD{Saves: 7, SavesPersisted: 6, Errors: 1, Hits: 3, Misses: 4, Evictions: 5,
 		UnlinkFailures: 1, InlineFallbacks: 2, Bytes: 4096}
 	r.mu.Unlock()
-	h.p.poll() // pushes the share, reads the report
+	h.p.enforcer.poll() // pushes the share, reads the report
 	r.fillHot(1000)
 	r.rejectHot()
 	r.rejectHot()

@@ -172,6 +172,7 @@ type Pool struct {
 	hot      hotBudget
 	loader   loader
 	unloader unloader
+	enforcer enforcer
 }
 
 // New builds a pool. It reads the hardware once to compute the ceiling; it starts no
@@ -208,7 +209,7 @@ func New(cfg Config, factory RunnerFactory, gauge Gauge, clk clock.WithTicker, l
 		level:      PressureOK,
 	}
 	p.meter, p.settler, p.hot = meter{p}, settler{p}, hotBudget{p}
-	p.loader, p.unloader = loader{p}, unloader{p}
+	p.loader, p.unloader, p.enforcer = loader{p}, unloader{p}, enforcer{p}
 	return p, nil
 }
 

@@ -46,7 +46,7 @@ func TestCheckPrefill(t *testing.T) {
 	h := newHarness(t, Config{})
 	h.register("a", 8, OnDemand)
 	h.load("a")
-	h.p.poll() // usage 8 GiB; hard 9.5 GiB: 1.5 GiB of headroom
+	h.p.enforcer.poll() // usage 8 GiB; hard 9.5 GiB: 1.5 GiB of headroom
 
 	dims := h.model("a").Spec.Dims
 	if err := h.p.CheckPrefill("a", 1000); err != nil {

@@ -279,6 +279,23 @@ func (p *Pool) Update(spec ModelSpec) error {
 	return p.setSpecLocked(e, spec)
 }
 
+// Remove unregisters a model. A loaded model is unloaded first (reason removed) and
+// deleted once its engine has stopped; the returned channel is closed then.
+func (p *Pool) Remove(name string) (<-chan struct{}, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	e := p.lookupLocked(name)
+	if e == nil || e.removed {
+		return nil, &UnknownModelError{Model: name}
+	}
+	e.removed = true
+	if !e.state.Transient() && e.state != StateReady {
+		p.deleteEntryLocked(e)
+		return closedChan(), nil
+	}
+	return p.unloader.startLocked(e, ReasonRemoved), nil
+}
+
 // setSpecLocked is what Register and Update share: it makes spec the desired spec
 // of e (a new entry when e is nil) and moves the alias table from e's old aliases to
 // spec's, refusing — before it changes anything — an alias that is another model's
@@ -315,23 +332,6 @@ func (p *Pool) setSpecLocked(e *entry, spec ModelSpec) error {
 		}
 	}
 	return nil
-}
-
-// Remove unregisters a model. A loaded model is unloaded first (reason removed) and
-// deleted once its engine has stopped; the returned channel is closed then.
-func (p *Pool) Remove(name string) (<-chan struct{}, error) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	e := p.lookupLocked(name)
-	if e == nil || e.removed {
-		return nil, &UnknownModelError{Model: name}
-	}
-	e.removed = true
-	if !e.state.Transient() && e.state != StateReady {
-		p.deleteEntryLocked(e)
-		return closedChan(), nil
-	}
-	return p.unloader.startLocked(e, ReasonRemoved), nil
 }
 
 func normalizeSpec(spec ModelSpec) (ModelSpec, error) {

@@ -142,18 +142,14 @@ func (en enforcer) poll() {
 	var wg sync.WaitGroup
 	wg.Go(p.meter.statuses)
 	for _, ps := range pushes {
-		wg.Go(func() {
-			ctx, cancel := p.clock.withDeadline(context.Background(), p.cfg.RunnerCallTimeout, "pushing limits to "+ps.name)
-			defer cancel()
+		p.clock.goCall(&wg, p.cfg.RunnerCallTimeout, "pushing limits to "+ps.name, func(ctx context.Context) {
 			if err := ps.r.SetLimits(ctx, ps.l); err != nil {
 				p.log.V(2).Info("Pushing limits failed", "model", ps.name, "err", err.Error())
 			}
 		})
 	}
 	for _, g := range aborts {
-		wg.Go(func() {
-			ctx, cancel := p.clock.withDeadline(context.Background(), p.cfg.RunnerCallTimeout, "aborting "+g.name)
-			defer cancel()
+		p.clock.goCall(&wg, p.cfg.RunnerCallTimeout, "aborting "+g.name, func(ctx context.Context) {
 			n, err := g.runner.Abort(ctx)
 			p.log.Info("Aborted in-flight requests under memory pressure", "model", g.name, "level", string(level), "aborted", n, "err", errString(err))
 		})

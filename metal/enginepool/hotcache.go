@@ -231,9 +231,7 @@ func (h hotBudget) push(pushes []budgetPush) {
 	p := h.p
 	var wg sync.WaitGroup
 	for _, ps := range pushes {
-		wg.Go(func() {
-			ctx, cancel := p.clock.withDeadline(context.Background(), p.cfg.RunnerCallTimeout, "setting the cache budget of "+ps.name)
-			defer cancel()
+		p.clock.goCall(&wg, p.cfg.RunnerCallTimeout, "setting the cache budget of "+ps.name, func(ctx context.Context) {
 			hot := ps.hot
 			res, err := ps.r.SetCacheBudget(ctx, runnerapi.CacheBudget{HotBytes: &hot})
 			if err != nil {

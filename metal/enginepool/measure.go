@@ -81,9 +81,7 @@ func (m meter) statuses() {
 	p.mu.Unlock()
 	var wg sync.WaitGroup
 	for _, t := range targets {
-		wg.Go(func() {
-			ctx, cancel := p.clock.withDeadline(context.Background(), p.cfg.RunnerCallTimeout, "reading the status of "+t.name)
-			defer cancel()
+		p.clock.goCall(&wg, p.cfg.RunnerCallTimeout, "reading the status of "+t.name, func(ctx context.Context) {
 			st, err := t.r.Status(ctx)
 			if err != nil {
 				return

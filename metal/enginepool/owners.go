@@ -3,6 +3,7 @@ package enginepool
 import (
 	"context"
 	"fmt"
+	"sync"
 	"time"
 
 	"k8s.io/utils/clock"
@@ -36,6 +37,17 @@ func (c ownerClock) withDeadline(parent context.Context, d time.Duration, what s
 		}
 	}()
 	return ctx, func() { cancel(context.Canceled) }
+}
+
+// goCall runs call in a goroutine of wg, with a context the clock cancels after d:
+// one runner call of a batch that the caller waits for (what names the call in the
+// deadline's error).
+func (c ownerClock) goCall(wg *sync.WaitGroup, d time.Duration, what string, call func(ctx context.Context)) {
+	wg.Go(func() {
+		ctx, cancel := c.withDeadline(context.Background(), d, what)
+		defer cancel()
+		call(ctx)
+	})
 }
 
 // waitFor waits for ch up to d on the clock. It reports whether ch closed.

@@ -123,6 +123,14 @@ func (c Config) withDefaults() Config {
 //
 // Loads, unloads and settles run in owner goroutines; the pool mutex only guards
 // state transitions, so nothing that serves ever waits behind them.
+//
+// Pool itself holds the mutex, the state it guards and the application of what the
+// decisions of package decide say; each effect is a small type beside it, with a
+// pointer back to it: loader (acquire.go: admission, start, Ready), unloader
+// (unload.go: drain, stop, release, report), settler (settle.go: the settle
+// barrier), meter (measure.go: footprints and the runners' own reports), hotBudget
+// (hotcache.go: the prompt cache hot shares) and enforcer (enforcer.go: the memory
+// enforcer's poll). None of them holds state of its own.
 type Pool struct {
 	cfg     Config
 	factory RunnerFactory
@@ -166,7 +174,7 @@ type Pool struct {
 	loads, loadFailures, crashes, unloads, evictions int64
 	freedTotal                                       int64
 
-	// The effects, each with a pointer back to the pool.
+	// The effects (see above), each a pointer back to the pool.
 	meter    meter
 	settler  settler
 	hot      hotBudget

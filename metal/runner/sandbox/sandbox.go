@@ -59,6 +59,9 @@ type Policy struct {
 	// Seatbelt allows localhost on these ports only; on Linux, Landlock (ABI 4) allows
 	// connecting to these ports only, and cannot tell loopback from other hosts.
 	ConnectPorts []uint16 `json:",omitempty"`
+	// BackendDir is the directory the runner loads accelerator backends from (ggml's
+	// dynamic backend libraries); empty for none. Nothing is granted of it yet.
+	BackendDir string `json:",omitempty"`
 }
 
 // Status is what the sandbox enforces on this machine.

@@ -63,11 +63,15 @@ type Policy struct {
 	// connecting to these ports only, and cannot tell loopback from other hosts.
 	ConnectPorts []uint16 `json:",omitempty"`
 	// BackendDir is the directory the runner loads accelerator backends from (ggml's
-	// dynamic backend libraries): read only; empty for none. On Linux it, and what
+	// dynamic backend libraries): read only; empty for none. It, and on Linux what
 	// an accelerator needs besides (gpuPaths in landlock_linux.go), is granted only
 	// while the directory holds a backend library (holdsBackend): a runner without
 	// one gets a CPU runner's rules.
 	BackendDir string `json:",omitempty"`
+	// MetalCacheDir is macOS's per-user Metal shader cache (com.apple.metal in the
+	// Darwin user cache directory): read and write. Wrap sets it on macOS; empty for
+	// none.
+	MetalCacheDir string `json:",omitempty"`
 }
 
 // Status is what the sandbox enforces on this machine.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 
 	"github.com/go-logr/logr"
 
@@ -41,11 +42,30 @@ func (f *ProcessFactory) command(ctx context.Context, path string, args []string
 	// ProcessConfig.Loopback; a split head connects to its workers through the agent's
 	// split link, on loopback only.
 	p := sandbox.Policy{Runner: path, Model: model, CacheDir: cacheDir, SocketDir: sockDir, Loopback: f.cfg.Loopback || worker,
-		ConnectPorts: connect}
+		ConnectPorts: connect, BackendDir: backendDir(path)}
 	if err := sandbox.Wrap(cmd, p); err != nil {
 		cmd.Err = fmt.Errorf("confining the runner: %w", err)
 	}
 	return cmd
+}
+
+// backendDir is the directory the runner at path loads accelerator backends from (the
+// folder lib beside its binary, symlinks resolved as the runner resolves its own
+// path), or empty when there is none. The sandbox grants it, and the accelerator's
+// devices, only while it holds a backend library.
+func backendDir(path string) string {
+	real, err := filepath.EvalSymlinks(path)
+	if err != nil {
+		return ""
+	}
+	dir, err := filepath.Abs(filepath.Join(filepath.Dir(real), "lib"))
+	if err != nil {
+		return ""
+	}
+	if st, err := os.Stat(dir); err != nil || !st.IsDir() {
+		return ""
+	}
+	return dir
 }
 
 // SandboxStatus is the factory's sandbox mode and, when on, what this machine

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"sync"
@@ -56,10 +57,14 @@ func launch(enc string, argv []string) {
 			fail(err)
 		}
 	}
-	if err := landlockConfig(p).BestEffort().Restrict(landlockRules(p)...); err != nil {
+	// A backend directory without a backend (a CPU runner's) grants nothing.
+	if !holdsBackend(p.BackendDir, backendPattern) {
+		p.BackendDir = ""
+	}
+	if err := landlockConfig(p).BestEffort().Restrict(landlockRules(p, existing)...); err != nil {
 		fail(fmt.Errorf("restricting the runner: %w", err))
 	}
-	if err := installSocketFilter(p.Loopback, len(p.ConnectPorts) > 0); err != nil {
+	if err := installSocketFilter(p); err != nil {
 		fail(err)
 	}
 	env := make([]string, 0, len(os.Environ()))
@@ -94,9 +99,95 @@ var (
 		"/proc/sys/vm/overcommit_memory", "/dev/urandom"}
 )
 
+// backendPattern is the file name of a dynamic ggml backend library on Linux.
+const backendPattern = "libggml-*.so"
+
+// gpuAccess is what a GPU runner may do with the paths of one gpuPaths entry.
+type gpuAccess int
+
+const (
+	// device: open a character device to read and write it, and its ioctls (which
+	// Landlock confines on device files from ABI 5); nothing else is done with a
+	// device.
+	device gpuAccess = iota
+	// readTree: list and read what is beneath a directory.
+	readTree
+	// readFile: read one file.
+	readFile
+	// writeTree: write (and truncate) the files beneath a directory, not create
+	// or remove any.
+	writeTree
+)
+
+// gpuPaths are what a runner whose backend directory holds an accelerator backend
+// may touch besides a CPU runner's paths (glob patterns; those that match nothing on
+// this machine are left out). Each is what a vendor's user-space driver opens to
+// find and drive its cards; nothing here holds a secret, and nothing but the
+// devices and the runner's own thread names may be written. The NVIDIA rules were
+// traced from a CUDA program on an H100; the AMD, Vulkan and MIG ones are untried.
+var gpuPaths = []struct {
+	pattern string
+	access  gpuAccess
+}{
+	// NVIDIA (CUDA): the control device every context opens first,
+	{"/dev/nvidiactl", device},
+	// one device per card,
+	{"/dev/nvidia[0-9]*", device},
+	// unified memory, through which the CUDA driver maps its allocations,
+	{"/dev/nvidia-uvm", device},
+	// the capabilities of MIG partitions (a card split into several), which the
+	// driver opens to reach a partition,
+	{"/dev/nvidia-caps/*", device},
+	// the driver's version, parameters and one information file per card,
+	{"/proc/driver/nvidia", readTree},
+	// the character devices' major numbers (the driver finds unified memory's),
+	{"/proc/devices", readFile},
+	// the lowest address a mapping may take and the size of a memory block, which
+	// the driver reads before it reserves its address range,
+	{"/proc/sys/vm/mmap_min_addr", readFile},
+	{"/sys/devices/system/memory/block_size_bytes", readFile},
+	// the runner's own threads (/proc/self is the launcher's, whose pid the runner
+	// keeps), which the driver names as it starts them, writing their comm: it
+	// fails to start when it cannot ("OS call failed or operation not supported on
+	// this OS"). What else a thread's directory holds that can be written affects
+	// that thread only.
+	{"/proc/self/task", writeTree},
+	// AMD (ROCm): the compute driver, and the render nodes of every card (which a
+	// Vulkan backend also uses), and the compute driver's topology
+	// (/sys/class/kfd links there).
+	{"/dev/kfd", device},
+	{"/dev/dri/renderD*", device},
+	{"/sys/devices/virtual/kfd", readTree},
+	// Vulkan: the loader's driver manifests (which library serves which card).
+	{"/usr/share/vulkan/icd.d", readTree},
+	{"/etc/vulkan/icd.d", readTree},
+	// Every vendor: the PCI devices (links into /sys/devices/pci*) and the PCI
+	// hierarchies themselves, where a driver reads each card's NUMA node and
+	// nearby CPUs, and the NUMA nodes' CPUs. Not all of /sys/devices: that adds
+	// every virtual device (network interfaces, block devices, terminals), which no
+	// driver reads.
+	{"/sys/bus/pci/devices", readTree},
+	{"/sys/devices/pci*", readTree},
+	{"/sys/devices/system/node", readTree},
+	// Driver and runtime libraries outside the system library directories: where
+	// a container runtime mounts the driver's (libcuda), and the toolkit's runtime
+	// libraries a backend links to (libcudart, libcublas). The loader finds them
+	// through /etc/ld.so.cache, which every runner reads.
+	{"/usr/local/nvidia/lib64", readTree},
+	{"/usr/local/cuda*/lib64", readTree},
+}
+
+// existing is filepath.Glob, the paths on this machine that pattern matches.
+func existing(pattern string) []string {
+	paths, _ := filepath.Glob(pattern) // the patterns are fixed: never ErrBadPattern
+	return paths
+}
+
 // landlockRules are the grants of p. /proc/self is resolved by the launcher, whose
 // pid the runner keeps across the exec: the runner reads its own /proc entries only.
-func landlockRules(p Policy) []landlock.Rule {
+// A runner with a backend directory (see holdsBackend) also gets that directory
+// (read) and gpuPaths, those that found (existing, in tests a fake) says exist.
+func landlockRules(p Policy, found func(pattern string) []string) []landlock.Rule {
 	rules := []landlock.Rule{
 		landlock.ROFiles(p.Runner),
 		landlock.PathAccess(ll.AccessFSReadFile, p.Model).IgnoreIfMissing(),
@@ -111,6 +202,27 @@ func landlockRules(p Policy) []landlock.Rule {
 	}
 	for _, port := range p.ConnectPorts {
 		rules = append(rules, landlock.ConnectTCP(port))
+	}
+	if p.BackendDir == "" {
+		return rules
+	}
+	// Mapping a library executable (dlopen) is reading it to Landlock: its execute
+	// right is execve's, which nothing here needs.
+	const (
+		readDir  = ll.AccessFSReadFile | ll.AccessFSReadDir
+		readOnly = ll.AccessFSReadFile
+		useDev   = ll.AccessFSReadFile | ll.AccessFSWriteFile | ll.AccessFSIoctlDev
+		write    = ll.AccessFSWriteFile | ll.AccessFSTruncate
+	)
+	rules = append(rules, landlock.PathAccess(readDir, p.BackendDir))
+	var byAccess [4][]string
+	for _, g := range gpuPaths {
+		byAccess[g.access] = append(byAccess[g.access], found(g.pattern)...)
+	}
+	for a, rights := range [...]landlock.AccessFSSet{device: useDev, readTree: readDir, readFile: readOnly, writeTree: write} {
+		if len(byAccess[a]) > 0 {
+			rules = append(rules, landlock.PathAccess(rights, byAccess[a]...).IgnoreIfMissing())
+		}
 	}
 	return rules
 }
@@ -138,7 +250,7 @@ var probeOnce = sync.OnceValue(func() Status {
 		what += ", UDP"
 	}
 	return Status{Mechanism: "landlock", Enforced: true, Detail: fmt.Sprintf("Landlock ABI %d confines %s; "+
-		"a seccomp filter allows unix stream sockets only and no connect", abi, what)}
+		"a seccomp filter allows unix stream sockets only (a GPU runner's also seqpacket ones) and no connect", abi, what)}
 })
 
 // Probe reports what Landlock enforces on this kernel (Enforced: the files are

@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	ll "github.com/landlock-lsm/go-landlock/landlock/syscall"
 )
 
@@ -26,8 +27,11 @@ const probeEnv = "SANDBOX_TEST_PROBE"
 type probeRequest struct {
 	Secret, Model, CacheDir, SocketDir, Dial, OtherSocket, Collector string
 	// Worker is the address a split head's runner may connect to.
-	Worker    string
-	ParentPID int
+	Worker string
+	// BackendLib is a backend library, GPUPath a path only a GPU runner may read;
+	// OtherSeqpacket is a unix seqpacket socket outside the sandbox.
+	BackendLib, GPUPath, OtherSeqpacket string
+	ParentPID                           int
 }
 
 // probeResult holds the error of each attempt, "" for success.
@@ -36,6 +40,14 @@ type probeResult struct {
 	DialTCP, DialMPTCP, ListenTCP, ListenMPTCP, UDP, DialUnix, UnixDatagram          string
 	DialCollector                                                                    string
 	DialWorker                                                                       string
+	// ReadBackend, MapBackend (mapping it executable, as dlopen does) and ReadGPUPath
+	// are the attempts on probeRequest's BackendLib and GPUPath.
+	ReadBackend, MapBackend, ReadGPUPath string
+	// ListenSeqpacket listens on a unix seqpacket socket at an abstract address, as
+	// the CUDA driver does; DialSeqpacket connects to one outside.
+	ListenSeqpacket, DialSeqpacket string
+	// NameThread writes the name of its thread (/proc/self/task/TID/comm).
+	NameThread string
 	// OTELEnv lists the OTEL_* variables the process got.
 	OTELEnv []string
 }
@@ -116,6 +128,19 @@ func TestSandboxProbe(t *testing.T) {
 	} else {
 		c.Close()
 	}
+	res.ReadBackend, res.MapBackend = errString(readPath(req.BackendLib)), errString(mapExec(req.BackendLib))
+	res.ReadGPUPath = errString(readPath(req.GPUPath))
+	if ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: "@macfleet-probe-" + strconv.Itoa(os.Getpid()), Net: "unixpacket"}); err != nil {
+		res.ListenSeqpacket = err.Error()
+	} else {
+		ln.Close()
+	}
+	res.NameThread = errString(os.WriteFile(fmt.Sprintf("/proc/self/task/%d/comm", syscall.Gettid()), []byte("probe"), 0))
+	if c, err := net.Dial("unixpacket", req.OtherSeqpacket); err != nil {
+		res.DialSeqpacket = err.Error()
+	} else {
+		c.Close()
+	}
 	for _, kv := range os.Environ() {
 		if strings.HasPrefix(kv, "OTEL_") {
 			res.OTELEnv = append(res.OTELEnv, kv)
@@ -127,6 +152,36 @@ func TestSandboxProbe(t *testing.T) {
 	res.ReadParentEnviron = errString(err)
 	b, _ := json.Marshal(res)
 	os.Stdout.Write(append([]byte("PROBE "), append(b, '\n')...))
+}
+
+// readPath reads a little of the file, or lists the directory, at path.
+func readPath(path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if st, err := f.Stat(); err == nil && st.IsDir() {
+		_, err = f.Readdirnames(1)
+		return err
+	}
+	_, err = f.Read(make([]byte, 1))
+	return err
+}
+
+// mapExec maps the file at path readable and executable, as the dynamic loader maps
+// a library's code.
+func mapExec(path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	b, err := syscall.Mmap(int(f.Fd()), 0, 1, syscall.PROT_READ|syscall.PROT_EXEC, syscall.MAP_PRIVATE)
+	if err != nil {
+		return fmt.Errorf("mmap: %w", err)
+	}
+	return syscall.Munmap(b)
 }
 
 // TestLandlock runs this test binary as a runner confined by Wrap and checks what it
@@ -163,11 +218,43 @@ func TestLandlock(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer uln.Close()
+	otherSeq := filepath.Join(dir, "other", "p.sock")
+	sln, err := net.Listen("unixpacket", otherSeq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sln.Close()
 	collector, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer collector.Close()
+
+	// A GPU runner's backend directory, and one holding ggml's base and CPU
+	// libraries only.
+	gpuLib, cpuLib := filepath.Join(dir, "gpu", "lib"), filepath.Join(dir, "cpu", "lib")
+	for _, f := range []string{filepath.Join(gpuLib, "libggml-test.so"), filepath.Join(cpuLib, "libggml-base.so"),
+		filepath.Join(cpuLib, "libggml-cpu-haswell.so")} {
+		if err := os.MkdirAll(filepath.Dir(f), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(f, []byte("\x7fELF"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Where this file system lets no file be mapped executable, not even unconfined,
+	// the check is left out.
+	mapsHere := mapExec(filepath.Join(gpuLib, "libggml-test.so")) == nil
+	// A path this machine has that only a GPU runner may read (none on a machine
+	// without any: the check is left out).
+	gpuPath := ""
+	for _, g := range gpuPaths {
+		if found := existing(g.pattern); (g.access == readTree || g.access == readFile) && len(found) > 0 && readPath(found[0]) == nil {
+			gpuPath = found[0]
+			break
+		}
+	}
+	t.Logf("a path only a GPU runner may read: %q; libraries map executable here: %v", gpuPath, mapsHere)
 
 	// A split head's worker, through the agent's split link: the one port it may reach.
 	worker, err := net.Listen("tcp", "127.0.0.1:0")
@@ -181,15 +268,19 @@ func TestLandlock(t *testing.T) {
 		loopback  bool
 		tracing   bool
 		splitHead bool
-		want      func(probeResult) error
+		// backendDir is the runner's backend directory; a GPU runner's holds a
+		// backend library.
+		backendDir string
+		gpu        bool
+		want       func(probeResult) error
 	}{
-		{"unix socket", false, false, false, func(r probeResult) error {
+		{name: "unix socket", want: func(r probeResult) error {
 			if r.ListenTCP == "" || r.ListenMPTCP == "" {
 				return errors.New("a runner on a unix socket could listen on TCP")
 			}
 			return nil
 		}},
-		{"loopback", true, false, false, func(r probeResult) error {
+		{name: "loopback", loopback: true, want: func(r probeResult) error {
 			if r.ListenTCP != "" {
 				return errors.New("a loopback runner could not listen on TCP: " + r.ListenTCP)
 			}
@@ -199,7 +290,7 @@ func TestLandlock(t *testing.T) {
 		// it reaches neither the collector's port nor any unix socket (checked for
 		// every case below), and gets no OTEL_* variable; its spans leave through the
 		// agent (internal/tracing/spanrelay).
-		{"tracing", false, true, false, func(r probeResult) error {
+		{name: "tracing", tracing: true, want: func(r probeResult) error {
 			if !strings.Contains(r.DialCollector, syscall.EACCES.Error()) && !strings.Contains(r.DialCollector, syscall.EPERM.Error()) {
 				return errors.New("a tracing runner's dial to the collector: want permission denied, got " + strconv.Quote(r.DialCollector))
 			}
@@ -213,7 +304,7 @@ func TestLandlock(t *testing.T) {
 		}},
 		// A split replica's head reaches its workers' loopback ports and nothing else
 		// (the dial to another port, Multipath TCP and UDP are refused, checked below).
-		{"split head", false, false, true, func(r probeResult) error {
+		{name: "split head", splitHead: true, want: func(r probeResult) error {
 			if r.DialWorker != "" {
 				return errors.New("a split head could not connect to its worker: " + r.DialWorker)
 			}
@@ -222,12 +313,23 @@ func TestLandlock(t *testing.T) {
 			}
 			return nil
 		}},
+		// A runner with an accelerator backend reads and maps its backend library
+		// and reads what a GPU driver reads (checked below, as every other runner's
+		// denial).
+		{name: "gpu runner", backendDir: gpuLib, gpu: true, want: func(probeResult) error { return nil }},
+		// A backend directory holding only ggml's base and CPU libraries is a CPU
+		// runner's: neither it nor a GPU path is granted.
+		{name: "backend dir without a backend", backendDir: cpuLib, want: func(probeResult) error { return nil }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := Policy{Runner: exe, Model: model, CacheDir: filepath.Join(dir, tc.name, "cache"),
-				SocketDir: filepath.Join(dir, tc.name, "sock"), Loopback: tc.loopback}
+				SocketDir: filepath.Join(dir, tc.name, "sock"), Loopback: tc.loopback, BackendDir: tc.backendDir}
 			req := probeRequest{Secret: secret, Model: model, CacheDir: p.CacheDir, SocketDir: p.SocketDir,
-				Dial: ln.Addr().String(), OtherSocket: other, ParentPID: os.Getpid()}
+				Dial: ln.Addr().String(), OtherSocket: other, ParentPID: os.Getpid(),
+				BackendLib: filepath.Join(gpuLib, "libggml-test.so"), GPUPath: gpuPath, OtherSeqpacket: otherSeq}
+			if tc.backendDir == cpuLib {
+				req.BackendLib = filepath.Join(cpuLib, "libggml-base.so")
+			}
 			if tc.splitHead {
 				p.ConnectPorts = []uint16{uint16(worker.Addr().(*net.TCPAddr).Port)}
 				req.Worker = worker.Addr().String()
@@ -258,6 +360,31 @@ func TestLandlock(t *testing.T) {
 			}
 			denied("a unix datagram socket", res.UnixDatagram)
 			denied("reading the parent's environ", res.ReadParentEnviron)
+			denied("dialing a seqpacket socket outside", res.DialSeqpacket)
+			if tc.gpu {
+				if res.ListenSeqpacket != "" {
+					t.Errorf("a GPU runner listening on a unix seqpacket socket: %s", res.ListenSeqpacket)
+				}
+				if res.NameThread != "" {
+					t.Errorf("a GPU runner naming its thread: %s", res.NameThread)
+				}
+				if res.ReadBackend != "" {
+					t.Errorf("a GPU runner reading its backend library: %s", res.ReadBackend)
+				}
+				if mapsHere && res.MapBackend != "" {
+					t.Errorf("a GPU runner mapping its backend library: %s", res.MapBackend)
+				}
+				if gpuPath != "" && res.ReadGPUPath != "" {
+					t.Errorf("a GPU runner reading %s: %s", gpuPath, res.ReadGPUPath)
+				}
+			} else {
+				denied("a unix seqpacket socket", res.ListenSeqpacket)
+				denied("naming its thread", res.NameThread)
+				denied("reading a backend library", res.ReadBackend)
+				if gpuPath != "" {
+					denied("reading "+gpuPath, res.ReadGPUPath)
+				}
+			}
 			for what, e := range map[string]string{"reading the model": res.ReadModel, "writing the cache": res.WriteCache,
 				"listening on the socket": res.ListenSocket, "reading /proc/self": res.ReadProcSelf} {
 				if e != "" {
@@ -305,4 +432,113 @@ func landlockABI() int {
 		return 0
 	}
 	return abi
+}
+
+// TestLandlockRules checks the grants a runner gets on a machine whose paths are a
+// fake's: a GPU runner gets what its card's driver needs, found where it exists; a
+// runner without a backend gets exactly a CPU runner's rules on a GPU machine too.
+func TestLandlockRules(t *testing.T) {
+	cpu := Policy{Runner: "/opt/mf/macfleet-runner", Model: "/models/m.gguf", SocketDir: "/run/mf/s1"}
+	gpu := cpu
+	gpu.BackendDir = "/opt/mf/lib"
+	nvidia := map[string][]string{
+		"/dev/nvidiactl":                              {"/dev/nvidiactl"},
+		"/dev/nvidia[0-9]*":                           {"/dev/nvidia0", "/dev/nvidia1"},
+		"/dev/nvidia-uvm":                             {"/dev/nvidia-uvm"},
+		"/dev/nvidia-uvm-tools":                       {"/dev/nvidia-uvm-tools"}, // the driver never opens it
+		"/dev/nvidia-caps/*":                          {"/dev/nvidia-caps/nvidia-cap1", "/dev/nvidia-caps/nvidia-cap2"},
+		"/proc/driver/nvidia":                         {"/proc/driver/nvidia"},
+		"/proc/devices":                               {"/proc/devices"},
+		"/proc/sys/vm/mmap_min_addr":                  {"/proc/sys/vm/mmap_min_addr"},
+		"/sys/devices/system/memory/block_size_bytes": {"/sys/devices/system/memory/block_size_bytes"},
+		"/proc/self/task":                             {"/proc/self/task"},
+		"/sys/bus/pci/devices":                        {"/sys/bus/pci/devices"},
+		"/sys/devices/pci*":                           {"/sys/devices/pci0000:00", "/sys/devices/pci0000:80"},
+		"/sys/devices/system/node":                    {"/sys/devices/system/node"},
+		"/usr/local/nvidia/lib64":                     {"/usr/local/nvidia/lib64"},
+		"/usr/local/cuda*/lib64":                      {"/usr/local/cuda/lib64", "/usr/local/cuda-13.0/lib64"},
+	}
+	amd := map[string][]string{
+		"/dev/kfd":                 {"/dev/kfd"},
+		"/dev/dri/renderD*":        {"/dev/dri/renderD128"},
+		"/sys/devices/virtual/kfd": {"/sys/devices/virtual/kfd"},
+		"/sys/bus/pci/devices":     {"/sys/bus/pci/devices"},
+		"/sys/devices/pci*":        {"/sys/devices/pci0000:00"},
+	}
+	const (
+		dev  = "REQUIRE {write_file,read_file,ioctl_dev} for paths "
+		tree = "REQUIRE {read_file,read_dir} for paths "
+		file = "REQUIRE {read_file} for paths "
+		own  = "REQUIRE {write_file,truncate} for paths "
+	)
+	for _, tc := range []struct {
+		name string
+		p    Policy
+		host map[string][]string
+		// want are the rules after a CPU runner's.
+		want []string
+	}{
+		{"cpu runner on an NVIDIA machine", cpu, nvidia, nil},
+		{"nvidia", gpu, nvidia, []string{tree + "[/opt/mf/lib]",
+			dev + "[/dev/nvidiactl /dev/nvidia0 /dev/nvidia1 /dev/nvidia-uvm " +
+				"/dev/nvidia-caps/nvidia-cap1 /dev/nvidia-caps/nvidia-cap2]",
+			tree + "[/proc/driver/nvidia /sys/bus/pci/devices /sys/devices/pci0000:00 /sys/devices/pci0000:80 " +
+				"/sys/devices/system/node /usr/local/nvidia/lib64 /usr/local/cuda/lib64 /usr/local/cuda-13.0/lib64]",
+			file + "[/proc/devices /proc/sys/vm/mmap_min_addr /sys/devices/system/memory/block_size_bytes]",
+			own + "[/proc/self/task]"}},
+		{"amd", gpu, amd, []string{tree + "[/opt/mf/lib]", dev + "[/dev/kfd /dev/dri/renderD128]",
+			tree + "[/sys/devices/virtual/kfd /sys/bus/pci/devices /sys/devices/pci0000:00]"}},
+		// A backend on a machine without a card: its directory, nothing of a driver.
+		{"gpu runner without a card", gpu, nil, []string{tree + "[/opt/mf/lib]"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var asked []string
+			rules := landlockRules(tc.p, func(pattern string) []string {
+				asked = append(asked, pattern)
+				return tc.host[pattern]
+			})
+			base := landlockRules(cpu, func(string) []string { t.Fatal("a CPU runner's rules looked for GPU paths"); return nil })
+			if len(rules) < len(base) {
+				t.Fatalf("%d rules, fewer than a CPU runner's %d", len(rules), len(base))
+			}
+			var got []string
+			for i, r := range rules {
+				if i < len(base) {
+					if s, want := fmt.Sprint(r), fmt.Sprint(base[i]); s != want {
+						t.Errorf("rule %d is %s, a CPU runner's is %s", i, s, want)
+					}
+					continue
+				}
+				got = append(got, fmt.Sprint(r))
+			}
+			if diff := cmp.Diff(tc.want, got); diff != "" {
+				t.Errorf("rules after a CPU runner's (-want +got):\n%s", diff)
+			}
+			if tc.p.BackendDir == "" && len(asked) > 0 {
+				t.Errorf("a CPU runner's rules looked for %q", asked)
+			}
+		})
+	}
+}
+
+// TestGPUPaths checks the table itself: every pattern is a valid absolute glob (a bad
+// one would match nothing, silently), devices are those under /dev, and nothing
+// else is written but the runner's own threads.
+func TestGPUPaths(t *testing.T) {
+	seen := map[string]bool{}
+	for _, g := range gpuPaths {
+		if _, err := filepath.Match(g.pattern, ""); err != nil || !filepath.IsAbs(g.pattern) {
+			t.Errorf("pattern %q: not an absolute glob (%v)", g.pattern, err)
+		}
+		if seen[g.pattern] {
+			t.Errorf("pattern %q listed twice", g.pattern)
+		}
+		seen[g.pattern] = true
+		if isDev := strings.HasPrefix(g.pattern, "/dev/"); isDev != (g.access == device) {
+			t.Errorf("pattern %q: device access %v, under /dev %v", g.pattern, g.access == device, isDev)
+		}
+		if g.access == writeTree && g.pattern != "/proc/self/task" {
+			t.Errorf("pattern %q: written, and not the runner's own threads", g.pattern)
+		}
+	}
 }

@@ -1,8 +1,9 @@
 // Package sandbox confines each runner process (the llama.cpp engine that parses a
 // tenant's GGUF file) to what it needs: its model file (read), its prompt-cache
 // directory and its socket directory (read and write), its own binary and the system
-// libraries, and no network. The agent's environment is scrubbed on the way in, so a
-// runner never holds the agent's KUBECONFIG or token variables.
+// libraries, and no network; a runner with an accelerator backend also its backend
+// libraries and what its card's driver opens. The agent's environment is scrubbed on
+// the way in, so a runner never holds the agent's KUBECONFIG or token variables.
 //
 // On Linux the confinement is Landlock: the agent starts a short-lived launcher (its
 // own executable, see Wrap) that restricts itself and then executes the runner, which
@@ -14,6 +15,8 @@ package sandbox
 
 import (
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 )
 
@@ -59,6 +62,16 @@ type Policy struct {
 	// Seatbelt allows localhost on these ports only; on Linux, Landlock (ABI 4) allows
 	// connecting to these ports only, and cannot tell loopback from other hosts.
 	ConnectPorts []uint16 `json:",omitempty"`
+	// BackendDir is the directory the runner loads accelerator backends from (ggml's
+	// dynamic backend libraries): read only; empty for none. It, and on Linux what
+	// an accelerator needs besides (gpuPaths in landlock_linux.go), is granted only
+	// while the directory holds a backend library (holdsBackend): a runner without
+	// one gets a CPU runner's rules.
+	BackendDir string `json:",omitempty"`
+	// MetalCacheDir is macOS's per-user Metal shader cache (com.apple.metal in the
+	// Darwin user cache directory): read and write. Wrap sets it on macOS; empty for
+	// none.
+	MetalCacheDir string `json:",omitempty"`
 }
 
 // Status is what the sandbox enforces on this machine.
@@ -92,4 +105,27 @@ func Env(parent, extra []string) []string {
 		}
 	}
 	return append(env, extra...)
+}
+
+// holdsBackend tells whether dir holds an accelerator backend: a file matching
+// pattern (libggml-*.so on Linux, libggml-*.dylib on macOS) other than ggml's base
+// library and its CPU backends, which a runner links in itself.
+func holdsBackend(dir, pattern string) bool {
+	if dir == "" {
+		return false
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return false
+	}
+	for _, e := range entries {
+		name := e.Name()
+		if ok, _ := filepath.Match(pattern, name); !ok || e.IsDir() {
+			continue
+		}
+		if base := strings.TrimPrefix(name, "lib"); !strings.HasPrefix(base, "ggml-base") && !strings.HasPrefix(base, "ggml-cpu") {
+			return true
+		}
+	}
+	return false
 }

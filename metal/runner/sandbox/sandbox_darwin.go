@@ -4,9 +4,30 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
+	"sync"
 )
 
-const sandboxExec = "/usr/bin/sandbox-exec"
+const (
+	sandboxExec = "/usr/bin/sandbox-exec"
+	// backendPattern is the file name of a dynamic ggml backend library on macOS.
+	backendPattern = "libggml-*.dylib"
+)
+
+// metalCacheDir is the Metal shader cache of this user: com.apple.metal in the
+// Darwin user cache directory (confstr's _CS_DARWIN_USER_CACHE_DIR, which getconf
+// prints), resolved; empty when getconf cannot say.
+var metalCacheDir = sync.OnceValue(func() string {
+	out, err := exec.Command("/usr/bin/getconf", "DARWIN_USER_CACHE_DIR").Output()
+	dir := strings.TrimSpace(string(out))
+	if err != nil || !filepath.IsAbs(dir) {
+		return ""
+	}
+	if real, err := filepath.EvalSymlinks(dir); err == nil {
+		dir = real
+	}
+	return filepath.Join(dir, "com.apple.metal")
+})
 
 // Probe reports whether sandbox-exec is there to confine runners.
 func Probe() Status {
@@ -27,8 +48,15 @@ func Wrap(cmd *exec.Cmd, p Policy) error {
 	if _, err := os.Stat(p.Runner); err != nil {
 		return err
 	}
+	// A backend directory without a backend (a CPU runner's) grants nothing.
+	if !holdsBackend(p.BackendDir, backendPattern) {
+		p.BackendDir = ""
+	}
+	if p.MetalCacheDir == "" {
+		p.MetalCacheDir = metalCacheDir()
+	}
 	// Seatbelt matches real paths: /tmp and /var are symlinks into /private.
-	for _, path := range []*string{&p.Runner, &p.Model, &p.SocketDir, &p.CacheDir} {
+	for _, path := range []*string{&p.Runner, &p.Model, &p.SocketDir, &p.CacheDir, &p.BackendDir} {
 		if *path == "" {
 			continue
 		}

@@ -11,10 +11,15 @@ import (
 // (Seatbelt matches real paths: /tmp is /private/tmp). A pure function, so that the
 // profile is tested on every platform.
 func Profile(p Policy) (string, error) {
-	for _, path := range []struct{ what, path string }{
-		{"runner", p.Runner}, {"model", p.Model}, {"socket directory", p.SocketDir}, {"cache directory", p.CacheDir},
+	for _, path := range []struct {
+		what, path string
+		optional   bool
+	}{
+		{"runner", p.Runner, false}, {"model", p.Model, false}, {"socket directory", p.SocketDir, false},
+		{"cache directory", p.CacheDir, true}, {"backend directory", p.BackendDir, true},
+		{"Metal cache directory", p.MetalCacheDir, true},
 	} {
-		if path.path == "" && path.what == "cache directory" {
+		if path.path == "" && path.optional {
 			continue
 		}
 		if !filepath.IsAbs(path.path) {
@@ -53,12 +58,30 @@ func Profile(p Policy) (string, error) {
 			line(`(allow network-outbound (remote ip "localhost:%d"))`, port)
 		}
 	}
-	// Metal: the GPU's user clients, the shader compiler service, the GPU bundles.
+	// Metal, which every runner on a Mac computes with:
+	// the machine's description (the CPU count and memory size that Metal, ggml and
+	// the Go runtime read; not narrowed yet, as it is untried on a Mac),
 	line("(allow sysctl-read)")
+	// the GPU's registry properties (its name, its memory, its features),
 	line("(allow iokit-get-properties)")
+	// the GPU's user clients: the device (command queues, memory) and the shared
+	// surfaces its buffers live in,
 	line(`(allow iokit-open (iokit-user-client-class "AGXDeviceUserClient" "IOSurfaceRootUserClient"))`)
-	line(`(allow mach-lookup (global-name "com.apple.MTLCompilerService"))`)
+	// the shader compiler, a service outside the runner (launchd's name for it, and
+	// the name of the same service bundled in the Metal framework),
+	line(`(allow mach-lookup (global-name "com.apple.MTLCompilerService") (xpc-service-name "com.apple.MTLCompilerService"))`)
+	// the GPU's driver bundles and the frameworks that load them,
 	line(`(allow file-read* (subpath "/System/Library/Extensions") (subpath "/System/Library/Frameworks"))`)
+	// and the compiled-shader cache of the agent's user (without it the compiler
+	// service can stall on its first pipeline).
+	if p.MetalCacheDir != "" {
+		line("(allow file-read* file-write* (subpath %s))", sbString(p.MetalCacheDir))
+	}
+	// The accelerator backends the runner may load besides (ggml's dynamic backend
+	// libraries): read and map as code, nothing written.
+	if p.BackendDir != "" {
+		line("(allow file-read* file-map-executable (subpath %s))", sbString(p.BackendDir))
+	}
 	return b.String(), nil
 }
 

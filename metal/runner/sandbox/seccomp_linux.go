@@ -17,6 +17,15 @@ import (
 // closes them: a runner may create stream sockets of the unix family only (a loopback
 // runner also TCP ones, to listen), may not connect(2) at all, and may not set up
 // io_uring, whose socket operations a filter on system calls does not see.
+//
+// A GPU runner (Policy.BackendDir, once the launcher found a backend there) may also
+// create unix sockets of the seqpacket type: the CUDA driver fails to start without
+// one ("OS call failed or operation not supported on this OS"). It makes one to
+// reach the MPS control daemon, whose connect(2) is refused like any other (the
+// driver then runs without MPS), and one it listens on, at an abstract address, to
+// hand its unified-memory descriptor to peers. A seqpacket socket sends nothing
+// before it is connected or has accepted, so this opens no way out; unix datagram
+// sockets, which send to any address without a connect, stay refused.
 
 // auditArch is the seccomp architecture of each GOARCH the filter knows.
 var auditArch = map[string]uint32{"amd64": unix.AUDIT_ARCH_X86_64, "arm64": unix.AUDIT_ARCH_AARCH64}
@@ -27,9 +36,11 @@ const x32SyscallBit = 0x40000000
 
 // socketFilter is the seccomp program of a runner. seccomp_data: nr at 0, arch at 4,
 // args[0] (its low half, little-endian) at 16.
-// connect (a split head runner, Policy.ConnectPorts) lets it make TCP sockets and
-// connect(2): which ports it may reach, Landlock says.
-func socketFilter(goarch string, loopback, connect bool) ([]bpf.Instruction, error) {
+// A split head runner (Policy.ConnectPorts) may make TCP sockets and connect(2):
+// which ports it may reach, Landlock says. p.BackendDir is set for a GPU runner
+// only.
+func socketFilter(goarch string, p Policy) ([]bpf.Instruction, error) {
+	loopback, connect := p.Loopback, len(p.ConnectPorts) > 0
 	arch, ok := auditArch[goarch]
 	if !ok {
 		return nil, fmt.Errorf("no seccomp filter for %s", goarch)
@@ -60,7 +71,20 @@ func socketFilter(goarch string, loopback, connect bool) ([]bpf.Instruction, err
 		allow,
 		bpf.LoadAbsolute{Off: 24, Size: 4}, // the type
 		bpf.ALUOpConstant{Op: bpf.ALUOpAnd, Val: 0xf}, // without SOCK_NONBLOCK, SOCK_CLOEXEC
-		bpf.JumpIf{Cond: bpf.JumpEqual, Val: unix.SOCK_STREAM, SkipTrue: 1},
+	)
+	if p.BackendDir != "" {
+		// A seqpacket socket of the unix family; a stream socket goes on to the
+		// family checks below.
+		prog = append(prog,
+			bpf.JumpIf{Cond: bpf.JumpEqual, Val: unix.SOCK_STREAM, SkipTrue: 5},
+			bpf.JumpIf{Cond: bpf.JumpEqual, Val: unix.SOCK_SEQPACKET, SkipFalse: 3},
+			bpf.LoadAbsolute{Off: 16, Size: 4}, // the family
+			bpf.JumpIf{Cond: bpf.JumpEqual, Val: unix.AF_UNIX, SkipFalse: 1},
+			allow)
+	} else {
+		prog = append(prog, bpf.JumpIf{Cond: bpf.JumpEqual, Val: unix.SOCK_STREAM, SkipTrue: 1})
+	}
+	prog = append(prog,
 		ret(unix.EACCES),
 		bpf.LoadAbsolute{Off: 16, Size: 4}, // the family
 	)
@@ -85,8 +109,8 @@ func socketFilter(goarch string, loopback, connect bool) ([]bpf.Instruction, err
 
 // installSocketFilter applies socketFilter to every thread of this process (the
 // launcher, about to execute the runner).
-func installSocketFilter(loopback, connect bool) error {
-	prog, err := socketFilter(runtime.GOARCH, loopback, connect)
+func installSocketFilter(p Policy) error {
+	prog, err := socketFilter(runtime.GOARCH, p)
 	if err != nil {
 		return err
 	}

@@ -21,6 +21,7 @@ import (
 	"github.com/macfleet/macfleet/gateway/metering"
 	"github.com/macfleet/macfleet/gateway/prefixdigest"
 	"github.com/macfleet/macfleet/gateway/tenancy"
+	"github.com/macfleet/macfleet/internal/openaierr"
 	"github.com/macfleet/macfleet/internal/pki"
 )
 
@@ -209,7 +210,7 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, model, name stri
 		// brings one, even from zero.
 		wakeable := len(rt.Backends) == 0 && rt.Autoscaled && g.waker != nil
 		if len(rt.Backends) == 0 && rt.Unavailable != "" && !(wakeable && rt.ScaledToZero) {
-			e := &apiError{Status: http.StatusServiceUnavailable, Type: typeUnavailable, Code: codeNoReplica,
+			e := &apiError{Status: http.StatusServiceUnavailable, Type: openaierr.TypeUnavailable, Code: codeNoReplica,
 				Message: rt.Unavailable, RetryAfter: coldRetryAfter, reason: "no_ready_replica"}
 			e.write(w)
 			wt.observe()
@@ -271,7 +272,7 @@ func (g *Gateway) holdTimeout(rt *Route, last *failure, t *ticket) *apiError {
 	if len(rt.Backends) > 0 && last == nil {
 		n, retry := g.adm.waiting(t.model)
 		g.metrics.queueRejected.WithLabelValues(t.model, t.priority.String(), "queue_timeout").Inc()
-		return &apiError{Status: http.StatusServiceUnavailable, Type: typeUnavailable, Code: codeQueueTimeout,
+		return &apiError{Status: http.StatusServiceUnavailable, Type: openaierr.TypeUnavailable, Code: codeQueueTimeout,
 			Message: fmt.Sprintf("every replica of deployment %s stayed busy for %v; %d requests still wait for it "+
 				"(raise spec.replicas or spec.autoscaling.maxReplicas, or send fewer requests at once)",
 				rt.ID(), g.opts.ColdStartTimeout, n),
@@ -288,7 +289,7 @@ func (g *Gateway) holdTimeout(rt *Route, last *failure, t *ticket) *apiError {
 	default:
 		msg += fmt.Sprintf(" (%d replicas exist, none is Ready on a Ready Mac)", rt.Replicas)
 	}
-	return &apiError{Status: http.StatusServiceUnavailable, Type: typeUnavailable, Code: codeNoReplica,
+	return &apiError{Status: http.StatusServiceUnavailable, Type: openaierr.TypeUnavailable, Code: codeNoReplica,
 		Message: msg, RetryAfter: coldRetryAfter, reason: "no_ready_replica"}
 }
 
@@ -475,7 +476,7 @@ func (g *Gateway) relay(ctx context.Context, w http.ResponseWriter, r *http.Requ
 func (g *Gateway) broken(w http.ResponseWriter, rc *http.ResponseController, model string, be Backend, resp *http.Response, rerr error) outcome {
 	g.log.Info("Upstream response broke after it started; not retried", "model", model,
 		"replica", be.Key, "endpoint", be.Endpoint, "err", rerr.Error())
-	e := &apiError{Status: http.StatusBadGateway, Type: typeServer, Code: codeUpstream,
+	e := &apiError{Status: http.StatusBadGateway, Type: openaierr.TypeServer, Code: openaierr.CodeUpstream,
 		Message: fmt.Sprintf("the response of replica %s broke off: %v", be.Key, rerr)}
 	if isEventStream(resp.Header) {
 		_, _ = w.Write(e.sseEvent())

@@ -17,6 +17,7 @@ import (
 	"github.com/macfleet/macfleet/api/runnerapi"
 	"github.com/macfleet/macfleet/internal/bytesize"
 	"github.com/macfleet/macfleet/internal/chat/compat"
+	"github.com/macfleet/macfleet/internal/openaierr"
 	"github.com/macfleet/macfleet/metal/enginepool"
 )
 
@@ -41,11 +42,11 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *apiE
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
-			return nil, &apiError{Status: http.StatusRequestEntityTooLarge, Type: typeInvalidRequest,
-				Code:    codeRequestTooLarge,
+			return nil, &apiError{Status: http.StatusRequestEntityTooLarge, Type: openaierr.TypeInvalidRequest,
+				Code:    openaierr.CodeRequestTooLarge,
 				Message: fmt.Sprintf("the request body exceeds the node agent's limit of %s", bytesize.Format(mbe.Limit))}
 		}
-		return nil, invalid(codeInvalidJSON, "", "reading the request body: %v", err)
+		return nil, invalid(openaierr.CodeInvalidJSON, "", "reading the request body: %v", err)
 	}
 	return body, nil
 }
@@ -70,12 +71,12 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if len(req.Messages) == 0 {
-		writeError(w, invalid(codeMissingField, "messages", "messages must be a non-empty array"))
+		writeError(w, invalid(openaierr.CodeMissingField, "messages", "messages must be a non-empty array"))
 		return
 	}
 	for i, m := range req.Messages {
 		if !slices.Contains(chatRoles, m.Role) {
-			writeError(w, invalid(codeInvalidValue, fmt.Sprintf("messages[%d].role", i),
+			writeError(w, invalid(openaierr.CodeInvalidValue, fmt.Sprintf("messages[%d].role", i),
 				"unsupported role %q (one of %s)", m.Role, strings.Join(chatRoles, ", ")))
 			return
 		}
@@ -107,13 +108,13 @@ func (s *Server) handleCompletion(w http.ResponseWriter, r *http.Request) {
 	}
 	switch {
 	case req.Prompt == nil:
-		writeError(w, invalid(codeMissingField, "prompt", "prompt is required"))
+		writeError(w, invalid(openaierr.CodeMissingField, "prompt", "prompt is required"))
 		return
 	case req.Prompt.Len() != 1:
-		writeError(w, invalid(codeInvalidValue, "prompt", "prompt must be one string or one array of token ids, got %d prompts", req.Prompt.Len()))
+		writeError(w, invalid(openaierr.CodeInvalidValue, "prompt", "prompt must be one string or one array of token ids, got %d prompts", req.Prompt.Len()))
 		return
 	case req.Echo:
-		writeError(w, invalid(codeInvalidValue, "echo", "echo is not supported"))
+		writeError(w, invalid(openaierr.CodeInvalidValue, "echo", "echo is not supported"))
 		return
 	}
 	opts, e := req.Options()
@@ -129,7 +130,7 @@ func (s *Server) handleCompletion(w http.ResponseWriter, r *http.Request) {
 	if req.Prompt.Texts != nil {
 		g.tokenize.Content = &req.Prompt.Texts[0]
 	} else if g.tokens = len(req.Prompt.Tokens[0]); g.tokens == 0 {
-		writeError(w, invalid(codeInvalidValue, "prompt", "the prompt is empty"))
+		writeError(w, invalid(openaierr.CodeInvalidValue, "prompt", "the prompt is empty"))
 		return
 	}
 	s.generate(w, r, g)
@@ -143,13 +144,13 @@ func (s *Server) handleEmbeddings(w http.ResponseWriter, r *http.Request) {
 	}
 	switch {
 	case req.Input == nil || req.Input.Len() == 0:
-		writeError(w, invalid(codeMissingField, "input", "input is required (a string, an array of strings or token ids)"))
+		writeError(w, invalid(openaierr.CodeMissingField, "input", "input is required (a string, an array of strings or token ids)"))
 		return
 	case req.Input.Len() > maxEmbeddingInputs:
-		writeError(w, invalid(codeInvalidValue, "input", "at most %d inputs are allowed, got %d", maxEmbeddingInputs, req.Input.Len()))
+		writeError(w, invalid(openaierr.CodeInvalidValue, "input", "at most %d inputs are allowed, got %d", maxEmbeddingInputs, req.Input.Len()))
 		return
 	case req.EncodingFormat != "" && req.EncodingFormat != "float" && req.EncodingFormat != "base64":
-		writeError(w, invalid(codeInvalidValue, "encoding_format", "encoding_format must be float or base64, got %q", req.EncodingFormat))
+		writeError(w, invalid(openaierr.CodeInvalidValue, "encoding_format", "encoding_format must be float or base64, got %q", req.EncodingFormat))
 		return
 	}
 	// The guard sizes the batch as one prompt of every input's tokens: the runner
@@ -168,7 +169,7 @@ func (s *Server) handleEmbeddings(w http.ResponseWriter, r *http.Request) {
 
 func requireModel(m string) *apiError {
 	if m == "" {
-		return invalid(codeMissingField, "model", "model is required")
+		return invalid(openaierr.CodeMissingField, "model", "model is required")
 	}
 	return nil
 }
@@ -226,7 +227,7 @@ func (s *Server) handleChatTokens(w http.ResponseWriter, r *http.Request) {
 	}
 	e := req.Check()
 	if e == nil && len(req.Messages) == 0 {
-		e = runnerapi.InvalidRequest(codeMissingField, "messages", "messages must be a non-empty array")
+		e = runnerapi.InvalidRequest(openaierr.CodeMissingField, "messages", "messages must be a non-empty array")
 	}
 	if e != nil {
 		writeError(w, fromRunnerAPI(e))

@@ -17,6 +17,7 @@ import (
 
 	"github.com/macfleet/macfleet/api/runnerapi"
 	"github.com/macfleet/macfleet/gateway/metering"
+	"github.com/macfleet/macfleet/internal/openaierr"
 	"github.com/macfleet/macfleet/metal/enginepool"
 )
 
@@ -378,13 +379,13 @@ func (s *Server) upstreamFailure(ctx context.Context, lease *enginepool.Lease, r
 		if xerr := rn.ExitErr(); xerr != nil {
 			msg += ": " + xerr.Error()
 		}
-		return &apiError{Status: http.StatusServiceUnavailable, Type: typeUnavailable, Code: enginepool.CodeEngineStopped,
+		return &apiError{Status: http.StatusServiceUnavailable, Type: openaierr.TypeUnavailable, Code: enginepool.CodeEngineStopped,
 			Message: msg + "; it will be reloaded by the next request", RetryAfter: time.Second}
 	default:
 	}
 	if re, ok := asRunnerError(err); ok {
 		err = errors.New(re.Error())
 	}
-	return &apiError{Status: http.StatusBadGateway, Type: typeServer, Code: codeUpstream,
+	return &apiError{Status: http.StatusBadGateway, Type: openaierr.TypeServer, Code: openaierr.CodeUpstream,
 		Message: fmt.Sprintf("the runner of model %q failed: %v", lease.Model(), err)}
 }

@@ -26,6 +26,23 @@ const (
 // CodeInternal is the code of an unexpected server error.
 const CodeInternal = "internal_error"
 
+// Codes both front ends send for the same failure, defined once so that a client
+// sees one vocabulary whichever of them answered; each front end keeps the codes only
+// it sends.
+const (
+	CodeInvalidJSON      = "invalid_json"
+	CodeInvalidValue     = "invalid_value"
+	CodeMissingField     = "missing_required_parameter"
+	CodeRequestTooLarge  = "request_too_large"
+	CodeInvalidAPIKey    = "invalid_api_key"
+	CodeNotFound         = "not_found"
+	CodeMethodNotAllowed = "method_not_allowed"
+	CodeUpstream         = "upstream_error"
+	// CodeTokenReview: a ServiceAccount token could not be reviewed now (the API
+	// server did not answer the TokenReview); the client retries.
+	CodeTokenReview = "token_review_unavailable"
+)
+
 // Error is one error response: its status, the OpenAI error body and an optional
 // Retry-After.
 type Error struct {

@@ -137,10 +137,6 @@ func (g *Gateway) accessLog(r *http.Request, model string, res outcome, start ti
 	if !g.log.V(2).Enabled() {
 		return
 	}
-	id := tracing.TraceID(r.Context())
-	if id == "" {
-		id = tracing.TraceID(tracing.Extract(r.Context(), r.Header))
-	}
 	g.log.V(2).Info("Request", "method", r.Method, "path", r.URL.Path, "model", model, "status", strconv.Itoa(res.status),
-		"reason", res.reason, "duration", time.Since(start).Round(time.Microsecond), "traceID", id)
+		"reason", res.reason, "duration", time.Since(start).Round(time.Microsecond), "traceID", tracing.LogTraceID(r))
 }

@@ -168,12 +168,8 @@ func (s *Server) instrument(h http.HandlerFunc) http.Handler {
 		endServerSpan(span, info.model, code)
 		s.metrics.requests.WithLabelValues(info.model, strconv.Itoa(code)).Inc()
 		if log := s.log.V(2); log.Enabled() {
-			id := tracing.TraceID(r.Context())
-			if id == "" {
-				id = tracing.TraceID(tracing.Extract(r.Context(), r.Header))
-			}
 			log.Info("Request", "method", r.Method, "path", r.URL.Path, "model", info.model,
-				"status", code, "duration", time.Since(info.start).Round(time.Microsecond), "traceID", id)
+				"status", code, "duration", time.Since(info.start).Round(time.Microsecond), "traceID", tracing.LogTraceID(r))
 		}
 	})
 }

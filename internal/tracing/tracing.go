@@ -245,3 +245,13 @@ func TraceID(ctx context.Context) string {
 	}
 	return sc.TraceID().String()
 }
+
+// LogTraceID is the trace id the access log line of r names, shared by the gateway
+// and the node agent: r's own span's, or, when this hop does not trace, the one its
+// caller's traceparent carries, so that the line is found by its trace either way.
+func LogTraceID(r *http.Request) string {
+	if id := TraceID(r.Context()); id != "" {
+		return id
+	}
+	return TraceID(Extract(r.Context(), r.Header))
+}

@@ -81,12 +81,8 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	opts, e := req.Options()
-	if e == nil {
-		e = req.Check()
-	}
-	if e != nil {
-		writeError(w, fromRunnerAPI(e))
+	opts, ok := generationOptions(w, &req)
+	if !ok {
 		return
 	}
 	// The hints are all fields of Unsupported (internal/chat/compat's test): re-reading that
@@ -117,12 +113,8 @@ func (s *Server) handleCompletion(w http.ResponseWriter, r *http.Request) {
 		writeError(w, invalid(openaierr.CodeInvalidValue, "echo", "echo is not supported"))
 		return
 	}
-	opts, e := req.Options()
-	if e == nil {
-		e = req.Check()
-	}
-	if e != nil {
-		writeError(w, fromRunnerAPI(e))
+	opts, ok := generationOptions(w, &req)
+	if !ok {
 		return
 	}
 	g := generation{path: pathCompletions, model: req.Model, body: body, stream: opts.Stream,
@@ -134,6 +126,28 @@ func (s *Server) handleCompletion(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.generate(w, r, g)
+}
+
+// generationRequest is a chat or text completion request: api/runnerapi gives both
+// their sampling options and their checks of the fields beyond sampling.
+type generationRequest interface {
+	Options() (runnerapi.Options, *runnerapi.Error)
+	Check() *runnerapi.Error
+}
+
+// generationOptions is the last check the chat and completion endpoints share before
+// they route, after their own checks of their fields: req's options, then its
+// checks. On failure it has written the error and returns false.
+func generationOptions(w http.ResponseWriter, req generationRequest) (runnerapi.Options, bool) {
+	opts, e := req.Options()
+	if e == nil {
+		e = req.Check()
+	}
+	if e != nil {
+		writeError(w, fromRunnerAPI(e))
+		return opts, false
+	}
+	return opts, true
 }
 
 func (s *Server) handleEmbeddings(w http.ResponseWriter, r *http.Request) {

@@ -125,8 +125,6 @@ func requestInfo(ctx context.Context) *reqInfo {
 	return &reqInfo{start: time.Now()}
 }
 
-func (i *reqInfo) setModel(m string) { i.model = m }
-
 // meterDirect makes the request's usage count for its caller under entry's
 // deployment, unless the caller is an admin: the fleet token is the gateway's (and
 // the manager's), and the gateway counts its own callers. So the answers the agents

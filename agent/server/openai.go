@@ -66,7 +66,7 @@ type generation struct {
 
 func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 	var req runnerapi.ChatRequest
-	body, ok := s.decodeRequest(w, r, &req, func() string { return req.Model })
+	body, ok := s.decodeRequest(w, r, &req, &req.Model)
 	if !ok {
 		return
 	}
@@ -98,7 +98,7 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) handleCompletion(w http.ResponseWriter, r *http.Request) {
 	var req runnerapi.CompletionRequest
-	body, ok := s.decodeRequest(w, r, &req, func() string { return req.Model })
+	body, ok := s.decodeRequest(w, r, &req, &req.Model)
 	if !ok {
 		return
 	}
@@ -152,7 +152,7 @@ func generationOptions(w http.ResponseWriter, req generationRequest) (runnerapi.
 
 func (s *Server) handleEmbeddings(w http.ResponseWriter, r *http.Request) {
 	var req runnerapi.EmbeddingRequest
-	body, ok := s.decodeRequest(w, r, &req, func() string { return req.Model })
+	body, ok := s.decodeRequest(w, r, &req, &req.Model)
 	if !ok {
 		return
 	}
@@ -181,13 +181,6 @@ func (s *Server) handleEmbeddings(w http.ResponseWriter, r *http.Request) {
 	s.generate(w, r, g)
 }
 
-func requireModel(m string) *apiError {
-	if m == "" {
-		return invalid(openaierr.CodeMissingField, "model", "model is required")
-	}
-	return nil
-}
-
 // acquire resolves the model's pool entry and leases its engine (loading it if
 // need be). On failure it has written the error (or the client went away) and returns
 // a nil lease; otherwise the caller releases the lease.
@@ -203,7 +196,7 @@ func (s *Server) acquire(w http.ResponseWriter, r *http.Request, model string) (
 		}
 	}
 	s.meterDirect(r, entry)
-	if reportsQueues(r) {
+	if callerOf(r).reportsQueues {
 		s.queues.observe(r, entry, time.Now())
 	}
 	lctx, span := s.startSpan(ctx, "agent.lease", trace.SpanKindInternal, attribute.String("macfleet.entry", entry))
@@ -213,14 +206,14 @@ func (s *Server) acquire(w http.ResponseWriter, r *http.Request, model string) (
 	}
 	endSpan(span, err)
 	if err != nil {
-		info.setModel(s.canonicalName(entry))
+		info.model = s.canonicalName(entry)
 		if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
 			return nil, nil // the client went away while the model loaded
 		}
 		writeError(w, fromPool(err))
 		return nil, nil
 	}
-	info.setModel(lease.Model())
+	info.model = lease.Model()
 	rn, err := lease.Runner()
 	if err != nil {
 		lease.Release()
@@ -235,7 +228,7 @@ func (s *Server) acquire(w http.ResponseWriter, r *http.Request, model string) (
 // Anthropic's POST /v1/messages/count_tokens through the translator.
 func (s *Server) handleChatTokens(w http.ResponseWriter, r *http.Request) {
 	var req runnerapi.ChatRequest
-	body, ok := s.decodeRequest(w, r, &req, func() string { return req.Model })
+	body, ok := s.decodeRequest(w, r, &req, &req.Model)
 	if !ok {
 		return
 	}
@@ -370,9 +363,10 @@ func (s *Server) handleGetModel(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, s.modelObject(id))
 }
 
-// decodeRequest reads the body into req and checks that it names a model (model reads
-// it from req). On failure it has written the OpenAI error and returns false.
-func (s *Server) decodeRequest(w http.ResponseWriter, r *http.Request, req any, model func() string) ([]byte, bool) {
+// decodeRequest reads the body into req and checks that it names a model (model
+// points at req's model field). On failure it has written the OpenAI error and returns
+// false.
+func (s *Server) decodeRequest(w http.ResponseWriter, r *http.Request, req any, model *string) ([]byte, bool) {
 	body, aerr := s.readBody(w, r)
 	if aerr != nil {
 		writeError(w, aerr)
@@ -382,8 +376,8 @@ func (s *Server) decodeRequest(w http.ResponseWriter, r *http.Request, req any, 
 		writeError(w, fromRunnerAPI(e))
 		return nil, false
 	}
-	if aerr := requireModel(model()); aerr != nil {
-		writeError(w, aerr)
+	if *model == "" {
+		writeError(w, invalid(openaierr.CodeMissingField, "model", "model is required"))
 		return nil, false
 	}
 	return body, true

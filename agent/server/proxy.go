@@ -18,6 +18,7 @@ import (
 	"github.com/macfleet/macfleet/api/runnerapi"
 	"github.com/macfleet/macfleet/gateway/metering"
 	"github.com/macfleet/macfleet/internal/openaierr"
+	"github.com/macfleet/macfleet/internal/tracing"
 	"github.com/macfleet/macfleet/metal/enginepool"
 )
 
@@ -58,7 +59,9 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, lease *enginepool
 	}
 	req.Header.Set("Content-Type", "application/json")
 	passFleetHeaders(r, req.Header)
-	s.injectTrace(sctx, req.Header)
+	if s.tracer != nil {
+		tracing.Inject(sctx, req.Header)
+	}
 	if pr.stream {
 		req.Header.Set("Accept", "text/event-stream")
 	}

@@ -354,9 +354,6 @@ func callerOf(r *http.Request) caller {
 
 type callerKey struct{}
 
-// reportsQueues: the caller's X-Macfleet-Queued reports count (see caller).
-func reportsQueues(r *http.Request) bool { return callerOf(r).reportsQueues }
-
 // recoverer turns a handler panic into a logged 500 (when nothing was sent yet) so one
 // bad request never takes the agent down. It is a last resort: handlers validate.
 func (s *Server) recoverer(next http.Handler) http.Handler {

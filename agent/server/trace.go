@@ -52,10 +52,3 @@ func endSpan(span trace.Span, err error) {
 	}
 	span.End()
 }
-
-// injectTrace puts ctx's span on a request to the runner (nothing when tracing is off).
-func (s *Server) injectTrace(ctx context.Context, h http.Header) {
-	if s.tracer != nil {
-		tracing.Inject(ctx, h)
-	}
-}

@@ -37,9 +37,6 @@ const (
 	failureBodyLimit = 64 << 10
 )
 
-// statusClientGone is the status recorded (never sent) for a client that went away.
-const statusClientGone = 499
-
 var copyBufs = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
 
 // failure is an attempt that failed before any byte reached the client, so another
@@ -324,7 +321,7 @@ func (g *Gateway) attempt(ctx context.Context, w http.ResponseWriter, r *http.Re
 	if err != nil {
 		if ctx.Err() != nil {
 			g.lostOnCancel(model, be, &cancelled)
-			return outcome{status: statusClientGone, reason: "client_gone"}
+			return outcome{status: openaierr.StatusClientGone, reason: "client_gone"}
 		}
 		reason := "transport"
 		if opErr, ok := errors.AsType[*net.OpError](err); ok && opErr.Op == "dial" {
@@ -335,7 +332,7 @@ func (g *Gateway) attempt(ctx context.Context, w http.ResponseWriter, r *http.Re
 	defer resp.Body.Close()
 	if ctx.Err() != nil && resp.StatusCode != http.StatusOK {
 		// The client went away and no answer follows that a runner generated.
-		return outcome{status: statusClientGone, reason: "client_gone"}
+		return outcome{status: openaierr.StatusClientGone, reason: "client_gone"}
 	}
 	if peer != nil {
 		g.peers.report(model, be, peer, resp.Header)
@@ -451,7 +448,7 @@ func (g *Gateway) relay(ctx context.Context, w http.ResponseWriter, r *http.Requ
 			res.usage = g.meter(r, model, resp)
 			if gone && !sent.complete(resp) {
 				g.metrics.cancellations.WithLabelValues(model, a.cancelled.outcome(true)).Inc()
-				return outcome{status: statusClientGone, reason: "client_gone", usage: res.usage}
+				return outcome{status: openaierr.StatusClientGone, reason: "client_gone", usage: res.usage}
 			}
 			return res
 		}
@@ -464,7 +461,7 @@ func (g *Gateway) relay(ctx context.Context, w http.ResponseWriter, r *http.Requ
 					return res
 				}
 				g.lostOnCancel(model, be, a.cancelled)
-				return outcome{status: statusClientGone, reason: "client_gone"}
+				return outcome{status: openaierr.StatusClientGone, reason: "client_gone"}
 			}
 			return g.broken(w, rc, model, be, resp, rerr)
 		}

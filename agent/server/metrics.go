@@ -161,7 +161,7 @@ func (s *Server) instrument(h http.HandlerFunc) http.Handler {
 		}
 		code := sw.Status
 		if code == 0 {
-			code = 499 // nothing sent: the client went away first
+			code = openaierr.StatusClientGone // nothing sent: the client went away first
 		}
 		endServerSpan(span, info.model, code)
 		s.metrics.requests.WithLabelValues(info.model, strconv.Itoa(code)).Inc()

@@ -43,6 +43,11 @@ const (
 	CodeTokenReview = "token_review_unavailable"
 )
 
+// StatusClientGone is the status both front ends record (in their request metrics,
+// logs and spans), never send, for a request whose client went away before it was
+// answered.
+const StatusClientGone = 499
+
 // Error is one error response: its status, the OpenAI error body and an optional
 // Retry-After.
 type Error struct {

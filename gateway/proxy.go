@@ -23,6 +23,7 @@ import (
 	"github.com/macfleet/macfleet/gateway/tenancy"
 	"github.com/macfleet/macfleet/internal/openaierr"
 	"github.com/macfleet/macfleet/internal/pki"
+	"github.com/macfleet/macfleet/internal/tracing"
 )
 
 // Waiting for a replica after every routable one failed: the pause before trying
@@ -109,7 +110,7 @@ func (g *Gateway) meter(r *http.Request, model string, resp *http.Response) *met
 // answers (or the request's patience runs out).
 func (g *Gateway) handleProxy(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
-	r, span := g.startRequest(r)
+	r, span := tracing.StartServer(g.tracer, r, "")
 	model, res := g.proxy(w, r, start)
 	endRequest(span, model, res)
 	g.accessLog(r, model, res, start)

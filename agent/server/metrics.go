@@ -147,7 +147,7 @@ func (s *Server) instrument(h http.HandlerFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		info := &reqInfo{start: time.Now()}
 		sw := &openaierr.StatusWriter{ResponseWriter: w}
-		r, span := s.startServerSpan(r)
+		r, span := tracing.StartServer(s.tracer, r, "agent")
 		r = r.WithContext(context.WithValue(r.Context(), reqInfoKey{}, info))
 		// The usage goes in a trailer, declared before anything is written (a stream's
 		// usage is known only at its end): every answer is sent chunked.

@@ -202,7 +202,7 @@ func TestRunnerRelay(t *testing.T) {
 	h := http.Header{}
 	Inject(actx, h)
 	req, _ := http.NewRequestWithContext(Extract(ctx, h), http.MethodPost, "http://runner/v1/chat/completions", nil)
-	_, server := StartServer(runner.Tracer("runner"), req, "runner POST /v1/chat/completions")
+	_, server := StartServer(runner.Tracer("runner"), req, "runner")
 	server.End()
 	call.End()
 	if err := runner.Shutdown(ctx); err != nil {

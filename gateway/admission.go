@@ -12,6 +12,7 @@ import (
 	"github.com/macfleet/macfleet/gateway/fairqueue"
 	"github.com/macfleet/macfleet/gateway/tenancy"
 	"github.com/macfleet/macfleet/gateway/tenancy/satoken"
+	"github.com/macfleet/macfleet/internal/openaierr"
 )
 
 // HeaderPriority is the request header that asks for a priority class: interactive
@@ -383,7 +384,7 @@ func (g *Gateway) classify(r *http.Request, id tenancy.Identity) (flow string, p
 	if v := r.Header.Get(HeaderPriority); v != "" {
 		var err error
 		if p, err = fairqueue.ParsePriority(v); err != nil {
-			return "", 0, invalidRequest(codeInvalidValue, "", "bad_request", "the %s header: %v", HeaderPriority, err)
+			return "", 0, invalidRequest(openaierr.CodeInvalidValue, "", "bad_request", "the %s header: %v", HeaderPriority, err)
 		}
 	}
 	if strings.HasPrefix(id.Name, satoken.NamePrefix) {

@@ -23,6 +23,7 @@ import (
 
 	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/gateway/fairqueue"
+	"github.com/macfleet/macfleet/internal/openaierr"
 	"github.com/macfleet/macfleet/test/support/testenv"
 )
 
@@ -185,7 +186,7 @@ func TestFairQueue(t *testing.T) {
 	})
 
 	resp, body := post(t, g.url, chatBody, "Authorization", "Bearer key-a", HeaderPriority, "urgent")
-	if e := decodeErr(t, body); resp.StatusCode != 400 || e.Error.Code != codeInvalidValue ||
+	if e := decodeErr(t, body); resp.StatusCode != 400 || e.Error.Code != openaierr.CodeInvalidValue ||
 		!strings.Contains(e.Error.Message, "X-Macfleet-Priority") || !strings.Contains(e.Error.Message, "interactive or batch") {
 		t.Errorf("unknown priority: %d %s", resp.StatusCode, body)
 	}

@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/macfleet/macfleet/internal/openaierr"
 )
 
 func backends(n int) []Backend {
@@ -308,14 +310,14 @@ func TestParseHead(t *testing.T) {
 		code   string
 	}{
 		{body: `{"model":"qwen","messages":[]}`, model: "qwen"},
-		{body: ``, status: 400, code: codeInvalidJSON},
-		{body: `{"model":`, status: 400, code: codeInvalidJSON},
-		{body: `[1]`, status: 400, code: codeInvalidJSON},
-		{body: `"str"`, status: 400, code: codeInvalidJSON},
-		{body: `{}`, status: 400, code: codeMissingField},
-		{body: `{"model":null}`, status: 400, code: codeMissingField},
-		{body: `{"model":""}`, status: 400, code: codeInvalidValue},
-		{body: `{"model":42}`, status: 400, code: codeInvalidValue},
+		{body: ``, status: 400, code: openaierr.CodeInvalidJSON},
+		{body: `{"model":`, status: 400, code: openaierr.CodeInvalidJSON},
+		{body: `[1]`, status: 400, code: openaierr.CodeInvalidJSON},
+		{body: `"str"`, status: 400, code: openaierr.CodeInvalidJSON},
+		{body: `{}`, status: 400, code: openaierr.CodeMissingField},
+		{body: `{"model":null}`, status: 400, code: openaierr.CodeMissingField},
+		{body: `{"model":""}`, status: 400, code: openaierr.CodeInvalidValue},
+		{body: `{"model":42}`, status: 400, code: openaierr.CodeInvalidValue},
 		{body: `{"model":"m","messages":"weird"}`, model: "m"},
 	}
 	for _, tt := range tests {

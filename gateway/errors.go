@@ -12,35 +12,18 @@ import (
 	"github.com/macfleet/macfleet/internal/openaierr"
 )
 
-// OpenAI error types, as the node agent uses them.
-const (
-	typeInvalidRequest = openaierr.TypeInvalidRequest
-	typeAuthentication = openaierr.TypeAuthentication
-	typeServer         = openaierr.TypeServer
-	typeUnavailable    = openaierr.TypeUnavailable
-	// typeRateLimit is a 429's type (the Anthropic API's too).
-	typeRateLimit = "rate_limit_error"
-)
+// typeRateLimit is a 429's type (the Anthropic API's too); the other OpenAI error
+// types, and the codes the gateway shares with the node agent, are internal/openaierr's.
+const typeRateLimit = "rate_limit_error"
 
-// Error codes of the gateway's own errors.
+// Error codes only the gateway sends.
 const (
-	codeModelNotFound    = "model_not_found"
-	codeAmbiguousModel   = "ambiguous_model"
-	codeInvalidJSON      = "invalid_json"
-	codeMissingField     = "missing_required_parameter"
-	codeInvalidValue     = "invalid_value"
-	codeRequestTooLarge  = "request_too_large"
-	codeInvalidAPIKey    = "invalid_api_key"
-	codeNotFound         = "not_found"
-	codeNoReplica        = "no_ready_replica"
-	codeUpstream         = "upstream_error"
-	codeMethodNotAllowed = "method_not_allowed"
-	codeQueueFull        = "queue_full"
-	codeQueueTimeout     = "queue_timeout"
-	codeStarting         = "gateway_starting"
-	// codeTokenReview: a ServiceAccount token could not be reviewed (the API server did
-	// not answer); the client retries.
-	codeTokenReview = "token_review_unavailable"
+	codeModelNotFound  = "model_not_found"
+	codeAmbiguousModel = "ambiguous_model"
+	codeNoReplica      = "no_ready_replica"
+	codeQueueFull      = "queue_full"
+	codeQueueTimeout   = "queue_timeout"
+	codeStarting       = "gateway_starting"
 )
 
 // apiError is one error response of the gateway itself: its status, the OpenAI error
@@ -71,19 +54,19 @@ func (e *apiError) write(w http.ResponseWriter) { e.wire().Write(w) }
 func (e *apiError) sseEvent() []byte { return e.wire().SSEEvent() }
 
 func invalidRequest(code, param, reason, format string, args ...any) *apiError {
-	return &apiError{Status: http.StatusBadRequest, Type: typeInvalidRequest, Code: code, Param: param,
+	return &apiError{Status: http.StatusBadRequest, Type: openaierr.TypeInvalidRequest, Code: code, Param: param,
 		Message: fmt.Sprintf(format, args...), reason: reason}
 }
 
 func modelNotFound(model string) *apiError {
-	return &apiError{Status: http.StatusNotFound, Type: typeInvalidRequest, Code: codeModelNotFound, Param: "model",
+	return &apiError{Status: http.StatusNotFound, Type: openaierr.TypeInvalidRequest, Code: codeModelNotFound, Param: "model",
 		Message: fmt.Sprintf("model %q is not served by this fleet: no ModelDeployment serves it under that name "+
 			"or alias (GET /v1/models lists them)", model), reason: "model_not_found"}
 }
 
 // gatewayStarting answers a request that arrives before the routing table is built.
 func gatewayStarting() *apiError {
-	return &apiError{Status: http.StatusServiceUnavailable, Type: typeUnavailable, Code: codeStarting,
+	return &apiError{Status: http.StatusServiceUnavailable, Type: openaierr.TypeUnavailable, Code: codeStarting,
 		Message: "the gateway is starting: its routing table is not built from the API server yet", RetryAfter: time.Second,
 		reason: "starting"}
 }

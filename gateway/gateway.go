@@ -331,11 +331,11 @@ func (g *Gateway) routes() http.Handler {
 	mux.HandleFunc("GET /v1/models/{id...}", g.handleGetModel)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/v1/models" || strings.HasPrefix(r.URL.Path, "/v1/models/") || strings.HasPrefix(r.URL.Path, "/v1/") {
-			(&apiError{Status: http.StatusMethodNotAllowed, Type: typeInvalidRequest, Code: codeMethodNotAllowed,
+			(&apiError{Status: http.StatusMethodNotAllowed, Type: openaierr.TypeInvalidRequest, Code: openaierr.CodeMethodNotAllowed,
 				Message: r.Method + " is not allowed on " + r.URL.Path}).write(w)
 			return
 		}
-		(&apiError{Status: http.StatusNotFound, Type: typeInvalidRequest, Code: codeNotFound,
+		(&apiError{Status: http.StatusNotFound, Type: openaierr.TypeInvalidRequest, Code: openaierr.CodeNotFound,
 			Message: "no such endpoint: " + r.Method + " " + r.URL.Path + " (the gateway serves the OpenAI API under /v1/)"}).write(w)
 	})
 	return mux
@@ -370,7 +370,7 @@ func (g *Gateway) identify(r *http.Request) (tenancy.Identity, *apiError) {
 		}
 	}
 	unauthorized := func(msg string) *apiError {
-		return &apiError{Status: http.StatusUnauthorized, Type: typeAuthentication, Code: codeInvalidAPIKey,
+		return &apiError{Status: http.StatusUnauthorized, Type: openaierr.TypeAuthentication, Code: openaierr.CodeInvalidAPIKey,
 			Message: msg, reason: "unauthorized"}
 	}
 	switch {
@@ -385,7 +385,7 @@ func (g *Gateway) identify(r *http.Request) (tenancy.Identity, *apiError) {
 				"; send a current token of an existing ServiceAccount, projected with this fleet's audience")
 		case err != nil:
 			g.log.Error(err, "Reviewing a ServiceAccount token")
-			return tenancy.Identity{}, &apiError{Status: http.StatusServiceUnavailable, Type: typeUnavailable, Code: codeTokenReview,
+			return tenancy.Identity{}, &apiError{Status: http.StatusServiceUnavailable, Type: openaierr.TypeUnavailable, Code: openaierr.CodeTokenReview,
 				Message:    "the ServiceAccount token could not be checked now (the TokenReview failed; it was logged); retry",
 				RetryAfter: time.Second, reason: "token_review_failed"}
 		}

@@ -5,6 +5,7 @@ import (
 	"net/http"
 
 	"github.com/macfleet/macfleet/gateway/tenancy"
+	"github.com/macfleet/macfleet/internal/openaierr"
 )
 
 // modelObject is one entry of GET /v1/models: the OpenAI fields plus the deployment's
@@ -64,7 +65,7 @@ func (g *Gateway) handleGetModel(w http.ResponseWriter, r *http.Request) {
 func writeJSON(w http.ResponseWriter, status int, v any) {
 	b, err := json.Marshal(v)
 	if err != nil {
-		(&apiError{Status: http.StatusInternalServerError, Type: typeServer, Code: "internal_error",
+		(&apiError{Status: http.StatusInternalServerError, Type: openaierr.TypeServer, Code: "internal_error",
 			Message: "encoding the response: " + err.Error()}).write(w)
 		return
 	}

@@ -21,7 +21,9 @@ import (
 	"github.com/macfleet/macfleet/gateway/metering"
 	"github.com/macfleet/macfleet/gateway/prefixdigest"
 	"github.com/macfleet/macfleet/gateway/tenancy"
+	"github.com/macfleet/macfleet/internal/openaierr"
 	"github.com/macfleet/macfleet/internal/pki"
+	"github.com/macfleet/macfleet/internal/tracing"
 )
 
 // Waiting for a replica after every routable one failed: the pause before trying
@@ -35,9 +37,6 @@ const (
 	// failureBodyLimit bounds what is kept of a 503/507 body for passing it through.
 	failureBodyLimit = 64 << 10
 )
-
-// statusClientGone is the status recorded (never sent) for a client that went away.
-const statusClientGone = 499
 
 var copyBufs = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
 
@@ -111,7 +110,7 @@ func (g *Gateway) meter(r *http.Request, model string, resp *http.Response) *met
 // answers (or the request's patience runs out).
 func (g *Gateway) handleProxy(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
-	r, span := g.startRequest(r)
+	r, span := tracing.StartServer(g.tracer, r, "")
 	model, res := g.proxy(w, r, start)
 	endRequest(span, model, res)
 	g.accessLog(r, model, res, start)
@@ -209,7 +208,7 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, model, name stri
 		// brings one, even from zero.
 		wakeable := len(rt.Backends) == 0 && rt.Autoscaled && g.waker != nil
 		if len(rt.Backends) == 0 && rt.Unavailable != "" && !(wakeable && rt.ScaledToZero) {
-			e := &apiError{Status: http.StatusServiceUnavailable, Type: typeUnavailable, Code: codeNoReplica,
+			e := &apiError{Status: http.StatusServiceUnavailable, Type: openaierr.TypeUnavailable, Code: codeNoReplica,
 				Message: rt.Unavailable, RetryAfter: coldRetryAfter, reason: "no_ready_replica"}
 			e.write(w)
 			wt.observe()
@@ -271,7 +270,7 @@ func (g *Gateway) holdTimeout(rt *Route, last *failure, t *ticket) *apiError {
 	if len(rt.Backends) > 0 && last == nil {
 		n, retry := g.adm.waiting(t.model)
 		g.metrics.queueRejected.WithLabelValues(t.model, t.priority.String(), "queue_timeout").Inc()
-		return &apiError{Status: http.StatusServiceUnavailable, Type: typeUnavailable, Code: codeQueueTimeout,
+		return &apiError{Status: http.StatusServiceUnavailable, Type: openaierr.TypeUnavailable, Code: codeQueueTimeout,
 			Message: fmt.Sprintf("every replica of deployment %s stayed busy for %v; %d requests still wait for it "+
 				"(raise spec.replicas or spec.autoscaling.maxReplicas, or send fewer requests at once)",
 				rt.ID(), g.opts.ColdStartTimeout, n),
@@ -288,7 +287,7 @@ func (g *Gateway) holdTimeout(rt *Route, last *failure, t *ticket) *apiError {
 	default:
 		msg += fmt.Sprintf(" (%d replicas exist, none is Ready on a Ready Mac)", rt.Replicas)
 	}
-	return &apiError{Status: http.StatusServiceUnavailable, Type: typeUnavailable, Code: codeNoReplica,
+	return &apiError{Status: http.StatusServiceUnavailable, Type: openaierr.TypeUnavailable, Code: codeNoReplica,
 		Message: msg, RetryAfter: coldRetryAfter, reason: "no_ready_replica"}
 }
 
@@ -323,7 +322,7 @@ func (g *Gateway) attempt(ctx context.Context, w http.ResponseWriter, r *http.Re
 	if err != nil {
 		if ctx.Err() != nil {
 			g.lostOnCancel(model, be, &cancelled)
-			return outcome{status: statusClientGone, reason: "client_gone"}
+			return outcome{status: openaierr.StatusClientGone, reason: "client_gone"}
 		}
 		reason := "transport"
 		if opErr, ok := errors.AsType[*net.OpError](err); ok && opErr.Op == "dial" {
@@ -334,7 +333,7 @@ func (g *Gateway) attempt(ctx context.Context, w http.ResponseWriter, r *http.Re
 	defer resp.Body.Close()
 	if ctx.Err() != nil && resp.StatusCode != http.StatusOK {
 		// The client went away and no answer follows that a runner generated.
-		return outcome{status: statusClientGone, reason: "client_gone"}
+		return outcome{status: openaierr.StatusClientGone, reason: "client_gone"}
 	}
 	if peer != nil {
 		g.peers.report(model, be, peer, resp.Header)
@@ -450,7 +449,7 @@ func (g *Gateway) relay(ctx context.Context, w http.ResponseWriter, r *http.Requ
 			res.usage = g.meter(r, model, resp)
 			if gone && !sent.complete(resp) {
 				g.metrics.cancellations.WithLabelValues(model, a.cancelled.outcome(true)).Inc()
-				return outcome{status: statusClientGone, reason: "client_gone", usage: res.usage}
+				return outcome{status: openaierr.StatusClientGone, reason: "client_gone", usage: res.usage}
 			}
 			return res
 		}
@@ -463,7 +462,7 @@ func (g *Gateway) relay(ctx context.Context, w http.ResponseWriter, r *http.Requ
 					return res
 				}
 				g.lostOnCancel(model, be, a.cancelled)
-				return outcome{status: statusClientGone, reason: "client_gone"}
+				return outcome{status: openaierr.StatusClientGone, reason: "client_gone"}
 			}
 			return g.broken(w, rc, model, be, resp, rerr)
 		}
@@ -475,7 +474,7 @@ func (g *Gateway) relay(ctx context.Context, w http.ResponseWriter, r *http.Requ
 func (g *Gateway) broken(w http.ResponseWriter, rc *http.ResponseController, model string, be Backend, resp *http.Response, rerr error) outcome {
 	g.log.Info("Upstream response broke after it started; not retried", "model", model,
 		"replica", be.Key, "endpoint", be.Endpoint, "err", rerr.Error())
-	e := &apiError{Status: http.StatusBadGateway, Type: typeServer, Code: codeUpstream,
+	e := &apiError{Status: http.StatusBadGateway, Type: openaierr.TypeServer, Code: openaierr.CodeUpstream,
 		Message: fmt.Sprintf("the response of replica %s broke off: %v", be.Key, rerr)}
 	if isEventStream(resp.Header) {
 		_, _ = w.Write(e.sseEvent())

@@ -24,6 +24,7 @@ import (
 
 	"github.com/macfleet/macfleet/api/runnerapi"
 	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
+	"github.com/macfleet/macfleet/internal/openaierr"
 	"github.com/macfleet/macfleet/test/support/testenv"
 )
 
@@ -665,11 +666,11 @@ func TestErrors(t *testing.T) {
 	}{
 		{"unknown model", "POST", "/v1/chat/completions", `{"model":"x"}`, 404, codeModelNotFound},
 		{"ambiguous", "POST", "/v1/chat/completions", `{"model":"m"}`, 400, codeAmbiguousModel},
-		{"too large", "POST", "/v1/chat/completions", `{"model":"` + strings.Repeat("x", 2000) + `"}`, 413, codeRequestTooLarge},
-		{"not json", "POST", "/v1/embeddings", `hello`, 400, codeInvalidJSON},
-		{"no model", "POST", "/v1/embeddings", `{"input":"x"}`, 400, codeMissingField},
-		{"admin API not exposed", "POST", "/api/models/x/unload", `{}`, 404, codeNotFound},
-		{"wrong method", "GET", "/v1/chat/completions", ``, 405, codeMethodNotAllowed},
+		{"too large", "POST", "/v1/chat/completions", `{"model":"` + strings.Repeat("x", 2000) + `"}`, 413, openaierr.CodeRequestTooLarge},
+		{"not json", "POST", "/v1/embeddings", `hello`, 400, openaierr.CodeInvalidJSON},
+		{"no model", "POST", "/v1/embeddings", `{"input":"x"}`, 400, openaierr.CodeMissingField},
+		{"admin API not exposed", "POST", "/api/models/x/unload", `{}`, 404, openaierr.CodeNotFound},
+		{"wrong method", "GET", "/v1/chat/completions", ``, 405, openaierr.CodeMethodNotAllowed},
 		{"unknown model by id", "GET", "/v1/models/nope", ``, 404, codeModelNotFound},
 	}
 	for _, tt := range tests {
@@ -769,7 +770,7 @@ func TestAPIKeys(t *testing.T) {
 		if resp.StatusCode != want {
 			t.Errorf("key %q: %d %s, want %d", key, resp.StatusCode, body, want)
 		}
-		if want == 401 && decodeErr(t, body).Error.Code != codeInvalidAPIKey {
+		if want == 401 && decodeErr(t, body).Error.Code != openaierr.CodeInvalidAPIKey {
 			t.Errorf("key %q: %s", key, body)
 		}
 	}

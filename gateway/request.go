@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/macfleet/macfleet/gateway/prefixdigest"
+	"github.com/macfleet/macfleet/internal/openaierr"
 )
 
 // requestHead is what the gateway reads of a request body: the model, and under prefix
@@ -41,11 +42,11 @@ func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, *api
 	body := buf.Bytes()
 	if err != nil {
 		if mbe, ok := errors.AsType[*http.MaxBytesError](err); ok {
-			return nil, &apiError{Status: http.StatusRequestEntityTooLarge, Type: typeInvalidRequest,
-				Code: codeRequestTooLarge, reason: "body_too_large",
+			return nil, &apiError{Status: http.StatusRequestEntityTooLarge, Type: openaierr.TypeInvalidRequest,
+				Code: openaierr.CodeRequestTooLarge, reason: "body_too_large",
 				Message: fmt.Sprintf("request body larger than the gateway's limit of %d bytes", mbe.Limit)}
 		}
-		return nil, invalidRequest(codeInvalidJSON, "", "bad_request", "reading the request body: %v", err)
+		return nil, invalidRequest(openaierr.CodeInvalidJSON, "", "bad_request", "reading the request body: %v", err)
 	}
 	return body, nil
 }
@@ -54,7 +55,7 @@ func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, *api
 // the prompt prefix.
 func parseHead(body []byte, prefixBytes int) (requestHead, *apiError) {
 	if len(bytes.TrimSpace(body)) == 0 {
-		return requestHead{}, invalidRequest(codeInvalidJSON, "", "bad_request",
+		return requestHead{}, invalidRequest(openaierr.CodeInvalidJSON, "", "bad_request",
 			"the request body is empty: send a JSON object with a \"model\"")
 	}
 	var head struct {
@@ -79,16 +80,16 @@ func parseHead(body []byte, prefixBytes int) (requestHead, *apiError) {
 	if err != nil {
 		var ute *json.UnmarshalTypeError
 		if errors.As(err, &ute) && ute.Field == "" {
-			return requestHead{}, invalidRequest(codeInvalidJSON, "", "bad_request", "the request body must be a JSON object")
+			return requestHead{}, invalidRequest(openaierr.CodeInvalidJSON, "", "bad_request", "the request body must be a JSON object")
 		}
-		return requestHead{}, invalidRequest(codeInvalidJSON, "", "bad_request", "the request body is not valid JSON: %v", err)
+		return requestHead{}, invalidRequest(openaierr.CodeInvalidJSON, "", "bad_request", "the request body is not valid JSON: %v", err)
 	}
 	if head.Model == nil || string(*head.Model) == "null" {
-		return requestHead{}, invalidRequest(codeMissingField, "model", "bad_request", "the request has no \"model\"")
+		return requestHead{}, invalidRequest(openaierr.CodeMissingField, "model", "bad_request", "the request has no \"model\"")
 	}
 	var out requestHead
 	if json.Unmarshal(*head.Model, &out.Model) != nil || out.Model == "" {
-		return requestHead{}, invalidRequest(codeInvalidValue, "model", "bad_request", "\"model\" must be a non-empty string")
+		return requestHead{}, invalidRequest(openaierr.CodeInvalidValue, "model", "bad_request", "\"model\" must be a non-empty string")
 	}
 	out.N = 1
 	if n, err := strconv.Atoi(string(head.N)); err == nil && n > 1 {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/macfleet/macfleet/gateway/tenancy"
 	"github.com/macfleet/macfleet/gateway/tenancy/satoken"
+	"github.com/macfleet/macfleet/internal/openaierr"
 )
 
 // TestServiceAccountTokenCallers: a credential shaped like a ServiceAccount token
@@ -45,7 +46,7 @@ func TestServiceAccountTokenCallers(t *testing.T) {
 		{name: "granted to its namespace", token: tokTeamA, model: "team-b/granted", want: 200, contains: `"team-b/granted-r"`, reviewed: true},
 		{name: "another team's", token: tokTeamA, model: "team-b/secret", want: 404, contains: "model_not_found", reviewed: true},
 		{name: "refused", token: refused, model: "chat", want: 401, contains: `invalid ServiceAccount token: the token is not for audience`, reviewed: true},
-		{name: "not reviewable", token: broken, model: "chat", want: 503, contains: codeTokenReview, reviewed: true},
+		{name: "not reviewable", token: broken, model: "chat", want: 503, contains: openaierr.CodeTokenReview, reviewed: true},
 		{name: "a key", token: keyTeamA, model: "chat", want: 200, contains: `"team-a/chat-r"`},
 		{name: "an unknown key", token: "0123456789abcdef0123", model: "chat", want: 401, contains: "invalid API key"},
 	} {

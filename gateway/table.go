@@ -14,6 +14,7 @@ import (
 	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/gateway/peerfetch"
 	"github.com/macfleet/macfleet/gateway/tenancy"
+	"github.com/macfleet/macfleet/internal/openaierr"
 )
 
 // Backend is one routable replica.
@@ -301,12 +302,12 @@ func one(model string, rs []*Route) (*Route, *apiError) {
 		ids = append(ids, rt.ID())
 	}
 	if len(namespaces) > 1 {
-		return nil, &apiError{Status: http.StatusBadRequest, Type: typeInvalidRequest, Code: codeAmbiguousModel,
+		return nil, &apiError{Status: http.StatusBadRequest, Type: openaierr.TypeInvalidRequest, Code: codeAmbiguousModel,
 			Param: "model", reason: "ambiguous_model",
 			Message: fmt.Sprintf("model %q is served in namespaces %s: qualify it as \"<namespace>/%s\", e.g. %q",
 				model, strings.Join(namespaces, ", "), model, namespaces[0]+"/"+model)}
 	}
-	return nil, &apiError{Status: http.StatusBadRequest, Type: typeInvalidRequest, Code: codeAmbiguousModel,
+	return nil, &apiError{Status: http.StatusBadRequest, Type: openaierr.TypeInvalidRequest, Code: codeAmbiguousModel,
 		Param: "model", reason: "ambiguous_model",
 		Message: fmt.Sprintf("model %q names several deployments (%s): give each a distinct servedName or alias",
 			model, strings.Join(ids, ", "))}

@@ -21,15 +21,6 @@ import (
 
 const tracerName = "github.com/macfleet/macfleet/gateway"
 
-// startRequest starts the request's server span, continuing the client's traceparent;
-// r is returned unchanged when tracing is off.
-func (g *Gateway) startRequest(r *http.Request) (*http.Request, trace.Span) {
-	if g.tracer == nil {
-		return r, nil
-	}
-	return tracing.StartServer(g.tracer, r, r.Method+" "+r.URL.Path)
-}
-
 // tagCaller names the caller's key on the request's span (usage is per key).
 func tagCaller(ctx context.Context, id tenancy.Identity) {
 	if span := trace.SpanFromContext(ctx); span.IsRecording() {
@@ -38,7 +29,8 @@ func tagCaller(ctx context.Context, id tenancy.Identity) {
 	}
 }
 
-// endRequest ends the server span with what became of the request.
+// endRequest ends the request's server span (tracing.StartServer's; nil when tracing
+// is off) with what became of the request.
 func endRequest(span trace.Span, model string, res outcome) {
 	if span == nil {
 		return
@@ -137,10 +129,6 @@ func (g *Gateway) accessLog(r *http.Request, model string, res outcome, start ti
 	if !g.log.V(2).Enabled() {
 		return
 	}
-	id := tracing.TraceID(r.Context())
-	if id == "" {
-		id = tracing.TraceID(tracing.Extract(r.Context(), r.Header))
-	}
 	g.log.V(2).Info("Request", "method", r.Method, "path", r.URL.Path, "model", model, "status", strconv.Itoa(res.status),
-		"reason", res.reason, "duration", time.Since(start).Round(time.Microsecond), "traceID", id)
+		"reason", res.reason, "duration", time.Since(start).Round(time.Microsecond), "traceID", tracing.LogTraceID(r))
 }

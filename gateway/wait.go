@@ -4,6 +4,8 @@ import (
 	"context"
 	"net/http"
 	"time"
+
+	"github.com/macfleet/macfleet/internal/openaierr"
 )
 
 // waiting is what serve knows of one request's waits for a replica.
@@ -99,7 +101,7 @@ func (wt *waiting) wait(ctx context.Context, w http.ResponseWriter, tbl *Table, 
 	case <-ctx.Done():
 		stopTimer(bt)
 		wt.observe()
-		return Backend{}, outcome{status: statusClientGone, reason: "client_gone"}, waitDone
+		return Backend{}, outcome{status: openaierr.StatusClientGone, reason: "client_gone"}, waitDone
 	case <-wt.deadline.C:
 		stopTimer(bt)
 		wt.observe()
@@ -128,7 +130,7 @@ func (wt *waiting) wake(ctx context.Context, w http.ResponseWriter, rt *Route, w
 		if err != nil {
 			wt.observe()
 			if ctx.Err() != nil {
-				return outcome{status: statusClientGone, reason: "client_gone"}, true
+				return outcome{status: openaierr.StatusClientGone, reason: "client_gone"}, true
 			}
 			e := wakeError(err)
 			e.write(w)

@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
+	"github.com/macfleet/macfleet/internal/openaierr"
 )
 
 // WakeFunc records on a ModelDeployment that a gateway holds requests for it
@@ -174,6 +175,6 @@ func latest(a, b time.Time) time.Time {
 
 // wakeError is the 503 of a request whose wake could not be recorded.
 func wakeError(err error) *apiError {
-	return &apiError{Status: http.StatusServiceUnavailable, Type: typeUnavailable, Code: codeNoReplica,
+	return &apiError{Status: http.StatusServiceUnavailable, Type: openaierr.TypeUnavailable, Code: codeNoReplica,
 		Message: err.Error(), RetryAfter: coldRetryAfter, reason: "wake_failed"}
 }

@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/macfleet/macfleet/internal/openaierr"
 	"github.com/macfleet/macfleet/metal/enginepool"
 )
 
@@ -70,7 +71,7 @@ func wantWait(r *http.Request, def bool) (bool, *apiError) {
 	}
 	b, err := strconv.ParseBool(v)
 	if err != nil {
-		return false, invalid(codeInvalidValue, "wait", "wait must be true or false, got %q", v)
+		return false, invalid(openaierr.CodeInvalidValue, "wait", "wait must be true or false, got %q", v)
 	}
 	return b, nil
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/macfleet/macfleet/api/runnerapi"
+	"github.com/macfleet/macfleet/internal/openaierr"
 	"github.com/macfleet/macfleet/metal/enginepool"
 )
 
@@ -74,7 +75,7 @@ func (s *Server) handleCancel(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if req.ID == "" {
-		writeError(w, invalid(codeMissingField, "id", "id must name a request (the %s it was sent with)", runnerapi.HeaderRequestID))
+		writeError(w, invalid(openaierr.CodeMissingField, "id", "id must name a request (the %s it was sent with)", runnerapi.HeaderRequestID))
 		return
 	}
 	rn, ok := s.requests.get(req.ID)

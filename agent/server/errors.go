@@ -12,28 +12,11 @@ import (
 	"github.com/macfleet/macfleet/metal/enginepool"
 )
 
-// OpenAI error types of the agent's own errors (the pool's carry their own).
+// The agent's own errors use the OpenAI error types and the codes it shares with the
+// gateway from internal/openaierr (the pool's errors carry their own), and these only
+// the agent sends.
 const (
-	typeInvalidRequest = openaierr.TypeInvalidRequest
-	typeAuthentication = openaierr.TypeAuthentication
-	typeServer         = openaierr.TypeServer
-	typeUnavailable    = openaierr.TypeUnavailable
-	typePermission     = "permission_error"
-)
-
-// Error codes of the agent's own errors.
-const (
-	codeInvalidJSON      = "invalid_json"
-	codeInvalidValue     = "invalid_value"
-	codeMissingField     = "missing_required_parameter"
-	codeRequestTooLarge  = "request_too_large"
-	codeInvalidAPIKey    = "invalid_api_key"
-	codeNotFound         = "not_found"
-	codeMethodNotAllowed = "method_not_allowed"
-	codeUpstream         = "upstream_error"
-	codeInternal         = openaierr.CodeInternal
-	// codeTokenReview: a ServiceAccount token could not be reviewed now; retry.
-	codeTokenReview = "token_review_unavailable"
+	typePermission = "permission_error"
 	// codeForbiddenCaller: a fleet certificate whose identity may not make this call
 	// (a Mac's on anything, a metrics scraper's beyond /metrics).
 	codeForbiddenCaller = "forbidden_caller"
@@ -43,7 +26,7 @@ const (
 type apiError = openaierr.Error
 
 func invalid(code, param, format string, args ...any) *apiError {
-	return &apiError{Status: http.StatusBadRequest, Type: typeInvalidRequest, Code: code, Param: param,
+	return &apiError{Status: http.StatusBadRequest, Type: openaierr.TypeInvalidRequest, Code: code, Param: param,
 		Message: fmt.Sprintf(format, args...)}
 }
 
@@ -64,7 +47,7 @@ func fromPool(err error) *apiError {
 		return &apiError{Status: se.HTTPStatus(), Type: se.Type(), Code: se.Code(), Message: se.Error(),
 			RetryAfter: se.RetryAfter(), Fields: se.Fields()}
 	}
-	return &apiError{Status: http.StatusInternalServerError, Type: typeServer, Code: codeInternal,
+	return &apiError{Status: http.StatusInternalServerError, Type: openaierr.TypeServer, Code: openaierr.CodeInternal,
 		Message: err.Error()}
 }
 

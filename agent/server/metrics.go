@@ -125,8 +125,6 @@ func requestInfo(ctx context.Context) *reqInfo {
 	return &reqInfo{start: time.Now()}
 }
 
-func (i *reqInfo) setModel(m string) { i.model = m }
-
 // meterDirect makes the request's usage count for its caller under entry's
 // deployment, unless the caller is an admin: the fleet token is the gateway's (and
 // the manager's), and the gateway counts its own callers. So the answers the agents
@@ -149,7 +147,7 @@ func (s *Server) instrument(h http.HandlerFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		info := &reqInfo{start: time.Now()}
 		sw := &openaierr.StatusWriter{ResponseWriter: w}
-		r, span := s.startServerSpan(r)
+		r, span := tracing.StartServer(s.tracer, r, "agent")
 		r = r.WithContext(context.WithValue(r.Context(), reqInfoKey{}, info))
 		// The usage goes in a trailer, declared before anything is written (a stream's
 		// usage is known only at its end): every answer is sent chunked.
@@ -163,17 +161,13 @@ func (s *Server) instrument(h http.HandlerFunc) http.Handler {
 		}
 		code := sw.Status
 		if code == 0 {
-			code = 499 // nothing sent: the client went away first
+			code = openaierr.StatusClientGone // nothing sent: the client went away first
 		}
 		endServerSpan(span, info.model, code)
 		s.metrics.requests.WithLabelValues(info.model, strconv.Itoa(code)).Inc()
 		if log := s.log.V(2); log.Enabled() {
-			id := tracing.TraceID(r.Context())
-			if id == "" {
-				id = tracing.TraceID(tracing.Extract(r.Context(), r.Header))
-			}
 			log.Info("Request", "method", r.Method, "path", r.URL.Path, "model", info.model,
-				"status", code, "duration", time.Since(info.start).Round(time.Microsecond), "traceID", id)
+				"status", code, "duration", time.Since(info.start).Round(time.Microsecond), "traceID", tracing.LogTraceID(r))
 		}
 	})
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/macfleet/macfleet/api/runnerapi"
 	"github.com/macfleet/macfleet/internal/bytesize"
 	"github.com/macfleet/macfleet/internal/chat/compat"
+	"github.com/macfleet/macfleet/internal/openaierr"
 	"github.com/macfleet/macfleet/metal/enginepool"
 )
 
@@ -41,11 +42,11 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *apiE
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
-			return nil, &apiError{Status: http.StatusRequestEntityTooLarge, Type: typeInvalidRequest,
-				Code:    codeRequestTooLarge,
+			return nil, &apiError{Status: http.StatusRequestEntityTooLarge, Type: openaierr.TypeInvalidRequest,
+				Code:    openaierr.CodeRequestTooLarge,
 				Message: fmt.Sprintf("the request body exceeds the node agent's limit of %s", bytesize.Format(mbe.Limit))}
 		}
-		return nil, invalid(codeInvalidJSON, "", "reading the request body: %v", err)
+		return nil, invalid(openaierr.CodeInvalidJSON, "", "reading the request body: %v", err)
 	}
 	return body, nil
 }
@@ -65,27 +66,23 @@ type generation struct {
 
 func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 	var req runnerapi.ChatRequest
-	body, ok := s.decodeRequest(w, r, &req, func() string { return req.Model })
+	body, ok := s.decodeRequest(w, r, &req, &req.Model)
 	if !ok {
 		return
 	}
 	if len(req.Messages) == 0 {
-		writeError(w, invalid(codeMissingField, "messages", "messages must be a non-empty array"))
+		writeError(w, invalid(openaierr.CodeMissingField, "messages", "messages must be a non-empty array"))
 		return
 	}
 	for i, m := range req.Messages {
 		if !slices.Contains(chatRoles, m.Role) {
-			writeError(w, invalid(codeInvalidValue, fmt.Sprintf("messages[%d].role", i),
+			writeError(w, invalid(openaierr.CodeInvalidValue, fmt.Sprintf("messages[%d].role", i),
 				"unsupported role %q (one of %s)", m.Role, strings.Join(chatRoles, ", ")))
 			return
 		}
 	}
-	opts, e := req.Options()
-	if e == nil {
-		e = req.Check()
-	}
-	if e != nil {
-		writeError(w, fromRunnerAPI(e))
+	opts, ok := generationOptions(w, &req)
+	if !ok {
 		return
 	}
 	// The hints are all fields of Unsupported (internal/chat/compat's test): re-reading that
@@ -101,27 +98,23 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) handleCompletion(w http.ResponseWriter, r *http.Request) {
 	var req runnerapi.CompletionRequest
-	body, ok := s.decodeRequest(w, r, &req, func() string { return req.Model })
+	body, ok := s.decodeRequest(w, r, &req, &req.Model)
 	if !ok {
 		return
 	}
 	switch {
 	case req.Prompt == nil:
-		writeError(w, invalid(codeMissingField, "prompt", "prompt is required"))
+		writeError(w, invalid(openaierr.CodeMissingField, "prompt", "prompt is required"))
 		return
 	case req.Prompt.Len() != 1:
-		writeError(w, invalid(codeInvalidValue, "prompt", "prompt must be one string or one array of token ids, got %d prompts", req.Prompt.Len()))
+		writeError(w, invalid(openaierr.CodeInvalidValue, "prompt", "prompt must be one string or one array of token ids, got %d prompts", req.Prompt.Len()))
 		return
 	case req.Echo:
-		writeError(w, invalid(codeInvalidValue, "echo", "echo is not supported"))
+		writeError(w, invalid(openaierr.CodeInvalidValue, "echo", "echo is not supported"))
 		return
 	}
-	opts, e := req.Options()
-	if e == nil {
-		e = req.Check()
-	}
-	if e != nil {
-		writeError(w, fromRunnerAPI(e))
+	opts, ok := generationOptions(w, &req)
+	if !ok {
 		return
 	}
 	g := generation{path: pathCompletions, model: req.Model, body: body, stream: opts.Stream,
@@ -129,27 +122,49 @@ func (s *Server) handleCompletion(w http.ResponseWriter, r *http.Request) {
 	if req.Prompt.Texts != nil {
 		g.tokenize.Content = &req.Prompt.Texts[0]
 	} else if g.tokens = len(req.Prompt.Tokens[0]); g.tokens == 0 {
-		writeError(w, invalid(codeInvalidValue, "prompt", "the prompt is empty"))
+		writeError(w, invalid(openaierr.CodeInvalidValue, "prompt", "the prompt is empty"))
 		return
 	}
 	s.generate(w, r, g)
 }
 
+// generationRequest is a chat or text completion request: api/runnerapi gives both
+// their sampling options and their checks of the fields beyond sampling.
+type generationRequest interface {
+	Options() (runnerapi.Options, *runnerapi.Error)
+	Check() *runnerapi.Error
+}
+
+// generationOptions is the last check the chat and completion endpoints share before
+// they route, after their own checks of their fields: req's options, then its
+// checks. On failure it has written the error and returns false.
+func generationOptions(w http.ResponseWriter, req generationRequest) (runnerapi.Options, bool) {
+	opts, e := req.Options()
+	if e == nil {
+		e = req.Check()
+	}
+	if e != nil {
+		writeError(w, fromRunnerAPI(e))
+		return opts, false
+	}
+	return opts, true
+}
+
 func (s *Server) handleEmbeddings(w http.ResponseWriter, r *http.Request) {
 	var req runnerapi.EmbeddingRequest
-	body, ok := s.decodeRequest(w, r, &req, func() string { return req.Model })
+	body, ok := s.decodeRequest(w, r, &req, &req.Model)
 	if !ok {
 		return
 	}
 	switch {
 	case req.Input == nil || req.Input.Len() == 0:
-		writeError(w, invalid(codeMissingField, "input", "input is required (a string, an array of strings or token ids)"))
+		writeError(w, invalid(openaierr.CodeMissingField, "input", "input is required (a string, an array of strings or token ids)"))
 		return
 	case req.Input.Len() > maxEmbeddingInputs:
-		writeError(w, invalid(codeInvalidValue, "input", "at most %d inputs are allowed, got %d", maxEmbeddingInputs, req.Input.Len()))
+		writeError(w, invalid(openaierr.CodeInvalidValue, "input", "at most %d inputs are allowed, got %d", maxEmbeddingInputs, req.Input.Len()))
 		return
 	case req.EncodingFormat != "" && req.EncodingFormat != "float" && req.EncodingFormat != "base64":
-		writeError(w, invalid(codeInvalidValue, "encoding_format", "encoding_format must be float or base64, got %q", req.EncodingFormat))
+		writeError(w, invalid(openaierr.CodeInvalidValue, "encoding_format", "encoding_format must be float or base64, got %q", req.EncodingFormat))
 		return
 	}
 	// The guard sizes the batch as one prompt of every input's tokens: the runner
@@ -164,13 +179,6 @@ func (s *Server) handleEmbeddings(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	s.generate(w, r, g)
-}
-
-func requireModel(m string) *apiError {
-	if m == "" {
-		return invalid(codeMissingField, "model", "model is required")
-	}
-	return nil
 }
 
 // acquire resolves the model's pool entry and leases its engine (loading it if
@@ -188,7 +196,7 @@ func (s *Server) acquire(w http.ResponseWriter, r *http.Request, model string) (
 		}
 	}
 	s.meterDirect(r, entry)
-	if reportsQueues(r) {
+	if callerOf(r).reportsQueues {
 		s.queues.observe(r, entry, time.Now())
 	}
 	lctx, span := s.startSpan(ctx, "agent.lease", trace.SpanKindInternal, attribute.String("macfleet.entry", entry))
@@ -198,14 +206,14 @@ func (s *Server) acquire(w http.ResponseWriter, r *http.Request, model string) (
 	}
 	endSpan(span, err)
 	if err != nil {
-		info.setModel(s.canonicalName(entry))
+		info.model = s.canonicalName(entry)
 		if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
 			return nil, nil // the client went away while the model loaded
 		}
 		writeError(w, fromPool(err))
 		return nil, nil
 	}
-	info.setModel(lease.Model())
+	info.model = lease.Model()
 	rn, err := lease.Runner()
 	if err != nil {
 		lease.Release()
@@ -220,13 +228,13 @@ func (s *Server) acquire(w http.ResponseWriter, r *http.Request, model string) (
 // Anthropic's POST /v1/messages/count_tokens through the translator.
 func (s *Server) handleChatTokens(w http.ResponseWriter, r *http.Request) {
 	var req runnerapi.ChatRequest
-	body, ok := s.decodeRequest(w, r, &req, func() string { return req.Model })
+	body, ok := s.decodeRequest(w, r, &req, &req.Model)
 	if !ok {
 		return
 	}
 	e := req.Check()
 	if e == nil && len(req.Messages) == 0 {
-		e = runnerapi.InvalidRequest(codeMissingField, "messages", "messages must be a non-empty array")
+		e = runnerapi.InvalidRequest(openaierr.CodeMissingField, "messages", "messages must be a non-empty array")
 	}
 	if e != nil {
 		writeError(w, fromRunnerAPI(e))
@@ -355,9 +363,10 @@ func (s *Server) handleGetModel(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, s.modelObject(id))
 }
 
-// decodeRequest reads the body into req and checks that it names a model (model reads
-// it from req). On failure it has written the OpenAI error and returns false.
-func (s *Server) decodeRequest(w http.ResponseWriter, r *http.Request, req any, model func() string) ([]byte, bool) {
+// decodeRequest reads the body into req and checks that it names a model (model
+// points at req's model field). On failure it has written the OpenAI error and returns
+// false.
+func (s *Server) decodeRequest(w http.ResponseWriter, r *http.Request, req any, model *string) ([]byte, bool) {
 	body, aerr := s.readBody(w, r)
 	if aerr != nil {
 		writeError(w, aerr)
@@ -367,8 +376,8 @@ func (s *Server) decodeRequest(w http.ResponseWriter, r *http.Request, req any, 
 		writeError(w, fromRunnerAPI(e))
 		return nil, false
 	}
-	if aerr := requireModel(model()); aerr != nil {
-		writeError(w, aerr)
+	if *model == "" {
+		writeError(w, invalid(openaierr.CodeMissingField, "model", "model is required"))
 		return nil, false
 	}
 	return body, true

@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/macfleet/macfleet/api/runnerapi"
+	"github.com/macfleet/macfleet/internal/openaierr"
 	"github.com/macfleet/macfleet/internal/pki"
 	"github.com/macfleet/macfleet/metal/enginepool"
 )
@@ -95,7 +96,7 @@ func (s *Server) handleState(w http.ResponseWriter, r *http.Request) {
 	resp, err := rn.Client().Do(req)
 	if err != nil {
 		if r.Context().Err() == nil {
-			writeError(w, &apiError{Status: http.StatusBadGateway, Type: typeServer, Code: codeUpstream,
+			writeError(w, &apiError{Status: http.StatusBadGateway, Type: openaierr.TypeServer, Code: openaierr.CodeUpstream,
 				Message: fmt.Sprintf("the runner of model %q did not answer for state %s: %v", id, digest, err)})
 		}
 		return

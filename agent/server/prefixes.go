@@ -12,6 +12,7 @@ import (
 
 	"github.com/macfleet/macfleet/api/runnerapi"
 	"github.com/macfleet/macfleet/gateway/tenancy"
+	"github.com/macfleet/macfleet/internal/openaierr"
 )
 
 // fleetHeaders are the request headers that only the fleet's own callers set: the
@@ -47,14 +48,14 @@ func prefixQuery(q url.Values) (url.Values, *apiError) {
 	}
 	if a := q.Get("after"); a != "" {
 		if _, err := strconv.ParseUint(a, 10, 64); err != nil {
-			return nil, invalid(codeInvalidValue, "after", "after must be an event number, got %q", a)
+			return nil, invalid(openaierr.CodeInvalidValue, "after", "after must be an event number, got %q", a)
 		}
 		fwd.Set("after", a)
 	}
 	if v := q.Get("wait"); v != "" {
 		sec, err := strconv.ParseFloat(v, 64)
 		if err != nil || sec < 0 || math.IsNaN(sec) {
-			return nil, invalid(codeInvalidValue, "wait", "wait must be a number of seconds, got %q", v)
+			return nil, invalid(openaierr.CodeInvalidValue, "wait", "wait must be a number of seconds, got %q", v)
 		}
 		fwd.Set("wait", strconv.FormatFloat(min(sec, maxPrefixWait.Seconds()), 'f', -1, 64))
 	}
@@ -87,7 +88,7 @@ func (s *Server) handlePrefixes(w http.ResponseWriter, r *http.Request) {
 	resp, err := rn.Client().Do(req)
 	if err != nil {
 		if r.Context().Err() == nil {
-			writeError(w, &apiError{Status: http.StatusBadGateway, Type: typeServer, Code: codeUpstream,
+			writeError(w, &apiError{Status: http.StatusBadGateway, Type: openaierr.TypeServer, Code: openaierr.CodeUpstream,
 				Message: fmt.Sprintf("the runner of model %q did not answer for its prefixes: %v", id, err)})
 		}
 		return
@@ -105,7 +106,7 @@ func (s *Server) handlePrefixes(w http.ResponseWriter, r *http.Request) {
 		upstreamStatus(resp, b).(*runnerError).write(w)
 		return
 	case err != nil || resp.StatusCode != http.StatusOK:
-		writeError(w, &apiError{Status: http.StatusBadGateway, Type: typeServer, Code: codeUpstream,
+		writeError(w, &apiError{Status: http.StatusBadGateway, Type: openaierr.TypeServer, Code: openaierr.CodeUpstream,
 			Message: fmt.Sprintf("the runner of model %q answered %d for its prefixes: %v", id, resp.StatusCode, err)})
 		return
 	}

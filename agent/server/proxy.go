@@ -17,6 +17,8 @@ import (
 
 	"github.com/macfleet/macfleet/api/runnerapi"
 	"github.com/macfleet/macfleet/gateway/metering"
+	"github.com/macfleet/macfleet/internal/openaierr"
+	"github.com/macfleet/macfleet/internal/tracing"
 	"github.com/macfleet/macfleet/metal/enginepool"
 )
 
@@ -57,7 +59,9 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, lease *enginepool
 	}
 	req.Header.Set("Content-Type", "application/json")
 	passFleetHeaders(r, req.Header)
-	s.injectTrace(sctx, req.Header)
+	if s.tracer != nil {
+		tracing.Inject(sctx, req.Header)
+	}
 	if pr.stream {
 		req.Header.Set("Accept", "text/event-stream")
 	}
@@ -378,13 +382,13 @@ func (s *Server) upstreamFailure(ctx context.Context, lease *enginepool.Lease, r
 		if xerr := rn.ExitErr(); xerr != nil {
 			msg += ": " + xerr.Error()
 		}
-		return &apiError{Status: http.StatusServiceUnavailable, Type: typeUnavailable, Code: enginepool.CodeEngineStopped,
+		return &apiError{Status: http.StatusServiceUnavailable, Type: openaierr.TypeUnavailable, Code: enginepool.CodeEngineStopped,
 			Message: msg + "; it will be reloaded by the next request", RetryAfter: time.Second}
 	default:
 	}
 	if re, ok := asRunnerError(err); ok {
 		err = errors.New(re.Error())
 	}
-	return &apiError{Status: http.StatusBadGateway, Type: typeServer, Code: codeUpstream,
+	return &apiError{Status: http.StatusBadGateway, Type: openaierr.TypeServer, Code: openaierr.CodeUpstream,
 		Message: fmt.Sprintf("the runner of model %q failed: %v", lease.Model(), err)}
 }

@@ -11,6 +11,8 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/macfleet/macfleet/internal/openaierr"
 )
 
 func TestRewriteModel(t *testing.T) {
@@ -103,8 +105,8 @@ func TestRecovererAnswers500OnlyBeforeHeaders(t *testing.T) {
 	if err := json.Unmarshal(rec.Body.Bytes(), &body); err != nil {
 		t.Fatalf("body %q: %v", rec.Body, err)
 	}
-	if rec.Code != http.StatusInternalServerError || body.Error.Code != codeInternal || body.Error.Type != typeServer {
-		t.Errorf("panic before headers: %d %+v, want 500 %s", rec.Code, body.Error, codeInternal)
+	if rec.Code != http.StatusInternalServerError || body.Error.Code != openaierr.CodeInternal || body.Error.Type != openaierr.TypeServer {
+		t.Errorf("panic before headers: %d %+v, want 500 %s", rec.Code, body.Error, openaierr.CodeInternal)
 	}
 
 	after := s.recoverer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {

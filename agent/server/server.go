@@ -248,11 +248,11 @@ func (s *Server) handleUnknownRoute(w http.ResponseWriter, r *http.Request) {
 		known = known || p == k
 	}
 	if known {
-		writeError(w, &apiError{Status: http.StatusMethodNotAllowed, Type: typeInvalidRequest, Code: codeMethodNotAllowed,
+		writeError(w, &apiError{Status: http.StatusMethodNotAllowed, Type: openaierr.TypeInvalidRequest, Code: openaierr.CodeMethodNotAllowed,
 			Message: r.Method + " is not allowed on " + p})
 		return
 	}
-	writeError(w, &apiError{Status: http.StatusNotFound, Type: typeInvalidRequest, Code: codeNotFound,
+	writeError(w, &apiError{Status: http.StatusNotFound, Type: openaierr.TypeInvalidRequest, Code: openaierr.CodeNotFound,
 		Message: "no such endpoint: " + r.Method + " " + p})
 }
 
@@ -325,13 +325,13 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 				return
 			case !errors.As(err, &refused):
 				s.log.Error(err, "Reviewing a ServiceAccount token")
-				writeError(w, &apiError{Status: http.StatusServiceUnavailable, Type: typeUnavailable, Code: codeTokenReview,
+				writeError(w, &apiError{Status: http.StatusServiceUnavailable, Type: openaierr.TypeUnavailable, Code: openaierr.CodeTokenReview,
 					Message: "the ServiceAccount token could not be checked now (the TokenReview failed; it was logged by the node agent); retry", RetryAfter: time.Second})
 				return
 			}
 			msg = "invalid ServiceAccount token: " + refused.Reason + "; send a current token of an existing ServiceAccount, projected with this fleet's audience"
 		}
-		writeError(w, &apiError{Status: http.StatusUnauthorized, Type: typeAuthentication, Code: codeInvalidAPIKey,
+		writeError(w, &apiError{Status: http.StatusUnauthorized, Type: openaierr.TypeAuthentication, Code: openaierr.CodeInvalidAPIKey,
 			Message: msg})
 	})
 }
@@ -353,9 +353,6 @@ func callerOf(r *http.Request) caller {
 }
 
 type callerKey struct{}
-
-// reportsQueues: the caller's X-Macfleet-Queued reports count (see caller).
-func reportsQueues(r *http.Request) bool { return callerOf(r).reportsQueues }
 
 // recoverer turns a handler panic into a logged 500 (when nothing was sent yet) so one
 // bad request never takes the agent down. It is a last resort: handlers validate.

@@ -8,28 +8,22 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
-
-	"github.com/macfleet/macfleet/internal/tracing"
 )
 
 // The agent's spans (docs/tracing.md): a server span per OpenAI request continuing the
 // gateway's traceparent, agent.lease (routing; a cold load when the model was not
 // loaded), agent.prefill_guard (the prompt's token count and the pool's check) and
 // agent.runner, the client span of the call whose traceparent the runner continues.
-// Without a tracer the spans are no-ops.
+// Without a tracer there are none: the server span is nil, the others no-ops.
 
 const tracerName = "github.com/macfleet/macfleet/agent/server"
 
-// startServerSpan continues the caller's trace for one OpenAI request.
-func (s *Server) startServerSpan(r *http.Request) (*http.Request, trace.Span) {
-	if s.tracer == nil {
-		return r, noop.Span{}
-	}
-	return tracing.StartServer(s.tracer, r, "agent "+r.Method+" "+r.URL.Path)
-}
-
-// endServerSpan records the status and the model.
+// endServerSpan records the status and the model on an OpenAI request's server span
+// (tracing.StartServer's; nil when tracing is off) and ends it.
 func endServerSpan(span trace.Span, model string, status int) {
+	if span == nil {
+		return
+	}
 	span.SetAttributes(attribute.Int("http.response.status_code", status), attribute.String("macfleet.model", model))
 	if status >= 500 {
 		span.SetStatus(codes.Error, http.StatusText(status))
@@ -51,11 +45,4 @@ func endSpan(span trace.Span, err error) {
 		span.SetStatus(codes.Error, err.Error())
 	}
 	span.End()
-}
-
-// injectTrace puts ctx's span on a request to the runner (nothing when tracing is off).
-func (s *Server) injectTrace(ctx context.Context, h http.Header) {
-	if s.tracer != nil {
-		tracing.Inject(ctx, h)
-	}
 }

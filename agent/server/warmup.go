@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/macfleet/macfleet/api/runnerapi"
+	"github.com/macfleet/macfleet/internal/openaierr"
 	"github.com/macfleet/macfleet/internal/pki"
 )
 
@@ -31,11 +32,11 @@ func (s *Server) handleWarm(w http.ResponseWriter, r *http.Request) {
 		err = json.Unmarshal(body, &req)
 	}
 	if err != nil {
-		writeError(w, invalid(codeInvalidValue, "hints", "the body must be a JSON warm-up request of at most %d bytes: %v", maxWarmBodyBytes, err))
+		writeError(w, invalid(openaierr.CodeInvalidValue, "hints", "the body must be a JSON warm-up request of at most %d bytes: %v", maxWarmBodyBytes, err))
 		return
 	}
 	if len(req.Hints) == 0 || len(req.Hints) > runnerapi.MaxWarmHints {
-		writeError(w, invalid(codeInvalidValue, "hints", "hints must list 1 to %d states, got %d", runnerapi.MaxWarmHints, len(req.Hints)))
+		writeError(w, invalid(openaierr.CodeInvalidValue, "hints", "hints must list 1 to %d states, got %d", runnerapi.MaxWarmHints, len(req.Hints)))
 		return
 	}
 	rn, err := s.pool.RunnerOf(id)

@@ -26,6 +26,28 @@ const (
 // CodeInternal is the code of an unexpected server error.
 const CodeInternal = "internal_error"
 
+// Codes both front ends send for the same failure, defined once so that a client
+// sees one vocabulary whichever of them answered; each front end keeps the codes only
+// it sends.
+const (
+	CodeInvalidJSON      = "invalid_json"
+	CodeInvalidValue     = "invalid_value"
+	CodeMissingField     = "missing_required_parameter"
+	CodeRequestTooLarge  = "request_too_large"
+	CodeInvalidAPIKey    = "invalid_api_key"
+	CodeNotFound         = "not_found"
+	CodeMethodNotAllowed = "method_not_allowed"
+	CodeUpstream         = "upstream_error"
+	// CodeTokenReview: a ServiceAccount token could not be reviewed now (the API
+	// server did not answer the TokenReview); the client retries.
+	CodeTokenReview = "token_review_unavailable"
+)
+
+// StatusClientGone is the status both front ends record (in their request metrics,
+// logs and spans), never send, for a request whose client went away before it was
+// answered.
+const StatusClientGone = 499
+
 // Error is one error response: its status, the OpenAI error body and an optional
 // Retry-After.
 type Error struct {

@@ -228,10 +228,20 @@ func Inject(ctx context.Context, h http.Header) {
 	propagator.Inject(ctx, propagation.HeaderCarrier(h))
 }
 
-// StartServer starts the server span of an HTTP request named name, continuing the
-// caller's traceparent, with the method and path as attributes; the request carries
-// the span's context.
-func StartServer(t trace.Tracer, r *http.Request, name string) (*http.Request, trace.Span) {
+// StartServer starts the server span of an HTTP request, the same for the gateway, the
+// node agent and the runner: named "<component> METHOD PATH" ("METHOD PATH" without a
+// component), continuing the caller's traceparent, with the method and path as
+// attributes; the request carries the span's context. A nil t is tracing turned off:
+// r comes back unchanged with a nil span, for the caller to skip, and nothing is
+// built.
+func StartServer(t trace.Tracer, r *http.Request, component string) (*http.Request, trace.Span) {
+	if t == nil {
+		return r, nil
+	}
+	name := component + " " + r.Method + " " + r.URL.Path
+	if component == "" {
+		name = name[1:]
+	}
 	ctx, span := t.Start(Extract(r.Context(), r.Header), name, trace.WithSpanKind(trace.SpanKindServer),
 		trace.WithAttributes(attribute.String("http.request.method", r.Method), attribute.String("url.path", r.URL.Path)))
 	return r.WithContext(ctx), span
@@ -244,4 +254,14 @@ func TraceID(ctx context.Context) string {
 		return ""
 	}
 	return sc.TraceID().String()
+}
+
+// LogTraceID is the trace id the access log line of r names, shared by the gateway
+// and the node agent: r's own span's, or, when this hop does not trace, the one its
+// caller's traceparent carries, so that the line is found by its trace either way.
+func LogTraceID(r *http.Request) string {
+	if id := TraceID(r.Context()); id != "" {
+		return id
+	}
+	return TraceID(Extract(r.Context(), r.Header))
 }

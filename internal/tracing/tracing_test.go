@@ -144,6 +144,36 @@ func TestPropagation(t *testing.T) {
 	}
 }
 
+// TestLogTraceID: an access log names the request's own span's trace, else its
+// caller's traceparent's, else none.
+func TestLogTraceID(t *testing.T) {
+	tid, _ := trace.TraceIDFromHex("4bf92f3577b34da6a3ce929d0e0e4736")
+	sid, _ := trace.SpanIDFromHex("00f067aa0ba902b7")
+	own := trace.ContextWithSpanContext(context.Background(),
+		trace.NewSpanContext(trace.SpanContextConfig{TraceID: tid, SpanID: sid, TraceFlags: trace.FlagsSampled}))
+	const callers = "00-11111111111111111111111111111111-2222222222222222-01"
+	for _, tc := range []struct {
+		name        string
+		ctx         context.Context
+		traceparent string
+		want        string
+	}{
+		{name: "own span", ctx: own, traceparent: callers, want: tid.String()},
+		{name: "caller's traceparent", ctx: context.Background(), traceparent: callers, want: "11111111111111111111111111111111"},
+		{name: "neither", ctx: context.Background()},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := httptest.NewRequestWithContext(tc.ctx, http.MethodPost, "/v1/chat/completions", nil)
+			if tc.traceparent != "" {
+				r.Header.Set("Traceparent", tc.traceparent)
+			}
+			if got := LogTraceID(r); got != tc.want {
+				t.Errorf("LogTraceID = %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
+
 // TestRunnerRelay: a runner's span, made under the agent's traceparent and queued in
 // memory (NewRelayed), reaches the receiver once the agent drains the runner over HTTP
 // (RunnerRelay): same trace, span and parent ids, the runner's service name under the
@@ -172,7 +202,7 @@ func TestRunnerRelay(t *testing.T) {
 	h := http.Header{}
 	Inject(actx, h)
 	req, _ := http.NewRequestWithContext(Extract(ctx, h), http.MethodPost, "http://runner/v1/chat/completions", nil)
-	_, server := StartServer(runner.Tracer("runner"), req, "runner POST /v1/chat/completions")
+	_, server := StartServer(runner.Tracer("runner"), req, "runner")
 	server.End()
 	call.End()
 	if err := runner.Shutdown(ctx); err != nil {

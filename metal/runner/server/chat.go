@@ -109,22 +109,9 @@ func (s *Server) chatOptions(req *runnerapi.ChatRequest, prompt string) chat.Opt
 }
 
 func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
-	eng, herr := s.readyEngine()
-	if herr != nil {
-		writeError(w, herr)
-		return
-	}
 	var req runnerapi.ChatRequest
-	if err := readJSON(w, r, &req); err != nil {
-		writeError(w, err)
-		return
-	}
-	opts, herr := req.Options()
-	if herr == nil {
-		herr = req.Check()
-	}
-	if herr != nil {
-		writeError(w, herr)
+	eng, opts := s.readGeneration(w, r, &req)
+	if eng == nil {
 		return
 	}
 	prompt, herr := s.renderChat(&req)

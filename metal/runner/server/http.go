@@ -107,6 +107,48 @@ func readJSON(w http.ResponseWriter, r *http.Request, v any) *runnerapi.Error {
 	return runnerapi.DecodeJSON(body, v)
 }
 
+// readReady is the preamble of every endpoint that needs the loaded model (chat,
+// completions, embeddings, tokenize): the ready engine, then req strictly decoded from
+// the body, answering the first error. On failure it has written the error and
+// returns nil.
+func (s *Server) readReady(w http.ResponseWriter, r *http.Request, req any) *engineSet {
+	eng, herr := s.readyEngine()
+	if herr == nil {
+		herr = readJSON(w, r, req)
+	}
+	if herr != nil {
+		writeError(w, herr)
+		return nil
+	}
+	return eng
+}
+
+// generationRequest is a chat or text completion request: api/runnerapi gives both
+// their sampling options and their cross-field checks.
+type generationRequest interface {
+	Options() (runnerapi.Options, *runnerapi.Error)
+	Check() *runnerapi.Error
+}
+
+// readGeneration is the preamble the chat and completion handlers share: readReady,
+// then req's options, then its checks, answering the first error. On failure it has
+// written the error and returns a nil engine.
+func (s *Server) readGeneration(w http.ResponseWriter, r *http.Request, req generationRequest) (*engineSet, runnerapi.Options) {
+	eng := s.readReady(w, r, req)
+	if eng == nil {
+		return nil, runnerapi.Options{}
+	}
+	opts, herr := req.Options()
+	if herr == nil {
+		herr = req.Check()
+	}
+	if herr != nil {
+		writeError(w, herr)
+		return nil, runnerapi.Options{}
+	}
+	return eng, opts
+}
+
 func (s *Server) handleHealth(w http.ResponseWriter, _ *http.Request) {
 	state, progress, loadErr := s.getState()
 	h := runnerapi.Health{Status: state, Progress: progress, Nonce: s.cfg.Nonce}
@@ -190,13 +232,8 @@ func (s *Server) handleShutdown(w http.ResponseWriter, _ *http.Request) {
 }
 
 func (s *Server) handleTokenize(w http.ResponseWriter, r *http.Request) {
-	if _, herr := s.readyEngine(); herr != nil {
-		writeError(w, herr)
-		return
-	}
 	var req runnerapi.TokenizeRequest
-	if err := readJSON(w, r, &req); err != nil {
-		writeError(w, err)
+	if s.readReady(w, r, &req) == nil {
 		return
 	}
 	addSpecial := req.AddSpecial == nil || *req.AddSpecial
@@ -244,22 +281,9 @@ func (s *Server) handleTokenize(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) handleCompletion(w http.ResponseWriter, r *http.Request) {
-	eng, herr := s.readyEngine()
-	if herr != nil {
-		writeError(w, herr)
-		return
-	}
 	var req runnerapi.CompletionRequest
-	if err := readJSON(w, r, &req); err != nil {
-		writeError(w, err)
-		return
-	}
-	opts, herr := req.Options()
-	if herr == nil {
-		herr = req.Check()
-	}
-	if herr != nil {
-		writeError(w, herr)
+	eng, opts := s.readGeneration(w, r, &req)
+	if eng == nil {
 		return
 	}
 	if req.Prompt == nil || req.Prompt.Len() != 1 {
@@ -385,14 +409,9 @@ func cachePartition(partition, salt string) string {
 func ptr[T any](v T) *T { return &v }
 
 func (s *Server) handleEmbeddings(w http.ResponseWriter, r *http.Request) {
-	eng, herr := s.readyEngine()
-	if herr != nil {
-		writeError(w, herr)
-		return
-	}
 	var req runnerapi.EmbeddingRequest
-	if err := readJSON(w, r, &req); err != nil {
-		writeError(w, err)
+	eng := s.readReady(w, r, &req)
+	if eng == nil {
 		return
 	}
 	switch {

@@ -31,7 +31,7 @@ func (s *Server) traced(h http.HandlerFunc) http.HandlerFunc {
 		return h
 	}
 	return func(w http.ResponseWriter, r *http.Request) {
-		r, span := tracing.StartServer(s.tracer, r, "runner "+r.Method+" "+r.URL.Path)
+		r, span := tracing.StartServer(s.tracer, r, "runner")
 		sw := &openaierr.StatusWriter{ResponseWriter: w}
 		h(sw, r)
 		span.SetAttributes(attribute.Int("http.response.status_code", sw.Status))

@@ -144,6 +144,12 @@ bench-peers: build runner $(PEER) ## Measure macfleet serve side by side with a 
 	go run ./test/bench/peers -macfleet $(BIN)/macfleet -runner $(RUNNER) -peer $(PEER) -peer-version $(PEER_VERSION) \
 		-rounds $(PEERS_ROUNDS) -model $(PEERS_MODEL) -tokens $(PEERS_TOKENS) $(PEERS_FLAGS)
 
+# The harness compiled on its own (pure Go), for a machine without Go: the GPU machine of
+# docs/benchmarks.md, "On the card", where it runs beside macfleet, the runner and the peer.
+.PHONY: bench-peers-bin
+bench-peers-bin: ## Compile the bench-peers harness into bin/bench-peers/peers, to run where there is no Go (docs/benchmarks.md, "On the card").
+	CGO_ENABLED=0 go build -trimpath -o $(BIN)/bench-peers/peers ./test/bench/peers
+
 # FLEETCACHE_SMOKE=1: 2 Macs, 2 tenants × 2 users of short prompts, to check the harness
 # end to end (the fleet's start takes most of its half minute), not the figures.
 FLEETCACHE_SMOKE ?=

@@ -6,6 +6,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -78,18 +79,7 @@ func TestWriteParsesBack(t *testing.T) {
 
 func TestWriteIsDeterministic(t *testing.T) {
 	dir := t.TempDir()
-	write := func(name string, spec Spec) []byte {
-		t.Helper()
-		p := filepath.Join(dir, name)
-		if err := Write(p, spec); err != nil {
-			t.Fatal(err)
-		}
-		b, err := os.ReadFile(p)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return b
-	}
+	write := func(name string, spec Spec) []byte { return writeModel(t, filepath.Join(dir, name), spec) }
 	a := write("a.gguf", Tiny())
 	b := write("b.gguf", Tiny())
 	if !bytes.Equal(a, b) {
@@ -119,12 +109,14 @@ func TestPresetSizes(t *testing.T) {
 	const mib = 1 << 20
 	tests := []struct {
 		preset         string
-		elemBytes      int64
-		minMiB, maxMiB int64
+		elemBytes      float64 // of the matrices; a block's scale counted in
+		minMiB, maxMiB float64
 	}{
 		{"tiny", 4, 1, 3},
 		{"small", 2, 15, 25},
 		{"mid", 2, 165, 185},
+		{"8b-q4_0", 18.0 / 32, 3800, 4000},
+		{"8b-f16", 2, 13500, 14000},
 	}
 	for _, tt := range tests {
 		spec, err := Preset(tt.preset)
@@ -134,13 +126,67 @@ func TestPresetSizes(t *testing.T) {
 		if err := spec.Validate(); err != nil {
 			t.Errorf("%s: %v", tt.preset, err)
 		}
-		size := spec.Params() * tt.elemBytes / mib
+		size := float64(spec.Params()) * tt.elemBytes / mib
 		if size < tt.minMiB || size > tt.maxMiB {
-			t.Errorf("%s: weights are %d MiB, want %d..%d", tt.preset, size, tt.minMiB, tt.maxMiB)
+			t.Errorf("%s: weights are %.0f MiB, want %.0f..%.0f", tt.preset, size, tt.minMiB, tt.maxMiB)
 		}
 	}
-	if _, err := Preset("huge"); err == nil {
-		t.Error("unknown preset accepted")
+	if !slices.Equal(PresetNames, []string{"tiny", "small", "mid", "8b-q4_0", "8b-f16"}) {
+		t.Errorf("PresetNames = %v", PresetNames)
+	}
+	if _, err := Preset("huge"); err == nil || !strings.Contains(err.Error(), "8b-q4_0, 8b-f16") {
+		t.Errorf("unknown preset: error %v, want one naming every preset", err)
+	}
+}
+
+// TestWriteIsIndependentOfConcurrency: tensors are written concurrently, one goroutine
+// each up to GOMAXPROCS, and generated a chunk at a time from their index; the file is
+// the same as when they are written one after the other, and every value is the one the
+// generator gives when stepped from the start of its tensor, one value at a time.
+func TestWriteIsIndependentOfConcurrency(t *testing.T) {
+	for _, dt := range []DType{F32, F16, Q8_0, Q4_0} {
+		spec := Small()
+		spec.DType, spec.Untied, spec.Reply = dt, true, &Reply{Token: 300, End: EOSToken}
+		write := func(procs int) []byte {
+			defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(procs))
+			return writeModel(t, filepath.Join(t.TempDir(), "m.gguf"), spec)
+		}
+		if !bytes.Equal(write(1), write(8)) {
+			t.Errorf("%s: written by 1 and by 8 goroutines, the bytes differ", dt)
+		}
+	}
+
+	// The reference: splitmix64 stepped once per value from the tensor's seed.
+	w := &weights{n: 3*chunkValues + 96, scale: 0.25, state: 12345,
+		steer: func(i uint64) (float32, bool) { return 7, i%1000 == 3 }}
+	want := make([]float32, w.n)
+	state := w.state
+	for i := range want {
+		state += 0x9E3779B97F4A7C15
+		z := state
+		z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9
+		z = (z ^ (z >> 27)) * 0x94D049BB133111EB
+		z ^= z >> 31
+		want[i] = (2*(float32(z>>40)/float32(1<<24)) - 1) * w.scale
+		if i%1000 == 3 {
+			want[i] = 7
+		}
+	}
+	for _, from := range []uint64{0, 1, 31, chunkValues - 5, 2*chunkValues + 7} {
+		got := make([]float32, min(100, w.n-from))
+		w.values(got, from)
+		if !slices.Equal(got, want[from:from+uint64(len(got))]) {
+			t.Errorf("values from %d differ from the generator stepped from the start", from)
+		}
+	}
+	var b bytes.Buffer
+	if _, err := w.WriteTo(&b); err != nil {
+		t.Fatal(err)
+	}
+	for i, v := range want {
+		if got := math.Float32frombits(binary.LittleEndian.Uint32(b.Bytes()[4*i:])); got != v {
+			t.Fatalf("value %d written as %v, want %v", i, got, v)
+		}
 	}
 }
 
@@ -263,4 +309,17 @@ func tensorValues(t *testing.T, spec Spec) map[string][]float32 {
 		out[ts.Name] = vals
 	}
 	return out
+}
+
+// writeModel writes spec to path and returns the file's bytes.
+func writeModel(t *testing.T, path string, spec Spec) []byte {
+	t.Helper()
+	if err := Write(path, spec); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
 }

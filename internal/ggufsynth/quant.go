@@ -46,14 +46,18 @@ func appendQ4_0(buf []byte, x *[blockSize]float32) []byte {
 	}
 	d := mx / -8
 	buf = appendScale(buf, d)
-	q := func(v float32) byte {
-		if d == 0 {
-			return 8
+	if d == 0 {
+		for range blockSize / 2 {
+			buf = append(buf, 8|8<<4)
 		}
-		return byte(min(15, max(0, int(math.Floor(float64(v/d)+8.5)))))
+		return buf
+	}
+	var q [blockSize]byte
+	for j, v := range x {
+		q[j] = byte(min(15, max(0, int(math.Floor(float64(v/d)+8.5)))))
 	}
 	for j := range blockSize / 2 {
-		buf = append(buf, q(x[j])|q(x[j+blockSize/2])<<4)
+		buf = append(buf, q[j]|q[j+blockSize/2]<<4)
 	}
 	return buf
 }

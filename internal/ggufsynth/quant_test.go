@@ -34,13 +34,15 @@ func dequantize(t *testing.T, dt DType, b []byte) []float32 {
 // positive end is clamped a step short), plus what rounding the scale to f16 costs
 // (a relative 2^-11 on up to 127 steps: under a tenth of a step).
 func TestQuantizedBlocksRoundTrip(t *testing.T) {
-	w := &weights{n: 64 * blockSize, scale: 0.5, state: 42}
+	w := &weights{n: 128 * blockSize, scale: 0.5, state: 42}
+	var from uint64
 	for _, dt := range []DType{Q8_0, Q4_0} {
 		for range 64 {
 			var x [blockSize]float32
+			w.values(x[:], from)
+			from += blockSize
 			var amax float32
 			for i := range x {
-				x[i] = w.value()
 				amax = max(amax, float32(math.Abs(float64(x[i]))))
 			}
 			var b []byte

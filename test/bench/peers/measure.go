@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -23,12 +24,32 @@ func (s *server) chat(ctx context.Context, prompt string, maxTokens int) (chatst
 
 // bench runs the measurements against the servers, each request bounded by timeout.
 type bench struct {
-	maxTokens  int
-	longPrompt int // words of the long prompt
-	timeout    time.Duration
-	nonce      int
-	mu         sync.Mutex
+	maxTokens int
+	long      []int // words of each long prompt
+	timeout   time.Duration
+	nonce     int
+	mu        sync.Mutex
 }
+
+// The jobs' names: "decode1", "streams<N>" (the aggregate of N streams), "ttftShort",
+// "ttftLong<I>" (the Ith long prompt) and "cold"; each job's samples are under keys of
+// the same names, and the long prompts' token counts under longCountKey.
+
+func streamsJob(n int) string { return "streams" + strconv.Itoa(n) }
+
+// streamsOf is the number of streams of a streams job.
+func streamsOf(job string) (int, bool) {
+	rest, ok := strings.CutPrefix(job, "streams")
+	if !ok {
+		return 0, false
+	}
+	n, err := strconv.Atoi(rest)
+	return n, err == nil && n > 0
+}
+
+func longJob(i int) string { return "ttftLong" + strconv.Itoa(i) }
+
+func longCountKey(i int) string { return "longPromptTokens" + strconv.Itoa(i) }
 
 // prompt is a prompt unique to this run and call (so no server reuses a cached
 // prefix) followed by words filler words.
@@ -53,6 +74,22 @@ var filler = strings.Fields("the fleet of machines serves models to teams who as
 func (b *bench) run(ctx context.Context, s *server, job string) (map[string]float64, error) {
 	ctx, cancel := context.WithTimeout(ctx, b.timeout)
 	defer cancel()
+	if n, ok := streamsOf(job); ok {
+		return b.streams(ctx, s, job, n)
+	}
+	if rest, ok := strings.CutPrefix(job, "ttftLong"); ok {
+		i, err := strconv.Atoi(rest)
+		if err != nil || i < 0 || i >= len(b.long) {
+			return nil, fmt.Errorf("unknown job %q", job)
+		}
+		st, err := s.chat(ctx, b.prompt("Summarise this:", b.long[i]), 4)
+		if err != nil {
+			return nil, err
+		}
+		// The prompt's length as each server counts it goes into the table's notes: a
+		// server that truncated or templated it differently would show here.
+		return map[string]float64{job: ms(st.TTFT), longCountKey(i): float64(st.PromptTokens)}, nil
+	}
 	switch job {
 	case "decode1":
 		st, err := s.chat(ctx, b.prompt("Tell a long story about the sea.", 0), b.maxTokens)
@@ -63,47 +100,12 @@ func (b *bench) run(ctx context.Context, s *server, job string) (map[string]floa
 			return nil, fmt.Errorf("%s: generated %d of %d tokens: too few to time", s.name, st.CompletionTokens, b.maxTokens)
 		}
 		return map[string]float64{"decode1": st.DecodeRate()}, nil
-	case "decode4":
-		var (
-			wg      sync.WaitGroup
-			streams [4]chatstream.Result
-			errs    [4]error
-		)
-		for i := range streams {
-			wg.Go(func() {
-				streams[i], errs[i] = s.chat(ctx, b.prompt("Tell a long story about the mountains.", 0), b.maxTokens)
-			})
-		}
-		wg.Wait()
-		if err := errors.Join(errs[:]...); err != nil {
-			return nil, err
-		}
-		// Aggregate decode: every stream's tokens over the time from the first token of
-		// any stream to the end of the last one.
-		first, last, tokens := streams[0].Start.Add(streams[0].TTFT), streams[0].Start.Add(streams[0].Finish), 0
-		for _, st := range streams {
-			first = minTime(first, st.Start.Add(st.TTFT))
-			last = maxTime(last, st.Start.Add(st.Finish))
-			tokens += st.CompletionTokens
-		}
-		if d := last.Sub(first); d > 0 {
-			return map[string]float64{"decode4": float64(tokens) / d.Seconds()}, nil
-		}
-		return nil, fmt.Errorf("%s: four streams took no time", s.name)
 	case "ttftShort":
 		st, err := s.chat(ctx, b.prompt("Hello! What can you do?", 0), 4)
 		if err != nil {
 			return nil, err
 		}
 		return map[string]float64{"ttftShort": ms(st.TTFT)}, nil
-	case "ttftLong":
-		st, err := s.chat(ctx, b.prompt("Summarise this:", b.longPrompt), 4)
-		if err != nil {
-			return nil, err
-		}
-		// The prompt's length as each server counts it goes into the table's notes: a
-		// server that truncated or templated it differently would show here.
-		return map[string]float64{"ttftLong": ms(st.TTFT), "longPromptTokens": float64(st.PromptTokens)}, nil
 	case "cold":
 		// Unload (timed), then the first token of a short chat from nothing loaded.
 		t0 := time.Now()
@@ -118,6 +120,33 @@ func (b *bench) run(ctx context.Context, s *server, job string) (map[string]floa
 		return map[string]float64{"unload": ms(unload), "cold": ms(st.TTFT)}, nil
 	}
 	return nil, fmt.Errorf("unknown job %q", job)
+}
+
+// streams is the aggregate decode of n concurrent streams: every stream's tokens over
+// the time from the first token of any stream to the end of the last one.
+func (b *bench) streams(ctx context.Context, s *server, job string, n int) (map[string]float64, error) {
+	var wg sync.WaitGroup
+	streams := make([]chatstream.Result, n)
+	errs := make([]error, n)
+	for i := range streams {
+		wg.Go(func() {
+			streams[i], errs[i] = s.chat(ctx, b.prompt("Tell a long story about the mountains.", 0), b.maxTokens)
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	first, last, tokens := streams[0].Start.Add(streams[0].TTFT), streams[0].Start.Add(streams[0].Finish), 0
+	for _, st := range streams {
+		first = minTime(first, st.Start.Add(st.TTFT))
+		last = maxTime(last, st.Start.Add(st.Finish))
+		tokens += st.CompletionTokens
+	}
+	if d := last.Sub(first); d > 0 {
+		return map[string]float64{job: float64(tokens) / d.Seconds()}, nil
+	}
+	return nil, fmt.Errorf("%s: %d streams took no time", s.name, n)
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

@@ -39,7 +39,7 @@ type server struct {
 
 func start(name string, cmd *exec.Cmd) (*server, error) {
 	s := &server{name: name, cmd: cmd, out: &syncbuf.Buffer{}, exited: make(chan struct{}),
-		client: &http.Client{Transport: &http.Transport{DisableCompression: true, MaxIdleConnsPerHost: 16}}}
+		client: &http.Client{Transport: &http.Transport{DisableCompression: true, MaxIdleConnsPerHost: 128}}}
 	cmd.Stdout, cmd.Stderr = s.out, s.out
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
@@ -176,15 +176,21 @@ func startMacfleet(ctx context.Context, c macfleetConfig) (*server, error) {
 }
 
 // peerConfig is how the peer server is started: matched to macfleet's settings, or at
-// its defaults (parallel, ctx and threads 0).
+// its defaults (parallel, ctx, threads and gpuLayers 0).
 type peerConfig struct {
-	name, bin, model, dir  string
+	name, bin, dir         string
+	model, digest          string // the GGUF file and its "sha256:HEX" digest
 	ctx, parallel, threads int
+	// gpuLayers, when set, is the model's num_gpu: the layers offloaded to the GPU.
+	gpuLayers int
+	// lib, when set, is its OLLAMA_LIBRARY_PATH: where it finds its GPU backends.
+	lib string
 }
 
 // startPeer runs the peer server on a free loopback port with its home and model store
-// in dir and its cloud features off, imports the GGUF file through its blob and create
-// APIs (with num_ctx and num_thread as the model's parameters when set), and loads it.
+// in dir and its cloud features off, gives it the GGUF file as a blob of its store,
+// creates the model through its create API (with num_ctx, num_thread and num_gpu as the
+// model's parameters when set), and loads it.
 func startPeer(ctx context.Context, c peerConfig) (*server, error) {
 	port, err := freePort()
 	if err != nil {
@@ -195,6 +201,9 @@ func startPeer(ctx context.Context, c peerConfig) (*server, error) {
 		"OLLAMA_MODELS=" + filepath.Join(c.dir, "models"), "OLLAMA_NO_CLOUD=1", "OLLAMA_KEEP_ALIVE=1h"}
 	if c.parallel > 0 {
 		env = append(env, "OLLAMA_NUM_PARALLEL="+strconv.Itoa(c.parallel))
+	}
+	if c.lib != "" {
+		env = append(env, "OLLAMA_LIBRARY_PATH="+c.lib)
 	}
 	for _, kv := range os.Environ() {
 		if !strings.HasPrefix(kv, "OLLAMA_") && !strings.HasPrefix(kv, "HOME=") {
@@ -213,26 +222,8 @@ func startPeer(ctx context.Context, c peerConfig) (*server, error) {
 		}); err != nil {
 			return err
 		}
-		digest, err := fileDigest(c.model)
-		if err != nil {
+		if err := s.putBlob(ctx, c.model, c.digest, filepath.Join(c.dir, "models")); err != nil {
 			return err
-		}
-		f, err := os.Open(c.model)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.base+"/api/blobs/"+digest, f)
-		if err != nil {
-			return err
-		}
-		resp, err := s.client.Do(req)
-		if err != nil {
-			return fmt.Errorf("%s: uploading the model: %w", s.name, err)
-		}
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusCreated && resp.StatusCode != http.StatusOK {
-			return fmt.Errorf("%s: uploading the model: %s", s.name, resp.Status)
 		}
 		params := map[string]any{}
 		if c.ctx > 0 {
@@ -241,7 +232,10 @@ func startPeer(ctx context.Context, c peerConfig) (*server, error) {
 		if c.threads > 0 {
 			params["num_thread"] = c.threads
 		}
-		create := map[string]any{"model": modelName, "files": map[string]string{filepath.Base(c.model): digest}, "stream": false}
+		if c.gpuLayers > 0 {
+			params["num_gpu"] = c.gpuLayers
+		}
+		create := map[string]any{"model": modelName, "files": map[string]string{filepath.Base(c.model): c.digest}, "stream": false}
 		if len(params) > 0 {
 			create["parameters"] = params
 		}
@@ -282,6 +276,37 @@ func fileDigest(path string) (string, error) {
 		return "", err
 	}
 	return "sha256:" + hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// putBlob gives the peer the model file as the blob digest: a hard link in its blob
+// store (models/blobs/sha256-HEX) when the file system allows one, which the peer then
+// reports as present; else an upload through its blob API. A link costs no copy of a
+// model of many gigabytes (nor the disk for one per peer server).
+func (s *server) putBlob(ctx context.Context, model, digest, store string) error {
+	blob := filepath.Join(store, "blobs", strings.Replace(digest, ":", "-", 1))
+	if os.MkdirAll(filepath.Dir(blob), 0o755) == nil && os.Link(model, blob) == nil &&
+		s.call(ctx, http.MethodHead, "/api/blobs/"+digest, nil, nil) == nil {
+		return nil
+	}
+	_ = os.Remove(blob)
+	f, err := os.Open(model)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.base+"/api/blobs/"+digest, f)
+	if err != nil {
+		return err
+	}
+	resp, err := s.client.Do(req)
+	if err != nil {
+		return fmt.Errorf("%s: uploading the model: %w", s.name, err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusCreated && resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("%s: uploading the model: %s", s.name, resp.Status)
+	}
+	return nil
 }
 
 // freePort asks the kernel for a free loopback port. The peer takes its address from

@@ -7,22 +7,34 @@ import (
 	"strings"
 )
 
-// metric is one figure the benchmark compares.
+// metric is one figure the benchmark compares; streams is the number of concurrent
+// streams of a decode figure (0 for the others).
 type metric struct {
 	key          string
 	title        string
 	unit         string
 	higherBetter bool
+	streams      int
 }
 
-// metrics are the figures, in the order of the table.
-var metrics = []metric{
-	{"decode1", "decode, 1 stream", "tok/s", true},
-	{"decode4", "4 concurrent streams, aggregate", "tok/s", true},
-	{"ttftShort", "TTFT, short chat", "ms", false},
-	{"ttftLong", "TTFT, long prompt", "ms", false},
-	{"cold", "cold start to first token", "ms", false},
-	{"unload", "unload", "ms", false},
+// metricsFor is the figures of a run with the aggregate decode of each count of
+// streams and long long prompts, in the order of the table.
+func metricsFor(streams []int, long int) []metric {
+	ms := []metric{{"decode1", "decode, 1 stream", "tok/s", true, 1}}
+	for _, n := range streams {
+		title := fmt.Sprintf("%d concurrent streams, aggregate", n)
+		if n == 1 {
+			title = "1 stream, aggregate"
+		}
+		ms = append(ms, metric{streamsJob(n), title, "tok/s", true, n})
+	}
+	ms = append(ms, metric{"ttftShort", "TTFT, short chat", "ms", false, 0})
+	for i := range long {
+		ms = append(ms, metric{longJob(i), "TTFT, long prompt", "ms", false, 0})
+	}
+	return append(ms,
+		metric{"cold", "cold start to first token", "ms", false, 0},
+		metric{"unload", "unload", "ms", false, 0})
 }
 
 // summary is the median and the spread of one metric's samples.
@@ -75,16 +87,11 @@ type task struct {
 	job     string
 }
 
-// roundOrder is the order of every subject × job pair in one round: a shuffle seeded by
-// the run's seed and the round, so a run can be repeated exactly and no subject or job
-// always goes first (warming the caches, or the CPU's clock, for the next).
-func roundOrder(seed uint64, round int, subjects, jobs []string) []task {
-	out := make([]task, 0, len(subjects)*len(jobs))
-	for _, j := range jobs {
-		for _, s := range subjects {
-			out = append(out, task{subject: s, job: j})
-		}
-	}
+// roundOrder is the order of a round's tasks: a shuffle seeded by the run's seed and
+// the round, so a run can be repeated exactly and no subject or job always goes first
+// (warming the caches, or the CPU's clock, for the next).
+func roundOrder(seed uint64, round int, tasks []task) []task {
+	out := slices.Clone(tasks)
 	r := rand.New(rand.NewPCG(seed, uint64(round)))
 	r.Shuffle(len(out), func(i, k int) { out[i], out[k] = out[k], out[i] })
 	return out
@@ -139,11 +146,19 @@ func subjectsOf(pairs []pair) []column {
 	return out
 }
 
-// renderTable is the markdown table of the run: one row per metric; for each pair the
-// two subjects' medians and spreads (a subject already shown by an earlier pair is not
-// repeated) and ours / theirs. samples maps subject → metric key → samples; notes name
-// the metrics' details (such as the long prompt's length).
-func renderTable(samples map[string]map[string][]float64, pairs []pair, notes map[string]string) string {
+// extraColumn is a column after the ratios: its title and each metric's cell.
+type extraColumn struct {
+	title string
+	cell  func(m metric) string
+}
+
+// renderTable is the markdown table of the run: one row per metric of ms; for each
+// pair the two subjects' medians and spreads (a subject already shown by an earlier pair
+// is not repeated) and ours / theirs; then the extra columns. samples maps subject →
+// metric key → samples; notes name the metrics' details (such as the long prompt's
+// length).
+func renderTable(samples map[string]map[string][]float64, pairs []pair, ms []metric, notes map[string]string,
+	extra ...extraColumn) string {
 	var b strings.Builder
 	shown := map[string]bool{}
 	var header, rule strings.Builder
@@ -158,8 +173,12 @@ func renderTable(samples map[string]map[string][]float64, pairs []pair, notes ma
 		fmt.Fprintf(&header, " | %s / %s", p.ours.title, p.theirs.title)
 		rule.WriteString("|---")
 	}
+	for _, e := range extra {
+		header.WriteString(" | " + e.title)
+		rule.WriteString("|---")
+	}
 	fmt.Fprintf(&b, "|%s |\n|---%s|\n", header.String(), rule.String())
-	for _, m := range metrics {
+	for _, m := range ms {
 		dir := "higher is better"
 		if !m.higherBetter {
 			dir = "lower is better"
@@ -179,6 +198,9 @@ func renderTable(samples map[string]map[string][]float64, pairs []pair, notes ma
 				}
 			}
 			fmt.Fprintf(&b, " | %s", ratioCell(ratio(o, t), m.higherBetter))
+		}
+		for _, e := range extra {
+			fmt.Fprintf(&b, " | %s", e.cell(m))
 		}
 		b.WriteString(" |\n")
 	}

@@ -5,6 +5,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/google/go-cmp/cmp"
 )
 
 func TestSummarize(t *testing.T) {
@@ -58,10 +60,16 @@ func TestRatioAndVerdict(t *testing.T) {
 
 func TestRoundOrder(t *testing.T) {
 	subjects := []string{"macfleet", "peer", "peer-defaults"}
-	jobs := []string{"decode1", "decode4", "ttftShort", "ttftLong", "cold"}
+	jobs := []string{"decode1", "streams4", "ttftShort", "ttftLong0", "cold"}
+	var tasks []task
+	for _, j := range jobs {
+		for _, s := range subjects {
+			tasks = append(tasks, task{s, j})
+		}
+	}
 	key := func(ts []task) string { return fmt.Sprint(ts) }
 
-	a := roundOrder(7, 0, subjects, jobs)
+	a := roundOrder(7, 0, tasks)
 	// Every pair exactly once.
 	seen := map[task]int{}
 	for _, tk := range a {
@@ -78,13 +86,16 @@ func TestRoundOrder(t *testing.T) {
 		}
 	}
 	// The same seed and round give the same order; other rounds and seeds others.
-	if key(roundOrder(7, 0, subjects, jobs)) != key(a) {
+	if key(roundOrder(7, 0, tasks)) != key(a) {
 		t.Error("the same seed and round gave two orders")
+	}
+	if key(tasks) == key(a) || tasks[0] != (task{"macfleet", "decode1"}) {
+		t.Error("roundOrder shuffled its input in place, or not at all")
 	}
 	orders := map[string]bool{key(a): true}
 	firsts := map[string]bool{}
 	for round := range 8 {
-		o := roundOrder(7, round, subjects, jobs)
+		o := roundOrder(7, round, tasks)
 		orders[key(o)] = true
 		firsts[o[0].subject] = true
 	}
@@ -94,7 +105,7 @@ func TestRoundOrder(t *testing.T) {
 	if len(firsts) < 2 {
 		t.Errorf("the same subject went first in all 8 rounds: %v", firsts)
 	}
-	if key(roundOrder(8, 0, subjects, jobs)) == key(a) {
+	if key(roundOrder(8, 0, tasks)) == key(a) {
 		t.Error("seeds 7 and 8 gave the same order")
 	}
 }
@@ -104,20 +115,17 @@ func TestRenderTable(t *testing.T) {
 		"macfleet": {"decode1": {110, 120, 130}, "ttftShort": {30, 40, 50}},
 		"peer":     {"decode1": {100, 100, 100}, "ttftShort": {50, 50, 50}},
 	}
-	got := renderTable(samples, []pair{{column{"macfleet", "macfleet"}, column{"peer", "peer, matched"}}},
-		map[string]string{"ttftLong": "900 tokens"})
-	for _, want := range []string{
+	ms := metricsFor([]int{4}, 1)
+	got := renderTable(samples, []pair{{column{"macfleet", "macfleet"}, column{"peer", "peer, matched"}}}, ms,
+		map[string]string{"ttftLong0": "900 tokens"})
+	wantLines(t, got,
 		"| | macfleet | peer, matched | macfleet / peer, matched |",
 		"| decode, 1 stream, tok/s; higher is better | 120 (110–130) | 100 (100–100) | 1.20× (macfleet) |",
 		"| TTFT, short chat, ms; lower is better | 40.0 (30.0–50.0) | 50.0 (50.0–50.0) | 0.80× (macfleet) |",
 		"| TTFT, long prompt (900 tokens), ms; lower is better | — | — | — |",
-	} {
-		if !strings.Contains(got, want+"\n") {
-			t.Errorf("table lacks the line\n%s\ngot:\n%s", want, got)
-		}
-	}
-	if n := strings.Count(got, "\n"); n != 2+len(metrics) {
-		t.Errorf("table has %d lines, want %d:\n%s", n, 2+len(metrics), got)
+	)
+	if n := strings.Count(got, "\n"); n != 2+len(ms) {
+		t.Errorf("table has %d lines, want %d:\n%s", n, 2+len(ms), got)
 	}
 }
 
@@ -132,17 +140,66 @@ func TestRenderTablePairs(t *testing.T) {
 		"pd": {"decode1": {60}},
 	}
 	m, p, md, pd := column{"m", "ours"}, column{"p", "theirs"}, column{"md", "ours, defaults"}, column{"pd", "theirs, defaults"}
-	got := renderTable(samples, []pair{{m, p}, {md, pd}, {m, pd}}, nil)
-	for _, want := range []string{
+	got := renderTable(samples, []pair{{m, p}, {md, pd}, {m, pd}}, metricsFor([]int{4}, 1), nil)
+	wantLines(t, got,
 		"| | ours | theirs | ours / theirs | ours, defaults | theirs, defaults | ours, defaults / theirs, defaults | ours / theirs, defaults |",
 		"|---|---|---|---|---|---|---|---|",
 		"| decode, 1 stream, tok/s; higher is better | 120 | 100 | 1.20× (macfleet) | 90 | 60 | 1.50× (macfleet) | 2.00× (macfleet) |",
-	} {
+	)
+	if got := subjectsOf([]pair{{m, p}, {md, pd}, {m, pd}}); len(got) != 4 || got[3] != pd {
+		t.Errorf("subjectsOf = %v, want the four subjects once each", got)
+	}
+}
+
+// TestMetricsForToday: the default streams and long prompt give the rows, titles and
+// directions of the table as it was before they could be chosen.
+func TestMetricsForToday(t *testing.T) {
+	var got []string
+	for _, m := range metricsFor([]int{4}, 1) {
+		got = append(got, fmt.Sprintf("%s|%s|%v", m.title, m.unit, m.higherBetter))
+	}
+	want := []string{
+		"decode, 1 stream|tok/s|true",
+		"4 concurrent streams, aggregate|tok/s|true",
+		"TTFT, short chat|ms|false",
+		"TTFT, long prompt|ms|false",
+		"cold start to first token|ms|false",
+		"unload|ms|false",
+	}
+	if d := cmp.Diff(want, got); d != "" {
+		t.Errorf("rows (-want +got):\n%s", d)
+	}
+	var keys []string
+	for _, m := range metricsFor([]int{1, 4, 64}, 2) {
+		keys = append(keys, fmt.Sprintf("%s/%d", m.key, m.streams))
+	}
+	want = []string{"decode1/1", "streams1/1", "streams4/4", "streams64/64", "ttftShort/0", "ttftLong0/0", "ttftLong1/0", "cold/0", "unload/0"}
+	if d := cmp.Diff(want, keys); d != "" {
+		t.Errorf("keys/streams (-want +got):\n%s", d)
+	}
+}
+
+func TestRenderTableExtraColumn(t *testing.T) {
+	samples := map[string]map[string][]float64{"m": {"decode1": {100}, "streams4": {300}}, "p": {"decode1": {50}}}
+	shown := []column{{"m", "ours"}, {"p", "theirs"}}
+	// 1e9 bytes a step at 1e12 bytes/s: 1000 steps/s is the bound.
+	c := &cardInfo{stepBytes: 1e9, tensorBytes: 1.2e9}
+	got := renderTable(samples, []pair{{shown[0], shown[1]}}, metricsFor([]int{4}, 1), nil, c.column(samples, shown, 1e12))
+	wantLines(t, got,
+		"| | ours | theirs | ours / theirs | of HBM bound (ours / theirs) |",
+		"|---|---|---|---|---|",
+		"| decode, 1 stream, tok/s; higher is better | 100 | 50 | 2.00× (macfleet) | 10 % / 5 % |",
+		"| 4 concurrent streams, aggregate, tok/s; higher is better | 300 | — | — | 8 % / — |",
+		"| TTFT, short chat, ms; lower is better | — | — | — |  |",
+	)
+}
+
+// wantLines fails t for each of lines that the table got lacks.
+func wantLines(t *testing.T, got string, lines ...string) {
+	t.Helper()
+	for _, want := range lines {
 		if !strings.Contains(got, want+"\n") {
 			t.Errorf("table lacks the line\n%s\ngot:\n%s", want, got)
 		}
-	}
-	if got := subjectsOf([]pair{{m, p}, {md, pd}, {m, pd}}); len(got) != 4 || got[3] != pd {
-		t.Errorf("subjectsOf = %v, want the four subjects once each", got)
 	}
 }

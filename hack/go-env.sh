@@ -21,7 +21,7 @@ if [[ -z "$ollama_dir" || ! -d "$ollama_dir" ]]; then
 	(cd "$root" && go mod download "$mod")
 	ollama_dir="$(cd "$root" && go list -m -f '{{.Dir}}' "$mod")"
 fi
-for h in llama/llama.cpp/include/llama.h ml/backend/ggml/ggml/include/ggml.h; do
+for h in llama/llama.cpp/include/llama.h llama/llama.cpp/src/llama-context.h ml/backend/ggml/ggml/include/ggml.h; do
 	if [[ ! -f "$ollama_dir/$h" ]]; then
 		echo "go-env.sh: $ollama_dir/$h not found" >&2
 		exit 1
@@ -29,7 +29,7 @@ for h in llama/llama.cpp/include/llama.h ml/backend/ggml/ggml/include/ggml.h; do
 done
 
 export CGO_ENABLED=1
-export CGO_CPPFLAGS="-I$ollama_dir/llama/llama.cpp/include -I$ollama_dir/llama/llama.cpp/common -I$ollama_dir/ml/backend/ggml/ggml/include${CGO_CPPFLAGS:+ $CGO_CPPFLAGS}"
+export CGO_CPPFLAGS="-I$ollama_dir/llama/llama.cpp/include -I$ollama_dir/llama/llama.cpp/common -I$ollama_dir/llama/llama.cpp/src -I$ollama_dir/ml/backend/ggml/ggml/include${CGO_CPPFLAGS:+ $CGO_CPPFLAGS}"
 
 if [[ "$(go env GOOS)" == linux && "$(go env GOARCH)" == amd64 ]]; then
 	opt="-O3"

@@ -82,19 +82,48 @@ type ChatInfo struct {
 	TemplateError string `json:"template_error,omitempty"`
 }
 
+// Accelerator is one GPU a runner's engine computes with.
+type Accelerator struct {
+	// Name is the engine's name of the device (CUDA0, Metal …), Description the
+	// hardware's (the card's or the chip's).
+	Name        string `json:"name"`
+	Description string `json:"description"`
+	// TotalBytes and FreeBytes are the device's memory as its driver reports it, every
+	// process together.
+	TotalBytes int64 `json:"total_bytes"`
+	FreeBytes  int64 `json:"free_bytes"`
+}
+
 // Status is the body of GET /status.
 type Status struct {
-	State               string     `json:"state"`
-	PID                 int        `json:"pid"`
-	FootprintBytes      int64      `json:"footprint_bytes"`
-	MetalAllocatedBytes int64      `json:"metal_allocated_bytes"`
-	KVCellsUsed         int        `json:"kv_cells_used"`
-	KVCellsTotal        int        `json:"kv_cells_total"`
-	SlotsTotal          int        `json:"slots_total"`
-	SlotsBusy           int        `json:"slots_busy"`
-	RequestsActive      int        `json:"requests_active"`
-	CeilingBytes        int64      `json:"ceiling_bytes"`
-	Model               *ModelInfo `json:"model,omitempty"`
+	State          string `json:"state"`
+	PID            int    `json:"pid"`
+	FootprintBytes int64  `json:"footprint_bytes"`
+	// MetalAllocatedBytes is what the GPU devices report in use: on a Mac the
+	// process's Metal allocations; on a card with its own memory the whole card's use,
+	// every process together (DeviceBytes is the runner's own).
+	MetalAllocatedBytes int64 `json:"metal_allocated_bytes"`
+	// DeviceBytes is the runner's own weights, KV cache and compute buffers on
+	// accelerators (zero on the CPU). On a Mac that memory is unified and
+	// FootprintBytes holds it too; on a card with its own memory it does not
+	// (DeviceMemorySeparate).
+	DeviceBytes int64 `json:"device_bytes,omitempty"`
+	// DeviceMemorySeparate is true when the accelerators have memory of their own
+	// (a discrete card), false on unified memory (a Mac).
+	DeviceMemorySeparate bool `json:"device_memory_separate,omitempty"`
+	// Accelerators are the GPUs the engine registered, compiled in (Metal) or loaded
+	// from the backend directory.
+	Accelerators []Accelerator `json:"accelerators,omitempty"`
+	// Backends says what the runner found in its backend directory: each library loaded,
+	// or why not, or that there was none.
+	Backends       string     `json:"backends,omitempty"`
+	KVCellsUsed    int        `json:"kv_cells_used"`
+	KVCellsTotal   int        `json:"kv_cells_total"`
+	SlotsTotal     int        `json:"slots_total"`
+	SlotsBusy      int        `json:"slots_busy"`
+	RequestsActive int        `json:"requests_active"`
+	CeilingBytes   int64      `json:"ceiling_bytes"`
+	Model          *ModelInfo `json:"model,omitempty"`
 	// PromptCache is absent until the model is loaded.
 	PromptCache *PromptCacheStatus `json:"prompt_cache,omitempty"`
 	// Chat is absent until the model is loaded.

@@ -115,6 +115,7 @@ func parseFlags(args []string, stderr io.Writer) (server.Config, int, error) {
 	fs.DurationVar(&cfg.SplitTimeout, "split-timeout", server.DefaultSplitTimeout, "bound on every read and write on a split worker's link: a worker silent for longer is lost")
 	fs.IntVar(&cfg.SplitPipeline, "split-pipeline", 1, "llama contexts a split runner decodes at once, each with --parallel divided by it slots, so that its own layers compute for one while a worker computes for another (docs/split-model.md, Pipelining); 1: one context")
 	traceRelay := fs.Bool("trace-relay", false, "trace generation requests, keeping the spans in memory for the agent to drain (POST /spans); the runner itself exports nothing")
+	fs.StringVar(&cfg.BackendDir, "backend-dir", defaultBackendDir(), backendDirUsage)
 	verbose := fs.BoolP("verbose", "v", false, "log llama.cpp's info messages and per-request details")
 	if err := fs.Parse(args); err != nil {
 		return cfg, 0, err

@@ -39,6 +39,7 @@ func runWorker(args []string, stdout, stderr io.Writer) int {
 	next := fs.String("next", "", "the address at which this worker reaches the worker of the next shard (its --listen address, "+
 		"or a forward to it): the hidden state after this worker's layers then goes straight there, not through the runner "+
 		"(docs/split-model.md, Worker to worker)")
+	backendDir := fs.String("backend-dir", defaultBackendDir(), backendDirUsage)
 	verbose := fs.BoolP("verbose", "v", false, "log ggml's info messages")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
@@ -70,6 +71,7 @@ func runWorker(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "macfleet-runner worker:", err)
 		return exitLoadFailed
 	}
+	fmt.Fprintf(stderr, "macfleet-runner worker: %s\n", llama.LoadBackends(*backendDir).Summary())
 	llama.Init(*verbose)
 	dev, err := netdevice.WorkerDevice(choice)
 	if err != nil {

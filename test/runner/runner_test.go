@@ -308,6 +308,11 @@ func soloGreedy(t *testing.T, r *runner, prompt string, maxTokens int) []runnera
 // or only at a step whose two best tokens were within tieMargin (then the rest is not
 // compared: a different token changes everything after it).
 func departure(solo, got []runnerapi.TokenLogprob) string {
+	return departureWithin(solo, got, tieMargin)
+}
+
+// departureWithin is departure with the tie margin given.
+func departureWithin(solo, got []runnerapi.TokenLogprob, tie float64) string {
 	for k, tok := range solo {
 		if k >= len(got) {
 			return fmt.Sprintf("ends after %d tokens, alone it went on with %q", k, tok.Token)
@@ -319,7 +324,7 @@ func departure(solo, got []runnerapi.TokenLogprob) string {
 			return fmt.Sprintf("departs at token %d (%q) and the solo run has no runner-up for it", k, tok.Token)
 		}
 		margin := tok.TopLogprobs[0].Logprob - tok.TopLogprobs[1].Logprob
-		if margin < tieMargin {
+		if margin < tie {
 			return ""
 		}
 		return fmt.Sprintf("departs at token %d: %q where alone %q led %q by %.4f", k, got[k].Token, tok.Token,

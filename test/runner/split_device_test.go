@@ -18,8 +18,8 @@ import (
 // worker left to choose (--device auto, the default) and one told --device cpu both
 // compute on the CPU, and the split answers as one process.
 func TestSplitWorkerReportsItsDevice(t *testing.T) {
-	if runtime.GOOS != "linux" {
-		t.Skip("expects a host whose ggml has no GPU (Linux): a Mac's auto worker computes on Metal")
+	if runtime.GOOS != "linux" || gpuSuite() {
+		t.Skip("expects a host whose ggml has no GPU (Linux): a Mac's or a GPU host's auto worker computes on its GPU")
 	}
 	m := specModel(t, "split-seed3", splitSpec(3))
 	const prompt, maxTokens = "Tell me a story about the sea.", 24
@@ -73,7 +73,7 @@ func TestSplitWorkerDeviceFlag(t *testing.T) {
 		{name: "no GPU", device: "gpu", code: 1, want: "--device gpu: no GPU device is registered", linuxOnly: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if tc.linuxOnly && runtime.GOOS != "linux" {
+			if tc.linuxOnly && (runtime.GOOS != "linux" || gpuSuite()) {
 				t.Skip("expects a host whose ggml has no GPU (Linux)")
 			}
 			cmd := exec.Command(runnerBinary(t), "worker", "--listen", "127.0.0.1:0", "--model", m, "--device", tc.device)

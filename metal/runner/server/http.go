@@ -176,6 +176,7 @@ func (s *Server) handleStatus(w http.ResponseWriter, _ *http.Request) {
 			info := s.info
 			st.Model = &info
 			st.MetalAllocatedBytes = int64(llama.GPUAllocatedBytes())
+			s.fillDevices(&st)
 			st.PromptCache = s.promptCacheStatus()
 			ci := s.chatInfo
 			st.Chat = &ci

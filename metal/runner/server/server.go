@@ -66,6 +66,9 @@ type Config struct {
 	OrphanTimeout time.Duration
 	// PromptCache configures the prompt cache (hot and SSD tiers).
 	PromptCache PromptCacheConfig
+	// BackendDir holds the dynamic accelerator backends (libggml-cuda.so …) loaded
+	// before the model; without any the runner computes on its compiled-in backends.
+	BackendDir string
 	// Split lists the workers that hold the model's last layers, in layer order
 	// (docs/split-model.md); empty: the runner holds them all. SplitTimeout bounds every
 	// read and write on their links (0: DefaultSplitTimeout).
@@ -118,9 +121,12 @@ type Server struct {
 	// Set once by load, before the state becomes ready.
 	model *llama.Model
 	lctxs []*llama.Context // one per engine
-	eng   *engineSet
-	pc    *promptCache // nil when it could not be opened
-	split []*netdevice.Device
+	// devBytes is the runner's own allocation on accelerators, read once the model
+	// and its contexts are loaded (llama.cpp allocates them whole at load).
+	devBytes atomic.Int64
+	eng      *engineSet
+	pc       *promptCache // nil when it could not be opened
+	split    []*netdevice.Device
 	// prefixes is the prefix table this process reports on /cache/prefixes (empty
 	// without a prompt cache).
 	prefixes   *promptcache.PrefixTable
@@ -415,6 +421,7 @@ func (s *Server) requestStop() { s.stopOnce.Do(func() { close(s.stopReq) }) }
 // load loads the model and creates the context and the engine.
 func (s *Server) load() error {
 	cfg := s.cfg
+	s.loadBackends()
 	llama.Init(cfg.Verbose)
 	st, err := os.Stat(cfg.ModelPath)
 	if err != nil {
@@ -469,11 +476,12 @@ func (s *Server) load() error {
 		NLayer: m.NLayer(), NHead: m.NHead(), NHeadKV: m.NHeadKV(), NVocab: m.NVocab(),
 		KVType: kvType, ChatTemplate: m.ChatTemplate() != "", KVBytesPerToken: s.kvPerToken,
 	}
+	s.devBytes.Store(s.deviceBytes())
 	s.eng = s.newEngineSet(m)
 	s.openPromptCache()
 	s.eng.start()
 	s.log.Info("Model loaded", "desc", m.Desc(), "params", m.NParams(), "took", time.Since(start).Round(time.Millisecond),
-		"gpus", llama.GPUCount())
+		"gpus", llama.GPUCount(), "deviceBytes", s.devBytes.Load())
 	return nil
 }
 
@@ -508,8 +516,9 @@ func (s *Server) footprint(maxAge time.Duration) int64 {
 // than that reading can lag the exact figure.
 const guardSlack = 64 << 20
 
-// guard refuses a prefill of n tokens whose KV would take the footprint over the
-// ceiling pushed with /limits. A prefill clearly under the ceiling is admitted on the
+// guard refuses a prefill of n tokens whose KV would take the footprint (on a card
+// with memory of its own, the runner's device memory) over the ceiling pushed with
+// /limits. A prefill clearly under the ceiling is admitted on the
 // constant-time reading; near it the guard reads the footprint exactly (at most every
 // 50 ms), which on Linux walks every mapping, about a millisecond per few hundred MiB.
 func (s *Server) guard(n int) *runnerapi.Error {
@@ -518,6 +527,17 @@ func (s *Server) guard(n int) *runnerapi.Error {
 		return nil
 	}
 	est := int64(n) * s.kvPerToken
+	// On a card with its own memory the ceiling bounds what is offloaded: the weights,
+	// KV cache and compute buffers the estimate counts live there, while the host
+	// holds the GPU runtime's own memory (hundreds of MiB no estimate knows), which
+	// the pool measures and counts against the machine (docs/architecture.md, "Two
+	// memory domains").
+	if dev := s.separateDeviceBytes(); dev > 0 {
+		if dev+est > c {
+			return runnerapi.PrefillTooLarge(est, dev, c)
+		}
+		return nil
+	}
 	if q, err := procmem.Quick(); err == nil && q+est+guardSlack <= c {
 		return nil
 	}

@@ -1,0 +1,67 @@
+//go:build cgo && !race
+
+package server
+
+import (
+	"runtime"
+	"sync"
+
+	"github.com/macfleet/macfleet/api/runnerapi"
+	"github.com/macfleet/macfleet/metal/runner/llama"
+)
+
+// backendsOnce loads the backend directory's libraries once per process: ggml's
+// registry is global, and a library registered twice would offer its devices twice.
+var (
+	backendsOnce   sync.Once
+	backendsReport llama.BackendReport
+)
+
+// loadBackends registers the accelerator backends of dir with ggml (once) and logs
+// what it found: each library loaded or why not, or that the runner computes on its
+// compiled-in backends.
+func (s *Server) loadBackends() {
+	backendsOnce.Do(func() {
+		backendsReport = llama.LoadBackends(s.cfg.BackendDir)
+		s.log.Info("Accelerator backends", "summary", backendsReport.Summary())
+	})
+}
+
+// deviceMemorySeparate: on a Mac the GPU computes in unified memory, which the
+// process's footprint already counts; elsewhere an accelerator's memory is its own.
+var deviceMemorySeparate = runtime.GOOS != "darwin"
+
+// deviceBytes is the runner's own allocation on accelerators: the model's weights and
+// every context's KV cache and compute buffers.
+func (s *Server) deviceBytes() int64 {
+	if s.model == nil {
+		return 0
+	}
+	n := s.model.DeviceBytes()
+	for _, c := range s.lctxs {
+		n += c.DeviceBytes()
+	}
+	return int64(n)
+}
+
+// separateDeviceBytes is what the runner holds on accelerators with memory of their
+// own: what its ceiling counts beside the footprint (zero on a Mac, whose footprint
+// holds it).
+func (s *Server) separateDeviceBytes() int64 {
+	if !deviceMemorySeparate {
+		return 0
+	}
+	return s.devBytes.Load()
+}
+
+// fillDevices sets the accelerator fields of a loaded runner's status.
+func (s *Server) fillDevices(st *runnerapi.Status) {
+	st.DeviceBytes = s.devBytes.Load()
+	st.DeviceMemorySeparate = deviceMemorySeparate && st.DeviceBytes > 0
+	st.Backends = backendsReport.Summary()
+	for _, d := range llama.Devices() {
+		st.Accelerators = append(st.Accelerators, runnerapi.Accelerator{
+			Name: d.Name, Description: d.Description, TotalBytes: int64(d.TotalBytes), FreeBytes: int64(d.FreeBytes),
+		})
+	}
+}

@@ -16,11 +16,13 @@
 package hardware
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"math"
 	"runtime"
 
+	"github.com/macfleet/macfleet/internal/devicegauge"
 	"github.com/macfleet/macfleet/metal/enginepool"
 )
 
@@ -44,6 +46,28 @@ type Info struct {
 	// Arch and OS are runtime.GOARCH and runtime.GOOS ("arm64", "darwin").
 	Arch string `json:"arch"`
 	OS   string `json:"os"`
+	// Accelerators are the GPUs with memory of their own (internal/devicegauge);
+	// none on a Mac, whose GPU computes in the unified memory.
+	Accelerators []Accelerator `json:"accelerators,omitempty"`
+}
+
+// Accelerator is one GPU with memory of its own.
+type Accelerator struct {
+	Name        string `json:"name"`
+	MemoryBytes int64  `json:"memoryBytes"`
+}
+
+// WithAccelerators adds the cards g reads to info; a machine without the driver's
+// tool has none, and a failing tool is returned for the caller to report.
+func WithAccelerators(ctx context.Context, info Info, g devicegauge.Gauge) (Info, error) {
+	cards, err := g.Cards(ctx)
+	if errors.Is(err, devicegauge.ErrNoTool) {
+		return info, nil
+	}
+	for _, c := range cards {
+		info.Accelerators = append(info.Accelerators, Accelerator{Name: c.Name, MemoryBytes: c.TotalBytes})
+	}
+	return info, err
 }
 
 // Overrides replace detected figures; zero fields keep what was detected. The agent

@@ -1,7 +1,10 @@
 package macnode
 
 import (
+	"context"
+
 	"github.com/macfleet/macfleet/agent/hardware"
+	"github.com/macfleet/macfleet/internal/devicegauge"
 	"github.com/macfleet/macfleet/metal/enginepool"
 )
 
@@ -18,6 +21,11 @@ type CeilingSetter interface {
 func NewForPool(cfg Config, pool *enginepool.Pool) (*Session, error) {
 	cfg.Hardware = hardware.FromMetal(pool.Hardware())
 	cfg.Hardware.PerformanceCores = hardware.PerformanceCores()
+	if hw, err := hardware.WithAccelerators(context.Background(), cfg.Hardware, devicegauge.NVIDIA{}); err != nil {
+		cfg.Log.Info("Reading the accelerators failed; the MacNode lists none", "err", err.Error())
+	} else {
+		cfg.Hardware = hw
+	}
 	cfg.Memory = PoolMemory(pool)
 	cfg.Ceiling = poolCeiling{pool}
 	s, err := New(cfg)

@@ -112,8 +112,17 @@ func hardwareStatus(hw hardware.Info) v1alpha1.HardwareStatus {
 		Chip: truncate(hw.Chip, 128), CPUCores: int32(hw.CPUCores), GPUCores: int32(hw.GPUCores),
 		PerformanceCores: int32(hw.PerformanceCores),
 		UnifiedMemory:    bytesQuantity(hw.UnifiedMemoryBytes), MetalWorkingSet: bytesQuantity(hw.MetalWorkingSetBytes),
-		WiredLimit: bytesQuantity(hw.WiredLimitBytes),
+		WiredLimit: bytesQuantity(hw.WiredLimitBytes), Accelerators: acceleratorStatus(hw.Accelerators),
 	}
+}
+
+// acceleratorStatus is the status form of the node's cards, at most the API's 16.
+func acceleratorStatus(acc []hardware.Accelerator) []v1alpha1.AcceleratorStatus {
+	var out []v1alpha1.AcceleratorStatus
+	for _, a := range acc[:min(len(acc), 16)] {
+		out = append(out, v1alpha1.AcceleratorStatus{Name: truncate(a.Name, 128), Memory: bytesQuantity(a.MemoryBytes)})
+	}
+	return out
 }
 
 // memoryStatus is the status form of m. Used and committed are written even when zero

@@ -7,6 +7,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/macfleet/macfleet/agent/hardware"
+	"github.com/macfleet/macfleet/internal/devicegauge"
 	"github.com/macfleet/macfleet/metal/enginepool"
 	"github.com/macfleet/macfleet/metal/enginepool/runnerproc"
 )
@@ -38,6 +39,9 @@ func NewEngine(process runnerproc.ProcessConfig, pool enginepool.Config, gauge e
 		return nil, err
 	}
 	process.RunnerPath, process.PerformanceCores = path, hardware.PerformanceCores()
+	if pool.DeviceGauge == nil {
+		pool.DeviceGauge = devicegauge.Detect()
+	}
 	e := &Engine{Factory: runnerproc.NewProcessFactory(process), RunnerPath: path, PerformanceCores: process.PerformanceCores}
 	if e.Pool, err = enginepool.New(pool, e.Factory, gauge, clock.RealClock{}, log.WithName("pool")); err != nil {
 		return nil, err

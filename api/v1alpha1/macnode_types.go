@@ -72,6 +72,16 @@ type MacNodeSpec struct {
 	Link *Link `json:"link,omitempty"`
 }
 
+// AcceleratorStatus is one GPU with memory of its own.
+type AcceleratorStatus struct {
+	// name is the card's name, e.g. "NVIDIA H100 80GB HBM3".
+	// +kubebuilder:validation:MaxLength=128
+	Name string `json:"name"`
+	// memory is the card's own memory.
+	// +optional
+	Memory *resource.Quantity `json:"memory,omitempty"`
+}
+
 // HardwareStatus is what the agent detected.
 type HardwareStatus struct {
 	// chip is the SoC name, e.g. "Apple M2 Max".
@@ -98,6 +108,12 @@ type HardwareStatus struct {
 	// wiredLimit is iogpu.wired_limit_mb when set.
 	// +optional
 	WiredLimit *resource.Quantity `json:"wiredLimit,omitempty"`
+	// accelerators are the node's GPUs with memory of their own (a discrete card), as
+	// their driver reports them; empty on a Mac, whose GPU shares the unified memory.
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=16
+	Accelerators []AcceleratorStatus `json:"accelerators,omitempty"`
 }
 
 // AgentStatus describes the node agent.

@@ -18,11 +18,13 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"time"
 
 	"github.com/go-logr/logr"
 
 	"github.com/macfleet/macfleet/agent/hardware"
+	"github.com/macfleet/macfleet/internal/devicegauge"
 	"github.com/macfleet/macfleet/metal/enginepool"
 	"github.com/macfleet/macfleet/metal/enginepool/runnerproc"
 	"github.com/macfleet/macfleet/metal/runner/sandbox"
@@ -49,6 +51,9 @@ type Options struct {
 	Gauge enginepool.Gauge
 	// Tools reads the OS's own figures; nil means SystemTools.
 	Tools Tools
+	// DeviceGauge reads the cards with memory of their own; nil means
+	// devicegauge.Detect's (none on a Mac).
+	DeviceGauge devicegauge.Gauge
 	// GOOS and GOARCH say which OS tools to ask and which backend to expect; empty
 	// means runtime.GOOS and runtime.GOARCH.
 	GOOS, GOARCH string
@@ -167,6 +172,16 @@ func Run(ctx context.Context, opts Options) (Report, error) {
 	rep.Hardware = hardware.Info{Chip: hw.Chip, CPUCores: hw.CPUCores, GPUCores: hw.GPUCores,
 		UnifiedMemoryBytes: hw.TotalBytes, MetalWorkingSetBytes: hw.MetalWorkingSetBytes,
 		WiredLimitBytes: hw.WiredLimitBytes, Arch: opts.GOARCH, OS: opts.GOOS}
+	if opts.DeviceGauge == nil {
+		opts.DeviceGauge = devicegauge.Detect()
+	}
+	if opts.DeviceGauge == nil {
+		// No card with memory of its own.
+	} else if info, err := hardware.WithAccelerators(ctx, rep.Hardware, opts.DeviceGauge); err != nil {
+		rep.HardwareError = strings.TrimPrefix(rep.HardwareError+"; reading the accelerators: "+err.Error(), "; ")
+	} else {
+		rep.Hardware = info
+	}
 	rep.Ceiling = enginepool.ComputeCeiling(hw, opts.CeilingBytes, opts.ReserveBytes, 0, 0)
 	rep.Bounds = Bounds(rep.Ceiling, opts.ReserveBytes > 0, opts.GOOS)
 

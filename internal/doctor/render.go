@@ -27,6 +27,9 @@ func (r Report) Write(w io.Writer) error {
 	p("memory\t%s\n", formatSize(hw.UnifiedMemoryBytes))
 	p("metal working set\t%s\n", sizeOrDash(hw.MetalWorkingSetBytes))
 	p("wired limit\t%s\n", sizeOrDash(hw.WiredLimitBytes))
+	for _, a := range hw.Accelerators {
+		p("accelerator\t%s\t%s of its own\n", a.Name, formatSize(a.MemoryBytes))
+	}
 
 	p("\n== ceiling (what the agent would enforce)\n")
 	p("bound\tbytes\t\tnote\n")
@@ -57,6 +60,12 @@ func (r Report) Write(w io.Writer) error {
 		default:
 			p("backend\t%s\t%s\t%s\n", orDash(rr.Backend), rr.Check, rr.Note)
 			p("gpu allocated\t%s\n", formatSize(rr.MetalAllocatedBytes))
+			if len(rr.Accelerators) > 0 {
+				p("runner devices\t%s\t%s of its own\n", strings.Join(rr.Accelerators, ", "), formatSize(rr.DeviceBytes))
+			}
+			if rr.Backends != "" {
+				p("backends\t%s\n", rr.Backends)
+			}
 			p("engine\t%s\n", orDash(rr.Engine))
 		}
 	}

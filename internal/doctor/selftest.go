@@ -46,6 +46,12 @@ type RunnerReport struct {
 	Engine string `json:"engine,omitempty"`
 	// MetalAllocatedBytes is what the runner's GPU devices reported allocated.
 	MetalAllocatedBytes int64 `json:"metalAllocatedBytes"`
+	// DeviceBytes is the runner's own buffers on accelerators (weights, KV cache,
+	// compute); Accelerators the devices its engine registered; Backends what it
+	// found in its backend directory.
+	DeviceBytes  int64    `json:"deviceBytes,omitempty"`
+	Accelerators []string `json:"accelerators,omitempty"`
+	Backends     string   `json:"backends,omitempty"`
 	// Sandbox is what confines the agent's runners on this machine (metal/runner/sandbox):
 	// the mechanism ("landlock", "seatbelt"; "none" when nothing confines their
 	// files) and what it enforces, or why nothing is.
@@ -126,7 +132,8 @@ func selfTest(ctx context.Context, opts Options, g enginepool.Gauge, rep *Report
 		filepath.Base(path), spec.Params(), formatSize(size), formatSize(ms.EstimatedBytes))
 
 	factory := runnerproc.NewProcessFactory(runnerproc.ProcessConfig{RunnerPath: rep.Runner.Path, Log: opts.Log.WithName("runner")})
-	pool, err := enginepool.New(enginepool.Config{CeilingBytes: opts.CeilingBytes, ReserveBytes: opts.ReserveBytes, IdleTimeout: -1},
+	pool, err := enginepool.New(enginepool.Config{CeilingBytes: opts.CeilingBytes, ReserveBytes: opts.ReserveBytes, IdleTimeout: -1,
+		DeviceGauge: opts.DeviceGauge},
 		factory, g, clock.RealClock{}, opts.Log.WithName("pool"))
 	if err == nil {
 		err = pool.Register(ms)
@@ -257,6 +264,10 @@ func complete(ctx context.Context, r enginepool.Runner) (int, string, error) {
 // format, after the engine version.
 func setBackend(rr *RunnerReport, st enginepool.RunnerStatus, goos, goarch string) {
 	rr.MetalAllocatedBytes = st.MetalAllocatedBytes
+	rr.DeviceBytes, rr.Backends = st.DeviceBytes, st.Backends
+	for _, a := range st.Accelerators {
+		rr.Accelerators = append(rr.Accelerators, a.Name+" ("+a.Description+")")
+	}
 	if st.PromptCache != nil {
 		rr.Engine, rr.Offload = parseStateFormat(st.PromptCache.Format)
 	}

@@ -77,6 +77,10 @@ type UnloadReport struct {
 	Time     time.Time     `json:"time"`
 	// Aborted is the number of in-flight generations the drain had to abort.
 	Aborted int `json:"aborted,omitempty"`
+	// DeviceFreedBytes is, on a machine whose accelerators have memory of their own,
+	// how far the cards' used memory fell while the runner stopped, as their driver
+	// reports it (Config.DeviceGauge); absent on a Mac, where FreedBytes holds it.
+	DeviceFreedBytes int64 `json:"deviceFreedBytes,omitempty"`
 }
 
 // entry is one registered model. Every field is guarded by Pool.mu.

@@ -11,6 +11,8 @@ import (
 
 	"github.com/go-logr/logr"
 	"k8s.io/utils/clock"
+
+	"github.com/macfleet/macfleet/internal/devicegauge"
 )
 
 // Config tunes the pool. Zero values take the documented defaults.
@@ -46,6 +48,10 @@ type Config struct {
 	// SettleInterval and SettleTimeout drive the settle barrier: 250ms and 5s.
 	SettleInterval time.Duration
 	SettleTimeout  time.Duration
+	// DeviceGauge reads the accelerators that have memory of their own (a discrete
+	// card), for the freed device memory of each unload; nil on a Mac, whose GPU
+	// shares the memory the host gauge measures.
+	DeviceGauge devicegauge.Gauge
 	// SettleToleranceBytes is the minimum tolerance: 256 MiB (or 5% of resident).
 	SettleToleranceBytes int64
 	// BackoffInitial doubles per consecutive failure up to BackoffMax: 1s, 5m.

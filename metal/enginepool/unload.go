@@ -182,6 +182,7 @@ func (u unloader) stopAndSettle(e *entry, g *engine, plan teardownPlan, log logr
 		}
 	}
 	pre, preErr := p.gauge.Host()
+	devPre, devOK := deviceBefore(context.Background(), p.cfg.DeviceGauge)
 	ctx, cancel := p.clock.withDeadline(context.Background(), p.cfg.StopTimeout, "stopping "+g.name)
 	if err := runner.Stop(ctx, p.cfg.StopGrace); err != nil {
 		log.Info("Stopping the runner failed", "pid", pid, "err", err.Error())
@@ -191,7 +192,12 @@ func (u unloader) stopAndSettle(e *entry, g *engine, plan teardownPlan, log logr
 	if !plan.crashed && preErr == nil {
 		outcome, freed = p.settler.settle(e, activity, pre.UsedBytes, resident)
 	}
-	return &UnloadReport{Reason: plan.reason, FreedBytes: max(freed, 0), ResidentBytes: resident, Outcome: outcome}
+	report := &UnloadReport{Reason: plan.reason, FreedBytes: max(freed, 0), ResidentBytes: resident, Outcome: outcome}
+	if devOK {
+		report.DeviceFreedBytes = deviceFreed(context.Background(), p.cfg.DeviceGauge, devPre, p.clock.Sleep,
+			p.cfg.SettleInterval, int(p.cfg.SettleTimeout/max(p.cfg.SettleInterval, time.Millisecond)))
+	}
+	return report
 }
 
 // releaseLocked is steps 4 and 5 of a teardown: the reservation goes back,

@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# Usage: hack/test-gpu.sh PACK OUT [STEP...]
+#
+# The GPU suite, run on a machine with an NVIDIA GPU from a copy of this repository and
+# the pack hack/device-pack.sh made (PACK, default .cache/device). Writes every log under
+# OUT. Steps (default: facts build suite serve):
+#   facts  the machine: GPUs, driver, cores, the device nodes and CUDA libraries
+#   build  ggml's CUDA backend into PACK/run/bin/lib (hack/build-cuda.sh; kept while the
+#          machine is)
+#   suite  the runner's tests with every runner on the GPU (MACFLEET_TEST_GPU=1):
+#          offload, greedy against the CPU, parallel slots, prompt-cache states saved
+#          from device memory and exported to a second runner, a split replica
+#   serve  `macfleet serve`, sandboxed as shipped: the GPU in /api/status, the
+#          runner's memory in nvidia-smi, and an unload's freed bytes against the drop
+#          nvidia-smi shows
+# docs/gpu.md has the commands and the output of each run.
+set -uo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+pack="${1:-.cache/device}"
+out="${2:-/tmp/gpu-out}"
+shift 2 || true
+steps=("$@")
+((${#steps[@]})) || steps=(facts build suite serve)
+mkdir -p "$out"
+run="$pack/run"
+mkdir -p "$run"
+[[ -x $run/bin/macfleet ]] || tar -C "$run" -xJf "$pack/bin.tar.xz"
+[[ -d $run/src ]] || { mkdir -p "$run/src" && tar -C "$run/src" -xJf "$pack/ggml-src.tar.xz"; }
+[[ -d $run/assets ]] || { mkdir -p "$run/assets" && tar -C "$run/assets" -xJf "$pack/testassets.tar.xz"; }
+bin="$(cd "$run/bin" && pwd)"
+smi() { nvidia-smi --query-gpu=index,name,memory.total,memory.used --format=csv,noheader,nounits; }
+
+step_facts() {
+	nvidia-smi
+	smi
+	nproc
+	uname -r
+	grep -m1 'model name' /proc/cpuinfo
+	ls -l /dev/nvidia* /dev/nvidia-caps 2>&1
+	ldconfig -p | grep -E 'libcuda|libcudart|libcublas' | head
+	ls /usr/local/cuda*/lib64 2>/dev/null | grep -E 'cudart|cublas' | head
+	nvcc --version | tail -2
+	cat /sys/kernel/security/lsm 2>/dev/null; echo
+}
+
+step_build() {
+	if [[ -f $bin/lib/libggml-cuda.so ]]; then
+		echo "CUDA backend already built"
+	else
+		local t0=$SECONDS
+		BUILD_DIR="$run/cuda-build" hack/build-cuda.sh "$bin/lib" "$run/src" || return 1
+		echo "CUDA backend built in $((SECONDS - t0)) s"
+	fi
+	ldd "$bin/lib/libggml-cuda.so" | grep -E 'ggml|cuda|cublas|not found'
+	# The peer finds the same libraries in lib/ollama beside its bin/.
+	mkdir -p "$run/lib/ollama"
+	cp -a "$bin"/lib/libggml-* "$run/lib/ollama/"
+}
+
+step_suite() {
+	MACFLEET_RUNNER="$bin/macfleet-runner" MACFLEET_TEST_GPU=1 MACFLEET_TESTASSETS_DIR="$run/assets" \
+		"$bin/runner.test" -test.v -test.count=1 -test.timeout "${SUITE_TIMEOUT:-5m}" \
+		-test.run "${SUITE_RUN:-TestGPU|TestBackendDir|TestConcurrentStreamsMatchAlone|TestPromptCache|TestPeerState|TestSplitModelWorkerToWorker$|TestSplitWorkerReportsItsDevice}"
+}
+
+step_serve() {
+	local models="$run/models" port=18080 log="$out/serve.log"
+	mkdir -p "$models"
+	[[ -f $models/small.gguf ]] || "$bin/macfleet" synth-model --preset "${SERVE_PRESET:-small}" -o "$models/small.gguf"
+	smi >"$out/smi-before-load.csv"
+	"$bin/macfleet" serve --model "chat=$models/small.gguf:parallel=4" --memory-ceiling 64Gi \
+		--listen "127.0.0.1:$port" --runner "$bin/macfleet-runner" >"$log" 2>&1 &
+	local pid=$!
+	for _ in $(seq 60); do curl -sf "localhost:$port/readyz" >/dev/null && break; sleep 0.5; done
+	curl -sS "localhost:$port/v1/chat/completions" \
+		-d '{"model":"chat","max_tokens":16,"messages":[{"role":"user","content":"Hello"}]}'
+	echo
+	curl -sS "localhost:$port/api/status" >"$out/serve-status.json"
+	smi >"$out/smi-loaded.csv"
+	nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv >"$out/smi-apps.csv"
+	cat "$out/smi-apps.csv"
+	curl -sS -X POST "localhost:$port/api/models/chat/unload?wait=true" >"$out/unload.json"
+	sleep 1
+	smi >"$out/smi-unloaded.csv"
+	cat "$out/unload.json"; echo
+	paste -d' ' "$out/smi-loaded.csv" "$out/smi-unloaded.csv"
+	kill "$pid"; wait "$pid" 2>/dev/null
+	grep -iE 'sandbox|backend|runner' "$log" | head -20
+}
+
+rc=0
+for s in "${steps[@]}"; do
+	echo "=== $s"
+	t0=$SECONDS
+	"step_$s" 2>&1 | tee "$out/$s.log"
+	st=${PIPESTATUS[0]}
+	echo "=== $s: exit $st in $((SECONDS - t0)) s"
+	((st == 0)) || rc=1
+done
+exit $rc

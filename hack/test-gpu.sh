@@ -65,11 +65,12 @@ step_suite() {
 }
 
 step_serve() {
-	local models="$run/models" port=18080 log="$out/serve.log"
+	local models="$run/models" port=18080 log="$out/macfleet-serve.log"
 	mkdir -p "$models"
-	[[ -f $models/small.gguf ]] || "$bin/macfleet" synth-model --preset "${SERVE_PRESET:-small}" -o "$models/small.gguf"
+	local preset="${SERVE_PRESET:-8b-q4_0}"
+	[[ -f $models/$preset.gguf ]] || "$bin/macfleet" synth-model --preset "$preset" -o "$models/$preset.gguf"
 	smi >"$out/smi-before-load.csv"
-	"$bin/macfleet" serve --model "chat=$models/small.gguf:parallel=4" --memory-ceiling 64Gi \
+	"$bin/macfleet" serve --model "chat=$models/$preset.gguf:ctx=4096,parallel=4" --memory-ceiling 64Gi \
 		--listen "127.0.0.1:$port" --runner "$bin/macfleet-runner" >"$log" 2>&1 &
 	local pid=$!
 	for _ in $(seq 60); do curl -sf "localhost:$port/readyz" >/dev/null && break; sleep 0.5; done
@@ -80,13 +81,26 @@ step_serve() {
 	smi >"$out/smi-loaded.csv"
 	nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv >"$out/smi-apps.csv"
 	cat "$out/smi-apps.csv"
+	# The runner as shipped: confined (Seccomp 2 is a filter; Landlock shows in the
+	# agent's log) and on the GPU.
+	local rpid
+	rpid=$(pgrep -f 'macfleet-runner --model' | head -1)
+	grep -E '^(Name|Seccomp|NoNewPrivs)' "/proc/$rpid/status"
+	tr '\0' ' ' <"/proc/$rpid/cmdline"; echo
 	curl -sS -X POST "localhost:$port/api/models/chat/unload?wait=true" >"$out/unload.json"
-	sleep 1
+	# The driver releases a process's memory once it is reaped; read until it stops falling.
+	local prev=-1 used
+	for _ in $(seq 20); do
+		used=$(smi | awk -F', ' '{s += $4} END {print s}')
+		[[ $used == "$prev" ]] && break
+		prev=$used
+		sleep 0.25
+	done
 	smi >"$out/smi-unloaded.csv"
 	cat "$out/unload.json"; echo
 	paste -d' ' "$out/smi-loaded.csv" "$out/smi-unloaded.csv"
 	kill "$pid"; wait "$pid" 2>/dev/null
-	grep -iE 'sandbox|backend|runner' "$log" | head -20
+	grep -iE 'sandbox|backend|accelerat' "$log" | cut -c1-400 | head -20
 }
 
 rc=0
@@ -98,4 +112,6 @@ for s in "${steps[@]}"; do
 	echo "=== $s: exit $st in $((SECONDS - t0)) s"
 	((st == 0)) || rc=1
 done
+# Everything in one archive: the device tool brings back a few files only.
+tar -C "$out" -czf "$out/logs.tgz" --exclude logs.tgz . 2>/dev/null
 exit $rc

@@ -37,6 +37,7 @@ import (
 	"github.com/macfleet/macfleet/agent/standalone"
 	"github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/gateway/tenancy/satoken"
+	"github.com/macfleet/macfleet/internal/devicegauge"
 	"github.com/macfleet/macfleet/internal/httpserver"
 	"github.com/macfleet/macfleet/internal/informers"
 	"github.com/macfleet/macfleet/internal/pki"
@@ -358,7 +359,7 @@ func newAgent(cfg Config, cs kubernetes.Interface, w *replicaWatch, eng *standal
 		return nil, err
 	}
 	reg := prometheus.NewRegistry()
-	sopts := server.Options{ClientCertificates: true, ResolveModel: a.syncer.Resolve,
+	sopts := server.Options{Accelerators: devicegauge.Detect(), ClientCertificates: true, ResolveModel: a.syncer.Resolve,
 		ListModels: a.syncer.ListModels, DeploymentOf: a.syncer.DeploymentOf, Log: log.WithName("http"), Registerer: reg, TracerProvider: cfg.TracerProvider,
 		// Peer fetch: this Mac serves prompt states to the Macs a gateway's ticket
 		// names, and fetches from other Macs with its own certificate.

@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/macfleet/macfleet/internal/devicegauge"
 	"github.com/macfleet/macfleet/internal/openaierr"
 	"github.com/macfleet/macfleet/metal/enginepool"
 )
@@ -25,13 +26,25 @@ type StatusResponse struct {
 	// PeerFetches are, per pool entry, the prompt states this agent fetched from
 	// other Macs (peer fetch): bytes received and fetches by result.
 	PeerFetches map[string]PeerFetchStats `json:"peerFetches,omitempty"`
+	// Accelerators are the node's cards with memory of their own, read from their
+	// driver now (every process's use together); absent on a Mac.
+	Accelerators []devicegauge.Card `json:"accelerators,omitempty"`
+	// AcceleratorsError is why they could not be read.
+	AcceleratorsError string `json:"acceleratorsError,omitempty"`
 }
 
-func (s *Server) handleStatus(w http.ResponseWriter, _ *http.Request) {
+func (s *Server) handleStatus(w http.ResponseWriter, r *http.Request) {
 	// The prompt cache counters are read from the runners now, not at the last poll.
 	s.pool.RefreshPromptCacheStats()
-	writeJSON(w, http.StatusOK, StatusResponse{Ready: s.ready.Load(), Snapshot: s.pool.Snapshot(),
-		GatewayQueues: s.queues.snapshot(time.Now()), PeerFetches: s.peers.snapshot()})
+	resp := StatusResponse{Ready: s.ready.Load(), Snapshot: s.pool.Snapshot(),
+		GatewayQueues: s.queues.snapshot(time.Now()), PeerFetches: s.peers.snapshot()}
+	if g := s.opts.Accelerators; g != nil {
+		var err error
+		if resp.Accelerators, err = g.Cards(r.Context()); err != nil {
+			resp.AcceleratorsError = err.Error()
+		}
+	}
+	writeJSON(w, http.StatusOK, resp)
 }
 
 // ModelActionResponse is the body of the load and unload endpoints.

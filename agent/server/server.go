@@ -30,6 +30,7 @@ import (
 	"github.com/macfleet/macfleet/gateway/tenancy"
 	"github.com/macfleet/macfleet/gateway/tenancy/satoken"
 	"github.com/macfleet/macfleet/internal/chat/translate"
+	"github.com/macfleet/macfleet/internal/devicegauge"
 	"github.com/macfleet/macfleet/internal/openaierr"
 	"github.com/macfleet/macfleet/internal/pki"
 	"github.com/macfleet/macfleet/metal/enginepool"
@@ -45,6 +46,9 @@ const (
 
 // Options configure a Server.
 type Options struct {
+	// Accelerators reads the node's cards with memory of their own for /api/status
+	// (devicegauge.Detect); nil on a Mac.
+	Accelerators devicegauge.Gauge
 	// APIKey, when set, is required as "Authorization: Bearer KEY" everywhere but
 	// /healthz and /readyz.
 	APIKey string

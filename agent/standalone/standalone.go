@@ -21,6 +21,7 @@ import (
 	"github.com/macfleet/macfleet/agent/server"
 	"github.com/macfleet/macfleet/agent/store"
 	"github.com/macfleet/macfleet/api/engine"
+	"github.com/macfleet/macfleet/internal/devicegauge"
 	"github.com/macfleet/macfleet/internal/estimate"
 	"github.com/macfleet/macfleet/internal/httpserver"
 	"github.com/macfleet/macfleet/internal/tracing/spanrelay"
@@ -189,7 +190,7 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 		return err
 	}
 
-	srv, err := server.New(pool, server.Options{APIKey: cfg.APIKey, MaxBodyBytes: int64(cfg.MaxBodyBytes),
+	srv, err := server.New(pool, server.Options{Accelerators: devicegauge.Detect(), APIKey: cfg.APIKey, MaxBodyBytes: int64(cfg.MaxBodyBytes),
 		Log: log.WithName("http"), TracerProvider: opts.TracerProvider})
 	if err != nil {
 		return err

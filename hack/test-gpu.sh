@@ -10,6 +10,7 @@
 #   suite  the runner's tests with every runner on the GPU (MACFLEET_TEST_GPU=1):
 #          offload, greedy against the CPU, parallel slots, prompt-cache states saved
 #          from device memory and exported to a second runner, a split replica
+#   bench  macfleet serve beside the peer server on the card (not in the default steps)
 #   serve  `macfleet serve`, sandboxed as shipped: the GPU in /api/status, the
 #          runner's memory in nvidia-smi, and an unload's freed bytes against the drop
 #          nvidia-smi shows
@@ -59,7 +60,9 @@ step_build() {
 }
 
 step_suite() {
+	mkdir -p "$out/stderr"
 	MACFLEET_RUNNER="$bin/macfleet-runner" MACFLEET_TEST_GPU=1 MACFLEET_TESTASSETS_DIR="$run/assets" \
+		MACFLEET_TEST_STDERR_DIR="$out/stderr" \
 		"$bin/runner.test" -test.v -test.count=1 -test.timeout "${SUITE_TIMEOUT:-5m}" \
 		-test.run "${SUITE_RUN:-TestGPU|TestBackendDir|TestConcurrentStreamsMatchAlone|TestPromptCache|TestPeerState|TestSplitModelWorkerToWorker$|TestSplitWorkerReportsItsDevice}"
 }
@@ -100,9 +103,22 @@ step_serve() {
 	cat "$out/unload.json"; echo
 	paste -d' ' "$out/smi-loaded.csv" "$out/smi-unloaded.csv"
 	kill "$pid"; wait "$pid" 2>/dev/null
-	grep -iE 'sandbox|backend|accelerat' "$log" | cut -c1-400 | head -20
+	grep -iE 'sandbox|backend|accelerat' "$log" | cut -c1-400 | head -20 || true
 }
 
+# bench: macfleet serve beside the peer server on the card (test/bench/peers -gpu),
+# matched slots, interleaved rounds; BENCH_FLAGS replaces the defaults below.
+step_bench() {
+	[[ -x $bin/ollama ]] || { echo "no peer server in the pack (make peer before hack/device-pack.sh)"; return 1; }
+	local flags=(${BENCH_FLAGS:--model 8b-q4_0 -rounds 3 -tokens 128 -ctx 1024 -parallel 64 -streams 1,4,16,64 -long 2048,8192 -long-ctx 8448 -timeout 6m})
+	(cd "$run" && "$bin/peers" -gpu -macfleet "$bin/macfleet" -runner "$bin/macfleet-runner" -peer "$bin/ollama" \
+		-peer-version "${PEER_VERSION:-v0.17.4}" -out "$out/peers-card.md" "${flags[@]}")
+}
+
+# Everything in one archive, also when a time limit stops the script: the device tool
+# brings back a few files only.
+trap 'tar -C "$out" -czf "$out/logs.tgz" --exclude logs.tgz . 2>/dev/null' EXIT
+trap 'exit 143' TERM
 rc=0
 for s in "${steps[@]}"; do
 	echo "=== $s"
@@ -112,6 +128,4 @@ for s in "${steps[@]}"; do
 	echo "=== $s: exit $st in $((SECONDS - t0)) s"
 	((st == 0)) || rc=1
 done
-# Everything in one archive: the device tool brings back a few files only.
-tar -C "$out" -czf "$out/logs.tgz" --exclude logs.tgz . 2>/dev/null
 exit $rc

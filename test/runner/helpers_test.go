@@ -130,6 +130,7 @@ func startRunner(t testing.TB, modelPath string, flags ...string) *runner {
 		r.stop()
 		if t.Failed() {
 			t.Logf("runner stderr:\n%s", tail(r.stderr.String(), 4000))
+			keepStderr(t, r.stderr.String())
 		}
 	})
 
@@ -372,4 +373,24 @@ func chatBody(prompt string, maxTokens int, stream bool) map[string]any {
 		b["stream"] = true
 	}
 	return b
+}
+
+// keepStderr writes a failed test's whole runner stderr into $MACFLEET_TEST_STDERR_DIR
+// when it is set (the GPU suite keeps them: a crash's first lines name the fault, and
+// the log above shows only the tail).
+func keepStderr(t testing.TB, stderr string) {
+	dir := os.Getenv("MACFLEET_TEST_STDERR_DIR")
+	if dir == "" {
+		return
+	}
+	name := strings.NewReplacer("/", "_", " ", "_").Replace(t.Name())
+	f, err := os.CreateTemp(dir, name+"-*.stderr")
+	if err != nil {
+		t.Logf("keeping the runner's stderr: %v", err)
+		return
+	}
+	defer f.Close()
+	if _, err := f.WriteString(stderr); err != nil {
+		t.Logf("keeping the runner's stderr: %v", err)
+	}
 }

@@ -328,6 +328,13 @@ func (s *Server) shutdownHTTP(srv *http.Server) bool {
 // free releases the context and the model. It is only called once no handler can use
 // them; when handlers did not return in time the process exit frees everything.
 func (s *Server) free() {
+	if backendsReport.Loaded() > 0 {
+		// On the GPU suite's card, llama_free crashed in the CUDA backend at shutdown
+		// after many prompt-cache saves (docs/gpu.md, "Open"); the process exits
+		// right after this, and the driver releases the device memory with it.
+		s.log.Info("Leaving the context and the model to the process exit (a dynamic backend is loaded)")
+		return
+	}
 	for _, c := range s.lctxs {
 		c.Free()
 	}
@@ -528,12 +535,13 @@ func (s *Server) guard(n int) *runnerapi.Error {
 	}
 	est := int64(n) * s.kvPerToken
 	// On a card with its own memory the ceiling bounds what is offloaded: the weights,
-	// KV cache and compute buffers the estimate counts live there, while the host
-	// holds the GPU runtime's own memory (hundreds of MiB no estimate knows), which
-	// the pool measures and counts against the machine (docs/architecture.md, "Two
-	// memory domains").
+	// KV cache and compute buffers the estimate counts live there, allocated whole at
+	// load (device memory is committed when allocated, not as the KV fills), so a
+	// prefill adds nothing there; the host holds the GPU runtime's own memory
+	// (hundreds of MiB no estimate knows), which the pool measures and counts against
+	// the machine (docs/architecture.md, "Two memory domains").
 	if dev := s.separateDeviceBytes(); dev > 0 {
-		if dev+est > c {
+		if dev > c {
 			return runnerapi.PrefillTooLarge(est, dev, c)
 		}
 		return nil

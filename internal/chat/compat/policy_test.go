@@ -17,7 +17,7 @@ import (
 
 var update = flag.Bool("update", false, "rewrite docs/api.md's policy tables from the code")
 
-const apiDoc = "../../docs/api.md"
+const apiDoc = "../../../docs/api.md"
 
 // section names a policy's table in docs/api.md: it stands between these markers.
 func markers(p *compat.Policy) (begin, end string) {

@@ -94,10 +94,11 @@ func blocks(raw json.RawMessage, param string) ([]block, *chatError) {
 		return []block{{Type: "text", Text: s}}, nil
 	}
 	var out []block
-	dec := json.NewDecoder(bytes.NewReader(raw))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&out); err != nil {
-		return nil, invalid(param, "content must be a string or a list of content blocks: %v", err)
+	if e := decodeStrict(raw, &out, nil, param); e != nil {
+		if e.Code == runnerapi.CodeUnknownParameter {
+			return nil, e
+		}
+		return nil, invalid(param, "content must be a string or a list of content blocks: %s", e.Message)
 	}
 	return out, nil
 }
@@ -353,7 +354,7 @@ func readMessages(w http.ResponseWriter, r *http.Request,
 	req = &MessagesRequest{}
 	body, e := readBody(w, r)
 	if e == nil {
-		e = decodeStrict(body, req, &compat.Messages)
+		e = decodeStrict(body, req, &compat.Messages, "")
 	}
 	var hints []string
 	if e == nil {

@@ -92,6 +92,11 @@ func TestAnthropicRefusals(t *testing.T) {
 		{`{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"x"}],"tools":[{"type":"bash_20250124","name":"bash"}]}`, "tools[0].type"},
 		{`{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"x"}],"thinking":{"type":"sometimes"}}`, "thinking.type"},
 		{`{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"x"}],"context_managment":{}}`, "context_managment"},
+		// Unknown nested fields are named by their whole path.
+		{`{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"x"}],"thinking":{"type":"enabled","budgetTokens2":1}}`, `"thinking.budgetTokens2"`},
+		{`{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"x"}],"tool_choice":{"type":"auto","parallel":false}}`, `"tool_choice.parallel"`},
+		{`{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"x"},{"role":"assistant","content":[{"type":"text","text":"y","extra":1}]}]}`,
+			`"messages[1].content[0].extra"`},
 	} {
 		w := post(t, Anthropic(&fakeChat{whole: toolWhole}), "/v1/messages", tc.body)
 		var e struct {
@@ -177,6 +182,8 @@ func TestResponsesRefusals(t *testing.T) {
 		{`{"model":"m","input":"x","tools":[{"type":"namespace","name":"n","tools":[{"type":"custom","name":"x"}]}]}`, "tools[0].tools[0].type"},
 		{`{"model":"m","input":"x","truncation":"auto"}`, "truncation"},
 		{`{"model":"m","input":"x","prompt_cache_kee":"k"}`, "prompt_cache_kee"},
+		{`{"model":"m","input":"x","tools":[{"type":"namespace","name":"n","tools":[{"type":"function","name":"f"},{"type":"function","name":"g","bogus":1}]}]}`,
+			"tools[0].tools[1].bogus"},
 	} {
 		w := post(t, Responses(&fakeChat{whole: toolWhole}), "/v1/responses", tc.body)
 		var e struct{ Error struct{ Param *string } }

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"crypto/rand"
 	"encoding/json"
+	"errors"
+	"io"
 	"strings"
 
 	"github.com/macfleet/macfleet/api/runnerapi"
@@ -126,9 +128,12 @@ func argumentString(a json.RawMessage) (string, bool) {
 	return buf.String(), true
 }
 
-// parseCalls parses the text of a call region in format f. It returns nil when the
-// text is not a well-formed call, so the caller keeps it as content.
-func parseCalls(f Format, text string) []runnerapi.ToolCall {
+// parseCalls parses the text of a call region in format f into its calls. It returns
+// nil when the text is not well-formed calls, so the caller keeps it as content.
+// With atEnd (the output ended inside the region, as when max_tokens cuts it), a last
+// call that the end cut short is left out and cut is true: calls are the complete
+// ones before it, maybe none.
+func parseCalls(f Format, text string, atEnd bool) (calls []runnerapi.ToolCall, cut bool) {
 	text = strings.TrimSpace(text)
 	var out []runnerapi.ToolCall
 	add := func(name, args string) {
@@ -139,56 +144,88 @@ func parseCalls(f Format, text string) []runnerapi.ToolCall {
 	case FormatMistral:
 		text = strings.TrimSpace(strings.TrimPrefix(text, "[TOOL_CALLS]"))
 		if strings.HasPrefix(text, "[") { // a JSON array of calls
-			var arr []json.RawMessage
-			if json.Unmarshal([]byte(text), &arr) != nil || len(arr) == 0 {
-				return nil
-			}
-			for _, raw := range arr {
+			dec := json.NewDecoder(strings.NewReader(text))
+			_, _ = dec.Token() // [
+			for dec.More() {
+				var raw json.RawMessage
+				if err := dec.Decode(&raw); err != nil {
+					return ifCut(out, atEnd && endedEarly(err))
+				}
 				name, args, ok := callJSON(raw)
 				if !ok {
-					return nil
+					return nil, false
 				}
 				add(name, args)
 			}
-			return out
+			if _, err := dec.Token(); err != nil { // ]
+				return ifCut(out, atEnd && endedEarly(err))
+			}
+			if len(out) == 0 || strings.TrimSpace(text[dec.InputOffset():]) != "" {
+				return nil, false
+			}
+			return out, false
 		}
 		// name[ARGS]{...} repeated, each after its own [TOOL_CALLS].
-		for _, part := range strings.Split(text, "[TOOL_CALLS]") {
+		parts := strings.Split(text, "[TOOL_CALLS]")
+		for k, part := range parts {
+			last := atEnd && k == len(parts)-1
 			name, rest, ok := strings.Cut(strings.TrimSpace(part), "[ARGS]")
 			name = strings.TrimSpace(name)
 			if i := strings.Index(name, "[CALL_ID]"); i >= 0 {
 				name = strings.TrimSpace(name[:i])
 			}
 			if !ok || name == "" {
-				return nil
+				// The end may cut a call in its name, before [ARGS].
+				return ifCut(out, last && !ok && !strings.ContainsAny(name, " \t\r\n"))
 			}
 			args, ok := argumentString(json.RawMessage(rest))
 			if !ok {
-				return nil
+				return ifCut(out, last && jsonCut(rest))
 			}
 			add(name, args)
 		}
-		return out
+		return out, false
 	default: // one or more JSON objects, separated by ";" or whitespace
 		text = strings.TrimSpace(strings.TrimPrefix(text, "<|python_tag|>"))
-		dec := json.NewDecoder(strings.NewReader(text))
 		for {
+			dec := json.NewDecoder(strings.NewReader(text))
 			var raw json.RawMessage
 			if err := dec.Decode(&raw); err != nil {
-				break
+				return ifCut(out, atEnd && strings.HasPrefix(text, "{") && endedEarly(err))
 			}
 			name, args, ok := callJSON(raw)
 			if !ok {
-				return nil
+				return nil, false
 			}
 			add(name, args)
-			rest := strings.TrimLeft(text[dec.InputOffset():], " \t\r\n;")
-			if rest == "" {
-				return out
+			text = strings.TrimLeft(text[dec.InputOffset():], " \t\r\n;")
+			if text == "" {
+				return out, false
 			}
-			text = rest
-			dec = json.NewDecoder(strings.NewReader(text))
 		}
-		return nil
 	}
+}
+
+// ifCut is what parseCalls returns when a call does not parse: the complete calls
+// before it when the end cut it, else nothing (the region is content).
+func ifCut(complete []runnerapi.ToolCall, cut bool) ([]runnerapi.ToolCall, bool) {
+	if !cut {
+		return nil, false
+	}
+	return complete, true
+}
+
+// endedEarly reports whether a JSON decoding error is the input ending inside a value.
+func endedEarly(err error) bool {
+	return errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF)
+}
+
+// jsonCut reports whether s is the beginning of a JSON object that ends too soon.
+func jsonCut(s string) bool {
+	s = strings.TrimSpace(s)
+	if !strings.HasPrefix(s, "{") {
+		return false
+	}
+	var v json.RawMessage
+	return endedEarly(json.NewDecoder(strings.NewReader(s)).Decode(&v))
 }

@@ -108,7 +108,7 @@ func (p *Parser) Finish() Delta {
 	case phaseReasoning:
 		d.Reasoning += p.buf
 	case phaseCall:
-		p.closeCall(&d, p.call+p.buf)
+		p.closeCall(&d, p.call+p.buf, true)
 	default:
 		d.Content += p.buf
 	}
@@ -202,19 +202,23 @@ func (p *Parser) drain(d *Delta, final bool) {
 			}
 			region := p.call[:i+len(end)]
 			p.buf, p.call = p.call[i+len(end):], ""
-			p.closeCall(d, region)
+			p.closeCall(d, region, false)
 		}
 	}
 }
 
 // closeCall parses a finished call region into calls, or returns it as content.
-func (p *Parser) closeCall(d *Delta, region string) {
+// atEnd: the output ended inside the region, so its last call may be cut short (by
+// max_tokens); the complete calls before it are returned and the cut one is dropped
+// when the answer has a complete call, the finish reason telling the client that the
+// limit cut what followed. A region whose only call is cut stays content.
+func (p *Parser) closeCall(d *Delta, region string, atEnd bool) {
 	text := region
 	if p.o.Format == FormatHermes || p.o.Format == FormatNone {
 		text = strings.TrimSuffix(strings.TrimPrefix(strings.TrimSpace(region), "<tool_call>"), "</tool_call>")
 	}
-	calls := parseCalls(p.o.Format, text)
-	if calls == nil {
+	calls, cut := parseCalls(p.o.Format, text, atEnd)
+	if len(calls) == 0 && (!cut || p.calls == 0) {
 		d.Content += region
 		p.phase = phaseContent
 		return
@@ -263,7 +267,7 @@ func (p *Parser) finishHarmony() Delta {
 				end = k
 			}
 		}
-		msg := body[:end]
+		msg, cut := body[:end], end == len(body) // cut: the output ended inside the message
 		text = body[end:]
 		for _, m := range []string{"<|end|>", "<|call|>", "<|return|>"} {
 			text = strings.TrimPrefix(text, m)
@@ -277,7 +281,8 @@ func (p *Parser) finishHarmony() Delta {
 			args, ok := argumentString([]byte(msg))
 			ok = ok && name != ""
 			if !ok || (!p.o.Parallel && p.calls > 0) {
-				if !ok {
+				// A call the end cut after complete ones is dropped, as in closeCall.
+				if !ok && (!cut || p.calls == 0) {
 					d.Content += msg
 				}
 				continue

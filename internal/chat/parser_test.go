@@ -120,6 +120,75 @@ func TestParser(t *testing.T) {
 	}
 }
 
+// TestParserCutCall: when the output ends inside a call (max_tokens cut it) after
+// complete calls, the complete calls come back as calls and the cut one is dropped
+// (the finish reason, length, says the limit cut what followed), whole or streamed.
+// A region the model closed, or one with no complete call, stays content.
+func TestParserCutCall(t *testing.T) {
+	empty := call{"get_weather", `{"city":""}`}
+	time := call{"get_time", `{"tz":"UTC"}`}
+	parallel := Options{Tools: true, Parallel: true}
+	for _, tc := range []struct {
+		name   string
+		format Format
+		output string
+		want   answer
+	}{
+		{"llama3 second call cut in its name", FormatLlama3,
+			`{"name": "get_weather", "parameters": {"city": ""}}; {"na`, answer{Calls: []call{empty}}},
+		{"llama3 second call cut in its arguments", FormatLlama3,
+			`<|python_tag|>{"name": "get_weather", "parameters": {"city": ""}}; {"name": "get_time", "parameters": {"tz": "UTC"}}; {"name": "get_time", "parameters": {"tz": "U`,
+			answer{Calls: []call{empty, time}}},
+		{"llama3 cut after the separator", FormatLlama3,
+			`{"name": "get_weather", "parameters": {"city": ""}}; {`, answer{Calls: []call{empty}}},
+		{"llama3 first call cut stays content", FormatLlama3,
+			`{"name": "get_weather", "parameters": {"ci`, answer{Content: `{"name": "get_weather", "parameters": {"ci`}},
+		{"llama3 prose after a call stays content", FormatLlama3,
+			`{"name": "get_weather", "parameters": {"city": ""}}; and then`,
+			answer{Content: `{"name": "get_weather", "parameters": {"city": ""}}; and then`}},
+		{"mistral array cut", FormatMistral,
+			`[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": ""}}, {"name": "get_time", "argu`, answer{Calls: []call{empty}}},
+		{"mistral array cut after a comma", FormatMistral,
+			`[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": ""}},`, answer{Calls: []call{empty}}},
+		{"mistral args cut", FormatMistral,
+			`[TOOL_CALLS]get_weather[ARGS]{"city": ""}[TOOL_CALLS]get_time[ARGS]{"tz": "U`, answer{Calls: []call{empty}}},
+		{"mistral name cut", FormatMistral,
+			`[TOOL_CALLS]get_weather[ARGS]{"city": ""}[TOOL_CALLS]get_ti`, answer{Calls: []call{empty}}},
+		{"hermes block cut", FormatHermes,
+			"<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"\"}}\n{\"name\": \"get_ti",
+			answer{Calls: []call{empty}}},
+		{"hermes second block cut", FormatHermes,
+			"<tool_call>{\"name\": \"get_weather\", \"arguments\": {\"city\": \"\"}}</tool_call>\n<tool_call>{\"name\": \"get_time\", \"arguments\": {\"tz",
+			answer{Content: "\n", Calls: []call{empty}}},
+		{"hermes lone cut block stays content", FormatHermes,
+			"<tool_call>{\"name\": \"get_time\", \"arguments\": {\"tz", answer{Content: "<tool_call>{\"name\": \"get_time\", \"arguments\": {\"tz"}},
+		{"harmony second call cut", FormatHarmony,
+			"<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\":\"\"}<|call|>" +
+				"<|start|>assistant<|channel|>commentary to=functions.get_time <|constrain|>json<|message|>{\"tz\": \"U",
+			answer{Calls: []call{empty}}},
+		{"hermes closed block stays content", FormatHermes,
+			"<tool_call>{\"name\": \"get_weather\", \"arguments\": {\"city\": \"\"}}{\"na</tool_call>",
+			answer{Content: "<tool_call>{\"name\": \"get_weather\", \"arguments\": {\"city\": \"\"}}{\"na</tool_call>"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o := parallel
+			o.Format = tc.format
+			if d := cmp.Diff(tc.want, collect(NewParser(o), []string{tc.output})); d != "" {
+				t.Fatalf("whole output (-want +got):\n%s", d)
+			}
+			for size := 1; size <= 5; size++ {
+				var chunks []string
+				for i := 0; i < len(tc.output); i += size {
+					chunks = append(chunks, tc.output[i:min(len(tc.output), i+size)])
+				}
+				if d := cmp.Diff(tc.want, collect(NewParser(o), chunks)); d != "" {
+					t.Fatalf("streamed in %d-byte pieces (-want +got):\n%s", size, d)
+				}
+			}
+		})
+	}
+}
+
 func TestCallIDs(t *testing.T) {
 	p := NewParser(Options{Format: FormatHermes, Tools: true, Parallel: true})
 	d := p.Push(`<tool_call>{"name":"a","arguments":{}}</tool_call><tool_call>{"name":"b","arguments":{}}</tool_call>`)

@@ -26,8 +26,9 @@ import (
 )
 
 // IgnoredHintsHeader is the response header that lists the request's hints that were
-// accepted without effect, comma-separated (top-level field names; nested ones as
-// "field[value]", for example "tools[web_search]").
+// accepted without effect, comma-separated: top-level field names, nested fields by
+// their row's name ("tools[].defer_loading", "thinking.display"), and hosted tools
+// as "tools[TYPE]", for example "tools[web_search]".
 const IgnoredHintsHeader = "X-Macfleet-Ignored-Hints"
 
 // Treatment is what macfleet does with a field.
@@ -101,16 +102,23 @@ func (p *Policy) Hints(body []byte) []string {
 	}
 	var out []string
 	for _, f := range p.Fields {
-		if f.Treatment != Hint {
-			continue
+		if v, ok := top[f.Name]; ok && f.ignored(v) {
+			out = append(out, f.Name)
 		}
-		v, ok := top[f.Name]
-		if !ok || empty(v) || neutral(f, v) {
-			continue
-		}
-		out = append(out, f.Name)
 	}
 	return out
+}
+
+// Ignored reports whether the field name (a row's name, nested ones included:
+// "tools[].defer_loading"), carried with the JSON value v, is a hint to name in
+// IgnoredHintsHeader: a hint whose value is not null, not empty and not neutral.
+func (p *Policy) Ignored(name string, v json.RawMessage) bool {
+	f, ok := p.Lookup(name)
+	return ok && f.ignored(v)
+}
+
+func (f Field) ignored(v json.RawMessage) bool {
+	return f.Treatment == Hint && !empty(v) && !neutral(f, v)
 }
 
 func empty(v json.RawMessage) bool {

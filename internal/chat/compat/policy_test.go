@@ -17,7 +17,7 @@ import (
 
 var update = flag.Bool("update", false, "rewrite docs/api.md's policy tables from the code")
 
-const apiDoc = "../../docs/api.md"
+const apiDoc = "../../../docs/api.md"
 
 // section names a policy's table in docs/api.md: it stands between these markers.
 func markers(p *compat.Policy) (begin, end string) {
@@ -99,6 +99,24 @@ func TestPoliciesCoverTheRequests(t *testing.T) {
 	}
 }
 
+// TestMessagesPolicyCoversNestedFields: every field of an Anthropic client tool and
+// of thinking has a row of its own ("tools[].strict", "thinking.display"; a field
+// honoured by value, as "tools[].type=custom"), so a field newer clients send is
+// classified before it is decoded.
+func TestMessagesPolicyCoversNestedFields(t *testing.T) {
+	for prefix, typ := range map[string]reflect.Type{"tools[].": reflect.TypeFor[translate.AnthropicTool](),
+		"thinking.": reflect.TypeFor[translate.AnthropicThinking]()} {
+		for _, f := range jsonFields(typ) {
+			name := prefix + f
+			if !slices.ContainsFunc(compat.Messages.Fields, func(r compat.Field) bool {
+				return r.Name == name || strings.HasPrefix(r.Name, name+"=")
+			}) {
+				t.Errorf("%s has no row in the policy of /v1/messages", name)
+			}
+		}
+	}
+}
+
 // TestChatHintsAreUnsupportedFields: the agent reads a chat request's hints from its
 // Unsupported fields alone, so every hint of the chat policy must be one.
 func TestChatHintsAreUnsupportedFields(t *testing.T) {
@@ -122,6 +140,23 @@ func TestHints(t *testing.T) {
 	} {
 		if d := cmp.Diff(tc.want, compat.Chat.Hints([]byte(tc.body))); d != "" {
 			t.Errorf("%s (-want +got):\n%s", tc.body, d)
+		}
+	}
+	for _, tc := range []struct {
+		name, value string
+		want        bool
+	}{
+		{"tools[].defer_loading", "true", true},
+		{"tools[].defer_loading", "false", false},
+		{"tools[].allowed_callers", `[ "direct" ]`, false},
+		{"tools[].allowed_callers", `["code_execution_20250825"]`, true},
+		{"thinking.display", `"omitted"`, true},
+		{"thinking.display", "null", false},
+		{"tools[].strict", "true", false}, // honoured, not a hint
+		{"tools[].nope", "true", false},
+	} {
+		if got := compat.Messages.Ignored(tc.name, []byte(tc.value)); got != tc.want {
+			t.Errorf("Ignored(%s, %s) = %v, want %v", tc.name, tc.value, got, tc.want)
 		}
 	}
 	if got := compat.HeaderValue([]string{"a", "b", "a"}); got != "a, b" {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 
 	"github.com/macfleet/macfleet/api/runnerapi"
@@ -22,20 +23,14 @@ type MessagesRequest struct {
 	TopP          *float64           `json:"top_p,omitempty"`
 	TopK          *int               `json:"top_k,omitempty"`
 	Stream        bool               `json:"stream,omitempty"`
-	Tools         []AnthropicTool    `json:"tools,omitempty"`
-	ToolChoice    *struct {
-		Type                   string `json:"type"`
-		Name                   string `json:"name,omitempty"`
-		DisableParallelToolUse bool   `json:"disable_parallel_tool_use,omitempty"`
-	} `json:"tool_choice,omitempty"`
-	Metadata *struct {
+	// Tools are client tools (decoded strictly as AnthropicTool) and server tools
+	// (compat.HostedAnthropicTool), whose other fields are not read.
+	Tools      []json.RawMessage    `json:"tools,omitempty"`
+	ToolChoice *AnthropicToolChoice `json:"tool_choice,omitempty"`
+	Metadata   *struct {
 		UserID string `json:"user_id,omitempty"`
 	} `json:"metadata,omitempty"`
-	Thinking *struct {
-		Type         string `json:"type"`
-		BudgetTokens int    `json:"budget_tokens,omitempty"`
-		Display      string `json:"display,omitempty"`
-	} `json:"thinking,omitempty"`
+	Thinking     *AnthropicThinking `json:"thinking,omitempty"`
 	OutputConfig *struct {
 		Effort string          `json:"effort,omitempty"`
 		Format json.RawMessage `json:"format,omitempty"`
@@ -46,24 +41,46 @@ type MessagesRequest struct {
 	CacheControl      json.RawMessage `json:"cache_control,omitempty"`
 }
 
+// AnthropicToolChoice is the request's tool_choice.
+type AnthropicToolChoice struct {
+	Type                   string `json:"type"`
+	Name                   string `json:"name,omitempty"`
+	DisableParallelToolUse bool   `json:"disable_parallel_tool_use,omitempty"`
+}
+
 // AnthropicMessage is one message: its content a string or a list of blocks.
 type AnthropicMessage struct {
 	Role    string          `json:"role"`
 	Content json.RawMessage `json:"content"`
 }
 
-// AnthropicTool is a client tool.
+// AnthropicTool is a client tool; each field has a row "tools[].NAME" in
+// compat.Messages.
 type AnthropicTool struct {
 	Type         string          `json:"type,omitempty"`
 	Name         string          `json:"name"`
 	Description  string          `json:"description,omitempty"`
 	InputSchema  json.RawMessage `json:"input_schema"`
 	CacheControl json.RawMessage `json:"cache_control,omitempty"`
-	// The fields of server tools (compat.HostedAnthropicTool), which are dropped.
-	MaxUses        json.RawMessage `json:"max_uses,omitempty"`
-	AllowedDomains json.RawMessage `json:"allowed_domains,omitempty"`
-	BlockedDomains json.RawMessage `json:"blocked_domains,omitempty"`
-	UserLocation   json.RawMessage `json:"user_location,omitempty"`
+	// Strict asks that the input validate against input_schema: honoured where the
+	// call is forced (a grammar), refused elsewhere, as chat's function.strict.
+	Strict *bool `json:"strict,omitempty"`
+	// InputExamples are example inputs, rendered into the description.
+	InputExamples []json.RawMessage `json:"input_examples,omitempty"`
+	// Hints: the tool is shown to the model at once (no tool search), its input
+	// comes whole, and only "direct" callers are served.
+	DeferLoading        *bool    `json:"defer_loading,omitempty"`
+	EagerInputStreaming *bool    `json:"eager_input_streaming,omitempty"`
+	AllowedCallers      []string `json:"allowed_callers,omitempty"`
+}
+
+// AnthropicThinking is the request's thinking; each field has a row "thinking.NAME"
+// in compat.Messages.
+type AnthropicThinking struct {
+	Type         string `json:"type"`
+	BudgetTokens int    `json:"budget_tokens,omitempty"`
+	// Display is a hint: thinking comes back whole, never summarized or omitted.
+	Display string `json:"display,omitempty"`
 }
 
 // block is a content block of a request (the fields of every kind served).
@@ -94,10 +111,11 @@ func blocks(raw json.RawMessage, param string) ([]block, *chatError) {
 		return []block{{Type: "text", Text: s}}, nil
 	}
 	var out []block
-	dec := json.NewDecoder(bytes.NewReader(raw))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&out); err != nil {
-		return nil, invalid(param, "content must be a string or a list of content blocks: %v", err)
+	if e := decodeStrict(raw, &out, nil, param); e != nil {
+		if e.Code == runnerapi.CodeUnknownParameter {
+			return nil, e
+		}
+		return nil, invalid(param, "content must be a string or a list of content blocks: %s", e.Message)
 	}
 	return out, nil
 }
@@ -170,7 +188,7 @@ func chatFromMessagesBody(m *MessagesRequest, maxTokens int) (map[string]any, []
 	if m.Metadata != nil && m.Metadata.UserID != "" {
 		chat["user"] = m.Metadata.UserID
 	}
-	tools, hints, e := c.tools(m.Tools)
+	tools, hints, e := c.tools(m.Tools, m.ToolChoice)
 	if e != nil {
 		return nil, nil, e
 	}
@@ -182,6 +200,11 @@ func chatFromMessagesBody(m *MessagesRequest, maxTokens int) (map[string]any, []
 	}
 	if e := thinking(m, chat); e != nil {
 		return nil, nil, e
+	}
+	if t := m.Thinking; t != nil {
+		if v, _ := json.Marshal(t.Display); compat.Messages.Ignored("thinking.display", v) {
+			hints = append(hints, "thinking.display")
+		}
 	}
 	if c.cached {
 		hints = append(hints, "cache_control")
@@ -285,24 +308,87 @@ func (c *conversation) addBlock(out *runnerapi.Message, text *strings.Builder, b
 	return nil
 }
 
-// tools is the chat function tools of the request's client tools; the hosted tools
-// are dropped and named in the hints.
-func (c *conversation) tools(ts []AnthropicTool) ([]runnerapi.Tool, []string, *chatError) {
+// tools is the chat function tools of the request's client tools; the server tools
+// are dropped and named in the hints, as are the client tools' hint fields.
+func (c *conversation) tools(ts []json.RawMessage, choice *AnthropicToolChoice) ([]runnerapi.Tool, []string, *chatError) {
 	var tools []runnerapi.Tool
 	var hints []string
-	for i, t := range ts {
-		c.cached = c.cached || len(t.CacheControl) > 0
-		switch {
-		case compat.HostedAnthropicTool(t.Type):
-			hints = append(hints, "tools["+t.Type+"]")
-			continue
-		case t.Type != "" && t.Type != "custom":
-			return nil, nil, unsupported(fmt.Sprintf("tools[%d].type", i),
-				"the Anthropic-defined tool %q is not supported: define a client tool with input_schema", t.Type)
+	for i, raw := range ts {
+		param := fmt.Sprintf("tools[%d]", i)
+		var head struct {
+			Type         string          `json:"type"`
+			CacheControl json.RawMessage `json:"cache_control"`
 		}
-		tools = append(tools, runnerapi.Tool{Type: "function", Function: runnerapi.Function{Name: t.Name, Description: t.Description, Parameters: t.InputSchema}})
+		if err := json.Unmarshal(raw, &head); err != nil {
+			return nil, nil, invalid(param, "a tool must be an object with a string type, if any: %v", err)
+		}
+		c.cached = c.cached || len(head.CacheControl) > 0
+		switch {
+		case compat.HostedAnthropicTool(head.Type):
+			hints = append(hints, "tools["+head.Type+"]")
+			continue
+		case head.Type != "" && head.Type != "custom":
+			return nil, nil, unsupported(param+".type",
+				"the Anthropic-defined tool %q is not supported: define a client tool with input_schema", head.Type)
+		}
+		var t AnthropicTool
+		if e := decodeStrict(raw, &t, nil, param); e != nil {
+			return nil, nil, e
+		}
+		for _, h := range []struct {
+			name  string
+			value any
+		}{{"tools[].defer_loading", t.DeferLoading}, {"tools[].eager_input_streaming", t.EagerInputStreaming},
+			{"tools[].allowed_callers", t.AllowedCallers}} {
+			if v, _ := json.Marshal(h.value); compat.Messages.Ignored(h.name, v) {
+				hints = append(hints, h.name)
+			}
+		}
+		if len(t.AllowedCallers) > 0 && !slices.Contains(t.AllowedCallers, "direct") {
+			// Only code execution may call it, and that is not served: the model
+			// could not call it as the client allows.
+			continue
+		}
+		forced := choice != nil && (choice.Type == "any" || choice.Type == "tool")
+		if t.Strict != nil && *t.Strict && !forced && (choice == nil || choice.Type != "none") {
+			return nil, nil, unsupported(param+".strict",
+				"strict inputs are enforced only when the call is forced: set tool_choice to \"any\" or name the tool")
+		}
+		desc, e := withExamples(t.Description, t.InputExamples, param+".input_examples")
+		if e != nil {
+			return nil, nil, e
+		}
+		tools = append(tools, runnerapi.Tool{Type: "function", Function: runnerapi.Function{Name: t.Name, Description: desc,
+			Parameters: t.InputSchema, Strict: t.Strict}})
 	}
 	return tools, hints, nil
+}
+
+// withExamples is a tool's description with its input examples (named param in
+// errors) after it, one JSON object a line. They are rendered rather than taken as a
+// hint: like the description they tell the model how to call the tool, which is
+// what the client sends them for (a model calls a tool with an intricate schema better
+// for them), and they cost only the prompt tokens the client chose to spend, as they
+// do on Anthropic's API.
+func withExamples(desc string, examples []json.RawMessage, param string) (string, *chatError) {
+	if len(examples) == 0 {
+		return desc, nil
+	}
+	var sb strings.Builder
+	sb.WriteString(desc)
+	if desc != "" {
+		sb.WriteString("\n\n")
+	}
+	sb.WriteString("Example inputs:")
+	for j, ex := range examples {
+		var buf bytes.Buffer
+		if json.Compact(&buf, ex) != nil || buf.Len() == 0 || buf.Bytes()[0] != '{' {
+			return "", invalid(fmt.Sprintf("%s[%d]", param, j), "an input example must be a JSON object")
+		}
+		sb.WriteString("\n")
+		sb.Write(buf.Bytes())
+	}
+	return sb.String(), nil
 }
 
 // toolChoice sets the chat tool_choice (and parallel_tool_calls) of the request's.
@@ -353,7 +439,7 @@ func readMessages(w http.ResponseWriter, r *http.Request,
 	req = &MessagesRequest{}
 	body, e := readBody(w, r)
 	if e == nil {
-		e = decodeStrict(body, req, &compat.Messages)
+		e = decodeStrict(body, req, &compat.Messages, "")
 	}
 	var hints []string
 	if e == nil {

@@ -30,6 +30,9 @@ func thinking(m *MessagesRequest, chat map[string]any) *chatError {
 		default:
 			return invalid("thinking.type", "thinking type must be enabled, adaptive or disabled, got %q", t.Type)
 		}
+		if t.Display != "" && t.Display != "summarized" && t.Display != "omitted" {
+			return invalid("thinking.display", "thinking display must be summarized or omitted, got %q", t.Display)
+		}
 	}
 	if o := m.OutputConfig; o != nil {
 		switch o.Effort {

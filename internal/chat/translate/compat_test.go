@@ -3,6 +3,7 @@ package translate
 import (
 	"encoding/json"
 	"net/http"
+	"os"
 	"strings"
 	"testing"
 
@@ -85,6 +86,104 @@ func TestAnthropicClientFields(t *testing.T) {
 	})
 }
 
+// TestAnthropicToolFields: every field of a client tool and of thinking that newer
+// clients send (issue 45) is honoured, or accepted as a hint and named in the header
+// when its value asks for something macfleet does not do.
+func TestAnthropicToolFields(t *testing.T) {
+	const user = `{"role":"user","content":"Hi"}`
+	const schema = `"input_schema":{"type":"object"}`
+	tools := func(fields ...string) string {
+		var ts []string
+		for _, f := range fields {
+			ts = append(ts, `{"name":"f",`+schema+f+`}`)
+		}
+		return `{"model":"m","max_tokens":5,"messages":[` + user + `],"tools":[` + strings.Join(ts, ",") + `]`
+	}
+	const plain = `[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}]`
+	runCompat(t, Anthropic, "/v1/messages", []compatCase{
+		{name: "defer_loading", body: tools(`,"defer_loading":true`) + `}`, chat: map[string]string{"tools": plain},
+			hints: "tools[].defer_loading"},
+		{name: "defer_loading false", body: tools(`,"defer_loading":false`) + `}`, chat: map[string]string{"tools": plain}},
+		{name: "eager_input_streaming", body: tools(`,"eager_input_streaming":true`) + `}`, chat: map[string]string{"tools": plain},
+			hints: "tools[].eager_input_streaming"},
+		{name: "allowed_callers direct", body: tools(`,"allowed_callers":["direct"]`) + `}`, chat: map[string]string{"tools": plain}},
+		{name: "allowed_callers code execution too", body: tools(`,"allowed_callers":["direct","code_execution_20250825"]`) + `}`,
+			chat: map[string]string{"tools": plain}, hints: "tools[].allowed_callers"},
+		{name: "allowed_callers code execution only", body: `{"model":"m","max_tokens":5,"messages":[` + user + `],"tools":[` +
+			`{"name":"f",` + schema + `},{"name":"g",` + schema + `,"allowed_callers":["code_execution_20250825"]}]}`,
+			chat: map[string]string{"tools": plain}, hints: "tools[].allowed_callers"},
+		{name: "strict with a forced call", body: tools(`,"strict":true`) + `,"tool_choice":{"type":"any"}}`,
+			chat: map[string]string{"tools": `[{"type":"function","function":{"name":"f","parameters":{"type":"object"},"strict":true}}]`,
+				"tool_choice": `"required"`}},
+		{name: "strict false", body: tools(`,"strict":false`) + `}`,
+			chat: map[string]string{"tools": `[{"type":"function","function":{"name":"f","parameters":{"type":"object"},"strict":false}}]`}},
+		{name: "input_examples", body: tools(`,"description":"Gets it.","input_examples":[{"city": "Paris"},{"city":"Oslo","unit":"c"}]`) + `}`,
+			chat: map[string]string{"tools": `[{"type":"function","function":{"name":"f","parameters":{"type":"object"},` +
+				`"description":"Gets it.\n\nExample inputs:\n{\"city\":\"Paris\"}\n{\"city\":\"Oslo\",\"unit\":\"c\"}"}}]`}},
+		{name: "thinking display omitted", body: `{"model":"m","max_tokens":5,"messages":[` + user + `],"thinking":{"type":"enabled","budget_tokens":2048,"display":"omitted"}}`,
+			chat: map[string]string{"chat_template_kwargs": `{"enable_thinking":true}`, "reasoning_effort": `"low"`}, hints: "thinking.display"},
+		{name: "thinking display summarized", body: `{"model":"m","max_tokens":5,"messages":[` + user + `],"thinking":{"type":"adaptive","display":"summarized"}}`,
+			chat: map[string]string{"chat_template_kwargs": `{"enable_thinking":true}`}, hints: "thinking.display"},
+		{name: "server tool's own fields", body: `{"model":"m","max_tokens":5,"messages":[` + user + `],"tools":[` +
+			`{"type":"web_fetch_20250910","name":"web_fetch","max_uses":5,"max_content_tokens":1000,"citations":{"enabled":true}},{"name":"f",` + schema + `}]}`,
+			chat: map[string]string{"tools": plain}, hints: "tools[web_fetch_20250910]"},
+		{name: "hints together", body: tools(`,"defer_loading":true,"eager_input_streaming":true,"allowed_callers":["direct","code_execution_20250825"]`) +
+			`,"thinking":{"type":"adaptive","display":"omitted"},"metadata":{"user_id":"u"}}`,
+			chat:  map[string]string{"tools": plain},
+			hints: "metadata, tools[].defer_loading, tools[].eager_input_streaming, tools[].allowed_callers, thinking.display"},
+	})
+}
+
+// TestAnthropicNewClientTools: Claude Code's recorded first request, with the tool
+// and thinking fields of newer clients on its eleventh tool, is served and its hints
+// named; an unknown field there is a 400 naming where it is.
+func TestAnthropicNewClientTools(t *testing.T) {
+	b, err := os.ReadFile("testdata/clients/claude-code-2.1.197-turn1.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var fx clientFixture
+	if err := json.Unmarshal(b, &fx); err != nil {
+		t.Fatal(err)
+	}
+	with := func(tool map[string]any, thinking map[string]any) string {
+		var body map[string]any
+		if err := json.Unmarshal(fx.Body, &body); err != nil {
+			t.Fatal(err)
+		}
+		tools := body["tools"].([]any)
+		if len(tools) < 11 {
+			t.Fatalf("the fixture has %d tools", len(tools))
+		}
+		for k, v := range tool {
+			tools[10].(map[string]any)[k] = v
+		}
+		for k, v := range thinking {
+			body["thinking"].(map[string]any)[k] = v
+		}
+		out, _ := json.Marshal(body)
+		return string(out)
+	}
+	body := with(map[string]any{"defer_loading": true, "eager_input_streaming": true, "strict": false,
+		"input_examples": []any{map[string]any{}}, "allowed_callers": []any{"direct"}}, map[string]any{"display": "omitted"})
+	w := post(t, Anthropic(&fakeChat{whole: toolWhole, chunks: toolStream}), fx.Path, body)
+	if w.Code != http.StatusOK {
+		t.Fatalf("%d %s", w.Code, w.Body)
+	}
+	if h, want := w.Header().Get(compat.IgnoredHintsHeader), "metadata, context_management, tools[].defer_loading, "+
+		"tools[].eager_input_streaming, thinking.display, cache_control"; h != want {
+		t.Errorf("%s: %q, want %q", compat.IgnoredHintsHeader, h, want)
+	}
+	w = post(t, Anthropic(&fakeChat{whole: toolWhole, chunks: toolStream}), fx.Path, with(map[string]any{"defer_loadin": true}, nil))
+	var e struct {
+		Error struct{ Type, Message string }
+	}
+	_ = json.Unmarshal(w.Body.Bytes(), &e)
+	if w.Code != http.StatusBadRequest || !strings.Contains(e.Error.Message, `"tools[10].defer_loadin"`) {
+		t.Errorf("an unknown tool field: %d %s, want a 400 naming tools[10].defer_loadin", w.Code, w.Body)
+	}
+}
+
 // TestAnthropicRefusals: what the policy refuses is a 400 naming the field.
 func TestAnthropicRefusals(t *testing.T) {
 	for _, tc := range []struct{ body, want string }{
@@ -92,6 +191,18 @@ func TestAnthropicRefusals(t *testing.T) {
 		{`{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"x"}],"tools":[{"type":"bash_20250124","name":"bash"}]}`, "tools[0].type"},
 		{`{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"x"}],"thinking":{"type":"sometimes"}}`, "thinking.type"},
 		{`{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"x"}],"context_managment":{}}`, "context_managment"},
+		// Unknown nested fields are named by their whole path.
+		{`{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"x"}],"tools":[{"name":"f","input_schema":{}},` +
+			`{"name":"g","input_schema":{},"foo":1}]}`, `"tools[1].foo"`},
+		{`{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"x"}],"thinking":{"type":"enabled","budgetTokens2":1}}`, `"thinking.budgetTokens2"`},
+		{`{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"x"}],"tool_choice":{"type":"auto","parallel":false}}`, `"tool_choice.parallel"`},
+		{`{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"x"},{"role":"assistant","content":[{"type":"text","text":"y","extra":1}]}]}`,
+			`"messages[1].content[0].extra"`},
+		// strict is refused where the input is not constrained, as chat's function.strict.
+		{`{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"x"}],"tools":[{"name":"f","input_schema":{},"strict":true}]}`, "tools[0].strict"},
+		{`{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"x"}],"tools":[{"name":"f","input_schema":{},"input_examples":[1]}]}`,
+			"tools[0].input_examples[0]"},
+		{`{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"x"}],"thinking":{"type":"enabled","display":"verbose"}}`, "thinking.display"},
 	} {
 		w := post(t, Anthropic(&fakeChat{whole: toolWhole}), "/v1/messages", tc.body)
 		var e struct {
@@ -177,6 +288,8 @@ func TestResponsesRefusals(t *testing.T) {
 		{`{"model":"m","input":"x","tools":[{"type":"namespace","name":"n","tools":[{"type":"custom","name":"x"}]}]}`, "tools[0].tools[0].type"},
 		{`{"model":"m","input":"x","truncation":"auto"}`, "truncation"},
 		{`{"model":"m","input":"x","prompt_cache_kee":"k"}`, "prompt_cache_kee"},
+		{`{"model":"m","input":"x","tools":[{"type":"namespace","name":"n","tools":[{"type":"function","name":"f"},{"type":"function","name":"g","bogus":1}]}]}`,
+			"tools[0].tools[1].bogus"},
 	} {
 		w := post(t, Responses(&fakeChat{whole: toolWhole}), "/v1/responses", tc.body)
 		var e struct{ Error struct{ Param *string } }

@@ -364,8 +364,7 @@ func (t *translated) flattenTools(raw []json.RawMessage) ([]runnerapi.Tool, *cha
 			return nil, unsupported(param+".type", "tools of type %q are not supported: only the vendor's models call them; define function tools", head.Type)
 		}
 		var tool ResponsesTool
-		if e := decodeStrict(r, &tool, nil); e != nil {
-			e.Param = param + "." + e.Param
+		if e := decodeStrict(r, &tool, nil, param); e != nil {
 			return nil, e
 		}
 		if tool.Type == "function" {
@@ -420,7 +419,7 @@ func Responses(chat http.Handler) http.Handler {
 		body, e := readBody(w, r)
 		var req ResponsesRequest
 		if e == nil {
-			e = decodeStrict(body, &req, &compat.Responses)
+			e = decodeStrict(body, &req, &compat.Responses, "")
 		}
 		var tr *translated
 		if e == nil {

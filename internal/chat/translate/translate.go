@@ -13,6 +13,7 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"reflect"
 	"strconv"
 	"strings"
 
@@ -42,17 +43,38 @@ func unsupported(param, format string, args ...any) *chatError {
 	return &chatError{Status: e.Status, Message: e.Message, Type: e.Type, Code: e.Code, Param: e.Param}
 }
 
-// decodeStrict decodes body into v, refusing unknown fields (named) and trailing data;
-// a top-level field the policy p refuses whatever its value is refused with the
-// policy's reason (p is nil for a nested object).
-func decodeStrict(body []byte, v any, p *compat.Policy) *chatError {
-	if e := runnerapi.DecodeJSON(body, v); e != nil {
-		if msg, ok := refusal(p, e.Param); ok && e.Code == runnerapi.CodeUnknownParameter {
-			return unsupported(e.Param, "%s", msg)
-		}
-		return &chatError{Status: e.Status, Message: e.Message, Type: e.Type, Code: e.Code, Param: e.Param}
+// decodeStrict decodes body into v, refusing unknown fields and trailing data. An
+// unknown field is named by its whole path, below root (the path of body in the
+// request, "" for the request itself): "tools[10].defer_loading". A top-level field
+// the policy p refuses whatever its value is refused with the policy's reason (p is
+// nil for a nested object).
+func decodeStrict(body []byte, v any, p *compat.Policy, root string) *chatError {
+	e := runnerapi.DecodeJSON(body, v)
+	if e == nil {
+		return nil
 	}
-	return nil
+	if e.Code == runnerapi.CodeUnknownParameter {
+		field := e.Param
+		if path, ok := unknownPath(body, reflect.TypeOf(v)); ok {
+			field = path
+		}
+		field = below(root, field)
+		if msg, ok := refusal(p, field); ok {
+			return unsupported(field, "%s", msg)
+		}
+		e = runnerapi.InvalidRequest(runnerapi.CodeUnknownParameter, field, "unknown or unsupported field %q", field)
+	} else if e.Param != "" {
+		e.Param = below(root, e.Param)
+	}
+	return &chatError{Status: e.Status, Message: e.Message, Type: e.Type, Code: e.Code, Param: e.Param}
+}
+
+// below is the path of field inside the value at root.
+func below(root, field string) string {
+	if root == "" || strings.HasPrefix(field, "[") {
+		return root + field
+	}
+	return root + "." + field
 }
 
 // refusal is p's refusal of a top-level field; a nil p (a nested object) has none.

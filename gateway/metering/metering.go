@@ -63,9 +63,9 @@ func Parse(s string) (Usage, error) {
 	return u, nil
 }
 
-// Add is u plus o.
+// Add is u plus o, each count saturating at MaxCount (AddCount).
 func (u Usage) Add(o Usage) Usage {
-	return Usage{Input: u.Input + o.Input, Cached: u.Cached + o.Cached, Output: u.Output + o.Output}
+	return Usage{Input: AddCount(u.Input, o.Input), Cached: AddCount(u.Cached, o.Cached), Output: AddCount(u.Output, o.Output)}
 }
 
 // Meter holds the usage counters. Keys are labelled by their Secret's namespace and

@@ -35,7 +35,8 @@ func (u Usage) String() string {
 		" output=" + strconv.FormatInt(u.Output, 10)
 }
 
-// Parse reads a trailer written by String.
+// Parse reads a trailer written by String. A count that is negative or not an int64
+// makes the whole report unreadable; a count too large for its request is Clamp's.
 func Parse(s string) (Usage, error) {
 	var u Usage
 	seen := 0

@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -29,11 +30,21 @@ import (
 // whose key it returns.
 func meteredFleet(t *testing.T, e *testenv.Env) (*fleet, string) {
 	t.Helper()
+	usage := metering.Usage{Input: 7, Cached: 2, Output: 3}.String()
+	return reportingFleet(t, e, func(int) string { return usage })
+}
+
+// reportingFleet is meteredFleet with a replica whose agent reports the usage of its
+// nth answer (from 1) as the metering.Header trailer report(n), whatever the request.
+func reportingFleet(t *testing.T, e *testenv.Env, report func(n int) string) (*fleet, string) {
+	t.Helper()
+	var calls atomic.Int32
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n := int(calls.Add(1))
 		w.Header().Set("Trailer", metering.Header)
 		w.Header().Set("Content-Type", "application/json")
 		fmt.Fprint(w, `{"choices":[{"message":{"role":"assistant","content":"hi"}}]}`)
-		w.Header().Set(metering.Header, metering.Usage{Input: 7, Cached: 2, Output: 3}.String())
+		w.Header().Set(metering.Header, report(n))
 	}))
 	t.Cleanup(up.Close)
 	f := &fleet{t: t, c: e.Client, ns: testenv.NewNamespace(t, e.Client)}

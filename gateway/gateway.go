@@ -166,6 +166,8 @@ type Gateway struct {
 	warm *warmer
 	// cacheStats reads the replicas' prompt cache counters for the console.
 	cacheStats *cacheStats
+	// usageLogged: a usage report was cut or refused and logged (once; see meter).
+	usageLogged atomic.Bool
 	// agentScheme is "https://" with Options.AgentCertificates, else "http://".
 	agentScheme string
 	handler     http.Handler

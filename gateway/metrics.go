@@ -27,8 +27,10 @@ type metrics struct {
 	cancellations *prometheus.CounterVec
 	routing       *prometheus.CounterVec
 
-	// usage counts requests and tokens per key, namespace and deployment.
-	usage *metering.Meter
+	// usage counts requests and tokens per key, namespace and deployment;
+	// usageClamped the replicas' usage reports cut to their bound or refused.
+	usage        *metering.Meter
+	usageClamped *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -95,6 +97,13 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 				"and is prefilling it, nobody holding it yet; fallback: no replica held any, by affinity on its prompt_cache_key or by least load; " +
 				"prefix_affinity; least_load).",
 		}, []string{"model", "routing"}),
+		usageClamped: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "macfleet_gateway_usage_clamped_total",
+			Help: "Usage reports of replicas (X-Macfleet-Usage) the gateway did not believe whole, by deployment and reason: " +
+				"input_over_bound (more input than the request's sequences hold: a slot of the replica's contextLength each), " +
+				"output_over_bound (more output than its choices' max_tokens, or their context), cached_over_input, " +
+				"each counted at the bound; unreadable (a negative or malformed count): not counted.",
+		}, []string{"model", "reason"}),
 	}
 	var err error
 	reg1 := func(c prometheus.Collector) prometheus.Collector {
@@ -117,6 +126,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m.queueRejected = reg1(m.queueRejected).(*prometheus.CounterVec)
 	m.cancellations = reg1(m.cancellations).(*prometheus.CounterVec)
 	m.routing = reg1(m.routing).(*prometheus.CounterVec)
+	m.usageClamped = reg1(m.usageClamped).(*prometheus.CounterVec)
 	m.usage = metering.NewMeter()
 	m.usage.Requests = reg1(m.usage.Requests).(*prometheus.CounterVec)
 	m.usage.Tokens = reg1(m.usage.Tokens).(*prometheus.CounterVec)

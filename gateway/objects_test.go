@@ -39,3 +39,8 @@ func withParallel(r mfv1.ModelReplica, n int32) mfv1.ModelReplica {
 	r.Spec.Template.Engine.Parallel = n
 	return r
 }
+
+func withContext(r mfv1.ModelReplica, n int32) mfv1.ModelReplica {
+	r.Spec.Template.Engine.ContextLength = n
+	return r
+}

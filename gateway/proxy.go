@@ -82,28 +82,9 @@ type outcome struct {
 	// abort: the response broke after its status was sent and the connection must be
 	// cut so the client sees a failure.
 	abort bool
-	// usage is what the replica reported the answer used (nil: nothing reported).
+	// usage is what the answer is counted as using: the replica's report, cut to the
+	// request's bound (nil: nothing reported, or nothing readable).
 	usage *metering.Usage
-}
-
-// meter counts the usage a replica reported in resp's trailer (read at EOF) for the
-// request's caller.
-func (g *Gateway) meter(r *http.Request, model string, resp *http.Response) *metering.Usage {
-	v := resp.Trailer.Get(metering.Header)
-	if v == "" {
-		return nil
-	}
-	u, err := metering.Parse(v)
-	if err != nil {
-		g.log.Info("A replica reported unreadable usage; not counted", "model", model, "err", err.Error())
-		return nil
-	}
-	id := g.caller(r)
-	g.metrics.usage.Record(id, model, u)
-	if g.opts.Budgets != nil {
-		g.opts.Budgets.record(id, model, u)
-	}
-	return &u
 }
 
 // handleProxy serves POST /v1/...: resolve the model, then try replicas until one
@@ -174,7 +155,7 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, start time.Time)
 		}
 		r = r.WithContext(withPrefixDigests(r.Context(), all, t.hint.digests))
 	}
-	res := g.serve(w, r, model, head.Model, id, t, body, start)
+	res := g.serve(w, r, model, head.Model, id, t, usageLimits(endpoint, head, body), body, start)
 	g.count(model, endpoint, res.status, res.reason)
 	return model, res
 }
@@ -191,7 +172,7 @@ func (g *Gateway) fail(w http.ResponseWriter, model, endpoint string, e *apiErro
 // the replica) excludes its replica and tries another; when every replica is excluded
 // it waits for the table to change or a backoff to pass (then every replica may be
 // tried again), until ColdStartTimeout after the request arrived.
-func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, model, name string, id tenancy.Identity, t *ticket, body []byte, start time.Time) (res outcome) {
+func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, model, name string, id tenancy.Identity, t *ticket, lim metering.Limits, body []byte, start time.Time) (res outcome) {
 	ctx := r.Context()
 	defer g.adm.leave(t)
 	wt := waiting{g: g, model: model, start: start, backoff: minBackoff}
@@ -230,7 +211,7 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, model, name stri
 		wt.granted()
 		g.routed(ctx, t)
 		attempts++
-		res := g.attempt(ctx, w, r, rt, be, body, start, attempts)
+		res := g.attempt(ctx, w, r, rt, be, lim, body, start, attempts)
 		g.adm.release(t, be.Key)
 		if res.failure == nil {
 			wt.observe()
@@ -294,7 +275,7 @@ func (g *Gateway) holdTimeout(rt *Route, last *failure, t *ticket) *apiError {
 // attempt sends the request to one replica. Before the response's status is committed
 // to the client it can fail retryably; after that it streams the body through,
 // flushing every chunk, until the upstream ends or either side goes away.
-func (g *Gateway) attempt(ctx context.Context, w http.ResponseWriter, r *http.Request, rt *Route, be Backend, body []byte, start time.Time, n int) (res outcome) {
+func (g *Gateway) attempt(ctx context.Context, w http.ResponseWriter, r *http.Request, rt *Route, be Backend, lim metering.Limits, body []byte, start time.Time, n int) (res outcome) {
 	model := rt.ID()
 	// The upstream request outlives a client that goes away just long enough for its
 	// answer to end with its usage (see cancel.go).
@@ -343,7 +324,7 @@ func (g *Gateway) attempt(ctx context.Context, w http.ResponseWriter, r *http.Re
 	}
 	copyResponseHeaders(w.Header(), resp.Header)
 	w.WriteHeader(resp.StatusCode)
-	a := relayed{start: start, span: span, cancelled: &cancelled}
+	a := relayed{start: start, span: span, cancelled: &cancelled, usage: lim}
 	res = g.relay(ctx, w, r, model, be, resp, &a)
 	if g.peers != nil && peer == nil && isEventStream(resp.Header) && !a.firstAt.IsZero() {
 		g.peers.observePrefill(model, res.usage, a.firstAt.Sub(sent))
@@ -408,6 +389,8 @@ type relayed struct {
 	cancelled *cancellation
 	// firstAt is set by relay: when the answer's first byte came (zero: none did).
 	firstAt time.Time
+	// usage bounds the usage the replica may report (see meter).
+	usage metering.Limits
 }
 
 // relay streams the committed response resp of replica be to the client, flushing
@@ -446,7 +429,7 @@ func (g *Gateway) relay(ctx context.Context, w http.ResponseWriter, r *http.Requ
 			}
 		}
 		if rerr == io.EOF {
-			res.usage = g.meter(r, model, resp)
+			res.usage = g.meter(r, model, be, a.usage, resp)
 			if gone && !sent.complete(resp) {
 				g.metrics.cancellations.WithLabelValues(model, a.cancelled.outcome(true)).Inc()
 				return outcome{status: openaierr.StatusClientGone, reason: "client_gone", usage: res.usage}

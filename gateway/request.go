@@ -21,6 +21,8 @@ type requestHead struct {
 	// N is how many choices it asks for (chat and text completions' "n"), 1 when it
 	// asks for none or for something that is not a positive count (the agent's 400).
 	N int
+	// caps are its caps on each choice's output, by the field that sets it.
+	caps outputCaps
 	// prefix is up to PrefixBytes of the prompt's text; nil without affinity.
 	prefix []byte
 	// keyed: prefix is the client's prompt_cache_key.
@@ -61,6 +63,7 @@ func parseHead(body []byte, prefixBytes int) (requestHead, *apiError) {
 	var head struct {
 		Model *json.RawMessage `json:"model"`
 		N     json.RawMessage  `json:"n"`
+		outputCaps
 		// PromptCacheKey (chat completions, Responses) names the prefix the client
 		// shares between requests: it is the affinity key instead of the prompt's start.
 		PromptCacheKey json.RawMessage `json:"prompt_cache_key"`
@@ -73,9 +76,10 @@ func parseHead(body []byte, prefixBytes int) (requestHead, *apiError) {
 		var m struct {
 			Model *json.RawMessage `json:"model"`
 			N     json.RawMessage  `json:"n"`
+			outputCaps
 		}
 		err = json.Unmarshal(body, &m)
-		head.Model, head.N = m.Model, m.N
+		head.Model, head.N, head.outputCaps = m.Model, m.N, m.outputCaps
 	}
 	if err != nil {
 		var ute *json.UnmarshalTypeError
@@ -95,6 +99,7 @@ func parseHead(body []byte, prefixBytes int) (requestHead, *apiError) {
 	if n, err := strconv.Atoi(string(head.N)); err == nil && n > 1 {
 		out.N = min(n, maxChoices)
 	}
+	out.caps = head.outputCaps
 	if prefixBytes > 0 {
 		var key string
 		if json.Unmarshal(head.PromptCacheKey, &key) == nil && key != "" {

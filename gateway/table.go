@@ -30,6 +30,9 @@ type Backend struct {
 	// Slots is its engine's sequence slots (engine.parallel, at least 1): how many
 	// requests it generates at once.
 	Slots int
+	// Context is its engine's contextLength, the tokens of one sequence (0: unknown):
+	// what bounds the usage its Mac may report for one sequence (meter).
+	Context int
 	// Link is its Mac's link as the MacNode declares it (spec.link, else status.link;
 	// zero when neither is set), the prior of a peer fetch's link before one is
 	// measured (peerfetch.DeclaredLink).
@@ -183,7 +186,8 @@ func BuildTable(deployments []mfv1.ModelDeployment, replicas []mfv1.ModelReplica
 		if meta.IsStatusConditionTrue(r.Status.Conditions, mfv1.ReplicaReady) && r.Status.Endpoint != "" &&
 			r.Spec.NodeName != "" && nodeReady[r.Spec.NodeName] {
 			rt.Backends = append(rt.Backends, Backend{Key: r.Namespace + "/" + r.Name, Endpoint: r.Status.Endpoint, Node: r.Spec.NodeName,
-				Slots: max(int(r.Spec.Template.Engine.Parallel), 1), Link: nodeLink[r.Spec.NodeName]})
+				Slots: max(int(r.Spec.Template.Engine.Parallel), 1), Context: int(r.Spec.Template.Engine.ContextLength),
+				Link: nodeLink[r.Spec.NodeName]})
 		}
 	}
 	slices.SortFunc(t.routes, func(a, b *Route) int { return strings.Compare(a.ID(), b.ID()) })

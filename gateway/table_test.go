@@ -30,8 +30,9 @@ func TestBuildTableRoutableReplicas(t *testing.T) {
 		{
 			name: "ready replica on a ready Mac",
 			replicas: []mfv1.ModelReplica{replica("a", "qwen-1", "qwen", "mac1", "10.0.0.1:8080", T),
-				withParallel(replica("a", "qwen-0", "qwen", "mac2", "10.0.0.2:8080", T), 4)},
-			want:     []Backend{{"a/qwen-0", "10.0.0.2:8080", "mac2", 4, peerfetch.Link{}}, {"a/qwen-1", "10.0.0.1:8080", "mac1", 1, peerfetch.Link{}}},
+				withContext(withParallel(replica("a", "qwen-0", "qwen", "mac2", "10.0.0.2:8080", T), 4), 8192)},
+			want: []Backend{{"a/qwen-0", "10.0.0.2:8080", "mac2", 4, 8192, peerfetch.Link{}},
+				{"a/qwen-1", "10.0.0.1:8080", "mac1", 1, 0, peerfetch.Link{}}},
 			existing: 2,
 		},
 		{name: "replica not ready", replicas: []mfv1.ModelReplica{replica("a", "q", "qwen", "mac1", "10.0.0.1:8080", F)}, existing: 1},

@@ -43,20 +43,47 @@ func TestTokenBudgetValidation(t *testing.T) {
 	}
 }
 
-// TestTokenUsageValidation: a record's day is a date.
+// TestTokenUsageValidation: a record's day is a date, and its counts are between 0
+// and mfv1.MaxUsageCount (the gateway's ledger saturates there).
 func TestTokenUsageValidation(t *testing.T) {
 	ns := testenv.NewNamespace(t, env.Client)
+	today := time.Now().UTC().Format(time.DateOnly)
+	usage := func(u mfv1.KeyUsage) []mfv1.KeyUsage {
+		u.Key, u.Deployment = "ci", "team-a/qwen"
+		return []mfv1.KeyUsage{u}
+	}
+	window := func(w mfv1.KeyWindow) []mfv1.KeyWindow {
+		w.Key = "ci"
+		return []mfv1.KeyWindow{w}
+	}
 	for i, tc := range []struct {
-		name, gateway, day, wantErr string
+		name, gateway, day string
+		usage              []mfv1.KeyUsage
+		windows            []mfv1.KeyWindow
+		wantErr            string
 	}{
-		{name: "a day", gateway: "gw-0", day: time.Now().UTC().Format(time.DateOnly)},
+		{name: "a day", gateway: "gw-0", day: today},
 		{name: "not a date", gateway: "gw-0", day: "25/11/2026", wantErr: `spec.day in body should match`},
 		{name: "no gateway", day: "2026-11-25", wantErr: "spec.gateway in body should be at least 1 chars long"},
+		{name: "every count at the maximum", gateway: "gw-0", day: today,
+			usage: usage(mfv1.KeyUsage{Requests: mfv1.MaxUsageCount, InputTokens: mfv1.MaxUsageCount,
+				CachedTokens: mfv1.MaxUsageCount, OutputTokens: mfv1.MaxUsageCount}),
+			windows: window(mfv1.KeyWindow{MinuteTokens: mfv1.MaxUsageCount, HourTokens: mfv1.MaxUsageCount, InFlight: 1})},
+		{name: "negative input", gateway: "gw-0", day: today, usage: usage(mfv1.KeyUsage{InputTokens: -1}),
+			wantErr: "spec.usage[0].inputTokens in body should be greater than or equal to 0"},
+		{name: "negative requests", gateway: "gw-0", day: today, usage: usage(mfv1.KeyUsage{Requests: -1}),
+			wantErr: "spec.usage[0].requests in body should be greater than or equal to 0"},
+		{name: "output over the maximum", gateway: "gw-0", day: today, usage: usage(mfv1.KeyUsage{OutputTokens: mfv1.MaxUsageCount + 1}),
+			wantErr: "spec.usage[0].outputTokens in body should be less than or equal to 9007199254740991"},
+		{name: "negative minute", gateway: "gw-0", day: today, windows: window(mfv1.KeyWindow{MinuteTokens: -1 << 62}),
+			wantErr: "spec.windows[0].minuteTokens in body should be greater than or equal to 0"},
+		{name: "negative requests in flight", gateway: "gw-0", day: today, windows: window(mfv1.KeyWindow{InFlight: -3}),
+			wantErr: "spec.windows[0].inFlight in body should be greater than or equal to 0"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := env.Client.Create(t.Context(), &mfv1.TokenUsage{
 				ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "tu-" + strconv.Itoa(i)},
-				Spec:       mfv1.TokenUsageSpec{Gateway: tc.gateway, Day: tc.day}})
+				Spec:       mfv1.TokenUsageSpec{Gateway: tc.gateway, Day: tc.day, Usage: tc.usage, Windows: tc.windows}})
 			checkErr(t, err, tc.wantErr)
 		})
 	}

@@ -4,6 +4,12 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
+// MaxUsageCount is the most any count of a TokenUsage holds (2^53 - 1, the largest
+// integer a float64 holds exactly, as Prometheus and JSON readers keep numbers): the
+// gateway's ledger saturates there instead of wrapping, and the schema refuses a
+// count above it or below zero (the markers state the same number).
+const MaxUsageCount = 1<<53 - 1
+
 // KeyUsage is what one caller used of one deployment on the record's day.
 type KeyUsage struct {
 	// key is the caller: the name of an API key Secret of the record's namespace, or
@@ -17,15 +23,23 @@ type KeyUsage struct {
 	Deployment string `json:"deployment"`
 	// requests counts the answers a replica gave.
 	// +optional
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=9007199254740991
 	Requests int64 `json:"requests,omitempty"`
 	// inputTokens counts the prompts' tokens.
 	// +optional
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=9007199254740991
 	InputTokens int64 `json:"inputTokens,omitempty"`
 	// cachedTokens counts the part of inputTokens the prompt cache served.
 	// +optional
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=9007199254740991
 	CachedTokens int64 `json:"cachedTokens,omitempty"`
 	// outputTokens counts the tokens generated, every choice's.
 	// +optional
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=9007199254740991
 	OutputTokens int64 `json:"outputTokens,omitempty"`
 }
 
@@ -42,15 +56,20 @@ type KeyWindow struct {
 	Minute *metav1.Time `json:"minute,omitempty"`
 	// minuteTokens counts input plus output tokens in that minute.
 	// +optional
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=9007199254740991
 	MinuteTokens int64 `json:"minuteTokens,omitempty"`
 	// hour is the start of the UTC hour hourTokens counts.
 	// +optional
 	Hour *metav1.Time `json:"hour,omitempty"`
 	// hourTokens counts input plus output tokens in that hour.
 	// +optional
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=9007199254740991
 	HourTokens int64 `json:"hourTokens,omitempty"`
 	// inFlight is the caller's requests in flight on this replica when written.
 	// +optional
+	// +kubebuilder:validation:Minimum=0
 	InFlight int32 `json:"inFlight,omitempty"`
 }
 

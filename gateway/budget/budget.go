@@ -15,6 +15,7 @@ import (
 	"time"
 
 	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
+	"github.com/macfleet/macfleet/gateway/metering"
 )
 
 // Window is what a limit counts.
@@ -95,7 +96,7 @@ func (t *Tally) Add(now time.Time, tokens int64) {
 		if s := Start(w.win, now); !w.start.Equal(s) {
 			*w.start, *w.tokens = s, 0
 		}
-		*w.tokens += tokens
+		*w.tokens = metering.AddCount(*w.tokens, tokens)
 	}
 }
 
@@ -108,7 +109,9 @@ type Peer struct {
 	Total   Tally
 }
 
-// PeerFrom reads a TokenUsage record.
+// PeerFrom reads a TokenUsage record. Its counts are held within [0,
+// metering.MaxCount] and summed without wrapping: a record written before the schema
+// bounded them cannot lift a budget by counting negative.
 func PeerFrom(tu *mfv1.TokenUsage) Peer {
 	p := Peer{Gateway: tu.Spec.Gateway, Keys: map[string]Tally{}}
 	if tu.Spec.RenewTime != nil {
@@ -124,21 +127,21 @@ func PeerFrom(tu *mfv1.TokenUsage) Peer {
 		p.Keys[k] = t
 	}
 	for _, u := range tu.Spec.Usage {
-		n := u.InputTokens + u.OutputTokens
-		add(u.Key, func(t *Tally) { t.Day, t.DayTokens = day, t.DayTokens+n })
-		p.Total.Day, p.Total.DayTokens = day, p.Total.DayTokens+n
+		n := metering.AddCount(u.InputTokens, u.OutputTokens)
+		add(u.Key, func(t *Tally) { t.Day, t.DayTokens = day, metering.AddCount(t.DayTokens, n) })
+		p.Total.Day, p.Total.DayTokens = day, metering.AddCount(p.Total.DayTokens, n)
 	}
 	for _, w := range tu.Spec.Windows {
 		add(w.Key, func(t *Tally) {
 			if w.Minute != nil {
-				t.Minute, t.MinuteTokens = w.Minute.UTC(), w.MinuteTokens
+				t.Minute, t.MinuteTokens = w.Minute.UTC(), metering.Count(w.MinuteTokens)
 			}
 			if w.Hour != nil {
-				t.Hour, t.HourTokens = w.Hour.UTC(), w.HourTokens
+				t.Hour, t.HourTokens = w.Hour.UTC(), metering.Count(w.HourTokens)
 			}
-			t.InFlight = int64(w.InFlight)
+			t.InFlight = int64(max(w.InFlight, 0))
 		})
-		p.Total.InFlight += int64(w.InFlight)
+		p.Total.InFlight += int64(max(w.InFlight, 0))
 	}
 	// The namespace's minute and hour are the latest any key counts in: a key's
 	// earlier window is over.
@@ -151,8 +154,8 @@ func PeerFrom(tu *mfv1.TokenUsage) Peer {
 		}
 	}
 	for _, t := range p.Keys {
-		p.Total.MinuteTokens += t.tokens(Minute, p.Total.Minute)
-		p.Total.HourTokens += t.tokens(Hour, p.Total.Hour)
+		p.Total.MinuteTokens = metering.AddCount(p.Total.MinuteTokens, t.tokens(Minute, p.Total.Minute))
+		p.Total.HourTokens = metering.AddCount(p.Total.HourTokens, t.tokens(Hour, p.Total.Hour))
 	}
 	return p
 }
@@ -241,7 +244,7 @@ func check(b *mfv1.TokenBudget, key string, own Own, peers []Peer, now time.Time
 		start := Start(l.w, now)
 		used := mine.tokens(l.w, start)
 		for _, p := range peers {
-			used += scope(p).tokens(l.w, start)
+			used = metering.AddCount(used, scope(p).tokens(l.w, start))
 		}
 		if used >= *l.limit && worst.Budget == "" {
 			worst = Decision{Budget: name, Window: l.w, Limit: *l.limit, Used: used, Reset: end(l.w, now)}

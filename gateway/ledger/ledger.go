@@ -140,11 +140,8 @@ func (l *Ledger) Record(ns, key, deployment string, u metering.Usage) {
 		ku = &mfv1.KeyUsage{Key: key, Deployment: deployment}
 		s.usage[k] = ku
 	}
-	ku.Requests++
-	ku.InputTokens += u.Input
-	ku.CachedTokens += u.Cached
-	ku.OutputTokens += u.Output
-	n := u.Input + u.Output
+	add(ku, mfv1.KeyUsage{Requests: 1, InputTokens: u.Input, CachedTokens: u.Cached, OutputTokens: u.Output})
+	n := metering.AddCount(u.Input, u.Output)
 	s.key(key).Add(now, n)
 	s.total.Add(now, n)
 	s.dirty = true
@@ -172,21 +169,18 @@ func (l *Ledger) Restore(tu *mfv1.TokenUsage) {
 			ku = &mfv1.KeyUsage{Key: u.Key, Deployment: u.Deployment}
 			s.usage[k] = ku
 		}
-		ku.Requests += u.Requests
-		ku.InputTokens += u.InputTokens
-		ku.CachedTokens += u.CachedTokens
-		ku.OutputTokens += u.OutputTokens
-		s.key(u.Key).DayTokens += u.InputTokens + u.OutputTokens
-		s.total.DayTokens += u.InputTokens + u.OutputTokens
+		add(ku, u)
+		t := s.key(u.Key)
+		t.DayTokens = metering.AddCount(t.DayTokens, metering.AddCount(u.InputTokens, u.OutputTokens))
 	}
 	// The windows still current count on; requests in flight died with the process.
 	for _, w := range tu.Spec.Windows {
 		t := s.key(w.Key)
 		if w.Minute != nil && w.Minute.UTC().Equal(budget.Start(budget.Minute, now)) {
-			t.Minute, t.MinuteTokens = w.Minute.UTC(), t.MinuteTokens+w.MinuteTokens
+			t.Minute, t.MinuteTokens = w.Minute.UTC(), metering.AddCount(t.MinuteTokens, w.MinuteTokens)
 		}
 		if w.Hour != nil && w.Hour.UTC().Equal(budget.Start(budget.Hour, now)) {
-			t.Hour, t.HourTokens = w.Hour.UTC(), t.HourTokens+w.HourTokens
+			t.Hour, t.HourTokens = w.Hour.UTC(), metering.AddCount(t.HourTokens, w.HourTokens)
 		}
 	}
 	for _, t := range s.keys {
@@ -194,6 +188,15 @@ func (l *Ledger) Restore(tu *mfv1.TokenUsage) {
 	}
 	s.total = sum(s)
 	s.dirty = true
+}
+
+// add counts o into u, each count saturating at metering.MaxCount (a record's counts
+// never wrap negative, whatever a replica reported or a record read back held).
+func add(u *mfv1.KeyUsage, o mfv1.KeyUsage) {
+	u.Requests = metering.AddCount(u.Requests, o.Requests)
+	u.InputTokens = metering.AddCount(u.InputTokens, o.InputTokens)
+	u.CachedTokens = metering.AddCount(u.CachedTokens, o.CachedTokens)
+	u.OutputTokens = metering.AddCount(u.OutputTokens, o.OutputTokens)
 }
 
 // sum is the namespace's tally from its keys'.
@@ -209,12 +212,12 @@ func sum(s *space) budget.Tally {
 	}
 	for _, t := range s.keys {
 		if t.Minute.Equal(tot.Minute) {
-			tot.MinuteTokens += t.MinuteTokens
+			tot.MinuteTokens = metering.AddCount(tot.MinuteTokens, t.MinuteTokens)
 		}
 		if t.Hour.Equal(tot.Hour) {
-			tot.HourTokens += t.HourTokens
+			tot.HourTokens = metering.AddCount(tot.HourTokens, t.HourTokens)
 		}
-		tot.DayTokens += t.DayTokens
+		tot.DayTokens = metering.AddCount(tot.DayTokens, t.DayTokens)
 		tot.InFlight += t.InFlight
 	}
 	return tot

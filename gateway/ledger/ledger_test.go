@@ -7,6 +7,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	clocktesting "k8s.io/utils/clock/testing"
+	"k8s.io/utils/ptr"
 
 	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/gateway/budget"
@@ -98,5 +99,77 @@ func TestLedgerAdmitConcurrency(t *testing.T) {
 	}
 	if n != 5 {
 		t.Errorf("%d of 50 requests admitted under a limit of 5 in flight", n)
+	}
+}
+
+// TestAttackUsageReportWrapsTheDay: reports whose sum passes int64 (two of 2^62 input
+// and output tokens each, as a Mac could forge before the gateway bounded them, or a
+// record read back after a restart) and another replica's record of the same size
+// must saturate, never wrap negative: every count of the record stays at the
+// ledger's maximum (2^53 - 1, what the TokenUsage schema accepts) and the namespace's
+// budget still refuses its next request.
+func TestAttackUsageReportWrapsTheDay(t *testing.T) {
+	const most = 1<<53 - 1 // metering.MaxCount
+	at := time.Date(2026, 11, 25, 10, 30, 0, 0, time.UTC)
+	clk := clocktesting.NewFakeClock(at)
+	huge := metering.Usage{Input: 1 << 62, Cached: 1 << 62, Output: 1 << 62}
+	l := New("gw-a", clk)
+	l.Record("team-a", "ci", "team-a/qwen", huge)
+	l.Record("team-a", "ci", "team-a/qwen", huge)
+	got := l.Take()
+	if len(got) != 1 {
+		t.Fatalf("%d records taken, want 1", len(got))
+	}
+	// A restarted replica reads the record back and counts on.
+	r := New("gw-a", clk)
+	r.Restore(got[0])
+	r.Record("team-a", "ci", "team-a/qwen", huge)
+	restored := r.Take()
+	if len(restored) != 1 {
+		t.Fatalf("%d records taken after the restart, want 1", len(restored))
+	}
+
+	tb := []mfv1.TokenBudget{{ObjectMeta: metav1.ObjectMeta{Namespace: "team-a", Name: "day"},
+		Spec: mfv1.TokenBudgetSpec{TokensPerDay: ptr.To[int64](1_000_000)}}}
+	for _, tc := range []struct {
+		name string
+		l    *Ledger
+		rec  *mfv1.TokenUsage
+	}{{"the replica", l, got[0]}, {"the restarted replica", r, restored[0]}} {
+		t.Run(tc.name, func(t *testing.T) {
+			var own budget.Own
+			d, _ := tc.l.Admit("team-a", "ci", func(o budget.Own) budget.Decision {
+				own = o
+				return budget.Decide(tb, "ci", o, nil, clk.Now())
+			})
+			for _, n := range []int64{own.Key.MinuteTokens, own.Key.HourTokens, own.Key.DayTokens,
+				own.Namespace.MinuteTokens, own.Namespace.HourTokens, own.Namespace.DayTokens} {
+				if n != most {
+					t.Errorf("counts %+v, want every window at %d", own, int64(most))
+					break
+				}
+			}
+			if d.Allowed {
+				t.Errorf("the budget admitted the next request: %+v", d)
+			}
+			u, w := tc.rec.Spec.Usage[0], tc.rec.Spec.Windows[0]
+			if u.InputTokens != most || u.CachedTokens != most || u.OutputTokens != most || w.MinuteTokens != most || w.HourTokens != most {
+				t.Errorf("the record: %+v %+v, want every count at %d", u, w, int64(most))
+			}
+		})
+	}
+
+	// Another replica's record at the maximum, twice over in one record: its sum
+	// saturates too, and the budget refuses on it alone.
+	peer := got[0].DeepCopy()
+	peer.Spec.Gateway = "gw-b"
+	peer.Spec.Usage = append(peer.Spec.Usage, mfv1.KeyUsage{Key: "app", Deployment: "team-a/qwen",
+		InputTokens: 1 << 62, OutputTokens: 1 << 62})
+	p := budget.PeerFrom(peer)
+	if p.Total.DayTokens != most || p.Total.MinuteTokens != most {
+		t.Errorf("the peer's namespace: %+v, want its day and minute at %d", p.Total, int64(most))
+	}
+	if d := budget.Decide(tb, "ci", budget.Own{}, []budget.Peer{p, p}, clk.Now()); d.Allowed {
+		t.Errorf("two peers at the maximum: the budget admitted a request")
 	}
 }

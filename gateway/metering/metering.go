@@ -35,7 +35,8 @@ func (u Usage) String() string {
 		" output=" + strconv.FormatInt(u.Output, 10)
 }
 
-// Parse reads a trailer written by String.
+// Parse reads a trailer written by String. A count that is negative or not an int64
+// makes the whole report unreadable; a count too large for its request is Clamp's.
 func Parse(s string) (Usage, error) {
 	var u Usage
 	seen := 0
@@ -63,9 +64,9 @@ func Parse(s string) (Usage, error) {
 	return u, nil
 }
 
-// Add is u plus o.
+// Add is u plus o, each count saturating at MaxCount (AddCount).
 func (u Usage) Add(o Usage) Usage {
-	return Usage{Input: u.Input + o.Input, Cached: u.Cached + o.Cached, Output: u.Output + o.Output}
+	return Usage{Input: AddCount(u.Input, o.Input), Cached: AddCount(u.Cached, o.Cached), Output: AddCount(u.Output, o.Output)}
 }
 
 // Meter holds the usage counters. Keys are labelled by their Secret's namespace and

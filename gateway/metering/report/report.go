@@ -15,6 +15,7 @@ import (
 	"time"
 
 	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
+	"github.com/macfleet/macfleet/gateway/metering"
 )
 
 // DayLayout is how a TokenUsage names its UTC day.
@@ -40,11 +41,12 @@ type Row struct {
 	Requests, InputTokens, CachedTokens, OutputTokens int64
 }
 
+// add counts u into r, each count saturating at metering.MaxCount.
 func (r *Row) add(u mfv1.KeyUsage) {
-	r.Requests += u.Requests
-	r.InputTokens += u.InputTokens
-	r.CachedTokens += u.CachedTokens
-	r.OutputTokens += u.OutputTokens
+	r.Requests = metering.AddCount(r.Requests, u.Requests)
+	r.InputTokens = metering.AddCount(r.InputTokens, u.InputTokens)
+	r.CachedTokens = metering.AddCount(r.CachedTokens, u.CachedTokens)
+	r.OutputTokens = metering.AddCount(r.OutputTokens, u.OutputTokens)
 }
 
 // Aggregate sums the usage records that q selects over the gateway replicas that

@@ -45,6 +45,8 @@ import (
 	"sort"
 	"strings"
 	"unsafe"
+
+	"github.com/macfleet/macfleet/api/runnerapi"
 )
 
 // Backend is one dynamic ggml backend library found in the backend directory.
@@ -93,7 +95,7 @@ func (r BackendReport) Loaded() int {
 func (r BackendReport) Summary() string {
 	if len(r.Backends) == 0 {
 		return fmt.Sprintf("no accelerator backend in %s (no %s there): computing with the compiled-in backends only (%s)",
-			r.Dir, backendPattern(), compiledIn())
+			r.Dir, runnerapi.BackendPattern(runtime.GOOS), compiledIn())
 	}
 	parts := make([]string, 0, len(r.Backends))
 	for _, b := range r.Backends {
@@ -113,28 +115,9 @@ func compiledIn() string {
 	return "CPU"
 }
 
-// backendPattern is the file name of a dynamic ggml backend on this platform.
-func backendPattern() string {
-	switch runtime.GOOS {
-	case "darwin":
-		return "libggml-*.dylib"
-	case "windows":
-		return "ggml-*.dll"
-	}
-	return "libggml-*.so"
-}
-
-// isBackendFile tells a backend library from ggml's own base library and from CPU
-// backends, which the runner links in itself: loading a second CPU backend would
-// register the CPU twice.
-func isBackendFile(name string) bool {
-	base := strings.TrimPrefix(name, "lib")
-	return !strings.HasPrefix(base, "ggml-base") && !strings.HasPrefix(base, "ggml-cpu")
-}
-
 // DefaultBackendDir is the backend directory of a runner installed at exe: the
 // folder lib beside it.
-func DefaultBackendDir(exe string) string { return filepath.Join(filepath.Dir(exe), "lib") }
+func DefaultBackendDir(exe string) string { return runnerapi.DefaultBackendDir(exe) }
 
 // LoadBackends registers every dynamic ggml backend library in dir (libggml-cuda.so
 // and its kind) with ggml, before any model loads. A directory that is missing or
@@ -143,10 +126,10 @@ func DefaultBackendDir(exe string) string { return filepath.Join(filepath.Dir(ex
 // before Init.
 func LoadBackends(dir string) BackendReport {
 	rep := BackendReport{Dir: dir}
-	files, _ := filepath.Glob(filepath.Join(dir, backendPattern()))
+	files, _ := filepath.Glob(filepath.Join(dir, runnerapi.BackendPattern(runtime.GOOS)))
 	sort.Strings(files)
 	for _, f := range files {
-		if !isBackendFile(filepath.Base(f)) {
+		if !runnerapi.IsBackendLibrary(filepath.Base(f)) {
 			continue
 		}
 		rep.Backends = append(rep.Backends, loadBackend(f))

@@ -13,6 +13,8 @@ import (
 
 	"github.com/landlock-lsm/go-landlock/landlock"
 	ll "github.com/landlock-lsm/go-landlock/landlock/syscall"
+
+	"github.com/macfleet/macfleet/api/runnerapi"
 )
 
 // The launcher is the agent's own executable started with argv[0] launcherArg0 and
@@ -58,7 +60,7 @@ func launch(enc string, argv []string) {
 		}
 	}
 	// A backend directory without a backend (a CPU runner's) grants nothing.
-	if !holdsBackend(p.BackendDir, backendPattern) {
+	if !runnerapi.HoldsBackend(p.BackendDir, runtime.GOOS) {
 		p.BackendDir = ""
 	}
 	if err := landlockConfig(p).BestEffort().Restrict(landlockRules(p, existing)...); err != nil {
@@ -98,9 +100,6 @@ var (
 	systemFiles = []string{"/etc/ld.so.cache", "/etc/localtime", "/proc/cpuinfo", "/proc/sys/net/core/somaxconn",
 		"/proc/sys/vm/overcommit_memory", "/dev/urandom"}
 )
-
-// backendPattern is the file name of a dynamic ggml backend library on Linux.
-const backendPattern = "libggml-*.so"
 
 // gpuAccess is what a GPU runner may do with the paths of one gpuPaths entry.
 type gpuAccess int
@@ -185,7 +184,7 @@ func existing(pattern string) []string {
 
 // landlockRules are the grants of p. /proc/self is resolved by the launcher, whose
 // pid the runner keeps across the exec: the runner reads its own /proc entries only.
-// A runner with a backend directory (see holdsBackend) also gets that directory
+// A runner with a backend directory (see runnerapi.HoldsBackend) also gets that directory
 // (read) and gpuPaths, those that found (existing, in tests a fake) says exist.
 func landlockRules(p Policy, found func(pattern string) []string) []landlock.Rule {
 	rules := []landlock.Rule{

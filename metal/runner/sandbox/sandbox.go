@@ -15,8 +15,6 @@ package sandbox
 
 import (
 	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
 )
 
@@ -65,7 +63,7 @@ type Policy struct {
 	// BackendDir is the directory the runner loads accelerator backends from (ggml's
 	// dynamic backend libraries): read only; empty for none. It, and on Linux what
 	// an accelerator needs besides (gpuPaths in landlock_linux.go), is granted only
-	// while the directory holds a backend library (holdsBackend): a runner without
+	// while the directory holds a backend library (runnerapi.HoldsBackend): a runner without
 	// one gets a CPU runner's rules.
 	BackendDir string `json:",omitempty"`
 	// MetalCacheDir is macOS's per-user Metal shader cache (com.apple.metal in the
@@ -105,27 +103,4 @@ func Env(parent, extra []string) []string {
 		}
 	}
 	return append(env, extra...)
-}
-
-// holdsBackend tells whether dir holds an accelerator backend: a file matching
-// pattern (libggml-*.so on Linux, libggml-*.dylib on macOS) other than ggml's base
-// library and its CPU backends, which a runner links in itself.
-func holdsBackend(dir, pattern string) bool {
-	if dir == "" {
-		return false
-	}
-	entries, err := os.ReadDir(dir)
-	if err != nil {
-		return false
-	}
-	for _, e := range entries {
-		name := e.Name()
-		if ok, _ := filepath.Match(pattern, name); !ok || e.IsDir() {
-			continue
-		}
-		if base := strings.TrimPrefix(name, "lib"); !strings.HasPrefix(base, "ggml-base") && !strings.HasPrefix(base, "ggml-cpu") {
-			return true
-		}
-	}
-	return false
 }

@@ -4,14 +4,15 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
+
+	"github.com/macfleet/macfleet/api/runnerapi"
 )
 
 const (
 	sandboxExec = "/usr/bin/sandbox-exec"
-	// backendPattern is the file name of a dynamic ggml backend library on macOS.
-	backendPattern = "libggml-*.dylib"
 )
 
 // metalCacheDir is the Metal shader cache of this user: com.apple.metal in the
@@ -49,7 +50,7 @@ func Wrap(cmd *exec.Cmd, p Policy) error {
 		return err
 	}
 	// A backend directory without a backend (a CPU runner's) grants nothing.
-	if !holdsBackend(p.BackendDir, backendPattern) {
+	if !runnerapi.HoldsBackend(p.BackendDir, runtime.GOOS) {
 		p.BackendDir = ""
 	}
 	if p.MetalCacheDir == "" {

@@ -1,8 +1,6 @@
 package sandbox
 
 import (
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
@@ -42,45 +40,5 @@ func TestParseMode(t *testing.T) {
 	}
 	if _, err := ParseMode("yes"); err == nil || !strings.Contains(err.Error(), `want "on" or "off"`) {
 		t.Errorf("ParseMode(yes): %v, want an error naming the values", err)
-	}
-}
-
-func TestHoldsBackend(t *testing.T) {
-	for _, tc := range []struct {
-		name    string
-		files   []string // "name/" is a directory
-		pattern string
-		want    bool
-	}{
-		{"cuda backend", []string{"libggml-base.so", "libggml-cuda.so"}, "libggml-*.so", true},
-		{"a mac backend", []string{"libggml-vulkan.dylib"}, "libggml-*.dylib", true},
-		{"base and cpu only", []string{"libggml-base.so", "libggml-cpu-haswell.so", "libggml-cpu.so"}, "libggml-*.so", false},
-		{"another platform's library", []string{"libggml-cuda.dylib", "ggml-cuda.dll"}, "libggml-*.so", false},
-		{"a directory of the name", []string{"libggml-cuda.so/"}, "libggml-*.so", false},
-		{"other files", []string{"libcudart.so.12", "README"}, "libggml-*.so", false},
-		{"empty", nil, "libggml-*.so", false},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			dir := t.TempDir()
-			for _, f := range tc.files {
-				var err error
-				if name, ok := strings.CutSuffix(f, "/"); ok {
-					err = os.Mkdir(filepath.Join(dir, name), 0o700)
-				} else {
-					err = os.WriteFile(filepath.Join(dir, f), nil, 0o600)
-				}
-				if err != nil {
-					t.Fatal(err)
-				}
-			}
-			if got := holdsBackend(dir, tc.pattern); got != tc.want {
-				t.Errorf("holdsBackend(%q) = %v, want %v", tc.files, got, tc.want)
-			}
-		})
-	}
-	for _, dir := range []string{"", filepath.Join(t.TempDir(), "missing")} {
-		if holdsBackend(dir, "libggml-*.so") {
-			t.Errorf("holdsBackend(%q) = true for no directory", dir)
-		}
 	}
 }

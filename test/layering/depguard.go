@@ -24,6 +24,7 @@ func Depguard(layers []Layer, module, indent string) string {
 		if len(deny) == 0 {
 			continue
 		}
+		allow := allowedInside(layers, l, module)
 		fmt.Fprintf(&b, "%slayer-%d-%s:\n", indent, l.Rank, l.Name)
 		fmt.Fprintf(&b, "%s  list-mode: lax\n", indent)
 		fmt.Fprintf(&b, "%s  files:\n", indent)
@@ -31,12 +32,40 @@ func Depguard(layers []Layer, module, indent string) string {
 			fmt.Fprintf(&b, "%s    - %q\n", indent, f)
 		}
 		fmt.Fprintf(&b, "%s    - \"!$test\"\n", indent)
+		if len(allow) > 0 {
+			// A package of this layer or below nested in a denied one (gateway/tenancy
+			// in gateway/...): lax mode lets the longer allow prefix win.
+			fmt.Fprintf(&b, "%s  allow:\n", indent)
+			for _, a := range allow {
+				fmt.Fprintf(&b, "%s    - %q\n", indent, a)
+			}
+		}
 		fmt.Fprintf(&b, "%s  deny:\n", indent)
 		for i := 0; i < len(deny); i += 2 {
 			fmt.Fprintf(&b, "%s    - pkg: %q\n%s      desc: %q\n", indent, deny[i], indent, deny[i+1])
 		}
 	}
 	return b.String()
+}
+
+// allowedInside returns the package prefixes of the patterns of layer l and the
+// layers below it that are nested in a pattern of a higher layer: depguard denies by
+// prefix, so without them gateway/... would deny gateway/tenancy/..., which stands
+// lower.
+func allowedInside(layers []Layer, l Layer, module string) []string {
+	var allow []string
+	for _, higher := range layers[l.Rank+1:] {
+		for _, p := range higher.Patterns {
+			for _, lower := range layers[:l.Rank+1] {
+				for _, q := range lower.Patterns {
+					if nested(q, p) {
+						allow = append(allow, denyPrefixes(module, q)...)
+					}
+				}
+			}
+		}
+	}
+	return allow
 }
 
 // denyPrefixes returns the depguard package prefixes of a pattern: "x$" for one

@@ -9,6 +9,7 @@ import (
 
 	"github.com/go-logr/logr"
 
+	"github.com/macfleet/macfleet/api/runnerapi"
 	"github.com/macfleet/macfleet/metal/runner/sandbox"
 )
 
@@ -58,7 +59,7 @@ func backendDir(path string) string {
 	if err != nil {
 		return ""
 	}
-	dir, err := filepath.Abs(filepath.Join(filepath.Dir(real), "lib"))
+	dir, err := filepath.Abs(runnerapi.DefaultBackendDir(real))
 	if err != nil {
 		return ""
 	}

@@ -5,6 +5,7 @@ package server
 import (
 	"runtime"
 	"sync"
+	"time"
 
 	"github.com/macfleet/macfleet/api/runnerapi"
 	"github.com/macfleet/macfleet/metal/runner/llama"
@@ -59,9 +60,34 @@ func (s *Server) fillDevices(st *runnerapi.Status) {
 	st.DeviceBytes = s.devBytes.Load()
 	st.DeviceMemorySeparate = deviceMemorySeparate && st.DeviceBytes > 0
 	st.Backends = backendsReport.Summary()
+	st.Accelerators = accelerators(time.Now())
+}
+
+// acceleratorsEvery bounds how often /status asks the devices for their memory: the
+// agent polls /status, a CUDA device answers through its driver, and the backend's
+// own copy of ggml logs every answer to stderr.
+const acceleratorsEvery = 10 * time.Second
+
+var accel struct {
+	sync.Mutex
+	at   time.Time
+	list []runnerapi.Accelerator
+}
+
+// accelerators are the registered devices with their memory, read at most every
+// acceleratorsEvery.
+func accelerators(now time.Time) []runnerapi.Accelerator {
+	accel.Lock()
+	defer accel.Unlock()
+	if accel.list != nil && now.Sub(accel.at) < acceleratorsEvery {
+		return accel.list
+	}
+	list := []runnerapi.Accelerator{}
 	for _, d := range llama.Devices() {
-		st.Accelerators = append(st.Accelerators, runnerapi.Accelerator{
+		list = append(list, runnerapi.Accelerator{
 			Name: d.Name, Description: d.Description, TotalBytes: int64(d.TotalBytes), FreeBytes: int64(d.FreeBytes),
 		})
 	}
+	accel.at, accel.list = now, list
+	return list
 }

@@ -359,7 +359,7 @@ func newAgent(cfg Config, cs kubernetes.Interface, w *replicaWatch, eng *standal
 		return nil, err
 	}
 	reg := prometheus.NewRegistry()
-	sopts := server.Options{Accelerators: devicegauge.Detect(), ClientCertificates: true, ResolveModel: a.syncer.Resolve,
+	sopts := server.Options{Accelerators: devicegauge.Cached(devicegauge.Detect(), 10*time.Second), ClientCertificates: true, ResolveModel: a.syncer.Resolve,
 		ListModels: a.syncer.ListModels, DeploymentOf: a.syncer.DeploymentOf, Log: log.WithName("http"), Registerer: reg, TracerProvider: cfg.TracerProvider,
 		// Peer fetch: this Mac serves prompt states to the Macs a gateway's ticket
 		// names, and fetches from other Macs with its own certificate.

@@ -190,7 +190,7 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 		return err
 	}
 
-	srv, err := server.New(pool, server.Options{Accelerators: devicegauge.Detect(), APIKey: cfg.APIKey, MaxBodyBytes: int64(cfg.MaxBodyBytes),
+	srv, err := server.New(pool, server.Options{Accelerators: devicegauge.Cached(devicegauge.Detect(), 10*time.Second), APIKey: cfg.APIKey, MaxBodyBytes: int64(cfg.MaxBodyBytes),
 		Log: log.WithName("http"), TracerProvider: opts.TracerProvider})
 	if err != nil {
 		return err

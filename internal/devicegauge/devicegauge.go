@@ -16,6 +16,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -137,4 +138,33 @@ func Detect() Gauge {
 		return nil
 	}
 	return NVIDIA{}
+}
+
+// Cached answers from one reading of g for every, so that a status endpoint others
+// poll does not run the driver's tool on every call.
+func Cached(g Gauge, every time.Duration) Gauge {
+	if g == nil {
+		return nil
+	}
+	return &cached{g: g, every: every}
+}
+
+type cached struct {
+	g     Gauge
+	every time.Duration
+	mu    sync.Mutex
+	at    time.Time
+	cards []Card
+	err   error
+}
+
+func (c *cached) Cards(ctx context.Context) ([]Card, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.at.IsZero() && time.Since(c.at) < c.every {
+		return c.cards, c.err
+	}
+	c.cards, c.err = c.g.Cards(ctx)
+	c.at = time.Now()
+	return c.cards, c.err
 }

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestParse(t *testing.T) {
@@ -74,5 +75,36 @@ func TestNVIDIATool(t *testing.T) {
 	t.Setenv("PATH", t.TempDir())
 	if _, err := (NVIDIA{}).Cards(context.Background()); !errors.Is(err, ErrNoTool) {
 		t.Errorf("no tool: %v, want ErrNoTool", err)
+	}
+}
+
+// countingGauge counts its readings.
+type countingGauge struct{ n int }
+
+func (c *countingGauge) Cards(context.Context) ([]Card, error) {
+	c.n++
+	return []Card{{Name: "card", UsedBytes: int64(c.n)}}, nil
+}
+
+// TestCached: within its period the cache answers from one reading; after it, reads again.
+func TestCached(t *testing.T) {
+	g := &countingGauge{}
+	c := Cached(g, time.Hour)
+	for range 3 {
+		if cards, _ := c.Cards(context.Background()); cards[0].UsedBytes != 1 {
+			t.Fatalf("reading %d, want the first", cards[0].UsedBytes)
+		}
+	}
+	if g.n != 1 {
+		t.Errorf("%d readings within the period, want 1", g.n)
+	}
+	c = Cached(g, 0)
+	c.Cards(context.Background())
+	c.Cards(context.Background())
+	if g.n != 3 {
+		t.Errorf("%d readings with no period, want 3", g.n)
+	}
+	if Cached(nil, time.Second) != nil {
+		t.Error("a cache of no gauge is a gauge")
 	}
 }

@@ -73,7 +73,14 @@ func TestPromptCacheInflightPrefix(t *testing.T) {
 	a, b := conv(7, 8), conv(7, 9)    // share the system prompt
 	a2, u := conv(21, 8), conv(22, 9) // share nothing beyond the template's header
 
-	cold := startReady(t, m, "--parallel", "2")
+	// On a GPU the whole prompt prefills in a few milliseconds, before b can arrive;
+	// small batches keep a's prefill in flight for as many steps as on a CPU. Both
+	// runners chunk the prompts alike, so the cold answers stay comparable.
+	slots := []string{"--parallel", "2"}
+	if gpuSuite() {
+		slots = append(slots, "--batch", "16")
+	}
+	cold := startReady(t, m, slots...)
 	shared := sharedTokens(tokensOf(t, cold, a), tokensOf(t, cold, b))
 	if shared/block < 16 {
 		t.Fatalf("the conversations share %d tokens, under 16 blocks of %d", shared, block)
@@ -90,8 +97,8 @@ func TestPromptCacheInflightPrefix(t *testing.T) {
 	}
 	cold.stop()
 
-	r := startReady(t, m, "--parallel", "2", "--prompt-cache-block", fmt.Sprint(block),
-		"--prompt-cache-hot-bytes", fmt.Sprint(1<<30))
+	r := startReady(t, m, append(slots, "--prompt-cache-block", fmt.Sprint(block),
+		"--prompt-cache-hot-bytes", fmt.Sprint(1<<30))...)
 	ra, rb := pairApart(t, r, a, b, 16)
 	pc := promptCacheStatus(t, r)
 	if got := cachedTokens(rb.usage); got < shared/block*block || got > shared {

@@ -26,6 +26,13 @@ func deviceBefore(ctx context.Context, g devicegauge.Gauge) (used int64, ok bool
 	return devicegauge.Used(cards), true
 }
 
+// deviceSettleInterval spaces the cards' readings after a runner is reaped. The
+// driver releases a process's memory as the process goes, so by the first reading the
+// drop is normally whole and the second only confirms it; spaced at the host
+// barrier's 250 ms that confirmation made an unload 1.7x slower than the peer's on an
+// H100. A reading through the driver's tool itself takes tens of milliseconds.
+const deviceSettleInterval = 50 * time.Millisecond
+
 // deviceFreed is how far the cards' used memory fell from before: read every interval
 // until two readings agree within slack (the driver has finished releasing the
 // process's memory) or attempts run out. Never negative: another process allocating

@@ -195,7 +195,7 @@ func (u unloader) stopAndSettle(e *entry, g *engine, plan teardownPlan, log logr
 	report := &UnloadReport{Reason: plan.reason, FreedBytes: max(freed, 0), ResidentBytes: resident, Outcome: outcome}
 	if devOK {
 		report.DeviceFreedBytes = deviceFreed(context.Background(), p.cfg.DeviceGauge, devPre, p.clock.Sleep,
-			p.cfg.SettleInterval, int(p.cfg.SettleTimeout/max(p.cfg.SettleInterval, time.Millisecond)))
+			deviceSettleInterval, int(p.cfg.SettleTimeout/deviceSettleInterval))
 	}
 	return report
 }

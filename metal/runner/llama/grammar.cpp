@@ -122,10 +122,9 @@ static bool mf_utf8_next(uint16_t c, uint8_t first, int32_t state, int32_t *next
 
 extern "C" llama_token mf_sample(struct llama_sampler *chain, struct llama_sampler *grammar,
                                  const uint16_t *utf8_class, const uint8_t *utf8_first, int32_t *utf8_state,
-                                 struct llama_context *ctx, int32_t idx, llama_token_data *cur,
+                                 const struct llama_vocab *vocab, const float *logits, llama_token_data *cur,
                                  int32_t n_vocab, int32_t *resampled) {
     try {
-        const float *logits = llama_get_logits_ith(ctx, idx);
         if (logits == nullptr) {
             return -1;
         }
@@ -137,7 +136,6 @@ extern "C" llama_token mf_sample(struct llama_sampler *chain, struct llama_sampl
         }
         llama_token id = arr.data[arr.selected].id;
         if (grammar != nullptr) {
-            const llama_vocab *vocab = llama_model_get_vocab(llama_get_model(ctx));
             int32_t next = 0;
             // Fast path: the chain's choice is usually allowed; check it alone.
             llama_token_data one = {id, 1.0f, 0.0f};

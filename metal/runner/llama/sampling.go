@@ -7,11 +7,13 @@ package llama
 #include <stdlib.h>
 #include "llama.h"
 #include "grammar.h"
+#include "direct.h"
 */
 import "C"
 
 import (
 	"errors"
+	"math/rand/v2"
 	"unsafe"
 
 	// llama.cpp's common helpers, for its JSON-schema-to-grammar converter (called
@@ -44,6 +46,12 @@ type Sampler struct {
 	state   C.int32_t            // what the output needs next to stay valid UTF-8
 	// Resampled counts the tokens the grammar rejected from the chain's first choice.
 	Resampled int
+	// direct is a chain of a temperature alone or greedy, drawn straight from the
+	// logits (direct.cpp) while no grammar constrains it; rng is its seeded source.
+	direct  bool
+	temp    float32
+	rng     *rand.Rand
+	scratch []float32
 }
 
 // NewSampler builds a chain: penalties, top-k, top-p, min-p, temperature and a seeded
@@ -60,9 +68,10 @@ func NewSampler(p SamplerParams) *Sampler {
 		C.llama_sampler_chain_add(chain, C.llama_sampler_init_penalties(C.int32_t(lastN), 1.0,
 			C.float(p.FrequencyPenalty), C.float(p.PresencePenalty)))
 	}
+	penalties := p.PresencePenalty != 0 || p.FrequencyPenalty != 0
 	if p.Temperature <= 0 {
 		C.llama_sampler_chain_add(chain, C.llama_sampler_init_greedy())
-		return &Sampler{c: chain}
+		return &Sampler{c: chain, direct: !penalties}
 	}
 	if p.TopK > 0 {
 		C.llama_sampler_chain_add(chain, C.llama_sampler_init_top_k(C.int32_t(p.TopK)))
@@ -75,7 +84,12 @@ func NewSampler(p SamplerParams) *Sampler {
 	}
 	C.llama_sampler_chain_add(chain, C.llama_sampler_init_temp(C.float(p.Temperature)))
 	C.llama_sampler_chain_add(chain, C.llama_sampler_init_dist(C.uint32_t(p.Seed)))
-	return &Sampler{c: chain}
+	s := &Sampler{c: chain}
+	if !penalties && p.TopK <= 0 && (p.TopP <= 0 || p.TopP >= 1) && p.MinP <= 0 {
+		s.direct, s.temp = true, p.Temperature
+		s.rng = rand.New(rand.NewPCG(uint64(p.Seed), 0x6d66736d706c)) // seeded: one seed, one answer
+	}
+	return s
 }
 
 // ErrGrammarDeadEnd is a grammar that allows no token of the vocabulary.
@@ -96,15 +110,46 @@ func (s *Sampler) Constrain(m *Model, gbnf string) error {
 	return nil
 }
 
+// Logits is one output row of the last Decode: the model's vocabulary's logits.
+type Logits struct {
+	p *C.float
+}
+
+// Logits returns output row i (batch index) of the last Decode. It waits for the
+// decode to finish on its device; call it from the goroutine that decodes.
+func (c *Context) Logits(i int) Logits {
+	return Logits{p: C.llama_get_logits_ith(c.c, C.int32_t(i))}
+}
+
 // Sample picks a token from the logits of output row i (batch index) of the last
-// Decode and records it in the chain's history (and the grammar's state). Under a
-// grammar it first checks the chain's choice alone and masks the vocabulary only when
-// the grammar rejects it, so output the grammar allows anyway costs almost nothing.
+// Decode and records it in the chain's history (and the grammar's state).
 func (s *Sampler) Sample(c *Context, i int) (int32, error) {
-	if s.grammar == nil { // llama.cpp's own path, unchanged
-		return int32(C.llama_sampler_sample(s.c, c.c, C.int32_t(i))), nil
+	return s.SampleLogits(c.model, c.Logits(i))
+}
+
+// SampleLogits picks a token from row l of m's logits and records it in the chain's
+// history (and the grammar's state). It touches no context: distinct samplers may
+// sample at once, each from its own row, until the next Decode. Under a grammar it
+// first checks the chain's choice alone and masks the vocabulary only when the
+// grammar rejects it, so output the grammar allows anyway costs almost nothing. The
+// scratch row is the sampler's own, kept between calls (a fresh one a token cost
+// about as much as the sampling itself).
+func (s *Sampler) SampleLogits(m *Model, l Logits) (int32, error) {
+	n := m.NVocab()
+	if s.direct && s.grammar == nil {
+		if len(s.scratch) < n {
+			s.scratch = make([]float32, n)
+		}
+		u := 0.0
+		if s.rng != nil {
+			u = s.rng.Float64()
+		}
+		tok := C.mf_sample_direct(l.p, C.int32_t(n), C.float(s.temp), C.double(u), (*C.float)(unsafe.Pointer(&s.scratch[0])))
+		if tok < 0 {
+			return 0, errors.New("no logits for the sampled row")
+		}
+		return int32(tok), nil
 	}
-	n := c.model.NVocab()
 	if len(s.cur) < n {
 		s.cur = make([]C.llama_token_data, n)
 	}
@@ -115,7 +160,7 @@ func (s *Sampler) Sample(c *Context, i int) (int32, error) {
 		classes = (*C.uint16_t)(unsafe.Pointer(&s.utf8.class[0]))
 		first = (*C.uint8_t)(unsafe.Pointer(&s.utf8.first[0]))
 	}
-	tok := C.mf_sample(s.c, s.grammar, classes, first, &s.state, c.c, C.int32_t(i), &s.cur[0], C.int32_t(n), &resampled)
+	tok := C.mf_sample(s.c, s.grammar, classes, first, &s.state, m.vocab, l.p, &s.cur[0], C.int32_t(n), &resampled)
 	s.Resampled += int(resampled)
 	switch tok {
 	case -1:
@@ -136,7 +181,7 @@ func (s *Sampler) Free() {
 		C.llama_sampler_free(s.grammar)
 		s.grammar = nil
 	}
-	s.cur = nil
+	s.cur, s.scratch = nil, nil
 }
 
 // utf8Classes are the UTF-8 classes of the model's token pieces, computed once.

@@ -32,6 +32,8 @@ type engine struct {
 
 	nBatch, nCtxSeq int
 	slots           []*slot
+	sampling        []*slot        // scratch: the slots that sample in a step
+	rows            []llama.Logits // scratch: their rows of logits
 	tick            uint64
 	// guard refuses a prefill chunk of n tokens that would exceed the ceiling.
 	guard func(n int) *runnerapi.Error
@@ -91,6 +93,9 @@ type slot struct {
 	take   int // tokens in this step's batch
 	first  int // batch index of the first of them
 	outIdx int // batch index whose logits are sampled, -1 for none
+	// The token sampled from this step's logits (sampleAll), or why none was.
+	sampled   int32
+	sampleErr error
 }
 
 func newEngine(log logr.Logger, model *llama.Model, ctx *llama.Context, guard func(int) *runnerapi.Error) *engine {
@@ -496,6 +501,7 @@ func (e *engine) step() {
 	if !e.decode(b) {
 		return
 	}
+	sampling := e.sampling[:0]
 	for _, s := range e.slots {
 		if s.take == 0 {
 			continue
@@ -503,7 +509,7 @@ func (e *engine) step() {
 		switch {
 		case s.phase == phaseGenerate:
 			s.cached = append(s.cached, s.next)
-			e.sample(s)
+			sampling = append(sampling, s)
 		case s.job.embed:
 			for k := range s.take {
 				e.ctx.AddEmbedding(s.emb, s.first+k)
@@ -518,10 +524,12 @@ func (e *engine) step() {
 			s.fed += s.take
 			if s.fed == len(s.job.tokens) {
 				s.phase = phaseGenerate
-				e.sample(s)
+				sampling = append(sampling, s)
 			}
 		}
 	}
+	e.sampling = sampling
+	e.sampleAll(sampling)
 }
 
 // decode runs the step's batch; on failure it fails the step's jobs and returns false.

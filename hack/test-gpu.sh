@@ -46,12 +46,19 @@ step_facts() {
 }
 
 step_build() {
+	# A copy outside the repository outlives the next call's fresh copy of the pack on a
+	# machine still warm (CUDA_CACHE, default /tmp/macfleet-cuda).
+	local keep="${CUDA_CACHE:-/tmp/macfleet-cuda}"
 	if [[ -f $bin/lib/libggml-cuda.so ]]; then
 		echo "CUDA backend already built"
+	elif [[ -f $keep/libggml-cuda.so ]]; then
+		mkdir -p "$bin/lib" && cp -a "$keep"/libggml-* "$bin/lib/"
+		echo "CUDA backend taken from $keep (built earlier on this machine)"
 	else
 		local t0=$SECONDS
 		BUILD_DIR="$run/cuda-build" hack/build-cuda.sh "$bin/lib" "$run/src" || return 1
 		echo "CUDA backend built in $((SECONDS - t0)) s"
+		mkdir -p "$keep" && cp -a "$bin"/lib/libggml-* "$keep/"
 	fi
 	ldd "$bin/lib/libggml-cuda.so" | grep -E 'ggml|cuda|cublas|not found'
 	# The peer finds the same libraries in lib/ollama beside its bin/.

@@ -7,6 +7,11 @@
       concurrent streams whose prompts are P_i for chosen sets of i, i.e. chosen slot
       ids: contiguous, strided, two blocks. Aggregate tok/s as test/bench/peers counts it
       (tokens over first token of any stream .. last finish).
+  perf-probe.py curve URL SLOTS N1,N2,.. T1,T2,.. [TOKENS]
+      Pins P_i to slot i, then for each N and temperature T times N concurrent streams
+      on slots 0..N-1: aggregate tok/s and ms a step.
+  perf-probe.py profile URL SINGLE STREAMS TOKENS
+      Greedy: one stream of SINGLE tokens, then STREAMS streams on slots 0..STREAMS-1.
   perf-probe.py ttft URL N [MAXTOK]
       N sequential short streamed chats (each prompt unique), one line each: client-side
       time to the response headers and to the first content chunk, ms.
@@ -24,13 +29,13 @@ FILLER = ("the fleet of machines serves models to teams who ask questions about 
           "cities music numbers gardens history science stories and code every day").split()
 
 
-def chat(url, prompt, max_tokens, model=None):
+def chat(url, prompt, max_tokens, model=None, temperature=0.8):
     """One streamed chat: returns start, headers, first content, end (perf_counter s), tokens."""
     model = model or os.environ.get("PROBE_MODEL", "mid")
     u = urllib.parse.urlparse(url)
     conn = http.client.HTTPConnection(u.hostname, u.port, timeout=600)
     body = json.dumps({"model": model, "messages": [{"role": "user", "content": prompt}],
-                       "max_tokens": max_tokens, "temperature": 0.8, "seed": 1, "stream": True,
+                       "max_tokens": max_tokens, "temperature": temperature, "seed": 1, "stream": True,
                        "stream_options": {"include_usage": True}})
     t0 = time.perf_counter()
     conn.request("POST", "/v1/chat/completions", body, {"Content-Type": "application/json"})
@@ -72,13 +77,13 @@ def post(url, path):
     return r.status, out
 
 
-def concurrent(url, prompts, max_tokens):
+def concurrent(url, prompts, max_tokens, temperature=0.8):
     res = [None] * len(prompts)
     errs = []
 
     def go(i):
         try:
-            res[i] = chat(url, prompts[i], max_tokens)
+            res[i] = chat(url, prompts[i], max_tokens, temperature=temperature)
         except Exception as e:  # noqa: BLE001
             errs.append(e)
 
@@ -110,13 +115,9 @@ def runs(ids):
     return n
 
 
-def slots(url, nslots, reps):
-    # 1. One stream on the fresh runner (CUDA graphs not yet disturbed).
-    r = chat(url, "Warm up, then tell a long story about the sea.", 128)
-    d1 = (r["tokens"] - 1) / (r["end"] - r["first"])
-    print("decode1 fresh: %.1f tok/s (%d tokens)" % (d1, r["tokens"]), flush=True)
-    # 2. Pin P_i to slot i: staggered arrivals, each generating long enough that no slot
-    #    frees before all are admitted; then abort them all.
+def pin(url, nslots):
+    """Pins P_i to slot i: staggered arrivals, each generating long enough that no slot
+    frees before all are admitted; then aborts them all."""
     threads = []
     for i in range(nslots):
         t = threading.Thread(target=lambda i=i: _quiet(url, pin_prompt(i), 600))
@@ -127,6 +128,35 @@ def slots(url, nslots, reps):
     print("abort:", post(url, "/abort"), flush=True)
     for t in threads:
         t.join()
+
+
+def curve(url, nslots, counts, temps, tokens):
+    """Step time against the number of streams: N streams on slots 0..N-1 (one
+    micro-batch), greedy and sampled, so that the difference is the sampling's share."""
+    pin(url, nslots)
+    print("%4s %6s %9s %9s" % ("N", "temp", "tok/s", "ms/step"), flush=True)
+    for n in counts:
+        for temp in temps:
+            agg, tok, span = concurrent(url, [pin_prompt(i) for i in range(n)], tokens, temperature=temp)
+            print("%4d %6.2f %9.1f %9.2f" % (n, temp, agg, 1e3 * n / agg), flush=True)
+
+
+def profile(url, single, streams, tokens):
+    """What runs under the profiler: one stream of `single` tokens, then `streams`
+    streams of `tokens` tokens on slots 0..streams-1."""
+    r = chat(url, "Profile one stream, tell a story about the sea.", single, temperature=0)
+    print("single: %d tokens" % r["tokens"], flush=True)
+    agg, tok, span = concurrent(url, [pin_prompt(i) for i in range(streams)], tokens, temperature=0)
+    print("streams: %d tokens" % tok, flush=True)
+
+
+def slots(url, nslots, reps):
+    # 1. One stream on the fresh runner (CUDA graphs not yet disturbed).
+    r = chat(url, "Warm up, then tell a long story about the sea.", 128)
+    d1 = (r["tokens"] - 1) / (r["end"] - r["first"])
+    print("decode1 fresh: %.1f tok/s (%d tokens)" % (d1, r["tokens"]), flush=True)
+    # 2. Pin P_i to slot i.
+    pin(url, nslots)
     n, h = nslots // 4, nslots // 2
     layouts = {
         "contiguous 0..%d" % (n - 1): list(range(n)),
@@ -175,5 +205,10 @@ def ttft(url, n, max_tokens):
 if __name__ == "__main__":
     if sys.argv[1] == "slots":
         slots(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]) if len(sys.argv) > 4 else 3)
+    elif sys.argv[1] == "curve":
+        curve(sys.argv[2], int(sys.argv[3]), [int(x) for x in sys.argv[4].split(",")],
+              [float(x) for x in sys.argv[5].split(",")], int(sys.argv[6]) if len(sys.argv) > 6 else 64)
+    elif sys.argv[1] == "profile":
+        profile(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]))
     elif sys.argv[1] == "ttft":
         ttft(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]) if len(sys.argv) > 4 else 4)

@@ -115,6 +115,8 @@ func claudeEnv(home, baseURL, model string) []string {
 		// Background tasks use the haiku model.
 		"ANTHROPIC_MODEL=" + model, "ANTHROPIC_DEFAULT_HAIKU_MODEL=" + model,
 		fmt.Sprintf("CLAUDE_CODE_MAX_OUTPUT_TOKENS=%d", agentMaxOutputTokens),
+		// Else newer versions assume a far longer context than the deployment's.
+		fmt.Sprintf("CLAUDE_CODE_MAX_CONTEXT_TOKENS=%d", agentContextLength),
 		"CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1",
 		"DISABLE_AUTOUPDATER=1", "DISABLE_TELEMETRY=1", "DISABLE_ERROR_REPORTING=1",
 	}

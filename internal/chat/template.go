@@ -33,12 +33,20 @@ func NewTemplate(src, bos, eos string) (*Template, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Template{
+	tm := &Template{
 		tmpl: t, bos: bos, eos: eos,
 		Format:   DetectFormat(src),
 		Tools:    strings.Contains(src, "tools"),
 		Thinking: strings.Contains(src, "<think>"),
-	}, nil
+	}
+	// What the template renders for a call is the better signal; the marks in its
+	// source decide where it renders none (or fails on the probe).
+	if tm.Tools {
+		if f, ok := tm.probeFormat(); ok {
+			tm.Format = f
+		}
+	}
+	return tm, nil
 }
 
 // Input is what a prompt is rendered from.

@@ -163,7 +163,8 @@ func callRule(f chat.Format, name, key, args string) string {
 	case chat.FormatDeepSeek:
 		return fmt.Sprintf(`%s {{%s}} %s`, literal("<｜tool▁call▁begin｜>"+name+"<｜tool▁sep｜>"), args, literal("<｜tool▁call▁end｜>"))
 	case chat.FormatKimi:
-		return fmt.Sprintf(`%s [0-9]+ %s {{%s}} %s`, literal("<|tool_call_begin|>functions."+name+":"),
+		// The call's index: at most two digits, or a weak model writes digits forever.
+		return fmt.Sprintf(`%s [0-9] [0-9]? %s {{%s}} %s`, literal("<|tool_call_begin|>functions."+name+":"),
 			literal("<|tool_call_argument_begin|>"), args, literal("<|tool_call_end|>"))
 	}
 	return fmt.Sprintf(`%s {{%s}} "}"`, literal(fmt.Sprintf(`{"name": %q, %q: `, name, key)), args)

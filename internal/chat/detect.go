@@ -52,7 +52,9 @@ func FormatOfRendering(out string) (f Format, ok bool) {
 		return FormatGLM, true
 	case strings.Contains(out, deepseekCallBegin+probeFunction+deepseekSep):
 		return FormatDeepSeek, true
-	case strings.Contains(out, kimiCallBegin+"functions."+probeFunction+":"):
+	case strings.Contains(out, kimiCallBegin) && strings.Contains(out, kimiArgBegin):
+		// Kimi's templates write the call's id, which its model writes as
+		// functions.NAME:N, where the name would be.
 		return FormatKimi, true
 	case strings.Contains(out, gemmaCallBegin+"call:"+probeFunction+"{"):
 		return FormatFunctionGemma, true
@@ -66,11 +68,20 @@ func FormatOfRendering(out string) (f Format, ok bool) {
 	return FormatNone, false
 }
 
-// probeFormat renders the probe with t and names the call syntax it shows.
-func (t *Template) probeFormat() (Format, bool) {
+// probe renders the probe with t and takes the call syntax it shows as t's format.
+// A template that cannot render a call whose arguments are an object but can when
+// they are a string (one that joins them to strings, as DeepSeek's do) is given
+// strings from then on.
+func (t *Template) probe() {
 	out, e := t.Render(ProbeInput(), false)
 	if e != nil {
-		return FormatNone, false
+		t.stringArgs = true
+		if out, e = t.Render(ProbeInput(), false); e != nil {
+			t.stringArgs = false
+			return
+		}
 	}
-	return FormatOfRendering(out)
+	if f, ok := FormatOfRendering(out); ok {
+		t.Format = f
+	}
 }

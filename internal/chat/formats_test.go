@@ -275,6 +275,7 @@ func TestFormatOfRendering(t *testing.T) {
 		{"qwen3-coder mentions JSON in its instructions", "Reply as <tool_call>{\"name\": ...}</tool_call>.\n" +
 			"<tool_call>\n<function=" + p + ">\n<parameter=query>\nprobe\n</parameter>\n</function>\n</tool_call>", FormatQwen3Coder, true},
 		{"kimi", "<|tool_calls_section_begin|><|tool_call_begin|>functions." + p + ":0<|tool_call_argument_begin|>{}<|tool_call_end|>", FormatKimi, true},
+		{"kimi writing the call's id", "<|tool_call_begin|>" + probeCallID + "<|tool_call_argument_begin|>{}<|tool_call_end|>", FormatKimi, true},
 		{"mistral array", "[TOOL_CALLS][{\"name\": \"" + p + "\", \"arguments\": {}}]", FormatMistral, true},
 		{"mistral args", "[TOOL_CALLS]" + p + "[ARGS]{}", FormatMistral, true},
 		{"harmony", "<|start|>assistant to=functions." + p + "<|channel|>commentary json<|message|>{}<|call|>", FormatHarmony, true},
@@ -284,5 +285,36 @@ func TestFormatOfRendering(t *testing.T) {
 		if f, ok := FormatOfRendering(tc.out); f != tc.want || ok != tc.ok {
 			t.Errorf("%s: %v %v, want %v %v", tc.name, f, ok, tc.want, tc.ok)
 		}
+	}
+}
+
+// TestStringArgumentsTemplate: a template that joins a call's arguments to strings,
+// as DeepSeek's do, renders a conversation holding calls (it failed on any such
+// conversation when arguments were always an object) and is detected by its calls.
+func TestStringArgumentsTemplate(t *testing.T) {
+	// Written here in the shape of such a template, not copied from one.
+	const src = `{% for m in messages %}{% if m.role == 'user' %}<｜User｜>{{ m.content }}` +
+		`{% elif m.tool_calls %}<｜Assistant｜>{{ m.content }}<｜tool▁calls▁begin｜>{% for c in m.tool_calls %}` +
+		`{{ '<｜tool▁call▁begin｜>' + c['function']['name'] + '<｜tool▁sep｜>' + c['function']['arguments'] + '<｜tool▁call▁end｜>' }}` +
+		`{% endfor %}<｜tool▁calls▁end｜>{% endif %}{% endfor %}{% if tools %}{% endif %}`
+	tm, err := NewTemplate(src, "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tm.Format != FormatDeepSeek {
+		t.Errorf("format %v, want %v", tm.Format, FormatDeepSeek)
+	}
+	out, e := tm.Render(formatsConversation(), true)
+	if e != nil {
+		t.Fatal(e)
+	}
+	want := `<｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{"city":"Paris","days":3,"metric":true}<｜tool▁call▁end｜>`
+	if !strings.Contains(out, want) {
+		t.Errorf("rendering lacks %s:\n%s", want, out)
+	}
+	// The rendered turn parses back into the calls.
+	turn := out[strings.Index(out, "Let me check."):]
+	if _, calls := parseOutput(t, Options{Format: tm.Format, Tools: true, Parallel: true}, turn); cmp.Diff(formatsCalls, calls) != "" {
+		t.Errorf("calls %v", calls)
 	}
 }

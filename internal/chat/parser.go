@@ -63,16 +63,14 @@ type Parser struct {
 	thought bool
 	// harmony output is parsed when it ends.
 	harmony strings.Builder
-	// tools are o.Defs as the module parsers take them.
-	tools []api.Tool
+	// tools are o.Defs as the module parsers take them, converted at the first call.
+	tools     []api.Tool
+	converted bool
 }
 
 // NewParser returns a parser for one answer.
 func NewParser(o Options) *Parser {
 	p := &Parser{o: o}
-	if o.Tools && len(o.Defs) > 0 {
-		p.tools = moduleTools(o.Defs)
-	}
 	if o.InReasoning {
 		p.phase = phaseReasoning
 	}
@@ -219,6 +217,9 @@ func (p *Parser) closeCall(d *Delta, region string, atEnd bool) {
 	text := region
 	if start, end := p.o.Format.region(); end != "" {
 		text = strings.TrimSuffix(strings.TrimPrefix(strings.TrimSpace(region), start), end)
+	}
+	if !p.converted {
+		p.tools, p.converted = moduleTools(p.o.Defs), true
 	}
 	calls, cut := parseCalls(p.o.Format, text, atEnd, p.tools)
 	if len(calls) == 0 && (!cut || p.calls == 0) {

@@ -168,11 +168,10 @@ func messageValue(m runnerapi.Message, i int, stringArgs bool) (*jinja.Dict, *ru
 					fmt.Sprintf("messages[%d].tool_calls[%d].function.arguments", i, j),
 					"arguments must be a JSON string holding an object: %v", err)
 			}
-			if stringArgs {
-				fn.Set("arguments", strings.TrimSpace(c.Function.Arguments))
-				if c.Function.Arguments == "" {
-					fn.Set("arguments", "{}")
-				}
+			if s := strings.TrimSpace(c.Function.Arguments); stringArgs && s != "" {
+				fn.Set("arguments", s)
+			} else if stringArgs {
+				fn.Set("arguments", "{}")
 			} else {
 				fn.Set("arguments", args)
 			}

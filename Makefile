@@ -83,7 +83,9 @@ build: ## Build the pure-Go macfleet binary.
 
 .PHONY: runner
 runner: $(RUNNER) ## Build the cgo runner (llama.cpp; Metal on darwin, CPU elsewhere).
-$(RUNNER): $(shell find metal/runner cmd/macfleet-runner -name '*.go' -o -name '*.h' -o -name '*.c*' 2>/dev/null) go.mod hack/build-runner.sh | deps
+# The runner's own code and the packages it links (internal/chat, api/runnerapi, ...):
+# a change to the output parser must rebuild it (go build itself is cached).
+$(RUNNER): $(shell find metal/runner cmd/macfleet-runner internal api -name '*.go' ! -name '*_test.go' -o -name '*.h' -o -name '*.c*' 2>/dev/null) go.mod hack/build-runner.sh | deps
 	hack/step.sh runner hack/build-runner.sh $(RUNNER)
 
 .PHONY: envtest

@@ -35,13 +35,13 @@ PEER          := $(PEER_DIR)/ollama
 
 # What this machine needs for the goals asked (hack/deps.sh): the test set for test-like
 # goals, the peers set for bench-peers and peer, the demo set otherwise.
-DEPS_GOALS    := $(strip $(if $(filter test attack soak fuzz bench chart-test,$(MAKECMDGOALS)),test,$(if $(filter bench-peers peer,$(MAKECMDGOALS)),,demo)) \
+DEPS_GOALS    := $(strip $(if $(filter test attack soak fuzz bench chart-test record-clients,$(MAKECMDGOALS)),test,$(if $(filter bench-peers peer,$(MAKECMDGOALS)),,demo)) \
 	$(if $(filter bench-peers peer,$(MAKECMDGOALS)),peers))
 # The components this run builds from nothing, in make's order: hack/step.sh announces
 # each as "[N/M] name" with the time since make started.
 MACFLEET_STEPS := $(strip $(if $(wildcard $(ENVTEST_DIR)/kube-apiserver),,etcd kube-apiserver kubectl) \
 	$(if $(filter demo dev-cluster bench-peers bench-fleetcache,$(MAKECMDGOALS)),$(if $(wildcard $(BIN)/macfleet),,macfleet)) \
-	$(if $(filter demo runner test attack soak bench bench-peers bench-fleetcache,$(MAKECMDGOALS)),$(if $(wildcard $(RUNNER)),,runner)) \
+	$(if $(filter demo runner test attack soak bench bench-peers bench-fleetcache record-clients,$(MAKECMDGOALS)),$(if $(wildcard $(RUNNER)),,runner)) \
 	$(if $(filter bench-peers peer,$(MAKECMDGOALS)),$(if $(wildcard $(PEER)),,peer)) \
 	$(if $(filter test helm chart-test chart-verify,$(MAKECMDGOALS)),$(if $(wildcard $(HELM)),,helm)) \
 	$(if $(filter verify lint golangci-lint,$(MAKECMDGOALS)),$(if $(wildcard $(GOLANGCI_LINT)),,golangci-lint)))
@@ -83,7 +83,9 @@ build: ## Build the pure-Go macfleet binary.
 
 .PHONY: runner
 runner: $(RUNNER) ## Build the cgo runner (llama.cpp; Metal on darwin, CPU elsewhere).
-$(RUNNER): $(shell find metal/runner cmd/macfleet-runner -name '*.go' -o -name '*.h' -o -name '*.c*' 2>/dev/null) go.mod hack/build-runner.sh | deps
+# The runner's own code and the packages it links (internal/chat, api/runnerapi, ...):
+# a change to the output parser must rebuild it (go build itself is cached).
+$(RUNNER): $(shell find metal/runner cmd/macfleet-runner internal api -name '*.go' ! -name '*_test.go' -o -name '*.h' -o -name '*.c*' 2>/dev/null) go.mod hack/build-runner.sh | deps
 	hack/step.sh runner hack/build-runner.sh $(RUNNER)
 
 .PHONY: envtest
@@ -114,6 +116,16 @@ test: deps envtest runner helm ## Run every test (race detector, real API server
 .PHONY: attack
 attack: deps envtest runner ## Try each data-plane exploit of docs/security.md against real components, as an attacker would.
 	hack/attack.sh
+
+# CLIENTS_NODE_MODULES: a node_modules folder holding other versions of the coding
+# agents (npm install --prefix DIR @anthropic-ai/claude-code@VERSION @openai/codex@VERSION
+# gives DIR/node_modules); default hack/npm's pinned install.
+CLIENTS_NODE_MODULES ?=
+
+.PHONY: record-clients
+record-clients: deps envtest runner ## Record the coding agents' first requests against the local fleet into internal/chat/translate/testdata/clients.
+	MACFLEET_E2E_RECORD=1 $(if $(CLIENTS_NODE_MODULES),MACFLEET_NODE_MODULES=$(abspath $(CLIENTS_NODE_MODULES))) \
+		hack/go-env.sh go test -count=1 -timeout 30m -run '^TestCodingAgents$$' -v ./test/e2e/
 
 SOAK_DURATION ?= 10m
 SOAK_SEED     ?= 1

@@ -8,6 +8,8 @@ import (
 	"io"
 	"strings"
 
+	"github.com/ollama/ollama/api"
+
 	"github.com/macfleet/macfleet/api/runnerapi"
 )
 
@@ -30,10 +32,27 @@ const (
 	// FormatHarmony: gpt-oss channels; commentary addressed to=functions.NAME carries
 	// a call, analysis is reasoning, final is the answer.
 	FormatHarmony
+	// FormatQwen3Coder: <tool_call><function=NAME><parameter=KEY>VALUE</parameter>…
+	// </function></tool_call>, values as text typed by the tool's schema.
+	FormatQwen3Coder
+	// FormatGLM: <tool_call>NAME<arg_key>KEY</arg_key><arg_value>VALUE</arg_value>…
+	// </tool_call> (GLM 4.5 to 4.7, with or without newlines between the parts).
+	FormatGLM
+	// FormatDeepSeek: <｜tool▁calls▁begin｜>, then per call <｜tool▁call▁begin｜>NAME
+	// <｜tool▁sep｜>{...}<｜tool▁call▁end｜>, then <｜tool▁calls▁end｜> (DeepSeek V3.1).
+	FormatDeepSeek
+	// FormatKimi: <|tool_calls_section_begin|>, then per call <|tool_call_begin|>
+	// functions.NAME:N<|tool_call_argument_begin|>{...}<|tool_call_end|>, then
+	// <|tool_calls_section_end|> (Kimi K2).
+	FormatKimi
+	// FormatFunctionGemma: <start_function_call>call:NAME{KEY:VALUE,…}<end_function_call>,
+	// strings between <escape> marks (the function-calling Gemma 3).
+	FormatFunctionGemma
 )
 
 var formatNames = map[Format]string{FormatNone: "none", FormatHermes: "hermes", FormatLlama3: "llama3-json",
-	FormatMistral: "mistral", FormatHarmony: "harmony"}
+	FormatMistral: "mistral", FormatHarmony: "harmony", FormatQwen3Coder: "qwen3-coder", FormatGLM: "glm",
+	FormatDeepSeek: "deepseek-v3.1", FormatKimi: "kimi-k2", FormatFunctionGemma: "function-gemma"}
 
 func (f Format) String() string { return formatNames[f] }
 
@@ -49,17 +68,39 @@ func (f Format) Markers() []string {
 		return []string{"[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"}
 	case FormatHarmony:
 		return []string{"<|channel|>", "<|message|>", "<|constrain|>", "<|end|>", "<|start|>", "<|call|>", "<|return|>"}
+	case FormatQwen3Coder:
+		return []string{"<tool_call>", "</tool_call>"}
+	case FormatGLM:
+		return []string{"<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"}
+	case FormatDeepSeek:
+		return []string{deepseekCallsBegin, deepseekCallsEnd, deepseekCallBegin, deepseekCallEnd, deepseekSep}
+	case FormatKimi:
+		return []string{kimiSectionBegin, kimiSectionEnd, kimiCallBegin, kimiArgBegin, kimiCallEnd}
+	case FormatFunctionGemma:
+		return []string{gemmaCallBegin, gemmaCallEnd, "<escape>"}
 	}
 	return nil
 }
 
-// DetectFormat picks the tool-call format a chat template teaches its model.
+// DetectFormat picks the tool-call format a chat template's source teaches its
+// model, by the special marks it writes. NewTemplate prefers what the template
+// renders for a call (FormatOfRendering) and falls back to this.
 func DetectFormat(src string) Format {
 	switch {
 	case strings.Contains(src, "<|channel|>"):
 		return FormatHarmony
 	case strings.Contains(src, "[TOOL_CALLS]"):
 		return FormatMistral
+	case strings.Contains(src, deepseekSep):
+		return FormatDeepSeek
+	case strings.Contains(src, kimiArgBegin):
+		return FormatKimi
+	case strings.Contains(src, gemmaCallBegin):
+		return FormatFunctionGemma
+	case strings.Contains(src, "<tool_call>") && strings.Contains(src, "<function="):
+		return FormatQwen3Coder
+	case strings.Contains(src, "<tool_call>") && strings.Contains(src, "<arg_key>"):
+		return FormatGLM
 	case strings.Contains(src, "<tool_call>"):
 		return FormatHermes
 	case strings.Contains(src, "<|python_tag|>") || strings.Contains(src, "<|start_header_id|>") && strings.Contains(src, "tool"):
@@ -133,12 +174,20 @@ func argumentString(a json.RawMessage) (string, bool) {
 // With atEnd (the output ended inside the region, as when max_tokens cuts it), a last
 // call that the end cut short is left out and cut is true: calls are the complete
 // ones before it, maybe none.
-func parseCalls(f Format, text string, atEnd bool) (calls []runnerapi.ToolCall, cut bool) {
+// tools type the values of formats that write them as text.
+func parseCalls(f Format, text string, atEnd bool, tools []api.Tool) (calls []runnerapi.ToolCall, cut bool) {
 	text = strings.TrimSpace(text)
 	var out []runnerapi.ToolCall
 	add := func(name, args string) {
 		out = append(out, runnerapi.ToolCall{ID: NewCallID(), Type: "function",
 			Function: runnerapi.FunctionCall{Name: name, Arguments: args}})
+	}
+	if decode := decoderFor(f, text); decode != nil {
+		raw, cut := decode(text, atEnd, tools)
+		for _, c := range raw {
+			add(c.name, c.args)
+		}
+		return out, cut
 	}
 	switch f {
 	case FormatMistral:

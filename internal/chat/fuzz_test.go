@@ -110,9 +110,16 @@ func FuzzParser(f *testing.F) {
 	f.Add(`[TOOL_CALLS]f[ARGS]{"x":1}`, uint8(3), uint16(12))
 	f.Add(`<|channel|>analysis<|message|>think<|end|><|start|>assistant<|channel|>commentary to=functions.f <|constrain|>json<|message|>{"a":1}<|call|>`, uint8(4), uint16(20))
 	f.Add(`{"name": "f", "arguments": {"a": [1, {"b": "}"}]}}`, uint8(0), uint16(7))
+	f.Add("<tool_call>\n<function=f>\n<parameter=a>\n1\n</parameter>\n</function>\n</tool_call>", uint8(5), uint16(14))
+	f.Add("<tool_call>f<arg_key>a</arg_key><arg_value>1</arg_value></tool_call>", uint8(6), uint16(20))
+	f.Add(`<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>f<｜tool▁sep｜>{"a":1}<｜tool▁call▁end｜><｜tool▁calls▁end｜>`, uint8(7), uint16(30))
+	f.Add(`<|tool_calls_section_begin|><|tool_call_begin|>functions.f:0<|tool_call_argument_begin|>{"a":1}<|tool_call_end|><|tool_calls_section_end|>`, uint8(8), uint16(40))
+	f.Add(`<start_function_call>call:f{a:<escape>x<escape>}<end_function_call>`, uint8(9), uint16(25))
 	f.Fuzz(func(t *testing.T, out string, format uint8, cut uint16) {
 		for _, tools := range []bool{true, false} {
-			p := chat.NewParser(chat.Options{Format: chat.Format(format % 5), Tools: tools, Thinking: true, Parallel: true})
+			p := chat.NewParser(chat.Options{Format: chat.Format(format % 10), Tools: tools, Thinking: true, Parallel: true,
+				Defs: []runnerapi.Tool{{Type: "function", Function: runnerapi.Function{Name: "f",
+					Parameters: json.RawMessage(`{"type":"object","properties":{"a":{"type":"integer"}}}`)}}}})
 			i := int(cut) % (len(out) + 1)
 			ds := []chat.Delta{p.Push(out[:i]), p.Push(out[i:]), p.Finish()}
 			for _, d := range ds {

@@ -3,6 +3,8 @@ package chat
 import (
 	"strings"
 
+	"github.com/ollama/ollama/api"
+
 	"github.com/macfleet/macfleet/api/runnerapi"
 )
 
@@ -28,6 +30,9 @@ type Options struct {
 	Thinking bool
 	// InReasoning: the prompt ended inside an open <think> block.
 	InReasoning bool
+	// Defs are the request's tools: their parameter schemas type the values of
+	// formats that write them as text (Qwen3-Coder, GLM).
+	Defs []runnerapi.Tool
 }
 
 type phase int
@@ -58,6 +63,9 @@ type Parser struct {
 	thought bool
 	// harmony output is parsed when it ends.
 	harmony strings.Builder
+	// tools are o.Defs as the module parsers take them, converted at the first call.
+	tools     []api.Tool
+	converted bool
 }
 
 // NewParser returns a parser for one answer.
@@ -74,15 +82,8 @@ func (p *Parser) Calls() int { return p.calls }
 
 // startMarker is the marker that opens a call region in the content phase.
 func (p *Parser) startMarker() string {
-	switch p.o.Format {
-	case FormatHermes, FormatNone:
-		return "<tool_call>"
-	case FormatMistral:
-		return "[TOOL_CALLS]"
-	case FormatLlama3:
-		return "<|python_tag|>"
-	}
-	return ""
+	start, _ := p.o.Format.region()
+	return start
 }
 
 // Push adds output text and returns what can be said of it now.
@@ -187,13 +188,13 @@ func (p *Parser) drain(d *Delta, final bool) {
 			p.buf = p.buf[i:]
 			p.phase = phaseCall
 		case phaseCall:
-			if p.o.Format != FormatHermes && p.o.Format != FormatNone {
+			_, end := p.o.Format.region()
+			if end == "" {
 				// Llama 3 and Mistral calls run to the end of the output.
 				p.call += p.buf
 				p.buf = ""
 				return
 			}
-			const end = "</tool_call>"
 			p.call += p.buf
 			p.buf = ""
 			i := strings.Index(p.call, end)
@@ -214,10 +215,13 @@ func (p *Parser) drain(d *Delta, final bool) {
 // limit cut what followed. A region whose only call is cut stays content.
 func (p *Parser) closeCall(d *Delta, region string, atEnd bool) {
 	text := region
-	if p.o.Format == FormatHermes || p.o.Format == FormatNone {
-		text = strings.TrimSuffix(strings.TrimPrefix(strings.TrimSpace(region), "<tool_call>"), "</tool_call>")
+	if start, end := p.o.Format.region(); end != "" {
+		text = strings.TrimSuffix(strings.TrimPrefix(strings.TrimSpace(region), start), end)
 	}
-	calls, cut := parseCalls(p.o.Format, text, atEnd)
+	if !p.converted {
+		p.tools, p.converted = moduleTools(p.o.Defs), true
+	}
+	calls, cut := parseCalls(p.o.Format, text, atEnd, p.tools)
 	if len(calls) == 0 && (!cut || p.calls == 0) {
 		d.Content += region
 		p.phase = phaseContent

@@ -24,6 +24,9 @@ type Template struct {
 	Tools bool
 	// Thinking reports whether the template knows <think> reasoning blocks.
 	Thinking bool
+	// stringArgs: the template joins a call's arguments to strings (DeepSeek's do),
+	// so they are given as the JSON string, not as an object.
+	stringArgs bool
 }
 
 // NewTemplate parses a GGUF's tokenizer.chat_template. bos and eos are the texts of
@@ -33,12 +36,18 @@ func NewTemplate(src, bos, eos string) (*Template, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Template{
+	tm := &Template{
 		tmpl: t, bos: bos, eos: eos,
 		Format:   DetectFormat(src),
 		Tools:    strings.Contains(src, "tools"),
 		Thinking: strings.Contains(src, "<think>"),
-	}, nil
+	}
+	// What the template renders for a call is the better signal; the marks in its
+	// source decide where it renders none (or fails on the probe).
+	if tm.Tools {
+		tm.probe()
+	}
+	return tm, nil
 }
 
 // Input is what a prompt is rendered from.
@@ -94,7 +103,7 @@ func (t *Template) Render(in Input, stripBOS bool) (string, *runnerapi.Error) {
 func (t *Template) vars(in Input) (map[string]any, *runnerapi.Error) {
 	msgs := &jinja.List{}
 	for i, m := range in.Messages {
-		d, e := messageValue(m, i)
+		d, e := messageValue(m, i, t.stringArgs)
 		if e != nil {
 			return nil, e
 		}
@@ -132,8 +141,9 @@ func (t *Template) vars(in Input) (map[string]any, *runnerapi.Error) {
 }
 
 // messageValue is a message as templates expect it: content a string, tool call
-// arguments an object (templates print them with tojson).
-func messageValue(m runnerapi.Message, i int) (*jinja.Dict, *runnerapi.Error) {
+// arguments an object (templates print them with tojson), or with stringArgs the
+// JSON string the client sent.
+func messageValue(m runnerapi.Message, i int, stringArgs bool) (*jinja.Dict, *runnerapi.Error) {
 	d := jinja.NewDict()
 	role := m.Role
 	d.Set("role", role)
@@ -158,7 +168,13 @@ func messageValue(m runnerapi.Message, i int) (*jinja.Dict, *runnerapi.Error) {
 					fmt.Sprintf("messages[%d].tool_calls[%d].function.arguments", i, j),
 					"arguments must be a JSON string holding an object: %v", err)
 			}
-			fn.Set("arguments", args)
+			if s := strings.TrimSpace(c.Function.Arguments); stringArgs && s != "" {
+				fn.Set("arguments", s)
+			} else if stringArgs {
+				fn.Set("arguments", "{}")
+			} else {
+				fn.Set("arguments", args)
+			}
 			call := jinja.NewDict()
 			if c.ID != "" {
 				call.Set("id", c.ID)

@@ -33,7 +33,8 @@ const (
 	agentMaxOutputTokens = 64
 	// agentTurnTimeout bounds one client process (one turn).
 	agentTurnTimeout = 6 * time.Minute
-	// recordEnv set rewrites internal/chat/translate/testdata/clients from this run.
+	// recordEnv set rewrites internal/chat/translate/testdata/clients from this run
+	// (make record-clients), for the client versions installed.
 	recordEnv = "MACFLEET_E2E_RECORD"
 )
 
@@ -78,9 +79,9 @@ func codingAgents(t *testing.T) (claude, codex agentClient) {
 		t.Fatalf("hack/npm/package.json: %v", err)
 	}
 	modules := nodeModules()
-	claude = agentClient{name: "claude-code", version: pkg.Dependencies["@anthropic-ai/claude-code"],
+	claude = agentClient{name: "claude-code", version: clientVersion(modules, "@anthropic-ai/claude-code", pkg.Dependencies),
 		bin: filepath.Join(modules, ".bin", "claude"), apiPath: "/v1/messages"}
-	codex = agentClient{name: "codex", version: pkg.Dependencies["@openai/codex"],
+	codex = agentClient{name: "codex", version: clientVersion(modules, "@openai/codex", pkg.Dependencies),
 		bin: filepath.Join(modules, ".bin", "codex"), apiPath: "/v1/responses"}
 	for _, c := range []agentClient{claude, codex} {
 		if c.version == "" {
@@ -102,6 +103,21 @@ func codingAgents(t *testing.T) (claude, codex agentClient) {
 	return claude, codex
 }
 
+// clientVersion is the version of the client package pkg the test expects: the one
+// hack/npm pins, or when recording (make record-clients) the one installed in
+// modules, so a newer client's fixtures are written beside the pinned one's.
+func clientVersion(modules, pkg string, pinned map[string]string) string {
+	if os.Getenv(recordEnv) == "" {
+		return pinned[pkg]
+	}
+	var installed struct{ Version string }
+	b, err := os.ReadFile(filepath.Join(modules, filepath.FromSlash(pkg), "package.json"))
+	if err != nil || json.Unmarshal(b, &installed) != nil || installed.Version == "" {
+		return pinned[pkg]
+	}
+	return installed.Version
+}
+
 // claudeEnv is the environment that points Claude Code at baseURL (the gateway) and
 // keeps it from reaching anything else: without CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC
 // it looks up api.anthropic.com; the other three are what that one implies, spelled
@@ -115,6 +131,8 @@ func claudeEnv(home, baseURL, model string) []string {
 		// Background tasks use the haiku model.
 		"ANTHROPIC_MODEL=" + model, "ANTHROPIC_DEFAULT_HAIKU_MODEL=" + model,
 		fmt.Sprintf("CLAUDE_CODE_MAX_OUTPUT_TOKENS=%d", agentMaxOutputTokens),
+		// Else newer versions assume a far longer context than the deployment's.
+		fmt.Sprintf("CLAUDE_CODE_MAX_CONTEXT_TOKENS=%d", agentContextLength),
 		"CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1",
 		"DISABLE_AUTOUPDATER=1", "DISABLE_TELEMETRY=1", "DISABLE_ERROR_REPORTING=1",
 	}

@@ -218,6 +218,9 @@ func TestForcedToolCalls(t *testing.T) {
 		{"llama31", "llama3-json", testassets.Llama31Spec, llama31.Source},
 		{"llama3-vocab-hermes", "hermes", withTemplate(hermesTemplate), hermesTemplate},
 		{"llama3-vocab-mistral", "mistral", withTemplate(mistralTemplate), mistralTemplate},
+		{"llama3-vocab-deepseek", "deepseek-v3.1", withTemplate(deepseekTemplate), deepseekTemplate},
+		{"llama3-vocab-kimi", "kimi-k2", withTemplate(kimiTemplate), kimiTemplate},
+		{"llama3-vocab-qwen3-coder", "qwen3-coder", withTemplate(qwen3CoderTemplate), qwen3CoderTemplate},
 	}
 	params := map[string]*jsonschema.Schema{}
 	for _, tool := range []string{boundedWeatherTool, timeTool} {

@@ -52,7 +52,7 @@ var Responses = Policy{API: "OpenAI Responses", Endpoint: "/v1/responses", Field
 	{Name: "instructions", Treatment: Honoured, Does: "the system prompt"},
 	{Name: "tools", Treatment: Honoured, Does: "function tools; namespace tools flattened into functions; hosted tools as below"},
 	{Name: "tools[].type=namespace", Treatment: Honoured, Does: "its functions are offered to the model; a call comes back with its namespace"},
-	{Name: "tools[].defer_loading", Treatment: Hint, Does: "the function is shown to the model at once (there is no hosted tool_search)"},
+	{Name: "tools[].defer_loading", Treatment: Hint, Does: "the function is shown to the model at once (there is no hosted tool_search): named in the header unless false; on a namespace or its functions alike", Neutral: []string{"false"}},
 	{Name: "tools[].type=" + strings.Join(HostedResponsesTools, "|"), Treatment: Hint, Does: "hosted tools only the vendor runs: not shown to the model, named in the header as tools[TYPE]"},
 	{Name: "tools[].type=custom|local_shell|shell|computer_use_preview|apply_patch", Treatment: Refused, Does: "tools whose calls only the vendor's models emit"},
 	{Name: "tool_choice", Treatment: Honoured, Does: "auto, none, required, a named function"},

@@ -64,6 +64,10 @@ func ForChat(in Input) (*Spec, *runnerapi.Error) {
 	s := &Spec{Schemas: map[string]json.RawMessage{}, Rules: map[string]string{}, b: &budget{}}
 	var alts []string
 	if forced || callable && format {
+		if in.Format == chat.FormatFunctionGemma {
+			return nil, runnerapi.InvalidRequest(runnerapi.CodeUnsupportedParameter, "tool_choice",
+				"constrained tool calls are not supported yet for models that write the %s format", in.Format)
+		}
 		tools := in.Tools
 		if in.ToolChoice != nil && in.ToolChoice.Mode == "function" {
 			for _, t := range in.Tools {
@@ -119,15 +123,23 @@ func (s *Spec) addCalls(f chat.Format, tools []runnerapi.Tool, parallel bool) *r
 		args := fmt.Sprintf("mf-args-%d", i)
 		s.Schemas[args] = params
 		rule := fmt.Sprintf("mf-call-%d", i)
-		s.Rules[rule] = fmt.Sprintf(`%s {{%s}} "}"`, literal(fmt.Sprintf(`{"name": %q, %q: `, t.Function.Name, key)), args)
+		s.Rules[rule] = callRule(f, t.Function.Name, key, args)
 		calls = append(calls, rule)
 	}
 	s.Rules["mf-call"] = strings.Join(calls, " | ")
 	var one, sep, open, closing string
 	switch f {
-	case chat.FormatHermes:
+	case chat.FormatHermes, chat.FormatQwen3Coder, chat.FormatGLM:
+		// Qwen3-Coder and GLM models are held to JSON in their <tool_call> tags, which
+		// the parser reads as well as their own syntax.
 		one = `"<tool_call>\n" mf-call "\n</tool_call>"`
 		sep = `"\n"`
+	case chat.FormatDeepSeek:
+		open, closing = literal("<｜tool▁calls▁begin｜>")+" ", " "+literal("<｜tool▁calls▁end｜>")
+		one = "mf-call"
+	case chat.FormatKimi:
+		open, closing = literal("<|tool_calls_section_begin|>")+" ", " "+literal("<|tool_calls_section_end|>")
+		one = "mf-call"
 	case chat.FormatMistral:
 		open, closing = `"[TOOL_CALLS][" `, ` "]"`
 		one, sep = "mf-call", `", "`
@@ -138,10 +150,24 @@ func (s *Spec) addCalls(f chat.Format, tools []runnerapi.Tool, parallel bool) *r
 	}
 	body := one
 	if parallel {
-		body = one + " ( " + sep + " " + one + " )*"
+		body = one + " ( " + strings.TrimSpace(sep+" "+one) + " )*"
 	}
 	s.Rules["mf-calls"] = open + body + closing
 	return nil
+}
+
+// callRule is the rule of one call of the function name in format f, its arguments
+// the schema rule args.
+func callRule(f chat.Format, name, key, args string) string {
+	switch f {
+	case chat.FormatDeepSeek:
+		return fmt.Sprintf(`%s {{%s}} %s`, literal("<｜tool▁call▁begin｜>"+name+"<｜tool▁sep｜>"), args, literal("<｜tool▁call▁end｜>"))
+	case chat.FormatKimi:
+		// The call's index: at most two digits, or a weak model writes digits forever.
+		return fmt.Sprintf(`%s [0-9] [0-9]? %s {{%s}} %s`, literal("<|tool_call_begin|>functions."+name+":"),
+			literal("<|tool_call_argument_begin|>"), args, literal("<|tool_call_end|>"))
+	}
+	return fmt.Sprintf(`%s {{%s}} "}"`, literal(fmt.Sprintf(`{"name": %q, %q: `, name, key)), args)
 }
 
 // literal quotes text as a GBNF string literal.

@@ -59,6 +59,19 @@ func TestForChat(t *testing.T) {
 			root: "mf-reasoning ( {{mf-answer}} )", schemas: []string{"mf-answer"}},
 		{name: "harmony refused", in: Input{Format: chat.FormatHarmony, Tools: tools("a"),
 			ToolChoice: &runnerapi.ToolChoice{Mode: "required"}}, errParam: "tool_choice"},
+		{name: "qwen3-coder held to JSON in its tags", in: Input{Format: chat.FormatQwen3Coder, Tools: tools("a"),
+			ToolChoice: &runnerapi.ToolChoice{Mode: "required"}},
+			root: "mf-calls", calls: `"<tool_call>\n" mf-call "\n</tool_call>"`, schemas: []string{"mf-args-0"}},
+		{name: "deepseek section", in: Input{Format: chat.FormatDeepSeek, Tools: tools("a"),
+			ToolChoice: &runnerapi.ToolChoice{Mode: "required"}, Parallel: true},
+			root: "mf-calls", calls: `"<｜tool▁calls▁begin｜>" mf-call ( mf-call )* "<｜tool▁calls▁end｜>"`, schemas: []string{"mf-args-0"}},
+		{name: "kimi section", in: Input{Format: chat.FormatKimi, Tools: tools("a"),
+			ToolChoice: &runnerapi.ToolChoice{Mode: "required"}},
+			root: "mf-calls", calls: `"<|tool_calls_section_begin|>" mf-call "<|tool_calls_section_end|>"`, schemas: []string{"mf-args-0"}},
+		{name: "function-gemma refused", in: Input{Format: chat.FormatFunctionGemma, Tools: tools("a"),
+			ToolChoice: &runnerapi.ToolChoice{Mode: "required"}}, errParam: "tool_choice"},
+		{name: "function-gemma free with a format alone", in: Input{Format: chat.FormatFunctionGemma, ResponseFormat: schema},
+			root: "{{mf-answer}}", schemas: []string{"mf-answer"}},
 		{name: "unsupported keyword in tool parameters", in: Input{Format: chat.FormatHermes,
 			Tools:      []runnerapi.Tool{{Type: "function", Function: runnerapi.Function{Name: "a", Parameters: json.RawMessage(`{"not":{}}`)}}},
 			ToolChoice: &runnerapi.ToolChoice{Mode: "required"}}, errParam: "tools[0].function.parameters"},
@@ -108,6 +121,8 @@ func TestCallRuleNamesTheFunction(t *testing.T) {
 	}{
 		{chat.FormatHermes, `"{\"name\": \"get_weather\", \"arguments\": " {{mf-args-0}} "}"`},
 		{chat.FormatLlama3, `"{\"name\": \"get_weather\", \"parameters\": " {{mf-args-0}} "}"`},
+		{chat.FormatDeepSeek, `"<｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>" {{mf-args-0}} "<｜tool▁call▁end｜>"`},
+		{chat.FormatKimi, `"<|tool_call_begin|>functions.get_weather:" [0-9] [0-9]? "<|tool_call_argument_begin|>" {{mf-args-0}} "<|tool_call_end|>"`},
 	} {
 		s, e := ForChat(Input{Format: tc.format, Tools: tools("get_weather"), ToolChoice: &runnerapi.ToolChoice{Mode: "required"}})
 		if e != nil {

@@ -223,7 +223,15 @@ func TestResponsesClientFields(t *testing.T) {
 			"description":"Agents.","tools":[{"type":"function","name":"spawn_agent","description":"Spawn.","parameters":{"type":"object"},"strict":false,
 			"defer_loading":true}]}]}`,
 			chat: map[string]string{"tools": `[{"type":"function","function":{"name":"exec_command","parameters":{"type":"object"},"strict":false}},` +
-				`{"type":"function","function":{"name":"spawn_agent","description":"Spawn.","parameters":{"type":"object"},"strict":false}}]`}},
+				`{"type":"function","function":{"name":"spawn_agent","description":"Spawn.","parameters":{"type":"object"},"strict":false}}]`},
+			hints: "tools[].defer_loading"},
+		{name: "defer_loading on a function", body: `{"model":"m","input":"x","tools":[{"type":"function","name":"f","parameters":{"type":"object"},
+			"defer_loading":true},{"type":"function","name":"g","defer_loading":true}]}`,
+			chat: map[string]string{"tools": `[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}},` +
+				`{"type":"function","function":{"name":"g"}}]`},
+			hints: "tools[].defer_loading"},
+		{name: "defer_loading false", body: `{"model":"m","input":"x","tools":[{"type":"function","name":"f","defer_loading":false}]}`,
+			chat: map[string]string{"tools": `[{"type":"function","function":{"name":"f"}}]`}},
 		{name: "namespace name clash", body: `{"model":"m","input":"x","tools":[` + fn + `,{"type":"namespace","name":"ns","description":"",
 			"tools":[` + fn + `]}]}`,
 			chat: map[string]string{"tools": `[{"type":"function","function":{"name":"exec_command","parameters":{"type":"object"},"strict":false}},` +

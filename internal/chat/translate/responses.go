@@ -337,6 +337,17 @@ func responsesFormat(format json.RawMessage) (any, *chatError) {
 	return nil, invalid("text.format.type", "text.format type must be text, json_object or json_schema, got %q", f.Type)
 }
 
+// deferHint names tools[].defer_loading in the hints when the tool or one of its
+// namespace's functions asks for it: every function is shown to the model at once.
+func (t *translated) deferHint(tool ResponsesTool) {
+	for _, f := range append([]ResponsesTool{tool}, tool.Tools...) {
+		if v, _ := json.Marshal(f.DeferLoading); compat.Responses.Ignored("tools[].defer_loading", v) {
+			t.hints = append(t.hints, "tools[].defer_loading")
+			return
+		}
+	}
+}
+
 // flattenTools turns the request's tools into chat function tools: function tools as
 // they are, a namespace's functions each on its own (named as in the namespace unless
 // that name is taken, then "namespace__name"), hosted tools dropped and named in the
@@ -367,6 +378,7 @@ func (t *translated) flattenTools(raw []json.RawMessage) ([]runnerapi.Tool, *cha
 		if e := decodeStrict(r, &tool, nil, param); e != nil {
 			return nil, e
 		}
+		t.deferHint(tool)
 		if tool.Type == "function" {
 			if len(tool.Tools) > 0 {
 				return nil, invalid(param+".tools", "a function tool has no tools")

@@ -101,6 +101,7 @@ func (s *Server) chatOptions(req *runnerapi.ChatRequest, prompt string) chat.Opt
 	}
 	o.Format = s.chat.Format
 	o.Tools = len(req.Tools) > 0 && (req.ToolChoice == nil || req.ToolChoice.Mode != "none")
+	o.Defs = req.Tools
 	o.Thinking = s.chat.Thinking
 	// A prompt that ends inside an open <think> block: the output starts with reasoning.
 	trimmed := strings.TrimRight(prompt, " \t\r\n")

@@ -1,0 +1,122 @@
+package e2e
+
+import (
+	"encoding/json"
+	"net/http"
+	"path/filepath"
+	"slices"
+	"testing"
+
+	"github.com/macfleet/macfleet/api/runnerapi"
+	"github.com/macfleet/macfleet/test/trainmodel/convert"
+	"github.com/macfleet/macfleet/test/trainmodel/corpus"
+)
+
+// TestTrainedModelLayout converts weights in train.py's layout and default shapes
+// (random values: training runs on a GPU machine, docs/testing.md) and serves the
+// GGUF: the runner loads it with the real Llama 3 template and llama3-json tool
+// calls, generates, and tokenizes every prompt of the corpus exactly as the corpus
+// generator did: the model is trained on the tokens the runner will give it.
+func TestTrainedModelLayout(t *testing.T) {
+	runnerBinary(t)
+	dir := t.TempDir()
+	if err := convert.WriteRandom(dir, convert.Defaults, 1); err != nil {
+		t.Fatal(err)
+	}
+	gguf := filepath.Join(dir, "tiny-chat-trained.gguf")
+	if err := convert.Convert(dir, gguf); err != nil {
+		t.Fatal(err)
+	}
+	r := startReady(t, gguf)
+	st := r.status()
+	if st.Chat == nil || st.Chat.Renderer != runnerapi.RendererJinja || st.Chat.ToolFormat != "llama3-json" || !st.Chat.Tools {
+		t.Fatalf("status chat %+v, want the model's Jinja template with llama3-json tool calls", st.Chat)
+	}
+
+	var c runnerapi.ChatCompletion
+	body := `{"model":"m","max_tokens":6,"temperature":0,"tools":[` + weatherTool + `],
+		"messages":[{"role":"user","content":"Weather in Paris?"}]}`
+	if code := r.postJSON("/v1/chat/completions", json.RawMessage(body), &c); code != http.StatusOK ||
+		len(c.Choices) != 1 || c.Usage.CompletionTokens == 0 {
+		t.Fatalf("chat completion: %d %+v", code, c)
+	}
+
+	l, err := corpus.LoadLlama3()
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := corpus.NewGenerator(l, corpus.DefaultSeed, filepath.Join("..", "..", corpus.AgentFixtures))
+	if err != nil {
+		t.Fatal(err)
+	}
+	kinds := map[string]int{}
+	for i := 0; len(kinds) < 8 || kinds["tool-call"] < 4; i++ {
+		if i > 3000 {
+			t.Fatalf("the first %d documents have only the kinds %v", i, kinds)
+		}
+		conv, doc, err := g.Document(i)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if kinds[conv.Kind] >= 4 {
+			continue
+		}
+		kinds[conv.Kind]++
+		checkDocumentTokens(t, r, l, conv, doc)
+	}
+}
+
+// checkDocumentTokens compares each prompt of a corpus document (the conversation
+// up to an assistant turn) with the runner's tokens for that chat request, and each
+// assistant turn with the runner's tokens for its text.
+func checkDocumentTokens(t *testing.T, r *runner, l *corpus.Llama3, conv corpus.Conversation, doc corpus.Document) {
+	t.Helper()
+	at := 0
+	for k, m := range conv.Messages {
+		if m.Role != "assistant" {
+			continue
+		}
+		for at < len(doc.IDs) && !doc.Supervised[at] {
+			at++
+		}
+		req := runnerapi.ChatRequest{Model: "m", Messages: conv.Messages[:k]}
+		req.Tools = conv.Tools
+		var tok runnerapi.TokenizeResponse
+		if code := r.postJSON("/tokenize", map[string]any{"chat": req}, &tok); code != http.StatusOK {
+			t.Fatalf("%s: tokenize %d messages: %d", conv.Kind, k, code)
+		}
+		if !slices.Equal(tok.Tokens, doc.IDs[:at]) {
+			t.Fatalf("%s: the runner tokenizes the prompt before turn %d into %d tokens, the corpus into %d (first difference at %d)",
+				conv.Kind, k, len(tok.Tokens), at, firstDiff(tok.Tokens, doc.IDs[:at]))
+		}
+		end := at
+		for end < len(doc.IDs) && doc.Supervised[end] {
+			end++
+		}
+		// The turn's text (the next prompt checks that the template renders it so), as
+		// the model writes it: tokenized alone, no BOS, its end of turn apart.
+		turn := doc.IDs[at : end-1]
+		content, err := l.Decode(turn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ttok runnerapi.TokenizeResponse
+		noBOS := false
+		if code := r.postJSON("/tokenize", runnerapi.TokenizeRequest{Content: &content, AddSpecial: &noBOS}, &ttok); code != http.StatusOK {
+			t.Fatalf("%s: tokenize turn %d: %d", conv.Kind, k, code)
+		}
+		if !slices.Equal(ttok.Tokens, turn) || doc.IDs[end-1] != int32(l.Tokenizer.EOT) {
+			t.Fatalf("%s: the runner tokenizes turn %d %q into %v, the corpus into %v", conv.Kind, k, content, ttok.Tokens, doc.IDs[at:end])
+		}
+		at = end
+	}
+}
+
+func firstDiff(a, b []int32) int {
+	for i := range min(len(a), len(b)) {
+		if a[i] != b[i] {
+			return i
+		}
+	}
+	return min(len(a), len(b))
+}

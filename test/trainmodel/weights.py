@@ -91,10 +91,22 @@ class WeightWriter:
     def finish(self, hp, training):
         if self.f:
             self.f.close()
-        manifest = {"format": FORMAT, "hyperparameters": hp, "training": training, "tensors": self.tensors}
+        manifest = {"format": FORMAT, "hyperparameters": hp, "training": finite(training), "tensors": self.tensors}
         with open(os.path.join(self.out, "manifest.json"), "w") as f:
             json.dump(manifest, f, indent=1)
             f.write("\n")
+
+
+def finite(v):
+    """v with NaN and infinities as None: JSON has no NaN (a loss not measured, or
+    one that diverged, must not make the manifest unreadable)."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    if isinstance(v, dict):
+        return {k: finite(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [finite(x) for x in v]
+    return v
 
 
 def fake_weights(a):

@@ -4,10 +4,13 @@ import (
 	"encoding/json"
 	"net/http"
 	"path/filepath"
+	"regexp"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/macfleet/macfleet/api/runnerapi"
+	"github.com/macfleet/macfleet/test/support/testassets"
 	"github.com/macfleet/macfleet/test/trainmodel/convert"
 	"github.com/macfleet/macfleet/test/trainmodel/corpus"
 )
@@ -37,7 +40,7 @@ func TestTrainedModelLayout(t *testing.T) {
 	body := `{"model":"m","max_tokens":6,"temperature":0,"tools":[` + weatherTool + `],
 		"messages":[{"role":"user","content":"Weather in Paris?"}]}`
 	if code := r.postJSON("/v1/chat/completions", json.RawMessage(body), &c); code != http.StatusOK ||
-		len(c.Choices) != 1 || c.Usage.CompletionTokens == 0 {
+		len(c.Choices) != 1 || c.Usage == nil || c.Usage.CompletionTokens == 0 {
 		t.Fatalf("chat completion: %d %+v", code, c)
 	}
 
@@ -120,3 +123,61 @@ func firstDiff(a, b []int32) int {
 	}
 	return min(len(a), len(b))
 }
+
+// TestTrainedModelAnswers holds the trained test model (docs/testing.md) to what it
+// was trained for, through the real runner, greedy: answers in sentences, a call of
+// the offered tool with the city the user named, an answer that carries the tool's
+// result, and JSON that parses under response_format. It needs the model: without
+// test/models/tiny-chat-trained.gguf (or MACFLEET_TRAINED_MODEL) it skips.
+func TestTrainedModelAnswers(t *testing.T) {
+	runnerBinary(t)
+	path, ok := testassets.TrainedModelPath()
+	if !ok {
+		t.Skipf("no trained test model at %s: docs/testing.md says how to make one", path)
+	}
+	r := startReady(t, path)
+	chat := func(body string) runnerapi.ChatChoice {
+		t.Helper()
+		var c runnerapi.ChatCompletion
+		if code := r.postJSON("/v1/chat/completions", json.RawMessage(body), &c); code != http.StatusOK || len(c.Choices) != 1 {
+			t.Fatalf("chat completion %s: %d %+v", body, code, c)
+		}
+		return c.Choices[0]
+	}
+
+	hi := chat(`{"model":"m","max_tokens":48,"temperature":0,"messages":[{"role":"user","content":"Hi"}]}`)
+	if text := hi.Message.Text(); hi.FinishReason != "stop" || !sentence.MatchString(text) {
+		t.Errorf("Hi: %q (finish %s), want a sentence that ends the turn", text, hi.FinishReason)
+	}
+
+	const ask = `{"role":"user","content":"What's the weather in Lisbon?"}`
+	call := chat(`{"model":"m","max_tokens":48,"temperature":0,"tools":[` + weatherTool + `],"messages":[` + ask + `]}`)
+	if call.FinishReason != "tool_calls" || len(call.Message.ToolCalls) != 1 {
+		t.Fatalf("weather question: finish %s, message %+v, want one tool call", call.FinishReason, call.Message)
+	}
+	fn := call.Message.ToolCalls[0].Function
+	var args struct {
+		City string `json:"city"`
+	}
+	if fn.Name != "get_weather" || json.Unmarshal([]byte(fn.Arguments), &args) != nil || args.City != "Lisbon" {
+		t.Fatalf("weather question: called %s(%s), want get_weather with the city Lisbon", fn.Name, fn.Arguments)
+	}
+	callJSON, _ := json.Marshal(call.Message.ToolCalls)
+	final := chat(`{"model":"m","max_tokens":64,"temperature":0,"tools":[` + weatherTool + `],"messages":[` + ask +
+		`,{"role":"assistant","content":null,"tool_calls":` + string(callJSON) + `},` +
+		`{"role":"tool","tool_call_id":"` + call.Message.ToolCalls[0].ID + `","content":"{\"city\": \"Lisbon\", \"temperature\": 23, \"condition\": \"sunny\"}"}]}`)
+	if text := final.Message.Text(); final.FinishReason != "stop" || !strings.Contains(text, "23") || !strings.Contains(text, "sunny") {
+		t.Errorf("answer from the tool result: %q (finish %s), want one that says 23 and sunny", text, final.FinishReason)
+	}
+
+	js := chat(`{"model":"m","max_tokens":64,"temperature":0,"response_format":{"type":"json_object"},
+		"messages":[{"role":"user","content":"Return a JSON object with the country and capital of Spain."}]}`)
+	var obj map[string]any
+	if err := json.Unmarshal([]byte(js.Message.Text()), &obj); err != nil || js.FinishReason != "stop" || len(obj) == 0 {
+		t.Errorf("JSON answer %q (finish %s): %v", js.Message.Text(), js.FinishReason, err)
+	}
+}
+
+// sentence is an answer in words: a capital first, a full stop, question or
+// exclamation mark last.
+var sentence = regexp.MustCompile(`^[A-Z][A-Za-z',]*( [A-Za-z0-9',"-]+)+[.!?]( .*)?$`)

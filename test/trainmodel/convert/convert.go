@@ -115,26 +115,40 @@ func Convert(dir, out string) error {
 	if err != nil {
 		return err
 	}
+	if err := m.check(spec.TensorShapes()); err != nil {
+		return err
+	}
 	spec.Trained = map[string][]float32{}
-	shapes := spec.TensorShapes()
 	for _, t := range m.Tensors {
-		want, ok := shapes[t.Name]
-		if !ok {
-			return fmt.Errorf("tensor %s is not a tensor of a llama model of these dimensions", t.Name)
-		}
-		if !reversed(t.Shape, want) {
-			return fmt.Errorf("tensor %s has shape %v, want %v (PyTorch order: rows first)", t.Name, t.Shape, reverse(want))
-		}
-		v, err := readTensor(dir, t)
-		if err != nil {
+		if spec.Trained[t.Name], err = readTensor(dir, t); err != nil {
 			return err
 		}
-		if _, dup := spec.Trained[t.Name]; dup {
-			return fmt.Errorf("tensor %s is listed twice", t.Name)
-		}
-		spec.Trained[t.Name] = v
 	}
 	return ggufsynth.Write(out, spec)
+}
+
+// check compares the manifest's tensors with the model's, by name and shape,
+// before any weight is read.
+func (m *Manifest) check(shapes map[string][]uint64) error {
+	seen := map[string]bool{}
+	for _, t := range m.Tensors {
+		want, ok := shapes[t.Name]
+		switch {
+		case !ok:
+			return fmt.Errorf("tensor %s is not a tensor of a llama model of these dimensions", t.Name)
+		case seen[t.Name]:
+			return fmt.Errorf("tensor %s is listed twice", t.Name)
+		case !reversed(t.Shape, want):
+			return fmt.Errorf("tensor %s has shape %v, want %v (PyTorch order: rows first)", t.Name, t.Shape, reverse(want))
+		}
+		seen[t.Name] = true
+	}
+	for name := range shapes {
+		if !seen[name] {
+			return fmt.Errorf("the weights have no tensor %s", name)
+		}
+	}
+	return nil
 }
 
 // readTensor reads one tensor's float16 values.

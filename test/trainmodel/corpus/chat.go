@@ -50,7 +50,19 @@ var greetings = [][2][]string{
 	{{"Count to five.", "Count from one to five."}, {"One, two, three, four, five."}},
 }
 
+var greeted = []string{"the fleet", "the team", "everyone", "the world", "my friends", "the class", "the group"}
+
 func greeting(r *rand.Rand) Conversation {
+	if chance(r, 0.15) { // a greeting passed on
+		who := pick(r, greeted)
+		if chance(r, 0.4) {
+			who = pick(r, people)
+		}
+		ask := fmt.Sprintf(pick(r, []string{"Say hello to %s.", "Say hi to %s", "Greet %s.", "Please say hello to %s!"}), who)
+		name := strings.TrimPrefix(strings.TrimPrefix(who, "the "), "my ")
+		ans := fmt.Sprintf(pick(r, []string{"Hello, %s!", "Hi, %s! Nice to meet you.", "Hello, %s! How are you today?"}), name)
+		return Conversation{Kind: "greeting", Messages: withSystem(r, msg("user", ask), msg("assistant", ans))}
+	}
 	g := pick(r, greetings)
 	return Conversation{Kind: "greeting", Messages: withSystem(r, msg("user", pick(r, g[0])), msg("assistant", pick(r, g[1])))}
 }

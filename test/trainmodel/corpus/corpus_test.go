@@ -119,7 +119,7 @@ func TestDeterministic(t *testing.T) {
 func TestToolCalls(t *testing.T) {
 	g := generator(t)
 	calls, agents := 0, 0
-	for i := 0; calls < 40 || agents < 2; i++ {
+	for i := 0; calls < 200 || agents < 3; i++ {
 		if i > 8000 {
 			t.Fatalf("only %d calls and %d agent calls in %d documents", calls, agents, i)
 		}

@@ -84,11 +84,16 @@ func weather(r *rand.Rand) toolUse {
 		"Is it raining in %s right now?", "How warm is it in %s?", "Tell me the weather for %s, please.",
 		"Check the weather in %s.", "weather %s", "Do I need an umbrella in %s today?"}), city)
 	res := fmt.Sprintf(`{"%s": "%s", "temperature": %d, "unit": "celsius", "condition": "%s"}`, p, city, temp, cond)
-	if chance(r, 0.3) {
-		res = fmt.Sprintf("%d°C and %s", temp, cond)
-	}
 	ans := fmt.Sprintf(pick(r, []string{"It is %[2]d°C and %[3]s in %[1]s right now.", "The weather in %[1]s is %[3]s, %[2]d°C.",
 		"In %[1]s it is currently %[3]s with a temperature of %[2]d°C."}), city, temp, cond)
+	switch r.IntN(4) {
+	case 0:
+		res = fmt.Sprintf("%d°C and %s", temp, cond)
+		ans = fmt.Sprintf(pick(r, []string{"It is %s in %s right now.", "Right now it is %s in %s."}), res, city)
+	case 1: // a tool that answers in a sentence (as SDK examples do) is quoted
+		res = fmt.Sprintf(pick(r, []string{"The weather in %[1]s is %[3]s and %[2]d degrees.", "%[1]s: %[3]s, %[2]d°C"}), city, temp, cond)
+		ans = fmt.Sprintf(pick(r, []string{"Here is the weather: %s", "The tool says: %s"}), res)
+	}
 	return toolUse{tool: t, question: q, args: map[string]any{p: city}, argOrder: []string{p}, result: res, answer: ans}
 }
 

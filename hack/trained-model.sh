@@ -28,6 +28,7 @@ stage)
 	mkdir -p "$dir"
 	"$tool" corpus -out "$dir/corpus" -seed 45 -tokens 3500000
 	"$tool" corpus -out "$dir/valid" -seed 46 -tokens 200000
+	rm "$dir/valid/probes.json" # the probes are the training corpus's
 	cp test/trainmodel/train.py test/trainmodel/weights.py "$dir/"
 	python3 -m py_compile "$dir/train.py" "$dir/weights.py"
 	rm -rf "$dir/__pycache__"

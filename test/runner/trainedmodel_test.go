@@ -2,14 +2,19 @@ package e2e
 
 import (
 	"encoding/json"
+	"math"
 	"net/http"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/macfleet/macfleet/api/runnerapi"
+	"github.com/macfleet/macfleet/internal/ggufsynth"
 	"github.com/macfleet/macfleet/test/support/testassets"
 	"github.com/macfleet/macfleet/test/trainmodel/convert"
 	"github.com/macfleet/macfleet/test/trainmodel/corpus"
@@ -181,3 +186,78 @@ func TestTrainedModelAnswers(t *testing.T) {
 // sentence is an answer in words: a capital first, a full stop, question or
 // exclamation mark last.
 var sentence = regexp.MustCompile(`^[A-Z][A-Za-z',]*( [A-Za-z0-9',"-]+)+[.!?]( .*)?$`)
+
+// TestTrainedModelMatchesReference: llama.cpp computes, from the GGUF of weights in
+// train.py's layout, what train.py's model computes from the weights themselves
+// (test/trainmodel/reference.py, its forward pass in pure Python): the greedy tokens
+// and their log-probabilities. Rotary pairs, grouped-query heads (4 query heads on
+// 2 key/value heads), norms and the tied output all take part; weights trained in
+// another convention would turn to noise in the GGUF. F32, so that only the order
+// of the sums differs.
+func TestTrainedModelMatchesReference(t *testing.T) {
+	runnerBinary(t)
+	py, err := exec.LookPath("python3")
+	if err != nil {
+		t.Skip("no python3 to run the reference forward pass")
+	}
+	dir := t.TempDir()
+	h := convert.Hyperparameters{Vocab: 128256, Embd: 32, Layers: 2, Heads: 4, KVHeads: 2, FF: 64, Ctx: 4096,
+		RopeTheta: 10000, NormEps: convert.NormEps}
+	if err := convert.WriteRandom(dir, h, 5); err != nil {
+		t.Fatal(err)
+	}
+	spec, err := convert.Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec.DType = ggufsynth.F32
+	gguf := filepath.Join(dir, "reference.gguf")
+	if err := ggufsynth.Write(gguf, spec); err != nil {
+		t.Fatal(err)
+	}
+	l, err := corpus.LoadLlama3()
+	if err != nil {
+		t.Fatal(err)
+	}
+	prompt, err := l.Encode("<|begin_of_text|>The weather in Paris is sunny, and the files are")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const steps = 3
+	ids := make([]string, len(prompt))
+	for i, id := range prompt {
+		ids[i] = strconv.Itoa(int(id))
+	}
+	out, err := exec.Command(py, filepath.Join("..", "trainmodel", "reference.py"), "--weights", dir,
+		"--prompt", strings.Join(ids, ","), "--steps", strconv.Itoa(steps)).Output()
+	if err != nil {
+		t.Fatalf("reference.py: %v", err)
+	}
+	var ref struct {
+		Tokens   []int32   `json:"tokens"`
+		Logprobs []float64 `json:"logprobs"`
+	}
+	if err := json.Unmarshal(out, &ref); err != nil || len(ref.Tokens) != steps {
+		t.Fatalf("reference.py printed %q: %v", out, err)
+	}
+
+	r := startReady(t, gguf)
+	var c runnerapi.Completion
+	body := map[string]any{"model": "m", "prompt": prompt, "max_tokens": steps, "temperature": 0, "logprobs": 1}
+	if code := r.postJSON("/v1/completions", body, &c); code != http.StatusOK || len(c.Choices) != 1 || c.Choices[0].Logprobs == nil {
+		t.Fatalf("completion: %d %+v", code, c)
+	}
+	lp := c.Choices[0].Logprobs
+	if len(lp.TokenLogprobs) != steps {
+		t.Fatalf("llama.cpp gave %d tokens, want %d", len(lp.TokenLogprobs), steps)
+	}
+	for i := range steps {
+		want, err := l.Decode(ref.Tokens[i : i+1])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if math.Abs(lp.TokenLogprobs[i]-ref.Logprobs[i]) > 1e-3 || (utf8.ValidString(want) && lp.Tokens[i] != want) {
+			t.Errorf("token %d: llama.cpp %q (logprob %.5f), the reference %q (%.5f)", i, lp.Tokens[i], lp.TokenLogprobs[i], want, ref.Logprobs[i])
+		}
+	}
+}

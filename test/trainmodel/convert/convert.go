@@ -107,24 +107,33 @@ func (m *Manifest) Spec() (ggufsynth.Spec, error) {
 
 // Convert writes the GGUF of the weights in dir to out.
 func Convert(dir, out string) error {
-	m, err := ReadManifest(dir)
+	spec, err := Load(dir)
 	if err != nil {
 		return err
+	}
+	return ggufsynth.Write(out, spec)
+}
+
+// Load is the model of the weights in dir, ready for ggufsynth.Write.
+func Load(dir string) (ggufsynth.Spec, error) {
+	m, err := ReadManifest(dir)
+	if err != nil {
+		return ggufsynth.Spec{}, err
 	}
 	spec, err := m.Spec()
 	if err != nil {
-		return err
+		return spec, err
 	}
 	if err := m.check(spec.TensorShapes()); err != nil {
-		return err
+		return spec, err
 	}
 	spec.Trained = map[string][]float32{}
 	for _, t := range m.Tensors {
 		if spec.Trained[t.Name], err = readTensor(dir, t); err != nil {
-			return err
+			return spec, err
 		}
 	}
-	return ggufsynth.Write(out, spec)
+	return spec, nil
 }
 
 // check compares the manifest's tensors with the model's, by name and shape,

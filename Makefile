@@ -211,6 +211,14 @@ dev-cluster: envtest build ## Start a local apiserver+etcd with the CRDs; prints
 demo: deps envtest build runner ## The main job: a local fleet answering a streamed chat completion.
 	hack/demo.sh
 
+.PHONY: trained-model
+trained-model: ## Stage the small test model's corpus and train.py in .cache/trainmodel for a GPU run (docs/testing.md).
+	hack/trained-model.sh stage
+
+.PHONY: trained-model-convert
+trained-model-convert: ## Write test/models/tiny-chat-trained.gguf from the weights train.py saved in WEIGHTS.
+	hack/trained-model.sh convert $(WEIGHTS)
+
 .PHONY: help
 help: ## Show targets.
 	@awk 'BEGIN {FS = ":.*##"} /^[a-zA-Z_-]+:.*##/ {printf "  %-12s %s\n", $$1, $$2} /^##@/ {printf "\n%s\n", substr($$0, 5)}' $(MAKEFILE_LIST)

@@ -6,6 +6,7 @@
 package ggufsynth
 
 import (
+	"cmp"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -14,6 +15,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/ollama/ollama/fs/ggml"
@@ -100,6 +102,12 @@ type Spec struct {
 	// Reply, when set, steers the otherwise random weights so that the model answers
 	// every prompt with one token and then ends its turn (needs Untied).
 	Reply *Reply
+	// RopeBase is the rotary embedding's frequency base (10000 when zero).
+	RopeBase float32
+	// Trained, when set, holds the values of every tensor by its GGUF name, in ggml
+	// order (a matrix row by row, each row a whole input vector): a trained model's
+	// weights written instead of the pseudo-random ones.
+	Trained map[string][]float32
 }
 
 // Reply is the fixed answer of a steered model: Token, then End (an end-of-generation
@@ -219,9 +227,51 @@ func (s Spec) Validate() error {
 		return fmt.Errorf("embd %d and ff %d must be multiples of %d for %s", s.Embd, s.FF, blockSize, s.DType)
 	case s.Reply != nil && !s.Untied:
 		return errors.New("a reply needs an untied output projection")
+	case s.Reply != nil && s.Trained != nil:
+		return errors.New("a trained model cannot be steered to a reply")
 	case s.Reply != nil && (s.Reply.Token < 0 || s.Reply.Token >= s.Vocab || s.Reply.End < 0 ||
 		s.Reply.End >= s.Vocab || s.Reply.Token == s.Reply.End):
 		return fmt.Errorf("reply tokens %d and %d must be two different ids below vocab %d", s.Reply.Token, s.Reply.End, s.Vocab)
+	}
+	return s.validateTrained()
+}
+
+// TensorShapes are the model's tensors by name with their shapes in ggml order
+// (the number of values in a row first).
+func (s Spec) TensorShapes() map[string][]uint64 {
+	out := map[string][]uint64{}
+	for _, t := range tensors(s) {
+		out[t.Name] = t.Shape
+	}
+	return out
+}
+
+// validateTrained checks that Trained holds exactly the model's tensors, each of
+// its size.
+func (s Spec) validateTrained() error {
+	if s.Trained == nil {
+		return nil
+	}
+	ts := tensors(s)
+	for _, t := range ts {
+		n := uint64(1)
+		for _, d := range t.Shape {
+			n *= d
+		}
+		v, ok := s.Trained[t.Name]
+		switch {
+		case !ok:
+			return fmt.Errorf("the trained weights have no tensor %s", t.Name)
+		case uint64(len(v)) != n:
+			return fmt.Errorf("trained tensor %s has %d values, want %d (shape %v)", t.Name, len(v), n, t.Shape)
+		}
+	}
+	if len(s.Trained) != len(ts) {
+		for name := range s.Trained {
+			if !slices.ContainsFunc(ts, func(t *ggml.Tensor) bool { return t.Name == name }) {
+				return fmt.Errorf("trained tensor %s is not a tensor of this model (untied output needs Untied)", name)
+			}
+		}
 	}
 	return nil
 }
@@ -277,7 +327,7 @@ func metadata(s Spec) ggml.KV {
 		"llama.attention.head_count_kv":          uint32(s.KVHeads),
 		"llama.attention.layer_norm_rms_epsilon": float32(1e-5),
 		"llama.rope.dimension_count":             uint32(s.HeadDim()),
-		"llama.rope.freq_base":                   float32(10000),
+		"llama.rope.freq_base":                   cmp.Or(s.RopeBase, 10000),
 		"llama.vocab_size":                       uint32(s.Vocab),
 		"tokenizer.ggml.model":                   "llama",
 		"tokenizer.ggml.tokens":                  tokens,
@@ -431,7 +481,8 @@ func newTensor(s Spec, name string, dt DType, shape []uint64, scale float32) *gg
 		Shape: shape,
 		WriterTo: &weights{
 			n: n, dtype: dt, scale: scale,
-			state: s.Seed*splitmixGamma ^ h.Sum64(),
+			state:   s.Seed*splitmixGamma ^ h.Sum64(),
+			trained: s.Trained[name],
 		},
 	}
 }
@@ -452,6 +503,8 @@ type weights struct {
 	state uint64
 	// steer, when set, replaces the value at index i when it returns true (Reply).
 	steer func(i uint64) (float32, bool)
+	// trained, when set, are the values (Spec.Trained).
+	trained []float32
 }
 
 const splitmixGamma = 0x9E3779B97F4A7C15
@@ -462,6 +515,10 @@ const chunkValues = 1 << 16
 
 // values fills vals with the values from index from on.
 func (w *weights) values(vals []float32, from uint64) {
+	if w.trained != nil {
+		copy(vals, w.trained[from:])
+		return
+	}
 	if w.scale == 0 {
 		for i := range vals {
 			vals[i] = 1

@@ -3,6 +3,7 @@ package ggufsynth
 import (
 	"bytes"
 	"encoding/binary"
+	"maps"
 	"math"
 	"os"
 	"path/filepath"
@@ -322,4 +323,44 @@ func writeModel(t *testing.T, path string, spec Spec) []byte {
 		t.Fatal(err)
 	}
 	return b
+}
+
+// TestTrainedWeights: a spec with trained values writes them instead of random ones,
+// and Validate names a missing, mis-sized or foreign tensor.
+func TestTrainedWeights(t *testing.T) {
+	spec := Tiny()
+	trained := map[string][]float32{}
+	for name, shape := range spec.TensorShapes() {
+		n := uint64(1)
+		for _, d := range shape {
+			n *= d
+		}
+		v := make([]float32, n)
+		for i := range v {
+			v[i] = float32(i%7) - 3
+		}
+		trained[name] = v
+	}
+	spec.Trained = trained
+	got := tensorValues(t, spec)
+	for name, want := range trained {
+		if !slices.Equal(got[name], want) {
+			t.Errorf("%s was not written from the trained values", name)
+		}
+	}
+	for _, tc := range []struct {
+		name, want string
+		edit       func(m map[string][]float32)
+	}{
+		{"missing", "no tensor blk.1.ffn_up.weight", func(m map[string][]float32) { delete(m, "blk.1.ffn_up.weight") }},
+		{"size", "trained tensor output_norm.weight has 3 values", func(m map[string][]float32) { m["output_norm.weight"] = make([]float32, 3) }},
+		{"foreign", "output.weight is not a tensor of this model", func(m map[string][]float32) { m["output.weight"] = nil }},
+	} {
+		m := maps.Clone(trained)
+		tc.edit(m)
+		spec.Trained = m
+		if err := spec.Validate(); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: Validate = %v, want an error containing %q", tc.name, err, tc.want)
+		}
+	}
 }

@@ -1,0 +1,188 @@
+package corpus
+
+import (
+	"encoding/json"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/macfleet/macfleet/api/runnerapi"
+)
+
+var (
+	genOnce sync.Once
+	gen     *Generator
+	genErr  error
+)
+
+func generator(t *testing.T) *Generator {
+	t.Helper()
+	genOnce.Do(func() {
+		var l *Llama3
+		if l, genErr = LoadLlama3(); genErr == nil {
+			gen, genErr = NewGenerator(l, 7, filepath.Join("..", "..", "..", AgentFixtures))
+		}
+	})
+	if genErr != nil {
+		t.Fatal(genErr)
+	}
+	return gen
+}
+
+// TestDocuments checks the first documents of a corpus: each starts with BOS, ends
+// with the end of an assistant turn, every supervised run is one assistant turn
+// ending with its end-of-turn token, and the split tokenization is the one the
+// runner gives the whole text.
+func TestDocuments(t *testing.T) {
+	g := generator(t)
+	tok := g.l.Tokenizer
+	seen := map[string]int{}
+	n := 300
+	if testing.Short() {
+		n = 60
+	}
+	for i := range n {
+		c, d, err := g.Document(i)
+		if err != nil {
+			t.Fatal(err)
+		}
+		seen[c.Kind]++
+		if d.IDs[0] != int32(tok.BOS) || d.IDs[len(d.IDs)-1] != int32(tok.EOT) || !d.Supervised[len(d.IDs)-1] {
+			t.Fatalf("document %d (%s) does not run from BOS to a supervised end of turn", i, c.Kind)
+		}
+		runs, sup := segments(d)
+		for k, run := range runs {
+			if !sup[k] {
+				continue
+			}
+			if slices.Index(run, int32(tok.EOT)) != len(run)-1 || slices.Contains(run, int32(tok.BOS)) {
+				t.Fatalf("document %d (%s): supervised run %d is not one assistant turn: %v", i, c.Kind, k, run)
+			}
+		}
+		text, err := g.l.Decode(d.IDs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		whole, err := g.l.Encode(text)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if diff := cmp.Diff(whole, d.IDs); diff != "" {
+			t.Fatalf("document %d (%s): the turn-by-turn tokens differ from the whole text's (-whole +turns):\n%s", i, c.Kind, diff)
+		}
+	}
+	for _, k := range []string{"greeting", "answer", "tool-call", "json", "think"} {
+		if seen[k] == 0 {
+			t.Errorf("no %s document among the first %d (%v)", k, n, seen)
+		}
+	}
+}
+
+// TestDeterministic: a document is a function of the seed and its index.
+func TestDeterministic(t *testing.T) {
+	g := generator(t)
+	other, err := NewGenerator(g.l, g.seed, filepath.Join("..", "..", "..", AgentFixtures))
+	if err != nil {
+		t.Fatal(err)
+	}
+	reseeded, err := NewGenerator(g.l, g.seed+1, filepath.Join("..", "..", "..", AgentFixtures))
+	if err != nil {
+		t.Fatal(err)
+	}
+	same := 0
+	for _, i := range []int{0, 5, 17} {
+		_, a, err1 := g.Document(i)
+		_, b, err2 := other.Document(i)
+		_, c, err3 := reseeded.Document(i)
+		if err1 != nil || err2 != nil || err3 != nil {
+			t.Fatal(err1, err2, err3)
+		}
+		if !slices.Equal(a.IDs, b.IDs) || !slices.Equal(a.Supervised, b.Supervised) {
+			t.Errorf("document %d differs between two generators of seed %d", i, g.seed)
+		}
+		if slices.Equal(a.IDs, c.IDs) {
+			same++
+		}
+	}
+	if same == 3 {
+		t.Error("seeds 7 and 8 give the same documents")
+	}
+}
+
+// TestToolCalls: in every document with a call, the call names a tool the request
+// offers, in the Llama 3 JSON format, with arguments taken from the user's words;
+// and the final answer carries the tool's result.
+func TestToolCalls(t *testing.T) {
+	g := generator(t)
+	calls, agents := 0, 0
+	for i := 0; calls < 200 || agents < 3; i++ {
+		if i > 8000 {
+			t.Fatalf("only %d calls and %d agent calls in %d documents", calls, agents, i)
+		}
+		c, err := g.Conversation(i)
+		if err != nil {
+			t.Fatal(err)
+		}
+		k := slices.IndexFunc(c.Messages, func(m runnerapi.Message) bool { return len(m.ToolCalls) > 0 })
+		if k < 0 {
+			continue
+		}
+		calls++
+		if strings.HasPrefix(c.Kind, "agent-") {
+			agents++
+		}
+		d, err := g.l.Tokens(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		runs, sup := segments(d)
+		var turns []string
+		for j, run := range runs {
+			if sup[j] {
+				s, _ := g.l.Decode(run[:len(run)-1])
+				turns = append(turns, s)
+			}
+		}
+		var call struct {
+			Name       string         `json:"name"`
+			Parameters map[string]any `json:"parameters"`
+		}
+		if err := json.Unmarshal([]byte(turns[len(turns)-2]), &call); err != nil {
+			t.Fatalf("document %d (%s): the call turn %q is not Llama 3 JSON: %v", i, c.Kind, turns[len(turns)-2], err)
+		}
+		if !slices.ContainsFunc(c.Tools, func(tl runnerapi.Tool) bool { return tl.Function.Name == call.Name }) {
+			t.Errorf("document %d (%s): calls %q, which the request does not offer", i, c.Kind, call.Name)
+		}
+		user := string(c.Messages[k-1].Content)
+		for p, v := range call.Parameters {
+			s, ok := v.(string)
+			if !ok {
+				continue
+			}
+			words := []string{s}
+			if strings.HasPrefix(c.Kind, "agent-") { // a command: ls or cat, and what the user named
+				words = strings.Fields(s)
+				if words[0] != "ls" && words[0] != "cat" {
+					t.Errorf("document %d (%s): the command %q lists no files and reads none", i, c.Kind, s)
+				}
+				words = words[1:]
+			}
+			for _, w := range words {
+				if !strings.Contains(user, w) {
+					t.Errorf("document %d (%s): argument %s=%q is not in the question %q", i, c.Kind, p, s, user)
+				}
+			}
+		}
+		result := string(c.Messages[k+1].Content)
+		final := turns[len(turns)-1]
+		for _, line := range strings.Split(result, "\n") {
+			if !strings.HasPrefix(line, "{") && !strings.Contains(final, line) {
+				t.Errorf("document %d (%s): the answer %q leaves out the result %q", i, c.Kind, final, line)
+			}
+		}
+	}
+}

@@ -60,8 +60,16 @@ func reportingFleet(t *testing.T, e *testenv.Env, report func(n int) string) (*f
 	return f, "ledger-key-" + f.ns
 }
 
+// chatBody is the chat completion chatAs sends; chatAsk what it reserves against a
+// TokenBudget: its 75 bytes over budget.PromptBytesPerToken, plus one, plus its
+// max_tokens.
+const (
+	chatBody = `{"model":"qwen","max_tokens":3,"messages":[{"role":"user","content":"hi"}]}`
+	chatAsk  = 75/2 + 1 + 3
+)
+
 func chatAs(g runningGateway, key string) (int, string) {
-	return send(http.MethodPost, g.url+"/v1/chat/completions", `{"model":"qwen","messages":[{"role":"user","content":"hi"}]}`, key)
+	return send(http.MethodPost, g.url+"/v1/chat/completions", chatBody, key)
 }
 
 // usageRecord waits until the gateway's record of the day in ns counts key ci's
@@ -104,8 +112,9 @@ func TestLedgerReadBackAfterRestart(t *testing.T) {
 	}
 	usageRecord(t, e, f.ns, "gw-restart", 2)
 	g.stop()
+	// Room for one more request of chatAsk after the 20 tokens counted, not two.
 	b := &mfv1.TokenBudget{ObjectMeta: metav1.ObjectMeta{Namespace: f.ns, Name: "ci-minute"},
-		Spec: mfv1.TokenBudgetSpec{Key: "ci", TokensPerMinute: ptr.To[int64](30)}}
+		Spec: mfv1.TokenBudgetSpec{Key: "ci", TokensPerMinute: ptr.To[int64](25 + chatAsk)}}
 	if err := e.Client.Create(t.Context(), b); err != nil {
 		t.Fatal(err)
 	}
@@ -116,11 +125,11 @@ func TestLedgerReadBackAfterRestart(t *testing.T) {
 		t.Skip("the minute ended during the restart: the budget's minute is not the one counted")
 	}
 	if code != http.StatusOK {
-		t.Fatalf("20 of 30 tokens used, the request after the restart: %d %s", code, body)
+		t.Fatalf("20 of %d tokens used, the request after the restart: %d %s", 25+chatAsk, code, body)
 	}
 	usageRecord(t, e, f.ns, "gw-restart", 3)
 	if code, body := chatAs(g, key); code != http.StatusTooManyRequests {
-		t.Errorf("30 of 30 tokens used, 20 of them before the restart: %d %s, want 429", code, body)
+		t.Errorf("30 of %d tokens used, 20 of them before the restart: %d %s, want 429", 25+chatAsk, code, body)
 	}
 }
 

@@ -115,6 +115,9 @@ OTEL_EXPORTER_OTLP_ENDPOINT set it traces every request (see docs/tracing.md).`,
 			"get this long to finish. Keep the pod's terminationGracePeriodSeconds above it (the chart derives it)")
 	f.IntVar(&cfg.Limits.MaxConnections, "max-connections", httpserver.DefaultMaxConnections,
 		"Connections the API holds open at once; the next one is answered 503 with Retry-After")
+	f.IntVar(&cfg.Limits.MaxConnectionsPerSource, "max-connections-per-source", 0,
+		"Connections the API holds open from one source address (an IPv6 /64) at once; the next one is answered 503 with Retry-After. "+
+			"0: a quarter of --max-connections; negative: no cap per source (behind a proxy, whose address every client shares)")
 	f.StringSliceVar(&cfg.AllowedHosts, "allowed-hosts", nil,
 		"The only Host names the API and console answer to besides IP addresses and localhost (e.g. gateway.example.com, or .example.com "+
 			"for every name under it); empty: any. Browsers' cross-origin requests are refused either way")

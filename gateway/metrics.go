@@ -49,7 +49,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "macfleet_gateway_errors_total",
 			Help: "Requests that failed, by deployment and reason (model_not_found, ambiguous_model, bad_request, " +
 				"body_too_large, unauthorized, starting, no_ready_replica, wake_failed, queue_full, queue_full_client, queue_timeout, " +
-				"budget_exceeded, upstream_unavailable, upstream_connect, stream_broken, client_gone).",
+				"budget_exceeded, token_review_limited, token_review_failed, upstream_unavailable, upstream_connect, stream_broken, client_gone).",
 		}, []string{"model", "reason"}),
 		ttft: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "macfleet_gateway_ttft_seconds",

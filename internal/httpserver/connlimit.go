@@ -129,22 +129,27 @@ func (l *capListener) releaseLocked(s *slotConn) {
 // Source is the address a connection from addr counts against: its IP, or for IPv6
 // its /64 (one host holds a whole /64).
 func Source(addr net.Addr) string {
-	var ip net.IP
-	switch a := addr.(type) {
-	case *net.TCPAddr:
-		ip = a.IP
-	default:
-		host, _, err := net.SplitHostPort(addr.String())
-		if err != nil {
-			return addr.String()
-		}
-		ip = net.ParseIP(host)
+	if a, ok := addr.(*net.TCPAddr); ok {
+		return sourceOfIP(a.IP, addr.String())
 	}
+	return SourceOf(addr.String())
+}
+
+// SourceOf is Source of a "host:port" remote address (http.Request.RemoteAddr).
+func SourceOf(remote string) string {
+	host, _, err := net.SplitHostPort(remote)
+	if err != nil {
+		return remote
+	}
+	return sourceOfIP(net.ParseIP(host), remote)
+}
+
+func sourceOfIP(ip net.IP, whole string) string {
 	if ip4 := ip.To4(); ip4 != nil {
 		return ip4.String()
 	}
 	if ip == nil {
-		return addr.String()
+		return whole
 	}
 	return ip.Mask(net.CIDRMask(64, 128)).String() + "/64"
 }

@@ -69,10 +69,7 @@ type Reviews interface {
 
 // Options configure a Reviewer; zero fields take the defaults.
 type Options struct {
-	Audience string
-	// Issuer, when set, is the "iss" a token must carry to be reviewed: this
-	// cluster's ServiceAccount issuer.
-	Issuer     string
+	Audience   string
 	TTL        time.Duration
 	MaxEntries int
 	MaxRefused int
@@ -206,7 +203,7 @@ func (r *Reviewer) Review(ctx context.Context, token string) (tenancy.Identity, 
 		r.count(ResultCached)
 		return e.answer()
 	}
-	if why := Fit(token, r.opts.Audience, r.opts.Issuer, now); why != "" {
+	if why := Fit(token, r.opts.Audience, now); why != "" {
 		r.count(ResultUnfit)
 		return tenancy.Identity{}, &RefusedError{Reason: why}
 	}

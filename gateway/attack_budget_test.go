@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -137,10 +138,11 @@ func TestAttackBudgetConcurrency(t *testing.T) {
 
 // TestBudgetReservationReleased: requests that end without an answer, by an error
 // (a replica that cannot be reached, until the gateway's cold start timeout) or by
-// their client going away while the gateway holds them, give their reservation back.
-// Each reserves 3/4 of the minute's budget, so a leak refuses the next one; after
-// all of them the whole budget is free again: a request asking 9/10 of it is served
-// by the real runner, and the reserved tokens' gauge reads 0.
+// their client going away while the gateway holds them, give their reservation back,
+// and so does a stream from the real runner whose client goes away after its first
+// chunk, settled to what was generated. Each reserves 3/4 of the minute's budget,
+// so a leak refuses the next one; after all of them the reserved tokens' gauge reads
+// 0 and a request asking exactly what the stream left of the budget is served.
 func TestBudgetReservationReleased(t *testing.T) {
 	const limit = 200
 	tm := newBudgetedTeam(t, limit, 2*time.Second)
@@ -179,15 +181,38 @@ func TestBudgetReservationReleased(t *testing.T) {
 			t.Fatalf("request %d held for a replica: %d, want it held until its client goes away (a 429 is a leaked reservation)", i, resp.StatusCode)
 		}
 	}
-	testenv.Eventually(t, 5*time.Second, 20*time.Millisecond, func() (bool, string) {
+	// A stream whose client goes away after its first chunk: its reservation is
+	// settled to what the runner generated.
+	ctx, cancel := context.WithCancel(t.Context())
+	stream := tm.oc.Chat.Completions.NewStreaming(ctx, chat(100))
+	if !stream.Next() {
+		t.Fatalf("the stream to cancel: %v", stream.Err())
+	}
+	cancel()
+	_ = stream.Close()
+	testenv.Eventually(t, 10*time.Second, 20*time.Millisecond, func() (bool, string) {
 		line := metricLine(t, tm.g, "macfleet_gateway_budget_reserved_tokens ")
 		return line == "macfleet_gateway_budget_reserved_tokens 0", line
 	})
-	resp, err := tm.oc.Chat.Completions.New(t.Context(), chat(limit*9/10-50))
-	if err != nil {
-		t.Fatalf("after 8 requests that ended without an answer, one asking 9/10 of the budget: %v", err)
+	used := int64(0)
+	for _, typ := range []string{"input", "output"} {
+		series := `macfleet_usage_tokens_total{deployment="` + tm.f.ns + `/tiny",key="ci",namespace="` + tm.f.ns + `",type="` + typ + `"}`
+		n, err := strconv.ParseInt(strings.TrimPrefix(metricLine(t, tm.g, series), series+" "), 10, 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		used += n
 	}
-	if resp.Usage.TotalTokens == 0 || resp.Usage.TotalTokens > limit {
-		t.Errorf("its usage %+v", resp.Usage)
+	// What is left of the minute, asked whole: the body's 76 or 77 bytes (max_tokens
+	// of 2 or 3 digits) / 2 + 1 + max_tokens.
+	maxTokens := limit - used - (76/2 + 1)
+	if maxTokens < 10 {
+		t.Fatalf("the cancelled stream used %d of %d tokens: nothing left to ask", used, limit)
+	}
+	final := fmt.Sprintf(`{"model":"tiny","max_tokens":%d,"messages":[{"role":"user","content":"hi"}]}`, maxTokens)
+	code, b := send(http.MethodPost, tm.g.url+"/v1/chat/completions", final, tm.key)
+	if code != http.StatusOK {
+		t.Errorf("after 9 requests that ended without an answer or were cancelled (%d tokens used), one asking the %d left: %d %s",
+			used, limit-used, code, b)
 	}
 }

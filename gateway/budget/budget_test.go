@@ -217,16 +217,16 @@ func TestPeerFrom(t *testing.T) {
 		},
 		Windows: []mfv1.KeyWindow{
 			{Key: "app", Minute: &old, MinuteTokens: 150, Hour: &h, HourTokens: 150},
-			{Key: "ci", Minute: &m, MinuteTokens: 18, Hour: &h, HourTokens: 18, InFlight: 2},
+			{Key: "ci", Minute: &m, MinuteTokens: 18, Hour: &h, HourTokens: 18, InFlight: 2, ReservedTokens: 300},
 		}}}
 	day := time.Date(2026, 11, 25, 0, 0, 0, 0, time.UTC)
 	want := Peer{Gateway: "gw-b", Renewed: rt.Time,
 		Keys: map[string]Tally{
-			"ci":  {Minute: m.Time, MinuteTokens: 18, Hour: h.Time, HourTokens: 18, Day: day, DayTokens: 18, InFlight: 2},
+			"ci":  {Minute: m.Time, MinuteTokens: 18, Hour: h.Time, HourTokens: 18, Day: day, DayTokens: 18, InFlight: 2, Reserved: 300},
 			"app": {Minute: old.Time, MinuteTokens: 150, Hour: h.Time, HourTokens: 150, Day: day, DayTokens: 150},
 		},
 		// app's minute is over: the namespace's current one holds ci's alone.
-		Total: Tally{Minute: m.Time, MinuteTokens: 18, Hour: h.Time, HourTokens: 168, Day: day, DayTokens: 168, InFlight: 2},
+		Total: Tally{Minute: m.Time, MinuteTokens: 18, Hour: h.Time, HourTokens: 168, Day: day, DayTokens: 168, InFlight: 2, Reserved: 300},
 	}
 	if diff := cmp.Diff(want, PeerFrom(tu)); diff != "" {
 		t.Errorf("PeerFrom (-want +got):\n%s", diff)

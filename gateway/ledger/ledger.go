@@ -1,9 +1,9 @@
 // Package ledger is a gateway replica's count of its team callers' usage, kept in
 // memory on the request path and published as TokenUsage records (one per namespace
 // and UTC day, named <gateway>.<YYYY-MM-DD>) by a Writer: the day's tokens and
-// requests per key and deployment, and each key's current minute and hour and
-// requests in flight, which the other replicas add to their own counts when they
-// check a TokenBudget (package budget).
+// requests per key and deployment, and each key's current minute and hour, requests
+// in flight and the tokens they reserved, which the other replicas add to their own
+// counts when they check a TokenBudget (package budget).
 package ledger
 
 import (

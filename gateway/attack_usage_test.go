@@ -124,7 +124,8 @@ func TestAttackForgedUsageChargesAVictim(t *testing.T) {
 // with negative tokens, each to give a team tokens back and lift its budget. The
 // report must count nothing (macfleet_gateway_usage_clamped_total counts it as
 // unreadable), the record must be refused by the API server, and the team's budget
-// of 15 tokens a day still refuses it once two answers of 10 tokens fill it.
+// of 15 tokens a day beyond a request's reservation (chatAsk) still refuses it once
+// two answers of 10 tokens fill it.
 func TestAttackNegativeUsage(t *testing.T) {
 	e := cluster(t)
 	const honest, negative = "input=7 cached=2 output=3", "input=-1000000000 cached=0 output=-5"
@@ -135,7 +136,7 @@ func TestAttackNegativeUsage(t *testing.T) {
 		return honest
 	})
 	b := &mfv1.TokenBudget{ObjectMeta: metav1.ObjectMeta{Namespace: f.ns, Name: "day"},
-		Spec: mfv1.TokenBudgetSpec{TokensPerDay: ptr.To[int64](15)}}
+		Spec: mfv1.TokenBudgetSpec{TokensPerDay: ptr.To[int64](15 + chatAsk)}}
 	if err := e.Client.Create(t.Context(), b); err != nil {
 		t.Fatal(err)
 	}
@@ -159,12 +160,12 @@ func TestAttackNegativeUsage(t *testing.T) {
 	})
 	for i, what := range []string{"the negative report", "the third answer"} {
 		if code, body := chatAs(g, key); code != http.StatusOK {
-			t.Fatalf("10 of 15 tokens used, request %d (%s): %d %s", i+2, what, code, body)
+			t.Fatalf("10 of %d tokens used, request %d (%s): %d %s", 15+chatAsk, i+2, what, code, body)
 		}
 	}
 	code, body := chatAs(g, key)
-	if code != http.StatusTooManyRequests || !strings.Contains(body, "allows 15 tokens per day") {
-		t.Errorf("20 of 15 tokens used, the fourth request: %d %s; want the budget's 429", code, body)
+	if code != http.StatusTooManyRequests || !strings.Contains(body, fmt.Sprintf("allows %d tokens per day: 20 were used", 15+chatAsk)) {
+		t.Errorf("20 of %d tokens used, the fourth request: %d %s; want the budget's 429", 15+chatAsk, code, body)
 	}
 	got := keyRecord(t, e, f.ns, id, func(u mfv1.KeyUsage) bool { return u.Requests >= 2 })
 	if want := (mfv1.KeyUsage{Key: "ci", Deployment: f.ns + "/qwen", Requests: 2, InputTokens: 14, CachedTokens: 4,

@@ -334,7 +334,7 @@ func BenchmarkBudgetOverhead(b *testing.B) {
 	client.Transport = withHeader{next: client.Transport, key: "Authorization", value: "Bearer " + benchKey}
 	b.Run("budgets", func(b *testing.B) { compareEndpoints(b, client, "metered", metered, "budgeted", budgeted) })
 	b.Run("all", func(b *testing.B) { compareEndpoints(b, client, "no-keys", open, "keys-metering-budgets", budgeted) })
-	if d, _ := bs.ledger.Admit("a", "k", func(o budget.Own) budget.Decision {
+	if d, _ := bs.ledger.Admit("a", "k", 1, func(o budget.Own) budget.Decision {
 		return budget.Decision{Allowed: o.Key.MinuteTokens+o.Key.HourTokens > 0}
 	}); !d.Allowed {
 		b.Error("the budgeted gateway's ledger counted nothing: the budgets were not on its path")

@@ -31,7 +31,8 @@ const codeBudgetExceeded = "token_budget_exceeded"
 // Budgets enforces the teams' TokenBudgets and keeps this replica's usage ledger: a
 // team caller's request is checked against the budgets of its namespace (with the
 // replica's own exact counts and what the other replicas last published) before it
-// is queued, and its answer's usage is added to the ledger. Admin callers are not
+// is queued, reserving the most it can use until it ends, and its answer's usage is
+// added to the ledger. Admin callers are not
 // budgeted. It is a manager Runnable that follows the TokenBudgets and the other
 // replicas' TokenUsage records through the informer cache.
 type Budgets struct {
@@ -73,26 +74,55 @@ func (b *Budgets) SetBudgets(bs []mfv1.TokenBudget) {
 	b.budgets.Store(&m)
 }
 
-// admit checks id's request against its budgets; a refusal is the 429 to answer.
-// done ends an admitted request (nil for callers that are not counted).
-func (b *Budgets) admit(id tenancy.Identity) (done func(), refusal *apiError) {
+// admit checks id's request, which may use up to ask tokens (budget.Ask), against
+// its budgets, and reserves ask in the ledger when it is admitted; a refusal is the
+// error to answer. done ends an admitted request and releases its reservation, after
+// its usage was recorded (nil for callers that are not counted).
+func (b *Budgets) admit(id tenancy.Identity, ask int64) (done func(), refusal *apiError) {
 	if id.Admin || id.Namespace == "" {
 		return nil, nil
 	}
 	bs := (*b.budgets.Load())[id.Namespace]
-	d, done := b.ledger.Admit(id.Namespace, id.Name, func(own budget.Own) budget.Decision {
+	d, done := b.ledger.Admit(id.Namespace, id.Name, ask, func(own budget.Own) budget.Decision {
 		if len(bs) == 0 {
 			return budget.Decision{Allowed: true}
 		}
 		b.mu.RLock()
 		peers := b.lists[id.Namespace]
 		b.mu.RUnlock()
-		return budget.Decide(bs, id.Name, own, peers, b.clock.Now())
+		return budget.Decide(bs, id.Name, ask, own, peers, b.clock.Now())
 	})
 	if d.Allowed {
 		return done, nil
 	}
 	return nil, budgetExceeded(d, b.clock.Now())
+}
+
+// reserve admits id's request to rt against its budgets (Budgets.admit) for the most
+// it can use: lim on the deployment's context (the largest of its template's and its
+// routable replicas'), with a body of bodyBytes. It counts the decision and the
+// tokens held in the budget metrics; done releases them.
+func (g *Gateway) reserve(id tenancy.Identity, rt *Route, lim metering.Limits, bodyBytes int) (done func(), refusal *apiError) {
+	ctx := rt.Context
+	for _, be := range rt.Backends {
+		ctx = max(ctx, be.Context)
+	}
+	lim.Context = int64(ctx)
+	ask := budget.Ask(lim, bodyBytes)
+	end, aerr := g.opts.Budgets.admit(id, ask)
+	switch {
+	case aerr != nil:
+		g.metrics.budgetAdmissions.WithLabelValues(aerr.reason).Inc()
+		return nil, aerr
+	case end == nil: // not budgeted
+		return nil, nil
+	}
+	g.metrics.budgetAdmissions.WithLabelValues("admitted").Inc()
+	g.metrics.budgetReserved.Add(float64(ask))
+	return func() {
+		end()
+		g.metrics.budgetReserved.Sub(float64(ask))
+	}, nil
 }
 
 // record adds an answer's usage to id's ledger.
@@ -104,8 +134,9 @@ func (b *Budgets) record(id tenancy.Identity, deployment string, u metering.Usag
 }
 
 // budgetExceeded is the 429 of a refusal: its message names the budget, the window,
-// the limit, what was used and when it resets; Retry-After is the whole seconds until
-// then.
+// the limit, what was used and reserved, and the request's ask; Retry-After is the
+// whole seconds until the window resets, or a second when the requests in flight
+// hold the room it needs.
 func budgetExceeded(d budget.Decision, now time.Time) *apiError {
 	return &apiError{Status: http.StatusTooManyRequests, Type: typeRateLimit, Code: codeBudgetExceeded,
 		Message: d.Message(), RetryAfter: d.RetryAfter(now), reason: "budget_exceeded"}

@@ -1,6 +1,7 @@
 package gateway_test
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -60,8 +61,16 @@ func reportingFleet(t *testing.T, e *testenv.Env, report func(n int) string) (*f
 	return f, "ledger-key-" + f.ns
 }
 
+// chatBody is the chat completion chatAs sends; chatAsk what it reserves against a
+// TokenBudget: its 75 bytes over budget.PromptBytesPerToken, plus one, plus its
+// max_tokens.
+const (
+	chatBody = `{"model":"qwen","max_tokens":3,"messages":[{"role":"user","content":"hi"}]}`
+	chatAsk  = 75/2 + 1 + 3
+)
+
 func chatAs(g runningGateway, key string) (int, string) {
-	return send(http.MethodPost, g.url+"/v1/chat/completions", `{"model":"qwen","messages":[{"role":"user","content":"hi"}]}`, key)
+	return send(http.MethodPost, g.url+"/v1/chat/completions", chatBody, key)
 }
 
 // usageRecord waits until the gateway's record of the day in ns counts key ci's
@@ -104,8 +113,9 @@ func TestLedgerReadBackAfterRestart(t *testing.T) {
 	}
 	usageRecord(t, e, f.ns, "gw-restart", 2)
 	g.stop()
+	// Room for one more request of chatAsk after the 20 tokens counted, not two.
 	b := &mfv1.TokenBudget{ObjectMeta: metav1.ObjectMeta{Namespace: f.ns, Name: "ci-minute"},
-		Spec: mfv1.TokenBudgetSpec{Key: "ci", TokensPerMinute: ptr.To[int64](30)}}
+		Spec: mfv1.TokenBudgetSpec{Key: "ci", TokensPerMinute: ptr.To[int64](25 + chatAsk)}}
 	if err := e.Client.Create(t.Context(), b); err != nil {
 		t.Fatal(err)
 	}
@@ -116,11 +126,11 @@ func TestLedgerReadBackAfterRestart(t *testing.T) {
 		t.Skip("the minute ended during the restart: the budget's minute is not the one counted")
 	}
 	if code != http.StatusOK {
-		t.Fatalf("20 of 30 tokens used, the request after the restart: %d %s", code, body)
+		t.Fatalf("20 of %d tokens used, the request after the restart: %d %s", 25+chatAsk, code, body)
 	}
 	usageRecord(t, e, f.ns, "gw-restart", 3)
 	if code, body := chatAs(g, key); code != http.StatusTooManyRequests {
-		t.Errorf("30 of 30 tokens used, 20 of them before the restart: %d %s, want 429", code, body)
+		t.Errorf("30 of %d tokens used, 20 of them before the restart: %d %s, want 429", 25+chatAsk, code, body)
 	}
 }
 
@@ -186,4 +196,79 @@ func TestLedgerAsGateway(t *testing.T) {
 		[]byte(`{"spec":{"renewTime":"`+time.Now().UTC().Format("2006-01-02T15:04:05.000000Z")+`"}}`))); err != nil {
 		t.Errorf("its own record: %v", err)
 	}
+}
+
+// TestReservationsCountAcrossGateways: a request held on one gateway replica (its
+// deployment has no ready replica yet) reserves 3/4 of the namespace's minute; the
+// replica publishes the reservation in its TokenUsage record, and the other replica
+// refuses a request of the same size with a 429 naming the reserved tokens. Once the
+// held request's client goes away, the record loses the reservation (its window is
+// removed, not left as it was) and the other replica admits the request.
+func TestReservationsCountAcrossGateways(t *testing.T) {
+	e := cluster(t)
+	f, key := meteredFleet(t, e)
+	f.deployment("held", "", 1)
+	f.replica("held-0", "held", "mac-"+f.ns)
+	b := &mfv1.TokenBudget{ObjectMeta: metav1.ObjectMeta{Namespace: f.ns, Name: "team"},
+		Spec: mfv1.TokenBudgetSpec{TokensPerMinute: ptr.To[int64](200)}}
+	if err := e.Client.Create(t.Context(), b); err != nil {
+		t.Fatal(err)
+	}
+	f.cleanup(b)
+	ga := startGateway(t, e, gateway.Config{TenantKeys: true, GatewayID: "gw-res-a", ColdStartTimeout: time.Minute})
+	gb := startGateway(t, e, gateway.Config{TenantKeys: true, GatewayID: "gw-res-b", ColdStartTimeout: time.Minute})
+	// 80 or 81 bytes: an ask of 41 + 100.
+	body := func(model string) string {
+		return `{"model":"` + model + `","max_tokens":100,"messages":[{"role":"user","content":"hi"}]}`
+	}
+	testenv.Eventually(t, 10*time.Second, 20*time.Millisecond, func() (bool, string) {
+		code, b := send(http.MethodPost, gb.url+"/v1/chat/completions", chatBody, key)
+		return code == http.StatusOK, fmt.Sprintf("gateway b serves the key: %d %s", code, b)
+	})
+
+	ctx, cancel := context.WithCancel(t.Context())
+	held := make(chan struct{})
+	go func() {
+		defer close(held)
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, ga.url+"/v1/chat/completions", strings.NewReader(body("held")))
+		req.Header.Set("Authorization", "Bearer "+key)
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			resp.Body.Close()
+			t.Errorf("the held request was answered %d, want it held until cancelled", resp.StatusCode)
+		}
+	}()
+	reserved(t, e, f.ns, "gw-res-a", func(n int64) bool { return n > 0 })
+	testenv.Eventually(t, 5*time.Second, 20*time.Millisecond, func() (bool, string) {
+		code, b := send(http.MethodPost, gb.url+"/v1/chat/completions", body("qwen"), key)
+		return code == http.StatusTooManyRequests && strings.Contains(b, "are reserved by requests in flight") &&
+				!strings.Contains(b, " 0 are reserved"),
+			fmt.Sprintf("gateway b while gateway a holds a reservation of 141 of 200: %d %s", code, b)
+	})
+	cancel()
+	<-held
+	reserved(t, e, f.ns, "gw-res-a", func(n int64) bool { return n == 0 })
+	testenv.Eventually(t, 5*time.Second, 20*time.Millisecond, func() (bool, string) {
+		code, b := send(http.MethodPost, gb.url+"/v1/chat/completions", body("qwen"), key)
+		return code == http.StatusOK, fmt.Sprintf("gateway b once the held request ended: %d %s", code, b)
+	})
+}
+
+// reserved waits until gateway gw's record of the day in ns has key ci's reserved
+// tokens satisfy ok (0 when the record has no window of ci).
+func reserved(t *testing.T, e *testenv.Env, ns, gw string, ok func(int64) bool) {
+	t.Helper()
+	name := ledger.RecordName(gw, time.Now())
+	testenv.Eventually(t, 10*time.Second, 20*time.Millisecond, func() (bool, string) {
+		var tu mfv1.TokenUsage
+		if err := e.Client.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: name}, &tu); err != nil {
+			return false, err.Error()
+		}
+		n := int64(0) // no window of ci: nothing reserved
+		for _, w := range tu.Spec.Windows {
+			if w.Key == "ci" {
+				n = w.ReservedTokens
+			}
+		}
+		return ok(n), fmt.Sprintf("record %s: windows %+v", name, tu.Spec.Windows)
+	})
 }

@@ -14,7 +14,7 @@ import (
 
 // typeRateLimit is a 429's type (the Anthropic API's too); the other OpenAI error
 // types, and the codes the gateway shares with the node agent, are internal/openaierr's.
-const typeRateLimit = "rate_limit_error"
+const typeRateLimit = openaierr.TypeRateLimit
 
 // Error codes only the gateway sends.
 const (

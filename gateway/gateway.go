@@ -50,6 +50,7 @@ import (
 	"github.com/macfleet/macfleet/gateway/prefixindex"
 	"github.com/macfleet/macfleet/gateway/tenancy"
 	"github.com/macfleet/macfleet/gateway/tenancy/satoken"
+	"github.com/macfleet/macfleet/internal/httpserver"
 	"github.com/macfleet/macfleet/internal/openaierr"
 	"github.com/macfleet/macfleet/internal/pki"
 )
@@ -379,12 +380,16 @@ func (g *Gateway) identify(r *http.Request) (tenancy.Identity, *apiError) {
 	case key == "":
 		return tenancy.Identity{}, unauthorized("missing API key: send it as Authorization: Bearer KEY (or x-api-key: KEY)")
 	case g.opts.ReviewToken != nil && satoken.LooksLikeToken(key):
-		id, err := g.opts.ReviewToken(r.Context(), key)
+		id, err := g.opts.ReviewToken(satoken.WithSource(r.Context(), httpserver.SourceOf(r.RemoteAddr)), key)
 		var refused *satoken.RefusedError
+		var limited *satoken.LimitedError
 		switch {
 		case errors.As(err, &refused):
 			return tenancy.Identity{}, unauthorized("invalid ServiceAccount token: " + refused.Reason +
 				"; send a current token of an existing ServiceAccount, projected with this fleet's audience")
+		case errors.As(err, &limited):
+			return tenancy.Identity{}, &apiError{Status: http.StatusTooManyRequests, Type: typeRateLimit, Code: openaierr.CodeTokenReviewLimited,
+				Message: limited.Error(), RetryAfter: limited.RetryAfter, reason: "token_review_limited"}
 		case err != nil:
 			g.log.Error(err, "Reviewing a ServiceAccount token")
 			return tenancy.Identity{}, &apiError{Status: http.StatusServiceUnavailable, Type: openaierr.TypeUnavailable, Code: openaierr.CodeTokenReview,

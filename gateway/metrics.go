@@ -31,6 +31,11 @@ type metrics struct {
 	// usageClamped the replicas' usage reports cut to their bound or refused.
 	usage        *metering.Meter
 	usageClamped *prometheus.CounterVec
+
+	// budgetAdmissions counts the TokenBudget decisions; budgetReserved the tokens
+	// the admitted requests in flight reserved.
+	budgetAdmissions *prometheus.CounterVec
+	budgetReserved   prometheus.Gauge
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -44,7 +49,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "macfleet_gateway_errors_total",
 			Help: "Requests that failed, by deployment and reason (model_not_found, ambiguous_model, bad_request, " +
 				"body_too_large, unauthorized, starting, no_ready_replica, wake_failed, queue_full, queue_full_client, queue_timeout, " +
-				"upstream_unavailable, upstream_connect, stream_broken, client_gone).",
+				"budget_exceeded, token_review_limited, token_review_failed, upstream_unavailable, upstream_connect, stream_broken, client_gone).",
 		}, []string{"model", "reason"}),
 		ttft: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "macfleet_gateway_ttft_seconds",
@@ -97,14 +102,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 				"and is prefilling it, nobody holding it yet; fallback: no replica held any, by affinity on its prompt_cache_key or by least load; " +
 				"prefix_affinity; least_load).",
 		}, []string{"model", "routing"}),
-		usageClamped: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "macfleet_gateway_usage_clamped_total",
-			Help: "Usage reports of replicas (X-Macfleet-Usage) the gateway did not believe whole, by deployment and reason: " +
-				"input_over_bound (more input than the request's sequences hold: a slot of the replica's contextLength each), " +
-				"output_over_bound (more output than its choices' max_tokens, or their context), cached_over_input, " +
-				"each counted at the bound; unreadable (a negative or malformed count): not counted.",
-		}, []string{"model", "reason"}),
 	}
+	m.usageClamped, m.budgetAdmissions, m.budgetReserved = tenantMetrics()
 	var err error
 	reg1 := func(c prometheus.Collector) prometheus.Collector {
 		if err != nil {
@@ -127,6 +126,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m.cancellations = reg1(m.cancellations).(*prometheus.CounterVec)
 	m.routing = reg1(m.routing).(*prometheus.CounterVec)
 	m.usageClamped = reg1(m.usageClamped).(*prometheus.CounterVec)
+	m.budgetAdmissions = reg1(m.budgetAdmissions).(*prometheus.CounterVec)
+	m.budgetReserved = reg1(m.budgetReserved).(prometheus.Gauge)
 	m.usage = metering.NewMeter()
 	m.usage.Requests = reg1(m.usage.Requests).(*prometheus.CounterVec)
 	m.usage.Tokens = reg1(m.usage.Tokens).(*prometheus.CounterVec)
@@ -134,6 +135,29 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		return nil, err
 	}
 	return m, nil
+}
+
+// tenantMetrics are the series of what the gateway counts against its callers: the
+// usage reports it cut, and the TokenBudget decisions and reservations.
+func tenantMetrics() (usageClamped, budgetAdmissions *prometheus.CounterVec, budgetReserved prometheus.Gauge) {
+	usageClamped = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "macfleet_gateway_usage_clamped_total",
+		Help: "Usage reports of replicas (X-Macfleet-Usage) the gateway did not believe whole, by deployment and reason: " +
+			"input_over_bound (more input than the request's sequences hold: a slot of the replica's contextLength each), " +
+			"output_over_bound (more output than its choices' max_tokens, or their context), cached_over_input, " +
+			"each counted at the bound; unreadable (a negative or malformed count): not counted.",
+	}, []string{"model", "reason"})
+	budgetAdmissions = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "macfleet_gateway_budget_admissions_total",
+		Help: "Team requests checked against their TokenBudgets, by outcome (admitted: its most tokens were reserved; " +
+			"budget_exceeded: 429, its reservation did not fit a window).",
+	}, []string{"outcome"})
+	budgetReserved = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "macfleet_gateway_budget_reserved_tokens",
+		Help: "Tokens reserved against TokenBudgets by the team requests in flight through this gateway (each its prompt's " +
+			"estimate plus max_tokens × n), released to their reported usage when they end.",
+	})
+	return usageClamped, budgetAdmissions, budgetReserved
 }
 
 // register adds c to reg, or returns the identical collector a previous gateway in

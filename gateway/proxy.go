@@ -135,8 +135,9 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, start time.Time)
 	if aerr != nil {
 		return model, g.fail(w, model, endpoint, aerr)
 	}
+	lim := usageLimits(endpoint, head, body)
 	if g.opts.Budgets != nil {
-		done, aerr := g.opts.Budgets.admit(id)
+		done, aerr := g.reserve(id, rt, lim, len(body))
 		if aerr != nil {
 			return model, g.fail(w, model, endpoint, aerr)
 		}
@@ -155,7 +156,7 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, start time.Time)
 		}
 		r = r.WithContext(withPrefixDigests(r.Context(), all, t.hint.digests))
 	}
-	res := g.serve(w, r, model, head.Model, id, t, usageLimits(endpoint, head, body), body, start)
+	res := g.serve(w, r, model, head.Model, id, t, lim, body, start)
 	g.count(model, endpoint, res.status, res.reason)
 	return model, res
 }

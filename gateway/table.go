@@ -65,6 +65,9 @@ type Route struct {
 	MaxReplicas int
 	// Access is spec.access.namespaces: the other namespaces whose keys may use it.
 	Access []string
+	// Context is its template's engine contextLength (0: unset), what a request's
+	// TokenBudget reservation bounds its output by when it sets no max_tokens.
+	Context int
 	// PromptCache: its replicas' runners keep a prompt cache (spec.engine.promptCache,
 	// on unless disabled), so RoutingPrefixCache routes it by the prefix index.
 	PromptCache bool
@@ -151,7 +154,7 @@ func BuildTable(deployments []mfv1.ModelDeployment, replicas []mfv1.ModelReplica
 			continue
 		}
 		rt := &Route{Namespace: d.Namespace, Deployment: d.Name, ServedName: d.Spec.Model.ServedName,
-			Created: d.CreationTimestamp.Time}
+			Created: d.CreationTimestamp.Time, Context: int(d.Spec.Engine.ContextLength)}
 		if rt.ServedName == "" {
 			rt.ServedName = d.Name
 		}

@@ -31,6 +31,7 @@ import (
 	"github.com/macfleet/macfleet/gateway/tenancy/satoken"
 	"github.com/macfleet/macfleet/internal/chat/translate"
 	"github.com/macfleet/macfleet/internal/devicegauge"
+	"github.com/macfleet/macfleet/internal/httpserver"
 	"github.com/macfleet/macfleet/internal/openaierr"
 	"github.com/macfleet/macfleet/internal/pki"
 	"github.com/macfleet/macfleet/metal/enginepool"
@@ -321,11 +322,16 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 			// Tenants never reach the admin API (unload, cache clear, status, metrics).
 			msg = "the node agent's admin API takes only " + adminOnly + "; a ServiceAccount token reaches only the OpenAI API under /v1/"
 		case tokenShaped:
-			id, err := s.opts.ReviewToken(r.Context(), token)
+			id, err := s.opts.ReviewToken(satoken.WithSource(r.Context(), httpserver.SourceOf(r.RemoteAddr)), token)
 			var refused *satoken.RefusedError
+			var limited *satoken.LimitedError
 			switch {
 			case err == nil:
 				next.ServeHTTP(w, r.WithContext(tenancy.WithIdentity(r.Context(), id)))
+				return
+			case errors.As(err, &limited):
+				writeError(w, &apiError{Status: http.StatusTooManyRequests, Type: openaierr.TypeRateLimit, Code: openaierr.CodeTokenReviewLimited,
+					Message: limited.Error(), RetryAfter: limited.RetryAfter})
 				return
 			case !errors.As(err, &refused):
 				s.log.Error(err, "Reviewing a ServiceAccount token")

@@ -71,6 +71,13 @@ type KeyWindow struct {
 	// +optional
 	// +kubebuilder:validation:Minimum=0
 	InFlight int32 `json:"inFlight,omitempty"`
+	// reservedTokens is what the caller's requests in flight on this replica may
+	// still use when written (each its prompt's estimate plus max_tokens × n): the
+	// other replicas count it in every current window until the requests end.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=9007199254740991
+	ReservedTokens int64 `json:"reservedTokens,omitempty"`
 }
 
 // TokenUsageSpec is one gateway replica's count of one namespace's usage on one UTC

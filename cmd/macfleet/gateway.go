@@ -113,8 +113,7 @@ OTEL_EXPORTER_OTLP_ENDPOINT set it traces every request (see docs/tracing.md).`,
 	f.DurationVar(&cfg.DrainTimeout, "drain-timeout", gateway.DefaultDrainTimeout,
 		"On SIGTERM, /readyz fails at once and no new connection is taken; the requests in flight (streams, cold-start holds, the queue) "+
 			"get this long to finish. Keep the pod's terminationGracePeriodSeconds above it (the chart derives it)")
-	f.IntVar(&cfg.Limits.MaxConnections, "max-connections", httpserver.DefaultMaxConnections,
-		"Connections the API holds open at once; the next one is answered 503 with Retry-After")
+	connectionFlags(f, &cfg.Limits)
 	f.StringSliceVar(&cfg.AllowedHosts, "allowed-hosts", nil,
 		"The only Host names the API and console answer to besides IP addresses and localhost (e.g. gateway.example.com, or .example.com "+
 			"for every name under it); empty: any. Browsers' cross-origin requests are refused either way")
@@ -122,6 +121,15 @@ OTEL_EXPORTER_OTLP_ENDPOINT set it traces every request (see docs/tracing.md).`,
 	zapOpts.BindFlags(gfs)
 	f.AddGoFlagSet(gfs)
 	return cmd
+}
+
+// connectionFlags are the flags of the API's connection caps.
+func connectionFlags(f *pflag.FlagSet, l *httpserver.Limits) {
+	f.IntVar(&l.MaxConnections, "max-connections", httpserver.DefaultMaxConnections,
+		"Connections the API holds open at once; the next one is answered 503 with Retry-After")
+	f.IntVar(&l.MaxConnectionsPerSource, "max-connections-per-source", 0,
+		"Connections the API holds open from one source address (an IPv6 /64) at once; the next one is answered 503 with Retry-After. "+
+			"0: a quarter of --max-connections; negative: no cap per source (behind a proxy, whose address every client shares)")
 }
 
 // routingFlags are the gateway's flags of how a replica is picked and of peer fetch.

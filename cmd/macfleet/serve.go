@@ -32,6 +32,7 @@ type serveFlags struct {
 	insecure               bool
 	allowedHosts           []string
 	maxConns               int
+	maxConnsPerSource      int
 }
 
 func newServeCommand() *cobra.Command {
@@ -104,7 +105,7 @@ func (sf serveFlags) run(cmd *cobra.Command) error {
 		return err
 	}
 	opts := standalone.Options{PromptCacheRetention: sf.pcRetention, GCInterval: sf.gcEvery,
-		AllowedHosts: sf.allowedHosts, Limits: httpserver.Limits{MaxConnections: sf.maxConns}}
+		AllowedHosts: sf.allowedHosts, Limits: httpserver.Limits{MaxConnections: sf.maxConns, MaxConnectionsPerSource: sf.maxConnsPerSource}}
 	if err := standalone.Check(cfg, opts, sf.insecure); err != nil {
 		return err
 	}
@@ -141,6 +142,8 @@ func (sf *serveFlags) register(cmd *cobra.Command) {
 		"e.g. mymac.local or .example.com for every name under it; * turns the check off. Requests naming another host are refused "+
 		"(a web page's name re-resolved to this machine, DNS rebinding); so are browsers' cross-origin requests")
 	f.IntVar(&sf.maxConns, "max-connections", httpserver.DefaultMaxConnections, "connections the API holds open at once; the next one is answered 503 with Retry-After")
+	f.IntVar(&sf.maxConnsPerSource, "max-connections-per-source", 0, "connections the API holds open from one source address (an IPv6 /64) "+
+		"at once; the next one is answered 503 with Retry-After. 0: a quarter of --max-connections; negative: no cap per source")
 	f.StringVar(&sf.flags.Runner, "runner", "", "the macfleet-runner binary (default $MACFLEET_RUNNER, else next to macfleet, else on $PATH)")
 	f.IntVar(&sf.flags.RunnerThreads, "runner-threads", 0, "CPU threads of each runner whose model sets none (default: the thread policy: the performance cores, one for a model under 32 MiB of weights)")
 	f.StringVar(&sf.flags.RunnerSandbox, "runner-sandbox", "", "confine each runner to its model, cache and socket, with no network and a scrubbed "+

@@ -4,9 +4,19 @@
 // replicas published in their TokenUsage records, and the time.
 //
 // Tokens are input plus output. The windows are fixed UTC minutes, hours and days;
-// a window's count starts afresh at its boundary. A request is admitted while every
-// window it falls in is below its limit (its own size is not known before it is
-// answered), and while fewer requests than concurrentRequests are in flight.
+// a window's count starts afresh at its boundary. A request's size is not known
+// before it is answered, so it is admitted for the most it can use (its Ask: its
+// prompt's estimate plus max_tokens × n), reserved until it ends: a request is
+// admitted while, in every window it falls in, the tokens used plus those reserved by
+// the requests in flight plus its own ask stay within the limit, and while fewer
+// requests than concurrentRequests are in flight. A request whose ask is over a
+// window's whole limit is admitted only into that window empty (nothing used,
+// nothing reserved) and then holds all of it. When a request ends its reservation is
+// settled: replaced by the usage its answer reported.
+//
+// So a window serves at most its limit, or, when one request may use more than the
+// whole limit, that one request; plus what prompts use beyond their estimates
+// (PromptBytesPerToken).
 package budget
 
 import (
@@ -61,8 +71,10 @@ func end(w Window, t time.Time) time.Time {
 }
 
 // Tally is one party's count of one scope (a key, or a whole namespace): the tokens
-// of the minute, hour and day that start at Minute, Hour and Day, and its requests in
-// flight. A window that is not the current one counts nothing.
+// of the minute, hour and day that start at Minute, Hour and Day, its requests in
+// flight and the tokens they reserved. A window that is not the current one counts
+// nothing; reserved tokens count in every current window, whichever one the
+// requests started in (they are charged in the one they end in).
 type Tally struct {
 	Minute       time.Time
 	MinuteTokens int64
@@ -71,6 +83,7 @@ type Tally struct {
 	Day          time.Time
 	DayTokens    int64
 	InFlight     int64
+	Reserved     int64
 }
 
 // tokens is what t counts in the window w that starts at start.
@@ -140,8 +153,10 @@ func PeerFrom(tu *mfv1.TokenUsage) Peer {
 				t.Hour, t.HourTokens = w.Hour.UTC(), metering.Count(w.HourTokens)
 			}
 			t.InFlight = int64(max(w.InFlight, 0))
+			t.Reserved = metering.Count(w.ReservedTokens)
 		})
 		p.Total.InFlight += int64(max(w.InFlight, 0))
+		p.Total.Reserved = metering.AddCount(p.Total.Reserved, metering.Count(w.ReservedTokens))
 	}
 	// The namespace's minute and hour are the latest any key counts in: a key's
 	// earlier window is over.
@@ -173,13 +188,17 @@ type Decision struct {
 	Budget string
 	Window Window
 	Limit  int64
-	Used   int64
-	// Reset is when the window starts afresh; for Concurrent, when to try again.
+	// Used is the window's tokens used (for Concurrent, the requests in flight);
+	// Reserved the tokens the requests in flight reserved; Ask the request's own.
+	Used, Reserved, Ask int64
+	// Reset is when the window starts afresh, or, when the window has room once the
+	// requests in flight end, when to try again.
 	Reset time.Time
 }
 
-// ConcurrentRetry is when a request refused for its concurrent requests is told to
-// try again: requests end at any time.
+// ConcurrentRetry is when a request refused for its concurrent requests, or for the
+// tokens the requests in flight reserved, is told to try again: requests end at any
+// time.
 const ConcurrentRetry = time.Second
 
 // RetryAfter is the whole seconds from now until d's window resets, at least one.
@@ -188,28 +207,39 @@ func (d Decision) RetryAfter(now time.Time) time.Duration {
 	return time.Duration(max(s, 1)) * time.Second
 }
 
-// Message is d's refusal in words, for the 429's error body.
+// Message is d's refusal in words, for the error body.
 func (d Decision) Message() string {
-	if d.Window == Concurrent {
+	switch {
+	case d.Window == Concurrent:
 		return fmt.Sprintf("TokenBudget %s allows %d concurrent requests and %d are in flight: try again when one ends",
 			d.Budget, d.Limit, d.Used)
+	case d.Ask > d.Limit && d.Used < d.Limit && d.Reserved > 0:
+		return fmt.Sprintf("TokenBudget %s allows %d tokens per %s and this request may use up to %d "+
+			"(its prompt's estimate plus max_tokens × n; without max_tokens, the deployment's contextLength per choice), "+
+			"so it runs only alone in a window: %d were used and %d are reserved by requests in flight: "+
+			"try again when they end, or set a lower max_tokens", d.Budget, d.Limit, d.Window, d.Ask, d.Used, d.Reserved)
+	case d.Used < d.Limit && d.Used+d.Ask <= d.Limit:
+		return fmt.Sprintf("TokenBudget %s allows %d tokens per %s: %d were used, %d are reserved by requests in flight "+
+			"and this request may use up to %d: try again when they end", d.Budget, d.Limit, d.Window, d.Used, d.Reserved, d.Ask)
 	}
-	return fmt.Sprintf("TokenBudget %s allows %d tokens per %s and %d were used: it resets at %s",
-		d.Budget, d.Limit, d.Window, d.Used, d.Reset.UTC().Format(time.RFC3339))
+	return fmt.Sprintf("TokenBudget %s allows %d tokens per %s: %d were used, %d are reserved by requests in flight "+
+		"and this request may use up to %d: it resets at %s",
+		d.Budget, d.Limit, d.Window, d.Used, d.Reserved, d.Ask, d.Reset.UTC().Format(time.RFC3339))
 }
 
-// Decide checks the budgets of the caller key's namespace that apply to it (spec.key
-// unset or equal to key) against own, the peers' records (those of other replicas,
-// today's) and now. Of several refusals it names the one that resets last, so a
-// client that waits for it finds room.
-func Decide(budgets []mfv1.TokenBudget, key string, own Own, peers []Peer, now time.Time) Decision {
+// Decide checks a request that may use up to ask tokens (Ask) against the budgets of
+// the caller key's namespace that apply to it (spec.key unset or equal to key), with
+// own, the peers' records (those of other replicas, today's) and now. Of several
+// refusals it names the one that resets last, so a client that waits for it finds
+// room.
+func Decide(budgets []mfv1.TokenBudget, key string, ask int64, own Own, peers []Peer, now time.Time) Decision {
 	var worst Decision
 	for i := range budgets {
 		b := &budgets[i]
 		if b.Spec.Key != "" && b.Spec.Key != key {
 			continue
 		}
-		d := check(b, key, own, peers, now)
+		d := check(b, key, max(ask, 1), own, peers, now)
 		if !d.Allowed && (worst.Budget == "" || d.Reset.After(worst.Reset)) {
 			worst = d
 		}
@@ -220,8 +250,8 @@ func Decide(budgets []mfv1.TokenBudget, key string, own Own, peers []Peer, now t
 	return worst
 }
 
-// check is Decide for one budget: the first of its windows that is full.
-func check(b *mfv1.TokenBudget, key string, own Own, peers []Peer, now time.Time) Decision {
+// check is Decide for one budget: the first of its windows the request does not fit.
+func check(b *mfv1.TokenBudget, key string, ask int64, own Own, peers []Peer, now time.Time) Decision {
 	scope := func(p Peer) Tally {
 		if b.Spec.Key == "" {
 			return p.Total
@@ -232,8 +262,16 @@ func check(b *mfv1.TokenBudget, key string, own Own, peers []Peer, now time.Time
 	if b.Spec.Key != "" {
 		mine = own.Key
 	}
+	// What the requests in flight hold: this replica's, and those of the peers that
+	// still renew their records (a stopped one's requests ended with it).
+	inFlight, reserved := mine.InFlight, mine.Reserved
+	for _, p := range peers {
+		if now.Sub(p.Renewed) <= StaleAfter {
+			inFlight += scope(p).InFlight
+			reserved = metering.AddCount(reserved, scope(p).Reserved)
+		}
+	}
 	name := b.Namespace + "/" + b.Name
-	var worst Decision
 	for _, l := range [...]struct {
 		w     Window
 		limit *int64
@@ -246,23 +284,37 @@ func check(b *mfv1.TokenBudget, key string, own Own, peers []Peer, now time.Time
 		for _, p := range peers {
 			used = metering.AddCount(used, scope(p).tokens(l.w, start))
 		}
-		if used >= *l.limit && worst.Budget == "" {
-			worst = Decision{Budget: name, Window: l.w, Limit: *l.limit, Used: used, Reset: end(l.w, now)}
+		// An ask over the whole limit needs the window empty.
+		need := min(ask, *l.limit)
+		d := Decision{Budget: name, Window: l.w, Limit: *l.limit, Used: used, Reserved: reserved, Ask: ask, Reset: end(l.w, now)}
+		switch {
+		case used >= *l.limit || metering.AddCount(used, need) > *l.limit:
+			return d
+		case metering.AddCount(metering.AddCount(used, reserved), need) > *l.limit:
+			d.Reset = now.Add(ConcurrentRetry) // room comes back as the requests in flight end
+			return d
 		}
 	}
-	if worst.Budget != "" {
-		return worst
-	}
-	if c := b.Spec.ConcurrentRequests; c != nil {
-		used := mine.InFlight
-		for _, p := range peers {
-			if now.Sub(p.Renewed) <= StaleAfter {
-				used += scope(p).InFlight
-			}
-		}
-		if used >= int64(*c) {
-			return Decision{Budget: name, Window: Concurrent, Limit: int64(*c), Used: used, Reset: now.Add(ConcurrentRetry)}
-		}
+	if c := b.Spec.ConcurrentRequests; c != nil && inFlight >= int64(*c) {
+		return Decision{Budget: name, Window: Concurrent, Limit: int64(*c), Used: inFlight, Reset: now.Add(ConcurrentRetry)}
 	}
 	return Decision{Allowed: true}
+}
+
+// PromptBytesPerToken is how many bytes of a request's body the prompt's estimate
+// counts as one token. The gateway does not tokenize: every piece of a prompt's
+// text sits in the body with its JSON quoting and field names, and tokenizers merge
+// text at several bytes a token, so a body's bytes over 2 is above its prompt's
+// tokens for the texts we serve; a prompt of bytes no tokenizer merges may use up to
+// twice its estimate, which its settlement then charges.
+const PromptBytesPerToken = 2
+
+// Ask is the most a request with limits lim and a body of bodyBytes can use, what it
+// reserves: its prompt's estimate (bodyBytes / PromptBytesPerToken, at most what its
+// sequences hold) plus its output's bound (max_tokens × n; without max_tokens, the
+// context per choice: what the runner would generate at most).
+func Ask(lim metering.Limits, bodyBytes int) int64 {
+	b := lim.Bound()
+	prompt := min(int64(bodyBytes)/PromptBytesPerToken+1, b.Input)
+	return metering.AddCount(prompt, b.Output)
 }

@@ -10,6 +10,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
+	"github.com/macfleet/macfleet/gateway/metering"
 )
 
 func tb(name, key string, perMin, perHour, perDay *int64, conc *int32) mfv1.TokenBudget {
@@ -34,6 +35,7 @@ func TestDecide(t *testing.T) {
 			p.Total.HourTokens += k.HourTokens
 			p.Total.DayTokens += k.DayTokens
 			p.Total.InFlight += k.InFlight
+			p.Total.Reserved += k.Reserved
 		}
 		return p
 	}
@@ -43,14 +45,16 @@ func TestDecide(t *testing.T) {
 		key     string
 		own     Own
 		peers   []Peer
-		want    Decision
+		// ask is the request's (1 when unset: the check of a budget before asks).
+		ask  int64
+		want Decision
 	}{
 		{name: "no budgets", key: "ci", own: Own{Key: tally(1e9, 1e9, 1e9, 100)}, want: Decision{Allowed: true}},
 		{name: "below the minute", key: "ci", budgets: []mfv1.TokenBudget{tb("b", "", ptr.To[int64](100), nil, nil, nil)},
 			own: Own{Key: tally(99, 99, 99, 0), Namespace: tally(99, 99, 99, 0)}, want: Decision{Allowed: true}},
 		{name: "the minute is full", key: "ci", budgets: []mfv1.TokenBudget{tb("b", "", ptr.To[int64](100), nil, nil, nil)},
 			own:  Own{Key: tally(100, 100, 100, 0), Namespace: tally(100, 100, 100, 0)},
-			want: Decision{Budget: "team-a/b", Window: Minute, Limit: 100, Used: 100, Reset: minute.Add(time.Minute)}},
+			want: Decision{Budget: "team-a/b", Window: Minute, Limit: 100, Used: 100, Ask: 1, Reset: minute.Add(time.Minute)}},
 		{name: "last minute's tokens count nothing", key: "ci", budgets: []mfv1.TokenBudget{tb("b", "", ptr.To[int64](100), nil, nil, nil)},
 			own:  Own{Namespace: Tally{Minute: lastMinute, MinuteTokens: 500}},
 			want: Decision{Allowed: true}},
@@ -58,7 +62,7 @@ func TestDecide(t *testing.T) {
 			budgets: []mfv1.TokenBudget{tb("b", "", ptr.To[int64](100), nil, nil, nil)},
 			own:     Own{Key: tally(10, 10, 10, 0), Namespace: tally(60, 60, 60, 0)},
 			peers:   []Peer{peer(now, map[string]Tally{"app": tally(40, 40, 40, 0)})},
-			want:    Decision{Budget: "team-a/b", Window: Minute, Limit: 100, Used: 100, Reset: minute.Add(time.Minute)}},
+			want:    Decision{Budget: "team-a/b", Window: Minute, Limit: 100, Used: 100, Ask: 1, Reset: minute.Add(time.Minute)}},
 		{name: "a key's budget counts that key alone", key: "ci",
 			budgets: []mfv1.TokenBudget{tb("ci-budget", "ci", ptr.To[int64](100), nil, nil, nil)},
 			own:     Own{Key: tally(10, 10, 10, 0), Namespace: tally(60, 60, 60, 0)},
@@ -68,25 +72,25 @@ func TestDecide(t *testing.T) {
 			budgets: []mfv1.TokenBudget{tb("ci-budget", "ci", ptr.To[int64](100), nil, nil, nil)},
 			own:     Own{Key: tally(10, 10, 10, 0)},
 			peers:   []Peer{peer(now, map[string]Tally{"ci": tally(90, 90, 90, 0)})},
-			want:    Decision{Budget: "team-a/ci-budget", Window: Minute, Limit: 100, Used: 100, Reset: minute.Add(time.Minute)}},
+			want:    Decision{Budget: "team-a/ci-budget", Window: Minute, Limit: 100, Used: 100, Ask: 1, Reset: minute.Add(time.Minute)}},
 		{name: "another key's budget does not apply", key: "ci",
 			budgets: []mfv1.TokenBudget{tb("app-budget", "app", ptr.To[int64](1), nil, nil, nil)},
 			own:     Own{Key: tally(10, 10, 10, 0), Namespace: tally(10, 10, 10, 0)}, want: Decision{Allowed: true}},
 		{name: "the day is full: it resets at midnight", key: "ci",
 			budgets: []mfv1.TokenBudget{tb("b", "", ptr.To[int64](1000), ptr.To[int64](1000), ptr.To[int64](500), nil)},
 			own:     Own{Namespace: tally(5, 300, 500, 0)},
-			want:    Decision{Budget: "team-a/b", Window: Day, Limit: 500, Used: 500, Reset: day.AddDate(0, 0, 1)}},
+			want:    Decision{Budget: "team-a/b", Window: Day, Limit: 500, Used: 500, Ask: 1, Reset: day.AddDate(0, 0, 1)}},
 		{name: "of two full windows the later reset is named", key: "ci",
 			budgets: []mfv1.TokenBudget{tb("b", "", ptr.To[int64](10), ptr.To[int64](20), nil, nil)},
 			own:     Own{Namespace: tally(10, 20, 20, 0)},
-			want:    Decision{Budget: "team-a/b", Window: Hour, Limit: 20, Used: 20, Reset: hour.Add(time.Hour)}},
+			want:    Decision{Budget: "team-a/b", Window: Hour, Limit: 20, Used: 20, Ask: 1, Reset: hour.Add(time.Hour)}},
 		{name: "of two budgets the later reset is named", key: "ci",
 			budgets: []mfv1.TokenBudget{tb("ns", "", ptr.To[int64](10), nil, nil, nil), tb("ci", "ci", nil, ptr.To[int64](10), nil, nil)},
 			own:     Own{Key: tally(10, 10, 10, 0), Namespace: tally(10, 10, 10, 0)},
-			want:    Decision{Budget: "team-a/ci", Window: Hour, Limit: 10, Used: 10, Reset: hour.Add(time.Hour)}},
+			want:    Decision{Budget: "team-a/ci", Window: Hour, Limit: 10, Used: 10, Ask: 1, Reset: hour.Add(time.Hour)}},
 		{name: "a zero budget refuses everything", key: "ci",
 			budgets: []mfv1.TokenBudget{tb("off", "", nil, nil, ptr.To[int64](0), nil)},
-			want:    Decision{Budget: "team-a/off", Window: Day, Limit: 0, Used: 0, Reset: day.AddDate(0, 0, 1)}},
+			want:    Decision{Budget: "team-a/off", Window: Day, Limit: 0, Used: 0, Ask: 1, Reset: day.AddDate(0, 0, 1)}},
 		{name: "concurrency: own plus peers' in flight", key: "ci",
 			budgets: []mfv1.TokenBudget{tb("c", "", nil, nil, nil, ptr.To[int32](3))},
 			own:     Own{Namespace: tally(0, 0, 0, 1)},
@@ -100,14 +104,72 @@ func TestDecide(t *testing.T) {
 		{name: "a stale peer's tokens of the current minute still count", key: "ci",
 			budgets: []mfv1.TokenBudget{tb("b", "", ptr.To[int64](100), nil, nil, nil)},
 			peers:   []Peer{peer(now.Add(-StaleAfter-time.Second), map[string]Tally{"app": tally(100, 100, 100, 0)})},
-			want:    Decision{Budget: "team-a/b", Window: Minute, Limit: 100, Used: 100, Reset: minute.Add(time.Minute)}},
+			want:    Decision{Budget: "team-a/b", Window: Minute, Limit: 100, Used: 100, Ask: 1, Reset: minute.Add(time.Minute)}},
+		{name: "the ask fits what is left", key: "ci", budgets: []mfv1.TokenBudget{tb("b", "", ptr.To[int64](200), nil, nil, nil)},
+			own: Own{Namespace: tally(50, 50, 50, 0)}, ask: 150, want: Decision{Allowed: true}},
+		{name: "the ask is over what is left: wait for the minute", key: "ci",
+			budgets: []mfv1.TokenBudget{tb("b", "", ptr.To[int64](200), nil, nil, nil)},
+			own:     Own{Namespace: tally(51, 51, 51, 0)}, ask: 150,
+			want: Decision{Budget: "team-a/b", Window: Minute, Limit: 200, Used: 51, Ask: 150, Reset: minute.Add(time.Minute)}},
+		{name: "reservations of requests in flight fill the minute: retry when they end", key: "ci",
+			budgets: []mfv1.TokenBudget{tb("b", "", ptr.To[int64](200), nil, nil, nil)},
+			own:     Own{Namespace: withReserved(tally(0, 0, 0, 1), 150)}, ask: 150,
+			want: Decision{Budget: "team-a/b", Window: Minute, Limit: 200, Reserved: 150, Ask: 150, Reset: now.Add(ConcurrentRetry)}},
+		{name: "reservations count in every window, whatever minute they started in", key: "ci",
+			budgets: []mfv1.TokenBudget{tb("b", "", nil, ptr.To[int64](1000), nil, nil)},
+			own:     Own{Namespace: withReserved(Tally{Minute: lastMinute, MinuteTokens: 10, InFlight: 3}, 900)}, ask: 101,
+			want: Decision{Budget: "team-a/b", Window: Hour, Limit: 1000, Reserved: 900, Ask: 101, Reset: now.Add(ConcurrentRetry)}},
+		{name: "a fresh peer's reservations count", key: "ci",
+			budgets: []mfv1.TokenBudget{tb("b", "", ptr.To[int64](200), nil, nil, nil)},
+			peers:   []Peer{peer(now, map[string]Tally{"app": withReserved(tally(0, 0, 0, 1), 100)})}, ask: 101,
+			want: Decision{Budget: "team-a/b", Window: Minute, Limit: 200, Reserved: 100, Ask: 101, Reset: now.Add(ConcurrentRetry)}},
+		{name: "a stale peer's reservations ended with it", key: "ci",
+			budgets: []mfv1.TokenBudget{tb("b", "", ptr.To[int64](200), nil, nil, nil)},
+			peers:   []Peer{peer(now.Add(-StaleAfter-time.Second), map[string]Tally{"app": withReserved(tally(0, 0, 0, 1), 100)})}, ask: 200,
+			want: Decision{Allowed: true}},
+		{name: "an ask over the whole limit runs in an empty window", key: "ci",
+			budgets: []mfv1.TokenBudget{tb("min", "", ptr.To[int64](200), nil, nil, nil)},
+			own:     Own{Namespace: tally(0, 0, 1000, 0)}, ask: 5000, want: Decision{Allowed: true}},
+		{name: "an ask over the whole limit waits for the requests in flight", key: "ci",
+			budgets: []mfv1.TokenBudget{tb("min", "", ptr.To[int64](200), nil, nil, nil)},
+			own:     Own{Namespace: withReserved(tally(0, 0, 0, 1), 1)}, ask: 5000,
+			want: Decision{Budget: "team-a/min", Window: Minute, Limit: 200, Reserved: 1, Ask: 5000, Reset: now.Add(ConcurrentRetry)}},
+		{name: "an ask over the whole limit waits for the next window once a token was used", key: "ci",
+			budgets: []mfv1.TokenBudget{tb("min", "", ptr.To[int64](200), nil, nil, nil)},
+			own:     Own{Namespace: tally(1, 1, 1, 0)}, ask: 5000,
+			want: Decision{Budget: "team-a/min", Window: Minute, Limit: 200, Used: 1, Ask: 5000, Reset: minute.Add(time.Minute)}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got := Decide(tc.budgets, tc.key, tc.own, tc.peers, now)
+			got := Decide(tc.budgets, tc.key, tc.ask, tc.own, tc.peers, now)
 			if diff := cmp.Diff(tc.want, got); diff != "" {
 				t.Errorf("Decide (-want +got):\n%s", diff)
 			}
 		})
+	}
+}
+
+func withReserved(t Tally, n int64) Tally {
+	t.Reserved = n
+	return t
+}
+
+func TestAsk(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		lim   metering.Limits
+		bytes int
+		want  int64
+	}{
+		{"a prompt's estimate plus max_tokens × n", metering.Limits{Context: 1024, Sequences: 4, MaxTokens: 120, Generates: true}, 100, 51 + 480},
+		{"without max_tokens, the context per choice", metering.Limits{Context: 1024, Sequences: 2, Generates: true}, 100, 51 + 2*(1024+metering.SlotRounding)},
+		{"a max_tokens over the context is the context", metering.Limits{Context: 1024, Sequences: 1, MaxTokens: 1 << 30, Generates: true}, 0, 1 + 1024 + metering.SlotRounding},
+		{"the prompt's estimate is at most what its sequences hold", metering.Limits{Context: 1024, Sequences: 1, MaxTokens: 1, Generates: true}, 1 << 20, 1024 + metering.SlotRounding + 1},
+		{"embeddings generate nothing", metering.Limits{Context: 1024, Sequences: 3}, 40, 21},
+		{"count_tokens runs no sequence", metering.Limits{}, 500, 0},
+	} {
+		if got := Ask(tc.lim, tc.bytes); got != tc.want {
+			t.Errorf("%s: Ask = %d, want %d", tc.name, got, tc.want)
+		}
 	}
 }
 
@@ -155,16 +217,16 @@ func TestPeerFrom(t *testing.T) {
 		},
 		Windows: []mfv1.KeyWindow{
 			{Key: "app", Minute: &old, MinuteTokens: 150, Hour: &h, HourTokens: 150},
-			{Key: "ci", Minute: &m, MinuteTokens: 18, Hour: &h, HourTokens: 18, InFlight: 2},
+			{Key: "ci", Minute: &m, MinuteTokens: 18, Hour: &h, HourTokens: 18, InFlight: 2, ReservedTokens: 300},
 		}}}
 	day := time.Date(2026, 11, 25, 0, 0, 0, 0, time.UTC)
 	want := Peer{Gateway: "gw-b", Renewed: rt.Time,
 		Keys: map[string]Tally{
-			"ci":  {Minute: m.Time, MinuteTokens: 18, Hour: h.Time, HourTokens: 18, Day: day, DayTokens: 18, InFlight: 2},
+			"ci":  {Minute: m.Time, MinuteTokens: 18, Hour: h.Time, HourTokens: 18, Day: day, DayTokens: 18, InFlight: 2, Reserved: 300},
 			"app": {Minute: old.Time, MinuteTokens: 150, Hour: h.Time, HourTokens: 150, Day: day, DayTokens: 150},
 		},
 		// app's minute is over: the namespace's current one holds ci's alone.
-		Total: Tally{Minute: m.Time, MinuteTokens: 18, Hour: h.Time, HourTokens: 168, Day: day, DayTokens: 168, InFlight: 2},
+		Total: Tally{Minute: m.Time, MinuteTokens: 18, Hour: h.Time, HourTokens: 168, Day: day, DayTokens: 168, InFlight: 2, Reserved: 300},
 	}
 	if diff := cmp.Diff(want, PeerFrom(tu)); diff != "" {
 		t.Errorf("PeerFrom (-want +got):\n%s", diff)

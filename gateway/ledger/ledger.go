@@ -1,9 +1,9 @@
 // Package ledger is a gateway replica's count of its team callers' usage, kept in
 // memory on the request path and published as TokenUsage records (one per namespace
 // and UTC day, named <gateway>.<YYYY-MM-DD>) by a Writer: the day's tokens and
-// requests per key and deployment, and each key's current minute and hour and
-// requests in flight, which the other replicas add to their own counts when they
-// check a TokenBudget (package budget).
+// requests per key and deployment, and each key's current minute and hour, requests
+// in flight and the tokens they reserved, which the other replicas add to their own
+// counts when they check a TokenBudget (package budget).
 package ledger
 
 import (
@@ -79,10 +79,10 @@ func (l *Ledger) space(ns string, now time.Time) *space {
 	if s != nil { // requests in flight go on into the new day
 		for k, t := range s.keys {
 			if t.InFlight > 0 {
-				n.keys[k] = &budget.Tally{InFlight: t.InFlight}
+				n.keys[k] = &budget.Tally{InFlight: t.InFlight, Reserved: t.Reserved}
 			}
 		}
-		n.total.InFlight, n.restored = s.total.InFlight, true
+		n.total.InFlight, n.total.Reserved, n.restored = s.total.InFlight, s.total.Reserved, true
 	}
 	l.spaces[ns] = n
 	return n
@@ -98,10 +98,13 @@ func (s *space) key(k string) *budget.Tally {
 }
 
 // Admit asks decide, under the ledger's lock, whether key of ns may start a request
-// given this replica's own counts, and counts the request in flight when it may: two
-// requests that arrive together cannot both take the last concurrent slot. done ends
-// an admitted request; it is nil when refused.
-func (l *Ledger) Admit(ns, key string, decide func(budget.Own) budget.Decision) (d budget.Decision, done func()) {
+// that may use up to ask tokens given this replica's own counts, and when it may,
+// counts the request in flight and reserves ask for it: two requests that arrive
+// together cannot both take the last concurrent slot or the last tokens of a window.
+// done ends an admitted request and releases its reservation; record its usage
+// (Record) before. done is nil when refused.
+func (l *Ledger) Admit(ns, key string, ask int64, decide func(budget.Own) budget.Decision) (d budget.Decision, done func()) {
+	ask = metering.Count(ask)
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	now := l.clock.Now()
@@ -112,18 +115,22 @@ func (l *Ledger) Admit(ns, key string, decide func(budget.Own) budget.Decision) 
 		return d, nil
 	}
 	t.InFlight++
+	t.Reserved = metering.AddCount(t.Reserved, ask)
 	s.total.InFlight++
+	s.total.Reserved = metering.AddCount(s.total.Reserved, ask)
 	s.dirty = true
-	return d, func() { l.end(ns, key) }
+	return d, sync.OnceFunc(func() { l.end(ns, key, ask) })
 }
 
-func (l *Ledger) end(ns, key string) {
+func (l *Ledger) end(ns, key string, ask int64) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	s := l.space(ns, l.clock.Now())
 	if t := s.keys[key]; t != nil && t.InFlight > 0 {
 		t.InFlight--
+		t.Reserved = max(t.Reserved-ask, 0)
 		s.total.InFlight--
+		s.total.Reserved = max(s.total.Reserved-ask, 0)
 		s.dirty = true
 	}
 }
@@ -219,6 +226,7 @@ func sum(s *space) budget.Tally {
 		}
 		tot.DayTokens = metering.AddCount(tot.DayTokens, t.DayTokens)
 		tot.InFlight += t.InFlight
+		tot.Reserved = metering.AddCount(tot.Reserved, t.Reserved)
 	}
 	return tot
 }
@@ -275,7 +283,7 @@ func (s *space) record(gateway, ns string, now time.Time) *mfv1.TokenUsage {
 	})
 	minute, hour := budget.Start(budget.Minute, now), budget.Start(budget.Hour, now)
 	for k, t := range s.keys {
-		w := mfv1.KeyWindow{Key: k, InFlight: int32(t.InFlight)}
+		w := mfv1.KeyWindow{Key: k, InFlight: int32(t.InFlight), ReservedTokens: t.Reserved}
 		if t.Minute.Equal(minute) {
 			m := metav1.NewTime(minute)
 			w.Minute, w.MinuteTokens = &m, t.MinuteTokens

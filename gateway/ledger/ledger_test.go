@@ -22,7 +22,7 @@ func TestLedgerRecords(t *testing.T) {
 	at := time.Date(2026, 11, 25, 23, 59, 50, 0, time.UTC)
 	clk := clocktesting.NewFakeClock(at)
 	l := New("gw-a", clk)
-	_, done := l.Admit("team-a", "ci", allow)
+	_, done := l.Admit("team-a", "ci", 40, allow)
 	l.Record("team-a", "ci", "team-a/qwen", metering.Usage{Input: 10, Cached: 3, Output: 5})
 	l.Record("team-a", "app", "team-a/qwen", metering.Usage{Input: 1, Output: 1})
 	l.Record("team-a", "ci", "team-a/qwen", metering.Usage{Input: 2, Output: 2})
@@ -38,7 +38,7 @@ func TestLedgerRecords(t *testing.T) {
 			},
 			Windows: []mfv1.KeyWindow{
 				{Key: "app", Minute: &minute, MinuteTokens: 2, Hour: &hour, HourTokens: 2},
-				{Key: "ci", Minute: &minute, MinuteTokens: 19, Hour: &hour, HourTokens: 19, InFlight: 1},
+				{Key: "ci", Minute: &minute, MinuteTokens: 19, Hour: &hour, HourTokens: 19, InFlight: 1, ReservedTokens: 40},
 			}},
 	}}
 	if diff := cmp.Diff(want, got); diff != "" {
@@ -57,16 +57,21 @@ func TestLedgerRecords(t *testing.T) {
 	r.Restore(want[0])
 	r.Restore(want[0]) // once only
 	var own budget.Own
-	r.Admit("team-a", "ci", func(o budget.Own) budget.Decision { own = o; return budget.Decision{Allowed: false} })
+	r.Admit("team-a", "ci", 1, func(o budget.Own) budget.Decision { own = o; return budget.Decision{Allowed: false} })
 	if own.Key.DayTokens != 19 || own.Namespace.DayTokens != 21 || own.Key.MinuteTokens != 19 || own.Namespace.MinuteTokens != 21 {
 		t.Errorf("restored counts: %+v, want 19 and 21 tokens of the day and minute", own)
 	}
 
 	// The day ends with a request in flight: the new day's record counts from zero
-	// but for the request in flight, which then ends.
+	// but for the request in flight and its reservation, which then end.
 	clk.Step(10 * time.Second)
+	if got := l.Take(); len(got) != 1 || got[0].Name != "gw-a.2026-11-26" || len(got[0].Spec.Windows) != 1 ||
+		got[0].Spec.Windows[0].ReservedTokens != 40 || got[0].Spec.Windows[0].InFlight != 1 {
+		t.Fatalf("at the day's end: %d records, want the new day's with the request in flight and its reservation", len(got))
+	}
 	l.Record("team-a", "ci", "team-a/qwen", metering.Usage{Input: 1, Output: 1})
 	done()
+	done() // once only
 	got = l.Take()
 	if len(got) != 1 || got[0].Name != "gw-a.2026-11-26" {
 		t.Fatalf("after the day's end: %d records, want the new day's", len(got))
@@ -74,7 +79,7 @@ func TestLedgerRecords(t *testing.T) {
 	if u := got[0].Spec.Usage; len(u) != 1 || u[0].InputTokens != 1 {
 		t.Errorf("the new day's usage: %+v", u)
 	}
-	if w := got[0].Spec.Windows; len(w) != 1 || w[0].InFlight != 0 || w[0].MinuteTokens != 2 {
+	if w := got[0].Spec.Windows; len(w) != 1 || w[0].InFlight != 0 || w[0].ReservedTokens != 0 || w[0].MinuteTokens != 2 {
 		t.Errorf("the new day's windows: %+v", w)
 	}
 }
@@ -87,7 +92,7 @@ func TestLedgerAdmitConcurrency(t *testing.T) {
 	admitted := make(chan bool, 50)
 	for range 50 {
 		go func() {
-			d, _ := l.Admit("team-a", "ci", limit)
+			d, _ := l.Admit("team-a", "ci", 1, limit)
 			admitted <- d.Allowed
 		}()
 	}
@@ -99,6 +104,43 @@ func TestLedgerAdmitConcurrency(t *testing.T) {
 	}
 	if n != 5 {
 		t.Errorf("%d of 50 requests admitted under a limit of 5 in flight", n)
+	}
+}
+
+// TestLedgerReservations: concurrent requests reserve their asks under one lock, so
+// no more than the window's limit is ever reserved, and each release gives its ask
+// back: after every request ends, the whole limit is free again.
+func TestLedgerReservations(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Date(2026, 11, 25, 10, 30, 0, 0, time.UTC))
+	l := New("gw-a", clk)
+	tb := []mfv1.TokenBudget{{ObjectMeta: metav1.ObjectMeta{Namespace: "team-a", Name: "min"},
+		Spec: mfv1.TokenBudgetSpec{TokensPerMinute: ptr.To[int64](200)}}}
+	decide := func(o budget.Own) budget.Decision { return budget.Decide(tb, "ci", 60, o, nil, clk.Now()) }
+	dones := make(chan func(), 50)
+	for range 50 {
+		go func() {
+			_, done := l.Admit("team-a", "ci", 60, decide)
+			dones <- done
+		}()
+	}
+	var admitted []func()
+	for range 50 {
+		if d := <-dones; d != nil {
+			admitted = append(admitted, d)
+		}
+	}
+	if len(admitted) != 3 {
+		t.Errorf("%d of 50 requests of 60 tokens admitted under 200 a minute, want 3", len(admitted))
+	}
+	for _, done := range admitted {
+		done()
+	}
+	var own budget.Own
+	if d, _ := l.Admit("team-a", "ci", 200, func(o budget.Own) budget.Decision {
+		own = o
+		return budget.Decide(tb, "ci", 200, o, nil, clk.Now())
+	}); !d.Allowed || own.Namespace.Reserved != 0 || own.Key.Reserved != 0 {
+		t.Errorf("after every request ended: %+v with %+v, want the whole minute free", d, own)
 	}
 }
 
@@ -138,9 +180,9 @@ func TestAttackUsageReportWrapsTheDay(t *testing.T) {
 	}{{"the replica", l, got[0]}, {"the restarted replica", r, restored[0]}} {
 		t.Run(tc.name, func(t *testing.T) {
 			var own budget.Own
-			d, _ := tc.l.Admit("team-a", "ci", func(o budget.Own) budget.Decision {
+			d, _ := tc.l.Admit("team-a", "ci", 1, func(o budget.Own) budget.Decision {
 				own = o
-				return budget.Decide(tb, "ci", o, nil, clk.Now())
+				return budget.Decide(tb, "ci", 1, o, nil, clk.Now())
 			})
 			for _, n := range []int64{own.Key.MinuteTokens, own.Key.HourTokens, own.Key.DayTokens,
 				own.Namespace.MinuteTokens, own.Namespace.HourTokens, own.Namespace.DayTokens} {
@@ -169,7 +211,7 @@ func TestAttackUsageReportWrapsTheDay(t *testing.T) {
 	if p.Total.DayTokens != most || p.Total.MinuteTokens != most {
 		t.Errorf("the peer's namespace: %+v, want its day and minute at %d", p.Total, int64(most))
 	}
-	if d := budget.Decide(tb, "ci", budget.Own{}, []budget.Peer{p, p}, clk.Now()); d.Allowed {
+	if d := budget.Decide(tb, "ci", 1, budget.Own{}, []budget.Peer{p, p}, clk.Now()); d.Allowed {
 		t.Errorf("two peers at the maximum: the budget admitted a request")
 	}
 }

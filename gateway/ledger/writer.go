@@ -129,9 +129,23 @@ func (w *Writer) flush(ctx context.Context) {
 }
 
 // write replaces the record's spec with a merge patch (the replica is its only
-// writer), or creates it.
+// writer), or creates it. Its windows are always sent, an empty list too: once the
+// last key's requests in flight end with nothing counted in the current minute or
+// hour, the record must lose their window, not keep it as it was (a merge patch
+// leaves a field it does not name).
 func (w *Writer) write(ctx context.Context, tu *mfv1.TokenUsage) error {
-	patch, err := json.Marshal(map[string]any{"spec": tu.Spec})
+	spec, err := json.Marshal(tu.Spec)
+	if err != nil {
+		return err
+	}
+	var fields map[string]any
+	if err := json.Unmarshal(spec, &fields); err != nil {
+		return err
+	}
+	if len(tu.Spec.Windows) == 0 {
+		fields["windows"] = []any{}
+	}
+	patch, err := json.Marshal(map[string]any{"spec": fields})
 	if err != nil {
 		return err
 	}

@@ -1,9 +1,11 @@
 package httpserver
 
 import (
+	"crypto/tls"
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"strconv"
 	"sync"
 	"time"
@@ -12,33 +14,61 @@ import (
 // refuseTimeout bounds the time spent on a refused connection.
 const refuseTimeout = time.Second
 
-// Listener caps the connections open on ln at l.MaxConnections (none when negative):
-// past the cap, a new connection is answered "503 Service Unavailable" with
-// Retry-After and an OpenAI-shaped error body, then closed; the connections already
-// open are served as before.
+// Listener caps the connections open on ln (none when l.MaxConnections is negative):
 //
-// Wrap the TCP listener, beneath any TLS (tls.NewListener(Listener(ln, l), cfg)): the
-// HTTP server recognizes a TLS connection by its type, which a wrapper above TLS hides.
+//   - at most l.MaxConnectionsPerSource from one source address (an IPv6 address's
+//     /64), so that one client cannot hold every slot;
+//   - under pressure, when three quarters of l.MaxConnections are open, a new
+//     connection first closes the connections that have waited idle (kept alive
+//     after an answer, or not yet sent a first request) for l.PressureIdleTimeout;
+//   - past either cap, a new connection is answered "503 Service Unavailable" with
+//     Retry-After and an OpenAI-shaped error body that names the cap, then closed;
+//     the connections already open are served as before.
+//
+// Serve it with a server from New, whose ConnState tells the listener which
+// connections are idle. Wrap the TCP listener, beneath any TLS
+// (tls.NewListener(Listener(ln, l), cfg)): the HTTP server recognizes a TLS
+// connection by its type, which a wrapper above TLS hides.
 func Listener(ln net.Listener, l Limits) net.Listener {
 	l = l.WithDefaults()
 	if l.MaxConnections < 0 {
 		return ln
 	}
-	return &capListener{Listener: ln, slots: make(chan struct{}, l.MaxConnections), refusal: Refusal(l.MaxConnections)}
+	perSource := l.MaxConnectionsPerSource
+	if perSource < 0 || perSource > l.MaxConnections {
+		perSource = l.MaxConnections
+	}
+	return &capListener{Listener: ln, max: l.MaxConnections, perSource: perSource, pressureIdle: l.PressureIdleTimeout,
+		refusal: Refusal(l.MaxConnections), sourceRefusal: sourceRefusal(perSource),
+		sources: map[string]int{}, conns: map[*slotConn]struct{}{}}
 }
 
 // Refusal is the whole HTTP response a connection past a cap of max gets.
 func Refusal(max int) []byte {
-	body := `{"error":{"message":"this server already holds its limit of ` + strconv.Itoa(max) +
-		` open connections; retry shortly","type":"service_unavailable","param":null,"code":"too_many_connections"}}` + "\n"
+	return refusal("this server already holds its limit of " + strconv.Itoa(max) + " open connections; retry shortly")
+}
+
+// sourceRefusal is the response of a connection past the cap of max from its source.
+func sourceRefusal(max int) []byte {
+	return refusal("this server already holds its limit of " + strconv.Itoa(max) +
+		" open connections from your address; close idle ones or reuse them, then retry")
+}
+
+func refusal(msg string) []byte {
+	body := `{"error":{"message":"` + msg + `","type":"service_unavailable","param":null,"code":"too_many_connections"}}` + "\n"
 	return []byte(fmt.Sprintf("HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"+
 		"Connection: close\r\nContent-Length: %d\r\n\r\n%s", len(body), body))
 }
 
 type capListener struct {
 	net.Listener
-	slots   chan struct{}
-	refusal []byte
+	max, perSource         int
+	pressureIdle           time.Duration
+	refusal, sourceRefusal []byte
+
+	mu      sync.Mutex
+	sources map[string]int
+	conns   map[*slotConn]struct{}
 }
 
 func (l *capListener) Accept() (net.Conn, error) {
@@ -47,13 +77,81 @@ func (l *capListener) Accept() (net.Conn, error) {
 		if err != nil {
 			return nil, err
 		}
-		select {
-		case l.slots <- struct{}{}:
-			return &slotConn{Conn: c, release: sync.OnceFunc(func() { <-l.slots })}, nil
-		default:
-			go refuse(c, l.refusal)
+		sc, refusal, stale := l.admit(c, time.Now())
+		for _, s := range stale {
+			_ = s.Conn.Close() // the server sees its read fail and closes it, releasing its slot
+		}
+		if sc != nil {
+			return sc, nil
+		}
+		go refuse(c, refusal)
+	}
+}
+
+// admit decides on c, accepted at now: its slot, or the refusal to answer. Under
+// pressure it first takes the slots of the connections idle for pressureIdle, which
+// the caller closes.
+func (l *capListener) admit(c net.Conn, now time.Time) (sc *slotConn, refusal []byte, stale []*slotConn) {
+	src := Source(c.RemoteAddr())
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.pressureIdle >= 0 && len(l.conns) >= l.max*3/4 {
+		for s := range l.conns {
+			if !s.idleSince.IsZero() && now.Sub(s.idleSince) >= l.pressureIdle {
+				l.releaseLocked(s)
+				stale = append(stale, s)
+			}
 		}
 	}
+	switch {
+	case len(l.conns) >= l.max:
+		return nil, l.refusal, stale
+	case l.sources[src] >= l.perSource:
+		return nil, l.sourceRefusal, stale
+	}
+	sc = &slotConn{Conn: c, l: l, src: src, idleSince: now}
+	l.conns[sc] = struct{}{}
+	l.sources[src]++
+	return sc, nil, stale
+}
+
+// releaseLocked gives s's slot back, once. l.mu is held.
+func (l *capListener) releaseLocked(s *slotConn) {
+	if _, ok := l.conns[s]; !ok {
+		return
+	}
+	delete(l.conns, s)
+	if l.sources[s.src]--; l.sources[s.src] <= 0 {
+		delete(l.sources, s.src)
+	}
+}
+
+// Source is the address a connection from addr counts against: its IP, or for IPv6
+// its /64 (one host holds a whole /64).
+func Source(addr net.Addr) string {
+	if a, ok := addr.(*net.TCPAddr); ok {
+		return sourceOfIP(a.IP, addr.String())
+	}
+	return SourceOf(addr.String())
+}
+
+// SourceOf is Source of a "host:port" remote address (http.Request.RemoteAddr).
+func SourceOf(remote string) string {
+	host, _, err := net.SplitHostPort(remote)
+	if err != nil {
+		return remote
+	}
+	return sourceOfIP(net.ParseIP(host), remote)
+}
+
+func sourceOfIP(ip net.IP, whole string) string {
+	if ip4 := ip.To4(); ip4 != nil {
+		return ip4.String()
+	}
+	if ip == nil {
+		return whole
+	}
+	return ip.Mask(net.CIDRMask(64, 128)).String() + "/64"
 }
 
 // refuse answers c with the refusal and closes it; the request is drained first
@@ -71,13 +169,39 @@ func refuse(c net.Conn, refusal []byte) {
 	_, _ = io.Copy(io.Discard, io.LimitReader(c, 64<<10))
 }
 
-// slotConn gives its slot back when closed.
+// slotConn holds a slot of its listener until closed; idleSince (under the
+// listener's lock) is when it last began to wait for a request, zero while one is
+// served.
 type slotConn struct {
 	net.Conn
-	release func()
+	l         *capListener
+	src       string
+	idleSince time.Time
 }
 
 func (c *slotConn) Close() error {
-	c.release()
+	c.l.mu.Lock()
+	c.l.releaseLocked(c)
+	c.l.mu.Unlock()
 	return c.Conn.Close()
+}
+
+// connState is the http.Server's ConnState hook of New: it marks a connection of a
+// capListener idle while it waits for a request, busy while one is served.
+func connState(c net.Conn, st http.ConnState) {
+	if tc, ok := c.(*tls.Conn); ok {
+		c = tc.NetConn()
+	}
+	sc, ok := c.(*slotConn)
+	if !ok {
+		return
+	}
+	sc.l.mu.Lock()
+	defer sc.l.mu.Unlock()
+	switch st {
+	case http.StateIdle:
+		sc.idleSince = time.Now()
+	case http.StateActive:
+		sc.idleSince = time.Time{}
+	}
 }

@@ -4,9 +4,10 @@
 // authorizer all build their http.Server here.
 //
 //   - Limits: a bound on reading the request headers and on reading the body, an idle
-//     bound on kept-alive connections and a cap on open connections. There is no
-//     write timeout: a stream lasts as long as generation does, and a global write
-//     deadline would cut every long one.
+//     bound on kept-alive connections (shorter under pressure), and caps on open
+//     connections, overall and per source address. There is no write timeout: a
+//     stream lasts as long as generation does, and a global write deadline would cut
+//     every long one.
 //   - Guard: which Host a server answers to (DNS rebinding) and refusal of a web
 //     page's cross-origin requests (CSRF), for servers a browser can reach on a
 //     developer's machine.
@@ -32,6 +33,12 @@ const (
 	DefaultIdleTimeout = 2 * time.Minute
 	// DefaultMaxConnections caps the connections one server holds open.
 	DefaultMaxConnections = 1024
+	// DefaultSourceShare is the share of MaxConnections one source address may hold
+	// when MaxConnectionsPerSource is unset: a quarter (256 of 1,024).
+	DefaultSourceShare = 4
+	// DefaultPressureIdleTimeout is how long a connection may wait idle once three
+	// quarters of MaxConnections are open.
+	DefaultPressureIdleTimeout = 5 * time.Second
 )
 
 // Limits bound what a client may hold of a server. Zero fields take the defaults; a
@@ -49,6 +56,15 @@ type Limits struct {
 	// MaxConnections caps the open connections: the next one is answered 503 with
 	// Retry-After and closed, while the open ones are served as before.
 	MaxConnections int
+	// MaxConnectionsPerSource caps the open connections from one source address (an
+	// IPv6 /64) the same way; unset, MaxConnections / DefaultSourceShare (at least
+	// one). Behind a proxy every client shares the proxy's address: raise it, or turn
+	// it off with a negative value.
+	MaxConnectionsPerSource int
+	// PressureIdleTimeout replaces IdleTimeout while three quarters of MaxConnections
+	// are open: a new connection then closes those idle for it (kept alive after an
+	// answer, or not yet sent a first request).
+	PressureIdleTimeout time.Duration
 }
 
 // WithDefaults fills the zero fields.
@@ -64,6 +80,10 @@ func (l Limits) WithDefaults() Limits {
 	if l.MaxConnections == 0 {
 		l.MaxConnections = DefaultMaxConnections
 	}
+	if l.MaxConnectionsPerSource == 0 {
+		l.MaxConnectionsPerSource = max(l.MaxConnections/DefaultSourceShare, 1)
+	}
+	def(&l.PressureIdleTimeout, DefaultPressureIdleTimeout)
 	return l
 }
 
@@ -71,13 +91,15 @@ func (l Limits) WithDefaults() Limits {
 func off(d time.Duration) time.Duration { return max(d, 0) }
 
 // New is an http.Server for h within l (completed by WithDefaults). Serve it on
-// Listen's listener (or one wrapped by Listener) so that the connection cap holds.
+// Listen's listener (or one wrapped by Listener) so that the connection caps hold:
+// its ConnState tells the listener which connections wait idle.
 func New(h http.Handler, l Limits) *http.Server {
 	l = l.WithDefaults()
 	if l.BodyTimeout > 0 {
 		h = bodyDeadline(h, l.BodyTimeout)
 	}
-	return &http.Server{Handler: h, ReadHeaderTimeout: off(l.ReadHeaderTimeout), IdleTimeout: off(l.IdleTimeout)}
+	return &http.Server{Handler: h, ReadHeaderTimeout: off(l.ReadHeaderTimeout), IdleTimeout: off(l.IdleTimeout),
+		ConnState: connState}
 }
 
 // ErrBodyTimeout is what reading a request's body returns once BodyTimeout passed.

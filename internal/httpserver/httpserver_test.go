@@ -196,7 +196,7 @@ func TestTrickledBodyIsCut(t *testing.T) {
 // are still served; once one closes, a new one is served again.
 func TestConnectionCap(t *testing.T) {
 	addr := serve(t, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok") }),
-		Limits{MaxConnections: 2})
+		Limits{MaxConnections: 2, MaxConnectionsPerSource: 2})
 	get := func(c net.Conn) (string, error) {
 		if _, err := fmt.Fprintf(c, "GET / HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
 			return "", err

@@ -21,6 +21,7 @@ const (
 	TypeAuthentication = "authentication_error"
 	TypeServer         = "server_error"
 	TypeUnavailable    = "service_unavailable"
+	TypeRateLimit      = "rate_limit_error"
 )
 
 // CodeInternal is the code of an unexpected server error.
@@ -41,6 +42,10 @@ const (
 	// CodeTokenReview: a ServiceAccount token could not be reviewed now (the API
 	// server did not answer the TokenReview); the client retries.
 	CodeTokenReview = "token_review_unavailable"
+	// CodeTokenReviewLimited: a ServiceAccount token this server has no answer for
+	// was not reviewed: its source, or every source, presented more unknown tokens
+	// than the reviews allow; the client retries after Retry-After.
+	CodeTokenReviewLimited = "token_review_limited"
 )
 
 // StatusClientGone is the status both front ends record (in their request metrics,

@@ -175,7 +175,8 @@ func usageTokens(t *testing.T, body string) int64 {
 // that share the API server, each counting its own and reading the other's usage
 // record, against a namespace's tokensPerMinute, until every client is refused. The
 // tokens admitted in the minute (what the responses' usage adds up to) reach the
-// budget and stay within 10 % over it.
+// budget, less what the requests in flight reserved when the last were refused
+// (under 1 %), and stay within 10 % over it.
 func TestBudgetHoldsAcrossTwoGateways(t *testing.T) {
 	const limit, workers = 40000, 3 // workers per gateway
 	ns, bases := budgetFleet(t, 2)
@@ -248,8 +249,8 @@ func TestBudgetHoldsAcrossTwoGateways(t *testing.T) {
 	over := float64(total-limit) / limit * 100
 	t.Logf("admitted %d tokens (gateway 0: %d in %d requests, gateway 1: %d in %d) against %d per minute in %v: %+.1f %%",
 		total, admitted[0], requests[0], admitted[1], requests[1], limit, time.Since(started).Round(time.Millisecond), over)
-	if total < limit || over > 10 {
-		t.Errorf("admitted %d tokens against a budget of %d per minute (%+.1f %%), want within [0, +10 %%]", total, limit, over)
+	if over < -1 || over > 10 {
+		t.Errorf("admitted %d tokens against a budget of %d per minute (%+.1f %%), want within [-1, +10 %%]", total, limit, over)
 	}
 	if requests[0] == 0 || requests[1] == 0 {
 		t.Errorf("the load was not split: %v requests", requests)

@@ -14,7 +14,8 @@
 // token's own expiry) under the token's SHA-256, so a busy caller costs one TokenReview
 // per TTL and the tokens themselves are never kept. A deleted ServiceAccount, or one
 // re-created under the same name, stops its tokens within the TTL. Tokens are never
-// logged.
+// logged. It reviews only tokens that could pass (Fit), once at a time per token, and
+// limits the reviews of unknown tokens per source and in all (guard.go).
 //
 // The decisions are pure: Identify reads a review's status, LooksLikeToken tells a
 // token from an API key, and the cache takes its clock from the caller.
@@ -33,6 +34,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sync/singleflight"
 	authnv1 "k8s.io/api/authentication/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/clock"
@@ -47,8 +49,9 @@ const (
 	// DefaultTTL is how long a review's answer is reused: the longest a deleted
 	// ServiceAccount's token keeps working.
 	DefaultTTL = 10 * time.Second
-	// DefaultMaxEntries bounds the cache; a full cache drops its expired entries,
-	// then arbitrary ones.
+	// DefaultMaxEntries bounds the cache of accepted tokens; a full cache drops its
+	// expired entries, then arbitrary ones. Refused tokens have their own
+	// (DefaultMaxRefused).
 	DefaultMaxEntries = 4096
 	// DefaultTimeout bounds one TokenReview.
 	DefaultTimeout = 5 * time.Second
@@ -69,11 +72,21 @@ type Options struct {
 	Audience   string
 	TTL        time.Duration
 	MaxEntries int
+	MaxRefused int
 	Timeout    time.Duration
 	Clock      clock.PassiveClock
+	// ReviewsPerSource a second, after a burst of ReviewBurstPerSource, are the
+	// reviews of unknown tokens one source address may cause; Reviews and
+	// ReviewBurst those of every source together.
+	ReviewsPerSource     float64
+	ReviewBurstPerSource int
+	Reviews              float64
+	ReviewBurst          int
 	// Registerer, when set, receives macfleet_<Component>_token_reviews_total{result}:
 	// how tokens were answered, ResultCached (from the cache, either way),
-	// ResultAccepted and ResultRefused (by a review) or ResultFailed (no review).
+	// ResultAccepted and ResultRefused (by a review), ResultFailed (the review
+	// failed), ResultUnfit (refused without a review: Fit) or ResultLimited (not
+	// reviewed: over the limit).
 	Registerer prometheus.Registerer
 	Component  string
 }
@@ -84,6 +97,8 @@ const (
 	ResultAccepted = "accepted"
 	ResultRefused  = "refused"
 	ResultFailed   = "failed"
+	ResultUnfit    = "unfit"
+	ResultLimited  = "limited"
 )
 
 // Reviewer authenticates ServiceAccount tokens through the API server, with a cache.
@@ -93,8 +108,12 @@ type Reviewer struct {
 	// counted is the reviews counter by result (nil: not counted).
 	counted *prometheus.CounterVec
 
-	mu      sync.RWMutex
-	entries map[[32]byte]entry
+	limits  *limiter
+	flights singleflight.Group
+
+	mu sync.RWMutex
+	// entries are the accepted tokens' answers, refused the refused ones'.
+	entries, refused map[[32]byte]entry
 }
 
 // entry is a cached answer: the identity, or why the token was refused.
@@ -116,17 +135,32 @@ func New(reviews Reviews, opts Options) (*Reviewer, error) {
 	if opts.MaxEntries <= 0 {
 		opts.MaxEntries = DefaultMaxEntries
 	}
+	if opts.MaxRefused <= 0 {
+		opts.MaxRefused = DefaultMaxRefused
+	}
+	def := func(v *float64, b *int, dv float64, db int) {
+		if *v <= 0 {
+			*v = dv
+		}
+		if *b <= 0 {
+			*b = db
+		}
+	}
+	def(&opts.ReviewsPerSource, &opts.ReviewBurstPerSource, DefaultReviewsPerSource, DefaultReviewBurstPerSource)
+	def(&opts.Reviews, &opts.ReviewBurst, DefaultReviews, DefaultReviewBurst)
 	if opts.Timeout <= 0 {
 		opts.Timeout = DefaultTimeout
 	}
 	if opts.Clock == nil {
 		opts.Clock = clock.RealClock{}
 	}
-	r := &Reviewer{reviews: reviews, opts: opts, entries: map[[32]byte]entry{}}
+	r := &Reviewer{reviews: reviews, opts: opts, limits: newLimiter(opts), entries: map[[32]byte]entry{}, refused: map[[32]byte]entry{}}
 	if opts.Registerer != nil {
 		r.counted = prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "macfleet_" + opts.Component + "_token_reviews_total",
-			Help: "ServiceAccount tokens presented, by how they were answered: cached, accepted or refused by a TokenReview, or failed (no review).",
+			Help: "ServiceAccount tokens presented, by how they were answered: cached, accepted or refused by a TokenReview, failed " +
+				"(the review failed), unfit (refused without a review: not a JWT, expired, or of another audience or issuer) or " +
+				"limited (not reviewed: too many unknown tokens from the source, or in all; answered 429).",
 		}, []string{"result"})
 		if err := opts.Registerer.Register(r.counted); err != nil {
 			// A second reviewer of the process (gateways in one test) shares the counter.
@@ -158,35 +192,74 @@ type RefusedError struct{ Reason string }
 func (e *RefusedError) Error() string { return "the ServiceAccount token was refused: " + e.Reason }
 
 // Review is the identity of token: a *RefusedError when the API server does not
-// accept it, another error when it could not be asked (not cached: the next request
-// asks again).
+// accept it, or would not (Fit); a *LimitedError when it was not reviewed, over the
+// limit of reviews of ctx's source (WithSource) or of all; another error when it
+// could not be asked (not cached: the next request asks again). Concurrent reviews of
+// one token share one TokenReview.
 func (r *Reviewer) Review(ctx context.Context, token string) (tenancy.Identity, error) {
 	h := sha256.Sum256([]byte(token))
 	now := r.opts.Clock.Now()
-	r.mu.RLock()
-	e, ok := r.entries[h]
-	r.mu.RUnlock()
-	if ok && now.Before(e.expires) {
+	if e, ok := r.cached(h, now); ok {
 		r.count(ResultCached)
 		return e.answer()
 	}
+	if why := Fit(token, r.opts.Audience, now); why != "" {
+		r.count(ResultUnfit)
+		return tenancy.Identity{}, &RefusedError{Reason: why}
+	}
+	source := sourceOf(ctx)
+	v, err, _ := r.flights.Do(string(h[:]), func() (any, error) {
+		if e, ok := r.cached(h, r.opts.Clock.Now()); ok { // answered while this one waited
+			return e, nil
+		}
+		if lim := r.limits.allow(source, r.opts.Clock.Now()); lim != nil {
+			return nil, lim
+		}
+		return r.review(context.WithoutCancel(ctx), h, token)
+	})
+	var lim *LimitedError
+	switch {
+	case errors.As(err, &lim):
+		r.count(ResultLimited)
+		return tenancy.Identity{}, err
+	case err != nil:
+		return tenancy.Identity{}, err
+	}
+	return v.(entry).answer()
+}
+
+// review asks the API server about token, caches and counts the answer.
+func (r *Reviewer) review(ctx context.Context, h [32]byte, token string) (entry, error) {
 	ctx, cancel := context.WithTimeout(ctx, r.opts.Timeout)
 	defer cancel()
 	tr, err := r.reviews.Create(ctx, &authnv1.TokenReview{Spec: authnv1.TokenReviewSpec{Token: token,
 		Audiences: []string{r.opts.Audience}}}, metav1.CreateOptions{})
 	if err != nil {
 		r.count(ResultFailed)
-		return tenancy.Identity{}, fmt.Errorf("reviewing a ServiceAccount token: %w", err)
+		return entry{}, fmt.Errorf("reviewing a ServiceAccount token: %w", err)
 	}
-	e = entry{expires: Expiry(token, now, r.opts.TTL)}
+	now := r.opts.Clock.Now()
+	e := entry{expires: Expiry(token, now, r.opts.TTL)}
 	if e.id, err = Identify(tr.Status, r.opts.Audience); err != nil {
 		e.refusal = err.Error()
 		r.count(ResultRefused)
+		r.store(r.refused, r.opts.MaxRefused, h, e, now)
 	} else {
 		r.count(ResultAccepted)
+		r.store(r.entries, r.opts.MaxEntries, h, e, now)
 	}
-	r.store(h, e, now)
-	return e.answer()
+	return e, nil
+}
+
+// cached is the unexpired answer for h, if any.
+func (r *Reviewer) cached(h [32]byte, now time.Time) (entry, bool) {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	e, ok := r.entries[h]
+	if !ok {
+		e, ok = r.refused[h]
+	}
+	return e, ok && now.Before(e.expires)
 }
 
 func (e entry) answer() (tenancy.Identity, error) {
@@ -196,31 +269,31 @@ func (e entry) answer() (tenancy.Identity, error) {
 	return e.id, nil
 }
 
-// store caches e, making room first when the cache is full.
-func (r *Reviewer) store(h [32]byte, e entry, now time.Time) {
+// store caches e in m of at most limit answers, making room first when it is full.
+func (r *Reviewer) store(m map[[32]byte]entry, limit int, h [32]byte, e entry, now time.Time) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if _, ok := r.entries[h]; !ok && len(r.entries) >= r.opts.MaxEntries {
-		for k, old := range r.entries {
+	if _, ok := m[h]; !ok && len(m) >= limit {
+		for k, old := range m {
 			if !now.Before(old.expires) {
-				delete(r.entries, k)
+				delete(m, k)
 			}
 		}
-		for k := range r.entries {
-			if len(r.entries) < r.opts.MaxEntries {
+		for k := range m {
+			if len(m) < limit {
 				break
 			}
-			delete(r.entries, k)
+			delete(m, k)
 		}
 	}
-	r.entries[h] = e
+	m[h] = e
 }
 
-// Len is how many answers the cache holds.
+// Len is how many answers the caches hold, accepted and refused.
 func (r *Reviewer) Len() int {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
-	return len(r.entries)
+	return len(r.entries) + len(r.refused)
 }
 
 // Identify is the tenant identity a TokenReview's status authenticates for audience:

@@ -71,6 +71,12 @@ func jwt(claims string) string {
 	return enc([]byte(`{"alg":"RS256","kid":"k"}`)) + "." + enc([]byte(claims)) + "." + enc([]byte("signature"))
 }
 
+// fitToken is a token that Fit lets through at now (for audience macfleet, expiring
+// in an hour), with more claims after its own.
+func fitToken(now time.Time, more string) string {
+	return jwt(fmt.Sprintf(`{"aud":["macfleet"],"exp":%d%s}`, now.Unix()+3600, more))
+}
+
 func TestLooksLikeToken(t *testing.T) {
 	for tok, want := range map[string]bool{
 		jwt(`{"sub":"system:serviceaccount:a:b"}`):         true,
@@ -137,10 +143,9 @@ func (f *fakeReviews) count() int {
 
 func TestReviewerCachesWithinTTL(t *testing.T) {
 	clk := clocktesting.NewFakePassiveClock(time.Unix(1_800_000_000, 0))
-	tokA := jwt(fmt.Sprintf(`{"exp":%d}`, clk.Now().Unix()+3600))
-	tokShort := jwt(fmt.Sprintf(`{"exp":%d}`, clk.Now().Unix()+2))
-	bad := jwt(`{"sub":"forged"}`)
-	f := &fakeReviews{users: map[string]string{tokA: "system:serviceaccount:team-a:ci", tokShort: "system:serviceaccount:team-a:short"}}
+	tokA := fitToken(clk.Now(), "")
+	bad := fitToken(clk.Now(), `,"sub":"forged"`)
+	f := &fakeReviews{users: map[string]string{tokA: "system:serviceaccount:team-a:ci"}}
 	reg := prometheus.NewRegistry()
 	r, err := New(f, Options{TTL: 10 * time.Second, Clock: clk, Registerer: reg, Component: "test"})
 	if err != nil {
@@ -185,32 +190,39 @@ func TestReviewerCachesWithinTTL(t *testing.T) {
 		t.Errorf("API server asked %d times, want 3", n)
 	}
 
-	// A token expiring within the TTL is not reused past its expiry.
+	// A token expiring within the TTL is not reused past its expiry, nor reviewed
+	// again: Fit refuses it.
+	tokShort := jwt(fmt.Sprintf(`{"aud":"macfleet","exp":%d}`, clk.Now().Unix()+2))
+	f.mu.Lock()
+	f.users[tokShort] = "system:serviceaccount:team-a:short"
+	f.mu.Unlock()
 	if _, err := r.Review(ctx, tokShort); err != nil {
 		t.Fatal(err)
 	}
 	clk.SetTime(clk.Now().Add(2 * time.Second))
 	before := f.count()
-	_, _ = r.Review(ctx, tokShort)
-	if f.count() != before+1 {
-		t.Errorf("a token past its own exp was answered from the cache")
+	if _, err := r.Review(ctx, tokShort); !errors.As(err, &refused) || !strings.Contains(err.Error(), "expired") {
+		t.Errorf("a token past its own exp: %v, want it refused as expired", err)
+	}
+	if f.count() != before {
+		t.Errorf("a token past its own exp was reviewed")
 	}
 
 	// An API server that cannot be asked: an error that is not a refusal, not cached.
 	f.mu.Lock()
 	f.failing = true
 	f.mu.Unlock()
-	other := jwt(`{"sub":"new"}`)
+	other := fitToken(clk.Now(), `,"sub":"new"`)
 	for range 2 {
 		if _, err := r.Review(ctx, other); err == nil || errors.As(err, &refused) {
 			t.Errorf("the API server failing: %v, want an error that is not a refusal", err)
 		}
 	}
-	if n := f.count(); n != before+3 {
-		t.Errorf("failed reviews were cached: %d calls, want %d", n, before+3)
+	if n := f.count(); n != before+2 {
+		t.Errorf("failed reviews were cached: %d calls, want %d", n, before+2)
 	}
 	// Every answer above, counted by how it was made.
-	for result, want := range map[string]float64{ResultCached: 5, ResultAccepted: 3, ResultRefused: 2, ResultFailed: 2} {
+	for result, want := range map[string]float64{ResultCached: 5, ResultAccepted: 2, ResultRefused: 2, ResultFailed: 2, ResultUnfit: 1} {
 		if got := testutil.ToFloat64(r.counted.WithLabelValues(result)); got != want {
 			t.Errorf("macfleet_test_token_reviews_total{result=%q} = %v, want %v", result, got, want)
 		}
@@ -225,7 +237,7 @@ func TestReviewerCacheIsBounded(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i := range 20 {
-		tok := jwt(fmt.Sprintf(`{"n":%d}`, i))
+		tok := fitToken(clk.Now(), fmt.Sprintf(`,"n":%d`, i))
 		f.users[tok] = fmt.Sprintf("system:serviceaccount:ns:sa-%d", i)
 		if _, err := r.Review(t.Context(), tok); err != nil {
 			t.Fatal(err)
@@ -253,7 +265,7 @@ func TestReviewersShareTheCounter(t *testing.T) {
 		rs = append(rs, r)
 	}
 	for _, r := range rs {
-		_, _ = r.Review(t.Context(), jwt(`{"sub":"x"}`))
+		_, _ = r.Review(t.Context(), fitToken(time.Now(), `,"sub":"x"`))
 	}
 	if got := testutil.ToFloat64(rs[0].counted.WithLabelValues(ResultRefused)); got != 2 {
 		t.Errorf("refused = %v, want 2 from the two reviewers", got)

@@ -1,0 +1,218 @@
+package gateway_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
+	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
+	"github.com/macfleet/macfleet/gateway"
+	"github.com/macfleet/macfleet/gateway/tenancy"
+	"github.com/macfleet/macfleet/test/support/testenv"
+)
+
+// budgetedTeam is a team namespace whose key is served deployment tiny by a real
+// agent (runner process, synthesized model) through a gateway with tenant keys, under
+// a TokenBudget of perMinute tokens a minute for the whole namespace.
+type budgetedTeam struct {
+	g   runningGateway
+	f   *fleet
+	key string
+	oc  openai.Client
+}
+
+func newBudgetedTeam(t *testing.T, perMinute int64, cold time.Duration) budgetedTeam {
+	t.Helper()
+	e, agent, keys := realAgent(t, "admin-"+t.Name())
+	g := startGateway(t, e, gateway.Config{APIKeysFile: keys, TenantKeys: true, GatewayID: "gw-" + strings.ToLower(t.Name()),
+		MetricsListener: loopback(t), ColdStartTimeout: cold})
+	f := &fleet{t: t, c: e.Client, ns: testenv.NewNamespace(t, e.Client)}
+	mac := "mac-" + f.ns
+	f.node(mac, metav1.ConditionTrue)
+	f.deployment("tiny", "", 1)
+	f.replica("tiny-0", "tiny", mac)
+	f.setReplica("tiny-0", metav1.ConditionTrue, agent)
+	key := "team-key-" + f.ns
+	s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: f.ns, Name: "ci"}, Type: tenancy.SecretType,
+		Data: map[string][]byte{tenancy.KeyField: []byte(key)}}
+	if err := e.Client.Create(t.Context(), s); err != nil {
+		t.Fatal(err)
+	}
+	f.cleanup(s)
+	b := &mfv1.TokenBudget{ObjectMeta: metav1.ObjectMeta{Namespace: f.ns, Name: "team"},
+		Spec: mfv1.TokenBudgetSpec{TokensPerMinute: ptr.To(perMinute)}}
+	if err := e.Client.Create(t.Context(), b); err != nil {
+		t.Fatal(err)
+	}
+	f.cleanup(b)
+	g.key = key
+	waitModel(t, g, "tiny", f.ns, 1)
+	oc := openai.NewClient(option.WithBaseURL(g.url+"/v1/"), option.WithAPIKey(key), option.WithMaxRetries(0))
+	return budgetedTeam{g: g, f: f, key: key, oc: oc}
+}
+
+// chat is a chat completion of tiny capped at maxTokens.
+func chat(maxTokens int64) openai.ChatCompletionNewParams {
+	return openai.ChatCompletionNewParams{Model: "tiny", MaxTokens: openai.Int(maxTokens), Temperature: openai.Float(0),
+		Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("Hello there")}}
+}
+
+// minuteStart waits for the first 15 s of a UTC minute and returns its start.
+func minuteStart(t *testing.T) time.Time {
+	t.Helper()
+	testenv.Eventually(t, 70*time.Second, 50*time.Millisecond, func() (bool, string) {
+		return time.Now().UTC().Second() < 15, "waiting for a minute's first 15 s"
+	})
+	return time.Now().UTC().Truncate(time.Minute)
+}
+
+// TestAttackBudgetConcurrency: team-a, with a TokenBudget of 200 tokens a minute,
+// sends 12 chat completions of max_tokens 120 at once at the start of a minute,
+// through the gateway to a real runner. Before reservations all 12 were admitted
+// (usage was charged only when an answer ended) and ~1,700 tokens served, 8× the
+// budget. Now each request reserves its prompt's estimate plus its max_tokens: the
+// tokens served in the minute (the answers' usage) stay within the 200 (the bound,
+// as no prompt here uses more than its estimate), at least one answer is served, and
+// the others are refused with the budget's 429 and a Retry-After.
+func TestAttackBudgetConcurrency(t *testing.T) {
+	const limit, requests, maxTokens = 200, 12, 120
+	tm := newBudgetedTeam(t, limit, 30*time.Second)
+	minute := minuteStart(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 40*time.Second)
+	defer cancel()
+	var (
+		mu             sync.Mutex
+		served, tokens int64
+		refused        int
+		wg             sync.WaitGroup
+		start          = make(chan struct{})
+	)
+	for range requests {
+		wg.Go(func() {
+			<-start
+			var raw *http.Response
+			resp, err := tm.oc.Chat.Completions.New(ctx, chat(maxTokens), option.WithResponseInto(&raw))
+			mu.Lock()
+			defer mu.Unlock()
+			var apiErr *openai.Error
+			switch {
+			case err == nil:
+				served++
+				tokens += resp.Usage.TotalTokens
+			case errors.As(err, &apiErr) && apiErr.StatusCode == http.StatusTooManyRequests &&
+				apiErr.Code == "token_budget_exceeded" && raw != nil && raw.Header.Get("Retry-After") != "":
+				refused++
+			default:
+				t.Errorf("a request: %v, want an answer or the budget's 429 with Retry-After", err)
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	if end := time.Now().UTC().Truncate(time.Minute); !end.Equal(minute) {
+		t.Fatalf("the burst (from %v) ran into the next minute: the budget reset under it", minute)
+	}
+	t.Logf("%d requests of max_tokens %d at once: %d served using %d tokens, %d refused, against %d tokens a minute",
+		requests, maxTokens, served, tokens, refused, limit)
+	if served == 0 || tokens > limit || served+int64(refused) != requests {
+		t.Errorf("%d served using %d tokens and %d refused of %d: want at least one served and at most %d tokens",
+			served, tokens, refused, requests, limit)
+	}
+	line := metricLine(t, tm.g, `macfleet_gateway_budget_admissions_total{outcome="budget_exceeded"}`)
+	if line != fmt.Sprintf(`macfleet_gateway_budget_admissions_total{outcome="budget_exceeded"} %d`, refused) {
+		t.Errorf("metric %q, want %d refusals", line, refused)
+	}
+}
+
+// TestBudgetReservationReleased: requests that end without an answer, by an error
+// (a replica that cannot be reached, until the gateway's cold start timeout) or by
+// their client going away while the gateway holds them, give their reservation back,
+// and so does a stream from the real runner whose client goes away after its first
+// chunk, settled to what was generated. Each reserves 3/4 of the minute's budget,
+// so a leak refuses the next one; after all of them the reserved tokens' gauge reads
+// 0 and a request asking exactly what the stream left of the budget is served.
+func TestBudgetReservationReleased(t *testing.T) {
+	const limit = 200
+	tm := newBudgetedTeam(t, limit, 2*time.Second)
+	mac := "mac-" + tm.f.ns
+	tm.f.deployment("dead", "", 1)
+	tm.f.replica("dead-0", "dead", mac)
+	ln := loopback(t)
+	ln.Close() // a port nobody listens on
+	tm.f.setReplica("dead-0", metav1.ConditionTrue, ln.Addr().String())
+	tm.f.deployment("held", "", 1)
+	tm.f.replica("held-0", "held", mac)
+	tm.f.setReplica("held-0", metav1.ConditionFalse, "")
+	waitModel(t, tm.g, "dead", tm.f.ns, 1)
+	waitModel(t, tm.g, "held", tm.f.ns, 0)
+
+	body := func(model string) string { // ask: 85 bytes / 2 + 1 + 100 = 143 tokens
+		return `{"model":"` + model + `","max_tokens":100,"messages":[{"role":"user","content":"hi"}]}`
+	}
+	for i := range 4 {
+		code, b := send(http.MethodPost, tm.g.url+"/v1/chat/completions", body("dead"), tm.key)
+		if code != http.StatusServiceUnavailable {
+			t.Fatalf("request %d to an unreachable replica: %d %s, want its 503 (a 429 is a leaked reservation)", i, code, b)
+		}
+	}
+	for i := range 4 {
+		ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, tm.g.url+"/v1/chat/completions", strings.NewReader(body("held")))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Authorization", "Bearer "+tm.key)
+		resp, err := http.DefaultClient.Do(req)
+		cancel()
+		if err == nil {
+			resp.Body.Close()
+			t.Fatalf("request %d held for a replica: %d, want it held until its client goes away (a 429 is a leaked reservation)", i, resp.StatusCode)
+		}
+	}
+	// A stream whose client goes away after its first chunk: its reservation is
+	// settled to what the runner generated.
+	ctx, cancel := context.WithCancel(t.Context())
+	stream := tm.oc.Chat.Completions.NewStreaming(ctx, chat(100))
+	if !stream.Next() {
+		t.Fatalf("the stream to cancel: %v", stream.Err())
+	}
+	cancel()
+	_ = stream.Close()
+	testenv.Eventually(t, 10*time.Second, 20*time.Millisecond, func() (bool, string) {
+		line := metricLine(t, tm.g, "macfleet_gateway_budget_reserved_tokens ")
+		return line == "macfleet_gateway_budget_reserved_tokens 0", line
+	})
+	used := int64(0)
+	for _, typ := range []string{"input", "output"} {
+		series := `macfleet_usage_tokens_total{deployment="` + tm.f.ns + `/tiny",key="ci",namespace="` + tm.f.ns + `",type="` + typ + `"}`
+		n, err := strconv.ParseInt(strings.TrimPrefix(metricLine(t, tm.g, series), series+" "), 10, 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		used += n
+	}
+	// What is left of the minute, asked whole: the body's 76 or 77 bytes (max_tokens
+	// of 2 or 3 digits) / 2 + 1 + max_tokens.
+	maxTokens := limit - used - (76/2 + 1)
+	if maxTokens < 10 {
+		t.Fatalf("the cancelled stream used %d of %d tokens: nothing left to ask", used, limit)
+	}
+	final := fmt.Sprintf(`{"model":"tiny","max_tokens":%d,"messages":[{"role":"user","content":"hi"}]}`, maxTokens)
+	code, b := send(http.MethodPost, tm.g.url+"/v1/chat/completions", final, tm.key)
+	if code != http.StatusOK {
+		t.Errorf("after 9 requests that ended without an answer or were cancelled (%d tokens used), one asking the %d left: %d %s",
+			used, limit-used, code, b)
+	}
+}

@@ -99,6 +99,8 @@ func TestAttackColdEpochsHarvestConversations(t *testing.T) {
 	w.record(model, convA, "team-a", honest.Node)
 	w.record(model, convA[:1], "team-a", bad.Node)
 	w.record(model, convB, "team-b", honest.Node)
+	p.sent(honest, "team-a", convA...)
+	p.sent(honest, "team-b", convB...)
 
 	poller := &prefixindex.Poller{Index: index, Log: logr.Discard(), MinBackoff: time.Millisecond, Wait: time.Second,
 		Fetch: prefixindex.HTTPFetch{Transport: http.DefaultTransport, Scheme: "http://"}.Fetch, OnCold: w.cold}

@@ -179,6 +179,7 @@ func (w *warmer) warm(ctx context.Context, t prefixindex.Target) {
 				w.p.log.Error(err, "Signing a state ticket; the replica is not warmed", "model", model)
 				return
 			}
+			w.p.sent(be, c.Partition, c.Digest)
 			req.Hints = append(req.Hints, h)
 		}
 		resp, err := w.post(ctx, be, req)
@@ -194,7 +195,7 @@ func (w *warmer) warm(ctx context.Context, t prefixindex.Target) {
 
 // candidates are the states replicas of rt on other Macs than be's hold of the
 // conversations routed to rt lately, beyond what be holds of them: per conversation
-// and replica, the deepest digest it holds, with when be's Mac was last routed that
+// and replica, the deepest digest it holds of those it was sent (peerHit), with when be's Mac was last routed that
 // conversation's partition (ChooseWarmups keeps only the partitions it served).
 func (w *warmer) candidates(rt *Route, be Backend) []peerfetch.Candidate {
 	model := rt.ID()
@@ -205,7 +206,7 @@ func (w *warmer) candidates(rt *Route, be Backend) []peerfetch.Candidate {
 			if o.Node == "" || o.Node == be.Node || o.Key == be.Key {
 				continue
 			}
-			hit := w.p.index.Deepest(o.Key, c.Digests)
+			hit := w.p.peerHit(o, c.Partition, c.Digests)
 			if hit.Depth <= own.Depth {
 				continue
 			}

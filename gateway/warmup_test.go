@@ -77,6 +77,10 @@ func TestWarmerWarmsAColdReplica(t *testing.T) {
 	w.record(model, convA, "team-a", r1.Node)
 	w.record(model, convB, "team-b", r1.Node)
 	w.record(model, convC, "team-a", r3.Node)
+	// What the gateway sent each replica (the requests recorded above).
+	p.sent(r1, "team-a", convA...)
+	p.sent(r1, "team-b", convB...)
+	p.sent(r3, "team-a", convC...)
 
 	target := prefixindex.Target{Key: r2.Key, Endpoint: r2.Endpoint, Node: r2.Node}
 	w.cold(target, "e1")

@@ -62,6 +62,18 @@ func runWorker(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "macfleet-runner worker: --memory must not be negative")
 		return exitBadFlags
 	}
+	// The secret every connection must open with (runnerapi.SplitAuth); nothing this
+	// process starts inherits it.
+	secret, err := runnerapi.ParseWorkerSecret(os.Getenv(runnerapi.EnvWorkerSecret))
+	os.Unsetenv(runnerapi.EnvWorkerSecret)
+	if err != nil {
+		fmt.Fprintln(stderr, "macfleet-runner worker:", err)
+		return exitBadFlags
+	}
+	if secret == nil {
+		fmt.Fprintf(stderr, "macfleet-runner worker: no %s: every connection to --listen is served unauthenticated "+
+			"(the agent always starts its workers with one)\n", runnerapi.EnvWorkerSecret)
+	}
 	choice, err := netdevice.ParseDeviceChoice(*device)
 	if err != nil {
 		fmt.Fprintln(stderr, "macfleet-runner worker: --device:", err)
@@ -92,18 +104,22 @@ func runWorker(args []string, stdout, stderr io.Writer) int {
 	}()
 	line, _ := json.Marshal(runnerapi.ListeningEvent{Event: "listening", Addr: ln.Addr().String(), PID: os.Getpid()})
 	fmt.Fprintf(stdout, "%s\n", line)
-	return serveSessions(ctx, ln, session{model: *model, choice: choice, threads: *threads, memory: *memory, next: *next}, stderr)
+	return serveSessions(ctx, ln, session{model: *model, choice: choice, threads: *threads, memory: *memory, next: *next, secret: secret}, stderr)
 }
 
 // session is what the worker serves each runner with: its model file, device, threads,
-// memory and --next.
+// memory and --next, and the secret every connection must open with (nil: none).
 type session struct {
 	model   string
 	choice  netdevice.DeviceChoice
 	threads int
 	memory  int64
 	next    string
+	secret  []byte
 }
+
+// authTimeout bounds the wait for a connection's authentication frame.
+const authTimeout = 10 * time.Second
 
 // serveSessions serves the runners that connect to ln, one at a time, until ctx ends or
 // ln fails; it returns the worker's exit code.
@@ -120,7 +136,7 @@ func serveSessions(ctx context.Context, ln net.Listener, w session, stderr io.Wr
 				acceptErr <- err
 				return
 			}
-			go sortConn(ctx, conn.(*net.TCPConn), runners, stderr)
+			go sortConn(ctx, conn.(*net.TCPConn), w.secret, runners, stderr)
 		}
 	}()
 	for {
@@ -152,9 +168,21 @@ func serveSessions(ctx context.Context, ln net.Listener, w session, stderr io.Wr
 }
 
 // sortConn hands a new connection to the session loop (a runner) or to the session
-// being served (a previous worker's peer link), by its first frame.
-func sortConn(ctx context.Context, conn *net.TCPConn, runners chan<- *net.TCPConn, stderr io.Writer) {
+// being served (a previous worker's peer link), by its first frame; with a secret,
+// only once the connection has presented it (runnerapi.ReadSplitAuth): any other
+// connection is closed before the worker protocol reads a byte of it.
+func sortConn(ctx context.Context, conn *net.TCPConn, secret []byte, runners chan<- *net.TCPConn, stderr io.Writer) {
 	remote := conn.RemoteAddr().String()
+	if secret != nil {
+		_ = conn.SetReadDeadline(time.Now().Add(authTimeout))
+		err := runnerapi.ReadSplitAuth(conn, secret)
+		_ = conn.SetReadDeadline(time.Time{})
+		if err != nil {
+			fmt.Fprintf(stderr, "macfleet-runner worker: refused the connection from %s: %v\n", remote, err)
+			conn.Close()
+			return
+		}
+	}
 	peer, err := netdevice.IsPeerLink(conn, 10*time.Second)
 	switch {
 	case err != nil:

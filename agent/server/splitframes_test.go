@@ -17,11 +17,20 @@ import (
 	"github.com/macfleet/macfleet/internal/pki"
 )
 
+// customOp is a graph record (index 0, then wire.h's mfnd_tensor) of ggml's first
+// custom op, MAP_CUSTOM1 (86), with an f32 type.
+func customOp() []byte {
+	r := make([]byte, 260)
+	binary.LittleEndian.PutUint32(r[4+12:], 86)
+	return r
+}
+
 // TestAttackSplitLinkFrames: the head's Mac, allowed to open its replica's split link
 // (real agent API, mutual TLS), sends the worker frames a runner never sends, to make
 // it allocate or read what a frame claims: a first frame of 2 GiB, a write claiming
-// 1.5 GiB, an allocation beyond the shard's memory, a graph of 2^31 tensors, an
-// unknown command, a peer greeting on a runner's link. On main the agent piped each
+// 1.5 GiB, an allocation beyond the shard's memory, a graph of 2^31 tensors, a graph
+// with a custom op (whose op params the worker would call as a function), an unknown
+// command, a peer greeting on a runner's link. On main the agent piped each
 // to the worker, whose decoder allocated the claimed size. Now the worker Mac's agent
 // closes the link at the frame's header: the worker receives the authentication frame
 // the agent sends first and the frames before the bad one, not a byte of it; good
@@ -69,6 +78,8 @@ func TestAttackSplitLinkFrames(t *testing.T) {
 		{"a write claiming 1.5 GiB", helloFrame(), append(header(5, 16+3<<29), u64s(4096, 3<<29)...)},
 		{"an allocation beyond the shard's memory", helloFrame(), frame(2, u64s(8<<30))},
 		{"a graph of 2^31 tensors", helloFrame(), append(header(10, 32+260), graph(1<<31, 1, 1)...)},
+		{"a graph whose tensor is a custom op (a function pointer in its op params)", helloFrame(),
+			append(append(header(10, 32+260), graph(1, 0, 1)...), customOp()...)},
 		{"an unknown command", helloFrame(), frame(99, nil)},
 		{"a peer greeting on a runner's link", helloFrame(), frame(runnerapi.SplitPeerHello, make([]byte, 16))},
 	} {

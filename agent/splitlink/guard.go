@@ -227,6 +227,12 @@ func Guard(dst io.Writer, src io.Reader, memory uint64) error {
 			return err
 		}
 		greeted = true
+		if cmd == cmdCompute {
+			if err := copyGraph(dst, src, buf[:5+n], size); err != nil {
+				return err
+			}
+			continue
+		}
 		if _, err := dst.Write(buf[:5+n]); err != nil {
 			return err
 		}

@@ -10,11 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/go-logr/logr"
-
 	"github.com/macfleet/macfleet/api/runnerapi"
 	"github.com/macfleet/macfleet/gateway/metering"
-	"github.com/macfleet/macfleet/gateway/prefixindex"
 	"github.com/macfleet/macfleet/test/support/testenv"
 )
 
@@ -59,10 +56,7 @@ func TestAttackForgedStateOfAPrefixNeverSent(t *testing.T) {
 	bad := Backend{Key: "team-a/chat-0", Endpoint: strings.TrimPrefix(evil.URL, "http://"), Node: "mac-evil", Slots: 2}
 	honest := Backend{Key: "team-a/chat-1", Endpoint: "10.0.0.2:8443", Node: "mac-2", Slots: 2}
 	rt := &Route{Namespace: "team-a", Deployment: "chat", Backends: []Backend{bad, honest}}
-	poller := &prefixindex.Poller{Index: index, Log: logr.Discard(), MinBackoff: 5 * time.Millisecond, Wait: time.Second,
-		Fetch: prefixindex.HTTPFetch{Transport: http.DefaultTransport, Scheme: "http://"}.Fetch}
-	poller.Sync([]prefixindex.Target{{Key: bad.Key, Endpoint: bad.Endpoint, Node: bad.Node}})
-	t.Cleanup(poller.Close)
+	pollAgent(t, index, bad, nil)
 	testenv.Eventually(t, 10*time.Second, 5*time.Millisecond, func() (bool, string) {
 		n := index.Deepest(bad.Key, teamB).Depth
 		return n == len(teamB), fmt.Sprintf("the index holds %d of team-b's digests from mac-evil's claim (%d polls)", n, polled.Load())

@@ -24,6 +24,17 @@ import (
 	"github.com/macfleet/macfleet/test/support/testenv"
 )
 
+// pollAgent has the gateway's real prefix poller poll be's agent over HTTP (loopback)
+// into index until the test ends, calling onCold (nil: nothing) for a cold replica.
+func pollAgent(t *testing.T, index *prefixindex.Index, be Backend, onCold func(prefixindex.Target, string)) *prefixindex.Poller {
+	t.Helper()
+	poller := &prefixindex.Poller{Index: index, Log: logr.Discard(), MinBackoff: time.Millisecond, Wait: time.Second,
+		Fetch: prefixindex.HTTPFetch{Transport: http.DefaultTransport, Scheme: "http://"}.Fetch, OnCold: onCold}
+	poller.Sync([]prefixindex.Target{{Key: be.Key, Endpoint: be.Endpoint, Node: be.Node}})
+	t.Cleanup(poller.Close)
+	return poller
+}
+
 // TestAttackColdEpochsHarvestConversations: a compromised Mac (mac-evil, holding a
 // replica of team-a's deployment that served team-a's requests) answers every prefix
 // poll of the gateway with a fresh, empty runner epoch, to be warmed again and again
@@ -102,10 +113,7 @@ func TestAttackColdEpochsHarvestConversations(t *testing.T) {
 	p.sent(honest, "team-a", convA...)
 	p.sent(honest, "team-b", convB...)
 
-	poller := &prefixindex.Poller{Index: index, Log: logr.Discard(), MinBackoff: time.Millisecond, Wait: time.Second,
-		Fetch: prefixindex.HTTPFetch{Transport: http.DefaultTransport, Scheme: "http://"}.Fetch, OnCold: w.cold}
-	poller.Sync([]prefixindex.Target{{Key: bad.Key, Endpoint: bad.Endpoint, Node: bad.Node}})
-	t.Cleanup(poller.Close)
+	poller := pollAgent(t, index, bad, w.cold)
 
 	skipped := func() float64 {
 		return testutil.ToFloat64(w.skipped.WithLabelValues(bad.Node, peerfetch.RewarmTooSoon))

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io"
+	"strings"
 )
 
 // The first frame of a split worker's peer link, as the worker protocol defines it
@@ -19,17 +20,18 @@ const (
 	SplitPeerSessionBytes = 16
 )
 
-// A worker started with a secret (EnvWorkerSecret: SplitSecretBytes random bytes in
-// hex, which its agent makes for each worker process) reads, before anything else on
-// every connection, the frame SplitAuth carrying that secret (SplitAuthFrame), within
-// its greeting timeout; any other first bytes close the connection before the worker
-// protocol sees a byte. The head's runner and the previous worker never hold the
-// secret: the worker Mac's agent, having checked the caller's certificate, sends the
-// frame on the loopback connection it opens to its worker (agent/splitlink).
+// A worker started with --secret-stdin reads SplitSecretBytes random bytes in hex
+// from its standard input (its agent makes them for each worker process and writes
+// them there, out of the process's command line and environment), and then reads,
+// before anything else on every connection, the frame SplitAuth carrying that
+// secret (SplitAuthFrame), within its greeting timeout; any other first bytes close
+// the connection before the worker protocol sees a byte. The head's runner and the
+// previous worker never hold the secret: the worker Mac's agent, having checked the
+// caller's certificate, sends the frame on the loopback connection it opens to its
+// worker (agent/splitlink).
 const (
 	SplitAuth        = 16
 	SplitSecretBytes = 32
-	EnvWorkerSecret  = "MACFLEET_WORKER_SECRET"
 )
 
 // SplitAuthFrame is the authentication frame carrying secret.
@@ -55,15 +57,17 @@ func ReadSplitAuth(r io.Reader, secret []byte) error {
 	return nil
 }
 
-// ParseWorkerSecret reads EnvWorkerSecret's value: nil for "", else exactly
-// SplitSecretBytes in hex.
-func ParseWorkerSecret(v string) ([]byte, error) {
-	if v == "" {
-		return nil, nil
+// ReadWorkerSecret reads a worker's secret from r: SplitSecretBytes in hex, then a
+// newline or the end.
+func ReadWorkerSecret(r io.Reader) ([]byte, error) {
+	line := make([]byte, 2*SplitSecretBytes+1)
+	n, err := io.ReadFull(r, line)
+	if err != nil && err != io.ErrUnexpectedEOF {
+		return nil, fmt.Errorf("reading the secret: %w", err)
 	}
-	b, err := hex.DecodeString(v)
-	if err != nil || len(b) != SplitSecretBytes {
-		return nil, fmt.Errorf("%s must be %d bytes in hex (%d hex digits)", EnvWorkerSecret, SplitSecretBytes, 2*SplitSecretBytes)
+	b, derr := hex.DecodeString(strings.TrimSuffix(string(line[:n]), "\n"))
+	if derr != nil || len(b) != SplitSecretBytes {
+		return nil, fmt.Errorf("the secret must be %d bytes in hex (%d hex digits) and a newline", SplitSecretBytes, 2*SplitSecretBytes)
 	}
 	return b, nil
 }

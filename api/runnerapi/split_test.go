@@ -37,10 +37,17 @@ func TestSplitAuth(t *testing.T) {
 		in   string
 		want []byte
 		bad  bool
-	}{{"", nil, false}, {hex.EncodeToString(secret), secret, false}, {"zz", nil, true}, {hex.EncodeToString(secret[:8]), nil, true}} {
-		got, err := ParseWorkerSecret(tc.in)
+	}{
+		{hex.EncodeToString(secret) + "\n", secret, false},
+		{hex.EncodeToString(secret), secret, false},
+		{"", nil, true},
+		{"zz\n", nil, true},
+		{hex.EncodeToString(secret[:8]) + "\n", nil, true},
+		{hex.EncodeToString(secret) + "ff", nil, true},
+	} {
+		got, err := ReadWorkerSecret(strings.NewReader(tc.in))
 		if (err != nil) != tc.bad || !bytes.Equal(got, tc.want) {
-			t.Errorf("ParseWorkerSecret(%q) = %x, %v", tc.in, got, err)
+			t.Errorf("ReadWorkerSecret(%q) = %x, %v", tc.in, got, err)
 		}
 	}
 }

@@ -39,6 +39,8 @@ func runWorker(args []string, stdout, stderr io.Writer) int {
 	next := fs.String("next", "", "the address at which this worker reaches the worker of the next shard (its --listen address, "+
 		"or a forward to it): the hidden state after this worker's layers then goes straight there, not through the runner "+
 		"(docs/split-model.md, Worker to worker)")
+	secretStdin := fs.Bool("secret-stdin", false, "read a secret from standard input (64 hex digits and a newline) that every "+
+		"connection must open with, before any byte of the worker protocol (docs/split-model.md); the agent starts its workers so")
 	backendDir := fs.String("backend-dir", defaultBackendDir(), backendDirUsage)
 	verbose := fs.BoolP("verbose", "v", false, "log ggml's info messages")
 	if err := fs.Parse(args); err != nil {
@@ -62,17 +64,17 @@ func runWorker(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "macfleet-runner worker: --memory must not be negative")
 		return exitBadFlags
 	}
-	// The secret every connection must open with (runnerapi.SplitAuth); nothing this
-	// process starts inherits it.
-	secret, err := runnerapi.ParseWorkerSecret(os.Getenv(runnerapi.EnvWorkerSecret))
-	os.Unsetenv(runnerapi.EnvWorkerSecret)
-	if err != nil {
-		fmt.Fprintln(stderr, "macfleet-runner worker:", err)
-		return exitBadFlags
-	}
-	if secret == nil {
-		fmt.Fprintf(stderr, "macfleet-runner worker: no %s: every connection to --listen is served unauthenticated "+
-			"(the agent always starts its workers with one)\n", runnerapi.EnvWorkerSecret)
+	// The secret every connection must open with (runnerapi.SplitAuth).
+	var secret []byte
+	if *secretStdin {
+		var err error
+		if secret, err = runnerapi.ReadWorkerSecret(os.Stdin); err != nil {
+			fmt.Fprintln(stderr, "macfleet-runner worker: --secret-stdin:", err)
+			return exitBadFlags
+		}
+	} else {
+		fmt.Fprintln(stderr, "macfleet-runner worker: no --secret-stdin: every connection to --listen is served "+
+			"unauthenticated (the agent always starts its workers with a secret)")
 	}
 	choice, err := netdevice.ParseDeviceChoice(*device)
 	if err != nil {

@@ -42,12 +42,13 @@ func authForward(t *testing.T, addr string, secret []byte) string {
 // every worker) closes any connection that does not open with it — a runner's
 // greeting, a wrong secret, nothing within the timeout — without a byte of answer,
 // while a runner reaching it through a forward that presents the secret (the agent's
-// role) loads and answers.
+// role) loads and answers. The secret comes on the worker's standard input
+// (--secret-stdin), as the agent gives it.
 func TestAttackSplitWorkerWithoutTheSecret(t *testing.T) {
 	m := specModel(t, "split-seed3", splitSpec(3))
 	secret := make([]byte, runnerapi.SplitSecretBytes)
 	_, _ = rand.Read(secret)
-	w := startWorkerEnv(t, []string{runnerapi.EnvWorkerSecret + "=" + hex.EncodeToString(secret)}, m)
+	w := startWorkerStdin(t, hex.EncodeToString(secret)+"\n", m, "--secret-stdin")
 
 	// A runner's greeting as the first frame: u32 length, HELLO, a 56-byte mfnd_hello.
 	hello := binary.LittleEndian.AppendUint32(nil, 56)

@@ -8,7 +8,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"os"
 	"os/exec"
 	"strconv"
 	"strings"
@@ -49,16 +48,16 @@ type worker struct {
 // listening line, and registers a cleanup that stops it.
 func startWorker(t testing.TB, modelPath string, flags ...string) *worker {
 	t.Helper()
-	return startWorkerEnv(t, nil, modelPath, flags...)
+	return startWorkerStdin(t, "", modelPath, flags...)
 }
 
-// startWorkerEnv is startWorker with env added to the test's environment.
-func startWorkerEnv(t testing.TB, env []string, modelPath string, flags ...string) *worker {
+// startWorkerStdin is startWorker with stdin ("" none) on the worker's standard input.
+func startWorkerStdin(t testing.TB, stdin, modelPath string, flags ...string) *worker {
 	t.Helper()
 	args := append([]string{"worker", "--listen", "127.0.0.1:0", "--model", modelPath, "--threads", "1"}, flags...)
 	cmd := exec.Command(runnerBinary(t), args...)
-	if env != nil {
-		cmd.Env = append(os.Environ(), env...)
+	if stdin != "" {
+		cmd.Stdin = strings.NewReader(stdin)
 	}
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {

@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"os/exec"
 	"strconv"
+	"strings"
 
 	"github.com/go-logr/logr"
 
@@ -32,7 +33,7 @@ var _ enginepool.Runner = (*WorkerRunner)(nil)
 // shard's reservation is the memory it answers the head's runner as its own.
 func (f *ProcessFactory) workerArgs(spec enginepool.ModelSpec) []string {
 	threads := spec.Engine.WithRunnerThreads(f.cfg.Threads, f.cfg.PerformanceCores, spec.WeightBytes).Threads
-	args := []string{"worker", "--listen", "127.0.0.1:0", "--model", spec.Path}
+	args := []string{"worker", "--listen", "127.0.0.1:0", "--model", spec.Path, "--secret-stdin"}
 	if threads > 0 {
 		args = append(args, "--threads", strconv.Itoa(int(threads)))
 	}
@@ -63,14 +64,14 @@ func (w *WorkerRunner) Addr() string { return w.dialAddress }
 // any other process of this Mac that reaches the loopback port is refused.
 func (w *WorkerRunner) Secret() []byte { return w.workerSecret }
 
-// workerSecret makes a new worker's secret and hands it to cmd in its environment
-// (runnerapi.EnvWorkerSecret; the worker removes it from its own).
+// workerSecret makes a new worker's secret and gives it to cmd on its standard input
+// (--secret-stdin), out of its command line and environment.
 func workerSecret(cmd *exec.Cmd) ([]byte, error) {
 	secret := make([]byte, runnerapi.SplitSecretBytes)
 	if _, err := rand.Read(secret); err != nil {
 		return nil, fmt.Errorf("making the split worker's secret: %w", err)
 	}
-	cmd.Env = append(cmd.Env, runnerapi.EnvWorkerSecret+"="+hex.EncodeToString(secret))
+	cmd.Stdin = strings.NewReader(hex.EncodeToString(secret) + "\n")
 	return secret, nil
 }
 

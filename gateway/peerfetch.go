@@ -30,8 +30,10 @@ type peerFetcher struct {
 	scheme string
 	margin float64
 	est    *peerfetch.Estimates
-	now    func() time.Time
-	log    logr.Logger
+	// vouched: the prefixes each replica was sent, the only ones fetched from it.
+	vouched *peerfetch.Vouched
+	now     func() time.Time
+	log     logr.Logger
 
 	decisions *prometheus.CounterVec
 	fetches   *prometheus.CounterVec
@@ -46,7 +48,7 @@ func newPeerFetcher(opts Options, index *prefixindex.Index, scheme string) (*pee
 		return nil, nil
 	}
 	p := &peerFetcher{index: index, certs: opts.AgentCertificates, scheme: scheme, margin: opts.PeerFetchMargin,
-		est: peerfetch.NewEstimates(), now: time.Now, log: opts.Log.WithName("peerfetch"),
+		est: peerfetch.NewEstimates(), vouched: peerfetch.NewVouched(0), now: time.Now, log: opts.Log.WithName("peerfetch"),
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "macfleet_gateway_peer_fetch_decisions_total",
 			Help: "Requests routed to a replica that holds less of their prefix than one on another Mac, by deployment and decision " +
@@ -77,15 +79,33 @@ type peerSource struct {
 	hit prefixindex.Hit
 }
 
+// vouchKey is the replica's key in p.vouched: its Mac's name with it, so that a
+// replica of the same name on another Mac starts with nothing.
+func vouchKey(be Backend) string { return be.Key + "@" + be.Node }
+
+// sent records that replica be is sent the prefixes digests of partition: a request
+// routed to it, or a ticket to fetch their state.
+func (p *peerFetcher) sent(be Backend, partition string, digests ...string) {
+	p.vouched.Vouch(vouchKey(be), partition, digests...)
+}
+
+// peerHit is what replica o holds of digests (the index's Deepest) among the prefixes
+// it was sent in partition: the index says what its Mac claims to hold, and a Mac
+// could claim a prefix it never computed to serve forged state for it.
+func (p *peerFetcher) peerHit(o Backend, partition string, digests []string) prefixindex.Hit {
+	return p.index.Deepest(o.Key, digests[:p.vouched.Depth(vouchKey(o), partition, digests)])
+}
+
 // holder is the replica of rt on another Mac than be's that holds the deepest of
-// digests, when it holds more than be does; ok false otherwise.
-func (p *peerFetcher) holder(rt *Route, be Backend, digests []string) (src peerSource, tokens int, ok bool) {
+// digests of partition it was sent (peerHit), when it holds more than be does; ok
+// false otherwise.
+func (p *peerFetcher) holder(rt *Route, be Backend, digests []string, partition string) (src peerSource, tokens int, ok bool) {
 	own := p.index.Deepest(be.Key, digests)
 	for _, o := range rt.Backends {
 		if o.Node == "" || o.Node == be.Node || o.Key == be.Key {
 			continue
 		}
-		hit := p.index.Deepest(o.Key, digests)
+		hit := p.peerHit(o, partition, digests)
 		if hit.Depth > src.hit.Depth || (hit.Depth == src.hit.Depth && hit.Depth > 0 && tierWeight[hit.Tier] > tierWeight[src.hit.Tier]) {
 			src = peerSource{be: o, hit: hit}
 		}
@@ -98,12 +118,14 @@ func (p *peerFetcher) holder(rt *Route, be Backend, digests []string) (src peerS
 
 // hint adds runnerapi.HeaderPeerState to out, the request to replica be of rt, when
 // a replica on another Mac holds more of its prefix and fetching is decided faster;
-// the source it names, for report, or nil.
+// the source it names, for report, or nil. It records the request's prefixes as sent
+// to be.
 func (p *peerFetcher) hint(out *http.Request, rt *Route, model string, be Backend, digests []string, partition string) *peerSource {
 	if len(digests) == 0 || be.Node == "" {
 		return nil
 	}
-	src, tokens, ok := p.holder(rt, be, digests)
+	p.sent(be, partition, digests...)
+	src, tokens, ok := p.holder(rt, be, digests, partition)
 	if !ok {
 		return nil
 	}

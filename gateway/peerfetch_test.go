@@ -70,6 +70,10 @@ func TestPeerFetchHint(t *testing.T) {
 	held(r1.Key, 3, 3000, runnerapi.TierSSD)
 	held(r2.Key, 1, 1000, runnerapi.TierHot)
 	held(r3.Key, 3, 3000, runnerapi.TierHot) // on R's own Mac: not a peer
+	// The gateway sent r1 this conversation (and r3); a state is fetched only from a
+	// replica that was sent its prefix (TestAttackForgedStateOfAPrefixNeverSent).
+	p.sent(r1, "team-a", digests...)
+	p.sent(r3, "team-a", digests...)
 	ask := func(be Backend, rt *Route) (*peerSource, runnerapi.PeerStateHint) {
 		t.Helper()
 		out, _ := http.NewRequest(http.MethodPost, "https://"+be.Endpoint+"/v1/chat/completions", nil)
@@ -203,6 +207,7 @@ func TestPeerFetchPrior(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			held(tc.bpt)
 			src, dst := r1, r2
+			p.sent(src, "team-a", digests...)
 			src.Link, dst.Link = tc.src, tc.dst
 			rt := &Route{Namespace: "team-a", Deployment: "chat", Backends: []Backend{src, dst}}
 			before := testutil.ToFloat64(p.decisions.WithLabelValues(model, tc.wantReason))

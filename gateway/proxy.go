@@ -297,7 +297,7 @@ func (g *Gateway) attempt(ctx context.Context, w http.ResponseWriter, r *http.Re
 	if g.peers != nil {
 		digests, partition := prefixDigestsFrom(ctx).routable, g.caller(r).CachePartition()
 		peer = g.peers.hint(out, rt, model, be, digests, partition)
-		g.warm.record(model, digests, partition)
+		g.warm.record(model, digests, partition, be.Node)
 	}
 	sent := time.Now()
 	resp, err := g.transport.RoundTrip(out)

@@ -33,14 +33,19 @@ const (
 	maxWarmed = 4096
 )
 
+// nothingToWarm is the reason of a cold epoch whose warm-up found no state to fetch.
+const nothingToWarm = "nothing_to_warm"
+
 // warmPost asks replica be's agent to warm up (Gateway.postWarm).
 type warmPost func(ctx context.Context, be Backend, req runnerapi.PeerWarmRequest) (runnerapi.PeerWarmResponse, error)
 
 // warmer warms replicas that start cold (prefixindex.Poller.OnCold: a new replica, a
 // rescheduled one, a restarted runner) from the replicas of their deployment on other
 // Macs, in the background, never on a request's path: once per replica and runner
-// epoch, one replica at a time, it picks the states worth fetching
-// (peerfetch.ChooseWarmups over the conversations routed lately, peerfetch.Recent)
+// epoch, and no more often than peerfetch.WarmLimiter allows (a Mac that reports a
+// fresh epoch on every poll earns no warm-up on every poll), one replica at a time, it
+// picks the states worth fetching (peerfetch.ChooseWarmups over the conversations
+// routed lately, peerfetch.Recent, of the partitions the cold replica's Mac served)
 // and asks the cold replica's agent to fetch them (POST /api/models/{id}/states/warm).
 // It is part of peer fetch: off with it.
 type warmer struct {
@@ -49,16 +54,17 @@ type warmer struct {
 	table  func() *Table
 	post   warmPost
 
-	warmups *prometheus.CounterVec
-	queue   chan prefixindex.Target
-	ctx     context.Context
-	stop    context.CancelFunc
+	warmups, skipped *prometheus.CounterVec
+	queue            chan prefixindex.Target
+	ctx              context.Context
+	stop             context.CancelFunc
 	// start starts the worker on the first cold replica (or, on close, marks done).
 	start sync.Once
 	done  chan struct{}
 
 	mu     sync.Mutex
 	warmed map[string]string // replica key → the runner epoch warmed
+	limit  peerfetch.WarmLimiter
 }
 
 // newWarmer is the gateway's warmer over peer fetch p (nil when peer fetch is off:
@@ -74,12 +80,21 @@ func newWarmer(p *peerFetcher, table func() *Table, post warmPost, reg prometheu
 			Help: "States the gateway asked cold replicas to fetch from other Macs to warm up, by deployment and result " +
 				"(imported, or the miss reason); counted in macfleet_gateway_peer_fetches_total too.",
 		}, []string{"model", "result"}),
+		skipped: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "macfleet_gateway_peer_warmups_skipped_total",
+			Help: "Cold runner epochs that earned no warm-up, by Mac and reason (replica_rewarmed: the replica was warmed " +
+				"less than 10 minutes ago; mac_rate_limited: its Mac had 4 warm-ups in the last 10 minutes; " +
+				"nothing_to_warm: no state of a partition its Mac served lately is worth fetching). " +
+				"A Mac that keeps counting here reports cold runners again and again: a crashing runner, or a compromised Mac.",
+		}, []string{"node", "reason"}),
 		queue: make(chan prefixindex.Target, warmQueue), done: make(chan struct{}), warmed: map[string]string{}}
-	got, err := register(reg, w.warmups)
-	if err != nil {
-		return nil, err
+	for _, c := range []**prometheus.CounterVec{&w.warmups, &w.skipped} {
+		got, err := register(reg, *c)
+		if err != nil {
+			return nil, err
+		}
+		*c = got.(*prometheus.CounterVec)
 	}
-	w.warmups = got.(*prometheus.CounterVec)
 	w.ctx, w.stop = context.WithCancel(context.Background())
 	return w, nil
 }
@@ -91,13 +106,14 @@ func (w *warmer) close() {
 	<-w.done
 }
 
-// record notes a request of partition with prefix digests routed to model.
-func (w *warmer) record(model string, digests []string, partition string) {
-	w.recent.Record(model, digests, partition, w.p.now())
+// record notes a request of partition with prefix digests routed to model, to a
+// replica on Mac node.
+func (w *warmer) record(model string, digests []string, partition, node string) {
+	w.recent.Record(model, digests, partition, node, w.p.now())
 }
 
 // cold queues a warm-up of t (runner epoch epoch) unless one was queued for that
-// epoch already. It never blocks.
+// epoch already or the limiter refuses it (counted and logged). It never blocks.
 func (w *warmer) cold(t prefixindex.Target, epoch string) {
 	w.mu.Lock()
 	if w.warmed[t.Key] == epoch {
@@ -108,7 +124,14 @@ func (w *warmer) cold(t prefixindex.Target, epoch string) {
 		clear(w.warmed)
 	}
 	w.warmed[t.Key] = epoch
+	ok, why := w.limit.Allow(t.Node, t.Key, w.p.now())
 	w.mu.Unlock()
+	if !ok {
+		w.skipped.WithLabelValues(t.Node, why).Inc()
+		w.p.log.Info("A replica reports a cold runner again; not warming it", "replica", t.Key, "node", t.Node,
+			"epoch", epoch, "reason", why)
+		return
+	}
 	w.start.Do(func() { go w.run(w.ctx) })
 	select {
 	case w.queue <- t:
@@ -143,6 +166,10 @@ func (w *warmer) warm(ctx context.Context, t prefixindex.Target) {
 	}
 	plan := peerfetch.ChooseWarmups(w.candidates(rt, be), w.p.now(), 0, 0)
 	w.p.log.V(1).Info("Warming a cold replica from its peers", "model", model, "replica", be.Key, "states", len(plan))
+	if len(plan) == 0 {
+		w.skipped.WithLabelValues(be.Node, nothingToWarm).Inc()
+		return
+	}
 	for start := 0; start < len(plan) && ctx.Err() == nil; start += warmBatch {
 		batch := plan[start:min(start+warmBatch, len(plan))]
 		var req runnerapi.PeerWarmRequest
@@ -152,6 +179,7 @@ func (w *warmer) warm(ctx context.Context, t prefixindex.Target) {
 				w.p.log.Error(err, "Signing a state ticket; the replica is not warmed", "model", model)
 				return
 			}
+			w.p.sent(be, c.Partition, c.Digest)
 			req.Hints = append(req.Hints, h)
 		}
 		resp, err := w.post(ctx, be, req)
@@ -167,7 +195,8 @@ func (w *warmer) warm(ctx context.Context, t prefixindex.Target) {
 
 // candidates are the states replicas of rt on other Macs than be's hold of the
 // conversations routed to rt lately, beyond what be holds of them: per conversation
-// and replica, the deepest digest it holds.
+// and replica, the deepest digest it holds of those it was sent (peerHit), with when be's Mac was last routed that
+// conversation's partition (ChooseWarmups keeps only the partitions it served).
 func (w *warmer) candidates(rt *Route, be Backend) []peerfetch.Candidate {
 	model := rt.ID()
 	var out []peerfetch.Candidate
@@ -177,13 +206,14 @@ func (w *warmer) candidates(rt *Route, be Backend) []peerfetch.Candidate {
 			if o.Node == "" || o.Node == be.Node || o.Key == be.Key {
 				continue
 			}
-			hit := w.p.index.Deepest(o.Key, c.Digests)
+			hit := w.p.peerHit(o, c.Partition, c.Digests)
 			if hit.Depth <= own.Depth {
 				continue
 			}
 			tokens := hit.Tokens - own.Tokens
 			out = append(out, peerfetch.Candidate{Digest: c.Digests[hit.Depth-1], Partition: c.Partition, Source: o.Key, LastHit: c.At,
-				Inputs: w.p.est.Inputs(model, peerfetch.LinkKey{Source: o.Node, Target: be.Node}, tokens, w.p.margin, w.p.prior(o, be))})
+				TargetServed: w.recent.ServedAt(model, c.Partition, be.Node),
+				Inputs:       w.p.est.Inputs(model, peerfetch.LinkKey{Source: o.Node, Target: be.Node}, tokens, w.p.margin, w.p.prior(o, be))})
 		}
 	}
 	return out

@@ -6,12 +6,14 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/macfleet/macfleet/api/runnerapi"
+	"github.com/macfleet/macfleet/gateway/peerfetch"
 	"github.com/macfleet/macfleet/gateway/prefixindex"
 	"github.com/macfleet/macfleet/internal/pki"
 	"github.com/macfleet/macfleet/test/support/testenv"
@@ -19,12 +21,17 @@ import (
 
 // TestWarmerWarmsAColdReplica: a replica that starts cold (mac-2) is asked to fetch,
 // from the replica on another Mac (mac-1), the deepest digest it holds of each
-// conversation routed lately, each with a ticket for that state in the conversation's
-// own partition; not what a replica on its own Mac holds. It is asked once per runner
-// epoch, and its answers are counted as warm-ups and as peer fetches.
+// conversation routed lately in a partition mac-2 served, each with a ticket for that
+// state in the conversation's own partition; not what a replica on its own Mac holds,
+// nor a partition only mac-1 served. It is asked once per runner epoch, a new epoch
+// only once the re-warm interval has passed, and its answers are counted as warm-ups
+// and as peer fetches.
 func TestWarmerWarmsAColdReplica(t *testing.T) {
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	p, index, reg, ca := newTestPeerFetcher(t, t0)
+	var clock atomic.Int64 // the warmer's goroutine reads the time
+	clock.Store(t0.UnixNano())
+	p.now = func() time.Time { return time.Unix(0, clock.Load()).UTC() }
 	const model = "team-a/chat"
 	p.est.ObservePrefill(model, 1000, time.Minute) // slow enough that the default link is worth it
 	r1 := Backend{Key: "team-a/chat-0", Endpoint: "10.0.0.1:8443", Node: "mac-1", Slots: 2}
@@ -67,9 +74,13 @@ func TestWarmerWarmsAColdReplica(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(w.close)
-	w.record(model, convA, "team-a")
-	w.record(model, convB, "team-b")
-	w.record(model, convC, "team-a")
+	w.record(model, convA, "team-a", r1.Node)
+	w.record(model, convB, "team-b", r1.Node)
+	w.record(model, convC, "team-a", r3.Node)
+	// What the gateway sent each replica (the requests recorded above).
+	p.sent(r1, "team-a", convA...)
+	p.sent(r1, "team-b", convB...)
+	p.sent(r3, "team-a", convC...)
 
 	target := prefixindex.Target{Key: r2.Key, Endpoint: r2.Endpoint, Node: r2.Node}
 	w.cold(target, "e1")
@@ -90,16 +101,22 @@ func TestWarmerWarmsAColdReplica(t *testing.T) {
 		}
 		got = append(got, claim{c.Digest, c.Partition})
 	}
-	if want := []claim{{convB[1], "team-b"}, {convA[1], "team-a"}}; !slices.Equal(got, want) {
-		t.Fatalf("warmed %v, want %v (the most tokens first, each in its partition, nothing of r2's own Mac)", got, want)
+	if want := []claim{{convA[1], "team-a"}}; !slices.Equal(got, want) {
+		t.Fatalf("warmed %v, want %v (team-a's, which mac-2 served; nothing of r2's own Mac, nothing of team-b)", got, want)
 	}
 	w.cold(target, "e2")
+	if n := testutil.ToFloat64(w.skipped.WithLabelValues("mac-2", "replica_rewarmed")); n != 1 {
+		t.Errorf("a new epoch at once: %v skipped, want 1", n)
+	}
+	clock.Store(t0.Add(peerfetch.DefaultRewarmInterval).UnixNano())
+	w.record(model, convC, "team-a", r3.Node) // still served within the maximum age
+	w.cold(target, "e3")
 	testenv.Eventually(t, 10*time.Second, 5*time.Millisecond, func() (bool, string) {
 		return len(calls()) == 2, fmt.Sprintf("%d warm-ups asked, want a second for the new epoch", len(calls()))
 	})
 	testenv.Eventually(t, 10*time.Second, 5*time.Millisecond, func() (bool, string) {
 		n := testutil.ToFloat64(w.warmups.WithLabelValues(model, "imported"))
 		f := testutil.ToFloat64(p.fetches.WithLabelValues(model, "imported"))
-		return n == 4 && f == 4, fmt.Sprintf("%v warm-ups and %v peer fetches counted imported, want 4 each", n, f)
+		return n == 2 && f == 2, fmt.Sprintf("%v warm-ups and %v peer fetches counted imported, want 2 each", n, f)
 	})
 }

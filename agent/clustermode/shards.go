@@ -27,9 +27,9 @@ type workerShards struct {
 	node  string
 	cache cache.Cache
 	mu    sync.Mutex
-	// addrs are the loopback addresses of the local workers (shardSync), by replica
-	// "namespace/name".
-	addrs map[string]string
+	// workers are the local workers (shardSync): their loopback addresses and
+	// secrets, by replica "namespace/name".
+	workers map[string]splitlink.Worker
 }
 
 // watchWorkerShards makes the cache (not started).
@@ -41,7 +41,7 @@ func watchWorkerShards(rc *rest.Config, scheme *runtime.Scheme, node string, log
 	if err != nil {
 		return nil, fmt.Errorf("creating the worker shard cache: %w", err)
 	}
-	return &workerShards{node: node, cache: c, addrs: map[string]string{}}, nil
+	return &workerShards{node: node, cache: c, workers: map[string]splitlink.Worker{}}, nil
 }
 
 // start watches the replicas (GetInformer) and runs the cache until ctx ends.
@@ -55,32 +55,31 @@ func (w *workerShards) start(ctx context.Context) error {
 	return nil
 }
 
-// setWorker records the loopback address of the local worker of replica ns/name (""
-// forgets it).
-func (w *workerShards) setWorker(ns, name, addr string) {
+// setWorker records the local worker of replica ns/name (a zero address forgets it).
+func (w *workerShards) setWorker(ns, name string, wk splitlink.Worker) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if addr == "" {
-		delete(w.addrs, ns+"/"+name)
+	if wk.Addr == "" {
+		delete(w.workers, ns+"/"+name)
 		return
 	}
-	w.addrs[ns+"/"+name] = addr
+	w.workers[ns+"/"+name] = wk
 }
 
 // lookup is the split link's splitlink.Lookup: the replica as this Mac's cache shows
-// it when it holds a worker shard on this Mac, and its local worker's address ("" until
-// the worker runs: the head's Mac is then answered 503 split_worker_unavailable).
-func (w *workerShards) lookup(ctx context.Context, ns, name string) (*v1alpha1.ModelReplica, string) {
+// it when it holds a worker shard on this Mac, and its local worker (none until the
+// worker runs: the head's Mac is then answered 503 split_worker_unavailable).
+func (w *workerShards) lookup(ctx context.Context, ns, name string) (*v1alpha1.ModelReplica, splitlink.Worker) {
 	var mr v1alpha1.ModelReplica
 	if err := w.cache.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &mr); err != nil {
-		return nil, ""
+		return nil, splitlink.Worker{}
 	}
 	if !slices.Contains(mr.Spec.Split.WorkerNodes(), w.node) {
-		return nil, ""
+		return nil, splitlink.Worker{}
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return &mr, w.addrs[ns+"/"+name]
+	return &mr, w.workers[ns+"/"+name]
 }
 
 // handler is the split link's endpoint on this Mac's agent.

@@ -13,6 +13,7 @@ import (
 	toolscache "k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/macfleet/macfleet/agent/splitlink"
 	"github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/metal/enginepool"
 )
@@ -140,7 +141,7 @@ func (s *shardSync) reconcile(ctx context.Context) {
 			r.cancel()
 			delete(s.started, key)
 			ns, name, _ := toolscache.SplitMetaNamespaceKey(key)
-			s.shards.setWorker(ns, name, "")
+			s.shards.setWorker(ns, name, splitlink.Worker{})
 			if s.peers != nil {
 				s.peers.Close(key)
 			}
@@ -240,15 +241,18 @@ func (s *shardSync) report(ctx context.Context, key string, mr *v1alpha1.ModelRe
 	if retiring {
 		phase = v1alpha1.ReplicaDraining
 	}
-	addr := ""
+	var wk splitlink.Worker
 	if phase == v1alpha1.ReplicaRunning {
 		if rn, err := s.pool.RunnerOf(entryName); err == nil {
 			if w, ok := rn.(interface{ Addr() string }); ok {
-				addr = w.Addr()
+				wk.Addr = w.Addr()
+			}
+			if w, ok := rn.(interface{ Secret() []byte }); ok {
+				wk.Secret = w.Secret()
 			}
 		}
 	}
-	s.shards.setWorker(mr.Namespace, mr.Name, addr)
+	s.shards.setWorker(mr.Namespace, mr.Name, wk)
 	entry := shardEntry(s.node, phase, m)
 	if sameShardEntry(mr.Status.Shards, entry) {
 		return

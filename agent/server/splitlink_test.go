@@ -2,7 +2,9 @@ package server_test
 
 import (
 	"bufio"
+	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"io"
 	"net"
@@ -21,8 +23,8 @@ import (
 )
 
 // echoWorker stands in for `macfleet-runner worker` on the worker Mac's loopback: it
-// answers every line it reads with "worker: " and the line. conns receives each
-// connection it accepted.
+// answers every worker protocol frame it reads with the same frame. conns receives
+// each connection it accepted.
 func echoWorker(t *testing.T) (addr string, conns <-chan net.Conn) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -40,10 +42,16 @@ func echoWorker(t *testing.T) (addr string, conns <-chan net.Conn) {
 			ch <- c
 			go func() {
 				defer c.Close()
-				sc := bufio.NewScanner(c)
-				sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
-				for sc.Scan() {
-					if _, err := io.WriteString(c, "worker: "+sc.Text()+"\n"); err != nil {
+				for {
+					head := make([]byte, 5)
+					if _, err := io.ReadFull(c, head); err != nil {
+						return
+					}
+					payload := make([]byte, binary.LittleEndian.Uint32(head))
+					if _, err := io.ReadFull(c, payload); err != nil {
+						return
+					}
+					if _, err := c.Write(append(head, payload...)); err != nil {
 						return
 					}
 				}
@@ -51,6 +59,15 @@ func echoWorker(t *testing.T) (addr string, conns <-chan net.Conn) {
 		}
 	}()
 	return ln.Addr().String(), ch
+}
+
+// helloFrame is a runner's greeting (HELLO and a 56-byte mfnd_hello; the content is
+// the worker's to check), setFrame a SET of n bytes (a 16-byte header, then them).
+func helloFrame() []byte { return frame(1, make([]byte, 56)) }
+
+func setFrame(n int) []byte {
+	h := binary.LittleEndian.AppendUint64(make([]byte, 8), uint64(n))
+	return frame(5, append(h, strings.Repeat("x", n)...))
 }
 
 func splitOf(ns, name, head string, workers ...string) *v1alpha1.ModelReplica {
@@ -87,8 +104,8 @@ func TestAttackSplitLinkByAnotherMac(t *testing.T) {
 			return tenancy.Identity{Namespace: "team-a", Name: "system:serviceaccount:team-a:app"}, nil
 		},
 		splitLink: &splitlink.Handler{Self: "mac-w", Log: logr.Discard(),
-			Lookup: func(_ context.Context, ns, name string) (*v1alpha1.ModelReplica, string) {
-				return replicas[ns+"/"+name], workerAddr
+			Lookup: func(_ context.Context, ns, name string) (*v1alpha1.ModelReplica, splitlink.Worker) {
+				return replicas[ns+"/"+name], splitlink.Worker{Addr: workerAddr}
 			}}})
 	agentAddr := strings.TrimPrefix(a.url, "https://")
 	dialAs := func(id pki.Identity, ns, name string) (net.Conn, error) {
@@ -112,14 +129,14 @@ func TestAttackSplitLinkByAnotherMac(t *testing.T) {
 	}
 	defer runner.Close()
 	rd := bufio.NewReader(runner)
-	for _, msg := range []string{"hello", strings.Repeat("x", 100_000)} {
-		if _, err := io.WriteString(runner, msg+"\n"); err != nil {
+	for _, msg := range [][]byte{helloFrame(), setFrame(100_000)} {
+		if _, err := runner.Write(msg); err != nil {
 			t.Fatal(err)
 		}
 		_ = runner.SetReadDeadline(time.Now().Add(10 * time.Second))
-		got, err := rd.ReadString('\n')
-		if err != nil || got != "worker: "+msg+"\n" {
-			t.Fatalf("through the link: %q (%v), want the worker's answer to %d bytes", trim(got), err, len(msg))
+		got := make([]byte, len(msg))
+		if _, err := io.ReadFull(rd, got); err != nil || !bytes.Equal(got, msg) {
+			t.Fatalf("through the link: %q (%v), want the worker's echo of %d bytes", trim(string(got)), err, len(msg))
 		}
 	}
 

@@ -69,8 +69,8 @@ func TestAttackPeerLinkByAnotherMac(t *testing.T) {
 	me := pki.Node("mac-w")
 	a := startAgent(t, agentOptions{noRunner: true, serverCert: certSource(t, ca, &me),
 		splitLink: &splitlink.Handler{Self: "mac-w", Log: logr.Discard(), DialTimeout: 2 * time.Second,
-			Lookup: func(_ context.Context, ns, name string) (*v1alpha1.ModelReplica, string) {
-				return replicas[ns+"/"+name], workerAddr
+			Lookup: func(_ context.Context, ns, name string) (*v1alpha1.ModelReplica, splitlink.Worker) {
+				return replicas[ns+"/"+name], splitlink.Worker{Addr: workerAddr}
 			}}})
 	agentAddr := strings.TrimPrefix(a.url, "https://")
 	peerAs := func(node, ns, name string) (net.Conn, error) {
@@ -91,7 +91,7 @@ func TestAttackPeerLinkByAnotherMac(t *testing.T) {
 	// The previous worker's Mac greets the worker as its peer, then pushes.
 	session := []byte(strings.Repeat("s", runnerapi.SplitPeerSessionBytes))
 	hello := frame(runnerapi.SplitPeerHello, session)
-	push := frame(15, []byte(strings.Repeat("x", 100_000)))
+	push := frame(0, append(make([]byte, 8), strings.Repeat("x", 100_000)...)) // status 0, seq, bytes
 	c, err := peerAs("mac-w1", "team-a", "big-0")
 	if err != nil {
 		t.Fatalf("the previous worker's Mac opening the peer link: %v", err)

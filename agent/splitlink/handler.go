@@ -3,6 +3,7 @@ package splitlink
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -32,9 +33,17 @@ const (
 )
 
 // Lookup finds replica namespace/name among the replicas with a worker shard on this
-// Mac (nil when there is none of that name), and the loopback address the local
-// worker serving that shard listens on ("" while it is not running).
-type Lookup func(ctx context.Context, namespace, name string) (mr *v1alpha1.ModelReplica, workerAddr string)
+// Mac (nil when there is none of that name), and the local worker serving that shard
+// (a zero Worker while it is not running).
+type Lookup func(ctx context.Context, namespace, name string) (mr *v1alpha1.ModelReplica, worker Worker)
+
+// Worker is a local worker process: the loopback address it listens on and the
+// secret every connection to it must open with (runnerapi.SplitAuthFrame; nil for a
+// worker started without one).
+type Worker struct {
+	Addr   string
+	Secret []byte
+}
 
 // Handler is the worker Mac's side: it accepts a link on Path from the head's Mac
 // (Authorize) and pipes it to the local worker. It reads the caller's identity from the
@@ -72,7 +81,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			"a split link is a GET with Connection: Upgrade and Upgrade: "+Protocol)
 		return
 	}
-	mr, addr := h.Lookup(r.Context(), ns, name)
+	mr, wk := h.Lookup(r.Context(), ns, name)
+	addr := wk.Addr
 	authorize := Authorize
 	if peer {
 		authorize = AuthorizePeer
@@ -91,7 +101,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if timeout <= 0 {
 		timeout = DefaultDialTimeout
 	}
-	worker, err := (&net.Dialer{Timeout: timeout}).DialContext(r.Context(), "tcp", addr)
+	// The worker serves nothing before the secret: the caller's certificate was
+	// checked above, and only this agent holds it.
+	worker, err := DialWorker(r.Context(), wk, timeout)
 	if err != nil {
 		refuse(w, http.StatusServiceUnavailable, openaierr.TypeUnavailable, CodeUnavailable,
 			"the worker of replica "+ns+"/"+name+" on "+h.Self+" is unreachable: "+err.Error())
@@ -127,8 +139,74 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	h.Log.V(1).Info("Opened a split link", "caller", id.Name, "replica", ns+"/"+name, "worker", addr, "peer", peer)
-	pipe(client, worker)
+	guard := func(dst io.Writer, src io.Reader) error { return Guard(dst, src, shardMemory(mr, h.Self)) }
+	if peer {
+		guard = GuardPushes
+	}
+	if err := pipeGuarded(client, worker, guard); err != nil {
+		h.Log.Info("Closed a split link on a refused frame", "caller", id.String(), "replica", ns+"/"+name, "why", err.Error())
+		return
+	}
 	h.Log.V(1).Info("Closed a split link", "caller", id.Name, "replica", ns+"/"+name)
+}
+
+// DialWorker connects to the local worker wk within timeout and authenticates the
+// connection with its secret (runnerapi.SplitAuthFrame), when it has one.
+func DialWorker(ctx context.Context, wk Worker, timeout time.Duration) (net.Conn, error) {
+	c, err := (&net.Dialer{Timeout: timeout}).DialContext(ctx, "tcp", wk.Addr)
+	if err != nil || wk.Secret == nil {
+		return c, err
+	}
+	_ = c.SetWriteDeadline(time.Now().Add(timeout))
+	if _, err := c.Write(runnerapi.SplitAuthFrame(wk.Secret)); err != nil {
+		c.Close()
+		return nil, err
+	}
+	_ = c.SetWriteDeadline(time.Time{})
+	return c, nil
+}
+
+// shardMemory is the memory of node's worker shard of mr (0 when it has none).
+func shardMemory(mr *v1alpha1.ModelReplica, node string) uint64 {
+	if mr == nil || mr.Spec.Split == nil {
+		return 0
+	}
+	for _, s := range mr.Spec.Split.Shards {
+		if s.Node == node {
+			return uint64(max(s.Memory.Value(), 0))
+		}
+	}
+	return 0
+}
+
+// pipeGuarded copies bytes both ways between the caller and the worker, the caller's
+// through guard, until either side ends; it returns guard's refusal (a *FrameError),
+// if that is what ended it.
+func pipeGuarded(caller, worker net.Conn, guard func(dst io.Writer, src io.Reader) error) error {
+	refused := make(chan error, 1)
+	done := make(chan struct{}, 2)
+	go func() {
+		err := guard(worker, caller)
+		var fe *FrameError
+		if errors.As(err, &fe) {
+			refused <- err
+		}
+		done <- struct{}{}
+	}()
+	go func() {
+		_, _ = io.Copy(caller, worker)
+		done <- struct{}{}
+	}()
+	<-done
+	caller.Close()
+	worker.Close()
+	<-done
+	select {
+	case err := <-refused:
+		return err
+	default:
+		return nil
+	}
 }
 
 func refuse(w http.ResponseWriter, status int, typ, code, msg string) {

@@ -39,6 +39,8 @@ func runWorker(args []string, stdout, stderr io.Writer) int {
 	next := fs.String("next", "", "the address at which this worker reaches the worker of the next shard (its --listen address, "+
 		"or a forward to it): the hidden state after this worker's layers then goes straight there, not through the runner "+
 		"(docs/split-model.md, Worker to worker)")
+	secretStdin := fs.Bool("secret-stdin", false, "read a secret from standard input (64 hex digits and a newline) that every "+
+		"connection must open with, before any byte of the worker protocol (docs/split-model.md); the agent starts its workers so")
 	backendDir := fs.String("backend-dir", defaultBackendDir(), backendDirUsage)
 	verbose := fs.BoolP("verbose", "v", false, "log ggml's info messages")
 	if err := fs.Parse(args); err != nil {
@@ -61,6 +63,18 @@ func runWorker(args []string, stdout, stderr io.Writer) int {
 	case *memory < 0:
 		fmt.Fprintln(stderr, "macfleet-runner worker: --memory must not be negative")
 		return exitBadFlags
+	}
+	// The secret every connection must open with (runnerapi.SplitAuth).
+	var secret []byte
+	if *secretStdin {
+		var err error
+		if secret, err = runnerapi.ReadWorkerSecret(os.Stdin); err != nil {
+			fmt.Fprintln(stderr, "macfleet-runner worker: --secret-stdin:", err)
+			return exitBadFlags
+		}
+	} else {
+		fmt.Fprintln(stderr, "macfleet-runner worker: no --secret-stdin: every connection to --listen is served "+
+			"unauthenticated (the agent always starts its workers with a secret)")
 	}
 	choice, err := netdevice.ParseDeviceChoice(*device)
 	if err != nil {
@@ -92,18 +106,22 @@ func runWorker(args []string, stdout, stderr io.Writer) int {
 	}()
 	line, _ := json.Marshal(runnerapi.ListeningEvent{Event: "listening", Addr: ln.Addr().String(), PID: os.Getpid()})
 	fmt.Fprintf(stdout, "%s\n", line)
-	return serveSessions(ctx, ln, session{model: *model, choice: choice, threads: *threads, memory: *memory, next: *next}, stderr)
+	return serveSessions(ctx, ln, session{model: *model, choice: choice, threads: *threads, memory: *memory, next: *next, secret: secret}, stderr)
 }
 
 // session is what the worker serves each runner with: its model file, device, threads,
-// memory and --next.
+// memory and --next, and the secret every connection must open with (nil: none).
 type session struct {
 	model   string
 	choice  netdevice.DeviceChoice
 	threads int
 	memory  int64
 	next    string
+	secret  []byte
 }
+
+// authTimeout bounds the wait for a connection's authentication frame.
+const authTimeout = 10 * time.Second
 
 // serveSessions serves the runners that connect to ln, one at a time, until ctx ends or
 // ln fails; it returns the worker's exit code.
@@ -120,7 +138,7 @@ func serveSessions(ctx context.Context, ln net.Listener, w session, stderr io.Wr
 				acceptErr <- err
 				return
 			}
-			go sortConn(ctx, conn.(*net.TCPConn), runners, stderr)
+			go sortConn(ctx, conn.(*net.TCPConn), w.secret, runners, stderr)
 		}
 	}()
 	for {
@@ -152,9 +170,21 @@ func serveSessions(ctx context.Context, ln net.Listener, w session, stderr io.Wr
 }
 
 // sortConn hands a new connection to the session loop (a runner) or to the session
-// being served (a previous worker's peer link), by its first frame.
-func sortConn(ctx context.Context, conn *net.TCPConn, runners chan<- *net.TCPConn, stderr io.Writer) {
+// being served (a previous worker's peer link), by its first frame; with a secret,
+// only once the connection has presented it (runnerapi.ReadSplitAuth): any other
+// connection is closed before the worker protocol reads a byte of it.
+func sortConn(ctx context.Context, conn *net.TCPConn, secret []byte, runners chan<- *net.TCPConn, stderr io.Writer) {
 	remote := conn.RemoteAddr().String()
+	if secret != nil {
+		_ = conn.SetReadDeadline(time.Now().Add(authTimeout))
+		err := runnerapi.ReadSplitAuth(conn, secret)
+		_ = conn.SetReadDeadline(time.Time{})
+		if err != nil {
+			fmt.Fprintf(stderr, "macfleet-runner worker: refused the connection from %s: %v\n", remote, err)
+			conn.Close()
+			return
+		}
+	}
 	peer, err := netdevice.IsPeerLink(conn, 10*time.Second)
 	switch {
 	case err != nil:

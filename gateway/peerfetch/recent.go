@@ -17,8 +17,10 @@ type Chain struct {
 // Recent records, per deployment, the conversations routed to it lately, for the
 // warm-ups: at most perDeployment each (the least recently routed makes room), at
 // most deployments of them (the one routed to least recently makes room). A
-// conversation is known by its deepest digest and partition. It is safe for
-// concurrent use.
+// conversation is known by its deepest digest and partition. Beside them it records
+// which Macs each partition was routed to and when (ServedAt; at most
+// servedPerDeployment pairs a deployment, the least recent making room): a Mac is
+// warmed only with the partitions it served. It is safe for concurrent use.
 type Recent struct {
 	perDeployment, deployments int
 
@@ -28,10 +30,16 @@ type Recent struct {
 
 type chainKey struct{ digest, partition string }
 
+type servedKey struct{ partition, node string }
+
 type recentSet struct {
 	last   time.Time
 	chains map[chainKey]*Chain
+	served map[servedKey]time.Time
 }
+
+// servedPerDeployment bounds the (partition, Mac) pairs recorded per deployment.
+const servedPerDeployment = 256
 
 // NewRecent is an empty record (DefaultRecentPerDeployment and
 // DefaultRecentDeployments where a bound is ≤ 0).
@@ -46,8 +54,8 @@ func NewRecent(perDeployment, deployments int) *Recent {
 }
 
 // Record notes that a request of partition with prefix digests (shallowest first)
-// was routed to model at now.
-func (r *Recent) Record(model string, digests []string, partition string, now time.Time) {
+// was routed to model, to a replica on Mac node, at now.
+func (r *Recent) Record(model string, digests []string, partition, node string, now time.Time) {
 	if len(digests) == 0 {
 		return
 	}
@@ -59,10 +67,17 @@ func (r *Recent) Record(model string, digests []string, partition string, now ti
 		if len(r.byModel) >= r.deployments {
 			delete(r.byModel, oldest(r.byModel, func(s *recentSet) time.Time { return s.last }))
 		}
-		set = &recentSet{chains: map[chainKey]*Chain{}}
+		set = &recentSet{chains: map[chainKey]*Chain{}, served: map[servedKey]time.Time{}}
 		r.byModel[model] = set
 	}
 	set.last = now
+	if node != "" {
+		sk := servedKey{partition, node}
+		if _, ok := set.served[sk]; !ok && len(set.served) >= servedPerDeployment {
+			delete(set.served, oldest(set.served, func(t time.Time) time.Time { return t }))
+		}
+		set.served[sk] = now
+	}
 	if c := set.chains[k]; c != nil {
 		c.At = now
 		return
@@ -86,6 +101,17 @@ func (r *Recent) Chains(model string) []Chain {
 		out = append(out, *c)
 	}
 	return out
+}
+
+// ServedAt is when a request of partition was last routed to model on Mac node (zero:
+// never, as far as this record goes).
+func (r *Recent) ServedAt(model, partition, node string) time.Time {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if set := r.byModel[model]; set != nil {
+		return set.served[servedKey{partition, node}]
+	}
+	return time.Time{}
 }
 
 // oldest is the key of m whose at is the earliest.

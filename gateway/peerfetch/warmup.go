@@ -28,11 +28,12 @@ const (
 
 // Candidate is a state a cold replica could warm from: the digest a replica of its
 // deployment on another Mac (Source) holds, the partition it was asked in, when a
-// request of it was last routed, and the decision's inputs for fetching it over the
-// link from Source's Mac (Inputs.Tokens: what it spares).
+// request of it was last routed, when a request of that partition was last routed to
+// the cold replica's own Mac (TargetServed; zero: never), and the decision's inputs
+// for fetching it over the link from Source's Mac (Inputs.Tokens: what it spares).
 type Candidate struct {
 	Digest, Partition, Source string
-	LastHit                   time.Time
+	LastHit, TargetServed     time.Time
 	Inputs                    Inputs
 }
 
@@ -43,7 +44,9 @@ type Warmup struct {
 }
 
 // ChooseWarmups picks, of cands, at most limit states to warm (DefaultWarmLimit when
-// ≤ 0): the ones last hit within maxAge of now (DefaultWarmMaxAge when ≤ 0) that
+// ≤ 0): the ones last hit within maxAge of now (DefaultWarmMaxAge when ≤ 0), of a
+// partition the cold replica's Mac itself served within maxAge (a Mac sees the
+// prompts of the partitions routed to it, never another's: docs/security.md), that
 // Decide says are worth fetching, one per digest and partition, the most tokens
 // first, then the most recently hit, then by digest (so the choice is stable).
 func ChooseWarmups(cands []Candidate, now time.Time, maxAge time.Duration, limit int) []Warmup {
@@ -56,7 +59,7 @@ func ChooseWarmups(cands []Candidate, now time.Time, maxAge time.Duration, limit
 	type key struct{ digest, partition string }
 	best := map[key]Warmup{}
 	for _, c := range cands {
-		if c.Digest == "" || now.Sub(c.LastHit) > maxAge {
+		if c.Digest == "" || now.Sub(c.LastHit) > maxAge || c.TargetServed.IsZero() || now.Sub(c.TargetServed) > maxAge {
 			continue
 		}
 		d := Decide(c.Inputs)

@@ -18,7 +18,11 @@ func TestChooseWarmups(t *testing.T) {
 		return Inputs{Tokens: tokens, BytesPerToken: 8192, Link: fast, PrefillRate: 500}
 	}
 	cand := func(digest, partition, source string, ago time.Duration, inputs Inputs) Candidate {
-		return Candidate{Digest: digest, Partition: partition, Source: source, LastHit: now.Add(-ago), Inputs: inputs}
+		return Candidate{Digest: digest, Partition: partition, Source: source, LastHit: now.Add(-ago), TargetServed: now, Inputs: inputs}
+	}
+	servedAt := func(c Candidate, at time.Time) Candidate {
+		c.TargetServed = at
+		return c
 	}
 	name := func(ws []Warmup) []string {
 		out := make([]string, 0, len(ws))
@@ -50,6 +54,13 @@ func TestChooseWarmups(t *testing.T) {
 				cand("dd", "team-a", "r1", 0, in(2000)),
 			},
 			want: []string{"team-a/dd@r1"}},
+		{name: "a partition the cold replica's Mac never served, or not within the maximum age: never warmed",
+			cands: []Candidate{
+				servedAt(cand("aa", "team-b", "r1", 0, in(8000)), time.Time{}),
+				servedAt(cand("bb", "team-b", "r1", 0, in(8000)), now.Add(-31*time.Minute)),
+				servedAt(cand("cc", "team-a", "r1", 0, in(2000)), now.Add(-29*time.Minute)),
+			},
+			want: []string{"team-a/cc@r1"}},
 		{name: "past the maximum age: forgotten",
 			cands: []Candidate{
 				cand("aa", "team-a", "r1", 31*time.Minute, in(8000)),
@@ -113,7 +124,8 @@ func TestChooseWarmups(t *testing.T) {
 
 // TestRecent: the record keeps a conversation per deepest digest and partition with
 // its latest time, at most so many per deployment (the least recent goes) and so many
-// deployments (the one routed to least recently goes).
+// deployments (the one routed to least recently goes); and which Mac was routed each
+// partition, when.
 func TestRecent(t *testing.T) {
 	t0 := time.Date(2026, 11, 25, 12, 0, 0, 0, time.UTC)
 	r := NewRecent(2, 2)
@@ -126,30 +138,84 @@ func TestRecent(t *testing.T) {
 		slices.Sort(out)
 		return out
 	}
-	r.Record("ns/a", nil, "p", at(0)) // no digests: nothing
-	r.Record("ns/a", []string{"1", "2"}, "p", at(1))
-	r.Record("ns/a", []string{"1", "2"}, "q", at(2))
-	r.Record("ns/a", []string{"1", "2"}, "p", at(3))
+	r.Record("ns/a", nil, "p", "mac-1", at(0)) // no digests: nothing
+	r.Record("ns/a", []string{"1", "2"}, "p", "mac-1", at(1))
+	r.Record("ns/a", []string{"1", "2"}, "q", "mac-2", at(2))
+	r.Record("ns/a", []string{"1", "2"}, "p", "mac-1", at(3))
 	if got, want := keys("ns/a"), []string{"p/[1 2]@3", "q/[1 2]@2"}; !slices.Equal(got, want) {
 		t.Fatalf("after the same conversation again: %v, want %v", got, want)
 	}
-	r.Record("ns/a", []string{"1", "3"}, "p", at(4))
+	r.Record("ns/a", []string{"1", "3"}, "p", "mac-1", at(4))
 	if got, want := keys("ns/a"), []string{"p/[1 2]@3", "p/[1 3]@4"}; !slices.Equal(got, want) {
 		t.Fatalf("past the bound: %v, want %v (the least recent gone)", got, want)
 	}
-	r.Record("ns/b", []string{"9"}, "p", at(5))
-	r.Record("ns/a", []string{"1", "3"}, "p", at(6))
-	r.Record("ns/c", []string{"8"}, "p", at(7))
+	r.Record("ns/b", []string{"9"}, "p", "mac-1", at(5))
+	r.Record("ns/a", []string{"1", "3"}, "p", "mac-1", at(6))
+	r.Record("ns/c", []string{"8"}, "p", "mac-1", at(7))
 	if got := keys("ns/b"); got != nil {
 		t.Fatalf("ns/b (routed to least recently) still recorded: %v", got)
 	}
 	if len(keys("ns/a")) != 2 || len(keys("ns/c")) != 1 {
 		t.Fatalf("ns/a %v, ns/c %v; want both kept", keys("ns/a"), keys("ns/c"))
 	}
+	for _, tc := range []struct {
+		partition, node string
+		want            time.Time
+	}{{"p", "mac-1", at(6)}, {"q", "mac-2", at(2)}, {"p", "mac-2", time.Time{}}} {
+		if got := r.ServedAt("ns/a", tc.partition, tc.node); !got.Equal(tc.want) {
+			t.Errorf("ServedAt(ns/a, %s, %s) = %v, want %v", tc.partition, tc.node, got, tc.want)
+		}
+	}
+	r.Record("ns/a", []string{"1", "3"}, "q", "", at(6)) // no Mac: nothing served
+	if got := r.ServedAt("ns/a", "q", ""); !got.IsZero() {
+		t.Errorf("a request without a Mac counted as served: %v", got)
+	}
 	d := []string{"5"}
-	r.Record("ns/c", d, "p", at(8))
+	r.Record("ns/c", d, "p", "mac-1", at(8))
 	d[0] = "changed"
 	if got := keys("ns/c"); !slices.Contains(got, "p/[5]@8") {
 		t.Fatalf("the record shares the caller's slice: %v", got)
+	}
+}
+
+// TestWarmLimiter: a replica earns one warm-up per interval whatever epochs it
+// reports, and a Mac at most the burst of them per interval.
+func TestWarmLimiter(t *testing.T) {
+	t0 := time.Date(2026, 11, 25, 12, 0, 0, 0, time.UTC)
+	type ask struct {
+		node, replica string
+		at            time.Duration
+		want          string // "" allowed, else the reason
+	}
+	for _, tc := range []struct {
+		name string
+		asks []ask
+	}{
+		{name: "a fresh epoch within the interval earns nothing, after it one more", asks: []ask{
+			{"mac-1", "r1", 0, ""},
+			{"mac-1", "r1", time.Second, RewarmTooSoon},
+			{"mac-1", "r1", 9 * time.Minute, RewarmTooSoon},
+			{"mac-1", "r1", 10 * time.Minute, ""},
+			{"mac-1", "r1", 11 * time.Minute, RewarmTooSoon},
+		}},
+		{name: "a Mac's replicas: the burst, then none until the first ages out", asks: []ask{
+			{"mac-1", "r1", 0, ""},
+			{"mac-1", "r2", time.Minute, ""},
+			{"mac-2", "r9", time.Minute, ""}, // another Mac's are its own
+			{"mac-1", "r3", 2 * time.Minute, RewarmMacBusy},
+			{"mac-1", "r3", 10 * time.Minute, ""},
+			{"mac-1", "r4", 10 * time.Minute, RewarmMacBusy},
+			{"mac-1", "r4", 11 * time.Minute, ""},
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l := &WarmLimiter{Burst: 2}
+			for i, a := range tc.asks {
+				ok, why := l.Allow(a.node, a.replica, t0.Add(a.at))
+				if ok != (a.want == "") || why != a.want {
+					t.Errorf("ask %d (%s %s at +%v) = %v %q, want %q", i, a.node, a.replica, a.at, ok, why, a.want)
+				}
+			}
+		})
 	}
 }

@@ -20,6 +20,8 @@ import (
 	"github.com/macfleet/macfleet/agent/janitor"
 	"github.com/macfleet/macfleet/agent/server"
 	"github.com/macfleet/macfleet/gateway"
+	"github.com/macfleet/macfleet/internal/pki"
+
 	// The manager's controllers register their metrics on controller-runtime's
 	// registry in init functions: importing the manager's wiring runs them all.
 	_ "github.com/macfleet/macfleet/internal/manager"
@@ -48,10 +50,23 @@ func exporters(t *testing.T) []exporter {
 	t.Helper()
 	// The gateway registers on the Registerer it is given; `macfleet gateway` gives it
 	// controller-runtime's registry (gateway/run.go), a fresh one here.
+	// With prefix-cache routing and a fleet certificate, as the chart runs it, so that
+	// peer fetch and warm-up register theirs.
 	gw := prometheus.NewRegistry()
-	if _, err := gateway.New(gateway.Options{Registerer: gw}); err != nil {
+	ca, err := pki.NewCA(time.Now(), time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gwID := pki.Gateway("chart-test")
+	certs, err := ca.NewSource(&gwID, time.Now(), time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := gateway.New(gateway.Options{Registerer: gw, Routing: gateway.RoutingPrefixCache, AgentCertificates: certs})
+	if err != nil {
 		t.Fatalf("building a gateway: %v", err)
 	}
+	t.Cleanup(g.Close)
 	// The agent's registry as agent/clustermode/run.go fills it: the server's request
 	// metrics and the pool's (enginepool.NewMetrics), then the janitor's.
 	agent := prometheus.NewRegistry()

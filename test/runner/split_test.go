@@ -48,8 +48,17 @@ type worker struct {
 // listening line, and registers a cleanup that stops it.
 func startWorker(t testing.TB, modelPath string, flags ...string) *worker {
 	t.Helper()
+	return startWorkerStdin(t, "", modelPath, flags...)
+}
+
+// startWorkerStdin is startWorker with stdin ("" none) on the worker's standard input.
+func startWorkerStdin(t testing.TB, stdin, modelPath string, flags ...string) *worker {
+	t.Helper()
 	args := append([]string{"worker", "--listen", "127.0.0.1:0", "--model", modelPath, "--threads", "1"}, flags...)
 	cmd := exec.Command(runnerBinary(t), args...)
+	if stdin != "" {
+		cmd.Stdin = strings.NewReader(stdin)
+	}
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)

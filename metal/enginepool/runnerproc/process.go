@@ -318,6 +318,12 @@ func (f *ProcessFactory) launch(ctx context.Context, path string, spec enginepoo
 		return nil, false, startError(spec.Name, err)
 	}
 	cmd := f.command(ctx, path, f.runnerArgs(spec, ceilingBytes, sock, cacheDir, rec), spec.Path, cacheDir, dir, spec.SplitWorker, splitPorts(spec))
+	var secret []byte
+	if spec.SplitWorker {
+		if secret, err = workerSecret(cmd); err != nil {
+			return nil, false, startError(spec.Name, err)
+		}
+	}
 	out, err := f.attachOutput(cmd, rec, dir)
 	if err != nil {
 		return nil, false, startError(spec.Name, err)
@@ -332,6 +338,7 @@ func (f *ProcessFactory) launch(ctx context.Context, path string, spec enginepoo
 
 	r = f.newRunner(spec.Name, cmd.Process.Pid, dir, log)
 	r.cmd = cmd
+	r.workerSecret = secret
 	handed = r.setCacheDir(cacheDir)
 	listening, stdoutEOF := f.follow(r, rec, out)
 	go r.reap()

@@ -41,7 +41,7 @@ func TestSplitArgs(t *testing.T) {
 
 // TestSplitWorkerArgs: a worker shard followed by another gets --next and may connect
 // to that loopback port (the agent's peer link); the last one, neither; a head never
-// takes a worker's next.
+// takes a worker's next; every worker reads its secret from its standard input.
 func TestSplitWorkerArgs(t *testing.T) {
 	for _, tc := range []struct {
 		name      string
@@ -64,6 +64,9 @@ func TestSplitWorkerArgs(t *testing.T) {
 			}
 			if next != tc.wantNext {
 				t.Errorf("--next %q, want %q; command line %q", next, tc.wantNext, args)
+			}
+			if worker := tc.spec.SplitWorker; slices.Contains(args, "--secret-stdin") != worker {
+				t.Errorf("--secret-stdin in %q: want it exactly for a worker (%v)", args, worker)
 			}
 			if d := cmp.Diff(tc.wantPorts, splitPorts(tc.spec)); d != "" {
 				t.Errorf("splitPorts (-want +got):\n%s", d)

@@ -2,8 +2,13 @@ package runnerproc
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
 	"net/netip"
+	"os/exec"
 	"strconv"
+	"strings"
 
 	"github.com/go-logr/logr"
 
@@ -23,12 +28,12 @@ type WorkerRunner struct {
 
 var _ enginepool.Runner = (*WorkerRunner)(nil)
 
-// workerArgs is the worker's command line: loopback only, since the protocol has no
-// authentication of its own (the agent's split link carries it from the head's Mac);
-// the shard's reservation is the memory it answers the head's runner as its own.
+// workerArgs is the worker's command line: loopback only (the agent's split link
+// carries the head's Mac to it, and authenticates it to the worker: workerSecret); the
+// shard's reservation is the memory it answers the head's runner as its own.
 func (f *ProcessFactory) workerArgs(spec enginepool.ModelSpec) []string {
 	threads := spec.Engine.WithRunnerThreads(f.cfg.Threads, f.cfg.PerformanceCores, spec.WeightBytes).Threads
-	args := []string{"worker", "--listen", "127.0.0.1:0", "--model", spec.Path}
+	args := []string{"worker", "--listen", "127.0.0.1:0", "--model", spec.Path, "--secret-stdin"}
 	if threads > 0 {
 		args = append(args, "--threads", strconv.Itoa(int(threads)))
 	}
@@ -54,6 +59,21 @@ func (f *ProcessFactory) startWorker(ctx context.Context, path string, spec engi
 
 // Addr is the loopback address the worker serves the head's runner on.
 func (w *WorkerRunner) Addr() string { return w.dialAddress }
+
+// Secret is what every connection to Addr must open with (runnerapi.SplitAuthFrame):
+// any other process of this Mac that reaches the loopback port is refused.
+func (w *WorkerRunner) Secret() []byte { return w.workerSecret }
+
+// workerSecret makes a new worker's secret and gives it to cmd on its standard input
+// (--secret-stdin), out of its command line and environment.
+func workerSecret(cmd *exec.Cmd) ([]byte, error) {
+	secret := make([]byte, runnerapi.SplitSecretBytes)
+	if _, err := rand.Read(secret); err != nil {
+		return nil, fmt.Errorf("making the split worker's secret: %w", err)
+	}
+	cmd.Stdin = strings.NewReader(hex.EncodeToString(secret) + "\n")
+	return secret, nil
+}
 
 // WaitReady returns once the worker listens — already true when Start returned —
 // unless it has exited.

@@ -16,6 +16,7 @@ import (
 
 	"github.com/go-logr/logr/testr"
 
+	"github.com/macfleet/macfleet/agent/splitlink"
 	"github.com/macfleet/macfleet/api/engine"
 	"github.com/macfleet/macfleet/api/runnerapi"
 	"github.com/macfleet/macfleet/internal/ggufsynth"
@@ -73,9 +74,21 @@ func TestSplitWorkerUnderThePool(t *testing.T) {
 		t.Errorf("committed %d bytes with the worker loaded, want its reservation %d counted", snap.CommittedBytes, reserved)
 	}
 
-	// A real runner split across it (2 + 2 layers) loads through it.
+	// Only a connection that opens with its secret reaches it (the agent's split link
+	// sends it): a real runner split across it (2 + 2 layers) loads through a forward
+	// that does.
+	if len(w.Secret()) != runnerapi.SplitSecretBytes {
+		t.Fatalf("the worker's secret is %d bytes, want %d", len(w.Secret()), runnerapi.SplitSecretBytes)
+	}
+	fwd, err := splitlink.Forward(func(ctx context.Context) (net.Conn, error) {
+		return splitlink.DialWorker(ctx, splitlink.Worker{Addr: w.Addr(), Secret: w.Secret()}, 5*time.Second)
+	}, testr.New(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { fwd.Close() })
 	head := exec.CommandContext(ctx, bin, "--model", model, "--addr", "127.0.0.1:0", "--threads", "1", "--ctx", "512",
-		"--split-worker", w.Addr(), "--split-layers", "2")
+		"--split-worker", fwd.Addr(), "--split-layers", "2")
 	stdout, err := head.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)

@@ -254,7 +254,7 @@ const HeaderPromptUsage = "X-Macfleet-Prompt-Usage"
 // answer's usage counts the partial answer's tokens as completion tokens, not prompt
 // tokens, and max_tokens bounds the whole answer. A template that cannot leave the
 // message open is a 400 chat_template_error; so is n > 1. The gateway sets it to
-// continue a stream whose replica failed (docs/architecture.md, "Continuing a broken
+// continue a stream whose replica failed (docs/fleet.md, "Continuing a broken
 // stream"); the node agent passes it on.
 const HeaderContinue = "X-Macfleet-Continue"
 

@@ -91,6 +91,11 @@ OTEL_EXPORTER_OTLP_ENDPOINT set it traces every request (see docs/tracing.md).`,
 		"How long a ServiceAccount token's review is reused: the longest a deleted ServiceAccount's token keeps working")
 	f.DurationVar(&cfg.ColdStartTimeout, "cold-start-timeout", gateway.DefaultColdStartTimeout,
 		"How long a request waits for a routable replica (an OnDemand model loading, an autoscaled deployment woken from zero) before a 503")
+	f.IntVar(&cfg.StreamContinuations, "stream-continuations", gateway.DefaultStreamContinuations,
+		"How many times one Chat Completions stream whose replica fails after its first byte is continued on another replica, "+
+			"spliced into the client's stream; negative: never (the stream ends with the error)")
+	f.DurationVar(&cfg.ContinueTimeout, "stream-continue-timeout", gateway.DefaultContinueTimeout,
+		"How long a broken stream waits for another replica to take its continuation before it ends with the error")
 	f.IntVar(&cfg.MaxInFlightPerSlot, "max-inflight-per-slot", gateway.DefaultMaxInFlightPerSlot,
 		"Requests sent to a replica at once per sequence slot of its engine (engine.parallel); more wait in the deployment's fair queue. "+
 			"Negative: no limit and no queue (requests wait in the runners' own FIFO)")

@@ -25,10 +25,39 @@ import (
 const continuedStreams = 48
 
 // TestStreamsSurviveARunnerKill: streaming chats through the gateway to a two-replica
-// deployment, one replica's runner killed with SIGKILL while they stream: every stream
-// completes as an uninterrupted one does (valid SSE, one id, one usage, one [DONE], no
-// error event), those the killed runner was writing continued on the other replica.
+// deployment, one replica's runner killed with SIGKILL while they stream, or its
+// agent's whole process: every stream completes as an uninterrupted one does (valid
+// SSE, one id, one usage, one [DONE], no error event), those the failed replica was
+// writing continued on the other replica.
 func TestStreamsSurviveARunnerKill(t *testing.T) {
+	t.Run("runner", func(t *testing.T) {
+		survive(t, func(t *testing.T, _ string, pid int) {
+			if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+				t.Fatalf("killing runner %d: %v", pid, err)
+			}
+		})
+	})
+	t.Run("agent", func(t *testing.T) {
+		survive(t, func(t *testing.T, node string, _ int) {
+			if err := fleet.KillAgent(node); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { // the Mac comes back for the tests after this one
+				if err := fleet.StartAgent(node); err != nil {
+					t.Fatal(err)
+				}
+				if err := fleet.WaitNodeReady(context.Background(), node); err != nil {
+					t.Fatal(err)
+				}
+			})
+		})
+	})
+}
+
+// survive runs continuedStreams streams to a new two-replica deployment, calls kill
+// with the first replica's Mac and runner PID while that replica writes some of them,
+// and checks every stream.
+func survive(t *testing.T, kill func(t *testing.T, node string, pid int)) {
 	ns := testenv.NewNamespace(t, fleet.Client)
 	create(t, deployment(ns, "survivor", 2, func(md *v1alpha1.ModelDeployment) {
 		md.Spec.Placement.Strategy = v1alpha1.Spread
@@ -55,9 +84,7 @@ func TestStreamsSurviveARunnerKill(t *testing.T) {
 		n, active := streaming.Load(), activeRequests(ctx, addr, key)
 		return n >= 4 && active > 0, fmt.Sprintf("%d streams have content, the victim has %d requests", n, active)
 	})
-	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
-		t.Fatalf("killing runner %d: %v", pid, err)
-	}
+	kill(t, victim.Spec.NodeName, pid)
 	killed := time.Now()
 	wg.Wait()
 	continued := 0

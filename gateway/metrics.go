@@ -114,6 +114,14 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 				"each counted at the bound; unreadable (a negative or malformed count): not counted.",
 		}, []string{"model", "reason"}),
 	}
+	if err := m.register(reg); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// register registers m's collectors with reg (see register).
+func (m *metrics) register(reg prometheus.Registerer) error {
 	var err error
 	reg1 := func(c prometheus.Collector) prometheus.Collector {
 		if err != nil {
@@ -140,10 +148,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m.usage = metering.NewMeter()
 	m.usage.Requests = reg1(m.usage.Requests).(*prometheus.CounterVec)
 	m.usage.Tokens = reg1(m.usage.Tokens).(*prometheus.CounterVec)
-	if err != nil {
-		return nil, err
-	}
-	return m, nil
+	return err
 }
 
 // register adds c to reg, or returns the identical collector a previous gateway in

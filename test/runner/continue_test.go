@@ -1,8 +1,6 @@
 package e2e
 
 import (
-	"bytes"
-	"context"
 	"encoding/json"
 	"io"
 	"net/http"
@@ -56,7 +54,7 @@ func TestContinueFinalMessage(t *testing.T) {
 			b[k] = v
 		}
 		tc.mutate(b)
-		resp := postContinue(t, r, b, tc.mode)
+		resp := postChat(t, r, b, runnerapi.HeaderContinue, tc.mode)
 		msg, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
 		if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(msg), tc.want) {
@@ -65,26 +63,15 @@ func TestContinueFinalMessage(t *testing.T) {
 	}
 }
 
-func postContinue(t *testing.T, r *runner, body map[string]any, mode string) *http.Response {
-	t.Helper()
-	b, _ := json.Marshal(body)
-	req, _ := http.NewRequestWithContext(context.Background(), http.MethodPost, r.base+"/v1/chat/completions", bytes.NewReader(b))
-	req.Header.Set("Content-Type", "application/json")
-	if mode != "" {
-		req.Header.Set(runnerapi.HeaderContinue, mode)
-	}
-	resp, err := r.client.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return resp
-}
-
 // streamContinue streams a chat (continuing its final message with mode set) and
 // returns its content, its tokens' texts (with logprobs asked for) and its usage.
 func streamContinue(t *testing.T, r *runner, body map[string]any, mode string) (string, []string, runnerapi.Usage) {
 	t.Helper()
-	resp := postContinue(t, r, body, mode)
+	var hdr []string
+	if mode != "" {
+		hdr = []string{runnerapi.HeaderContinue, mode}
+	}
+	resp := postChat(t, r, body, hdr...)
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		b, _ := io.ReadAll(resp.Body)

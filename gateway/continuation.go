@@ -199,17 +199,31 @@ func (g *Gateway) continueOn(ctx context.Context, w http.ResponseWriter, r *http
 	return res
 }
 
-// endBroken ends a stream that is not continued as it ended before continuations: the
-// replica's error event, or the gateway's for a connection that broke.
+// notContinued says to the client why its broken stream was not continued.
+var notContinued = map[string]string{
+	contLimit:     "it was continued as often as the gateway allows (--stream-continuations)",
+	contDeadline:  "no other replica took it within --stream-continue-timeout",
+	contFinished:  "it had already finished",
+	contToolCall:  "it broke in or after a tool call, whose arguments are not resumed: do not run the call",
+	contReasoning: "it had reasoning, which is not continued",
+	contShape:     "streams with n > 1, response_format or a forced tool_choice are not continued",
+}
+
+// endBroken ends a stream that is not continued with the replica's error event (the
+// gateway's for a connection that broke), saying why it was not continued.
 func (g *Gateway) endBroken(w http.ResponseWriter, model string, be Backend, c continuation, why string) outcome {
 	g.log.Info("Upstream stream broke after it started; not continued", "model", model,
 		"replica", be.Key, "endpoint", be.Endpoint, "err", c.brk.Error(), "why", why)
-	ev := c.st.held
-	if c.brk.cause != "error_event" || ev == nil {
-		ev = (&apiError{Status: http.StatusBadGateway, Type: openaierr.TypeServer, Code: openaierr.CodeUpstream,
-			Message: fmt.Sprintf("the response of replica %s broke off: %v", be.Key, c.brk)}).sseEvent()
+	e := &apiError{Status: http.StatusBadGateway, Type: openaierr.TypeServer, Code: openaierr.CodeUpstream,
+		Message: fmt.Sprintf("the response of replica %s broke off: %v", be.Key, c.brk)}
+	var held struct{ Error *apiError }
+	if c.brk.cause == "error_event" && json.Unmarshal(sseData(c.st.held), &held) == nil && held.Error != nil {
+		e = held.Error
 	}
-	_, _ = w.Write(ev)
+	if reason := notContinued[why]; reason != "" {
+		e.Message += "; not continued on another replica: " + reason
+	}
+	_, _ = w.Write(e.sseEvent())
 	_ = http.NewResponseController(w).Flush()
 	return outcome{status: http.StatusOK, reason: "stream_broken"}
 }

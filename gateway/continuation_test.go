@@ -166,6 +166,7 @@ type clientStream struct {
 	usages  int
 	dones   int
 	errCode string
+	errMsg  string
 	trailer string
 }
 
@@ -199,14 +200,14 @@ func readClientStream(t *testing.T, resp *http.Response) clientStream {
 			Choices []struct {
 				Delta struct{ Role, Content string } `json:"delta"`
 			} `json:"choices"`
-			Usage *runnerapi.Usage       `json:"usage"`
-			Error *struct{ Code string } `json:"error"`
+			Usage *runnerapi.Usage                `json:"usage"`
+			Error *struct{ Code, Message string } `json:"error"`
 		}
 		if err := json.Unmarshal([]byte(data), &c); err != nil {
 			t.Fatalf("event %q: %v", data, err)
 		}
 		if c.Error != nil {
-			cs.errCode = c.Error.Code
+			cs.errCode, cs.errMsg = c.Error.Code, c.Error.Message
 			continue
 		}
 		cs.ids[c.ID], cs.created[string(c.Created)] = true, true
@@ -238,6 +239,8 @@ func TestStreamContinuation(t *testing.T) {
 		// outcome "": not a break.
 		want  clientStream
 		conts []string
+		// errSays is in the error's message.
+		errSays string
 	}{
 		{name: "cut connection", agent: &streamingAgent{first: []string{"One", ", two"}, firstEnd: "cut", rest: []string{", three"}, contEnd: "done"},
 			outcome: contContinued, conts: []string{"assistant:One, two"},
@@ -253,13 +256,15 @@ func TestStreamContinuation(t *testing.T) {
 			outcome: contLimit, conts: []string{"assistant:One", "assistant:One, two"},
 			want: clientStream{text: "One, two, two", roles: 1, errCode: "upstream_error"}},
 		{name: "inside a tool call", agent: &streamingAgent{first: []string{"One"}, firstEnd: "engine_stopped", tool: true},
-			outcome: contToolCall, want: clientStream{text: "One", roles: 1, errCode: "engine_stopped"}},
+			outcome: contToolCall, want: clientStream{text: "One", roles: 1, errCode: "engine_stopped"},
+			errSays: `the engine of model "m" stopped; not continued on another replica: it broke in or after a tool call`},
 		// An error that is the request's, not the replica's, ends the stream as it did.
 		{name: "the request's error", agent: &streamingAgent{first: []string{"One"}, firstEnd: "bad_request"},
 			want: clientStream{text: "One", roles: 1, errCode: "invalid_value"}},
 		{name: "no replica in time", replicas: 1, opts: Options{ContinueTimeout: 300 * time.Millisecond},
 			agent:   &streamingAgent{first: []string{"One"}, firstEnd: "cut", contEnd: "status_503"},
-			outcome: contDeadline, want: clientStream{text: "One", roles: 1, errCode: "upstream_error"}},
+			outcome: contDeadline, want: clientStream{text: "One", roles: 1, errCode: "upstream_error"},
+			errSays: "not continued on another replica: no other replica took it within --stream-continue-timeout"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			up := newUpstream(t, tc.agent.serve)
@@ -279,7 +284,10 @@ func TestStreamContinuation(t *testing.T) {
 			if len(got.ids) != 1 || !got.ids["chatcmpl-first"] || len(got.created) != 1 {
 				t.Errorf("chunk ids %v, created %v: want the first stream's alone", got.ids, got.created)
 			}
-			got.ids, got.created = nil, nil
+			if !strings.Contains(got.errMsg, tc.errSays) {
+				t.Errorf("error message %q, want %q in it", got.errMsg, tc.errSays)
+			}
+			got.ids, got.created, got.errMsg = nil, nil, ""
 			if d := cmp.Diff(tc.want, got, cmp.AllowUnexported(clientStream{})); d != "" {
 				t.Errorf("client read (-want +got):\n%s", d)
 			}

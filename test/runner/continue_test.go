@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 
@@ -12,7 +13,7 @@ import (
 
 // TestContinueFinalMessage: with runnerapi.HeaderContinue, a greedy answer cut after a
 // few tokens and sent back as the final assistant message is continued where it was
-// cut, to the same answer; its usage counts the cut answer as completion tokens (the
+// cut, to the same answer, with the logprobs of the tokens it generated; its usage counts the cut answer as completion tokens (the
 // prompt as without it) and max_tokens bounds the whole answer.
 func TestContinueFinalMessage(t *testing.T) {
 	r := startReady(t, model(t, "tiny"))
@@ -27,9 +28,13 @@ func TestContinueFinalMessage(t *testing.T) {
 	cut := strings.Join(pieces[:3], "")
 	body["messages"] = []map[string]string{{"role": "user", "content": "Tell me a story about a river"},
 		{"role": "assistant", "content": cut}}
-	rest, _, cont := streamContinue(t, r, body, runnerapi.ContinueFinalMessage)
+	rest, restTokens, cont := streamContinue(t, r, body, runnerapi.ContinueFinalMessage)
 	if cut+rest != full {
 		t.Errorf("continued answer %q + %q, want %q", cut, rest, full)
+	}
+	// The logprobs are the generated tokens', not the continued text's.
+	if want := pieces[3:]; !slices.Equal(restTokens, want) {
+		t.Errorf("the continuation's logprobs are of tokens %q, want %q", restTokens, want)
 	}
 	if cont.PromptTokens != usage.PromptTokens || cont.CompletionTokens != maxTokens || cont.TotalTokens != usage.TotalTokens {
 		t.Errorf("continued usage %+v, want the uncut answer's %+v", cont, usage)

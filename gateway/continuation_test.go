@@ -133,6 +133,12 @@ func (a *streamingAgent) serve(_ int, w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Content-Type", "text/event-stream")
 	rc := http.NewResponseController(w)
+	if end == "cut_at_once" { // the status only
+		_ = rc.Flush()
+		conn, _, _ := rc.Hijack()
+		conn.Close()
+		return
+	}
 	fmt.Fprint(w, chunkEvent(id, roleDelta, ""))
 	for _, word := range words {
 		fmt.Fprint(w, chunkEvent(id, content(word), ""))
@@ -239,8 +245,9 @@ func TestStreamContinuation(t *testing.T) {
 		// outcome "": not a break.
 		want  clientStream
 		conts []string
-		// errSays is in the error's message.
-		errSays string
+		// errSays is in the error's message; wantID the stream's id (chatcmpl-first
+		// when empty).
+		errSays, wantID string
 	}{
 		{name: "cut connection", agent: &streamingAgent{first: []string{"One", ", two"}, firstEnd: "cut", rest: []string{", three"}, contEnd: "done"},
 			outcome: contContinued, conts: []string{"assistant:One, two"},
@@ -258,6 +265,10 @@ func TestStreamContinuation(t *testing.T) {
 		{name: "inside a tool call", agent: &streamingAgent{first: []string{"One"}, firstEnd: "engine_stopped", tool: true},
 			outcome: contToolCall, want: clientStream{text: "One", roles: 1, errCode: "engine_stopped"},
 			errSays: `the engine of model "m" stopped; not continued on another replica: it broke in or after a tool call`},
+		// Cut before any chunk: the continuation's chunks are the stream's.
+		{name: "cut before any chunk", agent: &streamingAgent{firstEnd: "cut_at_once", rest: []string{"One"}, contEnd: "done"},
+			outcome: contContinued, conts: []string{"assistant:"}, wantID: "chatcmpl-cont",
+			want: clientStream{text: "One", roles: 1, usages: 1, dones: 1, trailer: "1"}},
 		// An error that is the request's, not the replica's, ends the stream as it did.
 		{name: "the request's error", agent: &streamingAgent{first: []string{"One"}, firstEnd: "bad_request"},
 			want: clientStream{text: "One", roles: 1, errCode: "invalid_value"}},
@@ -281,7 +292,10 @@ func TestStreamContinuation(t *testing.T) {
 			}
 			defer resp.Body.Close()
 			got := readClientStream(t, resp)
-			if len(got.ids) != 1 || !got.ids["chatcmpl-first"] || len(got.created) != 1 {
+			if tc.wantID == "" {
+				tc.wantID = "chatcmpl-first"
+			}
+			if len(got.ids) != 1 || !got.ids[tc.wantID] || len(got.created) != 1 {
 				t.Errorf("chunk ids %v, created %v: want the first stream's alone", got.ids, got.created)
 			}
 			if !strings.Contains(got.errMsg, tc.errSays) {

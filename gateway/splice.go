@@ -165,8 +165,9 @@ func (s *spliceReader) chunk(ev, data []byte) ([]byte, bool) {
 		return ev, true // not a chunk the gateway knows: passed on as it came
 	}
 	st := s.st
-	if !s.cont && st.id == "" {
+	if st.id == "" { // the stream's first chunk (a continuation's, if none came before)
 		st.id, st.created = c.ID, append([]byte(nil), c.Created...)
+		s.cont = false
 	}
 	if s.cont {
 		if s.fromID == nil {

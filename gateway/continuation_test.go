@@ -324,3 +324,35 @@ func TestStreamContinuation(t *testing.T) {
 		})
 	}
 }
+
+// TestContentOnly: the usual content chunk is read without decoding it whole, to the
+// same text; every other chunk is left to the whole decoding.
+func TestContentOnly(t *testing.T) {
+	lp := `,"logprobs":{"content":[{"token":"\"content\":\"x","logprob":-1,"bytes":[1],"top_logprobs":[]}],"refusal":[]}`
+	for _, tc := range []struct {
+		data string
+		want string
+		ok   bool
+	}{
+		{data: chunkData(content("plain text")), want: "plain text", ok: true},
+		{data: chunkData(content("a \"quote\"\nand a line ✓")), want: "a \"quote\"\nand a line ✓", ok: true},
+		{data: chunkData(content("with logprobs") + lp), want: "with logprobs", ok: true},
+		{data: chunkData(content(`\`)), want: `\`, ok: true},
+		{data: chunkData(roleDelta)},
+		{data: chunkData(`{"reasoning_content":"hm"}`)},
+		{data: chunkData(`{"tool_calls":[{"index":0,"function":{"arguments":"{}"}}]}`)},
+		{data: strings.Replace(chunkData(content("done")), `"finish_reason":null`, `"finish_reason":"stop"`, 1)},
+	} {
+		got, ok := contentOnly([]byte(tc.data))
+		if ok != tc.ok || string(got) != tc.want {
+			t.Errorf("%s: %q %v, want %q %v", tc.data, got, ok, tc.want, tc.ok)
+		}
+	}
+}
+
+// chunkData is the data of a chunk event with delta (and its logprobs appended to the
+// delta's object when the caller adds them after it).
+func chunkData(delta string) string {
+	ev := chunkEvent("chatcmpl-x", delta, "")
+	return strings.TrimSuffix(strings.TrimPrefix(ev, "data: "), "\n\n")
+}

@@ -60,7 +60,8 @@ type spliceReader struct {
 	body    io.Closer
 	st      *spliced
 	cont    bool
-	pending []byte
+	pending []byte // what of out the client has not read yet
+	out     []byte
 	event   []byte
 	done    bool
 	// from is the continuation's own `"id":"…"` and `"created":…`, to replace.
@@ -133,7 +134,8 @@ func (s *spliceReader) take(ev []byte) error {
 			return nil
 		}
 	}
-	s.pending = append(s.pending[:0], ev...)
+	s.out = append(s.out[:0], ev...)
+	s.pending = s.out
 	return nil
 }
 
@@ -158,8 +160,46 @@ type chunkHead struct {
 	} `json:"choices"`
 }
 
+// contentOnly reads the content of the usual chunk — one choice's content delta, no
+// role, reasoning, tool call or finish — without decoding the whole chunk; ok false
+// for any other.
+func contentOnly(data []byte) (text []byte, ok bool) {
+	const key = `"content":"`
+	i := bytes.Index(data, []byte(key))
+	if i < 0 || !bytes.Contains(data, []byte(`"finish_reason":null`)) || bytes.Contains(data, []byte(`"role"`)) ||
+		bytes.Contains(data, []byte(`"tool_calls"`)) || bytes.Contains(data, []byte(`"reasoning_content"`)) ||
+		bytes.Contains(data[i+len(key):], []byte(key)) {
+		return nil, false
+	}
+	lit := data[i+len(key)-1:] // from the opening quote
+	escaped := false
+	for j := 1; j < len(lit); j++ {
+		switch lit[j] {
+		case '\\':
+			escaped = true
+			j++
+		case '"':
+			if !escaped {
+				return lit[1:j], true
+			}
+			var t string
+			if json.Unmarshal(lit[:j+1], &t) != nil {
+				return nil, false
+			}
+			return []byte(t), true
+		}
+	}
+	return nil, false
+}
+
 // chunk records a chunk and returns it as the client gets it; keep false drops it.
 func (s *spliceReader) chunk(ev, data []byte) ([]byte, bool) {
+	if s.st.id != "" && !s.cont {
+		if text, ok := contentOnly(data); ok {
+			s.st.text.Write(text)
+			return ev, true
+		}
+	}
 	var c chunkHead
 	if json.Unmarshal(data, &c) != nil {
 		return ev, true // not a chunk the gateway knows: passed on as it came

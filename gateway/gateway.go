@@ -79,6 +79,13 @@ type Options struct {
 	// ColdStartTimeout bounds how long a request waits for a routable replica, or in
 	// the queue for a replica with room.
 	ColdStartTimeout time.Duration
+	// StreamContinuations is how many times one Chat Completions stream whose replica
+	// failed after its first byte may be continued on another replica
+	// (DefaultStreamContinuations when zero; negative: never, the stream ends with the
+	// error). ContinueTimeout bounds the wait for a replica to take a continuation
+	// (DefaultContinueTimeout when zero).
+	StreamContinuations int
+	ContinueTimeout     time.Duration
 	// CancelGrace bounds how long an answer whose client went away is read on for its
 	// usage after the agent was asked to end it (DefaultCancelGrace when zero).
 	CancelGrace time.Duration
@@ -182,6 +189,12 @@ func New(opts Options) (*Gateway, error) {
 	}
 	if opts.MaxBodyBytes <= 0 {
 		opts.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if opts.StreamContinuations == 0 {
+		opts.StreamContinuations = DefaultStreamContinuations
+	}
+	if opts.ContinueTimeout <= 0 {
+		opts.ContinueTimeout = DefaultContinueTimeout
 	}
 	if opts.CancelGrace <= 0 {
 		opts.CancelGrace = DefaultCancelGrace

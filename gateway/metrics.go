@@ -26,6 +26,7 @@ type metrics struct {
 	queueRejected *prometheus.CounterVec
 	cancellations *prometheus.CounterVec
 	routing       *prometheus.CounterVec
+	continuations *prometheus.CounterVec
 
 	// usage counts requests and tokens per key, namespace and deployment;
 	// usageClamped the replicas' usage reports cut to their bound or refused.
@@ -102,8 +103,24 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 				"and is prefilling it, nobody holding it yet; fallback: no replica held any, by affinity on its prompt_cache_key or by least load; " +
 				"prefix_affinity; least_load).",
 		}, []string{"model", "routing"}),
+		continuations: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "macfleet_gateway_stream_continuations_total",
+			Help: "Chat Completions streams whose replica failed after the first byte, by deployment and outcome (continued: " +
+				"another replica continued the answer in the same stream; not continued, with the replica's error as the last " +
+				"event: limit, the stream was continued as often as allowed; deadline, no replica took it in time; finished, it " +
+				"had its finish_reason; tool_call or reasoning, it had sent a tool call or reasoning; unsupported, n > 1 or its " +
+				"output under a grammar; disabled).",
+		}, []string{"model", "outcome"}),
 	}
 	m.usageClamped, m.budgetAdmissions, m.budgetReserved = tenantMetrics()
+	if err := m.register(reg); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// register registers m's collectors with reg (see register).
+func (m *metrics) register(reg prometheus.Registerer) error {
 	var err error
 	reg1 := func(c prometheus.Collector) prometheus.Collector {
 		if err != nil {
@@ -125,16 +142,14 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m.queueRejected = reg1(m.queueRejected).(*prometheus.CounterVec)
 	m.cancellations = reg1(m.cancellations).(*prometheus.CounterVec)
 	m.routing = reg1(m.routing).(*prometheus.CounterVec)
+	m.continuations = reg1(m.continuations).(*prometheus.CounterVec)
 	m.usageClamped = reg1(m.usageClamped).(*prometheus.CounterVec)
 	m.budgetAdmissions = reg1(m.budgetAdmissions).(*prometheus.CounterVec)
 	m.budgetReserved = reg1(m.budgetReserved).(prometheus.Gauge)
 	m.usage = metering.NewMeter()
 	m.usage.Requests = reg1(m.usage.Requests).(*prometheus.CounterVec)
 	m.usage.Tokens = reg1(m.usage.Tokens).(*prometheus.CounterVec)
-	if err != nil {
-		return nil, err
-	}
-	return m, nil
+	return err
 }
 
 // tenantMetrics are the series of what the gateway counts against its callers: the

@@ -85,6 +85,17 @@ type outcome struct {
 	// usage is what the answer is counted as using: the replica's report, cut to the
 	// request's bound (nil: nothing reported, or nothing readable).
 	usage *metering.Usage
+	// broken is set when a stream that may be continued broke after its first byte;
+	// nothing was written of the break yet (continuation.go).
+	broken *brokenStream
+}
+
+// brokenStream is a stream's break: how, what the client has of it, and the replica
+// that failed.
+type brokenStream struct {
+	brk     *streamBreak
+	st      *spliced
+	backend Backend
 }
 
 // handleProxy serves POST /v1/...: resolve the model, then try replicas until one
@@ -212,9 +223,13 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, model, name stri
 		wt.granted()
 		g.routed(ctx, t)
 		attempts++
-		res := g.attempt(ctx, w, r, rt, be, lim, body, start, attempts)
+		res := g.attempt(ctx, w, r, rt, be, lim, body, start, attempts, g.spliceFor(r))
 		g.adm.release(t, be.Key)
 		if res.failure == nil {
+			if res.broken != nil {
+				g.adm.exclude(t, be.Key)
+				res = g.continueStream(ctx, w, r, name, id, t, lim, body, start, attempts, res)
+			}
 			wt.observe()
 			return res
 		}
@@ -275,8 +290,12 @@ func (g *Gateway) holdTimeout(rt *Route, last *failure, t *ticket) *apiError {
 
 // attempt sends the request to one replica. Before the response's status is committed
 // to the client it can fail retryably; after that it streams the body through,
-// flushing every chunk, until the upstream ends or either side goes away.
-func (g *Gateway) attempt(ctx context.Context, w http.ResponseWriter, r *http.Request, rt *Route, be Backend, lim metering.Limits, body []byte, start time.Time, n int) (res outcome) {
+// flushing every chunk, until the upstream ends or either side goes away. With st, a
+// Chat Completions stream is read event by event so that it can be continued on
+// another replica if this one fails; once st has broken, the attempt is such a
+// continuation, spliced into the stream the client already has.
+func (g *Gateway) attempt(ctx context.Context, w http.ResponseWriter, r *http.Request, rt *Route, be Backend, lim metering.Limits, body []byte, start time.Time, n int, st *spliced) (res outcome) {
+	cont := st != nil && st.broke
 	model := rt.ID()
 	// The upstream request outlives a client that goes away just long enough for its
 	// answer to end with its usage (see cancel.go).
@@ -293,6 +312,9 @@ func (g *Gateway) attempt(ctx context.Context, w http.ResponseWriter, r *http.Re
 	span := g.startAttempt(ctx, out, be, n)
 	defer func() { endAttempt(span, res) }()
 	g.setUpstreamHeaders(out, r, model, be)
+	if cont {
+		out.Header.Set(runnerapi.HeaderContinue, runnerapi.ContinueFinalMessage)
+	}
 	var peer *peerSource
 	if g.peers != nil {
 		digests, partition := prefixDigestsFrom(ctx).routable, g.caller(r).CachePartition()
@@ -320,12 +342,16 @@ func (g *Gateway) attempt(ctx context.Context, w http.ResponseWriter, r *http.Re
 	if peer != nil {
 		g.peers.report(model, be, peer, resp.Header)
 	}
-	if res, done := uncommitted(w, resp, be); done {
+	if res, done := commit(w, resp, be, cont); done {
 		return res
 	}
-	copyResponseHeaders(w.Header(), resp.Header)
-	w.WriteHeader(resp.StatusCode)
-	a := relayed{start: start, span: span, cancelled: &cancelled, usage: lim}
+	if st != nil && resp.StatusCode == http.StatusOK && isEventStream(resp.Header) {
+		resp.Body = newSpliceReader(resp.Body, st, cont)
+		if cont {
+			st.continued++
+		}
+	}
+	a := relayed{start: start, span: span, cancelled: &cancelled, usage: lim, continuing: cont}
 	res = g.relay(ctx, w, r, model, be, resp, &a)
 	if g.peers != nil && peer == nil && isEventStream(resp.Header) && !a.firstAt.IsZero() {
 		g.peers.observePrefill(model, res.usage, a.firstAt.Sub(sent))
@@ -354,6 +380,26 @@ func (g *Gateway) setUpstreamHeaders(out, r *http.Request, model string, be Back
 	if d := prefixDigestsFrom(r.Context()).all; len(d) > 0 {
 		out.Header.Set(runnerapi.HeaderPrefixDigests, strings.Join(d, ","))
 	}
+}
+
+// commit sends the response's status and headers to the client, unless it ends the
+// attempt first (see uncommitted). A continuation's are not sent (the client has the
+// stream's), and any answer but a stream fails it.
+func commit(w http.ResponseWriter, resp *http.Response, be Backend, cont bool) (outcome, bool) {
+	if !cont {
+		if res, done := uncommitted(w, resp, be); done {
+			return res, true
+		}
+		copyResponseHeaders(w.Header(), resp.Header)
+		w.WriteHeader(resp.StatusCode)
+		return outcome{}, false
+	}
+	if resp.StatusCode == http.StatusOK && isEventStream(resp.Header) {
+		return outcome{}, false
+	}
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, failureBodyLimit))
+	return outcome{failure: &failure{backend: be, reason: fmt.Sprintf("status_%d", resp.StatusCode),
+		status: resp.StatusCode, header: resp.Header.Clone(), body: b}}, true
 }
 
 // uncommitted handles the statuses that end the attempt before any byte reaches the
@@ -392,6 +438,9 @@ type relayed struct {
 	firstAt time.Time
 	// usage bounds the usage the replica may report (see meter).
 	usage metering.Limits
+	// continuing: the answer continues a stream the client has (its first byte was
+	// another replica's).
+	continuing bool
 }
 
 // relay streams the committed response resp of replica be to the client, flushing
@@ -405,7 +454,7 @@ func (g *Gateway) relay(ctx context.Context, w http.ResponseWriter, r *http.Requ
 	bp := copyBufs.Get().(*[]byte)
 	defer copyBufs.Put(bp)
 	buf := *bp
-	first := resp.StatusCode < 400
+	first := resp.StatusCode < 400 && !a.continuing
 	var sent delivery
 	// gone: the client went away; the rest of the answer is read, not sent, up to its
 	// usage trailer (or until the cancellation gives up on it).
@@ -456,6 +505,12 @@ func (g *Gateway) relay(ctx context.Context, w http.ResponseWriter, r *http.Requ
 // broken ends a response that broke off after it started: not retried; a stream gets
 // an error event, another body is aborted.
 func (g *Gateway) broken(w http.ResponseWriter, rc *http.ResponseController, model string, be Backend, resp *http.Response, rerr error) outcome {
+	if brk, ok := errors.AsType[*streamBreak](rerr); ok {
+		if sr, ok := resp.Body.(*spliceReader); ok { // the caller may continue it
+			sr.st.broke = true
+			return outcome{status: resp.StatusCode, reason: "stream_broken", broken: &brokenStream{brk: brk, st: sr.st, backend: be}}
+		}
+	}
 	g.log.Info("Upstream response broke after it started; not retried", "model", model,
 		"replica", be.Key, "endpoint", be.Endpoint, "err", rerr.Error())
 	e := &apiError{Status: http.StatusBadGateway, Type: openaierr.TypeServer, Code: openaierr.CodeUpstream,

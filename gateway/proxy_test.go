@@ -417,7 +417,8 @@ func TestStreaming(t *testing.T) {
 		}
 		fmt.Fprint(w, "data: {\"n\":2}\n\ndata: [DONE]\n\n")
 	})
-	g := newTestGateway(t, Options{})
+	// Without continuations a stream that broke is not retried (continuation_test.go).
+	g := newTestGateway(t, Options{StreamContinuations: -1})
 	g.serveReplicas(up.host(), up.host())
 	for _, brk := range []bool{false, true} {
 		t.Run(fmt.Sprintf("break=%v", brk), func(t *testing.T) {

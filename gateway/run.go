@@ -97,6 +97,9 @@ type Config struct {
 	NoServiceAccountTokens bool
 	TokenCacheTTL          time.Duration
 	ColdStartTimeout       time.Duration
+	// StreamContinuations and ContinueTimeout: see Options.
+	StreamContinuations int
+	ContinueTimeout     time.Duration
 	// MaxInFlightPerSlot and Queue: see Options.
 	MaxInFlightPerSlot int
 	Queue              fairqueue.Limits
@@ -168,7 +171,7 @@ func Scheme() (*runtime.Scheme, error) {
 // have synced and the first table is in place.
 func Run(ctx context.Context, cfg Config) error {
 	log := ctrl.LoggerFrom(ctx).WithName("gateway")
-	w := &wiring{cfg: cfg, log: log, opts: Options{ColdStartTimeout: cfg.ColdStartTimeout, PrefixAffinity: cfg.PrefixAffinity,
+	w := &wiring{cfg: cfg, log: log, opts: Options{ColdStartTimeout: cfg.ColdStartTimeout, StreamContinuations: cfg.StreamContinuations, ContinueTimeout: cfg.ContinueTimeout, PrefixAffinity: cfg.PrefixAffinity,
 		Routing: cfg.Routing, NoInFlightPrefixes: cfg.NoInFlightPrefixes, MaxInFlightPerSlot: cfg.MaxInFlightPerSlot, Queue: cfg.Queue, Registerer: cfg.Registerer, Log: log,
 		TracerProvider: cfg.TracerProvider, DisablePeerFetch: cfg.DisablePeerFetch, PeerFetchMargin: cfg.PeerFetchMargin}}
 	if w.opts.Registerer == nil {

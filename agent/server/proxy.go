@@ -68,6 +68,9 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, lease *enginepool
 	if pr.promptUsage {
 		req.Header.Set(runnerapi.HeaderPromptUsage, "first-chunk")
 	}
+	if v := r.Header.Get(runnerapi.HeaderContinue); v != "" && pr.path == pathChat {
+		req.Header.Set(runnerapi.HeaderContinue, v) // the runner checks it
+	}
 	if id := r.Header.Get(runnerapi.HeaderRequestID); id != "" && pr.generates {
 		req.Header.Set(runnerapi.HeaderRequestID, id)
 		defer s.requests.add(id, rn)()

@@ -247,6 +247,20 @@ type TokenizeRequest struct {
 // usage is unchanged. The node agent passes it on from the request.
 const HeaderPromptUsage = "X-Macfleet-Prompt-Usage"
 
+// HeaderContinue, set to ContinueFinalMessage on a chat completion whose messages end
+// with an assistant's partial answer, asks the runner to continue that answer: the
+// chat template renders the conversation with the final message left open (no end of
+// turn, no new assistant turn), and the model writes on from its last character. The
+// answer's usage counts the partial answer's tokens as completion tokens, not prompt
+// tokens, and max_tokens bounds the whole answer. A template that cannot leave the
+// message open is a 400 chat_template_error; so is n > 1. The gateway sets it to
+// continue a stream whose replica failed (docs/fleet.md, "Continuing a broken
+// stream"); the node agent passes it on.
+const HeaderContinue = "X-Macfleet-Continue"
+
+// ContinueFinalMessage is the value of HeaderContinue.
+const ContinueFinalMessage = "final-message"
+
 // HeaderCachePartition names the part of the prompt cache a request may hit and add
 // to: prefixes cached in one partition are never found from another, in a slot's
 // memory, the hot tier or the SSD tier. The gateway sets it from the caller's key

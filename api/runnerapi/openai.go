@@ -295,6 +295,9 @@ type Options struct {
 	Grammar string
 	// CacheSalt is the request's cache_salt.
 	CacheSalt string
+	// Continued is how many of the prompt's tokens are an answer the request
+	// continues (HeaderContinue): its usage counts them as completion tokens.
+	Continued int
 }
 
 // Limits of request fields.

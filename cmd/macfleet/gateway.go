@@ -38,7 +38,8 @@ func newGatewayCmd() *cobra.Command {
 "model" (a deployment's served name or alias, or "<namespace>/<name>") to a Ready
 replica on a Ready Mac, balancing by least outstanding requests (optionally with
 prefix affinity), retries another replica on a connect error, 503 or 507 before the
-first byte, queues requests fairly (per API key, interactive before batch) when every
+first byte, continues a Chat Completions stream whose replica fails after it on another
+replica (see docs/fleet.md), queues requests fairly (per API key, interactive before batch) when every
 replica is busy and answers 429 when the queue is full, holds requests while an OnDemand model cold-starts or an autoscaled
 deployment is woken from zero replicas (see docs/autoscaling.md), and streams responses
 through unbuffered. GET /v1/models lists the deployments. The web console at /ui shows the Macs, the
@@ -110,6 +111,7 @@ OTEL_EXPORTER_OTLP_ENDPOINT set it traces every request (see docs/tracing.md).`,
 	f.DurationVar(&cfg.UsageRetention, "usage-retention", ledger.DefaultRetention,
 		"How long the replica keeps its own usage records of past days before deleting them")
 	routingFlags(f, &cfg, &routing, &peerFetch)
+	continuationFlags(f, &cfg)
 	f.DurationVar(&cfg.DrainTimeout, "drain-timeout", gateway.DefaultDrainTimeout,
 		"On SIGTERM, /readyz fails at once and no new connection is taken; the requests in flight (streams, cold-start holds, the queue) "+
 			"get this long to finish. Keep the pod's terminationGracePeriodSeconds above it (the chart derives it)")
@@ -133,6 +135,15 @@ func connectionFlags(f *pflag.FlagSet, l *httpserver.Limits) {
 }
 
 // routingFlags are the gateway's flags of how a replica is picked and of peer fetch.
+// continuationFlags are the flags of continuing a broken stream on another replica.
+func continuationFlags(f *pflag.FlagSet, cfg *gateway.Config) {
+	f.IntVar(&cfg.StreamContinuations, "stream-continuations", gateway.DefaultStreamContinuations,
+		"How many times one Chat Completions stream whose replica fails after its first byte is continued on another replica, "+
+			"spliced into the client's stream; negative: never (the stream ends with the error)")
+	f.DurationVar(&cfg.ContinueTimeout, "stream-continue-timeout", gateway.DefaultContinueTimeout,
+		"How long a broken stream waits for another replica to take its continuation before it ends with the error")
+}
+
 func routingFlags(f *pflag.FlagSet, cfg *gateway.Config, routing *string, peerFetch *bool) {
 	f.StringVar(routing, "routing", string(gateway.RoutingPrefixCache),
 		"How a request's replica is picked: prefix-cache (the replica whose prompt cache holds the longest part of the conversation, "+

@@ -18,7 +18,9 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/macfleet/macfleet/api/runnerapi"
 	"github.com/macfleet/macfleet/api/v1alpha1"
+	"github.com/macfleet/macfleet/gateway"
 	"github.com/macfleet/macfleet/internal/ggufsynth"
 	"github.com/macfleet/macfleet/metal/enginepool"
 	"github.com/macfleet/macfleet/test/support/localfleet"
@@ -391,7 +393,7 @@ func splitServing(t *testing.T, pool string, macs int, pipeline int32) (split, w
 // TestSplitReplicaServes: a deployment with maxMacsPerReplica 2 whose replica fits none
 // of its pool's Macs is placed across two of them and serves through the gateway token
 // for token as the same model in one process; then a worker shard's process killed with
-// SIGKILL mid-stream ends that stream with an error within 5 s, the gang is replaced
+// SIGKILL mid-stream ends that stream (continued or with the error) in bounded time, the gang is replaced
 // whole (no replica is Ready with a shard that is not), and the deployment serves again.
 func TestSplitReplicaServes(t *testing.T) {
 	split, whole, macs, gang := splitServing(t, "two", 2, 1)
@@ -438,8 +440,9 @@ func TestSplitReplicaAcrossThreeMacs(t *testing.T) {
 }
 
 // killWorkerMidStream kills the worker shard of gang with SIGKILL while a streamed
-// request is generating, and checks that the stream fails within 5 s, the gang is
-// replaced whole on macs and the new one is Ready.
+// request is generating, and checks that the stream ends (continued, or with the error)
+// within the gateway's continue timeout, the gang is replaced whole on macs and the new
+// one is Ready.
 func killWorkerMidStream(t *testing.T, gang v1alpha1.ModelReplica, macs []string) {
 	ns, name := gang.Namespace, gang.Labels[v1alpha1.LabelDeployment]
 	worker := workerShardPID(t, gang.Spec.Split.Shards[1].Node)
@@ -461,13 +464,18 @@ func killWorkerMidStream(t *testing.T, gang v1alpha1.ModelReplica, macs []string
 	if killed.IsZero() {
 		t.Fatalf("the stream ended (%d chunks, %v) before any content to kill the worker at", chunks, s.Err())
 	}
-	if s.Err() == nil {
-		t.Fatalf("the stream ended without an error %v after the worker was killed (%d chunks)", took, chunks)
+	// The gateway continues the broken stream on a replica that takes it within its
+	// continue timeout (the new gang, once Ready: seen here); else the stream ends with
+	// the lost worker's error after that timeout.
+	if err := s.Err(); err != nil {
+		if bound := gateway.DefaultContinueTimeout + 5*time.Second; took > bound {
+			t.Errorf("the stream ended %v after the kill, want within %v", took, bound)
+		}
+		if !strings.Contains(err.Error(), runnerapi.CodeSplitWorkerLost) {
+			t.Errorf("the stream ended with %v, want %s", err, runnerapi.CodeSplitWorkerLost)
+		}
 	}
-	if took > 5*time.Second {
-		t.Errorf("the stream ended %v after the kill, want within 5s", took)
-	}
-	t.Logf("the stream ended %v after the kill: %v", took.Round(time.Millisecond), s.Err())
+	t.Logf("the stream ended %v after the kill (%d chunks): %v", took.Round(time.Millisecond), chunks, s.Err())
 
 	// The gang is replaced whole: the killed one never serves again, and no replica is
 	// Ready while one of its shards is not.

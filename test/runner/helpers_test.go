@@ -272,6 +272,22 @@ func (r *runner) post(ctx context.Context, path string, body any) (*http.Respons
 	return r.client.Do(req)
 }
 
+// postChat posts body to the chat endpoint with the header pairs hdr.
+func postChat(t testing.TB, r *runner, body map[string]any, hdr ...string) *http.Response {
+	t.Helper()
+	b, _ := json.Marshal(body)
+	req, _ := http.NewRequestWithContext(context.Background(), http.MethodPost, r.base+"/v1/chat/completions", bytes.NewReader(b))
+	req.Header.Set("Content-Type", "application/json")
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
+	resp, err := r.client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp
+}
+
 // postJSON posts body and decodes a JSON answer into v; it returns the status.
 func (r *runner) postJSON(path string, body, v any) int {
 	r.t.Helper()

@@ -1,10 +1,7 @@
 package e2e
 
 import (
-	"bytes"
-	"context"
 	"encoding/json"
-	"net/http"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -20,16 +17,11 @@ func TestPromptUsageOnTheFirstChunk(t *testing.T) {
 	body := chatBody("Tell me a story about a river", 6, true)
 	body["stream_options"] = map[string]any{"include_usage": true}
 	stream := func(header bool) []runnerapi.ChatCompletionChunk {
-		b, _ := json.Marshal(body)
-		req, _ := http.NewRequestWithContext(context.Background(), http.MethodPost, r.base+"/v1/chat/completions", bytes.NewReader(b))
-		req.Header.Set("Content-Type", "application/json")
+		var hdr []string
 		if header {
-			req.Header.Set(runnerapi.HeaderPromptUsage, "first-chunk")
+			hdr = []string{runnerapi.HeaderPromptUsage, "first-chunk"}
 		}
-		resp, err := r.client.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
+		resp := postChat(t, r, body, hdr...)
 		defer resp.Body.Close()
 		var chunks []runnerapi.ChatCompletionChunk
 		_, done, err := readSSE(t, resp.Body, func(ev sseEvent) bool {

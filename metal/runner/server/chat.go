@@ -93,6 +93,49 @@ func (s *Server) renderChat(req *runnerapi.ChatRequest) (string, *runnerapi.Erro
 	return prompt, nil
 }
 
+// renderRequest renders a chat request: as renderChat does, or with its final
+// assistant message left open when the header runnerapi.HeaderContinue asks to
+// continue it. open is where that message's text starts in the prompt (-1: none).
+func (s *Server) renderRequest(req *runnerapi.ChatRequest, mode string) (prompt string, open int, herr *runnerapi.Error) {
+	switch mode {
+	case "":
+		prompt, herr = s.renderChat(req)
+		return prompt, -1, herr
+	case runnerapi.ContinueFinalMessage:
+	default:
+		return "", -1, runnerapi.InvalidRequest(runnerapi.CodeInvalidValue, runnerapi.HeaderContinue,
+			"%s must be %q, got %q", runnerapi.HeaderContinue, runnerapi.ContinueFinalMessage, clipText(mode, 64))
+	}
+	if _, herr = s.renderChat(req); herr != nil { // the same checks of the messages
+		return "", -1, herr
+	}
+	if s.chat == nil {
+		return "", -1, runnerapi.InvalidRequest(runnerapi.CodeTemplateError, "messages",
+			"this model has no Jinja chat template, so it cannot leave the assistant's message open")
+	}
+	c, herr := s.chat.RenderContinue(chat.InputOf(req), s.model.AddBOS())
+	return c.Prompt, c.Open, herr
+}
+
+// continuedTokens counts the prompt's tokens after before (the continued answer's),
+// which the usage reports as completion tokens; max_tokens bounds the whole answer, so
+// what is left of it shrinks by them (at least one token is still generated).
+func (s *Server) continuedTokens(before string, all int, opts *runnerapi.Options) (int, *runnerapi.Error) {
+	if opts.N > 1 {
+		return 0, runnerapi.InvalidRequest(runnerapi.CodeUnsupportedParameter, "n",
+			"an answer is continued one choice at a time, got n=%d", opts.N)
+	}
+	head, err := s.model.Tokenize(before, true, true)
+	if err != nil {
+		return 0, runnerapi.InvalidRequest(runnerapi.CodeInvalidValue, "messages", "tokenizing: %v", err)
+	}
+	n := max(all-len(head), 0)
+	if opts.MaxTokens > 0 {
+		opts.MaxTokens = max(opts.MaxTokens-n, 1)
+	}
+	return n, nil
+}
+
 // chatOptions are the output parser's options for a request and its prompt.
 func (s *Server) chatOptions(req *runnerapi.ChatRequest, prompt string) chat.Options {
 	o := chat.Options{Parallel: req.ParallelToolCalls == nil || *req.ParallelToolCalls}
@@ -115,7 +158,7 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 	if eng == nil {
 		return
 	}
-	prompt, herr := s.renderChat(&req)
+	prompt, open, herr := s.renderRequest(&req, r.Header.Get(runnerapi.HeaderContinue))
 	if herr != nil {
 		writeError(w, herr)
 		return
@@ -124,6 +167,12 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		writeError(w, runnerapi.InvalidRequest(runnerapi.CodeInvalidValue, "messages", "tokenizing: %v", err))
 		return
+	}
+	if open >= 0 {
+		if opts.Continued, herr = s.continuedTokens(prompt[:open], len(toks), &opts); herr != nil {
+			writeError(w, herr)
+			return
+		}
 	}
 	co := s.chatOptions(&req, prompt)
 	if opts.Grammar, herr = s.chatGrammar(&req, co); herr != nil {

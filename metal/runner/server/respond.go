@@ -25,6 +25,9 @@ type responder struct {
 	created      int64
 	model        string
 	promptTokens int
+	// continued are the prompt's last tokens that are the continued answer's
+	// (runnerapi.HeaderContinue): counted as completion tokens.
+	continued    int
 	includeUsage bool
 	// usageFirst puts the prompt's usage on the first chunk too (runnerapi.HeaderPromptUsage).
 	usageFirst bool
@@ -68,13 +71,16 @@ func (o *responder) poll(each func(c *choice, u update) bool) (err *runnerapi.Er
 	return err, all, true
 }
 
+// usage counts the prompt and every choice's generated tokens. A continued answer's
+// tokens already in the prompt (continued) count as completion tokens, and the cached
+// tokens at most the rest of the prompt.
 func (o *responder) usage() *runnerapi.Usage {
-	us := &runnerapi.Usage{PromptTokens: o.promptTokens}
+	us := &runnerapi.Usage{PromptTokens: o.promptTokens - o.continued, CompletionTokens: o.continued}
 	for _, c := range o.choices {
 		us.CompletionTokens += c.last.generated
 	}
 	us.TotalTokens = us.PromptTokens + us.CompletionTokens
-	if cached := o.choices[0].last.cached; cached > 0 {
+	if cached := min(o.choices[0].last.cached, us.PromptTokens); cached > 0 {
 		us.PromptTokensDetails = &runnerapi.PromptTokensDetails{CachedTokens: cached}
 	}
 	return us
@@ -83,9 +89,10 @@ func (o *responder) usage() *runnerapi.Usage {
 // promptUsage is the usage of the prompt alone, as known when the first output of c
 // (the first choice) arrived.
 func (o *responder) promptUsage(c *choice) *runnerapi.Usage {
-	us := &runnerapi.Usage{PromptTokens: o.promptTokens, TotalTokens: o.promptTokens}
-	if c.cached > 0 {
-		us.PromptTokensDetails = &runnerapi.PromptTokensDetails{CachedTokens: c.cached}
+	prompt := o.promptTokens - o.continued
+	us := &runnerapi.Usage{PromptTokens: prompt, TotalTokens: prompt}
+	if cached := min(c.cached, prompt); cached > 0 {
+		us.PromptTokensDetails = &runnerapi.PromptTokensDetails{CachedTokens: cached}
 	}
 	return us
 }

@@ -1,0 +1,271 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strconv"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/macfleet/macfleet/gateway/metering"
+	"github.com/macfleet/macfleet/gateway/tenancy"
+	"github.com/macfleet/macfleet/internal/openaierr"
+)
+
+// Continuing a broken stream (docs/fleet.md, "Continuing a broken stream"): a
+// Chat Completions stream whose replica fails after the first byte is sent again to
+// another replica, with what the client already has as the assistant's open message
+// (runnerapi.HeaderContinue), and that replica's deltas are spliced into the client's
+// stream (splice.go).
+const (
+	// DefaultStreamContinuations is how many times one stream may be continued.
+	DefaultStreamContinuations = 1
+	// DefaultContinueTimeout bounds how long a broken stream waits for a replica to
+	// take its continuation.
+	DefaultContinueTimeout = 15 * time.Second
+	// HeaderContinued is the trailer of a stream that was continued: how many times.
+	HeaderContinued = "X-Macfleet-Continued"
+)
+
+// Outcomes of a broken stream (stream_continuations_total): continued, or why not.
+const (
+	contContinued = "continued"
+	contLimit     = "limit"       // it was continued as often as allowed
+	contDeadline  = "deadline"    // no replica took it in time
+	contFinished  = "finished"    // it had its finish_reason: nothing to continue
+	contToolCall  = "tool_call"   // it broke in or after a tool call
+	contReasoning = "reasoning"   // it had reasoning, which is not continued
+	contShape     = "unsupported" // n > 1, or its output is under a grammar
+	contDisabled  = "disabled"
+)
+
+// streamShape is what of a request decides whether its stream can be continued.
+type streamShape struct {
+	// n is its choices; grammar: response_format or a forced tool call constrain its
+	// output from its first token, which a continuation would restart.
+	n       int
+	grammar bool
+}
+
+// shapeOf reads the shape of a Chat Completions body.
+func shapeOf(body []byte) streamShape {
+	var req struct {
+		N              *int `json:"n"`
+		ResponseFormat *struct {
+			Type string `json:"type"`
+		} `json:"response_format"`
+		ToolChoice json.RawMessage `json:"tool_choice"`
+	}
+	_ = json.Unmarshal(body, &req)
+	s := streamShape{n: 1}
+	if req.N != nil {
+		s.n = *req.N
+	}
+	if f := req.ResponseFormat; f != nil && f.Type != "" && f.Type != "text" {
+		s.grammar = true
+	}
+	if tc := string(req.ToolChoice); tc != "" && tc != "null" && tc != `"auto"` && tc != `"none"` {
+		s.grammar = true
+	}
+	return s
+}
+
+// continuation is one broken stream's case for a continuation.
+type continuation struct {
+	brk   *streamBreak
+	st    *spliced
+	shape streamShape
+	// max continuations per stream; deadline for a replica to take this one.
+	max      int
+	deadline time.Time
+}
+
+// decideContinuation says whether a broken stream is continued now, and if not why
+// (an outcome of stream_continuations_total).
+func decideContinuation(c continuation, now time.Time) (bool, string) {
+	switch {
+	case c.max <= 0:
+		return false, contDisabled
+	case c.st.finished:
+		return false, contFinished
+	case c.st.toolCalls:
+		return false, contToolCall
+	case c.st.reasoning:
+		return false, contReasoning
+	case c.shape.n != 1 || c.shape.grammar:
+		return false, contShape
+	case c.st.continued >= c.max:
+		return false, contLimit
+	case !now.Before(c.deadline):
+		return false, contDeadline
+	}
+	return true, contContinued
+}
+
+// spliceFor is the record of a request's stream if it may be continued: a Chat
+// Completions request, with continuations on (nil otherwise).
+func (g *Gateway) spliceFor(r *http.Request) *spliced {
+	if g.opts.StreamContinuations <= 0 || r.URL.Path != "/v1/chat/completions" {
+		return nil
+	}
+	return &spliced{}
+}
+
+// continuationBody is the request body with the text already sent appended as the
+// assistant's message.
+func continuationBody(body []byte, text string) ([]byte, error) {
+	var req map[string]json.RawMessage
+	if err := json.Unmarshal(body, &req); err != nil {
+		return nil, err
+	}
+	var msgs []json.RawMessage
+	if err := json.Unmarshal(req["messages"], &msgs); err != nil {
+		return nil, fmt.Errorf("reading messages: %w", err)
+	}
+	m, err := json.Marshal(struct {
+		Role    string `json:"role"`
+		Content string `json:"content"`
+	}{"assistant", text})
+	if err != nil {
+		return nil, err
+	}
+	if req["messages"], err = json.Marshal(append(msgs, m)); err != nil {
+		return nil, err
+	}
+	return json.Marshal(req)
+}
+
+// continueStream continues the stream that res broke off on another replica, as long
+// as decideContinuation allows; the client gets the held error when it does not.
+func (g *Gateway) continueStream(ctx context.Context, w http.ResponseWriter, r *http.Request, name string, id tenancy.Identity,
+	t *ticket, lim metering.Limits, body []byte, start time.Time, n int, res outcome) outcome {
+	model, failed := t.model, res.broken.backend
+	c := continuation{brk: res.broken.brk, st: res.broken.st, shape: shapeOf(body), max: g.opts.StreamContinuations,
+		deadline: time.Now().Add(g.opts.ContinueTimeout)}
+	span := trace.SpanFromContext(ctx)
+	for {
+		ok, why := decideContinuation(c, time.Now())
+		if ok && ctx.Err() == nil {
+			var rt *Route
+			var be Backend
+			if rt, be, ok = g.continuationReplica(ctx, name, id, t, c.deadline); !ok {
+				why = contDeadline
+			} else {
+				res = g.continueOn(ctx, w, r, rt, be, t, lim, body, start, n, &c)
+				if res.broken == nil && res.failure == nil {
+					if res.status == http.StatusOK && ctx.Err() == nil {
+						w.Header().Set(http.TrailerPrefix+HeaderContinued, strconv.Itoa(c.st.continued))
+						g.metrics.continuations.WithLabelValues(model, contContinued).Inc()
+						span.AddEvent("stream_continued", trace.WithAttributes(attribute.String("macfleet.from", failed.Key),
+							attribute.String("macfleet.to", be.Key), attribute.Int("macfleet.continued_bytes", c.st.text.Len())))
+					}
+					return res
+				}
+				if res.broken != nil {
+					c.brk, failed = res.broken.brk, res.broken.backend
+				}
+				n++
+				continue
+			}
+		}
+		if ctx.Err() != nil {
+			return outcome{status: openaierr.StatusClientGone, reason: "client_gone"}
+		}
+		g.metrics.continuations.WithLabelValues(model, why).Inc()
+		span.AddEvent("stream_not_continued", trace.WithAttributes(attribute.String("macfleet.reason", why)))
+		return g.endBroken(w, model, failed, c, why)
+	}
+}
+
+// continueOn sends the continuation to replica be; a failure before its first byte
+// excludes be for the next try.
+func (g *Gateway) continueOn(ctx context.Context, w http.ResponseWriter, r *http.Request, rt *Route, be Backend, t *ticket,
+	lim metering.Limits, body []byte, start time.Time, n int, c *continuation) outcome {
+	cbody, err := continuationBody(body, c.st.text.String())
+	if err != nil { // the replica took the body, so this does not happen
+		return outcome{failure: &failure{backend: be, reason: "transport", err: err}}
+	}
+	g.log.Info("Continuing a broken stream on another replica", "model", t.model, "replica", be.Key,
+		"cause", c.brk.cause, "err", c.brk.Error(), "sentBytes", c.st.text.Len())
+	res := g.attempt(ctx, w, r, rt, be, lim, cbody, start, n+1, c.st)
+	g.adm.release(t, be.Key)
+	if res.failure != nil || res.broken != nil {
+		g.adm.exclude(t, be.Key)
+	}
+	return res
+}
+
+// notContinued says to the client why its broken stream was not continued.
+var notContinued = map[string]string{
+	contLimit:     "it was continued as often as the gateway allows (--stream-continuations)",
+	contDeadline:  "no other replica took it within --stream-continue-timeout",
+	contFinished:  "it had already finished",
+	contToolCall:  "it broke in or after a tool call, whose arguments are not resumed: do not run the call",
+	contReasoning: "it had reasoning, which is not continued",
+	contShape:     "streams with n > 1, response_format or a forced tool_choice are not continued",
+}
+
+// endBroken ends a stream that is not continued with the replica's error event (the
+// gateway's for a connection that broke), saying why it was not continued.
+func (g *Gateway) endBroken(w http.ResponseWriter, model string, be Backend, c continuation, why string) outcome {
+	g.log.Info("Upstream stream broke after it started; not continued", "model", model,
+		"replica", be.Key, "endpoint", be.Endpoint, "err", c.brk.Error(), "why", why)
+	e := &apiError{Status: http.StatusBadGateway, Type: openaierr.TypeServer, Code: openaierr.CodeUpstream,
+		Message: fmt.Sprintf("the response of replica %s broke off: %v", be.Key, c.brk)}
+	var held struct{ Error *apiError }
+	if c.brk.cause == "error_event" && json.Unmarshal(sseData(c.st.held), &held) == nil && held.Error != nil {
+		e = held.Error
+	}
+	if reason := notContinued[why]; reason != "" {
+		e.Message += "; not continued on another replica: " + reason
+	}
+	_, _ = w.Write(e.sseEvent())
+	_ = http.NewResponseController(w).Flush()
+	return outcome{status: http.StatusOK, reason: "stream_broken"}
+}
+
+// continuationReplica waits until deadline for a replica of the deployment to take a
+// continuation: admission picks it as for any request (a replica that holds the
+// conversation's prefix first), the failed ones excluded.
+func (g *Gateway) continuationReplica(ctx context.Context, name string, id tenancy.Identity, t *ticket, deadline time.Time) (*Route, Backend, bool) {
+	timer := time.NewTimer(time.Until(deadline))
+	defer timer.Stop()
+	backoff := minBackoff
+	for {
+		tbl := g.Table()
+		rt, aerr := tbl.ResolveAs(name, id)
+		if aerr != nil {
+			return nil, Backend{}, false
+		}
+		be, ok, aerr := g.adm.acquire(rt, t)
+		if aerr != nil {
+			return nil, Backend{}, false
+		}
+		if ok {
+			g.routed(ctx, t)
+			return rt, be, true
+		}
+		bt := time.NewTimer(backoff)
+		select {
+		case be := <-t.granted:
+			bt.Stop()
+			g.routed(ctx, t)
+			return rt, be, true
+		case <-ctx.Done():
+		case <-timer.C:
+		case <-tbl.Changed():
+			bt.Stop()
+			continue
+		case <-bt.C:
+			g.adm.forgive(rt, t)
+			backoff = min(2*backoff, maxBackoff)
+			continue
+		}
+		bt.Stop()
+		return nil, Backend{}, false
+	}
+}

@@ -1,0 +1,358 @@
+package gateway
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/macfleet/macfleet/api/runnerapi"
+	"github.com/macfleet/macfleet/test/support/testenv"
+)
+
+func TestDecideContinuation(t *testing.T) {
+	now := time.Unix(1000, 0)
+	base := func() continuation {
+		return continuation{brk: &streamBreak{cause: "eof"}, st: &spliced{}, shape: streamShape{n: 1}, max: 1, deadline: now.Add(time.Second)}
+	}
+	for _, tc := range []struct {
+		name   string
+		mutate func(*continuation)
+		want   string
+	}{
+		{"a cut connection", func(*continuation) {}, contContinued},
+		{"a replica's error event", func(c *continuation) { c.brk.cause, c.st.held = "error_event", []byte("data: {}\n\n") }, contContinued},
+		{"disabled", func(c *continuation) { c.max = -1 }, contDisabled},
+		{"continued as often as allowed", func(c *continuation) { c.st.continued = 1 }, contLimit},
+		{"a higher limit", func(c *continuation) { c.st.continued, c.max = 1, 2 }, contContinued},
+		{"the deadline passed", func(c *continuation) { c.deadline = now }, contDeadline},
+		{"it had finished", func(c *continuation) { c.st.finished = true }, contFinished},
+		{"a tool call", func(c *continuation) { c.st.toolCalls = true }, contToolCall},
+		{"reasoning", func(c *continuation) { c.st.reasoning = true }, contReasoning},
+		{"n > 1", func(c *continuation) { c.shape.n = 2 }, contShape},
+		{"a grammar", func(c *continuation) { c.shape.grammar = true }, contShape},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := base()
+			tc.mutate(&c)
+			ok, why := decideContinuation(c, now)
+			if why != tc.want || ok != (tc.want == contContinued) {
+				t.Errorf("decision %v %q, want %q", ok, why, tc.want)
+			}
+		})
+	}
+}
+
+func TestShapeOf(t *testing.T) {
+	for body, want := range map[string]streamShape{
+		`{"messages":[]}`:                            {n: 1},
+		`{"n":3}`:                                    {n: 3},
+		`{"response_format":{"type":"text"}}`:        {n: 1},
+		`{"response_format":{"type":"json_object"}}`: {n: 1, grammar: true},
+		`{"tool_choice":"auto"}`:                     {n: 1},
+		`{"tool_choice":"required"}`:                 {n: 1, grammar: true},
+		`{"tool_choice":{"type":"function","function":{"name":"f"}}}`: {n: 1, grammar: true},
+	} {
+		if got := shapeOf([]byte(body)); got != want {
+			t.Errorf("%s: %+v, want %+v", body, got, want)
+		}
+	}
+}
+
+func TestContinuationBody(t *testing.T) {
+	got, err := continuationBody([]byte(`{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`), "Hel\"lo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var req struct {
+		Model    string              `json:"model"`
+		Stream   bool                `json:"stream"`
+		Messages []runnerapi.Message `json:"messages"`
+	}
+	if err := json.Unmarshal(got, &req); err != nil {
+		t.Fatal(err)
+	}
+	want := []runnerapi.Message{{Role: "user", Content: "hi"}, {Role: "assistant", Content: "Hel\"lo"}}
+	if d := cmp.Diff(want, req.Messages); d != "" || req.Model != "m" || !req.Stream {
+		t.Errorf("body %s (-want +got messages):\n%s", got, d)
+	}
+	if _, err := continuationBody([]byte(`{"messages":"x"}`), "a"); err == nil {
+		t.Error("messages that are not a list: no error")
+	}
+}
+
+// chunkEvent is a Chat Completions chunk event of stream id.
+func chunkEvent(id, delta string, finish string) string {
+	f := "null"
+	if finish != "" {
+		f = fmt.Sprintf("%q", finish)
+	}
+	return fmt.Sprintf(`data: {"id":%q,"object":"chat.completion.chunk","created":%d,"model":"m","choices":[{"index":0,"delta":%s,"finish_reason":%s}]}`+"\n\n",
+		id, len(id), delta, f)
+}
+
+func content(s string) string { return fmt.Sprintf(`{"content":%q}`, s) }
+
+const roleDelta = `{"role":"assistant","content":""}`
+
+// streamingAgent answers a first request with a stream of words that ends as first
+// says (cut: the connection closes; engine_stopped: the agent's error event; done),
+// and a continuation (runnerapi.HeaderContinue) with rest, ending as cont says.
+type streamingAgent struct {
+	first, rest []string
+	firstEnd    string
+	contEnd     string // done, cut, status_503
+	tool        bool   // the first stream sends a tool call before its end
+
+	mu    sync.Mutex
+	conts []string // the continuations' last messages' content
+}
+
+func (a *streamingAgent) serve(_ int, w http.ResponseWriter, r *http.Request) {
+	cont := r.Header.Get(runnerapi.HeaderContinue) == runnerapi.ContinueFinalMessage
+	id, words, end := "chatcmpl-first", a.first, a.firstEnd
+	if cont {
+		var req struct{ Messages []runnerapi.Message }
+		_ = json.NewDecoder(r.Body).Decode(&req)
+		a.mu.Lock()
+		a.conts = append(a.conts, req.Messages[len(req.Messages)-1].Role+":"+string(req.Messages[len(req.Messages)-1].Content))
+		a.mu.Unlock()
+		id, words, end = "chatcmpl-cont", a.rest, a.contEnd
+		if end == "status_503" {
+			status(http.StatusServiceUnavailable, "")(0, w, r)
+			return
+		}
+	}
+	w.Header().Set("Content-Type", "text/event-stream")
+	rc := http.NewResponseController(w)
+	if end == "cut_at_once" { // the status only
+		_ = rc.Flush()
+		conn, _, _ := rc.Hijack()
+		conn.Close()
+		return
+	}
+	fmt.Fprint(w, chunkEvent(id, roleDelta, ""))
+	for _, word := range words {
+		fmt.Fprint(w, chunkEvent(id, content(word), ""))
+		_ = rc.Flush()
+	}
+	if a.tool && !cont {
+		fmt.Fprint(w, chunkEvent(id, `{"tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"f","arguments":"{\"a"}}]}`, ""))
+	}
+	switch end {
+	case "cut":
+		_ = rc.Flush()
+		conn, _, _ := rc.Hijack()
+		conn.Close()
+	case "bad_request":
+		fmt.Fprint(w, `data: {"error":{"message":"no","type":"invalid_request_error","code":"invalid_value"}}`+"\n\n")
+	case "engine_stopped":
+		fmt.Fprint(w, `data: {"error":{"message":"the engine of model \"m\" stopped","type":"service_unavailable","code":"engine_stopped"}}`+"\n\n")
+	case "done":
+		fmt.Fprint(w, chunkEvent(id, `{}`, "stop"))
+		fmt.Fprintf(w, `data: {"id":%q,"object":"chat.completion.chunk","created":%d,"model":"m","choices":[],"usage":{"prompt_tokens":5,"completion_tokens":4,"total_tokens":9}}`+"\n\n", id, len(id))
+		fmt.Fprint(w, "data: [DONE]\n\n")
+	}
+}
+
+// clientStream is what a client read of a stream.
+type clientStream struct {
+	ids     map[string]bool
+	created map[string]bool
+	text    string
+	roles   int
+	usages  int
+	dones   int
+	errCode string
+	errMsg  string
+	trailer string
+}
+
+func readClientStream(t *testing.T, resp *http.Response) clientStream {
+	t.Helper()
+	cs := clientStream{ids: map[string]bool{}, created: map[string]bool{}}
+	br := bufio.NewReader(resp.Body)
+	var text strings.Builder
+	for {
+		line, err := br.ReadString('\n')
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatalf("reading the stream: %v", err)
+		}
+		data, ok := strings.CutPrefix(strings.TrimRight(line, "\n"), "data: ")
+		if !ok {
+			if line != "\n" {
+				t.Fatalf("not SSE: %q", line)
+			}
+			continue
+		}
+		if data == "[DONE]" {
+			cs.dones++
+			continue
+		}
+		var c struct {
+			ID      string          `json:"id"`
+			Created json.RawMessage `json:"created"`
+			Choices []struct {
+				Delta struct{ Role, Content string } `json:"delta"`
+			} `json:"choices"`
+			Usage *runnerapi.Usage                `json:"usage"`
+			Error *struct{ Code, Message string } `json:"error"`
+		}
+		if err := json.Unmarshal([]byte(data), &c); err != nil {
+			t.Fatalf("event %q: %v", data, err)
+		}
+		if c.Error != nil {
+			cs.errCode, cs.errMsg = c.Error.Code, c.Error.Message
+			continue
+		}
+		cs.ids[c.ID], cs.created[string(c.Created)] = true, true
+		for _, ch := range c.Choices {
+			text.WriteString(ch.Delta.Content)
+			if ch.Delta.Role != "" {
+				cs.roles++
+			}
+		}
+		if c.Usage != nil {
+			cs.usages++
+		}
+	}
+	cs.text, cs.trailer = text.String(), resp.Trailer.Get(HeaderContinued)
+	return cs
+}
+
+// TestStreamContinuation: a Chat Completions stream whose replica fails after its
+// first byte is continued on the other replica in the same stream, or ends with the
+// error as before when it cannot be.
+func TestStreamContinuation(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		agent    *streamingAgent
+		replicas int
+		opts     Options
+		outcome  string
+		// want is what the client reads; conts the continuations' final messages;
+		// outcome "": not a break.
+		want  clientStream
+		conts []string
+		// errSays is in the error's message; wantID the stream's id (chatcmpl-first
+		// when empty).
+		errSays, wantID string
+	}{
+		{name: "cut connection", agent: &streamingAgent{first: []string{"One", ", two"}, firstEnd: "cut", rest: []string{", three"}, contEnd: "done"},
+			outcome: contContinued, conts: []string{"assistant:One, two"},
+			want: clientStream{text: "One, two, three", roles: 1, usages: 1, dones: 1, trailer: "1"}},
+		{name: "engine stopped", agent: &streamingAgent{first: []string{"One"}, firstEnd: "engine_stopped", rest: []string{", two"}, contEnd: "done"},
+			outcome: contContinued, conts: []string{"assistant:One"},
+			want: clientStream{text: "One, two", roles: 1, usages: 1, dones: 1, trailer: "1"}},
+		{name: "the continuation breaks too", agent: &streamingAgent{first: []string{"One"}, firstEnd: "engine_stopped", rest: []string{", two"}, contEnd: "cut"},
+			outcome: contLimit, conts: []string{"assistant:One"},
+			want: clientStream{text: "One, two", roles: 1, errCode: "upstream_error"}},
+		{name: "a higher limit", opts: Options{StreamContinuations: 2},
+			agent:   &streamingAgent{first: []string{"One"}, firstEnd: "engine_stopped", rest: []string{", two"}, contEnd: "cut"},
+			outcome: contLimit, conts: []string{"assistant:One", "assistant:One, two"},
+			want: clientStream{text: "One, two, two", roles: 1, errCode: "upstream_error"}},
+		{name: "inside a tool call", agent: &streamingAgent{first: []string{"One"}, firstEnd: "engine_stopped", tool: true},
+			outcome: contToolCall, want: clientStream{text: "One", roles: 1, errCode: "engine_stopped"},
+			errSays: `the engine of model "m" stopped; not continued on another replica: it broke in or after a tool call`},
+		// Cut before any chunk: the continuation's chunks are the stream's.
+		{name: "cut before any chunk", agent: &streamingAgent{firstEnd: "cut_at_once", rest: []string{"One"}, contEnd: "done"},
+			outcome: contContinued, conts: []string{"assistant:"}, wantID: "chatcmpl-cont",
+			want: clientStream{text: "One", roles: 1, usages: 1, dones: 1, trailer: "1"}},
+		// An error that is the request's, not the replica's, ends the stream as it did.
+		{name: "the request's error", agent: &streamingAgent{first: []string{"One"}, firstEnd: "bad_request"},
+			want: clientStream{text: "One", roles: 1, errCode: "invalid_value"}},
+		{name: "no replica in time", replicas: 1, opts: Options{ContinueTimeout: 300 * time.Millisecond},
+			agent:   &streamingAgent{first: []string{"One"}, firstEnd: "cut", contEnd: "status_503"},
+			outcome: contDeadline, want: clientStream{text: "One", roles: 1, errCode: "upstream_error"},
+			errSays: "not continued on another replica: no other replica took it within --stream-continue-timeout"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			up := newUpstream(t, tc.agent.serve)
+			g := newTestGateway(t, tc.opts)
+			hosts := []string{up.host(), up.host()}
+			if tc.replicas == 1 {
+				hosts = hosts[:1]
+			}
+			g.serveReplicas(hosts...)
+			resp, err := http.Post(g.url+"/v1/chat/completions", "application/json",
+				strings.NewReader(`{"model":"m","stream":true,"messages":[{"role":"user","content":"count"}]}`))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			got := readClientStream(t, resp)
+			if tc.wantID == "" {
+				tc.wantID = "chatcmpl-first"
+			}
+			if len(got.ids) != 1 || !got.ids[tc.wantID] || len(got.created) != 1 {
+				t.Errorf("chunk ids %v, created %v: want the first stream's alone", got.ids, got.created)
+			}
+			if !strings.Contains(got.errMsg, tc.errSays) {
+				t.Errorf("error message %q, want %q in it", got.errMsg, tc.errSays)
+			}
+			got.ids, got.created, got.errMsg = nil, nil, ""
+			if d := cmp.Diff(tc.want, got, cmp.AllowUnexported(clientStream{})); d != "" {
+				t.Errorf("client read (-want +got):\n%s", d)
+			}
+			tc.agent.mu.Lock()
+			conts := tc.agent.conts
+			tc.agent.mu.Unlock()
+			if tc.outcome != contDeadline && !cmp.Equal(tc.conts, conts) {
+				t.Errorf("continuations sent %q, want %q", conts, tc.conts)
+			}
+			if tc.outcome == "" {
+				if n := testutil.CollectAndCount(g.metrics.continuations); n != 0 || up.calls.Load() != 1 {
+					t.Errorf("%d continuation outcomes, %d calls; want none, 1", n, up.calls.Load())
+				}
+				return
+			}
+			testenv.Eventually(t, 5*time.Second, 10*time.Millisecond, func() (bool, string) {
+				n := testutil.ToFloat64(g.metrics.continuations.WithLabelValues("a/m", tc.outcome))
+				return n == 1, fmt.Sprintf("stream_continuations_total{outcome=%q} = %v", tc.outcome, n)
+			})
+		})
+	}
+}
+
+// TestContentOnly: the usual content chunk is read without decoding it whole, to the
+// same text; every other chunk is left to the whole decoding.
+func TestContentOnly(t *testing.T) {
+	lp := `,"logprobs":{"content":[{"token":"\"content\":\"x","logprob":-1,"bytes":[1],"top_logprobs":[]}],"refusal":[]}`
+	for _, tc := range []struct {
+		data string
+		want string
+		ok   bool
+	}{
+		{data: chunkData(content("plain text")), want: "plain text", ok: true},
+		{data: chunkData(content("a \"quote\"\nand a line ✓")), want: "a \"quote\"\nand a line ✓", ok: true},
+		{data: chunkData(content("with logprobs") + lp), want: "with logprobs", ok: true},
+		{data: chunkData(content(`\`)), want: `\`, ok: true},
+		{data: chunkData(roleDelta)},
+		{data: chunkData(`{"reasoning_content":"hm"}`)},
+		{data: chunkData(`{"tool_calls":[{"index":0,"function":{"arguments":"{}"}}]}`)},
+		{data: strings.Replace(chunkData(content("done")), `"finish_reason":null`, `"finish_reason":"stop"`, 1)},
+	} {
+		got, ok := contentOnly([]byte(tc.data))
+		if ok != tc.ok || string(got) != tc.want {
+			t.Errorf("%s: %q %v, want %q %v", tc.data, got, ok, tc.want, tc.ok)
+		}
+	}
+}
+
+// chunkData is the data of a chunk event with delta (and its logprobs appended to the
+// delta's object when the caller adds them after it).
+func chunkData(delta string) string {
+	ev := chunkEvent("chatcmpl-x", delta, "")
+	return strings.TrimSuffix(strings.TrimPrefix(ev, "data: "), "\n\n")
+}

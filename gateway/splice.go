@@ -1,0 +1,255 @@
+package gateway
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"io"
+	"strconv"
+)
+
+// spliced is what the gateway knows of one Chat Completions stream it may continue on
+// another replica (continuation.go): what its client has been sent so far, across the
+// replicas that wrote it.
+type spliced struct {
+	// id and created are the stream's, from its first chunk: a continuation's chunks
+	// are rewritten to carry them.
+	id      string
+	created []byte
+	// text is the assistant's content sent so far.
+	text bytes.Buffer
+	// reasoning, toolCalls and finished: the stream sent reasoning, a tool call, or a
+	// finish_reason (the answer cannot be continued as text).
+	reasoning, toolCalls, finished bool
+	// broke: a replica failed the stream; the next attempt continues it.
+	broke bool
+	// continued counts the continuations that started streaming.
+	continued int
+	// held is the error event the broken replica ended with, sent to the client only
+	// when the stream is not continued.
+	held []byte
+}
+
+// streamBreak is how a stream's replica failed after its first byte: the error a
+// splice reader returns instead of the rest of the stream.
+type streamBreak struct {
+	// cause: error_event (the agent reported the replica's failure in the stream),
+	// eof (the stream ended without [DONE]) or transport (reading it failed).
+	cause string
+	err   error
+}
+
+func (b *streamBreak) Error() string {
+	if b.err != nil {
+		return b.err.Error()
+	}
+	return "the stream ended without [DONE]"
+}
+
+func (b *streamBreak) Unwrap() error { return b.err }
+
+// spliceReader reads a replica's Chat Completions stream for the client event by
+// event, recording what it carries in st. A replica failure after the first byte (a
+// server-side error event, EOF before [DONE], a read error) is a *streamBreak, and
+// its error event is held back. On a continuation (cont) the replica's role chunk is
+// dropped (the client has had it) and each chunk carries the stream's id and
+// created instead of the continuation's.
+type spliceReader struct {
+	br      *bufio.Reader
+	body    io.Closer
+	st      *spliced
+	cont    bool
+	pending []byte // what of out the client has not read yet
+	out     []byte
+	event   []byte
+	done    bool
+	// from is the continuation's own `"id":"…"` and `"created":…`, to replace.
+	fromID, fromCreated []byte
+}
+
+func newSpliceReader(body io.ReadCloser, st *spliced, cont bool) *spliceReader {
+	return &spliceReader{br: bufio.NewReaderSize(body, 32<<10), body: body, st: st, cont: cont}
+}
+
+func (s *spliceReader) Close() error { return s.body.Close() }
+
+func (s *spliceReader) Read(p []byte) (int, error) {
+	for len(s.pending) == 0 {
+		if err := s.next(); err != nil {
+			return 0, err
+		}
+	}
+	n := copy(p, s.pending)
+	s.pending = s.pending[n:]
+	return n, nil
+}
+
+// next reads one event into pending (nothing, for a dropped one).
+func (s *spliceReader) next() error {
+	s.event = s.event[:0]
+	for {
+		line, err := s.br.ReadSlice('\n')
+		s.event = append(s.event, line...)
+		if err == bufio.ErrBufferFull {
+			continue
+		}
+		if err != nil {
+			if s.done && len(bytes.TrimSpace(s.event)) == 0 {
+				return err // io.EOF after [DONE]: the stream's end
+			}
+			if err == io.EOF {
+				return &streamBreak{cause: "eof"}
+			}
+			return &streamBreak{cause: "transport", err: err}
+		}
+		if len(bytes.TrimRight(line, "\r\n")) == 0 {
+			break
+		}
+	}
+	return s.take(s.event)
+}
+
+// take handles one whole event.
+func (s *spliceReader) take(ev []byte) error {
+	data := sseData(ev)
+	switch {
+	case bytes.Equal(data, []byte("[DONE]")):
+		s.done = true
+	case bytes.HasPrefix(data, []byte(`{"error"`)):
+		var e struct {
+			Error struct {
+				Type string `json:"type"`
+			} `json:"error"`
+		}
+		_ = json.Unmarshal(data, &e)
+		if replicaFailure(e.Error.Type) {
+			s.st.held = append(s.st.held[:0], ev...)
+			return &streamBreak{cause: "error_event", err: errors.New(string(data))}
+		}
+		s.done = true // the stream's own end, as the replica chose it
+	case len(data) > 0:
+		var keep bool
+		if ev, keep = s.chunk(ev, data); !keep {
+			return nil
+		}
+	}
+	s.out = append(s.out[:0], ev...)
+	s.pending = s.out
+	return nil
+}
+
+// replicaFailure: an in-stream error of this type is the replica's failure, not the
+// request's (which another replica would refuse too).
+func replicaFailure(typ string) bool {
+	return typ == "server_error" || typ == "service_unavailable"
+}
+
+// chunkHead is what the gateway reads of a Chat Completions chunk.
+type chunkHead struct {
+	ID      string          `json:"id"`
+	Created json.RawMessage `json:"created"`
+	Choices []struct {
+		Delta struct {
+			Role             string          `json:"role"`
+			Content          *string         `json:"content"`
+			ReasoningContent *string         `json:"reasoning_content"`
+			ToolCalls        json.RawMessage `json:"tool_calls"`
+		} `json:"delta"`
+		FinishReason *string `json:"finish_reason"`
+	} `json:"choices"`
+}
+
+// contentOnly reads the content of the usual chunk — one choice's content delta, no
+// role, reasoning, tool call or finish — without decoding the whole chunk; ok false
+// for any other.
+func contentOnly(data []byte) (text []byte, ok bool) {
+	const key = `"content":"`
+	i := bytes.Index(data, []byte(key))
+	if i < 0 || !bytes.Contains(data, []byte(`"finish_reason":null`)) || bytes.Contains(data, []byte(`"role"`)) ||
+		bytes.Contains(data, []byte(`"tool_calls"`)) || bytes.Contains(data, []byte(`"reasoning_content"`)) ||
+		bytes.Contains(data[i+len(key):], []byte(key)) {
+		return nil, false
+	}
+	lit := data[i+len(key)-1:] // from the opening quote
+	escaped := false
+	for j := 1; j < len(lit); j++ {
+		switch lit[j] {
+		case '\\':
+			escaped = true
+			j++
+		case '"':
+			if !escaped {
+				return lit[1:j], true
+			}
+			var t string
+			if json.Unmarshal(lit[:j+1], &t) != nil {
+				return nil, false
+			}
+			return []byte(t), true
+		}
+	}
+	return nil, false
+}
+
+// chunk records a chunk and returns it as the client gets it; keep false drops it.
+func (s *spliceReader) chunk(ev, data []byte) ([]byte, bool) {
+	if s.st.id != "" && !s.cont {
+		if text, ok := contentOnly(data); ok {
+			s.st.text.Write(text)
+			return ev, true
+		}
+	}
+	var c chunkHead
+	if json.Unmarshal(data, &c) != nil {
+		return ev, true // not a chunk the gateway knows: passed on as it came
+	}
+	st := s.st
+	if st.id == "" { // the stream's first chunk (a continuation's, if none came before)
+		st.id, st.created = c.ID, append([]byte(nil), c.Created...)
+		s.cont = false
+	}
+	if s.cont {
+		if s.fromID == nil {
+			s.fromID = []byte(`"id":` + strconv.Quote(c.ID))
+			s.fromCreated = append([]byte(`"created":`), c.Created...)
+		}
+		if len(c.Choices) == 1 && c.Choices[0].Delta.Role != "" {
+			return nil, false // the continuation's role chunk: the client has the stream's
+		}
+		ev = bytes.Replace(ev, s.fromID, []byte(`"id":`+strconv.Quote(st.id)), 1)
+		ev = bytes.Replace(ev, s.fromCreated, append([]byte(`"created":`), st.created...), 1)
+	}
+	for _, ch := range c.Choices {
+		d := ch.Delta
+		if d.Content != nil {
+			st.text.WriteString(*d.Content)
+		}
+		st.reasoning = st.reasoning || (d.ReasoningContent != nil && *d.ReasoningContent != "")
+		st.toolCalls = st.toolCalls || len(d.ToolCalls) > 0 && string(d.ToolCalls) != "null"
+		st.finished = st.finished || ch.FinishReason != nil
+	}
+	return ev, true
+}
+
+// sseData is the payload of an event's data lines.
+func sseData(ev []byte) []byte {
+	// The agent sends one data line per event: taken without copying.
+	if v, ok := bytes.CutPrefix(ev, []byte("data: ")); ok {
+		if i := bytes.IndexByte(v, '\n'); i >= 0 && len(bytes.TrimSpace(v[i:])) == 0 {
+			return bytes.TrimRight(v[:i], "\r")
+		}
+	}
+	var data []byte
+	for _, line := range bytes.Split(ev, []byte("\n")) {
+		v, ok := bytes.CutPrefix(bytes.TrimRight(line, "\r"), []byte("data:"))
+		if !ok {
+			continue
+		}
+		if data != nil {
+			data = append(data, '\n')
+		}
+		data = append(data, bytes.TrimPrefix(v, []byte(" "))...)
+	}
+	return data
+}

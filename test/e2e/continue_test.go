@@ -1,0 +1,194 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/macfleet/macfleet/api/engine"
+	"github.com/macfleet/macfleet/api/runnerapi"
+	"github.com/macfleet/macfleet/api/v1alpha1"
+	"github.com/macfleet/macfleet/test/support/testenv"
+)
+
+// continuedStreams is how many streams TestStreamsSurviveARunnerKill sends at once, as
+// the operator's test in issue 43 did: both replicas' slots and the gateway's queue are
+// full when the runner is killed.
+const continuedStreams = 48
+
+// TestStreamsSurviveARunnerKill: streaming chats through the gateway to a two-replica
+// deployment, one replica's runner killed with SIGKILL while they stream, or its
+// agent's whole process: every stream completes as an uninterrupted one does (valid
+// SSE, one id, one usage, one [DONE], no error event), those the failed replica was
+// writing continued on the other replica.
+func TestStreamsSurviveARunnerKill(t *testing.T) {
+	t.Run("runner", func(t *testing.T) {
+		survive(t, func(t *testing.T, _ string, pid int) {
+			if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+				t.Fatalf("killing runner %d: %v", pid, err)
+			}
+		})
+	})
+	t.Run("agent", func(t *testing.T) {
+		survive(t, func(t *testing.T, node string, _ int) {
+			if err := fleet.KillAgent(node); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { // the Mac comes back for the tests after this one
+				if err := fleet.StartAgent(node); err != nil {
+					t.Fatal(err)
+				}
+				if err := fleet.WaitNodeReady(context.Background(), node); err != nil {
+					t.Fatal(err)
+				}
+			})
+		})
+	})
+}
+
+// survive runs continuedStreams streams to a new two-replica deployment, calls kill
+// with the first replica's Mac and runner PID while that replica writes some of them,
+// and checks every stream.
+func survive(t *testing.T, kill func(t *testing.T, node string, pid int)) {
+	ns := testenv.NewNamespace(t, fleet.Client)
+	create(t, deployment(ns, "survivor", 2, func(md *v1alpha1.ModelDeployment) {
+		md.Spec.Placement.Strategy = v1alpha1.Spread
+		md.Spec.Engine.Settings = engine.Settings{ContextLength: 1024, Parallel: 2}
+	}))
+	replicas := waitReady(t, ns, "survivor", 2, 3*time.Minute)
+	victim := replicas[0]
+	key, addr := victim.Namespace+"/"+victim.Name, fleet.Agent(victim.Spec.NodeName).Addr
+	pid := int(runnerPIDs(t, addr)[key])
+	if pid == 0 {
+		t.Fatalf("no runner for replica %s on %s: %v", key, victim.Spec.NodeName, runnerPIDs(t, addr))
+	}
+
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	var streaming atomic.Int32 // streams that have content
+	results := make([]streamResult, continuedStreams)
+	var wg sync.WaitGroup
+	for i := range continuedStreams {
+		wg.Go(func() { results[i] = survivorStream(ctx, ns+"/survivor", i, &streaming) })
+	}
+	// Kill once both replicas' slots are writing and the victim has requests.
+	testenv.Eventually(t, time.Minute, 5*time.Millisecond, func() (bool, string) {
+		n, active := streaming.Load(), activeRequests(ctx, addr, key)
+		return n >= 4 && active > 0, fmt.Sprintf("%d streams have content, the victim has %d requests", n, active)
+	})
+	kill(t, victim.Spec.NodeName, pid)
+	killed := time.Now()
+	wg.Wait()
+	continued := 0
+	for i, r := range results {
+		if r.err != "" {
+			t.Errorf("stream %d: %s", i, r.err)
+		}
+		if r.continued != "" {
+			continued++
+		}
+	}
+	t.Logf("%d streams, %d continued on the other replica; all ended %v after the kill", continuedStreams, continued,
+		time.Since(killed).Round(time.Millisecond))
+	if continued == 0 {
+		t.Errorf("no stream was continued: the kill broke none (runner %d of %s)", pid, key)
+	}
+}
+
+// activeRequests is how many requests the agent at addr reports for model key.
+func activeRequests(ctx context.Context, addr, key string) int {
+	var st struct {
+		Models []struct {
+			Name           string `json:"name"`
+			ActiveRequests int    `json:"activeRequests"`
+		} `json:"models"`
+	}
+	if agentGet(ctx, addr, "/api/status", &st) != nil {
+		return 0
+	}
+	for _, m := range st.Models {
+		if m.Name == key {
+			return m.ActiveRequests
+		}
+	}
+	return 0
+}
+
+// streamResult is what one client of TestStreamsSurviveARunnerKill saw: err says what
+// was wrong with its stream ("" for nothing); continued is its X-Macfleet-Continued.
+type streamResult struct {
+	err, continued string
+}
+
+// survivorStream streams one chat and checks it as a client would parse it.
+func survivorStream(ctx context.Context, model string, i int, streaming *atomic.Int32) streamResult {
+	body := fmt.Sprintf(`{"model":%q,"stream":true,"stream_options":{"include_usage":true},"max_tokens":400,"temperature":0,
+		"messages":[{"role":"user","content":"Story %d: tell me a very long story about the sea."}]}`, model, i)
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, fleet.GatewayURL+"/v1/chat/completions", strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return streamResult{err: err.Error()}
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return streamResult{err: fmt.Sprintf("status %d", resp.StatusCode)}
+	}
+	ids, dones, usages, counted := map[string]bool{}, 0, 0, false
+	var usage runnerapi.Usage
+	br := bufio.NewReader(resp.Body)
+	for {
+		line, err := br.ReadString('\n')
+		if err != nil {
+			if line != "" {
+				return streamResult{err: fmt.Sprintf("stream cut in an event: %q, %v", line, err)}
+			}
+			break
+		}
+		if line == "\n" {
+			continue
+		}
+		data, ok := strings.CutPrefix(strings.TrimSuffix(line, "\n"), "data: ")
+		if !ok || dones > 0 {
+			return streamResult{err: fmt.Sprintf("line %q (after %d [DONE])", line, dones)}
+		}
+		if data == "[DONE]" {
+			dones++
+			continue
+		}
+		var c runnerapi.ChatCompletionChunk
+		var e struct{ Error json.RawMessage }
+		if json.Unmarshal([]byte(data), &e); e.Error != nil {
+			return streamResult{err: "error event " + data}
+		}
+		if err := json.Unmarshal([]byte(data), &c); err != nil {
+			return streamResult{err: fmt.Sprintf("chunk %q: %v", data, err)}
+		}
+		ids[c.ID] = true
+		if c.Usage != nil {
+			usages++
+			usage = *c.Usage
+		}
+		if !counted && len(c.Choices) > 0 && c.Choices[0].Delta.Content != nil && *c.Choices[0].Delta.Content != "" {
+			counted = true
+			streaming.Add(1)
+		}
+	}
+	res := streamResult{continued: resp.Trailer.Get("X-Macfleet-Continued")}
+	switch {
+	case dones != 1 || usages != 1 || len(ids) != 1:
+		res.err = fmt.Sprintf("%d [DONE], %d usage chunks, ids %v; want one each", dones, usages, ids)
+	case usage.PromptTokens == 0 || usage.CompletionTokens == 0 || usage.CompletionTokens > 400 ||
+		usage.TotalTokens != usage.PromptTokens+usage.CompletionTokens:
+		res.err = fmt.Sprintf("usage %+v", usage)
+	}
+	return res
+}

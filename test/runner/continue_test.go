@@ -1,0 +1,112 @@
+package e2e
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/macfleet/macfleet/api/runnerapi"
+)
+
+// TestContinueFinalMessage: with runnerapi.HeaderContinue, a greedy answer cut after a
+// few tokens and sent back as the final assistant message is continued where it was
+// cut, to the same answer, with the logprobs of the tokens it generated; its usage counts the cut answer as completion tokens (the
+// prompt as without it) and max_tokens bounds the whole answer.
+func TestContinueFinalMessage(t *testing.T) {
+	r := startReady(t, model(t, "tiny"))
+	const maxTokens = 12
+	body := chatBody("Tell me a story about a river", maxTokens, true)
+	body["stream_options"] = map[string]any{"include_usage": true}
+	body["logprobs"] = true // each token's text: where to cut
+	full, pieces, usage := streamContinue(t, r, body, "")
+	if usage.CompletionTokens != maxTokens || len(pieces) < 4 {
+		t.Fatalf("the uncut answer: %d tokens, usage %+v; want %d completion tokens", len(pieces), usage, maxTokens)
+	}
+	cut := strings.Join(pieces[:3], "")
+	body["messages"] = []map[string]string{{"role": "user", "content": "Tell me a story about a river"},
+		{"role": "assistant", "content": cut}}
+	rest, restTokens, cont := streamContinue(t, r, body, runnerapi.ContinueFinalMessage)
+	if cut+rest != full {
+		t.Errorf("continued answer %q + %q, want %q", cut, rest, full)
+	}
+	// The logprobs are the generated tokens', not the continued text's.
+	if want := pieces[3:]; !slices.Equal(restTokens, want) {
+		t.Errorf("the continuation's logprobs are of tokens %q, want %q", restTokens, want)
+	}
+	if cont.PromptTokens != usage.PromptTokens || cont.CompletionTokens != maxTokens || cont.TotalTokens != usage.TotalTokens {
+		t.Errorf("continued usage %+v, want the uncut answer's %+v", cont, usage)
+	}
+	if cont.PromptTokensDetails != nil && cont.PromptTokensDetails.CachedTokens > cont.PromptTokens {
+		t.Errorf("cached tokens %d exceed the prompt's %d", cont.PromptTokensDetails.CachedTokens, cont.PromptTokens)
+	}
+
+	// Without an assistant message to continue, or with n > 1, or an unknown mode: 400.
+	for name, tc := range map[string]struct {
+		mode   string
+		mutate func(map[string]any)
+		want   string
+	}{
+		"ends with the user": {mode: runnerapi.ContinueFinalMessage, want: "end with the assistant's partial message",
+			mutate: func(b map[string]any) { b["messages"] = chatBody("hi", 1, false)["messages"] }},
+		"n > 1":       {mode: runnerapi.ContinueFinalMessage, want: "one choice at a time", mutate: func(b map[string]any) { b["n"] = 2 }},
+		"other modes": {mode: "next-turn", want: runnerapi.HeaderContinue + " must be", mutate: func(map[string]any) {}},
+	} {
+		b := map[string]any{}
+		for k, v := range body {
+			b[k] = v
+		}
+		tc.mutate(b)
+		resp := postChat(t, r, b, runnerapi.HeaderContinue, tc.mode)
+		msg, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(msg), tc.want) {
+			t.Errorf("%s: %d %s, want 400 saying %q", name, resp.StatusCode, msg, tc.want)
+		}
+	}
+}
+
+// streamContinue streams a chat (continuing its final message with mode set) and
+// returns its content, its tokens' texts (with logprobs asked for) and its usage.
+func streamContinue(t *testing.T, r *runner, body map[string]any, mode string) (string, []string, runnerapi.Usage) {
+	t.Helper()
+	var hdr []string
+	if mode != "" {
+		hdr = []string{runnerapi.HeaderContinue, mode}
+	}
+	resp := postChat(t, r, body, hdr...)
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(resp.Body)
+		t.Fatalf("status %d: %s", resp.StatusCode, b)
+	}
+	var pieces []string
+	var content strings.Builder
+	var usage *runnerapi.Usage
+	_, done, err := readSSE(t, resp.Body, func(ev sseEvent) bool {
+		var c runnerapi.ChatCompletionChunk
+		if err := json.Unmarshal([]byte(ev.data), &c); err != nil {
+			t.Fatalf("bad chunk %q: %v", ev.data, err)
+		}
+		for _, ch := range c.Choices {
+			if ch.Delta.Content != nil {
+				content.WriteString(*ch.Delta.Content)
+			}
+			if ch.Logprobs != nil {
+				for _, lp := range ch.Logprobs.Content {
+					pieces = append(pieces, lp.Token)
+				}
+			}
+		}
+		if c.Usage != nil {
+			usage = c.Usage
+		}
+		return true
+	})
+	if err != nil || !done || usage == nil {
+		t.Fatalf("stream: done %v, usage %v, %v", done, usage, err)
+	}
+	return content.String(), pieces, *usage
+}

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
-	"runtime/debug"
 	"strings"
 	"syscall"
 	"time"
@@ -26,6 +25,7 @@ import (
 	"github.com/macfleet/macfleet/internal/modelsource"
 	"github.com/macfleet/macfleet/internal/sourcepolicy"
 	"github.com/macfleet/macfleet/internal/tracing"
+	"github.com/macfleet/macfleet/internal/version"
 	"github.com/macfleet/macfleet/metal/enginepool"
 	"github.com/macfleet/macfleet/metal/runner/sandbox"
 )
@@ -296,10 +296,5 @@ func shutdownContext(parent context.Context) (context.Context, context.CancelFun
 	return ctx, stop
 }
 
-// agentVersion is the module version the binary was built from.
-func agentVersion() string {
-	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
-		return bi.Main.Version
-	}
-	return "dev"
-}
+// agentVersion is the release the binary was built from (internal/version).
+func agentVersion() string { return version.Get().Version }

@@ -34,6 +34,10 @@ VERSION       ?= $(shell git describe --tags --match 'v[0-9]*' --dirty 2>/dev/nu
 COMMIT        ?= $(shell git rev-parse --short=12 HEAD 2>/dev/null)
 VERSION_PKG   := github.com/macfleet/macfleet/internal/version
 LDFLAGS       := -X $(VERSION_PKG).version=$(VERSION) -X $(VERSION_PKG).commit=$(COMMIT)
+# The release's version: VERSION, or v0.0.0-dev.gCOMMIT where there is no tag (a chart's
+# version must be semver, and the image's tag is the chart's appVersion).
+RELEASE_VERSION ?= $(if $(filter dev,$(VERSION)),v0.0.0-dev.g$(or $(COMMIT),unknown),$(VERSION))
+RELEASE_DIR   ?= $(BIN)/release
 CHART_SYNC    := go run ./test/chart/chartsync
 # The peer server `make bench-peers` measures against: built from the Go module at the
 # version go.mod requires, once per version, into the cache.
@@ -98,6 +102,10 @@ $(RUNNER): $(shell find metal/runner cmd/macfleet-runner -name '*.go' -o -name '
 envtest: $(ENVTEST_DIR)/kube-apiserver ## Build kube-apiserver, etcd and kubectl from Go modules (cached).
 $(ENVTEST_DIR)/kube-apiserver: | deps
 	hack/envtest/build.sh $(ENVTEST_DIR) $(K8S_VERSION) $(ETCD_VERSION)
+
+.PHONY: release
+release: helm ## Build the release into bin/release: the image (OCI layout, linux/amd64+arm64), the chart package, macfleet for darwin/arm64, checksums.
+	VERSION=$(RELEASE_VERSION) COMMIT=$(COMMIT) HELM=$(HELM) hack/release.sh $(RELEASE_DIR)
 
 ##@ Verify and test
 

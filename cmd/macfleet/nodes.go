@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -11,6 +12,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/macfleet/macfleet/internal/credentials"
+	"github.com/macfleet/macfleet/internal/nodeauthz"
 )
 
 func init() {
@@ -87,6 +89,13 @@ never believes the Mac has more memory than that, whatever its agent reports.`,
 			}
 			for _, w := range cred.Warnings {
 				fmt.Fprintln(stderr, "Warning:", w)
+			}
+			switch cred.NodeAuthorization {
+			case "":
+			case nodeauthz.ModeNone:
+				fmt.Fprintln(stderr, "Warning:", cred.NodeAuthorization.Describe())
+			default:
+				fmt.Fprintln(stderr, strings.ToUpper(cred.NodeAuthorization.Describe()[:1])+cred.NodeAuthorization.Describe()[1:])
 			}
 			if output == "" {
 				_, err := cmd.OutOrStdout().Write(cred.Kubeconfig)

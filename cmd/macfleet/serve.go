@@ -69,6 +69,7 @@ func newServeCommand() *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error { return sf.run(cmd) },
 	}
 	sf.register(cmd)
+	cmd.AddCommand(newServeInstallCmd())
 	return cmd
 }
 

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"strings"
 	"testing"
 
@@ -46,29 +45,20 @@ func TestServeInstallDryRun(t *testing.T) {
 			wantErr: "unknown flag: --model"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			cmd := newServeInstallCmd()
-			var stdout, stderr bytes.Buffer
-			cmd.SetArgs(tc.args)
-			cmd.SetOut(&stdout)
-			cmd.SetErr(&stderr)
-			cmd.SilenceUsage, cmd.SilenceErrors = true, true
-			err := cmd.Execute()
+			stdout, _, err := runInstall(newServeInstallCmd(), tc.args)
 			if tc.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
 					t.Fatalf("error %v, want one containing %q", err, tc.wantErr)
 				}
-				if stdout.Len() > 0 {
-					t.Errorf("a refused install printed %q", stdout.String())
+				if stdout != "" {
+					t.Errorf("a refused install printed %q", stdout)
 				}
 				return
 			}
 			if err != nil {
 				t.Fatal(err)
 			}
-			plist, err := launchd.Parse(stdout.Bytes())
-			if err != nil {
-				t.Fatalf("the printed plist does not parse: %v\n%s", err, stdout.String())
-			}
+			plist := parsePlist(t, stdout)
 			if diff := cmp.Diff(tc.wantArgs, plist["ProgramArguments"]); diff != "" {
 				t.Errorf("ProgramArguments (-want +got):\n%s", diff)
 			}

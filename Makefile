@@ -26,6 +26,18 @@ HELM_LDFLAGS  := -X helm.sh/helm/v3/internal/version.version=$(HELM_VERSION) \
 GOLANGCI_LINT_VERSION := $(shell awk '$$1 == "github.com/golangci/golangci-lint/v2" {print $$2}' hack/tools/go.mod)
 GOLANGCI_LINT := $(CACHE_DIR)/golangci-lint/$(GOLANGCI_LINT_VERSION)/golangci-lint
 CHART         := charts/macfleet
+# The version stamped into every binary (internal/version, printed by `macfleet version`):
+# the nearest release tag from `git describe` (v0.2.0, or v0.2.0-3-g0123abc between tags,
+# -dirty with uncommitted changes), "dev" where there is none; VERSION=v0.2.0 overrides it
+# (the Homebrew formula builds from a release's source, which has no .git).
+VERSION       ?= $(shell git describe --tags --match 'v[0-9]*' --dirty 2>/dev/null || echo dev)
+COMMIT        ?= $(shell git rev-parse --short=12 HEAD 2>/dev/null)
+VERSION_PKG   := github.com/macfleet/macfleet/internal/version
+LDFLAGS       := -X $(VERSION_PKG).version=$(VERSION) -X $(VERSION_PKG).commit=$(COMMIT)
+# The release's version: VERSION, or v0.0.0-dev.gCOMMIT where there is no tag (a chart's
+# version must be semver, and the image's tag is the chart's appVersion).
+RELEASE_VERSION ?= $(if $(filter dev,$(VERSION)),v0.0.0-dev.g$(or $(COMMIT),unknown),$(VERSION))
+RELEASE_DIR   ?= $(BIN)/release
 CHART_SYNC    := go run ./test/chart/chartsync
 # The peer server `make bench-peers` measures against: built from the Go module at the
 # version go.mod requires, once per version, into the cache.
@@ -79,19 +91,23 @@ manifests: ## Generate CRDs and RBAC from markers; copy them into the chart.
 
 .PHONY: build
 build: ## Build the pure-Go macfleet binary.
-	CGO_ENABLED=0 hack/step.sh macfleet go build -trimpath -o $(BIN)/macfleet ./cmd/macfleet
+	CGO_ENABLED=0 hack/step.sh macfleet go build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN)/macfleet ./cmd/macfleet
 
 .PHONY: runner
 runner: $(RUNNER) ## Build the cgo runner (llama.cpp; Metal on darwin, CPU elsewhere).
 # The runner's own code and the packages it links (internal/chat, api/runnerapi, ...):
 # a change to the output parser must rebuild it (go build itself is cached).
 $(RUNNER): $(shell find metal/runner cmd/macfleet-runner internal api -name '*.go' ! -name '*_test.go' -o -name '*.h' -o -name '*.c*' 2>/dev/null) go.mod hack/build-runner.sh | deps
-	hack/step.sh runner hack/build-runner.sh $(RUNNER)
+	GO_LDFLAGS="$(LDFLAGS)" hack/step.sh runner hack/build-runner.sh $(RUNNER)
 
 .PHONY: envtest
 envtest: $(ENVTEST_DIR)/kube-apiserver ## Build kube-apiserver, etcd and kubectl from Go modules (cached).
 $(ENVTEST_DIR)/kube-apiserver: | deps
 	hack/envtest/build.sh $(ENVTEST_DIR) $(K8S_VERSION) $(ETCD_VERSION)
+
+.PHONY: release
+release: helm ## Build the release into bin/release: the image (OCI layout, linux/amd64+arm64), the chart package, macfleet for darwin/arm64, checksums.
+	VERSION=$(RELEASE_VERSION) COMMIT=$(COMMIT) HELM=$(HELM) hack/release.sh $(RELEASE_DIR)
 
 ##@ Verify and test
 

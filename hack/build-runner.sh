@@ -15,4 +15,5 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 mkdir -p "$(dirname "$out")"
 out="$(cd "$(dirname "$out")" && pwd)/$(basename "$out")"
 cd "$root"
-exec hack/go-env.sh go build -o "$out" ./cmd/macfleet-runner
+# GO_LDFLAGS: the version stamp of the Makefile (-X …/internal/version.version=…).
+exec hack/go-env.sh go build ${GO_LDFLAGS:+-ldflags "$GO_LDFLAGS"} -o "$out" ./cmd/macfleet-runner

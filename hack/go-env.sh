@@ -30,6 +30,14 @@ done
 
 export CGO_ENABLED=1
 export CGO_CPPFLAGS="-I$ollama_dir/llama/llama.cpp/include -I$ollama_dir/llama/llama.cpp/common -I$ollama_dir/llama/llama.cpp/src -I$ollama_dir/ml/backend/ggml/ggml/include${CGO_CPPFLAGS:+ $CGO_CPPFLAGS}"
+# Homebrew on Apple Silicon installs under /opt/homebrew, whose headers clang does not
+# search: name nlohmann-json's include directory when brew knows it.
+if [[ "$(go env GOOS)" == darwin ]] && command -v brew >/dev/null; then
+	nlohmann="$(brew --prefix nlohmann-json 2>/dev/null || true)"
+	if [[ -n "$nlohmann" && -d "$nlohmann/include" ]]; then
+		export CGO_CPPFLAGS="$CGO_CPPFLAGS -I$nlohmann/include"
+	fi
+fi
 
 if [[ "$(go env GOOS)" == linux && "$(go env GOARCH)" == amd64 ]]; then
 	opt="-O3"

@@ -89,8 +89,14 @@ type Model struct {
 	Name string `json:"name"`
 	// Aliases are further names for the same model.
 	Aliases []string `json:"aliases,omitempty"`
-	// Path is the local GGUF file.
+	// Path is the local GGUF file. `macfleet serve` also takes a model source here
+	// (hf://, ollama://, https://), which it pulls into its model store and replaces
+	// with the stored file's path before anything else reads the configuration.
 	Path string `json:"path"`
+	// SHA256 is the digest a pulled source's file must have (hex); unset, an hf:// or
+	// https:// file is checked only for the GGUF magic, an ollama:// one against its
+	// manifest's digest.
+	SHA256 string `json:"sha256,omitempty"`
 	// Settings are the engine settings (contextLength, parallel, kvCacheType, threads)
 	// as in a ModelDeployment, with the same bounds. An unset contextLength gives every
 	// slot the model's training context.
@@ -212,8 +218,8 @@ func Load(path string) (Config, error) {
 //
 // with keys ctx (context length), parallel, threads, residency, idle (idle timeout), memory
 // (estimate override), kv (KV cache type), alias (repeatable, or several joined
-// with "|"), cache (on or off: the prompt cache), hot (its hot budget cap) and ssd
-// (its SSD quota). The options suffix is recognised only when everything after the last
+// with "|"), cache (on or off: the prompt cache), hot (its hot budget cap), ssd
+// (its SSD quota) and sha256 (a pulled source's digest). The options suffix is recognised only when everything after the last
 // ":" is a list of known keys, so a path containing ":" still works.
 func ParseModelFlag(s string) (Model, error) {
 	name, rest, ok := strings.Cut(s, "=")
@@ -266,6 +272,8 @@ func ParseModelFlag(s string) (Model, error) {
 			var sz Size
 			sz, err = ParseSize(v)
 			m.promptCache().SSDBytes = &sz
+		case "sha256":
+			m.SHA256 = v
 		}
 		if err != nil {
 			return Model{}, fmt.Errorf("--model %q: option %s: %w", s, k, err)
@@ -275,7 +283,7 @@ func ParseModelFlag(s string) (Model, error) {
 }
 
 var optionKeys = []string{"ctx", "context", "parallel", "threads", "residency", "idle", "idleTimeout", "memory", "kv", "kvCacheType", "alias",
-	"cache", "hot", "ssd"}
+	"cache", "hot", "ssd", "sha256"}
 
 func parseInt32(s string) (int32, error) {
 	v, err := strconv.ParseInt(s, 10, 32)

@@ -74,6 +74,12 @@ func TestParseModelFlag(t *testing.T) {
 		{in: "c=/m/c.gguf:hot=0", want: Model{Name: "c", Path: "/m/c.gguf", PromptCache: &PromptCache{HotBytes: ptr.To(Size(0))}}},
 		{in: "c=/m/c.gguf:cache=maybe", wantErr: `option cache: "maybe" is not on or off`},
 		{in: "c=/m/c.gguf:ssd=lots", wantErr: "option ssd"},
+		// A source for `macfleet serve` to pull: its scheme's colon belongs to the path.
+		{in: "q=hf://org/repo/q.gguf", want: Model{Name: "q", Path: "hf://org/repo/q.gguf"}},
+		{in: "q=hf://org/repo/q.gguf@v2:ctx=64,sha256=ab12", want: Model{Name: "q", Path: "hf://org/repo/q.gguf@v2",
+			SHA256: "ab12", Settings: engine.Settings{ContextLength: 64}}},
+		{in: "l=ollama://llama3.2:3b", want: Model{Name: "l", Path: "ollama://llama3.2:3b"}},
+		{in: "l=ollama://llama3.2:3b:ctx=64", want: Model{Name: "l", Path: "ollama://llama3.2:3b", Settings: engine.Settings{ContextLength: 64}}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.in, func(t *testing.T) {

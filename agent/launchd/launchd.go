@@ -1,8 +1,9 @@
-// Package launchd installs the node agent as a launchd service on macOS: Render builds
-// the property list (run `macfleet agent <flags>` at load, keep it alive, log to
-// ~/Library/Logs/macfleet, keep models under ~/Library/Application Support/macfleet)
-// and Install writes it to ~/Library/LaunchAgents (or /Library/LaunchDaemons) and
-// loads it with launchctl, replacing a loaded older one.
+// Package launchd installs the node agent, or `macfleet serve`, as a launchd service
+// on macOS: Render builds the property list (run `macfleet agent <flags>` or `macfleet
+// serve <flags>` at load, keep it alive, log to ~/Library/Logs/macfleet, keep models
+// under ~/Library/Application Support/macfleet) and Install writes it to
+// ~/Library/LaunchAgents (or /Library/LaunchDaemons) and loads it with launchctl,
+// replacing a loaded older one.
 package launchd
 
 import (
@@ -24,6 +25,46 @@ import (
 // Label is the launchd label of the agent service.
 const Label = "dev.macfleet.agent"
 
+// ServeLabel is the launchd label of the `macfleet serve` service.
+const ServeLabel = "dev.macfleet.serve"
+
+// Service is what a launchd job runs: the node agent (Agent) or the standalone server
+// (Serve).
+type Service struct {
+	// Label is the job's launchd label.
+	Label string
+	// Command is the macfleet subcommand; its name is also the log files'.
+	Command string
+	// Dirs are the directory flags defaulted under the data directory when the
+	// command's flags do not set them, and created by Install.
+	Dirs []DirFlag
+	// PathFlags are the command's flags whose values are files or directories.
+	PathFlags []string
+	// NeedsKubeconfig: the command cannot run without KubeconfigFlag.
+	NeedsKubeconfig bool
+}
+
+// DirFlag is a directory flag with its default below the data directory.
+type DirFlag struct {
+	Flag, Sub string
+	// Why says what a directory macOS empties would cost.
+	Why string
+}
+
+// Agent is the node agent's service.
+var Agent = Service{Label: Label, Command: "agent", NeedsKubeconfig: true, PathFlags: PathFlags,
+	Dirs: []DirFlag{{StoreFlag, "models", "models would be downloaded again after every restart"},
+		{StateFlag, "state", "the agent could not adopt its runners after a restart"}}}
+
+// Serve is the standalone server's service (`macfleet serve install`).
+var Serve = Service{Label: ServeLabel, Command: "serve",
+	PathFlags: []string{"--runner", StoreFlag, PromptCacheFlag, "--config", "--api-key-file", "--source-policy"},
+	Dirs: []DirFlag{{StoreFlag, "models", "models would be downloaded again after every restart"},
+		{PromptCacheFlag, "prompt-cache", "conversations' prompt states would be lost at every restart"}}}
+
+// PromptCacheFlag names the directory of the prompt cache's SSD tier.
+const PromptCacheFlag = "--prompt-cache-dir"
+
 // Agent flags Render reads or adds.
 const (
 	// StoreFlag names the agent's model store; Render adds it with the default store
@@ -39,9 +80,11 @@ const (
 
 // Options describe the service to install.
 type Options struct {
+	// Service is what it runs; the zero value is Agent.
+	Service Service
 	// Executable is the absolute path of the macfleet binary launchd runs.
 	Executable string
-	// AgentArgs are the flags of `macfleet agent` (everything after `--`).
+	// AgentArgs are the flags of the service's command (everything after `--`).
 	AgentArgs []string
 	// System installs a LaunchDaemon for the whole machine (root) instead of a
 	// LaunchAgent of the user.
@@ -78,9 +121,11 @@ type Plan struct {
 	// working directory.
 	DataDir string
 	// StoreDir and StateDir are the model store and state directory the agent is
-	// given.
+	// given (StateDir: the agent's only).
 	StoreDir string
 	StateDir string
+	// Dirs are the directories of Service.Dirs the command is given, in order.
+	Dirs []string
 	// Domain is the launchctl domain: gui/<uid> or system.
 	Domain string
 	// ProgramArguments is the command launchd runs.
@@ -94,74 +139,76 @@ type Plan struct {
 // temporary directory is refused (macOS empties them). Relative paths are made
 // absolute against o.Dir.
 func Render(o Options) (*Plan, error) {
+	svc := o.Service
+	if svc.Label == "" {
+		svc = Agent
+	}
 	if !filepath.IsAbs(o.Executable) {
 		return nil, fmt.Errorf("the macfleet executable must be an absolute path, got %q", o.Executable)
 	}
-	p := &Plan{Label: Label}
+	p := &Plan{Label: svc.Label}
 	var base string
 	switch {
 	case o.System:
 		base = "/"
-		p.PlistPath = filepath.Join("/Library/LaunchDaemons", Label+".plist")
+		p.PlistPath = filepath.Join("/Library/LaunchDaemons", svc.Label+".plist")
 		p.Domain = "system"
 	case o.Home == "" || !filepath.IsAbs(o.Home):
 		return nil, fmt.Errorf("a user service needs the absolute home directory, got %q", o.Home)
 	default:
 		base = o.Home
-		p.PlistPath = filepath.Join(o.Home, "Library", "LaunchAgents", Label+".plist")
+		p.PlistPath = filepath.Join(o.Home, "Library", "LaunchAgents", svc.Label+".plist")
 		p.Domain = "gui/" + strconv.Itoa(o.UID)
 	}
 	p.LogDir = filepath.Join(base, "Library", "Logs", "macfleet")
-	p.StdoutPath = filepath.Join(p.LogDir, "agent.log")
-	p.StderrPath = filepath.Join(p.LogDir, "agent.err.log")
+	p.StdoutPath = filepath.Join(p.LogDir, svc.Command+".log")
+	p.StderrPath = filepath.Join(p.LogDir, svc.Command+".err.log")
 
 	p.DataDir = filepath.Join(base, "Library", "Application Support", "macfleet")
 
 	args := slices.Clone(o.AgentArgs)
-	for _, flag := range PathFlags {
+	for _, flag := range svc.PathFlags {
 		// Before anything is appended: a trailing flag would take it as its value.
 		if _, _, err := flagValue(args, flag); err != nil {
 			return nil, err
 		}
 	}
-	if _, found, _ := flagValue(args, KubeconfigFlag); !found && o.Kubeconfig != "" {
-		args = append(args, KubeconfigFlag+"="+o.Kubeconfig)
+	if svc.NeedsKubeconfig {
+		if _, found, _ := flagValue(args, KubeconfigFlag); !found && o.Kubeconfig != "" {
+			args = append(args, KubeconfigFlag+"="+o.Kubeconfig)
+		}
 	}
 	if o.Dir != "" {
-		absolutize(args, o.Dir)
+		absolutize(args, o.Dir, svc.PathFlags)
 	}
-	kubeconfig, found, err := flagValue(args, KubeconfigFlag)
-	if err != nil {
+	if err := checkServiceArgs(svc, args); err != nil {
 		return nil, err
 	}
-	if !found || !filepath.IsAbs(kubeconfig) {
-		return nil, fmt.Errorf("the agent needs %s with an absolute path (launchd passes no KUBECONFIG): "+
-			"macfleet agent install -- %s /path/to/node.kubeconfig", KubeconfigFlag, KubeconfigFlag)
-	}
-	for _, d := range []struct {
-		flag, sub, what string
-		dst             *string
-	}{
-		{StoreFlag, "models", "models would be downloaded again after every restart", &p.StoreDir},
-		{StateFlag, "state", "the agent could not adopt its runners after a restart", &p.StateDir},
-	} {
-		dir, found, err := flagValue(args, d.flag)
+	for _, d := range svc.Dirs {
+		dir, found, err := flagValue(args, d.Flag)
 		if err != nil {
 			return nil, err
 		}
 		if !found {
-			dir = filepath.Join(p.DataDir, d.sub)
-			args = append(args, d.flag+"="+dir)
+			dir = filepath.Join(p.DataDir, d.Sub)
+			args = append(args, d.Flag+"="+dir)
 		}
 		if !filepath.IsAbs(dir) {
-			return nil, fmt.Errorf("%s must be an absolute path for a launchd service, got %q", d.flag, dir)
+			return nil, fmt.Errorf("%s must be an absolute path for a launchd service, got %q", d.Flag, dir)
 		}
 		if temporary(dir) {
-			return nil, fmt.Errorf("%s %s is in a temporary directory that macOS empties: %s", d.flag, dir, d.what)
+			return nil, fmt.Errorf("%s %s is in a temporary directory that macOS empties: %s", d.Flag, dir, d.Why)
 		}
-		*d.dst = filepath.Clean(dir)
+		dir = filepath.Clean(dir)
+		p.Dirs = append(p.Dirs, dir)
+		switch d.Flag {
+		case StoreFlag:
+			p.StoreDir = dir
+		case StateFlag:
+			p.StateDir = dir
+		}
 	}
-	p.ProgramArguments = append([]string{o.Executable, "agent"}, args...)
+	p.ProgramArguments = append([]string{o.Executable, svc.Command}, args...)
 
 	d := dict{
 		{"Label", p.Label},
@@ -192,6 +239,41 @@ func Render(o Options) (*Plan, error) {
 	buf.WriteString("</plist>\n")
 	p.Plist = buf.Bytes()
 	return p, nil
+}
+
+// checkServiceArgs refuses what the service could not run with under launchd: the
+// agent without an absolute kubeconfig (launchd passes no KUBECONFIG); serve with a
+// relative model file (launchd starts it in the data directory) or with --api-key,
+// whose value the world-readable property list would show (--api-key-file instead).
+func checkServiceArgs(svc Service, args []string) error {
+	if svc.NeedsKubeconfig {
+		kubeconfig, found, err := flagValue(args, KubeconfigFlag)
+		if err != nil {
+			return err
+		}
+		if !found || !filepath.IsAbs(kubeconfig) {
+			return fmt.Errorf("the agent needs %s with an absolute path (launchd passes no KUBECONFIG): "+
+				"macfleet agent install -- %s /path/to/node.kubeconfig", KubeconfigFlag, KubeconfigFlag)
+		}
+	}
+	if svc.Command != Serve.Command {
+		return nil
+	}
+	if _, found, _ := flagValue(args, "--api-key"); found {
+		return errors.New("--api-key would be written into the property list, which every user of the Mac can read: " +
+			"put the key in a file only you can read and pass --api-key-file FILE")
+	}
+	for i := range args {
+		v, ok, _ := flagAt(args, i, "--model")
+		if !ok {
+			continue
+		}
+		_, path, _ := strings.Cut(v, "=")
+		if !strings.Contains(path, "://") && !filepath.IsAbs(path) {
+			return fmt.Errorf("--model %s: a launchd service starts in its data directory, so the model file needs an absolute path", v)
+		}
+	}
+	return nil
 }
 
 // envDict is the EnvironmentVariables dictionary of KEY=VALUE pairs, sorted by key;
@@ -247,11 +329,11 @@ func flagAt(args []string, i int, flag string) (value string, ok, hasValue bool)
 	return args[i+1], true, true
 }
 
-// absolutize makes the relative values of PathFlags in args absolute against dir,
-// in place.
-func absolutize(args []string, dir string) {
+// absolutize makes the relative values of flags in args absolute against dir, in
+// place.
+func absolutize(args []string, dir string, flags []string) {
 	for i := range args {
-		for _, flag := range PathFlags {
+		for _, flag := range flags {
 			v, ok, hasValue := flagAt(args, i, flag)
 			if !ok || !hasValue || v == "" || filepath.IsAbs(v) {
 				continue
@@ -361,7 +443,7 @@ var bootstrapRetry = 500 * time.Millisecond
 // 0644) and loads it into the plan's domain, booting out a loaded service of the same
 // label first. Call CheckPlatform before.
 func Install(ctx context.Context, p *Plan, launchctl Launchctl) error {
-	for _, dir := range []string{p.LogDir, p.DataDir, p.StoreDir, p.StateDir, filepath.Dir(p.PlistPath)} {
+	for _, dir := range append([]string{p.LogDir, p.DataDir, filepath.Dir(p.PlistPath)}, p.Dirs...) {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return fmt.Errorf("creating %s: %w", dir, err)
 		}

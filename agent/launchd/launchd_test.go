@@ -294,6 +294,9 @@ func TestInstall(t *testing.T) {
 			for _, path := range []*string{&p.PlistPath, &p.LogDir, &p.DataDir, &p.StoreDir, &p.StateDir} {
 				*path = filepath.Join(root, *path)
 			}
+			for i := range p.Dirs {
+				p.Dirs[i] = filepath.Join(root, p.Dirs[i])
+			}
 			// An older plist is replaced.
 			if err := os.MkdirAll(filepath.Dir(p.PlistPath), 0o755); err != nil {
 				t.Fatal(err)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/macfleet/macfleet/internal/devicegauge"
 	"github.com/macfleet/macfleet/internal/openaierr"
+	"github.com/macfleet/macfleet/internal/version"
 	"github.com/macfleet/macfleet/metal/enginepool"
 )
 
@@ -19,6 +20,9 @@ import (
 // readiness.
 type StatusResponse struct {
 	Ready bool `json:"ready"`
+	// Version is the agent's release (internal/version; "dev" for an unstamped build),
+	// the one its MacNode reports in status.agent.version.
+	Version string `json:"version"`
 	enginepool.Snapshot
 	// GatewayQueues are, per pool entry, the requests for its deployment waiting in
 	// each gateway's queue, as the gateways last reported them (see GatewayQueueTTL).
@@ -36,7 +40,7 @@ type StatusResponse struct {
 func (s *Server) handleStatus(w http.ResponseWriter, r *http.Request) {
 	// The prompt cache counters are read from the runners now, not at the last poll.
 	s.pool.RefreshPromptCacheStats()
-	resp := StatusResponse{Ready: s.ready.Load(), Snapshot: s.pool.Snapshot(),
+	resp := StatusResponse{Ready: s.ready.Load(), Version: version.Get().Version, Snapshot: s.pool.Snapshot(),
 		GatewayQueues: s.queues.snapshot(time.Now()), PeerFetches: s.peers.snapshot()}
 	if g := s.opts.Accelerators; g != nil {
 		var err error

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/macfleet/macfleet/agent/config"
+	"github.com/macfleet/macfleet/internal/version"
 	"github.com/macfleet/macfleet/metal/enginepool"
 )
 
@@ -126,8 +127,13 @@ func TestErrorStatuses(t *testing.T) {
 	}
 	// Refusals are counted: the unknown model under no model label, the 400s too.
 	a.expectMetric(2, "macfleet_agent_requests_total", "model", "", "code", "404")
-	if s := a.status(); s.Runners != 0 || s.Loads != 0 {
+	s := a.status()
+	if s.Runners != 0 || s.Loads != 0 {
 		t.Errorf("refused requests started %d runners (%d loads); want none", s.Runners, s.Loads)
+	}
+	// /api/status names the agent's build, as `macfleet version` prints it.
+	if want := version.Get().Version; s.Version != want {
+		t.Errorf("/api/status version %q, want %q", s.Version, want)
 	}
 }
 

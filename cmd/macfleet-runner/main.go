@@ -22,6 +22,7 @@ import (
 	"github.com/macfleet/macfleet/api/engine"
 	"github.com/macfleet/macfleet/internal/tracing"
 	"github.com/macfleet/macfleet/internal/tracing/spanrelay"
+	"github.com/macfleet/macfleet/internal/version"
 	"github.com/macfleet/macfleet/metal/runner/server"
 )
 
@@ -39,6 +40,10 @@ func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
 func run(args []string, stdout, stderr io.Writer) int {
 	if len(args) > 0 && args[0] == "worker" {
 		return runWorker(args[1:], stdout, stderr)
+	}
+	if len(args) == 1 && (args[0] == "--version" || args[0] == "version") {
+		fmt.Fprintln(stdout, "macfleet-runner", version.Get())
+		return exitOK
 	}
 	cfg, verbosity, err := parseFlags(args, stderr)
 	if err != nil {

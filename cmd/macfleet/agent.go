@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
-	"runtime/debug"
 	"strings"
 	"syscall"
 	"time"
@@ -26,6 +25,7 @@ import (
 	"github.com/macfleet/macfleet/internal/modelsource"
 	"github.com/macfleet/macfleet/internal/sourcepolicy"
 	"github.com/macfleet/macfleet/internal/tracing"
+	"github.com/macfleet/macfleet/internal/version"
 	"github.com/macfleet/macfleet/metal/enginepool"
 	"github.com/macfleet/macfleet/metal/runner/sandbox"
 )
@@ -41,7 +41,7 @@ type agentFlags struct {
 	runnerOutput                                bool
 	leaseDuration                               time.Duration
 	ceiling, reserve, pcHot, pcSSD              string
-	hfEndpoint, ollamaRegistry                  string
+	hfEndpoint, ollamaRegistry, hfToken         string
 	chip, unifiedMemory, workingSet, wiredLimit string
 	cpuCores, gpuCores                          int
 	maxModelBytes                               string
@@ -181,6 +181,8 @@ func (fl *agentFlags) register(cmd *cobra.Command, host string, zapOpts *zap.Opt
 	f.BoolVar(&fl.runnerOutput, "runner-output", false, "Copy every runner's output to stderr, prefixed with its replica")
 	f.StringVar(&fl.hfEndpoint, "hf-endpoint", modelsource.DefaultHFEndpoint, "Model hub that hf:// sources download from")
 	f.StringVar(&fl.ollamaRegistry, "ollama-registry", modelsource.DefaultOllamaRegistry, "Registry that ollama:// sources download from")
+	f.StringVar(&fl.hfToken, "hf-token", "", "Token sent with hf:// downloads, for gated and private models (default $"+hfTokenEnv+"); "+
+		"every replica on this Mac downloads with it")
 	f.StringVar(&fl.chip, "chip", "", "Override the detected chip name (to simulate a Mac), e.g. 'Apple M2 Max'")
 	f.StringVar(&fl.unifiedMemory, "unified-memory", "", "Override the detected memory, e.g. 16Gi (the ceiling follows)")
 	f.IntVar(&fl.cpuCores, "cpu-cores", 0, "Override the detected CPU cores")
@@ -195,7 +197,10 @@ func (fl *agentFlags) register(cmd *cobra.Command, host string, zapOpts *zap.Opt
 // storeOptions are the model store's options from the flags (without the log and
 // the source policy, which the caller sets).
 func (fl agentFlags) storeOptions() (store.Options, error) {
-	opts := store.Options{HFEndpoint: fl.hfEndpoint, OllamaRegistry: fl.ollamaRegistry}
+	opts := store.Options{HFEndpoint: fl.hfEndpoint, OllamaRegistry: fl.ollamaRegistry, HFToken: fl.hfToken}
+	if opts.HFToken == "" {
+		opts.HFToken = os.Getenv(hfTokenEnv)
+	}
 	if err := parseSizes(sizeFlag{"max-model-bytes", fl.maxModelBytes, &opts.MaxModelBytes},
 		sizeFlag{"store-capacity", fl.storeCapacity, &opts.Capacity}); err != nil {
 		return opts, err
@@ -296,10 +301,5 @@ func shutdownContext(parent context.Context) (context.Context, context.CancelFun
 	return ctx, stop
 }
 
-// agentVersion is the module version the binary was built from.
-func agentVersion() string {
-	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
-		return bi.Main.Version
-	}
-	return "dev"
-}
+// agentVersion is the release the binary was built from (internal/version).
+func agentVersion() string { return version.Get().Version }

@@ -14,12 +14,7 @@ import (
 
 // newAgentInstallCmd is `macfleet agent install`; the agent command adds it.
 func newAgentInstallCmd() *cobra.Command {
-	var (
-		system, dryRun bool
-		executable     string
-		env            []string
-	)
-	cmd := &cobra.Command{
+	return newInstallCmd(launchd.Agent, &cobra.Command{
 		Use:   "install [--system] [--dry-run] -- AGENT-FLAGS...",
 		Short: "Install the node agent as a launchd service on this Mac",
 		Long: `Write a launchd property list that runs "macfleet agent" with the flags given after
@@ -38,71 +33,83 @@ absolute; --kubeconfig defaults to $KUBECONFIG, as launchd does not pass it on.
 			"  macfleet agent install --env OTEL_EXPORTER_OTLP_ENDPOINT=http://otel.example:4318 -- --kubeconfig mac-1.kubeconfig\n" +
 			"  sudo macfleet agent install --system -- --kubeconfig /etc/macfleet/mac-1.kubeconfig\n" +
 			"  tail -f ~/Library/Logs/macfleet/agent.err.log",
-		RunE: func(cmd *cobra.Command, args []string) error {
-			if len(args) > 0 && cmd.ArgsLenAtDash() != 0 {
-				return fmt.Errorf("unexpected argument %q: the agent's flags go after --, e.g. macfleet agent install -- --kubeconfig node.kubeconfig", args[0])
-			}
-			if !dryRun {
-				if err := launchd.CheckPlatform(runtime.GOOS); err != nil {
-					return err
-				}
-			}
-			exe, err := installExecutable(executable)
-			if err != nil {
+	})
+}
+
+// newInstallCmd completes cmd (its Use, Short, Long and Example set) into the install
+// command of svc: the command's flags after --, rendered into a launchd service
+// (launchd.Render) and installed, or printed with --dry-run.
+func newInstallCmd(svc launchd.Service, cmd *cobra.Command) *cobra.Command {
+	var (
+		system, dryRun bool
+		executable     string
+		env            []string
+	)
+	cmd.RunE = func(cmd *cobra.Command, args []string) error {
+		if len(args) > 0 && cmd.ArgsLenAtDash() != 0 {
+			return fmt.Errorf("unexpected argument %q: the %s flags go after --, e.g. macfleet %s install -- %s", args[0],
+				svc.Command, svc.Command, map[bool]string{true: "--kubeconfig node.kubeconfig", false: "--model NAME=SOURCE"}[svc.NeedsKubeconfig])
+		}
+		if !dryRun {
+			if err := launchd.CheckPlatform(runtime.GOOS); err != nil {
 				return err
 			}
-			o := launchd.Options{Executable: exe, AgentArgs: args, System: system, UID: os.Getuid(),
-				Kubeconfig: firstPath(os.Getenv("KUBECONFIG")), Env: env}
-			if o.Dir, err = os.Getwd(); err != nil {
-				return fmt.Errorf("the current directory: %w", err)
+		}
+		exe, err := installExecutable(executable)
+		if err != nil {
+			return err
+		}
+		o := launchd.Options{Service: svc, Executable: exe, AgentArgs: args, System: system, UID: os.Getuid(),
+			Kubeconfig: firstPath(os.Getenv("KUBECONFIG")), Env: env}
+		if o.Dir, err = os.Getwd(); err != nil {
+			return fmt.Errorf("the current directory: %w", err)
+		}
+		if !system {
+			if o.Home, err = os.UserHomeDir(); err != nil {
+				return fmt.Errorf("a LaunchAgent lives in the home directory: %w", err)
 			}
-			if !system {
-				if o.Home, err = os.UserHomeDir(); err != nil {
-					return fmt.Errorf("a LaunchAgent lives in the home directory: %w", err)
-				}
-			}
-			plan, err := launchd.Render(o)
-			if err != nil {
+		}
+		plan, err := launchd.Render(o)
+		if err != nil {
+			return err
+		}
+		tmpExe := inTempDir(exe)
+		if dryRun {
+			if _, err := cmd.OutOrStdout().Write(plan.Plist); err != nil {
 				return err
 			}
-			tmpExe := inTempDir(exe)
-			if dryRun {
-				if _, err := cmd.OutOrStdout().Write(plan.Plist); err != nil {
-					return err
-				}
-				fmt.Fprintf(cmd.ErrOrStderr(), "Dry run: would write %s and load it into %s (logs in %s, models in %s)\n",
-					plan.PlistPath, plan.Domain, plan.LogDir, plan.StoreDir)
-				if tmpExe {
-					fmt.Fprintf(cmd.ErrOrStderr(), "Warning: %s is in a temporary directory; install macfleet (and macfleet-runner beside it) somewhere permanent first\n", exe)
-				}
-				return nil
-			}
+			fmt.Fprintf(cmd.ErrOrStderr(), "Dry run: would write %s and load it into %s (logs in %s, models in %s)\n",
+				plan.PlistPath, plan.Domain, plan.LogDir, plan.StoreDir)
 			if tmpExe {
-				return fmt.Errorf("%s is in a temporary directory (go run?): install macfleet and macfleet-runner somewhere permanent, e.g. /usr/local/bin, or pass --executable", exe)
+				fmt.Fprintf(cmd.ErrOrStderr(), "Warning: %s is in a temporary directory; install macfleet (and macfleet-runner beside it) somewhere permanent first\n", exe)
 			}
-			switch euid := os.Geteuid(); {
-			case system && euid != 0:
-				return fmt.Errorf("--system installs a LaunchDaemon into /Library/LaunchDaemons: run it with sudo")
-			case !system && euid == 0:
-				return fmt.Errorf("running as root: use --system for a LaunchDaemon, or run without sudo for a LaunchAgent of your user")
-			}
-			if err := launchd.Install(cmd.Context(), plan, launchd.ExecLaunchctl); err != nil {
-				return err
-			}
-			out := cmd.OutOrStdout()
-			fmt.Fprintf(out, "Installed %s and loaded it into %s\n", plan.PlistPath, plan.Domain)
-			fmt.Fprintf(out, "Command: %s\n", strings.Join(plan.ProgramArguments, " "))
-			fmt.Fprintf(out, "Logs:    %s, %s\n", plan.StdoutPath, plan.StderrPath)
-			fmt.Fprintf(out, "Models:  %s\n", plan.StoreDir)
-			fmt.Fprintf(out, "Remove:  launchctl bootout %s/%s && rm %s\n", plan.Domain, plan.Label, plan.PlistPath)
 			return nil
-		},
+		}
+		if tmpExe {
+			return fmt.Errorf("%s is in a temporary directory (go run?): install macfleet and macfleet-runner somewhere permanent, e.g. /usr/local/bin, or pass --executable", exe)
+		}
+		switch euid := os.Geteuid(); {
+		case system && euid != 0:
+			return fmt.Errorf("--system installs a LaunchDaemon into /Library/LaunchDaemons: run it with sudo")
+		case !system && euid == 0:
+			return fmt.Errorf("running as root: use --system for a LaunchDaemon, or run without sudo for a LaunchAgent of your user")
+		}
+		if err := launchd.Install(cmd.Context(), plan, launchd.ExecLaunchctl); err != nil {
+			return err
+		}
+		out := cmd.OutOrStdout()
+		fmt.Fprintf(out, "Installed %s and loaded it into %s\n", plan.PlistPath, plan.Domain)
+		fmt.Fprintf(out, "Command: %s\n", strings.Join(plan.ProgramArguments, " "))
+		fmt.Fprintf(out, "Logs:    %s, %s\n", plan.StdoutPath, plan.StderrPath)
+		fmt.Fprintf(out, "Models:  %s\n", plan.StoreDir)
+		fmt.Fprintf(out, "Remove:  launchctl bootout %s/%s && rm %s\n", plan.Domain, plan.Label, plan.PlistPath)
+		return nil
 	}
 	f := cmd.Flags()
 	f.BoolVar(&system, "system", false, "Install a LaunchDaemon for the whole machine (/Library/LaunchDaemons; needs sudo) instead of a LaunchAgent of your user")
 	f.BoolVar(&dryRun, "dry-run", false, "Print the property list and where it would go; change nothing")
 	f.StringVar(&executable, "executable", "", "The macfleet binary launchd runs (default: this one)")
-	f.StringArrayVar(&env, "env", nil, "KEY=VALUE environment variable of the agent and its runners (repeatable), e.g. OTEL_EXPORTER_OTLP_ENDPOINT=http://collector:4318 to trace requests")
+	f.StringArrayVar(&env, "env", nil, "KEY=VALUE environment variable of the service and its runners (repeatable), e.g. OTEL_EXPORTER_OTLP_ENDPOINT=http://collector:4318 to trace requests")
 	return cmd
 }
 

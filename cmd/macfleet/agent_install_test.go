@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/spf13/cobra"
 
 	"github.com/macfleet/macfleet/agent/launchd"
 )
@@ -44,19 +45,11 @@ func TestAgentInstallDryRun(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Setenv("KUBECONFIG", tt.kubeEnv)
-			cmd := newAgentInstallCmd()
-			var stdout, stderr bytes.Buffer
-			cmd.SetArgs(tt.args)
-			cmd.SetOut(&stdout)
-			cmd.SetErr(&stderr)
-			cmd.SilenceUsage, cmd.SilenceErrors = true, true
-			if err := cmd.Execute(); err != nil {
+			stdout, stderr, err := runInstall(newAgentInstallCmd(), tt.args)
+			if err != nil {
 				t.Fatal(err)
 			}
-			plist, err := launchd.Parse(stdout.Bytes())
-			if err != nil {
-				t.Fatalf("the printed plist does not parse: %v\n%s", err, stdout.String())
-			}
+			plist := parsePlist(t, stdout)
 			if diff := cmp.Diff(tt.wantArgs, plist["ProgramArguments"]); diff != "" {
 				t.Errorf("ProgramArguments (-want +got):\n%s", diff)
 			}
@@ -64,8 +57,8 @@ func TestAgentInstallDryRun(t *testing.T) {
 				plist["Label"] != launchd.Label {
 				t.Errorf("plist = %v", plist)
 			}
-			if !strings.Contains(stderr.String(), "Dry run: would write") {
-				t.Errorf("stderr = %q, want the dry-run summary", stderr.String())
+			if !strings.Contains(stderr, "Dry run: would write") {
+				t.Errorf("stderr = %q, want the dry-run summary", stderr)
 			}
 		})
 	}
@@ -93,16 +86,31 @@ func TestAgentInstallRefuses(t *testing.T) {
 			if tt.skip {
 				t.Skip("macOS has launchd")
 			}
-			cmd := newAgentInstallCmd()
-			var out bytes.Buffer
-			cmd.SetArgs(tt.args)
-			cmd.SetOut(&out)
-			cmd.SetErr(&out)
-			cmd.SilenceUsage, cmd.SilenceErrors = true, true
-			err := cmd.Execute()
+			stdout, stderr, err := runInstall(newAgentInstallCmd(), tt.args)
 			if err == nil || !strings.Contains(err.Error(), tt.want) {
-				t.Fatalf("install %q = %v; want an error mentioning %q (output %q)", tt.args, err, tt.want, out.String())
+				t.Fatalf("install %q = %v; want an error mentioning %q (output %q)", tt.args, err, tt.want, stdout+stderr)
 			}
 		})
 	}
+}
+
+// runInstall runs an install command (agent's or serve's) with args.
+func runInstall(cmd *cobra.Command, args []string) (stdout, stderr string, err error) {
+	var out, errOut bytes.Buffer
+	cmd.SetArgs(args)
+	cmd.SetOut(&out)
+	cmd.SetErr(&errOut)
+	cmd.SilenceUsage, cmd.SilenceErrors = true, true
+	err = cmd.Execute()
+	return out.String(), errOut.String(), err
+}
+
+// parsePlist reads a printed property list back as launchd would, or fails the test.
+func parsePlist(t *testing.T, printed string) map[string]any {
+	t.Helper()
+	plist, err := launchd.Parse([]byte(printed))
+	if err != nil {
+		t.Fatalf("the printed plist does not parse: %v\n%s", err, printed)
+	}
+	return plist
 }

@@ -74,16 +74,19 @@ func TestAgentFlagsConfig(t *testing.T) {
 }
 
 func TestAgentStoreOptions(t *testing.T) {
+	t.Setenv(hfTokenEnv, "hf_from_env")
 	for _, tc := range []struct {
-		name string
-		fl   agentFlags
-		max  int64
-		dirs []string
-		err  string
+		name  string
+		fl    agentFlags
+		max   int64
+		dirs  []string
+		token string
+		err   string
 	}{
-		{name: "defaults"},
+		{name: "defaults", token: "hf_from_env"},
+		{name: "--hf-token over the environment", fl: agentFlags{hfToken: "hf_flag"}, token: "hf_flag"},
 		{name: "limits", fl: agentFlags{maxModelBytes: "60Gi", allowFileDirs: []string{"/opt/models/", "/Volumes/m"}},
-			max: 60 << 30, dirs: []string{"/opt/models", "/Volumes/m"}},
+			max: 60 << 30, dirs: []string{"/opt/models", "/Volumes/m"}, token: "hf_from_env"},
 		{name: "bad size", fl: agentFlags{maxModelBytes: "huge"}, err: "--max-model-bytes"},
 		{name: "relative directory", fl: agentFlags{allowFileDirs: []string{"models"}}, err: `--allow-file-dir "models": want an absolute directory`},
 	} {
@@ -98,8 +101,8 @@ func TestAgentStoreOptions(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if opts.MaxModelBytes != tc.max || !cmp.Equal(opts.LocalFileDirs, tc.dirs) {
-				t.Errorf("options %+v, want max %d, dirs %v", opts, tc.max, tc.dirs)
+			if opts.MaxModelBytes != tc.max || !cmp.Equal(opts.LocalFileDirs, tc.dirs) || opts.HFToken != tc.token {
+				t.Errorf("options %+v, want max %d, dirs %v, token %q", opts, tc.max, tc.dirs, tc.token)
 			}
 		})
 	}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -11,6 +12,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/macfleet/macfleet/internal/credentials"
+	"github.com/macfleet/macfleet/internal/nodeauthz"
 )
 
 func init() {
@@ -71,6 +73,11 @@ never believes the Mac has more memory than that, whatever its agent reports.`,
 			if err != nil {
 				return err
 			}
+			if opts.Server == "" {
+				if err := credentials.CheckAdminServer(rc.Host); err != nil {
+					return err
+				}
+			}
 			cred, err := credentials.Issue(cmd.Context(), cs, rc, name, opts)
 			if err != nil {
 				return err
@@ -82,6 +89,13 @@ never believes the Mac has more memory than that, whatever its agent reports.`,
 			}
 			for _, w := range cred.Warnings {
 				fmt.Fprintln(stderr, "Warning:", w)
+			}
+			switch cred.NodeAuthorization {
+			case "":
+			case nodeauthz.ModeNone:
+				fmt.Fprintln(stderr, "Warning:", cred.NodeAuthorization.Describe())
+			default:
+				fmt.Fprintln(stderr, strings.ToUpper(cred.NodeAuthorization.Describe()[:1])+cred.NodeAuthorization.Describe()[1:])
 			}
 			if output == "" {
 				_, err := cmd.OutOrStdout().Write(cred.Kubeconfig)
@@ -98,7 +112,7 @@ never believes the Mac has more memory than that, whatever its agent reports.`,
 	f := cmd.Flags()
 	f.StringVar(&kubeconfig, "kubeconfig", "", "Administrator kubeconfig; default: $KUBECONFIG, then ~/.kube/config, then in-cluster")
 	f.StringVar(&kubeContext, "context", "", "Context of the administrator kubeconfig to use")
-	f.StringVar(&opts.Server, "server", "", "API server URL the Mac uses (default: the administrator kubeconfig's)")
+	f.StringVar(&opts.Server, "server", "", "API server URL the Mac uses (default: the administrator kubeconfig's, unless it is a loopback address such as k3s's https://127.0.0.1:6443)")
 	f.DurationVar(&opts.Duration, "duration", credentials.DefaultDuration, "Token lifetime to ask for (the API server may cap it; 10m to 48h)")
 	f.StringVar(&ceiling, "memory-ceiling", "", "The most memory the scheduler believes this Mac has, e.g. 180Gi (its MacNode's spec.memoryCeiling; "+
 		"default: the agent's report, capped by its chip's largest memory)")

@@ -32,6 +32,9 @@ func TestNodesCredentials(t *testing.T) {
 	if err := os.WriteFile(adminKC, env.KubeConfig, 0o600); err != nil {
 		t.Fatal(err)
 	}
+	// The Macs of this test run here: the API server's loopback address is right for
+	// them, given explicitly (without --server it is refused: below).
+	server := env.Config.Host
 	run := func(args ...string) (stdout, stderr string, err error) {
 		var out, errOut bytes.Buffer
 		cmd := nodesCredentialsCmd()
@@ -59,7 +62,9 @@ func TestNodesCredentials(t *testing.T) {
 		if got := kc.Clusters[cur.Cluster].Server; got != "https://mac-facing.example:6443" {
 			t.Errorf("server = %q, want the --server URL", got)
 		}
-		for _, want := range []string{"Warning: ClusterRoleBinding macfleet-agent does not exist", "Warning: ValidatingAdmissionPolicyBinding macfleet-node-restriction does not exist"} {
+		for _, want := range []string{"Warning: ClusterRoleBinding macfleet-agent does not exist", "Warning: ValidatingAdmissionPolicyBinding macfleet-node-restriction does not exist",
+			// Neither the node authorizer nor the fallback grant: the Mac would never see its replicas.
+			"Warning: node authorization in force: none — a Mac cannot read the ModelReplicas bound to it"} {
 			if !strings.Contains(stderr, want) {
 				t.Errorf("stderr lacks %q:\n%s", want, stderr)
 			}
@@ -68,7 +73,7 @@ func TestNodesCredentials(t *testing.T) {
 
 	t.Run("writes a 0600 file", func(t *testing.T) {
 		path := filepath.Join(dir, "mac-b.kubeconfig")
-		stdout, stderr, err := run("mac-b", "--kubeconfig", adminKC, "-o", path, "--duration", "1h")
+		stdout, stderr, err := run("mac-b", "--kubeconfig", adminKC, "--server", server, "-o", path, "--duration", "1h")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -94,6 +99,21 @@ func TestNodesCredentials(t *testing.T) {
 		}
 	})
 
+	t.Run("refuses the admin kubeconfig's loopback server", func(t *testing.T) {
+		// k3s's admin kubeconfig says https://127.0.0.1:6443, which on a Mac is the Mac.
+		stdout, _, err := run("mac-loop", "--kubeconfig", adminKC)
+		if err == nil || !strings.Contains(err.Error(), "loopback address") || !strings.Contains(err.Error(), "--server https://") {
+			t.Fatalf("error = %v, want a refusal naming --server", err)
+		}
+		if stdout != "" {
+			t.Errorf("a refused credential printed %q", stdout)
+		}
+		err = env.Client.Get(t.Context(), client.ObjectKey{Namespace: v1alpha1.NodeIdentityNamespace, Name: "mac-loop"}, &corev1.ServiceAccount{})
+		if !apierrors.IsNotFound(err) {
+			t.Errorf("ServiceAccount for a refused credential: %v, want NotFound", err)
+		}
+	})
+
 	t.Run("rejects a bad name", func(t *testing.T) {
 		_, _, err := run("Mac_C", "--kubeconfig", adminKC)
 		if err == nil || !strings.Contains(err.Error(), `invalid node name "Mac_C"`) {
@@ -106,7 +126,7 @@ func TestNodesCredentials(t *testing.T) {
 	})
 
 	t.Run("sets the operator's memory bound", func(t *testing.T) {
-		if _, _, err := run("mac-e", "--kubeconfig", adminKC, "--memory-ceiling", "180Gi"); err != nil {
+		if _, _, err := run("mac-e", "--kubeconfig", adminKC, "--server", server, "--memory-ceiling", "180Gi"); err != nil {
 			t.Fatal(err)
 		}
 		var mn v1alpha1.MacNode
@@ -133,7 +153,7 @@ func TestNodesCredentials(t *testing.T) {
 		if err := env.Client.Update(t.Context(), sec); err != nil {
 			t.Fatal(err)
 		}
-		_, stderr, err := run("mac-b", "--kubeconfig", adminKC, "-o", filepath.Join(dir, "mac-b.kubeconfig"))
+		_, stderr, err := run("mac-b", "--kubeconfig", adminKC, "--server", server, "-o", filepath.Join(dir, "mac-b.kubeconfig"))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -146,7 +166,7 @@ func TestNodesCredentials(t *testing.T) {
 		if got, ok := sec.Annotations[keypin.PinAnnotation]; ok {
 			t.Errorf("after re-enrolling the pin is %q, want none", got)
 		}
-		_, stderr, err = run("mac-b", "--kubeconfig", adminKC, "-o", filepath.Join(dir, "mac-b.kubeconfig"))
+		_, stderr, err = run("mac-b", "--kubeconfig", adminKC, "--server", server, "-o", filepath.Join(dir, "mac-b.kubeconfig"))
 		if err != nil || strings.Contains(stderr, "Cleared") {
 			t.Errorf("re-enrolling without a pin: %v, stderr %q; want nothing said about a pin", err, stderr)
 		}

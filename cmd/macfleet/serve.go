@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"time"
@@ -33,17 +34,23 @@ type serveFlags struct {
 	allowedHosts           []string
 	maxConns               int
 	maxConnsPerSource      int
+	pull                   pullFlags
 }
 
 func newServeCommand() *cobra.Command {
 	var sf serveFlags
 	cmd := &cobra.Command{
-		Use:   "serve --model NAME=PATH[:ctx=N,parallel=N,threads=N,residency=R] [flags]",
+		Use:   "serve --model NAME=PATH|SOURCE[:ctx=N,parallel=N,threads=N,residency=R] [flags]",
 		Short: "Serve GGUF models through an OpenAI-compatible API on this machine, without Kubernetes",
 		Long: "Runs the node agent standalone: each model is served by its own runner process, " +
 			"loaded on demand (or at start for Resident and Pinned models) within the memory ceiling, " +
 			"behind the OpenAI API (/v1/...) and the admin API (/api/status, /metrics). Flags override " +
 			"the --config file; --model adds models to it.\n\n" +
+			"A model's path may be a source instead of a file: hf://OWNER/REPO/FILE.gguf[@REVISION], ollama://NAME[:TAG] " +
+			"or an https:// URL. serve pulls it first into the model store (--store-dir, shared with the node agent) " +
+			"through the agent's source policy (--source-policy; default: hf:// and ollama:// only), verifies it " +
+			"(sha256= when given, the registry's digest for ollama://, the GGUF header) and serves the stored file; " +
+			"a file already stored is not downloaded again. --hf-token (or $HF_TOKEN) opens gated models.\n\n" +
 			"--model options after the path: ctx (context per sequence; the engine holds ctx × parallel tokens), parallel (slots), threads (its runner's " +
 			"CPU threads; default --runner-threads, else the thread policy), residency " +
 			"(OnDemand, Resident, Pinned), idle (idle timeout), memory (estimate override, e.g. 2Gi), " +
@@ -54,6 +61,8 @@ func newServeCommand() *cobra.Command {
 			"prefilling it again: in memory (the hot tier, one budget shared by all models) and on disk under " +
 			"--prompt-cache-dir (the SSD tier, one directory per model file, kept across restarts).",
 		Example: "  macfleet serve --model qwen=/models/qwen2.5-7b-q4_k_m.gguf\n" +
+			"  macfleet serve --model qwen=hf://Qwen/Qwen2.5-Coder-7B-Instruct-GGUF/qwen2.5-coder-7b-instruct-q4_k_m.gguf:ctx=32768\n" +
+			"  macfleet serve --model llama=ollama://llama3.2:3b\n" +
 			"  macfleet serve --model qwen=/m/q.gguf:ctx=16384,parallel=4,residency=Pinned --memory-ceiling 12Gi\n" +
 			"  macfleet serve --model qwen=/m/q.gguf:hot=2Gi,ssd=20Gi --prompt-cache-hot-bytes 4Gi\n" +
 			"  macfleet serve --config agent.yaml --api-key \"$KEY\"",
@@ -61,12 +70,13 @@ func newServeCommand() *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error { return sf.run(cmd) },
 	}
 	sf.register(cmd)
+	cmd.AddCommand(newServeInstallCmd())
 	return cmd
 }
 
 // config is the agent's configuration: the --config file and the flags over it
-// (config.Resolve).
-func (sf serveFlags) config() (config.Config, error) {
+// (config.Resolve), with the models given as sources pulled first (pullFlags.pull).
+func (sf serveFlags) config(ctx context.Context, log logr.Logger) (config.Config, error) {
 	var cfg config.Config
 	if sf.configFile != "" {
 		var err error
@@ -94,13 +104,22 @@ func (sf serveFlags) config() (config.Config, error) {
 		return cfg, err
 	}
 	sf.flags.IdleTimeout = config.Duration(sf.idle)
+	if err := sf.pull.pull(ctx, cfg.Models, log); err != nil {
+		return cfg, err
+	}
+	if err := sf.pull.pull(ctx, sf.flags.Models, log); err != nil {
+		return cfg, err
+	}
 	return config.Resolve(cfg, sf.flags)
 }
 
 // run checks the flags that are not configuration (standalone.Check) and serves
 // until a signal.
 func (sf serveFlags) run(cmd *cobra.Command) error {
-	cfg, err := sf.config()
+	log := newLogger(sf.verbosity)
+	ctx, stop := shutdownContext(cmd.Context())
+	defer stop()
+	cfg, err := sf.config(ctx, log)
 	if err != nil {
 		return err
 	}
@@ -109,13 +128,10 @@ func (sf serveFlags) run(cmd *cobra.Command) error {
 	if err := standalone.Check(cfg, opts, sf.insecure); err != nil {
 		return err
 	}
-	log := newLogger(sf.verbosity)
 	opts.Log = log
 	if sf.runnerOutput {
 		opts.RunnerOutput = cmd.ErrOrStderr()
 	}
-	ctx, stop := shutdownContext(cmd.Context())
-	defer stop()
 	tp, relay, stopTracing, err := startTracing(ctx, tracing.ServiceAgent, log.WithName("tracing"))
 	if err != nil {
 		return err
@@ -130,7 +146,8 @@ func (sf *serveFlags) register(cmd *cobra.Command) {
 	f := cmd.Flags()
 	f.StringVar(&sf.configFile, "config", "", "YAML configuration file (listen, apiKey, memoryCeiling, promptCacheDir, promptCacheHotBytes, promptCacheSSDBytes, "+
 		"models: [{name, path, contextLength, parallel, kvCacheType, threads, residency, idleTimeout, memory, aliases, promptCache: {enabled, hotBytes, ssdBytes}}])")
-	f.StringArrayVar(&sf.models, "model", nil, "a model to serve: NAME=PATH[:ctx=N,parallel=N,threads=N,residency=OnDemand|Resident|Pinned,idle=D,memory=SIZE,kv=T,alias=A,cache=on|off,hot=SIZE,ssd=SIZE] (repeatable)")
+	f.StringArrayVar(&sf.models, "model", nil, "a model to serve: NAME=PATH[:ctx=N,parallel=N,threads=N,residency=OnDemand|Resident|Pinned,idle=D,memory=SIZE,kv=T,alias=A,cache=on|off,hot=SIZE,ssd=SIZE,sha256=HEX] "+
+		"(repeatable); PATH may be a source to pull first: hf://OWNER/REPO/FILE.gguf[@REVISION], ollama://NAME[:TAG], https://…")
 	f.StringVar(&sf.flags.Listen, "listen", "", "address of the API (default "+config.DefaultListen+")")
 	f.StringVar(&sf.ceiling, "memory-ceiling", "", "cap the memory of all models together, e.g. 12Gi (default: the machine's ceiling)")
 	f.StringVar(&sf.reserve, "memory-reserve", "", "memory left to the OS below the machine's ceiling (default 4Gi below 24Gi of RAM, else 6Gi)")
@@ -159,6 +176,7 @@ func (sf *serveFlags) register(cmd *cobra.Command) {
 	f.DurationVar(&sf.gcEvery, "gc-interval", janitor.DefaultInterval, "how often the prompt cache directories are pruned (the first time a minute after the start)")
 	f.IntVarP(&sf.verbosity, "verbosity", "v", 0, "log verbosity (1: runner output and more, 2: every request)")
 	f.BoolVar(&sf.runnerOutput, "runner-output", false, "copy every runner's output to stderr, prefixed with its model")
+	sf.pull.register(f)
 }
 
 // newLogger logs "time level message key=value..." lines to stderr.

@@ -31,6 +31,7 @@ import (
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
 	"github.com/macfleet/macfleet/api/v1alpha1"
+	"github.com/macfleet/macfleet/internal/nodeauthz"
 )
 
 // DefaultDuration is the lifetime asked of a node token. The agent replaces its token
@@ -85,6 +86,9 @@ type Credential struct {
 	// Warnings are things the administrator should know but that do not stop the
 	// credential from working: a capped lifetime, missing RBAC or admission policy.
 	Warnings []string
+	// NodeAuthorization is the mode in force: what the API server lets the Mac read of
+	// the ModelReplicas (nodeauthz.Preflight); empty when it could not be asked.
+	NodeAuthorization nodeauthz.Mode
 }
 
 // ValidateNodeName reports why name cannot name a Mac: it names a MacNode, the
@@ -215,6 +219,9 @@ func Issue(ctx context.Context, cs kubernetes.Interface, base *rest.Config, name
 		return nil, err
 	}
 	cred.Warnings = append(cred.Warnings, preflight(ctx, cs)...)
+	if cred.NodeAuthorization, err = nodeauthz.Preflight(ctx, cs); err != nil {
+		cred.Warnings = append(cred.Warnings, err.Error())
+	}
 	return cred, nil
 }
 

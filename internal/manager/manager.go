@@ -96,6 +96,8 @@ type Config struct {
 // The election Lease lives in the manager's namespace (the chart's macfleet-system).
 // +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;list;watch;create;update;patch;delete,namespace=macfleet-system
 // +kubebuilder:rbac:groups="",resources=events,verbs=create;patch,namespace=macfleet-system
+// The node authorization preflight asks what a Mac may read (nodeauthz.Preflight).
+// +kubebuilder:rbac:groups=authorization.k8s.io,resources=subjectaccessreviews,verbs=create
 
 // LeaderElectionID names the election Lease.
 const LeaderElectionID = "macfleet-manager.macfleet.dev"
@@ -235,6 +237,9 @@ func addServers(mgr ctrl.Manager, cfg Config) error {
 			err = nodeauthz.Add(mgr, nodeauthz.Options{Listener: authzLn, CertDir: cfg.NodeAuthorizerCertDir,
 				ClientCAFile: cfg.NodeAuthorizerClientCA})
 		}
+	}
+	if err == nil {
+		err = nodeauthz.AddPreflight(mgr, authzLn != nil)
 	}
 	if err != nil {
 		for _, ln := range []net.Listener{probeLn, metricsLn, authzLn} {

@@ -13,10 +13,12 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	eventsv1 "k8s.io/api/events/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -24,6 +26,7 @@ import (
 	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/controllers/certsigner/certsignertest"
 	"github.com/macfleet/macfleet/internal/manager"
+	"github.com/macfleet/macfleet/internal/nodeauthz"
 	"github.com/macfleet/macfleet/internal/pki"
 	"github.com/macfleet/macfleet/test/support/localfleet"
 	"github.com/macfleet/macfleet/test/support/testenv"
@@ -114,6 +117,8 @@ func TestControlPlaneWiring(t *testing.T) {
 	if err := c.Create(ctx, md); err != nil {
 		t.Fatal(err)
 	}
+
+	checkPreflightEvent(t)
 
 	// The deployment controller creates a replica and the scheduler binds it.
 	var replica mfv1.ModelReplica
@@ -310,4 +315,27 @@ func TestNodeAuthorizerNeedsCertificate(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "tls.crt") {
 		t.Errorf("New with an empty certificate directory: %v, want an error naming tls.crt", err)
 	}
+}
+
+// checkPreflightEvent: the manager names the node authorization mode in force — the one
+// the API server's answers show — in an Event on its Deployment.
+func checkPreflightEvent(t *testing.T) {
+	t.Helper()
+	want, err := nodeauthz.Preflight(t.Context(), kubernetes.NewForConfigOrDie(env.Config))
+	if err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 20*time.Second, 50*time.Millisecond, func() (bool, string) {
+		var events eventsv1.EventList
+		if err := env.Client.List(t.Context(), &events, client.InNamespace(mfv1.SystemNamespace)); err != nil {
+			return false, err.Error()
+		}
+		for _, e := range events.Items {
+			if e.Reason == nodeauthz.ReasonNodeAuthorization && e.Regarding.Kind == "Deployment" && e.Regarding.Name == "macfleet-manager" &&
+				strings.Contains(e.Note, "node authorization in force: "+string(want)+" ") {
+				return true, ""
+			}
+		}
+		return false, fmt.Sprintf("no %s Event naming mode %s on Deployment macfleet-manager among %d", nodeauthz.ReasonNodeAuthorization, want, len(events.Items))
+	})
 }

@@ -20,6 +20,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -32,7 +33,9 @@ import (
 )
 
 // The package's API server asks a webhook served by the test, with the shipped
-// config/authorization/authorization-config.yaml and the shipped node RBAC.
+// config/authorization/authorization-config.yaml and the shipped node RBAC — the
+// fallback grant of every replica read (config/agent-replica-reads, the chart's default
+// mode auto) included, which the webhook's denials must override.
 var (
 	envOpts   []testenv.Option
 	webhookLn net.Listener
@@ -92,6 +95,9 @@ func serve(tb testing.TB) *testenv.Env {
 			return
 		}
 		if envErr = env.Apply(ctx, "config/agent"); envErr != nil {
+			return
+		}
+		if envErr = env.Apply(ctx, "config/agent-replica-reads"); envErr != nil {
 			return
 		}
 		var c cache.Cache
@@ -213,6 +219,16 @@ func TestAPIServerAsksTheNodeAuthorizer(t *testing.T) {
 	other := as(t, env, "system:serviceaccount:"+ns+":mac-a", "system:serviceaccounts")
 	if err := other.List(ctx, &list, own); !apierrors.IsForbidden(err) {
 		t.Errorf("a ServiceAccount of another namespace named mac-a listing with the selector: %v, want 403", err)
+	}
+}
+
+// TestPreflightNamesWebhook: where the API server asks the node authorizer before
+// RBAC, the preflight says so, although RBAC grants every replica read (mode auto).
+func TestPreflightNamesWebhook(t *testing.T) {
+	env := serve(t)
+	mode, err := nodeauthz.Preflight(t.Context(), kubernetes.NewForConfigOrDie(env.Config))
+	if err != nil || mode != nodeauthz.ModeWebhook {
+		t.Errorf("Preflight = %q, %v; want %q", mode, err, nodeauthz.ModeWebhook)
 	}
 }
 

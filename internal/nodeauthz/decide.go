@@ -15,8 +15,15 @@
 //   - get of a modelreplica, or of its status, that the manager's cache shows bound to
 //     <node> or holding a worker shard on <node>;
 //
-// and has no opinion on anything else, which the API server, RBAC having had none
-// either, turns into a 403.
+// and denies every other read (get, list, watch) of modelreplicas by a node identity.
+// It has no opinion on anything else — the writes RBAC grants and the admission policy
+// narrows, other users, other resources.
+//
+// The API server asks it before RBAC (config/authorization), so its denial stands even
+// where RBAC grants node identities every replica read: the chart's default mode "auto"
+// installs that grant as the fallback for API servers that cannot be wired to the
+// webhook (managed control planes), and the webhook, once wired, takes the reads back
+// to each Mac's own. Preflight tells which is in force.
 package nodeauthz
 
 import (
@@ -61,10 +68,11 @@ type Binding struct {
 // BindingLookup returns a ModelReplica's binding and whether the replica exists.
 type BindingLookup func(namespace, name string) (b Binding, found bool)
 
-// Decision is the answer: Allowed, or no opinion (the next authorizer decides). The
-// webhook never denies outright; RBAC, asked before it, grants what else a node may do.
+// Decision is the answer: Allowed, Denied (no authorizer after it is asked), or
+// neither: no opinion (the next authorizer, RBAC, decides).
 type Decision struct {
 	Allowed bool
+	Denied  bool
 	// Reason says why, for the API server's audit log and the webhook's own.
 	Reason string
 }
@@ -79,6 +87,17 @@ func Decide(r Request, lookup BindingLookup) Decision {
 	if r.Group != v1alpha1.GroupVersion.Group || r.Resource != "modelreplicas" {
 		return Decision{Reason: "not a ModelReplica"}
 	}
+	d := decideReplica(r, node, lookup)
+	// A read this authorizer does not allow is denied, so that RBAC's fallback grant
+	// (mode auto) cannot allow it; writes are RBAC's and the admission policy's.
+	if !d.Allowed && (r.Verb == "get" || r.Verb == "list" || r.Verb == "watch") {
+		d.Denied = true
+	}
+	return d
+}
+
+// decideReplica decides a node identity's request about modelreplicas: Allowed or not.
+func decideReplica(r Request, node string, lookup BindingLookup) Decision {
 	switch {
 	case r.Subresource != "" && !(r.Subresource == "status" && r.Verb == "get"):
 		return Decision{Reason: "node " + node + " may not " + r.Verb + " modelreplicas/" + r.Subresource + " by this authorizer"}

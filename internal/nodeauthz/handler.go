@@ -29,7 +29,8 @@ type Handler struct {
 	// Lookup finds a replica's binding; CacheLookup builds one on the manager's cache.
 	Lookup func(ctx context.Context, namespace, name string) (b Binding, found bool)
 	Log    logr.Logger
-	// Decisions, when set, counts the answers by decision ("allowed", "no-opinion").
+	// Decisions, when set, counts the answers by decision ("allowed", "denied",
+	// "no-opinion").
 	Decisions *prometheus.CounterVec
 }
 
@@ -52,16 +53,20 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx := r.Context()
 	d := Decide(RequestOf(&sar.Spec), func(ns, name string) (Binding, bool) { return h.Lookup(ctx, ns, name) })
-	h.Log.V(4).Info("Decided", "user", sar.Spec.User, "attributes", sar.Spec.ResourceAttributes, "allowed", d.Allowed, "reason", d.Reason)
+	h.Log.V(4).Info("Decided", "user", sar.Spec.User, "attributes", sar.Spec.ResourceAttributes, "allowed", d.Allowed,
+		"denied", d.Denied, "reason", d.Reason)
 	if h.Decisions != nil {
 		label := "no-opinion"
-		if d.Allowed {
+		switch {
+		case d.Allowed:
 			label = "allowed"
+		case d.Denied:
+			label = "denied"
 		}
 		h.Decisions.WithLabelValues(label).Inc()
 	}
 	resp := authzv1.SubjectAccessReview{TypeMeta: sar.TypeMeta,
-		Status: authzv1.SubjectAccessReviewStatus{Allowed: d.Allowed, Reason: d.Reason}}
+		Status: authzv1.SubjectAccessReviewStatus{Allowed: d.Allowed, Denied: d.Denied, Reason: d.Reason}}
 	w.Header().Set("Content-Type", "application/json")
 	if err := json.NewEncoder(w).Encode(&resp); err != nil {
 		h.Log.V(2).Info("Writing a SubjectAccessReview answer failed", "err", err)

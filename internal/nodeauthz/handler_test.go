@@ -43,6 +43,8 @@ func TestHandler(t *testing.T) {
 		{"watch of all", review(`{"verb":"watch","group":"macfleet.dev","version":"v1alpha1","resource":"modelreplicas"}`), http.StatusOK, false},
 		{"get own", review(`{"verb":"get","group":"macfleet.dev","resource":"modelreplicas","namespace":"team-a","name":"mine"}`), http.StatusOK, true},
 		{"get another", review(`{"verb":"get","group":"macfleet.dev","resource":"modelreplicas","namespace":"team-b","name":"x"}`), http.StatusOK, false},
+		{"patch of status", review(`{"verb":"patch","group":"macfleet.dev","resource":"modelreplicas","subresource":"status","namespace":"team-a","name":"mine"}`),
+			http.StatusOK, false},
 		{"not JSON", "{", http.StatusBadRequest, false},
 		{"another kind", `{"apiVersion":"authorization.k8s.io/v1beta1","kind":"SubjectAccessReview"}`, http.StatusBadRequest, false},
 	} {
@@ -62,8 +64,10 @@ func TestHandler(t *testing.T) {
 			if got.APIVersion != "authorization.k8s.io/v1" || got.Kind != "SubjectAccessReview" {
 				t.Errorf("answered a %s %s", got.APIVersion, got.Kind)
 			}
-			if got.Status.Allowed != tc.wantAllowed || got.Status.Denied || got.Status.Reason == "" {
-				t.Errorf("status %+v, want allowed %v, never denied, with a reason", got.Status, tc.wantAllowed)
+			// A read not allowed is denied; a write gets no opinion (RBAC decides).
+			wantDenied := !tc.wantAllowed && !strings.Contains(tc.body, `"verb":"patch"`)
+			if got.Status.Allowed != tc.wantAllowed || got.Status.Denied != wantDenied || got.Status.Reason == "" {
+				t.Errorf("status %+v, want allowed %v, denied %v, with a reason", got.Status, tc.wantAllowed, wantDenied)
 			}
 		})
 	}
@@ -72,8 +76,9 @@ func TestHandler(t *testing.T) {
 	if rec.Code != http.StatusMethodNotAllowed {
 		t.Errorf("GET: %d, want 405", rec.Code)
 	}
-	allowed, none := testutil.ToFloat64(decisions.WithLabelValues("allowed")), testutil.ToFloat64(decisions.WithLabelValues("no-opinion"))
-	if allowed != 3 || none != 3 {
-		t.Errorf("counted %v allowed and %v no-opinion answers, want 3 and 3", allowed, none)
+	allowed, denied := testutil.ToFloat64(decisions.WithLabelValues("allowed")), testutil.ToFloat64(decisions.WithLabelValues("denied"))
+	none := testutil.ToFloat64(decisions.WithLabelValues("no-opinion"))
+	if allowed != 3 || denied != 3 || none != 1 {
+		t.Errorf("counted %v allowed, %v denied and %v no-opinion answers, want 3, 3 and 1", allowed, denied, none)
 	}
 }

@@ -26,7 +26,7 @@ const Path = "/authorize"
 // decisions counts the webhook's answers.
 var decisions = prometheus.NewCounterVec(prometheus.CounterOpts{
 	Name: "macfleet_manager_node_authorizer_decisions_total",
-	Help: "SubjectAccessReviews of node identities answered by the node authorizer, by decision (allowed, no-opinion).",
+	Help: "SubjectAccessReviews of node identities answered by the node authorizer, by decision (allowed, denied, no-opinion).",
 }, []string{"decision"})
 
 func init() { metrics.Registry.MustRegister(decisions) }

@@ -109,6 +109,7 @@ func TestInstallUpgradeUninstall(t *testing.T) {
 	checkNodeIdentity(t, env)
 	checkManagerPinsKeys(t, env)
 	checkGatewaySecrets(t, env)
+	checkDefaultNodeAuthorization(t, env)
 
 	// A release whose CA was made without a client certificate (the Secret gone, as
 	// from a chart before clientAuth) cannot get one signed: the upgrade fails and

@@ -4,20 +4,31 @@ import (
 	"crypto/x509"
 	"encoding/base64"
 	"encoding/pem"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/macfleet/macfleet/api/v1alpha1"
+	"github.com/macfleet/macfleet/internal/credentials"
+	"github.com/macfleet/macfleet/internal/nodeauthz"
+	"github.com/macfleet/macfleet/test/support/testenv"
 )
 
-// TestNodeAuthorizationModes: mode webhook (the default) runs the node authorizer —
-// the manager's flags, its Service, a certificate the API server can verify — and
-// grants node identities no replica reads; mode rbac renders the grant of
-// config/agent-replica-reads instead, and no authorizer.
+// TestNodeAuthorizationModes: mode webhook runs the node authorizer — the manager's
+// flags, its Service, a certificate the API server can verify — and grants node
+// identities no replica reads; mode rbac renders the grant of config/agent-replica-reads
+// instead, and no authorizer; mode auto (the default) renders both.
 func TestNodeAuthorizationModes(t *testing.T) {
 	has := func(objs []*unstructured.Unstructured, kind, name string) bool {
 		return slices.ContainsFunc(objs, func(o *unstructured.Unstructured) bool { return o.GetKind() == kind && o.GetName() == name })
@@ -28,8 +39,18 @@ func TestNodeAuthorizationModes(t *testing.T) {
 	const bind = "--node-authorizer-bind-address=:9443"
 	const clientCA = "--node-authorizer-client-ca=/etc/macfleet/node-authorizer-tls/ca.crt"
 
-	t.Run("webhook", func(t *testing.T) {
+	t.Run("auto, the default", func(t *testing.T) {
 		objs := render(t)
+		if !slices.Contains(managerArgs(objs), bind) || !has(objs, "Service", "macfleet-node-authorizer") {
+			t.Errorf("mode auto does not run the node authorizer: manager args %v", managerArgs(objs))
+		}
+		if !has(objs, "ClusterRoleBinding", "macfleet-agent-replica-reads") {
+			t.Error("mode auto does not render the fallback grant of replica reads")
+		}
+	})
+
+	t.Run("webhook", func(t *testing.T) {
+		objs := render(t, "nodeAuthorization.mode=webhook")
 		if !slices.Contains(managerArgs(objs), bind) {
 			t.Errorf("manager args %v lack %s", managerArgs(objs), bind)
 		}
@@ -143,4 +164,52 @@ func TestNodeAuthorizationModes(t *testing.T) {
 			}
 		}
 	})
+}
+
+// checkDefaultNodeAuthorization: on an API server with no authorization webhook (a
+// managed control plane), under the chart's default values a Mac's credential, as
+// `macfleet nodes credentials` issues it, reads the replicas bound to it — what its
+// agent's informer lists and watches — and the preflight names the mode in force.
+func checkDefaultNodeAuthorization(t *testing.T, env *testenv.Env) {
+	t.Helper()
+	ctx := t.Context()
+	const node = "mac-auto"
+	cred, err := credentials.Issue(ctx, kubernetes.NewForConfigOrDie(env.Config), env.Config, node, credentials.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cred.NodeAuthorization != nodeauthz.ModeRBAC {
+		t.Errorf("the credential's preflight says %q, want %q", cred.NodeAuthorization, nodeauthz.ModeRBAC)
+	}
+	if mode, err := nodeauthz.Preflight(ctx, kubernetes.NewForConfigOrDie(env.Config)); err != nil || mode != nodeauthz.ModeRBAC {
+		t.Errorf("Preflight = %q, %v; want %q", mode, err, nodeauthz.ModeRBAC)
+	}
+
+	ns := testenv.NewNamespace(t, env.Client)
+	replica := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "macfleet.dev/v1alpha1", "kind": "ModelReplica",
+		"metadata": map[string]any{"namespace": ns, "name": "r-0"},
+		"spec": map[string]any{"template": map[string]any{"model": map[string]any{"source": "hf://team/model/m.gguf"}},
+			"templateHash": "h", "memoryReservation": "1Gi", "nodeName": node},
+	}}
+	if err := env.Client.Create(ctx, replica); err != nil {
+		t.Fatal(err)
+	}
+	rc, err := clientcmd.RESTConfigFromKubeConfig(cred.Kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mac, err := client.New(rc, client.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	list := &unstructured.UnstructuredList{}
+	list.SetGroupVersionKind(schema.GroupVersionKind{Group: "macfleet.dev", Version: "v1alpha1", Kind: "ModelReplicaList"})
+	testenv.Eventually(t, 10*time.Second, 50*time.Millisecond, func() (bool, string) {
+		err := mac.List(ctx, list, client.MatchingFields{v1alpha1.ReplicaNodeNameField: node})
+		return err == nil && len(list.Items) == 1, fmt.Sprintf("the Mac listing its replicas: %v, %d items, want 1", err, len(list.Items))
+	})
+	if err := mac.Get(ctx, client.ObjectKeyFromObject(replica), replica.DeepCopy()); err != nil {
+		t.Errorf("the Mac getting its replica: %v", err)
+	}
 }

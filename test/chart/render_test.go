@@ -67,7 +67,7 @@ func sourceObjects(t *testing.T) map[key]*unstructured.Unstructured {
 	t.Helper()
 	root := repoRoot(t)
 	var files []string
-	for _, g := range []string{"config/rbac/*.yaml", "config/rbac/gateway/*.yaml", "config/agent/*.yaml", "config/admission/*.yaml"} {
+	for _, g := range []string{"config/rbac/*.yaml", "config/rbac/gateway/*.yaml", "config/agent/*.yaml", "config/agent-replica-reads/*.yaml", "config/admission/*.yaml"} {
 		m, err := filepath.Glob(filepath.Join(root, g))
 		if err != nil {
 			t.Fatal(err)

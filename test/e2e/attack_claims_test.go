@@ -44,7 +44,7 @@ import (
 func enroll(t *testing.T, name string, extra ...string) (client.Client, *rest.Config) {
 	t.Helper()
 	kc := filepath.Join(t.TempDir(), name+".kubeconfig")
-	out, err := runCLI(t, append([]string{"nodes", "credentials", name, "-o", kc}, extra...)...)
+	out, err := runCLI(t, append([]string{"nodes", "credentials", name, "--server", fleet.APIServerURL(), "-o", kc}, extra...)...)
 	if err != nil {
 		t.Fatalf("macfleet nodes credentials %s: %v\n%s", name, err, out)
 	}
@@ -156,7 +156,7 @@ func TestAttackHugeCeilingAttractsReplicas(t *testing.T) {
 	})
 
 	// The operator's bound, set at enrollment, caps below the chip's.
-	if out, err := runCLI(t, "nodes", "credentials", liar, "--memory-ceiling", "2Gi", "-o", filepath.Join(t.TempDir(), "kc")); err != nil {
+	if out, err := runCLI(t, "nodes", "credentials", liar, "--server", fleet.APIServerURL(), "--memory-ceiling", "2Gi", "-o", filepath.Join(t.TempDir(), "kc")); err != nil {
 		t.Fatalf("re-enrolling with --memory-ceiling: %v\n%s", err, out)
 	}
 	var mn v1alpha1.MacNode
@@ -254,7 +254,7 @@ func TestAttackStolenNodeToken(t *testing.T) {
 	if life := exp.Sub(iat); life > 48*time.Hour {
 		t.Errorf("a node token lasts %v, want at most 48h", life)
 	}
-	if out, err := runCLI(t, "nodes", "credentials", name, "--duration", "8760h", "-o", filepath.Join(t.TempDir(), "kc")); err == nil {
+	if out, err := runCLI(t, "nodes", "credentials", name, "--server", fleet.APIServerURL(), "--duration", "8760h", "-o", filepath.Join(t.TempDir(), "kc")); err == nil {
 		t.Errorf("a year-long node credential was issued:\n%s", out)
 	}
 	if err := c.Get(t.Context(), client.ObjectKey{Namespace: v1alpha1.NodeLeaseNamespace, Name: "x"}, &coordinationv1.Lease{}); err != nil &&

@@ -44,7 +44,7 @@ var templateSources = []struct{ glob, prefix, condition string }{
 	{"config/rbac/*.yaml", "manager-", ""},
 	{"config/rbac/gateway/*.yaml", "gateway-", ".Values.gateway.enabled"},
 	{"config/agent/*.yaml", "agent-", ""},
-	{"config/agent-replica-reads/*.yaml", "agent-replica-reads-", `eq .Values.nodeAuthorization.mode "rbac"`},
+	{"config/agent-replica-reads/*.yaml", "agent-replica-reads-", `ne .Values.nodeAuthorization.mode "webhook"`},
 	{"config/admission/*.yaml", "admission-", ""},
 }
 

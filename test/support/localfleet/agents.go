@@ -24,7 +24,7 @@ func (f *Fleet) addAgent(ctx context.Context, n Node) error {
 	f.logf("Minting a credential for %s", n.Name)
 	kc := filepath.Join(f.opts.Dir, n.Name+".kubeconfig")
 	if out, err := exec.CommandContext(ctx, f.opts.Binary, "nodes", "credentials", n.Name,
-		"--kubeconfig", f.AdminKubeconfig, "-o", kc).CombinedOutput(); err != nil {
+		"--kubeconfig", f.AdminKubeconfig, "--server", f.APIServerURL(), "-o", kc).CombinedOutput(); err != nil {
 		return fmt.Errorf("macfleet nodes credentials %s: %w\n%s", n.Name, err, out)
 	}
 	port, err := freePortOn(f.HostIP)

@@ -378,6 +378,10 @@ func (f *Fleet) Binary() string { return f.opts.Binary }
 // LogDir is where every process logs.
 func (f *Fleet) LogDir() string { return filepath.Join(f.opts.Dir, "logs") }
 
+// APIServerURL is the API server's address for the fleet's components, through the
+// relay: a loopback address, which `macfleet nodes credentials` takes only as --server.
+func (f *Fleet) APIServerURL() string { return "https://" + f.relay.Addr() }
+
 // CutAPIServer makes the API server unreachable for the fleet: the relay closes every
 // connection and refuses new ones.
 func (f *Fleet) CutAPIServer() { f.logf("Cutting the fleet off the API server"); f.relay.Cut() }

@@ -67,16 +67,17 @@ func run(dir, binary, runner, envFile, modelsAddr string) error {
 	}
 	defer fleet.Stop()
 
-	// The model the samples in config/samples/ name: a synthesized chat model with
-	// random weights but the real Llama 3 vocabulary and Llama 3.1 chat template (read
-	// from the Go module cache), so it renders tools and answers with tool calls;
-	// served by the fleet's model server as a model hub would serve a real one.
-	spec, err := testassets.Llama31Spec()
+	// The model the samples in config/samples/ name: the small trained test model
+	// (docs/testing.md), the real Llama 3 vocabulary and Llama 3.1 chat template with
+	// weights trained to greet, call the tool a question needs and answer from its
+	// result; without it in the checkout, random weights of the same vocabulary and
+	// template. Served by the fleet's model server as a model hub would serve a real one.
+	trained, err := testassets.WriteChatModel(filepath.Join(fleet.ModelsDir, "tiny-chat.gguf"))
 	if err != nil {
 		return err
 	}
-	if err := ggufsynth.Write(filepath.Join(fleet.ModelsDir, "tiny-chat.gguf"), spec); err != nil {
-		return err
+	if !trained {
+		fmt.Println("The trained test model is not in this checkout: tiny-chat has random weights")
 	}
 	// The coding agents' model (config/samples/coder.yaml): the same vocabulary and
 	// template with a 32k context, steered to answer "Hi" and end its turn, so Claude

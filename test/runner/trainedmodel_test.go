@@ -151,7 +151,7 @@ func TestTrainedModelAnswers(t *testing.T) {
 	}
 
 	hi := chat(`{"model":"m","max_tokens":48,"temperature":0,"messages":[{"role":"user","content":"Hi"}]}`)
-	if text := hi.Message.Text(); hi.FinishReason != "stop" || !sentence.MatchString(text) {
+	if text := hi.Message.Text(); hi.FinishReason != "stop" || !sentence.MatchString(text) || len(strings.Fields(text)) < 2 {
 		t.Errorf("Hi: %q (finish %s), want a sentence that ends the turn", text, hi.FinishReason)
 	}
 
@@ -185,7 +185,9 @@ func TestTrainedModelAnswers(t *testing.T) {
 
 // sentence is an answer in words: a capital first, a full stop, question or
 // exclamation mark last.
-var sentence = regexp.MustCompile(`^[A-Z][A-Za-z',]*( [A-Za-z0-9',"-]+)+[.!?]( .*)?$`)
+// sentence is English prose: a capital, words of letters, a stop, and then either
+// nothing or more of the same after a space ("Hello! What would you like to know?").
+var sentence = regexp.MustCompile(`^[A-Z][A-Za-z',]*( [A-Za-z0-9',"-]+)*[.!?]( [A-Z][^\n]*)?$`)
 
 // TestTrainedModelMatchesReference: llama.cpp computes, from the GGUF of weights in
 // train.py's layout, what train.py's model computes from the weights themselves

@@ -259,9 +259,10 @@ func TestInClusterCallersAreScoped(t *testing.T) {
 		}
 	}
 
-	// The agent counted how it answered the tokens (read as a gateway).
+	// The agent counted how it answered the tokens (read as a gateway): a token for
+	// another audience is refused before any review (unfit).
 	code, metrics := call(t, agentB, http.MethodGet, "/metrics", asGateway, "")
-	for _, result := range []string{satoken.ResultCached, satoken.ResultAccepted, satoken.ResultRefused} {
+	for _, result := range []string{satoken.ResultCached, satoken.ResultAccepted, satoken.ResultUnfit} {
 		if line := `macfleet_agent_token_reviews_total{result="` + result + `"} `; code != http.StatusOK || !strings.Contains(metrics, line) {
 			t.Errorf("the agent's /metrics (%d) has no %s", code, line)
 		}

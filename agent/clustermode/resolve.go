@@ -61,15 +61,17 @@ type candidate struct {
 // Resolve picks the pool entry of a request: the replica named by the
 // X-Macfleet-Replica header, else a replica whose served name or alias (optionally
 // qualified "namespace/name") is model — preferring loaded replicas. Only replicas
-// the request's caller may use (mayUse) are candidates: any other is answered as a
-// model that does not exist. It never calls the API server.
+// the request's caller may use are candidates (tenancy.MayUse: the fleet token's
+// admin, a caller of the replica's namespace, or of a namespace its deployment's
+// spec.access grants; a request without an identity none): any other is answered as
+// a model that does not exist. It never calls the API server.
 func (s *Syncer) Resolve(r *http.Request, model string) (string, error) {
 	id, _ := tenancy.IdentityFrom(r.Context())
 	snap := s.opts.Pool.Snapshot()
 	if h := r.Header.Get(v1alpha1.HeaderReplica); h != "" {
 		s.mu.Lock()
 		rep := s.replicas[h]
-		if rep != nil && !mayUse(id, rep) {
+		if rep != nil && !tenancy.MayUse(id, rep.namespace, rep.access) {
 			rep = nil
 		}
 		var gateway error
@@ -91,7 +93,7 @@ func (s *Syncer) Resolve(r *http.Request, model string) (string, error) {
 	var cands []candidate
 	s.mu.Lock()
 	for _, rep := range s.replicas {
-		if rep.phase == phaseRemoving || !answersTo(rep, model) || !mayUse(id, rep) {
+		if rep.phase == phaseRemoving || !answersTo(rep, model) || !tenancy.MayUse(id, rep.namespace, rep.access) {
 			continue
 		}
 		m := findModel(snap, rep.key)
@@ -133,7 +135,7 @@ func (s *Syncer) ListModels(r *http.Request) []string {
 	defer s.mu.Unlock()
 	var out []string
 	for _, rep := range s.replicas {
-		if n := servedName(rep.template, rep.deployment); n != "" && !slices.Contains(out, n) && rep.phase != phaseRemoving && mayUse(id, rep) {
+		if n := servedName(rep.template, rep.deployment); n != "" && !slices.Contains(out, n) && rep.phase != phaseRemoving && tenancy.MayUse(id, rep.namespace, rep.access) {
 			out = append(out, n)
 		}
 	}
@@ -150,13 +152,6 @@ func (s *Syncer) DeploymentOf(key string) string {
 		return rep.namespace + "/" + rep.deployment
 	}
 	return key
-}
-
-// mayUse says whether id may use rep: the fleet token's admin, a caller of the
-// replica's namespace, or of a namespace its deployment's spec.access grants. A
-// request without an identity may use nothing.
-func mayUse(id tenancy.Identity, rep *replica) bool {
-	return tenancy.MayUse(id, rep.namespace, rep.access)
 }
 
 // throughGateway says whether id, who may use rep, must call it through the gateway:

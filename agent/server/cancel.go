@@ -65,13 +65,7 @@ func (t *requestRunners) get(id string) (enginepool.Runner, bool) {
 // which case the caller drops its connection as before.
 func (s *Server) handleCancel(w http.ResponseWriter, r *http.Request) {
 	var req runnerapi.Cancel
-	body, aerr := s.readBody(w, r)
-	if aerr != nil {
-		writeError(w, aerr)
-		return
-	}
-	if e := runnerapi.DecodeJSON(body, &req); e != nil {
-		writeError(w, fromRunnerAPI(e))
+	if _, ok := s.decodeRequest(w, r, &req, nil); !ok {
 		return
 	}
 	if req.ID == "" {

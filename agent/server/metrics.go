@@ -106,7 +106,7 @@ type reqInfo struct {
 	usage   metering.Usage
 	metered bool
 	// caller and deployment, when set, are whom the usage is counted for and under
-	// which deployment: a caller that is not an admin, served directly (meterDirect).
+	// which deployment: a caller that is not an admin, served directly (acquire).
 	caller     *tenancy.Identity
 	deployment string
 }
@@ -123,23 +123,6 @@ func requestInfo(ctx context.Context) *reqInfo {
 		return i
 	}
 	return &reqInfo{start: time.Now()}
-}
-
-// meterDirect makes the request's usage count for its caller under entry's
-// deployment, unless the caller is an admin: the fleet token is the gateway's (and
-// the manager's), and the gateway counts its own callers. So the answers the agents
-// count are those to in-cluster callers on a deployment's own Service, and a sum
-// over the gateways and the agents counts every answer once.
-func (s *Server) meterDirect(r *http.Request, entry string) {
-	id, ok := tenancy.IdentityFrom(r.Context())
-	if !ok || id.Admin {
-		return
-	}
-	info := requestInfo(r.Context())
-	info.caller, info.deployment = &id, entry
-	if s.opts.DeploymentOf != nil {
-		info.deployment = s.opts.DeploymentOf(entry)
-	}
 }
 
 // instrument counts an OpenAI request by model and status and logs it.

@@ -1,7 +1,6 @@
 package server
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -15,6 +14,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/macfleet/macfleet/api/runnerapi"
+	"github.com/macfleet/macfleet/gateway/tenancy"
 	"github.com/macfleet/macfleet/internal/bytesize"
 	"github.com/macfleet/macfleet/internal/chat/compat"
 	"github.com/macfleet/macfleet/internal/openaierr"
@@ -35,21 +35,6 @@ const maxEmbeddingInputs = 2048
 
 // chatRoles are the message roles the runner's chat templates accept.
 var chatRoles = []string{"system", "user", "assistant", "tool", "developer"}
-
-// readBody reads the request body up to the configured limit.
-func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *apiError) {
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.opts.MaxBodyBytes))
-	if err != nil {
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			return nil, &apiError{Status: http.StatusRequestEntityTooLarge, Type: openaierr.TypeInvalidRequest,
-				Code:    openaierr.CodeRequestTooLarge,
-				Message: fmt.Sprintf("the request body exceeds the node agent's limit of %s", bytesize.Format(mbe.Limit))}
-		}
-		return nil, invalid(openaierr.CodeInvalidJSON, "", "reading the request body: %v", err)
-	}
-	return body, nil
-}
 
 // generation is one validated chat or text completion request.
 type generation struct {
@@ -181,10 +166,14 @@ func (s *Server) handleEmbeddings(w http.ResponseWriter, r *http.Request) {
 	s.generate(w, r, g)
 }
 
-// acquire resolves the model's pool entry and leases its engine (loading it if
-// need be). On failure it has written the error (or the client went away) and returns
-// a nil lease; otherwise the caller releases the lease.
-func (s *Server) acquire(w http.ResponseWriter, r *http.Request, model string) (*enginepool.Lease, enginepool.Runner) {
+// admit lets a request in: it resolves the model's pool entry, leases its engine
+// (loading it if need be) and, for a generation g (nil: none), runs the prefill guard
+// before any byte of the response. The usage of a caller that is not an admin counts
+// under the entry's deployment: the fleet token is the gateway's (and the
+// manager's), and the gateway counts its own callers, so a sum over the gateways and
+// the agents counts every answer once. On failure it has written the error (or the
+// client went away) and returns a nil lease; otherwise the caller releases the lease.
+func (s *Server) admit(w http.ResponseWriter, r *http.Request, model string, g *generation) (*enginepool.Lease, enginepool.Runner) {
 	ctx := r.Context()
 	info := requestInfo(ctx)
 	entry := model
@@ -195,17 +184,20 @@ func (s *Server) acquire(w http.ResponseWriter, r *http.Request, model string) (
 			return nil, nil
 		}
 	}
-	s.meterDirect(r, entry)
-	if callerOf(r).reportsQueues {
+	if id, ok := tenancy.IdentityFrom(ctx); ok && !id.Admin {
+		info.caller, info.deployment = &id, entry
+		if s.opts.DeploymentOf != nil {
+			info.deployment = s.opts.DeploymentOf(entry)
+		}
+	}
+	if c, _ := ctx.Value(callerKey{}).(caller); c.reportsQueues {
 		s.queues.observe(r, entry, time.Now())
 	}
-	lctx, span := s.startSpan(ctx, "agent.lease", trace.SpanKindInternal, attribute.String("macfleet.entry", entry))
+	lctx, span := s.spans.Start(ctx, "agent.lease", trace.WithSpanKind(trace.SpanKindInternal),
+		trace.WithAttributes(attribute.String("macfleet.entry", entry)))
 	lease, err := s.pool.Acquire(lctx, entry)
-	if lease != nil {
-		span.SetAttributes(attribute.Bool("macfleet.cold_start", lease.ColdStart()))
-	}
-	endSpan(span, err)
 	if err != nil {
+		endSpan(span, err)
 		info.model = s.canonicalName(entry)
 		if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
 			return nil, nil // the client went away while the model loaded
@@ -213,6 +205,8 @@ func (s *Server) acquire(w http.ResponseWriter, r *http.Request, model string) (
 		writeError(w, fromPool(err))
 		return nil, nil
 	}
+	span.SetAttributes(attribute.Bool("macfleet.cold_start", lease.ColdStart()))
+	span.End()
 	info.model = lease.Model()
 	rn, err := lease.Runner()
 	if err != nil {
@@ -220,6 +214,31 @@ func (s *Server) acquire(w http.ResponseWriter, r *http.Request, model string) (
 		writeError(w, fromPool(err))
 		return nil, nil
 	}
+	if g == nil {
+		return lease, rn
+	}
+	// The prefill guard: the prompt's token count (asked of the runner unless g
+	// knows it) against the pool's CheckPrefill.
+	gctx, span := s.spans.Start(ctx, "agent.prefill_guard", trace.WithSpanKind(trace.SpanKindInternal))
+	n := g.tokens
+	if n == 0 {
+		var out runnerapi.TokenizeResponse
+		if err := callRunner(gctx, rn, pathTokenize, g.tokenize, &out); err != nil {
+			endSpan(span, err)
+			s.writeUpstreamError(w, r, lease, rn, err)
+			lease.Release()
+			return nil, nil
+		}
+		n = out.Count
+	}
+	span.SetAttributes(attribute.Int("macfleet.prompt_tokens", n))
+	if err := s.pool.CheckPrefill(lease.Model(), n); err != nil {
+		endSpan(span, err)
+		writeError(w, fromPool(err))
+		lease.Release()
+		return nil, nil
+	}
+	span.End()
 	return lease, rn
 }
 
@@ -240,49 +259,28 @@ func (s *Server) handleChatTokens(w http.ResponseWriter, r *http.Request) {
 		writeError(w, fromRunnerAPI(e))
 		return
 	}
-	lease, rn := s.acquire(w, r, req.Model)
+	lease, rn := s.admit(w, r, req.Model, nil)
 	if lease == nil {
 		return
 	}
 	defer lease.Release()
-	n, err := s.countTokens(r.Context(), rn, runnerapi.TokenizeRequest{Chat: body})
-	if err != nil {
+	var out runnerapi.TokenizeResponse
+	if err := callRunner(r.Context(), rn, pathTokenize, runnerapi.TokenizeRequest{Chat: body}, &out); err != nil {
 		s.writeUpstreamError(w, r, lease, rn, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]int{"prompt_tokens": n})
+	writeJSON(w, http.StatusOK, map[string]int{"prompt_tokens": out.Count})
 }
 
-// generate routes a validated request: lease → prefill guard → proxy. The lease is
-// held from here until proxy has written the last byte and returned.
+// generate routes a validated request: admit (lease, prefill guard) → proxy. The
+// lease is held from here until proxy has written the last byte and returned.
 func (s *Server) generate(w http.ResponseWriter, r *http.Request, g generation) {
-	ctx := r.Context()
-	lease, rn := s.acquire(w, r, g.model)
+	lease, rn := s.admit(w, r, g.model, &g)
 	if lease == nil {
 		return
 	}
 	defer lease.Release()
-
-	// Prefill guard: before any byte of the response.
-	var err error
-	gctx, span := s.startSpan(ctx, "agent.prefill_guard", trace.SpanKindInternal)
-	n := g.tokens
-	if n == 0 {
-		n, err = s.countTokens(gctx, rn, g.tokenize)
-		if err != nil {
-			endSpan(span, err)
-			s.writeUpstreamError(w, r, lease, rn, err)
-			return
-		}
-	}
-	span.SetAttributes(attribute.Int("macfleet.prompt_tokens", n))
-	err = s.pool.CheckPrefill(lease.Model(), n)
-	endSpan(span, err)
-	if err != nil {
-		writeError(w, fromPool(err))
-		return
-	}
-
+	served := lease.Model()
 	body := g.body
 	stripUsage := false
 	if g.stream && !g.includeUsage {
@@ -292,21 +290,12 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, g generation) 
 			body, stripUsage = b, true
 		}
 	}
-	if g.path != pathEmbeddings {
-		s.peerRestore(w, r, rn, lease.Model())
+	if v := r.Header.Get(runnerapi.HeaderPeerState); v != "" && g.path != pathEmbeddings {
+		s.peerRestore(w, r, rn, served, v)
 	}
 	s.proxy(w, r, lease, rn, proxyRequest{path: g.path, body: body, stream: g.stream, stripUsage: stripUsage,
-		requested: g.model, served: lease.Model(), generates: g.path != pathEmbeddings,
+		requested: g.model, served: served, generates: g.path != pathEmbeddings,
 		promptUsage: g.stream && g.includeUsage && r.Header.Get(runnerapi.HeaderPromptUsage) == "first-chunk"})
-}
-
-// countTokens asks the runner for the prompt's token count.
-func (s *Server) countTokens(ctx context.Context, rn enginepool.Runner, req runnerapi.TokenizeRequest) (int, error) {
-	var out runnerapi.TokenizeResponse
-	if err := callRunner(ctx, rn, pathTokenize, req, &out); err != nil {
-		return 0, err
-	}
-	return out.Count, nil
 }
 
 // canonicalName resolves a name or alias to the served name for metric labels;
@@ -363,20 +352,27 @@ func (s *Server) handleGetModel(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, s.modelObject(id))
 }
 
-// decodeRequest reads the body into req and checks that it names a model (model
-// points at req's model field). On failure it has written the OpenAI error and returns
-// false.
+// decodeRequest reads the body, up to the configured limit, into req and checks that
+// it names a model (model points at req's model field; nil: req has none). On failure
+// it has written the OpenAI error and returns false.
 func (s *Server) decodeRequest(w http.ResponseWriter, r *http.Request, req any, model *string) ([]byte, bool) {
-	body, aerr := s.readBody(w, r)
-	if aerr != nil {
-		writeError(w, aerr)
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.opts.MaxBodyBytes))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			writeError(w, &apiError{Status: http.StatusRequestEntityTooLarge, Type: openaierr.TypeInvalidRequest,
+				Code:    openaierr.CodeRequestTooLarge,
+				Message: fmt.Sprintf("the request body exceeds the node agent's limit of %s", bytesize.Format(mbe.Limit))})
+			return nil, false
+		}
+		writeError(w, invalid(openaierr.CodeInvalidJSON, "", "reading the request body: %v", err))
 		return nil, false
 	}
 	if e := runnerapi.DecodeJSON(body, req); e != nil {
 		writeError(w, fromRunnerAPI(e))
 		return nil, false
 	}
-	if *model == "" {
+	if model != nil && *model == "" {
 		writeError(w, invalid(openaierr.CodeMissingField, "model", "model is required"))
 		return nil, false
 	}

@@ -117,13 +117,13 @@ func (s *Server) handleState(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// peerRestore follows a gateway's runnerapi.HeaderPeerState on a generation request
-// for model (served by rn) before it is forwarded: it fetches the state, imports it,
-// counts and logs the outcome and puts it on the answer (runnerapi.HeaderPeerRestore).
-// The hint of any other caller is ignored (the header is never passed to a runner).
-func (s *Server) peerRestore(w http.ResponseWriter, r *http.Request, rn enginepool.Runner, model string) {
-	v := r.Header.Get(runnerapi.HeaderPeerState)
-	if v == "" || s.opts.Peers == nil || s.opts.Peers.Transport == nil || !callerOf(r).gateway {
+// peerRestore follows a gateway's runnerapi.HeaderPeerState, v (not empty), on a
+// generation request for model (served by rn) before it is forwarded: it fetches the
+// state, imports it, counts and logs the outcome and puts it on the answer
+// (runnerapi.HeaderPeerRestore). The hint of any other caller is ignored (the header
+// is never passed to a runner).
+func (s *Server) peerRestore(w http.ResponseWriter, r *http.Request, rn enginepool.Runner, model, v string) {
+	if s.opts.Peers == nil || s.opts.Peers.Transport == nil || !callerOf(r).gateway {
 		return
 	}
 	start := time.Now()

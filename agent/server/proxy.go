@@ -49,8 +49,8 @@ type proxyRequest struct {
 // written (or abandoned by the client).
 func (s *Server) proxy(w http.ResponseWriter, r *http.Request, lease *enginepool.Lease, rn enginepool.Runner, pr proxyRequest) {
 	ctx := r.Context()
-	sctx, span := s.startSpan(ctx, "agent.runner", trace.SpanKindClient, attribute.String("macfleet.model", pr.served),
-		attribute.Bool("macfleet.stream", pr.stream))
+	sctx, span := s.spans.Start(ctx, "agent.runner", trace.WithSpanKind(trace.SpanKindClient),
+		trace.WithAttributes(attribute.String("macfleet.model", pr.served), attribute.Bool("macfleet.stream", pr.stream)))
 	defer span.End()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, rn.BaseURL()+pr.path, bytes.NewReader(pr.body))
 	if err != nil {

@@ -25,6 +25,7 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/macfleet/macfleet/api/runnerapi"
 	"github.com/macfleet/macfleet/gateway/tenancy"
@@ -119,6 +120,8 @@ type Server struct {
 	metrics *metrics
 	peers   *peerMetrics
 	tracer  trace.Tracer // nil: tracing off
+	// spans starts the request's child spans: tracer, or a no-op one when it is off.
+	spans   trace.Tracer
 	started time.Time
 	ready   atomic.Bool
 	handler http.Handler
@@ -160,8 +163,10 @@ func New(pool *enginepool.Pool, opts Options) (*Server, error) {
 			return nil, err
 		}
 	}
+	s.spans = noop.NewTracerProvider().Tracer(tracerName)
 	if opts.TracerProvider != nil {
 		s.tracer = opts.TracerProvider.Tracer(tracerName)
+		s.spans = s.tracer
 	}
 	s.handler = s.recoverer(s.authenticate(s.routes()))
 	return s, nil

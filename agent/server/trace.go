@@ -1,20 +1,19 @@
 package server
 
 import (
-	"context"
 	"net/http"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
-	"go.opentelemetry.io/otel/trace/noop"
 )
 
 // The agent's spans (docs/tracing.md): a server span per OpenAI request continuing the
 // gateway's traceparent, agent.lease (routing; a cold load when the model was not
 // loaded), agent.prefill_guard (the prompt's token count and the pool's check) and
 // agent.runner, the client span of the call whose traceparent the runner continues.
-// Without a tracer there are none: the server span is nil, the others no-ops.
+// Without a tracer there are none: the server span is nil, the others come from a
+// no-op tracer (Server.spans), which records nothing.
 
 const tracerName = "github.com/macfleet/macfleet/agent/server"
 
@@ -29,14 +28,6 @@ func endServerSpan(span trace.Span, model string, status int) {
 		span.SetStatus(codes.Error, http.StatusText(status))
 	}
 	span.End()
-}
-
-// startSpan starts an internal (or, with kind, another kind of) child span of ctx's.
-func (s *Server) startSpan(ctx context.Context, name string, kind trace.SpanKind, attrs ...attribute.KeyValue) (context.Context, trace.Span) {
-	if s.tracer == nil {
-		return ctx, noop.Span{}
-	}
-	return s.tracer.Start(ctx, name, trace.WithSpanKind(kind), trace.WithAttributes(attrs...))
 }
 
 // endSpan ends span, marking it failed with err.

@@ -121,12 +121,6 @@ func (c *Context) Logits(i int) Logits {
 	return Logits{p: C.llama_get_logits_ith(c.c, C.int32_t(i))}
 }
 
-// Sample picks a token from the logits of output row i (batch index) of the last
-// Decode and records it in the chain's history (and the grammar's state).
-func (s *Sampler) Sample(c *Context, i int) (int32, error) {
-	return s.SampleLogits(c.model, c.Logits(i))
-}
-
 // SampleLogits picks a token from row l of m's logits and records it in the chain's
 // history (and the grammar's state). It touches no context: distinct samplers may
 // sample at once, each from its own row, until the next Decode. Under a grammar it

@@ -180,6 +180,10 @@ func TestBudgetReservationReleased(t *testing.T) {
 			resp.Body.Close()
 			t.Fatalf("request %d held for a replica: %d, want it held until its client goes away (a 429 is a leaked reservation)", i, resp.StatusCode)
 		}
+		// The gateway learns that the client went away when it reads the closed
+		// connection, a moment after the client has already moved on: the
+		// reservation must be given back then, and never kept.
+		waitReserved(t, tm.g, 0)
 	}
 	// A stream whose client goes away after its first chunk: its reservation is
 	// settled to what the runner generated.
@@ -190,10 +194,7 @@ func TestBudgetReservationReleased(t *testing.T) {
 	}
 	cancel()
 	_ = stream.Close()
-	testenv.Eventually(t, 10*time.Second, 20*time.Millisecond, func() (bool, string) {
-		line := metricLine(t, tm.g, "macfleet_gateway_budget_reserved_tokens ")
-		return line == "macfleet_gateway_budget_reserved_tokens 0", line
-	})
+	waitReserved(t, tm.g, 0)
 	used := int64(0)
 	for _, typ := range []string{"input", "output"} {
 		series := `macfleet_usage_tokens_total{deployment="` + tm.f.ns + `/tiny",key="ci",namespace="` + tm.f.ns + `",type="` + typ + `"}`
@@ -215,4 +216,13 @@ func TestBudgetReservationReleased(t *testing.T) {
 		t.Errorf("after 9 requests that ended without an answer or were cancelled (%d tokens used), one asking the %d left: %d %s",
 			used, limit-used, code, b)
 	}
+}
+
+// waitReserved waits until the gateway's reserved tokens' gauge reads want.
+func waitReserved(t *testing.T, g runningGateway, want int) {
+	t.Helper()
+	testenv.Eventually(t, 10*time.Second, 20*time.Millisecond, func() (bool, string) {
+		line := metricLine(t, g, "macfleet_gateway_budget_reserved_tokens ")
+		return line == fmt.Sprintf("macfleet_gateway_budget_reserved_tokens %d", want), line
+	})
 }

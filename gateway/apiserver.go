@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 
 	"github.com/macfleet/macfleet/internal/httpserver"
@@ -20,9 +22,11 @@ import (
 // drainTimeout to finish.
 type apiServer struct {
 	// handler is set by Run; hosts are the Host names it may answer (Guard).
-	handler      http.Handler
-	hosts        *httpserver.Hosts
-	ln           net.Listener
+	handler http.Handler
+	hosts   *httpserver.Hosts
+	ln      net.Listener
+	// tls, when set, is the API's own TLS: ln serves it.
+	tls          *servingTLS
 	log          logr.Logger
 	started      func(string)
 	limits       httpserver.Limits
@@ -34,9 +38,10 @@ type apiServer struct {
 	drained chan struct{}
 }
 
-// newAPIServer listens on cfg's address (or listener) with cfg's limits and completes
-// the drain timeout and the Host names the API answers (any when none are configured).
-func newAPIServer(cfg Config, log logr.Logger) (*apiServer, error) {
+// newAPIServer listens on cfg's address (or listener) with cfg's limits, over TLS
+// with cfg's certificate files, and completes the drain timeout and the Host names
+// the API answers (any when none are configured). reg receives the TLS metrics.
+func newAPIServer(cfg Config, reg prometheus.Registerer, log logr.Logger) (*apiServer, error) {
 	s := &apiServer{log: log, started: cfg.Started, limits: cfg.Limits, drainTimeout: cfg.DrainTimeout,
 		drained: make(chan struct{})}
 	if s.drainTimeout <= 0 {
@@ -50,10 +55,17 @@ func newAPIServer(cfg Config, log logr.Logger) (*apiServer, error) {
 	if s.hosts, err = httpserver.NewHosts(cfg.Listen, allowed); err != nil {
 		return nil, err
 	}
+	if s.tls, err = newServingTLS(cfg.TLSCertFile, cfg.TLSKeyFile, cfg.TLSPoll, reg, log.WithName("tls")); err != nil {
+		return nil, err
+	}
 	if cfg.Listener != nil {
 		s.ln = httpserver.Listener(cfg.Listener, cfg.Limits)
 	} else if s.ln, err = httpserver.Listen(cfg.Listen, cfg.Limits); err != nil {
 		return nil, err
+	}
+	if s.tls != nil {
+		// Beneath TLS, the connection caps count TCP connections (httpserver.Listener).
+		s.ln = tls.NewListener(s.ln, s.tls.config)
 	}
 	return s, nil
 }
@@ -64,7 +76,7 @@ func (s *apiServer) Start(ctx context.Context) error {
 	srv := httpserver.New(s.handler, s.limits)
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(s.ln) }()
-	s.log.Info("Serving the OpenAI API", "addr", s.ln.Addr().String())
+	s.log.Info("Serving the OpenAI API", "addr", s.ln.Addr().String(), "tls", s.tls != nil)
 	if s.started != nil {
 		s.started(s.ln.Addr().String())
 	}

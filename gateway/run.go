@@ -63,6 +63,12 @@ type Config struct {
 	// Listen is the OpenAI API's address (ignored when Listener is set).
 	Listen   string
 	Listener net.Listener
+	// TLSCertFile and TLSKeyFile, when set, make the API serve HTTPS (TLS 1.2 or
+	// later) with that certificate and key, re-read when the files change and every
+	// TLSPoll (DefaultTLSPoll when zero); unset, it serves plain HTTP.
+	TLSCertFile string
+	TLSKeyFile  string
+	TLSPoll     time.Duration
 	// MetricsAddr serves /metrics and ProbeAddr /healthz and /readyz; "" or "0"
 	// disables one. MetricsListener and ProbeListener, when set, are served instead.
 	MetricsAddr     string
@@ -180,7 +186,7 @@ func Run(ctx context.Context, cfg Config) error {
 	if err := w.callers(); err != nil {
 		return err
 	}
-	api, err := newAPIServer(cfg, log)
+	api, err := newAPIServer(cfg, w.opts.Registerer, log)
 	if err != nil {
 		return err
 	}
@@ -213,7 +219,7 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	// The options as New completed them with defaults.
-	log.Info("Starting gateway", "listen", api.ln.Addr().String(), "drainTimeout", api.drainTimeout, "coldStartTimeout", g.opts.ColdStartTimeout,
+	log.Info("Starting gateway", "listen", api.ln.Addr().String(), "tls", api.tls != nil, "drainTimeout", api.drainTimeout, "coldStartTimeout", g.opts.ColdStartTimeout,
 		"routing", g.opts.Routing, "peerFetch", g.peers != nil, "apiKeys", cfg.APIKeysFile != "", "tenantKeys", cfg.TenantKeys, "console", !cfg.DisableConsole,
 		"maxInFlightPerSlot", g.opts.MaxInFlightPerSlot, "budgets", w.lw != nil, "queue", cfg.Queue.WithDefaults(), "tracing", g.tracer != nil)
 	return mgr.Start(ctx)

@@ -212,6 +212,11 @@ func (w *wiring) addRunnables(mgr manager.Manager, g *Gateway, api *apiServer) (
 	if err := mgr.Add(api); err != nil {
 		return nil, err
 	}
+	if api.tls != nil {
+		if err := mgr.Add(api.tls.watcher); err != nil {
+			return nil, err
+		}
+	}
 	for _, watch := range w.watchers {
 		if err := mgr.Add(manager.RunnableFunc(func(ctx context.Context) error { watch(ctx); return nil })); err != nil {
 			return nil, err

@@ -42,7 +42,8 @@ first byte, continues a Chat Completions stream whose replica fails after it on 
 replica (see docs/fleet.md), queues requests fairly (per API key, interactive before batch) when every
 replica is busy and answers 429 when the queue is full, holds requests while an OnDemand model cold-starts or an autoscaled
 deployment is woken from zero replicas (see docs/autoscaling.md), and streams responses
-through unbuffered. GET /v1/models lists the deployments. The web console at /ui shows the Macs, the
+through unbuffered. With --tls-cert-file and --tls-key-file it serves HTTPS itself (see
+docs/security.md). GET /v1/models lists the deployments. The web console at /ui shows the Macs, the
 models, the recent unloads and a chat playground (see docs/console.md). With
 OTEL_EXPORTER_OTLP_ENDPOINT set it traces every request (see docs/tracing.md).`,
 		Args: cobra.NoArgs,
@@ -79,6 +80,9 @@ OTEL_EXPORTER_OTLP_ENDPOINT set it traces every request (see docs/tracing.md).`,
 	f := cmd.Flags()
 	f.StringVar(&kubeconfig, "kubeconfig", "", "Path to a kubeconfig; default: $KUBECONFIG, then in-cluster")
 	f.StringVar(&cfg.Listen, "listen", ":8080", "Address of the OpenAI API")
+	f.StringVar(&cfg.TLSCertFile, "tls-cert-file", "", "PEM certificate (with its chain) the API serves HTTPS with, TLS 1.2 or later; "+
+		"re-read when it changes (e.g. a Secret mounted as files that an issuer renews). Needs --tls-key-file; unset: plain HTTP")
+	f.StringVar(&cfg.TLSKeyFile, "tls-key-file", "", "PEM private key of --tls-cert-file (re-read with it)")
 	f.StringVar(&cfg.MetricsAddr, "metrics-bind-address", ":9090", `Address of the Prometheus /metrics endpoint; "0" disables it`)
 	f.StringVar(&cfg.ProbeAddr, "health-probe-bind-address", ":8081", `Address of /healthz and /readyz; "0" disables them`)
 	f.StringVar(&cfg.AgentCertSecret, "agent-cert-secret", mfv1.SystemNamespace+"/"+mfv1.GatewayTLSSecret, "Secret (namespace/name) with the client "+

@@ -397,7 +397,7 @@ func checkPod(t *testing.T, pod *corev1.PodSpec, serviceAccount, image string, a
 func TestTemplateFlagsExist(t *testing.T) {
 	bin := buildLikeDockerfile(t)
 	objs := render(t, "manager.hfEndpoint=https://hf.example", "manager.ollamaRegistry=https://ollama.example",
-		"gateway.apiKeysSecret=keys", "gateway.console=false", "gateway.tenantKeys=true")
+		"gateway.apiKeysSecret=keys", "gateway.console=false", "gateway.tenantKeys=true", "gateway.tls.terminate=true")
 	flagName := regexp.MustCompile(`^(--[a-z0-9-]+)`)
 	for _, name := range []string{"macfleet-manager", "macfleet-gateway"} {
 		args := findDeployment(t, objs, name).Spec.Template.Spec.Containers[0].Args
@@ -506,6 +506,10 @@ func TestValuesSchemaRejects(t *testing.T) {
 		{"monitoring.prometheusRule.ttftP99Seconds=0", []string{"monitoring/prometheusRule/ttftP99Seconds"}},
 		{"monitoring.prometheusRule.errorRatio=2", []string{"monitoring/prometheusRule/errorRatio"}},
 		{"monitoring.prometheusRule.agentJob=a\"b", []string{"monitoring/prometheusRule/agentJob"}},
+		{"gateway.access.hostnames={Not A Name}", []string{"gateway/access/hostnames"}},
+		{"gateway.access.httpRoute.timeouts.request=1 hour", []string{"gateway/access/httpRoute/timeouts/request"}},
+		{"gateway.access.ingress.streaming.timeoutSeconds=5", []string{"gateway/access/ingress/streaming/timeoutSeconds", "minimum"}},
+		{"gateway.tls.secretName=Not_A_Name", []string{"gateway/tls/secretName"}},
 		{"networkPolicy.enable=true", []string{"networkPolicy", "enable"}},
 		{"networkPolicy.agents.cidrs={192.168.10.0}", []string{"networkPolicy/agents/cidrs"}},
 		{"networkPolicy.apiServer.ports={0}", []string{"networkPolicy/apiServer/ports"}},
@@ -528,7 +532,7 @@ func TestValuesSchemaRejects(t *testing.T) {
 }
 
 func TestLint(t *testing.T) {
-	for _, set := range [][]string{nil, {"manager.replicas=2", "gateway.apiKeysSecret=keys"}, {"gateway.enabled=false"}, monitoringOn, networkPolicyOn} {
+	for _, set := range [][]string{nil, {"manager.replicas=2", "gateway.apiKeysSecret=keys"}, {"gateway.enabled=false"}, monitoringOn, networkPolicyOn, accessOn} {
 		args := []string{"lint", "--strict", chartDir(t)}
 		for _, s := range set {
 			args = append(args, "--set", s)

@@ -219,7 +219,10 @@ func TestAccessApplies(t *testing.T) {
 	for _, s := range accessOn {
 		release = append(release, "--set", s)
 	}
-	mustHelm(t, append(append([]string{"install"}, release...), "--create-namespace")...)
+	notes := mustHelm(t, append(append([]string{"install"}, release...), "--create-namespace")...)
+	if want := "curl https://llm.example.com/v1/chat/completions"; !strings.Contains(notes, want) || strings.Contains(notes, "port-forward svc/macfleet-gateway") {
+		t.Errorf("helm install output lacks %q or still says port-forward:\n%s", want, notes)
+	}
 	for _, gvk := range []schema.GroupVersionKind{{Group: "networking.k8s.io", Version: "v1", Kind: "Ingress"},
 		{Group: "gateway.networking.k8s.io", Version: "v1", Kind: "HTTPRoute"}, {Group: "gateway.networking.k8s.io", Version: "v1", Kind: "Gateway"}} {
 		o := &unstructured.Unstructured{}
@@ -239,6 +242,11 @@ func TestAccessApplies(t *testing.T) {
 	_, err = helm(t, append(upgrade, "--set", "gateway.tls.certificate.create=true", "--set", "gateway.tls.certificate.issuerRef.name=org-ca")...)
 	if err == nil || !strings.Contains(err.Error(), "Certificate") {
 		t.Errorf("upgrade with a Certificate and no CRD for it: %v, want an error naming the kind", err)
+	}
+	// A LoadBalancer without TLS of the gateway's own is warned of.
+	notes = mustHelm(t, append(upgrade, "--set", "gateway.service.type=LoadBalancer", "--set", "gateway.tls.terminate=false")...)
+	if want := "WARNING: the LoadBalancer Service serves plain HTTP"; !strings.Contains(notes, want) {
+		t.Errorf("helm upgrade output lacks %q:\n%s", want, notes)
 	}
 	// Neither failed upgrade left a change behind.
 	route := &unstructured.Unstructured{}

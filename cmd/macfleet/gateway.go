@@ -79,12 +79,7 @@ OTEL_EXPORTER_OTLP_ENDPOINT set it traces every request (see docs/tracing.md).`,
 	}
 	f := cmd.Flags()
 	f.StringVar(&kubeconfig, "kubeconfig", "", "Path to a kubeconfig; default: $KUBECONFIG, then in-cluster")
-	f.StringVar(&cfg.Listen, "listen", ":8080", "Address of the OpenAI API")
-	f.StringVar(&cfg.TLSCertFile, "tls-cert-file", "", "PEM certificate (with its chain) the API serves HTTPS with, TLS 1.2 or later; "+
-		"re-read when it changes (e.g. a Secret mounted as files that an issuer renews). Needs --tls-key-file; unset: plain HTTP")
-	f.StringVar(&cfg.TLSKeyFile, "tls-key-file", "", "PEM private key of --tls-cert-file (re-read with it)")
-	f.StringVar(&cfg.MetricsAddr, "metrics-bind-address", ":9090", `Address of the Prometheus /metrics endpoint; "0" disables it`)
-	f.StringVar(&cfg.ProbeAddr, "health-probe-bind-address", ":8081", `Address of /healthz and /readyz; "0" disables them`)
+	listenFlags(f, &cfg)
 	f.StringVar(&cfg.AgentCertSecret, "agent-cert-secret", mfv1.SystemNamespace+"/"+mfv1.GatewayTLSSecret, "Secret (namespace/name) with the client "+
 		"certificate presented to agents and the fleet CA bundle, issued and renewed by the manager (re-read every 30s); \"\" calls agents over plain HTTP")
 	f.StringVar(&cfg.APIKeysFile, "api-keys-file", "", "File of admin API keys (every namespace's models and the console), one per line, optionally followed by priority=batch (re-read when it changes)")
@@ -127,6 +122,16 @@ OTEL_EXPORTER_OTLP_ENDPOINT set it traces every request (see docs/tracing.md).`,
 	zapOpts.BindFlags(gfs)
 	f.AddGoFlagSet(gfs)
 	return cmd
+}
+
+// listenFlags are the gateway's addresses and the API's TLS.
+func listenFlags(f *pflag.FlagSet, cfg *gateway.Config) {
+	f.StringVar(&cfg.Listen, "listen", ":8080", "Address of the OpenAI API")
+	f.StringVar(&cfg.TLSCertFile, "tls-cert-file", "", "PEM certificate (with its chain) the API serves HTTPS with, TLS 1.2 or later; "+
+		"re-read when it changes (e.g. a Secret mounted as files that an issuer renews). Needs --tls-key-file; unset: plain HTTP")
+	f.StringVar(&cfg.TLSKeyFile, "tls-key-file", "", "PEM private key of --tls-cert-file (re-read with it)")
+	f.StringVar(&cfg.MetricsAddr, "metrics-bind-address", ":9090", `Address of the Prometheus /metrics endpoint; "0" disables it`)
+	f.StringVar(&cfg.ProbeAddr, "health-probe-bind-address", ":8081", `Address of /healthz and /readyz; "0" disables them`)
 }
 
 // connectionFlags are the flags of the API's connection caps.

@@ -269,6 +269,19 @@ func (f *fleet) setReplica(name string, ready metav1.ConditionStatus, endpoint s
 	}
 }
 
+// tinyFleet writes, in a new namespace, a Ready Mac and the deployment "tiny" with
+// one Ready replica on it that agent serves.
+func tinyFleet(t *testing.T, e *testenv.Env, agent string) *fleet {
+	t.Helper()
+	f := &fleet{t: t, c: e.Client, ns: testenv.NewNamespace(t, e.Client)}
+	mac := "mac-" + f.ns
+	f.node(mac, metav1.ConditionTrue)
+	f.deployment("tiny", "", 1)
+	f.replica("tiny-0", "tiny", mac)
+	f.setReplica("tiny-0", metav1.ConditionTrue, agent)
+	return f
+}
+
 type listedModel struct {
 	ID            string `json:"id"`
 	Namespace     string `json:"namespace"`
@@ -359,12 +372,7 @@ func TestThroughRealAgent(t *testing.T) {
 	// The default registry: the metrics server must serve the gateway's series.
 	g := startGateway(t, e, gateway.Config{APIKeysFile: keys, MetricsListener: loopback(t), ColdStartTimeout: 30 * time.Second})
 
-	f := &fleet{t: t, c: e.Client, ns: testenv.NewNamespace(t, e.Client)}
-	mac := "mac-" + f.ns
-	f.node(mac, metav1.ConditionTrue)
-	f.deployment("tiny", "", 1)
-	f.replica("tiny-0", "tiny", mac)
-	f.setReplica("tiny-0", metav1.ConditionTrue, agent)
+	f := tinyFleet(t, e, agent)
 	g.key = "client-key"
 	waitModel(t, g, "tiny", f.ns, 1)
 

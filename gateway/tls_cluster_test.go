@@ -24,7 +24,6 @@ import (
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 	"github.com/prometheus/client_golang/prometheus"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/macfleet/macfleet/gateway"
 	"github.com/macfleet/macfleet/test/support/testenv"
@@ -158,12 +157,7 @@ func TestThroughOwnTLS(t *testing.T) {
 	addr := strings.TrimPrefix(g.url, "http://")
 	base := "https://" + addr + "/v1/"
 
-	f := &fleet{t: t, c: e.Client, ns: testenv.NewNamespace(t, e.Client)}
-	mac := "mac-" + f.ns
-	f.node(mac, metav1.ConditionTrue)
-	f.deployment("tiny", "", 1)
-	f.replica("tiny-0", "tiny", mac)
-	f.setReplica("tiny-0", metav1.ConditionTrue, agent)
+	tinyFleet(t, e, agent)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()

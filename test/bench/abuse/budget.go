@@ -22,8 +22,10 @@ import (
 // TokenBudget, through one gateway or split over several.
 type budgetResult struct {
 	Gateways, Streams int
-	Minute            time.Time
-	Elapsed           time.Duration
+	// Later is how long after the first gateway's streams the others' start.
+	Later   time.Duration
+	Minute  time.Time
+	Elapsed time.Duration
 	// Served streams, by gateway; Refused ended with the budget's 429 naming the next
 	// window; Retries are 429s whose Retry-After (the room held by requests in
 	// flight) was waited and the stream asked again.
@@ -41,6 +43,13 @@ type budgetResult struct {
 	Crossed bool
 }
 
+func (r budgetResult) laterText() string {
+	if r.Later == 0 {
+		return ""
+	}
+	return fmt.Sprintf(", the second's streams %v later", r.Later)
+}
+
 func (r budgetResult) served() (n int) {
 	for _, s := range r.Served {
 		n += s
@@ -52,17 +61,23 @@ func (r budgetResult) served() (n int) {
 // much left, and stops retrying 10 s before the minute ends.
 const phaseRoom = 30 * time.Second
 
-// budgetPhase sends o.streams streams of o.choices choices at once from key, stream i
-// through urls[i % len(urls)], each retried while a refusal says the requests in
-// flight hold the room (Retry-After ≤ 1 s) until 10 s before the minute ends.
-func budgetPhase(ctx context.Context, o options, fl *benchFleet, key string, urls []string) (budgetResult, error) {
+// laterBy is how much later the second gateway's streams start in the third budget
+// phase: past the ledger's flush interval (200 ms) and the watch that brings a
+// replica's record to the other.
+const laterBy = time.Second
+
+// budgetPhase sends o.streams streams of o.choices choices from key, stream i through
+// urls[i % len(urls)], those through urls[0] at once and the others later, each
+// retried while a refusal says the requests in flight hold the room (Retry-After ≤
+// 1 s) until 10 s before the minute ends.
+func budgetPhase(ctx context.Context, o options, fl *benchFleet, key string, urls []string, later time.Duration) (budgetResult, error) {
 	minute, err := waitMinute(ctx)
 	if err != nil {
 		return budgetResult{}, err
 	}
-	r := budgetResult{Gateways: len(urls), Streams: o.streams, Minute: minute, Served: make([]int, len(urls))}
-	fmt.Fprintf(o.out, "budget: %d streams of n=%d, max_tokens %d, against %d tokens a minute, over %d gateway(s); load %s\n",
-		o.streams, o.choices, o.maxTokens, o.budget, len(urls), localfleet.LoadAverage())
+	r := budgetResult{Gateways: len(urls), Streams: o.streams, Later: later, Minute: minute, Served: make([]int, len(urls))}
+	fmt.Fprintf(o.out, "budget: %d streams of n=%d, max_tokens %d, against %d tokens a minute, over %d gateway(s)%s; load %s\n",
+		o.streams, o.choices, o.maxTokens, o.budget, len(urls), r.laterText(), localfleet.LoadAverage())
 	hc := from("127.0.0.1", true, o.streams)
 	// Its kept-alive connections would count against 127.0.0.1's cap in the idle phase.
 	defer hc.CloseIdleConnections()
@@ -85,6 +100,9 @@ func budgetPhase(ctx context.Context, o options, fl *benchFleet, key string, url
 		wg.Go(func() {
 			<-start
 			g := i % len(urls)
+			if g > 0 && sleep(ctx, later) != nil {
+				return
+			}
 			out := streamUntilDone(ctx, clients[g], params, stop)
 			mu.Lock()
 			defer mu.Unlock()
@@ -110,8 +128,8 @@ func budgetPhase(ctx context.Context, o options, fl *benchFleet, key string, url
 	r.Elapsed = time.Since(began)
 	r.Crossed = !time.Now().UTC().Truncate(time.Minute).Equal(minute)
 	r.Ledger, err = ledgerTokens(ctx, fl.f.Client, key, minute, r.Tokens)
-	fmt.Fprintf(o.out, "budget over %d gateway(s): %d served %v, %d refused, %d retries, %d failed; %d tokens served (%.0f %% of %d), ledger %d\n",
-		len(urls), r.served(), r.Served, r.Refused, r.Retries, r.Failed, r.Tokens, percent(r.Tokens, o.budget), o.budget, r.Ledger)
+	fmt.Fprintf(o.out, "budget over %d gateway(s)%s: %d served %v, %d refused, %d retries, %d failed; %d tokens served (%.0f %% of %d), ledger %d\n",
+		len(urls), r.laterText(), r.served(), r.Served, r.Refused, r.Retries, r.Failed, r.Tokens, percent(r.Tokens, o.budget), o.budget, r.Ledger)
 	return r, err
 }
 

@@ -37,6 +37,7 @@ const (
 
 	keyOne   = "one"   // the budget phase through one gateway
 	keyTwo   = "two"   // the budget phase over both
+	keyLater = "later" // over both, the second gateway's streams a second later
 	keyHot   = "hot"   // the latency phases: a budget no request reaches
 	keyProbe = "probe" // a zero budget: each gateway has read the budgets once it refuses it
 )
@@ -107,7 +108,7 @@ func (b *benchFleet) setUp(ctx context.Context, o options) error {
 				Replicas: ptr.To[int32](1),
 			}},
 	}
-	for name, limit := range map[string]int64{keyOne: o.budget, keyTwo: o.budget, keyHot: hotBudget, keyProbe: 0} {
+	for name, limit := range map[string]int64{keyOne: o.budget, keyTwo: o.budget, keyLater: o.budget, keyHot: hotBudget, keyProbe: 0} {
 		b.keys[name] = rand.Text()
 		objs = append(objs, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name}, Type: tenancy.SecretType,
 			Data: map[string][]byte{tenancy.KeyField: []byte(b.keys[name])}},

@@ -5,8 +5,10 @@
 //
 //  1. Budget: S concurrent streams of n choices (default 50 of n=4) from one key
 //     against its TokenBudget of B tokens a minute (default 200), once all through one
-//     gateway and once split over the two: the tokens served in the minute (the
-//     streams' usage, and the gateways' TokenUsage records) against B.
+//     gateway, once split over the two, and once split with the second gateway's
+//     streams a second after the first's (past the 200 ms in which a replica
+//     publishes its reservations): the tokens served in the minute (the streams'
+//     usage, and the gateways' TokenUsage records) against B.
 //  2. Idle connections: a client at 127.0.0.2 sends R sequential one-token chat
 //     completions (default 200), each on a new connection, alone, then while one
 //     source, 127.0.0.1, opens C idle keep-alive connections to the same gateway
@@ -100,6 +102,7 @@ func (o options) smokeSized() options {
 type report struct {
 	Files         fileLimit
 	One, Two      budgetResult
+	Later         budgetResult
 	Idle          idleResult
 	Random        bearerResult
 	Forged        bearerResult
@@ -147,11 +150,14 @@ func run(o options) (*report, error) {
 // phases runs the four measurements in order on fl.
 func phases(ctx context.Context, o options, fl *benchFleet, r *report) error {
 	var err error
-	if r.One, err = budgetPhase(ctx, o, fl, keyOne, fl.urls[:1]); err != nil {
+	if r.One, err = budgetPhase(ctx, o, fl, keyOne, fl.urls[:1], 0); err != nil {
 		return fmt.Errorf("budget, one gateway: %w", err)
 	}
-	if r.Two, err = budgetPhase(ctx, o, fl, keyTwo, fl.urls); err != nil {
+	if r.Two, err = budgetPhase(ctx, o, fl, keyTwo, fl.urls, 0); err != nil {
 		return fmt.Errorf("budget, two gateways: %w", err)
+	}
+	if r.Later, err = budgetPhase(ctx, o, fl, keyLater, fl.urls, laterBy); err != nil {
+		return fmt.Errorf("budget, two gateways, the second later: %w", err)
 	}
 	if r.Idle, err = idlePhase(ctx, o, fl); err != nil {
 		return fmt.Errorf("idle connections: %w", err)

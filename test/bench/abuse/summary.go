@@ -18,10 +18,10 @@ func (r *report) summary(o options) string {
 	var b strings.Builder
 	p := func(format string, args ...any) { fmt.Fprintf(&b, format+"\n", args...) }
 	p("== issue 42: the defences measured (load before %s; after %s; open files: %s)", r.LoadBefore, r.LoadAfter, r.Files)
-	for _, br := range []budgetResult{r.One, r.Two} {
-		p("budget, %d gateway(s): %d streams of n=%d, max_tokens %d (ask %d) against %d tokens a minute: %d served %v, %d refused, %d retries; "+
+	for _, br := range []budgetResult{r.One, r.Two, r.Later} {
+		p("budget, %d gateway(s)%s: %d streams of n=%d, max_tokens %d (ask %d) against %d tokens a minute: %d served %v, %d refused, %d retries; "+
 			"%d tokens served = %.0f %% of the budget (ledger %d; target ≤ %.0f %%: %s)%s",
-			br.Gateways, br.Streams, o.choices, o.maxTokens, br.Ask, o.budget, br.served(), br.Served, br.Refused, br.Retries,
+			br.Gateways, br.laterText(), br.Streams, o.choices, o.maxTokens, br.Ask, o.budget, br.served(), br.Served, br.Refused, br.Retries,
 			br.Tokens, percent(br.Tokens, o.budget), br.Ledger, budgetTarget*100, verdict(float64(br.Tokens) <= budgetTarget*float64(o.budget)),
 			crossed(br.Crossed))
 	}
@@ -61,7 +61,7 @@ func (r *report) problems(o options) []string {
 			ps = append(ps, fmt.Sprintf(format, args...))
 		}
 	}
-	for _, br := range []budgetResult{r.One, r.Two} {
+	for _, br := range []budgetResult{r.One, r.Two, r.Later} {
 		add(br.served() == 0, "budget over %d gateway(s): no stream served", br.Gateways)
 		add(br.Failed > 0, "budget over %d gateway(s): %d streams failed, the last: %s", br.Gateways, br.Failed, br.LastFail)
 		add(br.Crossed, "budget over %d gateway(s): the phase ran into the next minute", br.Gateways)

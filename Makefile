@@ -52,8 +52,8 @@ DEPS_GOALS    := $(strip $(if $(filter test attack soak fuzz bench chart-test re
 # The components this run builds from nothing, in make's order: hack/step.sh announces
 # each as "[N/M] name" with the time since make started.
 MACFLEET_STEPS := $(strip $(if $(wildcard $(ENVTEST_DIR)/kube-apiserver),,etcd kube-apiserver kubectl) \
-	$(if $(filter demo dev-cluster bench-peers bench-fleetcache,$(MAKECMDGOALS)),$(if $(wildcard $(BIN)/macfleet),,macfleet)) \
-	$(if $(filter demo runner test attack soak bench bench-peers bench-fleetcache record-clients,$(MAKECMDGOALS)),$(if $(wildcard $(RUNNER)),,runner)) \
+	$(if $(filter demo dev-cluster bench-peers bench-fleetcache bench-abuse,$(MAKECMDGOALS)),$(if $(wildcard $(BIN)/macfleet),,macfleet)) \
+	$(if $(filter demo runner test attack soak bench bench-peers bench-fleetcache bench-abuse record-clients,$(MAKECMDGOALS)),$(if $(wildcard $(RUNNER)),,runner)) \
 	$(if $(filter bench-peers peer,$(MAKECMDGOALS)),$(if $(wildcard $(PEER)),,peer)) \
 	$(if $(filter test helm chart-test chart-verify,$(MAKECMDGOALS)),$(if $(wildcard $(HELM)),,helm)) \
 	$(if $(filter verify lint golangci-lint,$(MAKECMDGOALS)),$(if $(wildcard $(GOLANGCI_LINT)),,golangci-lint)))
@@ -186,6 +186,20 @@ FLEETCACHE_FLAGS ?= $(if $(FLEETCACHE_SMOKE),-smoke)
 .PHONY: bench-fleetcache
 bench-fleetcache: envtest build runner ## The fleet as one prompt cache (issue 26): least-load, prefix-affinity, prefix-cache routing, and prefix-cache with peer fetch, on 4 simulated Macs (docs/benchmarks.md).
 	go run ./test/bench/fleetcache -macfleet $(BIN)/macfleet -runner $(RUNNER) $(FLEETCACHE_FLAGS)
+
+# ABUSE_SMOKE=1: a few streams, 300 connections, 200 bearers, 20 pairs against the same
+# binary, to check the harness end to end (TestSmoke runs it in `make test`), not the
+# figures. The hot path is compared with the gateway of ABUSE_BASELINE: main before
+# issue 42's defences were merged (budget reservations, connection caps per source,
+# TokenReview limits).
+ABUSE_SMOKE    ?=
+ABUSE_BASELINE ?= 289c4a94ef54da2ceec5d56c2310f9b4421a0bff
+ABUSE_FLAGS    ?= $(if $(ABUSE_SMOKE),-smoke)
+
+.PHONY: bench-abuse
+bench-abuse: envtest build runner ## Issue 42's defences under attack on the local fleet: a budget across two gateways, idle connections, random bearers, the hot path against ABUSE_BASELINE (docs/benchmarks.md).
+	go run ./test/bench/abuse -macfleet $(BIN)/macfleet -runner $(RUNNER) \
+		$(if $(ABUSE_SMOKE),,-baseline "$$(hack/build-macfleet-at.sh $(ABUSE_BASELINE))") $(ABUSE_FLAGS)
 
 .PHONY: bench-runners
 bench-runners: ## Compare the runners of COMMITS side by side, interleaved (the last is the baseline; RUNNERS_FLAGS for more).

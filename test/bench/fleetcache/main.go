@@ -29,7 +29,6 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"os/exec"
 	"os/signal"
 	"strings"
 	"syscall"
@@ -110,7 +109,7 @@ func run(o options) error {
 	} else {
 		fmt.Println("fleet directory:", dir)
 	}
-	fmt.Printf("load before the fleet starts: %s\n", uptime())
+	fmt.Printf("load before the fleet starts: %s\n", localfleet.LoadAverage())
 	startCtx, startCancel := context.WithTimeout(ctx, 5*time.Minute)
 	f, err := localfleet.Start(startCtx, localfleet.Options{Binary: o.macfleet, Runner: o.runner, Dir: dir,
 		Nodes: macs(o.macs), Log: os.Stderr,
@@ -147,7 +146,7 @@ func run(o options) error {
 		}
 		rows = append(rows, row)
 	}
-	fmt.Printf("load after the run: %s\n\n", uptime())
+	fmt.Printf("load after the run: %s\n\n", localfleet.LoadAverage())
 	fmt.Print(table(rows))
 	printRatio(rows)
 	failed := 0
@@ -187,7 +186,7 @@ func measureMode(ctx, gctx context.Context, f *localfleet.Fleet, o options, mode
 	for t := range o.tenants {
 		w.Systems = append(w.Systems, systemPrompt(seed, t, o.words))
 	}
-	fmt.Printf("%s: %d requests, load %s\n", mode, len(w.Requests), uptime())
+	fmt.Printf("%s: %d requests, load %s\n", mode, len(w.Requests), localfleet.LoadAverage())
 	outs := runLoad(ctx, g.url, model, o.cacheKeys, w, o.maxTokens, o.reqTimeout)
 	after, err := counters(ctx, f, true)
 	if err != nil {
@@ -206,7 +205,7 @@ func measureMode(ctx, gctx context.Context, f *localfleet.Fleet, o options, mode
 		}
 	}
 	s := summarize(mode, outs, after.sub(before), routed)
-	fmt.Printf("%s done: TTFT p90 %s, %d of %d prompt tokens restored, load %s\n", mode, secs(s.P90), s.Cached, s.Prompt, uptime())
+	fmt.Printf("%s done: TTFT p90 %s, %d of %d prompt tokens restored, load %s\n", mode, secs(s.P90), s.Cached, s.Prompt, localfleet.LoadAverage())
 	c := splitCold(outs, s.P90)
 	fmt.Printf("%s cold answers (restored less than half the prompt): %d, %d of them arrived before their tenant's first token anywhere, %d after; "+
 		"%d of the %d answers at or above the p90 are such early ones\n", mode, c.Cold, c.Early, c.Late, c.InTail, c.Tail)
@@ -245,17 +244,4 @@ func printRatio(rows []summary) {
 		}
 	}
 	fmt.Println()
-}
-
-// uptime is the load average line of uptime(1), for the record.
-func uptime() string {
-	out, err := exec.Command("uptime").Output()
-	if err != nil {
-		return "unknown (" + err.Error() + ")"
-	}
-	s := strings.TrimSpace(string(out))
-	if i := strings.Index(s, "load average"); i >= 0 {
-		return s[i:]
-	}
-	return s
 }

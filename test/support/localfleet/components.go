@@ -17,7 +17,9 @@ import (
 // component is the manager or a gateway: a process restarted with the same
 // arguments, ready when its readyz answers.
 type component struct {
-	name   string
+	name string
+	// bin is the executable; the fleet's (Options.Binary) when empty.
+	bin    string
 	args   []string
 	readyz string
 	proc   *Process
@@ -26,7 +28,12 @@ type component struct {
 // startComponent starts c and waits until it is ready.
 func (f *Fleet) startComponent(ctx context.Context, c *component) error {
 	f.logf("Starting the %s", c.name)
-	p, err := f.startEnv(c.name, nil, c.args...)
+	bin := c.bin
+	if bin == "" {
+		bin = f.opts.Binary
+	}
+	p, err := startProcess(c.name, filepath.Join(f.opts.Dir, "logs", c.name+".log"), bin, c.args,
+		[]string{"MACFLEET_RUNNER=" + f.opts.Runner})
 	if err != nil {
 		return err
 	}

@@ -274,32 +274,48 @@ func (f *Fleet) startManager(ctx context.Context, authzAddr string) (err error) 
 
 // startGateways starts opts.Gateways gateway processes (at least one) and records
 // their URLs.
-func (f *Fleet) startGateways(ctx context.Context) (err error) {
-	for i := range max(f.opts.Gateways, 1) {
-		name := "gateway"
-		if i > 0 {
-			name = fmt.Sprintf("gateway-%d", i+1)
-		}
-		f.logf("Starting the %s", name)
-		gw, gwProbe := 0, 0
-		if gw, err = freePort(); err == nil {
-			gwProbe, err = freePort()
-		}
-		if err != nil {
+func (f *Fleet) startGateways(ctx context.Context) error {
+	for range max(f.opts.Gateways, 1) {
+		if _, err := f.AddGateway(ctx, ""); err != nil {
 			return err
 		}
-		c := &component{name: name, args: []string{"gateway", "--kubeconfig", f.AdminKubeconfig,
-			"--listen", "127.0.0.1:" + strconv.Itoa(gw), "--metrics-bind-address", "0",
-			"--health-probe-bind-address", "127.0.0.1:" + strconv.Itoa(gwProbe)}, readyz: fmt.Sprintf("http://127.0.0.1:%d/readyz", gwProbe)}
-		c.args = append(c.args, f.opts.GatewayArgs...)
-		f.gateways = append(f.gateways, c)
-		if err := f.startComponent(ctx, c); err != nil {
-			return err
-		}
-		f.GatewayURLs = append(f.GatewayURLs, "http://127.0.0.1:"+strconv.Itoa(gw))
 	}
-	f.GatewayURL = f.GatewayURLs[0]
 	return nil
+}
+
+// AddGateway starts another gateway replica, of binary (the fleet's when empty: a
+// second build, e.g. an earlier commit's, beside the fleet's own) with the fleet's
+// gateway arguments and then args, waits until it is ready and returns its base URL,
+// which is appended to GatewayURLs. Each replica has its own --gateway-id
+// ("gateway", "gateway-2", ...), its name in the budgets' usage records: replicas
+// that shared one would overwrite each other's record and never count each other's
+// requests.
+func (f *Fleet) AddGateway(ctx context.Context, binary string, args ...string) (string, error) {
+	name := "gateway"
+	if n := len(f.gateways); n > 0 {
+		name = fmt.Sprintf("gateway-%d", n+1)
+	}
+	gw, err := freePort()
+	if err != nil {
+		return "", err
+	}
+	gwProbe, err := freePort()
+	if err != nil {
+		return "", err
+	}
+	c := &component{name: name, bin: binary, args: []string{"gateway", "--kubeconfig", f.AdminKubeconfig,
+		"--listen", "127.0.0.1:" + strconv.Itoa(gw), "--metrics-bind-address", "0",
+		"--health-probe-bind-address", "127.0.0.1:" + strconv.Itoa(gwProbe), "--gateway-id", name},
+		readyz: fmt.Sprintf("http://127.0.0.1:%d/readyz", gwProbe)}
+	c.args = append(append(c.args, f.opts.GatewayArgs...), args...)
+	f.gateways = append(f.gateways, c)
+	if err := f.startComponent(ctx, c); err != nil {
+		return "", err
+	}
+	url := "http://127.0.0.1:" + strconv.Itoa(gw)
+	f.GatewayURLs = append(f.GatewayURLs, url)
+	f.GatewayURL = f.GatewayURLs[0]
+	return url, nil
 }
 
 func (f *Fleet) logf(format string, args ...any) {

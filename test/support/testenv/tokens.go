@@ -2,9 +2,11 @@ package testenv
 
 import (
 	"bufio"
+	"context"
 	"crypto/rand"
 	"encoding/base64"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"strconv"
@@ -23,18 +25,31 @@ import (
 // own count (apiserver_request_total of resource tokenreviews, every code).
 func TokenReviews(tb testing.TB, cfg *rest.Config) int {
 	tb.Helper()
-	hc, err := rest.HTTPClientFor(cfg)
+	n, err := CountTokenReviews(tb.Context(), cfg)
 	if err != nil {
 		tb.Fatal(err)
 	}
-	resp, err := hc.Get(strings.TrimSuffix(cfg.Host, "/") + "/metrics")
+	return n
+}
+
+// CountTokenReviews is TokenReviews outside a test (a benchmark harness).
+func CountTokenReviews(ctx context.Context, cfg *rest.Config) (int, error) {
+	hc, err := rest.HTTPClientFor(cfg)
 	if err != nil {
-		tb.Fatal(err)
+		return 0, err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(cfg.Host, "/")+"/metrics", nil)
+	if err != nil {
+		return 0, err
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return 0, err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		b, _ := io.ReadAll(resp.Body)
-		tb.Fatalf("the API server's /metrics: %d %s", resp.StatusCode, b)
+		return 0, fmt.Errorf("the API server's /metrics: %d %s", resp.StatusCode, b)
 	}
 	n := 0
 	sc := bufio.NewScanner(resp.Body)
@@ -46,42 +61,48 @@ func TokenReviews(tb testing.TB, cfg *rest.Config) int {
 		}
 		v, err := strconv.ParseFloat(l[strings.LastIndexByte(l, ' ')+1:], 64)
 		if err != nil {
-			tb.Fatalf("%q: %v", l, err)
+			return 0, fmt.Errorf("%q: %w", l, err)
 		}
 		n += int(v)
 	}
-	if err := sc.Err(); err != nil {
-		tb.Fatal(err)
-	}
-	return n
+	return n, sc.Err()
 }
 
 // ServiceAccountToken creates ServiceAccount name in ns and returns a token of it for
 // audience, and the issuer the API server signs its tokens as.
 func ServiceAccountToken(tb testing.TB, cfg *rest.Config, ns, name, audience string) (token, issuer string) {
 	tb.Helper()
+	token, issuer, err := NewServiceAccountToken(tb.Context(), cfg, ns, name, audience)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return token, issuer
+}
+
+// NewServiceAccountToken is ServiceAccountToken outside a test (a benchmark harness).
+func NewServiceAccountToken(ctx context.Context, cfg *rest.Config, ns, name, audience string) (token, issuer string, err error) {
 	cs, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
-		tb.Fatal(err)
+		return "", "", err
 	}
-	if _, err := cs.CoreV1().ServiceAccounts(ns).Create(tb.Context(), &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: name}},
+	if _, err := cs.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: name}},
 		metav1.CreateOptions{}); err != nil {
-		tb.Fatal(err)
+		return "", "", fmt.Errorf("creating ServiceAccount %s/%s: %w", ns, name, err)
 	}
-	tr, err := cs.CoreV1().ServiceAccounts(ns).CreateToken(tb.Context(), name,
+	tr, err := cs.CoreV1().ServiceAccounts(ns).CreateToken(ctx, name,
 		&authnv1.TokenRequest{Spec: authnv1.TokenRequestSpec{Audiences: []string{audience}}}, metav1.CreateOptions{})
 	if err != nil {
-		tb.Fatal(err)
+		return "", "", fmt.Errorf("a token of ServiceAccount %s/%s: %w", ns, name, err)
 	}
 	var claims struct{ Iss string }
 	parts := strings.Split(tr.Status.Token, ".")
 	if len(parts) != 3 {
-		tb.Fatalf("the ServiceAccount token has %d parts", len(parts))
+		return "", "", fmt.Errorf("the ServiceAccount token has %d parts", len(parts))
 	}
 	if b, err := base64.RawURLEncoding.DecodeString(parts[1]); err != nil || json.Unmarshal(b, &claims) != nil {
-		tb.Fatalf("the ServiceAccount token's claims: %v", err)
+		return "", "", fmt.Errorf("the ServiceAccount token's claims: %v", err)
 	}
-	return tr.Status.Token, claims.Iss
+	return tr.Status.Token, claims.Iss, nil
 }
 
 // ForgedToken is a JWT-shaped bearer whose claims pass every check but the

@@ -1,0 +1,101 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+	"time"
+)
+
+// The issue's targets.
+const (
+	budgetTarget  = 1.10                   // tokens served in the minute over the budget
+	idleTarget    = 2.0                    // p99 beside the idle connections over alone
+	hotPathTarget = 100 * time.Microsecond // p50 under test minus the baseline's
+)
+
+// summary is the run's figures against the issue's targets, for docs/benchmarks.md.
+func (r *report) summary(o options) string {
+	var b strings.Builder
+	p := func(format string, args ...any) { fmt.Fprintf(&b, format+"\n", args...) }
+	p("== issue 42: the defences measured (load before %s; after %s; open files: %s)", r.LoadBefore, r.LoadAfter, r.Files)
+	for _, br := range []budgetResult{r.One, r.Two, r.Later} {
+		p("budget, %d gateway(s)%s: %d streams of n=%d, max_tokens %d (ask %d) against %d tokens a minute: %d served %v, %d refused, %d retries; "+
+			"%d tokens served = %.0f %% of the budget (ledger %d; target ≤ %.0f %%: %s)%s",
+			br.Gateways, br.laterText(), br.Streams, o.choices, o.maxTokens, br.Ask, o.budget, br.served(), br.Served, br.Refused, br.Retries,
+			br.Tokens, percent(br.Tokens, o.budget), br.Ledger, budgetTarget*100, verdict(float64(br.Tokens) <= budgetTarget*float64(o.budget)),
+			crossed(br.Crossed))
+	}
+	i := r.Idle
+	p("idle connections: another client's p50/p99 (a new connection a request) alone %s / %s, alone again after the attacks %s / %s",
+		ms(i.Alone.quantile(0.5)), ms(i.Alone.quantile(0.99)), ms(i.AloneAfter.quantile(0.5)), ms(i.AloneAfter.quantile(0.99)))
+	for _, at := range i.Attacks {
+		rp99 := ratio(at.Attacked.quantile(0.99), i.Alone.quantile(0.99))
+		p("  beside %d idle connections from one address (refused ones dial again: %s): %s / %s, p99 %.2f× (target ≤ %.0f×: %s); "+
+			"the attacker held %d (at most %d) after %d attempts, %d refused, %d closed by the gateway, %d dial errors, %d other failures",
+			i.Conns, redialText(at.Redial), ms(at.Attacked.quantile(0.5)), ms(at.Attacked.quantile(0.99)), rp99, idleTarget,
+			verdict(rp99 <= idleTarget), at.Held, at.MaxHeld, at.Attempts, at.Refused, at.ClosedByGateway, at.DialErrors, at.Failed)
+	}
+	for _, f := range []bearerResult{r.Random, r.Forged} {
+		p("bearers, %d %s from one source in %v: %d TokenReviews, the per-source limit allows %d (target ≤: %s); answers %s",
+			f.Sent, f.Kind, f.Elapsed.Round(time.Millisecond), f.Reviews, f.Allowed, verdict(f.Reviews <= f.Allowed), statusList(f.Status))
+	}
+	p("bearers: a valid ServiceAccount token from another address after the floods: %d", r.ValidToken)
+	h := r.Hot
+	p("hot path (one-token chat completion, %d interleaved pairs; baseline %s): p50 %s with the defences, %s baseline: %+.0f µs, %.2f× "+
+		"(target ≤ +%d µs: %s)", h.Pairs, r.BaselineLabel, ms(h.Test.quantile(0.5)), ms(h.Baseline.quantile(0.5)),
+		float64(h.delta())/float64(time.Microsecond), ratio(h.Test.quantile(0.5), h.Baseline.quantile(0.5)),
+		hotPathTarget/time.Microsecond, verdict(h.delta() <= hotPathTarget))
+	if ps := r.problems(o); len(ps) > 0 {
+		p("the harness saw problems (the figures above are not to be trusted):\n  %s", strings.Join(ps, "\n  "))
+	}
+	return b.String()
+}
+
+// problems are what makes a run's figures unusable, whatever they are: failed
+// requests, a phase that served nothing or ran into the next minute, answers of the
+// wrong kind.
+func (r *report) problems(o options) []string {
+	var ps []string
+	add := func(cond bool, format string, args ...any) {
+		if cond {
+			ps = append(ps, fmt.Sprintf(format, args...))
+		}
+	}
+	for _, br := range []budgetResult{r.One, r.Two, r.Later} {
+		add(br.served() == 0, "budget over %d gateway(s): no stream served", br.Gateways)
+		add(br.Failed > 0, "budget over %d gateway(s): %d streams failed, the last: %s", br.Gateways, br.Failed, br.LastFail)
+		add(br.Crossed, "budget over %d gateway(s): the phase ran into the next minute", br.Gateways)
+		add(br.served()+br.Refused+br.Failed != br.Streams, "budget over %d gateway(s): %d served, %d refused and %d failed of %d streams",
+			br.Gateways, br.served(), br.Refused, br.Failed, br.Streams)
+	}
+	lats := map[string]latencies{"idle alone": r.Idle.Alone, "idle alone after": r.Idle.AloneAfter,
+		"hot path under test": r.Hot.Test, "hot path baseline": r.Hot.Baseline}
+	for _, at := range r.Idle.Attacks {
+		lats["idle beside an attack (refused ones dial again: "+redialText(at.Redial)+")"] = at.Attacked
+		add(at.Attempts < int64(o.idleConns), "idle: the attacker tried %d connections of %d", at.Attempts, o.idleConns)
+		add(at.MaxHeld == 0, "idle: the attacker held no connection (the last failure: %s)", at.LastAttackerFail)
+	}
+	for name, l := range lats {
+		add(l.Failed > 0 || len(l.D) == 0, "%s: %d requests failed, the last: %s", name, l.Failed, l.LastFail)
+	}
+	add(len(r.Idle.Attacks) != 2, "idle: %d attacks of 2", len(r.Idle.Attacks))
+	for _, f := range []bearerResult{r.Random, r.Forged} {
+		add(f.Unexpected != "", "bearers, %s: an answer neither 401 nor 429 token_review_limited: %s", f.Kind, f.Unexpected)
+	}
+	add(r.ValidToken != 200, "bearers: a valid ServiceAccount token was answered %d", r.ValidToken)
+	return ps
+}
+
+func verdict(met bool) string {
+	if met {
+		return "met"
+	}
+	return "MISSED"
+}
+
+func crossed(c bool) string {
+	if c {
+		return " (RAN INTO THE NEXT MINUTE)"
+	}
+	return ""
+}

@@ -28,7 +28,7 @@ func TestServeInstallDryRun(t *testing.T) {
 				"--prompt-cache-dir=/Users/ada/Library/Application Support/macfleet/prompt-cache"},
 			wantLogs: "/Users/ada/Library/Logs/macfleet/serve.log"},
 		{name: "headless daemon with its own directories",
-			args: []string{"--dry-run", "--system", "--executable", "/usr/local/bin/macfleet", "--",
+			args: []string{"--dry-run", "--system", "--user", "ada", "--executable", "/usr/local/bin/macfleet", "--",
 				"--model=chat=/opt/models/chat.gguf", "--store-dir", "/Volumes/models", "--api-key-file=/etc/macfleet/key", "--listen=0.0.0.0:8080"},
 			wantArgs: []any{"/usr/local/bin/macfleet", "serve", "--model=chat=/opt/models/chat.gguf", "--store-dir", "/Volumes/models",
 				"--api-key-file=/etc/macfleet/key", "--listen=0.0.0.0:8080",

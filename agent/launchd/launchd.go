@@ -242,6 +242,15 @@ func Render(o Options) (*Plan, error) {
 	}
 	p.ProgramArguments = append([]string{o.Executable, svc.Command}, args...)
 
+	if p.Plist, err = encodePlist(p, o.Env); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// encodePlist is the property list of the service p describes, with env as its
+// environment.
+func encodePlist(p *Plan, env []string) ([]byte, error) {
 	d := dict{
 		{"Label", p.Label},
 		{"ProgramArguments", p.ProgramArguments},
@@ -257,12 +266,12 @@ func Render(o Options) (*Plan, error) {
 	if p.User != "" {
 		d = append(d, entry{"UserName", p.User})
 	}
-	if len(o.Env) > 0 {
-		env, err := envDict(o.Env)
+	if len(env) > 0 {
+		vars, err := envDict(env)
 		if err != nil {
 			return nil, err
 		}
-		d = append(d, entry{"EnvironmentVariables", env})
+		d = append(d, entry{"EnvironmentVariables", vars})
 	}
 	var buf bytes.Buffer
 	buf.WriteString(xml.Header)
@@ -272,8 +281,7 @@ func Render(o Options) (*Plan, error) {
 		return nil, err
 	}
 	buf.WriteString("</plist>\n")
-	p.Plist = buf.Bytes()
-	return p, nil
+	return buf.Bytes(), nil
 }
 
 // checkServiceArgs refuses what the service could not run with under launchd: the

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 
 	"github.com/spf13/cobra"
 
@@ -110,6 +111,11 @@ func newInstallCmd(svc launchd.Service, cmd *cobra.Command) *cobra.Command {
 			if plan.Owner, err = lookupOwner(plan.User); err != nil {
 				return err
 			}
+			if kc := kubeconfigOf(plan); kc != "" {
+				if w := ownerWarning(kc, plan.User, plan.Owner.UID); w != "" {
+					fmt.Fprintln(cmd.ErrOrStderr(), "Warning: "+w)
+				}
+			}
 		}
 		if err := launchd.Install(cmd.Context(), plan, serviceLaunchctl); err != nil {
 			return err
@@ -158,6 +164,30 @@ func lookupOwner(name string) (*launchd.Owner, error) {
 		return nil, fmt.Errorf("--user %s: %w", name, err)
 	}
 	return &launchd.Owner{UID: uid, GID: gid}, nil
+}
+
+// kubeconfigOf is the agent's --kubeconfig in plan, "" for none.
+func kubeconfigOf(plan *launchd.Plan) string {
+	in := launchd.Installed{Service: launchd.Agent, Args: plan.ProgramArguments[min(2, len(plan.ProgramArguments)):]}
+	kc, _ := in.Flag(launchd.KubeconfigFlag)
+	return kc
+}
+
+// ownerWarning says what keeps the user of uid from reading the kubeconfig at path and
+// rewriting it with each renewed token (a new file renamed over it in its directory),
+// or "" when both belong to that user.
+func ownerWarning(path, user string, uid int) string {
+	for _, p := range []string{path, filepath.Dir(path)} {
+		fi, err := os.Stat(p)
+		if err != nil {
+			return fmt.Sprintf("%s: %v", p, err)
+		}
+		if st, ok := fi.Sys().(*syscall.Stat_t); ok && int(st.Uid) != uid {
+			return fmt.Sprintf("%s belongs to uid %d, but the service runs as %s, who must read the kubeconfig and "+
+				"rewrite it with each renewed token: sudo chown %s %s %s", p, st.Uid, user, user, filepath.Dir(path), path)
+		}
+	}
+	return ""
 }
 
 // checkRoot refuses to write a LaunchDaemon without root, or a LaunchAgent as root.

@@ -183,10 +183,18 @@ func TestAgentInstallSystem(t *testing.T) {
 	mac := onFakeMac(t, root)
 	kc := filepath.Join(t.TempDir(), "mini.kubeconfig")
 	writeNodeCredential(t, kc, "mini")
-	out, _, err := runInstall(newAgentInstallCmd(), []string{"--system", "--user", me.Username,
+	out, stderr, err := runInstall(newAgentInstallCmd(), []string{"--system", "--user", me.Username,
 		"--executable", "/usr/local/bin/macfleet", "--", "--kubeconfig", kc, "--node-name", "mini"})
 	if err != nil {
 		t.Fatalf("install: %v\n%s", err, out)
+	}
+	// The kubeconfig is the test's: a warning exactly when the daemon's user is another.
+	kcInfo, err := os.Stat(kc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if warned, other := strings.Contains(stderr, "sudo chown "+me.Username), ownerOf(kcInfo) != me.Uid; warned != other {
+		t.Errorf("kubeconfig of uid %s, daemon user %s (uid %s): warned %v\n%s", ownerOf(kcInfo), me.Username, me.Uid, warned, stderr)
 	}
 	plistPath := filepath.Join(root, "Library", "LaunchDaemons", launchd.Label+".plist")
 	data, err := os.ReadFile(plistPath)

@@ -53,12 +53,15 @@ func macChecks(ctx context.Context, goos string, tools Tools, exe string) []Serv
 	pm, pmErr := tools.Output(ctx, pmsetPath, "-g")
 	global, globalErr := tools.Output(ctx, SocketFilterFW, "--getglobalstate")
 	stealth, _ := tools.Output(ctx, SocketFilterFW, "--getstealthmode")
-	var app []byte
+	var (
+		app    []byte
+		appErr error
+	)
 	if exe != "" {
-		app, _ = tools.Output(ctx, SocketFilterFW, "--getappblocked", exe)
+		app, appErr = tools.Output(ctx, SocketFilterFW, "--getappblocked", exe)
 	}
 	sleep, restart := PowerChecks(pm, pmErr)
-	return []ServerCheck{sleep, restart, FirewallCheck(global, globalErr, stealth, app, exe)}
+	return []ServerCheck{sleep, restart, FirewallCheck(global, globalErr, stealth, FirewallApp{Path: exe, Answer: app, Err: appErr})}
 }
 
 // pmsetLine is a setting of `pmset -g`: a name (which may hold spaces: "Sleep On
@@ -134,11 +137,20 @@ func PowerChecks(out []byte, err error) (sleep, restart ServerCheck) {
 	return sleep, restart
 }
 
+// FirewallApp is the macfleet binary and socketfilterfw's answer to --getappblocked
+// for it (or the error asking).
+type FirewallApp struct {
+	Path   string
+	Answer []byte
+	Err    error
+}
+
 // FirewallCheck judges the application firewall from socketfilterfw's answers to
 // --getglobalstate (global, or the error running it), --getstealthmode and
-// --getappblocked exe: with the firewall on, exe must be allowed incoming
+// --getappblocked app.Path: with the firewall on, the binary must be allowed incoming
 // connections, or the gateway and the manager cannot reach the agent.
-func FirewallCheck(global []byte, globalErr error, stealth, app []byte, exe string) ServerCheck {
+func FirewallCheck(global []byte, globalErr error, stealth []byte, app FirewallApp) ServerCheck {
+	exe := app.Path
 	c := ServerCheck{Name: "firewall"}
 	g := strings.ToLower(string(global))
 	allow := fmt.Sprintf("sudo %s --add %s && sudo %s --unblockapp %s", SocketFilterFW, exe, SocketFilterFW, exe)
@@ -157,10 +169,12 @@ func FirewallCheck(global []byte, globalErr error, stealth, app []byte, exe stri
 		c.Check, c.Result = CheckUnavailable, "socketfilterfw said: "+strings.TrimSpace(string(global))
 		return c
 	}
-	a := strings.ToLower(string(app))
+	a := strings.ToLower(string(app.Answer))
 	switch {
 	case exe == "":
 		c.Check, c.Result, c.Fix = CheckWarn, "on; which binary it lets in is unknown", "allow macfleet: "+allow
+	case app.Err != nil:
+		c.Check, c.Result, c.Fix = CheckWarn, "on; whether it lets "+exe+" in could not be read: "+app.Err.Error(), allow
 	case strings.Contains(a, "block"):
 		c.Check, c.Result, c.Fix = CheckWarn, "on, and it blocks "+exe+": nothing reaches the agent", allow
 	case strings.Contains(a, "permit") || strings.Contains(a, "allow"):

@@ -106,7 +106,7 @@ func TestFirewallCheck(t *testing.T) {
 	tests := []struct {
 		name                  string
 		global, stealth, app  string
-		globalErr             error
+		globalErr, appErr     error
 		exe                   string
 		want                  Check
 		says, fixHas, notSays string
@@ -121,11 +121,13 @@ func TestFirewallCheck(t *testing.T) {
 		{name: "block all", global: "Firewall is blocking all non-essential incoming connections. (State = 2)\n", exe: exe,
 			want: CheckWarn, says: "blocks all", fixHas: "Block all incoming connections"},
 		{name: "tool failed", globalErr: errors.New("exit status 1"), exe: exe, want: CheckUnavailable},
+		{name: "on, the binary's state unreadable", global: "Firewall is enabled. (State = 1)\n", appErr: errors.New("exit status 1"),
+			exe: exe, want: CheckWarn, says: "could not be read: exit status 1", fixHas: "--unblockapp " + exe},
 		{name: "unreadable answer", global: "something else\n", exe: exe, want: CheckUnavailable, says: "something else"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			c := FirewallCheck([]byte(tt.global), tt.globalErr, []byte(tt.stealth), []byte(tt.app), tt.exe)
+			c := FirewallCheck([]byte(tt.global), tt.globalErr, []byte(tt.stealth), FirewallApp{Path: tt.exe, Answer: []byte(tt.app), Err: tt.appErr})
 			if c.Check != tt.want || !strings.Contains(c.Result, tt.says) || !strings.Contains(c.Fix, tt.fixHas) ||
 				(tt.notSays != "" && strings.Contains(c.Result, tt.notSays)) {
 				t.Errorf("FirewallCheck = %+v; want %s saying %q (not %q), fix with %q", c, tt.want, tt.says, tt.notSays, tt.fixHas)

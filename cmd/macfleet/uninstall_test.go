@@ -14,11 +14,16 @@ import (
 	"sync"
 	"syscall"
 	"testing"
+	"time"
 
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
 	"github.com/macfleet/macfleet/agent/launchd"
+	"github.com/macfleet/macfleet/api/engine"
+	"github.com/macfleet/macfleet/internal/ggufsynth"
+	"github.com/macfleet/macfleet/metal/enginepool"
+	"github.com/macfleet/macfleet/metal/enginepool/runnerproc"
 )
 
 // fakeMac stands in for macOS: launchctl records its calls and says a service is
@@ -234,4 +239,70 @@ func ownerOf(fi os.FileInfo) string {
 		return strconv.Itoa(int(st.Uid))
 	}
 	return ""
+}
+
+// TestAgentUninstallStopsLeftRunners: a runner the agent left running for its next
+// start (detached, recorded in its state directory) is stopped by uninstall, instead of
+// holding its model's memory until its orphan timeout.
+func TestAgentUninstallStopsLeftRunners(t *testing.T) {
+	bin := doctorRunner(t)
+	home := t.TempDir()
+	t.Setenv("HOME", home)
+	onFakeMac(t, "")
+	kc := filepath.Join(home, "mac-1.kubeconfig")
+	writeNodeCredential(t, kc, "mac-1")
+	if _, _, err := runInstall(newAgentInstallCmd(), []string{"--executable", "/usr/local/bin/macfleet", "--",
+		"--kubeconfig", kc, "--node-name", "mac-1"}); err != nil {
+		t.Fatal(err)
+	}
+	model := filepath.Join(t.TempDir(), "tiny.gguf")
+	if err := ggufsynth.Write(model, ggufsynth.Tiny()); err != nil {
+		t.Fatal(err)
+	}
+	runners := filepath.Join(home, "Library", "Application Support", "macfleet", "state", "runners")
+	f := runnerproc.NewProcessFactory(runnerproc.ProcessConfig{RunnerPath: bin, Threads: 1, StateDir: runners})
+	spec := enginepool.ModelSpec{Name: "tiny", Path: model, Engine: engine.Settings{ContextLength: 512, Parallel: 1}, EstimatedBytes: 64 << 20}
+	r, err := f.Start(t.Context(), spec, spec.EstimatedBytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pr := r.(*runnerproc.ProcessRunner)
+	pid := pr.PID()
+	t.Cleanup(func() {
+		if b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "cmdline")); err == nil && strings.Contains(string(b), "macfleet-runner") {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	})
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	if err := r.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !pr.Detach() {
+		t.Fatal("the runner could not be left running: no state directory?")
+	}
+
+	out, _, err := runInstall(newAgentUninstallCmd(), nil)
+	if err != nil || !strings.Contains(out, "Stopped 1 runner(s) the agent left running") {
+		t.Fatalf("uninstall: %v\n%s", err, out)
+	}
+	for deadline := time.Now().Add(10 * time.Second); runnerAlive(pid); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("runner pid %d still runs after uninstall", pid)
+		}
+	}
+	if exists(runners) {
+		t.Errorf("the state directory %s is left", runners)
+	}
+}
+
+// runnerAlive says whether pid is a live process: not gone, not a zombie.
+func runnerAlive(pid int) bool {
+	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+	if err != nil {
+		return syscall.Kill(pid, 0) == nil
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	return i > 0 && !strings.HasPrefix(strings.TrimSpace(s[i+1:]), "Z")
 }

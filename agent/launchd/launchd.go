@@ -8,6 +8,7 @@ package launchd
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/xml"
 	"errors"
@@ -86,9 +87,15 @@ type Options struct {
 	Executable string
 	// AgentArgs are the flags of the service's command (everything after `--`).
 	AgentArgs []string
-	// System installs a LaunchDaemon for the whole machine (root) instead of a
-	// LaunchAgent of the user.
+	// System installs a LaunchDaemon for the whole machine, which launchd starts at
+	// boot without anyone logging in, instead of a LaunchAgent of the user.
 	System bool
+	// User is the account a LaunchDaemon runs as (its UserName); "" or "root" runs
+	// it as root. Ignored for a LaunchAgent, which runs as the user who loads it.
+	User string
+	// Root stands in for / in a LaunchDaemon's paths (tests install under a
+	// temporary directory); "" is /.
+	Root string
 	// Home is the user's home directory; required unless System.
 	Home string
 	// UID is the user's id, naming the gui/<uid> domain of a LaunchAgent.
@@ -128,10 +135,35 @@ type Plan struct {
 	Dirs []string
 	// Domain is the launchctl domain: gui/<uid> or system.
 	Domain string
+	// User is the account a LaunchDaemon runs as ("" for root or a LaunchAgent).
+	User string
+	// Owner, when set, is who the directories Install creates belong to: the User
+	// of a LaunchDaemon, which writes them without root's rights. The caller looks
+	// the account up (Render is pure).
+	Owner *Owner
 	// ProgramArguments is the command launchd runs.
 	ProgramArguments []string
 	// Plist is the property list's content.
 	Plist []byte
+}
+
+// Owner is a numeric user and group.
+type Owner struct{ UID, GID int }
+
+// Locate is where the property list of svc goes and the launchctl domain it is
+// loaded into: /Library/LaunchDaemons and "system" (under root, "" for /) when
+// system, else the LaunchAgents of the user whose home and uid are given.
+func Locate(svc Service, system bool, root, home string, uid int) (plistPath, domain string, err error) {
+	if system {
+		if root == "" {
+			root = "/"
+		}
+		return filepath.Join(root, "Library", "LaunchDaemons", svc.Label+".plist"), "system", nil
+	}
+	if home == "" || !filepath.IsAbs(home) {
+		return "", "", fmt.Errorf("a user service needs the absolute home directory, got %q", home)
+	}
+	return filepath.Join(home, "Library", "LaunchAgents", svc.Label+".plist"), "gui/" + strconv.Itoa(uid), nil
 }
 
 // Render builds the service for o. The model store and state directory are the ones
@@ -147,18 +179,16 @@ func Render(o Options) (*Plan, error) {
 		return nil, fmt.Errorf("the macfleet executable must be an absolute path, got %q", o.Executable)
 	}
 	p := &Plan{Label: svc.Label}
-	var base string
-	switch {
-	case o.System:
-		base = "/"
-		p.PlistPath = filepath.Join("/Library/LaunchDaemons", svc.Label+".plist")
-		p.Domain = "system"
-	case o.Home == "" || !filepath.IsAbs(o.Home):
-		return nil, fmt.Errorf("a user service needs the absolute home directory, got %q", o.Home)
-	default:
-		base = o.Home
-		p.PlistPath = filepath.Join(o.Home, "Library", "LaunchAgents", svc.Label+".plist")
-		p.Domain = "gui/" + strconv.Itoa(o.UID)
+	var err error
+	if p.PlistPath, p.Domain, err = Locate(svc, o.System, o.Root, o.Home, o.UID); err != nil {
+		return nil, err
+	}
+	base := o.Home
+	if o.System {
+		base = cmp.Or(o.Root, "/")
+		if o.User != "root" {
+			p.User = o.User
+		}
 	}
 	p.LogDir = filepath.Join(base, "Library", "Logs", "macfleet")
 	p.StdoutPath = filepath.Join(p.LogDir, svc.Command+".log")
@@ -196,7 +226,9 @@ func Render(o Options) (*Plan, error) {
 		if !filepath.IsAbs(dir) {
 			return nil, fmt.Errorf("%s must be an absolute path for a launchd service, got %q", d.Flag, dir)
 		}
-		if temporary(dir) {
+		// A default under the home or the system's root is where it belongs (a test's
+		// home may be temporary); a directory given is checked.
+		if found && temporary(dir) {
 			return nil, fmt.Errorf("%s %s is in a temporary directory that macOS empties: %s", d.Flag, dir, d.Why)
 		}
 		dir = filepath.Clean(dir)
@@ -210,6 +242,15 @@ func Render(o Options) (*Plan, error) {
 	}
 	p.ProgramArguments = append([]string{o.Executable, svc.Command}, args...)
 
+	if p.Plist, err = encodePlist(p, o.Env); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// encodePlist is the property list of the service p describes, with env as its
+// environment.
+func encodePlist(p *Plan, env []string) ([]byte, error) {
 	d := dict{
 		{"Label", p.Label},
 		{"ProgramArguments", p.ProgramArguments},
@@ -222,12 +263,15 @@ func Render(o Options) (*Plan, error) {
 		{"StandardOutPath", p.StdoutPath},
 		{"StandardErrorPath", p.StderrPath},
 	}
-	if len(o.Env) > 0 {
-		env, err := envDict(o.Env)
+	if p.User != "" {
+		d = append(d, entry{"UserName", p.User})
+	}
+	if len(env) > 0 {
+		vars, err := envDict(env)
 		if err != nil {
 			return nil, err
 		}
-		d = append(d, entry{"EnvironmentVariables", env})
+		d = append(d, entry{"EnvironmentVariables", vars})
 	}
 	var buf bytes.Buffer
 	buf.WriteString(xml.Header)
@@ -237,8 +281,7 @@ func Render(o Options) (*Plan, error) {
 		return nil, err
 	}
 	buf.WriteString("</plist>\n")
-	p.Plist = buf.Bytes()
-	return p, nil
+	return buf.Bytes(), nil
 }
 
 // checkServiceArgs refuses what the service could not run with under launchd: the
@@ -439,13 +482,22 @@ const bootstrapAttempts = 10
 // bootstrapRetry is the pause between bootstrap attempts (a variable for tests).
 var bootstrapRetry = 500 * time.Millisecond
 
-// Install creates the log, data, store and state directories, writes the property list (mode
-// 0644) and loads it into the plan's domain, booting out a loaded service of the same
-// label first. Call CheckPlatform before.
+// Install creates the log, data, store and state directories (owned by p.Owner when
+// set), writes the property list (mode 0644) and loads it into the plan's domain,
+// booting out a loaded service of the same label first. Call CheckPlatform before.
 func Install(ctx context.Context, p *Plan, launchctl Launchctl) error {
-	for _, dir := range append([]string{p.LogDir, p.DataDir, filepath.Dir(p.PlistPath)}, p.Dirs...) {
+	if err := os.MkdirAll(filepath.Dir(p.PlistPath), 0o755); err != nil {
+		return fmt.Errorf("creating %s: %w", filepath.Dir(p.PlistPath), err)
+	}
+	for _, dir := range append([]string{p.LogDir, p.DataDir}, p.Dirs...) {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return fmt.Errorf("creating %s: %w", dir, err)
+		}
+		// A LaunchDaemon's user writes its own directories (not their parents).
+		if p.Owner != nil {
+			if err := os.Chown(dir, p.Owner.UID, p.Owner.GID); err != nil {
+				return fmt.Errorf("giving %s to %s: %w", dir, p.User, err)
+			}
 		}
 	}
 	tmp := p.PlistPath + ".tmp"

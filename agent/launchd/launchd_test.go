@@ -58,7 +58,8 @@ func TestRender(t *testing.T) {
 		},
 		{
 			name: "system daemon, kubeconfig from the shell",
-			o:    Options{Executable: exe, System: true, AgentArgs: []string{"--node-name=mini-2"}, Kubeconfig: "/etc/macfleet/node.kubeconfig"},
+			o: Options{Executable: exe, System: true, User: "root", AgentArgs: []string{"--node-name=mini-2"},
+				Kubeconfig: "/etc/macfleet/node.kubeconfig"},
 			want: common(strs(exe, "agent", "--node-name=mini-2", "--kubeconfig=/etc/macfleet/node.kubeconfig",
 				"--store-dir=/Library/Application Support/macfleet/models", "--state-dir=/Library/Application Support/macfleet/state"),
 				"/Library/Application Support/macfleet", "/Library/Logs/macfleet"),
@@ -66,6 +67,23 @@ func TestRender(t *testing.T) {
 			wantDomain: "system",
 			wantStore:  "/Library/Application Support/macfleet/models",
 			wantState:  "/Library/Application Support/macfleet/state",
+		},
+		{
+			name: "headless daemon run as a user",
+			o: Options{Executable: exe, System: true, User: "ada", Root: "/Volumes/Image",
+				AgentArgs: []string{"--node-name=mini-3", "--kubeconfig=/Users/ada/mini-3.kubeconfig"}},
+			want: func() map[string]any {
+				m := common(strs(exe, "agent", "--node-name=mini-3", "--kubeconfig=/Users/ada/mini-3.kubeconfig",
+					"--store-dir=/Volumes/Image/Library/Application Support/macfleet/models",
+					"--state-dir=/Volumes/Image/Library/Application Support/macfleet/state"),
+					"/Volumes/Image/Library/Application Support/macfleet", "/Volumes/Image/Library/Logs/macfleet")
+				m["UserName"] = "ada"
+				return m
+			}(),
+			wantPlist:  "/Volumes/Image/Library/LaunchDaemons/dev.macfleet.agent.plist",
+			wantDomain: "system",
+			wantStore:  "/Volumes/Image/Library/Application Support/macfleet/models",
+			wantState:  "/Volumes/Image/Library/Application Support/macfleet/state",
 		},
 		{
 			name: "the user's store and characters XML must escape",

@@ -114,6 +114,7 @@ type ModelSource struct {
 	// +kubebuilder:validation:MaxLength=2048
 	// +kubebuilder:validation:XValidation:rule="self.matches('^(hf|ollama|https?|file)://.+')",message="source must start with hf://, ollama://, http://, https:// or file:// and name a file"
 	// +kubebuilder:validation:XValidation:rule="!self.startsWith('file://') || self.startsWith('file:///')",message="a file:// source must be an absolute path (file:///path/to/model.gguf)"
+	// +kubebuilder:validation:XValidation:rule="!self.matches('-[0-9]{5}-of-[0-9]{5}[.][gG][gG][uU][fF]([@?].*)?$')",message="a part of a multi-part GGUF (NAME-00001-of-0000N.gguf) is not supported: merge the parts into one file (llama.cpp's gguf-split --merge) and name that"
 	Source string `json:"source"`
 
 	// sha256 is the expected SHA-256 of the file, verified after download.

@@ -50,6 +50,15 @@ func TestModelDeploymentValidation(t *testing.T) {
 		}},
 		{name: "unknown scheme", mutate: func(s *mfv1.ModelDeploymentSpec) { s.Model.Source = "s3://bucket/model.gguf" },
 			wantErr: "source must start with hf://, ollama://, http://, https:// or file://"},
+		{name: "a part of a multi-part GGUF", mutate: func(s *mfv1.ModelDeploymentSpec) {
+			s.Model.Source = "hf://org/big-GGUF/Q4_K_M/big-Q4_K_M-00001-of-00003.gguf@main"
+		}, wantErr: "a part of a multi-part GGUF (NAME-00001-of-0000N.gguf) is not supported"},
+		{name: "a signed URL of a part", mutate: func(s *mfv1.ModelDeploymentSpec) {
+			s.Model.Source = "https://models.example/big-00002-of-00002.GGUF?sig=abc"
+		}, wantErr: "multi-part GGUF"},
+		{name: "a merged file named after its parts", mutate: func(s *mfv1.ModelDeploymentSpec) {
+			s.Model.Source = "hf://org/big-GGUF/big-00001-of-00003-merged.gguf"
+		}},
 		{name: "scheme without a file", mutate: func(s *mfv1.ModelDeploymentSpec) { s.Model.Source = "https://" },
 			wantErr: "spec.model.source"},
 		{name: "relative file path", mutate: func(s *mfv1.ModelDeploymentSpec) {

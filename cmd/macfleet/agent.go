@@ -79,7 +79,7 @@ while the API server is unreachable and resyncs when it returns.`,
 		RunE: func(cmd *cobra.Command, _ []string) error { return fl.run(cmd, zapOpts) },
 	}
 	fl.register(cmd, host, &zapOpts)
-	cmd.AddCommand(newAgentInstallCmd())
+	cmd.AddCommand(newAgentInstallCmd(), newAgentUninstallCmd())
 	return cmd
 }
 

@@ -1,11 +1,15 @@
 package main
 
 import (
+	"cmp"
+	"errors"
 	"fmt"
 	"os"
+	"os/user"
 	"path/filepath"
-	"runtime"
+	"strconv"
 	"strings"
+	"syscall"
 
 	"github.com/spf13/cobra"
 
@@ -23,15 +27,19 @@ func newAgentInstallCmd() *cobra.Command {
 "launchctl bootstrap", replacing a loaded older one. Models are stored under
 ~/Library/Application Support/macfleet/models unless --store-dir is given.
 
-The service is a LaunchAgent of the current user (~/Library/LaunchAgents), or with
---system a LaunchDaemon of the machine (/Library/LaunchDaemons, logs in
-/Library/Logs/macfleet; needs sudo). Relative paths in the agent flags are made
+The service is a LaunchAgent of the current user (~/Library/LaunchAgents), which
+starts at login, or with --system a LaunchDaemon of the machine
+(/Library/LaunchDaemons, logs in /Library/Logs/macfleet, models in /Library/Application
+Support/macfleet; needs sudo), which starts at boot without anyone logging in: a
+headless Mac that reboots rejoins by itself. The LaunchDaemon runs as the account
+--user names (default: who ran sudo), which owns its directories and must be able to
+read and rewrite the kubeconfig. Relative paths in the agent flags are made
 absolute; --kubeconfig defaults to $KUBECONFIG, as launchd does not pass it on.
 --dry-run prints the property list instead, on any operating system.`,
 		Example: "  macfleet agent install -- --kubeconfig ~/macfleet/mac-1.kubeconfig --node-name mac-1\n" +
 			"  macfleet agent install --dry-run -- --kubeconfig mac-1.kubeconfig --memory-ceiling 24Gi\n" +
 			"  macfleet agent install --env OTEL_EXPORTER_OTLP_ENDPOINT=http://otel.example:4318 -- --kubeconfig mac-1.kubeconfig\n" +
-			"  sudo macfleet agent install --system -- --kubeconfig /etc/macfleet/mac-1.kubeconfig\n" +
+			"  sudo macfleet agent install --system -- --kubeconfig /Users/admin/macfleet/mac-1.kubeconfig\n" +
 			"  tail -f ~/Library/Logs/macfleet/agent.err.log",
 	})
 }
@@ -41,17 +49,20 @@ absolute; --kubeconfig defaults to $KUBECONFIG, as launchd does not pass it on.
 // (launchd.Render) and installed, or printed with --dry-run.
 func newInstallCmd(svc launchd.Service, cmd *cobra.Command) *cobra.Command {
 	var (
-		system, dryRun bool
-		executable     string
-		env            []string
+		system, dryRun   bool
+		executable, user string
+		env              []string
 	)
 	cmd.RunE = func(cmd *cobra.Command, args []string) error {
 		if len(args) > 0 && cmd.ArgsLenAtDash() != 0 {
 			return fmt.Errorf("unexpected argument %q: the %s flags go after --, e.g. macfleet %s install -- %s", args[0],
 				svc.Command, svc.Command, map[bool]string{true: "--kubeconfig node.kubeconfig", false: "--model NAME=SOURCE"}[svc.NeedsKubeconfig])
 		}
+		if user != "" && !system {
+			return fmt.Errorf("--user names the account of a LaunchDaemon: add --system (a LaunchAgent runs as you)")
+		}
 		if !dryRun {
-			if err := launchd.CheckPlatform(runtime.GOOS); err != nil {
+			if err := launchd.CheckPlatform(serviceOS); err != nil {
 				return err
 			}
 		}
@@ -60,7 +71,12 @@ func newInstallCmd(svc launchd.Service, cmd *cobra.Command) *cobra.Command {
 			return err
 		}
 		o := launchd.Options{Service: svc, Executable: exe, AgentArgs: args, System: system, UID: os.Getuid(),
-			Kubeconfig: firstPath(os.Getenv("KUBECONFIG")), Env: env}
+			Kubeconfig: firstPath(os.Getenv("KUBECONFIG")), Env: env, Root: serviceSystemRoot}
+		if system {
+			if o.User, err = daemonUser(user); err != nil {
+				return err
+			}
+		}
 		if o.Dir, err = os.Getwd(); err != nil {
 			return fmt.Errorf("the current directory: %w", err)
 		}
@@ -88,13 +104,20 @@ func newInstallCmd(svc launchd.Service, cmd *cobra.Command) *cobra.Command {
 		if tmpExe {
 			return fmt.Errorf("%s is in a temporary directory (go run?): install macfleet and macfleet-runner somewhere permanent, e.g. /usr/local/bin, or pass --executable", exe)
 		}
-		switch euid := os.Geteuid(); {
-		case system && euid != 0:
-			return fmt.Errorf("--system installs a LaunchDaemon into /Library/LaunchDaemons: run it with sudo")
-		case !system && euid == 0:
-			return fmt.Errorf("running as root: use --system for a LaunchDaemon, or run without sudo for a LaunchAgent of your user")
+		if err := checkRoot(system, serviceEUID()); err != nil {
+			return err
 		}
-		if err := launchd.Install(cmd.Context(), plan, launchd.ExecLaunchctl); err != nil {
+		if plan.User != "" {
+			if plan.Owner, err = lookupOwner(plan.User); err != nil {
+				return err
+			}
+			if kc := kubeconfigOf(plan); kc != "" {
+				if w := ownerWarning(kc, plan.User, plan.Owner.UID); w != "" {
+					fmt.Fprintln(cmd.ErrOrStderr(), "Warning: "+w)
+				}
+			}
+		}
+		if err := launchd.Install(cmd.Context(), plan, serviceLaunchctl); err != nil {
 			return err
 		}
 		out := cmd.OutOrStdout()
@@ -102,15 +125,80 @@ func newInstallCmd(svc launchd.Service, cmd *cobra.Command) *cobra.Command {
 		fmt.Fprintf(out, "Command: %s\n", strings.Join(plan.ProgramArguments, " "))
 		fmt.Fprintf(out, "Logs:    %s, %s\n", plan.StdoutPath, plan.StderrPath)
 		fmt.Fprintf(out, "Models:  %s\n", plan.StoreDir)
-		fmt.Fprintf(out, "Remove:  launchctl bootout %s/%s && rm %s\n", plan.Domain, plan.Label, plan.PlistPath)
+		if plan.User != "" {
+			fmt.Fprintf(out, "User:    %s (starts at boot, without a login)\n", plan.User)
+		}
+		fmt.Fprintf(out, "Remove:  %smacfleet %s uninstall%s\n", map[bool]string{true: "sudo "}[system], svc.Command,
+			map[bool]string{true: " --system"}[system])
 		return nil
 	}
 	f := cmd.Flags()
 	f.BoolVar(&system, "system", false, "Install a LaunchDaemon for the whole machine (/Library/LaunchDaemons; needs sudo) instead of a LaunchAgent of your user")
 	f.BoolVar(&dryRun, "dry-run", false, "Print the property list and where it would go; change nothing")
 	f.StringVar(&executable, "executable", "", "The macfleet binary launchd runs (default: this one)")
+	f.StringVar(&user, "user", "", "With --system, the account the service runs as (default $SUDO_USER: who ran sudo; root only if named)")
 	f.StringArrayVar(&env, "env", nil, "KEY=VALUE environment variable of the service and its runners (repeatable), e.g. OTEL_EXPORTER_OTLP_ENDPOINT=http://collector:4318 to trace requests")
 	return cmd
+}
+
+// daemonUser is the account a LaunchDaemon runs as: flag, else who ran sudo. Root
+// must be named: the agent and its runners need no root rights.
+func daemonUser(flag string) (string, error) {
+	name := cmp.Or(flag, os.Getenv("SUDO_USER"))
+	if name == "" {
+		return "", fmt.Errorf("--system: name the account the service runs as with --user NAME " +
+			"(it owns the models and logs; --user root if it must be root)")
+	}
+	return name, nil
+}
+
+// lookupOwner is the uid and primary gid of the account name.
+func lookupOwner(name string) (*launchd.Owner, error) {
+	u, err := user.Lookup(name)
+	if err != nil {
+		return nil, fmt.Errorf("--user %s: %w", name, err)
+	}
+	uid, err1 := strconv.Atoi(u.Uid)
+	gid, err2 := strconv.Atoi(u.Gid)
+	if err := errors.Join(err1, err2); err != nil {
+		return nil, fmt.Errorf("--user %s: %w", name, err)
+	}
+	return &launchd.Owner{UID: uid, GID: gid}, nil
+}
+
+// kubeconfigOf is the agent's --kubeconfig in plan, "" for none.
+func kubeconfigOf(plan *launchd.Plan) string {
+	in := launchd.Installed{Service: launchd.Agent, Args: plan.ProgramArguments[min(2, len(plan.ProgramArguments)):]}
+	kc, _ := in.Flag(launchd.KubeconfigFlag)
+	return kc
+}
+
+// ownerWarning says what keeps the user of uid from reading the kubeconfig at path and
+// rewriting it with each renewed token (a new file renamed over it in its directory),
+// or "" when both belong to that user.
+func ownerWarning(path, user string, uid int) string {
+	for _, p := range []string{path, filepath.Dir(path)} {
+		fi, err := os.Stat(p)
+		if err != nil {
+			return fmt.Sprintf("%s: %v", p, err)
+		}
+		if st, ok := fi.Sys().(*syscall.Stat_t); ok && int(st.Uid) != uid {
+			return fmt.Sprintf("%s belongs to uid %d, but the service runs as %s, who must read the kubeconfig and "+
+				"rewrite it with each renewed token: sudo chown %s %s %s", p, st.Uid, user, user, filepath.Dir(path), path)
+		}
+	}
+	return ""
+}
+
+// checkRoot refuses to write a LaunchDaemon without root, or a LaunchAgent as root.
+func checkRoot(system bool, euid int) error {
+	switch {
+	case system && euid != 0:
+		return fmt.Errorf("--system: a LaunchDaemon lives in /Library/LaunchDaemons: run it with sudo")
+	case !system && euid == 0:
+		return fmt.Errorf("running as root: use --system for a LaunchDaemon, or run without sudo for a LaunchAgent of your user")
+	}
+	return nil
 }
 
 // installExecutable is the absolute, symlink-free path of the binary to run.

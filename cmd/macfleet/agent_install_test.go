@@ -23,6 +23,7 @@ func TestAgentInstallDryRun(t *testing.T) {
 		kubeEnv  string
 		wantArgs []any
 		wantLogs string
+		wantUser string
 	}{
 		{
 			name: "user agent",
@@ -35,11 +36,12 @@ func TestAgentInstallDryRun(t *testing.T) {
 		},
 		{
 			name:    "system daemon with $KUBECONFIG",
-			args:    []string{"--dry-run", "--system", "--executable", "/opt/macfleet/bin/macfleet", "--", "--node-name=mini"},
+			args:    []string{"--dry-run", "--system", "--user", "ada", "--executable", "/opt/macfleet/bin/macfleet", "--", "--node-name=mini"},
 			kubeEnv: "/etc/macfleet/mini.kubeconfig:/etc/other",
 			wantArgs: []any{"/opt/macfleet/bin/macfleet", "agent", "--node-name=mini", "--kubeconfig=/etc/macfleet/mini.kubeconfig",
 				"--store-dir=/Library/Application Support/macfleet/models", "--state-dir=/Library/Application Support/macfleet/state"},
 			wantLogs: "/Library/Logs/macfleet/agent.log",
+			wantUser: "ada",
 		},
 	}
 	for _, tt := range tests {
@@ -54,7 +56,7 @@ func TestAgentInstallDryRun(t *testing.T) {
 				t.Errorf("ProgramArguments (-want +got):\n%s", diff)
 			}
 			if plist["StandardOutPath"] != tt.wantLogs || plist["KeepAlive"] != true || plist["RunAtLoad"] != true ||
-				plist["Label"] != launchd.Label {
+				plist["Label"] != launchd.Label || plist["UserName"] != map[bool]any{true: tt.wantUser}[tt.wantUser != ""] {
 				t.Errorf("plist = %v", plist)
 			}
 			if !strings.Contains(stderr, "Dry run: would write") {
@@ -66,6 +68,7 @@ func TestAgentInstallDryRun(t *testing.T) {
 
 func TestAgentInstallRefuses(t *testing.T) {
 	t.Setenv("HOME", "/Users/ada")
+	t.Setenv("SUDO_USER", "")
 	t.Setenv("KUBECONFIG", "")
 	tests := []struct {
 		name string
@@ -78,6 +81,10 @@ func TestAgentInstallRefuses(t *testing.T) {
 		{name: "no kubeconfig", args: []string{"--dry-run", "--executable", "/usr/local/bin/macfleet", "--", "--node-name", "m"}, want: "--kubeconfig"},
 		{name: "store under /tmp", args: []string{"--dry-run", "--executable", "/usr/local/bin/macfleet", "--", "--kubeconfig", "/k",
 			"--store-dir", "/tmp/models"}, want: "temporary"},
+		{name: "a daemon without its user", args: []string{"--dry-run", "--system", "--executable", "/usr/local/bin/macfleet", "--", "--kubeconfig", "/k"},
+			want: "--user NAME"},
+		{name: "a user without --system", args: []string{"--dry-run", "--user", "ada", "--executable", "/usr/local/bin/macfleet", "--", "--kubeconfig", "/k"},
+			want: "add --system"},
 		{name: "loading off macOS", args: []string{"--executable", "/usr/local/bin/macfleet", "--", "--kubeconfig", "/k"},
 			want: "--dry-run", skip: runtime.GOOS == "darwin"},
 	}

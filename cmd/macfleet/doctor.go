@@ -10,6 +10,7 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/spf13/cobra"
 
+	"github.com/macfleet/macfleet/agent/clustermode"
 	"github.com/macfleet/macfleet/agent/config"
 	"github.com/macfleet/macfleet/internal/doctor"
 )
@@ -34,10 +35,16 @@ func newDoctorCommand() *cobra.Command {
 			"Linux: /proc), the runner binary and the backend it uses (Metal or CPU), and the result of a self-test " +
 			"that loads a synthesized model through the engine pool, generates from it and unloads it, with the " +
 			"bytes the unload freed. Run it first on a new Mac and paste its output into bug reports.\n\n" +
+			"It then checks the Mac as a server others reach: whether it sleeps when idle and restarts after a power " +
+			"failure (pmset), whether the application firewall lets macfleet accept connections (socketfilterfw), " +
+			"whether the API server of the node's kubeconfig answers TLS with a certificate its CA vouches for, and " +
+			"whether the agent's --listen port is free or held by the running agent. The first two are macOS's " +
+			"and skipped elsewhere; sleep and the firewall only warn.\n\n" +
 			"Exits 1 when a figure cannot be measured or disagrees with the OS, when the runner is missing, " +
-			"or when the self-test fails.",
+			"when the cluster cannot be reached or the agent's port is taken, or when the self-test fails.",
 		Example: "  macfleet doctor\n" +
 			"  macfleet doctor --runner bin/macfleet-runner --memory-ceiling 12Gi\n" +
+			"  macfleet doctor --kubeconfig ~/mac-1.kubeconfig --skip-self-test\n" +
 			"  macfleet doctor --json > doctor.json",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -55,6 +62,13 @@ func newDoctorCommand() *cobra.Command {
 				*f.dst = int64(v)
 			}
 			opts.Version = agentVersion()
+			if opts.Kubeconfig == "" {
+				opts.Kubeconfig = firstPath(os.Getenv("KUBECONFIG"))
+			}
+			if opts.AgentListen != "" {
+				opts.AdvertiseAddress, _ = clustermode.DefaultAdvertiseAddress(opts.AgentListen)
+			}
+			opts.Executable, _ = installExecutable("")
 			opts.Log = logr.Discard()
 			if verbosity > 0 {
 				opts.Log = newLogger(verbosity)
@@ -88,6 +102,10 @@ func newDoctorCommand() *cobra.Command {
 	f.StringVar(&reserve, "memory-reserve", "", "the agent's --memory-reserve (default 4Gi below 24Gi of RAM, else 6Gi)")
 	f.BoolVar(&opts.SkipSelfTest, "skip-self-test", false, "only measure: do not load, generate with and unload a synthesized model")
 	f.DurationVar(&opts.SelfTestTimeout, "self-test-timeout", doctor.DefaultSelfTestTimeout, "bound on the whole self-test")
+	f.StringVar(&opts.Kubeconfig, "kubeconfig", "", "the node's kubeconfig (the agent's --kubeconfig; default $KUBECONFIG): its API server is dialled")
+	f.StringVar(&opts.AgentListen, "listen", ":8080", "the agent's --listen address, checked free or held by the running agent (\"\" skips)")
+	f.BoolVar(&opts.SkipServer, "skip-server", false, "leave out the checks of the Mac as a server (sleep, firewall, cluster, agent port)")
+	f.DurationVar(&opts.NetTimeout, "net-timeout", doctor.DefaultNetTimeout, "bound on each network check")
 	f.BoolVar(&asJSON, "json", false, "print the report as JSON instead of a table")
 	f.IntVarP(&verbosity, "verbosity", "v", 0, "log the engine pool and the runner to stderr (1: runner output)")
 	return cmd

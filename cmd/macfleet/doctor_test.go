@@ -3,11 +3,19 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"encoding/pem"
 	"errors"
+	"net"
+	"net/http"
+	"net/http/httptest"
 	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
+
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
 	"github.com/macfleet/macfleet/internal/doctor"
 	"github.com/macfleet/macfleet/metal/enginepool"
@@ -47,13 +55,14 @@ func runDoctor(t *testing.T, args ...string) (string, error) {
 func TestDoctorCommand(t *testing.T) {
 	rp := doctorRunner(t)
 
-	text, err := runDoctor(t, "--runner", rp, "--memory-ceiling", "1Gi")
+	text, err := runDoctor(t, "--runner", rp, "--memory-ceiling", "1Gi", "--listen", "127.0.0.1:0")
 	if err != nil {
 		t.Fatalf("doctor failed: %v\n%s", err, text)
 	}
 	for _, want := range []string{
 		"== machine", "== ceiling",
 		"== memory", "memory total", "memory used", "runner footprint (pid ", "== runner", "(--runner)",
+		"== server", "agent port", "127.0.0.1:0 is free for the agent",
 		"== self-test", "synth", "load", "generate", "unload", "Settled", "exit", "\nPASS\n",
 	} {
 		if !strings.Contains(text, want) {
@@ -66,7 +75,7 @@ func TestDoctorCommand(t *testing.T) {
 		t.Errorf("the configured ceiling does not win:\n%s", text)
 	}
 
-	text, err = runDoctor(t, "--runner", rp, "--json")
+	text, err = runDoctor(t, "--runner", rp, "--json", "--listen", "127.0.0.1:0")
 	if err != nil {
 		t.Fatalf("doctor --json failed: %v\n%s", err, text)
 	}
@@ -112,5 +121,49 @@ func TestDoctorWithoutRunner(t *testing.T) {
 		if !strings.Contains(text, want) {
 			t.Errorf("the report lacks %q:\n%s", want, text)
 		}
+	}
+}
+
+// TestDoctorServerChecks runs the server checks through the command against loopback
+// listeners: the node's API server reached over TLS passes, an agent port some other
+// program holds fails the report and says how to fix it.
+func TestDoctorServerChecks(t *testing.T) {
+	apiServer := httptest.NewTLSServer(http.NotFoundHandler())
+	defer apiServer.Close()
+	cfg := clientcmdapi.NewConfig()
+	cfg.Clusters["c"] = &clientcmdapi.Cluster{Server: apiServer.URL,
+		CertificateAuthorityData: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: apiServer.Certificate().Raw})}
+	cfg.AuthInfos["u"] = &clientcmdapi.AuthInfo{Token: "t"}
+	cfg.Contexts["x"] = &clientcmdapi.Context{Cluster: "c", AuthInfo: "u"}
+	cfg.CurrentContext = "x"
+	kc := filepath.Join(t.TempDir(), "mac-1.kubeconfig")
+	if err := clientcmd.WriteToFile(*cfg, kc); err != nil {
+		t.Fatal(err)
+	}
+	text, err := runDoctor(t, "--runner", "/bin/sh", "--skip-self-test", "--kubeconfig", kc, "--listen", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("doctor: %v\n%s", err, text)
+	}
+	if !regexp.MustCompile(`\ncluster +ok +reached 127\.0\.0\.1:\d+ in \S+, its certificate verified`).MatchString(text) {
+		t.Errorf("the cluster check did not pass:\n%s", text)
+	}
+	taken, err := net.Listen("tcp", "127.0.0.1:0") // accepts, never answers TLS
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	go func() {
+		for {
+			c, err := taken.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	text, err = runDoctor(t, "--runner", "/bin/sh", "--skip-self-test", "--kubeconfig", kc, "--listen", taken.Addr().String())
+	if !errors.Is(err, errDoctorFailed) || !strings.Contains(text, "fix: stop that program") ||
+		!strings.Contains(text, "FAIL  agent port FAILED") {
+		t.Errorf("a taken agent port: %v\n%s", err, text)
 	}
 }

@@ -70,7 +70,7 @@ func newServeCommand() *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error { return sf.run(cmd) },
 	}
 	sf.register(cmd)
-	cmd.AddCommand(newServeInstallCmd())
+	cmd.AddCommand(newServeInstallCmd(), newServeUninstallCmd())
 	return cmd
 }
 

@@ -20,7 +20,8 @@ prompt cache lives beside them unless --prompt-cache-dir is.
 
 The service is a LaunchAgent of the current user (~/Library/LaunchAgents), or with
 --system a LaunchDaemon of the machine (/Library/LaunchDaemons, logs in
-/Library/Logs/macfleet; needs sudo), which starts at boot without anyone logging in.
+/Library/Logs/macfleet; needs sudo), which starts at boot without anyone logging in,
+as the account --user names (default: who ran sudo).
 Relative paths in the flags are made absolute; model files must be given by absolute
 path. --api-key is refused (the property list is readable by every user): use
 --api-key-file. --dry-run prints the property list instead, on any operating system.`,

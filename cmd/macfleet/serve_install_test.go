@@ -19,6 +19,7 @@ func TestServeInstallDryRun(t *testing.T) {
 		args     []string
 		wantArgs []any
 		wantLogs string
+		wantUser any
 		wantErr  string
 	}{
 		{name: "user agent",
@@ -28,12 +29,12 @@ func TestServeInstallDryRun(t *testing.T) {
 				"--prompt-cache-dir=/Users/ada/Library/Application Support/macfleet/prompt-cache"},
 			wantLogs: "/Users/ada/Library/Logs/macfleet/serve.log"},
 		{name: "headless daemon with its own directories",
-			args: []string{"--dry-run", "--system", "--executable", "/usr/local/bin/macfleet", "--",
+			args: []string{"--dry-run", "--system", "--user", "ada", "--executable", "/usr/local/bin/macfleet", "--",
 				"--model=chat=/opt/models/chat.gguf", "--store-dir", "/Volumes/models", "--api-key-file=/etc/macfleet/key", "--listen=0.0.0.0:8080"},
 			wantArgs: []any{"/usr/local/bin/macfleet", "serve", "--model=chat=/opt/models/chat.gguf", "--store-dir", "/Volumes/models",
 				"--api-key-file=/etc/macfleet/key", "--listen=0.0.0.0:8080",
 				"--prompt-cache-dir=/Library/Application Support/macfleet/prompt-cache"},
-			wantLogs: "/Library/Logs/macfleet/serve.log"},
+			wantLogs: "/Library/Logs/macfleet/serve.log", wantUser: "ada"},
 		{name: "a key in the world-readable plist",
 			args:    []string{"--dry-run", "--executable", "/usr/local/bin/macfleet", "--", "--model", "qwen=" + src, "--api-key", "sk-secret"},
 			wantErr: "--api-key-file"},
@@ -63,7 +64,7 @@ func TestServeInstallDryRun(t *testing.T) {
 				t.Errorf("ProgramArguments (-want +got):\n%s", diff)
 			}
 			if plist["Label"] != launchd.ServeLabel || plist["StandardOutPath"] != tc.wantLogs ||
-				plist["KeepAlive"] != true || plist["RunAtLoad"] != true {
+				plist["KeepAlive"] != true || plist["RunAtLoad"] != true || plist["UserName"] != tc.wantUser {
 				t.Errorf("plist = %v", plist)
 			}
 		})

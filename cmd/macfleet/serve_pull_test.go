@@ -198,6 +198,8 @@ func TestServeRefusesPulls(t *testing.T) {
 		{"no token for a gated model", "", []string{"--model", "tiny=" + hubModel, "--source-policy", policy}, "--hf-token or $HF_TOKEN"},
 		{"the default policy denies loopback", "hf_gated", []string{"--model", "tiny=" + hubModel}, "loopback"},
 		{"sha256 of a local file", "", []string{"--model", "tiny=/models/t.gguf:sha256=" + digest}, "sha256= checks a pulled source"},
+		{"a part of a multi-part model", "", []string{"--model", "big=hf://org/big-GGUF/big-Q4_K_M-00001-of-00003.gguf", "--source-policy", policy},
+			"merge the parts into one file"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Setenv(hfTokenEnv, tc.token)

@@ -61,6 +61,19 @@ type Options struct {
 	Log logr.Logger
 	// Version is the macfleet version, printed in the report's first line.
 	Version string
+
+	// Kubeconfig is the node's credential (the agent's --kubeconfig): the API server
+	// it names is dialled. Empty skips the check.
+	Kubeconfig string
+	// AgentListen is the agent's --listen address, checked free or the agent's;
+	// empty skips the check. AdvertiseAddress is what the cluster dials, shown.
+	AgentListen, AdvertiseAddress string
+	// Executable is the macfleet binary the firewall must let in.
+	Executable string
+	// NetTimeout bounds each network check; zero means DefaultNetTimeout.
+	NetTimeout time.Duration
+	// SkipServer leaves out the checks of the Mac as a server.
+	SkipServer bool
 }
 
 // Check is the verdict on one figure or step.
@@ -77,6 +90,11 @@ const (
 	CheckInfo Check = "info"
 	// CheckUnavailable: the OS tool could not be read, so nothing was compared.
 	CheckUnavailable Check = "n/a"
+	// CheckWarn: works here, but not as a server others reach (a Mac that sleeps, a
+	// firewall in the way); the report does not fail for it.
+	CheckWarn Check = "WARN"
+	// CheckSkipped: not checked on this operating system or without its input.
+	CheckSkipped Check = "skipped"
 )
 
 // failing says whether the check makes the report fail.
@@ -99,6 +117,8 @@ type Report struct {
 	Memory []Row `json:"memory"`
 	// Runner is the runner binary and the backend it reported in the self-test.
 	Runner RunnerReport `json:"runner"`
+	// Server are the checks of the Mac as a server others reach.
+	Server []ServerCheck `json:"server,omitempty"`
 	// SelfTest is absent when it was skipped.
 	SelfTest *SelfTest `json:"selfTest,omitempty"`
 }
@@ -137,6 +157,11 @@ func (r Report) Failed() bool {
 			return true
 		}
 	}
+	for _, c := range r.Server {
+		if c.Check.failing() {
+			return true
+		}
+	}
 	return r.SelfTest != nil && !r.SelfTest.Passed
 }
 
@@ -154,6 +179,9 @@ func Run(ctx context.Context, opts Options) (Report, error) {
 	}
 	if opts.SelfTestTimeout <= 0 {
 		opts.SelfTestTimeout = DefaultSelfTestTimeout
+	}
+	if opts.NetTimeout <= 0 {
+		opts.NetTimeout = DefaultNetTimeout
 	}
 	rep := Report{Time: time.Now(), Version: opts.Version, OS: opts.GOOS, Arch: opts.GOARCH}
 	g := opts.Gauge
@@ -197,6 +225,9 @@ func Run(ctx context.Context, opts Options) (Report, error) {
 	}
 	if err != nil {
 		rep.Runner.Check, rep.Runner.Note = CheckFailed, err.Error()+"; build it with `make runner` (bin/macfleet-runner) or set "+runnerproc.RunnerEnv
+	}
+	if !opts.SkipServer {
+		rep.Server = serverChecks(ctx, opts)
 	}
 	if opts.SkipSelfTest {
 		return rep, nil

@@ -70,6 +70,17 @@ func (r Report) Write(w io.Writer) error {
 		}
 	}
 
+	if len(r.Server) > 0 {
+		p("\n== server (what other machines need of this Mac)\n")
+		p("check\tverdict\tresult\n")
+		for _, c := range r.Server {
+			p("%s\t%s\t%s\n", c.Name, c.Check, c.Result)
+			if c.Fix != "" {
+				p("\t\tfix: %s\n", c.Fix)
+			}
+		}
+	}
+
 	if st := r.SelfTest; st != nil {
 		p("\n== self-test (load, generate, unload a synthesized model through the engine pool)\n")
 		p("step\ttook\tcheck\tresult\n")
@@ -108,6 +119,11 @@ func (r Report) problems() []string {
 			out = append(out, "no runner: build it with `make runner`")
 		} else {
 			out = append(out, "runner backend "+string(r.Runner.Check))
+		}
+	}
+	for _, c := range r.Server {
+		if c.Check.failing() {
+			out = append(out, fmt.Sprintf("%s %s", c.Name, c.Check))
 		}
 	}
 	if r.SelfTest != nil && !r.SelfTest.Passed {

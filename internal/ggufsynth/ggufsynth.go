@@ -277,11 +277,16 @@ func (s Spec) validateTrained() error {
 }
 
 // Write synthesizes the model described by spec into path (created or truncated).
-func Write(path string, spec Spec) (err error) {
+func Write(path string, spec Spec) error {
 	if err := spec.Validate(); err != nil {
 		return fmt.Errorf("invalid model spec: %w", err)
 	}
-	// Write to a temporary name and rename so a reader never sees a partial model.
+	return writeAtomic(path, func(f *os.File) error { return ggml.WriteGGUF(f, metadata(spec), tensors(spec)) })
+}
+
+// writeAtomic writes path with write through a temporary name and a rename, so that
+// a reader never sees a partial model.
+func writeAtomic(path string, write func(f *os.File) error) (err error) {
 	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
 	if err != nil {
 		return fmt.Errorf("creating model file: %w", err)
@@ -292,7 +297,7 @@ func Write(path string, spec Spec) (err error) {
 			_ = os.Remove(f.Name())
 		}
 	}()
-	if err := ggml.WriteGGUF(f, metadata(spec), tensors(spec)); err != nil {
+	if err := write(f); err != nil {
 		return fmt.Errorf("writing %s: %w", path, err)
 	}
 	if err := f.Chmod(0o644); err != nil {

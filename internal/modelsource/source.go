@@ -87,9 +87,38 @@ var (
 	ollamaName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]*$`)
 )
 
+// splitPart is the name llama.cpp gives each part of a model split across files.
+var splitPart = regexp.MustCompile(`(?i)-[0-9]{5}-of-[0-9]{5}\.gguf$`)
+
+// SplitPartMessage says why a part of a multi-part GGUF is refused, and what to do.
+const SplitPartMessage = "a part of a multi-part GGUF (NAME-00001-of-0000N.gguf) is not supported: " +
+	"its memory estimate would count one part and the runner reads one file; merge the parts into one file " +
+	"(llama.cpp's gguf-split --merge) and name that"
+
+// IsSplitPart says whether the file name is a part of a multi-part GGUF.
+func IsSplitPart(name string) bool { return splitPart.MatchString(name) }
+
 // Parse checks the syntax of a model source and splits it into its parts. It does not
-// touch the network. Errors are *ParseError.
+// touch the network. Errors are *ParseError; a part of a multi-part GGUF is refused
+// (SplitPartMessage).
 func Parse(s string) (Source, error) {
+	src, err := parse(s)
+	if err != nil {
+		return Source{}, err
+	}
+	name := src.Path + src.LocalPath
+	if src.Scheme == HTTP {
+		if u, err := url.Parse(src.URL); err == nil {
+			name = u.Path
+		}
+	}
+	if IsSplitPart(name) {
+		return Source{}, parseErr(s, "%s", SplitPartMessage)
+	}
+	return src, nil
+}
+
+func parse(s string) (Source, error) {
 	scheme, rest, ok := strings.Cut(s, "://")
 	if !ok {
 		return Source{}, parseErr(s, "no scheme: want hf://, ollama://, http://, https:// or file://")

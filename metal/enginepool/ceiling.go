@@ -1,6 +1,10 @@
 package enginepool
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/macfleet/macfleet/metal/enginepool/internal/machstat"
+)
 
 const (
 	gib = int64(1) << 30
@@ -34,6 +38,13 @@ func DefaultReserve(totalBytes int64) int64 {
 		return 4 * gib
 	}
 	return 6 * gib
+}
+
+// MetalWorkingSetEstimate is what Metal's recommended working set is on a Mac of
+// totalBytes of unified memory, at the least, when it cannot be asked (and for
+// planning which Mac a model fits).
+func MetalWorkingSetEstimate(totalBytes int64) int64 {
+	return int64(machstat.MetalWorkingSetEstimate(uint64(max(totalBytes, 0))))
 }
 
 // Ceiling is the pool's memory ceiling, what bounds it, and its watermarks.

@@ -320,6 +320,23 @@ bool nd_worker::alloc(uint64_t size) {
 	return answer(&base, sizeof(base));
 }
 
+// get serves MFND_GET: answers the n bytes at addr.
+bool nd_worker::get(uint64_t addr, uint64_t n) {
+	if (n > MFND_MAX_TRANSFER) {
+		fail("a read of " + std::to_string(n) + " bytes, above the worker's " + std::to_string(MFND_MAX_TRANSFER));
+	}
+	ggml_backend_buffer_t b = err.empty() ? mem(addr, n, "get") : NULL;
+	if (b == NULL) {
+		return answer(NULL, 0);
+	}
+	if (mfnd_host(b)) {
+		return answer((const void *)(uintptr_t)addr, n);
+	}
+	stage.resize(n);
+	mfnd_range_get(b, addr, stage.data(), n);
+	return answer(stage.data(), n);
+}
+
 // serve_one handles one command whose payload is in msg; false ends the session.
 bool nd_worker::serve_one(uint8_t cmd) {
 	uint64_t a[3] = {0, 0, 0};
@@ -361,21 +378,8 @@ bool nd_worker::serve_one(uint8_t cmd) {
 			set_file();
 		}
 		return true;
-	case MFND_GET: {
-		if (a[1] > MFND_MAX_TRANSFER) {
-			fail("a read of " + std::to_string(a[1]) + " bytes, above the worker's " + std::to_string(MFND_MAX_TRANSFER));
-		}
-		ggml_backend_buffer_t b = err.empty() ? mem(a[0], a[1], "get") : NULL;
-		if (b == NULL) {
-			return answer(NULL, 0);
-		}
-		if (mfnd_host(b)) {
-			return answer((const void *)(uintptr_t)a[0], a[1]);
-		}
-		stage.resize(a[1]);
-		mfnd_range_get(b, a[0], stage.data(), a[1]);
-		return answer(stage.data(), a[1]);
-	}
+	case MFND_GET:
+		return get(a[0], a[1]);
 	case MFND_COPY: {
 		ggml_backend_buffer_t src = mem(a[0], a[2], "copy"), dst = mem(a[1], a[2], "copy");
 		if (src != NULL && dst != NULL) {

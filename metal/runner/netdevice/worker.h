@@ -132,6 +132,7 @@ struct nd_worker {
 	bool check(const graph &gr);
 	bool check_nodes(const graph &gr, const std::vector<ggml_tensor *> &ts);
 	bool alloc(uint64_t size);
+	bool get(uint64_t addr, uint64_t n);
 	bool compute();
 	bool serve_one(uint8_t cmd);
 };

@@ -69,12 +69,12 @@ func TestAttackSplitWorkerIdles(t *testing.T) {
 	r := startReady(t, w.model, splitFlags([]*worker{fwd}, 3)...)
 	first := greedyWhole(t, r, "Say hi", 4)
 	// Idle: the round trips counted meanwhile are the device's keepalives, one a
-	// third of the timeout; four of them span more than a whole timeout.
+	// third of the timeout; five of them span more than a whole timeout.
 	before := r.status().Split[0].RoundTrips
 	idleFrom := time.Now()
-	waitFor(t, 60*time.Second, "four keepalives on the idle link", func() bool { return r.status().Split[0].RoundTrips-before >= 4 })
+	waitFor(t, 60*time.Second, "five keepalives on the idle link", func() bool { return r.status().Split[0].RoundTrips-before >= 5 })
 	if idled := time.Since(idleFrom); idled < 2*time.Second {
-		t.Errorf("four keepalives within %v: more often than a third of the 2s timeout", idled)
+		t.Errorf("five keepalives within %v: more often than a third of the 2s timeout", idled)
 	}
 	if again := greedyWhole(t, r, "Say hi", 4); strings.Join(again.tokens, "") != strings.Join(first.tokens, "") {
 		t.Errorf("after idling the runner answered %q, before %q", again.content, first.content)

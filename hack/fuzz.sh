@@ -9,12 +9,17 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 fuzztime=${FUZZTIME:-10000x}
+# The targets of test/runner drive real runner and worker processes (a second or so an
+# input): FUZZTIME_PROCESS inputs each (they skip without $MACFLEET_RUNNER).
+fuzztime_process=${FUZZTIME_PROCESS:-50x}
 failed=()
 while IFS= read -r file; do
 	pkg=./$(dirname "$file")
+	n=$fuzztime
+	[[ $pkg == ./test/runner ]] && n=$fuzztime_process
 	for target in $(sed -n 's/^func \(Fuzz[A-Za-z0-9_]*\)(f \*testing\.F).*/\1/p' "$file"); do
-		echo "=== $pkg $target ($fuzztime)"
-		if ! hack/go-env.sh go test -run '^$' -fuzz "^${target}\$" -fuzztime "$fuzztime" "$pkg"; then
+		echo "=== $pkg $target ($n)"
+		if ! hack/go-env.sh go test -run '^$' -fuzz "^${target}\$" -fuzztime "$n" "$pkg"; then
 			failed+=("$pkg $target")
 		fi
 	done

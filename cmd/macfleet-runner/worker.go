@@ -41,6 +41,8 @@ func runWorker(args []string, stdout, stderr io.Writer) int {
 		"(docs/split-model.md, Worker to worker)")
 	secretStdin := fs.Bool("secret-stdin", false, "read a secret from standard input (64 hex digits and a newline) that every "+
 		"connection must open with, before any byte of the worker protocol (docs/split-model.md); the agent starts its workers so")
+	idle := fs.Duration("idle-timeout", defaultIdleTimeout, "end a runner's session after this long without a command (0: never): "+
+		"a runner keeps its link alive with a STATUS a third of the way, so only a link whose runner is gone or stuck idles out")
 	backendDir := fs.String("backend-dir", defaultBackendDir(), backendDirUsage)
 	verbose := fs.BoolP("verbose", "v", false, "log ggml's info messages")
 	if err := fs.Parse(args); err != nil {
@@ -62,6 +64,9 @@ func runWorker(args []string, stdout, stderr io.Writer) int {
 		return exitBadFlags
 	case *memory < 0:
 		fmt.Fprintln(stderr, "macfleet-runner worker: --memory must not be negative")
+		return exitBadFlags
+	case *idle < 0 || (*idle > 0 && *idle < time.Second) || *idle > 24*time.Hour:
+		fmt.Fprintln(stderr, "macfleet-runner worker: --idle-timeout must be 0 (never) or between 1s and 24h")
 		return exitBadFlags
 	}
 	// The secret every connection must open with (runnerapi.SplitAuth).
@@ -106,11 +111,17 @@ func runWorker(args []string, stdout, stderr io.Writer) int {
 	}()
 	line, _ := json.Marshal(runnerapi.ListeningEvent{Event: "listening", Addr: ln.Addr().String(), PID: os.Getpid()})
 	fmt.Fprintf(stdout, "%s\n", line)
-	return serveSessions(ctx, ln, session{model: *model, choice: choice, threads: *threads, memory: *memory, next: *next, secret: secret}, stderr)
+	return serveSessions(ctx, ln, session{model: *model, choice: choice, threads: *threads, memory: *memory, next: *next, secret: secret,
+		idle: *idle}, stderr)
 }
 
+// defaultIdleTimeout is --idle-timeout's default: far above a runner's keepalive (a
+// third of it), short enough that a stuck or vanished runner frees the worker soon.
+const defaultIdleTimeout = 2 * time.Minute
+
 // session is what the worker serves each runner with: its model file, device, threads,
-// memory and --next, and the secret every connection must open with (nil: none).
+// memory and --next, the secret every connection must open with (nil: none) and the
+// idle timeout of a session.
 type session struct {
 	model   string
 	choice  netdevice.DeviceChoice
@@ -118,6 +129,7 @@ type session struct {
 	memory  int64
 	next    string
 	secret  []byte
+	idle    time.Duration
 }
 
 // authTimeout bounds the wait for a connection's authentication frame.
@@ -156,7 +168,7 @@ func serveSessions(ctx context.Context, ln net.Listener, w session, stderr io.Wr
 		fmt.Fprintf(stderr, "macfleet-runner worker: serving the runner at %s\n", remote)
 		// One runner at a time: its buffers are freed when it disconnects or a signal
 		// ends its session (the runner then fails its requests: its worker is lost).
-		err := netdevice.Serve(ctx, conn, w.model, w.choice, w.threads, w.memory, w.next)
+		err := netdevice.Serve(ctx, conn, w.model, w.choice, w.threads, w.memory, w.next, w.idle)
 		switch {
 		case ctx.Err() != nil:
 			fmt.Fprintf(stderr, "macfleet-runner worker: stopping: ended the session with the runner at %s\n", remote)

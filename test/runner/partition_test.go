@@ -31,7 +31,7 @@ func chatIn(t *testing.T, r *runner, partition, salt, prompt string) runnerapi.U
 
 // chatRequest sends a chat request body with headers and returns the answer, which
 // must be one with usage.
-func chatRequest(t *testing.T, r *runner, body map[string]any, headers map[string]string) runnerapi.ChatCompletion {
+func chatRequest(t testing.TB, r *runner, body map[string]any, headers map[string]string) runnerapi.ChatCompletion {
 	t.Helper()
 	b, _ := json.Marshal(body)
 	req, err := http.NewRequestWithContext(context.Background(), http.MethodPost, r.base+"/v1/chat/completions", bytes.NewReader(b))

@@ -45,7 +45,7 @@ func peerPrompt(t *testing.T, r *runner) []chatMsg {
 
 // stateRequest sends a request to a peer state endpoint with the headers that are not
 // empty and returns the answer's status, header and body.
-func stateRequest(t *testing.T, r *runner, method, path string, body []byte, headers map[string]string) (int, http.Header, []byte) {
+func stateRequest(t testing.TB, r *runner, method, path string, body []byte, headers map[string]string) (int, http.Header, []byte) {
 	t.Helper()
 	req, err := http.NewRequestWithContext(context.Background(), method, r.base+path, bytes.NewReader(body))
 	if err != nil {
@@ -71,7 +71,7 @@ func stateRequest(t *testing.T, r *runner, method, path string, body []byte, hea
 
 // exportState is GET /cache/states/{digest} in partition: the status, the body and the
 // state's tokens (X-Macfleet-State-Tokens).
-func exportState(t *testing.T, r *runner, digest, partition string) (int, []byte, int) {
+func exportState(t testing.TB, r *runner, digest, partition string) (int, []byte, int) {
 	t.Helper()
 	code, h, body := stateRequest(t, r, http.MethodGet, "/cache/states/"+digest, nil,
 		map[string]string{runnerapi.HeaderCachePartition: partition})
@@ -81,7 +81,7 @@ func exportState(t *testing.T, r *runner, digest, partition string) (int, []byte
 
 // importState is POST /cache/states of entry in partition with digests (none when
 // empty): the status and the answer.
-func importState(t *testing.T, r *runner, entry []byte, partition, digests string) (int, runnerapi.PeerStateResult) {
+func importState(t testing.TB, r *runner, entry []byte, partition, digests string) (int, runnerapi.PeerStateResult) {
 	t.Helper()
 	code, _, b := stateRequest(t, r, http.MethodPost, "/cache/states", entry,
 		map[string]string{runnerapi.HeaderCachePartition: partition, runnerapi.HeaderPrefixDigests: digests})
@@ -94,7 +94,7 @@ func importState(t *testing.T, r *runner, entry []byte, partition, digests strin
 
 // savedState prefills msgs on r in partition with digest, checks the answer came cold,
 // and returns it with the state exported once r's tiers hold it.
-func savedState(t *testing.T, r *runner, msgs []chatMsg, partition, digest string) (reply string, entry []byte, tokens int) {
+func savedState(t testing.TB, r *runner, msgs []chatMsg, partition, digest string) (reply string, entry []byte, tokens int) {
 	t.Helper()
 	headers := map[string]string{runnerapi.HeaderCachePartition: partition, runnerapi.HeaderPrefixDigests: digest}
 	reply, u := chatWith(t, r, headers, msgs, 16)

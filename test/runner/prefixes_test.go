@@ -16,7 +16,7 @@ import (
 
 // chatWith sends a greedy chat of msgs with the given headers and returns the reply
 // and usage.
-func chatWith(t *testing.T, r *runner, headers map[string]string, msgs []chatMsg, maxTokens int) (string, runnerapi.Usage) {
+func chatWith(t testing.TB, r *runner, headers map[string]string, msgs []chatMsg, maxTokens int) (string, runnerapi.Usage) {
 	t.Helper()
 	c := chatRequest(t, r, map[string]any{"model": "test", "temperature": 0, "max_tokens": maxTokens, "messages": msgs}, headers)
 	if len(c.Choices) != 1 {

@@ -55,7 +55,7 @@ func promptCacheStatus(t *testing.T, r *runner) runnerapi.PromptCacheStatus {
 	return *st.PromptCache
 }
 
-func clearCache(t *testing.T, r *runner) runnerapi.CacheClear {
+func clearCache(t testing.TB, r *runner) runnerapi.CacheClear {
 	t.Helper()
 	var cc runnerapi.CacheClear
 	if code := r.postJSON("/cache/clear", nil, &cc); code != http.StatusOK {

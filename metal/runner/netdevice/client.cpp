@@ -85,6 +85,7 @@ bool nd_flush(nd_device *d) {
 	nd_thread.sent += d->out.size();
 	d->out.clear();
 	d->gen++;
+	d->last_sent = std::chrono::steady_clock::now();
 	return true;
 }
 

@@ -438,6 +438,21 @@ extern "C" int mfnd_check(void *dev, char *err, size_t errlen) {
 	return -1;
 }
 
+extern "C" int mfnd_keepalive(void *dev) {
+	nd_device *d = (nd_device *)((ggml_backend_dev_t)dev)->context;
+	int every = (int)(d->info.idle_ms / 3);
+	std::unique_lock<std::mutex> lock(d->mu, std::try_to_lock);
+	// A link in use, or with frames queued or answers pending, is not idle: the thread
+	// using it sends soon enough.
+	if (every == 0 || !lock.owns_lock() || !d->err.empty() || !d->out.empty() || !d->pending.empty() ||
+	    std::chrono::steady_clock::now() - d->last_sent < std::chrono::milliseconds(every)) {
+		return every;
+	}
+	std::vector<uint8_t> reply;
+	nd_call(d, MFND_STATUS, NULL, 0, reply); // a failure fails the link, which its next command reports
+	return every;
+}
+
 extern "C" int mfnd_error(void *dev, char *err, size_t errlen) {
 	nd_device *d = (nd_device *)((ggml_backend_dev_t)dev)->context;
 	std::lock_guard<std::mutex> lock(d->smu);

@@ -53,6 +53,9 @@ struct nd_device {
 	// answer); compute_ns: the part the worker spent computing graphs, as it reports.
 	uint64_t wait_ns = 0, compute_ns = 0;
 	uint64_t allocated = 0; // bytes of the worker's buffers this runner holds
+	// When the link last carried a frame to the worker (under mu): the worker ends a
+	// session idle for info.idle_ms, so mfnd_keepalive sends a STATUS before that.
+	std::chrono::steady_clock::time_point last_sent = std::chrono::steady_clock::now();
 	// The graph streams (wire.h, mfnd_graph) the backends hold (under mu).
 	std::vector<bool> streams;
 	// The bytes of the last graph's last node, which the worker answers COMPUTE with,

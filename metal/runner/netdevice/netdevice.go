@@ -103,7 +103,21 @@ func Connect(ctx context.Context, addr, modelPath string, index int, timeout tim
 	var typ C.int
 	name := make([]byte, 64)
 	C.mfnd_device_info(dev, &typ, cbuf(name), C.size_t(len(name)))
+	go keepAlive(dev)
 	return &Device{Addr: addr, Worker: DeviceInfo{Type: deviceTypeName(typ), Name: goString(name)}, dev: dev}, nil
+}
+
+// keepAlive keeps a device's link from idling out at its worker (--idle-timeout): a
+// STATUS when it has been idle a third of that, until the link fails (a device lives
+// as long as the process).
+func keepAlive(dev unsafe.Pointer) {
+	for {
+		every := time.Duration(C.mfnd_keepalive(dev)) * time.Millisecond
+		if every <= 0 || C.mfnd_error(dev, nil, 0) != 0 {
+			return
+		}
+		time.Sleep(every / 4)
+	}
 }
 
 // WorkerDevice is the device a worker computes with for choice; an error when there
@@ -287,10 +301,12 @@ func AcceptPeer(conn *net.TCPConn) error {
 // choice's device (WorkerDevice; threads CPU threads when it is the CPU) and answering
 // memory bytes as its free and total memory (0: the device's: the CPU's is the Mac's
 // physical memory); next is the address of the next shard's worker (--next, "" for
-// none), which it dials when the runner asks. It closes conn. When ctx ends Serve
+// none), which it dials when the runner asks; idle ends a session without a command
+// for that long (0: never; a runner's device keeps its link alive). It closes conn. When ctx ends Serve
 // shuts the connection down: the worker finishes the command it is computing, frees
 // its buffers and returns, and the runner sees its worker lost.
-func Serve(ctx context.Context, conn *net.TCPConn, modelPath string, choice DeviceChoice, threads int, memory int64, next string) error {
+func Serve(ctx context.Context, conn *net.TCPConn, modelPath string, choice DeviceChoice, threads int, memory int64, next string,
+	idle time.Duration) error {
 	f, fd, err := take(conn)
 	if err != nil {
 		return err
@@ -316,7 +332,7 @@ func Serve(ctx context.Context, conn *net.TCPConn, modelPath string, choice Devi
 	defer C.free(unsafe.Pointer(cpath))
 	defer C.free(unsafe.Pointer(cnext))
 	buf := make([]byte, errLen)
-	if C.mfnd_serve(C.int(fd), cpath, choice.code(), C.int(threads), C.uint64_t(max(memory, 0)), cnext, cbuf(buf), errLen) != 0 {
+	if C.mfnd_serve(C.int(fd), cpath, choice.code(), C.int(threads), C.uint64_t(max(memory, 0)), cnext, C.int(idle.Milliseconds()), cbuf(buf), errLen) != 0 {
 		return errors.New(goString(buf))
 	}
 	return nil

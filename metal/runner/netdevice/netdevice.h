@@ -30,6 +30,10 @@ int mfnd_peer(void *dev, void *next_dev, char *err, size_t errlen);
 // mfnd_check asks the worker for its first queued error (a weight whose bytes differ,
 // a bad address); it returns 0 when all is well, else -1 with the message in err.
 int mfnd_check(void *dev, char *err, size_t errlen);
+// mfnd_keepalive sends a STATUS when the link has been idle a third of the worker's
+// idle timeout and no other thread is using it; it returns the interval at which to
+// call it in milliseconds (0: the worker never idles a session out).
+int mfnd_keepalive(void *dev);
 // mfnd_error returns -1 with the message in err once the link has failed, else 0.
 int mfnd_error(void *dev, char *err, size_t errlen);
 void mfnd_get_stats(void *dev, mfnd_stats *s);
@@ -60,9 +64,10 @@ int mfnd_worker_device(int choice, int *type, char *name, size_t namelen, char *
 // computes with choice's device (mfnd_worker_device), with threads threads when that
 // is the CPU. memory is what the worker answers the runner as its free and total
 // memory (0: the device's). next is --next, the address of the next shard's worker
-// ("" or NULL: none).
-int mfnd_serve(int fd, const char *model_path, int choice, int threads, uint64_t memory, const char *next, char *err,
-               size_t errlen);
+// ("" or NULL: none). idle_ms ends the session after that long without a command (0:
+// never); the runner's device keeps an idle link alive (mfnd_keepalive).
+int mfnd_serve(int fd, const char *model_path, int choice, int threads, uint64_t memory, const char *next, int idle_ms,
+               char *err, size_t errlen);
 // mfnd_peek returns the command of a new connection's first frame without reading it
 // (MFND_PEER_HELLO, 14, for a previous worker's peer link), or -1 when none comes
 // within timeout_ms.

@@ -14,6 +14,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 
 #include "gguf.h"
@@ -45,11 +46,16 @@ std::string mfnd_file_identity(const char *path, uint64_t *size, uint64_t *heade
 	return "";
 }
 
+void mfnd_socket_timeouts(int fd, int timeout_ms) {
+	int ms = timeout_ms > 0 ? timeout_ms : 0;
+	struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
+	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+	setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+}
+
 void mfnd_socket_options(int fd, int timeout_ms) {
 	if (timeout_ms > 0) {
-		struct timeval tv = {timeout_ms / 1000, (timeout_ms % 1000) * 1000};
-		setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-		setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+		mfnd_socket_timeouts(fd, timeout_ms);
 	}
 	int one = 1;
 	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
@@ -164,4 +170,41 @@ int mfnd_peek_command(int fd, int timeout_ms) {
 		usleep(1000); // part of the header: wait for the rest
 	}
 	return -1;
+}
+
+std::string mfnd_read_frame(int fd, uint32_t max, uint8_t *cmd, std::vector<uint8_t> &payload) {
+	uint8_t head[MFND_HEADER];
+	size_t got = 0;
+	while (got < sizeof(head)) {
+		ssize_t k = recv(fd, head + got, sizeof(head) - got, 0);
+		if (k < 0 && errno == EINTR) {
+			continue;
+		}
+		if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+			return MFND_TIMEOUT;
+		}
+		if (k <= 0) {
+			return got == 0 && k == 0 ? MFND_EOF : "the link was lost in the middle of a frame's header";
+		}
+		got += (size_t)k;
+	}
+	uint32_t len;
+	memcpy(&len, head, 4);
+	*cmd = head[4];
+	if (len > max) {
+		return "a frame of " + std::to_string(len) + " bytes, above the " + std::to_string(max) + " allowed here";
+	}
+	// Grown as the bytes arrive, a chunk at a time: the claimed length is not
+	// allocated before it is sent.
+	const size_t chunk = 1u << 20;
+	payload.clear();
+	for (size_t at = 0; at < len;) {
+		size_t n = std::min((size_t)len - at, std::max(chunk, at));
+		payload.resize(at + n);
+		if (!mfnd_read_all(fd, payload.data() + at, n)) {
+			return errno == EAGAIN || errno == EWOULDBLOCK ? MFND_TIMEOUT : "the link was lost in the middle of a frame";
+		}
+		at += n;
+	}
+	return "";
 }

@@ -18,7 +18,7 @@
 #endif
 
 #define MFND_MAGIC 0x444e464du // "MFND"
-#define MFND_VERSION 6u
+#define MFND_VERSION 7u
 
 // Commands. Those marked "answered" wait for the worker's reply; the others are
 // queued and their errors are reported by the next answered command.
@@ -45,7 +45,20 @@ enum mfnd_cmd : uint8_t {
 // Frame: u32 payload length, u8 command (request) or status (reply: 0 ok, 1 error,
 // the payload then being the message), payload.
 #define MFND_HEADER 5u
-#define MFND_MAX_FRAME (1u << 31)
+// The worker's bounds on what a runner (or a previous worker) may send it: a frame
+// before the greeting (a greeting is 56 bytes; another version's may be a little
+// larger), any frame after it (the largest SET, GET or push carries at most
+// MFND_MAX_TRANSFER bytes), a graph's tensors and nodes, its graph streams' tensors
+// together, its buffers and the pushes it keeps while awaiting another (the stash).
+#define MFND_MAX_GREETING_FRAME 4096u
+#define MFND_MAX_TRANSFER (1u << 30)
+#define MFND_MAX_FRAME (MFND_MAX_TRANSFER + 64u)
+#define MFND_MAX_GRAPH_TENSORS (1u << 18)
+#define MFND_MAX_HELD_TENSORS (1u << 20)
+#define MFND_MAX_BUFFERS 65536u
+#define MFND_MAX_STASH 64u
+// A connection must greet the worker within this time.
+#define MFND_GREETING_MS 10000
 // COMPUTE is answered with the bytes of the graph's last node up to this size.
 #define MFND_MAX_OUTPUT (64u << 20)
 // The longest device name a worker reports, terminator included.
@@ -78,6 +91,10 @@ struct mfnd_hello_reply {
 	uint32_t has_next; // started with --next: it can push to the next shard's worker
 	uint64_t alignment;
 	uint64_t max_size;
+	// The worker ends a session after this long without a command (0: never); the
+	// runner's device sends a STATUS when its link has been idle a third of it.
+	uint32_t idle_ms;
+	uint32_t pad;
 	char dev_name[MFND_DEVICE_NAME];
 };
 
@@ -187,12 +204,24 @@ bool mfnd_write_all(int fd, const void *p, size_t n);
 // and with timeout_ms > 0 a timeout on every read and write.
 void mfnd_socket_options(int fd, int timeout_ms);
 bool mfnd_read_all(int fd, void *p, size_t n);
+// mfnd_socket_timeouts sets (timeout_ms > 0) or clears (0) a link's read and write
+// timeouts.
+void mfnd_socket_timeouts(int fd, int timeout_ms);
 // mfnd_dial connects to HOST:PORT within timeout_ms; it returns the socket, or -1
 // with a message in err.
 int mfnd_dial(const std::string &addr, int timeout_ms, std::string &err);
 // mfnd_peek_command waits up to timeout_ms for a connection's first frame header and
 // returns its command without consuming it, or -1.
 int mfnd_peek_command(int fd, int timeout_ms);
+
+// mfnd_read_frame reads one frame of at most max payload bytes into payload (growing it
+// as the bytes arrive, so a frame that claims more than is sent costs no more than
+// what was sent) and its command or status into cmd. It returns "" on success, else
+// why not: MFND_EOF for a link closed before a frame, "timeout" for a read timeout
+// (SO_RCVTIMEO), or a message.
+#define MFND_EOF "eof"
+#define MFND_TIMEOUT "timeout"
+std::string mfnd_read_frame(int fd, uint32_t max, uint8_t *cmd, std::vector<uint8_t> &payload);
 
 // mfnd_put appends a value's bytes to a frame under construction.
 template <typename T> static inline void mfnd_put(std::vector<uint8_t> &v, const T &x) {

@@ -6,6 +6,7 @@
 
 #include "netdevice.h"
 #include "worker.h"
+#include "worker_check.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -55,6 +56,7 @@ bool nd_worker::hello() {
 	r.dev_type = (uint32_t)ggml_backend_dev_type(dev);
 	r.alignment = ggml_backend_buft_get_alignment(buft);
 	r.max_size = ggml_backend_buft_get_max_size(buft);
+	r.idle_ms = (uint32_t)idle_ms;
 	snprintf(r.dev_name, sizeof(r.dev_name), "%s", ggml_backend_dev_name(dev));
 	return reply(0, &r, sizeof(r));
 }
@@ -73,7 +75,7 @@ void nd_worker::set_file() {
 	if (b == NULL) {
 		return;
 	}
-	if (m.offset + m.size > tsize) {
+	if (m.offset > tsize || m.size > tsize - m.offset) {
 		fail(std::string("tensor ") + m.name + ": a write past its end: the worker's file differs");
 		return;
 	}
@@ -109,11 +111,20 @@ nd_worker::graph *nd_worker::update(mfnd_graph *h) {
 	memcpy(h, msg.data(), sizeof(*h));
 	size_t rec = sizeof(uint32_t) + sizeof(mfnd_tensor);
 	if (msg.size() != sizeof(*h) + (size_t)h->n_changed * rec + (h->nodes_sent ? (size_t)h->n_nodes * 4 : 0) ||
-	    h->stream >= MFND_MAX_STREAMS) {
+	    h->stream >= MFND_MAX_STREAMS || h->n_tensors > MFND_MAX_GRAPH_TENSORS || h->n_nodes > MFND_MAX_GRAPH_TENSORS ||
+	    h->n_changed > h->n_tensors) {
 		return NULL;
 	}
 	if (graphs.size() <= h->stream) {
 		graphs.resize(h->stream + 1);
+	}
+	// The streams' graphs together stay within MFND_MAX_HELD_TENSORS.
+	size_t held = h->n_tensors;
+	for (size_t i = 0; i < graphs.size(); i++) {
+		held += i == h->stream ? 0 : graphs[i].tensors.size();
+	}
+	if (held > MFND_MAX_HELD_TENSORS) {
+		return NULL;
 	}
 	graph *gr = &graphs[h->stream];
 	std::vector<mfnd_tensor> &tensors = gr->tensors;
@@ -143,6 +154,45 @@ nd_worker::graph *nd_worker::update(mfnd_graph *h) {
 	return gr;
 }
 
+// check refuses a graph with a record mfnd_check_record refuses, or whose bytes are
+// not all within one of the worker's buffers, before ggml sees any of it.
+bool nd_worker::check(const graph &gr) {
+	for (size_t i = 0; i < gr.tensors.size(); i++) {
+		const mfnd_tensor &r = gr.tensors[i];
+		uint64_t bytes = 0;
+		std::string why = mfnd_check_record(r, &bytes);
+		if (why.empty() && bytes > 0 && (r.data == 0 || find(r.data, bytes) == NULL)) {
+			why = "its " + std::to_string(bytes) + " bytes are not within one of the worker's buffers";
+		}
+		if (!why.empty()) {
+			fail("graph tensor " + std::to_string(i) + ": " + why);
+			return false;
+		}
+	}
+	return true;
+}
+
+// check_nodes refuses a graph with a node missing a source its op reads, or one the
+// worker's backend does not compute.
+bool nd_worker::check_nodes(const graph &gr, const std::vector<ggml_tensor *> &ts) {
+	for (uint32_t n : gr.nodes) {
+		struct ggml_tensor *t = ts[n];
+		for (int k = 0; k < mfnd_op_sources(t->op); k++) {
+			if (t->src[k] == NULL) {
+				fail(std::string("graph node ") + std::to_string(n) + " (" + ggml_op_name(t->op) + "): its source " +
+				     std::to_string(k) + " is not a tensor of the graph");
+				return false;
+			}
+		}
+		if (t->op != GGML_OP_NONE && !ggml_backend_supports_op(backend, t)) {
+			fail(std::string("graph node ") + std::to_string(n) + " (" + ggml_op_desc(t) + "): the worker's " +
+			     ggml_backend_dev_name(dev) + " backend does not compute it with these types");
+			return false;
+		}
+	}
+	return true;
+}
+
 // build makes the tensors of the current graph in ctx, in the worker's buffers.
 std::vector<ggml_tensor *> nd_worker::build(struct ggml_context *ctx, const std::vector<mfnd_tensor> &tensors) {
 	std::vector<ggml_tensor *> out(tensors.size());
@@ -158,10 +208,8 @@ std::vector<ggml_tensor *> nd_worker::build(struct ggml_context *ctx, const std:
 		memcpy(t->op_params, r.op_params, sizeof(t->op_params));
 		t->view_offs = r.view_offs;
 		t->data = (void *)(uintptr_t)r.data;
+		// check() found [data, data + its bytes) within one buffer, or no bytes.
 		t->buffer = r.data != 0 ? find(r.data, ggml_nbytes(t)) : NULL;
-		if (t->buffer == NULL && ggml_nbytes(t) > 0) {
-			fail(std::string("graph tensor ") + ggml_op_name(t->op) + ": an address outside the worker's buffers");
-		}
 		byid[r.id] = out[i] = t;
 	}
 	auto ref = [&](uint64_t id) -> ggml_tensor * {
@@ -183,7 +231,9 @@ bool nd_worker::compute() {
 	graph *gr = update(&h);
 	bool push_out = (h.flags & MFND_GRAPH_PUSH) != 0;
 	if (gr == NULL) {
-		fail("malformed graph");
+		fail("malformed graph (or one above the worker's bounds on tensors and nodes)");
+		graphs.clear();
+	} else if (err.empty() && !check(*gr)) {
 		graphs.clear();
 	}
 	if (!err.empty()) {
@@ -197,6 +247,7 @@ bool nd_worker::compute() {
 	struct ggml_init_params ip = {tensors.size() * ggml_tensor_overhead() + ggml_graph_overhead_custom(nodes.size(), false), NULL, true};
 	struct ggml_context *ctx = ggml_init(ip);
 	std::vector<ggml_tensor *> ts = build(ctx, tensors);
+	bool refused = !check_nodes(*gr, ts); // the stream's graph is dropped below, once unused
 	struct ggml_cgraph *g = ggml_new_graph_custom(ctx, nodes.size(), false);
 	// The nodes are placed as they are, so the graph's visited set and use counts stay
 	// empty: a backend that fuses operations (Metal) then fuses none, and always
@@ -231,7 +282,59 @@ bool nd_worker::compute() {
 	memcpy(out.data() + sizeof(ns), &pushed, sizeof(pushed));
 	bool ok = answer(out.data(), out.size());
 	ggml_free(ctx);
+	if (refused) {
+		graphs.clear();
+	}
 	return ok;
+}
+
+// alloc serves MFND_ALLOC: a buffer of size bytes within the worker's memory,
+// cleared, so that no byte a previous session left in that memory is readable.
+bool nd_worker::alloc(uint64_t size) {
+	std::string e;
+	if (msg.size() != sizeof(uint64_t)) {
+		e = "malformed allocation";
+	} else if (size > memory - std::min(memory, allocated)) {
+		e = "the worker cannot allocate " + std::to_string(size) + " bytes: " + std::to_string(allocated) + " of its " +
+		    std::to_string(memory) + " (--memory) are allocated";
+	} else if (buffers.size() >= MFND_MAX_BUFFERS) {
+		e = "the worker holds " + std::to_string(buffers.size()) + " buffers, its most";
+	}
+	ggml_backend_buffer_t b = e.empty() ? ggml_backend_buft_alloc_buffer(buft, size) : NULL;
+	if (b == NULL) {
+		if (e.empty()) {
+			e = "the worker cannot allocate " + std::to_string(size) + " bytes";
+		}
+		return reply(1, e.data(), e.size());
+	}
+	ggml_backend_buffer_clear(b, 0);
+	uint64_t base = (uint64_t)(uintptr_t)ggml_backend_buffer_get_base(b);
+	if (buffers.count(base) != 0) {
+		// A zero-sized buffer may have no base of its own: one per base.
+		ggml_backend_buffer_free(b);
+		e = "the worker cannot allocate " + std::to_string(size) + " bytes at a base of their own";
+		return reply(1, e.data(), e.size());
+	}
+	buffers[base] = b;
+	allocated += ggml_backend_buffer_get_size(b);
+	return answer(&base, sizeof(base));
+}
+
+// get serves MFND_GET: answers the n bytes at addr.
+bool nd_worker::get(uint64_t addr, uint64_t n) {
+	if (n > MFND_MAX_TRANSFER) {
+		fail("a read of " + std::to_string(n) + " bytes, above the worker's " + std::to_string(MFND_MAX_TRANSFER));
+	}
+	ggml_backend_buffer_t b = err.empty() ? mem(addr, n, "get") : NULL;
+	if (b == NULL) {
+		return answer(NULL, 0);
+	}
+	if (mfnd_host(b)) {
+		return answer((const void *)(uintptr_t)addr, n);
+	}
+	stage.resize(n);
+	mfnd_range_get(b, addr, stage.data(), n);
+	return answer(stage.data(), n);
 }
 
 // serve_one handles one command whose payload is in msg; false ends the session.
@@ -239,21 +342,14 @@ bool nd_worker::serve_one(uint8_t cmd) {
 	uint64_t a[3] = {0, 0, 0};
 	memcpy(a, msg.data(), std::min(msg.size(), sizeof(a)));
 	switch (cmd) {
-	case MFND_ALLOC: {
-		ggml_backend_buffer_t b = ggml_backend_buft_alloc_buffer(buft, a[0]);
-		if (b == NULL) {
-			std::string e = "the worker cannot allocate " + std::to_string(a[0]) + " bytes";
-			return reply(1, e.data(), e.size());
-		}
-		uint64_t base = (uint64_t)(uintptr_t)ggml_backend_buffer_get_base(b);
-		buffers[base] = b;
-		return answer(&base, sizeof(base));
-	}
+	case MFND_ALLOC:
+		return alloc(a[0]);
 	case MFND_FREE: {
 		auto it = buffers.find(a[0]);
 		if (it == buffers.end()) {
 			fail("freeing a buffer the worker does not hold");
 		} else {
+			allocated -= std::min(allocated, (uint64_t)ggml_backend_buffer_get_size(it->second));
 			ggml_backend_buffer_free(it->second);
 			buffers.erase(it);
 		}
@@ -282,18 +378,8 @@ bool nd_worker::serve_one(uint8_t cmd) {
 			set_file();
 		}
 		return true;
-	case MFND_GET: {
-		ggml_backend_buffer_t b = mem(a[0], a[1], "get");
-		if (b == NULL) {
-			return answer(NULL, 0);
-		}
-		if (mfnd_host(b)) {
-			return answer((const void *)(uintptr_t)a[0], a[1]);
-		}
-		stage.resize(a[1]);
-		mfnd_range_get(b, a[0], stage.data(), a[1]);
-		return answer(stage.data(), a[1]);
-	}
+	case MFND_GET:
+		return get(a[0], a[1]);
 	case MFND_COPY: {
 		ggml_backend_buffer_t src = mem(a[0], a[2], "copy"), dst = mem(a[1], a[2], "copy");
 		if (src != NULL && dst != NULL) {
@@ -318,10 +404,10 @@ bool nd_worker::serve_one(uint8_t cmd) {
 		await();
 		return true;
 	case MFND_PUSH: {
-		ggml_backend_buffer_t b = msg.size() == sizeof(mfnd_push) ? mem(a[1], a[2], "push") : NULL;
-		if (msg.size() != sizeof(mfnd_push)) {
-			fail("malformed push");
+		if (msg.size() != sizeof(mfnd_push) || a[2] > MFND_MAX_TRANSFER) {
+			fail("malformed push (or one above the worker's " + std::to_string(MFND_MAX_TRANSFER) + " bytes)");
 		}
+		ggml_backend_buffer_t b = err.empty() ? mem(a[1], a[2], "push") : NULL;
 		const void *src = NULL;
 		if (b != NULL && mfnd_host(b)) {
 			src = (const void *)(uintptr_t)a[1];
@@ -342,15 +428,15 @@ bool nd_worker::serve_one(uint8_t cmd) {
 }
 
 
-extern "C" int mfnd_serve(int fd, const char *model_path, int choice, int threads, uint64_t memory, const char *next, char *err,
-                          size_t errlen) {
+extern "C" int mfnd_serve(int fd, const char *model_path, int choice, int threads, uint64_t memory, const char *next, int idle_ms,
+                          char *err, size_t errlen) {
 	nd_worker w;
 	w.next = next != NULL ? next : "";
 	w.sock = fd;
 	w.threads = threads > 0 ? threads : 1;
 	w.memory = memory;
-	// No timeout: a runner may stay idle for hours; its death closes the connection
-	// (keepalive finds a vanished peer).
+	w.idle_ms = idle_ms > 0 ? idle_ms : 0;
+	// Timeouts are set below; keepalive finds a vanished peer.
 	mfnd_socket_options(fd, 0);
 	std::string e = mfnd_file_identity(model_path, &w.file_size, &w.header_hash);
 	struct gguf_init_params gp = {true, NULL};
@@ -374,25 +460,26 @@ extern "C" int mfnd_serve(int fd, const char *model_path, int choice, int thread
 		w.memory = total;
 	}
 	bool greeted = false;
+	// A connection greets within MFND_GREETING_MS in a small frame; a session then
+	// ends after idle_ms without a command (its runner sends a STATUS before that).
+	mfnd_socket_timeouts(fd, MFND_GREETING_MS);
 	for (;;) {
-		uint8_t head[MFND_HEADER];
-		if (!mfnd_read_all(fd, head, sizeof(head))) {
+		uint8_t cmd = 0;
+		std::string r = mfnd_read_frame(fd, greeted ? MFND_MAX_FRAME : MFND_MAX_GREETING_FRAME, &cmd, w.msg);
+		if (r == MFND_EOF) {
 			break; // the runner disconnected
 		}
-		uint32_t len;
-		memcpy(&len, head, 4);
-		if (len > MFND_MAX_FRAME) {
-			e = "a frame of " + std::to_string(len) + " bytes";
-			break;
-		}
-		w.msg.resize(len);
-		if (len > 0 && !mfnd_read_all(fd, w.msg.data(), len)) {
-			e = "the runner disconnected in the middle of a command";
+		if (!r.empty()) {
+			e = r != MFND_TIMEOUT ? r
+			    : greeted     ? "the session was idle for " + std::to_string(w.idle_ms / 1000) + "s (--idle-timeout)"
+			                  : "no greeting within " + std::to_string(MFND_GREETING_MS / 1000) + "s";
+			w.reply(1, e.data(), e.size());
 			break;
 		}
 		if (!greeted) {
-			if (head[4] != MFND_HELLO) {
+			if (cmd != MFND_HELLO) {
 				e = "the first command is not a greeting";
+				w.reply(1, e.data(), e.size());
 			} else if (!e.empty()) {
 				w.reply(1, e.data(), e.size());
 			} else if (w.hello()) {
@@ -404,13 +491,14 @@ extern "C" int mfnd_serve(int fd, const char *model_path, int choice, int thread
 					}
 				}
 				greeted = true;
+				mfnd_socket_timeouts(fd, w.idle_ms);
 				continue;
 			} else {
 				e = "refused the runner: " + w.err;
 			}
 			break;
 		}
-		if (!w.serve_one(head[4])) {
+		if (!w.serve_one(cmd)) {
 			e = "the session ended: " + (w.err.empty() ? std::string("the link failed") : w.err);
 			break;
 		}

@@ -29,8 +29,11 @@ struct nd_worker {
 	std::vector<uint8_t> stage; // bytes on their way into or out of a buffer that is not host memory
 	uint64_t file_size = 0, header_hash = 0;
 	int threads = 1;
-	// memory is what the worker answers as its free and total memory (mfnd_serve).
-	uint64_t memory = 0;
+	// memory is what the worker answers as its free and total memory (mfnd_serve), and
+	// the bound on the bytes of its buffers (allocated); idle_ms ends a session after
+	// that long without a command (0: never).
+	uint64_t memory = 0, allocated = 0;
+	int idle_ms = 0;
 	// The peer links (worker_peer.cpp): session is the id the runner gave this session
 	// at its greeting, which the previous worker's link must present; next is --next,
 	// the address of the next shard's worker; peer_out the link to it (pushes), peer_in
@@ -45,7 +48,8 @@ struct nd_worker {
 		bool ok;
 		std::vector<uint8_t> bytes; // or the message of the previous worker's error
 	};
-	std::map<uint64_t, peer_push> stash; // pushes read while awaiting another sequence number
+	std::map<uint64_t, peer_push> stash; // pushes read while awaiting another sequence number (MFND_MAX_STASH, MFND_MAX_TRANSFER bytes)
+	uint64_t stashed = 0;                 // the bytes in stash
 
 	~nd_worker() {
 		end_session();
@@ -125,6 +129,10 @@ struct nd_worker {
 	void set_file();
 	graph *update(mfnd_graph *h);
 	std::vector<ggml_tensor *> build(struct ggml_context *ctx, const std::vector<mfnd_tensor> &tensors);
+	bool check(const graph &gr);
+	bool check_nodes(const graph &gr, const std::vector<ggml_tensor *> &ts);
+	bool alloc(uint64_t size);
+	bool get(uint64_t addr, uint64_t n);
 	bool compute();
 	bool serve_one(uint8_t cmd);
 };

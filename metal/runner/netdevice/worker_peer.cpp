@@ -39,21 +39,16 @@ void nd_worker::end_session() {
 	}
 }
 
-// read_frame reads one frame: false when the link fails.
-static bool nd_read_frame(int fd, uint8_t *status, std::vector<uint8_t> &payload) {
-	uint8_t head[MFND_HEADER];
-	if (!mfnd_read_all(fd, head, sizeof(head))) {
-		return false;
-	}
-	uint32_t len;
-	memcpy(&len, head, 4);
-	if (len > MFND_MAX_FRAME) {
+// nd_read_frame reads one frame of at most max bytes: false when the link fails
+// (errno EAGAIN at a timeout).
+static bool nd_read_frame(int fd, uint32_t max, uint8_t *status, std::vector<uint8_t> &payload) {
+	std::string r = mfnd_read_frame(fd, max, status, payload);
+	if (r == MFND_TIMEOUT) {
+		errno = EAGAIN;
+	} else if (!r.empty()) {
 		errno = EPROTO;
-		return false;
 	}
-	*status = head[4];
-	payload.resize(len);
-	return len == 0 || mfnd_read_all(fd, payload.data(), len);
+	return r.empty();
 }
 
 static bool nd_write_frame(int fd, uint8_t status, const void *a, size_t an, const void *b, size_t bn) {
@@ -82,7 +77,7 @@ bool nd_worker::peer() {
 	if (fd >= 0) {
 		uint8_t status = 1;
 		std::vector<uint8_t> r;
-		if (!nd_write_frame(fd, MFND_PEER_HELLO, msg.data(), msg.size(), NULL, 0) || !nd_read_frame(fd, &status, r)) {
+		if (!nd_write_frame(fd, MFND_PEER_HELLO, msg.data(), msg.size(), NULL, 0) || !nd_read_frame(fd, MFND_MAX_GREETING_FRAME, &status, r)) {
 			e = std::string("the link was lost during the greeting (") + strerror(errno) + ")";
 		} else if (status != 0) {
 			e = "it refused the peer link: " + std::string(r.begin(), r.end());
@@ -135,6 +130,10 @@ void nd_worker::await() {
 		return;
 	}
 	memcpy(&a, msg.data(), sizeof(a));
+	if (a.size > MFND_MAX_TRANSFER) {
+		fail("an await of " + std::to_string(a.size) + " bytes, above the worker's " + std::to_string(MFND_MAX_TRANSFER));
+		return;
+	}
 	ggml_backend_buffer_t dst = mem(a.addr, a.size, "await");
 	if (dst == NULL || !err.empty()) {
 		return;
@@ -155,6 +154,7 @@ void nd_worker::await() {
 			} else {
 				mfnd_range_set(dst, a.addr, it->second.bytes.data(), a.size);
 			}
+			stashed -= std::min(stashed, (uint64_t)it->second.bytes.size());
 			stash.erase(it);
 			return;
 		}
@@ -164,7 +164,12 @@ void nd_worker::await() {
 		}
 		uint8_t status = 1;
 		std::vector<uint8_t> f;
-		if (!nd_read_frame(fd, &status, f) || f.size() < sizeof(uint64_t)) {
+		if (stash.size() >= MFND_MAX_STASH || stashed > MFND_MAX_TRANSFER) {
+			fail("the previous worker pushed " + std::to_string(stash.size()) + " sequence numbers (" + std::to_string(stashed) +
+			     " bytes) no await asked for, the worker's most");
+			return;
+		}
+		if (!nd_read_frame(fd, MFND_MAX_TRANSFER + sizeof(uint64_t), &status, f) || f.size() < sizeof(uint64_t)) {
 			bool timeout = errno == EAGAIN || errno == EWOULDBLOCK;
 			fail(timeout ? "no push from the previous worker within the split timeout"
 			             : "the link from the previous worker is lost (it closed it or died)");
@@ -172,7 +177,10 @@ void nd_worker::await() {
 		}
 		uint64_t seq;
 		memcpy(&seq, f.data(), sizeof(seq));
-		stash[seq] = {status == 0, std::vector<uint8_t>(f.begin() + sizeof(seq), f.end())};
+		peer_push &slot = stash[seq];
+		stashed -= std::min(stashed, (uint64_t)slot.bytes.size());
+		slot = {status == 0, std::vector<uint8_t>(f.begin() + sizeof(seq), f.end())};
+		stashed += slot.bytes.size();
 	}
 }
 
@@ -189,7 +197,7 @@ extern "C" int mfnd_peer_accept(int fd, char *err, size_t errlen) {
 	std::vector<uint8_t> p;
 	std::string e;
 	bool refused = true; // told to the previous worker
-	if (!nd_read_frame(fd, &status, p)) {
+	if (!nd_read_frame(fd, MFND_MAX_GREETING_FRAME, &status, p)) {
 		refused = false;
 		e = "the link was lost before its greeting";
 	} else if (status != MFND_PEER_HELLO || p.size() != sizeof(mfnd_peer_req)) {

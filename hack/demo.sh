@@ -119,7 +119,7 @@ claude_env=(ANTHROPIC_BASE_URL="$GATEWAY" ANTHROPIC_API_KEY="$ADMIN_KEY" ANTHROP
 echo "\$ ${claude_env[*]/$ADMIN_KEY/\$ADMIN_KEY} claude -p \"Say hi\""
 claude_bin=${CACHE_DIR:-$HOME/.cache/macfleet}/npm/node_modules/.bin/claude
 if [[ -x $claude_bin ]]; then
-	# The model answers "Hi"; the first turn prefills Claude Code's ~20k-token prompt.
+	# The model answers "Hi"; the first turn prefills Claude Code's ~12k-token prompt.
 	env HOME="$work/claude-home" "${claude_env[@]}" DISABLE_AUTOUPDATER=1 DISABLE_TELEMETRY=1 \
 		DISABLE_ERROR_REPORTING=1 CLAUDE_CODE_MAX_OUTPUT_TOKENS=64 timeout 300 "$claude_bin" -p "Say hi" </dev/null ||
 		{ echo "Claude Code failed against the gateway" >&2; exit 1; }

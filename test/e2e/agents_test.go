@@ -3,6 +3,7 @@ package e2e
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -24,7 +25,7 @@ import (
 	"github.com/macfleet/macfleet/test/support/testenv"
 )
 
-// The coding agents' requests carry a system prompt and tools of about 20k tokens:
+// The coding agents' requests carry a system prompt and tools of 9k to 20k tokens:
 // the deployment they use has room for that and an answer.
 const (
 	agentContextLength = testassets.CoderContextLength
@@ -58,6 +59,8 @@ type agentClient struct {
 	apiPath string
 	// model is the deployment it uses, namespace/name.
 	model string
+	// turnTimeout bounds one turn; 0 is agentTurnTimeout.
+	turnTimeout time.Duration
 }
 
 // codingAgents finds Claude Code and Codex CLI where hack/deps.sh installs
@@ -169,7 +172,7 @@ enabled = false
 
 // TestCodingAgents runs Claude Code and Codex CLI headless against the gateway, through
 // a recording proxy: each answers a first turn and a resumed second turn without an API
-// error, and the second turn restores the ~20k-token prefix of the first from the
+// error, and the second turn restores the 9k- to 12k-token prefix of the first from the
 // prompt cache instead of prefilling it again.
 func TestCodingAgents(t *testing.T) {
 	claude, codex := codingAgents(t)
@@ -186,37 +189,54 @@ func TestCodingAgents(t *testing.T) {
 	model := ns + "/coder"
 	claude.model, codex.model = model, model
 
+	proxy, proxyURL := recordingProxy(t)
+
+	t.Run("claude-code", func(t *testing.T) {
+		home := t.TempDir()
+		env := claudeEnv(home, proxyURL, model)
+		turn1, _ := runAgentTurn(t, proxy, claude, 1, home, env, "-p", "Say hi")
+		turn2, _ := runAgentTurn(t, proxy, claude, 2, home, env, "-p", "--continue", "Say hi again")
+		checkCacheHit(t, claude, turn1, turn2)
+	})
+	t.Run("codex", func(t *testing.T) {
+		home := t.TempDir()
+		work := filepath.Join(home, "work")
+		if err := os.Mkdir(work, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		env := codexEnv(t, home, proxyURL, model)
+		turn1, _ := runAgentTurn(t, proxy, codex, 1, work, env, "exec", "--skip-git-repo-check", "Say hi")
+		turn2, _ := runAgentTurn(t, proxy, codex, 2, work, env, "exec", "--skip-git-repo-check", "resume", "--last", "Say hi again")
+		checkCacheHit(t, codex, turn1, turn2)
+	})
+}
+
+// recordingProxy starts the recording proxy in front of the gateway that the agents
+// call, and returns it and its URL.
+func recordingProxy(t *testing.T) (*clientrecord.Proxy, string) {
+	t.Helper()
 	proxy, err := clientrecord.New(fleet.GatewayURL)
 	if err != nil {
 		t.Fatal(err)
 	}
 	proxy.Adjust = boundResponses
 	srv := httptest.NewServer(proxy)
-	defer srv.Close()
+	t.Cleanup(srv.Close)
+	return proxy, srv.URL
+}
 
-	t.Run("claude-code", func(t *testing.T) {
-		home := t.TempDir()
-		env := claudeEnv(home, srv.URL, model)
-		turn1 := runAgentTurn(t, proxy, claude, 1, home, env, "-p", "Say hi")
-		turn2 := runAgentTurn(t, proxy, claude, 2, home, env, "-p", "--continue", "Say hi again")
-		checkCacheHit(t, claude, turn1, turn2)
-	})
-	t.Run("codex", func(t *testing.T) {
-		home := t.TempDir()
-		codexHome, work := filepath.Join(home, "codex"), filepath.Join(home, "work")
-		for _, d := range []string{codexHome, work} {
-			if err := os.Mkdir(d, 0o700); err != nil {
-				t.Fatal(err)
-			}
-		}
-		if err := os.WriteFile(filepath.Join(codexHome, "config.toml"), []byte(codexConfig(srv.URL, model)), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		env := []string{"HOME=" + home, "PATH=" + os.Getenv("PATH"), "CODEX_HOME=" + codexHome, "MACFLEET_API_KEY=unused"}
-		turn1 := runAgentTurn(t, proxy, codex, 1, work, env, "exec", "--skip-git-repo-check", "Say hi")
-		turn2 := runAgentTurn(t, proxy, codex, 2, work, env, "exec", "--skip-git-repo-check", "resume", "--last", "Say hi again")
-		checkCacheHit(t, codex, turn1, turn2)
-	})
+// codexEnv writes Codex CLI's config for the gateway at baseURL under home/codex and
+// returns the environment that runs Codex with it.
+func codexEnv(t *testing.T, home, baseURL, model string) []string {
+	t.Helper()
+	codexHome := filepath.Join(home, "codex")
+	if err := os.Mkdir(codexHome, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(codexHome, "config.toml"), []byte(codexConfig(baseURL, model)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return []string{"HOME=" + home, "PATH=" + os.Getenv("PATH"), "CODEX_HOME=" + codexHome, "MACFLEET_API_KEY=unused"}
 }
 
 // boundResponses adds max_output_tokens to a Responses request without one. Codex has
@@ -243,14 +263,16 @@ func boundResponses(path string, body []byte) []byte {
 // (Claude Code: "API Error: 400 …"; Codex: "ERROR: unexpected status 400 …").
 var apiErrorInOutput = regexp.MustCompile(`(?i)api error|^error:|unexpected status`)
 
-// runAgentTurn runs one client process in dir and returns the API requests it sent.
+// runAgentTurn runs one client process in dir and returns the API requests it sent
+// and what it printed.
 // It fails the test when the process fails, prints an API error, or any of its API
 // requests was not answered 200 with a complete answer. With $MACFLEET_E2E_RECORD set
 // the turn's first API request is written as a fixture first, whatever happens next.
-func runAgentTurn(t *testing.T, proxy *clientrecord.Proxy, c agentClient, turn int, dir string, env []string, args ...string) []clientrecord.Exchange {
+func runAgentTurn(t *testing.T, proxy *clientrecord.Proxy, c agentClient, turn int, dir string, env []string, args ...string) ([]clientrecord.Exchange, string) {
 	t.Helper()
 	proxy.Reset()
-	ctx, cancel := context.WithTimeout(t.Context(), agentTurnTimeout)
+	timeout := cmp.Or(c.turnTimeout, agentTurnTimeout)
+	ctx, cancel := context.WithTimeout(t.Context(), timeout)
 	defer cancel()
 	bin, argv, trace := traceNetwork(t, c.bin, args)
 	cmd := exec.CommandContext(ctx, bin, argv...)
@@ -285,7 +307,7 @@ func runAgentTurn(t *testing.T, proxy *clientrecord.Proxy, c agentClient, turn i
 		}
 	}
 	if ctx.Err() != nil {
-		t.Fatalf("%s turn %d did not finish within %v", c.name, turn, agentTurnTimeout)
+		t.Fatalf("%s turn %d did not finish within %v", c.name, turn, timeout)
 	}
 	if err != nil {
 		t.Fatalf("%s turn %d failed: %v", c.name, turn, err)
@@ -298,7 +320,7 @@ func runAgentTurn(t *testing.T, proxy *clientrecord.Proxy, c agentClient, turn i
 	if len(calls) == 0 {
 		t.Fatalf("%s turn %d sent no request to %s", c.name, turn, c.apiPath)
 	}
-	return calls
+	return calls, string(out)
 }
 
 // fixtureModel replaces the deployment's name, which changes every run, in fixtures.

@@ -108,7 +108,7 @@ func Llama31Spec() (ggufsynth.Spec, error) {
 }
 
 // CoderContextLength is the context CoderSpec's model is trained for: the coding
-// agents' system prompt and tools are about 20k tokens.
+// agents' system prompt and tools are 9k to 20k tokens, by client and version.
 const CoderContextLength = 32768
 
 // CoderSpec is the model a coding agent (Claude Code, Codex CLI) can talk to on the

@@ -197,8 +197,9 @@ func agentTurn(r *rand.Rand, agents []agentRequest) (Conversation, error) {
 		}
 		files := fileList(r, 2+r.IntN(6))
 		result = strings.Join(files, "\n")
-		ans = fmt.Sprintf(pick(r, []string{"The directory contains %s.", "Here are the files: %s.", "There are %[2]d files: %[1]s."}),
-			and(files), len(files))
+		list := and(files)
+		ans = pick(r, []string{"The directory contains " + list + ".", "Here are the files: " + list + ".",
+			fmt.Sprintf("There are %d files: %s.", len(files), list)})
 	case kind < 8:
 		f := fileName(r)
 		prompt, command = fmt.Sprintf(pick(r, []string{"Read %s and tell me what it says.", "What is in %s?", "Show me %s."}), f), "cat "+f

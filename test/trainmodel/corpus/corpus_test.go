@@ -186,3 +186,28 @@ func TestToolCalls(t *testing.T) {
 		}
 	}
 }
+
+// TestNoFormatErrors: no message of the corpus carries a formatting error of fmt
+// ("%!(EXTRA int=3)" ended two of the three listing answers of the coding agents,
+// and the model learned to write it).
+func TestNoFormatErrors(t *testing.T) {
+	g := generator(t)
+	agents := 0
+	for i := 0; agents < 30; i++ {
+		if i > 8000 {
+			t.Fatalf("only %d coding agent documents in %d", agents, i)
+		}
+		c, err := g.Conversation(i)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.HasPrefix(c.Kind, "agent-") {
+			agents++
+		}
+		for _, m := range c.Messages {
+			if text := string(m.Content); strings.Contains(text, "%!") {
+				t.Fatalf("document %d (%s), a %s message: %q", i, c.Kind, m.Role, text)
+			}
+		}
+	}
+}

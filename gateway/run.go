@@ -93,7 +93,10 @@ type Config struct {
 	// tokens minted for this audience (satoken.DefaultAudience when empty), each the
 	// identity of its ServiceAccount's namespace; NoServiceAccountTokens turns that
 	// off. TokenCacheTTL bounds how long a review is reused (satoken.DefaultTTL).
+	// TokenIssuer is the only issuer a token reviewed may name (empty: the API
+	// server's, satoken.Issuer).
 	TokenAudience          string
+	TokenIssuer            string
 	NoServiceAccountTokens bool
 	TokenCacheTTL          time.Duration
 	ColdStartTimeout       time.Duration

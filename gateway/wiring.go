@@ -82,13 +82,14 @@ func (w *wiring) callers() error {
 		if err != nil {
 			return fmt.Errorf("creating the TokenReview client: %w", err)
 		}
-		rev, err := satoken.New(cs.AuthenticationV1().TokenReviews(), satoken.Options{Audience: cfg.TokenAudience, TTL: cfg.TokenCacheTTL,
-			Registerer: w.opts.Registerer, Component: "gateway"})
+		issuer := satoken.Issuer(context.Background(), cfg.TokenIssuer, cs.Discovery().RESTClient(), log)
+		rev, err := satoken.New(cs.AuthenticationV1().TokenReviews(), satoken.Options{Audience: cfg.TokenAudience, Issuer: issuer,
+			TTL: cfg.TokenCacheTTL, Registerer: w.opts.Registerer, Component: "gateway"})
 		if err != nil {
 			return err
 		}
 		w.opts.ReviewToken = rev.Review
-		log.Info("Accepting ServiceAccount tokens", "audience", rev.Audience())
+		log.Info("Accepting ServiceAccount tokens", "audience", rev.Audience(), "issuer", issuer)
 	}
 	return nil
 }

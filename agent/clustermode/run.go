@@ -95,7 +95,10 @@ type Config struct {
 	// of its namespace and of deployments whose spec.access grants it. The admin API
 	// takes only a gateway's or the manager's certificate. NoServiceAccountTokens turns them off;
 	// TokenCacheTTL bounds how long a review is reused (satoken.DefaultTTL).
+	// TokenIssuer is the only issuer a token reviewed may name (empty: the API
+	// server's, satoken.Issuer).
 	TokenAudience          string
+	TokenIssuer            string
 	NoServiceAccountTokens bool
 	TokenCacheTTL          time.Duration
 	Store                  Store
@@ -367,8 +370,9 @@ func newAgent(cfg Config, cs kubernetes.Interface, w *replicaWatch, eng *standal
 		// The link of a split replica's head to this Mac's worker shard of it.
 		SplitLink: w.shards.handler(log.WithName("splitlink"))}
 	if !cfg.NoServiceAccountTokens {
-		rev, err := satoken.New(cs.AuthenticationV1().TokenReviews(),
-			satoken.Options{Audience: cfg.TokenAudience, TTL: cfg.TokenCacheTTL, Registerer: reg, Component: "agent"})
+		issuer := satoken.Issuer(context.Background(), cfg.TokenIssuer, cs.Discovery().RESTClient(), log)
+		rev, err := satoken.New(cs.AuthenticationV1().TokenReviews(), satoken.Options{Audience: cfg.TokenAudience, Issuer: issuer,
+			TTL: cfg.TokenCacheTTL, Registerer: reg, Component: "agent"})
 		if err != nil {
 			return nil, err
 		}

@@ -157,6 +157,8 @@ func (fl *agentFlags) register(cmd *cobra.Command, host string, zapOpts *zap.Opt
 	_ = f.MarkDeprecated("fleet-token-file", "the agent serves TLS with its own certificate; remove the flag")
 	f.StringVar(&fl.opts.TokenAudience, "token-audience", satoken.DefaultAudience, "The OpenAI API (a deployment's Service) also takes in-cluster "+
 		"callers' ServiceAccount tokens projected for this audience, checked by a TokenReview; each reaches its namespace's replicas and those granted to it (spec.access)")
+	f.StringVar(&fl.opts.TokenIssuer, "token-issuer", "", "The issuer a ServiceAccount token must name to be reviewed (default: the API server's, "+
+		"from its "+satoken.DiscoveryPath+"); tokens of another issuer are refused without a TokenReview")
 	f.BoolVar(&fl.opts.NoServiceAccountTokens, "no-service-account-tokens", false, "Take only the gateways' and the manager's certificates, not ServiceAccount tokens")
 	f.DurationVar(&fl.opts.TokenCacheTTL, "token-cache-ttl", satoken.DefaultTTL, "How long a ServiceAccount token's review is reused: "+
 		"the longest a deleted ServiceAccount's token keeps working")

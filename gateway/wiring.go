@@ -205,7 +205,7 @@ func (w *wiring) addRunnables(mgr manager.Manager, g *Gateway, api *apiServer) (
 	handler := g.Handler()
 	if !w.cfg.DisableConsole {
 		var err error
-		if handler, err = withConsole(g, mgr.GetCache(), w.opts.Identify, w.log); err != nil {
+		if handler, err = withConsole(g, mgr.GetCache(), w.opts.Identify, w.cfg.TrustedProxies, w.log); err != nil {
 			return nil, err
 		}
 	}

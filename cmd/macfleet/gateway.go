@@ -87,6 +87,8 @@ OTEL_EXPORTER_OTLP_ENDPOINT set it traces every request (see docs/tracing.md).`,
 	f.BoolVar(&cfg.TenantKeys, "tenant-keys", false, "Accept the teams' API keys from Secrets of type macfleet.dev/api-key (as the manager publishes them in Secret macfleet-system/macfleet-api-keys, the only one the gateway reads besides its certificate), each reaching its namespace's models and those granted to it (spec.access); with this or --api-keys-file every request needs a key, with neither none does")
 	f.StringVar(&cfg.TokenAudience, "token-audience", satoken.DefaultAudience,
 		"With --tenant-keys, in-cluster callers may also send their ServiceAccount's token projected for this audience (checked by a TokenReview); it reaches what its namespace may use")
+	f.StringSliceVar(&cfg.TrustedProxies, "trusted-proxies", nil, "CIDRs of proxies (a TLS ingress) whose X-Forwarded-Proto: https the console believes, "+
+		"making its session cookie Secure (a TLS connection always does)")
 	f.StringVar(&cfg.TokenIssuer, "token-issuer", "", "The issuer a ServiceAccount token must name to be reviewed (default: the API server's, from its "+
 		satoken.DiscoveryPath+"); tokens of another issuer are refused without a TokenReview")
 	f.BoolVar(&cfg.NoServiceAccountTokens, "no-service-account-tokens", false, "With --tenant-keys, accept API keys only, not ServiceAccount tokens")

@@ -41,6 +41,8 @@ type Options struct {
 	RunnerThreads int
 	RunnerSandbox string
 	KeepRunners   bool
+	// AllowUnconfinedRunners (--allow-unconfined-runners): see Config.
+	AllowUnconfinedRunners bool
 	// StoreRetention, PromptCacheRetention and GCInterval are the janitor's
 	// (janitor.Options); none may be negative.
 	StoreRetention, PromptCacheRetention, GCInterval time.Duration
@@ -91,7 +93,7 @@ func (o Options) Config() (Config, error) {
 	if err != nil {
 		return cfg, fmt.Errorf("--runner-sandbox: %w", err)
 	}
-	cfg.RunnerSandbox = mode
+	cfg.RunnerSandbox, cfg.AllowUnconfinedRunners = mode, o.AllowUnconfinedRunners
 	return cfg, nil
 }
 

@@ -113,7 +113,9 @@ type Config struct {
 	RunnerThreads int
 	RunnerOutput  io.Writer
 	// RunnerSandbox: see runnerproc.ProcessConfig.Sandbox (empty: on).
-	RunnerSandbox sandbox.Mode
+	// AllowUnconfinedRunners: see runnerproc.ProcessConfig.AllowUnconfined.
+	RunnerSandbox          sandbox.Mode
+	AllowUnconfinedRunners bool
 	// SocketDir holds the runners' sockets (runnerproc.ProcessConfig.SocketDir).
 	SocketDir string
 	// StateDir, when set, is the agent's own state directory: its TLS key is kept in
@@ -175,7 +177,7 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	pcfg := runnerproc.ProcessConfig{RunnerPath: cfg.RunnerPath, Threads: cfg.RunnerThreads, SocketDir: cfg.SocketDir,
-		Sandbox: cfg.RunnerSandbox, Log: log.WithName("runner"), Output: cfg.RunnerOutput,
+		Sandbox: cfg.RunnerSandbox, AllowUnconfined: cfg.AllowUnconfinedRunners, Log: log.WithName("runner"), Output: cfg.RunnerOutput,
 		PromptCacheDir: cfg.PromptCacheDir, PromptCacheSSDBytes: cfg.PromptCacheSSDBytes, SpanRelay: cfg.SpanRelay}
 	poolCfg := cfg.Pool
 	if cfg.StateDir != "" {

@@ -169,6 +169,8 @@ func (fl *agentFlags) register(cmd *cobra.Command, host string, zapOpts *zap.Opt
 	f.IntVar(&fl.opts.RunnerThreads, "runner-threads", 0, "CPU threads of each runner whose model sets none (default: the thread policy: the performance cores, one for a model under 32 MiB of weights)")
 	f.StringVar(&fl.opts.RunnerSandbox, "runner-sandbox", string(sandbox.On), "Confine each runner to its model, cache and socket, with no network "+
 		"and a scrubbed environment (Landlock on Linux, Seatbelt on macOS): on or off")
+	f.BoolVar(&fl.opts.AllowUnconfinedRunners, "allow-unconfined-runners", false, "Start runners even where the sandbox is on but this "+
+		"machine cannot enforce it (no Landlock, no sandbox-exec): unconfined, with a scrubbed environment; without it they are refused")
 	f.BoolVar(&fl.opts.KeepRunners, "keep-runners", true, "Leave the runners of loaded models running when the agent stops, for the next agent "+
 		"to adopt (recorded under --state-dir; an unadopted runner exits after 5m without requests); false unloads everything on exit")
 	f.StringVar(&fl.opts.PromptCacheDir, "prompt-cache-dir", config.DataDir("prompt-cache"), "Directory of the prompt cache's SSD tier: one subdirectory per namespace and model file, kept across restarts (empty: no SSD tier)")

@@ -87,10 +87,6 @@ OTEL_EXPORTER_OTLP_ENDPOINT set it traces every request (see docs/tracing.md).`,
 	f.BoolVar(&cfg.TenantKeys, "tenant-keys", false, "Accept the teams' API keys from Secrets of type macfleet.dev/api-key (as the manager publishes them in Secret macfleet-system/macfleet-api-keys, the only one the gateway reads besides its certificate), each reaching its namespace's models and those granted to it (spec.access); with this or --api-keys-file every request needs a key, with neither none does")
 	f.StringVar(&cfg.TokenAudience, "token-audience", satoken.DefaultAudience,
 		"With --tenant-keys, in-cluster callers may also send their ServiceAccount's token projected for this audience (checked by a TokenReview); it reaches what its namespace may use")
-	f.StringSliceVar(&cfg.TrustedProxies, "trusted-proxies", nil, "CIDRs of proxies (a TLS ingress) whose X-Forwarded-Proto: https the console believes, "+
-		"making its session cookie Secure (a TLS connection always does)")
-	f.StringVar(&cfg.TokenIssuer, "token-issuer", "", "The issuer a ServiceAccount token must name to be reviewed (default: the API server's, from its "+
-		satoken.DiscoveryPath+"); tokens of another issuer are refused without a TokenReview")
 	f.BoolVar(&cfg.NoServiceAccountTokens, "no-service-account-tokens", false, "With --tenant-keys, accept API keys only, not ServiceAccount tokens")
 	f.DurationVar(&cfg.TokenCacheTTL, "token-cache-ttl", satoken.DefaultTTL,
 		"How long a ServiceAccount token's review is reused: the longest a deleted ServiceAccount's token keeps working")
@@ -120,6 +116,7 @@ OTEL_EXPORTER_OTLP_ENDPOINT set it traces every request (see docs/tracing.md).`,
 		"On SIGTERM, /readyz fails at once and no new connection is taken; the requests in flight (streams, cold-start holds, the queue) "+
 			"get this long to finish. Keep the pod's terminationGracePeriodSeconds above it (the chart derives it)")
 	connectionFlags(f, &cfg.Limits)
+	callerFlags(f, &cfg)
 	f.StringSliceVar(&cfg.AllowedHosts, "allowed-hosts", nil,
 		"The only Host names the API and console answer to besides IP addresses and localhost (e.g. gateway.example.com, or .example.com "+
 			"for every name under it); empty: any. Browsers' cross-origin requests are refused either way")
@@ -127,6 +124,16 @@ OTEL_EXPORTER_OTLP_ENDPOINT set it traces every request (see docs/tracing.md).`,
 	zapOpts.BindFlags(gfs)
 	f.AddGoFlagSet(gfs)
 	return cmd
+}
+
+// callerFlags are the flags of what the gateway believes of its callers: the issuer of
+// their ServiceAccount tokens, and the proxies whose X-Forwarded-Proto the console
+// trusts.
+func callerFlags(f *pflag.FlagSet, cfg *gateway.Config) {
+	f.StringVar(&cfg.TokenIssuer, "token-issuer", "", "The issuer a ServiceAccount token must name to be reviewed (default: the API server's, from its "+
+		satoken.DiscoveryPath+"); tokens of another issuer are refused without a TokenReview")
+	f.StringSliceVar(&cfg.TrustedProxies, "trusted-proxies", nil, "CIDRs of proxies (a TLS ingress) whose X-Forwarded-Proto: https the console believes, "+
+		"making its session cookie Secure (a TLS connection always does)")
 }
 
 // connectionFlags are the flags of the API's connection caps.

@@ -3,13 +3,11 @@ package runnerproc
 import (
 	"context"
 	"errors"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/macfleet/macfleet/api/engine"
-	"github.com/macfleet/macfleet/internal/ggufsynth"
 	"github.com/macfleet/macfleet/metal/enginepool"
 	"github.com/macfleet/macfleet/metal/runner/sandbox"
 	"github.com/macfleet/macfleet/test/support/syncbuf"
@@ -26,11 +24,7 @@ import (
 // factory reports "allow-unconfined".
 func TestAttackRunnerOnAMachineWithoutTheSandbox(t *testing.T) {
 	bin := realRunner(t)
-	model := filepath.Join(t.TempDir(), "tiny.gguf")
-	if err := ggufsynth.Write(model, ggufsynth.Tiny()); err != nil {
-		t.Fatal(err)
-	}
-	spec := enginepool.ModelSpec{Name: "tiny", Path: model, Engine: engine.Settings{ContextLength: 256, Parallel: 1}}
+	spec := enginepool.ModelSpec{Name: "tiny", Path: tinyModel(t), Engine: engine.Settings{ContextLength: 256, Parallel: 1}}
 	t.Setenv(sandbox.UnavailableEnv, "1")
 
 	refused := NewProcessFactory(ProcessConfig{RunnerPath: bin, Threads: 1})

@@ -59,7 +59,7 @@ func (e *UnconfinedError) Error() string {
 	return "the runner sandbox is unavailable (" + e.Detail + "), so no runner starts: a runner parses a tenant's model file, " +
 		"and unconfined it could read the agent's credentials and reach the network. Fix the sandbox (Landlock: Linux 5.13 or " +
 		"later with landlock in the LSM list; macOS: /usr/bin/sandbox-exec), or start the agent with " + AllowUnconfinedFlag +
-		" to run runners unconfined"
+		" (on macfleet agent or macfleet serve) to run runners unconfined"
 }
 
 // Probe reports what the sandbox enforces on this machine: nothing while

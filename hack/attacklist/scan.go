@@ -1,21 +1,22 @@
 package main
 
 import (
-	"go/ast"
 	"go/build"
-	"go/parser"
-	"go/token"
 	"io/fs"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 )
 
+// attackFunc is a top-level test function of the attacks, as gofmt writes one.
+var attackFunc = regexp.MustCompile(`(?m)^func (TestAttack\w*)\(`)
+
 // scan is, for each package under root (its own module: directories holding another
 // go.mod, testdata and hidden ones are skipped), the TestAttack functions of the test
 // files `go test` builds for goos: file name suffixes and build constraints as the go
-// command reads them, cgo on.
+// command reads them, cgo on; the functions as gofmt writes them (attackFunc).
 func scan(root, goos string) (map[string][]string, error) {
 	ctx := build.Default
 	ctx.GOOS, ctx.CgoEnabled = goos, true
@@ -23,7 +24,6 @@ func scan(root, goos string) (map[string][]string, error) {
 		ctx.GOARCH = "arm64"
 	}
 	found := map[string][]string{}
-	fset := token.NewFileSet()
 	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
@@ -41,7 +41,7 @@ func scan(root, goos string) (map[string][]string, error) {
 		if ok, err := ctx.MatchFile(filepath.Dir(path), d.Name()); err != nil || !ok {
 			return err
 		}
-		f, err := parser.ParseFile(fset, path, nil, parser.SkipObjectResolution)
+		src, err := os.ReadFile(path)
 		if err != nil {
 			return err
 		}
@@ -49,10 +49,8 @@ func scan(root, goos string) (map[string][]string, error) {
 		if dir := filepath.Dir(path); dir == "." {
 			pkg = "."
 		}
-		for _, decl := range f.Decls {
-			if fn, ok := decl.(*ast.FuncDecl); ok && fn.Recv == nil && strings.HasPrefix(fn.Name.Name, "TestAttack") {
-				found[pkg] = append(found[pkg], fn.Name.Name)
-			}
+		for _, m := range attackFunc.FindAllSubmatch(src, -1) {
+			found[pkg] = append(found[pkg], string(m[1]))
 		}
 		return nil
 	})

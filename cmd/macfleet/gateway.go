@@ -126,6 +126,15 @@ OTEL_EXPORTER_OTLP_ENDPOINT set it traces every request (see docs/tracing.md).`,
 	return cmd
 }
 
+// connectionFlags are the flags of the API's connection caps.
+func connectionFlags(f *pflag.FlagSet, l *httpserver.Limits) {
+	f.IntVar(&l.MaxConnections, "max-connections", httpserver.DefaultMaxConnections,
+		"Connections the API holds open at once; the next one is answered 503 with Retry-After")
+	f.IntVar(&l.MaxConnectionsPerSource, "max-connections-per-source", 0,
+		"Connections the API holds open from one source address (an IPv6 /64) at once; the next one is answered 503 with Retry-After. "+
+			"0: a quarter of --max-connections; negative: no cap per source (behind a proxy, whose address every client shares)")
+}
+
 // callerFlags are the flags of what the gateway believes of its callers: the issuer of
 // their ServiceAccount tokens, and the proxies whose X-Forwarded-Proto the console
 // trusts.
@@ -134,15 +143,6 @@ func callerFlags(f *pflag.FlagSet, cfg *gateway.Config) {
 		satoken.DiscoveryPath+"); tokens of another issuer are refused without a TokenReview")
 	f.StringSliceVar(&cfg.TrustedProxies, "trusted-proxies", nil, "CIDRs of proxies (a TLS ingress) whose X-Forwarded-Proto: https the console believes, "+
 		"making its session cookie Secure (a TLS connection always does)")
-}
-
-// connectionFlags are the flags of the API's connection caps.
-func connectionFlags(f *pflag.FlagSet, l *httpserver.Limits) {
-	f.IntVar(&l.MaxConnections, "max-connections", httpserver.DefaultMaxConnections,
-		"Connections the API holds open at once; the next one is answered 503 with Retry-After")
-	f.IntVar(&l.MaxConnectionsPerSource, "max-connections-per-source", 0,
-		"Connections the API holds open from one source address (an IPv6 /64) at once; the next one is answered 503 with Retry-After. "+
-			"0: a quarter of --max-connections; negative: no cap per source (behind a proxy, whose address every client shares)")
 }
 
 // routingFlags are the gateway's flags of how a replica is picked and of peer fetch.

@@ -1,6 +1,9 @@
 package gateway_test
 
 import (
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/json"
 	"io"
 	"math"
 	"net/http"
@@ -90,4 +93,57 @@ func sendWith(c *http.Client, url, bearer string) (int, string) {
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	return resp.StatusCode, string(b)
+}
+
+// TestAttackForeignAndExpiredTokensReachTokenReview: one client sends 1,000
+// JWT-shaped bearers for the fleet's audience, half naming another issuer (minted by
+// any cluster or by the attacker), half of this cluster's issuer but expired. Before,
+// the issuer was not read, so each foreign token cost a TokenReview until the
+// source's limit (a burst of 20, then 5 a second). Now the gateway learns the
+// cluster's issuer from the API server's discovery document and refuses both kinds
+// without a review: the API server, by its own count, answers none. A valid
+// ServiceAccount token still authenticates.
+func TestAttackForeignAndExpiredTokensReachTokenReview(t *testing.T) {
+	const n, workers = 1000, 20
+	e := cluster(t)
+	g := startGateway(t, e, gateway.Config{TenantKeys: true, GatewayID: "gw-issuer"})
+	ns := testenv.NewNamespace(t, e.Client)
+	valid, issuer := testenv.ServiceAccountToken(t, e.Config, ns, "ci", satoken.DefaultAudience)
+
+	tokens := make(chan string, n)
+	for i := range n {
+		if i%2 == 0 {
+			tokens <- testenv.ForgedToken(satoken.DefaultAudience, "https://attacker.example")
+		} else {
+			tokens <- expiredToken(satoken.DefaultAudience, issuer)
+		}
+	}
+	close(tokens)
+	before := testenv.TokenReviews(t, e.Config)
+	attacker := from("127.0.0.1")
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			for tok := range tokens {
+				if code, body := sendWith(attacker, g.url+"/v1/models", tok); code != http.StatusUnauthorized {
+					t.Errorf("a foreign or expired token: %d %s, want 401", code, body)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if reviews := testenv.TokenReviews(t, e.Config) - before; reviews != 0 {
+		t.Errorf("%d bearers of another issuer or expired made %d TokenReviews, want none", n, reviews)
+	}
+	if code, body := sendWith(attacker, g.url+"/v1/models", valid); code != http.StatusOK {
+		t.Errorf("a valid ServiceAccount token after the flood: %d %s, want 200", code, body)
+	}
+}
+
+// expiredToken is a JWT for audience of issuer that expired a minute ago.
+func expiredToken(audience, issuer string) string {
+	enc := base64.RawURLEncoding.EncodeToString
+	claims, _ := json.Marshal(map[string]any{"aud": []string{audience}, "exp": time.Now().Add(-time.Minute).Unix(),
+		"iss": issuer, "sub": "system:serviceaccount:team:" + rand.Text()})
+	return enc([]byte(`{"alg":"RS256","kid":"old"}`)) + "." + enc(claims) + "." + enc([]byte(rand.Text()))
 }

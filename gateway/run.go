@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"strings"
 	"sync/atomic"
@@ -99,7 +100,10 @@ type Config struct {
 	// tokens minted for this audience (satoken.DefaultAudience when empty), each the
 	// identity of its ServiceAccount's namespace; NoServiceAccountTokens turns that
 	// off. TokenCacheTTL bounds how long a review is reused (satoken.DefaultTTL).
+	// TokenIssuer is the only issuer a token reviewed may name (empty: the API
+	// server's, satoken.Issuer).
 	TokenAudience          string
+	TokenIssuer            string
 	NoServiceAccountTokens bool
 	TokenCacheTTL          time.Duration
 	ColdStartTimeout       time.Duration
@@ -119,6 +123,9 @@ type Config struct {
 	PeerFetchMargin  float64
 	// DisableConsole turns off the web console at /ui (see package console).
 	DisableConsole bool
+	// TrustedProxies are CIDRs of proxies (a TLS ingress) whose X-Forwarded-Proto:
+	// https the console believes: its session cookie is then Secure.
+	TrustedProxies []string
 	// FilePoll is how often the two files are checked for changes (DefaultFilePoll).
 	FilePoll time.Duration
 	// Registerer receives the gateway's metrics; nil means controller-runtime's
@@ -243,8 +250,16 @@ func PatchWake(c client.Client) WakeFunc {
 // same informer cache as the routing table, scoped to the caller's key (identify, the
 // gateway's own; nil when it has no client auth); its playground goes through g's
 // handler, so it is authenticated, scoped and routed like any client.
-func withConsole(g *Gateway, c cache.Cache, identify func(string) (tenancy.Identity, bool), log logr.Logger) (http.Handler, error) {
-	ui, err := console.New(console.Options{
+func withConsole(g *Gateway, c cache.Cache, identify func(string) (tenancy.Identity, bool), proxies []string, log logr.Logger) (http.Handler, error) {
+	trusted := make([]netip.Prefix, 0, len(proxies))
+	for _, p := range proxies {
+		pfx, err := netip.ParsePrefix(p)
+		if err != nil {
+			return nil, fmt.Errorf("--trusted-proxies %q: want CIDRs such as 10.0.0.0/8: %w", p, err)
+		}
+		trusted = append(trusted, pfx)
+	}
+	ui, err := console.New(console.Options{TrustedProxies: trusted,
 		Source: func(ctx context.Context) (console.Snapshot, error) {
 			var (
 				s   console.Snapshot

@@ -82,13 +82,14 @@ func (w *wiring) callers() error {
 		if err != nil {
 			return fmt.Errorf("creating the TokenReview client: %w", err)
 		}
-		rev, err := satoken.New(cs.AuthenticationV1().TokenReviews(), satoken.Options{Audience: cfg.TokenAudience, TTL: cfg.TokenCacheTTL,
-			Registerer: w.opts.Registerer, Component: "gateway"})
+		issuer := satoken.Issuer(context.Background(), cfg.TokenIssuer, cs.Discovery().RESTClient(), log)
+		rev, err := satoken.New(cs.AuthenticationV1().TokenReviews(), satoken.Options{Audience: cfg.TokenAudience, Issuer: issuer,
+			TTL: cfg.TokenCacheTTL, Registerer: w.opts.Registerer, Component: "gateway"})
 		if err != nil {
 			return err
 		}
 		w.opts.ReviewToken = rev.Review
-		log.Info("Accepting ServiceAccount tokens", "audience", rev.Audience())
+		log.Info("Accepting ServiceAccount tokens", "audience", rev.Audience(), "issuer", issuer)
 	}
 	return nil
 }
@@ -204,7 +205,7 @@ func (w *wiring) addRunnables(mgr manager.Manager, g *Gateway, api *apiServer) (
 	handler := g.Handler()
 	if !w.cfg.DisableConsole {
 		var err error
-		if handler, err = withConsole(g, mgr.GetCache(), w.opts.Identify, w.log); err != nil {
+		if handler, err = withConsole(g, mgr.GetCache(), w.opts.Identify, w.cfg.TrustedProxies, w.log); err != nil {
 			return nil, err
 		}
 	}

@@ -41,11 +41,14 @@ type Options struct {
 	RunnerThreads int
 	RunnerSandbox string
 	KeepRunners   bool
+	// AllowUnconfinedRunners (--allow-unconfined-runners): see Config.
+	AllowUnconfinedRunners bool
 	// StoreRetention, PromptCacheRetention and GCInterval are the janitor's
 	// (janitor.Options); none may be negative.
 	StoreRetention, PromptCacheRetention, GCInterval time.Duration
-	// TokenAudience, NoServiceAccountTokens and TokenCacheTTL: see Config.
+	// TokenAudience, TokenIssuer, NoServiceAccountTokens and TokenCacheTTL: see Config.
 	TokenAudience          string
+	TokenIssuer            string
 	NoServiceAccountTokens bool
 	TokenCacheTTL          time.Duration
 }
@@ -60,7 +63,7 @@ func (o Options) Config() (Config, error) {
 	}
 	cfg := Config{NodeName: o.NodeName, Listen: o.Listen, AdvertiseAddress: o.AdvertiseAddress,
 		RunnerPath: o.RunnerPath, RunnerThreads: o.RunnerThreads, StateDir: o.StateDir, KeepRunners: o.KeepRunners,
-		TokenAudience: o.TokenAudience, NoServiceAccountTokens: o.NoServiceAccountTokens, TokenCacheTTL: o.TokenCacheTTL,
+		TokenAudience: o.TokenAudience, TokenIssuer: o.TokenIssuer, NoServiceAccountTokens: o.NoServiceAccountTokens, TokenCacheTTL: o.TokenCacheTTL,
 		PromptCacheSSDBytes: standalone.PromptCacheSSDBytes(o.PromptCacheSSDBytes)}
 	cfg.Pool.CeilingBytes, cfg.Pool.ReserveBytes = o.CeilingBytes, o.ReserveBytes
 	cfg.Pool.PromptCacheHotBytes = standalone.PromptCacheHotBytes(o.PromptCacheHotBytes)
@@ -90,7 +93,7 @@ func (o Options) Config() (Config, error) {
 	if err != nil {
 		return cfg, fmt.Errorf("--runner-sandbox: %w", err)
 	}
-	cfg.RunnerSandbox = mode
+	cfg.RunnerSandbox, cfg.AllowUnconfinedRunners = mode, o.AllowUnconfinedRunners
 	return cfg, nil
 }
 

@@ -95,7 +95,10 @@ type Config struct {
 	// of its namespace and of deployments whose spec.access grants it. The admin API
 	// takes only a gateway's or the manager's certificate. NoServiceAccountTokens turns them off;
 	// TokenCacheTTL bounds how long a review is reused (satoken.DefaultTTL).
+	// TokenIssuer is the only issuer a token reviewed may name (empty: the API
+	// server's, satoken.Issuer).
 	TokenAudience          string
+	TokenIssuer            string
 	NoServiceAccountTokens bool
 	TokenCacheTTL          time.Duration
 	Store                  Store
@@ -110,7 +113,9 @@ type Config struct {
 	RunnerThreads int
 	RunnerOutput  io.Writer
 	// RunnerSandbox: see runnerproc.ProcessConfig.Sandbox (empty: on).
-	RunnerSandbox sandbox.Mode
+	// AllowUnconfinedRunners: see runnerproc.ProcessConfig.AllowUnconfined.
+	RunnerSandbox          sandbox.Mode
+	AllowUnconfinedRunners bool
 	// SocketDir holds the runners' sockets (runnerproc.ProcessConfig.SocketDir).
 	SocketDir string
 	// StateDir, when set, is the agent's own state directory: its TLS key is kept in
@@ -172,7 +177,7 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	pcfg := runnerproc.ProcessConfig{RunnerPath: cfg.RunnerPath, Threads: cfg.RunnerThreads, SocketDir: cfg.SocketDir,
-		Sandbox: cfg.RunnerSandbox, Log: log.WithName("runner"), Output: cfg.RunnerOutput,
+		Sandbox: cfg.RunnerSandbox, AllowUnconfined: cfg.AllowUnconfinedRunners, Log: log.WithName("runner"), Output: cfg.RunnerOutput,
 		PromptCacheDir: cfg.PromptCacheDir, PromptCacheSSDBytes: cfg.PromptCacheSSDBytes, SpanRelay: cfg.SpanRelay}
 	poolCfg := cfg.Pool
 	if cfg.StateDir != "" {
@@ -367,8 +372,9 @@ func newAgent(cfg Config, cs kubernetes.Interface, w *replicaWatch, eng *standal
 		// The link of a split replica's head to this Mac's worker shard of it.
 		SplitLink: w.shards.handler(log.WithName("splitlink"))}
 	if !cfg.NoServiceAccountTokens {
-		rev, err := satoken.New(cs.AuthenticationV1().TokenReviews(),
-			satoken.Options{Audience: cfg.TokenAudience, TTL: cfg.TokenCacheTTL, Registerer: reg, Component: "agent"})
+		issuer := satoken.Issuer(context.Background(), cfg.TokenIssuer, cs.Discovery().RESTClient(), log)
+		rev, err := satoken.New(cs.AuthenticationV1().TokenReviews(), satoken.Options{Audience: cfg.TokenAudience, Issuer: issuer,
+			TTL: cfg.TokenCacheTTL, Registerer: reg, Component: "agent"})
 		if err != nil {
 			return nil, err
 		}

@@ -58,6 +58,10 @@ type Config struct {
 	RunnerThreads int `json:"runnerThreads,omitempty"`
 	// RunnerSandbox confines each runner (metal/runner/sandbox): "on" (the default) or "off".
 	RunnerSandbox string `json:"runnerSandbox,omitempty"`
+	// AllowUnconfinedRunners lets runners start unconfined where the sandbox is on but
+	// this machine cannot enforce it (no Landlock, no sandbox-exec); without it they
+	// are refused.
+	AllowUnconfinedRunners bool `json:"allowUnconfinedRunners,omitempty"`
 	// MemoryCeiling caps the pool below the machine's own ceiling (0: none).
 	MemoryCeiling Size `json:"memoryCeiling,omitempty"`
 	// MemoryReserve is what the static ceiling leaves to the OS (0: 4 GiB below 24 GiB
@@ -341,6 +345,7 @@ func (c Config) Merge(over Config) Config {
 	if over.RunnerSandbox != "" {
 		c.RunnerSandbox = over.RunnerSandbox
 	}
+	c.AllowUnconfinedRunners = c.AllowUnconfinedRunners || over.AllowUnconfinedRunners
 	if over.MemoryCeiling != 0 {
 		c.MemoryCeiling = over.MemoryCeiling
 	}

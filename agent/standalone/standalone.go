@@ -166,7 +166,7 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 		pcfg.IdleTimeout = time.Duration(cfg.IdleTimeout)
 	}
 	eng, err := NewEngine(runnerproc.ProcessConfig{RunnerPath: cfg.Runner, Threads: cfg.RunnerThreads,
-		Sandbox: sandbox.Mode(cfg.RunnerSandbox), Log: log.WithName("runner"), Output: opts.RunnerOutput,
+		Sandbox: sandbox.Mode(cfg.RunnerSandbox), AllowUnconfined: cfg.AllowUnconfinedRunners, Log: log.WithName("runner"), Output: opts.RunnerOutput,
 		PromptCacheDir: cfg.PromptCacheDir, PromptCacheSSDBytes: PromptCacheSSDBytes(cfg.PromptCacheSSDBytes),
 		SpanRelay: opts.SpanRelay}, pcfg, nil, log)
 	if err != nil {

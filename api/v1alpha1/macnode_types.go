@@ -13,8 +13,9 @@ const (
 	// MacNodeMemoryPressure is True while the pool is at or above its soft watermark.
 	MacNodeMemoryPressure = "MemoryPressure"
 	// MacNodeCeilingCapped is True while the agent reports a memory ceiling above what
-	// the control plane believes of this Mac (spec.memoryCeiling, or the largest memory
-	// of its chip): the scheduler places replicas by the cap, not the report. Set by
+	// the control plane believes of this Mac (spec.memoryCeiling, the memory the agent
+	// measured, or the largest memory of its chip): the scheduler places replicas by
+	// the cap, not the report. Set by
 	// the macnode controller; absent while the report is within its bounds.
 	MacNodeCeilingCapped = "CeilingCapped"
 )
@@ -37,6 +38,10 @@ const (
 	ReasonChipMemoryExceeded = "ChipMemoryExceeded"
 	// ReasonOperatorCeilingExceeded: the reported ceiling is above spec.memoryCeiling.
 	ReasonOperatorCeilingExceeded = "OperatorCeilingExceeded"
+	// ReasonMeasuredMemoryExceeded: the reported ceiling is above the unified memory
+	// the agent measured (status.hardware.unifiedMemory, or the first one it reported:
+	// status.effectiveCeiling.measuredMemory).
+	ReasonMeasuredMemoryExceeded = "MeasuredMemoryExceeded"
 )
 
 // PressureLevel is the pool's memory pressure.
@@ -171,10 +176,18 @@ type EffectiveCeiling struct {
 	// +kubebuilder:validation:MaxLength=32
 	Display string `json:"display,omitempty"`
 	// source is the bound that decided it: Reported (the agent's report, within the
-	// bounds), Operator (spec.memoryCeiling) or Chip (the largest memory of the chip).
+	// bounds), Operator (spec.memoryCeiling), Measured (the unified memory the agent
+	// measured) or Chip (the largest memory of the chip).
 	// +optional
-	// +kubebuilder:validation:Enum=Reported;Operator;Chip
+	// +kubebuilder:validation:Enum=Reported;Operator;Measured;Chip
 	Source string `json:"source,omitempty"`
+	// measuredMemory is the unified memory the Mac's agent measured when the
+	// controller first saw it (status.hardware.unifiedMemory), kept from then on: a
+	// Mac's memory cannot grow, so a later, larger claim (a bigger chip, more memory)
+	// is not believed. An administrator clears it by removing status.effectiveCeiling
+	// when the MacNode's name is given to another Mac.
+	// +optional
+	MeasuredMemory *resource.Quantity `json:"measuredMemory,omitempty"`
 }
 
 // MacNodeStatus is written by the node's agent (and the Ready condition by the
@@ -191,8 +204,8 @@ type MacNodeStatus struct {
 	// +optional
 	Display *MemoryDisplay `json:"display,omitempty"`
 	// effectiveCeiling is the ceiling the scheduler places replicas by: the reported
-	// status.memory.ceiling capped by spec.memoryCeiling and by the largest memory of
-	// the reported chip. The macnode controller writes it; a node may not
+	// status.memory.ceiling capped by spec.memoryCeiling, by the memory the agent
+	// measured (first and now) and by the largest memory of the reported chip. The macnode controller writes it; a node may not
 	// (config/admission/node-restriction.yaml).
 	// +optional
 	EffectiveCeiling *EffectiveCeiling `json:"effectiveCeiling,omitempty"`
@@ -217,7 +230,7 @@ type MacNodeStatus struct {
 // +kubebuilder:resource:scope=Cluster,shortName=mn,categories=macfleet
 // +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
 // +kubebuilder:printcolumn:name="Chip",type=string,JSONPath=`.status.hardware.chip`
-// +kubebuilder:printcolumn:name="Ceiling",type=string,JSONPath=`.status.effectiveCeiling.display`,description="The memory ceiling the scheduler places replicas by: the reported one capped by spec.memoryCeiling and the chip's memory"
+// +kubebuilder:printcolumn:name="Ceiling",type=string,JSONPath=`.status.effectiveCeiling.display`,description="The memory ceiling the scheduler places replicas by: the reported one capped by spec.memoryCeiling, the memory the agent measured and the chip's memory"
 // +kubebuilder:printcolumn:name="Reported",type=string,JSONPath=`.status.display.ceiling`,description="The memory ceiling the Mac's agent reports"
 // +kubebuilder:printcolumn:name="Used",type=string,JSONPath=`.status.display.used`
 // +kubebuilder:printcolumn:name="Committed",type=string,JSONPath=`.status.display.committed`

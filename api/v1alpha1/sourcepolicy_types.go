@@ -83,8 +83,10 @@ type SourcePolicySpec struct {
 	// deniedNetworks are CIDRs that fetches never connect to, on top of the built-in
 	// loopback (127.0.0.0/8, ::1), link-local (169.254.0.0/16, fe80::/10, which holds
 	// cloud metadata endpoints), "this network" (0.0.0.0/8, ::), multicast, private
-	// (10.0.0.0/8, 172.16.0.0/12, 192.168.0.0/16, fc00::/7), CGNAT (100.64.0.0/10)
-	// and NAT64 (64:ff9b::/96, 64:ff9b:1::/48) ranges. List the cluster's service and
+	// (10.0.0.0/8, 172.16.0.0/12, 192.168.0.0/16, fc00::/7), CGNAT (100.64.0.0/10),
+	// benchmarking (198.18.0.0/15), reserved (240.0.0.0/4), and NAT64 (64:ff9b::/96,
+	// 64:ff9b:1::/48), 6to4 (2002::/16) and Teredo (2001::/32), which embed an IPv4
+	// address, ranges. List the cluster's service and
 	// pod CIDRs here when they are public addresses. The check is made on the address
 	// a connection is actually made to, after name resolution.
 	// +optional

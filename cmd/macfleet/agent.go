@@ -157,6 +157,8 @@ func (fl *agentFlags) register(cmd *cobra.Command, host string, zapOpts *zap.Opt
 	_ = f.MarkDeprecated("fleet-token-file", "the agent serves TLS with its own certificate; remove the flag")
 	f.StringVar(&fl.opts.TokenAudience, "token-audience", satoken.DefaultAudience, "The OpenAI API (a deployment's Service) also takes in-cluster "+
 		"callers' ServiceAccount tokens projected for this audience, checked by a TokenReview; each reaches its namespace's replicas and those granted to it (spec.access)")
+	f.StringVar(&fl.opts.TokenIssuer, "token-issuer", "", "The issuer a ServiceAccount token must name to be reviewed (default: the API server's, "+
+		"from its "+satoken.DiscoveryPath+"); tokens of another issuer are refused without a TokenReview")
 	f.BoolVar(&fl.opts.NoServiceAccountTokens, "no-service-account-tokens", false, "Take only the gateways' and the manager's certificates, not ServiceAccount tokens")
 	f.DurationVar(&fl.opts.TokenCacheTTL, "token-cache-ttl", satoken.DefaultTTL, "How long a ServiceAccount token's review is reused: "+
 		"the longest a deleted ServiceAccount's token keeps working")
@@ -167,6 +169,8 @@ func (fl *agentFlags) register(cmd *cobra.Command, host string, zapOpts *zap.Opt
 	f.IntVar(&fl.opts.RunnerThreads, "runner-threads", 0, "CPU threads of each runner whose model sets none (default: the thread policy: the performance cores, one for a model under 32 MiB of weights)")
 	f.StringVar(&fl.opts.RunnerSandbox, "runner-sandbox", string(sandbox.On), "Confine each runner to its model, cache and socket, with no network "+
 		"and a scrubbed environment (Landlock on Linux, Seatbelt on macOS): on or off")
+	f.BoolVar(&fl.opts.AllowUnconfinedRunners, "allow-unconfined-runners", false, "Start runners even where the sandbox is on but this "+
+		"machine cannot enforce it (no Landlock, no sandbox-exec): unconfined, with a scrubbed environment; without it they are refused")
 	f.BoolVar(&fl.opts.KeepRunners, "keep-runners", true, "Leave the runners of loaded models running when the agent stops, for the next agent "+
 		"to adopt (recorded under --state-dir; an unadopted runner exits after 5m without requests); false unloads everything on exit")
 	f.StringVar(&fl.opts.PromptCacheDir, "prompt-cache-dir", config.DataDir("prompt-cache"), "Directory of the prompt cache's SSD tier: one subdirectory per namespace and model file, kept across restarts (empty: no SSD tier)")

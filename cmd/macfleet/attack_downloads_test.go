@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/pem"
 	"errors"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -161,5 +162,37 @@ func TestAttackRedirectToPlainHTTP(t *testing.T) {
 	var de *sourcepolicy.DeniedError
 	if errors.As(err, &de) && de.Namespace != attackNS {
 		t.Errorf("the denial names namespace %q, want %q", de.Namespace, attackNS)
+	}
+}
+
+// TestAttackModelURLInRangesTheDenyListMissed: a tenant's source, on a host the
+// SourcePolicy lists, is an address in a range the built-in denials once missed: the
+// benchmarking 198.18/15 (lab gear), the reserved 240/4, and 6to4 and Teredo
+// addresses, whose embedded IPv4 address (here a LAN one) a relay on the path
+// connects to. On main the agent dialled each; its store, built as the command builds
+// it, must refuse before it connects, naming the range and, for the tunnels, the
+// embedded address.
+func TestAttackModelURLInRangesTheDenyListMissed(t *testing.T) {
+	for _, tc := range []struct {
+		name, host string
+		want       []string
+	}{
+		{"benchmarking", "198.18.0.1", []string{"198.18.0.1 is benchmarking (RFC 2544)", "add 198.18.0.1/32 to spec.allowedNetworks"}},
+		{"reserved", "240.1.2.3", []string{"240.1.2.3 is reserved (240.0.0.0/4)", "spec.allowedNetworks"}},
+		{"6to4", "2002:c0a8:101::1", []string{"2002:c0a8:101::1 is 6to4 (it embeds the IPv4 address 192.168.1.1)", "spec.allowedNetworks"}},
+		{"Teredo", "2001:0:4136:e378:8000:63bf:f5ff:fffe", []string{"is Teredo (it embeds the IPv4 address 10.0.0.1)", "spec.allowedNetworks"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			st := shippedStore(t, v1alpha1.SourcePolicySpec{
+				Rules: []v1alpha1.SourcePolicyRule{{Namespaces: []string{attackNS}, Hosts: []string{tc.host}, AllowPlainHTTP: true}},
+			})
+			// Without the denial the store would dial the address: the timeout keeps
+			// that failure short.
+			ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+			defer cancel()
+			src := (&url.URL{Scheme: "http", Host: net.JoinHostPort(tc.host, "8080"), Path: "/m.gguf"}).String()
+			_, err := st.Fetch(ctx, attackNS, src, "", nil)
+			wantDeniedNaming(t, err, tc.want...)
+		})
 	}
 }

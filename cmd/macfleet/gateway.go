@@ -115,6 +115,7 @@ OTEL_EXPORTER_OTLP_ENDPOINT set it traces every request (see docs/tracing.md).`,
 		"On SIGTERM, /readyz fails at once and no new connection is taken; the requests in flight (streams, cold-start holds, the queue) "+
 			"get this long to finish. Keep the pod's terminationGracePeriodSeconds above it (the chart derives it)")
 	connectionFlags(f, &cfg.Limits)
+	callerFlags(f, &cfg)
 	f.StringSliceVar(&cfg.AllowedHosts, "allowed-hosts", nil,
 		"The only Host names the API and console answer to besides IP addresses and localhost (e.g. gateway.example.com, or .example.com "+
 			"for every name under it); empty: any. Browsers' cross-origin requests are refused either way")
@@ -141,6 +142,16 @@ func connectionFlags(f *pflag.FlagSet, l *httpserver.Limits) {
 	f.IntVar(&l.MaxConnectionsPerSource, "max-connections-per-source", 0,
 		"Connections the API holds open from one source address (an IPv6 /64) at once; the next one is answered 503 with Retry-After. "+
 			"0: a quarter of --max-connections; negative: no cap per source (behind a proxy, whose address every client shares)")
+}
+
+// callerFlags are the flags of what the gateway believes of its callers: the issuer of
+// their ServiceAccount tokens, and the proxies whose X-Forwarded-Proto the console
+// trusts.
+func callerFlags(f *pflag.FlagSet, cfg *gateway.Config) {
+	f.StringVar(&cfg.TokenIssuer, "token-issuer", "", "The issuer a ServiceAccount token must name to be reviewed (default: the API server's, from its "+
+		satoken.DiscoveryPath+"); tokens of another issuer are refused without a TokenReview")
+	f.StringSliceVar(&cfg.TrustedProxies, "trusted-proxies", nil, "CIDRs of proxies (a TLS ingress) whose X-Forwarded-Proto: https the console believes, "+
+		"making its session cookie Secure (a TLS connection always does)")
 }
 
 // routingFlags are the gateway's flags of how a replica is picked and of peer fetch.

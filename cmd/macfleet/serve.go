@@ -165,6 +165,8 @@ func (sf *serveFlags) register(cmd *cobra.Command) {
 	f.IntVar(&sf.flags.RunnerThreads, "runner-threads", 0, "CPU threads of each runner whose model sets none (default: the thread policy: the performance cores, one for a model under 32 MiB of weights)")
 	f.StringVar(&sf.flags.RunnerSandbox, "runner-sandbox", "", "confine each runner to its model, cache and socket, with no network and a scrubbed "+
 		"environment (Landlock on Linux, Seatbelt on macOS): on or off (default on)")
+	f.BoolVar(&sf.flags.AllowUnconfinedRunners, "allow-unconfined-runners", false, "start runners even where the sandbox is on but this "+
+		"machine cannot enforce it (no Landlock, no sandbox-exec): unconfined, with a scrubbed environment; without it they are refused")
 	f.DurationVar(&sf.idle, "idle-timeout", 0, "unload OnDemand models idle this long (default 5m)")
 	f.StringVar(&sf.body, "max-body", "", "request body limit (default 16Mi)")
 	f.StringVar(&sf.flags.PromptCacheDir, "prompt-cache-dir", "", "directory of the prompt cache's SSD tier, one subdirectory per model file (default "+

@@ -62,6 +62,12 @@ func setCeilingCapped(node *v1alpha1.MacNode, now time.Time) bool {
 		LastTransitionTime: metav1.NewTime(now),
 	}
 	switch _, known := ceiling.ChipMemory(node.Status.Hardware.Chip); {
+	case c.Source == ceiling.SourceMeasured:
+		want.Reason = v1alpha1.ReasonMeasuredMemoryExceeded
+		want.Message = fmt.Sprintf("the agent reports a memory ceiling of %s, more than the %s of unified memory it measured "+
+			"(status.hardware.unifiedMemory, or the first it reported, status.effectiveCeiling.measuredMemory): replicas are "+
+			"placed here for %s at most. A Mac's memory does not grow: if this MacNode's name now belongs to another Mac, "+
+			"remove status.effectiveCeiling; set spec.memoryCeiling to bound this Mac exactly", reported, capped, capped)
 	case c.Source == ceiling.SourceOperator:
 		want.Reason = v1alpha1.ReasonOperatorCeilingExceeded
 		want.Message = fmt.Sprintf("the agent reports a memory ceiling of %s, above spec.memoryCeiling %s: replicas are placed "+
@@ -83,19 +89,36 @@ func setCeilingCapped(node *v1alpha1.MacNode, now time.Time) bool {
 
 // setEffectiveCeiling sets node's status.effectiveCeiling to what the scheduler
 // believes of its memory (internal/ceiling.Node), which kubectl's Ceiling column and
-// the console show, and removes it while the agent has reported no ceiling. It
-// reports whether it changed.
+// the console show, with the memory the agent first measured (kept from then on:
+// ceiling.FirstMeasured), and removes it while the agent has reported no ceiling
+// (keeping only the measured memory, once there is one). It reports whether it
+// changed.
 func setEffectiveCeiling(node *v1alpha1.MacNode) bool {
 	var want *v1alpha1.EffectiveCeiling
 	if c, ok := ceiling.Node(node); ok {
 		want = &v1alpha1.EffectiveCeiling{Bytes: *resource.NewQuantity(c.Bytes, resource.BinarySI),
 			Display: bytesize.Format(c.Bytes), Source: string(c.Source)}
 	}
+	// The measured memory is kept from the first report with a ceiling on, also while
+	// the agent reports no ceiling (else a Mac could clear its ceiling, then claim more).
+	if m := ceiling.FirstMeasured(node); m != nil {
+		switch {
+		case want != nil:
+			want.MeasuredMemory = resource.NewQuantity(m.Value(), resource.BinarySI)
+		case node.Status.EffectiveCeiling != nil && node.Status.EffectiveCeiling.MeasuredMemory != nil:
+			want = &v1alpha1.EffectiveCeiling{MeasuredMemory: resource.NewQuantity(m.Value(), resource.BinarySI)}
+		}
+	}
 	cur := node.Status.EffectiveCeiling
 	if want == nil && cur == nil || want != nil && cur != nil && want.Bytes.Cmp(cur.Bytes) == 0 &&
-		want.Display == cur.Display && want.Source == cur.Source {
+		want.Display == cur.Display && want.Source == cur.Source && sameQuantity(want.MeasuredMemory, cur.MeasuredMemory) {
 		return false
 	}
 	node.Status.EffectiveCeiling = want
 	return true
+}
+
+// sameQuantity says whether a and b are both nil or equal.
+func sameQuantity(a, b *resource.Quantity) bool {
+	return a == nil && b == nil || a != nil && b != nil && a.Cmp(*b) == 0
 }

@@ -142,6 +142,9 @@ func TestSetCeilingCapped(t *testing.T) {
 			wantReason: v1alpha1.ReasonChipMemoryExceeded, wantIn: []string{"1.0 TiB", "512.0 GiB", `"Apple M9"`, "not one macfleet knows", "spec.memoryCeiling"}},
 		{name: "beyond the operator's bound", node: node("Apple M3 Ultra", "200Gi", "64Gi"), wantChanged: true,
 			wantReason: v1alpha1.ReasonOperatorCeilingExceeded, wantIn: []string{"200.0 GiB", "spec.memoryCeiling 64.0 GiB", "check the Mac"}},
+		{name: "beyond the memory measured", node: withMemory(node("Apple M4 Max", "100Gi", ""), "16Gi"), wantChanged: true,
+			wantReason: v1alpha1.ReasonMeasuredMemoryExceeded, wantIn: []string{"100.0 GiB", "16.0 GiB of unified memory it measured",
+				"remove status.effectiveCeiling", "spec.memoryCeiling"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -195,6 +198,12 @@ func TestSetEffectiveCeiling(t *testing.T) {
 		{name: "beyond the chip", node: node("Apple M4", "1Ti", "", eff("1Ti", "1.0 TiB", "Reported")), want: eff("32Gi", "32.0 GiB", "Chip"), wantChanged: true},
 		{name: "beyond the operator's bound", node: node("Apple M3 Ultra", "200Gi", "64Gi", nil), want: eff("64Gi", "64.0 GiB", "Operator"), wantChanged: true},
 		{name: "a report of nothing is nothing", node: node("Apple M4", "0", "8Gi", nil), want: eff("0", "0 B", "Reported"), wantChanged: true},
+		{name: "the measured memory is kept", node: withMemory(node("Apple M4", "12Gi", "", nil), "16Gi"),
+			want: kept(eff("12Gi", "12.0 GiB", "Reported"), "16Gi"), wantChanged: true},
+		{name: "a larger claim later is not believed", node: withMemory(node("Apple M4 Max", "120Gi", "", kept(eff("12Gi", "12.0 GiB", "Reported"), "16Gi")), "128Gi"),
+			want: kept(eff("16Gi", "16.0 GiB", "Measured"), "16Gi"), wantChanged: true},
+		{name: "no ceiling reported: the measured memory stays", node: node("Apple M4", "", "", kept(eff("12Gi", "12.0 GiB", "Reported"), "16Gi")),
+			want: kept(&v1alpha1.EffectiveCeiling{}, "16Gi"), wantChanged: true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -203,7 +212,7 @@ func TestSetEffectiveCeiling(t *testing.T) {
 			}
 			got := tt.node.Status.EffectiveCeiling
 			if (got == nil) != (tt.want == nil) || got != nil && (got.Bytes.Cmp(tt.want.Bytes) != 0 ||
-				got.Display != tt.want.Display || got.Source != tt.want.Source) {
+				got.Display != tt.want.Display || got.Source != tt.want.Source || !sameQuantity(got.MeasuredMemory, tt.want.MeasuredMemory)) {
 				t.Fatalf("effectiveCeiling = %+v, want %+v", got, tt.want)
 			}
 			if setEffectiveCeiling(tt.node) {
@@ -211,4 +220,16 @@ func TestSetEffectiveCeiling(t *testing.T) {
 			}
 		})
 	}
+}
+
+// withMemory sets the unified memory n's agent reports.
+func withMemory(n *v1alpha1.MacNode, q string) *v1alpha1.MacNode {
+	n.Status.Hardware.UnifiedMemory = new(resource.MustParse(q))
+	return n
+}
+
+// kept is e with measuredMemory q.
+func kept(e *v1alpha1.EffectiveCeiling, q string) *v1alpha1.EffectiveCeiling {
+	e.MeasuredMemory = new(resource.MustParse(q))
+	return e
 }

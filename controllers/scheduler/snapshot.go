@@ -183,7 +183,8 @@ func agentMemory(mn *v1alpha1.MacNode) int64 {
 
 // nodeCeiling is the memory a node may give to models (internal/ceiling.Node): the
 // ceiling its agent reports (status.memory.ceiling), believed only up to
-// spec.memoryCeiling and the largest memory of its chip, so that a Mac that claims
+// spec.memoryCeiling, the memory its agent measured and the largest memory of its
+// chip, so that a Mac that claims
 // more attracts no more replicas. ok is false while the agent has reported no ceiling.
 func nodeCeiling(mn *v1alpha1.MacNode) (int64, bool) {
 	c, ok := ceiling.Node(mn)

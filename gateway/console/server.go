@@ -7,6 +7,7 @@ import (
 	"html/template"
 	"io/fs"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"strconv"
 	"strings"
@@ -21,10 +22,11 @@ import (
 // Prefix is where the console is served.
 const Prefix = "/ui"
 
-// CookieName is the session cookie: it holds the API key the user signed in with,
-// HttpOnly (no script reads it) and SameSite=Strict (no other site sends it), so every
-// page checks the key against the gateway's current keys and a revoked key is out at
-// once.
+// CookieName is the session cookie: it holds an opaque session id naming the API key
+// the user signed in with (session.go), never the key; HttpOnly (no script reads it),
+// SameSite=Strict (no other site sends it), and Secure when the browser came over TLS.
+// Every page checks the session's key against the gateway's current keys, so a
+// revoked key is out at once.
 const CookieName = "macfleet_console"
 
 // ConsoleHeader must be present on the playground's chat requests: a cross-site form
@@ -59,13 +61,19 @@ type Options struct {
 	Now func() time.Time
 	// PollInterval is how often the script refreshes a page (2s when 0).
 	PollInterval time.Duration
-	Log          logr.Logger
+	// TrustedProxies are the addresses of proxies (a TLS ingress) whose
+	// X-Forwarded-Proto: https makes the session cookie Secure; a connection that is
+	// itself TLS always does.
+	TrustedProxies []netip.Prefix
+	Log            logr.Logger
 }
 
 type console struct {
-	opts   Options
-	pages  map[string]*template.Template
-	static http.Handler
+	opts     Options
+	pages    map[string]*template.Template
+	static   http.Handler
+	sessions *sessions
+	logins   *loginLimit
 }
 
 // pageData is what the layout renders.
@@ -96,7 +104,7 @@ func New(opts Options) (http.Handler, error) {
 	if opts.PollInterval <= 0 {
 		opts.PollInterval = 2 * time.Second
 	}
-	c := &console{opts: opts, pages: map[string]*template.Template{}}
+	c := &console{opts: opts, pages: map[string]*template.Template{}, sessions: newSessions(), logins: newLoginLimit()}
 	funcs := template.FuncMap{"join": strings.Join}
 	for _, p := range []string{"fleet", "models", "unloads", "playground", "usage", "login", "forbidden"} {
 		t, err := template.New("layout.html").Funcs(funcs).ParseFS(assets, "assets/layout.html", "assets/"+p+".html")
@@ -151,11 +159,12 @@ func securityHeaders(next http.Handler) http.Handler {
 	})
 }
 
-// key is the API key a request carries: the session cookie, else a Bearer token (for
-// scripts and curl).
-func key(r *http.Request) string {
-	if c, err := r.Cookie(CookieName); err == nil && c.Value != "" {
-		return c.Value
+// key is the API key a request carries: its session's (the cookie), else a Bearer
+// token (for scripts and curl). A cookie of no current session carries none.
+func (c *console) key(r *http.Request) string {
+	if ck, err := r.Cookie(CookieName); err == nil && ck.Value != "" {
+		k, _ := c.sessions.key(ck.Value, c.opts.Now())
+		return k
 	}
 	k, _ := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 	return k
@@ -167,7 +176,7 @@ func (c *console) identify(r *http.Request) (tenancy.Identity, bool) {
 	if c.opts.Identify == nil {
 		return tenancy.Identity{Admin: true}, true
 	}
-	k := key(r)
+	k := c.key(r)
 	if k == "" {
 		return tenancy.Identity{}, false
 	}
@@ -295,6 +304,12 @@ func (c *console) login(w http.ResponseWriter, r *http.Request) {
 		http.Redirect(w, r, next, http.StatusSeeOther)
 		return
 	}
+	if ok, retry := c.logins.allow(sourceOf(r), c.opts.Now()); !ok {
+		w.Header().Set("Retry-After", strconv.Itoa(int(retry.Seconds())))
+		c.render(w, http.StatusTooManyRequests, "login", pageData{Title: "Sign in", Next: next,
+			Error: "Too many sign-ins from your address: try again in " + retry.String() + "."}, tenancy.Identity{}, c.opts.Now())
+		return
+	}
 	var id tenancy.Identity
 	ok := false
 	if k != "" {
@@ -309,14 +324,22 @@ func (c *console) login(w http.ResponseWriter, r *http.Request) {
 	if next == Prefix+"/" && !id.Admin {
 		next = Prefix + "/models" // the fleet page needs an admin key
 	}
-	http.SetCookie(w, &http.Cookie{Name: CookieName, Value: k, Path: Prefix, HttpOnly: true,
-		SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil, MaxAge: int((12 * time.Hour).Seconds())})
+	if old, err := r.Cookie(CookieName); err == nil {
+		c.sessions.end(old.Value)
+	}
+	http.SetCookie(w, &http.Cookie{Name: CookieName, Value: c.sessions.start(k, c.opts.Now()), Path: Prefix, HttpOnly: true,
+		SameSite: http.SameSiteStrictMode, Secure: overTLS(r, c.opts.TrustedProxies), MaxAge: int(SessionTTL.Seconds())})
 	http.Redirect(w, r, next, http.StatusSeeOther)
 }
 
+// logout ends the request's session at the gateway (its cookie is refused from then
+// on, by whoever sends it) and clears the cookie.
 func (c *console) logout(w http.ResponseWriter, r *http.Request) {
+	if ck, err := r.Cookie(CookieName); err == nil {
+		c.sessions.end(ck.Value)
+	}
 	http.SetCookie(w, &http.Cookie{Name: CookieName, Value: "", Path: Prefix, HttpOnly: true,
-		SameSite: http.SameSiteStrictMode, MaxAge: -1})
+		SameSite: http.SameSiteStrictMode, Secure: overTLS(r, c.opts.TrustedProxies), MaxAge: -1})
 	http.Redirect(w, r, Prefix+"/login", http.StatusSeeOther)
 }
 
@@ -337,7 +360,7 @@ func (c *console) chat(w http.ResponseWriter, r *http.Request) {
 	fwd.RequestURI = ""
 	fwd.Header.Del("Cookie")
 	fwd.Header.Del(ConsoleHeader)
-	if k := key(r); k != "" {
+	if k := c.key(r); k != "" {
 		fwd.Header.Set("Authorization", "Bearer "+k)
 	}
 	c.opts.API.ServeHTTP(w, fwd)

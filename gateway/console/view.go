@@ -169,7 +169,8 @@ type NodeRow struct {
 	Committed, Soft, Hard        Bytes
 	// Ceiling is what the scheduler places replicas by (internal/ceiling.Node); when
 	// the agent reports more, Reported is its report and CappedBy the bound that
-	// capped it (Operator: spec.memoryCeiling, Chip: the chip's memory).
+	// capped it (Operator: spec.memoryCeiling, Measured: the memory the agent
+	// measured, Chip: the chip's memory).
 	Reported  Bytes
 	CappedBy  string
 	Pressure  string
@@ -310,8 +311,11 @@ func nodeBar(row NodeRow, replicas []mfv1.ModelReplica) Bar {
 
 // cappedBy names the bound that capped a Mac's ceiling for people.
 func cappedBy(source string) string {
-	if source == string(ceiling.SourceOperator) {
+	switch source {
+	case string(ceiling.SourceOperator):
 		return "spec.memoryCeiling"
+	case string(ceiling.SourceMeasured):
+		return "the memory it measured"
 	}
 	return "the chip's memory"
 }

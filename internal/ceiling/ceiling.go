@@ -5,12 +5,19 @@
 //
 // A Mac's agent measures its hardware and reports a ceiling in its MacNode's status.
 // A compromised Mac can report anything, so the control plane believes the report
-// only up to two bounds a Mac cannot raise: the operator's spec.memoryCeiling (which
-// node identities may not set, see config/admission/node-claims.yaml) and the
-// largest unified memory any configuration of the reported chip has (ChipMemory).
+// only up to bounds a Mac cannot raise: the operator's spec.memoryCeiling (which
+// node identities may not set, see config/admission/node-claims.yaml); the unified
+// memory the agent measured, the smaller of what it reports now and what it reported
+// when the controller first saw it (status.effectiveCeiling.measuredMemory, which a
+// node may not write: Apple Silicon memory cannot grow); and the largest unified
+// memory any configuration of the reported chip has (ChipMemory). A Mac that claims
+// a bigger chip later therefore gains nothing; one that lies from its first report on
+// is bounded only by its chip's largest memory and spec.memoryCeiling.
 package ceiling
 
 import (
+	"k8s.io/apimachinery/pkg/api/resource"
+
 	"github.com/macfleet/macfleet/api/v1alpha1"
 )
 
@@ -24,6 +31,8 @@ const (
 	SourceFlag Source = "AgentFlag"
 	// SourceOperator: the MacNode's spec.memoryCeiling.
 	SourceOperator Source = "Operator"
+	// SourceMeasured: the unified memory the agent measured (Measured).
+	SourceMeasured Source = "Measured"
 	// SourceChip: the largest unified memory of the reported chip (ChipMemory).
 	SourceChip Source = "Chip"
 )
@@ -38,6 +47,9 @@ type Bounds struct {
 	Flag int64
 	// Operator is the MacNode's spec.memoryCeiling.
 	Operator int64
+	// Measured is the unified memory the agent measured (Measured); the agent leaves
+	// it zero.
+	Measured int64
 	// Chip is ChipMemory of the reported chip; the agent leaves it zero.
 	Chip int64
 }
@@ -51,14 +63,14 @@ type Ceiling struct {
 }
 
 // Resolve is the smallest bound that is set. On a tie the earlier of Reported, Flag,
-// Operator and Chip wins, so that a Mac reporting exactly its bound is not said to be
-// capped.
+// Operator, Measured and Chip wins, so that a Mac reporting exactly its bound is not
+// said to be capped.
 func Resolve(b Bounds) Ceiling {
 	var c Ceiling
 	for _, bound := range []struct {
 		bytes int64
 		src   Source
-	}{{b.Reported, SourceReported}, {b.Flag, SourceFlag}, {b.Operator, SourceOperator}, {b.Chip, SourceChip}} {
+	}{{b.Reported, SourceReported}, {b.Flag, SourceFlag}, {b.Operator, SourceOperator}, {b.Measured, SourceMeasured}, {b.Chip, SourceChip}} {
 		if bound.bytes > 0 && (c.Source == "" || bound.bytes < c.Bytes) {
 			c = Ceiling{Bytes: bound.bytes, Source: bound.src}
 		}
@@ -74,8 +86,9 @@ func Agent(flag, operator int64) int64 {
 }
 
 // Node is what the control plane believes of a MacNode: its reported ceiling capped
-// by spec.memoryCeiling and by the largest memory of its chip. ok is false while the
-// agent has reported no ceiling (the node is not ready for placement).
+// by spec.memoryCeiling, by its measured memory (Measured) and by the largest memory
+// of its chip. ok is false while the agent has reported no ceiling (the node is not
+// ready for placement).
 func Node(mn *v1alpha1.MacNode) (c Ceiling, ok bool) {
 	if mn.Status.Memory.Ceiling == nil {
 		return Ceiling{}, false
@@ -84,6 +97,7 @@ func Node(mn *v1alpha1.MacNode) (c Ceiling, ok bool) {
 	if s := mn.Spec.MemoryCeiling; s != nil {
 		b.Operator = s.Value()
 	}
+	b.Measured = Measured(mn)
 	b.Chip, _ = ChipMemory(mn.Status.Hardware.Chip)
 	c = Resolve(b)
 	if b.Reported <= 0 {
@@ -91,4 +105,30 @@ func Node(mn *v1alpha1.MacNode) (c Ceiling, ok bool) {
 		return Ceiling{Bytes: max(b.Reported, 0), Source: SourceReported}, true
 	}
 	return c, true
+}
+
+// Measured is the unified memory mn's agent measured: the smaller of what it reports
+// now (status.hardware.unifiedMemory) and what it reported when the controller first
+// saw it (status.effectiveCeiling.measuredMemory); 0 when it reported none.
+func Measured(mn *v1alpha1.MacNode) int64 {
+	var m int64
+	for _, q := range []*resource.Quantity{mn.Status.Hardware.UnifiedMemory, FirstMeasured(mn)} {
+		if q != nil && q.Value() > 0 && (m == 0 || q.Value() < m) {
+			m = q.Value()
+		}
+	}
+	return m
+}
+
+// FirstMeasured is the measured memory the controller keeps for mn
+// (status.effectiveCeiling.measuredMemory): the one kept already, else the one the
+// agent reports now, else nil.
+func FirstMeasured(mn *v1alpha1.MacNode) *resource.Quantity {
+	if e := mn.Status.EffectiveCeiling; e != nil && e.MeasuredMemory != nil && e.MeasuredMemory.Value() > 0 {
+		return e.MeasuredMemory
+	}
+	if q := mn.Status.Hardware.UnifiedMemory; q != nil && q.Value() > 0 {
+		return q
+	}
+	return nil
 }

@@ -26,6 +26,10 @@ func TestResolve(t *testing.T) {
 		{name: "agent: flag alone", in: Bounds{Flag: 6 * gib}, want: Ceiling{6 * gib, SourceFlag}},
 		{name: "agent: spec lowers flag", in: Bounds{Flag: 6 * gib, Operator: 4 * gib}, want: Ceiling{4 * gib, SourceOperator}},
 		{name: "agent: flag lowers spec", in: Bounds{Flag: 3 * gib, Operator: 4 * gib}, want: Ceiling{3 * gib, SourceFlag}},
+		{name: "measured memory caps a report under a bigger chip", in: Bounds{Reported: 100 * gib, Measured: 16 * gib, Chip: 128 * gib},
+			want: Ceiling{16 * gib, SourceMeasured}},
+		{name: "tie of measured and chip says measured", in: Bounds{Reported: 100 * gib, Measured: 32 * gib, Chip: 32 * gib},
+			want: Ceiling{32 * gib, SourceMeasured}},
 		{name: "negative bounds are unset", in: Bounds{Reported: -1, Operator: -5, Chip: 8 * gib}, want: Ceiling{8 * gib, SourceChip}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -101,6 +105,12 @@ func TestNode(t *testing.T) {
 		{name: "operator bound", node: node("Apple M3 Ultra", "1Ti", "100Gi"), want: Ceiling{100 * gib, SourceOperator}, wantOK: true},
 		{name: "unknown chip", node: node("", "1Ti", ""), want: Ceiling{512 * gib, SourceChip}, wantOK: true},
 		{name: "zero report", node: node("Apple M4", "0", "8Gi"), want: Ceiling{0, SourceReported}, wantOK: true},
+		{name: "a bigger chip than the memory measured", node: measured(node("Apple M4 Max", "100Gi", ""), "16Gi", ""),
+			want: Ceiling{16 * gib, SourceMeasured}, wantOK: true},
+		{name: "more memory than first measured", node: measured(node("Apple M4 Max", "120Gi", ""), "128Gi", "16Gi"),
+			want: Ceiling{16 * gib, SourceMeasured}, wantOK: true},
+		{name: "honest, within what was measured", node: measured(node("Apple M4", "12Gi", ""), "16Gi", "16Gi"),
+			want: Ceiling{12 * gib, SourceReported}, wantOK: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, ok := Node(tc.node)
@@ -111,5 +121,37 @@ func TestNode(t *testing.T) {
 				t.Errorf("Node (-want +got):\n%s", diff)
 			}
 		})
+	}
+}
+
+// measured sets mn's reported unified memory (hardware) and the one the controller
+// kept (first); "" leaves either unset.
+func measured(mn *v1alpha1.MacNode, hardware, first string) *v1alpha1.MacNode {
+	if hardware != "" {
+		mn.Status.Hardware.UnifiedMemory = ptr.To(resource.MustParse(hardware))
+	}
+	if first != "" {
+		mn.Status.EffectiveCeiling = &v1alpha1.EffectiveCeiling{MeasuredMemory: ptr.To(resource.MustParse(first))}
+	}
+	return mn
+}
+
+func TestFirstMeasured(t *testing.T) {
+	for _, tc := range []struct {
+		name, hardware, first, want string
+	}{
+		{"none", "", "", ""},
+		{"the report, first seen", "16Gi", "", "16Gi"},
+		{"the one kept, whatever is reported now", "128Gi", "16Gi", "16Gi"},
+	} {
+		got := FirstMeasured(measured(&v1alpha1.MacNode{}, tc.hardware, tc.first))
+		if s := ""; got != nil {
+			s = got.String()
+			if s != tc.want {
+				t.Errorf("%s: FirstMeasured = %s, want %q", tc.name, s, tc.want)
+			}
+		} else if tc.want != "" {
+			t.Errorf("%s: FirstMeasured = nil, want %s", tc.name, tc.want)
+		}
 	}
 }

@@ -35,6 +35,9 @@ func TestNodeCannotWriteItsEffectiveCeiling(t *testing.T) {
 	for name, eff := range map[string]*v1alpha1.EffectiveCeiling{
 		"raise it":  {Bytes: resource.MustParse("1Ti"), Display: "1.0 TiB", Source: "Reported"},
 		"remove it": nil,
+		// The memory first measured bounds every later claim (internal/ceiling.Measured).
+		"raise its measured memory": {Bytes: resource.MustParse("32Gi"), Display: "32.0 GiB", Source: "Chip",
+			MeasuredMemory: new(resource.MustParse("1Ti"))},
 	} {
 		err := patchMacNodeStatus(ctx, c, "mac-eff", func(n *v1alpha1.MacNode) { n.Status.EffectiveCeiling = eff })
 		if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), want) {

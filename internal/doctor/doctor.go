@@ -222,6 +222,7 @@ func Run(ctx context.Context, opts Options) (Report, error) {
 	rep.Runner.Sandbox, rep.Runner.SandboxNote = sb.Mechanism, sb.Detail
 	if !sb.Enforced {
 		rep.Runner.Sandbox = "none"
+		rep.Runner.SandboxNote += ": the agent refuses to start runners unless it runs with " + sandbox.AllowUnconfinedFlag
 	}
 	if err != nil {
 		rep.Runner.Check, rep.Runner.Note = CheckFailed, err.Error()+"; build it with `make runner` (bin/macfleet-runner) or set "+runnerproc.RunnerEnv

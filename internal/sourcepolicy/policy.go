@@ -66,6 +66,14 @@ var builtinDenied = []struct {
 	// NAT64 prefixes embed an IPv4 address, which may be any of the above.
 	{netip.MustParsePrefix("64:ff9b::/96"), "NAT64"},
 	{netip.MustParsePrefix("64:ff9b:1::/48"), "local-use NAT64"},
+	// 6to4 and Teredo addresses embed an IPv4 address too (the 6to4 router's, the
+	// Teredo client's), which a relay on the path turns into a connection to it.
+	{netip.MustParsePrefix("2002::/16"), "6to4"},
+	{netip.MustParsePrefix("2001::/32"), "Teredo"},
+	// Never a public host: the benchmarking range (RFC 2544), often routed to lab
+	// gear, and the reserved 240/4 with the limited broadcast address.
+	{netip.MustParsePrefix("198.18.0.0/15"), "benchmarking (RFC 2544)"},
+	{netip.MustParsePrefix("240.0.0.0/4"), "reserved (240.0.0.0/4)"},
 }
 
 // Default is the policy without a SourcePolicy object: every namespace may use hf://
@@ -302,6 +310,9 @@ func (p *Policy) DecideAddr(ip netip.Addr) Decision {
 		for _, b := range builtinDenied {
 			if b.prefix.Contains(ip) {
 				what = b.what
+				if v4, ok := embeddedIPv4(ip); ok {
+					what += fmt.Sprintf(" (it embeds the IPv4 address %s)", v4)
+				}
 				break
 			}
 		}
@@ -311,4 +322,23 @@ func (p *Policy) DecideAddr(ip netip.Addr) Decision {
 	}
 	return deny("address %s is %s, which model fetches may not connect to: to allow it, add %s to spec.allowedNetworks of %s",
 		ip, what, netip.PrefixFrom(ip, ip.BitLen()), p.name)
+}
+
+// embeddedIPv4 is the IPv4 address an IPv6 address of a translation or tunnelling
+// prefix carries: NAT64's last 32 bits, 6to4's bits 16 to 48, Teredo's client (the
+// last 32 bits, inverted).
+func embeddedIPv4(ip netip.Addr) (netip.Addr, bool) {
+	if !ip.Is6() || ip.Is4In6() {
+		return netip.Addr{}, false
+	}
+	b := ip.As16()
+	switch {
+	case b[0] == 0x20 && b[1] == 0x02: // 6to4, 2002::/16
+		return netip.AddrFrom4([4]byte(b[2:6])), true
+	case b[0] == 0x20 && b[1] == 0x01 && b[2] == 0 && b[3] == 0: // Teredo, 2001::/32
+		return netip.AddrFrom4([4]byte{^b[12], ^b[13], ^b[14], ^b[15]}), true
+	case netip.MustParsePrefix("64:ff9b::/96").Contains(ip):
+		return netip.AddrFrom4([4]byte(b[12:16])), true
+	}
+	return netip.Addr{}, false
 }

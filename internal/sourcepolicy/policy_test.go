@@ -110,6 +110,16 @@ var decideCases = []struct {
 	{"just outside CGNAT", "team-a", "https://models.example.com/m.gguf", ips("100.128.0.1"), true, ""},
 	{"NAT64 of a LAN address", "team-a", "https://models.example.com/m.gguf", ips("64:ff9b::a00:1"), false, "address 64:ff9b::a00:1 is NAT64"},
 	{"local-use NAT64", "team-a", "https://models.example.com/m.gguf", ips("64:ff9b:1::c0a8:101"), false, "is local-use NAT64"},
+	{"benchmarking 198.18/15", "team-a", "https://models.example.com/m.gguf", ips("198.19.255.1"), false, "is benchmarking (RFC 2544)"},
+	{"just outside 198.18/15", "team-a", "https://models.example.com/m.gguf", ips("198.20.0.1"), true, ""},
+	{"reserved 240/4", "team-a", "https://models.example.com/m.gguf", ips("240.0.0.1"), false, "is reserved (240.0.0.0/4)"},
+	{"limited broadcast", "team-a", "https://models.example.com/m.gguf", ips("255.255.255.255"), false, "is reserved (240.0.0.0/4)"},
+	{"6to4 of a LAN address", "team-a", "https://models.example.com/m.gguf", ips("2002:c0a8:101::1"), false,
+		"address 2002:c0a8:101::1 is 6to4 (it embeds the IPv4 address 192.168.1.1)"},
+	{"Teredo of a LAN address", "team-a", "https://models.example.com/m.gguf", ips("2001:0:4136:e378:8000:63bf:f5ff:fffe"), false,
+		"is Teredo (it embeds the IPv4 address 10.0.0.1)"},
+	{"NAT64 names its IPv4", "team-a", "https://models.example.com/m.gguf", ips("64:ff9b::a9fe:a9fe"), false, "NAT64 (it embeds the IPv4 address 169.254.169.254)"},
+	{"just outside Teredo", "team-a", "https://models.example.com/m.gguf", ips("2001:1::1"), true, ""},
 	{"public IPv6", "team-a", "https://models.example.com/m.gguf", ips("2606:4700::1111"), true, ""},
 }
 

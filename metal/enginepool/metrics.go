@@ -37,7 +37,8 @@ const (
 	MetricPromptCacheSSD    = "macfleet_agent_prompt_cache_ssd_bytes"
 
 	// MetricRunnerSandbox is 1 when runners are confined (metal/runner/sandbox), 0 when the
-	// sandbox is off or this machine cannot enforce it.
+	// sandbox is off or this machine cannot enforce it; mode "on" with 0 means runners
+	// are refused, "allow-unconfined" that they run unconfined by the operator's leave.
 	MetricRunnerSandbox = "macfleet_agent_runner_sandboxed"
 )
 
@@ -130,7 +131,8 @@ func NewMetrics(p *Pool) *Metrics {
 	m.pcBudget = prometheus.NewDesc(MetricPromptCacheBudget, "Each model's share of the agent's prompt cache hot budget, as its runner confirmed it.", []string{"model"}, nil)
 	m.pcSSD = prometheus.NewDesc(MetricPromptCacheSSD, "Bytes of each model's prompt cache SSD tier.", []string{"model"}, nil)
 	m.sandboxed = prometheus.NewDesc(MetricRunnerSandbox, "1 when runners are confined, 0 when the sandbox is off or unavailable, "+
-		"with the mode and the mechanism (landlock, seatbelt, seccomp, or none).", []string{"mode", "mechanism"}, nil)
+		"with the mode (on; off; allow-unconfined: unavailable, and runners run unconfined by --allow-unconfined-runners; "+
+		"on with 0: unavailable, and runners are refused) and the mechanism (landlock, seatbelt, seccomp, or none).", []string{"mode", "mechanism"}, nil)
 	m.split = newSplitDescs()
 	p.AddObserver(m)
 	return m

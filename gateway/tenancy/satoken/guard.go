@@ -68,10 +68,11 @@ func sourceOf(ctx context.Context) string {
 }
 
 // Fit is why token cannot pass a TokenReview for audience at now, "" when it may: it
-// must be a JWT whose header and claims are JSON, whose "exp" is after now and whose
-// "aud" names audience. The signature and issuer are not checked (the review does):
-// Fit only spares the API server the tokens it would refuse anyway.
-func Fit(token, audience string, now time.Time) string {
+// must be a JWT whose header and claims are JSON, whose "exp" is after now, whose
+// "aud" names audience and, when issuer is not empty, whose "iss" is issuer (this
+// cluster's). The signature is not checked (the review does): Fit only spares the API
+// server the tokens it would refuse anyway.
+func Fit(token, audience, issuer string, now time.Time) string {
 	parts := strings.Split(token, ".")
 	if len(parts) != 3 {
 		return "not a JWT"
@@ -85,6 +86,7 @@ func Fit(token, audience string, now time.Time) string {
 	var claims struct {
 		Exp *float64        `json:"exp"`
 		Aud json.RawMessage `json:"aud"`
+		Iss string          `json:"iss"`
 	}
 	if b, err := base64.RawURLEncoding.DecodeString(parts[1]); err != nil || json.Unmarshal(b, &claims) != nil {
 		return "not a JWT: its claims are not JSON"
@@ -96,6 +98,8 @@ func Fit(token, audience string, now time.Time) string {
 		return "the token has expired"
 	case !audiences(claims.Aud, audience):
 		return fmt.Sprintf("the token is not for audience %q", audience)
+	case issuer != "" && claims.Iss != issuer:
+		return fmt.Sprintf("the token is not of this cluster's issuer %q", issuer)
 	}
 	return ""
 }

@@ -20,21 +20,25 @@ func TestFit(t *testing.T) {
 	now := time.Unix(1_800_000_000, 0)
 	exp := now.Unix() + 60
 	for _, tc := range []struct {
-		name, token, want string
+		name, token, issuer, want string
 	}{
-		{"a bound token", jwt(fmt.Sprintf(`{"aud":["macfleet"],"exp":%d,"iss":"https://k8s"}`, exp)), ""},
-		{"aud as a string", jwt(fmt.Sprintf(`{"aud":"macfleet","exp":%d}`, exp)), ""},
-		{"of any issuer", jwt(fmt.Sprintf(`{"aud":["x","macfleet"],"exp":%d,"iss":"any"}`, exp)), ""},
-		{"two parts", "eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJ4In0", "not a JWT"},
-		{"random bytes", "eyJabc.def.ghi", "not a JWT: its header"},
-		{"a header without alg", "eyJ9.e30.c2ln", "not a JWT: its header"},
-		{"claims not JSON", jwt("not json"), "not a JWT: its claims"},
-		{"no exp (a legacy token)", jwt(`{"aud":["macfleet"]}`), "no expiry"},
-		{"expired", jwt(fmt.Sprintf(`{"aud":["macfleet"],"exp":%d}`, now.Unix())), "expired"},
-		{"another audience", jwt(fmt.Sprintf(`{"aud":["https://kubernetes.default.svc"],"exp":%d}`, exp)), `not for audience "macfleet"`},
-		{"no audience", jwt(fmt.Sprintf(`{"exp":%d}`, exp)), `not for audience "macfleet"`},
+		{"a bound token", jwt(fmt.Sprintf(`{"aud":["macfleet"],"exp":%d,"iss":"https://k8s"}`, exp)), "", ""},
+		{"aud as a string", jwt(fmt.Sprintf(`{"aud":"macfleet","exp":%d}`, exp)), "", ""},
+		{"of this cluster's issuer", jwt(fmt.Sprintf(`{"aud":["macfleet"],"exp":%d,"iss":"https://k8s"}`, exp)), "https://k8s", ""},
+		{"of another issuer", jwt(fmt.Sprintf(`{"aud":["macfleet"],"exp":%d,"iss":"https://elsewhere"}`, exp)), "https://k8s",
+			`not of this cluster's issuer "https://k8s"`},
+		{"no issuer where one is known", jwt(fmt.Sprintf(`{"aud":["macfleet"],"exp":%d}`, exp)), "https://k8s", "not of this cluster's issuer"},
+		{"of any issuer", jwt(fmt.Sprintf(`{"aud":["x","macfleet"],"exp":%d,"iss":"any"}`, exp)), "", ""},
+		{"two parts", "eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJ4In0", "", "not a JWT"},
+		{"random bytes", "eyJabc.def.ghi", "", "not a JWT: its header"},
+		{"a header without alg", "eyJ9.e30.c2ln", "", "not a JWT: its header"},
+		{"claims not JSON", jwt("not json"), "", "not a JWT: its claims"},
+		{"no exp (a legacy token)", jwt(`{"aud":["macfleet"]}`), "", "no expiry"},
+		{"expired", jwt(fmt.Sprintf(`{"aud":["macfleet"],"exp":%d}`, now.Unix())), "", "expired"},
+		{"another audience", jwt(fmt.Sprintf(`{"aud":["https://kubernetes.default.svc"],"exp":%d}`, exp)), "", `not for audience "macfleet"`},
+		{"no audience", jwt(fmt.Sprintf(`{"exp":%d}`, exp)), "", `not for audience "macfleet"`},
 	} {
-		if got := Fit(tc.token, "macfleet", now); (tc.want == "") != (got == "") || !strings.Contains(got, tc.want) {
+		if got := Fit(tc.token, "macfleet", tc.issuer, now); (tc.want == "") != (got == "") || !strings.Contains(got, tc.want) {
 			t.Errorf("%s: Fit = %q, want %q", tc.name, got, tc.want)
 		}
 	}

@@ -69,7 +69,10 @@ type Reviews interface {
 
 // Options configure a Reviewer; zero fields take the defaults.
 type Options struct {
-	Audience   string
+	Audience string
+	// Issuer, when set, is the only "iss" a token reviewed may name: this cluster's
+	// (Issuer, DiscoverIssuer). Tokens of another issuer are refused without a review.
+	Issuer     string
 	TTL        time.Duration
 	MaxEntries int
 	MaxRefused int
@@ -203,7 +206,7 @@ func (r *Reviewer) Review(ctx context.Context, token string) (tenancy.Identity, 
 		r.count(ResultCached)
 		return e.answer()
 	}
-	if why := Fit(token, r.opts.Audience, now); why != "" {
+	if why := Fit(token, r.opts.Audience, r.opts.Issuer, now); why != "" {
 		r.count(ResultUnfit)
 		return tenancy.Identity{}, &RefusedError{Reason: why}
 	}

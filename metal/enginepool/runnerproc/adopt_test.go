@@ -30,11 +30,17 @@ type adoptEnv struct {
 func newAdoptEnv(t *testing.T) adoptEnv {
 	t.Helper()
 	bin := realRunner(t)
+	return adoptEnv{bin: bin, model: tinyModel(t), stateDir: t.TempDir(), out: &syncbuf.Buffer{}}
+}
+
+// tinyModel writes the tiny random-weight model into t.TempDir() and is its path.
+func tinyModel(t *testing.T) string {
+	t.Helper()
 	model := filepath.Join(t.TempDir(), "tiny.gguf")
 	if err := ggufsynth.Write(model, ggufsynth.Tiny()); err != nil {
 		t.Fatal(err)
 	}
-	return adoptEnv{bin: bin, model: model, stateDir: t.TempDir(), out: &syncbuf.Buffer{}}
+	return model
 }
 
 // factory is a fresh factory on the shared state directory: what a restarted agent has.

@@ -41,6 +41,10 @@ type ProcessConfig struct {
 	// no network and a scrubbed environment (metal/runner/sandbox). Empty means
 	// sandbox.On; sandbox.Off starts runners unconfined with the agent's environment.
 	Sandbox sandbox.Mode
+	// AllowUnconfined (--allow-unconfined-runners) lets runners start, unconfined but
+	// with a scrubbed environment, where the sandbox is on and this machine cannot
+	// confine them; without it they are refused with a *sandbox.UnconfinedError.
+	AllowUnconfined bool
 	// Threads is the agent's --threads for models that set none (ModelSpec.Engine.Threads);
 	// zero leaves them to the thread policy.
 	Threads int

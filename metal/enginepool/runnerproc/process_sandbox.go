@@ -26,14 +26,21 @@ func (f *ProcessFactory) command(ctx context.Context, path string, args []string
 		switch {
 		case mode == sandbox.Off:
 			log.Info("Runner sandbox off: runners run unconfined, with the agent's environment")
+		case mode == sandbox.AllowedUnconfined:
+			log.Info("WARNING: runner sandbox unavailable and "+sandbox.AllowUnconfinedFlag+" given: runners run UNCONFINED, "+
+				"able to read what the agent may and (without seccomp) reach the network", "detail", st.Detail)
 		case !st.Enforced:
-			log.Info("Runner sandbox unavailable: runners are not confined to their files", "detail", st.Detail)
+			log.Error(&sandbox.UnconfinedError{Detail: st.Detail}, "Refusing to start runners")
 		default:
 			log.V(1).Info("Runners are sandboxed", "mechanism", st.Mechanism, "detail", st.Detail)
 		}
 	})
 	if mode == sandbox.Off {
 		cmd.Env = append(os.Environ(), f.cfg.Env...)
+		return cmd
+	}
+	if mode == sandbox.On && !st.Enforced {
+		cmd.Err = &sandbox.UnconfinedError{Detail: st.Detail}
 		return cmd
 	}
 	// Tracing or not, a runner connects nowhere: its spans leave through the agent
@@ -70,12 +77,17 @@ func backendDir(path string) string {
 }
 
 // SandboxStatus is the factory's sandbox mode and, when on, what this machine
-// enforces of it.
+// enforces of it: sandbox.AllowedUnconfined when it enforces nothing and the operator
+// allowed unconfined runners (sandbox.On with Enforced false: runners are refused).
 func (f *ProcessFactory) SandboxStatus() (sandbox.Mode, sandbox.Status) {
 	if f.cfg.Sandbox == sandbox.Off {
 		return sandbox.Off, sandbox.Status{Detail: "turned off"}
 	}
-	return sandbox.On, sandbox.Probe()
+	st := sandbox.Probe()
+	if !st.Enforced && f.cfg.AllowUnconfined {
+		return sandbox.AllowedUnconfined, st
+	}
+	return sandbox.On, st
 }
 
 // sandboxIdentity is what the adoption fingerprint records of the sandbox: a runner

@@ -252,9 +252,9 @@ var probeOnce = sync.OnceValue(func() Status {
 		"a seccomp filter allows unix stream sockets only (a GPU runner's also seqpacket ones) and no connect", abi, what)}
 })
 
-// Probe reports what Landlock enforces on this kernel (Enforced: the files are
+// probe reports what Landlock enforces on this kernel (Enforced: the files are
 // confined; the seccomp filter applies in any case).
-func Probe() Status { return probeOnce() }
+func probe() Status { return probeOnce() }
 
 // Wrap makes cmd start the runner through the launcher, confined by p. cmd.Env must
 // already be the runner's (see Env). Without Landlock, the launcher still installs

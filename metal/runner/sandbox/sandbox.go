@@ -15,6 +15,7 @@ package sandbox
 
 import (
 	"fmt"
+	"os"
 	"strings"
 )
 
@@ -22,13 +23,53 @@ import (
 type Mode string
 
 const (
-	// On confines every runner as far as the kernel can (the default). Where the
-	// kernel cannot (Linux without Landlock), runners start unconfined but with a
-	// scrubbed environment, and Status says so.
+	// On confines every runner (the default). Where the machine cannot (Linux
+	// without Landlock, macOS without sandbox-exec), no runner starts
+	// (UnconfinedError) unless the operator allows it by name
+	// (--allow-unconfined-runners): then runners start unconfined but with a scrubbed
+	// environment, and the factory reports AllowedUnconfined.
 	On Mode = "on"
 	// Off starts runners as the agent's children with the agent's environment.
 	Off Mode = "off"
+	// AllowedUnconfined is not a setting: it is how a factory with the sandbox on
+	// reports itself (status, metrics) when the machine cannot confine runners and the
+	// operator allowed them to run unconfined.
+	AllowedUnconfined Mode = "allow-unconfined"
 )
+
+// AllowUnconfinedFlag is the flag of `macfleet agent` and `macfleet serve` (and
+// allowUnconfinedRunners of serve's config file) that lets runners start where the
+// sandbox is unavailable.
+const AllowUnconfinedFlag = "--allow-unconfined-runners"
+
+// UnavailableEnv, when set in the agent's environment, makes Probe report the sandbox
+// unavailable whatever the machine could do: the seam that lets a test (or an
+// operator checking the refusal) see what a machine without Landlock or sandbox-exec
+// does. It can only take confinement away, never grant it.
+const UnavailableEnv = "MACFLEET_SANDBOX_UNAVAILABLE"
+
+// UnconfinedError is a runner refused because the machine cannot confine it and the
+// operator did not allow unconfined runners.
+type UnconfinedError struct {
+	// Detail is why the sandbox is unavailable (Status.Detail).
+	Detail string
+}
+
+func (e *UnconfinedError) Error() string {
+	return "the runner sandbox is unavailable (" + e.Detail + "), so no runner starts: a runner parses a tenant's model file, " +
+		"and unconfined it could read the agent's credentials and reach the network. Fix the sandbox (Landlock: Linux 5.13 or " +
+		"later with landlock in the LSM list; macOS: /usr/bin/sandbox-exec), or start the agent with " + AllowUnconfinedFlag +
+		" (on macfleet agent or macfleet serve) to run runners unconfined"
+}
+
+// Probe reports what the sandbox enforces on this machine: nothing while
+// UnavailableEnv is set.
+func Probe() Status {
+	if os.Getenv(UnavailableEnv) != "" {
+		return Status{Detail: UnavailableEnv + " is set: the sandbox is treated as unavailable"}
+	}
+	return probe()
+}
 
 // ParseMode reads a --runner-sandbox value; empty is On.
 func ParseMode(s string) (Mode, error) {

@@ -30,10 +30,10 @@ var metalCacheDir = sync.OnceValue(func() string {
 	return filepath.Join(dir, "com.apple.metal")
 })
 
-// Probe reports whether sandbox-exec is there to confine runners.
-func Probe() Status {
+// probe reports whether sandbox-exec is there to confine runners.
+func probe() Status {
 	if _, err := os.Stat(sandboxExec); err != nil {
-		return Status{Detail: "no " + sandboxExec + ": runners run unconfined, with a scrubbed environment"}
+		return Status{Detail: "no " + sandboxExec}
 	}
 	return Status{Mechanism: "seatbelt", Enforced: true, Detail: "a sandbox-exec profile per runner"}
 }

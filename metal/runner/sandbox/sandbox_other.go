@@ -4,9 +4,9 @@ package sandbox
 
 import "os/exec"
 
-// Probe reports that this platform has no runner sandbox.
-func Probe() Status {
-	return Status{Detail: "no runner sandbox on this platform: runners run unconfined, with a scrubbed environment"}
+// probe reports that this platform has no runner sandbox.
+func probe() Status {
+	return Status{Detail: "no runner sandbox on this platform"}
 }
 
 // Wrap leaves cmd as it is.

@@ -312,8 +312,17 @@ func (g *Gateway) attempt(ctx context.Context, w http.ResponseWriter, r *http.Re
 	span := g.startAttempt(ctx, out, be, n)
 	defer func() { endAttempt(span, res) }()
 	g.setUpstreamHeaders(out, r, model, be)
+	if st != nil {
+		out.Header.Set(runnerapi.HeaderTokenCounts, runnerapi.TokenCountComments)
+	}
 	if cont {
 		out.Header.Set(runnerapi.HeaderContinue, runnerapi.ContinueFinalMessage)
+		if st.tokens.known() {
+			out.Header.Set(runnerapi.HeaderContinuedTokens, strconv.FormatInt(st.tokens.total(), 10))
+		}
+		if rs := st.resumeHeader(); rs != "" {
+			out.Header.Set(runnerapi.HeaderResumeStream, rs)
+		}
 	}
 	var peer *peerSource
 	if g.peers != nil {
@@ -480,6 +489,7 @@ func (g *Gateway) relay(ctx context.Context, w http.ResponseWriter, r *http.Requ
 		}
 		if rerr == io.EOF {
 			res.usage = g.meter(r, model, be, a.usage, resp)
+			g.checkCount(model, be, resp.Body, res.usage)
 			if gone && !sent.complete(resp) {
 				g.metrics.cancellations.WithLabelValues(model, a.cancelled.outcome(true)).Inc()
 				return outcome{status: openaierr.StatusClientGone, reason: "client_gone", usage: res.usage}
@@ -508,6 +518,7 @@ func (g *Gateway) broken(w http.ResponseWriter, rc *http.ResponseController, mod
 	if brk, ok := errors.AsType[*streamBreak](rerr); ok {
 		if sr, ok := resp.Body.(*spliceReader); ok { // the caller may continue it
 			sr.st.broke = true
+			sr.st.tokens.broke()
 			return outcome{status: resp.StatusCode, reason: "stream_broken", broken: &brokenStream{brk: brk, st: sr.st, backend: be}}
 		}
 	}

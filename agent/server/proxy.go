@@ -68,8 +68,8 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, lease *enginepool
 	if pr.promptUsage {
 		req.Header.Set(runnerapi.HeaderPromptUsage, "first-chunk")
 	}
-	if v := r.Header.Get(runnerapi.HeaderContinue); v != "" && pr.path == pathChat {
-		req.Header.Set(runnerapi.HeaderContinue, v) // the runner checks it
+	if pr.path == pathChat {
+		passContinueHeaders(r, req.Header)
 	}
 	if id := r.Header.Get(runnerapi.HeaderRequestID); id != "" && pr.generates {
 		req.Header.Set(runnerapi.HeaderRequestID, id)
@@ -108,6 +108,17 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, lease *enginepool
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(resp.StatusCode)
 	_, _ = w.Write(b)
+}
+
+// passContinueHeaders passes on the gateway's headers of a continued stream and of
+// its token count (the runner checks their values; a Responses or Messages
+// translator carries the count lines over into its own events).
+func passContinueHeaders(r *http.Request, out http.Header) {
+	for _, h := range []string{runnerapi.HeaderContinue, runnerapi.HeaderContinuedTokens, runnerapi.HeaderTokenCounts} {
+		if v := r.Header.Get(h); v != "" {
+			out.Set(h, v)
+		}
+	}
 }
 
 // upstreamStatus turns a runner's non-2xx answer into a *runnerError.

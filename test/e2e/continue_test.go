@@ -24,10 +24,14 @@ import (
 // full when the runner is killed.
 const continuedStreams = 48
 
+// survivorTokens is each stream's max_tokens.
+const survivorTokens = 400
+
 // TestStreamsSurviveARunnerKill: streaming chats through the gateway to a two-replica
 // deployment, one replica's runner killed with SIGKILL while they stream, or its
 // agent's whole process: every stream completes as an uninterrupted one does (valid
-// SSE, one id, one usage, one [DONE], no error event), those the failed replica was
+// SSE, one id, one usage, one [DONE], no error event, a usage that counts each token
+// the client got once and no more than max_tokens), those the failed replica was
 // writing continued on the other replica.
 func TestStreamsSurviveARunnerKill(t *testing.T) {
 	t.Run("runner", func(t *testing.T) {
@@ -58,6 +62,15 @@ func TestStreamsSurviveARunnerKill(t *testing.T) {
 // with the first replica's Mac and runner PID while that replica writes some of them,
 // and checks every stream.
 func survive(t *testing.T, kill func(t *testing.T, node string, pid int)) {
+	surviveWith(t, continuedStreams, survivorStream, kill)
+}
+
+// streamer streams one answer to model as client i, adds 1 to streaming once it has
+// content, and checks what it read.
+type streamer func(ctx context.Context, model string, i int, streaming *atomic.Int32) streamResult
+
+// surviveWith is survive with n streams of stream.
+func surviveWith(t *testing.T, n int, stream streamer, kill func(t *testing.T, node string, pid int)) {
 	ns := testenv.NewNamespace(t, fleet.Client)
 	create(t, deployment(ns, "survivor", 2, func(md *v1alpha1.ModelDeployment) {
 		md.Spec.Placement.Strategy = v1alpha1.Spread
@@ -74,15 +87,15 @@ func survive(t *testing.T, kill func(t *testing.T, node string, pid int)) {
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
 	var streaming atomic.Int32 // streams that have content
-	results := make([]streamResult, continuedStreams)
+	results := make([]streamResult, n)
 	var wg sync.WaitGroup
-	for i := range continuedStreams {
-		wg.Go(func() { results[i] = survivorStream(ctx, ns+"/survivor", i, &streaming) })
+	for i := range n {
+		wg.Go(func() { results[i] = stream(ctx, ns+"/survivor", i, &streaming) })
 	}
 	// Kill once both replicas' slots are writing and the victim has requests.
 	testenv.Eventually(t, time.Minute, 5*time.Millisecond, func() (bool, string) {
-		n, active := streaming.Load(), activeRequests(ctx, addr, key)
-		return n >= 4 && active > 0, fmt.Sprintf("%d streams have content, the victim has %d requests", n, active)
+		s, active := streaming.Load(), activeRequests(ctx, addr, key)
+		return s >= 4 && active > 0, fmt.Sprintf("%d streams have content, the victim has %d requests", s, active)
 	})
 	kill(t, victim.Spec.NodeName, pid)
 	killed := time.Now()
@@ -96,7 +109,7 @@ func survive(t *testing.T, kill func(t *testing.T, node string, pid int)) {
 			continued++
 		}
 	}
-	t.Logf("%d streams, %d continued on the other replica; all ended %v after the kill", continuedStreams, continued,
+	t.Logf("%d streams, %d continued on the other replica; all ended %v after the kill", n, continued,
 		time.Since(killed).Round(time.Millisecond))
 	if continued == 0 {
 		t.Errorf("no stream was continued: the kill broke none (runner %d of %s)", pid, key)
@@ -130,8 +143,8 @@ type streamResult struct {
 
 // survivorStream streams one chat and checks it as a client would parse it.
 func survivorStream(ctx context.Context, model string, i int, streaming *atomic.Int32) streamResult {
-	body := fmt.Sprintf(`{"model":%q,"stream":true,"stream_options":{"include_usage":true},"max_tokens":400,"temperature":0,
-		"messages":[{"role":"user","content":"Story %d: tell me a very long story about the sea."}]}`, model, i)
+	body := fmt.Sprintf(`{"model":%q,"stream":true,"stream_options":{"include_usage":true},"max_tokens":%d,"temperature":0,
+		"logprobs":true,"messages":[{"role":"user","content":"Story %d: tell me a very long story about the sea."}]}`, model, survivorTokens, i)
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, fleet.GatewayURL+"/v1/chat/completions", strings.NewReader(body))
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := http.DefaultClient.Do(req)
@@ -143,6 +156,7 @@ func survivorStream(ctx context.Context, model string, i int, streaming *atomic.
 		return streamResult{err: fmt.Sprintf("status %d", resp.StatusCode)}
 	}
 	ids, dones, usages, counted := map[string]bool{}, 0, 0, false
+	delivered, finish := 0, "" // the tokens the client got (a logprob each), the finish reason
 	var usage runnerapi.Usage
 	br := bufio.NewReader(resp.Body)
 	for {
@@ -177,23 +191,35 @@ func survivorStream(ctx context.Context, model string, i int, streaming *atomic.
 			usages++
 			usage = *c.Usage
 		}
+		for _, ch := range c.Choices {
+			if ch.Logprobs != nil {
+				delivered += len(ch.Logprobs.Content)
+			}
+			if ch.FinishReason != nil {
+				finish = *ch.FinishReason
+			}
+		}
 		if !counted && len(c.Choices) > 0 && c.Choices[0].Delta.Content != nil && *c.Choices[0].Delta.Content != "" {
 			counted = true
 			streaming.Add(1)
 		}
 	}
 	res := streamResult{continued: resp.Trailer.Get("X-Macfleet-Continued")}
-	// A continued answer's first part is counted by the continuing replica's tokenizer
-	// reading the text sent (docs/fleet.md): what a random-weight model wrote token by
-	// token can read as more tokens than it was, so only an answer not continued is
-	// held to max_tokens here.
-	over := usage.CompletionTokens > 400 && res.continued == ""
+	// Usage counts each token the client got once, a continued answer's too (the
+	// gateway tells the continuing replica how many it forwarded): a logprob a token,
+	// and the end-of-generation token, which has none, for an answer that stopped.
+	if finish == "stop" {
+		delivered++
+	}
 	switch {
 	case dones != 1 || usages != 1 || len(ids) != 1:
 		res.err = fmt.Sprintf("%d [DONE], %d usage chunks, ids %v; want one each", dones, usages, ids)
-	case usage.PromptTokens == 0 || usage.CompletionTokens == 0 || over ||
+	case usage.PromptTokens == 0 || usage.CompletionTokens == 0 || usage.CompletionTokens > survivorTokens ||
 		usage.TotalTokens != usage.PromptTokens+usage.CompletionTokens:
 		res.err = fmt.Sprintf("usage %+v (continued %q)", usage, res.continued)
+	case usage.CompletionTokens != delivered:
+		res.err = fmt.Sprintf("usage %+v counts %d completion tokens, the client got %d (finish %q, continued %q)",
+			usage, usage.CompletionTokens, delivered, finish, res.continued)
 	}
 	return res
 }

@@ -303,6 +303,8 @@ func (g *Gateway) attempt(ctx context.Context, w http.ResponseWriter, r *http.Re
 	var cancelled cancellation
 	up, stop := g.detach(ctx, be, model, id, &cancelled)
 	defer stop()
+	up, cut := context.WithCancelCause(up)
+	defer cut(nil)
 	out, err := http.NewRequestWithContext(pki.WithNode(up, be.Node), r.Method, g.agentScheme+be.Endpoint+r.URL.RequestURI(), bytes.NewReader(body))
 	if err != nil {
 		return outcome{failure: &failure{backend: be, reason: "transport", err: err}}
@@ -359,6 +361,7 @@ func (g *Gateway) attempt(ctx context.Context, w http.ResponseWriter, r *http.Re
 		if cont {
 			st.continued++
 		}
+		defer g.watchMac(be.Node, cut)()
 	}
 	a := relayed{start: start, span: span, cancelled: &cancelled, usage: lim, continuing: cont}
 	res = g.relay(ctx, w, r, model, be, resp, &a)

@@ -29,7 +29,8 @@ const survivorTokens = 400
 
 // TestStreamsSurviveARunnerKill: streaming chats through the gateway to a two-replica
 // deployment, one replica's runner killed with SIGKILL while they stream, or its
-// agent's whole process: every stream completes as an uninterrupted one does (valid
+// agent's whole process, or its agent stopped (SIGSTOP) until its Lease expires and
+// the gateway counts the Mac lost: every stream completes as an uninterrupted one does (valid
 // SSE, one id, one usage, one [DONE], no error event, a usage that counts each token
 // the client got once and no more than max_tokens), those the failed replica was
 // writing continued on the other replica.
@@ -39,6 +40,21 @@ func TestStreamsSurviveARunnerKill(t *testing.T) {
 			if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 				t.Fatalf("killing runner %d: %v", pid, err)
 			}
+		})
+	})
+	t.Run("agent stopped", func(t *testing.T) {
+		survive(t, func(t *testing.T, node string, _ int) {
+			if err := fleet.PauseAgent(node); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { // the Mac wakes for the tests after this one
+				if err := fleet.ResumeAgent(node); err != nil {
+					t.Fatal(err)
+				}
+				if err := fleet.WaitNodeReady(context.Background(), node); err != nil {
+					t.Fatal(err)
+				}
+			})
 		})
 	})
 	t.Run("agent", func(t *testing.T) {

@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"strings"
 	"sync/atomic"
-	"syscall"
 	"testing"
 
 	"github.com/openai/openai-go/v3"
@@ -30,13 +29,8 @@ const apiTokens = 400
 // replica was writing continued on the other replica with the stream's own ids,
 // sequence numbers and content block, one terminal event and one usage.
 func TestTranslatedStreamsSurviveARunnerKill(t *testing.T) {
-	kill := func(t *testing.T, _ string, pid int) {
-		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
-			t.Fatalf("killing runner %d: %v", pid, err)
-		}
-	}
-	t.Run("responses", func(t *testing.T) { surviveWith(t, apiStreams, responsesStream, kill) })
-	t.Run("messages", func(t *testing.T) { surviveWith(t, apiStreams, messagesStream, kill) })
+	t.Run("responses", func(t *testing.T) { surviveWith(t, apiStreams, responsesStream, killRunner, 3) })
+	t.Run("messages", func(t *testing.T) { surviveWith(t, apiStreams, messagesStream, killRunner, 3) })
 }
 
 // responsesStream streams one Responses answer with the official client and checks
@@ -120,16 +114,11 @@ func responsesStream(ctx context.Context, model string, i int, streaming *atomic
 func messagesStream(ctx context.Context, model string, i int, streaming *atomic.Int32) streamResult {
 	body := fmt.Sprintf(`{"model":%q,"stream":true,"max_tokens":%d,"temperature":0,
 		"messages":[{"role":"user","content":"Story %d: tell me a very long story about the sea."}]}`, model, apiTokens, i)
-	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, fleet.GatewayURL+"/v1/messages", strings.NewReader(body))
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return streamResult{err: err.Error()}
+	resp, problem := postStream(ctx, "/v1/messages", body)
+	if problem != "" {
+		return streamResult{err: problem}
 	}
 	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return streamResult{err: fmt.Sprintf("status %d", resp.StatusCode)}
-	}
 	var kinds []string
 	var output int
 	counted := false

@@ -36,11 +36,7 @@ const survivorTokens = 400
 // writing continued on the other replica.
 func TestStreamsSurviveARunnerKill(t *testing.T) {
 	t.Run("runner", func(t *testing.T) {
-		survive(t, func(t *testing.T, _ string, pid int) {
-			if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
-				t.Fatalf("killing runner %d: %v", pid, err)
-			}
-		})
+		surviveWith(t, continuedStreams, survivorStream, killRunner, 3)
 	})
 	t.Run("agent stopped", func(t *testing.T) {
 		survive(t, func(t *testing.T, node string, _ int) {
@@ -74,24 +70,51 @@ func TestStreamsSurviveARunnerKill(t *testing.T) {
 	})
 }
 
+// killRunner kills a replica's runner with SIGKILL.
+func killRunner(t *testing.T, _ string, pid int) {
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatalf("killing runner %d: %v", pid, err)
+	}
+}
+
 // survive runs continuedStreams streams to a new two-replica deployment, calls kill
 // with the first replica's Mac and runner PID while that replica writes some of them,
 // and checks every stream.
 func survive(t *testing.T, kill func(t *testing.T, node string, pid int)) {
-	surviveWith(t, continuedStreams, survivorStream, kill)
+	surviveWith(t, continuedStreams, survivorStream, kill, 1)
 }
 
 // streamer streams one answer to model as client i, adds 1 to streaming once it has
 // content, and checks what it read.
 type streamer func(ctx context.Context, model string, i int, streaming *atomic.Int32) streamResult
 
-// surviveWith is survive with n streams of stream.
-func surviveWith(t *testing.T, n int, stream streamer, kill func(t *testing.T, node string, pid int)) {
+// surviveWith is survive with n streams of stream, in up to rounds rounds (each with
+// a new deployment) while a kill broke no stream: the victim's requests may all be
+// before their first byte when it falls (they are retried, not continued), most
+// often with short answers. A kill may be repeated only if kill can be called again.
+func surviveWith(t *testing.T, n int, stream streamer, kill func(t *testing.T, node string, pid int), rounds int) {
+	for round := 1; ; round++ {
+		continued, victim := survivalRound(t, n, stream, kill)
+		switch {
+		case continued > 0 || t.Failed():
+			return
+		case round == rounds:
+			t.Errorf("no stream was continued in %d rounds: the kill broke none (last: %s)", rounds, victim)
+			return
+		}
+		t.Logf("round %d: the kill broke no stream of %s; again", round, victim)
+	}
+}
+
+// survivalRound runs one round of surviveWith: how many streams were continued, and
+// the victim's replica and runner.
+func survivalRound(t *testing.T, n int, stream streamer, kill func(t *testing.T, node string, pid int)) (int, string) {
 	ns := testenv.NewNamespace(t, fleet.Client)
 	create(t, deployment(ns, "survivor", 2, func(md *v1alpha1.ModelDeployment) {
 		md.Spec.Placement.Strategy = v1alpha1.Spread
 		md.Spec.Engine.Settings = engine.Settings{ContextLength: 1024, Parallel: 2}
 	}))
+	defer removeDeployment(t, ns, "survivor") // a next round's replicas need the room
 	replicas := waitReady(t, ns, "survivor", 2, 3*time.Minute)
 	victim := replicas[0]
 	key, addr := victim.Namespace+"/"+victim.Name, fleet.Agent(victim.Spec.NodeName).Addr
@@ -127,9 +150,7 @@ func surviveWith(t *testing.T, n int, stream streamer, kill func(t *testing.T, n
 	}
 	t.Logf("%d streams, %d continued on the other replica; all ended %v after the kill", n, continued,
 		time.Since(killed).Round(time.Millisecond))
-	if continued == 0 {
-		t.Errorf("no stream was continued: the kill broke none (runner %d of %s)", pid, key)
-	}
+	return continued, fmt.Sprintf("runner %d of %s", pid, key)
 }
 
 // activeRequests is how many requests the agent at addr reports for model key.
@@ -157,20 +178,31 @@ type streamResult struct {
 	err, continued string
 }
 
+// postStream posts a streamed request's body to the gateway's path: its 200 response,
+// or what went wrong.
+func postStream(ctx context.Context, path, body string) (*http.Response, string) {
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, fleet.GatewayURL+path, strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, err.Error()
+	}
+	if resp.StatusCode != http.StatusOK {
+		resp.Body.Close()
+		return nil, fmt.Sprintf("status %d", resp.StatusCode)
+	}
+	return resp, ""
+}
+
 // survivorStream streams one chat and checks it as a client would parse it.
 func survivorStream(ctx context.Context, model string, i int, streaming *atomic.Int32) streamResult {
 	body := fmt.Sprintf(`{"model":%q,"stream":true,"stream_options":{"include_usage":true},"max_tokens":%d,"temperature":0,
 		"logprobs":true,"messages":[{"role":"user","content":"Story %d: tell me a very long story about the sea."}]}`, model, survivorTokens, i)
-	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, fleet.GatewayURL+"/v1/chat/completions", strings.NewReader(body))
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return streamResult{err: err.Error()}
+	resp, problem := postStream(ctx, "/v1/chat/completions", body)
+	if problem != "" {
+		return streamResult{err: problem}
 	}
 	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return streamResult{err: fmt.Sprintf("status %d", resp.StatusCode)}
-	}
 	ids, dones, usages, counted := map[string]bool{}, 0, 0, false
 	delivered, finish := 0, "" // the tokens the client got (a logprob each), the finish reason
 	var usage runnerapi.Usage

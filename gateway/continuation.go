@@ -185,12 +185,13 @@ func (g *Gateway) continueStream(ctx context.Context, w http.ResponseWriter, r *
 	c := continuation{brk: res.broken.brk, st: res.broken.st, shape: shapeOf(res.broken.st.api, body), max: g.opts.StreamContinuations,
 		deadline: time.Now().Add(g.opts.ContinueTimeout)}
 	span := trace.SpanFromContext(ctx)
+	backoff := minBackoff // across tries: a replica that keeps failing is tried less and less often
 	for {
 		ok, why := decideContinuation(c, time.Now())
 		if ok && ctx.Err() == nil {
 			var rt *Route
 			var be Backend
-			if rt, be, ok = g.continuationReplica(ctx, name, id, t, c.deadline); !ok {
+			if rt, be, ok = g.continuationReplica(ctx, name, id, t, c.deadline, &backoff); !ok {
 				why = contDeadline
 			} else {
 				res = g.continueOn(ctx, w, r, rt, be, t, lim, body, start, n, &c)
@@ -280,11 +281,12 @@ func (g *Gateway) endBroken(w http.ResponseWriter, model string, be Backend, c c
 
 // continuationReplica waits until deadline for a replica of the deployment to take a
 // continuation: admission picks it as for any request (a replica that holds the
-// conversation's prefix first), the failed ones excluded.
-func (g *Gateway) continuationReplica(ctx context.Context, name string, id tenancy.Identity, t *ticket, deadline time.Time) (*Route, Backend, bool) {
+// conversation's prefix first), the failed ones excluded until backoff has passed
+// (then tried again, and backoff doubles: it is the stream's, across its tries).
+func (g *Gateway) continuationReplica(ctx context.Context, name string, id tenancy.Identity, t *ticket, deadline time.Time,
+	backoff *time.Duration) (*Route, Backend, bool) {
 	timer := time.NewTimer(time.Until(deadline))
 	defer timer.Stop()
-	backoff := minBackoff
 	for {
 		tbl := g.Table()
 		rt, aerr := tbl.ResolveAs(name, id)
@@ -299,7 +301,7 @@ func (g *Gateway) continuationReplica(ctx context.Context, name string, id tenan
 			g.routed(ctx, t)
 			return rt, be, true
 		}
-		bt := time.NewTimer(backoff)
+		bt := time.NewTimer(*backoff)
 		select {
 		case be := <-t.granted:
 			bt.Stop()
@@ -312,7 +314,7 @@ func (g *Gateway) continuationReplica(ctx context.Context, name string, id tenan
 			continue
 		case <-bt.C:
 			g.adm.forgive(rt, t)
-			backoff = min(2*backoff, maxBackoff)
+			*backoff = min(*backoff*2, maxBackoff)
 			continue
 		}
 		bt.Stop()

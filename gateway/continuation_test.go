@@ -490,3 +490,25 @@ func chunkData(delta string) string {
 	ev := chunkEvent("chatcmpl-x", delta, "")
 	return strings.TrimSuffix(strings.TrimPrefix(ev, "data: "), "\n\n")
 }
+
+// TestContinuationBacksOff: a continuation that every replica refuses before its first
+// byte is tried again less and less often (the backoff doubles across the stream's
+// tries, 0.1 s to 2 s), not every 0.1 s until the deadline, and the client gets the
+// error once the deadline passes.
+func TestContinuationBacksOff(t *testing.T) {
+	agent := &streamingAgent{first: []string{"One"}, firstEnd: "cut", contEnd: "status_503"}
+	up := newUpstream(t, agent.serve)
+	g := newTestGateway(t, Options{ContinueTimeout: 1500 * time.Millisecond})
+	g.serveReplicas(up.host(), up.host())
+	resp, err := http.Post(g.url+"/v1/chat/completions", "application/json",
+		strings.NewReader(`{"model":"m","stream":true,"messages":[{"role":"user","content":"count"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	got := readClientStream(t, resp)
+	// Tries at about 0, 0.1, 0.3, 0.7 and 1.5 s with a doubling backoff; 15 at 0.1 s.
+	if tries := up.calls.Load() - 1; got.errCode != "upstream_error" || tries < 2 || tries > 7 {
+		t.Errorf("%d continuation tries in 1.5 s, client read %+v: want 2 to 7 tries, then the error", tries, got)
+	}
+}

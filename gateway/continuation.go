@@ -39,7 +39,7 @@ const (
 	contFinished  = "finished"    // it had its finish_reason: nothing to continue
 	contToolCall  = "tool_call"   // it broke in or after a tool call
 	contReasoning = "reasoning"   // it had reasoning, which is not continued
-	contShape     = "unsupported" // n > 1, or its output is under a grammar
+	contShape     = "unsupported" // a text completion, n > 1, or its output is under a grammar
 	contDisabled  = "disabled"
 )
 
@@ -121,7 +121,7 @@ func decideContinuation(c continuation, now time.Time) (bool, string) {
 		return false, contToolCall
 	case c.st.reasoning:
 		return false, contReasoning
-	case c.shape.n != 1 || c.shape.grammar || c.shape.prefill:
+	case c.shape.n != 1 || c.shape.grammar || c.shape.prefill || c.st.api == completionsAPI:
 		return false, contShape
 	case c.st.continued >= c.max:
 		return false, contLimit
@@ -248,8 +248,8 @@ var notContinued = map[string]string{
 	contFinished:  "it had already finished",
 	contToolCall:  "it broke in or after a tool call, whose arguments are not resumed: do not run the call",
 	contReasoning: "it had reasoning, which is not continued",
-	contShape: "streams with n > 1, response_format (text.format), a forced tool_choice or the assistant's own start of " +
-		"the answer are not continued",
+	contShape: "text completions, and streams with n > 1, response_format (text.format), a forced tool_choice or the " +
+		"assistant's own start of the answer, are not continued",
 }
 
 // endBroken ends a stream that is not continued with the replica's error event (the
@@ -259,10 +259,10 @@ func (g *Gateway) endBroken(w http.ResponseWriter, model string, be Backend, c c
 		"replica", be.Key, "endpoint", be.Endpoint, "err", c.brk.Error(), "why", why)
 	e := &apiError{Status: http.StatusBadGateway, Type: openaierr.TypeServer, Code: openaierr.CodeUpstream,
 		Message: fmt.Sprintf("the response of replica %s broke off: %v", be.Key, c.brk)}
-	if reason := notContinued[why]; reason != "" && c.st.api != chatAPI {
-		e.Message += "; not continued on another replica: " + reason
-	}
-	if c.st.api != chatAPI {
+	if c.st.api == responsesAPI || c.st.api == messagesAPI {
+		if reason := notContinued[why]; reason != "" {
+			e.Message += "; not continued on another replica: " + reason
+		}
 		_, _ = w.Write(c.st.brokenEvent(e.Message))
 		_ = http.NewResponseController(w).Flush()
 		return outcome{status: http.StatusOK, reason: "stream_broken"}

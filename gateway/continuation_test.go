@@ -385,6 +385,10 @@ func TestStreamTokenCount(t *testing.T) {
 		opts     Options
 		contSent []string
 		disagree float64
+		// path: the request's (Chat Completions when ""); broken: the stream ends
+		// with the gateway's error.
+		path   string
+		broken bool
 	}{
 		{name: "continued, the report the count", agent: &streamingAgent{first: []string{"One", ", two"}, firstEnd: "cut",
 			rest: []string{", three"}, contEnd: "done", reported: 3}, contSent: []string{"2"}},
@@ -395,20 +399,27 @@ func TestStreamTokenCount(t *testing.T) {
 			disagree: 1},
 		{name: "continuations off, counted", opts: Options{StreamContinuations: -1},
 			agent: &streamingAgent{first: []string{"One"}, firstEnd: "done", reported: 2}, disagree: 1},
+		{name: "a text completion, counted", path: "/v1/completions",
+			agent: &streamingAgent{first: []string{"One"}, firstEnd: "done", reported: 2}, disagree: 1},
+		{name: "a text completion, not continued", path: "/v1/completions",
+			agent: &streamingAgent{first: []string{"One"}, firstEnd: "cut", rest: []string{", two"}, contEnd: "done"}, broken: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			up := newUpstream(t, tc.agent.serve)
 			g := newTestGateway(t, tc.opts)
 			g.serveReplicas(up.host(), up.host())
-			resp, err := http.Post(g.url+"/v1/chat/completions", "application/json",
+			if tc.path == "" {
+				tc.path = "/v1/chat/completions"
+			}
+			resp, err := http.Post(g.url+tc.path, "application/json",
 				strings.NewReader(`{"model":"m","stream":true,"messages":[{"role":"user","content":"count"}]}`))
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer resp.Body.Close()
 			got := readClientStream(t, resp) // fails on a line that is not data
-			if got.dones != 1 || got.errCode != "" {
-				t.Fatalf("client read %+v, want a whole stream", got)
+			if whole := got.dones == 1 && got.errCode == ""; whole == tc.broken {
+				t.Fatalf("client read %+v, want a whole stream: %v", got, !tc.broken)
 			}
 			tc.agent.mu.Lock()
 			sent := tc.agent.contCount

@@ -115,7 +115,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"model", "outcome"}),
 		countDisagreements: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "macfleet_gateway_usage_count_disagreements_total",
-			Help: "Chat Completions, Responses and Messages streams whose replica reported (X-Macfleet-Usage) other completion tokens than the gateway " +
+			Help: "Chat and text completion, Responses and Messages streams whose replica reported (X-Macfleet-Usage) other completion tokens than the gateway " +
 				"counted in the events it forwarded, by deployment.",
 		}, []string{"model"}),
 	}

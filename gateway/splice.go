@@ -139,7 +139,7 @@ func (s *spliceReader) next() error {
 func (s *spliceReader) take(ev []byte) error {
 	data := sseData(ev)
 	switch {
-	case s.st.api != chatAPI: // Responses or Messages events (splice_apis.go)
+	case s.st.api == responsesAPI || s.st.api == messagesAPI: // splice_apis.go
 		take := s.takeResponses
 		if s.st.api == messagesAPI {
 			take = s.takeMessages
@@ -161,7 +161,7 @@ func (s *spliceReader) take(ev []byte) error {
 			return &streamBreak{cause: "error_event", err: errors.New(string(data))}
 		}
 		s.done = true // the stream's own end, as the replica chose it
-	case len(data) > 0:
+	case len(data) > 0 && s.st.api == chatAPI:
 		var keep bool
 		if ev, keep = s.chunk(ev, data); !keep {
 			return nil

@@ -9,7 +9,7 @@ import (
 )
 
 // The APIs whose streams the gateway reads event by event (splice.go): Chat
-// Completions chunks, and the Responses and Anthropic Messages events that the node
+// Completions chunks (and text completions', only counted), and the Responses and Anthropic Messages events that the node
 // agent translates from them. A continuation of the latter two is translated on from
 // where the client's stream stands (runnerapi.HeaderResumeStream), so its events are
 // passed on as they come; the gateway reads them for the text sent and the stream's
@@ -20,6 +20,8 @@ const (
 	chatAPI streamAPI = iota
 	responsesAPI
 	messagesAPI
+	// completionsAPI: a text completion's stream is counted, not continued.
+	completionsAPI
 )
 
 // apiOf is the stream API of a request path; ok false for one that is not read.
@@ -31,6 +33,8 @@ func apiOf(path string) (streamAPI, bool) {
 		return responsesAPI, true
 	case "/v1/messages":
 		return messagesAPI, true
+	case "/v1/completions":
+		return completionsAPI, true
 	}
 	return 0, false
 }

@@ -79,8 +79,19 @@ func TestTokenCountsReachTheRunner(t *testing.T) {
 	body := chatBody("tiny", maxTokens, true)
 	body["stream_options"] = map[string]any{"include_usage": true}
 	resp, b = a.do(http.MethodPost, "/v1/chat/completions", body, runnerapi.HeaderTokenCounts, runnerapi.TokenCountComments)
+	checkCounted(t, "a chat", resp, b)
+	resp, b = a.do(http.MethodPost, "/v1/completions", map[string]any{"model": "tiny", "prompt": "Once upon", "max_tokens": 8,
+		"temperature": 0, "stream": true, "stream_options": map[string]any{"include_usage": true}},
+		runnerapi.HeaderTokenCounts, runnerapi.TokenCountComments)
+	checkCounted(t, "a text completion", resp, b)
+}
+
+// checkCounted checks a counted stream: a count line of choice 0 before each event
+// with output, never going down, the last one the usage's completion tokens.
+func checkCounted(t *testing.T, what string, resp *http.Response, b []byte) {
+	t.Helper()
 	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("%d %s", resp.StatusCode, b)
+		t.Fatalf("%s: %d %s", what, resp.StatusCode, b)
 	}
 	last, counted, outputs := -1, 0, 0
 	var usage runnerapi.Usage
@@ -89,30 +100,38 @@ func TestTokenCountsReachTheRunner(t *testing.T) {
 		if !hasComment {
 			data = ev
 		}
-		var c runnerapi.ChatCompletionChunk
+		var c struct {
+			Choices []struct {
+				Text         string  `json:"text"`
+				FinishReason *string `json:"finish_reason"`
+				Delta        struct {
+					Content string `json:"content"`
+				} `json:"delta"`
+			} `json:"choices"`
+			Usage *runnerapi.Usage `json:"usage"`
+		}
 		if json.Unmarshal([]byte(strings.TrimPrefix(data, "data: ")), &c) == nil && c.Usage != nil {
 			usage = *c.Usage
 		}
-		output := len(c.Choices) == 1 && (c.Choices[0].Delta.Content != nil && *c.Choices[0].Delta.Content != "" ||
-			c.Choices[0].FinishReason != nil)
+		output := len(c.Choices) == 1 && (c.Choices[0].Delta.Content != "" || c.Choices[0].Text != "" || c.Choices[0].FinishReason != nil)
 		if output {
 			outputs++
 		}
 		if !hasComment {
 			if output {
-				t.Errorf("an event with output and no count: %q", ev)
+				t.Errorf("%s: an event with output and no count: %q", what, ev)
 			}
 			continue
 		}
 		n, err := strconv.Atoi(strings.TrimPrefix(comment, runnerapi.TokenCountComment+" 0 "))
 		if err != nil || n < last {
-			t.Errorf("count %q after %d", comment, last)
+			t.Errorf("%s: count %q after %d", what, comment, last)
 		}
 		last = n
 		counted++
 	}
 	if counted == 0 || counted != outputs || last != usage.CompletionTokens {
-		t.Errorf("%d counted events of %d with output, the last count %d, usage %+v: want every one counted, the last the usage's",
-			counted, outputs, last, usage)
+		t.Errorf("%s: %d counted events of %d with output, the last count %d, usage %+v: want every one counted, the last the usage's",
+			what, counted, outputs, last, usage)
 	}
 }

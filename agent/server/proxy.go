@@ -68,9 +68,7 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, lease *enginepool
 	if pr.promptUsage {
 		req.Header.Set(runnerapi.HeaderPromptUsage, "first-chunk")
 	}
-	if pr.path == pathChat {
-		passContinueHeaders(r, req.Header)
-	}
+	passCountHeaders(r, req.Header, pr.path)
 	if id := r.Header.Get(runnerapi.HeaderRequestID); id != "" && pr.generates {
 		req.Header.Set(runnerapi.HeaderRequestID, id)
 		defer s.requests.add(id, rn)()
@@ -110,11 +108,18 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, lease *enginepool
 	_, _ = w.Write(b)
 }
 
-// passContinueHeaders passes on the gateway's headers of a continued stream and of
-// its token count (the runner checks their values; a Responses or Messages
-// translator carries the count lines over into its own events).
-func passContinueHeaders(r *http.Request, out http.Header) {
-	for _, h := range []string{runnerapi.HeaderContinue, runnerapi.HeaderContinuedTokens, runnerapi.HeaderTokenCounts} {
+// passCountHeaders passes on the gateway's headers of a stream's token count (a chat
+// or text completion; a Responses or Messages translator carries the count lines over
+// into its own events) and of a continued chat (the runner checks their values).
+func passCountHeaders(r *http.Request, out http.Header, path string) {
+	var hs []string
+	switch path {
+	case pathChat:
+		hs = []string{runnerapi.HeaderContinue, runnerapi.HeaderContinuedTokens, runnerapi.HeaderTokenCounts}
+	case pathCompletions:
+		hs = []string{runnerapi.HeaderTokenCounts}
+	}
+	for _, h := range hs {
 		if v := r.Header.Get(h); v != "" {
 			out.Set(h, v)
 		}

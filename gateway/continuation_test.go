@@ -275,6 +275,18 @@ func readClientStream(t *testing.T, resp *http.Response) clientStream {
 	return cs
 }
 
+// streamThrough streams a chat through the gateway's path and reads it as a client.
+func streamThrough(t *testing.T, g *testGateway, path string) clientStream {
+	t.Helper()
+	resp, err := http.Post(g.url+path, "application/json",
+		strings.NewReader(`{"model":"m","stream":true,"messages":[{"role":"user","content":"count"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	return readClientStream(t, resp)
+}
+
 // TestStreamContinuation: a Chat Completions stream whose replica fails after its
 // first byte is continued on the other replica in the same stream, or ends with the
 // error as before when it cannot be.
@@ -334,13 +346,7 @@ func TestStreamContinuation(t *testing.T) {
 				hosts = hosts[:1]
 			}
 			g.serveReplicas(hosts...)
-			resp, err := http.Post(g.url+"/v1/chat/completions", "application/json",
-				strings.NewReader(`{"model":"m","stream":true,"messages":[{"role":"user","content":"count"}]}`))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer resp.Body.Close()
-			got := readClientStream(t, resp)
+			got := streamThrough(t, g, "/v1/chat/completions")
 			if tc.wantID == "" {
 				tc.wantID = "chatcmpl-first"
 			}
@@ -411,13 +417,7 @@ func TestStreamTokenCount(t *testing.T) {
 			if tc.path == "" {
 				tc.path = "/v1/chat/completions"
 			}
-			resp, err := http.Post(g.url+tc.path, "application/json",
-				strings.NewReader(`{"model":"m","stream":true,"messages":[{"role":"user","content":"count"}]}`))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer resp.Body.Close()
-			got := readClientStream(t, resp) // fails on a line that is not data
+			got := streamThrough(t, g, tc.path) // fails on a line that is not data
 			if whole := got.dones == 1 && got.errCode == ""; whole == tc.broken {
 				t.Fatalf("client read %+v, want a whole stream: %v", got, !tc.broken)
 			}
@@ -511,13 +511,7 @@ func TestContinuationBacksOff(t *testing.T) {
 	up := newUpstream(t, agent.serve)
 	g := newTestGateway(t, Options{ContinueTimeout: 1500 * time.Millisecond})
 	g.serveReplicas(up.host(), up.host())
-	resp, err := http.Post(g.url+"/v1/chat/completions", "application/json",
-		strings.NewReader(`{"model":"m","stream":true,"messages":[{"role":"user","content":"count"}]}`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	got := readClientStream(t, resp)
+	got := streamThrough(t, g, "/v1/chat/completions")
 	// Tries at about 0, 0.1, 0.3, 0.7 and 1.5 s with a doubling backoff; 15 at 0.1 s.
 	if tries := up.calls.Load() - 1; got.errCode != "upstream_error" || tries < 2 || tries > 7 {
 		t.Errorf("%d continuation tries in 1.5 s, client read %+v: want 2 to 7 tries, then the error", tries, got)

@@ -39,39 +39,64 @@ const (
 	contFinished  = "finished"    // it had its finish_reason: nothing to continue
 	contToolCall  = "tool_call"   // it broke in or after a tool call
 	contReasoning = "reasoning"   // it had reasoning, which is not continued
-	contShape     = "unsupported" // n > 1, or its output is under a grammar
+	contShape     = "unsupported" // a text completion, n > 1, or its output is under a grammar
 	contDisabled  = "disabled"
 )
 
 // streamShape is what of a request decides whether its stream can be continued.
 type streamShape struct {
-	// n is its choices; grammar: response_format or a forced tool call constrain its
-	// output from its first token, which a continuation would restart.
-	n       int
-	grammar bool
+	// n is its choices; grammar: response_format (text.format) or a forced tool call
+	// constrain its output from its first token, which a continuation would restart;
+	// prefill: a Messages request that ends with the assistant's own start of the
+	// answer.
+	n                int
+	grammar, prefill bool
 }
 
-// shapeOf reads the shape of a Chat Completions body.
-func shapeOf(body []byte) streamShape {
+// shapeOf reads the shape of a request body of api.
+func shapeOf(api streamAPI, body []byte) streamShape {
 	var req struct {
 		N              *int `json:"n"`
 		ResponseFormat *struct {
 			Type string `json:"type"`
 		} `json:"response_format"`
+		Text *struct {
+			Format *struct {
+				Type string `json:"type"`
+			} `json:"format"`
+		} `json:"text"`
 		ToolChoice json.RawMessage `json:"tool_choice"`
+		Messages   []struct {
+			Role string `json:"role"`
+		} `json:"messages"`
 	}
 	_ = json.Unmarshal(body, &req)
 	s := streamShape{n: 1}
-	if req.N != nil {
+	if req.N != nil && api == chatAPI {
 		s.n = *req.N
 	}
-	if f := req.ResponseFormat; f != nil && f.Type != "" && f.Type != "text" {
+	format := req.ResponseFormat
+	if api == responsesAPI && req.Text != nil {
+		format = req.Text.Format
+	}
+	if format != nil && format.Type != "" && format.Type != "text" {
 		s.grammar = true
 	}
-	if tc := string(req.ToolChoice); tc != "" && tc != "null" && tc != `"auto"` && tc != `"none"` {
-		s.grammar = true
-	}
+	s.grammar = s.grammar || forcedTool(api, req.ToolChoice)
+	s.prefill = api == messagesAPI && len(req.Messages) > 0 && req.Messages[len(req.Messages)-1].Role == "assistant"
 	return s
+}
+
+// forcedTool: a tool_choice that forces a tool call (a grammar from the first token).
+func forcedTool(api streamAPI, raw json.RawMessage) bool {
+	tc := string(raw)
+	if api == messagesAPI {
+		var c struct {
+			Type string `json:"type"`
+		}
+		return json.Unmarshal(raw, &c) == nil && (c.Type == "any" || c.Type == "tool")
+	}
+	return tc != "" && tc != "null" && tc != `"auto"` && tc != `"none"`
 }
 
 // continuation is one broken stream's case for a continuation.
@@ -96,7 +121,7 @@ func decideContinuation(c continuation, now time.Time) (bool, string) {
 		return false, contToolCall
 	case c.st.reasoning:
 		return false, contReasoning
-	case c.shape.n != 1 || c.shape.grammar:
+	case c.shape.n != 1 || c.shape.grammar || c.shape.prefill || c.st.api == completionsAPI:
 		return false, contShape
 	case c.st.continued >= c.max:
 		return false, contLimit
@@ -106,25 +131,38 @@ func decideContinuation(c continuation, now time.Time) (bool, string) {
 	return true, contContinued
 }
 
-// spliceFor is the record of a request's stream if it may be continued: a Chat
-// Completions request, with continuations on (nil otherwise).
+// spliceFor is the record of a request's stream: a Chat Completions, Responses or
+// Messages request's (nil otherwise), which the gateway reads, counts and may continue
+// (with continuations off, decideContinuation says so).
 func (g *Gateway) spliceFor(r *http.Request) *spliced {
-	if g.opts.StreamContinuations <= 0 || r.URL.Path != "/v1/chat/completions" {
+	api, ok := apiOf(r.URL.Path)
+	if !ok {
 		return nil
 	}
-	return &spliced{}
+	return &spliced{api: api}
 }
 
-// continuationBody is the request body with the text already sent appended as the
-// assistant's message.
-func continuationBody(body []byte, text string) ([]byte, error) {
+// continuationBody is the request body of api with the text already sent appended as
+// the assistant's message: to a chat's or a Messages request's messages, to a
+// Responses request's input (a string input becomes the user's message before it).
+func continuationBody(api streamAPI, body []byte, text string) ([]byte, error) {
 	var req map[string]json.RawMessage
 	if err := json.Unmarshal(body, &req); err != nil {
 		return nil, err
 	}
+	field := "messages"
+	if api == responsesAPI {
+		field = "input"
+	}
 	var msgs []json.RawMessage
-	if err := json.Unmarshal(req["messages"], &msgs); err != nil {
-		return nil, fmt.Errorf("reading messages: %w", err)
+	if api == responsesAPI && len(req[field]) > 0 && req[field][0] == '"' {
+		user, err := json.Marshal(map[string]json.RawMessage{"role": json.RawMessage(`"user"`), "content": req[field]})
+		if err != nil {
+			return nil, err
+		}
+		msgs = append(msgs, user)
+	} else if err := json.Unmarshal(req[field], &msgs); err != nil {
+		return nil, fmt.Errorf("reading %s: %w", field, err)
 	}
 	m, err := json.Marshal(struct {
 		Role    string `json:"role"`
@@ -133,7 +171,7 @@ func continuationBody(body []byte, text string) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	if req["messages"], err = json.Marshal(append(msgs, m)); err != nil {
+	if req[field], err = json.Marshal(append(msgs, m)); err != nil {
 		return nil, err
 	}
 	return json.Marshal(req)
@@ -144,15 +182,16 @@ func continuationBody(body []byte, text string) ([]byte, error) {
 func (g *Gateway) continueStream(ctx context.Context, w http.ResponseWriter, r *http.Request, name string, id tenancy.Identity,
 	t *ticket, lim metering.Limits, body []byte, start time.Time, n int, res outcome) outcome {
 	model, failed := t.model, res.broken.backend
-	c := continuation{brk: res.broken.brk, st: res.broken.st, shape: shapeOf(body), max: g.opts.StreamContinuations,
+	c := continuation{brk: res.broken.brk, st: res.broken.st, shape: shapeOf(res.broken.st.api, body), max: g.opts.StreamContinuations,
 		deadline: time.Now().Add(g.opts.ContinueTimeout)}
 	span := trace.SpanFromContext(ctx)
+	backoff := minBackoff // across tries: a replica that keeps failing is tried less and less often
 	for {
 		ok, why := decideContinuation(c, time.Now())
 		if ok && ctx.Err() == nil {
 			var rt *Route
 			var be Backend
-			if rt, be, ok = g.continuationReplica(ctx, name, id, t, c.deadline); !ok {
+			if rt, be, ok = g.continuationReplica(ctx, name, id, t, c.deadline, &backoff); !ok {
 				why = contDeadline
 			} else {
 				res = g.continueOn(ctx, w, r, rt, be, t, lim, body, start, n, &c)
@@ -177,6 +216,9 @@ func (g *Gateway) continueStream(ctx context.Context, w http.ResponseWriter, r *
 		}
 		g.metrics.continuations.WithLabelValues(model, why).Inc()
 		span.AddEvent("stream_not_continued", trace.WithAttributes(attribute.String("macfleet.reason", why)))
+		if c.st.api == chatAPI && (why == contToolCall || why == contFinished) {
+			return g.endCleanly(w, model, failed, c, why)
+		}
 		return g.endBroken(w, model, failed, c, why)
 	}
 }
@@ -185,7 +227,7 @@ func (g *Gateway) continueStream(ctx context.Context, w http.ResponseWriter, r *
 // excludes be for the next try.
 func (g *Gateway) continueOn(ctx context.Context, w http.ResponseWriter, r *http.Request, rt *Route, be Backend, t *ticket,
 	lim metering.Limits, body []byte, start time.Time, n int, c *continuation) outcome {
-	cbody, err := continuationBody(body, c.st.text.String())
+	cbody, err := continuationBody(c.st.api, body, c.st.text.String())
 	if err != nil { // the replica took the body, so this does not happen
 		return outcome{failure: &failure{backend: be, reason: "transport", err: err}}
 	}
@@ -206,7 +248,8 @@ var notContinued = map[string]string{
 	contFinished:  "it had already finished",
 	contToolCall:  "it broke in or after a tool call, whose arguments are not resumed: do not run the call",
 	contReasoning: "it had reasoning, which is not continued",
-	contShape:     "streams with n > 1, response_format or a forced tool_choice are not continued",
+	contShape: "text completions, and streams with n > 1, response_format (text.format), a forced tool_choice or the " +
+		"assistant's own start of the answer, are not continued",
 }
 
 // endBroken ends a stream that is not continued with the replica's error event (the
@@ -216,6 +259,14 @@ func (g *Gateway) endBroken(w http.ResponseWriter, model string, be Backend, c c
 		"replica", be.Key, "endpoint", be.Endpoint, "err", c.brk.Error(), "why", why)
 	e := &apiError{Status: http.StatusBadGateway, Type: openaierr.TypeServer, Code: openaierr.CodeUpstream,
 		Message: fmt.Sprintf("the response of replica %s broke off: %v", be.Key, c.brk)}
+	if c.st.api == responsesAPI || c.st.api == messagesAPI {
+		if reason := notContinued[why]; reason != "" {
+			e.Message += "; not continued on another replica: " + reason
+		}
+		_, _ = w.Write(c.st.brokenEvent(e.Message))
+		_ = http.NewResponseController(w).Flush()
+		return outcome{status: http.StatusOK, reason: "stream_broken"}
+	}
 	var held struct{ Error *apiError }
 	if c.brk.cause == "error_event" && json.Unmarshal(sseData(c.st.held), &held) == nil && held.Error != nil {
 		e = held.Error
@@ -230,11 +281,12 @@ func (g *Gateway) endBroken(w http.ResponseWriter, model string, be Backend, c c
 
 // continuationReplica waits until deadline for a replica of the deployment to take a
 // continuation: admission picks it as for any request (a replica that holds the
-// conversation's prefix first), the failed ones excluded.
-func (g *Gateway) continuationReplica(ctx context.Context, name string, id tenancy.Identity, t *ticket, deadline time.Time) (*Route, Backend, bool) {
+// conversation's prefix first), the failed ones excluded until backoff has passed
+// (then tried again, and backoff doubles: it is the stream's, across its tries).
+func (g *Gateway) continuationReplica(ctx context.Context, name string, id tenancy.Identity, t *ticket, deadline time.Time,
+	backoff *time.Duration) (*Route, Backend, bool) {
 	timer := time.NewTimer(time.Until(deadline))
 	defer timer.Stop()
-	backoff := minBackoff
 	for {
 		tbl := g.Table()
 		rt, aerr := tbl.ResolveAs(name, id)
@@ -249,7 +301,7 @@ func (g *Gateway) continuationReplica(ctx context.Context, name string, id tenan
 			g.routed(ctx, t)
 			return rt, be, true
 		}
-		bt := time.NewTimer(backoff)
+		bt := time.NewTimer(*backoff)
 		select {
 		case be := <-t.granted:
 			bt.Stop()
@@ -262,7 +314,7 @@ func (g *Gateway) continuationReplica(ctx context.Context, name string, id tenan
 			continue
 		case <-bt.C:
 			g.adm.forgive(rt, t)
-			backoff = min(2*backoff, maxBackoff)
+			*backoff = min(*backoff*2, maxBackoff)
 			continue
 		}
 		bt.Stop()

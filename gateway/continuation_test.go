@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/macfleet/macfleet/api/runnerapi"
+	"github.com/macfleet/macfleet/gateway/metering"
 	"github.com/macfleet/macfleet/test/support/testenv"
 )
 
@@ -52,39 +53,54 @@ func TestDecideContinuation(t *testing.T) {
 }
 
 func TestShapeOf(t *testing.T) {
-	for body, want := range map[string]streamShape{
-		`{"messages":[]}`:                            {n: 1},
-		`{"n":3}`:                                    {n: 3},
-		`{"response_format":{"type":"text"}}`:        {n: 1},
-		`{"response_format":{"type":"json_object"}}`: {n: 1, grammar: true},
-		`{"tool_choice":"auto"}`:                     {n: 1},
-		`{"tool_choice":"required"}`:                 {n: 1, grammar: true},
-		`{"tool_choice":{"type":"function","function":{"name":"f"}}}`: {n: 1, grammar: true},
+	for _, tc := range []struct {
+		api  streamAPI
+		body string
+		want streamShape
+	}{
+		{chatAPI, `{"messages":[]}`, streamShape{n: 1}},
+		{chatAPI, `{"n":3}`, streamShape{n: 3}},
+		{chatAPI, `{"response_format":{"type":"text"}}`, streamShape{n: 1}},
+		{chatAPI, `{"response_format":{"type":"json_object"}}`, streamShape{n: 1, grammar: true}},
+		{chatAPI, `{"tool_choice":"auto"}`, streamShape{n: 1}},
+		{chatAPI, `{"tool_choice":"required"}`, streamShape{n: 1, grammar: true}},
+		{chatAPI, `{"tool_choice":{"type":"function","function":{"name":"f"}}}`, streamShape{n: 1, grammar: true}},
+		{chatAPI, `{"messages":[{"role":"assistant"}]}`, streamShape{n: 1}},
+		{responsesAPI, `{"input":"hi","n":3}`, streamShape{n: 1}},
+		{responsesAPI, `{"text":{"format":{"type":"json_schema"}}}`, streamShape{n: 1, grammar: true}},
+		{responsesAPI, `{"text":{"format":{"type":"text"}}}`, streamShape{n: 1}},
+		{responsesAPI, `{"tool_choice":"required"}`, streamShape{n: 1, grammar: true}},
+		{messagesAPI, `{"tool_choice":{"type":"auto"}}`, streamShape{n: 1}},
+		{messagesAPI, `{"tool_choice":{"type":"any"}}`, streamShape{n: 1, grammar: true}},
+		{messagesAPI, `{"tool_choice":{"type":"tool","name":"f"}}`, streamShape{n: 1, grammar: true}},
+		{messagesAPI, `{"messages":[{"role":"user"},{"role":"assistant"}]}`, streamShape{n: 1, prefill: true}},
 	} {
-		if got := shapeOf([]byte(body)); got != want {
-			t.Errorf("%s: %+v, want %+v", body, got, want)
+		if got := shapeOf(tc.api, []byte(tc.body)); got != tc.want {
+			t.Errorf("%d %s: %+v, want %+v", tc.api, tc.body, got, tc.want)
 		}
 	}
 }
 
 func TestContinuationBody(t *testing.T) {
-	got, err := continuationBody([]byte(`{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`), "Hel\"lo")
-	if err != nil {
-		t.Fatal(err)
+	for _, tc := range []struct {
+		api        streamAPI
+		body, want string
+	}{
+		{chatAPI, `{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`,
+			`{"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":"Hel\"lo"}],"model":"m","stream":true}`},
+		{messagesAPI, `{"model":"m","max_tokens":9,"messages":[{"role":"user","content":[{"type":"text","text":"hi"}]}]}`,
+			`{"max_tokens":9,"messages":[{"role":"user","content":[{"type":"text","text":"hi"}]},{"role":"assistant","content":"Hel\"lo"}],"model":"m"}`},
+		{responsesAPI, `{"model":"m","input":"hi"}`,
+			`{"input":[{"content":"hi","role":"user"},{"role":"assistant","content":"Hel\"lo"}],"model":"m"}`},
+		{responsesAPI, `{"model":"m","input":[{"role":"user","content":"hi"}]}`,
+			`{"input":[{"role":"user","content":"hi"},{"role":"assistant","content":"Hel\"lo"}],"model":"m"}`},
+	} {
+		got, err := continuationBody(tc.api, []byte(tc.body), "Hel\"lo")
+		if err != nil || string(got) != tc.want {
+			t.Errorf("%s: %s (%v), want %s", tc.body, got, err, tc.want)
+		}
 	}
-	var req struct {
-		Model    string              `json:"model"`
-		Stream   bool                `json:"stream"`
-		Messages []runnerapi.Message `json:"messages"`
-	}
-	if err := json.Unmarshal(got, &req); err != nil {
-		t.Fatal(err)
-	}
-	want := []runnerapi.Message{{Role: "user", Content: "hi"}, {Role: "assistant", Content: "Hel\"lo"}}
-	if d := cmp.Diff(want, req.Messages); d != "" || req.Model != "m" || !req.Stream {
-		t.Errorf("body %s (-want +got messages):\n%s", got, d)
-	}
-	if _, err := continuationBody([]byte(`{"messages":"x"}`), "a"); err == nil {
+	if _, err := continuationBody(chatAPI, []byte(`{"messages":"x"}`), "a"); err == nil {
 		t.Error("messages that are not a list: no error")
 	}
 }
@@ -110,10 +126,15 @@ type streamingAgent struct {
 	first, rest []string
 	firstEnd    string
 	contEnd     string // done, cut, status_503
-	tool        bool   // the first stream sends a tool call before its end
+	tool        string // the first stream sends a tool call with these arguments before its end
+	// reported is the output a stream that ends reports in its usage trailer (none
+	// when 0); counts are the token counts asked for (runnerapi.HeaderTokenCounts)
+	// put before each content chunk, a word a token.
+	reported int
 
-	mu    sync.Mutex
-	conts []string // the continuations' last messages' content
+	mu        sync.Mutex
+	conts     []string // the continuations' last messages' content
+	contCount []string // their runnerapi.HeaderContinuedTokens
 }
 
 func (a *streamingAgent) serve(_ int, w http.ResponseWriter, r *http.Request) {
@@ -124,6 +145,7 @@ func (a *streamingAgent) serve(_ int, w http.ResponseWriter, r *http.Request) {
 		_ = json.NewDecoder(r.Body).Decode(&req)
 		a.mu.Lock()
 		a.conts = append(a.conts, req.Messages[len(req.Messages)-1].Role+":"+string(req.Messages[len(req.Messages)-1].Content))
+		a.contCount = append(a.contCount, r.Header.Get(runnerapi.HeaderContinuedTokens))
 		a.mu.Unlock()
 		id, words, end = "chatcmpl-cont", a.rest, a.contEnd
 		if end == "status_503" {
@@ -139,15 +161,29 @@ func (a *streamingAgent) serve(_ int, w http.ResponseWriter, r *http.Request) {
 		conn.Close()
 		return
 	}
+	if a.reported > 0 {
+		w.Header().Set("Trailer", metering.Header)
+	}
+	counts := r.Header.Get(runnerapi.HeaderTokenCounts) == runnerapi.TokenCountComments
 	fmt.Fprint(w, chunkEvent(id, roleDelta, ""))
-	for _, word := range words {
+	for i, word := range words {
+		if counts {
+			fmt.Fprintf(w, "%s 0 %d\n", runnerapi.TokenCountComment, i+1)
+		}
 		fmt.Fprint(w, chunkEvent(id, content(word), ""))
 		_ = rc.Flush()
 	}
-	if a.tool && !cont {
-		fmt.Fprint(w, chunkEvent(id, `{"tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"f","arguments":"{\"a"}}]}`, ""))
+	if a.tool != "" && !cont {
+		fmt.Fprint(w, chunkEvent(id, `{"tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"f","arguments":""}}]}`, ""))
+		args, _ := json.Marshal(a.tool)
+		fmt.Fprint(w, chunkEvent(id, fmt.Sprintf(`{"tool_calls":[{"index":0,"function":{"arguments":%s}}]}`, args), ""))
 	}
 	switch end {
+	case "finish_cut":
+		fmt.Fprint(w, chunkEvent(id, `{}`, "stop"))
+		_ = rc.Flush()
+		conn, _, _ := rc.Hijack()
+		conn.Close()
 	case "cut":
 		_ = rc.Flush()
 		conn, _, _ := rc.Hijack()
@@ -160,6 +196,9 @@ func (a *streamingAgent) serve(_ int, w http.ResponseWriter, r *http.Request) {
 		fmt.Fprint(w, chunkEvent(id, `{}`, "stop"))
 		fmt.Fprintf(w, `data: {"id":%q,"object":"chat.completion.chunk","created":%d,"model":"m","choices":[],"usage":{"prompt_tokens":5,"completion_tokens":4,"total_tokens":9}}`+"\n\n", id, len(id))
 		fmt.Fprint(w, "data: [DONE]\n\n")
+		if a.reported > 0 {
+			w.Header().Set(metering.Header, metering.Usage{Input: 5, Output: int64(a.reported)}.String())
+		}
 	}
 }
 
@@ -174,6 +213,7 @@ type clientStream struct {
 	errCode string
 	errMsg  string
 	trailer string
+	finish  string
 }
 
 func readClientStream(t *testing.T, resp *http.Response) clientStream {
@@ -204,7 +244,8 @@ func readClientStream(t *testing.T, resp *http.Response) clientStream {
 			ID      string          `json:"id"`
 			Created json.RawMessage `json:"created"`
 			Choices []struct {
-				Delta struct{ Role, Content string } `json:"delta"`
+				Delta        struct{ Role, Content string } `json:"delta"`
+				FinishReason *string                        `json:"finish_reason"`
 			} `json:"choices"`
 			Usage *runnerapi.Usage                `json:"usage"`
 			Error *struct{ Code, Message string } `json:"error"`
@@ -222,6 +263,9 @@ func readClientStream(t *testing.T, resp *http.Response) clientStream {
 			if ch.Delta.Role != "" {
 				cs.roles++
 			}
+			if ch.FinishReason != nil {
+				cs.finish = *ch.FinishReason
+			}
 		}
 		if c.Usage != nil {
 			cs.usages++
@@ -229,6 +273,18 @@ func readClientStream(t *testing.T, resp *http.Response) clientStream {
 	}
 	cs.text, cs.trailer = text.String(), resp.Trailer.Get(HeaderContinued)
 	return cs
+}
+
+// streamThrough streams a chat through the gateway's path and reads it as a client.
+func streamThrough(t *testing.T, g *testGateway, path string) clientStream {
+	t.Helper()
+	resp, err := http.Post(g.url+path, "application/json",
+		strings.NewReader(`{"model":"m","stream":true,"messages":[{"role":"user","content":"count"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	return readClientStream(t, resp)
 }
 
 // TestStreamContinuation: a Chat Completions stream whose replica fails after its
@@ -251,10 +307,10 @@ func TestStreamContinuation(t *testing.T) {
 	}{
 		{name: "cut connection", agent: &streamingAgent{first: []string{"One", ", two"}, firstEnd: "cut", rest: []string{", three"}, contEnd: "done"},
 			outcome: contContinued, conts: []string{"assistant:One, two"},
-			want: clientStream{text: "One, two, three", roles: 1, usages: 1, dones: 1, trailer: "1"}},
+			want: clientStream{text: "One, two, three", roles: 1, usages: 1, dones: 1, trailer: "1", finish: "stop"}},
 		{name: "engine stopped", agent: &streamingAgent{first: []string{"One"}, firstEnd: "engine_stopped", rest: []string{", two"}, contEnd: "done"},
 			outcome: contContinued, conts: []string{"assistant:One"},
-			want: clientStream{text: "One, two", roles: 1, usages: 1, dones: 1, trailer: "1"}},
+			want: clientStream{text: "One, two", roles: 1, usages: 1, dones: 1, trailer: "1", finish: "stop"}},
 		{name: "the continuation breaks too", agent: &streamingAgent{first: []string{"One"}, firstEnd: "engine_stopped", rest: []string{", two"}, contEnd: "cut"},
 			outcome: contLimit, conts: []string{"assistant:One"},
 			want: clientStream{text: "One, two", roles: 1, errCode: "upstream_error"}},
@@ -262,13 +318,18 @@ func TestStreamContinuation(t *testing.T) {
 			agent:   &streamingAgent{first: []string{"One"}, firstEnd: "engine_stopped", rest: []string{", two"}, contEnd: "cut"},
 			outcome: contLimit, conts: []string{"assistant:One", "assistant:One, two"},
 			want: clientStream{text: "One, two, two", roles: 1, errCode: "upstream_error"}},
-		{name: "inside a tool call", agent: &streamingAgent{first: []string{"One"}, firstEnd: "engine_stopped", tool: true},
-			outcome: contToolCall, want: clientStream{text: "One", roles: 1, errCode: "engine_stopped"},
-			errSays: `the engine of model "m" stopped; not continued on another replica: it broke in or after a tool call`},
+		// A break in or after a tool call ends the stream cleanly: tool_calls when the
+		// call's arguments are whole, length when they were cut.
+		{name: "inside a tool call", agent: &streamingAgent{first: []string{"One"}, firstEnd: "engine_stopped", tool: `{"a`},
+			outcome: contToolCall, want: clientStream{text: "One", roles: 1, dones: 1, finish: "length"}},
+		{name: "after a tool call", agent: &streamingAgent{first: []string{"One"}, firstEnd: "cut", tool: `{"a":1}`},
+			outcome: contToolCall, want: clientStream{text: "One", roles: 1, dones: 1, finish: "tool_calls"}},
+		{name: "after its finish", agent: &streamingAgent{first: []string{"One"}, firstEnd: "finish_cut"},
+			outcome: contFinished, want: clientStream{text: "One", roles: 1, dones: 1, finish: "stop"}},
 		// Cut before any chunk: the continuation's chunks are the stream's.
 		{name: "cut before any chunk", agent: &streamingAgent{firstEnd: "cut_at_once", rest: []string{"One"}, contEnd: "done"},
 			outcome: contContinued, conts: []string{"assistant:"}, wantID: "chatcmpl-cont",
-			want: clientStream{text: "One", roles: 1, usages: 1, dones: 1, trailer: "1"}},
+			want: clientStream{text: "One", roles: 1, usages: 1, dones: 1, trailer: "1", finish: "stop"}},
 		// An error that is the request's, not the replica's, ends the stream as it did.
 		{name: "the request's error", agent: &streamingAgent{first: []string{"One"}, firstEnd: "bad_request"},
 			want: clientStream{text: "One", roles: 1, errCode: "invalid_value"}},
@@ -285,13 +346,7 @@ func TestStreamContinuation(t *testing.T) {
 				hosts = hosts[:1]
 			}
 			g.serveReplicas(hosts...)
-			resp, err := http.Post(g.url+"/v1/chat/completions", "application/json",
-				strings.NewReader(`{"model":"m","stream":true,"messages":[{"role":"user","content":"count"}]}`))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer resp.Body.Close()
-			got := readClientStream(t, resp)
+			got := streamThrough(t, g, "/v1/chat/completions")
 			if tc.wantID == "" {
 				tc.wantID = "chatcmpl-first"
 			}
@@ -325,6 +380,96 @@ func TestStreamContinuation(t *testing.T) {
 	}
 }
 
+// TestStreamTokenCount: the gateway counts the tokens of a Chat Completions stream it
+// forwarded from the runner's count lines, which the client does not get; a
+// continuation is told the count of the tokens sent, and a usage report that is not
+// the count is counted in usage_count_disagreements_total.
+func TestStreamTokenCount(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		agent    *streamingAgent
+		opts     Options
+		contSent []string
+		disagree float64
+		// path: the request's (Chat Completions when ""); broken: the stream ends
+		// with the gateway's error.
+		path   string
+		broken bool
+	}{
+		{name: "continued, the report the count", agent: &streamingAgent{first: []string{"One", ", two"}, firstEnd: "cut",
+			rest: []string{", three"}, contEnd: "done", reported: 3}, contSent: []string{"2"}},
+		{name: "continued, the report not the count", agent: &streamingAgent{first: []string{"One", ", two"}, firstEnd: "engine_stopped",
+			rest: []string{", three"}, contEnd: "done", reported: 5}, contSent: []string{"2"}, disagree: 1},
+		{name: "not continued, the report the count", agent: &streamingAgent{first: []string{"One", ", two"}, firstEnd: "done", reported: 2}},
+		{name: "not continued, the report not the count", agent: &streamingAgent{first: []string{"One"}, firstEnd: "done", reported: 4},
+			disagree: 1},
+		{name: "continuations off, counted", opts: Options{StreamContinuations: -1},
+			agent: &streamingAgent{first: []string{"One"}, firstEnd: "done", reported: 2}, disagree: 1},
+		{name: "a text completion, counted", path: "/v1/completions",
+			agent: &streamingAgent{first: []string{"One"}, firstEnd: "done", reported: 2}, disagree: 1},
+		{name: "a text completion, not continued", path: "/v1/completions",
+			agent: &streamingAgent{first: []string{"One"}, firstEnd: "cut", rest: []string{", two"}, contEnd: "done"}, broken: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			up := newUpstream(t, tc.agent.serve)
+			g := newTestGateway(t, tc.opts)
+			g.serveReplicas(up.host(), up.host())
+			if tc.path == "" {
+				tc.path = "/v1/chat/completions"
+			}
+			got := streamThrough(t, g, tc.path) // fails on a line that is not data
+			if whole := got.dones == 1 && got.errCode == ""; whole == tc.broken {
+				t.Fatalf("client read %+v, want a whole stream: %v", got, !tc.broken)
+			}
+			tc.agent.mu.Lock()
+			sent := tc.agent.contCount
+			tc.agent.mu.Unlock()
+			if !cmp.Equal(sent, tc.contSent) {
+				t.Errorf("continuations told %q tokens were sent, want %q", sent, tc.contSent)
+			}
+			testenv.Eventually(t, 5*time.Second, 10*time.Millisecond, func() (bool, string) {
+				n := testutil.ToFloat64(g.metrics.countDisagreements.WithLabelValues("a/m"))
+				return n == tc.disagree, fmt.Sprintf("usage_count_disagreements_total = %v, want %v", n, tc.disagree)
+			})
+		})
+	}
+}
+
+// TestTokenCountRead: count lines are read as the runner writes them; one that is not
+// a count, or goes down, makes the count unknown.
+func TestTokenCountRead(t *testing.T) {
+	for _, tc := range []struct {
+		lines []string
+		total int64
+		known bool
+	}{
+		{nil, 0, false},
+		{[]string{"0 1", "0 2", "0 3"}, 3, true},
+		{[]string{"0 1", "1 4", "0 2\r"}, 6, true},
+		{[]string{"0 2", "0 1"}, 0, false},
+		{[]string{"0 x"}, 0, false},
+		{[]string{"-1 2"}, 0, false},
+		{[]string{"128 2"}, 0, false},
+		{[]string{"0 -2"}, 0, false},
+		{[]string{"0"}, 0, false},
+	} {
+		var c tokenCount
+		for _, l := range tc.lines {
+			c.read([]byte(l))
+		}
+		if c.known() != tc.known || (tc.known && c.total() != tc.total) {
+			t.Errorf("%q: known %v total %d, want %v %d", tc.lines, c.known(), c.total(), tc.known, tc.total)
+		}
+	}
+	c := tokenCount{}
+	c.read([]byte("0 5"))
+	c.broke()
+	c.read([]byte("0 2"))
+	if c.total() != 7 {
+		t.Errorf("a continued count %d, want 5 + 2", c.total())
+	}
+}
+
 // TestContentOnly: the usual content chunk is read without decoding it whole, to the
 // same text; every other chunk is left to the whole decoding.
 func TestContentOnly(t *testing.T) {
@@ -355,4 +500,20 @@ func TestContentOnly(t *testing.T) {
 func chunkData(delta string) string {
 	ev := chunkEvent("chatcmpl-x", delta, "")
 	return strings.TrimSuffix(strings.TrimPrefix(ev, "data: "), "\n\n")
+}
+
+// TestContinuationBacksOff: a continuation that every replica refuses before its first
+// byte is tried again less and less often (the backoff doubles across the stream's
+// tries, 0.1 s to 2 s), not every 0.1 s until the deadline, and the client gets the
+// error once the deadline passes.
+func TestContinuationBacksOff(t *testing.T) {
+	agent := &streamingAgent{first: []string{"One"}, firstEnd: "cut", contEnd: "status_503"}
+	up := newUpstream(t, agent.serve)
+	g := newTestGateway(t, Options{ContinueTimeout: 1500 * time.Millisecond})
+	g.serveReplicas(up.host(), up.host())
+	got := streamThrough(t, g, "/v1/chat/completions")
+	// Tries at about 0, 0.1, 0.3, 0.7 and 1.5 s with a doubling backoff; 15 at 0.1 s.
+	if tries := up.calls.Load() - 1; got.errCode != "upstream_error" || tries < 2 || tries > 7 {
+		t.Errorf("%d continuation tries in 1.5 s, client read %+v: want 2 to 7 tries, then the error", tries, got)
+	}
 }

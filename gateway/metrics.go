@@ -27,6 +27,8 @@ type metrics struct {
 	cancellations *prometheus.CounterVec
 	routing       *prometheus.CounterVec
 	continuations *prometheus.CounterVec
+	// countDisagreements: streams whose usage report is not the gateway's own count.
+	countDisagreements *prometheus.CounterVec
 
 	// usage counts requests and tokens per key, namespace and deployment;
 	// usageClamped the replicas' usage reports cut to their bound or refused.
@@ -105,12 +107,17 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"model", "routing"}),
 		continuations: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "macfleet_gateway_stream_continuations_total",
-			Help: "Chat Completions streams whose replica failed after the first byte, by deployment and outcome (continued: " +
+			Help: "Chat and text completion, Responses and Messages streams whose replica failed after the first byte, by deployment and outcome (continued: " +
 				"another replica continued the answer in the same stream; not continued, with the replica's error as the last " +
 				"event: limit, the stream was continued as often as allowed; deadline, no replica took it in time; finished, it " +
 				"had its finish_reason; tool_call or reasoning, it had sent a tool call or reasoning; unsupported, n > 1 or its " +
-				"output under a grammar; disabled).",
+				"output under a grammar, a Messages request that starts the answer itself, or a text completion; disabled).",
 		}, []string{"model", "outcome"}),
+		countDisagreements: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "macfleet_gateway_usage_count_disagreements_total",
+			Help: "Chat and text completion, Responses and Messages streams whose replica reported (X-Macfleet-Usage) other completion tokens than the gateway " +
+				"counted in the events it forwarded, by deployment.",
+		}, []string{"model"}),
 	}
 	m.usageClamped, m.budgetAdmissions, m.budgetReserved = tenantMetrics()
 	if err := m.register(reg); err != nil {
@@ -143,6 +150,7 @@ func (m *metrics) register(reg prometheus.Registerer) error {
 	m.cancellations = reg1(m.cancellations).(*prometheus.CounterVec)
 	m.routing = reg1(m.routing).(*prometheus.CounterVec)
 	m.continuations = reg1(m.continuations).(*prometheus.CounterVec)
+	m.countDisagreements = reg1(m.countDisagreements).(*prometheus.CounterVec)
 	m.usageClamped = reg1(m.usageClamped).(*prometheus.CounterVec)
 	m.budgetAdmissions = reg1(m.budgetAdmissions).(*prometheus.CounterVec)
 	m.budgetReserved = reg1(m.budgetReserved).(prometheus.Gauge)

@@ -303,6 +303,8 @@ func (g *Gateway) attempt(ctx context.Context, w http.ResponseWriter, r *http.Re
 	var cancelled cancellation
 	up, stop := g.detach(ctx, be, model, id, &cancelled)
 	defer stop()
+	up, cut := context.WithCancelCause(up)
+	defer cut(nil)
 	out, err := http.NewRequestWithContext(pki.WithNode(up, be.Node), r.Method, g.agentScheme+be.Endpoint+r.URL.RequestURI(), bytes.NewReader(body))
 	if err != nil {
 		return outcome{failure: &failure{backend: be, reason: "transport", err: err}}
@@ -312,8 +314,17 @@ func (g *Gateway) attempt(ctx context.Context, w http.ResponseWriter, r *http.Re
 	span := g.startAttempt(ctx, out, be, n)
 	defer func() { endAttempt(span, res) }()
 	g.setUpstreamHeaders(out, r, model, be)
+	if st != nil {
+		out.Header.Set(runnerapi.HeaderTokenCounts, runnerapi.TokenCountComments)
+	}
 	if cont {
 		out.Header.Set(runnerapi.HeaderContinue, runnerapi.ContinueFinalMessage)
+		if st.tokens.known() {
+			out.Header.Set(runnerapi.HeaderContinuedTokens, strconv.FormatInt(st.tokens.total(), 10))
+		}
+		if rs := st.resumeHeader(); rs != "" {
+			out.Header.Set(runnerapi.HeaderResumeStream, rs)
+		}
 	}
 	var peer *peerSource
 	if g.peers != nil {
@@ -350,6 +361,7 @@ func (g *Gateway) attempt(ctx context.Context, w http.ResponseWriter, r *http.Re
 		if cont {
 			st.continued++
 		}
+		defer g.watchMac(be.Node, cut)()
 	}
 	a := relayed{start: start, span: span, cancelled: &cancelled, usage: lim, continuing: cont}
 	res = g.relay(ctx, w, r, model, be, resp, &a)
@@ -480,6 +492,7 @@ func (g *Gateway) relay(ctx context.Context, w http.ResponseWriter, r *http.Requ
 		}
 		if rerr == io.EOF {
 			res.usage = g.meter(r, model, be, a.usage, resp)
+			g.checkCount(model, be, resp.Body, res.usage)
 			if gone && !sent.complete(resp) {
 				g.metrics.cancellations.WithLabelValues(model, a.cancelled.outcome(true)).Inc()
 				return outcome{status: openaierr.StatusClientGone, reason: "client_gone", usage: res.usage}
@@ -508,6 +521,7 @@ func (g *Gateway) broken(w http.ResponseWriter, rc *http.ResponseController, mod
 	if brk, ok := errors.AsType[*streamBreak](rerr); ok {
 		if sr, ok := resp.Body.(*spliceReader); ok { // the caller may continue it
 			sr.st.broke = true
+			sr.st.tokens.broke()
 			return outcome{status: resp.StatusCode, reason: "stream_broken", broken: &brokenStream{brk: brk, st: sr.st, backend: be}}
 		}
 	}

@@ -7,21 +7,39 @@ import (
 	"errors"
 	"io"
 	"strconv"
+
+	"github.com/macfleet/macfleet/api/runnerapi"
 )
+
+// countPrefix starts the line of the runner's count before an event's data
+// (runnerapi.HeaderTokenCounts).
+var countPrefix = []byte(runnerapi.TokenCountComment + " ")
 
 // spliced is what the gateway knows of one Chat Completions stream it may continue on
 // another replica (continuation.go): what its client has been sent so far, across the
 // replicas that wrote it.
 type spliced struct {
+	api streamAPI
 	// id and created are the stream's, from its first chunk: a continuation's chunks
-	// are rewritten to carry them.
-	id      string
-	created []byte
+	// are rewritten to carry them. A Responses stream's id, created_at, next
+	// sequence_number and message item, and a Messages stream's id and text block
+	// (index, and whether it is open), are told to its continuation instead
+	// (resumeHeader).
+	id        string
+	created   []byte
+	createdAt int64
+	seq       int
+	item      string
+	index     int
+	blockOpen bool
 	// text is the assistant's content sent so far.
 	text bytes.Buffer
 	// reasoning, toolCalls and finished: the stream sent reasoning, a tool call, or a
 	// finish_reason (the answer cannot be continued as text).
 	reasoning, toolCalls, finished bool
+	// model is the stream's model; args each tool call's arguments sent (toolend.go).
+	model string
+	args  [][]byte
 	// broke: a replica failed the stream; the next attempt continues it.
 	broke bool
 	// continued counts the continuations that started streaming.
@@ -29,6 +47,8 @@ type spliced struct {
 	// held is the error event the broken replica ended with, sent to the client only
 	// when the stream is not continued.
 	held []byte
+	// tokens is the gateway's count of the completion tokens it forwarded.
+	tokens tokenCount
 }
 
 // streamBreak is how a stream's replica failed after its first byte: the error a
@@ -107,6 +127,11 @@ func (s *spliceReader) next() error {
 			break
 		}
 	}
+	if rest, ok := bytes.CutPrefix(s.event, countPrefix); ok { // the runner's count, for the gateway only
+		i := bytes.IndexByte(rest, '\n')
+		s.st.tokens.read(rest[:i])
+		s.event = s.event[:copy(s.event, rest[i+1:])]
+	}
 	return s.take(s.event)
 }
 
@@ -114,6 +139,14 @@ func (s *spliceReader) next() error {
 func (s *spliceReader) take(ev []byte) error {
 	data := sseData(ev)
 	switch {
+	case s.st.api == responsesAPI || s.st.api == messagesAPI: // splice_apis.go
+		take := s.takeResponses
+		if s.st.api == messagesAPI {
+			take = s.takeMessages
+		}
+		if keep, err := take(ev, data); err != nil || !keep {
+			return err
+		}
 	case bytes.Equal(data, []byte("[DONE]")):
 		s.done = true
 	case bytes.HasPrefix(data, []byte(`{"error"`)):
@@ -128,7 +161,7 @@ func (s *spliceReader) take(ev []byte) error {
 			return &streamBreak{cause: "error_event", err: errors.New(string(data))}
 		}
 		s.done = true // the stream's own end, as the replica chose it
-	case len(data) > 0:
+	case len(data) > 0 && s.st.api == chatAPI:
 		var keep bool
 		if ev, keep = s.chunk(ev, data); !keep {
 			return nil
@@ -149,6 +182,7 @@ func replicaFailure(typ string) bool {
 type chunkHead struct {
 	ID      string          `json:"id"`
 	Created json.RawMessage `json:"created"`
+	Model   string          `json:"model"`
 	Choices []struct {
 		Delta struct {
 			Role             string          `json:"role"`
@@ -206,7 +240,7 @@ func (s *spliceReader) chunk(ev, data []byte) ([]byte, bool) {
 	}
 	st := s.st
 	if st.id == "" { // the stream's first chunk (a continuation's, if none came before)
-		st.id, st.created = c.ID, append([]byte(nil), c.Created...)
+		st.id, st.created, st.model = c.ID, append([]byte(nil), c.Created...), c.Model
 		s.cont = false
 	}
 	if s.cont {
@@ -226,7 +260,10 @@ func (s *spliceReader) chunk(ev, data []byte) ([]byte, bool) {
 			st.text.WriteString(*d.Content)
 		}
 		st.reasoning = st.reasoning || (d.ReasoningContent != nil && *d.ReasoningContent != "")
-		st.toolCalls = st.toolCalls || len(d.ToolCalls) > 0 && string(d.ToolCalls) != "null"
+		if len(d.ToolCalls) > 0 && string(d.ToolCalls) != "null" {
+			st.toolCalls = true
+			st.addToolCalls(d.ToolCalls)
+		}
 		st.finished = st.finished || ch.FinishReason != nil
 	}
 	return ev, true

@@ -95,6 +95,8 @@ type Table struct {
 	bare      map[string][]*Route
 	qualified map[string][]*Route
 	changed   chan struct{}
+	// nodeReady: the Macs by name, whether their MacNode is Ready (see MacLost).
+	nodeReady map[string]bool
 	// starting marks the table a gateway serves before its first SetTable: it knows
 	// no deployment yet, which does not mean that none exists.
 	starting bool
@@ -116,6 +118,11 @@ func startingTable() *Table {
 
 // Changed is closed when a newer table replaces this one.
 func (t *Table) Changed() <-chan struct{} { return t.changed }
+
+// MacLost reports whether the table knows Mac name to be lost: its MacNode is not
+// Ready (its lease expired, or it reports itself not ready) or is gone. The table a
+// gateway serves before its first snapshot loses none.
+func (t *Table) MacLost(name string) bool { return !t.starting && !t.nodeReady[name] }
 
 // Routes lists the deployments sorted by namespace and name.
 func (t *Table) Routes() []*Route { return t.routes }
@@ -142,6 +149,7 @@ func (t *Table) backendOf(key string) (*Route, Backend, bool) {
 func BuildTable(deployments []mfv1.ModelDeployment, replicas []mfv1.ModelReplica, nodes []mfv1.MacNode) *Table {
 	t := emptyTable()
 	nodeReady := make(map[string]bool, len(nodes))
+	t.nodeReady = nodeReady
 	nodeLink := make(map[string]peerfetch.Link, len(nodes))
 	for i := range nodes {
 		nodeReady[nodes[i].Name] = meta.IsStatusConditionTrue(nodes[i].Status.Conditions, mfv1.MacNodeReady)

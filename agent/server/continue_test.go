@@ -3,6 +3,7 @@ package server_test
 import (
 	"encoding/json"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -42,5 +43,95 @@ func TestContinueHeaderReachesTheRunner(t *testing.T) {
 	resp, b := a.do(http.MethodPost, "/v1/chat/completions", partial, runnerapi.HeaderContinue, "next-turn")
 	if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(b), runnerapi.HeaderContinue) {
 		t.Errorf("an unknown mode: %d %s, want the runner's 400", resp.StatusCode, b)
+	}
+}
+
+// TestTokenCountsReachTheRunner: the agent passes runnerapi.HeaderContinuedTokens and
+// runnerapi.HeaderTokenCounts on. A continued answer declared as continuedTokens long
+// counts that many completion tokens and generates only the rest of max_tokens (its
+// logprobs, one a token, say how many it generated), whatever the partial answer
+// re-tokenizes into; a counted stream puts the choice's tokens so far before each
+// event with output, the last count the tokens the answer generated. A declared count
+// that is not a count is the runner's 400.
+func TestTokenCountsReachTheRunner(t *testing.T) {
+	const maxTokens, continuedTokens = 40, 30
+	a := startAgent(t, agentOptions{})
+	partial := chatBody("tiny", maxTokens, false)
+	partial["logprobs"] = true
+	partial["messages"] = []map[string]string{{"role": "user", "content": "Say something."},
+		{"role": "assistant", "content": "Something: one two"}}
+	resp, b := a.do(http.MethodPost, "/v1/chat/completions", partial, runnerapi.HeaderContinue, runnerapi.ContinueFinalMessage,
+		runnerapi.HeaderContinuedTokens, strconv.Itoa(continuedTokens))
+	var out runnerapi.ChatCompletion
+	if resp.StatusCode != http.StatusOK || json.Unmarshal(b, &out) != nil || out.Usage == nil || out.Choices[0].Logprobs == nil {
+		t.Fatalf("%d %s", resp.StatusCode, b)
+	}
+	if got := len(out.Choices[0].Logprobs.Content); out.Usage.CompletionTokens != maxTokens || got != maxTokens-continuedTokens {
+		t.Errorf("usage %+v and %d tokens generated, want %d completion tokens of which %d generated",
+			*out.Usage, got, maxTokens, maxTokens-continuedTokens)
+	}
+	resp, b = a.do(http.MethodPost, "/v1/chat/completions", partial, runnerapi.HeaderContinue, runnerapi.ContinueFinalMessage,
+		runnerapi.HeaderContinuedTokens, "-1")
+	if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(b), runnerapi.HeaderContinuedTokens) {
+		t.Errorf("a negative count: %d %s, want the runner's 400", resp.StatusCode, b)
+	}
+
+	body := chatBody("tiny", maxTokens, true)
+	body["stream_options"] = map[string]any{"include_usage": true}
+	resp, b = a.do(http.MethodPost, "/v1/chat/completions", body, runnerapi.HeaderTokenCounts, runnerapi.TokenCountComments)
+	checkCounted(t, "a chat", resp, b)
+	resp, b = a.do(http.MethodPost, "/v1/completions", map[string]any{"model": "tiny", "prompt": "Once upon", "max_tokens": 8,
+		"temperature": 0, "stream": true, "stream_options": map[string]any{"include_usage": true}},
+		runnerapi.HeaderTokenCounts, runnerapi.TokenCountComments)
+	checkCounted(t, "a text completion", resp, b)
+}
+
+// checkCounted checks a counted stream: a count line of choice 0 before each event
+// with output, never going down, the last one the usage's completion tokens.
+func checkCounted(t *testing.T, what string, resp *http.Response, b []byte) {
+	t.Helper()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("%s: %d %s", what, resp.StatusCode, b)
+	}
+	last, counted, outputs := -1, 0, 0
+	var usage runnerapi.Usage
+	for ev := range strings.SplitSeq(strings.TrimSpace(string(b)), "\n\n") {
+		comment, data, hasComment := strings.Cut(ev, "\n")
+		if !hasComment {
+			data = ev
+		}
+		var c struct {
+			Choices []struct {
+				Text         string  `json:"text"`
+				FinishReason *string `json:"finish_reason"`
+				Delta        struct {
+					Content string `json:"content"`
+				} `json:"delta"`
+			} `json:"choices"`
+			Usage *runnerapi.Usage `json:"usage"`
+		}
+		if json.Unmarshal([]byte(strings.TrimPrefix(data, "data: ")), &c) == nil && c.Usage != nil {
+			usage = *c.Usage
+		}
+		output := len(c.Choices) == 1 && (c.Choices[0].Delta.Content != "" || c.Choices[0].Text != "" || c.Choices[0].FinishReason != nil)
+		if output {
+			outputs++
+		}
+		if !hasComment {
+			if output {
+				t.Errorf("%s: an event with output and no count: %q", what, ev)
+			}
+			continue
+		}
+		n, err := strconv.Atoi(strings.TrimPrefix(comment, runnerapi.TokenCountComment+" 0 "))
+		if err != nil || n < last {
+			t.Errorf("%s: count %q after %d", what, comment, last)
+		}
+		last = n
+		counted++
+	}
+	if counted == 0 || counted != outputs || last != usage.CompletionTokens {
+		t.Errorf("%s: %d counted events of %d with output, the last count %d, usage %+v: want every one counted, the last the usage's",
+			what, counted, outputs, last, usage)
 	}
 }

@@ -68,9 +68,7 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, lease *enginepool
 	if pr.promptUsage {
 		req.Header.Set(runnerapi.HeaderPromptUsage, "first-chunk")
 	}
-	if v := r.Header.Get(runnerapi.HeaderContinue); v != "" && pr.path == pathChat {
-		req.Header.Set(runnerapi.HeaderContinue, v) // the runner checks it
-	}
+	passCountHeaders(r, req.Header, pr.path)
 	if id := r.Header.Get(runnerapi.HeaderRequestID); id != "" && pr.generates {
 		req.Header.Set(runnerapi.HeaderRequestID, id)
 		defer s.requests.add(id, rn)()
@@ -108,6 +106,24 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, lease *enginepool
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(resp.StatusCode)
 	_, _ = w.Write(b)
+}
+
+// passCountHeaders passes on the gateway's headers of a stream's token count (a chat
+// or text completion; a Responses or Messages translator carries the count lines over
+// into its own events) and of a continued chat (the runner checks their values).
+func passCountHeaders(r *http.Request, out http.Header, path string) {
+	var hs []string
+	switch path {
+	case pathChat:
+		hs = []string{runnerapi.HeaderContinue, runnerapi.HeaderContinuedTokens, runnerapi.HeaderTokenCounts}
+	case pathCompletions:
+		hs = []string{runnerapi.HeaderTokenCounts}
+	}
+	for _, h := range hs {
+		if v := r.Header.Get(h); v != "" {
+			out.Set(h, v)
+		}
+	}
 }
 
 // upstreamStatus turns a runner's non-2xx answer into a *runnerError.

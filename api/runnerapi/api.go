@@ -261,6 +261,49 @@ const HeaderContinue = "X-Macfleet-Continue"
 // ContinueFinalMessage is the value of HeaderContinue.
 const ContinueFinalMessage = "final-message"
 
+// HeaderContinuedTokens, beside HeaderContinue, is how many tokens of the partial
+// answer its client already has, as the gateway counted them (HeaderTokenCounts):
+// the usage counts that many as completion tokens and max_tokens bounds the rest by
+// them, instead of the runner re-tokenizing the partial answer's text (which can read
+// as more tokens than were generated). A non-negative integer; the node agent passes
+// it on.
+const HeaderContinuedTokens = "X-Macfleet-Continued-Tokens"
+
+// HeaderTokenCounts, set to TokenCountComments on a streamed chat completion, asks the
+// runner to put before the data line of each event that carries generated output a
+// comment line "%s I N" (TokenCountComment): choice I has generated N tokens so far.
+// SSE clients ignore comments; the gateway reads them for its own count of the tokens
+// it forwarded and removes them. The node agent passes it on.
+const HeaderTokenCounts = "X-Macfleet-Token-Counts"
+
+// HeaderResumeStream, beside HeaderContinue on a streamed Responses or Anthropic
+// Messages request, is where the client's stream stands (a ResumeStream in JSON): the
+// node agent's translator goes on with that stream's ids, sequence numbers and open
+// text item or block instead of starting a new one, and its text done events carry
+// the final assistant message's text (what the client has) with what follows.
+const HeaderResumeStream = "X-Macfleet-Resume-Stream"
+
+// ResumeStream is the value of HeaderResumeStream.
+type ResumeStream struct {
+	// Responses: the response's id and created_at, the next sequence_number and the
+	// open message item's id (output index 0; "" when none is open yet).
+	ID        string `json:"id,omitempty"`
+	CreatedAt int64  `json:"created_at,omitempty"`
+	Seq       int    `json:"seq,omitempty"`
+	Item      string `json:"item,omitempty"`
+	// Index is a Messages stream's text block's index, and Open whether the client
+	// has its content_block_start.
+	Index int  `json:"index,omitempty"`
+	Open  bool `json:"open,omitempty"`
+}
+
+// TokenCountComments is the value of HeaderTokenCounts; TokenCountComment starts each
+// count's comment line.
+const (
+	TokenCountComments = "comments"
+	TokenCountComment  = ": tokens"
+)
+
 // HeaderCachePartition names the part of the prompt cache a request may hit and add
 // to: prefixes cached in one partition are never found from another, in a slot's
 // memory, the hot tier or the SSD tier. The gateway sets it from the caller's key

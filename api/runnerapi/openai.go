@@ -295,9 +295,11 @@ type Options struct {
 	Grammar string
 	// CacheSalt is the request's cache_salt.
 	CacheSalt string
-	// Continued is how many of the prompt's tokens are an answer the request
-	// continues (HeaderContinue): its usage counts them as completion tokens.
-	Continued int
+	// ContinuedPrompt is how many of the prompt's tokens are an answer the request
+	// continues (HeaderContinue): its usage does not count them as prompt tokens.
+	// Continued is how many completion tokens that answer counts as: ContinuedPrompt,
+	// or what HeaderContinuedTokens says the client was sent.
+	ContinuedPrompt, Continued int
 }
 
 // Limits of request fields.

@@ -24,17 +24,33 @@ import (
 // full when the runner is killed.
 const continuedStreams = 48
 
+// survivorTokens is each stream's max_tokens.
+const survivorTokens = 400
+
 // TestStreamsSurviveARunnerKill: streaming chats through the gateway to a two-replica
 // deployment, one replica's runner killed with SIGKILL while they stream, or its
-// agent's whole process: every stream completes as an uninterrupted one does (valid
-// SSE, one id, one usage, one [DONE], no error event), those the failed replica was
+// agent's whole process, or its agent stopped (SIGSTOP) until its Lease expires and
+// the gateway counts the Mac lost: every stream completes as an uninterrupted one does (valid
+// SSE, one id, one usage, one [DONE], no error event, a usage that counts each token
+// the client got once and no more than max_tokens), those the failed replica was
 // writing continued on the other replica.
 func TestStreamsSurviveARunnerKill(t *testing.T) {
 	t.Run("runner", func(t *testing.T) {
-		survive(t, func(t *testing.T, _ string, pid int) {
-			if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
-				t.Fatalf("killing runner %d: %v", pid, err)
+		surviveWith(t, continuedStreams, survivorStream, killRunner, 3)
+	})
+	t.Run("agent stopped", func(t *testing.T) {
+		survive(t, func(t *testing.T, node string, _ int) {
+			if err := fleet.PauseAgent(node); err != nil {
+				t.Fatal(err)
 			}
+			t.Cleanup(func() { // the Mac wakes for the tests after this one
+				if err := fleet.ResumeAgent(node); err != nil {
+					t.Fatal(err)
+				}
+				if err := fleet.WaitNodeReady(context.Background(), node); err != nil {
+					t.Fatal(err)
+				}
+			})
 		})
 	})
 	t.Run("agent", func(t *testing.T) {
@@ -54,15 +70,51 @@ func TestStreamsSurviveARunnerKill(t *testing.T) {
 	})
 }
 
+// killRunner kills a replica's runner with SIGKILL.
+func killRunner(t *testing.T, _ string, pid int) {
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatalf("killing runner %d: %v", pid, err)
+	}
+}
+
 // survive runs continuedStreams streams to a new two-replica deployment, calls kill
 // with the first replica's Mac and runner PID while that replica writes some of them,
 // and checks every stream.
 func survive(t *testing.T, kill func(t *testing.T, node string, pid int)) {
+	surviveWith(t, continuedStreams, survivorStream, kill, 1)
+}
+
+// streamer streams one answer to model as client i, adds 1 to streaming once it has
+// content, and checks what it read.
+type streamer func(ctx context.Context, model string, i int, streaming *atomic.Int32) streamResult
+
+// surviveWith is survive with n streams of stream, in up to rounds rounds (each with
+// a new deployment) while a kill broke no stream: the victim's requests may all be
+// before their first byte when it falls (they are retried, not continued), most
+// often with short answers. A kill may be repeated only if kill can be called again.
+func surviveWith(t *testing.T, n int, stream streamer, kill func(t *testing.T, node string, pid int), rounds int) {
+	for round := 1; ; round++ {
+		continued, victim := survivalRound(t, n, stream, kill)
+		switch {
+		case continued > 0 || t.Failed():
+			return
+		case round == rounds:
+			t.Errorf("no stream was continued in %d rounds: the kill broke none (last: %s)", rounds, victim)
+			return
+		}
+		t.Logf("round %d: the kill broke no stream of %s; again", round, victim)
+	}
+}
+
+// survivalRound runs one round of surviveWith: how many streams were continued, and
+// the victim's replica and runner.
+func survivalRound(t *testing.T, n int, stream streamer, kill func(t *testing.T, node string, pid int)) (int, string) {
 	ns := testenv.NewNamespace(t, fleet.Client)
 	create(t, deployment(ns, "survivor", 2, func(md *v1alpha1.ModelDeployment) {
 		md.Spec.Placement.Strategy = v1alpha1.Spread
 		md.Spec.Engine.Settings = engine.Settings{ContextLength: 1024, Parallel: 2}
 	}))
+	defer removeDeployment(t, ns, "survivor") // a next round's replicas need the room
 	replicas := waitReady(t, ns, "survivor", 2, 3*time.Minute)
 	victim := replicas[0]
 	key, addr := victim.Namespace+"/"+victim.Name, fleet.Agent(victim.Spec.NodeName).Addr
@@ -74,15 +126,15 @@ func survive(t *testing.T, kill func(t *testing.T, node string, pid int)) {
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
 	var streaming atomic.Int32 // streams that have content
-	results := make([]streamResult, continuedStreams)
+	results := make([]streamResult, n)
 	var wg sync.WaitGroup
-	for i := range continuedStreams {
-		wg.Go(func() { results[i] = survivorStream(ctx, ns+"/survivor", i, &streaming) })
+	for i := range n {
+		wg.Go(func() { results[i] = stream(ctx, ns+"/survivor", i, &streaming) })
 	}
 	// Kill once both replicas' slots are writing and the victim has requests.
 	testenv.Eventually(t, time.Minute, 5*time.Millisecond, func() (bool, string) {
-		n, active := streaming.Load(), activeRequests(ctx, addr, key)
-		return n >= 4 && active > 0, fmt.Sprintf("%d streams have content, the victim has %d requests", n, active)
+		s, active := streaming.Load(), activeRequests(ctx, addr, key)
+		return s >= 4 && active > 0, fmt.Sprintf("%d streams have content, the victim has %d requests", s, active)
 	})
 	kill(t, victim.Spec.NodeName, pid)
 	killed := time.Now()
@@ -96,11 +148,9 @@ func survive(t *testing.T, kill func(t *testing.T, node string, pid int)) {
 			continued++
 		}
 	}
-	t.Logf("%d streams, %d continued on the other replica; all ended %v after the kill", continuedStreams, continued,
+	t.Logf("%d streams, %d continued on the other replica; all ended %v after the kill", n, continued,
 		time.Since(killed).Round(time.Millisecond))
-	if continued == 0 {
-		t.Errorf("no stream was continued: the kill broke none (runner %d of %s)", pid, key)
-	}
+	return continued, fmt.Sprintf("runner %d of %s", pid, key)
 }
 
 // activeRequests is how many requests the agent at addr reports for model key.
@@ -128,21 +178,33 @@ type streamResult struct {
 	err, continued string
 }
 
-// survivorStream streams one chat and checks it as a client would parse it.
-func survivorStream(ctx context.Context, model string, i int, streaming *atomic.Int32) streamResult {
-	body := fmt.Sprintf(`{"model":%q,"stream":true,"stream_options":{"include_usage":true},"max_tokens":400,"temperature":0,
-		"messages":[{"role":"user","content":"Story %d: tell me a very long story about the sea."}]}`, model, i)
-	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, fleet.GatewayURL+"/v1/chat/completions", strings.NewReader(body))
+// postStream posts a streamed request's body to the gateway's path: its 200 response,
+// or what went wrong.
+func postStream(ctx context.Context, path, body string) (*http.Response, string) {
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, fleet.GatewayURL+path, strings.NewReader(body))
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return streamResult{err: err.Error()}
+		return nil, err.Error()
+	}
+	if resp.StatusCode != http.StatusOK {
+		resp.Body.Close()
+		return nil, fmt.Sprintf("status %d", resp.StatusCode)
+	}
+	return resp, ""
+}
+
+// survivorStream streams one chat and checks it as a client would parse it.
+func survivorStream(ctx context.Context, model string, i int, streaming *atomic.Int32) streamResult {
+	body := fmt.Sprintf(`{"model":%q,"stream":true,"stream_options":{"include_usage":true},"max_tokens":%d,"temperature":0,
+		"logprobs":true,"messages":[{"role":"user","content":"Story %d: tell me a very long story about the sea."}]}`, model, survivorTokens, i)
+	resp, problem := postStream(ctx, "/v1/chat/completions", body)
+	if problem != "" {
+		return streamResult{err: problem}
 	}
 	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return streamResult{err: fmt.Sprintf("status %d", resp.StatusCode)}
-	}
 	ids, dones, usages, counted := map[string]bool{}, 0, 0, false
+	delivered, finish := 0, "" // the tokens the client got (a logprob each), the finish reason
 	var usage runnerapi.Usage
 	br := bufio.NewReader(resp.Body)
 	for {
@@ -177,23 +239,35 @@ func survivorStream(ctx context.Context, model string, i int, streaming *atomic.
 			usages++
 			usage = *c.Usage
 		}
+		for _, ch := range c.Choices {
+			if ch.Logprobs != nil {
+				delivered += len(ch.Logprobs.Content)
+			}
+			if ch.FinishReason != nil {
+				finish = *ch.FinishReason
+			}
+		}
 		if !counted && len(c.Choices) > 0 && c.Choices[0].Delta.Content != nil && *c.Choices[0].Delta.Content != "" {
 			counted = true
 			streaming.Add(1)
 		}
 	}
 	res := streamResult{continued: resp.Trailer.Get("X-Macfleet-Continued")}
-	// A continued answer's first part is counted by the continuing replica's tokenizer
-	// reading the text sent (docs/fleet.md): what a random-weight model wrote token by
-	// token can read as more tokens than it was, so only an answer not continued is
-	// held to max_tokens here.
-	over := usage.CompletionTokens > 400 && res.continued == ""
+	// Usage counts each token the client got once, a continued answer's too (the
+	// gateway tells the continuing replica how many it forwarded): a logprob a token,
+	// and the end-of-generation token, which has none, for an answer that stopped.
+	if finish == "stop" {
+		delivered++
+	}
 	switch {
 	case dones != 1 || usages != 1 || len(ids) != 1:
 		res.err = fmt.Sprintf("%d [DONE], %d usage chunks, ids %v; want one each", dones, usages, ids)
-	case usage.PromptTokens == 0 || usage.CompletionTokens == 0 || over ||
+	case usage.PromptTokens == 0 || usage.CompletionTokens == 0 || usage.CompletionTokens > survivorTokens ||
 		usage.TotalTokens != usage.PromptTokens+usage.CompletionTokens:
 		res.err = fmt.Sprintf("usage %+v (continued %q)", usage, res.continued)
+	case usage.CompletionTokens != delivered:
+		res.err = fmt.Sprintf("usage %+v counts %d completion tokens, the client got %d (finish %q, continued %q)",
+			usage, usage.CompletionTokens, delivered, finish, res.continued)
 	}
 	return res
 }

@@ -125,7 +125,7 @@ func create(t *testing.T, obj client.Object) {
 // garbage collector (no kube-controller-manager) to delete the replicas a deployment
 // owns, nor a namespace controller to empty a deleted namespace: without this, every
 // test's replicas would keep their Macs' memory reserved until the suite ends.
-func removeDeployment(t *testing.T, ns, name string) {
+func removeDeployment(t testing.TB, ns, name string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	md := &v1alpha1.ModelDeployment{}

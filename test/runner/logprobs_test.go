@@ -100,6 +100,11 @@ func TestLogprobsAndChoices(t *testing.T) {
 		acc.AddChunk(ch)
 		for _, choice := range ch.Choices {
 			streamed[choice.Index] = append(streamed[choice.Index], choice.Logprobs.Content...)
+			// The role chunk carries none: a continued stream's is dropped, and its
+			// logprobs would be lost with it.
+			if choice.Delta.Role != "" && len(choice.Logprobs.Content) > 0 {
+				t.Errorf("choice %d's role chunk carries %d logprobs", choice.Index, len(choice.Logprobs.Content))
+			}
 		}
 	}
 	if err := stream.Err(); err != nil {

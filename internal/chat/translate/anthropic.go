@@ -425,7 +425,11 @@ func Anthropic(chat http.Handler) http.Handler {
 		b, _ := json.Marshal(chatReq)
 		var out sink = &anthropicWhole{w: w}
 		if req.Stream {
-			out = &anthropicStream{w: w, sse: newSSE(w), model: req.Model}
+			as := &anthropicStream{w: w, sse: newSSE(w), model: req.Model}
+			if resume, ok := resumeOf(r); ok {
+				as.resume(resume)
+			}
+			out = as
 		}
 		serveChat(chat, r, b, out)
 	})

@@ -446,6 +446,9 @@ func Responses(chat http.Handler) http.Handler {
 		rs := &responseState{w: w, req: &req, names: tr.names, created: time.Now().Unix()}
 		if req.Stream {
 			rs.sse = newSSE(w)
+			if resume, ok := resumeOf(r); ok {
+				rs.resume(resume, continuedText(tr.chat))
+			}
 		}
 		serveChat(chat, r, b, rs)
 	})

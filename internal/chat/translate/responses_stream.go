@@ -179,6 +179,9 @@ func (s *responseState) chunk(c *runnerapi.ChatCompletionChunk) {
 		s.send("response.created", map[string]any{"response": s.object("in_progress")})
 		s.send("response.in_progress", map[string]any{"response": s.object("in_progress")})
 	}
+	if s.model == "" { // a resumed stream's
+		s.model = c.Model
+	}
 	if c.Usage != nil {
 		s.usage = c.Usage
 	}

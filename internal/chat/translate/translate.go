@@ -185,6 +185,9 @@ func (c *captureWriter) parse(final bool) {
 		for sc.Scan() {
 			data, ok := strings.CutPrefix(sc.Text(), "data: ")
 			if !ok {
+				if cs, counts := c.out.(counted); counts && isCount(sc.Text()) {
+					cs.count(sc.Text())
+				}
 				continue
 			}
 			c.data(data)
@@ -265,11 +268,13 @@ func parseError(status int, body []byte) *chatError {
 	return out
 }
 
-// sse writes server-sent events with an event line, flushing each.
+// sse writes server-sent events with an event line, flushing each; comment, when set,
+// goes before the next one (a count line of the runner's: see counted).
 type sse struct {
 	w       http.ResponseWriter
 	rc      *http.ResponseController
 	started bool
+	comment string
 }
 
 func newSSE(w http.ResponseWriter) *sse { return &sse{w: w, rc: http.NewResponseController(w)} }
@@ -284,6 +289,10 @@ func (s *sse) send(event string, v any) {
 		s.started = true
 	}
 	b, _ := json.Marshal(v)
+	if s.comment != "" {
+		_, _ = io.WriteString(s.w, s.comment+"\n")
+		s.comment = ""
+	}
 	_, _ = io.WriteString(s.w, "event: "+event+"\ndata: ")
 	_, _ = s.w.Write(b)
 	_, _ = io.WriteString(s.w, "\n\n")

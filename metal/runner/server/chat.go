@@ -5,6 +5,7 @@ package server
 import (
 	"fmt"
 	"net/http"
+	"strconv"
 	"strings"
 	"unicode/utf8"
 
@@ -118,22 +119,34 @@ func (s *Server) renderRequest(req *runnerapi.ChatRequest, mode string) (prompt 
 }
 
 // continuedTokens counts the prompt's tokens after before (the continued answer's),
-// which the usage reports as completion tokens; max_tokens bounds the whole answer, so
-// what is left of it shrinks by them (at least one token is still generated).
-func (s *Server) continuedTokens(before string, all int, opts *runnerapi.Options) (int, *runnerapi.Error) {
+// which the usage does not report as prompt tokens. The answer counts as declared
+// completion tokens (runnerapi.HeaderContinuedTokens: what the client was sent, as
+// the gateway counted it), or as many as it re-tokenizes into when none is declared;
+// max_tokens bounds the whole answer, so what is left of it shrinks by them (at least
+// one token is still generated).
+func (s *Server) continuedTokens(before string, all int, declared string, opts *runnerapi.Options) *runnerapi.Error {
 	if opts.N > 1 {
-		return 0, runnerapi.InvalidRequest(runnerapi.CodeUnsupportedParameter, "n",
+		return runnerapi.InvalidRequest(runnerapi.CodeUnsupportedParameter, "n",
 			"an answer is continued one choice at a time, got n=%d", opts.N)
 	}
 	head, err := s.model.Tokenize(before, true, true)
 	if err != nil {
-		return 0, runnerapi.InvalidRequest(runnerapi.CodeInvalidValue, "messages", "tokenizing: %v", err)
+		return runnerapi.InvalidRequest(runnerapi.CodeInvalidValue, "messages", "tokenizing: %v", err)
 	}
-	n := max(all-len(head), 0)
+	opts.ContinuedPrompt = max(all-len(head), 0)
+	opts.Continued = opts.ContinuedPrompt
+	if declared != "" {
+		n, err := strconv.Atoi(declared)
+		if err != nil || n < 0 {
+			return runnerapi.InvalidRequest(runnerapi.CodeInvalidValue, runnerapi.HeaderContinuedTokens,
+				"%s must be a non-negative integer, got %q", runnerapi.HeaderContinuedTokens, clipText(declared, 64))
+		}
+		opts.Continued = n
+	}
 	if opts.MaxTokens > 0 {
-		opts.MaxTokens = max(opts.MaxTokens-n, 1)
+		opts.MaxTokens = max(opts.MaxTokens-opts.Continued, 1)
 	}
-	return n, nil
+	return nil
 }
 
 // chatOptions are the output parser's options for a request and its prompt.
@@ -169,7 +182,7 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if open >= 0 {
-		if opts.Continued, herr = s.continuedTokens(prompt[:open], len(toks), &opts); herr != nil {
+		if herr = s.continuedTokens(prompt[:open], len(toks), r.Header.Get(runnerapi.HeaderContinuedTokens), &opts); herr != nil {
 			writeError(w, herr)
 			return
 		}

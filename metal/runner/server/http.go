@@ -362,7 +362,8 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, eng *engineSet
 		return
 	}
 	out := responder{w: w, chat: isChat, id: runnerapi.NewID(map[bool]string{true: "chatcmpl-", false: "cmpl-"}[isChat]),
-		created: time.Now().Unix(), model: model, promptTokens: len(toks), continued: opts.Continued, includeUsage: opts.IncludeUsage,
+		created: time.Now().Unix(), model: model, promptTokens: len(toks), continuedPrompt: opts.ContinuedPrompt, continued: opts.Continued,
+		tokenCounts: opts.Stream && r.Header.Get(runnerapi.HeaderTokenCounts) == runnerapi.TokenCountComments, includeUsage: opts.IncludeUsage,
 		usageFirst: opts.Stream && opts.IncludeUsage && r.Header.Get(runnerapi.HeaderPromptUsage) == "first-chunk",
 		logprobs:   opts.Logprobs, notify: make(chan struct{}, 1)}
 	for i := range opts.N {

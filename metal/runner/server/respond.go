@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 
 	"github.com/macfleet/macfleet/api/runnerapi"
@@ -25,9 +26,13 @@ type responder struct {
 	created      int64
 	model        string
 	promptTokens int
-	// continued are the prompt's last tokens that are the continued answer's
-	// (runnerapi.HeaderContinue): counted as completion tokens.
-	continued    int
+	// continuedPrompt are the prompt's last tokens that are the continued answer's
+	// (runnerapi.HeaderContinue), not counted as prompt tokens; continued is how many
+	// completion tokens that answer counts as (runnerapi.Options).
+	continuedPrompt, continued int
+	// tokenCounts puts each choice's generated tokens so far before each event that
+	// carries its output (runnerapi.HeaderTokenCounts).
+	tokenCounts  bool
 	includeUsage bool
 	// usageFirst puts the prompt's usage on the first chunk too (runnerapi.HeaderPromptUsage).
 	usageFirst bool
@@ -75,7 +80,7 @@ func (o *responder) poll(each func(c *choice, u update) bool) (err *runnerapi.Er
 // tokens already in the prompt (continued) count as completion tokens, and the cached
 // tokens at most the rest of the prompt.
 func (o *responder) usage() *runnerapi.Usage {
-	us := &runnerapi.Usage{PromptTokens: o.promptTokens - o.continued, CompletionTokens: o.continued}
+	us := &runnerapi.Usage{PromptTokens: o.promptTokens - o.continuedPrompt, CompletionTokens: o.continued}
 	for _, c := range o.choices {
 		us.CompletionTokens += c.last.generated
 	}
@@ -89,7 +94,7 @@ func (o *responder) usage() *runnerapi.Usage {
 // promptUsage is the usage of the prompt alone, as known when the first output of c
 // (the first choice) arrived.
 func (o *responder) promptUsage(c *choice) *runnerapi.Usage {
-	prompt := o.promptTokens - o.continued
+	prompt := o.promptTokens - o.continuedPrompt
 	us := &runnerapi.Usage{PromptTokens: prompt, TotalTokens: prompt}
 	if cached := min(c.cached, prompt); cached > 0 {
 		us.PromptTokensDetails = &runnerapi.PromptTokensDetails{CachedTokens: cached}
@@ -176,27 +181,23 @@ func nonNil(l []runnerapi.TokenLogprob) []runnerapi.TokenLogprob {
 func (o *responder) stream(r *http.Request) {
 	rc := http.NewResponseController(o.w)
 	started := false
-	send := func(v any) bool {
-		b, err := json.Marshal(v)
-		if err != nil {
-			return false
-		}
-		if _, err := fmt.Fprintf(o.w, "data: %s\n\n", b); err != nil {
-			return false
-		}
-		return rc.Flush() == nil
-	}
+	send := func(v any) bool { return o.sendEvent(rc, "", v) }
 	var pending []func() bool // output taken before the stream started
 	for o.wait(r) {
 		err, all, ok := o.poll(func(c *choice, u update) bool {
 			c.lps = append(c.lps, u.logprobs...)
 			c.cached = u.cached
 			text, done := u.text, u.done && u.err == nil
+			counted := send
+			if o.tokenCounts {
+				count := runnerapi.TokenCountComment + " " + strconv.Itoa(c.index) + " " + strconv.Itoa(u.generated) + "\n"
+				counted = func(v any) bool { return o.sendEvent(rc, count, v) }
+			}
 			step := func() bool {
-				if text != "" && !o.sendText(send, c, text) {
+				if text != "" && !o.sendText(counted, c, text) {
 					return false
 				}
-				return !done || o.sendEnd(send, c)
+				return !done || o.sendEnd(counted, c)
 			}
 			if !started {
 				pending = append(pending, step)
@@ -225,7 +226,10 @@ func (o *responder) stream(r *http.Request) {
 				if !o.chat {
 					continue
 				}
-				chunk := o.chatChunk(c, runnerapi.ChatDelta{Role: "assistant", Content: ptr("")}, nil)
+				// The role chunk carries no logprobs: they go with the output they are
+				// of (a continued stream's role chunk is dropped by the gateway).
+				chunk := runnerapi.ChatCompletionChunk{ID: o.id, Object: "chat.completion.chunk", Created: o.created, Model: o.model,
+					Choices: []runnerapi.ChatChunkChoice{{Index: c.index, Delta: runnerapi.ChatDelta{Role: "assistant", Content: ptr("")}}}}
 				if o.usageFirst && c.index == 0 {
 					chunk.Usage = o.promptUsage(c)
 				}
@@ -259,6 +263,18 @@ func (o *responder) stream(r *http.Request) {
 		}
 		return
 	}
+}
+
+// sendEvent sends v as one event, its data line after comment (a line, or "").
+func (o *responder) sendEvent(rc *http.ResponseController, comment string, v any) bool {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return false
+	}
+	if _, err := fmt.Fprintf(o.w, "%sdata: %s\n\n", comment, b); err != nil {
+		return false
+	}
+	return rc.Flush() == nil
 }
 
 // sendUsage sends the usage chunk: the prompt and every choice's generated tokens.

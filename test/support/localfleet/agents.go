@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"syscall"
 	"time"
 
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -155,4 +156,20 @@ func (f *Fleet) StopAgent(name string, timeout time.Duration) error {
 func (f *Fleet) AgentLog(name string) string {
 	b, _ := os.ReadFile(filepath.Join(f.opts.Dir, "logs", "agent-"+name+".log"))
 	return string(b)
+}
+
+// PauseAgent stops a Mac's agent with SIGSTOP, as a frozen or sleeping Mac would: its
+// connections stay open and nothing answers on them. ResumeAgent sends SIGCONT.
+func (f *Fleet) PauseAgent(name string) error { return f.signalAgent(name, syscall.SIGSTOP) }
+
+// ResumeAgent resumes an agent PauseAgent stopped.
+func (f *Fleet) ResumeAgent(name string) error { return f.signalAgent(name, syscall.SIGCONT) }
+
+func (f *Fleet) signalAgent(name string, sig syscall.Signal) error {
+	a := f.Agent(name)
+	if a == nil || a.proc == nil {
+		return fmt.Errorf("no running agent %q", name)
+	}
+	f.logf("Sending %v to the agent of %s", sig, name)
+	return syscall.Kill(a.proc.PID(), sig)
 }

@@ -1,0 +1,192 @@
+package gateway
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/macfleet/macfleet/api/runnerapi"
+)
+
+// The APIs whose streams the gateway reads event by event (splice.go): Chat
+// Completions chunks (and text completions', only counted), and the Responses and Anthropic Messages events that the node
+// agent translates from them. A continuation of the latter two is translated on from
+// where the client's stream stands (runnerapi.HeaderResumeStream), so its events are
+// passed on as they come; the gateway reads them for the text sent and the stream's
+// end.
+type streamAPI int
+
+const (
+	chatAPI streamAPI = iota
+	responsesAPI
+	messagesAPI
+	// completionsAPI: a text completion's stream is counted, not continued.
+	completionsAPI
+)
+
+// apiOf is the stream API of a request path; ok false for one that is not read.
+func apiOf(path string) (streamAPI, bool) {
+	switch path {
+	case "/v1/chat/completions":
+		return chatAPI, true
+	case "/v1/responses":
+		return responsesAPI, true
+	case "/v1/messages":
+		return messagesAPI, true
+	case "/v1/completions":
+		return completionsAPI, true
+	}
+	return 0, false
+}
+
+// responsesEvent is what the gateway reads of a Responses stream event.
+type responsesEvent struct {
+	Type     string `json:"type"`
+	Seq      *int   `json:"sequence_number"`
+	Response *struct {
+		ID        string `json:"id"`
+		CreatedAt int64  `json:"created_at"`
+	} `json:"response"`
+	Item *struct {
+		ID   string `json:"id"`
+		Type string `json:"type"`
+	} `json:"item"`
+	Delta string `json:"delta"`
+}
+
+// takeResponses records a Responses event. An error event is held, and so is the
+// response.failed after it: together they are the replica's failure, sent to the
+// client only when the stream is not continued. keep false drops the event.
+func (s *spliceReader) takeResponses(ev, data []byte) (keep bool, err error) {
+	var e responsesEvent
+	if json.Unmarshal(data, &e) != nil {
+		return true, nil
+	}
+	st := s.st
+	if e.Seq != nil && e.Type != "error" && (e.Type != "response.failed" || len(st.held) == 0) {
+		st.seq = *e.Seq + 1 // the next one the client gets (held events are not sent)
+	}
+	switch e.Type {
+	case "response.created":
+		if e.Response != nil {
+			st.id, st.createdAt = e.Response.ID, e.Response.CreatedAt
+		}
+	case "response.output_item.added":
+		switch {
+		case e.Item == nil:
+		case e.Item.Type == "message" && st.item == "":
+			st.item = e.Item.ID
+		case e.Item.Type == "reasoning":
+			st.reasoning = true
+		default: // a function call, or an item after the message
+			st.toolCalls = true
+		}
+	case "response.output_text.delta":
+		st.text.WriteString(e.Delta)
+	case "response.output_text.done", "response.content_part.done", "response.output_item.done":
+		st.finished = true // the message is closed: nothing to continue as text
+	case "response.completed", "response.incomplete":
+		st.finished, s.done = true, true
+	case "error":
+		st.held = append(st.held[:0], ev...)
+		return false, nil
+	case "response.failed":
+		if len(st.held) > 0 {
+			st.held = append(st.held, ev...)
+			return false, &streamBreak{cause: "error_event", err: errors.New(string(sseData(st.held)))}
+		}
+		st.finished, s.done = true, true
+	}
+	return true, nil
+}
+
+// messagesEvent is what the gateway reads of an Anthropic Messages stream event.
+type messagesEvent struct {
+	Type    string `json:"type"`
+	Message *struct {
+		ID string `json:"id"`
+	} `json:"message"`
+	Index        *int `json:"index"`
+	ContentBlock *struct {
+		Type string `json:"type"`
+	} `json:"content_block"`
+	Delta *struct {
+		Type string `json:"type"`
+		Text string `json:"text"`
+	} `json:"delta"`
+	Error *struct {
+		Type string `json:"type"`
+	} `json:"error"`
+}
+
+// takeMessages records a Messages event. An error event of the replica's (api_error,
+// overloaded_error) is held.
+func (s *spliceReader) takeMessages(ev, data []byte) (keep bool, err error) {
+	var e messagesEvent
+	if json.Unmarshal(data, &e) != nil {
+		return true, nil
+	}
+	st := s.st
+	switch e.Type {
+	case "message_start":
+		if e.Message != nil {
+			st.id = e.Message.ID
+		}
+	case "content_block_start":
+		switch {
+		case e.ContentBlock == nil || e.Index == nil:
+		case e.ContentBlock.Type == "text":
+			st.index, st.blockOpen = *e.Index, true
+		case e.ContentBlock.Type == "thinking":
+			st.reasoning = true
+		default:
+			st.toolCalls = true
+		}
+	case "content_block_delta":
+		if e.Delta != nil && e.Delta.Type == "text_delta" {
+			st.text.WriteString(e.Delta.Text)
+		}
+	case "content_block_stop", "message_delta":
+		st.finished = true
+	case "message_stop":
+		st.finished, s.done = true, true
+	case "error":
+		if e.Error != nil && (e.Error.Type == "api_error" || e.Error.Type == "overloaded_error") {
+			st.held = append(st.held[:0], ev...)
+			return false, &streamBreak{cause: "error_event", err: errors.New(string(data))}
+		}
+		s.done = true // the request's own error, as the replica chose to end with it
+	}
+	return true, nil
+}
+
+// resumeHeader is runnerapi.HeaderResumeStream for a continuation of st ("" for a
+// Chat Completions stream, or one that sent nothing yet: its continuation's stream is
+// the client's).
+func (st *spliced) resumeHeader() string {
+	if st.api == chatAPI || st.id == "" {
+		return ""
+	}
+	rs := runnerapi.ResumeStream{ID: st.id, CreatedAt: st.createdAt, Seq: st.seq, Item: st.item}
+	if st.api == messagesAPI {
+		rs = runnerapi.ResumeStream{Index: st.index, Open: st.blockOpen}
+	}
+	b, _ := json.Marshal(rs)
+	return string(b)
+}
+
+// brokenEvent is the last event of a Responses or Messages stream that broke and is
+// not continued: the replica's held error events, or the gateway's error saying msg.
+func (st *spliced) brokenEvent(msg string) []byte {
+	if len(st.held) > 0 {
+		return st.held
+	}
+	var v any
+	if st.api == responsesAPI {
+		v = map[string]any{"type": "error", "code": "upstream_error", "message": msg, "param": nil, "sequence_number": st.seq}
+	} else {
+		v = map[string]any{"type": "error", "error": map[string]any{"type": "api_error", "message": msg}}
+	}
+	b, _ := json.Marshal(v)
+	return fmt.Appendf(nil, "event: error\ndata: %s\n\n", b)
+}

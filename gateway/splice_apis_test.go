@@ -1,0 +1,97 @@
+package gateway
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"strings"
+	"testing"
+	"time"
+)
+
+// readSpliced reads a Responses or Messages stream through a splice reader: what the
+// client gets, and the break it ended with (nil for a whole stream).
+func readSpliced(t *testing.T, st *spliced, stream string) (string, *streamBreak) {
+	t.Helper()
+	r := newSpliceReader(io.NopCloser(strings.NewReader(stream)), st, false)
+	var out bytes.Buffer
+	buf := make([]byte, 64)
+	for {
+		n, err := r.Read(buf)
+		out.Write(buf[:n])
+		if err == io.EOF {
+			return out.String(), nil
+		}
+		if brk, ok := errors.AsType[*streamBreak](err); ok {
+			return out.String(), brk
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func event(typ, data string) string { return "event: " + typ + "\ndata: " + data + "\n\n" }
+
+// TestSpliceResponses: a Responses stream's response, message item, next sequence
+// number and text are read for its continuation; the replica's error event and the
+// response.failed after it are held back from the client (and take no sequence
+// number of the client's); a function call or reasoning makes it not continuable.
+func TestSpliceResponses(t *testing.T) {
+	head := event("response.created", `{"type":"response.created","sequence_number":0,"response":{"id":"resp_1","created_at":7}}`) +
+		event("response.output_item.added", `{"type":"response.output_item.added","sequence_number":1,"item":{"id":"msg_1","type":"message"}}`) +
+		"data: ignored\n\n" +
+		event("response.output_text.delta", `{"type":"response.output_text.delta","sequence_number":2,"item_id":"msg_1","delta":"Hel"}`) +
+		": tokens 0 2\n" +
+		event("response.output_text.delta", `{"type":"response.output_text.delta","sequence_number":3,"item_id":"msg_1","delta":"lo"}`)
+	failure := event("error", `{"code":"engine_stopped","message":"gone","param":null,"sequence_number":4,"type":"error"}`) +
+		event("response.failed", `{"type":"response.failed","sequence_number":5,"response":{"id":"resp_1"}}`)
+	st := &spliced{api: responsesAPI}
+	out, brk := readSpliced(t, st, head+failure)
+	if brk == nil || brk.cause != "error_event" || string(st.held) != failure {
+		t.Fatalf("break %v, held %q: want the error event and response.failed held", brk, st.held)
+	}
+	if strings.Contains(out, "error") || strings.Contains(out, ": tokens") {
+		t.Errorf("the client got %q", out)
+	}
+	if st.text.String() != "Hello" || st.tokens.total() != 2 {
+		t.Errorf("text %q, count %d", st.text.String(), st.tokens.total())
+	}
+	if got, want := st.resumeHeader(), `{"id":"resp_1","created_at":7,"seq":4,"item":"msg_1"}`; got != want {
+		t.Errorf("resume %s, want %s", got, want)
+	}
+	if ok, why := decideContinuation(continuation{st: st, shape: streamShape{n: 1}, max: 1, brk: brk, deadline: time.Now().Add(time.Second)}, time.Now()); !ok {
+		t.Errorf("not continued: %s", why)
+	}
+	for _, item := range []string{"function_call", "reasoning"} {
+		st := &spliced{api: responsesAPI}
+		readSpliced(t, st, head+event("response.output_item.added",
+			`{"type":"response.output_item.added","sequence_number":4,"item":{"id":"x","type":"`+item+`"}}`))
+		if !st.toolCalls && !st.reasoning {
+			t.Errorf("a %s item: continuable", item)
+		}
+	}
+}
+
+// TestSpliceMessages: a Messages stream's text block and text are read; an api_error
+// event is held as the replica's failure, an invalid_request_error ends the stream as
+// it came.
+func TestSpliceMessages(t *testing.T) {
+	head := event("message_start", `{"type":"message_start","message":{"id":"msg_1"}}`) +
+		event("content_block_start", `{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}`) +
+		event("content_block_delta", `{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Hi"}}`)
+	failure := event("error", `{"error":{"message":"gone","type":"api_error"},"type":"error"}`)
+	st := &spliced{api: messagesAPI}
+	out, brk := readSpliced(t, st, head+failure)
+	if brk == nil || string(st.held) != failure || strings.Contains(out, "api_error") || st.text.String() != "Hi" {
+		t.Fatalf("break %v, held %q, client %q, text %q", brk, st.held, out, st.text.String())
+	}
+	if got, want := st.resumeHeader(), `{"open":true}`; got != want {
+		t.Errorf("resume %s, want %s", got, want)
+	}
+	request := event("error", `{"error":{"message":"no","type":"invalid_request_error"},"type":"error"}`)
+	st = &spliced{api: messagesAPI}
+	if out, brk := readSpliced(t, st, head+request); brk != nil || !strings.HasSuffix(out, request) {
+		t.Errorf("the request's error: break %v, client %q", brk, out)
+	}
+}

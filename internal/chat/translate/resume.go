@@ -1,0 +1,72 @@
+package translate
+
+import (
+	"encoding/json"
+	"net/http"
+	"strings"
+
+	"github.com/macfleet/macfleet/api/runnerapi"
+)
+
+// Resuming a stream (runnerapi.HeaderResumeStream): the gateway continues a Responses
+// or Messages stream whose replica failed on another replica, with the text its client
+// has as the final assistant message. The translation then goes on with the client's
+// stream instead of starting one: its ids and sequence numbers, its open text item or
+// block, and the text already sent at the start of that item's text.
+
+// resumeOf is the stream a request continues: ok only with runnerapi.HeaderContinue
+// and a readable runnerapi.HeaderResumeStream.
+func resumeOf(r *http.Request) (rs runnerapi.ResumeStream, ok bool) {
+	v := r.Header.Get(runnerapi.HeaderResumeStream)
+	if v == "" || r.Header.Get(runnerapi.HeaderContinue) != runnerapi.ContinueFinalMessage {
+		return rs, false
+	}
+	return rs, json.Unmarshal([]byte(v), &rs) == nil && rs.Index >= 0 && rs.Seq >= 0
+}
+
+// continuedText is the final assistant message of a translated chat request: the text
+// the client of a resumed stream has.
+func continuedText(chat map[string]any) string {
+	msgs, _ := chat["messages"].([]runnerapi.Message)
+	if n := len(msgs); n > 0 && msgs[n-1].Role == "assistant" {
+		return string(msgs[n-1].Content)
+	}
+	return ""
+}
+
+// resume makes s go on with the Responses stream rs: started, and its message item
+// open (output index 0) with text when it has one.
+func (s *responseState) resume(rs runnerapi.ResumeStream, text string) {
+	s.started, s.id, s.created, s.seq = true, rs.ID, rs.CreatedAt, rs.Seq
+	if rs.Item != "" {
+		s.open, s.itemsID = "message", 1
+		s.output = []map[string]any{messageItem(rs.Item, "", "in_progress")}
+		s.text.WriteString(text)
+	}
+}
+
+// resume makes a go on with the Messages stream rs: started, and its text block open
+// when the client has its start.
+func (a *anthropicStream) resume(rs runnerapi.ResumeStream) {
+	a.started, a.index = true, rs.Index
+	if rs.Open {
+		a.open = "text"
+	}
+}
+
+// counted is a sink that passes the runner's token counts on
+// (runnerapi.HeaderTokenCounts): each count line goes before the next event it sends.
+type counted interface {
+	count(line string)
+}
+
+func (s *responseState) count(line string) {
+	if s.sse != nil {
+		s.sse.comment = line
+	}
+}
+
+func (a *anthropicStream) count(line string) { a.sse.comment = line }
+
+// isCount: line is a count line of the runner's.
+func isCount(line string) bool { return strings.HasPrefix(line, runnerapi.TokenCountComment+" ") }

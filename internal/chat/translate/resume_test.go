@@ -1,0 +1,140 @@
+package translate
+
+import (
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/macfleet/macfleet/api/runnerapi"
+)
+
+// countedChat streams a continued answer's chat chunks, each after a count line of
+// the runner's (runnerapi.HeaderTokenCounts), and records the request's headers.
+type countedChat struct{ header http.Header }
+
+func (c *countedChat) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	c.header = r.Header.Clone()
+	w.Header().Set("Content-Type", "text/event-stream")
+	for _, ev := range []string{
+		`data: {"id":"chatcmpl-new","model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}`,
+		runnerapi.TokenCountComment + " 0 1\n" + `data: {"id":"chatcmpl-new","model":"m","choices":[{"index":0,"delta":{"content":" world"}}]}`,
+		runnerapi.TokenCountComment + " 0 2\n" + `data: {"id":"chatcmpl-new","model":"m","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}`,
+		`data: {"id":"chatcmpl-new","model":"m","choices":[],"usage":{"prompt_tokens":4,"completion_tokens":5,"total_tokens":9}}`,
+		`data: [DONE]`,
+	} {
+		_, _ = io.WriteString(w, ev+"\n\n")
+	}
+}
+
+// resumed posts body to h as the gateway continues a stream at resume.
+func resumed(t *testing.T, h http.Handler, path, body, resume string) string {
+	t.Helper()
+	r := httptest.NewRequest(http.MethodPost, path, strings.NewReader(body))
+	r.Header.Set(runnerapi.HeaderContinue, runnerapi.ContinueFinalMessage)
+	r.Header.Set(runnerapi.HeaderResumeStream, resume)
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, r)
+	if w.Code != http.StatusOK {
+		t.Fatalf("%d %s", w.Code, w.Body)
+	}
+	return w.Body.String()
+}
+
+// eventKinds lists a stream's events as "kind" or "kind@seq", the count lines as
+// "count N".
+func eventKinds(t *testing.T, body string) []string {
+	t.Helper()
+	var kinds []string
+	for line := range strings.SplitSeq(body, "\n") {
+		if n, ok := strings.CutPrefix(line, runnerapi.TokenCountComment+" 0 "); ok {
+			kinds = append(kinds, "count "+n)
+		}
+	}
+	for _, e := range readEvents(t, strings.NewReader(body)) {
+		kinds = append(kinds, e.event)
+	}
+	return kinds
+}
+
+// TestResumeResponsesStream: a Responses stream resumed at an open message item goes
+// on with the client's response id, created_at, sequence numbers and item, its done
+// events carry the whole text (the final assistant message's and what follows), no
+// event of a new response is sent, and the runner's counts go before the events.
+func TestResumeResponsesStream(t *testing.T) {
+	c := &countedChat{}
+	body := resumed(t, Responses(c), "/v1/responses",
+		`{"model":"m","stream":true,"input":[{"role":"user","content":"hi"},{"role":"assistant","content":"Hello"}]}`,
+		`{"id":"resp_old","created_at":7,"seq":5,"item":"msg_old_1"}`)
+	if c.header.Get(runnerapi.HeaderContinue) != runnerapi.ContinueFinalMessage {
+		t.Errorf("the chat request's headers %v lack %s", c.header, runnerapi.HeaderContinue)
+	}
+	events := readEvents(t, strings.NewReader(body))
+	want := []string{"response.output_text.delta", "response.output_text.done", "response.content_part.done",
+		"response.output_item.done", "response.completed"}
+	if len(events) != len(want) {
+		t.Fatalf("events %v, want %v\n%s", eventKinds(t, body), want, body)
+	}
+	for i, e := range events {
+		if e.event != want[i] || e.data["sequence_number"] != float64(5+i) {
+			t.Errorf("event %d: %s #%v, want %s #%d", i, e.event, e.data["sequence_number"], want[i], 5+i)
+		}
+		if id, ok := e.data["item_id"]; ok && id != "msg_old_1" {
+			t.Errorf("event %d: item %v, want msg_old_1", i, id)
+		}
+	}
+	if got := events[1].data["text"]; got != "Hello world" {
+		t.Errorf("output_text.done text %q, want the whole text", got)
+	}
+	resp := events[4].data["response"].(map[string]any)
+	out := resp["output"].([]any)[0].(map[string]any)
+	if resp["id"] != "resp_old" || resp["created_at"] != 7.0 || resp["model"] != "m" || out["id"] != "msg_old_1" ||
+		out["content"].([]any)[0].(map[string]any)["text"] != "Hello world" {
+		t.Errorf("response %v", resp)
+	}
+	if !strings.HasPrefix(body, runnerapi.TokenCountComment+" 0 1\nevent: response.output_text.delta\n") ||
+		!strings.Contains(body, runnerapi.TokenCountComment+" 0 2\nevent: response.output_text.done\n") {
+		t.Errorf("the counts do not go before the events they count:\n%s", body)
+	}
+}
+
+// TestResumeMessagesStream: a Messages stream resumed in an open text block goes on
+// in that block, without a new message_start or content_block_start; one resumed
+// before any block opens the first one at its index.
+func TestResumeMessagesStream(t *testing.T) {
+	for _, tc := range []struct {
+		resume string
+		want   string
+	}{
+		{`{"index":0,"open":true}`, "content_block_delta content_block_stop message_delta message_stop"},
+		{`{}`, "content_block_start content_block_delta content_block_stop message_delta message_stop"},
+	} {
+		body := resumed(t, Anthropic(&countedChat{}), "/v1/messages",
+			`{"model":"m","max_tokens":9,"stream":true,"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":"Hello"}]}`,
+			tc.resume)
+		var kinds []string
+		for _, e := range readEvents(t, strings.NewReader(body)) {
+			kinds = append(kinds, e.event)
+			if idx, ok := e.data["index"]; ok && idx != 0.0 {
+				t.Errorf("%s: %s at index %v, want 0", tc.resume, e.event, idx)
+			}
+		}
+		if got := strings.Join(kinds, " "); got != tc.want {
+			t.Errorf("%s: events %s, want %s", tc.resume, got, tc.want)
+		}
+	}
+}
+
+// TestResumeNeedsContinue: the resume header alone (no runnerapi.HeaderContinue)
+// starts a new stream.
+func TestResumeNeedsContinue(t *testing.T) {
+	r := httptest.NewRequest(http.MethodPost, "/v1/messages",
+		strings.NewReader(`{"model":"m","max_tokens":9,"stream":true,"messages":[{"role":"user","content":"hi"}]}`))
+	r.Header.Set(runnerapi.HeaderResumeStream, `{"index":0,"open":true}`)
+	w := httptest.NewRecorder()
+	Anthropic(&countedChat{}).ServeHTTP(w, r)
+	if events := readEvents(t, w.Body); len(events) == 0 || events[0].event != "message_start" {
+		t.Errorf("events %v, want a new message", events)
+	}
+}

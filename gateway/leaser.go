@@ -20,6 +20,10 @@ import (
 // refused: each conflict is another replica's write, read again live.
 const leaseAttempts = 4
 
+// leaseTimeout bounds a request's lease writes: an API server that does not answer
+// refuses the request (503) rather than holding it.
+const leaseTimeout = 5 * time.Second
+
 // leaser writes this replica's leases into TokenBudgets' status (budget.Grant
 // decides them). It keeps its own leases as it wrote them, by budget UID: the
 // informer cache may not have seen its last write yet, and only it writes them.
@@ -59,6 +63,8 @@ func (l *leaser) leases(b *mfv1.TokenBudget) []budget.Lease {
 // lease cannot grow to its need, or the error of a write that did not go through.
 func (l *leaser) acquire(ctx context.Context, bs []mfv1.TokenBudget, needs []budget.Need,
 	peers []budget.Peer, gateways map[string]time.Time) (*budget.Decision, error) {
+	ctx, cancel := context.WithTimeout(ctx, leaseTimeout)
+	defer cancel()
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for _, n := range needs {

@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net/http"
 	"sync"
 	"sync/atomic"
@@ -18,15 +19,21 @@ import (
 	"github.com/macfleet/macfleet/gateway/ledger"
 	"github.com/macfleet/macfleet/gateway/metering"
 	"github.com/macfleet/macfleet/gateway/tenancy"
+	"github.com/macfleet/macfleet/internal/openaierr"
 )
 
 // The gateway counts its team callers' usage in TokenUsage records of their
 // namespaces (package ledger) and reads the TokenBudgets that limit them.
 // +kubebuilder:rbac:groups=macfleet.dev,resources=tokenbudgets,verbs=get;list;watch
+// +kubebuilder:rbac:groups=macfleet.dev,resources=tokenbudgets/status,verbs=get;update
 // +kubebuilder:rbac:groups=macfleet.dev,resources=tokenusages,verbs=get;list;watch;create;patch;delete
 
-// codeBudgetExceeded is the error code of a request over a TokenBudget.
-const codeBudgetExceeded = "token_budget_exceeded"
+// codeBudgetExceeded is the error code of a request over a TokenBudget;
+// codeBudgetLease of one whose budget's lease could not be written.
+const (
+	codeBudgetExceeded = "token_budget_exceeded"
+	codeBudgetLease    = "token_budget_lease_failed"
+)
 
 // Budgets enforces the teams' TokenBudgets and keeps this replica's usage ledger: a
 // team caller's request is checked against the budgets of its namespace (with the
@@ -46,18 +53,24 @@ type Budgets struct {
 	// budgets are the TokenBudgets by namespace.
 	budgets atomic.Pointer[map[string][]mfv1.TokenBudget]
 
+	// leaser writes this replica's leases; nil when the budgets are set with
+	// SetBudgets (tests, benchmarks).
+	leaser *leaser
+
 	mu sync.RWMutex
 	// peers are the other replicas' records by namespace and name; lists is each
-	// namespace's as one slice, rebuilt when one changes.
-	peers map[string]map[string]budget.Peer
-	lists map[string][]budget.Peer
+	// namespace's as one slice, rebuilt when one changes; gateways when each other
+	// replica last renewed a record of any namespace.
+	peers    map[string]map[string]budget.Peer
+	lists    map[string][]budget.Peer
+	gateways map[string]time.Time
 }
 
 // NewBudgets enforces budgets for the replica whose ledger is l. c may be nil when
 // the budgets are set with SetBudgets (tests, benchmarks).
 func NewBudgets(l *ledger.Ledger, c cache.Cache, clk clock.PassiveClock, log logr.Logger) *Budgets {
 	b := &Budgets{ledger: l, clock: clk, cache: c, log: log, kick: make(chan struct{}, 1),
-		peers: map[string]map[string]budget.Peer{}, lists: map[string][]budget.Peer{}}
+		peers: map[string]map[string]budget.Peer{}, lists: map[string][]budget.Peer{}, gateways: map[string]time.Time{}}
 	b.budgets.Store(&map[string][]mfv1.TokenBudget{})
 	return b
 }
@@ -65,51 +78,93 @@ func NewBudgets(l *ledger.Ledger, c cache.Cache, clk clock.PassiveClock, log log
 // Synced reports whether the budgets were read from synced informers.
 func (b *Budgets) Synced() bool { return b.synced.Load() }
 
-// SetBudgets replaces every namespace's budgets with bs.
+// SetBudgets replaces every namespace's budgets with bs. The first namespace with a
+// budget (by name, the same on every replica) carries this replica's heartbeat: its
+// record there is renewed every ledger.RenewEvery, so the other replicas know it is
+// live and lease (ledger.SetBeat).
 func (b *Budgets) SetBudgets(bs []mfv1.TokenBudget) {
 	m := map[string][]mfv1.TokenBudget{}
+	beat := ""
 	for _, tb := range bs {
 		m[tb.Namespace] = append(m[tb.Namespace], tb)
+		if beat == "" || tb.Namespace < beat {
+			beat = tb.Namespace
+		}
 	}
 	b.budgets.Store(&m)
+	if b.leaser != nil {
+		b.ledger.SetBeat(beat)
+	}
 }
 
 // admit checks id's request, which may use up to ask tokens (budget.Ask), against
 // its budgets, and reserves ask in the ledger when it is admitted; a refusal is the
-// error to answer. done ends an admitted request and releases its reservation, after
-// its usage was recorded (nil for callers that are not counted).
-func (b *Budgets) admit(id tenancy.Identity, ask int64) (done func(), refusal *apiError) {
+// error to answer. While another replica is live, it first leases the room the
+// request needs (budget.Admission, leaser). done ends an admitted request and
+// releases its reservation, after its usage was recorded (nil for callers that are
+// not counted).
+func (b *Budgets) admit(ctx context.Context, id tenancy.Identity, ask int64) (done func(), refusal *apiError) {
 	if id.Admin || id.Namespace == "" {
 		return nil, nil
 	}
 	bs := (*b.budgets.Load())[id.Namespace]
-	d, done := b.ledger.Admit(id.Namespace, id.Name, ask, func(own budget.Own) budget.Decision {
-		if len(bs) == 0 {
-			return budget.Decision{Allowed: true}
+	for attempt := 0; ; attempt++ {
+		var needs []budget.Need
+		d, done := b.ledger.Admit(id.Namespace, id.Name, ask, func(own budget.Own) budget.Decision {
+			if len(bs) == 0 {
+				return budget.Decision{Allowed: true}
+			}
+			b.mu.RLock()
+			defer b.mu.RUnlock()
+			s := budget.Snapshot{Self: b.ledger.Gateway(), Budgets: bs, Own: own, Peers: b.lists[id.Namespace]}
+			if b.leaser != nil { // without one, this replica counts as the only one
+				s.Gateways, s.Leases = b.gateways, b.leaser.leases
+			}
+			p := budget.Admission(s, id.Name, ask, b.clock.Now())
+			needs = p.Needs
+			return p.Decision
+		})
+		switch {
+		case d.Allowed:
+			return done, nil
+		case len(needs) == 0:
+			return nil, budgetExceeded(d, b.clock.Now())
+		case attempt >= leaseAttempts:
+			return nil, leaseFailed(fmt.Errorf("the lease did not cover the request after %d writes", attempt))
 		}
 		b.mu.RLock()
-		peers := b.lists[id.Namespace]
+		peers, gateways := b.lists[id.Namespace], maps.Clone(b.gateways)
 		b.mu.RUnlock()
-		return budget.Decide(bs, id.Name, ask, own, peers, b.clock.Now())
-	})
-	if d.Allowed {
-		return done, nil
+		d2, err := b.leaser.acquire(ctx, bs, needs, peers, gateways)
+		switch {
+		case err != nil:
+			b.log.Info("Leasing a budget's room failed", "err", err.Error())
+			return nil, leaseFailed(err)
+		case d2 != nil && !d2.Allowed:
+			return nil, budgetExceeded(*d2, b.clock.Now())
+		}
 	}
-	return nil, budgetExceeded(d, b.clock.Now())
+}
+
+// leaseFailed is the 503 of a request whose budget's lease could not be written.
+func leaseFailed(err error) *apiError {
+	return &apiError{Status: http.StatusServiceUnavailable, Type: openaierr.TypeUnavailable, Code: codeBudgetLease,
+		Message: "the gateway could not lease room on the caller's TokenBudget from the API server: " + err.Error() +
+			": try again", RetryAfter: time.Second, reason: "budget_lease"}
 }
 
 // reserve admits id's request to rt against its budgets (Budgets.admit) for the most
 // it can use: lim on the deployment's context (the largest of its template's and its
 // routable replicas'), with a body of bodyBytes. It counts the decision and the
 // tokens held in the budget metrics; done releases them.
-func (g *Gateway) reserve(id tenancy.Identity, rt *Route, lim metering.Limits, bodyBytes int) (done func(), refusal *apiError) {
-	ctx := rt.Context
+func (g *Gateway) reserve(ctx context.Context, id tenancy.Identity, rt *Route, lim metering.Limits, bodyBytes int) (done func(), refusal *apiError) {
+	n := rt.Context
 	for _, be := range rt.Backends {
-		ctx = max(ctx, be.Context)
+		n = max(n, be.Context)
 	}
-	lim.Context = int64(ctx)
+	lim.Context = int64(n)
 	ask := budget.Ask(lim, bodyBytes)
-	end, aerr := g.opts.Budgets.admit(id, ask)
+	end, aerr := g.opts.Budgets.admit(ctx, id, ask)
 	switch {
 	case aerr != nil:
 		g.metrics.budgetAdmissions.WithLabelValues(aerr.reason).Inc()
@@ -205,6 +260,9 @@ func (b *Budgets) peer(obj any, deleted bool) {
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if keep && p.Renewed.After(b.gateways[p.Gateway]) {
+		b.gateways[p.Gateway] = p.Renewed
+	}
 	ns := b.peers[tu.Namespace]
 	if !keep {
 		if _, had := ns[tu.Name]; !had {

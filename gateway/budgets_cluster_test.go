@@ -203,7 +203,9 @@ func TestLedgerAsGateway(t *testing.T) {
 // replica publishes the reservation in its TokenUsage record, and the other replica
 // refuses a request of the same size with a 429 naming the reserved tokens. Once the
 // held request's client goes away, the record loses the reservation (its window is
-// removed, not left as it was) and the other replica admits the request.
+// removed, not left as it was); the room the first replica leased for it serves its
+// next request, and the other replica is refused naming that lease until the minute
+// ends.
 func TestReservationsCountAcrossGateways(t *testing.T) {
 	e := cluster(t)
 	f, key := meteredFleet(t, e)
@@ -226,6 +228,7 @@ func TestReservationsCountAcrossGateways(t *testing.T) {
 		return code == http.StatusOK, fmt.Sprintf("gateway b serves the key: %d %s", code, b)
 	})
 
+	minute := time.Now().UTC().Truncate(time.Minute)
 	ctx, cancel := context.WithCancel(t.Context())
 	held := make(chan struct{})
 	go func() {
@@ -247,10 +250,20 @@ func TestReservationsCountAcrossGateways(t *testing.T) {
 	cancel()
 	<-held
 	reserved(t, e, f.ns, "gw-res-a", func(n int64) bool { return n == 0 })
+	// Gateway a leased the room its held request needed (both replicas are live);
+	// the lease is a's until the minute ends, so the room comes back to a's
+	// requests, and b is refused naming the other replica's lease.
 	testenv.Eventually(t, 5*time.Second, 20*time.Millisecond, func() (bool, string) {
-		code, b := send(http.MethodPost, gb.url+"/v1/chat/completions", body("qwen"), key)
-		return code == http.StatusOK, fmt.Sprintf("gateway b once the held request ended: %d %s", code, b)
+		code, b := send(http.MethodPost, ga.url+"/v1/chat/completions", body("qwen"), key)
+		return code == http.StatusOK, fmt.Sprintf("gateway a once its held request ended: %d %s", code, b)
 	})
+	code, resp := send(http.MethodPost, gb.url+"/v1/chat/completions", body("qwen"), key)
+	switch {
+	case !time.Now().UTC().Truncate(time.Minute).Equal(minute):
+		t.Logf("the minute of the lease ended before gateway b was asked (%d): its lease ended with it", code)
+	case code != http.StatusTooManyRequests || !strings.Contains(resp, "the other gateway replicas used or hold"):
+		t.Errorf("gateway b while gateway a holds the minute's lease: %d %s, want the budget's 429 naming the lease", code, resp)
+	}
 }
 
 // reserved waits until gateway gw's record of the day in ns has key ci's reserved

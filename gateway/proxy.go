@@ -148,7 +148,7 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, start time.Time)
 	}
 	lim := usageLimits(endpoint, head, body)
 	if g.opts.Budgets != nil {
-		done, aerr := g.reserve(id, rt, lim, len(body))
+		done, aerr := g.reserve(r.Context(), id, rt, lim, len(body))
 		if aerr != nil {
 			return model, g.fail(w, model, endpoint, aerr)
 		}

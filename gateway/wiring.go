@@ -146,6 +146,7 @@ func (w *wiring) budgets(writer client.Client) error {
 	}
 	l := ledger.New(gid, clock.RealClock{})
 	w.opts.Budgets = NewBudgets(l, nil, clock.RealClock{}, w.log.WithName("budgets"))
+	w.opts.Budgets.leaser = newLeaser(gid, writer, clock.RealClock{})
 	w.lw = &ledger.Writer{Ledger: l, Client: writer, Retention: cfg.UsageRetention, Log: w.log.WithName("ledger")}
 	return nil
 }

@@ -39,6 +39,56 @@ type TokenBudgetSpec struct {
 	ConcurrentRequests *int32 `json:"concurrentRequests,omitempty"`
 }
 
+// TokenBudgetStatus is written by the gateway's replicas: the leases they hold on
+// the budget's windows while more than one of them is live.
+type TokenBudgetStatus struct {
+	// leases are the gateway replicas' shares of the budget's current windows. While
+	// more than one replica is live, a replica admits a request only within the
+	// tokens it leased for each window, and leases more with a conditional write
+	// (resourceVersion), so two replicas never take the same room. A lease counts
+	// for its window only, and stops counting when its replica stops renewing its
+	// usage records (15 s).
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=64
+	Leases []TokenLease `json:"leases,omitempty"`
+}
+
+// TokenLease is one gateway replica's share of one window of a TokenBudget.
+type TokenLease struct {
+	// gateway is the replica holding the lease (its --gateway-id).
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	Gateway string `json:"gateway"`
+	// window is the limit the lease is a share of.
+	// +required
+	Window LeaseWindow `json:"window"`
+	// start is when the window begins (UTC); the lease ends with it.
+	// +required
+	Start metav1.Time `json:"start"`
+	// tokens is how many of the window's tokens the replica may admit: its usage
+	// and the reservations of its requests in flight stay within them.
+	// +required
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=9007199254740991
+	Tokens int64 `json:"tokens"`
+	// renewTime is when the replica last wrote the lease.
+	// +required
+	RenewTime metav1.MicroTime `json:"renewTime"`
+}
+
+// LeaseWindow is the window of a TokenLease.
+// +kubebuilder:validation:Enum=minute;hour;day
+type LeaseWindow string
+
+// The windows a TokenLease may share.
+const (
+	LeaseMinute LeaseWindow = "minute"
+	LeaseHour   LeaseWindow = "hour"
+	LeaseDay    LeaseWindow = "day"
+)
+
 // TokenBudget caps the tokens and concurrent requests of a namespace's callers, or of
 // one of its keys, as a ResourceQuota caps a namespace's resources. The gateway checks
 // every budget that applies to a request before it queues it; a request over one is
@@ -49,6 +99,7 @@ type TokenBudgetSpec struct {
 //
 // +kubebuilder:object:root=true
 // +kubebuilder:resource:shortName=tb,categories=macfleet
+// +kubebuilder:subresource:status
 // +kubebuilder:printcolumn:name="Key",type=string,JSONPath=`.spec.key`
 // +kubebuilder:printcolumn:name="Per-Minute",type=integer,JSONPath=`.spec.tokensPerMinute`
 // +kubebuilder:printcolumn:name="Per-Hour",type=integer,JSONPath=`.spec.tokensPerHour`
@@ -61,6 +112,8 @@ type TokenBudget struct {
 
 	// +required
 	Spec TokenBudgetSpec `json:"spec"`
+	// +optional
+	Status TokenBudgetStatus `json:"status,omitempty"`
 }
 
 // TokenBudgetList is a list of TokenBudgets.

@@ -43,6 +43,46 @@ func TestTokenBudgetValidation(t *testing.T) {
 	}
 }
 
+// TestTokenBudgetLeasesValidation writes leases into a TokenBudget's status on the
+// real API server, as a gateway replica does: bounded counts, a known window and at
+// most 64 leases.
+func TestTokenBudgetLeasesValidation(t *testing.T) {
+	ns := testenv.NewNamespace(t, env.Client)
+	now := metav1.NewTime(time.Now().UTC().Truncate(time.Minute))
+	lease := func(tokens int64, w mfv1.LeaseWindow) mfv1.TokenLease {
+		return mfv1.TokenLease{Gateway: "gw-0", Window: w, Start: now, Tokens: tokens, RenewTime: metav1.NewMicroTime(now.Time)}
+	}
+	many := make([]mfv1.TokenLease, 65)
+	for i := range many {
+		many[i] = lease(1, mfv1.LeaseMinute)
+		many[i].Gateway = "gw-" + strconv.Itoa(i)
+	}
+	for i, tc := range []struct {
+		name    string
+		leases  []mfv1.TokenLease
+		wantErr string
+	}{
+		{name: "a minute's lease", leases: []mfv1.TokenLease{lease(50, mfv1.LeaseMinute), lease(0, mfv1.LeaseDay)}},
+		{name: "negative tokens", leases: []mfv1.TokenLease{lease(-1, mfv1.LeaseHour)},
+			wantErr: "status.leases[0].tokens: Invalid value: -1: leases[0].tokens in body should be greater than or equal to 0"},
+		{name: "an unknown window", leases: []mfv1.TokenLease{lease(1, "concurrent")},
+			wantErr: `status.leases[0].window: Unsupported value: "concurrent"`},
+		{name: "no gateway", leases: []mfv1.TokenLease{{Window: mfv1.LeaseMinute, Start: now, RenewTime: metav1.NewMicroTime(now.Time)}},
+			wantErr: "leases[0].gateway in body should be at least 1 chars long"},
+		{name: "too many", leases: many, wantErr: "status.leases: Too many: 65: must have at most 64 items"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := &mfv1.TokenBudget{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "leased-" + strconv.Itoa(i)},
+				Spec: mfv1.TokenBudgetSpec{TokensPerMinute: ptr.To[int64](100)}}
+			if err := env.Client.Create(t.Context(), b); err != nil {
+				t.Fatal(err)
+			}
+			b.Status.Leases = tc.leases
+			checkErr(t, env.Client.Status().Update(t.Context(), b), tc.wantErr)
+		})
+	}
+}
+
 // TestTokenUsageValidation: a record's day is a date, and its counts are between 0
 // and mfv1.MaxUsageCount (the gateway's ledger saturates there).
 func TestTokenUsageValidation(t *testing.T) {

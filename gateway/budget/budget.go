@@ -191,6 +191,9 @@ type Decision struct {
 	// Used is the window's tokens used (for Concurrent, the requests in flight);
 	// Reserved the tokens the requests in flight reserved; Ask the request's own.
 	Used, Reserved, Ask int64
+	// Leased: the window's room is held by the other replicas' leases (Used is
+	// what they used or hold, Ask what this replica needs with the request).
+	Leased bool
 	// Reset is when the window starts afresh, or, when the window has room once the
 	// requests in flight end, when to try again.
 	Reset time.Time
@@ -210,6 +213,8 @@ func (d Decision) RetryAfter(now time.Time) time.Duration {
 // Message is d's refusal in words, for the error body.
 func (d Decision) Message() string {
 	switch {
+	case d.Leased:
+		return d.leasedMessage()
 	case d.Window == Concurrent:
 		return fmt.Sprintf("TokenBudget %s allows %d concurrent requests and %d are in flight: try again when one ends",
 			d.Budget, d.Limit, d.Used)

@@ -40,6 +40,9 @@ type Ledger struct {
 	spaces map[string]*space
 	// ended are the records of days that ended before they were written.
 	ended []*mfv1.TokenUsage
+	// beat is the namespace whose record is renewed every RenewEvery whatever it
+	// holds, so that the other replicas know this one is live (SetBeat).
+	beat string
 }
 
 // space is one namespace's counts of the current day.
@@ -64,6 +67,16 @@ func New(gateway string, c clock.PassiveClock) *Ledger {
 
 // Gateway is the replica the ledger counts for.
 func (l *Ledger) Gateway() string { return l.gateway }
+
+// SetBeat makes ns the namespace whose record is renewed every RenewEvery even with
+// nothing in it: the other replicas count this one live while it renews
+// (budget.StaleAfter), and then admit budgeted requests only within leases. ""
+// renews none.
+func (l *Ledger) SetBeat(ns string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.beat = ns
+}
 
 // space is ns's counts of now's day, a new day's once the last one ended. l.mu is held.
 func (l *Ledger) space(ns string, now time.Time) *space {
@@ -232,8 +245,8 @@ func sum(s *space) budget.Tally {
 }
 
 // Take returns the records to write: those of the namespaces that changed since they
-// were last taken, those with requests in flight not published for RenewEvery, and
-// those of days that ended unwritten. A record whose write fails is given back with
+// were last taken, those with requests in flight or of the beat namespace (SetBeat)
+// not published for RenewEvery, and those of days that ended unwritten. A record whose write fails is given back with
 // Retry.
 func (l *Ledger) Take() []*mfv1.TokenUsage {
 	l.mu.Lock()
@@ -241,9 +254,13 @@ func (l *Ledger) Take() []*mfv1.TokenUsage {
 	now := l.clock.Now()
 	out := l.ended
 	l.ended = nil
+	if l.beat != "" {
+		l.space(l.beat, now)
+	}
 	for ns := range l.spaces {
 		s := l.space(ns, now)
-		if !s.dirty && !(s.total.InFlight > 0 && now.Sub(s.published) >= RenewEvery) {
+		renew := s.total.InFlight > 0 || ns == l.beat
+		if !s.dirty && !(renew && now.Sub(s.published) >= RenewEvery) {
 			continue
 		}
 		s.dirty, s.published = false, now

@@ -1,6 +1,7 @@
 package ledger
 
 import (
+	"slices"
 	"testing"
 	"time"
 
@@ -213,5 +214,40 @@ func TestAttackUsageReportWrapsTheDay(t *testing.T) {
 	}
 	if d := budget.Decide(tb, "ci", 1, budget.Own{}, []budget.Peer{p, p}, clk.Now()); d.Allowed {
 		t.Errorf("two peers at the maximum: the budget admitted a request")
+	}
+}
+
+// TestLedgerBeat: the beat namespace's record is taken at once, even empty, then
+// every RenewEvery while nothing changes; another namespace without requests in
+// flight is not renewed, and "" renews none.
+func TestLedgerBeat(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Date(2026, 11, 25, 10, 0, 0, 0, time.UTC))
+	l := New("gw-a", clk)
+	l.Record("team-b", "ci", "team-b/qwen", metering.Usage{Input: 1})
+	l.SetBeat("team-a")
+	names := func() []string {
+		var out []string
+		for _, tu := range l.Take() {
+			out = append(out, tu.Namespace+"/"+tu.Name)
+		}
+		return out
+	}
+	for _, step := range []struct {
+		after time.Duration
+		beat  string
+		want  []string
+	}{
+		{0, "team-a", []string{"team-a/gw-a.2026-11-25", "team-b/gw-a.2026-11-25"}},
+		{RenewEvery - time.Millisecond, "team-a", nil},
+		{time.Millisecond, "team-a", []string{"team-a/gw-a.2026-11-25"}},
+		{RenewEvery, "", nil},
+	} {
+		clk.Step(step.after)
+		l.SetBeat(step.beat)
+		got := names()
+		slices.Sort(got)
+		if diff := cmp.Diff(step.want, got); diff != "" {
+			t.Errorf("at +%v with beat %q, records taken (-want +got):\n%s", clk.Since(time.Date(2026, 11, 25, 10, 0, 0, 0, time.UTC)), step.beat, diff)
+		}
 	}
 }

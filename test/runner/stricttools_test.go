@@ -2,14 +2,9 @@ package e2e
 
 import (
 	"context"
-	"encoding/json"
-	"net/http"
 	"testing"
 
 	"github.com/openai/openai-go/v3"
-
-	"github.com/macfleet/macfleet/api/runnerapi"
-	"github.com/macfleet/macfleet/test/support/testassets"
 )
 
 // strictWeatherParams is a schema the trained model does not write by itself: it
@@ -32,28 +27,15 @@ func strictWeatherTool(strict bool) string {
 // plain answer free. The same request without strict shows the schema is one the
 // model breaks by itself.
 func TestStrictToolsUnderAuto(t *testing.T) {
-	runnerBinary(t)
-	path, ok := testassets.TrainedModelPath()
-	if !ok {
-		t.Skipf("no trained test model at %s: docs/testing.md says how to make one", path)
-	}
-	r := startReady(t, path)
+	r := startTrained(t)
 	schema := compileSchema(t, strictWeatherParams)
-	chat := func(body string) runnerapi.ChatChoice {
-		t.Helper()
-		var c runnerapi.ChatCompletion
-		if code := r.postJSON("/v1/chat/completions", json.RawMessage(body), &c); code != http.StatusOK || len(c.Choices) != 1 {
-			t.Fatalf("chat completion %s: %d %+v", body, code, c)
-		}
-		return c.Choices[0]
-	}
 	ask := func(strict bool, question string) string {
 		return `{"model":"m","max_tokens":48,"temperature":0,"tool_choice":"auto","tools":[` + strictWeatherTool(strict) +
 			`],"messages":[{"role":"user","content":"` + question + `"}]}`
 	}
 	const weather = "What's the weather in Paris?"
 
-	free := chat(ask(false, weather))
+	free := r.chatChoice(ask(false, weather))
 	if len(free.Message.ToolCalls) != 1 {
 		t.Fatalf("without strict: finish %s, message %+v, want one call", free.FinishReason, free.Message)
 	}

@@ -177,3 +177,33 @@ func TestChatHintsAccepted(t *testing.T) {
 		}
 	}
 }
+
+// TestChatToolsStrict: strict functions are accepted under every tool_choice (the
+// runner holds their calls to the schema: a lazy grammar under "auto"), and the
+// checks of the tools themselves still hold.
+func TestChatToolsStrict(t *testing.T) {
+	const tool = `{"type":"function","function":{"name":"f","parameters":{"type":"object"},"strict":true}}`
+	for _, tc := range []struct {
+		choice, wantParam string
+	}{
+		{choice: ""}, {choice: `"auto"`}, {choice: `"required"`}, {choice: `"none"`},
+		{choice: `{"type":"function","function":{"name":"f"}}`},
+		{choice: `{"type":"function","function":{"name":"g"}}`, wantParam: "tool_choice"},
+	} {
+		body := `{"messages":[{"role":"user","content":"x"}],"tools":[` + tool + `]`
+		if tc.choice != "" {
+			body += `,"tool_choice":` + tc.choice
+		}
+		var r ChatRequest
+		if e := DecodeJSON([]byte(body+"}"), &r); e != nil {
+			t.Fatalf("%s: %v", tc.choice, e)
+		}
+		e := r.Check()
+		switch {
+		case tc.wantParam == "" && e != nil:
+			t.Errorf("tool_choice %s: %+v, want the strict tool accepted", tc.choice, e)
+		case tc.wantParam != "" && (e == nil || e.Param != tc.wantParam):
+			t.Errorf("tool_choice %s: %+v, want an error naming %s", tc.choice, e, tc.wantParam)
+		}
+	}
+}

@@ -184,12 +184,6 @@ func (t ChatTools) CheckTools() *Error {
 			return InvalidRequest(CodeInvalidValue, "tool_choice", "tool_choice names function %q, which is not among the tools", c.Function)
 		}
 	}
-	for i, tool := range t.Tools {
-		if tool.Function.Strict != nil && *tool.Function.Strict && !forced && !t.None() {
-			return InvalidRequest(CodeUnsupportedParameter, fmt.Sprintf("tools[%d].function.strict", i),
-				"strict arguments are enforced only when the call is forced: set tool_choice to \"required\" or name the function")
-		}
-	}
 	return nil
 }
 

@@ -291,8 +291,11 @@ type Options struct {
 	Logprobs    bool
 	TopLogprobs int
 	// Grammar constrains the output (GBNF, root rule "root"); the runner sets it from
-	// response_format and tool_choice.
+	// response_format, tool_choice and strict tools.
 	Grammar string
+	// GrammarTriggers make Grammar lazy (strict tools under tool_choice "auto"): it
+	// holds once the output matches one of these patterns (grammar.Spec.Triggers).
+	GrammarTriggers []string
 	// CacheSalt is the request's cache_salt.
 	CacheSalt string
 	// ContinuedPrompt is how many of the prompt's tokens are an answer the request

@@ -293,6 +293,19 @@ func TestForcedToolCalls(t *testing.T) {
 			}
 			check("streamed", acc.Choices[0].Message, acc.Choices[0].FinishReason, "", 1)
 
+			// Strict tools under "auto": the lazy grammar's trigger for this format
+			// compiles, and the text runs free until a call opens.
+			strict := strings.ReplaceAll(body(`"auto"`, 2, true), `"function":{`, `"function":{"strict":true,`)
+			var lazy runnerapi.ChatCompletion
+			if code := r.postJSON("/v1/chat/completions", strict, &lazy); code != http.StatusOK || len(lazy.Choices) != 1 {
+				t.Fatalf("strict tools under auto: %d %+v", code, lazy)
+			}
+			for _, call := range lazy.Choices[0].Message.ToolCalls {
+				if s := params[call.Function.Name]; s == nil || validate(t, s, call.Function.Arguments) != nil {
+					t.Errorf("strict tools under auto: call %s(%s)", call.Function.Name, call.Function.Arguments)
+				}
+			}
+
 			// The call and its result go back as history, rendered by the model's
 			// template: the runner counts exactly the tokens of that rendering.
 			call := acc.Choices[0].Message.ToolCalls[0]

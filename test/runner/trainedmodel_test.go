@@ -135,20 +135,8 @@ func firstDiff(a, b []int32) int {
 // result, and JSON that parses under response_format. It needs the model: without
 // test/models/tiny-chat-trained.gguf (or MACFLEET_TRAINED_MODEL) it skips.
 func TestTrainedModelAnswers(t *testing.T) {
-	runnerBinary(t)
-	path, ok := testassets.TrainedModelPath()
-	if !ok {
-		t.Skipf("no trained test model at %s: docs/testing.md says how to make one", path)
-	}
-	r := startReady(t, path)
-	chat := func(body string) runnerapi.ChatChoice {
-		t.Helper()
-		var c runnerapi.ChatCompletion
-		if code := r.postJSON("/v1/chat/completions", json.RawMessage(body), &c); code != http.StatusOK || len(c.Choices) != 1 {
-			t.Fatalf("chat completion %s: %d %+v", body, code, c)
-		}
-		return c.Choices[0]
-	}
+	r := startTrained(t)
+	chat := r.chatChoice
 
 	hi := chat(`{"model":"m","max_tokens":48,"temperature":0,"messages":[{"role":"user","content":"Hi"}]}`)
 	if text := hi.Message.Text(); hi.FinishReason != "stop" || !sentence.MatchString(text) || len(strings.Fields(text)) < 2 {
@@ -181,6 +169,27 @@ func TestTrainedModelAnswers(t *testing.T) {
 	if err := json.Unmarshal([]byte(js.Message.Text()), &obj); err != nil || js.FinishReason != "stop" || len(obj) == 0 {
 		t.Errorf("JSON answer %q (finish %s): %v", js.Message.Text(), js.FinishReason, err)
 	}
+}
+
+// startTrained starts a runner on the trained test model, or skips without it.
+func startTrained(t *testing.T) *runner {
+	t.Helper()
+	runnerBinary(t)
+	path, ok := testassets.TrainedModelPath()
+	if !ok {
+		t.Skipf("no trained test model at %s: docs/testing.md says how to make one", path)
+	}
+	return startReady(t, path)
+}
+
+// chatChoice posts a chat request that must succeed with one choice, and returns it.
+func (r *runner) chatChoice(body string) runnerapi.ChatChoice {
+	r.t.Helper()
+	var c runnerapi.ChatCompletion
+	if code := r.postJSON("/v1/chat/completions", json.RawMessage(body), &c); code != http.StatusOK || len(c.Choices) != 1 {
+		r.t.Fatalf("chat completion %s: %d %+v", body, code, c)
+	}
+	return c.Choices[0]
 }
 
 // sentence is an answer in words: a capital first, a full stop, question or

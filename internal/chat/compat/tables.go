@@ -106,7 +106,7 @@ var Messages = Policy{API: "Anthropic Messages", Endpoint: "/v1/messages", Field
 	{Name: "tools[].name", Treatment: Honoured, Does: "the function's name"},
 	{Name: "tools[].description", Treatment: Honoured, Does: "the function's description"},
 	{Name: "tools[].input_schema", Treatment: Honoured, Does: "the function's parameters; enforced by grammar when the call is forced"},
-	{Name: "tools[].strict", Treatment: Honoured, Does: "true: accepted when tool_choice is any or tool (the input is enforced by grammar) or none; with auto a 400, since the input is not constrained there (as chat's function.strict)"},
+	{Name: "tools[].strict", Treatment: Honoured, Does: "true: the input is enforced by grammar, as chat's function.strict (with auto, once the model opens a call; a 400 for models whose call format takes no grammar)"},
 	{Name: "tools[].input_examples", Treatment: Honoured, Does: "rendered into the description the model sees, one JSON object a line after \"Example inputs:\""},
 	{Name: "tools[].cache_control", Treatment: Hint, Does: "named in the header as cache_control (below)"},
 	{Name: "tools[].defer_loading", Treatment: Hint, Does: "the tool is shown to the model at once (there is no tool search): named in the header unless false", Neutral: []string{"false"}},

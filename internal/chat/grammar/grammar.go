@@ -1,6 +1,7 @@
 // Package grammar decides what a chat request constrains the model's output to —
 // a JSON schema (response_format), a forced tool call in the model's own call syntax
-// (tool_choice "required" or a named function), or both as alternatives — and
+// (tool_choice "required" or a named function), both as alternatives, or, for strict
+// tools under tool_choice "auto", the calls alone once the model opens one — and
 // describes it as JSON schemas plus GBNF rules for llama.cpp's converter and grammar
 // sampler. It is pure: the runner turns a Spec into a grammar.
 package grammar
@@ -8,6 +9,7 @@ package grammar
 import (
 	"encoding/json"
 	"fmt"
+	"regexp"
 	"strings"
 
 	"github.com/macfleet/macfleet/api/runnerapi"
@@ -21,6 +23,11 @@ type Spec struct {
 	Rules   map[string]string
 	// Param is the request field the constraint comes from, for errors.
 	Param string
+	// Triggers, when set, make the constraint lazy (strict tools under "auto"): the
+	// output is free until the text so far matches one of these regular expressions
+	// (ECMAScript, matched against the whole output), and the grammar holds from the
+	// start of the first group on — the call's opener, which root begins with.
+	Triggers []string
 
 	// b is what the schemas have spent of MaxSchemaWeight.
 	b *budget
@@ -51,6 +58,9 @@ func ForChat(in Input) (*Spec, *runnerapi.Error) {
 	callable := len(in.Tools) > 0 && (in.ToolChoice == nil || in.ToolChoice.Mode != "none")
 	format := in.ResponseFormat.Constrained()
 	if !forced && !format {
+		if callable && strictTool(in.Tools) >= 0 {
+			return forStrict(in)
+		}
 		return nil, nil
 	}
 	if in.Format == chat.FormatHarmony {
@@ -102,6 +112,69 @@ func ForChat(in Input) (*Spec, *runnerapi.Error) {
 	}
 	s.Rules["root"] = body
 	return s, nil
+}
+
+// strictTool is the index of the first tool with strict set, or -1.
+func strictTool(tools []runnerapi.Tool) int {
+	for i, t := range tools {
+		if t.Function.Strict != nil && *t.Function.Strict {
+			return i
+		}
+	}
+	return -1
+}
+
+// forStrict is the lazy constraint of strict tools under tool_choice "auto": text is
+// free, and once the model writes its format's call opener the calls (to any of the
+// tools, each by its schema) are held to the grammar to their end.
+func forStrict(in Input) (*Spec, *runnerapi.Error) {
+	triggers := Triggers(in.Format, in.InReasoning)
+	if triggers == nil {
+		return nil, runnerapi.InvalidRequest(runnerapi.CodeUnsupportedParameter,
+			fmt.Sprintf("tools[%d].function.strict", strictTool(in.Tools)),
+			"strict tool arguments under tool_choice \"auto\" are not supported yet for models that write the %s format: "+
+				"set tool_choice to \"required\" or name the function, or leave strict unset", in.Format)
+	}
+	s := &Spec{Schemas: map[string]json.RawMessage{}, Rules: map[string]string{}, b: &budget{}, Param: "tools",
+		Triggers: triggers}
+	if e := s.addCalls(in.Format, in.Tools, in.Parallel); e != nil {
+		return nil, e
+	}
+	s.Rules["root"] = "mf-calls"
+	return s, nil
+}
+
+// Triggers are the patterns that open a call in format f (see Spec.Triggers), nil
+// where constrained calls are not supported. A call opens at the format's opening tag
+// anywhere in the text, or, for formats whose call is the whole answer (Llama 3 JSON,
+// bare JSON), at a "{" that starts it. With reasoning open in the prompt, only after
+// the model closes it.
+func Triggers(f chat.Format, inReasoning bool) []string {
+	var opener string
+	anywhere := true
+	switch f {
+	case chat.FormatHermes, chat.FormatQwen3Coder, chat.FormatGLM:
+		opener = "<tool_call>"
+	case chat.FormatDeepSeek:
+		opener = "<｜tool▁calls▁begin｜>"
+	case chat.FormatKimi:
+		opener = "<|tool_calls_section_begin|>"
+	case chat.FormatMistral:
+		opener = "[TOOL_CALLS]"
+	case chat.FormatLlama3, chat.FormatNone:
+		opener, anywhere = "{", false
+	default: // harmony, function-gemma: no call grammar
+		return nil
+	}
+	start := `^`
+	if inReasoning {
+		start = `^[\s\S]*?</think>`
+	}
+	before := `\s*`
+	if anywhere {
+		before = `[\s\S]*?`
+	}
+	return []string{start + before + "(" + regexp.QuoteMeta(opener) + `)[\s\S]*`}
 }
 
 // addCalls adds the rule mf-calls: one call (or, with parallel, one or more) to any

@@ -2,6 +2,7 @@ package grammar
 
 import (
 	"encoding/json"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -15,6 +16,16 @@ func tools(names ...string) []runnerapi.Tool {
 	for _, n := range names {
 		out = append(out, runnerapi.Tool{Type: "function", Function: runnerapi.Function{Name: n,
 			Parameters: json.RawMessage(`{"type":"object","properties":{"city":{"type":"string","maxLength":20}},"required":["city"]}`)}})
+	}
+	return out
+}
+
+// strictTools are tools with strict set.
+func strictTools(names ...string) []runnerapi.Tool {
+	out := tools(names...)
+	yes := true
+	for i := range out {
+		out[i].Function.Strict = &yes
 	}
 	return out
 }
@@ -72,6 +83,18 @@ func TestForChat(t *testing.T) {
 			ToolChoice: &runnerapi.ToolChoice{Mode: "required"}}, errParam: "tool_choice"},
 		{name: "function-gemma free with a format alone", in: Input{Format: chat.FormatFunctionGemma, ResponseFormat: schema},
 			root: "{{mf-answer}}", schemas: []string{"mf-answer"}},
+		{name: "strict under auto: the calls alone, lazily", in: Input{Format: chat.FormatHermes, Tools: append(tools("a"), strictTools("b")...)},
+			root: "mf-calls", calls: `"<tool_call>\n" mf-call "\n</tool_call>"`, schemas: []string{"mf-args-0", "mf-args-1"}},
+		{name: "strict under none: free", in: Input{Format: chat.FormatHermes, Tools: strictTools("a"),
+			ToolChoice: &runnerapi.ToolChoice{Mode: "none"}}},
+		{name: "strict under auto with a format: call or answer, eagerly", in: Input{Format: chat.FormatHermes, Tools: strictTools("a"),
+			ResponseFormat: schema},
+			root: "mf-calls | {{mf-answer}}", calls: `"<tool_call>\n" mf-call "\n</tool_call>"`,
+			schemas: []string{"mf-answer", "mf-args-0"}},
+		{name: "strict under auto refused for harmony", in: Input{Format: chat.FormatHarmony, Tools: append(tools("a"), strictTools("b")...)},
+			errParam: "tools[1].function.strict"},
+		{name: "strict under auto refused for function-gemma", in: Input{Format: chat.FormatFunctionGemma, Tools: strictTools("a")},
+			errParam: "tools[0].function.strict"},
 		{name: "unsupported keyword in tool parameters", in: Input{Format: chat.FormatHermes,
 			Tools:      []runnerapi.Tool{{Type: "function", Function: runnerapi.Function{Name: "a", Parameters: json.RawMessage(`{"not":{}}`)}}},
 			ToolChoice: &runnerapi.ToolChoice{Mode: "required"}}, errParam: "tools[0].function.parameters"},
@@ -103,6 +126,9 @@ func TestForChat(t *testing.T) {
 			if s.Rules["mf-calls"] != tc.calls {
 				t.Errorf("mf-calls = %q, want %q", s.Rules["mf-calls"], tc.calls)
 			}
+			if lazy := tc.in.ToolChoice == nil && !tc.in.ResponseFormat.Constrained(); lazy != (s.Triggers != nil) {
+				t.Errorf("triggers = %q, want them only for strict tools under auto", s.Triggers)
+			}
 			var got []string
 			for k := range s.Schemas {
 				got = append(got, k)
@@ -111,6 +137,54 @@ func TestForChat(t *testing.T) {
 				t.Errorf("schemas = %v, want %v", got, tc.schemas)
 			}
 		})
+	}
+}
+
+func TestTriggers(t *testing.T) {
+	cases := []struct {
+		format      chat.Format
+		inReasoning bool
+		output      string
+		want        string // what the grammar is fed from; "" for no trigger yet
+	}{
+		{chat.FormatHermes, false, "Let me check.", ""},
+		{chat.FormatHermes, false, "Let me check.\n<tool_call>\n{\"na", "<tool_call>\n{\"na"},
+		{chat.FormatHermes, false, "<tool_call", ""},
+		{chat.FormatQwen3Coder, false, "<tool_call>", "<tool_call>"},
+		{chat.FormatGLM, false, "ok <tool_call>", "<tool_call>"},
+		{chat.FormatHermes, true, "maybe <tool_call> then", ""},
+		{chat.FormatHermes, true, "maybe <tool_call></think>\n<tool_call>", "<tool_call>"},
+		{chat.FormatDeepSeek, false, "x<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>", "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>"},
+		{chat.FormatKimi, false, "x<|tool_calls_section_begin|>", "<|tool_calls_section_begin|>"},
+		{chat.FormatKimi, false, "x<tool_calls_section_begin>", ""},
+		{chat.FormatMistral, false, "[TOOL_CALLS][{", "[TOOL_CALLS][{"},
+		{chat.FormatMistral, false, "TOOL_CALLS", ""},
+		{chat.FormatLlama3, false, ` {"name"`, `{"name"`},
+		{chat.FormatLlama3, false, `It is {"a": 1}`, ""},
+		{chat.FormatLlama3, true, "hm {</think>\n\n{", "{"},
+		{chat.FormatNone, false, "\n{", "{"},
+	}
+	for _, tc := range cases {
+		triggers := Triggers(tc.format, tc.inReasoning)
+		if len(triggers) == 0 {
+			t.Fatalf("%v: no triggers", tc.format)
+		}
+		got := ""
+		for _, p := range triggers {
+			// Go's RE2 reads these patterns as the runner's ECMAScript engine does.
+			if m := regexp.MustCompile(`^(?:` + p + `)$`).FindStringSubmatchIndex(tc.output); m != nil {
+				got = tc.output[m[2]:]
+				break
+			}
+		}
+		if got != tc.want {
+			t.Errorf("%v (reasoning %v) on %q: fed %q, want %q", tc.format, tc.inReasoning, tc.output, got, tc.want)
+		}
+	}
+	for _, f := range []chat.Format{chat.FormatHarmony, chat.FormatFunctionGemma} {
+		if got := Triggers(f, false); got != nil {
+			t.Errorf("%v: triggers %q, want none", f, got)
+		}
 	}
 }
 

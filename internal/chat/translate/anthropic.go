@@ -62,8 +62,8 @@ type AnthropicTool struct {
 	Description  string          `json:"description,omitempty"`
 	InputSchema  json.RawMessage `json:"input_schema"`
 	CacheControl json.RawMessage `json:"cache_control,omitempty"`
-	// Strict asks that the input validate against input_schema: honoured where the
-	// call is forced (a grammar), refused elsewhere, as chat's function.strict.
+	// Strict asks that the input validate against input_schema: honoured by a grammar
+	// of the calls, as chat's function.strict.
 	Strict *bool `json:"strict,omitempty"`
 	// InputExamples are example inputs, rendered into the description.
 	InputExamples []json.RawMessage `json:"input_examples,omitempty"`
@@ -348,11 +348,6 @@ func (c *conversation) tools(ts []json.RawMessage, choice *AnthropicToolChoice) 
 			// Only code execution may call it, and that is not served: the model
 			// could not call it as the client allows.
 			continue
-		}
-		forced := choice != nil && (choice.Type == "any" || choice.Type == "tool")
-		if t.Strict != nil && *t.Strict && !forced && (choice == nil || choice.Type != "none") {
-			return nil, nil, unsupported(param+".strict",
-				"strict inputs are enforced only when the call is forced: set tool_choice to \"any\" or name the tool")
 		}
 		desc, e := withExamples(t.Description, t.InputExamples, param+".input_examples")
 		if e != nil {

@@ -115,6 +115,8 @@ func TestAnthropicToolFields(t *testing.T) {
 		{name: "strict with a forced call", body: tools(`,"strict":true`) + `,"tool_choice":{"type":"any"}}`,
 			chat: map[string]string{"tools": `[{"type":"function","function":{"name":"f","parameters":{"type":"object"},"strict":true}}]`,
 				"tool_choice": `"required"`}},
+		{name: "strict under auto", body: tools(`,"strict":true`) + `}`,
+			chat: map[string]string{"tools": `[{"type":"function","function":{"name":"f","parameters":{"type":"object"},"strict":true}}]`}},
 		{name: "strict false", body: tools(`,"strict":false`) + `}`,
 			chat: map[string]string{"tools": `[{"type":"function","function":{"name":"f","parameters":{"type":"object"},"strict":false}}]`}},
 		{name: "input_examples", body: tools(`,"description":"Gets it.","input_examples":[{"city": "Paris"},{"city":"Oslo","unit":"c"}]`) + `}`,
@@ -198,8 +200,6 @@ func TestAnthropicRefusals(t *testing.T) {
 		{`{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"x"}],"tool_choice":{"type":"auto","parallel":false}}`, `"tool_choice.parallel"`},
 		{`{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"x"},{"role":"assistant","content":[{"type":"text","text":"y","extra":1}]}]}`,
 			`"messages[1].content[0].extra"`},
-		// strict is refused where the input is not constrained, as chat's function.strict.
-		{`{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"x"}],"tools":[{"name":"f","input_schema":{},"strict":true}]}`, "tools[0].strict"},
 		{`{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"x"}],"tools":[{"name":"f","input_schema":{},"input_examples":[1]}]}`,
 			"tools[0].input_examples[0]"},
 		{`{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"x"}],"thinking":{"type":"enabled","display":"verbose"}}`, "thinking.display"},
@@ -230,6 +230,10 @@ func TestResponsesClientFields(t *testing.T) {
 			chat: map[string]string{"tools": `[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}},` +
 				`{"type":"function","function":{"name":"g"}}]`},
 			hints: "tools[].defer_loading"},
+		{name: "strict under auto", body: `{"model":"m","input":"x","tool_choice":"auto","tools":[{"type":"function","name":"f",` +
+			`"parameters":{"type":"object"},"strict":true}]}`,
+			chat: map[string]string{"tools": `[{"type":"function","function":{"name":"f","parameters":{"type":"object"},"strict":true}}]`,
+				"tool_choice": `"auto"`}},
 		{name: "defer_loading false", body: `{"model":"m","input":"x","tools":[{"type":"function","name":"f","defer_loading":false}]}`,
 			chat: map[string]string{"tools": `[{"type":"function","function":{"name":"f"}}]`}},
 		{name: "namespace name clash", body: `{"model":"m","input":"x","tools":[` + fn + `,{"type":"namespace","name":"ns","description":"",

@@ -67,10 +67,15 @@ extern "C" char *mf_build_grammar(const char *schemas, const char *rules, char *
     return nullptr;
 }
 
-extern "C" struct llama_sampler *mf_grammar_init(const struct llama_model *model, const char *gbnf, char **err) {
+extern "C" struct llama_sampler *mf_grammar_init(const struct llama_model *model, const char *gbnf,
+                                                 const char **triggers, int32_t n_triggers, char **err) {
     *err = nullptr;
     try {
-        struct llama_sampler *g = llama_sampler_init_grammar(llama_model_get_vocab(model), gbnf, "root");
+        const struct llama_vocab *vocab = llama_model_get_vocab(model);
+        struct llama_sampler *g =
+            n_triggers > 0
+                ? llama_sampler_init_grammar_lazy_patterns(vocab, gbnf, "root", triggers, (size_t)n_triggers, nullptr, 0)
+                : llama_sampler_init_grammar(vocab, gbnf, "root");
         if (g == nullptr) {
             *err = mf_dup("the grammar does not parse");
         }

@@ -14,8 +14,11 @@ extern "C" {
 // returns NULL and sets *err. Both strings are malloc'd.
 char *mf_build_grammar(const char *schemas, const char *rules, char **err);
 
-// mf_grammar_init parses a GBNF grammar for the model's vocabulary.
-struct llama_sampler *mf_grammar_init(const struct llama_model *model, const char *gbnf, char **err);
+// mf_grammar_init parses a GBNF grammar for the model's vocabulary. With n_triggers
+// patterns it is lazy: it allows every token until the output so far matches one of
+// them (ECMAScript, the whole output), then holds from the pattern's first group on.
+struct llama_sampler *mf_grammar_init(const struct llama_model *model, const char *gbnf, const char **triggers,
+                                      int32_t n_triggers, char **err);
 
 // mf_sample samples one row of logits (n_vocab floats of the last decode) with the
 // chain, under grammar when it is not NULL, and accepts the token in both. cur holds

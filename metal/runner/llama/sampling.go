@@ -96,9 +96,12 @@ func NewSampler(p SamplerParams) *Sampler {
 var ErrGrammarDeadEnd = errors.New("the grammar allows no next token")
 
 // Constrain puts the sampler under a GBNF grammar (root rule "root") for m's
-// vocabulary. Call it before the first Sample.
-func (s *Sampler) Constrain(m *Model, gbnf string) error {
-	g, err := parseGrammar(m, gbnf)
+// vocabulary. With triggers the grammar is lazy: the output is free until the text so
+// far matches one of these patterns (ECMAScript regular expressions over the whole
+// output), and from the start of the pattern's first group on it holds. Call it
+// before the first Sample.
+func (s *Sampler) Constrain(m *Model, gbnf string, triggers []string) error {
+	g, err := parseGrammar(m, gbnf, triggers)
 	if err != nil {
 		return err
 	}
@@ -184,20 +187,32 @@ func (m *Model) utf8Classes() *utf8Table {
 	return m.utf8
 }
 
-// CheckGrammar reports whether gbnf parses for m's vocabulary.
-func CheckGrammar(m *Model, gbnf string) error {
-	g, err := parseGrammar(m, gbnf)
+// CheckGrammar reports whether gbnf (and its triggers, as Constrain takes them)
+// parses for m's vocabulary.
+func CheckGrammar(m *Model, gbnf string, triggers []string) error {
+	g, err := parseGrammar(m, gbnf, triggers)
 	if err == nil {
 		C.llama_sampler_free(g)
 	}
 	return err
 }
 
-func parseGrammar(m *Model, gbnf string) (*C.struct_llama_sampler, error) {
+func parseGrammar(m *Model, gbnf string, triggers []string) (*C.struct_llama_sampler, error) {
 	cs := C.CString(gbnf)
 	defer C.free(unsafe.Pointer(cs))
+	// The patterns in C memory: cgo forbids Go pointers to Go pointers.
+	var ct **C.char
+	if len(triggers) > 0 {
+		ct = (**C.char)(C.malloc(C.size_t(len(triggers)) * C.size_t(unsafe.Sizeof((*C.char)(nil)))))
+		defer C.free(unsafe.Pointer(ct))
+		list := unsafe.Slice(ct, len(triggers))
+		for i, p := range triggers {
+			list[i] = C.CString(p)
+			defer C.free(unsafe.Pointer(list[i]))
+		}
+	}
 	var cerr *C.char
-	g := C.mf_grammar_init(m.c, cs, &cerr)
+	g := C.mf_grammar_init(m.c, cs, ct, C.int32_t(len(triggers)), &cerr)
 	if cerr != nil {
 		defer C.free(unsafe.Pointer(cerr))
 		return nil, errors.New(C.GoString(cerr))

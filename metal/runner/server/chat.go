@@ -188,23 +188,24 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	co := s.chatOptions(&req, prompt)
-	if opts.Grammar, herr = s.chatGrammar(&req, co); herr != nil {
+	if opts.Grammar, opts.GrammarTriggers, herr = s.chatGrammar(&req, co); herr != nil {
 		writeError(w, herr)
 		return
 	}
 	s.generate(w, r, eng, &co, s.modelName(req.Model), prompt, toks, opts)
 }
 
-// chatGrammar builds the grammar that response_format and tool_choice put the output
-// under, or "" when the output is free.
-func (s *Server) chatGrammar(req *runnerapi.ChatRequest, co chat.Options) (string, *runnerapi.Error) {
+// chatGrammar builds the grammar that response_format, tool_choice and strict tools
+// put the output under, with the patterns that make it lazy (strict tools under
+// "auto"), or "" when the output is free.
+func (s *Server) chatGrammar(req *runnerapi.ChatRequest, co chat.Options) (string, []string, *runnerapi.Error) {
 	spec, herr := grammar.ForChat(grammar.Input{Format: co.Format, Tools: req.Tools, ToolChoice: req.ToolChoice,
 		Parallel: co.Parallel, ResponseFormat: req.ResponseFormat, InReasoning: co.InReasoning})
 	if herr != nil || spec == nil {
-		return "", herr
+		return "", nil, herr
 	}
-	if req.Forced() && s.chat == nil {
-		return "", runnerapi.InvalidRequest(runnerapi.CodeUnsupportedParameter, "tools",
+	if (req.Forced() || spec.Triggers != nil) && s.chat == nil {
+		return "", nil, runnerapi.InvalidRequest(runnerapi.CodeUnsupportedParameter, "tools",
 			"this model has no chat template that renders tools, so it cannot call them")
 	}
 	schemas, rules := spec.JSON()
@@ -213,12 +214,12 @@ func (s *Server) chatGrammar(req *runnerapi.ChatRequest, co chat.Options) (strin
 		err = grammar.CheckGrammarSize(g)
 	}
 	if err == nil {
-		err = llama.CheckGrammar(s.model, g)
+		err = llama.CheckGrammar(s.model, g, spec.Triggers)
 	}
 	if err != nil {
-		return "", runnerapi.InvalidRequest(runnerapi.CodeInvalidValue, spec.Param, "the schema cannot be enforced: %v", err)
+		return "", nil, runnerapi.InvalidRequest(runnerapi.CodeInvalidValue, spec.Param, "the schema cannot be enforced: %v", err)
 	}
-	return g, nil
+	return g, spec.Triggers, nil
 }
 
 // clipText is s cut to at most n bytes (on a rune boundary) with "…" when cut: what

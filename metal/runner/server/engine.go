@@ -420,7 +420,7 @@ func (e *engine) assign(s *slot, j *job, keep int) {
 		PenaltyLastN: e.nCtxSeq,
 	})
 	if o.Grammar != "" {
-		if err := s.sampler.Constrain(e.model, o.Grammar); err != nil {
+		if err := s.sampler.Constrain(e.model, o.Grammar, o.GrammarTriggers); err != nil {
 			// The handler checked the grammar; this is not the client's fault.
 			j.fail(runnerapi.Internal("constraining the output: %v", err))
 			e.release(s)

@@ -45,20 +45,15 @@ async function agents() {
   const { Agent, run, tool, setTracingDisabled } = require("@openai/agents");
   // Else it exports traces to the vendor's API.
   setTracingDisabled(true);
-  // A zod schema makes the SDK send strict: true, which the gateway refuses unless
-  // the call is forced (tool_choice "required"; docs/api.md): the SDK's non-strict
-  // form, a JSON schema, is what works with tool_choice auto.
+  // The SDK's default tool: a zod schema, sent with strict: true under tool_choice
+  // auto, which the runner holds to the schema once the model opens a call.
   const getWeather = tool({
     name: "get_weather",
     description: "Get the current weather for a city.",
-    strict: false,
-    parameters: {
-      type: "object",
-      properties: { city: { type: "string", description: "The city name" } },
-      required: ["city"],
-    },
+    parameters: z.object({ city: z.string().describe("The city name") }),
     execute: async ({ city }) => weatherResult(city),
   });
+  check(getWeather.strict === true, "the SDK's default tool is strict", getWeather.strict);
   const agent = new Agent({ name: "Assistant", model, tools: [getWeather], modelSettings: { temperature: 0 } });
   const result = await run(agent, question, { maxTurns: 4 });
   checkLoop(result.finalOutput);

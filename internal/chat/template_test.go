@@ -111,7 +111,6 @@ func TestRequestFields(t *testing.T) {
 		{`{"model":"m","messages":[],"logit_bias":{"1":5}}`, runnerapi.CodeUnsupportedParameter, "logit_bias"},
 		{`{"model":"m","messages":[],"audio":{"voice":"x"}}`, runnerapi.CodeUnsupportedParameter, "audio"},
 		{`{"model":"m","messages":[],"tool_choice":"required"}`, runnerapi.CodeInvalidValue, "tool_choice"},
-		{`{"model":"m","messages":[],"tools":[{"type":"function","function":{"name":"f","strict":true}}]}`, runnerapi.CodeUnsupportedParameter, "tools[0].function.strict"},
 		{`{"model":"m","messages":[],"tool_choice":{"type":"function","function":{"name":"g"}},"tools":[{"type":"function","function":{"name":"f"}}]}`, runnerapi.CodeInvalidValue, "tool_choice"},
 		{`{"model":"m","messages":[],"tools":[{"type":"function","function":{"name":"bad name"}}]}`, runnerapi.CodeInvalidValue, "tools[0].function.name"},
 		{`{"model":"m","messages":[{"role":"tool","content":"x"}]}`, runnerapi.CodeInvalidValue, "messages[0].tool_call_id"},
@@ -128,6 +127,9 @@ func TestRequestFields(t *testing.T) {
 			t.Errorf("%s: got %+v, want %s on %s", tc.body, e, tc.code, tc.param)
 		}
 	}
+	// A strict tool under tool_choice auto is honoured (a lazy grammar from the call's
+	// opening), so accepted.
+	request(t, `{"model":"m","messages":[],"tools":[{"type":"function","function":{"name":"f","strict":true}}]}`)
 	// What the official clients send back in the history is accepted.
 	request(t, `{"model":"m","messages":[],"tools":[{"type":"function","function":{"name":"f","strict":true}}],"tool_choice":"required","response_format":{"type":"json_schema","json_schema":{"name":"a","strict":true,"schema":{"type":"object"}}}}`)
 	request(t, `{"model":"m","messages":[{"role":"assistant","content":null,"parsed":null,"tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":"{}","parsed_arguments":{}}}]},{"role":"tool","tool_call_id":"c","content":"1"}],"tools":[{"type":"function","function":{"name":"f"}}]}`)

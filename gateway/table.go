@@ -71,6 +71,9 @@ type Route struct {
 	// PromptCache: its replicas' runners keep a prompt cache (spec.engine.promptCache,
 	// on unless disabled), so RoutingPrefixCache routes it by the prefix index.
 	PromptCache bool
+	// PeerWarmup: spec.engine.promptCache.peerWarmup is true, so the gateway warms its
+	// replicas that start cold from their peers (warmer.cold); off unless set.
+	PeerWarmup bool
 
 	// ring is built on the first prefix-affinity pick (most tables never need one).
 	ringOnce sync.Once
@@ -181,6 +184,7 @@ func BuildTable(deployments []mfv1.ModelDeployment, replicas []mfv1.ModelReplica
 		}
 		pc := d.Spec.Engine.PromptCache
 		rt.PromptCache = pc == nil || pc.Enabled == nil || *pc.Enabled
+		rt.PeerWarmup = rt.PromptCache && pc != nil && pc.PeerWarmup != nil && *pc.PeerWarmup
 		if v, ok := d.Annotations[mfv1.AnnotationWakeRequested]; ok {
 			rt.WakeRequested, _ = time.Parse(time.RFC3339Nano, v)
 		}
@@ -358,9 +362,8 @@ func routingKey(obj any) string {
 		if o.Spec.Autoscaling != nil {
 			fmt.Fprintf(&b, "%d\x00", o.Spec.Autoscaling.MaxReplicas)
 		}
-		if pc := o.Spec.Engine.PromptCache; pc != nil && pc.Enabled != nil {
-			fmt.Fprintf(&b, "cache=%v\x00", *pc.Enabled)
-		}
+		pc := o.Spec.Engine.PromptCache
+		fmt.Fprintf(&b, "cache=%v,%v\x00", pc == nil || pc.Enabled == nil || *pc.Enabled, pc != nil && pc.PeerWarmup != nil && *pc.PeerWarmup)
 		cond(o.Status.Conditions, mfv1.DeploymentScheduled)
 	default:
 		return fmt.Sprintf("%T %p", obj, obj) // unknown: always rebuild

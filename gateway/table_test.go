@@ -149,6 +149,36 @@ func TestUnavailable(t *testing.T) {
 	}
 }
 
+// TestBuildTablePeerWarmup: a route is warmed from its peers only when its deployment
+// opts in (spec.engine.promptCache.peerWarmup) and keeps a prompt cache.
+func TestBuildTablePeerWarmup(t *testing.T) {
+	tests := []struct {
+		name string
+		pc   *mfv1.PromptCacheSpec
+		want bool
+	}{
+		{name: "no prompt cache settings"},
+		{name: "cache settings without peerWarmup", pc: &mfv1.PromptCacheSpec{HotBytes: ptr.To(resource.MustParse("1Gi"))}},
+		{name: "peerWarmup false", pc: &mfv1.PromptCacheSpec{PeerWarmup: ptr.To(false)}},
+		{name: "peerWarmup true", pc: &mfv1.PromptCacheSpec{PeerWarmup: ptr.To(true)}, want: true},
+		{name: "peerWarmup true, enabled true", pc: &mfv1.PromptCacheSpec{Enabled: ptr.To(true), PeerWarmup: ptr.To(true)}, want: true},
+		{name: "peerWarmup true, cache off", pc: &mfv1.PromptCacheSpec{Enabled: ptr.To(false), PeerWarmup: ptr.To(true)}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			d := deployment("a", "qwen", "")
+			d.Spec.Engine.PromptCache = tt.pc
+			rt, aerr := BuildTable([]mfv1.ModelDeployment{d}, nil, nil).Resolve("a/qwen")
+			if aerr != nil {
+				t.Fatal(aerr)
+			}
+			if rt.PeerWarmup != tt.want {
+				t.Errorf("PeerWarmup %v, want %v", rt.PeerWarmup, tt.want)
+			}
+		})
+	}
+}
+
 // TestRoutingKey: only changes that can change the table rebuild it.
 func TestRoutingKey(t *testing.T) {
 	r := replica("a", "r", "m", "mac", "10.0.0.1:8080", metav1.ConditionTrue)
@@ -220,6 +250,16 @@ func TestRoutingKey(t *testing.T) {
 		{"deployment prompt cache sizes", &d, func() any {
 			c := d.DeepCopy()
 			c.Spec.Engine.PromptCache = &mfv1.PromptCacheSpec{SSDBytes: ptr.To(resource.MustParse("1Gi"))}
+			return c
+		}, false},
+		{"deployment peer warm-up on", &d, func() any {
+			c := d.DeepCopy()
+			c.Spec.Engine.PromptCache = &mfv1.PromptCacheSpec{PeerWarmup: ptr.To(true)}
+			return c
+		}, true},
+		{"deployment peer warm-up off, said", &d, func() any {
+			c := d.DeepCopy()
+			c.Spec.Engine.PromptCache = &mfv1.PromptCacheSpec{PeerWarmup: ptr.To(false)}
 			return c
 		}, false},
 	}

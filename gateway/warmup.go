@@ -33,8 +33,13 @@ const (
 	maxWarmed = 4096
 )
 
-// nothingToWarm is the reason of a cold epoch whose warm-up found no state to fetch.
-const nothingToWarm = "nothing_to_warm"
+// Reasons a cold epoch earned no warm-up (beside peerfetch.WarmLimiter's).
+const (
+	// nothingToWarm: its warm-up found no state to fetch.
+	nothingToWarm = "nothing_to_warm"
+	// notEnabled: its deployment did not opt in (spec.engine.promptCache.peerWarmup).
+	notEnabled = "not_enabled"
+)
 
 // warmPost asks replica be's agent to warm up (Gateway.postWarm).
 type warmPost func(ctx context.Context, be Backend, req runnerapi.PeerWarmRequest) (runnerapi.PeerWarmResponse, error)
@@ -47,7 +52,8 @@ type warmPost func(ctx context.Context, be Backend, req runnerapi.PeerWarmReques
 // picks the states worth fetching (peerfetch.ChooseWarmups over the conversations
 // routed lately, peerfetch.Recent, of the partitions the cold replica's Mac served)
 // and asks the cold replica's agent to fetch them (POST /api/models/{id}/states/warm).
-// It is part of peer fetch: off with it.
+// It is part of peer fetch: off with it; and only deployments that opt in
+// (spec.engine.promptCache.peerWarmup, Route.PeerWarmup) are warmed.
 type warmer struct {
 	p      *peerFetcher
 	recent *peerfetch.Recent
@@ -84,7 +90,8 @@ func newWarmer(p *peerFetcher, table func() *Table, post warmPost, reg prometheu
 			Name: "macfleet_gateway_peer_warmups_skipped_total",
 			Help: "Cold runner epochs that earned no warm-up, by Mac and reason (replica_rewarmed: the replica was warmed " +
 				"less than 10 minutes ago; mac_rate_limited: its Mac had 4 warm-ups in the last 10 minutes; " +
-				"nothing_to_warm: no state of a partition its Mac served lately is worth fetching). " +
+				"nothing_to_warm: no state of a partition its Mac served lately is worth fetching; " +
+				"not_enabled: its deployment does not set spec.engine.promptCache.peerWarmup). " +
 				"A Mac that keeps counting here reports cold runners again and again: a crashing runner, or a compromised Mac.",
 		}, []string{"node", "reason"}),
 		queue: make(chan prefixindex.Target, warmQueue), done: make(chan struct{}), warmed: map[string]string{}}
@@ -113,8 +120,10 @@ func (w *warmer) record(model string, digests []string, partition, node string) 
 }
 
 // cold queues a warm-up of t (runner epoch epoch) unless one was queued for that
-// epoch already or the limiter refuses it (counted and logged). It never blocks.
+// epoch already, its deployment did not opt in, or the limiter refuses it (counted,
+// and logged when refused). It never blocks.
 func (w *warmer) cold(t prefixindex.Target, epoch string) {
+	rt, _, routed := w.table().backendOf(t.Key)
 	w.mu.Lock()
 	if w.warmed[t.Key] == epoch {
 		w.mu.Unlock()
@@ -124,6 +133,11 @@ func (w *warmer) cold(t prefixindex.Target, epoch string) {
 		clear(w.warmed)
 	}
 	w.warmed[t.Key] = epoch
+	if routed && !rt.PeerWarmup {
+		w.mu.Unlock()
+		w.skipped.WithLabelValues(t.Node, notEnabled).Inc()
+		return
+	}
 	ok, why := w.limit.Allow(t.Node, t.Key, w.p.now())
 	w.mu.Unlock()
 	if !ok {
@@ -156,8 +170,8 @@ func (w *warmer) run(ctx context.Context) {
 // warmBatch at a time, each result counted.
 func (w *warmer) warm(ctx context.Context, t prefixindex.Target) {
 	rt, be, ok := w.table().backendOf(t.Key)
-	if !ok {
-		return
+	if !ok || !rt.PeerWarmup {
+		return // gone, or its deployment opted out since it was queued
 	}
 	model := rt.ID()
 	peers := map[string]Backend{}

@@ -38,7 +38,7 @@ func TestWarmerWarmsAColdReplica(t *testing.T) {
 	r2 := Backend{Key: "team-a/chat-1", Endpoint: "10.0.0.2:8443", Node: "mac-2", Slots: 2}
 	r3 := Backend{Key: "team-a/chat-2", Endpoint: "10.0.0.2:8443", Node: "mac-2", Slots: 2}
 	table := emptyTable()
-	table.routes = []*Route{{Namespace: "team-a", Deployment: "chat", Backends: []Backend{r1, r2, r3}}}
+	table.routes = []*Route{{Namespace: "team-a", Deployment: "chat", PeerWarmup: true, Backends: []Backend{r1, r2, r3}}}
 	convA := []string{"000000000000000a", "000000000000000b", "000000000000000c"}
 	convB := []string{"00000000000000d1", "00000000000000d2"}
 	convC := []string{"00000000000000e1"}
@@ -119,4 +119,69 @@ func TestWarmerWarmsAColdReplica(t *testing.T) {
 		f := testutil.ToFloat64(p.fetches.WithLabelValues(model, "imported"))
 		return n == 2 && f == 2, fmt.Sprintf("%v warm-ups and %v peer fetches counted imported, want 2 each", n, f)
 	})
+}
+
+// TestWarmerSkipsDeploymentsNotOptedIn: a cold replica of a deployment that did not
+// opt in to peer warm-up (Route.PeerWarmup false, the default) earns no warm-up and no
+// ticket, though its Mac served the partition of a state a peer holds: the epoch is
+// counted as not_enabled and uses none of the limiter's warm-ups. Once the deployment
+// opts in, the replica's next epoch is warmed at once (the limiter saw nothing), and
+// the only request its agent was sent is that one.
+func TestWarmerSkipsDeploymentsNotOptedIn(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	p, index, reg, _ := newTestPeerFetcher(t, t0)
+	p.now = func() time.Time { return t0 }
+	const model = "team-a/chat"
+	p.est.ObservePrefill(model, 1000, time.Minute)
+	r1 := Backend{Key: "team-a/chat-0", Endpoint: "10.0.0.1:8443", Node: "mac-1", Slots: 2}
+	r2 := Backend{Key: "team-a/chat-1", Endpoint: "10.0.0.2:8443", Node: "mac-2", Slots: 2}
+	conv := []string{"000000000000000a", "000000000000000b"}
+	index.Apply(r1.Key, runnerapi.PrefixEvents{Epoch: "e", Seq: 1, Reset: true,
+		Events: []runnerapi.PrefixEvent{{Digest: conv[1], Tier: runnerapi.TierHot, Tokens: 2000}}})
+	var table atomic.Pointer[Table]
+	tableOf := func(optIn bool) *Table {
+		tb := emptyTable()
+		tb.routes = []*Route{{Namespace: "team-a", Deployment: "chat", PromptCache: true, PeerWarmup: optIn, Backends: []Backend{r1, r2}}}
+		return tb
+	}
+	table.Store(tableOf(false))
+	var mu sync.Mutex
+	var hints []runnerapi.PeerStateHint
+	var posts int
+	post := func(_ context.Context, _ Backend, req runnerapi.PeerWarmRequest) (runnerapi.PeerWarmResponse, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		posts++
+		hints = append(hints, req.Hints...)
+		return runnerapi.PeerWarmResponse{Results: make([]runnerapi.PeerStateResult, len(req.Hints))}, nil
+	}
+	w, err := newWarmer(p, table.Load, post, reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(w.close)
+	w.record(model, conv, "team-a", r1.Node)
+	w.record(model, conv, "team-a", r2.Node) // mac-2 served team-a too
+	p.sent(r1, "team-a", conv...)
+
+	target := prefixindex.Target{Key: r2.Key, Endpoint: r2.Endpoint, Node: r2.Node}
+	w.cold(target, "e1")
+	if n := testutil.ToFloat64(w.skipped.WithLabelValues("mac-2", notEnabled)); n != 1 {
+		t.Errorf("a cold epoch of a deployment not opted in: %v counted not_enabled, want 1", n)
+	}
+	table.Store(tableOf(true))
+	w.cold(target, "e2")
+	testenv.Eventually(t, 10*time.Second, 5*time.Millisecond, func() (bool, string) {
+		mu.Lock()
+		defer mu.Unlock()
+		return posts == 1, fmt.Sprintf("%d warm-ups asked, want 1 (the opted-in epoch's)", posts)
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	if len(hints) != 1 || hints[0].Digest != conv[1] {
+		t.Errorf("warmed with %+v, want one hint for %s", hints, conv[1])
+	}
+	if n := testutil.ToFloat64(w.skipped.WithLabelValues("mac-2", "replica_rewarmed")); n != 0 {
+		t.Errorf("the opted-in epoch counted %v replica_rewarmed: the skipped one used the limiter", n)
+	}
 }

@@ -4,8 +4,9 @@
 #     code, manifests and the chart's copies of them are committed and reproducible);
 #   - `helm lint --strict` is clean on the chart;
 #   - the chart's alert rules and dashboard queries parse with Prometheus's own parsers
-#     (hack/promcheck: what `promtool check rules` runs), and every metric they use is
-#     one a component registers (test/chart TestMonitoringMetricsExported);
+#     (hack/promcheck: what `promtool check rules` runs), alerts with a test of their own
+#     there fire on the series they should and no other (hack/promcheck's go test), and
+#     every metric they use is one a component registers (test/chart TestMonitoringMetricsExported);
 #   - go.mod/go.sum of the module and of the tool modules are tidy;
 #   - gofmt and `go vet` (pure Go, CGO_ENABLED=0) are clean;
 #   - golangci-lint (.golangci.yml: function length, duplication, the import layers of
@@ -56,7 +57,7 @@ prometheus_rules() {
 	rendered=$(mktemp)
 	bin/helm template macfleet charts/macfleet \
 		--set monitoring.dashboards.enabled=true,monitoring.prometheusRule.enabled=true >"$rendered" &&
-		(cd hack/promcheck && go run . "$rendered") &&
+		(cd hack/promcheck && go test -count=1 ./... && go run . "$rendered") &&
 		MACFLEET_HELM=$PWD/bin/helm go test -count=1 -run '^TestMonitoringMetricsExported$' ./test/chart/ || rc=$?
 	rm -f "$rendered"
 	return $rc

@@ -161,6 +161,7 @@ type EngineSpec struct {
 // narrow what a Mac allows, never widen it.
 //
 // +kubebuilder:validation:XValidation:rule="!has(self.enabled) || self.enabled || (!has(self.hotBytes) && !has(self.ssdBytes))",message="hotBytes and ssdBytes need the prompt cache enabled: remove them or set enabled to true"
+// +kubebuilder:validation:XValidation:rule="!has(self.enabled) || self.enabled || !has(self.peerWarmup) || !self.peerWarmup",message="peerWarmup needs the prompt cache enabled: remove it or set enabled to true"
 type PromptCacheSpec struct {
 	// enabled turns the prompt cache on or off.
 	// +optional
@@ -180,6 +181,14 @@ type PromptCacheSpec struct {
 	// +optional
 	// +kubebuilder:validation:XValidation:rule="!quantity(string(self)).isLessThan(quantity('0'))",message="ssdBytes must not be negative"
 	SSDBytes *resource.Quantity `json:"ssdBytes,omitempty"`
+
+	// peerWarmup lets the gateway warm a replica whose runner starts cold (new,
+	// rescheduled, restarted) with prompt states its replicas on other Macs hold, of
+	// the partitions (tenants) its own Mac served lately. It needs the gateway's peer
+	// fetch on (--peer-fetch). It is off unless set: a warm-up hands the cold Mac
+	// conversations it did not serve itself, a choice the deployment's owner makes.
+	// +optional
+	PeerWarmup *bool `json:"peerWarmup,omitempty"`
 }
 
 // ReplicaMemory is what a replica reserved and what its runner measured.

@@ -147,6 +147,15 @@ func TestModelDeploymentValidation(t *testing.T) {
 		{name: "sizes with the prompt cache disabled", mutate: func(s *mfv1.ModelDeploymentSpec) {
 			s.Engine.PromptCache = &mfv1.PromptCacheSpec{Enabled: ptr.To(false), SSDBytes: ptr.To(resource.MustParse("1Gi"))}
 		}, wantErr: "hotBytes and ssdBytes need the prompt cache enabled: remove them or set enabled to true"},
+		{name: "peer warm-up", mutate: func(s *mfv1.ModelDeploymentSpec) {
+			s.Engine.PromptCache = &mfv1.PromptCacheSpec{PeerWarmup: ptr.To(true)}
+		}},
+		{name: "peer warm-up off with the prompt cache disabled", mutate: func(s *mfv1.ModelDeploymentSpec) {
+			s.Engine.PromptCache = &mfv1.PromptCacheSpec{Enabled: ptr.To(false), PeerWarmup: ptr.To(false)}
+		}},
+		{name: "peer warm-up with the prompt cache disabled", mutate: func(s *mfv1.ModelDeploymentSpec) {
+			s.Engine.PromptCache = &mfv1.PromptCacheSpec{Enabled: ptr.To(false), PeerWarmup: ptr.To(true)}
+		}, wantErr: "peerWarmup needs the prompt cache enabled: remove it or set enabled to true"},
 	}
 	for i, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

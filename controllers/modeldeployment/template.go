@@ -22,7 +22,7 @@ const hashLength = 10
 
 // replicaTemplate returns the template md's replicas run, with every default written
 // out: engine settings, residency, and servedName (the deployment's name). Aliases are
-// sorted, since they are a set.
+// sorted, since they are a set; promptCache.peerWarmup is left out.
 func replicaTemplate(md *v1alpha1.ModelDeployment) v1alpha1.ModelReplicaTemplate {
 	t := v1alpha1.ModelReplicaTemplate{
 		Model:       *md.Spec.Model.DeepCopy(),
@@ -38,6 +38,16 @@ func replicaTemplate(md *v1alpha1.ModelDeployment) v1alpha1.ModelReplicaTemplate
 	} else {
 		slices.Sort(t.Model.Aliases)
 		t.Model.Aliases = slices.Compact(t.Model.Aliases)
+	}
+	if pc := t.Engine.PromptCache; pc != nil && pc.PeerWarmup != nil {
+		// Peer warm-up is the gateway's (it reads the deployment), not the runner's:
+		// turning it on or off rolls no replica.
+		pc = pc.DeepCopy()
+		pc.PeerWarmup = nil
+		if *pc == (v1alpha1.PromptCacheSpec{}) {
+			pc = nil
+		}
+		t.Engine.PromptCache = pc
 	}
 	t.Engine.Settings = t.Engine.WithDefaults()
 	if t.Engine.ContextLength == 0 {

@@ -47,6 +47,9 @@ func TestTemplateHash(t *testing.T) {
 			// The reservation is not part of the template (see isCurrent).
 			md.Spec.Resources = &v1alpha1.ModelResources{}
 		},
+		"peer warm-up (the gateway's setting)": func(md *v1alpha1.ModelDeployment) {
+			md.Spec.Engine.PromptCache = &v1alpha1.PromptCacheSpec{PeerWarmup: ptr.To(true)}
+		},
 	}
 	for name, m := range same {
 		if got := templateHash(replicaTemplate(deployment(m))); got != base {
@@ -69,6 +72,15 @@ func TestTemplateHash(t *testing.T) {
 	})))
 	if d1 != d2 {
 		t.Errorf("equal idle timeouts hash differently: %s vs %s", d1, d2)
+	}
+	w1 := templateHash(replicaTemplate(deployment(func(md *v1alpha1.ModelDeployment) {
+		md.Spec.Engine.PromptCache = &v1alpha1.PromptCacheSpec{Enabled: ptr.To(true), PeerWarmup: ptr.To(true)}
+	})))
+	w2 := templateHash(replicaTemplate(deployment(func(md *v1alpha1.ModelDeployment) {
+		md.Spec.Engine.PromptCache = &v1alpha1.PromptCacheSpec{Enabled: ptr.To(true), PeerWarmup: ptr.To(false)}
+	})))
+	if w1 != w2 {
+		t.Errorf("turning peer warm-up on rolls the replicas: %s vs %s", w1, w2)
 	}
 
 	differ := map[string]func(*v1alpha1.ModelDeployment){

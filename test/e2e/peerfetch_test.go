@@ -123,13 +123,16 @@ type peerTenants struct {
 }
 
 // newPeerTenants creates the namespaces, the deployment name of replicas (16 k
-// context), the ServiceAccounts and the gateway.
-func newPeerTenants(t *testing.T, name string, replicas int32) peerTenants {
+// context, then mutate), the ServiceAccounts and the gateway.
+func newPeerTenants(t *testing.T, name string, replicas int32, mutate ...func(*v1alpha1.ModelDeployment)) peerTenants {
 	t.Helper()
 	s := peerTenants{ns: testenv.NewNamespace(t, fleet.Client), nsB: testenv.NewNamespace(t, fleet.Client)}
 	create(t, deployment(s.ns, name, replicas, func(md *v1alpha1.ModelDeployment) {
 		md.Spec.Engine.ContextLength = 16384
 		md.Spec.Access = &v1alpha1.Access{Namespaces: []string{s.nsB}}
+		for _, m := range mutate {
+			m(md)
+		}
 	}))
 	for _, n := range []string{s.ns, s.nsB} {
 		create(t, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: n, Name: "app"}})

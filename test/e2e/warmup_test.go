@@ -7,14 +7,17 @@ import (
 	"testing"
 	"time"
 
+	"k8s.io/utils/ptr"
+
 	"github.com/macfleet/macfleet/api/runnerapi"
 	"github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/test/support/localfleet"
 	"github.com/macfleet/macfleet/test/support/testenv"
 )
 
-// TestWarmUpFromPeers: team A's deployment of one replica P, behind a gateway with
-// --routing=prefix-cache and peer fetch, holds a long conversation of team A and one
+// TestWarmUpFromPeers: team A's deployment of one replica P, opted in to peer warm-up
+// (spec.engine.promptCache.peerWarmup), behind a gateway with --routing=prefix-cache
+// and peer fetch, holds a long conversation of team A and one
 // of team B (another namespace granted the deployment, with another system prompt),
 // each in its tenant's cache partition. Scaled to two, the new replica R on the other
 // Mac starts cold; its Mac served neither team's partition, so the gateway warms it
@@ -25,7 +28,9 @@ import (
 // either partition. (A Mac that served a partition is warmed with its states:
 // TestWarmerWarmsAColdReplica, gateway.)
 func TestWarmUpFromPeers(t *testing.T) {
-	s := newPeerTenants(t, "warm", 1)
+	s := newPeerTenants(t, "warm", 1, func(md *v1alpha1.ModelDeployment) {
+		md.Spec.Engine.PromptCache = &v1alpha1.PromptCacheSpec{PeerWarmup: ptr.To(true)}
+	})
 	ns, nsB, model, tokA, tokB, url, reg, gw := s.ns, s.nsB, s.model, s.tokA, s.tokB, s.url, s.reg, s.gw
 	p := waitReady(t, ns, "warm", 1, 3*time.Minute)[0]
 	testenv.Eventually(t, time.Minute, 100*time.Millisecond, func() (bool, string) {

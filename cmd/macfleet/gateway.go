@@ -172,7 +172,8 @@ func routingFlags(f *pflag.FlagSet, cfg *gateway.Config, routing *string, peerFe
 	f.BoolVar(peerFetch, "peer-fetch", true,
 		"With --routing=prefix-cache: when a request goes to a replica that holds less of its prefix than a replica on another Mac, "+
 			"have its agent fetch the prefix's state from that Mac first when that is estimated faster than prefilling it "+
-			"(measured link throughput, bytes per token and prefill rate; see docs/prompt-cache.md). false: always prefill")
+			"(measured link throughput, bytes per token and prefill rate; see docs/prompt-cache.md), and warm a cold replica of a "+
+			"deployment with spec.engine.promptCache.peerWarmup from its peers. false: always prefill, and no warm-up")
 	f.Float64Var(&cfg.PeerFetchMargin, "peer-fetch-margin", peerfetch.DefaultMargin,
 		"With --peer-fetch: how many times faster than the prefill a fetch must be estimated to be asked for")
 	f.BoolVar(&cfg.PrefixAffinity, "prefix-affinity", false,

@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"sync"
 	"time"
 
@@ -37,10 +38,17 @@ type leaser struct {
 	mu    sync.Mutex
 	ownMu sync.RWMutex
 	own   map[types.UID][]budget.Lease
+	// live is, under mu, each budget as this replica last wrote or read it live: the
+	// next request starts from it rather than from the informer's copy, which may
+	// not show another replica's lease yet. Without it, every request of a burst
+	// refused for that lease paid a failed write and a live read first, and a burst
+	// ran into the API client's rate limit (503s).
+	live map[types.UID]*mfv1.TokenBudget
 }
 
 func newLeaser(self string, c client.Client, clk clock.PassiveClock) *leaser {
-	return &leaser{self: self, c: c, clock: clk, own: map[types.UID][]budget.Lease{}}
+	return &leaser{self: self, c: c, clock: clk, own: map[types.UID][]budget.Lease{},
+		live: map[types.UID]*mfv1.TokenBudget{}}
 }
 
 // leases are b's leases: the other replicas' as b holds them, this one's as it
@@ -77,6 +85,9 @@ func (l *leaser) acquire(ctx context.Context, bs []mfv1.TokenBudget, needs []bud
 		if cached == nil {
 			continue // deleted since: it limits nothing
 		}
+		if live := l.live[cached.UID]; live != nil && newer(live, cached) {
+			cached = live.DeepCopy()
+		}
 		d, err := l.grow(ctx, cached, n, peers, gateways)
 		if err != nil || !d.Allowed {
 			return &d, err
@@ -104,6 +115,7 @@ func (l *leaser) grow(ctx context.Context, b *mfv1.TokenBudget, n budget.Need,
 		err := l.c.Status().Update(ctx, b)
 		if err == nil {
 			l.keep(b)
+			l.live[b.UID] = b.DeepCopy()
 			return d, nil
 		}
 		if !apierrors.IsConflict(err) || attempt+1 >= leaseAttempts {
@@ -115,8 +127,21 @@ func (l *leaser) grow(ctx context.Context, b *mfv1.TokenBudget, n budget.Need,
 		}
 		if b.UID != uid {
 			l.forget(uid)
+			delete(l.live, uid)
 		}
+		l.live[b.UID] = b.DeepCopy()
 	}
+}
+
+// newer reports whether a, read live or written by this replica, is at least as
+// recent as b, the informer's copy of the same budget: the API server's resource
+// versions are etcd revisions, compared as numbers; one that does not parse as one
+// counts as older, so the informer's copy is used. A wrong choice costs a conflict
+// and a live read, never room: every lease write is conditional.
+func newer(a, b *mfv1.TokenBudget) bool {
+	ra, errA := strconv.ParseUint(a.ResourceVersion, 10, 64)
+	rb, errB := strconv.ParseUint(b.ResourceVersion, 10, 64)
+	return errA == nil && errB == nil && ra >= rb
 }
 
 // overlay puts this replica's leases, as it wrote them, into b's status.

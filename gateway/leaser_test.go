@@ -64,3 +64,26 @@ func TestLeaserConditionalWrite(t *testing.T) {
 		t.Errorf("gw-b's view of the leases %+v, want both", own)
 	}
 }
+
+func TestLeaserNewer(t *testing.T) {
+	tb := func(rv string) *mfv1.TokenBudget {
+		b := &mfv1.TokenBudget{}
+		b.ResourceVersion = rv
+		return b
+	}
+	for _, tc := range []struct {
+		live, cached string
+		want         bool
+	}{
+		{"12", "9", true},
+		{"12", "12", true},
+		{"9", "12", false},
+		{"100", "99", true}, // numbers, not strings
+		{"x", "9", false},   // not a revision: the informer's copy
+		{"9", "", false},
+	} {
+		if got := newer(tb(tc.live), tb(tc.cached)); got != tc.want {
+			t.Errorf("newer(%q, %q) = %v, want %v", tc.live, tc.cached, got, tc.want)
+		}
+	}
+}

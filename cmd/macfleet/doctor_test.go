@@ -49,13 +49,28 @@ func runDoctor(t *testing.T, args ...string) (string, error) {
 	return out.String(), err
 }
 
+// runDoctorAttributable runs doctor again, at most three times in all, while its
+// unload is inconclusive: other test binaries on this machine allocated more than
+// the runner held while it went away, so the global gauge could not show it. A third
+// inconclusive run is returned as it is, and the caller's wait for Settled fails.
+func runDoctorAttributable(t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	for attempt := 1; ; attempt++ {
+		text, err := runDoctor(t, args...)
+		if err != nil || attempt == 3 || !strings.Contains(text, string(doctor.CheckInconclusive)) {
+			return text, err
+		}
+		t.Logf("doctor run %d: the unload was inconclusive, running it again:\n%s", attempt, text)
+	}
+}
+
 // TestDoctorCommand runs `macfleet doctor` with the real gauge of this machine and the
 // real runner: the table has every section, the gauges agree with /proc, and the
 // self-test loads, generates with and unloads a synthesized model through the pool.
 func TestDoctorCommand(t *testing.T) {
 	rp := doctorRunner(t)
 
-	text, err := runDoctor(t, "--runner", rp, "--memory-ceiling", "1Gi", "--listen", "127.0.0.1:0")
+	text, err := runDoctorAttributable(t, "--runner", rp, "--memory-ceiling", "1Gi", "--listen", "127.0.0.1:0")
 	if err != nil {
 		t.Fatalf("doctor failed: %v\n%s", err, text)
 	}
@@ -75,7 +90,7 @@ func TestDoctorCommand(t *testing.T) {
 		t.Errorf("the configured ceiling does not win:\n%s", text)
 	}
 
-	text, err = runDoctor(t, "--runner", rp, "--json", "--listen", "127.0.0.1:0")
+	text, err = runDoctorAttributable(t, "--runner", rp, "--json", "--listen", "127.0.0.1:0")
 	if err != nil {
 		t.Fatalf("doctor --json failed: %v\n%s", err, text)
 	}

@@ -95,6 +95,10 @@ const (
 	CheckWarn Check = "WARN"
 	// CheckSkipped: not checked on this operating system or without its input.
 	CheckSkipped Check = "skipped"
+	// CheckInconclusive: the figure could not be attributed to what was measured
+	// (something else on the machine moved the host gauge more than the step could);
+	// the report does not fail for it and says to run again on an idle machine.
+	CheckInconclusive Check = "inconclusive"
 )
 
 // failing says whether the check makes the report fail.

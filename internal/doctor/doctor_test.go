@@ -376,3 +376,41 @@ func TestRunReport(t *testing.T) {
 		t.Error("a negative ceiling is accepted")
 	}
 }
+
+// TestUnloadVerdict: a settled unload passes; one that timed out fails unless the
+// host's used memory rose by more than the runner held, which only something else
+// allocating explains.
+func TestUnloadVerdict(t *testing.T) {
+	report := func(o enginepool.SettleOutcome) *enginepool.UnloadReport {
+		return &enginepool.UnloadReport{Outcome: o, ResidentBytes: 48 * mib}
+	}
+	for _, tc := range []struct {
+		name          string
+		outcome       enginepool.SettleOutcome
+		before, after int64
+		hostOK        bool
+		want          Check
+	}{
+		{"settled", enginepool.Settled, 1 * gib, 1*gib - 48*mib, true, CheckOK},
+		{"settled although the host rose", enginepool.Settled, 1 * gib, 1*gib + 100*mib, true, CheckOK},
+		{"leak: the gauge stays where it was", enginepool.TimedOut, 1 * gib, 1 * gib, true, CheckFailed},
+		{"leak plus noise within the footprint", enginepool.TimedOut, 1 * gib, 1*gib + 48*mib, true, CheckFailed},
+		{"another process allocated more than the runner held", enginepool.TimedOut, 1 * gib, 1*gib + 300*mib, true, CheckInconclusive},
+		{"no host gauge", enginepool.TimedOut, 0, 0, false, CheckFailed},
+		{"no host gauge, even with a rise", enginepool.TimedOut, 1 * gib, 2 * gib, false, CheckFailed},
+		{"indeterminate", enginepool.Indeterminate, 1 * gib, 2 * gib, true, CheckFailed},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, why := unloadVerdict(report(tc.outcome), tc.before, tc.after, tc.hostOK)
+			if got != tc.want {
+				t.Errorf("verdict %s (%q), want %s", got, why, tc.want)
+			}
+			if got.failing() != (tc.want == CheckFailed) {
+				t.Errorf("%s failing() = %v", got, got.failing())
+			}
+			if (why != "") != (got == CheckInconclusive) || (got == CheckInconclusive && !strings.Contains(why, "run doctor again on an idle machine")) {
+				t.Errorf("note %q for %s", why, got)
+			}
+		})
+	}
+}

@@ -94,6 +94,7 @@ func (b *Budgets) SetBudgets(bs []mfv1.TokenBudget) {
 	b.budgets.Store(&m)
 	if b.leaser != nil {
 		b.ledger.SetBeat(beat)
+		b.leaser.retain(bs)
 	}
 }
 

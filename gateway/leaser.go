@@ -175,6 +175,30 @@ func (l *leaser) keep(b *mfv1.TokenBudget) {
 	l.ownMu.Unlock()
 }
 
+// retain drops what this replica remembers of budgets that are no longer read: a
+// deleted TokenBudget's leases and last live copy would otherwise stay in memory for
+// the replica's life (one entry per budget ever leased on).
+func (l *leaser) retain(bs []mfv1.TokenBudget) {
+	keep := make(map[types.UID]bool, len(bs))
+	for i := range bs {
+		keep[bs[i].UID] = true
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for uid := range l.live {
+		if !keep[uid] {
+			delete(l.live, uid)
+		}
+	}
+	l.ownMu.Lock()
+	defer l.ownMu.Unlock()
+	for uid := range l.own {
+		if !keep[uid] {
+			delete(l.own, uid)
+		}
+	}
+}
+
 func (l *leaser) forget(uid types.UID) {
 	l.ownMu.Lock()
 	delete(l.own, uid)

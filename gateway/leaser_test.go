@@ -63,6 +63,18 @@ func TestLeaserConditionalWrite(t *testing.T) {
 	if own := b.leases(&got); len(own) != 2 {
 		t.Errorf("gw-b's view of the leases %+v, want both", own)
 	}
+
+	// The budget is deleted: the next read of the budgets drops what gw-b remembered
+	// of it, its own lease and its live copy, and keeps what another budget holds.
+	if len(b.own) != 1 || len(b.live) != 1 {
+		t.Fatalf("gw-b remembers %d own lease sets and %d live copies, want 1 and 1", len(b.own), len(b.live))
+	}
+	other := mfv1.TokenBudget{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "other", UID: "other-uid"}}
+	b.own[other.UID], b.live[other.UID] = nil, other.DeepCopy()
+	b.retain([]mfv1.TokenBudget{other})
+	if _, ok := b.own[got.UID]; ok || len(b.own) != 1 || len(b.live) != 1 || b.live[other.UID] == nil {
+		t.Errorf("after the deletion gw-b remembers own %v and live %v, want only the other budget", b.own, b.live)
+	}
 }
 
 func TestLeaserNewer(t *testing.T) {

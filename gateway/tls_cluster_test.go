@@ -25,6 +25,14 @@ import (
 	"github.com/openai/openai-go/v3/option"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
+	"github.com/macfleet/macfleet/controllers/certsigner"
 	"github.com/macfleet/macfleet/gateway"
 	"github.com/macfleet/macfleet/test/support/testenv"
 )
@@ -228,6 +236,44 @@ func TestThroughOwnTLS(t *testing.T) {
 		hc.CloseIdleConnections()
 		if _, err := oc.Models.List(ctx); err != nil {
 			t.Errorf("after rotation: %v", err)
+		}
+	})
+	// The manager's fleet CA as the issuer (chart gateway.tls.fromFleetCA): the
+	// authority keeps the serving Secret, its files replace the mounted ones, and a
+	// client trusting only that Secret's ca.crt gets a completion.
+	t.Run("fleet CA", func(t *testing.T) {
+		if err := e.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: mfv1.SystemNamespace}}); err != nil && !apierrors.IsAlreadyExists(err) {
+			t.Fatal(err)
+		}
+		a := &certsigner.Authority{Client: e.Client, GatewayServingSecret: "macfleet-gateway-https",
+			GatewayServingHosts: []string{"127.0.0.1", "localhost"}, Log: logr.Discard()}
+		if _, err := a.Sync(ctx); err != nil {
+			t.Fatal(err)
+		}
+		var sec corev1.Secret
+		if err := e.Client.Get(ctx, client.ObjectKey{Namespace: mfv1.SystemNamespace, Name: "macfleet-gateway-https"}, &sec); err != nil {
+			t.Fatal(err)
+		}
+		if sec.Type != corev1.SecretTypeTLS {
+			t.Errorf("the serving Secret is of type %s", sec.Type)
+		}
+		vol.write(t, map[string][]byte{"tls.crt": sec.Data["tls.crt"], "tls.key": sec.Data["tls.key"]})
+		fleet := x509.NewCertPool()
+		if !fleet.AppendCertsFromPEM(sec.Data["ca.crt"]) {
+			t.Fatalf("the serving Secret's ca.crt holds no certificate: %q", sec.Data["ca.crt"])
+		}
+		testenv.Eventually(t, 3*gateway.DefaultTLSPoll, 50*time.Millisecond, func() (bool, string) {
+			_, err := servedSerial(addr, fleet)
+			return err == nil, fmt.Sprintf("the fleet CA's certificate is not served yet: %v", err)
+		})
+		fc := openai.NewClient(option.WithBaseURL(base), option.WithAPIKey("client-key"), option.WithMaxRetries(0), option.WithHTTPClient(tlsClient(fleet)))
+		resp, err := fc.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{Model: "tiny", MaxTokens: openai.Int(4),
+			Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("Hello there")}})
+		if err != nil || len(resp.Choices) != 1 || resp.Usage.CompletionTokens != 4 {
+			t.Fatalf("a completion through the fleet CA's certificate: %+v, %v", resp, err)
+		}
+		if _, err := servedSerial(addr, ca.pool); err == nil {
+			t.Error("a client trusting only the former issuer still accepts the gateway")
 		}
 	})
 }

@@ -59,6 +59,9 @@ deployments with spec.autoscaling from the requests in flight on their agents.`,
 		"the manager issues and renews in Secret macfleet-system/macfleet-gateway-tls; \"\" issues none")
 	f.StringVar(&cfg.MetricsIdentity, "metrics-identity", "macfleet-metrics", "Name of the identity (macfleet://metrics/<name>) with which Prometheus scrapes the agents' /metrics "+
 		"(and may call nothing else on them); the manager issues and renews its client certificate in Secret macfleet-system/macfleet-metrics-tls; \"\" issues none")
+	f.StringVar(&cfg.GatewayServingSecret, "gateway-serving-secret", "", "kubernetes.io/tls Secret of macfleet-system in which the manager keeps a serving certificate "+
+		"from the fleet CA for --gateway-serving-hosts, renewed at two thirds of its life, for the gateway's own HTTPS listener (its clients trust ca.crt); \"\" issues none")
+	f.StringSliceVar(&cfg.GatewayServingHosts, "gateway-serving-hosts", nil, "DNS names (a leading *. allowed) and IP addresses the gateway's serving certificate names, comma-separated")
 	f.DurationVar(&cfg.AutoscalerInterval, "autoscaler-interval", autoscaler.DefaultInterval, "How often the load of each autoscaled ModelDeployment is measured")
 	f.StringVar(&cfg.NodeAuthorizerAddr, "node-authorizer-bind-address", "", `Address of the node authorizer webhook (HTTPS, path /authorize) the API server asks about node identities' reads of ModelReplicas; "" or "0" disables it`)
 	f.StringVar(&cfg.NodeAuthorizerCertDir, "node-authorizer-cert-dir", "", "Directory with tls.crt and tls.key for the node authorizer webhook (reloaded when they change)")

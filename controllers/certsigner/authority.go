@@ -58,6 +58,12 @@ type Authority struct {
 	// MetricsName names the identity of the scraper of the agents' /metrics
 	// (macfleet://metrics/<name>, Secret macfleet-metrics-tls); empty issues none.
 	MetricsName string
+	// GatewayServingSecret, when set, is a kubernetes.io/tls Secret of macfleet-system
+	// that the authority keeps with a serving certificate for GatewayServingHosts
+	// (pki.IssueServing), which the gateway's own HTTPS listener presents where no
+	// other issuer serves the cluster; its clients trust the bundle (ca.crt).
+	GatewayServingSecret string
+	GatewayServingHosts  []string
 	// CALifetime, LeafLifetime and Propagation: see pki; zero means their defaults.
 	CALifetime, LeafLifetime, Propagation time.Duration
 	Clock                                 clock.Clock

@@ -3,6 +3,7 @@ package certsigner
 import (
 	"context"
 	"crypto/x509"
+	"errors"
 	"fmt"
 	"time"
 
@@ -22,6 +23,18 @@ type callerSecret struct {
 	id     pki.Identity
 	// who names the caller in logs and errors.
 	who string
+	// hosts, when set, make it a serving certificate for them (pki.IssueServing)
+	// instead of one of id.
+	hosts []string
+}
+
+// matches: the certificate is what c keeps (a renamed caller, or a changed list of
+// hosts, gets a new one).
+func (c callerSecret) matches(cert *x509.Certificate) bool {
+	if len(c.hosts) > 0 {
+		return pki.ServesExactly(cert, c.hosts)
+	}
+	return names(cert, c.id)
 }
 
 // callerSecrets are the Secrets Sync keeps: the gateway's (the whole agent API) and
@@ -33,6 +46,9 @@ func (a *Authority) callerSecrets() []callerSecret {
 	}
 	if a.MetricsName != "" {
 		out = append(out, callerSecret{secret: mfv1.MetricsTLSSecret, id: pki.Metrics(a.MetricsName), who: "the metrics scraper"})
+	}
+	if a.GatewayServingSecret != "" {
+		out = append(out, callerSecret{secret: a.GatewayServingSecret, hosts: a.GatewayServingHosts, who: "the gateway's HTTPS listener"})
 	}
 	return out
 }
@@ -66,7 +82,7 @@ func (a *Authority) ensureCallerSecret(ctx context.Context, c callerSecret, bund
 	current := a.rotation.Current.Cert
 	a.mu.RUnlock()
 	var renewAt time.Time
-	if certs, err := pki.ParseCerts(sec.Data[corev1.TLSCertKey]); err == nil && signedBy(certs[0], current) && names(certs[0], c.id) {
+	if certs, err := pki.ParseCerts(sec.Data[corev1.TLSCertKey]); err == nil && signedBy(certs[0], current) && c.matches(certs[0]) {
 		renewAt = pki.RenewAt(certs[0])
 	}
 	fresh := !renewAt.IsZero() && a.Clock.Now().Before(renewAt)
@@ -74,7 +90,7 @@ func (a *Authority) ensureCallerSecret(ctx context.Context, c callerSecret, bund
 		return renewAt, nil
 	}
 	if !fresh {
-		certPEM, keyPEM, err := a.issueNew(c.id)
+		certPEM, keyPEM, err := a.issueFor(c)
 		if err != nil {
 			return time.Time{}, err
 		}
@@ -94,7 +110,7 @@ func (a *Authority) ensureCallerSecret(ctx context.Context, c callerSecret, bund
 	if err != nil {
 		return time.Time{}, fmt.Errorf("writing the Secret of %s %s: %w", c.who, key, err)
 	}
-	a.Log.Info("Issued a caller's certificate", "caller", c.who, "identity", c.id.String(), "secret", key.String(), "renewAt", renewAt)
+	a.Log.Info("Issued a caller's certificate", "caller", c.who, "identity", c.id.String(), "hosts", c.hosts, "secret", key.String(), "renewAt", renewAt)
 	return renewAt, nil
 }
 
@@ -102,4 +118,27 @@ func (a *Authority) ensureCallerSecret(ctx context.Context, c callerSecret, bund
 func names(c *x509.Certificate, id pki.Identity) bool {
 	got, err := pki.IdentityOf(c)
 	return err == nil && got == id
+}
+
+// issueFor makes a key and c's certificate from the signing CA.
+func (a *Authority) issueFor(c callerSecret) (certPEM, keyPEM []byte, err error) {
+	if len(c.hosts) == 0 {
+		return a.issueNew(c.id)
+	}
+	key, err := pki.NewKey()
+	if err != nil {
+		return nil, nil, err
+	}
+	a.mu.RLock()
+	ca := a.rotation.Current
+	a.mu.RUnlock()
+	if ca == nil {
+		return nil, nil, errors.New("the fleet CA is not loaded yet")
+	}
+	cert, err := ca.IssueServing(key.Public(), c.hosts, a.Clock.Now(), a.LeafLifetime)
+	if err != nil {
+		return nil, nil, fmt.Errorf("issuing the certificate of %s: %w", c.who, err)
+	}
+	kp, err := pki.EncodeKey(key)
+	return pki.EncodeCerts(cert), kp, err
 }

@@ -103,3 +103,77 @@ func TestAuthorityKeepsTheMetricsSecret(t *testing.T) {
 		}
 	}
 }
+
+// TestAuthorityKeepsTheServingSecret: with a serving Secret named, the manager keeps
+// in it a certificate from the fleet CA for the gateway's hosts, which HTTPS clients
+// trusting its ca.crt accept for those names only; a changed list of hosts, or an
+// identity's certificate copied over it, is issued again; a Mac may not read it.
+func TestAuthorityKeepsTheServingSecret(t *testing.T) {
+	ctx := t.Context()
+	for _, ns := range []string{mfv1.SystemNamespace, mfv1.NodeIdentityNamespace, mfv1.NodeLeaseNamespace} {
+		_ = env.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})
+	}
+	if err := env.Apply(ctx, "config/agent", "config/admission"); err != nil {
+		t.Fatal(err)
+	}
+	const name = "macfleet-gateway-https"
+	clk := clocktesting.NewFakeClock(time.Now())
+	a := &certsigner.Authority{Client: env.Client, GatewayName: "gw", GatewayServingSecret: name,
+		GatewayServingHosts: []string{"llm.example.com", "macfleet-gateway.macfleet-system.svc"}, Clock: clk, Log: logr.Discard()}
+	served := func(host string) (*x509.Certificate, error) {
+		t.Helper()
+		if _, err := a.Sync(ctx); err != nil {
+			t.Fatal(err)
+		}
+		s := &corev1.Secret{}
+		if err := env.Client.Get(ctx, types.NamespacedName{Namespace: mfv1.SystemNamespace, Name: name}, s); err != nil {
+			t.Fatal(err)
+		}
+		certs, err := pki.ParseCerts(s.Data[corev1.TLSCertKey])
+		if err != nil || s.Type != corev1.SecretTypeTLS {
+			t.Fatalf("Secret %s of type %s: %v", name, s.Type, err)
+		}
+		roots := x509.NewCertPool()
+		if !roots.AppendCertsFromPEM(s.Data[mfv1.CABundleKey]) {
+			t.Fatalf("Secret %s has no CA bundle", name)
+		}
+		_, err = certs[0].Verify(x509.VerifyOptions{DNSName: host, Roots: roots, CurrentTime: clk.Now()})
+		return certs[0], err
+	}
+	first, err := served("llm.example.com")
+	if err != nil {
+		t.Fatalf("HTTPS to llm.example.com: %v", err)
+	}
+	if _, err := served("other.example.com"); err == nil {
+		t.Error("the serving certificate verifies for a host it was not issued for")
+	}
+	if _, err := pki.IdentityOf(first); err == nil {
+		t.Error("the serving certificate names one of the fleet's identities")
+	}
+	if again, _ := served("llm.example.com"); !again.Equal(first) {
+		t.Error("the serving certificate was issued again before its renewal was due")
+	}
+	// Another host: issued again for the new list.
+	a.GatewayServingHosts = []string{"llm.example.com", "llm.example.org"}
+	if c, err := served("llm.example.org"); err != nil || c.Equal(first) {
+		t.Errorf("after adding llm.example.org: %v (issued again: %v)", err, !c.Equal(first))
+	}
+	// The gateway's client certificate copied over it is replaced.
+	s, gw := &corev1.Secret{}, &corev1.Secret{}
+	for n, into := range map[string]*corev1.Secret{name: s, mfv1.GatewayTLSSecret: gw} {
+		if err := env.Client.Get(ctx, types.NamespacedName{Namespace: mfv1.SystemNamespace, Name: n}, into); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s.Data[corev1.TLSCertKey], s.Data[corev1.TLSPrivateKeyKey] = gw.Data[corev1.TLSCertKey], gw.Data[corev1.TLSPrivateKeyKey]
+	if err := env.Client.Update(ctx, s); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := served("llm.example.org"); err != nil {
+		t.Errorf("after an identity's certificate was copied over it: %v", err)
+	}
+	cs := nodeClientset(t, "mac-serving")
+	if _, err := cs.CoreV1().Secrets(mfv1.SystemNamespace).Get(ctx, name, metav1.GetOptions{}); err == nil || !strings.Contains(err.Error(), "forbidden") {
+		t.Errorf("a node reading Secret %s: %v; want forbidden", name, err)
+	}
+}

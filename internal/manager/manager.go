@@ -6,10 +6,12 @@ package manager
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"net"
 	"net/http"
+	"slices"
 	"time"
 
 	"k8s.io/apimachinery/pkg/runtime"
@@ -73,6 +75,12 @@ type Config struct {
 	// (macfleet://metrics/<name>: /metrics only) whose client certificate the manager
 	// issues and renews in Secret macfleet-system/macfleet-metrics-tls; "" issues none.
 	MetricsIdentity string
+	// GatewayServingSecret, when set, is a kubernetes.io/tls Secret of macfleet-system
+	// in which the manager keeps a serving certificate from the fleet CA for
+	// GatewayServingHosts, for the gateway's own HTTPS listener where no other issuer
+	// serves the cluster.
+	GatewayServingSecret string
+	GatewayServingHosts  []string
 	// AgentHTTP, when set, reaches the agents instead of per-Mac HTTPS transports with
 	// the manager's certificate (tests' fake agents over plain HTTP).
 	AgentHTTP *http.Client
@@ -116,6 +124,9 @@ func Scheme() (*runtime.Scheme, error) {
 
 // New builds the manager with every controller set up, ready to Start.
 func New(cfg Config) (ctrl.Manager, error) {
+	if err := checkServing(cfg.GatewayServingSecret, cfg.GatewayServingHosts); err != nil {
+		return nil, err
+	}
 	scheme, err := Scheme()
 	if err != nil {
 		return nil, fmt.Errorf("building the scheme: %w", err)
@@ -178,7 +189,8 @@ func setupReconcilers(mgr ctrl.Manager, cfg Config, rc *rest.Config, scheme *run
 		return err
 	}
 	authority := &certsigner.Authority{Client: direct, Self: &pki.Source{}, GatewayName: cfg.GatewayIdentity,
-		MetricsName: cfg.MetricsIdentity, Log: ctrl.Log.WithName("certsigner")}
+		MetricsName: cfg.MetricsIdentity, GatewayServingSecret: cfg.GatewayServingSecret, GatewayServingHosts: cfg.GatewayServingHosts,
+		Log: ctrl.Log.WithName("certsigner")}
 	if err := mgr.Add(authority); err != nil {
 		return err
 	}
@@ -260,4 +272,21 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	ctrl.LoggerFrom(ctx).Info("Starting manager", "leaderElection", cfg.LeaderElection, "nodeLossGrace", cfg.NodeLossGrace)
 	return mgr.Start(ctx)
+}
+
+// checkServing refuses a gateway serving Secret that would overwrite one the manager
+// keeps for something else, or whose hosts no certificate can name.
+func checkServing(secret string, hosts []string) error {
+	switch {
+	case secret == "" && len(hosts) > 0:
+		return errors.New("--gateway-serving-hosts needs --gateway-serving-secret: the Secret to keep their certificate in")
+	case secret == "":
+		return nil
+	case slices.Contains([]string{mfv1.CASecret, mfv1.GatewayTLSSecret, mfv1.MetricsTLSSecret, mfv1.APIKeyIndexSecret, mfv1.FleetTokenSecret}, secret):
+		return fmt.Errorf("--gateway-serving-secret %s is a Secret the manager keeps for something else: name another", secret)
+	}
+	if err := pki.ValidHosts(hosts); err != nil {
+		return fmt.Errorf("--gateway-serving-hosts: %w", err)
+	}
+	return nil
 }

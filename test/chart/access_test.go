@@ -62,6 +62,35 @@ func TestAccessOffByDefault(t *testing.T) {
 			t.Errorf("the gateway gets %s by default", a)
 		}
 	}
+	for _, a := range findDeployment(t, objs, "macfleet-manager").Spec.Template.Spec.Containers[0].Args {
+		if strings.HasPrefix(a, "--gateway-serving-") {
+			t.Errorf("the manager gets %s by default", a)
+		}
+	}
+}
+
+// TestAccessFromFleetCA: with gateway.tls.fromFleetCA the manager is told to keep the
+// gateway's Secret with a certificate for the team's hostnames and the Service's
+// in-cluster names, and no Certificate object is rendered.
+func TestAccessFromFleetCA(t *testing.T) {
+	objs := render(t, append(accessOn, "gateway.tls.fromFleetCA=true")...)
+	want := []string{"--gateway-serving-secret=macfleet-gateway-https",
+		"--gateway-serving-hosts=llm.example.com,llm.example.org,macfleet-gateway,macfleet-gateway.fleet-test," +
+			"macfleet-gateway.fleet-test.svc,macfleet-gateway.fleet-test.svc.cluster.local"}
+	var got []string
+	for _, a := range findDeployment(t, objs, "macfleet-manager").Spec.Template.Spec.Containers[0].Args {
+		if strings.HasPrefix(a, "--gateway-serving-") {
+			got = append(got, a)
+		}
+	}
+	if d := cmp.Diff(want, got); d != "" {
+		t.Errorf("the manager's serving flags (-want +got):\n%s", d)
+	}
+	for _, o := range objs {
+		if o.GetKind() == "Certificate" {
+			t.Errorf("rendered %s with the fleet CA as the issuer", describe(o))
+		}
+	}
 }
 
 // TestAccessRender: the Ingress and the HTTPRoute reach the gateway's Service over
@@ -191,6 +220,9 @@ func TestAccessRefused(t *testing.T) {
 		{[]string{"gateway.access.httpRoute.createGateway=true", "gateway.access.hostnames={llm.example.com}"}, "gatewayClassName is empty"},
 		{[]string{"gateway.tls.certificate.create=true", "gateway.access.hostnames={llm.example.com}"}, "issuerRef.name is empty"},
 		{[]string{"gateway.tls.terminate=true", "gateway.tls.secretName="}, "gateway.tls.secretName is empty"},
+		{[]string{"gateway.tls.fromFleetCA=true", "gateway.tls.secretName="}, "gateway.tls.secretName is empty"},
+		{[]string{"gateway.tls.fromFleetCA=true", "gateway.tls.certificate.create=true", "gateway.tls.certificate.issuerRef.name=org-ca",
+			"gateway.access.hostnames={llm.example.com}"}, "choose the cluster's issuer or the fleet CA"},
 	} {
 		t.Run(tc.want, func(t *testing.T) {
 			args := []string{"template", "macfleet", chartDir(t)}

@@ -242,6 +242,23 @@ func (ca *CA) Issue(pub crypto.PublicKey, id Identity, now time.Time, lifetime t
 	if err := id.Valid(); err != nil {
 		return nil, err
 	}
+	tmpl, err := ca.leafTemplate(pub, now, lifetime)
+	if err != nil {
+		return nil, err
+	}
+	tmpl.Subject = pkix.Name{CommonName: id.Name, OrganizationalUnit: []string{string(id.Kind)}}
+	tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}
+	tmpl.URIs = []*url.URL{id.URI()}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, pub, ca.Key)
+	if err != nil {
+		return nil, fmt.Errorf("signing the certificate of %s: %w", id, err)
+	}
+	return x509.ParseCertificate(der)
+}
+
+// leafTemplate is what every certificate ca issues over pub has: a new serial, valid
+// from now (backdated for skew) for lifetime and never beyond the CA, for signatures.
+func (ca *CA) leafTemplate(pub crypto.PublicKey, now time.Time, lifetime time.Duration) (*x509.Certificate, error) {
 	if _, ok := pub.(*ecdsa.PublicKey); !ok {
 		return nil, fmt.Errorf("the key to certify is a %T, not ECDSA", pub)
 	}
@@ -253,20 +270,8 @@ func (ca *CA) Issue(pub crypto.PublicKey, id Identity, now time.Time, lifetime t
 	if notAfter.After(ca.Cert.NotAfter) {
 		notAfter = ca.Cert.NotAfter
 	}
-	tmpl := &x509.Certificate{
-		SerialNumber: serial,
-		Subject:      pkix.Name{CommonName: id.Name, OrganizationalUnit: []string{string(id.Kind)}},
-		NotBefore:    now.Add(-backdate),
-		NotAfter:     notAfter,
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
-		URIs:         []*url.URL{id.URI()},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, pub, ca.Key)
-	if err != nil {
-		return nil, fmt.Errorf("signing the certificate of %s: %w", id, err)
-	}
-	return x509.ParseCertificate(der)
+	return &x509.Certificate{SerialNumber: serial, NotBefore: now.Add(-backdate), NotAfter: notAfter,
+		KeyUsage: x509.KeyUsageDigitalSignature}, nil
 }
 
 func newSerial() (*big.Int, error) {

@@ -2,7 +2,6 @@ package pki
 
 import (
 	"crypto"
-	"crypto/ecdsa"
 	"crypto/rand"
 	"crypto/x509"
 	"crypto/x509/pkix"
@@ -24,25 +23,14 @@ func (ca *CA) IssueServing(pub crypto.PublicKey, hosts []string, now time.Time, 
 	if err := ValidHosts(hosts); err != nil {
 		return nil, err
 	}
-	if _, ok := pub.(*ecdsa.PublicKey); !ok {
-		return nil, fmt.Errorf("the key to certify is a %T, not ECDSA", pub)
-	}
-	serial, err := newSerial()
+	tmpl, err := ca.leafTemplate(pub, now, lifetime)
 	if err != nil {
 		return nil, err
 	}
-	notAfter := now.Add(lifetime)
-	if notAfter.After(ca.Cert.NotAfter) {
-		notAfter = ca.Cert.NotAfter
+	if len(hosts[0]) <= 64 { // the subject's upper bound; clients read the names from the SANs
+		tmpl.Subject = pkix.Name{CommonName: hosts[0]}
 	}
-	tmpl := &x509.Certificate{
-		SerialNumber: serial,
-		Subject:      pkix.Name{CommonName: hosts[0]},
-		NotBefore:    now.Add(-backdate),
-		NotAfter:     notAfter,
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-	}
+	tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}
 	for _, h := range hosts {
 		if ip := net.ParseIP(h); ip != nil {
 			tmpl.IPAddresses = append(tmpl.IPAddresses, ip)

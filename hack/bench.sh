@@ -29,6 +29,11 @@ if [[ $what == all || $what == fleet ]]; then
 	# (one-token completions of a trivial model, interleaved), and node-loss recovery
 	# (an agent killed: Lease expiry to endpoint not ready and to a replacement Ready).
 	run go test -run '^$' -bench GatewayOverhead -benchtime 400x -timeout 20m ./test/e2e/
+	# Uninterrupted streams (issue 43): straight to the agent, through the gateway that
+	# reads every event to be able to continue it, and through the gateway of the commit
+	# before stream continuation beside it.
+	run env MACFLEET_BENCH_BASELINE="$(hack/build-macfleet-at.sh c25ec48abefc)" \
+		go test -run '^$' -bench StreamOverhead -benchtime 200x -timeout 20m ./test/e2e/
 	# The fair queue: a light client's latency beside a heavy one, and throughput, with
 	# and without the gateway's queue (short and longer heavy requests).
 	for tokens in 64 256; do

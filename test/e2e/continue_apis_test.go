@@ -29,8 +29,8 @@ const apiTokens = 400
 // replica was writing continued on the other replica with the stream's own ids,
 // sequence numbers and content block, one terminal event and one usage.
 func TestTranslatedStreamsSurviveARunnerKill(t *testing.T) {
-	t.Run("responses", func(t *testing.T) { surviveWith(t, apiStreams, responsesStream, killRunner, 3) })
-	t.Run("messages", func(t *testing.T) { surviveWith(t, apiStreams, messagesStream, killRunner, 3) })
+	t.Run("responses", func(t *testing.T) { surviveWith(t, apiStreams, responsesStream, killRunner, 3, nil) })
+	t.Run("messages", func(t *testing.T) { surviveWith(t, apiStreams, messagesStream, killRunner, 3, nil) })
 }
 
 // responsesStream streams one Responses answer with the official client and checks

@@ -36,38 +36,48 @@ const survivorTokens = 400
 // writing continued on the other replica.
 func TestStreamsSurviveARunnerKill(t *testing.T) {
 	t.Run("runner", func(t *testing.T) {
-		surviveWith(t, continuedStreams, survivorStream, killRunner, 3)
+		surviveWith(t, continuedStreams, survivorStream, killRunner, 3, nil)
 	})
 	t.Run("agent stopped", func(t *testing.T) {
-		survive(t, func(t *testing.T, node string, _ int) {
-			if err := fleet.PauseAgent(node); err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { // the Mac wakes for the tests after this one
-				if err := fleet.ResumeAgent(node); err != nil {
-					t.Fatal(err)
-				}
-				if err := fleet.WaitNodeReady(context.Background(), node); err != nil {
-					t.Fatal(err)
-				}
-			})
-		})
+		m := macDown{down: fleet.PauseAgent, up: fleet.ResumeAgent}
+		surviveWith(t, continuedStreams, survivorStream, m.kill, 3, m.restore)
 	})
 	t.Run("agent", func(t *testing.T) {
-		survive(t, func(t *testing.T, node string, _ int) {
-			if err := fleet.KillAgent(node); err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { // the Mac comes back for the tests after this one
-				if err := fleet.StartAgent(node); err != nil {
-					t.Fatal(err)
-				}
-				if err := fleet.WaitNodeReady(context.Background(), node); err != nil {
-					t.Fatal(err)
-				}
-			})
-		})
+		m := macDown{down: fleet.KillAgent, up: fleet.StartAgent}
+		surviveWith(t, continuedStreams, survivorStream, m.kill, 3, m.restore)
 	})
+}
+
+// macDown takes a Mac's agent down as a kill of surviveWith (down) and brings it back
+// (up) before the next round and after the test, so that a round whose kill broke no
+// stream can be tried again with both Macs.
+type macDown struct {
+	down, up func(node string) error
+	node     string
+}
+
+func (m *macDown) kill(t *testing.T, node string, _ int) {
+	if err := m.down(node); err != nil {
+		t.Fatal(err)
+	}
+	m.node = node
+	t.Cleanup(func() { m.restore(t) }) // the Mac comes back for the tests after this one
+}
+
+// restore brings the Mac taken down back and waits until it is Ready; nothing when
+// none is down.
+func (m *macDown) restore(t *testing.T) {
+	if m.node == "" {
+		return
+	}
+	node := m.node
+	m.node = ""
+	if err := m.up(node); err != nil {
+		t.Fatal(err)
+	}
+	if err := fleet.WaitNodeReady(context.Background(), node); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // killRunner kills a replica's runner with SIGKILL.
@@ -77,23 +87,21 @@ func killRunner(t *testing.T, _ string, pid int) {
 	}
 }
 
-// survive runs continuedStreams streams to a new two-replica deployment, calls kill
-// with the first replica's Mac and runner PID while that replica writes some of them,
-// and checks every stream.
-func survive(t *testing.T, kill func(t *testing.T, node string, pid int)) {
-	surviveWith(t, continuedStreams, survivorStream, kill, 1)
-}
-
 // streamer streams one answer to model as client i, adds 1 to streaming once it has
 // content, and checks what it read.
 type streamer func(ctx context.Context, model string, i int, streaming *atomic.Int32) streamResult
 
-// surviveWith is survive with n streams of stream, in up to rounds rounds (each with
-// a new deployment) while a kill broke no stream: the victim's requests may all be
-// before their first byte when it falls (they are retried, not continued), most
-// often with short answers. A kill may be repeated only if kill can be called again.
-func surviveWith(t *testing.T, n int, stream streamer, kill func(t *testing.T, node string, pid int), rounds int) {
+// surviveWith runs n streams of stream to a new two-replica deployment, calls kill
+// with the first replica's Mac and runner PID while that replica writes some of them,
+// and checks every stream; in up to rounds rounds (each with a new deployment) while
+// a kill broke no stream: the victim's requests may all be before their first byte
+// when it falls (they are retried, not continued), most often with short answers or
+// on a loaded machine. restore, when not nil, undoes a kill before the next round.
+func surviveWith(t *testing.T, n int, stream streamer, kill func(t *testing.T, node string, pid int), rounds int, restore func(*testing.T)) {
 	for round := 1; ; round++ {
+		if restore != nil && round > 1 {
+			restore(t)
+		}
 		continued, victim := survivalRound(t, n, stream, kill)
 		switch {
 		case continued > 0 || t.Failed():

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"text/tabwriter"
 
+	"github.com/macfleet/macfleet/internal/bytesize"
 	"github.com/macfleet/macfleet/internal/estimate"
 )
 
@@ -83,18 +84,18 @@ func (r Report) Write(w io.Writer) error {
 	}
 	fmt.Fprintf(w, "Model:   %s\n", m.Source)
 	fmt.Fprintf(w, "         %s, %s parameters, %s of weights, trained context %s\n",
-		orUnknown(m.Architecture), FormatCount(m.Parameters), FormatBytes(m.Weights), trained)
+		orUnknown(m.Architecture), FormatCount(m.Parameters), bytesize.Format(m.Weights), trained)
 	fmt.Fprintf(w, "Engine:  parallel %d, KV cache %s\n", max(r.Settings.Parallel, 1), kv)
 	fmt.Fprintf(w, "Macs:    %s\n\n", r.Where)
 
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	head := []string{"CONTEXT", "NEEDS"}
 	for _, f := range r.Macs {
-		head = append(head, fmt.Sprintf("%s (%s free of %s)", f.Mac.Name, FormatBytes(f.Mac.Free()), FormatBytes(f.Mac.Capacity())))
+		head = append(head, fmt.Sprintf("%s (%s free of %s)", f.Mac.Name, bytesize.Format(f.Mac.Free()), bytesize.Format(f.Mac.Capacity())))
 	}
 	fmt.Fprintln(tw, strings.Join(head, "\t"))
 	for i, n := range r.Needs {
-		row := []string{FormatContext(n.Context), FormatBytes(n.Bytes)}
+		row := []string{FormatContext(n.Context), bytesize.Format(n.Bytes)}
 		for _, f := range r.Macs {
 			row = append(row, cellText(f.Cells[i]))
 		}
@@ -113,11 +114,11 @@ func (r Report) Write(w io.Writer) error {
 func cellText(c Cell) string {
 	switch c.Verdict {
 	case Fits:
-		return "yes, " + FormatBytes(c.Left) + " left"
+		return "yes, " + bytesize.Format(c.Left) + " left"
 	case FitsWhenFreed:
-		return "once freed (" + FormatBytes(-c.Left) + " short now)"
+		return "once freed (" + bytesize.Format(-c.Left) + " short now)"
 	}
-	return "no (" + FormatBytes(-c.Left) + " short)"
+	return "no (" + bytesize.Format(-c.Left) + " short)"
 }
 
 // summary is one line on the largest context f's Mac takes.
@@ -131,7 +132,7 @@ func summary(f MacFit) string {
 		}
 	case f.MaxContextFreed > 0:
 		s = "fits up to " + FormatContext(f.MaxContextFreed) + " context once its models (" +
-			FormatBytes(f.Mac.Committed) + " committed) are unloaded; not now"
+			bytesize.Format(f.Mac.Committed) + " committed) are unloaded; not now"
 	case len(f.Cells) > 0:
 		s = "does not fit at any context asked"
 	default:
@@ -150,14 +151,6 @@ func FormatContext(c int64) string {
 		return fmt.Sprintf("%dk", c/1024)
 	}
 	return fmt.Sprint(c)
-}
-
-// FormatBytes writes n bytes in GiB with one decimal (MiB below 1 GiB).
-func FormatBytes(n int64) string {
-	if n < 1<<30 {
-		return fmt.Sprintf("%.0f MiB", float64(n)/(1<<20))
-	}
-	return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30))
 }
 
 // FormatCount writes a parameter count as 7.6B, 494M.

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"encoding/json"
 	"os"
 	"path/filepath"
@@ -49,14 +48,7 @@ func coderHub(t *testing.T, token string) (string, *hubDouble) {
 // runFit runs `macfleet models fit` with args and returns its output.
 func runFit(t *testing.T, args ...string) (string, error) {
 	t.Helper()
-	cmd := modelsFitCmd()
-	var out bytes.Buffer
-	cmd.SetOut(&out)
-	cmd.SetErr(&out)
-	cmd.SetArgs(args)
-	cmd.SilenceUsage, cmd.SilenceErrors = true, true
-	err := cmd.ExecuteContext(t.Context())
-	return out.String(), err
+	return runCommand(t, modelsFitCmd(), args...)
 }
 
 // needsOf is the estimate of the model at path at each context, as the manager
@@ -133,6 +125,9 @@ func TestModelsFitFleet(t *testing.T) {
 	got := map[string][2]int64{}
 	for _, f := range rep.Macs {
 		got[f.Mac.Name] = [2]int64{f.MaxContext, f.MaxContextFreed}
+		if f.Mac.Name == "busy" && (f.Free != need[4096] || f.Capacity != need[40960]+1<<30 || f.Mac.Unavailable != "cordoned") {
+			t.Errorf("busy offers %d free of %d (%q); want %d of %d, cordoned", f.Free, f.Capacity, f.Mac.Unavailable, need[4096], need[40960]+1<<30)
+		}
 	}
 	want := map[string][2]int64{"roomy": {40960, 40960}, "small": {8192, 8192}, "busy": {4096, 40960}}
 	for name, w := range want {
@@ -163,7 +158,7 @@ func TestModelsFitFleet(t *testing.T) {
 		t.Fatalf("models fit under the fleet's SourcePolicy: %v\n%s", err, out)
 	}
 	for _, w := range []string{"the 3 MacNodes of the cluster at", "trained context 40k", "\n16k ",
-		"small: does not fit at any context asked", "busy: fits up to 16k context once its models", "cordoned"} {
+		"small: too small at every context asked", "busy: not now; up to 16k context once its models", "cordoned"} {
 		if !strings.Contains(out, w) {
 			t.Errorf("the table lacks %q:\n%s", w, out)
 		}

@@ -71,8 +71,11 @@ type Cell struct {
 
 // MacFit is every need set against one Mac.
 type MacFit struct {
-	Mac   Mac    `json:"mac"`
-	Cells []Cell `json:"cells"`
+	Mac Mac `json:"mac"`
+	// Free and Capacity are Mac.Free() and Mac.Capacity().
+	Free     int64  `json:"free"`
+	Capacity int64  `json:"capacity"`
+	Cells    []Cell `json:"cells"`
 	// MaxContext is the largest context that fits now (0: none), MaxContextFreed the
 	// largest that fits once the Mac's other models are unloaded.
 	MaxContext      int64 `json:"maxContext"`
@@ -83,7 +86,7 @@ type MacFit struct {
 func Decide(macs []Mac, needs []Need) []MacFit {
 	out := make([]MacFit, 0, len(macs))
 	for _, m := range macs {
-		f := MacFit{Mac: m, Cells: make([]Cell, 0, len(needs))}
+		f := MacFit{Mac: m, Free: m.Free(), Capacity: m.Capacity(), Cells: make([]Cell, 0, len(needs))}
 		for _, n := range needs {
 			c := Cell{Context: n.Context, Left: m.Free() - n.Bytes, Verdict: TooLarge}
 			switch {

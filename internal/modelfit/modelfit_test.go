@@ -69,7 +69,7 @@ func TestDecide(t *testing.T) {
 				MaxContextFreed: 4096}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			tc.want.Mac = tc.mac
+			tc.want.Mac, tc.want.Free, tc.want.Capacity = tc.mac, tc.mac.Free(), tc.mac.Capacity()
 			got := Decide([]Mac{tc.mac}, needs)
 			if diff := cmp.Diff([]MacFit{tc.want}, got); diff != "" {
 				t.Errorf("(-want +got):\n%s", diff)
@@ -169,8 +169,8 @@ func TestReportWrite(t *testing.T) {
 		"hf://org/repo/m.gguf", "llama, 7.2B parameters, 4.0 GiB of weights, trained context 40k", "parallel 1, KV cache f16",
 		"big (20.0 GiB free of 20.0 GiB)", "busy (6.0 GiB free of 10.0 GiB)",
 		"40k", "yes, 11.0 GiB left", "once freed (3.0 GiB short now)",
-		"big: fits up to 40k context now\n",
-		"busy: fits up to 4k context now, up to 40k once its models are unloaded; but the scheduler places nothing on it now: cordoned",
+		"big: up to 40k context now\n",
+		"busy: up to 4k context now, up to 40k context once its models (4.0 GiB committed) are unloaded; but it takes no new replicas now: cordoned",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("the table lacks %q:\n%s", want, out)

@@ -91,7 +91,7 @@ func (r Report) Write(w io.Writer) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	head := []string{"CONTEXT", "NEEDS"}
 	for _, f := range r.Macs {
-		head = append(head, fmt.Sprintf("%s (%s free of %s)", f.Mac.Name, bytesize.Format(f.Mac.Free()), bytesize.Format(f.Mac.Capacity())))
+		head = append(head, fmt.Sprintf("%s (%s free of %s)", f.Mac.Name, bytesize.Format(f.Free), bytesize.Format(f.Capacity)))
 	}
 	fmt.Fprintln(tw, strings.Join(head, "\t"))
 	for i, n := range r.Needs {
@@ -123,23 +123,20 @@ func cellText(c Cell) string {
 
 // summary is one line on the largest context f's Mac takes.
 func summary(f MacFit) string {
+	freed := "up to " + FormatContext(f.MaxContextFreed) + " context once its models (" + bytesize.Format(f.Mac.Committed) + " committed) are unloaded"
 	var s string
 	switch {
+	case f.MaxContext > 0 && f.MaxContextFreed > f.MaxContext:
+		s = "up to " + FormatContext(f.MaxContext) + " context now, " + freed
 	case f.MaxContext > 0:
-		s = "fits up to " + FormatContext(f.MaxContext) + " context now"
-		if f.MaxContextFreed > f.MaxContext {
-			s += ", up to " + FormatContext(f.MaxContextFreed) + " once its models are unloaded"
-		}
+		s = "up to " + FormatContext(f.MaxContext) + " context now"
 	case f.MaxContextFreed > 0:
-		s = "fits up to " + FormatContext(f.MaxContextFreed) + " context once its models (" +
-			bytesize.Format(f.Mac.Committed) + " committed) are unloaded; not now"
-	case len(f.Cells) > 0:
-		s = "does not fit at any context asked"
+		s = "not now; " + freed
 	default:
-		s = "no context asked"
+		s = "too small at every context asked"
 	}
 	if f.Mac.Unavailable != "" {
-		s += "; but the scheduler places nothing on it now: " + f.Mac.Unavailable
+		s += "; but it takes no new replicas now: " + f.Mac.Unavailable
 	}
 	return s
 }

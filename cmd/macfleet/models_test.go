@@ -2,10 +2,16 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -214,5 +220,74 @@ func TestModelsFitOneMac(t *testing.T) {
 				t.Errorf("models fit %q: %v, want an error containing %q\n%s", tc.args, err, tc.want, out)
 			}
 		})
+	}
+}
+
+// TestModelsFitOllama: an ollama:// source is read from the blob its registry's
+// manifest names, by range requests, under a policy that lets the namespace use the
+// registry; the policy's rules, not the registry, refuse a namespace they do not name.
+func TestModelsFitOllama(t *testing.T) {
+	t.Setenv("HOME", t.TempDir())
+	t.Setenv("KUBECONFIG", "")
+	path, _ := coderHub(t, "unused")
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		t.Fatal(err)
+	}
+	const digest = "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+	var ranges atomic.Int32
+	reg := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/v2/library/coder/manifests/7b":
+			fmt.Fprintf(w, `{"layers":[{"mediaType":"application/vnd.ollama.image.model","digest":%q,"size":%d}]}`, digest, fi.Size())
+		case "/v2/library/coder/blobs/" + digest:
+			if r.Header.Get("Range") == "" {
+				http.Error(w, "a whole download: want range requests", http.StatusTeapot)
+				return
+			}
+			ranges.Add(1)
+			http.ServeContent(w, r, "", time.Time{}, io.NewSectionReader(f, 0, fi.Size()))
+		default:
+			http.NotFound(w, r)
+		}
+	}))
+	t.Cleanup(reg.Close)
+	policy := filepath.Join(t.TempDir(), "policy.yaml")
+	if err := os.WriteFile(policy, []byte(`apiVersion: macfleet.dev/v1alpha1
+kind: SourcePolicy
+metadata:
+  name: default
+spec:
+  rules:
+  - namespaces: ["serve"]
+    registries: [ollama]
+  allowedNetworks: ["127.0.0.0/8"]
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	out, err := runFit(t, "ollama://coder:7b", "--memory", "32Gi", "--ollama-registry", reg.URL, "--source-policy", policy, "--json")
+	if err != nil {
+		t.Fatalf("models fit ollama://: %v\n%s", err, out)
+	}
+	var rep modelfit.Report
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatalf("--json output: %v\n%s", err, out)
+	}
+	need := needsOf(t, path, 40960)
+	if last := rep.Needs[len(rep.Needs)-1]; last.Context != 40960 || last.Bytes != need[40960] || rep.Model.FileSize != fi.Size() {
+		t.Errorf("needs %+v, file size %d: want 40k last at %d bytes, a file of %d", rep.Needs, rep.Model.FileSize, need[40960], fi.Size())
+	}
+	if ranges.Load() == 0 {
+		t.Error("the registry served no range of the blob")
+	}
+	if _, err := runFit(t, "ollama://coder:7b", "-n", "team-a", "--memory", "32Gi", "--ollama-registry", reg.URL, "--source-policy", policy); err == nil ||
+		!strings.Contains(err.Error(), `namespace "team-a"`) {
+		t.Errorf("a namespace the policy does not name: %v, want it refused", err)
 	}
 }

@@ -257,19 +257,7 @@ func TestModelsFitOllama(t *testing.T) {
 		}
 	}))
 	t.Cleanup(reg.Close)
-	policy := filepath.Join(t.TempDir(), "policy.yaml")
-	if err := os.WriteFile(policy, []byte(`apiVersion: macfleet.dev/v1alpha1
-kind: SourcePolicy
-metadata:
-  name: default
-spec:
-  rules:
-  - namespaces: ["serve"]
-    registries: [ollama]
-  allowedNetworks: ["127.0.0.0/8"]
-`), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	policy := loopbackPolicyFor(t, "ollama")
 
 	out, err := runFit(t, "ollama://coder:7b", "--memory", "32Gi", "--ollama-registry", reg.URL, "--source-policy", policy, "--json")
 	if err != nil {

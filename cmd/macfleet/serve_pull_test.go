@@ -70,6 +70,13 @@ func (h *hubDouble) requests() []string {
 // double on loopback (the default policy denies loopback addresses).
 func loopbackPolicy(t *testing.T) string {
 	t.Helper()
+	return loopbackPolicyFor(t, "hf")
+}
+
+// loopbackPolicyFor writes a SourcePolicy that lets serve use the registries (hf,
+// ollama) on loopback.
+func loopbackPolicyFor(t *testing.T, registries string) string {
+	t.Helper()
 	p := filepath.Join(t.TempDir(), "policy.yaml")
 	if err := os.WriteFile(p, []byte(`apiVersion: macfleet.dev/v1alpha1
 kind: SourcePolicy
@@ -78,7 +85,7 @@ metadata:
 spec:
   rules:
   - namespaces: ["serve"]
-    registries: [hf]
+    registries: [`+registries+`]
   allowedNetworks: ["127.0.0.0/8"]
 `), 0o600); err != nil {
 		t.Fatal(err)

@@ -107,17 +107,7 @@ func (s *Store) download(ctx context.Context, src modelsource.Source, want strin
 }
 
 func (s *Store) resolve(ctx context.Context, src modelsource.Source) (modelsource.Location, error) {
-	if src.Scheme == modelsource.Ollama {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, manifestTimeout)
-		defer cancel()
-	}
-	loc, err := s.resolver.Resolve(ctx, src)
-	var denied *sourcepolicy.DeniedError
-	if errors.As(err, &denied) {
-		return loc, fmt.Errorf("resolving %s: %w", src.Raw, denied)
-	}
-	return loc, err
+	return s.locator.resolve(ctx, src)
 }
 
 // partialMeta is what resuming a download needs, beside the partial file.

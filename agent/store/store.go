@@ -104,6 +104,7 @@ type Options struct {
 type Store struct {
 	dir, blobs, refs, local, used string
 
+	locator          *Locator
 	resolver         *modelsource.Resolver
 	client           *http.Client
 	policy           *sourcepolicy.Holder
@@ -154,19 +155,9 @@ func New(dir string, opts Options) (*Store, error) {
 			return nil, fmt.Errorf("model store: %w", err)
 		}
 	}
-	if s.policy == nil {
-		s.policy = sourcepolicy.NewHolder(nil)
-	}
-	// Every client goes through Policy.Client, the default one too: it is what checks
-	// each redirect (hosts, https to http) as well as each connection.
-	hc := opts.HTTPClient
-	if hc == nil {
-		tr := http.DefaultTransport.(*http.Transport).Clone()
-		tr.ResponseHeaderTimeout = DefaultResponseHeaderTimeout
-		tr.DisableCompression = true
-		hc = &http.Client{Transport: tr}
-	}
-	s.client = s.policy.Client(hc)
+	// The locator's client checks each connection and redirect against the policy.
+	s.locator = NewLocator(opts)
+	s.policy, s.client, s.resolver = s.locator.policy, s.locator.client, s.locator.resolver
 	if s.clock == nil {
 		s.clock = clock.RealClock{}
 	}
@@ -176,7 +167,6 @@ func New(dir string, opts Options) (*Store, error) {
 	if s.stallTimeout <= 0 {
 		s.stallTimeout = DefaultStallTimeout
 	}
-	s.resolver = &modelsource.Resolver{HFEndpoint: opts.HFEndpoint, OllamaRegistry: opts.OllamaRegistry, HTTPClient: s.client}
 	s.removeTemp()
 	return s, nil
 }

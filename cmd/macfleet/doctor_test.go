@@ -17,6 +17,8 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
+	"github.com/spf13/cobra"
+
 	"github.com/macfleet/macfleet/internal/doctor"
 	"github.com/macfleet/macfleet/metal/enginepool"
 	"github.com/macfleet/macfleet/metal/enginepool/runnerproc"
@@ -40,7 +42,13 @@ func doctorRunner(t *testing.T) string {
 // runDoctor runs `macfleet doctor args...` in-process and returns its output.
 func runDoctor(t *testing.T, args ...string) (string, error) {
 	t.Helper()
-	cmd := newDoctorCommand()
+	return runCommand(t, newDoctorCommand(), args...)
+}
+
+// runCommand runs cmd with args in-process and returns its output, stdout and stderr
+// together.
+func runCommand(t *testing.T, cmd *cobra.Command, args ...string) (string, error) {
+	t.Helper()
 	var out bytes.Buffer
 	cmd.SetOut(&out)
 	cmd.SetErr(&out)

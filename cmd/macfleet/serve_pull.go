@@ -2,9 +2,7 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"net/http"
 	"os"
 	"strings"
 
@@ -35,6 +33,12 @@ type pullFlags struct {
 func (pf *pullFlags) register(f *pflag.FlagSet) {
 	f.StringVar(&pf.storeDir, "store-dir", config.DataDir("models"), "model store of the models given as sources (hf://, ollama://, https://); "+
 		"the node agent's default, so both share the files")
+	pf.registerSources(f)
+}
+
+// registerSources registers the flags that say where sources are read from and
+// which may be: all of register's but the store's directory.
+func (pf *pullFlags) registerSources(f *pflag.FlagSet) {
 	f.StringVar(&pf.hfToken, "hf-token", "", "token sent with hf:// downloads, for gated and private models (default $"+hfTokenEnv+")")
 	f.StringVar(&pf.hfEndpoint, "hf-endpoint", modelsource.DefaultHFEndpoint, "model hub that hf:// sources download from")
 	f.StringVar(&pf.ollamaRegistry, "ollama-registry", modelsource.DefaultOllamaRegistry, "registry that ollama:// sources download from")
@@ -70,6 +74,14 @@ func (pf pullFlags) policy() (*sourcepolicy.Policy, error) {
 	return p, nil
 }
 
+// token is --hf-token, else $HF_TOKEN.
+func (pf pullFlags) token() string {
+	if pf.hfToken != "" {
+		return pf.hfToken
+	}
+	return os.Getenv(hfTokenEnv)
+}
+
 // pull fetches every model whose path is a source through the node agent's model
 // store, checked by the source policy on every connection and redirect and verified
 // (sha256= when given, the manifest's digest for ollama://, the GGUF magic), and points
@@ -89,24 +101,15 @@ func (pf pullFlags) pull(ctx context.Context, models []config.Model, log logr.Lo
 			if err != nil {
 				return err
 			}
-			token := pf.hfToken
-			if token == "" {
-				token = os.Getenv(hfTokenEnv)
-			}
-			if st, err = store.New(pf.storeDir, store.Options{HFEndpoint: pf.hfEndpoint, HFToken: token, OllamaRegistry: pf.ollamaRegistry,
+			if st, err = store.New(pf.storeDir, store.Options{HFEndpoint: pf.hfEndpoint, HFToken: pf.token(), OllamaRegistry: pf.ollamaRegistry,
 				Policy: sourcepolicy.NewHolder(p), Log: log.WithName("store")}); err != nil {
 				return err
 			}
 		}
 		log.Info("Pulling model", "model", m.Name, "source", m.Path)
 		path, err := st.Fetch(ctx, serveNamespace, m.Path, m.SHA256, progressLogger(log, m.Name))
-		var status *modelsource.StatusError
-		switch {
-		case errors.As(err, &status) && (status.StatusCode == http.StatusUnauthorized || status.StatusCode == http.StatusForbidden) &&
-			strings.HasPrefix(m.Path, "hf://"):
-			return fmt.Errorf("model %s: %w: a gated or private model needs a token with access to it: --hf-token or $%s", m.Name, err, hfTokenEnv)
-		case err != nil:
-			return fmt.Errorf("model %s: %w", m.Name, err)
+		if err != nil {
+			return fmt.Errorf("model %s: %w", m.Name, tokenHint(m.Path, err))
 		}
 		log.Info("Pulled model", "model", m.Name, "source", m.Path, "path", path)
 		m.Path, m.SHA256 = path, ""

@@ -1,10 +1,12 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -32,6 +34,13 @@ type hubDouble struct {
 
 func newHubDouble(t *testing.T, path, token string, content []byte) *hubDouble {
 	t.Helper()
+	return newHubDoubleAt(t, path, token, bytes.NewReader(content), int64(len(content)))
+}
+
+// newHubDoubleAt is newHubDouble serving size bytes of content: a sparse model file
+// of several GiB, of which a reader of its header asks only the start.
+func newHubDoubleAt(t *testing.T, path, token string, content io.ReaderAt, size int64) *hubDouble {
+	t.Helper()
 	h := &hubDouble{}
 	h.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		h.mu.Lock()
@@ -44,7 +53,7 @@ func newHubDouble(t *testing.T, path, token string, content []byte) *hubDouble {
 			http.NotFound(w, r)
 		default:
 			w.Header().Set("ETag", `"v1"`)
-			http.ServeContent(w, r, "", time.Time{}, strings.NewReader(string(content)))
+			http.ServeContent(w, r, "", time.Time{}, io.NewSectionReader(content, 0, size))
 		}
 	}))
 	t.Cleanup(h.Close)
@@ -61,6 +70,13 @@ func (h *hubDouble) requests() []string {
 // double on loopback (the default policy denies loopback addresses).
 func loopbackPolicy(t *testing.T) string {
 	t.Helper()
+	return loopbackPolicyFor(t, "hf")
+}
+
+// loopbackPolicyFor writes a SourcePolicy that lets serve use the registries (hf,
+// ollama) on loopback.
+func loopbackPolicyFor(t *testing.T, registries string) string {
+	t.Helper()
 	p := filepath.Join(t.TempDir(), "policy.yaml")
 	if err := os.WriteFile(p, []byte(`apiVersion: macfleet.dev/v1alpha1
 kind: SourcePolicy
@@ -69,7 +85,7 @@ metadata:
 spec:
   rules:
   - namespaces: ["serve"]
-    registries: [hf]
+    registries: [`+registries+`]
   allowedNetworks: ["127.0.0.0/8"]
 `), 0o600); err != nil {
 		t.Fatal(err)

@@ -219,8 +219,25 @@ const readBufferSize = 1 << 20
 // *ggufheader.LimitError for a header over Limits), *UnsupportedModelError,
 // *ParamsError, or a wrapped os error for a local path.
 func Estimate(ctx context.Context, p Params) (Result, error) {
-	if err := p.validate(); err != nil {
+	h, err := ReadHeader(ctx, p)
+	if err != nil {
 		return Result{}, err
+	}
+	return h.Estimate(p)
+}
+
+// Header is a GGUF header read and checked once, to estimate the model at several
+// engine settings (a ladder of contexts) without reading it again.
+type Header struct {
+	gf  *gguf.GGUFFile
+	loc string
+}
+
+// ReadHeader reads the GGUF header at p.URL or p.Path as Estimate does, with the same
+// typed errors; p's engine settings are checked but not used.
+func ReadHeader(ctx context.Context, p Params) (*Header, error) {
+	if err := p.validate(); err != nil {
+		return nil, err
 	}
 	var (
 		gf  *gguf.GGUFFile
@@ -232,9 +249,19 @@ func Estimate(ctx context.Context, p Params) (Result, error) {
 		gf, err = parseRemote(ctx, p)
 	}
 	if err != nil {
+		return nil, err
+	}
+	return &Header{gf: gf, loc: p.location()}, nil
+}
+
+// Estimate is the model's memory for p's engine settings (ContextLength, Parallel,
+// KVCacheType, Batch); p's URL, Path and transport fields are not used.
+func (h *Header) Estimate(p Params) (Result, error) {
+	p.URL, p.Path = "", h.loc
+	if err := p.validate(); err != nil {
 		return Result{}, err
 	}
-	return safeCompute(gf, p.location(), p)
+	return safeCompute(h.gf, h.loc, p)
 }
 
 // safeCompute is compute, turning the estimator's panics (it indexes tables by what

@@ -11,7 +11,8 @@
 //     rules deny, with the same reasons in CEL;
 //   - the manager's memory estimator, before it reads a GGUF header over HTTP;
 //   - the node agents' model store, before a download and before opening a file://
-//     source (after resolving symbolic links).
+//     source (after resolving symbolic links); its Locator, with which `macfleet
+//     models fit` reads a header, applies the same checks.
 //
 // Addresses are checked when a connection is made (Transport: a net.Dialer Control
 // hook sees the address actually dialled), so a host name that resolves to a loopback,

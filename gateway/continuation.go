@@ -39,7 +39,7 @@ const (
 	contFinished  = "finished"    // it had its finish_reason: nothing to continue
 	contToolCall  = "tool_call"   // it broke in or after a tool call
 	contReasoning = "reasoning"   // it had reasoning, which is not continued
-	contShape     = "unsupported" // a text completion, n > 1, or its output is under a grammar
+	contShape     = "unsupported" // a text completion, n > 1 uncounted, or its output is under a grammar
 	contDisabled  = "disabled"
 )
 
@@ -107,6 +107,9 @@ type continuation struct {
 	// max continuations per stream; deadline for a replica to take this one.
 	max      int
 	deadline time.Time
+	// taken: this break was counted as one of the stream's continuations (a retry of
+	// its continuation, or the next choice's with n > 1, is not another).
+	taken bool
 }
 
 // decideContinuation says whether a broken stream is continued now, and if not why
@@ -115,15 +118,15 @@ func decideContinuation(c continuation, now time.Time) (bool, string) {
 	switch {
 	case c.max <= 0:
 		return false, contDisabled
-	case c.st.finished:
+	case c.st.whole():
 		return false, contFinished
 	case c.st.toolCalls:
 		return false, contToolCall
 	case c.st.reasoning:
 		return false, contReasoning
-	case c.shape.n != 1 || c.shape.grammar || c.shape.prefill || c.st.api == completionsAPI:
+	case c.shape.n > 1 && !c.st.tokens.known(), c.shape.grammar, c.shape.prefill, c.st.api == completionsAPI:
 		return false, contShape
-	case c.st.continued >= c.max:
+	case !c.taken && c.st.continued >= c.max:
 		return false, contLimit
 	case !now.Before(c.deadline):
 		return false, contDeadline
@@ -145,10 +148,14 @@ func (g *Gateway) spliceFor(r *http.Request) *spliced {
 // continuationBody is the request body of api with the text already sent appended as
 // the assistant's message: to a chat's or a Messages request's messages, to a
 // Responses request's input (a string input becomes the user's message before it).
-func continuationBody(api streamAPI, body []byte, text string) ([]byte, error) {
+// one: the continuation is of one choice of several (n is dropped).
+func continuationBody(api streamAPI, body []byte, text string, one bool) ([]byte, error) {
 	var req map[string]json.RawMessage
 	if err := json.Unmarshal(body, &req); err != nil {
 		return nil, err
+	}
+	if one {
+		delete(req, "n")
 	}
 	field := "messages"
 	if api == responsesAPI {
@@ -184,30 +191,40 @@ func (g *Gateway) continueStream(ctx context.Context, w http.ResponseWriter, r *
 	model, failed := t.model, res.broken.backend
 	c := continuation{brk: res.broken.brk, st: res.broken.st, shape: shapeOf(res.broken.st.api, body), max: g.opts.StreamContinuations,
 		deadline: time.Now().Add(g.opts.ContinueTimeout)}
+	c.st.n = c.shape.n
+	if left := c.st.unfinished(); c.st.n > 1 && len(left) > 0 {
+		c.st.choice = left[0]
+	}
 	span := trace.SpanFromContext(ctx)
 	backoff := minBackoff // across tries: a replica that keeps failing is tried less and less often
 	for {
 		ok, why := decideContinuation(c, time.Now())
 		if ok && ctx.Err() == nil {
+			if !c.taken {
+				c.st.continued, c.taken = c.st.continued+1, true
+			}
 			var rt *Route
 			var be Backend
 			if rt, be, ok = g.continuationReplica(ctx, name, id, t, c.deadline, &backoff); !ok {
 				why = contDeadline
 			} else {
+				from := c.st.textOf(c.st.choice).Len()
 				res = g.continueOn(ctx, w, r, rt, be, t, lim, body, start, n, &c)
+				n++
 				if res.broken == nil && res.failure == nil {
+					if res.status == http.StatusOK && ctx.Err() == nil && c.st.n > 1 && c.st.nextChoice() {
+						// The next choice of several: its own continuation, within this break's.
+						c.deadline = time.Now().Add(g.opts.ContinueTimeout)
+						continue
+					}
 					if res.status == http.StatusOK && ctx.Err() == nil {
-						w.Header().Set(http.TrailerPrefix+HeaderContinued, strconv.Itoa(c.st.continued))
-						g.metrics.continuations.WithLabelValues(model, contContinued).Inc()
-						span.AddEvent("stream_continued", trace.WithAttributes(attribute.String("macfleet.from", failed.Key),
-							attribute.String("macfleet.to", be.Key), attribute.Int("macfleet.continued_bytes", c.st.text.Len())))
+						g.continuedOK(w, span, model, failed, be, c, from)
 					}
 					return res
 				}
 				if res.broken != nil {
-					c.brk, failed = res.broken.brk, res.broken.backend
+					c.brk, failed, c.taken = res.broken.brk, res.broken.backend, false
 				}
-				n++
 				continue
 			}
 		}
@@ -223,16 +240,25 @@ func (g *Gateway) continueStream(ctx context.Context, w http.ResponseWriter, r *
 	}
 }
 
+// continuedOK records a stream whose continuation ended it: its trailer, metric and
+// span event (from: the bytes of the continued choice's text the client had before).
+func (g *Gateway) continuedOK(w http.ResponseWriter, span trace.Span, model string, failed, be Backend, c continuation, from int) {
+	w.Header().Set(http.TrailerPrefix+HeaderContinued, strconv.Itoa(c.st.continued))
+	g.metrics.continuations.WithLabelValues(model, contContinued).Inc()
+	span.AddEvent("stream_continued", trace.WithAttributes(attribute.String("macfleet.from", failed.Key),
+		attribute.String("macfleet.to", be.Key), attribute.Int("macfleet.continued_bytes", from)))
+}
+
 // continueOn sends the continuation to replica be; a failure before its first byte
 // excludes be for the next try.
 func (g *Gateway) continueOn(ctx context.Context, w http.ResponseWriter, r *http.Request, rt *Route, be Backend, t *ticket,
 	lim metering.Limits, body []byte, start time.Time, n int, c *continuation) outcome {
-	cbody, err := continuationBody(c.st.api, body, c.st.text.String())
+	cbody, err := continuationBody(c.st.api, body, c.st.textOf(c.st.choice).String(), c.st.n > 1)
 	if err != nil { // the replica took the body, so this does not happen
 		return outcome{failure: &failure{backend: be, reason: "transport", err: err}}
 	}
 	g.log.Info("Continuing a broken stream on another replica", "model", t.model, "replica", be.Key,
-		"cause", c.brk.cause, "err", c.brk.Error(), "sentBytes", c.st.text.Len())
+		"cause", c.brk.cause, "err", c.brk.Error(), "choice", c.st.choice, "sentBytes", c.st.textOf(c.st.choice).Len())
 	res := g.attempt(ctx, w, r, rt, be, lim, cbody, start, n+1, c.st)
 	g.adm.release(t, be.Key)
 	if res.failure != nil || res.broken != nil {
@@ -248,8 +274,8 @@ var notContinued = map[string]string{
 	contFinished:  "it had already finished",
 	contToolCall:  "it broke in or after a tool call, whose arguments are not resumed: do not run the call",
 	contReasoning: "it had reasoning, which is not continued",
-	contShape: "text completions, and streams with n > 1, response_format (text.format), a forced tool_choice or the " +
-		"assistant's own start of the answer, are not continued",
+	contShape: "text completions, and streams with response_format (text.format), a forced tool_choice, the " +
+		"assistant's own start of the answer, or n > 1 from a runner that does not count its tokens, are not continued",
 }
 
 // endBroken ends a stream that is not continued with the replica's error event (the

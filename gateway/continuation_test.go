@@ -38,7 +38,18 @@ func TestDecideContinuation(t *testing.T) {
 		{"it had finished", func(c *continuation) { c.st.finished = true }, contFinished},
 		{"a tool call", func(c *continuation) { c.st.toolCalls = true }, contToolCall},
 		{"reasoning", func(c *continuation) { c.st.reasoning = true }, contReasoning},
-		{"n > 1", func(c *continuation) { c.shape.n = 2 }, contShape},
+		{"n > 1 without the runner's count", func(c *continuation) { c.shape.n = 2 }, contShape},
+		{"n > 1", func(c *continuation) { c.shape.n, c.st.n = 2, 2; c.st.tokens.read([]byte("1 3"), 0) }, contContinued},
+		{"n > 1, every choice finished", func(c *continuation) {
+			c.shape.n, c.st.n = 2, 2
+			c.st.tokens.read([]byte("1 3"), 0)
+			c.st.end(0)
+			c.st.end(1)
+		}, contFinished},
+		{"n > 1, one choice's continuation retried", func(c *continuation) {
+			c.shape.n, c.st.n, c.st.continued, c.taken = 2, 2, 1, true
+			c.st.tokens.read([]byte("1 3"), 0)
+		}, contContinued},
 		{"a grammar", func(c *continuation) { c.shape.grammar = true }, contShape},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -95,12 +106,12 @@ func TestContinuationBody(t *testing.T) {
 		{responsesAPI, `{"model":"m","input":[{"role":"user","content":"hi"}]}`,
 			`{"input":[{"role":"user","content":"hi"},{"role":"assistant","content":"Hel\"lo"}],"model":"m"}`},
 	} {
-		got, err := continuationBody(tc.api, []byte(tc.body), "Hel\"lo")
+		got, err := continuationBody(tc.api, []byte(tc.body), "Hel\"lo", false)
 		if err != nil || string(got) != tc.want {
 			t.Errorf("%s: %s (%v), want %s", tc.body, got, err, tc.want)
 		}
 	}
-	if _, err := continuationBody(chatAPI, []byte(`{"messages":"x"}`), "a"); err == nil {
+	if _, err := continuationBody(chatAPI, []byte(`{"messages":"x"}`), "a", false); err == nil {
 		t.Error("messages that are not a list: no error")
 	}
 }
@@ -455,16 +466,16 @@ func TestTokenCountRead(t *testing.T) {
 	} {
 		var c tokenCount
 		for _, l := range tc.lines {
-			c.read([]byte(l))
+			c.read([]byte(l), 0)
 		}
 		if c.known() != tc.known || (tc.known && c.total() != tc.total) {
 			t.Errorf("%q: known %v total %d, want %v %d", tc.lines, c.known(), c.total(), tc.known, tc.total)
 		}
 	}
 	c := tokenCount{}
-	c.read([]byte("0 5"))
+	c.read([]byte("0 5"), 0)
 	c.broke()
-	c.read([]byte("0 2"))
+	c.read([]byte("0 2"), 0)
 	if c.total() != 7 {
 		t.Errorf("a continued count %d, want 5 + 2", c.total())
 	}
@@ -483,6 +494,7 @@ func TestContentOnly(t *testing.T) {
 		{data: chunkData(content("a \"quote\"\nand a line ✓")), want: "a \"quote\"\nand a line ✓", ok: true},
 		{data: chunkData(content("with logprobs") + lp), want: "with logprobs", ok: true},
 		{data: chunkData(content(`\`)), want: `\`, ok: true},
+		{data: strings.Replace(chunkData(content("choice 1")), `"index":0`, `"index":1`, 1)},
 		{data: chunkData(roleDelta)},
 		{data: chunkData(`{"reasoning_content":"hm"}`)},
 		{data: chunkData(`{"tool_calls":[{"index":0,"function":{"arguments":"{}"}}]}`)},

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"strconv"
 	"time"
+	"unicode/utf8"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
@@ -39,34 +40,26 @@ const (
 	contFinished  = "finished"    // it had its finish_reason: nothing to continue
 	contToolCall  = "tool_call"   // it broke in or after a tool call
 	contReasoning = "reasoning"   // it had reasoning, which is not continued
-	contShape     = "unsupported" // a text completion, n > 1 uncounted, or its output is under a grammar
+	contShape     = "unsupported" // a text completion, n > 1 uncounted, or a Messages request's own start of the answer
+	contRefused   = "refused"     // a replica refused the continuation itself (a 400)
 	contDisabled  = "disabled"
 )
 
 // streamShape is what of a request decides whether its stream can be continued.
 type streamShape struct {
-	// n is its choices; grammar: response_format (text.format) or a forced tool call
-	// constrain its output from its first token, which a continuation would restart;
-	// prefill: a Messages request that ends with the assistant's own start of the
-	// answer.
-	n                int
-	grammar, prefill bool
+	// n is its choices; prefill: a Messages request that ends with the assistant's
+	// own start of the answer. (Output under a grammar, response_format, text.format
+	// or a forced tool_choice, is continued: the continuing runner advances the
+	// grammar past the text sent.)
+	n       int
+	prefill bool
 }
 
 // shapeOf reads the shape of a request body of api.
 func shapeOf(api streamAPI, body []byte) streamShape {
 	var req struct {
-		N              *int `json:"n"`
-		ResponseFormat *struct {
-			Type string `json:"type"`
-		} `json:"response_format"`
-		Text *struct {
-			Format *struct {
-				Type string `json:"type"`
-			} `json:"format"`
-		} `json:"text"`
-		ToolChoice json.RawMessage `json:"tool_choice"`
-		Messages   []struct {
+		N        *int `json:"n"`
+		Messages []struct {
 			Role string `json:"role"`
 		} `json:"messages"`
 	}
@@ -75,28 +68,8 @@ func shapeOf(api streamAPI, body []byte) streamShape {
 	if req.N != nil && api == chatAPI {
 		s.n = *req.N
 	}
-	format := req.ResponseFormat
-	if api == responsesAPI && req.Text != nil {
-		format = req.Text.Format
-	}
-	if format != nil && format.Type != "" && format.Type != "text" {
-		s.grammar = true
-	}
-	s.grammar = s.grammar || forcedTool(api, req.ToolChoice)
 	s.prefill = api == messagesAPI && len(req.Messages) > 0 && req.Messages[len(req.Messages)-1].Role == "assistant"
 	return s
-}
-
-// forcedTool: a tool_choice that forces a tool call (a grammar from the first token).
-func forcedTool(api streamAPI, raw json.RawMessage) bool {
-	tc := string(raw)
-	if api == messagesAPI {
-		var c struct {
-			Type string `json:"type"`
-		}
-		return json.Unmarshal(raw, &c) == nil && (c.Type == "any" || c.Type == "tool")
-	}
-	return tc != "" && tc != "null" && tc != `"auto"` && tc != `"none"`
 }
 
 // continuation is one broken stream's case for a continuation.
@@ -110,6 +83,10 @@ type continuation struct {
 	// taken: this break was counted as one of the stream's continuations (a retry of
 	// its continuation, or the next choice's with n > 1, is not another).
 	taken bool
+	// refusal is why a replica refused the continuation with a 400 (the text sent
+	// does not follow the output's grammar, the template cannot leave the message
+	// open): another replica would refuse it too.
+	refusal string
 }
 
 // decideContinuation says whether a broken stream is continued now, and if not why
@@ -118,13 +95,15 @@ func decideContinuation(c continuation, now time.Time) (bool, string) {
 	switch {
 	case c.max <= 0:
 		return false, contDisabled
+	case c.refusal != "":
+		return false, contRefused
 	case c.st.whole():
 		return false, contFinished
 	case c.st.toolCalls:
 		return false, contToolCall
 	case c.st.reasoning:
 		return false, contReasoning
-	case c.shape.n > 1 && !c.st.tokens.known(), c.shape.grammar, c.shape.prefill, c.st.api == completionsAPI:
+	case c.shape.n > 1 && !c.st.tokens.known(), c.shape.prefill, c.st.api == completionsAPI:
 		return false, contShape
 	case !c.taken && c.st.continued >= c.max:
 		return false, contLimit
@@ -225,6 +204,9 @@ func (g *Gateway) continueStream(ctx context.Context, w http.ResponseWriter, r *
 				if res.broken != nil {
 					c.brk, failed, c.taken = res.broken.brk, res.broken.backend, false
 				}
+				if f := res.failure; f != nil && f.status == http.StatusBadRequest {
+					c.refusal = refusalOf(f.body)
+				}
 				continue
 			}
 		}
@@ -274,8 +256,42 @@ var notContinued = map[string]string{
 	contFinished:  "it had already finished",
 	contToolCall:  "it broke in or after a tool call, whose arguments are not resumed: do not run the call",
 	contReasoning: "it had reasoning, which is not continued",
-	contShape: "text completions, and streams with response_format (text.format), a forced tool_choice, the " +
-		"assistant's own start of the answer, or n > 1 from a runner that does not count its tokens, are not continued",
+	contShape: "text completions, and streams with the assistant's own start of the answer, or n > 1 from a runner " +
+		"that does not count its tokens, are not continued",
+	contRefused: "a replica refused to continue it",
+}
+
+// reason is why the stream was not continued, as the client is told.
+func (c continuation) reason(why string) string {
+	if why == contRefused {
+		return notContinued[why] + ": " + c.refusal
+	}
+	return notContinued[why]
+}
+
+// refusalOf is the message of a replica's error body (OpenAI's or Anthropic's shape),
+// cut to a line's length.
+func refusalOf(body []byte) string {
+	var e struct {
+		Error struct {
+			Message string `json:"message"`
+		} `json:"error"`
+	}
+	msg := string(body)
+	if json.Unmarshal(body, &e) == nil && e.Error.Message != "" {
+		msg = e.Error.Message
+	}
+	if msg == "" {
+		msg = "400 Bad Request"
+	}
+	if len(msg) > 300 {
+		cut := 300
+		for cut > 0 && !utf8.RuneStart(msg[cut]) {
+			cut--
+		}
+		msg = msg[:cut] + "…"
+	}
+	return msg
 }
 
 // endBroken ends a stream that is not continued with the replica's error event (the
@@ -286,7 +302,7 @@ func (g *Gateway) endBroken(w http.ResponseWriter, model string, be Backend, c c
 	e := &apiError{Status: http.StatusBadGateway, Type: openaierr.TypeServer, Code: openaierr.CodeUpstream,
 		Message: fmt.Sprintf("the response of replica %s broke off: %v", be.Key, c.brk)}
 	if c.st.api == responsesAPI || c.st.api == messagesAPI {
-		if reason := notContinued[why]; reason != "" {
+		if reason := c.reason(why); reason != "" {
 			e.Message += "; not continued on another replica: " + reason
 		}
 		_, _ = w.Write(c.st.brokenEvent(e.Message))
@@ -297,7 +313,7 @@ func (g *Gateway) endBroken(w http.ResponseWriter, model string, be Backend, c c
 	if c.brk.cause == "error_event" && json.Unmarshal(sseData(c.st.held), &held) == nil && held.Error != nil {
 		e = held.Error
 	}
-	if reason := notContinued[why]; reason != "" {
+	if reason := c.reason(why); reason != "" {
 		e.Message += "; not continued on another replica: " + reason
 	}
 	_, _ = w.Write(e.sseEvent())

@@ -50,7 +50,8 @@ func TestDecideContinuation(t *testing.T) {
 			c.shape.n, c.st.n, c.st.continued, c.taken = 2, 2, 1, true
 			c.st.tokens.read([]byte("1 3"), 0)
 		}, contContinued},
-		{"a grammar", func(c *continuation) { c.shape.grammar = true }, contShape},
+		{"a replica refused it", func(c *continuation) { c.refusal = "no" }, contRefused},
+		{"a Messages request's own start of the answer", func(c *continuation) { c.shape.prefill = true }, contShape},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := base()
@@ -71,19 +72,9 @@ func TestShapeOf(t *testing.T) {
 	}{
 		{chatAPI, `{"messages":[]}`, streamShape{n: 1}},
 		{chatAPI, `{"n":3}`, streamShape{n: 3}},
-		{chatAPI, `{"response_format":{"type":"text"}}`, streamShape{n: 1}},
-		{chatAPI, `{"response_format":{"type":"json_object"}}`, streamShape{n: 1, grammar: true}},
-		{chatAPI, `{"tool_choice":"auto"}`, streamShape{n: 1}},
-		{chatAPI, `{"tool_choice":"required"}`, streamShape{n: 1, grammar: true}},
-		{chatAPI, `{"tool_choice":{"type":"function","function":{"name":"f"}}}`, streamShape{n: 1, grammar: true}},
+		{chatAPI, `{"response_format":{"type":"json_object"},"tool_choice":"required"}`, streamShape{n: 1}},
 		{chatAPI, `{"messages":[{"role":"assistant"}]}`, streamShape{n: 1}},
 		{responsesAPI, `{"input":"hi","n":3}`, streamShape{n: 1}},
-		{responsesAPI, `{"text":{"format":{"type":"json_schema"}}}`, streamShape{n: 1, grammar: true}},
-		{responsesAPI, `{"text":{"format":{"type":"text"}}}`, streamShape{n: 1}},
-		{responsesAPI, `{"tool_choice":"required"}`, streamShape{n: 1, grammar: true}},
-		{messagesAPI, `{"tool_choice":{"type":"auto"}}`, streamShape{n: 1}},
-		{messagesAPI, `{"tool_choice":{"type":"any"}}`, streamShape{n: 1, grammar: true}},
-		{messagesAPI, `{"tool_choice":{"type":"tool","name":"f"}}`, streamShape{n: 1, grammar: true}},
 		{messagesAPI, `{"messages":[{"role":"user"},{"role":"assistant"}]}`, streamShape{n: 1, prefill: true}},
 	} {
 		if got := shapeOf(tc.api, []byte(tc.body)); got != tc.want {
@@ -161,6 +152,10 @@ func (a *streamingAgent) serve(_ int, w http.ResponseWriter, r *http.Request) {
 		id, words, end = "chatcmpl-cont", a.rest, a.contEnd
 		if end == "status_503" {
 			status(http.StatusServiceUnavailable, "")(0, w, r)
+			return
+		}
+		if end == "status_400" {
+			status(http.StatusBadRequest, "")(0, w, r)
 			return
 		}
 	}
@@ -289,8 +284,16 @@ func readClientStream(t *testing.T, resp *http.Response) clientStream {
 // streamThrough streams a chat through the gateway's path and reads it as a client.
 func streamThrough(t *testing.T, g *testGateway, path string) clientStream {
 	t.Helper()
-	resp, err := http.Post(g.url+path, "application/json",
-		strings.NewReader(`{"model":"m","stream":true,"messages":[{"role":"user","content":"count"}]}`))
+	return streamBodyThrough(t, g, path, "")
+}
+
+// streamBodyThrough streams body (a plain chat when "") through the gateway's path.
+func streamBodyThrough(t *testing.T, g *testGateway, path, body string) clientStream {
+	t.Helper()
+	if body == "" {
+		body = `{"model":"m","stream":true,"messages":[{"role":"user","content":"count"}]}`
+	}
+	resp, err := http.Post(g.url+path, "application/json", strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -313,8 +316,8 @@ func TestStreamContinuation(t *testing.T) {
 		want  clientStream
 		conts []string
 		// errSays is in the error's message; wantID the stream's id (chatcmpl-first
-		// when empty).
-		errSays, wantID string
+		// when empty); body the request's (a plain chat when empty).
+		errSays, wantID, body string
 	}{
 		{name: "cut connection", agent: &streamingAgent{first: []string{"One", ", two"}, firstEnd: "cut", rest: []string{", three"}, contEnd: "done"},
 			outcome: contContinued, conts: []string{"assistant:One, two"},
@@ -344,6 +347,20 @@ func TestStreamContinuation(t *testing.T) {
 		// An error that is the request's, not the replica's, ends the stream as it did.
 		{name: "the request's error", agent: &streamingAgent{first: []string{"One"}, firstEnd: "bad_request"},
 			want: clientStream{text: "One", roles: 1, errCode: "invalid_value"}},
+		// Output under a grammar is continued (the runner advances the grammar past
+		// the text sent: test/runner's TestContinueUnderGrammar).
+		{name: "under a grammar", body: `{"model":"m","stream":true,"response_format":{"type":"json_object"},` +
+			`"messages":[{"role":"user","content":"count"}]}`,
+			agent:   &streamingAgent{first: []string{`{"a"`}, firstEnd: "cut", rest: []string{`:1}`}, contEnd: "done"},
+			outcome: contContinued, conts: []string{`assistant:{"a"`},
+			want: clientStream{text: `{"a":1}`, roles: 1, usages: 1, dones: 1, trailer: "1", finish: "stop"}},
+		// A continuation the replica refuses (a 400: the text does not follow the
+		// grammar) ends the stream at once, not after trying every replica until the
+		// deadline.
+		{name: "refused", opts: Options{ContinueTimeout: time.Minute},
+			agent:   &streamingAgent{first: []string{"One"}, firstEnd: "cut", contEnd: "status_400"},
+			outcome: contRefused, conts: []string{"assistant:One"}, want: clientStream{text: "One", roles: 1, errCode: "upstream_error"},
+			errSays: "not continued on another replica: a replica refused to continue it: upstream says 400"},
 		{name: "no replica in time", replicas: 1, opts: Options{ContinueTimeout: 300 * time.Millisecond},
 			agent:   &streamingAgent{first: []string{"One"}, firstEnd: "cut", contEnd: "status_503"},
 			outcome: contDeadline, want: clientStream{text: "One", roles: 1, errCode: "upstream_error"},
@@ -357,7 +374,7 @@ func TestStreamContinuation(t *testing.T) {
 				hosts = hosts[:1]
 			}
 			g.serveReplicas(hosts...)
-			got := streamThrough(t, g, "/v1/chat/completions")
+			got := streamBodyThrough(t, g, "/v1/chat/completions", tc.body)
 			if tc.wantID == "" {
 				tc.wantID = "chatcmpl-first"
 			}

@@ -110,3 +110,40 @@ func streamContinue(t *testing.T, r *runner, body map[string]any, mode string) (
 	}
 	return content.String(), pieces, *usage
 }
+
+// TestContinueUnderGrammar: an answer under response_format (a JSON schema) cut after
+// some characters and sent back as the final assistant message is continued under the
+// same grammar advanced past the cut, so the whole answer follows the schema (a
+// grammar started over would write a second object after the cut); an assistant
+// message the grammar does not accept is refused with a 400 that says so (the gateway
+// then ends the stream rather than try another replica).
+func TestContinueUnderGrammar(t *testing.T) {
+	r := startReady(t, model(t, "tiny"))
+	schema := compileSchema(t, personSchema)
+	body := chatBody("Describe a person", 120, true)
+	body["stream_options"] = map[string]any{"include_usage": true}
+	body["response_format"] = map[string]any{"type": "json_schema", "json_schema": map[string]any{"name": "person",
+		"strict": true, "schema": json.RawMessage(personSchema)}}
+	full, _, _ := streamContinue(t, r, body, "")
+	if err := validate(t, schema, full); err != nil {
+		t.Fatalf("the uncut answer %q: %v", full, err)
+	}
+	runes := []rune(full)
+	for _, at := range []int{1, 4, len(runes) / 2, len(runes) - 2} {
+		cut := string(runes[:at])
+		body["messages"] = []map[string]string{{"role": "user", "content": "Describe a person"},
+			{"role": "assistant", "content": cut}}
+		rest, _, _ := streamContinue(t, r, body, runnerapi.ContinueFinalMessage)
+		if err := validate(t, schema, cut+rest); err != nil {
+			t.Errorf("cut after %d characters: %q + %q: %v", at, cut, rest, err)
+		}
+	}
+	body["messages"] = []map[string]string{{"role": "user", "content": "Describe a person"},
+		{"role": "assistant", "content": "Sure: {"}}
+	resp := postChat(t, r, body, runnerapi.HeaderContinue, runnerapi.ContinueFinalMessage)
+	msg, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(msg), "does not follow the grammar of response_format") {
+		t.Errorf("a message the grammar does not accept: %d %s, want 400 saying so", resp.StatusCode, msg)
+	}
+}

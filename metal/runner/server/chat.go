@@ -3,6 +3,7 @@
 package server
 
 import (
+	"errors"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -188,6 +189,9 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	co := s.chatOptions(&req, prompt)
+	if open >= 0 {
+		co.Continued = prompt[open:]
+	}
 	if opts.Grammar, opts.GrammarTriggers, herr = s.chatGrammar(&req, co); herr != nil {
 		writeError(w, herr)
 		return
@@ -214,7 +218,12 @@ func (s *Server) chatGrammar(req *runnerapi.ChatRequest, co chat.Options) (strin
 		err = grammar.CheckGrammarSize(g)
 	}
 	if err == nil {
-		err = llama.CheckGrammar(s.model, g, spec.Triggers)
+		err = llama.CheckGrammar(s.model, g, spec.Triggers, co.Continued)
+	}
+	if perr, ok := errors.AsType[*llama.PrefixError](err); ok {
+		return "", nil, runnerapi.InvalidRequest(runnerapi.CodeInvalidValue, "messages",
+			"the assistant's message to continue (%s) does not follow the grammar of %s: %s",
+			runnerapi.HeaderContinue, spec.Param, perr.Msg)
 	}
 	if err != nil {
 		return "", nil, runnerapi.InvalidRequest(runnerapi.CodeInvalidValue, spec.Param, "the schema cannot be enforced: %v", err)

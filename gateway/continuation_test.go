@@ -37,7 +37,9 @@ func TestDecideContinuation(t *testing.T) {
 		{"the deadline passed", func(c *continuation) { c.deadline = now }, contDeadline},
 		{"it had finished", func(c *continuation) { c.st.finished = true }, contFinished},
 		{"a tool call", func(c *continuation) { c.st.toolCalls = true }, contToolCall},
-		{"reasoning", func(c *continuation) { c.st.reasoning = true }, contReasoning},
+		{"reasoning on Chat Completions", func(c *continuation) { c.st.reasoning = true }, contContinued},
+		{"reasoning on Responses", func(c *continuation) { c.st.reasoning, c.st.api = true, responsesAPI }, contReasoning},
+		{"reasoning on Messages", func(c *continuation) { c.st.reasoning, c.st.api = true, messagesAPI }, contReasoning},
 		{"n > 1 without the runner's count", func(c *continuation) { c.shape.n = 2 }, contShape},
 		{"n > 1", func(c *continuation) { c.shape.n, c.st.n = 2, 2; c.st.tokens.read([]byte("1 3"), 0) }, contContinued},
 		{"n > 1, every choice finished", func(c *continuation) {
@@ -97,12 +99,16 @@ func TestContinuationBody(t *testing.T) {
 		{responsesAPI, `{"model":"m","input":[{"role":"user","content":"hi"}]}`,
 			`{"input":[{"role":"user","content":"hi"},{"role":"assistant","content":"Hel\"lo"}],"model":"m"}`},
 	} {
-		got, err := continuationBody(tc.api, []byte(tc.body), "Hel\"lo", false)
+		got, err := continuationBody(tc.api, []byte(tc.body), "Hel\"lo", "", false)
 		if err != nil || string(got) != tc.want {
 			t.Errorf("%s: %s (%v), want %s", tc.body, got, err, tc.want)
 		}
 	}
-	if _, err := continuationBody(chatAPI, []byte(`{"messages":"x"}`), "a", false); err == nil {
+	got, err := continuationBody(chatAPI, []byte(`{"n":2,"messages":[]}`), "One", "Hm", true)
+	if want := `{"messages":[{"role":"assistant","content":"One","reasoning_content":"Hm"}]}`; err != nil || string(got) != want {
+		t.Errorf("one choice with reasoning: %s (%v), want %s", got, err, want)
+	}
+	if _, err := continuationBody(chatAPI, []byte(`{"messages":"x"}`), "a", "", false); err == nil {
 		t.Error("messages that are not a list: no error")
 	}
 }
@@ -126,9 +132,12 @@ const roleDelta = `{"role":"assistant","content":""}`
 // and a continuation (runnerapi.HeaderContinue) with rest, ending as cont says.
 type streamingAgent struct {
 	first, rest []string
-	firstEnd    string
-	contEnd     string // done, cut, status_503
-	tool        string // the first stream sends a tool call with these arguments before its end
+	// think and contThink are reasoning the first stream and a continuation send
+	// before their words.
+	think, contThink []string
+	firstEnd         string
+	contEnd          string // done, cut, status_503
+	tool             string // the first stream sends a tool call with these arguments before its end
 	// reported is the output a stream that ends reports in its usage trailer (none
 	// when 0); counts are the token counts asked for (runnerapi.HeaderTokenCounts)
 	// put before each content chunk, a word a token.
@@ -145,8 +154,12 @@ func (a *streamingAgent) serve(_ int, w http.ResponseWriter, r *http.Request) {
 	if cont {
 		var req struct{ Messages []runnerapi.Message }
 		_ = json.NewDecoder(r.Body).Decode(&req)
+		last := req.Messages[len(req.Messages)-1]
 		a.mu.Lock()
-		a.conts = append(a.conts, req.Messages[len(req.Messages)-1].Role+":"+string(req.Messages[len(req.Messages)-1].Content))
+		if last.ReasoningContent != "" {
+			last.Role += "(thought " + last.ReasoningContent + ")"
+		}
+		a.conts = append(a.conts, last.Role+":"+string(last.Content))
 		a.contCount = append(a.contCount, r.Header.Get(runnerapi.HeaderContinuedTokens))
 		a.mu.Unlock()
 		id, words, end = "chatcmpl-cont", a.rest, a.contEnd
@@ -172,9 +185,20 @@ func (a *streamingAgent) serve(_ int, w http.ResponseWriter, r *http.Request) {
 	}
 	counts := r.Header.Get(runnerapi.HeaderTokenCounts) == runnerapi.TokenCountComments
 	fmt.Fprint(w, chunkEvent(id, roleDelta, ""))
-	for i, word := range words {
+	think := a.think
+	if cont {
+		think = a.contThink
+	}
+	for i, word := range think {
 		if counts {
 			fmt.Fprintf(w, "%s 0 %d\n", runnerapi.TokenCountComment, i+1)
+		}
+		fmt.Fprint(w, chunkEvent(id, fmt.Sprintf(`{"reasoning_content":%q}`, word), ""))
+		_ = rc.Flush()
+	}
+	for i, word := range words {
+		if counts {
+			fmt.Fprintf(w, "%s 0 %d\n", runnerapi.TokenCountComment, len(think)+i+1)
 		}
 		fmt.Fprint(w, chunkEvent(id, content(word), ""))
 		_ = rc.Flush()
@@ -210,23 +234,24 @@ func (a *streamingAgent) serve(_ int, w http.ResponseWriter, r *http.Request) {
 
 // clientStream is what a client read of a stream.
 type clientStream struct {
-	ids     map[string]bool
-	created map[string]bool
-	text    string
-	roles   int
-	usages  int
-	dones   int
-	errCode string
-	errMsg  string
-	trailer string
-	finish  string
+	ids       map[string]bool
+	created   map[string]bool
+	text      string
+	reasoning string
+	roles     int
+	usages    int
+	dones     int
+	errCode   string
+	errMsg    string
+	trailer   string
+	finish    string
 }
 
 func readClientStream(t *testing.T, resp *http.Response) clientStream {
 	t.Helper()
 	cs := clientStream{ids: map[string]bool{}, created: map[string]bool{}}
 	br := bufio.NewReader(resp.Body)
-	var text strings.Builder
+	var text, reasoning strings.Builder
 	for {
 		line, err := br.ReadString('\n')
 		if err == io.EOF {
@@ -250,8 +275,11 @@ func readClientStream(t *testing.T, resp *http.Response) clientStream {
 			ID      string          `json:"id"`
 			Created json.RawMessage `json:"created"`
 			Choices []struct {
-				Delta        struct{ Role, Content string } `json:"delta"`
-				FinishReason *string                        `json:"finish_reason"`
+				Delta struct {
+					Role, Content string
+					Reasoning     string `json:"reasoning_content"`
+				} `json:"delta"`
+				FinishReason *string `json:"finish_reason"`
 			} `json:"choices"`
 			Usage *runnerapi.Usage                `json:"usage"`
 			Error *struct{ Code, Message string } `json:"error"`
@@ -266,6 +294,7 @@ func readClientStream(t *testing.T, resp *http.Response) clientStream {
 		cs.ids[c.ID], cs.created[string(c.Created)] = true, true
 		for _, ch := range c.Choices {
 			text.WriteString(ch.Delta.Content)
+			reasoning.WriteString(ch.Delta.Reasoning)
 			if ch.Delta.Role != "" {
 				cs.roles++
 			}
@@ -277,7 +306,7 @@ func readClientStream(t *testing.T, resp *http.Response) clientStream {
 			cs.usages++
 		}
 	}
-	cs.text, cs.trailer = text.String(), resp.Trailer.Get(HeaderContinued)
+	cs.text, cs.reasoning, cs.trailer = text.String(), reasoning.String(), resp.Trailer.Get(HeaderContinued)
 	return cs
 }
 
@@ -340,6 +369,17 @@ func TestStreamContinuation(t *testing.T) {
 			outcome: contToolCall, want: clientStream{text: "One", roles: 1, dones: 1, finish: "tool_calls"}},
 		{name: "after its finish", agent: &streamingAgent{first: []string{"One"}, firstEnd: "finish_cut"},
 			outcome: contFinished, want: clientStream{text: "One", roles: 1, dones: 1, finish: "stop"}},
+		// Reasoning is sent back as the message's reasoning_content: the runner
+		// continues inside it while there is no content (test/runner's
+		// TestContinueInReasoning), after it once there is.
+		{name: "inside the reasoning", agent: &streamingAgent{think: []string{"Let", " me"}, firstEnd: "engine_stopped",
+			contThink: []string{" see"}, rest: []string{"One"}, contEnd: "done"},
+			outcome: contContinued, conts: []string{"assistant(thought Let me):"},
+			want: clientStream{reasoning: "Let me see", text: "One", roles: 1, usages: 1, dones: 1, trailer: "1", finish: "stop"}},
+		{name: "after the reasoning", agent: &streamingAgent{think: []string{"Hm."}, first: []string{"One"}, firstEnd: "cut",
+			rest: []string{", two"}, contEnd: "done"},
+			outcome: contContinued, conts: []string{"assistant(thought Hm.):One"},
+			want: clientStream{reasoning: "Hm.", text: "One, two", roles: 1, usages: 1, dones: 1, trailer: "1", finish: "stop"}},
 		// Cut before any chunk: the continuation's chunks are the stream's.
 		{name: "cut before any chunk", agent: &streamingAgent{firstEnd: "cut_at_once", rest: []string{"One"}, contEnd: "done"},
 			outcome: contContinued, conts: []string{"assistant:"}, wantID: "chatcmpl-cont",

@@ -41,8 +41,12 @@ type spliced struct {
 	others []bytes.Buffer
 	ended  []bool
 	choice int
+	// thoughts is each choice's reasoning sent (reasoning_content), which a Chat
+	// Completions continuation sends back with the text.
+	thoughts []bytes.Buffer
 	// reasoning, toolCalls and finished: the stream sent reasoning, a tool call, or a
-	// finish_reason (the answer cannot be continued as text).
+	// finish_reason (the answer cannot be continued as text; a Chat Completions
+	// stream's reasoning is continued).
 	reasoning, toolCalls, finished bool
 	// model is the stream's model; args each tool call's arguments sent (toolend.go).
 	model string
@@ -283,7 +287,10 @@ func (s *spliceReader) chunk(ev, data []byte) ([]byte, bool) {
 		if ch.FinishReason != nil {
 			st.end(ch.Index)
 		}
-		st.reasoning = st.reasoning || (d.ReasoningContent != nil && *d.ReasoningContent != "")
+		if d.ReasoningContent != nil && *d.ReasoningContent != "" {
+			st.reasoning = true
+			st.thoughtOf(ch.Index).WriteString(*d.ReasoningContent)
+		}
 		if len(d.ToolCalls) > 0 && string(d.ToolCalls) != "null" {
 			st.toolCalls = true
 			st.addToolCalls(d.ToolCalls)

@@ -29,6 +29,15 @@ func (st *spliced) textOf(i int) *bytes.Buffer {
 	return &st.others[i-1]
 }
 
+// thoughtOf is the reasoning sent of choice i.
+func (st *spliced) thoughtOf(i int) *bytes.Buffer {
+	i = max(0, min(i, maxCountedChoices-1))
+	for len(st.thoughts) <= i {
+		st.thoughts = append(st.thoughts, bytes.Buffer{})
+	}
+	return &st.thoughts[i]
+}
+
 // end records choice i's finish_reason.
 func (st *spliced) end(i int) {
 	if i < 0 || i >= maxCountedChoices {

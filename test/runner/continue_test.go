@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/macfleet/macfleet/api/runnerapi"
+	"github.com/macfleet/macfleet/internal/ggufsynth"
 )
 
 // TestContinueFinalMessage: with runnerapi.HeaderContinue, a greedy answer cut after a
@@ -145,5 +146,63 @@ func TestContinueUnderGrammar(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(msg), "does not follow the grammar of response_format") {
 		t.Errorf("a message the grammar does not accept: %d %s, want 400 saying so", resp.StatusCode, msg)
+	}
+}
+
+// TestContinueInReasoning: an answer cut inside its reasoning and sent back as the
+// final assistant message's reasoning_content (no content yet) goes on as reasoning,
+// inside the open <think> block; one with content after its reasoning goes on as
+// content.
+func TestContinueInReasoning(t *testing.T) {
+	r := startReady(t, specModel(t, "tiny-thinking", func() (ggufsynth.Spec, error) {
+		s := ggufsynth.Tiny()
+		s.ChatTemplate = thinkingTemplate
+		return s, nil
+	}))
+	stream := func(last map[string]any) (reasoning, content string) {
+		t.Helper()
+		b := chatBody("Think about it", 12, true)
+		b["chat_template_kwargs"] = map[string]any{"enable_thinking": true}
+		hdr := []string{}
+		if last != nil {
+			b["messages"] = []map[string]any{{"role": "user", "content": "Think about it"}, last}
+			hdr = []string{runnerapi.HeaderContinue, runnerapi.ContinueFinalMessage}
+		}
+		resp := postChat(t, r, b, hdr...)
+		defer resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			msg, _ := io.ReadAll(resp.Body)
+			t.Fatalf("status %d: %s", resp.StatusCode, msg)
+		}
+		var rs, cs strings.Builder
+		_, done, err := readSSE(t, resp.Body, func(ev sseEvent) bool {
+			var ch runnerapi.ChatCompletionChunk
+			if json.Unmarshal([]byte(ev.data), &ch) == nil && len(ch.Choices) == 1 {
+				if d := ch.Choices[0].Delta; d.ReasoningContent != nil {
+					rs.WriteString(*d.ReasoningContent)
+				} else if d.Content != nil {
+					cs.WriteString(*d.Content)
+				}
+			}
+			return true
+		})
+		if err != nil || !done {
+			t.Fatalf("stream: done %v, %v", done, err)
+		}
+		return rs.String(), cs.String()
+	}
+	full, _ := stream(nil)
+	runes := []rune(full)
+	if len(runes) < 4 {
+		t.Fatalf("the uncut reasoning %q is too short to cut", full)
+	}
+	cut := string(runes[:len(runes)/2])
+	rest, _ := stream(map[string]any{"role": "assistant", "content": "", "reasoning_content": cut})
+	if rest == "" {
+		t.Errorf("continued inside the reasoning %q: no reasoning followed, want the output to go on as reasoning", cut)
+	}
+	reasoning, content := stream(map[string]any{"role": "assistant", "content": "One", "reasoning_content": "Hm."})
+	if reasoning != "" || content == "" {
+		t.Errorf("continued after the reasoning: reasoning %q content %q, want content only", reasoning, content)
 	}
 }

@@ -174,22 +174,7 @@ func TestContinueInReasoning(t *testing.T) {
 			msg, _ := io.ReadAll(resp.Body)
 			t.Fatalf("status %d: %s", resp.StatusCode, msg)
 		}
-		var rs, cs strings.Builder
-		_, done, err := readSSE(t, resp.Body, func(ev sseEvent) bool {
-			var ch runnerapi.ChatCompletionChunk
-			if json.Unmarshal([]byte(ev.data), &ch) == nil && len(ch.Choices) == 1 {
-				if d := ch.Choices[0].Delta; d.ReasoningContent != nil {
-					rs.WriteString(*d.ReasoningContent)
-				} else if d.Content != nil {
-					cs.WriteString(*d.Content)
-				}
-			}
-			return true
-		})
-		if err != nil || !done {
-			t.Fatalf("stream: done %v, %v", done, err)
-		}
-		return rs.String(), cs.String()
+		return readThought(t, resp.Body)
 	}
 	full, _ := stream(nil)
 	runes := []rune(full)

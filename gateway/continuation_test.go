@@ -39,7 +39,7 @@ func TestDecideContinuation(t *testing.T) {
 		{"a tool call", func(c *continuation) { c.st.toolCalls = true }, contToolCall},
 		{"reasoning on Chat Completions", func(c *continuation) { c.st.reasoning = true }, contContinued},
 		{"reasoning on Responses", func(c *continuation) { c.st.reasoning, c.st.api = true, responsesAPI }, contReasoning},
-		{"reasoning on Messages", func(c *continuation) { c.st.reasoning, c.st.api = true, messagesAPI }, contReasoning},
+		{"reasoning on Messages", func(c *continuation) { c.st.reasoning, c.st.api = true, messagesAPI }, contContinued},
 		{"n > 1 without the runner's count", func(c *continuation) { c.shape.n = 2 }, contShape},
 		{"n > 1", func(c *continuation) { c.shape.n, c.st.n = 2, 2; c.st.tokens.read([]byte("1 3"), 0) }, contContinued},
 		{"n > 1, every choice finished", func(c *continuation) {
@@ -107,6 +107,10 @@ func TestContinuationBody(t *testing.T) {
 	got, err := continuationBody(chatAPI, []byte(`{"n":2,"messages":[]}`), "One", "Hm", true)
 	if want := `{"messages":[{"role":"assistant","content":"One","reasoning_content":"Hm"}]}`; err != nil || string(got) != want {
 		t.Errorf("one choice with reasoning: %s (%v), want %s", got, err, want)
+	}
+	got, err = continuationBody(messagesAPI, []byte(`{"messages":[]}`), "", "Hm", false)
+	if want := `{"messages":[{"content":[{"signature":"","thinking":"Hm","type":"thinking"}],"role":"assistant"}]}`; err != nil || string(got) != want {
+		t.Errorf("a Messages answer inside its thinking: %s (%v), want %s", got, err, want)
 	}
 	if _, err := continuationBody(chatAPI, []byte(`{"messages":"x"}`), "a", "", false); err == nil {
 		t.Error("messages that are not a list: no error")

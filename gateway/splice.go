@@ -41,9 +41,11 @@ type spliced struct {
 	others []bytes.Buffer
 	ended  []bool
 	choice int
-	// thoughts is each choice's reasoning sent (reasoning_content), which a Chat
-	// Completions continuation sends back with the text.
+	// thoughts is each choice's reasoning sent (reasoning_content; a Messages
+	// stream's thinking), which a continuation sends back with the text; thinking:
+	// a Messages stream's open block is its thinking block.
 	thoughts []bytes.Buffer
+	thinking bool
 	// reasoning, toolCalls and finished: the stream sent reasoning, a tool call, or a
 	// finish_reason (the answer cannot be continued as text; a Chat Completions
 	// stream's reasoning is continued).

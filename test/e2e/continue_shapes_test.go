@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -52,39 +51,16 @@ func shapedStream(extra string) streamer {
 		}
 		defer resp.Body.Close()
 		var (
-			texts         = map[int]*strings.Builder{}
-			finishes      = map[int]string{}
-			ids           = map[string]bool{}
-			dones, usages int
-			delivered     int
-			counted       bool
-			usage         runnerapi.Usage
+			texts     = map[int]*strings.Builder{}
+			finishes  = map[int]string{}
+			ids       = map[string]bool{}
+			usages    int
+			delivered int
+			counted   bool
+			usage     runnerapi.Usage
 		)
-		br := bufio.NewReader(resp.Body)
-		for {
-			line, err := br.ReadString('\n')
-			if err != nil {
-				if line != "" {
-					return streamResult{err: fmt.Sprintf("stream cut in an event: %q, %v", line, err)}
-				}
-				break
-			}
-			data, ok := strings.CutPrefix(strings.TrimSuffix(line, "\n"), "data: ")
-			switch {
-			case line == "\n":
-				continue
-			case !ok || dones > 0:
-				return streamResult{err: fmt.Sprintf("line %q (after %d [DONE])", line, dones)}
-			case data == "[DONE]":
-				dones++
-				continue
-			case strings.HasPrefix(data, `{"error"`):
-				return streamResult{err: "error event " + data}
-			}
-			var c runnerapi.ChatCompletionChunk
-			if err := json.Unmarshal([]byte(data), &c); err != nil {
-				return streamResult{err: fmt.Sprintf("chunk %q: %v", data, err)}
-			}
+		var inner string // what was wrong inside a chunk
+		dones, problem := readChunks(resp.Body, func(c runnerapi.ChatCompletionChunk) {
 			ids[c.ID] = true
 			if c.Usage != nil {
 				usages++
@@ -102,7 +78,7 @@ func shapedStream(extra string) streamer {
 				}
 				if ch.FinishReason != nil {
 					if finishes[ch.Index] != "" {
-						return streamResult{err: fmt.Sprintf("choice %d finished twice", ch.Index)}
+						inner = fmt.Sprintf("choice %d finished twice", ch.Index)
 					}
 					finishes[ch.Index] = *ch.FinishReason
 					if *ch.FinishReason == "stop" {
@@ -114,6 +90,9 @@ func shapedStream(extra string) streamer {
 				counted = true
 				streaming.Add(1)
 			}
+		})
+		if problem += inner; problem != "" {
+			return streamResult{err: problem}
 		}
 		res := streamResult{continued: resp.Trailer.Get("X-Macfleet-Continued")}
 		n := 1

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"strconv"
 	"time"
+	"unicode/utf8"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
@@ -38,35 +39,27 @@ const (
 	contDeadline  = "deadline"    // no replica took it in time
 	contFinished  = "finished"    // it had its finish_reason: nothing to continue
 	contToolCall  = "tool_call"   // it broke in or after a tool call
-	contReasoning = "reasoning"   // it had reasoning, which is not continued
-	contShape     = "unsupported" // a text completion, n > 1, or its output is under a grammar
+	contReasoning = "reasoning"   // a Responses stream had reasoning, which is not continued
+	contShape     = "unsupported" // a text completion, n > 1 uncounted, or a Messages request's own start of the answer
+	contRefused   = "refused"     // a replica refused the continuation itself (a 400)
 	contDisabled  = "disabled"
 )
 
 // streamShape is what of a request decides whether its stream can be continued.
 type streamShape struct {
-	// n is its choices; grammar: response_format (text.format) or a forced tool call
-	// constrain its output from its first token, which a continuation would restart;
-	// prefill: a Messages request that ends with the assistant's own start of the
-	// answer.
-	n                int
-	grammar, prefill bool
+	// n is its choices; prefill: a Messages request that ends with the assistant's
+	// own start of the answer. (Output under a grammar, response_format, text.format
+	// or a forced tool_choice, is continued: the continuing runner advances the
+	// grammar past the text sent.)
+	n       int
+	prefill bool
 }
 
 // shapeOf reads the shape of a request body of api.
 func shapeOf(api streamAPI, body []byte) streamShape {
 	var req struct {
-		N              *int `json:"n"`
-		ResponseFormat *struct {
-			Type string `json:"type"`
-		} `json:"response_format"`
-		Text *struct {
-			Format *struct {
-				Type string `json:"type"`
-			} `json:"format"`
-		} `json:"text"`
-		ToolChoice json.RawMessage `json:"tool_choice"`
-		Messages   []struct {
+		N        *int `json:"n"`
+		Messages []struct {
 			Role string `json:"role"`
 		} `json:"messages"`
 	}
@@ -75,28 +68,8 @@ func shapeOf(api streamAPI, body []byte) streamShape {
 	if req.N != nil && api == chatAPI {
 		s.n = *req.N
 	}
-	format := req.ResponseFormat
-	if api == responsesAPI && req.Text != nil {
-		format = req.Text.Format
-	}
-	if format != nil && format.Type != "" && format.Type != "text" {
-		s.grammar = true
-	}
-	s.grammar = s.grammar || forcedTool(api, req.ToolChoice)
 	s.prefill = api == messagesAPI && len(req.Messages) > 0 && req.Messages[len(req.Messages)-1].Role == "assistant"
 	return s
-}
-
-// forcedTool: a tool_choice that forces a tool call (a grammar from the first token).
-func forcedTool(api streamAPI, raw json.RawMessage) bool {
-	tc := string(raw)
-	if api == messagesAPI {
-		var c struct {
-			Type string `json:"type"`
-		}
-		return json.Unmarshal(raw, &c) == nil && (c.Type == "any" || c.Type == "tool")
-	}
-	return tc != "" && tc != "null" && tc != `"auto"` && tc != `"none"`
 }
 
 // continuation is one broken stream's case for a continuation.
@@ -107,6 +80,13 @@ type continuation struct {
 	// max continuations per stream; deadline for a replica to take this one.
 	max      int
 	deadline time.Time
+	// taken: this break was counted as one of the stream's continuations (a retry of
+	// its continuation, or the next choice's with n > 1, is not another).
+	taken bool
+	// refusal is why a replica refused the continuation with a 400 (the text sent
+	// does not follow the output's grammar, the template cannot leave the message
+	// open): another replica would refuse it too.
+	refusal string
 }
 
 // decideContinuation says whether a broken stream is continued now, and if not why
@@ -115,15 +95,17 @@ func decideContinuation(c continuation, now time.Time) (bool, string) {
 	switch {
 	case c.max <= 0:
 		return false, contDisabled
-	case c.st.finished:
+	case c.refusal != "":
+		return false, contRefused
+	case c.st.whole():
 		return false, contFinished
 	case c.st.toolCalls:
 		return false, contToolCall
-	case c.st.reasoning:
+	case c.st.reasoning && c.st.api == responsesAPI:
 		return false, contReasoning
-	case c.shape.n != 1 || c.shape.grammar || c.shape.prefill || c.st.api == completionsAPI:
+	case c.shape.n > 1 && !c.st.tokens.known(), c.shape.prefill, c.st.api == completionsAPI:
 		return false, contShape
-	case c.st.continued >= c.max:
+	case !c.taken && c.st.continued >= c.max:
 		return false, contLimit
 	case !now.Before(c.deadline):
 		return false, contDeadline
@@ -145,10 +127,15 @@ func (g *Gateway) spliceFor(r *http.Request) *spliced {
 // continuationBody is the request body of api with the text already sent appended as
 // the assistant's message: to a chat's or a Messages request's messages, to a
 // Responses request's input (a string input becomes the user's message before it).
-func continuationBody(api streamAPI, body []byte, text string) ([]byte, error) {
+// The message carries the reasoning sent (assistantMessage); one: the continuation is
+// of one choice of several (n is dropped).
+func continuationBody(api streamAPI, body []byte, text, reasoning string, one bool) ([]byte, error) {
 	var req map[string]json.RawMessage
 	if err := json.Unmarshal(body, &req); err != nil {
 		return nil, err
+	}
+	if one {
+		delete(req, "n")
 	}
 	field := "messages"
 	if api == responsesAPI {
@@ -164,10 +151,7 @@ func continuationBody(api streamAPI, body []byte, text string) ([]byte, error) {
 	} else if err := json.Unmarshal(req[field], &msgs); err != nil {
 		return nil, fmt.Errorf("reading %s: %w", field, err)
 	}
-	m, err := json.Marshal(struct {
-		Role    string `json:"role"`
-		Content string `json:"content"`
-	}{"assistant", text})
+	m, err := assistantMessage(api, text, reasoning)
 	if err != nil {
 		return nil, err
 	}
@@ -177,6 +161,24 @@ func continuationBody(api streamAPI, body []byte, text string) ([]byte, error) {
 	return json.Marshal(req)
 }
 
+// assistantMessage is the assistant's open message of a continuation of api: its text,
+// and its reasoning as a chat's reasoning_content or a Messages thinking block before
+// the text block.
+func assistantMessage(api streamAPI, text, reasoning string) ([]byte, error) {
+	if api == messagesAPI && reasoning != "" {
+		blocks := []map[string]string{{"type": "thinking", "thinking": reasoning, "signature": ""}}
+		if text != "" {
+			blocks = append(blocks, map[string]string{"type": "text", "text": text})
+		}
+		return json.Marshal(map[string]any{"role": "assistant", "content": blocks})
+	}
+	return json.Marshal(struct {
+		Role      string `json:"role"`
+		Content   string `json:"content"`
+		Reasoning string `json:"reasoning_content,omitempty"`
+	}{"assistant", text, reasoning})
+}
+
 // continueStream continues the stream that res broke off on another replica, as long
 // as decideContinuation allows; the client gets the held error when it does not.
 func (g *Gateway) continueStream(ctx context.Context, w http.ResponseWriter, r *http.Request, name string, id tenancy.Identity,
@@ -184,30 +186,43 @@ func (g *Gateway) continueStream(ctx context.Context, w http.ResponseWriter, r *
 	model, failed := t.model, res.broken.backend
 	c := continuation{brk: res.broken.brk, st: res.broken.st, shape: shapeOf(res.broken.st.api, body), max: g.opts.StreamContinuations,
 		deadline: time.Now().Add(g.opts.ContinueTimeout)}
+	c.st.n = c.shape.n
+	if left := c.st.unfinished(); c.st.n > 1 && len(left) > 0 {
+		c.st.choice = left[0]
+	}
 	span := trace.SpanFromContext(ctx)
 	backoff := minBackoff // across tries: a replica that keeps failing is tried less and less often
 	for {
 		ok, why := decideContinuation(c, time.Now())
 		if ok && ctx.Err() == nil {
+			if !c.taken {
+				c.st.continued, c.taken = c.st.continued+1, true
+			}
 			var rt *Route
 			var be Backend
 			if rt, be, ok = g.continuationReplica(ctx, name, id, t, c.deadline, &backoff); !ok {
 				why = contDeadline
 			} else {
+				from := c.st.textOf(c.st.choice).Len()
 				res = g.continueOn(ctx, w, r, rt, be, t, lim, body, start, n, &c)
+				n++
 				if res.broken == nil && res.failure == nil {
+					if res.status == http.StatusOK && ctx.Err() == nil && c.st.n > 1 && c.st.nextChoice() {
+						// The next choice of several: its own continuation, within this break's.
+						c.deadline = time.Now().Add(g.opts.ContinueTimeout)
+						continue
+					}
 					if res.status == http.StatusOK && ctx.Err() == nil {
-						w.Header().Set(http.TrailerPrefix+HeaderContinued, strconv.Itoa(c.st.continued))
-						g.metrics.continuations.WithLabelValues(model, contContinued).Inc()
-						span.AddEvent("stream_continued", trace.WithAttributes(attribute.String("macfleet.from", failed.Key),
-							attribute.String("macfleet.to", be.Key), attribute.Int("macfleet.continued_bytes", c.st.text.Len())))
+						g.continuedOK(w, span, model, failed, be, c, from)
 					}
 					return res
 				}
 				if res.broken != nil {
-					c.brk, failed = res.broken.brk, res.broken.backend
+					c.brk, failed, c.taken = res.broken.brk, res.broken.backend, false
 				}
-				n++
+				if f := res.failure; f != nil && f.status == http.StatusBadRequest {
+					c.refusal = refusalOf(f.body)
+				}
 				continue
 			}
 		}
@@ -223,16 +238,29 @@ func (g *Gateway) continueStream(ctx context.Context, w http.ResponseWriter, r *
 	}
 }
 
+// continuedOK records a stream whose continuation ended it: its trailer, metric and
+// span event (from: the bytes of the continued choice's text the client had before).
+func (g *Gateway) continuedOK(w http.ResponseWriter, span trace.Span, model string, failed, be Backend, c continuation, from int) {
+	w.Header().Set(http.TrailerPrefix+HeaderContinued, strconv.Itoa(c.st.continued))
+	g.metrics.continuations.WithLabelValues(model, contContinued).Inc()
+	span.AddEvent("stream_continued", trace.WithAttributes(attribute.String("macfleet.from", failed.Key),
+		attribute.String("macfleet.to", be.Key), attribute.Int("macfleet.continued_bytes", from)))
+}
+
 // continueOn sends the continuation to replica be; a failure before its first byte
 // excludes be for the next try.
 func (g *Gateway) continueOn(ctx context.Context, w http.ResponseWriter, r *http.Request, rt *Route, be Backend, t *ticket,
 	lim metering.Limits, body []byte, start time.Time, n int, c *continuation) outcome {
-	cbody, err := continuationBody(c.st.api, body, c.st.text.String())
+	var reasoning string
+	if c.st.api != responsesAPI {
+		reasoning = c.st.thoughtOf(c.st.choice).String()
+	}
+	cbody, err := continuationBody(c.st.api, body, c.st.textOf(c.st.choice).String(), reasoning, c.st.n > 1)
 	if err != nil { // the replica took the body, so this does not happen
 		return outcome{failure: &failure{backend: be, reason: "transport", err: err}}
 	}
 	g.log.Info("Continuing a broken stream on another replica", "model", t.model, "replica", be.Key,
-		"cause", c.brk.cause, "err", c.brk.Error(), "sentBytes", c.st.text.Len())
+		"cause", c.brk.cause, "err", c.brk.Error(), "choice", c.st.choice, "sentBytes", c.st.textOf(c.st.choice).Len())
 	res := g.attempt(ctx, w, r, rt, be, lim, cbody, start, n+1, c.st)
 	g.adm.release(t, be.Key)
 	if res.failure != nil || res.broken != nil {
@@ -247,9 +275,43 @@ var notContinued = map[string]string{
 	contDeadline:  "no other replica took it within --stream-continue-timeout",
 	contFinished:  "it had already finished",
 	contToolCall:  "it broke in or after a tool call, whose arguments are not resumed: do not run the call",
-	contReasoning: "it had reasoning, which is not continued",
-	contShape: "text completions, and streams with n > 1, response_format (text.format), a forced tool_choice or the " +
-		"assistant's own start of the answer, are not continued",
+	contReasoning: "it had reasoning, which is continued on Chat Completions and Messages streams only",
+	contShape: "text completions, and streams with the assistant's own start of the answer, or n > 1 from a runner " +
+		"that does not count its tokens, are not continued",
+	contRefused: "a replica refused to continue it",
+}
+
+// reason is why the stream was not continued, as the client is told.
+func (c continuation) reason(why string) string {
+	if why == contRefused {
+		return notContinued[why] + ": " + c.refusal
+	}
+	return notContinued[why]
+}
+
+// refusalOf is the message of a replica's error body (OpenAI's or Anthropic's shape),
+// cut to a line's length.
+func refusalOf(body []byte) string {
+	var e struct {
+		Error struct {
+			Message string `json:"message"`
+		} `json:"error"`
+	}
+	msg := string(body)
+	if json.Unmarshal(body, &e) == nil && e.Error.Message != "" {
+		msg = e.Error.Message
+	}
+	if msg == "" {
+		msg = "400 Bad Request"
+	}
+	if len(msg) > 300 {
+		cut := 300
+		for cut > 0 && !utf8.RuneStart(msg[cut]) {
+			cut--
+		}
+		msg = msg[:cut] + "…"
+	}
+	return msg
 }
 
 // endBroken ends a stream that is not continued with the replica's error event (the
@@ -260,7 +322,7 @@ func (g *Gateway) endBroken(w http.ResponseWriter, model string, be Backend, c c
 	e := &apiError{Status: http.StatusBadGateway, Type: openaierr.TypeServer, Code: openaierr.CodeUpstream,
 		Message: fmt.Sprintf("the response of replica %s broke off: %v", be.Key, c.brk)}
 	if c.st.api == responsesAPI || c.st.api == messagesAPI {
-		if reason := notContinued[why]; reason != "" {
+		if reason := c.reason(why); reason != "" {
 			e.Message += "; not continued on another replica: " + reason
 		}
 		_, _ = w.Write(c.st.brokenEvent(e.Message))
@@ -271,7 +333,7 @@ func (g *Gateway) endBroken(w http.ResponseWriter, model string, be Backend, c c
 	if c.brk.cause == "error_event" && json.Unmarshal(sseData(c.st.held), &held) == nil && held.Error != nil {
 		e = held.Error
 	}
-	if reason := notContinued[why]; reason != "" {
+	if reason := c.reason(why); reason != "" {
 		e.Message += "; not continued on another replica: " + reason
 	}
 	_, _ = w.Write(e.sseEvent())

@@ -37,9 +37,23 @@ func TestDecideContinuation(t *testing.T) {
 		{"the deadline passed", func(c *continuation) { c.deadline = now }, contDeadline},
 		{"it had finished", func(c *continuation) { c.st.finished = true }, contFinished},
 		{"a tool call", func(c *continuation) { c.st.toolCalls = true }, contToolCall},
-		{"reasoning", func(c *continuation) { c.st.reasoning = true }, contReasoning},
-		{"n > 1", func(c *continuation) { c.shape.n = 2 }, contShape},
-		{"a grammar", func(c *continuation) { c.shape.grammar = true }, contShape},
+		{"reasoning on Chat Completions", func(c *continuation) { c.st.reasoning = true }, contContinued},
+		{"reasoning on Responses", func(c *continuation) { c.st.reasoning, c.st.api = true, responsesAPI }, contReasoning},
+		{"reasoning on Messages", func(c *continuation) { c.st.reasoning, c.st.api = true, messagesAPI }, contContinued},
+		{"n > 1 without the runner's count", func(c *continuation) { c.shape.n = 2 }, contShape},
+		{"n > 1", func(c *continuation) { c.shape.n, c.st.n = 2, 2; c.st.tokens.read([]byte("1 3"), 0) }, contContinued},
+		{"n > 1, every choice finished", func(c *continuation) {
+			c.shape.n, c.st.n = 2, 2
+			c.st.tokens.read([]byte("1 3"), 0)
+			c.st.end(0)
+			c.st.end(1)
+		}, contFinished},
+		{"n > 1, one choice's continuation retried", func(c *continuation) {
+			c.shape.n, c.st.n, c.st.continued, c.taken = 2, 2, 1, true
+			c.st.tokens.read([]byte("1 3"), 0)
+		}, contContinued},
+		{"a replica refused it", func(c *continuation) { c.refusal = "no" }, contRefused},
+		{"a Messages request's own start of the answer", func(c *continuation) { c.shape.prefill = true }, contShape},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := base()
@@ -60,19 +74,9 @@ func TestShapeOf(t *testing.T) {
 	}{
 		{chatAPI, `{"messages":[]}`, streamShape{n: 1}},
 		{chatAPI, `{"n":3}`, streamShape{n: 3}},
-		{chatAPI, `{"response_format":{"type":"text"}}`, streamShape{n: 1}},
-		{chatAPI, `{"response_format":{"type":"json_object"}}`, streamShape{n: 1, grammar: true}},
-		{chatAPI, `{"tool_choice":"auto"}`, streamShape{n: 1}},
-		{chatAPI, `{"tool_choice":"required"}`, streamShape{n: 1, grammar: true}},
-		{chatAPI, `{"tool_choice":{"type":"function","function":{"name":"f"}}}`, streamShape{n: 1, grammar: true}},
+		{chatAPI, `{"response_format":{"type":"json_object"},"tool_choice":"required"}`, streamShape{n: 1}},
 		{chatAPI, `{"messages":[{"role":"assistant"}]}`, streamShape{n: 1}},
 		{responsesAPI, `{"input":"hi","n":3}`, streamShape{n: 1}},
-		{responsesAPI, `{"text":{"format":{"type":"json_schema"}}}`, streamShape{n: 1, grammar: true}},
-		{responsesAPI, `{"text":{"format":{"type":"text"}}}`, streamShape{n: 1}},
-		{responsesAPI, `{"tool_choice":"required"}`, streamShape{n: 1, grammar: true}},
-		{messagesAPI, `{"tool_choice":{"type":"auto"}}`, streamShape{n: 1}},
-		{messagesAPI, `{"tool_choice":{"type":"any"}}`, streamShape{n: 1, grammar: true}},
-		{messagesAPI, `{"tool_choice":{"type":"tool","name":"f"}}`, streamShape{n: 1, grammar: true}},
 		{messagesAPI, `{"messages":[{"role":"user"},{"role":"assistant"}]}`, streamShape{n: 1, prefill: true}},
 	} {
 		if got := shapeOf(tc.api, []byte(tc.body)); got != tc.want {
@@ -95,12 +99,20 @@ func TestContinuationBody(t *testing.T) {
 		{responsesAPI, `{"model":"m","input":[{"role":"user","content":"hi"}]}`,
 			`{"input":[{"role":"user","content":"hi"},{"role":"assistant","content":"Hel\"lo"}],"model":"m"}`},
 	} {
-		got, err := continuationBody(tc.api, []byte(tc.body), "Hel\"lo")
+		got, err := continuationBody(tc.api, []byte(tc.body), "Hel\"lo", "", false)
 		if err != nil || string(got) != tc.want {
 			t.Errorf("%s: %s (%v), want %s", tc.body, got, err, tc.want)
 		}
 	}
-	if _, err := continuationBody(chatAPI, []byte(`{"messages":"x"}`), "a"); err == nil {
+	got, err := continuationBody(chatAPI, []byte(`{"n":2,"messages":[]}`), "One", "Hm", true)
+	if want := `{"messages":[{"role":"assistant","content":"One","reasoning_content":"Hm"}]}`; err != nil || string(got) != want {
+		t.Errorf("one choice with reasoning: %s (%v), want %s", got, err, want)
+	}
+	got, err = continuationBody(messagesAPI, []byte(`{"messages":[]}`), "", "Hm", false)
+	if want := `{"messages":[{"content":[{"signature":"","thinking":"Hm","type":"thinking"}],"role":"assistant"}]}`; err != nil || string(got) != want {
+		t.Errorf("a Messages answer inside its thinking: %s (%v), want %s", got, err, want)
+	}
+	if _, err := continuationBody(chatAPI, []byte(`{"messages":"x"}`), "a", "", false); err == nil {
 		t.Error("messages that are not a list: no error")
 	}
 }
@@ -124,9 +136,12 @@ const roleDelta = `{"role":"assistant","content":""}`
 // and a continuation (runnerapi.HeaderContinue) with rest, ending as cont says.
 type streamingAgent struct {
 	first, rest []string
-	firstEnd    string
-	contEnd     string // done, cut, status_503
-	tool        string // the first stream sends a tool call with these arguments before its end
+	// think and contThink are reasoning the first stream and a continuation send
+	// before their words.
+	think, contThink []string
+	firstEnd         string
+	contEnd          string // done, cut, status_503
+	tool             string // the first stream sends a tool call with these arguments before its end
 	// reported is the output a stream that ends reports in its usage trailer (none
 	// when 0); counts are the token counts asked for (runnerapi.HeaderTokenCounts)
 	// put before each content chunk, a word a token.
@@ -143,13 +158,21 @@ func (a *streamingAgent) serve(_ int, w http.ResponseWriter, r *http.Request) {
 	if cont {
 		var req struct{ Messages []runnerapi.Message }
 		_ = json.NewDecoder(r.Body).Decode(&req)
+		last := req.Messages[len(req.Messages)-1]
 		a.mu.Lock()
-		a.conts = append(a.conts, req.Messages[len(req.Messages)-1].Role+":"+string(req.Messages[len(req.Messages)-1].Content))
+		if last.ReasoningContent != "" {
+			last.Role += "(thought " + last.ReasoningContent + ")"
+		}
+		a.conts = append(a.conts, last.Role+":"+string(last.Content))
 		a.contCount = append(a.contCount, r.Header.Get(runnerapi.HeaderContinuedTokens))
 		a.mu.Unlock()
 		id, words, end = "chatcmpl-cont", a.rest, a.contEnd
 		if end == "status_503" {
 			status(http.StatusServiceUnavailable, "")(0, w, r)
+			return
+		}
+		if end == "status_400" {
+			status(http.StatusBadRequest, "")(0, w, r)
 			return
 		}
 	}
@@ -166,9 +189,20 @@ func (a *streamingAgent) serve(_ int, w http.ResponseWriter, r *http.Request) {
 	}
 	counts := r.Header.Get(runnerapi.HeaderTokenCounts) == runnerapi.TokenCountComments
 	fmt.Fprint(w, chunkEvent(id, roleDelta, ""))
-	for i, word := range words {
+	think := a.think
+	if cont {
+		think = a.contThink
+	}
+	for i, word := range think {
 		if counts {
 			fmt.Fprintf(w, "%s 0 %d\n", runnerapi.TokenCountComment, i+1)
+		}
+		fmt.Fprint(w, chunkEvent(id, fmt.Sprintf(`{"reasoning_content":%q}`, word), ""))
+		_ = rc.Flush()
+	}
+	for i, word := range words {
+		if counts {
+			fmt.Fprintf(w, "%s 0 %d\n", runnerapi.TokenCountComment, len(think)+i+1)
 		}
 		fmt.Fprint(w, chunkEvent(id, content(word), ""))
 		_ = rc.Flush()
@@ -204,23 +238,24 @@ func (a *streamingAgent) serve(_ int, w http.ResponseWriter, r *http.Request) {
 
 // clientStream is what a client read of a stream.
 type clientStream struct {
-	ids     map[string]bool
-	created map[string]bool
-	text    string
-	roles   int
-	usages  int
-	dones   int
-	errCode string
-	errMsg  string
-	trailer string
-	finish  string
+	ids       map[string]bool
+	created   map[string]bool
+	text      string
+	reasoning string
+	roles     int
+	usages    int
+	dones     int
+	errCode   string
+	errMsg    string
+	trailer   string
+	finish    string
 }
 
 func readClientStream(t *testing.T, resp *http.Response) clientStream {
 	t.Helper()
 	cs := clientStream{ids: map[string]bool{}, created: map[string]bool{}}
 	br := bufio.NewReader(resp.Body)
-	var text strings.Builder
+	var text, reasoning strings.Builder
 	for {
 		line, err := br.ReadString('\n')
 		if err == io.EOF {
@@ -244,8 +279,11 @@ func readClientStream(t *testing.T, resp *http.Response) clientStream {
 			ID      string          `json:"id"`
 			Created json.RawMessage `json:"created"`
 			Choices []struct {
-				Delta        struct{ Role, Content string } `json:"delta"`
-				FinishReason *string                        `json:"finish_reason"`
+				Delta struct {
+					Role, Content string
+					Reasoning     string `json:"reasoning_content"`
+				} `json:"delta"`
+				FinishReason *string `json:"finish_reason"`
 			} `json:"choices"`
 			Usage *runnerapi.Usage                `json:"usage"`
 			Error *struct{ Code, Message string } `json:"error"`
@@ -260,6 +298,7 @@ func readClientStream(t *testing.T, resp *http.Response) clientStream {
 		cs.ids[c.ID], cs.created[string(c.Created)] = true, true
 		for _, ch := range c.Choices {
 			text.WriteString(ch.Delta.Content)
+			reasoning.WriteString(ch.Delta.Reasoning)
 			if ch.Delta.Role != "" {
 				cs.roles++
 			}
@@ -271,15 +310,23 @@ func readClientStream(t *testing.T, resp *http.Response) clientStream {
 			cs.usages++
 		}
 	}
-	cs.text, cs.trailer = text.String(), resp.Trailer.Get(HeaderContinued)
+	cs.text, cs.reasoning, cs.trailer = text.String(), reasoning.String(), resp.Trailer.Get(HeaderContinued)
 	return cs
 }
 
 // streamThrough streams a chat through the gateway's path and reads it as a client.
 func streamThrough(t *testing.T, g *testGateway, path string) clientStream {
 	t.Helper()
-	resp, err := http.Post(g.url+path, "application/json",
-		strings.NewReader(`{"model":"m","stream":true,"messages":[{"role":"user","content":"count"}]}`))
+	return streamBodyThrough(t, g, path, "")
+}
+
+// streamBodyThrough streams body (a plain chat when "") through the gateway's path.
+func streamBodyThrough(t *testing.T, g *testGateway, path, body string) clientStream {
+	t.Helper()
+	if body == "" {
+		body = `{"model":"m","stream":true,"messages":[{"role":"user","content":"count"}]}`
+	}
+	resp, err := http.Post(g.url+path, "application/json", strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -302,8 +349,8 @@ func TestStreamContinuation(t *testing.T) {
 		want  clientStream
 		conts []string
 		// errSays is in the error's message; wantID the stream's id (chatcmpl-first
-		// when empty).
-		errSays, wantID string
+		// when empty); body the request's (a plain chat when empty).
+		errSays, wantID, body string
 	}{
 		{name: "cut connection", agent: &streamingAgent{first: []string{"One", ", two"}, firstEnd: "cut", rest: []string{", three"}, contEnd: "done"},
 			outcome: contContinued, conts: []string{"assistant:One, two"},
@@ -326,6 +373,17 @@ func TestStreamContinuation(t *testing.T) {
 			outcome: contToolCall, want: clientStream{text: "One", roles: 1, dones: 1, finish: "tool_calls"}},
 		{name: "after its finish", agent: &streamingAgent{first: []string{"One"}, firstEnd: "finish_cut"},
 			outcome: contFinished, want: clientStream{text: "One", roles: 1, dones: 1, finish: "stop"}},
+		// Reasoning is sent back as the message's reasoning_content: the runner
+		// continues inside it while there is no content (test/runner's
+		// TestContinueInReasoning), after it once there is.
+		{name: "inside the reasoning", agent: &streamingAgent{think: []string{"Let", " me"}, firstEnd: "engine_stopped",
+			contThink: []string{" see"}, rest: []string{"One"}, contEnd: "done"},
+			outcome: contContinued, conts: []string{"assistant(thought Let me):"},
+			want: clientStream{reasoning: "Let me see", text: "One", roles: 1, usages: 1, dones: 1, trailer: "1", finish: "stop"}},
+		{name: "after the reasoning", agent: &streamingAgent{think: []string{"Hm."}, first: []string{"One"}, firstEnd: "cut",
+			rest: []string{", two"}, contEnd: "done"},
+			outcome: contContinued, conts: []string{"assistant(thought Hm.):One"},
+			want: clientStream{reasoning: "Hm.", text: "One, two", roles: 1, usages: 1, dones: 1, trailer: "1", finish: "stop"}},
 		// Cut before any chunk: the continuation's chunks are the stream's.
 		{name: "cut before any chunk", agent: &streamingAgent{firstEnd: "cut_at_once", rest: []string{"One"}, contEnd: "done"},
 			outcome: contContinued, conts: []string{"assistant:"}, wantID: "chatcmpl-cont",
@@ -333,6 +391,20 @@ func TestStreamContinuation(t *testing.T) {
 		// An error that is the request's, not the replica's, ends the stream as it did.
 		{name: "the request's error", agent: &streamingAgent{first: []string{"One"}, firstEnd: "bad_request"},
 			want: clientStream{text: "One", roles: 1, errCode: "invalid_value"}},
+		// Output under a grammar is continued (the runner advances the grammar past
+		// the text sent: test/runner's TestContinueUnderGrammar).
+		{name: "under a grammar", body: `{"model":"m","stream":true,"response_format":{"type":"json_object"},` +
+			`"messages":[{"role":"user","content":"count"}]}`,
+			agent:   &streamingAgent{first: []string{`{"a"`}, firstEnd: "cut", rest: []string{`:1}`}, contEnd: "done"},
+			outcome: contContinued, conts: []string{`assistant:{"a"`},
+			want: clientStream{text: `{"a":1}`, roles: 1, usages: 1, dones: 1, trailer: "1", finish: "stop"}},
+		// A continuation the replica refuses (a 400: the text does not follow the
+		// grammar) ends the stream at once, not after trying every replica until the
+		// deadline.
+		{name: "refused", opts: Options{ContinueTimeout: time.Minute},
+			agent:   &streamingAgent{first: []string{"One"}, firstEnd: "cut", contEnd: "status_400"},
+			outcome: contRefused, conts: []string{"assistant:One"}, want: clientStream{text: "One", roles: 1, errCode: "upstream_error"},
+			errSays: "not continued on another replica: a replica refused to continue it: upstream says 400"},
 		{name: "no replica in time", replicas: 1, opts: Options{ContinueTimeout: 300 * time.Millisecond},
 			agent:   &streamingAgent{first: []string{"One"}, firstEnd: "cut", contEnd: "status_503"},
 			outcome: contDeadline, want: clientStream{text: "One", roles: 1, errCode: "upstream_error"},
@@ -346,7 +418,7 @@ func TestStreamContinuation(t *testing.T) {
 				hosts = hosts[:1]
 			}
 			g.serveReplicas(hosts...)
-			got := streamThrough(t, g, "/v1/chat/completions")
+			got := streamBodyThrough(t, g, "/v1/chat/completions", tc.body)
 			if tc.wantID == "" {
 				tc.wantID = "chatcmpl-first"
 			}
@@ -455,16 +527,16 @@ func TestTokenCountRead(t *testing.T) {
 	} {
 		var c tokenCount
 		for _, l := range tc.lines {
-			c.read([]byte(l))
+			c.read([]byte(l), 0)
 		}
 		if c.known() != tc.known || (tc.known && c.total() != tc.total) {
 			t.Errorf("%q: known %v total %d, want %v %d", tc.lines, c.known(), c.total(), tc.known, tc.total)
 		}
 	}
 	c := tokenCount{}
-	c.read([]byte("0 5"))
+	c.read([]byte("0 5"), 0)
 	c.broke()
-	c.read([]byte("0 2"))
+	c.read([]byte("0 2"), 0)
 	if c.total() != 7 {
 		t.Errorf("a continued count %d, want 5 + 2", c.total())
 	}
@@ -483,6 +555,7 @@ func TestContentOnly(t *testing.T) {
 		{data: chunkData(content("a \"quote\"\nand a line ✓")), want: "a \"quote\"\nand a line ✓", ok: true},
 		{data: chunkData(content("with logprobs") + lp), want: "with logprobs", ok: true},
 		{data: chunkData(content(`\`)), want: `\`, ok: true},
+		{data: strings.Replace(chunkData(content("choice 1")), `"index":0`, `"index":1`, 1)},
 		{data: chunkData(roleDelta)},
 		{data: chunkData(`{"reasoning_content":"hm"}`)},
 		{data: chunkData(`{"tool_calls":[{"index":0,"function":{"arguments":"{}"}}]}`)},

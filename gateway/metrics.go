@@ -110,8 +110,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Chat and text completion, Responses and Messages streams whose replica failed after the first byte, by deployment and outcome (continued: " +
 				"another replica continued the answer in the same stream; not continued, with the replica's error as the last " +
 				"event: limit, the stream was continued as often as allowed; deadline, no replica took it in time; finished, it " +
-				"had its finish_reason; tool_call or reasoning, it had sent a tool call or reasoning; unsupported, n > 1 or its " +
-				"output under a grammar, a Messages request that starts the answer itself, or a text completion; disabled).",
+				"had its finish_reason; tool_call, it had sent a tool call; reasoning, a Responses stream had sent reasoning; unsupported, n > 1 uncounted, " +
+				"a Messages request that starts the answer itself, or a text completion; refused, a replica refused the continuation with a 400; disabled).",
 		}, []string{"model", "outcome"}),
 		countDisagreements: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "macfleet_gateway_usage_count_disagreements_total",

@@ -320,7 +320,7 @@ func (g *Gateway) attempt(ctx context.Context, w http.ResponseWriter, r *http.Re
 	if cont {
 		out.Header.Set(runnerapi.HeaderContinue, runnerapi.ContinueFinalMessage)
 		if st.tokens.known() {
-			out.Header.Set(runnerapi.HeaderContinuedTokens, strconv.FormatInt(st.tokens.total(), 10))
+			out.Header.Set(runnerapi.HeaderContinuedTokens, strconv.FormatInt(st.sentTokens(), 10))
 		}
 		if rs := st.resumeHeader(); rs != "" {
 			out.Header.Set(runnerapi.HeaderResumeStream, rs)
@@ -358,9 +358,6 @@ func (g *Gateway) attempt(ctx context.Context, w http.ResponseWriter, r *http.Re
 	}
 	if st != nil && resp.StatusCode == http.StatusOK && isEventStream(resp.Header) {
 		resp.Body = newSpliceReader(resp.Body, st, cont)
-		if cont {
-			st.continued++
-		}
 		defer g.watchMac(be.Node, cut)()
 	}
 	a := relayed{start: start, span: span, cancelled: &cancelled, usage: lim, continuing: cont}
@@ -492,7 +489,6 @@ func (g *Gateway) relay(ctx context.Context, w http.ResponseWriter, r *http.Requ
 		}
 		if rerr == io.EOF {
 			res.usage = g.meter(r, model, be, a.usage, resp)
-			g.checkCount(model, be, resp.Body, res.usage)
 			if gone && !sent.complete(resp) {
 				g.metrics.cancellations.WithLabelValues(model, a.cancelled.outcome(true)).Inc()
 				return outcome{status: openaierr.StatusClientGone, reason: "client_gone", usage: res.usage}

@@ -32,10 +32,23 @@ type spliced struct {
 	item      string
 	index     int
 	blockOpen bool
-	// text is the assistant's content sent so far.
+	// text is the assistant's content sent so far (choice 0's, with n > 1).
 	text bytes.Buffer
+	// n is the choices the request asked for; with n > 1, others is the content sent
+	// of each choice after the first, ended which choices had their finish_reason, and
+	// choice the one the continuation being written now continues (splice_choices.go).
+	n      int
+	others []bytes.Buffer
+	ended  []bool
+	choice int
+	// thoughts is each choice's reasoning sent (reasoning_content; a Messages
+	// stream's thinking), which a continuation sends back with the text; thinking:
+	// a Messages stream's open block is its thinking block.
+	thoughts []bytes.Buffer
+	thinking bool
 	// reasoning, toolCalls and finished: the stream sent reasoning, a tool call, or a
-	// finish_reason (the answer cannot be continued as text).
+	// finish_reason (the answer cannot be continued as text; a Chat Completions
+	// stream's reasoning is continued).
 	reasoning, toolCalls, finished bool
 	// model is the stream's model; args each tool call's arguments sent (toolend.go).
 	model string
@@ -129,7 +142,11 @@ func (s *spliceReader) next() error {
 	}
 	if rest, ok := bytes.CutPrefix(s.event, countPrefix); ok { // the runner's count, for the gateway only
 		i := bytes.IndexByte(rest, '\n')
-		s.st.tokens.read(rest[:i])
+		at := 0
+		if s.cont {
+			at = s.st.choice
+		}
+		s.st.tokens.read(rest[:i], at)
 		s.event = s.event[:copy(s.event, rest[i+1:])]
 	}
 	return s.take(s.event)
@@ -149,6 +166,9 @@ func (s *spliceReader) take(ev []byte) error {
 		}
 	case bytes.Equal(data, []byte("[DONE]")):
 		s.done = true
+		if s.cont && s.st.n > 1 && len(s.st.unfinished()) > 0 {
+			return nil // one choice's continuation: the stream goes on with the next
+		}
 	case bytes.HasPrefix(data, []byte(`{"error"`)):
 		var e struct {
 			Error struct {
@@ -184,6 +204,7 @@ type chunkHead struct {
 	Created json.RawMessage `json:"created"`
 	Model   string          `json:"model"`
 	Choices []struct {
+		Index int `json:"index"`
 		Delta struct {
 			Role             string          `json:"role"`
 			Content          *string         `json:"content"`
@@ -192,15 +213,17 @@ type chunkHead struct {
 		} `json:"delta"`
 		FinishReason *string `json:"finish_reason"`
 	} `json:"choices"`
+	Usage json.RawMessage `json:"usage"`
 }
 
-// contentOnly reads the content of the usual chunk — one choice's content delta, no
+// contentOnly reads the content of the usual chunk — choice 0's content delta, no
 // role, reasoning, tool call or finish — without decoding the whole chunk; ok false
 // for any other.
 func contentOnly(data []byte) (text []byte, ok bool) {
 	const key = `"content":"`
 	i := bytes.Index(data, []byte(key))
 	if i < 0 || !bytes.Contains(data, []byte(`"finish_reason":null`)) || bytes.Contains(data, []byte(`"role"`)) ||
+		!bytes.Contains(data[:i], []byte(`"choices":[{"index":0,`)) ||
 		bytes.Contains(data, []byte(`"tool_calls"`)) || bytes.Contains(data, []byte(`"reasoning_content"`)) ||
 		bytes.Contains(data[i+len(key):], []byte(key)) {
 		return nil, false
@@ -253,13 +276,23 @@ func (s *spliceReader) chunk(ev, data []byte) ([]byte, bool) {
 		}
 		ev = bytes.Replace(ev, s.fromID, []byte(`"id":`+strconv.Quote(st.id)), 1)
 		ev = bytes.Replace(ev, s.fromCreated, append([]byte(`"created":`), st.created...), 1)
+		var keep bool
+		if ev, keep = s.choiceChunk(ev, &c); !keep {
+			return nil, false
+		}
 	}
 	for _, ch := range c.Choices {
 		d := ch.Delta
 		if d.Content != nil {
-			st.text.WriteString(*d.Content)
+			st.textOf(ch.Index).WriteString(*d.Content)
 		}
-		st.reasoning = st.reasoning || (d.ReasoningContent != nil && *d.ReasoningContent != "")
+		if ch.FinishReason != nil {
+			st.end(ch.Index)
+		}
+		if d.ReasoningContent != nil && *d.ReasoningContent != "" {
+			st.reasoning = true
+			st.thoughtOf(ch.Index).WriteString(*d.ReasoningContent)
+		}
 		if len(d.ToolCalls) > 0 && string(d.ToolCalls) != "null" {
 			st.toolCalls = true
 			st.addToolCalls(d.ToolCalls)

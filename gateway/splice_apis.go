@@ -111,8 +111,9 @@ type messagesEvent struct {
 		Type string `json:"type"`
 	} `json:"content_block"`
 	Delta *struct {
-		Type string `json:"type"`
-		Text string `json:"text"`
+		Type     string `json:"type"`
+		Text     string `json:"text"`
+		Thinking string `json:"thinking"`
 	} `json:"delta"`
 	Error *struct {
 		Type string `json:"type"`
@@ -120,7 +121,9 @@ type messagesEvent struct {
 }
 
 // takeMessages records a Messages event. An error event of the replica's (api_error,
-// overloaded_error) is held.
+// overloaded_error) is held. A thinking block (the answer's reasoning, which comes
+// first) is recorded as the open block while it is open; after it the next block's
+// index is the one a continuation opens.
 func (s *spliceReader) takeMessages(ev, data []byte) (keep bool, err error) {
 	var e messagesEvent
 	if json.Unmarshal(data, &e) != nil {
@@ -136,17 +139,27 @@ func (s *spliceReader) takeMessages(ev, data []byte) (keep bool, err error) {
 		switch {
 		case e.ContentBlock == nil || e.Index == nil:
 		case e.ContentBlock.Type == "text":
-			st.index, st.blockOpen = *e.Index, true
+			st.index, st.blockOpen, st.thinking = *e.Index, true, false
 		case e.ContentBlock.Type == "thinking":
-			st.reasoning = true
-		default:
+			st.index, st.blockOpen, st.thinking, st.reasoning = *e.Index, true, true, true
+		default: // a tool use
 			st.toolCalls = true
 		}
 	case "content_block_delta":
-		if e.Delta != nil && e.Delta.Type == "text_delta" {
+		switch {
+		case e.Delta == nil:
+		case e.Delta.Type == "text_delta":
 			st.text.WriteString(e.Delta.Text)
+		case e.Delta.Type == "thinking_delta":
+			st.thoughtOf(0).WriteString(e.Delta.Thinking)
 		}
-	case "content_block_stop", "message_delta":
+	case "content_block_stop":
+		if st.thinking && st.blockOpen {
+			st.index, st.blockOpen, st.thinking = st.index+1, false, false
+			break
+		}
+		st.finished = true
+	case "message_delta":
 		st.finished = true
 	case "message_stop":
 		st.finished, s.done = true, true

@@ -95,3 +95,36 @@ func TestSpliceMessages(t *testing.T) {
 		t.Errorf("the request's error: break %v, client %q", brk, out)
 	}
 }
+
+// TestSpliceMessagesThinking: a Messages stream's thinking block is read as the
+// answer's reasoning: a break inside it continues it in that block, one after it
+// opens the next block, and one in the text after it continues the text block, each
+// with the thinking sent back as the assistant's thinking block.
+func TestSpliceMessagesThinking(t *testing.T) {
+	start := event("message_start", `{"type":"message_start","message":{"id":"msg_1"}}`) +
+		event("content_block_start", `{"type":"content_block_start","index":0,"content_block":{"type":"thinking","thinking":""}}`) +
+		event("content_block_delta", `{"type":"content_block_delta","index":0,"delta":{"type":"thinking_delta","thinking":"Let me"}}`)
+	stop := event("content_block_stop", `{"type":"content_block_stop","index":0}`)
+	text := event("content_block_start", `{"type":"content_block_start","index":1,"content_block":{"type":"text","text":""}}`) +
+		event("content_block_delta", `{"type":"content_block_delta","index":1,"delta":{"type":"text_delta","text":"Hi"}}`)
+	failure := event("error", `{"error":{"message":"gone","type":"api_error"},"type":"error"}`)
+	for _, tc := range []struct {
+		name, stream, resume, text string
+	}{
+		{"inside the thinking", start, `{"open":true}`, ""},
+		{"after the thinking", start + stop, `{"index":1}`, ""},
+		{"in the text after it", start + stop + text, `{"index":1,"open":true}`, "Hi"},
+	} {
+		st := &spliced{api: messagesAPI}
+		_, brk := readSpliced(t, st, tc.stream+failure)
+		if brk == nil || st.text.String() != tc.text || st.thoughtOf(0).String() != "Let me" {
+			t.Fatalf("%s: break %v, text %q, thinking %q", tc.name, brk, st.text.String(), st.thoughtOf(0).String())
+		}
+		if got := st.resumeHeader(); got != tc.resume {
+			t.Errorf("%s: resume %s, want %s", tc.name, got, tc.resume)
+		}
+		if ok, why := decideContinuation(continuation{st: st, shape: streamShape{n: 1}, max: 1, brk: brk, deadline: time.Now().Add(time.Second)}, time.Now()); !ok {
+			t.Errorf("%s: not continued: %s", tc.name, why)
+		}
+	}
+}

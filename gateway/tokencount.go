@@ -16,21 +16,24 @@ const maxCountedChoices = 128
 // with output (runnerapi.HeaderTokenCounts), and the last count of each choice the
 // client got is what it was sent. A continued stream's count adds up its replicas'.
 type tokenCount struct {
-	// before: the tokens the replicas before the one writing now sent; choices: that
-	// one's, per choice, as of its last event forwarded.
-	before  int64
+	// before: the tokens the replicas before the one writing now sent, per choice;
+	// choices: that one's, per choice, as of its last event forwarded.
+	before  []int64
 	choices []int64
 	// seen: an event carried a count; bad: a count was not one (the count is not
 	// used).
 	seen, bad bool
 }
 
-// read takes one count line's value, "I N": choice I has N tokens so far.
-func (c *tokenCount) read(v []byte) {
+// read takes one count line's value, "I N": choice I has N tokens so far. The
+// stream's choice I is the client's choice I + at (a continuation of one choice of
+// several writes it as its choice 0).
+func (c *tokenCount) read(v []byte, at int) {
 	c.seen = true
 	is, ns, ok := bytes.Cut(bytes.TrimRight(v, "\r"), []byte(" "))
 	i, ierr := strconv.Atoi(string(is))
 	n, nerr := strconv.ParseInt(string(ns), 10, 64)
+	i += at
 	if !ok || ierr != nil || nerr != nil || i < 0 || i >= maxCountedChoices || n < 0 {
 		c.bad = true
 		return
@@ -45,18 +48,39 @@ func (c *tokenCount) read(v []byte) {
 	c.choices[i] = n
 }
 
-// total is the count: every replica's tokens sent.
+// total is the count: every replica's tokens sent, of every choice.
 func (c *tokenCount) total() int64 {
-	t := c.before
+	var t int64
+	for _, n := range c.before {
+		t += n
+	}
 	for _, n := range c.choices {
 		t += n
 	}
 	return t
 }
 
-// broke closes the count of the replica that failed: a continuation counts from 0.
+// of is the count of choice i: every replica's tokens sent of it.
+func (c *tokenCount) of(i int) int64 {
+	var t int64
+	if i < len(c.before) {
+		t += c.before[i]
+	}
+	if i < len(c.choices) {
+		t += c.choices[i]
+	}
+	return t
+}
+
+// broke closes the count of the replica that ended its part of the stream (it failed,
+// or it wrote one choice's continuation): the next one counts from 0.
 func (c *tokenCount) broke() {
-	c.before = c.total()
+	for len(c.before) < len(c.choices) {
+		c.before = append(c.before, 0)
+	}
+	for i, n := range c.choices {
+		c.before[i] += n
+	}
 	c.choices = c.choices[:0]
 }
 
@@ -69,10 +93,18 @@ func (c *tokenCount) known() bool { return c.seen && !c.bad }
 // distrusted. The report stays what is metered, within its bound.
 func (g *Gateway) checkCount(model string, be Backend, body io.Reader, u *metering.Usage) {
 	sr, ok := body.(*spliceReader)
-	if !ok || u == nil || !sr.st.tokens.known() || sr.st.tokens.total() == u.Output {
+	if !ok || u == nil || !sr.st.tokens.known() {
+		return
+	}
+	// A continuation of one choice of several reports that choice's tokens.
+	counted := sr.st.tokens.total()
+	if sr.cont && sr.st.n > 1 {
+		counted = sr.st.tokens.of(sr.st.choice)
+	}
+	if counted == u.Output {
 		return
 	}
 	g.metrics.countDisagreements.WithLabelValues(model).Inc()
 	g.distrusted(model, be, "A replica reported other completion tokens than the gateway counted in its stream",
-		"reported", u.Output, "counted", sr.st.tokens.total())
+		"reported", u.Output, "counted", counted)
 }

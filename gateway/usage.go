@@ -102,6 +102,10 @@ func (g *Gateway) meter(r *http.Request, model string, be Backend, lim metering.
 		g.distrusted(model, be, "A replica reported more usage than the request could use; counted at the bound",
 			"reported", claimed.String(), "bound", bound.String(), "reasons", cut)
 	}
+	g.checkCount(model, be, resp.Body, &u)
+	if !choiceUsage(resp.Body, &u, bound) {
+		return &u // one choice's continuation: metered with the last one
+	}
 	id := g.caller(r)
 	g.metrics.usage.Record(id, model, u)
 	if g.opts.Budgets != nil {

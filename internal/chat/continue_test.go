@@ -165,3 +165,76 @@ func tail(s string, n int) string {
 	}
 	return s
 }
+
+// thinkingChatML renders each message's content as it is, and opens a <think> block
+// in the generation prompt.
+const thinkingChatML = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}" +
+	"{% if add_generation_prompt %}<|im_start|>assistant\n<think>\n{% endif %}"
+
+// thinkingDropped keeps only what follows a closed <think> block of an assistant
+// message, as templates that drop past reasoning do.
+const thinkingDropped = "{% for m in messages %}<|im_start|>{{ m.role }}\n" +
+	"{% if m.role == 'assistant' and '</think>' in m.content %}{{ m.content.split('</think>')[-1] }}" +
+	"{% else %}{{ m.content }}{% endif %}<|im_end|>\n{% endfor %}" +
+	"{% if add_generation_prompt %}<|im_start|>assistant\n<think>\n{% endif %}"
+
+// TestRenderContinueReasoning: an answer with reasoning_content is continued from its
+// <think> block: inside it while it has no content (the output goes on as
+// reasoning), after it once it has; the answer is counted from its <think>, and a
+// template that knows no <think> blocks, or loses an open one, says it cannot.
+func TestRenderContinueReasoning(t *testing.T) {
+	chatml, err := testassets.Find("chatml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	withThought := func(reasoning, content string) runnerapi.Message {
+		m := assistant(content)
+		m.ReasoningContent = reasoning
+		return m
+	}
+	for _, tc := range []struct {
+		name, src string
+		msg       runnerapi.Message
+		// wantTail ends the prompt; answer is Prompt[Open:], content Prompt[Content:].
+		wantTail, answer, content string
+		inReasoning               bool
+		wantErr                   string
+	}{
+		{name: "inside the reasoning", src: thinkingChatML, msg: withThought("\nLet me see", ""),
+			wantTail: "<|im_start|>assistant\n<think>\nLet me see", answer: "<think>\nLet me see", inReasoning: true},
+		{name: "after the reasoning", src: thinkingChatML, msg: withThought("Hm.", "\n\nOne, two"),
+			wantTail: "<|im_start|>assistant\n<think>Hm.</think>\n\nOne, two", answer: "<think>Hm.</think>\n\nOne, two", content: "\n\nOne, two"},
+		{name: "a template that drops a closed block", src: thinkingDropped, msg: withThought("Hm.", "One, two"),
+			wantTail: "<|im_start|>assistant\nOne, two", answer: "One, two", content: "One, two"},
+		{name: "a template that drops a closed block, inside it", src: thinkingDropped, msg: withThought("Let me", ""),
+			wantTail: "<|im_start|>assistant\n<think>Let me", answer: "<think>Let me", inReasoning: true},
+		{name: "a template without <think> blocks", src: chatml.Source, msg: withThought("Let me", ""),
+			wantErr: "it writes no <think> blocks"},
+		{name: "a template that loses an open block", msg: withThought("Let me", ""),
+			src:     "{% for m in messages %}{{ m.role }}: {{ m.content | replace('<think>', '') }}\n{% endfor %}{# <think> #}",
+			wantErr: "does not render the reasoning of the final assistant message as an open <think> block"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tmpl, err := NewTemplate(tc.src, "", "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, e := tmpl.RenderContinue(Input{Messages: conversation(false, tc.msg)}, false)
+			if tc.wantErr != "" {
+				if e == nil || e.Code != runnerapi.CodeTemplateError || !strings.Contains(e.Message, tc.wantErr) {
+					t.Fatalf("error %+v, want %q", e, tc.wantErr)
+				}
+				return
+			}
+			if e != nil {
+				t.Fatal(e.Message)
+			}
+			if !strings.HasSuffix(got.Prompt, tc.wantTail) || got.Prompt[got.Open:] != tc.answer ||
+				got.Prompt[got.Content:] != tc.content || got.InReasoning != tc.inReasoning {
+				t.Errorf("prompt ends %q, answer %q, content %q, in reasoning %v; want %q, %q, %q, %v",
+					tail(got.Prompt, len(tc.wantTail)+10), got.Prompt[got.Open:], got.Prompt[got.Content:], got.InReasoning,
+					tc.wantTail, tc.answer, tc.content, tc.inReasoning)
+			}
+		})
+	}
+}

@@ -30,6 +30,10 @@ type Options struct {
 	Thinking bool
 	// InReasoning: the prompt ended inside an open <think> block.
 	InReasoning bool
+	// Continued is the answer the output continues (runnerapi.HeaderContinue: the
+	// open assistant message, as the prompt has it); the parser does not read it, the
+	// runner advances the output's grammar past it.
+	Continued string
 	// Defs are the request's tools: their parameter schemas type the values of
 	// formats that write them as text (Qwen3-Coder, GLM).
 	Defs []runnerapi.Tool

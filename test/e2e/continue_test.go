@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"strings"
 	"sync"
@@ -211,37 +212,10 @@ func survivorStream(ctx context.Context, model string, i int, streaming *atomic.
 		return streamResult{err: problem}
 	}
 	defer resp.Body.Close()
-	ids, dones, usages, counted := map[string]bool{}, 0, 0, false
+	ids, usages, counted := map[string]bool{}, 0, false
 	delivered, finish := 0, "" // the tokens the client got (a logprob each), the finish reason
 	var usage runnerapi.Usage
-	br := bufio.NewReader(resp.Body)
-	for {
-		line, err := br.ReadString('\n')
-		if err != nil {
-			if line != "" {
-				return streamResult{err: fmt.Sprintf("stream cut in an event: %q, %v", line, err)}
-			}
-			break
-		}
-		if line == "\n" {
-			continue
-		}
-		data, ok := strings.CutPrefix(strings.TrimSuffix(line, "\n"), "data: ")
-		if !ok || dones > 0 {
-			return streamResult{err: fmt.Sprintf("line %q (after %d [DONE])", line, dones)}
-		}
-		if data == "[DONE]" {
-			dones++
-			continue
-		}
-		var c runnerapi.ChatCompletionChunk
-		var e struct{ Error json.RawMessage }
-		if json.Unmarshal([]byte(data), &e); e.Error != nil {
-			return streamResult{err: "error event " + data}
-		}
-		if err := json.Unmarshal([]byte(data), &c); err != nil {
-			return streamResult{err: fmt.Sprintf("chunk %q: %v", data, err)}
-		}
+	dones, problem := readChunks(resp.Body, func(c runnerapi.ChatCompletionChunk) {
 		ids[c.ID] = true
 		if c.Usage != nil {
 			usages++
@@ -259,6 +233,9 @@ func survivorStream(ctx context.Context, model string, i int, streaming *atomic.
 			counted = true
 			streaming.Add(1)
 		}
+	})
+	if problem != "" {
+		return streamResult{err: problem}
 	}
 	res := streamResult{continued: resp.Trailer.Get("X-Macfleet-Continued")}
 	// Usage counts each token the client got once, a continued answer's too (the
@@ -278,4 +255,40 @@ func survivorStream(ctx context.Context, model string, i int, streaming *atomic.
 			usage, usage.CompletionTokens, delivered, finish, res.continued)
 	}
 	return res
+}
+
+// readChunks reads a Chat Completions stream as a client parses it, calling each for
+// every chunk: how many [DONE] it had, or what was wrong with it (an error event, a
+// line that is not an event, anything after [DONE], a cut).
+func readChunks(body io.Reader, each func(runnerapi.ChatCompletionChunk)) (dones int, problem string) {
+	br := bufio.NewReader(body)
+	for {
+		line, err := br.ReadString('\n')
+		if err != nil {
+			if line != "" {
+				return dones, fmt.Sprintf("stream cut in an event: %q, %v", line, err)
+			}
+			return dones, ""
+		}
+		if line == "\n" {
+			continue
+		}
+		data, ok := strings.CutPrefix(strings.TrimSuffix(line, "\n"), "data: ")
+		if !ok || dones > 0 {
+			return dones, fmt.Sprintf("line %q (after %d [DONE])", line, dones)
+		}
+		if data == "[DONE]" {
+			dones++
+			continue
+		}
+		var c runnerapi.ChatCompletionChunk
+		var e struct{ Error json.RawMessage }
+		if json.Unmarshal([]byte(data), &e); e.Error != nil {
+			return dones, "error event " + data
+		}
+		if err := json.Unmarshal([]byte(data), &c); err != nil {
+			return dones, fmt.Sprintf("chunk %q: %v", data, err)
+		}
+		each(c)
+	}
 }

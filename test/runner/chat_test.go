@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
 	"net/http"
 	"path/filepath"
 	"slices"
@@ -211,14 +212,23 @@ func TestChatReasoning(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
-	var reasoning, content strings.Builder
-	_, done, err := readSSE(t, resp.Body, func(ev sseEvent) bool {
+	reasoning, content := readThought(t, resp.Body)
+	if reasoning != m.ReasoningContent || content != "" {
+		t.Errorf("streamed reasoning %q content %q; whole reasoning %q", reasoning, content, m.ReasoningContent)
+	}
+}
+
+// readThought reads a whole chat stream of one choice: its reasoning and its content.
+func readThought(t *testing.T, body io.Reader) (reasoning, content string) {
+	t.Helper()
+	var rs, cs strings.Builder
+	_, done, err := readSSE(t, body, func(ev sseEvent) bool {
 		var ch runnerapi.ChatCompletionChunk
 		if json.Unmarshal([]byte(ev.data), &ch) == nil && len(ch.Choices) == 1 {
 			if d := ch.Choices[0].Delta; d.ReasoningContent != nil {
-				reasoning.WriteString(*d.ReasoningContent)
+				rs.WriteString(*d.ReasoningContent)
 			} else if d.Content != nil {
-				content.WriteString(*d.Content)
+				cs.WriteString(*d.Content)
 			}
 		}
 		return true
@@ -226,7 +236,5 @@ func TestChatReasoning(t *testing.T) {
 	if err != nil || !done {
 		t.Fatalf("stream: done %v, %v", done, err)
 	}
-	if reasoning.String() != m.ReasoningContent || content.String() != "" {
-		t.Errorf("streamed reasoning %q content %q; whole reasoning %q", reasoning.String(), content.String(), m.ReasoningContent)
-	}
+	return rs.String(), cs.String()
 }

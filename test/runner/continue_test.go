@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/macfleet/macfleet/api/runnerapi"
+	"github.com/macfleet/macfleet/internal/ggufsynth"
 )
 
 // TestContinueFinalMessage: with runnerapi.HeaderContinue, a greedy answer cut after a
@@ -109,4 +110,84 @@ func streamContinue(t *testing.T, r *runner, body map[string]any, mode string) (
 		t.Fatalf("stream: done %v, usage %v, %v", done, usage, err)
 	}
 	return content.String(), pieces, *usage
+}
+
+// TestContinueUnderGrammar: an answer under response_format (a JSON schema) cut after
+// some characters and sent back as the final assistant message is continued under the
+// same grammar advanced past the cut, so the whole answer follows the schema (a
+// grammar started over would write a second object after the cut); an assistant
+// message the grammar does not accept is refused with a 400 that says so (the gateway
+// then ends the stream rather than try another replica).
+func TestContinueUnderGrammar(t *testing.T) {
+	r := startReady(t, model(t, "tiny"))
+	schema := compileSchema(t, personSchema)
+	body := chatBody("Describe a person", 120, true)
+	body["stream_options"] = map[string]any{"include_usage": true}
+	body["response_format"] = map[string]any{"type": "json_schema", "json_schema": map[string]any{"name": "person",
+		"strict": true, "schema": json.RawMessage(personSchema)}}
+	full, _, _ := streamContinue(t, r, body, "")
+	if err := validate(t, schema, full); err != nil {
+		t.Fatalf("the uncut answer %q: %v", full, err)
+	}
+	runes := []rune(full)
+	for _, at := range []int{1, 4, len(runes) / 2, len(runes) - 2} {
+		cut := string(runes[:at])
+		body["messages"] = []map[string]string{{"role": "user", "content": "Describe a person"},
+			{"role": "assistant", "content": cut}}
+		rest, _, _ := streamContinue(t, r, body, runnerapi.ContinueFinalMessage)
+		if err := validate(t, schema, cut+rest); err != nil {
+			t.Errorf("cut after %d characters: %q + %q: %v", at, cut, rest, err)
+		}
+	}
+	body["messages"] = []map[string]string{{"role": "user", "content": "Describe a person"},
+		{"role": "assistant", "content": "Sure: {"}}
+	resp := postChat(t, r, body, runnerapi.HeaderContinue, runnerapi.ContinueFinalMessage)
+	msg, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(msg), "does not follow the grammar of response_format") {
+		t.Errorf("a message the grammar does not accept: %d %s, want 400 saying so", resp.StatusCode, msg)
+	}
+}
+
+// TestContinueInReasoning: an answer cut inside its reasoning and sent back as the
+// final assistant message's reasoning_content (no content yet) goes on as reasoning,
+// inside the open <think> block; one with content after its reasoning goes on as
+// content.
+func TestContinueInReasoning(t *testing.T) {
+	r := startReady(t, specModel(t, "tiny-thinking", func() (ggufsynth.Spec, error) {
+		s := ggufsynth.Tiny()
+		s.ChatTemplate = thinkingTemplate
+		return s, nil
+	}))
+	stream := func(last map[string]any) (reasoning, content string) {
+		t.Helper()
+		b := chatBody("Think about it", 12, true)
+		b["chat_template_kwargs"] = map[string]any{"enable_thinking": true}
+		hdr := []string{}
+		if last != nil {
+			b["messages"] = []map[string]any{{"role": "user", "content": "Think about it"}, last}
+			hdr = []string{runnerapi.HeaderContinue, runnerapi.ContinueFinalMessage}
+		}
+		resp := postChat(t, r, b, hdr...)
+		defer resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			msg, _ := io.ReadAll(resp.Body)
+			t.Fatalf("status %d: %s", resp.StatusCode, msg)
+		}
+		return readThought(t, resp.Body)
+	}
+	full, _ := stream(nil)
+	runes := []rune(full)
+	if len(runes) < 4 {
+		t.Fatalf("the uncut reasoning %q is too short to cut", full)
+	}
+	cut := string(runes[:len(runes)/2])
+	rest, _ := stream(map[string]any{"role": "assistant", "content": "", "reasoning_content": cut})
+	if rest == "" {
+		t.Errorf("continued inside the reasoning %q: no reasoning followed, want the output to go on as reasoning", cut)
+	}
+	reasoning, content := stream(map[string]any{"role": "assistant", "content": "One", "reasoning_content": "Hm."})
+	if reasoning != "" || content == "" {
+		t.Errorf("continued after the reasoning: reasoning %q content %q, want content only", reasoning, content)
+	}
 }

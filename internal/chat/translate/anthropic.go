@@ -422,7 +422,7 @@ func Anthropic(chat http.Handler) http.Handler {
 		if req.Stream {
 			as := &anthropicStream{w: w, sse: newSSE(w), model: req.Model}
 			if resume, ok := resumeOf(r); ok {
-				as.resume(resume)
+				as.resume(resume, openReasoning(chatReq))
 			}
 			out = as
 		}

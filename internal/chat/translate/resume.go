@@ -45,12 +45,24 @@ func (s *responseState) resume(rs runnerapi.ResumeStream, text string) {
 	}
 }
 
-// resume makes a go on with the Messages stream rs: started, and its text block open
-// when the client has its start.
-func (a *anthropicStream) resume(rs runnerapi.ResumeStream) {
+// openReasoning: the final assistant message of a translated chat request has
+// reasoning and no text yet, so a resumed stream's open block is its thinking block.
+func openReasoning(chat map[string]any) bool {
+	msgs, _ := chat["messages"].([]runnerapi.Message)
+	n := len(msgs)
+	return n > 0 && msgs[n-1].Role == "assistant" && msgs[n-1].ReasoningContent != "" && msgs[n-1].Content == ""
+}
+
+// resume makes a go on with the Messages stream rs: started, and its block open when
+// the client has its start: the thinking block while the answer continued has no
+// text yet (thinking), else the text block.
+func (a *anthropicStream) resume(rs runnerapi.ResumeStream, thinking bool) {
 	a.started, a.index = true, rs.Index
 	if rs.Open {
 		a.open = "text"
+		if thinking {
+			a.open = "thinking"
+		}
 	}
 }
 

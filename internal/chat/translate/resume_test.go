@@ -1,9 +1,11 @@
 package translate
 
 import (
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
 
@@ -136,5 +138,47 @@ func TestResumeNeedsContinue(t *testing.T) {
 	Anthropic(&countedChat{}).ServeHTTP(w, r)
 	if events := readEvents(t, w.Body); len(events) == 0 || events[0].event != "message_start" {
 		t.Errorf("events %v, want a new message", events)
+	}
+}
+
+// thinkingChat streams a continued answer's reasoning, then its text.
+type thinkingChat struct{}
+
+func (thinkingChat) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "text/event-stream")
+	for _, ev := range []string{
+		`data: {"id":"chatcmpl-new","model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}`,
+		`data: {"id":"chatcmpl-new","model":"m","choices":[{"index":0,"delta":{"reasoning_content":" more"}}]}`,
+		`data: {"id":"chatcmpl-new","model":"m","choices":[{"index":0,"delta":{"content":"Done"}}]}`,
+		`data: {"id":"chatcmpl-new","model":"m","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}`,
+		`data: [DONE]`,
+	} {
+		_, _ = io.WriteString(w, ev+"\n\n")
+	}
+}
+
+// TestResumeMessagesThinking: a Messages stream resumed in an open thinking block (the
+// answer continued has a thinking block and no text yet) goes on in that block, then
+// opens its text block after it.
+func TestResumeMessagesThinking(t *testing.T) {
+	body := resumed(t, Anthropic(thinkingChat{}), "/v1/messages",
+		`{"model":"m","max_tokens":9,"stream":true,"messages":[{"role":"user","content":"hi"},`+
+			`{"role":"assistant","content":[{"type":"thinking","thinking":"Let me think","signature":""}]}]}`,
+		`{"index":0,"open":true}`)
+	var got []string
+	for _, e := range readEvents(t, strings.NewReader(body)) {
+		kind := e.event
+		if idx, ok := e.data["index"]; ok {
+			kind = fmt.Sprintf("%s@%v", kind, idx)
+		}
+		if d, ok := e.data["delta"].(map[string]any); ok && d["type"] != nil {
+			kind += ":" + d["type"].(string)
+		}
+		got = append(got, kind)
+	}
+	want := []string{"content_block_delta@0:thinking_delta", "content_block_stop@0", "content_block_start@1",
+		"content_block_delta@1:text_delta", "content_block_stop@1", "message_delta", "message_stop"}
+	if !slices.Equal(got, want) {
+		t.Errorf("events %v, want %v", got, want)
 	}
 }

@@ -6,6 +6,7 @@
 
 #include "grammar.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -17,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "json-schema-to-grammar.h"
+#include "llama-grammar.h"
 
 // The build description llama.cpp's common helpers print; the ollama module defines
 // these in a package the runner does not link.
@@ -86,6 +88,66 @@ extern "C" struct llama_sampler *mf_grammar_init(const struct llama_model *model
         *err = mf_dup("unknown error");
     }
     return nullptr;
+}
+
+// mf_grammar_state is the state of llama.cpp's grammar sampler (llama_sampler_grammar
+// in its llama-sampling.cpp, which no header declares) at the module version go.mod
+// pins: mf_grammar_advance reads the grammar from it. A version that changes it must
+// change this too; TestContinueUnderGrammar fails if they differ.
+struct mf_grammar_state {
+    const struct llama_vocab *vocab;
+    std::string grammar_str;
+    std::string grammar_root;
+    struct llama_grammar *grammar;
+};
+
+extern "C" int32_t mf_grammar_advance(struct llama_sampler *smpl, const char *text, char **err) {
+    *err = nullptr;
+    try {
+        if (smpl == nullptr || strcmp(llama_sampler_name(smpl), "grammar") != 0) {
+            *err = mf_dup("not a grammar sampler");
+            return -1;
+        }
+        auto *state = static_cast<mf_grammar_state *>(smpl->ctx);
+        if (state == nullptr || state->grammar == nullptr) {
+            *err = mf_dup("the sampler has no grammar");
+            return -1;
+        }
+        llama_grammar &g = *state->grammar;
+        if (g.awaiting_trigger) {
+            return 1;
+        }
+        // Each character in turn: a stack set that empties names where the text left
+        // the grammar.
+        const std::string all(text);
+        size_t at = 0;
+        while (at < all.size()) {
+            size_t len = 1;
+            const unsigned char lead = static_cast<unsigned char>(all[at]);
+            if (lead >= 0xF0) {
+                len = 4;
+            } else if (lead >= 0xE0) {
+                len = 3;
+            } else if (lead >= 0xC0) {
+                len = 2;
+            }
+            len = std::min(len, all.size() - at);
+            try {
+                llama_grammar_accept_str(g, all.substr(at, len));
+            } catch (const std::exception &) {
+                *err = mf_dup("the grammar does not accept the answer at byte " + std::to_string(at) + " (" +
+                              all.substr(at, std::min<size_t>(len + 16, all.size() - at)) + "…)");
+                return -1;
+            }
+            at += len;
+        }
+        return 0;
+    } catch (const std::exception &e) {
+        *err = mf_dup(e.what());
+    } catch (...) {
+        *err = mf_dup("unknown error");
+    }
+    return -1;
 }
 
 static void mf_fill(llama_token_data *cur, const float *logits, int32_t n) {

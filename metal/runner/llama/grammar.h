@@ -20,6 +20,13 @@ char *mf_build_grammar(const char *schemas, const char *rules, char **err);
 struct llama_sampler *mf_grammar_init(const struct llama_model *model, const char *gbnf, const char **triggers,
                                       int32_t n_triggers, char **err);
 
+// mf_grammar_advance moves a grammar sampler (from mf_grammar_init) past text, an
+// output already written under it (a continued answer), so that what it allows next
+// is what may follow that text. It returns 0, or -1 with *err set when the grammar
+// does not accept the text, and 1 (nothing done) for a lazy grammar still waiting for
+// its trigger: such a grammar watches only the output it sees.
+int32_t mf_grammar_advance(struct llama_sampler *grammar, const char *text, char **err);
+
 // mf_sample samples one row of logits (n_vocab floats of the last decode) with the
 // chain, under grammar when it is not NULL, and accepts the token in both. cur holds
 // n_vocab entries of scratch space, kept by the caller between calls. It touches no

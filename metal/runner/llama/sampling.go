@@ -113,6 +113,24 @@ func (s *Sampler) Constrain(m *Model, gbnf string, triggers []string) error {
 	return nil
 }
 
+// Advance moves the sampler's grammar past text, output already written under it (an
+// answer being continued), so that the next Sample allows what may follow it. A
+// grammar that does not accept text is an error that says where; a lazy grammar still
+// waiting for its trigger, or no grammar, is left as it is.
+func (s *Sampler) Advance(text string) error {
+	if s.grammar == nil || text == "" {
+		return nil
+	}
+	ct := C.CString(text)
+	defer C.free(unsafe.Pointer(ct))
+	var cerr *C.char
+	if C.mf_grammar_advance(s.grammar, ct, &cerr) < 0 {
+		defer C.free(unsafe.Pointer(cerr))
+		return errors.New(C.GoString(cerr))
+	}
+	return nil
+}
+
 // Logits is one output row of the last Decode: the model's vocabulary's logits.
 type Logits struct {
 	p *C.float
@@ -188,14 +206,30 @@ func (m *Model) utf8Classes() *utf8Table {
 }
 
 // CheckGrammar reports whether gbnf (and its triggers, as Constrain takes them)
-// parses for m's vocabulary.
-func CheckGrammar(m *Model, gbnf string, triggers []string) error {
+// parses for m's vocabulary, and accepts prefix (see Advance) when it is not "".
+func CheckGrammar(m *Model, gbnf string, triggers []string, prefix string) error {
 	g, err := parseGrammar(m, gbnf, triggers)
-	if err == nil {
-		C.llama_sampler_free(g)
+	if err != nil {
+		return err
 	}
-	return err
+	defer C.llama_sampler_free(g)
+	if prefix == "" {
+		return nil
+	}
+	cp := C.CString(prefix)
+	defer C.free(unsafe.Pointer(cp))
+	var cerr *C.char
+	if C.mf_grammar_advance(g, cp, &cerr) < 0 {
+		defer C.free(unsafe.Pointer(cerr))
+		return &PrefixError{Msg: C.GoString(cerr)}
+	}
+	return nil
 }
+
+// PrefixError is a grammar that does not accept the answer a continuation starts from.
+type PrefixError struct{ Msg string }
+
+func (e *PrefixError) Error() string { return e.Msg }
 
 func parseGrammar(m *Model, gbnf string, triggers []string) (*C.struct_llama_sampler, error) {
 	cs := C.CString(gbnf)

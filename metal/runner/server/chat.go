@@ -3,6 +3,7 @@
 package server
 
 import (
+	"errors"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -96,26 +97,26 @@ func (s *Server) renderChat(req *runnerapi.ChatRequest) (string, *runnerapi.Erro
 
 // renderRequest renders a chat request: as renderChat does, or with its final
 // assistant message left open when the header runnerapi.HeaderContinue asks to
-// continue it. open is where that message's text starts in the prompt (-1: none).
-func (s *Server) renderRequest(req *runnerapi.ChatRequest, mode string) (prompt string, open int, herr *runnerapi.Error) {
+// continue it (c.Open is where that message's answer starts in the prompt; -1: none).
+func (s *Server) renderRequest(req *runnerapi.ChatRequest, mode string) (c chat.Continued, herr *runnerapi.Error) {
 	switch mode {
 	case "":
-		prompt, herr = s.renderChat(req)
-		return prompt, -1, herr
+		c.Prompt, herr = s.renderChat(req)
+		c.Open = -1
+		return c, herr
 	case runnerapi.ContinueFinalMessage:
 	default:
-		return "", -1, runnerapi.InvalidRequest(runnerapi.CodeInvalidValue, runnerapi.HeaderContinue,
+		return chat.Continued{}, runnerapi.InvalidRequest(runnerapi.CodeInvalidValue, runnerapi.HeaderContinue,
 			"%s must be %q, got %q", runnerapi.HeaderContinue, runnerapi.ContinueFinalMessage, clipText(mode, 64))
 	}
 	if _, herr = s.renderChat(req); herr != nil { // the same checks of the messages
-		return "", -1, herr
+		return chat.Continued{}, herr
 	}
 	if s.chat == nil {
-		return "", -1, runnerapi.InvalidRequest(runnerapi.CodeTemplateError, "messages",
+		return chat.Continued{}, runnerapi.InvalidRequest(runnerapi.CodeTemplateError, "messages",
 			"this model has no Jinja chat template, so it cannot leave the assistant's message open")
 	}
-	c, herr := s.chat.RenderContinue(chat.InputOf(req), s.model.AddBOS())
-	return c.Prompt, c.Open, herr
+	return s.chat.RenderContinue(chat.InputOf(req), s.model.AddBOS())
 }
 
 // continuedTokens counts the prompt's tokens after before (the continued answer's),
@@ -171,11 +172,12 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 	if eng == nil {
 		return
 	}
-	prompt, open, herr := s.renderRequest(&req, r.Header.Get(runnerapi.HeaderContinue))
+	rc, herr := s.renderRequest(&req, r.Header.Get(runnerapi.HeaderContinue))
 	if herr != nil {
 		writeError(w, herr)
 		return
 	}
+	prompt, open := rc.Prompt, rc.Open
 	toks, err := s.model.Tokenize(prompt, true, true)
 	if err != nil {
 		writeError(w, runnerapi.InvalidRequest(runnerapi.CodeInvalidValue, "messages", "tokenizing: %v", err))
@@ -188,6 +190,11 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	co := s.chatOptions(&req, prompt)
+	if open >= 0 {
+		// The grammar goes on past the content written; output that goes on inside
+		// the answer's reasoning is parsed as reasoning.
+		co.Continued, co.InReasoning = prompt[rc.Content:], co.InReasoning || rc.InReasoning
+	}
 	if opts.Grammar, opts.GrammarTriggers, herr = s.chatGrammar(&req, co); herr != nil {
 		writeError(w, herr)
 		return
@@ -214,7 +221,12 @@ func (s *Server) chatGrammar(req *runnerapi.ChatRequest, co chat.Options) (strin
 		err = grammar.CheckGrammarSize(g)
 	}
 	if err == nil {
-		err = llama.CheckGrammar(s.model, g, spec.Triggers)
+		err = llama.CheckGrammar(s.model, g, spec.Triggers, co.Continued)
+	}
+	if perr, ok := errors.AsType[*llama.PrefixError](err); ok {
+		return "", nil, runnerapi.InvalidRequest(runnerapi.CodeInvalidValue, "messages",
+			"the assistant's message to continue (%s) does not follow the grammar of %s: %s",
+			runnerapi.HeaderContinue, spec.Param, perr.Msg)
 	}
 	if err != nil {
 		return "", nil, runnerapi.InvalidRequest(runnerapi.CodeInvalidValue, spec.Param, "the schema cannot be enforced: %v", err)

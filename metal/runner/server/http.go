@@ -380,6 +380,7 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, eng *engineSet
 		c := &choice{index: i, j: j}
 		if isChat {
 			c.parser = chat.NewParser(*co)
+			j.grammarPrefix = co.Continued
 		}
 		if herr := eng.submit(j); herr != nil {
 			writeError(w, herr)

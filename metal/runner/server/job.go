@@ -32,6 +32,9 @@ type job struct {
 	// special maps control tokens to the text to emit for them (tool-call and
 	// reasoning markers); other control tokens emit nothing.
 	special map[int32][]byte
+	// grammarPrefix is the answer a continuation starts from, which the output's
+	// grammar (opts.Grammar) is advanced past before the first token.
+	grammarPrefix string
 	// keys are the block keys of the prompt, hold the job's wait on a slot prefilling
 	// a prompt it shares, holdChecked whether it looked for one (engine goroutine only:
 	// see engine_inflight.go).

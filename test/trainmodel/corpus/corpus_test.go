@@ -3,6 +3,7 @@ package corpus
 import (
 	"encoding/json"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -178,6 +179,9 @@ func TestToolCalls(t *testing.T) {
 			}
 		}
 		result := string(c.Messages[k+1].Content)
+		if _, out, ok := strings.Cut(result, "\nOutput:\n"); ok { // exec_command's header
+			result = strings.TrimSuffix(out, "\n")
+		}
 		final := turns[len(turns)-1]
 		for _, line := range strings.Split(result, "\n") {
 			if !strings.HasPrefix(line, "{") && !strings.Contains(final, line) {
@@ -211,3 +215,51 @@ func TestNoFormatErrors(t *testing.T) {
 		}
 	}
 }
+
+// TestCodexData: Codex CLI's documents carry what the client writes as data as it
+// writes it, not prose: the environment context before the prompt and the header of
+// exec_command's output (the model that saw prose there called exec_command with
+// another tool's arguments when it met the real request).
+func TestCodexData(t *testing.T) {
+	g := generator(t)
+	envs, outputs := 0, 0
+	for i := 0; envs < 5 || outputs < 3; i++ {
+		if i > 20000 {
+			t.Fatalf("only %d Codex environments and %d outputs in %d documents", envs, outputs, i)
+		}
+		c, err := g.Conversation(i)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.Kind != "agent-codex" {
+			continue
+		}
+		var users []string
+		for _, m := range c.Messages {
+			if m.Role == "user" {
+				users = append(users, string(m.Content))
+			}
+			if m.Role == "tool" {
+				outputs++
+				if !execHeader.MatchString(string(m.Content)) {
+					t.Errorf("document %d: exec_command's result %q has no header", i, m.Content)
+				}
+			}
+		}
+		if len(users) != 2 {
+			t.Fatalf("document %d: %d user messages, want the environment and the prompt", i, len(users))
+		}
+		envs++
+		if !environment.MatchString(users[0]) {
+			t.Errorf("document %d: the message before the prompt is %q, not an environment context", i, users[0])
+		}
+	}
+}
+
+var (
+	environment = regexp.MustCompile(`^<environment_context>\n  <cwd>(/[^<]+)</cwd>\n  <shell>\w+</shell>\n` +
+		`  <current_date>\d{4}-\d\d-\d\d</current_date>\n  <timezone>[\w/]+</timezone>\n` +
+		`  <filesystem><workspace_roots><root>(/[^<]+)</root></workspace_roots>.*</filesystem>\n</environment_context>$`)
+	execHeader = regexp.MustCompile(`^Chunk ID: [0-9a-f]{6}\nWall time: \d\.\d{4} seconds\nProcess exited with code 0\n` +
+		`Original token count: \d+\nOutput:\n(?s:.+)\n$`)
+)

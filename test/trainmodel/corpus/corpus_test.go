@@ -120,17 +120,10 @@ func TestDeterministic(t *testing.T) {
 func TestToolCalls(t *testing.T) {
 	g := generator(t)
 	calls, agents := 0, 0
-	for i := 0; calls < 200 || agents < 3; i++ {
-		if i > 8000 {
-			t.Fatalf("only %d calls and %d agent calls in %d documents", calls, agents, i)
-		}
-		c, err := g.Conversation(i)
-		if err != nil {
-			t.Fatal(err)
-		}
+	conversations(t, g, 8000, func(i int, c Conversation) bool {
 		k := slices.IndexFunc(c.Messages, func(m runnerapi.Message) bool { return len(m.ToolCalls) > 0 })
 		if k < 0 {
-			continue
+			return false
 		}
 		calls++
 		if strings.HasPrefix(c.Kind, "agent-") {
@@ -188,7 +181,8 @@ func TestToolCalls(t *testing.T) {
 				t.Errorf("document %d (%s): the answer %q leaves out the result %q", i, c.Kind, final, line)
 			}
 		}
-	}
+		return calls >= 200 && agents >= 3
+	})
 }
 
 // TestNoFormatErrors: no message of the corpus carries a formatting error of fmt
@@ -197,14 +191,7 @@ func TestToolCalls(t *testing.T) {
 func TestNoFormatErrors(t *testing.T) {
 	g := generator(t)
 	agents := 0
-	for i := 0; agents < 30; i++ {
-		if i > 8000 {
-			t.Fatalf("only %d coding agent documents in %d", agents, i)
-		}
-		c, err := g.Conversation(i)
-		if err != nil {
-			t.Fatal(err)
-		}
+	conversations(t, g, 8000, func(i int, c Conversation) bool {
 		if strings.HasPrefix(c.Kind, "agent-") {
 			agents++
 		}
@@ -213,7 +200,24 @@ func TestNoFormatErrors(t *testing.T) {
 				t.Fatalf("document %d (%s), a %s message: %q", i, c.Kind, m.Role, text)
 			}
 		}
+		return agents >= 30
+	})
+}
+
+// conversations calls f with documents 0, 1, … of g until f says it has seen
+// enough, and fails the test when the first limit documents are not enough.
+func conversations(t *testing.T, g *Generator, limit int, f func(i int, c Conversation) (enough bool)) {
+	t.Helper()
+	for i := range limit {
+		c, err := g.Conversation(i)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if f(i, c) {
+			return
+		}
 	}
+	t.Fatalf("the first %d documents are not enough", limit)
 }
 
 // TestCodexData: Codex CLI's documents carry what the client writes as data as it
@@ -223,16 +227,9 @@ func TestNoFormatErrors(t *testing.T) {
 func TestCodexData(t *testing.T) {
 	g := generator(t)
 	envs, outputs := 0, 0
-	for i := 0; envs < 5 || outputs < 3; i++ {
-		if i > 20000 {
-			t.Fatalf("only %d Codex environments and %d outputs in %d documents", envs, outputs, i)
-		}
-		c, err := g.Conversation(i)
-		if err != nil {
-			t.Fatal(err)
-		}
+	conversations(t, g, 20000, func(i int, c Conversation) bool {
 		if c.Kind != "agent-codex" {
-			continue
+			return false
 		}
 		var users []string
 		for _, m := range c.Messages {
@@ -253,7 +250,8 @@ func TestCodexData(t *testing.T) {
 		if !environment.MatchString(users[0]) {
 			t.Errorf("document %d: the message before the prompt is %q, not an environment context", i, users[0])
 		}
-	}
+		return envs >= 5 && outputs >= 3
+	})
 }
 
 var (

@@ -17,8 +17,8 @@ import (
 // that names them was made from the tool's output.
 var loopFiles = []string{"parser.rs", "todo.yaml", "worker.sh"}
 
-// loopEnv set runs Codex's loop too, which the trained test model does not complete
-// yet (docs/coding-agents.md, "A whole tool loop").
+// loopEnv set runs Codex's loop too, which the trained test model does not complete:
+// its corpus had prose where Codex writes data (docs/testing.md, "Codex's loop").
 const loopEnv = "MACFLEET_E2E_AGENT_LOOPS"
 
 // loopTurnTimeout bounds a loop's turn: the trained model's eight layers prefill an
@@ -47,7 +47,7 @@ func TestCodingAgentsToolLoop(t *testing.T) {
 	})
 	t.Run("codex", func(t *testing.T) {
 		if os.Getenv(loopEnv) == "" {
-			t.Skipf("the trained test model answers Codex's request without a well-formed call (docs/coding-agents.md); set %s=1 to run it", loopEnv)
+			t.Skipf("the trained test model answers Codex's request without a well-formed call (docs/testing.md, \"Codex's loop\"); set %s=1 to run it", loopEnv)
 		}
 		home := t.TempDir()
 		work := loopDir(t, home)

@@ -210,6 +210,8 @@ func agentTurn(r *rand.Rand, agents []agentRequest) (Conversation, error) {
 		prompt, ans = q.q, q.a
 	}
 	body, _ := fill(r, a.body, 0.3+1.1*r.Float64()).(map[string]any)
+	client, _, _ := strings.Cut(a.name, "-")
+	setContext(r, client, body)
 	if err := setPrompt(body, prompt); err != nil {
 		return Conversation{}, fmt.Errorf("%s: %w", a.name, err)
 	}
@@ -217,7 +219,7 @@ func agentTurn(r *rand.Rand, agents []agentRequest) (Conversation, error) {
 	if err != nil {
 		return Conversation{}, fmt.Errorf("%s: %w", a.name, err)
 	}
-	c := Conversation{Kind: "agent-" + strings.SplitN(a.name, "-", 2)[0], Tools: req.Tools, Messages: req.Messages}
+	c := Conversation{Kind: "agent-" + client, Tools: req.Tools, Messages: req.Messages}
 	if req.ToolChoice != nil && req.ToolChoice.Mode == "none" {
 		c.Tools = nil
 	}
@@ -235,7 +237,7 @@ func agentTurn(r *rand.Rand, agents []agentRequest) (Conversation, error) {
 	c.Messages = append(c.Messages,
 		runnerapi.Message{Role: "assistant", ToolCalls: []runnerapi.ToolCall{{ID: id, Type: "function",
 			Function: runnerapi.FunctionCall{Name: tool, Arguments: string(args)}}}},
-		runnerapi.Message{Role: "tool", Content: runnerapi.MessageContent(result), ToolCallID: id},
+		runnerapi.Message{Role: "tool", Content: runnerapi.MessageContent(commandOutput(r, tool, result)), ToolCallID: id},
 		msg("assistant", ans))
 	return c, nil
 }

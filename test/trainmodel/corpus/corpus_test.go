@@ -3,6 +3,7 @@ package corpus
 import (
 	"encoding/json"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -119,17 +120,10 @@ func TestDeterministic(t *testing.T) {
 func TestToolCalls(t *testing.T) {
 	g := generator(t)
 	calls, agents := 0, 0
-	for i := 0; calls < 200 || agents < 3; i++ {
-		if i > 8000 {
-			t.Fatalf("only %d calls and %d agent calls in %d documents", calls, agents, i)
-		}
-		c, err := g.Conversation(i)
-		if err != nil {
-			t.Fatal(err)
-		}
+	conversations(t, g, 8000, func(i int, c Conversation) bool {
 		k := slices.IndexFunc(c.Messages, func(m runnerapi.Message) bool { return len(m.ToolCalls) > 0 })
 		if k < 0 {
-			continue
+			return false
 		}
 		calls++
 		if strings.HasPrefix(c.Kind, "agent-") {
@@ -178,13 +172,17 @@ func TestToolCalls(t *testing.T) {
 			}
 		}
 		result := string(c.Messages[k+1].Content)
+		if _, out, ok := strings.Cut(result, "\nOutput:\n"); ok { // exec_command's header
+			result = strings.TrimSuffix(out, "\n")
+		}
 		final := turns[len(turns)-1]
 		for _, line := range strings.Split(result, "\n") {
 			if !strings.HasPrefix(line, "{") && !strings.Contains(final, line) {
 				t.Errorf("document %d (%s): the answer %q leaves out the result %q", i, c.Kind, final, line)
 			}
 		}
-	}
+		return calls >= 200 && agents >= 3
+	})
 }
 
 // TestNoFormatErrors: no message of the corpus carries a formatting error of fmt
@@ -193,14 +191,7 @@ func TestToolCalls(t *testing.T) {
 func TestNoFormatErrors(t *testing.T) {
 	g := generator(t)
 	agents := 0
-	for i := 0; agents < 30; i++ {
-		if i > 8000 {
-			t.Fatalf("only %d coding agent documents in %d", agents, i)
-		}
-		c, err := g.Conversation(i)
-		if err != nil {
-			t.Fatal(err)
-		}
+	conversations(t, g, 8000, func(i int, c Conversation) bool {
 		if strings.HasPrefix(c.Kind, "agent-") {
 			agents++
 		}
@@ -209,5 +200,64 @@ func TestNoFormatErrors(t *testing.T) {
 				t.Fatalf("document %d (%s), a %s message: %q", i, c.Kind, m.Role, text)
 			}
 		}
-	}
+		return agents >= 30
+	})
 }
+
+// conversations calls f with documents 0, 1, … of g until f says it has seen
+// enough, and fails the test when the first limit documents are not enough.
+func conversations(t *testing.T, g *Generator, limit int, f func(i int, c Conversation) (enough bool)) {
+	t.Helper()
+	for i := range limit {
+		c, err := g.Conversation(i)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if f(i, c) {
+			return
+		}
+	}
+	t.Fatalf("the first %d documents are not enough", limit)
+}
+
+// TestCodexData: Codex CLI's documents carry what the client writes as data as it
+// writes it, not prose: the environment context before the prompt and the header of
+// exec_command's output (the model that saw prose there called exec_command with
+// another tool's arguments when it met the real request).
+func TestCodexData(t *testing.T) {
+	g := generator(t)
+	envs, outputs := 0, 0
+	conversations(t, g, 20000, func(i int, c Conversation) bool {
+		if c.Kind != "agent-codex" {
+			return false
+		}
+		var users []string
+		for _, m := range c.Messages {
+			if m.Role == "user" {
+				users = append(users, string(m.Content))
+			}
+			if m.Role == "tool" {
+				outputs++
+				if !execHeader.MatchString(string(m.Content)) {
+					t.Errorf("document %d: exec_command's result %q has no header", i, m.Content)
+				}
+			}
+		}
+		if len(users) != 2 {
+			t.Fatalf("document %d: %d user messages, want the environment and the prompt", i, len(users))
+		}
+		envs++
+		if !environment.MatchString(users[0]) {
+			t.Errorf("document %d: the message before the prompt is %q, not an environment context", i, users[0])
+		}
+		return envs >= 5 && outputs >= 3
+	})
+}
+
+var (
+	environment = regexp.MustCompile(`^<environment_context>\n  <cwd>(/[^<]+)</cwd>\n  <shell>\w+</shell>\n` +
+		`  <current_date>\d{4}-\d\d-\d\d</current_date>\n  <timezone>[\w/]+</timezone>\n` +
+		`  <filesystem><workspace_roots><root>(/[^<]+)</root></workspace_roots>.*</filesystem>\n</environment_context>$`)
+	execHeader = regexp.MustCompile(`^Chunk ID: [0-9a-f]{6}\nWall time: \d\.\d{4} seconds\nProcess exited with code 0\n` +
+		`Original token count: \d+\nOutput:\n(?s:.+)\n$`)
+)

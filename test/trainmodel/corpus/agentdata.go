@@ -1,0 +1,104 @@
+package corpus
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"strings"
+)
+
+// The parts of a coding agent's requests that the client writes itself as data,
+// not prose: the recorded requests redact them like its instructions, but filled
+// with generated prose they are not what the model meets. The trained model that
+// had only seen prose there answered Codex CLI's real first request with
+// exec_command({"filename": "build"}), and its real tool result with an answer
+// about another question (docs/testing.md).
+
+// environmentPaths are the working directories an agent may run in: {n} a number,
+// {d} a digit, {p} a project, {u} a user.
+var environmentPaths = []string{"/tmp/TestCodingAgentsToolLoop{n}/00{d}/work", "/home/user/projects/{p}",
+	"/Users/{u}/src/{p}", "/work/{p}", "/tmp/{p}-{n}", "/srv/{p}/checkout{d}"}
+
+var projects = []string{"api", "webapp", "cli", "notes", "server", "tools", "site", "infra", "parser", "demo"}
+
+var shells = []string{"bash", "bash", "zsh", "sh"}
+
+var timezones = []string{"Etc/UTC", "Etc/UTC", "Europe/Berlin", "America/New_York", "Asia/Tokyo", "America/Sao_Paulo",
+	"Australia/Sydney", "Africa/Lagos"}
+
+// codexEnvironment is the environment context Codex CLI sends as a user message
+// before the prompt: its working directory, shell, date, time zone and the
+// read-only sandbox it runs in.
+func codexEnvironment(r *rand.Rand) string {
+	cwd := strings.NewReplacer("{n}", strconv.Itoa(1000000+r.IntN(9000000)), "{d}", strconv.Itoa(1+r.IntN(9)),
+		"{p}", pick(r, projects), "{u}", strings.ToLower(pick(r, people))).Replace(pick(r, environmentPaths))
+	var b strings.Builder
+	b.WriteString("<environment_context>\n")
+	fmt.Fprintf(&b, "  <cwd>%s</cwd>\n  <shell>%s</shell>\n", cwd, pick(r, shells))
+	fmt.Fprintf(&b, "  <current_date>%d-%02d-%02d</current_date>\n", 2025+r.IntN(3), 1+r.IntN(12), 1+r.IntN(28))
+	fmt.Fprintf(&b, "  <timezone>%s</timezone>\n", pick(r, timezones))
+	fmt.Fprintf(&b, `  <filesystem><workspace_roots><root>%s</root></workspace_roots><permission_profile type="managed">`+
+		`<file_system type="restricted"><entry access="read"><special>:root</special></entry></file_system>`+
+		"</permission_profile></filesystem>\n", cwd)
+	b.WriteString("</environment_context>")
+	return b.String()
+}
+
+// agentContexts fill, per client (the fixture name's first word), the user
+// messages it writes before the prompt.
+var agentContexts = map[string]func(r *rand.Rand) string{"codex": codexEnvironment}
+
+// setContext puts the client's generated context into every user message of body
+// but the last (the prompt's), for the clients agentContexts knows.
+func setContext(r *rand.Rand, client string, body map[string]any) {
+	context := agentContexts[client]
+	if context == nil {
+		return
+	}
+	list, _ := body["input"].([]any)
+	if list == nil {
+		list, _ = body["messages"].([]any)
+	}
+	last := -1
+	for i, m := range list {
+		if m, _ := m.(map[string]any); m != nil && m["role"] == "user" {
+			last = i
+		}
+	}
+	for _, m := range list[:max(last, 0)] {
+		m, _ := m.(map[string]any)
+		if m == nil || m["role"] != "user" {
+			continue
+		}
+		parts, _ := m["content"].([]any)
+		if parts == nil {
+			m["content"] = context(r)
+			continue
+		}
+		for _, p := range parts {
+			if p, _ := p.(map[string]any); p != nil && p["text"] != nil {
+				p["text"] = context(r)
+			}
+		}
+	}
+}
+
+// toolOutputs give, per shell tool, the tool result its client sends for a
+// command's output.
+var toolOutputs = map[string]func(r *rand.Rand, output string) string{"exec_command": execOutput}
+
+// execOutput is the result Codex CLI sends for a command that exec_command ran:
+// a header of the run, then the output.
+func execOutput(r *rand.Rand, output string) string {
+	output += "\n"
+	return fmt.Sprintf("Chunk ID: %06x\nWall time: %.4f seconds\nProcess exited with code 0\nOriginal token count: %d\nOutput:\n%s",
+		r.IntN(1<<24), r.Float64()*0.05, (len(output)+3)/4, output)
+}
+
+// commandOutput is the output of a command in a tool result of tool.
+func commandOutput(r *rand.Rand, tool, output string) string {
+	if f := toolOutputs[tool]; f != nil {
+		return f(r, output)
+	}
+	return output
+}

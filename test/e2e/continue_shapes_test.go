@@ -30,11 +30,11 @@ const shapeTokens = 600
 // and an answer under the schema parses as JSON of it.
 func TestShapedStreamsSurviveARunnerKill(t *testing.T) {
 	t.Run("n=2", func(t *testing.T) {
-		surviveWith(t, shapeStreams, shapedStream(`"n":2,`), killRunner, 3)
+		surviveWith(t, shapeStreams, shapedStream(`"n":2,`), killRunner, 3, nil)
 	})
 	t.Run("json_schema", func(t *testing.T) {
 		surviveWith(t, shapeStreams, shapedStream(fmt.Sprintf(
-			`"response_format":{"type":"json_schema","json_schema":{"name":"story","strict":true,"schema":%s}},`, storySchema)), killRunner, 3)
+			`"response_format":{"type":"json_schema","json_schema":{"name":"story","strict":true,"schema":%s}},`, storySchema)), killRunner, 3, nil)
 	})
 }
 

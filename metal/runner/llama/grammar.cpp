@@ -101,16 +101,25 @@ struct mf_grammar_state {
     struct llama_grammar *grammar;
 };
 
-extern "C" int32_t mf_grammar_advance(struct llama_sampler *smpl, const char *text, char **err) {
+extern "C" int32_t mf_grammar_advance(const struct llama_model *model, struct llama_sampler *smpl, const char *text,
+                                      char **err) {
     *err = nullptr;
     try {
         if (smpl == nullptr || strcmp(llama_sampler_name(smpl), "grammar") != 0) {
             *err = mf_dup("not a grammar sampler");
             return -1;
         }
+        // The state's first field is the vocabulary the sampler was made for: read
+        // alone first, it says whether the layout above is this build's before any
+        // other field is trusted, and the grammar must name the same vocabulary.
         auto *state = static_cast<mf_grammar_state *>(smpl->ctx);
-        if (state == nullptr || state->grammar == nullptr) {
-            *err = mf_dup("the sampler has no grammar");
+        const struct llama_vocab *vocab = llama_model_get_vocab(model);
+        if (state == nullptr || state->vocab != vocab) {
+            *err = mf_dup("the grammar sampler's state is not laid out as this runner was built to read it (or was made for another model)");
+            return -1;
+        }
+        if (state->grammar == nullptr || state->grammar->vocab != vocab) {
+            *err = mf_dup("the sampler has no grammar for this model");
             return -1;
         }
         llama_grammar &g = *state->grammar;

@@ -24,8 +24,10 @@ struct llama_sampler *mf_grammar_init(const struct llama_model *model, const cha
 // output already written under it (a continued answer), so that what it allows next
 // is what may follow that text. It returns 0, or -1 with *err set when the grammar
 // does not accept the text, and 1 (nothing done) for a lazy grammar still waiting for
-// its trigger: such a grammar watches only the output it sees.
-int32_t mf_grammar_advance(struct llama_sampler *grammar, const char *text, char **err);
+// its trigger: such a grammar watches only the output it sees. model is the one the
+// sampler was made for: a sampler of another, or a state this build cannot read, is
+// an error, not a read of memory it does not know.
+int32_t mf_grammar_advance(const struct llama_model *model, struct llama_sampler *grammar, const char *text, char **err);
 
 // mf_sample samples one row of logits (n_vocab floats of the last decode) with the
 // chain, under grammar when it is not NULL, and accepts the token in both. cur holds

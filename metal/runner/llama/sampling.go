@@ -113,18 +113,19 @@ func (s *Sampler) Constrain(m *Model, gbnf string, triggers []string) error {
 	return nil
 }
 
-// Advance moves the sampler's grammar past text, output already written under it (an
-// answer being continued), so that the next Sample allows what may follow it. A
+// Advance moves the sampler's grammar (constrained for m) past text, output already
+// written under it (an answer being continued), so that the next Sample allows what
+// may follow it. A
 // grammar that does not accept text is an error that says where; a lazy grammar still
 // waiting for its trigger, or no grammar, is left as it is.
-func (s *Sampler) Advance(text string) error {
+func (s *Sampler) Advance(m *Model, text string) error {
 	if s.grammar == nil || text == "" {
 		return nil
 	}
 	ct := C.CString(text)
 	defer C.free(unsafe.Pointer(ct))
 	var cerr *C.char
-	if C.mf_grammar_advance(s.grammar, ct, &cerr) < 0 {
+	if C.mf_grammar_advance(m.c, s.grammar, ct, &cerr) < 0 {
 		defer C.free(unsafe.Pointer(cerr))
 		return errors.New(C.GoString(cerr))
 	}
@@ -219,7 +220,7 @@ func CheckGrammar(m *Model, gbnf string, triggers []string, prefix string) error
 	cp := C.CString(prefix)
 	defer C.free(unsafe.Pointer(cp))
 	var cerr *C.char
-	if C.mf_grammar_advance(g, cp, &cerr) < 0 {
+	if C.mf_grammar_advance(m.c, g, cp, &cerr) < 0 {
 		defer C.free(unsafe.Pointer(cerr))
 		return &PrefixError{Msg: C.GoString(cerr)}
 	}

@@ -426,7 +426,7 @@ func (e *engine) assign(s *slot, j *job, keep int) {
 			e.release(s)
 			return
 		}
-		if err := s.sampler.Advance(j.grammarPrefix); err != nil { // the handler checked it too
+		if err := s.sampler.Advance(e.model, j.grammarPrefix); err != nil { // the handler checked it too
 			j.fail(runnerapi.Internal("advancing the grammar past the continued answer: %v", err))
 			e.release(s)
 			return

@@ -201,8 +201,44 @@ func checkRoot(system bool, euid int) error {
 	return nil
 }
 
-// installExecutable is the absolute, symlink-free path of the binary to run.
+// installExecutable is the path of the binary a service runs: the absolute,
+// symlink-free path of flag (default: this binary), or for a binary of a Homebrew keg
+// the same file through the formula's opt link (homebrewOpt), which outlives the keg.
 func installExecutable(flag string) (string, error) {
+	exe, err := resolveExecutable(flag)
+	if err != nil {
+		return "", err
+	}
+	if opt := homebrewOpt(exe); opt != "" {
+		return opt, nil
+	}
+	return exe, nil
+}
+
+// homebrewOpt is, for a file of a Homebrew keg (<prefix>/Cellar/<formula>/<version>/
+// <rest>), the same file through the formula's opt link (<prefix>/opt/<formula>/<rest>),
+// which every upgrade moves to the new keg while it removes the old one: a property
+// list that named the keg would run a binary that is gone. "" when path is in no keg,
+// or the opt link does not lead to this very file.
+func homebrewOpt(path string) string {
+	i := strings.LastIndex(path, "/Cellar/")
+	if i < 0 {
+		return ""
+	}
+	parts := strings.SplitN(path[i+len("/Cellar/"):], "/", 3) // formula, version, the rest
+	if len(parts) != 3 || parts[0] == "" || parts[1] == "" || parts[2] == "" {
+		return ""
+	}
+	opt := filepath.Join(path[:i], "opt", parts[0], parts[2])
+	if resolved, err := filepath.EvalSymlinks(opt); err != nil || resolved != path {
+		return ""
+	}
+	return opt
+}
+
+// resolveExecutable is the absolute, symlink-free path of flag, default this binary:
+// the file the firewall and code signing know.
+func resolveExecutable(flag string) (string, error) {
 	exe := flag
 	if exe == "" {
 		var err error

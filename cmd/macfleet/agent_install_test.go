@@ -2,6 +2,8 @@ package main
 
 import (
 	"bytes"
+	"os"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"testing"
@@ -120,4 +122,54 @@ func parsePlist(t *testing.T, printed string) map[string]any {
 		t.Fatalf("the printed plist does not parse: %v\n%s", err, printed)
 	}
 	return plist
+}
+
+// TestHomebrewOpt: a binary of a Homebrew keg is named through the formula's opt link
+// when that link leads to it, so that the property list outlives `brew upgrade`;
+// anything else keeps its resolved path.
+func TestHomebrewOpt(t *testing.T) {
+	prefix, err := filepath.EvalSymlinks(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	keg := func(version string) string {
+		t.Helper()
+		bin := filepath.Join(prefix, "Cellar", "macfleet", version, "bin")
+		if err := os.MkdirAll(bin, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		exe := filepath.Join(bin, "macfleet")
+		if err := os.WriteFile(exe, []byte("#!/bin/sh\n"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		return exe
+	}
+	old, current := keg("0.3.0"), keg("0.4.0")
+	if err := os.MkdirAll(filepath.Join(prefix, "opt"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("../Cellar/macfleet/0.4.0", filepath.Join(prefix, "opt", "macfleet")); err != nil {
+		t.Fatal(err)
+	}
+	opt := filepath.Join(prefix, "opt", "macfleet", "bin", "macfleet")
+	for _, tc := range []struct {
+		name, path, want string
+	}{
+		{"the current keg", current, opt},
+		{"an older keg the opt link has left", old, ""},
+		{"not in a keg", filepath.Join(prefix, "bin", "macfleet"), ""},
+		{"a keg without a version", filepath.Join(prefix, "Cellar", "macfleet"), ""},
+		{"another formula's keg", filepath.Join(prefix, "Cellar", "other", "1.0", "bin", "macfleet"), ""},
+	} {
+		if got := homebrewOpt(tc.path); got != tc.want {
+			t.Errorf("%s: homebrewOpt(%s) = %q, want %q", tc.name, tc.path, got, tc.want)
+		}
+	}
+	// Through installExecutable: the keg's binary by any of its links is named by opt.
+	if got, err := installExecutable(filepath.Join(prefix, "opt", "macfleet", "bin", "macfleet")); err != nil || got != opt {
+		t.Errorf("installExecutable(opt link) = %q, %v; want %q", got, err, opt)
+	}
+	if got, err := resolveExecutable(opt); err != nil || got != current {
+		t.Errorf("resolveExecutable(opt link) = %q, %v; want the keg's file %q", got, err, current)
+	}
 }

@@ -68,7 +68,7 @@ func newDoctorCommand() *cobra.Command {
 			if opts.AgentListen != "" {
 				opts.AdvertiseAddress, _ = clustermode.DefaultAdvertiseAddress(opts.AgentListen)
 			}
-			opts.Executable, _ = installExecutable("")
+			opts.Executable, _ = resolveExecutable("")
 			opts.Log = logr.Discard()
 			if verbosity > 0 {
 				opts.Log = newLogger(verbosity)

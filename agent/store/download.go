@@ -323,8 +323,8 @@ func (s *Store) request(rctx context.Context, p *partial, src modelsource.Source
 	// Asking for identity keeps the transport from decompressing, so that byte offsets
 	// are the file's.
 	req.Header.Set("Accept-Encoding", "identity")
-	if src.Scheme == modelsource.HuggingFace && s.hfToken != "" {
-		req.Header.Set("Authorization", "Bearer "+s.hfToken)
+	if tok := s.hfToken.get(rctx, src); tok != "" {
+		req.Header.Set("Authorization", "Bearer "+tok)
 	}
 	if !resume {
 		log.V(2).Info("Downloading model")

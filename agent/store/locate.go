@@ -17,7 +17,24 @@ type Locator struct {
 	resolver *modelsource.Resolver
 	client   *http.Client
 	policy   *sourcepolicy.Holder
-	hfToken  string
+	hfToken  hubToken
+}
+
+// hubToken is the token sent with hf:// requests: a fixed one, else what source gives.
+type hubToken struct {
+	static string
+	source func(context.Context) string
+}
+
+// get is the token for a request of src ("" for none, and for any other scheme).
+func (h hubToken) get(ctx context.Context, src modelsource.Source) string {
+	switch {
+	case src.Scheme != modelsource.HuggingFace:
+		return ""
+	case h.static != "" || h.source == nil:
+		return h.static
+	}
+	return h.source(ctx)
 }
 
 // NewLocator returns a Locator configured as New configures a Store; only HFEndpoint,
@@ -37,7 +54,7 @@ func NewLocator(opts Options) *Locator {
 		hc = &http.Client{Transport: tr}
 	}
 	client := policy.Client(hc)
-	return &Locator{policy: policy, client: client, hfToken: opts.HFToken,
+	return &Locator{policy: policy, client: client, hfToken: hubToken{static: opts.HFToken, source: opts.HFTokenSource},
 		resolver: &modelsource.Resolver{HFEndpoint: opts.HFEndpoint, OllamaRegistry: opts.OllamaRegistry, HTTPClient: client}}
 }
 
@@ -76,8 +93,8 @@ func (l *Locator) Locate(ctx context.Context, namespace, rawSource string) (Remo
 	if src.Scheme == modelsource.HTTP {
 		r.Client = forSource(l.client, namespace, rawSource)
 	}
-	if src.Scheme == modelsource.HuggingFace && l.hfToken != "" {
-		r.Header = http.Header{"Authorization": {"Bearer " + l.hfToken}}
+	if tok := l.hfToken.get(ctx, src); tok != "" {
+		r.Header = http.Header{"Authorization": {"Bearer " + tok}}
 	}
 	return r, nil
 }

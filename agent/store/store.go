@@ -62,6 +62,10 @@ type Options struct {
 	// HFToken, when set, is sent as a bearer token with hf:// downloads (gated models).
 	// The HTTP client drops it on redirects to other hosts.
 	HFToken string
+	// HFTokenSource, when set and HFToken is empty, gives the token for each hf://
+	// request (the fleet's hub token Secret, read with the node's credential); "" sends
+	// none.
+	HFTokenSource func(context.Context) string
 	// OllamaRegistry is the ollama registry (modelsource.DefaultOllamaRegistry when empty).
 	OllamaRegistry string
 	// HTTPClient makes every request. It must not have an overall Timeout: downloads
@@ -108,7 +112,7 @@ type Store struct {
 	resolver         *modelsource.Resolver
 	client           *http.Client
 	policy           *sourcepolicy.Holder
-	hfToken          string
+	hfToken          hubToken
 	log              logr.Logger
 	clock            clock.PassiveClock
 	progressInterval time.Duration
@@ -140,7 +144,7 @@ func New(dir string, opts Options) (*Store, error) {
 		local:            filepath.Join(abs, "local"),
 		used:             filepath.Join(abs, "used"),
 		policy:           opts.Policy,
-		hfToken:          opts.HFToken,
+		hfToken:          hubToken{static: opts.HFToken, source: opts.HFTokenSource},
 		log:              opts.Log,
 		clock:            opts.Clock,
 		progressInterval: opts.ProgressInterval,

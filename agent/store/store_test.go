@@ -320,6 +320,34 @@ func TestHuggingFace(t *testing.T) {
 	if !bytes.Equal(readFile(t, p), content) {
 		t.Errorf("fetched file differs")
 	}
+
+	// Without a token of its own, the store asks its token source for each hf://
+	// request (the fleet's Secret), and sends none where the source has none.
+	for _, tc := range []struct{ source, want string }{{"hf_fleet", "Bearer hf_fleet"}, {"", ""}} {
+		o := newOrigin(t, content)
+		asked := 0
+		s := newStore(t, t.TempDir(), o, func(opts *Options) {
+			opts.HFTokenSource = func(context.Context) string { asked++; return tc.source }
+		})
+		if _, err := s.Fetch(t.Context(), testNS, "hf://org/repo/dir/m.gguf@v2", sum(content), nil); err != nil {
+			t.Fatal(err)
+		}
+		if reqs := o.requests(); len(reqs) != 1 || reqs[0].Auth != tc.want || asked != 1 {
+			t.Errorf("token source %q: requests %+v after %d asks, want one with %q", tc.source, reqs, asked, tc.want)
+		}
+	}
+	// A token of its own wins over the source.
+	o2 := newOrigin(t, content)
+	s2 := newStore(t, t.TempDir(), o2, func(opts *Options) {
+		opts.HFToken = "hf_own"
+		opts.HFTokenSource = func(context.Context) string { t.Error("the token source was asked beside --hf-token"); return "hf_fleet" }
+	})
+	if _, err := s2.Fetch(t.Context(), testNS, "hf://org/repo/dir/m.gguf@v2", sum(content), nil); err != nil {
+		t.Fatal(err)
+	}
+	if reqs := o2.requests(); len(reqs) != 1 || reqs[0].Auth != "Bearer hf_own" {
+		t.Errorf("with a token of its own: %+v", reqs)
+	}
 }
 
 func TestOllama(t *testing.T) {

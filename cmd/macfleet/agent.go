@@ -11,12 +11,14 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"k8s.io/client-go/kubernetes"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	"github.com/macfleet/macfleet/agent/clustermode"
 	"github.com/macfleet/macfleet/agent/config"
 	"github.com/macfleet/macfleet/agent/hardware"
+	"github.com/macfleet/macfleet/agent/hubtoken"
 	"github.com/macfleet/macfleet/agent/janitor"
 	"github.com/macfleet/macfleet/agent/macnode"
 	"github.com/macfleet/macfleet/agent/store"
@@ -117,7 +119,12 @@ func (fl agentFlags) run(cmd *cobra.Command, zapOpts zap.Options) error {
 	// The store's downloads and file opens follow the cluster's SourcePolicy, which
 	// the agent watches.
 	policy := sourcepolicy.NewHolder(nil)
-	st, err := fl.newStore(policy, log.WithName("store"))
+	cs, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return fmt.Errorf("creating the API clientset: %w", err)
+	}
+	hub := &hubtoken.Source{Clientset: cs, Log: log.WithName("hubtoken")}
+	st, err := fl.newStore(policy, hub.Token, log.WithName("store"))
 	if err != nil {
 		return err
 	}
@@ -185,8 +192,8 @@ func (fl *agentFlags) register(cmd *cobra.Command, host string, zapOpts *zap.Opt
 	f.BoolVar(&fl.runnerOutput, "runner-output", false, "Copy every runner's output to stderr, prefixed with its replica")
 	f.StringVar(&fl.hfEndpoint, "hf-endpoint", modelsource.DefaultHFEndpoint, "Model hub that hf:// sources download from")
 	f.StringVar(&fl.ollamaRegistry, "ollama-registry", modelsource.DefaultOllamaRegistry, "Registry that ollama:// sources download from")
-	f.StringVar(&fl.hfToken, "hf-token", "", "Token sent with hf:// downloads, for gated and private models (default $"+hfTokenEnv+"); "+
-		"every replica on this Mac downloads with it")
+	f.StringVar(&fl.hfToken, "hf-token", "", "Token sent with hf:// downloads, for gated and private models (default $"+hfTokenEnv+", else the fleet's Secret "+
+		"macfleet-system/"+hubtoken.SecretName+", key "+hubtoken.Key+", read every minute); every replica on this Mac downloads with it")
 	f.StringVar(&fl.chip, "chip", "", "Override the detected chip name (to simulate a Mac), e.g. 'Apple M2 Max'")
 	f.StringVar(&fl.unifiedMemory, "unified-memory", "", "Override the detected memory, e.g. 16Gi (the ceiling follows)")
 	f.IntVar(&fl.cpuCores, "cpu-cores", 0, "Override the detected CPU cores")

@@ -37,7 +37,7 @@ func shippedStore(t *testing.T, spec v1alpha1.SourcePolicySpec) interface {
 		t.Fatal(err)
 	}
 	fl := agentFlags{opts: clustermode.Options{StoreDir: t.TempDir()}, hfEndpoint: modelsource.DefaultHFEndpoint, ollamaRegistry: modelsource.DefaultOllamaRegistry}
-	st, err := fl.newStore(sourcepolicy.NewHolder(p), logr.Discard())
+	st, err := fl.newStore(sourcepolicy.NewHolder(p), nil, logr.Discard())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -340,7 +340,10 @@ func TestHuggingFace(t *testing.T) {
 	o2 := newOrigin(t, content)
 	s2 := newStore(t, t.TempDir(), o2, func(opts *Options) {
 		opts.HFToken = "hf_own"
-		opts.HFTokenSource = func(context.Context) string { t.Error("the token source was asked beside --hf-token"); return "hf_fleet" }
+		opts.HFTokenSource = func(context.Context) string {
+			t.Error("the token source was asked beside --hf-token")
+			return "hf_fleet"
+		}
 	})
 	if _, err := s2.Fetch(t.Context(), testNS, "hf://org/repo/dir/m.gguf@v2", sum(content), nil); err != nil {
 		t.Fatal(err)

@@ -23,19 +23,8 @@ import (
 //
 //	go test ./test/e2e -run '^$' -bench GatewayOverhead -benchtime 400x
 func BenchmarkGatewayOverhead(b *testing.B) {
-	ns := testenv.NewNamespace(b, fleet.Client)
-	md := deployment(ns, "bench", 1, func(md *v1alpha1.ModelDeployment) { md.Spec.Engine.Parallel = 4 })
-	if err := fleet.Client.Create(b.Context(), md); err != nil {
-		b.Fatal(err)
-	}
-	waitReady(b, ns, "bench", 1, 3*time.Minute)
-	addrs := sliceAddresses(b, ns, "bench", 1)
+	addr, hc := benchDeployment(b, 4, 16)
 	body := []byte(`{"model":"bench","max_tokens":1,"temperature":0,"messages":[{"role":"user","content":"hi"}]}`)
-	// One client for both: the gateway's http:// and the agent's https:// with a
-	// gateway's certificate.
-	tr := fleet.AgentHTTP.Transport.(*http.Transport).Clone()
-	tr.MaxIdleConnsPerHost = 16
-	hc := &http.Client{Transport: tr}
 	send := func(url, token string) time.Duration {
 		req, _ := http.NewRequestWithContext(b.Context(), http.MethodPost, url, bytes.NewReader(body))
 		req.Header.Set("Content-Type", "application/json")
@@ -54,7 +43,7 @@ func BenchmarkGatewayOverhead(b *testing.B) {
 		}
 		return time.Since(start)
 	}
-	direct := localfleet.AgentURL(addrs[0]) + "/v1/chat/completions"
+	direct := localfleet.AgentURL(addr) + "/v1/chat/completions"
 	viaGW := fleet.GatewayURL + "/v1/chat/completions"
 	for range 20 {
 		send(direct, "")
@@ -94,6 +83,23 @@ func BenchmarkGatewayOverhead(b *testing.B) {
 	fmt.Printf("gateway overhead, one-token completions of the tiny model, %d interleaved pairs: p50 %.2f ms direct, %.2f ms gateway "+
 		"(+%.2f ms); p99 +%.2f ms; %d clients: %.0f req/s direct, %.0f via the gateway (%.2f)\n",
 		len(d), ms(pctl(d, 0.5)), ms(pctl(g, 0.5)), ms(pctl(g, 0.5)-pctl(d, 0.5)), ms(pctl(g, 0.99)-pctl(d, 0.99)), clients, dr, gr, gr/dr)
+}
+
+// benchDeployment creates the one-replica deployment "bench" of a trivial model with
+// parallel slots, removed when the benchmark ends, waits until it is Ready and returns its agent's address and one
+// client for both ways in: the gateway's http:// and the agent's https:// with a
+// gateway's certificate, keeping idle connections to each host.
+func benchDeployment(b *testing.B, parallel int32, idle int) (string, *http.Client) {
+	ns := testenv.NewNamespace(b, fleet.Client)
+	md := deployment(ns, "bench", 1, func(md *v1alpha1.ModelDeployment) { md.Spec.Engine.Parallel = parallel })
+	if err := fleet.Client.Create(b.Context(), md); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { removeDeployment(b, ns, "bench") }) // the next benchmark's "bench" is its own
+	waitReady(b, ns, "bench", 1, 3*time.Minute)
+	tr := fleet.AgentHTTP.Transport.(*http.Transport).Clone()
+	tr.MaxIdleConnsPerHost = idle
+	return sliceAddresses(b, ns, "bench", 1)[0], &http.Client{Transport: tr}
 }
 
 // BenchmarkColdStartFromZero measures a request for an autoscaled deployment at zero

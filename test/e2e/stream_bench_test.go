@@ -10,9 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/test/support/localfleet"
-	"github.com/macfleet/macfleet/test/support/testenv"
 )
 
 // BenchmarkStreamOverhead measures what the gateway adds to an uninterrupted stream:
@@ -25,17 +23,8 @@ import (
 //	MACFLEET_BENCH_BASELINE=$(hack/build-macfleet-at.sh COMMIT) \
 //	  go test ./test/e2e -run '^$' -bench StreamOverhead -benchtime 200x
 func BenchmarkStreamOverhead(b *testing.B) {
-	ns := testenv.NewNamespace(b, fleet.Client)
-	md := deployment(ns, "bench", 1, func(md *v1alpha1.ModelDeployment) { md.Spec.Engine.Parallel = 2 })
-	if err := fleet.Client.Create(b.Context(), md); err != nil {
-		b.Fatal(err)
-	}
-	waitReady(b, ns, "bench", 1, 3*time.Minute)
-	addrs := sliceAddresses(b, ns, "bench", 1)
+	addr, hc := benchDeployment(b, 2, 4)
 	body := []byte(`{"model":"bench","max_tokens":16,"temperature":0,"stream":true,"messages":[{"role":"user","content":"hi"}]}`)
-	tr := fleet.AgentHTTP.Transport.(*http.Transport).Clone()
-	tr.MaxIdleConnsPerHost = 4
-	hc := &http.Client{Transport: tr}
 	// send streams one answer and returns the times to its first content event and to
 	// its end ([DONE]).
 	send := func(url string) (first, whole time.Duration) {
@@ -72,7 +61,7 @@ func BenchmarkStreamOverhead(b *testing.B) {
 	ways := []struct {
 		name, url    string
 		first, whole []time.Duration
-	}{{name: "direct", url: localfleet.AgentURL(addrs[0])}, {name: "gateway", url: fleet.GatewayURL}}
+	}{{name: "direct", url: localfleet.AgentURL(addr)}, {name: "gateway", url: fleet.GatewayURL}}
 	if bin := os.Getenv("MACFLEET_BENCH_BASELINE"); bin != "" {
 		url, err := fleet.AddGateway(b.Context(), bin)
 		if err != nil {

@@ -44,17 +44,22 @@ func codexEnvironment(r *rand.Rand) string {
 	return b.String()
 }
 
-// agentContexts fill, per client (the fixture name's first word), the user
-// messages it writes before the prompt.
-var agentContexts = map[string]func(r *rand.Rand) string{"codex": codexEnvironment}
+// agentContext is what a client writes around the prompt: user messages before
+// the prompt's (before), or text parts before the prompt in its own message
+// (inPrompt).
+type agentContext struct {
+	before, inPrompt func(r *rand.Rand) string
+}
 
-// setContext puts the client's generated context into every user message of body
-// but the last (the prompt's), for the clients agentContexts knows.
+// agentContexts are, per client (the fixture name's first word), the contexts it
+// writes.
+var agentContexts = map[string]agentContext{"codex": {before: codexEnvironment}, "claude": {inPrompt: claudeReminder}}
+
+// setContext puts the client's generated context into the user messages of body
+// before the last (the prompt's), and into the text parts of the last before its
+// last part (the prompt), for the clients agentContexts knows.
 func setContext(r *rand.Rand, client string, body map[string]any) {
 	context := agentContexts[client]
-	if context == nil {
-		return
-	}
 	list, _ := body["input"].([]any)
 	if list == nil {
 		list, _ = body["messages"].([]any)
@@ -65,21 +70,41 @@ func setContext(r *rand.Rand, client string, body map[string]any) {
 			last = i
 		}
 	}
-	for _, m := range list[:max(last, 0)] {
-		m, _ := m.(map[string]any)
-		if m == nil || m["role"] != "user" {
-			continue
+	if last < 0 {
+		return
+	}
+	for _, m := range list[:last] {
+		if m, _ := m.(map[string]any); context.before != nil && m != nil && m["role"] == "user" {
+			setTexts(r, m, context.before, false)
 		}
-		parts, _ := m["content"].([]any)
-		if parts == nil {
-			m["content"] = context(r)
-			continue
+	}
+	if context.inPrompt != nil {
+		setTexts(r, list[last].(map[string]any), context.inPrompt, true)
+	}
+}
+
+// setTexts replaces the text of message m, or of each of its text parts, with
+// text(r); with butLast, every text part but the last, and a message of one text
+// is left alone.
+func setTexts(r *rand.Rand, m map[string]any, text func(r *rand.Rand) string, butLast bool) {
+	parts, _ := m["content"].([]any)
+	if parts == nil {
+		if !butLast {
+			m["content"] = text(r)
 		}
-		for _, p := range parts {
-			if p, _ := p.(map[string]any); p != nil && p["text"] != nil {
-				p["text"] = context(r)
-			}
+		return
+	}
+	var texts []map[string]any
+	for _, p := range parts {
+		if p, _ := p.(map[string]any); p != nil && p["text"] != nil {
+			texts = append(texts, p)
 		}
+	}
+	if butLast && len(texts) > 0 {
+		texts = texts[:len(texts)-1]
+	}
+	for _, p := range texts {
+		p["text"] = text(r)
 	}
 }
 

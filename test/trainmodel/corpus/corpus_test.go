@@ -261,3 +261,34 @@ var (
 	execHeader = regexp.MustCompile(`^Chunk ID: [0-9a-f]{6}\nWall time: \d\.\d{4} seconds\nProcess exited with code 0\n` +
 		`Original token count: \d+\nOutput:\n(?s:.+)\n$`)
 )
+
+// TestClaudeReminders: Claude Code's documents carry a reminder before the prompt
+// in the prompt's own message, as the client writes it, naming files and commands
+// the prompt does not ask for (the model that saw prose there read a file its real
+// reminder named instead of listing the directory).
+func TestClaudeReminders(t *testing.T) {
+	g := generator(t)
+	seen := 0
+	conversations(t, g, 20000, func(i int, c Conversation) bool {
+		if c.Kind != "agent-claude" {
+			return false
+		}
+		var prompt string
+		for _, m := range c.Messages {
+			if m.Role == "user" {
+				prompt = string(m.Content)
+			}
+		}
+		m := reminder.FindStringSubmatch(prompt)
+		if m == nil {
+			t.Fatalf("document %d: the prompt's message %q has no reminder before the prompt", i, prompt)
+		}
+		if strings.Contains(m[2], "<system-reminder>") || strings.TrimSpace(m[2]) == "" {
+			t.Errorf("document %d: after the reminder %q, not a prompt", i, m[2])
+		}
+		seen++
+		return seen >= 8
+	})
+}
+
+var reminder = regexp.MustCompile(`^<system-reminder>\n(?s:(.+))\n</system-reminder>\n*(?s:(.+))$`)

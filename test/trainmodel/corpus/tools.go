@@ -83,7 +83,15 @@ func weather(r *rand.Rand) toolUse {
 	q := fmt.Sprintf(pick(r, []string{"What's the weather in %s?", "Weather in %s?", "What is the weather like in %s today?",
 		"Is it raining in %s right now?", "How warm is it in %s?", "Tell me the weather for %s, please.",
 		"Check the weather in %s.", "weather %s", "Do I need an umbrella in %s today?"}), city)
-	res := fmt.Sprintf(`{"%s": "%s", "temperature": %d, "unit": "celsius", "condition": "%s"}`, p, city, temp, cond)
+	// Tools name their fields differently, and not all say the unit: a model that
+	// saw one shape answered another's {"temperature": 23, "condition": "sunny"}
+	// with "It is 23."
+	unit := ""
+	if chance(r, 0.5) {
+		unit = `, "unit": "celsius"`
+	}
+	res := fmt.Sprintf(`{"%s": "%s", "%s": %d%s, "%s": "%s"}`, p, city, pick(r, []string{"temperature", "temperature", "temp"}),
+		temp, unit, pick(r, []string{"condition", "condition", "conditions"}), cond)
 	ans := fmt.Sprintf(pick(r, []string{"It is %[2]d°C and %[3]s in %[1]s right now.", "The weather in %[1]s is %[3]s, %[2]d°C.",
 		"In %[1]s it is currently %[3]s with a temperature of %[2]d°C."}), city, temp, cond)
 	switch r.IntN(4) {

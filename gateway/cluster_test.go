@@ -308,8 +308,14 @@ func waitModel(t *testing.T, g runningGateway, id, ns string, n int) {
 // the fleet token, until the test ends; it returns the agent's host:port once ready.
 func startAgent(t *testing.T, runner string) string {
 	t.Helper()
+	return startAgentOf(t, runner, ggufsynth.Tiny())
+}
+
+// startAgentOf is startAgent with the model synthesized from spec.
+func startAgentOf(t *testing.T, runner string, spec ggufsynth.Spec) string {
+	t.Helper()
 	model := filepath.Join(t.TempDir(), "tiny.gguf")
-	if err := ggufsynth.Write(model, ggufsynth.Tiny()); err != nil {
+	if err := ggufsynth.Write(model, spec); err != nil {
 		t.Fatal(err)
 	}
 	acfg, err := config.Config{Runner: runner, RunnerThreads: 1, MemoryCeiling: 2 << 30, Listen: "127.0.0.1:0",

@@ -39,7 +39,7 @@ const (
 	contDeadline  = "deadline"    // no replica took it in time
 	contFinished  = "finished"    // it had its finish_reason: nothing to continue
 	contToolCall  = "tool_call"   // it broke in or after a tool call
-	contReasoning = "reasoning"   // a Responses stream had reasoning, which is not continued
+	contReasoning = "reasoning"   // a Responses stream had reasoning its continuation cannot name
 	contShape     = "unsupported" // a text completion, n > 1 uncounted, or a Messages request's own start of the answer
 	contRefused   = "refused"     // a replica refused the continuation itself (a 400)
 	contDisabled  = "disabled"
@@ -101,7 +101,7 @@ func decideContinuation(c continuation, now time.Time) (bool, string) {
 		return false, contFinished
 	case c.st.toolCalls:
 		return false, contToolCall
-	case c.st.reasoning && c.st.api == responsesAPI:
+	case c.st.strayItem:
 		return false, contReasoning
 	case c.shape.n > 1 && !c.st.tokens.known(), c.shape.prefill, c.st.api == completionsAPI:
 		return false, contShape
@@ -127,8 +127,9 @@ func (g *Gateway) spliceFor(r *http.Request) *spliced {
 // continuationBody is the request body of api with the text already sent appended as
 // the assistant's message: to a chat's or a Messages request's messages, to a
 // Responses request's input (a string input becomes the user's message before it).
-// The message carries the reasoning sent (assistantMessage); one: the continuation is
-// of one choice of several (n is dropped).
+// The message carries the reasoning sent (assistantMessage; a Responses request's as a
+// reasoning item right before it); one: the continuation is of one choice of several
+// (n is dropped).
 func continuationBody(api streamAPI, body []byte, text, reasoning string, one bool) ([]byte, error) {
 	var req map[string]json.RawMessage
 	if err := json.Unmarshal(body, &req); err != nil {
@@ -150,6 +151,14 @@ func continuationBody(api streamAPI, body []byte, text, reasoning string, one bo
 		msgs = append(msgs, user)
 	} else if err := json.Unmarshal(req[field], &msgs); err != nil {
 		return nil, fmt.Errorf("reading %s: %w", field, err)
+	}
+	if api == responsesAPI && reasoning != "" { // the reasoning item before the message (resumedReasoning)
+		rs, err := json.Marshal(map[string]any{"type": "reasoning", "summary": []any{},
+			"content": []map[string]string{{"type": "reasoning_text", "text": reasoning}}})
+		if err != nil {
+			return nil, err
+		}
+		msgs, reasoning = append(msgs, rs), ""
 	}
 	m, err := assistantMessage(api, text, reasoning)
 	if err != nil {
@@ -251,10 +260,7 @@ func (g *Gateway) continuedOK(w http.ResponseWriter, span trace.Span, model stri
 // excludes be for the next try.
 func (g *Gateway) continueOn(ctx context.Context, w http.ResponseWriter, r *http.Request, rt *Route, be Backend, t *ticket,
 	lim metering.Limits, body []byte, start time.Time, n int, c *continuation) outcome {
-	var reasoning string
-	if c.st.api != responsesAPI {
-		reasoning = c.st.thoughtOf(c.st.choice).String()
-	}
+	reasoning := c.st.thoughtOf(c.st.choice).String()
 	cbody, err := continuationBody(c.st.api, body, c.st.textOf(c.st.choice).String(), reasoning, c.st.n > 1)
 	if err != nil { // the replica took the body, so this does not happen
 		return outcome{failure: &failure{backend: be, reason: "transport", err: err}}
@@ -275,7 +281,7 @@ var notContinued = map[string]string{
 	contDeadline:  "no other replica took it within --stream-continue-timeout",
 	contFinished:  "it had already finished",
 	contToolCall:  "it broke in or after a tool call, whose arguments are not resumed: do not run the call",
-	contReasoning: "it had reasoning, which is continued on Chat Completions and Messages streams only",
+	contReasoning: "it had a second reasoning item or reasoning after its message, which a continuation cannot name",
 	contShape: "text completions, and streams with the assistant's own start of the answer, or n > 1 from a runner " +
 		"that does not count its tokens, are not continued",
 	contRefused: "a replica refused to continue it",

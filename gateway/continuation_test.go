@@ -37,9 +37,8 @@ func TestDecideContinuation(t *testing.T) {
 		{"the deadline passed", func(c *continuation) { c.deadline = now }, contDeadline},
 		{"it had finished", func(c *continuation) { c.st.finished = true }, contFinished},
 		{"a tool call", func(c *continuation) { c.st.toolCalls = true }, contToolCall},
-		{"reasoning on Chat Completions", func(c *continuation) { c.st.reasoning = true }, contContinued},
-		{"reasoning on Responses", func(c *continuation) { c.st.reasoning, c.st.api = true, responsesAPI }, contReasoning},
-		{"reasoning on Messages", func(c *continuation) { c.st.reasoning, c.st.api = true, messagesAPI }, contContinued},
+		{"reasoning on Responses", func(c *continuation) { c.st.rsItem, c.st.api = "rs_1", responsesAPI }, contContinued},
+		{"a second reasoning item on Responses", func(c *continuation) { c.st.strayItem, c.st.api = true, responsesAPI }, contReasoning},
 		{"n > 1 without the runner's count", func(c *continuation) { c.shape.n = 2 }, contShape},
 		{"n > 1", func(c *continuation) { c.shape.n, c.st.n = 2, 2; c.st.tokens.read([]byte("1 3"), 0) }, contContinued},
 		{"n > 1, every choice finished", func(c *continuation) {
@@ -111,6 +110,11 @@ func TestContinuationBody(t *testing.T) {
 	got, err = continuationBody(messagesAPI, []byte(`{"messages":[]}`), "", "Hm", false)
 	if want := `{"messages":[{"content":[{"signature":"","thinking":"Hm","type":"thinking"}],"role":"assistant"}]}`; err != nil || string(got) != want {
 		t.Errorf("a Messages answer inside its thinking: %s (%v), want %s", got, err, want)
+	}
+	got, err = continuationBody(responsesAPI, []byte(`{"input":"hi"}`), "One", "Hm", false)
+	if want := `{"input":[{"content":"hi","role":"user"},{"content":[{"text":"Hm","type":"reasoning_text"}],"summary":[],"type":"reasoning"},` +
+		`{"role":"assistant","content":"One"}]}`; err != nil || string(got) != want {
+		t.Errorf("a Responses answer after its reasoning: %s (%v), want %s", got, err, want)
 	}
 	if _, err := continuationBody(chatAPI, []byte(`{"messages":"x"}`), "a", "", false); err == nil {
 		t.Error("messages that are not a list: no error")

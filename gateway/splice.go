@@ -46,10 +46,15 @@ type spliced struct {
 	// a Messages stream's open block is its thinking block.
 	thoughts []bytes.Buffer
 	thinking bool
-	// reasoning, toolCalls and finished: the stream sent reasoning, a tool call, or a
-	// finish_reason (the answer cannot be continued as text; a Chat Completions
-	// stream's reasoning is continued).
-	reasoning, toolCalls, finished bool
+	// rsItem is a Responses stream's reasoning item (output index 0, before its
+	// message item), and rsOpen whether the client has not had its done events.
+	rsItem string
+	rsOpen bool
+	// strayItem, toolCalls and finished: the stream sent reasoning its continuation
+	// cannot name (a Responses stream's second reasoning item, or one after its
+	// message), a tool call, or a finish_reason (the answer cannot be continued as
+	// text).
+	strayItem, toolCalls, finished bool
 	// model is the stream's model; args each tool call's arguments sent (toolend.go).
 	model string
 	args  [][]byte
@@ -290,7 +295,6 @@ func (s *spliceReader) chunk(ev, data []byte) ([]byte, bool) {
 			st.end(ch.Index)
 		}
 		if d.ReasoningContent != nil && *d.ReasoningContent != "" {
-			st.reasoning = true
 			st.thoughtOf(ch.Index).WriteString(*d.ReasoningContent)
 		}
 		if len(d.ToolCalls) > 0 && string(d.ToolCalls) != "null" {

@@ -67,8 +67,42 @@ func TestSpliceResponses(t *testing.T) {
 		st := &spliced{api: responsesAPI}
 		readSpliced(t, st, head+event("response.output_item.added",
 			`{"type":"response.output_item.added","sequence_number":4,"item":{"id":"x","type":"`+item+`"}}`))
-		if !st.toolCalls && !st.reasoning {
-			t.Errorf("a %s item: continuable", item)
+		if !st.toolCalls && !st.strayItem {
+			t.Errorf("a %s item after the message: continuable", item)
+		}
+	}
+}
+
+// TestSpliceResponsesReasoning: a Responses stream's reasoning item is read for its
+// continuation: a break inside it goes on in it (open), one after it and before the
+// message goes on after it, one in the message after it goes on in the message at
+// output index 1; each sends the reasoning back.
+func TestSpliceResponsesReasoning(t *testing.T) {
+	start := event("response.created", `{"type":"response.created","sequence_number":0,"response":{"id":"resp_1","created_at":7}}`) +
+		event("response.output_item.added", `{"type":"response.output_item.added","sequence_number":1,"output_index":0,"item":{"id":"rs_1","type":"reasoning"}}`) +
+		event("response.reasoning_text.delta", `{"type":"response.reasoning_text.delta","sequence_number":2,"item_id":"rs_1","delta":"Let me"}`)
+	closed := event("response.reasoning_text.done", `{"type":"response.reasoning_text.done","sequence_number":3,"item_id":"rs_1","text":"Let me"}`) +
+		event("response.content_part.done", `{"type":"response.content_part.done","sequence_number":4,"item_id":"rs_1"}`) +
+		event("response.output_item.done", `{"type":"response.output_item.done","sequence_number":5,"item":{"id":"rs_1","type":"reasoning"}}`)
+	message := event("response.output_item.added", `{"type":"response.output_item.added","sequence_number":6,"item":{"id":"msg_2","type":"message"}}`) +
+		event("response.output_text.delta", `{"type":"response.output_text.delta","sequence_number":7,"item_id":"msg_2","delta":"Hi"}`)
+	for _, tc := range []struct {
+		name, stream, resume, text string
+	}{
+		{"inside the reasoning", start, `{"id":"resp_1","created_at":7,"seq":3,"reasoning":"rs_1","reasoning_open":true}`, ""},
+		{"after the reasoning", start + closed, `{"id":"resp_1","created_at":7,"seq":6,"reasoning":"rs_1"}`, ""},
+		{"in the message after it", start + closed + message, `{"id":"resp_1","created_at":7,"seq":8,"item":"msg_2","reasoning":"rs_1"}`, "Hi"},
+	} {
+		st := &spliced{api: responsesAPI}
+		_, brk := readSpliced(t, st, tc.stream)
+		if brk == nil || st.text.String() != tc.text || st.thoughtOf(0).String() != "Let me" {
+			t.Fatalf("%s: break %v, text %q, reasoning %q", tc.name, brk, st.text.String(), st.thoughtOf(0).String())
+		}
+		if got := st.resumeHeader(); got != tc.resume {
+			t.Errorf("%s: resume %s, want %s", tc.name, got, tc.resume)
+		}
+		if ok, why := decideContinuation(continuation{st: st, shape: streamShape{n: 1}, max: 1, brk: brk, deadline: time.Now().Add(time.Second)}, time.Now()); !ok {
+			t.Errorf("%s: not continued: %s", tc.name, why)
 		}
 	}
 }

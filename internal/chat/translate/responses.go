@@ -442,13 +442,18 @@ func Responses(chat http.Handler) http.Handler {
 			return
 		}
 		setHints(w, append(compat.Responses.Hints(body), tr.hints...))
+		resume, resumed := resumeOf(r)
+		resumed = resumed && req.Stream
+		if resumed && resume.Reasoning != "" {
+			resumedReasoning(tr.chat, req.Input)
+		}
 		b, _ := json.Marshal(tr.chat)
 		rs := &responseState{w: w, req: &req, names: tr.names, created: time.Now().Unix()}
 		if req.Stream {
 			rs.sse = newSSE(w)
-			if resume, ok := resumeOf(r); ok {
-				rs.resume(resume, continuedText(tr.chat))
-			}
+		}
+		if resumed {
+			rs.resume(resume, continuedText(tr.chat), continuedReasoning(tr.chat))
 		}
 		serveChat(chat, r, b, rs)
 	})

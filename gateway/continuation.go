@@ -40,35 +40,31 @@ const (
 	contFinished  = "finished"    // it had its finish_reason: nothing to continue
 	contToolCall  = "tool_call"   // it broke in or after a tool call
 	contReasoning = "reasoning"   // a Responses stream had reasoning its continuation cannot name
-	contShape     = "unsupported" // a text completion, n > 1 uncounted, or a Messages request's own start of the answer
+	contShape     = "unsupported" // a text completion, or n > 1 uncounted
 	contRefused   = "refused"     // a replica refused the continuation itself (a 400)
 	contDisabled  = "disabled"
 )
 
 // streamShape is what of a request decides whether its stream can be continued.
 type streamShape struct {
-	// n is its choices; prefill: a Messages request that ends with the assistant's
-	// own start of the answer. (Output under a grammar, response_format, text.format
-	// or a forced tool_choice, is continued: the continuing runner advances the
-	// grammar past the text sent.)
-	n       int
-	prefill bool
+	// n is its choices. (Output under a grammar, response_format, text.format or a
+	// forced tool_choice, is continued: the continuing runner advances the grammar
+	// past the text sent. A request that ends with an assistant's message, a Messages
+	// request's own start of the answer, is continued: that message stays a closed
+	// turn, as the first replica rendered it, before the open one.)
+	n int
 }
 
 // shapeOf reads the shape of a request body of api.
 func shapeOf(api streamAPI, body []byte) streamShape {
 	var req struct {
-		N        *int `json:"n"`
-		Messages []struct {
-			Role string `json:"role"`
-		} `json:"messages"`
+		N *int `json:"n"`
 	}
 	_ = json.Unmarshal(body, &req)
 	s := streamShape{n: 1}
 	if req.N != nil && api == chatAPI {
 		s.n = *req.N
 	}
-	s.prefill = api == messagesAPI && len(req.Messages) > 0 && req.Messages[len(req.Messages)-1].Role == "assistant"
 	return s
 }
 
@@ -103,7 +99,7 @@ func decideContinuation(c continuation, now time.Time) (bool, string) {
 		return false, contToolCall
 	case c.st.strayItem:
 		return false, contReasoning
-	case c.shape.n > 1 && !c.st.tokens.known(), c.shape.prefill, c.st.api == completionsAPI:
+	case c.shape.n > 1 && !c.st.tokens.known(), c.st.api == completionsAPI:
 		return false, contShape
 	case !c.taken && c.st.continued >= c.max:
 		return false, contLimit
@@ -282,9 +278,8 @@ var notContinued = map[string]string{
 	contFinished:  "it had already finished",
 	contToolCall:  "it broke in or after a tool call, whose arguments are not resumed: do not run the call",
 	contReasoning: "it had a second reasoning item or reasoning after its message, which a continuation cannot name",
-	contShape: "text completions, and streams with the assistant's own start of the answer, or n > 1 from a runner " +
-		"that does not count its tokens, are not continued",
-	contRefused: "a replica refused to continue it",
+	contShape:     "text completions, and streams with n > 1 from a runner that does not count its tokens, are not continued",
+	contRefused:   "a replica refused to continue it",
 }
 
 // reason is why the stream was not continued, as the client is told.

@@ -52,7 +52,6 @@ func TestDecideContinuation(t *testing.T) {
 			c.st.tokens.read([]byte("1 3"), 0)
 		}, contContinued},
 		{"a replica refused it", func(c *continuation) { c.refusal = "no" }, contRefused},
-		{"a Messages request's own start of the answer", func(c *continuation) { c.shape.prefill = true }, contShape},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := base()
@@ -76,7 +75,7 @@ func TestShapeOf(t *testing.T) {
 		{chatAPI, `{"response_format":{"type":"json_object"},"tool_choice":"required"}`, streamShape{n: 1}},
 		{chatAPI, `{"messages":[{"role":"assistant"}]}`, streamShape{n: 1}},
 		{responsesAPI, `{"input":"hi","n":3}`, streamShape{n: 1}},
-		{messagesAPI, `{"messages":[{"role":"user"},{"role":"assistant"}]}`, streamShape{n: 1, prefill: true}},
+		{messagesAPI, `{"messages":[{"role":"user"},{"role":"assistant"}]}`, streamShape{n: 1}},
 	} {
 		if got := shapeOf(tc.api, []byte(tc.body)); got != tc.want {
 			t.Errorf("%d %s: %+v, want %+v", tc.api, tc.body, got, tc.want)
@@ -93,6 +92,8 @@ func TestContinuationBody(t *testing.T) {
 			`{"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":"Hel\"lo"}],"model":"m","stream":true}`},
 		{messagesAPI, `{"model":"m","max_tokens":9,"messages":[{"role":"user","content":[{"type":"text","text":"hi"}]}]}`,
 			`{"max_tokens":9,"messages":[{"role":"user","content":[{"type":"text","text":"hi"}]},{"role":"assistant","content":"Hel\"lo"}],"model":"m"}`},
+		{chatAPI, `{"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":"Sure:"}]}`,
+			`{"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":"Sure:"},{"role":"assistant","content":"Hel\"lo"}]}`},
 		{responsesAPI, `{"model":"m","input":"hi"}`,
 			`{"input":[{"content":"hi","role":"user"},{"role":"assistant","content":"Hel\"lo"}],"model":"m"}`},
 		{responsesAPI, `{"model":"m","input":[{"role":"user","content":"hi"}]}`,

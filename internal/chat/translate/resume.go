@@ -103,6 +103,29 @@ func openReasoning(chat map[string]any) bool {
 	return n > 0 && msgs[n-1].Role == "assistant" && msgs[n-1].ReasoningContent != "" && msgs[n-1].Content == ""
 }
 
+// keepOpenMessage keeps the final assistant message of a resumed Messages stream
+// that has nothing yet (the stream broke before its first text), which the
+// translation drops as an empty turn: it is the message the runner continues, a new
+// turn after any assistant message before it (the client's own start of the answer,
+// which stays a closed turn as the first replica rendered it).
+func keepOpenMessage(chat map[string]any, in []AnthropicMessage) {
+	n := len(in)
+	if n == 0 || in[n-1].Role != "assistant" {
+		return
+	}
+	bs, e := blocks(in[n-1].Content, "")
+	if e != nil {
+		return
+	}
+	for _, b := range bs {
+		if b.Type != "text" || b.Text != "" {
+			return // the message has something: the translation kept it
+		}
+	}
+	msgs, _ := chat["messages"].([]runnerapi.Message)
+	chat["messages"] = append(msgs, runnerapi.Message{Role: "assistant"})
+}
+
 // resume makes a go on with the Messages stream rs: started, and its block open when
 // the client has its start: the thinking block while the answer continued has no
 // text yet (thinking), else the text block.

@@ -187,8 +187,9 @@ func TestResumeMessagesThinking(t *testing.T) {
 
 // recordingChat records the chat request it passes on to h.
 type recordingChat struct {
-	h    http.Handler
-	last runnerapi.Message // the request's final message
+	h     http.Handler
+	last  runnerapi.Message // the request's final message
+	roles []string          // its messages' roles
 }
 
 func (c *recordingChat) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -196,6 +197,9 @@ func (c *recordingChat) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	b, _ := io.ReadAll(r.Body)
 	if json.Unmarshal(b, &req) == nil && len(req.Messages) > 0 {
 		c.last = req.Messages[len(req.Messages)-1]
+	}
+	for _, m := range req.Messages {
+		c.roles = append(c.roles, m.Role)
 	}
 	r.Body = io.NopCloser(bytes.NewReader(b))
 	c.h.ServeHTTP(w, r)
@@ -267,5 +271,38 @@ func TestResumeResponsesReasoning(t *testing.T) {
 				t.Errorf("output %v, want rs_old_1 %q and msg_old_2 %q", out, tc.reasoning, tc.message)
 			}
 		})
+	}
+}
+
+// TestResumeMessagesOpenTurn: a Messages stream resumed before its first text keeps
+// the empty final assistant message the gateway sends (the translation drops empty
+// turns otherwise), so the runner continues a new turn; after the client's own start
+// of the answer that start stays a closed turn before it, as the first replica
+// rendered it, and the continuation's text goes on in the client's text block.
+func TestResumeMessagesOpenTurn(t *testing.T) {
+	for _, tc := range []struct {
+		name, msgs string
+		roles      []string
+		text       string
+	}{
+		{"nothing before", `{"role":"user","content":"hi"},{"role":"assistant","content":""}`, []string{"user", "assistant"}, ""},
+		{"the client's start of the answer", `{"role":"user","content":"hi"},{"role":"assistant","content":"Sure:"},{"role":"assistant","content":""}`,
+			[]string{"user", "assistant", "assistant"}, ""},
+		{"text sent after it", `{"role":"user","content":"hi"},{"role":"assistant","content":"Sure:"},{"role":"assistant","content":"Hello"}`,
+			[]string{"user", "assistant", "assistant"}, "Hello"},
+	} {
+		rc := &recordingChat{h: &countedChat{}}
+		body := resumed(t, Anthropic(rc), "/v1/messages", `{"model":"m","max_tokens":9,"stream":true,"messages":[`+tc.msgs+`]}`,
+			`{"index":0,"open":true}`)
+		if !slices.Equal(rc.roles, tc.roles) || string(rc.last.Content) != tc.text {
+			t.Errorf("%s: the chat's messages %v ending %q, want %v ending %q", tc.name, rc.roles, rc.last.Content, tc.roles, tc.text)
+		}
+		var kinds []string
+		for _, e := range readEvents(t, strings.NewReader(body)) {
+			kinds = append(kinds, e.event)
+		}
+		if got, want := strings.Join(kinds, " "), "content_block_delta content_block_stop message_delta message_stop"; got != want {
+			t.Errorf("%s: events %s, want %s", tc.name, got, want)
+		}
 	}
 }

@@ -58,8 +58,10 @@ type spliced struct {
 	// model is the stream's model; args each tool call's arguments sent (toolend.go).
 	model string
 	args  [][]byte
-	// broke: a replica failed the stream; the next attempt continues it.
-	broke bool
+	// broke: a replica failed the stream; the next attempt continues it. brokeOn are
+	// the replicas it broke on, which its continuations never fetch state from.
+	broke   bool
+	brokeOn []string
 	// continued counts the continuations that started streaming.
 	continued int
 	// held is the error event the broken replica ended with, sent to the client only

@@ -120,13 +120,21 @@ func (g *Gateway) spliceFor(r *http.Request) *spliced {
 	return &spliced{api: api}
 }
 
-// continuationBody is the request body of api with the text already sent appended as
-// the assistant's message: to a chat's or a Messages request's messages, to a
+// openAnswer is what a client has of the answer a continuation continues: its text,
+// reasoning, and (Responses) the logprobs of its text.
+type openAnswer struct {
+	text, reasoning string
+	logprobs        []json.RawMessage
+}
+
+// continuationBody is the request body of api with the answer already sent appended
+// as the assistant's message: to a chat's or a Messages request's messages, to a
 // Responses request's input (a string input becomes the user's message before it).
 // The message carries the reasoning sent (assistantMessage; a Responses request's as a
-// reasoning item right before it); one: the continuation is of one choice of several
-// (n is dropped).
-func continuationBody(api streamAPI, body []byte, text, reasoning string, one bool) ([]byte, error) {
+// reasoning item right before it) and a Responses request's its text's logprobs (as
+// its output_text part's); one: the continuation is of one choice of several (n is
+// dropped).
+func continuationBody(api streamAPI, body []byte, a openAnswer, one bool) ([]byte, error) {
 	var req map[string]json.RawMessage
 	if err := json.Unmarshal(body, &req); err != nil {
 		return nil, err
@@ -148,15 +156,15 @@ func continuationBody(api streamAPI, body []byte, text, reasoning string, one bo
 	} else if err := json.Unmarshal(req[field], &msgs); err != nil {
 		return nil, fmt.Errorf("reading %s: %w", field, err)
 	}
-	if api == responsesAPI && reasoning != "" { // the reasoning item before the message (resumedReasoning)
+	if api == responsesAPI && a.reasoning != "" { // the reasoning item before the message (resumedReasoning)
 		rs, err := json.Marshal(map[string]any{"type": "reasoning", "summary": []any{},
-			"content": []map[string]string{{"type": "reasoning_text", "text": reasoning}}})
+			"content": []map[string]string{{"type": "reasoning_text", "text": a.reasoning}}})
 		if err != nil {
 			return nil, err
 		}
-		msgs, reasoning = append(msgs, rs), ""
+		msgs, a.reasoning = append(msgs, rs), ""
 	}
-	m, err := assistantMessage(api, text, reasoning)
+	m, err := assistantMessage(api, a)
 	if err != nil {
 		return nil, err
 	}
@@ -166,22 +174,26 @@ func continuationBody(api streamAPI, body []byte, text, reasoning string, one bo
 	return json.Marshal(req)
 }
 
-// assistantMessage is the assistant's open message of a continuation of api: its text,
-// and its reasoning as a chat's reasoning_content or a Messages thinking block before
-// the text block.
-func assistantMessage(api streamAPI, text, reasoning string) ([]byte, error) {
-	if api == messagesAPI && reasoning != "" {
-		blocks := []map[string]string{{"type": "thinking", "thinking": reasoning, "signature": ""}}
-		if text != "" {
-			blocks = append(blocks, map[string]string{"type": "text", "text": text})
+// assistantMessage is the assistant's open message of a continuation of api: its text
+// (with its logprobs, a Responses output_text part), and its reasoning as a chat's
+// reasoning_content or a Messages thinking block before the text block.
+func assistantMessage(api streamAPI, a openAnswer) ([]byte, error) {
+	switch {
+	case api == messagesAPI && a.reasoning != "":
+		blocks := []map[string]string{{"type": "thinking", "thinking": a.reasoning, "signature": ""}}
+		if a.text != "" {
+			blocks = append(blocks, map[string]string{"type": "text", "text": a.text})
 		}
 		return json.Marshal(map[string]any{"role": "assistant", "content": blocks})
+	case api == responsesAPI && len(a.logprobs) > 0:
+		return json.Marshal(map[string]any{"role": "assistant", "content": []map[string]any{
+			{"type": "output_text", "text": a.text, "annotations": []any{}, "logprobs": a.logprobs}}})
 	}
 	return json.Marshal(struct {
 		Role      string `json:"role"`
 		Content   string `json:"content"`
 		Reasoning string `json:"reasoning_content,omitempty"`
-	}{"assistant", text, reasoning})
+	}{"assistant", a.text, a.reasoning})
 }
 
 // continueStream continues the stream that res broke off on another replica, as long
@@ -256,8 +268,8 @@ func (g *Gateway) continuedOK(w http.ResponseWriter, span trace.Span, model stri
 // excludes be for the next try.
 func (g *Gateway) continueOn(ctx context.Context, w http.ResponseWriter, r *http.Request, rt *Route, be Backend, t *ticket,
 	lim metering.Limits, body []byte, start time.Time, n int, c *continuation) outcome {
-	reasoning := c.st.thoughtOf(c.st.choice).String()
-	cbody, err := continuationBody(c.st.api, body, c.st.textOf(c.st.choice).String(), reasoning, c.st.n > 1)
+	a := openAnswer{text: c.st.textOf(c.st.choice).String(), reasoning: c.st.thoughtOf(c.st.choice).String(), logprobs: c.st.logprobs}
+	cbody, err := continuationBody(c.st.api, body, a, c.st.n > 1)
 	if err != nil { // the replica took the body, so this does not happen
 		return outcome{failure: &failure{backend: be, reason: "transport", err: err}}
 	}

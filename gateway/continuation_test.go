@@ -99,25 +99,30 @@ func TestContinuationBody(t *testing.T) {
 		{responsesAPI, `{"model":"m","input":[{"role":"user","content":"hi"}]}`,
 			`{"input":[{"role":"user","content":"hi"},{"role":"assistant","content":"Hel\"lo"}],"model":"m"}`},
 	} {
-		got, err := continuationBody(tc.api, []byte(tc.body), "Hel\"lo", "", false)
+		got, err := continuationBody(tc.api, []byte(tc.body), openAnswer{text: "Hel\"lo"}, false)
 		if err != nil || string(got) != tc.want {
 			t.Errorf("%s: %s (%v), want %s", tc.body, got, err, tc.want)
 		}
 	}
-	got, err := continuationBody(chatAPI, []byte(`{"n":2,"messages":[]}`), "One", "Hm", true)
+	got, err := continuationBody(chatAPI, []byte(`{"n":2,"messages":[]}`), openAnswer{text: "One", reasoning: "Hm"}, true)
 	if want := `{"messages":[{"role":"assistant","content":"One","reasoning_content":"Hm"}]}`; err != nil || string(got) != want {
 		t.Errorf("one choice with reasoning: %s (%v), want %s", got, err, want)
 	}
-	got, err = continuationBody(messagesAPI, []byte(`{"messages":[]}`), "", "Hm", false)
+	got, err = continuationBody(messagesAPI, []byte(`{"messages":[]}`), openAnswer{reasoning: "Hm"}, false)
 	if want := `{"messages":[{"content":[{"signature":"","thinking":"Hm","type":"thinking"}],"role":"assistant"}]}`; err != nil || string(got) != want {
 		t.Errorf("a Messages answer inside its thinking: %s (%v), want %s", got, err, want)
 	}
-	got, err = continuationBody(responsesAPI, []byte(`{"input":"hi"}`), "One", "Hm", false)
+	got, err = continuationBody(responsesAPI, []byte(`{"input":"hi"}`), openAnswer{text: "One", reasoning: "Hm"}, false)
 	if want := `{"input":[{"content":"hi","role":"user"},{"content":[{"text":"Hm","type":"reasoning_text"}],"summary":[],"type":"reasoning"},` +
 		`{"role":"assistant","content":"One"}]}`; err != nil || string(got) != want {
 		t.Errorf("a Responses answer after its reasoning: %s (%v), want %s", got, err, want)
 	}
-	if _, err := continuationBody(chatAPI, []byte(`{"messages":"x"}`), "a", "", false); err == nil {
+	got, err = continuationBody(responsesAPI, []byte(`{"input":"hi"}`), openAnswer{text: "One", logprobs: []json.RawMessage{[]byte(`{"token":"One"}`)}}, false)
+	if want := `{"input":[{"content":"hi","role":"user"},{"content":[{"annotations":[],"logprobs":[{"token":"One"}],"text":"One","type":"output_text"}],` +
+		`"role":"assistant"}]}`; err != nil || string(got) != want {
+		t.Errorf("a Responses answer with logprobs: %s (%v), want %s", got, err, want)
+	}
+	if _, err := continuationBody(chatAPI, []byte(`{"messages":"x"}`), openAnswer{text: "a"}, false); err == nil {
 		t.Error("messages that are not a list: no error")
 	}
 }

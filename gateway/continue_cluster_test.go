@@ -365,3 +365,62 @@ func must[T any](v T, err error) T {
 	}
 	return v
 }
+
+// TestResponsesLogprobsContinued: a Responses stream with its output text's logprobs
+// (include message.output_text.logprobs, top_logprobs 2), whose replica breaks
+// mid-text, is continued on a real agent and runner: its deltas' logprobs are the
+// first replica's up to the break and the continuing replica's after it, each token
+// once and none lost at the seam: the output_text.done event's and the response's
+// logprobs are the deltas' in order, as many as the usage's output tokens, each with
+// its two alternatives.
+func TestResponsesLogprobsContinued(t *testing.T) {
+	g, proxy, _ := breakingFleet(t, ggufsynth.Tiny(), "response.output_text.delta", 3)
+	proxy.armed.Store(true)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	const maxTokens = 24
+	var hr *http.Response
+	c := openai.NewClient(option.WithBaseURL(g.url+"/v1/"), option.WithAPIKey("unused"), option.WithMaxRetries(0))
+	stream := c.Responses.NewStreaming(ctx, responses.ResponseNewParams{Model: "tiny",
+		Input:           responses.ResponseNewParamsInputUnion{OfString: openai.String("Tell me a story about a river")},
+		Include:         []responses.ResponseIncludable{responses.ResponseIncludableMessageOutputTextLogprobs},
+		TopLogprobs:     openai.Int(2),
+		MaxOutputTokens: openai.Int(maxTokens), Temperature: openai.Float(0)}, option.WithResponseInto(&hr))
+	defer stream.Close()
+	var deltas, done []string
+	var final *responses.Response
+	for stream.Next() {
+		switch ev := stream.Current(); ev.Type {
+		case "response.output_text.delta":
+			for _, lp := range ev.AsResponseOutputTextDelta().Logprobs {
+				if len(lp.TopLogprobs) != 2 {
+					t.Errorf("token %q has %d alternatives, want 2", lp.Token, len(lp.TopLogprobs))
+				}
+				deltas = append(deltas, lp.Token)
+			}
+		case "response.output_text.done":
+			for _, lp := range ev.AsResponseOutputTextDone().Logprobs {
+				done = append(done, lp.Token)
+			}
+		case "response.completed", "response.incomplete":
+			r := ev.Response
+			final = &r
+		case "error", "response.failed":
+			t.Errorf("%s event: %s", ev.Type, ev.RawJSON())
+		}
+	}
+	if err := stream.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if final == nil || hr.Trailer.Get(gateway.HeaderContinued) != "1" {
+		t.Fatalf("response %v, trailer %q: want a response continued once", final, hr.Trailer.Get(gateway.HeaderContinued))
+	}
+	var inResponse []string
+	for _, lp := range final.Output[len(final.Output)-1].Content[0].Logprobs {
+		inResponse = append(inResponse, lp.Token)
+	}
+	if len(deltas) <= 3 || !slices.Equal(done, deltas) || !slices.Equal(inResponse, deltas) || int64(len(deltas)) != final.Usage.OutputTokens {
+		t.Errorf("logprobs of %d tokens on the deltas %q, %d on output_text.done, %d in the response; usage %+v: want the same tokens, "+
+			"one a token", len(deltas), deltas, len(done), len(inResponse), final.Usage)
+	}
+}

@@ -32,8 +32,10 @@ type spliced struct {
 	item      string
 	index     int
 	blockOpen bool
-	// text is the assistant's content sent so far (choice 0's, with n > 1).
-	text bytes.Buffer
+	// text is the assistant's content sent so far (choice 0's, with n > 1), and
+	// logprobs a Responses stream's logprobs of it (as its deltas carried them).
+	text     bytes.Buffer
+	logprobs []json.RawMessage
 	// n is the choices the request asked for; with n > 1, others is the content sent
 	// of each choice after the first, ended which choices had their finish_reason, and
 	// choice the one the continuation being written now continues (splice_choices.go).

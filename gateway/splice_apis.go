@@ -51,8 +51,9 @@ type responsesEvent struct {
 		ID   string `json:"id"`
 		Type string `json:"type"`
 	} `json:"item"`
-	ItemID string `json:"item_id"`
-	Delta  string `json:"delta"`
+	ItemID   string            `json:"item_id"`
+	Delta    string            `json:"delta"`
+	Logprobs []json.RawMessage `json:"logprobs"`
 }
 
 // takeResponses records a Responses event. An error event is held, and so is the
@@ -90,6 +91,7 @@ func (s *spliceReader) takeResponses(ev, data []byte) (keep bool, err error) {
 		}
 	case "response.output_text.delta":
 		st.text.WriteString(e.Delta)
+		st.logprobs = append(st.logprobs, e.Logprobs...)
 	case "response.reasoning_text.done":
 	case "response.content_part.done", "response.output_item.done":
 		if st.rsItem != "" && (e.ItemID == st.rsItem || e.Item != nil && e.Item.ID == st.rsItem) {

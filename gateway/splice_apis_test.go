@@ -36,14 +36,16 @@ func event(typ, data string) string { return "event: " + typ + "\ndata: " + data
 // TestSpliceResponses: a Responses stream's response, message item, next sequence
 // number and text are read for its continuation; the replica's error event and the
 // response.failed after it are held back from the client (and take no sequence
-// number of the client's); a function call or reasoning makes it not continuable.
+// number of the client's), and so are the logprobs its deltas carried; a function call
+// or reasoning after the message makes it not continuable.
 func TestSpliceResponses(t *testing.T) {
 	head := event("response.created", `{"type":"response.created","sequence_number":0,"response":{"id":"resp_1","created_at":7}}`) +
 		event("response.output_item.added", `{"type":"response.output_item.added","sequence_number":1,"item":{"id":"msg_1","type":"message"}}`) +
 		"data: ignored\n\n" +
 		event("response.output_text.delta", `{"type":"response.output_text.delta","sequence_number":2,"item_id":"msg_1","delta":"Hel"}`) +
 		": tokens 0 2\n" +
-		event("response.output_text.delta", `{"type":"response.output_text.delta","sequence_number":3,"item_id":"msg_1","delta":"lo"}`)
+		event("response.output_text.delta", `{"type":"response.output_text.delta","sequence_number":3,"item_id":"msg_1","delta":"lo",`+
+			`"logprobs":[{"token":"lo","logprob":-1,"bytes":[108,111],"top_logprobs":[]}]}`)
 	failure := event("error", `{"code":"engine_stopped","message":"gone","param":null,"sequence_number":4,"type":"error"}`) +
 		event("response.failed", `{"type":"response.failed","sequence_number":5,"response":{"id":"resp_1"}}`)
 	st := &spliced{api: responsesAPI}
@@ -54,8 +56,9 @@ func TestSpliceResponses(t *testing.T) {
 	if strings.Contains(out, "error") || strings.Contains(out, ": tokens") {
 		t.Errorf("the client got %q", out)
 	}
-	if st.text.String() != "Hello" || st.tokens.total() != 2 {
-		t.Errorf("text %q, count %d", st.text.String(), st.tokens.total())
+	if st.text.String() != "Hello" || st.tokens.total() != 2 || len(st.logprobs) != 1 ||
+		string(st.logprobs[0]) != `{"token":"lo","logprob":-1,"bytes":[108,111],"top_logprobs":[]}` {
+		t.Errorf("text %q, count %d, logprobs %s", st.text.String(), st.tokens.total(), st.logprobs)
 	}
 	if got, want := st.resumeHeader(), `{"id":"resp_1","created_at":7,"seq":4,"item":"msg_1"}`; got != want {
 		t.Errorf("resume %s, want %s", got, want)

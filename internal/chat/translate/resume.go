@@ -61,7 +61,7 @@ func (s *responseState) resume(rs runnerapi.ResumeStream, text, reasoning string
 	}
 	if rs.Item != "" {
 		s.open = "message"
-		s.output = append(s.output, messageItem(rs.Item, "", "in_progress"))
+		s.output = append(s.output, messageItem(rs.Item, "", "in_progress", nil))
 		s.text.WriteString(text)
 	}
 	s.itemsID = len(s.output)

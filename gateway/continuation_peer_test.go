@@ -108,15 +108,7 @@ func TestContinuationPrefersThePrefixAndFetchesFromALivePeer(t *testing.T) {
 		{name: "the holder is full", busyHolder: true, want: "a/r2", wantPeerFrom: "a/r1"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			ca, err := pki.NewCA(time.Now(), 24*time.Hour)
-			if err != nil {
-				t.Fatal(err)
-			}
-			gw := pki.Gateway("gw-0")
-			certs, err := ca.NewSource(&gw, time.Now(), time.Hour)
-			if err != nil {
-				t.Fatal(err)
-			}
+			ca, certs := newGatewayCA(t, time.Now())
 			agents := []*peerAgent{newPeerAgent(t, ca, "a/r0", "mac-a", held(runnerapi.TierHot)...),
 				newPeerAgent(t, ca, "a/r1", "mac-b", held(runnerapi.TierSSD)...), newPeerAgent(t, ca, "a/r2", "mac-c")}
 			g := newTestGateway(t, Options{Routing: RoutingPrefixCache, AgentCertificates: certs})

@@ -17,6 +17,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/openai/openai-go/v3/packages/ssestream"
+
+	"github.com/macfleet/macfleet/test/support/chatstream"
+
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 	"github.com/openai/openai-go/v3/responses"
@@ -144,6 +148,23 @@ func breakingFleet(t *testing.T, spec ggufsynth.Spec, kind string, cutAfter int)
 	return g, proxy, second
 }
 
+// answerTokens caps the answers of these tests.
+const answerTokens = 24
+
+// streamResponses streams p to the model tiny through the gateway, greedy and capped
+// at answerTokens, read by the official OpenAI client; hr is its HTTP response
+// (its trailer once the stream is read). The stream ends with the test.
+func streamResponses(t *testing.T, g runningGateway, p responses.ResponseNewParams, hr **http.Response) *ssestream.Stream[responses.ResponseStreamEventUnion] {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	p.Model, p.MaxOutputTokens, p.Temperature = "tiny", openai.Int(answerTokens), openai.Float(0)
+	c := openai.NewClient(option.WithBaseURL(g.url+"/v1/"), option.WithAPIKey("unused"), option.WithMaxRetries(0))
+	stream := c.Responses.NewStreaming(ctx, p, option.WithResponseInto(hr))
+	t.Cleanup(func() { _ = stream.Close() })
+	return stream
+}
+
 // TestResponsesReasoningContinued: a Responses stream whose replica breaks inside its
 // reasoning item is continued on another replica (a real agent and runner) inside
 // that item: the client, the official OpenAI client, reads one response, one
@@ -155,16 +176,9 @@ func TestResponsesReasoningContinued(t *testing.T) {
 	spec.ChatTemplate = thinkingTemplate
 	g, proxy, _ := breakingFleet(t, spec, "response.reasoning_text.delta", 3)
 	proxy.armed.Store(true)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-
-	const maxTokens = 24
 	var hr *http.Response
-	c := openai.NewClient(option.WithBaseURL(g.url+"/v1/"), option.WithAPIKey("unused"), option.WithMaxRetries(0))
-	stream := c.Responses.NewStreaming(ctx, responses.ResponseNewParams{Model: "tiny",
-		Input:           responses.ResponseNewParamsInputUnion{OfString: openai.String("Think about the sea.")},
-		MaxOutputTokens: openai.Int(maxTokens), Temperature: openai.Float(0)}, option.WithResponseInto(&hr))
-	defer stream.Close()
+	stream := streamResponses(t, g, responses.ResponseNewParams{
+		Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("Think about the sea.")}}, &hr)
 	var (
 		kinds           []string
 		deltas, doneTxt string
@@ -215,8 +229,8 @@ func TestResponsesReasoningContinued(t *testing.T) {
 	if len(final.Output) == 0 || final.Output[0].Type != "reasoning" || len(final.Output[0].Content) != 1 || final.Output[0].Content[0].Text != deltas {
 		t.Errorf("the response's output %+v, want the reasoning item first with all its reasoning %q", final.Output, deltas)
 	}
-	if u := final.Usage; u.OutputTokens == 0 || u.OutputTokens > maxTokens || u.InputTokens == 0 {
-		t.Errorf("usage %+v, want 1 to %d output tokens and the prompt's", u, maxTokens)
+	if u := final.Usage; u.OutputTokens == 0 || u.OutputTokens > answerTokens || u.InputTokens == 0 {
+		t.Errorf("usage %+v, want 1 to %d output tokens and the prompt's", u, answerTokens)
 	}
 	if got := hr.Trailer.Get(gateway.HeaderContinued); got != "1" {
 		t.Errorf("trailer %s %q, want 1: the stream was not continued (events %v)", gateway.HeaderContinued, got, kinds)
@@ -248,17 +262,7 @@ func messagesThrough(t *testing.T, g runningGateway, body string) messagesRead {
 	var kinds []string
 	var got messagesRead
 	for _, ev := range readSSE(t, resp.Body) {
-		var e struct {
-			Type  string `json:"type"`
-			Index *int   `json:"index"`
-			Delta struct {
-				Type string `json:"type"`
-				Text string `json:"text"`
-			} `json:"delta"`
-			Usage struct {
-				OutputTokens int `json:"output_tokens"`
-			} `json:"usage"`
-		}
+		var e chatstream.MessagesEvent
 		if err := json.Unmarshal([]byte(ev.data), &e); err != nil || e.Type != ev.event {
 			t.Fatalf("event %q: %s (%v)", ev.event, ev.data, err)
 		}
@@ -324,9 +328,8 @@ func readSSE(t *testing.T, r io.Reader) []sseEvent {
 // the greedy pick, with or without a start of the answer.)
 func TestMessagesPrefillContinued(t *testing.T) {
 	g, proxy, second := breakingFleet(t, ggufsynth.Tiny(), "content_block_delta", 2)
-	const maxTokens = 24
 	msgs := `{"role":"user","content":"Tell me a story about a river"},{"role":"assistant","content":"Once upon a time"}`
-	body := fmt.Sprintf(`{"model":"tiny","stream":true,"max_tokens":%d,"temperature":0,"messages":[%s]}`, maxTokens, msgs)
+	body := fmt.Sprintf(`{"model":"tiny","stream":true,"max_tokens":%d,"temperature":0,"messages":[%s]}`, answerTokens, msgs)
 	whole := messagesThrough(t, g, body)
 	const want = "message_start content_block_start content_block_delta content_block_stop message_delta message_stop"
 	if whole.kinds != want || whole.trailer != "" {
@@ -341,9 +344,9 @@ func TestMessagesPrefillContinued(t *testing.T) {
 	// tokens in one when its reader lags) are the start of the uninterrupted answer.
 	sent, text := strings.Join(got.deltas[:min(2, len(got.deltas))], ""), strings.Join(got.deltas, "")
 	if got.kinds != want || !strings.HasPrefix(strings.Join(whole.deltas, ""), sent) || len(text) == len(sent) ||
-		got.output == 0 || got.output > maxTokens {
+		got.output == 0 || got.output > answerTokens {
 		t.Errorf("continued: %+v, want events %s, the uninterrupted answer's start, more after it and 1 to %d output tokens (uninterrupted: %+v)",
-			got, want, maxTokens, whole)
+			got, want, answerTokens, whole)
 	}
 	var cont struct {
 		Messages []json.RawMessage `json:"messages"`
@@ -376,17 +379,11 @@ func must[T any](v T, err error) T {
 func TestResponsesLogprobsContinued(t *testing.T) {
 	g, proxy, _ := breakingFleet(t, ggufsynth.Tiny(), "response.output_text.delta", 3)
 	proxy.armed.Store(true)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	const maxTokens = 24
 	var hr *http.Response
-	c := openai.NewClient(option.WithBaseURL(g.url+"/v1/"), option.WithAPIKey("unused"), option.WithMaxRetries(0))
-	stream := c.Responses.NewStreaming(ctx, responses.ResponseNewParams{Model: "tiny",
-		Input:           responses.ResponseNewParamsInputUnion{OfString: openai.String("Tell me a story about a river")},
-		Include:         []responses.ResponseIncludable{responses.ResponseIncludableMessageOutputTextLogprobs},
-		TopLogprobs:     openai.Int(2),
-		MaxOutputTokens: openai.Int(maxTokens), Temperature: openai.Float(0)}, option.WithResponseInto(&hr))
-	defer stream.Close()
+	stream := streamResponses(t, g, responses.ResponseNewParams{
+		Input:       responses.ResponseNewParamsInputUnion{OfString: openai.String("Tell me a story about a river")},
+		Include:     []responses.ResponseIncludable{responses.ResponseIncludableMessageOutputTextLogprobs},
+		TopLogprobs: openai.Int(2)}, &hr)
 	var deltas, done []string
 	var final *responses.Response
 	for stream.Next() {

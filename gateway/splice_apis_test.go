@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"io"
 	"strings"
@@ -163,5 +164,49 @@ func TestSpliceMessagesThinking(t *testing.T) {
 		if ok, why := decideContinuation(continuation{st: st, shape: streamShape{n: 1}, max: 1, brk: brk, deadline: time.Now().Add(time.Second)}, time.Now()); !ok {
 			t.Errorf("%s: not continued: %s", tc.name, why)
 		}
+	}
+}
+
+func TestContinuationBody(t *testing.T) {
+	for _, tc := range []struct {
+		api        streamAPI
+		body, want string
+	}{
+		{chatAPI, `{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`,
+			`{"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":"Hel\"lo"}],"model":"m","stream":true}`},
+		{messagesAPI, `{"model":"m","max_tokens":9,"messages":[{"role":"user","content":[{"type":"text","text":"hi"}]}]}`,
+			`{"max_tokens":9,"messages":[{"role":"user","content":[{"type":"text","text":"hi"}]},{"role":"assistant","content":"Hel\"lo"}],"model":"m"}`},
+		{chatAPI, `{"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":"Sure:"}]}`,
+			`{"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":"Sure:"},{"role":"assistant","content":"Hel\"lo"}]}`},
+		{responsesAPI, `{"model":"m","input":"hi"}`,
+			`{"input":[{"content":"hi","role":"user"},{"role":"assistant","content":"Hel\"lo"}],"model":"m"}`},
+		{responsesAPI, `{"model":"m","input":[{"role":"user","content":"hi"}]}`,
+			`{"input":[{"role":"user","content":"hi"},{"role":"assistant","content":"Hel\"lo"}],"model":"m"}`},
+	} {
+		got, err := continuationBody(tc.api, []byte(tc.body), openAnswer{text: "Hel\"lo"}, false)
+		if err != nil || string(got) != tc.want {
+			t.Errorf("%s: %s (%v), want %s", tc.body, got, err, tc.want)
+		}
+	}
+	got, err := continuationBody(chatAPI, []byte(`{"n":2,"messages":[]}`), openAnswer{text: "One", reasoning: "Hm"}, true)
+	if want := `{"messages":[{"role":"assistant","content":"One","reasoning_content":"Hm"}]}`; err != nil || string(got) != want {
+		t.Errorf("one choice with reasoning: %s (%v), want %s", got, err, want)
+	}
+	got, err = continuationBody(messagesAPI, []byte(`{"messages":[]}`), openAnswer{reasoning: "Hm"}, false)
+	if want := `{"messages":[{"content":[{"signature":"","thinking":"Hm","type":"thinking"}],"role":"assistant"}]}`; err != nil || string(got) != want {
+		t.Errorf("a Messages answer inside its thinking: %s (%v), want %s", got, err, want)
+	}
+	got, err = continuationBody(responsesAPI, []byte(`{"input":"hi"}`), openAnswer{text: "One", reasoning: "Hm"}, false)
+	if want := `{"input":[{"content":"hi","role":"user"},{"content":[{"text":"Hm","type":"reasoning_text"}],"summary":[],"type":"reasoning"},` +
+		`{"role":"assistant","content":"One"}]}`; err != nil || string(got) != want {
+		t.Errorf("a Responses answer after its reasoning: %s (%v), want %s", got, err, want)
+	}
+	got, err = continuationBody(responsesAPI, []byte(`{"input":"hi"}`), openAnswer{text: "One", logprobs: []json.RawMessage{[]byte(`{"token":"One"}`)}}, false)
+	if want := `{"input":[{"content":"hi","role":"user"},{"content":[{"annotations":[],"logprobs":[{"token":"One"}],"text":"One","type":"output_text"}],` +
+		`"role":"assistant"}]}`; err != nil || string(got) != want {
+		t.Errorf("a Responses answer with logprobs: %s (%v), want %s", got, err, want)
+	}
+	if _, err := continuationBody(chatAPI, []byte(`{"messages":"x"}`), openAnswer{text: "a"}, false); err == nil {
+		t.Error("messages that are not a list: no error")
 	}
 }

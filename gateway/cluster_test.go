@@ -292,24 +292,37 @@ type listedModel struct {
 func waitModel(t *testing.T, g runningGateway, id, ns string, n int) {
 	t.Helper()
 	testenv.Eventually(t, 30*time.Second, 20*time.Millisecond, func() (bool, string) {
-		code, body := get(g.url+"/v1/models", g.key)
-		var l struct{ Data []listedModel }
-		_ = json.Unmarshal([]byte(body), &l)
-		for _, m := range l.Data {
-			if m.ID == id && m.Namespace == ns && m.ReadyReplicas == n {
-				return true, ""
-			}
-		}
-		return false, fmt.Sprintf("waiting for %s in %s with %d ready replicas: %d %s", id, ns, n, code, body)
+		ready, body := readyReplicas(g, id, ns)
+		return ready == n, fmt.Sprintf("waiting for %s in %s with %d ready replicas: %s", id, ns, n, body)
 	})
+}
+
+// readyReplicas is how many routable replicas GET /v1/models lists for id in ns (-1
+// when it lists none), and what it answered.
+func readyReplicas(g runningGateway, id, ns string) (int, string) {
+	code, body := get(g.url+"/v1/models", g.key)
+	var l struct{ Data []listedModel }
+	_ = json.Unmarshal([]byte(body), &l)
+	for _, m := range l.Data {
+		if m.ID == id && m.Namespace == ns {
+			return m.ReadyReplicas, body
+		}
+	}
+	return -1, fmt.Sprintf("%d %s", code, body)
 }
 
 // startAgent runs a real standalone agent serving the synthesized model "tiny" with
 // the fleet token, until the test ends; it returns the agent's host:port once ready.
 func startAgent(t *testing.T, runner string) string {
 	t.Helper()
+	return startAgentOf(t, runner, ggufsynth.Tiny())
+}
+
+// startAgentOf is startAgent with the model synthesized from spec.
+func startAgentOf(t *testing.T, runner string, spec ggufsynth.Spec) string {
+	t.Helper()
 	model := filepath.Join(t.TempDir(), "tiny.gguf")
-	if err := ggufsynth.Write(model, ggufsynth.Tiny()); err != nil {
+	if err := ggufsynth.Write(model, spec); err != nil {
 		t.Fatal(err)
 	}
 	acfg, err := config.Config{Runner: runner, RunnerThreads: 1, MemoryCeiling: 2 << 30, Listen: "127.0.0.1:0",

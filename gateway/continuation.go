@@ -39,36 +39,32 @@ const (
 	contDeadline  = "deadline"    // no replica took it in time
 	contFinished  = "finished"    // it had its finish_reason: nothing to continue
 	contToolCall  = "tool_call"   // it broke in or after a tool call
-	contReasoning = "reasoning"   // a Responses stream had reasoning, which is not continued
-	contShape     = "unsupported" // a text completion, n > 1 uncounted, or a Messages request's own start of the answer
+	contReasoning = "reasoning"   // a Responses stream had reasoning its continuation cannot name
+	contShape     = "unsupported" // a text completion, or n > 1 uncounted
 	contRefused   = "refused"     // a replica refused the continuation itself (a 400)
 	contDisabled  = "disabled"
 )
 
 // streamShape is what of a request decides whether its stream can be continued.
 type streamShape struct {
-	// n is its choices; prefill: a Messages request that ends with the assistant's
-	// own start of the answer. (Output under a grammar, response_format, text.format
-	// or a forced tool_choice, is continued: the continuing runner advances the
-	// grammar past the text sent.)
-	n       int
-	prefill bool
+	// n is its choices. (Output under a grammar, response_format, text.format or a
+	// forced tool_choice, is continued: the continuing runner advances the grammar
+	// past the text sent. A request that ends with an assistant's message, a Messages
+	// request's own start of the answer, is continued: that message stays a closed
+	// turn, as the first replica rendered it, before the open one.)
+	n int
 }
 
 // shapeOf reads the shape of a request body of api.
 func shapeOf(api streamAPI, body []byte) streamShape {
 	var req struct {
-		N        *int `json:"n"`
-		Messages []struct {
-			Role string `json:"role"`
-		} `json:"messages"`
+		N *int `json:"n"`
 	}
 	_ = json.Unmarshal(body, &req)
 	s := streamShape{n: 1}
 	if req.N != nil && api == chatAPI {
 		s.n = *req.N
 	}
-	s.prefill = api == messagesAPI && len(req.Messages) > 0 && req.Messages[len(req.Messages)-1].Role == "assistant"
 	return s
 }
 
@@ -101,9 +97,9 @@ func decideContinuation(c continuation, now time.Time) (bool, string) {
 		return false, contFinished
 	case c.st.toolCalls:
 		return false, contToolCall
-	case c.st.reasoning && c.st.api == responsesAPI:
+	case c.st.strayItem:
 		return false, contReasoning
-	case c.shape.n > 1 && !c.st.tokens.known(), c.shape.prefill, c.st.api == completionsAPI:
+	case c.shape.n > 1 && !c.st.tokens.known(), c.st.api == completionsAPI:
 		return false, contShape
 	case !c.taken && c.st.continued >= c.max:
 		return false, contLimit
@@ -124,12 +120,21 @@ func (g *Gateway) spliceFor(r *http.Request) *spliced {
 	return &spliced{api: api}
 }
 
-// continuationBody is the request body of api with the text already sent appended as
-// the assistant's message: to a chat's or a Messages request's messages, to a
+// openAnswer is what a client has of the answer a continuation continues: its text,
+// reasoning, and (Responses) the logprobs of its text.
+type openAnswer struct {
+	text, reasoning string
+	logprobs        []json.RawMessage
+}
+
+// continuationBody is the request body of api with the answer already sent appended
+// as the assistant's message: to a chat's or a Messages request's messages, to a
 // Responses request's input (a string input becomes the user's message before it).
-// The message carries the reasoning sent (assistantMessage); one: the continuation is
-// of one choice of several (n is dropped).
-func continuationBody(api streamAPI, body []byte, text, reasoning string, one bool) ([]byte, error) {
+// The message carries the reasoning sent (assistantMessage; a Responses request's as a
+// reasoning item right before it) and a Responses request's its text's logprobs (as
+// its output_text part's); one: the continuation is of one choice of several (n is
+// dropped).
+func continuationBody(api streamAPI, body []byte, a openAnswer, one bool) ([]byte, error) {
 	var req map[string]json.RawMessage
 	if err := json.Unmarshal(body, &req); err != nil {
 		return nil, err
@@ -151,7 +156,15 @@ func continuationBody(api streamAPI, body []byte, text, reasoning string, one bo
 	} else if err := json.Unmarshal(req[field], &msgs); err != nil {
 		return nil, fmt.Errorf("reading %s: %w", field, err)
 	}
-	m, err := assistantMessage(api, text, reasoning)
+	if api == responsesAPI && a.reasoning != "" { // the reasoning item before the message (resumedReasoning)
+		rs, err := json.Marshal(map[string]any{"type": "reasoning", "summary": []any{},
+			"content": []map[string]string{{"type": "reasoning_text", "text": a.reasoning}}})
+		if err != nil {
+			return nil, err
+		}
+		msgs, a.reasoning = append(msgs, rs), ""
+	}
+	m, err := assistantMessage(api, a)
 	if err != nil {
 		return nil, err
 	}
@@ -161,22 +174,26 @@ func continuationBody(api streamAPI, body []byte, text, reasoning string, one bo
 	return json.Marshal(req)
 }
 
-// assistantMessage is the assistant's open message of a continuation of api: its text,
-// and its reasoning as a chat's reasoning_content or a Messages thinking block before
-// the text block.
-func assistantMessage(api streamAPI, text, reasoning string) ([]byte, error) {
-	if api == messagesAPI && reasoning != "" {
-		blocks := []map[string]string{{"type": "thinking", "thinking": reasoning, "signature": ""}}
-		if text != "" {
-			blocks = append(blocks, map[string]string{"type": "text", "text": text})
+// assistantMessage is the assistant's open message of a continuation of api: its text
+// (with its logprobs, a Responses output_text part), and its reasoning as a chat's
+// reasoning_content or a Messages thinking block before the text block.
+func assistantMessage(api streamAPI, a openAnswer) ([]byte, error) {
+	switch {
+	case api == messagesAPI && a.reasoning != "":
+		blocks := []map[string]string{{"type": "thinking", "thinking": a.reasoning, "signature": ""}}
+		if a.text != "" {
+			blocks = append(blocks, map[string]string{"type": "text", "text": a.text})
 		}
 		return json.Marshal(map[string]any{"role": "assistant", "content": blocks})
+	case api == responsesAPI && len(a.logprobs) > 0:
+		return json.Marshal(map[string]any{"role": "assistant", "content": []map[string]any{
+			{"type": "output_text", "text": a.text, "annotations": []any{}, "logprobs": a.logprobs}}})
 	}
 	return json.Marshal(struct {
 		Role      string `json:"role"`
 		Content   string `json:"content"`
 		Reasoning string `json:"reasoning_content,omitempty"`
-	}{"assistant", text, reasoning})
+	}{"assistant", a.text, a.reasoning})
 }
 
 // continueStream continues the stream that res broke off on another replica, as long
@@ -251,11 +268,8 @@ func (g *Gateway) continuedOK(w http.ResponseWriter, span trace.Span, model stri
 // excludes be for the next try.
 func (g *Gateway) continueOn(ctx context.Context, w http.ResponseWriter, r *http.Request, rt *Route, be Backend, t *ticket,
 	lim metering.Limits, body []byte, start time.Time, n int, c *continuation) outcome {
-	var reasoning string
-	if c.st.api != responsesAPI {
-		reasoning = c.st.thoughtOf(c.st.choice).String()
-	}
-	cbody, err := continuationBody(c.st.api, body, c.st.textOf(c.st.choice).String(), reasoning, c.st.n > 1)
+	a := openAnswer{text: c.st.textOf(c.st.choice).String(), reasoning: c.st.thoughtOf(c.st.choice).String(), logprobs: c.st.logprobs}
+	cbody, err := continuationBody(c.st.api, body, a, c.st.n > 1)
 	if err != nil { // the replica took the body, so this does not happen
 		return outcome{failure: &failure{backend: be, reason: "transport", err: err}}
 	}
@@ -275,10 +289,9 @@ var notContinued = map[string]string{
 	contDeadline:  "no other replica took it within --stream-continue-timeout",
 	contFinished:  "it had already finished",
 	contToolCall:  "it broke in or after a tool call, whose arguments are not resumed: do not run the call",
-	contReasoning: "it had reasoning, which is continued on Chat Completions and Messages streams only",
-	contShape: "text completions, and streams with the assistant's own start of the answer, or n > 1 from a runner " +
-		"that does not count its tokens, are not continued",
-	contRefused: "a replica refused to continue it",
+	contReasoning: "it had a second reasoning item or reasoning after its message, which a continuation cannot name",
+	contShape:     "text completions, and streams with n > 1 from a runner that does not count its tokens, are not continued",
+	contRefused:   "a replica refused to continue it",
 }
 
 // reason is why the stream was not continued, as the client is told.

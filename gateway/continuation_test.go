@@ -37,9 +37,8 @@ func TestDecideContinuation(t *testing.T) {
 		{"the deadline passed", func(c *continuation) { c.deadline = now }, contDeadline},
 		{"it had finished", func(c *continuation) { c.st.finished = true }, contFinished},
 		{"a tool call", func(c *continuation) { c.st.toolCalls = true }, contToolCall},
-		{"reasoning on Chat Completions", func(c *continuation) { c.st.reasoning = true }, contContinued},
-		{"reasoning on Responses", func(c *continuation) { c.st.reasoning, c.st.api = true, responsesAPI }, contReasoning},
-		{"reasoning on Messages", func(c *continuation) { c.st.reasoning, c.st.api = true, messagesAPI }, contContinued},
+		{"reasoning on Responses", func(c *continuation) { c.st.rsItem, c.st.api = "rs_1", responsesAPI }, contContinued},
+		{"a second reasoning item on Responses", func(c *continuation) { c.st.strayItem, c.st.api = true, responsesAPI }, contReasoning},
 		{"n > 1 without the runner's count", func(c *continuation) { c.shape.n = 2 }, contShape},
 		{"n > 1", func(c *continuation) { c.shape.n, c.st.n = 2, 2; c.st.tokens.read([]byte("1 3"), 0) }, contContinued},
 		{"n > 1, every choice finished", func(c *continuation) {
@@ -53,7 +52,6 @@ func TestDecideContinuation(t *testing.T) {
 			c.st.tokens.read([]byte("1 3"), 0)
 		}, contContinued},
 		{"a replica refused it", func(c *continuation) { c.refusal = "no" }, contRefused},
-		{"a Messages request's own start of the answer", func(c *continuation) { c.shape.prefill = true }, contShape},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := base()
@@ -77,43 +75,11 @@ func TestShapeOf(t *testing.T) {
 		{chatAPI, `{"response_format":{"type":"json_object"},"tool_choice":"required"}`, streamShape{n: 1}},
 		{chatAPI, `{"messages":[{"role":"assistant"}]}`, streamShape{n: 1}},
 		{responsesAPI, `{"input":"hi","n":3}`, streamShape{n: 1}},
-		{messagesAPI, `{"messages":[{"role":"user"},{"role":"assistant"}]}`, streamShape{n: 1, prefill: true}},
+		{messagesAPI, `{"messages":[{"role":"user"},{"role":"assistant"}]}`, streamShape{n: 1}},
 	} {
 		if got := shapeOf(tc.api, []byte(tc.body)); got != tc.want {
 			t.Errorf("%d %s: %+v, want %+v", tc.api, tc.body, got, tc.want)
 		}
-	}
-}
-
-func TestContinuationBody(t *testing.T) {
-	for _, tc := range []struct {
-		api        streamAPI
-		body, want string
-	}{
-		{chatAPI, `{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`,
-			`{"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":"Hel\"lo"}],"model":"m","stream":true}`},
-		{messagesAPI, `{"model":"m","max_tokens":9,"messages":[{"role":"user","content":[{"type":"text","text":"hi"}]}]}`,
-			`{"max_tokens":9,"messages":[{"role":"user","content":[{"type":"text","text":"hi"}]},{"role":"assistant","content":"Hel\"lo"}],"model":"m"}`},
-		{responsesAPI, `{"model":"m","input":"hi"}`,
-			`{"input":[{"content":"hi","role":"user"},{"role":"assistant","content":"Hel\"lo"}],"model":"m"}`},
-		{responsesAPI, `{"model":"m","input":[{"role":"user","content":"hi"}]}`,
-			`{"input":[{"role":"user","content":"hi"},{"role":"assistant","content":"Hel\"lo"}],"model":"m"}`},
-	} {
-		got, err := continuationBody(tc.api, []byte(tc.body), "Hel\"lo", "", false)
-		if err != nil || string(got) != tc.want {
-			t.Errorf("%s: %s (%v), want %s", tc.body, got, err, tc.want)
-		}
-	}
-	got, err := continuationBody(chatAPI, []byte(`{"n":2,"messages":[]}`), "One", "Hm", true)
-	if want := `{"messages":[{"role":"assistant","content":"One","reasoning_content":"Hm"}]}`; err != nil || string(got) != want {
-		t.Errorf("one choice with reasoning: %s (%v), want %s", got, err, want)
-	}
-	got, err = continuationBody(messagesAPI, []byte(`{"messages":[]}`), "", "Hm", false)
-	if want := `{"messages":[{"content":[{"signature":"","thinking":"Hm","type":"thinking"}],"role":"assistant"}]}`; err != nil || string(got) != want {
-		t.Errorf("a Messages answer inside its thinking: %s (%v), want %s", got, err, want)
-	}
-	if _, err := continuationBody(chatAPI, []byte(`{"messages":"x"}`), "a", "", false); err == nil {
-		t.Error("messages that are not a list: no error")
 	}
 }
 

@@ -3,6 +3,7 @@ package gateway
 import (
 	"encoding/json"
 	"net/http"
+	"slices"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -96,13 +97,13 @@ func (p *peerFetcher) peerHit(o Backend, partition string, digests []string) pre
 	return p.index.Deepest(o.Key, digests[:p.vouched.Depth(vouchKey(o), partition, digests)])
 }
 
-// holder is the replica of rt on another Mac than be's that holds the deepest of
-// digests of partition it was sent (peerHit), when it holds more than be does; ok
-// false otherwise.
-func (p *peerFetcher) holder(rt *Route, be Backend, digests []string, partition string) (src peerSource, tokens int, ok bool) {
+// holder is the replica of rt on another Mac than be's, and not one of broken, that
+// holds the deepest of digests of partition it was sent (peerHit), when it holds more
+// than be does; ok false otherwise.
+func (p *peerFetcher) holder(rt *Route, be Backend, digests []string, partition string, broken []string) (src peerSource, tokens int, ok bool) {
 	own := p.index.Deepest(be.Key, digests)
 	for _, o := range rt.Backends {
-		if o.Node == "" || o.Node == be.Node || o.Key == be.Key {
+		if o.Node == "" || o.Node == be.Node || o.Key == be.Key || slices.Contains(broken, o.Key) {
 			continue
 		}
 		hit := p.peerHit(o, partition, digests)
@@ -119,13 +120,15 @@ func (p *peerFetcher) holder(rt *Route, be Backend, digests []string, partition 
 // hint adds runnerapi.HeaderPeerState to out, the request to replica be of rt, when
 // a replica on another Mac holds more of its prefix and fetching is decided faster;
 // the source it names, for report, or nil. It records the request's prefixes as sent
-// to be.
-func (p *peerFetcher) hint(out *http.Request, rt *Route, model string, be Backend, digests []string, partition string) *peerSource {
+// to be. broken are the replicas a stream this request continues broke on: never a
+// source (their runner died, or their agent or Mac is gone, and a fetch from them
+// would fail only after its timeout, at the seam), though the deepest holders.
+func (p *peerFetcher) hint(out *http.Request, rt *Route, model string, be Backend, digests []string, partition string, broken []string) *peerSource {
 	if len(digests) == 0 || be.Node == "" {
 		return nil
 	}
 	p.sent(be, partition, digests...)
-	src, tokens, ok := p.holder(rt, be, digests, partition)
+	src, tokens, ok := p.holder(rt, be, digests, partition, broken)
 	if !ok {
 		return nil
 	}

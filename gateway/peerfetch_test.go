@@ -19,10 +19,8 @@ import (
 	"github.com/macfleet/macfleet/internal/pki"
 )
 
-// newTestPeerFetcher is a gateway's peer fetch with a certificate of gw-0 of a new
-// fleet CA (returned), an empty prefix index and a registry of its own, its clock
-// stopped at t0.
-func newTestPeerFetcher(t *testing.T, t0 time.Time) (*peerFetcher, *prefixindex.Index, *prometheus.Registry, *pki.CA) {
+// newGatewayCA is a new fleet CA made at t0 and a certificate of gateway gw-0 of it.
+func newGatewayCA(t *testing.T, t0 time.Time) (*pki.CA, *pki.Source) {
 	t.Helper()
 	ca, err := pki.NewCA(t0, pki.DefaultCALifetime)
 	if err != nil {
@@ -33,6 +31,15 @@ func newTestPeerFetcher(t *testing.T, t0 time.Time) (*peerFetcher, *prefixindex.
 	if err != nil {
 		t.Fatal(err)
 	}
+	return ca, certs
+}
+
+// newTestPeerFetcher is a gateway's peer fetch with a certificate of gw-0 of a new
+// fleet CA (returned), an empty prefix index and a registry of its own, its clock
+// stopped at t0.
+func newTestPeerFetcher(t *testing.T, t0 time.Time) (*peerFetcher, *prefixindex.Index, *prometheus.Registry, *pki.CA) {
+	t.Helper()
+	ca, certs := newGatewayCA(t, t0)
 	index, err := prefixindex.New(0, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -77,7 +84,7 @@ func TestPeerFetchHint(t *testing.T) {
 	ask := func(be Backend, rt *Route) (*peerSource, runnerapi.PeerStateHint) {
 		t.Helper()
 		out, _ := http.NewRequest(http.MethodPost, "https://"+be.Endpoint+"/v1/chat/completions", nil)
-		src := p.hint(out, rt, model, be, digests, "team-a")
+		src := p.hint(out, rt, model, be, digests, "team-a", nil)
 		var h runnerapi.PeerStateHint
 		if v := out.Header.Get(runnerapi.HeaderPeerState); v != "" {
 			if err := json.Unmarshal([]byte(v), &h); err != nil {
@@ -152,15 +159,7 @@ func TestPeerFetchOff(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ca, err := pki.NewCA(time.Now(), pki.DefaultCALifetime)
-	if err != nil {
-		t.Fatal(err)
-	}
-	gw := pki.Gateway("gw-0")
-	certs, err := ca.NewSource(&gw, time.Now(), time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, certs := newGatewayCA(t, time.Now())
 	for name, tc := range map[string]struct {
 		opts  Options
 		index *prefixindex.Index
@@ -212,7 +211,7 @@ func TestPeerFetchPrior(t *testing.T) {
 			rt := &Route{Namespace: "team-a", Deployment: "chat", Backends: []Backend{src, dst}}
 			before := testutil.ToFloat64(p.decisions.WithLabelValues(model, tc.wantReason))
 			out, _ := http.NewRequest(http.MethodPost, "https://"+dst.Endpoint+"/v1/chat/completions", nil)
-			hinted := p.hint(out, rt, model, dst, digests, "team-a") != nil
+			hinted := p.hint(out, rt, model, dst, digests, "team-a", nil) != nil
 			if got := testutil.ToFloat64(p.decisions.WithLabelValues(model, tc.wantReason)); got != before+1 || hinted != (tc.wantReason == peerfetch.ReasonFaster) {
 				t.Errorf("hinted %v, %s decisions %v → %v; want one %s", hinted, tc.wantReason, before, got, tc.wantReason)
 			}

@@ -329,7 +329,11 @@ func (g *Gateway) attempt(ctx context.Context, w http.ResponseWriter, r *http.Re
 	var peer *peerSource
 	if g.peers != nil {
 		digests, partition := prefixDigestsFrom(ctx).routable, g.caller(r).CachePartition()
-		peer = g.peers.hint(out, rt, model, be, digests, partition)
+		var broken []string
+		if cont {
+			broken = st.brokeOn
+		}
+		peer = g.peers.hint(out, rt, model, be, digests, partition, broken)
 		g.warm.record(model, digests, partition, be.Node)
 	}
 	sent := time.Now()
@@ -516,7 +520,7 @@ func (g *Gateway) relay(ctx context.Context, w http.ResponseWriter, r *http.Requ
 func (g *Gateway) broken(w http.ResponseWriter, rc *http.ResponseController, model string, be Backend, resp *http.Response, rerr error) outcome {
 	if brk, ok := errors.AsType[*streamBreak](rerr); ok {
 		if sr, ok := resp.Body.(*spliceReader); ok { // the caller may continue it
-			sr.st.broke = true
+			sr.st.broke, sr.st.brokeOn = true, append(sr.st.brokeOn, be.Key)
 			sr.st.tokens.broke()
 			return outcome{status: resp.StatusCode, reason: "stream_broken", broken: &brokenStream{brk: brk, st: sr.st, backend: be}}
 		}

@@ -32,8 +32,10 @@ type spliced struct {
 	item      string
 	index     int
 	blockOpen bool
-	// text is the assistant's content sent so far (choice 0's, with n > 1).
-	text bytes.Buffer
+	// text is the assistant's content sent so far (choice 0's, with n > 1), and
+	// logprobs a Responses stream's logprobs of it (as its deltas carried them).
+	text     bytes.Buffer
+	logprobs []json.RawMessage
 	// n is the choices the request asked for; with n > 1, others is the content sent
 	// of each choice after the first, ended which choices had their finish_reason, and
 	// choice the one the continuation being written now continues (splice_choices.go).
@@ -46,15 +48,22 @@ type spliced struct {
 	// a Messages stream's open block is its thinking block.
 	thoughts []bytes.Buffer
 	thinking bool
-	// reasoning, toolCalls and finished: the stream sent reasoning, a tool call, or a
-	// finish_reason (the answer cannot be continued as text; a Chat Completions
-	// stream's reasoning is continued).
-	reasoning, toolCalls, finished bool
+	// rsItem is a Responses stream's reasoning item (output index 0, before its
+	// message item), and rsOpen whether the client has not had its done events.
+	rsItem string
+	rsOpen bool
+	// strayItem, toolCalls and finished: the stream sent reasoning its continuation
+	// cannot name (a Responses stream's second reasoning item, or one after its
+	// message), a tool call, or a finish_reason (the answer cannot be continued as
+	// text).
+	strayItem, toolCalls, finished bool
 	// model is the stream's model; args each tool call's arguments sent (toolend.go).
 	model string
 	args  [][]byte
-	// broke: a replica failed the stream; the next attempt continues it.
-	broke bool
+	// broke: a replica failed the stream; the next attempt continues it. brokeOn are
+	// the replicas it broke on, which its continuations never fetch state from.
+	broke   bool
+	brokeOn []string
 	// continued counts the continuations that started streaming.
 	continued int
 	// held is the error event the broken replica ended with, sent to the client only
@@ -290,7 +299,6 @@ func (s *spliceReader) chunk(ev, data []byte) ([]byte, bool) {
 			st.end(ch.Index)
 		}
 		if d.ReasoningContent != nil && *d.ReasoningContent != "" {
-			st.reasoning = true
 			st.thoughtOf(ch.Index).WriteString(*d.ReasoningContent)
 		}
 		if len(d.ToolCalls) > 0 && string(d.ToolCalls) != "null" {

@@ -51,7 +51,9 @@ type responsesEvent struct {
 		ID   string `json:"id"`
 		Type string `json:"type"`
 	} `json:"item"`
-	Delta string `json:"delta"`
+	ItemID   string            `json:"item_id"`
+	Delta    string            `json:"delta"`
+	Logprobs []json.RawMessage `json:"logprobs"`
 }
 
 // takeResponses records a Responses event. An error event is held, and so is the
@@ -76,15 +78,29 @@ func (s *spliceReader) takeResponses(ev, data []byte) (keep bool, err error) {
 		case e.Item == nil:
 		case e.Item.Type == "message" && st.item == "":
 			st.item = e.Item.ID
-		case e.Item.Type == "reasoning":
-			st.reasoning = true
+		case e.Item.Type == "reasoning" && st.item == "" && st.rsItem == "":
+			st.rsItem, st.rsOpen = e.Item.ID, true
+		case e.Item.Type == "reasoning": // a second one, or one after the message
+			st.strayItem = true
 		default: // a function call, or an item after the message
 			st.toolCalls = true
 		}
+	case "response.reasoning_text.delta":
+		if e.ItemID == st.rsItem {
+			st.thoughtOf(0).WriteString(e.Delta)
+		}
 	case "response.output_text.delta":
 		st.text.WriteString(e.Delta)
-	case "response.output_text.done", "response.content_part.done", "response.output_item.done":
+		st.logprobs = append(st.logprobs, e.Logprobs...)
+	case "response.reasoning_text.done":
+	case "response.content_part.done", "response.output_item.done":
+		if st.rsItem != "" && (e.ItemID == st.rsItem || e.Item != nil && e.Item.ID == st.rsItem) {
+			st.rsOpen = false // the reasoning is closed; the message may follow
+			break
+		}
 		st.finished = true // the message is closed: nothing to continue as text
+	case "response.output_text.done":
+		st.finished = true
 	case "response.completed", "response.incomplete":
 		st.finished, s.done = true, true
 	case "error":
@@ -141,7 +157,7 @@ func (s *spliceReader) takeMessages(ev, data []byte) (keep bool, err error) {
 		case e.ContentBlock.Type == "text":
 			st.index, st.blockOpen, st.thinking = *e.Index, true, false
 		case e.ContentBlock.Type == "thinking":
-			st.index, st.blockOpen, st.thinking, st.reasoning = *e.Index, true, true, true
+			st.index, st.blockOpen, st.thinking = *e.Index, true, true
 		default: // a tool use
 			st.toolCalls = true
 		}
@@ -180,7 +196,8 @@ func (st *spliced) resumeHeader() string {
 	if st.api == chatAPI || st.id == "" {
 		return ""
 	}
-	rs := runnerapi.ResumeStream{ID: st.id, CreatedAt: st.createdAt, Seq: st.seq, Item: st.item}
+	rs := runnerapi.ResumeStream{ID: st.id, CreatedAt: st.createdAt, Seq: st.seq, Item: st.item, Reasoning: st.rsItem,
+		ReasoningOpen: st.rsOpen && st.item == ""}
 	if st.api == messagesAPI {
 		rs = runnerapi.ResumeStream{Index: st.index, Open: st.blockOpen}
 	}

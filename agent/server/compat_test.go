@@ -118,7 +118,7 @@ func TestResponsesClientFieldsThroughTheAgent(t *testing.T) {
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("%d %s", resp.StatusCode, b)
 	}
-	if got, want := resp.Header.Get(compat.IgnoredHintsHeader), "include, client_metadata, tools[web_search], reasoning.summary"; got != want {
+	if got, want := resp.Header.Get(compat.IgnoredHintsHeader), "client_metadata, tools[web_search], reasoning.summary, include"; got != want {
 		t.Errorf("%s = %q, want %q", compat.IgnoredHintsHeader, got, want)
 	}
 	ev := anthropicEvents(t, b) // the same framing: event and data lines

@@ -286,7 +286,8 @@ const HeaderResumeStream = "X-Macfleet-Resume-Stream"
 // ResumeStream is the value of HeaderResumeStream.
 type ResumeStream struct {
 	// Responses: the response's id and created_at, the next sequence_number and the
-	// open message item's id (output index 0; "" when none is open yet).
+	// open message item's id (output index 0, or 1 after a reasoning item; "" when
+	// none is open yet).
 	ID        string `json:"id,omitempty"`
 	CreatedAt int64  `json:"created_at,omitempty"`
 	Seq       int    `json:"seq,omitempty"`
@@ -295,6 +296,13 @@ type ResumeStream struct {
 	// has its content_block_start.
 	Index int  `json:"index,omitempty"`
 	Open  bool `json:"open,omitempty"`
+	// Reasoning is a Responses stream's reasoning item's id ("" when it had none): the
+	// item at output index 0, its message item then at 1. ReasoningOpen: the client
+	// has not had its done events (no message item yet), so the stream goes on inside
+	// it. Its text is the final assistant message's reasoning, which the request
+	// carries as a reasoning item right before that message.
+	Reasoning     string `json:"reasoning,omitempty"`
+	ReasoningOpen bool   `json:"reasoning_open,omitempty"`
 }
 
 // TokenCountComments is the value of HeaderTokenCounts; TokenCountComment starts each

@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/macfleet/macfleet/test/support/chatstream"
+
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 	"github.com/openai/openai-go/v3/responses"
@@ -143,17 +145,7 @@ func messagesStream(ctx context.Context, model string, i int, streaming *atomic.
 			}
 			continue
 		}
-		var e struct {
-			Type  string `json:"type"`
-			Index *int   `json:"index"`
-			Delta struct {
-				Type string `json:"type"`
-				Text string `json:"text"`
-			} `json:"delta"`
-			Usage struct {
-				OutputTokens int `json:"output_tokens"`
-			} `json:"usage"`
-		}
+		var e chatstream.MessagesEvent
 		if err := json.Unmarshal([]byte(data), &e); err != nil || e.Type != event {
 			return streamResult{err: fmt.Sprintf("event %q: %s (%v)", event, data, err)}
 		}

@@ -66,7 +66,7 @@ var Responses = Policy{API: "OpenAI Responses", Endpoint: "/v1/responses", Field
 	{Name: "reasoning", Treatment: Honoured, Does: "effort: passed to the template; summary: a hint, named in the header as reasoning.summary (reasoning comes back whole as reasoning_text)"},
 	{Name: "prompt_cache_key", Treatment: Honoured, Does: "the gateway's prefix-affinity key (as in chat)"},
 	{Name: "store", Treatment: Hint, Does: "nothing is stored (the response says store: false)", Neutral: []string{"false"}},
-	{Name: "include", Treatment: Hint, Does: "reasoning.encrypted_content and the hosted tools' items: nothing to include (reasoning comes back as plain reasoning_text); other values are a 400"},
+	{Name: "include", Treatment: Honoured, Does: "message.output_text.logprobs: each output text token's log-probability, on the output_text deltas, the done events and the response; reasoning.encrypted_content and the hosted tools' items: nothing to include (reasoning comes back as plain reasoning_text), named in the header as include; other values are a 400"},
 	{Name: "metadata", Treatment: Hint, Does: "echoed in the response, not stored"},
 	{Name: "user", Treatment: Hint, Does: "accepted, no effect"},
 	{Name: "safety_identifier", Treatment: Hint, Does: "accepted, no effect"},
@@ -81,7 +81,7 @@ var Responses = Policy{API: "OpenAI Responses", Endpoint: "/v1/responses", Field
 	{Name: "conversation", Treatment: Refused, Does: "conversations are not stored: send the whole conversation as input"},
 	{Name: "prompt", Treatment: Refused, Does: "stored prompt templates are not served"},
 	{Name: "max_tool_calls", Treatment: Refused, Does: "the bound is not enforced"},
-	{Name: "top_logprobs", Treatment: Refused, Does: "logprobs are served on /v1/chat/completions"},
+	{Name: "top_logprobs", Treatment: Honoured, Does: "up to 20 alternatives per output text token (above 0, the logprobs come without include)"},
 }}
 
 // HostedResponsesTools are the Responses tool types only the vendor can run: dropped

@@ -417,11 +417,16 @@ func Anthropic(chat http.Handler) http.Handler {
 		if !ok {
 			return
 		}
+		resume, resumed := resumeOf(r)
+		resumed = resumed && req.Stream
+		if resumed {
+			keepOpenMessage(chatReq, req.Messages)
+		}
 		b, _ := json.Marshal(chatReq)
 		var out sink = &anthropicWhole{w: w}
 		if req.Stream {
 			as := &anthropicStream{w: w, sse: newSSE(w), model: req.Model}
-			if resume, ok := resumeOf(r); ok {
+			if resumed {
 				as.resume(resume, openReasoning(chatReq))
 			}
 			out = as

@@ -42,6 +42,7 @@ type ResponsesRequest struct {
 	Truncation         string          `json:"truncation,omitempty"`
 	ServiceTier        string          `json:"service_tier,omitempty"`
 	Include            []string        `json:"include,omitempty"`
+	TopLogprobs        *int            `json:"top_logprobs,omitempty"`
 	StreamOptions      json.RawMessage `json:"stream_options,omitempty"`
 	Background         *bool           `json:"background,omitempty"`
 	Seed               *int64          `json:"seed,omitempty"`
@@ -71,8 +72,9 @@ type ResponsesTool struct {
 // its name there.
 type toolName struct{ namespace, name string }
 
-// includable are the include items a Responses request may ask for; macfleet has none
-// of them to add (compat.Responses).
+// includable are the include items a Responses request may ask for; macfleet adds
+// only the output text's logprobs (includeLogprobs), and has none of the others to add
+// (compat.Responses).
 var includable = []string{"reasoning.encrypted_content", "message.output_text.logprobs", "web_search_call.results",
 	"web_search_call.action.sources", "file_search_call.results", "code_interpreter_call.outputs",
 	"computer_call_output.output.image_url", "message.input_image.image_url"}
@@ -177,6 +179,7 @@ func chatFromResponses(q *ResponsesRequest) (*translated, *chatError) {
 	if q.Text != nil && q.Text.Verbosity != "" && q.Text.Verbosity != "medium" {
 		out.hints = append(out.hints, "text.verbosity")
 	}
+	out.hints = logprobsFields(q, chat, out.hints)
 	if len(tools) > 0 {
 		chat["tools"] = tools
 	}
@@ -442,12 +445,20 @@ func Responses(chat http.Handler) http.Handler {
 			return
 		}
 		setHints(w, append(compat.Responses.Hints(body), tr.hints...))
+		resume, resumed := resumeOf(r)
+		resumed = resumed && req.Stream
+		if resumed && resume.Reasoning != "" {
+			resumedReasoning(tr.chat, req.Input)
+		}
 		b, _ := json.Marshal(tr.chat)
 		rs := &responseState{w: w, req: &req, names: tr.names, created: time.Now().Unix()}
 		if req.Stream {
 			rs.sse = newSSE(w)
-			if resume, ok := resumeOf(r); ok {
-				rs.resume(resume, continuedText(tr.chat))
+		}
+		if resumed {
+			rs.resume(resume, continuedText(tr.chat), continuedReasoning(tr.chat))
+			if rs.open == "message" {
+				rs.lps = resumedLogprobs(req.Input)
 			}
 		}
 		serveChat(chat, r, b, rs)

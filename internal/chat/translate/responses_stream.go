@@ -30,6 +30,10 @@ type responseState struct {
 	open    string
 	text    strings.Builder
 	itemsID int
+	// lps are the open message's tokens' logprobs (responses_logprobs.go), pending
+	// those of chunks without text yet (they go with the next text, or the done
+	// events).
+	lps, pending []runnerapi.TokenLogprob
 }
 
 func (s *responseState) nextID(prefix string) string {
@@ -116,14 +120,14 @@ func reasoningItem(id, text, status string) map[string]any {
 	return map[string]any{"type": "reasoning", "id": id, "summary": []any{}, "content": content, "status": status}
 }
 
-func outputText(text string) map[string]any {
-	return map[string]any{"type": "output_text", "text": text, "annotations": []any{}, "logprobs": []any{}}
+func outputText(text string, lps []runnerapi.TokenLogprob) map[string]any {
+	return map[string]any{"type": "output_text", "text": text, "annotations": []any{}, "logprobs": responsesLogprobs(lps)}
 }
 
-func messageItem(id, text, status string) map[string]any {
+func messageItem(id, text, status string, lps []runnerapi.TokenLogprob) map[string]any {
 	content := []map[string]any{}
 	if status == "completed" {
-		content = append(content, outputText(text))
+		content = append(content, outputText(text, lps))
 	}
 	return map[string]any{"type": "message", "id": id, "status": status, "role": "assistant", "content": content}
 }
@@ -154,7 +158,11 @@ func (s *responseState) whole(c *runnerapi.ChatCompletion) {
 		s.output = append(s.output, reasoningItem(s.nextID("rs_"), r, "completed"))
 	}
 	if t := ch.Message.Text(); t != "" || len(ch.Message.ToolCalls) == 0 {
-		s.output = append(s.output, messageItem(s.nextID("msg_"), t, "completed"))
+		var lps []runnerapi.TokenLogprob
+		if ch.Logprobs != nil {
+			lps = ch.Logprobs.Content
+		}
+		s.output = append(s.output, messageItem(s.nextID("msg_"), t, "completed", lps))
 	}
 	for _, tc := range ch.Message.ToolCalls {
 		s.output = append(s.output, s.call(s.nextID("fc_"), tc.ID, tc.Function.Name, tc.Function.Arguments, "completed"))
@@ -193,11 +201,13 @@ func (s *responseState) chunk(c *runnerapi.ChatCompletionChunk) {
 			s.send("response.reasoning_text.delta", map[string]any{"item_id": s.currentID(), "output_index": len(s.output) - 1,
 				"content_index": 0, "delta": *d.ReasoningContent})
 		}
+		lps := s.tokens(ch)
 		if d.Content != nil && *d.Content != "" {
 			s.openItem("message")
 			s.text.WriteString(*d.Content)
+			s.lps = append(s.lps, lps...)
 			s.send("response.output_text.delta", map[string]any{"item_id": s.currentID(), "output_index": len(s.output) - 1,
-				"content_index": 0, "delta": *d.Content, "logprobs": []any{}})
+				"content_index": 0, "delta": *d.Content, "logprobs": responsesLogprobs(lps)})
 		}
 		for _, tc := range d.ToolCalls {
 			if tc.ID != "" {
@@ -232,12 +242,12 @@ func (s *responseState) openItem(kind string) {
 	if kind == "reasoning" {
 		item = reasoningItem(s.nextID("rs_"), "", "in_progress")
 	} else {
-		item = messageItem(s.nextID("msg_"), "", "in_progress")
+		item = messageItem(s.nextID("msg_"), "", "in_progress", nil)
 	}
 	s.output = append(s.output, item)
 	idx := len(s.output) - 1
 	s.send("response.output_item.added", map[string]any{"output_index": idx, "item": item})
-	part := outputText("")
+	part := outputText("", nil)
 	if kind == "reasoning" {
 		part = reasoningText("")
 	}
@@ -260,11 +270,13 @@ func (s *responseState) closeItem() {
 			"part": reasoningText(text)})
 		item = reasoningItem(id, text, "completed")
 	case "message":
+		s.lps, s.pending = append(s.lps, s.pending...), nil
 		s.send("response.output_text.done", map[string]any{"item_id": id, "output_index": idx, "content_index": 0,
-			"text": text, "logprobs": []any{}})
+			"text": text, "logprobs": responsesLogprobs(s.lps)})
 		s.send("response.content_part.done", map[string]any{"item_id": id, "output_index": idx, "content_index": 0,
-			"part": outputText(text)})
-		item = messageItem(id, text, "completed")
+			"part": outputText(text, s.lps)})
+		item = messageItem(id, text, "completed", s.lps)
+		s.lps = nil
 	case "function_call":
 		prev := s.output[idx]
 		s.send("response.function_call_arguments.done", map[string]any{"item_id": id, "output_index": idx,

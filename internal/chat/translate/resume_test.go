@@ -1,6 +1,8 @@
 package translate
 
 import (
+	"bytes"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -180,5 +182,127 @@ func TestResumeMessagesThinking(t *testing.T) {
 		"content_block_delta@1:text_delta", "content_block_stop@1", "message_delta", "message_stop"}
 	if !slices.Equal(got, want) {
 		t.Errorf("events %v, want %v", got, want)
+	}
+}
+
+// recordingChat records the chat request it passes on to h.
+type recordingChat struct {
+	h     http.Handler
+	last  runnerapi.Message // the request's final message
+	roles []string          // its messages' roles
+}
+
+func (c *recordingChat) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	var req struct{ Messages []runnerapi.Message }
+	b, _ := io.ReadAll(r.Body)
+	if json.Unmarshal(b, &req) == nil && len(req.Messages) > 0 {
+		c.last = req.Messages[len(req.Messages)-1]
+	}
+	for _, m := range req.Messages {
+		c.roles = append(c.roles, m.Role)
+	}
+	r.Body = io.NopCloser(bytes.NewReader(b))
+	c.h.ServeHTTP(w, r)
+}
+
+// TestResumeResponsesReasoning: a Responses stream resumed inside its open reasoning
+// item goes on in that item (its id, output index 0, the sequence numbers after the
+// client's), closes it with the whole reasoning and opens its message item after it
+// under the next item number; one resumed in its message item after a closed
+// reasoning item goes on in the message at output index 1. The reasoning the gateway
+// sends as a reasoning item before the final assistant message reaches the chat as
+// that message's reasoning_content, and the response's output has both items whole.
+func TestResumeResponsesReasoning(t *testing.T) {
+	for _, tc := range []struct {
+		name, resume, text string
+		chat               http.Handler
+		want               []string // kind@output_index:item
+		reasoning, message string   // the response's items' text
+	}{
+		{name: "inside the reasoning", resume: `{"id":"resp_old","created_at":7,"seq":6,"reasoning":"rs_old_1","reasoning_open":true}`,
+			chat: thinkingChat{}, reasoning: "Let me think more", message: "Done",
+			want: []string{"response.reasoning_text.delta@0:rs_old_1", "response.reasoning_text.done@0:rs_old_1",
+				"response.content_part.done@0:rs_old_1", "response.output_item.done@0:rs_old_1",
+				"response.output_item.added@1:msg_old_2", "response.content_part.added@1:msg_old_2",
+				"response.output_text.delta@1:msg_old_2", "response.output_text.done@1:msg_old_2",
+				"response.content_part.done@1:msg_old_2", "response.output_item.done@1:msg_old_2", "response.completed"}},
+		{name: "in the message after it", resume: `{"id":"resp_old","created_at":7,"seq":6,"reasoning":"rs_old_1","item":"msg_old_2"}`,
+			text: "One", chat: &countedChat{}, reasoning: "Let me think", message: "One world",
+			want: []string{"response.output_text.delta@1:msg_old_2", "response.output_text.done@1:msg_old_2",
+				"response.content_part.done@1:msg_old_2", "response.output_item.done@1:msg_old_2", "response.completed"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rc := &recordingChat{h: tc.chat}
+			body := resumed(t, Responses(rc), "/v1/responses", `{"model":"m","stream":true,"input":[{"role":"user","content":"hi"},`+
+				`{"type":"reasoning","summary":[],"content":[{"type":"reasoning_text","text":"Let me think"}]},`+
+				`{"role":"assistant","content":"`+tc.text+`"}]}`, tc.resume)
+			if rc.last.Role != "assistant" || rc.last.ReasoningContent != "Let me think" || string(rc.last.Content) != tc.text {
+				t.Errorf("the chat's final message %+v, want the assistant's with its reasoning", rc.last)
+			}
+			events := readEvents(t, strings.NewReader(body))
+			var got []string
+			for i, e := range events {
+				kind := e.event
+				if idx, ok := e.data["output_index"]; ok {
+					id, _ := e.data["item_id"].(string)
+					if item, ok := e.data["item"].(map[string]any); ok {
+						id, _ = item["id"].(string)
+					}
+					kind = fmt.Sprintf("%s@%v:%s", kind, idx, id)
+				}
+				got = append(got, kind)
+				if e.data["sequence_number"] != float64(6+i) {
+					t.Errorf("event %d (%s): sequence number %v, want %d", i, kind, e.data["sequence_number"], 6+i)
+				}
+			}
+			if !slices.Equal(got, tc.want) {
+				t.Fatalf("events %v, want %v", got, tc.want)
+			}
+			if e := events[1]; tc.name == "inside the reasoning" && e.data["text"] != tc.reasoning {
+				t.Errorf("reasoning_text.done text %q, want %q", e.data["text"], tc.reasoning)
+			}
+			out := events[len(events)-1].data["response"].(map[string]any)["output"].([]any)
+			if len(out) != 2 {
+				t.Fatalf("output %v, want the reasoning and the message", out)
+			}
+			rs, msg := out[0].(map[string]any), out[1].(map[string]any)
+			if rs["id"] != "rs_old_1" || rs["content"].([]any)[0].(map[string]any)["text"] != tc.reasoning ||
+				msg["id"] != "msg_old_2" || msg["content"].([]any)[0].(map[string]any)["text"] != tc.message {
+				t.Errorf("output %v, want rs_old_1 %q and msg_old_2 %q", out, tc.reasoning, tc.message)
+			}
+		})
+	}
+}
+
+// TestResumeMessagesOpenTurn: a Messages stream resumed before its first text keeps
+// the empty final assistant message the gateway sends (the translation drops empty
+// turns otherwise), so the runner continues a new turn; after the client's own start
+// of the answer that start stays a closed turn before it, as the first replica
+// rendered it, and the continuation's text goes on in the client's text block.
+func TestResumeMessagesOpenTurn(t *testing.T) {
+	for _, tc := range []struct {
+		name, msgs string
+		roles      []string
+		text       string
+	}{
+		{"nothing before", `{"role":"user","content":"hi"},{"role":"assistant","content":""}`, []string{"user", "assistant"}, ""},
+		{"the client's start of the answer", `{"role":"user","content":"hi"},{"role":"assistant","content":"Sure:"},{"role":"assistant","content":""}`,
+			[]string{"user", "assistant", "assistant"}, ""},
+		{"text sent after it", `{"role":"user","content":"hi"},{"role":"assistant","content":"Sure:"},{"role":"assistant","content":"Hello"}`,
+			[]string{"user", "assistant", "assistant"}, "Hello"},
+	} {
+		rc := &recordingChat{h: &countedChat{}}
+		body := resumed(t, Anthropic(rc), "/v1/messages", `{"model":"m","max_tokens":9,"stream":true,"messages":[`+tc.msgs+`]}`,
+			`{"index":0,"open":true}`)
+		if !slices.Equal(rc.roles, tc.roles) || string(rc.last.Content) != tc.text {
+			t.Errorf("%s: the chat's messages %v ending %q, want %v ending %q", tc.name, rc.roles, rc.last.Content, tc.roles, tc.text)
+		}
+		var kinds []string
+		for _, e := range readEvents(t, strings.NewReader(body)) {
+			kinds = append(kinds, e.event)
+		}
+		if got, want := strings.Join(kinds, " "), "content_block_delta content_block_stop message_delta message_stop"; got != want {
+			t.Errorf("%s: events %s, want %s", tc.name, got, want)
+		}
 	}
 }

@@ -54,7 +54,7 @@ def parse_args(argv):
     p.add_argument("--out", required=True, help="directory to write the weights into")
     p.add_argument("--seed", type=int, default=45)
     p.add_argument("--steps", type=int, default=3000)
-    p.add_argument("--max-seconds", type=float, default=210,
+    p.add_argument("--max-seconds", type=float, default=450,
                    help="stop (and save) after this long; the learning rate decays by time or steps, whichever is further")
     add_model_args(p)
     p.add_argument("--short-seq", type=int, default=2048, help="window of the short batches")

@@ -16,8 +16,9 @@ import (
 	"sync"
 )
 
-// MaxTokens is the most tokens a corpus may hold: the token file stays within 16 MiB.
-const MaxTokens = 16 << 20 / 4
+// MaxTokens is the most tokens a corpus may hold: the token file stays within 48 MiB,
+// and the corpus compressed within what the GPU machine is sent (64 MiB).
+const MaxTokens = 48 << 20 / 4
 
 // Config is what a corpus is generated from.
 type Config struct {

@@ -17,16 +17,11 @@ import (
 // that names them was made from the tool's output.
 var loopFiles = []string{"parser.rs", "todo.yaml", "worker.sh"}
 
-// loopEnv set runs Codex's loop too, which the trained test model does not complete:
-// its corpus had prose where Codex writes data (docs/testing.md, "Codex's loop").
-const loopEnv = "MACFLEET_E2E_AGENT_LOOPS"
-
 // loopTurnTimeout bounds a loop's turn: the trained model's eight layers prefill an
 // agent's prompt (9k to 20k tokens) for minutes on a loaded CPU.
 const loopTurnTimeout = 15 * time.Minute
 
-// TestCodingAgentsToolLoop: Claude Code (and with $MACFLEET_E2E_AGENT_LOOPS set,
-// Codex CLI), asked headless for the files of a directory and served the trained
+// TestCodingAgentsToolLoop: Claude Code and Codex CLI, each asked headless for the files of a directory and served the trained
 // test model, calls its shell tool, runs it, sends its output back, and prints an
 // answer that names every file.
 func TestCodingAgentsToolLoop(t *testing.T) {
@@ -46,9 +41,6 @@ func TestCodingAgentsToolLoop(t *testing.T) {
 		checkToolLoop(t, claude, calls, out)
 	})
 	t.Run("codex", func(t *testing.T) {
-		if os.Getenv(loopEnv) == "" {
-			t.Skipf("the trained test model answers Codex's request without a well-formed call (docs/testing.md, \"Codex's loop\"); set %s=1 to run it", loopEnv)
-		}
 		home := t.TempDir()
 		work := loopDir(t, home)
 		calls, out := runAgentTurn(t, proxy, codex, 1, work, codexEnv(t, home, proxyURL, model),

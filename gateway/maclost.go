@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"errors"
+	"sync"
 )
 
 // errMacLost is why the gateway cut a stream whose Mac was lost.
@@ -13,7 +14,7 @@ var errMacLost = errors.New("the replica's Mac was lost (its MacNode is no longe
 // stopped answering without closing the connection — a process stopped or frozen, a
 // Mac asleep or cut off without a reset — breaks there and is continued on another
 // replica instead of hanging. A stream whose replica drains, or leaves the table on a
-// Ready Mac, is not cut. stop ends the watch.
+// Ready Mac, is not cut. stop ends the watch; it may be called more than once.
 func (g *Gateway) watchMac(node string, cut context.CancelCauseFunc) (stop func()) {
 	done := make(chan struct{})
 	go func() {
@@ -31,5 +32,5 @@ func (g *Gateway) watchMac(node string, cut context.CancelCauseFunc) (stop func(
 			}
 		}
 	}()
-	return func() { close(done) }
+	return sync.OnceFunc(func() { close(done) })
 }

@@ -336,6 +336,11 @@ func (g *Gateway) attempt(ctx context.Context, w http.ResponseWriter, r *http.Re
 		peer = g.peers.hint(out, rt, model, be, digests, partition, broken)
 		g.warm.record(model, digests, partition, be.Node)
 	}
+	// A Mac lost before its answer's headers (its agent stopped or frozen after it
+	// accepted the connection) cuts the request, which fails retryably; after them,
+	// only a stream being spliced stays watched (it is continued elsewhere).
+	unwatch := g.watchMac(be.Node, cut)
+	defer unwatch()
 	sent := time.Now()
 	resp, err := g.transport.RoundTrip(out)
 	if err != nil {
@@ -362,7 +367,8 @@ func (g *Gateway) attempt(ctx context.Context, w http.ResponseWriter, r *http.Re
 	}
 	if st != nil && resp.StatusCode == http.StatusOK && isEventStream(resp.Header) {
 		resp.Body = newSpliceReader(resp.Body, st, cont)
-		defer g.watchMac(be.Node, cut)()
+	} else {
+		unwatch()
 	}
 	a := relayed{start: start, span: span, cancelled: &cancelled, usage: lim, continuing: cont}
 	res = g.relay(ctx, w, r, model, be, resp, &a)

@@ -341,9 +341,11 @@ func TestMessagesPrefillContinued(t *testing.T) {
 		t.Fatalf("read %+v: the stream was not continued", got)
 	}
 	// The first replica's two deltas before the break (the runner may put several
-	// tokens in one when its reader lags) are the start of the uninterrupted answer.
-	sent, text := strings.Join(got.deltas[:min(2, len(got.deltas))], ""), strings.Join(got.deltas, "")
-	if got.kinds != want || !strings.HasPrefix(strings.Join(whole.deltas, ""), sent) || len(text) == len(sent) ||
+	// tokens in one when its reader lags) are the start of the uninterrupted answer;
+	// the continuation writes the rest, unless they were the whole answer already
+	// (then it is spent: it ends at once).
+	sent, text, wholeText := strings.Join(got.deltas[:min(2, len(got.deltas))], ""), strings.Join(got.deltas, ""), strings.Join(whole.deltas, "")
+	if got.kinds != want || !strings.HasPrefix(wholeText, sent) || len(text) == len(sent) && sent != wholeText ||
 		got.output == 0 || got.output > answerTokens {
 		t.Errorf("continued: %+v, want events %s, the uninterrupted answer's start, more after it and 1 to %d output tokens (uninterrupted: %+v)",
 			got, want, answerTokens, whole)

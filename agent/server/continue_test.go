@@ -2,7 +2,10 @@ package server_test
 
 import (
 	"encoding/json"
+	"fmt"
+	"maps"
 	"net/http"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -69,6 +72,26 @@ func TestTokenCountsReachTheRunner(t *testing.T) {
 	if got := len(out.Choices[0].Logprobs.Content); out.Usage.CompletionTokens != maxTokens || got != maxTokens-continuedTokens {
 		t.Errorf("usage %+v and %d tokens generated, want %d completion tokens of which %d generated",
 			*out.Usage, got, maxTokens, maxTokens-continuedTokens)
+	}
+	// An answer the client has max_tokens of already is spent: it ends at once.
+	resp, b = a.do(http.MethodPost, "/v1/chat/completions", partial, runnerapi.HeaderContinue, runnerapi.ContinueFinalMessage,
+		runnerapi.HeaderContinuedTokens, strconv.Itoa(maxTokens))
+	out = runnerapi.ChatCompletion{}
+	if resp.StatusCode != http.StatusOK || json.Unmarshal(b, &out) != nil || out.Usage == nil || len(out.Choices) != 1 {
+		t.Fatalf("%d %s", resp.StatusCode, b)
+	}
+	if c := out.Choices[0]; out.Usage.CompletionTokens != maxTokens || c.FinishReason != "length" ||
+		c.Logprobs != nil && len(c.Logprobs.Content) != 0 || c.Message.Content != nil && *c.Message.Content != "" {
+		t.Errorf("a spent answer: usage %+v, choice %+v, want %d completion tokens, none generated and finish reason length",
+			*out.Usage, c, maxTokens)
+	}
+	spent := maps.Clone(partial)
+	spent["stream"], spent["stream_options"] = true, map[string]any{"include_usage": true}
+	resp, b = a.do(http.MethodPost, "/v1/chat/completions", spent, runnerapi.HeaderContinue, runnerapi.ContinueFinalMessage,
+		runnerapi.HeaderContinuedTokens, strconv.Itoa(maxTokens))
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(b), `"finish_reason":"length"`) ||
+		!strings.Contains(string(b), fmt.Sprintf(`"completion_tokens":%d`, maxTokens)) || regexp.MustCompile(`"content":"[^"]`).Match(b) {
+		t.Errorf("a spent answer streamed: %d %s, want no content, finish reason length and %d completion tokens", resp.StatusCode, b, maxTokens)
 	}
 	resp, b = a.do(http.MethodPost, "/v1/chat/completions", partial, runnerapi.HeaderContinue, runnerapi.ContinueFinalMessage,
 		runnerapi.HeaderContinuedTokens, "-1")

@@ -123,8 +123,8 @@ func (s *Server) renderRequest(req *runnerapi.ChatRequest, mode string) (c chat.
 // which the usage does not report as prompt tokens. The answer counts as declared
 // completion tokens (runnerapi.HeaderContinuedTokens: what the client was sent, as
 // the gateway counted it), or as many as it re-tokenizes into when none is declared;
-// max_tokens bounds the whole answer, so what is left of it shrinks by them (at least
-// one token is still generated).
+// max_tokens bounds the whole answer, so what is left of it shrinks by them; an answer
+// that already has them all is spent (it ends at once, finish reason length).
 func (s *Server) continuedTokens(before string, all int, declared string, opts *runnerapi.Options) *runnerapi.Error {
 	if opts.N > 1 {
 		return runnerapi.InvalidRequest(runnerapi.CodeUnsupportedParameter, "n",
@@ -145,7 +145,8 @@ func (s *Server) continuedTokens(before string, all int, declared string, opts *
 		opts.Continued = n
 	}
 	if opts.MaxTokens > 0 {
-		opts.MaxTokens = max(opts.MaxTokens-opts.Continued, 1)
+		left := opts.MaxTokens - opts.Continued
+		opts.MaxTokens, opts.Spent = max(left, 1), left <= 0
 	}
 	return nil
 }

@@ -382,7 +382,9 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, eng *engineSet
 			c.parser = chat.NewParser(*co)
 			j.grammarPrefix = co.Continued
 		}
-		if herr := eng.submit(j); herr != nil {
+		if o.Spent {
+			j.complete("length") // nothing left of max_tokens to generate
+		} else if herr := eng.submit(j); herr != nil {
 			writeError(w, herr)
 			return
 		}

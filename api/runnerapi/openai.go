@@ -303,8 +303,9 @@ type Options struct {
 	// Continued is how many completion tokens that answer counts as: ContinuedPrompt,
 	// or what HeaderContinuedTokens says the client was sent.
 	ContinuedPrompt, Continued int
-	// Spent: the continued answer already has max_tokens tokens, so it ends at once,
-	// finish reason length, generating none.
+	// Spent: the continued answer is declared (HeaderContinuedTokens) to have
+	// max_tokens tokens already, so it ends at once, finish reason length, generating
+	// none.
 	Spent bool
 }
 

@@ -123,8 +123,9 @@ func (s *Server) renderRequest(req *runnerapi.ChatRequest, mode string) (c chat.
 // which the usage does not report as prompt tokens. The answer counts as declared
 // completion tokens (runnerapi.HeaderContinuedTokens: what the client was sent, as
 // the gateway counted it), or as many as it re-tokenizes into when none is declared;
-// max_tokens bounds the whole answer, so what is left of it shrinks by them; an answer
-// that already has them all is spent (it ends at once, finish reason length).
+// max_tokens bounds the whole answer, so what is left of it shrinks by them. An answer
+// declared to have them all is spent (it ends at once, finish reason length); one that
+// only re-tokenizes into them (an estimate) still generates one token.
 func (s *Server) continuedTokens(before string, all int, declared string, opts *runnerapi.Options) *runnerapi.Error {
 	if opts.N > 1 {
 		return runnerapi.InvalidRequest(runnerapi.CodeUnsupportedParameter, "n",
@@ -146,7 +147,7 @@ func (s *Server) continuedTokens(before string, all int, declared string, opts *
 	}
 	if opts.MaxTokens > 0 {
 		left := opts.MaxTokens - opts.Continued
-		opts.MaxTokens, opts.Spent = max(left, 1), left <= 0
+		opts.MaxTokens, opts.Spent = max(left, 1), left <= 0 && declared != ""
 	}
 	return nil
 }

@@ -382,16 +382,20 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, eng *engineSet
 			c.parser = chat.NewParser(*co)
 			j.grammarPrefix = co.Continued
 		}
-		if o.Spent {
-			j.complete("length") // nothing left of max_tokens to generate
-		} else if herr := eng.submit(j); herr != nil {
+		out.choices = append(out.choices, c)
+	}
+	// Known by its id before any job runs, so a cancel that comes once they generate
+	// finds them.
+	if id := r.Header.Get(runnerapi.HeaderRequestID); id != "" {
+		defer s.requests.add(id, out.choices)()
+	}
+	for _, c := range out.choices {
+		if opts.Spent {
+			c.j.complete("length") // nothing left of max_tokens to generate
+		} else if herr := eng.submit(c.j); herr != nil {
 			writeError(w, herr)
 			return
 		}
-		out.choices = append(out.choices, c)
-	}
-	if id := r.Header.Get(runnerapi.HeaderRequestID); id != "" {
-		defer s.requests.add(id, out.choices)()
 	}
 	if opts.Stream {
 		out.stream(r)

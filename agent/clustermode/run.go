@@ -197,7 +197,7 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return err
 	}
-	a, err := newAgent(cfg, cs, w, eng, endpoint, tlsSrc)
+	a, err := newAgent(cfg, cs, w, eng, endpoint, tlsSrc, keeper)
 	if err != nil {
 		ln.Close()
 		return err
@@ -340,8 +340,10 @@ type agent struct {
 }
 
 // newAgent builds the syncer (adopting the runners an earlier agent recorded), the
-// HTTP server with its token review, and the janitor.
-func newAgent(cfg Config, cs kubernetes.Interface, w *replicaWatch, eng *standalone.Engine, endpoint string, tlsSrc *pki.Source) (*agent, error) {
+// HTTP server with its token review, and the janitor. With a keeper (the agent asks
+// for its own certificate), no replica is reported Ready before it holds one.
+func newAgent(cfg Config, cs kubernetes.Interface, w *replicaWatch, eng *standalone.Engine, endpoint string, tlsSrc *pki.Source,
+	keeper *certs.Keeper) (*agent, error) {
 	log := cfg.Log
 	a := &agent{log: log, w: w, eng: eng, endpoint: endpoint}
 	so := cfg.Syncer
@@ -355,6 +357,9 @@ func newAgent(cfg Config, cs kubernetes.Interface, w *replicaWatch, eng *standal
 	}
 	so.NodeName, so.Endpoint, so.Cache, so.Informer, so.Live, so.Client = cfg.NodeName, endpoint, w.cache, w.informer, w.direct, w.direct
 	so.Pool, so.Store, so.Log = eng.Pool, cfg.Store, log.WithName("sync")
+	if keeper != nil {
+		so.Serving = keeper.Ready()
+	}
 	// The runner of a split replica whose head is this Mac reaches its workers' Macs.
 	so.SplitLinks = newSplitLinks(w.direct, tlsSrc, log.WithName("splitlink"))
 	// A worker shard here followed by another pushes its output to that one's Mac.

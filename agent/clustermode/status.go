@@ -105,6 +105,21 @@ func ownedStatus(mr *v1alpha1.ModelReplica, local *localView, m *enginepool.Mode
 	return st
 }
 
+// notServing holds back the Ready condition of st while the agent of node cannot
+// answer requests yet (no serving certificate): a replica that would be Ready (or
+// Standby) is Pending, Ready False with reason AgentNotServing; any other status
+// stays as it is.
+func notServing(st *v1alpha1.ModelReplicaStatus, node string) {
+	c := meta.FindStatusCondition(st.Conditions, v1alpha1.ReplicaReady)
+	if c == nil || c.Status != metav1.ConditionTrue {
+		return
+	}
+	c.Status, c.Reason = metav1.ConditionFalse, v1alpha1.ReasonAgentNotServing
+	c.Message = "the agent on " + node + " has no serving certificate yet, so it answers no request: " +
+		"it gets one once the manager signs its certificate request (kubectl get csr)"
+	st.Phase = v1alpha1.ReplicaPending
+}
+
 // condFunc adds a condition to the status being built.
 type condFunc func(t string, s metav1.ConditionStatus, reason, msg string)
 

@@ -64,6 +64,10 @@ type SyncerOptions struct {
 	Recorded []string
 	// StatusWritten, when set, is called after every successful status write.
 	StatusWritten func(types.NamespacedName)
+	// Serving is closed once the agent's server can answer requests (its serving
+	// certificate is installed); until then no replica is reported Ready (reason
+	// AgentNotServing). Nil: the server answers from the start.
+	Serving <-chan struct{}
 }
 
 // Syncer drives the engine pool from the ModelReplicas bound to this node and
@@ -170,6 +174,15 @@ func (s *Syncer) Run(ctx context.Context) error {
 			}
 		}
 	})
+	if !s.serving() {
+		s.wg.Go(func() {
+			select {
+			case <-s.opts.Serving:
+				s.resyncAll() // the replicas held back from Ready are Ready now
+			case <-ctx.Done():
+			}
+		})
+	}
 	s.wg.Go(func() {
 		<-ctx.Done()
 		s.queue.ShutDown()
@@ -178,6 +191,19 @@ func (s *Syncer) Run(ctx context.Context) error {
 	}
 	s.shutdown()
 	return nil
+}
+
+// serving: the agent's server answers requests (SyncerOptions.Serving).
+func (s *Syncer) serving() bool {
+	if s.opts.Serving == nil {
+		return true
+	}
+	select {
+	case <-s.opts.Serving:
+		return true
+	default:
+		return false
+	}
 }
 
 func (s *Syncer) shutdown() {
@@ -307,6 +333,9 @@ func (s *Syncer) sync(ctx context.Context, key string) (time.Duration, error) {
 
 	if mr != nil && desiredOf(mr, local, s.opts.NodeName) != DesiredAbsent {
 		owned := ownedStatus(mr, view, findModel(s.opts.Pool.Snapshot(), key), s.opts.Endpoint, s.opts.Clock.Now())
+		if !s.serving() {
+			notServing(&owned, s.opts.NodeName)
+		}
 		s.writer.submit(statusUpdate{key: types.NamespacedName{Namespace: ns, Name: name}, uid: mr.UID, owned: owned})
 	}
 	return after, nil

@@ -44,6 +44,10 @@ const (
 	// replica's Mac stopped renewing its Lease (the Mac's agent, when it is back,
 	// writes Ready again).
 	ReasonNodeUnreachable = "NodeUnreachable"
+	// ReasonAgentNotServing: the Ready condition of a replica whose runner is ready on
+	// a Mac whose agent has no serving certificate yet (the manager has not signed its
+	// CertificateSigningRequest): the agent answers no request until it has one.
+	ReasonAgentNotServing = "AgentNotServing"
 )
 
 // ReplicaPhase summarises a replica's lifecycle for display.

@@ -36,7 +36,9 @@ import (
 // node credential, as on a Mac: it gets its certificate from the manager's signer
 // (CertificateSigningRequest), registers its MacNode with the simulated hardware,
 // renews its Lease, serves a replica bound to it from the model store over TLS to a
-// gateway's certificate only, and shuts down cleanly.
+// gateway's certificate only, and shuts down cleanly. Its replica is Ready only once
+// it holds its certificate: before the signer runs, it is loaded but Ready False
+// (AgentNotServing).
 func TestAgentCommand(t *testing.T) {
 	rp := os.Getenv(runnerproc.RunnerEnv)
 	if rp == "" {
@@ -50,11 +52,11 @@ func TestAgentCommand(t *testing.T) {
 		}
 	}
 	// The node's RBAC (every replica readable: no node authorizer here) and admission
-	// policy, and the manager's signer.
+	// policy. The manager's signer starts only once the replica is loaded, so the agent
+	// first runs without a serving certificate.
 	if err := env.Apply(ctx, "config/agent", "config/agent-replica-reads", "config/admission"); err != nil {
 		t.Fatal(err)
 	}
-	authority := certsignertest.Start(t, env)
 	const node = "mac-cmd"
 	cred, err := credentials.Issue(ctx, kubernetes.NewForConfigOrDie(env.Config), env.Config, node, credentials.Options{})
 	if err != nil {
@@ -139,6 +141,20 @@ func TestAgentCommand(t *testing.T) {
 	if err := env.Client.Create(ctx, mr); err != nil {
 		t.Fatal(err)
 	}
+	// Loaded, but not Ready while the agent cannot answer: it has no certificate yet.
+	testenv.Eventually(t, time.Minute, 100*time.Millisecond, func() (bool, string) {
+		if err := env.Client.Get(ctx, types.NamespacedName{Namespace: ns, Name: "tiny-0"}, mr); err != nil {
+			return false, err.Error()
+		}
+		b, _ := json.Marshal(mr.Status)
+		if c := meta.FindStatusCondition(mr.Status.Conditions, v1alpha1.ReplicaReady); c != nil && c.Status == metav1.ConditionTrue {
+			t.Fatalf("the replica is Ready before its agent has a serving certificate: %s", b)
+		}
+		ready := meta.FindStatusCondition(mr.Status.Conditions, v1alpha1.ReplicaReady)
+		return meta.IsStatusConditionTrue(mr.Status.Conditions, v1alpha1.ReplicaLoaded) && ready != nil &&
+			ready.Reason == v1alpha1.ReasonAgentNotServing, string(b)
+	})
+	authority := certsignertest.Start(t, env)
 	testenv.Eventually(t, time.Minute, 100*time.Millisecond, func() (bool, string) {
 		if err := env.Client.Get(ctx, types.NamespacedName{Namespace: ns, Name: "tiny-0"}, mr); err != nil {
 			return false, err.Error()

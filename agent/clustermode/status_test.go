@@ -50,8 +50,8 @@ func TestOwnedStatus(t *testing.T) {
 		// msg is a substring of the first condition that is not True.
 		msg          string
 		wantResident int64
-		// drain sets spec.drain.
-		drain bool
+		// drain sets spec.drain; notServing: the agent has no serving certificate yet.
+		drain, notServing bool
 	}{
 		{name: "nothing yet", res: v1alpha1.ResidencyResident, wantPhase: v1alpha1.ReplicaPending,
 			wantConds: []string{"Downloaded=False/Downloading", "Loaded=False/Downloading", "Ready=False/Downloading"}},
@@ -76,6 +76,21 @@ func TestOwnedStatus(t *testing.T) {
 			model:     &enginepool.ModelSnapshot{State: enginepool.StateReady, PID: 42, ResidentBytes: 50 << 20, PeakBytes: 60 << 20},
 			wantPhase: v1alpha1.ReplicaRunning, wantResident: 50 << 20,
 			wantConds: []string{"Downloaded=True/Stored", "Loaded=True/RunnerReady", "Ready=True/RunnerReady"}},
+		// While the agent cannot answer, a replica that would be Ready is not; the
+		// message names the Mac and the fix. Other states stay as they are.
+		{name: "resident loaded, the agent not serving yet", res: v1alpha1.ResidencyResident, local: downloaded, notServing: true,
+			model:     &enginepool.ModelSnapshot{State: enginepool.StateReady, PID: 42, ResidentBytes: 50 << 20, PeakBytes: 60 << 20},
+			wantPhase: v1alpha1.ReplicaPending, wantResident: 50 << 20,
+			wantConds: []string{"Downloaded=True/Stored", "Loaded=True/RunnerReady", "Ready=False/AgentNotServing"},
+			msg:       "the agent on mac has no serving certificate yet"},
+		{name: "on demand stored, the agent not serving yet", res: v1alpha1.ResidencyOnDemand, local: downloaded, notServing: true,
+			wantPhase: v1alpha1.ReplicaPending,
+			wantConds: []string{"Downloaded=True/Stored", "Loaded=False/Unloaded", "Ready=False/AgentNotServing"},
+			msg:       "kubectl get csr"},
+		{name: "resident loading, the agent not serving yet", res: v1alpha1.ResidencyResident, local: downloaded, notServing: true,
+			model:     &enginepool.ModelSnapshot{State: enginepool.StateLoading},
+			wantPhase: v1alpha1.ReplicaLoading,
+			wantConds: []string{"Downloaded=True/Stored", "Loaded=False/Loading", "Ready=False/Loading"}},
 		{name: "resident loading", res: v1alpha1.ResidencyPinned, local: downloaded,
 			model:     &enginepool.ModelSnapshot{State: enginepool.StateLoading},
 			wantPhase: v1alpha1.ReplicaLoading,
@@ -143,6 +158,9 @@ func TestOwnedStatus(t *testing.T) {
 				mr.Spec.Drain = &metav1.Time{Time: now}
 			}
 			st := ownedStatus(mr, tt.local, tt.model, "10.0.0.5:8080", now)
+			if tt.notServing {
+				notServing(&st, "mac")
+			}
 			if st.Phase != tt.wantPhase {
 				t.Errorf("phase %s, want %s", st.Phase, tt.wantPhase)
 			}
@@ -261,50 +279,3 @@ func TestLoadedMessageNamesARefusedTemplate(t *testing.T) {
 	}
 }
 
-// TestNotServing: while the agent has no serving certificate, a replica that would be
-// Ready (or Standby) is Pending with Ready False, reason AgentNotServing, a message
-// naming the Mac and the fix; any other status is left as it is.
-func TestNotServing(t *testing.T) {
-	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
-	downloaded := &localView{phase: phaseRegistered, hash: "h1", done: 100, total: 100, path: "/store/m.gguf"}
-	tests := []struct {
-		name      string
-		res       v1alpha1.Residency
-		local     *localView
-		model     *enginepool.ModelSnapshot
-		wantPhase v1alpha1.ReplicaPhase
-		wantConds []string
-	}{
-		{name: "resident loaded", res: v1alpha1.ResidencyResident, local: downloaded,
-			model:     &enginepool.ModelSnapshot{State: enginepool.StateReady, PID: 42},
-			wantPhase: v1alpha1.ReplicaPending,
-			wantConds: []string{"Downloaded=True/Stored", "Loaded=True/RunnerReady", "Ready=False/AgentNotServing"}},
-		{name: "on demand, waiting for demand", res: v1alpha1.ResidencyOnDemand, local: downloaded,
-			wantPhase: v1alpha1.ReplicaPending,
-			wantConds: []string{"Downloaded=True/Stored", "Loaded=False/Unloaded", "Ready=False/AgentNotServing"}},
-		{name: "loading stays loading", res: v1alpha1.ResidencyResident, local: downloaded,
-			model:     &enginepool.ModelSnapshot{State: enginepool.StateLoading},
-			wantPhase: v1alpha1.ReplicaLoading,
-			wantConds: []string{"Downloaded=True/Stored", "Loaded=False/Loading", "Ready=False/Loading"}},
-		{name: "downloading stays downloading", res: v1alpha1.ResidencyResident,
-			local:     &localView{phase: phaseDownloading, hash: "h1", done: 25, total: 100},
-			wantPhase: v1alpha1.ReplicaDownloading,
-			wantConds: []string{"Downloaded=False/Downloading", "Loaded=False/Downloading", "Ready=False/Downloading"}},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			st := ownedStatus(testReplica(tt.res), tt.local, tt.model, "10.0.0.5:8080", now)
-			notServing(&st, "mac")
-			if st.Phase != tt.wantPhase {
-				t.Errorf("phase %s, want %s", st.Phase, tt.wantPhase)
-			}
-			if d := cmp.Diff(tt.wantConds, condSummary(st)); d != "" {
-				t.Errorf("conditions (-want +got):\n%s", d)
-			}
-			if c := meta.FindStatusCondition(st.Conditions, v1alpha1.ReplicaReady); c.Reason == v1alpha1.ReasonAgentNotServing &&
-				(!strings.Contains(c.Message, "mac") || !strings.Contains(c.Message, "kubectl get csr") || c.ObservedGeneration != 3) {
-				t.Errorf("Ready %+v: want a message naming the Mac and the fix, observedGeneration 3", c)
-			}
-		})
-	}
-}

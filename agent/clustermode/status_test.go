@@ -278,4 +278,3 @@ func TestLoadedMessageNamesARefusedTemplate(t *testing.T) {
 		})
 	}
 }
-

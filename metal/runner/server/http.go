@@ -343,7 +343,7 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, eng *engineSet
 	var lookup lookupSpan
 	partition := cachePartition(r.Header.Get(runnerapi.HeaderCachePartition), opts.CacheSalt)
 	digests := promptcache.ParseDigests(r.Header.Get(runnerapi.HeaderPrefixDigests))
-	if len(toks) < s.nCtxSeq {
+	if len(toks) < s.nCtxSeq && !opts.Spent { // a spent answer prefills nothing
 		lookup.start = time.Now()
 		restore, toks = s.lookupPrompt(text, toks, partition)
 		lookup.end, lookup.restore = time.Now(), restore

@@ -53,7 +53,7 @@ func (s *Server) traceJob(ctx context.Context, lookup lookupSpan, j *job) {
 	if s.tracer == nil || !trace.SpanFromContext(ctx).IsRecording() {
 		return
 	}
-	if s.pc != nil {
+	if s.pc != nil && !lookup.start.IsZero() { // a spent answer looked nothing up
 		attrs := []attribute.KeyValue{attribute.Bool("macfleet.prompt_cache.hit", lookup.restore != nil)}
 		if r := lookup.restore; r != nil {
 			attrs = append(attrs, attribute.Int("macfleet.prompt_cache.tokens", r.n), attribute.String("macfleet.prompt_cache.tier", string(r.tier)))

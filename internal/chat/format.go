@@ -176,6 +176,19 @@ func argumentString(a json.RawMessage) (string, bool) {
 // ones before it, maybe none.
 // tools type the values of formats that write them as text.
 func parseCalls(f Format, text string, atEnd bool, tools []api.Tool) (calls []runnerapi.ToolCall, cut bool) {
+	calls, cut = decodeCalls(f, text, atEnd, tools)
+	for i := range calls {
+		name := strings.TrimSpace(calls[i].Function.Name)
+		if name == "" {
+			return nil, false // a blank name, as in <function= >, names no tool: not a call
+		}
+		calls[i].Function.Name = name
+	}
+	return calls, cut
+}
+
+// decodeCalls is parseCalls before the names are checked.
+func decodeCalls(f Format, text string, atEnd bool, tools []api.Tool) (calls []runnerapi.ToolCall, cut bool) {
 	text = strings.TrimSpace(text)
 	var out []runnerapi.ToolCall
 	add := func(name, args string) {

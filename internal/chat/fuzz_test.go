@@ -3,6 +3,7 @@ package chat_test
 import (
 	"encoding/json"
 	"net/http"
+	"strings"
 	"sync"
 	"testing"
 
@@ -102,7 +103,8 @@ func FuzzChatRequest(f *testing.F) {
 }
 
 // FuzzParser: any model output, in any format and cut anywhere, parses without a
-// panic, and every tool call it yields has a name and JSON arguments.
+// panic, and every tool call it yields has a name (not blank, no space around it) and
+// JSON arguments.
 func FuzzParser(f *testing.F) {
 	f.Add(`<think>hm</think>Sure.<tool_call>{"name":"f","arguments":{"a":1}}</tool_call>`, uint8(1), uint16(9))
 	f.Add(`<|python_tag|>{"name":"f","parameters":{"a":"b"}}; {"name":"g","parameters":{}}`, uint8(2), uint16(5))
@@ -127,7 +129,7 @@ func FuzzParser(f *testing.F) {
 					if !tools {
 						t.Fatalf("a tool call without tools: %+v", c)
 					}
-					if c.Function.Name == "" || !json.Valid([]byte(c.Function.Arguments)) {
+					if n := c.Function.Name; n == "" || n != strings.TrimSpace(n) || !json.Valid([]byte(c.Function.Arguments)) {
 						t.Fatalf("call %+v: want a name and JSON arguments (output %q)", c, out)
 					}
 				}

@@ -125,14 +125,21 @@ func moduleCall(p parsers.Parser, tools []api.Tool, text string) ([]rawCall, boo
 }
 
 // moduleCallWith feeds a whole region to a fresh module parser: it is a call when the
-// parser returns exactly one, named, and nothing else.
-func moduleCallWith(p parsers.Parser, tools []api.Tool, region string) ([]rawCall, bool) {
+// parser returns exactly one, named, and nothing else. The region is model output: a
+// parser that panics on it (the function-calling Gemma parser slices out of range on a
+// lone <escape> value) makes the region content, not a failed request.
+func moduleCallWith(p parsers.Parser, tools []api.Tool, region string) (calls []rawCall, cut bool) {
+	defer func() {
+		if recover() != nil {
+			calls, cut = nil, false
+		}
+	}()
 	p.Init(tools, nil, nil)
-	content, thinking, calls, err := p.Add(region, true)
-	if err != nil || len(calls) != 1 || strings.TrimSpace(content+thinking) != "" || calls[0].Function.Name == "" {
+	content, thinking, found, err := p.Add(region, true)
+	if err != nil || len(found) != 1 || strings.TrimSpace(content+thinking) != "" {
 		return nil, false
 	}
-	b, err := json.Marshal(calls[0].Function.Arguments)
+	b, err := json.Marshal(found[0].Function.Arguments)
 	if err != nil {
 		return nil, false
 	}
@@ -140,7 +147,7 @@ func moduleCallWith(p parsers.Parser, tools []api.Tool, region string) ([]rawCal
 	if !ok {
 		return nil, false
 	}
-	return []rawCall{{strings.TrimSpace(calls[0].Function.Name), args}}, false
+	return []rawCall{{found[0].Function.Name, args}}, false
 }
 
 // decodeDeepSeek reads <｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{…}<｜tool▁call▁end｜>, repeated.

@@ -125,7 +125,7 @@ func moduleCall(p parsers.Parser, tools []api.Tool, text string) ([]rawCall, boo
 }
 
 // moduleCallWith feeds a whole region to a fresh module parser: it is a call when the
-// parser returns exactly one, named, and nothing else. The region is model output: a
+// parser returns exactly one and nothing else (parseCalls checks its name). The region is model output: a
 // parser that panics on it (the function-calling Gemma parser slices out of range on a
 // lone <escape> value) makes the region content, not a failed request.
 func moduleCallWith(p parsers.Parser, tools []api.Tool, region string) (calls []rawCall, cut bool) {

@@ -6,6 +6,7 @@ import (
 	"maps"
 	"net/http"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -102,23 +103,30 @@ func TestTokenCountsReachTheRunner(t *testing.T) {
 	body := chatBody("tiny", maxTokens, true)
 	body["stream_options"] = map[string]any{"include_usage": true}
 	resp, b = a.do(http.MethodPost, "/v1/chat/completions", body, runnerapi.HeaderTokenCounts, runnerapi.TokenCountComments)
-	checkCounted(t, "a chat", resp, b)
+	checkCounted(t, "a chat", resp, b, true)
 	resp, b = a.do(http.MethodPost, "/v1/completions", map[string]any{"model": "tiny", "prompt": "Once upon", "max_tokens": 8,
 		"temperature": 0, "stream": true, "stream_options": map[string]any{"include_usage": true}},
 		runnerapi.HeaderTokenCounts, runnerapi.TokenCountComments)
-	checkCounted(t, "a text completion", resp, b)
+	checkCounted(t, "a text completion", resp, b, false)
 }
 
 // checkCounted checks a counted stream: a count line of choice 0 before each event
-// with output, never going down, the last one the usage's completion tokens.
-func checkCounted(t *testing.T, what string, resp *http.Response, b []byte) {
+// with output, never going down, the last one the usage's completion tokens; and with
+// prompt (a chat) the prompt's line before the first event, the usage's prompt and
+// cached tokens.
+func checkCounted(t *testing.T, what string, resp *http.Response, b []byte, prompt bool) {
 	t.Helper()
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("%s: %d %s", what, resp.StatusCode, b)
 	}
 	last, counted, outputs := -1, 0, 0
 	var usage runnerapi.Usage
-	for ev := range strings.SplitSeq(strings.TrimSpace(string(b)), "\n\n") {
+	var prompts []string // the prompt's lines, and the event each was on
+	for i, ev := range slices.Collect(strings.SplitSeq(strings.TrimSpace(string(b)), "\n\n")) {
+		if line, rest, ok := strings.Cut(ev, "\n"); ok && strings.HasPrefix(line, runnerapi.PromptCountComment+" ") {
+			prompts = append(prompts, fmt.Sprintf("%s on event %d", line, i))
+			ev = rest
+		}
 		comment, data, hasComment := strings.Cut(ev, "\n")
 		if !hasComment {
 			data = ev
@@ -156,5 +164,16 @@ func checkCounted(t *testing.T, what string, resp *http.Response, b []byte) {
 	if counted == 0 || counted != outputs || last != usage.CompletionTokens {
 		t.Errorf("%s: %d counted events of %d with output, the last count %d, usage %+v: want every one counted, the last the usage's",
 			what, counted, outputs, last, usage)
+	}
+	var want []string
+	if prompt {
+		cached := 0
+		if usage.PromptTokensDetails != nil {
+			cached = usage.PromptTokensDetails.CachedTokens
+		}
+		want = []string{fmt.Sprintf("%s %d %d on event 0", runnerapi.PromptCountComment, usage.PromptTokens, cached)}
+	}
+	if !slices.Equal(prompts, want) {
+		t.Errorf("%s: the prompt's lines %q, want %q (usage %+v)", what, prompts, want, usage)
 	}
 }

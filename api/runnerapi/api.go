@@ -271,9 +271,13 @@ const HeaderContinuedTokens = "X-Macfleet-Continued-Tokens"
 
 // HeaderTokenCounts, set to TokenCountComments on a streamed chat completion, asks the
 // runner to put before the data line of each event that carries generated output a
-// comment line "%s I N" (TokenCountComment): choice I has generated N tokens so far.
-// SSE clients ignore comments; the gateway reads them for its own count of the tokens
-// it forwarded and removes them. The node agent passes it on.
+// comment line "%s I N" (TokenCountComment): choice I has generated N tokens so far;
+// a chat completion's first event (choice 0's role chunk) has the comment line
+// "%s P C" (PromptCountComment) before its data line instead: the prompt has P tokens
+// (as usage's prompt_tokens), C of them found in the prompt cache. SSE clients ignore
+// comments; the gateway reads them for its own count of the tokens it forwarded, and
+// for the usage of a stream that broke after its end, and removes them. The node agent
+// passes it on.
 const HeaderTokenCounts = "X-Macfleet-Token-Counts"
 
 // HeaderResumeStream, beside HeaderContinue on a streamed Responses or Anthropic
@@ -306,10 +310,11 @@ type ResumeStream struct {
 }
 
 // TokenCountComments is the value of HeaderTokenCounts; TokenCountComment starts each
-// count's comment line.
+// count's comment line, PromptCountComment the prompt's.
 const (
 	TokenCountComments = "comments"
 	TokenCountComment  = ": tokens"
+	PromptCountComment = ": prompt"
 )
 
 // HeaderCachePartition names the part of the prompt cache a request may hit and add

@@ -102,6 +102,16 @@ func (o *responder) promptUsage(c *choice) *runnerapi.Usage {
 	return us
 }
 
+// promptCount is the comment line of the prompt's usage u
+// (runnerapi.PromptCountComment).
+func promptCount(u *runnerapi.Usage) string {
+	cached := 0
+	if u.PromptTokensDetails != nil {
+		cached = u.PromptTokensDetails.CachedTokens
+	}
+	return runnerapi.PromptCountComment + " " + strconv.Itoa(u.PromptTokens) + " " + strconv.Itoa(cached) + "\n"
+}
+
 // finishReason is tool_calls when the model stopped after calling tools.
 func (c *choice) finishReason() string {
 	if c.last.finish == "stop" && c.parser != nil && c.parser.Calls() > 0 {
@@ -230,10 +240,17 @@ func (o *responder) stream(r *http.Request) {
 				// of (a continued stream's role chunk is dropped by the gateway).
 				chunk := runnerapi.ChatCompletionChunk{ID: o.id, Object: "chat.completion.chunk", Created: o.created, Model: o.model,
 					Choices: []runnerapi.ChatChunkChoice{{Index: c.index, Delta: runnerapi.ChatDelta{Role: "assistant", Content: ptr("")}}}}
-				if o.usageFirst && c.index == 0 {
-					chunk.Usage = o.promptUsage(c)
+				comment := ""
+				if c.index == 0 {
+					pu := o.promptUsage(c)
+					if o.usageFirst {
+						chunk.Usage = pu
+					}
+					if o.tokenCounts { // the gateway's, for a stream that breaks after its end
+						comment = promptCount(pu)
+					}
 				}
-				if !send(chunk) {
+				if !o.sendEvent(rc, comment, chunk) {
 					return
 				}
 			}

@@ -53,17 +53,26 @@ type streamShape struct {
 	// request's own start of the answer, is continued: that message stays a closed
 	// turn, as the first replica rendered it, before the open one.)
 	n int
+	// usage: a Chat Completions stream that asks for its usage chunk
+	// (stream_options.include_usage), which a clean end writes (toolend.go).
+	usage bool
 }
 
 // shapeOf reads the shape of a request body of api.
 func shapeOf(api streamAPI, body []byte) streamShape {
 	var req struct {
-		N *int `json:"n"`
+		N             *int `json:"n"`
+		StreamOptions *struct {
+			IncludeUsage bool `json:"include_usage"`
+		} `json:"stream_options"`
 	}
 	_ = json.Unmarshal(body, &req)
 	s := streamShape{n: 1}
-	if req.N != nil && api == chatAPI {
-		s.n = *req.N
+	if api == chatAPI {
+		if req.N != nil {
+			s.n = *req.N
+		}
+		s.usage = req.StreamOptions != nil && req.StreamOptions.IncludeUsage
 	}
 	return s
 }
@@ -249,7 +258,7 @@ func (g *Gateway) continueStream(ctx context.Context, w http.ResponseWriter, r *
 		g.metrics.continuations.WithLabelValues(model, why).Inc()
 		span.AddEvent("stream_not_continued", trace.WithAttributes(attribute.String("macfleet.reason", why)))
 		if c.st.api == chatAPI && (why == contToolCall || why == contFinished) {
-			return g.endCleanly(w, model, failed, c, why)
+			return g.endCleanly(w, r, lim, model, failed, c, why)
 		}
 		return g.endBroken(w, model, failed, c, why)
 	}

@@ -72,6 +72,9 @@ func TestShapeOf(t *testing.T) {
 	}{
 		{chatAPI, `{"messages":[]}`, streamShape{n: 1}},
 		{chatAPI, `{"n":3}`, streamShape{n: 3}},
+		{chatAPI, `{"stream_options":{"include_usage":true}}`, streamShape{n: 1, usage: true}},
+		{chatAPI, `{"stream_options":{"include_usage":false}}`, streamShape{n: 1}},
+		{responsesAPI, `{"stream_options":{"include_usage":true}}`, streamShape{n: 1}},
 		{chatAPI, `{"response_format":{"type":"json_object"},"tool_choice":"required"}`, streamShape{n: 1}},
 		{chatAPI, `{"messages":[{"role":"assistant"}]}`, streamShape{n: 1}},
 		{responsesAPI, `{"input":"hi","n":3}`, streamShape{n: 1}},
@@ -82,6 +85,10 @@ func TestShapeOf(t *testing.T) {
 		}
 	}
 }
+
+// promptLine is the prompt's usage a streamingAgent reports before its role chunk: 5
+// tokens, 2 of them cached (its usage chunk's prompt_tokens).
+var promptLine = runnerapi.PromptCountComment + " 5 2\n"
 
 // chunkEvent is a Chat Completions chunk event of stream id.
 func chunkEvent(id, delta string, finish string) string {
@@ -110,8 +117,12 @@ type streamingAgent struct {
 	tool             string // the first stream sends a tool call with these arguments before its end
 	// reported is the output a stream that ends reports in its usage trailer (none
 	// when 0); counts are the token counts asked for (runnerapi.HeaderTokenCounts)
-	// put before each content chunk, a word a token.
+	// put before each content and tool call chunk, a word a token, and the prompt's
+	// (promptLine, or prompt's value) before the role chunk, unless noPrompt (an
+	// older runner).
 	reported int
+	noPrompt bool
+	prompt   string
 
 	mu        sync.Mutex
 	conts     []string // the continuations' last messages' content
@@ -154,6 +165,12 @@ func (a *streamingAgent) serve(_ int, w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Trailer", metering.Header)
 	}
 	counts := r.Header.Get(runnerapi.HeaderTokenCounts) == runnerapi.TokenCountComments
+	switch {
+	case counts && a.prompt != "":
+		fmt.Fprintf(w, "%s %s\n", runnerapi.PromptCountComment, a.prompt)
+	case counts && !a.noPrompt:
+		fmt.Fprint(w, promptLine)
+	}
 	fmt.Fprint(w, chunkEvent(id, roleDelta, ""))
 	think := a.think
 	if cont {
@@ -174,9 +191,14 @@ func (a *streamingAgent) serve(_ int, w http.ResponseWriter, r *http.Request) {
 		_ = rc.Flush()
 	}
 	if a.tool != "" && !cont {
-		fmt.Fprint(w, chunkEvent(id, `{"tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"f","arguments":""}}]}`, ""))
 		args, _ := json.Marshal(a.tool)
-		fmt.Fprint(w, chunkEvent(id, fmt.Sprintf(`{"tool_calls":[{"index":0,"function":{"arguments":%s}}]}`, args), ""))
+		for i, delta := range []string{`{"tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"f","arguments":""}}]}`,
+			fmt.Sprintf(`{"tool_calls":[{"index":0,"function":{"arguments":%s}}]}`, args)} {
+			if counts {
+				fmt.Fprintf(w, "%s 0 %d\n", runnerapi.TokenCountComment, len(think)+len(words)+i+1)
+			}
+			fmt.Fprint(w, chunkEvent(id, delta, ""))
+		}
 	}
 	switch end {
 	case "finish_cut":

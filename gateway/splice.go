@@ -11,9 +11,13 @@ import (
 	"github.com/macfleet/macfleet/api/runnerapi"
 )
 
-// countPrefix starts the line of the runner's count before an event's data
+// countPrefix starts the line of the runner's count before an event's data, and
+// promptCountPrefix its line of the prompt's usage before its first event
 // (runnerapi.HeaderTokenCounts).
-var countPrefix = []byte(runnerapi.TokenCountComment + " ")
+var (
+	countPrefix       = []byte(runnerapi.TokenCountComment + " ")
+	promptCountPrefix = []byte(runnerapi.PromptCountComment + " ")
+)
 
 // spliced is what the gateway knows of one Chat Completions stream it may continue on
 // another replica (continuation.go): what its client has been sent so far, across the
@@ -69,8 +73,10 @@ type spliced struct {
 	// held is the error event the broken replica ended with, sent to the client only
 	// when the stream is not continued.
 	held []byte
-	// tokens is the gateway's count of the completion tokens it forwarded.
+	// tokens is the gateway's count of the completion tokens it forwarded; prompt the
+	// prompt's usage as the replica writing the stream (the last one) reported it.
 	tokens tokenCount
+	prompt promptCount
 }
 
 // streamBreak is how a stream's replica failed after its first byte: the error a
@@ -149,16 +155,23 @@ func (s *spliceReader) next() error {
 			break
 		}
 	}
-	if rest, ok := bytes.CutPrefix(s.event, countPrefix); ok { // the runner's count, for the gateway only
-		i := bytes.IndexByte(rest, '\n')
-		at := 0
-		if s.cont {
-			at = s.st.choice
+	for { // the runner's counts, for the gateway only
+		if rest, ok := bytes.CutPrefix(s.event, countPrefix); ok {
+			i := bytes.IndexByte(rest, '\n')
+			at := 0
+			if s.cont {
+				at = s.st.choice
+			}
+			s.st.tokens.read(rest[:i], at)
+			s.event = s.event[:copy(s.event, rest[i+1:])]
+		} else if rest, ok := bytes.CutPrefix(s.event, promptCountPrefix); ok {
+			i := bytes.IndexByte(rest, '\n')
+			s.st.prompt.read(rest[:i])
+			s.event = s.event[:copy(s.event, rest[i+1:])]
+		} else {
+			return s.take(s.event)
 		}
-		s.st.tokens.read(rest[:i], at)
-		s.event = s.event[:copy(s.event, rest[i+1:])]
 	}
-	return s.take(s.event)
 }
 
 // take handles one whole event.

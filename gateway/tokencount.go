@@ -87,6 +87,25 @@ func (c *tokenCount) broke() {
 // known: the count can be told to a continuation and held against a usage report.
 func (c *tokenCount) known() bool { return c.seen && !c.bad }
 
+// promptCount is the prompt's usage a replica reported on its stream's first event
+// (runnerapi.PromptCountComment): its tokens, and those found in the prompt cache.
+type promptCount struct {
+	tokens, cached int64
+	known          bool
+}
+
+// read takes the line's value, "P C"; a value that is not one leaves the prompt unknown.
+func (p *promptCount) read(v []byte) {
+	ps, cs, ok := bytes.Cut(bytes.TrimRight(v, "\r"), []byte(" "))
+	n, nerr := strconv.ParseInt(string(ps), 10, 64)
+	c, cerr := strconv.ParseInt(string(cs), 10, 64)
+	if !ok || nerr != nil || cerr != nil || n < 0 || c < 0 || c > n {
+		*p = promptCount{}
+		return
+	}
+	*p = promptCount{tokens: n, cached: c, known: true}
+}
+
 // checkCount holds a stream's usage report u against the gateway's own count of the
 // tokens it forwarded (body is the stream's splice reader): a report of other
 // completion tokens is counted in usage_count_disagreements_total and logged as

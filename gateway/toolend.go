@@ -5,6 +5,9 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+
+	"github.com/macfleet/macfleet/api/runnerapi"
+	"github.com/macfleet/macfleet/gateway/metering"
 )
 
 // A Chat Completions stream that breaks inside or after a tool call is not continued
@@ -13,7 +16,9 @@ import (
 // chunk with a finish_reason, then [DONE], no error event. The finish_reason is
 // tool_calls when every call's arguments the client has are whole JSON (the calls can
 // be run), length when the break cut one (a call cut short, as max_tokens cuts one: do
-// not run it). A stream that broke after its finish_reason gets [DONE] alone.
+// not run it). A stream that broke after its finish_reason gets [DONE] alone. Either
+// is metered by the gateway's count (countedUsage), and with
+// stream_options.include_usage gets that usage chunk before [DONE].
 
 // toolCallDelta is what the gateway reads of a tool call's chunk.
 type toolCallDelta struct {
@@ -52,29 +57,59 @@ func toolFinish(args [][]byte) string {
 }
 
 // cleanEnd is the end of a Chat Completions stream that broke after a tool call or its
-// finish_reason: its last chunk (none after a finish_reason) and [DONE].
-func (st *spliced) cleanEnd() []byte {
+// finish_reason: its last chunk (none after a finish_reason), the usage chunk when u is
+// not nil, and [DONE].
+func (st *spliced) cleanEnd(u *metering.Usage) []byte {
 	var b strings.Builder
+	created := string(st.created)
+	if created == "" {
+		created = "0"
+	}
+	id, _ := json.Marshal(st.id)
+	model, _ := json.Marshal(st.model)
+	head := fmt.Sprintf(`data: {"id":%s,"object":"chat.completion.chunk","created":%s,"model":%s,`, id, created, model)
 	if !st.finished {
-		created := string(st.created)
-		if created == "" {
-			created = "0"
+		fmt.Fprintf(&b, `%s"choices":[{"index":0,"delta":{},"finish_reason":%q}]}`+"\n\n", head, toolFinish(st.args))
+	}
+	if u != nil {
+		ru := runnerapi.Usage{PromptTokens: int(u.Input), CompletionTokens: int(u.Output), TotalTokens: int(u.Input + u.Output)}
+		if u.Cached > 0 {
+			ru.PromptTokensDetails = &runnerapi.PromptTokensDetails{CachedTokens: int(u.Cached)}
 		}
-		id, _ := json.Marshal(st.id)
-		model, _ := json.Marshal(st.model)
-		fmt.Fprintf(&b, `data: {"id":%s,"object":"chat.completion.chunk","created":%s,"model":%s,`+
-			`"choices":[{"index":0,"delta":{},"finish_reason":%q}]}`+"\n\n", id, created, model, toolFinish(st.args))
+		usage, _ := json.Marshal(ru)
+		fmt.Fprintf(&b, `%s"choices":[],"usage":%s}`+"\n\n", head, usage)
 	}
 	b.WriteString(doneEvent)
 	return []byte(b.String())
 }
 
+// countedUsage is the usage of a stream by the gateway's counts: the prompt as its
+// last replica reported it, and every completion token the client got; ok false when
+// the runner sent either count not (an older one) or not as one.
+func (st *spliced) countedUsage() (metering.Usage, bool) {
+	if !st.prompt.known || !st.tokens.known() {
+		return metering.Usage{}, false
+	}
+	return metering.Usage{Input: st.prompt.tokens, Cached: st.prompt.cached, Output: st.tokens.total()}, true
+}
+
 // endCleanly ends a Chat Completions stream that broke after a tool call or its
-// finish_reason (see cleanEnd).
-func (g *Gateway) endCleanly(w http.ResponseWriter, model string, be Backend, c continuation, why string) outcome {
+// finish_reason (see cleanEnd): the replica that broke reports no usage, so the
+// gateway meters its own count (within the request's bound, as a report is), and
+// sends it as the usage chunk when the client asked for one.
+func (g *Gateway) endCleanly(w http.ResponseWriter, r *http.Request, lim metering.Limits, model string, be Backend,
+	c continuation, why string) outcome {
 	g.log.Info("Upstream stream broke after a tool call or its finish; ended cleanly", "model", model,
 		"replica", be.Key, "endpoint", be.Endpoint, "err", c.brk.Error(), "why", why)
-	_, _ = w.Write(c.st.cleanEnd())
+	var metered *metering.Usage
+	if u, ok := c.st.countedUsage(); ok {
+		metered = g.meterClaim(r, model, be, lim, u, nil)
+	}
+	sent := metered
+	if !c.shape.usage {
+		sent = nil
+	}
+	_, _ = w.Write(c.st.cleanEnd(sent))
 	_ = http.NewResponseController(w).Flush()
-	return outcome{status: http.StatusOK, reason: "stream_broken"}
+	return outcome{status: http.StatusOK, reason: "stream_broken", usage: metered}
 }

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"encoding/json"
+	"io"
 	"net/http"
 	"strconv"
 	"strings"
@@ -91,6 +92,13 @@ func (g *Gateway) meter(r *http.Request, model string, be Backend, lim metering.
 		g.distrusted(model, be, "A replica reported unreadable usage; not counted", "err", err.Error())
 		return nil
 	}
+	return g.meterClaim(r, model, be, lim, u, resp.Body)
+}
+
+// meterClaim counts usage u, claimed for replica be's answer, for the request's
+// caller, cut to what the request could use on that replica; body, when not nil, is
+// the answer's body, whose stream the gateway counted (checkCount, choiceUsage).
+func (g *Gateway) meterClaim(r *http.Request, model string, be Backend, lim metering.Limits, u metering.Usage, body io.Reader) *metering.Usage {
 	lim.Context = int64(be.Context)
 	bound := lim.Bound()
 	claimed := u
@@ -102,9 +110,11 @@ func (g *Gateway) meter(r *http.Request, model string, be Backend, lim metering.
 		g.distrusted(model, be, "A replica reported more usage than the request could use; counted at the bound",
 			"reported", claimed.String(), "bound", bound.String(), "reasons", cut)
 	}
-	g.checkCount(model, be, resp.Body, &u)
-	if !choiceUsage(resp.Body, &u, bound) {
-		return &u // one choice's continuation: metered with the last one
+	if body != nil {
+		g.checkCount(model, be, body, &u)
+		if !choiceUsage(body, &u, bound) {
+			return &u // one choice's continuation: metered with the last one
+		}
 	}
 	id := g.caller(r)
 	g.metrics.usage.Record(id, model, u)

@@ -148,6 +148,25 @@ func (w *attackWorker) session(t testing.TB, id []byte) (*wireConn, []byte) {
 	return c, reply
 }
 
+// greets opens a greeted session and closes it: nil when the worker answered the
+// greeting, else why not.
+func (w *attackWorker) greets(t testing.TB) error {
+	conn, err := net.DialTimeout("tcp", w.addr, 5*time.Second)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	hello := append(runnerapi.SplitAuthFrame(w.secret), wireFrame(wireHello, wireGreeting(t, w.model, make([]byte, 16)))...)
+	if _, err := conn.Write(hello); err != nil {
+		return err
+	}
+	c := &wireConn{t: t, conn: conn}
+	if status, reply := c.read(30 * time.Second); status != 0 || len(reply) != wireReplySize {
+		return fmt.Errorf("the greeting's answer: status %d, %q", status, reply)
+	}
+	return nil
+}
+
 func (c *wireConn) send(frames ...[]byte) {
 	c.t.Helper()
 	if _, err := c.conn.Write(bytes.Join(frames, nil)); err != nil {

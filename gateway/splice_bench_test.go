@@ -13,11 +13,14 @@ import (
 // BenchmarkSpliceReader measures what reading a Chat Completions stream event by event
 // (to be able to continue it) costs against copying its bytes, per event, on a
 // 1000-token stream of one-token chunks; splice-counted reads the stream with the
-// runner's count line before each event (runnerapi.HeaderTokenCounts), as the gateway
-// gets it.
+// runner's count line before each event and its prompt's line before the first
+// (runnerapi.HeaderTokenCounts), as the gateway gets it.
 func BenchmarkSpliceReader(b *testing.B) {
 	events := func(counted bool) []byte {
 		var sb strings.Builder
+		if counted {
+			sb.WriteString(promptLine)
+		}
 		sb.WriteString(chunkEvent("chatcmpl-bench", roleDelta, ""))
 		for i := range 1000 {
 			if counted {

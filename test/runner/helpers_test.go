@@ -214,6 +214,25 @@ func (r *runner) waitReady(timeout time.Duration) {
 }
 
 // stop sends SIGTERM and waits; SIGKILL after 10 s.
+// checkAlive fails r's test when its runner has exited: how (its process state), and
+// its stderr from the first line that is not its log's (a crash's report).
+func (r *runner) checkAlive() {
+	r.t.Helper()
+	select {
+	case <-r.exited:
+		stderr := r.stderr.String()
+		at := max(len(stderr)-3000, 0)
+		for _, mark := range []string{"GGML_ASSERT", "panic: ", "fatal error: ", "\nSIG", "terminate called"} {
+			if i := strings.Index(stderr, mark); i >= 0 && i < at+3000 {
+				at = max(strings.LastIndexByte(stderr[:i], '\n')-1500, 0)
+				break
+			}
+		}
+		r.t.Fatalf("the runner exited (%v); stderr:\n%s", r.cmd.ProcessState, stderr[at:min(len(stderr), at+4000)])
+	default:
+	}
+}
+
 func (r *runner) stop() {
 	select {
 	case <-r.exited:

@@ -39,17 +39,13 @@ func FuzzImportedState(f *testing.F) {
 		binary.LittleEndian.PutUint32(huge[i:], 0x7fffffff)
 	}
 	f.Add(huge)
-	castagnoli := crc32.MakeTable(crc32.Castagnoli)
 	part := map[string]string{runnerapi.HeaderCachePartition: partition}
 	f.Fuzz(func(t *testing.T, st []byte) {
 		r := &runner{t: t, cmd: r.cmd, base: r.base, client: r.client, stderr: r.stderr, exited: r.exited} // its failures are t's
-		p := append(bytes.Clone(prefix), st...)
-		h := bytes.Clone(hdr)
-		binary.LittleEndian.PutUint64(h[72:], uint64(len(p)))
-		binary.LittleEndian.PutUint32(h[80:], crc32.Checksum(p, castagnoli))
-		binary.LittleEndian.PutUint32(h[92:], crc32.Checksum(h[:92], castagnoli))
+		r.checkAlive()
+		defer r.checkAlive()
 		clearCache(t, r)
-		code, res := importState(t, r, append(h, p...), partition, digest)
+		code, res := importState(t, r, sealed(hdr, prefix, st), partition, digest)
 		if code != http.StatusOK && code != http.StatusUnprocessableEntity {
 			t.Fatalf("import: %d %+v, want 200 or 422", code, res)
 		}
@@ -59,4 +55,16 @@ func FuzzImportedState(f *testing.F) {
 			t.Fatalf("the real state: import %d %+v, %d tokens restored; want it imported and restored", code, res, cachedTokens(u))
 		}
 	})
+}
+
+// sealed is an entry of header hdr and payload prefix (the blob's tokens) and st (its
+// llama.cpp state), its lengths and checksums computed as a peer computes them.
+func sealed(hdr, prefix, st []byte) []byte {
+	castagnoli := crc32.MakeTable(crc32.Castagnoli)
+	p := append(bytes.Clone(prefix), st...)
+	h := bytes.Clone(hdr)
+	binary.LittleEndian.PutUint64(h[72:], uint64(len(p)))
+	binary.LittleEndian.PutUint32(h[80:], crc32.Checksum(p, castagnoli))
+	binary.LittleEndian.PutUint32(h[92:], crc32.Checksum(h[:92], castagnoli))
+	return append(h, p...)
 }

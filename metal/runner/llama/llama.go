@@ -511,3 +511,10 @@ func ApplyChatTemplate(tmpl string, msgs []ChatMessage, addAssistant bool) (stri
 	}
 	return "", errors.New("chat template output changed size between calls")
 }
+
+// HasKVCells: the model's memory is an attention KV cache of cells (plain or with a
+// sliding window), whose sequence state starts with the cells' positions; false for
+// a recurrent or hybrid model, whose state is laid out otherwise.
+func (m *Model) HasKVCells() bool {
+	return !bool(C.llama_model_is_recurrent(m.c)) && !bool(C.llama_model_is_hybrid(m.c))
+}

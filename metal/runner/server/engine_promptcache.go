@@ -17,7 +17,13 @@ import (
 // refused the state: the slot is then empty and the prompt is prefilled in full).
 func (e *engine) restore(s *slot, r *restoreState) int {
 	start := time.Now()
-	err := e.ctx.SetSeqState(s.id, r.state)
+	var err error
+	if e.model.HasKVCells() {
+		err = checkStateCells(r.state)
+	}
+	if err == nil {
+		err = e.ctx.SetSeqState(s.id, r.state)
+	}
 	if err == nil && e.ctx.SeqPosMax(s.id) < r.n-1 {
 		err = fmt.Errorf("the state holds %d tokens, not %d", e.ctx.SeqPosMax(s.id)+1, r.n)
 	}

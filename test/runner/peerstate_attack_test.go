@@ -7,7 +7,6 @@ import (
 	"testing"
 
 	"github.com/macfleet/macfleet/api/runnerapi"
-	"github.com/macfleet/macfleet/metal/enginepool/promptcache"
 	"github.com/macfleet/macfleet/test/support/testassets"
 )
 
@@ -26,9 +25,7 @@ func TestAttackForgedStateCells(t *testing.T) {
 	a := startReady(t, m, peerFlags("")...)
 	msgs := peerPrompt(t, a)
 	coldReply, entry, tokens := savedState(t, a, msgs, partition, digest)
-	hdr, payload := entry[:promptcache.EntryHeaderSize], entry[promptcache.EntryHeaderSize:]
-	prefix := payload[:16+4*tokens]
-	state := bytes.Clone(payload[len(prefix):])
+	hdr, prefix, state := entryParts(entry, tokens)
 	// The state: its streams' count, then each stream's cell count and cells (position,
 	// count of sequences, their ids). The slot's stream is the first with cells.
 	at := 4

@@ -26,9 +26,7 @@ func FuzzImportedState(f *testing.F) {
 	r := startReady(f, m, peerFlags("")...)
 	msgs := []chatMsg{{"role": "user", "content": "Summarize the " + words(31, 120)}}
 	_, entry, tokens := savedState(f, r, msgs, partition, digest)
-	hdr, payload := entry[:promptcache.EntryHeaderSize], entry[promptcache.EntryHeaderSize:]
-	prefix := payload[:16+4*tokens]
-	state := payload[len(prefix):]
+	hdr, prefix, state := entryParts(entry, tokens)
 	f.Add(bytes.Clone(state))
 	f.Add(bytes.Clone(state[:len(state)/2]))
 	zeroed := bytes.Clone(state)
@@ -55,6 +53,14 @@ func FuzzImportedState(f *testing.F) {
 			t.Fatalf("the real state: import %d %+v, %d tokens restored; want it imported and restored", code, res, cachedTokens(u))
 		}
 	})
+}
+
+// entryParts are an exported entry's parts: its header, its payload's prefix (the
+// blob's tokens) and llama.cpp's state after it, a copy.
+func entryParts(entry []byte, tokens int) (hdr, prefix, state []byte) {
+	hdr, payload := entry[:promptcache.EntryHeaderSize], entry[promptcache.EntryHeaderSize:]
+	prefix = payload[:16+4*tokens]
+	return hdr, prefix, bytes.Clone(payload[len(prefix):])
 }
 
 // sealed is an entry of header hdr and payload prefix (the blob's tokens) and st (its

@@ -1,0 +1,207 @@
+package main
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+// measured is the counters' run on testdata/mod with testdata/limits.txt, whose
+// files say in comments what each measure must find.
+var measured = sync.OnceValues(func() (map[string]result, error) {
+	cfg, err := readConfig("testdata/limits.txt")
+	if err != nil {
+		return nil, err
+	}
+	results, err := measure("testdata/mod", cfg)
+	byName := map[string]result{}
+	for _, r := range results {
+		byName[r.name] = r
+	}
+	return byName, err
+})
+
+// check compares a measure of the test module with its expected offenders (and so
+// its count).
+func check(t *testing.T, name string, want []string) result {
+	t.Helper()
+	results, err := measured()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, ok := results[name]
+	if !ok {
+		t.Fatalf("no measure %s", name)
+	}
+	if r.count != len(want) {
+		t.Errorf("%s = %d, want %d", name, r.count, len(want))
+	}
+	if diff := cmp.Diff(want, r.offenders); diff != "" {
+		t.Errorf("%s offenders (-want +got):\n%s", name, diff)
+	}
+	return r
+}
+
+func TestPointerOnlyMethods(t *testing.T) {
+	check(t, "pointer-only-methods", []string{
+		"controllers/ctl/ctl.go:12 holder.acquire",
+		"pool/load.go:9 loader.await",
+		"pool/load.go:14 loader.start",
+		"pool/load.go:16 loader.startLocked",
+	})
+}
+
+func TestPoolLockSites(t *testing.T) {
+	check(t, "pool-lock-sites", []string{
+		"pool/load.go:18 loader.startLocked: mu.Lock()",
+		"pool/pool.go:28 state.read: s.mu.RLock()",
+		"pool/pool.go:35 Pool.Acquire: p.mu.Lock()",
+		"pool/settle.go:19 guarded.inc: g.Lock()",
+	})
+}
+
+func TestLockedHelpersOutsideState(t *testing.T) {
+	check(t, "locked-helpers-outside-state", []string{
+		"pool/load.go:16 loader.startLocked",
+		"pool/settle.go:8 Pool.settleLocked",
+		"pool/settle.go:10 helperLocked",
+	})
+}
+
+// TestLockedHelpersStateType names another state type: its …Locked methods are the
+// ones no longer counted.
+func TestLockedHelpersStateType(t *testing.T) {
+	m, err := scanModule("testdata/mod")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pkgs, err := loadTyped(m, []string{"pool"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := lockedHelpers(m, pkgs["pool"], "loader").offenders
+	want := []string{"pool/pool.go:25 state.addLocked", "pool/settle.go:8 Pool.settleLocked", "pool/settle.go:10 helperLocked"}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("…Locked helpers outside loader (-want +got):\n%s", diff)
+	}
+}
+
+func TestAcquireWalk(t *testing.T) {
+	stays := check(t, "acquire-stays", []string{
+		"stay 1: pool/pool.go Pool.Acquire, state.addLocked",
+		"stay 2: pool/load.go loader.await",
+		"stay 3: pool/pool.go state.addLocked",
+		"stay 4: pool/load.go ",
+		"stay 5: pool/pool.go ",
+		"stay 6: pool/settle.go Pool.settleLocked",
+		"stay 7: pool/pool.go ",
+		"stay 8: pool/load.go loader.start, loader.startLocked",
+		"stay 9: pool/pool.go state.read",
+	})
+	tour := []string{"pool.go", "load.go", "pool.go", "load.go", "pool.go", "settle.go", "pool.go", "load.go", "pool.go"}
+	if diff := cmp.Diff(tour, stays.tour); diff != "" {
+		t.Errorf("acquire's tour (-want +got):\n%s", diff)
+	}
+	check(t, "acquire-returns", []string{
+		"stay 3: pool/pool.go state.addLocked",
+		"stay 4: pool/load.go ",
+		"stay 5: pool/pool.go ",
+		"stay 7: pool/pool.go ",
+		"stay 8: pool/load.go loader.start, loader.startLocked",
+		"stay 9: pool/pool.go state.read",
+	})
+}
+
+func TestGatewayWideParams(t *testing.T) {
+	check(t, "gateway-wide-params", []string{
+		"gateway/gw.go:4 seven (7 parameters)",
+		"gateway/gw.go:13 G.seven (7 parameters)",
+		"gateway/sub/sub.go:4 eight (8 parameters)",
+	})
+}
+
+func TestInternalUpwardImports(t *testing.T) {
+	check(t, "internal-upward-imports", []string{
+		"internal/app/app.go:7 internal/app (layer 4 app) imports internal/tool (layer 3 components)",
+		"internal/app/app.go:8 internal/app (layer 4 app) imports pool (layer 2 engine)",
+		"internal/lib/lib.go:4 internal/lib (layer 0 ground) imports internal/rules (layer 1 domain)",
+		"internal/tool/tool.go:6 internal/tool (layer 3 components) imports controllers/ctl (layer 3 components)",
+	})
+}
+
+func TestLongFunctions(t *testing.T) {
+	check(t, "long-functions", []string{
+		"controllers/ctl/long.go:4 long81 (81 lines)",
+		"controllers/ctl/long.go:173 literal81 (func literal) (81 lines)",
+	})
+}
+
+// TestReport fails a measure over its limit, with its offenders, and passes one at it.
+func TestReport(t *testing.T) {
+	cfg := config{limits: map[string]int{"a": 1, "b": 2}, order: []string{"a", "b"}}
+	results := []result{{name: "a", count: 2, offenders: []string{"x.go:1 f", "x.go:2 g"}}, {name: "b", count: 2, offenders: []string{"y.go:1 h"}}}
+	var out bytes.Buffer
+	ok, err := report(&out, cfg, results, false)
+	if err != nil || ok {
+		t.Fatalf("report = %v, %v; want false, nil", ok, err)
+	}
+	want := "a                                  2  limit     1  FAILED\n    x.go:1 f\n    x.go:2 g\n" +
+		"b                                  2  limit     2  ok\n"
+	if diff := cmp.Diff(want, out.String()); diff != "" {
+		t.Errorf("report (-want +got):\n%s", diff)
+	}
+	results[0].count = 1
+	if ok, err := report(&bytes.Buffer{}, cfg, results, false); err != nil || !ok {
+		t.Errorf("report at the limits = %v, %v; want true, nil", ok, err)
+	}
+}
+
+// TestReportNeedsEveryLimit refuses a measure without a limit and a limit without a
+// measure.
+func TestReportNeedsEveryLimit(t *testing.T) {
+	cfg := config{limits: map[string]int{"a": 1}, order: []string{"a"}}
+	if _, err := report(&bytes.Buffer{}, cfg, []result{{name: "b"}}, false); err == nil {
+		t.Error("a measure without a limit passed")
+	}
+	if _, err := report(&bytes.Buffer{}, cfg, nil, false); err == nil {
+		t.Error("a limit without a measure passed")
+	}
+}
+
+func TestReadConfigRejects(t *testing.T) {
+	for _, line := range []string{"a -1", "a x", "a 1 2", "a 1\na 2", "walk acquire pool", "params-max six"} {
+		path := filepath.Join(t.TempDir(), "limits.txt")
+		if err := os.WriteFile(path, []byte(line+"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := readConfig(path); err == nil {
+			t.Errorf("readConfig accepted %q", line)
+		}
+	}
+}
+
+// TestRepositoryLimits checks that the repository's limits file sets a limit for each
+// measure, each with a comment that names the target.
+func TestRepositoryLimits(t *testing.T) {
+	cfg, err := readConfig("limits.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"pointer-only-methods", "pool-lock-sites", "locked-helpers-outside-state",
+		"acquire-stays", "acquire-returns", "gateway-wide-params", "internal-upward-imports", "long-functions"}
+	if diff := cmp.Diff(want, cfg.order); diff != "" {
+		t.Errorf("limits.txt's measures (-want +got):\n%s", diff)
+	}
+	data, _ := os.ReadFile("limits.txt")
+	for _, line := range strings.Split(string(data), "\n") {
+		if f := strings.Fields(line); len(f) > 0 && slices.Contains(want, f[0]) && !strings.Contains(line, "# target") {
+			t.Errorf("limits.txt: %q names no target", line)
+		}
+	}
+}

@@ -1,0 +1,7 @@
+package gateway
+
+import "testing"
+
+func wideInTest(a, b, c, d, e, f, g int) {}
+
+func TestWide(t *testing.T) {}

@@ -82,7 +82,7 @@ generate: ## Generate deepcopy functions.
 
 .PHONY: manifests
 manifests: ## Generate CRDs and RBAC from markers; copy them into the chart.
-	$(CONTROLLER_GEN) crd rbac:roleName=macfleet-manager paths=./api/... paths=./controllers/... paths=./internal/manager/... \
+	$(CONTROLLER_GEN) crd rbac:roleName=macfleet-manager paths=./api/... paths=./controllers/... paths=./cmd/macfleet/manager/... \
 		output:crd:artifacts:config=config/crd/bases output:rbac:artifacts:config=config/rbac
 	$(CONTROLLER_GEN) rbac:roleName=macfleet-gateway paths=./gateway/... output:rbac:artifacts:config=config/rbac/gateway
 	$(CHART_SYNC)
@@ -112,12 +112,16 @@ release: helm ## Build the release into bin/release: the image (OCI layout, linu
 ##@ Verify and test
 
 .PHONY: verify
-verify: ## Fail if generation leaves a diff; vet; lint (golangci-lint); cross-compile for darwin/arm64.
+verify: ## Fail if generation leaves a diff; vet; lint (golangci-lint); structure counts over their limits; cross-compile for darwin/arm64.
 	hack/verify.sh
 
 .PHONY: lint
 lint: golangci-lint ## Run golangci-lint (.golangci.yml: function length, duplication, import layers).
 	hack/lint.sh
+
+.PHONY: structure
+structure: ## Count the code's shapes against hack/structure/limits.txt (pointer-only types, pool locks, the acquire walk, wide parameters, upward imports, long functions).
+	go run ./hack/structure
 
 .PHONY: golangci-lint
 golangci-lint: $(GOLANGCI_LINT) ## Build golangci-lint from Go modules into the cache (version pinned in hack/tools/go.mod).

@@ -11,6 +11,9 @@
 #   - gofmt and `go vet` (pure Go, CGO_ENABLED=0) are clean;
 #   - golangci-lint (.golangci.yml: function length, duplication, the import layers of
 #     docs/architecture.md) is clean, built into the cache first if missing;
+#   - hack/structure's counts (pointer-only helper types, the pool's locks and its
+#     acquire walk, wide gateway functions, upward imports from internal/, long
+#     functions) are within hack/structure/limits.txt, its own tests passing first;
 #   - cmd/macfleet cross-compiles for darwin/arm64 without cgo.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -63,6 +66,11 @@ prometheus_rules() {
 	return $rc
 }
 
+# hack/structure's tests on its test module, then its counts on this one.
+structure() {
+	go test -count=1 ./hack/structure && go run ./hack/structure
+}
+
 gofmt_clean() {
 	local files unformatted
 	mapfile -t files < <(git ls-files --cached --others --exclude-standard -- '*.go')
@@ -80,6 +88,7 @@ step "go mod tidy" tidy
 step "gofmt" gofmt_clean
 step "go vet" env CGO_ENABLED=0 go vet ./...
 step "golangci-lint" ${MAKE:-make} --no-print-directory lint
+step "structure" structure
 step "build darwin/arm64" env GOOS=darwin GOARCH=arm64 CGO_ENABLED=0 go build -trimpath -o /dev/null ./cmd/macfleet
 
 if ((${#failed[@]})); then

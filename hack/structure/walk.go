@@ -50,7 +50,10 @@ func walkCalls(m *module, p *packages.Package, w walk) (result, result, error) {
 			if !ok || fd.Body == nil {
 				continue
 			}
-			fn := p.TypesInfo.Defs[fd.Name].(*types.Func)
+			fn, ok := p.TypesInfo.Defs[fd.Name].(*types.Func)
+			if !ok {
+				continue
+			}
 			wk.decls[fn] = fd
 			if funcName(fd) == want {
 				root = fn

@@ -18,6 +18,7 @@ type config struct {
 	poolPackage     string // the package whose locks and …Locked helpers are counted
 	stateType       string // the pool's state type, which may have …Locked methods
 	walks           []walk
+	walkFields      bool   // whether a walk enters the functions stored in a func-typed field
 	paramsUnder     string // the folder whose functions' parameters are counted
 	paramsMax       int    // the most parameters a function there may take
 	bodyMax         int    // the most lines a function's body may run
@@ -46,6 +47,7 @@ func readConfig(path string) (config, error) {
 		bodyMax:         80,
 		layerDoc:        "docs/architecture.md",
 		internalCeiling: "domain",
+		walkFields:      true,
 	}
 	sc := bufio.NewScanner(bytes.NewReader(data))
 	for n := 1; sc.Scan(); n++ {
@@ -90,6 +92,8 @@ func (c *config) set(fields []string) error {
 		c.layerDoc = v
 	case "internal-ceiling":
 		c.internalCeiling = v
+	case "walk-fields":
+		c.walkFields, err = strconv.ParseBool(v)
 	default:
 		limit, perr := strconv.Atoi(v)
 		if perr != nil || limit < 0 {

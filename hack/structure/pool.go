@@ -24,7 +24,7 @@ func measurePool(m *module, cfg config) ([]result, error) {
 	pool := pkgs[cfg.poolPackage]
 	results := []result{lockSites(m, pool), lockedHelpers(m, pool, cfg.stateType)}
 	for _, w := range cfg.walks {
-		stays, returns, err := walkCalls(m, pkgs[w.pkg], w)
+		stays, returns, err := walkCalls(m, pkgs[w.pkg], w, cfg.walkFields)
 		if err != nil {
 			return nil, err
 		}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -60,8 +61,8 @@ func TestPointerOnlyMethods(t *testing.T) {
 func TestPoolLockSites(t *testing.T) {
 	check(t, "pool-lock-sites", []string{
 		"pool/load.go:18 loader.startLocked: mu.Lock()",
-		"pool/pool.go:28 state.read: s.mu.RLock()",
-		"pool/pool.go:35 Pool.Acquire: p.mu.Lock()",
+		"pool/pool.go:42 state.read: s.mu.RLock()",
+		"pool/pool.go:49 Pool.Acquire: p.mu.Lock()",
 		"pool/settle.go:19 guarded.inc: g.Lock()",
 	})
 }
@@ -86,7 +87,7 @@ func TestLockedHelpersStateType(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := lockedHelpers(m, pkgs["pool"], "loader").offenders
-	want := []string{"pool/pool.go:25 state.addLocked", "pool/settle.go:8 Pool.settleLocked", "pool/settle.go:10 helperLocked"}
+	want := []string{"pool/pool.go:39 state.addLocked", "pool/settle.go:8 Pool.settleLocked", "pool/settle.go:10 helperLocked"}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("…Locked helpers outside loader (-want +got):\n%s", diff)
 	}
@@ -102,9 +103,11 @@ func TestAcquireWalk(t *testing.T) {
 		"stay 6: pool/settle.go Pool.settleLocked",
 		"stay 7: pool/pool.go ",
 		"stay 8: pool/load.go loader.start, loader.startLocked",
-		"stay 9: pool/pool.go state.read",
+		"stay 9: pool/pool.go ",
+		"stay 10: pool/settle.go wakeUp",
+		"stay 11: pool/pool.go state.read",
 	})
-	tour := []string{"pool.go", "load.go", "pool.go", "load.go", "pool.go", "settle.go", "pool.go", "load.go", "pool.go"}
+	tour := []string{"pool.go", "load.go", "pool.go", "load.go", "pool.go", "settle.go", "pool.go", "load.go", "pool.go", "settle.go", "pool.go"}
 	if diff := cmp.Diff(tour, stays.tour); diff != "" {
 		t.Errorf("acquire's tour (-want +got):\n%s", diff)
 	}
@@ -114,8 +117,34 @@ func TestAcquireWalk(t *testing.T) {
 		"stay 5: pool/pool.go ",
 		"stay 7: pool/pool.go ",
 		"stay 8: pool/load.go loader.start, loader.startLocked",
-		"stay 9: pool/pool.go state.read",
+		"stay 9: pool/pool.go ",
+		"stay 10: pool/settle.go wakeUp",
+		"stay 11: pool/pool.go state.read",
 	})
+}
+
+// TestAcquireWalkWithoutFields does not enter the functions stored in func-typed
+// fields: the call of p.wake stays in pool.go.
+func TestAcquireWalkWithoutFields(t *testing.T) {
+	m, err := scanModule("testdata/mod")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pkgs, err := loadTyped(m, []string{"pool"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stays, returns, err := walkCalls(m, pkgs["pool"], walk{name: "acquire", pkg: "pool", root: "(*Pool).Acquire"}, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tour := []string{"pool.go", "load.go", "pool.go", "load.go", "pool.go", "settle.go", "pool.go", "load.go", "pool.go"}
+	if diff := cmp.Diff(tour, stays.tour); diff != "" {
+		t.Errorf("acquire's tour without fields (-want +got):\n%s", diff)
+	}
+	if stays.count != 9 || returns.count != 6 {
+		t.Errorf("stays, returns = %d, %d; want 9, 6", stays.count, returns.count)
+	}
 }
 
 func TestGatewayWideParams(t *testing.T) {
@@ -175,7 +204,7 @@ func TestReportNeedsEveryLimit(t *testing.T) {
 }
 
 func TestReadConfigRejects(t *testing.T) {
-	for _, line := range []string{"a -1", "a x", "a 1 2", "a 1\na 2", "walk acquire pool", "params-max six"} {
+	for _, line := range []string{"a -1", "a x", "a 1 2", "a 1\na 2", "walk acquire pool", "params-max six", "walk-fields maybe"} {
 		path := filepath.Join(t.TempDir(), "limits.txt")
 		if err := os.WriteFile(path, []byte(line+"\n"), 0o644); err != nil {
 			t.Fatal(err)
@@ -202,6 +231,33 @@ func TestRepositoryLimits(t *testing.T) {
 	for _, line := range strings.Split(string(data), "\n") {
 		if f := strings.Fields(line); len(f) > 0 && slices.Contains(want, f[0]) && !strings.Contains(line, "# target") {
 			t.Errorf("limits.txt: %q names no target", line)
+		}
+	}
+}
+
+// TestTestModuleAtItsLimits passes the test module at testdata/limits.txt and fails it
+// with any limit one lower.
+func TestTestModuleAtItsLimits(t *testing.T) {
+	results, err := measured()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := readConfig("testdata/limits.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var list []result
+	for _, name := range cfg.order {
+		list = append(list, results[name])
+	}
+	if ok, err := report(&bytes.Buffer{}, cfg, list, false); err != nil || !ok {
+		t.Fatalf("report at testdata/limits.txt = %v, %v; want true, nil", ok, err)
+	}
+	for _, name := range cfg.order {
+		lower := config{limits: maps.Clone(cfg.limits), order: cfg.order}
+		lower.limits[name]--
+		if ok, _ := report(&bytes.Buffer{}, lower, list, false); ok {
+			t.Errorf("%s one under its count passed", name)
 		}
 	}
 }

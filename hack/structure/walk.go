@@ -19,11 +19,15 @@ import (
 // a function value passed or stored is not followed, and each function is expanded
 // once: a later call of it enters its file and returns without walking it again.
 // Function literals are walked where they are written: one passed to a call after the
-// call's callee, as the callee would run it.
+// call's callee, as the callee would run it. A call through a field of function type
+// enters the functions of the package that the package stores in that field
+// (`Pool{startLoad: l.start}`, `p.startLoad = l.start`), in the order they are stored
+// (the limits file's walk-fields turns this off).
 type walker struct {
 	m        *module
 	info     *types.Info
 	decls    map[*types.Func]*ast.FuncDecl
+	stored   map[*types.Var][]*types.Func // a func-typed field's functions
 	expanded map[*types.Func]bool
 	steps    []step
 }
@@ -39,9 +43,11 @@ type stay struct {
 	fns  []string
 }
 
-// walkCalls walks w from its root in package p and counts its stays and its returns.
-func walkCalls(m *module, p *packages.Package, w walk) (result, result, error) {
-	wk := &walker{m: m, info: p.TypesInfo, decls: map[*types.Func]*ast.FuncDecl{}, expanded: map[*types.Func]bool{}}
+// walkCalls walks w from its root in package p and counts its stays and its returns;
+// with fields, calls through func-typed fields enter the functions stored there.
+func walkCalls(m *module, p *packages.Package, w walk, fields bool) (result, result, error) {
+	wk := &walker{m: m, info: p.TypesInfo, decls: map[*types.Func]*ast.FuncDecl{},
+		stored: map[*types.Var][]*types.Func{}, expanded: map[*types.Func]bool{}}
 	var root *types.Func
 	want := strings.NewReplacer("(", "", ")", "", "*", "").Replace(w.root)
 	for _, f := range p.Syntax {
@@ -58,6 +64,11 @@ func walkCalls(m *module, p *packages.Package, w walk) (result, result, error) {
 			if funcName(fd) == want {
 				root = fn
 			}
+		}
+	}
+	for _, f := range p.Syntax {
+		if fields {
+			wk.findStored(f)
 		}
 	}
 	stays, returns := result{name: w.name + "-stays"}, result{name: w.name + "-returns"}
@@ -136,7 +147,7 @@ func (w *walker) call(c *ast.CallExpr, file string) {
 	if lit, ok := fun.(*ast.FuncLit); ok {
 		lits = append(lits, lit)
 	}
-	if callee := w.callee(fun); callee != nil {
+	for _, callee := range w.callees(fun) {
 		w.steps = append(w.steps, step{w.file(callee), funcName(w.decls[callee])})
 		if !w.expanded[callee] {
 			w.expand(callee)
@@ -148,32 +159,67 @@ func (w *walker) call(c *ast.CallExpr, file string) {
 	}
 }
 
-// callee is the function of the package that fun names, nil for any other.
-func (w *walker) callee(fun ast.Expr) *types.Func {
-	switch x := fun.(type) {
-	case *ast.IndexExpr:
-		fun = x.X
-	case *ast.IndexListExpr:
-		fun = x.X
+// callees are the functions of the package that a call of fun enters: the one it
+// names, or those stored in the func-typed field it names; none for any other.
+func (w *walker) callees(fun ast.Expr) []*types.Func {
+	obj := w.object(fun)
+	if v, ok := obj.(*types.Var); ok && v.IsField() {
+		return w.stored[v.Origin()]
 	}
-	var obj types.Object
-	switch x := fun.(type) {
+	if fn := w.function(obj); fn != nil {
+		return []*types.Func{fn}
+	}
+	return nil
+}
+
+// object is what the expression e names: a function, a method, a field, a variable.
+func (w *walker) object(e ast.Expr) types.Object {
+	switch x := ast.Unparen(e).(type) {
+	case *ast.IndexExpr:
+		return w.object(x.X)
+	case *ast.IndexListExpr:
+		return w.object(x.X)
 	case *ast.Ident:
-		obj = w.info.Uses[x]
+		return w.info.Uses[x]
 	case *ast.SelectorExpr:
 		if s := w.info.Selections[x]; s != nil {
-			obj = s.Obj()
-		} else {
-			obj = w.info.Uses[x.Sel]
+			return s.Obj()
+		}
+		return w.info.Uses[x.Sel]
+	}
+	return nil
+}
+
+// function is obj if it is a function of the package with a body, else nil.
+func (w *walker) function(obj types.Object) *types.Func {
+	fn, ok := obj.(*types.Func)
+	if !ok || w.decls[fn.Origin()] == nil {
+		return nil
+	}
+	return fn.Origin()
+}
+
+// findStored records the functions of the package that f stores in func-typed
+// fields, by a keyed composite literal or an assignment.
+func (w *walker) findStored(f *ast.File) {
+	store := func(field, value ast.Expr) {
+		v, ok := w.object(field).(*types.Var)
+		fn := w.function(w.object(value))
+		if ok && v.IsField() && fn != nil && !slices.Contains(w.stored[v.Origin()], fn) {
+			w.stored[v.Origin()] = append(w.stored[v.Origin()], fn)
 		}
 	}
-	fn, ok := obj.(*types.Func)
-	if !ok {
-		return nil
-	}
-	fn = fn.Origin()
-	if w.decls[fn] == nil {
-		return nil
-	}
-	return fn
+	ast.Inspect(f, func(n ast.Node) bool {
+		switch n := n.(type) {
+		case *ast.KeyValueExpr:
+			store(n.Key, n.Value)
+		case *ast.AssignStmt:
+			if len(n.Lhs) == len(n.Rhs) {
+				for i := range n.Lhs {
+					store(n.Lhs[i], n.Rhs[i])
+				}
+			}
+		}
+		return true
+	})
 }

@@ -45,3 +45,5 @@ func (w wrap[T]) get() *T { return w.v }
 type two struct{ a, b *Pool }
 
 func (t two) first() *Pool { return t.a }
+
+func wakeUp() {}

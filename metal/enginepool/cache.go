@@ -30,34 +30,26 @@ type RunnerCacheClear struct {
 // model was removed or is draining, so no cache outlives its owner — and measures
 // what each gave back as the drop in its footprint.
 func (p *Pool) ClearCache(ctx context.Context) CacheClearReport {
-	type target struct {
-		name string
-		r    Runner
-		pid  int
-	}
-	p.mu.Lock()
-	var targets []target
-	for g := range p.engines {
-		if g.runner != nil && !isClosed(g.stopped) {
-			targets = append(targets, target{g.name, g.runner, g.pid})
+	var targets []runnerRef
+	for _, t := range p.st.view(query{runners: true}).runners {
+		if !isClosed(t.g.stopped) {
+			targets = append(targets, t)
 		}
 	}
-	p.mu.Unlock()
-
 	out := make([]RunnerCacheClear, len(targets))
 	var wg sync.WaitGroup
 	for i, t := range targets {
 		wg.Go(func() {
 			rc := RunnerCacheClear{Model: t.name, PID: t.pid}
-			before, berr := p.gauge.Process(t.pid)
-			cctx, cancel := p.clock.withDeadline(ctx, p.cfg.RunnerCallTimeout, "clearing the cache of "+t.name)
+			before, berr := p.meter.gauge.Process(t.pid)
+			cctx, cancel := p.meter.clock.withDeadline(ctx, p.cfg.RunnerCallTimeout, "clearing the cache of "+t.name)
 			res, err := t.r.ClearCache(cctx)
 			cancel()
 			if err != nil {
 				rc.Error = err.Error()
 			}
 			rc.ReportedBytes, rc.EntriesCleared = res.BytesReclaimed, res.EntriesCleared
-			if after, aerr := p.gauge.Process(t.pid); berr == nil && aerr == nil {
+			if after, aerr := p.meter.gauge.Process(t.pid); berr == nil && aerr == nil {
 				rc.BytesReclaimed = max(before-after, 0)
 			}
 			out[i] = rc
@@ -69,7 +61,7 @@ func (p *Pool) ClearCache(ctx context.Context) CacheClearReport {
 		rep.BytesReclaimed += rc.BytesReclaimed
 	}
 	slices.SortFunc(rep.Runners, func(a, b RunnerCacheClear) int { return strings.Compare(a.Model, b.Model) })
-	signal(p.wakeNow)
+	signal(p.wake.now)
 	return rep
 }
 
@@ -78,15 +70,13 @@ func (p *Pool) ClearCache(ctx context.Context) CacheClearReport {
 // and never loads the model. An unknown model is an UnknownModelError; a model
 // without a ready runner an UnavailableError (it holds nothing).
 func (p *Pool) RunnerOf(model string) (Runner, error) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	e := p.lookupLocked(model)
-	if e == nil {
+	v := p.st.view(query{model: model})
+	if !v.known {
 		return nil, &UnknownModelError{Model: model}
 	}
-	if e.state != StateReady || e.eng == nil || e.eng.runner == nil || isClosed(e.eng.stopped) {
-		return nil, &UnavailableError{Model: e.spec.Name, State: e.state, ErrCode: CodeEngineStopped,
+	if v.runner == nil {
+		return nil, &UnavailableError{Model: v.name, State: v.state, ErrCode: CodeEngineStopped,
 			Reason: "the model is not loaded: no runner holds its prefixes", Retry: p.cfg.RetryAfter}
 	}
-	return e.eng.runner, nil
+	return v.runner, nil
 }

@@ -83,7 +83,7 @@ type UnloadReport struct {
 	DeviceFreedBytes int64 `json:"deviceFreedBytes,omitempty"`
 }
 
-// entry is one registered model. Every field is guarded by Pool.mu.
+// entry is one registered model. Every field is guarded by the state's lock.
 type entry struct {
 	// spec is the desired spec, used by the next load. A loaded engine keeps the spec
 	// it was started with (engine.spec), so a config reload never replaces it.
@@ -125,14 +125,14 @@ type loadAttempt struct {
 
 // engine is one runner lifetime. Leases point at an engine, not at the entry, so
 // counters of a stopped engine can never leak into the next one. Fields are guarded
-// by Pool.mu except where noted.
+// by the state's lock except where noted.
 type engine struct {
 	entry *entry
 	name  string
 	gen   uint64
 	// spec is what the runner was started with (immutable).
 	spec ModelSpec
-	// reservation is held in Pool.committed from admission until after settle.
+	// reservation is held in state.committed from admission until after settle.
 	reservation int64
 	// runner, pid are set once the factory returned, before any lease exists.
 	runner Runner
@@ -184,8 +184,9 @@ func newEngine(e *entry, spec ModelSpec, gen uint64, reservation int64) *engine 
 	}
 }
 
-// invalidateLocked closes the engine's handle: leases report err from now on.
-func (g *engine) invalidateLocked(err error) {
+// invalidate closes the engine's handle: leases report err from now on. The
+// state's lock is held.
+func (g *engine) invalidate(err error) {
 	select {
 	case <-g.stopped:
 		return
@@ -195,8 +196,9 @@ func (g *engine) invalidateLocked(err error) {
 	close(g.stopped)
 }
 
-// setStableLocked moves e to a stable state and wakes everyone waiting for it.
-func (e *entry) setStableLocked(s State) {
+// setStable moves e to a stable state and wakes everyone waiting for it. The
+// state's lock is held.
+func (e *entry) setStable(s State) {
 	e.state = s
 	if e.transition != nil {
 		close(e.transition)
@@ -204,8 +206,9 @@ func (e *entry) setStableLocked(s State) {
 	}
 }
 
-// setTransientLocked moves e to a transient state, opening a transition if needed.
-func (e *entry) setTransientLocked(s State) {
+// setTransient moves e to a transient state, opening a transition if needed. The
+// state's lock is held.
+func (e *entry) setTransient(s State) {
 	e.state = s
 	if e.transition == nil {
 		e.transition = make(chan struct{})
@@ -220,41 +223,6 @@ func (e *entry) idleTimeout(def time.Duration) time.Duration {
 		return e.spec.IdleTimeout
 	}
 	return def
-}
-
-// lookupLocked resolves a name or alias.
-func (p *Pool) lookupLocked(name string) *entry {
-	if e, ok := p.entries[name]; ok {
-		return e
-	}
-	if n, ok := p.aliases[name]; ok {
-		return p.entries[n]
-	}
-	return nil
-}
-
-// deleteEntryLocked drops e and its aliases from the tables (if e is still the
-// entry of its name).
-func (p *Pool) deleteEntryLocked(e *entry) {
-	if p.entries[e.spec.Name] != e {
-		return
-	}
-	delete(p.entries, e.spec.Name)
-	for _, a := range e.spec.Aliases {
-		if p.aliases[a] == e.spec.Name {
-			delete(p.aliases, a)
-		}
-	}
-}
-
-// leaseLocked counts a new lease on g taken at now and returns when it was taken as
-// an offset from loadedAt (what Lease.Release takes back out of activeNanos).
-func (g *engine) leaseLocked(now time.Time) int64 {
-	g.inUse++
-	g.requests++
-	offset := int64(now.Sub(g.loadedAt))
-	g.activeNanos += offset
-	return offset
 }
 
 // leaseSecondsAt is the integral of inUse over time from loadedAt to now: the time

@@ -89,29 +89,26 @@ func promptCacheStats(st *runnerapi.PromptCacheStatus) *PromptCacheStats {
 	return s
 }
 
-// hotBudget shares the agent's hot budget out among the runners and pushes their
-// shares, as described above. It holds a pointer back to the pool: the shares and
-// the budgets the runners confirmed live in the engines, under the pool mutex.
-type hotBudget struct{ p *Pool }
+// hotBudget pushes the hot shares the state planned (state.hotPlan) to the runners
+// and records what each confirmed.
+type hotBudget struct {
+	deps
+	st *state
+}
 
-// budgetLocked is the agent's hot budget: the configured one (or the default
-// fraction of the ceiling), bounded by what the reservations leave below the soft
-// watermark, and zero while pressure keeps the hot tiers shrunk.
-func (h hotBudget) budgetLocked() int64 {
-	p := h.p
-	if p.hotShrunk {
+// budget is the agent's hot budget: the configured one (or the default fraction of
+// the ceiling), bounded by what the reservations leave below the soft watermark, and
+// zero while pressure keeps the hot tiers shrunk.
+func (s *state) hotBudget() int64 {
+	if s.hotShrunk {
 		return 0
 	}
-	return max(0, min(h.configuredLocked(), p.ceiling.SoftBytes-p.committed))
+	return max(0, min(s.hotConfigured(), s.ceiling.SoftBytes-s.committed))
 }
 
 // PromptCacheHotBudget is the agent's hot budget as configured (before the bound of
 // the reservations and pressure).
-func (p *Pool) PromptCacheHotBudget() int64 {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.hot.configuredLocked()
-}
+func (p *Pool) PromptCacheHotBudget() int64 { return p.st.view(query{}).hotBudget }
 
 // RefreshPromptCacheStats reads the prompt cache report of every live runner whose
 // model enables the cache, and the link report of every split head's, for the next
@@ -119,23 +116,22 @@ func (p *Pool) PromptCacheHotBudget() int64 {
 // Each runner is asked with the pool's RunnerCallTimeout.
 func (p *Pool) RefreshPromptCacheStats() { p.meter.statuses() }
 
-// configuredLocked is the hot budget as configured: Config.PromptCacheHotBytes, or
+// hotConfigured is the hot budget as configured: Config.PromptCacheHotBytes, or
 // DefaultPromptCacheHotFraction of the ceiling.
-func (h hotBudget) configuredLocked() int64 {
-	p := h.p
-	b := p.cfg.PromptCacheHotBytes
+func (s *state) hotConfigured() int64 {
+	b := s.cfg.PromptCacheHotBytes
 	switch {
 	case b < 0:
 		return 0
 	case b == 0:
-		return int64(float64(p.ceiling.Bytes) * DefaultPromptCacheHotFraction)
+		return int64(float64(s.ceiling.Bytes) * DefaultPromptCacheHotFraction)
 	}
 	return b
 }
 
-// hotCandidateLocked says whether g gets a share: Ready, not being torn down, its
-// model enabling a hot tier.
-func hotCandidateLocked(g *engine) bool {
+// hotCandidate says whether g gets a share: Ready, not being torn down, its model
+// enabling a hot tier. The state's lock is held.
+func hotCandidate(g *engine) bool {
 	pc := g.spec.PromptCache
 	return pc.Enabled && pc.HotBytes >= 0 && g.runner != nil && !g.tearingDown && !isClosed(g.stopped) &&
 		g.entry.eng == g && g.entry.state == StateReady
@@ -183,25 +179,24 @@ type budgetPush struct {
 	hot  int64
 }
 
-// planLocked decides every runner's share and returns the pushes to send:
+// hotPlan decides every runner's share and returns the pushes to send:
 // decreases and increases separately. A runner that is draining keeps its budget
 // (its hot tier goes with it, and a cache clear still reaches it) unless pressure
 // shrinks every tier; its budget stays counted until its process is gone.
-func (h hotBudget) planLocked() (decreases, increases []budgetPush) {
-	p := h.p
+func (s *state) hotPlan() (decreases, increases []budgetPush) {
 	var cands []*engine
 	held := int64(0)
-	for g := range p.engines {
+	for g := range s.engines {
 		if !g.spec.PromptCache.Enabled || g.runner == nil {
 			continue
 		}
-		if hotCandidateLocked(g) {
+		if hotCandidate(g) {
 			cands = append(cands, g)
 			continue
 		}
 		g.hotShare = 0
 		if g.hotBudget > 0 {
-			if p.hotShrunk && !isClosed(g.stopped) {
+			if s.hotShrunk && !isClosed(g.stopped) {
 				decreases = append(decreases, budgetPush{g, g.name, g.runner, 0})
 			}
 			held += g.hotBudget
@@ -212,7 +207,7 @@ func (h hotBudget) planLocked() (decreases, increases []budgetPush) {
 	for i, g := range cands {
 		caps[i] = g.spec.PromptCache.HotBytes
 	}
-	shares := shareHot(h.budgetLocked()-held, caps)
+	shares := shareHot(s.hotBudget()-held, caps)
 	for i, g := range cands {
 		g.hotShare = shares[i]
 		switch {
@@ -228,21 +223,18 @@ func (h hotBudget) planLocked() (decreases, increases []budgetPush) {
 
 // push sends pushes concurrently and records what each runner confirmed.
 func (h hotBudget) push(pushes []budgetPush) {
-	p := h.p
 	var wg sync.WaitGroup
 	for _, ps := range pushes {
-		p.clock.goCall(&wg, p.cfg.RunnerCallTimeout, "setting the cache budget of "+ps.name, func(ctx context.Context) {
+		h.clock.goCall(&wg, h.cfg.RunnerCallTimeout, "setting the cache budget of "+ps.name, func(ctx context.Context) {
 			hot := ps.hot
 			res, err := ps.r.SetCacheBudget(ctx, runnerapi.CacheBudget{HotBytes: &hot})
 			if err != nil {
-				p.log.V(2).Info("Setting the prompt cache budget failed", "model", ps.name, "hotBytes", hot, "err", err.Error())
+				h.log.V(2).Info("Setting the prompt cache budget failed", "model", ps.name, "hotBytes", hot, "err", err.Error())
 				return
 			}
-			p.mu.Lock()
-			ps.g.hotBudget = res.HotBytes
-			p.mu.Unlock()
+			h.st.record(measurement{kind: measuredBudget, g: ps.g, hotBudget: res.HotBytes})
 			if res.EvictedBytes > 0 {
-				p.log.V(2).Info("Prompt cache hot tier shrunk", "model", ps.name, "hotBytes", res.HotBytes,
+				h.log.V(2).Info("Prompt cache hot tier shrunk", "model", ps.name, "hotBytes", res.HotBytes,
 					"evictedBytes", res.EvictedBytes, "evictedEntries", res.EvictedEntries)
 			}
 		})
@@ -250,12 +242,11 @@ func (h hotBudget) push(pushes []budgetPush) {
 	wg.Wait()
 }
 
-// heldLocked sums the hot-tier bytes the runners last reported: what shrinking
-// every hot tier gives back.
-func (h hotBudget) heldLocked() int64 {
-	p := h.p
+// hotHeld sums the hot-tier bytes the runners last reported: what shrinking every
+// hot tier gives back.
+func (s *state) hotHeld() int64 {
 	var sum int64
-	for g := range p.engines {
+	for g := range s.engines {
 		if g.cache != nil && !g.tearingDown {
 			sum += g.cache.HotBytes
 		}

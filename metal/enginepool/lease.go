@@ -3,6 +3,7 @@ package enginepool
 import (
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 )
 
@@ -12,13 +13,14 @@ import (
 // draining unload waits for it. Release it exactly when the request is over; Release
 // is idempotent and never takes a count below zero.
 type Lease struct {
-	pool  *Pool
+	st    *state
 	eng   *engine
 	model string
 	// offset is when the lease was taken, as nanoseconds since the engine's loadedAt
 	// (engine.activeNanos).
-	offset   int64
-	released bool // guarded by pool.mu
+	offset int64
+	// released is set once, by state.release.
+	released atomic.Bool
 	cold     bool
 }
 
@@ -40,12 +42,9 @@ func (l *Lease) Runner() (Runner, error) {
 		return nil, l.eng.stopErr
 	default:
 	}
-	l.pool.mu.Lock()
-	released := l.released
-	l.pool.mu.Unlock()
-	if released {
+	if l.released.Load() {
 		return nil, &UnavailableError{Model: l.model, State: StateReady, ErrCode: CodeEngineStopped,
-			Reason: "the lease was already released", Retry: l.pool.cfg.RetryAfter}
+			Reason: "the lease was already released", Retry: l.st.cfg.RetryAfter}
 	}
 	return l.eng.runner, nil
 }
@@ -65,16 +64,20 @@ func (l *Lease) Err() error {
 }
 
 // Release ends the lease. It restarts the model's idle clock.
-func (l *Lease) Release() {
-	p := l.pool
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if l.released {
+func (l *Lease) Release() { l.st.release(l) }
+
+// release takes l's count back out of its engine, once: the lease's time goes into
+// the engine's lease seconds, a drain waiting for the last lease is woken, and the
+// entry's idle clock restarts.
+func (s *state) release(l *Lease) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if l.released.Load() {
 		return
 	}
-	l.released = true
+	l.released.Store(true)
 	g := l.eng
-	now := p.clock.Now()
+	now := s.clock.Now()
 	if g.inUse > 0 {
 		g.inUse--
 		g.activeNanos -= l.offset

@@ -6,103 +6,120 @@ import (
 )
 
 // meter measures the runners: their footprints from outside (the gauge) and the
-// reports they give of themselves (status). It holds no state of its own: what it
-// reads goes into the pool's engines under the pool mutex, which is never held
-// while it measures.
-type meter struct{ p *Pool }
+// reports they give of themselves (status). It reads the runners to measure from the
+// state and records what it measured there (state.record); the state's lock is never
+// held while it measures.
+type meter struct {
+	deps
+	st *state
+}
 
-// footprints measures every runner from outside and the agent itself, stores the
+// footprints measures every runner from outside and the agent itself, records the
 // figures, and returns their sum (the measured pool footprint).
 func (m meter) footprints() int64 {
-	p := m.p
-	type target struct {
-		g   *engine
-		pid int
-	}
-	p.mu.Lock()
-	targets := make([]target, 0, len(p.engines))
-	for g := range p.engines {
-		if g.pid > 0 {
-			targets = append(targets, target{g, g.pid})
+	v := m.st.view(query{runners: true})
+	var fps []footprint
+	for _, t := range v.runners {
+		if t.pid <= 0 {
+			continue
 		}
-	}
-	agentPID := p.cfg.AgentPID
-	p.mu.Unlock()
-
-	fps := make([]int64, len(targets))
-	ok := make([]bool, len(targets))
-	for i, t := range targets {
-		if fp, err := p.gauge.Process(t.pid); err == nil {
-			fps[i], ok[i] = fp, true
-		}
+		fp, err := m.gauge.Process(t.pid)
+		fps = append(fps, footprint{g: t.g, bytes: fp, ok: err == nil})
 	}
 	var agent int64
-	if agentPID > 0 {
-		if fp, err := p.gauge.Process(agentPID); err == nil {
+	if v.agentPID > 0 {
+		if fp, err := m.gauge.Process(v.agentPID); err == nil {
 			agent = fp
 		}
 	}
-
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	sum := agent
-	for i, t := range targets {
-		switch {
-		case ok[i]:
-			t.g.footprint = fps[i]
-			t.g.peak = max(t.g.peak, fps[i])
-		case t.g.tearingDown:
-			continue // being stopped and gone: its memory is on its way back
-		}
-		sum += t.g.footprint
-	}
-	p.agentBytes = agent
-	return sum
+	return m.st.record(measurement{kind: measuredFootprints, footprints: fps, agent: agent})
 }
 
 // statuses reads the prompt cache report of every live runner whose model enables
 // the cache, and the link report of every split head's.
 func (m meter) statuses() {
-	p := m.p
-	type target struct {
-		g    *engine
-		name string
-		r    Runner
-	}
-	p.mu.Lock()
-	var targets []target
-	for g := range p.engines {
-		// Engines without a prompt cache are read until they report their chat
-		// rendering, which never changes.
-		if g.runner != nil && !isClosed(g.stopped) && (g.spec.PromptCache.Enabled || g.chat == nil || len(g.spec.SplitWorkers) > 0) {
-			targets = append(targets, target{g, g.name, g.runner})
-		}
-	}
-	p.mu.Unlock()
 	var wg sync.WaitGroup
-	for _, t := range targets {
-		p.clock.goCall(&wg, p.cfg.RunnerCallTimeout, "reading the status of "+t.name, func(ctx context.Context) {
-			st, err := t.r.Status(ctx)
-			if err != nil {
-				return
-			}
-			p.mu.Lock()
-			defer p.mu.Unlock()
-			if st.Chat != nil {
-				t.g.chat = st.Chat
-			}
-			t.g.split = splitStats(&st)
-			if st.PromptCache == nil || !t.g.spec.PromptCache.Enabled {
-				return
-			}
-			s := promptCacheStats(st.PromptCache)
-			s.Enabled = true
-			s.HotShareBytes = t.g.hotShare
-			t.g.cache = s
-			if e := t.g.entry; e.eng == t.g {
-				e.lastCache = s
+	for _, t := range m.st.view(query{runners: true}).runners {
+		if !t.status {
+			continue
+		}
+		m.clock.goCall(&wg, m.cfg.RunnerCallTimeout, "reading the status of "+t.name, func(ctx context.Context) {
+			if st, err := t.r.Status(ctx); err == nil {
+				m.st.record(measurement{kind: measuredStatus, g: t.g, status: &st})
 			}
 		})
 	}
 	wg.Wait()
+}
+
+// measurementKind names what a measurement is.
+type measurementKind int
+
+const (
+	measuredFootprints measurementKind = iota
+	measuredStatus
+	measuredBudget
+)
+
+// measurement is what a measurement or a runner call gave back, to record.
+type measurement struct {
+	kind measurementKind
+	// measuredFootprints: each runner's footprint and the agent's.
+	footprints []footprint
+	agent      int64
+	// measuredStatus and measuredBudget: one runner's status, or the hot budget it
+	// confirmed.
+	g         *engine
+	status    *RunnerStatus
+	hotBudget int64
+}
+
+// footprint is one runner's footprint as measured (ok: the gauge answered).
+type footprint struct {
+	g     *engine
+	bytes int64
+	ok    bool
+}
+
+// record applies a measurement. For footprints it returns the measured pool
+// footprint: the runners' (a runner that could not be measured counts its last
+// figure, unless it is being stopped and gone) plus the agent's.
+func (s *state) record(m measurement) int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch m.kind {
+	case measuredBudget:
+		m.g.hotBudget = m.hotBudget
+	case measuredStatus:
+		g, st := m.g, m.status
+		if st.Chat != nil {
+			g.chat = st.Chat
+		}
+		g.split = splitStats(st)
+		if st.PromptCache == nil || !g.spec.PromptCache.Enabled {
+			return 0
+		}
+		c := promptCacheStats(st.PromptCache)
+		c.Enabled = true
+		c.HotShareBytes = g.hotShare
+		g.cache = c
+		if e := g.entry; e.eng == g {
+			e.lastCache = c
+		}
+	case measuredFootprints:
+		sum := m.agent
+		for _, f := range m.footprints {
+			switch {
+			case f.ok:
+				f.g.footprint = f.bytes
+				f.g.peak = max(f.g.peak, f.bytes)
+			case f.g.tearingDown:
+				continue // being stopped and gone: its memory is on its way back
+			}
+			sum += f.g.footprint
+		}
+		s.agentBytes = m.agent
+		return sum
+	}
+	return 0
 }

@@ -1,9 +1,6 @@
 package enginepool
 
-import (
-	"slices"
-	"time"
-)
+import "time"
 
 // Observer receives the pool's events, synchronously from the goroutine that caused
 // them and never under the pool mutex. Implementations must not block for long.
@@ -24,10 +21,4 @@ type LoadEvent struct {
 }
 
 // AddObserver subscribes o to the pool's events.
-func (p *Pool) AddObserver(o Observer) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.observers = append(p.observers, o)
-}
-
-func (p *Pool) observersLocked() []Observer { return slices.Clone(p.observers) }
+func (p *Pool) AddObserver(o Observer) { p.st.change(change{kind: changeObserver, observer: o}) }

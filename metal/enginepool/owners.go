@@ -6,18 +6,27 @@ import (
 	"sync"
 	"time"
 
+	"github.com/go-logr/logr"
 	"k8s.io/utils/clock"
 )
 
 // The owner goroutines' tools: the wake channels they signal, the deadlines of their
 // transient states (on the injected clock) and the failure backoff.
 
-// signal is a non-blocking send on a one-slot channel.
-func signal(ch chan struct{}) {
-	select {
-	case ch <- struct{}{}:
-	default:
-	}
+// deps is what every effect of the pool works with besides the state: the config,
+// the injected clock, the log, the memory gauge and the enforcer's wake channels.
+type deps struct {
+	cfg   Config
+	clock ownerClock
+	log   logr.Logger
+	gauge Gauge
+	wake  wakes
+}
+
+// wakes are the enforcer's wake channels: now asks for a poll at once, active for
+// one within PollActive (a request started).
+type wakes struct {
+	now, active chan struct{}
 }
 
 // ownerClock is the pool's injected clock with the deadlines and bounded waits of

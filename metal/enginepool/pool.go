@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"slices"
-	"sync"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -130,59 +129,24 @@ func (c Config) withDefaults() Config {
 // Loads, unloads and settles run in owner goroutines; the pool mutex only guards
 // state transitions, so nothing that serves ever waits behind them.
 //
-// Pool itself holds the mutex, the state it guards and the application of what the
-// decisions of package decide say; each effect is a small type beside it, with a
-// pointer back to it: loader (acquire.go: admission, start, Ready), unloader
-// (unload.go: drain, stop, release, report), settler (settle.go: the settle
-// barrier), meter (measure.go: footprints and the runners' own reports), hotBudget
-// (hotcache.go: the prompt cache hot shares) and enforcer (enforcer.go: the memory
-// enforcer's poll). None of them holds state of its own.
+// The shared state — the tables, the reservations, the enforcer's level, the
+// counters and the mutex that guards them — is one type, state (state.go), whose
+// few methods each lock once to read a snapshot or apply a plan. Each effect holds
+// its own dependencies and a pointer to that state: loader (load.go: admission,
+// start, Ready), unloader (unload.go: drain, stop, settle, release, report), meter
+// (measure.go: footprints and the runners' own reports), hotBudget (hotcache.go: the
+// prompt cache hot shares) and enforcer (enforcer.go: the memory enforcer's poll).
+// Pool wires them and is the API.
 type Pool struct {
-	cfg     Config
-	factory RunnerFactory
-	gauge   Gauge
-	clock   ownerClock
-	log     logr.Logger
-	hw      Hardware
-
-	baseCtx    context.Context
+	cfg        Config
+	hw         Hardware
+	factory    RunnerFactory
+	log        logr.Logger
+	st         *state
+	wake       wakes
 	baseCancel context.CancelFunc
 
-	// admitting serializes admissions (not serving): a one-slot semaphore.
-	admitting chan struct{}
-	// wakeNow asks for an enforcer poll at once; wakeActive asks for one within
-	// PollActive (a request started).
-	wakeNow    chan struct{}
-	wakeActive chan struct{}
-
-	mu        sync.Mutex
-	ceiling   Ceiling
-	entries   map[string]*entry
-	aliases   map[string]string
-	engines   map[*engine]struct{} // every engine with a runner not yet reaped
-	observers []Observer
-	closed    bool
-	gen       uint64
-	committed int64
-	// activity counts load starts, loads finished and leases taken; the settle
-	// barrier compares it to see whether anything else ran since its pre sample.
-	activity uint64
-	// Enforcer state.
-	usage          int64
-	agentBytes     int64
-	level          PressureLevel
-	overCeilingRun int
-	lastPoll       time.Time
-	// hotShrunk: hard pressure took every hot tier to zero; they stay there until
-	// pressure is ok again.
-	hotShrunk bool
-	// Counters.
-	loads, loadFailures, crashes, unloads, evictions int64
-	freedTotal                                       int64
-
-	// The effects (see above), each a pointer back to the pool.
 	meter    meter
-	settler  settler
 	hot      hotBudget
 	loader   loader
 	unloader unloader
@@ -204,26 +168,15 @@ func New(cfg Config, factory RunnerFactory, gauge Gauge, clk clock.WithTicker, l
 		return nil, fmt.Errorf("reading the hardware: %w", err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	p := &Pool{
-		cfg:        cfg,
-		factory:    factory,
-		gauge:      gauge,
-		clock:      ownerClock{clk},
-		log:        log,
-		hw:         hw,
-		baseCtx:    ctx,
-		baseCancel: cancel,
-		admitting:  make(chan struct{}, 1),
-		wakeNow:    make(chan struct{}, 1),
-		wakeActive: make(chan struct{}, 1),
-		ceiling:    ComputeCeiling(hw, cfg.CeilingBytes, cfg.ReserveBytes, cfg.SoftFraction, cfg.HardFraction),
-		entries:    map[string]*entry{},
-		aliases:    map[string]string{},
-		engines:    map[*engine]struct{}{},
-		level:      PressureOK,
-	}
-	p.meter, p.settler, p.hot = meter{p}, settler{p}, hotBudget{p}
-	p.loader, p.unloader, p.enforcer = loader{p}, unloader{p}, enforcer{p}
+	d := deps{cfg: cfg, clock: ownerClock{clk}, log: log, gauge: gauge,
+		wake: wakes{now: make(chan struct{}, 1), active: make(chan struct{}, 1)}}
+	st := newState(cfg, hw, d.clock, ctx)
+	m := meter{d, st}
+	u := unloader{d, st}
+	l := loader{deps: d, st: st, factory: factory, admitting: make(chan struct{}, 1), meter: m, unloader: u}
+	p := &Pool{cfg: cfg, hw: hw, factory: factory, log: log, st: st, wake: d.wake, baseCancel: cancel,
+		meter: m, hot: hotBudget{d, st}, loader: l, unloader: u}
+	p.enforcer = enforcer{deps: d, st: st, meter: m, hot: p.hot, unloader: u}
 	return p, nil
 }
 
@@ -231,21 +184,13 @@ func New(cfg Config, factory RunnerFactory, gauge Gauge, clk clock.WithTicker, l
 func (p *Pool) Hardware() Hardware { return p.hw }
 
 // Ceiling is the current pool ceiling.
-func (p *Pool) Ceiling() Ceiling {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.ceiling
-}
+func (p *Pool) Ceiling() Ceiling { return p.st.view(query{}).ceiling }
 
 // SetConfiguredCeiling changes the configured ceiling (0 removes it), for example
 // from the MacNode spec. It takes effect for the next admission and poll.
 func (p *Pool) SetConfiguredCeiling(bytes int64) Ceiling {
-	p.mu.Lock()
-	p.cfg.CeilingBytes = bytes
-	p.ceiling = ComputeCeiling(p.hw, bytes, p.cfg.ReserveBytes, p.cfg.SoftFraction, p.cfg.HardFraction)
-	c := p.ceiling
-	p.mu.Unlock()
-	signal(p.wakeNow)
+	c := p.st.change(change{kind: changeCeiling, ceiling: bytes}).ceiling
+	signal(p.wake.now)
 	return c
 }
 
@@ -255,24 +200,7 @@ func (p *Pool) Register(spec ModelSpec) error {
 	if err != nil {
 		return err
 	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.closed {
-		return errors.New("enginepool: pool is closed")
-	}
-	e := p.entries[spec.Name]
-	if e != nil && !e.removed {
-		return fmt.Errorf("model %q is already registered", spec.Name)
-	}
-	if err := p.setSpecLocked(e, spec); err != nil {
-		return err
-	}
-	if e != nil {
-		// Re-registered while its engine was still stopping: the entry (and the engine
-		// it owns) is kept, the removal canceled, and the spec applies at the next load.
-		e.removed, e.retired = false, false
-	}
-	return nil
+	return p.st.change(change{kind: changeRegister, spec: spec}).err
 }
 
 // Update changes a registered model's spec. Fields that do not touch the engine
@@ -284,68 +212,23 @@ func (p *Pool) Update(spec ModelSpec) error {
 	if err != nil {
 		return err
 	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	e, ok := p.entries[spec.Name]
-	if !ok || e.removed {
-		return &UnknownModelError{Model: spec.Name}
-	}
-	return p.setSpecLocked(e, spec)
+	return p.st.change(change{kind: changeUpdate, spec: spec}).err
 }
 
 // Remove unregisters a model. A loaded model is unloaded first (reason removed) and
 // deleted once its engine has stopped; the returned channel is closed then.
 func (p *Pool) Remove(name string) (<-chan struct{}, error) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	e := p.lookupLocked(name)
-	if e == nil || e.removed {
-		return nil, &UnknownModelError{Model: name}
-	}
-	e.removed = true
-	if !e.state.Transient() && e.state != StateReady {
-		p.deleteEntryLocked(e)
-		return closedChan(), nil
-	}
-	return p.unloader.startLocked(e, ReasonRemoved), nil
+	return p.unregister(change{kind: changeRemove, model: name})
 }
 
-// setSpecLocked is what Register and Update share: it makes spec the desired spec
-// of e (a new entry when e is nil) and moves the alias table from e's old aliases to
-// spec's, refusing — before it changes anything — an alias that is another model's
-// name or alias, or a name that is another model's alias. The engine e owns keeps
-// the spec it was started with (engine.spec).
-func (p *Pool) setSpecLocked(e *entry, spec ModelSpec) error {
-	for _, a := range spec.Aliases {
-		if a == spec.Name {
-			continue
-		}
-		if _, ok := p.entries[a]; ok {
-			return fmt.Errorf("alias %q of model %q is the name of another model", a, spec.Name)
-		}
-		if owner, ok := p.aliases[a]; ok && owner != spec.Name {
-			return fmt.Errorf("alias %q of model %q is already an alias of %q", a, spec.Name, owner)
-		}
+// unregister applies a Remove, Retire or admin unload and starts the unload it began.
+func (p *Pool) unregister(c change) (<-chan struct{}, error) {
+	out := p.st.change(c)
+	if out.err != nil {
+		return nil, out.err
 	}
-	if owner, ok := p.aliases[spec.Name]; ok && owner != spec.Name {
-		return fmt.Errorf("model name %q is already an alias of %q", spec.Name, owner)
-	}
-	if e == nil {
-		e = &entry{state: StateAbsent}
-		p.entries[spec.Name] = e
-	}
-	for _, a := range e.spec.Aliases {
-		if p.aliases[a] == spec.Name {
-			delete(p.aliases, a)
-		}
-	}
-	e.spec = spec
-	for _, a := range spec.Aliases {
-		if a != spec.Name {
-			p.aliases[a] = spec.Name
-		}
-	}
-	return nil
+	p.unloader.start(out.jobs)
+	return out.done, nil
 }
 
 func normalizeSpec(spec ModelSpec) (ModelSpec, error) {
@@ -373,64 +256,36 @@ func normalizeSpec(spec ModelSpec) (ModelSpec, error) {
 // already taken keep working until the agent exits. It returns how many runners
 // were left running.
 func (p *Pool) Detach(ctx context.Context) (int, error) {
-	p.mu.Lock()
-	p.closed = true
-	kept := 0
-	var waits []<-chan struct{}
-	for _, e := range p.entries {
-		g := e.eng
-		if e.state == StateReady && g != nil && !g.tearingDown {
-			// Detach only closes idle connections and ends watchers: no I/O to wait on.
-			if d, ok := g.runner.(Detacher); ok && d.Detach() {
-				g.tearingDown = true // the crash watcher must not report it
-				g.invalidateLocked(&UnavailableError{Model: g.name, State: StateStopping, ErrCode: CodePoolClosed,
-					Reason: "the node agent is shutting down", Retry: p.cfg.RetryAfter})
-				p.committed -= g.reservation
-				delete(p.engines, g)
-				e.eng = nil
-				e.setStableLocked(StateUnloaded)
-				kept++
-				p.log.V(2).Info("Runner left running for the next agent", "model", g.name, "pid", g.pid)
-				continue
-			}
-		}
-		if e.state == StateReady || e.state.Transient() {
-			waits = append(waits, p.unloader.startLocked(e, ReasonShutdown))
-		}
+	out := p.st.change(change{kind: changeDetach})
+	for _, g := range out.detached {
+		p.log.V(2).Info("Runner left running for the next agent", "model", g.name, "pid", g.pid)
 	}
-	p.mu.Unlock()
-	for _, w := range waits {
-		select {
-		case <-w:
-		case <-ctx.Done():
-			p.baseCancel()
-			return kept, fmt.Errorf("detaching the engine pool: %w", ctx.Err())
-		}
+	if err := p.end(ctx, out); err != nil {
+		return len(out.detached), fmt.Errorf("detaching the engine pool: %w", err)
 	}
-	p.baseCancel()
-	return kept, nil
+	return len(out.detached), nil
 }
 
 // Close refuses new leases, unloads every model (reason shutdown) and waits for them
 // up to ctx. It is called by Run when its context ends; calling it twice is harmless.
 func (p *Pool) Close(ctx context.Context) error {
-	p.mu.Lock()
-	p.closed = true
-	var waits []<-chan struct{}
-	for _, e := range p.entries {
-		if e.state == StateReady || e.state.Transient() {
-			waits = append(waits, p.unloader.startLocked(e, ReasonShutdown))
-		}
+	if err := p.end(ctx, p.st.change(change{kind: changeClose})); err != nil {
+		return fmt.Errorf("closing the engine pool: %w", err)
 	}
-	p.mu.Unlock()
-	for _, w := range waits {
+	return nil
+}
+
+// end starts the unloads of Close or Detach, waits for them up to ctx, and cancels
+// the loads' base context.
+func (p *Pool) end(ctx context.Context, out changed) error {
+	defer p.baseCancel()
+	p.unloader.start(out.jobs)
+	for _, w := range out.waits {
 		select {
 		case <-w:
 		case <-ctx.Done():
-			p.baseCancel()
-			return fmt.Errorf("closing the engine pool: %w", ctx.Err())
+			return ctx.Err()
 		}
 	}
-	p.baseCancel()
 	return nil
 }

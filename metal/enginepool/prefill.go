@@ -43,25 +43,15 @@ func PrefillPeak(d ModelDims, newTokens int) int64 {
 // watermark. tokens is the prompt's token count (tokenized by the runner). Call it
 // before any byte of the response is written.
 func (p *Pool) CheckPrefill(model string, tokens int) error {
-	p.mu.Lock()
-	e := p.lookupLocked(model)
-	if e == nil || e.removed {
-		p.mu.Unlock()
+	v := p.st.view(query{model: model})
+	if !v.found {
 		return &UnknownModelError{Model: model}
 	}
-	spec := e.spec
-	if e.eng != nil {
-		spec = e.eng.spec
-	}
-	polled := !p.lastPoll.IsZero()
-	current := p.usage
-	p.mu.Unlock()
-	if !polled {
+	spec, current, limit := v.spec, v.usage, v.ceiling.HardBytes
+	if v.lastPoll.IsZero() {
 		current = p.meter.footprints()
+		limit = p.Ceiling().HardBytes
 	}
-	p.mu.Lock()
-	limit := p.ceiling.HardBytes
-	p.mu.Unlock()
 	peak := PrefillPeak(spec.Dims, tokens)
 	if current+peak > limit {
 		return &PrefillTooLargeError{Model: spec.Name, Tokens: tokens, EstimatedBytes: peak,

@@ -109,7 +109,7 @@ func TestSettleOutcomes(t *testing.T) {
 			got := make(chan result, 1)
 			start := h.clk.Now()
 			go func() {
-				o, f := h.p.settler.settle(nil, 0, pre, tc.resident)
+				o, f := h.p.unloader.settle(nil, 0, pre, tc.resident)
 				got <- result{o, f}
 			}()
 			var r result

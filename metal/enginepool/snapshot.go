@@ -82,25 +82,28 @@ type ModelSnapshot struct {
 }
 
 // Snapshot returns the pool's state. Models are sorted by name.
-func (p *Pool) Snapshot() Snapshot {
-	p.mu.Lock()
-	defer p.mu.Unlock()
+func (p *Pool) Snapshot() Snapshot { return p.st.snapshot() }
+
+// snapshot is Snapshot, read under one lock.
+func (st *state) snapshot() Snapshot {
+	st.mu.Lock()
+	defer st.mu.Unlock()
 	s := Snapshot{
-		Time: p.clock.Now(), Ceiling: p.ceiling, UsageBytes: p.usage, AgentBytes: p.agentBytes,
-		CommittedBytes: p.committed, Pressure: p.level, LastPoll: p.lastPoll,
-		Loads: p.loads, LoadFailures: p.loadFailures, Crashes: p.crashes, Unloads: p.unloads,
-		Evictions: p.evictions, FreedBytesTotal: p.freedTotal, Runners: 0,
+		Time: st.clock.Now(), Ceiling: st.ceiling, UsageBytes: st.usage, AgentBytes: st.agentBytes,
+		CommittedBytes: st.committed, Pressure: st.level, LastPoll: st.lastPoll,
+		Loads: st.loads, LoadFailures: st.loadFailures, Crashes: st.crashes, Unloads: st.unloads,
+		Evictions: st.evictions, FreedBytesTotal: st.freedTotal, Runners: 0,
 	}
-	for g := range p.engines {
+	for g := range st.engines {
 		if g.runner != nil {
 			s.Runners++
 		}
 	}
-	for _, e := range p.entries {
+	for _, e := range st.entries {
 		m := ModelSnapshot{
 			Name: e.spec.Name, Aliases: slices.Clone(e.spec.Aliases), Residency: e.spec.Residency,
 			State: e.state, Spec: e.spec, EstimatedBytes: e.spec.EstimatedBytes, LastUsed: e.lastUsed,
-			IdleTimeout: e.idleTimeout(p.cfg.IdleTimeout), Failures: e.failures, FailureReason: e.failReason,
+			IdleTimeout: e.idleTimeout(st.cfg.IdleTimeout), Failures: e.failures, FailureReason: e.failReason,
 			Retired: e.retired,
 		}
 		m.Spec.Aliases = slices.Clone(e.spec.Aliases)

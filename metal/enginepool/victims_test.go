@@ -34,9 +34,7 @@ func TestVictimCandidates(t *testing.T) {
 	go func() { _ = h.p.Load(h.ctx(), "loading") }()
 	h.f.waitRunner(t, "loading", 1)
 
-	h.p.mu.Lock()
-	cands := decide.Candidates(h.p.decideModelsLocked(), "idle")
-	h.p.mu.Unlock()
+	cands := decide.Candidates(h.p.st.view(query{decide: true}).snap.Models, "idle")
 	var names []string
 	for _, c := range cands {
 		names = append(names, c.Name)

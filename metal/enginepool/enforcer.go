@@ -224,15 +224,6 @@ func appendEngine(list []*engine, g *engine) []*engine {
 	return append(list, g)
 }
 
-func isClosed(ch <-chan struct{}) bool {
-	select {
-	case <-ch:
-		return true
-	default:
-		return false
-	}
-}
-
 func errString(err error) string {
 	if err == nil {
 		return ""

@@ -40,20 +40,6 @@ const (
 	ReasonRetired     UnloadReason = "retired" // Retire: the model serves no more, its entry stays
 )
 
-// graceful reasons wait the long drain deadline; pressure reasons the short one.
-func (r UnloadReason) graceful() bool {
-	switch r {
-	case ReasonPressure, ReasonOverCeiling:
-		return false
-	}
-	return true
-}
-
-// evicts says whether the reason counts as an eviction in the pool's counters.
-func (r UnloadReason) evicts() bool {
-	return r == ReasonEviction || r == ReasonPressure || r == ReasonOverCeiling
-}
-
 // SettleOutcome is how the settle barrier ended (decide.Settle).
 type SettleOutcome = decide.SettleOutcome
 
@@ -132,8 +118,9 @@ type engine struct {
 	gen   uint64
 	// spec is what the runner was started with (immutable).
 	spec ModelSpec
-	// reservation is held in state.committed from admission until after settle.
-	reservation int64
+	// reservation is held in state.committed from admission until after settle;
+	// startCeiling is the ceiling its runner starts with, runnerCeiling(reservation).
+	reservation, startCeiling int64
 	// runner, pid are set once the factory returned, before any lease exists.
 	runner Runner
 	pid    int
@@ -170,59 +157,6 @@ type engine struct {
 	chat *runnerapi.ChatInfo
 	// split is a split head runner's last report of its links (nil: not split).
 	split *SplitStats
-}
-
-func newEngine(e *entry, spec ModelSpec, gen uint64, reservation int64) *engine {
-	return &engine{
-		entry:       e,
-		name:        spec.Name,
-		gen:         gen,
-		spec:        spec,
-		reservation: reservation,
-		stopped:     make(chan struct{}),
-		hotBudget:   -1,
-	}
-}
-
-// invalidate closes the engine's handle: leases report err from now on. The
-// state's lock is held.
-func (g *engine) invalidate(err error) {
-	select {
-	case <-g.stopped:
-		return
-	default:
-	}
-	g.stopErr = err
-	close(g.stopped)
-}
-
-// setStable moves e to a stable state and wakes everyone waiting for it. The
-// state's lock is held.
-func (e *entry) setStable(s State) {
-	e.state = s
-	if e.transition != nil {
-		close(e.transition)
-		e.transition = nil
-	}
-}
-
-// setTransient moves e to a transient state, opening a transition if needed. The
-// state's lock is held.
-func (e *entry) setTransient(s State) {
-	e.state = s
-	if e.transition == nil {
-		e.transition = make(chan struct{})
-	}
-}
-
-func (e *entry) idleTimeout(def time.Duration) time.Duration {
-	if e.spec.Residency != OnDemand && e.spec.Residency != "" {
-		return 0
-	}
-	if e.spec.IdleTimeout > 0 {
-		return e.spec.IdleTimeout
-	}
-	return def
 }
 
 // leaseSecondsAt is the integral of inUse over time from loadedAt to now: the time

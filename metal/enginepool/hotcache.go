@@ -116,19 +116,6 @@ func (p *Pool) PromptCacheHotBudget() int64 { return p.st.view(query{}).hotBudge
 // Each runner is asked with the pool's RunnerCallTimeout.
 func (p *Pool) RefreshPromptCacheStats() { p.meter.statuses() }
 
-// hotConfigured is the hot budget as configured: Config.PromptCacheHotBytes, or
-// DefaultPromptCacheHotFraction of the ceiling.
-func (s *state) hotConfigured() int64 {
-	b := s.cfg.PromptCacheHotBytes
-	switch {
-	case b < 0:
-		return 0
-	case b == 0:
-		return int64(float64(s.ceiling.Bytes) * DefaultPromptCacheHotFraction)
-	}
-	return b
-}
-
 // hotCandidate says whether g gets a share: Ready, not being torn down, its model
 // enabling a hot tier. The state's lock is held.
 func hotCandidate(g *engine) bool {
@@ -252,11 +239,4 @@ func (s *state) hotHeld() int64 {
 		}
 	}
 	return sum
-}
-
-// ownCeiling is the ceiling a runner enforces on itself and past which the enforcer
-// treats it as over its ceiling: its reservation plus the 10% tolerance, plus the
-// hot-tier budget it holds.
-func (g *engine) ownCeiling() int64 {
-	return runnerCeiling(g.reservation) + max(g.hotBudget, g.hotShare, 0)
 }

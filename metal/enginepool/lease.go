@@ -2,9 +2,7 @@ package enginepool
 
 import (
 	"errors"
-	"fmt"
 	"sync/atomic"
-	"time"
 )
 
 // Lease is one request's hold on one engine, from routing to its last byte (for a
@@ -90,16 +88,6 @@ func (s *state) release(l *Lease) {
 	if e := g.entry; e.eng == g {
 		e.lastUsed = now
 	}
-}
-
-// engineStoppedError is what leases of a stopped engine report.
-func engineStoppedError(model string, reason UnloadReason, cause error, retry time.Duration) error {
-	msg := fmt.Sprintf("the engine was stopped (%s)", reason)
-	if cause != nil {
-		msg = fmt.Sprintf("the engine stopped (%s): %v", reason, cause)
-	}
-	return &UnavailableError{Model: model, State: StateStopping, ErrCode: CodeEngineStopped,
-		Reason: msg, Retry: retry, Err: cause}
 }
 
 // IsEngineStopped reports whether err says a lease's engine went away under it.

@@ -44,41 +44,19 @@ func (m meter) statuses() {
 			continue
 		}
 		m.clock.goCall(&wg, m.cfg.RunnerCallTimeout, "reading the status of "+t.name, func(ctx context.Context) {
-			if st, err := t.r.Status(ctx); err == nil {
-				m.st.record(measurement{kind: measuredStatus, g: t.g, status: &st})
+			st, err := t.r.Status(ctx)
+			if err != nil {
+				return
 			}
+			r := measurement{kind: measuredStatus, g: t.g, chat: st.Chat, split: splitStats(&st)}
+			if st.PromptCache != nil && t.g.spec.PromptCache.Enabled {
+				r.cache = promptCacheStats(st.PromptCache)
+				r.cache.Enabled = true
+			}
+			m.st.record(r)
 		})
 	}
 	wg.Wait()
-}
-
-// measurementKind names what a measurement is.
-type measurementKind int
-
-const (
-	measuredFootprints measurementKind = iota
-	measuredStatus
-	measuredBudget
-)
-
-// measurement is what a measurement or a runner call gave back, to record.
-type measurement struct {
-	kind measurementKind
-	// measuredFootprints: each runner's footprint and the agent's.
-	footprints []footprint
-	agent      int64
-	// measuredStatus and measuredBudget: one runner's status, or the hot budget it
-	// confirmed.
-	g         *engine
-	status    *RunnerStatus
-	hotBudget int64
-}
-
-// footprint is one runner's footprint as measured (ok: the gauge answered).
-type footprint struct {
-	g     *engine
-	bytes int64
-	ok    bool
 }
 
 // record applies a measurement. For footprints it returns the measured pool
@@ -91,20 +69,18 @@ func (s *state) record(m measurement) int64 {
 	case measuredBudget:
 		m.g.hotBudget = m.hotBudget
 	case measuredStatus:
-		g, st := m.g, m.status
-		if st.Chat != nil {
-			g.chat = st.Chat
+		g := m.g
+		if m.chat != nil {
+			g.chat = m.chat
 		}
-		g.split = splitStats(st)
-		if st.PromptCache == nil || !g.spec.PromptCache.Enabled {
+		g.split = m.split
+		if m.cache == nil {
 			return 0
 		}
-		c := promptCacheStats(st.PromptCache)
-		c.Enabled = true
-		c.HotShareBytes = g.hotShare
-		g.cache = c
+		m.cache.HotShareBytes = g.hotShare
+		g.cache = m.cache
 		if e := g.entry; e.eng == g {
-			e.lastCache = c
+			e.lastCache = m.cache
 		}
 	case measuredFootprints:
 		sum := m.agent

@@ -132,10 +132,11 @@ func (c Config) withDefaults() Config {
 // The shared state — the tables, the reservations, the enforcer's level, the
 // counters and the mutex that guards them — is one type, state (state.go), whose
 // few methods each lock once to read a snapshot or apply a plan. Each effect holds
-// its own dependencies and a pointer to that state: loader (load.go: admission,
-// start, Ready), unloader (unload.go: drain, stop, settle, release, report), meter
-// (measure.go: footprints and the runners' own reports), hotBudget (hotcache.go: the
-// prompt cache hot shares) and enforcer (enforcer.go: the memory enforcer's poll).
+// its own dependencies and a pointer to that state: loader and unloader (owners.go:
+// the owner goroutines of Loading — admission, start, Ready — and of Draining and
+// Stopping — drain, stop, settle, release, report), meter (measure.go: footprints
+// and the runners' own reports), hotBudget (hotcache.go: the prompt cache hot
+// shares) and enforcer (enforcer.go: the memory enforcer's poll).
 // Pool wires them and is the API.
 type Pool struct {
 	cfg        Config
@@ -170,7 +171,7 @@ func New(cfg Config, factory RunnerFactory, gauge Gauge, clk clock.WithTicker, l
 	ctx, cancel := context.WithCancel(context.Background())
 	d := deps{cfg: cfg, clock: ownerClock{clk}, log: log, gauge: gauge,
 		wake: wakes{now: make(chan struct{}, 1), active: make(chan struct{}, 1)}}
-	st := newState(cfg, hw, d.clock, ctx)
+	st := newState(d, hw, ctx)
 	m := meter{d, st}
 	u := unloader{d, st}
 	l := loader{deps: d, st: st, factory: factory, admitting: make(chan struct{}, 1), meter: m, unloader: u}
@@ -288,4 +289,54 @@ func (p *Pool) end(ctx context.Context, out changed) error {
 		}
 	}
 	return nil
+}
+
+func newState(d deps, hw Hardware, base context.Context) *state {
+	return &state{
+		cfg: d.cfg, hw: hw, clock: d.clock, wake: d.wake, base: base,
+		ceiling: ComputeCeiling(hw, d.cfg.CeilingBytes, d.cfg.ReserveBytes, d.cfg.SoftFraction, d.cfg.HardFraction),
+		entries: map[string]*entry{},
+		aliases: map[string]string{},
+		engines: map[*engine]struct{}{},
+		level:   PressureOK,
+	}
+}
+
+// StartUnload begins unloading model (admin) and returns a channel closed once it is
+// unloaded. Unloading a model that is not loaded returns a closed channel; unloading
+// one that is loading cancels the load.
+func (p *Pool) StartUnload(model string) (<-chan struct{}, error) {
+	return p.unregister(change{kind: changeUnload, model: model})
+}
+
+// Unload unloads model and waits for it, bounded by ctx. It returns the report of the
+// engine it stopped, or nil when the model was not loaded.
+func (p *Pool) Unload(ctx context.Context, model string) (*UnloadReport, error) {
+	out := p.st.change(change{kind: changeUnload, model: model})
+	if out.err != nil {
+		return nil, out.err
+	}
+	p.unloader.start(out.jobs)
+	select {
+	case <-out.done:
+	case <-ctx.Done():
+		return nil, fmt.Errorf("unloading %s: %w", model, context.Cause(ctx))
+	}
+	last := p.st.view(query{entry: out.entry}).lastUnload
+	if last == nil || last == out.lastUnload {
+		return nil, nil // nothing was running (or a load was canceled before its runner started)
+	}
+	r := *last
+	return &r, nil
+}
+
+// Retire takes model out of service for good while keeping it registered: from now
+// on every Acquire and Load gets the 503 of a draining model (CodeModelDraining, so
+// that a gateway retries elsewhere), a load in progress is canceled, and a loaded
+// engine is drained — its leases are waited for as for an admin unload — stopped and
+// measured (reason ReasonRetired), its report kept in the entry's snapshot. The
+// returned channel is closed once the model is unloaded. Retire is idempotent; only
+// Remove ends a retired entry.
+func (p *Pool) Retire(model string) (<-chan struct{}, error) {
+	return p.unregister(change{kind: changeRetire, model: model})
 }

@@ -13,29 +13,33 @@ import (
 
 // state is the pool's shared state and the one owner of its mutex: every field
 // below mu, the entries and their engines are guarded by it and touched only by
-// state's methods. Each exported-to-the-package method takes the lock once, reads a
-// snapshot or applies a plan (most of them one that package decide returned), and
-// returns what the caller must do outside the lock — start or stop a process, wait,
-// measure, tell the observers. The methods it calls with the lock held are unexported
-// helpers of the same type; none of them does I/O or waits.
+// state's methods. Each of its ten entry points takes the lock once, reads a view or
+// applies a plan (most of them one that package decide returned), and returns what
+// the caller must do outside the lock — start or stop a process, wait, measure, tell
+// the observers. The helpers they call with the lock held (state's other methods,
+// the entry and engine helpers below) never do I/O and never wait.
 //
-// The lock sites, by what they serve:
+// The lock sites, by what they serve (this file holds the ones a request and its
+// load reach, and the helpers they call with the lock held; plans.go the plans'
+// types):
 //
-//	route     a request: decide.RouteRequest, then a lease, a join or a new load (acquire.go)
-//	release   a lease's end (lease.go)
+//	route     a request: decide.RouteRequest, then a lease, a join or a new load
 //	view      the small reads: one model, the limits, the runners, a decide.Snapshot
-//	change    registration, admin unloads, the ceiling, observers, Close and Detach
-//	admit     one admission round: decide.Admit, then commit, evict, wait or refuse (load.go)
-//	load      a load's steps: its runner started, then Ready, Failed or refused (load.go)
-//	teardown  an unload's steps: drain, stop, release; a crash (unload.go)
-//	enforce   one enforcer verdict: decide.Enforce, the hot shares, the limits (enforcer.go)
+//	admit     one admission round: decide.Admit, then commit, evict, wait or refuse
+//	load      a load's steps: its runner started, then Ready, Failed or refused
+//	teardown  an unload's steps: drain, stop, settle's bail-out, release; a crash
+//	release   a lease's end (lease.go)
 //	record    what a measurement or a runner call gave back (measure.go)
+//	change    registration, admin unloads, the ceiling, observers, Close and Detach (registry.go)
+//	enforce   one enforcer verdict: decide.Enforce, the hot shares, the limits (enforcer.go)
 //	snapshot  the public Snapshot (snapshot.go)
 type state struct {
 	// Set by newState and never changed.
 	cfg   Config
 	hw    Hardware
 	clock ownerClock
+	// wake is the enforcer's: loads, unloads and a request on an idle engine wake it.
+	wake wakes
 	// base is the parent of every load's context; Close and Detach cancel it.
 	base context.Context
 
@@ -65,57 +69,64 @@ type state struct {
 	freedTotal                                       int64
 }
 
-func newState(cfg Config, hw Hardware, clk ownerClock, base context.Context) *state {
-	return &state{
-		cfg: cfg, hw: hw, clock: clk, base: base,
-		ceiling: ComputeCeiling(hw, cfg.CeilingBytes, cfg.ReserveBytes, cfg.SoftFraction, cfg.HardFraction),
-		entries: map[string]*entry{},
-		aliases: map[string]string{},
-		engines: map[*engine]struct{}{},
-		level:   PressureOK,
+// route decides, under the lock, what a request for model does (decide.RouteRequest)
+// and applies it: a lease on a Ready engine (it restarts the entry's idle clock), the
+// load under way to join, a new load, or the refusal.
+func (s *state) route(model string) routed {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.clock.Now()
+	e := s.lookup(model)
+	in := decide.RouteInput{Now: now, Closed: s.closed, Known: e != nil && !e.removed}
+	if in.Known {
+		in.Retired, in.State, in.RetryAt = e.retired, e.state, e.retryAt
 	}
+	d := decide.RouteRequest(in)
+	switch d.Kind {
+	case decide.RouteLease:
+		g := e.eng
+		g.inUse++
+		g.requests++
+		offset := int64(now.Sub(g.loadedAt))
+		g.activeNanos += offset
+		s.activity++
+		e.lastUsed = now
+		if g.inUse == 1 {
+			signal(s.wake.active) // the engine was idle: a poll within PollActive
+		}
+		return routed{lease: &Lease{st: s, eng: g, model: e.spec.Name, offset: offset}}
+	case decide.RouteJoin:
+		return routed{attempt: e.attempt}
+	case decide.RouteLoad:
+		job := s.beginLoad(e)
+		return routed{attempt: job.attempt, load: &job}
+	}
+	return routed{err: refusal(model, e, d, s.cfg.RetryAfter)}
 }
 
-// query says what a view reads besides the limits.
-type query struct {
-	// model (a name or alias) or entry: the entry to read.
-	model string
-	entry *entry
-	// decide asks for a decide.Snapshot; runners for the live runners.
-	decide, runners bool
+// beginLoad moves e to Loading with a new attempt, whose owner goroutine the
+// returned job starts: it drives e to Ready, Failed or back to a stable unloaded
+// state under LoadTimeout.
+func (s *state) beginLoad(e *entry) loadJob {
+	ctx, cancel := context.WithCancelCause(s.base)
+	a := &loadAttempt{done: make(chan struct{}), cancel: cancel, started: s.clock.Now()}
+	prev := e.state
+	e.attempt = a
+	e.setTransient(StateLoading)
+	s.gen++
+	signal(s.wake.now)
+	return loadJob{ctx: ctx, entry: e, attempt: a, spec: e.spec, prev: prev, gen: s.gen}
 }
 
-// view is what the small reads need, read under one lock.
-type view struct {
-	ceiling   Ceiling
-	level     PressureLevel
-	usage     int64
-	lastPoll  time.Time
-	activity  uint64
-	agentPID  int
-	snap      decide.Snapshot
-	runners   []runnerRef
-	hotBudget int64 // as configured
-	// The asked entry: found (and not removed), its spec (the loaded engine's when
-	// it has one), its Ready runner, its last unload and its load's cancel error.
-	found, known bool
-	name         string
-	spec         ModelSpec
-	state        State
-	runner       Runner
-	lastUnload   *UnloadReport
-	cancelErr    error
-}
-
-// runnerRef is one live runner, for the calls made to every runner.
-type runnerRef struct {
-	g    *engine
-	name string
-	r    Runner
-	pid  int
-	// status: the poll reads its status (a prompt cache, a split head, or a chat
-	// rendering not yet known).
-	status bool
+// lookup resolves a name or alias.
+func (s *state) lookup(name string) *entry {
+	if e, ok := s.entries[name]; ok {
+		return e
+	}
+	if n, ok := s.aliases[name]; ok {
+		return s.entries[n]
+	}
+	return nil
 }
 
 // view reads what q asks for.
@@ -158,203 +169,218 @@ func (s *state) view(q query) view {
 	return v
 }
 
-// changeKind names what a change does.
-type changeKind int
-
-const (
-	changeRegister changeKind = iota
-	changeUpdate
-	changeRemove
-	changeRetire
-	changeUnload // admin
-	changeCeiling
-	changeObserver
-	changeClose
-	changeDetach
-)
-
-// change is one change of the pool's tables from outside: the registry, an admin
-// unload, the configured ceiling, an observer, the end of the pool.
-type change struct {
-	kind     changeKind
-	model    string
-	spec     ModelSpec
-	ceiling  int64
-	observer Observer
-}
-
-// changed is what a change leaves the caller to do: start jobs, wait on done or waits.
-type changed struct {
-	entry      *entry
-	done       <-chan struct{}
-	waits      []<-chan struct{}
-	jobs       []teardownJob
-	lastUnload *UnloadReport
-	ceiling    Ceiling
-	// detached are the engines Detach let go of, still running.
-	detached []*engine
-	err      error
-}
-
-// change applies c.
-func (s *state) change(c change) changed {
+// admit decides one admission round (decide.Admit) and applies it.
+func (s *state) admit(r admitRound) admitted {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var out changed
-	switch c.kind {
-	case changeRegister, changeUpdate:
-		out.err = s.register(c.kind, c.spec)
-	case changeCeiling:
-		s.ceiling = ComputeCeiling(s.hw, c.ceiling, s.cfg.ReserveBytes, s.cfg.SoftFraction, s.cfg.HardFraction)
-		out.ceiling = s.ceiling
-	case changeObserver:
-		s.observers = append(s.observers, c.observer)
-	case changeClose, changeDetach:
-		s.closed = true
-		for _, e := range s.entries {
-			if g := s.detach(e, c.kind); g != nil {
-				out.detached = append(out.detached, g)
-				continue
-			}
-			if e.state == StateReady || e.state.Transient() {
-				out.add(s.beginUnload(e, ReasonShutdown))
+	e, spec := r.job.entry, r.job.spec
+	if r.req.Measured >= 0 && r.ctx.Err() != nil {
+		if e.attempt != nil && e.attempt.cancelErr != nil {
+			return admitted{err: e.attempt.cancelErr}
+		}
+		return admitted{err: fmt.Errorf("admitting %s: %w", spec.Name, context.Cause(r.ctx))}
+	}
+	d := decide.Admit(s.decideSnapshot(), r.req)
+	switch d.Kind {
+	case decide.AdmitLoad:
+		g := newEngine(e, spec, r.job.gen, spec.EstimatedBytes)
+		s.committed += spec.EstimatedBytes
+		s.activity++
+		e.eng = g
+		return admitted{eng: g}
+	case decide.AdmitEvict:
+		r := admitted{victim: d.Victim, projected: d.Projected, softBytes: s.ceiling.SoftBytes}
+		var job *teardownJob
+		r.wait, job = s.beginUnload(s.entries[d.Victim], ReasonEviction)
+		if job != nil {
+			r.evict = []teardownJob{*job}
+		}
+		return r
+	case decide.AdmitWait:
+		// Unloads already under way will hand their reservations back.
+		for g := range s.engines {
+			if g.entry != e && g.tearingDown && g.entry.transition != nil {
+				return admitted{wait: g.entry.transition}
 			}
 		}
+	case decide.AdmitTooLarge:
+		return admitted{err: &ModelTooLargeError{Model: spec.Name, EstimatedBytes: spec.EstimatedBytes, Ceiling: s.ceiling}}
+	case decide.AdmitMeasure:
+		return admitted{}
+	}
+	return admitted{err: &InsufficientMemoryError{Model: spec.Name, EstimatedBytes: spec.EstimatedBytes,
+		CurrentBytes: d.Current, LimitBytes: d.Limit, Ceiling: s.ceiling, Pressure: s.level,
+		Detail: d.Detail, Retry: s.cfg.pausedRetry()}}
+}
+
+// load applies a step of a load.
+func (s *state) load(step loadStep) loadApplied {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, g, a := step.job.entry, step.eng, step.job.attempt
+	switch step.kind {
+	case loadStarted:
+		g.runner, g.pid = step.runner, step.runner.PID()
+		if ad, ok := step.runner.(interface{ Adopted() bool }); !ok || !ad.Adopted() {
+			g.hotBudget = 0 // a fresh runner starts without a hot tier; an adopted one's is learnt
+		}
+		s.engines[g] = struct{}{}
+		s.activity++
+		signal(s.wake.now) // measure it and push its limits while it loads
+		return loadApplied{}
+	case loadRefused:
+		s.refused(e, a, step.job.prev, step.err)
+		signal(s.wake.now)
 	default:
-		out = s.unregister(c)
-	}
-	return out
-}
-
-// add takes one unload's channel and job.
-func (c *changed) add(done <-chan struct{}, job *teardownJob) {
-	c.done = done
-	c.waits = append(c.waits, done)
-	if job != nil {
-		c.jobs = append(c.jobs, *job)
-	}
-}
-
-// register is Register (a new entry) and Update (a known one).
-func (s *state) register(kind changeKind, spec ModelSpec) error {
-	e := s.entries[spec.Name]
-	if kind == changeUpdate {
-		if e == nil || e.removed {
-			return &UnknownModelError{Model: spec.Name}
+		if step.err == nil && a.cancelReason != "" {
+			step.err = a.cancelErr
 		}
-		return s.setSpec(e, spec)
-	}
-	if s.closed {
-		return errors.New("enginepool: pool is closed")
-	}
-	if e != nil && !e.removed {
-		return fmt.Errorf("model %q is already registered", spec.Name)
-	}
-	if err := s.setSpec(e, spec); err != nil {
-		return err
-	}
-	if e != nil {
-		// Re-registered while its engine was still stopping: the entry (and the engine
-		// it owns) is kept, the removal canceled, and the spec applies at the next load.
-		e.removed, e.retired = false, false
-	}
-	return nil
-}
-
-// unregister is Remove, Retire and an admin unload of a known model.
-func (s *state) unregister(c change) changed {
-	e := s.lookup(c.model)
-	if e == nil || e.removed {
-		return changed{err: &UnknownModelError{Model: c.model}}
-	}
-	out := changed{entry: e, lastUnload: e.lastUnload}
-	reason := ReasonAdmin
-	switch c.kind {
-	case changeRemove:
-		e.removed, reason = true, ReasonRemoved
-		if !e.state.Transient() && e.state != StateReady {
-			s.deleteEntry(e)
-			out.done = closedChan()
-			return out
+		if step.err != nil {
+			return s.failed(e, g, a, step.err, step.cause)
 		}
-	case changeRetire:
-		e.retired, reason = true, ReasonRetired
+		now := s.clock.Now()
+		g.footprint, g.peak = step.footprint, max(g.peak, step.footprint)
+		s.activity++
+		g.loadedAt, e.lastUsed = now, now
+		e.attempt, e.lastErr, e.failReason = nil, nil, ""
+		e.setStable(StateReady)
+		close(a.done)
+		s.loads++
+		signal(s.wake.now)
+		return loadApplied{ready: true, observers: s.observed()}
 	}
-	out.add(s.beginUnload(e, reason))
-	return out
+	return loadApplied{err: a.err, observers: s.observed()}
 }
 
-// detach lets go of e's Ready runner when the pool is detaching and the runner can
-// outlive it (Detacher), and returns its engine; nil when it did not.
-func (s *state) detach(e *entry, kind changeKind) *engine {
-	g := e.eng
-	if kind != changeDetach || e.state != StateReady || g == nil || g.tearingDown {
-		return nil
+// failed ends a load whose runner did not come up (err) or that was canceled: its
+// waiters get the error, and the engine goes to a teardown that ends in Failed (or in
+// Unloaded when canceled).
+func (s *state) failed(e *entry, g *engine, a *loadAttempt, err, cause error) loadApplied {
+	plan := teardownPlan{reason: ReasonLoadFailed, final: StateFailed, cause: err}
+	if a.cancelReason != "" {
+		plan = teardownPlan{reason: ReasonLoadAborted, final: StateUnloaded}
+		a.err = a.cancelErr
+	} else {
+		if cause != nil && !errors.Is(err, cause) {
+			err = fmt.Errorf("%w (%v)", err, cause)
+			plan.cause = err
+		}
+		a.err = &UnavailableError{Model: g.spec.Name, State: StateFailed, ErrCode: CodeModelLoadFailed,
+			Reason: err.Error(), Retry: s.cfg.backoff(e.failures + 1), Err: err}
+		s.loadFailures++
 	}
-	// Detach only closes idle connections and ends watchers: no I/O to wait on.
-	d, ok := g.runner.(Detacher)
-	if !ok || !d.Detach() {
-		return nil
+	g.tearingDown = true
+	g.invalidate(a.err)
+	e.attempt = nil
+	e.setTransient(StateStopping)
+	close(a.done)
+	return loadApplied{teardown: &teardownJob{e, g, plan}, err: err, observers: s.observed()}
+}
+
+// refused ends a load that admission refused or that was canceled before it had a
+// reservation: nothing to stop, the entry goes back to where it was.
+func (s *state) refused(e *entry, a *loadAttempt, prev State, err error) {
+	if a.cancelReason != "" {
+		err = a.cancelErr
 	}
-	g.tearingDown = true // the crash watcher must not report it
-	g.invalidate(&UnavailableError{Model: g.name, State: StateStopping, ErrCode: CodePoolClosed,
-		Reason: "the node agent is shutting down", Retry: s.cfg.RetryAfter})
+	a.err = err
+	e.lastErr = err
+	e.attempt = nil
+	if prev.Transient() || prev == StateReady {
+		prev = StateUnloaded
+	}
+	e.setStable(prev)
+	if e.removed {
+		s.deleteEntry(e)
+	}
+	close(a.done)
+}
+
+// teardown applies a step of a teardown.
+func (s *state) teardown(step teardownStep) tornDown {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, g, plan := step.job.e, step.job.g, step.job.plan
+	switch step.kind {
+	case stepAwait:
+		if g.inUse == 0 {
+			return tornDown{}
+		}
+		if g.released == nil {
+			g.released = make(chan struct{})
+		}
+		return tornDown{released: g.released}
+	case stepStop:
+		if e.eng == g && e.state != StateStopping {
+			e.setTransient(StateStopping)
+		}
+		g.invalidate(engineStoppedError(g.name, plan.reason, plan.cause, s.cfg.RetryAfter))
+		g.inUse, g.activeReported = 0, 0
+		if g.released != nil {
+			close(g.released)
+			g.released = nil
+		}
+		return tornDown{runner: g.runner, pid: g.pid, resident: g.footprint, activity: s.activity}
+	case stepCrash:
+		if g.tearingDown || e.eng != g {
+			return tornDown{}
+		}
+		g.tearingDown = true
+		g.invalidate(engineStoppedError(g.name, ReasonCrash, plan.cause, s.cfg.RetryAfter))
+		e.setTransient(StateStopping)
+		s.crashes++
+		return tornDown{crashed: true}
+	case stepBusy:
+		name := ""
+		if e != nil {
+			name = e.spec.Name
+		}
+		return tornDown{busy: s.activity != step.activity || decide.OthersBusy(s.decideModels(), name)}
+	}
+	now := s.clock.Now()
+	if r := step.report; r != nil {
+		r.Aborted, r.Time, r.Duration = step.aborted, now, now.Sub(step.start)
+	}
+	s.released(step.job, step.report, now)
+	signal(s.wake.now)
+	return tornDown{observers: s.observed()}
+}
+
+// released is steps 4 and 5 of a teardown: the reservation goes back, the report is
+// kept and counted, and the entry reaches its final state (Failed with a backoff, or
+// Unloaded).
+func (s *state) released(job teardownJob, report *UnloadReport, now time.Time) {
+	e, g, plan := job.e, job.g, job.plan
 	s.committed -= g.reservation
 	delete(s.engines, g)
-	e.eng = nil
-	e.setStable(StateUnloaded)
-	return g
-}
-
-// setSpec is what Register and Update share: it makes spec the desired spec of e (a
-// new entry when e is nil) and moves the alias table from e's old aliases to spec's,
-// refusing — before it changes anything — an alias that is another model's name or
-// alias, or a name that is another model's alias. The engine e owns keeps the spec it
-// was started with (engine.spec).
-func (s *state) setSpec(e *entry, spec ModelSpec) error {
-	for _, a := range spec.Aliases {
-		if a == spec.Name {
-			continue
-		}
-		if _, ok := s.entries[a]; ok {
-			return fmt.Errorf("alias %q of model %q is the name of another model", a, spec.Name)
-		}
-		if owner, ok := s.aliases[a]; ok && owner != spec.Name {
-			return fmt.Errorf("alias %q of model %q is already an alias of %q", a, spec.Name, owner)
+	if report != nil {
+		e.lastUnload = report
+		s.unloads++
+		s.freedTotal += report.FreedBytes
+		if plan.reason.evicts() {
+			s.evictions++
 		}
 	}
-	if owner, ok := s.aliases[spec.Name]; ok && owner != spec.Name {
-		return fmt.Errorf("model name %q is already an alias of %q", spec.Name, owner)
-	}
-	if e == nil {
-		e = &entry{state: StateAbsent}
-		s.entries[spec.Name] = e
-	}
-	for _, a := range e.spec.Aliases {
-		if s.aliases[a] == spec.Name {
-			delete(s.aliases, a)
-		}
-	}
-	e.spec = spec
-	for _, a := range spec.Aliases {
-		if a != spec.Name {
-			s.aliases[a] = spec.Name
-		}
-	}
-	return nil
-}
-
-// deleteEntry drops e and its aliases from the tables (if e is still the entry of
-// its name).
-func (s *state) deleteEntry(e *entry) {
-	if s.entries[e.spec.Name] != e {
+	if e.eng != g {
 		return
 	}
-	delete(s.entries, e.spec.Name)
-	for _, a := range e.spec.Aliases {
-		if s.aliases[a] == e.spec.Name {
-			delete(s.aliases, a)
+	e.eng = nil
+	if plan.final == StateFailed {
+		if !g.loadedAt.IsZero() && now.Sub(g.loadedAt) >= s.cfg.BackoffMax {
+			e.failures = 0 // it ran long enough: start the backoff afresh
 		}
+		e.failures++
+		e.retryAt = now.Add(s.cfg.backoff(e.failures))
+		if plan.cause != nil {
+			e.failReason = plan.cause.Error()
+			e.lastErr = plan.cause
+		}
+	} else if !g.loadedAt.IsZero() {
+		e.failures = 0
+	}
+	e.setStable(plan.final)
+	if e.removed {
+		s.deleteEntry(e)
 	}
 }
 
@@ -427,7 +453,161 @@ func (s *state) decideModels() []decide.Model {
 // observed is the observers to tell, cloned under the lock.
 func (s *state) observed() []Observer { return slices.Clone(s.observers) }
 
+// deleteEntry drops e and its aliases from the tables (if e is still the entry of
+// its name).
+func (s *state) deleteEntry(e *entry) {
+	if s.entries[e.spec.Name] != e {
+		return
+	}
+	delete(s.entries, e.spec.Name)
+	for _, a := range e.spec.Aliases {
+		if s.aliases[a] == e.spec.Name {
+			delete(s.aliases, a)
+		}
+	}
+}
+
 // limits are the ceiling's bytes and watermarks.
 func (c Ceiling) limits() decide.Limits {
 	return decide.Limits{Ceiling: c.Bytes, Soft: c.SoftBytes, Hard: c.HardBytes}
+}
+
+func newEngine(e *entry, spec ModelSpec, gen uint64, reservation int64) *engine {
+	return &engine{
+		entry:        e,
+		name:         spec.Name,
+		gen:          gen,
+		spec:         spec,
+		reservation:  reservation,
+		startCeiling: runnerCeiling(reservation),
+		stopped:      make(chan struct{}),
+		hotBudget:    -1,
+	}
+}
+
+// invalidate closes the engine's handle: leases report err from now on. The
+// state's lock is held.
+func (g *engine) invalidate(err error) {
+	select {
+	case <-g.stopped:
+		return
+	default:
+	}
+	g.stopErr = err
+	close(g.stopped)
+}
+
+// setStable moves e to a stable state and wakes everyone waiting for it. The
+// state's lock is held.
+func (e *entry) setStable(s State) {
+	e.state = s
+	if e.transition != nil {
+		close(e.transition)
+		e.transition = nil
+	}
+}
+
+// setTransient moves e to a transient state, opening a transition if needed. The
+// state's lock is held.
+func (e *entry) setTransient(s State) {
+	e.state = s
+	if e.transition == nil {
+		e.transition = make(chan struct{})
+	}
+}
+
+func (e *entry) idleTimeout(def time.Duration) time.Duration {
+	if e.spec.Residency != OnDemand && e.spec.Residency != "" {
+		return 0
+	}
+	if e.spec.IdleTimeout > 0 {
+		return e.spec.IdleTimeout
+	}
+	return def
+}
+
+// hotConfigured is the hot budget as configured: Config.PromptCacheHotBytes, or
+// DefaultPromptCacheHotFraction of the ceiling.
+func (s *state) hotConfigured() int64 {
+	b := s.cfg.PromptCacheHotBytes
+	switch {
+	case b < 0:
+		return 0
+	case b == 0:
+		return int64(float64(s.ceiling.Bytes) * DefaultPromptCacheHotFraction)
+	}
+	return b
+}
+
+// ownCeiling is the ceiling a runner enforces on itself and past which the enforcer
+// treats it as over its ceiling: its reservation plus the 10% tolerance, plus the
+// hot-tier budget it holds.
+func (g *engine) ownCeiling() int64 {
+	return runnerCeiling(g.reservation) + max(g.hotBudget, g.hotShare, 0)
+}
+
+// runnerCeiling is the memory ceiling a runner enforces on itself with its prefill
+// guard: its reservation plus the 10% tolerance past which the enforcer unloads it. A
+// reservation is an estimate, so refusing work at exactly the estimate would refuse
+// prompts the enforcer lets run (a small model's runner process alone can be close to
+// its estimate).
+func runnerCeiling(reservation int64) int64 { return reservation + reservation/10 }
+
+// graceful reasons wait the long drain deadline; pressure reasons the short one.
+func (r UnloadReason) graceful() bool {
+	switch r {
+	case ReasonPressure, ReasonOverCeiling:
+		return false
+	}
+	return true
+}
+
+// evicts says whether the reason counts as an eviction in the pool's counters.
+func (r UnloadReason) evicts() bool {
+	return r == ReasonEviction || r == ReasonPressure || r == ReasonOverCeiling
+}
+
+// engineStoppedError is what leases of a stopped engine report.
+func engineStoppedError(model string, reason UnloadReason, cause error, retry time.Duration) error {
+	msg := fmt.Sprintf("the engine was stopped (%s)", reason)
+	if cause != nil {
+		msg = fmt.Sprintf("the engine stopped (%s): %v", reason, cause)
+	}
+	return &UnavailableError{Model: model, State: StateStopping, ErrCode: CodeEngineStopped,
+		Reason: msg, Retry: retry, Err: cause}
+}
+
+// backoff is the wait before the next load after failures consecutive failures.
+func (c Config) backoff(failures int) time.Duration {
+	d := c.BackoffInitial
+	for i := 1; i < failures && d < c.BackoffMax; i++ {
+		d *= 2
+	}
+	return min(d, c.BackoffMax)
+}
+
+// pausedRetry is the retry hint of a refused load.
+func (c Config) pausedRetry() time.Duration { return 5 * c.PollActive }
+
+func closedChan() chan struct{} {
+	ch := make(chan struct{})
+	close(ch)
+	return ch
+}
+
+func isClosed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
+}
+
+// signal is a non-blocking send on a one-slot wake channel.
+func signal(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
+	}
 }

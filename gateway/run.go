@@ -17,9 +17,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -32,6 +30,7 @@ import (
 	"github.com/macfleet/macfleet/gateway/fairqueue"
 	"github.com/macfleet/macfleet/gateway/tenancy"
 	"github.com/macfleet/macfleet/internal/httpserver"
+	"github.com/macfleet/macfleet/internal/kubescheme"
 )
 
 // The gateway reads the fleet. It writes the wake annotation on an autoscaled
@@ -166,18 +165,6 @@ func DefaultGatewayID() string {
 	return strings.ToLower(h)
 }
 
-// Scheme has the client-go and macfleet types.
-func Scheme() (*runtime.Scheme, error) {
-	s := runtime.NewScheme()
-	if err := clientgoscheme.AddToScheme(s); err != nil {
-		return nil, err
-	}
-	if err := mfv1.AddToScheme(s); err != nil {
-		return nil, err
-	}
-	return s, nil
-}
-
 // Run serves the gateway until ctx ends: a controller-runtime manager (no leader
 // election: every gateway replica serves) runs the informers, the table feeder, the
 // API server, the metrics server and the probes. /readyz passes once the informers
@@ -197,7 +184,7 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return err
 	}
-	scheme, err := Scheme()
+	scheme, err := kubescheme.New()
 	if err != nil {
 		return err
 	}

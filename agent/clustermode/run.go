@@ -23,9 +23,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/sync/errgroup"
 	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -40,6 +38,7 @@ import (
 	"github.com/macfleet/macfleet/internal/devicegauge"
 	"github.com/macfleet/macfleet/internal/httpserver"
 	"github.com/macfleet/macfleet/internal/informers"
+	"github.com/macfleet/macfleet/internal/kubescheme"
 	"github.com/macfleet/macfleet/internal/pki"
 	"github.com/macfleet/macfleet/internal/sourcepolicy"
 	"github.com/macfleet/macfleet/internal/tracing/spanrelay"
@@ -248,15 +247,11 @@ type replicaWatch struct {
 // watchReplicas makes the clients and the replica cache (not started).
 func watchReplicas(ctx context.Context, rc *rest.Config, cfg Config) (*replicaWatch, error) {
 	log := cfg.Log
-	scheme := runtime.NewScheme()
-	if err := clientgoscheme.AddToScheme(scheme); err != nil {
-		return nil, err
-	}
-	if err := v1alpha1.AddToScheme(scheme); err != nil {
+	scheme, err := kubescheme.New()
+	if err != nil {
 		return nil, err
 	}
 	w := &replicaWatch{policySynced: func() bool { return true }}
-	var err error
 	if w.direct, err = client.New(rc, client.Options{Scheme: scheme}); err != nil {
 		return nil, fmt.Errorf("creating the API client: %w", err)
 	}

@@ -12,7 +12,6 @@ import (
 
 	"github.com/spf13/cobra"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -20,6 +19,7 @@ import (
 	"github.com/macfleet/macfleet/agent/store"
 	"github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/internal/estimate"
+	"github.com/macfleet/macfleet/internal/kubescheme"
 	"github.com/macfleet/macfleet/internal/modelfit"
 	"github.com/macfleet/macfleet/internal/modelsource"
 	"github.com/macfleet/macfleet/internal/sourcepolicy"
@@ -158,8 +158,8 @@ func (ff *fitFlags) macs(ctx context.Context) ([]modelfit.Mac, string, *sourcepo
 			return nil, "", nil, fmt.Errorf("the kubeconfig context's namespace: %w", err)
 		}
 	}
-	scheme := runtime.NewScheme()
-	if err := v1alpha1.AddToScheme(scheme); err != nil {
+	scheme, err := kubescheme.New()
+	if err != nil {
 		return nil, "", nil, err
 	}
 	c, err := client.New(rc, client.Options{Scheme: scheme})

@@ -7,8 +7,8 @@ import (
 	"github.com/spf13/cobra"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/macfleet/macfleet/gateway"
 	"github.com/macfleet/macfleet/gateway/metering/report"
+	"github.com/macfleet/macfleet/internal/kubescheme"
 )
 
 func init() { root.AddCommand(usageCmd()) }
@@ -42,7 +42,7 @@ to list tokenusages in that namespace is enough; -A reads every namespace.`,
 					return fmt.Errorf("the kubeconfig context's namespace: %w", err)
 				}
 			}
-			scheme, err := gateway.Scheme()
+			scheme, err := kubescheme.New()
 			if err != nil {
 				return err
 			}

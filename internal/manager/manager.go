@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/runtime"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -35,6 +34,7 @@ import (
 	"github.com/macfleet/macfleet/controllers/modeldeployment"
 	"github.com/macfleet/macfleet/controllers/scheduler"
 	"github.com/macfleet/macfleet/internal/informers"
+	"github.com/macfleet/macfleet/internal/kubescheme"
 	"github.com/macfleet/macfleet/internal/mgrhttp"
 	"github.com/macfleet/macfleet/internal/modelsource"
 	"github.com/macfleet/macfleet/internal/nodeauthz"
@@ -110,24 +110,12 @@ type Config struct {
 // LeaderElectionID names the election Lease.
 const LeaderElectionID = "macfleet-manager.macfleet.dev"
 
-// Scheme returns the scheme with the client-go and macfleet types.
-func Scheme() (*runtime.Scheme, error) {
-	s := runtime.NewScheme()
-	if err := clientgoscheme.AddToScheme(s); err != nil {
-		return nil, err
-	}
-	if err := mfv1.AddToScheme(s); err != nil {
-		return nil, err
-	}
-	return s, nil
-}
-
 // New builds the manager with every controller set up, ready to Start.
 func New(cfg Config) (ctrl.Manager, error) {
 	if err := checkServing(cfg.GatewayServingSecret, cfg.GatewayServingHosts); err != nil {
 		return nil, err
 	}
-	scheme, err := Scheme()
+	scheme, err := kubescheme.New()
 	if err != nil {
 		return nil, fmt.Errorf("building the scheme: %w", err)
 	}

@@ -106,9 +106,8 @@ func (l loader) admit(ctx context.Context, job loadJob) (*engine, error) {
 	}
 	defer func() { <-l.admitting }()
 
-	round := admitRound{job: job, req: decide.AdmitRequest{Model: spec.Name, Estimate: spec.EstimatedBytes, Measured: -1}}
+	round := admitRound{ctx: ctx, job: job, req: decide.AdmitRequest{Model: spec.Name, Estimate: spec.EstimatedBytes, Measured: -1}}
 	for {
-		round.ctx = ctx
 		r := l.st.admit(round)
 		if r.victim != "" {
 			l.log.V(2).Info("Evicting to admit a model", "model", spec.Name, "victim", r.victim,

@@ -12,7 +12,7 @@ import (
 
 	"github.com/macfleet/macfleet/agent/clustermode"
 	"github.com/macfleet/macfleet/agent/config"
-	"github.com/macfleet/macfleet/internal/doctor"
+	"github.com/macfleet/macfleet/cmd/macfleet/doctor"
 )
 
 func init() { root.AddCommand(newDoctorCommand()) }

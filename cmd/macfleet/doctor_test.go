@@ -19,7 +19,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/macfleet/macfleet/internal/doctor"
+	"github.com/macfleet/macfleet/cmd/macfleet/doctor"
 	"github.com/macfleet/macfleet/metal/enginepool"
 	"github.com/macfleet/macfleet/metal/enginepool/runnerproc"
 )

@@ -11,10 +11,10 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
+	"github.com/macfleet/macfleet/cmd/macfleet/manager"
 	"github.com/macfleet/macfleet/controllers/autoscaler"
 	"github.com/macfleet/macfleet/controllers/macnode"
 	"github.com/macfleet/macfleet/controllers/scheduler"
-	"github.com/macfleet/macfleet/internal/manager"
 	"github.com/macfleet/macfleet/internal/modelsource"
 )
 

@@ -24,7 +24,7 @@ import (
 
 	// The manager's controllers register their metrics on controller-runtime's
 	// registry in init functions: importing the manager's wiring runs them all.
-	_ "github.com/macfleet/macfleet/internal/manager"
+	_ "github.com/macfleet/macfleet/cmd/macfleet/manager"
 	"github.com/macfleet/macfleet/metal/enginepool"
 	"github.com/macfleet/macfleet/metal/enginepool/runnerproc"
 )

@@ -157,3 +157,27 @@ func Check(layers []Layer, pkgs []Package) (violations []Violation, unassigned [
 	slices.Sort(unassigned)
 	return violations, unassigned
 }
+
+// Reaching returns what lifts the packages under dir (a path relative to the module,
+// "internal") above layer top: each such package the table places higher, and each
+// import of one of them into a higher layer, sorted and each once. It keeps a folder
+// to the floors it is meant for whatever the table says of its packages: moving a
+// package of internal/ up a layer to let it import a component is caught here.
+func Reaching(layers []Layer, pkgs []Package, dir string, top int) []string {
+	var out []string
+	for _, p := range pkgs {
+		if p.Path != dir && !strings.HasPrefix(p.Path, dir+"/") {
+			continue
+		}
+		if l, ok := LayerOf(layers, p.Path); ok && l.Rank > top {
+			out = append(out, fmt.Sprintf("%s is in layer %d %s", p.Path, l.Rank, l.Name))
+		}
+		for _, imp := range p.Imports {
+			if l, ok := LayerOf(layers, imp); ok && l.Rank > top {
+				out = append(out, fmt.Sprintf("%s imports %s (layer %d %s)", p.Path, imp, l.Rank, l.Name))
+			}
+		}
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
+}

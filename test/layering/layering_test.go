@@ -121,6 +121,32 @@ func TestCheckCatchesUpwardImports(t *testing.T) {
 	}
 }
 
+// TestReachingCatchesWhatLiftsAFolder feeds Reaching a folder with a package placed
+// above its top and imports of each kind, and expects exactly what rises above it.
+func TestReachingCatchesWhatLiftsAFolder(t *testing.T) {
+	layers := syntheticLayers(t)
+	pkgs := []Package{
+		{Path: "lib/estimate", Imports: []string{"api/v1", "pool"}},                   // down and level: fine
+		{Path: "lib/cache", Imports: []string{"app/mgr", "app/x/xtest", "elsewhere"}}, // two floors up
+		{Path: "lib/root", Imports: []string{"lib/estimate"}},
+		{Path: "libs", Imports: []string{"app/mgr"}},         // not under lib/
+		{Path: "app/mgr", Imports: []string{"lib/estimate"}}, // not under lib/
+	}
+	// lib/root is placed above the folder's top by a more specific pattern.
+	layers[2].Patterns = append(layers[2].Patterns, "lib/root")
+	want := []string{
+		"lib/cache imports app/mgr (layer 2 app)",
+		"lib/cache imports app/x/xtest (layer 3 test)",
+		"lib/root is in layer 2 app",
+	}
+	if diff := cmp.Diff(want, Reaching(layers, pkgs, "lib", 1)); diff != "" {
+		t.Errorf("Reaching (-want +got):\n%s", diff)
+	}
+	if got := Reaching(layers, pkgs, "lib", 3); len(got) != 0 {
+		t.Errorf("Reaching with the top layer as the bound = %q, want nothing", got)
+	}
+}
+
 func TestDepguardRules(t *testing.T) {
 	got := Depguard(syntheticLayers(t), "example.com/m", "")
 	for _, want := range []string{
@@ -226,14 +252,7 @@ func relative(module, path string) string {
 func TestNoUpwardImports(t *testing.T) {
 	root, module := moduleRoot(t)
 	layers := readTable(t, root)
-	var all []Package
-	for _, p := range [][2]string{{"linux", "amd64"}, {"darwin", "arm64"}} {
-		all = append(all, listPackages(t, root, module, p[0], p[1])...)
-	}
-	if !slices.ContainsFunc(all, func(p Package) bool { return p.Path == "test/layering" }) {
-		t.Fatalf("go list did not list this package; the listing is not of the module")
-	}
-	violations, unassigned := Check(layers, all)
+	violations, unassigned := Check(layers, modulePackages(t, root, module))
 	seen := map[string]bool{}
 	for _, v := range violations {
 		if s := v.String(); !seen[s] {
@@ -243,6 +262,39 @@ func TestNoUpwardImports(t *testing.T) {
 	}
 	for _, p := range slices.Compact(unassigned) {
 		t.Errorf("package %s is in no layer of docs/architecture.md: add it to the table", p)
+	}
+}
+
+// modulePackages lists the module's packages on Linux and on macOS (files with build
+// constraints import differently), each platform's listing after the other.
+func modulePackages(t *testing.T, root, module string) []Package {
+	t.Helper()
+	var all []Package
+	for _, p := range [][2]string{{"linux", "amd64"}, {"darwin", "arm64"}} {
+		all = append(all, listPackages(t, root, module, p[0], p[1])...)
+	}
+	if !slices.ContainsFunc(all, func(p Package) bool { return p.Path == "test/layering" }) {
+		t.Fatalf("go list did not list this package; the listing is not of the module")
+	}
+	return all
+}
+
+// libraryTop is the highest layer a package under internal/ may be in or import.
+const libraryTop = "domain"
+
+// TestInternalHoldsOnlyLibraries keeps internal/ to the libraries of layers 1 ground
+// and 2 domain: no package there is placed higher, and none imports the engine pool,
+// a component, a composition root or a main. Composition roots and commands live
+// beside their main under cmd/.
+func TestInternalHoldsOnlyLibraries(t *testing.T) {
+	root, module := moduleRoot(t)
+	layers := readTable(t, root)
+	top := slices.IndexFunc(layers, func(l Layer) bool { return l.Name == libraryTop })
+	if top < 0 {
+		t.Fatalf("docs/architecture.md has no layer %q", libraryTop)
+	}
+	for _, r := range Reaching(layers, modulePackages(t, root, module), "internal", layers[top].Rank) {
+		t.Errorf("internal/ reaches above layer %d %s: %s", layers[top].Rank, libraryTop, r)
 	}
 }
 

@@ -1,7 +1,7 @@
 // Package apikeyindextest runs the manager's API key index publisher (package
 // apikeyindex) against a test's API server, with the cache and clients
-// internal/manager gives it, for tests of the gateway with --tenant-keys, which reads
-// the teams' keys from the index.
+// cmd/macfleet/manager gives it, for tests of the gateway with --tenant-keys, which
+// reads the teams' keys from the index.
 package apikeyindextest
 
 import (

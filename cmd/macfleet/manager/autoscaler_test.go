@@ -18,7 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
-	"github.com/macfleet/macfleet/internal/manager"
+	"github.com/macfleet/macfleet/cmd/macfleet/manager"
 	"github.com/macfleet/macfleet/test/support/testenv"
 )
 

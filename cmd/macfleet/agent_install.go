@@ -12,6 +12,7 @@ import (
 	"syscall"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/macfleet/macfleet/agent/launchd"
 )
@@ -44,101 +45,125 @@ absolute; --kubeconfig defaults to $KUBECONFIG, as launchd does not pass it on.
 	})
 }
 
+// installOptions are the flags of an install command.
+type installOptions struct {
+	system, dryRun   bool
+	executable, user string
+	env              []string
+}
+
 // newInstallCmd completes cmd (its Use, Short, Long and Example set) into the install
 // command of svc: the command's flags after --, rendered into a launchd service
 // (launchd.Render) and installed, or printed with --dry-run.
 func newInstallCmd(svc launchd.Service, cmd *cobra.Command) *cobra.Command {
-	var (
-		system, dryRun   bool
-		executable, user string
-		env              []string
-	)
-	cmd.RunE = func(cmd *cobra.Command, args []string) error {
-		if len(args) > 0 && cmd.ArgsLenAtDash() != 0 {
-			return fmt.Errorf("unexpected argument %q: the %s flags go after --, e.g. macfleet %s install -- %s", args[0],
-				svc.Command, svc.Command, map[bool]string{true: "--kubeconfig node.kubeconfig", false: "--model NAME=SOURCE"}[svc.NeedsKubeconfig])
-		}
-		if user != "" && !system {
-			return fmt.Errorf("--user names the account of a LaunchDaemon: add --system (a LaunchAgent runs as you)")
-		}
-		if !dryRun {
-			if err := launchd.CheckPlatform(serviceOS); err != nil {
-				return err
-			}
-		}
-		exe, err := installExecutable(executable)
-		if err != nil {
+	var o installOptions
+	cmd.RunE = func(cmd *cobra.Command, args []string) error { return installService(cmd, svc, args, &o) }
+	o.addFlags(cmd.Flags())
+	return cmd
+}
+
+// addFlags binds the install command's flags to o.
+func (o *installOptions) addFlags(f *pflag.FlagSet) {
+	f.BoolVar(&o.system, "system", false, "Install a LaunchDaemon for the whole machine (/Library/LaunchDaemons; needs sudo) instead of a LaunchAgent of your user")
+	f.BoolVar(&o.dryRun, "dry-run", false, "Print the property list and where it would go; change nothing")
+	f.StringVar(&o.executable, "executable", "", "The macfleet binary launchd runs (default: this one)")
+	f.StringVar(&o.user, "user", "", "With --system, the account the service runs as (default $SUDO_USER: who ran sudo; root only if named)")
+	f.StringArrayVar(&o.env, "env", nil, "KEY=VALUE environment variable of the service and its runners (repeatable), e.g. OTEL_EXPORTER_OTLP_ENDPOINT=http://collector:4318 to trace requests")
+}
+
+// installService renders svc running args (the flags after --) into a launchd
+// service and prints it (--dry-run) or installs and loads it.
+func installService(cmd *cobra.Command, svc launchd.Service, args []string, o *installOptions) error {
+	if len(args) > 0 && cmd.ArgsLenAtDash() != 0 {
+		return fmt.Errorf("unexpected argument %q: the %s flags go after --, e.g. macfleet %s install -- %s", args[0],
+			svc.Command, svc.Command, map[bool]string{true: "--kubeconfig node.kubeconfig", false: "--model NAME=SOURCE"}[svc.NeedsKubeconfig])
+	}
+	if o.user != "" && !o.system {
+		return fmt.Errorf("--user names the account of a LaunchDaemon: add --system (a LaunchAgent runs as you)")
+	}
+	if !o.dryRun {
+		if err := launchd.CheckPlatform(serviceOS); err != nil {
 			return err
 		}
-		o := launchd.Options{Service: svc, Executable: exe, AgentArgs: args, System: system, UID: os.Getuid(),
-			Kubeconfig: firstPath(os.Getenv("KUBECONFIG")), Env: env, Root: serviceSystemRoot}
-		if system {
-			if o.User, err = daemonUser(user); err != nil {
-				return err
-			}
-		}
-		if o.Dir, err = os.Getwd(); err != nil {
-			return fmt.Errorf("the current directory: %w", err)
-		}
-		if !system {
-			if o.Home, err = os.UserHomeDir(); err != nil {
-				return fmt.Errorf("a LaunchAgent lives in the home directory: %w", err)
-			}
-		}
-		plan, err := launchd.Render(o)
-		if err != nil {
+	}
+	exe, err := installExecutable(o.executable)
+	if err != nil {
+		return err
+	}
+	plan, err := o.render(svc, exe, args)
+	if err != nil {
+		return err
+	}
+	tmpExe := inTempDir(exe)
+	if o.dryRun {
+		if _, err := cmd.OutOrStdout().Write(plan.Plist); err != nil {
 			return err
 		}
-		tmpExe := inTempDir(exe)
-		if dryRun {
-			if _, err := cmd.OutOrStdout().Write(plan.Plist); err != nil {
-				return err
-			}
-			fmt.Fprintf(cmd.ErrOrStderr(), "Dry run: would write %s and load it into %s (logs in %s, models in %s)\n",
-				plan.PlistPath, plan.Domain, plan.LogDir, plan.StoreDir)
-			if tmpExe {
-				fmt.Fprintf(cmd.ErrOrStderr(), "Warning: %s is in a temporary directory; install macfleet (and macfleet-runner beside it) somewhere permanent first\n", exe)
-			}
-			return nil
-		}
+		fmt.Fprintf(cmd.ErrOrStderr(), "Dry run: would write %s and load it into %s (logs in %s, models in %s)\n",
+			plan.PlistPath, plan.Domain, plan.LogDir, plan.StoreDir)
 		if tmpExe {
-			return fmt.Errorf("%s is in a temporary directory (go run?): install macfleet and macfleet-runner somewhere permanent, e.g. /usr/local/bin, or pass --executable", exe)
+			fmt.Fprintf(cmd.ErrOrStderr(), "Warning: %s is in a temporary directory; install macfleet (and macfleet-runner beside it) somewhere permanent first\n", exe)
 		}
-		if err := checkRoot(system, serviceEUID()); err != nil {
-			return err
-		}
-		if plan.User != "" {
-			if plan.Owner, err = lookupOwner(plan.User); err != nil {
-				return err
-			}
-			if kc := kubeconfigOf(plan); kc != "" {
-				if w := ownerWarning(kc, plan.User, plan.Owner.UID); w != "" {
-					fmt.Fprintln(cmd.ErrOrStderr(), "Warning: "+w)
-				}
-			}
-		}
-		if err := launchd.Install(cmd.Context(), plan, serviceLaunchctl); err != nil {
-			return err
-		}
-		out := cmd.OutOrStdout()
-		fmt.Fprintf(out, "Installed %s and loaded it into %s\n", plan.PlistPath, plan.Domain)
-		fmt.Fprintf(out, "Command: %s\n", strings.Join(plan.ProgramArguments, " "))
-		fmt.Fprintf(out, "Logs:    %s, %s\n", plan.StdoutPath, plan.StderrPath)
-		fmt.Fprintf(out, "Models:  %s\n", plan.StoreDir)
-		if plan.User != "" {
-			fmt.Fprintf(out, "User:    %s (starts at boot, without a login)\n", plan.User)
-		}
-		fmt.Fprintf(out, "Remove:  %smacfleet %s uninstall%s\n", map[bool]string{true: "sudo "}[system], svc.Command,
-			map[bool]string{true: " --system"}[system])
 		return nil
 	}
-	f := cmd.Flags()
-	f.BoolVar(&system, "system", false, "Install a LaunchDaemon for the whole machine (/Library/LaunchDaemons; needs sudo) instead of a LaunchAgent of your user")
-	f.BoolVar(&dryRun, "dry-run", false, "Print the property list and where it would go; change nothing")
-	f.StringVar(&executable, "executable", "", "The macfleet binary launchd runs (default: this one)")
-	f.StringVar(&user, "user", "", "With --system, the account the service runs as (default $SUDO_USER: who ran sudo; root only if named)")
-	f.StringArrayVar(&env, "env", nil, "KEY=VALUE environment variable of the service and its runners (repeatable), e.g. OTEL_EXPORTER_OTLP_ENDPOINT=http://collector:4318 to trace requests")
-	return cmd
+	if tmpExe {
+		return fmt.Errorf("%s is in a temporary directory (go run?): install macfleet and macfleet-runner somewhere permanent, e.g. /usr/local/bin, or pass --executable", exe)
+	}
+	return o.install(cmd, svc, plan)
+}
+
+// render is the launchd service of svc that runs exe with args, for this user (or
+// with --system the daemon's) in the current directory.
+func (o *installOptions) render(svc launchd.Service, exe string, args []string) (*launchd.Plan, error) {
+	lo := launchd.Options{Service: svc, Executable: exe, AgentArgs: args, System: o.system, UID: os.Getuid(),
+		Kubeconfig: firstPath(os.Getenv("KUBECONFIG")), Env: o.env, Root: serviceSystemRoot}
+	var err error
+	if o.system {
+		if lo.User, err = daemonUser(o.user); err != nil {
+			return nil, err
+		}
+	}
+	if lo.Dir, err = os.Getwd(); err != nil {
+		return nil, fmt.Errorf("the current directory: %w", err)
+	}
+	if !o.system {
+		if lo.Home, err = os.UserHomeDir(); err != nil {
+			return nil, fmt.Errorf("a LaunchAgent lives in the home directory: %w", err)
+		}
+	}
+	return launchd.Render(lo)
+}
+
+// install writes and loads plan, the service of svc, and prints where it went.
+func (o *installOptions) install(cmd *cobra.Command, svc launchd.Service, plan *launchd.Plan) error {
+	if err := checkRoot(o.system, serviceEUID()); err != nil {
+		return err
+	}
+	if plan.User != "" {
+		var err error
+		if plan.Owner, err = lookupOwner(plan.User); err != nil {
+			return err
+		}
+		if kc := kubeconfigOf(plan); kc != "" {
+			if w := ownerWarning(kc, plan.User, plan.Owner.UID); w != "" {
+				fmt.Fprintln(cmd.ErrOrStderr(), "Warning: "+w)
+			}
+		}
+	}
+	if err := launchd.Install(cmd.Context(), plan, serviceLaunchctl); err != nil {
+		return err
+	}
+	out := cmd.OutOrStdout()
+	fmt.Fprintf(out, "Installed %s and loaded it into %s\n", plan.PlistPath, plan.Domain)
+	fmt.Fprintf(out, "Command: %s\n", strings.Join(plan.ProgramArguments, " "))
+	fmt.Fprintf(out, "Logs:    %s, %s\n", plan.StdoutPath, plan.StderrPath)
+	fmt.Fprintf(out, "Models:  %s\n", plan.StoreDir)
+	if plan.User != "" {
+		fmt.Fprintf(out, "User:    %s (starts at boot, without a login)\n", plan.User)
+	}
+	fmt.Fprintf(out, "Remove:  %smacfleet %s uninstall%s\n", map[bool]string{true: "sudo "}[o.system], svc.Command,
+		map[bool]string{true: " --system"}[o.system])
+	return nil
 }
 
 // daemonUser is the account a LaunchDaemon runs as: flag, else who ran sudo. Root

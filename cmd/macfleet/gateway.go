@@ -23,14 +23,18 @@ func init() {
 	root.AddCommand(newGatewayCmd())
 }
 
+// gatewayOptions are the flags of `macfleet gateway`: the gateway's Config, the flags
+// resolved into it when the command runs, and the logger's.
+type gatewayOptions struct {
+	cfg        gateway.Config
+	kubeconfig string
+	routing    string
+	peerFetch  bool
+	zapOpts    zap.Options
+}
+
 func newGatewayCmd() *cobra.Command {
-	var (
-		cfg        gateway.Config
-		kubeconfig string
-		routing    string
-		peerFetch  bool
-		zapOpts    = zap.Options{Development: false}
-	)
+	var o gatewayOptions
 	cmd := &cobra.Command{
 		Use:   "gateway",
 		Short: "Run the fleet-wide OpenAI endpoint that routes requests to Ready replicas",
@@ -47,39 +51,85 @@ docs/security.md). GET /v1/models lists the deployments. The web console at /ui 
 models, the recent unloads and a chat playground (see docs/console.md). With
 OTEL_EXPORTER_OTLP_ENDPOINT set it traces every request (see docs/tracing.md).`,
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			ctrl.SetLogger(zap.New(zap.UseFlagOptions(&zapOpts)))
-			if cfg.PeerFetchMargin <= 0 {
-				return fmt.Errorf("--peer-fetch-margin must be positive (how many times faster than the prefill a fetch must be), got %v", cfg.PeerFetchMargin)
-			}
-			rc, err := restConfig(kubeconfig)
-			if err != nil {
-				return err
-			}
-			cfg.RestConfig = rc
-			if cfg.Queue.ReserveSlots == 0 { // the flag's 0 is none; the Limits' 0 is the default
-				cfg.Queue.ReserveSlots = -1
-			}
-			if cfg.Routing, err = gateway.ResolveRouting(routing, cmd.Flags().Changed("routing"), cfg.PrefixAffinity); err != nil {
-				return err
-			}
-			cfg.DisablePeerFetch = !peerFetch
-			if cfg.Queue.ActiveWindow <= 0 {
-				return fmt.Errorf("--active-window must be positive, got %v", cfg.Queue.ActiveWindow)
-			}
-			ctx := ctrl.SetupSignalHandler()
-			tp, _, stop, err := startTracing(ctx, tracing.ServiceGateway, ctrl.Log.WithName("tracing"))
-			if err != nil {
-				return err
-			}
-			defer stop()
-			cfg.TracerProvider = tp
-			return gateway.Run(ctx, cfg)
-		},
+		RunE: func(cmd *cobra.Command, _ []string) error { return runGateway(cmd, &o) },
 	}
-	f := cmd.Flags()
-	f.StringVar(&kubeconfig, "kubeconfig", "", "Path to a kubeconfig; default: $KUBECONFIG, then in-cluster")
-	listenFlags(f, &cfg)
+	o.addFlags(cmd.Flags())
+	return cmd
+}
+
+// runGateway serves the gateway until SIGTERM, with tracing when OTEL_* asks for it.
+func runGateway(cmd *cobra.Command, o *gatewayOptions) error {
+	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&o.zapOpts)))
+	cfg, err := o.config(cmd.Flags().Changed("routing"))
+	if err != nil {
+		return err
+	}
+	ctx := ctrl.SetupSignalHandler()
+	tp, _, stop, err := startTracing(ctx, tracing.ServiceGateway, ctrl.Log.WithName("tracing"))
+	if err != nil {
+		return err
+	}
+	defer stop()
+	cfg.TracerProvider = tp
+	return gateway.Run(ctx, cfg)
+}
+
+// config is the gateway's Config from the flags: checked, with the REST config, the
+// routing and peer fetch resolved; routingChanged says whether --routing was given.
+func (o *gatewayOptions) config(routingChanged bool) (gateway.Config, error) {
+	cfg := o.cfg
+	if cfg.PeerFetchMargin <= 0 {
+		return cfg, fmt.Errorf("--peer-fetch-margin must be positive (how many times faster than the prefill a fetch must be), got %v", cfg.PeerFetchMargin)
+	}
+	rc, err := restConfig(o.kubeconfig)
+	if err != nil {
+		return cfg, err
+	}
+	cfg.RestConfig = rc
+	if cfg.Queue.ReserveSlots == 0 { // the flag's 0 is none; the Limits' 0 is the default
+		cfg.Queue.ReserveSlots = -1
+	}
+	if cfg.Routing, err = gateway.ResolveRouting(o.routing, routingChanged, cfg.PrefixAffinity); err != nil {
+		return cfg, err
+	}
+	cfg.DisablePeerFetch = !o.peerFetch
+	if cfg.Queue.ActiveWindow <= 0 {
+		return cfg, fmt.Errorf("--active-window must be positive, got %v", cfg.Queue.ActiveWindow)
+	}
+	return cfg, nil
+}
+
+// addFlags binds the gateway's flags to o.
+func (o *gatewayOptions) addFlags(f *pflag.FlagSet) {
+	cfg := &o.cfg
+	f.StringVar(&o.kubeconfig, "kubeconfig", "", "Path to a kubeconfig; default: $KUBECONFIG, then in-cluster")
+	listenFlags(f, cfg)
+	keyFlags(f, cfg)
+	queueFlags(f, cfg)
+	f.BoolVar(&cfg.DisableConsole, "disable-console", false,
+		"Do not serve the web console at /ui (it uses the same API keys as the API)")
+	f.StringVar(&cfg.GatewayID, "gateway-id", "",
+		"This replica's name in its usage records (TokenUsage <id>.<YYYY-MM-DD> in each team's namespace); distinct per replica. Default: $POD_NAME, else the host name")
+	f.DurationVar(&cfg.UsageRetention, "usage-retention", ledger.DefaultRetention,
+		"How long the replica keeps its own usage records of past days before deleting them")
+	routingFlags(f, cfg, &o.routing, &o.peerFetch)
+	continuationFlags(f, cfg)
+	f.DurationVar(&cfg.DrainTimeout, "drain-timeout", gateway.DefaultDrainTimeout,
+		"On SIGTERM, /readyz fails at once and no new connection is taken; the requests in flight (streams, cold-start holds, the queue) "+
+			"get this long to finish. Keep the pod's terminationGracePeriodSeconds above it (the chart derives it)")
+	connectionFlags(f, &cfg.Limits)
+	callerFlags(f, cfg)
+	f.StringSliceVar(&cfg.AllowedHosts, "allowed-hosts", nil,
+		"The only Host names the API and console answer to besides IP addresses and localhost (e.g. gateway.example.com, or .example.com "+
+			"for every name under it); empty: any. Browsers' cross-origin requests are refused either way")
+	gfs := goflag.NewFlagSet("zap", goflag.ContinueOnError)
+	o.zapOpts.BindFlags(gfs)
+	f.AddGoFlagSet(gfs)
+}
+
+// keyFlags are the flags of who may call the gateway: the certificate it shows the
+// agents, the admin and tenant API keys, and ServiceAccount tokens.
+func keyFlags(f *pflag.FlagSet, cfg *gateway.Config) {
 	f.StringVar(&cfg.AgentCertSecret, "agent-cert-secret", mfv1.SystemNamespace+"/"+mfv1.GatewayTLSSecret, "Secret (namespace/name) with the client "+
 		"certificate presented to agents and the fleet CA bundle, issued and renewed by the manager (re-read every 30s); \"\" calls agents over plain HTTP")
 	f.StringVar(&cfg.APIKeysFile, "api-keys-file", "", "File of admin API keys (every namespace's models and the console), one per line, optionally followed by priority=batch (re-read when it changes)")
@@ -89,6 +139,11 @@ OTEL_EXPORTER_OTLP_ENDPOINT set it traces every request (see docs/tracing.md).`,
 	f.BoolVar(&cfg.NoServiceAccountTokens, "no-service-account-tokens", false, "With --tenant-keys, accept API keys only, not ServiceAccount tokens")
 	f.DurationVar(&cfg.TokenCacheTTL, "token-cache-ttl", satoken.DefaultTTL,
 		"How long a ServiceAccount token's review is reused: the longest a deleted ServiceAccount's token keeps working")
+}
+
+// queueFlags are the flags of how requests wait: for a cold start, for a slot, in the
+// deployments' fair queues.
+func queueFlags(f *pflag.FlagSet, cfg *gateway.Config) {
 	f.DurationVar(&cfg.ColdStartTimeout, "cold-start-timeout", gateway.DefaultColdStartTimeout,
 		"How long a request waits for a routable replica (an OnDemand model loading, an autoscaled deployment woken from zero) before a 503")
 	f.IntVar(&cfg.MaxInFlightPerSlot, "max-inflight-per-slot", gateway.DefaultMaxInFlightPerSlot,
@@ -103,26 +158,6 @@ OTEL_EXPORTER_OTLP_ENDPOINT set it traces every request (see docs/tracing.md).`,
 	f.DurationVar(&cfg.Queue.ActiveWindow, "active-window", fairqueue.DefaultActiveWindow,
 		"How long a client counts as active after its last request, for --reserve-slots: a client back within it finds a slot kept for it; "+
 			"longer keeps the slot for clients with longer pauses, at the cost of a lone client's throughput for that long")
-	f.BoolVar(&cfg.DisableConsole, "disable-console", false,
-		"Do not serve the web console at /ui (it uses the same API keys as the API)")
-	f.StringVar(&cfg.GatewayID, "gateway-id", "",
-		"This replica's name in its usage records (TokenUsage <id>.<YYYY-MM-DD> in each team's namespace); distinct per replica. Default: $POD_NAME, else the host name")
-	f.DurationVar(&cfg.UsageRetention, "usage-retention", ledger.DefaultRetention,
-		"How long the replica keeps its own usage records of past days before deleting them")
-	routingFlags(f, &cfg, &routing, &peerFetch)
-	continuationFlags(f, &cfg)
-	f.DurationVar(&cfg.DrainTimeout, "drain-timeout", gateway.DefaultDrainTimeout,
-		"On SIGTERM, /readyz fails at once and no new connection is taken; the requests in flight (streams, cold-start holds, the queue) "+
-			"get this long to finish. Keep the pod's terminationGracePeriodSeconds above it (the chart derives it)")
-	connectionFlags(f, &cfg.Limits)
-	callerFlags(f, &cfg)
-	f.StringSliceVar(&cfg.AllowedHosts, "allowed-hosts", nil,
-		"The only Host names the API and console answer to besides IP addresses and localhost (e.g. gateway.example.com, or .example.com "+
-			"for every name under it); empty: any. Browsers' cross-origin requests are refused either way")
-	gfs := goflag.NewFlagSet("zap", goflag.ContinueOnError)
-	zapOpts.BindFlags(gfs)
-	f.AddGoFlagSet(gfs)
-	return cmd
 }
 
 // listenFlags are the gateway's addresses and the API's TLS.
@@ -154,7 +189,6 @@ func callerFlags(f *pflag.FlagSet, cfg *gateway.Config) {
 		"making its session cookie Secure (a TLS connection always does)")
 }
 
-// routingFlags are the gateway's flags of how a replica is picked and of peer fetch.
 // continuationFlags are the flags of continuing a broken stream on another replica.
 func continuationFlags(f *pflag.FlagSet, cfg *gateway.Config) {
 	f.IntVar(&cfg.StreamContinuations, "stream-continuations", gateway.DefaultStreamContinuations,
@@ -164,6 +198,7 @@ func continuationFlags(f *pflag.FlagSet, cfg *gateway.Config) {
 		"How long a broken stream waits for another replica to take its continuation before it ends with the error")
 }
 
+// routingFlags are the gateway's flags of how a replica is picked and of peer fetch.
 func routingFlags(f *pflag.FlagSet, cfg *gateway.Config, routing *string, peerFetch *bool) {
 	f.StringVar(routing, "routing", string(gateway.RoutingPrefixCache),
 		"How a request's replica is picked: prefix-cache (the replica whose prompt cache holds the longest part of the conversation, "+

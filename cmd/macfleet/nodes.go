@@ -2,10 +2,12 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -24,12 +26,15 @@ func init() {
 	root.AddCommand(nodes)
 }
 
+// credentialsOptions are the flags of `macfleet nodes credentials`.
+type credentialsOptions struct {
+	kubeconfig, kubeContext string
+	opts                    credentials.Options
+	output, ceiling         string
+}
+
 func nodesCredentialsCmd() *cobra.Command {
-	var (
-		kubeconfig, kubeContext string
-		opts                    credentials.Options
-		output, ceiling         string
-	)
+	var o credentialsOptions
 	cmd := &cobra.Command{
 		Use:   "credentials <name>",
 		Short: "Create a Mac's node identity and print a kubeconfig for its agent",
@@ -57,67 +62,81 @@ spec.memoryCeiling, created now if the agent has not registered yet): the schedu
 never believes the Mac has more memory than that, whatever its agent reports.`,
 		Example: `  macfleet nodes credentials mac-studio-1 --server https://k8s.example.com:6443 --memory-ceiling 180Gi -o mac-studio-1.kubeconfig`,
 		Args:    cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			name := args[0]
-			if err := credentials.ValidateNodeName(name); err != nil {
-				return err
-			}
-			if ceiling != "" {
-				q, err := resource.ParseQuantity(ceiling)
-				if err != nil || q.Sign() <= 0 {
-					return fmt.Errorf("--memory-ceiling %q: want a positive size such as 180Gi", ceiling)
-				}
-				opts.MemoryCeiling = &q
-			}
-			rc, cs, err := adminClient(kubeconfig, kubeContext)
-			if err != nil {
-				return err
-			}
-			if opts.Server == "" {
-				if err := credentials.CheckAdminServer(rc.Host); err != nil {
-					return err
-				}
-			}
-			cred, err := credentials.Issue(cmd.Context(), cs, rc, name, opts)
-			if err != nil {
-				return err
-			}
-			stderr := cmd.ErrOrStderr()
-			if cred.PinReset != "" {
-				fmt.Fprintf(stderr, "Cleared the key pinned to node %s (%s): the next certificate its agent asks for pins a new key\n",
-					name, cred.PinReset)
-			}
-			for _, w := range cred.Warnings {
-				fmt.Fprintln(stderr, "Warning:", w)
-			}
-			switch cred.NodeAuthorization {
-			case "":
-			case nodeauthz.ModeNone:
-				fmt.Fprintln(stderr, "Warning:", cred.NodeAuthorization.Describe())
-			default:
-				fmt.Fprintln(stderr, strings.ToUpper(cred.NodeAuthorization.Describe()[:1])+cred.NodeAuthorization.Describe()[1:])
-			}
-			if output == "" {
-				_, err := cmd.OutOrStdout().Write(cred.Kubeconfig)
-				return err
-			}
-			if err := credentials.WriteFile(output, cred.Kubeconfig); err != nil {
-				return err
-			}
-			fmt.Fprintf(stderr, "Wrote the kubeconfig of node %s to %s (mode 0600); its token expires %s\n",
-				name, output, cred.Expires.UTC().Format(time.RFC3339))
-			return nil
-		},
+		RunE:    func(cmd *cobra.Command, args []string) error { return runNodesCredentials(cmd, args[0], &o) },
 	}
-	f := cmd.Flags()
-	f.StringVar(&kubeconfig, "kubeconfig", "", "Administrator kubeconfig; default: $KUBECONFIG, then ~/.kube/config, then in-cluster")
-	f.StringVar(&kubeContext, "context", "", "Context of the administrator kubeconfig to use")
-	f.StringVar(&opts.Server, "server", "", "API server URL the Mac uses (default: the administrator kubeconfig's, unless it is a loopback address such as k3s's https://127.0.0.1:6443)")
-	f.DurationVar(&opts.Duration, "duration", credentials.DefaultDuration, "Token lifetime to ask for (the API server may cap it; 10m to 48h)")
-	f.StringVar(&ceiling, "memory-ceiling", "", "The most memory the scheduler believes this Mac has, e.g. 180Gi (its MacNode's spec.memoryCeiling; "+
-		"default: the agent's report, capped by its chip's largest memory)")
-	f.StringVarP(&output, "output", "o", "", "Write the kubeconfig to this file (mode 0600) instead of stdout")
+	o.addFlags(cmd.Flags())
 	return cmd
+}
+
+// addFlags binds the flags of nodes credentials to o.
+func (o *credentialsOptions) addFlags(f *pflag.FlagSet) {
+	f.StringVar(&o.kubeconfig, "kubeconfig", "", "Administrator kubeconfig; default: $KUBECONFIG, then ~/.kube/config, then in-cluster")
+	f.StringVar(&o.kubeContext, "context", "", "Context of the administrator kubeconfig to use")
+	f.StringVar(&o.opts.Server, "server", "", "API server URL the Mac uses (default: the administrator kubeconfig's, unless it is a loopback address such as k3s's https://127.0.0.1:6443)")
+	f.DurationVar(&o.opts.Duration, "duration", credentials.DefaultDuration, "Token lifetime to ask for (the API server may cap it; 10m to 48h)")
+	f.StringVar(&o.ceiling, "memory-ceiling", "", "The most memory the scheduler believes this Mac has, e.g. 180Gi (its MacNode's spec.memoryCeiling; "+
+		"default: the agent's report, capped by its chip's largest memory)")
+	f.StringVarP(&o.output, "output", "o", "", "Write the kubeconfig to this file (mode 0600) instead of stdout")
+}
+
+// runNodesCredentials issues node name's credential, says on stderr what came with
+// it, and writes its kubeconfig to stdout or --output.
+func runNodesCredentials(cmd *cobra.Command, name string, o *credentialsOptions) error {
+	if err := credentials.ValidateNodeName(name); err != nil {
+		return err
+	}
+	opts := o.opts
+	if o.ceiling != "" {
+		q, err := resource.ParseQuantity(o.ceiling)
+		if err != nil || q.Sign() <= 0 {
+			return fmt.Errorf("--memory-ceiling %q: want a positive size such as 180Gi", o.ceiling)
+		}
+		opts.MemoryCeiling = &q
+	}
+	rc, cs, err := adminClient(o.kubeconfig, o.kubeContext)
+	if err != nil {
+		return err
+	}
+	if opts.Server == "" {
+		if err := credentials.CheckAdminServer(rc.Host); err != nil {
+			return err
+		}
+	}
+	cred, err := credentials.Issue(cmd.Context(), cs, rc, name, opts)
+	if err != nil {
+		return err
+	}
+	stderr := cmd.ErrOrStderr()
+	reportCredential(stderr, name, cred)
+	if o.output == "" {
+		_, err := cmd.OutOrStdout().Write(cred.Kubeconfig)
+		return err
+	}
+	if err := credentials.WriteFile(o.output, cred.Kubeconfig); err != nil {
+		return err
+	}
+	fmt.Fprintf(stderr, "Wrote the kubeconfig of node %s to %s (mode 0600); its token expires %s\n",
+		name, o.output, cred.Expires.UTC().Format(time.RFC3339))
+	return nil
+}
+
+// reportCredential says on w what issuing node name's credential did besides the
+// token: a cleared key pin, warnings, and how the API server authorizes the node.
+func reportCredential(w io.Writer, name string, cred *credentials.Credential) {
+	if cred.PinReset != "" {
+		fmt.Fprintf(w, "Cleared the key pinned to node %s (%s): the next certificate its agent asks for pins a new key\n",
+			name, cred.PinReset)
+	}
+	for _, warning := range cred.Warnings {
+		fmt.Fprintln(w, "Warning:", warning)
+	}
+	switch cred.NodeAuthorization {
+	case "":
+	case nodeauthz.ModeNone:
+		fmt.Fprintln(w, "Warning:", cred.NodeAuthorization.Describe())
+	default:
+		fmt.Fprintln(w, strings.ToUpper(cred.NodeAuthorization.Describe()[:1])+cred.NodeAuthorization.Describe()[1:])
+	}
 }
 
 func nodesRevokeCmd() *cobra.Command {

@@ -65,11 +65,11 @@ func TestAttackForgedStateOfAPrefixNeverSent(t *testing.T) {
 	// mac-evil was sent the first two turns of team-a's conversation.
 	ask := func(digests []string, partition string) (string, string) {
 		out, _ := http.NewRequest(http.MethodPost, "https://"+honest.Endpoint+"/v1/chat/completions", nil)
-		if src := p.hint(out, rt, model, bad, teamA[:2], "team-a", nil); src != nil {
+		if src := p.hint(out, rt, model, bad, prefixAsk{digests: teamA[:2], partition: "team-a"}); src != nil {
 			t.Fatalf("routing to mac-evil itself hinted a fetch from %s", src.be.Key)
 		}
 		out, _ = http.NewRequest(http.MethodPost, "https://"+honest.Endpoint+"/v1/chat/completions", nil)
-		p.hint(out, rt, model, honest, digests, partition, nil)
+		p.hint(out, rt, model, honest, prefixAsk{digests: digests, partition: partition})
 		var h runnerapi.PeerStateHint
 		if v := out.Header.Get(runnerapi.HeaderPeerState); v != "" {
 			if err := json.Unmarshal([]byte(v), &h); err != nil {

@@ -12,8 +12,6 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/macfleet/macfleet/gateway/metering"
-	"github.com/macfleet/macfleet/gateway/tenancy"
 	"github.com/macfleet/macfleet/internal/openaierr"
 )
 
@@ -79,9 +77,11 @@ func shapeOf(api streamAPI, body []byte) streamShape {
 
 // continuation is one broken stream's case for a continuation.
 type continuation struct {
-	brk   *streamBreak
-	st    *spliced
-	shape streamShape
+	brk *streamBreak
+	st  *spliced
+	// failed is the replica the stream last broke on.
+	failed Backend
+	shape  streamShape
 	// max continuations per stream; deadline for a replica to take this one.
 	max      int
 	deadline time.Time
@@ -206,12 +206,12 @@ func assistantMessage(api streamAPI, a openAnswer) ([]byte, error) {
 }
 
 // continueStream continues the stream that res broke off on another replica, as long
-// as decideContinuation allows; the client gets the held error when it does not.
-func (g *Gateway) continueStream(ctx context.Context, w http.ResponseWriter, r *http.Request, name string, id tenancy.Identity,
-	t *ticket, lim metering.Limits, body []byte, start time.Time, n int, res outcome) outcome {
-	model, failed := t.model, res.broken.backend
-	c := continuation{brk: res.broken.brk, st: res.broken.st, shape: shapeOf(res.broken.st.api, body), max: g.opts.StreamContinuations,
-		deadline: time.Now().Add(g.opts.ContinueTimeout)}
+// as decideContinuation allows; the client gets the held error when it does not. n is
+// the request's attempts so far.
+func (g *Gateway) continueStream(ctx context.Context, p *proxied, n int, res outcome) outcome {
+	model := p.t.model
+	c := continuation{brk: res.broken.brk, st: res.broken.st, failed: res.broken.backend, shape: shapeOf(res.broken.st.api, p.body),
+		max: g.opts.StreamContinuations, deadline: time.Now().Add(g.opts.ContinueTimeout)}
 	c.st.n = c.shape.n
 	if left := c.st.unfinished(); c.st.n > 1 && len(left) > 0 {
 		c.st.choice = left[0]
@@ -226,12 +226,12 @@ func (g *Gateway) continueStream(ctx context.Context, w http.ResponseWriter, r *
 			}
 			var rt *Route
 			var be Backend
-			if rt, be, ok = g.continuationReplica(ctx, name, id, t, c.deadline, &backoff); !ok {
+			if rt, be, ok = g.continuationReplica(ctx, p, c.deadline, &backoff); !ok {
 				why = contDeadline
 			} else {
 				from := c.st.textOf(c.st.choice).Len()
-				res = g.continueOn(ctx, w, r, rt, be, t, lim, body, start, n, &c)
 				n++
+				res = g.continueOn(ctx, p, try{rt: rt, be: be, n: n}, &c)
 				if res.broken == nil && res.failure == nil {
 					if res.status == http.StatusOK && ctx.Err() == nil && c.st.n > 1 && c.st.nextChoice() {
 						// The next choice of several: its own continuation, within this break's.
@@ -239,12 +239,12 @@ func (g *Gateway) continueStream(ctx context.Context, w http.ResponseWriter, r *
 						continue
 					}
 					if res.status == http.StatusOK && ctx.Err() == nil {
-						g.continuedOK(w, span, model, failed, be, c, from)
+						g.continuedOK(p, span, be, c, from)
 					}
 					return res
 				}
 				if res.broken != nil {
-					c.brk, failed, c.taken = res.broken.brk, res.broken.backend, false
+					c.brk, c.failed, c.taken = res.broken.brk, res.broken.backend, false
 				}
 				if f := res.failure; f != nil && f.status == http.StatusBadRequest {
 					c.refusal = refusalOf(f.body)
@@ -258,36 +258,39 @@ func (g *Gateway) continueStream(ctx context.Context, w http.ResponseWriter, r *
 		g.metrics.continuations.WithLabelValues(model, why).Inc()
 		span.AddEvent("stream_not_continued", trace.WithAttributes(attribute.String("macfleet.reason", why)))
 		if c.st.api == chatAPI && (why == contToolCall || why == contFinished) {
-			return g.endCleanly(w, r, lim, model, failed, c, why)
+			return g.endCleanly(p, c, why)
 		}
-		return g.endBroken(w, model, failed, c, why)
+		return g.endBroken(p.w, model, c, why)
 	}
 }
 
-// continuedOK records a stream whose continuation ended it: its trailer, metric and
-// span event (from: the bytes of the continued choice's text the client had before).
-func (g *Gateway) continuedOK(w http.ResponseWriter, span trace.Span, model string, failed, be Backend, c continuation, from int) {
-	w.Header().Set(http.TrailerPrefix+HeaderContinued, strconv.Itoa(c.st.continued))
-	g.metrics.continuations.WithLabelValues(model, contContinued).Inc()
-	span.AddEvent("stream_continued", trace.WithAttributes(attribute.String("macfleet.from", failed.Key),
-		attribute.String("macfleet.to", be.Key), attribute.Int("macfleet.continued_bytes", from)))
+// continuedOK records a stream whose continuation on replica to ended it: its trailer,
+// metric and span event (from: the bytes of the continued choice's text the client had
+// before).
+func (g *Gateway) continuedOK(p *proxied, span trace.Span, to Backend, c continuation, from int) {
+	p.w.Header().Set(http.TrailerPrefix+HeaderContinued, strconv.Itoa(c.st.continued))
+	g.metrics.continuations.WithLabelValues(p.t.model, contContinued).Inc()
+	span.AddEvent("stream_continued", trace.WithAttributes(attribute.String("macfleet.from", c.failed.Key),
+		attribute.String("macfleet.to", to.Key), attribute.Int("macfleet.continued_bytes", from)))
 }
 
-// continueOn sends the continuation to replica be; a failure before its first byte
-// excludes be for the next try.
-func (g *Gateway) continueOn(ctx context.Context, w http.ResponseWriter, r *http.Request, rt *Route, be Backend, t *ticket,
-	lim metering.Limits, body []byte, start time.Time, n int, c *continuation) outcome {
+// continueOn sends the continuation c as attempt tr (its replica and number; the
+// body and stream are c's); a failure before its first byte excludes the replica for
+// the next try.
+func (g *Gateway) continueOn(ctx context.Context, p *proxied, tr try, c *continuation) outcome {
+	be := tr.be
 	a := openAnswer{text: c.st.textOf(c.st.choice).String(), reasoning: c.st.thoughtOf(c.st.choice).String(), logprobs: c.st.logprobs}
-	cbody, err := continuationBody(c.st.api, body, a, c.st.n > 1)
+	cbody, err := continuationBody(c.st.api, p.body, a, c.st.n > 1)
 	if err != nil { // the replica took the body, so this does not happen
 		return outcome{failure: &failure{backend: be, reason: "transport", err: err}}
 	}
-	g.log.Info("Continuing a broken stream on another replica", "model", t.model, "replica", be.Key,
+	g.log.Info("Continuing a broken stream on another replica", "model", p.t.model, "replica", be.Key,
 		"cause", c.brk.cause, "err", c.brk.Error(), "choice", c.st.choice, "sentBytes", c.st.textOf(c.st.choice).Len())
-	res := g.attempt(ctx, w, r, rt, be, lim, cbody, start, n+1, c.st)
-	g.adm.release(t, be.Key)
+	tr.body, tr.st = cbody, c.st
+	res := g.attempt(ctx, p, tr)
+	g.adm.release(p.t, be.Key)
 	if res.failure != nil || res.broken != nil {
-		g.adm.exclude(t, be.Key)
+		g.adm.exclude(p.t, be.Key)
 	}
 	return res
 }
@@ -338,7 +341,8 @@ func refusalOf(body []byte) string {
 
 // endBroken ends a stream that is not continued with the replica's error event (the
 // gateway's for a connection that broke), saying why it was not continued.
-func (g *Gateway) endBroken(w http.ResponseWriter, model string, be Backend, c continuation, why string) outcome {
+func (g *Gateway) endBroken(w http.ResponseWriter, model string, c continuation, why string) outcome {
+	be := c.failed
 	g.log.Info("Upstream stream broke after it started; not continued", "model", model,
 		"replica", be.Key, "endpoint", be.Endpoint, "err", c.brk.Error(), "why", why)
 	e := &apiError{Status: http.StatusBadGateway, Type: openaierr.TypeServer, Code: openaierr.CodeUpstream,
@@ -363,17 +367,17 @@ func (g *Gateway) endBroken(w http.ResponseWriter, model string, be Backend, c c
 	return outcome{status: http.StatusOK, reason: "stream_broken"}
 }
 
-// continuationReplica waits until deadline for a replica of the deployment to take a
-// continuation: admission picks it as for any request (a replica that holds the
+// continuationReplica waits until deadline for a replica of request p's deployment to
+// take a continuation: admission picks it as for any request (a replica that holds the
 // conversation's prefix first), the failed ones excluded until backoff has passed
 // (then tried again, and backoff doubles: it is the stream's, across its tries).
-func (g *Gateway) continuationReplica(ctx context.Context, name string, id tenancy.Identity, t *ticket, deadline time.Time,
-	backoff *time.Duration) (*Route, Backend, bool) {
+func (g *Gateway) continuationReplica(ctx context.Context, p *proxied, deadline time.Time, backoff *time.Duration) (*Route, Backend, bool) {
+	t := p.t
 	timer := time.NewTimer(time.Until(deadline))
 	defer timer.Stop()
 	for {
 		tbl := g.Table()
-		rt, aerr := tbl.ResolveAs(name, id)
+		rt, aerr := tbl.ResolveAs(p.name, p.id)
 		if aerr != nil {
 			return nil, Backend{}, false
 		}

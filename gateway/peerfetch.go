@@ -97,16 +97,24 @@ func (p *peerFetcher) peerHit(o Backend, partition string, digests []string) pre
 	return p.index.Deepest(o.Key, digests[:p.vouched.Depth(vouchKey(o), partition, digests)])
 }
 
-// holder is the replica of rt on another Mac than be's, and not one of broken, that
-// holds the deepest of digests of partition it was sent (peerHit), when it holds more
-// than be does; ok false otherwise.
-func (p *peerFetcher) holder(rt *Route, be Backend, digests []string, partition string, broken []string) (src peerSource, tokens int, ok bool) {
-	own := p.index.Deepest(be.Key, digests)
+// prefixAsk is what a request asks of the peer fetcher: its prefix's routable digests,
+// the cache partition they are of, and the replicas a stream it continues broke on.
+type prefixAsk struct {
+	digests   []string
+	partition string
+	broken    []string
+}
+
+// holder is the replica of rt on another Mac than be's, and not one of ask.broken,
+// that holds the deepest of ask's digests of its partition it was sent (peerHit), when
+// it holds more than be does; ok false otherwise.
+func (p *peerFetcher) holder(rt *Route, be Backend, ask prefixAsk) (src peerSource, tokens int, ok bool) {
+	own := p.index.Deepest(be.Key, ask.digests)
 	for _, o := range rt.Backends {
-		if o.Node == "" || o.Node == be.Node || o.Key == be.Key || slices.Contains(broken, o.Key) {
+		if o.Node == "" || o.Node == be.Node || o.Key == be.Key || slices.Contains(ask.broken, o.Key) {
 			continue
 		}
-		hit := p.peerHit(o, partition, digests)
+		hit := p.peerHit(o, ask.partition, ask.digests)
 		if hit.Depth > src.hit.Depth || (hit.Depth == src.hit.Depth && hit.Depth > 0 && tierWeight[hit.Tier] > tierWeight[src.hit.Tier]) {
 			src = peerSource{be: o, hit: hit}
 		}
@@ -120,15 +128,16 @@ func (p *peerFetcher) holder(rt *Route, be Backend, digests []string, partition 
 // hint adds runnerapi.HeaderPeerState to out, the request to replica be of rt, when
 // a replica on another Mac holds more of its prefix and fetching is decided faster;
 // the source it names, for report, or nil. It records the request's prefixes as sent
-// to be. broken are the replicas a stream this request continues broke on: never a
-// source (their runner died, or their agent or Mac is gone, and a fetch from them
+// to be. ask.broken are the replicas a stream this request continues broke on: never
+// a source (their runner died, or their agent or Mac is gone, and a fetch from them
 // would fail only after its timeout, at the seam), though the deepest holders.
-func (p *peerFetcher) hint(out *http.Request, rt *Route, model string, be Backend, digests []string, partition string, broken []string) *peerSource {
+func (p *peerFetcher) hint(out *http.Request, rt *Route, model string, be Backend, ask prefixAsk) *peerSource {
+	digests, partition := ask.digests, ask.partition
 	if len(digests) == 0 || be.Node == "" {
 		return nil
 	}
 	p.sent(be, partition, digests...)
-	src, tokens, ok := p.holder(rt, be, digests, partition, broken)
+	src, tokens, ok := p.holder(rt, be, ask)
 	if !ok {
 		return nil
 	}

@@ -84,7 +84,7 @@ func TestPeerFetchHint(t *testing.T) {
 	ask := func(be Backend, rt *Route) (*peerSource, runnerapi.PeerStateHint) {
 		t.Helper()
 		out, _ := http.NewRequest(http.MethodPost, "https://"+be.Endpoint+"/v1/chat/completions", nil)
-		src := p.hint(out, rt, model, be, digests, "team-a", nil)
+		src := p.hint(out, rt, model, be, prefixAsk{digests: digests, partition: "team-a"})
 		var h runnerapi.PeerStateHint
 		if v := out.Header.Get(runnerapi.HeaderPeerState); v != "" {
 			if err := json.Unmarshal([]byte(v), &h); err != nil {
@@ -211,7 +211,7 @@ func TestPeerFetchPrior(t *testing.T) {
 			rt := &Route{Namespace: "team-a", Deployment: "chat", Backends: []Backend{src, dst}}
 			before := testutil.ToFloat64(p.decisions.WithLabelValues(model, tc.wantReason))
 			out, _ := http.NewRequest(http.MethodPost, "https://"+dst.Endpoint+"/v1/chat/completions", nil)
-			hinted := p.hint(out, rt, model, dst, digests, "team-a", nil) != nil
+			hinted := p.hint(out, rt, model, dst, prefixAsk{digests: digests, partition: "team-a"}) != nil
 			if got := testutil.ToFloat64(p.decisions.WithLabelValues(model, tc.wantReason)); got != before+1 || hinted != (tc.wantReason == peerfetch.ReasonFaster) {
 				t.Errorf("hinted %v, %s decisions %v → %v; want one %s", hinted, tc.wantReason, before, got, tc.wantReason)
 			}

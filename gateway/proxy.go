@@ -20,7 +20,6 @@ import (
 	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/gateway/metering"
 	"github.com/macfleet/macfleet/gateway/prefixdigest"
-	"github.com/macfleet/macfleet/gateway/tenancy"
 	"github.com/macfleet/macfleet/internal/openaierr"
 	"github.com/macfleet/macfleet/internal/pki"
 	"github.com/macfleet/macfleet/internal/tracing"
@@ -167,7 +166,7 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, start time.Time)
 		}
 		r = r.WithContext(withPrefixDigests(r.Context(), all, t.hint.digests))
 	}
-	res := g.serve(w, r, model, head.Model, id, t, lim, body, start)
+	res := g.serve(&proxied{w: w, r: r, body: body, name: head.Model, id: id, t: t, lim: lim, start: start})
 	g.count(model, endpoint, res.status, res.reason)
 	return model, res
 }
@@ -184,15 +183,15 @@ func (g *Gateway) fail(w http.ResponseWriter, model, endpoint string, e *apiErro
 // the replica) excludes its replica and tries another; when every replica is excluded
 // it waits for the table to change or a backoff to pass (then every replica may be
 // tried again), until ColdStartTimeout after the request arrived.
-func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, model, name string, id tenancy.Identity, t *ticket, lim metering.Limits, body []byte, start time.Time) (res outcome) {
-	ctx := r.Context()
+func (g *Gateway) serve(p *proxied) (res outcome) {
+	ctx, w, t, model := p.r.Context(), p.w, p.t, p.t.model
 	defer g.adm.leave(t)
-	wt := waiting{g: g, model: model, start: start, backoff: minBackoff}
+	wt := waiting{g: g, model: model, start: p.start, backoff: minBackoff}
 	defer func() { wt.end(res.reason) }()
 	attempts := 0
 	for {
 		tbl := g.Table()
-		rt, aerr := tbl.ResolveAs(name, id)
+		rt, aerr := tbl.ResolveAs(p.name, p.id)
 		if aerr != nil { // the deployment went away while the request waited
 			aerr.write(w)
 			return outcome{status: aerr.Status, reason: aerr.reason}
@@ -223,12 +222,12 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, model, name stri
 		wt.granted()
 		g.routed(ctx, t)
 		attempts++
-		res := g.attempt(ctx, w, r, rt, be, lim, body, start, attempts, g.spliceFor(r))
+		res := g.attempt(ctx, p, try{rt: rt, be: be, body: p.body, n: attempts, st: g.spliceFor(p.r)})
 		g.adm.release(t, be.Key)
 		if res.failure == nil {
 			if res.broken != nil {
 				g.adm.exclude(t, be.Key)
-				res = g.continueStream(ctx, w, r, name, id, t, lim, body, start, attempts, res)
+				res = g.continueStream(ctx, p, attempts, res)
 			}
 			wt.observe()
 			return res
@@ -288,15 +287,27 @@ func (g *Gateway) holdTimeout(rt *Route, last *failure, t *ticket) *apiError {
 		Message: msg, RetryAfter: coldRetryAfter, reason: "no_ready_replica"}
 }
 
+// try is one attempt of a request: the replica it goes to and the route it was
+// resolved from, the body it sends (the client's, or a continuation's), its number
+// among the request's attempts, and the record of the stream it reads (nil: one not
+// spliced; see spliceFor).
+type try struct {
+	rt   *Route
+	be   Backend
+	body []byte
+	n    int
+	st   *spliced
+}
+
 // attempt sends the request to one replica. Before the response's status is committed
 // to the client it can fail retryably; after that it streams the body through,
 // flushing every chunk, until the upstream ends or either side goes away. With st, a
 // Chat Completions stream is read event by event so that it can be continued on
 // another replica if this one fails; once st has broken, the attempt is such a
 // continuation, spliced into the stream the client already has.
-func (g *Gateway) attempt(ctx context.Context, w http.ResponseWriter, r *http.Request, rt *Route, be Backend, lim metering.Limits, body []byte, start time.Time, n int, st *spliced) (res outcome) {
+func (g *Gateway) attempt(ctx context.Context, p *proxied, tr try) (res outcome) {
+	w, r, rt, be, st, model := p.w, p.r, tr.rt, tr.be, tr.st, tr.rt.ID()
 	cont := st != nil && st.broke
-	model := rt.ID()
 	// The upstream request outlives a client that goes away just long enough for its
 	// answer to end with its usage (see cancel.go).
 	id := newRequestID()
@@ -305,13 +316,13 @@ func (g *Gateway) attempt(ctx context.Context, w http.ResponseWriter, r *http.Re
 	defer stop()
 	up, cut := context.WithCancelCause(up)
 	defer cut(nil)
-	out, err := http.NewRequestWithContext(pki.WithNode(up, be.Node), r.Method, g.agentScheme+be.Endpoint+r.URL.RequestURI(), bytes.NewReader(body))
+	out, err := http.NewRequestWithContext(pki.WithNode(up, be.Node), r.Method, g.agentScheme+be.Endpoint+r.URL.RequestURI(), bytes.NewReader(tr.body))
 	if err != nil {
 		return outcome{failure: &failure{backend: be, reason: "transport", err: err}}
 	}
 	copyRequestHeaders(out.Header, r)
 	out.Header.Set(runnerapi.HeaderRequestID, id)
-	span := g.startAttempt(ctx, out, be, n)
+	span := g.startAttempt(ctx, out, be, tr.n)
 	defer func() { endAttempt(span, res) }()
 	g.setUpstreamHeaders(out, r, model, be)
 	if st != nil {
@@ -328,13 +339,12 @@ func (g *Gateway) attempt(ctx context.Context, w http.ResponseWriter, r *http.Re
 	}
 	var peer *peerSource
 	if g.peers != nil {
-		digests, partition := prefixDigestsFrom(ctx).routable, g.caller(r).CachePartition()
-		var broken []string
+		ask := prefixAsk{digests: prefixDigestsFrom(ctx).routable, partition: g.caller(r).CachePartition()}
 		if cont {
-			broken = st.brokeOn
+			ask.broken = st.brokeOn
 		}
-		peer = g.peers.hint(out, rt, model, be, digests, partition, broken)
-		g.warm.record(model, digests, partition, be.Node)
+		peer = g.peers.hint(out, rt, model, be, ask)
+		g.warm.record(model, ask.digests, ask.partition, be.Node)
 	}
 	// A Mac lost before its answer's headers (its agent stopped or frozen after it
 	// accepted the connection) cuts the request, which fails retryably; after them,
@@ -370,8 +380,8 @@ func (g *Gateway) attempt(ctx context.Context, w http.ResponseWriter, r *http.Re
 	} else {
 		unwatch()
 	}
-	a := relayed{start: start, span: span, cancelled: &cancelled, usage: lim, continuing: cont}
-	res = g.relay(ctx, w, r, model, be, resp, &a)
+	a := relayed{model: model, be: be, span: span, cancelled: &cancelled, continuing: cont}
+	res = g.relay(ctx, p, resp, &a)
 	if g.peers != nil && peer == nil && isEventStream(resp.Header) && !a.firstAt.IsZero() {
 		g.peers.observePrefill(model, res.usage, a.firstAt.Sub(sent))
 	}
@@ -448,23 +458,25 @@ func uncommitted(w http.ResponseWriter, resp *http.Response, be Backend) (res ou
 	return outcome{status: resp.StatusCode, reason: "upstream_status"}, true
 }
 
-// relayed is what relay needs of its attempt beside the response.
+// relayed is what relay needs of its attempt beside the request and the response: the
+// deployment and the replica that answers.
 type relayed struct {
-	start     time.Time
+	model     string
+	be        Backend
 	span      trace.Span
 	cancelled *cancellation
 	// firstAt is set by relay: when the answer's first byte came (zero: none did).
 	firstAt time.Time
-	// usage bounds the usage the replica may report (see meter).
-	usage metering.Limits
 	// continuing: the answer continues a stream the client has (its first byte was
 	// another replica's).
 	continuing bool
 }
 
-// relay streams the committed response resp of replica be to the client, flushing
-// every chunk, until the upstream ends or either side goes away.
-func (g *Gateway) relay(ctx context.Context, w http.ResponseWriter, r *http.Request, model string, be Backend, resp *http.Response, a *relayed) outcome {
+// relay streams the committed response resp of replica a.be to the client, flushing
+// every chunk, until the upstream ends or either side goes away. The usage the replica
+// reports is bounded by the request's (see meter).
+func (g *Gateway) relay(ctx context.Context, p *proxied, resp *http.Response, a *relayed) outcome {
+	w, r, model, be := p.w, p.r, a.model, a.be
 	res := outcome{status: resp.StatusCode}
 	if resp.StatusCode >= 400 {
 		res.reason = "upstream_status"
@@ -484,7 +496,7 @@ func (g *Gateway) relay(ctx context.Context, w http.ResponseWriter, r *http.Requ
 		if n > 0 && !gone {
 			if first {
 				a.firstAt = time.Now()
-				ttft := a.firstAt.Sub(a.start)
+				ttft := a.firstAt.Sub(p.start)
 				g.metrics.ttft.WithLabelValues(model, endpointLabel(r.URL.Path)).Observe(ttft.Seconds())
 				g.traffic.firstByte(model, ttft)
 				firstByte(a.span, ttft)
@@ -498,7 +510,7 @@ func (g *Gateway) relay(ctx context.Context, w http.ResponseWriter, r *http.Requ
 			}
 		}
 		if rerr == io.EOF {
-			res.usage = g.meter(r, model, be, a.usage, resp)
+			res.usage = g.meter(r, model, be, p.lim, resp)
 			if gone && !sent.complete(resp) {
 				g.metrics.cancellations.WithLabelValues(model, a.cancelled.outcome(true)).Inc()
 				return outcome{status: openaierr.StatusClientGone, reason: "client_gone", usage: res.usage}

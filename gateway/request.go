@@ -8,8 +8,11 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"time"
 
+	"github.com/macfleet/macfleet/gateway/metering"
 	"github.com/macfleet/macfleet/gateway/prefixdigest"
+	"github.com/macfleet/macfleet/gateway/tenancy"
 	"github.com/macfleet/macfleet/internal/openaierr"
 )
 
@@ -27,6 +30,23 @@ type requestHead struct {
 	prefix []byte
 	// keyed: prefix is the client's prompt_cache_key.
 	keyed bool
+}
+
+// proxied is one request as the gateway serves it, from admission to its answer: where
+// the answer goes, the request and its body, the deployment it names and who asks, its
+// place in admission, the bound on the usage it is counted for, and when it arrived.
+// It travels unchanged through every attempt and continuation of the request.
+type proxied struct {
+	w    http.ResponseWriter
+	r    *http.Request
+	body []byte
+	// name is the model as the client named it (resolved again on every try).
+	name string
+	id   tenancy.Identity
+	// t is the request's ticket in admission; t.model is the deployment's ID.
+	t     *ticket
+	lim   metering.Limits
+	start time.Time
 }
 
 // maxChoices bounds the slots one request is counted for; a larger n is refused by

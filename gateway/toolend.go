@@ -93,17 +93,17 @@ func (st *spliced) countedUsage() (metering.Usage, bool) {
 	return metering.Usage{Input: st.prompt.tokens, Cached: st.prompt.cached, Output: st.tokens.total()}, true
 }
 
-// endCleanly ends a Chat Completions stream that broke after a tool call or its
-// finish_reason (see cleanEnd): the replica that broke reports no usage, so the
+// endCleanly ends request p's Chat Completions stream that broke after a tool call or
+// its finish_reason (see cleanEnd): the replica that broke reports no usage, so the
 // gateway meters its own count (within the request's bound, as a report is), and
 // sends it as the usage chunk when the client asked for one.
-func (g *Gateway) endCleanly(w http.ResponseWriter, r *http.Request, lim metering.Limits, model string, be Backend,
-	c continuation, why string) outcome {
+func (g *Gateway) endCleanly(p *proxied, c continuation, why string) outcome {
+	w, model, be := p.w, p.t.model, c.failed
 	g.log.Info("Upstream stream broke after a tool call or its finish; ended cleanly", "model", model,
 		"replica", be.Key, "endpoint", be.Endpoint, "err", c.brk.Error(), "why", why)
 	var metered *metering.Usage
 	if u, ok := c.st.countedUsage(); ok {
-		metered = g.meterClaim(r, model, be, lim, u, nil)
+		metered = g.meterClaim(p.r, model, be, p.lim, u, nil)
 	}
 	sent := metered
 	if !c.shape.usage {

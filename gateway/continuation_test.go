@@ -16,75 +16,9 @@ import (
 
 	"github.com/macfleet/macfleet/api/runnerapi"
 	"github.com/macfleet/macfleet/gateway/metering"
+	"github.com/macfleet/macfleet/gateway/splice"
 	"github.com/macfleet/macfleet/test/support/testenv"
 )
-
-func TestDecideContinuation(t *testing.T) {
-	now := time.Unix(1000, 0)
-	base := func() continuation {
-		return continuation{brk: &streamBreak{cause: "eof"}, st: &spliced{}, shape: streamShape{n: 1}, max: 1, deadline: now.Add(time.Second)}
-	}
-	for _, tc := range []struct {
-		name   string
-		mutate func(*continuation)
-		want   string
-	}{
-		{"a cut connection", func(*continuation) {}, contContinued},
-		{"a replica's error event", func(c *continuation) { c.brk.cause, c.st.held = "error_event", []byte("data: {}\n\n") }, contContinued},
-		{"disabled", func(c *continuation) { c.max = -1 }, contDisabled},
-		{"continued as often as allowed", func(c *continuation) { c.st.continued = 1 }, contLimit},
-		{"a higher limit", func(c *continuation) { c.st.continued, c.max = 1, 2 }, contContinued},
-		{"the deadline passed", func(c *continuation) { c.deadline = now }, contDeadline},
-		{"it had finished", func(c *continuation) { c.st.finished = true }, contFinished},
-		{"a tool call", func(c *continuation) { c.st.toolCalls = true }, contToolCall},
-		{"reasoning on Responses", func(c *continuation) { c.st.rsItem, c.st.api = "rs_1", responsesAPI }, contContinued},
-		{"a second reasoning item on Responses", func(c *continuation) { c.st.strayItem, c.st.api = true, responsesAPI }, contReasoning},
-		{"n > 1 without the runner's count", func(c *continuation) { c.shape.n = 2 }, contShape},
-		{"n > 1", func(c *continuation) { c.shape.n, c.st.n = 2, 2; c.st.tokens.read([]byte("1 3"), 0) }, contContinued},
-		{"n > 1, every choice finished", func(c *continuation) {
-			c.shape.n, c.st.n = 2, 2
-			c.st.tokens.read([]byte("1 3"), 0)
-			c.st.end(0)
-			c.st.end(1)
-		}, contFinished},
-		{"n > 1, one choice's continuation retried", func(c *continuation) {
-			c.shape.n, c.st.n, c.st.continued, c.taken = 2, 2, 1, true
-			c.st.tokens.read([]byte("1 3"), 0)
-		}, contContinued},
-		{"a replica refused it", func(c *continuation) { c.refusal = "no" }, contRefused},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			c := base()
-			tc.mutate(&c)
-			ok, why := decideContinuation(c, now)
-			if why != tc.want || ok != (tc.want == contContinued) {
-				t.Errorf("decision %v %q, want %q", ok, why, tc.want)
-			}
-		})
-	}
-}
-
-func TestShapeOf(t *testing.T) {
-	for _, tc := range []struct {
-		api  streamAPI
-		body string
-		want streamShape
-	}{
-		{chatAPI, `{"messages":[]}`, streamShape{n: 1}},
-		{chatAPI, `{"n":3}`, streamShape{n: 3}},
-		{chatAPI, `{"stream_options":{"include_usage":true}}`, streamShape{n: 1, usage: true}},
-		{chatAPI, `{"stream_options":{"include_usage":false}}`, streamShape{n: 1}},
-		{responsesAPI, `{"stream_options":{"include_usage":true}}`, streamShape{n: 1}},
-		{chatAPI, `{"response_format":{"type":"json_object"},"tool_choice":"required"}`, streamShape{n: 1}},
-		{chatAPI, `{"messages":[{"role":"assistant"}]}`, streamShape{n: 1}},
-		{responsesAPI, `{"input":"hi","n":3}`, streamShape{n: 1}},
-		{messagesAPI, `{"messages":[{"role":"user"},{"role":"assistant"}]}`, streamShape{n: 1}},
-	} {
-		if got := shapeOf(tc.api, []byte(tc.body)); got != tc.want {
-			t.Errorf("%d %s: %+v, want %+v", tc.api, tc.body, got, tc.want)
-		}
-	}
-}
 
 // promptLine is the prompt's usage a streamingAgent reports before its role chunk: 5
 // tokens, 2 of them cached (its usage chunk's prompt_tokens).
@@ -341,40 +275,40 @@ func TestStreamContinuation(t *testing.T) {
 		errSays, wantID, body string
 	}{
 		{name: "cut connection", agent: &streamingAgent{first: []string{"One", ", two"}, firstEnd: "cut", rest: []string{", three"}, contEnd: "done"},
-			outcome: contContinued, conts: []string{"assistant:One, two"},
+			outcome: splice.Continued, conts: []string{"assistant:One, two"},
 			want: clientStream{text: "One, two, three", roles: 1, usages: 1, dones: 1, trailer: "1", finish: "stop"}},
 		{name: "engine stopped", agent: &streamingAgent{first: []string{"One"}, firstEnd: "engine_stopped", rest: []string{", two"}, contEnd: "done"},
-			outcome: contContinued, conts: []string{"assistant:One"},
+			outcome: splice.Continued, conts: []string{"assistant:One"},
 			want: clientStream{text: "One, two", roles: 1, usages: 1, dones: 1, trailer: "1", finish: "stop"}},
 		{name: "the continuation breaks too", agent: &streamingAgent{first: []string{"One"}, firstEnd: "engine_stopped", rest: []string{", two"}, contEnd: "cut"},
-			outcome: contLimit, conts: []string{"assistant:One"},
+			outcome: splice.Limit, conts: []string{"assistant:One"},
 			want: clientStream{text: "One, two", roles: 1, errCode: "upstream_error"}},
 		{name: "a higher limit", opts: Options{StreamContinuations: 2},
 			agent:   &streamingAgent{first: []string{"One"}, firstEnd: "engine_stopped", rest: []string{", two"}, contEnd: "cut"},
-			outcome: contLimit, conts: []string{"assistant:One", "assistant:One, two"},
+			outcome: splice.Limit, conts: []string{"assistant:One", "assistant:One, two"},
 			want: clientStream{text: "One, two, two", roles: 1, errCode: "upstream_error"}},
 		// A break in or after a tool call ends the stream cleanly: tool_calls when the
 		// call's arguments are whole, length when they were cut.
 		{name: "inside a tool call", agent: &streamingAgent{first: []string{"One"}, firstEnd: "engine_stopped", tool: `{"a`},
-			outcome: contToolCall, want: clientStream{text: "One", roles: 1, dones: 1, finish: "length"}},
+			outcome: splice.ToolCall, want: clientStream{text: "One", roles: 1, dones: 1, finish: "length"}},
 		{name: "after a tool call", agent: &streamingAgent{first: []string{"One"}, firstEnd: "cut", tool: `{"a":1}`},
-			outcome: contToolCall, want: clientStream{text: "One", roles: 1, dones: 1, finish: "tool_calls"}},
+			outcome: splice.ToolCall, want: clientStream{text: "One", roles: 1, dones: 1, finish: "tool_calls"}},
 		{name: "after its finish", agent: &streamingAgent{first: []string{"One"}, firstEnd: "finish_cut"},
-			outcome: contFinished, want: clientStream{text: "One", roles: 1, dones: 1, finish: "stop"}},
+			outcome: splice.Finished, want: clientStream{text: "One", roles: 1, dones: 1, finish: "stop"}},
 		// Reasoning is sent back as the message's reasoning_content: the runner
 		// continues inside it while there is no content (test/runner's
 		// TestContinueInReasoning), after it once there is.
 		{name: "inside the reasoning", agent: &streamingAgent{think: []string{"Let", " me"}, firstEnd: "engine_stopped",
 			contThink: []string{" see"}, rest: []string{"One"}, contEnd: "done"},
-			outcome: contContinued, conts: []string{"assistant(thought Let me):"},
+			outcome: splice.Continued, conts: []string{"assistant(thought Let me):"},
 			want: clientStream{reasoning: "Let me see", text: "One", roles: 1, usages: 1, dones: 1, trailer: "1", finish: "stop"}},
 		{name: "after the reasoning", agent: &streamingAgent{think: []string{"Hm."}, first: []string{"One"}, firstEnd: "cut",
 			rest: []string{", two"}, contEnd: "done"},
-			outcome: contContinued, conts: []string{"assistant(thought Hm.):One"},
+			outcome: splice.Continued, conts: []string{"assistant(thought Hm.):One"},
 			want: clientStream{reasoning: "Hm.", text: "One, two", roles: 1, usages: 1, dones: 1, trailer: "1", finish: "stop"}},
 		// Cut before any chunk: the continuation's chunks are the stream's.
 		{name: "cut before any chunk", agent: &streamingAgent{firstEnd: "cut_at_once", rest: []string{"One"}, contEnd: "done"},
-			outcome: contContinued, conts: []string{"assistant:"}, wantID: "chatcmpl-cont",
+			outcome: splice.Continued, conts: []string{"assistant:"}, wantID: "chatcmpl-cont",
 			want: clientStream{text: "One", roles: 1, usages: 1, dones: 1, trailer: "1", finish: "stop"}},
 		// An error that is the request's, not the replica's, ends the stream as it did.
 		{name: "the request's error", agent: &streamingAgent{first: []string{"One"}, firstEnd: "bad_request"},
@@ -384,18 +318,18 @@ func TestStreamContinuation(t *testing.T) {
 		{name: "under a grammar", body: `{"model":"m","stream":true,"response_format":{"type":"json_object"},` +
 			`"messages":[{"role":"user","content":"count"}]}`,
 			agent:   &streamingAgent{first: []string{`{"a"`}, firstEnd: "cut", rest: []string{`:1}`}, contEnd: "done"},
-			outcome: contContinued, conts: []string{`assistant:{"a"`},
+			outcome: splice.Continued, conts: []string{`assistant:{"a"`},
 			want: clientStream{text: `{"a":1}`, roles: 1, usages: 1, dones: 1, trailer: "1", finish: "stop"}},
 		// A continuation the replica refuses (a 400: the text does not follow the
 		// grammar) ends the stream at once, not after trying every replica until the
 		// deadline.
 		{name: "refused", opts: Options{ContinueTimeout: time.Minute},
 			agent:   &streamingAgent{first: []string{"One"}, firstEnd: "cut", contEnd: "status_400"},
-			outcome: contRefused, conts: []string{"assistant:One"}, want: clientStream{text: "One", roles: 1, errCode: "upstream_error"},
+			outcome: splice.Refused, conts: []string{"assistant:One"}, want: clientStream{text: "One", roles: 1, errCode: "upstream_error"},
 			errSays: "not continued on another replica: a replica refused to continue it: upstream says 400"},
 		{name: "no replica in time", replicas: 1, opts: Options{ContinueTimeout: 300 * time.Millisecond},
 			agent:   &streamingAgent{first: []string{"One"}, firstEnd: "cut", contEnd: "status_503"},
-			outcome: contDeadline, want: clientStream{text: "One", roles: 1, errCode: "upstream_error"},
+			outcome: splice.Deadline, want: clientStream{text: "One", roles: 1, errCode: "upstream_error"},
 			errSays: "not continued on another replica: no other replica took it within --stream-continue-timeout"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -423,7 +357,7 @@ func TestStreamContinuation(t *testing.T) {
 			tc.agent.mu.Lock()
 			conts := tc.agent.conts
 			tc.agent.mu.Unlock()
-			if tc.outcome != contDeadline && !cmp.Equal(tc.conts, conts) {
+			if tc.outcome != splice.Deadline && !cmp.Equal(tc.conts, conts) {
 				t.Errorf("continuations sent %q, want %q", conts, tc.conts)
 			}
 			if tc.outcome == "" {
@@ -493,74 +427,6 @@ func TestStreamTokenCount(t *testing.T) {
 			})
 		})
 	}
-}
-
-// TestTokenCountRead: count lines are read as the runner writes them; one that is not
-// a count, or goes down, makes the count unknown.
-func TestTokenCountRead(t *testing.T) {
-	for _, tc := range []struct {
-		lines []string
-		total int64
-		known bool
-	}{
-		{nil, 0, false},
-		{[]string{"0 1", "0 2", "0 3"}, 3, true},
-		{[]string{"0 1", "1 4", "0 2\r"}, 6, true},
-		{[]string{"0 2", "0 1"}, 0, false},
-		{[]string{"0 x"}, 0, false},
-		{[]string{"-1 2"}, 0, false},
-		{[]string{"128 2"}, 0, false},
-		{[]string{"0 -2"}, 0, false},
-		{[]string{"0"}, 0, false},
-	} {
-		var c tokenCount
-		for _, l := range tc.lines {
-			c.read([]byte(l), 0)
-		}
-		if c.known() != tc.known || (tc.known && c.total() != tc.total) {
-			t.Errorf("%q: known %v total %d, want %v %d", tc.lines, c.known(), c.total(), tc.known, tc.total)
-		}
-	}
-	c := tokenCount{}
-	c.read([]byte("0 5"), 0)
-	c.broke()
-	c.read([]byte("0 2"), 0)
-	if c.total() != 7 {
-		t.Errorf("a continued count %d, want 5 + 2", c.total())
-	}
-}
-
-// TestContentOnly: the usual content chunk is read without decoding it whole, to the
-// same text; every other chunk is left to the whole decoding.
-func TestContentOnly(t *testing.T) {
-	lp := `,"logprobs":{"content":[{"token":"\"content\":\"x","logprob":-1,"bytes":[1],"top_logprobs":[]}],"refusal":[]}`
-	for _, tc := range []struct {
-		data string
-		want string
-		ok   bool
-	}{
-		{data: chunkData(content("plain text")), want: "plain text", ok: true},
-		{data: chunkData(content("a \"quote\"\nand a line ✓")), want: "a \"quote\"\nand a line ✓", ok: true},
-		{data: chunkData(content("with logprobs") + lp), want: "with logprobs", ok: true},
-		{data: chunkData(content(`\`)), want: `\`, ok: true},
-		{data: strings.Replace(chunkData(content("choice 1")), `"index":0`, `"index":1`, 1)},
-		{data: chunkData(roleDelta)},
-		{data: chunkData(`{"reasoning_content":"hm"}`)},
-		{data: chunkData(`{"tool_calls":[{"index":0,"function":{"arguments":"{}"}}]}`)},
-		{data: strings.Replace(chunkData(content("done")), `"finish_reason":null`, `"finish_reason":"stop"`, 1)},
-	} {
-		got, ok := contentOnly([]byte(tc.data))
-		if ok != tc.ok || string(got) != tc.want {
-			t.Errorf("%s: %q %v, want %q %v", tc.data, got, ok, tc.want, tc.ok)
-		}
-	}
-}
-
-// chunkData is the data of a chunk event with delta (and its logprobs appended to the
-// delta's object when the caller adds them after it).
-func chunkData(delta string) string {
-	ev := chunkEvent("chatcmpl-x", delta, "")
-	return strings.TrimSuffix(strings.TrimPrefix(ev, "data: "), "\n\n")
 }
 
 // TestContinuationBacksOff: a continuation that every replica refuses before its first

@@ -20,6 +20,7 @@ import (
 	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/gateway/metering"
 	"github.com/macfleet/macfleet/gateway/prefixdigest"
+	"github.com/macfleet/macfleet/gateway/splice"
 	"github.com/macfleet/macfleet/internal/openaierr"
 	"github.com/macfleet/macfleet/internal/pki"
 	"github.com/macfleet/macfleet/internal/tracing"
@@ -92,8 +93,8 @@ type outcome struct {
 // brokenStream is a stream's break: how, what the client has of it, and the replica
 // that failed.
 type brokenStream struct {
-	brk     *streamBreak
-	st      *spliced
+	brk     *splice.Break
+	st      *splice.Stream
 	backend Backend
 }
 
@@ -296,7 +297,7 @@ type try struct {
 	be   Backend
 	body []byte
 	n    int
-	st   *spliced
+	st   *splice.Stream
 }
 
 // attempt sends the request to one replica. Before the response's status is committed
@@ -307,7 +308,7 @@ type try struct {
 // continuation, spliced into the stream the client already has.
 func (g *Gateway) attempt(ctx context.Context, p *proxied, tr try) (res outcome) {
 	w, r, rt, be, st, model := p.w, p.r, tr.rt, tr.be, tr.st, tr.rt.ID()
-	cont := st != nil && st.broke
+	cont := st != nil && st.Broken()
 	// The upstream request outlives a client that goes away just long enough for its
 	// answer to end with its usage (see cancel.go).
 	id := newRequestID()
@@ -330,10 +331,10 @@ func (g *Gateway) attempt(ctx context.Context, p *proxied, tr try) (res outcome)
 	}
 	if cont {
 		out.Header.Set(runnerapi.HeaderContinue, runnerapi.ContinueFinalMessage)
-		if st.tokens.known() {
-			out.Header.Set(runnerapi.HeaderContinuedTokens, strconv.FormatInt(st.sentTokens(), 10))
+		if st.TokensKnown() {
+			out.Header.Set(runnerapi.HeaderContinuedTokens, strconv.FormatInt(st.SentTokens(), 10))
 		}
-		if rs := st.resumeHeader(); rs != "" {
+		if rs := st.ResumeHeader(); rs != "" {
 			out.Header.Set(runnerapi.HeaderResumeStream, rs)
 		}
 	}
@@ -341,7 +342,7 @@ func (g *Gateway) attempt(ctx context.Context, p *proxied, tr try) (res outcome)
 	if g.peers != nil {
 		ask := prefixAsk{digests: prefixDigestsFrom(ctx).routable, partition: g.caller(r).CachePartition()}
 		if cont {
-			ask.broken = st.brokeOn
+			ask.broken = st.BrokeOn()
 		}
 		peer = g.peers.hint(out, rt, model, be, ask)
 		g.warm.record(model, ask.digests, ask.partition, be.Node)
@@ -376,7 +377,7 @@ func (g *Gateway) attempt(ctx context.Context, p *proxied, tr try) (res outcome)
 		return res
 	}
 	if st != nil && resp.StatusCode == http.StatusOK && isEventStream(resp.Header) {
-		resp.Body = newSpliceReader(resp.Body, st, cont)
+		resp.Body = splice.NewReader(resp.Body, st, cont)
 	} else {
 		unwatch()
 	}
@@ -536,11 +537,11 @@ func (g *Gateway) relay(ctx context.Context, p *proxied, resp *http.Response, a 
 // broken ends a response that broke off after it started: not retried; a stream gets
 // an error event, another body is aborted.
 func (g *Gateway) broken(w http.ResponseWriter, rc *http.ResponseController, model string, be Backend, resp *http.Response, rerr error) outcome {
-	if brk, ok := errors.AsType[*streamBreak](rerr); ok {
-		if sr, ok := resp.Body.(*spliceReader); ok { // the caller may continue it
-			sr.st.broke, sr.st.brokeOn = true, append(sr.st.brokeOn, be.Key)
-			sr.st.tokens.broke()
-			return outcome{status: resp.StatusCode, reason: "stream_broken", broken: &brokenStream{brk: brk, st: sr.st, backend: be}}
+	if brk, ok := errors.AsType[*splice.Break](rerr); ok {
+		if sr, ok := resp.Body.(*splice.Reader); ok { // the caller may continue it
+			st := sr.Stream()
+			st.Broke(be.Key)
+			return outcome{status: resp.StatusCode, reason: "stream_broken", broken: &brokenStream{brk: brk, st: st, backend: be}}
 		}
 	}
 	g.log.Info("Upstream response broke after it started; not retried", "model", model,
@@ -556,7 +557,7 @@ func (g *Gateway) broken(w http.ResponseWriter, rc *http.ResponseController, mod
 }
 
 // doneEvent is the last event of an OpenAI stream.
-const doneEvent = "data: [DONE]\n\n"
+const doneEvent = splice.DoneEvent
 
 // delivery is what of a response reached the client: its size and its last bytes.
 type delivery struct {

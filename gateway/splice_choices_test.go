@@ -15,6 +15,7 @@ import (
 
 	"github.com/macfleet/macfleet/api/runnerapi"
 	"github.com/macfleet/macfleet/gateway/metering"
+	"github.com/macfleet/macfleet/gateway/splice"
 	"github.com/macfleet/macfleet/test/support/testenv"
 )
 
@@ -190,14 +191,14 @@ func TestStreamContinuationChoices(t *testing.T) {
 			first:    [][]string{{"A", "a"}, {"B", "b", "b"}, {"C"}},
 			finished: map[int]bool{0: true}, firstEnd: "cut",
 			rest: map[string][]string{"Bbb": {"!", "!"}, "C": {"c", "c", "c"}}},
-			outcome: contContinued, want: map[int]string{0: "Aa", 1: "Bbb!!", 2: "Cccc"},
+			outcome: splice.Continued, want: map[int]string{0: "Aa", 1: "Bbb!!", 2: "Cccc"},
 			conts:  []choiceCont{{Text: "Bbb", Tokens: "3"}, {Text: "C", Tokens: "1"}},
 			tokens: 2 + 5 + 4},
 		{name: "engine stopped, the first choice unfinished", agent: &choicesAgent{
 			first:    [][]string{{"A"}, {"B", "b"}},
 			finished: map[int]bool{1: true}, firstEnd: "engine_stopped",
 			rest: map[string][]string{"A": {"a"}}},
-			outcome: contContinued, want: map[int]string{0: "Aa", 1: "Bb"},
+			outcome: splice.Continued, want: map[int]string{0: "Aa", 1: "Bb"},
 			conts:  []choiceCont{{Text: "A", Tokens: "1"}},
 			tokens: 2 + 2},
 		// A choice's continuation that breaks is another break: with one continuation
@@ -205,12 +206,12 @@ func TestStreamContinuationChoices(t *testing.T) {
 		{name: "a choice's continuation breaks", agent: &choicesAgent{
 			first:    [][]string{{"A"}, {"B"}},
 			firstEnd: "cut", rest: map[string][]string{"A": {"a"}, "B": {"b"}}, breakOn: map[string]bool{"A": true}},
-			outcome: contLimit, want: map[int]string{0: "Aa", 1: "B"},
+			outcome: splice.Limit, want: map[int]string{0: "Aa", 1: "B"},
 			conts: []choiceCont{{Text: "A", Tokens: "1"}}, broken: true},
 		{name: "a choice's continuation breaks, two allowed", opts: Options{StreamContinuations: 2}, agent: &choicesAgent{
 			first:    [][]string{{"A"}, {"B"}},
 			firstEnd: "cut", rest: map[string][]string{"A": {"a"}, "Aa": {"."}, "B": {"b"}}, breakOn: map[string]bool{"A": true}},
-			outcome: contContinued, want: map[int]string{0: "Aa.", 1: "Bb"},
+			outcome: splice.Continued, want: map[int]string{0: "Aa.", 1: "Bb"},
 			conts:  []choiceCont{{Text: "A", Tokens: "1"}, {Text: "Aa", Tokens: "2"}, {Text: "B", Tokens: "1"}},
 			tokens: 3 + 2},
 	} {

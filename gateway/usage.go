@@ -9,6 +9,7 @@ import (
 
 	runnerapi "github.com/macfleet/macfleet/api/runnerapi"
 	"github.com/macfleet/macfleet/gateway/metering"
+	"github.com/macfleet/macfleet/gateway/splice"
 )
 
 // outputCaps are the request fields that cap each choice's output; which one counts
@@ -112,7 +113,7 @@ func (g *Gateway) meterClaim(r *http.Request, model string, be Backend, lim mete
 	}
 	if body != nil {
 		g.checkCount(model, be, body, &u)
-		if !choiceUsage(body, &u, bound) {
+		if !splice.ChoiceUsage(body, &u, bound) {
 			return &u // one choice's continuation: metered with the last one
 		}
 	}
@@ -133,4 +134,18 @@ func (g *Gateway) distrusted(model string, be Backend, msg string, kv ...any) {
 		msg += " (further ones are counted in macfleet_gateway_usage_clamped_total, logged at V(1))"
 	}
 	log.Info(msg, append([]any{"model", model, "replica", be.Key, "node", be.Node}, kv...)...)
+}
+
+// checkCount holds a stream's usage report u against the gateway's own count of the
+// tokens it forwarded (body is the stream's splice reader): a report of other
+// completion tokens is counted in usage_count_disagreements_total and logged as
+// distrusted. The report stays what is metered, within its bound.
+func (g *Gateway) checkCount(model string, be Backend, body io.Reader, u *metering.Usage) {
+	counted, ok := splice.Counted(body)
+	if !ok || u == nil || counted == u.Output {
+		return
+	}
+	g.metrics.countDisagreements.WithLabelValues(model).Inc()
+	g.distrusted(model, be, "A replica reported other completion tokens than the gateway counted in its stream",
+		"reported", u.Output, "counted", counted)
 }

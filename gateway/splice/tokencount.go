@@ -1,11 +1,9 @@
-package gateway
+package splice
 
 import (
 	"bytes"
 	"io"
 	"strconv"
-
-	"github.com/macfleet/macfleet/gateway/metering"
 )
 
 // maxCountedChoices bounds the choices a stream's count keeps apart (n is at most 128).
@@ -106,24 +104,17 @@ func (p *promptCount) read(v []byte) {
 	*p = promptCount{tokens: n, cached: c, known: true}
 }
 
-// checkCount holds a stream's usage report u against the gateway's own count of the
-// tokens it forwarded (body is the stream's splice reader): a report of other
-// completion tokens is counted in usage_count_disagreements_total and logged as
-// distrusted. The report stays what is metered, within its bound.
-func (g *Gateway) checkCount(model string, be Backend, body io.Reader, u *metering.Usage) {
-	sr, ok := body.(*spliceReader)
-	if !ok || u == nil || !sr.st.tokens.known() {
-		return
+// Counted is the gateway's count of the completion tokens in the stream body (a
+// Reader) read: the stream's, or a continuation of one choice of several's, that
+// choice's (what its replica reports as its usage); ok false when body is not a Reader
+// or the count is not known.
+func Counted(body io.Reader) (int64, bool) {
+	sr, ok := body.(*Reader)
+	if !ok || !sr.st.tokens.known() {
+		return 0, false
 	}
-	// A continuation of one choice of several reports that choice's tokens.
-	counted := sr.st.tokens.total()
 	if sr.cont && sr.st.n > 1 {
-		counted = sr.st.tokens.of(sr.st.choice)
+		return sr.st.tokens.of(sr.st.choice), true
 	}
-	if counted == u.Output {
-		return
-	}
-	g.metrics.countDisagreements.WithLabelValues(model).Inc()
-	g.distrusted(model, be, "A replica reported other completion tokens than the gateway counted in its stream",
-		"reported", u.Output, "counted", counted)
+	return sr.st.tokens.total(), true
 }

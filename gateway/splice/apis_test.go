@@ -1,4 +1,4 @@
-package gateway
+package splice
 
 import (
 	"bytes"
@@ -12,9 +12,9 @@ import (
 
 // readSpliced reads a Responses or Messages stream through a splice reader: what the
 // client gets, and the break it ended with (nil for a whole stream).
-func readSpliced(t *testing.T, st *spliced, stream string) (string, *streamBreak) {
+func readSpliced(t *testing.T, st *Stream, stream string) (string, *Break) {
 	t.Helper()
-	r := newSpliceReader(io.NopCloser(strings.NewReader(stream)), st, false)
+	r := NewReader(io.NopCloser(strings.NewReader(stream)), st, false)
 	var out bytes.Buffer
 	buf := make([]byte, 64)
 	for {
@@ -23,7 +23,7 @@ func readSpliced(t *testing.T, st *spliced, stream string) (string, *streamBreak
 		if err == io.EOF {
 			return out.String(), nil
 		}
-		if brk, ok := errors.AsType[*streamBreak](err); ok {
+		if brk, ok := errors.AsType[*Break](err); ok {
 			return out.String(), brk
 		}
 		if err != nil {
@@ -49,7 +49,7 @@ func TestSpliceResponses(t *testing.T) {
 			`"logprobs":[{"token":"lo","logprob":-1,"bytes":[108,111],"top_logprobs":[]}]}`)
 	failure := event("error", `{"code":"engine_stopped","message":"gone","param":null,"sequence_number":4,"type":"error"}`) +
 		event("response.failed", `{"type":"response.failed","sequence_number":5,"response":{"id":"resp_1"}}`)
-	st := &spliced{api: responsesAPI}
+	st := &Stream{api: Responses}
 	out, brk := readSpliced(t, st, head+failure)
 	if brk == nil || brk.cause != "error_event" || string(st.held) != failure {
 		t.Fatalf("break %v, held %q: want the error event and response.failed held", brk, st.held)
@@ -61,14 +61,14 @@ func TestSpliceResponses(t *testing.T) {
 		string(st.logprobs[0]) != `{"token":"lo","logprob":-1,"bytes":[108,111],"top_logprobs":[]}` {
 		t.Errorf("text %q, count %d, logprobs %s", st.text.String(), st.tokens.total(), st.logprobs)
 	}
-	if got, want := st.resumeHeader(), `{"id":"resp_1","created_at":7,"seq":4,"item":"msg_1"}`; got != want {
+	if got, want := st.ResumeHeader(), `{"id":"resp_1","created_at":7,"seq":4,"item":"msg_1"}`; got != want {
 		t.Errorf("resume %s, want %s", got, want)
 	}
-	if ok, why := decideContinuation(continuation{st: st, shape: streamShape{n: 1}, max: 1, brk: brk, deadline: time.Now().Add(time.Second)}, time.Now()); !ok {
+	if ok, why := (&Continuation{st: st, shape: streamShape{n: 1}, max: 1, brk: brk, deadline: time.Now().Add(time.Second)}).Decide(time.Now()); !ok {
 		t.Errorf("not continued: %s", why)
 	}
 	for _, item := range []string{"function_call", "reasoning"} {
-		st := &spliced{api: responsesAPI}
+		st := &Stream{api: Responses}
 		readSpliced(t, st, head+event("response.output_item.added",
 			`{"type":"response.output_item.added","sequence_number":4,"item":{"id":"x","type":"`+item+`"}}`))
 		if !st.toolCalls && !st.strayItem {
@@ -97,15 +97,15 @@ func TestSpliceResponsesReasoning(t *testing.T) {
 		{"after the reasoning", start + closed, `{"id":"resp_1","created_at":7,"seq":6,"reasoning":"rs_1"}`, ""},
 		{"in the message after it", start + closed + message, `{"id":"resp_1","created_at":7,"seq":8,"item":"msg_2","reasoning":"rs_1"}`, "Hi"},
 	} {
-		st := &spliced{api: responsesAPI}
+		st := &Stream{api: Responses}
 		_, brk := readSpliced(t, st, tc.stream)
 		if brk == nil || st.text.String() != tc.text || st.thoughtOf(0).String() != "Let me" {
 			t.Fatalf("%s: break %v, text %q, reasoning %q", tc.name, brk, st.text.String(), st.thoughtOf(0).String())
 		}
-		if got := st.resumeHeader(); got != tc.resume {
+		if got := st.ResumeHeader(); got != tc.resume {
 			t.Errorf("%s: resume %s, want %s", tc.name, got, tc.resume)
 		}
-		if ok, why := decideContinuation(continuation{st: st, shape: streamShape{n: 1}, max: 1, brk: brk, deadline: time.Now().Add(time.Second)}, time.Now()); !ok {
+		if ok, why := (&Continuation{st: st, shape: streamShape{n: 1}, max: 1, brk: brk, deadline: time.Now().Add(time.Second)}).Decide(time.Now()); !ok {
 			t.Errorf("%s: not continued: %s", tc.name, why)
 		}
 	}
@@ -119,16 +119,16 @@ func TestSpliceMessages(t *testing.T) {
 		event("content_block_start", `{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}`) +
 		event("content_block_delta", `{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Hi"}}`)
 	failure := event("error", `{"error":{"message":"gone","type":"api_error"},"type":"error"}`)
-	st := &spliced{api: messagesAPI}
+	st := &Stream{api: Messages}
 	out, brk := readSpliced(t, st, head+failure)
 	if brk == nil || string(st.held) != failure || strings.Contains(out, "api_error") || st.text.String() != "Hi" {
 		t.Fatalf("break %v, held %q, client %q, text %q", brk, st.held, out, st.text.String())
 	}
-	if got, want := st.resumeHeader(), `{"open":true}`; got != want {
+	if got, want := st.ResumeHeader(), `{"open":true}`; got != want {
 		t.Errorf("resume %s, want %s", got, want)
 	}
 	request := event("error", `{"error":{"message":"no","type":"invalid_request_error"},"type":"error"}`)
-	st = &spliced{api: messagesAPI}
+	st = &Stream{api: Messages}
 	if out, brk := readSpliced(t, st, head+request); brk != nil || !strings.HasSuffix(out, request) {
 		t.Errorf("the request's error: break %v, client %q", brk, out)
 	}
@@ -153,15 +153,15 @@ func TestSpliceMessagesThinking(t *testing.T) {
 		{"after the thinking", start + stop, `{"index":1}`, ""},
 		{"in the text after it", start + stop + text, `{"index":1,"open":true}`, "Hi"},
 	} {
-		st := &spliced{api: messagesAPI}
+		st := &Stream{api: Messages}
 		_, brk := readSpliced(t, st, tc.stream+failure)
 		if brk == nil || st.text.String() != tc.text || st.thoughtOf(0).String() != "Let me" {
 			t.Fatalf("%s: break %v, text %q, thinking %q", tc.name, brk, st.text.String(), st.thoughtOf(0).String())
 		}
-		if got := st.resumeHeader(); got != tc.resume {
+		if got := st.ResumeHeader(); got != tc.resume {
 			t.Errorf("%s: resume %s, want %s", tc.name, got, tc.resume)
 		}
-		if ok, why := decideContinuation(continuation{st: st, shape: streamShape{n: 1}, max: 1, brk: brk, deadline: time.Now().Add(time.Second)}, time.Now()); !ok {
+		if ok, why := (&Continuation{st: st, shape: streamShape{n: 1}, max: 1, brk: brk, deadline: time.Now().Add(time.Second)}).Decide(time.Now()); !ok {
 			t.Errorf("%s: not continued: %s", tc.name, why)
 		}
 	}
@@ -169,18 +169,18 @@ func TestSpliceMessagesThinking(t *testing.T) {
 
 func TestContinuationBody(t *testing.T) {
 	for _, tc := range []struct {
-		api        streamAPI
+		api        API
 		body, want string
 	}{
-		{chatAPI, `{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`,
+		{Chat, `{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`,
 			`{"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":"Hel\"lo"}],"model":"m","stream":true}`},
-		{messagesAPI, `{"model":"m","max_tokens":9,"messages":[{"role":"user","content":[{"type":"text","text":"hi"}]}]}`,
+		{Messages, `{"model":"m","max_tokens":9,"messages":[{"role":"user","content":[{"type":"text","text":"hi"}]}]}`,
 			`{"max_tokens":9,"messages":[{"role":"user","content":[{"type":"text","text":"hi"}]},{"role":"assistant","content":"Hel\"lo"}],"model":"m"}`},
-		{chatAPI, `{"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":"Sure:"}]}`,
+		{Chat, `{"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":"Sure:"}]}`,
 			`{"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":"Sure:"},{"role":"assistant","content":"Hel\"lo"}]}`},
-		{responsesAPI, `{"model":"m","input":"hi"}`,
+		{Responses, `{"model":"m","input":"hi"}`,
 			`{"input":[{"content":"hi","role":"user"},{"role":"assistant","content":"Hel\"lo"}],"model":"m"}`},
-		{responsesAPI, `{"model":"m","input":[{"role":"user","content":"hi"}]}`,
+		{Responses, `{"model":"m","input":[{"role":"user","content":"hi"}]}`,
 			`{"input":[{"role":"user","content":"hi"},{"role":"assistant","content":"Hel\"lo"}],"model":"m"}`},
 	} {
 		got, err := continuationBody(tc.api, []byte(tc.body), openAnswer{text: "Hel\"lo"}, false)
@@ -188,25 +188,25 @@ func TestContinuationBody(t *testing.T) {
 			t.Errorf("%s: %s (%v), want %s", tc.body, got, err, tc.want)
 		}
 	}
-	got, err := continuationBody(chatAPI, []byte(`{"n":2,"messages":[]}`), openAnswer{text: "One", reasoning: "Hm"}, true)
+	got, err := continuationBody(Chat, []byte(`{"n":2,"messages":[]}`), openAnswer{text: "One", reasoning: "Hm"}, true)
 	if want := `{"messages":[{"role":"assistant","content":"One","reasoning_content":"Hm"}]}`; err != nil || string(got) != want {
 		t.Errorf("one choice with reasoning: %s (%v), want %s", got, err, want)
 	}
-	got, err = continuationBody(messagesAPI, []byte(`{"messages":[]}`), openAnswer{reasoning: "Hm"}, false)
+	got, err = continuationBody(Messages, []byte(`{"messages":[]}`), openAnswer{reasoning: "Hm"}, false)
 	if want := `{"messages":[{"content":[{"signature":"","thinking":"Hm","type":"thinking"}],"role":"assistant"}]}`; err != nil || string(got) != want {
 		t.Errorf("a Messages answer inside its thinking: %s (%v), want %s", got, err, want)
 	}
-	got, err = continuationBody(responsesAPI, []byte(`{"input":"hi"}`), openAnswer{text: "One", reasoning: "Hm"}, false)
+	got, err = continuationBody(Responses, []byte(`{"input":"hi"}`), openAnswer{text: "One", reasoning: "Hm"}, false)
 	if want := `{"input":[{"content":"hi","role":"user"},{"content":[{"text":"Hm","type":"reasoning_text"}],"summary":[],"type":"reasoning"},` +
 		`{"role":"assistant","content":"One"}]}`; err != nil || string(got) != want {
 		t.Errorf("a Responses answer after its reasoning: %s (%v), want %s", got, err, want)
 	}
-	got, err = continuationBody(responsesAPI, []byte(`{"input":"hi"}`), openAnswer{text: "One", logprobs: []json.RawMessage{[]byte(`{"token":"One"}`)}}, false)
+	got, err = continuationBody(Responses, []byte(`{"input":"hi"}`), openAnswer{text: "One", logprobs: []json.RawMessage{[]byte(`{"token":"One"}`)}}, false)
 	if want := `{"input":[{"content":"hi","role":"user"},{"content":[{"annotations":[],"logprobs":[{"token":"One"}],"text":"One","type":"output_text"}],` +
 		`"role":"assistant"}]}`; err != nil || string(got) != want {
 		t.Errorf("a Responses answer with logprobs: %s (%v), want %s", got, err, want)
 	}
-	if _, err := continuationBody(chatAPI, []byte(`{"messages":"x"}`), openAnswer{text: "a"}, false); err == nil {
+	if _, err := continuationBody(Chat, []byte(`{"messages":"x"}`), openAnswer{text: "a"}, false); err == nil {
 		t.Error("messages that are not a list: no error")
 	}
 }

@@ -1,9 +1,8 @@
-package gateway
+package splice
 
 import (
 	"encoding/json"
 	"fmt"
-	"net/http"
 	"strings"
 
 	"github.com/macfleet/macfleet/api/runnerapi"
@@ -29,7 +28,7 @@ type toolCallDelta struct {
 }
 
 // addToolCalls records the arguments of a chunk's tool calls.
-func (st *spliced) addToolCalls(raw json.RawMessage) {
+func (st *Stream) addToolCalls(raw json.RawMessage) {
 	var calls []toolCallDelta
 	if json.Unmarshal(raw, &calls) != nil {
 		return
@@ -59,7 +58,7 @@ func toolFinish(args [][]byte) string {
 // cleanEnd is the end of a Chat Completions stream that broke after a tool call or its
 // finish_reason: its last chunk (none after a finish_reason), the usage chunk when u is
 // not nil, and [DONE].
-func (st *spliced) cleanEnd(u *metering.Usage) []byte {
+func (st *Stream) cleanEnd(u *metering.Usage) []byte {
 	var b strings.Builder
 	created := string(st.created)
 	if created == "" {
@@ -79,37 +78,16 @@ func (st *spliced) cleanEnd(u *metering.Usage) []byte {
 		usage, _ := json.Marshal(ru)
 		fmt.Fprintf(&b, `%s"choices":[],"usage":%s}`+"\n\n", head, usage)
 	}
-	b.WriteString(doneEvent)
+	b.WriteString(DoneEvent)
 	return []byte(b.String())
 }
 
 // countedUsage is the usage of a stream by the gateway's counts: the prompt as its
 // last replica reported it, and every completion token the client got; ok false when
 // the runner sent either count not (an older one) or not as one.
-func (st *spliced) countedUsage() (metering.Usage, bool) {
+func (st *Stream) countedUsage() (metering.Usage, bool) {
 	if !st.prompt.known || !st.tokens.known() {
 		return metering.Usage{}, false
 	}
 	return metering.Usage{Input: st.prompt.tokens, Cached: st.prompt.cached, Output: st.tokens.total()}, true
-}
-
-// endCleanly ends request p's Chat Completions stream that broke after a tool call or
-// its finish_reason (see cleanEnd): the replica that broke reports no usage, so the
-// gateway meters its own count (within the request's bound, as a report is), and
-// sends it as the usage chunk when the client asked for one.
-func (g *Gateway) endCleanly(p *proxied, c continuation, why string) outcome {
-	w, model, be := p.w, p.t.model, c.failed
-	g.log.Info("Upstream stream broke after a tool call or its finish; ended cleanly", "model", model,
-		"replica", be.Key, "endpoint", be.Endpoint, "err", c.brk.Error(), "why", why)
-	var metered *metering.Usage
-	if u, ok := c.st.countedUsage(); ok {
-		metered = g.meterClaim(p.r, model, be, p.lim, u, nil)
-	}
-	sent := metered
-	if !c.shape.usage {
-		sent = nil
-	}
-	_, _ = w.Write(c.st.cleanEnd(sent))
-	_ = http.NewResponseController(w).Flush()
-	return outcome{status: http.StatusOK, reason: "stream_broken", usage: metered}
 }

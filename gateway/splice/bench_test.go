@@ -1,4 +1,4 @@
-package gateway
+package splice
 
 import (
 	"bytes"
@@ -49,7 +49,7 @@ func BenchmarkSpliceReader(b *testing.B) {
 		return func(b *testing.B) {
 			b.SetBytes(int64(len(stream)))
 			for b.Loop() {
-				r := newSpliceReader(io.NopCloser(bytes.NewReader(stream)), &spliced{}, false)
+				r := NewReader(io.NopCloser(bytes.NewReader(stream)), &Stream{}, false)
 				for {
 					if _, err := r.Read(buf); err != nil {
 						if err != io.EOF {

@@ -1,4 +1,4 @@
-package gateway
+package splice
 
 import (
 	"encoding/json"
@@ -8,33 +8,33 @@ import (
 	"github.com/macfleet/macfleet/api/runnerapi"
 )
 
-// The APIs whose streams the gateway reads event by event (splice.go): Chat
+// The APIs whose streams the gateway reads event by event (stream.go): Chat
 // Completions chunks (and text completions', only counted), and the Responses and Anthropic Messages events that the node
 // agent translates from them. A continuation of the latter two is translated on from
 // where the client's stream stands (runnerapi.HeaderResumeStream), so its events are
 // passed on as they come; the gateway reads them for the text sent and the stream's
 // end.
-type streamAPI int
+type API int
 
 const (
-	chatAPI streamAPI = iota
-	responsesAPI
-	messagesAPI
-	// completionsAPI: a text completion's stream is counted, not continued.
-	completionsAPI
+	Chat API = iota
+	Responses
+	Messages
+	// Completions: a text completion's stream is counted, not continued.
+	Completions
 )
 
-// apiOf is the stream API of a request path; ok false for one that is not read.
-func apiOf(path string) (streamAPI, bool) {
+// APIOf is the stream API of a request path; ok false for one that is not read.
+func APIOf(path string) (API, bool) {
 	switch path {
 	case "/v1/chat/completions":
-		return chatAPI, true
+		return Chat, true
 	case "/v1/responses":
-		return responsesAPI, true
+		return Responses, true
 	case "/v1/messages":
-		return messagesAPI, true
+		return Messages, true
 	case "/v1/completions":
-		return completionsAPI, true
+		return Completions, true
 	}
 	return 0, false
 }
@@ -59,7 +59,7 @@ type responsesEvent struct {
 // takeResponses records a Responses event. An error event is held, and so is the
 // response.failed after it: together they are the replica's failure, sent to the
 // client only when the stream is not continued. keep false drops the event.
-func (s *spliceReader) takeResponses(ev, data []byte) (keep bool, err error) {
+func (s *Reader) takeResponses(ev, data []byte) (keep bool, err error) {
 	var e responsesEvent
 	if json.Unmarshal(data, &e) != nil {
 		return true, nil
@@ -109,7 +109,7 @@ func (s *spliceReader) takeResponses(ev, data []byte) (keep bool, err error) {
 	case "response.failed":
 		if len(st.held) > 0 {
 			st.held = append(st.held, ev...)
-			return false, &streamBreak{cause: "error_event", err: errors.New(string(sseData(st.held)))}
+			return false, &Break{cause: "error_event", err: errors.New(string(sseData(st.held)))}
 		}
 		st.finished, s.done = true, true
 	}
@@ -140,7 +140,7 @@ type messagesEvent struct {
 // overloaded_error) is held. A thinking block (the answer's reasoning, which comes
 // first) is recorded as the open block while it is open; after it the next block's
 // index is the one a continuation opens.
-func (s *spliceReader) takeMessages(ev, data []byte) (keep bool, err error) {
+func (s *Reader) takeMessages(ev, data []byte) (keep bool, err error) {
 	var e messagesEvent
 	if json.Unmarshal(data, &e) != nil {
 		return true, nil
@@ -182,37 +182,37 @@ func (s *spliceReader) takeMessages(ev, data []byte) (keep bool, err error) {
 	case "error":
 		if e.Error != nil && (e.Error.Type == "api_error" || e.Error.Type == "overloaded_error") {
 			st.held = append(st.held[:0], ev...)
-			return false, &streamBreak{cause: "error_event", err: errors.New(string(data))}
+			return false, &Break{cause: "error_event", err: errors.New(string(data))}
 		}
 		s.done = true // the request's own error, as the replica chose to end with it
 	}
 	return true, nil
 }
 
-// resumeHeader is runnerapi.HeaderResumeStream for a continuation of st ("" for a
+// ResumeHeader is runnerapi.HeaderResumeStream for a continuation of st ("" for a
 // Chat Completions stream, or one that sent nothing yet: its continuation's stream is
 // the client's).
-func (st *spliced) resumeHeader() string {
-	if st.api == chatAPI || st.id == "" {
+func (st *Stream) ResumeHeader() string {
+	if st.api == Chat || st.id == "" {
 		return ""
 	}
 	rs := runnerapi.ResumeStream{ID: st.id, CreatedAt: st.createdAt, Seq: st.seq, Item: st.item, Reasoning: st.rsItem,
 		ReasoningOpen: st.rsOpen && st.item == ""}
-	if st.api == messagesAPI {
+	if st.api == Messages {
 		rs = runnerapi.ResumeStream{Index: st.index, Open: st.blockOpen}
 	}
 	b, _ := json.Marshal(rs)
 	return string(b)
 }
 
-// brokenEvent is the last event of a Responses or Messages stream that broke and is
+// BrokenEvent is the last event of a Responses or Messages stream that broke and is
 // not continued: the replica's held error events, or the gateway's error saying msg.
-func (st *spliced) brokenEvent(msg string) []byte {
+func (st *Stream) BrokenEvent(msg string) []byte {
 	if len(st.held) > 0 {
 		return st.held
 	}
 	var v any
-	if st.api == responsesAPI {
+	if st.api == Responses {
 		v = map[string]any{"type": "error", "code": "upstream_error", "message": msg, "param": nil, "sequence_number": st.seq}
 	} else {
 		v = map[string]any{"type": "error", "error": map[string]any{"type": "api_error", "message": msg}}

@@ -1,4 +1,12 @@
-package gateway
+// Package splice owns what the gateway knows of a stream it may continue on another
+// replica (docs/fleet.md, "Continuing a broken stream"): a Stream is what its client
+// has been sent, across the replicas that wrote it; a Reader reads one replica's part
+// event by event, splicing a continuation's into the client's stream, and ends with a
+// *Break when the replica fails after the first byte; a Continuation is one break's
+// case for being continued: whether it is (Decide), the request body that continues
+// it, and the clean end of a stream that is not. The gateway picks the replicas, sends
+// the requests and writes the answers; it reads and changes a stream only here.
+package splice
 
 import (
 	"bufio"
@@ -19,16 +27,19 @@ var (
 	promptCountPrefix = []byte(runnerapi.PromptCountComment + " ")
 )
 
-// spliced is what the gateway knows of one Chat Completions stream it may continue on
-// another replica (continuation.go): what its client has been sent so far, across the
-// replicas that wrote it.
-type spliced struct {
-	api streamAPI
+// DoneEvent is the last event of an OpenAI stream.
+const DoneEvent = "data: [DONE]\n\n"
+
+// Stream is what the gateway knows of one stream it may continue on another replica
+// (continuation.go): what its client has been sent so far, across the replicas that
+// wrote it.
+type Stream struct {
+	api API
 	// id and created are the stream's, from its first chunk: a continuation's chunks
 	// are rewritten to carry them. A Responses stream's id, created_at, next
 	// sequence_number and message item, and a Messages stream's id and text block
 	// (index, and whether it is open), are told to its continuation instead
-	// (resumeHeader).
+	// (ResumeHeader).
 	id        string
 	created   []byte
 	createdAt int64
@@ -42,7 +53,7 @@ type spliced struct {
 	logprobs []json.RawMessage
 	// n is the choices the request asked for; with n > 1, others is the content sent
 	// of each choice after the first, ended which choices had their finish_reason, and
-	// choice the one the continuation being written now continues (splice_choices.go).
+	// choice the one the continuation being written now continues (choices.go).
 	n      int
 	others []bytes.Buffer
 	ended  []bool
@@ -79,34 +90,72 @@ type spliced struct {
 	prompt promptCount
 }
 
-// streamBreak is how a stream's replica failed after its first byte: the error a
+// New is the record of a stream of api that nothing was sent of yet.
+func New(api API) *Stream { return &Stream{api: api} }
+
+// API is the stream's API.
+func (st *Stream) API() API { return st.api }
+
+// Broken: a replica failed the stream; the next attempt continues it.
+func (st *Stream) Broken() bool { return st.broke }
+
+// BrokeOn are the replicas the stream broke on, which its continuations never fetch
+// state from.
+func (st *Stream) BrokeOn() []string { return st.brokeOn }
+
+// Broke records that replica failed the stream after its first byte: the next
+// attempt continues it, and the replica's part of the token count is closed.
+func (st *Stream) Broke(replica string) {
+	st.broke, st.brokeOn = true, append(st.brokeOn, replica)
+	st.tokens.broke()
+}
+
+// TokensKnown: the gateway's count of the tokens sent can be told to a continuation.
+func (st *Stream) TokensKnown() bool { return st.tokens.known() }
+
+// Continued counts the continuations that started streaming.
+func (st *Stream) Continued() int { return st.continued }
+
+// HeldError is the data of the error event the broken replica ended with, held back
+// from the client (nil when none was).
+func (st *Stream) HeldError() []byte {
+	if len(st.held) == 0 {
+		return nil
+	}
+	return sseData(st.held)
+}
+
+// Break is how a stream's replica failed after its first byte: the error a
 // splice reader returns instead of the rest of the stream.
-type streamBreak struct {
+type Break struct {
 	// cause: error_event (the agent reported the replica's failure in the stream),
 	// eof (the stream ended without [DONE]) or transport (reading it failed).
 	cause string
 	err   error
 }
 
-func (b *streamBreak) Error() string {
+func (b *Break) Error() string {
 	if b.err != nil {
 		return b.err.Error()
 	}
 	return "the stream ended without [DONE]"
 }
 
-func (b *streamBreak) Unwrap() error { return b.err }
+func (b *Break) Unwrap() error { return b.err }
 
-// spliceReader reads a replica's Chat Completions stream for the client event by
+// Cause is how the replica failed: error_event, eof or transport.
+func (b *Break) Cause() string { return b.cause }
+
+// Reader reads a replica's Chat Completions stream for the client event by
 // event, recording what it carries in st. A replica failure after the first byte (a
-// server-side error event, EOF before [DONE], a read error) is a *streamBreak, and
+// server-side error event, EOF before [DONE], a read error) is a *Break, and
 // its error event is held back. On a continuation (cont) the replica's role chunk is
 // dropped (the client has had it) and each chunk carries the stream's id and
 // created instead of the continuation's.
-type spliceReader struct {
+type Reader struct {
 	br      *bufio.Reader
 	body    io.Closer
-	st      *spliced
+	st      *Stream
 	cont    bool
 	pending []byte // what of out the client has not read yet
 	out     []byte
@@ -116,13 +165,17 @@ type spliceReader struct {
 	fromID, fromCreated []byte
 }
 
-func newSpliceReader(body io.ReadCloser, st *spliced, cont bool) *spliceReader {
-	return &spliceReader{br: bufio.NewReaderSize(body, 32<<10), body: body, st: st, cont: cont}
+// NewReader reads body, a replica's stream of st; cont: it continues st (see Reader).
+func NewReader(body io.ReadCloser, st *Stream, cont bool) *Reader {
+	return &Reader{br: bufio.NewReaderSize(body, 32<<10), body: body, st: st, cont: cont}
 }
 
-func (s *spliceReader) Close() error { return s.body.Close() }
+// Stream is the stream the reader records.
+func (s *Reader) Stream() *Stream { return s.st }
 
-func (s *spliceReader) Read(p []byte) (int, error) {
+func (s *Reader) Close() error { return s.body.Close() }
+
+func (s *Reader) Read(p []byte) (int, error) {
 	for len(s.pending) == 0 {
 		if err := s.next(); err != nil {
 			return 0, err
@@ -134,7 +187,7 @@ func (s *spliceReader) Read(p []byte) (int, error) {
 }
 
 // next reads one event into pending (nothing, for a dropped one).
-func (s *spliceReader) next() error {
+func (s *Reader) next() error {
 	s.event = s.event[:0]
 	for {
 		line, err := s.br.ReadSlice('\n')
@@ -147,9 +200,9 @@ func (s *spliceReader) next() error {
 				return err // io.EOF after [DONE]: the stream's end
 			}
 			if err == io.EOF {
-				return &streamBreak{cause: "eof"}
+				return &Break{cause: "eof"}
 			}
-			return &streamBreak{cause: "transport", err: err}
+			return &Break{cause: "transport", err: err}
 		}
 		if len(bytes.TrimRight(line, "\r\n")) == 0 {
 			break
@@ -175,12 +228,12 @@ func (s *spliceReader) next() error {
 }
 
 // take handles one whole event.
-func (s *spliceReader) take(ev []byte) error {
+func (s *Reader) take(ev []byte) error {
 	data := sseData(ev)
 	switch {
-	case s.st.api == responsesAPI || s.st.api == messagesAPI: // splice_apis.go
+	case s.st.api == Responses || s.st.api == Messages: // apis.go
 		take := s.takeResponses
-		if s.st.api == messagesAPI {
+		if s.st.api == Messages {
 			take = s.takeMessages
 		}
 		if keep, err := take(ev, data); err != nil || !keep {
@@ -200,10 +253,10 @@ func (s *spliceReader) take(ev []byte) error {
 		_ = json.Unmarshal(data, &e)
 		if replicaFailure(e.Error.Type) {
 			s.st.held = append(s.st.held[:0], ev...)
-			return &streamBreak{cause: "error_event", err: errors.New(string(data))}
+			return &Break{cause: "error_event", err: errors.New(string(data))}
 		}
 		s.done = true // the stream's own end, as the replica chose it
-	case len(data) > 0 && s.st.api == chatAPI:
+	case len(data) > 0 && s.st.api == Chat:
 		var keep bool
 		if ev, keep = s.chunk(ev, data); !keep {
 			return nil
@@ -272,7 +325,7 @@ func contentOnly(data []byte) (text []byte, ok bool) {
 }
 
 // chunk records a chunk and returns it as the client gets it; keep false drops it.
-func (s *spliceReader) chunk(ev, data []byte) ([]byte, bool) {
+func (s *Reader) chunk(ev, data []byte) ([]byte, bool) {
 	if s.st.id != "" && !s.cont {
 		if text, ok := contentOnly(data); ok {
 			s.st.text.Write(text)

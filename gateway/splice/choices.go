@@ -1,4 +1,4 @@
-package gateway
+package splice
 
 import (
 	"bytes"
@@ -19,7 +19,7 @@ import (
 // gateway counted them (prompt tokens as the last continuing replica reports them).
 
 // textOf is the content sent of choice i.
-func (st *spliced) textOf(i int) *bytes.Buffer {
+func (st *Stream) textOf(i int) *bytes.Buffer {
 	if i <= 0 || i >= maxCountedChoices {
 		return &st.text
 	}
@@ -30,7 +30,7 @@ func (st *spliced) textOf(i int) *bytes.Buffer {
 }
 
 // thoughtOf is the reasoning sent of choice i.
-func (st *spliced) thoughtOf(i int) *bytes.Buffer {
+func (st *Stream) thoughtOf(i int) *bytes.Buffer {
 	i = max(0, min(i, maxCountedChoices-1))
 	for len(st.thoughts) <= i {
 		st.thoughts = append(st.thoughts, bytes.Buffer{})
@@ -39,7 +39,7 @@ func (st *spliced) thoughtOf(i int) *bytes.Buffer {
 }
 
 // end records choice i's finish_reason.
-func (st *spliced) end(i int) {
+func (st *Stream) end(i int) {
 	if i < 0 || i >= maxCountedChoices {
 		return
 	}
@@ -50,7 +50,7 @@ func (st *spliced) end(i int) {
 }
 
 // unfinished is the choices of a stream with n > 1 that have no finish_reason yet.
-func (st *spliced) unfinished() []int {
+func (st *Stream) unfinished() []int {
 	var out []int
 	for i := range min(st.n, maxCountedChoices) {
 		if i >= len(st.ended) || !st.ended[i] {
@@ -62,8 +62,8 @@ func (st *spliced) unfinished() []int {
 
 // whole: the stream had everything it asks for: its finish_reason, or, with n > 1,
 // every choice's.
-func (st *spliced) whole() bool {
-	if st.api == chatAPI && st.n > 1 {
+func (st *Stream) whole() bool {
+	if st.api == Chat && st.n > 1 {
 		return len(st.unfinished()) == 0
 	}
 	return st.finished
@@ -73,7 +73,7 @@ func (st *spliced) whole() bool {
 // from ev) the client's: its choice index becomes that choice's, and its usage chunk
 // is dropped while other choices are still to be continued, or reports every
 // choice's tokens when none is. keep false drops it.
-func (s *spliceReader) choiceChunk(ev []byte, c *chunkHead) ([]byte, bool) {
+func (s *Reader) choiceChunk(ev []byte, c *chunkHead) ([]byte, bool) {
 	st := s.st
 	if st.n <= 1 {
 		return ev, true
@@ -96,7 +96,7 @@ func (s *spliceReader) choiceChunk(ev []byte, c *chunkHead) ([]byte, bool) {
 // usageOfAll rewrites the last continuation's usage chunk to count every choice's
 // completion tokens (the gateway's count, which a stream with n > 1 is only continued
 // with).
-func (s *spliceReader) usageOfAll(ev []byte, c *chunkHead) ([]byte, bool) {
+func (s *Reader) usageOfAll(ev []byte, c *chunkHead) ([]byte, bool) {
 	var u map[string]json.RawMessage
 	if json.Unmarshal(c.Usage, &u) != nil {
 		return ev, true
@@ -121,10 +121,10 @@ func (s *spliceReader) usageOfAll(ev []byte, c *chunkHead) ([]byte, bool) {
 	return append(append([]byte("data: "), data...), "\n\n"...), true
 }
 
-// sentTokens is what a continuation is told the client has of the answer it
+// SentTokens is what a continuation is told the client has of the answer it
 // continues (runnerapi.HeaderContinuedTokens): the stream's tokens, or with n > 1 its
 // choice's.
-func (st *spliced) sentTokens() int64 {
+func (st *Stream) SentTokens() int64 {
 	if st.n > 1 {
 		return st.tokens.of(st.choice)
 	}
@@ -134,7 +134,7 @@ func (st *spliced) sentTokens() int64 {
 // nextChoice points st at the next choice of a stream with n > 1 to continue, after
 // the one whose continuation just ended (which counts as finished: its replica ended
 // it); ok false when none is left.
-func (st *spliced) nextChoice() bool {
+func (st *Stream) nextChoice() bool {
 	st.end(st.choice)
 	st.tokens.broke()
 	left := st.unfinished()
@@ -145,12 +145,12 @@ func (st *spliced) nextChoice() bool {
 	return true
 }
 
-// choiceUsage adjusts the usage report u of a continuation of one choice of several
+// ChoiceUsage adjusts the usage report u of a continuation of one choice of several
 // (body is its splice reader): false while other choices are still to be continued
 // (it is metered with the last one), and the last one's counts every choice's
 // completion tokens, as the gateway counted them, within bound.
-func choiceUsage(body io.Reader, u *metering.Usage, bound metering.Usage) bool {
-	sr, ok := body.(*spliceReader)
+func ChoiceUsage(body io.Reader, u *metering.Usage, bound metering.Usage) bool {
+	sr, ok := body.(*Reader)
 	if !ok || !sr.cont || sr.st.n <= 1 {
 		return true
 	}

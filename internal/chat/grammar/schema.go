@@ -53,8 +53,7 @@ func checkSchema(b *budget, schema json.RawMessage, param string) *runnerapi.Err
 	if err := json.Unmarshal(schema, &v); err != nil {
 		return runnerapi.InvalidRequest(runnerapi.CodeInvalidValue, param, "the schema is not valid JSON: %v", err)
 	}
-	c := checker{b: b}
-	err := c.node(v, "", 0)
+	err := b.node(v, "", 0)
 	if d := jsonDepth(v, 0); err == nil && d > MaxJSONDepth {
 		err = &LimitError{Limit: "JSON nesting", Size: d, Max: MaxJSONDepth}
 	}
@@ -68,14 +67,12 @@ func checkSchema(b *budget, schema json.RawMessage, param string) *runnerapi.Err
 	return nil
 }
 
-// checker walks a schema, spending from b.
-type checker struct{ b *budget }
-
-func (c checker) node(v any, at string, depth int) error {
+// node checks the schema node v at the JSON pointer at, spending from b.
+func (b *budget) node(v any, at string, depth int) error {
 	if depth > MaxSchemaDepth {
 		return &LimitError{Limit: "schema depth", At: pointer(at), Size: depth, Max: MaxSchemaDepth}
 	}
-	if err := c.b.spend(1, at); err != nil {
+	if err := b.spend(1, at); err != nil {
 		return err
 	}
 	switch n := v.(type) {
@@ -88,7 +85,7 @@ func (c checker) node(v any, at string, depth int) error {
 		}
 		sort.Strings(keys)
 		for _, k := range keys {
-			if err := c.keyword(k, n[k], at+"/"+pointerEscape(k), depth); err != nil {
+			if err := b.keyword(k, n[k], at+"/"+pointerEscape(k), depth); err != nil {
 				return err
 			}
 		}
@@ -97,8 +94,9 @@ func (c checker) node(v any, at string, depth int) error {
 	return fmt.Errorf("the schema at %q must be an object or a boolean", pointer(at))
 }
 
-func (c checker) keyword(k string, v any, at string, depth int) error {
-	if err := c.b.spend(leafWeight(k, v), at); err != nil {
+// keyword checks the keyword k of a schema object, spending from b.
+func (b *budget) keyword(k string, v any, at string, depth int) error {
+	if err := b.spend(leafWeight(k, v), at); err != nil {
 		return err
 	}
 	switch {
@@ -114,14 +112,14 @@ func (c checker) keyword(k string, v any, at string, depth int) error {
 	case leafKeywords[k]:
 		return nil
 	case schemaKeywords[k]:
-		return c.node(v, at, depth+1)
+		return b.node(v, at, depth+1)
 	case mapKeywords[k]:
 		m, ok := v.(map[string]any)
 		if !ok {
 			return fmt.Errorf("%s at %q must be an object of schemas", k, pointer(at))
 		}
 		for name, sub := range m {
-			if err := c.node(sub, at+"/"+pointerEscape(name), depth+1); err != nil {
+			if err := b.node(sub, at+"/"+pointerEscape(name), depth+1); err != nil {
 				return err
 			}
 		}
@@ -132,7 +130,7 @@ func (c checker) keyword(k string, v any, at string, depth int) error {
 			return fmt.Errorf("%s at %q must be an array of schemas", k, pointer(at))
 		}
 		for i, sub := range l {
-			if err := c.node(sub, fmt.Sprintf("%s/%d", at, i), depth+1); err != nil {
+			if err := b.node(sub, fmt.Sprintf("%s/%d", at, i), depth+1); err != nil {
 				return err
 			}
 		}

@@ -151,7 +151,7 @@ func (s *Syncer) Run(ctx context.Context) error {
 		return fmt.Errorf("watching replicas: %w", err)
 	}
 	defer func() { _ = s.opts.Informer.RemoveEventHandler(reg) }()
-	s.opts.Pool.AddObserver(poolObserver{s})
+	s.opts.Pool.AddObserver(s)
 	s.writer.start(ctx)
 
 	if !toolscache.WaitForCacheSync(ctx.Done(), reg.HasSynced) {
@@ -553,12 +553,17 @@ func (s *Syncer) retireLocked(r *replica) {
 	s.log.Info("Draining and unloading the model: the replica is being removed", "replica", r.key)
 }
 
-// poolObserver requeues the replica of every load and unload, so its status follows.
-type poolObserver struct{ s *Syncer }
+// The syncer observes its pool (enginepool.Observer): it requeues the replica of
+// every load and unload, so the replica's status follows.
 
-func (o poolObserver) LoadFinished(ev enginepool.LoadEvent)             { o.s.enqueue(ev.Model) }
-func (o poolObserver) Unloaded(model string, _ enginepool.UnloadReport) { o.s.enqueue(model) }
-func (o poolObserver) PressureChanged(_, _ enginepool.PressureLevel)    {}
+// LoadFinished requeues the model's replica.
+func (s *Syncer) LoadFinished(ev enginepool.LoadEvent) { s.enqueue(ev.Model) }
+
+// Unloaded requeues the model's replica.
+func (s *Syncer) Unloaded(model string, _ enginepool.UnloadReport) { s.enqueue(model) }
+
+// PressureChanged does nothing: a replica's status has no pressure level.
+func (s *Syncer) PressureChanged(_, _ enginepool.PressureLevel) {}
 
 // inUse names the models this node needs: the source of every replica bound to it
 // in the informer's cache, whatever its state, and of every local record (a replica

@@ -11,7 +11,7 @@ import (
 // CeilingSetter is what the session lowers with the MacNode's spec.memoryCeiling
 // (the agent's pool).
 type CeilingSetter interface {
-	SetConfiguredCeiling(bytes int64)
+	SetConfiguredCeiling(bytes int64) enginepool.Ceiling
 }
 
 // NewForPool is the session of an agent serving pool: cfg with the pool's hardware in
@@ -27,23 +27,23 @@ func NewForPool(cfg Config, pool *enginepool.Pool) (*Session, error) {
 		cfg.Hardware = hw
 	}
 	cfg.Memory = PoolMemory(pool)
-	cfg.Ceiling = poolCeiling{pool}
+	cfg.Ceiling = pool
 	s, err := New(cfg)
 	if err != nil {
 		return nil, err
 	}
-	pool.AddObserver(notifyObserver{s})
+	pool.AddObserver(s)
 	return s, nil
 }
 
-// poolCeiling configures the pool's ceiling (its resolved ceiling is in status).
-type poolCeiling struct{ p *enginepool.Pool }
+// The session observes the pool (enginepool.Observer): each load, unload and
+// pressure change asks for a memory status write.
 
-func (c poolCeiling) SetConfiguredCeiling(bytes int64) { c.p.SetConfiguredCeiling(bytes) }
+// LoadFinished asks for a memory status write.
+func (s *Session) LoadFinished(enginepool.LoadEvent) { s.NotifyChanged() }
 
-// notifyObserver asks the session for a memory status write on pool events.
-type notifyObserver struct{ s *Session }
+// Unloaded asks for a memory status write.
+func (s *Session) Unloaded(string, enginepool.UnloadReport) { s.NotifyChanged() }
 
-func (o notifyObserver) LoadFinished(enginepool.LoadEvent)             { o.s.NotifyChanged() }
-func (o notifyObserver) Unloaded(string, enginepool.UnloadReport)      { o.s.NotifyChanged() }
-func (o notifyObserver) PressureChanged(_, _ enginepool.PressureLevel) { o.s.NotifyChanged() }
+// PressureChanged asks for a memory status write.
+func (s *Session) PressureChanged(_, _ enginepool.PressureLevel) { s.NotifyChanged() }

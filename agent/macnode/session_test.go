@@ -24,6 +24,7 @@ import (
 
 	"github.com/macfleet/macfleet/agent/hardware"
 	"github.com/macfleet/macfleet/api/v1alpha1"
+	"github.com/macfleet/macfleet/metal/enginepool"
 	"github.com/macfleet/macfleet/test/support/testenv"
 )
 
@@ -649,4 +650,7 @@ func TestAPIOutage(t *testing.T) {
 // ceilingFunc records the ceilings the session configures.
 type ceilingFunc func(bytes int64)
 
-func (f ceilingFunc) SetConfiguredCeiling(bytes int64) { f(bytes) }
+func (f ceilingFunc) SetConfiguredCeiling(bytes int64) enginepool.Ceiling {
+	f(bytes)
+	return enginepool.Ceiling{Bytes: bytes}
+}

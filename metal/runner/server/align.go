@@ -5,11 +5,12 @@ import (
 	"unicode/utf8"
 )
 
-// A vocabulary gives the prompt text of tokens and tokenizes text (special tokens
-// parsed, no BOS added).
+// A vocabulary gives the prompt text of tokens and tokenizes text; alignPrompt
+// tokenizes a prompt's tail with special tokens parsed and no BOS added. The loaded
+// model (*llama.Model) is one.
 type vocabulary interface {
 	PromptText(tok int32) []byte
-	TokenizeTail(text string) ([]int32, error)
+	Tokenize(text string, addSpecial, parseSpecial bool) ([]int32, error)
 }
 
 // alignPrompt makes a prompt's tokens continue a saved sequence as far as the
@@ -62,7 +63,7 @@ func alignPrompt(v vocabulary, text string, toks, saved []int32, bos int32) []in
 	var tail []int32
 	if off < len(text) {
 		var err error
-		if tail, err = v.TokenizeTail(text[off:]); err != nil || !spells(v, tail, text[off:]) {
+		if tail, err = v.Tokenize(text[off:], false, true); err != nil || !spells(v, tail, text[off:]) {
 			return toks
 		}
 	}

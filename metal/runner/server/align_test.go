@@ -44,7 +44,9 @@ func (v *testVocab) PromptText(tok int32) []byte {
 	return []byte(v.texts[tok])
 }
 
-func (v *testVocab) TokenizeTail(text string) ([]int32, error) {
+// Tokenize tokenizes a prompt's tail, as alignPrompt asks: special tokens parsed, no
+// BOS (the flags are not read).
+func (v *testVocab) Tokenize(text string, _, _ bool) ([]int32, error) {
 	if v.tailSpace {
 		text = " " + text
 	}

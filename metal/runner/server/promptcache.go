@@ -517,19 +517,10 @@ func (s *Server) lookupPrompt(text string, toks []int32, partition string) (*res
 	var align func([]int32) []int32
 	if text != "" {
 		align = func(saved []int32) []int32 {
-			return alignPrompt(promptVocab{s.model}, text, toks, saved, s.model.BOS())
+			return alignPrompt(s.model, text, toks, saved, s.model.BOS())
 		}
 	}
 	return s.pc.lookup(toks, partition, align)
-}
-
-// promptVocab is the loaded model's vocabulary for alignPrompt.
-type promptVocab struct{ m *llama.Model }
-
-func (v promptVocab) PromptText(tok int32) []byte { return v.m.PromptText(tok) }
-
-func (v promptVocab) TokenizeTail(text string) ([]int32, error) {
-	return v.m.Tokenize(text, false, true)
 }
 
 // promptCacheStatus is the /status part (nil without a cache).

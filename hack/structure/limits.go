@@ -26,13 +26,14 @@ type config struct {
 	internalCeiling string // the highest layer an internal/ package may import
 }
 
-// walk is a call walk: its measures are NAME-stays and NAME-returns.
+// walk is a call walk: its measures are NAME-stays and NAME-returns. With param, it
+// follows that parameter of the root (follow.go) rather than every call.
 type walk struct {
-	name, pkg, root string
+	name, pkg, root, param string
 }
 
 // readConfig reads a limits file. A line is `MEASURE LIMIT`, a setting `KEY VALUE...`
-// or `walk NAME PACKAGE ROOT`; `#` starts a comment.
+// or `walk NAME PACKAGE ROOT [PARAM]`; `#` starts a comment.
 func readConfig(path string) (config, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
@@ -67,10 +68,14 @@ func readConfig(path string) (config, error) {
 func (c *config) set(fields []string) error {
 	key, args := fields[0], fields[1:]
 	if key == "walk" {
-		if len(args) != 3 {
-			return fmt.Errorf("want `walk NAME PACKAGE ROOT`, got %d values", len(args))
+		if len(args) != 3 && len(args) != 4 {
+			return fmt.Errorf("want `walk NAME PACKAGE ROOT [PARAM]`, got %d values", len(args))
 		}
-		c.walks = append(c.walks, walk{name: args[0], pkg: args[1], root: args[2]})
+		w := walk{name: args[0], pkg: args[1], root: args[2]}
+		if len(args) == 4 {
+			w.param = args[3]
+		}
+		c.walks = append(c.walks, w)
 		return nil
 	}
 	if len(args) != 1 {

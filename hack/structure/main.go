@@ -1,5 +1,6 @@
-// Command structure counts the shapes of the code that the design rules of
-// /work/shared/design/STYLE.md and docs/architecture.md ask to keep small, and fails
+// Command structure counts the shapes of the code that the house style and
+// docs/architecture.md ask to keep small (one owner per piece of state, short
+// functions, narrow signatures, layers that only look down), and fails
 // when a count is over its limit in limits.txt beside it:
 //
 //   - pointer-only-methods: methods of a type whose struct holds one field, a pointer
@@ -11,7 +12,9 @@
 //   - NAME-stays and NAME-returns, for each `walk` of the limits file: the static call
 //     walk from a root function through the functions of its package, as the files
 //     control passes through (a stay is a run of one file; a return is a stay in a
-//     file that had one before);
+//     file that had one before); with a PARAM, the walk follows that parameter of the
+//     root (the calls passed it, or a value made from it: follow.go), without one it
+//     enters every call and counts the way back to each caller too (walk.go);
 //   - gateway-wide-params: functions under gateway/ with more than 6 parameters;
 //   - internal-upward-imports: imports from internal/ above the layer the library
 //     folder may reach (docs/architecture.md's table, read by test/layering);

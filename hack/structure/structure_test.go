@@ -147,6 +147,34 @@ func TestAcquireWalkWithoutFields(t *testing.T) {
 	}
 }
 
+// TestFollowedWalk follows Route's model: only the calls passed it or a value made
+// from it (testdata/mod/pool/route.go says the tour).
+func TestFollowedWalk(t *testing.T) {
+	m, err := scanModule("testdata/mod")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pkgs, err := loadTyped(m, []string{"pool"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stays, returns, err := walkCalls(m, pkgs["pool"], walk{name: "route", pkg: "pool", root: "(*Pool).Route", param: "model"}, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tour := []string{"route.go", "admit.go", "route.go", "admit.go", "route.go"}
+	if diff := cmp.Diff(tour, stays.tour); diff != "" {
+		t.Errorf("route's tour (-want +got):\n%s", diff)
+	}
+	if stays.count != 5 || returns.count != 3 {
+		t.Errorf("stays, returns = %d, %d; want 5, 3", stays.count, returns.count)
+	}
+	_, _, err = walkCalls(m, pkgs["pool"], walk{name: "route", pkg: "pool", root: "(*Pool).Route", param: "nothing"}, true)
+	if err == nil {
+		t.Error("a walk of a parameter the root does not have passed")
+	}
+}
+
 func TestGatewayWideParams(t *testing.T) {
 	check(t, "gateway-wide-params", []string{
 		"gateway/gw.go:4 seven (7 parameters)",

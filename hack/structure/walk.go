@@ -75,8 +75,16 @@ func walkCalls(m *module, p *packages.Package, w walk, fields bool) (result, res
 	if root == nil {
 		return stays, returns, fmt.Errorf("walk %s: no function %s in %s", w.name, w.root, w.pkg)
 	}
-	wk.steps = append(wk.steps, step{wk.file(root), funcName(wk.decls[root])})
-	wk.expand(root)
+	if w.param != "" {
+		p := param(root, w.param)
+		if p == nil {
+			return stays, returns, fmt.Errorf("walk %s: %s has no parameter %s", w.name, w.root, w.param)
+		}
+		(&follower{walker: wk, tracked: map[types.Object]bool{}}).enter(root, []types.Object{p})
+	} else {
+		wk.steps = append(wk.steps, step{wk.file(root), funcName(wk.decls[root])})
+		wk.expand(root)
+	}
 	seen := map[string]bool{}
 	for i, s := range staysOf(wk.steps) {
 		line := fmt.Sprintf("stay %d: %s %s", i+1, s.file, strings.Join(s.fns, ", "))

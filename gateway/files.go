@@ -45,13 +45,12 @@ func stampOf(fi os.FileInfo) fileStamp {
 	return s
 }
 
-// newWatchedFile reads the file once; an unreadable file is an error at start.
-func newWatchedFile[T any](path string, parse func([]byte) (T, error)) (*watchedFile[T], error) {
-	f := &watchedFile[T]{path: path, parse: parse}
-	if _, err := f.reload(); err != nil {
-		return nil, err
-	}
-	return f, nil
+// open reads the file at path into f once, with parse; an unreadable file is an
+// error at start.
+func (f *watchedFile[T]) open(path string, parse func([]byte) (T, error)) error {
+	f.path, f.parse = path, parse
+	_, err := f.reload()
+	return err
 }
 
 func (f *watchedFile[T]) get() *T { return f.val.Load() }
@@ -159,15 +158,15 @@ func parseToken(data []byte) (string, error) {
 // KeysFile is a file of client API keys, one per line with optional attributes
 // (blank lines and # comments skipped; see parseKeys), re-read by Watch when it
 // changes. An empty file accepts no key.
-type KeysFile struct{ f *watchedFile[keySet] }
+type KeysFile struct{ f watchedFile[keySet] }
 
 // LoadKeysFile reads the keys file; it must exist and be readable.
 func LoadKeysFile(path string) (*KeysFile, error) {
-	f, err := newWatchedFile(path, parseKeys)
-	if err != nil {
+	k := &KeysFile{}
+	if err := k.f.open(path, parseKeys); err != nil {
 		return nil, err
 	}
-	return &KeysFile{f: f}, nil
+	return k, nil
 }
 
 // Identify says whether key is one of the file's keys, which are admin keys, and
@@ -185,15 +184,15 @@ func (k *KeysFile) Watch(ctx context.Context, interval time.Duration, log logr.L
 
 // TokenFile is the fleet token file, re-read by Watch when it changes (a rotated
 // Secret).
-type TokenFile struct{ f *watchedFile[string] }
+type TokenFile struct{ f watchedFile[string] }
 
 // LoadTokenFile reads the token file; it must hold a non-empty single-line token.
 func LoadTokenFile(path string) (*TokenFile, error) {
-	f, err := newWatchedFile(path, parseToken)
-	if err != nil {
+	t := &TokenFile{}
+	if err := t.f.open(path, parseToken); err != nil {
 		return nil, err
 	}
-	return &TokenFile{f: f}, nil
+	return t, nil
 }
 
 // Token is the current token.

@@ -248,7 +248,7 @@ func (f *ProcessFactory) Start(ctx context.Context, spec enginepool.ModelSpec, c
 	if rec != nil {
 		rec.CacheDir = cacheDir
 	}
-	r, handed, err := f.launch(ctx, path, spec, ceilingBytes, cacheDir, rec, log)
+	r, handed, err := f.launch(ctx, path, spec, ceilingBytes, launchOptions{cacheDir: cacheDir, rec: rec}, log)
 	handedDir = handed
 	if err != nil {
 		return nil, err
@@ -311,10 +311,20 @@ func (f *ProcessFactory) runnerArgs(spec enginepool.ModelSpec, ceilingBytes int6
 	return args
 }
 
+// launchOptions are what a launch gives the new process beside its spec: the cache
+// directory it takes over, its record (detached runners), and a split worker's secret
+// (on its standard input).
+type launchOptions struct {
+	cacheDir string
+	rec      *runnerRecord
+	secret   []byte
+}
+
 // launch execs a new runner and waits for its listening line. handed says whether
-// the runner took over cacheDir (it releases it when reaped), also on failure.
-func (f *ProcessFactory) launch(ctx context.Context, path string, spec enginepool.ModelSpec, ceilingBytes int64, cacheDir string,
-	rec *runnerRecord, log logr.Logger) (r *ProcessRunner, handed bool, err error) {
+// the runner took over o.cacheDir (it releases it when reaped), also on failure.
+func (f *ProcessFactory) launch(ctx context.Context, path string, spec enginepool.ModelSpec, ceilingBytes int64,
+	o launchOptions, log logr.Logger) (r *ProcessRunner, handed bool, err error) {
+	cacheDir, rec := o.cacheDir, o.rec
 	// The socket directory is made even for loopback runners: it is the runner's
 	// private scratch directory, removed when the process is reaped.
 	dir, sock, err := makeSocketDir(f.cfg.SocketDir)
@@ -322,11 +332,8 @@ func (f *ProcessFactory) launch(ctx context.Context, path string, spec enginepoo
 		return nil, false, startError(spec.Name, err)
 	}
 	cmd := f.command(ctx, path, f.runnerArgs(spec, ceilingBytes, sock, cacheDir, rec), spec.Path, cacheDir, dir, spec.SplitWorker, splitPorts(spec))
-	var secret []byte
-	if spec.SplitWorker {
-		if secret, err = workerSecret(cmd); err != nil {
-			return nil, false, startError(spec.Name, err)
-		}
+	if o.secret != nil {
+		cmd.Stdin = secretInput(o.secret)
 	}
 	out, err := f.attachOutput(cmd, rec, dir)
 	if err != nil {
@@ -342,7 +349,6 @@ func (f *ProcessFactory) launch(ctx context.Context, path string, spec enginepoo
 
 	r = f.newRunner(spec.Name, cmd.Process.Pid, dir, log)
 	r.cmd = cmd
-	r.workerSecret = secret
 	handed = r.setCacheDir(cacheDir)
 	listening, stdoutEOF := f.follow(r, rec, out)
 	go r.reap()

@@ -52,8 +52,6 @@ type ProcessRunner struct {
 	// worker: a split worker (WorkerRunner), which has no HTTP API: Stop starts at
 	// SIGTERM, its graceful stop.
 	worker bool
-	// workerSecret: the secret a split worker's connections must open with.
-	workerSecret []byte
 
 	stopOnce sync.Once
 	exited   chan struct{} // closed by reap after cmd.Wait returned

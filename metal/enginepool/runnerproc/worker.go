@@ -5,8 +5,8 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"io"
 	"net/netip"
-	"os/exec"
 	"strconv"
 	"strings"
 
@@ -24,6 +24,8 @@ import (
 // control calls do nothing.
 type WorkerRunner struct {
 	*ProcessRunner
+	// secret is what every connection to the worker must open with (Secret).
+	secret []byte
 }
 
 var _ enginepool.Runner = (*WorkerRunner)(nil)
@@ -49,12 +51,16 @@ func (f *ProcessFactory) workerArgs(spec enginepool.ModelSpec) []string {
 // startWorker launches a worker (never adopted or detached: a worker outliving its
 // agent would hold memory no agent accounts for) and waits for its listening line.
 func (f *ProcessFactory) startWorker(ctx context.Context, path string, spec enginepool.ModelSpec, log logr.Logger) (enginepool.Runner, error) {
-	r, _, err := f.launch(ctx, path, spec, 0, "", nil, log)
+	secret, err := workerSecret()
+	if err != nil {
+		return nil, startError(spec.Name, err)
+	}
+	r, _, err := f.launch(ctx, path, spec, 0, launchOptions{secret: secret}, log)
 	if err != nil {
 		return nil, err
 	}
 	r.worker = true
-	return &WorkerRunner{ProcessRunner: r}, nil
+	return &WorkerRunner{ProcessRunner: r, secret: secret}, nil
 }
 
 // Addr is the loopback address the worker serves the head's runner on.
@@ -62,17 +68,21 @@ func (w *WorkerRunner) Addr() string { return w.dialAddress }
 
 // Secret is what every connection to Addr must open with (runnerapi.SplitAuthFrame):
 // any other process of this Mac that reaches the loopback port is refused.
-func (w *WorkerRunner) Secret() []byte { return w.workerSecret }
+func (w *WorkerRunner) Secret() []byte { return w.secret }
 
-// workerSecret makes a new worker's secret and gives it to cmd on its standard input
-// (--secret-stdin), out of its command line and environment.
-func workerSecret(cmd *exec.Cmd) ([]byte, error) {
+// workerSecret makes a new worker's secret.
+func workerSecret() ([]byte, error) {
 	secret := make([]byte, runnerapi.SplitSecretBytes)
 	if _, err := rand.Read(secret); err != nil {
 		return nil, fmt.Errorf("making the split worker's secret: %w", err)
 	}
-	cmd.Stdin = strings.NewReader(hex.EncodeToString(secret) + "\n")
 	return secret, nil
+}
+
+// secretInput is the worker's standard input: its secret (--secret-stdin), out of its
+// command line and environment.
+func secretInput(secret []byte) io.Reader {
+	return strings.NewReader(hex.EncodeToString(secret) + "\n")
 }
 
 // WaitReady returns once the worker listens — already true when Start returned —

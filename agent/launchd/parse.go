@@ -55,88 +55,110 @@ var errEnd = errors.New("end of container")
 
 // parseValue reads the next value, or returns errEnd at its container's end element.
 func parseValue(d *xml.Decoder) (any, error) {
-	var start xml.StartElement
-	for {
-		tok, err := d.Token()
-		if err != nil {
-			return nil, fmt.Errorf("plist: %w", err)
-		}
-		if _, ok := tok.(xml.EndElement); ok {
-			return nil, errEnd
-		}
-		if s, ok := tok.(xml.StartElement); ok {
-			start = s
-			break
-		}
+	start, err := nextValueStart(d)
+	if err != nil {
+		return nil, err
 	}
 	switch start.Name.Local {
 	case "string", "integer", "key":
-		var text string
-		if err := d.DecodeElement(&text, &start); err != nil {
-			return nil, fmt.Errorf("plist: <%s>: %w", start.Name.Local, err)
-		}
-		if start.Name.Local == "integer" {
-			n, err := strconv.ParseInt(strings.TrimSpace(text), 10, 64)
-			if err != nil {
-				return nil, fmt.Errorf("plist: <integer>%s: %w", text, err)
-			}
-			return n, nil
-		}
-		if start.Name.Local == "key" {
-			return key(text), nil
-		}
-		return text, nil
+		return parseText(d, start)
 	case "true", "false":
 		if err := d.Skip(); err != nil {
 			return nil, fmt.Errorf("plist: %w", err)
 		}
 		return start.Name.Local == "true", nil
 	case "array":
-		arr := []any{}
-		for {
-			v, err := parseValue(d)
-			if errors.Is(err, errEnd) {
-				return arr, nil
-			}
-			if err != nil {
-				return nil, err
-			}
-			if k, ok := v.(key); ok {
-				return nil, fmt.Errorf("plist: <key>%s</key> in an array", k)
-			}
-			arr = append(arr, v)
-		}
+		return parseArray(d)
 	case "dict":
-		m := map[string]any{}
-		for {
-			k, err := parseValue(d)
-			if errors.Is(err, errEnd) {
-				return m, nil
-			}
-			if err != nil {
-				return nil, err
-			}
-			name, ok := k.(key)
-			if !ok {
-				return nil, fmt.Errorf("plist: dict entry %v without a <key>", k)
-			}
-			v, err := parseValue(d)
-			if err != nil {
-				if errors.Is(err, errEnd) {
-					return nil, fmt.Errorf("plist: key %q without a value", name)
-				}
-				return nil, err
-			}
-			if k, ok := v.(key); ok {
-				return nil, fmt.Errorf("plist: key %q followed by <key>%s</key>", name, k)
-			}
-			if _, dup := m[string(name)]; dup {
-				return nil, fmt.Errorf("plist: key %q twice", name)
-			}
-			m[string(name)] = v
-		}
+		return parseDict(d)
 	default:
 		return nil, fmt.Errorf("plist: unsupported element <%s>", start.Name.Local)
+	}
+}
+
+// nextValueStart skips to the start element of the next value, or returns errEnd at
+// its container's end element.
+func nextValueStart(d *xml.Decoder) (xml.StartElement, error) {
+	for {
+		tok, err := d.Token()
+		if err != nil {
+			return xml.StartElement{}, fmt.Errorf("plist: %w", err)
+		}
+		if _, ok := tok.(xml.EndElement); ok {
+			return xml.StartElement{}, errEnd
+		}
+		if s, ok := tok.(xml.StartElement); ok {
+			return s, nil
+		}
+	}
+}
+
+// parseText reads a <string>, <integer> or <key> element whose start was read.
+func parseText(d *xml.Decoder, start xml.StartElement) (any, error) {
+	var text string
+	if err := d.DecodeElement(&text, &start); err != nil {
+		return nil, fmt.Errorf("plist: <%s>: %w", start.Name.Local, err)
+	}
+	if start.Name.Local == "integer" {
+		n, err := strconv.ParseInt(strings.TrimSpace(text), 10, 64)
+		if err != nil {
+			return nil, fmt.Errorf("plist: <integer>%s: %w", text, err)
+		}
+		return n, nil
+	}
+	if start.Name.Local == "key" {
+		return key(text), nil
+	}
+	return text, nil
+}
+
+// parseArray reads an array's values up to its end element.
+func parseArray(d *xml.Decoder) (any, error) {
+	arr := []any{}
+	for {
+		v, err := parseValue(d)
+		if errors.Is(err, errEnd) {
+			return arr, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		if k, ok := v.(key); ok {
+			return nil, fmt.Errorf("plist: <key>%s</key> in an array", k)
+		}
+		arr = append(arr, v)
+	}
+}
+
+// parseDict reads a dict's key and value pairs up to its end element.
+func parseDict(d *xml.Decoder) (any, error) {
+	m := map[string]any{}
+	for {
+		k, err := parseValue(d)
+		if errors.Is(err, errEnd) {
+			return m, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		name, ok := k.(key)
+		if !ok {
+			return nil, fmt.Errorf("plist: dict entry %v without a <key>", k)
+		}
+		v, err := parseValue(d)
+		if err != nil {
+			if errors.Is(err, errEnd) {
+				return nil, fmt.Errorf("plist: key %q without a value", name)
+			}
+			return nil, err
+		}
+		if k, ok := v.(key); ok {
+			return nil, fmt.Errorf("plist: key %q followed by <key>%s</key>", name, k)
+		}
+		if _, dup := m[string(name)]; dup {
+			return nil, fmt.Errorf("plist: key %q twice", name)
+		}
+		m[string(name)] = v
 	}
 }
 

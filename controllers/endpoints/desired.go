@@ -122,8 +122,30 @@ type nodeEndpoint struct {
 // why, from addressExclusions) are left out; skipped says why for the last three.
 func desiredSlices(dep *v1alpha1.ModelDeployment, replicas []v1alpha1.ModelReplica, nodes map[string]*v1alpha1.MacNode,
 	excluded map[string]string) (out []discoveryv1.EndpointSlice, skipped []string) {
-	// The replica each Mac's endpoint refers to: a non-terminating one if any, then
-	// the first by name.
+	groups, skipped := groupEndpoints(chooseReplicas(dep, replicas), nodes, excluded)
+	slices.Sort(skipped)
+
+	svc := ServiceName(dep.Name)
+	if len(groups) == 0 {
+		return []discoveryv1.EndpointSlice{newSlice(dep, svc+"-"+placeholderSuffix, discoveryv1.AddressTypeIPv4, nil, nil)}, skipped
+	}
+	keys := make([]sliceKey, 0, len(groups))
+	for k := range groups {
+		keys = append(keys, k)
+	}
+	slices.SortFunc(keys, func(a, b sliceKey) int {
+		return cmp.Or(cmp.Compare(a.addressType, b.addressType), cmp.Compare(a.port, b.port))
+	})
+	for _, k := range keys {
+		out = appendGroupSlices(out, dep, svc, k, groups[k])
+	}
+	return out, skipped
+}
+
+// chooseReplicas picks the replica each Mac's endpoint refers to, among the bound,
+// Ready replicas controlled by dep: a non-terminating one if any, then the first by
+// name.
+func chooseReplicas(dep *v1alpha1.ModelDeployment, replicas []v1alpha1.ModelReplica) map[string]*v1alpha1.ModelReplica {
 	chosen := map[string]*v1alpha1.ModelReplica{}
 	for i := range replicas {
 		mr := &replicas[i]
@@ -134,8 +156,15 @@ func desiredSlices(dep *v1alpha1.ModelDeployment, replicas []v1alpha1.ModelRepli
 			chosen[mr.Spec.NodeName] = mr
 		}
 	}
+	return chosen
+}
 
-	groups := map[sliceKey][]nodeEndpoint{}
+// groupEndpoints makes the endpoint of each chosen replica's Mac and groups them by
+// address type and port; skipped says why a Mac missing from nodes, excluded, or
+// without a usable agent address was left out (unsorted).
+func groupEndpoints(chosen map[string]*v1alpha1.ModelReplica, nodes map[string]*v1alpha1.MacNode,
+	excluded map[string]string) (groups map[sliceKey][]nodeEndpoint, skipped []string) {
+	groups = map[sliceKey][]nodeEndpoint{}
 	for nodeName, mr := range chosen {
 		node, ok := nodes[nodeName]
 		if !ok {
@@ -151,67 +180,66 @@ func desiredSlices(dep *v1alpha1.ModelDeployment, replicas []v1alpha1.ModelRepli
 			skipped = append(skipped, fmt.Sprintf("replica %s: MacNode %s: %v", mr.Name, nodeName, err))
 			continue
 		}
-		nodeReady := meta.IsStatusConditionTrue(node.Status.Conditions, v1alpha1.MacNodeReady)
-		// A draining replica finishes its requests and goes: like a deleted one.
-		terminating := mr.DeletionTimestamp != nil || mr.Spec.Drain != nil
-		ep := discoveryv1.Endpoint{
-			Addresses: []string{addr},
-			Conditions: discoveryv1.EndpointConditions{
-				Ready:       ptr.To(nodeReady && !terminating),
-				Serving:     ptr.To(nodeReady),
-				Terminating: ptr.To(terminating),
-			},
-			TargetRef: &corev1.ObjectReference{
-				APIVersion: v1alpha1.GroupVersion.String(),
-				Kind:       "ModelReplica",
-				Namespace:  mr.Namespace,
-				Name:       mr.Name,
-				UID:        mr.UID,
-			},
-		}
-		// The Mac's name, where a DNS label can hold it (nodeName refers to core Nodes).
-		if len(validation.IsDNS1123Label(nodeName)) == 0 {
-			ep.Hostname = ptr.To(nodeName)
-		}
 		key := sliceKey{addressType: addrType, port: port}
-		groups[key] = append(groups[key], nodeEndpoint{node: nodeName, endpoint: ep})
+		groups[key] = append(groups[key], nodeEndpoint{node: nodeName, endpoint: replicaEndpoint(mr, node, addr)})
 	}
-	slices.Sort(skipped)
+	return groups, skipped
+}
 
-	svc := ServiceName(dep.Name)
-	if len(groups) == 0 {
-		return []discoveryv1.EndpointSlice{newSlice(dep, svc+"-"+placeholderSuffix, discoveryv1.AddressTypeIPv4, nil, nil)}, skipped
+// replicaEndpoint is the endpoint of mr on node at addr: ready while the Mac is
+// Ready and mr is not terminating, serving while the Mac is Ready.
+func replicaEndpoint(mr *v1alpha1.ModelReplica, node *v1alpha1.MacNode, addr string) discoveryv1.Endpoint {
+	nodeName := mr.Spec.NodeName
+	nodeReady := meta.IsStatusConditionTrue(node.Status.Conditions, v1alpha1.MacNodeReady)
+	// A draining replica finishes its requests and goes: like a deleted one.
+	terminating := mr.DeletionTimestamp != nil || mr.Spec.Drain != nil
+	ep := discoveryv1.Endpoint{
+		Addresses: []string{addr},
+		Conditions: discoveryv1.EndpointConditions{
+			Ready:       ptr.To(nodeReady && !terminating),
+			Serving:     ptr.To(nodeReady),
+			Terminating: ptr.To(terminating),
+		},
+		TargetRef: &corev1.ObjectReference{
+			APIVersion: v1alpha1.GroupVersion.String(),
+			Kind:       "ModelReplica",
+			Namespace:  mr.Namespace,
+			Name:       mr.Name,
+			UID:        mr.UID,
+		},
 	}
-	keys := make([]sliceKey, 0, len(groups))
-	for k := range groups {
-		keys = append(keys, k)
+	// The Mac's name, where a DNS label can hold it (nodeName refers to core Nodes).
+	if len(validation.IsDNS1123Label(nodeName)) == 0 {
+		ep.Hostname = ptr.To(nodeName)
 	}
-	slices.SortFunc(keys, func(a, b sliceKey) int {
-		return cmp.Or(cmp.Compare(a.addressType, b.addressType), cmp.Compare(a.port, b.port))
-	})
-	for _, k := range keys {
-		eps := groups[k]
-		slices.SortFunc(eps, func(a, b nodeEndpoint) int { return cmp.Compare(a.node, b.node) })
-		ports := []discoveryv1.EndpointPort{{
-			Name:        ptr.To(PortName),
-			Protocol:    ptr.To(corev1.ProtocolTCP),
-			Port:        ptr.To(k.port),
-			AppProtocol: ptr.To("http"),
-		}}
-		base := fmt.Sprintf("%s-%s-%d", svc, strings.ToLower(string(k.addressType)), k.port)
-		for i := 0; i*MaxEndpointsPerSlice < len(eps); i++ {
-			name := base
-			if i > 0 {
-				name = fmt.Sprintf("%s-%d", base, i)
-			}
-			var chunk []discoveryv1.Endpoint
-			for _, ne := range eps[i*MaxEndpointsPerSlice : min(len(eps), (i+1)*MaxEndpointsPerSlice)] {
-				chunk = append(chunk, ne.endpoint)
-			}
-			out = append(out, newSlice(dep, name, k.addressType, ports, chunk))
+	return ep
+}
+
+// appendGroupSlices appends to out the slices of one group k of endpoints, sorted by
+// Mac name and cut into slices of at most MaxEndpointsPerSlice, named
+// <svc>-<type>-<port>[-<n>].
+func appendGroupSlices(out []discoveryv1.EndpointSlice, dep *v1alpha1.ModelDeployment, svc string, k sliceKey,
+	eps []nodeEndpoint) []discoveryv1.EndpointSlice {
+	slices.SortFunc(eps, func(a, b nodeEndpoint) int { return cmp.Compare(a.node, b.node) })
+	ports := []discoveryv1.EndpointPort{{
+		Name:        ptr.To(PortName),
+		Protocol:    ptr.To(corev1.ProtocolTCP),
+		Port:        ptr.To(k.port),
+		AppProtocol: ptr.To("http"),
+	}}
+	base := fmt.Sprintf("%s-%s-%d", svc, strings.ToLower(string(k.addressType)), k.port)
+	for i := 0; i*MaxEndpointsPerSlice < len(eps); i++ {
+		name := base
+		if i > 0 {
+			name = fmt.Sprintf("%s-%d", base, i)
 		}
+		var chunk []discoveryv1.Endpoint
+		for _, ne := range eps[i*MaxEndpointsPerSlice : min(len(eps), (i+1)*MaxEndpointsPerSlice)] {
+			chunk = append(chunk, ne.endpoint)
+		}
+		out = append(out, newSlice(dep, name, k.addressType, ports, chunk))
 	}
-	return out, skipped
+	return out
 }
 
 // betterReplica says whether a should stand for its Mac rather than b.

@@ -61,40 +61,24 @@ type Handler struct {
 // ServeHTTP answers one link request: 101 Switching Protocols and then the worker's
 // bytes, or an OpenAI-style error.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	ns, name, peer, ok := parsePath(r.URL.EscapedPath())
+	lr, ok := admitLink(w, r)
 	if !ok {
-		refuse(w, http.StatusNotFound, openaierr.TypeInvalidRequest, codeNotFoundPath, "no such endpoint: "+r.Method+" "+r.URL.Path)
 		return
 	}
-	id, hasCert := pki.PeerIdentity(r.TLS)
-	if !hasCert || id.Kind != pki.KindNode {
-		who := "a caller without a Mac's certificate"
-		if hasCert {
-			who = "the certificate of " + id.String()
-		}
-		refuse(w, http.StatusForbidden, typePermission, CodeForbidden,
-			who+" may not open a split link: only the Mac of the replica's head may, with its fleet certificate")
-		return
-	}
-	if r.Method != http.MethodGet || !headerHas(r.Header, "Connection", "upgrade") || !strings.EqualFold(r.Header.Get("Upgrade"), Protocol) {
-		refuse(w, http.StatusUpgradeRequired, openaierr.TypeInvalidRequest, CodeNotALink,
-			"a split link is a GET with Connection: Upgrade and Upgrade: "+Protocol)
-		return
-	}
-	mr, wk := h.Lookup(r.Context(), ns, name)
+	mr, wk := h.Lookup(r.Context(), lr.ns, lr.name)
 	addr := wk.Addr
 	authorize := Authorize
-	if peer {
+	if lr.peer {
 		authorize = AuthorizePeer
 	}
-	if err := authorize(mr, h.Self, id.Name); err != nil {
-		h.Log.Info("Refused a split link", "caller", id.String(), "replica", ns+"/"+name, "why", err.Error())
+	if err := authorize(mr, h.Self, lr.caller.Name); err != nil {
+		h.Log.Info("Refused a split link", "caller", lr.caller.String(), "replica", lr.replica(), "why", err.Error())
 		refuse(w, http.StatusForbidden, typePermission, CodeForbidden, err.Error())
 		return
 	}
 	if addr == "" {
 		refuse(w, http.StatusServiceUnavailable, openaierr.TypeUnavailable, CodeUnavailable,
-			"the worker of replica "+ns+"/"+name+" on "+h.Self+" is not running yet")
+			"the worker of replica "+lr.replica()+" on "+h.Self+" is not running yet")
 		return
 	}
 	timeout := h.DialTimeout
@@ -106,14 +90,73 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	worker, err := DialWorker(r.Context(), wk, timeout)
 	if err != nil {
 		refuse(w, http.StatusServiceUnavailable, openaierr.TypeUnavailable, CodeUnavailable,
-			"the worker of replica "+ns+"/"+name+" on "+h.Self+" is unreachable: "+err.Error())
+			"the worker of replica "+lr.replica()+" on "+h.Self+" is unreachable: "+err.Error())
 		return
 	}
+	client, ok := switchProtocols(w, worker)
+	if !ok {
+		return
+	}
+	if lr.peer && !h.relayPeerHello(client, worker, lr, timeout) {
+		return
+	}
+	h.Log.V(1).Info("Opened a split link", "caller", lr.caller.Name, "replica", lr.replica(), "worker", addr, "peer", lr.peer)
+	guard := func(dst io.Writer, src io.Reader) error { return Guard(dst, src, shardMemory(mr, h.Self)) }
+	if lr.peer {
+		guard = GuardPushes
+	}
+	if err := pipeGuarded(client, worker, guard); err != nil {
+		h.Log.Info("Closed a split link on a refused frame", "caller", lr.caller.String(), "replica", lr.replica(), "why", err.Error())
+		return
+	}
+	h.Log.V(1).Info("Closed a split link", "caller", lr.caller.Name, "replica", lr.replica())
+}
+
+// linkRequest is what a link request names: the replica, whether it asks for a peer
+// link (from the previous worker's Mac), and the caller's certificate identity.
+type linkRequest struct {
+	ns, name string
+	peer     bool
+	caller   pki.Identity
+}
+
+// replica is the link's replica as namespace/name.
+func (lr linkRequest) replica() string { return lr.ns + "/" + lr.name }
+
+// admitLink checks a request's path, caller certificate and upgrade headers, refusing
+// it (false) when one is wrong.
+func admitLink(w http.ResponseWriter, r *http.Request) (linkRequest, bool) {
+	ns, name, peer, ok := parsePath(r.URL.EscapedPath())
+	if !ok {
+		refuse(w, http.StatusNotFound, openaierr.TypeInvalidRequest, codeNotFoundPath, "no such endpoint: "+r.Method+" "+r.URL.Path)
+		return linkRequest{}, false
+	}
+	id, hasCert := pki.PeerIdentity(r.TLS)
+	if !hasCert || id.Kind != pki.KindNode {
+		who := "a caller without a Mac's certificate"
+		if hasCert {
+			who = "the certificate of " + id.String()
+		}
+		refuse(w, http.StatusForbidden, typePermission, CodeForbidden,
+			who+" may not open a split link: only the Mac of the replica's head may, with its fleet certificate")
+		return linkRequest{}, false
+	}
+	if r.Method != http.MethodGet || !headerHas(r.Header, "Connection", "upgrade") || !strings.EqualFold(r.Header.Get("Upgrade"), Protocol) {
+		refuse(w, http.StatusUpgradeRequired, openaierr.TypeInvalidRequest, CodeNotALink,
+			"a split link is a GET with Connection: Upgrade and Upgrade: "+Protocol)
+		return linkRequest{}, false
+	}
+	return linkRequest{ns: ns, name: name, peer: peer, caller: id}, true
+}
+
+// switchProtocols takes the connection over from the HTTP server and answers 101
+// Switching Protocols on it; on failure it closes the worker's connection too (false).
+func switchProtocols(w http.ResponseWriter, worker net.Conn) (*bufferedConn, bool) {
 	conn, brw, err := http.NewResponseController(w).Hijack()
 	if err != nil {
 		worker.Close()
 		refuse(w, http.StatusInternalServerError, openaierr.TypeServer, openaierr.CodeInternal, "the agent cannot hand over this connection: "+err.Error())
-		return
+		return nil, false
 	}
 	// The server's deadlines for the request stay on a hijacked connection.
 	_ = conn.SetDeadline(time.Time{})
@@ -121,33 +164,26 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if err := brw.Flush(); err != nil {
 		conn.Close()
 		worker.Close()
-		return
+		return nil, false
 	}
-	client := &bufferedConn{Conn: conn, r: brw.Reader}
-	if peer {
-		// The previous worker's Mac may greet the worker as its peer, nothing else: a
-		// runner's session opened on a peer link would be a second head.
-		hello, err := readPeerHello(client, timeout)
-		if err == nil {
-			_, err = worker.Write(hello)
-		}
-		if err != nil {
-			h.Log.Info("Closed a peer link", "caller", id.String(), "replica", ns+"/"+name, "why", err.Error())
-			conn.Close()
-			worker.Close()
-			return
-		}
+	return &bufferedConn{Conn: conn, r: brw.Reader}, true
+}
+
+// relayPeerHello passes a peer link's greeting on to the worker: the previous worker's
+// Mac may greet the worker as its peer, nothing else (a runner's session opened on a
+// peer link would be a second head). It closes both connections when it fails (false).
+func (h *Handler) relayPeerHello(client *bufferedConn, worker net.Conn, lr linkRequest, timeout time.Duration) bool {
+	hello, err := readPeerHello(client, timeout)
+	if err == nil {
+		_, err = worker.Write(hello)
 	}
-	h.Log.V(1).Info("Opened a split link", "caller", id.Name, "replica", ns+"/"+name, "worker", addr, "peer", peer)
-	guard := func(dst io.Writer, src io.Reader) error { return Guard(dst, src, shardMemory(mr, h.Self)) }
-	if peer {
-		guard = GuardPushes
+	if err != nil {
+		h.Log.Info("Closed a peer link", "caller", lr.caller.String(), "replica", lr.replica(), "why", err.Error())
+		client.Conn.Close()
+		worker.Close()
+		return false
 	}
-	if err := pipeGuarded(client, worker, guard); err != nil {
-		h.Log.Info("Closed a split link on a refused frame", "caller", id.String(), "replica", ns+"/"+name, "why", err.Error())
-		return
-	}
-	h.Log.V(1).Info("Closed a split link", "caller", id.Name, "replica", ns+"/"+name)
+	return true
 }
 
 // DialWorker connects to the local worker wk within timeout and authenticates the

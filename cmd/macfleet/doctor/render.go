@@ -15,7 +15,27 @@ func (r Report) Write(w io.Writer) error {
 	p := func(format string, args ...any) { fmt.Fprintf(tw, format, args...) }
 
 	p("macfleet doctor\t%s\t%s\t%s/%s\tgauge %s\n", orDash(r.Version), r.Time.UTC().Format(time.RFC3339), r.OS, r.Arch, r.Gauge)
+	r.writeMachine(p)
+	r.writeCeiling(p)
+	r.writeMemory(p)
+	r.writeRunner(p)
+	r.writeServer(p)
+	r.writeSelfTest(p)
 
+	p("\n")
+	if r.Failed() {
+		p("FAIL\t%s\n", strings.Join(r.problems(), "; "))
+	} else {
+		p("PASS\n")
+	}
+	return tw.Flush()
+}
+
+// printf prints one formatted piece of the report into its aligned table.
+type printf func(format string, args ...any)
+
+// writeMachine prints the machine section: the hardware as read.
+func (r Report) writeMachine(p printf) {
 	p("\n== machine\n")
 	if r.HardwareError != "" {
 		p("hardware\tFAILED\t%s\n", r.HardwareError)
@@ -30,7 +50,10 @@ func (r Report) Write(w io.Writer) error {
 	for _, a := range hw.Accelerators {
 		p("accelerator\t%s\t%s of its own\n", a.Name, formatSize(a.MemoryBytes))
 	}
+}
 
+// writeCeiling prints the ceiling section: each bound and the one that wins.
+func (r Report) writeCeiling(p printf) {
 	p("\n== ceiling (what the agent would enforce)\n")
 	p("bound\tbytes\t\tnote\n")
 	for _, b := range r.Bounds {
@@ -40,67 +63,73 @@ func (r Report) Write(w io.Writer) error {
 		}
 		p("%s\t%s\t%s\t%s\n", b.Name, sizeOrDash(b.Bytes), wins, b.Note)
 	}
+}
 
+// writeMemory prints the memory section: the agent's gauge beside the OS's tools.
+func (r Report) writeMemory(p printf) {
 	p("\n== memory (agent gauge beside the OS's own tools)\n")
 	p("what\tagent\tos\tos source\tcheck\tnote\n")
 	for _, row := range r.Memory {
 		p("%s\t%s\t%s\t%s\t%s\t%s\n", row.What, row.Agent, row.OS, row.OSSource, row.Check, row.Note)
 	}
+}
 
+// writeRunner prints the runner section: its binary, sandbox and backend.
+func (r Report) writeRunner(p printf) {
 	p("\n== runner\n")
 	rr := r.Runner
 	if rr.Path == "" {
 		p("binary\tFAILED\t%s\n", rr.Note)
-	} else {
-		p("binary\t%s\t(%s)\n", rr.Path, rr.Origin)
-		p("sandbox\t%s\t%s\n", rr.Sandbox, rr.SandboxNote)
-		switch {
-		case rr.Check == "":
-			p("backend\t-\tknown after the self-test loads a model\n")
-		default:
-			p("backend\t%s\t%s\t%s\n", orDash(rr.Backend), rr.Check, rr.Note)
-			p("gpu allocated\t%s\n", formatSize(rr.MetalAllocatedBytes))
-			if len(rr.Accelerators) > 0 {
-				p("runner devices\t%s\t%s of its own\n", strings.Join(rr.Accelerators, ", "), formatSize(rr.DeviceBytes))
-			}
-			if rr.Backends != "" {
-				p("backends\t%s\n", rr.Backends)
-			}
-			p("engine\t%s\n", orDash(rr.Engine))
-		}
+		return
 	}
+	p("binary\t%s\t(%s)\n", rr.Path, rr.Origin)
+	p("sandbox\t%s\t%s\n", rr.Sandbox, rr.SandboxNote)
+	if rr.Check == "" {
+		p("backend\t-\tknown after the self-test loads a model\n")
+		return
+	}
+	p("backend\t%s\t%s\t%s\n", orDash(rr.Backend), rr.Check, rr.Note)
+	p("gpu allocated\t%s\n", formatSize(rr.MetalAllocatedBytes))
+	if len(rr.Accelerators) > 0 {
+		p("runner devices\t%s\t%s of its own\n", strings.Join(rr.Accelerators, ", "), formatSize(rr.DeviceBytes))
+	}
+	if rr.Backends != "" {
+		p("backends\t%s\n", rr.Backends)
+	}
+	p("engine\t%s\n", orDash(rr.Engine))
+}
 
-	if len(r.Server) > 0 {
-		p("\n== server (what other machines need of this Mac)\n")
-		p("check\tverdict\tresult\n")
-		for _, c := range r.Server {
-			p("%s\t%s\t%s\n", c.Name, c.Check, c.Result)
-			if c.Fix != "" {
-				p("\t\tfix: %s\n", c.Fix)
-			}
+// writeServer prints the server section, when its checks ran.
+func (r Report) writeServer(p printf) {
+	if len(r.Server) == 0 {
+		return
+	}
+	p("\n== server (what other machines need of this Mac)\n")
+	p("check\tverdict\tresult\n")
+	for _, c := range r.Server {
+		p("%s\t%s\t%s\n", c.Name, c.Check, c.Result)
+		if c.Fix != "" {
+			p("\t\tfix: %s\n", c.Fix)
 		}
 	}
+}
 
-	if st := r.SelfTest; st != nil {
-		p("\n== self-test (load, generate, unload a synthesized model through the engine pool)\n")
-		p("step\ttook\tcheck\tresult\n")
-		for _, s := range st.Steps {
-			p("%s\t%s\t%s\t%s\n", s.Name, s.Took.Round(time.Millisecond), s.Check, s.Result)
-		}
-		verdict := "passed"
-		if !st.Passed {
-			verdict = "FAILED"
-		}
-		p("total\t%s\t%s\t\n", st.Duration.Round(time.Millisecond), verdict)
+// writeSelfTest prints the self-test section, when it ran: each step and the total.
+func (r Report) writeSelfTest(p printf) {
+	st := r.SelfTest
+	if st == nil {
+		return
 	}
-
-	p("\n")
-	if r.Failed() {
-		p("FAIL\t%s\n", strings.Join(r.problems(), "; "))
-	} else {
-		p("PASS\n")
+	p("\n== self-test (load, generate, unload a synthesized model through the engine pool)\n")
+	p("step\ttook\tcheck\tresult\n")
+	for _, s := range st.Steps {
+		p("%s\t%s\t%s\t%s\n", s.Name, s.Took.Round(time.Millisecond), s.Check, s.Result)
 	}
-	return tw.Flush()
+	verdict := "passed"
+	if !st.Passed {
+		verdict = "FAILED"
+	}
+	p("total\t%s\t%s\t\n", st.Duration.Round(time.Millisecond), verdict)
 }
 
 // problems names what made the report fail.

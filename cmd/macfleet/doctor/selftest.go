@@ -92,14 +92,7 @@ func (st *SelfTest) fail(name string, took time.Duration, format string, args ..
 // runner processes, generate, unload, and check that the runner process is gone.
 func selfTest(ctx context.Context, opts Options, g enginepool.Gauge, rep *Report) {
 	st := rep.SelfTest
-	start := time.Now()
-	defer func() {
-		st.Duration = time.Since(start)
-		st.Passed = len(st.Steps) > 0
-		for _, s := range st.Steps {
-			st.Passed = st.Passed && !s.Check.failing()
-		}
-	}()
+	defer st.finish(time.Now())
 
 	dir, err := os.MkdirTemp("", "macfleet-doctor-")
 	if err != nil {
@@ -107,29 +100,10 @@ func selfTest(ctx context.Context, opts Options, g enginepool.Gauge, rep *Report
 		return
 	}
 	defer os.RemoveAll(dir)
-	t := time.Now()
-	path := filepath.Join(dir, selfTestModel+".gguf")
-	spec := ggufsynth.Small()
-	spec.Name = selfTestModel
-	var size int64
-	err = ggufsynth.Write(path, spec)
-	if err == nil {
-		var fi os.FileInfo
-		if fi, err = os.Stat(path); err == nil {
-			size = fi.Size()
-		}
-	}
-	if err != nil {
-		st.fail("synth", time.Since(t), "writing the model: %v", err)
+	ms, ok := synthModel(ctx, dir, st)
+	if !ok {
 		return
 	}
-	ms, err := standalone.BuildSpec(ctx, config.Model{Name: selfTestModel, Path: path, Settings: engine.Settings{ContextLength: selfTestContext, Parallel: 1}})
-	if err != nil {
-		st.fail("synth", time.Since(t), "%v", err)
-		return
-	}
-	st.add("synth", time.Since(t), CheckOK, "%s, %d params, file %s, estimate %s",
-		filepath.Base(path), spec.Params(), formatSize(size), formatSize(ms.EstimatedBytes))
 
 	factory := runnerproc.NewProcessFactory(runnerproc.ProcessConfig{RunnerPath: rep.Runner.Path, Log: opts.Log.WithName("runner")})
 	pool, err := enginepool.New(enginepool.Config{CeilingBytes: opts.CeilingBytes, ReserveBytes: opts.ReserveBytes, IdleTimeout: -1,
@@ -157,24 +131,74 @@ func selfTest(ctx context.Context, opts Options, g enginepool.Gauge, rep *Report
 	if !ok {
 		return
 	}
+	if unloadModel(ctx, g, pool, st) {
+		checkRunnerExited(g, pid, st)
+	}
+}
 
-	t = time.Now()
+// finish records the self-test's duration since start and whether every step passed.
+func (st *SelfTest) finish(start time.Time) {
+	st.Duration = time.Since(start)
+	st.Passed = len(st.Steps) > 0
+	for _, s := range st.Steps {
+		st.Passed = st.Passed && !s.Check.failing()
+	}
+}
+
+// synthModel is the synth step: it writes the self-test's model into dir and builds its
+// spec as `macfleet serve` does (false when that failed, recorded in st).
+func synthModel(ctx context.Context, dir string, st *SelfTest) (enginepool.ModelSpec, bool) {
+	t := time.Now()
+	path := filepath.Join(dir, selfTestModel+".gguf")
+	spec := ggufsynth.Small()
+	spec.Name = selfTestModel
+	var size int64
+	err := ggufsynth.Write(path, spec)
+	if err == nil {
+		var fi os.FileInfo
+		if fi, err = os.Stat(path); err == nil {
+			size = fi.Size()
+		}
+	}
+	if err != nil {
+		st.fail("synth", time.Since(t), "writing the model: %v", err)
+		return enginepool.ModelSpec{}, false
+	}
+	ms, err := standalone.BuildSpec(ctx, config.Model{Name: selfTestModel, Path: path, Settings: engine.Settings{ContextLength: selfTestContext, Parallel: 1}})
+	if err != nil {
+		st.fail("synth", time.Since(t), "%v", err)
+		return enginepool.ModelSpec{}, false
+	}
+	st.add("synth", time.Since(t), CheckOK, "%s, %d params, file %s, estimate %s",
+		filepath.Base(path), spec.Params(), formatSize(size), formatSize(ms.EstimatedBytes))
+	return ms, true
+}
+
+// unloadModel is the unload step: it unloads the model and compares the host's used
+// memory before and after with what the pool says it freed (false when the unload
+// failed, recorded in st).
+func unloadModel(ctx context.Context, g enginepool.Gauge, pool *enginepool.Pool, st *SelfTest) bool {
+	t := time.Now()
 	before, beforeErr := g.Host()
 	ur, err := pool.Unload(ctx, selfTestModel)
 	switch {
 	case err != nil:
 		st.fail("unload", time.Since(t), "%v", err)
-		return
+		return false
 	case ur == nil:
 		st.fail("unload", time.Since(t), "the pool reported no unload")
-		return
+		return false
 	}
 	st.Unload = ur
 	after, afterErr := g.Host()
 	c, why := unloadVerdict(ur, before.UsedBytes, after.UsedBytes, beforeErr == nil && afterErr == nil)
 	st.add("unload", ur.Duration, c, "freed %s of %s resident: %s%s", formatSize(ur.FreedBytes), formatSize(ur.ResidentBytes), ur.Outcome, why)
+	return true
+}
 
-	// The pool reaped the runner before it settled: the pid must be gone.
+// checkRunnerExited is the exit step: the pool reaped the runner before it settled, so
+// the pid must be gone.
+func checkRunnerExited(g enginepool.Gauge, pid int, st *SelfTest) {
 	if _, err := g.Process(pid); errors.Is(err, enginepool.ErrProcessNotFound) {
 		st.add("exit", 0, CheckOK, "runner pid %d is gone", pid)
 	} else {

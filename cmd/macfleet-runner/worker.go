@@ -26,79 +26,32 @@ import (
 // runner started with --split-worker (docs/split-model.md), serving one runner at a
 // time until SIGTERM, which ends the session it is serving.
 func runWorker(args []string, stdout, stderr io.Writer) int {
-	fs := pflag.NewFlagSet("macfleet-runner worker", pflag.ContinueOnError)
-	fs.SetOutput(stderr)
-	listen := fs.String("listen", "", "serve runners on this TCP address (port 0 picks one)")
-	model := fs.String("model", "", "this Mac's copy of the GGUF model file (required): the runner's must be identical")
-	device := fs.String("device", string(netdevice.DeviceAuto), "the device computing the layers: "+
-		"auto (the first GPU ggml has, Metal on a Mac, else the CPU), cpu, or gpu (fails without one)")
-	threads := fs.Int("threads", max(1, runtime.NumCPU()-1), "CPU threads computing the layers (on the CPU device)")
-	memory := fs.Int64("memory", 0, "bytes the worker answers the runner as its free and total memory: "+
-		"its shard's reservation on this Mac (default: the device's: the Mac's physical memory on the CPU, "+
-		"the memory Metal may use on the GPU)")
-	next := fs.String("next", "", "the address at which this worker reaches the worker of the next shard (its --listen address, "+
-		"or a forward to it): the hidden state after this worker's layers then goes straight there, not through the runner "+
-		"(docs/split-model.md, Worker to worker)")
-	secretStdin := fs.Bool("secret-stdin", false, "read a secret from standard input (64 hex digits and a newline) that every "+
-		"connection must open with, before any byte of the worker protocol (docs/split-model.md); the agent starts its workers so")
-	idle := fs.Duration("idle-timeout", defaultIdleTimeout, "end a runner's session after this long without a command (0: never): "+
-		"a runner keeps its link alive with a STATUS a third of the way, so only a link whose runner is gone or stuck idles out")
-	backendDir := fs.String("backend-dir", defaultBackendDir(), backendDirUsage)
-	verbose := fs.BoolP("verbose", "v", false, "log ggml's info messages")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, pflag.ErrHelp) {
-			return exitOK
-		}
-		fmt.Fprintln(stderr, "macfleet-runner worker:", err)
+	f, code, ok := parseWorkerFlags(args, stderr)
+	if !ok {
+		return code
+	}
+	secret, ok := workerSecret(f.secretStdin, stderr)
+	if !ok {
 		return exitBadFlags
 	}
-	switch {
-	case fs.NArg() > 0:
-		fmt.Fprintf(stderr, "macfleet-runner worker: unexpected arguments %q\n", fs.Args())
-		return exitBadFlags
-	case *listen == "" || *model == "":
-		fmt.Fprintln(stderr, "macfleet-runner worker: --listen and --model are required")
-		return exitBadFlags
-	case *threads < 1:
-		fmt.Fprintln(stderr, "macfleet-runner worker: --threads must be positive")
-		return exitBadFlags
-	case *memory < 0:
-		fmt.Fprintln(stderr, "macfleet-runner worker: --memory must not be negative")
-		return exitBadFlags
-	case *idle < 0 || (*idle > 0 && *idle < time.Second) || *idle > 24*time.Hour:
-		fmt.Fprintln(stderr, "macfleet-runner worker: --idle-timeout must be 0 (never) or between 1s and 24h")
-		return exitBadFlags
-	}
-	// The secret every connection must open with (runnerapi.SplitAuth).
-	var secret []byte
-	if *secretStdin {
-		var err error
-		if secret, err = runnerapi.ReadWorkerSecret(os.Stdin); err != nil {
-			fmt.Fprintln(stderr, "macfleet-runner worker: --secret-stdin:", err)
-			return exitBadFlags
-		}
-	} else {
-		fmt.Fprintln(stderr, "macfleet-runner worker: no --secret-stdin: every connection to --listen is served "+
-			"unauthenticated (the agent always starts its workers with a secret)")
-	}
-	choice, err := netdevice.ParseDeviceChoice(*device)
+	choice, err := netdevice.ParseDeviceChoice(f.device)
 	if err != nil {
 		fmt.Fprintln(stderr, "macfleet-runner worker: --device:", err)
 		return exitBadFlags
 	}
-	if _, err := os.Stat(*model); err != nil {
+	if _, err := os.Stat(f.model); err != nil {
 		fmt.Fprintln(stderr, "macfleet-runner worker:", err)
 		return exitLoadFailed
 	}
-	fmt.Fprintf(stderr, "macfleet-runner worker: %s\n", llama.LoadBackends(*backendDir).Summary())
-	llama.Init(*verbose)
+	fmt.Fprintf(stderr, "macfleet-runner worker: %s\n", llama.LoadBackends(f.backendDir).Summary())
+	llama.Init(f.verbose)
 	dev, err := netdevice.WorkerDevice(choice)
 	if err != nil {
 		fmt.Fprintf(stderr, "macfleet-runner worker: --device %s: %v\n", choice, err)
 		return exitFailed
 	}
 	fmt.Fprintf(stderr, "macfleet-runner worker: computing on %s (%s)\n", dev.Name, dev.Type)
-	ln, err := net.Listen("tcp", *listen)
+	ln, err := net.Listen("tcp", f.listen)
 	if err != nil {
 		fmt.Fprintln(stderr, "macfleet-runner worker:", err)
 		return exitFailed
@@ -111,8 +64,88 @@ func runWorker(args []string, stdout, stderr io.Writer) int {
 	}()
 	line, _ := json.Marshal(runnerapi.ListeningEvent{Event: "listening", Addr: ln.Addr().String(), PID: os.Getpid()})
 	fmt.Fprintf(stdout, "%s\n", line)
-	return serveSessions(ctx, ln, session{model: *model, choice: choice, threads: *threads, memory: *memory, next: *next, secret: secret,
-		idle: *idle}, stderr)
+	return serveSessions(ctx, ln, session{model: f.model, choice: choice, threads: f.threads, memory: f.memory, next: f.next, secret: secret,
+		idle: f.idle}, stderr)
+}
+
+// workerFlags are `macfleet-runner worker`'s flags.
+type workerFlags struct {
+	listen, model, device, next, backendDir string
+	threads                                 int
+	memory                                  int64
+	secretStdin, verbose                    bool
+	idle                                    time.Duration
+}
+
+// parseWorkerFlags parses and checks the worker's flags; when it fails (false), code is
+// the exit code (exitOK after --help).
+func parseWorkerFlags(args []string, stderr io.Writer) (f workerFlags, code int, ok bool) {
+	fs := pflag.NewFlagSet("macfleet-runner worker", pflag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&f.listen, "listen", "", "serve runners on this TCP address (port 0 picks one)")
+	fs.StringVar(&f.model, "model", "", "this Mac's copy of the GGUF model file (required): the runner's must be identical")
+	fs.StringVar(&f.device, "device", string(netdevice.DeviceAuto), "the device computing the layers: "+
+		"auto (the first GPU ggml has, Metal on a Mac, else the CPU), cpu, or gpu (fails without one)")
+	fs.IntVar(&f.threads, "threads", max(1, runtime.NumCPU()-1), "CPU threads computing the layers (on the CPU device)")
+	fs.Int64Var(&f.memory, "memory", 0, "bytes the worker answers the runner as its free and total memory: "+
+		"its shard's reservation on this Mac (default: the device's: the Mac's physical memory on the CPU, "+
+		"the memory Metal may use on the GPU)")
+	fs.StringVar(&f.next, "next", "", "the address at which this worker reaches the worker of the next shard (its --listen address, "+
+		"or a forward to it): the hidden state after this worker's layers then goes straight there, not through the runner "+
+		"(docs/split-model.md, Worker to worker)")
+	fs.BoolVar(&f.secretStdin, "secret-stdin", false, "read a secret from standard input (64 hex digits and a newline) that every "+
+		"connection must open with, before any byte of the worker protocol (docs/split-model.md); the agent starts its workers so")
+	fs.DurationVar(&f.idle, "idle-timeout", defaultIdleTimeout, "end a runner's session after this long without a command (0: never): "+
+		"a runner keeps its link alive with a STATUS a third of the way, so only a link whose runner is gone or stuck idles out")
+	fs.StringVar(&f.backendDir, "backend-dir", defaultBackendDir(), backendDirUsage)
+	fs.BoolVarP(&f.verbose, "verbose", "v", false, "log ggml's info messages")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, pflag.ErrHelp) {
+			return f, exitOK, false
+		}
+		fmt.Fprintln(stderr, "macfleet-runner worker:", err)
+		return f, exitBadFlags, false
+	}
+	if msg := f.problem(fs.Args()); msg != "" {
+		fmt.Fprintln(stderr, "macfleet-runner worker:", msg)
+		return f, exitBadFlags, false
+	}
+	return f, exitOK, true
+}
+
+// problem says what is wrong with the flags and the arguments left after them ("" when
+// nothing is).
+func (f workerFlags) problem(rest []string) string {
+	switch {
+	case len(rest) > 0:
+		return fmt.Sprintf("unexpected arguments %q", rest)
+	case f.listen == "" || f.model == "":
+		return "--listen and --model are required"
+	case f.threads < 1:
+		return "--threads must be positive"
+	case f.memory < 0:
+		return "--memory must not be negative"
+	case f.idle < 0 || (f.idle > 0 && f.idle < time.Second) || f.idle > 24*time.Hour:
+		return "--idle-timeout must be 0 (never) or between 1s and 24h"
+	}
+	return ""
+}
+
+// workerSecret reads the secret every connection must open with (runnerapi.SplitAuth)
+// from standard input when fromStdin, else warns that connections go unauthenticated
+// and returns nil; false when the secret could not be read.
+func workerSecret(fromStdin bool, stderr io.Writer) ([]byte, bool) {
+	if !fromStdin {
+		fmt.Fprintln(stderr, "macfleet-runner worker: no --secret-stdin: every connection to --listen is served "+
+			"unauthenticated (the agent always starts its workers with a secret)")
+		return nil, true
+	}
+	secret, err := runnerapi.ReadWorkerSecret(os.Stdin)
+	if err != nil {
+		fmt.Fprintln(stderr, "macfleet-runner worker: --secret-stdin:", err)
+		return nil, false
+	}
+	return secret, true
 }
 
 // defaultIdleTimeout is --idle-timeout's default: far above a runner's keepalive (a

@@ -18,18 +18,14 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/client-go/tools/events"
-	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
-	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
@@ -184,79 +180,34 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	}
 	before := md.DeepCopy()
 
-	replicas, err := r.listReplicas(ctx, md)
+	replicas, access, err := r.reconcileAccess(ctx, md)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	withBudget, err := r.namespacesWithBudget(ctx)
+	in, err := r.observe(ctx, md, replicas, access)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	access := accessFor(md, withBudget)
-	if err := r.syncAccess(ctx, access, replicas); err != nil {
-		return ctrl.Result{}, err
-	}
-	policy, err := r.loadPolicy(ctx)
-	if err != nil {
-		return ctrl.Result{}, err
-	}
-	tmpl := replicaTemplate(md)
-	hash := templateHash(tmpl)
-	// A source the policy denies gets no estimate and no new replicas.
-	sourceErr := policy.DecideSource(md.Namespace, tmpl.Model.Source).Err(md.Namespace, tmpl.Model.Source)
-	// What a replica of the same model and engine settings measured — of this
-	// deployment or of another in its namespace — or what status kept of it.
-	var inNamespace v1alpha1.ModelReplicaList
-	if err := r.Client.List(ctx, &inNamespace, client.InNamespace(md.Namespace)); err != nil {
-		return ctrl.Result{}, fmt.Errorf("listing the namespace's replicas: %w", err)
-	}
-	measured, _ := measuredFootprint(tmpl, inNamespace.Items, &md.Status)
-	var res reservation
-	if sourceErr == nil {
-		// The estimate, until a replica of the same footprint measured one.
-		res = withMeasurement(r.reservationFor(ctx, md, tmpl), measured)
-	}
-	current := isCurrent(hash, res)
-
-	var syncErr error
-	var drainLeft time.Duration
-	if res.Quantity != nil {
-		var layers *v1alpha1.LayerMemory
-		if res.Layers != nil {
-			layers = layerMemoryFor(*res.Layers, res.Quantity.Value(), tmpl.Engine.Pipeline())
-		}
-		// An error with a reservation is a split deployment's header not read yet:
-		// replicas may drain and go, none may come.
-		drainLeft, syncErr = r.sync(ctx, md, access, tmpl, hash, *res.Quantity, layers, res.Err == nil, replicas, current)
-	}
+	drainLeft, syncErr := r.syncReplicas(ctx, md, in)
 
 	now := r.Clock.Now()
 	deadline := progressDeadline(md)
-	setStatus(md, summarize(replicas, current), statusInput{
-		Desired: desiredReplicas(md), Reservation: res.Quantity, EstimateErr: res.Err, SourceErr: sourceErr, Now: now,
-		ProgressDeadline: deadline, Measured: measured, FootprintHash: footprintHash(tmpl),
+	setStatus(md, summarize(in.replicas, in.current), statusInput{
+		Desired: desiredReplicas(md), Reservation: in.res.Quantity, EstimateErr: in.res.Err, SourceErr: in.sourceErr, Now: now,
+		ProgressDeadline: deadline, Measured: in.measured, FootprintHash: footprintHash(in.tmpl),
 	})
-	if syncErr == nil && res.Err == nil && sourceErr == nil {
+	if syncErr == nil && in.res.Err == nil && in.sourceErr == nil {
 		md.Status.ObservedGeneration = md.Generation
 	}
-	if !equality.Semantic.DeepEqual(before.Status, md.Status) {
-		// The optimistic lock matters although no one else writes this status: a merge
-		// patch only carries the fields that differ from before, so a before from a cache
-		// that has not seen this controller's previous patch would leave stale fields.
-		// On a conflict the pass is retried on a fresher cache.
-		if err := r.Client.Status().Patch(ctx, md, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{})); err != nil {
-			return ctrl.Result{}, errors.Join(syncErr, fmt.Errorf("patching status: %w", err))
-		}
-		if reason, note, ok := failureEvent(before.Status.Conditions, md.Status.Conditions); ok {
-			r.Recorder.Eventf(md, nil, corev1.EventTypeWarning, reason, "Replicas", "%s", note)
-		}
+	if err := r.patchStatus(ctx, before, md); err != nil {
+		return ctrl.Result{}, errors.Join(syncErr, err)
 	}
 	if syncErr != nil {
 		return ctrl.Result{}, syncErr
 	}
-	if res.Err != nil {
-		log.FromContext(ctx).V(2).Info("Memory estimate failed, retrying later", "retryAfter", res.RetryAfter, "error", res.Err.Error())
-		return ctrl.Result{RequeueAfter: res.RetryAfter}, nil
+	if in.res.Err != nil {
+		log.FromContext(ctx).V(2).Info("Memory estimate failed, retrying later", "retryAfter", in.res.RetryAfter, "error", in.res.Err.Error())
+		return ctrl.Result{RequeueAfter: in.res.RetryAfter}, nil
 	}
 	if left, ok := progressLeft(md, deadline, now); ok && left > 0 {
 		// Nothing may change before the deadline: look again then.
@@ -264,6 +215,101 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	}
 	// A drain ends by a replica or Mac event, or by its timeout: look again then.
 	return ctrl.Result{RequeueAfter: drainLeft}, nil
+}
+
+// observed is what one pass read of a deployment's world and decided from it before
+// it scales: the replicas, the template and the reservation its new replicas get.
+type observed struct {
+	replicas []v1alpha1.ModelReplica
+	access   replicaAccess
+	tmpl     v1alpha1.ModelReplicaTemplate
+	hash     string
+	// sourceErr says why the policy denies the template's source: then there is no
+	// estimate and no new replica.
+	sourceErr error
+	// measured is what a replica of the same model and engine settings measured.
+	measured int64
+	res      reservation
+	current  func(*v1alpha1.ModelReplica) bool
+}
+
+// reconcileAccess lists md's replicas and brings the access each one is given (which
+// namespaces' callers go through the gateway) up to date.
+func (r *Reconciler) reconcileAccess(ctx context.Context, md *v1alpha1.ModelDeployment) ([]v1alpha1.ModelReplica, replicaAccess, error) {
+	replicas, err := r.listReplicas(ctx, md)
+	if err != nil {
+		return nil, replicaAccess{}, err
+	}
+	withBudget, err := r.namespacesWithBudget(ctx)
+	if err != nil {
+		return nil, replicaAccess{}, err
+	}
+	access := accessFor(md, withBudget)
+	if err := r.syncAccess(ctx, access, replicas); err != nil {
+		return nil, replicaAccess{}, err
+	}
+	return replicas, access, nil
+}
+
+// observe reads the source policy and the namespace's measurements, and decides md's
+// template, whether its source is allowed, and its replicas' reservation.
+func (r *Reconciler) observe(ctx context.Context, md *v1alpha1.ModelDeployment, replicas []v1alpha1.ModelReplica, access replicaAccess) (observed, error) {
+	policy, err := r.loadPolicy(ctx)
+	if err != nil {
+		return observed{}, err
+	}
+	in := observed{replicas: replicas, access: access, tmpl: replicaTemplate(md)}
+	in.hash = templateHash(in.tmpl)
+	// A source the policy denies gets no estimate and no new replicas.
+	in.sourceErr = policy.DecideSource(md.Namespace, in.tmpl.Model.Source).Err(md.Namespace, in.tmpl.Model.Source)
+	// What a replica of the same model and engine settings measured — of this
+	// deployment or of another in its namespace — or what status kept of it.
+	var inNamespace v1alpha1.ModelReplicaList
+	if err := r.Client.List(ctx, &inNamespace, client.InNamespace(md.Namespace)); err != nil {
+		return observed{}, fmt.Errorf("listing the namespace's replicas: %w", err)
+	}
+	in.measured, _ = measuredFootprint(in.tmpl, inNamespace.Items, &md.Status)
+	if in.sourceErr == nil {
+		// The estimate, until a replica of the same footprint measured one.
+		in.res = withMeasurement(r.reservationFor(ctx, md, in.tmpl), in.measured)
+	}
+	in.current = isCurrent(in.hash, in.res)
+	return in, nil
+}
+
+// syncReplicas scales md's replicas when their reservation is known. An error with a
+// reservation is a split deployment's header not read yet: replicas may drain and go,
+// none may come.
+func (r *Reconciler) syncReplicas(ctx context.Context, md *v1alpha1.ModelDeployment, in observed) (drainLeft time.Duration, err error) {
+	res := in.res
+	if res.Quantity == nil {
+		return 0, nil
+	}
+	var layers *v1alpha1.LayerMemory
+	if res.Layers != nil {
+		layers = layerMemoryFor(*res.Layers, res.Quantity.Value(), in.tmpl.Engine.Pipeline())
+	}
+	spec := replicaSpec{access: in.access, tmpl: in.tmpl, hash: in.hash, q: *res.Quantity, layers: layers}
+	return r.sync(ctx, md, spec, res.Err == nil, in.replicas, in.current)
+}
+
+// patchStatus patches md's status when it differs from before's, and records an event
+// when a failure condition appeared.
+func (r *Reconciler) patchStatus(ctx context.Context, before, md *v1alpha1.ModelDeployment) error {
+	if equality.Semantic.DeepEqual(before.Status, md.Status) {
+		return nil
+	}
+	// The optimistic lock matters although no one else writes this status: a merge
+	// patch only carries the fields that differ from before, so a before from a cache
+	// that has not seen this controller's previous patch would leave stale fields.
+	// On a conflict the pass is retried on a fresher cache.
+	if err := r.Client.Status().Patch(ctx, md, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{})); err != nil {
+		return fmt.Errorf("patching status: %w", err)
+	}
+	if reason, note, ok := failureEvent(before.Status.Conditions, md.Status.Conditions); ok {
+		r.Recorder.Eventf(md, nil, corev1.EventTypeWarning, reason, "Replicas", "%s", note)
+	}
+	return nil
 }
 
 // minPositive is the smaller of a and b, ignoring zero (none).
@@ -342,120 +388,6 @@ func (r *Reconciler) listReplicas(ctx context.Context, md *v1alpha1.ModelDeploym
 		}
 	}
 	return owned, nil
-}
-
-// sync ends the drains that are over, then creates, drains and deletes replicas as
-// plan decides, unless the cache does not show the previous pass's changes yet (their
-// watch events wake the deployment again). It returns how long the drains still
-// running may take (0: none).
-func (r *Reconciler) sync(ctx context.Context, md *v1alpha1.ModelDeployment, access replicaAccess, tmpl v1alpha1.ModelReplicaTemplate, hash string,
-	q resource.Quantity, layers *v1alpha1.LayerMemory, canCreate bool, replicas []v1alpha1.ModelReplica, current func(*v1alpha1.ModelReplica) bool) (time.Duration, error) {
-	logger := log.FromContext(ctx)
-	listed, live := sets.New[string](), sets.New[string]()
-	var infos []replicaInfo
-	var draining []*v1alpha1.ModelReplica
-	byName := map[string]*v1alpha1.ModelReplica{}
-	for i := range replicas {
-		mr := &replicas[i]
-		listed.Insert(mr.Name)
-		if mr.DeletionTimestamp != nil {
-			continue
-		}
-		if mr.Spec.Drain != nil {
-			// Leaving, like a replica being deleted: not counted by plan.
-			draining = append(draining, mr)
-			continue
-		}
-		live.Insert(mr.Name)
-		byName[mr.Name] = mr
-		info := replicaInfo{Name: mr.Name, Created: mr.CreationTimestamp.Time,
-			Current: current(mr), Ready: isReady(mr), Bound: mr.Spec.NodeName != ""}
-		if mr.Spec.Split != nil {
-			up, err := r.replicaNodesReady(ctx, mr)
-			if err != nil {
-				return 0, err
-			}
-			info.BrokenGang = !up
-		}
-		infos = append(infos, info)
-	}
-	now := r.Clock.Now()
-	drainLeft, err := r.endDrains(ctx, md, draining, now)
-	if err != nil {
-		return 0, err
-	}
-	if !r.expect.satisfied(md.UID, now, listed, live) {
-		logger.V(2).Info("Waiting for the cache to show the last changes")
-		return drainLeft, nil
-	}
-	desired := int(desiredReplicas(md))
-	if len(infos) > desired { // some may go: rank them by their Mac's memory pressure
-		r.rankPressure(ctx, replicas, infos)
-	}
-	act := plan(desired, infos)
-	if !canCreate {
-		act.Create = 0
-	}
-	if act.Create == 0 && len(act.Delete) == 0 {
-		return drainLeft, nil
-	}
-
-	// Removals first, so that a rolling step never has more than desired+maxSurge
-	// replicas. A drained replica no longer counts as live, like a deleted one.
-	var deleted []string
-	var deleteErr error
-	for _, name := range act.Delete {
-		if deleteErr = r.startRemoval(ctx, byName[name], now); deleteErr != nil {
-			break
-		}
-		deleted = append(deleted, name)
-	}
-	if deleteErr != nil {
-		r.expect.expect(md.UID, now, nil, deleted)
-		return drainLeft, deleteErr
-	}
-	var (
-		mu      sync.Mutex
-		created []string
-	)
-	createErr := slowStartBatch(act.Create, func() error {
-		mr, err := newReplica(md, access, tmpl, hash, q, r.Scheme)
-		if err == nil && splits(md) {
-			mr.Spec.LayerMemory = layers.DeepCopy()
-		}
-		if err != nil {
-			return err
-		}
-		if err := r.Client.Create(ctx, mr); err != nil {
-			return fmt.Errorf("creating a replica: %w", err)
-		}
-		mu.Lock()
-		created = append(created, mr.Name)
-		mu.Unlock()
-		return nil
-	})
-	r.expect.expect(md.UID, now, created, deleted)
-	if len(created) > 0 || len(deleted) > 0 {
-		logger.V(2).Info("Scaled replicas", "created", created, "removed", deleted, "templateHash", hash, "reservation", q.String())
-	}
-	return drainLeft, createErr
-}
-
-// newReplica is a replica of md's current template reserving q.
-func newReplica(md *v1alpha1.ModelDeployment, access replicaAccess, tmpl v1alpha1.ModelReplicaTemplate, hash string, q resource.Quantity, scheme *runtime.Scheme) (*v1alpha1.ModelReplica, error) {
-	mr := &v1alpha1.ModelReplica{
-		ObjectMeta: metav1.ObjectMeta{
-			GenerateName: fmt.Sprintf("%s-%s-", md.Name, hash),
-			Namespace:    md.Namespace,
-			Labels:       map[string]string{v1alpha1.LabelDeployment: md.Name, v1alpha1.LabelTemplateHash: hash},
-		},
-		Spec: v1alpha1.ModelReplicaSpec{Template: *tmpl.DeepCopy(), TemplateHash: hash, MemoryReservation: q.DeepCopy()},
-	}
-	setAccess(&mr.Spec, access)
-	if err := controllerutil.SetControllerReference(md, mr, scheme); err != nil {
-		return nil, fmt.Errorf("owning replica by %s: %w", klog.KObj(md), err)
-	}
-	return mr, nil
 }
 
 // slowStartBatch calls fn n times, in batches of 1, 2, 4, … run in parallel, and

@@ -139,22 +139,16 @@ func upstreamStatus(resp *http.Response, b []byte) error {
 func (s *Server) copyStream(w http.ResponseWriter, r *http.Request, lease *enginepool.Lease, rn enginepool.Runner, body io.Reader, pr proxyRequest) {
 	ctx := r.Context()
 	info := requestInfo(ctx)
-	h := w.Header()
-	h.Set("Content-Type", "text/event-stream")
-	h.Set("Cache-Control", "no-cache")
-	h.Set("X-Accel-Buffering", "no")
-	w.WriteHeader(http.StatusOK)
+	startEventStream(w)
 	rc := http.NewResponseController(w)
 
 	rewrite := newModelRewrite(pr.served, pr.requested)
 	var (
-		br         = bufio.NewReaderSize(body, 32<<10)
-		event      []byte
-		ended      bool
-		first      time.Time
-		completion = -1
-		usage      metering.Usage
-		readErr    error
+		br      = bufio.NewReaderSize(body, 32<<10)
+		event   []byte
+		ended   bool
+		tally   = streamTally{completion: -1}
+		readErr error
 	)
 	for !ended {
 		line, err := readLine(br)
@@ -169,20 +163,11 @@ func (s *Server) copyStream(w http.ResponseWriter, r *http.Request, lease *engin
 			continue
 		}
 		// One complete event.
-		data := eventData(event)
-		switch {
-		case bytes.Equal(data, []byte("[DONE]")):
-			ended = true
-		case bytes.HasPrefix(data, []byte(`{"error"`)):
-			ended = true
-		case bytes.Contains(data, []byte(`"usage":`)):
-			if u, ok := answerUsage(data); ok {
-				usage, completion = u, int(u.Output)
-			}
-			if pr.stripUsage {
-				event = event[:0]
-				continue
-			}
+		var drop bool
+		ended, drop = inspectEvent(eventData(event), pr.stripUsage, &tally)
+		if drop {
+			event = event[:0]
+			continue
 		}
 		out := rewrite.apply(event)
 		if _, err := w.Write(out); err != nil {
@@ -191,34 +176,74 @@ func (s *Server) copyStream(w http.ResponseWriter, r *http.Request, lease *engin
 		if err := rc.Flush(); err != nil {
 			return
 		}
-		if first.IsZero() && pr.generates {
-			first = time.Now()
-			s.metrics.ttft.WithLabelValues(pr.served).Observe(first.Sub(info.start).Seconds())
+		if tally.first.IsZero() && pr.generates {
+			tally.first = time.Now()
+			s.metrics.ttft.WithLabelValues(pr.served).Observe(tally.first.Sub(info.start).Seconds())
 		}
 		event = event[:0]
 	}
 	if !ended {
-		if ctx.Err() != nil {
-			return
-		}
-		if readErr == nil || readErr == io.EOF {
-			readErr = io.ErrUnexpectedEOF
-		}
-		e := s.upstreamFailure(ctx, lease, rn, fmt.Errorf("the runner's stream broke off: %w", readErr))
-		if e == nil {
-			return
-		}
-		s.log.Info("Stream ended by an error", "model", pr.served, "err", e.Message)
-		_, _ = w.Write(sseError(e))
-		_ = rc.Flush()
+		s.endBrokenStream(ctx, w, rc, lease, rn, pr.served, readErr)
 		return
 	}
-	if completion >= 0 {
-		info.addUsage(usage)
+	if tally.completion >= 0 {
+		info.addUsage(tally.usage)
 	}
-	if pr.generates && completion >= 0 && !first.IsZero() {
-		s.metrics.observeGeneration(pr.served, completion, time.Since(first), true)
+	if pr.generates && tally.completion >= 0 && !tally.first.IsZero() {
+		s.metrics.observeGeneration(pr.served, tally.completion, time.Since(tally.first), true)
 	}
+}
+
+// startEventStream writes the headers of an SSE answer and its 200 status.
+func startEventStream(w http.ResponseWriter) {
+	h := w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-cache")
+	h.Set("X-Accel-Buffering", "no")
+	w.WriteHeader(http.StatusOK)
+}
+
+// streamTally is what copyStream has counted of a stream so far.
+type streamTally struct {
+	first      time.Time      // when the first event reached the client
+	completion int            // the answer's output tokens; -1 until a usage chunk came
+	usage      metering.Usage // the usage chunk's counts
+}
+
+// inspectEvent reads one complete event's data: whether it ends the stream ([DONE] or
+// an error event) and whether it is dropped (a usage chunk the client did not ask for).
+// A usage chunk's counts go into t.
+func inspectEvent(data []byte, stripUsage bool, t *streamTally) (ended, drop bool) {
+	switch {
+	case bytes.Equal(data, []byte("[DONE]")):
+		return true, false
+	case bytes.HasPrefix(data, []byte(`{"error"`)):
+		return true, false
+	case bytes.Contains(data, []byte(`"usage":`)):
+		if u, ok := answerUsage(data); ok {
+			t.usage, t.completion = u, int(u.Output)
+		}
+		return false, stripUsage
+	}
+	return false, false
+}
+
+// endBrokenStream ends a stream that stopped without [DONE] or an error event with a
+// final error event, unless the client went away first.
+func (s *Server) endBrokenStream(ctx context.Context, w http.ResponseWriter, rc *http.ResponseController, lease *enginepool.Lease, rn enginepool.Runner, served string, readErr error) {
+	if ctx.Err() != nil {
+		return
+	}
+	if readErr == nil || readErr == io.EOF {
+		readErr = io.ErrUnexpectedEOF
+	}
+	e := s.upstreamFailure(ctx, lease, rn, fmt.Errorf("the runner's stream broke off: %w", readErr))
+	if e == nil {
+		return
+	}
+	s.log.Info("Stream ended by an error", "model", served, "err", e.Message)
+	_, _ = w.Write(sseError(e))
+	_ = rc.Flush()
 }
 
 // readLine reads one line including its "\n" (or the tail before EOF), however long.

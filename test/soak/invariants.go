@@ -34,35 +34,63 @@ type RunnerProcess struct {
 //     reports Loaded there;
 //   - each Mac's committed memory is the sum of the reservations of those replicas.
 func Check(s Snapshot) []string {
-	var out []string
-	bad := func(format string, args ...any) { out = append(out, fmt.Sprintf(format, args...)) }
+	c := &checker{nodes: map[string]*v1alpha1.MacNode{}, byDeployment: map[string][]*v1alpha1.ModelReplica{},
+		loaded: map[string][]*v1alpha1.ModelReplica{}}
+	c.checkNodes(s.Nodes)
+	c.checkReplicas(s.Replicas)
+	c.checkDeployments(s.Deployments)
+	c.checkRunners(s.Runners)
+	return c.out
+}
 
-	nodes := map[string]*v1alpha1.MacNode{}
-	for i := range s.Nodes {
-		n := &s.Nodes[i]
-		nodes[n.Name] = n
+// checker gathers the invariants a snapshot breaks, in the order Check looks at
+// them, with the indexes of the snapshot that the later checks read.
+type checker struct {
+	out []string
+	// nodes by name; byDeployment: replicas by "<namespace>/<deployment>"; loaded:
+	// the Loaded replicas by the Mac they are bound to.
+	nodes        map[string]*v1alpha1.MacNode
+	byDeployment map[string][]*v1alpha1.ModelReplica
+	loaded       map[string][]*v1alpha1.ModelReplica
+}
+
+func (c *checker) bad(format string, args ...any) {
+	c.out = append(c.out, fmt.Sprintf(format, args...))
+}
+
+// checkNodes indexes the Macs: each must be Ready.
+func (c *checker) checkNodes(nodes []v1alpha1.MacNode) {
+	for i := range nodes {
+		n := &nodes[i]
+		c.nodes[n.Name] = n
 		if !meta.IsStatusConditionTrue(n.Status.Conditions, v1alpha1.MacNodeReady) {
-			bad("MacNode %s is not Ready", n.Name)
+			c.bad("MacNode %s is not Ready", n.Name)
 		}
 	}
-	byDeployment := map[string][]*v1alpha1.ModelReplica{}
-	loaded := map[string][]*v1alpha1.ModelReplica{}
-	for i := range s.Replicas {
-		r := &s.Replicas[i]
+}
+
+// checkReplicas indexes the replicas: each must be bound to an existing Mac.
+func (c *checker) checkReplicas(replicas []v1alpha1.ModelReplica) {
+	for i := range replicas {
+		r := &replicas[i]
 		key := r.Namespace + "/" + r.Labels[v1alpha1.LabelDeployment]
-		byDeployment[key] = append(byDeployment[key], r)
+		c.byDeployment[key] = append(c.byDeployment[key], r)
 		if r.Spec.NodeName == "" {
-			bad("replica %s/%s is not bound to a Mac", r.Namespace, r.Name)
-		} else if nodes[r.Spec.NodeName] == nil {
-			bad("replica %s/%s is bound to %s, which does not exist", r.Namespace, r.Name, r.Spec.NodeName)
+			c.bad("replica %s/%s is not bound to a Mac", r.Namespace, r.Name)
+		} else if c.nodes[r.Spec.NodeName] == nil {
+			c.bad("replica %s/%s is bound to %s, which does not exist", r.Namespace, r.Name, r.Spec.NodeName)
 		}
 		if meta.IsStatusConditionTrue(r.Status.Conditions, v1alpha1.ReplicaLoaded) {
-			loaded[r.Spec.NodeName] = append(loaded[r.Spec.NodeName], r)
+			c.loaded[r.Spec.NodeName] = append(c.loaded[r.Spec.NodeName], r)
 		}
 	}
+}
 
+// checkDeployments checks that each deployment is observed and Ready with as many
+// Ready replicas as it asks for, and that no replica belongs to a missing one.
+func (c *checker) checkDeployments(deps []v1alpha1.ModelDeployment) {
 	deployments := map[string]bool{}
-	for _, md := range s.Deployments {
+	for _, md := range deps {
 		key := md.Namespace + "/" + md.Name
 		deployments[key] = true
 		want := int32(1)
@@ -70,53 +98,56 @@ func Check(s Snapshot) []string {
 			want = *md.Spec.Replicas
 		}
 		if md.Status.ObservedGeneration != md.Generation {
-			bad("deployment %s: the manager observed generation %d of %d", key, md.Status.ObservedGeneration, md.Generation)
+			c.bad("deployment %s: the manager observed generation %d of %d", key, md.Status.ObservedGeneration, md.Generation)
 		}
 		if md.Status.ReadyReplicas != want {
-			bad("deployment %s has %d ready replicas, wants %d", key, md.Status.ReadyReplicas, want)
+			c.bad("deployment %s has %d ready replicas, wants %d", key, md.Status.ReadyReplicas, want)
 		}
-		rs := byDeployment[key]
+		rs := c.byDeployment[key]
 		if int32(len(rs)) != want {
-			bad("deployment %s has %d replicas, wants %d", key, len(rs), want)
+			c.bad("deployment %s has %d replicas, wants %d", key, len(rs), want)
 		}
 		for _, r := range rs {
 			if !meta.IsStatusConditionTrue(r.Status.Conditions, v1alpha1.ReplicaReady) {
-				bad("replica %s/%s of deployment %s is not Ready", r.Namespace, r.Name, key)
+				c.bad("replica %s/%s of deployment %s is not Ready", r.Namespace, r.Name, key)
 			}
 		}
 	}
-	for _, key := range sortedKeys(byDeployment) {
+	for _, key := range sortedKeys(c.byDeployment) {
 		if !deployments[key] {
-			bad("%d replicas of deployment %s, which does not exist", len(byDeployment[key]), key)
+			c.bad("%d replicas of deployment %s, which does not exist", len(c.byDeployment[key]), key)
 		}
 	}
+}
 
+// checkRunners checks that each existing Mac runs one runner per Loaded replica and
+// has their reservations committed, and that no runner runs on a missing Mac.
+func (c *checker) checkRunners(procs []RunnerProcess) {
 	runners := map[string]int{}
-	for _, p := range s.Runners {
+	for _, p := range procs {
 		runners[p.Node]++
 	}
 	for _, name := range sortedKeys(runners) {
-		if nodes[name] == nil {
-			bad("%d runners of Mac %s, which does not exist", runners[name], name)
+		if c.nodes[name] == nil {
+			c.bad("%d runners of Mac %s, which does not exist", runners[name], name)
 		}
 	}
-	for _, name := range sortedKeys(nodes) {
-		if got, want := runners[name], len(loaded[name]); got != want {
-			bad("Mac %s runs %d runners for %d Loaded replicas", name, got, want)
+	for _, name := range sortedKeys(c.nodes) {
+		if got, want := runners[name], len(c.loaded[name]); got != want {
+			c.bad("Mac %s runs %d runners for %d Loaded replicas", name, got, want)
 		}
 		var sum resource.Quantity
-		for _, r := range loaded[name] {
+		for _, r := range c.loaded[name] {
 			sum.Add(r.Spec.MemoryReservation)
 		}
-		committed := nodes[name].Status.Memory.Committed
+		committed := c.nodes[name].Status.Memory.Committed
 		if committed == nil {
 			committed = &resource.Quantity{}
 		}
 		if committed.Cmp(sum) != 0 {
-			bad("Mac %s has %s committed, its Loaded replicas reserve %s", name, committed, &sum)
+			c.bad("Mac %s has %s committed, its Loaded replicas reserve %s", name, committed, &sum)
 		}
 	}
-	return out
 }
 
 func sortedKeys[V any](m map[string]V) []string {

@@ -67,23 +67,10 @@ func (r Result) Gaps() []time.Duration {
 // must end with [DONE], carry text and a finish reason and report its usage; errors
 // name the server (name). A stream that breaks off names the events before the break.
 func Do(ctx context.Context, client *http.Client, base, name string, req Request, onPiece func(n int)) (Result, error) {
-	body, err := json.Marshal(map[string]any{
-		"model": req.Model, "messages": []map[string]string{{"role": "user", "content": req.Prompt}},
-		"max_tokens": req.MaxTokens, "temperature": req.Temperature, "seed": req.Seed, "stream": true,
-		"stream_options": map[string]bool{"include_usage": true},
-	})
+	hreq, err := newHTTPRequest(ctx, base, req)
 	if err != nil {
 		return Result{}, err
 	}
-	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/chat/completions", bytes.NewReader(body))
-	if err != nil {
-		return Result{}, err
-	}
-	for k, vs := range req.Header {
-		hreq.Header[k] = vs
-	}
-	hreq.Header.Set("Content-Type", "application/json")
-	hreq.Header.Set("Accept", "text/event-stream")
 	r := Result{Start: time.Now()}
 	resp, err := client.Do(hreq)
 	if err != nil {
@@ -94,9 +81,46 @@ func Do(ctx context.Context, client *http.Client, base, name string, req Request
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 		return r, fmt.Errorf("%s: %s: %s", name, resp.Status, tail(string(b), 500))
 	}
+	if err := readStream(&r, resp.Body, name, onPiece); err != nil {
+		return r, err
+	}
+	switch {
+	case r.CompletionTokens == 0:
+		return r, fmt.Errorf("%s: the stream reported no usage", name)
+	case len(r.Pieces) == 0 || r.FinishReason == "":
+		return r, fmt.Errorf("%s: the stream had %d text chunks and finish reason %q", name, len(r.Pieces), r.FinishReason)
+	}
+	return r, nil
+}
+
+// newHTTPRequest is the streamed chat completion request of req to base, asking for
+// the usage.
+func newHTTPRequest(ctx context.Context, base string, req Request) (*http.Request, error) {
+	body, err := json.Marshal(map[string]any{
+		"model": req.Model, "messages": []map[string]string{{"role": "user", "content": req.Prompt}},
+		"max_tokens": req.MaxTokens, "temperature": req.Temperature, "seed": req.Seed, "stream": true,
+		"stream_options": map[string]bool{"include_usage": true},
+	})
+	if err != nil {
+		return nil, err
+	}
+	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/chat/completions", bytes.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	for k, vs := range req.Header {
+		hreq.Header[k] = vs
+	}
+	hreq.Header.Set("Content-Type", "application/json")
+	hreq.Header.Set("Accept", "text/event-stream")
+	return hreq, nil
+}
+
+// readStream reads the event stream up to [DONE] into r, timing each event from r.Start.
+func readStream(r *Result, body io.Reader, name string, onPiece func(n int)) error {
 	var (
 		text            strings.Builder
-		br              = bufio.NewReaderSize(resp.Body, 64<<10)
+		br              = bufio.NewReaderSize(body, 64<<10)
 		events          int
 		lastEvent, last []byte // shown if the stream breaks off
 	)
@@ -104,7 +128,7 @@ func Do(ctx context.Context, client *http.Client, base, name string, req Request
 		line, err := br.ReadSlice('\n')
 		at := time.Since(r.Start)
 		if err != nil {
-			return r, fmt.Errorf("%s: the stream ended without [DONE] (%w) after %d events, the last %q, then %q",
+			return fmt.Errorf("%s: the stream ended without [DONE] (%w) after %d events, the last %q, then %q",
 				name, err, events, tail(string(lastEvent), 300), tail(string(last)+string(line), 300))
 		}
 		data, ok := bytes.CutPrefix(bytes.TrimRight(line, "\r\n"), []byte("data: "))
@@ -121,38 +145,38 @@ func Do(ctx context.Context, client *http.Client, base, name string, req Request
 		lastEvent = append(lastEvent[:0], data...)
 		var c chunk
 		if err := json.Unmarshal(data, &c); err != nil {
-			return r, fmt.Errorf("%s: bad event %q: %w", name, tail(string(data), 300), err)
+			return fmt.Errorf("%s: bad event %q: %w", name, tail(string(data), 300), err)
 		}
 		if c.Error != nil {
-			return r, fmt.Errorf("%s: error event: %s", name, c.Error.Message)
+			return fmt.Errorf("%s: error event: %s", name, c.Error.Message)
 		}
-		if c.Usage != nil {
-			r.PromptTokens, r.CompletionTokens = c.Usage.PromptTokens, c.Usage.CompletionTokens
-		}
-		for _, ch := range c.Choices {
-			if ch.Delta.Content != "" {
-				if len(r.Pieces) == 0 {
-					r.TTFT = at
-				}
-				r.Pieces = append(r.Pieces, at)
-				text.WriteString(ch.Delta.Content)
-				if onPiece != nil {
-					onPiece(len(r.Pieces))
-				}
-			}
-			if ch.FinishReason != nil {
-				r.Finish, r.FinishReason = at, *ch.FinishReason
-			}
-		}
+		addChunk(r, &c, at, &text, onPiece)
 	}
 	r.Text = text.String()
-	switch {
-	case r.CompletionTokens == 0:
-		return r, fmt.Errorf("%s: the stream reported no usage", name)
-	case len(r.Pieces) == 0 || r.FinishReason == "":
-		return r, fmt.Errorf("%s: the stream had %d text chunks and finish reason %q", name, len(r.Pieces), r.FinishReason)
+	return nil
+}
+
+// addChunk records one event, at offset at: its usage, its text pieces (appended to text)
+// and its finish.
+func addChunk(r *Result, c *chunk, at time.Duration, text *strings.Builder, onPiece func(n int)) {
+	if c.Usage != nil {
+		r.PromptTokens, r.CompletionTokens = c.Usage.PromptTokens, c.Usage.CompletionTokens
 	}
-	return r, nil
+	for _, ch := range c.Choices {
+		if ch.Delta.Content != "" {
+			if len(r.Pieces) == 0 {
+				r.TTFT = at
+			}
+			r.Pieces = append(r.Pieces, at)
+			text.WriteString(ch.Delta.Content)
+			if onPiece != nil {
+				onPiece(len(r.Pieces))
+			}
+		}
+		if ch.FinishReason != nil {
+			r.Finish, r.FinishReason = at, *ch.FinishReason
+		}
+	}
 }
 
 // chunk is what Do reads of a chat.completion.chunk.

@@ -432,90 +432,110 @@ func (e *InvalidError) Unwrap() []error { return e.Errs }
 var modelName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:@+-]*$`)
 
 func (c Config) validate() []error {
-	var errs []error
-	add := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
-
-	if host, port, err := net.SplitHostPort(c.Listen); err != nil {
-		add("listen: %q is not host:port: %v", c.Listen, err)
-	} else if p, err := strconv.Atoi(port); err != nil || p < 0 || p > 65535 {
-		add("listen: %q has an invalid port", c.Listen)
-	} else if host != "" && host != "localhost" && net.ParseIP(host) == nil {
-		add("listen: %q: the host must be an IP address or localhost", c.Listen)
-	}
-	if c.RunnerThreads < 0 || c.RunnerThreads > engine.MaxThreads {
-		add("runnerThreads: %d is not between 0 (the thread policy chooses) and %d", c.RunnerThreads, engine.MaxThreads)
-	}
-	if _, err := sandbox.ParseMode(c.RunnerSandbox); err != nil {
-		add("runnerSandbox: %v", err)
-	}
-	if c.MaxBodyBytes < 1024 {
-		add("maxBodyBytes: %d is too small (at least 1024)", c.MaxBodyBytes)
-	}
-	if c.MemoryCeiling != 0 && c.MemoryCeiling < 64<<20 {
-		add("memoryCeiling: %s is too small to hold any model (at least 64Mi)", c.MemoryCeiling)
-	}
+	var errs problems
+	c.validateServing(&errs)
 	if len(c.Models) == 0 {
-		add("models: at least one model is required (--model NAME=PATH or models: in --config)")
+		errs.add("models: at least one model is required (--model NAME=PATH or models: in --config)")
 	}
-	names := map[string]string{} // name or alias → the model that claims it
-	claim := func(n, owner, field string) {
-		switch {
-		case n == "":
-			add("%s: must not be empty", field)
-		case len(n) > MaxModelNameLength:
-			add("%s: %q is longer than %d characters", field, n, MaxModelNameLength)
-		case !modelName.MatchString(n):
-			add("%s: %q may only contain letters, digits and . _ : @ + - (and must start with a letter or digit)", field, n)
-		}
-		if prev, ok := names[n]; ok && n != "" {
-			if prev == owner {
-				add("%s: %q is given twice", field, n)
-			} else {
-				add("%s: %q is already used by model %q", field, n, prev)
-			}
-			return
-		}
-		names[n] = owner
-	}
+	names := modelNames{} // name or alias → the model that claims it
 	for i, m := range c.Models {
 		f := fmt.Sprintf("models[%d]", i)
 		if m.Name != "" {
 			f = fmt.Sprintf("models[%d] (%s)", i, m.Name)
 		}
-		claim(m.Name, m.Name, f+".name")
+		names.claim(&errs, m.Name, m.Name, f+".name")
 		for _, a := range m.Aliases {
-			claim(a, m.Name, f+".aliases")
+			names.claim(&errs, a, m.Name, f+".aliases")
 		}
-		switch st, err := os.Stat(m.Path); {
-		case m.Path == "":
-			add("%s.path: a GGUF file is required", f)
-		case err != nil:
-			add("%s.path: %v", f, err)
-		case !st.Mode().IsRegular():
-			add("%s.path: %s is not a regular file", f, m.Path)
-		}
-		if err := m.Settings.Validate(); err != nil {
-			for _, e := range err.(interface{ Unwrap() []error }).Unwrap() {
-				add("%s.%v", f, e)
-			}
-		}
-		if m.SplitPipeline > 1 {
-			add("%s.splitPipeline: %d needs a replica split across Macs (a ModelDeployment with placement.maxMacsPerReplica above 1); a model served on one Mac decodes in one context", f, m.SplitPipeline)
-		}
-		switch m.Residency {
-		case ResidencyOnDemand, ResidencyResident, ResidencyPinned:
-		default:
-			add("%s.residency: %q is not OnDemand, Resident or Pinned", f, m.Residency)
-		}
-		if m.IdleTimeout < 0 {
-			add("%s.idleTimeout: %s is negative", f, time.Duration(m.IdleTimeout))
-		}
-		if m.IdleTimeout != 0 && m.Residency != ResidencyOnDemand {
-			add("%s.idleTimeout: only OnDemand models expire (this one is %s)", f, m.Residency)
-		}
-		if pc := m.PromptCache; pc != nil && !pc.IsEnabled() && (pc.HotBytes != nil || pc.SSDBytes != nil) {
-			add("%s.promptCache: hotBytes and ssdBytes need the prompt cache enabled (remove them or enable it)", f)
-		}
+		m.validate(&errs, f)
 	}
 	return errs
+}
+
+// problems collects a configuration's errors in the order its checks find them.
+type problems []error
+
+func (p *problems) add(format string, args ...any) { *p = append(*p, fmt.Errorf(format, args...)) }
+
+// validateServing checks the settings of the agent's serving as a whole: its listen
+// address, the runners' threads and sandbox, the body limit and the memory ceiling.
+func (c Config) validateServing(errs *problems) {
+	if host, port, err := net.SplitHostPort(c.Listen); err != nil {
+		errs.add("listen: %q is not host:port: %v", c.Listen, err)
+	} else if p, err := strconv.Atoi(port); err != nil || p < 0 || p > 65535 {
+		errs.add("listen: %q has an invalid port", c.Listen)
+	} else if host != "" && host != "localhost" && net.ParseIP(host) == nil {
+		errs.add("listen: %q: the host must be an IP address or localhost", c.Listen)
+	}
+	if c.RunnerThreads < 0 || c.RunnerThreads > engine.MaxThreads {
+		errs.add("runnerThreads: %d is not between 0 (the thread policy chooses) and %d", c.RunnerThreads, engine.MaxThreads)
+	}
+	if _, err := sandbox.ParseMode(c.RunnerSandbox); err != nil {
+		errs.add("runnerSandbox: %v", err)
+	}
+	if c.MaxBodyBytes < 1024 {
+		errs.add("maxBodyBytes: %d is too small (at least 1024)", c.MaxBodyBytes)
+	}
+	if c.MemoryCeiling != 0 && c.MemoryCeiling < 64<<20 {
+		errs.add("memoryCeiling: %s is too small to hold any model (at least 64Mi)", c.MemoryCeiling)
+	}
+}
+
+// modelNames maps each model name or alias to the model that claims it.
+type modelNames map[string]string
+
+// claim checks name n, given in field, and claims it for model owner; a name already
+// claimed (by this model or another) is an error.
+func (names modelNames) claim(errs *problems, n, owner, field string) {
+	switch {
+	case n == "":
+		errs.add("%s: must not be empty", field)
+	case len(n) > MaxModelNameLength:
+		errs.add("%s: %q is longer than %d characters", field, n, MaxModelNameLength)
+	case !modelName.MatchString(n):
+		errs.add("%s: %q may only contain letters, digits and . _ : @ + - (and must start with a letter or digit)", field, n)
+	}
+	if prev, ok := names[n]; ok && n != "" {
+		if prev == owner {
+			errs.add("%s: %q is given twice", field, n)
+		} else {
+			errs.add("%s: %q is already used by model %q", field, n, prev)
+		}
+		return
+	}
+	names[n] = owner
+}
+
+// validate checks one model's fields other than its names; f names the model in errors.
+func (m Model) validate(errs *problems, f string) {
+	switch st, err := os.Stat(m.Path); {
+	case m.Path == "":
+		errs.add("%s.path: a GGUF file is required", f)
+	case err != nil:
+		errs.add("%s.path: %v", f, err)
+	case !st.Mode().IsRegular():
+		errs.add("%s.path: %s is not a regular file", f, m.Path)
+	}
+	if err := m.Settings.Validate(); err != nil {
+		for _, e := range err.(interface{ Unwrap() []error }).Unwrap() {
+			errs.add("%s.%v", f, e)
+		}
+	}
+	if m.SplitPipeline > 1 {
+		errs.add("%s.splitPipeline: %d needs a replica split across Macs (a ModelDeployment with placement.maxMacsPerReplica above 1); a model served on one Mac decodes in one context", f, m.SplitPipeline)
+	}
+	switch m.Residency {
+	case ResidencyOnDemand, ResidencyResident, ResidencyPinned:
+	default:
+		errs.add("%s.residency: %q is not OnDemand, Resident or Pinned", f, m.Residency)
+	}
+	if m.IdleTimeout < 0 {
+		errs.add("%s.idleTimeout: %s is negative", f, time.Duration(m.IdleTimeout))
+	}
+	if m.IdleTimeout != 0 && m.Residency != ResidencyOnDemand {
+		errs.add("%s.idleTimeout: only OnDemand models expire (this one is %s)", f, m.Residency)
+	}
+	if pc := m.PromptCache; pc != nil && !pc.IsEnabled() && (pc.HotBytes != nil || pc.SSDBytes != nil) {
+		errs.add("%s.promptCache: hotBytes and ssdBytes need the prompt cache enabled (remove them or enable it)", f)
+	}
 }

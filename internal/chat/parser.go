@@ -121,95 +121,129 @@ func (p *Parser) Finish() Delta {
 	return d
 }
 
+// drain moves what it can from the buffer into d, phase by phase; each phase's step
+// reports whether the loop goes on (the phase changed) or must wait for more output.
 func (p *Parser) drain(d *Delta, final bool) {
 	for p.buf != "" {
+		var more bool
 		switch p.phase {
 		case phaseStart:
-			trimmed := strings.TrimLeft(p.buf, " \t\r\n")
-			if trimmed == "" {
-				if final {
-					d.Content += p.buf
-					p.buf = ""
-				}
-				return
-			}
-			if p.o.Thinking && !p.thought {
-				if strings.HasPrefix(trimmed, thinkOpen) {
-					p.buf = trimmed[len(thinkOpen):]
-					p.phase = phaseReasoning
-					continue
-				}
-				if !final && strings.HasPrefix(thinkOpen, trimmed) {
-					return // maybe <think>
-				}
-			}
-			if p.o.Tools && p.o.Format == FormatLlama3 && strings.HasPrefix(trimmed, "{") {
-				// A Llama 3 answer that opens with a JSON object is a call region to
-				// the end of the output.
-				p.buf = trimmed
-				p.phase = phaseCall
-				continue
-			}
-			if p.thought {
-				p.buf = trimmed // the blank lines after </think>
-			}
-			p.phase = phaseContent
+			more = p.drainStart(d, final)
 		case phaseReasoning:
-			i := strings.Index(p.buf, thinkClose)
-			if i < 0 {
-				keep := 0
-				if !final {
-					keep = partialSuffix(p.buf, thinkClose)
-				}
-				d.Reasoning += p.buf[:len(p.buf)-keep]
-				p.buf = p.buf[len(p.buf)-keep:]
-				return
-			}
-			d.Reasoning += p.buf[:i]
-			p.buf = p.buf[i+len(thinkClose):]
-			p.phase, p.thought = phaseStart, true
+			more = p.drainReasoning(d, final)
 		case phaseContent:
-			marker := ""
-			if p.o.Tools && (p.o.Parallel || p.calls == 0) {
-				marker = p.startMarker()
-			}
-			if marker == "" {
-				d.Content += p.buf
-				p.buf = ""
-				return
-			}
-			i := strings.Index(p.buf, marker)
-			if i < 0 {
-				keep := 0
-				if !final {
-					keep = partialSuffix(p.buf, marker)
-				}
-				d.Content += p.buf[:len(p.buf)-keep]
-				p.buf = p.buf[len(p.buf)-keep:]
-				return
-			}
-			d.Content += p.buf[:i]
-			p.buf = p.buf[i:]
-			p.phase = phaseCall
+			more = p.drainContent(d, final)
 		case phaseCall:
-			_, end := p.o.Format.region()
-			if end == "" {
-				// Llama 3 and Mistral calls run to the end of the output.
-				p.call += p.buf
-				p.buf = ""
-				return
-			}
-			p.call += p.buf
-			p.buf = ""
-			i := strings.Index(p.call, end)
-			if i < 0 {
-				return
-			}
-			region := p.call[:i+len(end)]
-			p.buf, p.call = p.call[i+len(end):], ""
-			p.closeCall(d, region, false)
+			more = p.drainCall(d)
+		}
+		if !more {
+			return
 		}
 	}
+}
+
+// drainStart skips the leading blank, then decides what the output opens with: a
+// reasoning block, a Llama 3 call region or content.
+func (p *Parser) drainStart(d *Delta, final bool) bool {
+	trimmed := strings.TrimLeft(p.buf, " \t\r\n")
+	if trimmed == "" {
+		if final {
+			d.Content += p.buf
+			p.buf = ""
+		}
+		return false
+	}
+	if p.o.Thinking && !p.thought {
+		if strings.HasPrefix(trimmed, thinkOpen) {
+			p.buf = trimmed[len(thinkOpen):]
+			p.phase = phaseReasoning
+			return true
+		}
+		if !final && strings.HasPrefix(thinkOpen, trimmed) {
+			return false // maybe <think>
+		}
+	}
+	if p.o.Tools && p.o.Format == FormatLlama3 && strings.HasPrefix(trimmed, "{") {
+		// A Llama 3 answer that opens with a JSON object is a call region to
+		// the end of the output.
+		p.buf = trimmed
+		p.phase = phaseCall
+		return true
+	}
+	if p.thought {
+		p.buf = trimmed // the blank lines after </think>
+	}
+	p.phase = phaseContent
+	return true
+}
+
+// drainReasoning moves reasoning into d up to </think>, which returns to the start.
+func (p *Parser) drainReasoning(d *Delta, final bool) bool {
+	i := strings.Index(p.buf, thinkClose)
+	if i < 0 {
+		p.emitUpTo(&d.Reasoning, thinkClose, final)
+		return false
+	}
+	d.Reasoning += p.buf[:i]
+	p.buf = p.buf[i+len(thinkClose):]
+	p.phase, p.thought = phaseStart, true
+	return true
+}
+
+// drainContent moves content into d up to the start of a call region, when calls are
+// expected and another is allowed.
+func (p *Parser) drainContent(d *Delta, final bool) bool {
+	marker := ""
+	if p.o.Tools && (p.o.Parallel || p.calls == 0) {
+		marker = p.startMarker()
+	}
+	if marker == "" {
+		d.Content += p.buf
+		p.buf = ""
+		return false
+	}
+	i := strings.Index(p.buf, marker)
+	if i < 0 {
+		p.emitUpTo(&d.Content, marker, final)
+		return false
+	}
+	d.Content += p.buf[:i]
+	p.buf = p.buf[i:]
+	p.phase = phaseCall
+	return true
+}
+
+// drainCall buffers a call region until its end marker, then closes the call; regions
+// without an end marker run to the end of the output.
+func (p *Parser) drainCall(d *Delta) bool {
+	_, end := p.o.Format.region()
+	if end == "" {
+		// Llama 3 and Mistral calls run to the end of the output.
+		p.call += p.buf
+		p.buf = ""
+		return false
+	}
+	p.call += p.buf
+	p.buf = ""
+	i := strings.Index(p.call, end)
+	if i < 0 {
+		return false
+	}
+	region := p.call[:i+len(end)]
+	p.buf, p.call = p.call[i+len(end):], ""
+	p.closeCall(d, region, false)
+	return true
+}
+
+// emitUpTo appends the whole buffer to *dst, keeping back a tail that may be the start
+// of marker unless the output has ended.
+func (p *Parser) emitUpTo(dst *string, marker string, final bool) {
+	keep := 0
+	if !final {
+		keep = partialSuffix(p.buf, marker)
+	}
+	*dst += p.buf[:len(p.buf)-keep]
+	p.buf = p.buf[len(p.buf)-keep:]
 }
 
 // closeCall parses a finished call region into calls, or returns it as content.

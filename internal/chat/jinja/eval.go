@@ -153,74 +153,17 @@ func (r *renderer) execNode(n node, sc *scope) error {
 		}
 		return r.write(toStr(v), n.line)
 	case *ifNode:
-		for i, c := range n.conds {
-			v, err := r.eval(c, sc)
-			if err != nil {
-				return err
-			}
-			if truthy(v) {
-				return r.exec(n.bodies[i], sc)
-			}
-		}
-		return r.exec(n.els, sc)
+		return r.execIf(n, sc)
 	case *forNode:
 		return r.execFor(n, sc)
 	case *setNode:
-		var v any
-		if n.body != nil {
-			sub := &renderer{b: r.b}
-			if err := sub.exec(n.body, sc); err != nil {
-				return err
-			}
-			v = sub.out.String()
-			if err := r.produced(v); err != nil {
-				return wrapLine(err, n.line)
-			}
-		} else {
-			var err error
-			if v, err = r.eval(n.e, sc); err != nil {
-				return wrapLine(err, n.line)
-			}
-		}
-		if n.attr == "" {
-			sc.vars[n.name] = v
-			return nil
-		}
-		obj, _ := sc.lookup(n.name)
-		d, ok := obj.(*Dict)
-		if !ok || !d.namespace {
-			return &RenderError{n.line, fmt.Errorf("cannot set attribute %q of %s: only a namespace() can be assigned to", n.attr, n.name)}
-		}
-		d.Set(n.attr, v)
+		return r.execSet(n, sc)
 	case *macroNode:
 		sc.vars[n.name] = r.makeMacro(n, sc)
 	case *callBlockNode:
-		caller := Func(func([]any, *Dict) (any, error) {
-			return r.call(func() (any, error) {
-				sub := &renderer{b: r.b}
-				err := sub.exec(n.body, sc.child())
-				return sub.out.String(), err
-			})
-		})
-		inner := sc.child()
-		inner.vars["caller"] = caller
-		v, err := r.eval(n.call, inner)
-		if err != nil {
-			return wrapLine(err, n.line)
-		}
-		return r.write(toStr(v), n.line)
+		return r.execCallBlock(n, sc)
 	case *filterBlockNode:
-		sub := &renderer{b: r.b}
-		if err := sub.exec(n.body, sc); err != nil {
-			return err
-		}
-		f := *n.filter
-		f.e = literal{sub.out.String()}
-		v, err := r.eval(&f, sc)
-		if err != nil {
-			return err
-		}
-		return r.write(toStr(v), n.filter.line)
+		return r.execFilterBlock(n, sc)
 	case breakNode:
 		return errBreak
 	case continueNode:
@@ -229,6 +172,86 @@ func (r *renderer) execNode(n node, sc *scope) error {
 		return fmt.Errorf("unknown node %T", n)
 	}
 	return nil
+}
+
+// execIf renders the body of the first true condition, or the else body.
+func (r *renderer) execIf(n *ifNode, sc *scope) error {
+	for i, c := range n.conds {
+		v, err := r.eval(c, sc)
+		if err != nil {
+			return err
+		}
+		if truthy(v) {
+			return r.exec(n.bodies[i], sc)
+		}
+	}
+	return r.exec(n.els, sc)
+}
+
+// execSet assigns a variable, or an attribute of a namespace(), from an expression or
+// from a rendered block.
+func (r *renderer) execSet(n *setNode, sc *scope) error {
+	var v any
+	if n.body != nil {
+		sub := &renderer{b: r.b}
+		if err := sub.exec(n.body, sc); err != nil {
+			return err
+		}
+		v = sub.out.String()
+		if err := r.produced(v); err != nil {
+			return wrapLine(err, n.line)
+		}
+	} else {
+		var err error
+		if v, err = r.eval(n.e, sc); err != nil {
+			return wrapLine(err, n.line)
+		}
+	}
+	if n.attr == "" {
+		sc.vars[n.name] = v
+		return nil
+	}
+	obj, _ := sc.lookup(n.name)
+	d, ok := obj.(*Dict)
+	if !ok || !d.namespace {
+		return &RenderError{n.line, fmt.Errorf("cannot set attribute %q of %s: only a namespace() can be assigned to", n.attr, n.name)}
+	}
+	d.Set(n.attr, v)
+	return nil
+}
+
+// execCallBlock renders a {% call %} block: the called macro sees the block's body as
+// caller().
+func (r *renderer) execCallBlock(n *callBlockNode, sc *scope) error {
+	caller := Func(func([]any, *Dict) (any, error) {
+		return r.call(func() (any, error) {
+			sub := &renderer{b: r.b}
+			err := sub.exec(n.body, sc.child())
+			return sub.out.String(), err
+		})
+	})
+	inner := sc.child()
+	inner.vars["caller"] = caller
+	v, err := r.eval(n.call, inner)
+	if err != nil {
+		return wrapLine(err, n.line)
+	}
+	return r.write(toStr(v), n.line)
+}
+
+// execFilterBlock renders a {% filter %} block's body and writes it through the filter.
+func (r *renderer) execFilterBlock(n *filterBlockNode, sc *scope) error {
+	sub := &renderer{b: r.b}
+	if err := sub.exec(n.body, sc); err != nil {
+		return err
+	}
+	f := *n.filter
+	f.e = literal{sub.out.String()}
+	v, err := r.eval(&f, sc)
+	if err != nil {
+		return err
+	}
+	return r.write(toStr(v), n.filter.line)
 }
 
 func wrapLine(err error, line int) error {

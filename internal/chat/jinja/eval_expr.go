@@ -21,29 +21,9 @@ func (r *renderer) eval(e expr, sc *scope) (any, error) {
 		}
 		return Undefined{e.name}, nil
 	case listExpr:
-		l := &List{Items: make([]any, len(e.items))}
-		for i, x := range e.items {
-			v, err := r.eval(x, sc)
-			if err != nil {
-				return nil, err
-			}
-			l.Items[i] = v
-		}
-		return l, nil
+		return r.evalList(e, sc)
 	case dictExpr:
-		d := NewDict()
-		for i := range e.keys {
-			k, err := r.eval(e.keys[i], sc)
-			if err != nil {
-				return nil, err
-			}
-			v, err := r.eval(e.vals[i], sc)
-			if err != nil {
-				return nil, err
-			}
-			d.Set(toStr(k), v)
-		}
-		return d, nil
+		return r.evalDict(e, sc)
 	case attrExpr:
 		obj, err := r.eval(e.obj, sc)
 		if err != nil {
@@ -51,21 +31,7 @@ func (r *renderer) eval(e expr, sc *scope) (any, error) {
 		}
 		return r.attr(obj, e.name)
 	case itemExpr:
-		obj, err := r.eval(e.obj, sc)
-		if err != nil {
-			return nil, err
-		}
-		key, err := r.eval(e.key, sc)
-		if err != nil {
-			return nil, err
-		}
-		if s, ok := obj.(string); ok {
-			return r.indexString(s, key)
-		}
-		if err := r.work(1); err != nil {
-			return nil, err
-		}
-		return getItem(obj, key)
+		return r.evalItem(e, sc)
 	case sliceExpr:
 		return r.evalSlice(e, sc)
 	case callExpr:
@@ -75,23 +41,7 @@ func (r *renderer) eval(e expr, sc *scope) (any, error) {
 	case *testExpr:
 		return r.evalTest(e, sc)
 	case unaryExpr:
-		x, err := r.eval(e.x, sc)
-		if err != nil {
-			return nil, err
-		}
-		switch e.op {
-		case "not":
-			return !truthy(x), nil
-		case "-":
-			switch x := x.(type) {
-			case int64:
-				return -x, nil
-			case float64:
-				return -x, nil
-			}
-			return nil, fmt.Errorf("bad operand type for unary -: %s", typeName(x))
-		}
-		return x, nil
+		return r.evalUnary(e, sc)
 	case binaryExpr:
 		return r.evalBinary(e, sc)
 	case condExpr:
@@ -105,6 +55,76 @@ func (r *renderer) eval(e expr, sc *scope) (any, error) {
 		return r.eval(e.els, sc)
 	}
 	return nil, fmt.Errorf("unknown expression %T", e)
+}
+
+// evalList evaluates a list literal, item by item.
+func (r *renderer) evalList(e listExpr, sc *scope) (any, error) {
+	l := &List{Items: make([]any, len(e.items))}
+	for i, x := range e.items {
+		v, err := r.eval(x, sc)
+		if err != nil {
+			return nil, err
+		}
+		l.Items[i] = v
+	}
+	return l, nil
+}
+
+// evalDict evaluates a dict literal, key then value for each entry, in order.
+func (r *renderer) evalDict(e dictExpr, sc *scope) (any, error) {
+	d := NewDict()
+	for i := range e.keys {
+		k, err := r.eval(e.keys[i], sc)
+		if err != nil {
+			return nil, err
+		}
+		v, err := r.eval(e.vals[i], sc)
+		if err != nil {
+			return nil, err
+		}
+		d.Set(toStr(k), v)
+	}
+	return d, nil
+}
+
+// evalItem evaluates obj[key]: a character of a string, or an item of anything else.
+func (r *renderer) evalItem(e itemExpr, sc *scope) (any, error) {
+	obj, err := r.eval(e.obj, sc)
+	if err != nil {
+		return nil, err
+	}
+	key, err := r.eval(e.key, sc)
+	if err != nil {
+		return nil, err
+	}
+	if s, ok := obj.(string); ok {
+		return r.indexString(s, key)
+	}
+	if err := r.work(1); err != nil {
+		return nil, err
+	}
+	return getItem(obj, key)
+}
+
+// evalUnary evaluates "not x", "-x" and "+x".
+func (r *renderer) evalUnary(e unaryExpr, sc *scope) (any, error) {
+	x, err := r.eval(e.x, sc)
+	if err != nil {
+		return nil, err
+	}
+	switch e.op {
+	case "not":
+		return !truthy(x), nil
+	case "-":
+		switch x := x.(type) {
+		case int64:
+			return -x, nil
+		case float64:
+			return -x, nil
+		}
+		return nil, fmt.Errorf("bad operand type for unary -: %s", typeName(x))
+	}
+	return x, nil
 }
 
 // attr is getAttr, counting the work of a method it returns.

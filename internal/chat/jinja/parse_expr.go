@@ -379,66 +379,82 @@ func (p *parser) parsePrimary() (expr, error) {
 	case tOp:
 		switch t.val {
 		case "(":
-			if p.isOp(")") {
-				p.next()
-				return listExpr{}, nil
-			}
-			e, err := p.parseExpr()
-			if err != nil {
-				return nil, err
-			}
-			if p.isOp(",") { // a tuple
-				items := []expr{e}
-				for p.isOp(",") {
-					p.next()
-					if p.isOp(")") {
-						break
-					}
-					x, err := p.parseExpr()
-					if err != nil {
-						return nil, err
-					}
-					items = append(items, x)
-				}
-				e = listExpr{items}
-			}
-			return e, p.expectOp(")")
+			return p.parseParen()
 		case "[":
-			l := listExpr{}
-			for !p.isOp("]") {
-				x, err := p.parseExpr()
-				if err != nil {
-					return nil, err
-				}
-				l.items = append(l.items, x)
-				if !p.isOp(",") {
-					break
-				}
-				p.next()
-			}
-			return l, p.expectOp("]")
+			return p.parseList()
 		case "{":
-			d := dictExpr{}
-			for !p.isOp("}") {
-				k, err := p.parseExpr()
-				if err != nil {
-					return nil, err
-				}
-				if err := p.expectOp(":"); err != nil {
-					return nil, err
-				}
-				v, err := p.parseExpr()
-				if err != nil {
-					return nil, err
-				}
-				d.keys, d.vals = append(d.keys, k), append(d.vals, v)
-				if !p.isOp(",") {
-					break
-				}
-				p.next()
-			}
-			return d, p.expectOp("}")
+			return p.parseDict()
 		}
 	}
 	return nil, &SyntaxError{t.line, fmt.Sprintf("unexpected %s", t)}
+}
+
+// parseParen parses what follows "(": an empty tuple, a parenthesised expression or a
+// tuple (a list).
+func (p *parser) parseParen() (expr, error) {
+	if p.isOp(")") {
+		p.next()
+		return listExpr{}, nil
+	}
+	e, err := p.parseExpr()
+	if err != nil {
+		return nil, err
+	}
+	if p.isOp(",") { // a tuple
+		items := []expr{e}
+		for p.isOp(",") {
+			p.next()
+			if p.isOp(")") {
+				break
+			}
+			x, err := p.parseExpr()
+			if err != nil {
+				return nil, err
+			}
+			items = append(items, x)
+		}
+		e = listExpr{items}
+	}
+	return e, p.expectOp(")")
+}
+
+// parseList parses a list literal after "[", a trailing comma allowed.
+func (p *parser) parseList() (expr, error) {
+	l := listExpr{}
+	for !p.isOp("]") {
+		x, err := p.parseExpr()
+		if err != nil {
+			return nil, err
+		}
+		l.items = append(l.items, x)
+		if !p.isOp(",") {
+			break
+		}
+		p.next()
+	}
+	return l, p.expectOp("]")
+}
+
+// parseDict parses a dict literal after "{": key: value pairs, a trailing comma allowed.
+func (p *parser) parseDict() (expr, error) {
+	d := dictExpr{}
+	for !p.isOp("}") {
+		k, err := p.parseExpr()
+		if err != nil {
+			return nil, err
+		}
+		if err := p.expectOp(":"); err != nil {
+			return nil, err
+		}
+		v, err := p.parseExpr()
+		if err != nil {
+			return nil, err
+		}
+		d.keys, d.vals = append(d.keys, k), append(d.vals, v)
+		if !p.isOp(",") {
+			break
+		}
+		p.next()
+	}
+	return d, p.expectOp("}")
 }

@@ -24,82 +24,36 @@ import (
 )
 
 func main() {
-	var (
-		model     = flag.String("model", "", "model path")
-		socket    = flag.String("socket", "", "unix socket path")
-		addr      = flag.String("addr", "", "loopback TCP address")
-		_         = flag.Int("ctx", 0, "total context")
-		parallel  = flag.Int("parallel", 1, "slots")
-		_         = flag.Int("batch", 0, "batch")
-		_         = flag.Int("threads", 0, "threads")
-		_         = flag.String("kv-type", "f16", "KV cache type")
-		ceiling   = flag.Int64("ceiling-bytes", 0, "own memory ceiling")
-		_         = flag.String("alias", "", "served name")
-		loadTime  = flag.Duration("fake-load-time", 0, "time the fake load takes")
-		failLoad  = flag.String("fake-fail-load", "", "fail the load with this message")
-		failStay  = flag.Duration("fake-fail-linger", 0, "keep answering /health after a failed load this long before exiting 3")
-		ignoreSD  = flag.Bool("fake-ignore-shutdown", false, "answer /shutdown 202 and do nothing")
-		ignoreTrm = flag.Bool("fake-ignore-sigterm", false, "ignore SIGTERM")
-		crashAt   = flag.Int("fake-crash-after", 0, "SIGKILL itself after streaming this many tokens")
-		interval  = flag.Duration("fake-token-interval", 5*time.Millisecond, "time between streamed tokens")
-		noListen  = flag.Bool("fake-no-listen", false, "never print the listening line")
-		stdoutLog = flag.Bool("fake-chatty", false, "print lines to stdout before the listening line")
-		probeRead = flag.String("fake-read", "", "read this file, as a loader bug would, and fail the load with what it got")
-		probeDial = flag.String("fake-dial", "", "connect to this TCP address and fail the load with the outcome")
-		probeUnix = flag.String("fake-dial-unix", "", "connect to this unix socket and fail the load with the outcome")
-		_         = flag.Bool("trace-relay", false, "accepted; the fake runner makes no spans (it answers POST /spans 404)")
-	)
-	flag.Parse()
-	if (*socket == "") == (*addr == "") {
+	o := parseFlags()
+	if (o.socket == "") == (o.addr == "") {
 		fmt.Fprintln(os.Stderr, "exactly one of --socket and --addr is required")
 		os.Exit(2)
 	}
 
-	if *ignoreTrm {
+	if o.ignoreTrm {
 		signal.Ignore(syscall.SIGTERM)
 	}
-	if *noListen {
+	if o.noListen {
 		fmt.Fprintln(os.Stderr, "fakerunner: not listening, as told")
 		for {
 			time.Sleep(time.Hour)
 		}
 	}
 
-	var ln net.Listener
-	var err error
-	if *socket != "" {
-		ln, err = net.Listen("unix", *socket)
-	} else {
-		ln, err = net.Listen("tcp", *addr)
-	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "listen:", err)
-		os.Exit(1)
-	}
-	s := &server{parallel: *parallel, ceiling: *ceiling, state: "loading", interval: *interval,
-		crashAt: *crashAt, ignoreShutdown: *ignoreSD, stop: make(chan struct{}), abort: make(chan struct{})}
+	ln := listen(o)
+	s := &server{parallel: o.parallel, ceiling: o.ceiling, state: "loading", interval: o.interval,
+		crashAt: o.crashAt, ignoreShutdown: o.ignoreSD, stop: make(chan struct{}), abort: make(chan struct{})}
 	srv := &http.Server{Handler: s.routes()}
 	go srv.Serve(ln)
+	announce(o, ln)
 
-	if *stdoutLog {
-		fmt.Println("fakerunner starting")
-		fmt.Println("{not json")
+	failLoad := o.failLoad
+	if o.probeRead != "" || o.probeDial != "" || o.probeUnix != "" {
+		failLoad = probe(o.probeRead, o.probeDial, o.probeUnix)
 	}
-	ev := map[string]any{"event": "listening", "pid": os.Getpid()}
-	if *socket != "" {
-		ev["socket"] = *socket
-	} else {
-		ev["addr"] = ln.Addr().String()
-	}
-	b, _ := json.Marshal(ev)
-	fmt.Println(string(b))
+	go s.load(o.model, o.loadTime, failLoad, o.failStay)
 
-	if *probeRead != "" || *probeDial != "" || *probeUnix != "" {
-		*failLoad = probe(*probeRead, *probeDial, *probeUnix)
-	}
-	go s.load(*model, *loadTime, *failLoad, *failStay)
-
-	if !*ignoreTrm {
+	if !o.ignoreTrm {
 		sigs := make(chan os.Signal, 1)
 		signal.Notify(sigs, syscall.SIGTERM)
 		go func() {
@@ -108,15 +62,86 @@ func main() {
 		}()
 	}
 	<-s.stop
-	s.mu.Lock()
-	s.state = "stopping"
-	s.mu.Unlock()
-	s.abortAll()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	_ = srv.Shutdown(ctx)
+	s.shutdown(srv)
 	fmt.Fprintln(os.Stderr, "fakerunner: stopped")
 	os.Exit(0)
+}
+
+// options are the fakerunner's flags: the runner's own, the ones it accepts and
+// ignores, and the -fake-* ones that make it misbehave.
+type options struct {
+	model, socket, addr             string
+	parallel                        int
+	ceiling                         int64
+	loadTime                        time.Duration
+	failLoad                        string
+	failStay                        time.Duration
+	ignoreSD, ignoreTrm             bool
+	crashAt                         int
+	interval                        time.Duration
+	noListen, stdoutLog             bool
+	probeRead, probeDial, probeUnix string
+}
+
+func parseFlags() options {
+	var o options
+	flag.StringVar(&o.model, "model", "", "model path")
+	flag.StringVar(&o.socket, "socket", "", "unix socket path")
+	flag.StringVar(&o.addr, "addr", "", "loopback TCP address")
+	_ = flag.Int("ctx", 0, "total context")
+	flag.IntVar(&o.parallel, "parallel", 1, "slots")
+	_ = flag.Int("batch", 0, "batch")
+	_ = flag.Int("threads", 0, "threads")
+	_ = flag.String("kv-type", "f16", "KV cache type")
+	flag.Int64Var(&o.ceiling, "ceiling-bytes", 0, "own memory ceiling")
+	_ = flag.String("alias", "", "served name")
+	flag.DurationVar(&o.loadTime, "fake-load-time", 0, "time the fake load takes")
+	flag.StringVar(&o.failLoad, "fake-fail-load", "", "fail the load with this message")
+	flag.DurationVar(&o.failStay, "fake-fail-linger", 0, "keep answering /health after a failed load this long before exiting 3")
+	flag.BoolVar(&o.ignoreSD, "fake-ignore-shutdown", false, "answer /shutdown 202 and do nothing")
+	flag.BoolVar(&o.ignoreTrm, "fake-ignore-sigterm", false, "ignore SIGTERM")
+	flag.IntVar(&o.crashAt, "fake-crash-after", 0, "SIGKILL itself after streaming this many tokens")
+	flag.DurationVar(&o.interval, "fake-token-interval", 5*time.Millisecond, "time between streamed tokens")
+	flag.BoolVar(&o.noListen, "fake-no-listen", false, "never print the listening line")
+	flag.BoolVar(&o.stdoutLog, "fake-chatty", false, "print lines to stdout before the listening line")
+	flag.StringVar(&o.probeRead, "fake-read", "", "read this file, as a loader bug would, and fail the load with what it got")
+	flag.StringVar(&o.probeDial, "fake-dial", "", "connect to this TCP address and fail the load with the outcome")
+	flag.StringVar(&o.probeUnix, "fake-dial-unix", "", "connect to this unix socket and fail the load with the outcome")
+	_ = flag.Bool("trace-relay", false, "accepted; the fake runner makes no spans (it answers POST /spans 404)")
+	flag.Parse()
+	return o
+}
+
+// listen listens on the unix socket or the TCP address of o, or exits 1.
+func listen(o options) net.Listener {
+	var ln net.Listener
+	var err error
+	if o.socket != "" {
+		ln, err = net.Listen("unix", o.socket)
+	} else {
+		ln, err = net.Listen("tcp", o.addr)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "listen:", err)
+		os.Exit(1)
+	}
+	return ln
+}
+
+// announce prints the listening line (after some noise with -fake-chatty).
+func announce(o options, ln net.Listener) {
+	if o.stdoutLog {
+		fmt.Println("fakerunner starting")
+		fmt.Println("{not json")
+	}
+	ev := map[string]any{"event": "listening", "pid": os.Getpid()}
+	if o.socket != "" {
+		ev["socket"] = o.socket
+	} else {
+		ev["addr"] = ln.Addr().String()
+	}
+	b, _ := json.Marshal(ev)
+	fmt.Println(string(b))
 }
 
 type server struct {
@@ -163,6 +188,17 @@ func (s *server) load(model string, d time.Duration, fail string, linger time.Du
 }
 
 func (s *server) requestStop() { s.stopOnce.Do(func() { close(s.stop) }) }
+
+// shutdown moves to stopping, aborts the requests in flight and shuts srv down.
+func (s *server) shutdown(srv *http.Server) {
+	s.mu.Lock()
+	s.state = "stopping"
+	s.mu.Unlock()
+	s.abortAll()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	_ = srv.Shutdown(ctx)
+}
 
 func (s *server) abortAll() int {
 	s.mu.Lock()

@@ -161,10 +161,24 @@ func (s *SSD) write(it *item) {
 	s.refresh(true)
 
 	size := int64(headerSize + len(it.data))
+	if !s.makeRoom(it, size) {
+		return
+	}
+	path, ok := s.persist(it, size)
+	if !ok {
+		return
+	}
+	s.indexWritten(it, path, size)
+}
+
+// makeRoom reserves size bytes for it, unlinking the victims chosen to make room, and
+// reports whether the write goes ahead. An item that is cancelled, a duplicate or
+// over the quota is finished here.
+func (s *SSD) makeRoom(it *item, size int64) bool {
 	s.mu.Lock()
 	if !s.beginWriteLocked(it) {
 		s.mu.Unlock()
-		return
+		return false
 	}
 	victims, ok := s.reserveLocked(size)
 	s.mu.Unlock()
@@ -187,9 +201,14 @@ func (s *SSD) write(it *item) {
 		}
 		s.finishLocked(it)
 		s.mu.Unlock()
-		return
 	}
+	return ok
+}
 
+// persist writes it to a temporary file and renames it into place, returning the
+// entry's path. An item cancelled during the write, or a write that fails, gives back
+// its reservation and is finished here.
+func (s *SSD) persist(it *item, size int64) (string, bool) {
 	path := filepath.Join(s.dir, entryFileName(it.key, rand.Uint32()))
 	tmp := path + tempSuffix
 	err := s.cfg.writeFile(tmp, encodeHeader(s.idHash, it.key, it.data), it.data, s.cfg.Sync)
@@ -206,27 +225,38 @@ func (s *SSD) write(it *item) {
 			s.st.Cancelled++
 			s.finishLocked(it)
 			s.mu.Unlock()
-			return
+			return "", false
 		}
 		err = os.Rename(tmp, path)
 	}
 	if err != nil {
-		_ = os.Remove(tmp)
-		s.mu.Lock()
-		s.reserved -= size
-		s.mu.Unlock()
-		if errors.Is(err, syscall.ENOSPC) {
-			// The last reading was wrong: read again now, before the next save.
-			s.sample(true)
-		}
-		s.mu.Lock()
-		s.st.Errors++
-		it.err = fmt.Errorf("writing prompt cache entry: %w", err)
-		s.finishLocked(it)
-		s.mu.Unlock()
-		return
+		s.failWrite(it, tmp, size, err)
+		return "", false
 	}
+	return path, true
+}
 
+// failWrite removes the temporary file of a failed write, gives back its reservation
+// and finishes it with the error.
+func (s *SSD) failWrite(it *item, tmp string, size int64, err error) {
+	_ = os.Remove(tmp)
+	s.mu.Lock()
+	s.reserved -= size
+	s.mu.Unlock()
+	if errors.Is(err, syscall.ENOSPC) {
+		// The last reading was wrong: read again now, before the next save.
+		s.sample(true)
+	}
+	s.mu.Lock()
+	s.st.Errors++
+	it.err = fmt.Errorf("writing prompt cache entry: %w", err)
+	s.finishLocked(it)
+	s.mu.Unlock()
+}
+
+// indexWritten indexes the file now in place at path, replacing an older entry of the
+// key, and finishes it; an item cancelled after the rename has its file unlinked.
+func (s *SSD) indexWritten(it *item, path string, size int64) {
 	s.mu.Lock()
 	s.reserved -= size
 	if it.cancelled {

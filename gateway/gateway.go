@@ -184,6 +184,47 @@ type Gateway struct {
 // New builds a gateway with an empty table: every model is a 503 (the gateway is
 // starting) until SetTable.
 func New(opts Options) (*Gateway, error) {
+	opts, err := opts.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	m, err := newMetrics(opts.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	var index *prefixindex.Index
+	if opts.Routing == RoutingPrefixCache {
+		if index, err = prefixindex.New(0, opts.Registerer); err != nil {
+			return nil, err
+		}
+	}
+	bal := newBalancer(opts.LoadBound, index)
+	if opts.NoInFlightPrefixes {
+		bal = bal.withoutInFlight()
+	}
+	g := &Gateway{opts: opts, log: opts.Log, bal: bal, metrics: m, transport: opts.Transport,
+		id: newGatewayID()}
+	g.setAgentTransport()
+	if err := g.newPrefixSharing(index); err != nil {
+		return nil, err
+	}
+	if opts.TracerProvider != nil {
+		g.tracer = opts.TracerProvider.Tracer(tracerName)
+	}
+	g.table.Store(startingTable())
+	g.adm = newAdmission(opts, g.bal, g.Table, m)
+	g.traffic = newTraffic()
+	g.cacheStats = &cacheStats{fetch: g.fetchAgentStatus, now: time.Now}
+	if opts.Wake != nil {
+		g.waker = newWaker(opts.Wake, g.Table, m.wakes, opts.Log.WithName("wake"))
+	}
+	g.handler = g.recoverer(anthropicErrors(g.authenticate(g.routes())))
+	return g, nil
+}
+
+// withDefaults is opts with the defaults in place of the settings left out, or an
+// error when its routing is not one the gateway knows.
+func (opts Options) withDefaults() (Options, error) {
 	if opts.ColdStartTimeout <= 0 {
 		opts.ColdStartTimeout = DefaultColdStartTimeout
 	}
@@ -218,59 +259,44 @@ func New(opts Options) (*Gateway, error) {
 		}
 	}
 	if _, err := ParseRouting(string(opts.Routing)); err != nil {
-		return nil, err
+		return opts, err
 	}
-	m, err := newMetrics(opts.Registerer)
-	if err != nil {
-		return nil, err
-	}
-	var index *prefixindex.Index
-	if opts.Routing == RoutingPrefixCache {
-		if index, err = prefixindex.New(0, opts.Registerer); err != nil {
-			return nil, err
-		}
-	}
-	bal := newBalancer(opts.LoadBound, index)
-	if opts.NoInFlightPrefixes {
-		bal = bal.withoutInFlight()
-	}
-	g := &Gateway{opts: opts, log: opts.Log, bal: bal, metrics: m, transport: opts.Transport,
-		id: newGatewayID()}
+	return opts, nil
+}
+
+// setAgentTransport sets the scheme and, unless Options gave one, the transport to
+// the agents: TLS with Options.AgentCertificates, plain HTTP otherwise.
+func (g *Gateway) setAgentTransport() {
 	g.agentScheme = "http://"
-	if opts.AgentCertificates != nil {
+	if g.opts.AgentCertificates != nil {
 		g.agentScheme = "https://"
 		if g.transport == nil {
-			g.transport = pki.NewTransports(opts.AgentCertificates, NewTransport)
+			g.transport = pki.NewTransports(g.opts.AgentCertificates, NewTransport)
 		}
 	}
 	if g.transport == nil {
 		g.transport = NewTransport()
 	}
-	if g.peers, err = newPeerFetcher(opts, index, g.agentScheme); err != nil {
-		return nil, err
+}
+
+// newPrefixSharing makes the parts that share prompt prefixes between replicas: the
+// peer fetcher, the warmer and, with a prefix index, its poller (nil when off).
+func (g *Gateway) newPrefixSharing(index *prefixindex.Index) error {
+	var err error
+	if g.peers, err = newPeerFetcher(g.opts, index, g.agentScheme); err != nil {
+		return err
 	}
-	if g.warm, err = newWarmer(g.peers, g.Table, g.postWarm, opts.Registerer); err != nil {
-		return nil, err
+	if g.warm, err = newWarmer(g.peers, g.Table, g.postWarm, g.opts.Registerer); err != nil {
+		return err
 	}
 	if index != nil {
-		g.prefixes = &prefixindex.Poller{Index: index, Log: opts.Log.WithName("prefixes"),
+		g.prefixes = &prefixindex.Poller{Index: index, Log: g.opts.Log.WithName("prefixes"),
 			Fetch: prefixindex.HTTPFetch{Transport: g.transport, Scheme: g.agentScheme, Prepare: g.toAgent}.Fetch}
 		if g.warm != nil {
 			g.prefixes.OnCold = g.warm.cold
 		}
 	}
-	if opts.TracerProvider != nil {
-		g.tracer = opts.TracerProvider.Tracer(tracerName)
-	}
-	g.table.Store(startingTable())
-	g.adm = newAdmission(opts, g.bal, g.Table, m)
-	g.traffic = newTraffic()
-	g.cacheStats = &cacheStats{fetch: g.fetchAgentStatus, now: time.Now}
-	if opts.Wake != nil {
-		g.waker = newWaker(opts.Wake, g.Table, m.wakes, opts.Log.WithName("wake"))
-	}
-	g.handler = g.recoverer(anthropicErrors(g.authenticate(g.routes())))
-	return g, nil
+	return nil
 }
 
 // NewTransport is the transport to agents: HTTP/1.1 (streams are independent

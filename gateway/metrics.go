@@ -42,88 +42,104 @@ type metrics struct {
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
-	m := &metrics{
-		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "macfleet_gateway_requests_total",
-			Help: "Requests answered by the gateway, by deployment (namespace/name), endpoint (chat_completions, completions, " +
-				"embeddings, responses, messages, other) and HTTP status (499: the client went away).",
-		}, []string{"model", "endpoint", "code"}),
-		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "macfleet_gateway_errors_total",
-			Help: "Requests that failed, by deployment and reason (model_not_found, ambiguous_model, bad_request, " +
-				"body_too_large, unauthorized, starting, no_ready_replica, wake_failed, queue_full, queue_full_client, queue_timeout, " +
-				"budget_exceeded, token_review_limited, token_review_failed, upstream_unavailable, upstream_connect, stream_broken, client_gone).",
-		}, []string{"model", "reason"}),
-		ttft: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "macfleet_gateway_ttft_seconds",
-			Help: "Time from a request's arrival to the first byte of its response body sent to the client " +
-				"(the first event of a stream), including holds and retries.",
-			Buckets: []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120},
-		}, []string{"model", "endpoint"}),
-		inflight: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "macfleet_gateway_inflight",
-			Help: "Requests in flight through the gateway (held or proxied), by deployment.",
-		}, []string{"model"}),
-		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "macfleet_gateway_upstream_retries_total",
-			Help: "Attempts that failed before the first byte and were retried (reason connect, status_503, status_507, transport).",
-		}, []string{"model", "reason"}),
-		held: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name:    "macfleet_gateway_hold_seconds",
-			Help:    "Time requests waited for a routable replica (cold starts), by deployment; only requests that waited.",
-			Buckets: []float64{0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300},
-		}, []string{"model"}),
-		wakes: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "macfleet_gateway_wakes_total",
-			Help: "Writes of the wake annotation that asks the autoscaler for a replica of an autoscaled deployment " +
-				"with held requests, by deployment and result (written, error).",
-		}, []string{"model", "result"}),
-		queueDepth: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "macfleet_gateway_queue_depth",
-			Help: "Requests waiting in the gateway's fair queue for a replica with room, by deployment and priority (interactive, batch).",
-		}, []string{"model", "priority"}),
-		queueWait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name:    "macfleet_gateway_queue_wait_seconds",
-			Help:    "Time requests waited in the fair queue before a replica took them (or they gave up), by deployment and priority; only requests that waited.",
-			Buckets: []float64{0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120},
-		}, []string{"model", "priority"}),
-		queueRejected: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "macfleet_gateway_queue_rejections_total",
-			Help: "Requests the fair queue turned away, by deployment, priority and reason (queue_full: 429, the deployment's queue is full; " +
-				"queue_full_client: 429, the client has its most requests waiting; queue_timeout: 503, no replica had room in time).",
-		}, []string{"model", "priority", "reason"}),
-		cancellations: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "macfleet_gateway_cancellations_total",
-			Help: "Answers whose client went away before their end, by deployment and outcome (metered: the runner ended the " +
-				"answer and its usage was counted; not_running: no runner was generating it yet, dropped; timed_out: it did not " +
-				"end within the cancel grace, dropped, usage lost; failed: the agent could not be asked, dropped, usage lost).",
-		}, []string{"model", "outcome"}),
-		routing: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "macfleet_gateway_routing_decisions_total",
-			Help: "Replicas given to requests, by deployment and how they were picked (prefix_hit: the replica holding the " +
-				"longest prefix of the conversation by the prefix index; prefix_inflight: the replica a request of the same prefix was routed to " +
-				"and is prefilling it, nobody holding it yet; fallback: no replica held any, by affinity on its prompt_cache_key or by least load; " +
-				"prefix_affinity; least_load).",
-		}, []string{"model", "routing"}),
-		continuations: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "macfleet_gateway_stream_continuations_total",
-			Help: "Chat and text completion, Responses and Messages streams whose replica failed after the first byte, by deployment and outcome (continued: " +
-				"another replica continued the answer in the same stream; not continued, with the replica's error as the last " +
-				"event: limit, the stream was continued as often as allowed; deadline, no replica took it in time; finished, it " +
-				"had its finish_reason; tool_call, it had sent a tool call; reasoning, a Responses stream had sent reasoning; unsupported, n > 1 uncounted, " +
-				"a Messages request that starts the answer itself, or a text completion; refused, a replica refused the continuation with a 400; disabled).",
-		}, []string{"model", "outcome"}),
-		countDisagreements: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "macfleet_gateway_usage_count_disagreements_total",
-			Help: "Chat and text completion, Responses and Messages streams whose replica reported (X-Macfleet-Usage) other completion tokens than the gateway " +
-				"counted in the events it forwarded, by deployment.",
-		}, []string{"model"}),
-	}
+	m := &metrics{}
+	m.newRequestMetrics()
+	m.newQueueMetrics()
+	m.newStreamMetrics()
 	m.usageClamped, m.budgetAdmissions, m.budgetReserved = tenantMetrics()
 	if err := m.register(reg); err != nil {
 		return nil, err
 	}
 	return m, nil
+}
+
+// newRequestMetrics makes the series of requests, their errors, times to the first
+// byte, retries, holds and wakes.
+func (m *metrics) newRequestMetrics() {
+	m.requests = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "macfleet_gateway_requests_total",
+		Help: "Requests answered by the gateway, by deployment (namespace/name), endpoint (chat_completions, completions, " +
+			"embeddings, responses, messages, other) and HTTP status (499: the client went away).",
+	}, []string{"model", "endpoint", "code"})
+	m.errors = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "macfleet_gateway_errors_total",
+		Help: "Requests that failed, by deployment and reason (model_not_found, ambiguous_model, bad_request, " +
+			"body_too_large, unauthorized, starting, no_ready_replica, wake_failed, queue_full, queue_full_client, queue_timeout, " +
+			"budget_exceeded, token_review_limited, token_review_failed, upstream_unavailable, upstream_connect, stream_broken, client_gone).",
+	}, []string{"model", "reason"})
+	m.ttft = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name: "macfleet_gateway_ttft_seconds",
+		Help: "Time from a request's arrival to the first byte of its response body sent to the client " +
+			"(the first event of a stream), including holds and retries.",
+		Buckets: []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120},
+	}, []string{"model", "endpoint"})
+	m.inflight = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "macfleet_gateway_inflight",
+		Help: "Requests in flight through the gateway (held or proxied), by deployment.",
+	}, []string{"model"})
+	m.retries = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "macfleet_gateway_upstream_retries_total",
+		Help: "Attempts that failed before the first byte and were retried (reason connect, status_503, status_507, transport).",
+	}, []string{"model", "reason"})
+	m.held = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "macfleet_gateway_hold_seconds",
+		Help:    "Time requests waited for a routable replica (cold starts), by deployment; only requests that waited.",
+		Buckets: []float64{0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300},
+	}, []string{"model"})
+	m.wakes = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "macfleet_gateway_wakes_total",
+		Help: "Writes of the wake annotation that asks the autoscaler for a replica of an autoscaled deployment " +
+			"with held requests, by deployment and result (written, error).",
+	}, []string{"model", "result"})
+}
+
+// newQueueMetrics makes the series of the fair queue and of cancelled answers.
+func (m *metrics) newQueueMetrics() {
+	m.queueDepth = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "macfleet_gateway_queue_depth",
+		Help: "Requests waiting in the gateway's fair queue for a replica with room, by deployment and priority (interactive, batch).",
+	}, []string{"model", "priority"})
+	m.queueWait = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "macfleet_gateway_queue_wait_seconds",
+		Help:    "Time requests waited in the fair queue before a replica took them (or they gave up), by deployment and priority; only requests that waited.",
+		Buckets: []float64{0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120},
+	}, []string{"model", "priority"})
+	m.queueRejected = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "macfleet_gateway_queue_rejections_total",
+		Help: "Requests the fair queue turned away, by deployment, priority and reason (queue_full: 429, the deployment's queue is full; " +
+			"queue_full_client: 429, the client has its most requests waiting; queue_timeout: 503, no replica had room in time).",
+	}, []string{"model", "priority", "reason"})
+	m.cancellations = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "macfleet_gateway_cancellations_total",
+		Help: "Answers whose client went away before their end, by deployment and outcome (metered: the runner ended the " +
+			"answer and its usage was counted; not_running: no runner was generating it yet, dropped; timed_out: it did not " +
+			"end within the cancel grace, dropped, usage lost; failed: the agent could not be asked, dropped, usage lost).",
+	}, []string{"model", "outcome"})
+}
+
+// newStreamMetrics makes the series of routing decisions, stream continuations and
+// usage count disagreements.
+func (m *metrics) newStreamMetrics() {
+	m.routing = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "macfleet_gateway_routing_decisions_total",
+		Help: "Replicas given to requests, by deployment and how they were picked (prefix_hit: the replica holding the " +
+			"longest prefix of the conversation by the prefix index; prefix_inflight: the replica a request of the same prefix was routed to " +
+			"and is prefilling it, nobody holding it yet; fallback: no replica held any, by affinity on its prompt_cache_key or by least load; " +
+			"prefix_affinity; least_load).",
+	}, []string{"model", "routing"})
+	m.continuations = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "macfleet_gateway_stream_continuations_total",
+		Help: "Chat and text completion, Responses and Messages streams whose replica failed after the first byte, by deployment and outcome (continued: " +
+			"another replica continued the answer in the same stream; not continued, with the replica's error as the last " +
+			"event: limit, the stream was continued as often as allowed; deadline, no replica took it in time; finished, it " +
+			"had its finish_reason; tool_call, it had sent a tool call; reasoning, a Responses stream had sent reasoning; unsupported, n > 1 uncounted, " +
+			"a Messages request that starts the answer itself, or a text completion; refused, a replica refused the continuation with a 400; disabled).",
+	}, []string{"model", "outcome"})
+	m.countDisagreements = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "macfleet_gateway_usage_count_disagreements_total",
+		Help: "Chat and text completion, Responses and Messages streams whose replica reported (X-Macfleet-Usage) other completion tokens than the gateway " +
+			"counted in the events it forwarded, by deployment.",
+	}, []string{"model"})
 }
 
 // register registers m's collectors with reg (see register).

@@ -439,6 +439,28 @@ func (e *engine) assign(s *slot, j *job, keep int) {
 func (e *engine) step() {
 	b := e.batch
 	b.Clear()
+	e.planTakes()
+	e.fillBatch()
+	if b.N() == 0 {
+		return
+	}
+	if b.N() > e.nBatch || b.N() > b.Cap() {
+		// Unreachable by construction; decoding it would abort the process.
+		e.log.Error(nil, "Refusing an oversize batch", "tokens", b.N(), "nBatch", e.nBatch)
+		e.failStep(runnerapi.Internal("internal error: oversize batch"))
+		return
+	}
+	if !e.decode(b) {
+		return
+	}
+	e.sampling = e.absorb(e.sampling[:0])
+	e.sampleAll(e.sampling)
+}
+
+// planTakes sets how many tokens each slot puts in this step's batch: one for each
+// generating slot, then the rest of the batch to prefills in admission order (so an
+// early long prompt is not starved), each checked against memory first.
+func (e *engine) planTakes() {
 	budget := e.nBatch
 	var prefill []*slot
 	for _, s := range e.slots {
@@ -452,7 +474,6 @@ func (e *engine) step() {
 			prefill = append(prefill, s)
 		}
 	}
-	// Prefill in admission order so an early long prompt is not starved.
 	sortByAdmission(prefill)
 	for _, s := range prefill {
 		if budget <= 0 {
@@ -470,8 +491,13 @@ func (e *engine) step() {
 		s.take = n
 		budget -= n
 	}
-	// Tokens go in sequence-id order: llama.cpp splits a batch over per-sequence KV
-	// streams into micro-batches of consecutive sequence ids.
+}
+
+// fillBatch adds each slot's tokens to the batch in sequence-id order: llama.cpp
+// splits a batch over per-sequence KV streams into micro-batches of consecutive
+// sequence ids.
+func (e *engine) fillBatch() {
+	b := e.batch
 	for _, s := range e.slots {
 		if s.take == 0 {
 			continue
@@ -494,19 +520,12 @@ func (e *engine) step() {
 			}
 		}
 	}
-	if b.N() == 0 {
-		return
-	}
-	if b.N() > e.nBatch || b.N() > b.Cap() {
-		// Unreachable by construction; decoding it would abort the process.
-		e.log.Error(nil, "Refusing an oversize batch", "tokens", b.N(), "nBatch", e.nBatch)
-		e.failStep(runnerapi.Internal("internal error: oversize batch"))
-		return
-	}
-	if !e.decode(b) {
-		return
-	}
-	sampling := e.sampling[:0]
+}
+
+// absorb takes a decoded batch's outputs into the slots: the tokens are cached, an
+// embedding is read, and a slot whose prompt is in enters generation. It returns
+// sampling with the slots to sample now appended.
+func (e *engine) absorb(sampling []*slot) []*slot {
 	for _, s := range e.slots {
 		if s.take == 0 {
 			continue
@@ -533,8 +552,7 @@ func (e *engine) step() {
 			}
 		}
 	}
-	e.sampling = sampling
-	e.sampleAll(sampling)
+	return sampling
 }
 
 // decode runs the step's batch; on failure it fails the step's jobs and returns false.

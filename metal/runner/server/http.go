@@ -423,25 +423,56 @@ func (s *Server) handleEmbeddings(w http.ResponseWriter, r *http.Request) {
 	if eng == nil {
 		return
 	}
-	switch {
-	case req.Input == nil || req.Input.Len() == 0:
-		writeError(w, runnerapi.InvalidRequest(runnerapi.CodeInvalidValue, "input", "input is required"))
-		return
-	case req.Input.Len() > 2048:
-		writeError(w, runnerapi.InvalidRequest(runnerapi.CodeInvalidValue, "input", "at most 2048 inputs are allowed"))
-		return
-	case req.EncodingFormat != "" && req.EncodingFormat != "float" && req.EncodingFormat != "base64":
-		writeError(w, runnerapi.InvalidRequest(runnerapi.CodeInvalidValue, "encoding_format", "encoding_format must be float or base64"))
-		return
-	case req.Dimensions != nil && *req.Dimensions != s.info.NEmbd:
-		writeError(w, runnerapi.InvalidRequest(runnerapi.CodeInvalidValue, "dimensions",
-			"this model's embeddings have %d dimensions", s.info.NEmbd))
+	if herr := s.embeddingProblem(req); herr != nil {
+		writeError(w, herr)
 		return
 	}
-	jobs := make([]*job, req.Input.Len())
-	total := 0
+	jobs, total, herr := s.embeddingJobs(r, *req.Input)
+	if herr != nil {
+		writeError(w, herr)
+		return
+	}
+	for _, j := range jobs {
+		if herr := eng.submit(j); herr != nil {
+			writeError(w, herr)
+			return
+		}
+	}
+	resp := runnerapi.EmbeddingResponse{Object: "list", Model: s.modelName(req.Model),
+		Usage: runnerapi.Usage{PromptTokens: total, TotalTokens: total}}
+	for i, j := range jobs {
+		vec, ok := awaitEmbedding(w, r, j)
+		if !ok {
+			return
+		}
+		resp.Data = append(resp.Data, runnerapi.Embedding{Object: "embedding", Index: i,
+			Embedding: encodeEmbedding(vec, req.EncodingFormat)})
+	}
+	writeJSON(w, http.StatusOK, resp)
+}
+
+// embeddingProblem is what is wrong with an embedding request's own fields, or nil.
+func (s *Server) embeddingProblem(req runnerapi.EmbeddingRequest) *runnerapi.Error {
+	switch {
+	case req.Input == nil || req.Input.Len() == 0:
+		return runnerapi.InvalidRequest(runnerapi.CodeInvalidValue, "input", "input is required")
+	case req.Input.Len() > 2048:
+		return runnerapi.InvalidRequest(runnerapi.CodeInvalidValue, "input", "at most 2048 inputs are allowed")
+	case req.EncodingFormat != "" && req.EncodingFormat != "float" && req.EncodingFormat != "base64":
+		return runnerapi.InvalidRequest(runnerapi.CodeInvalidValue, "encoding_format", "encoding_format must be float or base64")
+	case req.Dimensions != nil && *req.Dimensions != s.info.NEmbd:
+		return runnerapi.InvalidRequest(runnerapi.CodeInvalidValue, "dimensions",
+			"this model's embeddings have %d dimensions", s.info.NEmbd)
+	}
+	return nil
+}
+
+// embeddingJobs tokenizes each input into its job, refusing the first input that is
+// empty, longer than a sequence's context or over memory; total is their tokens.
+func (s *Server) embeddingJobs(r *http.Request, in runnerapi.Input) ([]*job, int, *runnerapi.Error) {
+	jobs, total := make([]*job, in.Len()), 0
 	for i := range jobs {
-		toks, herr := s.inputTokens(*req.Input, i, "input", false)
+		toks, herr := s.inputTokens(in, i, "input", false)
 		switch {
 		case herr != nil:
 		case len(toks) == 0:
@@ -453,8 +484,7 @@ func (s *Server) handleEmbeddings(w http.ResponseWriter, r *http.Request) {
 			herr = s.guard(len(toks))
 		}
 		if herr != nil {
-			writeError(w, herr)
-			return
+			return nil, 0, herr
 		}
 		total += len(toks)
 		jobs[i] = newJob(r.Context(), toks, runnerapi.Options{}, true)
@@ -462,42 +492,41 @@ func (s *Server) handleEmbeddings(w http.ResponseWriter, r *http.Request) {
 		// reuse them.
 		jobs[i].partition = r.Header.Get(runnerapi.HeaderCachePartition)
 	}
-	for _, j := range jobs {
-		if herr := eng.submit(j); herr != nil {
-			writeError(w, herr)
-			return
+	return jobs, total, nil
+}
+
+// awaitEmbedding waits for j's embedding; false when the job failed (its error is
+// written) or the client went away.
+func awaitEmbedding(w http.ResponseWriter, r *http.Request, j *job) ([]float32, bool) {
+	for {
+		u := j.take()
+		if u.done {
+			if u.err != nil {
+				writeError(w, u.err)
+				return nil, false
+			}
+			break
+		}
+		select {
+		case <-j.notify:
+		case <-r.Context().Done():
+			return nil, false
 		}
 	}
-	resp := runnerapi.EmbeddingResponse{Object: "list", Model: s.modelName(req.Model),
-		Usage: runnerapi.Usage{PromptTokens: total, TotalTokens: total}}
-	for i, j := range jobs {
-		for {
-			u := j.take()
-			if u.done {
-				if u.err != nil {
-					writeError(w, u.err)
-					return
-				}
-				break
-			}
-			select {
-			case <-j.notify:
-			case <-r.Context().Done():
-				return
-			}
-		}
-		j.mu.Lock()
-		vec := j.embedding
-		j.mu.Unlock()
-		var enc any = vec
-		if req.EncodingFormat == "base64" {
-			b := make([]byte, 4*len(vec))
-			for k, v := range vec {
-				binary.LittleEndian.PutUint32(b[4*k:], math.Float32bits(v))
-			}
-			enc = base64.StdEncoding.EncodeToString(b)
-		}
-		resp.Data = append(resp.Data, runnerapi.Embedding{Object: "embedding", Index: i, Embedding: enc})
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.embedding, true
+}
+
+// encodeEmbedding is vec as the request's encoding_format asks: floats, or base64 of
+// their little-endian bytes.
+func encodeEmbedding(vec []float32, format string) any {
+	if format != "base64" {
+		return vec
 	}
-	writeJSON(w, http.StatusOK, resp)
+	b := make([]byte, 4*len(vec))
+	for k, v := range vec {
+		binary.LittleEndian.PutUint32(b[4*k:], math.Float32bits(v))
+	}
+	return base64.StdEncoding.EncodeToString(b)
 }

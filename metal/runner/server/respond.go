@@ -195,20 +195,7 @@ func (o *responder) stream(r *http.Request) {
 	var pending []func() bool // output taken before the stream started
 	for o.wait(r) {
 		err, all, ok := o.poll(func(c *choice, u update) bool {
-			c.lps = append(c.lps, u.logprobs...)
-			c.cached = u.cached
-			text, done := u.text, u.done && u.err == nil
-			counted := send
-			if o.tokenCounts {
-				count := runnerapi.TokenCountComment + " " + strconv.Itoa(c.index) + " " + strconv.Itoa(u.generated) + "\n"
-				counted = func(v any) bool { return o.sendEvent(rc, count, v) }
-			}
-			step := func() bool {
-				if text != "" && !o.sendText(counted, c, text) {
-					return false
-				}
-				return !done || o.sendEnd(counted, c)
-			}
+			step := o.outputStep(rc, send, c, u)
 			if !started {
 				pending = append(pending, step)
 				return true
@@ -226,33 +213,9 @@ func (o *responder) stream(r *http.Request) {
 			if len(pending) == 0 {
 				continue
 			}
-			h := o.w.Header()
-			h.Set("Content-Type", "text/event-stream")
-			h.Set("Cache-Control", "no-cache")
-			h.Set("X-Accel-Buffering", "no")
-			o.w.WriteHeader(http.StatusOK)
 			started = true
-			for _, c := range o.choices {
-				if !o.chat {
-					continue
-				}
-				// The role chunk carries no logprobs: they go with the output they are
-				// of (a continued stream's role chunk is dropped by the gateway).
-				chunk := runnerapi.ChatCompletionChunk{ID: o.id, Object: "chat.completion.chunk", Created: o.created, Model: o.model,
-					Choices: []runnerapi.ChatChunkChoice{{Index: c.index, Delta: runnerapi.ChatDelta{Role: "assistant", Content: ptr("")}}}}
-				comment := ""
-				if c.index == 0 {
-					pu := o.promptUsage(c)
-					if o.usageFirst {
-						chunk.Usage = pu
-					}
-					if o.tokenCounts { // the gateway's, for a stream that breaks after its end
-						comment = promptCount(pu)
-					}
-				}
-				if !o.sendEvent(rc, comment, chunk) {
-					return
-				}
+			if !o.startStream(rc) {
+				return
 			}
 			for _, step := range pending {
 				if !step() {
@@ -261,24 +224,82 @@ func (o *responder) stream(r *http.Request) {
 			}
 			pending = nil
 		}
-		if err != nil {
-			// What was generated before the error is reported (and metered) too.
-			if o.includeUsage && o.allEnded() && !o.sendUsage(send) {
-				return
-			}
-			send(err)
+		if err != nil || all {
+			o.endStream(rc, send, err)
 			return
 		}
-		if !all {
+	}
+}
+
+// outputStep takes an update of choice c and returns what sends it: its text, then
+// its end when it is done, each event after the token count line when the gateway
+// asked for counts.
+func (o *responder) outputStep(rc *http.ResponseController, send func(any) bool, c *choice, u update) func() bool {
+	c.lps = append(c.lps, u.logprobs...)
+	c.cached = u.cached
+	text, done := u.text, u.done && u.err == nil
+	counted := send
+	if o.tokenCounts {
+		count := runnerapi.TokenCountComment + " " + strconv.Itoa(c.index) + " " + strconv.Itoa(u.generated) + "\n"
+		counted = func(v any) bool { return o.sendEvent(rc, count, v) }
+	}
+	return func() bool {
+		if text != "" && !o.sendText(counted, c, text) {
+			return false
+		}
+		return !done || o.sendEnd(counted, c)
+	}
+}
+
+// startStream sends the status line and headers of an event stream and, for chat,
+// each choice's role chunk; false when the client is gone.
+func (o *responder) startStream(rc *http.ResponseController) bool {
+	h := o.w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-cache")
+	h.Set("X-Accel-Buffering", "no")
+	o.w.WriteHeader(http.StatusOK)
+	for _, c := range o.choices {
+		if !o.chat {
 			continue
 		}
-		if o.includeUsage && !o.sendUsage(send) {
+		// The role chunk carries no logprobs: they go with the output they are
+		// of (a continued stream's role chunk is dropped by the gateway).
+		chunk := runnerapi.ChatCompletionChunk{ID: o.id, Object: "chat.completion.chunk", Created: o.created, Model: o.model,
+			Choices: []runnerapi.ChatChunkChoice{{Index: c.index, Delta: runnerapi.ChatDelta{Role: "assistant", Content: ptr("")}}}}
+		comment := ""
+		if c.index == 0 {
+			pu := o.promptUsage(c)
+			if o.usageFirst {
+				chunk.Usage = pu
+			}
+			if o.tokenCounts { // the gateway's, for a stream that breaks after its end
+				comment = promptCount(pu)
+			}
+		}
+		if !o.sendEvent(rc, comment, chunk) {
+			return false
+		}
+	}
+	return true
+}
+
+// endStream ends a started stream: with err, after the usage of what was generated
+// before it (reported and metered too) when every choice had ended; else with the
+// usage when asked for and [DONE].
+func (o *responder) endStream(rc *http.ResponseController, send func(any) bool, err *runnerapi.Error) {
+	if err != nil {
+		if o.includeUsage && o.allEnded() && !o.sendUsage(send) {
 			return
 		}
-		if _, err := io.WriteString(o.w, "data: [DONE]\n\n"); err == nil {
-			_ = rc.Flush()
-		}
+		send(err)
 		return
+	}
+	if o.includeUsage && !o.sendUsage(send) {
+		return
+	}
+	if _, err := io.WriteString(o.w, "data: [DONE]\n\n"); err == nil {
+		_ = rc.Flush()
 	}
 }
 

@@ -423,7 +423,7 @@ func (s *Server) handleEmbeddings(w http.ResponseWriter, r *http.Request) {
 	if eng == nil {
 		return
 	}
-	if herr := s.embeddingProblem(req); herr != nil {
+	if herr := embeddingProblem(req, s.info.NEmbd); herr != nil {
 		writeError(w, herr)
 		return
 	}
@@ -451,8 +451,9 @@ func (s *Server) handleEmbeddings(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, resp)
 }
 
-// embeddingProblem is what is wrong with an embedding request's own fields, or nil.
-func (s *Server) embeddingProblem(req runnerapi.EmbeddingRequest) *runnerapi.Error {
+// embeddingProblem is what is wrong with an embedding request's own fields, or nil;
+// nEmbd is the model's embedding size.
+func embeddingProblem(req runnerapi.EmbeddingRequest, nEmbd int) *runnerapi.Error {
 	switch {
 	case req.Input == nil || req.Input.Len() == 0:
 		return runnerapi.InvalidRequest(runnerapi.CodeInvalidValue, "input", "input is required")
@@ -460,9 +461,9 @@ func (s *Server) embeddingProblem(req runnerapi.EmbeddingRequest) *runnerapi.Err
 		return runnerapi.InvalidRequest(runnerapi.CodeInvalidValue, "input", "at most 2048 inputs are allowed")
 	case req.EncodingFormat != "" && req.EncodingFormat != "float" && req.EncodingFormat != "base64":
 		return runnerapi.InvalidRequest(runnerapi.CodeInvalidValue, "encoding_format", "encoding_format must be float or base64")
-	case req.Dimensions != nil && *req.Dimensions != s.info.NEmbd:
+	case req.Dimensions != nil && *req.Dimensions != nEmbd:
 		return runnerapi.InvalidRequest(runnerapi.CodeInvalidValue, "dimensions",
-			"this model's embeddings have %d dimensions", s.info.NEmbd)
+			"this model's embeddings have %d dimensions", nEmbd)
 	}
 	return nil
 }

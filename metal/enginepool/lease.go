@@ -68,12 +68,11 @@ func (l *Lease) Release() { l.st.release(l) }
 // the engine's lease seconds, a drain waiting for the last lease is woken, and the
 // entry's idle clock restarts.
 func (s *state) release(l *Lease) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if l.released.Load() {
+	if l.released.Swap(true) {
 		return
 	}
-	l.released.Store(true)
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	g := l.eng
 	now := s.clock.Now()
 	if g.inUse > 0 {

@@ -18,7 +18,9 @@
 //   - gateway-wide-params: functions under gateway/ with more than 6 parameters;
 //   - internal-upward-imports: imports from internal/ above the layer the library
 //     folder may reach (docs/architecture.md's table, read by test/layering);
-//   - long-functions: functions whose body runs over 80 lines, outside hack/.
+//   - long-functions: functions whose body runs over 80 lines, outside hack/;
+//   - widest-method-set: the most methods (value and pointer receivers together) on
+//     one named type of the folders that methods-under lists (metal/runner/server).
 //
 // Test files and generated files are not counted. Usage, from the repository root:
 //
@@ -95,7 +97,7 @@ func measure(root string, cfg config) ([]result, error) {
 	if err != nil {
 		return nil, err
 	}
-	results = append(results, up, longFunctions(m, cfg.bodyMax))
+	results = append(results, up, longFunctions(m, cfg.bodyMax), widestMethodSet(m, cfg.methodsUnder))
 	return results, nil
 }
 

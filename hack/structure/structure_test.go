@@ -196,6 +196,37 @@ func TestLongFunctions(t *testing.T) {
 	})
 }
 
+// TestWidestMethodSet counts value and pointer receivers together, over files and
+// type parameters, in the folders of methods-under and below; the types at the widest
+// count are its offenders (testdata/mod/wide/wide.go says what each has).
+func TestWidestMethodSet(t *testing.T) {
+	results, err := measured()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := results["widest-method-set"]
+	want := []string{"wide/sub/sub.go:4 Deep (5 methods)", "wide/wide.go:7 Wide (5 methods)", "wide/wide.go:14 Box (5 methods)"}
+	if r.count != 5 {
+		t.Errorf("widest-method-set = %d, want 5", r.count)
+	}
+	if diff := cmp.Diff(want, r.offenders); diff != "" {
+		t.Errorf("widest-method-set offenders (-want +got):\n%s", diff)
+	}
+	m, err := scanModule("testdata/mod")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// wideout's Out (7 methods) counts once its folder is listed; wide/wide.go alone
+	// (a folder of that name, not a prefix) does not take wideout in.
+	if got := widestMethodSet(m, []string{"wide", "wideout"}); got.count != 7 ||
+		!slices.Equal(got.offenders, []string{"wideout/out.go:4 Out (7 methods)"}) {
+		t.Errorf("widest-method-set over wide and wideout = %d %v, want 7 [wideout/out.go:4 Out (7 methods)]", got.count, got.offenders)
+	}
+	if got := widestMethodSet(m, []string{"wide/sub"}); got.count != 5 || len(got.offenders) != 1 {
+		t.Errorf("widest-method-set over wide/sub = %d %v, want 5 and Deep alone", got.count, got.offenders)
+	}
+}
+
 // TestReport fails a measure over its limit, with its offenders, and passes one at it.
 func TestReport(t *testing.T) {
 	cfg := config{limits: map[string]int{"a": 1, "b": 2}, order: []string{"a", "b"}}
@@ -229,7 +260,7 @@ func TestReportNeedsEveryLimit(t *testing.T) {
 }
 
 func TestReadConfigRejects(t *testing.T) {
-	for _, line := range []string{"a -1", "a x", "a 1 2", "a 1\na 2", "walk acquire pool", "params-max six", "walk-fields maybe"} {
+	for _, line := range []string{"a -1", "a x", "a 1 2", "a 1\na 2", "walk acquire pool", "params-max six", "walk-fields maybe", "methods-under"} {
 		path := filepath.Join(t.TempDir(), "limits.txt")
 		if err := os.WriteFile(path, []byte(line+"\n"), 0o644); err != nil {
 			t.Fatal(err)
@@ -248,7 +279,8 @@ func TestRepositoryLimits(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []string{"pointer-only-methods", "pool-lock-sites", "locked-helpers-outside-state",
-		"acquire-stays", "acquire-returns", "gateway-wide-params", "internal-upward-imports", "long-functions"}
+		"acquire-stays", "acquire-returns", "gateway-wide-params", "internal-upward-imports", "long-functions",
+		"widest-method-set"}
 	// The measures, each with its target, and beside them two walks counted
 	// the other way (every call of an acquire; a request through the gateway).
 	all := slices.Insert(slices.Clone(want), 5, "acquire-calls-stays", "acquire-calls-returns", "request-stays", "request-returns")

@@ -1,8 +1,10 @@
-// Package ggufsynth writes small llama-architecture GGUF models with deterministic
-// pseudo-random weights, a byte-level SentencePiece-style vocabulary and a chatml chat
-// template. Nothing can be downloaded from a model hub here, so every test that needs a
-// real model synthesizes one; the same Spec always produces the same bytes, and greedy
-// generation on the result is deterministic.
+// Package ggufsynth writes small GGUF models with deterministic pseudo-random weights,
+// a byte-level SentencePiece-style vocabulary and a chatml chat template: dense
+// Llama-shaped ones, and those of the other families llama.cpp runs (Family: mixture
+// of experts, sliding-window attention, hybrid recurrent layers). Nothing can be
+// downloaded from a model hub here, so every test that needs a real model synthesizes
+// one; the same Spec always produces the same bytes, and greedy generation on the
+// result is deterministic.
 package ggufsynth
 
 import (
@@ -108,6 +110,19 @@ type Spec struct {
 	// order (a matrix row by row, each row a whole input vector): a trained model's
 	// weights written instead of the pseudo-random ones.
 	Trained map[string][]float32
+	// Family is the architecture written (Llama, the dense model above, when empty);
+	// the other families need the parts below that they name (family.go).
+	Family Family
+	// KeyLength, when set, is the size of one attention head (attention.key_length
+	// and value_length) instead of Embd/Heads.
+	KeyLength int
+	// Experts are the mixture-of-experts feed-forward layers (Qwen3MoE, GPTOSS,
+	// Qwen3Next).
+	Experts *Experts
+	// Window is the sliding-window attention (GPTOSS, Gemma3).
+	Window *Window
+	// DeltaNet are the recurrent (gated delta-net) layers of a hybrid (Qwen3Next).
+	DeltaNet *DeltaNet
 }
 
 // Reply is the fixed answer of a steered model: Token, then End (an end-of-generation
@@ -181,7 +196,12 @@ func Preset(name string) (Spec, error) {
 }
 
 // HeadDim is the size of one attention head.
-func (s Spec) HeadDim() int { return s.Embd / s.Heads }
+func (s Spec) HeadDim() int {
+	if s.KeyLength > 0 {
+		return s.KeyLength
+	}
+	return s.Embd / s.Heads
+}
 
 // EmbdKV is the width of the key (and value) projection.
 func (s Spec) EmbdKV() int { return s.HeadDim() * s.KVHeads }
@@ -194,6 +214,9 @@ func (s Spec) KVBytesPerToken(elemBytes float64) float64 {
 
 // Params is the number of parameters (a tied output projection counted once).
 func (s Spec) Params() int64 {
+	if s.Family.Arch() != string(Llama) {
+		return s.familyParams()
+	}
 	e, kv, ff := int64(s.Embd), int64(s.EmbdKV()), int64(s.FF)
 	perLayer := 2*e*e + 2*e*kv + 3*e*ff + 2*e
 	n := int64(s.Vocab)*e + e + int64(s.Layers)*perLayer
@@ -215,7 +238,7 @@ func (s Spec) Validate() error {
 		return fmt.Errorf("vocab %d is below the minimum %d", s.Vocab, FirstNormalToken+96)
 	case s.Embd <= 0 || s.Layers <= 0 || s.Heads <= 0 || s.KVHeads <= 0 || s.FF <= 0 || s.Ctx <= 0:
 		return errors.New("embd, layers, heads, kv heads, ff and ctx must be positive")
-	case s.Embd%s.Heads != 0:
+	case s.KeyLength == 0 && s.Embd%s.Heads != 0:
 		return fmt.Errorf("embd %d is not a multiple of heads %d", s.Embd, s.Heads)
 	case s.Heads%s.KVHeads != 0:
 		return fmt.Errorf("heads %d is not a multiple of kv heads %d", s.Heads, s.KVHeads)
@@ -232,6 +255,9 @@ func (s Spec) Validate() error {
 	case s.Reply != nil && (s.Reply.Token < 0 || s.Reply.Token >= s.Vocab || s.Reply.End < 0 ||
 		s.Reply.End >= s.Vocab || s.Reply.Token == s.Reply.End):
 		return fmt.Errorf("reply tokens %d and %d must be two different ids below vocab %d", s.Reply.Token, s.Reply.End, s.Vocab)
+	}
+	if err := s.validateFamily(); err != nil {
+		return err
 	}
 	return s.validateTrained()
 }
@@ -320,31 +346,32 @@ func metadata(s Spec) ggml.KV {
 		tokens, scores, types = Vocabulary(s.Vocab)
 	}
 	fileType := map[DType]uint32{F32: 0, F16: 1, Q4_0: 2, Q8_0: 7}[s.DType] // llama_ftype
+	a := s.Family.Arch()
 	kv := ggml.KV{
-		"general.architecture":                   "llama",
-		"general.name":                           s.Name,
-		"general.file_type":                      fileType,
-		"llama.context_length":                   uint32(s.Ctx),
-		"llama.embedding_length":                 uint32(s.Embd),
-		"llama.block_count":                      uint32(s.Layers),
-		"llama.feed_forward_length":              uint32(s.FF),
-		"llama.attention.head_count":             uint32(s.Heads),
-		"llama.attention.head_count_kv":          uint32(s.KVHeads),
-		"llama.attention.layer_norm_rms_epsilon": float32(1e-5),
-		"llama.rope.dimension_count":             uint32(s.HeadDim()),
-		"llama.rope.freq_base":                   cmp.Or(s.RopeBase, 10000),
-		"llama.vocab_size":                       uint32(s.Vocab),
-		"tokenizer.ggml.model":                   "llama",
-		"tokenizer.ggml.tokens":                  tokens,
-		"tokenizer.ggml.scores":                  scores,
-		"tokenizer.ggml.token_type":              types,
-		"tokenizer.ggml.bos_token_id":            uint32(BOSToken),
-		"tokenizer.ggml.eos_token_id":            uint32(EOSToken),
-		"tokenizer.ggml.eot_token_id":            uint32(IMEndToken),
-		"tokenizer.ggml.unknown_token_id":        uint32(UnknownToken),
-		"tokenizer.ggml.add_bos_token":           true,
-		"tokenizer.ggml.add_eos_token":           false,
-		"tokenizer.chat_template":                ChatMLTemplate,
+		"general.architecture":                  a,
+		"general.name":                          s.Name,
+		"general.file_type":                     fileType,
+		a + ".context_length":                   uint32(s.Ctx),
+		a + ".embedding_length":                 uint32(s.Embd),
+		a + ".block_count":                      uint32(s.Layers),
+		a + ".feed_forward_length":              uint32(s.FF),
+		a + ".attention.head_count":             uint32(s.Heads),
+		a + ".attention.head_count_kv":          uint32(s.KVHeads),
+		a + ".attention.layer_norm_rms_epsilon": float32(1e-5),
+		a + ".rope.dimension_count":             uint32(s.HeadDim()),
+		a + ".rope.freq_base":                   cmp.Or(s.RopeBase, 10000),
+		a + ".vocab_size":                       uint32(s.Vocab),
+		"tokenizer.ggml.model":                  "llama",
+		"tokenizer.ggml.tokens":                 tokens,
+		"tokenizer.ggml.scores":                 scores,
+		"tokenizer.ggml.token_type":             types,
+		"tokenizer.ggml.bos_token_id":           uint32(BOSToken),
+		"tokenizer.ggml.eos_token_id":           uint32(EOSToken),
+		"tokenizer.ggml.eot_token_id":           uint32(IMEndToken),
+		"tokenizer.ggml.unknown_token_id":       uint32(UnknownToken),
+		"tokenizer.ggml.add_bos_token":          true,
+		"tokenizer.ggml.add_eos_token":          false,
+		"tokenizer.chat_template":               ChatMLTemplate,
 	}
 	if s.Tokenizer != nil {
 		s.Tokenizer.kv(kv)
@@ -352,65 +379,14 @@ func metadata(s Spec) ggml.KV {
 	if s.ChatTemplate != "" {
 		kv["tokenizer.chat_template"] = s.ChatTemplate
 	}
+	s.familyKV(kv)
 	return kv
 }
 
-// Vocabulary returns the tokens, scores and token types of a vocabulary of n entries:
-// control tokens, the 256 byte tokens, then ordinary tokens (the word-start marker,
-// printable ASCII, then letter n-grams) until n is reached. Ordinary tokens listed
-// earlier get higher scores, so the tokenizer prefers them when merging.
-func Vocabulary(n int) ([]string, []float32, []int32) {
-	tokens := make([]string, 0, n)
-	types := make([]int32, 0, n)
-	add := func(tok string, typ int32) {
-		if len(tokens) < n {
-			tokens = append(tokens, tok)
-			types = append(types, typ)
-		}
-	}
-	add("<unk>", tokenTypeUnknown)
-	add("<s>", tokenTypeControl)
-	add("</s>", tokenTypeControl)
-	add("<|im_start|>", tokenTypeControl)
-	add("<|im_end|>", tokenTypeControl)
-	for b := range 256 {
-		add(fmt.Sprintf("<0x%02X>", b), tokenTypeByte)
-	}
-	const space = "\u2581" // SentencePiece word-start marker
-	add(space, tokenTypeNormal)
-	for c := byte('!'); c <= '~'; c++ {
-		add(string(c), tokenTypeNormal)
-	}
-	// n-grams of lowercase letters, optionally prefixed by the word-start marker,
-	// shortest first; enumerated as base-27 numbers so the order is fixed.
-	firsts := make([]string, 0, 27)
-	firsts = append(firsts, space)
-	for c := 'a'; c <= 'z'; c++ {
-		firsts = append(firsts, string(c))
-	}
-	for length := 2; len(tokens) < n; length++ {
-		total := 27
-		for range length - 1 {
-			total *= 26
-		}
-		for i := 0; i < total && len(tokens) < n; i++ {
-			rest := make([]byte, length-1)
-			v := i
-			for j := length - 2; j >= 0; j-- {
-				rest[j] = byte('a' + v%26)
-				v /= 26
-			}
-			add(firsts[v]+string(rest), tokenTypeNormal)
-		}
-	}
-	scores := make([]float32, len(tokens))
-	for i := FirstNormalToken; i < len(tokens); i++ {
-		scores[i] = -float32(i - FirstNormalToken)
-	}
-	return tokens, scores, types
-}
-
 func tensors(s Spec) []*ggml.Tensor {
+	if s.Family.Arch() != string(Llama) {
+		return familyTensors(s)
+	}
 	e, kv, ff := uint64(s.Embd), uint64(s.EmbdKV()), uint64(s.FF)
 	var ts []*ggml.Tensor
 	var steer map[string]func(i uint64) (float32, bool)
@@ -510,6 +486,8 @@ type weights struct {
 	steer func(i uint64) (float32, bool)
 	// trained, when set, are the values (Spec.Trained).
 	trained []float32
+	// shift is added to every pseudo-random value (not to a norm's ones).
+	shift float32
 }
 
 const splitmixGamma = 0x9E3779B97F4A7C15
@@ -538,7 +516,7 @@ func (w *weights) values(vals []float32, from uint64) {
 		z = (z ^ (z >> 27)) * 0x94D049BB133111EB
 		z ^= z >> 31
 		u := float32(z>>40) / float32(1<<24) // [0,1)
-		vals[i] = (2*u - 1) * w.scale
+		vals[i] = (2*u-1)*w.scale + w.shift
 	}
 	if w.steer != nil {
 		for i := range vals {

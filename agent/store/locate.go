@@ -79,6 +79,9 @@ func (l *Locator) Locate(ctx context.Context, namespace, rawSource string) (Remo
 	if err != nil {
 		return Remote{}, err
 	}
+	if src.Parts > 1 {
+		return Remote{}, &modelsource.ParseError{Source: rawSource, Reason: modelsource.SplitPartMessage}
+	}
 	if src.Scheme == modelsource.File {
 		return Remote{}, fmt.Errorf("%s: a file:// source is read in place, not located", rawSource)
 	}

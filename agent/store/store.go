@@ -206,6 +206,9 @@ func (s *Store) Fetch(ctx context.Context, namespace, rawSource, sha256 string, 
 	if err != nil {
 		return "", err
 	}
+	if src.Parts > 1 {
+		return "", &modelsource.ParseError{Source: rawSource, Reason: modelsource.SplitPartMessage}
+	}
 	policy := s.policy.Policy()
 	if err := policy.DecideSource(namespace, rawSource).Err(namespace, rawSource); err != nil {
 		return "", err

@@ -12,6 +12,7 @@ func FuzzParse(f *testing.F) {
 		"hf://Qwen/Qwen2.5-7B-Instruct-GGUF/qwen2.5-7b-instruct-q4_k_m.gguf", "hf://org/repo/m.gguf@refs/pr/3",
 		"ollama://team/model:v1", "ollama://llama3.2", "https://example.test/a%20b/m.gguf?x=1#f",
 		"http://[::1]:8080/m.gguf", "file:///models/a%20b.gguf", "file://host/x.gguf", "HF://o/r/x.GGUF", "",
+		"hf://o/r/m-00001-of-00002.gguf", "file:///m/x-00002-of-00003.gguf", "https://h/a-00001-of-00009.gguf?q",
 	} {
 		f.Add(s)
 	}

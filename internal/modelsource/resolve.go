@@ -49,6 +49,10 @@ type Location struct {
 	// Size is the file's size in bytes when the source says it (ollama manifests),
 	// else 0.
 	Size int64
+	// Parts, for a model stored in several files (Source.Parts), are the locations of
+	// every part in order, the first (this one, without Parts) included; nil for a
+	// model in one file.
+	Parts []Location
 }
 
 // IsLocal reports whether the location is a path on the local disk.
@@ -101,10 +105,29 @@ func (r *Resolver) ResolveString(ctx context.Context, s string) (Location, error
 	return r.Resolve(ctx, src)
 }
 
-// Resolve returns where src can be read from. Only ollama:// sources use the network
-// (the manifest names the blob). Errors are *StatusError, *UnreachableError or
+// Resolve returns where src can be read from, every part of a model stored in parts
+// (Location.Parts). Only ollama:// sources use the network (the manifest names the
+// blob). Errors are *StatusError, *UnreachableError or
 // *ManifestError, wrapped with context.
 func (r *Resolver) Resolve(ctx context.Context, src Source) (Location, error) {
+	if src.Parts < 2 {
+		return r.resolveFile(ctx, src)
+	}
+	var parts []Location
+	for _, p := range src.PartSources() {
+		loc, err := r.resolveFile(ctx, p)
+		if err != nil {
+			return Location{}, err
+		}
+		parts = append(parts, loc)
+	}
+	first := parts[0]
+	first.Parts = parts
+	return first, nil
+}
+
+// resolveFile resolves a source of one file.
+func (r *Resolver) resolveFile(ctx context.Context, src Source) (Location, error) {
 	switch src.Scheme {
 	case HuggingFace:
 		return Location{Source: src, URL: r.HFURL(src)}, nil

@@ -64,6 +64,10 @@ type Source struct {
 
 	// file://: LocalPath is the absolute, unescaped path.
 	LocalPath string
+
+	// Parts is the number of files of a model stored in parts whose first part the
+	// source names (NAME-00001-of-0000N.gguf, N > 1); 0 for a model in one file.
+	Parts int
 }
 
 // ParseError says why a source string is not a valid model source.
@@ -90,32 +94,118 @@ var (
 // splitPart is the name llama.cpp gives each part of a model split across files.
 var splitPart = regexp.MustCompile(`(?i)-[0-9]{5}-of-[0-9]{5}\.gguf$`)
 
-// SplitPartMessage says why a part of a multi-part GGUF is refused, and what to do.
+// IsSplitPart says whether the file name is a part of a model stored in several files
+// (NAME-00001-of-0000N.gguf).
+func IsSplitPart(name string) bool { return splitPart.MatchString(name) }
+
+// SplitPartMessage says why a reader of one file refuses a model stored in parts,
+// and what to do.
 const SplitPartMessage = "a part of a multi-part GGUF (NAME-00001-of-0000N.gguf) is not supported: " +
 	"its memory estimate would count one part and the runner reads one file; merge the parts into one file " +
 	"(llama.cpp's gguf-split --merge) and name that"
 
-// IsSplitPart says whether the file name is a part of a multi-part GGUF.
-func IsSplitPart(name string) bool { return splitPart.MatchString(name) }
+// PartName is the file name of part no (from 1) of count of a model stored in parts,
+// as llama.cpp names them: prefix-00001-of-00003.gguf.
+func PartName(prefix string, no, count int) string {
+	return fmt.Sprintf("%s-%05d-of-%05d.gguf", prefix, no, count)
+}
+
+// splitName reads the name of a part: its prefix, its index from 1 and the number of
+// parts. ok is false when name is not a part's; err says why a name shaped like a
+// part's cannot be loaded as one.
+func splitName(name string) (prefix string, no, count int, ok bool, err error) {
+	if !IsSplitPart(name) {
+		return "", 0, 0, false, nil
+	}
+	const suffix = len("-00001-of-00003.gguf")
+	prefix = name[:len(name)-suffix]
+	_, serr := fmt.Sscanf(strings.ToLower(name[len(prefix):]), "-%05d-of-%05d.gguf", &no, &count)
+	switch {
+	case serr != nil || no < 1 || no > count:
+		return "", 0, 0, true, fmt.Errorf("%q is not a part of a model stored in parts: its number must be from 1 to the count", path.Base(name))
+	case PartName(prefix, no, count) != name:
+		return "", 0, 0, true, fmt.Errorf("%q: a part's name must end in -NNNNN-of-NNNNN.gguf, lowercase, as the runner looks its other parts up", path.Base(name))
+	}
+	return prefix, no, count, true, nil
+}
 
 // Parse checks the syntax of a model source and splits it into its parts. It does not
-// touch the network. Errors are *ParseError; a part of a multi-part GGUF is refused
-// (SplitPartMessage).
+// touch the network. Errors are *ParseError. A source may name the first part of a
+// model stored in several files (NAME-00001-of-0000N.gguf): Parts says how many; a
+// later part is refused with the name of the first.
 func Parse(s string) (Source, error) {
 	src, err := parse(s)
 	if err != nil {
 		return Source{}, err
 	}
-	name := src.Path + src.LocalPath
-	if src.Scheme == HTTP {
-		if u, err := url.Parse(src.URL); err == nil {
-			name = u.Path
-		}
+	name := src.fileName()
+	prefix, no, count, ok, err := splitName(name)
+	switch {
+	case err != nil:
+		return Source{}, parseErr(s, "%v", err)
+	case !ok:
+		return src, nil
+	case no != 1:
+		return Source{}, parseErr(s, "%q is part %d of the %d files of a model: name its first part, %s",
+			path.Base(name), no, count, src.withFile(name, PartName(prefix, 1, count)).Raw)
 	}
-	if IsSplitPart(name) {
-		return Source{}, parseErr(s, "%s", SplitPartMessage)
+	if count > 1 {
+		src.Parts = count
 	}
 	return src, nil
+}
+
+// fileName is the path (hf://, file://) or URL path (http(s)://) of the file a source
+// names; "" for ollama://.
+func (s Source) fileName() string {
+	if s.Scheme == HTTP {
+		if u, err := url.Parse(s.URL); err == nil {
+			return u.Path
+		}
+	}
+	return s.Path + s.LocalPath
+}
+
+// withFile is s naming the file to instead of from (a sibling: same directory), and
+// Raw spelled as s's with the name replaced.
+func (s Source) withFile(from, to string) Source {
+	switch s.Scheme {
+	case HuggingFace:
+		s.Path = to
+	case File:
+		s.LocalPath = to
+	case HTTP:
+		if u, err := url.Parse(s.URL); err == nil {
+			u.Path, u.RawPath = to, ""
+			s.URL = u.String()
+		}
+	}
+	fromBase, toBase := path.Base(from), path.Base(to)
+	if i := strings.LastIndex(s.Raw, fromBase); i >= 0 && s.Scheme != HTTP {
+		s.Raw = s.Raw[:i] + toBase + s.Raw[i+len(fromBase):]
+	} else {
+		s.Raw = s.String()
+	}
+	return s
+}
+
+// PartSources are the sources of every file of the model s names, in order: s itself
+// for a model in one file; for one stored in parts, s (the first) then the others,
+// each naming its own file (Parts unset).
+func (s Source) PartSources() []Source {
+	if s.Parts < 2 {
+		return []Source{s}
+	}
+	name := s.fileName()
+	prefix, _, _, _, _ := splitName(name)
+	out := make([]Source, 0, s.Parts)
+	out = append(out, s)
+	for no := 2; no <= s.Parts; no++ {
+		p := s.withFile(name, PartName(prefix, no, s.Parts))
+		p.Parts = 0
+		out = append(out, p)
+	}
+	return out
 }
 
 func parse(s string) (Source, error) {

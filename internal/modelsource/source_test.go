@@ -28,10 +28,21 @@ func TestParse(t *testing.T) {
 		{in: "hf://org/repo", wantErr: "want hf://<org>/<repo>/<path/to/file.gguf>"},
 		{in: "hf://org/repo/", wantErr: "want hf://<org>/<repo>/<path/to/file.gguf>"},
 		{in: "hf://org/repo/model.bin", wantErr: "does not name a .gguf file"},
-		{in: "hf://org/repo/big-Q4_K_M-00001-of-00003.gguf", wantErr: "multi-part GGUF"},
-		{in: "hf://org/repo/Q8_0/big-Q8_0-00002-of-00002.GGUF@main", wantErr: "multi-part GGUF"},
-		{in: "https://models.example/big-00001-of-00004.gguf?sig=x", wantErr: "multi-part GGUF"},
-		{in: "file:///Volumes/models/big-00001-of-00002.gguf", wantErr: "multi-part GGUF"},
+		{in: "hf://org/repo/big-Q4_K_M-00001-of-00003.gguf",
+			want: Source{Scheme: HuggingFace, Org: "org", Repo: "repo", Path: "big-Q4_K_M-00001-of-00003.gguf", Revision: "main", Parts: 3}},
+		{in: "hf://org/repo/one-00001-of-00001.gguf",
+			want: Source{Scheme: HuggingFace, Org: "org", Repo: "repo", Path: "one-00001-of-00001.gguf", Revision: "main"}},
+		{in: "hf://org/repo/Q8_0/big-Q8_0-00002-of-00003.gguf@v1",
+			wantErr: `"big-Q8_0-00002-of-00003.gguf" is part 2 of the 3 files of a model: name its first part, hf://org/repo/Q8_0/big-Q8_0-00001-of-00003.gguf@v1`},
+		{in: "hf://org/repo/Q8_0/big-Q8_0-00001-of-00002.GGUF@main", wantErr: "lowercase"},
+		{in: "hf://org/repo/big-00000-of-00002.gguf", wantErr: "its number must be from 1 to the count"},
+		{in: "hf://org/repo/big-00003-of-00002.gguf", wantErr: "its number must be from 1 to the count"},
+		{in: "https://models.example/m/big-00001-of-00004.gguf?sig=x",
+			want: Source{Scheme: HTTP, URL: "https://models.example/m/big-00001-of-00004.gguf?sig=x", Parts: 4}},
+		{in: "https://models.example/m/big-00004-of-00004.gguf?sig=x",
+			wantErr: "name its first part, https://models.example/m/big-00001-of-00004.gguf?sig=x"},
+		{in: "file:///Volumes/models/big-00001-of-00002.gguf", want: Source{Scheme: File, LocalPath: "/Volumes/models/big-00001-of-00002.gguf", Parts: 2}},
+		{in: "file:///Volumes/models/big-00002-of-00002.gguf", wantErr: "name its first part, file:///Volumes/models/big-00001-of-00002.gguf"},
 		{in: "hf://org/repo/model-00001-of-00003-merged.gguf",
 			want: Source{Scheme: HuggingFace, Org: "org", Repo: "repo", Path: "model-00001-of-00003-merged.gguf", Revision: "main"}},
 		{in: "hf://org/repo/a//b.gguf", wantErr: "empty path segment"},
@@ -162,6 +173,63 @@ func TestResolve(t *testing.T) {
 				t.Errorf("IsLocal() = %v", got.IsLocal())
 			}
 		})
+	}
+}
+
+func TestPartSources(t *testing.T) {
+	for in, want := range map[string][]string{
+		"hf://org/repo/Q4/big-Q4-00001-of-00003.gguf@v1": {
+			"hf://org/repo/Q4/big-Q4-00001-of-00003.gguf@v1",
+			"hf://org/repo/Q4/big-Q4-00002-of-00003.gguf@v1",
+			"hf://org/repo/Q4/big-Q4-00003-of-00003.gguf@v1",
+		},
+		"https://cdn.example/a%20b/m-00001-of-00002.gguf?sig=x": {
+			"https://cdn.example/a%20b/m-00001-of-00002.gguf?sig=x",
+			"https://cdn.example/a%20b/m-00002-of-00002.gguf?sig=x",
+		},
+		"file:///models/m-00001-of-00002.gguf": {"file:///models/m-00001-of-00002.gguf", "file:///models/m-00002-of-00002.gguf"},
+		"hf://org/repo/one.gguf":               {"hf://org/repo/one.gguf"},
+	} {
+		src, err := Parse(in)
+		if err != nil {
+			t.Fatalf("Parse(%q): %v", in, err)
+		}
+		var got []string
+		for i, p := range src.PartSources() {
+			got = append(got, p.Raw)
+			if p.Raw != p.String() && !strings.HasPrefix(in, "hf://") {
+				t.Errorf("%q part %d: Raw %q, String %q", in, i+1, p.Raw, p.String())
+			}
+			if i > 0 && p.Parts != 0 {
+				t.Errorf("%q part %d has Parts %d, want 0 (it names one file)", in, i+1, p.Parts)
+			}
+		}
+		if diff := cmp.Diff(want, got); diff != "" {
+			t.Errorf("PartSources of %q (-want +got):\n%s", in, diff)
+		}
+	}
+}
+
+func TestResolveParts(t *testing.T) {
+	r := &Resolver{HFEndpoint: "http://hub.test"}
+	loc, err := r.ResolveString(t.Context(), "hf://org/repo/m-00001-of-00002.gguf")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var urls []string
+	for _, p := range loc.Parts {
+		urls = append(urls, p.URL)
+		if p.Parts != nil {
+			t.Errorf("part %s has parts of its own", p.URL)
+		}
+	}
+	want := []string{"http://hub.test/org/repo/resolve/main/m-00001-of-00002.gguf", "http://hub.test/org/repo/resolve/main/m-00002-of-00002.gguf"}
+	if diff := cmp.Diff(want, urls); diff != "" || loc.URL != want[0] {
+		t.Errorf("Resolve of a first part: URL %s, parts (-want +got):\n%s", loc.URL, diff)
+	}
+	one, err := r.ResolveString(t.Context(), "hf://org/repo/m.gguf")
+	if err != nil || one.Parts != nil {
+		t.Errorf("Resolve of one file: parts %v, %v; want none", one.Parts, err)
 	}
 }
 

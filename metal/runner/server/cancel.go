@@ -50,7 +50,7 @@ func (t *requestTable) cancel(id string) bool {
 	return ok
 }
 
-func (s *Server) handleCancel(w http.ResponseWriter, r *http.Request) {
+func (t *requestTable) handleCancel(w http.ResponseWriter, r *http.Request) {
 	var req runnerapi.Cancel
 	if err := readJSON(w, r, &req); err != nil {
 		writeError(w, err)
@@ -60,5 +60,5 @@ func (s *Server) handleCancel(w http.ResponseWriter, r *http.Request) {
 		writeError(w, runnerapi.InvalidRequest(runnerapi.CodeInvalidValue, "id", "id must name a request (its %s)", runnerapi.HeaderRequestID))
 		return
 	}
-	writeJSON(w, http.StatusOK, runnerapi.Cancelled{Found: s.requests.cancel(req.ID)})
+	writeJSON(w, http.StatusOK, runnerapi.Cancelled{Found: t.cancel(req.ID)})
 }

@@ -10,44 +10,69 @@ import (
 	"strings"
 	"unicode/utf8"
 
+	"github.com/go-logr/logr"
+
 	"github.com/macfleet/macfleet/api/runnerapi"
 	"github.com/macfleet/macfleet/internal/chat"
 	"github.com/macfleet/macfleet/internal/chat/grammar"
 	"github.com/macfleet/macfleet/metal/runner/llama"
 )
 
-// setupChat prepares chat rendering for the loaded model: its own Jinja template when
-// it has one that parses, else llama.cpp's built-in templates; and the control tokens
-// whose text the output parser needs to see (tool-call and reasoning markers).
-func (s *Server) setupChat(m *llama.Model) {
+// chatRenderer renders chat requests for the loaded model and reads what its output
+// parser needs: its own Jinja template when it has one that parses, else llama.cpp's
+// built-in templates; and the control tokens whose text the output parser needs to
+// see (tool-call and reasoning markers).
+type chatRenderer struct {
+	model   *llama.Model
+	tmpl    string             // llama.cpp built-in template, when chat is nil
+	chat    *chat.Template     // the model's own template (nil: none that parses)
+	info    runnerapi.ChatInfo // reported in /status
+	markers map[int32][]byte   // control tokens the output parser must see
+}
+
+// newChatRenderer prepares chat rendering for the loaded model m.
+func newChatRenderer(m *llama.Model, log logr.Logger) *chatRenderer {
+	cr := &chatRenderer{model: m, markers: map[int32][]byte{}}
 	src := m.ChatTemplate()
-	info := runnerapi.ChatInfo{Renderer: runnerapi.RendererBuiltin, ToolFormat: chat.FormatNone.String()}
+	cr.info = runnerapi.ChatInfo{Renderer: runnerapi.RendererBuiltin, ToolFormat: chat.FormatNone.String()}
 	if src != "" {
 		t, err := chat.NewTemplate(src, tokenText(m, m.BOS()), tokenText(m, m.EOS()))
 		if err == nil {
-			s.chat = t
-			info = runnerapi.ChatInfo{Renderer: runnerapi.RendererJinja, ToolFormat: t.Format.String(), Tools: t.Tools, Thinking: t.Thinking}
+			cr.chat = t
+			cr.info = runnerapi.ChatInfo{Renderer: runnerapi.RendererJinja, ToolFormat: t.Format.String(), Tools: t.Tools, Thinking: t.Thinking}
 		} else {
-			info.TemplateError = err.Error()
-			s.log.Info("The model's chat template does not parse; using llama.cpp's built-in templates", "error", err.Error())
+			cr.info.TemplateError = err.Error()
+			log.Info("The model's chat template does not parse; using llama.cpp's built-in templates", "error", err.Error())
 		}
 	}
-	s.chatInfo = info
-	if s.chat == nil {
-		s.tmpl = s.pickTemplate(src)
+	if cr.chat == nil {
+		cr.tmpl = pickTemplate(src, log)
 	}
-	s.markers = map[int32][]byte{}
 	var marks []string
-	if s.chat != nil {
-		marks = append(s.chat.Format.Markers(), "<think>", "</think>")
+	if cr.chat != nil {
+		marks = append(cr.chat.Format.Markers(), "<think>", "</think>")
 	}
 	for _, mark := range marks {
 		toks, err := m.Tokenize(mark, false, true)
 		if err != nil || len(toks) != 1 || len(m.Piece(toks[0])) > 0 {
 			continue // not a single control token: its text is in the output anyway
 		}
-		s.markers[toks[0]] = []byte(mark)
+		cr.markers[toks[0]] = []byte(mark)
 	}
+	return cr
+}
+
+// pickTemplate returns the template to format chats with: the model's own when
+// llama.cpp recognises it, else chatml (the empty template).
+func pickTemplate(t string, log logr.Logger) string {
+	if t == "" {
+		return ""
+	}
+	if _, err := llama.ApplyChatTemplate(t, []llama.ChatMessage{{Role: "user", Content: "hi"}}, true); err != nil {
+		log.Info("The model's chat template is not supported; using chatml", "error", err.Error())
+		return ""
+	}
+	return t
 }
 
 func tokenText(m *llama.Model, tok int32) string {
@@ -57,8 +82,8 @@ func tokenText(m *llama.Model, tok int32) string {
 	return m.TokenText(tok)
 }
 
-// renderChat renders a chat request into the prompt text (generation prompt added).
-func (s *Server) renderChat(req *runnerapi.ChatRequest) (string, *runnerapi.Error) {
+// render renders a chat request into the prompt text (generation prompt added).
+func (cr *chatRenderer) render(req *runnerapi.ChatRequest) (string, *runnerapi.Error) {
 	if len(req.Messages) == 0 {
 		return "", runnerapi.InvalidRequest(runnerapi.CodeInvalidValue, "messages", "messages must not be empty")
 	}
@@ -73,8 +98,8 @@ func (s *Server) renderChat(req *runnerapi.ChatRequest) (string, *runnerapi.Erro
 				"content must not contain NUL bytes")
 		}
 	}
-	if s.chat != nil {
-		return s.chat.Render(chat.InputOf(req), s.model.AddBOS())
+	if cr.chat != nil {
+		return cr.chat.Render(chat.InputOf(req), cr.model.AddBOS())
 	}
 	if len(req.Tools) > 0 && (req.ToolChoice == nil || req.ToolChoice.Mode != "none") {
 		return "", runnerapi.InvalidRequest(runnerapi.CodeUnsupportedParameter, "tools",
@@ -88,20 +113,20 @@ func (s *Server) renderChat(req *runnerapi.ChatRequest) (string, *runnerapi.Erro
 		}
 		cm[i] = llama.ChatMessage{Role: role, Content: string(m.Content)}
 	}
-	prompt, err := llama.ApplyChatTemplate(s.tmpl, cm, true)
+	prompt, err := llama.ApplyChatTemplate(cr.tmpl, cm, true)
 	if err != nil {
 		return "", runnerapi.Internal("applying the chat template: %v", err)
 	}
 	return prompt, nil
 }
 
-// renderRequest renders a chat request: as renderChat does, or with its final
+// renderRequest renders a chat request: as render does, or with its final
 // assistant message left open when the header runnerapi.HeaderContinue asks to
 // continue it (c.Open is where that message's answer starts in the prompt; -1: none).
-func (s *Server) renderRequest(req *runnerapi.ChatRequest, mode string) (c chat.Continued, herr *runnerapi.Error) {
+func (cr *chatRenderer) renderRequest(req *runnerapi.ChatRequest, mode string) (c chat.Continued, herr *runnerapi.Error) {
 	switch mode {
 	case "":
-		c.Prompt, herr = s.renderChat(req)
+		c.Prompt, herr = cr.render(req)
 		c.Open = -1
 		return c, herr
 	case runnerapi.ContinueFinalMessage:
@@ -109,14 +134,14 @@ func (s *Server) renderRequest(req *runnerapi.ChatRequest, mode string) (c chat.
 		return chat.Continued{}, runnerapi.InvalidRequest(runnerapi.CodeInvalidValue, runnerapi.HeaderContinue,
 			"%s must be %q, got %q", runnerapi.HeaderContinue, runnerapi.ContinueFinalMessage, clipText(mode, 64))
 	}
-	if _, herr = s.renderChat(req); herr != nil { // the same checks of the messages
+	if _, herr = cr.render(req); herr != nil { // the same checks of the messages
 		return chat.Continued{}, herr
 	}
-	if s.chat == nil {
+	if cr.chat == nil {
 		return chat.Continued{}, runnerapi.InvalidRequest(runnerapi.CodeTemplateError, "messages",
 			"this model has no Jinja chat template, so it cannot leave the assistant's message open")
 	}
-	return s.chat.RenderContinue(chat.InputOf(req), s.model.AddBOS())
+	return cr.chat.RenderContinue(chat.InputOf(req), cr.model.AddBOS())
 }
 
 // continuedTokens counts the prompt's tokens after before (the continued answer's),
@@ -126,12 +151,12 @@ func (s *Server) renderRequest(req *runnerapi.ChatRequest, mode string) (c chat.
 // max_tokens bounds the whole answer, so what is left of it shrinks by them. An answer
 // declared to have them all is spent (it ends at once, finish reason length); one that
 // only re-tokenizes into them (an estimate) still generates one token.
-func (s *Server) continuedTokens(before string, all int, declared string, opts *runnerapi.Options) *runnerapi.Error {
+func (cr *chatRenderer) continuedTokens(before string, all int, declared string, opts *runnerapi.Options) *runnerapi.Error {
 	if opts.N > 1 {
 		return runnerapi.InvalidRequest(runnerapi.CodeUnsupportedParameter, "n",
 			"an answer is continued one choice at a time, got n=%d", opts.N)
 	}
-	head, err := s.model.Tokenize(before, true, true)
+	head, err := cr.model.Tokenize(before, true, true)
 	if err != nil {
 		return runnerapi.InvalidRequest(runnerapi.CodeInvalidValue, "messages", "tokenizing: %v", err)
 	}
@@ -152,68 +177,68 @@ func (s *Server) continuedTokens(before string, all int, declared string, opts *
 	return nil
 }
 
-// chatOptions are the output parser's options for a request and its prompt.
-func (s *Server) chatOptions(req *runnerapi.ChatRequest, prompt string) chat.Options {
+// options are the output parser's options for a request and its prompt.
+func (cr *chatRenderer) options(req *runnerapi.ChatRequest, prompt string) chat.Options {
 	o := chat.Options{Parallel: req.ParallelToolCalls == nil || *req.ParallelToolCalls}
-	if s.chat == nil {
+	if cr.chat == nil {
 		return o
 	}
-	o.Format = s.chat.Format
+	o.Format = cr.chat.Format
 	o.Tools = len(req.Tools) > 0 && (req.ToolChoice == nil || req.ToolChoice.Mode != "none")
 	o.Defs = req.Tools
-	o.Thinking = s.chat.Thinking
+	o.Thinking = cr.chat.Thinking
 	// A prompt that ends inside an open <think> block: the output starts with reasoning.
 	trimmed := strings.TrimRight(prompt, " \t\r\n")
 	o.InReasoning = o.Thinking && strings.HasSuffix(trimmed, "<think>")
 	return o
 }
 
-func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
+func (g *generator) handleChat(w http.ResponseWriter, r *http.Request) {
 	var req runnerapi.ChatRequest
-	eng, opts := s.readGeneration(w, r, &req)
+	eng, opts := g.readGeneration(w, r, &req)
 	if eng == nil {
 		return
 	}
-	rc, herr := s.renderRequest(&req, r.Header.Get(runnerapi.HeaderContinue))
+	rc, herr := g.m.chat.renderRequest(&req, r.Header.Get(runnerapi.HeaderContinue))
 	if herr != nil {
 		writeError(w, herr)
 		return
 	}
 	prompt, open := rc.Prompt, rc.Open
-	toks, err := s.model.Tokenize(prompt, true, true)
+	toks, err := g.m.model.Tokenize(prompt, true, true)
 	if err != nil {
 		writeError(w, runnerapi.InvalidRequest(runnerapi.CodeInvalidValue, "messages", "tokenizing: %v", err))
 		return
 	}
 	if open >= 0 {
-		if herr = s.continuedTokens(prompt[:open], len(toks), r.Header.Get(runnerapi.HeaderContinuedTokens), &opts); herr != nil {
+		if herr = g.m.chat.continuedTokens(prompt[:open], len(toks), r.Header.Get(runnerapi.HeaderContinuedTokens), &opts); herr != nil {
 			writeError(w, herr)
 			return
 		}
 	}
-	co := s.chatOptions(&req, prompt)
+	co := g.m.chat.options(&req, prompt)
 	if open >= 0 {
 		// The grammar goes on past the content written; output that goes on inside
 		// the answer's reasoning is parsed as reasoning.
 		co.Continued, co.InReasoning = prompt[rc.Content:], co.InReasoning || rc.InReasoning
 	}
-	if opts.Grammar, opts.GrammarTriggers, herr = s.chatGrammar(&req, co); herr != nil {
+	if opts.Grammar, opts.GrammarTriggers, herr = g.m.chat.grammar(&req, co); herr != nil {
 		writeError(w, herr)
 		return
 	}
-	s.generate(w, r, eng, &co, s.modelName(req.Model), prompt, toks, opts)
+	g.generate(w, r, eng, &co, g.names.of(req.Model), prompt, toks, opts)
 }
 
-// chatGrammar builds the grammar that response_format, tool_choice and strict tools
+// grammar builds the grammar that response_format, tool_choice and strict tools
 // put the output under, with the patterns that make it lazy (strict tools under
 // "auto"), or "" when the output is free.
-func (s *Server) chatGrammar(req *runnerapi.ChatRequest, co chat.Options) (string, []string, *runnerapi.Error) {
+func (cr *chatRenderer) grammar(req *runnerapi.ChatRequest, co chat.Options) (string, []string, *runnerapi.Error) {
 	spec, herr := grammar.ForChat(grammar.Input{Format: co.Format, Tools: req.Tools, ToolChoice: req.ToolChoice,
 		Parallel: co.Parallel, ResponseFormat: req.ResponseFormat, InReasoning: co.InReasoning})
 	if herr != nil || spec == nil {
 		return "", nil, herr
 	}
-	if (req.Forced() || spec.Triggers != nil) && s.chat == nil {
+	if (req.Forced() || spec.Triggers != nil) && cr.chat == nil {
 		return "", nil, runnerapi.InvalidRequest(runnerapi.CodeUnsupportedParameter, "tools",
 			"this model has no chat template that renders tools, so it cannot call them")
 	}
@@ -223,7 +248,7 @@ func (s *Server) chatGrammar(req *runnerapi.ChatRequest, co chat.Options) (strin
 		err = grammar.CheckGrammarSize(g)
 	}
 	if err == nil {
-		err = llama.CheckGrammar(s.model, g, spec.Triggers, co.Continued)
+		err = llama.CheckGrammar(cr.model, g, spec.Triggers, co.Continued)
 	}
 	if perr, ok := errors.AsType[*llama.PrefixError](err); ok {
 		return "", nil, runnerapi.InvalidRequest(runnerapi.CodeInvalidValue, "messages",

@@ -7,6 +7,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/go-logr/logr"
+
 	"github.com/macfleet/macfleet/api/runnerapi"
 	"github.com/macfleet/macfleet/metal/runner/llama"
 )
@@ -21,10 +23,10 @@ var (
 // loadBackends registers the accelerator backends of dir with ggml (once) and logs
 // what it found: each library loaded or why not, or that the runner computes on its
 // compiled-in backends.
-func (s *Server) loadBackends() {
+func loadBackends(dir string, log logr.Logger) {
 	backendsOnce.Do(func() {
-		backendsReport = llama.LoadBackends(s.cfg.BackendDir)
-		s.log.Info("Accelerator backends", "summary", backendsReport.Summary())
+		backendsReport = llama.LoadBackends(dir)
+		log.Info("Accelerator backends", "summary", backendsReport.Summary())
 	})
 }
 
@@ -34,33 +36,12 @@ var deviceMemorySeparate = runtime.GOOS != "darwin"
 
 // deviceBytes is the runner's own allocation on accelerators: the model's weights and
 // every context's KV cache and compute buffers.
-func (s *Server) deviceBytes() int64 {
-	if s.model == nil {
-		return 0
-	}
-	n := s.model.DeviceBytes()
-	for _, c := range s.lctxs {
+func deviceBytes(m *llama.Model, lctxs []*llama.Context) int64 {
+	n := m.DeviceBytes()
+	for _, c := range lctxs {
 		n += c.DeviceBytes()
 	}
 	return int64(n)
-}
-
-// separateDeviceBytes is what the runner holds on accelerators with memory of their
-// own: what its ceiling counts beside the footprint (zero on a Mac, whose footprint
-// holds it).
-func (s *Server) separateDeviceBytes() int64 {
-	if !deviceMemorySeparate {
-		return 0
-	}
-	return s.devBytes.Load()
-}
-
-// fillDevices sets the accelerator fields of a loaded runner's status.
-func (s *Server) fillDevices(st *runnerapi.Status) {
-	st.DeviceBytes = s.devBytes.Load()
-	st.DeviceMemorySeparate = deviceMemorySeparate && st.DeviceBytes > 0
-	st.Backends = backendsReport.Summary()
-	st.Accelerators = accelerators(time.Now())
 }
 
 // acceleratorsEvery bounds how often /status asks the devices for their memory: the

@@ -18,7 +18,7 @@ func (s *Server) newContexts(m *llama.Model) error {
 	if ctxTotal <= 0 {
 		ctxTotal = m.NCtxTrain() * cfg.Parallel
 	}
-	groups, err := pipelineSlots(cfg.Parallel, max(cfg.SplitPipeline, 1), len(s.split) > 0)
+	groups, err := pipelineSlots(cfg.Parallel, max(cfg.SplitPipeline, 1), len(s.split.devs) > 0)
 	if err != nil {
 		return err
 	}
@@ -52,15 +52,15 @@ func (s *Server) newEngineSet(m *llama.Model) *engineSet {
 		if len(s.lctxs) > 1 {
 			log = log.WithValues("context", i)
 		}
-		e := newEngine(log, m, c, s.guard)
-		if len(s.split) > 0 {
+		e := newEngine(log, m, c, s.mem.guard)
+		if len(s.split.devs) > 0 {
 			e.linkLost = func() *runnerapi.Error {
-				if err := s.splitLost(); err != nil {
-					return s.onSplitLost(err)
+				if err := s.split.lostLink(); err != nil {
+					return s.run.lose(err)
 				}
 				return nil
 			}
-			e.link = newLinkMeter(s.split)
+			e.link = newLinkMeter(s.split.devs)
 		}
 		es.engs = append(es.engs, e)
 	}

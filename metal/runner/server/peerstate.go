@@ -181,8 +181,8 @@ func cacheOff() *runnerapi.Error {
 
 // handleExportState is GET /cache/states/{digest} (runnerapi.HeaderCachePartition:
 // the partition the state must belong to).
-func (s *Server) handleExportState(w http.ResponseWriter, r *http.Request) {
-	if _, herr := s.readyEngine(); herr != nil {
+func (cs *cacheStore) handleExportState(w http.ResponseWriter, r *http.Request) {
+	if _, herr := cs.run.engine(); herr != nil {
 		writeError(w, herr)
 		return
 	}
@@ -191,11 +191,11 @@ func (s *Server) handleExportState(w http.ResponseWriter, r *http.Request) {
 		writeError(w, runnerapi.InvalidRequest(runnerapi.CodeInvalidValue, "digest", "a digest is 16 lowercase hex digits, got %q", digest))
 		return
 	}
-	if !s.pc.active() {
+	if !cs.pc.active() {
 		writeError(w, cacheOff())
 		return
 	}
-	e := s.pc.exportState(digest, r.Header.Get(runnerapi.HeaderCachePartition))
+	e := cs.pc.exportState(digest, r.Header.Get(runnerapi.HeaderCachePartition))
 	if e == nil {
 		writeError(w, &runnerapi.Error{Status: http.StatusNotFound, Type: runnerapi.TypeInvalidRequest, Code: runnerapi.CodeNotFound,
 			Message: fmt.Sprintf("no state of this partition backs prefix %s", digest)})
@@ -209,35 +209,35 @@ func (s *Server) handleExportState(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	n, err := io.Copy(w, e.body)
 	if err != nil {
-		s.log.Info("Exporting a prompt cache state stopped", "digest", digest, "bytes", n, "of", e.size, "error", err.Error())
+		cs.log.Info("Exporting a prompt cache state stopped", "digest", digest, "bytes", n, "of", e.size, "error", err.Error())
 		return
 	}
-	s.pc.exports.Add(1)
-	s.log.V(1).Info("Exported a prompt cache state", "digest", digest, "tokens", e.tokens, "bytes", n,
+	cs.pc.exports.Add(1)
+	cs.log.V(1).Info("Exported a prompt cache state", "digest", digest, "tokens", e.tokens, "bytes", n,
 		"took", time.Since(start).Round(time.Millisecond))
 }
 
 // handleImportState is POST /cache/states: one entry in the body, the partition
 // (runnerapi.HeaderCachePartition) it must belong to, and the digests
 // (runnerapi.HeaderPrefixDigests) it backs.
-func (s *Server) handleImportState(w http.ResponseWriter, r *http.Request) {
-	if _, herr := s.readyEngine(); herr != nil {
+func (cs *cacheStore) handleImportState(w http.ResponseWriter, r *http.Request) {
+	if _, herr := cs.run.engine(); herr != nil {
 		writeError(w, herr)
 		return
 	}
 	start := time.Now()
-	if !s.pc.active() {
+	if !cs.pc.active() {
 		writeJSON(w, http.StatusConflict, runnerapi.PeerStateResult{Reason: runnerapi.PeerMissDisabled, Detail: "this runner's prompt cache is off"})
 		return
 	}
 	partition := r.Header.Get(runnerapi.HeaderCachePartition)
-	status, res := s.pc.importState(r.Body, partition, promptcache.ParseDigests(r.Header.Get(runnerapi.HeaderPrefixDigests)), s.nCtxSeq)
+	status, res := cs.pc.importState(r.Body, partition, promptcache.ParseDigests(r.Header.Get(runnerapi.HeaderPrefixDigests)), cs.slotCtx)
 	res.Millis = time.Since(start).Milliseconds()
 	if res.Imported {
-		s.log.V(1).Info("Imported a peer's prompt cache state", "tokens", res.Tokens, "bytes", res.Bytes, "ms", res.Millis)
+		cs.log.V(1).Info("Imported a peer's prompt cache state", "tokens", res.Tokens, "bytes", res.Bytes, "ms", res.Millis)
 	} else {
-		s.pc.importMisses.Add(1)
-		s.log.Info("Refused a peer's prompt cache state", "reason", res.Reason, "detail", res.Detail, "partitioned", partition != "")
+		cs.pc.importMisses.Add(1)
+		cs.log.Info("Refused a peer's prompt cache state", "reason", res.Reason, "detail", res.Detail, "partitioned", partition != "")
 	}
 	writeJSON(w, status, res)
 }

@@ -83,7 +83,7 @@ func (pc *promptCache) trackPrefixes(stop <-chan struct{}) {
 // handlePrefixes is GET /cache/prefixes?epoch=E&after=N&wait=S (runnerapi.PrefixEvents).
 // It answers at once with a reset or events; otherwise it waits up to S seconds (at
 // most maxPrefixWait) for the next event, the client leaving or the runner stopping.
-func (s *Server) handlePrefixes(w http.ResponseWriter, r *http.Request) {
+func (cs *cacheStore) handlePrefixes(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	var after uint64
 	if v := q.Get("after"); v != "" {
@@ -104,13 +104,13 @@ func (s *Server) handlePrefixes(w http.ResponseWriter, r *http.Request) {
 		wait = time.Duration(min(sec, maxPrefixWait.Seconds()) * float64(time.Second))
 	}
 	epoch := q.Get("epoch")
-	ans, next := s.prefixes.Answer(epoch, after)
+	ans, next := cs.prefixes.Answer(epoch, after)
 	if !ans.Reset && len(ans.Events) == 0 && wait > 0 {
 		t := time.NewTimer(wait)
 		defer t.Stop()
 		select {
 		case <-next:
-			ans, _ = s.prefixes.Answer(epoch, after)
+			ans, _ = cs.prefixes.Answer(epoch, after)
 		case <-t.C:
 		case <-r.Context().Done():
 			return

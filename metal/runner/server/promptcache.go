@@ -440,51 +440,76 @@ func (pc *promptCache) close(ctx context.Context) error {
 	return err
 }
 
-// openPromptCache creates the prompt cache of the loaded model and hands it to the
-// engine (before the engine runs). A cache that cannot be opened is logged and left
-// out: the runner serves without it.
-func (s *Server) openPromptCache() {
-	cfg := s.cfg.PromptCache
-	offload := "cpu"
-	if llama.GPUCount() > 0 && s.cfg.GPULayers > 0 {
-		offload = fmt.Sprintf("gpu%d", min(s.cfg.GPULayers, s.model.NLayer()+1))
-	}
-	pc, err := newPromptCache(s.log.WithName("promptcache"), cfg, s.cfg.ModelPath, s.info.KVType, s.nSeqCtx, offload)
-	if err != nil && cfg.Dir != "" {
-		s.log.Error(err, "The prompt cache's SSD tier is unusable; keeping the hot tier only", "dir", cfg.Dir)
-		cfg.Dir = ""
-		pc, err = newPromptCache(s.log.WithName("promptcache"), cfg, s.cfg.ModelPath, s.info.KVType, s.nSeqCtx, offload)
-	}
-	if err != nil {
-		s.log.Error(err, "The prompt cache is unusable; serving without it")
-		return
-	}
-	pc.prefixes = s.prefixes
-	go pc.trackPrefixes(pc.stopTracker)
-	s.pc = pc
-	for _, e := range s.eng.engs {
-		e.pc = pc
-	}
-	s.log.Info("Prompt cache", "model", pc.id.Model, "format", pc.id.Format, "blockTokens", pc.block,
-		"hotBytes", cfg.HotBytes, "ssdDir", cfg.Dir, "ssdBytes", cfg.SSDBytes)
+// cacheStore is the runner's prompt cache as the rest of the runner sees it: the
+// cache of the loaded model (opened by load, nil when it could not be opened), the
+// prefix table it reports on /cache/prefixes (empty without a cache), and the
+// endpoints that read and change them (/cache/budget, /cache/prefixes, the peer
+// states of peerstate.go).
+type cacheStore struct {
+	log       logr.Logger
+	cfg       PromptCacheConfig
+	modelPath string
+	gpuLayers int
+	run       *runState // the gate of its endpoints
+	prefixes  *promptcache.PrefixTable
+
+	// Set once by open, before the state becomes ready.
+	pc      *promptCache // nil when it could not be opened
+	model   *llama.Model // aligns a prompt's text with a saved state's tokens
+	slotCtx int          // the context of one slot: a longer state is refused on import
 }
 
-// closePromptCache flushes the SSD tier's queue (at most 5 s) once the engine has
-// stopped.
-func (s *Server) closePromptCache() {
-	if s.pc == nil {
+func newCacheStore(cfg Config, run *runState) *cacheStore {
+	return &cacheStore{log: cfg.Log, cfg: cfg.PromptCache, modelPath: cfg.ModelPath, gpuLayers: cfg.GPULayers, run: run,
+		prefixes: promptcache.NewPrefixTable(newEpoch())}
+}
+
+// open creates the prompt cache of the loaded model m, whose contexts hold nSeqCtx
+// sequences of slotCtx tokens each, and returns it for the engines (before they run).
+// A cache that cannot be opened is logged and left out (nil): the runner serves
+// without it.
+func (cs *cacheStore) open(m *llama.Model, kvType string, nSeqCtx, slotCtx int) *promptCache {
+	cs.model, cs.slotCtx = m, slotCtx
+	cfg := cs.cfg
+	offload := "cpu"
+	if llama.GPUCount() > 0 && cs.gpuLayers > 0 {
+		offload = fmt.Sprintf("gpu%d", min(cs.gpuLayers, m.NLayer()+1))
+	}
+	pc, err := newPromptCache(cs.log.WithName("promptcache"), cfg, cs.modelPath, kvType, nSeqCtx, offload)
+	if err != nil && cfg.Dir != "" {
+		cs.log.Error(err, "The prompt cache's SSD tier is unusable; keeping the hot tier only", "dir", cfg.Dir)
+		cfg.Dir = ""
+		pc, err = newPromptCache(cs.log.WithName("promptcache"), cfg, cs.modelPath, kvType, nSeqCtx, offload)
+	}
+	if err != nil {
+		cs.log.Error(err, "The prompt cache is unusable; serving without it")
+		return nil
+	}
+	pc.prefixes = cs.prefixes
+	go pc.trackPrefixes(pc.stopTracker)
+	cs.pc = pc
+	cs.log.Info("Prompt cache", "model", pc.id.Model, "format", pc.id.Format, "blockTokens", pc.block,
+		"hotBytes", cfg.HotBytes, "ssdDir", cfg.Dir, "ssdBytes", cfg.SSDBytes)
+	return pc
+}
+
+// close releases the prefix table's long polls and flushes the SSD tier's queue (at
+// most 5 s) once the engine has stopped.
+func (cs *cacheStore) close() {
+	cs.prefixes.Close()
+	if cs.pc == nil {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), promptcache.DefaultClearWait)
 	defer cancel()
-	if err := s.pc.close(ctx); err != nil {
-		s.log.Info("The prompt cache's SSD queue was not drained", "error", err.Error())
+	if err := cs.pc.close(ctx); err != nil {
+		cs.log.Info("The prompt cache's SSD queue was not drained", "error", err.Error())
 	}
 }
 
 // handleCacheBudget is POST /cache/budget: the agent's hot-tier share for this runner.
-func (s *Server) handleCacheBudget(w http.ResponseWriter, r *http.Request) {
-	if _, herr := s.readyEngine(); herr != nil {
+func (cs *cacheStore) handleCacheBudget(w http.ResponseWriter, r *http.Request) {
+	if _, herr := cs.run.engine(); herr != nil {
 		writeError(w, herr)
 		return
 	}
@@ -500,41 +525,44 @@ func (s *Server) handleCacheBudget(w http.ResponseWriter, r *http.Request) {
 	case b.SSDBytes != nil && *b.SSDBytes < 0:
 		writeError(w, runnerapi.InvalidRequest(runnerapi.CodeInvalidValue, "ssd_bytes", "ssd_bytes must not be negative"))
 		return
-	case s.pc == nil:
+	case cs.pc == nil:
 		writeError(w, runnerapi.Unavailable(runnerapi.CodeInternal, "the prompt cache could not be opened (see the runner's log)"))
 		return
 	}
-	writeJSON(w, http.StatusOK, s.pc.setBudget(b))
+	writeJSON(w, http.StatusOK, cs.pc.setBudget(b))
 }
 
-// lookupPrompt finds a cached state for a generation's prompt (nil: none) and
-// returns the tokens to generate from: when text is the prompt's text, they continue
-// the state's tokens as far as the text does (see alignPrompt).
-func (s *Server) lookupPrompt(text string, toks []int32, partition string) (*restoreState, []int32) {
-	if s.pc == nil {
+// lookup finds a cached state for a generation's prompt (nil: none) and returns the
+// tokens to generate from: when text is the prompt's text, they continue the state's
+// tokens as far as the text does (see alignPrompt).
+func (cs *cacheStore) lookup(text string, toks []int32, partition string) (*restoreState, []int32) {
+	if cs.pc == nil {
 		return nil, toks
 	}
 	var align func([]int32) []int32
 	if text != "" {
 		align = func(saved []int32) []int32 {
-			return alignPrompt(s.model, text, toks, saved, s.model.BOS())
+			return alignPrompt(cs.model, text, toks, saved, cs.model.BOS())
 		}
 	}
-	return s.pc.lookup(toks, partition, align)
+	return cs.pc.lookup(toks, partition, align)
 }
 
-// promptCacheStatus is the /status part (nil without a cache).
-func (s *Server) promptCacheStatus() *runnerapi.PromptCacheStatus {
-	if s.pc == nil {
+// on reports whether the runner has a prompt cache.
+func (cs *cacheStore) on() bool { return cs.pc != nil }
+
+// status is the /status part (nil without a cache).
+func (cs *cacheStore) status() *runnerapi.PromptCacheStatus {
+	if cs.pc == nil {
 		return nil
 	}
-	return s.pc.status()
+	return cs.pc.status()
 }
 
-// clearPromptCacheHot empties the hot tier (bytes accounted, entries).
-func (s *Server) clearPromptCacheHot() (int64, int) {
-	if s.pc == nil {
+// clearHot empties the hot tier (bytes accounted, entries).
+func (cs *cacheStore) clearHot() (int64, int) {
+	if cs.pc == nil {
 		return 0, 0
 	}
-	return s.pc.clearHot()
+	return cs.pc.clearHot()
 }

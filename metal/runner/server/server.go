@@ -18,8 +18,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	apiengine "github.com/macfleet/macfleet/api/engine"
@@ -28,11 +26,8 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/macfleet/macfleet/api/runnerapi"
-	"github.com/macfleet/macfleet/internal/chat"
 	"github.com/macfleet/macfleet/internal/tracing/spanrelay"
-	"github.com/macfleet/macfleet/metal/enginepool/promptcache"
 	"github.com/macfleet/macfleet/metal/runner/llama"
-	"github.com/macfleet/macfleet/metal/runner/netdevice"
 )
 
 // Config is the runner's configuration (its command-line flags).
@@ -97,61 +92,26 @@ var pidSelf = os.Getpid()
 // maxBody bounds request bodies.
 const maxBody = 64 << 20
 
-// Server is one runner.
+// Server is one runner: it wires the parts that own the runner's state (its
+// lifecycle, the memory guard, the split workers' links, the prompt cache, the
+// generation handlers), loads the model into them and serves their endpoints on one
+// mux.
 type Server struct {
-	cfg    Config
-	log    logr.Logger
-	tracer trace.Tracer // nil: tracing off
+	cfg Config
+	log logr.Logger
 
-	mu       sync.Mutex
-	state    string
-	progress float64
-	loadErr  string
-	lostErr  string // a split worker's failed link, once the runner has failed for it
-
-	failureSeen     chan struct{}
-	failureSeenOnce sync.Once
-	lost            chan struct{} // closed once a split worker is lost
-	stopReq         chan struct{}
-	stopOnce        sync.Once
-	cancelLoad      atomic.Bool
+	run   *runState
+	mem   *memGuard
+	split *splitLinks
+	cache *cacheStore
+	gen   *generator
 
 	// Set once by load, before the state becomes ready.
-	model *llama.Model
-	lctxs []*llama.Context // one per engine
-	// devBytes is the runner's own allocation on accelerators, read once the model
-	// and its contexts are loaded (llama.cpp allocates them whole at load).
-	devBytes atomic.Int64
-	eng      *engineSet
-	pc       *promptCache // nil when it could not be opened
-	split    []*netdevice.Device
-	// prefixes is the prefix table this process reports on /cache/prefixes (empty
-	// without a prompt cache).
-	prefixes   *promptcache.PrefixTable
-	info       runnerapi.ModelInfo
-	tmpl       string             // llama.cpp built-in template, when chat is nil
-	chat       *chat.Template     // the model's own template (nil: none that parses)
-	chatInfo   runnerapi.ChatInfo // reported in /status
-	markers    map[int32][]byte   // control tokens the output parser must see
-	nCtxSeq    int
-	nSeqCtx    int // the sequences (slots) of each context
-	kvPerToken int64
-	defaultID  string
-
-	ceiling atomic.Int64
-
-	fpMu sync.Mutex
-	// reclaimedAt is when the guard last returned the heap's garbage (unix ns).
-	reclaimedAt atomic.Int64
-	fpAt        time.Time
-	fp          int64
-
-	// lastRequest (unix nanoseconds) and inFlight drive the orphan timeout.
-	lastRequest atomic.Int64
-	inFlight    atomic.Int64
-
-	// requests are the generations in progress by runnerapi.HeaderRequestID, for /cancel.
-	requests requestTable
+	model   *llama.Model
+	lctxs   []*llama.Context // one per engine
+	nSeqCtx int              // the sequences (slots) of each context
+	lm      *loadedModel     // what the requests and /status read of the model
+	eng     *engineSet
 }
 
 // Run serves until ctx ends or /shutdown is called, then stops gracefully. It listens
@@ -177,25 +137,21 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 
 	if cfg.ExitWithParent {
-		go s.watchParent(ctx, ppid)
+		go s.run.watchParent(ctx, ppid)
 	}
 	if cfg.OrphanTimeout > 0 {
-		go s.watchOrphaned(ctx, cfg.OrphanTimeout)
+		go s.run.watchOrphaned(ctx, cfg.OrphanTimeout)
 	}
 	loaded := make(chan error, 1)
 	go func() { loaded <- s.load() }()
 
-	stopping := func() {
-		s.setState(runnerapi.StateStopping, "")
-		s.cancelLoad.Store(true)
-	}
 	select {
 	case err = <-loaded:
 	case <-ctx.Done():
-		stopping()
+		s.run.stopLoading()
 		err = <-loaded
-	case <-s.stopReq:
-		stopping()
+	case <-s.run.stopReq:
+		s.run.stopLoading()
 		err = <-loaded
 	case err := <-serveErr:
 		return fmt.Errorf("serving: %w", err)
@@ -203,25 +159,22 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return s.notLoaded(ctx, srv, err)
 	}
-	s.setState(runnerapi.StateReady, "")
-	s.log.Info("Ready", "model", s.info.Path, "slots", s.cfg.Parallel, "threads", s.cfg.Threads, "slotContext", s.nCtxSeq,
-		"kvCells", s.nCtxSeq*s.cfg.Parallel, "batch", s.lctxs[0].NBatch(), "contexts", len(s.lctxs))
+	s.run.ready(s.eng)
+	s.log.Info("Ready", "model", s.lm.info.Path, "slots", s.cfg.Parallel, "threads", s.cfg.Threads, "slotContext", s.lm.nCtxSeq,
+		"kvCells", s.lm.nCtxSeq*s.cfg.Parallel, "batch", s.lctxs[0].NBatch(), "contexts", len(s.lctxs))
 	return s.serve(ctx, srv, serveErr)
 }
 
 func newServer(cfg Config) *Server {
-	s := &Server{
-		cfg: cfg, log: cfg.Log, state: runnerapi.StateLoading,
-		failureSeen: make(chan struct{}), stopReq: make(chan struct{}), lost: make(chan struct{}),
-		defaultID: strings.TrimSuffix(filepath.Base(cfg.ModelPath), filepath.Ext(cfg.ModelPath)),
-		prefixes:  promptcache.NewPrefixTable(newEpoch()),
-	}
-	s.ceiling.Store(cfg.CeilingBytes)
+	run := newRunState(cfg.Log, cfg.Nonce)
+	mem := newMemGuard(cfg.CeilingBytes)
+	cache := newCacheStore(cfg, run)
+	gen := &generator{run: run, mem: mem, cache: cache,
+		names: modelNames{alias: cfg.Alias, defaultID: strings.TrimSuffix(filepath.Base(cfg.ModelPath), filepath.Ext(cfg.ModelPath))}}
 	if cfg.TracerProvider != nil {
-		s.tracer = cfg.TracerProvider.Tracer(tracerName)
+		gen.tracer = cfg.TracerProvider.Tracer(tracerName)
 	}
-	s.lastRequest.Store(time.Now().UnixNano())
-	return s
+	return &Server{cfg: cfg, log: cfg.Log, run: run, mem: mem, split: newSplitLinks(cfg), cache: cache, gen: gen}
 }
 
 // announce writes the listening line the agent reads on stdout.
@@ -243,7 +196,7 @@ func (s *Server) announce(ln net.Listener) error {
 // notLoaded stops a runner whose load ended in err: stopped while loading, or failed
 // (a LoadError, once the agent has read the failure on /health or a bound passed).
 func (s *Server) notLoaded(ctx context.Context, srv *http.Server, err error) error {
-	if s.cancelLoad.Load() {
+	if s.run.cancelLoad.Load() {
 		s.log.Info("Stopped while loading")
 		if s.shutdownHTTP(srv) {
 			s.free()
@@ -251,15 +204,8 @@ func (s *Server) notLoaded(ctx context.Context, srv *http.Server, err error) err
 		return nil
 	}
 	s.log.Error(err, "Loading the model failed")
-	s.setState(runnerapi.StateFailed, err.Error())
-	// Let the agent read the failure on /health (bounded: the exit code and stderr
-	// tell it too).
-	select {
-	case <-s.failureSeen:
-	case <-time.After(2 * time.Second):
-	case <-ctx.Done():
-	case <-s.stopReq:
-	}
+	s.run.set(runnerapi.StateFailed, err.Error())
+	s.run.awaitFailureSeen(ctx)
 	s.shutdownHTTP(srv)
 	return &LoadError{Err: err}
 }
@@ -270,18 +216,19 @@ func (s *Server) serve(ctx context.Context, srv *http.Server, serveErr <-chan er
 	var lost error
 	select {
 	case <-ctx.Done():
-	case <-s.stopReq:
+	case <-s.run.stopReq:
 	case err := <-serveErr:
 		s.eng.close(runnerapi.Unavailable(runnerapi.CodeShuttingDown, "the runner is stopping"))
 		return fmt.Errorf("serving: %w", err)
-	case <-s.lost:
-		lost = s.awaitLostSeen(ctx)
+	case <-s.run.lost:
+		// Let the agent read the failure on /health, as after a failed load.
+		s.run.awaitFailureSeen(ctx)
+		lost = &SplitLostError{Err: s.run.lostMessage()}
 	}
 	s.log.Info("Stopping")
-	s.setState(runnerapi.StateStopping, "")
+	s.run.set(runnerapi.StateStopping, "")
 	s.eng.close(runnerapi.Unavailable(runnerapi.CodeShuttingDown, "the runner is stopping"))
-	s.prefixes.Close() // releases the long polls
-	s.closePromptCache()
+	s.cache.close() // releases the prefix table's long polls, flushes the SSD queue
 	if s.shutdownHTTP(srv) {
 		s.free()
 	}
@@ -343,121 +290,32 @@ func (s *Server) free() {
 	}
 }
 
-func (s *Server) setState(state, errMsg string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.state == runnerapi.StateStopping && state != runnerapi.StateStopping {
-		return
-	}
-	s.state = state
-	if errMsg != "" {
-		s.loadErr = errMsg
-	}
-	if state == runnerapi.StateReady {
-		s.progress = 1
-	}
-}
-
-func (s *Server) getState() (string, float64, string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.state, s.progress, s.loadErr
-}
-
-// watchParent requests a stop once the process is re-parented (its parent exited).
-func (s *Server) watchParent(ctx context.Context, ppid int) {
-	t := time.NewTicker(time.Second)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-s.stopReq:
-			return
-		case <-t.C:
-			if os.Getppid() != ppid {
-				s.log.Info("Parent process exited; stopping", "parentPID", ppid)
-				s.requestStop()
-				return
-			}
-		}
-	}
-}
-
-// watchOrphaned requests a stop once no request has arrived for timeout and none is
-// in flight.
-func (s *Server) watchOrphaned(ctx context.Context, timeout time.Duration) {
-	t := time.NewTicker(min(time.Second, max(timeout/4, 10*time.Millisecond)))
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-s.stopReq:
-			return
-		case <-t.C:
-			idle := time.Since(time.Unix(0, s.lastRequest.Load()))
-			if s.inFlight.Load() == 0 && idle >= timeout {
-				s.log.Info("No request within the orphan timeout; stopping", "timeout", timeout)
-				s.requestStop()
-				return
-			}
-		}
-	}
-}
-
-// tracked counts requests for the orphan timeout: one in flight is activity, and its
-// end restarts the idle clock.
-func (s *Server) tracked(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		s.inFlight.Add(1)
-		s.lastRequest.Store(time.Now().UnixNano())
-		defer func() {
-			s.lastRequest.Store(time.Now().UnixNano())
-			s.inFlight.Add(-1)
-		}()
-		next.ServeHTTP(w, r)
-	})
-}
-
-// requestStop asks Run to stop gracefully.
-func (s *Server) requestStop() { s.stopOnce.Do(func() { close(s.stopReq) }) }
-
 // load loads the model and creates the context and the engine.
 func (s *Server) load() error {
 	cfg := s.cfg
-	s.loadBackends()
+	loadBackends(cfg.BackendDir, s.log)
 	llama.Init(cfg.Verbose)
 	st, err := os.Stat(cfg.ModelPath)
 	if err != nil {
 		return err
 	}
 	start := time.Now()
-	if s.split, err = s.splitDevices(context.Background()); err != nil {
+	if err := s.split.connect(context.Background()); err != nil {
 		return err
 	}
-	params := llama.ModelParams{
-		GPULayers: cfg.GPULayers, Mmap: cfg.Mmap,
-		Progress: func(p float32) bool {
-			s.mu.Lock()
-			// The context is created after the weights: keep 5% for it.
-			s.progress = 0.95 * float64(p)
-			s.mu.Unlock()
-			return !s.cancelLoad.Load()
-		},
-	}
-	if err := s.splitParams(&params); err != nil {
+	params := llama.ModelParams{GPULayers: cfg.GPULayers, Mmap: cfg.Mmap, Progress: s.run.loadProgress}
+	if err := s.split.params(&params); err != nil {
 		return err
 	}
 	m, err := llama.LoadModel(cfg.ModelPath, params)
 	if err != nil {
-		if serr := s.splitLost(); serr != nil {
+		if serr := s.split.lostLink(); serr != nil {
 			return fmt.Errorf("%w (%w)", err, serr)
 		}
 		return err
 	}
 	s.model = m
-	if err := s.checkSplit(m); err != nil {
+	if err := s.split.check(m); err != nil {
 		return err
 	}
 	if m.HasEncoder() {
@@ -466,67 +324,27 @@ func (s *Server) load() error {
 	if err := s.newContexts(m); err != nil {
 		return err
 	}
-	lctx := s.lctxs[0]
 	kvSize, _ := llama.KVTypeSize(cfg.KVType)
 	headDim := m.NEmbd() / max(m.NHead(), 1)
-	s.kvPerToken = int64(float64(2*m.NLayer()*m.NHeadKV()*headDim) * kvSize)
-	s.nCtxSeq = lctx.NCtxSeq()
-	s.setupChat(m)
+	kvPerToken := int64(float64(2*m.NLayer()*m.NHeadKV()*headDim) * kvSize)
 	kvType := cfg.KVType
 	if kvType == "" {
 		kvType = "f16"
 	}
-	s.info = runnerapi.ModelInfo{
+	s.lm = &loadedModel{model: m, nCtxSeq: s.lctxs[0].NCtxSeq(), chat: newChatRenderer(m, s.log), info: runnerapi.ModelInfo{
 		Path: cfg.ModelPath, SizeBytes: st.Size(), NCtxTrain: m.NCtxTrain(), NEmbd: m.NEmbd(),
 		NLayer: m.NLayer(), NHead: m.NHead(), NHeadKV: m.NHeadKV(), NVocab: m.NVocab(),
-		KVType: kvType, ChatTemplate: m.ChatTemplate() != "", KVBytesPerToken: s.kvPerToken,
-	}
-	s.devBytes.Store(s.deviceBytes())
+		KVType: kvType, ChatTemplate: m.ChatTemplate() != "", KVBytesPerToken: kvPerToken,
+	}}
+	s.gen.m = s.lm
+	s.mem.loaded(kvPerToken, deviceBytes(m, s.lctxs))
 	s.eng = s.newEngineSet(m)
-	s.openPromptCache()
+	pc := s.cache.open(m, kvType, s.nSeqCtx, s.lm.nCtxSeq)
+	for _, e := range s.eng.engs {
+		e.pc = pc
+	}
 	s.eng.start()
 	s.log.Info("Model loaded", "desc", m.Desc(), "params", m.NParams(), "took", time.Since(start).Round(time.Millisecond),
-		"gpus", llama.GPUCount(), "deviceBytes", s.devBytes.Load())
+		"gpus", llama.GPUCount(), "deviceBytes", s.mem.devBytes.Load())
 	return nil
-}
-
-// pickTemplate returns the template to format chats with: the model's own when
-// llama.cpp recognises it, else chatml (the empty template).
-func (s *Server) pickTemplate(t string) string {
-	if t == "" {
-		return ""
-	}
-	if _, err := llama.ApplyChatTemplate(t, []llama.ChatMessage{{Role: "user", Content: "hi"}}, true); err != nil {
-		s.log.Info("The model's chat template is not supported; using chatml", "error", err.Error())
-		return ""
-	}
-	return t
-}
-
-// readyEngine returns the engine when the runner serves requests.
-func (s *Server) readyEngine() (*engineSet, *runnerapi.Error) {
-	state, progress, loadErr := s.getState()
-	switch state {
-	case runnerapi.StateReady:
-		return s.eng, nil
-	case runnerapi.StateLoading:
-		return nil, runnerapi.Unavailable(runnerapi.CodeLoading, "the model is loading (%.0f%%)", 100*progress)
-	case runnerapi.StateFailed:
-		if lost := s.splitLostMessage(); lost != "" {
-			return nil, runnerapi.Unavailable(runnerapi.CodeSplitWorkerLost, "%s", lost)
-		}
-		return nil, runnerapi.Unavailable(runnerapi.CodeLoadFailed, "the model failed to load: %s", loadErr)
-	default:
-		return nil, runnerapi.Unavailable(runnerapi.CodeShuttingDown, "the runner is stopping")
-	}
-}
-
-func (s *Server) modelName(requested string) string {
-	if s.cfg.Alias != "" {
-		return s.cfg.Alias
-	}
-	if requested != "" {
-		return requested
-	}
-	return s.defaultID
 }

@@ -26,12 +26,12 @@ import (
 const tracerName = "github.com/macfleet/macfleet/runner/server"
 
 // traced wraps a generation handler in a server span; h itself when tracing is off.
-func (s *Server) traced(h http.HandlerFunc) http.HandlerFunc {
-	if s.tracer == nil {
+func (g *generator) traced(h http.HandlerFunc) http.HandlerFunc {
+	if g.tracer == nil {
 		return h
 	}
 	return func(w http.ResponseWriter, r *http.Request) {
-		r, span := tracing.StartServer(s.tracer, r, "runner")
+		r, span := tracing.StartServer(g.tracer, r, "runner")
 		sw := &openaierr.StatusWriter{ResponseWriter: w}
 		h(sw, r)
 		span.SetAttributes(attribute.Int("http.response.status_code", sw.Status))
@@ -49,16 +49,16 @@ type lookupSpan struct {
 }
 
 // traceJob records the stages of a finished job as children of ctx's span.
-func (s *Server) traceJob(ctx context.Context, lookup lookupSpan, j *job) {
-	if s.tracer == nil || !trace.SpanFromContext(ctx).IsRecording() {
+func (g *generator) traceJob(ctx context.Context, lookup lookupSpan, j *job) {
+	if g.tracer == nil || !trace.SpanFromContext(ctx).IsRecording() {
 		return
 	}
-	if s.pc != nil && !lookup.start.IsZero() { // a spent answer looked nothing up
+	if g.cache.on() && !lookup.start.IsZero() { // a spent answer looked nothing up
 		attrs := []attribute.KeyValue{attribute.Bool("macfleet.prompt_cache.hit", lookup.restore != nil)}
 		if r := lookup.restore; r != nil {
 			attrs = append(attrs, attribute.Int("macfleet.prompt_cache.tokens", r.n), attribute.String("macfleet.prompt_cache.tier", string(r.tier)))
 		}
-		s.span(ctx, "runner.prompt_cache", lookup.start, lookup.end, attrs...)
+		g.span(ctx, "runner.prompt_cache", lookup.start, lookup.end, attrs...)
 	}
 	j.mu.Lock()
 	t, first, cached, generated, err := j.times, j.firstAt, j.cached, j.generated, j.err
@@ -73,22 +73,22 @@ func (s *Server) traceJob(ctx context.Context, lookup lookupSpan, j *job) {
 		t.ended = now // the client went away first
 	}
 	if t.admitted.IsZero() {
-		s.span(ctx, "runner.queue", t.submitted, t.ended, attribute.Bool("macfleet.admitted", false))
+		g.span(ctx, "runner.queue", t.submitted, t.ended, attribute.Bool("macfleet.admitted", false))
 		return
 	}
-	s.span(ctx, "runner.queue", t.submitted, t.admitted)
+	g.span(ctx, "runner.queue", t.submitted, t.admitted)
 	prefillEnd := first
 	if prefillEnd.IsZero() {
 		prefillEnd = t.ended
 	}
-	pctx := s.span(ctx, "runner.prefill", t.admitted, prefillEnd, append(linkAttrs(link, false),
+	pctx := g.span(ctx, "runner.prefill", t.admitted, prefillEnd, append(linkAttrs(link, false),
 		attribute.Int("macfleet.prompt_tokens", len(j.tokens)), attribute.Int("macfleet.cached_tokens", cached))...)
 	if t.restoreTook > 0 {
-		s.span(pctx, "runner.prompt_cache.restore", t.admitted, t.admitted.Add(t.restoreTook),
+		g.span(pctx, "runner.prompt_cache.restore", t.admitted, t.admitted.Add(t.restoreTook),
 			attribute.Int("macfleet.prompt_cache.restored_tokens", t.restored))
 	}
 	if !first.IsZero() {
-		dctx := s.span(ctx, "runner.decode", first, t.ended, append(linkAttrs(link, true),
+		dctx := g.span(ctx, "runner.decode", first, t.ended, append(linkAttrs(link, true),
 			attribute.Int("macfleet.completion_tokens", generated))...)
 		if err != nil {
 			trace.SpanFromContext(dctx).SetStatus(codes.Error, err.Message)
@@ -97,8 +97,8 @@ func (s *Server) traceJob(ctx context.Context, lookup lookupSpan, j *job) {
 }
 
 // span records one finished span from start to end and returns its context.
-func (s *Server) span(ctx context.Context, name string, start, end time.Time, attrs ...attribute.KeyValue) context.Context {
-	ctx, sp := s.tracer.Start(ctx, name, trace.WithTimestamp(start), trace.WithAttributes(attrs...))
+func (g *generator) span(ctx context.Context, name string, start, end time.Time, attrs ...attribute.KeyValue) context.Context {
+	ctx, sp := g.tracer.Start(ctx, name, trace.WithTimestamp(start), trace.WithAttributes(attrs...))
 	sp.End(trace.WithTimestamp(end))
 	return ctx
 }

@@ -89,7 +89,8 @@ func (r *PruneReport) add(kind, path string, bytes int64) {
 //   - partial downloads of files not in use that nothing wrote for longer than
 //     opts.Retention and that no download holds (locked by this or another process);
 //   - records in refs/ and local/ that point to nothing, use markers of files that
-//     are gone, and stale temporary files.
+//     are gone, directories of part names (parts/) that name a file that is gone
+//     and were not written for opts.Retention, and stale temporary files.
 //
 // It never removes a file that a concurrent Fetch is returning (see errPruned). It
 // goes on after a file it cannot remove and returns those errors joined, with the
@@ -139,6 +140,7 @@ func (s *Store) Prune(ctx context.Context, opts PruneOptions) (PruneReport, erro
 			}
 		}
 	}
+	fail(s.pruneParts(opts.Retention, &rep))
 	fail(s.pruneRecords(s.refs, KindRef, opts.Retention, &rep, s.refPointsToNothing))
 	fail(s.pruneRecords(s.local, KindLocal, opts.Retention, &rep, localPointsToNothing))
 	fail(s.pruneMarkers(&rep))
@@ -172,17 +174,23 @@ func (s *Store) keepSet(opts PruneOptions) (blobs, partials map[string]bool) {
 		if want != "" {
 			blobs["sha256-"+want] = true
 		}
-		if d := s.readRef(src); d != "" {
-			blobs["sha256-"+d] = true
+		// Each part of a model stored in parts is a source of its own.
+		for _, p := range src.PartSources() {
+			if d := s.readRef(p); d != "" {
+				blobs["sha256-"+d] = true
+			}
+			// Partial files are named by their source (older ones, sha256-<hex>.partial,
+			// are never resumed and go once idle for the retention).
+			partials["src-"+hashName(p.String())+".partial"] = true
 		}
-		// Partial files are named by their source (older ones, sha256-<hex>.partial,
-		// are never resumed and go once idle for the retention).
-		partials["src-"+hashName(src.String())+".partial"] = true
 	}
 	for _, p := range opts.KeepPaths {
 		abs, err := filepath.Abs(p)
 		if err == nil && filepath.Dir(abs) == s.blobs {
 			blobs[filepath.Base(abs)] = true
+		}
+		if err == nil {
+			s.keepParts(abs, blobs)
 		}
 	}
 	return blobs, partials

@@ -13,6 +13,9 @@
 //	                               names it (verifiedFrom)
 //	local/<hash>.json              a file:// source's SHA-256 keyed by size, mtime and inode
 //	used/sha256-<hex>              an empty file whose mtime is the last use of that blob
+//	parts/<hash>/NAME-0000i-of-0000N.gguf
+//	                               a link to the blob of each part of a model stored in
+//	                               parts, by the name the runner looks it up by (parts.go)
 //
 // Downloads resume with Range/If-Range requests (from the same source only), are
 // hashed as they arrive and become visible only after verification, by an atomic
@@ -106,7 +109,7 @@ type Options struct {
 
 // Store is a directory of model files. Its methods are safe for concurrent use.
 type Store struct {
-	dir, blobs, refs, local, used string
+	dir, blobs, refs, local, used, parts string
 
 	locator          *Locator
 	resolver         *modelsource.Resolver
@@ -143,6 +146,7 @@ func New(dir string, opts Options) (*Store, error) {
 		refs:             filepath.Join(abs, "refs"),
 		local:            filepath.Join(abs, "local"),
 		used:             filepath.Join(abs, "used"),
+		parts:            filepath.Join(abs, "parts"),
 		policy:           opts.Policy,
 		hfToken:          hubToken{static: opts.HFToken, source: opts.HFTokenSource},
 		log:              opts.Log,
@@ -154,7 +158,7 @@ func New(dir string, opts Options) (*Store, error) {
 		localDirs:        opts.LocalFileDirs,
 		flights:          map[string]*flight{},
 	}
-	for _, d := range []string{s.blobs, s.refs, s.local, s.used} {
+	for _, d := range []string{s.blobs, s.refs, s.local, s.used, s.parts} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return nil, fmt.Errorf("model store: %w", err)
 		}
@@ -206,9 +210,6 @@ func (s *Store) Fetch(ctx context.Context, namespace, rawSource, sha256 string, 
 	if err != nil {
 		return "", err
 	}
-	if src.Parts > 1 {
-		return "", &modelsource.ParseError{Source: rawSource, Reason: modelsource.SplitPartMessage}
-	}
 	policy := s.policy.Policy()
 	if err := policy.DecideSource(namespace, rawSource).Err(namespace, rawSource); err != nil {
 		return "", err
@@ -220,25 +221,54 @@ func (s *Store) Fetch(ctx context.Context, namespace, rawSource, sha256 string, 
 	if err := ctx.Err(); err != nil {
 		return "", fmt.Errorf("fetching %s: %w", rawSource, err)
 	}
-	if src.Scheme == modelsource.File {
-		real, err := allowedLocalPath(src.LocalPath, policy.FileDirectories(namespace), "allowed for its namespace")
-		if err != nil {
-			return "", &sourcepolicy.DeniedError{Namespace: namespace, Source: rawSource, Reason: err.Error() +
-				fmt.Sprintf(": add its directory to spec.rules[].fileDirectories of a rule for namespace %q in %s", namespace, policy.Name())}
-		}
-		if len(s.localDirs) > 0 {
-			if _, err := allowedLocalPath(src.LocalPath, s.localDirs, "this Mac allows"); err != nil {
-				return "", &sourcepolicy.DeniedError{Namespace: namespace, Source: rawSource,
-					Reason: err.Error() + ": the Mac's agent opens files only under its --allow-file-dir directories"}
-			}
-		}
-		return s.join(ctx, "file:"+real+"@"+want, rawSource, progress, func(ctx context.Context, report func(int64, int64)) (string, int64, error) {
-			return s.verifyLocal(ctx, src, real, want, report)
-		})
+	r := fetchReq{namespace: namespace, policy: policy, src: src, want: want, progress: progress}
+	switch {
+	case src.Parts > 1 && want != "":
+		return "", &DigestError{Source: rawSource, Digest: sha256,
+			Reason: "names one file, and the source names a model stored in parts, each part checked on its own: leave sha256 out"}
+	case src.Parts > 1:
+		return s.fetchParts(ctx, r)
+	case src.Scheme == modelsource.File:
+		return s.fetchLocal(ctx, r)
 	}
+	return s.fetchFile(ctx, r)
+}
 
+// fetchReq is one file (or model in parts) to fetch and what goes with it.
+type fetchReq struct {
+	namespace string
+	policy    *sourcepolicy.Policy
+	src       modelsource.Source
+	// want is the lowercase hex SHA-256 asked for, or "".
+	want     string
+	progress func(done, total int64)
+}
+
+// fetchLocal checks a file:// source in place and returns its resolved path.
+func (s *Store) fetchLocal(ctx context.Context, r fetchReq) (string, error) {
+	namespace, policy, src, want := r.namespace, r.policy, r.src, r.want
+	real, err := allowedLocalPath(src.LocalPath, policy.FileDirectories(namespace), "allowed for its namespace")
+	if err != nil {
+		return "", &sourcepolicy.DeniedError{Namespace: namespace, Source: src.Raw, Reason: err.Error() +
+			fmt.Sprintf(": add its directory to spec.rules[].fileDirectories of a rule for namespace %q in %s", namespace, policy.Name())}
+	}
+	if len(s.localDirs) > 0 {
+		if _, err := allowedLocalPath(src.LocalPath, s.localDirs, "this Mac allows"); err != nil {
+			return "", &sourcepolicy.DeniedError{Namespace: namespace, Source: src.Raw,
+				Reason: err.Error() + ": the Mac's agent opens files only under its --allow-file-dir directories"}
+		}
+	}
+	return s.join(ctx, "file:"+real+"@"+want, src.Raw, r.progress, func(ctx context.Context, report func(int64, int64)) (string, int64, error) {
+		return s.verifyLocal(ctx, src, real, want, report)
+	})
+}
+
+// fetchFile returns the path of the store's file of a remote source of one file,
+// downloading it if needed, with its use recorded.
+func (s *Store) fetchFile(ctx context.Context, r fetchReq) (string, error) {
+	src := r.src
 	for attempt := 0; ; attempt++ {
-		p, err := s.fetchStored(ctx, src, rawSource, want, progress)
+		p, err := s.fetchStored(ctx, src, src.Raw, r.want, r.progress)
 		if err != nil {
 			return "", err
 		}
@@ -250,9 +280,9 @@ func (s *Store) Fetch(ctx context.Context, namespace, rawSource, sha256 string, 
 			s.log.V(2).Info("Cannot record the use of a model file", "path", p, "err", err.Error())
 			return p, nil
 		case attempt == maxPrunedRetries:
-			return "", fmt.Errorf("fetching %s: %w %d times in a row", rawSource, err, attempt+1)
+			return "", fmt.Errorf("fetching %s: %w %d times in a row", src.Raw, err, attempt+1)
 		}
-		s.log.V(2).Info("The stored file was pruned while fetching it; fetching it again", "source", rawSource, "path", p)
+		s.log.V(2).Info("The stored file was pruned while fetching it; fetching it again", "source", src.Raw, "path", p)
 	}
 }
 

@@ -155,6 +155,15 @@ func Parse(s string) (Source, error) {
 	return src, nil
 }
 
+// FileName is the name of the file a source names, without its directory ("" for
+// ollama://).
+func (s Source) FileName() string {
+	if n := s.fileName(); n != "" {
+		return path.Base(n)
+	}
+	return ""
+}
+
 // fileName is the path (hf://, file://) or URL path (http(s)://) of the file a source
 // names; "" for ollama://.
 func (s Source) fileName() string {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/macfleet/macfleet/gateway/fairqueue"
+	"github.com/macfleet/macfleet/gateway/routing"
 	"github.com/macfleet/macfleet/gateway/tenancy"
 	"github.com/macfleet/macfleet/gateway/tenancy/satoken"
 	"github.com/macfleet/macfleet/internal/openaierr"
@@ -44,7 +45,7 @@ type admission struct {
 	window  time.Duration
 	// routing is the mode of every ticket's hint.
 	routing Routing
-	bal     *balancer
+	bal     *routing.Balancer
 	table   func() *Table
 	m       *metrics
 	now     func() time.Time
@@ -72,7 +73,7 @@ type ticket struct {
 	flow     string
 	priority fairqueue.Priority
 	// hint picks its replica; routed says how the current grant was picked.
-	hint   routeHint
+	hint   routing.Hint
 	routed string
 	// excluded are the replicas that failed this request; the dispatcher reads it
 	// while the ticket waits, so it changes under admission.mu only.
@@ -91,7 +92,7 @@ type ticket struct {
 	width, counted int
 }
 
-func newAdmission(opts Options, bal *balancer, table func() *Table, m *metrics) *admission {
+func newAdmission(opts Options, bal *routing.Balancer, table func() *Table, m *metrics) *admission {
 	limits := opts.Queue.WithDefaults()
 	return &admission{perSlot: opts.MaxInFlightPerSlot, limits: limits, routing: opts.Routing,
 		reserve: limits.ReserveSlots, window: limits.ActiveWindow,
@@ -99,7 +100,7 @@ func newAdmission(opts Options, bal *balancer, table func() *Table, m *metrics) 
 }
 
 func (a *admission) newTicket(model, flow string, p fairqueue.Priority, h uint64) *ticket {
-	return &ticket{model: model, flow: flow, priority: p, hint: routeHint{mode: a.routing, h: h}, width: 1,
+	return &ticket{model: model, flow: flow, priority: p, hint: routing.Hint{Mode: a.routing, H: h}, width: 1,
 		granted: make(chan Backend, 1)}
 }
 
@@ -163,10 +164,12 @@ func (a *admission) pick(rt *Route, mq *modelQueue, t *ticket, now time.Time) (b
 	if a.perSlot > 0 && !mq.share.Allows(t.flow, t.width, capacity(rt, a.perSlot), now) {
 		return Backend{}, false, true
 	}
-	if be, t.counted, t.routed, ok = a.bal.pickN(rt, t.excluded, t.hint, a.perSlot, t.width); ok {
+	pk, ok := a.bal.Pick(rt, t.excluded, t.hint, a.perSlot, t.width)
+	if ok {
+		t.counted, t.routed = pk.Counted, pk.Routed
 		mq.share.Grant(t.flow, t.counted)
 	}
-	return be, ok, false
+	return pk.Backend, ok, false
 }
 
 // capacity is how many requests the gateway sends to rt's replicas at once.
@@ -230,8 +233,7 @@ func (a *admission) recheckLater(mq *modelQueue, model string) {
 
 // release ends t's use of a replica and hands the room to a waiting request.
 func (a *admission) release(t *ticket, key string) {
-	a.bal.releaseN(key, t.counted)
-	a.bal.endPrefill(key, t.hint)
+	a.bal.Release(key, t.counted, t.hint)
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	mq := a.queues[t.model]
@@ -263,8 +265,7 @@ func (a *admission) leave(t *ticket) {
 	}
 	select {
 	case be := <-t.granted:
-		a.bal.releaseN(be.Key, t.counted)
-		a.bal.endPrefill(be.Key, t.hint)
+		a.bal.Release(be.Key, t.counted, t.hint)
 		if mq != nil {
 			mq.share.Done(t.flow, t.counted)
 		}

@@ -149,7 +149,7 @@ func TestFairQueue(t *testing.T) {
 	// The gateway releases the last request's slot just after its client has the
 	// answer: a6 must find the slot free, not wait for it.
 	testenv.Eventually(t, 10*time.Second, time.Millisecond, func() (bool, string) {
-		n := g.bal.outstanding("a/r0")
+		n := g.bal.Outstanding("a/r0")
 		return n == 0, fmt.Sprintf("%d requests still counted on the replica", n)
 	})
 	chs = map[string]<-chan answer{"a6": send(t, g, "key-a", "a6")}
@@ -181,7 +181,7 @@ func TestFairQueue(t *testing.T) {
 	}
 	// The handler releases the replica just after the client has its answer.
 	testenv.Eventually(t, 10*time.Second, time.Millisecond, func() (bool, string) {
-		n := g.bal.outstanding("a/r0")
+		n := g.bal.Outstanding("a/r0")
 		return n == 0, fmt.Sprintf("%d requests outstanding on the replica after all ended", n)
 	})
 
@@ -394,7 +394,7 @@ func TestGrantWhileAway(t *testing.T) {
 	if !ok || aerr != nil || be.Key != "a/r0" {
 		t.Fatalf("asking again after a grant: %v %v %v, want the granted replica", be, ok, aerr)
 	}
-	if n := g.bal.outstanding("a/r0"); n != 1 {
+	if n := g.bal.Outstanding("a/r0"); n != 1 {
 		t.Errorf("%d requests counted on the replica, want 1", n)
 	}
 	done := make(chan struct{})
@@ -414,7 +414,7 @@ func TestGrantWhileAway(t *testing.T) {
 	for _, tk := range tickets {
 		g.adm.leave(tk)
 	}
-	if n := g.bal.outstanding("a/r0"); n != 0 {
+	if n := g.bal.Outstanding("a/r0"); n != 0 {
 		t.Errorf("%d requests counted after all left", n)
 	}
 }

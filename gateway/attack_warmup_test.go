@@ -20,6 +20,7 @@ import (
 	"github.com/macfleet/macfleet/api/runnerapi"
 	"github.com/macfleet/macfleet/gateway/peerfetch"
 	"github.com/macfleet/macfleet/gateway/prefixindex"
+	"github.com/macfleet/macfleet/gateway/routing"
 	"github.com/macfleet/macfleet/internal/pki"
 	"github.com/macfleet/macfleet/test/support/testenv"
 )
@@ -79,8 +80,7 @@ func TestAttackColdEpochsHarvestConversations(t *testing.T) {
 
 	honest := Backend{Key: "team-a/chat-0", Endpoint: "10.0.0.1:8443", Node: "mac-1", Slots: 2}
 	bad := Backend{Key: "team-a/chat-1", Endpoint: evilAddr, Node: "mac-evil", Slots: 2}
-	table := emptyTable()
-	table.routes = []*Route{{Namespace: "team-a", Deployment: "chat", PeerWarmup: true, Backends: []Backend{honest, bad}}}
+	table := routing.TableOf(&Route{Namespace: "team-a", Deployment: "chat", PeerWarmup: true, Backends: []Backend{honest, bad}})
 	convA := []string{"000000000000000a", "000000000000000b"}
 	convB := []string{"00000000000000b1", "00000000000000b2"}
 	index.Apply(honest.Key, runnerapi.PrefixEvents{Epoch: "e", Seq: 1, Reset: true, Events: []runnerapi.PrefixEvent{

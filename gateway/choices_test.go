@@ -38,35 +38,6 @@ func TestParseHeadChoices(t *testing.T) {
 	}
 }
 
-// TestPickN: a request for n choices is counted as n of a replica's slots, at most
-// all of them, so a replica never gets more choices to generate at once than it has
-// slots, and a request wider than any replica still goes to an idle one.
-func TestPickN(t *testing.T) {
-	b := newBalancer(0, nil)
-	rt := &Route{Backends: []Backend{{Key: "ns/four", Slots: 4}}}
-	steps := []struct {
-		w, wantCounted int
-		ok             bool
-	}{{3, 3, true}, {2, 0, false}, {1, 1, true}, {1, 0, false}}
-	for i, s := range steps {
-		_, counted, _, ok := b.pickN(rt, nil, routeHint{}, 1, s.w)
-		if ok != s.ok || counted != s.wantCounted {
-			t.Fatalf("step %d: pickN(width %d) = %d, %v; want %d, %v", i, s.w, counted, ok, s.wantCounted, s.ok)
-		}
-	}
-	b.releaseN("ns/four", 3)
-	b.releaseN("ns/four", 1)
-	if n := b.outstanding("ns/four"); n != 0 {
-		t.Fatalf("%d outstanding after releasing everything", n)
-	}
-	if _, counted, _, ok := b.pickN(rt, nil, routeHint{}, 1, 10); !ok || counted != 4 {
-		t.Fatalf("a 10-wide request on an idle 4-slot replica: counted %d, %v; want 4, true", counted, ok)
-	}
-	if _, _, _, ok := b.pickN(rt, nil, routeHint{}, 1, 1); ok {
-		t.Fatal("a request placed on a replica whose every slot a wide request holds")
-	}
-}
-
 // TestChoicesTakeSlots: through the gateway, a chat with n 2 on a replica with two
 // slots takes both, so the next request waits in the queue until it ends.
 func TestChoicesTakeSlots(t *testing.T) {
@@ -87,7 +58,7 @@ func TestChoicesTakeSlots(t *testing.T) {
 	}
 	wantOK(t, map[string]<-chan answer{"wide": wide, "next": next})
 	testenv.Eventually(t, 10*time.Second, time.Millisecond, func() (bool, string) {
-		n := g.bal.outstanding("a/r0")
+		n := g.bal.Outstanding("a/r0")
 		return n == 0, fmt.Sprintf("%d slots still counted after both ended", n)
 	})
 }

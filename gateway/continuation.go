@@ -186,7 +186,7 @@ func (g *Gateway) continuationReplica(ctx context.Context, p *proxied, deadline 
 	defer timer.Stop()
 	for {
 		tbl := g.Table()
-		rt, aerr := tbl.ResolveAs(p.name, p.id)
+		rt, aerr := resolve(tbl, p.name, p.id)
 		if aerr != nil {
 			return nil, Backend{}, false
 		}

@@ -140,7 +140,7 @@ func TestContinuationPrefersThePrefixAndFetchesFromALivePeer(t *testing.T) {
 			table()
 			for _, a := range agents[:2] {
 				testenv.Eventually(t, 10*time.Second, 5*time.Millisecond, func() (bool, string) {
-					return g.bal.index.Len(a.key) == len(digests), "the index learns what " + a.key + " holds"
+					return g.bal.Index().Len(a.key) == len(digests), "the index learns what " + a.key + " holds"
 				})
 			}
 			if !tc.busyHolder { // r1 was sent the conversation before (peer fetch reads only such)

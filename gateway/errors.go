@@ -7,6 +7,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/macfleet/macfleet/gateway/routing"
+	"github.com/macfleet/macfleet/gateway/tenancy"
 	"github.com/macfleet/macfleet/internal/chat/translate"
 
 	"github.com/macfleet/macfleet/internal/openaierr"
@@ -62,6 +64,23 @@ func modelNotFound(model string) *apiError {
 	return &apiError{Status: http.StatusNotFound, Type: openaierr.TypeInvalidRequest, Code: codeModelNotFound, Param: "model",
 		Message: fmt.Sprintf("model %q is not served by this fleet: no ModelDeployment serves it under that name "+
 			"or alias (GET /v1/models lists them)", model), reason: "model_not_found"}
+}
+
+// resolve is the deployment model names in tbl for the caller id, or the error to
+// answer (routing.Table.ResolveAs).
+func resolve(tbl *Table, model string, id tenancy.Identity) (*Route, *apiError) {
+	rt, no := tbl.ResolveAs(model, id)
+	if no == nil {
+		return rt, nil
+	}
+	switch no.Reason {
+	case routing.RefusedStarting:
+		return nil, gatewayStarting()
+	case routing.RefusedNotFound:
+		return nil, modelNotFound(model)
+	}
+	return nil, &apiError{Status: http.StatusBadRequest, Type: openaierr.TypeInvalidRequest, Code: codeAmbiguousModel,
+		Param: "model", Message: no.Message, reason: "ambiguous_model"}
 }
 
 // gatewayStarting answers a request that arrives before the routing table is built.

@@ -48,6 +48,7 @@ import (
 	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/gateway/fairqueue"
 	"github.com/macfleet/macfleet/gateway/prefixindex"
+	"github.com/macfleet/macfleet/gateway/routing"
 	"github.com/macfleet/macfleet/gateway/tenancy"
 	"github.com/macfleet/macfleet/gateway/tenancy/satoken"
 	"github.com/macfleet/macfleet/internal/httpserver"
@@ -157,7 +158,7 @@ type Gateway struct {
 	opts      Options
 	log       logr.Logger
 	table     atomic.Pointer[Table]
-	bal       *balancer
+	bal       *routing.Balancer
 	adm       *admission
 	traffic   *traffic
 	metrics   *metrics
@@ -198,10 +199,7 @@ func New(opts Options) (*Gateway, error) {
 			return nil, err
 		}
 	}
-	bal := newBalancer(opts.LoadBound, index)
-	if opts.NoInFlightPrefixes {
-		bal = bal.withoutInFlight()
-	}
+	bal := routing.NewBalancer(opts.LoadBound, index, !opts.NoInFlightPrefixes)
 	g := &Gateway{opts: opts, log: opts.Log, bal: bal, metrics: m, transport: opts.Transport,
 		id: newGatewayID()}
 	g.setAgentTransport()
@@ -211,7 +209,7 @@ func New(opts Options) (*Gateway, error) {
 	if opts.TracerProvider != nil {
 		g.tracer = opts.TracerProvider.Tracer(tracerName)
 	}
-	g.table.Store(startingTable())
+	g.table.Store(routing.StartingTable())
 	g.adm = newAdmission(opts, g.bal, g.Table, m)
 	g.traffic = newTraffic()
 	g.cacheStats = &cacheStats{fetch: g.fetchAgentStatus, now: time.Now}
@@ -327,11 +325,11 @@ func (g *Gateway) SetTable(t *Table) {
 	old := g.table.Swap(t)
 	if old != nil && old != t {
 		g.adm.tableChanged(t)
-		close(old.changed)
+		old.Replaced()
 	}
 	if g.prefixes != nil {
 		var targets []prefixindex.Target
-		for _, rt := range t.routes {
+		for _, rt := range t.Routes() {
 			if !rt.PromptCache {
 				continue
 			}

@@ -22,19 +22,9 @@ type modelObject struct {
 	ReadyReplicas int      `json:"ready_replicas"`
 }
 
-// modelID is the name a client should send for rt: its served name when that names
-// only rt in the fleet, else "<namespace>/<servedName>". Aliases are not listed as
-// entries of their own (one entry per deployment, like the deployments themselves);
-// they appear in the entry's "aliases".
-func (t *Table) modelID(rt *Route, id tenancy.Identity) string {
-	if rs := visible(t.bare[rt.ServedName], id); len(rs) == 1 {
-		return rt.ServedName
-	}
-	return rt.Namespace + "/" + rt.ServedName
-}
-
-func (t *Table) modelObject(rt *Route, id tenancy.Identity) modelObject {
-	return modelObject{ID: t.modelID(rt, id), Object: "model", Created: rt.Created.Unix(), OwnedBy: rt.Namespace,
+// modelObjectOf is rt's entry, named as id should send it (Table.ClientName).
+func modelObjectOf(t *Table, rt *Route, id tenancy.Identity) modelObject {
+	return modelObject{ID: t.ClientName(rt, id), Object: "model", Created: rt.Created.Unix(), OwnedBy: rt.Namespace,
 		Namespace: rt.Namespace, Deployment: rt.Deployment, Aliases: rt.Aliases, ReadyReplicas: len(rt.Backends)}
 }
 
@@ -43,9 +33,9 @@ func (t *Table) modelObject(rt *Route, id tenancy.Identity) modelObject {
 func (g *Gateway) handleListModels(w http.ResponseWriter, r *http.Request) {
 	t := g.Table()
 	id := g.caller(r)
-	data := make([]modelObject, 0, len(t.routes))
-	for _, rt := range visible(t.routes, id) {
-		data = append(data, t.modelObject(rt, id))
+	data := make([]modelObject, 0, len(t.Routes()))
+	for _, rt := range t.RoutesFor(id) {
+		data = append(data, modelObjectOf(t, rt, id))
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": data})
 }
@@ -54,12 +44,12 @@ func (g *Gateway) handleListModels(w http.ResponseWriter, r *http.Request) {
 func (g *Gateway) handleGetModel(w http.ResponseWriter, r *http.Request) {
 	t := g.Table()
 	id := g.caller(r)
-	rt, aerr := t.ResolveAs(r.PathValue("id"), id)
+	rt, aerr := resolve(t, r.PathValue("id"), id)
 	if aerr != nil {
 		aerr.write(w)
 		return
 	}
-	writeJSON(w, http.StatusOK, t.modelObject(rt, id))
+	writeJSON(w, http.StatusOK, modelObjectOf(t, rt, id))
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

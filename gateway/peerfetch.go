@@ -13,6 +13,7 @@ import (
 	"github.com/macfleet/macfleet/gateway/metering"
 	"github.com/macfleet/macfleet/gateway/peerfetch"
 	"github.com/macfleet/macfleet/gateway/prefixindex"
+	"github.com/macfleet/macfleet/gateway/routing"
 	"github.com/macfleet/macfleet/internal/pki"
 )
 
@@ -115,7 +116,7 @@ func (p *peerFetcher) holder(rt *Route, be Backend, ask prefixAsk) (src peerSour
 			continue
 		}
 		hit := p.peerHit(o, ask.partition, ask.digests)
-		if hit.Depth > src.hit.Depth || (hit.Depth == src.hit.Depth && hit.Depth > 0 && tierWeight[hit.Tier] > tierWeight[src.hit.Tier]) {
+		if hit.Depth > src.hit.Depth || (hit.Depth == src.hit.Depth && hit.Depth > 0 && routing.TierWeight(hit.Tier) > routing.TierWeight(src.hit.Tier)) {
 			src = peerSource{be: o, hit: hit}
 		}
 	}

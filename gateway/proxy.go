@@ -20,6 +20,7 @@ import (
 	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/gateway/metering"
 	"github.com/macfleet/macfleet/gateway/prefixdigest"
+	"github.com/macfleet/macfleet/gateway/routing"
 	"github.com/macfleet/macfleet/gateway/splice"
 	"github.com/macfleet/macfleet/internal/openaierr"
 	"github.com/macfleet/macfleet/internal/pki"
@@ -129,7 +130,7 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, start time.Time)
 	}
 	id := g.caller(r)
 	tagCaller(r.Context(), id)
-	rt, aerr := g.Table().ResolveAs(head.Model, id)
+	rt, aerr := resolve(g.Table(), head.Model, id)
 	if aerr != nil {
 		return "", g.fail(w, "", endpoint, aerr)
 	}
@@ -140,7 +141,7 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, start time.Time)
 	defer g.traffic.started(model)()
 	var h uint64
 	if g.opts.Routing == RoutingPrefixAffinity || head.keyed {
-		h = hashKey(head.prefix)
+		h = routing.HashKey(head.prefix)
 	}
 	flow, prio, aerr := g.classify(r, id)
 	if aerr != nil {
@@ -159,13 +160,13 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, start time.Time)
 	t := g.adm.newTicket(model, flow, prio, h)
 	t.width = head.N
 	if g.opts.Routing == RoutingPrefixCache && rt.PromptCache {
-		t.hint.keyed = head.keyed
+		t.hint.Keyed = head.keyed
 		var all []string
 		if c, ok := prefixdigest.Parse(body); ok {
 			all = c.Digests(id.CachePartition(), model)
-			t.hint.digests = c.Routable(all)
+			t.hint.Digests = c.Routable(all)
 		}
-		r = r.WithContext(withPrefixDigests(r.Context(), all, t.hint.digests))
+		r = r.WithContext(withPrefixDigests(r.Context(), all, t.hint.Digests))
 	}
 	res := g.serve(&proxied{w: w, r: r, body: body, name: head.Model, id: id, t: t, lim: lim, start: start})
 	g.count(model, endpoint, res.status, res.reason)
@@ -192,7 +193,7 @@ func (g *Gateway) serve(p *proxied) (res outcome) {
 	attempts := 0
 	for {
 		tbl := g.Table()
-		rt, aerr := tbl.ResolveAs(p.name, p.id)
+		rt, aerr := resolve(tbl, p.name, p.id)
 		if aerr != nil { // the deployment went away while the request waited
 			aerr.write(w)
 			return outcome{status: aerr.Status, reason: aerr.reason}

@@ -520,7 +520,7 @@ func TestClientDisconnectCancelsUpstream(t *testing.T) {
 	<-errc
 	testenv.Eventually(t, 5*time.Second, 10*time.Millisecond, func() (bool, string) {
 		n := testutil.ToFloat64(g.metrics.requests.WithLabelValues("a/m", "chat_completions", "499"))
-		return n == 1 && g.bal.outstanding("a/r0") == 0, fmt.Sprintf("requests{499}=%v outstanding=%d", n, g.bal.outstanding("a/r0"))
+		return n == 1 && g.bal.Outstanding("a/r0") == 0, fmt.Sprintf("requests{499}=%v outstanding=%d", n, g.bal.Outstanding("a/r0"))
 	})
 }
 

@@ -16,6 +16,10 @@ import (
 	"github.com/macfleet/macfleet/internal/openaierr"
 )
 
+// DefaultPrefixBytes is how much of a prompt's text (see promptPrefix) decides its
+// replica under prefix affinity.
+const DefaultPrefixBytes = 512
+
 // requestHead is what the gateway reads of a request body: the model, and under prefix
 // affinity the prompt whose prefix picks the replica (or the client's
 // prompt_cache_key, which names that prefix).

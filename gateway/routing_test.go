@@ -15,105 +15,10 @@ import (
 	"github.com/macfleet/macfleet/api/runnerapi"
 	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/gateway/prefixdigest"
-	"github.com/macfleet/macfleet/gateway/prefixindex"
 	"github.com/macfleet/macfleet/gateway/prefixindex/prefixindextest"
+	"github.com/macfleet/macfleet/gateway/routing"
 	"github.com/macfleet/macfleet/test/support/testenv"
 )
-
-func TestChoosePrefix(t *testing.T) {
-	hot := func(tokens, load int) prefixCandidate {
-		return prefixCandidate{hit: prefixindex.Hit{Depth: 2, Held: prefixindex.Held{Tier: runnerapi.TierHot, Tokens: tokens}}, load: load, slots: 1}
-	}
-	ssd := func(tokens, load int) prefixCandidate {
-		c := hot(tokens, load)
-		c.hit.Tier = runnerapi.TierSSD
-		return c
-	}
-	none := func(load int) prefixCandidate { return prefixCandidate{load: load, slots: 1} }
-	all := func(n int) []bool {
-		e := make([]bool, n)
-		for i := range e {
-			e[i] = true
-		}
-		return e
-	}
-	tests := []struct {
-		name     string
-		cands    []prefixCandidate
-		eligible []bool
-		want     int
-	}{
-		{name: "nobody holds anything: fall back", cands: []prefixCandidate{none(0), none(0)}, want: -1},
-		{name: "the holder though busier than an idle replica", cands: []prefixCandidate{none(0), hot(1000, 1)}, want: 1},
-		{name: "the longest held prefix", cands: []prefixCandidate{hot(1000, 0), hot(4000, 0), hot(2000, 0)}, want: 1},
-		{name: "hot beats ssd of the same length", cands: []prefixCandidate{ssd(4000, 0), hot(4000, 0)}, want: 1},
-		{name: "a much longer ssd prefix beats a short hot one", cands: []prefixCandidate{hot(1000, 0), ssd(8000, 0)}, want: 1},
-		{name: "a loaded holder loses to an idle one holding nearly as much",
-			cands: []prefixCandidate{hot(4000, 1), hot(3000, 0), none(0)}, want: 1},
-		{name: "equal scores go to the less loaded",
-			cands: []prefixCandidate{{hit: prefixindex.Hit{Depth: 1, Held: prefixindex.Held{Tier: "hot", Tokens: 100}}, load: 1, slots: 2},
-				{hit: prefixindex.Hit{Depth: 1, Held: prefixindex.Held{Tier: "hot", Tokens: 100}}, load: 1, slots: 2}}, want: 0},
-		{name: "over the load bound the holder spills: fall back",
-			cands: []prefixCandidate{hot(8000, 3), none(0), none(0)}, want: -1},
-		{name: "over the load bound another holder takes it",
-			cands: []prefixCandidate{hot(8000, 3), none(0), ssd(100, 0)}, want: 2},
-		{name: "an ineligible holder is never picked",
-			cands: []prefixCandidate{hot(8000, 0), hot(10, 0)}, eligible: []bool{false, true}, want: 1},
-		{name: "depth counts when tokens are not reported",
-			cands: []prefixCandidate{{hit: prefixindex.Hit{Depth: 1, Held: prefixindex.Held{Tier: "hot"}}, slots: 1},
-				{hit: prefixindex.Hit{Depth: 3, Held: prefixindex.Held{Tier: "hot"}}, slots: 1}}, want: 1},
-		{name: "nothing eligible", cands: []prefixCandidate{hot(1, 0)}, eligible: []bool{false}, want: -1},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			e := tc.eligible
-			if e == nil {
-				e = all(len(tc.cands))
-			}
-			wantChoice(t, tc.cands, e, tc.want)
-		})
-	}
-}
-
-// wantChoice checks that choosePrefix picks want of cands, showing the scores when not.
-func wantChoice(t *testing.T, cands []prefixCandidate, eligible []bool, want int) {
-	t.Helper()
-	if got := choosePrefix(cands, eligible, DefaultLoadBound); got != want {
-		scores := make([]float64, len(cands))
-		for i, c := range cands {
-			scores[i] = prefixScore(c)
-		}
-		t.Errorf("choosePrefix = %d, want %d (scores %v)", got, want, scores)
-	}
-}
-
-func TestResolveRouting(t *testing.T) {
-	tests := []struct {
-		routing        string
-		set, affinity  bool
-		want           Routing
-		wantErrContain string
-	}{
-		{routing: "prefix-cache", want: RoutingPrefixCache},
-		{routing: "least-load", set: true, want: RoutingLeastLoad},
-		{routing: "prefix-cache", affinity: true, want: RoutingPrefixAffinity},
-		{routing: "prefix-affinity", set: true, affinity: true, want: RoutingPrefixAffinity},
-		{routing: "least-load", set: true, affinity: true, wantErrContain: "--routing=prefix-affinity"},
-		{routing: "random", set: true, wantErrContain: "prefix-cache, prefix-affinity, least-load"},
-	}
-	for _, tc := range tests {
-		got, err := ResolveRouting(tc.routing, tc.set, tc.affinity)
-		if tc.wantErrContain != "" {
-			if err == nil || !strings.Contains(err.Error(), tc.wantErrContain) {
-				t.Errorf("ResolveRouting(%q, %v, %v) = %v, %v; want an error naming %q", tc.routing, tc.set, tc.affinity, got, err, tc.wantErrContain)
-			}
-			continue
-		}
-		if err != nil || got != tc.want {
-			t.Errorf("ResolveRouting(%q, %v, %v) = %v, %v; want %v", tc.routing, tc.set, tc.affinity, got, err, tc.want)
-		}
-	}
-}
 
 // cacheAgent is an httptest agent whose runner "caches" every request it serves: it
 // reports the request's prefix digests as held (hot) through its prefix events, and
@@ -182,7 +87,7 @@ func TestPrefixCacheRouting(t *testing.T) {
 	}
 	holderKey := []string{"a/r0", "a/r1"}[home]
 	testenv.Eventually(t, 10*time.Second, 5*time.Millisecond, func() (bool, string) {
-		return g.bal.index.Len(holderKey) == 2, "not yet: the index learns what the holder holds"
+		return g.bal.Index().Len(holderKey) == 2, "not yet: the index learns what the holder holds"
 	})
 
 	// Keep the holder busy with one request: least load would now pick the other.
@@ -215,12 +120,12 @@ func TestPrefixCacheRouting(t *testing.T) {
 	if h := holder.lastDigests(); !strings.HasPrefix(h, strings.Split(want, ",")[0]) {
 		t.Errorf("another user's digests %q do not start with the shared head %q", h, want)
 	}
-	if n := testutil.ToFloat64(g.metrics.routing.WithLabelValues("a/m", routedPrefixHit)); n != 4 {
+	if n := testutil.ToFloat64(g.metrics.routing.WithLabelValues("a/m", routing.RoutedPrefixHit)); n != 4 {
 		t.Errorf("%v requests routed by a prefix hit, want 4 (the held one and three)", n)
 	}
 	// A conversation nobody holds is routed by the fallback.
 	post(t, g.url, `{"model":"m","messages":[{"role":"user","content":"unrelated"}]}`)
-	if n := testutil.ToFloat64(g.metrics.routing.WithLabelValues("a/m", routedFallback)); n != 2 {
+	if n := testutil.ToFloat64(g.metrics.routing.WithLabelValues("a/m", routing.RoutedFallback)); n != 2 {
 		t.Errorf("%v requests routed by the fallback, want 2 (the first turn and the unrelated one)", n)
 	}
 	close(holder.release)
@@ -258,7 +163,7 @@ func TestPrefixCacheOff(t *testing.T) {
 			t.Errorf("an agent was polled for a deployment without a prompt cache: %v", p)
 		}
 	}
-	if n := testutil.ToFloat64(g.metrics.routing.WithLabelValues("a/m", routedLeastLoad)); n != 4 {
+	if n := testutil.ToFloat64(g.metrics.routing.WithLabelValues("a/m", routing.RoutedLeastLoad)); n != 4 {
 		t.Errorf("%v requests routed by least load, want 4", n)
 	}
 }
@@ -299,7 +204,7 @@ func TestPrefixCacheFallback(t *testing.T) {
 	if len(seen) != 3 {
 		t.Errorf("6 sequential requests without a key went to %v, want all three replicas (least load)", seen)
 	}
-	if n := testutil.ToFloat64(g.metrics.routing.WithLabelValues("a/m", routedFallback)); n != 42 {
+	if n := testutil.ToFloat64(g.metrics.routing.WithLabelValues("a/m", routing.RoutedFallback)); n != 42 {
 		t.Errorf("%v requests routed by the fallback, want all 42", n)
 	}
 }

@@ -28,6 +28,7 @@ import (
 	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/gateway/console"
 	"github.com/macfleet/macfleet/gateway/fairqueue"
+	"github.com/macfleet/macfleet/gateway/routing"
 	"github.com/macfleet/macfleet/gateway/tenancy"
 	"github.com/macfleet/macfleet/internal/httpserver"
 	"github.com/macfleet/macfleet/internal/kubescheme"
@@ -328,7 +329,7 @@ func (f *Feeder) Start(ctx context.Context) error {
 	h := toolscache.ResourceEventHandlerFuncs{
 		AddFunc: func(any) { f.poke() },
 		UpdateFunc: func(old, obj any) {
-			if routingKey(old) != routingKey(obj) {
+			if routing.Key(old) != routing.Key(obj) {
 				f.poke()
 			}
 		},
@@ -392,10 +393,10 @@ func (f *Feeder) rebuild(ctx context.Context) error {
 	f.g.SetTable(t)
 	if f.log.V(2).Enabled() {
 		n := 0
-		for _, rt := range t.routes {
+		for _, rt := range t.Routes() {
 			n += len(rt.Backends)
 		}
-		f.log.V(2).Info("Routing table rebuilt", "deployments", len(t.routes), "routableReplicas", n)
+		f.log.V(2).Info("Routing table rebuilt", "deployments", len(t.Routes()), "routableReplicas", n)
 	}
 	return nil
 }

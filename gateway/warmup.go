@@ -123,7 +123,7 @@ func (w *warmer) record(model string, digests []string, partition, node string) 
 // epoch already, its deployment did not opt in, or the limiter refuses it (counted,
 // and logged when refused). It never blocks.
 func (w *warmer) cold(t prefixindex.Target, epoch string) {
-	rt, _, routed := w.table().backendOf(t.Key)
+	rt, _, routed := w.table().BackendOf(t.Key)
 	w.mu.Lock()
 	if w.warmed[t.Key] == epoch {
 		w.mu.Unlock()
@@ -169,7 +169,7 @@ func (w *warmer) run(ctx context.Context) {
 // warm warms replica t: the states peerfetch.ChooseWarmups picks, asked of its agent
 // warmBatch at a time, each result counted.
 func (w *warmer) warm(ctx context.Context, t prefixindex.Target) {
-	rt, be, ok := w.table().backendOf(t.Key)
+	rt, be, ok := w.table().BackendOf(t.Key)
 	if !ok || !rt.PeerWarmup {
 		return // gone, or its deployment opted out since it was queued
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/macfleet/macfleet/api/runnerapi"
 	"github.com/macfleet/macfleet/gateway/peerfetch"
 	"github.com/macfleet/macfleet/gateway/prefixindex"
+	"github.com/macfleet/macfleet/gateway/routing"
 	"github.com/macfleet/macfleet/internal/pki"
 	"github.com/macfleet/macfleet/test/support/testenv"
 )
@@ -37,8 +38,7 @@ func TestWarmerWarmsAColdReplica(t *testing.T) {
 	r1 := Backend{Key: "team-a/chat-0", Endpoint: "10.0.0.1:8443", Node: "mac-1", Slots: 2}
 	r2 := Backend{Key: "team-a/chat-1", Endpoint: "10.0.0.2:8443", Node: "mac-2", Slots: 2}
 	r3 := Backend{Key: "team-a/chat-2", Endpoint: "10.0.0.2:8443", Node: "mac-2", Slots: 2}
-	table := emptyTable()
-	table.routes = []*Route{{Namespace: "team-a", Deployment: "chat", PeerWarmup: true, Backends: []Backend{r1, r2, r3}}}
+	table := routing.TableOf(&Route{Namespace: "team-a", Deployment: "chat", PeerWarmup: true, Backends: []Backend{r1, r2, r3}})
 	convA := []string{"000000000000000a", "000000000000000b", "000000000000000c"}
 	convB := []string{"00000000000000d1", "00000000000000d2"}
 	convC := []string{"00000000000000e1"}
@@ -140,8 +140,7 @@ func TestWarmerSkipsDeploymentsNotOptedIn(t *testing.T) {
 		Events: []runnerapi.PrefixEvent{{Digest: conv[1], Tier: runnerapi.TierHot, Tokens: 2000}}})
 	var table atomic.Pointer[Table]
 	tableOf := func(optIn bool) *Table {
-		tb := emptyTable()
-		tb.routes = []*Route{{Namespace: "team-a", Deployment: "chat", PromptCache: true, PeerWarmup: optIn, Backends: []Backend{r1, r2}}}
+		tb := routing.TableOf(&Route{Namespace: "team-a", Deployment: "chat", PromptCache: true, PeerWarmup: optIn, Backends: []Backend{r1, r2}})
 		return tb
 	}
 	table.Store(tableOf(false))

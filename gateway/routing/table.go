@@ -1,8 +1,7 @@
-package gateway
+package routing
 
 import (
 	"fmt"
-	"net/http"
 	"slices"
 	"strings"
 	"sync"
@@ -14,7 +13,6 @@ import (
 	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/gateway/peerfetch"
 	"github.com/macfleet/macfleet/gateway/tenancy"
-	"github.com/macfleet/macfleet/internal/openaierr"
 )
 
 // Backend is one routable replica.
@@ -110,10 +108,10 @@ func emptyTable() *Table {
 		changed: make(chan struct{})}
 }
 
-// startingTable is served before the informers have synced: every model is a
+// StartingTable is served before the informers have synced: every model is a
 // retryable 503, not a 404 (a restarted gateway's listener accepts requests before
 // its table is built, and a client told "no such model" would not retry).
-func startingTable() *Table {
+func StartingTable() *Table {
 	t := emptyTable()
 	t.starting = true
 	return t
@@ -121,6 +119,18 @@ func startingTable() *Table {
 
 // Changed is closed when a newer table replaces this one.
 func (t *Table) Changed() <-chan struct{} { return t.changed }
+
+// Replaced closes Changed: the gateway serves a newer table. It is called once.
+func (t *Table) Replaced() { close(t.changed) }
+
+// TableOf is a table of routes alone, indexed by their names, with no Mac known to
+// be ready (tests' tables).
+func TableOf(routes ...*Route) *Table {
+	t := emptyTable()
+	t.routes = routes
+	t.index()
+	return t
+}
 
 // MacLost reports whether the table knows Mac name to be lost: its MacNode is not
 // Ready (its lease expired, or it reports itself not ready) or is gone. The table a
@@ -130,9 +140,9 @@ func (t *Table) MacLost(name string) bool { return !t.starting && !t.nodeReady[n
 // Routes lists the deployments sorted by namespace and name.
 func (t *Table) Routes() []*Route { return t.routes }
 
-// backendOf is the routable replica key and its deployment's route; ok false when
+// BackendOf is the routable replica key and its deployment's route; ok false when
 // no route has it.
-func (t *Table) backendOf(key string) (*Route, Backend, bool) {
+func (t *Table) BackendOf(key string) (*Route, Backend, bool) {
 	for _, rt := range t.routes {
 		for _, be := range rt.Backends {
 			if be.Key == key {
@@ -208,13 +218,22 @@ func BuildTable(deployments []mfv1.ModelDeployment, replicas []mfv1.ModelReplica
 	slices.SortFunc(t.routes, func(a, b *Route) int { return strings.Compare(a.ID(), b.ID()) })
 	for _, rt := range t.routes {
 		slices.SortFunc(rt.Backends, func(a, b Backend) int { return strings.Compare(a.Key, b.Key) })
+	}
+	t.index()
+	return t
+}
+
+// index files t's routes under the names clients use: each served name and alias,
+// bare and qualified by the namespace.
+func (t *Table) index() {
+	for _, rt := range t.routes {
+		t.byID[rt.ID()] = rt
 		for _, name := range append([]string{rt.ServedName}, rt.Aliases...) {
 			t.bare[name] = append(t.bare[name], rt)
 			q := rt.Namespace + "/" + name
 			t.qualified[q] = append(t.qualified[q], rt)
 		}
 	}
-	return t
 }
 
 // declaredLink is the link n declares: spec.link where set, else status.link (the
@@ -252,22 +271,61 @@ func unavailable(d *mfv1.ModelDeployment) string {
 	return ""
 }
 
+// Why a model resolves to no route (Refusal.Reason).
+const (
+	// RefusedStarting: the table is the one served before the first snapshot.
+	RefusedStarting = "starting"
+	// RefusedNotFound: no deployment the caller may use serves the name.
+	RefusedNotFound = "model_not_found"
+	// RefusedAmbiguous: a bare name served by several deployments the caller may use.
+	RefusedAmbiguous = "ambiguous_model"
+)
+
+// Refusal is why a model resolves to no route: Reason is one of the Refused…
+// constants; Message says how to qualify an ambiguous name.
+type Refusal struct {
+	Reason  string
+	Model   string
+	Message string
+}
+
+func (r *Refusal) Error() string {
+	if r.Message != "" {
+		return r.Message
+	}
+	return r.Reason + ": " + r.Model
+}
+
+// RoutesFor lists the deployments id may use (tenancy.MayUse), sorted by namespace
+// and name.
+func (t *Table) RoutesFor(id tenancy.Identity) []*Route { return visible(t.routes, id) }
+
+// ClientName is the name a client should send for rt: its served name when that
+// names only rt among the deployments id may use, else "<namespace>/<servedName>".
+// Aliases are not names of their own (one entry per deployment in GET /v1/models).
+func (t *Table) ClientName(rt *Route, id tenancy.Identity) string {
+	if rs := visible(t.bare[rt.ServedName], id); len(rs) == 1 {
+		return rt.ServedName
+	}
+	return rt.Namespace + "/" + rt.ServedName
+}
+
 // Route is the deployment "<namespace>/<name>" (a Route's ID), or nil.
 func (t *Table) Route(id string) *Route { return t.byID[id] }
 
 // Resolve finds the deployment a request's model names: "<namespace>/<name>" first
 // (it always works), then the bare served name or alias. A bare name served in
 // several namespaces is a 400 asking the client to qualify it.
-func (t *Table) Resolve(model string) (*Route, *apiError) {
+func (t *Table) Resolve(model string) (*Route, *Refusal) {
 	if t.starting {
-		return nil, gatewayStarting()
+		return nil, &Refusal{Reason: RefusedStarting, Model: model}
 	}
 	if rs := t.qualified[model]; len(rs) > 0 {
 		return one(model, rs)
 	}
 	rs := t.bare[model]
 	if len(rs) == 0 {
-		return nil, modelNotFound(model)
+		return nil, &Refusal{Reason: RefusedNotFound, Model: model}
 	}
 	return one(model, rs)
 }
@@ -275,19 +333,19 @@ func (t *Table) Resolve(model string) (*Route, *apiError) {
 // ResolveAs is Resolve for the caller id: a deployment it may not use
 // (tenancy.MayUse) is answered exactly as one that does not exist, and a bare name is
 // ambiguous only among the deployments it may use.
-func (t *Table) ResolveAs(model string, id tenancy.Identity) (*Route, *apiError) {
+func (t *Table) ResolveAs(model string, id tenancy.Identity) (*Route, *Refusal) {
 	if id.Admin {
 		return t.Resolve(model)
 	}
 	if t.starting {
-		return nil, gatewayStarting()
+		return nil, &Refusal{Reason: RefusedStarting, Model: model}
 	}
 	rs := visible(t.qualified[model], id)
 	if len(rs) == 0 {
 		rs = visible(t.bare[model], id)
 	}
 	if len(rs) == 0 {
-		return nil, modelNotFound(model)
+		return nil, &Refusal{Reason: RefusedNotFound, Model: model}
 	}
 	return one(model, rs)
 }
@@ -309,7 +367,7 @@ func visible(rs []*Route, id tenancy.Identity) []*Route {
 	return rs
 }
 
-func one(model string, rs []*Route) (*Route, *apiError) {
+func one(model string, rs []*Route) (*Route, *Refusal) {
 	if len(rs) == 1 {
 		return rs[0], nil
 	}
@@ -321,21 +379,19 @@ func one(model string, rs []*Route) (*Route, *apiError) {
 		ids = append(ids, rt.ID())
 	}
 	if len(namespaces) > 1 {
-		return nil, &apiError{Status: http.StatusBadRequest, Type: openaierr.TypeInvalidRequest, Code: codeAmbiguousModel,
-			Param: "model", reason: "ambiguous_model",
+		return nil, &Refusal{Reason: RefusedAmbiguous, Model: model,
 			Message: fmt.Sprintf("model %q is served in namespaces %s: qualify it as \"<namespace>/%s\", e.g. %q",
 				model, strings.Join(namespaces, ", "), model, namespaces[0]+"/"+model)}
 	}
-	return nil, &apiError{Status: http.StatusBadRequest, Type: openaierr.TypeInvalidRequest, Code: codeAmbiguousModel,
-		Param: "model", reason: "ambiguous_model",
+	return nil, &Refusal{Reason: RefusedAmbiguous, Model: model,
 		Message: fmt.Sprintf("model %q names several deployments (%s): give each a distinct servedName or alias",
 			model, strings.Join(ids, ", "))}
 }
 
-// routingKey is what of an object the table depends on: an informer update that leaves
+// Key is what of an object the table depends on: an informer update that leaves
 // it unchanged (download progress, memory figures, heartbeats) does not rebuild the
 // table.
-func routingKey(obj any) string {
+func Key(obj any) string {
 	var b strings.Builder
 	cond := func(conds []metav1.Condition, typ string) {
 		if c := meta.FindStatusCondition(conds, typ); c != nil {

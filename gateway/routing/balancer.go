@@ -1,4 +1,4 @@
-package gateway
+package routing
 
 import (
 	"hash/fnv"
@@ -15,9 +15,6 @@ const (
 	// DefaultLoadBound is c in consistent hashing with bounded loads: a replica takes a
 	// request for its prefix only while its load stays within c × the average.
 	DefaultLoadBound = 1.25
-	// DefaultPrefixBytes is how much of a prompt's text (see promptPrefix) decides its
-	// replica under prefix affinity.
-	DefaultPrefixBytes = 512
 	// ringPoints is the number of points each replica has on the hash ring.
 	ringPoints = 128
 )
@@ -40,7 +37,7 @@ func newRing(backends []Backend) ring {
 	for i, b := range backends {
 		for v := range ringPoints {
 			buf = append(append(buf[:0], b.Key...), '#', byte(v), byte(v>>8))
-			pts = append(pts, pt{hashKey(buf), i})
+			pts = append(pts, pt{HashKey(buf), i})
 		}
 	}
 	slices.SortFunc(pts, func(a, b pt) int {
@@ -59,9 +56,9 @@ func newRing(backends []Backend) ring {
 	return r
 }
 
-// hashKey is FNV-1a followed by a 64-bit finalizer (splitmix64), so that keys that
+// HashKey is FNV-1a followed by a 64-bit finalizer (splitmix64), so that keys that
 // differ in one byte land far apart on the ring. It is stable across processes.
-func hashKey(b []byte) uint64 {
+func HashKey(b []byte) uint64 {
 	h := fnv.New64a()
 	_, _ = h.Write(b)
 	x := h.Sum64()
@@ -114,15 +111,15 @@ func chooseLeast(loads []int, eligible []bool, start int) int {
 	return best
 }
 
-// balancer keeps the gateway's own count of outstanding requests per replica and
+// Balancer keeps the gateway's own count of outstanding requests per replica and
 // picks a replica for each attempt.
-type balancer struct {
+type Balancer struct {
 	c float64
-	// index is the fleet's prompt caches for RoutingPrefixCache; nil routes such
-	// requests by their fallback.
+	// index is the fleet's prompt caches for PrefixCache; nil routes such requests by
+	// their fallback.
 	index *prefixindex.Index
 	// prefilling records which replica each routed prefix is being prefilled on,
-	// for RoutingPrefixCache (nil with no index); now is its clock.
+	// for PrefixCache (nil with no index, or without the record); now is its clock.
 	prefilling *prefixindex.InFlight
 	now        func() time.Time
 
@@ -131,37 +128,41 @@ type balancer struct {
 	next     uint
 }
 
-func newBalancer(c float64, index *prefixindex.Index) *balancer {
+// NewBalancer is a balancer of bound c (DefaultLoadBound when < 1) that routes
+// PrefixCache requests by index (nil: by their fallback), and with inFlight by the
+// record of the prefixes being prefilled too.
+func NewBalancer(c float64, index *prefixindex.Index, inFlight bool) *Balancer {
 	if c < 1 {
 		c = DefaultLoadBound
 	}
-	b := &balancer{c: c, index: index, now: time.Now, inflight: map[string]int{}}
-	if index != nil {
+	b := &Balancer{c: c, index: index, now: time.Now, inflight: map[string]int{}}
+	if index != nil && inFlight {
 		b.prefilling = prefixindex.NewInFlight(0, 0, 0)
 	}
 	return b
 }
 
-// pick is pickN for a request that takes one slot, by affinity on h or least load.
-func (b *balancer) pick(rt *Route, excluded map[string]bool, affinity bool, h uint64, perSlot int) (Backend, bool) {
-	hint := routeHint{mode: RoutingLeastLoad, h: h}
-	if affinity {
-		hint.mode = RoutingPrefixAffinity
-	}
-	be, _, _, ok := b.pickN(rt, excluded, hint, perSlot, 1)
-	return be, ok
+// Index is the prefix index the balancer routes by (nil when none).
+func (b *Balancer) Index() *prefixindex.Index { return b.index }
+
+// Pick is a replica the balancer picked for a request: the backend, how many of its
+// slots it counted there (Release them) and how it was picked (a Routed… label).
+type Pick struct {
+	Backend Backend
+	Counted int
+	Routed  string
 }
 
-// pickN chooses a backend of rt that is not excluded and has room for a request that
+// Pick chooses a backend of rt that is not excluded and has room for a request that
 // takes w slots (a chat with n choices takes n), and counts it there; the caller must
-// releaseN the count returned. A backend has room while the gateway's requests on it
+// Release the count returned. A backend has room while the gateway's requests on it
 // plus w stay within perSlot × its slots (always when perSlot ≤ 0); w is counted as at
 // most that, so a request wider than a replica still fits an idle one. The hint's mode
-// picks among them (see Routing); routed says how it was picked.
-func (b *balancer) pickN(rt *Route, excluded map[string]bool, hint routeHint, perSlot, w int) (be Backend, counted int, routed string, ok bool) {
+// picks among them (see Mode).
+func (b *Balancer) Pick(rt *Route, excluded map[string]bool, hint Hint, perSlot, w int) (Pick, bool) {
 	n := len(rt.Backends)
 	if n == 0 {
-		return Backend{}, 0, "", false
+		return Pick{}, false
 	}
 	w = max(w, 1)
 	width := func(be Backend) int {
@@ -181,43 +182,50 @@ func (b *balancer) pickN(rt *Route, excluded map[string]bool, hint routeHint, pe
 		some = some || eligible[i]
 	}
 	if !some {
-		return Backend{}, 0, "", false
+		return Pick{}, false
 	}
-	var i int
-	switch {
-	case hint.mode == RoutingPrefixCache && rt.PromptCache:
-		var prefilling bool
-		if i, prefilling = b.choosePrefix(rt, loads, eligible, hint.digests); i >= 0 {
-			routed = routedPrefixHit
-			if prefilling {
-				routed = routedPrefixInFlight
-			}
-		} else if hint.keyed {
-			i, routed = chooseBounded(rt.hashRing(), loads, eligible, hint.h, b.c), routedFallback
-		} else {
-			i, routed = chooseLeast(loads, eligible, int(b.next%uint(n))), routedFallback
-			b.next++
-		}
-	case hint.mode == RoutingPrefixAffinity:
-		i, routed = chooseBounded(rt.hashRing(), loads, eligible, hint.h, b.c), routedPrefixAffinity
-	default:
-		i, routed = chooseLeast(loads, eligible, int(b.next%uint(n))), routedLeastLoad
-		b.next++
+	i, routed := b.choose(rt, loads, eligible, hint)
+	be := rt.Backends[i]
+	if hint.Mode == PrefixCache && rt.PromptCache {
+		b.startPrefill(be.Key, hint.Digests)
 	}
-	be = rt.Backends[i]
-	if hint.mode == RoutingPrefixCache && rt.PromptCache {
-		b.startPrefill(be.Key, hint.digests)
-	}
-	counted = width(be)
+	counted := width(be)
 	b.inflight[be.Key] += counted
-	return be, counted, routed, true
+	return Pick{Backend: be, Counted: counted, Routed: routed}, true
+}
+
+// choose is the eligible backend of rt the hint's mode picks, and how it was picked;
+// b.mu is held.
+func (b *Balancer) choose(rt *Route, loads []int, eligible []bool, hint Hint) (int, string) {
+	n := len(rt.Backends)
+	switch {
+	case hint.Mode == PrefixCache && rt.PromptCache:
+		if i, prefilling := b.choosePrefix(rt, loads, eligible, hint.Digests); i >= 0 {
+			if prefilling {
+				return i, RoutedPrefixInFlight
+			}
+			return i, RoutedPrefixHit
+		}
+		if hint.Keyed {
+			return chooseBounded(rt.hashRing(), loads, eligible, hint.H, b.c), RoutedFallback
+		}
+		i := chooseLeast(loads, eligible, int(b.next%uint(n)))
+		b.next++
+		return i, RoutedFallback
+	case hint.Mode == PrefixAffinity:
+		return chooseBounded(rt.hashRing(), loads, eligible, hint.H, b.c), RoutedPrefixAffinity
+	default:
+		i := chooseLeast(loads, eligible, int(b.next%uint(n)))
+		b.next++
+		return i, RoutedLeastLoad
+	}
 }
 
 // choosePrefix reads what each backend of rt holds of digests from the index and
 // which of them requests routed there are prefilling, and scores them (see
 // choosePrefix); -1 when none holds or prefills any. prefilling: the one chosen holds
 // none of them, only prefills them.
-func (b *balancer) choosePrefix(rt *Route, loads []int, eligible []bool, digests []string) (i int, prefilling bool) {
+func (b *Balancer) choosePrefix(rt *Route, loads []int, eligible []bool, digests []string) (i int, prefilling bool) {
 	if b.index == nil || len(digests) == 0 {
 		return -1, false
 	}
@@ -237,33 +245,25 @@ func (b *balancer) choosePrefix(rt *Route, loads []int, eligible []bool, digests
 	return i, cands[i].hit.Depth == 0
 }
 
-// withoutInFlight turns the record of prefixes being prefilled off (Options.NoInFlightPrefixes).
-func (b *balancer) withoutInFlight() *balancer {
-	b.prefilling = nil
-	return b
-}
-
 // startPrefill records that a request with digests routed to the backend key is
-// prefilling them there (prefixindex.InFlight), until endPrefill.
-func (b *balancer) startPrefill(key string, digests []string) {
+// prefilling them there (prefixindex.InFlight), until Release.
+func (b *Balancer) startPrefill(key string, digests []string) {
 	if b.prefilling != nil && len(digests) > 0 {
 		b.prefilling.Start(key, digests, b.now())
 	}
 }
 
-// endPrefill records that a request with hint routed to the backend key ended (or
-// left it), for the prefixes startPrefill recorded.
-func (b *balancer) endPrefill(key string, hint routeHint) {
-	if b.prefilling != nil && hint.mode == RoutingPrefixCache && len(hint.digests) > 0 {
-		b.prefilling.End(key, hint.digests, b.now())
+// Release ends a request with hint counted as n on the backend key by Pick (or that
+// left it), and the record of the prefixes it was prefilling there.
+func (b *Balancer) Release(key string, n int, hint Hint) {
+	b.uncount(key, n)
+	if b.prefilling != nil && hint.Mode == PrefixCache && len(hint.Digests) > 0 {
+		b.prefilling.End(key, hint.Digests, b.now())
 	}
 }
 
-// release ends a request counted by pick.
-func (b *balancer) release(key string) { b.releaseN(key, 1) }
-
-// releaseN ends a request counted as n by pickN.
-func (b *balancer) releaseN(key string, n int) {
+// uncount takes n off the backend key's count.
+func (b *Balancer) uncount(key string, n int) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.inflight[key] <= n {
@@ -273,8 +273,8 @@ func (b *balancer) releaseN(key string, n int) {
 	b.inflight[key] -= n
 }
 
-// outstanding is the gateway's count of requests in flight on a replica.
-func (b *balancer) outstanding(key string) int {
+// Outstanding is the gateway's count of requests in flight on a replica.
+func (b *Balancer) Outstanding(key string) int {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.inflight[key]

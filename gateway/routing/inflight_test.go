@@ -1,4 +1,4 @@
-package gateway
+package routing
 
 import (
 	"math"
@@ -132,48 +132,51 @@ func TestBalancerRoutesToThePrefillingReplica(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b := newBalancer(DefaultLoadBound, index)
+	b := NewBalancer(DefaultLoadBound, index, true)
 	now := time.Date(2026, 11, 25, 20, 0, 0, 0, time.UTC)
 	b.now = func() time.Time { return now }
 	rt := &Route{PromptCache: true, Backends: []Backend{{Key: "ns/r0", Slots: 1}, {Key: "ns/r1", Slots: 1}}}
-	hint := func(user string) routeHint {
-		return routeHint{mode: RoutingPrefixCache, digests: []string{"00000000000000aa", user}}
+	hint := func(user string) Hint {
+		return Hint{Mode: PrefixCache, Digests: []string{"00000000000000aa", user}}
 	}
-	first, _, routed, ok := b.pickN(rt, nil, hint("00000000000000b1"), 0, 1)
-	if !ok || routed != routedFallback {
-		t.Fatalf("the first request: routed %q (ok %v), want %q", routed, ok, routedFallback)
+	first, routed, ok := pick(b, rt, hint("00000000000000b1"))
+	if !ok || routed != RoutedFallback {
+		t.Fatalf("the first request: routed %q (ok %v), want %q", routed, ok, RoutedFallback)
 	}
 	now = now.Add(2 * time.Second)
-	second, _, routed, _ := b.pickN(rt, nil, hint("00000000000000b2"), 0, 1)
-	if routed != routedPrefixInFlight || second.Key != first.Key {
-		t.Fatalf("the second request of the prefix: %s routed %q, want %s by %q", second.Key, routed, first.Key, routedPrefixInFlight)
+	second, routed, _ := pick(b, rt, hint("00000000000000b2"))
+	if routed != RoutedPrefixInFlight || second.Key != first.Key {
+		t.Fatalf("the second request of the prefix: %s routed %q, want %s by %q", second.Key, routed, first.Key, RoutedPrefixInFlight)
 	}
 	// The second ends; the index learns that the first replica holds the prefix: a
 	// held hit.
-	b.releaseN(second.Key, 1)
-	b.endPrefill(second.Key, hint("00000000000000b2"))
+	b.Release(second.Key, 1, hint("00000000000000b2"))
 	index.Apply(first.Key, runnerapi.PrefixEvents{Epoch: "e", Reset: true,
 		Events: []runnerapi.PrefixEvent{{Digest: "00000000000000aa", Tier: runnerapi.TierHot, Tokens: 4000}}})
-	third, _, routed, _ := b.pickN(rt, nil, hint("00000000000000b3"), 0, 1)
-	if routed != routedPrefixHit || third.Key != first.Key {
-		t.Errorf("with the save reported: %s routed %q, want %s by %q", third.Key, routed, first.Key, routedPrefixHit)
+	third, routed, _ := pick(b, rt, hint("00000000000000b3"))
+	if routed != RoutedPrefixHit || third.Key != first.Key {
+		t.Errorf("with the save reported: %s routed %q, want %s by %q", third.Key, routed, first.Key, RoutedPrefixHit)
 	}
 	index.Remove(first.Key)
-	b.releaseN(third.Key, 1)
-	b.endPrefill(third.Key, hint("00000000000000b3"))
+	b.Release(third.Key, 1, hint("00000000000000b3"))
 	// The first request ends too: its slot is free and holds the prefix, which the
 	// index has not heard of (it forgot it here): the next request goes there.
-	b.releaseN(first.Key, 1)
-	b.endPrefill(first.Key, hint("00000000000000b1"))
+	b.Release(first.Key, 1, hint("00000000000000b1"))
 	now = now.Add(prefixindex.DefaultInFlightLinger)
-	fourth, _, routed, _ := b.pickN(rt, nil, hint("00000000000000b4"), 0, 1)
-	if routed != routedPrefixInFlight || fourth.Key != first.Key {
-		t.Errorf("just prefilled, within the linger: %s routed %q, want %s by %q", fourth.Key, routed, first.Key, routedPrefixInFlight)
+	fourth, routed, _ := pick(b, rt, hint("00000000000000b4"))
+	if routed != RoutedPrefixInFlight || fourth.Key != first.Key {
+		t.Errorf("just prefilled, within the linger: %s routed %q, want %s by %q", fourth.Key, routed, first.Key, RoutedPrefixInFlight)
 	}
-	b.releaseN(fourth.Key, 1)
-	b.endPrefill(fourth.Key, hint("00000000000000b4"))
+	b.Release(fourth.Key, 1, hint("00000000000000b4"))
 	now = now.Add(prefixindex.DefaultInFlightLinger + time.Second)
-	if _, _, routed, _ := b.pickN(rt, nil, hint("00000000000000b5"), 0, 1); routed != routedFallback {
-		t.Errorf("past the linger: routed %q, want %q", routed, routedFallback)
+	if _, routed, _ := pick(b, rt, hint("00000000000000b5")); routed != RoutedFallback {
+		t.Errorf("past the linger: routed %q, want %q", routed, RoutedFallback)
 	}
+}
+
+// pick is b.Pick with no exclusions, no limit per slot and one slot: the replica and
+// how it was picked.
+func pick(b *Balancer, rt *Route, hint Hint) (Backend, string, bool) {
+	pk, ok := b.Pick(rt, nil, hint, 0, 1)
+	return pk.Backend, pk.Routed, ok
 }

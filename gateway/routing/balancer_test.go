@@ -1,14 +1,11 @@
-package gateway
+package routing
 
 import (
-	"encoding/json"
 	"fmt"
 	"math"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
-
-	"github.com/macfleet/macfleet/internal/openaierr"
 )
 
 func backends(n int) []Backend {
@@ -37,7 +34,7 @@ func TestRingDistribution(t *testing.T) {
 			counts := make([]int, n)
 			const keys = 20000
 			for k := range keys {
-				h := hashKey(fmt.Appendf(nil, "system: you are assistant %d\nuser: hi", k))
+				h := HashKey(fmt.Appendf(nil, "system: you are assistant %d\nuser: hi", k))
 				i := chooseBounded(r, loads, allEligible(n), h, DefaultLoadBound)
 				counts[i]++
 				if again := chooseBounded(r, loads, allEligible(n), h, DefaultLoadBound); again != i {
@@ -67,7 +64,7 @@ func TestRingStability(t *testing.T) {
 	}
 	moved := 0
 	for k := range 5000 {
-		h := hashKey(fmt.Appendf(nil, "prefix %d", k))
+		h := HashKey(fmt.Appendf(nil, "prefix %d", k))
 		before := all[chooseBounded(r5, make([]int, 5), allEligible(5), h, DefaultLoadBound)].Key
 		after := rest[chooseBounded(r4, make([]int, 4), allEligible(4), h, DefaultLoadBound)].Key
 		if other := reversed[chooseBounded(newRingCached(t, reversed), make([]int, 5), allEligible(5), h, DefaultLoadBound)].Key; other != before {
@@ -107,7 +104,7 @@ func TestBoundedLoad(t *testing.T) {
 			const n = 4
 			r := newRing(backends(n))
 			loads := make([]int, n)
-			h := hashKey([]byte("the same system prompt"))
+			h := HashKey([]byte("the same system prompt"))
 			home := chooseBounded(r, loads, allEligible(n), h, c)
 			for step := 1; step <= 200; step++ {
 				i := chooseBounded(r, loads, allEligible(n), h, c)
@@ -128,7 +125,7 @@ func TestBoundedLoad(t *testing.T) {
 	}
 	// Light load: the prefix stays home.
 	r := newRing(backends(3))
-	h := hashKey([]byte("p"))
+	h := HashKey([]byte("p"))
 	home := chooseBounded(r, []int{0, 0, 0}, allEligible(3), h, DefaultLoadBound)
 	loads := []int{1, 1, 1}
 	if got := chooseBounded(r, loads, allEligible(3), h, DefaultLoadBound); got != home {
@@ -169,7 +166,7 @@ func TestChooseLeast(t *testing.T) {
 // evenly; sequential ones rotate over idle replicas.
 func TestBalancerSpreads(t *testing.T) {
 	rt := &Route{Backends: backends(3)}
-	b := newBalancer(DefaultLoadBound, nil)
+	b := NewBalancer(DefaultLoadBound, nil, true)
 	got := map[string]int{}
 	for range 9 {
 		be, ok := b.pick(rt, nil, false, 0, 0)
@@ -186,7 +183,7 @@ func TestBalancerSpreads(t *testing.T) {
 		for range n {
 			b.release(k)
 		}
-		if o := b.outstanding(k); o != 0 {
+		if o := b.Outstanding(k); o != 0 {
 			t.Errorf("%s: %d outstanding after release", k, o)
 		}
 	}
@@ -212,7 +209,7 @@ func TestBalancerSpreads(t *testing.T) {
 func TestBalancerRoom(t *testing.T) {
 	rt := &Route{Backends: []Backend{{Key: "ns/one", Slots: 1}, {Key: "ns/four", Slots: 4}}}
 	for _, affinity := range []bool{false, true} {
-		b := newBalancer(DefaultLoadBound, nil)
+		b := NewBalancer(DefaultLoadBound, nil, true)
 		got := map[string]int{}
 		for range 5 {
 			be, ok := b.pick(rt, nil, affinity, 7, 1)
@@ -238,99 +235,15 @@ func TestBalancerRoom(t *testing.T) {
 	}
 }
 
-func TestPromptPrefix(t *testing.T) {
-	raw := func(s string) json.RawMessage { return json.RawMessage(s) }
-	tests := []struct {
-		name                    string
-		messages, prompt, input json.RawMessage
-		n                       int
-		want                    string
-	}{
-		{name: "chat", messages: raw(`[{"role":"system","content":"Be brief."},{"role":"user","content":"Hi"}]`), n: 100,
-			want: "system:Be brief.\nuser:Hi\n"},
-		{name: "later turns keep the prefix",
-			messages: raw(`[{"role":"system","content":"Be brief."},{"role":"user","content":"Hi"},{"role":"assistant","content":"Hello"},{"role":"user","content":"More"}]`),
-			n:        100, want: "system:Be brief.\nuser:Hi\n"},
-		{name: "formatting does not matter",
-			messages: raw("[ {\"content\" : \"Be brief.\",\n \"role\":\"system\"}, {\"role\":\"user\",\"content\":\"Hi\"}]"), n: 100,
-			want: "system:Be brief.\nuser:Hi\n"},
-		{name: "content parts", messages: raw(`[{"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url"},{"type":"text","text":"b"}]}]`),
-			n: 100, want: "user:ab\n"},
-		{name: "truncated", messages: raw(`[{"role":"system","content":"0123456789"}]`), n: 10, want: "system:012"},
-		{name: "prompt", prompt: raw(`"once upon a time"`), n: 4, want: "once"},
-		{name: "prompt list", prompt: raw(`["first","second"]`), n: 100, want: "first"},
-		{name: "embeddings input", input: raw(`["x"]`), n: 100, want: "x"},
-		{name: "malformed", messages: raw(`{"not":"a list"}`), n: 100, want: ""},
-		{name: "token ids", prompt: raw(`[1,2,3]`), n: 100, want: ""},
-		{name: "nothing", n: 100, want: ""},
+// pick is Pick for a request that takes one slot, by affinity on h or least load.
+func (b *Balancer) pick(rt *Route, excluded map[string]bool, affinity bool, h uint64, perSlot int) (Backend, bool) {
+	hint := Hint{Mode: LeastLoad, H: h}
+	if affinity {
+		hint.Mode = PrefixAffinity
 	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			if got := string(promptPrefix(tt.messages, tt.prompt, tt.input, tt.n)); got != tt.want {
-				t.Errorf("prefix %q, want %q", got, tt.want)
-			}
-		})
-	}
+	pk, ok := b.Pick(rt, excluded, hint, perSlot, 1)
+	return pk.Backend, ok
 }
 
-// TestPrefixAcrossAPIs: one conversation sent as a chat completion, an Anthropic
-// message and a Responses request has one prefix, so it lands on the same replica.
-func TestPrefixAcrossAPIs(t *testing.T) {
-	chat := `{"model":"m","messages":[{"role":"system","content":"Be brief."},{"role":"user","content":"Hi there"},{"role":"assistant","content":"Hello"}]}`
-	want := "system:Be brief.\nuser:Hi there\n"
-	for _, body := range []string{
-		chat,
-		`{"model":"m","messages":[{"role":"developer","content":[{"type":"text","text":"Be brief."}]},{"role":"user","content":"Hi there"}]}`,
-		`{"model":"m","system":"Be brief.","messages":[{"role":"user","content":[{"type":"text","text":"Hi there"}]}],"max_tokens":5}`,
-		`{"model":"m","system":[{"type":"text","text":"Be brief."}],"messages":[{"role":"user","content":"Hi there"}],"max_tokens":5}`,
-		`{"model":"m","instructions":"Be brief.","input":"Hi there"}`,
-		`{"model":"m","instructions":"Be brief.","input":[{"role":"user","content":[{"type":"input_text","text":"Hi there"}]},{"type":"function_call","call_id":"c","name":"f","arguments":"{}"}]}`,
-		`{"model":"m","input":[{"type":"message","role":"system","content":"Be brief."},{"role":"user","content":"Hi there"}]}`,
-	} {
-		h, aerr := parseHead([]byte(body), 64)
-		if aerr != nil {
-			t.Fatal(aerr)
-		}
-		if string(h.prefix) != want {
-			t.Errorf("%s: prefix %q, want %q", body, h.prefix, want)
-		}
-	}
-	for _, body := range []string{`{"model":"m","input":"Hi there"}`, `{"model":"m","instructions":"Other.","input":"Hi there"}`} {
-		if h, _ := parseHead([]byte(body), 64); string(h.prefix) == want {
-			t.Errorf("%s: the prefix of another conversation", body)
-		}
-	}
-}
-
-func TestParseHead(t *testing.T) {
-	tests := []struct {
-		body   string
-		model  string
-		status int
-		code   string
-	}{
-		{body: `{"model":"qwen","messages":[]}`, model: "qwen"},
-		{body: ``, status: 400, code: openaierr.CodeInvalidJSON},
-		{body: `{"model":`, status: 400, code: openaierr.CodeInvalidJSON},
-		{body: `[1]`, status: 400, code: openaierr.CodeInvalidJSON},
-		{body: `"str"`, status: 400, code: openaierr.CodeInvalidJSON},
-		{body: `{}`, status: 400, code: openaierr.CodeMissingField},
-		{body: `{"model":null}`, status: 400, code: openaierr.CodeMissingField},
-		{body: `{"model":""}`, status: 400, code: openaierr.CodeInvalidValue},
-		{body: `{"model":42}`, status: 400, code: openaierr.CodeInvalidValue},
-		{body: `{"model":"m","messages":"weird"}`, model: "m"},
-	}
-	for _, tt := range tests {
-		for _, pb := range []int{0, 64} {
-			h, aerr := parseHead([]byte(tt.body), pb)
-			switch {
-			case tt.status == 0 && aerr != nil:
-				t.Errorf("parseHead(%q, %d): %v", tt.body, pb, aerr)
-			case tt.status == 0 && h.Model != tt.model:
-				t.Errorf("parseHead(%q, %d): model %q, want %q", tt.body, pb, h.Model, tt.model)
-			case tt.status != 0 && (aerr == nil || aerr.Status != tt.status || aerr.Code != tt.code):
-				t.Errorf("parseHead(%q, %d): %+v, want %d %s", tt.body, pb, aerr, tt.status, tt.code)
-			}
-		}
-	}
-}
+// release ends a request counted by pick.
+func (b *Balancer) release(key string) { b.Release(key, 1, Hint{}) }

@@ -1,0 +1,195 @@
+package models_test
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"k8s.io/utils/ptr"
+
+	"github.com/macfleet/macfleet/agent/config"
+	"github.com/macfleet/macfleet/agent/standalone"
+	"github.com/macfleet/macfleet/api/engine"
+	"github.com/macfleet/macfleet/internal/ggufsynth"
+	"github.com/macfleet/macfleet/metal/enginepool"
+	"github.com/macfleet/macfleet/metal/enginepool/runnerproc"
+)
+
+// maxEstimateRatio bounds the pool's estimate against the runner's measured peak
+// footprint, both ways.
+const maxEstimateRatio = 1.2
+
+// matrixContext is each model's context: room for the prompts below and their
+// answers, far past the tiny models' 32-token sliding window.
+const matrixContext = 1024
+
+// answerTokens is the length of every greedy answer compared.
+const answerTokens = 12
+
+var (
+	// prompt runs past the prompt cache's 64-token blocks and the sliding window.
+	prompt = strings.Repeat("A story about caches, windows and the states that models keep. ", 6)
+	// other is a different prompt, asked between two of prompt's so that the slot
+	// no longer holds prompt's state.
+	other = strings.Repeat("Quite another question on an unrelated topic, asked meanwhile. ", 6)
+	// long fills most of the context: every micro-batch of its prefill full, the
+	// footprint at its peak.
+	long = strings.Repeat("Every block of the batch is full and the attention mask at its widest. ", 16)
+)
+
+// gaps are the paths that do not serve a family correctly yet, by path, with what
+// they do instead. Their rows are measured and logged, not asserted.
+var gaps = map[ggufsynth.Family]map[string]string{
+	// The recurrent state and the delta-net compute are counted by no estimate: the
+	// runner's footprint is about 1.45 times the estimate, and the pool stops it as
+	// over its own ceiling before its first answer (hence memory below).
+	ggufsynth.Qwen3Next: {
+		"estimate": "the estimate is about 0.7 times the measured footprint",
+		"cache":    "the runner never reuses a cached prefix of the hybrid (cached tokens 0): every request prefills in full",
+	},
+}
+
+// memory is the memory configured for the families whose estimate is below their
+// footprint.
+var memory = map[ggufsynth.Family]config.Size{ggufsynth.Qwen3Next: 96 << 20}
+
+// row is what one family's run measured.
+type row struct {
+	estimate, peak int64
+	// registered is the estimate the pool was given (the configured memory where
+	// there is one).
+	registered int64
+	// first and again are the uncached model's answers to prompt, otherAnswer its
+	// answer to other.
+	first, again, otherAnswer answer
+	// cold, hit and second are the cached model's: the first, prompt repeated at
+	// once, and prompt repeated after other.
+	cold, hit, second answer
+	restores          int64
+	unload            *enginepool.UnloadReport
+}
+
+// TestModelMatrix serves a tiny model of every family through `macfleet serve` and
+// checks each path as a user reaches it: the load, with the pool's estimate against
+// the runner's measured peak; a greedy stream answered alike twice (and differently
+// to another prompt, so that the comparison can fail); a prompt-cache hit, at once
+// and after another prompt, continuing as the full prefill did; an unload that frees
+// memory.
+func TestModelMatrix(t *testing.T) {
+	runner := os.Getenv(runnerproc.RunnerEnv)
+	if runner == "" {
+		t.Skip("MACFLEET_RUNNER is not set: build the runner with `make runner` and export MACFLEET_RUNNER=$PWD/bin/macfleet-runner")
+	}
+	dir := t.TempDir()
+	var models []config.Model
+	for _, f := range ggufsynth.Families {
+		spec, err := ggufsynth.TinyFamily(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		path := filepath.Join(dir, f.Arch()+".gguf")
+		if err := ggufsynth.Write(path, spec); err != nil {
+			t.Fatal(err)
+		}
+		set := engine.Settings{ContextLength: matrixContext}
+		models = append(models,
+			config.Model{Name: f.Arch(), Path: path, Settings: set, Residency: config.ResidencyOnDemand, Memory: memory[f]},
+			config.Model{Name: f.Arch() + "-uncached", Path: path, Settings: set, Residency: config.ResidencyOnDemand,
+				Memory: memory[f], PromptCache: &config.PromptCache{Enabled: ptr.To(false)}})
+	}
+	hot := config.Size(64 << 20)
+	cfg, err := config.Config{Runner: runner, RunnerThreads: 1, MemoryCeiling: 2 << 30, Listen: "127.0.0.1:0",
+		PromptCacheDir: filepath.Join(dir, "prompt-cache"), PromptCacheHotBytes: &hot, Models: models}.Complete()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := serve(t, cfg)
+	for _, f := range ggufsynth.Families {
+		t.Run(f.Arch(), func(t *testing.T) {
+			s.t = t
+			check(t, f, run(s, f))
+		})
+	}
+}
+
+// run takes family f's two models through every path, one loaded at a time.
+func run(s *serving, f ggufsynth.Family) row {
+	var r row
+	name, uncached := f.Arch(), f.Arch()+"-uncached"
+
+	if got := s.action(uncached, "load"); got.State != enginepool.StateReady {
+		s.t.Fatalf("load %s: state %s, want Ready", uncached, got.State)
+	}
+	r.first = s.stream(uncached, prompt, answerTokens)
+	r.again = s.stream(uncached, prompt, answerTokens)
+	r.otherAnswer = s.stream(uncached, other, answerTokens)
+	s.stream(uncached, long, 1)
+	after := time.Now()
+	waitFor(s.t, "a footprint measured after the long prompt", 10*time.Second, func() bool { return s.status().LastPoll.After(after) })
+	m := s.model(uncached)
+	spec, err := standalone.BuildSpec(s.t.Context(), config.Model{Name: uncached, Path: m.Spec.Path,
+		Settings: engine.Settings{ContextLength: matrixContext}})
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	r.estimate, r.peak, r.registered = spec.EstimatedBytes, m.PeakBytes, m.EstimatedBytes
+	r.unload = s.action(uncached, "unload?wait=true").LastUnload
+
+	s.action(name, "load")
+	r.cold = s.stream(name, prompt, answerTokens)
+	r.hit = s.stream(name, prompt, answerTokens)
+	s.stream(name, other, answerTokens)
+	r.second = s.stream(name, prompt, answerTokens)
+	if pc := s.model(name).PromptCache; pc != nil {
+		r.restores = pc.Restores
+	}
+	s.action(name, "unload?wait=true")
+	return r
+}
+
+// check asserts family f's row, but for its gaps, which it logs.
+func check(t *testing.T, f ggufsynth.Family, r row) {
+	ratio := float64(r.estimate) / float64(r.peak)
+	t.Logf("%s: estimate %d KiB, measured peak %d KiB (%.2fx); answers %q, again %q (cached %d), to another prompt %q; "+
+		"cached model: cold %q, repeated %q (cached %d), after another prompt %q (cached %d), restores %d; unload %+v",
+		f, r.estimate>>10, r.peak>>10, ratio, r.first.bytes, r.again.bytes, r.again.cached, r.otherAnswer.bytes,
+		r.cold.bytes, r.hit.bytes, r.hit.cached, r.second.bytes, r.second.cached, r.restores, r.unload)
+	gap := gaps[f]
+	for path, what := range gap {
+		t.Logf("known gap, %s: %s", path, what)
+	}
+	if gap["estimate"] == "" {
+		if ratio > maxEstimateRatio || ratio < 1/maxEstimateRatio {
+			t.Errorf("estimate %d is %.2f times the measured peak %d, want within %.1fx", r.estimate, ratio, r.peak, maxEstimateRatio)
+		}
+		if r.registered != r.estimate {
+			t.Errorf("the pool holds the estimate %d, BuildSpec gives %d", r.registered, r.estimate)
+		}
+	}
+	if r.first.bytes != r.again.bytes {
+		t.Errorf("greedy answers %q then %q, want the same tokens", r.first.bytes, r.again.bytes)
+	}
+	if r.otherAnswer.bytes == r.first.bytes {
+		t.Errorf("another prompt got the same answer %q: the model ignores its prompt, and no comparison can fail", r.first.bytes)
+	}
+	if r.cold.bytes != r.first.bytes {
+		t.Errorf("the cached model's cold answer %q, the uncached one's %q", r.cold.bytes, r.first.bytes)
+	}
+	if r.cold.cached != 0 {
+		t.Errorf("the first request reported %d cached tokens, want 0", r.cold.cached)
+	}
+	// Whether or not the cache served them, the answers are the full prefill's.
+	if r.hit.bytes != r.cold.bytes || r.second.bytes != r.cold.bytes {
+		t.Errorf("answers after cache hits %q (cached %d) and %q (cached %d), want the full prefill's %q",
+			r.hit.bytes, r.hit.cached, r.second.bytes, r.second.cached, r.cold.bytes)
+	}
+	if gap["cache"] == "" && (r.hit.cached <= 0 || r.second.cached <= 0 || r.restores < 1) {
+		t.Errorf("cached tokens %d and %d, restores %d: want both repeats served from the cache, the second restored",
+			r.hit.cached, r.second.cached, r.restores)
+	}
+	if u := r.unload; u == nil || u.Reason != enginepool.ReasonAdmin || u.FreedBytes <= 0 || u.ResidentBytes <= 0 {
+		t.Errorf("unload report %+v, want the admin's with freed and resident bytes", u)
+	}
+}

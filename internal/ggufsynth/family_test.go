@@ -33,7 +33,7 @@ func TestFamiliesParseBack(t *testing.T) {
 		Qwen3MoE: {Arch: "qwen3moe", KeyLength: 32, Experts: 8, ExpertsUsed: 2, ExpertFF: 64, Layers: 2, Tensors: 2 + 12*2, ExpertTensors: 2 * 3},
 		GPTOSS: {Arch: "gpt-oss", KeyLength: 64, Experts: 8, ExpertsUsed: 2, ExpertFF: 64, Window: tinyWindow, Layers: 2,
 			Tensors: 3 + 19*2, ExpertTensors: 2 * 6},
-		Gemma3: {Arch: "gemma3", KeyLength: 32, Window: tinyWindow, Layers: 6, Tensors: 2 + 13*6},
+		Gemma3: {Arch: "gemma3", KeyLength: 32, Window: tinyWindow, Layers: 6, Tensors: 3 + 13*6},
 		// Three delta-net layers (attn_norm, 7 ssm tensors) and one attention layer
 		// (attn_norm, 6), each with post_attention_norm, 4 routed and 4 shared-expert tensors.
 		Qwen3Next: {Arch: "qwen3next", KeyLength: 32, Experts: 8, ExpertsUsed: 2, ExpertFF: 64, SharedFF: 128,

@@ -22,7 +22,9 @@ func TinyFamily(f Family) (Spec, error) {
 		s.KeyLength, s.FF, s.Untied = 64, 64, true
 		s.Experts, s.Window = &Experts{Count: 8, Used: 2, FF: 64}, &Window{Size: tinyWindow}
 	case Gemma3:
-		s.Layers, s.FF, s.Window = 6, 256, &Window{Size: tinyWindow}
+		// Untied: Gemma scales the embeddings by sqrt(Embd), so with random weights a
+		// tied projection answers every token with itself.
+		s.Layers, s.FF, s.Window, s.Untied = 6, 256, &Window{Size: tinyWindow}, true
 	case Qwen3Next:
 		s.Layers, s.FF = 4, 256
 		s.Experts = &Experts{Count: 8, Used: 2, FF: 64, SharedFF: 128}

@@ -67,7 +67,7 @@ type row struct {
 	// cold, hit and second are the cached model's: the first, prompt repeated at
 	// once, and prompt repeated after other.
 	cold, hit, second answer
-	restores          int64
+	cache             *enginepool.PromptCacheStats
 	unload            *enginepool.UnloadReport
 }
 
@@ -106,11 +106,38 @@ func TestModelMatrix(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := serve(t, cfg)
+	cold := map[ggufsynth.Family]answer{}
 	for _, f := range ggufsynth.Families {
 		t.Run(f.Arch(), func(t *testing.T) {
 			s.t = t
-			check(t, f, run(s, f))
+			r := run(s, f)
+			check(t, f, r)
+			cold[f] = r.cold
 		})
+	}
+	// A restarted agent finds the states its predecessor wrote to the SSD.
+	s.stop()
+	s = serve(t, cfg)
+	for _, f := range ggufsynth.Families {
+		t.Run(f.Arch()+"-after-restart", func(t *testing.T) {
+			s.t = t
+			checkRestart(t, f, s, cold[f])
+		})
+	}
+}
+
+// checkRestart asks family f's cached model, in a restarted agent, what its cold run
+// answered: an SSD hit that answers alike.
+func checkRestart(t *testing.T, f ggufsynth.Family, s *serving, cold answer) {
+	a := s.stream(f.Arch(), prompt, answerTokens)
+	pc := s.model(f.Arch()).PromptCache
+	s.action(f.Arch(), "unload?wait=true")
+	t.Logf("%s after a restart: %q (cached %d), first run's %q; prompt cache %+v", f, a.bytes, a.cached, cold.bytes, pc)
+	if a.bytes != cold.bytes {
+		t.Errorf("answer after the restart %q (cached %d), want the first run's full prefill's %q", a.bytes, a.cached, cold.bytes)
+	}
+	if gaps[f]["cache"] == "" && (a.cached <= 0 || pc == nil || pc.Hits < 1 || pc.HotHits != 0 || pc.Restores < 1) {
+		t.Errorf("cached tokens %d, prompt cache %+v: want an SSD hit restored", a.cached, pc)
 	}
 }
 
@@ -142,8 +169,12 @@ func run(s *serving, f ggufsynth.Family) row {
 	r.hit = s.stream(name, prompt, answerTokens)
 	s.stream(name, other, answerTokens)
 	r.second = s.stream(name, prompt, answerTokens)
-	if pc := s.model(name).PromptCache; pc != nil {
-		r.restores = pc.Restores
+	r.cache = s.model(name).PromptCache
+	if gaps[f]["cache"] == "" {
+		waitFor(s.t, "the state to be persisted on the SSD", 30*time.Second, func() bool {
+			pc := s.model(name).PromptCache
+			return pc != nil && pc.SavesPersisted >= 1
+		})
 	}
 	s.action(name, "unload?wait=true")
 	return r
@@ -153,9 +184,9 @@ func run(s *serving, f ggufsynth.Family) row {
 func check(t *testing.T, f ggufsynth.Family, r row) {
 	ratio := float64(r.estimate) / float64(r.peak)
 	t.Logf("%s: estimate %d KiB, measured peak %d KiB (%.2fx); answers %q, again %q (cached %d), to another prompt %q; "+
-		"cached model: cold %q, repeated %q (cached %d), after another prompt %q (cached %d), restores %d; unload %+v",
+		"cached model: cold %q, repeated %q (cached %d), after another prompt %q (cached %d), prompt cache %+v; unload %+v",
 		f, r.estimate>>10, r.peak>>10, ratio, r.first.bytes, r.again.bytes, r.again.cached, r.otherAnswer.bytes,
-		r.cold.bytes, r.hit.bytes, r.hit.cached, r.second.bytes, r.second.cached, r.restores, r.unload)
+		r.cold.bytes, r.hit.bytes, r.hit.cached, r.second.bytes, r.second.cached, r.cache, r.unload)
 	gap := gaps[f]
 	for path, what := range gap {
 		t.Logf("known gap, %s: %s", path, what)
@@ -185,9 +216,9 @@ func check(t *testing.T, f ggufsynth.Family, r row) {
 		t.Errorf("answers after cache hits %q (cached %d) and %q (cached %d), want the full prefill's %q",
 			r.hit.bytes, r.hit.cached, r.second.bytes, r.second.cached, r.cold.bytes)
 	}
-	if gap["cache"] == "" && (r.hit.cached <= 0 || r.second.cached <= 0 || r.restores < 1) {
-		t.Errorf("cached tokens %d and %d, restores %d: want both repeats served from the cache, the second restored",
-			r.hit.cached, r.second.cached, r.restores)
+	if gap["cache"] == "" && (r.hit.cached <= 0 || r.second.cached <= 0 || r.cache == nil || r.cache.Restores < 1) {
+		t.Errorf("cached tokens %d and %d, prompt cache %+v: want both repeats served from the cache, the second restored",
+			r.hit.cached, r.second.cached, r.cache)
 	}
 	if u := r.unload; u == nil || u.Reason != enginepool.ReasonAdmin || u.FreedBytes <= 0 || u.ResidentBytes <= 0 {
 		t.Errorf("unload report %+v, want the admin's with freed and resident bytes", u)

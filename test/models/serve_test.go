@@ -52,6 +52,8 @@ type serving struct {
 	base   string
 	logs   *logBuffer
 	client openai.Client
+	// stop ends the agent (at the test's end if not before).
+	stop func()
 }
 
 func serve(t *testing.T, cfg config.Config) *serving {
@@ -68,7 +70,12 @@ func serve(t *testing.T, cfg config.Config) *serving {
 		done <- standalone.Run(ctx, cfg, standalone.Options{Log: funcr.New(s.logs.line, funcr.Options{}), Listener: ln,
 			Pool: enginepool.Config{DrainTimeout: time.Second, SettleTimeout: time.Second, PollActive: pollInterval, PollIdle: pollInterval}})
 	}()
-	t.Cleanup(func() {
+	stopped := false
+	s.stop = func() {
+		if stopped {
+			return
+		}
+		stopped = true
 		cancel()
 		select {
 		case err := <-done:
@@ -81,7 +88,8 @@ func serve(t *testing.T, cfg config.Config) *serving {
 		if t.Failed() {
 			t.Logf("agent log:\n%s", s.logs.String())
 		}
-	})
+	}
+	t.Cleanup(s.stop)
 	waitFor(t, "the agent to be ready", time.Minute, func() bool {
 		resp, err := http.Get(s.base + "/readyz")
 		if err != nil {

@@ -13,9 +13,11 @@ import (
 	"github.com/macfleet/macfleet/agent/config"
 	"github.com/macfleet/macfleet/agent/standalone"
 	"github.com/macfleet/macfleet/api/engine"
+	"github.com/macfleet/macfleet/api/runnerapi"
 	"github.com/macfleet/macfleet/internal/ggufsynth"
 	"github.com/macfleet/macfleet/metal/enginepool"
 	"github.com/macfleet/macfleet/metal/enginepool/runnerproc"
+	"github.com/macfleet/macfleet/test/support/testassets"
 )
 
 // maxEstimateRatio bounds the pool's estimate against the runner's measured peak
@@ -52,6 +54,10 @@ var gaps = map[ggufsynth.Family]map[string]string{
 	},
 }
 
+// templates are the families' own chat templates where the module ships one (read
+// from it at run time); the others keep ggufsynth's chatml.
+var templates = map[ggufsynth.Family]string{ggufsynth.Gemma3: "gemma3-instruct"}
+
 // memory is the memory configured for the families whose estimate is below their
 // footprint.
 var memory = map[ggufsynth.Family]config.Size{ggufsynth.Qwen3Next: 96 << 20}
@@ -69,6 +75,8 @@ type row struct {
 	// once, and prompt repeated after other.
 	cold, hit, second answer
 	cache             *enginepool.PromptCacheStats
+	// chat is how the runner renders the model's prompts.
+	chat *runnerapi.ChatInfo
 	// pid is the uncached model's runner, unload its unload's report.
 	pid    int
 	unload *enginepool.UnloadReport
@@ -91,6 +99,13 @@ func TestModelMatrix(t *testing.T) {
 		spec, err := ggufsynth.TinyFamily(f)
 		if err != nil {
 			t.Fatal(err)
+		}
+		if name := templates[f]; name != "" {
+			tmpl, err := testassets.Find(name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			spec.ChatTemplate = tmpl.Source
 		}
 		path := filepath.Join(dir, f.Arch()+".gguf")
 		if err := ggufsynth.Write(path, spec); err != nil {
@@ -159,14 +174,22 @@ func run(s *serving, f ggufsynth.Family) row {
 	r.otherAnswer = s.stream(uncached, other, answerTokens)
 	s.stream(uncached, long, 1)
 	after := time.Now()
-	waitFor(s.t, "a footprint measured after the long prompt", 10*time.Second, func() bool { return s.status().LastPoll.After(after) })
+	waitFor(s.t, "a footprint measured after the long prompt and the runner's chat report", 10*time.Second, func() bool {
+		st := s.status()
+		for _, m := range st.Models {
+			if m.Name == uncached {
+				return st.LastPoll.After(after) && m.Chat != nil
+			}
+		}
+		return false
+	})
 	m := s.model(uncached)
 	spec, err := standalone.BuildSpec(s.t.Context(), config.Model{Name: uncached, Path: m.Spec.Path,
 		Settings: engine.Settings{ContextLength: matrixContext}})
 	if err != nil {
 		s.t.Fatal(err)
 	}
-	r.estimate, r.peak, r.registered = spec.EstimatedBytes, m.PeakBytes, m.EstimatedBytes
+	r.estimate, r.peak, r.registered, r.chat = spec.EstimatedBytes, m.PeakBytes, m.EstimatedBytes, m.Chat
 	r.unload = s.action(uncached, "unload?wait=true").LastUnload
 
 	s.action(name, "load")
@@ -192,6 +215,9 @@ func check(t *testing.T, f ggufsynth.Family, r row) {
 		"cached model: cold %q, repeated %q (cached %d), after another prompt %q (cached %d), prompt cache %+v; unload %+v",
 		f, r.estimate>>10, r.peak>>10, ratio, r.first.bytes, r.again.bytes, r.again.cached, r.otherAnswer.bytes,
 		r.cold.bytes, r.hit.bytes, r.hit.cached, r.second.bytes, r.second.cached, r.cache, r.unload)
+	if r.chat == nil || r.chat.Renderer != runnerapi.RendererJinja || r.chat.TemplateError != "" {
+		t.Errorf("chat rendering %+v, want the model's own Jinja template", r.chat)
+	}
 	gap := gaps[f]
 	for path, what := range gap {
 		t.Logf("known gap, %s: %s", path, what)

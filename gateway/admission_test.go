@@ -22,6 +22,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
+	"github.com/macfleet/macfleet/gateway/admission"
 	"github.com/macfleet/macfleet/gateway/fairqueue"
 	"github.com/macfleet/macfleet/internal/openaierr"
 	"github.com/macfleet/macfleet/test/support/testenv"
@@ -376,21 +377,21 @@ func TestGrantWhileAway(t *testing.T) {
 	g := newTestGateway(t, Options{})
 	g.serveReplicas("10.0.0.1:8080")
 	rt := g.Table().Route("a/m")
-	tickets := make([]*ticket, 3)
+	tickets := make([]*admission.Ticket, 3)
 	for i := range tickets {
-		tickets[i] = g.adm.newTicket("a/m", fmt.Sprint("client", i), fairqueue.Interactive, 0)
+		tickets[i] = g.adm.NewTicket(admission.Request{Model: "a/m", Flow: fmt.Sprint("client", i), Priority: fairqueue.Interactive})
 	}
-	first, ok, aerr := g.adm.acquire(rt, tickets[0])
+	first, ok, aerr := g.adm.Acquire(rt, tickets[0])
 	if !ok || aerr != nil {
 		t.Fatalf("the first request: %v %v", ok, aerr)
 	}
 	for _, tk := range tickets[1:] {
-		if _, ok, aerr := g.adm.acquire(rt, tk); ok || aerr != nil {
+		if _, ok, aerr := g.adm.Acquire(rt, tk); ok || aerr != nil {
 			t.Fatalf("a request placed with the one slot busy: %v %v", ok, aerr)
 		}
 	}
-	g.adm.release(tickets[0], first.Key) // the slot goes to tickets[1], which is elsewhere
-	be, ok, aerr := g.adm.acquire(rt, tickets[1])
+	g.adm.Release(tickets[0], first.Key) // the slot goes to tickets[1], which is elsewhere
+	be, ok, aerr := g.adm.Acquire(rt, tickets[1])
 	if !ok || aerr != nil || be.Key != "a/r0" {
 		t.Fatalf("asking again after a grant: %v %v %v, want the granted replica", be, ok, aerr)
 	}
@@ -399,7 +400,7 @@ func TestGrantWhileAway(t *testing.T) {
 	}
 	done := make(chan struct{})
 	go func() {
-		g.adm.release(tickets[1], be.Key) // the slot goes to tickets[2]
+		g.adm.Release(tickets[1], be.Key) // the slot goes to tickets[2]
 		close(done)
 	}()
 	select {
@@ -407,12 +408,12 @@ func TestGrantWhileAway(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the dispatcher blocked")
 	}
-	if got := <-tickets[2].granted; got.Key != "a/r0" {
+	if got := <-tickets[2].Granted(); got.Key != "a/r0" {
 		t.Errorf("the last request was granted %v", got)
 	}
-	g.adm.release(tickets[2], "a/r0")
+	g.adm.Release(tickets[2], "a/r0")
 	for _, tk := range tickets {
-		g.adm.leave(tk)
+		g.adm.Leave(tk)
 	}
 	if n := g.bal.Outstanding("a/r0"); n != 0 {
 		t.Errorf("%d requests counted after all left", n)

@@ -53,7 +53,7 @@ func (g *Gateway) spliceFor(r *http.Request) *splice.Stream {
 // as its case's Decide allows; the client gets the held error when it does not. n is
 // the request's attempts so far.
 func (g *Gateway) continueStream(ctx context.Context, p *proxied, n int, res outcome) outcome {
-	model := p.t.model
+	model := p.t.Request().Model
 	c := continuation{failed: res.broken.backend, Continuation: splice.NewContinuation(res.broken.brk, res.broken.st, p.body,
 		g.opts.StreamContinuations, time.Now().Add(g.opts.ContinueTimeout))}
 	span := trace.SpanFromContext(ctx)
@@ -106,7 +106,7 @@ func (g *Gateway) continueStream(ctx context.Context, p *proxied, n int, res out
 // before).
 func (g *Gateway) continuedOK(p *proxied, span trace.Span, to Backend, c continuation, from int) {
 	p.w.Header().Set(http.TrailerPrefix+HeaderContinued, strconv.Itoa(c.Stream().Continued()))
-	g.metrics.continuations.WithLabelValues(p.t.model, splice.Continued).Inc()
+	g.metrics.continuations.WithLabelValues(p.t.Request().Model, splice.Continued).Inc()
 	span.AddEvent("stream_continued", trace.WithAttributes(attribute.String("macfleet.from", c.failed.Key),
 		attribute.String("macfleet.to", to.Key), attribute.Int("macfleet.continued_bytes", from)))
 }
@@ -120,13 +120,13 @@ func (g *Gateway) continueOn(ctx context.Context, p *proxied, tr try, c continua
 	if err != nil { // the replica took the body, so this does not happen
 		return outcome{failure: &failure{backend: be, reason: "transport", err: err}}
 	}
-	g.log.Info("Continuing a broken stream on another replica", "model", p.t.model, "replica", be.Key,
+	g.log.Info("Continuing a broken stream on another replica", "model", p.t.Request().Model, "replica", be.Key,
 		"cause", c.Break().Cause(), "err", c.Break().Error(), "choice", c.Choice(), "sentBytes", c.Sent())
 	tr.body, tr.st = cbody, c.Stream()
 	res := g.attempt(ctx, p, tr)
-	g.adm.release(p.t, be.Key)
+	g.adm.Release(p.t, be.Key)
 	if res.failure != nil || res.broken != nil {
-		g.adm.exclude(p.t, be.Key)
+		g.adm.Exclude(p.t, be.Key)
 	}
 	return res
 }
@@ -164,7 +164,7 @@ func (g *Gateway) endBroken(w http.ResponseWriter, model string, c continuation,
 // no usage, so the gateway meters its own count (within the request's bound, as a
 // report is), and sends it as the usage chunk when the client asked for one.
 func (g *Gateway) endCleanly(p *proxied, c continuation, why string) outcome {
-	model, be := p.t.model, c.failed
+	model, be := p.t.Request().Model, c.failed
 	g.log.Info("Upstream stream broke after a tool call or its finish; ended cleanly", "model", model,
 		"replica", be.Key, "endpoint", be.Endpoint, "err", c.Break().Error(), "why", why)
 	var metered *metering.Usage
@@ -190,8 +190,8 @@ func (g *Gateway) continuationReplica(ctx context.Context, p *proxied, deadline 
 		if aerr != nil {
 			return nil, Backend{}, false
 		}
-		be, ok, aerr := g.adm.acquire(rt, t)
-		if aerr != nil {
+		be, ok, full := g.adm.Acquire(rt, t)
+		if full != nil {
 			return nil, Backend{}, false
 		}
 		if ok {
@@ -200,7 +200,7 @@ func (g *Gateway) continuationReplica(ctx context.Context, p *proxied, deadline 
 		}
 		bt := time.NewTimer(*backoff)
 		select {
-		case be := <-t.granted:
+		case be := <-t.Granted():
 			bt.Stop()
 			g.routed(ctx, t)
 			return rt, be, true
@@ -210,7 +210,7 @@ func (g *Gateway) continuationReplica(ctx context.Context, p *proxied, deadline 
 			bt.Stop()
 			continue
 		case <-bt.C:
-			g.adm.forgive(rt, t)
+			g.adm.Forgive(rt, t)
 			*backoff = min(*backoff*2, maxBackoff)
 			continue
 		}

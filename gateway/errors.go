@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/macfleet/macfleet/gateway/admission"
 	"github.com/macfleet/macfleet/gateway/routing"
 	"github.com/macfleet/macfleet/gateway/tenancy"
 	"github.com/macfleet/macfleet/internal/chat/translate"
@@ -81,6 +82,12 @@ func resolve(tbl *Table, model string, id tenancy.Identity) (*Route, *apiError) 
 	}
 	return nil, &apiError{Status: http.StatusBadRequest, Type: openaierr.TypeInvalidRequest, Code: codeAmbiguousModel,
 		Param: "model", Message: no.Message, reason: "ambiguous_model"}
+}
+
+// queueFull is the 429 of a request the deployment's fair queue has no room for.
+func queueFull(f *admission.Full) *apiError {
+	return &apiError{Status: http.StatusTooManyRequests, Type: typeRateLimit, Code: codeQueueFull,
+		Message: f.Message, RetryAfter: f.RetryAfter, reason: f.Reason}
 }
 
 // gatewayStarting answers a request that arrives before the routing table is built.

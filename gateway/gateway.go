@@ -46,6 +46,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
+	"github.com/macfleet/macfleet/gateway/admission"
 	"github.com/macfleet/macfleet/gateway/fairqueue"
 	"github.com/macfleet/macfleet/gateway/prefixindex"
 	"github.com/macfleet/macfleet/gateway/routing"
@@ -56,8 +57,16 @@ import (
 	"github.com/macfleet/macfleet/internal/pki"
 )
 
+// HeaderPriority is the request header that asks for a priority class: interactive
+// (the default) or batch. A key's own class (see KeysFile) caps it.
+const HeaderPriority = admission.HeaderPriority
+
 // Defaults of Options.
 const (
+	// DefaultMaxInFlightPerSlot is how many requests the gateway sends to a replica at
+	// once per sequence slot of its engine (admission.DefaultMaxInFlightPerSlot).
+	DefaultMaxInFlightPerSlot = admission.DefaultMaxInFlightPerSlot
+
 	DefaultColdStartTimeout = 2 * time.Minute
 	DefaultMaxBodyBytes     = 16 << 20
 	// DefaultConnectTimeout bounds dialing an agent; a Mac that does not answer is
@@ -159,7 +168,7 @@ type Gateway struct {
 	log       logr.Logger
 	table     atomic.Pointer[Table]
 	bal       *routing.Balancer
-	adm       *admission
+	adm       *admission.Queues
 	traffic   *traffic
 	metrics   *metrics
 	waker     *waker
@@ -210,7 +219,8 @@ func New(opts Options) (*Gateway, error) {
 		g.tracer = opts.TracerProvider.Tracer(tracerName)
 	}
 	g.table.Store(routing.StartingTable())
-	g.adm = newAdmission(opts, g.bal, g.Table, m)
+	g.adm = admission.New(admission.Settings{PerSlot: opts.MaxInFlightPerSlot, Limits: opts.Queue, RetryAfter: coldRetryAfter},
+		g.bal, g.Table, admission.Metrics{QueueDepth: m.queueDepth, QueueWait: m.queueWait, QueueRejected: m.queueRejected})
 	g.traffic = newTraffic()
 	g.cacheStats = &cacheStats{fetch: g.fetchAgentStatus, now: time.Now}
 	if opts.Wake != nil {
@@ -324,7 +334,7 @@ func (g *Gateway) Handler() http.Handler { return g.handler }
 func (g *Gateway) SetTable(t *Table) {
 	old := g.table.Swap(t)
 	if old != nil && old != t {
-		g.adm.tableChanged(t)
+		g.adm.TableChanged(t)
 		old.Replaced()
 	}
 	if g.prefixes != nil {

@@ -18,6 +18,7 @@ import (
 
 	runnerapi "github.com/macfleet/macfleet/api/runnerapi"
 	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
+	"github.com/macfleet/macfleet/gateway/admission"
 	"github.com/macfleet/macfleet/gateway/metering"
 	"github.com/macfleet/macfleet/gateway/prefixdigest"
 	"github.com/macfleet/macfleet/gateway/routing"
@@ -143,9 +144,9 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, start time.Time)
 	if g.opts.Routing == RoutingPrefixAffinity || head.keyed {
 		h = routing.HashKey(head.prefix)
 	}
-	flow, prio, aerr := g.classify(r, id)
-	if aerr != nil {
-		return model, g.fail(w, model, endpoint, aerr)
+	flow, prio, err := admission.Classify(r, id, g.opts.Identify != nil, clientKey(r))
+	if err != nil {
+		return model, g.fail(w, model, endpoint, invalidRequest(openaierr.CodeInvalidValue, "", "bad_request", "%v", err))
 	}
 	lim := usageLimits(endpoint, head, body)
 	if g.opts.Budgets != nil {
@@ -157,17 +158,17 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, start time.Time)
 			defer done()
 		}
 	}
-	t := g.adm.newTicket(model, flow, prio, h)
-	t.width = head.N
+	hint := routing.Hint{Mode: g.opts.Routing, H: h}
 	if g.opts.Routing == RoutingPrefixCache && rt.PromptCache {
-		t.hint.Keyed = head.keyed
+		hint.Keyed = head.keyed
 		var all []string
 		if c, ok := prefixdigest.Parse(body); ok {
 			all = c.Digests(id.CachePartition(), model)
-			t.hint.Digests = c.Routable(all)
+			hint.Digests = c.Routable(all)
 		}
-		r = r.WithContext(withPrefixDigests(r.Context(), all, t.hint.Digests))
+		r = r.WithContext(withPrefixDigests(r.Context(), all, hint.Digests))
 	}
+	t := g.adm.NewTicket(admission.Request{Model: model, Flow: flow, Priority: prio, Hint: hint, Width: head.N})
 	res := g.serve(&proxied{w: w, r: r, body: body, name: head.Model, id: id, t: t, lim: lim, start: start})
 	g.count(model, endpoint, res.status, res.reason)
 	return model, res
@@ -186,8 +187,8 @@ func (g *Gateway) fail(w http.ResponseWriter, model, endpoint string, e *apiErro
 // it waits for the table to change or a backoff to pass (then every replica may be
 // tried again), until ColdStartTimeout after the request arrived.
 func (g *Gateway) serve(p *proxied) (res outcome) {
-	ctx, w, t, model := p.r.Context(), p.w, p.t, p.t.model
-	defer g.adm.leave(t)
+	ctx, w, t, model := p.r.Context(), p.w, p.t, p.t.Request().Model
+	defer g.adm.Leave(t)
 	wt := waiting{g: g, model: model, start: p.start, backoff: minBackoff}
 	defer func() { wt.end(res.reason) }()
 	attempts := 0
@@ -208,10 +209,11 @@ func (g *Gateway) serve(p *proxied) (res outcome) {
 			wt.observe()
 			return outcome{status: e.Status, reason: e.reason}
 		}
-		be, ok, aerr := g.adm.acquire(rt, t)
-		if aerr != nil {
-			aerr.write(w)
-			return outcome{status: aerr.Status, reason: aerr.reason}
+		be, ok, full := g.adm.Acquire(rt, t)
+		if full != nil {
+			e := queueFull(full)
+			e.write(w)
+			return outcome{status: e.Status, reason: e.reason}
 		}
 		if !ok {
 			var next waitNext
@@ -225,35 +227,22 @@ func (g *Gateway) serve(p *proxied) (res outcome) {
 		g.routed(ctx, t)
 		attempts++
 		res := g.attempt(ctx, p, try{rt: rt, be: be, body: p.body, n: attempts, st: g.spliceFor(p.r)})
-		g.adm.release(t, be.Key)
+		g.adm.Release(t, be.Key)
 		if res.failure == nil {
 			if res.broken != nil {
-				g.adm.exclude(t, be.Key)
+				g.adm.Exclude(t, be.Key)
 				res = g.continueStream(ctx, p, attempts, res)
 			}
 			wt.observe()
 			return res
 		}
 		wt.last = res.failure
-		g.adm.exclude(t, be.Key)
+		g.adm.Exclude(t, be.Key)
 		wt.waitable = wt.waitable || !wt.last.final()
 		g.metrics.retries.WithLabelValues(model, wt.last.reason).Inc()
 		g.log.V(1).Info("Attempt failed before the first byte; trying another replica", "model", model,
 			"replica", be.Key, "endpoint", be.Endpoint, "reason", wt.last.reason, "status", wt.last.status, "err", wt.last.err)
 	}
-}
-
-// allExcluded: every replica of rt failed t since its exclusions were last cleared.
-func allExcluded(rt *Route, t *ticket) bool {
-	if len(t.excluded) == 0 {
-		return false
-	}
-	for _, be := range rt.Backends {
-		if !t.excluded[be.Key] {
-			return false
-		}
-	}
-	return true
 }
 
 func stopTimer(t *time.Timer) {
@@ -264,10 +253,11 @@ func stopTimer(t *time.Timer) {
 
 // holdTimeout is the 503 of a request that found no replica to serve it in time: none
 // was routable, or every one stayed busy with the requests before it.
-func (g *Gateway) holdTimeout(rt *Route, last *failure, t *ticket) *apiError {
+func (g *Gateway) holdTimeout(rt *Route, last *failure, t *admission.Ticket) *apiError {
 	if len(rt.Backends) > 0 && last == nil {
-		n, retry := g.adm.waiting(t.model)
-		g.metrics.queueRejected.WithLabelValues(t.model, t.priority.String(), "queue_timeout").Inc()
+		req := t.Request()
+		n, retry := g.adm.Waiting(req.Model)
+		g.metrics.queueRejected.WithLabelValues(req.Model, req.Priority.String(), "queue_timeout").Inc()
 		return &apiError{Status: http.StatusServiceUnavailable, Type: openaierr.TypeUnavailable, Code: codeQueueTimeout,
 			Message: fmt.Sprintf("every replica of deployment %s stayed busy for %v; %d requests still wait for it "+
 				"(raise spec.replicas or spec.autoscaling.maxReplicas, or send fewer requests at once)",
@@ -397,7 +387,7 @@ func (g *Gateway) setUpstreamHeaders(out, r *http.Request, model string, be Back
 		out.Header.Set("Authorization", "Bearer "+tok)
 	}
 	out.Header.Set(mfv1.HeaderReplica, be.Key)
-	queued, area := g.adm.queued(model)
+	queued, area := g.adm.Queued(model)
 	out.Header.Set(mfv1.HeaderQueued, strconv.Itoa(queued))
 	if area == 0 { // the common case, without formatting a float
 		out.Header.Set(mfv1.HeaderQueuedSeconds, "0")

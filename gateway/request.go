@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/macfleet/macfleet/gateway/admission"
 	"github.com/macfleet/macfleet/gateway/metering"
 	"github.com/macfleet/macfleet/gateway/prefixdigest"
 	"github.com/macfleet/macfleet/gateway/tenancy"
@@ -47,8 +48,8 @@ type proxied struct {
 	// name is the model as the client named it (resolved again on every try).
 	name string
 	id   tenancy.Identity
-	// t is the request's ticket in admission; t.model is the deployment's ID.
-	t     *ticket
+	// t is the request's ticket in admission; its request's Model is the deployment's ID.
+	t     *admission.Ticket
 	lim   metering.Limits
 	start time.Time
 }

@@ -7,6 +7,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
+	"github.com/macfleet/macfleet/gateway/admission"
 	"github.com/macfleet/macfleet/gateway/routing"
 )
 
@@ -51,14 +52,15 @@ const DefaultLoadBound = routing.DefaultLoadBound
 
 // routed records how t's current replica was picked: the routing decisions metric and
 // the request's span.
-func (g *Gateway) routed(ctx context.Context, t *ticket) {
-	if t.routed == "" {
+func (g *Gateway) routed(ctx context.Context, t *admission.Ticket) {
+	routed := t.Routed()
+	if routed == "" {
 		return
 	}
-	g.metrics.routing.WithLabelValues(t.model, t.routed).Inc()
+	g.metrics.routing.WithLabelValues(t.Request().Model, routed).Inc()
 	if span := trace.SpanFromContext(ctx); span.IsRecording() {
-		span.SetAttributes(attribute.String("macfleet.routing", t.routed),
-			attribute.Int("macfleet.prefix.digests", len(t.hint.Digests)))
+		span.SetAttributes(attribute.String("macfleet.routing", routed),
+			attribute.Int("macfleet.prefix.digests", len(t.Request().Hint.Digests)))
 	}
 }
 

@@ -142,30 +142,6 @@ func TestQueueReportedToAgents(t *testing.T) {
 	}
 }
 
-// TestQueueArea: the integral of a queue's length over time, noted at each change.
-func TestQueueArea(t *testing.T) {
-	t0 := time.Date(2026, 11, 26, 9, 0, 0, 0, time.UTC)
-	var q queueArea
-	for i, st := range []struct {
-		n    int           // the length noted
-		at   time.Duration // when, after t0
-		want float64       // seconds after the note
-	}{
-		{n: 3, at: 0, want: 0},                         // the first note starts the count
-		{n: 1, at: 2 * time.Second, want: 6},           // 3 for 2 s
-		{n: 1, at: 2 * time.Second, want: 6},           // no time passed
-		{n: 0, at: 2500 * time.Millisecond, want: 6.5}, // 1 for 0.5 s
-		{n: 4, at: 10 * time.Second, want: 6.5},        // empty for 7.5 s
-		{n: 4, at: 9 * time.Second, want: 6.5},         // a clock that went back adds nothing
-		{n: 0, at: 11 * time.Second, want: 10.5},       // 4 since the mark at 10 s
-	} {
-		q.note(st.n, t0.Add(st.at))
-		if q.seconds != st.want {
-			t.Errorf("note %d (%d at +%v): %v request-seconds, want %v", i, st.n, st.at, q.seconds, st.want)
-		}
-	}
-}
-
 // wrapHeaders calls see on each request before h.
 func wrapHeaders(h http.Handler, see func(*http.Request)) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -10,6 +10,7 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/macfleet/macfleet/gateway/admission"
 	"github.com/macfleet/macfleet/gateway/tenancy"
 	"github.com/macfleet/macfleet/internal/tracing"
 )
@@ -57,7 +58,7 @@ func endRequest(span trace.Span, model string, res outcome) {
 type hold struct{ span trace.Span }
 
 // startHold starts a gateway.hold span: why the request waits, and its priority.
-func (g *Gateway) startHold(ctx context.Context, rt *Route, t *ticket) *hold {
+func (g *Gateway) startHold(ctx context.Context, rt *Route, t *admission.Ticket) *hold {
 	if g.tracer == nil {
 		return nil
 	}
@@ -66,7 +67,7 @@ func (g *Gateway) startHold(ctx context.Context, rt *Route, t *ticket) *hold {
 		reason = "cold_start"
 	}
 	_, span := g.tracer.Start(ctx, "gateway.hold", trace.WithAttributes(
-		attribute.String("macfleet.hold.reason", reason), attribute.String("macfleet.priority", t.priority.String()),
+		attribute.String("macfleet.hold.reason", reason), attribute.String("macfleet.priority", t.Request().Priority.String()),
 		attribute.Int("macfleet.replicas.routable", len(rt.Backends))))
 	return &hold{span: span}
 }

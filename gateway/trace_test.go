@@ -108,7 +108,7 @@ func TestTraceHoldSpan(t *testing.T) {
 	<-first
 	go func() { resp, _ := post(t, g.url, chatBody); done <- resp.StatusCode }()
 	testenv.Eventually(t, 10*time.Second, 5*time.Millisecond, func() (bool, string) {
-		n, _ := g.adm.queued("a/m")
+		n, _ := g.adm.Queued("a/m")
 		return n == 1, fmt.Sprintf("%d requests queued; want the second one", n)
 	})
 	close(release)

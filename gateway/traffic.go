@@ -125,6 +125,6 @@ func percentileOf(sorted []time.Duration, p float64) time.Duration {
 // gateway.
 func (g *Gateway) Traffic(model string) Traffic {
 	tr := g.traffic.of(model)
-	tr.Queued, _ = g.adm.queued(model)
+	tr.Queued, _ = g.adm.Queued(model)
 	return tr
 }

@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/macfleet/macfleet/gateway/admission"
 	"github.com/macfleet/macfleet/internal/openaierr"
 )
 
@@ -69,12 +70,12 @@ func (wt *waiting) granted() {
 // wait waits for route rt of table tbl to grant t a replica: it wakes the deployment
 // if it is wakeable, answers a request whose every replica failed, and else waits
 // for a grant, the table to change, the backoff, the client or the deadline.
-func (wt *waiting) wait(ctx context.Context, w http.ResponseWriter, tbl *Table, rt *Route, t *ticket, wakeable bool) (Backend, outcome, waitNext) {
+func (wt *waiting) wait(ctx context.Context, w http.ResponseWriter, tbl *Table, rt *Route, t *admission.Ticket, wakeable bool) (Backend, outcome, waitNext) {
 	g := wt.g
 	if res, done := wt.wake(ctx, w, rt, wakeable); done {
 		return Backend{}, res, waitDone
 	}
-	if wt.last != nil && !wt.waitable && allExcluded(rt, t) {
+	if wt.last != nil && !wt.waitable && t.ExcludesAll(rt) {
 		wt.last.writeThrough(w)
 		wt.observe()
 		return Backend{}, outcome{status: wt.last.status, reason: "upstream_unavailable"}, waitDone
@@ -90,12 +91,12 @@ func (wt *waiting) wait(ctx context.Context, w http.ResponseWriter, tbl *Table, 
 	}
 	var retry <-chan time.Time
 	var bt *time.Timer
-	if len(t.excluded) > 0 {
+	if t.Excluding() {
 		bt = time.NewTimer(wt.backoff)
 		retry = bt.C
 	}
 	select {
-	case be := <-t.granted:
+	case be := <-t.Granted():
 		stopTimer(bt)
 		return be, outcome{}, waitGranted
 	case <-ctx.Done():
@@ -112,7 +113,7 @@ func (wt *waiting) wait(ctx context.Context, w http.ResponseWriter, tbl *Table, 
 		stopTimer(bt)
 		return Backend{}, outcome{}, waitAgain
 	case <-retry:
-		g.adm.forgive(rt, t)
+		g.adm.Forgive(rt, t)
 		wt.waitable = false
 		wt.backoff = min(2*wt.backoff, maxBackoff)
 		return Backend{}, outcome{}, waitAgain

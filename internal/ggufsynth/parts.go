@@ -40,6 +40,17 @@ func PartName(prefix string, no, count int) string {
 // from the first part's path, the others beside it, and answers as Write's file of
 // the same spec does. It returns the parts' paths in order.
 func WriteParts(prefix string, spec Spec, count int) ([]string, error) {
+	return writeParts(prefix, spec, count, false)
+}
+
+// WritePartHeaders is WriteParts writing, as WriteHeader does, sparse files of the
+// parts' full sizes whose weights are never written: for what reads only the headers
+// of a model too large to synthesize here.
+func WritePartHeaders(prefix string, spec Spec, count int) ([]string, error) {
+	return writeParts(prefix, spec, count, true)
+}
+
+func writeParts(prefix string, spec Spec, count int, sparse bool) ([]string, error) {
 	if err := spec.Validate(); err != nil {
 		return nil, fmt.Errorf("invalid model spec: %w", err)
 	}
@@ -61,7 +72,7 @@ func WriteParts(prefix string, spec Spec, count int) ([]string, error) {
 			keyValue{KeySplitCount, uint16(count)},
 			keyValue{KeySplitTensorsCount, int32(len(ts))})
 		p := PartName(prefix, i+1, count)
-		if err := writeAtomic(p, func(f *os.File) error { return writeGGUF(f, kv, part) }); err != nil {
+		if err := writeAtomic(p, func(f *os.File) error { return writeGGUF(f, kv, part, sparse) }); err != nil {
 			return nil, err
 		}
 		paths = append(paths, p)
@@ -141,8 +152,8 @@ const (
 
 // writeGGUF writes a GGUF (version 3) file of kv and ts: the keys as given (no
 // architecture prefix added), the tensors in the order given, each at the next
-// aligned offset.
-func writeGGUF(f *os.File, kv []keyValue, ts []*ggml.Tensor) error {
+// aligned offset. A sparse file gets the header and its full size, no weights.
+func writeGGUF(f *os.File, kv []keyValue, ts []*ggml.Tensor, sparse bool) error {
 	w := bufio.NewWriterSize(f, 1<<20)
 	b := append([]byte("GGUF"), 3, 0, 0, 0)
 	b = binary.LittleEndian.AppendUint64(b, uint64(len(ts)))
@@ -168,6 +179,12 @@ func writeGGUF(f *os.File, kv []keyValue, ts []*ggml.Tensor) error {
 	b = append(b, make([]byte, alignUp(uint64(len(b)))-uint64(len(b)))...)
 	if _, err := w.Write(b); err != nil {
 		return err
+	}
+	if sparse {
+		if err := w.Flush(); err != nil {
+			return err
+		}
+		return f.Truncate(int64(len(b)) + int64(off))
 	}
 	for _, t := range ts {
 		n, err := t.WriteTo(w)

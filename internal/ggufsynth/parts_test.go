@@ -2,6 +2,7 @@ package ggufsynth
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/json"
 	"io"
 	"net/http"
@@ -231,4 +232,34 @@ func complete(t *testing.T, bin, model string) string {
 		t.Fatalf("completion on %s is empty", model)
 	}
 	return out.Choices[0].Text
+}
+
+func TestWritePartHeadersIsThePartsWithoutWeights(t *testing.T) {
+	dir := t.TempDir()
+	full, err := WriteParts(filepath.Join(dir, "full"), Tiny(), 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sparse, err := WritePartHeaders(filepath.Join(dir, "sparse"), Tiny(), 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range full {
+		a, err := os.ReadFile(full[i])
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := os.ReadFile(sparse[i])
+		if err != nil {
+			t.Fatal(err)
+		}
+		g := decodeFile(t, sparse[i])
+		header := int(g.Tensors().Offset)
+		if len(a) != len(b) || !bytes.Equal(a[:header], b[:header]) {
+			t.Errorf("part %d: sparse %d bytes, full %d; the headers (%d bytes) equal: %v", i+1, len(b), len(a), header, bytes.Equal(a[:header], b[:header]))
+		}
+		if bytes.Count(b[header:], []byte{0}) != len(b)-header {
+			t.Errorf("part %d: the sparse file has weights", i+1)
+		}
+	}
 }

@@ -72,15 +72,14 @@ type Remote struct {
 
 // Locate decides whether namespace may use rawSource (a *sourcepolicy.DeniedError
 // otherwise, its message naming the fix) and resolves it (an ollama:// source's
-// manifest is fetched) without downloading the file. A file:// source is refused: it
+// manifest is fetched) without downloading the file. For a model stored in parts,
+// rawSource names the first, Location.Parts every one; the same client and header
+// serve them all. A file:// source is refused: it
 // is a file on the machine that reads it, not something to locate.
 func (l *Locator) Locate(ctx context.Context, namespace, rawSource string) (Remote, error) {
 	src, err := modelsource.Parse(rawSource)
 	if err != nil {
 		return Remote{}, err
-	}
-	if src.Parts > 1 {
-		return Remote{}, &modelsource.ParseError{Source: rawSource, Reason: modelsource.SplitPartMessage}
 	}
 	if src.Scheme == modelsource.File {
 		return Remote{}, fmt.Errorf("%s: a file:// source is read in place, not located", rawSource)

@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/url"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -63,7 +65,8 @@ computes its ceiling.
 
 Sources are read through the node agent's source policy and endpoints: --source-policy, else the
 cluster's SourcePolicy for --namespace on a fleet, else the built-in default (hf:// and ollama://
-only, no loopback or LAN address). A part of a multi-part GGUF is refused: merge the parts first.`,
+only, no loopback or LAN address). A model stored in parts (NAME-00001-of-0000N.gguf) is named by
+its first part: the header of every part is read and counted.`,
 		Example: `  macfleet models fit hf://Qwen/Qwen2.5-Coder-7B-Instruct-GGUF/qwen2.5-coder-7b-instruct-q4_k_m.gguf
   macfleet models fit ollama://qwen2.5-coder:7b --memory 24Gi
   macfleet models fit ./model.gguf --local --context-length 32768 --parallel 2
@@ -267,7 +270,15 @@ func (pf pullFlags) readHeader(ctx context.Context, p *sourcepolicy.Policy, name
 			path = src.LocalPath
 		}
 		if modelsource.IsSplitPart(path) {
-			return nil, fmt.Errorf("%s: %s", source, modelsource.SplitPartMessage)
+			// A model stored in parts is named by its first part; the header of each is
+			// read beside it.
+			abs, err := filepath.Abs(path)
+			if err != nil {
+				return nil, fmt.Errorf("%s: %w", source, err)
+			}
+			if _, err := modelsource.Parse((&url.URL{Scheme: "file", Path: abs}).String()); err != nil {
+				return nil, err
+			}
 		}
 		h, err := estimate.ReadHeader(ctx, estimate.Params{Path: path})
 		if err != nil {

@@ -207,8 +207,10 @@ func TestModelsFitOneMac(t *testing.T) {
 		{"not a GGUF", []string{coderModel, "--memory", "24Gi", "--hf-endpoint", notGGUF.URL, "--source-policy", policy}, "hf_gated", "is not a GGUF file"},
 		{"the default policy refuses the loopback hub", []string{coderModel, "--memory", "24Gi", "--hf-endpoint", hub.URL}, "hf_gated", "loopback"},
 		{"a gated model without a token", []string{coderModel, "--memory", "24Gi", "--hf-endpoint", hub.URL, "--source-policy", policy}, "", "--hf-token or $HF_TOKEN"},
-		{"a part of a multi-part GGUF", []string{"hf://org/coder-GGUF/coder-00001-of-00003.gguf", "--memory", "24Gi"}, "hf_gated", "gguf-split --merge"},
-		{"a local part of a multi-part GGUF", []string{filepath.Join(filepath.Dir(path), "coder-00002-of-00003.gguf"), "--memory", "24Gi"}, "hf_gated", "gguf-split --merge"},
+		{"a later part of a model stored in parts", []string{"hf://org/coder-GGUF/coder-00002-of-00003.gguf", "--memory", "24Gi"}, "hf_gated",
+			"name its first part, hf://org/coder-GGUF/coder-00001-of-00003.gguf"},
+		{"a later local part of a model stored in parts", []string{filepath.Join(filepath.Dir(path), "coder-00002-of-00003.gguf"), "--memory", "24Gi"}, "hf_gated",
+			"name its first part, file://" + filepath.Join(filepath.Dir(path), "coder-00001-of-00003.gguf")},
 		{"a ceiling without a Mac", []string{path, "--memory-ceiling", "12Gi"}, "hf_gated", "add --memory SIZE or --local"},
 		{"a bad size", []string{path, "--memory", "lots"}, "hf_gated", `--memory "lots": want the Mac's unified memory`},
 		{"a bad KV cache type", []string{path, "--memory", "24Gi", "--kv-cache-type", "q2"}, "hf_gated", `unknown KV cache type "q2"`},
@@ -277,5 +279,67 @@ func TestModelsFitOllama(t *testing.T) {
 	if _, err := runFit(t, "ollama://coder:7b", "-n", "team-a", "--memory", "32Gi", "--ollama-registry", reg.URL, "--source-policy", policy); err == nil ||
 		!strings.Contains(err.Error(), `namespace "team-a"`) {
 		t.Errorf("a namespace the policy does not name: %v, want it refused", err)
+	}
+}
+
+// TestModelsFitParts: `models fit` of a model stored in three parts, named by its
+// first part on the hub (by range requests, with the token) or on the disk, counts
+// every part: the same weights and needs as the model in one file, up to its two
+// more headers.
+func TestModelsFitParts(t *testing.T) {
+	t.Setenv("HOME", t.TempDir())
+	t.Setenv("KUBECONFIG", "")
+	t.Setenv(hfTokenEnv, "hf_gated")
+	spec := ggufsynth.EightB(ggufsynth.Q4_0)
+	dir := t.TempDir()
+	one := filepath.Join(dir, "coder.gguf")
+	if err := ggufsynth.WriteHeader(one, spec); err != nil {
+		t.Fatal(err)
+	}
+	parts, err := ggufsynth.WritePartHeaders(filepath.Join(dir, "coder"), spec, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	files := map[string]string{}
+	for _, p := range parts {
+		files["/org/coder-GGUF/resolve/main/"+filepath.Base(p)] = p
+	}
+	hub := newHubDoubleFiles(t, "hf_gated", files)
+
+	fit := func(args ...string) modelfit.Report {
+		t.Helper()
+		out, err := runFit(t, append(args, "--memory", "24Gi", "--context-length", "8192", "--json")...)
+		if err != nil {
+			t.Fatalf("models fit %q: %v\n%s", args, err, out)
+		}
+		var rep modelfit.Report
+		if err := json.Unmarshal([]byte(out), &rep); err != nil {
+			t.Fatalf("models fit %q: %v\n%s", args, err, out)
+		}
+		return rep
+	}
+	whole := fit(one)
+	for _, args := range [][]string{
+		{parts[0]},
+		{"hf://org/coder-GGUF/coder-00001-of-00003.gguf", "--hf-endpoint", hub.URL, "--source-policy", loopbackPolicy(t)},
+	} {
+		got := fit(args...)
+		var size int64
+		for _, p := range parts {
+			fi, err := os.Stat(p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			size += fi.Size()
+		}
+		if got.Model.Weights != whole.Model.Weights || got.Model.Parameters != whole.Model.Parameters || got.Model.FileSize != size {
+			t.Errorf("models fit %s: %+v; want the one file's weights and parameters %+v and the parts' size %d", args[0], got.Model, whole.Model, size)
+		}
+		if len(got.Needs) != 1 || len(whole.Needs) != 1 {
+			t.Fatalf("needs %+v and %+v, want one context each", got.Needs, whole.Needs)
+		}
+		if d := got.Needs[0].Bytes - whole.Needs[0].Bytes; d < 0 || d > 1<<20 {
+			t.Errorf("models fit %s needs %d bytes, the one file %d", args[0], got.Needs[0].Bytes, whole.Needs[0].Bytes)
+		}
 	}
 }

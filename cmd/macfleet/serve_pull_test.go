@@ -41,19 +41,54 @@ func newHubDouble(t *testing.T, path, token string, content []byte) *hubDouble {
 // of several GiB, of which a reader of its header asks only the start.
 func newHubDoubleAt(t *testing.T, path, token string, content io.ReaderAt, size int64) *hubDouble {
 	t.Helper()
+	return newHubDoubleOf(t, token, func(p string) (io.ReadSeeker, bool) {
+		return io.NewSectionReader(content, 0, size), p == path
+	})
+}
+
+// newHubDoubleFiles serves the local files of files (the hub's path → the file) the
+// way newHubDouble serves one: the parts of a model stored in several files.
+func newHubDoubleFiles(t *testing.T, token string, files map[string]string) *hubDouble {
+	t.Helper()
+	open := map[string]*io.SectionReader{}
+	for p, name := range files {
+		f, err := os.Open(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { f.Close() })
+		fi, err := f.Stat()
+		if err != nil {
+			t.Fatal(err)
+		}
+		open[p] = io.NewSectionReader(f, 0, fi.Size())
+	}
+	return newHubDoubleOf(t, token, func(p string) (io.ReadSeeker, bool) {
+		f, ok := open[p]
+		if !ok {
+			return nil, false
+		}
+		return io.NewSectionReader(f, 0, f.Size()), true
+	})
+}
+
+// newHubDoubleOf serves what file gives for a path, to the holder of token only.
+func newHubDoubleOf(t *testing.T, token string, file func(path string) (io.ReadSeeker, bool)) *hubDouble {
+	t.Helper()
 	h := &hubDouble{}
 	h.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		h.mu.Lock()
 		h.seen = append(h.seen, r.Method+" "+r.URL.Path+" "+r.Header.Get("Authorization"))
 		h.mu.Unlock()
+		content, ok := file(r.URL.Path)
 		switch {
 		case r.Header.Get("Authorization") != "Bearer "+token:
 			http.Error(w, "gated model: log in", http.StatusUnauthorized)
-		case r.URL.Path != path:
+		case !ok:
 			http.NotFound(w, r)
 		default:
 			w.Header().Set("ETag", `"v1"`)
-			http.ServeContent(w, r, "", time.Time{}, io.NewSectionReader(content, 0, size))
+			http.ServeContent(w, r, "", time.Time{}, content)
 		}
 	}))
 	t.Cleanup(h.Close)
@@ -214,8 +249,11 @@ func TestServeRefusesPulls(t *testing.T) {
 		{"no token for a gated model", "", []string{"--model", "tiny=" + hubModel, "--source-policy", policy}, "--hf-token or $HF_TOKEN"},
 		{"the default policy denies loopback", "hf_gated", []string{"--model", "tiny=" + hubModel}, "loopback"},
 		{"sha256 of a local file", "", []string{"--model", "tiny=/models/t.gguf:sha256=" + digest}, "sha256= checks a pulled source"},
-		{"a part of a multi-part model", "", []string{"--model", "big=hf://org/big-GGUF/big-Q4_K_M-00001-of-00003.gguf", "--source-policy", policy},
-			"merge the parts into one file"},
+		{"a later part of a model stored in parts", "", []string{"--model", "big=hf://org/big-GGUF/big-Q4_K_M-00002-of-00003.gguf", "--source-policy", policy},
+			"is part 2 of the 3 files of a model: name its first part, hf://org/big-GGUF/big-Q4_K_M-00001-of-00003.gguf"},
+		{"a part missing from the hub", "hf_gated", []string{"--model", "big=hf://org/tiny-GGUF/tiny-00001-of-00003.gguf", "--source-policy", policy},
+			"part 1 of the 3 files of hf://org/tiny-GGUF/tiny-00001-of-00003.gguf: downloading hf://org/tiny-GGUF/tiny-00001-of-00003.gguf: GET " +
+				hub.URL + "/org/tiny-GGUF/resolve/main/tiny-00001-of-00003.gguf: 404 Not Found"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Setenv(hfTokenEnv, tc.token)

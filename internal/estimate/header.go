@@ -258,7 +258,10 @@ func (m *headerMirror) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	name := path.Base(r.URL.Path)
 	h, err := m.header(name)
 	if err != nil {
-		http.Error(w, err.Error(), http.StatusBadGateway)
+		// The fetch read it again already (remoteAttempts), and its error is the
+		// estimate's: a status the parser does not retry (it would for a 5xx, for
+		// seconds).
+		http.Error(w, err.Error(), http.StatusFailedDependency)
 		return
 	}
 	http.ServeContent(w, r, name, time.Time{}, io.NewSectionReader(h, 0, h.size))

@@ -98,12 +98,6 @@ var splitPart = regexp.MustCompile(`(?i)-[0-9]{5}-of-[0-9]{5}\.gguf$`)
 // (NAME-00001-of-0000N.gguf).
 func IsSplitPart(name string) bool { return splitPart.MatchString(name) }
 
-// SplitPartMessage says why a reader of one file refuses a model stored in parts,
-// and what to do.
-const SplitPartMessage = "a part of a multi-part GGUF (NAME-00001-of-0000N.gguf) is not supported: " +
-	"its memory estimate would count one part and the runner reads one file; merge the parts into one file " +
-	"(llama.cpp's gguf-split --merge) and name that"
-
 // PartName is the file name of part no (from 1) of count of a model stored in parts,
 // as llama.cpp names them: prefix-00001-of-00003.gguf.
 func PartName(prefix string, no, count int) string {

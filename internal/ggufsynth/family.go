@@ -23,13 +23,16 @@ const (
 	GPTOSS Family = "gpt-oss"
 	// Gemma3 is Gemma 3: dense, five sliding-window layers to one global.
 	Gemma3 Family = "gemma3"
+	// GLM4MoE is GLM-4.5 (GLM-4.5-Air): leading dense layers, then routed experts
+	// with a shared one, sigmoid gating with a per-expert bias, and biased attention.
+	GLM4MoE Family = "glm4moe"
 	// Qwen3Next is Qwen3-Next, a hybrid: three gated delta-net layers (a recurrent
 	// state, no KV cache) to one attention layer, all with routed and shared experts.
 	Qwen3Next Family = "qwen3next"
 )
 
 // Families are the families Write synthesizes, Llama first.
-var Families = []Family{Llama, Qwen3MoE, GPTOSS, Gemma3, Qwen3Next}
+var Families = []Family{Llama, Qwen3MoE, GPTOSS, GLM4MoE, Gemma3, Qwen3Next}
 
 // Arch is the general.architecture value and the prefix of the family's keys.
 func (f Family) Arch() string {
@@ -44,8 +47,11 @@ type Experts struct {
 	// Count experts, Used of them per token, each a SwiGLU of width FF.
 	Count, Used, FF int
 	// SharedFF is the width of the shared expert every token also goes through
-	// (Qwen3Next; zero: none).
+	// (Qwen3Next; GLM4MoE, a multiple of FF; zero: none).
 	SharedFF int
+	// DenseLead is the number of leading layers with a dense feed-forward instead
+	// (GLM4MoE).
+	DenseLead int
 }
 
 // Window is sliding-window attention: Size tokens, on the layers the family's
@@ -64,6 +70,9 @@ type DeltaNet struct {
 	// VHeads is a multiple of KHeads.
 	KHeads, VHeads int
 }
+
+// glmSigmoidGating is llama.cpp's expert_gating_func for sigmoid (GLM-4.5's).
+const glmSigmoidGating = 2
 
 // qwen3NextAttentionInterval is llama.cpp's fixed interval of Qwen3Next's attention
 // layers: layer i is recurrent unless (i+1) is a multiple of it.
@@ -85,7 +94,7 @@ func (s Spec) validateFamily() error {
 		return fmt.Errorf("family %q is not one of %v", s.Family, Families)
 	}
 	needs := map[Family][3]bool{ // experts, window, delta-net
-		Llama: {}, Qwen3MoE: {true, false, false}, GPTOSS: {true, true, false},
+		Llama: {}, Qwen3MoE: {true, false, false}, GPTOSS: {true, true, false}, GLM4MoE: {true, false, false},
 		Gemma3: {false, true, false}, Qwen3Next: {true, false, true},
 	}[f]
 	has := [3]bool{s.Experts != nil, s.Window != nil, s.DeltaNet != nil}
@@ -100,11 +109,8 @@ func (s Spec) validateFamily() error {
 		return fmt.Errorf("family %s needs an untied output projection", f)
 	}
 	if e := s.Experts; e != nil {
-		if e.Count <= 0 || e.Used <= 0 || e.Used > e.Count || e.FF <= 0 || e.SharedFF < 0 {
-			return fmt.Errorf("experts %+v: want 0 < used <= count and a positive width", *e)
-		}
-		if (f == Qwen3Next) != (e.SharedFF > 0) {
-			return fmt.Errorf("a shared expert is for %s only", Qwen3Next)
+		if err := e.validate(f, s.Layers); err != nil {
+			return err
 		}
 	}
 	if w := s.Window; w != nil && (w.Size <= 0 || w.Size >= s.Ctx) {
@@ -137,6 +143,20 @@ func (s Spec) validateRows() error {
 	return nil
 }
 
+func (e Experts) validate(f Family, layers int) error {
+	switch {
+	case e.Count <= 0 || e.Used <= 0 || e.Used > e.Count || e.FF <= 0 || e.SharedFF < 0:
+		return fmt.Errorf("experts %+v: want 0 < used <= count and a positive width", e)
+	case f == Qwen3MoE && e.SharedFF > 0 || f == GPTOSS && e.SharedFF > 0 || f == Qwen3Next && e.SharedFF == 0:
+		return fmt.Errorf("a shared expert is for %s (always) and %s only", Qwen3Next, GLM4MoE)
+	case f == GLM4MoE && e.SharedFF%e.FF != 0:
+		return fmt.Errorf("%s's shared expert width %d is not a multiple of the expert width %d", f, e.SharedFF, e.FF)
+	case e.DenseLead < 0 || e.DenseLead > 0 && f != GLM4MoE || e.DenseLead >= layers:
+		return fmt.Errorf("leading dense layers (%d) are for %s only, and fewer than the layers", e.DenseLead, GLM4MoE)
+	}
+	return nil
+}
+
 // familyKV adds the keys of s's family to kv (none for Llama).
 func (s Spec) familyKV(kv ggml.KV) {
 	a := s.Family.Arch()
@@ -149,8 +169,15 @@ func (s Spec) familyKV(kv ggml.KV) {
 		kv[a+".expert_count"] = uint32(e.Count)
 		kv[a+".expert_used_count"] = uint32(e.Used)
 		kv[a+".expert_feed_forward_length"] = uint32(e.FF)
-		if e.SharedFF > 0 {
+		if e.SharedFF > 0 && s.Family == Qwen3Next {
 			kv[a+".expert_shared_feed_forward_length"] = uint32(e.SharedFF)
+		}
+		if s.Family == GLM4MoE {
+			kv[a+".expert_shared_count"] = uint32(e.SharedFF / e.FF)
+			kv[a+".leading_dense_block_count"] = uint32(e.DenseLead)
+			kv[a+".expert_weights_scale"] = float32(1)
+			kv[a+".expert_weights_norm"] = true
+			kv[a+".expert_gating_func"] = uint32(glmSigmoidGating)
 		}
 	}
 	if w := s.Window; w != nil {

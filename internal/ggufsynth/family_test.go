@@ -33,6 +33,11 @@ func TestFamiliesParseBack(t *testing.T) {
 		Qwen3MoE: {Arch: "qwen3moe", KeyLength: 32, Experts: 8, ExpertsUsed: 2, ExpertFF: 64, Layers: 2, Tensors: 2 + 12*2, ExpertTensors: 2 * 3},
 		GPTOSS: {Arch: "gpt-oss", KeyLength: 64, Experts: 8, ExpertsUsed: 2, ExpertFF: 64, Window: tinyWindow, Layers: 2,
 			Tensors: 3 + 19*2, ExpertTensors: 2 * 6},
+		// One dense layer (attn_norm, 4 projections, 3 biases, post_attention_norm, 3
+		// feed-forward), two of experts (the same attention, router, 3 stacks, gating
+		// bias, 3 shared-expert tensors).
+		GLM4MoE: {Arch: "glm4moe", KeyLength: 32, Experts: 8, ExpertsUsed: 2, ExpertFF: 64, Layers: 3,
+			Tensors: 3 + 12 + 2*17, ExpertTensors: 2 * 6},
 		Gemma3: {Arch: "gemma3", KeyLength: 32, Window: tinyWindow, Layers: 6, Tensors: 3 + 13*6},
 		// Three delta-net layers (attn_norm, 7 ssm tensors) and one attention layer
 		// (attn_norm, 6), each with post_attention_norm, 4 routed and 4 shared-expert tensors.
@@ -85,6 +90,7 @@ func TestFamiliesParseBack(t *testing.T) {
 func TestFamilyTensorShapes(t *testing.T) {
 	moe, _ := TinyFamily(Qwen3MoE)
 	oss, _ := TinyFamily(GPTOSS)
+	glm, _ := TinyFamily(GLM4MoE)
 	next, _ := TinyFamily(Qwen3Next)
 	tests := []struct {
 		spec   Spec
@@ -95,6 +101,10 @@ func TestFamilyTensorShapes(t *testing.T) {
 		{moe, "blk.1.ffn_gate_exps.weight", []uint64{128, 64, 8}},
 		{moe, "blk.1.ffn_down_exps.weight", []uint64{64, 128, 8}},
 		{moe, "blk.0.attn_q_norm.weight", []uint64{32}},
+		{glm, "blk.0.ffn_down.weight", []uint64{256, 128}},
+		{glm, "blk.1.exp_probs_b.bias", []uint64{8}},
+		{glm, "blk.2.ffn_down_shexp.weight", []uint64{64, 128}},
+		{glm, "blk.2.attn_q.bias", []uint64{128}},
 		{oss, "blk.0.attn_q.weight", []uint64{128, 4 * 64}},
 		{oss, "blk.0.attn_output.weight", []uint64{4 * 64, 128}},
 		{oss, "blk.0.attn_sinks.weight", []uint64{4}},
@@ -182,6 +192,8 @@ func TestValidateFamily(t *testing.T) {
 		{"window past the context", tiny(Gemma3, func(s *Spec) { s.Window.Size = s.Ctx }), "below the context"},
 		{"tied gpt-oss", tiny(GPTOSS, func(s *Spec) { s.Untied = false }), "untied"},
 		{"value heads not a multiple", tiny(Qwen3Next, func(s *Spec) { s.DeltaNet.VHeads = 3 }), "not a multiple"},
+		{"glm shared expert not a multiple", tiny(GLM4MoE, func(s *Spec) { s.Experts.SharedFF = 96 }), "not a multiple of the expert width"},
+		{"leading dense layers outside glm", tiny(Qwen3MoE, func(s *Spec) { s.Experts.DenseLead = 1 }), "leading dense layers"},
 		{"hybrid without an attention layer", tiny(Qwen3Next, func(s *Spec) { s.Layers = 3 }), "at least 4 layers"},
 		{"reply on a family", tiny(Gemma3, func(s *Spec) { s.Untied, s.Reply = true, &Reply{Token: 300, End: EOSToken} }), "steered"},
 		{"quantized rows", tiny(Qwen3MoE, func(s *Spec) { s.DType, s.Experts.FF = Q8_0, 40 }), "not a multiple of 32"},

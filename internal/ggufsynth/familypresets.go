@@ -21,6 +21,9 @@ func TinyFamily(f Family) (Spec, error) {
 		// Queries wider than the embedding, as gpt-oss's are.
 		s.KeyLength, s.FF, s.Untied = 64, 64, true
 		s.Experts, s.Window = &Experts{Count: 8, Used: 2, FF: 64}, &Window{Size: tinyWindow}
+	case GLM4MoE:
+		s.Layers, s.FF, s.Untied = 3, 256, true
+		s.Experts = &Experts{Count: 8, Used: 2, FF: 64, SharedFF: 64, DenseLead: 1}
 	case Gemma3:
 		// Untied: Gemma scales the embeddings by sqrt(Embd), so with random weights a
 		// tied projection answers every token with itself.

@@ -62,14 +62,15 @@ func familyTensors(s Spec) []*ggml.Tensor {
 		} else {
 			l.attention(p)
 		}
-		l.feedForward(p)
+		l.feedForward(p, i)
 	}
 	return l.ts
 }
 
 // attention adds an attention layer's projections, with the family's extras: query
-// and key norms (all but GPTOSS), Qwen3Next's output gate (a query twice as wide),
-// GPTOSS's biases and sinks, Gemma3's norm after attention.
+// and key norms (all but GPTOSS and GLM4MoE), Qwen3Next's output gate (a query twice
+// as wide), GPTOSS's biases and sinks, GLM4MoE's biases, Gemma3's norm after
+// attention.
 func (l *tensorList) attention(p string) {
 	s := l.s
 	e, hd := uint64(s.Embd), uint64(s.HeadDim())
@@ -82,12 +83,18 @@ func (l *tensorList) attention(p string) {
 	l.matrix(p+"attn_k.weight", e, kv)
 	l.matrix(p+"attn_v.weight", e, kv)
 	l.matrix(p+"attn_output.weight", q, e)
-	if s.Family == GPTOSS {
+	switch s.Family {
+	case GPTOSS:
 		l.vector(p+"attn_sinks.weight", sinkScale, 0, uint64(s.Heads))
 		l.vector(p+"attn_q.bias", biasScale, 0, q)
 		l.vector(p+"attn_k.bias", biasScale, 0, kv)
 		l.vector(p+"attn_v.bias", biasScale, 0, kv)
 		l.vector(p+"attn_output.bias", biasScale, 0, e)
+		return
+	case GLM4MoE:
+		l.vector(p+"attn_q.bias", biasScale, 0, q)
+		l.vector(p+"attn_k.bias", biasScale, 0, kv)
+		l.vector(p+"attn_v.bias", biasScale, 0, kv)
 		return
 	}
 	l.norm(p+"attn_q_norm.weight", hd)
@@ -114,18 +121,16 @@ func (l *tensorList) deltaNet(p string) {
 	l.matrix(p+"ssm_out.weight", vd, e)
 }
 
-// feedForward adds the layer's feed-forward part: Gemma3's dense SwiGLU between its
-// two norms, or the routed experts behind the family's norm (Qwen3Next's with a
-// shared expert, GPTOSS's with biases).
-func (l *tensorList) feedForward(p string) {
+// feedForward adds layer il's feed-forward part: Gemma3's dense SwiGLU between its
+// two norms, or behind the family's norm GLM4MoE's leading dense layers and the
+// routed experts (Qwen3Next's and GLM4MoE's with a shared expert, GPTOSS's with
+// biases, GLM4MoE's with a per-expert gating bias).
+func (l *tensorList) feedForward(p string, il int) {
 	s := l.s
 	e := uint64(s.Embd)
 	if s.Family == Gemma3 {
-		ff := uint64(s.FF)
 		l.norm(p+"ffn_norm.weight", e)
-		l.matrix(p+"ffn_gate.weight", e, ff)
-		l.matrix(p+"ffn_up.weight", e, ff)
-		l.matrix(p+"ffn_down.weight", ff, e)
+		l.dense(p)
 		l.norm(p+"post_ffw_norm.weight", e)
 		return
 	}
@@ -133,6 +138,10 @@ func (l *tensorList) feedForward(p string) {
 		l.norm(p+"ffn_norm.weight", e)
 	} else {
 		l.norm(p+"post_attention_norm.weight", e)
+	}
+	if il < s.Experts.DenseLead {
+		l.dense(p)
+		return
 	}
 	x := *s.Experts
 	n, ff := uint64(x.Count), uint64(x.FF)
@@ -146,6 +155,12 @@ func (l *tensorList) feedForward(p string) {
 		l.vector(p+"ffn_gate_exps.bias", biasScale, 0, ff, n)
 		l.vector(p+"ffn_down_exps.bias", biasScale, 0, e, n)
 		l.vector(p+"ffn_up_exps.bias", biasScale, 0, ff, n)
+	case GLM4MoE:
+		l.vector(p+"exp_probs_b.bias", biasScale, 0, n)
+		sff := uint64(x.SharedFF)
+		l.matrix(p+"ffn_gate_shexp.weight", e, sff)
+		l.matrix(p+"ffn_down_shexp.weight", sff, e)
+		l.matrix(p+"ffn_up_shexp.weight", e, sff)
 	case Qwen3Next:
 		sff := uint64(x.SharedFF)
 		l.vector(p+"ffn_gate_inp_shexp.weight", float32(math.Sqrt(3/float64(e))), 0, e)
@@ -153,4 +168,12 @@ func (l *tensorList) feedForward(p string) {
 		l.matrix(p+"ffn_up_shexp.weight", e, sff)
 		l.matrix(p+"ffn_down_shexp.weight", sff, e)
 	}
+}
+
+// dense adds a dense SwiGLU feed-forward of width FF.
+func (l *tensorList) dense(p string) {
+	e, ff := uint64(l.s.Embd), uint64(l.s.FF)
+	l.matrix(p+"ffn_gate.weight", e, ff)
+	l.matrix(p+"ffn_up.weight", e, ff)
+	l.matrix(p+"ffn_down.weight", ff, e)
 }

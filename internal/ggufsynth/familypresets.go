@@ -55,3 +55,12 @@ func GPTOSS20B(dt DType) Spec {
 		Layers: 24, Heads: 64, KVHeads: 8, KeyLength: 64, FF: 2880, Ctx: 131072, DType: dt, Untied: true,
 		RopeBase: 150000, Seed: 1, Experts: &Experts{Count: 32, Used: 4, FF: 2880}, Window: &Window{Size: 128}}
 }
+
+// GLM45Air is the shape of GLM-4.5-Air without its next-token-prediction layer (46
+// layers, the first dense; 128 experts of which 8 per token and one shared; 96 query
+// / 8 KV heads of 128, vocab 151552), matrices stored as dt.
+func GLM45Air(dt DType) Spec {
+	return Spec{Name: "macfleet-glm-4.5-air-" + string(dt), Family: GLM4MoE, Vocab: 151552, Embd: 4096,
+		Layers: 46, Heads: 96, KVHeads: 8, KeyLength: 128, FF: 10944, Ctx: 131072, DType: dt, Untied: true,
+		RopeBase: 1e6, Seed: 1, Experts: &Experts{Count: 128, Used: 8, FF: 1408, SharedFF: 1408, DenseLead: 1}}
+}

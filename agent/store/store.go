@@ -198,6 +198,13 @@ func (s *Store) Dir() string { return s.dir }
 // while unknown. Hashing a file:// source reports the same way. A slow callback slows
 // the download it watches.
 //
+// A source naming the first part of a model stored in parts (NAME-00001-of-0000N.gguf)
+// fetches every part, each a file of its own as above (file:// parts are checked in
+// place); the path returned is the first part's, every other part beside it under its
+// own name, as the runner looks them up (parts.go). sha256, which names one file, is
+// refused for such a source; progress counts the bytes of every part, its total -1
+// until each part's is known.
+//
 // Concurrent calls for the same file share one download. When ctx is done Fetch
 // returns; the download stops once no caller waits for it, and its partial file is
 // kept for the next Fetch to resume. Errors say which source failed; see Retryable.

@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"net/http"
 	"time"
-
-	"github.com/macfleet/macfleet/metal/enginepool/decide"
 )
 
 // StatusError is implemented by every error the pool returns to a request path. The
@@ -214,24 +212,4 @@ func formatBytes(b int64) string {
 	default:
 		return fmt.Sprintf("%d B", b)
 	}
-}
-
-// refusal is the error of a refused request; retry is the hint of refusals whose
-// end is not known.
-func refusal(model string, e *entry, d decide.Route, retry time.Duration) error {
-	switch d.Refusal {
-	case decide.RefuseClosed:
-		return &UnavailableError{Model: model, State: StateStopping, ErrCode: CodePoolClosed,
-			Reason: "the node agent is shutting down", Retry: retry}
-	case decide.RefuseUnknown:
-		return &UnknownModelError{Model: model}
-	case decide.RefuseRetired:
-		return &UnavailableError{Model: e.spec.Name, State: e.state, ErrCode: CodeModelDraining,
-			Reason: "the model is being removed from this node", Retry: retry}
-	case decide.RefuseBackoff:
-		return &UnavailableError{Model: e.spec.Name, State: e.state, ErrCode: CodeModelLoadFailed,
-			Reason: e.failReason, Retry: d.Retry, Err: e.lastErr}
-	}
-	return &UnavailableError{Model: e.spec.Name, State: e.state, ErrCode: CodeModelDraining,
-		Reason: "the model is being unloaded", Retry: retry}
 }

@@ -132,9 +132,9 @@ func (c Config) withDefaults() Config {
 // The shared state — the tables, the reservations, the enforcer's level, the
 // counters and the mutex that guards them — is one type, state (state.go), whose
 // few methods each lock once to read a snapshot or apply a plan. Each effect holds
-// its own dependencies and a pointer to that state: loader and unloader (owners.go:
-// the owner goroutines of Loading — admission, start, Ready — and of Draining and
-// Stopping — drain, stop, settle, release, report), meter (measure.go: footprints
+// its own dependencies and a pointer to that state: loader (load.go: the owner
+// goroutine of Loading — admission, start, Ready), unloader (unload.go: the owner of
+// Draining and Stopping — drain, stop, settle, release, report), meter (measure.go: footprints
 // and the runners' own reports), hotBudget (hotcache.go: the prompt cache hot
 // shares) and enforcer (enforcer.go: the memory enforcer's poll).
 // Pool wires them and is the API.

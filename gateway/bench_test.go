@@ -22,6 +22,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
+	"github.com/macfleet/macfleet/gateway/admission"
 	"github.com/macfleet/macfleet/gateway/budget"
 	"github.com/macfleet/macfleet/gateway/ledger"
 	"github.com/macfleet/macfleet/gateway/metering"
@@ -313,7 +314,8 @@ func (h authByHost) RoundTrip(r *http.Request) (*http.Response, error) {
 // together.
 func BenchmarkBudgetOverhead(b *testing.B) {
 	keys := benchTeamKeys(b)
-	bs := NewBudgets(ledger.New("bench-0", clock.RealClock{}), nil, clock.RealClock{}, logr.Discard())
+	l := ledger.New("bench-0", clock.RealClock{})
+	bs := admission.NewBudgets(l, nil, clock.RealClock{}, logr.Discard())
 	lots := ptr.To[int64](1 << 50)
 	bs.SetBudgets([]mfv1.TokenBudget{
 		{ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: "team"}, Spec: mfv1.TokenBudgetSpec{TokensPerMinute: lots,
@@ -322,7 +324,7 @@ func BenchmarkBudgetOverhead(b *testing.B) {
 	})
 	now := time.Now()
 	minute, hour, renewed := metav1.NewTime(now.UTC().Truncate(time.Minute)), metav1.NewTime(now.UTC().Truncate(time.Hour)), metav1.NewMicroTime(now)
-	bs.peer(&mfv1.TokenUsage{ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: ledger.RecordName("bench-1", now)},
+	bs.ObserveRecord(&mfv1.TokenUsage{ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: ledger.RecordName("bench-1", now)},
 		Spec: mfv1.TokenUsageSpec{Gateway: "bench-1", Day: now.UTC().Format(time.DateOnly), RenewTime: &renewed,
 			Usage:   []mfv1.KeyUsage{{Key: "k", Deployment: "a/bench", Requests: 10, InputTokens: 100, OutputTokens: 50}},
 			Windows: []mfv1.KeyWindow{{Key: "k", Minute: &minute, MinuteTokens: 150, Hour: &hour, HourTokens: 150, InFlight: 1}}}}, false)
@@ -334,7 +336,7 @@ func BenchmarkBudgetOverhead(b *testing.B) {
 	client.Transport = withHeader{next: client.Transport, key: "Authorization", value: "Bearer " + benchKey}
 	b.Run("budgets", func(b *testing.B) { compareEndpoints(b, client, "metered", metered, "budgeted", budgeted) })
 	b.Run("all", func(b *testing.B) { compareEndpoints(b, client, "no-keys", open, "keys-metering-budgets", budgeted) })
-	if d, _ := bs.ledger.Admit("a", "k", 1, func(o budget.Own) budget.Decision {
+	if d, _ := l.Admit("a", "k", 1, func(o budget.Own) budget.Decision {
 		return budget.Decision{Allowed: o.Key.MinuteTokens+o.Key.HourTokens > 0}
 	}); !d.Allowed {
 		b.Error("the budgeted gateway's ledger counted nothing: the budgets were not on its path")

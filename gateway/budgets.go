@@ -2,31 +2,14 @@ package gateway
 
 import (
 	"context"
-	"fmt"
-	"maps"
 	"net/http"
-	"sync"
-	"sync/atomic"
-	"time"
 
-	"github.com/go-logr/logr"
-	toolscache "k8s.io/client-go/tools/cache"
-	"k8s.io/utils/clock"
-	"sigs.k8s.io/controller-runtime/pkg/cache"
-
-	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
+	"github.com/macfleet/macfleet/gateway/admission"
 	"github.com/macfleet/macfleet/gateway/budget"
-	"github.com/macfleet/macfleet/gateway/ledger"
 	"github.com/macfleet/macfleet/gateway/metering"
 	"github.com/macfleet/macfleet/gateway/tenancy"
 	"github.com/macfleet/macfleet/internal/openaierr"
 )
-
-// The gateway counts its team callers' usage in TokenUsage records of their
-// namespaces (package ledger) and reads the TokenBudgets that limit them.
-// +kubebuilder:rbac:groups=macfleet.dev,resources=tokenbudgets,verbs=get;list;watch
-// +kubebuilder:rbac:groups=macfleet.dev,resources=tokenbudgets/status,verbs=get;update
-// +kubebuilder:rbac:groups=macfleet.dev,resources=tokenusages,verbs=get;list;watch;create;patch;delete
 
 // codeBudgetExceeded is the error code of a request over a TokenBudget;
 // codeBudgetLease of one whose budget's lease could not be written.
@@ -35,129 +18,10 @@ const (
 	codeBudgetLease    = "token_budget_lease_failed"
 )
 
-// Budgets enforces the teams' TokenBudgets and keeps this replica's usage ledger: a
-// team caller's request is checked against the budgets of its namespace (with the
-// replica's own exact counts and what the other replicas last published) before it
-// is queued, reserving the most it can use until it ends, and its answer's usage is
-// added to the ledger. Admin callers are not
-// budgeted. It is a manager Runnable that follows the TokenBudgets and the other
-// replicas' TokenUsage records through the informer cache.
-type Budgets struct {
-	ledger *ledger.Ledger
-	clock  clock.PassiveClock
-	cache  cache.Cache
-	log    logr.Logger
-	kick   chan struct{}
-	synced atomic.Bool
-
-	// budgets are the TokenBudgets by namespace.
-	budgets atomic.Pointer[map[string][]mfv1.TokenBudget]
-
-	// leaser writes this replica's leases; nil when the budgets are set with
-	// SetBudgets (tests, benchmarks).
-	leaser *leaser
-
-	mu sync.RWMutex
-	// peers are the other replicas' records by namespace and name; lists is each
-	// namespace's as one slice, rebuilt when one changes; gateways when each other
-	// replica last renewed a record of any namespace.
-	peers    map[string]map[string]budget.Peer
-	lists    map[string][]budget.Peer
-	gateways map[string]time.Time
-}
-
-// NewBudgets enforces budgets for the replica whose ledger is l. c may be nil when
-// the budgets are set with SetBudgets (tests, benchmarks).
-func NewBudgets(l *ledger.Ledger, c cache.Cache, clk clock.PassiveClock, log logr.Logger) *Budgets {
-	b := &Budgets{ledger: l, clock: clk, cache: c, log: log, kick: make(chan struct{}, 1),
-		peers: map[string]map[string]budget.Peer{}, lists: map[string][]budget.Peer{}, gateways: map[string]time.Time{}}
-	b.budgets.Store(&map[string][]mfv1.TokenBudget{})
-	return b
-}
-
-// Synced reports whether the budgets were read from synced informers.
-func (b *Budgets) Synced() bool { return b.synced.Load() }
-
-// SetBudgets replaces every namespace's budgets with bs. The first namespace with a
-// budget (by name, the same on every replica) carries this replica's heartbeat: its
-// record there is renewed every ledger.RenewEvery, so the other replicas know it is
-// live and lease (ledger.SetBeat).
-func (b *Budgets) SetBudgets(bs []mfv1.TokenBudget) {
-	m := map[string][]mfv1.TokenBudget{}
-	beat := ""
-	for _, tb := range bs {
-		m[tb.Namespace] = append(m[tb.Namespace], tb)
-		if beat == "" || tb.Namespace < beat {
-			beat = tb.Namespace
-		}
-	}
-	b.budgets.Store(&m)
-	if b.leaser != nil {
-		b.ledger.SetBeat(beat)
-		b.leaser.retain(bs)
-	}
-}
-
-// admit checks id's request, which may use up to ask tokens (budget.Ask), against
-// its budgets, and reserves ask in the ledger when it is admitted; a refusal is the
-// error to answer. While another replica is live, it first leases the room the
-// request needs (budget.Admission, leaser). done ends an admitted request and
-// releases its reservation, after its usage was recorded (nil for callers that are
-// not counted).
-func (b *Budgets) admit(ctx context.Context, id tenancy.Identity, ask int64) (done func(), refusal *apiError) {
-	if id.Admin || id.Namespace == "" {
-		return nil, nil
-	}
-	bs := (*b.budgets.Load())[id.Namespace]
-	for attempt := 0; ; attempt++ {
-		var needs []budget.Need
-		d, done := b.ledger.Admit(id.Namespace, id.Name, ask, func(own budget.Own) budget.Decision {
-			if len(bs) == 0 {
-				return budget.Decision{Allowed: true}
-			}
-			b.mu.RLock()
-			defer b.mu.RUnlock()
-			s := budget.Snapshot{Self: b.ledger.Gateway(), Budgets: bs, Own: own, Peers: b.lists[id.Namespace]}
-			if b.leaser != nil { // without one, this replica counts as the only one
-				s.Gateways, s.Leases = b.gateways, b.leaser.leases
-			}
-			p := budget.Admission(s, id.Name, ask, b.clock.Now())
-			needs = p.Needs
-			return p.Decision
-		})
-		switch {
-		case d.Allowed:
-			return done, nil
-		case len(needs) == 0:
-			return nil, budgetExceeded(d, b.clock.Now())
-		case attempt >= leaseAttempts:
-			return nil, leaseFailed(fmt.Errorf("the lease did not cover the request after %d writes", attempt))
-		}
-		b.mu.RLock()
-		peers, gateways := b.lists[id.Namespace], maps.Clone(b.gateways)
-		b.mu.RUnlock()
-		d2, err := b.leaser.acquire(ctx, bs, needs, peers, gateways)
-		switch {
-		case err != nil:
-			b.log.Info("Leasing a budget's room failed", "err", err.Error())
-			return nil, leaseFailed(err)
-		case d2 != nil && !d2.Allowed:
-			return nil, budgetExceeded(*d2, b.clock.Now())
-		}
-	}
-}
-
-// leaseFailed is the 503 of a request whose budget's lease could not be written.
-func leaseFailed(err error) *apiError {
-	return &apiError{Status: http.StatusServiceUnavailable, Type: openaierr.TypeUnavailable, Code: codeBudgetLease,
-		Message: "the gateway could not lease room on the caller's TokenBudget from the API server: " + err.Error() +
-			": try again", RetryAfter: time.Second, reason: "budget_lease"}
-}
-
-// reserve admits id's request to rt against its budgets (Budgets.admit) for the most
-// it can use: lim on the deployment's context (the largest of its template's and its
-// routable replicas'), with a body of bodyBytes. It counts the decision and the
-// tokens held in the budget metrics; done releases them.
+// reserve admits id's request to rt against its budgets (admission.Budgets.Admit)
+// for the most it can use: lim on the deployment's context (the largest of its
+// template's and its routable replicas'), with a body of bodyBytes. It counts the
+// decision and the tokens held in the budget metrics; done releases them.
 func (g *Gateway) reserve(ctx context.Context, id tenancy.Identity, rt *Route, lim metering.Limits, bodyBytes int) (done func(), refusal *apiError) {
 	n := rt.Context
 	for _, be := range rt.Backends {
@@ -165,11 +29,11 @@ func (g *Gateway) reserve(ctx context.Context, id tenancy.Identity, rt *Route, l
 	}
 	lim.Context = int64(n)
 	ask := budget.Ask(lim, bodyBytes)
-	end, aerr := g.opts.Budgets.admit(ctx, id, ask)
+	end, no := g.opts.Budgets.Admit(ctx, id, ask)
 	switch {
-	case aerr != nil:
-		g.metrics.budgetAdmissions.WithLabelValues(aerr.reason).Inc()
-		return nil, aerr
+	case no != nil:
+		g.metrics.budgetAdmissions.WithLabelValues(no.Reason).Inc()
+		return nil, budgetRefused(no)
 	case end == nil: // not budgeted
 		return nil, nil
 	}
@@ -181,105 +45,13 @@ func (g *Gateway) reserve(ctx context.Context, id tenancy.Identity, rt *Route, l
 	}, nil
 }
 
-// record adds an answer's usage to id's ledger.
-func (b *Budgets) record(id tenancy.Identity, deployment string, u metering.Usage) {
-	if id.Admin || id.Namespace == "" {
-		return
+// budgetRefused is the API error of a request the budgets refused: a 429 over a
+// budget, a 503 to retry when its lease could not be written.
+func budgetRefused(no *admission.Refusal) *apiError {
+	if no.Leasing {
+		return &apiError{Status: http.StatusServiceUnavailable, Type: openaierr.TypeUnavailable, Code: codeBudgetLease,
+			Message: no.Message, RetryAfter: no.RetryAfter, reason: no.Reason}
 	}
-	b.ledger.Record(id.Namespace, id.Name, deployment, u)
-}
-
-// budgetExceeded is the 429 of a refusal: its message names the budget, the window,
-// the limit, what was used and reserved, and the request's ask; Retry-After is the
-// whole seconds until the window resets, or a second when the requests in flight
-// hold the room it needs.
-func budgetExceeded(d budget.Decision, now time.Time) *apiError {
 	return &apiError{Status: http.StatusTooManyRequests, Type: typeRateLimit, Code: codeBudgetExceeded,
-		Message: d.Message(), RetryAfter: d.RetryAfter(now), reason: "budget_exceeded"}
-}
-
-func (b *Budgets) poke() {
-	select {
-	case b.kick <- struct{}{}:
-	default:
-	}
-}
-
-// Start follows the TokenBudgets and the TokenUsage records until ctx ends.
-func (b *Budgets) Start(ctx context.Context) error {
-	tbs, err := b.cache.GetInformer(ctx, &mfv1.TokenBudget{})
-	if err != nil {
-		return fmt.Errorf("informer for TokenBudgets: %w", err)
-	}
-	if _, err := tbs.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
-		AddFunc: func(any) { b.poke() }, UpdateFunc: func(any, any) { b.poke() }, DeleteFunc: func(any) { b.poke() },
-	}); err != nil {
-		return fmt.Errorf("watching TokenBudgets: %w", err)
-	}
-	tus, err := b.cache.GetInformer(ctx, &mfv1.TokenUsage{})
-	if err != nil {
-		return fmt.Errorf("informer for TokenUsages: %w", err)
-	}
-	if _, err := tus.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
-		AddFunc:    func(obj any) { b.peer(obj, false) },
-		UpdateFunc: func(_, obj any) { b.peer(obj, false) },
-		DeleteFunc: func(obj any) { b.peer(obj, true) },
-	}); err != nil {
-		return fmt.Errorf("watching TokenUsages: %w", err)
-	}
-	if !b.cache.WaitForCacheSync(ctx) {
-		return ctx.Err()
-	}
-	rebuildLoop(ctx, b.kick, func(ctx context.Context) error {
-		var l mfv1.TokenBudgetList
-		if err := b.cache.List(ctx, &l); err != nil {
-			return fmt.Errorf("listing TokenBudgets: %w", err)
-		}
-		b.SetBudgets(l.Items)
-		b.log.V(1).Info("TokenBudgets read", "budgets", len(l.Items))
-		return nil
-	}, func(err error) {
-		b.log.Error(err, "Reading the TokenBudgets; keeping the previous ones")
-	}, &b.synced)
-	return nil
-}
-
-// peer follows another replica's record: kept while it is of today or yesterday
-// (a day's last minutes are read while the next begins), dropped when deleted.
-func (b *Budgets) peer(obj any, deleted bool) {
-	if d, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
-		obj, deleted = d.Obj, true
-	}
-	tu, ok := obj.(*mfv1.TokenUsage)
-	if !ok || tu.Spec.Gateway == b.ledger.Gateway() {
-		return
-	}
-	keep := !deleted && tu.Spec.Day >= b.clock.Now().UTC().AddDate(0, 0, -1).Format(time.DateOnly)
-	var p budget.Peer
-	if keep {
-		p = budget.PeerFrom(tu)
-	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if keep && p.Renewed.After(b.gateways[p.Gateway]) {
-		b.gateways[p.Gateway] = p.Renewed
-	}
-	ns := b.peers[tu.Namespace]
-	if !keep {
-		if _, had := ns[tu.Name]; !had {
-			return
-		}
-		delete(ns, tu.Name)
-	} else {
-		if ns == nil {
-			ns = map[string]budget.Peer{}
-			b.peers[tu.Namespace] = ns
-		}
-		ns[tu.Name] = p
-	}
-	list := make([]budget.Peer, 0, len(ns))
-	for _, p := range ns {
-		list = append(list, p)
-	}
-	b.lists[tu.Namespace] = list
+		Message: no.Message, RetryAfter: no.RetryAfter, reason: no.Reason}
 }

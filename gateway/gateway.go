@@ -156,7 +156,7 @@ type Options struct {
 	PeerFetchMargin float64
 	// Budgets, when set, checks team callers' requests against their TokenBudgets
 	// before they are queued (429 over one) and counts their usage in its ledger.
-	Budgets *Budgets
+	Budgets *admission.Budgets
 	Log     logr.Logger
 }
 

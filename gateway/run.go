@@ -28,6 +28,7 @@ import (
 	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/gateway/console"
 	"github.com/macfleet/macfleet/gateway/fairqueue"
+	"github.com/macfleet/macfleet/gateway/rebuild"
 	"github.com/macfleet/macfleet/gateway/routing"
 	"github.com/macfleet/macfleet/gateway/tenancy"
 	"github.com/macfleet/macfleet/internal/httpserver"
@@ -347,34 +348,10 @@ func (f *Feeder) Start(ctx context.Context) error {
 	if !f.cache.WaitForCacheSync(ctx) {
 		return ctx.Err()
 	}
-	rebuildLoop(ctx, f.kick, f.rebuild, func(err error) {
+	rebuild.Loop(ctx, f.kick, f.rebuild, func(err error) {
 		f.log.Error(err, "Rebuilding the routing table; keeping the previous one")
 	}, &f.synced)
 	return nil
-}
-
-// rebuildLoop runs rebuild once at once and then on every kick until ctx ends; a
-// failed rebuild is reported and retried a second later. synced is set by the first
-// rebuild that succeeds.
-func rebuildLoop(ctx context.Context, kick <-chan struct{}, rebuild func(context.Context) error,
-	failed func(error), synced *atomic.Bool) {
-	retry := time.NewTimer(time.Second)
-	retry.Stop() // armed only after a failure
-	defer retry.Stop()
-	for {
-		if err := rebuild(ctx); err != nil {
-			failed(err)
-			retry.Reset(time.Second)
-		} else {
-			synced.Store(true)
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-kick:
-		case <-retry.C:
-		}
-	}
 }
 
 func (f *Feeder) rebuild(ctx context.Context) error {

@@ -120,7 +120,7 @@ func (g *Gateway) meterClaim(r *http.Request, model string, be Backend, lim mete
 	id := g.caller(r)
 	g.metrics.usage.Record(id, model, u)
 	if g.opts.Budgets != nil {
-		g.opts.Budgets.record(id, model, u)
+		g.opts.Budgets.Record(id, model, u)
 	}
 	return &u
 }

@@ -24,6 +24,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
+	"github.com/macfleet/macfleet/gateway/admission"
 	"github.com/macfleet/macfleet/gateway/ledger"
 	"github.com/macfleet/macfleet/gateway/tenancy"
 	"github.com/macfleet/macfleet/gateway/tenancy/satoken"
@@ -42,7 +43,7 @@ type wiring struct {
 	// watchers keep the credential files and Secrets read while the gateway runs.
 	watchers []func(context.Context)
 	kf       *KeysFile
-	tk       *TenantKeys // set by addRunnables, once the cache exists
+	tk       *admission.TenantKeys // set by addRunnables, once the cache exists
 	lw       *ledger.Writer
 }
 
@@ -145,8 +146,8 @@ func (w *wiring) budgets(writer client.Client) error {
 		return fmt.Errorf("the gateway id %q does not make a usage record's name: %s", gid, strings.Join(errs, "; "))
 	}
 	l := ledger.New(gid, clock.RealClock{})
-	w.opts.Budgets = NewBudgets(l, nil, clock.RealClock{}, w.log.WithName("budgets"))
-	w.opts.Budgets.leaser = newLeaser(gid, writer, clock.RealClock{})
+	w.opts.Budgets = admission.NewBudgets(l, nil, clock.RealClock{}, w.log.WithName("budgets"))
+	w.opts.Budgets.LeaseWith(gid, writer)
 	w.lw = &ledger.Writer{Ledger: l, Client: writer, Retention: cfg.UsageRetention, Log: w.log.WithName("ledger")}
 	return nil
 }
@@ -158,7 +159,7 @@ func (w *wiring) manager(scheme *runtime.Scheme, api *apiServer) (manager.Manage
 		&coordinationv1.Lease{}: {Namespaces: map[string]cache.Config{mfv1.NodeLeaseNamespace: {}}},
 	}
 	if w.cfg.TenantKeys {
-		byObject[&corev1.Secret{}] = keyIndex()
+		byObject[&corev1.Secret{}] = admission.KeyIndex()
 	}
 	mgr, err := ctrl.NewManager(w.cfg.RestConfig, ctrl.Options{
 		Scheme: scheme,
@@ -189,13 +190,14 @@ func (w *wiring) addRunnables(mgr manager.Manager, g *Gateway, api *apiServer) (
 		return nil, err
 	}
 	if w.cfg.TenantKeys {
-		w.tk = NewTenantKeys(mgr.GetCache(), w.log.WithName("keys"))
+		w.tk = admission.NewTenantKeys(mgr.GetCache(), w.log.WithName("keys"))
 		if err := mgr.Add(w.tk); err != nil {
 			return nil, err
 		}
 	}
 	if w.lw != nil {
-		w.opts.Budgets.cache, w.lw.Reader = mgr.GetCache(), mgr.GetCache()
+		w.opts.Budgets.Follow(mgr.GetCache())
+		w.lw.Reader = mgr.GetCache()
 		if err := mgr.Add(w.opts.Budgets); err != nil {
 			return nil, err
 		}

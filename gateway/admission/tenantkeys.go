@@ -1,4 +1,4 @@
-package gateway
+package admission
 
 import (
 	"context"
@@ -15,6 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
+	"github.com/macfleet/macfleet/gateway/rebuild"
 	"github.com/macfleet/macfleet/gateway/tenancy"
 )
 
@@ -25,9 +26,9 @@ import (
 // indexKey is the key index Secret.
 var indexKey = client.ObjectKey{Namespace: mfv1.SystemNamespace, Name: mfv1.APIKeyIndexSecret}
 
-// keyIndex is the informer cache's view of Secrets: the key index alone (a watch by
+// KeyIndex is the informer cache's view of Secrets: the key index alone (a watch by
 // name in macfleet-system, which the gateway's Role allows and nothing wider).
-func keyIndex() cache.ByObject {
+func KeyIndex() cache.ByObject {
 	return cache.ByObject{
 		Namespaces: map[string]cache.Config{indexKey.Namespace: {}},
 		Field:      fields.OneTermEqualSelector("metadata.name", indexKey.Name),
@@ -82,7 +83,7 @@ func (k *TenantKeys) Start(ctx context.Context) error {
 	if !k.cache.WaitForCacheSync(ctx) {
 		return ctx.Err()
 	}
-	rebuildLoop(ctx, k.kick, k.rebuild, func(err error) {
+	rebuild.Loop(ctx, k.kick, k.rebuild, func(err error) {
 		k.log.Error(err, "Reading the API key index; keeping the previous keys")
 	}, &k.synced)
 	return nil

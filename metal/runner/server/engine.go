@@ -5,8 +5,6 @@ package server
 import (
 	"math/rand/v2"
 	"runtime"
-	"slices"
-	"sync"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -31,7 +29,7 @@ type engine struct {
 	batch *llama.Batch
 
 	nBatch, nCtxSeq int
-	slots           []*slot
+	slots           slotSet
 	sampling        []*slot        // scratch: the slots that sample in a step
 	rows            []llama.Logits // scratch: their rows of logits
 	tick            uint64
@@ -44,22 +42,15 @@ type engine struct {
 	linkLost func() *runnerapi.Error
 	// link measures a split model's steps (nil: not split). Set before run starts.
 	link *linkMeter
-	// perToken is the measured decode time per batch token (EWMA), what prefilling a
-	// token costs: it bounds a wait for an in-flight prefix (engine goroutine only).
-	perToken time.Duration
+	// rate is the measured decode time per batch token, what prefilling a token
+	// costs: it bounds a wait for an in-flight prefix (engine goroutine only).
+	rate prefillRate
 
-	wake chan struct{}
-	cmds chan func()
-	quit chan struct{}
-	done chan struct{}
-
-	mu       sync.Mutex // guards the fields below
-	pending  []*job
-	active   map[*job]struct{} // pending or in a slot, until the engine lets go of it
-	closed   bool
-	closeErr *runnerapi.Error
-	busy     int
-	kvUsed   int
+	// queue is what the engine shares with the handlers (engine_queue.go).
+	queue *jobQueue
+	cmds  chan func()
+	quit  chan struct{}
+	done  chan struct{}
 }
 
 type slotPhase int
@@ -98,17 +89,51 @@ type slot struct {
 	sampleErr error
 }
 
+// slotSet is an engine's slots, indexed by sequence id (engine goroutine only).
+type slotSet []*slot
+
+// anyBusy reports whether a slot holds a job.
+func (ss slotSet) anyBusy() bool {
+	for _, s := range ss {
+		if s.job != nil {
+			return true
+		}
+	}
+	return false
+}
+
+// anyFree reports whether a slot is free.
+func (ss slotSet) anyFree() bool {
+	for _, s := range ss {
+		if s.job == nil {
+			return true
+		}
+	}
+	return false
+}
+
+// figures are what /status reports of the slots: those holding a job, and the KV
+// cells holding tokens.
+func (ss slotSet) figures() (busy, kvUsed int) {
+	for _, s := range ss {
+		if s.job != nil {
+			busy++
+		}
+		kvUsed += len(s.cached)
+	}
+	return busy, kvUsed
+}
+
 func newEngine(log logr.Logger, model *llama.Model, ctx *llama.Context, guard func(int) *runnerapi.Error) *engine {
 	e := &engine{
 		log: log, model: model, ctx: ctx,
 		nBatch: ctx.NBatch(), nCtxSeq: ctx.NCtxSeq(),
-		batch:  llama.NewBatch(ctx.NBatch()),
-		guard:  guard,
-		wake:   make(chan struct{}, 1),
-		cmds:   make(chan func()),
-		quit:   make(chan struct{}),
-		done:   make(chan struct{}),
-		active: map[*job]struct{}{},
+		batch: llama.NewBatch(ctx.NBatch()),
+		guard: guard,
+		queue: newJobQueue(),
+		cmds:  make(chan func()),
+		quit:  make(chan struct{}),
+		done:  make(chan struct{}),
 	}
 	for i := range ctx.NSeqMax() {
 		e.slots = append(e.slots, &slot{id: i})
@@ -116,52 +141,12 @@ func newEngine(log logr.Logger, model *llama.Model, ctx *llama.Context, guard fu
 	return e
 }
 
-// submit queues a job; it fails once the engine is closing.
-func (e *engine) submit(j *job) *runnerapi.Error {
-	e.mu.Lock()
-	if e.closed {
-		err := e.closeErr
-		e.mu.Unlock()
-		return err
-	}
-	e.pending = append(e.pending, j)
-	e.active[j] = struct{}{}
-	e.mu.Unlock()
-	e.poke()
-	return nil
-}
-
-func (e *engine) poke() {
-	select {
-	case e.wake <- struct{}{}:
-	default:
-	}
-}
-
-// abortAll ends every job with err at once (their handlers send it); the engine frees
-// their slots at its next step. It returns how many jobs it ended.
-func (e *engine) abortAll(err *runnerapi.Error) int {
-	e.mu.Lock()
-	n := 0
-	for j := range e.active {
-		if j.fail(err) {
-			n++
-		}
-	}
-	e.mu.Unlock()
-	e.poke()
-	return n
-}
-
 // close refuses new jobs with err, aborts the current ones and waits for the loop to
 // exit.
 func (e *engine) close(err *runnerapi.Error) {
-	e.mu.Lock()
-	already := e.closed
-	e.closed, e.closeErr = true, err
-	e.mu.Unlock()
-	e.abortAll(err)
-	if !already {
+	open := e.queue.close(err)
+	e.queue.abortAll(err)
+	if open {
 		close(e.quit)
 	}
 	<-e.done
@@ -180,13 +165,6 @@ func (e *engine) do(fn func()) bool {
 	}
 }
 
-// stats returns the slots in use, the KV cells holding tokens and the live jobs.
-func (e *engine) stats() (busy, kvUsed, requests int) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return e.busy, e.kvUsed, len(e.active)
-}
-
 func (e *engine) run() {
 	defer close(e.done)
 	// One thread for the context's decodes: a split runner's link figures are the
@@ -196,10 +174,10 @@ func (e *engine) run() {
 	for {
 		e.reap()
 		e.admit()
-		e.publish()
-		if !e.anyBusy() {
+		e.queue.publish(e.slots.figures())
+		if !e.slots.anyBusy() {
 			select {
-			case <-e.wake:
+			case <-e.queue.wake:
 			case fn := <-e.cmds:
 				fn()
 			case <-e.quit:
@@ -220,30 +198,16 @@ func (e *engine) run() {
 	}
 }
 
+// shutdown ends the queued jobs and those in slots with the close error.
 func (e *engine) shutdown() {
+	err := e.queue.drain()
 	for _, s := range e.slots {
 		if s.job != nil {
-			s.job.fail(e.closeErr)
+			s.job.fail(err)
 			e.release(s)
 		}
 	}
-	e.mu.Lock()
-	for _, j := range e.pending {
-		j.fail(e.closeErr)
-		delete(e.active, j)
-	}
-	e.pending = nil
-	e.mu.Unlock()
-	e.publish()
-}
-
-func (e *engine) anyBusy() bool {
-	for _, s := range e.slots {
-		if s.job != nil {
-			return true
-		}
-	}
-	return false
+	e.queue.publish(e.slots.figures())
 }
 
 // reap frees the slots of jobs that ended outside the engine (client gone, aborted).
@@ -264,51 +228,18 @@ func (e *engine) release(s *slot) {
 	s.job, s.phase, s.stream, s.emb = nil, phaseIdle, nil, nil
 	e.tick++
 	s.lastUsed = e.tick
-	e.mu.Lock()
-	delete(e.active, j)
-	e.mu.Unlock()
-}
-
-// publish refreshes the figures /status reports.
-func (e *engine) publish() {
-	busy, kv := 0, 0
-	for _, s := range e.slots {
-		if s.job != nil {
-			busy++
-		}
-		kv += len(s.cached)
-	}
-	e.mu.Lock()
-	e.busy, e.kvUsed = busy, kv
-	e.mu.Unlock()
+	e.queue.letGo(j)
 }
 
 // admit drops queued jobs that ended (client gone, aborted) and moves the others into
 // free slots in arrival order, choosing for each the free slot whose cached tokens
 // share the longest prefix with its prompt.
 func (e *engine) admit() {
-	e.mu.Lock()
-	live := e.pending[:0]
-	for _, j := range e.pending {
-		if j.finished() {
-			delete(e.active, j)
-			continue
-		}
-		live = append(live, j)
-	}
-	clear(e.pending[len(live):])
-	e.pending = live
-	e.mu.Unlock()
+	e.queue.prune()
 	now := time.Now()
 	for i := 0; ; {
-		e.mu.Lock()
-		if i >= len(e.pending) {
-			e.mu.Unlock()
-			return
-		}
-		j := e.pending[i]
-		e.mu.Unlock()
-		if !e.anyFree() {
+		j := e.queue.at(i)
+		if j == nil || !e.slots.anyFree() {
 			return
 		}
 		// A job waiting for a prefix another slot is prefilling stays queued; the
@@ -317,14 +248,11 @@ func (e *engine) admit() {
 			i++
 			continue
 		}
-		e.mu.Lock()
-		s, keep := e.pickSlot(j)
+		s, keep := e.slots.pick(j)
 		if s == nil {
-			e.mu.Unlock()
 			return
 		}
-		e.pending = slices.Delete(e.pending, i, i+1)
-		e.mu.Unlock()
+		e.queue.take(i)
 		e.assign(s, j, keep)
 	}
 }
@@ -338,15 +266,15 @@ func (e *engine) admit() {
 // draws the next one away from the low ids.
 const slotReuseMin = 32
 
-// pickSlot is the free slot for j and how many of its prompt tokens that slot keeps:
+// pick is the free slot for j and how many of its prompt tokens that slot keeps:
 // the one with the longest reusable prefix when that is at least slotReuseMin tokens
 // (ties to the least recently used), else the free slot of the lowest id, which keeps
 // the busy slots in one block. A cached state deeper than every slot's prefix is
 // restored into the lowest free slot as well.
-func (e *engine) pickSlot(j *job) (*slot, int) {
+func (ss slotSet) pick(j *job) (*slot, int) {
 	var best, low *slot
 	bestKeep := -1
-	for _, s := range e.slots {
+	for _, s := range ss {
 		if s.job != nil {
 			continue
 		}
@@ -448,9 +376,9 @@ func (e *engine) decode(b *llama.Batch) bool {
 		e.ctx.Synchronize()
 	}
 	took := time.Since(start)
-	e.notePerToken(took, b.N())
+	e.rate.note(took, b.N())
 	if e.link != nil {
-		e.meterStep(before, took)
+		e.link.meterStep(before, took, e.slots)
 	}
 	// A split worker lost in the middle of a step may leave a decode that looks
 	// successful over zeroed activations: the link's state decides, not the result.

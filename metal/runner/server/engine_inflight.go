@@ -42,7 +42,7 @@ func (e *engine) holdOrShare(j *job, now time.Time) bool {
 	}
 	h := j.hold
 	live := h.leader.job == h.leaderJob && !h.leaderJob.finished()
-	switch holdNext(h.holdState, live, h.leader.fed, now, e.perToken) {
+	switch holdNext(h.holdState, live, h.leader.fed, now, e.rate.perToken) {
 	case holdWait:
 		return true
 	case holdShare:
@@ -70,14 +70,14 @@ func (e *engine) startHold(j *job, now time.Time) bool {
 			// Prefilling, or generating with its whole prompt fed: a copy of its
 			// sequence is as good then, and saves the prefill the state saved at its
 			// end would come too late for.
-			busy = append(busy, prefilling{slot: s.id, keys: e.blockKeys(s.job, len(s.job.tokens)), fed: s.fed})
+			busy = append(busy, prefilling{slot: s.id, keys: e.pc.blockKeys(s.job, len(s.job.tokens)), fed: s.fed})
 		}
 	}
 	if len(busy) == 0 {
 		return false
 	}
 	// The job's keys leave its last token out: it must prefill at least that one.
-	c := chooseLeader(e.blockKeys(j, len(j.tokens)-1), keep, e.pc.block, busy)
+	c := chooseLeader(e.pc.blockKeys(j, len(j.tokens)-1), keep, e.pc.block, busy)
 	if c.slot < 0 {
 		return false
 	}
@@ -89,9 +89,9 @@ func (e *engine) startHold(j *job, now time.Time) bool {
 }
 
 // blockKeys returns the block keys of j's first n prompt tokens (computed once).
-func (e *engine) blockKeys(j *job, n int) []promptcache.Key {
+func (pc *promptCache) blockKeys(j *job, n int) []promptcache.Key {
 	if j.keys == nil {
-		j.keys = promptcache.BlockKeys(e.pc.id, j.partition, j.tokens[:n], e.pc.block)
+		j.keys = promptcache.BlockKeys(pc.id, j.partition, j.tokens[:n], pc.block)
 	}
 	return j.keys
 }
@@ -113,28 +113,22 @@ func (e *engine) share(j *job, h *jobHold) {
 	e.pc.inflightSharedTokens.Add(int64(h.shared))
 }
 
-// anyFree reports whether a slot is free.
-func (e *engine) anyFree() bool {
-	for _, s := range e.slots {
-		if s.job == nil {
-			return true
-		}
-	}
-	return false
-}
-
 // inflightMinSample is the smallest batch whose decode time notePerToken counts.
 const inflightMinSample = 32
 
-// notePerToken folds one decode of n tokens that took d into the per-token estimate.
-func (e *engine) notePerToken(d time.Duration, n int) {
+// prefillRate is the measured decode time per batch token (an EWMA of the steps that
+// prefill), what prefilling a token costs.
+type prefillRate struct{ perToken time.Duration }
+
+// note folds one decode of n tokens that took d into the per-token estimate.
+func (r *prefillRate) note(d time.Duration, n int) {
 	if n < inflightMinSample {
 		return // a generation step: its per-token time says little about prefill
 	}
 	x := d / time.Duration(n)
-	if e.perToken == 0 {
-		e.perToken = x
+	if r.perToken == 0 {
+		r.perToken = x
 		return
 	}
-	e.perToken += (x - e.perToken) / 8
+	r.perToken += (x - r.perToken) / 8
 }

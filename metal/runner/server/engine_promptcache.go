@@ -69,6 +69,6 @@ func (e *engine) clearIdle() int {
 			n++
 		}
 	}
-	e.publish()
+	e.queue.publish(e.slots.figures())
 	return n
 }

@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 
 	"github.com/macfleet/macfleet/api/runnerapi"
+	"github.com/macfleet/macfleet/metal/runner/llama"
 )
 
 // What a generating slot does with a step's logits: sample the next token, report
@@ -70,7 +71,7 @@ func (e *engine) sample(s *slot) {
 	}
 	var lp *runnerapi.TokenLogprob
 	if j.opts.Logprobs {
-		lp = e.logprob(s.outIdx, tok, j.opts.TopLogprobs)
+		lp = logprob(e.ctx, e.model, s.outIdx, tok, j.opts.TopLogprobs)
 	}
 	text, stopped := s.stream.Push(piece)
 	j.emit(text, 1, lp)
@@ -92,23 +93,24 @@ func (e *engine) sample(s *slot) {
 	}
 }
 
-// logprob is the log-probability of tok at output row i with the top k alternatives.
-func (e *engine) logprob(i int, tok int32, k int) *runnerapi.TokenLogprob {
-	lp, top := e.ctx.Logprobs(i, tok, k)
-	text, b := e.tokenText(tok)
+// logprob is the log-probability of tok at output row i of lctx with the top k
+// alternatives.
+func logprob(lctx *llama.Context, m *llama.Model, i int, tok int32, k int) *runnerapi.TokenLogprob {
+	lp, top := lctx.Logprobs(i, tok, k)
+	text, b := tokenBytes(m, tok)
 	out := &runnerapi.TokenLogprob{Token: text, Logprob: float64(lp), Bytes: b, TopLogprobs: make([]runnerapi.TopLogprob, len(top))}
 	for i, t := range top {
-		text, b := e.tokenText(t.Token)
+		text, b := tokenBytes(m, t.Token)
 		out.TopLogprobs[i] = runnerapi.TopLogprob{Token: text, Logprob: float64(t.Logprob), Bytes: b}
 	}
 	return out
 }
 
-// tokenText is a token's text (a control token's own text) and its bytes.
-func (e *engine) tokenText(tok int32) (string, []int) {
-	p := e.model.Piece(tok)
+// tokenBytes is a token's text (a control token's own text) and its bytes.
+func tokenBytes(m *llama.Model, tok int32) (string, []int) {
+	p := m.Piece(tok)
 	if len(p) == 0 {
-		p = []byte(e.model.TokenText(tok))
+		p = []byte(m.TokenText(tok))
 	}
 	b := make([]int, len(p))
 	for i, c := range p {

@@ -87,17 +87,15 @@ func (es *engineSet) start() {
 // submit queues j on the engine with the most free slots.
 func (es *engineSet) submit(j *job) *runnerapi.Error {
 	if len(es.engs) == 1 {
-		return es.engs[0].submit(j)
+		return es.engs[0].queue.submit(j)
 	}
 	es.mu.Lock()
 	defer es.mu.Unlock()
 	loads := make([]engineLoad, len(es.engs))
 	for i, e := range es.engs {
-		e.mu.Lock()
-		loads[i] = engineLoad{slots: len(e.slots), jobs: len(e.active)}
-		e.mu.Unlock()
+		loads[i] = engineLoad{slots: len(e.slots), jobs: e.queue.live()}
 	}
-	return es.engs[pickEngine(loads)].submit(j)
+	return es.engs[pickEngine(loads)].queue.submit(j)
 }
 
 // slotCount is the slots of every engine: a request's choices are spread over them.
@@ -112,7 +110,7 @@ func (es *engineSet) slotCount() int {
 func (es *engineSet) abortAll(err *runnerapi.Error) int {
 	n := 0
 	for _, e := range es.engs {
-		n += e.abortAll(err)
+		n += e.queue.abortAll(err)
 	}
 	return n
 }
@@ -134,7 +132,7 @@ func (es *engineSet) clearIdle() int {
 
 func (es *engineSet) stats() (busy, kvUsed, requests int) {
 	for _, e := range es.engs {
-		b, k, r := e.stats()
+		b, k, r := e.queue.stats()
 		busy, kvUsed, requests = busy+b, kvUsed+k, requests+r
 	}
 	return busy, kvUsed, requests

@@ -69,15 +69,15 @@ func (m *linkMeter) headSeconds() float64 {
 	return time.Duration(m.headNanos.Load()).Seconds()
 }
 
-// meterStep gives the decode step that started at before and took took its link
-// figures: every job in the step gets the whole step's (a step decodes the slots
+// meterStep gives the decode step of slots that started at before and took took its
+// link figures: every job in the step gets the whole step's (a step decodes the slots
 // together, so its figures are shared by the requests in it), under prefill or decode
 // by the slot's phase.
-func (e *engine) meterStep(before linkFigures, took time.Duration) {
-	step := e.link.totals().minus(before)
+func (m *linkMeter) meterStep(before linkFigures, took time.Duration, slots slotSet) {
+	step := m.totals().minus(before)
 	step.head = max(took-step.wait, 0)
-	e.link.headNanos.Add(int64(step.head))
-	for _, s := range e.slots {
+	m.headNanos.Add(int64(step.head))
+	for _, s := range slots {
 		if s.take > 0 && s.job != nil {
 			s.job.addLink(s.phase == phaseGenerate, step)
 		}

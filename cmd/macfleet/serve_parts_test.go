@@ -20,8 +20,8 @@ import (
 
 // TestServePullsAModelStoredInParts: `macfleet serve --model NAME=hf://…-00001-of-00003.gguf`
 // pulls the three parts of a model from the hub (a double on loopback), each once,
-// and serves it: the runner loads the parts from the first and answers what the same
-// model in one file answers. The estimate counts every part.
+// and serves it with the runner sandbox on: the runner loads the parts from the first
+// and answers what the same model in one file answers. The estimate counts every part.
 func TestServePullsAModelStoredInParts(t *testing.T) {
 	runner := os.Getenv("MACFLEET_RUNNER")
 	if runner == "" {
@@ -44,12 +44,11 @@ func TestServePullsAModelStoredInParts(t *testing.T) {
 	t.Setenv(hfTokenEnv, "hf_gated")
 	storeDir := t.TempDir()
 
-	// The runner sandbox grants a runner its model's one file (metal/runner/sandbox,
-	// Policy.Model): a sandboxed runner cannot read the later parts yet, so both
-	// serves here run unconfined.
-	want := serveAndAsk(t, runner, one, "--runner-sandbox", "off")
+	// Both runners are confined (the sandbox's default): the runner of the model in
+	// parts is granted each part (metal/runner/sandbox, Policy.Parts).
+	want := serveAndAsk(t, runner, one)
 	got := serveAndAsk(t, runner, "hf://org/tiny-GGUF/Q/tiny-00001-of-00003.gguf",
-		"--store-dir", storeDir, "--hf-endpoint", hub.URL, "--source-policy", loopbackPolicy(t), "--runner-sandbox", "off")
+		"--store-dir", storeDir, "--hf-endpoint", hub.URL, "--source-policy", loopbackPolicy(t))
 	if got != want {
 		t.Errorf("the model pulled in three parts answers %q, the one file %q", got, want)
 	}

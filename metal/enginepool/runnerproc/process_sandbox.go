@@ -49,8 +49,10 @@ func (f *ProcessFactory) command(ctx context.Context, path string, args []string
 	// A split worker speaks TCP on loopback (its only transport), as runners do with
 	// ProcessConfig.Loopback; a split head connects to its workers through the agent's
 	// split link, on loopback only.
-	p := sandbox.Policy{Runner: path, Model: model, CacheDir: cacheDir, SocketDir: sockDir, Loopback: f.cfg.Loopback || worker,
-		ConnectPorts: connect, BackendDir: backendDir(path)}
+	// A model stored in parts is named by its first part: the runner reads the others
+	// beside it.
+	p := sandbox.Policy{Runner: path, Model: model, Parts: sandbox.OtherParts(model), CacheDir: cacheDir, SocketDir: sockDir,
+		Loopback: f.cfg.Loopback || worker, ConnectPorts: connect, BackendDir: backendDir(path)}
 	if err := sandbox.Wrap(cmd, p); err != nil {
 		cmd.Err = fmt.Errorf("confining the runner: %w", err)
 	}

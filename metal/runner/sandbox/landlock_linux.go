@@ -196,6 +196,10 @@ func landlockRules(p Policy, found func(pattern string) []string) []landlock.Rul
 		landlock.RODirs(systemDirs...).IgnoreIfMissing(),
 		landlock.ROFiles(systemFiles...).IgnoreIfMissing(),
 	}
+	if len(p.Parts) > 0 {
+		// A part's rule is on the file its link (if any) resolves to.
+		rules = append(rules, landlock.PathAccess(ll.AccessFSReadFile, p.Parts...).IgnoreIfMissing())
+	}
 	if p.CacheDir != "" {
 		rules = append(rules, landlock.RWDirs(p.CacheDir))
 	}

@@ -441,6 +441,8 @@ func TestLandlockRules(t *testing.T) {
 	cpu := Policy{Runner: "/opt/mf/macfleet-runner", Model: "/models/m.gguf", SocketDir: "/run/mf/s1"}
 	gpu := cpu
 	gpu.BackendDir = "/opt/mf/lib"
+	parts := cpu
+	parts.Parts = []string{"/models/parts/h/m-00002-of-00003.gguf", "/models/parts/h/m-00003-of-00003.gguf"}
 	nvidia := map[string][]string{
 		"/dev/nvidiactl":                              {"/dev/nvidiactl"},
 		"/dev/nvidia[0-9]*":                           {"/dev/nvidia0", "/dev/nvidia1"},
@@ -490,6 +492,9 @@ func TestLandlockRules(t *testing.T) {
 			tree + "[/sys/devices/virtual/kfd /sys/bus/pci/devices /sys/devices/pci0000:00]"}},
 		// A backend on a machine without a card: its directory, nothing of a driver.
 		{"gpu runner without a card", gpu, nil, []string{tree + "[/opt/mf/lib]"}},
+		// A model stored in parts: its other parts, read only (a rule on a link is on
+		// the file it resolves to).
+		{"model stored in parts", parts, nil, []string{file + "[/models/parts/h/m-00002-of-00003.gguf /models/parts/h/m-00003-of-00003.gguf]"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var asked []string

@@ -1,6 +1,6 @@
 // Package sandbox confines each runner process (the llama.cpp engine that parses a
-// tenant's GGUF file) to what it needs: its model file (read), its prompt-cache
-// directory and its socket directory (read and write), its own binary and the system
+// tenant's GGUF file) to what it needs: its model file, or each file of a model stored
+// in parts (read), its prompt-cache directory and its socket directory (read and write), its own binary and the system
 // libraries, and no network; a runner with an accelerator backend also its backend
 // libraries and what its card's driver opens. The agent's environment is scrubbed on
 // the way in, so a runner never holds the agent's KUBECONFIG or token variables.
@@ -88,6 +88,9 @@ type Policy struct {
 	Runner string
 	// Model is the model file: read only.
 	Model string
+	// Parts are the model's other files when Model is the first part of a model
+	// stored in parts (OtherParts): read only, each as Model, and nothing beside them.
+	Parts []string `json:",omitempty"`
 	// CacheDir is the runner's prompt-cache directory (read, write, create, remove);
 	// empty when the runner has no SSD tier.
 	CacheDir string

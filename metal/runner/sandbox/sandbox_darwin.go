@@ -68,6 +68,8 @@ func Wrap(cmd *exec.Cmd, p Policy) error {
 			*path = real
 		}
 	}
+	// A part is named by a link (the store's): the link and the file it resolves to.
+	p.Parts = resolvedParts(p.Parts)
 	// The runner makes its cache directory when missing; its rule is on the path
 	// resolved now.
 	if p.CacheDir != "" {
@@ -83,4 +85,20 @@ func Wrap(cmd *exec.Cmd, p Policy) error {
 	cmd.Args = append([]string{"sandbox-exec", "-p", profile, p.Runner}, cmd.Args[1:]...)
 	cmd.Path = sandboxExec
 	return nil
+}
+
+// resolvedParts are the absolute paths of parts and, where one is a link, the file it
+// resolves to (the path Seatbelt matches).
+func resolvedParts(parts []string) []string {
+	out := make([]string, 0, 2*len(parts))
+	for _, part := range parts {
+		if abs, err := filepath.Abs(part); err == nil {
+			part = abs
+		}
+		out = append(out, part)
+		if real, err := filepath.EvalSymlinks(part); err == nil && real != part {
+			out = append(out, real)
+		}
+	}
+	return out
 }

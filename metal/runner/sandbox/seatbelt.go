@@ -22,12 +22,16 @@ func Profile(p Policy) (string, error) {
 		if path.path == "" && path.optional {
 			continue
 		}
-		if !filepath.IsAbs(path.path) {
-			return "", fmt.Errorf("the runner's %s %q is not an absolute path", path.what, path.path)
+		if err := checkPath(path.what, path.path); err != nil {
+			return "", err
 		}
-		if strings.ContainsAny(path.path, "\x00\n\r") {
-			return "", fmt.Errorf("the runner's %s %q holds a control character", path.what, path.path)
+	}
+	read := "(literal " + sbString(p.Runner) + ") (literal " + sbString(p.Model) + ")"
+	for _, part := range p.Parts {
+		if err := checkPath("model part", part); err != nil {
+			return "", err
 		}
+		read += " (literal " + sbString(part) + ")"
 	}
 	var b strings.Builder
 	line := func(format string, args ...any) { fmt.Fprintf(&b, format+"\n", args...) }
@@ -36,7 +40,7 @@ func Profile(p Policy) (string, error) {
 	// The base rules of the OS: dyld, the shared cache, system frameworks.
 	line(`(import "system.sb")`)
 	line("(allow process-exec (literal %s))", sbString(p.Runner))
-	line("(allow file-read* (literal %s) (literal %s))", sbString(p.Runner), sbString(p.Model))
+	line("(allow file-read* %s)", read)
 	// Metadata only (stat, path walks): no file's contents.
 	line("(allow file-read-metadata)")
 	rw := "(subpath " + sbString(p.SocketDir) + ")"
@@ -83,6 +87,17 @@ func Profile(p Policy) (string, error) {
 		line("(allow file-read* file-map-executable (subpath %s))", sbString(p.BackendDir))
 	}
 	return b.String(), nil
+}
+
+// checkPath says why path, the runner's what, cannot be in a profile.
+func checkPath(what, path string) error {
+	if !filepath.IsAbs(path) {
+		return fmt.Errorf("the runner's %s %q is not an absolute path", what, path)
+	}
+	if strings.ContainsAny(path, "\x00\n\r") {
+		return fmt.Errorf("the runner's %s %q holds a control character", what, path)
+	}
+	return nil
 }
 
 // sbString quotes s as a Seatbelt string literal.

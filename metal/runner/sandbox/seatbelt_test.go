@@ -59,6 +59,17 @@ func TestProfile(t *testing.T) {
 		{name: "quotes and backslashes escaped", mod: func(p *Policy) { p.Model = `/m/a"b\c.gguf` },
 			want:  []string{`(literal "/m/a\"b\\c.gguf")`},
 			never: []string{`a"b`}},
+		// A model stored in parts: each part's link and the file it resolves to
+		// (Wrap lists both), read only; nothing else of the store.
+		{name: "model stored in parts", mod: func(p *Policy) {
+			p.Model = "/Users/a/models/blobs/sha256-01"
+			p.Parts = []string{"/Users/a/models/parts/h/m-00002-of-00002.gguf", "/Users/a/models/blobs/sha256-02"}
+		},
+			want: []string{`(allow file-read* (literal "/opt/macfleet/macfleet-runner") (literal "/Users/a/models/blobs/sha256-01") ` +
+				`(literal "/Users/a/models/parts/h/m-00002-of-00002.gguf") (literal "/Users/a/models/blobs/sha256-02"))` + "\n"},
+			never: []string{`(subpath "/Users/a/models`}},
+		{name: "relative part refused", mod: func(p *Policy) { p.Parts = []string{"parts/m-00002-of-00002.gguf"} },
+			err: `the runner's model part "parts/m-00002-of-00002.gguf" is not an absolute path`},
 		{name: "relative path refused", mod: func(p *Policy) { p.Model = "models/m.gguf" }, err: `the runner's model "models/m.gguf" is not an absolute path`},
 		{name: "missing socket directory refused", mod: func(p *Policy) { p.SocketDir = "" }, err: "socket directory"},
 		{name: "newline refused", mod: func(p *Policy) { p.CacheDir = "/c\n(allow default)" }, err: "control character"},

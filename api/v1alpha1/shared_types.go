@@ -108,13 +108,14 @@ const (
 // ModelSource says where a model's GGUF file comes from.
 type ModelSource struct {
 	// source is the GGUF file's location: hf://<org>/<repo>/<file>.gguf,
-	// ollama://<name>:<tag>, http(s)://… or file:///absolute/path on the Mac.
+	// ollama://<name>:<tag>, http(s)://… or file:///absolute/path on the Mac. A model
+	// stored in parts is named by its first part (NAME-00001-of-0000N.gguf).
 	// +required
 	// +kubebuilder:validation:MinLength=8
 	// +kubebuilder:validation:MaxLength=2048
 	// +kubebuilder:validation:XValidation:rule="self.matches('^(hf|ollama|https?|file)://.+')",message="source must start with hf://, ollama://, http://, https:// or file:// and name a file"
 	// +kubebuilder:validation:XValidation:rule="!self.startsWith('file://') || self.startsWith('file:///')",message="a file:// source must be an absolute path (file:///path/to/model.gguf)"
-	// +kubebuilder:validation:XValidation:rule="!self.matches('-[0-9]{5}-of-[0-9]{5}[.][gG][gG][uU][fF]([@?].*)?$')",message="a part of a multi-part GGUF (NAME-00001-of-0000N.gguf) is not supported: merge the parts into one file (llama.cpp's gguf-split --merge) and name that"
+	// +kubebuilder:validation:XValidation:rule="!self.matches('-[0-9]{5}-of-[0-9]{5}[.][gG][gG][uU][fF]([@?].*)?$') || self.matches('-00001-of-[0-9]{5}[.][gG][gG][uU][fF]([@?].*)?$')",message="source names a later part of a model stored in parts: name its first part (NAME-00001-of-0000N.gguf), from which every part is fetched"
 	Source string `json:"source"`
 
 	// sha256 is the expected SHA-256 of the file, verified after download.

@@ -50,12 +50,22 @@ func TestModelDeploymentValidation(t *testing.T) {
 		}},
 		{name: "unknown scheme", mutate: func(s *mfv1.ModelDeploymentSpec) { s.Model.Source = "s3://bucket/model.gguf" },
 			wantErr: "source must start with hf://, ollama://, http://, https:// or file://"},
-		{name: "a part of a multi-part GGUF", mutate: func(s *mfv1.ModelDeploymentSpec) {
+		{name: "the first part of a model stored in parts", mutate: func(s *mfv1.ModelDeploymentSpec) {
 			s.Model.Source = "hf://org/big-GGUF/Q4_K_M/big-Q4_K_M-00001-of-00003.gguf@main"
-		}, wantErr: "a part of a multi-part GGUF (NAME-00001-of-0000N.gguf) is not supported"},
-		{name: "a signed URL of a part", mutate: func(s *mfv1.ModelDeploymentSpec) {
+		}},
+		{name: "a signed URL of a first part", mutate: func(s *mfv1.ModelDeploymentSpec) {
+			s.Model.Source = "https://models.example/big-00001-of-00002.gguf?sig=abc"
+		}},
+		{name: "a later part", mutate: func(s *mfv1.ModelDeploymentSpec) {
+			s.Model.Source = "hf://org/big-GGUF/Q4_K_M/big-Q4_K_M-00002-of-00003.gguf@main"
+		}, wantErr: "source names a later part of a model stored in parts: name its first part (NAME-00001-of-0000N.gguf), from which every part is fetched"},
+		{name: "a signed URL of a later part", mutate: func(s *mfv1.ModelDeploymentSpec) {
 			s.Model.Source = "https://models.example/big-00002-of-00002.GGUF?sig=abc"
-		}, wantErr: "multi-part GGUF"},
+		}, wantErr: "name its first part (NAME-00001-of-0000N.gguf)"},
+		{name: "a tenth part", mutate: func(s *mfv1.ModelDeploymentSpec) {
+			s.Model.Source = "file:///m/big-00010-of-00012.gguf"
+			s.Resources = &mfv1.ModelResources{Memory: ptr.To(resource.MustParse("1Gi"))}
+		}, wantErr: "source names a later part of a model stored in parts"},
 		{name: "a merged file named after its parts", mutate: func(s *mfv1.ModelDeploymentSpec) {
 			s.Model.Source = "hf://org/big-GGUF/big-00001-of-00003-merged.gguf"
 		}},

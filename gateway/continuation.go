@@ -13,6 +13,7 @@ import (
 
 	"github.com/macfleet/macfleet/gateway/metering"
 	"github.com/macfleet/macfleet/gateway/splice"
+	"github.com/macfleet/macfleet/gateway/usagemeter"
 	"github.com/macfleet/macfleet/internal/openaierr"
 )
 
@@ -169,7 +170,7 @@ func (g *Gateway) endCleanly(p *proxied, c continuation, why string) outcome {
 		"replica", be.Key, "endpoint", be.Endpoint, "err", c.Break().Error(), "why", why)
 	var metered *metering.Usage
 	if u, ok := c.CountedUsage(); ok {
-		metered = g.meterClaim(p.r, model, be, p.lim, u, nil)
+		metered = g.meter.Claim(usagemeter.Answer{Caller: g.caller(p.r), Model: model, Backend: be, Limits: p.lim}, u, nil)
 	}
 	_, _ = p.w.Write(c.CleanEnd(metered))
 	_ = http.NewResponseController(p.w).Flush()

@@ -52,6 +52,7 @@ import (
 	"github.com/macfleet/macfleet/gateway/routing"
 	"github.com/macfleet/macfleet/gateway/tenancy"
 	"github.com/macfleet/macfleet/gateway/tenancy/satoken"
+	"github.com/macfleet/macfleet/gateway/usagemeter"
 	"github.com/macfleet/macfleet/internal/httpserver"
 	"github.com/macfleet/macfleet/internal/openaierr"
 	"github.com/macfleet/macfleet/internal/pki"
@@ -184,8 +185,8 @@ type Gateway struct {
 	warm *warmer
 	// cacheStats reads the replicas' prompt cache counters for the console.
 	cacheStats *cacheStats
-	// usageLogged: a usage report was cut or refused and logged (once; see meter).
-	usageLogged atomic.Bool
+	// meter counts the usage the replicas report for the answers.
+	meter *usagemeter.Meter
 	// agentScheme is "https://" with Options.AgentCertificates, else "http://".
 	agentScheme string
 	handler     http.Handler
@@ -222,6 +223,7 @@ func New(opts Options) (*Gateway, error) {
 	g.adm = admission.New(admission.Settings{PerSlot: opts.MaxInFlightPerSlot, Limits: opts.Queue, RetryAfter: coldRetryAfter},
 		g.bal, g.Table, admission.Metrics{QueueDepth: m.queueDepth, QueueWait: m.queueWait, QueueRejected: m.queueRejected})
 	g.traffic = newTraffic()
+	g.meter = newMeter(opts, m)
 	g.cacheStats = &cacheStats{fetch: g.fetchAgentStatus, now: time.Now}
 	if opts.Wake != nil {
 		g.waker = newWaker(opts.Wake, g.Table, m.wakes, opts.Log.WithName("wake"))

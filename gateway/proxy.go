@@ -23,6 +23,7 @@ import (
 	"github.com/macfleet/macfleet/gateway/prefixdigest"
 	"github.com/macfleet/macfleet/gateway/routing"
 	"github.com/macfleet/macfleet/gateway/splice"
+	"github.com/macfleet/macfleet/gateway/usagemeter"
 	"github.com/macfleet/macfleet/internal/openaierr"
 	"github.com/macfleet/macfleet/internal/pki"
 	"github.com/macfleet/macfleet/internal/tracing"
@@ -502,7 +503,7 @@ func (g *Gateway) relay(ctx context.Context, p *proxied, resp *http.Response, a 
 			}
 		}
 		if rerr == io.EOF {
-			res.usage = g.meter(r, model, be, p.lim, resp)
+			res.usage = g.meter.Trailer(usagemeter.Answer{Caller: g.caller(r), Model: model, Backend: be, Limits: p.lim}, resp)
 			if gone && !sent.complete(resp) {
 				g.metrics.cancellations.WithLabelValues(model, a.cancelled.outcome(true)).Inc()
 				return outcome{status: openaierr.StatusClientGone, reason: "client_gone", usage: res.usage}

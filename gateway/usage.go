@@ -2,14 +2,12 @@ package gateway
 
 import (
 	"encoding/json"
-	"io"
-	"net/http"
 	"strconv"
 	"strings"
 
 	runnerapi "github.com/macfleet/macfleet/api/runnerapi"
 	"github.com/macfleet/macfleet/gateway/metering"
-	"github.com/macfleet/macfleet/gateway/splice"
+	"github.com/macfleet/macfleet/gateway/usagemeter"
 )
 
 // outputCaps are the request fields that cap each choice's output; which one counts
@@ -76,76 +74,13 @@ func usageLimits(endpoint string, head requestHead, body []byte) metering.Limits
 	return metering.Limits{Sequences: int64(head.N), Generates: true}
 }
 
-// meter counts the usage a replica reported in resp's trailer (read at EOF) for the
-// request's caller. The report is the Mac's claim: it is cut to what the request
-// could use on that replica (lim with the replica's context), and a report that
-// cannot be read counts nothing. Either is counted in
-// macfleet_gateway_usage_clamped_total and logged at the first time only (a
-// compromised Mac would fill the log).
-func (g *Gateway) meter(r *http.Request, model string, be Backend, lim metering.Limits, resp *http.Response) *metering.Usage {
-	v := resp.Trailer.Get(metering.Header)
-	if v == "" {
-		return nil
+// newMeter is the meter of the answers' usage: counted in m's series and, with
+// Options.Budgets, in the budgets' ledger.
+func newMeter(opts Options, m *metrics) *usagemeter.Meter {
+	var ledger usagemeter.Ledger
+	if opts.Budgets != nil {
+		ledger = opts.Budgets
 	}
-	u, err := metering.Parse(v)
-	if err != nil {
-		g.metrics.usageClamped.WithLabelValues(model, metering.ClampUnreadable).Inc()
-		g.distrusted(model, be, "A replica reported unreadable usage; not counted", "err", err.Error())
-		return nil
-	}
-	return g.meterClaim(r, model, be, lim, u, resp.Body)
-}
-
-// meterClaim counts usage u, claimed for replica be's answer, for the request's
-// caller, cut to what the request could use on that replica; body, when not nil, is
-// the answer's body, whose stream the gateway counted (checkCount, choiceUsage).
-func (g *Gateway) meterClaim(r *http.Request, model string, be Backend, lim metering.Limits, u metering.Usage, body io.Reader) *metering.Usage {
-	lim.Context = int64(be.Context)
-	bound := lim.Bound()
-	claimed := u
-	u, cut := metering.Clamp(u, bound)
-	for _, reason := range cut {
-		g.metrics.usageClamped.WithLabelValues(model, reason).Inc()
-	}
-	if len(cut) > 0 {
-		g.distrusted(model, be, "A replica reported more usage than the request could use; counted at the bound",
-			"reported", claimed.String(), "bound", bound.String(), "reasons", cut)
-	}
-	if body != nil {
-		g.checkCount(model, be, body, &u)
-		if !splice.ChoiceUsage(body, &u, bound) {
-			return &u // one choice's continuation: metered with the last one
-		}
-	}
-	id := g.caller(r)
-	g.metrics.usage.Record(id, model, u)
-	if g.opts.Budgets != nil {
-		g.opts.Budgets.Record(id, model, u)
-	}
-	return &u
-}
-
-// distrusted logs a usage report the gateway cut or refused: the first one at Info,
-// the next ones at V(1) (the metric counts them all).
-func (g *Gateway) distrusted(model string, be Backend, msg string, kv ...any) {
-	log := g.log.V(1)
-	if g.usageLogged.CompareAndSwap(false, true) {
-		log = g.log
-		msg += " (further ones are counted in macfleet_gateway_usage_clamped_total, logged at V(1))"
-	}
-	log.Info(msg, append([]any{"model", model, "replica", be.Key, "node", be.Node}, kv...)...)
-}
-
-// checkCount holds a stream's usage report u against the gateway's own count of the
-// tokens it forwarded (body is the stream's splice reader): a report of other
-// completion tokens is counted in usage_count_disagreements_total and logged as
-// distrusted. The report stays what is metered, within its bound.
-func (g *Gateway) checkCount(model string, be Backend, body io.Reader, u *metering.Usage) {
-	counted, ok := splice.Counted(body)
-	if !ok || u == nil || counted == u.Output {
-		return
-	}
-	g.metrics.countDisagreements.WithLabelValues(model).Inc()
-	g.distrusted(model, be, "A replica reported other completion tokens than the gateway counted in its stream",
-		"reported", u.Output, "counted", counted)
+	return usagemeter.New(usagemeter.Metrics{Usage: m.usage, Clamped: m.usageClamped, Disagreements: m.countDisagreements},
+		ledger, opts.Log)
 }

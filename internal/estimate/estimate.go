@@ -13,9 +13,10 @@
 // to the GPU (Metal on a Mac; the CPU backend elsewhere), built from the header parsed
 // by github.com/gpustack/gguf-parser-go:
 //
-//		Total = Weights + KVCache + Compute + Overhead
+//		Total = Weights + KVCache + Recurrent + Compute + Overhead
 //
-//	  - Weights: the model's tensors, each once. A tied output projection (no
+//	  - Weights: the model's tensors, each once (every expert of a mixture of
+//	    experts: all are resident). A tied output projection (no
 //	    output.weight) is the token embedding itself: llama.cpp's duplicate of it on
 //	    the output device maps the same file pages (mmap, the runner's default on
 //	    darwin) or is the same tensor (one CPU buffer).
@@ -26,11 +27,16 @@
 //	    llama.cpp's n_ctx, of which each slot gets n_ctx/parallel cells, as the runner's
 //	    --ctx — so parallel does not multiply the KV cache. llama.cpp pads n_ctx up to a
 //	    multiple of 256 with flash attention (32 without); so does the estimate.
+//	    Sliding-window layers count the whole context too (the runner keeps
+//	    llama.cpp's full-size window cache); a hybrid's recurrent layers none.
+//	  - Recurrent: a hybrid's per-sequence convolution and recurrent states of its
+//	    recurrent layers, which parallel does multiply (families.go).
 //	  - Compute: llama.cpp's compute buffer, which it reserves whole at load for its
 //	    worst micro-batch — Batch tokens, every one an output, over the whole
 //	    context: the inputs (embeddings, positions, the attention mask), the larger of
 //	    one layer's activations and the logits, or the attention scores where flash
-//	    attention is off; and the graph's metadata.
+//	    attention is off, or a hybrid's delta-net layer where that is larger; and
+//	    the metadata of the two graphs llama.cpp keeps.
 //	  - Overhead: RunnerBaseline (the runner process itself), the header, the
 //	    vocabulary tables and the output buffer — a row of logits and embeddings per
 //	    output of the largest step the runner takes (api.EmbedChunk tokens per slot
@@ -128,12 +134,16 @@ type Dims struct {
 
 // Result is the memory estimate for one engine serving the model.
 type Result struct {
-	// Total is the memory to reserve: Weights + KVCache + Compute + Overhead.
+	// Total is the memory to reserve: Weights + KVCache + Recurrent + Compute +
+	// Overhead.
 	Total int64
 	// Weights are the model's tensors, each counted once.
 	Weights int64
 	// KVCache is the keys and values of ContextLength cells.
 	KVCache int64
+	// Recurrent is a hybrid's recurrent state: per sequence, the convolution and
+	// recurrent state of each of its recurrent layers (families.go).
+	Recurrent int64
 	// Compute is llama.cpp's compute buffer: the inputs, activations and logits of
 	// its worst-case micro-batch, and the graph's metadata.
 	Compute int64
@@ -426,6 +436,8 @@ func compute(gf *gguf.GGUFFile, loc string, p Params) (Result, error) {
 		gguf.WithLLaMACppLogicalBatchSize(batch),
 		gguf.WithLLaMACppPhysicalBatchSize(batch),
 	}
+	// The runner leaves llama.cpp's swa_full on: a window layer's cache is full-size.
+	opts = append(opts, gguf.WithLLaMACppFullSizeSWACache())
 	if kvType != gguf.GGMLTypeF16 || metalFlashAttention(a.AttentionKeyLength) {
 		opts = append(opts, gguf.WithFlashAttention())
 	}
@@ -438,13 +450,11 @@ func compute(gf *gguf.GGUFFile, loc string, p Params) (Result, error) {
 	// Every tensor once: a tied output projection is the token embedding's own file
 	// pages (mmap) or the same tensor (one CPU buffer), never a second copy.
 	r.Weights = int64(gf.ModelSize)
-	for _, d := range e.Devices {
-		r.KVCache += int64(d.KVCache.Sum())
-	}
-	r.Compute = computeBuffer(gf, e)
+	r.KVCache, r.Recurrent = modelState(a, e, kvType, int64(parallel))
+	r.Compute = computeBuffer(gf, e, batch)
 	r.Overhead = RunnerBaseline + int64(gf.Size-gf.ModelSize) + vocabTables(gf) +
 		outputBuffer(int64(a.VocabularyLength), int64(a.EmbeddingLength), int64(parallel), int64(batch))
-	r.Total = r.Weights + r.KVCache + r.Compute + r.Overhead
+	r.Total = r.Weights + r.KVCache + r.Recurrent + r.Compute + r.Overhead
 	r.ContextLength = int64(e.ContextSize)
 	r.Parallel, r.Batch = parallel, batch
 	r.KVCacheType = p.KVCacheType

@@ -36,18 +36,38 @@ func metalFlashAttention(headDim uint32) bool {
 // tensors the allocator packs into one buffer, allocated whole at load. It is the
 // larger of the parser's two views of that graph (with every layer offloaded, one
 // device runs all of it): the host's inputs (embeddings, positions, attention
-// mask) plus the larger of one layer's activations and the output logits; and the
-// offload device's inputs plus its attention (the score matrix when flash attention
-// is off). Plus the graph's own metadata.
-func computeBuffer(gf *gguf.GGUFFile, e gguf.LLaMACppRunEstimate) int64 {
+// mask) plus the largest of one layer's activations, a hybrid's delta-net layer's
+// and the output logits; and the offload device's inputs plus its attention (the
+// score matrix when flash attention is off). Plus the metadata of llama.cpp's two
+// graphs (graphMeta).
+func computeBuffer(gf *gguf.GGUFFile, e gguf.LLaMACppRunEstimate, batch int32) int64 {
+	a := gf.Architecture()
+	tokens := min(int64(e.ContextSize), int64(batch))
 	host := e.Devices[0].Computation
-	c := int64(host.Input + max(host.Compute, host.Output))
+	layer := int64(max(host.Compute, host.Output))
+	if h, ok := hybridOf(a); ok {
+		layer = max(layer, h.deltaNetCompute(tokens))
+	}
+	c := int64(host.Input) + layer
 	for _, d := range e.Devices[1:] {
 		c = max(c, int64(d.Computation.Input+d.Computation.Compute))
 	}
-	// llama.cpp sizes the graph for max(1024, 8 × tensors) nodes.
-	nodes := max(1024, 8*uint64(len(gf.TensorInfos)))
-	return c + int64(gguf.GGMLTensorOverhead()*nodes+gguf.GGMLComputationGraphOverhead(nodes, false))
+	return c + graphMeta(graphNodes(a.Architecture, int64(len(gf.TensorInfos)), tokens))
+}
+
+// modelState is the KV cache and recurrent state: the parser's KV cache (with every
+// window layer full-size), or for a hybrid whose layer split llama.cpp fixes, the
+// KV cache of its attention layers and the recurrent state of the others.
+func modelState(a gguf.GGUFArchitecture, e gguf.LLaMACppRunEstimate, kvType gguf.GGMLType, seqs int64) (kv, recurrent int64) {
+	if h, ok := hybridOf(a); ok {
+		s := kvShape{KVHeads: int64(a.AttentionHeadCountKV), KeyLength: int64(a.AttentionKeyLength),
+			ValueLength: int64(a.AttentionValueLength)}
+		return s.kvCache(h.attentionLayers(), int64(e.ContextSize), kvType), h.recurrentState(seqs)
+	}
+	for _, d := range e.Devices {
+		kv += int64(d.KVCache.Sum())
+	}
+	return kv, 0
 }
 
 // vocabTables is the memory of llama.cpp's vocabulary: per token its type and score,

@@ -7,9 +7,11 @@ import "math"
 //
 // The model: the weights outside the blocks are the token embeddings and the output
 // layer, Vocab × Embd parameters each at the model's mean bytes per parameter (a tied
-// output is counted twice, erring towards the head); the rest of the weights and the
-// whole KV cache divide evenly over the blocks (every block of a decoder holds the
-// same tensors and the same share of the cache). The head (shard 0) also holds the
+// output is counted twice, erring towards the head); the rest of the weights, the
+// whole KV cache and a hybrid's recurrent state divide evenly over the blocks (every
+// block of a decoder holds the same tensors and the same share of the cache; a
+// hybrid's blocks hold either a share of the cache or a recurrent state, which this
+// evens out). The head (shard 0) also holds the
 // compute buffer and the overhead (runner baseline, header, vocabulary tables, output
 // buffer); every other shard runs a worker process with its own baseline and a
 // compute buffer for its blocks, bounded by the head's.
@@ -66,7 +68,7 @@ func (r Result) ByLayer() (l Layered, ok bool) {
 	// The blocks hold at least half the weights: a header whose vocabulary dwarfs the
 	// model is not believed further.
 	outside = min(max(outside, 0), r.Weights/2)
-	inBlocks := r.Weights - outside + r.KVCache
+	inBlocks := r.Weights - outside + r.KVCache + r.Recurrent
 	l = Layered{
 		Layers:   r.Dims.Layers,
 		PerLayer: (inBlocks + r.Dims.Layers - 1) / r.Dims.Layers,

@@ -45,15 +45,9 @@ var (
 // gaps are the paths that do not serve a family correctly yet, by path, with what
 // they do instead. Their rows are measured and logged, not asserted.
 var gaps = map[ggufsynth.Family]map[string]string{
-	// llama.cpp sizes a Qwen3Next graph for max(40 × batch, 32 × tensors) nodes
-	// against 8 × tensors for the others: about 16 MiB of graph the estimate does not
-	// count, so the tiny model's footprint is about 1.45 times its estimate and the
-	// pool stops its runner as over its own ceiling before the first answer (hence
-	// memory below); on a real-sized model the same bytes are a rounding error. The
-	// runner finds the hybrid's saved states (hot hits) but never restores them.
+	// The runner finds the hybrid's saved states (hot hits) but never restores them.
 	ggufsynth.Qwen3Next: {
-		"estimate": "the estimate is about 0.7 times the measured footprint",
-		"cache":    "the runner never reuses a cached prefix of the hybrid (cached tokens 0): every request prefills in full",
+		"cache": "the runner never reuses a cached prefix of the hybrid (cached tokens 0): every request prefills in full",
 	},
 }
 
@@ -61,15 +55,10 @@ var gaps = map[ggufsynth.Family]map[string]string{
 // from it at run time); the others keep ggufsynth's chatml.
 var templates = map[ggufsynth.Family]string{ggufsynth.Gemma3: "gemma3-instruct"}
 
-// memory is the memory configured for the families whose estimate is below their
-// footprint.
-var memory = map[ggufsynth.Family]config.Size{ggufsynth.Qwen3Next: 96 << 20}
-
 // row is what one family's run measured.
 type row struct {
 	estimate, peak int64
-	// registered is the estimate the pool was given (the configured memory where
-	// there is one).
+	// registered is the estimate the pool holds (no row configures its memory).
 	registered int64
 	// first and again are the uncached model's answers to prompt, otherAnswer its
 	// answer to other.
@@ -116,9 +105,9 @@ func TestModelMatrix(t *testing.T) {
 		}
 		set := engine.Settings{ContextLength: matrixContext}
 		models = append(models,
-			config.Model{Name: f.Arch(), Path: path, Settings: set, Residency: config.ResidencyOnDemand, Memory: memory[f]},
+			config.Model{Name: f.Arch(), Path: path, Settings: set, Residency: config.ResidencyOnDemand},
 			config.Model{Name: f.Arch() + "-uncached", Path: path, Settings: set, Residency: config.ResidencyOnDemand,
-				Memory: memory[f], PromptCache: &config.PromptCache{Enabled: ptr.To(false)}})
+				PromptCache: &config.PromptCache{Enabled: ptr.To(false)}})
 	}
 	hot := config.Size(64 << 20)
 	cfg, err := config.Config{Runner: runner, RunnerThreads: 1, MemoryCeiling: 2 << 30, Listen: "127.0.0.1:0",

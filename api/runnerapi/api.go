@@ -124,8 +124,12 @@ type Status struct {
 	RequestsActive int        `json:"requests_active"`
 	CeilingBytes   int64      `json:"ceiling_bytes"`
 	Model          *ModelInfo `json:"model,omitempty"`
-	// PromptCache is absent until the model is loaded.
+	// PromptCache is absent until the model is loaded, and when the runner serves the
+	// model without its prompt cache (Off says why).
 	PromptCache *PromptCacheStatus `json:"prompt_cache,omitempty"`
+	// Off lists the paths the runner serves the loaded model without, each with its
+	// reason; absent when it serves every path, and until the model is loaded.
+	Off []PathOff `json:"off,omitempty"`
 	// Chat is absent until the model is loaded.
 	Chat *ChatInfo `json:"chat,omitempty"`
 	// Split lists the workers that hold some of the model's layers (docs/split-model.md),

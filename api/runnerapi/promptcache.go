@@ -99,3 +99,22 @@ type CacheBudgetResult struct {
 	EvictedBytes   int64 `json:"evicted_bytes"`
 	EvictedEntries int   `json:"evicted_entries"`
 }
+
+// Path names a way the runner reuses a model's state that it may serve a model
+// without.
+type Path string
+
+const (
+	// PathPromptCache is the prompt cache and every path through it: its hot and SSD
+	// tiers, the states a peer exports or imports (/cache/states) and the in-flight
+	// prefixes one request shares with another. Without it each request prefills its
+	// whole prompt, but for what its slot still holds.
+	PathPromptCache Path = "prompt_cache"
+)
+
+// PathOff is a path the runner serves the loaded model without, and why: a path that
+// could not serve the model correctly is turned off, never taken to a wrong answer.
+type PathOff struct {
+	Path   Path   `json:"path"`
+	Reason string `json:"reason"`
+}

@@ -515,6 +515,11 @@ func ApplyChatTemplate(tmpl string, msgs []ChatMessage, addAssistant bool) (stri
 // HasKVCells: the model's memory is an attention KV cache of cells (plain or with a
 // sliding window), whose sequence state starts with the cells' positions; false for
 // a recurrent or hybrid model, whose state is laid out otherwise.
-func (m *Model) HasKVCells() bool {
-	return !bool(C.llama_model_is_recurrent(m.c)) && !bool(C.llama_model_is_hybrid(m.c))
-}
+func (m *Model) HasKVCells() bool { return !m.IsRecurrent() && !m.IsHybrid() }
+
+// IsRecurrent: every layer of the model keeps a recurrent state (one per sequence,
+// at its last position) instead of attention cells.
+func (m *Model) IsRecurrent() bool { return bool(C.llama_model_is_recurrent(m.c)) }
+
+// IsHybrid: some layers keep a recurrent state, the others attention cells.
+func (m *Model) IsHybrid() bool { return bool(C.llama_model_is_hybrid(m.c)) }

@@ -173,10 +173,18 @@ func readPayload(body io.Reader, n int64) ([]byte, error) {
 	return buf, nil
 }
 
-// cacheOff is the 409 of both endpoints when no state could be stored or found.
-func cacheOff() *runnerapi.Error {
+// cacheOff is the 409 of the cache's endpoints when no state could be stored or
+// found; why names the model's reason ("" when the cache was configured off).
+func cacheOff(why string) *runnerapi.Error {
 	return &runnerapi.Error{Status: http.StatusConflict, Type: runnerapi.TypeInvalidRequest,
-		Code: runnerapi.PeerMissDisabled, Message: "this runner's prompt cache is off"}
+		Code: runnerapi.PeerMissDisabled, Message: cacheOffMessage(why)}
+}
+
+func cacheOffMessage(why string) string {
+	if why == "" {
+		return "this runner's prompt cache is off"
+	}
+	return "this runner's prompt cache is " + why
 }
 
 // handleExportState is GET /cache/states/{digest} (runnerapi.HeaderCachePartition:
@@ -192,7 +200,7 @@ func (cs *cacheStore) handleExportState(w http.ResponseWriter, r *http.Request) 
 		return
 	}
 	if !cs.pc.active() {
-		writeError(w, cacheOff())
+		writeError(w, cacheOff(cs.off))
 		return
 	}
 	e := cs.pc.exportState(digest, r.Header.Get(runnerapi.HeaderCachePartition))
@@ -227,7 +235,7 @@ func (cs *cacheStore) handleImportState(w http.ResponseWriter, r *http.Request) 
 	}
 	start := time.Now()
 	if !cs.pc.active() {
-		writeJSON(w, http.StatusConflict, runnerapi.PeerStateResult{Reason: runnerapi.PeerMissDisabled, Detail: "this runner's prompt cache is off"})
+		writeJSON(w, http.StatusConflict, runnerapi.PeerStateResult{Reason: runnerapi.PeerMissDisabled, Detail: cacheOffMessage(cs.off)})
 		return
 	}
 	partition := r.Header.Get(runnerapi.HeaderCachePartition)

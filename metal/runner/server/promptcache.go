@@ -454,7 +454,8 @@ type cacheStore struct {
 	prefixes  *promptcache.PrefixTable
 
 	// Set once by open, before the state becomes ready.
-	pc      *promptCache // nil when it could not be opened
+	pc      *promptCache // nil when it could not be opened, or is off for the model
+	off     string       // why the cache is off for the model ("" when it is not)
 	model   *llama.Model // aligns a prompt's text with a saved state's tokens
 	slotCtx int          // the context of one slot: a longer state is refused on import
 }
@@ -470,6 +471,11 @@ func newCacheStore(cfg Config, run *runState) *cacheStore {
 // without it.
 func (cs *cacheStore) open(m *llama.Model, kvType string, nSeqCtx, slotCtx int) *promptCache {
 	cs.model, cs.slotCtx = m, slotCtx
+	arch, _ := m.Meta("general.architecture")
+	if cs.off = promptCacheOff(arch, m.IsRecurrent(), m.IsHybrid()); cs.off != "" {
+		cs.log.Info("Serving the model without its prompt cache", "reason", cs.off)
+		return nil
+	}
 	cfg := cs.cfg
 	offload := "cpu"
 	if llama.GPUCount() > 0 && cs.gpuLayers > 0 {
@@ -491,6 +497,31 @@ func (cs *cacheStore) open(m *llama.Model, kvType string, nSeqCtx, slotCtx int) 
 	cs.log.Info("Prompt cache", "model", pc.id.Model, "format", pc.id.Format, "blockTokens", pc.block,
 		"hotBytes", cfg.HotBytes, "ssdDir", cfg.Dir, "ssdBytes", cfg.SSDBytes)
 	return pc
+}
+
+// promptCacheOff is why the prompt cache cannot serve a model of architecture arch
+// ("" when it can). A restore keeps the first n tokens of a saved state, those the
+// new prompt shares, and removes the rest; a recurrent state exists only at its
+// sequence's last position, and llama.cpp refuses to remove part of it (it cannot
+// be cut back). Every restore of a shorter prefix would fail into a full prefill
+// after the state was found and copied, and every save would be work for nothing:
+// the cache, and the peer states and in-flight prefixes that go through it, are off.
+func promptCacheOff(arch string, recurrent, hybrid bool) string {
+	switch {
+	case hybrid:
+		return fmt.Sprintf("off: the model keeps a recurrent state beside its attention cache, which cannot be cut back to a prefix (%s)", arch)
+	case recurrent:
+		return fmt.Sprintf("off: the model keeps a recurrent state, which cannot be cut back to a prefix (%s)", arch)
+	}
+	return ""
+}
+
+// offPaths is the /status list of the paths the runner serves the model without.
+func (cs *cacheStore) offPaths() []runnerapi.PathOff {
+	if cs.off == "" {
+		return nil
+	}
+	return []runnerapi.PathOff{{Path: runnerapi.PathPromptCache, Reason: cs.off}}
 }
 
 // close releases the prefix table's long polls and flushes the SSD tier's queue (at
@@ -524,6 +555,9 @@ func (cs *cacheStore) handleCacheBudget(w http.ResponseWriter, r *http.Request) 
 		return
 	case b.SSDBytes != nil && *b.SSDBytes < 0:
 		writeError(w, runnerapi.InvalidRequest(runnerapi.CodeInvalidValue, "ssd_bytes", "ssd_bytes must not be negative"))
+		return
+	case cs.pc == nil && cs.off != "":
+		writeError(w, cacheOff(cs.off))
 		return
 	case cs.pc == nil:
 		writeError(w, runnerapi.Unavailable(runnerapi.CodeInternal, "the prompt cache could not be opened (see the runner's log)"))

@@ -30,6 +30,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 
+	"github.com/macfleet/macfleet/agent/hubtoken"
 	"github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/internal/estimate"
 	"github.com/macfleet/macfleet/internal/modelsource"
@@ -67,6 +68,14 @@ type Reconciler struct {
 	Resolver *modelsource.Resolver
 	// Estimate reads a GGUF header and estimates its memory. Default: estimate.Estimate.
 	Estimate func(context.Context, estimate.Params) (estimate.Result, error)
+	// HubToken is the fleet's model hub token, "" when there is none: the estimate of
+	// an hf:// source (and of no other) sends it as Authorization, so that the header
+	// of a gated or private repository is read as the Macs download it. Default: none.
+	HubToken func(context.Context) string
+	// HubTokenRetry is when an estimate the hub refused (HubRefusedError) is tried
+	// again: the hub token's TTL, within which a Secret created or changed is read.
+	// Default: hubtoken.DefaultTTL.
+	HubTokenRetry time.Duration
 	// EstimateTimeout bounds one estimate (resolve + header read).
 	// Default: DefaultEstimateTimeout.
 	EstimateTimeout time.Duration
@@ -101,6 +110,7 @@ type Reconciler struct {
 // +kubebuilder:rbac:groups=macfleet.dev,resources=macnodes,verbs=get;list;watch
 // +kubebuilder:rbac:groups=macfleet.dev,resources=tokenbudgets,verbs=get;list;watch
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
+// +kubebuilder:rbac:groups="",resources=secrets,verbs=get,resourceNames=macfleet-hub-token,namespace=macfleet-system
 
 // SetupWithManager registers the controller with mgr, filling in unset fields.
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
@@ -134,6 +144,9 @@ func (r *Reconciler) setup(mgr ctrl.Manager, opts controller.Options) error {
 	r.Resolver = &guarded
 	if r.Estimate == nil {
 		r.Estimate = estimate.Estimate
+	}
+	if r.HubTokenRetry <= 0 {
+		r.HubTokenRetry = hubtoken.DefaultTTL
 	}
 	if r.EstimateTimeout <= 0 {
 		r.EstimateTimeout = DefaultEstimateTimeout

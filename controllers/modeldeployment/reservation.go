@@ -161,6 +161,11 @@ func (r *Reconciler) estimated(ctx context.Context, md *v1alpha1.ModelDeployment
 		err = fmt.Errorf("estimating the memory of %s: %w", k.Source, err)
 		failures := e.failures + 1
 		delay := r.retryDelay(failures)
+		if refused := (*HubRefusedError)(nil); errors.As(err, &refused) {
+			// A hub token written (or given access) is read within its TTL: try again
+			// then, whatever the backoff.
+			delay = r.HubTokenRetry
+		}
 		r.estimates.put(k, estimateEntry{err: err, failures: failures, retryAt: now.Add(delay)})
 		return reservation{Err: err, RetryAfter: delay}
 	}
@@ -190,15 +195,18 @@ func (r *Reconciler) estimate(ctx context.Context, k estimateKey) (estimate.Resu
 	if err != nil {
 		return estimate.Result{}, err
 	}
-	return r.Estimate(ctx, estimate.Params{
+	header := r.hubHeader(ctx, src)
+	res, err := r.Estimate(ctx, estimate.Params{
 		URL: loc.URL,
 		// contextLength is per sequence; the engine's KV cache holds every sequence.
 		ContextLength: k.ContextLength * max(k.Parallel, 1),
 		Parallel:      k.Parallel,
 		KVCacheType:   estimate.KVCacheType(k.KVCacheType),
+		Header:        header,
 		HTTPClient:    r.Resolver.HTTPClient,
 		Dial:          r.policy.Dialer().DialContext,
 	})
+	return res, hubRefusal(src, header != nil, err)
 }
 
 // retryDelay is the wait after the n-th consecutive failure: EstimateRetryInitial

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -23,6 +24,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
+	"github.com/macfleet/macfleet/agent/hubtoken"
 	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/controllers/apikeyindex"
 	"github.com/macfleet/macfleet/controllers/autoscaler"
@@ -186,9 +188,16 @@ func setupReconcilers(mgr ctrl.Manager, cfg Config, rc *rest.Config, scheme *run
 	if cfg.AgentHTTP != nil {
 		agents = &autoscaler.AgentSource{Client: mgr.GetClient(), HTTP: cfg.AgentHTTP}
 	}
+	// The fleet's hub token, with which the estimates read gated hf:// repositories
+	// (read directly, at most once a minute: the manager caches no Secret).
+	cs, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return err
+	}
+	hub := &hubtoken.Source{Clientset: cs, Log: ctrl.Log.WithName("hubtoken")}
 	resolver := cfg.Resolver
 	reconcilers := []interface{ SetupWithManager(ctrl.Manager) error }{
-		&modeldeployment.Reconciler{Resolver: &resolver},
+		&modeldeployment.Reconciler{Resolver: &resolver, HubToken: hub.Token},
 		&scheduler.Reconciler{Workers: cfg.SchedulerWorkers},
 		&macnode.Reconciler{NodeLossGrace: cfg.NodeLossGrace, Contact: contact},
 		&endpoints.Reconciler{Addresses: &addressproof.Prober{Source: authority.Self}},

@@ -47,6 +47,7 @@ import (
 
 	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/gateway/admission"
+	"github.com/macfleet/macfleet/gateway/cachestats"
 	"github.com/macfleet/macfleet/gateway/fairqueue"
 	"github.com/macfleet/macfleet/gateway/prefixindex"
 	"github.com/macfleet/macfleet/gateway/routing"
@@ -184,7 +185,7 @@ type Gateway struct {
 	// warm warms cold replicas from their peers (warmup.go); nil with peers.
 	warm *warmer
 	// cacheStats reads the replicas' prompt cache counters for the console.
-	cacheStats *cacheStats
+	cacheStats *cachestats.Stats
 	// meter counts the usage the replicas report for the answers.
 	meter *usagemeter.Meter
 	// agentScheme is "https://" with Options.AgentCertificates, else "http://".
@@ -224,7 +225,7 @@ func New(opts Options) (*Gateway, error) {
 		g.bal, g.Table, admission.Metrics{QueueDepth: m.queueDepth, QueueWait: m.queueWait, QueueRejected: m.queueRejected})
 	g.traffic = newTraffic()
 	g.meter = newMeter(opts, m)
-	g.cacheStats = &cacheStats{fetch: g.fetchAgentStatus, now: time.Now}
+	g.cacheStats = cachestats.New(cachestats.HTTPFetch{Transport: g.transport, Scheme: g.agentScheme, Prepare: g.toAgent})
 	if opts.Wake != nil {
 		g.waker = newWaker(opts.Wake, g.Table, m.wakes, opts.Log.WithName("wake"))
 	}

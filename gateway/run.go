@@ -270,7 +270,7 @@ func withConsole(g *Gateway, c cache.Cache, identify func(string) (tenancy.Ident
 				s.Traffic[id] = console.Traffic{RequestsPerSecond: t.RequestsPerSecond, TTFTp50: t.TTFTp50, TTFTp99: t.TTFTp99,
 					TTFTSamples: t.TTFTSamples, InFlight: t.InFlight, Queued: t.Queued}
 			}
-			s.PromptCache = g.PromptCacheStats(ctx, mrs.Items)
+			s.PromptCache = g.cacheStats.Read(ctx, mrs.Items)
 			return s, nil
 		},
 		Usage: func(ctx context.Context) ([]mfv1.TokenUsage, error) {

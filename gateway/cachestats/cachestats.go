@@ -1,4 +1,6 @@
-package gateway
+// Package cachestats reads the console's prompt cache figures: the counters of each
+// Ready replica's runner as its agent reports them, summed per deployment.
+package cachestats
 
 import (
 	"context"
@@ -105,8 +107,8 @@ func sumPromptCache(replicas []mfv1.ModelReplica, byAgent map[string]map[string]
 	return out
 }
 
-// cacheStats reads and keeps the agents' counters for the console.
-type cacheStats struct {
+// Stats reads and keeps the agents' counters for the console.
+type Stats struct {
 	fetch func(ctx context.Context, t prefixindex.Target) (agentStatus, error)
 	now   func() time.Time
 
@@ -119,10 +121,13 @@ type agentCounters struct {
 	models map[string]console.PromptCache
 }
 
-// read is the deployments' prompt cache counters from replicas, asking the agents
-// whose last answer is older than cacheStatsTTL (concurrently, each for at most
-// cacheStatsTimeout).
-func (c *cacheStats) read(ctx context.Context, replicas []mfv1.ModelReplica) map[string]console.PromptCache {
+// New is the console's prompt cache figures, read from the agents through h.
+func New(h HTTPFetch) *Stats { return &Stats{fetch: h.fetch, now: time.Now} }
+
+// Read is the deployments' prompt cache counters (by "<namespace>/<name>") from
+// replicas, asking the agents whose last answer is older than cacheStatsTTL
+// (concurrently, each for at most cacheStatsTimeout).
+func (c *Stats) Read(ctx context.Context, replicas []mfv1.ModelReplica) map[string]console.PromptCache {
 	now := c.now()
 	byAgent := map[string]map[string]console.PromptCache{}
 	ask := map[string]prefixindex.Target{}
@@ -168,13 +173,23 @@ func (c *cacheStats) read(ctx context.Context, replicas []mfv1.ModelReplica) map
 	return sumPromptCache(replicas, byAgent)
 }
 
-// fetchAgentStatus is GET /api/status of t's agent, as the gateway asks it.
-func (g *Gateway) fetchAgentStatus(ctx context.Context, t prefixindex.Target) (agentStatus, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, g.agentScheme+t.Endpoint+"/api/status", nil)
+// HTTPFetch asks agents for their status over HTTP.
+type HTTPFetch struct {
+	Transport http.RoundTripper
+	// Scheme is "http://" or "https://".
+	Scheme string
+	// Prepare readies a request for t's agent (credentials, the Mac whose certificate
+	// the connection must present) and returns it.
+	Prepare func(r *http.Request, t prefixindex.Target) *http.Request
+}
+
+// fetch is GET /api/status of t's agent.
+func (h HTTPFetch) fetch(ctx context.Context, t prefixindex.Target) (agentStatus, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, h.Scheme+t.Endpoint+"/api/status", nil)
 	if err != nil {
 		return agentStatus{}, err
 	}
-	resp, err := g.transport.RoundTrip(g.toAgent(req, t))
+	resp, err := h.Transport.RoundTrip(h.Prepare(req, t))
 	if err != nil {
 		return agentStatus{}, err
 	}
@@ -187,10 +202,4 @@ func (g *Gateway) fetchAgentStatus(ctx context.Context, t prefixindex.Target) (a
 		return agentStatus{}, fmt.Errorf("reading the agent's status: %w", err)
 	}
 	return st, nil
-}
-
-// PromptCacheStats is the deployments' prompt cache counters for the console (see
-// cacheStats), by "<namespace>/<name>".
-func (g *Gateway) PromptCacheStats(ctx context.Context, replicas []mfv1.ModelReplica) map[string]console.PromptCache {
-	return g.cacheStats.read(ctx, replicas)
 }

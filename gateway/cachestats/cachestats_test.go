@@ -1,4 +1,4 @@
-package gateway
+package cachestats
 
 import (
 	"context"
@@ -53,7 +53,7 @@ func TestCacheStatsReusesAnAnswerForItsTTL(t *testing.T) {
 	now := time.Unix(1000, 0)
 	var asked []prefixindex.Target
 	fail := false
-	c := &cacheStats{now: func() time.Time { return now }, fetch: func(_ context.Context, tg prefixindex.Target) (agentStatus, error) {
+	c := &Stats{now: func() time.Time { return now }, fetch: func(_ context.Context, tg prefixindex.Target) (agentStatus, error) {
 		asked = append(asked, tg)
 		if fail {
 			return agentStatus{}, errors.New("down")
@@ -61,7 +61,7 @@ func TestCacheStatsReusesAnAnswerForItsTTL(t *testing.T) {
 		return agentStatus{Models: []modelStatus{{Name: "ns/a-0", PromptCache: &runnerCacheStats{HotHits: int64(len(asked))}}}}, nil
 	}}
 	reps := []mfv1.ModelReplica{statsReplica("a-0", "a", "agent-1", true)}
-	read := func() console.PromptCache { return c.read(t.Context(), reps)["ns/a"] }
+	read := func() console.PromptCache { return c.Read(t.Context(), reps)["ns/a"] }
 	if got := read(); got.HotHits != 1 || len(asked) != 1 || asked[0] != (prefixindex.Target{Key: "ns/a-0", Endpoint: "agent-1", Node: "mac-agent-1"}) {
 		t.Fatalf("first read %+v, asked %+v", got, asked)
 	}

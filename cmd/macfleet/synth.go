@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"os"
+	"strings"
 
 	"github.com/spf13/cobra"
 
@@ -13,19 +14,23 @@ func init() { root.AddCommand(newSynthModelCommand()) }
 
 func newSynthModelCommand() *cobra.Command {
 	var (
-		preset, out string
-		override    ggufsynth.Spec
-		dtype       string
+		preset, out, family string
+		override            ggufsynth.Spec
+		dtype               string
+		parts               int
 	)
 	cmd := &cobra.Command{
-		Use:   "synth-model --preset tiny|small|mid -o FILE",
-		Short: "Write a deterministic random-weight llama GGUF model for tests and benchmarks",
-		Long: "Writes a llama-architecture GGUF with pseudo-random weights, a byte-level " +
-			"tokenizer and a chatml template. The same flags always produce the same bytes. " +
-			"Dimension flags override the preset.",
+		Use:   "synth-model [--preset tiny|small|mid | --family FAMILY] [--parts N] -o FILE",
+		Short: "Write a deterministic random-weight GGUF model for tests and benchmarks",
+		Long: "Writes a GGUF with pseudo-random weights, a byte-level tokenizer and a chatml " +
+			"template: a llama-architecture model of a preset, or with --family the smallest model " +
+			"of another family (" + familyNames() + "). The same flags always produce the same " +
+			"bytes. Dimension flags override the preset. With --parts N the model is stored as N " +
+			"files named as hubs store large models (FILE without .gguf, then -00001-of-0000N.gguf); " +
+			"name the first to load it.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			spec, err := ggufsynth.Preset(preset)
+			spec, err := synthBase(cmd, preset, family)
 			if err != nil {
 				return err
 			}
@@ -48,23 +53,32 @@ func newSynthModelCommand() *cobra.Command {
 			if flags.Changed("dtype") {
 				spec.DType = ggufsynth.DType(dtype)
 			}
-			spec.Untied, _ = flags.GetBool("untied")
-			if err := ggufsynth.Write(out, spec); err != nil {
-				return err
+			if flags.Changed("untied") {
+				spec.Untied, _ = flags.GetBool("untied")
 			}
-			st, err := os.Stat(out)
+			files, err := synthWrite(out, spec, parts)
 			if err != nil {
 				return err
 			}
+			var size int64
+			for _, f := range files {
+				st, err := os.Stat(f)
+				if err != nil {
+					return err
+				}
+				size += st.Size()
+			}
 			_, err = fmt.Fprintf(cmd.OutOrStdout(),
-				"wrote %s: %d bytes, %d params (vocab %d, embd %d, layers %d, heads %d/%d kv, ff %d, ctx %d, %s)\n",
-				out, st.Size(), spec.Params(), spec.Vocab, spec.Embd, spec.Layers, spec.Heads, spec.KVHeads,
-				spec.FF, spec.Ctx, spec.DType)
+				"wrote %s: %d bytes, %d params (%s; vocab %d, embd %d, layers %d, heads %d/%d kv, ff %d, ctx %d, %s)\n",
+				strings.Join(files, ", "), size, spec.Params(), spec.Family.Arch(), spec.Vocab, spec.Embd, spec.Layers,
+				spec.Heads, spec.KVHeads, spec.FF, spec.Ctx, spec.DType)
 			return err
 		},
 	}
 	f := cmd.Flags()
 	f.StringVar(&preset, "preset", "tiny", "base preset: tiny (≈2 MB), small (≈20 MB) or mid (≈175 MiB)")
+	f.StringVar(&family, "family", "", "write the smallest model of this family instead of a preset: "+familyNames())
+	f.IntVar(&parts, "parts", 1, "store the model as this many files (FILE's name without .gguf, then -00001-of-0000N.gguf)")
 	f.StringVarP(&out, "output", "o", "", "output GGUF path")
 	f.Int("vocab", 0, "vocabulary size")
 	f.Int("embd", 0, "embedding size")
@@ -78,5 +92,35 @@ func newSynthModelCommand() *cobra.Command {
 	f.StringVar(&dtype, "dtype", "", "weight type: f16, f32, q8_0 or q4_0 (default: the preset's)")
 	f.Bool("untied", false, "write a separate output projection (output.weight) instead of reusing the token embedding")
 	_ = cmd.MarkFlagRequired("output")
+	cmd.MarkFlagsMutuallyExclusive("preset", "family")
 	return cmd
+}
+
+// synthBase is the spec synth-model starts from: the family's smallest model, or the
+// preset's.
+func synthBase(cmd *cobra.Command, preset, family string) (ggufsynth.Spec, error) {
+	if cmd.Flags().Changed("family") {
+		return ggufsynth.TinyFamily(ggufsynth.Family(family))
+	}
+	return ggufsynth.Preset(preset)
+}
+
+// synthWrite writes spec to out, or as parts files beside it, and returns the files.
+func synthWrite(out string, spec ggufsynth.Spec, parts int) ([]string, error) {
+	if parts == 1 {
+		return []string{out}, ggufsynth.Write(out, spec)
+	}
+	if parts < 1 || parts > ggufsynth.MaxParts {
+		return nil, fmt.Errorf("--parts %d: want 1 to %d", parts, ggufsynth.MaxParts)
+	}
+	return ggufsynth.WriteParts(strings.TrimSuffix(out, ".gguf"), spec, parts)
+}
+
+// familyNames lists the families synth-model writes.
+func familyNames() string {
+	names := make([]string, len(ggufsynth.Families))
+	for i, f := range ggufsynth.Families {
+		names[i] = string(f)
+	}
+	return strings.Join(names, ", ")
 }

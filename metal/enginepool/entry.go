@@ -2,6 +2,7 @@ package enginepool
 
 import (
 	"context"
+	"slices"
 	"time"
 
 	"github.com/macfleet/macfleet/api/runnerapi"
@@ -92,6 +93,9 @@ type entry struct {
 	// lastCache is the latest prompt cache report of the entry's engines; it outlives
 	// the engine so counters do not vanish on unload.
 	lastCache *PromptCacheStats
+	// lastOff is the paths the entry's latest runner to report serves the model
+	// without (runnerapi.Status.Off); like lastCache it outlives the engine.
+	lastOff []runnerapi.PathOff
 	// removed entries are deleted once their engine has stopped.
 	removed bool
 	// retired entries refuse every lease and load (Retire) until they are removed.
@@ -157,6 +161,14 @@ type engine struct {
 	chat *runnerapi.ChatInfo
 	// split is a split head runner's last report of its links (nil: not split).
 	split *SplitStats
+	// off is the paths the runner last reported it serves the model without.
+	off []runnerapi.PathOff
+}
+
+// cacheOff says whether the runner reported that it serves the model without its
+// prompt cache: it gets no hot share and is never told a budget.
+func (g *engine) cacheOff() bool {
+	return slices.ContainsFunc(g.off, func(o runnerapi.PathOff) bool { return o.Path == runnerapi.PathPromptCache })
 }
 
 // leaseSecondsAt is the integral of inUse over time from loadedAt to now: the time

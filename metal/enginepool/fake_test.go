@@ -140,6 +140,8 @@ type fakeFactory struct {
 	lagOnLoad bool
 	// footprint overrides the measured footprint (default: the estimate).
 	footprint func(ModelSpec) int64
+	// off, when set, is what each runner reports it serves its model without.
+	off func(ModelSpec) []runnerapi.PathOff
 	// startGate, when set, blocks Start until it is closed.
 	startGate chan struct{}
 	startErr  error
@@ -187,6 +189,9 @@ func (f *fakeFactory) Start(ctx context.Context, spec ModelSpec, ceiling int64) 
 		fp = f.footprint(spec)
 	}
 	r.fp = fp
+	if f.off != nil {
+		r.off = f.off(spec)
+	}
 	f.runners = append(f.runners, r)
 	f.events = append(f.events, "start:"+spec.Name)
 	manual, lag := f.manualReady, f.lagOnLoad
@@ -267,6 +272,14 @@ type fakeRunner struct {
 	// split and splitHead are what Status reports as a split head's links.
 	split     []runnerapi.SplitWorkerStatus
 	splitHead float64
+	// off is what Status reports the runner serves its model without; with the
+	// prompt cache off it reports no cache and refuses every budget, like the runner.
+	off []runnerapi.PathOff
+}
+
+// cacheOff says whether the runner serves its model without the prompt cache.
+func (r *fakeRunner) cacheOff() bool {
+	return slices.ContainsFunc(r.off, func(o runnerapi.PathOff) bool { return o.Path == runnerapi.PathPromptCache })
 }
 
 var _ Runner = (*fakeRunner)(nil)
@@ -333,13 +346,23 @@ func (r *fakeRunner) Status(ctx context.Context) (RunnerStatus, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	pc := &runnerapi.PromptCacheStatus{Hot: runnerapi.PromptCacheHot{Bytes: r.hotBytes, BudgetBytes: r.hotBudget, Rejected: r.hotRejected}, SSD: r.ssd}
-	return RunnerStatus{State: "ready", PID: r.pid, FootprintBytes: fp, PromptCache: pc,
+	if r.cacheOff() {
+		pc = nil
+	}
+	return RunnerStatus{State: "ready", PID: r.pid, FootprintBytes: fp, PromptCache: pc, Off: slices.Clone(r.off),
 		Split: slices.Clone(r.split), SplitHeadComputeSeconds: r.splitHead}, nil
 }
 
 // SetCacheBudget records the budget and frees the hot bytes over it, like the runner.
 func (r *fakeRunner) SetCacheBudget(ctx context.Context, b runnerapi.CacheBudget) (runnerapi.CacheBudgetResult, error) {
 	r.mu.Lock()
+	if r.cacheOff() {
+		defer r.mu.Unlock()
+		if b.HotBytes != nil {
+			r.budgets = append(r.budgets, *b.HotBytes)
+		}
+		return runnerapi.CacheBudgetResult{}, errors.New("409 Conflict: " + r.off[0].Reason)
+	}
 	if r.budgetErr != nil {
 		defer r.mu.Unlock()
 		return runnerapi.CacheBudgetResult{}, r.budgetErr

@@ -117,10 +117,12 @@ func (p *Pool) PromptCacheHotBudget() int64 { return p.st.view(query{}).hotBudge
 func (p *Pool) RefreshPromptCacheStats() { p.meter.statuses() }
 
 // hotCandidate says whether g gets a share: Ready, not being torn down, its model
-// enabling a hot tier. The state's lock is held.
+// enabling a hot tier and its runner serving the model with its prompt cache (a
+// runner that reported the cache off answers every budget 409). The state's lock
+// is held.
 func hotCandidate(g *engine) bool {
 	pc := g.spec.PromptCache
-	return pc.Enabled && pc.HotBytes >= 0 && g.runner != nil && !g.tearingDown && !isClosed(g.stopped) &&
+	return pc.Enabled && pc.HotBytes >= 0 && g.runner != nil && !g.tearingDown && !isClosed(g.stopped) && !g.cacheOff() &&
 		g.entry.eng == g && g.entry.state == StateReady
 }
 

@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/macfleet/macfleet/api/runnerapi"
 )
 
 func TestShareHot(t *testing.T) {
@@ -219,5 +221,72 @@ func TestHotBudgetCountsInTheRunnersCeiling(t *testing.T) {
 	h.waitState("cached", StateUnloaded)
 	if rep := h.model("cached").LastUnload; rep.Reason != ReasonOverCeiling {
 		t.Fatalf("unload %+v, want over-ceiling", rep)
+	}
+}
+
+// A runner that serves its model without the prompt cache (a recurrent state cannot
+// be cut back to a prefix) reports why: the pool records the path and its reason in
+// the model's snapshot, plans it no hot share and never tells it a budget (it would
+// answer 409 every poll); the other runners share the whole budget.
+func TestRunnerWithoutPromptCacheGetsNoHotShare(t *testing.T) {
+	off := []runnerapi.PathOff{{Path: runnerapi.PathPromptCache, Reason: "off: the model keeps a recurrent state (test)"}}
+	h := newHarness(t, Config{PromptCacheHotBytes: 2 * gib})
+	h.f.off = func(s ModelSpec) []runnerapi.PathOff {
+		if s.Name == "recurrent" {
+			return off
+		}
+		return nil
+	}
+	h.registerCached("a", 1, OnDemand, 0)
+	h.registerCached("recurrent", 1, OnDemand, 0)
+	h.load("a")
+	h.load("recurrent")
+	h.p.RefreshPromptCacheStats()
+	for range 3 {
+		h.p.enforcer.poll()
+	}
+
+	if got := h.f.last(t, "recurrent").Budgets(); len(got) != 0 {
+		t.Fatalf("the runner without a prompt cache was told budgets %v", got)
+	}
+	if got := h.f.last(t, "a").HotBudget(); got != 2*gib {
+		t.Fatalf("a's budget %d, want the whole 2Gi", got)
+	}
+	m := h.model("recurrent")
+	if d := cmp.Diff(off, m.Off); d != "" {
+		t.Fatalf("recurrent's snapshot paths off (-want +got):\n%s", d)
+	}
+	if m.PromptCache != nil && m.PromptCache.HotShareBytes != 0 {
+		t.Fatalf("recurrent's snapshot %+v, want no hot share", m.PromptCache)
+	}
+	if got := h.model("a").Off; got != nil {
+		t.Fatalf("a's snapshot paths off %v, want none", got)
+	}
+	// Kept after an unload, as the cache report is.
+	if _, err := h.p.Unload(h.ctx(), "recurrent"); err != nil {
+		t.Fatal(err)
+	}
+	if d := cmp.Diff(off, h.model("recurrent").Off); d != "" {
+		t.Fatalf("recurrent's paths off after its unload (-want +got):\n%s", d)
+	}
+}
+
+// A runner polled before it reported its paths off is told a budget at most once:
+// its refusal leaves no budget held, and its report takes it out of the plan.
+func TestRunnerWithoutPromptCacheIsToldABudgetAtMostOnce(t *testing.T) {
+	h := newHarness(t, Config{PromptCacheHotBytes: 2 * gib})
+	h.f.off = func(ModelSpec) []runnerapi.PathOff {
+		return []runnerapi.PathOff{{Path: runnerapi.PathPromptCache, Reason: "off (test)"}}
+	}
+	h.registerCached("recurrent", 1, OnDemand, 0)
+	h.load("recurrent")
+	for range 4 {
+		h.p.enforcer.poll()
+	}
+	if got := h.f.last(t, "recurrent").Budgets(); len(got) > 1 {
+		t.Fatalf("the runner without a prompt cache was told budgets %v, want at most one", got)
+	}
+	if got := h.model("recurrent").Off; len(got) != 1 || got[0].Path != runnerapi.PathPromptCache {
+		t.Fatalf("recurrent's paths off %v, want the prompt cache", got)
 	}
 }

@@ -48,7 +48,7 @@ func (m meter) statuses() {
 			if err != nil {
 				return
 			}
-			r := measurement{kind: measuredStatus, g: t.g, chat: st.Chat, split: splitStats(&st)}
+			r := measurement{kind: measuredStatus, g: t.g, chat: st.Chat, split: splitStats(&st), off: st.Off}
 			if st.PromptCache != nil && t.g.spec.PromptCache.Enabled {
 				r.cache = promptCacheStats(st.PromptCache)
 				r.cache.Enabled = true
@@ -73,7 +73,10 @@ func (s *state) record(m measurement) int64 {
 		if m.chat != nil {
 			g.chat = m.chat
 		}
-		g.split = m.split
+		g.split, g.off = m.split, m.off
+		if e := g.entry; e.eng == g {
+			e.lastOff = m.off
+		}
 		if m.cache == nil {
 			return 0
 		}

@@ -211,12 +211,14 @@ type measurement struct {
 	footprints []footprint
 	agent      int64
 	// measuredStatus and measuredBudget: one runner's own report (its chat
-	// rendering, its links, its prompt cache: nil when it has none or its model
-	// disables the cache), or the hot budget it confirmed.
+	// rendering, its links, the paths it serves the model without, its prompt
+	// cache: nil when it has none or its model disables the cache), or the hot
+	// budget it confirmed.
 	g         *engine
 	chat      *runnerapi.ChatInfo
 	split     *SplitStats
 	cache     *PromptCacheStats
+	off       []runnerapi.PathOff
 	hotBudget int64
 }
 

@@ -79,6 +79,11 @@ type ModelSnapshot struct {
 	// Split is the loaded runner's latest report of its links to the worker shards,
 	// when it is a split replica's head.
 	Split *SplitStats `json:"split,omitempty"`
+	// Off lists the paths the model's runner serves it without, each with its reason
+	// (runnerapi.PathOff: the prompt cache of a model that keeps a recurrent state),
+	// as its latest runner reported them (kept after an unload); absent when it
+	// serves every path or never reported.
+	Off []runnerapi.PathOff `json:"off,omitempty"`
 }
 
 // Snapshot returns the pool's state. Models are sorted by name.
@@ -104,7 +109,7 @@ func (st *state) snapshot() Snapshot {
 			Name: e.spec.Name, Aliases: slices.Clone(e.spec.Aliases), Residency: e.spec.Residency,
 			State: e.state, Spec: e.spec, EstimatedBytes: e.spec.EstimatedBytes, LastUsed: e.lastUsed,
 			IdleTimeout: e.idleTimeout(st.cfg.IdleTimeout), Failures: e.failures, FailureReason: e.failReason,
-			Retired: e.retired,
+			Retired: e.retired, Off: slices.Clone(e.lastOff),
 		}
 		m.Spec.Aliases = slices.Clone(e.spec.Aliases)
 		if e.state == StateFailed {

@@ -90,6 +90,12 @@ func queueFull(f *admission.Full) *apiError {
 		Message: f.Message, RetryAfter: f.RetryAfter, reason: f.Reason}
 }
 
+// wakeError is the 503 of a request whose wake could not be recorded.
+func wakeError(err error) *apiError {
+	return &apiError{Status: http.StatusServiceUnavailable, Type: openaierr.TypeUnavailable, Code: codeNoReplica,
+		Message: err.Error(), RetryAfter: coldRetryAfter, reason: "wake_failed"}
+}
+
 // gatewayStarting answers a request that arrives before the routing table is built.
 func gatewayStarting() *apiError {
 	return &apiError{Status: http.StatusServiceUnavailable, Type: openaierr.TypeUnavailable, Code: codeStarting,

@@ -17,7 +17,7 @@
 //     other statuses pass through. With no routable replica of an existing deployment,
 //     the request is held until one appears (a cold start), up to ColdStartTimeout,
 //     then answered 503 with Retry-After. An autoscaled deployment is woken first,
-//     even from zero replicas: the gateway writes its wake annotation (see waker).
+//     even from zero replicas: the gateway writes its wake annotation (see package wake).
 //   - GET /v1/models lists one entry per deployment (see handleListModels).
 //   - Optional API keys: admin keys from a file (one per line, re-read when it
 //     changes) and teams' keys from Secrets (TenantKeys, package tenancy; the
@@ -54,6 +54,7 @@ import (
 	"github.com/macfleet/macfleet/gateway/tenancy"
 	"github.com/macfleet/macfleet/gateway/tenancy/satoken"
 	"github.com/macfleet/macfleet/gateway/usagemeter"
+	"github.com/macfleet/macfleet/gateway/wake"
 	"github.com/macfleet/macfleet/internal/httpserver"
 	"github.com/macfleet/macfleet/internal/openaierr"
 	"github.com/macfleet/macfleet/internal/pki"
@@ -75,6 +76,10 @@ const (
 	// skipped for another replica.
 	DefaultConnectTimeout = 3 * time.Second
 )
+
+// WakeFunc records on a ModelDeployment that a gateway holds requests for it (package
+// wake's Func).
+type WakeFunc = wake.Func
 
 // Options configure a Gateway.
 type Options struct {
@@ -173,7 +178,7 @@ type Gateway struct {
 	adm       *admission.Queues
 	traffic   *traffic
 	metrics   *metrics
-	waker     *waker
+	waker     *wake.Waker
 	tracer    trace.Tracer // nil: tracing off
 	transport http.RoundTripper
 	// prefixes polls the agents' prefix events into the balancer's index under
@@ -227,7 +232,7 @@ func New(opts Options) (*Gateway, error) {
 	g.meter = newMeter(opts, m)
 	g.cacheStats = cachestats.New(cachestats.HTTPFetch{Transport: g.transport, Scheme: g.agentScheme, Prepare: g.toAgent})
 	if opts.Wake != nil {
-		g.waker = newWaker(opts.Wake, g.Table, m.wakes, opts.Log.WithName("wake"))
+		g.waker = wake.New(wake.Config{Write: opts.Wake, Table: g.Table, Results: m.wakes, Log: opts.Log.WithName("wake")})
 	}
 	g.handler = g.recoverer(anthropicErrors(g.authenticate(g.routes())))
 	return g, nil

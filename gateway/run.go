@@ -36,7 +36,7 @@ import (
 )
 
 // The gateway reads the fleet. It writes the wake annotation on an autoscaled
-// ModelDeployment it holds requests for (see waker), and its own usage records
+// ModelDeployment it holds requests for (see package wake), and its own usage records
 // (TokenUsage, see budgets.go); the chart's macfleet-gateway-restriction policy keeps
 // its identity to those.
 // controller-gen generates its ClusterRole from these markers (roleName macfleet-gateway).

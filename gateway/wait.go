@@ -127,7 +127,7 @@ func (wt *waiting) wake(ctx context.Context, w http.ResponseWriter, rt *Route, w
 	g := wt.g
 	switch {
 	case wakeable && wt.unhold == nil:
-		rel, err := g.waker.hold(ctx, rt)
+		rel, err := g.waker.Hold(ctx, rt)
 		if err != nil {
 			wt.observe()
 			if ctx.Err() != nil {
@@ -143,7 +143,7 @@ func (wt *waiting) wake(ctx context.Context, w http.ResponseWriter, rt *Route, w
 		// a held request does. A failed write is logged and counted; the request
 		// keeps its place.
 		wt.woke = true
-		if rel, err := g.waker.hold(ctx, rt); err == nil {
+		if rel, err := g.waker.Hold(ctx, rt); err == nil {
 			wt.unhold = rel
 		}
 	}

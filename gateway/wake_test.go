@@ -11,11 +11,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
 	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
+	"github.com/macfleet/macfleet/gateway/wake"
 	"github.com/macfleet/macfleet/test/support/testenv"
 )
 
@@ -136,9 +138,8 @@ func TestScaleFromZero(t *testing.T) {
 	}
 	// With no request held any more, the gateway forgets the deployment.
 	testenv.Eventually(t, 10*time.Second, 20*time.Millisecond, func() (bool, string) {
-		g.waker.mu.Lock()
-		defer g.waker.mu.Unlock()
-		return len(g.waker.waits) == 0, fmt.Sprintf("still tracking %d deployments", len(g.waker.waits))
+		n := g.waker.Tracking()
+		return n == 0, fmt.Sprintf("still tracking %d deployments", n)
 	})
 }
 
@@ -146,7 +147,9 @@ func TestScaleFromZeroRenewsWhileHeld(t *testing.T) {
 	up := newUpstream(t, func(_ int, w http.ResponseWriter, r *http.Request) { okJSON(w, r) })
 	k := &wakes{}
 	g := newTestGateway(t, Options{ColdStartTimeout: 30 * time.Second, Wake: k.wake})
-	g.waker.renew = 30 * time.Millisecond // the renew interval itself is not under test
+	// The renew interval itself is not under test.
+	g.waker = wake.New(wake.Config{Write: k.wake, Table: g.Table, Results: g.metrics.wakes, Log: logr.Discard(),
+		Renew: 30 * time.Millisecond})
 	g.SetTable(BuildTable([]mfv1.ModelDeployment{autoscaledAtZero(time.Time{})}, nil, nil))
 	done := postAsync(t, g.url)
 	// Renewed while the request waits (e.g. for a replica that is still loading).
@@ -158,9 +161,7 @@ func TestScaleFromZeroRenewsWhileHeld(t *testing.T) {
 		t.Fatalf("%d %s", a.code, a.body)
 	}
 	testenv.Eventually(t, 10*time.Second, 10*time.Millisecond, func() (bool, string) {
-		g.waker.mu.Lock()
-		defer g.waker.mu.Unlock()
-		return len(g.waker.waits) == 0, "the renewals go on after the request was served"
+		return g.waker.Tracking() == 0, "the renewals go on after the request was served"
 	})
 }
 

@@ -1,9 +1,11 @@
-package gateway
+// Package wake tells the autoscaler which autoscaled deployments have requests held
+// with no routable replica: the gateway writes a deployment's wake annotation
+// (mfv1.AnnotationWakeRequested) while it holds requests for it.
+package wake
 
 import (
 	"context"
 	"fmt"
-	"net/http"
 	"sync"
 	"time"
 
@@ -11,17 +13,18 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
-	"github.com/macfleet/macfleet/internal/openaierr"
+	"github.com/macfleet/macfleet/gateway/routing"
 )
 
-// WakeFunc records on a ModelDeployment that a gateway holds requests for it
-// (mfv1.AnnotationWakeRequested = at). Run's writes a merge patch of the annotation.
-type WakeFunc func(ctx context.Context, namespace, name string, at time.Time) error
+// Func records on a ModelDeployment that a gateway holds requests for it
+// (mfv1.AnnotationWakeRequested = at). The gateway's Run writes a merge patch of the
+// annotation.
+type Func func(ctx context.Context, namespace, name string, at time.Time) error
 
 // wakeWriteTimeout bounds one write of the wake.
 const wakeWriteTimeout = 10 * time.Second
 
-// waker tells the autoscaler which autoscaled deployments have requests waiting with no
+// Waker tells the autoscaler which autoscaled deployments have requests waiting with no
 // routable replica. The first request held for a deployment writes the wake before it
 // waits, so a deployment at zero starts coming back at once, and a write that fails
 // fails the request at once rather than after ColdStartTimeout. While any request is
@@ -29,11 +32,11 @@ const wakeWriteTimeout = 10 * time.Second
 // keeps a replica that is still loading. A write is skipped while the annotation, as
 // this gateway last wrote or saw it, is younger than the renew interval: several
 // gateway replicas holding requests for one deployment mostly write once between them.
-type waker struct {
-	write   WakeFunc
+type Waker struct {
+	write   Func
 	now     func() time.Time
 	renew   time.Duration
-	table   func() *Table
+	table   func() *routing.Table
 	log     logr.Logger
 	results *prometheus.CounterVec
 
@@ -54,15 +57,39 @@ type wakeState struct {
 	renewing bool
 }
 
-func newWaker(write WakeFunc, table func() *Table, results *prometheus.CounterVec, log logr.Logger) *waker {
-	return &waker{write: write, now: time.Now, renew: mfv1.WakeRenewInterval, table: table, log: log,
-		results: results, waits: map[string]*wakeState{}}
+// Config configures a Waker: Write records a wake, Table is the gateway's current
+// routing table (the wake a deployment shows), Results counts the writes by
+// deployment and result (written, error), and Renew is how often a wake is renewed
+// while requests are held (mfv1.WakeRenewInterval when zero).
+type Config struct {
+	Write   Func
+	Table   func() *routing.Table
+	Results *prometheus.CounterVec
+	Log     logr.Logger
+	Renew   time.Duration
 }
 
-// hold registers a request held for rt while none of its replicas is routable. It
+// New is a waker as c configures it.
+func New(c Config) *Waker {
+	if c.Renew <= 0 {
+		c.Renew = mfv1.WakeRenewInterval
+	}
+	return &Waker{write: c.Write, now: time.Now, renew: c.Renew, table: c.Table, log: c.Log,
+		results: c.Results, waits: map[string]*wakeState{}}
+}
+
+// Tracking is how many deployments the waker holds requests for or renews the wake
+// of.
+func (w *Waker) Tracking() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.waits)
+}
+
+// Hold registers a request held for rt while none of its replicas is routable. It
 // returns once the wake is recorded (or a recent one stands), with release to call
 // when the request stops waiting; a failed write returns its error and no hold.
-func (w *waker) hold(ctx context.Context, rt *Route) (release func(), err error) {
+func (w *Waker) Hold(ctx context.Context, rt *routing.Route) (release func(), err error) {
 	id := rt.ID()
 	w.mu.Lock()
 	st := w.waits[id]
@@ -91,7 +118,7 @@ func (w *waker) hold(ctx context.Context, rt *Route) (release func(), err error)
 // ensure writes the wake unless one younger than the renew interval stands (this
 // gateway's or the one seen on the deployment), waiting for a write in progress
 // instead of starting another.
-func (w *waker) ensure(ctx context.Context, id string, st *wakeState, seen time.Time) error {
+func (w *Waker) ensure(ctx context.Context, id string, st *wakeState, seen time.Time) error {
 	for {
 		w.mu.Lock()
 		if ch := st.writing; ch != nil {
@@ -142,7 +169,7 @@ func (w *waker) ensure(ctx context.Context, id string, st *wakeState, seen time.
 
 // renewLoop renews a deployment's wake every renew interval while requests are held
 // for it, and forgets the deployment once none is.
-func (w *waker) renewLoop(id string, st *wakeState) {
+func (w *Waker) renewLoop(id string, st *wakeState) {
 	t := time.NewTicker(w.renew)
 	defer t.Stop()
 	for range t.C {
@@ -171,10 +198,4 @@ func latest(a, b time.Time) time.Time {
 		return a
 	}
 	return b
-}
-
-// wakeError is the 503 of a request whose wake could not be recorded.
-func wakeError(err error) *apiError {
-	return &apiError{Status: http.StatusServiceUnavailable, Type: openaierr.TypeUnavailable, Code: codeNoReplica,
-		Message: err.Error(), RetryAfter: coldRetryAfter, reason: "wake_failed"}
 }

@@ -9,6 +9,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/macfleet/macfleet/api/runnerapi"
 	"github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/internal/bytesize"
 	"github.com/macfleet/macfleet/metal/enginepool"
@@ -43,6 +44,9 @@ func (r *replica) view() *localView {
 func ownedStatus(mr *v1alpha1.ModelReplica, local *localView, m *enginepool.ModelSnapshot, endpoint string,
 	now time.Time) v1alpha1.ModelReplicaStatus {
 	st := v1alpha1.ModelReplicaStatus{Endpoint: endpoint}
+	if m != nil {
+		st.PathsOff = pathsOff(m.Off)
+	}
 	est := mr.Spec.MemoryReservation.DeepCopy()
 	st.Memory.Estimated = &est
 	onDemand := mr.Spec.Template.Residency == v1alpha1.ResidencyOnDemand
@@ -286,6 +290,7 @@ func applyOwned(st *v1alpha1.ModelReplicaStatus, owned v1alpha1.ModelReplicaStat
 	st.Progress = owned.Progress
 	st.Endpoint = owned.Endpoint
 	st.Memory = owned.Memory
+	st.PathsOff = owned.PathsOff
 	st.Display = &v1alpha1.MemoryDisplay{Reserved: bytesize.Quantity(owned.Memory.Estimated),
 		Resident: bytesize.Quantity(owned.Memory.Resident)}
 	if owned.LastUnload != nil {
@@ -319,6 +324,26 @@ var unloadReasons = map[enginepool.UnloadReason]string{
 	enginepool.ReasonRetired:     "Drained",
 }
 
+// servingPaths maps the runner's paths to the ones replica status names.
+var servingPaths = map[runnerapi.Path]v1alpha1.ServingPath{
+	runnerapi.PathPromptCache: v1alpha1.ServingPathPromptCache,
+}
+
+// pathsOff is the replica status of the paths the runner serves the model without; a
+// path the API does not name yet is left out (the agent's /api/status shows it).
+func pathsOff(off []runnerapi.PathOff) []v1alpha1.PathOff {
+	var out []v1alpha1.PathOff
+	for _, o := range off {
+		if p, ok := servingPaths[o.Path]; ok && o.Reason != "" {
+			out = append(out, v1alpha1.PathOff{Path: p, Reason: truncateTo(o.Reason, maxPathOffReason)})
+		}
+	}
+	return out
+}
+
+// maxPathOffReason bounds a path's reason (the API allows 1024 bytes).
+const maxPathOffReason = 1024
+
 func unloadReport(r enginepool.UnloadReport) *v1alpha1.UnloadReport {
 	reason, ok := unloadReasons[r.Reason]
 	if !ok {
@@ -351,11 +376,14 @@ func progressText(done, total int64) string {
 // maxMessage bounds condition messages (the API allows 32768 bytes).
 const maxMessage = 4096
 
-func truncate(s string) string {
-	if len(s) <= maxMessage {
+func truncate(s string) string { return truncateTo(s, maxMessage) }
+
+// truncateTo cuts s to at most n bytes, marking the cut.
+func truncateTo(s string, n int) string {
+	if len(s) <= n {
 		return s
 	}
-	return s[:maxMessage-3] + "..."
+	return s[:n-3] + "..."
 }
 
 // loadedMessage is the Loaded=True message of a ready engine: its runner and, when

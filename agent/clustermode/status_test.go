@@ -278,3 +278,42 @@ func TestLoadedMessageNamesARefusedTemplate(t *testing.T) {
 		})
 	}
 }
+
+// The paths the runner serves the model without are in the replica's status with
+// their reasons, loaded or unloaded (the pool keeps the runner's last report); a path
+// the API does not name is left out, and a model that serves every path has none.
+func TestOwnedStatusNamesThePathsOff(t *testing.T) {
+	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	local := &localView{phase: phaseRegistered, hash: "h1", done: 100, total: 100, path: "/store/m.gguf"}
+	reason := "off: the model keeps a recurrent state beside its attention cache, which cannot be cut back to a prefix (qwen3next)"
+	want := []v1alpha1.PathOff{{Path: v1alpha1.ServingPathPromptCache, Reason: reason}}
+	for _, tc := range []struct {
+		name  string
+		model enginepool.ModelSnapshot
+		want  []v1alpha1.PathOff
+	}{
+		{"serves every path", enginepool.ModelSnapshot{State: enginepool.StateReady}, nil},
+		{"loaded without its prompt cache", enginepool.ModelSnapshot{State: enginepool.StateReady,
+			Off: []runnerapi.PathOff{{Path: runnerapi.PathPromptCache, Reason: reason}}}, want},
+		{"unloaded, as its runner last reported", enginepool.ModelSnapshot{State: enginepool.StateUnloaded,
+			Off: []runnerapi.PathOff{{Path: runnerapi.PathPromptCache, Reason: reason}}}, want},
+		{"a path the API does not name", enginepool.ModelSnapshot{State: enginepool.StateReady,
+			Off: []runnerapi.PathOff{{Path: "future_path", Reason: "off"}}}, nil},
+		{"a reason cut to the API's bound", enginepool.ModelSnapshot{State: enginepool.StateReady,
+			Off: []runnerapi.PathOff{{Path: runnerapi.PathPromptCache, Reason: strings.Repeat("x", 2000)}}},
+			[]v1alpha1.PathOff{{Path: v1alpha1.ServingPathPromptCache, Reason: strings.Repeat("x", 1021) + "..."}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			owned := ownedStatus(testReplica(v1alpha1.ResidencyOnDemand), local, &tc.model, "mac:8443", now)
+			if d := cmp.Diff(tc.want, owned.PathsOff); d != "" {
+				t.Fatalf("owned pathsOff (-want +got):\n%s", d)
+			}
+			// The agent owns the field: its report replaces what the status held.
+			st := v1alpha1.ModelReplicaStatus{PathsOff: want}
+			applyOwned(&st, owned, now)
+			if d := cmp.Diff(tc.want, st.PathsOff); d != "" {
+				t.Fatalf("applied pathsOff (-want +got):\n%s", d)
+			}
+		})
+	}
+}

@@ -189,12 +189,46 @@ type ModelReplicaStatus struct {
 	// +listMapKey=node
 	// +kubebuilder:validation:MaxItems=16
 	Shards []ShardStatus `json:"shards,omitempty"`
+	// pathsOff lists the paths the node's runner serves the replica's model without,
+	// each with its reason: a path that could not serve the model correctly is turned
+	// off, never taken to a wrong answer (the prompt cache of a model that keeps a
+	// recurrent state). As the runner last reported it, kept after an unload; absent
+	// while the model serves every path or its runner has not reported yet.
+	// +optional
+	// +listType=map
+	// +listMapKey=path
+	// +kubebuilder:validation:MaxItems=8
+	PathsOff []PathOff `json:"pathsOff,omitempty"`
 	// conditions are Scheduled, Downloaded, Loaded and Ready.
 	// +optional
 	// +listType=map
 	// +listMapKey=type
 	// +kubebuilder:validation:MaxItems=16
 	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// ServingPath names a way the runner reuses a model's state that it may serve a model
+// without.
+// +kubebuilder:validation:Enum=PromptCache
+type ServingPath string
+
+const (
+	// ServingPathPromptCache is the prompt cache and every path through it: its hot
+	// and SSD tiers, the states peers export and import, and the prefixes one request
+	// shares with another in flight. Without it each request prefills its prompt.
+	ServingPathPromptCache ServingPath = "PromptCache"
+)
+
+// PathOff is a path the replica's model is served without, and why.
+type PathOff struct {
+	// path is the path turned off.
+	// +required
+	Path ServingPath `json:"path"`
+	// reason says why, in words.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=1024
+	Reason string `json:"reason"`
 }
 
 // ModelReplica is one copy of a ModelDeployment's model, placed on one Mac. The

@@ -34,28 +34,7 @@ func newSynthModelCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			flags := cmd.Flags()
-			for name, dst := range map[string]*int{
-				"vocab": &spec.Vocab, "embd": &spec.Embd, "layers": &spec.Layers, "heads": &spec.Heads,
-				"kv-heads": &spec.KVHeads, "ff": &spec.FF, "ctx": &spec.Ctx,
-			} {
-				if flags.Changed(name) {
-					v, _ := flags.GetInt(name)
-					*dst = v
-				}
-			}
-			if flags.Changed("seed") {
-				spec.Seed = override.Seed
-			}
-			if flags.Changed("name") {
-				spec.Name = override.Name
-			}
-			if flags.Changed("dtype") {
-				spec.DType = ggufsynth.DType(dtype)
-			}
-			if flags.Changed("untied") {
-				spec.Untied, _ = flags.GetBool("untied")
-			}
+			synthOverride(cmd, &spec, override, dtype)
 			files, err := synthWrite(out, spec, parts)
 			if err != nil {
 				return err
@@ -94,6 +73,31 @@ func newSynthModelCommand() *cobra.Command {
 	_ = cmd.MarkFlagRequired("output")
 	cmd.MarkFlagsMutuallyExclusive("preset", "family")
 	return cmd
+}
+
+// synthOverride applies the dimension and naming flags given to spec.
+func synthOverride(cmd *cobra.Command, spec *ggufsynth.Spec, override ggufsynth.Spec, dtype string) {
+	flags := cmd.Flags()
+	for name, dst := range map[string]*int{
+		"vocab": &spec.Vocab, "embd": &spec.Embd, "layers": &spec.Layers, "heads": &spec.Heads,
+		"kv-heads": &spec.KVHeads, "ff": &spec.FF, "ctx": &spec.Ctx,
+	} {
+		if flags.Changed(name) {
+			*dst, _ = flags.GetInt(name)
+		}
+	}
+	if flags.Changed("seed") {
+		spec.Seed = override.Seed
+	}
+	if flags.Changed("name") {
+		spec.Name = override.Name
+	}
+	if flags.Changed("dtype") {
+		spec.DType = ggufsynth.DType(dtype)
+	}
+	if flags.Changed("untied") {
+		spec.Untied, _ = flags.GetBool("untied")
+	}
 }
 
 // synthBase is the spec synth-model starts from: the family's smallest model, or the

@@ -176,7 +176,7 @@ func EightB(dt DType) Spec {
 }
 
 // PresetNames are the names Preset knows.
-var PresetNames = []string{"tiny", "small", "mid", "8b-q4_0", "8b-f16"}
+var PresetNames = []string{"tiny", "small", "mid", "8b-q4_0", "8b-f16", "qwen3moe-30b-a3b-q4_0", "gpt-oss-20b-q4_0"}
 
 // Preset returns the named preset, one of PresetNames.
 func Preset(name string) (Spec, error) {
@@ -191,6 +191,10 @@ func Preset(name string) (Spec, error) {
 		return EightB(Q4_0), nil
 	case "8b-f16":
 		return EightB(F16), nil
+	case "qwen3moe-30b-a3b-q4_0":
+		return Qwen3MoE30BA3B(Q4_0), nil
+	case "gpt-oss-20b-q4_0":
+		return GPTOSS20B(Q4_0), nil
 	}
 	return Spec{}, fmt.Errorf("unknown preset %q (want one of %s)", name, strings.Join(PresetNames, ", "))
 }

@@ -118,6 +118,9 @@ func TestPresetSizes(t *testing.T) {
 		{"mid", 2, 165, 185},
 		{"8b-q4_0", 18.0 / 32, 3800, 4000},
 		{"8b-f16", 2, 13500, 14000},
+		// 30.5 B parameters, every expert's; 20.9 B.
+		{"qwen3moe-30b-a3b-q4_0", 18.0 / 32, 16000, 16500},
+		{"gpt-oss-20b-q4_0", 18.0 / 32, 11000, 11500},
 	}
 	for _, tt := range tests {
 		spec, err := Preset(tt.preset)
@@ -132,7 +135,7 @@ func TestPresetSizes(t *testing.T) {
 			t.Errorf("%s: weights are %.0f MiB, want %.0f..%.0f", tt.preset, size, tt.minMiB, tt.maxMiB)
 		}
 	}
-	if !slices.Equal(PresetNames, []string{"tiny", "small", "mid", "8b-q4_0", "8b-f16"}) {
+	if !slices.Equal(PresetNames, []string{"tiny", "small", "mid", "8b-q4_0", "8b-f16", "qwen3moe-30b-a3b-q4_0", "gpt-oss-20b-q4_0"}) {
 		t.Errorf("PresetNames = %v", PresetNames)
 	}
 	if _, err := Preset("huge"); err == nil || !strings.Contains(err.Error(), "8b-q4_0, 8b-f16") {

@@ -8,17 +8,13 @@ import (
 	"hash/crc32"
 	"io"
 	"net/http"
-	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/macfleet/macfleet/api/runnerapi"
-	"github.com/macfleet/macfleet/internal/ggufsynth"
 	"github.com/macfleet/macfleet/metal/enginepool/promptcache"
-	"github.com/macfleet/macfleet/metal/enginepool/runnerproc"
 )
 
 // peerDigest and peerPartition are the prefix digest and partition the peer tests
@@ -36,47 +32,33 @@ var peerFlags = []string{"--parallel", "1", "--prompt-cache-block", "32", "--pro
 // one resealed with a forged cell position is taken but never restored. A family
 // whose prompt cache is off answers both endpoints 409 with its reason.
 func TestPeerStatePerFamily(t *testing.T) {
-	bin := os.Getenv(runnerproc.RunnerEnv)
-	if bin == "" {
-		t.Skip("MACFLEET_RUNNER is not set: build the runner with `make runner` and export MACFLEET_RUNNER=$PWD/bin/macfleet-runner")
-	}
-	dir := t.TempDir()
-	for _, f := range ggufsynth.Families {
-		t.Run(f.Arch(), func(t *testing.T) {
-			spec, err := ggufsynth.TinyFamily(f)
-			if err != nil {
-				t.Fatal(err)
-			}
-			path := filepath.Join(dir, f.Arch()+".gguf")
-			if err := ggufsynth.Write(path, spec); err != nil {
-				t.Fatal(err)
-			}
-			a := startRunner(t, bin, path, peerFlags...)
-			cold, cached := peerChat(a, prompt, true)
-			if cached != 0 {
-				t.Fatalf("the first request restored %d tokens, want a full prefill", cached)
-			}
-			if o, _ := peerChat(a, other, false); o == cold {
-				t.Fatalf("the answers to two prompts are alike (%q): a comparison could not fail", o)
-			}
-			if len(pathsOff[f]) > 0 {
-				checkPeerOff(t, a, pathsOff[f][0].Reason)
-				return
-			}
-			var entry []byte
-			var tokens int
-			waitFor(t, "the state to back the digest", 30*time.Second, func() bool {
-				var code int
-				code, entry, tokens = peerExport(a)
-				return code == http.StatusOK
-			})
-			a.stop()
-			b := startRunner(t, bin, path, peerFlags...)
-			checkPeerImport(t, b, entry, tokens, cold)
-			checkForgedEntries(t, b, entry, tokens, cold, spec.Window != nil)
-			t.Logf("%s: %d tokens in %d bytes; answer %q", f, tokens, len(entry), cold)
+	eachFamily(t, func(t *testing.T, bin string, m tinyModel) {
+		f, spec, path := m.family, m.spec, m.path
+		a := startRunner(t, bin, path, peerFlags...)
+		cold, cached := peerChat(a, prompt, true)
+		if cached != 0 {
+			t.Fatalf("the first request restored %d tokens, want a full prefill", cached)
+		}
+		if o, _ := peerChat(a, other, false); o == cold {
+			t.Fatalf("the answers to two prompts are alike (%q): a comparison could not fail", o)
+		}
+		if len(pathsOff[f]) > 0 {
+			checkPeerOff(t, a, pathsOff[f][0].Reason)
+			return
+		}
+		var entry []byte
+		var tokens int
+		waitFor(t, "the state to back the digest", 30*time.Second, func() bool {
+			var code int
+			code, entry, tokens = peerExport(a)
+			return code == http.StatusOK
 		})
-	}
+		a.stop()
+		b := startRunner(t, bin, path, peerFlags...)
+		checkPeerImport(t, b, entry, tokens, cold)
+		checkForgedEntries(t, b, entry, tokens, cold, spec.Window != nil)
+		t.Logf("%s: %d tokens in %d bytes; answer %q", f, tokens, len(entry), cold)
+	})
 }
 
 // checkPeerOff checks that a runner whose prompt cache is off for reason answers an

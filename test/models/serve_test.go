@@ -11,6 +11,8 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -22,7 +24,9 @@ import (
 	"github.com/macfleet/macfleet/agent/config"
 	"github.com/macfleet/macfleet/agent/server"
 	"github.com/macfleet/macfleet/agent/standalone"
+	"github.com/macfleet/macfleet/internal/ggufsynth"
 	"github.com/macfleet/macfleet/metal/enginepool"
+	"github.com/macfleet/macfleet/metal/enginepool/runnerproc"
 )
 
 // logBuffer collects the agent's log lines from several goroutines.
@@ -196,5 +200,36 @@ func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool)
 			t.Fatalf("timed out waiting for %s", what)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// tinyModel is one family's tiny model written for a test: its spec, its file and a
+// folder beside it for the test's other files.
+type tinyModel struct {
+	family    ggufsynth.Family
+	spec      ggufsynth.Spec
+	path, dir string
+}
+
+// eachFamily runs check as a subtest for the tiny model of each family, bin the
+// runner; it skips without one.
+func eachFamily(t *testing.T, check func(t *testing.T, bin string, m tinyModel)) {
+	bin := os.Getenv(runnerproc.RunnerEnv)
+	if bin == "" {
+		t.Skip("MACFLEET_RUNNER is not set: build the runner with `make runner` and export MACFLEET_RUNNER=$PWD/bin/macfleet-runner")
+	}
+	dir := t.TempDir()
+	for _, f := range ggufsynth.Families {
+		t.Run(f.Arch(), func(t *testing.T) {
+			spec, err := ggufsynth.TinyFamily(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			path := filepath.Join(dir, f.Arch()+".gguf")
+			if err := ggufsynth.Write(path, spec); err != nil {
+				t.Fatal(err)
+			}
+			check(t, bin, tinyModel{family: f, spec: spec, path: path, dir: dir})
+		})
 	}
 }

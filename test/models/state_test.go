@@ -17,7 +17,6 @@ import (
 
 	"github.com/macfleet/macfleet/api/runnerapi"
 	"github.com/macfleet/macfleet/internal/ggufsynth"
-	"github.com/macfleet/macfleet/metal/enginepool/runnerproc"
 	"github.com/macfleet/macfleet/test/support/syncbuf"
 )
 
@@ -35,41 +34,27 @@ var pathsOff = map[ggufsynth.Family][]runnerapi.PathOff{
 // prompt again at once, and after another prompt) are those of a runner without a
 // cache, whether the cache served them or was off.
 func TestStatePathsOff(t *testing.T) {
-	bin := os.Getenv(runnerproc.RunnerEnv)
-	if bin == "" {
-		t.Skip("MACFLEET_RUNNER is not set: build the runner with `make runner` and export MACFLEET_RUNNER=$PWD/bin/macfleet-runner")
-	}
-	dir := t.TempDir()
-	for _, f := range ggufsynth.Families {
-		t.Run(f.Arch(), func(t *testing.T) {
-			spec, err := ggufsynth.TinyFamily(f)
-			if err != nil {
-				t.Fatal(err)
-			}
-			path := filepath.Join(dir, f.Arch()+".gguf")
-			if err := ggufsynth.Write(path, spec); err != nil {
-				t.Fatal(err)
-			}
-			plain := startRunner(t, bin, path)
-			want := []string{plain.greedy(prompt), plain.greedy(other)}
-			plain.stop()
+	eachFamily(t, func(t *testing.T, bin string, m tinyModel) {
+		f, path, dir := m.family, m.path, m.dir
+		plain := startRunner(t, bin, path)
+		want := []string{plain.greedy(prompt), plain.greedy(other)}
+		plain.stop()
 
-			cached := startRunner(t, bin, path, "--prompt-cache-hot-bytes", fmt.Sprint(64<<20),
-				"--prompt-cache-dir", filepath.Join(dir, f.Arch()+"-cache"))
-			st := cached.status()
-			if diff := cmp.Diff(pathsOff[f], st.Off); diff != "" {
-				t.Errorf("/status off (-want +got):\n%s", diff)
-			}
-			if (st.PromptCache == nil) != (len(pathsOff[f]) > 0) {
-				t.Errorf("/status prompt cache %+v with paths off %+v: want a report exactly when the cache is on", st.PromptCache, st.Off)
-			}
-			got := []string{cached.greedy(prompt), cached.greedy(prompt), cached.greedy(other), cached.greedy(prompt)}
-			if diff := cmp.Diff([]string{want[0], want[0], want[1], want[0]}, got); diff != "" {
-				t.Errorf("answers with the prompt cache (-uncached +cached):\n%s", diff)
-			}
-			t.Logf("%s: off %+v; answers %q", f, st.Off, got)
-		})
-	}
+		cached := startRunner(t, bin, path, "--prompt-cache-hot-bytes", fmt.Sprint(64<<20),
+			"--prompt-cache-dir", filepath.Join(dir, f.Arch()+"-cache"))
+		st := cached.status()
+		if diff := cmp.Diff(pathsOff[f], st.Off); diff != "" {
+			t.Errorf("/status off (-want +got):\n%s", diff)
+		}
+		if (st.PromptCache == nil) != (len(pathsOff[f]) > 0) {
+			t.Errorf("/status prompt cache %+v with paths off %+v: want a report exactly when the cache is on", st.PromptCache, st.Off)
+		}
+		got := []string{cached.greedy(prompt), cached.greedy(prompt), cached.greedy(other), cached.greedy(prompt)}
+		if diff := cmp.Diff([]string{want[0], want[0], want[1], want[0]}, got); diff != "" {
+			t.Errorf("answers with the prompt cache (-uncached +cached):\n%s", diff)
+		}
+		t.Logf("%s: off %+v; answers %q", f, st.Off, got)
+	})
 }
 
 // modelRunner is one runner process on a loopback port, stopped at the test's end.

@@ -2,9 +2,7 @@ package main
 
 import (
 	"context"
-	"fmt"
 	"net"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -15,7 +13,6 @@ import (
 	"github.com/openai/openai-go/v3/option"
 
 	"github.com/macfleet/macfleet/internal/ggufsynth"
-	"github.com/macfleet/macfleet/test/support/testenv"
 )
 
 // TestServePullsAModelStoredInParts: `macfleet serve --model NAME=hf://…-00001-of-00003.gguf`
@@ -79,35 +76,7 @@ func serveAndAsk(t *testing.T, runner, source string, args ...string) string {
 	cmd := newServeCommand()
 	cmd.SetArgs(append([]string{"--model", "tiny=" + source + ":ctx=256,parallel=1", "--listen", addr,
 		"--prompt-cache-dir", t.TempDir(), "--runner", runner, "--runner-threads", "1"}, args...))
-	cmd.SilenceUsage, cmd.SilenceErrors = true, true
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- cmd.ExecuteContext(ctx) }()
-	defer func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("serve stopped with: %v", err)
-			}
-		case <-time.After(time.Minute):
-			t.Error("serve did not stop within a minute")
-		}
-	}()
-	testenv.Eventually(t, time.Minute, 50*time.Millisecond, func() (bool, string) {
-		select {
-		case err := <-done:
-			done <- err
-			t.Fatalf("serve ended before it served: %v", err)
-		default:
-		}
-		resp, err := http.Get("http://" + addr + "/readyz")
-		if err != nil {
-			return false, err.Error()
-		}
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK, fmt.Sprintf("/readyz: %d", resp.StatusCode)
-	})
+	defer runServe(t, cmd, addr)()
 	client := openai.NewClient(option.WithBaseURL("http://"+addr+"/v1/"), option.WithAPIKey("unused"), option.WithMaxRetries(0))
 	cctx, ccancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer ccancel()

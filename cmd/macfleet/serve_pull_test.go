@@ -19,6 +19,7 @@ import (
 
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
+	"github.com/spf13/cobra"
 
 	"github.com/macfleet/macfleet/internal/ggufsynth"
 	"github.com/macfleet/macfleet/test/support/testenv"
@@ -172,36 +173,7 @@ func TestServePullsFromTheHub(t *testing.T) {
 	cmd.SetArgs([]string{"--model", "tiny=" + hubModel + ":sha256=" + digest + ",ctx=256,parallel=1",
 		"--listen", addr, "--store-dir", storeDir, "--hf-endpoint", hub.URL, "--source-policy", loopbackPolicy(t),
 		"--prompt-cache-dir", t.TempDir(), "--runner", runner, "--runner-threads", "1"})
-	cmd.SilenceUsage, cmd.SilenceErrors = true, true
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- cmd.ExecuteContext(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("serve stopped with: %v", err)
-			}
-		case <-time.After(time.Minute):
-			t.Error("serve did not stop within a minute")
-		}
-	})
-
-	testenv.Eventually(t, time.Minute, 50*time.Millisecond, func() (bool, string) {
-		select {
-		case err := <-done:
-			done <- err
-			t.Fatalf("serve ended before it served: %v", err)
-		default:
-		}
-		resp, err := http.Get("http://" + addr + "/readyz")
-		if err != nil {
-			return false, err.Error()
-		}
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK, fmt.Sprintf("/readyz: %d", resp.StatusCode)
-	})
+	t.Cleanup(runServe(t, cmd, addr))
 	client := openai.NewClient(option.WithBaseURL("http://"+addr+"/v1/"), option.WithAPIKey("unused"), option.WithMaxRetries(0))
 	cctx, ccancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer ccancel()
@@ -268,5 +240,40 @@ func TestServeRefusesPulls(t *testing.T) {
 				t.Errorf("serve: %v; want an error containing %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// runServe runs the serve command cmd, listening on addr, until it answers /readyz,
+// and returns what stops it and checks that it stopped cleanly.
+func runServe(t *testing.T, cmd *cobra.Command, addr string) (stop func()) {
+	t.Helper()
+	cmd.SilenceUsage, cmd.SilenceErrors = true, true
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- cmd.ExecuteContext(ctx) }()
+	testenv.Eventually(t, time.Minute, 50*time.Millisecond, func() (bool, string) {
+		select {
+		case err := <-done:
+			done <- err
+			t.Fatalf("serve ended before it served: %v", err)
+		default:
+		}
+		resp, err := http.Get("http://" + addr + "/readyz")
+		if err != nil {
+			return false, err.Error()
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK, fmt.Sprintf("/readyz: %d", resp.StatusCode)
+	})
+	return func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("serve stopped with: %v", err)
+			}
+		case <-time.After(time.Minute):
+			t.Error("serve did not stop within a minute")
+		}
 	}
 }

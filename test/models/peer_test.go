@@ -46,19 +46,47 @@ func TestPeerStatePerFamily(t *testing.T) {
 			checkPeerOff(t, a, pathsOff[f][0].Reason)
 			return
 		}
-		var entry []byte
-		var tokens int
-		waitFor(t, "the state to back the digest", 30*time.Second, func() bool {
-			var code int
-			code, entry, tokens = peerExport(a)
-			return code == http.StatusOK
-		})
+		entry, tokens := exportSaved(t, a)
 		a.stop()
 		b := startRunner(t, bin, path, peerFlags...)
 		checkPeerImport(t, b, entry, tokens, cold)
-		checkForgedEntries(t, b, entry, tokens, cold, spec.Window != nil)
+		checkForgedEntries(t, b, cold, forgedEntries(t, entry, tokens, spec.Window != nil))
 		t.Logf("%s: %d tokens in %d bytes; answer %q", f, tokens, len(entry), cold)
 	})
+}
+
+// TestAttackForgedWindowCells: a peer Mac (or a crafted file in the SSD tier) hands the
+// runner of a sliding-window model (gpt-oss, gemma3) prompt's state with a cell of its
+// window's cache moved to position -5, resealed with checksums the forger computes.
+// Until a49d001 the runner checked only the first cache's cells: it restored the state
+// and died at its next decode on a llama.cpp assertion, so one peer could end any
+// sliding-window model's runner. Now the import is taken, never restored, and the
+// runner answers as a full prefill.
+func TestAttackForgedWindowCells(t *testing.T) {
+	eachFamily(t, func(t *testing.T, bin string, m tinyModel) {
+		if m.spec.Window == nil {
+			t.Skipf("%s has no sliding-window layers", m.family)
+		}
+		a := startRunner(t, bin, m.path, peerFlags...)
+		cold, _ := peerChat(a, prompt, true)
+		entry, tokens := exportSaved(t, a)
+		a.stop()
+		b := startRunner(t, bin, m.path, peerFlags...)
+		forged := forgedEntries(t, entry, tokens, true)
+		checkForgedEntries(t, b, cold, forged[len(forged)-1:])
+	})
+}
+
+// exportSaved exports prompt's state from r once r has saved it; it returns the entry
+// and its token count.
+func exportSaved(t *testing.T, r *modelRunner) (entry []byte, tokens int) {
+	t.Helper()
+	waitFor(t, "the state to back the digest", 30*time.Second, func() bool {
+		var code int
+		code, entry, tokens = peerExport(r)
+		return code == http.StatusOK
+	})
+	return entry, tokens
 }
 
 // checkPeerOff checks that a runner whose prompt cache is off for reason answers an
@@ -103,13 +131,11 @@ type forgedEntry struct {
 	resealed bool
 }
 
-// checkForgedEntries imports altered copies of entry into r: each refused as corrupt,
-// or taken when resealed; prompt then answers cold without a restore, and the runner
-// lives (before the runner checked the window's cell table, a window cell at -5 ended
-// it at the next decode on one of llama.cpp's assertions).
-func checkForgedEntries(t *testing.T, r *modelRunner, entry []byte, tokens int, cold string, window bool) {
+// checkForgedEntries imports each forged entry into r: refused as corrupt, or taken
+// when resealed; prompt then answers cold without a restore, and the runner lives.
+func checkForgedEntries(t *testing.T, r *modelRunner, cold string, forged []forgedEntry) {
 	t.Helper()
-	for _, c := range forgedEntries(t, entry, tokens, window) {
+	for _, c := range forged {
 		code, res := peerImport(r, c.entry)
 		switch {
 		case c.resealed && (code != http.StatusOK || !res.Imported):

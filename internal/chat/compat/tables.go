@@ -5,7 +5,7 @@ import "strings"
 // Chat is the policy of POST /v1/chat/completions.
 var Chat = Policy{API: "OpenAI Chat Completions", Endpoint: "/v1/chat/completions", Fields: []Field{
 	{Name: "model", Treatment: Honoured, Does: "routes to the deployment (name or alias)"},
-	{Name: "messages", Treatment: Honoured, Does: "rendered with the model's chat template; text parts only (image, audio and file parts are a 400)"},
+	{Name: "messages", Treatment: Honoured, Does: "rendered with the model's chat template; text parts, and image_url parts in user messages for a deployment with a projector (spec.model.projector; a data: URI, or an https URL the fleet fetches under the SourcePolicy); audio and file parts are a 400 (docs/vision.md)"},
 	{Name: "max_tokens", Treatment: Honoured, Does: "caps the completion"},
 	{Name: "max_completion_tokens", Treatment: Honoured, Does: "caps the completion (wins over max_tokens)"},
 	{Name: "temperature", Treatment: Honoured, Does: "sampling"},
@@ -48,7 +48,7 @@ var Chat = Policy{API: "OpenAI Chat Completions", Endpoint: "/v1/chat/completion
 // Responses is the policy of POST /v1/responses.
 var Responses = Policy{API: "OpenAI Responses", Endpoint: "/v1/responses", Fields: []Field{
 	{Name: "model", Treatment: Honoured, Does: "routes to the deployment"},
-	{Name: "input", Treatment: Honoured, Does: "a string or message, function_call and function_call_output items; past reasoning items are dropped"},
+	{Name: "input", Treatment: Honoured, Does: "a string or message, function_call and function_call_output items; past reasoning items are dropped; input_image parts (image_url: a data: URI or an https URL) in user messages for a deployment with a projector (docs/vision.md); file_id and input_file are a 400"},
 	{Name: "instructions", Treatment: Honoured, Does: "the system prompt"},
 	{Name: "tools", Treatment: Honoured, Does: "function tools; namespace tools flattened into functions; hosted tools as below"},
 	{Name: "tools[].type=namespace", Treatment: Honoured, Does: "its functions are offered to the model; a call comes back with its namespace"},
@@ -93,7 +93,7 @@ var HostedResponsesTools = []string{"web_search", "web_search_preview", "web_sea
 var Messages = Policy{API: "Anthropic Messages", Endpoint: "/v1/messages", Fields: []Field{
 	{Name: "model", Treatment: Honoured, Does: "routes to the deployment"},
 	{Name: "max_tokens", Treatment: Honoured, Does: "required; caps the answer (stop_reason max_tokens)"},
-	{Name: "messages", Treatment: Honoured, Does: "text, tool_use, tool_result and thinking blocks; image and document blocks are a 400"},
+	{Name: "messages", Treatment: Honoured, Does: "text, tool_use, tool_result and thinking blocks; image blocks (base64 or url source) in user messages for a deployment with a projector (docs/vision.md); document blocks, file sources and images in tool results are a 400"},
 	{Name: "messages[].role=system", Treatment: Honoured, Does: "folded into the system prompt, in order"},
 	{Name: "system", Treatment: Honoured, Does: "the system prompt (a string or text blocks)"},
 	{Name: "stop_sequences", Treatment: Honoured, Does: "stop strings; the matched one comes back as stop_sequence"},

@@ -98,6 +98,8 @@ type block struct {
 	Data      string          `json:"data"`
 	Citations json.RawMessage `json:"citations"`
 	Cache     json.RawMessage `json:"cache_control"`
+	// Source is an image block's source.
+	Source json.RawMessage `json:"source"`
 }
 
 // blocks reads a string or a list of content blocks.
@@ -159,14 +161,18 @@ func chatFromMessagesBody(m *MessagesRequest, maxTokens int) (map[string]any, []
 			return nil, nil, e
 		}
 	}
-	msgs := c.msgs
+	msgs, parts := c.msgs, c.parts
 	if len(c.system) > 0 {
 		msgs = append([]runnerapi.Message{{Role: "system", Content: runnerapi.MessageContent(strings.Join(c.system, "\n\n"))}}, msgs...)
+		parts = parts.shifted(1)
 	}
 	if len(msgs) == 0 {
 		return nil, nil, invalid("messages", "messages must hold a user or assistant message")
 	}
 	chat := map[string]any{"model": m.Model, "messages": msgs, "max_tokens": maxTokens, "stream": m.Stream}
+	if len(parts) > 0 {
+		chat[partsKey] = parts
+	}
 	if m.Stream {
 		chat["stream_options"] = map[string]any{"include_usage": true}
 	}
@@ -220,6 +226,8 @@ type conversation struct {
 	system []string
 	// cached: some part of the request asked for cache_control.
 	cached bool
+	// parts are the content parts of the messages of msgs that hold an image.
+	parts imageParts
 }
 
 // addSystem adds the text of raw (named param in errors) to the system prompt.
@@ -259,25 +267,37 @@ func (c *conversation) addMessage(msg AnthropicMessage, param string) *chatError
 	}
 	c.cached = c.cached || anyCache(bs)
 	out := runnerapi.Message{Role: msg.Role}
-	var text strings.Builder
+	var body content
 	for j, b := range bs {
-		if e := c.addBlock(&out, &text, b, fmt.Sprintf("%s.content[%d]", param, j)); e != nil {
+		if e := c.addBlock(&out, &body, b, fmt.Sprintf("%s.content[%d]", param, j)); e != nil {
 			return e
 		}
 	}
-	if text.Len() > 0 || len(out.ToolCalls) > 0 || out.ReasoningContent != "" {
-		out.Content = runnerapi.MessageContent(text.String())
+	if body.text.Len() > 0 || body.image || len(out.ToolCalls) > 0 || out.ReasoningContent != "" {
+		out.Content = runnerapi.MessageContent(body.text.String())
+		if body.image {
+			if c.parts == nil {
+				c.parts = imageParts{}
+			}
+			c.parts[len(c.msgs)] = body.parts
+		}
 		c.msgs = append(c.msgs, out)
 	}
 	return nil
 }
 
-// addBlock adds block b (named bp in errors) of message out: text to text, a tool
-// call or reasoning to out, a tool result as a tool message of its own.
-func (c *conversation) addBlock(out *runnerapi.Message, text *strings.Builder, b block, bp string) *chatError {
+// addBlock adds block b (named bp in errors) of message out: text and a user's image
+// to body, a tool call or reasoning to out, a tool result as a tool message of its own.
+func (c *conversation) addBlock(out *runnerapi.Message, body *content, b block, bp string) *chatError {
 	switch role := out.Role; {
 	case b.Type == "text":
-		text.WriteString(b.Text)
+		body.addText(b.Text)
+	case b.Type == "image" && role == "user":
+		p, e := anthropicImage(b.Source, bp+".source")
+		if e != nil {
+			return e
+		}
+		body.addImage(p)
 	case b.Type == "tool_use" && role == "assistant":
 		input := bytes.TrimSpace(b.Input)
 		if len(input) == 0 {
@@ -303,7 +323,7 @@ func (c *conversation) addBlock(out *runnerapi.Message, text *strings.Builder, b
 		}
 		c.msgs = append(c.msgs, runnerapi.Message{Role: "tool", ToolCallID: b.ToolUseID, Content: runnerapi.MessageContent(result)})
 	default:
-		return unsupported(bp+".type", "a %q block in a %s message is not supported: the models served are text-only", b.Type, role)
+		return unsupported(bp+".type", "a %q block in a %s message is not supported: text, tool and thinking blocks are, and images in user messages", b.Type, role)
 	}
 	return nil
 }
@@ -422,7 +442,7 @@ func Anthropic(chat http.Handler) http.Handler {
 		if resumed {
 			keepOpenMessage(chatReq, req.Messages)
 		}
-		b, _ := json.Marshal(chatReq)
+		b := marshalChat(chatReq)
 		var out sink = &anthropicWhole{w: w}
 		if req.Stream {
 			as := &anthropicStream{w: w, sse: newSSE(w), model: req.Model}

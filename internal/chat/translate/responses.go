@@ -98,31 +98,52 @@ type item struct {
 
 // partsText joins the text parts of a message's content (a string or a list).
 func partsText(raw json.RawMessage, param string) (string, *chatError) {
+	c, e := readParts(raw, param, false)
+	if e != nil {
+		return "", e
+	}
+	return c.text.String(), nil
+}
+
+// readParts reads a message's content (a string or a list of parts): text parts,
+// and input_image parts where images is set (a user's message).
+func readParts(raw json.RawMessage, param string, images bool) (*content, *chatError) {
+	c := &content{}
 	raw = bytes.TrimSpace(raw)
 	if len(raw) > 0 && raw[0] == '"' {
 		var s string
 		_ = json.Unmarshal(raw, &s)
-		return s, nil
+		c.addText(s)
+		return c, nil
 	}
 	var parts []struct {
 		Type        string          `json:"type"`
 		Text        string          `json:"text"`
 		Annotations json.RawMessage `json:"annotations"`
 		Logprobs    json.RawMessage `json:"logprobs"`
+		ImageURL    *string         `json:"image_url"`
+		FileID      string          `json:"file_id"`
+		Detail      string          `json:"detail"`
 	}
 	if err := json.Unmarshal(raw, &parts); err != nil {
-		return "", invalid(param, "content must be a string or a list of parts")
+		return nil, invalid(param, "content must be a string or a list of parts")
 	}
-	var sb strings.Builder
 	for i, p := range parts {
-		switch p.Type {
-		case "input_text", "output_text", "text":
-			sb.WriteString(p.Text)
+		pp := fmt.Sprintf("%s[%d]", param, i)
+		switch {
+		case p.Type == "input_text" || p.Type == "output_text" || p.Type == "text":
+			c.addText(p.Text)
+		case p.Type == "input_image" && images:
+			img, e := responsesImage(p.ImageURL, p.FileID, p.Detail, pp)
+			if e != nil {
+				return nil, e
+			}
+			c.addImage(img)
 		default:
-			return "", unsupported(fmt.Sprintf("%s[%d].type", param, i), "a %q part is not supported: the models served are text-only", p.Type)
+			return nil, unsupported(pp+".type", "a %q part is not supported here: text parts are, and input_image parts in user messages", p.Type)
 		}
 	}
-	return sb.String(), nil
+	return c, nil
 }
 
 // translated is a Responses request in chat terms.
@@ -149,11 +170,14 @@ func chatFromResponses(q *ResponsesRequest) (*translated, *chatError) {
 	for f, n := range out.names {
 		flat[n] = f
 	}
-	msgs, e := responsesMessages(q, flat)
+	msgs, parts, e := responsesMessages(q, flat)
 	if e != nil {
 		return nil, e
 	}
 	chat := map[string]any{"model": q.Model, "messages": msgs, "stream": q.Stream}
+	if len(parts) > 0 {
+		chat[partsKey] = parts
+	}
 	if q.Stream {
 		chat["stream_options"] = map[string]any{"include_usage": true}
 	}
@@ -221,43 +245,50 @@ func checkResponsesRequest(q *ResponsesRequest) *chatError {
 
 // responsesMessages is the conversation of a Responses request: its instructions as
 // the system message, then its input (a string, or a list of items); flat maps the
-// client's tool names to the ones the model sees.
-func responsesMessages(q *ResponsesRequest, flat map[toolName]string) ([]runnerapi.Message, *chatError) {
+// client's tool names to the ones the model sees. parts are the content parts of the
+// messages that hold an image.
+func responsesMessages(q *ResponsesRequest, flat map[toolName]string) ([]runnerapi.Message, imageParts, *chatError) {
 	var msgs []runnerapi.Message
+	parts := imageParts{}
 	if q.Instructions != nil && *q.Instructions != "" {
 		msgs = append(msgs, runnerapi.Message{Role: "system", Content: runnerapi.MessageContent(*q.Instructions)})
 	}
 	in := bytes.TrimSpace(q.Input)
 	if len(in) == 0 {
-		return nil, invalid("input", "input is required")
+		return nil, nil, invalid("input", "input is required")
 	}
 	if in[0] == '"' {
 		var s string
 		_ = json.Unmarshal(in, &s)
-		return append(msgs, runnerapi.Message{Role: "user", Content: runnerapi.MessageContent(s)}), nil
+		return append(msgs, runnerapi.Message{Role: "user", Content: runnerapi.MessageContent(s)}), nil, nil
 	}
 	var items []item
 	dec := json.NewDecoder(bytes.NewReader(in))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&items); err != nil {
-		return nil, invalid("input", "input must be a string or a list of items: %v", err)
+		return nil, nil, invalid("input", "input must be a string or a list of items: %v", err)
 	}
 	for i, it := range items {
 		var e *chatError
-		if msgs, e = appendInputItem(msgs, it, fmt.Sprintf("input[%d]", i), flat); e != nil {
-			return nil, e
+		if msgs, e = appendInputItem(msgs, parts, it, fmt.Sprintf("input[%d]", i), flat); e != nil {
+			return nil, nil, e
 		}
 	}
-	return msgs, nil
+	return msgs, parts, nil
 }
 
-// appendInputItem appends input item it (named param in errors) to msgs.
-func appendInputItem(msgs []runnerapi.Message, it item, param string, flat map[toolName]string) ([]runnerapi.Message, *chatError) {
+// appendInputItem appends input item it (named param in errors) to msgs, and the
+// parts of a message holding an image to parts.
+func appendInputItem(msgs []runnerapi.Message, parts imageParts, it item, param string, flat map[toolName]string) ([]runnerapi.Message, *chatError) {
 	switch it.Type {
 	case "", "message":
-		text, e := partsText(it.Content, param+".content")
+		c, e := readParts(it.Content, param+".content", it.Role == "user")
 		if e != nil {
 			return nil, e
+		}
+		text := c.text.String()
+		if c.image {
+			parts[len(msgs)] = c.parts
 		}
 		switch it.Role {
 		case "user", "system", "developer":
@@ -450,7 +481,7 @@ func Responses(chat http.Handler) http.Handler {
 		if resumed && resume.Reasoning != "" {
 			resumedReasoning(tr.chat, req.Input)
 		}
-		b, _ := json.Marshal(tr.chat)
+		b := marshalChat(tr.chat)
 		rs := &responseState{w: w, req: &req, names: tr.names, created: time.Now().Unix()}
 		if req.Stream {
 			rs.sse = newSSE(w)

@@ -253,7 +253,7 @@ func TestResponsesRequest(t *testing.T) {
 	for _, tc := range []struct{ body, param string }{
 		{`{"model":"m","input":"x","previous_response_id":"resp_1"}`, "previous_response_id"},
 		{`{"model":"m","input":"x","tools":[{"type":"local_shell"}]}`, "tools[0].type"},
-		{`{"model":"m","input":[{"role":"user","content":[{"type":"input_image","image_url":"x"}]}]}`, "input[0].content[0].type"},
+		{`{"model":"m","input":[{"role":"user","content":[{"type":"input_image","image_url":"x"}]}]}`, "input[0].content[0].image_url"},
 		{`{"model":"m","input":"x","frobnicate":1}`, "frobnicate"},
 		{`{"model":"m"}`, "input"},
 	} {

@@ -72,7 +72,7 @@ func TestAnthropicImageErrors(t *testing.T) {
 	}
 	for _, tc := range []struct{ name, body, param, says string }{
 		{"no source", user(`{"type":"image"}`), "messages[0].content[0].source", "needs a source"},
-		{"media type", user(`{"type":"image","source":{"type":"base64","media_type":"image/tiff","data":"`+pngData+`"}}`),
+		{"media type", user(`{"type":"image","source":{"type":"base64","media_type":"image/tiff","data":"` + pngData + `"}}`),
 			"messages[0].content[0].source.media_type", "image/jpeg"},
 		{"no data", user(`{"type":"image","source":{"type":"base64","media_type":"image/png","data":""}}`),
 			"messages[0].content[0].source.data", "required"},

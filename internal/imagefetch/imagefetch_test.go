@@ -9,7 +9,9 @@ import (
 )
 
 func TestPlan(t *testing.T) {
-	msg := func(parts string) string { return `{"model":"m","messages":[{"role":"user","content":"hi"},{"role":"user","content":[` + parts + `]}]}` }
+	msg := func(parts string) string {
+		return `{"model":"m","messages":[{"role":"user","content":"hi"},{"role":"user","content":[` + parts + `]}]}`
+	}
 	img := func(url string) string { return `{"type":"image_url","image_url":{"url":"` + url + `"}}` }
 	for _, tc := range []struct {
 		name, body string

@@ -106,6 +106,8 @@ const (
 )
 
 // ModelSource says where a model's GGUF file comes from.
+//
+// +kubebuilder:validation:XValidation:rule="!has(self.projectorSHA256) || has(self.projector)",message="projectorSHA256 needs projector: it is the SHA-256 of the projector's file"
 type ModelSource struct {
 	// source is the GGUF file's location: hf://<org>/<repo>/<file>.gguf,
 	// ollama://<name>:<tag>, http(s)://… or file:///absolute/path on the Mac. A model
@@ -123,6 +125,25 @@ type ModelSource struct {
 	// +kubebuilder:validation:MaxLength=64
 	// +kubebuilder:validation:XValidation:rule="self.matches('^[a-f0-9]{64}$')",message="sha256 must be 64 lowercase hexadecimal characters"
 	SHA256 string `json:"sha256,omitempty"`
+
+	// projector is the location of the model's multimodal projector (an mmproj GGUF),
+	// in the same schemes as source: the agent downloads it beside the model and the
+	// runner answers images with it (image_url, image blocks, input_image). Without
+	// it an image in a request is a 400 that names this field.
+	// +optional
+	// +kubebuilder:validation:MinLength=8
+	// +kubebuilder:validation:MaxLength=2048
+	// +kubebuilder:validation:XValidation:rule="self.matches('^(hf|ollama|https?|file)://.+')",message="projector must start with hf://, ollama://, http://, https:// or file:// and name a file"
+	// +kubebuilder:validation:XValidation:rule="!self.startsWith('file://') || self.startsWith('file:///')",message="a file:// projector must be an absolute path (file:///path/to/mmproj.gguf)"
+	// +kubebuilder:validation:XValidation:rule="!self.matches('-[0-9]{5}-of-[0-9]{5}[.][gG][gG][uU][fF]([@?].*)?$')",message="a projector is one file: it cannot be stored in parts"
+	Projector string `json:"projector,omitempty"`
+
+	// projectorSHA256 is the expected SHA-256 of the projector, verified after
+	// download.
+	// +optional
+	// +kubebuilder:validation:MaxLength=64
+	// +kubebuilder:validation:XValidation:rule="self.matches('^[a-f0-9]{64}$')",message="projectorSHA256 must be 64 lowercase hexadecimal characters"
+	ProjectorSHA256 string `json:"projectorSHA256,omitempty"`
 
 	// servedName is the name clients put in the OpenAI "model" field; defaults to the
 	// deployment's name.

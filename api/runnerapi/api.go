@@ -80,6 +80,9 @@ type ChatInfo struct {
 	Thinking bool `json:"thinking"`
 	// TemplateError is why the model's own template is not used, if it is not.
 	TemplateError string `json:"template_error,omitempty"`
+	// Vision reports that a projector (--mmproj) is loaded: user messages may carry
+	// image parts.
+	Vision bool `json:"vision,omitempty"`
 }
 
 // Accelerator is one GPU a runner's engine computes with.

@@ -12,7 +12,8 @@ import (
 	"strings"
 )
 
-// Message is one chat message. Content is a string or an array of text parts.
+// Message is one chat message. Content is a string or an array of text and image
+// parts.
 type Message struct {
 	Role    string         `json:"role"`
 	Content MessageContent `json:"content"`
@@ -34,7 +35,108 @@ type Message struct {
 	Annotations  json.RawMessage `json:"annotations,omitempty"`
 	Audio        json.RawMessage `json:"audio,omitempty"`
 	FunctionCall json.RawMessage `json:"function_call,omitempty"`
+	// Images are the message's image parts, each standing at its place in Content;
+	// on the wire they are image_url parts of a content array.
+	Images []Image `json:"-"`
 }
+
+// Image is an image part of a message: its URL (the runner reads data: URIs only;
+// the gateway inlines others) and where it stands in the message's Content.
+type Image struct {
+	URL string
+	// Detail is OpenAI's resolution hint (low, high, auto): accepted and ignored.
+	Detail string
+	// At is the byte offset in Content the image comes before.
+	At int
+}
+
+// contentPart is one element of a content array.
+type contentPart struct {
+	Type     string    `json:"type"`
+	Text     *string   `json:"text,omitempty"`
+	ImageURL *imageURL `json:"image_url,omitempty"`
+}
+
+type imageURL struct {
+	URL    string `json:"url"`
+	Detail string `json:"detail,omitempty"`
+}
+
+// messageFields is Message without its methods.
+type messageFields Message
+
+// UnmarshalJSON implements json.Unmarshaler: the fields strictly (an unknown one is
+// an error, as DecodeJSON makes it at the top level), the content a string, null or
+// an array of text and image_url parts.
+func (m *Message) UnmarshalJSON(b []byte) error {
+	aux := struct {
+		*messageFields
+		Content json.RawMessage `json:"content"`
+	}{messageFields: (*messageFields)(m)}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&aux); err != nil {
+		return err
+	}
+	m.Content, m.Images = "", nil
+	c := bytes.TrimSpace(aux.Content)
+	if len(c) == 0 {
+		return nil
+	}
+	if c[0] != '[' {
+		return m.Content.UnmarshalJSON(c)
+	}
+	var parts []contentPart
+	if err := json.Unmarshal(c, &parts); err != nil {
+		return err
+	}
+	var sb strings.Builder
+	for _, p := range parts {
+		switch {
+		case p.Type == "text" && p.Text != nil:
+			sb.WriteString(*p.Text)
+		case p.Type == "image_url" && p.ImageURL != nil:
+			m.Images = append(m.Images, Image{URL: p.ImageURL.URL, Detail: p.ImageURL.Detail, At: sb.Len()})
+		default:
+			return fmt.Errorf("content part of type %q is not supported: send text and image_url parts", p.Type)
+		}
+	}
+	m.Content = MessageContent(sb.String())
+	return nil
+}
+
+// MarshalJSON implements json.Marshaler: the content a string, or with images an
+// array of text and image_url parts in their order.
+func (m Message) MarshalJSON() ([]byte, error) {
+	if len(m.Images) == 0 {
+		return json.Marshal(messageFields(m))
+	}
+	return json.Marshal(struct {
+		messageFields
+		Content []contentPart `json:"content"`
+	}{messageFields(m), m.contentParts()})
+}
+
+// contentParts are the message's text and images as a content array.
+func (m Message) contentParts() []contentPart {
+	text := string(m.Content)
+	var parts []contentPart
+	off := 0
+	for _, img := range m.Images {
+		at := min(max(img.At, off), len(text))
+		if at > off {
+			parts = append(parts, contentPart{Type: "text", Text: ptrTo(text[off:at])})
+		}
+		parts = append(parts, contentPart{Type: "image_url", ImageURL: &imageURL{URL: img.URL, Detail: img.Detail}})
+		off = at
+	}
+	if off < len(text) {
+		parts = append(parts, contentPart{Type: "text", Text: ptrTo(text[off:])})
+	}
+	return parts
+}
+
+func ptrTo[T any](v T) *T { return &v }
 
 // MessageContent is the text of a message: OpenAI allows a string, null, or an array
 // of content parts of which the runner accepts the text ones.

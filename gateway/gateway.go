@@ -49,6 +49,7 @@ import (
 	"github.com/macfleet/macfleet/gateway/admission"
 	"github.com/macfleet/macfleet/gateway/cachestats"
 	"github.com/macfleet/macfleet/gateway/fairqueue"
+	"github.com/macfleet/macfleet/gateway/keepalive"
 	"github.com/macfleet/macfleet/gateway/prefixindex"
 	"github.com/macfleet/macfleet/gateway/routing"
 	"github.com/macfleet/macfleet/gateway/tenancy"
@@ -71,7 +72,9 @@ const (
 	DefaultMaxInFlightPerSlot = admission.DefaultMaxInFlightPerSlot
 
 	DefaultColdStartTimeout = 2 * time.Minute
-	DefaultMaxBodyBytes     = 16 << 20
+	// DefaultStreamKeepAlive is Options.StreamKeepAlive's default (keepalive.DefaultInterval).
+	DefaultStreamKeepAlive = keepalive.DefaultInterval
+	DefaultMaxBodyBytes    = 16 << 20
 	// DefaultConnectTimeout bounds dialing an agent; a Mac that does not answer is
 	// skipped for another replica.
 	DefaultConnectTimeout = 3 * time.Second
@@ -103,6 +106,11 @@ type Options struct {
 	// (DefaultContinueTimeout when zero).
 	StreamContinuations int
 	ContinueTimeout     time.Duration
+	// StreamKeepAlive is the longest a streaming request the gateway holds (queued, a
+	// cold start, a prefill) stays silent: after it, a keep-alive event goes out, the
+	// first one committing status 200 (package keepalive). keepalive.DefaultInterval
+	// when zero; negative: none.
+	StreamKeepAlive time.Duration
 	// CancelGrace bounds how long an answer whose client went away is read on for its
 	// usage after the agent was asked to end it (DefaultCancelGrace when zero).
 	CancelGrace time.Duration
@@ -252,6 +260,9 @@ func (opts Options) withDefaults() (Options, error) {
 	}
 	if opts.ContinueTimeout <= 0 {
 		opts.ContinueTimeout = DefaultContinueTimeout
+	}
+	if opts.StreamKeepAlive == 0 {
+		opts.StreamKeepAlive = DefaultStreamKeepAlive
 	}
 	if opts.CancelGrace <= 0 {
 		opts.CancelGrace = DefaultCancelGrace

@@ -170,6 +170,8 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, start time.Time)
 		r = r.WithContext(withPrefixDigests(r.Context(), all, hint.Digests))
 	}
 	t := g.adm.NewTicket(admission.Request{Model: model, Flow: flow, Priority: prio, Hint: hint, Width: head.N})
+	w, endHold := g.holdStream(w, r, head)
+	defer endHold()
 	res := g.serve(&proxied{w: w, r: r, body: body, name: head.Model, id: id, t: t, lim: lim, start: start})
 	g.count(model, endpoint, res.status, res.reason)
 	return model, res

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/macfleet/macfleet/gateway/admission"
+	"github.com/macfleet/macfleet/gateway/keepalive"
 	"github.com/macfleet/macfleet/gateway/metering"
 	"github.com/macfleet/macfleet/gateway/prefixdigest"
 	"github.com/macfleet/macfleet/gateway/tenancy"
@@ -35,6 +36,8 @@ type requestHead struct {
 	prefix []byte
 	// keyed: prefix is the client's prompt_cache_key.
 	keyed bool
+	// stream: it asks for a stream ("stream": true).
+	stream bool
 }
 
 // proxied is one request as the gateway serves it, from admission to its answer: where
@@ -88,6 +91,8 @@ func parseHead(body []byte, prefixBytes int) (requestHead, *apiError) {
 	var head struct {
 		Model *json.RawMessage `json:"model"`
 		N     json.RawMessage  `json:"n"`
+		// Stream is read as it is: a value that is not a boolean is the agent's 400.
+		Stream json.RawMessage `json:"stream"`
 		outputCaps
 		// PromptCacheKey (chat completions, Responses) names the prefix the client
 		// shares between requests: it is the affinity key instead of the prompt's start.
@@ -99,12 +104,13 @@ func parseHead(body []byte, prefixBytes int) (requestHead, *apiError) {
 		err = json.Unmarshal(body, &head)
 	} else {
 		var m struct {
-			Model *json.RawMessage `json:"model"`
-			N     json.RawMessage  `json:"n"`
+			Model  *json.RawMessage `json:"model"`
+			N      json.RawMessage  `json:"n"`
+			Stream json.RawMessage  `json:"stream"`
 			outputCaps
 		}
 		err = json.Unmarshal(body, &m)
-		head.Model, head.N, head.outputCaps = m.Model, m.N, m.outputCaps
+		head.Model, head.N, head.Stream, head.outputCaps = m.Model, m.N, m.Stream, m.outputCaps
 	}
 	if err != nil {
 		var ute *json.UnmarshalTypeError
@@ -125,6 +131,7 @@ func parseHead(body []byte, prefixBytes int) (requestHead, *apiError) {
 		out.N = min(n, maxChoices)
 	}
 	out.caps = head.outputCaps
+	out.stream = keepalive.Streaming(head.Stream)
 	if prefixBytes > 0 {
 		var key string
 		if json.Unmarshal(head.PromptCacheKey, &key) == nil && key != "" {

@@ -108,6 +108,8 @@ type Config struct {
 	NoServiceAccountTokens bool
 	TokenCacheTTL          time.Duration
 	ColdStartTimeout       time.Duration
+	// StreamKeepAlive: see Options.
+	StreamKeepAlive time.Duration
 	// StreamContinuations and ContinueTimeout: see Options.
 	StreamContinuations int
 	ContinueTimeout     time.Duration
@@ -173,7 +175,7 @@ func DefaultGatewayID() string {
 // have synced and the first table is in place.
 func Run(ctx context.Context, cfg Config) error {
 	log := ctrl.LoggerFrom(ctx).WithName("gateway")
-	w := &wiring{cfg: cfg, log: log, opts: Options{ColdStartTimeout: cfg.ColdStartTimeout, StreamContinuations: cfg.StreamContinuations, ContinueTimeout: cfg.ContinueTimeout, PrefixAffinity: cfg.PrefixAffinity,
+	w := &wiring{cfg: cfg, log: log, opts: Options{ColdStartTimeout: cfg.ColdStartTimeout, StreamKeepAlive: cfg.StreamKeepAlive, StreamContinuations: cfg.StreamContinuations, ContinueTimeout: cfg.ContinueTimeout, PrefixAffinity: cfg.PrefixAffinity,
 		Routing: cfg.Routing, NoInFlightPrefixes: cfg.NoInFlightPrefixes, MaxInFlightPerSlot: cfg.MaxInFlightPerSlot, Queue: cfg.Queue, Registerer: cfg.Registerer, Log: log,
 		TracerProvider: cfg.TracerProvider, DisablePeerFetch: cfg.DisablePeerFetch, PeerFetchMargin: cfg.PeerFetchMargin}}
 	if w.opts.Registerer == nil {

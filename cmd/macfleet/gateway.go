@@ -146,6 +146,9 @@ func keyFlags(f *pflag.FlagSet, cfg *gateway.Config) {
 func queueFlags(f *pflag.FlagSet, cfg *gateway.Config) {
 	f.DurationVar(&cfg.ColdStartTimeout, "cold-start-timeout", gateway.DefaultColdStartTimeout,
 		"How long a request waits for a routable replica (an OnDemand model loading, an autoscaled deployment woken from zero) before a 503")
+	f.DurationVar(&cfg.StreamKeepAlive, "stream-keepalive", gateway.DefaultStreamKeepAlive,
+		"Longest a held streaming request (queued, cold-starting, prefilling) stays silent: then a keep-alive event is sent "+
+			"(an SSE comment; Anthropic's ping), so load balancers' idle timeouts do not cut it; the first commits status 200. Negative: none")
 	f.IntVar(&cfg.MaxInFlightPerSlot, "max-inflight-per-slot", gateway.DefaultMaxInFlightPerSlot,
 		"Requests sent to a replica at once per sequence slot of its engine (engine.parallel); more wait in the deployment's fair queue. "+
 			"Negative: no limit and no queue (requests wait in the runners' own FIFO)")

@@ -3,6 +3,7 @@ package keepalive
 import (
 	"bytes"
 	"encoding/json"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -284,4 +285,33 @@ func (k *Writer) checks() int {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	return k.ticks
+}
+
+// TestWriterTrailers: trailers the handler sets after its status (http.TrailerPrefix)
+// reach the response, whether a keep-alive committed it or the handler did.
+func TestWriterTrailers(t *testing.T) {
+	for _, held := range []bool{false, true} {
+		srv := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+			w := New(rw, Chat, 20*time.Millisecond)
+			defer w.Close()
+			if held {
+				waitKeepAlives(t, w, 1)
+			}
+			w.Header().Set("Content-Type", "text/event-stream")
+			w.WriteHeader(http.StatusOK)
+			_, _ = w.Write([]byte("data: [DONE]\n\n"))
+			w.Flush() // as the gateway's relay does: a stream is chunked, so it can have trailers
+			w.Header().Set(http.TrailerPrefix+"Macfleet-Continued", "1")
+		}))
+		resp, err := http.Get(srv.URL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		srv.Close()
+		if got := resp.Trailer.Get("Macfleet-Continued"); got != "1" || !strings.HasSuffix(string(b), "data: [DONE]\n\n") {
+			t.Errorf("held %v: trailer %q, body %q", held, got, b)
+		}
+	}
 }

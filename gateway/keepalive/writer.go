@@ -99,9 +99,17 @@ func (k *Writer) tick() {
 	k.sent++
 }
 
-// Header is the handler's header map, copied to the response when the handler's
-// status is sent.
-func (k *Writer) Header() http.Header { return k.header }
+// Header is the handler's header map until its status: a map of the Writer's own,
+// copied to the response then (a keep-alive may commit the response meanwhile). After
+// its status it is the response's own, for trailers (http.TrailerPrefix).
+func (k *Writer) Header() http.Header {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.st.status != 0 {
+		return k.w.Header()
+	}
+	return k.header
+}
 
 // WriteHeader sends the handler's status, unless a keep-alive already committed one.
 func (k *Writer) WriteHeader(code int) {

@@ -161,18 +161,14 @@ func chatFromMessagesBody(m *MessagesRequest, maxTokens int) (map[string]any, []
 			return nil, nil, e
 		}
 	}
-	msgs, parts := c.msgs, c.parts
+	msgs := c.msgs
 	if len(c.system) > 0 {
 		msgs = append([]runnerapi.Message{{Role: "system", Content: runnerapi.MessageContent(strings.Join(c.system, "\n\n"))}}, msgs...)
-		parts = parts.shifted(1)
 	}
 	if len(msgs) == 0 {
 		return nil, nil, invalid("messages", "messages must hold a user or assistant message")
 	}
 	chat := map[string]any{"model": m.Model, "messages": msgs, "max_tokens": maxTokens, "stream": m.Stream}
-	if len(parts) > 0 {
-		chat[partsKey] = parts
-	}
 	if m.Stream {
 		chat["stream_options"] = map[string]any{"include_usage": true}
 	}
@@ -226,8 +222,6 @@ type conversation struct {
 	system []string
 	// cached: some part of the request asked for cache_control.
 	cached bool
-	// parts are the content parts of the messages of msgs that hold an image.
-	parts imageParts
 }
 
 // addSystem adds the text of raw (named param in errors) to the system prompt.
@@ -273,14 +267,8 @@ func (c *conversation) addMessage(msg AnthropicMessage, param string) *chatError
 			return e
 		}
 	}
-	if body.text.Len() > 0 || body.image || len(out.ToolCalls) > 0 || out.ReasoningContent != "" {
-		out.Content = runnerapi.MessageContent(body.text.String())
-		if body.image {
-			if c.parts == nil {
-				c.parts = imageParts{}
-			}
-			c.parts[len(c.msgs)] = body.parts
-		}
+	if body.text.Len() > 0 || len(body.images) > 0 || len(out.ToolCalls) > 0 || out.ReasoningContent != "" {
+		out.Content, out.Images = runnerapi.MessageContent(body.text.String()), body.images
 		c.msgs = append(c.msgs, out)
 	}
 	return nil
@@ -293,11 +281,11 @@ func (c *conversation) addBlock(out *runnerapi.Message, body *content, b block, 
 	case b.Type == "text":
 		body.addText(b.Text)
 	case b.Type == "image" && role == "user":
-		p, e := anthropicImage(b.Source, bp+".source")
+		img, e := anthropicImage(b.Source, bp+".source")
 		if e != nil {
 			return e
 		}
-		body.addImage(p)
+		body.addImage(img)
 	case b.Type == "tool_use" && role == "assistant":
 		input := bytes.TrimSpace(b.Input)
 		if len(input) == 0 {
@@ -442,7 +430,7 @@ func Anthropic(chat http.Handler) http.Handler {
 		if resumed {
 			keepOpenMessage(chatReq, req.Messages)
 		}
-		b := marshalChat(chatReq)
+		b, _ := json.Marshal(chatReq)
 		var out sink = &anthropicWhole{w: w}
 		if req.Stream {
 			as := &anthropicStream{w: w, sse: newSSE(w), model: req.Model}

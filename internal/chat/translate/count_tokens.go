@@ -23,7 +23,7 @@ func AnthropicCountTokens(count http.Handler) http.Handler {
 			return
 		}
 		delete(chatReq, "max_tokens")
-		b := marshalChat(chatReq)
+		b, _ := json.Marshal(chatReq)
 		sub := r.Clone(r.Context())
 		sub.Body = io.NopCloser(bytes.NewReader(b))
 		sub.ContentLength = int64(len(b))

@@ -170,14 +170,11 @@ func chatFromResponses(q *ResponsesRequest) (*translated, *chatError) {
 	for f, n := range out.names {
 		flat[n] = f
 	}
-	msgs, parts, e := responsesMessages(q, flat)
+	msgs, e := responsesMessages(q, flat)
 	if e != nil {
 		return nil, e
 	}
 	chat := map[string]any{"model": q.Model, "messages": msgs, "stream": q.Stream}
-	if len(parts) > 0 {
-		chat[partsKey] = parts
-	}
 	if q.Stream {
 		chat["stream_options"] = map[string]any{"include_usage": true}
 	}
@@ -245,41 +242,38 @@ func checkResponsesRequest(q *ResponsesRequest) *chatError {
 
 // responsesMessages is the conversation of a Responses request: its instructions as
 // the system message, then its input (a string, or a list of items); flat maps the
-// client's tool names to the ones the model sees. parts are the content parts of the
-// messages that hold an image.
-func responsesMessages(q *ResponsesRequest, flat map[toolName]string) ([]runnerapi.Message, imageParts, *chatError) {
+// client's tool names to the ones the model sees.
+func responsesMessages(q *ResponsesRequest, flat map[toolName]string) ([]runnerapi.Message, *chatError) {
 	var msgs []runnerapi.Message
-	parts := imageParts{}
 	if q.Instructions != nil && *q.Instructions != "" {
 		msgs = append(msgs, runnerapi.Message{Role: "system", Content: runnerapi.MessageContent(*q.Instructions)})
 	}
 	in := bytes.TrimSpace(q.Input)
 	if len(in) == 0 {
-		return nil, nil, invalid("input", "input is required")
+		return nil, invalid("input", "input is required")
 	}
 	if in[0] == '"' {
 		var s string
 		_ = json.Unmarshal(in, &s)
-		return append(msgs, runnerapi.Message{Role: "user", Content: runnerapi.MessageContent(s)}), nil, nil
+		return append(msgs, runnerapi.Message{Role: "user", Content: runnerapi.MessageContent(s)}), nil
 	}
 	var items []item
 	dec := json.NewDecoder(bytes.NewReader(in))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&items); err != nil {
-		return nil, nil, invalid("input", "input must be a string or a list of items: %v", err)
+		return nil, invalid("input", "input must be a string or a list of items: %v", err)
 	}
 	for i, it := range items {
 		var e *chatError
-		if msgs, e = appendInputItem(msgs, parts, it, fmt.Sprintf("input[%d]", i), flat); e != nil {
-			return nil, nil, e
+		if msgs, e = appendInputItem(msgs, it, fmt.Sprintf("input[%d]", i), flat); e != nil {
+			return nil, e
 		}
 	}
-	return msgs, parts, nil
+	return msgs, nil
 }
 
-// appendInputItem appends input item it (named param in errors) to msgs, and the
-// parts of a message holding an image to parts.
-func appendInputItem(msgs []runnerapi.Message, parts imageParts, it item, param string, flat map[toolName]string) ([]runnerapi.Message, *chatError) {
+// appendInputItem appends input item it (named param in errors) to msgs.
+func appendInputItem(msgs []runnerapi.Message, it item, param string, flat map[toolName]string) ([]runnerapi.Message, *chatError) {
 	switch it.Type {
 	case "", "message":
 		c, e := readParts(it.Content, param+".content", it.Role == "user")
@@ -287,12 +281,9 @@ func appendInputItem(msgs []runnerapi.Message, parts imageParts, it item, param 
 			return nil, e
 		}
 		text := c.text.String()
-		if c.image {
-			parts[len(msgs)] = c.parts
-		}
 		switch it.Role {
 		case "user", "system", "developer":
-			return append(msgs, runnerapi.Message{Role: it.Role, Content: runnerapi.MessageContent(text)}), nil
+			return append(msgs, runnerapi.Message{Role: it.Role, Content: runnerapi.MessageContent(text), Images: c.images}), nil
 		case "assistant":
 			return append(msgs, runnerapi.Message{Role: "assistant", Content: runnerapi.MessageContent(text)}), nil
 		}
@@ -481,7 +472,7 @@ func Responses(chat http.Handler) http.Handler {
 		if resumed && resume.Reasoning != "" {
 			resumedReasoning(tr.chat, req.Input)
 		}
-		b := marshalChat(tr.chat)
+		b, _ := json.Marshal(tr.chat)
 		rs := &responseState{w: w, req: &req, names: tr.names, created: time.Now().Unix()}
 		if req.Stream {
 			rs.sse = newSSE(w)

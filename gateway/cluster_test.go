@@ -321,13 +321,19 @@ func startAgent(t *testing.T, runner string) string {
 // startAgentOf is startAgent with the model synthesized from spec.
 func startAgentOf(t *testing.T, runner string, spec ggufsynth.Spec) string {
 	t.Helper()
+	return startAgentWith(t, runner, spec, engine.Settings{ContextLength: 1024})
+}
+
+// startAgentWith is startAgentOf with the model's engine settings.
+func startAgentWith(t *testing.T, runner string, spec ggufsynth.Spec, settings engine.Settings) string {
+	t.Helper()
 	model := filepath.Join(t.TempDir(), "tiny.gguf")
 	if err := ggufsynth.Write(model, spec); err != nil {
 		t.Fatal(err)
 	}
 	acfg, err := config.Config{Runner: runner, RunnerThreads: 1, MemoryCeiling: 2 << 30, Listen: "127.0.0.1:0",
 		APIKey: fleetToken,
-		Models: []config.Model{{Name: "tiny", Path: model, Settings: engine.Settings{ContextLength: 1024}, Residency: config.ResidencyResident}},
+		Models: []config.Model{{Name: "tiny", Path: model, Settings: settings, Residency: config.ResidencyResident}},
 	}.Complete()
 	if err != nil {
 		t.Fatal(err)
@@ -363,12 +369,18 @@ func startAgentOf(t *testing.T, runner string, spec ggufsynth.Spec) string {
 // MACFLEET_RUNNER.
 func realAgent(t *testing.T, key string) (e *testenv.Env, agent, keysFile string) {
 	t.Helper()
+	return realAgentWith(t, key, engine.Settings{ContextLength: 1024})
+}
+
+// realAgentWith is realAgent with the model's engine settings.
+func realAgentWith(t *testing.T, key string, settings engine.Settings) (e *testenv.Env, agent, keysFile string) {
+	t.Helper()
 	runner := os.Getenv(runnerproc.RunnerEnv)
 	if runner == "" {
 		t.Skip("MACFLEET_RUNNER is not set: build the runner with `make runner` and export MACFLEET_RUNNER=$PWD/bin/macfleet-runner")
 	}
 	e = cluster(t)
-	agent = startAgent(t, runner)
+	agent = startAgentWith(t, runner, ggufsynth.Tiny(), settings)
 	keysFile = filepath.Join(t.TempDir(), "keys")
 	if err := os.WriteFile(keysFile, []byte(key+"\n"), 0o600); err != nil {
 		t.Fatal(err)

@@ -57,6 +57,10 @@ func (s *Syncer) startFetchLocked(ctx context.Context, key string, mr *v1alpha1.
 	s.wg.Go(func() {
 		defer cancel()
 		path, err := s.opts.Store.Fetch(fctx, mr.Namespace, src, sum, func(done, total int64) { s.progress(key, gen, done, total) })
+		var projector string
+		if err == nil {
+			projector, err = fetchProjector(fctx, s.opts.Store, mr.Namespace, r.template.Model)
+		}
 		s.mu.Lock()
 		cur := s.replicas[key]
 		if cur != r || cur.fetchGen != gen || cur.phase != phaseDownloading {
@@ -81,7 +85,7 @@ func (s *Syncer) startFetchLocked(ctx context.Context, key string, mr *v1alpha1.
 			}
 		} else {
 			r.phase = phaseDownloaded
-			r.path = path
+			r.path, r.projectorPath = path, projector
 			r.fetchErr, r.fetchFailures = nil, 0
 			if r.total == 0 {
 				if fi, statErr := statSize(path); statErr == nil {

@@ -47,6 +47,7 @@ type replica struct {
 	fetchGen      int
 	cancelFetch   context.CancelFunc
 	path          string
+	projectorPath string
 	done, total   int64
 	fetchErr      error
 	fetchReason   string

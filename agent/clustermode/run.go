@@ -365,7 +365,7 @@ func newAgent(cfg Config, cs kubernetes.Interface, w *replicaWatch, eng *standal
 	}
 	reg := prometheus.NewRegistry()
 	sopts := server.Options{Accelerators: devicegauge.Cached(devicegauge.Detect(), 10*time.Second), ClientCertificates: true, ResolveModel: a.syncer.Resolve,
-		ListModels: a.syncer.ListModels, DeploymentOf: a.syncer.DeploymentOf, Log: log.WithName("http"), Registerer: reg, TracerProvider: cfg.TracerProvider,
+		ListModels: a.syncer.ListModels, DeploymentOf: a.syncer.DeploymentOf, InlineImages: server.PolicyImages(cfg.SourcePolicy, ""), Log: log.WithName("http"), Registerer: reg, TracerProvider: cfg.TracerProvider,
 		// Peer fetch: this Mac serves prompt states to the Macs a gateway's ticket
 		// names, and fetches from other Macs with its own certificate.
 		Peers: &server.PeerOptions{Node: cfg.NodeName, Roots: tlsSrc.Roots, Transport: pki.NewTransports(tlsSrc, nil)},

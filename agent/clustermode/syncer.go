@@ -294,9 +294,10 @@ func (s *Syncer) sync(ctx context.Context, key string) (time.Duration, error) {
 	if needsSpec(action) && local != nil && mr != nil && local.phase != phaseRemoving {
 		// The GGUF header is read without the lock, which requests take to resolve
 		// their replica; the record must be unchanged afterwards.
-		path, phase := local.path, local.phase
+		path, phase, projector := local.path, local.phase, local.projectorPath
 		s.mu.Unlock()
 		sb.spec, sb.err = s.opts.BuildSpec(ctx, key, path, mr)
+		sb.spec.ProjectorPath = projector
 		if sb.err == nil && mr.Spec.Split != nil && s.opts.SplitLinks != nil {
 			var addrs map[string]string
 			addrs, sb.err = s.opts.SplitLinks.Addrs(mr)
@@ -468,7 +469,7 @@ func (s *Syncer) updateLocked(r *replica, mr *v1alpha1.ModelReplica, sb specResu
 	if r.phase == phaseRemoving {
 		return 0, nil // the removal requeues the key when it is done
 	}
-	if mr.Spec.Template.Model.Source != r.template.Model.Source || mr.Spec.Template.Model.SHA256 != r.template.Model.SHA256 {
+	if !sameFiles(mr.Spec.Template.Model, r.template.Model) {
 		s.removeLocked(r)
 		return 0, nil
 	}
@@ -573,14 +574,17 @@ func (s *Syncer) inUse() ([]store.Model, []string) {
 	var paths []string
 	for _, obj := range s.opts.Informer.GetStore().List() {
 		if mr, ok := obj.(*v1alpha1.ModelReplica); ok {
-			models = append(models, store.Model{Source: mr.Spec.Template.Model.Source, SHA256: mr.Spec.Template.Model.SHA256})
+			models = append(models, filesOf(mr.Spec.Template.Model)...)
 		}
 	}
 	s.mu.Lock()
 	for _, r := range s.replicas {
-		models = append(models, store.Model{Source: r.template.Model.Source, SHA256: r.template.Model.SHA256})
+		models = append(models, filesOf(r.template.Model)...)
 		if r.path != "" {
 			paths = append(paths, r.path)
+		}
+		if r.projectorPath != "" {
+			paths = append(paths, r.projectorPath)
 		}
 	}
 	s.mu.Unlock()

@@ -101,6 +101,9 @@ type Model struct {
 	// https:// file is checked only for the GGUF magic, an ollama:// one against its
 	// manifest's digest.
 	SHA256 string `json:"sha256,omitempty"`
+	// Projector is the model's multimodal projector (an mmproj GGUF file; `macfleet
+	// serve` also takes a source, pulled as Path is): its runner answers images with it.
+	Projector string `json:"projector,omitempty"`
 	// Settings are the engine settings (contextLength, parallel, kvCacheType, threads)
 	// as in a ModelDeployment, with the same bounds. An unset contextLength gives every
 	// slot the model's training context.

@@ -97,6 +97,8 @@ type agentOptions struct {
 	// resolveModel and deploymentOf are Options.ResolveModel and DeploymentOf.
 	resolveModel func(*http.Request, string) (string, error)
 	deploymentOf func(string) string
+	// inlineImages is Options.InlineImages.
+	inlineImages server.InlineImagesFunc
 	maxBody      int64
 	pool         enginepool.Config
 	// serverCert, when set, serves over TLS with it and authenticates callers by their
@@ -203,7 +205,7 @@ func startAgent(t *testing.T, o agentOptions) *testAgent {
 	}
 	reg := prometheus.NewRegistry()
 	srv, err := server.New(pool, server.Options{APIKey: o.apiKey, ReviewToken: o.reviewToken, MaxBodyBytes: o.maxBody, Registerer: reg,
-		ResolveModel: o.resolveModel, DeploymentOf: o.deploymentOf, ClientCertificates: o.serverCert != nil, Peers: o.peers, SplitLink: o.splitLink})
+		ResolveModel: o.resolveModel, DeploymentOf: o.deploymentOf, InlineImages: o.inlineImages, ClientCertificates: o.serverCert != nil, Peers: o.peers, SplitLink: o.splitLink})
 	if err != nil {
 		t.Fatal(err)
 	}

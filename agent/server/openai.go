@@ -70,6 +70,11 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
+	if s.opts.InlineImages != nil {
+		if body, ok = s.inlineImages(w, r, req.Model, body); !ok {
+			return
+		}
+	}
 	// The hints are all fields of Unsupported (internal/chat/compat's test): re-reading that
 	// small struct is cheaper than the body.
 	unsupported, _ := json.Marshal(req.Unsupported)

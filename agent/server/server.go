@@ -87,6 +87,9 @@ type Options struct {
 	// enginepool.StatusError keep their status and code (for example 400 for a name that
 	// is ambiguous, 404 for an unknown one).
 	ResolveModel func(r *http.Request, model string) (string, error)
+	// InlineImages, when set, puts a chat request's http(s) images inline before a
+	// runner sees it (PolicyImages); without it they reach the runner, which refuses them.
+	InlineImages InlineImagesFunc
 	// DeploymentOf, when set, names the deployment ("namespace/name") of a pool
 	// entry: the deployment label of the usage counters of callers that are not
 	// admins (macfleet_usage_requests_total, macfleet_usage_tokens_total, as the

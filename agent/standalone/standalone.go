@@ -37,6 +37,9 @@ const DefaultShutdownTimeout = 90 * time.Second
 // Options are what the command line does not configure.
 type Options struct {
 	Log logr.Logger
+	// InlineImages puts the http(s) images of chat requests inline (server.PolicyImages);
+	// nil leaves them to the runner, which refuses them.
+	InlineImages server.InlineImagesFunc
 	// RunnerOutput, when set, receives every runner's output lines prefixed with the
 	// model name.
 	RunnerOutput io.Writer
@@ -91,10 +94,17 @@ func BuildSpec(ctx context.Context, m config.Model) (enginepool.ModelSpec, error
 			return enginepool.ModelSpec{}, fmt.Errorf("model %q: estimating its memory: %w", m.Name, err)
 		}
 	}
+	if m.Projector != "" {
+		pb, err := estimate.Projector(ctx, estimate.Params{Path: m.Projector})
+		if err != nil {
+			return enginepool.ModelSpec{}, fmt.Errorf("model %q: reading its projector %s: %w", m.Name, m.Projector, err)
+		}
+		est = est.WithProjector(pb)
+	}
 	// The KV cache type as configured: unset passes no --kv-type (the runner's default).
 	e.KVCacheType = m.KVCacheType
 	spec := enginepool.ModelSpec{
-		Name: m.Name, Aliases: m.Aliases, Path: m.Path, Engine: e, Residency: enginepool.Residency(m.Residency),
+		Name: m.Name, Aliases: m.Aliases, Path: m.Path, ProjectorPath: m.Projector, Engine: e, Residency: enginepool.Residency(m.Residency),
 		IdleTimeout: time.Duration(m.IdleTimeout), EstimatedBytes: est.Total, WeightBytes: est.Weights,
 		Dims: enginepool.ModelDims{Layers: int(est.Dims.Layers), Embedding: int(est.Dims.Embd), Heads: int(est.Dims.Heads),
 			KVHeads: int(est.Dims.KVHeads), Vocab: int(est.Dims.Vocab), KVTypeSize: kvTypeSize(e.KVCacheType)},
@@ -191,7 +201,7 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 	}
 
 	srv, err := server.New(pool, server.Options{Accelerators: devicegauge.Cached(devicegauge.Detect(), 10*time.Second), APIKey: cfg.APIKey, MaxBodyBytes: int64(cfg.MaxBodyBytes),
-		Log: log.WithName("http"), TracerProvider: opts.TracerProvider})
+		InlineImages: opts.InlineImages, Log: log.WithName("http"), TracerProvider: opts.TracerProvider})
 	if err != nil {
 		return err
 	}

@@ -12,8 +12,10 @@ import (
 
 	"github.com/macfleet/macfleet/agent/config"
 	"github.com/macfleet/macfleet/agent/janitor"
+	"github.com/macfleet/macfleet/agent/server"
 	"github.com/macfleet/macfleet/agent/standalone"
 	"github.com/macfleet/macfleet/internal/httpserver"
+	"github.com/macfleet/macfleet/internal/sourcepolicy"
 	"github.com/macfleet/macfleet/internal/tracing"
 )
 
@@ -23,6 +25,7 @@ func init() { root.AddCommand(newServeCommand()) }
 type serveFlags struct {
 	configFile             string
 	models                 []string
+	projectors             []string
 	flags                  config.Config
 	ceiling, reserve, body string
 	pcHot, pcSSD           string
@@ -91,6 +94,9 @@ func (sf serveFlags) config(ctx context.Context, log logr.Logger) (config.Config
 		}
 		sf.flags.Models = append(sf.flags.Models, mc)
 	}
+	if err := applyProjectors(sf.flags.Models, sf.projectors); err != nil {
+		return cfg, err
+	}
 	if err := parseSizes(sizeFlag{"memory-ceiling", sf.ceiling, (*int64)(&sf.flags.MemoryCeiling)},
 		sizeFlag{"memory-reserve", sf.reserve, (*int64)(&sf.flags.MemoryReserve)},
 		sizeFlag{"max-body", sf.body, (*int64)(&sf.flags.MaxBodyBytes)}); err != nil {
@@ -129,6 +135,12 @@ func (sf serveFlags) run(cmd *cobra.Command) error {
 		return err
 	}
 	opts.Log = log
+	policy, err := sf.pull.policy()
+	if err != nil {
+		return err
+	}
+	// Image URLs are fetched under the same policy as models, as namespace serve's.
+	opts.InlineImages = server.PolicyImages(sourcepolicy.NewHolder(policy), serveNamespace)
 	if sf.runnerOutput {
 		opts.RunnerOutput = cmd.ErrOrStderr()
 	}
@@ -148,6 +160,7 @@ func (sf *serveFlags) register(cmd *cobra.Command) {
 		"models: [{name, path, contextLength, parallel, kvCacheType, threads, residency, idleTimeout, memory, aliases, promptCache: {enabled, hotBytes, ssdBytes}}])")
 	f.StringArrayVar(&sf.models, "model", nil, "a model to serve: NAME=PATH[:ctx=N,parallel=N,threads=N,residency=OnDemand|Resident|Pinned,idle=D,memory=SIZE,kv=T,alias=A,cache=on|off,hot=SIZE,ssd=SIZE,sha256=HEX] "+
 		"(repeatable); PATH may be a source to pull first: hf://OWNER/REPO/FILE.gguf[@REVISION], ollama://NAME[:TAG], https://…")
+	f.StringArrayVar(&sf.projectors, "projector", nil, projectorFlagUsage)
 	f.StringVar(&sf.flags.Listen, "listen", "", "address of the API (default "+config.DefaultListen+")")
 	f.StringVar(&sf.ceiling, "memory-ceiling", "", "cap the memory of all models together, e.g. 12Gi (default: the machine's ceiling)")
 	f.StringVar(&sf.reserve, "memory-reserve", "", "memory left to the OS below the machine's ceiling (default 4Gi below 24Gi of RAM, else 6Gi)")

@@ -97,12 +97,8 @@ func (pf pullFlags) pull(ctx context.Context, models []config.Model, log logr.Lo
 			continue
 		}
 		if st == nil {
-			p, err := pf.policy()
-			if err != nil {
-				return err
-			}
-			if st, err = store.New(pf.storeDir, store.Options{HFEndpoint: pf.hfEndpoint, HFToken: pf.token(), OllamaRegistry: pf.ollamaRegistry,
-				Policy: sourcepolicy.NewHolder(p), Log: log.WithName("store")}); err != nil {
+			var err error
+			if st, err = pf.store(log); err != nil {
 				return err
 			}
 		}
@@ -114,7 +110,42 @@ func (pf pullFlags) pull(ctx context.Context, models []config.Model, log logr.Lo
 		log.Info("Pulled model", "model", m.Name, "source", m.Path, "path", path)
 		m.Path, m.SHA256 = path, ""
 	}
+	return pf.pullProjectors(ctx, models, log)
+}
+
+// pullProjectors fetches every model's projector given as a source, as pull does its
+// model, and points it at the stored file.
+func (pf pullFlags) pullProjectors(ctx context.Context, models []config.Model, log logr.Logger) error {
+	var st *store.Store
+	for i := range models {
+		m := &models[i]
+		if !isSource(m.Projector) {
+			continue
+		}
+		if st == nil {
+			var err error
+			if st, err = pf.store(log); err != nil {
+				return err
+			}
+		}
+		log.Info("Pulling projector", "model", m.Name, "source", m.Projector)
+		path, err := st.Fetch(ctx, serveNamespace, m.Projector, "", progressLogger(log, m.Name+" projector"))
+		if err != nil {
+			return fmt.Errorf("model %s: its projector: %w", m.Name, tokenHint(m.Projector, err))
+		}
+		m.Projector = path
+	}
 	return nil
+}
+
+// store is the model store pulled sources go to, under the source policy.
+func (pf pullFlags) store(log logr.Logger) (*store.Store, error) {
+	p, err := pf.policy()
+	if err != nil {
+		return nil, err
+	}
+	return store.New(pf.storeDir, store.Options{HFEndpoint: pf.hfEndpoint, HFToken: pf.token(), OllamaRegistry: pf.ollamaRegistry,
+		Policy: sourcepolicy.NewHolder(p), Log: log.WithName("store")})
 }
 
 // progressLogger logs a download's progress at every tenth of it.

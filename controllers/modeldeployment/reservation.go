@@ -42,6 +42,7 @@ type reservation struct {
 // always needs the same memory.
 type estimateKey struct {
 	Source        string
+	Projector     string
 	ContextLength int32
 	Parallel      int32
 	KVCacheType   v1alpha1.KVCacheType
@@ -142,7 +143,7 @@ func (r *Reconciler) reservationFor(ctx context.Context, md *v1alpha1.ModelDeplo
 // estimated is the reservation from the (cached) estimate of the model's GGUF header,
 // rounded up to whole MiB, with the estimate divided over its layers.
 func (r *Reconciler) estimated(ctx context.Context, md *v1alpha1.ModelDeployment, t v1alpha1.ModelReplicaTemplate) reservation {
-	k := estimateKey{Source: t.Model.Source, ContextLength: t.Engine.ContextLength, Parallel: t.Engine.Parallel, KVCacheType: t.Engine.KVCacheType}
+	k := estimateKey{Source: t.Model.Source, Projector: t.Model.Projector, ContextLength: t.Engine.ContextLength, Parallel: t.Engine.Parallel, KVCacheType: t.Engine.KVCacheType}
 	now := r.Clock.Now()
 	e, ok := r.estimates.get(k)
 	switch {
@@ -206,7 +207,10 @@ func (r *Reconciler) estimate(ctx context.Context, k estimateKey) (estimate.Resu
 		HTTPClient:    r.Resolver.HTTPClient,
 		Dial:          r.policy.Dialer().DialContext,
 	})
-	return res, hubRefusal(src, header != nil, err)
+	if err != nil {
+		return res, hubRefusal(src, header != nil, err)
+	}
+	return r.withProjector(ctx, k, res)
 }
 
 // retryDelay is the wait after the n-th consecutive failure: EstimateRetryInitial

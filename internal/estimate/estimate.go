@@ -150,6 +150,9 @@ type Result struct {
 	// Overhead is RunnerBaseline, the header, the vocabulary tables and the output
 	// buffer.
 	Overhead int64
+	// Projector is a multimodal projector's memory beside the model (WithProjector):
+	// counted in Total, 0 for a model without one.
+	Projector int64
 
 	// ContextLength is the context the KV cache was sized for, after padding.
 	ContextLength int64

@@ -38,6 +38,9 @@ type ModelSpec struct {
 	Aliases []string `json:"aliases,omitempty"`
 	// Path is the local GGUF file.
 	Path string `json:"path"`
+	// ProjectorPath is the local file of the model's multimodal projector (mmproj),
+	// which the runner answers images with (--mmproj); empty for none.
+	ProjectorPath string `json:"projectorPath,omitempty"`
 	// Namespace is the tenant the model serves: the namespace of its replica in a
 	// fleet, empty (DefaultNamespace) for `macfleet serve`. Prompt cache directories
 	// are per namespace and model file, so one tenant's runner never restores

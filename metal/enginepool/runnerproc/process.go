@@ -331,7 +331,7 @@ func (f *ProcessFactory) launch(ctx context.Context, path string, spec enginepoo
 	if err != nil {
 		return nil, false, startError(spec.Name, err)
 	}
-	cmd := f.command(ctx, path, f.runnerArgs(spec, ceilingBytes, sock, cacheDir, rec), spec.Path, cacheDir, dir, spec.SplitWorker, splitPorts(spec))
+	cmd := f.command(ctx, path, f.runnerArgs(spec, ceilingBytes, sock, cacheDir, rec), spec, cacheDir, dir, splitPorts(spec))
 	if o.secret != nil {
 		cmd.Stdin = secretInput(o.secret)
 	}
@@ -517,6 +517,9 @@ func (f *ProcessFactory) engineArgs(spec enginepool.ModelSpec, ceilingBytes int6
 	}
 	if spec.Name != "" {
 		args = append(args, "--alias", spec.Name)
+	}
+	if spec.ProjectorPath != "" {
+		args = append(args, "--mmproj", spec.ProjectorPath)
 	}
 	return append(args, f.cfg.Args...)
 }

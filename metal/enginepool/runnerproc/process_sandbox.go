@@ -10,12 +10,14 @@ import (
 	"github.com/go-logr/logr"
 
 	"github.com/macfleet/macfleet/api/runnerapi"
+	"github.com/macfleet/macfleet/metal/enginepool"
 	"github.com/macfleet/macfleet/metal/runner/sandbox"
 )
 
 // command is the exec.Cmd of a runner: confined by the sandbox unless it is off. A
 // failure to confine it is left in cmd.Err, so that cmd.Start fails with it.
-func (f *ProcessFactory) command(ctx context.Context, path string, args []string, model, cacheDir, sockDir string, worker bool, connect []uint16) *exec.Cmd {
+func (f *ProcessFactory) command(ctx context.Context, path string, args []string, spec enginepool.ModelSpec, cacheDir, sockDir string, connect []uint16) *exec.Cmd {
+	model, worker := spec.Path, spec.SplitWorker
 	cmd := exec.Command(path, args...)
 	mode, st := f.SandboxStatus()
 	f.sandboxLogged.Do(func() {
@@ -50,8 +52,12 @@ func (f *ProcessFactory) command(ctx context.Context, path string, args []string
 	// ProcessConfig.Loopback; a split head connects to its workers through the agent's
 	// split link, on loopback only.
 	// A model stored in parts is named by its first part: the runner reads the others
-	// beside it.
-	p := sandbox.Policy{Runner: path, Model: model, Parts: sandbox.OtherParts(model), CacheDir: cacheDir, SocketDir: sockDir,
+	// beside it. A model's projector is read as one of its files.
+	parts := sandbox.OtherParts(model)
+	if spec.ProjectorPath != "" {
+		parts = append(parts, spec.ProjectorPath)
+	}
+	p := sandbox.Policy{Runner: path, Model: model, Parts: parts, CacheDir: cacheDir, SocketDir: sockDir,
 		Loopback: f.cfg.Loopback || worker, ConnectPorts: connect, BackendDir: backendDir(path)}
 	if err := sandbox.Wrap(cmd, p); err != nil {
 		cmd.Err = fmt.Errorf("confining the runner: %w", err)

@@ -10,7 +10,9 @@ import (
 )
 
 func TestApplyProjectors(t *testing.T) {
-	two := func() []config.Model { return []config.Model{{Name: "a", Path: "/m/a.gguf"}, {Name: "b", Path: "/m/b.gguf"}} }
+	two := func() []config.Model {
+		return []config.Model{{Name: "a", Path: "/m/a.gguf"}, {Name: "b", Path: "/m/b.gguf"}}
+	}
 	for _, tc := range []struct {
 		name   string
 		models []config.Model

@@ -18,6 +18,7 @@ func newSynthModelCommand() *cobra.Command {
 		override            ggufsynth.Spec
 		dtype               string
 		parts               int
+		projector           string
 	)
 	cmd := &cobra.Command{
 		Use:   "synth-model [--preset tiny|small|mid | --family FAMILY] [--parts N] -o FILE",
@@ -27,7 +28,9 @@ func newSynthModelCommand() *cobra.Command {
 			"of another family (" + familyNames() + "). The same flags always produce the same " +
 			"bytes. Dimension flags override the preset. With --parts N the model is stored as N " +
 			"files named as hubs store large models (FILE without .gguf, then -00001-of-0000N.gguf); " +
-			"name the first to load it.",
+			"name the first to load it. With --projector FILE (--family gemma3) a vision projector " +
+			"(mmproj) for the model is written too: the runner's --mmproj, a deployment's " +
+			"spec.model.projector.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			spec, err := synthBase(cmd, preset, family)
@@ -35,6 +38,9 @@ func newSynthModelCommand() *cobra.Command {
 				return err
 			}
 			synthOverride(cmd, &spec, override, dtype)
+			if _, err := ggufsynth.TinyProjector(spec); projector != "" && err != nil {
+				return fmt.Errorf("--projector: %w", err)
+			}
 			files, err := synthWrite(out, spec, parts)
 			if err != nil {
 				return err
@@ -51,7 +57,10 @@ func newSynthModelCommand() *cobra.Command {
 				"wrote %s: %d bytes, %d params (%s; vocab %d, embd %d, layers %d, heads %d/%d kv, ff %d, ctx %d, %s)\n",
 				strings.Join(files, ", "), size, spec.Params(), spec.Family.Arch(), spec.Vocab, spec.Embd, spec.Layers,
 				spec.Heads, spec.KVHeads, spec.FF, spec.Ctx, spec.DType)
-			return err
+			if err != nil || projector == "" {
+				return err
+			}
+			return synthProjector(cmd, projector, spec)
 		},
 	}
 	f := cmd.Flags()
@@ -70,9 +79,24 @@ func newSynthModelCommand() *cobra.Command {
 	f.StringVar(&override.Name, "name", "", "general.name (default: the preset's)")
 	f.StringVar(&dtype, "dtype", "", "weight type: f16, f32, q8_0 or q4_0 (default: the preset's)")
 	f.Bool("untied", false, "write a separate output projection (output.weight) instead of reusing the token embedding")
+	f.StringVar(&projector, "projector", "", "also write a vision projector (mmproj GGUF) for the model to this path (--family gemma3)")
 	_ = cmd.MarkFlagRequired("output")
 	cmd.MarkFlagsMutuallyExclusive("preset", "family")
 	return cmd
+}
+
+// synthProjector writes the tiny vision projector that pairs with spec to out.
+func synthProjector(cmd *cobra.Command, out string, spec ggufsynth.Spec) error {
+	p, err := ggufsynth.TinyProjector(spec)
+	if err != nil {
+		return fmt.Errorf("--projector: %w", err)
+	}
+	if err := ggufsynth.WriteProjector(out, p); err != nil {
+		return err
+	}
+	_, err = fmt.Fprintf(cmd.OutOrStdout(), "wrote %s: projector %s, %d tokens an image (%d px, patch %d, merged %d×%d)\n",
+		out, ggufsynth.ProjectorType, p.ImageTokens(), p.ImageSize, p.PatchSize, p.Merge, p.Merge)
+	return err
 }
 
 // synthOverride applies the dimension and naming flags given to spec.

@@ -46,6 +46,7 @@ func ownedStatus(mr *v1alpha1.ModelReplica, local *localView, m *enginepool.Mode
 	st := v1alpha1.ModelReplicaStatus{Endpoint: endpoint}
 	if m != nil {
 		st.PathsOff = pathsOff(m.Off)
+		st.Vision = m.Chat != nil && m.Chat.Vision
 	}
 	est := mr.Spec.MemoryReservation.DeepCopy()
 	st.Memory.Estimated = &est
@@ -291,6 +292,7 @@ func applyOwned(st *v1alpha1.ModelReplicaStatus, owned v1alpha1.ModelReplicaStat
 	st.Endpoint = owned.Endpoint
 	st.Memory = owned.Memory
 	st.PathsOff = owned.PathsOff
+	st.Vision = owned.Vision
 	st.Display = &v1alpha1.MemoryDisplay{Reserved: bytesize.Quantity(owned.Memory.Estimated),
 		Resident: bytesize.Quantity(owned.Memory.Resident)}
 	if owned.LastUnload != nil {

@@ -199,6 +199,11 @@ type ModelReplicaStatus struct {
 	// +listMapKey=path
 	// +kubebuilder:validation:MaxItems=8
 	PathsOff []PathOff `json:"pathsOff,omitempty"`
+	// vision says that the node's runner of the replica answers images: it loaded the
+	// deployment's projector (spec.model.projector). As the loaded runner reports it;
+	// absent while none is loaded, or for a model without a projector.
+	// +optional
+	Vision bool `json:"vision,omitempty"`
 	// conditions are Scheduled, Downloaded, Loaded and Ready.
 	// +optional
 	// +listType=map

@@ -57,9 +57,15 @@ func TestInlineImagesHook(t *testing.T) {
 	if resp.StatusCode != http.StatusBadRequest {
 		t.Errorf("messages: %d %s, want the 400", resp.StatusCode, b)
 	}
+	// count_tokens counts the images it fetched.
+	resp, b = a.do(http.MethodPost, "/v1/messages/count_tokens", map[string]any{"model": "vision", "messages": []any{
+		map[string]any{"role": "user", "content": []any{map[string]any{"type": "image", "source": map[string]any{"type": "url", "url": "https://x.example/a.png"}}}}}})
+	if resp.StatusCode != http.StatusBadRequest {
+		t.Errorf("count_tokens: %d %s, want the 400", resp.StatusCode, b)
+	}
 	mu.Lock()
 	defer mu.Unlock()
-	if len(namespaces) != 2 || namespaces[0] != "team" || namespaces[1] != "team" {
-		t.Errorf("inlined for namespaces %q, want team twice (the unknown model not at all)", namespaces)
+	if len(namespaces) != 3 || namespaces[0] != "team" || namespaces[1] != "team" || namespaces[2] != "team" {
+		t.Errorf("inlined for namespaces %q, want team three times (the unknown model not at all)", namespaces)
 	}
 }

@@ -264,6 +264,11 @@ func (s *Server) handleChatTokens(w http.ResponseWriter, r *http.Request) {
 		writeError(w, fromRunnerAPI(e))
 		return
 	}
+	if s.opts.InlineImages != nil {
+		if body, ok = s.inlineImages(w, r, req.Model, body); !ok {
+			return
+		}
+	}
 	lease, rn := s.admit(w, r, req.Model, nil)
 	if lease == nil {
 		return

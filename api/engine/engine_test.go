@@ -242,3 +242,23 @@ func TestWithRunnerThreads(t *testing.T) {
 		})
 	}
 }
+
+func TestStepThreads(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		requested int
+		offloaded bool
+		want      int
+	}{
+		{name: "on the CPU every requested thread", requested: 15, want: 15},
+		{name: "offloaded: capped", requested: 15, offloaded: true, want: OffloadedThreads},
+		{name: "offloaded: fewer stay", requested: 1, offloaded: true, want: 1},
+		{name: "offloaded: at the cap", requested: OffloadedThreads, offloaded: true, want: OffloadedThreads},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := StepThreads(tc.requested, tc.offloaded); got != tc.want {
+				t.Errorf("StepThreads(%d, %v) = %d, want %d", tc.requested, tc.offloaded, got, tc.want)
+			}
+		})
+	}
+}

@@ -47,3 +47,21 @@ func (s Settings) WithRunnerThreads(nodeThreads, performanceCores int, weightByt
 	s.Threads = int32(Threads(s.Threads, int32(nodeThreads), PolicyThreads(performanceCores, weightBytes)))
 	return s
 }
+
+// OffloadedThreads is the most CPU threads a runner gives llama.cpp when every layer
+// of its model computes on an accelerator (Metal, CUDA): the CPU then only looks up
+// the input tokens' embeddings, and more threads only spin at ggml's barriers beside
+// the runner's own sampling. On an H200, a 30B-A3B mixture of experts at 16 streams
+// (sampled) decoded 645–657 tok/s with 15 threads and 687–689 with 2
+// (docs/benchmarks.md).
+const OffloadedThreads = 2
+
+// StepThreads are the threads a runner's contexts use: requested, or at most
+// OffloadedThreads when every layer is offloaded to an accelerator. A split runner
+// keeps requested (its head's layers may compute on the CPU while a worker computes).
+func StepThreads(requested int, allOffloaded bool) int {
+	if allOffloaded && requested > OffloadedThreads {
+		return OffloadedThreads
+	}
+	return requested
+}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sync"
 
+	apiengine "github.com/macfleet/macfleet/api/engine"
 	"github.com/macfleet/macfleet/api/runnerapi"
 	"github.com/macfleet/macfleet/metal/runner/llama"
 )
@@ -22,6 +23,12 @@ func (s *Server) newContexts(m *llama.Model) error {
 	if err != nil {
 		return err
 	}
+	// With every layer on an accelerator the CPU threads only spin beside the sampling.
+	offloaded := len(s.split.devs) == 0 && cfg.GPULayers > m.NLayer() && len(llama.Devices()) > 0
+	threads := apiengine.StepThreads(cfg.Threads, offloaded)
+	if threads != cfg.Threads {
+		s.log.Info("Every layer is on an accelerator: fewer CPU threads", "threads", threads, "requested", cfg.Threads)
+	}
 	for _, n := range groups {
 		// Every slot gets the context it would get in one context.
 		nctx := ctxTotal
@@ -29,7 +36,7 @@ func (s *Server) newContexts(m *llama.Model) error {
 			nctx = ctxTotal / cfg.Parallel * n
 		}
 		lctx, err := llama.NewContext(m, llama.ContextParams{
-			NCtx: nctx, NBatch: cfg.Batch, NSeqMax: n, Threads: cfg.Threads,
+			NCtx: nctx, NBatch: cfg.Batch, NSeqMax: n, Threads: threads,
 			KVType: cfg.KVType, Embeddings: true,
 		})
 		if err != nil {

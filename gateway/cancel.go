@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/macfleet/macfleet/api/runnerapi"
+	"github.com/macfleet/macfleet/gateway/metering"
+	"github.com/macfleet/macfleet/gateway/splice"
 	"github.com/macfleet/macfleet/internal/pki"
 )
 
@@ -24,8 +26,9 @@ import (
 // condition: the answer ends at once with the usage of what was generated, which the
 // agent sends as its usage trailer and the gateway counts. The gateway reads the
 // rest of the answer, sending nothing on, for at most CancelGrace; then it drops the
-// connection as it did before and the answer's usage is lost (logged and counted in
-// macfleet_gateway_cancellations_total). A request that no runner was generating yet
+// connection as it did before and meters a stream at its own count of the tokens it
+// read (logged and counted in macfleet_gateway_cancellations_total and
+// macfleet_gateway_usage_relayed_total). A request that no runner was generating yet
 // (queued on the agent) is dropped at once: nothing was generated.
 
 // DefaultCancelGrace bounds how long the gateway waits for a cancelled answer's end.
@@ -38,8 +41,8 @@ const pathCancel = "/api/requests/cancel"
 const (
 	cancelMetered    = "metered"     // the answer ended with its usage, counted
 	cancelNotRunning = "not_running" // no runner had the request yet: dropped, nothing generated
-	cancelTimedOut   = "timed_out"   // the answer did not end within CancelGrace: dropped, usage lost
-	cancelFailed     = "failed"      // the agent could not be asked: dropped, usage lost
+	cancelTimedOut   = "timed_out"   // the answer did not end within CancelGrace: dropped, metered at the gateway's count of a stream
+	cancelFailed     = "failed"      // the agent could not be asked: dropped, metered at the gateway's count of a stream
 )
 
 // cancellation is one attempt's cancellation, shared by the goroutine that asks the
@@ -77,7 +80,7 @@ func (g *Gateway) detach(ctx context.Context, be Backend, model, id string, c *c
 			// The attempt ended meanwhile: nothing to cancel.
 		case err != nil:
 			c.state.Store(cancelError)
-			g.log.Info("Asking an agent to cancel a request failed; dropping it, its usage is lost", "model", model,
+			g.log.Info("Asking an agent to cancel a request failed; dropping it, metered at the gateway's count", "model", model,
 				"replica", be.Key, "err", err.Error())
 			drop()
 		case !found:
@@ -142,12 +145,20 @@ func (c *cancellation) outcome(ended bool) string {
 }
 
 // lostOnCancel counts (and, when a runner had generated part of it, logs) an answer
-// whose client went away and that the gateway dropped before its end.
-func (g *Gateway) lostOnCancel(model string, be Backend, c *cancellation) {
+// whose client went away and that the gateway dropped before its end. A stream the
+// gateway read (body, a splice reader) is metered at its own count of it
+// (relayedUsage): the tokens the runner generated up to the drop, which no report
+// will bring.
+func (g *Gateway) lostOnCancel(p *proxied, model string, be Backend, c *cancellation, body io.Reader) *metering.Usage {
 	o := c.outcome(false)
 	g.metrics.cancellations.WithLabelValues(model, o).Inc()
-	if o != cancelNotRunning {
-		g.log.Info("An answer whose client went away was dropped before its end; its usage is not counted", "model", model,
-			"replica", be.Key, "outcome", o, "grace", g.opts.CancelGrace)
+	var metered *metering.Usage
+	if sr, ok := body.(*splice.Reader); ok {
+		metered = g.relayedUsage(p, be, sr.Stream())
 	}
+	if o != cancelNotRunning {
+		g.log.Info("An answer whose client went away was dropped before its end; metered at the gateway's count",
+			"model", model, "replica", be.Key, "outcome", o, "grace", g.opts.CancelGrace, "metered", metered != nil)
+	}
+	return metered
 }

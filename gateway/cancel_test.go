@@ -178,7 +178,8 @@ func TestCancelDropsWhatNoRunnerHas(t *testing.T) {
 }
 
 // TestCancelGraceBoundsTheWait: an answer that does not end after its cancel is
-// dropped once CancelGrace has passed, and counted as timed out, its usage lost.
+// dropped once CancelGrace has passed, and counted as timed out (its stream carries
+// no counts, so nothing is metered).
 func TestCancelGraceBoundsTheWait(t *testing.T) {
 	const grace = 300 * time.Millisecond
 	g, took := cancelThrough(t, newCancelAgent(t, true, true), Options{CancelGrace: grace}, cancelTimedOut)

@@ -98,7 +98,7 @@ func (g *Gateway) continueStream(ctx context.Context, p *proxied, n int, res out
 		if c.Stream().API() == splice.Chat && (why == splice.ToolCall || why == splice.Finished) {
 			return g.endCleanly(p, c, why)
 		}
-		return g.endBroken(p.w, model, c, why)
+		return g.endBroken(p, c, why)
 	}
 }
 
@@ -132,12 +132,16 @@ func (g *Gateway) continueOn(ctx context.Context, p *proxied, tr try, c continua
 	return res
 }
 
-// endBroken ends a stream that is not continued with the replica's error event (the
-// gateway's for a connection that broke), saying why it was not continued.
-func (g *Gateway) endBroken(w http.ResponseWriter, model string, c continuation, why string) outcome {
+// endBroken ends request p's stream that is not continued with the replica's error
+// event (the gateway's for a connection that broke), saying why it was not continued.
+// No replica reported its usage, so the gateway meters its own count of what it
+// relayed (brokenUsage).
+func (g *Gateway) endBroken(p *proxied, c continuation, why string) outcome {
+	w, model := p.w, p.t.Request().Model
 	be, brk, st := c.failed, c.Break(), c.Stream()
 	g.log.Info("Upstream stream broke after it started; not continued", "model", model,
 		"replica", be.Key, "endpoint", be.Endpoint, "err", brk.Error(), "why", why)
+	metered := g.relayedUsage(p, be, st)
 	e := &apiError{Status: http.StatusBadGateway, Type: openaierr.TypeServer, Code: openaierr.CodeUpstream,
 		Message: fmt.Sprintf("the response of replica %s broke off: %v", be.Key, brk)}
 	if st.API() == splice.Responses || st.API() == splice.Messages {
@@ -146,7 +150,7 @@ func (g *Gateway) endBroken(w http.ResponseWriter, model string, c continuation,
 		}
 		_, _ = w.Write(st.BrokenEvent(e.Message))
 		_ = http.NewResponseController(w).Flush()
-		return outcome{status: http.StatusOK, reason: "stream_broken"}
+		return outcome{status: http.StatusOK, reason: "stream_broken", usage: metered}
 	}
 	var held struct{ Error *apiError }
 	if brk.Cause() == "error_event" && json.Unmarshal(st.HeldError(), &held) == nil && held.Error != nil {
@@ -157,7 +161,20 @@ func (g *Gateway) endBroken(w http.ResponseWriter, model string, c continuation,
 	}
 	_, _ = w.Write(e.sseEvent())
 	_ = http.NewResponseController(w).Flush()
-	return outcome{status: http.StatusOK, reason: "stream_broken"}
+	return outcome{status: http.StatusOK, reason: "stream_broken", usage: metered}
+}
+
+// relayedUsage meters request p's stream st, which ended without a usage report from
+// its last replica be, at the gateway's own count of what it relayed (every choice's
+// tokens, from every replica; splice.Stream.RelayedUsage), within the request's bound
+// as a report is; nil when the runner sent no count.
+func (g *Gateway) relayedUsage(p *proxied, be Backend, st *splice.Stream) *metering.Usage {
+	u, ok := st.RelayedUsage()
+	if !ok {
+		return nil
+	}
+	g.metrics.usageRelayed.WithLabelValues(p.t.Request().Model).Inc()
+	return g.meter.Claim(usagemeter.Answer{Caller: g.caller(p.r), Model: p.t.Request().Model, Backend: be, Limits: p.lim}, u, nil)
 }
 
 // endCleanly ends request p's Chat Completions stream that broke after a tool call or

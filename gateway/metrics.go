@@ -29,6 +29,8 @@ type metrics struct {
 	continuations *prometheus.CounterVec
 	// countDisagreements: streams whose usage report is not the gateway's own count.
 	countDisagreements *prometheus.CounterVec
+	// usageRelayed: streams metered at the gateway's own count, for want of a report.
+	usageRelayed *prometheus.CounterVec
 
 	// usage counts requests and tokens per key, namespace and deployment;
 	// usageClamped the replicas' usage reports cut to their bound or refused.
@@ -113,7 +115,7 @@ func (m *metrics) newQueueMetrics() {
 		Name: "macfleet_gateway_cancellations_total",
 		Help: "Answers whose client went away before their end, by deployment and outcome (metered: the runner ended the " +
 			"answer and its usage was counted; not_running: no runner was generating it yet, dropped; timed_out: it did not " +
-			"end within the cancel grace, dropped, usage lost; failed: the agent could not be asked, dropped, usage lost).",
+			"end within the cancel grace, dropped, a stream metered at the gateway's count; failed: the agent could not be asked, dropped, likewise).",
 	}, []string{"model", "outcome"})
 }
 
@@ -139,6 +141,12 @@ func (m *metrics) newStreamMetrics() {
 		Name: "macfleet_gateway_usage_count_disagreements_total",
 		Help: "Chat and text completion, Responses and Messages streams whose replica reported (X-Macfleet-Usage) other completion tokens than the gateway " +
 			"counted in the events it forwarded, by deployment.",
+	}, []string{"model"})
+	m.usageRelayed = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "macfleet_gateway_usage_relayed_total",
+		Help: "Chat and text completion, Responses and Messages streams metered at the gateway's own count of the tokens it read, " +
+			"for want of their replica's usage report (the stream broke and was not continued, or its client went away and the " +
+			"answer was dropped before its end), by deployment.",
 	}, []string{"model"})
 }
 
@@ -167,6 +175,7 @@ func (m *metrics) register(reg prometheus.Registerer) error {
 	m.routing = reg1(m.routing).(*prometheus.CounterVec)
 	m.continuations = reg1(m.continuations).(*prometheus.CounterVec)
 	m.countDisagreements = reg1(m.countDisagreements).(*prometheus.CounterVec)
+	m.usageRelayed = reg1(m.usageRelayed).(*prometheus.CounterVec)
 	m.usageClamped = reg1(m.usageClamped).(*prometheus.CounterVec)
 	m.budgetAdmissions = reg1(m.budgetAdmissions).(*prometheus.CounterVec)
 	m.budgetReserved = reg1(m.budgetReserved).(prometheus.Gauge)

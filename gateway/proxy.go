@@ -350,7 +350,7 @@ func (g *Gateway) attempt(ctx context.Context, p *proxied, tr try) (res outcome)
 	resp, err := g.transport.RoundTrip(out)
 	if err != nil {
 		if ctx.Err() != nil {
-			g.lostOnCancel(model, be, &cancelled)
+			g.lostOnCancel(p, model, be, &cancelled, nil)
 			return outcome{status: openaierr.StatusClientGone, reason: "client_gone"}
 		}
 		reason := "transport"
@@ -520,8 +520,8 @@ func (g *Gateway) relay(ctx context.Context, p *proxied, resp *http.Response, a 
 				if sent.complete(resp) {
 					return res
 				}
-				g.lostOnCancel(model, be, a.cancelled)
-				return outcome{status: openaierr.StatusClientGone, reason: "client_gone"}
+				u := g.lostOnCancel(p, model, be, a.cancelled, resp.Body)
+				return outcome{status: openaierr.StatusClientGone, reason: "client_gone", usage: u}
 			}
 			return g.broken(w, rc, model, be, resp, rerr)
 		}

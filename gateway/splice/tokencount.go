@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"io"
 	"strconv"
+
+	"github.com/macfleet/macfleet/gateway/metering"
 )
 
 // maxCountedChoices bounds the choices a stream's count keeps apart (n is at most 128).
@@ -117,4 +119,21 @@ func Counted(body io.Reader) (int64, bool) {
 		return sr.st.tokens.of(sr.st.choice), true
 	}
 	return sr.st.tokens.total(), true
+}
+
+// RelayedUsage is the usage of a stream that ended without its replica's report (it
+// broke and was not continued, or its client went away and the answer was dropped
+// before its end), by the gateway's own counts: every completion token it read of
+// every choice, from every replica, and the prompt as its last replica reported it (0
+// when none did); ok false when the runner sent no token count, or one that was not
+// one.
+func (st *Stream) RelayedUsage() (metering.Usage, bool) {
+	if !st.tokens.known() {
+		return metering.Usage{}, false
+	}
+	u := metering.Usage{Output: st.tokens.total()}
+	if st.prompt.known {
+		u.Input, u.Cached = st.prompt.tokens, st.prompt.cached
+	}
+	return u, true
 }

@@ -207,7 +207,7 @@ func TestTemplateDeployments(t *testing.T) {
 		"--leader-elect=false", "--node-loss-grace=60s", "--scheduler-workers=8",
 		authzBind, authzCerts, authzClientCA, "--zap-log-level=info"}
 	defaultGateway := []string{"gateway", "--listen=:8080", "--metrics-bind-address=:9090", "--health-probe-bind-address=:8081",
-		"--agent-cert-secret=" + testNamespace + "/macfleet-gateway-tls", "--tenant-keys", "--token-audience=macfleet", "--cold-start-timeout=2m", "--stream-continuations=1", "--stream-continue-timeout=15s", "--prefix-affinity=false",
+		"--agent-cert-secret=" + testNamespace + "/macfleet-gateway-tls", "--tenant-keys", "--token-audience=macfleet", "--cold-start-timeout=2m", "--stream-keepalive=10s", "--stream-continuations=1", "--stream-continue-timeout=15s", "--prefix-affinity=false",
 		"--routing=prefix-cache", "--peer-fetch=true", "--peer-fetch-margin=2", "--max-inflight-per-slot=1", "--max-queue=256", "--max-queue-per-key=0", "--reserve-slots=1", "--active-window=30s",
 		"--drain-timeout=600s", "--max-connections=1024", "--zap-log-level=info"}
 	tests := []struct {
@@ -240,7 +240,7 @@ func TestTemplateDeployments(t *testing.T) {
 			"gateway.queue.maxInFlightPerSlot=2", "gateway.queue.maxQueued=1000", "gateway.queue.maxPerKey=100",
 			"gateway.queue.reserveSlots=0", "gateway.queue.activeWindow=2m",
 			"gateway.drain.timeoutSeconds=120", "gateway.maxConnections=4096", "gateway.maxConnectionsPerSource=-1",
-			"gateway.allowedHosts={gw.example,.corp.example}",
+			"gateway.allowedHosts={gw.example,.corp.example}", "gateway.streamKeepAlive=5s",
 		},
 		wantImage: "registry.example/mf:v9",
 		wantManager: []string{"manager", "--metrics-bind-address=:8080", "--health-probe-bind-address=:8081",
@@ -250,7 +250,7 @@ func TestTemplateDeployments(t *testing.T) {
 		wantStrategy: "",
 		wantGateway: []string{"gateway", "--listen=:8080", "--metrics-bind-address=:9090", "--health-probe-bind-address=:8081",
 			"--agent-cert-secret=" + testNamespace + "/macfleet-gateway-tls", "--api-keys-file=/etc/macfleet/api-keys/list", "--tenant-keys", "--token-audience=macfleet",
-			"--cold-start-timeout=30s", "--stream-continuations=-1", "--stream-continue-timeout=5s", "--prefix-affinity=true", "--routing=prefix-affinity", "--peer-fetch=false", "--peer-fetch-margin=3",
+			"--cold-start-timeout=30s", "--stream-keepalive=5s", "--stream-continuations=-1", "--stream-continue-timeout=5s", "--prefix-affinity=true", "--routing=prefix-affinity", "--peer-fetch=false", "--peer-fetch-margin=3",
 			"--max-inflight-per-slot=2", "--max-queue=1000",
 			"--max-queue-per-key=100", "--reserve-slots=0", "--active-window=2m", "--drain-timeout=120s", "--max-connections=4096",
 			"--max-connections-per-source=-1", "--allowed-hosts=gw.example,.corp.example", "--zap-log-level=info"},

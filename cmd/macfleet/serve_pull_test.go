@@ -9,11 +9,9 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -22,16 +20,13 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/macfleet/macfleet/internal/ggufsynth"
+	"github.com/macfleet/macfleet/test/support/hubdouble"
 	"github.com/macfleet/macfleet/test/support/testenv"
 )
 
-// hubDouble serves one file the way the model hub's resolve endpoint does, to the
-// holder of one token only, and records what it was asked.
-type hubDouble struct {
-	*httptest.Server
-	mu   sync.Mutex
-	seen []string
-}
+// hubDouble is the model hub's double (test/support/hubdouble) serving to the holder
+// of one token only.
+type hubDouble struct{ *hubdouble.Hub }
 
 func newHubDouble(t *testing.T, path, token string, content []byte) *hubDouble {
 	t.Helper()
@@ -42,65 +37,26 @@ func newHubDouble(t *testing.T, path, token string, content []byte) *hubDouble {
 // of several GiB, of which a reader of its header asks only the start.
 func newHubDoubleAt(t *testing.T, path, token string, content io.ReaderAt, size int64) *hubDouble {
 	t.Helper()
-	return newHubDoubleOf(t, token, func(p string) (io.ReadSeeker, bool) {
-		return io.NewSectionReader(content, 0, size), p == path
-	})
+	return newHubDoubleOf(t, token, hubdouble.Content(path, content, size))
 }
 
 // newHubDoubleFiles serves the local files of files (the hub's path → the file) the
 // way newHubDouble serves one: the parts of a model stored in several files.
 func newHubDoubleFiles(t *testing.T, token string, files map[string]string) *hubDouble {
 	t.Helper()
-	open := map[string]*io.SectionReader{}
-	for p, name := range files {
-		f, err := os.Open(name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { f.Close() })
-		fi, err := f.Stat()
-		if err != nil {
-			t.Fatal(err)
-		}
-		open[p] = io.NewSectionReader(f, 0, fi.Size())
-	}
-	return newHubDoubleOf(t, token, func(p string) (io.ReadSeeker, bool) {
-		f, ok := open[p]
-		if !ok {
-			return nil, false
-		}
-		return io.NewSectionReader(f, 0, f.Size()), true
-	})
+	return newHubDoubleOf(t, token, hubdouble.LocalFiles(files))
 }
 
-// newHubDoubleOf serves what file gives for a path, to the holder of token only.
-func newHubDoubleOf(t *testing.T, token string, file func(path string) (io.ReadSeeker, bool)) *hubDouble {
+// newHubDoubleOf serves files to the holder of token only.
+func newHubDoubleOf(t *testing.T, token string, files hubdouble.Files) *hubDouble {
 	t.Helper()
-	h := &hubDouble{}
-	h.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		h.mu.Lock()
-		h.seen = append(h.seen, r.Method+" "+r.URL.Path+" "+r.Header.Get("Authorization"))
-		h.mu.Unlock()
-		content, ok := file(r.URL.Path)
-		switch {
-		case r.Header.Get("Authorization") != "Bearer "+token:
-			http.Error(w, "gated model: log in", http.StatusUnauthorized)
-		case !ok:
-			http.NotFound(w, r)
-		default:
-			w.Header().Set("ETag", `"v1"`)
-			http.ServeContent(w, r, "", time.Time{}, content)
-		}
-	}))
+	h := hubdouble.New(files)
+	h.Gate("/", token)
 	t.Cleanup(h.Close)
-	return h
+	return &hubDouble{h}
 }
 
-func (h *hubDouble) requests() []string {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return append([]string(nil), h.seen...)
-}
+func (h *hubDouble) requests() []string { return h.Requests() }
 
 // loopbackPolicy writes a SourcePolicy that lets serve pull hf:// sources from the hub
 // double on loopback (the default policy denies loopback addresses).

@@ -65,12 +65,12 @@ void nd_worker::set_file() {
 	mfnd_set_file m;
 	memcpy(&m, msg.data(), sizeof(m));
 	m.name[sizeof(m.name) - 1] = 0;
-	int64_t id = gguf_find_tensor(gguf, m.name);
-	if (id < 0) {
-		fail(std::string("tensor ") + m.name + " is not in the worker's model file: the worker's file differs");
+	int64_t id = -1;
+	const nd_part *part = find_tensor(m.name, &id);
+	if (part == NULL) {
 		return;
 	}
-	size_t tsize = gguf_get_tensor_size(gguf, id);
+	size_t tsize = gguf_get_tensor_size(part->gguf, id);
 	ggml_backend_buffer_t b = mem(m.addr, m.size, m.name);
 	if (b == NULL) {
 		return;
@@ -85,9 +85,9 @@ void nd_worker::set_file() {
 		stage.resize(m.size);
 	}
 	uint8_t *dst = host ? (uint8_t *)(uintptr_t)m.addr : stage.data();
-	off_t at = (off_t)(gguf_get_data_offset(gguf) + gguf_get_tensor_offset(gguf, id) + m.offset);
+	off_t at = (off_t)(gguf_get_data_offset(part->gguf) + gguf_get_tensor_offset(part->gguf, id) + m.offset);
 	for (uint64_t done = 0; done < m.size;) {
-		ssize_t k = pread(file, dst + done, m.size - done, at + (off_t)done);
+		ssize_t k = pread(part->file, dst + done, m.size - done, at + (off_t)done);
 		if (k <= 0) {
 			fail(std::string("tensor ") + m.name + ": reading the worker's model file: " + strerror(errno));
 			return;
@@ -439,12 +439,8 @@ extern "C" int mfnd_serve(int fd, const char *model_path, int choice, int thread
 	// Timeouts are set below; keepalive finds a vanished peer.
 	mfnd_socket_options(fd, 0);
 	std::string e = mfnd_file_identity(model_path, &w.file_size, &w.header_hash);
-	struct gguf_init_params gp = {true, NULL};
-	if (e.empty() && (w.gguf = gguf_init_from_file(model_path, gp)) == NULL) {
-		e = std::string(model_path) + " is not a readable GGUF file";
-	}
-	if (e.empty() && (w.file = open(model_path, O_RDONLY)) < 0) {
-		e = std::string("cannot open ") + model_path + ": " + strerror(errno);
+	if (e.empty()) {
+		e = w.open_parts(model_path);
 	}
 	if (e.empty() && (w.dev = mfnd_pick_device(choice, &e)) != NULL) {
 		w.buft = ggml_backend_dev_buffer_type(w.dev);

@@ -15,10 +15,19 @@
 #include "wire.h"
 #include "worker_device.h"
 
-struct nd_worker {
-	int sock = -1;
+// nd_part is one file of the worker's model: the only one, or a part of a model stored
+// in parts (NAME-0000i-of-0000N.gguf), with its header; file is -1 for a part its Mac
+// does not store (its agent fetches only the parts holding its layers).
+struct nd_part {
+	std::string path;
 	int file = -1;
 	struct gguf_context *gguf = NULL;
+};
+
+struct nd_worker {
+	int sock = -1;
+	// parts are the model's files, the one named first (worker_parts.cpp).
+	std::vector<nd_part> parts;
 	ggml_backend_dev_t dev = NULL;
 	ggml_backend_buffer_type_t buft = NULL;
 	ggml_backend_t backend = NULL;
@@ -62,11 +71,13 @@ struct nd_worker {
 		if (pool != NULL) {
 			ggml_threadpool_free(pool);
 		}
-		if (gguf != NULL) {
-			gguf_free(gguf);
-		}
-		if (file >= 0) {
-			close(file);
+		for (nd_part &p : parts) {
+			if (p.gguf != NULL) {
+				gguf_free(p.gguf);
+			}
+			if (p.file >= 0) {
+				close(p.file);
+			}
 		}
 	}
 
@@ -127,6 +138,10 @@ struct nd_worker {
 	void begin_session(const uint8_t id[16], int timeout);
 	void end_session();
 	void set_file();
+	std::string open_parts(const char *model_path);
+	// find_tensor is the part holding the tensor name and its id there; NULL, the
+	// session's command failed with the reason, when none of the parts stored does.
+	const nd_part *find_tensor(const char *name, int64_t *id);
 	graph *update(mfnd_graph *h);
 	std::vector<ggml_tensor *> build(struct ggml_context *ctx, const std::vector<mfnd_tensor> &tensors);
 	bool check(const graph &gr);

@@ -36,8 +36,8 @@ class Macfleet < Formula
   def caveats
     <<~EOS
       On one Mac:        macfleet serve --model hf://OWNER/REPO/FILE.gguf
-      Start at login:    macfleet serve install --model …
-      Join a cluster:    macfleet agent install --kubeconfig CREDENTIAL
+      Start at login:    macfleet serve install -- --model NAME=hf://OWNER/REPO/FILE.gguf
+      Join a cluster:    macfleet agent install -- --kubeconfig CREDENTIAL
       The agent finds the runner beside macfleet (#{opt_bin}/macfleet-runner).
     EOS
   end

@@ -36,9 +36,16 @@ func (s *Store) fetchParts(ctx context.Context, r fetchReq) (string, error) {
 	paths := make([]string, len(parts))
 	for i, p := range parts {
 		p.Parts = 0
+		need, err := s.partNeeded(ctx, r, i, p)
+		if err != nil {
+			return "", err
+		}
+		if !need {
+			prog.skip(i)
+			continue
+		}
 		pr := r
 		pr.src, pr.progress = p, prog.of(i)
-		var err error
 		if p.Scheme == modelsource.File {
 			paths[i], err = s.fetchLocal(ctx, pr)
 		} else {
@@ -73,13 +80,16 @@ func (s *Store) partsDir(src modelsource.Source) string {
 }
 
 // linkParts names each part's blob by the part's name in the model's directory under
-// parts/, and returns the first part's name.
+// parts/ (a part without a blob, "", is not named), and returns the first part's name.
 func (s *Store) linkParts(src modelsource.Source, parts []modelsource.Source, blobs []string) (string, error) {
 	dir := s.partsDir(src)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", fmt.Errorf("model store: %w", err)
 	}
 	for i, p := range parts {
+		if blobs[i] == "" {
+			continue
+		}
 		link := filepath.Join(dir, p.FileName())
 		target, err := filepath.Rel(dir, blobs[i])
 		if err != nil {
@@ -115,6 +125,9 @@ func newPartsProgress(n int, report func(done, total int64)) *partsProgress {
 	}
 	return p
 }
+
+// skip counts part i, which is not fetched, as done with no bytes.
+func (p *partsProgress) skip(i int) { p.done[i], p.total[i] = 0, 0 }
 
 // of is the progress callback of part i (nil when nobody watches). The parts are
 // fetched one after another, so the callbacks never run at once.

@@ -209,6 +209,11 @@ func (s *Store) Dir() string { return s.dir }
 // returns; the download stops once no caller waits for it, and its partial file is
 // kept for the next Fetch to resume. Errors say which source failed; see Retryable.
 func (s *Store) Fetch(ctx context.Context, namespace, rawSource, sha256 string, progress func(done, total int64)) (string, error) {
+	return s.fetch(ctx, namespace, rawSource, sha256, nil, progress)
+}
+
+// fetch is Fetch, or FetchLayers with layers.
+func (s *Store) fetch(ctx context.Context, namespace, rawSource, sha256 string, layers *LayerRange, progress func(done, total int64)) (string, error) {
 	want, err := normalizeDigest(rawSource, sha256)
 	if err != nil {
 		return "", err
@@ -228,7 +233,7 @@ func (s *Store) Fetch(ctx context.Context, namespace, rawSource, sha256 string, 
 	if err := ctx.Err(); err != nil {
 		return "", fmt.Errorf("fetching %s: %w", rawSource, err)
 	}
-	r := fetchReq{namespace: namespace, policy: policy, src: src, want: want, progress: progress}
+	r := fetchReq{namespace: namespace, policy: policy, src: src, want: want, progress: progress, layers: layers}
 	switch {
 	case src.Parts > 1 && want != "":
 		return "", &DigestError{Source: rawSource, Digest: sha256,
@@ -249,6 +254,8 @@ type fetchReq struct {
 	// want is the lowercase hex SHA-256 asked for, or "".
 	want     string
 	progress func(done, total int64)
+	// layers, for a model in parts, fetches only the parts holding them (FetchLayers).
+	layers *LayerRange
 }
 
 // fetchLocal checks a file:// source in place and returns its resolved path.

@@ -124,11 +124,25 @@ func Scan(r io.Reader, lim Limits) (int64, error) {
 	return s.n, nil
 }
 
+// TensorNames scans one GGUF header from the start of r as Scan does and returns
+// the names of its tensors in the header's order, each cut to its first 64 bytes (a
+// GGML tensor name has at most 63): which part of a model stored in parts holds
+// which layers' weights.
+func TensorNames(r io.Reader, lim Limits) ([]string, error) {
+	s := &scanner{r: bufio.NewReaderSize(r, 64<<10), lim: lim, names: []string{}}
+	if err := s.scan(); err != nil {
+		return nil, err
+	}
+	return s.names, nil
+}
+
 type scanner struct {
 	r   *bufio.Reader
 	lim Limits
 	n   int64
 	v1  bool
+	// names collects the tensor names when not nil (TensorNames).
+	names []string
 }
 
 func (s *scanner) scan() error {
@@ -261,7 +275,17 @@ func (s *scanner) value(t uint32, at int64, where string) error {
 
 func (s *scanner) tensorInfo(i uint64) error {
 	where := fmt.Sprintf("tensor %d", i)
-	if err := s.nonEmptyStr(where + " name"); err != nil {
+	if s.names != nil {
+		at := s.n
+		name, err := s.str(where + " name")
+		if err != nil {
+			return err
+		}
+		if name == "" {
+			return s.malformed(at, "an empty string at "+where+" name, which GGUF parsers misread")
+		}
+		s.names = append(s.names, name)
+	} else if err := s.nonEmptyStr(where + " name"); err != nil {
 		return err
 	}
 	at := s.n

@@ -166,6 +166,36 @@ func TestModelDeploymentValidation(t *testing.T) {
 		{name: "peer warm-up with the prompt cache disabled", mutate: func(s *mfv1.ModelDeploymentSpec) {
 			s.Engine.PromptCache = &mfv1.PromptCacheSpec{Enabled: ptr.To(false), PeerWarmup: ptr.To(true)}
 		}, wantErr: "peerWarmup needs the prompt cache enabled: remove it or set enabled to true"},
+		{name: "projector: hf projector", mutate: func(s *mfv1.ModelDeploymentSpec) {
+			s.Model.Projector = "hf://ggml-org/gemma-3-4b-it-GGUF/mmproj-model-f16.gguf"
+		}},
+		{name: "projector: https projector with its sha256", mutate: func(s *mfv1.ModelDeploymentSpec) {
+			s.Model.Projector, s.Model.ProjectorSHA256 = "https://models.example/mmproj.gguf", goodSHA
+		}},
+		{name: "projector: file projector with memory", mutate: func(s *mfv1.ModelDeploymentSpec) {
+			s.Model.Projector, s.Resources = "file:///models/mmproj.gguf", projectorMemory()
+		}},
+		{name: "projector: unknown scheme", mutate: func(s *mfv1.ModelDeploymentSpec) { s.Model.Projector = "s3://bucket/mmproj.gguf" },
+			wantErr: "projector must start with hf://, ollama://, http://, https:// or file:// and name a file"},
+		{name: "projector: relative file", mutate: func(s *mfv1.ModelDeploymentSpec) {
+			s.Model.Projector, s.Resources = "file://models/mmproj.gguf", projectorMemory()
+		}, wantErr: "a file:// projector must be an absolute path"},
+		{name: "projector: file projector without memory", mutate: func(s *mfv1.ModelDeploymentSpec) {
+			s.Model.Projector = "file:///models/mmproj.gguf"
+		}, wantErr: "a file:// projector needs resources.memory"},
+		{name: "projector: in parts", mutate: func(s *mfv1.ModelDeploymentSpec) {
+			s.Model.Projector = "hf://org/m-GGUF/mmproj-00001-of-00002.gguf"
+		}, wantErr: "a projector is one file: it cannot be stored in parts"},
+		{name: "projector: bad sha256", mutate: func(s *mfv1.ModelDeploymentSpec) {
+			s.Model.Projector, s.Model.ProjectorSHA256 = "https://models.example/mmproj.gguf", "ABC"
+		}, wantErr: "projectorSHA256 must be 64 lowercase hexadecimal characters"},
+		{name: "projector: sha256 without a projector", mutate: func(s *mfv1.ModelDeploymentSpec) { s.Model.ProjectorSHA256 = goodSHA },
+			wantErr: "projectorSHA256 needs projector"},
+		{name: "projector: split replicas", mutate: func(s *mfv1.ModelDeploymentSpec) {
+			s.Model.Projector = "https://models.example/mmproj.gguf"
+			s.Placement = mfv1.Placement{MaxMacsPerReplica: 2}
+			s.Residency = mfv1.ResidencyResident
+		}, wantErr: "a projector needs every replica on one Mac (placement.maxMacsPerReplica 1)"},
 	}
 	for i, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -396,6 +426,11 @@ func kubectlFor(t *testing.T) (root string, kubectl func(args ...string) string)
 		}
 		return string(out)
 	}
+}
+
+// projectorMemory is the memory of a deployment whose projector is a file:// one.
+func projectorMemory() *mfv1.ModelResources {
+	return &mfv1.ModelResources{Memory: ptr.To(resource.MustParse("2Gi"))}
 }
 
 func checkErr(t *testing.T, err error, want string) {

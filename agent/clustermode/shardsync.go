@@ -14,6 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/macfleet/macfleet/agent/splitlink"
+	"github.com/macfleet/macfleet/agent/store"
 	"github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/metal/enginepool"
 )
@@ -182,7 +183,7 @@ func (s *shardSync) startLocked(ctx context.Context, key string, mr *v1alpha1.Mo
 		next, nextErr = s.peers.Addr(mr, to)
 	}
 	go func() {
-		path, err := s.store.Fetch(rctx, mr.Namespace, src.Source, src.SHA256, func(int64, int64) {})
+		path, err := fetchShard(rctx, s.store, mr.Namespace, src, shard)
 		if err == nil {
 			err = nextErr
 		}
@@ -204,6 +205,22 @@ func (s *shardSync) startLocked(ctx context.Context, key string, mr *v1alpha1.Mo
 			s.log.Info("Loading a worker shard failed", "replica", key, "err", err.Error())
 		}
 	}()
+}
+
+// layerStore is a Store that fetches, of a model stored in parts, only the parts
+// holding a worker shard's layers (store.Store.FetchLayers).
+type layerStore interface {
+	FetchLayers(ctx context.Context, namespace, source, sha256 string, lr store.LayerRange, progress func(done, total int64)) (string, error)
+}
+
+// fetchShard fetches the model of a worker shard: only the parts its layers need
+// when st can tell, else the whole model.
+func fetchShard(ctx context.Context, st Store, ns string, src v1alpha1.ModelSource, shard v1alpha1.ReplicaShard) (string, error) {
+	if ls, ok := st.(layerStore); ok {
+		lr := store.LayerRange{First: int(shard.FirstLayer), Last: int(shard.LastLayer)}
+		return ls.FetchLayers(ctx, ns, src.Source, src.SHA256, lr, func(int64, int64) {})
+	}
+	return st.Fetch(ctx, ns, src.Source, src.SHA256, func(int64, int64) {})
 }
 
 // retireLocked stops the shard's fetch and load (r, nil when none was started) and

@@ -1,9 +1,7 @@
 package chart
 
 import (
-	"encoding/json"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -33,14 +31,7 @@ var accessOn = []string{"gateway.access.hostnames={llm.example.com,llm.example.o
 // cache, downloading the module there when it is missing.
 func gatewayAPICRDs(t *testing.T) string {
 	t.Helper()
-	cmd := exec.CommandContext(t.Context(), "go", "mod", "download", "-json", "sigs.k8s.io/gateway-api@"+gatewayAPIVersion)
-	cmd.Dir = t.TempDir() // outside the main module: nothing of go.mod changes
-	out, err := cmd.Output()
-	var mod struct{ Dir, Error string }
-	if jerr := json.Unmarshal(out, &mod); err != nil || jerr != nil || mod.Error != "" {
-		t.Fatalf("go mod download sigs.k8s.io/gateway-api@%s: %v %v %s", gatewayAPIVersion, err, jerr, mod.Error)
-	}
-	dir := filepath.Join(mod.Dir, "config", "crd", "standard")
+	dir := filepath.Join(moduleDir(t, "sigs.k8s.io/gateway-api@"+gatewayAPIVersion), "config", "crd", "standard")
 	if _, err := os.Stat(filepath.Join(dir, "gateway.networking.k8s.io_httproutes.yaml")); err != nil {
 		t.Fatalf("the Gateway API module has no standard CRDs: %v", err)
 	}

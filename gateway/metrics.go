@@ -135,7 +135,8 @@ func (m *metrics) newStreamMetrics() {
 			"another replica continued the answer in the same stream; not continued, with the replica's error as the last " +
 			"event: limit, the stream was continued as often as allowed; deadline, no replica took it in time; finished, it " +
 			"had its finish_reason; tool_call, it had sent a tool call; reasoning, a Responses stream had sent reasoning; unsupported, n > 1 uncounted, " +
-			"a Messages request that starts the answer itself, or a text completion; refused, a replica refused the continuation with a 400; disabled).",
+			"a Messages request that starts the answer itself, or a text completion; refused, a replica refused the continuation with a 400; disabled; " +
+			"too_long, it had sent more than the 8 MiB of answer the gateway keeps to continue a stream).",
 	}, []string{"model", "outcome"})
 	m.countDisagreements = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "macfleet_gateway_usage_count_disagreements_total",

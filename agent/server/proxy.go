@@ -151,9 +151,13 @@ func (s *Server) copyStream(w http.ResponseWriter, r *http.Request, lease *engin
 		readErr error
 	)
 	for !ended {
-		line, err := readLine(br)
+		line, err := readLine(br, maxEventBytes-len(event))
 		if len(line) > 0 {
 			event = append(event, line...)
+		}
+		if errors.Is(err, errEventTooLarge) {
+			s.endOversizedStream(w, rc, pr.served)
+			return
 		}
 		if err != nil {
 			readErr = err
@@ -246,18 +250,44 @@ func (s *Server) endBrokenStream(ctx context.Context, w http.ResponseWriter, rc 
 	_ = rc.Flush()
 }
 
-// readLine reads one line including its "\n" (or the tail before EOF), however long.
-func readLine(br *bufio.Reader) ([]byte, error) {
+// maxEventBytes bounds one event of a runner's stream that the agent holds: a runner
+// that sends a longer one (a broken or hostile model's) ends its stream with an
+// error, instead of running the agent, and every replica on the Mac, out of memory.
+// The gateway holds the same bound (splice.MaxEventBytes).
+const maxEventBytes = 4 << 20
+
+// errEventTooLarge: a line would take an event past maxEventBytes.
+var errEventTooLarge = errors.New("an event of the runner's stream is over the bound")
+
+// readLine reads one line including its "\n" (or the tail before EOF), of at most
+// room bytes (errEventTooLarge past it).
+func readLine(br *bufio.Reader, room int) ([]byte, error) {
 	line, err := br.ReadSlice('\n')
+	if len(line) > room {
+		return nil, errEventTooLarge
+	}
 	if err != bufio.ErrBufferFull {
 		return line, err
 	}
 	long := append([]byte(nil), line...)
 	for err == bufio.ErrBufferFull {
 		line, err = br.ReadSlice('\n')
+		if len(long)+len(line) > room {
+			return nil, errEventTooLarge
+		}
 		long = append(long, line...)
 	}
 	return long, err
+}
+
+// endOversizedStream ends a stream whose runner sent an event over maxEventBytes
+// with an error event saying so (the runner's stream is closed as copyStream returns).
+func (s *Server) endOversizedStream(w http.ResponseWriter, rc *http.ResponseController, served string) {
+	e := &apiError{Status: http.StatusBadGateway, Type: openaierr.TypeServer, Code: openaierr.CodeUpstream,
+		Message: fmt.Sprintf("the runner of model %q sent an event over %d bytes: the stream is ended", served, maxEventBytes)}
+	s.log.Info("Stream ended by an error", "model", served, "err", e.Message)
+	_, _ = w.Write(sseError(e))
+	_ = rc.Flush()
 }
 
 func isBlank(line []byte) bool { return len(bytes.TrimRight(line, "\r\n")) == 0 }

@@ -79,7 +79,7 @@ func TestReadLineLongerThanTheBuffer(t *testing.T) {
 	br := bufio.NewReaderSize(strings.NewReader(long+"\nshort\ntail"), 16)
 	var got []string
 	for {
-		line, err := readLine(br)
+		line, err := readLine(br, maxEventBytes)
 		if len(line) > 0 {
 			got = append(got, string(line))
 		}

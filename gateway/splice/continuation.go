@@ -92,6 +92,8 @@ func (c *Continuation) Decide(now time.Time) (bool, string) {
 		return false, Disabled
 	case c.refusal != "":
 		return false, Refused
+	case c.st.dropped:
+		return false, TooLong
 	case c.st.whole():
 		return false, Finished
 	case c.st.toolCalls:

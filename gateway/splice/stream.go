@@ -88,6 +88,8 @@ type Stream struct {
 	// prompt's usage as the replica writing the stream (the last one) reported it.
 	tokens tokenCount
 	prompt promptCount
+	// dropped: what was kept passed MaxKeptBytes and was let go (bounds.go).
+	dropped bool
 }
 
 // New is the record of a stream of api that nothing was sent of yet.
@@ -163,6 +165,9 @@ type Reader struct {
 	done    bool
 	// from is the continuation's own `"id":"…"` and `"created":…`, to replace.
 	fromID, fromCreated []byte
+	// unbounded is the bytes of events taken since the stream's kept answer was last
+	// held to MaxKeptBytes (bounds.go).
+	unbounded int
 }
 
 // NewReader reads body, a replica's stream of st; cont: it continues st (see Reader).
@@ -191,6 +196,9 @@ func (s *Reader) next() error {
 	s.event = s.event[:0]
 	for {
 		line, err := s.br.ReadSlice('\n')
+		if len(s.event)+len(line) > MaxEventBytes {
+			return errEventTooLarge()
+		}
 		s.event = append(s.event, line...)
 		if err == bufio.ErrBufferFull {
 			continue
@@ -261,6 +269,10 @@ func (s *Reader) take(ev []byte) error {
 		if ev, keep = s.chunk(ev, data); !keep {
 			return nil
 		}
+	}
+	if s.unbounded += len(ev); s.unbounded >= boundEvery {
+		s.st.bound()
+		s.unbounded = 0
 	}
 	s.out = append(s.out[:0], ev...)
 	s.pending = s.out

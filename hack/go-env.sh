@@ -7,10 +7,11 @@
 # baseline build). hack/build-runner.sh and `make test` both go through here, so every
 # cgo package is compiled with identical flags and the build cache is shared.
 #
-# The runner links llama.cpp's core, ggml and the `common` helpers (for the
-# JSON-schema-to-grammar converter), not ollama's `llama` wrapper or mtmd. Of the
-# headers missing from the ollama module zip only nlohmann/json is needed (Debian:
-# nlohmann-json3-dev; macOS: `brew install nlohmann-json`).
+# The runner links llama.cpp's core, ggml, the `common` helpers (for the
+# JSON-schema-to-grammar converter) and mtmd with clip (image input through a
+# projector, `--mmproj`), not ollama's `llama` wrapper. Of the headers missing from
+# the ollama module zip, nlohmann/json is needed (Debian: nlohmann-json3-dev; macOS:
+# `brew install nlohmann-json`), and the two below for mtmd.
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -28,8 +29,25 @@ for h in llama/llama.cpp/include/llama.h llama/llama.cpp/src/llama-context.h ml/
 	fi
 done
 
+# mtmd's image and audio helpers include two headers the module zip lacks:
+# stb/stb_image.h (Debian's libstb-dev, in the system include path; macOS: `brew
+# install stb`) and miniaudio/miniaudio.h, which the Go module github.com/gen2brain/malgo
+# ships; it is copied once into a directory of its own under the user's cache.
+miniaudio_mod=github.com/gen2brain/malgo@v0.11.24
+cgo_include="${XDG_CACHE_HOME:-$HOME/.cache}/macfleet/cgo-include"
+if [[ ! -f "$cgo_include/miniaudio/miniaudio.h" ]]; then
+	ma_dir="$(cd "${TMPDIR:-/tmp}" && GOFLAGS=-mod=mod go mod download -json "$miniaudio_mod" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')"
+	if [[ ! -f "$ma_dir/miniaudio.h" ]]; then
+		echo "go-env.sh: miniaudio.h not found in $miniaudio_mod ($ma_dir)" >&2
+		exit 1
+	fi
+	mkdir -p "$cgo_include/miniaudio"
+	cp "$ma_dir/miniaudio.h" "$cgo_include/miniaudio/.miniaudio.h.$$"
+	mv "$cgo_include/miniaudio/.miniaudio.h.$$" "$cgo_include/miniaudio/miniaudio.h"
+fi
+
 export CGO_ENABLED=1
-export CGO_CPPFLAGS="-I$ollama_dir/llama/llama.cpp/include -I$ollama_dir/llama/llama.cpp/common -I$ollama_dir/llama/llama.cpp/src -I$ollama_dir/ml/backend/ggml/ggml/include${CGO_CPPFLAGS:+ $CGO_CPPFLAGS}"
+export CGO_CPPFLAGS="-I$ollama_dir/llama/llama.cpp/include -I$ollama_dir/llama/llama.cpp/common -I$ollama_dir/llama/llama.cpp/src -I$ollama_dir/ml/backend/ggml/ggml/include -I$cgo_include${CGO_CPPFLAGS:+ $CGO_CPPFLAGS}"
 # Homebrew on Apple Silicon installs under /opt/homebrew, whose headers clang does not
 # search: name nlohmann-json's include directory when brew knows it.
 if [[ "$(go env GOOS)" == darwin ]] && command -v brew >/dev/null; then

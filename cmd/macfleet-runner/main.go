@@ -96,6 +96,7 @@ func parseFlags(args []string, stderr io.Writer) (server.Config, int, error) {
 	fs := pflag.NewFlagSet("macfleet-runner", pflag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&cfg.ModelPath, "model", "", "GGUF model file (required)")
+	fs.StringVar(&cfg.Projector, "mmproj", "", "the model's multimodal projector GGUF (mmproj): chat messages may then carry images (docs/models.md, Vision)")
 	fs.StringVar(&cfg.Socket, "socket", "", "serve on this unix socket")
 	fs.StringVar(&cfg.Addr, "addr", "", "serve on this TCP address (loopback; port 0 picks one)")
 	// One core is left to the agent and the runner's own Go code: ggml's thread

@@ -28,6 +28,7 @@ type chatRenderer struct {
 	chat    *chat.Template     // the model's own template (nil: none that parses)
 	info    runnerapi.ChatInfo // reported in /status
 	markers map[int32][]byte   // control tokens the output parser must see
+	proj    *llama.Projector   // reads images (nil: none loaded, images are refused)
 }
 
 // newChatRenderer prepares chat rendering for the loaded model m.
@@ -151,14 +152,15 @@ func (cr *chatRenderer) renderRequest(req *runnerapi.ChatRequest, mode string) (
 // max_tokens bounds the whole answer, so what is left of it shrinks by them. An answer
 // declared to have them all is spent (it ends at once, finish reason length); one that
 // only re-tokenizes into them (an estimate) still generates one token.
-func (cr *chatRenderer) continuedTokens(before string, all int, declared string, opts *runnerapi.Options) *runnerapi.Error {
+func (cr *chatRenderer) continuedTokens(before string, images [][]byte, all int, declared string, opts *runnerapi.Options) *runnerapi.Error {
 	if opts.N > 1 {
 		return runnerapi.InvalidRequest(runnerapi.CodeUnsupportedParameter, "n",
 			"an answer is continued one choice at a time, got n=%d", opts.N)
 	}
-	head, err := cr.model.Tokenize(before, true, true)
-	if err != nil {
-		return runnerapi.InvalidRequest(runnerapi.CodeInvalidValue, "messages", "tokenizing: %v", err)
+	// The images are in user messages, all before the open assistant message.
+	head, _, herr := cr.promptTokens(before, images)
+	if herr != nil {
+		return herr
 	}
 	opts.ContinuedPrompt = max(all-len(head), 0)
 	opts.Continued = opts.ContinuedPrompt
@@ -175,6 +177,19 @@ func (cr *chatRenderer) continuedTokens(before string, all int, declared string,
 		opts.MaxTokens, opts.Spent = max(left, 1), left <= 0 && declared != ""
 	}
 	return nil
+}
+
+// promptTokens tokenizes a rendered chat prompt (BOS added, special tokens parsed)
+// with its images, if any (vision.go).
+func (cr *chatRenderer) promptTokens(prompt string, images [][]byte) ([]int32, []promptImage, *runnerapi.Error) {
+	if len(images) > 0 {
+		return cr.imagePrompt(prompt, images)
+	}
+	toks, err := cr.model.Tokenize(prompt, true, true)
+	if err != nil {
+		return nil, nil, runnerapi.InvalidRequest(runnerapi.CodeInvalidValue, "messages", "tokenizing: %v", err)
+	}
+	return toks, nil, nil
 }
 
 // options are the output parser's options for a request and its prompt.
@@ -199,19 +214,24 @@ func (g *generator) handleChat(w http.ResponseWriter, r *http.Request) {
 	if eng == nil {
 		return
 	}
-	rc, herr := g.m.chat.renderRequest(&req, r.Header.Get(runnerapi.HeaderContinue))
+	marked, images, herr := g.m.chat.withImages(&req)
+	if herr != nil {
+		writeError(w, herr)
+		return
+	}
+	rc, herr := g.m.chat.renderRequest(marked, r.Header.Get(runnerapi.HeaderContinue))
 	if herr != nil {
 		writeError(w, herr)
 		return
 	}
 	prompt, open := rc.Prompt, rc.Open
-	toks, err := g.m.model.Tokenize(prompt, true, true)
-	if err != nil {
-		writeError(w, runnerapi.InvalidRequest(runnerapi.CodeInvalidValue, "messages", "tokenizing: %v", err))
+	toks, ims, herr := g.m.chat.promptTokens(prompt, images)
+	if herr != nil {
+		writeError(w, herr)
 		return
 	}
 	if open >= 0 {
-		if herr = g.m.chat.continuedTokens(prompt[:open], len(toks), r.Header.Get(runnerapi.HeaderContinuedTokens), &opts); herr != nil {
+		if herr = g.m.chat.continuedTokens(prompt[:open], images, len(toks), r.Header.Get(runnerapi.HeaderContinuedTokens), &opts); herr != nil {
 			writeError(w, herr)
 			return
 		}
@@ -226,7 +246,7 @@ func (g *generator) handleChat(w http.ResponseWriter, r *http.Request) {
 		writeError(w, herr)
 		return
 	}
-	g.generate(w, r, eng, &co, g.names.of(req.Model), prompt, toks, opts)
+	g.generate(w, r, eng, &co, g.names.of(req.Model), prompt, toks, ims, opts)
 }
 
 // grammar builds the grammar that response_format, tool_choice and strict tools

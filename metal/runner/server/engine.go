@@ -316,6 +316,7 @@ func (e *engine) assign(s *slot, j *job, keep int) {
 		restoreTook = time.Since(admitted)
 	}
 	j.restore = nil // the state may be large: let it go
+	keep = j.imageFloor(keep)
 	if keep < len(s.cached) {
 		if !e.ctx.SeqRm(s.id, keep, -1) {
 			e.ctx.SeqRm(s.id, -1, -1)

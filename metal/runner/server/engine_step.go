@@ -9,6 +9,7 @@ import "github.com/macfleet/macfleet/api/runnerapi"
 
 // step decodes one batch and handles its outputs.
 func (e *engine) step() {
+	e.feedImages()
 	b := e.batch
 	b.Clear()
 	e.planTakes()
@@ -51,7 +52,11 @@ func (e *engine) planTakes() {
 		if budget <= 0 {
 			break
 		}
-		n := min(budget, len(s.job.tokens)-s.fed)
+		// Up to the next image, which feedImages evaluates on its own.
+		n := min(budget, s.job.textEnd(s.fed)-s.fed)
+		if n == 0 {
+			continue
+		}
 		if s.job.embed {
 			n = min(n, embedChunk)
 		}

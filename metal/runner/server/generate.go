@@ -106,6 +106,7 @@ func (g *generator) handleTokenize(w http.ResponseWriter, r *http.Request) {
 	}
 	addSpecial := req.AddSpecial == nil || *req.AddSpecial
 	var text string
+	var images [][]byte
 	parseSpecial := false
 	switch {
 	case (req.Content != nil && req.Messages != nil) || (req.Chat != nil && (req.Content != nil || req.Messages != nil)):
@@ -114,12 +115,12 @@ func (g *generator) handleTokenize(w http.ResponseWriter, r *http.Request) {
 	case req.Content != nil:
 		text = *req.Content
 	case req.Messages != nil:
-		prompt, herr := g.m.chat.render(&runnerapi.ChatRequest{Messages: req.Messages})
+		prompt, ims, herr := g.m.chat.renderImages(&runnerapi.ChatRequest{Messages: req.Messages})
 		if herr != nil {
 			writeError(w, herr)
 			return
 		}
-		text, parseSpecial = prompt, true
+		text, parseSpecial, images = prompt, true, ims
 	case req.Chat != nil:
 		var chatReq runnerapi.ChatRequest
 		if herr := runnerapi.DecodeJSON(req.Chat, &chatReq); herr != nil {
@@ -130,14 +131,23 @@ func (g *generator) handleTokenize(w http.ResponseWriter, r *http.Request) {
 			writeError(w, herr)
 			return
 		}
-		prompt, herr := g.m.chat.render(&chatReq)
+		prompt, ims, herr := g.m.chat.renderImages(&chatReq)
 		if herr != nil {
 			writeError(w, herr)
 			return
 		}
-		text, parseSpecial = prompt, true
+		text, parseSpecial, images = prompt, true, ims
 	default:
 		writeError(w, runnerapi.InvalidRequest(runnerapi.CodeInvalidValue, "content", "content or messages is required"))
+		return
+	}
+	if len(images) > 0 {
+		toks, _, herr := g.m.chat.imagePrompt(text, images)
+		if herr != nil {
+			writeError(w, herr)
+			return
+		}
+		writeJSON(w, http.StatusOK, runnerapi.TokenizeResponse{Tokens: toks, Count: len(toks)})
 		return
 	}
 	toks, err := g.m.model.Tokenize(text, addSpecial, parseSpecial)
@@ -171,7 +181,7 @@ func (g *generator) handleCompletion(w http.ResponseWriter, r *http.Request) {
 	if req.Prompt.Texts != nil {
 		text = req.Prompt.Texts[0]
 	}
-	g.generate(w, r, eng, nil, g.names.of(req.Model), text, toks, opts)
+	g.generate(w, r, eng, nil, g.names.of(req.Model), text, toks, nil, opts)
 }
 
 // inputTokens tokenizes input i of in (text gets BOS; token ids are checked).
@@ -196,7 +206,7 @@ func (g *generator) inputTokens(in runnerapi.Input, i int, param string, parseSp
 // generate runs a chat (co set) or text completion job and writes its response.
 // text is the prompt's text when it was tokenized from one ("" for token ids).
 func (g *generator) generate(w http.ResponseWriter, r *http.Request, eng *engineSet, co *chat.Options, model string,
-	text string, toks []int32, opts runnerapi.Options) {
+	text string, toks []int32, images []promptImage, opts runnerapi.Options) {
 	isChat := co != nil
 	param := "prompt"
 	if isChat {
@@ -210,6 +220,11 @@ func (g *generator) generate(w http.ResponseWriter, r *http.Request, eng *engine
 	var lookup lookupSpan
 	partition := cachePartition(r.Header.Get(runnerapi.HeaderCachePartition), opts.CacheSalt)
 	digests := promptcache.ParseDigests(r.Header.Get(runnerapi.HeaderPrefixDigests))
+	if len(images) > 0 {
+		// The prompt's text does not spell its tokens (no realigning them), and the
+		// gateway's prefix digests do not cover the images (no peer export under them).
+		text, digests = "", nil
+	}
 	if len(toks) < g.m.nCtxSeq && !opts.Spent { // a spent answer prefills nothing
 		lookup.start = time.Now()
 		restore, toks = g.cache.lookup(text, toks, partition)
@@ -237,7 +252,7 @@ func (g *generator) generate(w http.ResponseWriter, r *http.Request, eng *engine
 		o := opts
 		o.Seed += uint32(i) // each choice its own reproducible sequence
 		j := newJob(r.Context(), toks, o, false)
-		j.notify, j.partition, j.digests = out.notify, partition, digests
+		j.notify, j.partition, j.digests, j.images = out.notify, partition, digests, images
 		if i == 0 {
 			j.restore = restore
 		}

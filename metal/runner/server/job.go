@@ -35,6 +35,9 @@ type job struct {
 	// grammarPrefix is the answer a continuation starts from, which the output's
 	// grammar (opts.Grammar) is advanced past before the first token.
 	grammarPrefix string
+	// images are the prompt's images, in order (vision.go): tokens holds stand-in ids
+	// at their positions, which the engine evaluates through the projector.
+	images []promptImage
 	// keys are the block keys of the prompt, hold the job's wait on a slot prefilling
 	// a prompt it shares, holdChecked whether it looked for one (engine goroutine only:
 	// see engine_inflight.go).

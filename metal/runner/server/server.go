@@ -33,6 +33,9 @@ import (
 // Config is the runner's configuration (its command-line flags).
 type Config struct {
 	ModelPath string
+	// Projector is the model's multimodal projector (mmproj GGUF) that reads the
+	// images of chat messages (empty: none, images are refused).
+	Projector string
 	// Exactly one of Socket and Addr is set.
 	Socket, Addr string
 	// Runner is the engine settings as the runner runs them (package engine: the one
@@ -324,6 +327,11 @@ func (s *Server) load() error {
 	if err := s.newContexts(m); err != nil {
 		return err
 	}
+	chat := newChatRenderer(m, s.log)
+	if chat.proj, err = loadProjector(cfg.Projector, m, cfg.Threads, cfg.GPULayers != 0, len(cfg.Split) > 0); err != nil {
+		return err
+	}
+	chat.info.Vision = chat.proj != nil
 	kvSize, _ := llama.KVTypeSize(cfg.KVType)
 	headDim := m.NEmbd() / max(m.NHead(), 1)
 	kvPerToken := int64(float64(2*m.NLayer()*m.NHeadKV()*headDim) * kvSize)
@@ -331,7 +339,7 @@ func (s *Server) load() error {
 	if kvType == "" {
 		kvType = "f16"
 	}
-	s.lm = &loadedModel{model: m, nCtxSeq: s.lctxs[0].NCtxSeq(), chat: newChatRenderer(m, s.log), info: runnerapi.ModelInfo{
+	s.lm = &loadedModel{model: m, nCtxSeq: s.lctxs[0].NCtxSeq(), chat: chat, info: runnerapi.ModelInfo{
 		Path: cfg.ModelPath, SizeBytes: st.Size(), NCtxTrain: m.NCtxTrain(), NEmbd: m.NEmbd(),
 		NLayer: m.NLayer(), NHead: m.NHead(), NHeadKV: m.NHeadKV(), NVocab: m.NVocab(),
 		KVType: kvType, ChatTemplate: m.ChatTemplate() != "", KVBytesPerToken: kvPerToken,

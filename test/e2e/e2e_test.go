@@ -70,7 +70,7 @@ func run(m *testing.M) int {
 		managerArgs = append(managerArgs, "--zap-log-level="+v)
 	}
 	fleet, err = localfleet.Start(ctx, localfleet.Options{Binary: bin, Runner: runner, Dir: filepath.Join(dir, "fleet"),
-		LeaseDuration: leaseDuration, NodeLossGrace: nodeLossGrace, Gateways: 2, ManagerArgs: managerArgs, Log: log})
+		LeaseDuration: leaseDuration, NodeLossGrace: nodeLossGrace, Gateways: 2, ManagerArgs: managerArgs, Hub: true, Log: log})
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "e2e: starting the fleet: %v\n%s", err, log)
 		dumpLogs(filepath.Join(dir, "fleet", "logs"))

@@ -48,13 +48,19 @@ const (
 )
 
 var splitModel = sync.OnceValue(func() error {
-	spec, err := testassets.Llama31Spec()
+	spec, err := splitSpec()
 	if err != nil {
 		return err
 	}
-	spec.Name, spec.Layers, spec.Embd, spec.Heads, spec.KVHeads, spec.Ctx = "macfleet-split", 4, 128, 2, 2, 131072
 	return ggufsynth.Write(filepath.Join(fleet.ModelsDir, splitModelFile), spec)
 })
+
+// splitSpec is splitModelFile's model.
+func splitSpec() (ggufsynth.Spec, error) {
+	spec, err := testassets.Llama31Spec()
+	spec.Name, spec.Layers, spec.Embd, spec.Heads, spec.KVHeads, spec.Ctx = "macfleet-split", 4, 128, 2, 2, 131072
+	return spec, err
+}
 
 // splitPoolLabel puts a MacNode in a pool of simulated Macs sized for one test's gang;
 // the split deployment selects its pool, so no other Mac holds its shards.

@@ -103,7 +103,7 @@ func (f *Fleet) StartAgentWith(name string, env, extraArgs []string) error {
 	if f.opts.LeaseDuration > 0 {
 		args = append(args, "--lease-duration", f.opts.LeaseDuration.String())
 	}
-	args = append(append(args, f.opts.AgentArgs...), extraArgs...)
+	args = append(append(append(args, f.hubArgs()...), f.opts.AgentArgs...), extraArgs...)
 	p, err := f.startEnv("agent-"+name, env, args...)
 	if err != nil {
 		return err

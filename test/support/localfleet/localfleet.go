@@ -35,6 +35,7 @@ import (
 	"github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/internal/pki"
 	"github.com/macfleet/macfleet/metal/enginepool/runnerproc"
+	"github.com/macfleet/macfleet/test/support/hubdouble"
 	"github.com/macfleet/macfleet/test/support/tcprelay"
 	"github.com/macfleet/macfleet/test/support/testenv"
 )
@@ -78,6 +79,8 @@ type Options struct {
 	// ReplicaReadsByRBAC runs the weaker mode: no node authorizer; every node identity
 	// may read every ModelReplica (config/agent-replica-reads).
 	ReplicaReadsByRBAC bool
+	// Hub runs a model hub double (Fleet.Hub) that hf:// sources resolve against.
+	Hub bool
 	// Log receives one line per step; nil discards them.
 	Log io.Writer
 }
@@ -104,6 +107,10 @@ type Fleet struct {
 	// ModelsURL is the base URL of the model server; files in ModelsDir are under it.
 	ModelsURL string
 	ModelsDir string
+	// Hub is the model hub double (Options.Hub; nil without): hf://org/repo/path is
+	// the file HubDir/org/repo/path, and a test gates a repository with Hub.Gate.
+	Hub    *hubdouble.Hub
+	HubDir string
 	// AgentHTTP calls the agents (https://, AgentURL) with a client certificate of the
 	// gateway identity "e2e" from the fleet CA: the whole API, as a gateway.
 	AgentHTTP *http.Client
@@ -158,6 +165,9 @@ func Start(ctx context.Context, opts Options) (_ *Fleet, err error) {
 		return nil, err
 	}
 	if err := f.serveModels(); err != nil {
+		return nil, err
+	}
+	if err := f.startHub(); err != nil {
 		return nil, err
 	}
 	if err := f.allowLocalSources(ctx); err != nil {
@@ -259,7 +269,7 @@ func (f *Fleet) startManager(ctx context.Context, authzAddr string) (err error) 
 	if f.opts.NodeLossGrace > 0 {
 		margs = append(margs, "--node-loss-grace", f.opts.NodeLossGrace.String())
 	}
-	margs = append(margs, f.opts.ManagerArgs...)
+	margs = append(append(margs, f.hubArgs()...), f.opts.ManagerArgs...)
 	if authzAddr != "" {
 		margs = append(margs, "--node-authorizer-bind-address", authzAddr, "--node-authorizer-cert-dir", f.NodeAuthorizer.CertDir,
 			"--node-authorizer-client-ca", f.NodeAuthorizer.ClientCA)
@@ -452,6 +462,9 @@ func (f *Fleet) Stop() {
 	}
 	if f.models != nil {
 		_ = f.models.Close()
+	}
+	if f.Hub != nil {
+		f.Hub.Close()
 	}
 	if f.relay != nil {
 		f.relay.Close()

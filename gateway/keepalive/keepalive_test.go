@@ -137,6 +137,7 @@ func TestTick(t *testing.T) {
 		{name: "the handler's own answer that is not a stream", st: state{status: 503}, want: nothing},
 		{name: "holding an error", st: state{committed: true, status: 503, holding: true}, want: nothing, committed: true},
 		{name: "closed", st: state{off: true}, want: nothing},
+		{name: "the tick after a keep-alive", st: state{committed: true, active: true}, want: nothing, committed: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			st := tc.st

@@ -53,8 +53,9 @@ func New(w http.ResponseWriter, api API, interval time.Duration) *Writer {
 	return k
 }
 
-// loop checks twice an interval whether the stream was silent since the last check,
-// so no gap reaches the interval.
+// loop checks twice an interval whether the stream was silent since the last check:
+// a keep-alive goes out an interval after the last one, and at most an interval
+// after the handler's last write.
 func (k *Writer) loop(interval time.Duration) {
 	defer close(k.done)
 	t := time.NewTicker(interval / 2)
@@ -254,11 +255,14 @@ func (s *state) tick() action {
 	switch {
 	case s.off, s.holding, wasActive, s.midEvent:
 		return nothing
-	case s.status == 0 && !s.committed:
+	case !s.committed && s.status != 0 && !s.stream:
+		return nothing // an answer of the handler's own that is not a stream
+	}
+	// A keep-alive is activity too: the next is due an interval later, not half.
+	s.active = true
+	if s.status == 0 && !s.committed {
 		s.committed = true
 		return commitAndSend
-	case !s.committed && !s.stream:
-		return nothing // an answer of the handler's own that is not a stream
 	}
 	return send
 }

@@ -52,7 +52,8 @@ func TestVision(t *testing.T) {
 	}
 	imgA, imgB := pngData(t, gradient), pngData(t, checkers)
 
-	warm := startRunner(t, bin, model, "--mmproj", mmproj)
+	warm := startRunner(t, bin, model, "--mmproj", mmproj, "--parallel", "1", "--prompt-cache-hot-bytes", "67108864",
+		"--prompt-cache-block", "16")
 	if st := warm.status(); st.Chat == nil || !st.Chat.Vision {
 		t.Fatalf("/status chat %+v: want vision reported", st.Chat)
 	}
@@ -72,6 +73,12 @@ func TestVision(t *testing.T) {
 	// but the last token).
 	if limit := other.prompt - int64(proj.ImageTokens()) - 1; other.cached > limit {
 		t.Errorf("another image: %d of %d prompt tokens cached, want at most %d (the image is not the first one)", other.cached, other.prompt, limit)
+	}
+
+	// Image A again, its slot since taken by image B: restored from the prompt cache.
+	if back := w.ask(t, visionQuestion, imgA); back.answer != first.answer || back.cached <= first.prompt-int64(proj.ImageTokens()) {
+		t.Errorf("image A after image B: %d of %d prompt tokens cached, answer %q (first %q): want the image restored and the same answer",
+			back.cached, back.prompt, back.answer, first.answer)
 	}
 
 	cold := visionClient(startRunner(t, bin, model, "--mmproj", mmproj))

@@ -48,6 +48,10 @@ type proxyRequest struct {
 // keeps its usage (cancel.go). It returns only once the response is completely
 // written (or abandoned by the client).
 func (s *Server) proxy(w http.ResponseWriter, r *http.Request, lease *enginepool.Lease, rn enginepool.Runner, pr proxyRequest) {
+	if e := continueHeadersRefusal(r.Header, callerOf(r)); e != nil {
+		writeError(w, e)
+		return
+	}
 	ctx := r.Context()
 	sctx, span := s.spans.Start(ctx, "agent.runner", trace.WithSpanKind(trace.SpanKindClient),
 		trace.WithAttributes(attribute.String("macfleet.model", pr.served), attribute.Bool("macfleet.stream", pr.stream)))

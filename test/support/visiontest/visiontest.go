@@ -90,4 +90,6 @@ func PNG(t testing.TB, px func(x, y int) color.RGBA) []byte {
 }
 
 // DataURI is a PNG's data: URI.
-func DataURI(png []byte) string { return "data:image/png;base64," + base64.StdEncoding.EncodeToString(png) }
+func DataURI(png []byte) string {
+	return "data:image/png;base64," + base64.StdEncoding.EncodeToString(png)
+}

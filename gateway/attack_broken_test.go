@@ -29,12 +29,14 @@ import (
 
 // cuttingProxy passes a real agent's answers on, as a replica whose runner dies or
 // whose agent hangs would. A stream it cuts after cutAfter events (0: never), by
-// dropping the connection; the agent's cancel endpoint it answers 503 while
-// refuseCancel (an agent that does not end the answer within the gateway's grace).
+// dropping the connection, or stalls after stallAfter events until the gateway drops
+// it; the agent's cancel endpoint it answers 503 while refuseCancel (an agent that
+// does not end the answer within the gateway's grace).
 // It adds up the completion tokens it passed on, by the runner's count lines.
 type cuttingProxy struct {
 	agent        string
 	cutAfter     atomic.Int32
+	stallAfter   atomic.Int32
 	refuseCancel atomic.Bool
 
 	mu     sync.Mutex
@@ -76,7 +78,8 @@ func (p *cuttingProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(resp.StatusCode)
 	rc := http.NewResponseController(w)
 	br := bufio.NewReader(resp.Body)
-	stream, events, cut := r.Header.Get(runnerapi.HeaderRequestID), 0, int(p.cutAfter.Load())
+	stream, events := r.Header.Get(runnerapi.HeaderRequestID), 0
+	cut, stall := int(p.cutAfter.Load()), int(p.stallAfter.Load())
 	var pending []string // the count lines of the event being passed on
 	for {
 		line, err := br.ReadString('\n')
@@ -90,6 +93,10 @@ func (p *cuttingProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			pending, events = pending[:0], events+1
 			if cut > 0 && events >= cut && strings.HasPrefix(r.URL.Path, "/v1/") {
 				panic(http.ErrAbortHandler)
+			}
+			if stall > 0 && events >= stall && strings.HasPrefix(r.URL.Path, "/v1/") {
+				<-r.Context().Done() // until the gateway drops the connection
+				return
 			}
 		}
 		if err != nil {
@@ -152,8 +159,9 @@ func meteredOutput(t *testing.T, g runningGateway, ns string) float64 {
 // received. Its one replica's connection drops mid-stream (as when a tenant's model
 // crashes its runner on demand), with n: 1 and with n: 3, and no replica continues
 // the stream; and a stream whose client goes away while the agent does not end the
-// answer (its cancel endpoint answers 503). On 8cd05e0 each was metered at 0 (seen:
-// the metered output stayed 0 while the clients received 13, 21 and 7 chunks); now
+// answer (its cancel endpoint answers 503). On 8cd05e0 each was metered at 0 (seen,
+// with the gateway's count not metered: 0 output tokens for the n: 1 stream whose
+// replica sent 25); now
 // each is metered at the gateway's own count of the tokens it relayed, the tokens
 // the replica sent.
 func TestAttackBrokenStreamIsFree(t *testing.T) {
@@ -195,21 +203,29 @@ func TestAttackBrokenStreamIsFree(t *testing.T) {
 
 	// A client that goes away; the agent cannot be asked to end the answer.
 	p.cutAfter.Store(0)
+	p.stallAfter.Store(6)
 	p.refuseCancel.Store(true)
 	before, sentBefore := meteredOutput(t, g, ns), p.passed()
-	ctx, cancel := context.WithCancel(t.Context())
-	s := oc.Chat.Completions.NewStreaming(ctx, params(1))
-	for i := 0; i < 6 && s.Next(); i++ {
-	}
-	cancel()
-	_ = s.Close()
+	// The replica may still be busy with the streams cut above: the stream to abandon
+	// is asked for until it has sent 3 chunks (the proxy stalls it after 6 events).
+	testenv.Eventually(t, 30*time.Second, 100*time.Millisecond, func() (bool, string) {
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		s := oc.Chat.Completions.NewStreaming(ctx, params(1))
+		defer s.Close()
+		got := 0
+		for got < 3 && s.Next() {
+			got++
+		}
+		return got == 3, fmt.Sprintf("the stream to abandon sent %d chunks: %v", got, s.Err())
+	})
 	var metered float64
 	testenv.Eventually(t, 10*time.Second, 20*time.Millisecond, func() (bool, string) {
 		metered = meteredOutput(t, g, ns) - before
 		return metered > 0, "a cancelled stream the agent did not end: metered 0"
 	})
 	sent := p.passed() - sentBefore
-	t.Logf("a client gone after 6 chunks, the agent not asked: the replica sent %d tokens, metered %v", sent, metered)
+	t.Logf("a client gone after 3 chunks, the agent not asked: the replica sent %d tokens, metered %v", sent, metered)
 	if metered > float64(sent) {
 		t.Errorf("metered %v output tokens of a stream whose replica sent %d", metered, sent)
 	}

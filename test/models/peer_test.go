@@ -114,13 +114,22 @@ func checkPeerImport(t *testing.T, r *modelRunner, entry []byte, tokens int, col
 		t.Fatalf("import: %d %+v, want imported, %d tokens, %d bytes", code, res, tokens, len(entry))
 	}
 	got, cached := peerChat(r, prompt, true)
-	if cached <= 0 || cached > tokens || got != cold {
-		t.Errorf("after the import: %d tokens restored, %q; want up to the state's %d and the full prefill's %q", cached, got, tokens, cold)
+	if diff := restoredDiff(got, cold, cached, tokens); diff != "" {
+		t.Errorf("after the import: %s", diff)
 	}
 	if pc := r.status().PromptCache; pc == nil || pc.PeerImports != 1 || pc.Restores != 1 {
 		t.Errorf("prompt cache after the import %+v: want 1 import, 1 restore", pc)
 	}
 	peerClear(r)
+}
+
+// restoredDiff is how an answer got, with cached tokens restored from a state of
+// tokens, differs from the full prefill's answer cold ("" when it does not).
+func restoredDiff(got, cold string, cached, tokens int) string {
+	if cached <= 0 || cached > tokens || got != cold {
+		return fmt.Sprintf("%d tokens restored, %q; want up to the state's %d and the full prefill's %q", cached, got, tokens, cold)
+	}
+	return ""
 }
 
 // forgedEntry is an altered entry: refused as corrupt, or (resealed) taken and never

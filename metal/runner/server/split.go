@@ -4,6 +4,7 @@ package server
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 	"unsafe"
@@ -115,9 +116,17 @@ func (sl *splitLinks) params(p *llama.ModelParams) error {
 	return nil
 }
 
-// check verifies a loaded split model: the workers took every weight from their own
-// files without a mismatch, and the runner still holds at least one layer.
+// check verifies a loaded split model: one that split workers can compute
+// (splitRefusal), the workers took every weight from their own files without a
+// mismatch, and the runner still holds at least one layer.
 func (sl *splitLinks) check(m *llama.Model) error {
+	if len(sl.devs) == 0 {
+		return nil
+	}
+	arch, _ := m.Meta("general.architecture")
+	if why := splitRefusal(arch, m.IsRecurrent(), m.IsHybrid()); why != "" {
+		return errors.New(why)
+	}
 	total := 0
 	for i, d := range sl.devs {
 		if err := d.Check(); err != nil {

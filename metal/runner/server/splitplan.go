@@ -64,3 +64,19 @@ func planSplit(localGPUs, nLayer int, workerLayers []int) (splitLayout, error) {
 	}
 	return out, nil
 }
+
+// splitRefusal is why a model of arch cannot be split across Macs, "" when it can:
+// a recurrent or hybrid model's recurrent layers keep a state (the gated delta-net's,
+// a Mamba's) whose graph a split worker does not compute, so such a split would fail
+// at its first decode; it is refused at the load instead.
+func splitRefusal(arch string, recurrent, hybrid bool) string {
+	switch {
+	case hybrid:
+		return fmt.Sprintf("a split of this model is refused: its recurrent layers keep a state beside the attention cache (%s), "+
+			"which split workers do not compute; serve it on one Mac (without --split-worker)", arch)
+	case recurrent:
+		return fmt.Sprintf("a split of this model is refused: its layers keep a recurrent state (%s), "+
+			"which split workers do not compute; serve it on one Mac (without --split-worker)", arch)
+	}
+	return ""
+}

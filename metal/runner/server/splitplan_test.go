@@ -150,3 +150,22 @@ func llamaLayerDevices(nLayer int, p splitLayout) []string {
 	}
 	return out
 }
+
+func TestSplitRefusal(t *testing.T) {
+	for _, tc := range []struct {
+		arch              string
+		recurrent, hybrid bool
+		want              string
+	}{
+		{arch: "llama"},
+		{arch: "qwen3moe"},
+		{arch: "gpt-oss"},
+		{arch: "qwen3next", hybrid: true, want: "its recurrent layers keep a state beside the attention cache (qwen3next)"},
+		{arch: "mamba", recurrent: true, want: "its layers keep a recurrent state (mamba)"},
+	} {
+		got := splitRefusal(tc.arch, tc.recurrent, tc.hybrid)
+		if tc.want == "" && got != "" || !strings.Contains(got, tc.want) || tc.want != "" && !strings.Contains(got, "serve it on one Mac") {
+			t.Errorf("%s: %q, want it to say %q and how to serve it", tc.arch, got, tc.want)
+		}
+	}
+}

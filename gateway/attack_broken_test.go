@@ -60,22 +60,11 @@ func (p *cuttingProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	body, _ := io.ReadAll(r.Body)
-	out, err := http.NewRequestWithContext(r.Context(), r.Method, "http://"+p.agent+r.URL.RequestURI(), bytes.NewReader(body))
-	if err != nil {
-		http.Error(w, err.Error(), http.StatusBadGateway)
-		return
-	}
-	out.Header = r.Header.Clone()
-	resp, err := http.DefaultTransport.RoundTrip(out)
-	if err != nil {
-		http.Error(w, err.Error(), http.StatusBadGateway)
+	resp := forwardTo(w, r, body, p.agent)
+	if resp == nil {
 		return
 	}
 	defer resp.Body.Close()
-	for k, v := range resp.Header {
-		w.Header()[k] = v
-	}
-	w.WriteHeader(resp.StatusCode)
 	rc := http.NewResponseController(w)
 	br := bufio.NewReader(resp.Body)
 	stream, events := r.Header.Get(runnerapi.HeaderRequestID), 0
@@ -103,6 +92,28 @@ func (p *cuttingProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+}
+
+// forwardTo sends r, whose body was read as body, to agent and answers w with the
+// agent's status and headers; the caller relays the response's body and closes it.
+// nil: the agent could not be asked (w has a 502).
+func forwardTo(w http.ResponseWriter, r *http.Request, body []byte, agent string) *http.Response {
+	out, err := http.NewRequestWithContext(r.Context(), r.Method, "http://"+agent+r.URL.RequestURI(), bytes.NewReader(body))
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadGateway)
+		return nil
+	}
+	out.Header = r.Header.Clone()
+	resp, err := http.DefaultTransport.RoundTrip(out)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadGateway)
+		return nil
+	}
+	for k, v := range resp.Header {
+		w.Header()[k] = v
+	}
+	w.WriteHeader(resp.StatusCode)
+	return resp
 }
 
 // count records the count lines ("I N") of one event passed on of stream.

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -37,7 +36,6 @@ func TestAttackBudgetAskOverTheWindow(t *testing.T) {
 	minute := minuteStart(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 40*time.Second)
 	defer cancel()
-
 	big := openai.ChatCompletionNewParams{Model: "tiny", N: openai.Int(16), Temperature: openai.Float(1),
 		Messages:      []openai.ChatCompletionMessageParamUnion{openai.UserMessage("Write a long story")},
 		StreamOptions: openai.ChatCompletionStreamOptionsParam{IncludeUsage: openai.Bool(true)}}
@@ -52,40 +50,14 @@ func TestAttackBudgetAskOverTheWindow(t *testing.T) {
 		t.Errorf("the n: 16 stream's 429 says %q, want the ask, the room and that no wait helps", apiErr.Message)
 	}
 
-	var (
-		mu              sync.Mutex
-		wg              sync.WaitGroup
-		served, refused int
-		tokens          = bigTokens
-		start           = make(chan struct{})
-	)
-	for i := range streams {
-		oc := []openai.Client{tm.oc, oc2}[i%2]
-		wg.Go(func() {
-			<-start
-			p := chat(8)
-			p.N = openai.Int(4)
-			p.StreamOptions = openai.ChatCompletionStreamOptionsParam{IncludeUsage: openai.Bool(true)}
-			n, err := streamTokens(ctx, oc, p, 0)
-			mu.Lock()
-			defer mu.Unlock()
-			var apiErr *openai.Error
-			switch {
-			case err == nil:
-				served++
-				tokens += n
-			case errors.As(err, &apiErr) && apiErr.StatusCode == http.StatusTooManyRequests:
-				refused++
-			default:
-				t.Errorf("an n: 4 stream: %v, want an answer or the budget's 429", err)
-			}
-		})
-	}
-	close(start)
-	wg.Wait()
-	if end := time.Now().UTC().Truncate(time.Minute); !end.Equal(minute) {
-		t.Fatalf("the streams (from %v) ran into the next minute: the budget reset under them", minute)
-	}
+	served, tokens, refused := atOnce(t, streams, func(ctx context.Context, i int) (int64, error) {
+		p := chat(8)
+		p.N = openai.Int(4)
+		p.StreamOptions = openai.ChatCompletionStreamOptionsParam{IncludeUsage: openai.Bool(true)}
+		return streamTokens(ctx, []openai.Client{tm.oc, oc2}[i%2], p, 0)
+	})
+	tokens += bigTokens
+	inMinute(t, minute)
 	t.Logf("n: 16 without max_tokens: %d tokens (%v); %d streams of n: 4: %d served, %d refused; %d tokens in all against %d a minute",
 		bigTokens, bigErr, streams, served, refused, tokens, limit)
 	if served == 0 || tokens*100 > limit*110 {

@@ -147,6 +147,26 @@ func TestAttackBudgetTwoGateways(t *testing.T) {
 func burst(t *testing.T, clients []openai.Client, requests int, maxTokens int64) (served, tokens int64, refused int) {
 	t.Helper()
 	minute := minuteStart(t)
+	served, tokens, refused = atOnce(t, requests, func(ctx context.Context, i int) (int64, error) {
+		var raw *http.Response
+		resp, err := clients[i%len(clients)].Chat.Completions.New(ctx, chat(maxTokens), option.WithResponseInto(&raw))
+		if err != nil && (raw == nil || raw.Header.Get("Retry-After") == "") {
+			return 0, fmt.Errorf("%w (no Retry-After)", err)
+		}
+		if err != nil {
+			return 0, err
+		}
+		return resp.Usage.TotalTokens, nil
+	})
+	inMinute(t, minute)
+	return served, tokens, refused
+}
+
+// atOnce runs send for requests 0..requests-1 at once (within 40 s) and returns how
+// many were served and the tokens they used, and how many were refused with the
+// budget's 429 (token_budget_exceeded). Any other error fails t.
+func atOnce(t *testing.T, requests int, send func(ctx context.Context, i int) (int64, error)) (served, tokens int64, refused int) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 40*time.Second)
 	defer cancel()
 	var (
@@ -155,32 +175,35 @@ func burst(t *testing.T, clients []openai.Client, requests int, maxTokens int64)
 		start = make(chan struct{})
 	)
 	for i := range requests {
-		oc := clients[i%len(clients)]
 		wg.Go(func() {
 			<-start
-			var raw *http.Response
-			resp, err := oc.Chat.Completions.New(ctx, chat(maxTokens), option.WithResponseInto(&raw))
+			n, err := send(ctx, i)
 			mu.Lock()
 			defer mu.Unlock()
 			var apiErr *openai.Error
 			switch {
 			case err == nil:
 				served++
-				tokens += resp.Usage.TotalTokens
-			case errors.As(err, &apiErr) && apiErr.StatusCode == http.StatusTooManyRequests &&
-				apiErr.Code == "token_budget_exceeded" && raw != nil && raw.Header.Get("Retry-After") != "":
+				tokens += n
+			case errors.As(err, &apiErr) && apiErr.StatusCode == http.StatusTooManyRequests && apiErr.Code == "token_budget_exceeded":
 				refused++
 			default:
-				t.Errorf("a request: %v, want an answer or the budget's 429 with Retry-After", err)
+				t.Errorf("a request: %v, want an answer or the budget's 429", err)
 			}
 		})
 	}
 	close(start)
 	wg.Wait()
-	if end := time.Now().UTC().Truncate(time.Minute); !end.Equal(minute) {
-		t.Fatalf("the burst (from %v) ran into the next minute: the budget reset under it", minute)
-	}
 	return served, tokens, refused
+}
+
+// inMinute fails t when the minute that started at minute is over: a budget's
+// window reset under what the test sent in it.
+func inMinute(t *testing.T, minute time.Time) {
+	t.Helper()
+	if end := time.Now().UTC().Truncate(time.Minute); !end.Equal(minute) {
+		t.Fatalf("the requests (from %v) ran into the next minute: the budget reset under them", minute)
+	}
 }
 
 // waitBothLive waits, up to 10 s, until each of the two gateways renewed a usage

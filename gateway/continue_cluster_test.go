@@ -67,22 +67,11 @@ func (p *breakingProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	p.mu.Lock()
 	p.bodies = append(p.bodies, string(body))
 	p.mu.Unlock()
-	out, err := http.NewRequestWithContext(r.Context(), r.Method, "http://"+p.agent+r.URL.RequestURI(), bytes.NewReader(body))
-	if err != nil {
-		http.Error(w, err.Error(), http.StatusBadGateway)
-		return
-	}
-	out.Header = r.Header.Clone()
-	resp, err := http.DefaultTransport.RoundTrip(out)
-	if err != nil {
-		http.Error(w, err.Error(), http.StatusBadGateway)
+	resp := forwardTo(w, r, body, p.agent)
+	if resp == nil {
 		return
 	}
 	defer resp.Body.Close()
-	for k, v := range resp.Header {
-		w.Header()[k] = v
-	}
-	w.WriteHeader(resp.StatusCode)
 	cut := r.Method == http.MethodPost && strings.HasPrefix(r.URL.Path, "/v1/") && p.armed.CompareAndSwap(true, false)
 	rc := http.NewResponseController(w)
 	br := bufio.NewReader(resp.Body)

@@ -109,6 +109,8 @@ type Options struct {
 	Kubeconfig string
 	// Env are KEY=VALUE environment variables of the agent (and the runners it
 	// starts), for example the OTEL_* settings of tracing; launchd passes no shell's.
+	// They go to an env file only the service's user can read (Plan.EnvFile), never
+	// into the property list, which every user can read.
 	Env []string
 }
 
@@ -145,6 +147,10 @@ type Plan struct {
 	ProgramArguments []string
 	// Plist is the property list's content.
 	Plist []byte
+	// EnvFile, when Options.Env is set, is the file (mode 0600, in DataDir) that holds
+	// Env, the variables' KEY=VALUE lines; the command is given EnvFileFlag to read it.
+	EnvFile string
+	Env     []byte
 }
 
 // Owner is a numeric user and group.
@@ -240,17 +246,34 @@ func Render(o Options) (*Plan, error) {
 			p.StateDir = dir
 		}
 	}
-	p.ProgramArguments = append([]string{o.Executable, svc.Command}, args...)
-
-	if p.Plist, err = encodePlist(p, o.Env); err != nil {
+	if err := p.setCommand(o.Executable, svc.Command, o.Env, args); err != nil {
+		return nil, err
+	}
+	if p.Plist, err = encodePlist(p); err != nil {
 		return nil, err
 	}
 	return p, nil
 }
 
-// encodePlist is the property list of the service p describes, with env as its
-// environment.
-func encodePlist(p *Plan, env []string) ([]byte, error) {
+// setCommand sets p's ProgramArguments: exe command args, with EnvFileFlag naming
+// p.EnvFile (in the data directory) first when there is an environment env.
+func (p *Plan) setCommand(exe, command string, env, args []string) error {
+	p.ProgramArguments = []string{exe, command}
+	if len(env) > 0 {
+		var err error
+		if p.Env, err = EncodeEnv(env); err != nil {
+			return err
+		}
+		p.EnvFile = filepath.Join(p.DataDir, command+".env")
+		p.ProgramArguments = append(p.ProgramArguments, EnvFileFlag+"="+p.EnvFile)
+	}
+	p.ProgramArguments = append(p.ProgramArguments, args...)
+	return nil
+}
+
+// encodePlist is the property list of the service p describes. It holds no
+// environment: every user of the Mac can read it (Plan.EnvFile holds that).
+func encodePlist(p *Plan) ([]byte, error) {
 	d := dict{
 		{"Label", p.Label},
 		{"ProgramArguments", p.ProgramArguments},
@@ -265,13 +288,6 @@ func encodePlist(p *Plan, env []string) ([]byte, error) {
 	}
 	if p.User != "" {
 		d = append(d, entry{"UserName", p.User})
-	}
-	if len(env) > 0 {
-		vars, err := envDict(env)
-		if err != nil {
-			return nil, err
-		}
-		d = append(d, entry{"EnvironmentVariables", vars})
 	}
 	var buf bytes.Buffer
 	buf.WriteString(xml.Header)
@@ -319,7 +335,7 @@ func checkServiceArgs(svc Service, args []string) error {
 	return nil
 }
 
-// envDict is the EnvironmentVariables dictionary of KEY=VALUE pairs, sorted by key;
+// envDict is the dictionary of KEY=VALUE pairs, sorted by key;
 // the last value of a key wins, as in a shell.
 func envDict(kvs []string) (dict, error) {
 	m := map[string]string{}
@@ -483,7 +499,7 @@ const bootstrapAttempts = 10
 var bootstrapRetry = 500 * time.Millisecond
 
 // Install creates the log, data, store and state directories (owned by p.Owner when
-// set), writes the property list (mode 0644) and loads it into the plan's domain,
+// set), writes the env file (mode 0600) when there is one, the property list (mode 0644) and loads it into the plan's domain,
 // booting out a loaded service of the same label first. Call CheckPlatform before.
 func Install(ctx context.Context, p *Plan, launchctl Launchctl) error {
 	if err := os.MkdirAll(filepath.Dir(p.PlistPath), 0o755); err != nil {
@@ -499,6 +515,9 @@ func Install(ctx context.Context, p *Plan, launchctl Launchctl) error {
 				return fmt.Errorf("giving %s to %s: %w", dir, p.User, err)
 			}
 		}
+	}
+	if err := writeEnvFile(p); err != nil {
+		return err
 	}
 	tmp := p.PlistPath + ".tmp"
 	if err := os.WriteFile(tmp, p.Plist, 0o644); err != nil {

@@ -113,11 +113,9 @@ func TestRender(t *testing.T) {
 			name: "environment for tracing",
 			o: Options{Executable: exe, Home: "/Users/ada", UID: 501, Kubeconfig: kc,
 				Env: []string{"OTEL_SERVICE_NAME=studio-1", "OTEL_EXPORTER_OTLP_ENDPOINT=http://otel:4318", "OTEL_SERVICE_NAME=studio-2", "EMPTY="}},
-			want: func() map[string]any {
-				m := common(strs(exe, "agent", "--kubeconfig="+kc, "--store-dir="+ada+"/models", "--state-dir="+ada+"/state"), ada, logs)
-				m["EnvironmentVariables"] = map[string]any{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://otel:4318", "OTEL_SERVICE_NAME": "studio-2", "EMPTY": ""}
-				return m
-			}(),
+			// The variables go to the env file, never into the property list.
+			want: common(strs(exe, "agent", "--env-file="+ada+"/agent.env", "--kubeconfig="+kc,
+				"--store-dir="+ada+"/models", "--state-dir="+ada+"/state"), ada, logs),
 			wantPlist:  "/Users/ada/Library/LaunchAgents/dev.macfleet.agent.plist",
 			wantDomain: "gui/501",
 			wantStore:  ada + "/models",

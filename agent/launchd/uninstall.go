@@ -107,6 +107,10 @@ type RemovalOptions struct {
 // logs, except what another installed service uses.
 func PlanRemoval(in *Installed, o RemovalOptions) Removal {
 	r := Removal{Remove: []Item{{Path: in.PlistPath, What: "the launchd service"}}}
+	if env, ok := in.Flag(EnvFileFlag); ok {
+		// Its secrets go with the service that read them.
+		r.Remove = append(r.Remove, Item{Path: env, What: "the service's environment file"})
+	}
 	if in.Service.NeedsKubeconfig {
 		if kc, ok := in.Flag(KubeconfigFlag); ok {
 			it := Item{Path: kc, What: "the agent's kubeconfig"}

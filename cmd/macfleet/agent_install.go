@@ -68,7 +68,8 @@ func (o *installOptions) addFlags(f *pflag.FlagSet) {
 	f.BoolVar(&o.dryRun, "dry-run", false, "Print the property list and where it would go; change nothing")
 	f.StringVar(&o.executable, "executable", "", "The macfleet binary launchd runs (default: this one)")
 	f.StringVar(&o.user, "user", "", "With --system, the account the service runs as (default $SUDO_USER: who ran sudo; root only if named)")
-	f.StringArrayVar(&o.env, "env", nil, "KEY=VALUE environment variable of the service and its runners (repeatable), e.g. OTEL_EXPORTER_OTLP_ENDPOINT=http://collector:4318 to trace requests")
+	f.StringArrayVar(&o.env, "env", nil, "KEY=VALUE environment variable of the service and its runners (repeatable), e.g. OTEL_EXPORTER_OTLP_ENDPOINT=http://collector:4318 to trace requests; "+
+		"written to a file only you can read (mode 0600, in the data directory) that the service loads with --env-file, never into the property list")
 }
 
 // installService renders svc running args (the flags after --) into a launchd
@@ -101,6 +102,9 @@ func installService(cmd *cobra.Command, svc launchd.Service, args []string, o *i
 		}
 		fmt.Fprintf(cmd.ErrOrStderr(), "Dry run: would write %s and load it into %s (logs in %s, models in %s)\n",
 			plan.PlistPath, plan.Domain, plan.LogDir, plan.StoreDir)
+		if plan.EnvFile != "" {
+			fmt.Fprintf(cmd.ErrOrStderr(), "The --env variables would go to %s (mode 0600), not into the property list\n", plan.EnvFile)
+		}
 		if tmpExe {
 			fmt.Fprintf(cmd.ErrOrStderr(), "Warning: %s is in a temporary directory; install macfleet (and macfleet-runner beside it) somewhere permanent first\n", exe)
 		}
@@ -158,6 +162,9 @@ func (o *installOptions) install(cmd *cobra.Command, svc launchd.Service, plan *
 	fmt.Fprintf(out, "Command: %s\n", strings.Join(plan.ProgramArguments, " "))
 	fmt.Fprintf(out, "Logs:    %s, %s\n", plan.StdoutPath, plan.StderrPath)
 	fmt.Fprintf(out, "Models:  %s\n", plan.StoreDir)
+	if plan.EnvFile != "" {
+		fmt.Fprintf(out, "Env:     %s (mode 0600: the --env variables)\n", plan.EnvFile)
+	}
 	if plan.User != "" {
 		fmt.Fprintf(out, "User:    %s (starts at boot, without a login)\n", plan.User)
 	}

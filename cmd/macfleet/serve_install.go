@@ -24,7 +24,10 @@ The service is a LaunchAgent of the current user (~/Library/LaunchAgents), or wi
 as the account --user names (default: who ran sudo).
 Relative paths in the flags are made absolute; model files must be given by absolute
 path. --api-key is refused (the property list is readable by every user): use
---api-key-file. --dry-run prints the property list instead, on any operating system.`,
+--api-key-file. --env values (a hub token, a proxy's credentials) go to serve.env in
+the data directory, a file only you can read (mode 0600) that the service loads with
+--env-file, never into the property list. --dry-run prints the property list instead,
+on any operating system.`,
 		Example: "  macfleet serve install -- --model qwen=hf://Qwen/Qwen2.5-Coder-7B-Instruct-GGUF/qwen2.5-coder-7b-instruct-q4_k_m.gguf:ctx=32768\n" +
 			"  macfleet serve install --env HF_TOKEN=hf_… -- --model gated=hf://org/gated/m.gguf\n" +
 			"  sudo macfleet serve install --system -- --model chat=/opt/models/chat.gguf --listen 0.0.0.0:8080 --api-key-file /etc/macfleet/key\n" +

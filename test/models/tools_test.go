@@ -1,0 +1,171 @@
+package models_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/macfleet/macfleet/api/runnerapi"
+	"github.com/macfleet/macfleet/internal/ggufsynth"
+)
+
+// Templates that write tool calls as each family's own does, written for these tests
+// (the families' real templates are not in the module cache); with the tiny models'
+// vocabulary their marks are plain text.
+const (
+	harmonyTemplate = `{% if tools %}<|start|>developer<|message|>{{ tools | tojson }}<|end|>{% endif %}{% for m in messages %}{% if m.role == 'user' %}<|start|>user<|message|>{{ m.content }}<|end|>` +
+		`{% elif m.role == 'assistant' and m.tool_calls %}{% for c in m.tool_calls %}<|start|>assistant to=functions.{{ c.function.name }}` +
+		`<|channel|>commentary json<|message|>{{ c.function.arguments | tojson }}<|call|>{% endfor %}` +
+		`{% elif m.role == 'assistant' %}<|start|>assistant<|channel|>final<|message|>{{ m.content }}<|end|>` +
+		`{% elif m.role == 'tool' %}<|start|>functions.tool to=assistant<|channel|>commentary<|message|>{{ m.content }}<|end|>{% endif %}` +
+		`{% endfor %}{% if add_generation_prompt %}<|start|>assistant{% endif %}`
+	hermesFamilyTemplate = `{% if tools %}<|im_start|>system
+<tools>{% for t in tools %}{{ t | tojson }}{% endfor %}</tools><|im_end|>
+{% endif %}{% for m in messages %}<|im_start|>{{ m.role }}
+{% if m.tool_calls %}{% for c in m.tool_calls %}<tool_call>
+{"name": "{{ c.function.name }}", "arguments": {{ c.function.arguments | tojson }}}
+</tool_call>{% endfor %}{% elif m.role == 'tool' %}<tool_response>
+{{ m.content }}
+</tool_response>{% else %}{{ m.content }}{% endif %}<|im_end|>
+{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant
+{% endif %}`
+	glmTemplate = `{% if tools %}<|system|>
+<tools>{{ tools | tojson }}</tools>
+{% endif %}{% for m in messages %}<|{{ m.role }}|>
+{% if m.tool_calls %}{% for c in m.tool_calls %}<tool_call>{{ c.function.name }}
+{% for k, v in c.function.arguments.items() %}<arg_key>{{ k }}</arg_key>
+<arg_value>{{ v }}</arg_value>
+{% endfor %}</tool_call>{% endfor %}{% elif m.role == 'tool' %}<tool_response>{{ m.content }}</tool_response>{% else %}{{ m.content }}{% endif %}
+{% endfor %}{% if add_generation_prompt %}<|assistant|>
+{% endif %}`
+	functionGemmaTemplate = `{% if tools %}<start_of_turn>developer
+{% for t in tools %}<start_function_declaration>{{ t | tojson }}<end_function_declaration>{% endfor %}<end_of_turn>
+{% endif %}{% for m in messages %}<start_of_turn>{% if m.role == 'assistant' %}model{% else %}{{ m.role }}{% endif %}
+{% if m.tool_calls %}{% for c in m.tool_calls %}<start_function_call>call:{{ c.function.name }}{{ '{' }}` +
+		`{% for k, v in c.function.arguments.items() %}{{ k }}:<escape>{{ v }}<escape>{% if not loop.last %},{% endif %}{% endfor %}{{ '}' }}` +
+		`<end_function_call>{% endfor %}{% elif m.role == 'tool' %}<start_function_response>{{ m.content }}<end_function_response>` +
+		`{% else %}{{ m.content }}{% endif %}<end_of_turn>
+{% endfor %}{% if add_generation_prompt %}<start_of_turn>model
+{% endif %}`
+)
+
+// familyTools are each family's call template, the tool format the runner must find
+// in it, and what its 400 says where a forced call is refused for that format.
+var familyTools = map[ggufsynth.Family]struct{ template, format, refused string }{
+	ggufsynth.Llama:     {template: hermesFamilyTemplate, format: "hermes"},
+	ggufsynth.Qwen3MoE:  {template: hermesFamilyTemplate, format: "hermes"},
+	ggufsynth.GPTOSS:    {template: harmonyTemplate, format: "harmony", refused: "constrained output (tool_choice) is not supported yet for models that write the harmony format"},
+	ggufsynth.GLM4MoE:   {template: glmTemplate, format: "glm"},
+	ggufsynth.Gemma3:    {template: functionGemmaTemplate, format: "function-gemma", refused: "constrained tool calls are not supported yet for models that write the function-gemma format"},
+	ggufsynth.Qwen3Next: {template: hermesFamilyTemplate, format: "hermes"},
+}
+
+// toolsParam are the tools offered: one whose arguments a random-weight model can
+// complete under the call grammar.
+const toolsParam = `[{"type":"function","function":{"name":"get_time","description":"Current time in a zone",
+	"parameters":{"type":"object","properties":{"zone":{"enum":["UTC","CET"]}},"required":["zone"],"additionalProperties":false}}}]`
+
+// TestToolCallPerFamily serves each family's tiny model with a template that writes
+// calls in the family's own format, forces a call (a named tool_choice: the grammar
+// constrains the output, the model cannot choose one itself), and checks that the
+// call parses back into tool_calls with JSON arguments of the tool's schema, and that
+// the template renders the call and its result as the next turn's prompt.
+func TestToolCallPerFamily(t *testing.T) {
+	eachFamily(t, func(t *testing.T, bin string, m tinyModel) {
+		ft := familyTools[m.family]
+		spec := m.spec
+		spec.ChatTemplate = ft.template
+		path := filepath.Join(m.dir, m.family.Arch()+"-tools.gguf")
+		if err := ggufsynth.Write(path, spec); err != nil {
+			t.Fatal(err)
+		}
+		r := startRunner(t, bin, path)
+		if st := r.status(); st.Chat == nil || st.Chat.ToolFormat != ft.format || !st.Chat.Tools {
+			t.Fatalf("status chat %+v, want tool format %s", st.Chat, ft.format)
+		}
+		call, first := forcedCall(t, r, ft.refused)
+		// The next turn: the call and its result, rendered by the template; a result
+		// 39 words longer makes a prompt at least 39 tokens longer.
+		long, short := nextTurn(t, r, call, strings.Repeat("noon ", 40)), nextTurn(t, r, call, "noon")
+		if long-short < 39 || short <= first {
+			t.Errorf("the next turn's prompt: %d tokens with a result of 40 words, %d with one, %d before the call: "+
+				"want the call and its result rendered", long, short, first)
+		}
+		t.Logf("%s: %s call %s(%s); the next turn's prompt %d tokens (was %d)", m.family, ft.format, call.Function.Name,
+			call.Function.Arguments, long, first)
+	})
+}
+
+// forcedCall forces a call to get_time and checks it: one call with arguments of the
+// tool's schema, or where refused is set a 400 on tool_choice saying it (the call is
+// then one written for the next turn). It returns the call and the prompt's tokens.
+func forcedCall(t *testing.T, r *modelRunner, refused string) (runnerapi.ToolCall, int) {
+	t.Helper()
+	var c runnerapi.ChatCompletion
+	code := r.postChat(t, fmt.Sprintf(`{"model":"m","max_tokens":200,"temperature":0,"tools":%s,"parallel_tool_calls":false,
+		"tool_choice":{"type":"function","function":{"name":"get_time"}},
+		"messages":[{"role":"user","content":"What time is it?"}]}`, toolsParam), &c)
+	if refused != "" {
+		var e runnerapi.ErrorBody
+		if code != http.StatusBadRequest || r.postChat(t, `{"model":"m","max_tokens":1,"messages":[{"role":"user","content":"What time is it?"}],"tools":`+
+			toolsParam+`,"tool_choice":"required"}`, &e) != http.StatusBadRequest || e.Error.Param == nil || *e.Error.Param != "tool_choice" || !strings.Contains(e.Error.Message, refused) {
+			t.Fatalf("forced call: %d, then %+v; want 400 on tool_choice saying %q", code, e, refused)
+		}
+		var n runnerapi.ChatCompletion
+		if r.postChat(t, `{"model":"m","max_tokens":1,"messages":[{"role":"user","content":"What time is it?"}],"tools":`+toolsParam+`}`, &n) !=
+			http.StatusOK || n.Usage == nil {
+			t.Fatalf("the prompt without a forced call: %+v", n)
+		}
+		return runnerapi.ToolCall{ID: "call_written", Type: "function", Function: runnerapi.FunctionCall{Name: "get_time",
+			Arguments: `{"zone":"UTC"}`}}, n.Usage.PromptTokens
+	}
+	if code != http.StatusOK || len(c.Choices) != 1 || c.Usage == nil {
+		t.Fatalf("forced call: %d %+v", code, c)
+	}
+	ch := c.Choices[0]
+	if ch.FinishReason != "tool_calls" || len(ch.Message.ToolCalls) != 1 || ch.Message.ToolCalls[0].Function.Name != "get_time" {
+		t.Fatalf("forced call: finish %q, message %+v; want one call to get_time", ch.FinishReason, ch.Message)
+	}
+	call := ch.Message.ToolCalls[0]
+	var args struct {
+		Zone string `json:"zone"`
+	}
+	if err := json.Unmarshal([]byte(call.Function.Arguments), &args); err != nil || (args.Zone != "UTC" && args.Zone != "CET") {
+		t.Fatalf("arguments %q: %v; want the schema's {\"zone\": \"UTC\" or \"CET\"}", call.Function.Arguments, err)
+	}
+	return call, c.Usage.PromptTokens
+}
+
+// nextTurn is the prompt tokens of the turn after call, with result as its result.
+func nextTurn(t *testing.T, r *modelRunner, call runnerapi.ToolCall, result string) int {
+	t.Helper()
+	var next runnerapi.ChatCompletion
+	code := r.postChat(t, fmt.Sprintf(`{"model":"m","max_tokens":1,"temperature":0,"tools":%s,"messages":[
+		{"role":"user","content":"What time is it?"},
+		{"role":"assistant","content":null,"tool_calls":[{"id":%q,"type":"function","function":{"name":"get_time","arguments":%q}}]},
+		{"role":"tool","tool_call_id":%q,"content":%q}]}`, toolsParam, call.ID, call.Function.Arguments, call.ID, result), &next)
+	if code != http.StatusOK || next.Usage == nil {
+		t.Fatalf("the turn after the tool result: %d %+v", code, next)
+	}
+	return next.Usage.PromptTokens
+}
+
+// postChat posts a chat body to r and decodes its answer into v; it returns the status.
+func (r *modelRunner) postChat(t *testing.T, body string, v any) int {
+	t.Helper()
+	resp, err := http.Post(r.base+"/v1/chat/completions", "application/json", bytes.NewReader([]byte(body)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var raw bytes.Buffer
+	_, _ = raw.ReadFrom(resp.Body)
+	if err := json.Unmarshal(raw.Bytes(), v); err != nil || resp.StatusCode != http.StatusOK {
+		t.Logf("chat: %d %s", resp.StatusCode, raw.String())
+	}
+	return resp.StatusCode
+}

@@ -13,7 +13,6 @@ import (
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 
-	"github.com/macfleet/macfleet/internal/ggufsynth"
 	"github.com/macfleet/macfleet/test/support/visiontest"
 )
 
@@ -28,21 +27,8 @@ func TestServeAnswersImages(t *testing.T) {
 		t.Skip("MACFLEET_RUNNER is not set: build the runner with `make runner` and export MACFLEET_RUNNER=$PWD/bin/macfleet-runner")
 	}
 	dir := t.TempDir()
-	spec, err := ggufsynth.TinyFamily(ggufsynth.Gemma3)
-	if err != nil {
-		t.Fatal(err)
-	}
-	proj, err := ggufsynth.TinyProjector(spec)
-	if err != nil {
-		t.Fatal(err)
-	}
 	model, mmproj := filepath.Join(dir, "gemma3.gguf"), filepath.Join(dir, "mmproj.gguf")
-	if err := ggufsynth.Write(model, spec); err != nil {
-		t.Fatal(err)
-	}
-	if err := ggufsynth.WriteProjector(mmproj, proj); err != nil {
-		t.Fatal(err)
-	}
+	proj := visiontest.WriteModel(t, model, mmproj)
 	hub := newHubDoubleFiles(t, "hf_tok", map[string]string{"/org/g-GGUF/resolve/main/mmproj.gguf": mmproj})
 	t.Setenv(hfTokenEnv, "hf_tok")
 	pic := visiontest.PNG(t, visiontest.Gradient)

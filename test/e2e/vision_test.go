@@ -99,20 +99,7 @@ func TestVisionThroughTheFleet(t *testing.T) {
 // into the fleet's model server, and returns the projector.
 func writeVisionModel(t *testing.T) ggufsynth.Projector {
 	t.Helper()
-	spec, err := ggufsynth.TinyFamily(ggufsynth.Gemma3)
-	if err != nil {
-		t.Fatal(err)
-	}
-	proj, err := ggufsynth.TinyProjector(spec)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := ggufsynth.Write(filepath.Join(fleet.ModelsDir, "vision-gemma3.gguf"), spec); err != nil {
-		t.Fatal(err)
-	}
-	if err := ggufsynth.WriteProjector(filepath.Join(fleet.ModelsDir, "vision-gemma3-mmproj.gguf"), proj); err != nil {
-		t.Fatal(err)
-	}
+	proj := visiontest.WriteModel(t, filepath.Join(fleet.ModelsDir, "vision-gemma3.gguf"), filepath.Join(fleet.ModelsDir, "vision-gemma3-mmproj.gguf"))
 	if err := os.WriteFile(filepath.Join(fleet.ModelsDir, "vision-a.png"), visiontest.PNG(t, visiontest.Gradient), 0o644); err != nil {
 		t.Fatal(err)
 	}

@@ -13,10 +13,33 @@ import (
 	"testing"
 
 	"github.com/openai/openai-go/v3"
+
+	"github.com/macfleet/macfleet/internal/ggufsynth"
 )
 
 // Question is what the tests ask about a picture.
 const Question = "What is in this picture?"
+
+// WriteModel writes a tiny Gemma 3 model to model and its synthesized projector to
+// projector, and returns the projector.
+func WriteModel(t testing.TB, model, projector string) ggufsynth.Projector {
+	t.Helper()
+	spec, err := ggufsynth.TinyFamily(ggufsynth.Gemma3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proj, err := ggufsynth.TinyProjector(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ggufsynth.Write(model, spec); err != nil {
+		t.Fatal(err)
+	}
+	if err := ggufsynth.WriteProjector(projector, proj); err != nil {
+		t.Fatal(err)
+	}
+	return proj
+}
 
 // Answer is a greedy answer with its usage.
 type Answer struct {

@@ -103,7 +103,8 @@ func (v *visionRunner) refused(t *testing.T, img, want string) {
 	t.Helper()
 	_, err := v.client.Chat.Completions.New(t.Context(), visiontest.ChatParams("test", visiontest.Question, img, answerTokens))
 	var apiErr *openai.Error
-	if !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusBadRequest || !strings.Contains(apiErr.Message, want) {
-		t.Fatalf("image %.40q: error %v, want a 400 naming %q", img, err, want)
+	if !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusBadRequest || apiErr.Code != "invalid_value" ||
+		!strings.Contains(apiErr.Message, want) {
+		t.Fatalf("image %.40q: error %v, want a 400 invalid_value naming %q", img, err, want)
 	}
 }

@@ -90,7 +90,7 @@ func (j *job) imageFloor(keep int) int {
 
 // noProjector is the error for images sent to a runner without a projector.
 func noProjector(param string) *runnerapi.Error {
-	return runnerapi.InvalidRequest(runnerapi.CodeUnsupportedParameter, param,
+	return runnerapi.InvalidRequest(runnerapi.CodeInvalidValue, param,
 		"this model has no projector (mmproj) loaded, so it cannot read images: "+
 			"name the model's projector in the deployment's spec.model.projector")
 }

@@ -55,6 +55,15 @@ if [[ "$(go env GOOS)" == darwin ]] && command -v brew >/dev/null; then
 	if [[ -n "$nlohmann" && -d "$nlohmann/include" ]]; then
 		export CGO_CPPFLAGS="$CGO_CPPFLAGS -I$nlohmann/include"
 	fi
+	# mtmd includes "stb/stb_image.h": link brew's stb header there, wherever in its
+	# include directory the formula put it.
+	stb="$(brew --prefix stb 2>/dev/null || true)"
+	for h in "$stb/include/stb/stb_image.h" "$stb/include/stb_image.h"; do
+		if [[ -n "$stb" && -f "$h" ]]; then
+			mkdir -p "$cgo_include/stb" && ln -sf "$h" "$cgo_include/stb/stb_image.h"
+			break
+		fi
+	done
 fi
 
 if [[ "$(go env GOOS)" == linux && "$(go env GOARCH)" == amd64 ]]; then

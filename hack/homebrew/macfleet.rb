@@ -16,6 +16,8 @@ class Macfleet < Formula
   # The runner compiles llama.cpp's common helpers, which include nlohmann/json.hpp
   # (headers only, so needed at build time only). No cmake: cgo compiles llama.cpp.
   depends_on "nlohmann-json" => :build
+  # mtmd (image input through a projector) includes stb_image.h; headers only.
+  depends_on "stb" => :build
   depends_on arch: :arm64
   depends_on :macos
 

@@ -84,8 +84,9 @@ func (h *Holder) Dialer() *net.Dialer {
 }
 
 // Transport returns a clone of base (http.DefaultTransport's settings when nil) that
-// dials through h.Dialer and uses no proxy: a proxy would resolve and connect to the
-// model's host itself, beyond the check.
+// dials through h.Dialer. It uses the proxy the environment names (HTTPS_PROXY,
+// HTTP_PROXY, NO_PROXY, read now), checking what it can of each target first
+// (proxyRoute); with none set it connects directly.
 func (h *Holder) Transport(base *http.Transport) *http.Transport {
 	if base == nil {
 		base = http.DefaultTransport.(*http.Transport)
@@ -94,6 +95,10 @@ func (h *Holder) Transport(base *http.Transport) *http.Transport {
 	t.Proxy = nil
 	d := h.Dialer()
 	t.DialContext = d.DialContext
+	if r := newProxyRoute(h); r != nil {
+		t.Proxy = r.proxy
+		t.DialContext = r.dial(&net.Dialer{Timeout: d.Timeout, KeepAlive: d.KeepAlive}, d)
+	}
 	t.DialTLSContext = nil
 	t.Dial = nil    //nolint:staticcheck // cleared so that DialContext is used
 	t.DialTLS = nil //nolint:staticcheck // cleared so that DialContext is used

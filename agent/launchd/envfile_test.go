@@ -46,7 +46,7 @@ func TestAttackInstallEnvSecretInPlist(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			in := &Installed{Args: toStrings(t, installed["ProgramArguments"])[2:]}
+			in := &Installed{Args: stringsOf(t, installed["ProgramArguments"])[2:]}
 			envPath, ok := in.Flag(EnvFileFlag)
 			if !ok || filepath.Dir(envPath) != p.DataDir {
 				t.Fatalf("the service is not given %s in its data directory %s: %q", EnvFileFlag, p.DataDir, in.Args)
@@ -71,19 +71,6 @@ func TestAttackInstallEnvSecretInPlist(t *testing.T) {
 			}
 		})
 	}
-}
-
-func toStrings(t *testing.T, v any) []string {
-	t.Helper()
-	arr, ok := v.([]any)
-	if !ok {
-		t.Fatalf("ProgramArguments is %T", v)
-	}
-	out := make([]string, len(arr))
-	for i, a := range arr {
-		out[i], _ = a.(string)
-	}
-	return out
 }
 
 func TestEnvFileRoundTrip(t *testing.T) {

@@ -36,9 +36,9 @@ func TestFetchThroughEnvironmentProxy(t *testing.T) {
 		return s.Fetch(ctx, testNS, "hf://org/repo/m.gguf", "", nil)
 	}
 
-	t.Setenv("HTTP_PROXY", "")
-	t.Setenv("HTTPS_PROXY", "")
-	t.Setenv("NO_PROXY", "")
+	for _, k := range []string{"HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy"} {
+		t.Setenv(k, "")
+	}
 	if _, err := fetch(); err == nil {
 		t.Fatalf("fetching from %s without a proxy succeeded: the test's host name must resolve only at the proxy", hubHost)
 	}

@@ -60,6 +60,9 @@ func TestTransportChecksTheDialledAddress(t *testing.T) {
 }
 
 func TestClientKeepsItsSettings(t *testing.T) {
+	for _, k := range []string{"HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy"} {
+		t.Setenv(k, "") // a proxy in the environment would be used (proxy.go)
+	}
 	h := NewHolder(nil)
 	base := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 	c := h.Client(base)

@@ -16,9 +16,11 @@ import (
 func TestProxiedFetchChecksTargets(t *testing.T) {
 	proxy := fwdproxy.New(map[string]string{})
 	t.Cleanup(proxy.Close)
-	t.Setenv("HTTP_PROXY", proxy.URL)
-	t.Setenv("HTTPS_PROXY", proxy.URL)
+	for _, k := range []string{"HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"} {
+		t.Setenv(k, proxy.URL)
+	}
 	t.Setenv("NO_PROXY", "")
+	t.Setenv("no_proxy", "")
 	client := NewHolder(nil).Client(nil) // the default policy: no metadata, no private networks
 	for _, tt := range []struct {
 		url        string

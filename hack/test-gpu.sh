@@ -11,6 +11,7 @@
 #          offload, greedy against the CPU, parallel slots, prompt-cache states saved
 #          from device memory and exported to a second runner, a split replica
 #   bench  macfleet serve beside the peer server on the card (not in the default steps)
+#   matrix the model matrix of every family on the GPU (test/models; not in the default steps)
 #   serve  `macfleet serve`, sandboxed as shipped: the GPU in /api/status, the
 #          runner's memory in nvidia-smi, and an unload's freed bytes against the drop
 #          nvidia-smi shows
@@ -72,6 +73,14 @@ step_suite() {
 		MACFLEET_TEST_STDERR_DIR="$out/stderr" \
 		"$bin/runner.test" -test.v -test.count=1 -test.timeout "${SUITE_TIMEOUT:-5m}" \
 		-test.run "${SUITE_RUN:-TestGPU|TestBackendDir|TestConcurrentStreamsMatchAlone|TestPromptCache|TestPeerState|TestSplitModelWorkerToWorker$|TestSplitWorkerReportsItsDevice}"
+}
+
+# The model matrix (test/models: every family's paths, tool calls, the split, vision)
+# with every runner on the GPU; the pack carries its test binary as bin/models.test.
+step_matrix() {
+	[[ -x $bin/models.test ]] || { echo "no models.test in the pack (go test -c ./test/models)"; return 1; }
+	MACFLEET_RUNNER="$bin/macfleet-runner" MACFLEET_TESTASSETS_DIR="$run/assets" \
+		"$bin/models.test" -test.v -test.count=1 -test.timeout "${MATRIX_TIMEOUT:-8m}" ${MATRIX_RUN:+-test.run "$MATRIX_RUN"}
 }
 
 step_serve() {

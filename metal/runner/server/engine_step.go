@@ -9,7 +9,7 @@ import "github.com/macfleet/macfleet/api/runnerapi"
 
 // step decodes one batch and handles its outputs.
 func (e *engine) step() {
-	e.feedImages()
+	feedImages(e.slots, imageEval{ctx: e.ctx, nBatch: e.nBatch, guard: e.guard, log: e.log}, e.release)
 	b := e.batch
 	b.Clear()
 	e.planTakes()

@@ -1,7 +1,6 @@
 package estimate
 
 import (
-	"bufio"
 	"bytes"
 	"encoding/json"
 	"fmt"
@@ -16,7 +15,7 @@ import (
 
 	"github.com/macfleet/macfleet/api/runnerapi"
 	"github.com/macfleet/macfleet/internal/ggufsynth"
-	"github.com/macfleet/macfleet/test/support/syncbuf"
+	"github.com/macfleet/macfleet/test/support/listening"
 )
 
 // maxRatio is how far above the measured peak a first estimate may be (issue 10).
@@ -98,45 +97,8 @@ func measurePeak(t *testing.T, bin, path string, tc footprintCase) int64 {
 		args = append(args, "--kv-type", string(tc.kv))
 	}
 	cmd := exec.Command(bin, args...)
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stderr := &syncbuf.Buffer{}
-	cmd.Stderr = stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(exited) }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		<-exited
-		if t.Failed() {
-			t.Logf("runner stderr:\n%s", stderr.String())
-		}
-	})
-	events := make(chan runnerapi.ListeningEvent, 1)
-	go func() {
-		sc := bufio.NewScanner(stdout)
-		var ev runnerapi.ListeningEvent
-		if sc.Scan() && json.Unmarshal(sc.Bytes(), &ev) == nil {
-			events <- ev
-		}
-		close(events)
-		for sc.Scan() {
-		}
-	}()
-	var base string
-	select {
-	case ev, ok := <-events:
-		if !ok {
-			t.Fatal("the runner did not announce its address")
-		}
-		base = "http://" + ev.Addr
-	case <-time.After(30 * time.Second):
-		t.Fatal("the runner did not listen within 30s")
-	}
+	p := listening.Start(t, "runner", cmd)
+	base, exited := "http://"+p.Addr, p.Exited
 	waitReady(t, base, exited)
 
 	// The slot's whole context but the generated tokens.

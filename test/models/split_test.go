@@ -1,8 +1,6 @@
 package models_test
 
 import (
-	"bufio"
-	"encoding/json"
 	"errors"
 	"os/exec"
 	"strconv"
@@ -10,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/macfleet/macfleet/api/runnerapi"
 	"github.com/macfleet/macfleet/internal/ggufsynth"
+	"github.com/macfleet/macfleet/test/support/listening"
 	"github.com/macfleet/macfleet/test/support/syncbuf"
 )
 
@@ -25,46 +23,8 @@ type splitWorker struct {
 // startSplitWorker starts bin as a split worker on model and waits for its listener.
 func startSplitWorker(t *testing.T, bin, model string) *splitWorker {
 	t.Helper()
-	cmd := exec.Command(bin, "worker", "--listen", "127.0.0.1:0", "--model", model, "--threads", "1")
-	w := &splitWorker{stderr: &syncbuf.Buffer{}}
-	cmd.Stderr = w.stderr
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(exited) }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		<-exited
-		if t.Failed() {
-			t.Logf("split worker stderr:\n%s", w.stderr.String())
-		}
-	})
-	line := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(stdout)
-		if sc.Scan() {
-			line <- sc.Text()
-		}
-		close(line)
-		for sc.Scan() { // the worker's later lines, unread
-		}
-	}()
-	select {
-	case l := <-line:
-		var ev runnerapi.ListeningEvent
-		if json.Unmarshal([]byte(l), &ev) != nil || ev.Addr == "" {
-			t.Fatalf("split worker's first line %q; stderr:\n%s", l, w.stderr.String())
-		}
-		w.addr = ev.Addr
-	case <-time.After(30 * time.Second):
-		t.Fatalf("the split worker did not announce its listener; stderr:\n%s", w.stderr.String())
-	}
-	return w
+	p := listening.Start(t, "split worker", exec.Command(bin, "worker", "--listen", "127.0.0.1:0", "--model", model, "--threads", "1"))
+	return &splitWorker{addr: p.Addr, stderr: p.Stderr}
 }
 
 // splitRefused are the families a split runner refuses to load, with what its error

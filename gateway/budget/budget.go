@@ -10,11 +10,12 @@
 // admitted while, in every window it falls in, the tokens used plus those reserved by
 // the requests in flight plus its own ask stay within the limit, and while fewer
 // requests than concurrentRequests are in flight. A request whose ask is over a
-// window's whole limit never fits and is refused (Decision.TooLarge): its body names
-// the ask and the room left, so the caller can lower max_tokens or n. When a request
-// ends its reservation is settled: replaced by the usage its answer reported.
+// window's whole limit is admitted only into that window empty (nothing used,
+// nothing reserved) and then holds all of it. When a request ends its reservation is
+// settled: replaced by the usage its answer reported.
 //
-// So a window serves at most its limit, plus what prompts use beyond their estimates
+// So a window serves at most its limit, or, when one request may use more than the
+// whole limit, that one request; plus what prompts use beyond their estimates
 // (PromptBytesPerToken).
 package budget
 
@@ -198,16 +199,6 @@ type Decision struct {
 	Reset time.Time
 }
 
-// TooLarge: the request asks more than the window's whole limit, so no wait makes
-// it fit.
-func (d Decision) TooLarge() bool { return d.Window != Concurrent && d.Ask > d.Limit }
-
-// Room is what the window has left for a new request: its limit less what was used
-// and what the requests in flight reserved.
-func (d Decision) Room() int64 {
-	return max(d.Limit-metering.AddCount(d.Used, d.Reserved), 0)
-}
-
 // ConcurrentRetry is when a request refused for its concurrent requests, or for the
 // tokens the requests in flight reserved, is told to try again: requests end at any
 // time.
@@ -227,11 +218,11 @@ func (d Decision) Message() string {
 	case d.Window == Concurrent:
 		return fmt.Sprintf("TokenBudget %s allows %d concurrent requests and %d are in flight: try again when one ends",
 			d.Budget, d.Limit, d.Used)
-	case d.TooLarge():
+	case d.Ask > d.Limit && d.Used < d.Limit && d.Reserved > 0:
 		return fmt.Sprintf("TokenBudget %s allows %d tokens per %s and this request may use up to %d "+
 			"(its prompt's estimate plus max_tokens × n; without max_tokens, the deployment's contextLength per choice), "+
-			"more than the whole window: it is refused, whatever the wait; the room left now is %d tokens: "+
-			"set max_tokens (or n) so the request asks at most that", d.Budget, d.Limit, d.Window, d.Ask, d.Room())
+			"so it runs only alone in a window: %d were used and %d are reserved by requests in flight: "+
+			"try again when they end, or set a lower max_tokens", d.Budget, d.Limit, d.Window, d.Ask, d.Used, d.Reserved)
 	case d.Used < d.Limit && d.Used+d.Ask <= d.Limit:
 		return fmt.Sprintf("TokenBudget %s allows %d tokens per %s: %d were used, %d are reserved by requests in flight "+
 			"and this request may use up to %d: try again when they end", d.Budget, d.Limit, d.Window, d.Used, d.Reserved, d.Ask)
@@ -298,12 +289,13 @@ func check(b *mfv1.TokenBudget, key string, ask int64, own Own, peers []Peer, no
 		for _, p := range peers {
 			used = metering.AddCount(used, scope(p).tokens(l.w, start))
 		}
-		// An ask over the whole limit never fits (Decision.TooLarge).
+		// An ask over the whole limit needs the window empty.
+		need := min(ask, *l.limit)
 		d := Decision{Budget: name, Window: l.w, Limit: *l.limit, Used: used, Reserved: reserved, Ask: ask, Reset: end(l.w, now)}
 		switch {
-		case used >= *l.limit || metering.AddCount(used, ask) > *l.limit:
+		case used >= *l.limit || metering.AddCount(used, need) > *l.limit:
 			return d
-		case metering.AddCount(metering.AddCount(used, reserved), ask) > *l.limit:
+		case metering.AddCount(metering.AddCount(used, reserved), need) > *l.limit:
 			d.Reset = now.Add(ConcurrentRetry) // room comes back as the requests in flight end
 			return d
 		}

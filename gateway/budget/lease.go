@@ -120,7 +120,7 @@ func Admission(s Snapshot, key string, ask int64, now time.Time) Plan {
 			}
 			start := Start(w, now)
 			held := metering.AddCount(mine.tokens(w, start), mine.Reserved)
-			need := metering.AddCount(held, ask)
+			need := metering.AddCount(held, min(ask, *limit))
 			if need <= leased(leases, s.Self, w, start) {
 				continue
 			}

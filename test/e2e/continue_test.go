@@ -274,8 +274,8 @@ func readChunks(body io.Reader, each func(runnerapi.ChatCompletionChunk)) (dones
 			}
 			return dones, ""
 		}
-		if line == "\n" {
-			continue
+		if line == "\n" || (strings.HasPrefix(line, ":") && dones == 0) {
+			continue // a comment (the gateway's keep-alive while it holds the stream) is no event
 		}
 		data, ok := strings.CutPrefix(strings.TrimSuffix(line, "\n"), "data: ")
 		if !ok || dones > 0 {

@@ -4,7 +4,7 @@
 # simulating Macs with different memory ceilings (each with its own node credential),
 # and a model server holding a synthesized GGUF model. It applies config/samples/,
 # waits for the replicas to be Ready, streams a chat completion through the gateway,
-# makes a tool call, wakes the autoscaled sample from zero replicas with a request,
+# makes a tool call, asks the vision sample about two images, wakes the autoscaled sample from zero replicas with a request,
 # runs Claude Code against the 32k-context coder sample (when hack/npm's clients are
 # installed), shows a team's key scoped to its namespace and its usage, shows `kubectl
 # get md,mr,mn`, the agents' certificates (mutual TLS, no shared secret), and keeps
@@ -98,6 +98,28 @@ curl -sS "$GATEWAY/v1/chat/completions" -H "Authorization: Bearer $ADMIN_KEY" -H
 echo
 grep -q '"finish_reason":"tool_calls"' "$work/tool.json" || { echo "no tool call came back" >&2; exit 1; }
 grep -q 'city\\":\\"Paris' "$work/tool.json" || { echo "the tool call does not name the city asked for (Paris)" >&2; exit 1; }
+
+say "An image question: a vision model with its projector (config/samples/tiny-vision.yaml; docs/vision.md)"
+# Two 8x8 PNGs as data URIs: a gradient, asked twice (the second time the prompt cache
+# holds the image's tokens), then a checkerboard (a miss from the image on).
+gradient='iVBORw0KGgoAAAANSUhEUgAAAAgAAAAICAIAAABLbSncAAAAbElEQVR42hXNQRUAUQhCUaMYhShGeVGIQhSizB+XXA7ODDtouIHBQ4YOM8suWm5h8ZKl+0CskDiBsIioHhx76LiDw0eO3oN/4FVf+J8h0PduzBqZ8x/bxNQPwgaFy192SGgelC0q13/CJaXlA8Z7WAFXOTbyAAAAAElFTkSuQmCC'
+checkers='iVBORw0KGgoAAAANSUhEUgAAAAgAAAAICAIAAABLbSncAAAAF0lEQVR42mNgYGD4//8/FhK7KAQMPh0AXXNfoWyFCAcAAAAASUVORK5CYII='
+"$kubectl" wait --for=condition=Available md/tiny-vision --timeout=300s
+ask_image() { # $1 base64 PNG, $2 output file
+	curl -sS "$GATEWAY/v1/chat/completions" -H "Authorization: Bearer $ADMIN_KEY" -H 'Content-Type: application/json' \
+		-d '{"model":"tiny-vision","max_tokens":6,"temperature":0,"messages":[{"role":"user","content":[
+		{"type":"image_url","image_url":{"url":"data:image/png;base64,'"$1"'"}},{"type":"text","text":"What is in this picture?"}]}]}' >"$2"
+	echo "$(grep -o '"prompt_tokens":[0-9]*' "$2" || true), $(grep -o '"cached_tokens":[0-9]*' "$2" || echo '"cached_tokens":0')"
+}
+echo "\$ curl $GATEWAY/v1/chat/completions -d '{\"model\":\"tiny-vision\",\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\",...},{\"type\":\"text\",...}]}]}'"
+echo "the gradient:            $(ask_image "$gradient" "$work/image1.json")"
+echo "the gradient again:      $(ask_image "$gradient" "$work/image2.json")"
+echo "a checkerboard:          $(ask_image "$checkers" "$work/image3.json")"
+cached_of() { grep -o '"cached_tokens":[0-9]*' "$1" | cut -d: -f2 || true; }
+grep -q '"finish_reason"' "$work/image1.json" || { echo "the vision sample did not answer: $(cut -c1-300 "$work/image1.json")" >&2; exit 1; }
+again=$(cached_of "$work/image2.json") other=$(cached_of "$work/image3.json")
+((${again:-0} > ${other:-0})) ||
+	{ echo "the same image again was not a prompt-cache hit beyond the other image's (${again:-0} against ${other:-0} cached tokens)" >&2; exit 1; }
 
 say "The OnDemand sample loads on its first request (the gateway holds it meanwhile)"
 "$kubectl" wait --for=condition=Available md/tiny-chat-ondemand --timeout=300s

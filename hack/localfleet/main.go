@@ -90,6 +90,12 @@ func run(dir, binary, runner, envFile, modelsAddr string) error {
 		return err
 	}
 
+	// The vision sample (config/samples/tiny-vision.yaml): a tiny Gemma 3-shaped model
+	// and its synthesized projector.
+	if err := writeVisionModel(fleet.ModelsDir); err != nil {
+		return err
+	}
+
 	env := fmt.Sprintf("KUBECONFIG=%s\nGATEWAY=%s\nADMIN_KEY=%s\nMODELS_URL=%s\nLOGS=%s\n",
 		fleet.AdminKubeconfig, fleet.GatewayURL, adminKey, fleet.ModelsURL, fleet.LogDir())
 	if err := os.WriteFile(envFile+".tmp", []byte(env), 0o600); err != nil {
@@ -103,6 +109,22 @@ func run(dir, binary, runner, envFile, modelsAddr string) error {
 	stop() // a second Ctrl-C kills at once
 	fmt.Println("\nStopping the fleet")
 	return nil
+}
+
+// writeVisionModel writes the vision sample's model and projector into dir.
+func writeVisionModel(dir string) error {
+	spec, err := ggufsynth.TinyFamily(ggufsynth.Gemma3)
+	if err != nil {
+		return err
+	}
+	proj, err := ggufsynth.TinyProjector(spec)
+	if err != nil {
+		return err
+	}
+	if err := ggufsynth.Write(filepath.Join(dir, "tiny-vision.gguf"), spec); err != nil {
+		return err
+	}
+	return ggufsynth.WriteProjector(filepath.Join(dir, "tiny-vision-mmproj.gguf"), proj)
 }
 
 // newKey is a random API key.

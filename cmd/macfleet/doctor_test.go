@@ -24,9 +24,9 @@ import (
 	"github.com/macfleet/macfleet/metal/enginepool/runnerproc"
 )
 
-// doctorRunner returns $MACFLEET_RUNNER; without it the test is skipped, except in CI
+// runnerOrSkip returns $MACFLEET_RUNNER (the doctor and serve tests); without it the test is skipped, except in CI
 // (CI=true), where the Makefile always builds and names the runner.
-func doctorRunner(t *testing.T) string {
+func runnerOrSkip(t *testing.T) string {
 	t.Helper()
 	rp := os.Getenv(runnerproc.RunnerEnv)
 	switch {
@@ -76,7 +76,7 @@ func runDoctorAttributable(t *testing.T, args ...string) (string, error) {
 // real runner: the table has every section, the gauges agree with /proc, and the
 // self-test loads, generates with and unloads a synthesized model through the pool.
 func TestDoctorCommand(t *testing.T) {
-	rp := doctorRunner(t)
+	rp := runnerOrSkip(t)
 
 	text, err := runDoctorAttributable(t, "--runner", rp, "--memory-ceiling", "1Gi", "--listen", "127.0.0.1:0")
 	if err != nil {

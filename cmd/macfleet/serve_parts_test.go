@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"net"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -20,10 +19,7 @@ import (
 // and serves it with the runner sandbox on: the runner loads the parts from the first
 // and answers what the same model in one file answers. The estimate counts every part.
 func TestServePullsAModelStoredInParts(t *testing.T) {
-	runner := os.Getenv("MACFLEET_RUNNER")
-	if runner == "" {
-		t.Skip("MACFLEET_RUNNER is not set: build the runner with `make runner` and export MACFLEET_RUNNER=$PWD/bin/macfleet-runner")
-	}
+	runner := runnerOrSkip(t)
 	dir := t.TempDir()
 	one := filepath.Join(dir, "tiny.gguf")
 	if err := ggufsynth.Write(one, ggufsynth.Tiny()); err != nil {

@@ -110,10 +110,7 @@ const (
 // $HF_TOKEN, verifies its sha256, serves it — a real runner answering the official
 // OpenAI client — and keeps it in the model store.
 func TestServePullsFromTheHub(t *testing.T) {
-	runner := os.Getenv("MACFLEET_RUNNER")
-	if runner == "" {
-		t.Skip("MACFLEET_RUNNER is not set: build the runner with `make runner` and export MACFLEET_RUNNER=$PWD/bin/macfleet-runner")
-	}
+	runner := runnerOrSkip(t)
 	content, digest := tinyHubModel(t)
 	hub := newHubDouble(t, hubPath, "hf_gated", content)
 	t.Setenv(hfTokenEnv, "hf_gated")

@@ -22,10 +22,7 @@ import (
 // inline and is a prompt-cache hit of the data URI's; a host it does not list is a
 // 400 naming the rule.
 func TestServeAnswersImages(t *testing.T) {
-	runner := os.Getenv("MACFLEET_RUNNER")
-	if runner == "" {
-		t.Skip("MACFLEET_RUNNER is not set: build the runner with `make runner` and export MACFLEET_RUNNER=$PWD/bin/macfleet-runner")
-	}
+	runner := runnerOrSkip(t)
 	dir := t.TempDir()
 	model, mmproj := filepath.Join(dir, "gemma3.gguf"), filepath.Join(dir, "mmproj.gguf")
 	proj := visiontest.WriteModel(t, model, mmproj)

@@ -245,7 +245,7 @@ func ownerOf(fi os.FileInfo) string {
 // start (detached, recorded in its state directory) is stopped by uninstall, instead of
 // holding its model's memory until its orphan timeout.
 func TestAgentUninstallStopsLeftRunners(t *testing.T) {
-	bin := doctorRunner(t)
+	bin := runnerOrSkip(t)
 	home := t.TempDir()
 	t.Setenv("HOME", home)
 	onFakeMac(t, "")

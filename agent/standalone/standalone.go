@@ -191,13 +191,15 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 		}
 		specs = append(specs, spec)
 	}
-	if opts.PromptCacheRetention > 0 && cfg.PromptCacheDir != "" {
-		defer startJanitor(ctx, opts, eng, log)()
-	}
 	obs := &logObserver{log: log, pool: pool}
 	pool.AddObserver(obs)
 	if err := register(eng, specs, cfg, log); err != nil {
 		return err
+	}
+	// The janitor starts once the models are registered: a pass before that sees an
+	// empty pool and would remove the configured models' prompt cache directories.
+	if opts.PromptCacheRetention > 0 && cfg.PromptCacheDir != "" {
+		defer startJanitor(ctx, opts, eng, log)()
 	}
 
 	srv, err := server.New(pool, server.Options{Accelerators: devicegauge.Cached(devicegauge.Detect(), 10*time.Second), APIKey: cfg.APIKey, MaxBodyBytes: int64(cfg.MaxBodyBytes),

@@ -96,7 +96,7 @@ func (en enforcer) poll() {
 	}
 	for _, g := range v.overCeiling {
 		en.log.Info("Runner is over its own ceiling", "model", g.name, "footprintBytes", g.footprint,
-			"ceilingBytes", g.ceiling, "reservedBytes", g.reservation, "hotBudgetBytes", g.hotBudget)
+			"ceilingBytes", g.ceiling, "reservedBytes", g.reservation, "hotBudgetBytes", g.hotBudget, "runtimeBytes", g.runtime)
 	}
 	if v.level != v.prev {
 		en.log.Info("Memory pressure changed", "from", string(v.prev), "to", string(v.level), "usageBytes", measured)
@@ -147,8 +147,8 @@ type limitPush struct {
 
 // overCeiling is a runner found over its own ceiling, for the log.
 type overCeiling struct {
-	name                                       string
-	footprint, ceiling, reservation, hotBudget int64
+	name                                                string
+	footprint, ceiling, reservation, hotBudget, runtime int64
 }
 
 // enforce records the measured usage, asks decide.Enforce for the verdict and
@@ -202,7 +202,7 @@ func (s *state) applyActions(actions []decide.Action, out *enforced) {
 		case decide.UnloadOverCeiling:
 			g := e.eng
 			g.overCeiling = true
-			out.overCeiling = append(out.overCeiling, overCeiling{e.spec.Name, g.footprint, g.ownCeiling(), g.reservation, g.hotBudget})
+			out.overCeiling = append(out.overCeiling, overCeiling{e.spec.Name, g.footprint, g.hostCeiling(), g.reservation, g.hotBudget, g.runtimeBytes})
 			unload(e, ReasonOverCeiling)
 		case decide.UnloadPressure:
 			unload(e, ReasonPressure)

@@ -2,6 +2,7 @@ package enginepool
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"testing"
 	"time"
@@ -238,6 +239,48 @@ func TestRunnerOverItsCeilingIsAPressureVictim(t *testing.T) {
 	}
 	if got := h.state("within"); got != StateReady {
 		t.Fatalf("within = %s", got)
+	}
+}
+
+// On a card with memory of its own the model is on the card and the host holds the
+// accelerator runtime, whatever the model's size: a runner whose footprint at Ready
+// is that runtime (5x its reservation) is not over its ceiling, and one that grows
+// past it by more than its own ceiling is. On unified memory (a Mac) the same
+// footprint is over the ceiling.
+func TestRuntimeHostMemoryOnACardCountsInTheCeiling(t *testing.T) {
+	for _, separate := range []bool{true, false} {
+		t.Run(fmt.Sprintf("deviceSeparate=%v", separate), func(t *testing.T) {
+			h := newHarness(t, Config{})
+			h.f.deviceSeparate = separate
+			h.f.footprint = func(s ModelSpec) int64 { return 5 * s.EstimatedBytes }
+			if err := h.p.Register(ModelSpec{Name: "tiny", EstimatedBytes: 100 * mib, Residency: Pinned}); err != nil {
+				t.Fatal(err)
+			}
+			h.load("tiny")
+			h.p.enforcer.poll()
+			if !separate {
+				h.waitState("tiny", StateUnloaded)
+				if r := h.model("tiny").LastUnload; r.Reason != ReasonOverCeiling {
+					t.Fatalf("unload %+v, want over-ceiling", r)
+				}
+				return
+			}
+			if got := h.state("tiny"); got != StateReady {
+				t.Fatalf("a runner whose footprint is its runtime was unloaded: %s (%+v)", got, h.model("tiny").LastUnload)
+			}
+			// 500 MiB at Ready, a ceiling of 110 MiB beyond it.
+			h.g.addProc(h.f.last(t, "tiny").pid, 100*mib)
+			h.p.enforcer.poll()
+			if got := h.state("tiny"); got != StateReady {
+				t.Fatalf("grew within its own ceiling beyond the runtime and was unloaded: %s", got)
+			}
+			h.g.addProc(h.f.last(t, "tiny").pid, 20*mib)
+			h.p.enforcer.poll()
+			h.waitState("tiny", StateUnloaded)
+			if r := h.model("tiny").LastUnload; r.Reason != ReasonOverCeiling {
+				t.Fatalf("unload %+v, want over-ceiling", r)
+			}
+		})
 	}
 }
 

@@ -163,6 +163,10 @@ type engine struct {
 	split *SplitStats
 	// off is the paths the runner last reported it serves the model without.
 	off []runnerapi.PathOff
+	// runtimeBytes is the host memory of an accelerator runtime whose device has
+	// memory of its own (a discrete card): the runner's footprint when it became
+	// Ready, its model on the card (0 on a Mac and on the CPU). See hostCeiling.
+	runtimeBytes int64
 }
 
 // cacheOff says whether the runner reported that it serves the model without its

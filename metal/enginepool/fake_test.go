@@ -142,6 +142,9 @@ type fakeFactory struct {
 	footprint func(ModelSpec) int64
 	// off, when set, is what each runner reports it serves its model without.
 	off func(ModelSpec) []runnerapi.PathOff
+	// deviceSeparate: every runner reports its model on a card with memory of its
+	// own (runnerapi.Status.DeviceMemorySeparate).
+	deviceSeparate bool
 	// startGate, when set, blocks Start until it is closed.
 	startGate chan struct{}
 	startErr  error
@@ -349,8 +352,11 @@ func (r *fakeRunner) Status(ctx context.Context) (RunnerStatus, error) {
 	if r.cacheOff() {
 		pc = nil
 	}
+	r.f.mu.Lock()
+	separate := r.f.deviceSeparate
+	r.f.mu.Unlock()
 	return RunnerStatus{State: "ready", PID: r.pid, FootprintBytes: fp, PromptCache: pc, Off: slices.Clone(r.off),
-		Split: slices.Clone(r.split), SplitHeadComputeSeconds: r.splitHead}, nil
+		Split: slices.Clone(r.split), SplitHeadComputeSeconds: r.splitHead, DeviceMemorySeparate: separate}, nil
 }
 
 // SetCacheBudget records the budget and frees the hot bytes over it, like the runner.

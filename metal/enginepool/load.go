@@ -203,11 +203,14 @@ func (l loader) run(job loadJob) {
 		return
 	}
 	err = l.startRunner(ctx, job, g)
-	var fp int64
+	step := loadStep{kind: loadEnded, job: job, eng: g, err: err}
 	if err == nil {
-		fp, _ = l.gauge.Process(g.pid)
+		step.footprint, _ = l.gauge.Process(g.pid)
+		if st, serr := g.runner.Status(ctx); serr == nil {
+			step.deviceSeparate = st.DeviceMemorySeparate
+		}
 	}
-	l.finish(ctx, loadStep{kind: loadEnded, job: job, eng: g, footprint: fp, err: err})
+	l.finish(ctx, step)
 }
 
 // admit asks decide.Admit, round by round, whether the job's entry may load — evicting
@@ -429,6 +432,9 @@ func (s *state) load(step loadStep) loadApplied {
 		}
 		now := s.clock.Now()
 		g.footprint, g.peak = step.footprint, max(g.peak, step.footprint)
+		if step.deviceSeparate {
+			g.runtimeBytes = step.footprint
+		}
 		s.activity++
 		g.loadedAt, e.lastUsed = now, now
 		e.attempt, e.lastErr, e.failReason = nil, nil, ""
@@ -465,7 +471,7 @@ func (s *state) decideModels() []decide.Model {
 		if g := e.eng; g != nil {
 			_, running := s.engines[g]
 			m.Engine = &decide.Engine{Running: running, TearingDown: g.tearingDown, InUse: g.inUse,
-				Footprint: g.footprint, Reservation: g.reservation, OwnCeiling: g.ownCeiling(),
+				Footprint: g.footprint, Reservation: g.reservation, OwnCeiling: g.hostCeiling(),
 				OverCeiling: g.overCeiling}
 		}
 		ms = append(ms, m)
@@ -493,6 +499,18 @@ func (e *entry) idleTimeout(def time.Duration) time.Duration {
 // hot-tier budget it holds.
 func (g *engine) ownCeiling() int64 {
 	return runnerCeiling(g.reservation) + max(g.hotBudget, g.hotShare, 0)
+}
+
+// hostCeiling is the footprint past which the enforcer treats the runner as over its
+// ceiling: its own ceiling, plus the runtime's host memory where the model lives on
+// a card with memory of its own. There the reservation (the model's estimate) is
+// on the card, and the host holds the accelerator runtime: 400-500 MiB of a CUDA
+// context and its libraries whatever the model's size, which the estimate does not
+// count. Without it every model smaller than its runtime was unloaded as over its
+// ceiling on its first poll. The runner itself is told ownCeiling: on such a card its
+// guard bounds the device allocation, which the runtime's host memory is not part of.
+func (g *engine) hostCeiling() int64 {
+	return g.ownCeiling() + g.runtimeBytes
 }
 
 // hotConfigured is the hot budget as configured: Config.PromptCacheHotBytes, or

@@ -116,7 +116,10 @@ type loadStep struct {
 	eng       *engine
 	runner    Runner
 	footprint int64
-	err       error
+	// deviceSeparate: the Ready runner reported its model's memory on a device
+	// with memory of its own (runnerapi.Status.DeviceMemorySeparate).
+	deviceSeparate bool
+	err            error
 	// cause is the load context's cause, for the message of a failed start.
 	cause error
 }

@@ -216,7 +216,14 @@ func check(t *testing.T, f ggufsynth.Family, r row) {
 	for path, what := range gap {
 		t.Logf("known gap, %s: %s", path, what)
 	}
-	if gap["estimate"] == "" {
+	onCard := r.unload != nil && r.unload.DeviceFreedBytes > 0
+	if gap["estimate"] == "" && onCard {
+		// The model is on a card with memory of its own and the host holds the GPU
+		// runtime (400-500 MiB whatever the model): neither side measures the model
+		// alone. The estimate is checked where memory is unified (a Mac, the CPU).
+		t.Logf("on a card (%d bytes freed there): the estimate is not compared with the host peak, the runtime's", r.unload.DeviceFreedBytes)
+	}
+	if gap["estimate"] == "" && !onCard {
 		if ratio > maxEstimateRatio || ratio < 1/maxEstimateRatio {
 			t.Errorf("estimate %d is %.2f times the measured peak %d, want within %.1fx", r.estimate, ratio, r.peak, maxEstimateRatio)
 		}

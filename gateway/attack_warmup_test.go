@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -138,5 +139,71 @@ func TestAttackColdEpochsHarvestConversations(t *testing.T) {
 		if c.Partition != "team-a" {
 			t.Errorf("the Mac got a ticket for %s's state %s in partition %q, which it never served", c.Source, c.Digest, c.Partition)
 		}
+	}
+}
+
+// TestAttackOneRequestEarnsThePartition: a compromised Mac (mac-evil) holding a
+// replica of a deployment granted to team-a and team-b is routed one request of
+// team-b, then reports a cold runner to be warmed. team-b's two other conversations,
+// routed to the honest Mac, are in the same partition. On main the warm-up was
+// filtered by partition: the one request earned tickets for both other
+// conversations' states (up to 64 of a partition's conversations every 10 minutes).
+// Now the cold Mac is warmed only with the chain it was itself sent.
+func TestAttackOneRequestEarnsThePartition(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	p, index, reg, ca := newTestPeerFetcher(t, t0)
+	const model = "team-a/chat"
+	p.est.ObservePrefill(model, 1000, time.Minute)
+	honest := Backend{Key: "team-a/chat-0", Endpoint: "10.0.0.1:8443", Node: "mac-1", Slots: 2}
+	bad := Backend{Key: "team-a/chat-1", Endpoint: "10.0.0.66:8443", Node: "mac-evil", Slots: 2}
+	table := routing.TableOf(&Route{Namespace: "team-a", Deployment: "chat", PeerWarmup: true, Backends: []Backend{honest, bad}})
+	sent := []string{"00000000000000b0", "00000000000000b1"}                             // the request routed to mac-evil
+	others := [][]string{{"00000000000000c0", "00000000000000c1"}, {"00000000000000d0"}} // team-b's others
+	index.Apply(honest.Key, runnerapi.PrefixEvents{Epoch: "e", Seq: 1, Reset: true, Events: []runnerapi.PrefixEvent{
+		{Digest: sent[1], Tier: runnerapi.TierHot, Tokens: 1500},
+		{Digest: others[0][1], Tier: runnerapi.TierHot, Tokens: 4000}, {Digest: others[1][0], Tier: runnerapi.TierHot, Tokens: 3000}}})
+
+	var mu sync.Mutex
+	var hints []runnerapi.PeerStateHint
+	post := func(_ context.Context, be Backend, req runnerapi.PeerWarmRequest) (runnerapi.PeerWarmResponse, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		hints = append(hints, req.Hints...)
+		return runnerapi.PeerWarmResponse{Results: make([]runnerapi.PeerStateResult, len(req.Hints))}, nil
+	}
+	w, err := newWarmer(p, func() *Table { return table }, post, reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(w.close)
+	// What the gateway routed: team-b's conversations to the honest Mac, and the
+	// first turn of one of them (its system prompt and first message) to mac-evil.
+	for _, c := range append([][]string{sent}, others...) {
+		w.record(model, c, "team-b", honest.Node)
+		p.sent(honest, "team-b", c...)
+	}
+	w.record(model, sent, "team-b", bad.Node)
+	p.sent(bad, "team-b", sent...)
+
+	w.cold(prefixindex.Target{Key: bad.Key, Endpoint: bad.Endpoint, Node: bad.Node}, "fresh")
+	testenv.Eventually(t, 10*time.Second, 5*time.Millisecond, func() (bool, string) {
+		nothing := testutil.ToFloat64(w.skipped.WithLabelValues(bad.Node, nothingToWarm))
+		mu.Lock()
+		defer mu.Unlock()
+		return len(hints) > 0 || nothing > 0, fmt.Sprintf("%d hints, %v nothing to warm", len(hints), nothing)
+	})
+	w.close() // waits for the warm-up under way
+	mu.Lock()
+	defer mu.Unlock()
+	var got []string
+	for _, h := range hints {
+		c, err := pki.VerifyTicket(h.Ticket, pki.Pool([]*x509.Certificate{ca.Cert}), t0.Add(time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, c.Partition+"/"+c.Digest)
+	}
+	if want := []string{"team-b/" + sent[1]}; !slices.Equal(got, want) {
+		t.Errorf("one routed request of team-b earned mac-evil tickets for %v, want %v (the chain it was sent)", got, want)
 	}
 }

@@ -50,7 +50,7 @@ type warmPost func(ctx context.Context, be Backend, req runnerapi.PeerWarmReques
 // epoch, and no more often than peerfetch.WarmLimiter allows (a Mac that reports a
 // fresh epoch on every poll earns no warm-up on every poll), one replica at a time, it
 // picks the states worth fetching (peerfetch.ChooseWarmups over the conversations
-// routed lately, peerfetch.Recent, of the partitions the cold replica's Mac served)
+// routed lately to the cold replica's Mac itself, peerfetch.Recent.SentTo)
 // and asks the cold replica's agent to fetch them (POST /api/models/{id}/states/warm).
 // It is part of peer fetch: off with it; and only deployments that opt in
 // (spec.engine.promptCache.peerWarmup, Route.PeerWarmup) are warmed.
@@ -90,7 +90,7 @@ func newWarmer(p *peerFetcher, table func() *Table, post warmPost, reg prometheu
 			Name: "macfleet_gateway_peer_warmups_skipped_total",
 			Help: "Cold runner epochs that earned no warm-up, by Mac and reason (replica_rewarmed: the replica was warmed " +
 				"less than 10 minutes ago; mac_rate_limited: its Mac had 4 warm-ups in the last 10 minutes; " +
-				"nothing_to_warm: no state of a partition its Mac served lately is worth fetching; " +
+				"nothing_to_warm: no state of a conversation its Mac was sent lately is worth fetching; " +
 				"not_enabled: its deployment does not set spec.engine.promptCache.peerWarmup). " +
 				"A Mac that keeps counting here reports cold runners again and again: a crashing runner, or a compromised Mac.",
 		}, []string{"node", "reason"}),
@@ -208,13 +208,15 @@ func (w *warmer) warm(ctx context.Context, t prefixindex.Target) {
 }
 
 // candidates are the states replicas of rt on other Macs than be's hold of the
-// conversations routed to rt lately, beyond what be holds of them: per conversation
-// and replica, the deepest digest it holds of those it was sent (peerHit), with when be's Mac was last routed that
-// conversation's partition (ChooseWarmups keeps only the partitions it served).
+// conversations routed lately to be's Mac itself (peerfetch.Recent.SentTo: a Mac is
+// warmed only with prompts it was already sent, never with the other conversations of
+// a partition it served once), beyond what be holds of them: per conversation and
+// replica, the deepest digest it holds of those it was sent (peerHit), with when the
+// conversation was last routed to be's Mac.
 func (w *warmer) candidates(rt *Route, be Backend) []peerfetch.Candidate {
 	model := rt.ID()
 	var out []peerfetch.Candidate
-	for _, c := range w.recent.Chains(model) {
+	for _, c := range w.recent.SentTo(model, be.Node) {
 		own := w.p.index.Deepest(be.Key, c.Digests)
 		for _, o := range rt.Backends {
 			if o.Node == "" || o.Node == be.Node || o.Key == be.Key {
@@ -226,7 +228,7 @@ func (w *warmer) candidates(rt *Route, be Backend) []peerfetch.Candidate {
 			}
 			tokens := hit.Tokens - own.Tokens
 			out = append(out, peerfetch.Candidate{Digest: c.Digests[hit.Depth-1], Partition: c.Partition, Source: o.Key, LastHit: c.At,
-				TargetServed: w.recent.ServedAt(model, c.Partition, be.Node),
+				TargetServed: c.SentAt,
 				Inputs:       w.p.est.Inputs(model, peerfetch.LinkKey{Source: o.Node, Target: be.Node}, tokens, w.p.margin, w.p.prior(o, be))})
 		}
 	}

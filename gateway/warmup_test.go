@@ -22,9 +22,9 @@ import (
 
 // TestWarmerWarmsAColdReplica: a replica that starts cold (mac-2) is asked to fetch,
 // from the replica on another Mac (mac-1), the deepest digest it holds of each
-// conversation routed lately in a partition mac-2 served, each with a ticket for that
-// state in the conversation's own partition; not what a replica on its own Mac holds,
-// nor a partition only mac-1 served. It is asked once per runner epoch, a new epoch
+// conversation routed lately to mac-2 itself, each with a ticket for that state in
+// the conversation's own partition; not the turns of it mac-2 was never sent, not what
+// a replica on its own Mac holds, nor a partition only mac-1 served. It is asked once per runner epoch, a new epoch
 // only once the re-warm interval has passed, and its answers are counted as warm-ups
 // and as peer fetches.
 func TestWarmerWarmsAColdReplica(t *testing.T) {
@@ -46,6 +46,7 @@ func TestWarmerWarmsAColdReplica(t *testing.T) {
 		index.Apply(key, runnerapi.PrefixEvents{Epoch: "e", Seq: 1, Reset: true, Events: events})
 	}
 	held(r1.Key, runnerapi.PrefixEvent{Digest: convA[1], Tier: runnerapi.TierHot, Tokens: 2000},
+		runnerapi.PrefixEvent{Digest: convA[2], Tier: runnerapi.TierHot, Tokens: 2500},
 		runnerapi.PrefixEvent{Digest: convB[1], Tier: runnerapi.TierSSD, Tokens: 3000})
 	held(r3.Key, runnerapi.PrefixEvent{Digest: convC[0], Tier: runnerapi.TierHot, Tokens: 5000}) // r2's own Mac: not a peer
 
@@ -77,10 +78,12 @@ func TestWarmerWarmsAColdReplica(t *testing.T) {
 	w.record(model, convA, "team-a", r1.Node)
 	w.record(model, convB, "team-b", r1.Node)
 	w.record(model, convC, "team-a", r3.Node)
+	w.record(model, convA[:2], "team-a", r3.Node) // mac-2 was sent convA's first two turns
 	// What the gateway sent each replica (the requests recorded above).
 	p.sent(r1, "team-a", convA...)
 	p.sent(r1, "team-b", convB...)
 	p.sent(r3, "team-a", convC...)
+	p.sent(r3, "team-a", convA[:2]...)
 
 	target := prefixindex.Target{Key: r2.Key, Endpoint: r2.Endpoint, Node: r2.Node}
 	w.cold(target, "e1")
@@ -102,14 +105,14 @@ func TestWarmerWarmsAColdReplica(t *testing.T) {
 		got = append(got, claim{c.Digest, c.Partition})
 	}
 	if want := []claim{{convA[1], "team-a"}}; !slices.Equal(got, want) {
-		t.Fatalf("warmed %v, want %v (team-a's, which mac-2 served; nothing of r2's own Mac, nothing of team-b)", got, want)
+		t.Fatalf("warmed %v, want %v (the turns of team-a's conversation mac-2 was sent; nothing of r2's own Mac, nothing of team-b)", got, want)
 	}
 	w.cold(target, "e2")
 	if n := testutil.ToFloat64(w.skipped.WithLabelValues("mac-2", "replica_rewarmed")); n != 1 {
 		t.Errorf("a new epoch at once: %v skipped, want 1", n)
 	}
 	clock.Store(t0.Add(peerfetch.DefaultRewarmInterval).UnixNano())
-	w.record(model, convC, "team-a", r3.Node) // still served within the maximum age
+	w.record(model, convA[:2], "team-a", r3.Node) // sent again within the maximum age
 	w.cold(target, "e3")
 	testenv.Eventually(t, 10*time.Second, 5*time.Millisecond, func() (bool, string) {
 		return len(calls()) == 2, fmt.Sprintf("%d warm-ups asked, want a second for the new epoch", len(calls()))

@@ -7,20 +7,23 @@ import (
 )
 
 // Chain is a conversation routed lately: its prefix digests (shallowest first), the
-// cache partition it was asked in and when it was last routed.
+// cache partition it was asked in and when it was last routed; SentAt, when it was
+// last routed to the Mac SentTo was asked of.
 type Chain struct {
 	Digests   []string
 	Partition string
 	At        time.Time
+	SentAt    time.Time
 }
 
 // Recent records, per deployment, the conversations routed to it lately, for the
 // warm-ups: at most perDeployment each (the least recently routed makes room), at
 // most deployments of them (the one routed to least recently makes room). A
-// conversation is known by its deepest digest and partition. Beside them it records
-// which Macs each partition was routed to and when (ServedAt; at most
-// servedPerDeployment pairs a deployment, the least recent making room): a Mac is
-// warmed only with the partitions it served. It is safe for concurrent use.
+// conversation is known by its deepest digest and partition: a longer one (the next
+// turn) is another chain. Beside each it records which Macs it was routed to and
+// when (at most nodesPerChain, the least recent making room): a Mac is warmed only
+// with the chains it was itself sent (SentTo), never with the other conversations of
+// a partition it served once. It is safe for concurrent use.
 type Recent struct {
 	perDeployment, deployments int
 
@@ -30,16 +33,19 @@ type Recent struct {
 
 type chainKey struct{ digest, partition string }
 
-type servedKey struct{ partition, node string }
-
 type recentSet struct {
 	last   time.Time
-	chains map[chainKey]*Chain
-	served map[servedKey]time.Time
+	chains map[chainKey]*recentChain
 }
 
-// servedPerDeployment bounds the (partition, Mac) pairs recorded per deployment.
-const servedPerDeployment = 256
+// recentChain is a recorded chain and the Macs it was routed to, with when.
+type recentChain struct {
+	Chain
+	sent map[string]time.Time
+}
+
+// nodesPerChain bounds the Macs recorded per chain.
+const nodesPerChain = 16
 
 // NewRecent is an empty record (DefaultRecentPerDeployment and
 // DefaultRecentDeployments where a bound is ≤ 0).
@@ -67,25 +73,26 @@ func (r *Recent) Record(model string, digests []string, partition, node string, 
 		if len(r.byModel) >= r.deployments {
 			delete(r.byModel, oldest(r.byModel, func(s *recentSet) time.Time { return s.last }))
 		}
-		set = &recentSet{chains: map[chainKey]*Chain{}, served: map[servedKey]time.Time{}}
+		set = &recentSet{chains: map[chainKey]*recentChain{}}
 		r.byModel[model] = set
 	}
 	set.last = now
-	if node != "" {
-		sk := servedKey{partition, node}
-		if _, ok := set.served[sk]; !ok && len(set.served) >= servedPerDeployment {
-			delete(set.served, oldest(set.served, func(t time.Time) time.Time { return t }))
+	c := set.chains[k]
+	if c == nil {
+		if len(set.chains) >= r.perDeployment {
+			delete(set.chains, oldest(set.chains, func(c *recentChain) time.Time { return c.At }))
 		}
-		set.served[sk] = now
+		c = &recentChain{Chain: Chain{Digests: slices.Clone(digests), Partition: partition}, sent: map[string]time.Time{}}
+		set.chains[k] = c
 	}
-	if c := set.chains[k]; c != nil {
-		c.At = now
+	c.At = now
+	if node == "" {
 		return
 	}
-	if len(set.chains) >= r.perDeployment {
-		delete(set.chains, oldest(set.chains, func(c *Chain) time.Time { return c.At }))
+	if _, ok := c.sent[node]; !ok && len(c.sent) >= nodesPerChain {
+		delete(c.sent, oldest(c.sent, func(t time.Time) time.Time { return t }))
 	}
-	set.chains[k] = &Chain{Digests: slices.Clone(digests), Partition: partition, At: now}
+	c.sent[node] = now
 }
 
 // Chains are model's recorded conversations (copies), in no particular order.
@@ -98,20 +105,29 @@ func (r *Recent) Chains(model string) []Chain {
 	}
 	out := make([]Chain, 0, len(set.chains))
 	for _, c := range set.chains {
-		out = append(out, *c)
+		out = append(out, c.Chain)
 	}
 	return out
 }
 
-// ServedAt is when a request of partition was last routed to model on Mac node (zero:
-// never, as far as this record goes).
-func (r *Recent) ServedAt(model, partition, node string) time.Time {
+// SentTo are model's recorded conversations (copies) that were routed to Mac node,
+// each with SentAt when last, in no particular order.
+func (r *Recent) SentTo(model, node string) []Chain {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if set := r.byModel[model]; set != nil {
-		return set.served[servedKey{partition, node}]
+	set := r.byModel[model]
+	if set == nil || node == "" {
+		return nil
 	}
-	return time.Time{}
+	var out []Chain
+	for _, c := range set.chains {
+		if at, ok := c.sent[node]; ok {
+			ch := c.Chain
+			ch.SentAt = at
+			out = append(out, ch)
+		}
+	}
+	return out
 }
 
 // oldest is the key of m whose at is the earliest.

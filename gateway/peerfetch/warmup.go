@@ -28,8 +28,8 @@ const (
 
 // Candidate is a state a cold replica could warm from: the digest a replica of its
 // deployment on another Mac (Source) holds, the partition it was asked in, when a
-// request of it was last routed, when a request of that partition was last routed to
-// the cold replica's own Mac (TargetServed; zero: never), and the decision's inputs
+// request of it was last routed, when that conversation was last routed to the cold
+// replica's own Mac (TargetServed; zero: never), and the decision's inputs
 // for fetching it over the link from Source's Mac (Inputs.Tokens: what it spares).
 type Candidate struct {
 	Digest, Partition, Source string
@@ -45,8 +45,9 @@ type Warmup struct {
 
 // ChooseWarmups picks, of cands, at most limit states to warm (DefaultWarmLimit when
 // ≤ 0): the ones last hit within maxAge of now (DefaultWarmMaxAge when ≤ 0), of a
-// partition the cold replica's Mac itself served within maxAge (a Mac sees the
-// prompts of the partitions routed to it, never another's: docs/security.md), that
+// conversation the cold replica's Mac itself was sent within maxAge (a Mac sees the
+// prompts routed to it, never the other conversations of their partition:
+// docs/security.md), that
 // Decide says are worth fetching, one per digest and partition, the most tokens
 // first, then the most recently hit, then by digest (so the choice is stable).
 func ChooseWarmups(cands []Candidate, now time.Time, maxAge time.Duration, limit int) []Warmup {

@@ -124,8 +124,8 @@ func TestChooseWarmups(t *testing.T) {
 
 // TestRecent: the record keeps a conversation per deepest digest and partition with
 // its latest time, at most so many per deployment (the least recent goes) and so many
-// deployments (the one routed to least recently goes); and which Mac was routed each
-// partition, when.
+// deployments (the one routed to least recently goes); and which Macs each chain was
+// routed to, when (at most nodesPerChain, the least recent goes).
 func TestRecent(t *testing.T) {
 	t0 := time.Date(2026, 11, 25, 12, 0, 0, 0, time.UTC)
 	r := NewRecent(2, 2)
@@ -158,17 +158,40 @@ func TestRecent(t *testing.T) {
 	if len(keys("ns/a")) != 2 || len(keys("ns/c")) != 1 {
 		t.Fatalf("ns/a %v, ns/c %v; want both kept", keys("ns/a"), keys("ns/c"))
 	}
+	sent := func(model, node string) []string {
+		var out []string
+		for _, c := range r.SentTo(model, node) {
+			out = append(out, fmt.Sprintf("%s/%v@%d", c.Partition, c.Digests, int(c.SentAt.Sub(t0).Seconds())))
+		}
+		slices.Sort(out)
+		return out
+	}
+	r.Record("ns/a", []string{"1", "3"}, "p", "mac-2", at(7)) // the same chain, later to another Mac
 	for _, tc := range []struct {
-		partition, node string
-		want            time.Time
-	}{{"p", "mac-1", at(6)}, {"q", "mac-2", at(2)}, {"p", "mac-2", time.Time{}}} {
-		if got := r.ServedAt("ns/a", tc.partition, tc.node); !got.Equal(tc.want) {
-			t.Errorf("ServedAt(ns/a, %s, %s) = %v, want %v", tc.partition, tc.node, got, tc.want)
+		node string
+		want []string
+	}{
+		{"mac-1", []string{"p/[1 2]@3", "p/[1 3]@6"}},
+		{"mac-2", []string{"p/[1 3]@7"}}, // q/[1 2] it was sent made room past the bound
+		{"mac-3", nil},
+		{"", nil},
+	} {
+		if got := sent("ns/a", tc.node); !slices.Equal(got, tc.want) {
+			t.Errorf("SentTo(ns/a, %q) = %v, want %v", tc.node, got, tc.want)
 		}
 	}
-	r.Record("ns/a", []string{"1", "3"}, "q", "", at(6)) // no Mac: nothing served
-	if got := r.ServedAt("ns/a", "q", ""); !got.IsZero() {
-		t.Errorf("a request without a Mac counted as served: %v", got)
+	r.Record("ns/a", []string{"1", "3"}, "q", "", at(8)) // no Mac: sent to none
+	if got := sent("ns/a", ""); got != nil {
+		t.Errorf("a request without a Mac counted as sent: %v", got)
+	}
+	for i := range nodesPerChain + 1 {
+		r.Record("ns/a", []string{"1", "3"}, "p", fmt.Sprintf("mac-x%d", i), at(10+i))
+	}
+	// p/[1 3] was sent to mac-1, mac-2 and 17 more: the three least recent made room.
+	for node, want := range map[string][]string{"mac-1": nil, "mac-x0": nil, "mac-x1": {"p/[1 3]@11"}} {
+		if got := sent("ns/a", node); !slices.Equal(got, want) {
+			t.Errorf("past %d Macs on a chain: SentTo(ns/a, %s) = %v, want %v", nodesPerChain, node, got, want)
+		}
 	}
 	d := []string{"5"}
 	r.Record("ns/c", d, "p", "mac-1", at(8))

@@ -49,6 +49,8 @@ type Function struct {
 	Description string          `json:"description,omitempty"`
 	Parameters  json.RawMessage `json:"parameters,omitempty"`
 	Strict      *bool           `json:"strict,omitempty"`
+	// InputGrammar makes the function a freeform tool's (inputgrammar.go).
+	InputGrammar *InputGrammar `json:"input_grammar,omitempty"`
 }
 
 // ToolChoice is "none", "auto", "required" or a named function.

@@ -117,7 +117,7 @@ func ForChat(in Input) (*Spec, *runnerapi.Error) {
 // strictTool is the index of the first tool with strict set, or -1.
 func strictTool(tools []runnerapi.Tool) int {
 	for i, t := range tools {
-		if t.Function.Strict != nil && *t.Function.Strict {
+		if t.Function.Strict != nil && *t.Function.Strict || t.Function.InputGrammar != nil {
 			return i
 		}
 	}
@@ -129,6 +129,9 @@ func strictTool(tools []runnerapi.Tool) int {
 // tools, each by its schema) are held to the grammar to their end.
 func forStrict(in Input) (*Spec, *runnerapi.Error) {
 	triggers := Triggers(in.Format, in.InReasoning)
+	if triggers == nil && onlyFreeform(in.Tools) {
+		return nil, nil // freeform tools are free where no call opener is known
+	}
 	if triggers == nil {
 		return nil, runnerapi.InvalidRequest(runnerapi.CodeUnsupportedParameter,
 			fmt.Sprintf("tools[%d].function.strict", strictTool(in.Tools)),
@@ -186,6 +189,13 @@ func (s *Spec) addCalls(f chat.Format, tools []runnerapi.Tool, parallel bool) *r
 	}
 	var calls []string
 	for i, t := range tools {
+		if t.Function.InputGrammar != nil { // a freeform tool: its input by its grammar
+			if e := s.addFreeform(f, t, i, key); e != nil {
+				return e
+			}
+			calls = append(calls, fmt.Sprintf("mf-call-%d", i))
+			continue
+		}
 		params := t.Function.Parameters
 		if len(strings.TrimSpace(string(params))) == 0 || string(params) == "null" {
 			params = json.RawMessage(`{"type":"object"}`)

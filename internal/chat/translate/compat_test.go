@@ -296,7 +296,12 @@ func TestResponsesRefusals(t *testing.T) {
 	for _, tc := range []struct{ body, param string }{
 		{`{"model":"m","input":"x","include":["bogus.item"]}`, "include[0]"},
 		{`{"model":"m","input":"x","conversation":"conv_1"}`, "conversation"},
-		{`{"model":"m","input":"x","tools":[{"type":"custom","name":"apply_patch"}]}`, "tools[0].type"},
+		{`{"model":"m","input":"x","tools":[{"type":"custom","name":"apply_patch","format":{"type":"grammar","syntax":"lark","definition":"start: \"a\"\n%ignore \" \""}}]}`,
+			"tools[0].format.definition"},
+		{`{"model":"m","input":"x","tools":[{"type":"custom","name":"apply_patch","format":{"type":"grammar","syntax":"ebnf","definition":"x"}}]}`,
+			"tools[0].format.syntax"},
+		{`{"model":"m","input":"x","tools":[{"type":"custom","name":"apply_patch","format":{"type":"json"}}]}`, "tools[0].format.type"},
+		{`{"model":"m","input":"x","tools":[{"type":"custom","name":"apply_patch","bogus":1}]}`, "tools[0].bogus"},
 		{`{"model":"m","input":"x","tools":[{"type":"namespace","name":"n","tools":[{"type":"custom","name":"x"}]}]}`, "tools[0].tools[0].type"},
 		{`{"model":"m","input":"x","truncation":"auto"}`, "truncation"},
 		{`{"model":"m","input":"x","prompt_cache_kee":"k"}`, "prompt_cache_kee"},

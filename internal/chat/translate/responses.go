@@ -94,6 +94,8 @@ type item struct {
 	// Namespace is a function_call's namespace (namespace tools).
 	Namespace        string          `json:"namespace"`
 	EncryptedContent json.RawMessage `json:"encrypted_content"`
+	// Input is a custom_tool_call's input.
+	Input string `json:"input"`
 }
 
 // partsText joins the text parts of a message's content (a string or a list).
@@ -154,6 +156,9 @@ type translated struct {
 	hints []string
 	// names maps the function names the model sees to the client's (namespaced) ones.
 	names map[string]toolName
+	// custom are the function names the model sees that are custom tools
+	// (responses_custom.go).
+	custom map[string]bool
 }
 
 // chatFromResponses translates a Responses request into a chat completion request.
@@ -161,7 +166,7 @@ func chatFromResponses(q *ResponsesRequest) (*translated, *chatError) {
 	if e := checkResponsesRequest(q); e != nil {
 		return nil, e
 	}
-	out := &translated{names: map[string]toolName{}}
+	out := &translated{names: map[string]toolName{}, custom: map[string]bool{}}
 	tools, e := out.flattenTools(q.Tools)
 	if e != nil {
 		return nil, e
@@ -274,6 +279,12 @@ func responsesMessages(q *ResponsesRequest, flat map[toolName]string) ([]runnera
 
 // appendInputItem appends input item it (named param in errors) to msgs.
 func appendInputItem(msgs []runnerapi.Message, it item, param string, flat map[toolName]string) ([]runnerapi.Message, *chatError) {
+	switch it.Type { // a custom tool is a function of one string to the model
+	case "custom_tool_call":
+		it.Type, it.Arguments = "function_call", customArguments(it.Input)
+	case "custom_tool_call_output":
+		it.Type = "function_call_output"
+	}
 	switch it.Type {
 	case "", "message":
 		c, e := readParts(it.Content, param+".content", it.Role == "user")
@@ -330,8 +341,8 @@ func responsesToolChoice(tc json.RawMessage, flat map[toolName]string) (any, *ch
 		Type string `json:"type"`
 		Name string `json:"name"`
 	}
-	if json.Unmarshal(tc, &named) != nil || named.Type != "function" || named.Name == "" {
-		return nil, invalid("tool_choice", "tool_choice must be none, auto, required or {\"type\":\"function\",\"name\":...}")
+	if json.Unmarshal(tc, &named) != nil || named.Type != "function" && named.Type != "custom" || named.Name == "" {
+		return nil, invalid("tool_choice", "tool_choice must be none, auto, required, {\"type\":\"function\",\"name\":...} or {\"type\":\"custom\",\"name\":...}")
 	}
 	name := named.Name
 	if f, ok := flat[toolName{"", named.Name}]; ok {
@@ -379,9 +390,11 @@ func (t *translated) deferHint(tool ResponsesTool) {
 // hints; any other type is refused.
 func (t *translated) flattenTools(raw []json.RawMessage) ([]runnerapi.Tool, *chatError) {
 	type fn struct {
-		tool  ResponsesTool
-		name  toolName
-		param string
+		tool    ResponsesTool
+		name    toolName
+		param   string
+		grammar *runnerapi.InputGrammar // a custom tool's (custom set)
+		custom  bool
 	}
 	var fns []fn
 	for i, r := range raw {
@@ -396,8 +409,17 @@ func (t *translated) flattenTools(raw []json.RawMessage) ([]runnerapi.Tool, *cha
 			t.hints = append(t.hints, "tools["+head.Type+"]")
 			continue
 		}
+		if head.Type == "custom" {
+			tool, g, e := t.customFunction(r, param)
+			if e != nil {
+				return nil, e
+			}
+			t.deferHint(tool)
+			fns = append(fns, fn{tool: tool, name: toolName{"", tool.Name}, param: param, grammar: g, custom: true})
+			continue
+		}
 		if head.Type != "function" && head.Type != "namespace" {
-			return nil, unsupported(param+".type", "tools of type %q are not supported: only the vendor's models call them; define function tools", head.Type)
+			return nil, unsupported(param+".type", "tools of type %q are not supported: only the vendor's models call them; define function or custom tools", head.Type)
 		}
 		var tool ResponsesTool
 		if e := decodeStrict(r, &tool, nil, param); e != nil {
@@ -408,14 +430,14 @@ func (t *translated) flattenTools(raw []json.RawMessage) ([]runnerapi.Tool, *cha
 			if len(tool.Tools) > 0 {
 				return nil, invalid(param+".tools", "a function tool has no tools")
 			}
-			fns = append(fns, fn{tool, toolName{"", tool.Name}, param})
+			fns = append(fns, fn{tool: tool, name: toolName{"", tool.Name}, param: param})
 			continue
 		}
 		for j, inner := range tool.Tools {
 			if inner.Type != "function" || len(inner.Tools) > 0 {
 				return nil, unsupported(fmt.Sprintf("%s.tools[%d].type", param, j), "a namespace holds function tools, got %q", inner.Type)
 			}
-			fns = append(fns, fn{inner, toolName{tool.Name, inner.Name}, fmt.Sprintf("%s.tools[%d]", param, j)})
+			fns = append(fns, fn{tool: inner, name: toolName{tool.Name, inner.Name}, param: fmt.Sprintf("%s.tools[%d]", param, j)})
 		}
 	}
 	count := map[string]int{}
@@ -432,8 +454,9 @@ func (t *translated) flattenTools(raw []json.RawMessage) ([]runnerapi.Tool, *cha
 			return nil, invalid(f.param+".name", "function %q is defined twice", name)
 		}
 		t.names[name] = f.name
+		t.custom[name] = f.custom
 		tools = append(tools, runnerapi.Tool{Type: "function", Function: runnerapi.Function{Name: name, Description: f.tool.Description,
-			Parameters: f.tool.Parameters, Strict: f.tool.Strict}})
+			Parameters: f.tool.Parameters, Strict: f.tool.Strict, InputGrammar: f.grammar}})
 	}
 	return tools, nil
 }
@@ -473,7 +496,7 @@ func Responses(chat http.Handler) http.Handler {
 			resumedReasoning(tr.chat, req.Input)
 		}
 		b, _ := json.Marshal(tr.chat)
-		rs := &responseState{w: w, req: &req, names: tr.names, created: time.Now().Unix()}
+		rs := &responseState{w: w, req: &req, names: tr.names, custom: tr.custom, created: time.Now().Unix()}
 		if req.Stream {
 			rs.sse = newSSE(w)
 		}

@@ -16,6 +16,7 @@ type responseState struct {
 	w       http.ResponseWriter
 	req     *ResponsesRequest
 	names   map[string]toolName // the model's function names → the client's
+	custom  map[string]bool     // the model's function names that are custom tools
 	created int64
 	sse     *sse // nil: not streamed
 
@@ -26,10 +27,13 @@ type responseState struct {
 	usage   *runnerapi.Usage
 	seq     int
 	started bool
-	// the open item of a stream: its kind (reasoning, message, function_call) and text
-	open    string
-	text    strings.Builder
-	itemsID int
+	// the open item of a stream: its kind (reasoning, message, function_call,
+	// custom_tool_call) and text (a call's arguments)
+	open string
+	text strings.Builder
+	// inputSent is what of the open custom tool call's input has been streamed
+	inputSent string
+	itemsID   int
 	// lps are the open message's tokens' logprobs (responses_logprobs.go), pending
 	// those of chunks without text yet (they go with the next text, or the done
 	// events).
@@ -140,6 +144,9 @@ func callItem(id, callID, name, args, status string) map[string]any {
 // the client's name, with its namespace.
 func (s *responseState) call(id, callID, name, args, status string) map[string]any {
 	n, ok := s.names[name]
+	if s.custom[name] {
+		return customCallItem(id, callID, n.name, customInput(args))
+	}
 	if !ok {
 		return callItem(id, callID, name, args, status)
 	}
@@ -213,6 +220,9 @@ func (s *responseState) chunk(c *runnerapi.ChatCompletionChunk) {
 			if tc.ID != "" {
 				s.closeItem()
 				s.open = "function_call"
+				if s.custom[tc.Function.Name] {
+					s.open = "custom_tool_call"
+				}
 				item := s.call(s.nextID("fc_"), tc.ID, tc.Function.Name, "", "in_progress")
 				s.output = append(s.output, item)
 				s.send("response.output_item.added", map[string]any{"output_index": len(s.output) - 1, "item": item})
@@ -221,6 +231,10 @@ func (s *responseState) chunk(c *runnerapi.ChatCompletionChunk) {
 				s.text.WriteString(tc.Function.Arguments)
 				s.send("response.function_call_arguments.delta", map[string]any{"item_id": s.currentID(),
 					"output_index": len(s.output) - 1, "delta": tc.Function.Arguments})
+			}
+			if tc.Function.Arguments != "" && s.open == "custom_tool_call" {
+				s.text.WriteString(tc.Function.Arguments)
+				s.customDelta()
 			}
 		}
 		if ch.FinishReason != nil {
@@ -283,6 +297,8 @@ func (s *responseState) closeItem() {
 			"name": prev["name"], "arguments": text})
 		item = maps.Clone(prev)
 		item["arguments"], item["status"] = text, "completed"
+	case "custom_tool_call":
+		item = s.customDone(idx)
 	}
 	s.output[idx] = item
 	s.send("response.output_item.done", map[string]any{"output_index": idx, "item": item})

@@ -37,6 +37,13 @@ const (
 	ReasonUnschedulable              = "Unschedulable"
 	ReasonNoReplicas                 = "NoReplicasRequested"
 	ReasonScheduledPending           = "SchedulingPending"
+	// ReasonSplitUnsupported: Scheduled is False because a replica fits no single Mac
+	// and, although placement.maxMacsPerReplica allows a split, the model keeps a
+	// recurrent state that split workers do not compute (a recurrent or hybrid
+	// architecture such as qwen3next), so its replicas are placed whole only. The
+	// message names the architecture and the fix: a Mac with the replica's memory
+	// free, or a smaller quant or context.
+	ReasonSplitUnsupported = "SplitUnsupported"
 	// ReasonProgressDeadlineExceeded: Progressing is False because the deployment has
 	// not made progress (a replica created, updated, ready or removed) for
 	// spec.progressDeadlineSeconds while it still had some to make.

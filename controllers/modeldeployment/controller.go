@@ -207,7 +207,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	deadline := progressDeadline(md)
 	setStatus(md, summarize(in.replicas, in.current), statusInput{
 		Desired: desiredReplicas(md), Reservation: in.res.Quantity, EstimateErr: in.res.Err, SourceErr: in.sourceErr, Now: now,
-		ProgressDeadline: deadline, Measured: in.measured, FootprintHash: footprintHash(in.tmpl),
+		ProgressDeadline: deadline, Measured: in.measured, FootprintHash: footprintHash(in.tmpl), SplitRefusal: in.res.SplitRefusal,
 	})
 	if syncErr == nil && in.res.Err == nil && in.sourceErr == nil {
 		md.Status.ObservedGeneration = md.Generation

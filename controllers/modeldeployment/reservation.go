@@ -13,6 +13,7 @@ import (
 	"github.com/macfleet/macfleet/internal/estimate"
 	"github.com/macfleet/macfleet/internal/modelsource"
 	"github.com/macfleet/macfleet/internal/sourcepolicy"
+	"github.com/macfleet/macfleet/internal/splitsupport"
 )
 
 // maxCachedEstimates bounds the estimate cache; beyond it the oldest entry goes.
@@ -34,8 +35,13 @@ type reservation struct {
 	// RetryAfter is when to try estimating again after Err.
 	RetryAfter time.Duration
 	// Layers is the estimate divided over the model's layers, for a deployment whose
-	// replicas may span Macs; nil otherwise or when unknown.
+	// replicas may span Macs; nil otherwise, when unknown, or when the model may not
+	// be split (SplitRefusal).
 	Layers *estimate.Layered
+	// SplitRefusal says why the replicas of a deployment that may span Macs are placed
+	// whole: the model keeps a recurrent state that split workers do not compute
+	// (splitsupport.Refusal). Empty otherwise.
+	SplitRefusal string
 }
 
 // estimateKey identifies one estimate: the same model with the same engine settings
@@ -124,7 +130,7 @@ func (r *Reconciler) reservationFor(ctx context.Context, md *v1alpha1.ModelDeplo
 			// replica created without them could never be placed as a gang (layerMemory
 			// is immutable): until the header is read, say why and create none.
 			est := r.estimated(ctx, md, t)
-			out.Layers = est.Layers
+			out.Layers, out.SplitRefusal = est.Layers, est.SplitRefusal
 			if est.Err != nil {
 				out.Err = fmt.Errorf("dividing the model over Macs (placement.maxMacsPerReplica %d) needs its header: %w",
 					md.Spec.Placement.MaxMacsPerReplica, est.Err)
@@ -135,7 +141,7 @@ func (r *Reconciler) reservationFor(ctx context.Context, md *v1alpha1.ModelDeplo
 	}
 	res := r.estimated(ctx, md, t)
 	if !splits(md) {
-		res.Layers = nil
+		res.Layers, res.SplitRefusal = nil, ""
 	}
 	return res
 }
@@ -148,7 +154,7 @@ func (r *Reconciler) estimated(ctx context.Context, md *v1alpha1.ModelDeployment
 	e, ok := r.estimates.get(k)
 	switch {
 	case ok && e.err == nil:
-		return reservation{Quantity: roundUpMiB(e.result.Total), Layers: byLayer(e.result)}
+		return fromEstimate(e.result)
 	case ok && now.Before(e.retryAt):
 		return reservation{Err: e.err, RetryAfter: e.retryAt.Sub(now)}
 	}
@@ -171,15 +177,28 @@ func (r *Reconciler) estimated(ctx context.Context, md *v1alpha1.ModelDeployment
 		return reservation{Err: err, RetryAfter: delay}
 	}
 	r.estimates.put(k, estimateEntry{result: &res})
-	return reservation{Quantity: roundUpMiB(res.Total), Layers: byLayer(&res)}
+	return fromEstimate(&res)
 }
 
-// byLayer is the estimate divided over its layers, nil when the header gave none.
-func byLayer(res *estimate.Result) *estimate.Layered {
-	if l, ok := res.ByLayer(); ok {
-		return &l
+// fromEstimate is the reservation of res, rounded up to whole MiB, with its layers
+// (byLayer).
+func fromEstimate(res *estimate.Result) reservation {
+	layers, refusal := byLayer(res)
+	return reservation{Quantity: roundUpMiB(res.Total), Layers: layers, SplitRefusal: refusal}
+}
+
+// byLayer is the estimate divided over its layers, for a replica that may be split
+// across Macs: nil when the header gave none, and nil with the reason when the
+// model's architecture keeps a recurrent state that split workers do not compute
+// (splitsupport), so that such a replica is never planned as a split.
+func byLayer(res *estimate.Result) (*estimate.Layered, string) {
+	if why := splitsupport.Refusal(res.Dims.Architecture); why != "" {
+		return nil, why
 	}
-	return nil
+	if l, ok := res.ByLayer(); ok {
+		return &l, ""
+	}
+	return nil, ""
 }
 
 func (r *Reconciler) estimate(ctx context.Context, k estimateKey) (estimate.Result, error) {

@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/sets"
 
 	"github.com/macfleet/macfleet/api/v1alpha1"
+	"github.com/macfleet/macfleet/controllers/scheduler"
 	"github.com/macfleet/macfleet/internal/sourcepolicy"
 )
 
@@ -136,6 +137,9 @@ type statusInput struct {
 	// SourceErr is the source policy's denial of the deployment's source, which
 	// stops everything else.
 	SourceErr error
+	// SplitRefusal says why the replicas of a deployment that may span Macs are
+	// placed whole (reservation.SplitRefusal); empty otherwise.
+	SplitRefusal string
 	// Now stamps condition transitions.
 	Now time.Time
 	// ProgressDeadline is spec.progressDeadlineSeconds.
@@ -309,8 +313,14 @@ func setScheduledCondition(md *v1alpha1.ModelDeployment, s replicaSummary, in st
 		if reason == "" {
 			reason = v1alpha1.ReasonUnschedulable
 		}
-		setCondition(md, in.Now, v1alpha1.DeploymentScheduled, metav1.ConditionFalse, reason,
-			fmt.Sprintf("%d of %d replicas unschedulable: %s", s.Unschedulable, s.Total, c.Message))
+		msg := fmt.Sprintf("%d of %d replicas unschedulable: %s", s.Unschedulable, s.Total, c.Message)
+		if in.SplitRefusal != "" && reason == string(scheduler.ReasonInsufficientMemory) {
+			// Too large for any one Mac, and a split would not serve it.
+			reason = v1alpha1.ReasonSplitUnsupported
+			msg += "; " + splitRefused(md, in) + "; serve it on one Mac: one with the replica's " +
+				memoryOf(in.Reservation) + " free, or lower its memory with a smaller quant or a shorter engine.contextLength"
+		}
+		setCondition(md, in.Now, v1alpha1.DeploymentScheduled, metav1.ConditionFalse, reason, msg)
 	case s.Unbound > 0 || s.Total < in.Desired:
 		// Replicas not created yet wait too.
 		setCondition(md, in.Now, v1alpha1.DeploymentScheduled, metav1.ConditionUnknown, v1alpha1.ReasonScheduledPending,
@@ -319,9 +329,27 @@ func setScheduledCondition(md *v1alpha1.ModelDeployment, s replicaSummary, in st
 		setCondition(md, in.Now, v1alpha1.DeploymentScheduled, metav1.ConditionTrue, v1alpha1.ReasonNoReplicas,
 			"no replicas requested")
 	default:
-		setCondition(md, in.Now, v1alpha1.DeploymentScheduled, metav1.ConditionTrue, v1alpha1.ReasonAllReplicasScheduled,
-			fmt.Sprintf("all %d replicas bound to a Mac", s.Total))
+		msg := fmt.Sprintf("all %d replicas bound to a Mac", s.Total)
+		if in.SplitRefusal != "" {
+			msg += ", each whole (" + splitRefused(md, in) + ")"
+		}
+		setCondition(md, in.Now, v1alpha1.DeploymentScheduled, metav1.ConditionTrue, v1alpha1.ReasonAllReplicasScheduled, msg)
 	}
+}
+
+// splitRefused says that md's replicas are not split across Macs although
+// placement.maxMacsPerReplica allows it, and why.
+func splitRefused(md *v1alpha1.ModelDeployment, in statusInput) string {
+	return fmt.Sprintf("placement.maxMacsPerReplica %d is not used: a split of this model across Macs is refused: %s",
+		md.Spec.Placement.MaxMacsPerReplica, in.SplitRefusal)
+}
+
+// memoryOf is q in GiB for a message ("9.1GiB"), "memory" when unknown.
+func memoryOf(q *resource.Quantity) string {
+	if q == nil {
+		return "memory"
+	}
+	return bytesize.Quantity(q)
 }
 
 // setReplicaFailureCondition sets ReplicaFailure True, with the reason and message

@@ -14,7 +14,8 @@ import (
 
 // TestAttackDirectCallerContinues: a tenant calling the agent directly with its
 // ServiceAccount token puts a long conversation in the final assistant message and
-// sends X-Macfleet-Continue (and X-Macfleet-Continued-Tokens, or the resume header),
+// sends X-Macfleet-Continue (and X-Macfleet-Continued-Tokens, the resume header, or
+// the token ids its answer was generated as),
 // so that the runner reads that message as an answer already generated, not as
 // prompt. On 8cd05e0 it was served, its prompt counted without the long message
 // (seen: 24 prompt tokens, where the same conversation without the header counts
@@ -42,6 +43,7 @@ func TestAttackDirectCallerContinues(t *testing.T) {
 		{runnerapi.HeaderContinue, runnerapi.ContinueFinalMessage},
 		{runnerapi.HeaderContinue, runnerapi.ContinueFinalMessage, runnerapi.HeaderContinuedTokens, "1"},
 		{runnerapi.HeaderResumeStream, "x"},
+		{runnerapi.HeaderContinuedTokenIDs, "1,2,3"},
 	} {
 		resp, b := a.do(http.MethodPost, "/v1/chat/completions", body, append([]string{"Authorization", "Bearer " + tenant}, h...)...)
 		var out runnerapi.ChatCompletion

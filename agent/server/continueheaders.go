@@ -12,7 +12,8 @@ import (
 // client already has is the request's last message, and the runner counts it as
 // output already generated, not as prompt. From anyone else they would let a caller
 // have a long conversation read as a short prompt.
-var continueHeaders = [...]string{runnerapi.HeaderContinue, runnerapi.HeaderContinuedTokens, runnerapi.HeaderResumeStream}
+var continueHeaders = [...]string{runnerapi.HeaderContinue, runnerapi.HeaderContinuedTokens, runnerapi.HeaderContinuedTokenIDs,
+	runnerapi.HeaderResumeStream}
 
 // codeGatewayHeader is the error code of a request that carries a gateway's header
 // from another caller.

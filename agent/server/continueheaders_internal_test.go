@@ -29,6 +29,8 @@ func TestContinueHeadersRefusal(t *testing.T) {
 		{name: "a tenant continues", header: runnerapi.HeaderContinue, c: caller{}, refused: true},
 		{name: "a tenant declares continued tokens", header: runnerapi.HeaderContinuedTokens, c: caller{}, refused: true},
 		{name: "a tenant resumes a stream", header: runnerapi.HeaderResumeStream, c: caller{}, refused: true},
+		{name: "a tenant names the tokens of its answer", header: runnerapi.HeaderContinuedTokenIDs, c: caller{}, refused: true},
+		{name: "the gateway names the tokens of its answer", header: runnerapi.HeaderContinuedTokenIDs, c: caller{reportsQueues: true, gateway: true}},
 		{name: "the manager's certificate continues", header: runnerapi.HeaderContinue, c: caller{}, refused: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -119,7 +119,8 @@ func passCountHeaders(r *http.Request, out http.Header, path string) {
 	var hs []string
 	switch path {
 	case pathChat:
-		hs = []string{runnerapi.HeaderContinue, runnerapi.HeaderContinuedTokens, runnerapi.HeaderTokenCounts}
+		hs = []string{runnerapi.HeaderContinue, runnerapi.HeaderContinuedTokens, runnerapi.HeaderContinuedTokenIDs,
+			runnerapi.HeaderTokenCounts, runnerapi.HeaderTokenIDs}
 	case pathCompletions:
 		hs = []string{runnerapi.HeaderTokenCounts}
 	}

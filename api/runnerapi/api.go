@@ -8,6 +8,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"strconv"
+	"strings"
 )
 
 // ListeningEvent is the single JSON line the runner prints to stdout once it listens.
@@ -276,6 +278,30 @@ const ContinueFinalMessage = "final-message"
 // it on.
 const HeaderContinuedTokens = "X-Macfleet-Continued-Tokens"
 
+// HeaderContinuedTokenIDs, beside HeaderContinue, is the partial answer's tokens as
+// they were generated (FormatTokenIDs: ids separated by commas), as the gateway read
+// them off the count lines (HeaderTokenIDs). A reply does not always re-tokenize into
+// the tokens the model wrote, and another tokenization of the same text continues
+// differently; the runner reads the answer as these tokens for as far as their text
+// spells it (the rest of the text tokenized as usual), so a continuation goes on as
+// the uninterrupted stream would have. A hint that cannot change the text: ids that
+// do not parse, are outside the vocabulary or spell other text are not used (the
+// runner logs how many it used). The gateway sends at most MaxContinuedTokenIDsBytes
+// of them (the first ones); the node agent takes it only from a gateway, as
+// HeaderContinue.
+const HeaderContinuedTokenIDs = "X-Macfleet-Continued-Token-Ids"
+
+// MaxContinuedTokenIDsBytes bounds HeaderContinuedTokenIDs's value, well within the
+// header limits of the agent and the runner (1 MiB).
+const MaxContinuedTokenIDsBytes = 256 << 10
+
+// HeaderTokenIDs, set to TokenCountComments beside HeaderTokenCounts, asks the
+// runner to put on each count line the ids of the tokens generated since the choice's
+// previous count line: "%s I N IDS" (IDS as FormatTokenIDs writes them; the line has
+// no IDS when there are none), the last tokens of the N. The gateway keeps them to
+// continue the stream with HeaderContinuedTokenIDs. The node agent passes it on.
+const HeaderTokenIDs = "X-Macfleet-Token-Ids"
+
 // HeaderTokenCounts, set to TokenCountComments on a streamed chat completion, asks the
 // runner to put before the data line of each event that carries generated output a
 // comment line "%s I N" (TokenCountComment): choice I has generated N tokens so far;
@@ -323,6 +349,44 @@ const (
 	TokenCountComment  = ": tokens"
 	PromptCountComment = ": prompt"
 )
+
+// FormatTokenIDs writes token ids as a count line and HeaderContinuedTokenIDs carry
+// them: decimal, separated by commas.
+func FormatTokenIDs(ids []int32) string {
+	b := make([]byte, 0, len(ids)*7)
+	for i, id := range ids {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = strconv.AppendInt(b, int64(id), 10)
+	}
+	return string(b)
+}
+
+// ParseTokenIDs reads what FormatTokenIDs writes; an id that is not a non-negative
+// 32-bit integer is an error.
+func ParseTokenIDs(s string) ([]int32, error) {
+	if s == "" {
+		return nil, nil
+	}
+	ids := make([]int32, 0, strings.Count(s, ",")+1)
+	for f := range strings.SplitSeq(s, ",") {
+		n, err := strconv.ParseInt(f, 10, 32)
+		if err != nil || n < 0 {
+			return nil, fmt.Errorf("token id %q is not a non-negative 32-bit integer", clipped(f))
+		}
+		ids = append(ids, int32(n))
+	}
+	return ids, nil
+}
+
+// clipped is s cut to 32 bytes, for an error message.
+func clipped(s string) string {
+	if len(s) > 32 {
+		return strings.ToValidUTF8(s[:32], "") + "…"
+	}
+	return s
+}
 
 // HeaderCachePartition names the part of the prompt cache a request may hit and add
 // to: prefixes cached in one partition are never found from another, in a slot's

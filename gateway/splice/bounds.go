@@ -10,7 +10,7 @@ import (
 // is bounded: one event at most MaxEventBytes (a longer one breaks the stream, as a
 // replica failure, with cause "event_too_large"), and the answer it keeps to continue
 // the stream elsewhere (every choice's text and reasoning, tool calls' arguments,
-// logprobs) at most MaxKeptBytes. Past that, what was kept is let go and the stream is
+// logprobs, each choice's token ids) at most MaxKeptBytes. Past that, what was kept is let go and the stream is
 // no longer continued (outcome TooLong); it is still relayed and counted.
 const (
 	MaxEventBytes = 4 << 20
@@ -45,7 +45,7 @@ func (st *Stream) Kept() int {
 	for _, l := range st.logprobs {
 		n += len(l)
 	}
-	return n
+	return n + st.tokens.idsKept()
 }
 
 // bound lets go of what st keeps once it passes MaxKeptBytes: the stream is then
@@ -58,6 +58,7 @@ func (st *Stream) bound() {
 	st.text = bytes.Buffer{}
 	st.others, st.thoughts = nil, nil
 	st.args, st.logprobs = nil, []json.RawMessage(nil)
+	st.tokens.ids, st.tokens.idsOff = nil, nil
 }
 
 // Dropped: the stream kept more than MaxKeptBytes and let it go.

@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"io"
 	"strconv"
+	"strings"
 
+	"github.com/macfleet/macfleet/api/runnerapi"
 	"github.com/macfleet/macfleet/gateway/metering"
 )
 
@@ -129,6 +131,19 @@ func (st *Stream) SentTokens() int64 {
 		return st.tokens.of(st.choice)
 	}
 	return st.tokens.total()
+}
+
+// SentTokenIDs is what a continuation is told the client's answer was generated as
+// (runnerapi.HeaderContinuedTokenIDs): the ids of the stream's tokens, or with n > 1
+// its choice's, as many of the first as fit in MaxContinuedTokenIDsBytes; "" when the
+// runner did not name them all.
+func (st *Stream) SentTokenIDs() string {
+	s := runnerapi.FormatTokenIDs(st.tokens.idsOf(st.choice))
+	if len(s) <= runnerapi.MaxContinuedTokenIDsBytes {
+		return s
+	}
+	s = s[:runnerapi.MaxContinuedTokenIDsBytes+1]
+	return s[:max(strings.LastIndexByte(s, ','), 0)]
 }
 
 // nextChoice points st at the next choice of a stream with n > 1 to continue, after

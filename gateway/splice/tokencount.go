@@ -5,6 +5,7 @@ import (
 	"io"
 	"strconv"
 
+	"github.com/macfleet/macfleet/api/runnerapi"
 	"github.com/macfleet/macfleet/gateway/metering"
 )
 
@@ -23,14 +24,20 @@ type tokenCount struct {
 	// seen: an event carried a count; bad: a count was not one (the count is not
 	// used).
 	seen, bad bool
+	// ids are each choice's tokens, from every replica, as the count lines named
+	// them (runnerapi.HeaderTokenIDs); idsOff: a choice's lines missed some, or named
+	// some that are not ids (its ids are not told to a continuation).
+	ids    [][]int32
+	idsOff []bool
 }
 
-// read takes one count line's value, "I N": choice I has N tokens so far. The
-// stream's choice I is the client's choice I + at (a continuation of one choice of
-// several writes it as its choice 0).
+// read takes one count line's value, "I N" or "I N IDS": choice I has N tokens so
+// far, the last of them IDS. The stream's choice I is the client's choice I + at (a
+// continuation of one choice of several writes it as its choice 0).
 func (c *tokenCount) read(v []byte, at int) {
 	c.seen = true
-	is, ns, ok := bytes.Cut(bytes.TrimRight(v, "\r"), []byte(" "))
+	is, rest, ok := bytes.Cut(bytes.TrimRight(v, "\r"), []byte(" "))
+	ns, ids, _ := bytes.Cut(rest, []byte(" "))
 	i, ierr := strconv.Atoi(string(is))
 	n, nerr := strconv.ParseInt(string(ns), 10, 64)
 	i += at
@@ -45,7 +52,43 @@ func (c *tokenCount) read(v []byte, at int) {
 		c.bad = true
 		return
 	}
+	c.readIDs(i, c.choices[i], n, ids)
 	c.choices[i] = n
+}
+
+// readIDs takes the ids of choice i's tokens from the replica's count from to its
+// count n: the count line's IDS, which must be exactly those tokens.
+func (c *tokenCount) readIDs(i int, from, n int64, ids []byte) {
+	for len(c.ids) <= i {
+		c.ids, c.idsOff = append(c.ids, nil), append(c.idsOff, false)
+	}
+	if c.idsOff[i] || n == from && len(ids) == 0 {
+		return
+	}
+	got, err := runnerapi.ParseTokenIDs(string(ids))
+	if err != nil || int64(len(got)) != n-from {
+		c.ids[i], c.idsOff[i] = nil, true
+		return
+	}
+	c.ids[i] = append(c.ids[i], got...)
+}
+
+// idsOf is the ids of choice i's tokens, from every replica, when the count lines
+// named every one (nil when not).
+func (c *tokenCount) idsOf(i int) []int32 {
+	if i < 0 || i >= len(c.ids) || c.idsOff[i] {
+		return nil
+	}
+	return c.ids[i]
+}
+
+// idsKept is the bytes the ids take.
+func (c *tokenCount) idsKept() int {
+	n := 0
+	for _, ids := range c.ids {
+		n += 4 * len(ids)
+	}
+	return n
 }
 
 // total is the count: every replica's tokens sent, of every choice.

@@ -29,11 +29,12 @@ type chatRenderer struct {
 	info    runnerapi.ChatInfo // reported in /status
 	markers map[int32][]byte   // control tokens the output parser must see
 	proj    *llama.Projector   // reads images (nil: none loaded, images are refused)
+	log     logr.Logger
 }
 
 // newChatRenderer prepares chat rendering for the loaded model m.
 func newChatRenderer(m *llama.Model, log logr.Logger) *chatRenderer {
-	cr := &chatRenderer{model: m, markers: map[int32][]byte{}}
+	cr := &chatRenderer{model: m, markers: map[int32][]byte{}, log: log}
 	src := m.ChatTemplate()
 	cr.info = runnerapi.ChatInfo{Renderer: runnerapi.RendererBuiltin, ToolFormat: chat.FormatNone.String()}
 	if src != "" {
@@ -145,24 +146,56 @@ func (cr *chatRenderer) renderRequest(req *runnerapi.ChatRequest, mode string) (
 	return cr.chat.RenderContinue(chat.InputOf(req), cr.model.AddBOS())
 }
 
-// continuedTokens counts the prompt's tokens after before (the continued answer's),
-// which the usage does not report as prompt tokens. The answer counts as declared
-// completion tokens (runnerapi.HeaderContinuedTokens: what the client was sent, as
-// the gateway counted it), or as many as it re-tokenizes into when none is declared;
-// max_tokens bounds the whole answer, so what is left of it shrinks by them. An answer
-// declared to have them all is spent (it ends at once, finish reason length); one that
-// only re-tokenizes into them (an estimate) still generates one token.
-func (cr *chatRenderer) continuedTokens(before string, images [][]byte, all int, declared string, opts *runnerapi.Options) *runnerapi.Error {
+// continued prepares the prompt tokens toks of a request that continues the answer
+// open at prompt[open:] (runnerapi.HeaderContinue, with the headers h): the answer is
+// read as the tokens the gateway says were generated, where they spell it
+// (runnerapi.HeaderContinuedTokenIDs), and counted (continuedTokens).
+func (cr *chatRenderer) continued(prompt string, open int, images [][]byte, toks []int32, h http.Header,
+	opts *runnerapi.Options) ([]int32, *runnerapi.Error) {
 	if opts.N > 1 {
-		return runnerapi.InvalidRequest(runnerapi.CodeUnsupportedParameter, "n",
+		return nil, runnerapi.InvalidRequest(runnerapi.CodeUnsupportedParameter, "n",
 			"an answer is continued one choice at a time, got n=%d", opts.N)
 	}
 	// The images are in user messages, all before the open assistant message.
-	head, _, herr := cr.promptTokens(before, images)
+	head, _, herr := cr.promptTokens(prompt[:open], images)
 	if herr != nil {
-		return herr
+		return nil, herr
 	}
-	opts.ContinuedPrompt = max(all-len(head), 0)
+	if ids := h.Get(runnerapi.HeaderContinuedTokenIDs); ids != "" && len(images) == 0 {
+		toks = cr.readAsGenerated(prompt, toks, head, ids)
+	}
+	return toks, continuedTokens(len(head), len(toks), h.Get(runnerapi.HeaderContinuedTokens), opts)
+}
+
+// readAsGenerated is toks with the continued answer read as the gateway's token ids,
+// header, for as far as they spell it (readAsGenerated); it logs when they do not all.
+func (cr *chatRenderer) readAsGenerated(prompt string, toks, head []int32, header string) []int32 {
+	ids, err := runnerapi.ParseTokenIDs(header)
+	if err != nil {
+		cr.log.Info("The gateway's token ids of a continued answer do not parse; reading the answer as its text tokenized",
+			"error", err.Error())
+		return toks
+	}
+	out, used := readAsGenerated(cr.model, prompt, toks, head, ids, cr.model.NVocab(), cr.model.BOS())
+	if used < len(ids) {
+		cr.log.Info("Continuing an answer with part of the gateway's token ids: the others do not spell its text, which is tokenized anew from there",
+			"ids", len(ids), "used", used)
+	} else {
+		cr.log.V(2).Info("Continuing an answer as the tokens it was generated as", "ids", len(ids))
+	}
+	return out
+}
+
+// continuedTokens counts the prompt's tokens after its first head (the continued
+// answer's, of all tokens), which the usage does not report as prompt tokens. The
+// answer counts as declared completion tokens (runnerapi.HeaderContinuedTokens: what
+// the client was sent, as the gateway counted it), or as many as it is read as when
+// none is declared; max_tokens bounds the whole answer, so what is left of it shrinks
+// by them. An answer declared to have them all is spent (it ends at once, finish
+// reason length); one that only is read as them (an estimate) still generates one
+// token.
+func continuedTokens(head, all int, declared string, opts *runnerapi.Options) *runnerapi.Error {
+	opts.ContinuedPrompt = max(all-head, 0)
 	opts.Continued = opts.ContinuedPrompt
 	if declared != "" {
 		n, err := strconv.Atoi(declared)
@@ -231,7 +264,7 @@ func (g *generator) handleChat(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if open >= 0 {
-		if herr = g.m.chat.continuedTokens(prompt[:open], images, len(toks), r.Header.Get(runnerapi.HeaderContinuedTokens), &opts); herr != nil {
+		if toks, herr = g.m.chat.continued(prompt, open, images, toks, r.Header, &opts); herr != nil {
 			writeError(w, herr)
 			return
 		}

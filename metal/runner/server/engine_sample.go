@@ -61,7 +61,7 @@ func (e *engine) sample(s *slot) {
 		return
 	}
 	if e.model.IsEOG(tok) {
-		j.emit(s.stream.Flush(), 1, nil)
+		j.emit(s.stream.Flush(), tok, nil)
 		e.finish(s, "stop")
 		return
 	}
@@ -74,7 +74,7 @@ func (e *engine) sample(s *slot) {
 		lp = logprob(e.ctx, e.model, s.outIdx, tok, j.opts.TopLogprobs)
 	}
 	text, stopped := s.stream.Push(piece)
-	j.emit(text, 1, lp)
+	j.emit(text, tok, lp)
 	j.mu.Lock()
 	generated := j.generated
 	j.mu.Unlock()
@@ -86,7 +86,7 @@ func (e *engine) sample(s *slot) {
 		e.finish(s, "stop")
 	case j.opts.MaxTokens > 0 && generated >= j.opts.MaxTokens,
 		len(s.cached) >= e.nCtxSeq: // no cell left to decode the token into
-		j.emit(s.stream.Flush(), 0, nil)
+		j.emit(s.stream.Flush(), noToken, nil)
 		e.finish(s, "length")
 	default:
 		s.next = tok

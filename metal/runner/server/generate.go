@@ -246,6 +246,7 @@ func (g *generator) generate(w http.ResponseWriter, r *http.Request, eng *engine
 	out := responder{w: w, chat: isChat, id: runnerapi.NewID(map[bool]string{true: "chatcmpl-", false: "cmpl-"}[isChat]),
 		created: time.Now().Unix(), model: model, promptTokens: len(toks), continuedPrompt: opts.ContinuedPrompt, continued: opts.Continued,
 		tokenCounts: opts.Stream && r.Header.Get(runnerapi.HeaderTokenCounts) == runnerapi.TokenCountComments, includeUsage: opts.IncludeUsage,
+		tokenIDs:   r.Header.Get(runnerapi.HeaderTokenIDs) == runnerapi.TokenCountComments,
 		usageFirst: opts.Stream && opts.IncludeUsage && r.Header.Get(runnerapi.HeaderPromptUsage) == "first-chunk",
 		logprobs:   opts.Logprobs, notify: make(chan struct{}, 1)}
 	for i := range opts.N {

@@ -50,6 +50,7 @@ type job struct {
 	mu        sync.Mutex
 	text      strings.Builder // produced but not yet taken by the handler
 	logprobs  []runnerapi.TokenLogprob
+	ids       []int32 // the generated tokens not yet taken (runnerapi.HeaderTokenIDs)
 	done      bool
 	finish    string           // stop or length, when done without error
 	stopSeq   string           // the stop string that ended the generation
@@ -82,18 +83,24 @@ func (j *job) wake() {
 	}
 }
 
-// emit appends generated text (and the token's logprob, when asked for); ignored
-// once the job is done.
-func (j *job) emit(text string, tokens int, lp *runnerapi.TokenLogprob) {
+// noToken is emit's tok for text that no new token brings (what a stream held back).
+const noToken = -1
+
+// emit appends generated text and the token tok that brought it (noToken: none), with
+// its logprob when asked for; ignored once the job is done.
+func (j *job) emit(text string, tok int32, lp *runnerapi.TokenLogprob) {
 	j.mu.Lock()
 	if !j.done {
 		j.text.WriteString(text)
 		if lp != nil {
 			j.logprobs = append(j.logprobs, *lp)
 		}
-		j.generated += tokens
-		if j.firstAt.IsZero() && tokens > 0 {
-			j.firstAt = time.Now()
+		if tok != noToken {
+			j.generated++
+			j.ids = append(j.ids, tok)
+			if j.firstAt.IsZero() {
+				j.firstAt = time.Now()
+			}
 		}
 	}
 	j.mu.Unlock()
@@ -140,6 +147,7 @@ func (j *job) finished() bool {
 type update struct {
 	text      string
 	logprobs  []runnerapi.TokenLogprob
+	ids       []int32 // the tokens generated since the last update
 	done      bool
 	finish    string
 	err       *runnerapi.Error
@@ -151,9 +159,9 @@ type update struct {
 func (j *job) take() update {
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	u := update{text: j.text.String(), logprobs: j.logprobs, done: j.done, finish: j.finish, err: j.err,
+	u := update{text: j.text.String(), logprobs: j.logprobs, ids: j.ids, done: j.done, finish: j.finish, err: j.err,
 		generated: j.generated, cached: j.cached, stopSeq: j.stopSeq}
 	j.text.Reset()
-	j.logprobs = nil
+	j.logprobs, j.ids = nil, nil
 	return u
 }

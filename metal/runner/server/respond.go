@@ -32,7 +32,10 @@ type responder struct {
 	continuedPrompt, continued int
 	// tokenCounts puts each choice's generated tokens so far before each event that
 	// carries its output (runnerapi.HeaderTokenCounts).
-	tokenCounts  bool
+	tokenCounts bool
+	// tokenIDs puts on each count line the ids of the choice's tokens generated
+	// since its previous one (runnerapi.HeaderTokenIDs).
+	tokenIDs     bool
 	includeUsage bool
 	// usageFirst puts the prompt's usage on the first chunk too (runnerapi.HeaderPromptUsage).
 	usageFirst bool
@@ -48,6 +51,7 @@ type choice struct {
 	lps    []runnerapi.TokenLogprob // logprobs not yet sent (stream) or all (whole)
 	offset int                      // text sent so far, for the legacy text_offset
 	cached int                      // prompt tokens reused, as of the last update
+	unsent []int32                  // tokens generated that no count line named yet
 	last   update                   // the final update, once done
 	done   bool
 }
@@ -240,10 +244,21 @@ func (o *responder) outputStep(rc *http.ResponseController, send func(any) bool,
 	text, done := u.text, u.done && u.err == nil
 	counted := send
 	if o.tokenCounts {
-		count := runnerapi.TokenCountComment + " " + strconv.Itoa(c.index) + " " + strconv.Itoa(u.generated) + "\n"
-		counted = func(v any) bool { return o.sendEvent(rc, count, v) }
+		count := runnerapi.TokenCountComment + " " + strconv.Itoa(c.index) + " " + strconv.Itoa(u.generated)
+		counted = func(v any) bool {
+			line := count
+			if len(c.unsent) > 0 { // the first event after them names them
+				line += " " + runnerapi.FormatTokenIDs(c.unsent)
+				c.unsent = c.unsent[:0]
+			}
+			return o.sendEvent(rc, line+"\n", v)
+		}
 	}
+	ids := u.ids
 	return func() bool {
+		if o.tokenCounts && o.tokenIDs {
+			c.unsent = append(c.unsent, ids...)
+		}
 		if text != "" && !o.sendText(counted, c, text) {
 			return false
 		}

@@ -121,6 +121,26 @@ again=$(cached_of "$work/image2.json") other=$(cached_of "$work/image3.json")
 ((${again:-0} > ${other:-0})) ||
 	{ echo "the same image again was not a prompt-cache hit beyond the other image's (${again:-0} against ${other:-0} cached tokens)" >&2; exit 1; }
 
+say "A mixture-of-experts model stored in three files (config/samples/tiny-moe.yaml; docs/models.md)"
+# A tiny Qwen3-Coder-shaped model (experts, its own vocabulary and chat template, random
+# weights: the words are noise, the paths are the point). The agent fetched all three
+# parts; the memory column counts every expert; the same prompt again restores its state.
+"$kubectl" wait --for=condition=Available md/tiny-moe --timeout=300s
+"$kubectl" get md tiny-moe
+ask_moe() { # $1 output file
+	curl -sS "$GATEWAY/v1/chat/completions" -H "Authorization: Bearer $ADMIN_KEY" -H 'Content-Type: application/json' \
+		-d '{"model":"tiny-moe","max_tokens":8,"temperature":0,"messages":[{"role":"system","content":"You are a coding agent. Read the files you are given and answer briefly."},{"role":"user","content":"What does main.go do?"}]}' >"$1"
+	grep -q '"finish_reason"' "$1" || { echo "the MoE sample did not answer: $(cut -c1-300 "$1")" >&2; return 1; }
+	echo "$(grep -o '"prompt_tokens":[0-9]*' "$1"), $(grep -o '"cached_tokens":[0-9]*' "$1" || echo '"cached_tokens":0')"
+}
+echo "\$ curl $GATEWAY/v1/chat/completions -d '{\"model\":\"tiny-moe\",\"temperature\":0,\"messages\":[...]}'"
+echo "first:  $(ask_moe "$work/moe1.json")"
+echo "again:  $(ask_moe "$work/moe2.json")"
+moe_cached=$(cached_of "$work/moe2.json")
+((${moe_cached:-0} > 0)) || { echo "the MoE sample's repeated prompt was not a prompt-cache hit" >&2; exit 1; }
+[[ $(grep -o '"content":"[^"]*"' "$work/moe1.json") == $(grep -o '"content":"[^"]*"' "$work/moe2.json") ]] ||
+	{ echo "the MoE sample answered the same greedy prompt differently after a cache hit" >&2; exit 1; }
+
 say "The OnDemand sample loads on its first request (the gateway holds it meanwhile)"
 "$kubectl" wait --for=condition=Available md/tiny-chat-ondemand --timeout=300s
 curl -sS "$GATEWAY/v1/chat/completions" -H "Authorization: Bearer $ADMIN_KEY" -H 'Content-Type: application/json' -w '\n' \

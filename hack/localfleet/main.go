@@ -95,6 +95,15 @@ func run(dir, binary, runner, envFile, modelsAddr string) error {
 	if err := writeVisionModel(fleet.ModelsDir); err != nil {
 		return err
 	}
+	// The mixture-of-experts sample (config/samples/tiny-moe.yaml): a tiny
+	// Qwen3-Coder-shaped model stored as three files, as hubs store large models.
+	moe, err := ggufsynth.TinyFamily(ggufsynth.Qwen3MoE)
+	if err != nil {
+		return err
+	}
+	if _, err := ggufsynth.WriteParts(filepath.Join(fleet.ModelsDir, "tiny-moe"), moe, 3); err != nil {
+		return err
+	}
 
 	env := fmt.Sprintf("KUBECONFIG=%s\nGATEWAY=%s\nADMIN_KEY=%s\nMODELS_URL=%s\nLOGS=%s\n",
 		fleet.AdminKubeconfig, fleet.GatewayURL, adminKey, fleet.ModelsURL, fleet.LogDir())

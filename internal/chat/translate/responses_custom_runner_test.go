@@ -145,3 +145,49 @@ func TestCustomToolOnARealRunner(t *testing.T) {
 			next.Usage.InputTokens, final.Usage.InputTokens)
 	}
 }
+
+// TestCustomToolGrammarsLoadInTheRunner: grammars of every construct the translator
+// accepts load in llama.cpp's grammar parser (a forced call under each is answered, not
+// refused), and what the model writes under them in a few tokens is a prefix the
+// grammar allows (a whole call where it finished).
+func TestCustomToolGrammarsLoadInTheRunner(t *testing.T) {
+	base := startRunner(t, filepath.Join("..", "..", "..", "test", "models", "tiny-chat-trained.gguf"))
+	ts := httptest.NewServer(Responses(httputil.NewSingleHostReverseProxy(base)))
+	defer ts.Close()
+	for _, g := range []struct{ syntax, def string }{
+		{"lark", editGrammar},
+		{"lark", "start: \"say \\\"\" /[^\\n\"\\\\]{1,8}/i \"\\\"\" (\"!\" | \"?\")? LF\n%import common.LF"},
+		{"lark", "start: WORD (\",\" WS_INLINE? WORD) ~ 0..3 [\".\"]\n%import common (WORD, WS_INLINE)"},
+		{"lark", "start: \"a\"..\"f\"+ \"\\t\" \"é😀\" /[\\x01-\\x1f]/ ESCAPED_STRING\n%import common.ESCAPED_STRING"},
+		{"regex", `^[0-9]{3}-(?i:[a-z]{2,4})\.go$`},
+		{"regex", `\w+\s\d*|.{1,5}`},
+	} {
+		body, _ := json.Marshal(map[string]any{"model": "m", "input": "Go.", "max_output_tokens": 24, "temperature": 0,
+			"tools": []any{map[string]any{"type": "custom", "name": "t", "format": map[string]any{"type": "grammar",
+				"syntax": g.syntax, "definition": g.def}}},
+			"tool_choice": map[string]any{"type": "custom", "name": "t"}})
+		res, err := http.Post(ts.URL+"/v1/responses", "application/json", strings.NewReader(string(body)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var r struct {
+			Status string
+			Output []struct{ Type, Input string }
+			Error  *struct{ Message string }
+		}
+		_ = json.NewDecoder(res.Body).Decode(&r)
+		res.Body.Close()
+		if res.StatusCode != http.StatusOK || r.Error != nil {
+			t.Errorf("%s: %d %+v", g.def, res.StatusCode, r.Error)
+			continue
+		}
+		parsed, err := lark.Parse(g.syntax, g.def)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Status == "completed" && (len(r.Output) != 1 || r.Output[0].Type != "custom_tool_call" || !parsed.Match(r.Output[0].Input)) {
+			t.Errorf("%s: a completed call %+v that the grammar does not match", g.def, r.Output)
+		}
+		t.Logf("%s: %s %+v", g.syntax, r.Status, r.Output)
+	}
+}

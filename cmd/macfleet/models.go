@@ -37,6 +37,7 @@ func init() {
 // fitFlags are the flags of `macfleet models fit`.
 type fitFlags struct {
 	sources                              pullFlags
+	projector                            string
 	kubeconfig, kubeContext, namespace   string
 	memory, memoryCeiling, memoryReserve string
 	local, asJSON                        bool
@@ -66,11 +67,16 @@ computes its ceiling.
 Sources are read through the node agent's source policy and endpoints: --source-policy, else the
 cluster's SourcePolicy for --namespace on a fleet, else the built-in default (hf:// and ollama://
 only, no loopback or LAN address). A model stored in parts (NAME-00001-of-0000N.gguf) is named by
-its first part: the header of every part is read and counted.`,
+its first part: the header of every part is read and counted.
+
+With --projector, a vision model's multimodal projector (its mmproj GGUF, a path or a source read
+the same way) is counted in every need beside the model, as the manager counts a deployment's
+spec.model.projector and 'macfleet serve --projector' the agent.`,
 		Example: `  macfleet models fit hf://Qwen/Qwen2.5-Coder-7B-Instruct-GGUF/qwen2.5-coder-7b-instruct-q4_k_m.gguf
   macfleet models fit ollama://qwen2.5-coder:7b --memory 24Gi
   macfleet models fit ./model.gguf --local --context-length 32768 --parallel 2
-  macfleet models fit hf://org/repo/model.gguf --kubeconfig ~/.kube/fleet --json`,
+  macfleet models fit hf://org/repo/model.gguf --kubeconfig ~/.kube/fleet --json
+  macfleet models fit hf://ggml-org/gemma-3-4b-it-GGUF/gemma-3-4b-it-Q4_K_M.gguf --projector hf://ggml-org/gemma-3-4b-it-GGUF/mmproj-model-f16.gguf --memory 16Gi`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx, cancel := context.WithTimeout(cmd.Context(), ff.timeout)
@@ -92,6 +98,7 @@ its first part: the header of every part is read and counted.`,
 	f.StringVar(&ff.kubeconfig, "kubeconfig", "", "kubeconfig of the fleet; default: $KUBECONFIG, then ~/.kube/config, then in-cluster")
 	f.StringVar(&ff.kubeContext, "context", "", "context of the kubeconfig to use")
 	f.StringVarP(&ff.namespace, "namespace", "n", "", "namespace whose source-policy rules apply (default: the kubeconfig context's; "+serveNamespace+" for one Mac)")
+	f.StringVar(&ff.projector, "projector", "", "count this multimodal projector (mmproj GGUF: a path or a source) beside the model, as a deployment's spec.model.projector")
 	f.StringVar(&ff.memory, "memory", "", "answer for one Mac of this much unified memory (e.g. 24Gi) instead of the fleet")
 	f.BoolVar(&ff.local, "local", false, "answer for this machine instead of the fleet")
 	f.StringVar(&ff.memoryCeiling, "memory-ceiling", "", "with --memory or --local: the agent's --memory-ceiling")
@@ -121,21 +128,43 @@ func (ff *fitFlags) run(ctx context.Context, source string) (modelfit.Report, er
 	if err != nil {
 		return modelfit.Report{}, err
 	}
+	proj, err := ff.readProjector(ctx, policy)
+	if err != nil {
+		return modelfit.Report{}, err
+	}
 	contexts := []int64{ff.contextLength}
 	if ff.contextLength == 0 {
 		// The trained context comes with any estimate; the smallest is quick.
-		m, _, err := modelfit.Needs(h, source, []int64{modelfit.MinLadderContext}, ff.settings)
+		m, _, err := modelfit.Needs(h, source, []int64{modelfit.MinLadderContext}, ff.settings, nil)
 		if err != nil {
 			return modelfit.Report{}, fmt.Errorf("estimating %s: %w", source, err)
 		}
 		contexts = modelfit.Ladder(m.TrainedContext)
 	}
-	model, needs, err := modelfit.Needs(h, source, contexts, ff.settings)
+	model, needs, err := modelfit.Needs(h, source, contexts, ff.settings, proj)
 	if err != nil {
 		return modelfit.Report{}, fmt.Errorf("estimating %s: %w", source, err)
 	}
 	return modelfit.Report{Model: model, Settings: ff.settings, Where: where, Needs: needs,
 		Macs: modelfit.Decide(macs, needs)}, nil
+}
+
+// readProjector reads the header of --projector as the model's is read, and returns
+// the memory it adds beside the model; nil when none is named. A projector is one
+// file, as the API requires of spec.model.projector.
+func (ff *fitFlags) readProjector(ctx context.Context, policy *sourcepolicy.Policy) (*modelfit.Projector, error) {
+	src := ff.projector
+	if src == "" {
+		return nil, nil
+	}
+	if modelsource.IsSplitPart(src) {
+		return nil, fmt.Errorf("--projector %s: a projector is one file: it cannot be stored in parts", src)
+	}
+	h, err := ff.sources.readHeader(ctx, policy, ff.namespace, src)
+	if err != nil {
+		return nil, fmt.Errorf("--projector: %w", err)
+	}
+	return &modelfit.Projector{Source: src, Bytes: h.ProjectorBytes()}, nil
 }
 
 // macs are the Macs to answer for, a line saying whose they are, and the source

@@ -131,7 +131,7 @@ func TestNeeds(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := Settings{Parallel: 2, KVCacheType: estimate.KVQ8_0}
-	m, needs, err := Needs(h, "file://"+path, []int64{4096, 16384}, s)
+	m, needs, err := Needs(h, "file://"+path, []int64{4096, 16384}, s, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -150,7 +150,21 @@ func TestNeeds(t *testing.T) {
 	if len(needs) != 2 || needs[1].Bytes <= needs[0].Bytes {
 		t.Errorf("needs %+v: want two, the larger context needing more", needs)
 	}
-	if _, _, err := Needs(h, "x", []int64{1 << 30}, s); err == nil || !strings.Contains(err.Error(), "out of range") {
+	// A projector is counted in every need, as the manager counts it.
+	proj := &Projector{Source: "hf://org/repo/mmproj.gguf", Bytes: 600 << 20}
+	pm, withProj, err := Needs(h, "file://"+path, []int64{4096, 16384}, s, proj)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, n := range withProj {
+		if n.Context != needs[i].Context || n.Bytes != needs[i].Bytes+proj.Bytes {
+			t.Errorf("need with the projector %+v, want %+v and the projector's %d bytes", n, needs[i], proj.Bytes)
+		}
+	}
+	if pm.Projector != proj {
+		t.Errorf("model %+v, want the projector named", pm)
+	}
+	if _, _, err := Needs(h, "x", []int64{1 << 30}, s, nil); err == nil || !strings.Contains(err.Error(), "out of range") {
 		t.Errorf("a context over the estimate's range: %v, want out of range", err)
 	}
 }
@@ -175,5 +189,16 @@ func TestReportWrite(t *testing.T) {
 		if !strings.Contains(out, want) {
 			t.Errorf("the table lacks %q:\n%s", want, out)
 		}
+	}
+	if strings.Contains(out, "projector") {
+		t.Errorf("the table of a model without a projector names one:\n%s", out)
+	}
+	r.Model.Projector = &Projector{Source: "hf://org/repo/mmproj.gguf", Bytes: 600 << 20}
+	b.Reset()
+	if err := r.Write(&b); err != nil {
+		t.Fatal(err)
+	}
+	if want := "with its projector hf://org/repo/mmproj.gguf: 600.0 MiB, counted in every need\n"; !strings.Contains(b.String(), want) {
+		t.Errorf("the table lacks %q:\n%s", want, b.String())
 	}
 }

@@ -30,6 +30,19 @@ type Model struct {
 	// TrainedContext is the context the model was trained with; 0 when the header
 	// does not say.
 	TrainedContext int64 `json:"trainedContext"`
+	// Projector is the multimodal projector counted beside the model; nil when none
+	// was named.
+	Projector *Projector `json:"projector,omitempty"`
+}
+
+// Projector is a vision model's multimodal projector (an mmproj GGUF), counted in
+// every need as the manager and the agent count it beside the model
+// (estimate.Result.WithProjector).
+type Projector struct {
+	Source string `json:"source"`
+	// Bytes is what it adds to its model's runner: its tensors and its image
+	// encoder's compute buffer (estimate.Header.ProjectorBytes).
+	Bytes int64 `json:"bytes"`
 }
 
 // Report is the answer of `macfleet models fit`.
@@ -43,9 +56,9 @@ type Report struct {
 }
 
 // Needs estimates h at each context with s, the total context being Parallel ×
-// context as the controller sizes a deployment's engine; it also returns what the
-// header says of the model.
-func Needs(h *estimate.Header, source string, contexts []int64, s Settings) (Model, []Need, error) {
+// context as the controller sizes a deployment's engine, each need counting proj
+// when it is not nil; it also returns what the header says of the model.
+func Needs(h *estimate.Header, source string, contexts []int64, s Settings, proj *Projector) (Model, []Need, error) {
 	parallel := max(s.Parallel, 1)
 	var (
 		m     Model
@@ -60,8 +73,11 @@ func Needs(h *estimate.Header, source string, contexts []int64, s Settings) (Mod
 		if err != nil {
 			return Model{}, nil, err
 		}
+		if proj != nil {
+			r = r.WithProjector(proj.Bytes)
+		}
 		m = Model{Source: source, Architecture: r.Dims.Architecture, Parameters: r.Dims.Params, FileSize: r.FileSize,
-			Weights: r.Weights, TrainedContext: r.Dims.CtxTrain}
+			Weights: r.Weights, TrainedContext: r.Dims.CtxTrain, Projector: proj}
 		needs = append(needs, Need{Context: c, Bytes: r.Total})
 	}
 	return m, needs, nil
@@ -85,6 +101,9 @@ func (r Report) Write(w io.Writer) error {
 	fmt.Fprintf(w, "Model:   %s\n", m.Source)
 	fmt.Fprintf(w, "         %s, %s parameters, %s of weights, trained context %s\n",
 		orUnknown(m.Architecture), FormatCount(m.Parameters), bytesize.Format(m.Weights), trained)
+	if p := m.Projector; p != nil {
+		fmt.Fprintf(w, "         with its projector %s: %s, counted in every need\n", p.Source, bytesize.Format(p.Bytes))
+	}
 	fmt.Fprintf(w, "Engine:  parallel %d, KV cache %s\n", max(r.Settings.Parallel, 1), kv)
 	fmt.Fprintf(w, "Macs:    %s\n\n", r.Where)
 

@@ -138,7 +138,7 @@ echo "first:  $(ask_moe "$work/moe1.json")"
 echo "again:  $(ask_moe "$work/moe2.json")"
 moe_cached=$(cached_of "$work/moe2.json")
 ((${moe_cached:-0} > 0)) || { echo "the MoE sample's repeated prompt was not a prompt-cache hit" >&2; exit 1; }
-[[ $(grep -o '"content":"[^"]*"' "$work/moe1.json") == $(grep -o '"content":"[^"]*"' "$work/moe2.json") ]] ||
+[[ $(LC_ALL=C grep -o '"content":"[^"]*"' "$work/moe1.json") == "$(LC_ALL=C grep -o '"content":"[^"]*"' "$work/moe2.json")" ]] ||
 	{ echo "the MoE sample answered the same greedy prompt differently after a cache hit" >&2; exit 1; }
 
 say "The OnDemand sample loads on its first request (the gateway holds it meanwhile)"

@@ -2,7 +2,8 @@ package lark
 
 import (
 	"fmt"
-	"sort"
+	"maps"
+	"slices"
 	"strings"
 	"unicode/utf8"
 )
@@ -25,19 +26,10 @@ func (g *Grammar) Rules(root, prefix string, inJSON bool) map[string]string {
 func (g *Grammar) GBNF() string {
 	rules := g.Rules("root", "lark", false)
 	var b strings.Builder
-	for _, name := range sortedKeys(rules) {
+	for _, name := range slices.Sorted(maps.Keys(rules)) {
 		fmt.Fprintf(&b, "%s ::= %s\n", name, rules[name])
 	}
 	return b.String()
-}
-
-func sortedKeys(m map[string]string) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return keys
 }
 
 // writer writes expressions as GBNF.

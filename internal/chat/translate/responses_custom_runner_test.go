@@ -1,7 +1,6 @@
 package translate
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"net/http"
@@ -21,6 +20,7 @@ import (
 
 	"github.com/macfleet/macfleet/api/runnerapi"
 	"github.com/macfleet/macfleet/internal/chat/lark"
+	"github.com/macfleet/macfleet/test/support/listening"
 )
 
 // boundedPatchGrammar has the shape of a coding agent's patch tool (written for this
@@ -43,25 +43,8 @@ func startRunner(t *testing.T, model string) *url.URL {
 	if bin == "" {
 		t.Skip("MACFLEET_RUNNER is not set: build the runner (make runner) and export MACFLEET_RUNNER=bin/macfleet-runner")
 	}
-	cmd := exec.Command(bin, "--model", model, "--threads", "1", "--addr", "127.0.0.1:0")
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	sc := bufio.NewScanner(stdout)
-	var ev runnerapi.ListeningEvent
-	if !sc.Scan() || json.Unmarshal(sc.Bytes(), &ev) != nil || ev.Addr == "" {
-		t.Fatalf("the runner did not announce its address: %q", sc.Text())
-	}
-	go func() {
-		for sc.Scan() {
-		}
-	}()
-	base := &url.URL{Scheme: "http", Host: ev.Addr}
+	p := listening.Start(t, "runner", exec.Command(bin, "--model", model, "--threads", "1", "--addr", "127.0.0.1:0"))
+	base := &url.URL{Scheme: "http", Host: p.Addr}
 	for deadline := time.Now().Add(2 * time.Minute); ; {
 		var h runnerapi.Health
 		if res, err := http.Get(base.String() + "/health"); err == nil {

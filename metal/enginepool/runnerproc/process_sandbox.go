@@ -20,11 +20,11 @@ func (f *ProcessFactory) command(ctx context.Context, path string, args []string
 	model, worker := spec.Path, spec.SplitWorker
 	cmd := exec.Command(path, args...)
 	mode, st := f.SandboxStatus()
+	log := f.cfg.Log
+	if log.GetSink() == nil {
+		log = logr.FromContextOrDiscard(ctx)
+	}
 	f.sandboxLogged.Do(func() {
-		log := f.cfg.Log
-		if log.GetSink() == nil {
-			log = logr.FromContextOrDiscard(ctx)
-		}
 		switch {
 		case mode == sandbox.Off:
 			log.Info("Runner sandbox off: runners run unconfined, with the agent's environment")
@@ -44,6 +44,16 @@ func (f *ProcessFactory) command(ctx context.Context, path string, args []string
 	if mode == sandbox.On && !st.Enforced {
 		cmd.Err = &sandbox.UnconfinedError{Detail: st.Detail}
 		return cmd
+	}
+	// A split head (or chained worker) where the sandbox cannot hold its connects to
+	// its workers' ports: refused, or with the operator's leave run with them unconfined.
+	if err := sandbox.CheckConnect(st, connect); err != nil {
+		if !f.cfg.AllowUnconfined {
+			cmd.Err = err
+			return cmd
+		}
+		log.Info("WARNING: the runner sandbox cannot confine TCP connects and "+sandbox.AllowUnconfinedFlag+
+			" given: this split runner may connect to any TCP port", "model", spec.Name, "detail", st.Detail)
 	}
 	// Tracing or not, a runner connects nowhere: its spans leave through the agent
 	// (ProcessConfig.SpanRelay).

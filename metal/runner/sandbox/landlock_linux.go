@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -63,8 +64,10 @@ func launch(enc string, argv []string) {
 	if !runnerapi.HoldsBackend(p.BackendDir, runtime.GOOS) {
 		p.BackendDir = ""
 	}
-	if err := landlockConfig(p).BestEffort().Restrict(landlockRules(p, existing)...); err != nil {
-		fail(fmt.Errorf("restricting the runner: %w", err))
+	if p.LandlockABI > 0 {
+		if err := landlockConfig(p).BestEffort().Restrict(landlockRules(p, existing)...); err != nil {
+			fail(fmt.Errorf("restricting the runner: %w", err))
+		}
 	}
 	if err := installSocketFilter(p); err != nil {
 		fail(err)
@@ -78,11 +81,17 @@ func launch(enc string, argv []string) {
 	fail(fmt.Errorf("executing %s: %w", argv[0], syscall.Exec(argv[0], argv, env)))
 }
 
-// landlockConfig handles every access right this module knows: what the kernel does
-// not know is dropped by BestEffort, and Status says what remains. A loopback runner
-// may bind a TCP port (any: it asks for port 0); nothing may connect.
+// landlockVersions are go-landlock's configurations by ABI: each handles the access
+// rights its ABI knows.
+var landlockVersions = [...]landlock.Config{1: landlock.V1, 2: landlock.V2, 3: landlock.V3, 4: landlock.V4,
+	5: landlock.V5, 6: landlock.V6, 7: landlock.V7, 8: landlock.V8, 9: landlock.V9, 10: landlock.V10, 11: landlock.V11}
+
+// landlockConfig handles every access right of p.LandlockABI (1 or more) that this
+// module knows: what the kernel does not know is dropped by BestEffort, and Status
+// says what remains. A loopback runner may bind a TCP port (any: it asks for port 0);
+// nothing may connect but to p.ConnectPorts.
 func landlockConfig(p Policy) landlock.Config {
-	cfg := landlock.V11
+	cfg := landlockVersions[max(1, min(p.LandlockABI, len(landlockVersions)-1))]
 	if p.Loopback {
 		cfg.HandledAccessNet &^= ll.AccessNetBindTCP
 	}
@@ -203,8 +212,12 @@ func landlockRules(p Policy, found func(pattern string) []string) []landlock.Rul
 	if p.CacheDir != "" {
 		rules = append(rules, landlock.RWDirs(p.CacheDir))
 	}
-	for _, port := range p.ConnectPorts {
-		rules = append(rules, landlock.ConnectTCP(port))
+	// Below ABI 4 nothing handles connects to grant them on (a runner with
+	// ConnectPorts runs there only with AllowUnconfinedFlag).
+	if landlockConfig(p).HandledAccessNet&ll.AccessNetConnectTCP != 0 {
+		for _, port := range p.ConnectPorts {
+			rules = append(rules, landlock.ConnectTCP(port))
+		}
 	}
 	if p.BackendDir == "" {
 		return rules
@@ -230,18 +243,48 @@ func landlockRules(p Policy, found func(pattern string) []string) []landlock.Rul
 	return rules
 }
 
-var probeOnce = sync.OnceValue(func() Status {
+// kernelABI is the Landlock ABI of this kernel; 0 without Landlock.
+var kernelABI = sync.OnceValue(func() int {
 	abi, err := ll.LandlockGetABIVersion()
-	if err != nil || abi < 1 {
-		return Status{Mechanism: "seccomp", Detail: "the kernel has no Landlock (Linux 5.13 or later with landlock among " +
-			"the boot's lsm= modules): runners may read and write any file the agent may; the seccomp filter still keeps " +
-			"them off the network, and their environment is scrubbed"}
+	if err != nil {
+		return 0
+	}
+	return max(abi, 0)
+})
+
+// landlockABI is the ABI the sandbox uses: the kernel's, capped by LandlockABIEnv
+// (its note says so when it lowers it).
+func landlockABI() (abi int, note string) {
+	abi = kernelABI()
+	s, ok := os.LookupEnv(LandlockABIEnv)
+	if !ok || s == "" {
+		return abi, ""
+	}
+	capped, err := strconv.Atoi(s)
+	if err != nil || capped < 0 {
+		capped = 0
+	}
+	if capped >= abi {
+		return abi, ""
+	}
+	return capped, fmt.Sprintf(" (%s=%s caps the kernel's ABI %d)", LandlockABIEnv, s, abi)
+}
+
+// probe reports what Landlock enforces on this kernel (Enforced: the files are
+// confined; the seccomp filter applies in any case).
+func probe() Status { return landlockStatus(landlockABI()) }
+
+// landlockStatus is what the sandbox enforces with Landlock ABI abi (0: none); note
+// is appended to the ABI's name.
+func landlockStatus(abi int, note string) Status {
+	if abi < 1 {
+		return Status{Mechanism: "seccomp", Detail: "the kernel has no Landlock" + note + " (Linux 5.13 or later with " +
+			"landlock among the boot's lsm= modules): runners may read and write any file the agent may; the seccomp " +
+			"filter still keeps them off the network, and their environment is scrubbed"}
 	}
 	what := "files"
-	if abi >= 4 {
+	if abi >= connectABI {
 		what += ", TCP"
-	} else {
-		what += " (not TCP: needs Landlock ABI 4)"
 	}
 	if abi >= 6 {
 		what += ", signals and abstract unix sockets"
@@ -252,13 +295,16 @@ var probeOnce = sync.OnceValue(func() Status {
 	if abi >= 10 {
 		what += ", UDP"
 	}
-	return Status{Mechanism: "landlock", Enforced: true, Detail: fmt.Sprintf("Landlock ABI %d confines %s; "+
-		"a seccomp filter allows unix stream sockets only (a GPU runner's also seqpacket ones) and no connect", abi, what)}
-})
-
-// probe reports what Landlock enforces on this kernel (Enforced: the files are
-// confined; the seccomp filter applies in any case).
-func probe() Status { return probeOnce() }
+	detail := fmt.Sprintf("Landlock ABI %d%s confines %s; a seccomp filter allows unix stream sockets only (a GPU "+
+		"runner's also seqpacket ones) and no connect", abi, note, what)
+	if abi < connectABI {
+		detail = fmt.Sprintf("Landlock ABI %d%s confines files but not TCP connects (Landlock ABI %d, %s): a seccomp "+
+			"filter allows unix stream sockets only (a GPU runner's also seqpacket ones) and no connect, so every runner "+
+			"is off the network but a split replica's, which must connect to its workers and is refused (%s runs it "+
+			"with TCP connects unconfined)", abi, note, connectABI, connectKernel, AllowUnconfinedFlag)
+	}
+	return Status{Mechanism: "landlock", Enforced: true, ConnectConfined: abi >= connectABI, Detail: detail}
+}
 
 // Wrap makes cmd start the runner through the launcher, confined by p. cmd.Env must
 // already be the runner's (see Env). Without Landlock, the launcher still installs
@@ -268,6 +314,8 @@ func Wrap(cmd *exec.Cmd, p Policy) error {
 	if _, err := os.Stat(p.Runner); err != nil {
 		return err
 	}
+	// The launcher applies what Probe reports, no more.
+	p.LandlockABI, _ = landlockABI()
 	enc, err := json.Marshal(p)
 	if err != nil {
 		return err

@@ -48,6 +48,20 @@ const AllowUnconfinedFlag = "--allow-unconfined-runners"
 // does. It can only take confinement away, never grant it.
 const UnavailableEnv = "MACFLEET_SANDBOX_UNAVAILABLE"
 
+// LandlockABIEnv, set to N in the agent's environment, caps the Landlock ABI that
+// Probe reports and the launcher applies on Linux at N (0, or a value that is not a
+// number: none): the seam that shows what an older kernel does (Landlock ABI 1 to 3
+// confines files but not TCP). Like UnavailableEnv, it can only take confinement
+// away: a cap above the kernel's ABI changes nothing.
+const LandlockABIEnv = "MACFLEET_SANDBOX_LANDLOCK_ABI"
+
+// connectABI is the first Landlock ABI that confines TCP connects, and the Linux
+// release that brought it.
+const (
+	connectABI    = 4
+	connectKernel = "Linux 6.7"
+)
+
 // UnconfinedError is a runner refused because the machine cannot confine it and the
 // operator did not allow unconfined runners.
 type UnconfinedError struct {
@@ -60,6 +74,34 @@ func (e *UnconfinedError) Error() string {
 		"and unconfined it could read the agent's credentials and reach the network. Fix the sandbox (Landlock: Linux 5.13 or " +
 		"later with landlock in the LSM list; macOS: /usr/bin/sandbox-exec), or start the agent with " + AllowUnconfinedFlag +
 		" (on macfleet agent or macfleet serve) to run runners unconfined"
+}
+
+// ConnectUnconfinedError is a runner that connects to other runners over loopback TCP
+// (a split replica's head, or a split worker that hands on to the next) refused
+// because the sandbox confines its files but not its TCP connects (Landlock before
+// ABI 4), and the operator did not allow unconfined runners.
+type ConnectUnconfinedError struct {
+	// Detail is what the sandbox enforces (Status.Detail).
+	Detail string
+}
+
+func (e *ConnectUnconfinedError) Error() string {
+	return fmt.Sprintf("the runner sandbox cannot confine TCP connects (%s), so no split replica's head or chained split "+
+		"worker starts: it connects to its workers' loopback ports, and unconfined it could connect to any TCP port, on "+
+		"this machine or beyond. Confining them needs Landlock ABI %d (%s or later); or start the agent with %s "+
+		"(on macfleet agent or macfleet serve) to run them with TCP connects unconfined", e.Detail, connectABI, connectKernel,
+		AllowUnconfinedFlag)
+}
+
+// CheckConnect says why a runner that connects to ports (Policy.ConnectPorts) may not
+// start where the sandbox is st: st confines files but not TCP connects. nil for a
+// runner that connects nowhere, where connects are confined, and where nothing is
+// (that is UnconfinedError's refusal).
+func CheckConnect(st Status, ports []uint16) error {
+	if len(ports) == 0 || !st.Enforced || st.ConnectConfined {
+		return nil
+	}
+	return &ConnectUnconfinedError{Detail: st.Detail}
 }
 
 // Probe reports what the sandbox enforces on this machine: nothing while
@@ -103,7 +145,11 @@ type Policy struct {
 	// to (its workers, through the agent's split link); none for any other runner.
 	// Seatbelt allows localhost on these ports only; on Linux, Landlock (ABI 4) allows
 	// connecting to these ports only, and cannot tell loopback from other hosts.
+	// Below ABI 4 nothing would hold them: such a runner is refused (CheckConnect).
 	ConnectPorts []uint16 `json:",omitempty"`
+	// LandlockABI is the Landlock ABI the launcher applies on Linux, the one Probe
+	// reports (LandlockABIEnv may cap it): 0 applies none. Wrap sets it.
+	LandlockABI int `json:",omitempty"`
 	// BackendDir is the directory the runner loads accelerator backends from (ggml's
 	// dynamic backend libraries): read only; empty for none. It, and on Linux what
 	// an accelerator needs besides (gpuPaths in landlock_linux.go), is granted only
@@ -122,6 +168,10 @@ type Status struct {
 	Mechanism string
 	// Enforced is true when runners are confined.
 	Enforced bool
+	// ConnectConfined is true when a runner's TCP connects are held to its
+	// Policy.ConnectPorts (Landlock ABI 4 or later, Seatbelt): without it a runner
+	// with ConnectPorts is refused (CheckConnect).
+	ConnectConfined bool
 	// Detail says what is enforced, or why nothing is.
 	Detail string
 }

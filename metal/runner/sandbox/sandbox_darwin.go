@@ -35,7 +35,8 @@ func probe() Status {
 	if _, err := os.Stat(sandboxExec); err != nil {
 		return Status{Detail: "no " + sandboxExec}
 	}
-	return Status{Mechanism: "seatbelt", Enforced: true, Detail: "a sandbox-exec profile per runner"}
+	// A profile holds a split head's connects to its workers' ports (Policy.ConnectPorts).
+	return Status{Mechanism: "seatbelt", Enforced: true, ConnectConfined: true, Detail: "a sandbox-exec profile per runner"}
 }
 
 // Wrap makes cmd start the runner under sandbox-exec with the runner's Profile.

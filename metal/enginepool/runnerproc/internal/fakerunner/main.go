@@ -108,6 +108,8 @@ func parseFlags() options {
 	flag.StringVar(&o.probeDial, "fake-dial", "", "connect to this TCP address and fail the load with the outcome")
 	flag.StringVar(&o.probeUnix, "fake-dial-unix", "", "connect to this unix socket and fail the load with the outcome")
 	_ = flag.Bool("trace-relay", false, "accepted; the fake runner makes no spans (it answers POST /spans 404)")
+	_ = flag.String("split-worker", "", "accepted: a split head's worker (the fake runner computes no layers)")
+	_ = flag.Int("split-layers", 0, "accepted with -split-worker")
 	flag.Parse()
 	return o
 }

@@ -156,9 +156,9 @@ type Policy struct {
 	// while the directory holds a backend library (runnerapi.HoldsBackend): a runner without
 	// one gets a CPU runner's rules.
 	BackendDir string `json:",omitempty"`
-	// MetalCacheDir is macOS's per-user Metal shader cache (com.apple.metal in the
-	// Darwin user cache directory): read and write. Wrap sets it on macOS; empty for
-	// none.
+	// MetalCacheDir is the runner's own Darwin user cache directory, where Metal
+	// keeps the shaders it compiles (com.apple.metal; see metalcache.go): read and
+	// write. Wrap makes it on macOS and points the runner at it; empty for none.
 	MetalCacheDir string `json:",omitempty"`
 }
 

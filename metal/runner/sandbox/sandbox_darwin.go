@@ -15,11 +15,18 @@ const (
 	sandboxExec = "/usr/bin/sandbox-exec"
 )
 
-// metalCacheDir is the Metal shader cache of this user: com.apple.metal in the
-// Darwin user cache directory (confstr's _CS_DARWIN_USER_CACHE_DIR, which getconf
-// prints), resolved; empty when getconf cannot say.
-var metalCacheDir = sync.OnceValue(func() string {
-	out, err := exec.Command("/usr/bin/getconf", "DARWIN_USER_CACHE_DIR").Output()
+// userCacheDir is this user's Darwin user cache directory (confstr's
+// _CS_DARWIN_USER_CACHE_DIR, which getconf prints; asked without
+// DIRHELPER_USER_DIR_SUFFIX, which would move it), resolved; empty when getconf
+// cannot say. Each runner's own cache directory is made in it (runnerCacheDir).
+var userCacheDir = sync.OnceValue(func() string {
+	cmd := exec.Command("/usr/bin/getconf", "DARWIN_USER_CACHE_DIR")
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, dirSuffixEnv+"=") {
+			cmd.Env = append(cmd.Env, kv)
+		}
+	}
+	out, err := cmd.Output()
 	dir := strings.TrimSpace(string(out))
 	if err != nil || !filepath.IsAbs(dir) {
 		return ""
@@ -27,7 +34,7 @@ var metalCacheDir = sync.OnceValue(func() string {
 	if real, err := filepath.EvalSymlinks(dir); err == nil {
 		dir = real
 	}
-	return filepath.Join(dir, "com.apple.metal")
+	return filepath.Clean(dir)
 })
 
 // probe reports whether sandbox-exec is there to confine runners.
@@ -54,9 +61,6 @@ func Wrap(cmd *exec.Cmd, p Policy) error {
 	if !runnerapi.HoldsBackend(p.BackendDir, runtime.GOOS) {
 		p.BackendDir = ""
 	}
-	if p.MetalCacheDir == "" {
-		p.MetalCacheDir = metalCacheDir()
-	}
 	// Seatbelt matches real paths: /tmp and /var are symlinks into /private.
 	for _, path := range []*string{&p.Runner, &p.Model, &p.SocketDir, &p.CacheDir, &p.BackendDir} {
 		if *path == "" {
@@ -77,6 +81,16 @@ func Wrap(cmd *exec.Cmd, p Policy) error {
 		if err := os.MkdirAll(p.CacheDir, 0o700); err != nil {
 			return err
 		}
+	}
+	// The runner's own user cache directory, where Metal keeps its shaders: no
+	// runner loads what another compiled (metalcache.go).
+	if base := userCacheDir(); p.MetalCacheDir == "" && base != "" {
+		dir, env, err := runnerCacheDir(base, p.SocketDir)
+		if err != nil {
+			return err
+		}
+		p.MetalCacheDir = dir
+		cmd.Env = append(cmd.Env, env)
 	}
 	profile, err := Profile(p)
 	if err != nil {

@@ -76,8 +76,8 @@ func Profile(p Policy) (string, error) {
 	line(`(allow mach-lookup (global-name "com.apple.MTLCompilerService") (xpc-service-name "com.apple.MTLCompilerService"))`)
 	// the GPU's driver bundles and the frameworks that load them,
 	line(`(allow file-read* (subpath "/System/Library/Extensions") (subpath "/System/Library/Frameworks"))`)
-	// and the compiled-shader cache of the agent's user (without it the compiler
-	// service can stall on its first pipeline).
+	// and the runner's own compiled-shader cache (without it the compiler service
+	// can stall on its first pipeline), never the one the agent's user shares.
 	if p.MetalCacheDir != "" {
 		line("(allow file-read* file-write* (subpath %s))", sbString(p.MetalCacheDir))
 	}

@@ -29,8 +29,11 @@ func TestProfile(t *testing.T) {
 				`(allow mach-lookup (global-name "com.apple.MTLCompilerService") (xpc-service-name "com.apple.MTLCompilerService"))` + "\n",
 				`(allow file-read* (subpath "/System/Library/Extensions") (subpath "/System/Library/Frameworks"))` + "\n"},
 			never: []string{"(allow iokit-open)", "(allow mach-lookup)", "file-map-executable", "com.apple.metal"}},
-		{name: "metal shader cache", mod: func(p *Policy) { p.MetalCacheDir = "/private/var/folders/zz/x_0/C/com.apple.metal" },
-			want: []string{`(allow file-read* file-write* (subpath "/private/var/folders/zz/x_0/C/com.apple.metal"))` + "\n"}},
+		// The runner's own user cache, where Metal keeps its shaders; not the one
+		// every runner of the user shares.
+		{name: "metal shader cache", mod: func(p *Policy) { p.MetalCacheDir = "/private/var/folders/zz/x_0/C/macfleet-runner-0a1b2c3d-mf123" },
+			want:  []string{`(allow file-read* file-write* (subpath "/private/var/folders/zz/x_0/C/macfleet-runner-0a1b2c3d-mf123"))` + "\n"},
+			never: []string{`(subpath "/private/var/folders/zz/x_0/C")`, "com.apple.metal"}},
 		// A GPU backend directory: read and mapped as code, never written.
 		{name: "backend directory", mod: func(p *Policy) { p.BackendDir = "/opt/macfleet/lib" },
 			want:  []string{`(allow file-read* file-map-executable (subpath "/opt/macfleet/lib"))` + "\n"},

@@ -104,6 +104,7 @@ func TestParseRefusals(t *testing.T) {
 		{"lark", `start "a"`, "syntax", `expected ":"`},
 		{"lark", "start: \"a\"\nstart: \"b\"", "syntax", "start is defined twice"},
 		{"lark", "  \n", "definition", "empty"},
+		{"lark", "start: " + strings.Repeat("(\"a\" ", MaxNesting+1) + strings.Repeat(")", MaxNesting+1), "nesting", "more than 64 deep"},
 		{"regex", `(a)\1`, "regex", "does not parse"},
 		{"regex", `x{1001}`, "regex", "does not parse"},
 		{"regex", `x{70}`, "repetition", "at most 64"},

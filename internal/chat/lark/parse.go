@@ -9,6 +9,11 @@ import (
 // MaxDefinitionBytes bounds a grammar's text.
 const MaxDefinitionBytes = 64 << 10
 
+// MaxNesting bounds how deep groups ( ) and [ ] nest: llama.cpp's grammar parser
+// recurses once per level on its thread's stack, and a grammar nested some twenty
+// thousand deep overflowed it (the runner died with every request it held).
+const MaxNesting = 64
+
 // Grammar is a translated grammar: named rules, one of them the start.
 type Grammar struct {
 	rules map[string]expr
@@ -55,6 +60,8 @@ type parser struct {
 	g    *Grammar
 	// lines are where each name was defined, used, or imported (for errors).
 	lines map[string]int
+	// depth is how many groups the parser is inside.
+	depth int
 }
 
 func (p *parser) peek() token { return p.toks[p.pos] }
@@ -218,7 +225,11 @@ func (p *parser) atom() (expr, *Error) {
 	t := p.next()
 	switch {
 	case t.kind == tPunct && (t.text == "(" || t.text == "["):
+		if p.depth++; p.depth > MaxNesting {
+			return nil, errorf(t.line, "nesting", "groups nest more than %d deep", MaxNesting)
+		}
 		x, e := p.expansions()
+		p.depth--
 		if e != nil {
 			return nil, e
 		}

@@ -1,15 +1,14 @@
 package main
 
 import (
-	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/macfleet/macfleet/internal/estimate"
-	"github.com/macfleet/macfleet/internal/ggufsynth"
 	"github.com/macfleet/macfleet/internal/modelfit"
+	"github.com/macfleet/macfleet/test/support/visiontest"
 )
 
 // TestModelsFitProjector: `models fit --projector` counts a vision model's projector
@@ -23,21 +22,8 @@ func TestModelsFitProjector(t *testing.T) {
 	t.Setenv("KUBECONFIG", "")
 	t.Setenv(hfTokenEnv, "hf_gated")
 	dir := t.TempDir()
-	spec, err := ggufsynth.TinyFamily(ggufsynth.Gemma3)
-	if err != nil {
-		t.Fatal(err)
-	}
 	model, proj := filepath.Join(dir, "gemma.gguf"), filepath.Join(dir, "mmproj.gguf")
-	if err := ggufsynth.Write(model, spec); err != nil {
-		t.Fatal(err)
-	}
-	p, err := ggufsynth.TinyProjector(spec)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := ggufsynth.WriteProjector(proj, p); err != nil {
-		t.Fatal(err)
-	}
+	visiontest.WriteModel(t, model, proj)
 	hub := newHubDoubleFiles(t, "hf_gated", map[string]string{"/org/gemma-GGUF/resolve/main/mmproj.gguf": proj})
 	projBytes, err := estimate.Projector(t.Context(), estimate.Params{Path: proj})
 	if err != nil || projBytes <= 0 {
@@ -47,15 +33,7 @@ func TestModelsFitProjector(t *testing.T) {
 
 	fit := func(args ...string) modelfit.Report {
 		t.Helper()
-		out, err := runFit(t, append([]string{model, "--memory", "24Gi", "--context-length", "4096", "--json"}, args...)...)
-		if err != nil {
-			t.Fatalf("models fit %q: %v\n%s", args, err, out)
-		}
-		var rep modelfit.Report
-		if err := json.Unmarshal([]byte(out), &rep); err != nil {
-			t.Fatalf("models fit %q: %v\n%s", args, err, out)
-		}
-		return rep
+		return fitJSON(t, append([]string{model, "--memory", "24Gi", "--context-length", "4096"}, args...)...)
 	}
 	if rep := fit(); len(rep.Needs) != 1 || rep.Needs[0].Bytes != bare || rep.Model.Projector != nil {
 		t.Errorf("without --projector: needs %+v, projector %+v; want the model's %d bytes alone", rep.Needs, rep.Model.Projector, bare)

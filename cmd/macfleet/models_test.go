@@ -57,6 +57,20 @@ func runFit(t *testing.T, args ...string) (string, error) {
 	return runCommand(t, modelsFitCmd(), args...)
 }
 
+// fitJSON runs `macfleet models fit` with args and --json, and returns its report.
+func fitJSON(t *testing.T, args ...string) modelfit.Report {
+	t.Helper()
+	out, err := runFit(t, append(args, "--json")...)
+	if err != nil {
+		t.Fatalf("models fit %q: %v\n%s", args, err, out)
+	}
+	var rep modelfit.Report
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatalf("models fit %q: %v\n%s", args, err, out)
+	}
+	return rep
+}
+
 // needsOf is the estimate of the model at path at each context, as the manager
 // would make it for a deployment of that context.
 func needsOf(t *testing.T, path string, contexts ...int64) map[int64]int64 {
@@ -308,15 +322,7 @@ func TestModelsFitParts(t *testing.T) {
 
 	fit := func(args ...string) modelfit.Report {
 		t.Helper()
-		out, err := runFit(t, append(args, "--memory", "24Gi", "--context-length", "8192", "--json")...)
-		if err != nil {
-			t.Fatalf("models fit %q: %v\n%s", args, err, out)
-		}
-		var rep modelfit.Report
-		if err := json.Unmarshal([]byte(out), &rep); err != nil {
-			t.Fatalf("models fit %q: %v\n%s", args, err, out)
-		}
-		return rep
+		return fitJSON(t, append(args, "--memory", "24Gi", "--context-length", "8192")...)
 	}
 	whole := fit(one)
 	for _, args := range [][]string{

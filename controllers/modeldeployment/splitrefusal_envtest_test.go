@@ -11,12 +11,8 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/utils/ptr"
-	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/config"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/controllers/scheduler"
@@ -128,32 +124,7 @@ func (f *fixture) schedulableMac(suffix string, ceiling int64) {
 // namespace and MacNodes only.
 func (f *fixture) startScheduler() {
 	f.t.Helper()
-	e := apiServer(f.t)
-	mgr, err := ctrl.NewManager(e.Config, ctrl.Options{
-		Scheme:                 e.Scheme,
-		Metrics:                metricsserver.Options{BindAddress: "0"},
-		HealthProbeBindAddress: "0",
-		Controller:             config.Controller{SkipNameValidation: ptr.To(true)},
-		Cache: cache.Options{
-			DefaultNamespaces: map[string]cache.Config{f.ns: {}},
-			ByObject: map[client.Object]cache.ByObject{
-				&v1alpha1.MacNode{}: {Label: labels.SelectorFromSet(labels.Set{testRunLabel: f.ns})},
-			},
-		},
-	})
-	if err != nil {
-		f.t.Fatalf("creating the scheduler's manager: %v", err)
-	}
-	if err := (&scheduler.Reconciler{}).SetupWithManager(mgr); err != nil {
-		f.t.Fatalf("setting up the scheduler: %v", err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- mgr.Start(ctx) }()
-	f.t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			f.t.Errorf("scheduler: %v", err)
-		}
-	})
+	f.startManager(cache.Options{ByObject: map[client.Object]cache.ByObject{
+		&v1alpha1.MacNode{}: {Label: labels.SelectorFromSet(labels.Set{testRunLabel: f.ns})},
+	}}, (&scheduler.Reconciler{}).SetupWithManager)
 }

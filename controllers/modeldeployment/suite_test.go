@@ -95,20 +95,30 @@ func newFixture(t *testing.T) *fixture {
 // start runs a manager with r, caching only the test's namespace, until the test ends.
 func (f *fixture) start(r *Reconciler) {
 	f.t.Helper()
+	f.startManager(cache.Options{}, func(mgr ctrl.Manager) error {
+		return r.setup(mgr, controller.Options{SkipNameValidation: ptr.To(true)})
+	})
+}
+
+// startManager runs a manager set up by setup until the test ends; its cache holds
+// the test's namespace and what opts adds.
+func (f *fixture) startManager(opts cache.Options, setup func(ctrl.Manager) error) {
+	f.t.Helper()
 	e := apiServer(f.t)
 	cfg := rest.CopyConfig(e.Config)
 	cfg.QPS = -1 // no client-side rate limit: the tests measure the controller
+	opts.DefaultNamespaces = map[string]cache.Config{f.ns: {}}
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                 e.Scheme,
 		Metrics:                metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress: "0",
 		Controller:             config.Controller{SkipNameValidation: ptr.To(true)},
-		Cache:                  cache.Options{DefaultNamespaces: map[string]cache.Config{f.ns: {}}},
+		Cache:                  opts,
 	})
 	if err != nil {
 		f.t.Fatalf("creating a manager: %v", err)
 	}
-	if err := r.setup(mgr, controller.Options{SkipNameValidation: ptr.To(true)}); err != nil {
+	if err := setup(mgr); err != nil {
 		f.t.Fatalf("setting up the controller: %v", err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())

@@ -146,44 +146,56 @@ func (cr *chatRenderer) renderRequest(req *runnerapi.ChatRequest, mode string) (
 	return cr.chat.RenderContinue(chat.InputOf(req), cr.model.AddBOS())
 }
 
-// continued prepares the prompt tokens toks of a request that continues the answer
+// continuedAnswer is how a continued answer is read: as the tokens it was generated
+// as (asGenerated: some of the gateway's ids were read), and the ids read whose text
+// the client never got (held), which the output starts with.
+type continuedAnswer struct {
+	asGenerated bool
+	held        []int32
+}
+
+// continued prepares the prompt tokens toks of request req that continues the answer
 // open at prompt[open:] (runnerapi.HeaderContinue, with the headers h): the answer is
 // read as the tokens the gateway says were generated, where they spell it
 // (runnerapi.HeaderContinuedTokenIDs), and counted (continuedTokens).
-func (cr *chatRenderer) continued(prompt string, open int, images [][]byte, toks []int32, h http.Header,
-	opts *runnerapi.Options) ([]int32, *runnerapi.Error) {
+func (cr *chatRenderer) continued(req *runnerapi.ChatRequest, prompt string, open int, images [][]byte, toks []int32,
+	h http.Header, opts *runnerapi.Options) ([]int32, continuedAnswer, *runnerapi.Error) {
 	if opts.N > 1 {
-		return nil, runnerapi.InvalidRequest(runnerapi.CodeUnsupportedParameter, "n",
+		return nil, continuedAnswer{}, runnerapi.InvalidRequest(runnerapi.CodeUnsupportedParameter, "n",
 			"an answer is continued one choice at a time, got n=%d", opts.N)
 	}
 	// The images are in user messages, all before the open assistant message.
 	head, _, herr := cr.promptTokens(prompt[:open], images)
 	if herr != nil {
-		return nil, herr
+		return nil, continuedAnswer{}, herr
 	}
+	var ca continuedAnswer
 	if ids := h.Get(runnerapi.HeaderContinuedTokenIDs); ids != "" && len(images) == 0 {
-		toks = cr.readAsGenerated(prompt, toks, head, ids)
+		content := string(req.Messages[len(req.Messages)-1].Content)
+		toks, ca = cr.readAsGenerated(prompt, open, content, toks, head, ids)
 	}
-	return toks, continuedTokens(len(head), len(toks), h.Get(runnerapi.HeaderContinuedTokens), opts)
+	return toks, ca, continuedTokens(len(head), len(toks), h.Get(runnerapi.HeaderContinuedTokens), opts)
 }
 
 // readAsGenerated is toks with the continued answer read as the gateway's token ids,
-// header, for as far as they spell it (readAsGenerated); it logs when they do not all.
-func (cr *chatRenderer) readAsGenerated(prompt string, toks, head []int32, header string) []int32 {
+// header, for as far as they spell it (readAsGenerated), and how it was read; it logs
+// when it did not read them all.
+func (cr *chatRenderer) readAsGenerated(prompt string, open int, content string, toks, head []int32,
+	header string) ([]int32, continuedAnswer) {
 	ids, err := runnerapi.ParseTokenIDs(header)
 	if err != nil {
 		cr.log.Info("The gateway's token ids of a continued answer do not parse; reading the answer as its text tokenized",
 			"error", err.Error())
-		return toks
+		return toks, continuedAnswer{}
 	}
-	out, used := readAsGenerated(cr.model, prompt, toks, head, ids, cr.model.NVocab(), cr.model.BOS())
+	out, used, held := readAsGenerated(cr.model, prompt, open, content, toks, head, ids, cr.model.NVocab())
 	if used < len(ids) {
 		cr.log.Info("Continuing an answer with part of the gateway's token ids: the others do not spell its text, which is tokenized anew from there",
 			"ids", len(ids), "used", used)
 	} else {
-		cr.log.V(2).Info("Continuing an answer as the tokens it was generated as", "ids", len(ids))
+		cr.log.V(2).Info("Continuing an answer as the tokens it was generated as", "ids", len(ids), "held", len(held))
 	}
-	return out
+	return out, continuedAnswer{asGenerated: used > 0, held: held}
 }
 
 // continuedTokens counts the prompt's tokens after its first head (the continued
@@ -263,10 +275,15 @@ func (g *generator) handleChat(w http.ResponseWriter, r *http.Request) {
 		writeError(w, herr)
 		return
 	}
+	text := prompt
+	var ca continuedAnswer
 	if open >= 0 {
-		if toks, herr = g.m.chat.continued(prompt, open, images, toks, r.Header, &opts); herr != nil {
+		if toks, ca, herr = g.m.chat.continued(&req, prompt, open, images, toks, r.Header, &opts); herr != nil {
 			writeError(w, herr)
 			return
+		}
+		if ca.asGenerated { // its tokens spell the model's bytes, not the prompt's text: not realigned to it
+			text = ""
 		}
 	}
 	co := g.m.chat.options(&req, prompt)
@@ -279,7 +296,7 @@ func (g *generator) handleChat(w http.ResponseWriter, r *http.Request) {
 		writeError(w, herr)
 		return
 	}
-	g.generate(w, r, eng, &co, g.names.of(req.Model), prompt, toks, ims, opts)
+	g.generate(w, r, eng, &co, g.names.of(req.Model), text, toks, ims, opts, ca.held)
 }
 
 // grammar builds the grammar that response_format, tool_choice and strict tools

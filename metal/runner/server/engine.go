@@ -362,6 +362,11 @@ func (e *engine) assign(s *slot, j *job, keep int) {
 		}
 	}
 	s.stream = textstream.New(o.Stop)
+	for _, tok := range j.held { // a continued answer's text its client never got
+		if text, _ := s.stream.Push(e.outputPiece(j, tok)); text != "" {
+			j.emit(text, noToken, nil)
+		}
+	}
 }
 
 // decode runs the step's batch; on failure it fails the step's jobs and returns false.

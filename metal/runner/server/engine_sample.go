@@ -65,10 +65,7 @@ func (e *engine) sample(s *slot) {
 		e.finish(s, "stop")
 		return
 	}
-	piece := e.model.Piece(tok)
-	if p, ok := j.special[tok]; ok {
-		piece = p
-	}
+	piece := e.outputPiece(j, tok)
 	var lp *runnerapi.TokenLogprob
 	if j.opts.Logprobs {
 		lp = logprob(e.ctx, e.model, s.outIdx, tok, j.opts.TopLogprobs)
@@ -91,6 +88,15 @@ func (e *engine) sample(s *slot) {
 	default:
 		s.next = tok
 	}
+}
+
+// outputPiece is the text generated token tok adds to j's output: its piece, a
+// marker's text the output parser needs, or nothing for another control token.
+func (e *engine) outputPiece(j *job, tok int32) []byte {
+	if p, ok := j.special[tok]; ok {
+		return p
+	}
+	return e.model.Piece(tok)
 }
 
 // logprob is the log-probability of tok at output row i of lctx with the top k

@@ -181,7 +181,7 @@ func (g *generator) handleCompletion(w http.ResponseWriter, r *http.Request) {
 	if req.Prompt.Texts != nil {
 		text = req.Prompt.Texts[0]
 	}
-	g.generate(w, r, eng, nil, g.names.of(req.Model), text, toks, nil, opts)
+	g.generate(w, r, eng, nil, g.names.of(req.Model), text, toks, nil, opts, nil)
 }
 
 // inputTokens tokenizes input i of in (text gets BOS; token ids are checked).
@@ -204,9 +204,11 @@ func (g *generator) inputTokens(in runnerapi.Input, i int, param string, parseSp
 }
 
 // generate runs a chat (co set) or text completion job and writes its response.
-// text is the prompt's text when it was tokenized from one ("" for token ids).
+// text is the prompt's text when it was tokenized from one ("" for token ids); held
+// are a continued answer's last tokens whose text its client never got, which the
+// output starts with (continuedAnswer).
 func (g *generator) generate(w http.ResponseWriter, r *http.Request, eng *engineSet, co *chat.Options, model string,
-	text string, toks []int32, images []promptImage, opts runnerapi.Options) {
+	text string, toks []int32, images []promptImage, opts runnerapi.Options, held []int32) {
 	isChat := co != nil
 	param := "prompt"
 	if isChat {
@@ -255,7 +257,7 @@ func (g *generator) generate(w http.ResponseWriter, r *http.Request, eng *engine
 		j := newJob(r.Context(), toks, o, false)
 		j.notify, j.partition, j.digests, j.images = out.notify, partition, digests, images
 		if i == 0 {
-			j.restore = restore
+			j.restore, j.held = restore, held
 		}
 		if isChat && (co.Tools || co.Thinking) {
 			j.special = g.m.chat.markers

@@ -35,6 +35,9 @@ type job struct {
 	// grammarPrefix is the answer a continuation starts from, which the output's
 	// grammar (opts.Grammar) is advanced past before the first token.
 	grammarPrefix string
+	// held are a continued answer's last tokens whose text its client never got: the
+	// output starts with their text (pushed before the first token's).
+	held []int32
 	// images are the prompt's images, in order (vision.go): tokens holds stand-in ids
 	// at their positions, which the engine evaluates through the projector.
 	images []promptImage

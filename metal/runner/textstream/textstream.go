@@ -62,6 +62,10 @@ func (s *Stream) Flush() string {
 	return out
 }
 
+// Holding reports whether the stream holds back text it was pushed (an unfinished
+// character, the start of a stop string).
+func (s *Stream) Holding() bool { return len(s.raw) > 0 || s.held != "" }
+
 // Stopped reports whether a stop string ended the stream.
 func (s *Stream) Stopped() bool { return s.stopped }
 

@@ -155,8 +155,8 @@ func gbnfChar(c rune, inClass bool) string {
 }
 
 // class writes a character class; inJSON, the characters JSON escapes are their
-// escapes, alternatives beside the class of the others. Each distinct class is one
-// rule.
+// escapes: one alternative for the others, one for a backslash and what follows it
+// (so that the sampler keeps few alternatives open). Each distinct class is one rule.
 func (w *writer) class(c class) string {
 	body := classBody(c)
 	if w.inJSON {
@@ -165,10 +165,8 @@ func (w *writer) class(c class) string {
 		if plain := c.minus(special); len(plain) > 0 {
 			alts = append(alts, classBody(plain))
 		}
-		for r := rune(1); r <= '\\'; r++ {
-			if c.has(r) && jsonEscape(r) != "" {
-				alts = append(alts, w.literal(string(r)))
-			}
+		if esc := escapes(c); esc != "" {
+			alts = append(alts, `"\x5C" `+esc)
 		}
 		body = strings.Join(alts, " | ")
 	}
@@ -180,6 +178,41 @@ func (w *writer) class(c class) string {
 	w.classes[body] = name
 	w.out[name] = body
 	return name
+}
+
+// escapes is what may follow the backslash of an escape of a character of c, as
+// jsonEscape writes it ("" if none): one of the letters (or " and \), or u00 and two
+// hex digits.
+func escapes(c class) string {
+	var short []rune
+	var ctl [2][]rune // \u000X and \u001X: their last hex digits
+	for r := rune(1); r <= '\\'; r++ {
+		e := jsonEscape(r)
+		switch {
+		case !c.has(r) || e == "":
+		case len(e) == 2:
+			short = append(short, rune(e[1]), rune(e[1]))
+		default:
+			ctl[r>>4] = append(ctl[r>>4], rune(e[5]), rune(e[5]))
+		}
+	}
+	var alts []string
+	if len(short) > 0 {
+		alts = append(alts, classBody(newClass(short)))
+	}
+	var u []string
+	for hi, lows := range ctl {
+		if len(lows) > 0 {
+			u = append(u, fmt.Sprintf(`"%d" %s`, hi, classBody(newClass(lows))))
+		}
+	}
+	if len(u) > 0 {
+		alts = append(alts, `"u00" (`+strings.Join(u, " | ")+`)`)
+	}
+	if len(alts) == 0 {
+		return ""
+	}
+	return "(" + strings.Join(alts, " | ") + ")"
 }
 
 // classBody is c as a GBNF class [...].

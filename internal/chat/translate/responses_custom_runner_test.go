@@ -81,9 +81,9 @@ func TestCustomToolOnARealRunner(t *testing.T) {
 	user := responses.ResponseInputItemParamOfMessage("Rename the variable x to y in main.go.", responses.EasyInputMessageRoleUser)
 	params := responses.ResponseNewParams{Model: "m", Temperature: openai.Float(0), MaxOutputTokens: openai.Int(400),
 		ParallelToolCalls: openai.Bool(false), // as Codex sends it
-		Input:      responses.ResponseNewParamsInputUnion{OfInputItemList: responses.ResponseInputParam{user}},
-		Tools:      []responses.ToolUnionParam{tool},
-		ToolChoice: responses.ResponseNewParamsToolChoiceUnion{OfCustomTool: &responses.ToolChoiceCustomParam{Name: "apply_patch"}}}
+		Input:             responses.ResponseNewParamsInputUnion{OfInputItemList: responses.ResponseInputParam{user}},
+		Tools:             []responses.ToolUnionParam{tool},
+		ToolChoice:        responses.ResponseNewParamsToolChoiceUnion{OfCustomTool: &responses.ToolChoiceCustomParam{Name: "apply_patch"}}}
 
 	stream := c.Responses.NewStreaming(ctx, params)
 	var deltas strings.Builder

@@ -12,4 +12,3 @@ type InputGrammar struct {
 	// Definition is the grammar's text.
 	Definition string `json:"definition"`
 }
-

@@ -146,8 +146,6 @@ func TestContinuationPrefersThePrefixAndFetchesFromALivePeer(t *testing.T) {
 			if !tc.busyHolder { // r1 was sent the conversation before (peer fetch reads only such)
 				g.peers.sent(Backend{Key: "a/r1", Node: "mac-b"}, "", digests...)
 			}
-			// r0 was sent it before too (routing and peer fetch believe only such).
-			g.peers.sent(Backend{Key: "a/r0", Node: "mac-a"}, "", digests...)
 			resp, err := http.Post(g.url+"/v1/chat/completions", "application/json", strings.NewReader(body))
 			if err != nil {
 				t.Fatal(err)

@@ -313,9 +313,6 @@ func (g *Gateway) newPrefixSharing(index *prefixindex.Index) error {
 	if g.peers, err = newPeerFetcher(g.opts, index, g.agentScheme); err != nil {
 		return err
 	}
-	if g.peers != nil {
-		g.peers.routed = g.bal
-	}
 	if g.warm, err = newWarmer(g.peers, g.Table, g.postWarm, g.opts.Registerer); err != nil {
 		return err
 	}

@@ -34,9 +34,6 @@ type peerFetcher struct {
 	est    *peerfetch.Estimates
 	// vouched: the prefixes each replica was sent, the only ones fetched from it.
 	vouched *peerfetch.Vouched
-	// routed, when set, is told of the prefixes sent by a ticket (a fetch, a
-	// warm-up), which routing counts beside those it routed (routing.Balancer.Sent).
-	routed *routing.Balancer
 	now     func() time.Time
 	log     logr.Logger
 
@@ -92,9 +89,6 @@ func vouchKey(be Backend) string { return be.Key + "@" + be.Node }
 // routed to it, or a ticket to fetch their state.
 func (p *peerFetcher) sent(be Backend, partition string, digests ...string) {
 	p.vouched.Vouch(vouchKey(be), partition, digests...)
-	if p.routed != nil {
-		p.routed.Sent(be, digests...)
-	}
 }
 
 // peerHit is what replica o holds of digests (the index's Deepest) among the prefixes

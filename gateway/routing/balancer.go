@@ -7,7 +7,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/macfleet/macfleet/gateway/peerfetch"
 	"github.com/macfleet/macfleet/gateway/prefixindex"
 )
 
@@ -123,10 +122,6 @@ type Balancer struct {
 	// for PrefixCache (nil with no index, or without the record); now is its clock.
 	prefilling *prefixindex.InFlight
 	now        func() time.Time
-	// sent records the prefixes the balancer routed to each replica (with its Mac):
-	// what a replica's Mac claims to hold counts only as deep as the gateway sent it
-	// (see choosePrefix). Nil with no index.
-	sent *peerfetch.Vouched
 
 	mu       sync.Mutex
 	inflight map[string]int
@@ -141,9 +136,6 @@ func NewBalancer(c float64, index *prefixindex.Index, inFlight bool) *Balancer {
 		c = DefaultLoadBound
 	}
 	b := &Balancer{c: c, index: index, now: time.Now, inflight: map[string]int{}}
-	if index != nil {
-		b.sent = peerfetch.NewVouched(0)
-	}
 	if index != nil && inFlight {
 		b.prefilling = prefixindex.NewInFlight(0, 0, 0)
 	}
@@ -196,7 +188,6 @@ func (b *Balancer) Pick(rt *Route, excluded map[string]bool, hint Hint, perSlot,
 	be := rt.Backends[i]
 	if hint.Mode == PrefixCache && rt.PromptCache {
 		b.startPrefill(be.Key, hint.Digests)
-		b.Sent(be, hint.Digests...)
 	}
 	counted := width(be)
 	b.inflight[be.Key] += counted
@@ -233,10 +224,7 @@ func (b *Balancer) choose(rt *Route, loads []int, eligible []bool, hint Hint) (i
 // choosePrefix reads what each backend of rt holds of digests from the index and
 // which of them requests routed there are prefilling, and scores them (see
 // choosePrefix); -1 when none holds or prefills any. prefilling: the one chosen holds
-// none of them, only prefills them. What a backend holds counts only as deep as the
-// balancer sent it of digests: the index is what its Mac claims, and a digest is
-// computable from a guessed prompt, so a compromised Mac could otherwise claim another
-// team's agent prompt and be sent its conversations.
+// none of them, only prefills them.
 func (b *Balancer) choosePrefix(rt *Route, loads []int, eligible []bool, digests []string) (i int, prefilling bool) {
 	if b.index == nil || len(digests) == 0 {
 		return -1, false
@@ -245,8 +233,7 @@ func (b *Balancer) choosePrefix(rt *Route, loads []int, eligible []bool, digests
 	now := b.now()
 	for i, be := range rt.Backends {
 		if eligible[i] {
-			cands[i] = prefixCandidate{hit: b.index.Deepest(be.Key, digests[:b.sent.Depth(sentKey(be), "", digests)]),
-				load: loads[i], slots: be.Slots}
+			cands[i] = prefixCandidate{hit: b.index.Deepest(be.Key, digests), load: loads[i], slots: be.Slots}
 			if b.prefilling != nil {
 				cands[i].prefilling, cands[i].prefilled = b.prefilling.Deepest(be.Key, digests, now)
 			}
@@ -257,18 +244,6 @@ func (b *Balancer) choosePrefix(rt *Route, loads []int, eligible []bool, digests
 	}
 	return i, cands[i].hit.Depth == 0
 }
-
-// Sent records that be was sent the prefixes digests other than by a Pick (a ticket
-// to fetch their state, a warm-up): what its Mac claims of them counts for routing.
-func (b *Balancer) Sent(be Backend, digests ...string) {
-	if b.sent != nil && len(digests) > 0 {
-		b.sent.Vouch(sentKey(be), "", digests...)
-	}
-}
-
-// sentKey is a backend's key in b.sent: with its Mac's name, so that a replica of the
-// same name on another Mac starts with nothing.
-func sentKey(be Backend) string { return be.Key + "@" + be.Node }
 
 // startPrefill records that a request with digests routed to the backend key is
 // prefilling them there (prefixindex.InFlight), until Release.

@@ -199,12 +199,14 @@ func tenantMetrics() (usageClamped, budgetAdmissions *prometheus.CounterVec, bud
 	budgetAdmissions = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "macfleet_gateway_budget_admissions_total",
 		Help: "Team requests checked against their TokenBudgets, by outcome (admitted: its most tokens were reserved; " +
-			"budget_exceeded: 429, its reservation did not fit a window).",
+			"capped: admitted with each choice's max_tokens lowered to the room left in a window, the answer's " +
+			"X-Macfleet-Budget-Capped says to what; budget_exceeded: 429, not even its prompt's estimate and a token a " +
+			"choice fit a window; budget_lease: 503, its budget's lease could not be written).",
 	}, []string{"outcome"})
 	budgetReserved = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "macfleet_gateway_budget_reserved_tokens",
 		Help: "Tokens reserved against TokenBudgets by the team requests in flight through this gateway (each its prompt's " +
-			"estimate plus max_tokens × n), released to their reported usage when they end.",
+			"estimate plus max_tokens × n, capped to the room left), released to their reported usage when they end.",
 	})
 	return usageClamped, budgetAdmissions, budgetReserved
 }

@@ -151,7 +151,8 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, start time.Time)
 	}
 	lim := usageLimits(endpoint, head, body)
 	if g.opts.Budgets != nil {
-		done, aerr := g.reserve(r.Context(), id, rt, lim, len(body))
+		var done func()
+		done, body, lim, aerr = g.reserve(r.Context(), w, id, rt, budgetAsk{endpoint: endpoint, caps: head.caps, lim: lim, body: body})
 		if aerr != nil {
 			return model, g.fail(w, model, endpoint, aerr)
 		}

@@ -101,20 +101,21 @@ func (b *Budgets) SetBudgets(bs []mfv1.TokenBudget) {
 	}
 }
 
-// Admit checks id's request, which may use up to ask tokens (budget.Ask), against
-// its budgets, and reserves ask in the ledger when it is admitted; a refusal is the
-// error to answer. While another replica is live, it first leases the room the
+// Admit checks id's request, which may use up to req (budget.Estimate), against its
+// budgets, and reserves it in the ledger when it is admitted, capped to the room
+// left: capped is each choice's cap on its output then (0: not capped); a refusal is
+// the error to answer. While another replica is live, it first leases the room the
 // request needs (budget.Admission, leaser). done ends an admitted request and
 // releases its reservation, after its usage was recorded (nil for callers that are
 // not counted).
-func (b *Budgets) Admit(ctx context.Context, id tenancy.Identity, ask int64) (done func(), refusal *Refusal) {
+func (b *Budgets) Admit(ctx context.Context, id tenancy.Identity, req budget.Request) (done func(), capped int64, refusal *Refusal) {
 	if id.Admin || id.Namespace == "" {
-		return nil, nil
+		return nil, 0, nil
 	}
 	bs := (*b.budgets.Load())[id.Namespace]
 	for attempt := 0; ; attempt++ {
 		var needs []budget.Need
-		d, done := b.ledger.Admit(id.Namespace, id.Name, ask, func(own budget.Own) budget.Decision {
+		d, done := b.ledger.Admit(id.Namespace, id.Name, req.Tokens(), func(own budget.Own) budget.Decision {
 			if len(bs) == 0 {
 				return budget.Decision{Allowed: true}
 			}
@@ -124,17 +125,17 @@ func (b *Budgets) Admit(ctx context.Context, id tenancy.Identity, ask int64) (do
 			if b.leaser != nil { // without one, this replica counts as the only one
 				s.Gateways, s.Leases = b.gateways, b.leaser.leases
 			}
-			p := budget.Admission(s, id.Name, ask, b.clock.Now())
+			p := budget.Admission(s, id.Name, req, b.clock.Now())
 			needs = p.Needs
 			return p.Decision
 		})
 		switch {
 		case d.Allowed:
-			return done, nil
+			return done, d.Cap, nil
 		case len(needs) == 0:
-			return nil, budgetExceeded(d, b.clock.Now())
+			return nil, 0, budgetExceeded(d, b.clock.Now())
 		case attempt >= leaseAttempts:
-			return nil, leaseFailed(fmt.Errorf("the lease did not cover the request after %d writes", attempt))
+			return nil, 0, leaseFailed(fmt.Errorf("the lease did not cover the request after %d writes", attempt))
 		}
 		b.mu.RLock()
 		peers, gateways := b.lists[id.Namespace], maps.Clone(b.gateways)
@@ -143,9 +144,9 @@ func (b *Budgets) Admit(ctx context.Context, id tenancy.Identity, ask int64) (do
 		switch {
 		case err != nil:
 			b.log.Info("Leasing a budget's room failed", "err", err.Error())
-			return nil, leaseFailed(err)
+			return nil, 0, leaseFailed(err)
 		case d2 != nil && !d2.Allowed:
-			return nil, budgetExceeded(*d2, b.clock.Now())
+			return nil, 0, budgetExceeded(*d2, b.clock.Now())
 		}
 	}
 }

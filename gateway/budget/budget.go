@@ -5,18 +5,23 @@
 //
 // Tokens are input plus output. The windows are fixed UTC minutes, hours and days;
 // a window's count starts afresh at its boundary. A request's size is not known
-// before it is answered, so it is admitted for the most it can use (its Ask: its
-// prompt's estimate plus max_tokens × n), reserved until it ends: a request is
+// before it is answered, so it is admitted for the most it can use (its Request: its
+// prompt's estimate plus each choice's cap × n), reserved until it ends: a request is
 // admitted while, in every window it falls in, the tokens used plus those reserved by
-// the requests in flight plus its own ask stay within the limit, and while fewer
-// requests than concurrentRequests are in flight. A request whose ask is over a
-// window's whole limit is admitted only into that window empty (nothing used,
-// nothing reserved) and then holds all of it. When a request ends its reservation is
-// settled: replaced by the usage its answer reported.
+// the requests in flight plus its own stay within the limit, and while fewer
+// requests than concurrentRequests are in flight. A request that asks for more than
+// the room left (the limit less what was used and reserved) is capped: each of its
+// choices may generate (room − prompt) / n tokens, at least one, and the gateway
+// lowers its max_tokens to that (Decision.Cap). One whose prompt's estimate with a
+// token a choice is over the room waits for the requests in flight to end, or for
+// the next window; over a whole limit, it is admitted only into that window empty
+// (nothing used, nothing reserved), with one token a choice, and then holds all of
+// it. When a request ends its reservation is settled: replaced by the usage its
+// answer reported.
 //
-// So a window serves at most its limit, or, when one request may use more than the
-// whole limit, that one request; plus what prompts use beyond their estimates
-// (PromptBytesPerToken).
+// So a window serves at most its limit, or, when one request's prompt is estimated
+// over the whole limit, that one request's prompt and a token a choice; plus what
+// prompts use beyond their estimates (PromptBytesPerToken).
 package budget
 
 import (
@@ -189,8 +194,14 @@ type Decision struct {
 	Window Window
 	Limit  int64
 	// Used is the window's tokens used (for Concurrent, the requests in flight);
-	// Reserved the tokens the requests in flight reserved; Ask the request's own.
+	// Reserved the tokens the requests in flight reserved; Ask the request's own: of
+	// a refused one, the least it needs (its prompt's estimate and a token a choice,
+	// or its whole ask when it cannot be capped); of one admitted capped, what it
+	// reserves.
 	Used, Reserved, Ask int64
+	// Cap, of a request admitted capped, is each choice's new cap on its output (0:
+	// not capped, it runs as asked).
+	Cap int64
 	// Leased: the window's room is held by the other replicas' leases (Used is
 	// what they used or hold, Ask what this replica needs with the request).
 	Leased bool
@@ -219,44 +230,63 @@ func (d Decision) Message() string {
 		return fmt.Sprintf("TokenBudget %s allows %d concurrent requests and %d are in flight: try again when one ends",
 			d.Budget, d.Limit, d.Used)
 	case d.Ask > d.Limit && d.Used < d.Limit && d.Reserved > 0:
-		return fmt.Sprintf("TokenBudget %s allows %d tokens per %s and this request may use up to %d "+
-			"(its prompt's estimate plus max_tokens × n; without max_tokens, the deployment's contextLength per choice), "+
-			"so it runs only alone in a window: %d were used and %d are reserved by requests in flight: "+
-			"try again when they end, or set a lower max_tokens", d.Budget, d.Limit, d.Window, d.Ask, d.Used, d.Reserved)
+		return fmt.Sprintf("TokenBudget %s allows %d tokens per %s and this request needs at least %d "+
+			"(its prompt's estimate and a token per choice), so it runs only alone in a window: "+
+			"%d were used and %d are reserved by requests in flight: try again when they end, or send a shorter prompt",
+			d.Budget, d.Limit, d.Window, d.Ask, d.Used, d.Reserved)
 	case d.Used < d.Limit && d.Used+d.Ask <= d.Limit:
 		return fmt.Sprintf("TokenBudget %s allows %d tokens per %s: %d were used, %d are reserved by requests in flight "+
-			"and this request may use up to %d: try again when they end", d.Budget, d.Limit, d.Window, d.Used, d.Reserved, d.Ask)
+			"and this request needs at least %d (its prompt's estimate and a token per choice): try again when they end",
+			d.Budget, d.Limit, d.Window, d.Used, d.Reserved, d.Ask)
 	}
 	return fmt.Sprintf("TokenBudget %s allows %d tokens per %s: %d were used, %d are reserved by requests in flight "+
-		"and this request may use up to %d: it resets at %s",
+		"and this request needs at least %d (its prompt's estimate and a token per choice): it resets at %s",
 		d.Budget, d.Limit, d.Window, d.Used, d.Reserved, d.Ask, d.Reset.UTC().Format(time.RFC3339))
 }
 
-// Decide checks a request that may use up to ask tokens (Ask) against the budgets of
-// the caller key's namespace that apply to it (spec.key unset or equal to key), with
-// own, the peers' records (those of other replicas, today's) and now. Of several
-// refusals it names the one that resets last, so a client that waits for it finds
-// room.
+// Decide is Fit for a request whose whole ask is fixed (it cannot be capped): ask
+// tokens.
 func Decide(budgets []mfv1.TokenBudget, key string, ask int64, own Own, peers []Peer, now time.Time) Decision {
+	return Fit(budgets, key, Request{Prompt: ask}, own, peers, now)
+}
+
+// Fit checks req against the budgets of the caller key's namespace that apply to it
+// (spec.key unset or equal to key), with own, the peers' records (those of other
+// replicas, today's) and now. Admitted, its Cap is the least any window allows (0:
+// none caps it). Of several refusals it names the one that resets last, so a client
+// that waits for it finds room.
+func Fit(budgets []mfv1.TokenBudget, key string, req Request, own Own, peers []Peer, now time.Time) Decision {
+	if req.Tokens() < 1 {
+		req.Prompt = 1 // every request counts, one that runs no sequence too
+	}
 	var worst Decision
+	capped := int64(0)
 	for i := range budgets {
 		b := &budgets[i]
 		if b.Spec.Key != "" && b.Spec.Key != key {
 			continue
 		}
-		d := check(b, key, max(ask, 1), own, peers, now)
-		if !d.Allowed && (worst.Budget == "" || d.Reset.After(worst.Reset)) {
+		d := check(b, key, req, own, peers, now)
+		switch {
+		case !d.Allowed && (worst.Budget == "" || d.Reset.After(worst.Reset)):
 			worst = d
+		case d.Allowed && d.Cap > 0 && (capped == 0 || d.Cap < capped):
+			capped = d.Cap
 		}
 	}
-	if worst.Budget == "" {
-		return Decision{Allowed: true}
+	switch {
+	case worst.Budget != "":
+		return worst
+	case capped > 0:
+		req.Output = capped
+		return Decision{Allowed: true, Cap: capped, Ask: req.Tokens()}
 	}
-	return worst
+	return Decision{Allowed: true}
 }
 
-// check is Decide for one budget: the first of its windows the request does not fit.
-func check(b *mfv1.TokenBudget, key string, ask int64, own Own, peers []Peer, now time.Time) Decision {
+// check is Fit for one budget: the first of its windows the request does not fit, or
+// the least cap its windows need.
+func check(b *mfv1.TokenBudget, key string, req Request, own Own, peers []Peer, now time.Time) Decision {
 	scope := func(p Peer) Tally {
 		if b.Spec.Key == "" {
 			return p.Total
@@ -277,6 +307,7 @@ func check(b *mfv1.TokenBudget, key string, ask int64, own Own, peers []Peer, no
 		}
 	}
 	name := b.Namespace + "/" + b.Name
+	capped := int64(0)
 	for _, l := range [...]struct {
 		w     Window
 		limit *int64
@@ -289,21 +320,80 @@ func check(b *mfv1.TokenBudget, key string, ask int64, own Own, peers []Peer, no
 		for _, p := range peers {
 			used = metering.AddCount(used, scope(p).tokens(l.w, start))
 		}
-		// An ask over the whole limit needs the window empty.
-		need := min(ask, *l.limit)
-		d := Decision{Budget: name, Window: l.w, Limit: *l.limit, Used: used, Reserved: reserved, Ask: ask, Reset: end(l.w, now)}
+		d := Decision{Budget: name, Window: l.w, Limit: *l.limit, Used: used, Reserved: reserved, Ask: req.least(),
+			Reset: end(l.w, now)}
+		c, ok := req.fit(*l.limit, used, reserved)
 		switch {
-		case used >= *l.limit || metering.AddCount(used, need) > *l.limit:
-			return d
-		case metering.AddCount(metering.AddCount(used, reserved), need) > *l.limit:
+		case !ok && (used >= *l.limit || used > 0 && metering.AddCount(used, req.least()) > *l.limit):
+			return d // the window is spent for it
+		case !ok:
 			d.Reset = now.Add(ConcurrentRetry) // room comes back as the requests in flight end
 			return d
+		case c > 0 && (capped == 0 || c < capped):
+			capped = c
 		}
 	}
 	if c := b.Spec.ConcurrentRequests; c != nil && inFlight >= int64(*c) {
 		return Decision{Budget: name, Window: Concurrent, Limit: int64(*c), Used: inFlight, Reset: now.Add(ConcurrentRetry)}
 	}
-	return Decision{Allowed: true}
+	return Decision{Allowed: true, Cap: capped}
+}
+
+// Request is what a request may use, as the budgets count it before it is answered
+// (Estimate): its prompt's estimate, and Choices outputs of at most Output tokens
+// each.
+type Request struct {
+	Prompt int64
+	// Choices is how many outputs it generates that the gateway can cap (n); 0 for
+	// one that generates nothing, or whose output the gateway cannot cap (then its
+	// bound is in Prompt).
+	Choices int64
+	// Output is each choice's cap: its max_tokens, or without one a slot of the
+	// context (what the runner generates at most).
+	Output int64
+}
+
+// Tokens is the most r uses.
+func (r Request) Tokens() int64 {
+	return metering.AddCount(r.Prompt, metering.Count(mulCount(r.Choices, r.Output)))
+}
+
+// least is the least r can be capped to: its prompt and a token a choice.
+func (r Request) least() int64 {
+	return metering.AddCount(r.Prompt, min(r.Tokens()-r.Prompt, max(r.Choices, 0)))
+}
+
+// fit is whether r fits a window of limit with used tokens used and reserved
+// reserved, and each choice's cap it needs there (0: none). Over the room left it is
+// capped to (room − prompt) / choices, down to a token a choice; a prompt that does
+// not fit with that runs only alone, in an empty window, with a token a choice.
+func (r Request) fit(limit, used, reserved int64) (capped int64, ok bool) {
+	room := limit - metering.AddCount(used, reserved)
+	switch {
+	case used >= limit:
+		return 0, false
+	case r.Tokens() <= room:
+		return 0, true
+	case r.least() <= room:
+		return (room - r.Prompt) / r.Choices, true // r.least() < r.Tokens(): Choices > 0
+	case used == 0 && reserved == 0: // alone in the window
+		if r.least() < r.Tokens() {
+			return 1, true
+		}
+		return 0, true
+	}
+	return 0, false
+}
+
+// mulCount is a × b for counts, at most metering.MaxCount.
+func mulCount(a, b int64) int64 {
+	if a <= 0 || b <= 0 {
+		return 0
+	}
+	if a > metering.MaxCount/b {
+		return metering.MaxCount
+	}
+	return a * b
 }
 
 // PromptBytesPerToken is how many bytes of a request's body the prompt's estimate
@@ -314,12 +404,15 @@ func check(b *mfv1.TokenBudget, key string, ask int64, own Own, peers []Peer, no
 // twice its estimate, which its settlement then charges.
 const PromptBytesPerToken = 2
 
-// Ask is the most a request with limits lim and a body of bodyBytes can use, what it
-// reserves: its prompt's estimate (bodyBytes / PromptBytesPerToken, at most what its
-// sequences hold) plus its output's bound (max_tokens × n; without max_tokens, the
+// Estimate is what a request with limits lim and a body of bodyBytes may use: its
+// prompt's estimate (bodyBytes / PromptBytesPerToken, at most what its sequences
+// hold) and its output's bound (max_tokens per choice; without max_tokens, the
 // context per choice: what the runner would generate at most).
-func Ask(lim metering.Limits, bodyBytes int) int64 {
+func Estimate(lim metering.Limits, bodyBytes int) Request {
 	b := lim.Bound()
-	prompt := min(int64(bodyBytes)/PromptBytesPerToken+1, b.Input)
-	return metering.AddCount(prompt, b.Output)
+	r := Request{Prompt: min(int64(bodyBytes)/PromptBytesPerToken+1, b.Input)}
+	if b.Output > 0 && lim.Sequences > 0 {
+		r.Choices, r.Output = lim.Sequences, b.Output/lim.Sequences
+	}
+	return r
 }

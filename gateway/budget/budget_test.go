@@ -153,23 +153,86 @@ func withReserved(t Tally, n int64) Tally {
 	return t
 }
 
-func TestAsk(t *testing.T) {
+func TestEstimate(t *testing.T) {
+	slot := int64(1024 + metering.SlotRounding)
 	for _, tc := range []struct {
 		name  string
 		lim   metering.Limits
 		bytes int
-		want  int64
+		want  Request
 	}{
-		{"a prompt's estimate plus max_tokens × n", metering.Limits{Context: 1024, Sequences: 4, MaxTokens: 120, Generates: true}, 100, 51 + 480},
-		{"without max_tokens, the context per choice", metering.Limits{Context: 1024, Sequences: 2, Generates: true}, 100, 51 + 2*(1024+metering.SlotRounding)},
-		{"a max_tokens over the context is the context", metering.Limits{Context: 1024, Sequences: 1, MaxTokens: 1 << 30, Generates: true}, 0, 1 + 1024 + metering.SlotRounding},
-		{"the prompt's estimate is at most what its sequences hold", metering.Limits{Context: 1024, Sequences: 1, MaxTokens: 1, Generates: true}, 1 << 20, 1024 + metering.SlotRounding + 1},
-		{"embeddings generate nothing", metering.Limits{Context: 1024, Sequences: 3}, 40, 21},
-		{"count_tokens runs no sequence", metering.Limits{}, 500, 0},
+		{"a prompt's estimate plus max_tokens × n", metering.Limits{Context: 1024, Sequences: 4, MaxTokens: 120, Generates: true}, 100,
+			Request{Prompt: 51, Choices: 4, Output: 120}},
+		{"without max_tokens, the context per choice", metering.Limits{Context: 1024, Sequences: 2, Generates: true}, 100,
+			Request{Prompt: 51, Choices: 2, Output: slot}},
+		{"a max_tokens over the context is the context", metering.Limits{Context: 1024, Sequences: 1, MaxTokens: 1 << 30, Generates: true}, 0,
+			Request{Prompt: 1, Choices: 1, Output: slot}},
+		{"the prompt's estimate is at most what its sequences hold", metering.Limits{Context: 1024, Sequences: 1, MaxTokens: 1, Generates: true}, 1 << 20,
+			Request{Prompt: slot, Choices: 1, Output: 1}},
+		{"embeddings generate nothing", metering.Limits{Context: 1024, Sequences: 3}, 40, Request{Prompt: 21}},
+		{"count_tokens runs no sequence", metering.Limits{}, 500, Request{}},
 	} {
-		if got := Ask(tc.lim, tc.bytes); got != tc.want {
-			t.Errorf("%s: Ask = %d, want %d", tc.name, got, tc.want)
+		if got := Estimate(tc.lim, tc.bytes); got != tc.want {
+			t.Errorf("%s: Estimate = %+v, want %+v", tc.name, got, tc.want)
 		}
+	}
+	if got, want := Estimate(metering.Limits{Context: 1024, Sequences: 4, MaxTokens: 120, Generates: true}, 100).Tokens(), int64(51+480); got != want {
+		t.Errorf("Tokens = %d, want %d", got, want)
+	}
+}
+
+// TestFit: a request over the room left is capped to (room − prompt) / n a choice,
+// the least cap of every window and budget; one whose prompt and a token a choice do
+// not fit waits for the requests in flight or the window; over a whole limit it runs
+// alone in an empty window with a token a choice.
+func TestFit(t *testing.T) {
+	now := time.Date(2026, 11, 25, 10, 30, 15, 500e6, time.UTC)
+	minute, hour := Start(Minute, now), Start(Hour, now)
+	own := func(used, reserved int64) Own {
+		t := Tally{Minute: minute, MinuteTokens: used, Hour: hour, HourTokens: used, Reserved: reserved, InFlight: min(reserved, 1)}
+		return Own{Key: t, Namespace: t}
+	}
+	perMin := []mfv1.TokenBudget{tb("b", "", ptr.To[int64](200), nil, nil, nil)}
+	n16 := Request{Prompt: 40, Choices: 16, Output: 1536} // n: 16 without max_tokens: 24,616
+	for _, tc := range []struct {
+		name    string
+		budgets []mfv1.TokenBudget
+		own     Own
+		req     Request
+		want    Decision
+	}{
+		{name: "within the room: as asked", budgets: perMin, own: own(50, 50), req: Request{Prompt: 40, Choices: 2, Output: 30},
+			want: Decision{Allowed: true}},
+		{name: "n: 16 without max_tokens in an empty minute: capped to the limit", budgets: perMin, req: n16,
+			want: Decision{Allowed: true, Cap: 10, Ask: 200}},
+		{name: "capped to what the used and reserved leave", budgets: perMin, own: own(60, 40), req: n16,
+			want: Decision{Allowed: true, Cap: 3, Ask: 88}},
+		{name: "a token a choice is all that is left", budgets: perMin, own: own(100, 44), req: n16,
+			want: Decision{Allowed: true, Cap: 1, Ask: 56}},
+		{name: "not a token a choice left, requests in flight: retry when they end", budgets: perMin, own: own(100, 45), req: n16,
+			want: Decision{Budget: "team-a/b", Window: Minute, Limit: 200, Used: 100, Reserved: 45, Ask: 56, Reset: now.Add(ConcurrentRetry)}},
+		{name: "not a token a choice left once they end: the next minute", budgets: perMin, own: own(150, 0), req: n16,
+			want: Decision{Budget: "team-a/b", Window: Minute, Limit: 200, Used: 150, Ask: 56, Reset: minute.Add(time.Minute)}},
+		{name: "a prompt over the whole limit runs alone with a token a choice", budgets: perMin,
+			req: Request{Prompt: 300, Choices: 2, Output: 8}, want: Decision{Allowed: true, Cap: 1, Ask: 302}},
+		{name: "a prompt over the whole limit waits for an empty window", budgets: perMin, own: own(0, 10),
+			req:  Request{Prompt: 300, Choices: 2, Output: 8},
+			want: Decision{Budget: "team-a/b", Window: Minute, Limit: 200, Reserved: 10, Ask: 302, Reset: now.Add(ConcurrentRetry)}},
+		{name: "the least cap of every window and budget", own: own(0, 0), req: n16,
+			budgets: []mfv1.TokenBudget{tb("b", "", ptr.To[int64](1000), ptr.To[int64](120), nil, nil), tb("k", "ci", ptr.To[int64](400), nil, nil, nil)},
+			want:    Decision{Allowed: true, Cap: 5, Ask: 120}},
+		{name: "a refusal wins over a cap", own: own(0, 0), req: n16,
+			budgets: []mfv1.TokenBudget{tb("b", "", ptr.To[int64](1000), nil, nil, nil), tb("k", "ci", nil, nil, ptr.To[int64](0), nil)},
+			want:    Decision{Budget: "team-a/k", Window: Day, Ask: 56, Reset: Start(Day, now).AddDate(0, 0, 1)}},
+		{name: "an output the gateway cannot cap is refused over the room", budgets: perMin, own: own(100, 0), req: Request{Prompt: 150},
+			want: Decision{Budget: "team-a/b", Window: Minute, Limit: 200, Used: 100, Ask: 150, Reset: minute.Add(time.Minute)}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := Fit(tc.budgets, "ci", tc.req, tc.own, nil, now)
+			if diff := cmp.Diff(tc.want, got); diff != "" {
+				t.Errorf("Fit (-want +got):\n%s", diff)
+			}
+		})
 	}
 }
 

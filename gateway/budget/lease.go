@@ -93,15 +93,18 @@ type Plan struct {
 	Needs    []Need
 }
 
-// Admission plans a request of key that may use up to ask tokens. It is Decide,
-// and, while another replica is live, the leases this replica must hold for it.
-func Admission(s Snapshot, key string, ask int64, now time.Time) Plan {
-	d := Decide(s.Budgets, key, ask, s.Own, s.Peers, now)
+// Admission plans a request of key that may use up to req. It is Fit, and, while
+// another replica is live, the leases this replica must hold for it (as capped).
+func Admission(s Snapshot, key string, req Request, now time.Time) Plan {
+	d := Fit(s.Budgets, key, req, s.Own, s.Peers, now)
 	live := s.Live(now)
 	if !d.Allowed || live == 0 {
 		return Plan{Decision: d}
 	}
-	ask = max(ask, 1)
+	ask := max(req.Tokens(), 1)
+	if d.Cap > 0 {
+		ask = d.Ask
+	}
 	var needs []Need
 	for i := range s.Budgets {
 		b := &s.Budgets[i]

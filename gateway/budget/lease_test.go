@@ -37,7 +37,9 @@ func TestAdmission(t *testing.T) {
 		gateways map[string]time.Time
 		leases   []Lease
 		ask      int64
-		want     Plan
+		// req, when set, is the request instead of a fixed ask.
+		req  *Request
+		want Plan
 	}{
 		{name: "alone: admitted with no lease", budgets: perMin, own: mine(10, 0), ask: 187,
 			want: Plan{Decision: Decision{Allowed: true}}},
@@ -63,6 +65,14 @@ func TestAdmission(t *testing.T) {
 			leases: []Lease{lease("gw-a", Hour, hour, 5)},
 			want: Plan{Needs: []Need{{Budget: "team-a/ns", Key: "ci", Window: Hour, Start: hour, Min: 10, Want: 1000},
 				{Budget: "team-a/key", Key: "ci", Window: Minute, Start: minute, Min: 10, Want: 10}}}},
+		{name: "capped to the room left alone", budgets: perMin, own: mine(10, 40), req: &Request{Prompt: 30, Choices: 4, Output: 1536},
+			want: Plan{Decision: Decision{Allowed: true, Cap: 30, Ask: 150}}},
+		{name: "capped, another live: lease what it was capped to", budgets: perMin, own: mine(10, 40), gateways: live,
+			req:  &Request{Prompt: 30, Choices: 4, Output: 1536},
+			want: Plan{Needs: []Need{{Budget: "team-a/b", Key: "ci", Window: Minute, Start: minute, Min: 200, Want: 200}}}},
+		{name: "capped within its lease: admitted capped", budgets: perMin, own: mine(10, 40), gateways: live,
+			req: &Request{Prompt: 30, Choices: 4, Output: 1536}, leases: []Lease{lease("gw-a", Minute, minute, 200)},
+			want: Plan{Decision: Decision{Allowed: true, Cap: 30, Ask: 150}}},
 		{name: "refused before any lease", budgets: perMin, own: mine(195, 0), gateways: live, ask: 10,
 			want: Plan{Decision: Decision{Budget: "team-a/b", Window: Minute, Limit: 200, Used: 195, Ask: 10, Reset: minute.Add(time.Minute)}}},
 	} {
@@ -74,7 +84,11 @@ func TestAdmission(t *testing.T) {
 					}
 					return nil
 				}}
-			if diff := cmp.Diff(tc.want, Admission(s, "ci", tc.ask, clk.Now())); diff != "" {
+			req := Request{Prompt: tc.ask}
+			if tc.req != nil {
+				req = *tc.req
+			}
+			if diff := cmp.Diff(tc.want, Admission(s, "ci", req, clk.Now())); diff != "" {
 				t.Errorf("Admission (-want +got):\n%s", diff)
 			}
 		})

@@ -112,7 +112,8 @@ func (s *space) key(k string) *budget.Tally {
 
 // Admit asks decide, under the ledger's lock, whether key of ns may start a request
 // that may use up to ask tokens given this replica's own counts, and when it may,
-// counts the request in flight and reserves ask for it: two requests that arrive
+// counts the request in flight and reserves ask for it (or, when decide capped it,
+// the decision's Ask): two requests that arrive
 // together cannot both take the last concurrent slot or the last tokens of a window.
 // done ends an admitted request and releases its reservation; record its usage
 // (Record) before. done is nil when refused.
@@ -126,6 +127,9 @@ func (l *Ledger) Admit(ns, key string, ask int64, decide func(budget.Own) budget
 	d = decide(budget.Own{Key: *t, Namespace: s.total})
 	if !d.Allowed {
 		return d, nil
+	}
+	if d.Cap > 0 {
+		ask = metering.Count(d.Ask)
 	}
 	t.InFlight++
 	t.Reserved = metering.AddCount(t.Reserved, ask)

@@ -183,7 +183,7 @@ func streamUntilDone(ctx context.Context, c openai.Client, params openai.ChatCom
 	return out
 }
 
-var askRE = regexp.MustCompile(`this request may use up to (\d+)`)
+var askRE = regexp.MustCompile(`this request (?:may use up to|needs at least) (\d+)`)
 
 // streamOnce streams params once: its usage, or the budget's refusal (its Retry-After
 // and the ask it names).

@@ -50,6 +50,9 @@ func TestStreamContinuedAfterAKill(t *testing.T) {
 			next := startRunner(t, bin, m.path)
 			got := continueAfter(t, next, body, whole.rawUpTo(cut))
 			next.stop()
+			if w, g := strings.Join(whole.content, ""), strings.Join(got.content, ""); w != g {
+				t.Errorf("broken after %d tokens, the client's text %q, want the uninterrupted %q", whole.tokensUpTo(cut), g, w)
+			}
 			if diff := cmp.Diff(whole.pieces(), got.pieces()); diff != "" {
 				t.Errorf("broken after %d of %d tokens (re-tokenized there as other tokens: %v), the client's tokens "+
 					"(-uninterrupted +continued):\n%s\nrunner log:\n%s", whole.tokensUpTo(cut), whole.tokens(), retokenized[cut], diff,
@@ -177,15 +180,19 @@ func (s streamed) tokensUpTo(e int) int { return len(slices.Concat(s.toks[:e+1].
 func (s streamed) rawUpTo(e int) []byte { return bytes.Join(s.raw[:e+1], nil) }
 
 // breakPoints are the events to break the stream after: the first whose content so
-// far re-tokenizes (on r) into other tokens than the ids generated, and the one in the
-// middle of the answer; retokenized says which did.
+// far re-tokenizes (on r) into other tokens than the ids generated, the one in the
+// middle of the answer, and the last with text (its continuation has every token and
+// only ends it); retokenized says which did.
 func breakPoints(t *testing.T, r *modelRunner, s streamed) ([]int, map[int]bool) {
 	t.Helper()
 	retokenized := map[int]bool{}
 	var cuts []int
-	middle := -1
+	middle, last := -1, -1
 	for e := range s.raw {
 		n := s.tokensUpTo(e)
+		if n == s.tokens() && last < 0 && s.content[e] != "" && !bytes.Contains(s.raw[e], []byte(`"finish_reason":"`)) {
+			last = e
+		}
 		if n == 0 || n >= s.tokens() || n > len(s.ids) {
 			continue
 		}
@@ -201,8 +208,10 @@ func breakPoints(t *testing.T, r *modelRunner, s streamed) ([]int, map[int]bool)
 			cuts = append(cuts, e)
 		}
 	}
-	if middle >= 0 && !slices.Contains(cuts, middle) {
-		cuts = append(cuts, middle)
+	for _, e := range []int{middle, last} {
+		if e >= 0 && !slices.Contains(cuts, e) {
+			cuts = append(cuts, e)
+		}
 	}
 	if len(cuts) == 0 {
 		t.Fatalf("no event to break the stream after: %d events, %d tokens, %d ids", len(s.raw), s.tokens(), len(s.ids))

@@ -363,7 +363,7 @@ func (e *engine) assign(s *slot, j *job, keep int) {
 	}
 	s.stream = textstream.New(o.Stop)
 	for _, tok := range j.held { // a continued answer's text its client never got
-		if text, _ := s.stream.Push(e.outputPiece(j, tok)); text != "" {
+		if text, _ := s.stream.Push(outputPiece(e.model, j, tok)); text != "" {
 			j.emit(text, noToken, nil)
 		}
 	}

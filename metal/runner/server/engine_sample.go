@@ -5,11 +5,13 @@ package server
 import (
 	"math"
 	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 
 	"github.com/macfleet/macfleet/api/runnerapi"
 	"github.com/macfleet/macfleet/metal/runner/llama"
+	"github.com/macfleet/macfleet/metal/runner/textstream"
 )
 
 // What a generating slot does with a step's logits: sample the next token, report
@@ -65,7 +67,7 @@ func (e *engine) sample(s *slot) {
 		e.finish(s, "stop")
 		return
 	}
-	piece := e.outputPiece(j, tok)
+	piece := outputPiece(e.model, j, tok)
 	var lp *runnerapi.TokenLogprob
 	if j.opts.Logprobs {
 		lp = logprob(e.ctx, e.model, s.outIdx, tok, j.opts.TopLogprobs)
@@ -90,13 +92,29 @@ func (e *engine) sample(s *slot) {
 	}
 }
 
-// outputPiece is the text generated token tok adds to j's output: its piece, a
-// marker's text the output parser needs, or nothing for another control token.
-func (e *engine) outputPiece(j *job, tok int32) []byte {
+// outputPiece is the text generated token tok of model m adds to j's output: its
+// piece, a marker's text the output parser needs, or nothing for another control token.
+func outputPiece(m *llama.Model, j *job, tok int32) []byte {
 	if p, ok := j.special[tok]; ok {
 		return p
 	}
-	return e.model.Piece(tok)
+	return m.Piece(tok)
+}
+
+// spend ends job j, a continued answer that has all of its max_tokens, as the answer
+// would have ended: finish reason length, with the text of its held tokens (whose
+// text its client never got) flushed.
+func spend(m *llama.Model, j *job) {
+	ts := textstream.New(j.opts.Stop)
+	var text strings.Builder
+	for _, tok := range j.held {
+		out, _ := ts.Push(outputPiece(m, j, tok))
+		text.WriteString(out)
+	}
+	if text.WriteString(ts.Flush()); text.Len() > 0 {
+		j.emit(text.String(), noToken, nil)
+	}
+	j.complete("length")
 }
 
 // logprob is the log-probability of tok at output row i of lctx with the top k

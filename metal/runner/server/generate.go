@@ -276,7 +276,7 @@ func (g *generator) generate(w http.ResponseWriter, r *http.Request, eng *engine
 	}
 	for _, c := range out.choices {
 		if opts.Spent {
-			c.j.complete("length") // nothing left of max_tokens to generate
+			spend(g.m.model, c.j) // nothing left of max_tokens to generate
 		} else if herr := eng.submit(c.j); herr != nil {
 			writeError(w, herr)
 			return

@@ -29,7 +29,9 @@ const continuedTokens = 32
 // tokens are the uninterrupted stream's, token for token. The breaks are the first
 // where the answer's text re-tokenizes into other tokens than the model generated
 // (where a continuation that re-tokenizes it parts from the stream: without the ids,
-// qwen3moe, gpt-oss, gemma3 and qwen3next fail here), and the middle of the answer.
+// qwen3moe, gpt-oss, gemma3 and qwen3next fail here), the middle of the answer, and
+// its last event with text (the continuation only ends it). The client's text is the
+// uninterrupted stream's too.
 func TestStreamContinuedAfterAKill(t *testing.T) {
 	eachFamily(t, func(t *testing.T, bin string, m tinyModel) {
 		body, err := json.Marshal(map[string]any{"model": "test", "temperature": 0, "max_tokens": continuedTokens,

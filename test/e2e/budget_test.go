@@ -303,3 +303,70 @@ func TestBudgetSDKsRetryAfterTheReset(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+// TestBudgetCapsAnAskOverTheRoom: a Responses request without max_output_tokens and
+// an Anthropic message of max_tokens 4096, each from a key with a TokenBudget of 300
+// tokens a minute (its ask, a slot of the 512-token context or 4,096, is over it), are
+// served through the gateway capped to what the minute leaves: the answer names the
+// field and the cap in X-Macfleet-Budget-Capped, the agent stopped there (Responses:
+// status incomplete, Messages: stop_reason max_tokens) and the usage stays within 110 %
+// of the 300 (the budget's bound: the limit, plus what a prompt uses beyond its
+// estimate, the body's bytes over 2; the test model's small vocabulary merges little).
+func TestBudgetCapsAnAskOverTheRoom(t *testing.T) {
+	const limit = 300
+	ns, bases := budgetFleet(t, 1)
+	base := bases[0]
+	keys := map[string]string{"responses": newKey(t), "messages": newKey(t), "probe": newKey(t)}
+	for name, key := range keys {
+		createKey(t, ns, name, key)
+	}
+	createBudget(t, ns, "responses", v1alpha1.TokenBudgetSpec{Key: "responses", TokensPerMinute: ptr.To[int64](limit)})
+	createBudget(t, ns, "messages", v1alpha1.TokenBudgetSpec{Key: "messages", TokensPerMinute: ptr.To[int64](limit)})
+	createBudget(t, ns, "probe", v1alpha1.TokenBudgetSpec{Key: "probe", TokensPerMinute: ptr.To[int64](0)})
+	// The gateway has read the budgets once it refuses the probe's, made last.
+	testenv.Eventually(t, 30*time.Second, 100*time.Millisecond, func() (bool, string) {
+		code, body := rawPost(t, base, "/v1/chat/completions", keys["probe"], countBody(0, 1))
+		return code == http.StatusTooManyRequests, fmt.Sprintf("a probe of a zero budget: %d %s", code, body)
+	})
+	for _, tc := range []struct {
+		path, key, body, field, stop string
+		usage                        func(body string) (int64, string)
+	}{
+		{path: "/v1/responses", key: keys["responses"], field: "max_output_tokens", stop: "incomplete", body: `{"model":"assistant","input":"Tell me about the sea."}`,
+			usage: func(b string) (int64, string) {
+				var r struct {
+					Status string
+					Usage  struct {
+						TotalTokens int64 `json:"total_tokens"`
+					}
+				}
+				_ = json.Unmarshal([]byte(b), &r)
+				return r.Usage.TotalTokens, r.Status
+			}},
+		{path: "/v1/messages", key: keys["messages"], field: "max_tokens", stop: "max_tokens",
+			body: `{"model":"assistant","max_tokens":4096,"messages":[{"role":"user","content":"Tell me about the sea."}]}`,
+			usage: func(b string) (int64, string) {
+				var r struct {
+					StopReason string `json:"stop_reason"`
+					Usage      struct {
+						InputTokens  int64 `json:"input_tokens"`
+						OutputTokens int64 `json:"output_tokens"`
+					}
+				}
+				_ = json.Unmarshal([]byte(b), &r)
+				return r.Usage.InputTokens + r.Usage.OutputTokens, r.StopReason
+			}},
+	} {
+		resp := postWithKey(t, base, tc.path, tc.key, tc.body)
+		body := readAll(t, resp)
+		capped := resp.Header.Get(gateway.HeaderBudgetCapped)
+		used, end := tc.usage(body)
+		t.Logf("%s: %d, %s %q, %d tokens, ended %q", tc.path, resp.StatusCode, gateway.HeaderBudgetCapped, capped, used, end)
+		if resp.StatusCode != http.StatusOK || !strings.HasPrefix(capped, tc.field+"=") || used == 0 || used*100 > limit*110 ||
+			end != tc.stop {
+			t.Errorf("%s over the room: %d, %s %q, %d tokens, ended %q: want served, capped in %s, stopped by it (%q), "+
+				"within 110 %% of %d tokens (%s)", tc.path, resp.StatusCode, gateway.HeaderBudgetCapped, capped, used, end,
+				tc.field, tc.stop, limit, body)
+		}
+	}
+}

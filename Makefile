@@ -106,7 +106,7 @@ $(ENVTEST_DIR)/kube-apiserver: | deps
 	hack/envtest/build.sh $(ENVTEST_DIR) $(K8S_VERSION) $(ETCD_VERSION)
 
 .PHONY: release
-release: helm ## Build the release into bin/release: the image (OCI layout, linux/amd64+arm64), the chart package, macfleet for darwin/arm64, checksums.
+release: helm ## Build the release into bin/release on Linux or macOS: the image (OCI layout, linux/amd64+arm64, CA roots), the chart package, macfleet for darwin and linux (arm64, amd64), checksums, the Homebrew tap (RELEASE_RUNNER= adds the runner, CA_CERTS= the image's CA bundle).
 	VERSION=$(RELEASE_VERSION) COMMIT=$(COMMIT) HELM=$(HELM) hack/release.sh $(RELEASE_DIR)
 
 ##@ Verify and test

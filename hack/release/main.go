@@ -1,14 +1,21 @@
 // Command release writes and checks the artifacts of `make release` that need more than
-// `go build`, `helm package` and `tar`:
+// `go build` and `helm package`, the same on Linux and macOS (hack/release.sh calls no
+// tar, gzip or sha256sum, whose flags differ between the two):
 //
 //	release image -o FILE -tag TAG [-epoch SECONDS] [-ca-certs FILE] linux/amd64=BIN linux/arm64=BIN
 //	release check -image FILE -chart CHART.tgz -helm HELM [-repository REPO]
+//	release archive -o NAME.tar.gz -platform OS/ARCH [-epoch SECONDS] FILE...
+//	release tap -version V -o DIR [-formula SRC] [-url BASE] ARCHIVE...
+//	release sums DIR
 //
 // image writes the container image (internal/ociimage) as an OCI layout tar, without a
-// container runtime. check reads it back as a runtime would — index, each platform's
-// manifest, configuration and layer — and fails unless every platform's entrypoint is
-// a static executable for its architecture, run as a non-root user, and the packaged
-// chart's default image is REPO:TAG.
+// container runtime, with a CA bundle (-ca-certs, else the machine's; none is an
+// error). check reads it back as a runtime would — index, each platform's manifest,
+// configuration and layer — and fails unless every platform's entrypoint is a static
+// executable for its architecture, run as a non-root user, beside a CA bundle that
+// parses, and the packaged chart's default image is REPO:TAG. archive writes a
+// reproducible tar.gz whose executables must be for OS/ARCH; tap writes the Homebrew
+// tap's formula with the archives' checksums; sums writes SHA256SUMS.
 package main
 
 import (
@@ -42,7 +49,7 @@ func imageSpec(tag string, epoch time.Time, caCerts string, binaries map[string]
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: release image|check [flags]")
+		fmt.Fprintln(os.Stderr, "usage: release image|check|archive|tap|sums [flags]")
 		os.Exit(2)
 	}
 	var err error
@@ -51,8 +58,14 @@ func main() {
 		err = runImage(os.Args[2:])
 	case "check":
 		err = runCheck(os.Args[2:])
+	case "archive":
+		err = runArchive(os.Args[2:])
+	case "tap":
+		err = runTap(os.Args[2:])
+	case "sums":
+		err = runSums(os.Args[2:])
 	default:
-		err = fmt.Errorf("unknown subcommand %q: want image or check", os.Args[1])
+		err = fmt.Errorf("unknown subcommand %q: want image, check, archive, tap or sums", os.Args[1])
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "release:", err)
@@ -65,7 +78,7 @@ func runImage(args []string) error {
 	out := fs.String("o", "", "the OCI layout tar to write")
 	tag := fs.String("tag", "", "the image's tag (the release version)")
 	epoch := fs.Int64("epoch", 0, "creation time and files' mtime, seconds since 1970 (the commit's time)")
-	caCerts := fs.String("ca-certs", "", "a CA bundle to put at /etc/ssl/certs/ca-certificates.crt")
+	caCerts := fs.String("ca-certs", "", "a CA bundle to put at "+imageCABundle+" (default: this machine's)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -80,7 +93,14 @@ func runImage(args []string) error {
 		}
 		binaries[p] = bin
 	}
-	return writeImage(*out, imageSpec(*tag, time.Unix(*epoch, 0), *caCerts, binaries))
+	ca, err := caBundle(*caCerts, SystemCABundles)
+	if err != nil {
+		return err
+	}
+	if err := checkCABundleFile(ca); err != nil {
+		return err
+	}
+	return writeImage(*out, imageSpec(*tag, time.Unix(*epoch, 0), ca, binaries))
 }
 
 func writeImage(out string, spec ociimage.Spec) error {
@@ -114,12 +134,12 @@ func runCheck(args []string) error {
 	if err := checkChartImages(images, *repo+":"+img.Tag); err != nil {
 		return err
 	}
-	fmt.Printf("%s: %s for %s; the chart deploys it\n", *image, *repo+":"+img.Tag, strings.Join(Platforms, ", "))
+	fmt.Printf("%s: %s for %s, with CA roots; the chart deploys it\n", *image, *repo+":"+img.Tag, strings.Join(Platforms, ", "))
 	return nil
 }
 
 // checkImage says what is wrong with a release image: its platforms are not
-// Platforms, in order, or a platform's entrypoint would not start.
+// Platforms, in order, a platform's entrypoint would not start, or it lacks CA roots.
 func checkImage(img *ociimage.Image) error {
 	var got []string
 	var errs []error
@@ -127,6 +147,9 @@ func checkImage(img *ociimage.Image) error {
 		name := p.Platform.OS + "/" + p.Platform.Architecture
 		got = append(got, name)
 		if err := ociimage.CheckEntrypoint(p); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", name, err))
+		}
+		if err := checkImageCACerts(p); err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", name, err))
 		}
 	}

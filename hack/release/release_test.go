@@ -3,11 +3,14 @@ package main
 import (
 	"archive/tar"
 	"bytes"
+	"crypto/x509"
 	"io"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -38,8 +41,12 @@ func buildRelease(t *testing.T) string {
 		}
 		binaries[p] = bin
 	}
+	ca, err := caBundle(os.Getenv("CA_CERTS"), SystemCABundles)
+	if err != nil {
+		t.Fatal(err)
+	}
 	out := filepath.Join(dir, "macfleet-image.tar")
-	if err := writeImage(out, imageSpec(testTag, time.Unix(1_700_000_000, 0), "", binaries)); err != nil {
+	if err := writeImage(out, imageSpec(testTag, time.Unix(1_700_000_000, 0), ca, binaries)); err != nil {
 		t.Fatal(err)
 	}
 	return out
@@ -115,6 +122,86 @@ func TestReleaseImage(t *testing.T) {
 	}
 	if err := checkImage(&ociimage.Image{Tag: testTag, Platforms: img.Platforms[:1]}); err == nil {
 		t.Error("an image without arm64 passed checkImage")
+	}
+	checkCARoots(t, img)
+}
+
+// checkCARoots opens a release image's CA bundle on each platform and parses it into a
+// certificate pool, as Go's TLS does through SSL_CERT_FILE; an image without the
+// bundle, with an empty one, or without SSL_CERT_FILE fails checkImage.
+func checkCARoots(t *testing.T, img *ociimage.Image) {
+	t.Helper()
+	for _, p := range img.Platforms {
+		f, ok := p.Files[imageCABundle]
+		if !ok {
+			t.Fatalf("%s: no %s in the image", p.Platform.Architecture, imageCABundle)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(f.Data) {
+			t.Errorf("%s: %s holds no certificate", p.Platform.Architecture, imageCABundle)
+		}
+		certs, err := parseCABundle(f.Data)
+		if err != nil || len(certs) == 0 {
+			t.Errorf("%s: parseCABundle = %d certificates, %v", p.Platform.Architecture, len(certs), err)
+		}
+		if !slices.Contains(p.Config.Config.Env, "SSL_CERT_FILE="+imageCABundle) {
+			t.Errorf("%s: environment %v lacks SSL_CERT_FILE", p.Platform.Architecture, p.Config.Config.Env)
+		}
+		if err := checkImageCACerts(p); err != nil {
+			t.Errorf("%s: %v", p.Platform.Architecture, err)
+		}
+	}
+
+	amd := img.Platforms[0]
+	noBundle, empty, noEnv := amd, amd, amd
+	noBundle.Files = maps.Clone(amd.Files)
+	delete(noBundle.Files, imageCABundle)
+	empty.Files = maps.Clone(amd.Files)
+	empty.Files[imageCABundle] = ociimage.File{Mode: 0o644, Data: []byte("# no certificates\n")}
+	noEnv.Config.Config.Env = nil
+	for name, tc := range map[string]struct {
+		p    ociimage.PlatformImage
+		want string
+	}{
+		"no bundle":        {noBundle, "no CA bundle at " + imageCABundle},
+		"empty bundle":     {empty, "no PEM certificate"},
+		"no SSL_CERT_FILE": {noEnv, "lacks SSL_CERT_FILE"},
+	} {
+		if err := checkImageCACerts(tc.p); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: checkImageCACerts = %v; want an error containing %q", name, err, tc.want)
+		}
+		if err := checkImage(&ociimage.Image{Tag: testTag, Platforms: []ociimage.PlatformImage{tc.p, img.Platforms[1]}}); err == nil {
+			t.Errorf("%s: checkImage passed", name)
+		}
+	}
+}
+
+// TestImageWithoutCABundleFails: on a machine without a CA bundle `release image`
+// fails and names the fix, instead of writing an image whose downloads would fail.
+func TestImageWithoutCABundleFails(t *testing.T) {
+	dir := t.TempDir()
+	_, err := caBundle("", []string{filepath.Join(dir, "none.crt"), dir})
+	if err == nil || !strings.Contains(err.Error(), "CA_CERTS=FILE") {
+		t.Errorf("caBundle with no bundle = %v; want an error naming CA_CERTS", err)
+	}
+	named := filepath.Join(dir, "mine.crt")
+	if got, err := caBundle(named, SystemCABundles); err != nil || got != named {
+		t.Errorf("caBundle(%q) = %q, %v; want the named bundle", named, got, err)
+	}
+	if err := os.WriteFile(named, []byte("not a certificate"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(dir, "macfleet")
+	if err := os.WriteFile(bin, []byte("\x7fELF"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	err = runImage([]string{"-o", filepath.Join(dir, "image.tar"), "-tag", testTag, "-ca-certs", named,
+		"linux/amd64=" + bin, "linux/arm64=" + bin})
+	if err == nil || !strings.Contains(err.Error(), "no PEM certificate") {
+		t.Errorf("runImage with a bundle of no certificate = %v; want it refused", err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "image.tar")); err == nil {
+		t.Error("runImage wrote an image without CA roots")
 	}
 }
 

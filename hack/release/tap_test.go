@@ -3,6 +3,7 @@ package main
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -10,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/google/go-cmp/cmp"
 )
 
 // formulaURL is a url line of a formula and the sha256 line after it.
@@ -45,16 +48,18 @@ func checkFormulaSums(t *testing.T, formula string, archives []string) {
 	}
 }
 
-// TestTapFormula renders the tap's formula from hack/homebrew/macfleet.rb and archives
-// written as `make release` writes them: each url is the release's, with the sha256 of
-// that archive; the runner is Apple Silicon's resource; only the marker line changed,
-// so the caveats cmd/macfleet's TestDocumentedCommands parses are the tap's.
-func TestTapFormula(t *testing.T) {
-	const version = "v1.2.3"
+// tapVersion is the version of the test's release.
+const tapVersion = "v1.2.3"
+
+// writeTestTap writes archives of every platform (and the runner's) as `make release`
+// writes them and renders the tap from hack/homebrew/macfleet.rb; it returns the tap's
+// directory and the archives.
+func writeTestTap(t *testing.T) (string, []string) {
+	t.Helper()
 	dir := t.TempDir()
 	var archives []string
 	write := func(binary, platform string, data []byte) {
-		name := filepath.Join(dir, archiveName(binary, version, platform))
+		name := filepath.Join(dir, archiveName(binary, tapVersion, platform))
 		f := archiveFile{Name: binary, Mode: 0o755, Data: data}
 		b, err := writeArchive(strings.TrimSuffix(filepath.Base(name), ".tar.gz"), []archiveFile{f}, time.Unix(1_700_000_000, 0))
 		if err != nil {
@@ -72,10 +77,21 @@ func TestTapFormula(t *testing.T) {
 
 	source := filepath.Join(repoRoot(t), "hack", "homebrew", "macfleet.rb")
 	tap := filepath.Join(dir, "homebrew-tap")
-	args := append([]string{"-version", version, "-formula", source, "-o", tap}, archives...)
+	args := append([]string{"-version", tapVersion, "-formula", source, "-o", tap}, archives...)
 	if err := runTap(args); err != nil {
 		t.Fatal(err)
 	}
+	return tap, archives
+}
+
+// TestTapFormula renders the tap's formula from hack/homebrew/macfleet.rb and archives
+// written as `make release` writes them: each url is the release's, with the sha256 of
+// that archive; the runner is Apple Silicon's resource; only the marker line changed,
+// so the caveats cmd/macfleet's TestDocumentedCommands parses are the tap's.
+func TestTapFormula(t *testing.T) {
+	const version = tapVersion
+	tap, archives := writeTestTap(t)
+	source := filepath.Join(repoRoot(t), "hack", "homebrew", "macfleet.rb")
 	b, err := os.ReadFile(filepath.Join(tap, "Formula", "macfleet.rb"))
 	if err != nil {
 		t.Fatal(err)
@@ -115,6 +131,53 @@ func rubySyntax(t *testing.T, formula string) {
 	}
 	if out, err := exec.CommandContext(t.Context(), ruby, "-c", formula).CombinedOutput(); err != nil {
 		t.Errorf("ruby -c %s: %v\n%s", formula, err, out)
+	}
+}
+
+// TestTapFormulaInstallsPerPlatform evaluates the tap's formula, with a stand-in for the
+// part of Homebrew's DSL it uses (testdata/brew.rb), as an Apple Silicon Mac, an Intel
+// Mac and Linux on either CPU would: each downloads its own archive with its sha256 and
+// installs macfleet; only Apple Silicon gets the runner.
+func TestTapFormulaInstallsPerPlatform(t *testing.T) {
+	ruby, err := exec.LookPath("ruby")
+	if err != nil {
+		t.Skip("no ruby on this machine")
+	}
+	tap, archives := writeTestTap(t)
+	sum := func(name string) string {
+		for _, a := range archives {
+			if filepath.Base(a) == name {
+				b, err := os.ReadFile(a)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return fmt.Sprintf("%x", sha256.Sum256(b))
+			}
+		}
+		t.Fatalf("no archive %s", name)
+		return ""
+	}
+	base := "https://github.com/macfleet/macfleet/releases/download/" + tapVersion + "/"
+	for _, p := range CLIPlatforms {
+		goos, goarch, _ := strings.Cut(p, "/")
+		name := archiveName("macfleet", tapVersion, p)
+		want := []string{"version 1.2.3", "url " + base + name, "sha256 " + sum(name)}
+		if p == RunnerPlatform {
+			runner := archiveName("macfleet-runner", tapVersion, p)
+			want = append(want, "resource runner url "+base+runner, "resource runner sha256 "+sum(runner))
+		}
+		want = append(want, "bin macfleet")
+		if p == RunnerPlatform {
+			want = append(want, "bin macfleet-runner")
+		}
+		out, err := exec.CommandContext(t.Context(), ruby, filepath.Join("testdata", "brew.rb"),
+			filepath.Join(tap, "Formula", "macfleet.rb"), goos, goarch).CombinedOutput()
+		if err != nil {
+			t.Fatalf("%s: %v\n%s", p, err, out)
+		}
+		if diff := cmp.Diff(want, strings.Split(strings.TrimSpace(string(out)), "\n")); diff != "" {
+			t.Errorf("%s: what the formula does (-want +got):\n%s", p, diff)
+		}
 	}
 }
 

@@ -322,20 +322,7 @@ func (g *Gateway) attempt(ctx context.Context, p *proxied, tr try) (res outcome)
 	defer func() { endAttempt(span, res) }()
 	g.setUpstreamHeaders(out, r, model, be)
 	if st != nil {
-		out.Header.Set(runnerapi.HeaderTokenCounts, runnerapi.TokenCountComments)
-		out.Header.Set(runnerapi.HeaderTokenIDs, runnerapi.TokenCountComments)
-	}
-	if cont {
-		out.Header.Set(runnerapi.HeaderContinue, runnerapi.ContinueFinalMessage)
-		if st.TokensKnown() {
-			out.Header.Set(runnerapi.HeaderContinuedTokens, strconv.FormatInt(st.SentTokens(), 10))
-		}
-		if ids := st.SentTokenIDs(); ids != "" {
-			out.Header.Set(runnerapi.HeaderContinuedTokenIDs, ids)
-		}
-		if rs := st.ResumeHeader(); rs != "" {
-			out.Header.Set(runnerapi.HeaderResumeStream, rs)
-		}
+		st.SetUpstreamHeaders(out.Header)
 	}
 	var peer *peerSource
 	if g.peers != nil {

@@ -62,6 +62,20 @@ func repoRoot(t *testing.T) string {
 	return root
 }
 
+// testHelm is the helm the tests package and render the chart with: MACFLEET_HELM, or
+// the Makefile's bin/helm.
+func testHelm(t *testing.T) string {
+	t.Helper()
+	helm := os.Getenv("MACFLEET_HELM")
+	if helm == "" {
+		helm = filepath.Join(repoRoot(t), "bin", "helm")
+	}
+	if _, err := os.Stat(helm); err != nil {
+		t.Fatalf("no helm at %s: run `make helm` or set MACFLEET_HELM", helm)
+	}
+	return helm
+}
+
 // TestReleaseImage opens the release image as a runtime would (index → each platform's
 // manifest → configuration → layer), checks each entrypoint is a static executable for
 // its architecture, and runs the host platform's entrypoint.
@@ -253,13 +267,7 @@ func TestReleaseImageTampered(t *testing.T) {
 // deploys by default the image the release builds and the workflow pushes.
 func TestChartDeploysReleaseImage(t *testing.T) {
 	root := repoRoot(t)
-	helm := os.Getenv("MACFLEET_HELM")
-	if helm == "" {
-		helm = filepath.Join(root, "bin", "helm")
-	}
-	if _, err := os.Stat(helm); err != nil {
-		t.Fatalf("no helm at %s: run `make helm` or set MACFLEET_HELM", helm)
-	}
+	helm := testHelm(t)
 	dir := t.TempDir()
 	cmd := exec.CommandContext(t.Context(), helm, "package", filepath.Join(root, "charts", "macfleet"),
 		"--version", strings.TrimPrefix(testTag, "v"), "--app-version", testTag, "-d", dir)

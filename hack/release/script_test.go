@@ -18,7 +18,7 @@ import (
 // command line tools has, with the same flags there as here (tar is the shim below;
 // there is no sha256sum).
 var macOSCommands = []string{"bash", "env", "go", "git", "rm", "mkdir", "cp", "mv", "cat", "dirname",
-	"basename", "uname", "ls", "chmod", "sed", "grep", "head", "tr", "sort", "gzip", "shasum"}
+	"basename", "uname", "ls", "chmod", "sed", "grep", "head", "tr", "sort", "gzip"}
 
 // bsdTarShim is a tar that takes only the long options macOS's BSD tar (libarchive
 // 3.5) takes, and hands them to the real tar at %q: --sort, --owner, --group, --mtime
@@ -98,13 +98,7 @@ func TestBSDTarShim(t *testing.T) {
 // checks, the image with CA roots, and the tap's formula with the archives' sha256s.
 func TestReleaseScriptOnMacOSTools(t *testing.T) {
 	root := repoRoot(t)
-	helm := os.Getenv("MACFLEET_HELM")
-	if helm == "" {
-		helm = filepath.Join(root, "bin", "helm")
-	}
-	if _, err := os.Stat(helm); err != nil {
-		t.Fatalf("no helm at %s: run `make helm` or set MACFLEET_HELM", helm)
-	}
+	helm := testHelm(t)
 	const version, epoch = "v0.0.0-scripttest", 1_700_000_000
 	out := filepath.Join(t.TempDir(), "release")
 	cmd := exec.CommandContext(t.Context(), filepath.Join(root, "hack", "release.sh"), out)

@@ -116,7 +116,8 @@ func forwardTo(w http.ResponseWriter, r *http.Request, body []byte, agent string
 	return resp
 }
 
-// count records the count lines ("I N") of one event passed on of stream.
+// count records the count lines ("I N", or "I N IDS" where the gateway asked for the
+// tokens' ids) of one event passed on of stream.
 func (p *cuttingProxy) count(stream string, lines []string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -124,9 +125,12 @@ func (p *cuttingProxy) count(stream string, lines []string) {
 		p.counts = map[string]int64{}
 	}
 	for _, l := range lines {
-		i, n, _ := strings.Cut(l, " ")
-		if v, err := strconv.ParseInt(n, 10, 64); err == nil {
-			p.counts[stream+"/"+i] = v
+		f := strings.Fields(l)
+		if len(f) < 2 {
+			continue
+		}
+		if v, err := strconv.ParseInt(f[1], 10, 64); err == nil {
+			p.counts[stream+"/"+f[0]] = v
 		}
 	}
 }

@@ -42,7 +42,7 @@ tool="$out/build/release"
 
 rm -rf "$out"
 mkdir -p "$out/build"
-go build -o "$tool" ./hack/release
+CGO_ENABLED=0 go build -o "$tool" ./hack/release
 
 build() { # build GOOS GOARCH
 	echo "building macfleet $VERSION for $1/$2"

@@ -312,6 +312,8 @@ func TestBudgetSDKsRetryAfterTheReset(t *testing.T) {
 // status incomplete, Messages: stop_reason max_tokens) and the usage stays within 110 %
 // of the 300 (the budget's bound: the limit, plus what a prompt uses beyond its
 // estimate, the body's bytes over 2; the test model's small vocabulary merges little).
+// Both are greedy: a sampled answer of the random test model may reach its end of
+// turn before the cap, which would show nothing about the cap.
 func TestBudgetCapsAnAskOverTheRoom(t *testing.T) {
 	const limit = 300
 	ns, bases := budgetFleet(t, 1)
@@ -332,7 +334,7 @@ func TestBudgetCapsAnAskOverTheRoom(t *testing.T) {
 		path, key, body, field, stop string
 		usage                        func(body string) (int64, string)
 	}{
-		{path: "/v1/responses", key: keys["responses"], field: "max_output_tokens", stop: "incomplete", body: `{"model":"assistant","input":"Tell me about the sea."}`,
+		{path: "/v1/responses", key: keys["responses"], field: "max_output_tokens", stop: "incomplete", body: `{"model":"assistant","temperature":0,"input":"Tell me about the sea."}`,
 			usage: func(b string) (int64, string) {
 				var r struct {
 					Status string
@@ -344,7 +346,7 @@ func TestBudgetCapsAnAskOverTheRoom(t *testing.T) {
 				return r.Usage.TotalTokens, r.Status
 			}},
 		{path: "/v1/messages", key: keys["messages"], field: "max_tokens", stop: "max_tokens",
-			body: `{"model":"assistant","max_tokens":4096,"messages":[{"role":"user","content":"Tell me about the sea."}]}`,
+			body: `{"model":"assistant","max_tokens":4096,"temperature":0,"messages":[{"role":"user","content":"Tell me about the sea."}]}`,
 			usage: func(b string) (int64, string) {
 				var r struct {
 					StopReason string `json:"stop_reason"`

@@ -203,7 +203,16 @@ func TestCancelEndsAWholeAnswerWithItsUsage(t *testing.T) {
 			res.err = json.NewDecoder(resp.Body).Decode(&res.out)
 			done <- res
 		}()
+		// Both choices hold a slot, then the KV cache grew three times: a prompt takes
+		// at most one step a choice, so at least one step decoded a token.
 		waitFor(t, 10*time.Second, "both choices generating", func() bool { return r.status().SlotsBusy == 2 })
+		grown, kv := 0, r.status().KVCellsUsed
+		waitFor(t, 10*time.Second, "the choices decoding", func() bool {
+			if now := r.status().KVCellsUsed; now > kv {
+				grown, kv = grown+1, now
+			}
+			return grown >= 3
+		})
 		var c runnerapi.Cancelled
 		if code := r.postJSON("/cancel", runnerapi.Cancel{ID: id}, &c); code != http.StatusOK || !c.Found {
 			t.Fatalf("POST /cancel: %d %+v, want 200 found", code, c)

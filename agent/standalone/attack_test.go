@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -219,9 +220,10 @@ func TestAttackSlowlorisOnServe(t *testing.T) {
 	}
 }
 
-// TestAttackConnectionFloodOnServe: a client opens connections until the server runs
-// out of descriptors; the attacker must now get a 503 past the cap while a client
-// already connected is still served.
+// TestAttackConnectionFloodOnServe: a local process opens connections until the
+// server runs out of descriptors; the server must still hold no more than its cap —
+// the flood's oldest idle connections closed as new ones come — while the
+// developer's client (the same address, 127.0.0.1) is still served.
 func TestAttackConnectionFloodOnServe(t *testing.T) {
 	const maxConns = 8
 	s := serveMac(t, httpserver.Limits{MaxConnections: maxConns})
@@ -245,24 +247,24 @@ func TestAttackConnectionFloodOnServe(t *testing.T) {
 			c.Close()
 		}
 	}()
-	refused := ""
-	for i := 0; i < 4*maxConns && refused == ""; i++ {
+	for range 4 * maxConns {
 		c, err := net.Dial("tcp", s.addr)
 		if err != nil {
 			t.Fatal(err)
 		}
 		flood = append(flood, c)
-		// An idle connection past the cap is answered at once; one within it waits for a request.
-		_ = c.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
-		if b, _ := io.ReadAll(c); len(b) > 0 {
-			refused = string(b)
-		}
-		_ = c.SetReadDeadline(time.Time{})
-	}
-	if !strings.HasPrefix(refused, "HTTP/1.1 503") || !strings.Contains(refused, "Retry-After: 1") {
-		t.Errorf("%d connections opened and none refused (last answer %q); want a 503 past %d", len(flood), refused, maxConns)
 	}
 	if code := statusOf(); code != http.StatusOK {
 		t.Errorf("the developer's client during the flood: %d, want 200", code)
+	}
+	closed := 0
+	for _, c := range flood {
+		_ = c.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
+		if _, err := c.Read(make([]byte, 1)); err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
+			closed++
+		}
+	}
+	if open := len(flood) - closed; open > maxConns {
+		t.Errorf("%d of the flood's %d idle connections still open, want at most the cap of %d", open, len(flood), maxConns)
 	}
 }

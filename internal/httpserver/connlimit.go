@@ -21,9 +21,15 @@ const refuseTimeout = time.Second
 //   - under pressure, when three quarters of l.MaxConnections are open, a new
 //     connection first closes the connections that have waited idle (kept alive
 //     after an answer, or not yet sent a first request) for l.PressureIdleTimeout;
-//   - past either cap, a new connection is answered "503 Service Unavailable" with
-//     Retry-After and an OpenAI-shaped error body that names the cap, then closed;
-//     the connections already open are served as before.
+//   - at either cap, a new connection takes the slot of a reclaimable connection
+//     (evict.go): idle, or stalled — its request's headers or body not arriving for
+//     StallGrace. At its source's cap it takes its own source's oldest; at the global
+//     cap the oldest of the source holding the most connections. So idle and stalled
+//     connections never lock anyone out: the caps bound only connections busy with a
+//     request.
+//   - past a cap with nothing reclaimable, a new connection is answered "503 Service
+//     Unavailable" with Retry-After and an OpenAI-shaped error body that names the
+//     cap, then closed; the connections already open are served as before.
 //
 // Serve it with a server from New, whose ConnState tells the listener which
 // connections are idle. Wrap the TCP listener, beneath any TLS
@@ -40,7 +46,7 @@ func Listener(ln net.Listener, l Limits) net.Listener {
 	}
 	return &capListener{Listener: ln, max: l.MaxConnections, perSource: perSource, pressureIdle: l.PressureIdleTimeout,
 		refusal: Refusal(l.MaxConnections), sourceRefusal: sourceRefusal(perSource),
-		sources: map[string]int{}, conns: map[*slotConn]struct{}{}}
+		sources: map[string]map[*slotConn]struct{}{}, conns: map[*slotConn]struct{}{}}
 }
 
 // Refusal is the whole HTTP response a connection past a cap of max gets.
@@ -66,8 +72,9 @@ type capListener struct {
 	pressureIdle           time.Duration
 	refusal, sourceRefusal []byte
 
-	mu      sync.Mutex
-	sources map[string]int
+	mu sync.Mutex
+	// sources holds each source's open connections.
+	sources map[string]map[*slotConn]struct{}
 	conns   map[*slotConn]struct{}
 }
 
@@ -89,8 +96,9 @@ func (l *capListener) Accept() (net.Conn, error) {
 }
 
 // admit decides on c, accepted at now: its slot, or the refusal to answer. Under
-// pressure it first takes the slots of the connections idle for pressureIdle, which
-// the caller closes.
+// pressure it first takes the slots of the connections idle for pressureIdle; at a
+// cap it takes the slot of a reclaimable connection (evict.go). The caller closes
+// those it took.
 func (l *capListener) admit(c net.Conn, now time.Time) (sc *slotConn, refusal []byte, stale []*slotConn) {
 	src := Source(c.RemoteAddr())
 	l.mu.Lock()
@@ -103,15 +111,28 @@ func (l *capListener) admit(c net.Conn, now time.Time) (sc *slotConn, refusal []
 			}
 		}
 	}
-	switch {
-	case len(l.conns) >= l.max:
-		return nil, l.refusal, stale
-	case l.sources[src] >= l.perSource:
-		return nil, l.sourceRefusal, stale
+	if len(l.sources[src]) >= l.perSource {
+		v := oldestReclaimable(l.sources[src], now)
+		if v == nil {
+			return nil, l.sourceRefusal, stale
+		}
+		l.releaseLocked(v)
+		stale = append(stale, v)
+	}
+	if len(l.conns) >= l.max {
+		v := l.victimLocked(now)
+		if v == nil {
+			return nil, l.refusal, stale
+		}
+		l.releaseLocked(v)
+		stale = append(stale, v)
 	}
 	sc = &slotConn{Conn: c, l: l, src: src, idleSince: now}
 	l.conns[sc] = struct{}{}
-	l.sources[src]++
+	if l.sources[src] == nil {
+		l.sources[src] = map[*slotConn]struct{}{}
+	}
+	l.sources[src][sc] = struct{}{}
 	return sc, nil, stale
 }
 
@@ -121,7 +142,8 @@ func (l *capListener) releaseLocked(s *slotConn) {
 		return
 	}
 	delete(l.conns, s)
-	if l.sources[s.src]--; l.sources[s.src] <= 0 {
+	delete(l.sources[s.src], s)
+	if len(l.sources[s.src]) == 0 {
 		delete(l.sources, s.src)
 	}
 }
@@ -169,14 +191,19 @@ func refuse(c net.Conn, refusal []byte) {
 	_, _ = io.Copy(io.Discard, io.LimitReader(c, 64<<10))
 }
 
-// slotConn holds a slot of its listener until closed; idleSince (under the
-// listener's lock) is when it last began to wait for a request, zero while one is
-// served.
+// slotConn holds a slot of its listener until closed. Under the listener's lock:
+// idleSince is when it last began to wait for a request (zero while one is read or
+// served), activeSince when its current request's first byte arrived, handling
+// whether a handler runs it, waitSince when that handler began to wait for body
+// bytes that have not come (zero while it does not wait), bodyStart when the handler
+// began and bodyBytes how much of its request's body came since.
 type slotConn struct {
 	net.Conn
-	l         *capListener
-	src       string
-	idleSince time.Time
+	l                                            *capListener
+	src                                          string
+	idleSince, activeSince, waitSince, bodyStart time.Time
+	bodyBytes                                    int64
+	handling                                     bool
 }
 
 func (c *slotConn) Close() error {
@@ -186,22 +213,37 @@ func (c *slotConn) Close() error {
 	return c.Conn.Close()
 }
 
-// connState is the http.Server's ConnState hook of New: it marks a connection of a
-// capListener idle while it waits for a request, busy while one is served.
-func connState(c net.Conn, st http.ConnState) {
+// update changes c's state under its listener's lock.
+func (c *slotConn) update(f func(*slotConn)) {
+	c.l.mu.Lock()
+	defer c.l.mu.Unlock()
+	f(c)
+}
+
+// slotOf is the slotConn beneath c (a TLS connection's own), nil if none.
+func slotOf(c net.Conn) *slotConn {
 	if tc, ok := c.(*tls.Conn); ok {
 		c = tc.NetConn()
 	}
-	sc, ok := c.(*slotConn)
-	if !ok {
+	sc, _ := c.(*slotConn)
+	return sc
+}
+
+// connState is the http.Server's ConnState hook of New: it marks a connection of a
+// capListener idle while it waits for a request, busy once a request's first byte
+// came.
+func connState(c net.Conn, st http.ConnState) {
+	sc := slotOf(c)
+	if sc == nil {
 		return
 	}
-	sc.l.mu.Lock()
-	defer sc.l.mu.Unlock()
-	switch st {
-	case http.StateIdle:
-		sc.idleSince = time.Now()
-	case http.StateActive:
-		sc.idleSince = time.Time{}
-	}
+	now := time.Now()
+	sc.update(func(sc *slotConn) {
+		switch st {
+		case http.StateIdle:
+			sc.idleSince, sc.handling, sc.waitSince = now, false, time.Time{}
+		case http.StateActive:
+			sc.idleSince, sc.activeSince = time.Time{}, now
+		}
+	})
 }

@@ -2,6 +2,7 @@ package httpserver
 
 import (
 	"net"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -21,55 +22,92 @@ func from(ip string) net.Conn {
 }
 
 // TestCapListenerAdmit walks the caps' decisions with a fake clock: the cap per
-// source, the global cap, and under pressure the closing of connections idle for the
-// pressure timeout (kept alive, or never sent a request), never of busy ones.
+// source, the global cap, under pressure the closing of connections idle for the
+// pressure timeout, and at a cap the taking of a reclaimable connection's slot (idle,
+// or stalled for StallGrace in its headers or body; never a busy one): its own
+// source's at the source's cap, the largest source's at the global cap.
 func TestCapListenerAdmit(t *testing.T) {
 	t0 := time.Date(2026, 11, 26, 10, 0, 0, 0, time.UTC)
 	newL := func() *capListener {
 		return Listener(nil, Limits{MaxConnections: 8, MaxConnectionsPerSource: 3, PressureIdleTimeout: 5 * time.Second}).(*capListener)
 	}
 	type step struct {
-		ip   string
-		at   time.Duration
-		busy bool // the connection then serves a request
+		ip string
+		at time.Duration
+		// state the connection then takes: "" idle, "busy" (a request served),
+		// "headers" (a request's headers begun, not ended), "body" (its handler waiting
+		// for the body), "trickle" (the handler waiting, 10 bytes of body come).
+		state string
 		// want: "ok", "source" (refused by its source's cap) or "full" (the global cap);
-		// stale: how many idle connections it closed.
+		// stale: the steps whose connections it closed.
 		want  string
-		stale int
+		stale []int
 	}
 	for _, tc := range []struct {
 		name  string
 		steps []step
 	}{
-		{"a source is capped, another is not", []step{
-			{ip: "127.0.0.1", want: "ok"}, {ip: "127.0.0.1", want: "ok"}, {ip: "127.0.0.1", want: "ok"},
-			{ip: "127.0.0.1", want: "source"}, {ip: "127.0.0.2", want: "ok"},
+		{"a source at its cap with busy connections is refused, another is not", []step{
+			{ip: "127.0.0.1", state: "busy", want: "ok"}, {ip: "127.0.0.1", state: "busy", want: "ok"},
+			{ip: "127.0.0.1", state: "busy", want: "ok"}, {ip: "127.0.0.1", want: "source"}, {ip: "127.0.0.2", want: "ok"},
+		}},
+		{"a source at its cap loses its own oldest idle connection", []step{
+			{ip: "127.0.0.2", want: "ok"},
+			{ip: "127.0.0.1", state: "busy", want: "ok"}, {ip: "127.0.0.1", at: time.Second, want: "ok"},
+			{ip: "127.0.0.1", at: 2 * time.Second, want: "ok"}, {ip: "127.0.0.1", at: 3 * time.Second, want: "ok", stale: []int{2}},
+			{ip: "127.0.0.1", at: 3 * time.Second, want: "ok", stale: []int{3}},
 		}},
 		{"an IPv6 /64 is one source", []step{
-			{ip: "2001:db8::1", want: "ok"}, {ip: "2001:db8::2", want: "ok"}, {ip: "2001:db8::ffff:1", want: "ok"},
+			{ip: "2001:db8::1", state: "busy", want: "ok"}, {ip: "2001:db8::2", state: "busy", want: "ok"},
+			{ip: "2001:db8::ffff:1", state: "busy", want: "ok"},
 			{ip: "2001:db8::3", want: "source"}, {ip: "2001:db8:0:1::1", want: "ok"},
+		}},
+		{"stalled headers and bodies are reclaimed after the grace, busy ones never", []step{
+			{ip: "10.0.0.1", state: "busy", want: "ok"}, {ip: "10.0.0.1", state: "headers", want: "ok"},
+			{ip: "10.0.0.1", at: 100 * time.Millisecond, state: "body", want: "ok"},
+			{ip: "10.0.0.1", at: 500 * time.Millisecond, want: "source"},
+			{ip: "10.0.0.1", at: StallGrace, want: "ok", stale: []int{1}},
+			{ip: "10.0.0.1", at: StallGrace + 100*time.Millisecond, want: "ok", stale: []int{2}},
+		}},
+		{"a body trickled below the minimum rate is reclaimed", []step{
+			{ip: "10.0.0.1", state: "busy", want: "ok"}, {ip: "10.0.0.1", state: "busy", want: "ok"},
+			{ip: "10.0.0.1", state: "trickle", want: "ok"},
+			{ip: "10.0.0.1", at: StallGrace / 2, want: "source"},
+			{ip: "10.0.0.1", at: StallGrace, want: "ok", stale: []int{2}},
 		}},
 		{"below pressure idle connections stay", []step{
 			{ip: "10.0.0.1", want: "ok"}, {ip: "10.0.0.2", want: "ok"}, {ip: "10.0.0.3", want: "ok"}, {ip: "10.0.0.4", want: "ok"},
 			{ip: "10.0.0.5", at: time.Hour, want: "ok"},
 		}},
 		{"under pressure connections idle for the timeout are closed", []step{
-			{ip: "10.0.0.1", want: "ok"}, {ip: "10.0.0.1", want: "ok"}, {ip: "10.0.0.2", want: "ok", busy: true},
+			{ip: "10.0.0.1", want: "ok"}, {ip: "10.0.0.1", want: "ok"}, {ip: "10.0.0.2", want: "ok", state: "busy"},
 			{ip: "10.0.0.3", want: "ok"}, {ip: "10.0.0.4", want: "ok"}, {ip: "10.0.0.5", want: "ok"},
 			{ip: "10.0.0.6", at: 4 * time.Second, want: "ok"},
-			{ip: "10.0.0.7", at: 5 * time.Second, want: "ok", stale: 5},
+			{ip: "10.0.0.7", at: 5 * time.Second, want: "ok", stale: []int{0, 1, 3, 4, 5}},
 		}},
-		{"at the cap with no idle connection, a new one is refused", []step{
-			{ip: "10.0.0.1", busy: true, want: "ok"}, {ip: "10.0.0.2", busy: true, want: "ok"}, {ip: "10.0.0.3", busy: true, want: "ok"},
-			{ip: "10.0.0.4", busy: true, want: "ok"}, {ip: "10.0.0.5", busy: true, want: "ok"}, {ip: "10.0.0.6", busy: true, want: "ok"},
-			{ip: "10.0.0.7", busy: true, want: "ok"}, {ip: "10.0.0.8", want: "ok"},
-			{ip: "10.0.0.9", at: time.Second, want: "full"},
+		{"at the global cap the largest source loses its oldest idle connection", []step{
+			{ip: "10.0.0.1", state: "busy", want: "ok"}, {ip: "10.0.0.2", want: "ok"},
+			{ip: "10.0.0.3", at: time.Second, want: "ok"}, {ip: "10.0.0.3", at: 2 * time.Second, want: "ok"},
+			{ip: "10.0.0.3", at: 3 * time.Second, want: "ok"},
+			{ip: "10.0.0.4", at: 4 * time.Second, state: "busy", want: "ok"}, {ip: "10.0.0.5", state: "busy", want: "ok"},
+			{ip: "10.0.0.6", state: "busy", want: "ok"},
+			{ip: "10.0.0.7", at: 4 * time.Second, want: "ok", stale: []int{2}},
+		}},
+		{"at the cap with nothing reclaimable, a new one is refused", []step{
+			{ip: "10.0.0.1", state: "busy", want: "ok"}, {ip: "10.0.0.2", state: "busy", want: "ok"},
+			{ip: "10.0.0.3", state: "busy", want: "ok"}, {ip: "10.0.0.4", state: "busy", want: "ok"},
+			{ip: "10.0.0.5", state: "busy", want: "ok"}, {ip: "10.0.0.6", state: "busy", want: "ok"},
+			{ip: "10.0.0.7", state: "busy", want: "ok"}, {ip: "10.0.0.8", state: "headers", want: "ok"},
+			{ip: "10.0.0.9", at: StallGrace / 2, want: "full"},
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			l := newL()
+			var conns []*slotConn
 			for i, s := range tc.steps {
-				sc, refusal, stale := l.admit(from(s.ip), t0.Add(s.at))
+				at := t0.Add(s.at)
+				sc, refusal, stale := l.admit(from(s.ip), at)
+				conns = append(conns, sc)
 				got := "ok"
 				switch {
 				case sc == nil && strings.Contains(string(refusal), "from your address"):
@@ -77,14 +115,33 @@ func TestCapListenerAdmit(t *testing.T) {
 				case sc == nil:
 					got = "full"
 				}
-				if got != s.want || len(stale) != s.stale {
-					t.Fatalf("step %d (%s at %v): %s closing %d idle, want %s closing %d", i, s.ip, s.at, got, len(stale), s.want, s.stale)
+				var closed []int
+				for _, c := range stale {
+					closed = append(closed, slices.Index(conns, c))
 				}
-				if sc != nil && s.busy {
-					sc.idleSince = time.Time{}
+				slices.Sort(closed)
+				if got != s.want || !slices.Equal(closed, s.stale) {
+					t.Fatalf("step %d (%s at %v): %s closing steps %v, want %s closing %v", i, s.ip, s.at, got, closed, s.want, s.stale)
+				}
+				if sc != nil {
+					setState(sc, s.state, at)
 				}
 			}
 		})
+	}
+}
+
+// setState puts sc in state (TestCapListenerAdmit's) at at.
+func setState(sc *slotConn, state string, at time.Time) {
+	switch state {
+	case "busy":
+		sc.idleSince, sc.activeSince, sc.handling = time.Time{}, at, true
+	case "headers":
+		sc.idleSince, sc.activeSince = time.Time{}, at
+	case "body":
+		sc.idleSince, sc.activeSince, sc.handling, sc.bodyStart, sc.waitSince = time.Time{}, at, true, at, at
+	case "trickle":
+		sc.idleSince, sc.activeSince, sc.handling, sc.bodyStart, sc.waitSince, sc.bodyBytes = time.Time{}, at, true, at, at.Add(StallGrace-time.Millisecond), 10
 	}
 }
 
@@ -97,6 +154,7 @@ func TestCapListenerReleases(t *testing.T) {
 	if a == nil {
 		t.Fatal("the first connection was refused")
 	}
+	a.idleSince, a.handling = time.Time{}, true // busy: not reclaimable
 	if sc, _, _ := l.admit(from("127.0.0.1"), now); sc != nil {
 		t.Fatal("a second connection of the source was admitted past its cap of 1")
 	}
@@ -107,7 +165,7 @@ func TestCapListenerReleases(t *testing.T) {
 			t.Errorf("after the close, %s was refused", ip)
 		}
 	}
-	if len(l.sources) != 2 || len(l.conns) != 2 {
+	if len(l.sources) != 2 || len(l.conns) != 2 || len(l.sources["127.0.0.1"]) != 1 {
 		t.Errorf("sources %v and %d connections, want one each of two sources", l.sources, len(l.conns))
 	}
 }

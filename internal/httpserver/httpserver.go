@@ -14,6 +14,7 @@
 package httpserver
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -95,28 +96,46 @@ func off(d time.Duration) time.Duration { return max(d, 0) }
 // its ConnState tells the listener which connections wait idle.
 func New(h http.Handler, l Limits) *http.Server {
 	l = l.WithDefaults()
-	if l.BodyTimeout > 0 {
-		h = bodyDeadline(h, l.BodyTimeout)
-	}
+	h = bodyDeadline(h, l.BodyTimeout)
 	return &http.Server{Handler: h, ReadHeaderTimeout: off(l.ReadHeaderTimeout), IdleTimeout: off(l.IdleTimeout),
-		ConnState: connState}
+		ConnState: connState, ConnContext: withConn}
+}
+
+type connKey struct{}
+
+// withConn is the http.Server's ConnContext hook of New: a request's context names
+// its connection's slot, so that its handler tells the listener when it waits for a
+// body that does not come.
+func withConn(ctx context.Context, c net.Conn) context.Context {
+	if sc := slotOf(c); sc != nil {
+		return context.WithValue(ctx, connKey{}, sc)
+	}
+	return ctx
 }
 
 // ErrBodyTimeout is what reading a request's body returns once BodyTimeout passed.
 var ErrBodyTimeout = errors.New("the request body did not arrive in time")
 
-// bodyDeadline sets a read deadline of d on a request with a body, lifted once the
-// body is read to its end or closed. A request without one gets none: its connection
-// is already read in the background to notice the client leaving, and a deadline
-// there would end the request.
+// bodyDeadline marks the request's connection as handled, and sets a read deadline
+// of d (none when d <= 0) on a request with a body, lifted once the body is read to
+// its end or closed; while the handler waits for body bytes, the connection's slot
+// knows since when (a stalled body is reclaimable, evict.go). A request without a
+// body gets no deadline: its connection is already read in the background to notice
+// the client leaving, and a deadline there would end the request.
 func bodyDeadline(next http.Handler, d time.Duration) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Body != nil && r.Body != http.NoBody {
-			rc := http.NewResponseController(w)
-			if rc.SetReadDeadline(time.Now().Add(d)) == nil {
-				r.Body = &deadlineBody{ReadCloser: r.Body, timeout: d,
-					lift: sync.OnceFunc(func() { _ = rc.SetReadDeadline(time.Time{}) })}
+		sc, _ := r.Context().Value(connKey{}).(*slotConn)
+		hasBody := r.Body != nil && r.Body != http.NoBody
+		if sc != nil {
+			now := time.Now()
+			sc.update(func(sc *slotConn) { sc.handling, sc.bodyStart, sc.bodyBytes = true, now, 0 })
+		}
+		if hasBody {
+			b := &deadlineBody{ReadCloser: r.Body, timeout: d, slot: sc, lift: func() {}}
+			if rc := http.NewResponseController(w); d > 0 && rc.SetReadDeadline(time.Now().Add(d)) == nil {
+				b.lift = sync.OnceFunc(func() { _ = rc.SetReadDeadline(time.Time{}) })
 			}
+			r.Body = b
 		}
 		next.ServeHTTP(w, r)
 	})
@@ -126,10 +145,18 @@ type deadlineBody struct {
 	io.ReadCloser
 	timeout time.Duration
 	lift    func()
+	slot    *slotConn
 }
 
 func (b *deadlineBody) Read(p []byte) (int, error) {
+	if b.slot != nil {
+		now := time.Now()
+		b.slot.update(func(sc *slotConn) { sc.waitSince = now })
+	}
 	n, err := b.ReadCloser.Read(p)
+	if b.slot != nil {
+		b.slot.update(func(sc *slotConn) { sc.waitSince, sc.bodyBytes = time.Time{}, sc.bodyBytes+int64(n) })
+	}
 	switch {
 	case err == io.EOF:
 		b.lift()

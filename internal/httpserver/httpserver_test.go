@@ -192,15 +192,24 @@ func TestTrickledBodyIsCut(t *testing.T) {
 	}
 }
 
-// TestConnectionCap: past the cap a connection gets a 503 at once while the open ones
-// are still served; once one closes, a new one is served again.
+// TestConnectionCap: past the cap with every connection busy, a connection gets a 503
+// at once while the busy ones are still served; once they wait idle, a new
+// connection takes the slot of the oldest idle one and is served.
 func TestConnectionCap(t *testing.T) {
-	addr := serve(t, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok") }),
-		Limits{MaxConnections: 2, MaxConnectionsPerSource: 2})
-	get := func(c net.Conn) (string, error) {
-		if _, err := fmt.Fprintf(c, "GET / HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
-			return "", err
+	release, held := make(chan struct{}), make(chan struct{}, 2)
+	addr := serve(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/hold" {
+			held <- struct{}{}
+			<-release
 		}
+		_, _ = io.WriteString(w, "ok")
+	}), Limits{MaxConnections: 2, MaxConnectionsPerSource: 2})
+	send := func(c net.Conn, path string) {
+		if _, err := fmt.Fprintf(c, "GET %s HTTP/1.1\r\nHost: x\r\n\r\n", path); err != nil {
+			t.Fatal(err)
+		}
+	}
+	read := func(c net.Conn) (string, error) {
 		_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
 		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
 		if err != nil {
@@ -210,45 +219,37 @@ func TestConnectionCap(t *testing.T) {
 		b, _ := io.ReadAll(resp.Body)
 		return resp.Status + " " + string(b), nil
 	}
-	var open []net.Conn
-	for range 2 {
+	dial := func() net.Conn {
 		c, err := net.Dial("tcp", addr)
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer c.Close()
-		if got, err := get(c); err != nil || got != "200 OK ok" {
-			t.Fatalf("within the cap: %q %v", got, err)
-		}
-		open = append(open, c)
+		t.Cleanup(func() { c.Close() })
+		return c
 	}
-	extra, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
+	busy := []net.Conn{dial(), dial()}
+	for _, c := range busy {
+		send(c, "/hold")
+		<-held
 	}
-	got, err := get(extra)
-	extra.Close()
-	if err != nil || !strings.HasPrefix(got, "503 Service Unavailable") || !strings.Contains(got, "too_many_connections") {
-		t.Fatalf("past the cap: %q %v, want a 503", got, err)
+	extra := dial()
+	send(extra, "/")
+	if got, err := read(extra); err != nil || !strings.HasPrefix(got, "503 Service Unavailable") || !strings.Contains(got, "too_many_connections") {
+		t.Fatalf("past the cap of 2 busy connections: %q %v, want a 503", got, err)
 	}
-	if got, err := get(open[0]); err != nil || got != "200 OK ok" {
-		t.Fatalf("an open connection past the cap: %q %v", got, err)
+	close(release)
+	for _, c := range busy {
+		if got, err := read(c); err != nil || got != "200 OK ok" {
+			t.Fatalf("a busy connection past the cap: %q %v", got, err)
+		}
 	}
-	open[1].Close()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		c, err := net.Dial("tcp", addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		got, err := get(c)
-		c.Close()
-		if err == nil && got == "200 OK ok" {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("a slot freed by a closed connection was not given back: %q %v", got, err)
-		}
-		time.Sleep(20 * time.Millisecond)
+	c := dial()
+	send(c, "/")
+	if got, err := read(c); err != nil || got != "200 OK ok" {
+		t.Fatalf("with both others idle, a new connection: %q %v, want it served in an idle one's slot", got, err)
+	}
+	send(busy[0], "/")
+	if _, err := read(busy[0]); err == nil {
+		t.Error("the oldest idle connection still serves after its slot was taken")
 	}
 }

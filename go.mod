@@ -8,6 +8,7 @@ require (
 	github.com/go-logr/logr v1.4.4
 	github.com/google/go-cmp v0.7.0
 	github.com/gpustack/gguf-parser-go v0.26.3
+	github.com/hashicorp/yamux v0.1.2
 	github.com/landlock-lsm/go-landlock v0.11.0
 	github.com/ollama/ollama v0.17.4
 	github.com/openai/openai-go/v3 v3.95.0

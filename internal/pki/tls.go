@@ -173,9 +173,15 @@ func WithNode(ctx context.Context, node string) context.Context {
 	return context.WithValue(ctx, nodeKey{}, node)
 }
 
+// NodeFrom is the Mac that WithNode named in ctx, or "".
+func NodeFrom(ctx context.Context) string {
+	node, _ := ctx.Value(nodeKey{}).(string)
+	return node
+}
+
 // RoundTrip sends req over the transport of the Mac its context names (WithNode).
 func (t *Transports) RoundTrip(req *http.Request) (*http.Response, error) {
-	node, _ := req.Context().Value(nodeKey{}).(string)
+	node := NodeFrom(req.Context())
 	if node == "" {
 		if req.Body != nil {
 			req.Body.Close()

@@ -1,0 +1,147 @@
+package tunnel
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/hashicorp/yamux"
+
+	"github.com/macfleet/macfleet/internal/pki"
+)
+
+// Defaults of Agent's reconnect backoff.
+const (
+	DefaultMinBackoff = 500 * time.Millisecond
+	DefaultMaxBackoff = 30 * time.Second
+)
+
+// Agent is the Mac's half: it dials the gateway's tunnel listener and serves its API
+// on the connection until it drops, then dials again.
+type Agent struct {
+	// Gateway is the gateway's tunnel address (host:port).
+	Gateway string
+	// Node is the Mac this agent runs as; its certificate in Certificates must name it.
+	Node string
+	// Certificates are the Mac's node certificate and the fleet's CA bundle.
+	Certificates *pki.Source
+	// MinBackoff and MaxBackoff bound the wait between attempts (the defaults when
+	// zero); the wait doubles after each failure and starts over after a tunnel that
+	// was up.
+	MinBackoff, MaxBackoff time.Duration
+	Log                    logr.Logger
+}
+
+// Run holds a tunnel until ctx ends: serve is called with each tunnel's listener
+// (the gateway's streams) and returns when the tunnel closes.
+func (a *Agent) Run(ctx context.Context, serve func(net.Listener) error) error {
+	lo, hi := a.MinBackoff, a.MaxBackoff
+	if lo <= 0 {
+		lo = DefaultMinBackoff
+	}
+	if hi <= 0 {
+		hi = DefaultMaxBackoff
+	}
+	wait := lo
+	for {
+		sess, err := a.Connect(ctx)
+		if err == nil {
+			a.Log.Info("Connected to the gateway by tunnel", "gateway", a.Gateway)
+			stop := context.AfterFunc(ctx, func() { sess.Close() })
+			err = serve(sess)
+			stop()
+			sess.Close()
+			wait = lo
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		a.Log.Info("The tunnel to the gateway is down; dialing again", "gateway", a.Gateway, "in", wait, "reason", errString(err))
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, hi)
+	}
+}
+
+func errString(err error) string {
+	if err == nil {
+		return "closed"
+	}
+	return err.Error()
+}
+
+// Connect dials the gateway, proves the Mac and starts the multiplexer: the session
+// is the listener of the gateway's streams.
+func (a *Agent) Connect(ctx context.Context) (*yamux.Session, error) {
+	d := &tls.Dialer{NetDialer: &net.Dialer{Timeout: HandshakeTimeout, KeepAlive: 30 * time.Second}, Config: a.clientConfig()}
+	hctx, cancel := context.WithTimeout(ctx, HandshakeTimeout)
+	defer cancel()
+	c, err := d.DialContext(hctx, "tcp", a.Gateway)
+	if err != nil {
+		return nil, fmt.Errorf("dialing the gateway's tunnel at %s: %w", a.Gateway, err)
+	}
+	if err := a.open(c); err != nil {
+		c.Close()
+		return nil, err
+	}
+	sess, err := yamux.Server(c, sessionConfig(logWriter{a.Log}))
+	if err != nil {
+		c.Close()
+		return nil, err
+	}
+	return sess, nil
+}
+
+// open sends the opening line and reads the gateway's answer.
+func (a *Agent) open(c net.Conn) error {
+	_ = c.SetDeadline(time.Now().Add(HandshakeTimeout))
+	if _, err := io.WriteString(c, Protocol+" "+a.Node+"\n"); err != nil {
+		return fmt.Errorf("opening the tunnel: %w", err)
+	}
+	answer, err := readLine(c)
+	if err != nil {
+		return fmt.Errorf("reading the gateway's answer: %w", err)
+	}
+	if answer != "ok" {
+		reason, _ := strings.CutPrefix(answer, "refused: ")
+		return &RefusedError{Reason: reason}
+	}
+	return c.SetDeadline(time.Time{})
+}
+
+// RefusedError: the gateway refused the tunnel, and why.
+type RefusedError struct{ Reason string }
+
+func (e *RefusedError) Error() string { return "the gateway refused the tunnel: " + e.Reason }
+
+// clientConfig presents the Mac's certificate and accepts a gateway's certificate of
+// the fleet CA (any gateway replica's name).
+func (a *Agent) clientConfig() *tls.Config {
+	src := a.Certificates
+	cfg := src.ClientConfig(pki.Identity{})
+	cfg.VerifyConnection = func(cs tls.ConnectionState) error {
+		now := time.Now()
+		if src.Now != nil {
+			now = src.Now()
+		}
+		id, err := pki.Verify(cs.PeerCertificates, src.Roots(), now, x509.ExtKeyUsageServerAuth)
+		if err != nil {
+			return err
+		}
+		if id.Kind != pki.KindGateway {
+			return errors.New("the tunnel's server shows a " + string(id.Kind) + "'s certificate, not a gateway's")
+		}
+		return nil
+	}
+	return cfg
+}

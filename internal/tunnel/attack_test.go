@@ -1,0 +1,62 @@
+package tunnel
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/macfleet/macfleet/internal/pki"
+)
+
+// TestAttackTunnelClaimsAnotherMac: an agent holding mac-b's certificate dials the
+// gateway claiming to be mac-a, to receive mac-a's requests (its prompts, its
+// answers). The gateway refuses the tunnel, and mac-a's requests never reach it: not
+// while it claims mac-a, and not through the tunnel it may hold as mac-b.
+func TestAttackTunnelClaimsAnotherMac(t *testing.T) {
+	fc := newFleetCerts(t)
+	s, addr := startGateway(t, fc.gateway)
+	macB := source(t, fc.ca, pki.Node("mac-b"))
+
+	a := &Agent{Gateway: addr, Node: "mac-a", Certificates: macB}
+	_, err := a.Connect(context.Background())
+	var refused *RefusedError
+	if !errors.As(err, &refused) || !strings.Contains(refused.Reason, `Mac "mac-b"'s, the agent claims to be "mac-a"`) {
+		t.Fatalf("claiming mac-a with mac-b's certificate: %v, want the gateway's refusal naming both", err)
+	}
+	if n := s.Nodes(); len(n) != 0 {
+		t.Fatalf("tunnels filed under %v after a refused claim", n)
+	}
+
+	// As mac-b it is admitted, and filed under mac-b only.
+	var served atomic.Int32
+	startAgent(t, addr, "mac-b", macB, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		served.Add(1)
+		_, _ = w.Write([]byte("mac-b's agent"))
+	}))
+	waitNodes(t, s, "mac-b")
+	c := client(s, fc.gateway)
+	if _, err := get(context.Background(), c, "mac-a", "/v1/chat/completions"); err == nil {
+		t.Fatal("a request for mac-a was answered while only mac-b holds a tunnel")
+	}
+	if n := served.Load(); n != 0 {
+		t.Fatalf("mac-b's agent served %d requests meant for mac-a", n)
+	}
+	// Even a stream of mac-b's tunnel dialed for mac-a fails the TLS check of the Mac
+	// meant: the connection's identity is checked twice.
+	conn, err := s.Dial("mac-b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	tc := tls.Client(conn, fc.gateway.ClientConfig(pki.Node("mac-a")))
+	if err := tc.HandshakeContext(context.Background()); err == nil {
+		t.Fatal("mac-b's agent passed the TLS check for mac-a")
+	}
+	if n := served.Load(); n != 0 {
+		t.Fatalf("mac-b's agent served %d requests meant for mac-a", n)
+	}
+}

@@ -1,0 +1,208 @@
+package tunnel
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/hashicorp/yamux"
+
+	"github.com/macfleet/macfleet/internal/pki"
+)
+
+// Sessions is the gateway's half: the tunnels the Macs hold to it, by Mac. A Mac's
+// newer tunnel replaces its older one (an agent that reconnected).
+type Sessions struct {
+	// Certificates are the gateway's certificate for the agents and the fleet's CA
+	// bundle.
+	Certificates *pki.Source
+	Log          logr.Logger
+
+	mu     sync.Mutex
+	byNode map[string]*yamux.Session
+}
+
+// Serve accepts tunnels on ln until ctx ends, then closes ln and every tunnel.
+func (s *Sessions) Serve(ctx context.Context, ln net.Listener) error {
+	stop := context.AfterFunc(ctx, func() {
+		ln.Close()
+		s.closeAll()
+	})
+	defer stop()
+	tl := tls.NewListener(ln, s.Certificates.ServerConfig())
+	for {
+		c, err := tl.Accept()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				continue
+			}
+			return fmt.Errorf("accepting tunnels: %w", err)
+		}
+		go s.accept(ctx, c.(*tls.Conn))
+	}
+}
+
+// accept checks a connection's certificate against its opening line and holds its
+// tunnel until it closes.
+func (s *Sessions) accept(ctx context.Context, c *tls.Conn) {
+	node, err := s.open(ctx, c)
+	if err != nil {
+		s.Log.Info("Refused a tunnel", "remote", c.RemoteAddr().String(), "reason", err.Error())
+		c.Close()
+		return
+	}
+	sess, err := yamux.Client(c, sessionConfig(logWriter{s.Log}))
+	if err != nil {
+		s.Log.Error(err, "Starting a tunnel", "node", node)
+		c.Close()
+		return
+	}
+	s.add(node, sess)
+	s.Log.Info("Mac connected by tunnel", "node", node, "remote", c.RemoteAddr().String())
+	<-sess.CloseChan()
+	s.remove(node, sess)
+	s.Log.Info("Mac's tunnel closed", "node", node)
+}
+
+// open runs the handshake and the opening exchange, and answers ok or why not.
+func (s *Sessions) open(ctx context.Context, c *tls.Conn) (string, error) {
+	_ = c.SetDeadline(time.Now().Add(HandshakeTimeout))
+	hctx, cancel := context.WithTimeout(ctx, HandshakeTimeout)
+	defer cancel()
+	if err := c.HandshakeContext(hctx); err != nil {
+		return "", fmt.Errorf("TLS handshake: %w", err)
+	}
+	line, err := readLine(c)
+	if err != nil {
+		return "", fmt.Errorf("reading the opening line: %w", err)
+	}
+	cs := c.ConnectionState()
+	id, hasCert := pki.PeerIdentity(&cs)
+	claim, ok := strings.CutPrefix(line, Protocol+" ")
+	if !ok {
+		claim = ""
+	}
+	node, err := Admit(id, hasCert, claim)
+	if err != nil {
+		_, _ = io.WriteString(c, "refused: "+err.Error()+"\n")
+		return "", err
+	}
+	if _, err := io.WriteString(c, "ok\n"); err != nil {
+		return "", err
+	}
+	_ = c.SetDeadline(time.Time{})
+	return node, nil
+}
+
+// readLine reads one line of at most maxLine bytes a byte at a time, so that nothing
+// after it (the multiplexer's frames) is consumed.
+func readLine(r io.Reader) (string, error) {
+	var b strings.Builder
+	one := make([]byte, 1)
+	for b.Len() < maxLine {
+		if _, err := io.ReadFull(r, one); err != nil {
+			return "", err
+		}
+		if one[0] == '\n' {
+			return b.String(), nil
+		}
+		b.WriteByte(one[0])
+	}
+	return "", fmt.Errorf("longer than %d bytes", maxLine)
+}
+
+func (s *Sessions) add(node string, sess *yamux.Session) {
+	s.mu.Lock()
+	if s.byNode == nil {
+		s.byNode = map[string]*yamux.Session{}
+	}
+	old := s.byNode[node]
+	s.byNode[node] = sess
+	s.mu.Unlock()
+	if old != nil {
+		old.Close()
+	}
+}
+
+func (s *Sessions) remove(node string, sess *yamux.Session) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.byNode[node] == sess {
+		delete(s.byNode, node)
+	}
+}
+
+func (s *Sessions) closeAll() {
+	s.mu.Lock()
+	all := s.byNode
+	s.byNode = nil
+	s.mu.Unlock()
+	for _, sess := range all {
+		sess.Close()
+	}
+}
+
+// Nodes are the Macs holding a tunnel now, sorted.
+func (s *Sessions) Nodes() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var ns []string
+	for n, sess := range s.byNode {
+		if !sess.IsClosed() {
+			ns = append(ns, n)
+		}
+	}
+	slices.Sort(ns)
+	return ns
+}
+
+// Dial opens a stream to node's agent through its tunnel; ErrNoSession when it
+// holds none.
+func (s *Sessions) Dial(node string) (net.Conn, error) {
+	s.mu.Lock()
+	sess := s.byNode[node]
+	s.mu.Unlock()
+	if sess == nil || sess.IsClosed() {
+		return nil, ErrNoSession
+	}
+	c, err := sess.Open()
+	if err != nil {
+		return nil, fmt.Errorf("opening a stream in the tunnel of %s: %w", node, err)
+	}
+	return c, nil
+}
+
+// DialContext is a transport's dial: through the tunnel of the Mac that nodeOf names
+// in the request's context when it holds one, else direct.
+func (s *Sessions) DialContext(nodeOf func(context.Context) string,
+	direct func(ctx context.Context, network, addr string) (net.Conn, error)) func(ctx context.Context, network, addr string) (net.Conn, error) {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		if node := nodeOf(ctx); node != "" {
+			c, err := s.Dial(node)
+			if !errors.Is(err, ErrNoSession) {
+				return c, err
+			}
+		}
+		return direct(ctx, network, addr)
+	}
+}
+
+// logWriter sends yamux's log lines to a logr.Logger.
+type logWriter struct{ log logr.Logger }
+
+func (w logWriter) Write(p []byte) (int, error) {
+	w.log.V(2).Info(strings.TrimSpace(string(p)))
+	return len(p), nil
+}

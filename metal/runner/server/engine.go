@@ -11,6 +11,7 @@ import (
 
 	"github.com/macfleet/macfleet/api/runnerapi"
 	"github.com/macfleet/macfleet/metal/runner/llama"
+	"github.com/macfleet/macfleet/metal/runner/speculate"
 	"github.com/macfleet/macfleet/metal/runner/textstream"
 )
 
@@ -45,6 +46,8 @@ type engine struct {
 	// rate is the measured decode time per batch token, what prefilling a token
 	// costs: it bounds a wait for an in-flight prefix (engine goroutine only).
 	rate prefillRate
+	// specOff is why the engine never drafts ("" when it may: engine_speculate.go).
+	specOff string
 
 	// queue is what the engine shares with the handlers (engine_queue.go).
 	queue *jobQueue
@@ -87,6 +90,14 @@ type slot struct {
 	// The token sampled from this step's logits (sampleAll), or why none was.
 	sampled   int32
 	sampleErr error
+	// Speculative decoding (engine_speculate.go): the job's drafting policy, this
+	// step's draft (decoded after next), its rows of logits, the tokens its verify
+	// sampled, and whether the sequence holds drafted cells past cached.
+	policy   speculate.Policy
+	draft    []int32
+	rows     []llama.Logits
+	verified []int32
+	ahead    bool
 }
 
 // slotSet is an engine's slots, indexed by sequence id (engine goroutine only).
@@ -135,6 +146,8 @@ func newEngine(log logr.Logger, model *llama.Model, ctx *llama.Context, guard fu
 		quit:  make(chan struct{}),
 		done:  make(chan struct{}),
 	}
+	arch, _ := model.Meta("general.architecture")
+	e.specOff = speculationOff(arch, model.IsRecurrent(), model.IsHybrid())
 	for i := range ctx.NSeqMax() {
 		e.slots = append(e.slots, &slot{id: i})
 	}
@@ -221,6 +234,7 @@ func (e *engine) reap() {
 
 func (e *engine) release(s *slot) {
 	j := s.job
+	e.trimAhead(s)
 	if s.sampler != nil {
 		s.sampler.Free()
 		s.sampler = nil
@@ -362,6 +376,7 @@ func (e *engine) assign(s *slot, j *job, keep int) {
 		}
 	}
 	s.stream = textstream.New(o.Stop)
+	s.policy = speculate.NewPolicy(speculate.DefaultMax)
 	for _, tok := range j.held { // a continued answer's text its client never got
 		if text, _ := s.stream.Push(outputPiece(e.model, j, tok)); text != "" {
 			j.emit(text, noToken, nil)

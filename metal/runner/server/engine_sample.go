@@ -30,7 +30,14 @@ func (e *engine) sampleAll(ss []*slot) {
 		rows = append(rows, e.ctx.Logits(s.outIdx))
 	}
 	e.rows = rows
-	one := func(i int) { ss[i].sampled, ss[i].sampleErr = ss[i].sampler.SampleLogits(e.model, rows[i]) }
+	e.readDraftRows(ss)
+	one := func(i int) {
+		if len(ss[i].draft) > 0 {
+			e.verifyDraft(ss[i], i)
+			return
+		}
+		ss[i].sampled, ss[i].sampleErr = ss[i].sampler.SampleLogits(e.model, rows[i])
+	}
 	if workers := min(len(ss), runtime.GOMAXPROCS(0)); workers <= 1 {
 		for i := range ss {
 			one(i)
@@ -48,7 +55,11 @@ func (e *engine) sampleAll(ss []*slot) {
 		wg.Wait()
 	}
 	for _, s := range ss {
-		e.sample(s)
+		if len(s.draft) > 0 {
+			e.takeDraft(s)
+		} else {
+			e.sample(s)
+		}
 	}
 }
 
@@ -144,6 +155,7 @@ func tokenBytes(m *llama.Model, tok int32) (string, []int) {
 }
 
 func (e *engine) finish(s *slot, reason string) {
+	e.trimAhead(s) // the state saved holds cached's tokens alone
 	// Saved before the job completes, so a client's next turn, sent as soon as this
 	// answer ends, finds the state.
 	if !s.job.embed {

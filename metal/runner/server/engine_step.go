@@ -68,6 +68,7 @@ func (e *engine) planTakes() {
 		s.take = n
 		budget -= n
 	}
+	e.planDrafts(budget)
 }
 
 // fillBatch adds each slot's tokens to the batch in sequence-id order: llama.cpp
@@ -83,6 +84,9 @@ func (e *engine) fillBatch() {
 		if s.phase == phaseGenerate {
 			s.first = b.Add(s.next, pos, s.id, true)
 			s.outIdx = s.first
+			for i, d := range s.draft {
+				b.Add(d, pos+1+i, s.id, true)
+			}
 			continue
 		}
 		for k := range s.take {
@@ -110,6 +114,7 @@ func (e *engine) absorb(sampling []*slot) []*slot {
 		switch {
 		case s.phase == phaseGenerate:
 			s.cached = append(s.cached, s.next)
+			s.ahead = len(s.draft) > 0
 			sampling = append(sampling, s)
 		case s.job.embed:
 			for k := range s.take {

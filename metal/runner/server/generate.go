@@ -256,6 +256,7 @@ func (g *generator) generate(w http.ResponseWriter, r *http.Request, eng *engine
 		o.Seed += uint32(i) // each choice its own reproducible sequence
 		j := newJob(r.Context(), toks, o, false)
 		j.notify, j.partition, j.digests, j.images = out.notify, partition, digests, images
+		j.noSpec = r.Header.Get(runnerapi.HeaderSpeculation) == runnerapi.SpeculationOff
 		if i == 0 {
 			j.restore, j.held = restore, held
 		}

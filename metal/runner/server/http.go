@@ -115,7 +115,7 @@ func (s *Server) handleStatus(w http.ResponseWriter, _ *http.Request) {
 			st.Model = &info
 			st.MetalAllocatedBytes = int64(llama.GPUAllocatedBytes())
 			s.mem.fillDevices(&st)
-			st.PromptCache, st.Off = s.cache.status(), s.cache.offPaths()
+			st.PromptCache, st.Off = s.cache.status(), append(s.cache.offPaths(), s.eng.offPaths()...)
 			ci := s.lm.chat.info
 			st.Chat = &ci
 			st.SplitHeadComputeSeconds = s.eng.headSeconds()

@@ -44,6 +44,8 @@ type job struct {
 	// keys are the block keys of the prompt, hold the job's wait on a slot prefilling
 	// a prompt it shares, holdChecked whether it looked for one (engine goroutine only:
 	// see engine_inflight.go).
+	// noSpec turns speculative decoding off for the job (runnerapi.HeaderSpeculation).
+	noSpec      bool
 	keys        []promptcache.Key
 	hold        *jobHold
 	holdChecked bool
@@ -64,6 +66,8 @@ type job struct {
 	firstAt   time.Time // first generated token
 	times     jobTimes
 	link      *jobLink // a split runner's link figures (nil: not split)
+	// accepted and rejected count the drafted tokens the verify kept and dropped.
+	accepted, rejected int
 }
 
 // jobTimes are when a job passed each stage, for its trace spans.
@@ -157,13 +161,15 @@ type update struct {
 	generated int
 	cached    int
 	stopSeq   string
+	// accepted and rejected count speculative decoding's drafted tokens.
+	accepted, rejected int
 }
 
 func (j *job) take() update {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	u := update{text: j.text.String(), logprobs: j.logprobs, ids: j.ids, done: j.done, finish: j.finish, err: j.err,
-		generated: j.generated, cached: j.cached, stopSeq: j.stopSeq}
+		generated: j.generated, cached: j.cached, stopSeq: j.stopSeq, accepted: j.accepted, rejected: j.rejected}
 	j.text.Reset()
 	j.logprobs, j.ids = nil, nil
 	return u

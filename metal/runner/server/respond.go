@@ -85,8 +85,14 @@ func (o *responder) poll(each func(c *choice, u update) bool) (err *runnerapi.Er
 // tokens at most the rest of the prompt.
 func (o *responder) usage() *runnerapi.Usage {
 	us := &runnerapi.Usage{PromptTokens: o.promptTokens - o.continuedPrompt, CompletionTokens: o.continued}
+	var spec runnerapi.CompletionTokensDetails
 	for _, c := range o.choices {
 		us.CompletionTokens += c.last.generated
+		spec.AcceptedPredictionTokens += c.last.accepted
+		spec.RejectedPredictionTokens += c.last.rejected
+	}
+	if spec != (runnerapi.CompletionTokensDetails{}) {
+		us.CompletionTokensDetails = &spec
 	}
 	us.TotalTokens = us.PromptTokens + us.CompletionTokens
 	if cached := min(o.choices[0].last.cached, us.PromptTokens); cached > 0 {

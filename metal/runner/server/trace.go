@@ -62,6 +62,7 @@ func (g *generator) traceJob(ctx context.Context, lookup lookupSpan, j *job) {
 	}
 	j.mu.Lock()
 	t, first, cached, generated, err := j.times, j.firstAt, j.cached, j.generated, j.err
+	accepted, rejected := j.accepted, j.rejected
 	var link *jobLink
 	if j.link != nil {
 		l := *j.link
@@ -89,7 +90,9 @@ func (g *generator) traceJob(ctx context.Context, lookup lookupSpan, j *job) {
 	}
 	if !first.IsZero() {
 		dctx := g.span(ctx, "runner.decode", first, t.ended, append(linkAttrs(link, true),
-			attribute.Int("macfleet.completion_tokens", generated))...)
+			attribute.Int("macfleet.completion_tokens", generated),
+			attribute.Int("macfleet.speculation.accepted_tokens", accepted),
+			attribute.Int("macfleet.speculation.rejected_tokens", rejected))...)
 		if err != nil {
 			trace.SpanFromContext(dctx).SetStatus(codes.Error, err.Message)
 		}

@@ -1,0 +1,154 @@
+//go:build cgo && !race
+
+package server
+
+import (
+	"fmt"
+
+	"github.com/macfleet/macfleet/api/runnerapi"
+	"github.com/macfleet/macfleet/metal/runner/speculate"
+)
+
+// Speculative decoding by prompt lookup (docs/speculative-decoding.md): a generating
+// slot drafts the tokens that followed the last earlier occurrence of its last few
+// tokens (speculate.Lookup), decodes them after its next token in the same batch as
+// the other slots, and keeps the drafted tokens its own sampler agrees with
+// (speculate.Verify). The answer is the one the slot gives without drafting, token
+// for token, at any temperature: the sampler sees the same rows in the same order.
+
+// Lookup's n-gram lengths: the last maxGram tokens are looked for first, down to one.
+const minGram, maxGram = 1, 3
+
+// speculationOff is why a model of architecture arch is served without speculative
+// decoding ("" when it is not): a rejected draft's cells are removed from the
+// sequence, and a recurrent state cannot be cut back.
+func speculationOff(arch string, recurrent, hybrid bool) string {
+	switch {
+	case hybrid:
+		return fmt.Sprintf("off: the model keeps a recurrent state beside its attention cache, which cannot be cut back past a rejected draft (%s)", arch)
+	case recurrent:
+		return fmt.Sprintf("off: the model keeps a recurrent state, which cannot be cut back past a rejected draft (%s)", arch)
+	}
+	return ""
+}
+
+// planDrafts gives the generating slots that may draft the batch's room left after
+// every slot's next token and the prefills (budget): each drafts what its policy
+// allows within that room, its context, its max_tokens and the memory guard.
+func (e *engine) planDrafts(budget int) {
+	for _, s := range e.slots {
+		s.draft = s.draft[:0]
+		if budget <= 0 || s.take != 1 || s.phase != phaseGenerate || !e.mayDraft(s.job) {
+			continue
+		}
+		room := min(budget, e.nCtxSeq-1-len(s.cached))
+		if m := s.job.opts.MaxTokens; m > 0 {
+			s.job.mu.Lock()
+			room = min(room, m-s.job.generated-1)
+			s.job.mu.Unlock()
+		}
+		n := s.policy.Size(room)
+		if n <= 0 {
+			continue
+		}
+		hist := append(s.cached, s.next) // where absorb puts next
+		draft := speculate.Lookup(hist, minGram, maxGram, n)
+		if len(draft) == 0 || e.guard(len(draft)) != nil {
+			continue
+		}
+		s.draft = append(s.draft, draft...)
+		s.take += len(draft)
+		budget -= len(draft)
+	}
+}
+
+// mayDraft reports whether job j's slot may draft: not for a model it is off for, a
+// job that turned it off, or one with images (their stand-in ids are no tokens).
+func (e *engine) mayDraft(j *job) bool {
+	return e.specOff == "" && !j.noSpec && !j.embed && len(j.images) == 0
+}
+
+// readDraftRows reads the rows of logits of each drafting slot of ss, after its
+// first row (sampleAll reads that): reading one waits for the decode and must not race.
+func (e *engine) readDraftRows(ss []*slot) {
+	for _, s := range ss {
+		s.rows = s.rows[:0]
+		for i := range s.draft {
+			s.rows = append(s.rows, e.ctx.Logits(s.first+1+i))
+		}
+	}
+}
+
+// verifyDraft samples slot s's rows (first the row of next, which is row, then its
+// draft's) with its own sampler while they agree with the draft (speculate.Verify).
+func (e *engine) verifyDraft(s *slot, row int) {
+	s.verified, s.sampleErr = speculate.Verify(s.draft, func(i int) (int32, error) {
+		if i == 0 {
+			return s.sampler.SampleLogits(e.model, e.rows[row])
+		}
+		return s.sampler.SampleLogits(e.model, s.rows[i-1])
+	})
+}
+
+// takeDraft hands the tokens verifyDraft sampled for slot s to sample one after
+// another, as if each came from a step of its own: the accepted drafted tokens join
+// cached (their cells are already decoded), an answer that ends stops there, and the
+// rejected draft's cells are removed.
+func (e *engine) takeDraft(s *slot) {
+	j := s.job
+	if s.sampleErr != nil {
+		e.sample(s)
+		return
+	}
+	toks := s.verified
+	accepted := len(toks) - 1
+	s.policy.Note(len(s.draft), accepted)
+	j.mu.Lock()
+	j.accepted += accepted
+	j.rejected += len(s.draft) - accepted
+	j.mu.Unlock()
+	for i, tok := range toks {
+		s.sampled, s.outIdx = tok, s.first+i
+		e.sample(s)
+		if s.job != j {
+			return // ended: finish and release trimmed the cells
+		}
+		if i < len(toks)-1 {
+			s.cached = append(s.cached, tok)
+		}
+	}
+	e.trimAhead(s)
+}
+
+// trimAhead removes slot s's drafted cells past its cached tokens, so the sequence
+// holds exactly cached (what the prompt cache saves and the next prompt reuses).
+func (e *engine) trimAhead(s *slot) {
+	if !s.ahead {
+		return
+	}
+	s.ahead = false
+	if !e.ctx.SeqRm(s.id, len(s.cached), -1) {
+		// Unreachable where speculation is on (no recurrent state); drop the sequence
+		// rather than keep cells the tokens do not spell.
+		e.ctx.SeqRm(s.id, -1, -1)
+		s.cached = nil
+	}
+}
+
+// speculationPaths is the /status entry of speculative decoding when it is off for
+// the model (specOff).
+func speculationPaths(specOff string) []runnerapi.PathOff {
+	if specOff == "" {
+		return nil
+	}
+	return []runnerapi.PathOff{{Path: runnerapi.PathSpeculation, Reason: specOff}}
+}
+
+// offPaths is the /status entry of speculative decoding when the engines serve the
+// model without it.
+func (es *engineSet) offPaths() []runnerapi.PathOff {
+	if len(es.engs) == 0 {
+		return nil
+	}
+	return speculationPaths(es.engs[0].specOff)
+}

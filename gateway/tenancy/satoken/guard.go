@@ -17,10 +17,15 @@ import (
 // A credential shaped like a token costs whoever presents it nothing and costs the
 // API server a TokenReview. So a Reviewer asks only for tokens that could pass one
 // (Fit), one review at a time per token (a singleflight), and limits the reviews of
-// tokens it has no answer for, per source address and in all (a token bucket each):
-// past the limit a token is answered LimitedError (a 429 to retry), not reviewed.
-// Accepted tokens and refused ones are cached apart, each bounded, so a flood of
-// refusals never pushes out the answers of the callers that work.
+// tokens it has no fresh answer for, per source address, per claimed namespace (the
+// namespace the token's unverified claims name: ClaimedNamespace) and in all (a
+// token bucket each): past the limit a token is answered LimitedError (a 429 to
+// retry), not reviewed — unless it was accepted before and has not expired: then the
+// earlier answer stands until a review is allowed again. Forged tokens that claim one
+// namespace thus cost the API server that namespace's rate, never every
+// namespace's, and a caller that worked keeps working through any flood. Accepted
+// tokens and refused ones are cached apart, each bounded, so a flood of refusals
+// never pushes out the answers of the callers that work.
 
 // Defaults of the review limits of Options.
 const (
@@ -28,12 +33,17 @@ const (
 	// unknown tokens one source address (an IPv6 /64) causes: a burst, then a rate.
 	DefaultReviewsPerSource     = 5
 	DefaultReviewBurstPerSource = 20
+	// DefaultReviewsPerNamespace and DefaultReviewBurstPerNamespace bound the reviews
+	// of unknown tokens that claim one namespace, from every source.
+	DefaultReviewsPerNamespace     = 10
+	DefaultReviewBurstPerNamespace = 50
 	// DefaultReviews and DefaultReviewBurst bound them over every source.
 	DefaultReviews     = 50
 	DefaultReviewBurst = 100
 	// DefaultMaxRefused bounds the cache of refused tokens, apart from accepted ones.
 	DefaultMaxRefused = 1024
-	// maxSources bounds the per-source buckets; past it they start afresh.
+	// maxSources bounds the per-source buckets, and those per namespace; past it they
+	// start afresh.
 	maxSources = 4096
 )
 
@@ -44,14 +54,20 @@ type LimitedError struct {
 	RetryAfter time.Duration
 	// Source: the source's own limit was reached, not the one of every source.
 	Source bool
+	// Namespace, when not empty: the limit of the tokens claiming that namespace was
+	// reached.
+	Namespace string
 }
 
 func (e *LimitedError) Error() string {
-	who := "every address"
-	if e.Source {
-		who = "your address"
+	who := "from every address"
+	switch {
+	case e.Source:
+		who = "from your address"
+	case e.Namespace != "":
+		who = fmt.Sprintf("claiming namespace %q", e.Namespace)
 	}
-	return fmt.Sprintf("too many unknown ServiceAccount tokens from %s to review now; retry in %v", who, e.RetryAfter)
+	return fmt.Sprintf("too many unknown ServiceAccount tokens %s to review now; retry in %v", who, e.RetryAfter)
 }
 
 type sourceKey struct{}
@@ -114,42 +130,83 @@ func audiences(raw json.RawMessage, audience string) bool {
 	return json.Unmarshal(raw, &list) == nil && slices.Contains(list, audience)
 }
 
-// limiter is the token buckets of the reviews of unknown tokens: one per source and
-// one for all.
+// ClaimedNamespace is the namespace token's claims name, unverified: the
+// "kubernetes.io" claim's namespace, else the one of a "sub" of
+// "system:serviceaccount:NAMESPACE:NAME"; "" when neither does. A forger may claim
+// any namespace; the claim only decides whose review bucket the token draws on.
+func ClaimedNamespace(token string) string {
+	parts := strings.Split(token, ".")
+	if len(parts) != 3 {
+		return ""
+	}
+	var claims struct {
+		Sub string `json:"sub"`
+		K8s struct {
+			Namespace string `json:"namespace"`
+		} `json:"kubernetes.io"`
+	}
+	if b, err := base64.RawURLEncoding.DecodeString(parts[1]); err != nil || json.Unmarshal(b, &claims) != nil {
+		return ""
+	}
+	if claims.K8s.Namespace != "" {
+		return claims.K8s.Namespace
+	}
+	rest, _ := strings.CutPrefix(claims.Sub, NamePrefix)
+	ns, _, ok := strings.Cut(rest, ":")
+	if !ok || rest == claims.Sub {
+		return ""
+	}
+	return ns
+}
+
+// limiter is the token buckets of the reviews of unknown tokens: one per source, one
+// per claimed namespace and one for all.
 type limiter struct {
-	perSource    rate.Limit
-	sourceBurst  int
-	mu           sync.Mutex
-	all          *rate.Limiter
-	sources      map[string]*rate.Limiter
-	maxSourceLen int
+	perSource, perNamespace rate.Limit
+	sourceBurst, nsBurst    int
+	mu                      sync.Mutex
+	all                     *rate.Limiter
+	sources, namespaces     map[string]*rate.Limiter
+	maxSourceLen            int
 }
 
 func newLimiter(o Options) *limiter {
 	return &limiter{perSource: rate.Limit(o.ReviewsPerSource), sourceBurst: o.ReviewBurstPerSource,
-		all: rate.NewLimiter(rate.Limit(o.Reviews), o.ReviewBurst), sources: map[string]*rate.Limiter{}, maxSourceLen: maxSources}
+		perNamespace: rate.Limit(o.ReviewsPerNamespace), nsBurst: o.ReviewBurstPerNamespace,
+		all: rate.NewLimiter(rate.Limit(o.Reviews), o.ReviewBurst), sources: map[string]*rate.Limiter{},
+		namespaces: map[string]*rate.Limiter{}, maxSourceLen: maxSources}
 }
 
-// allow takes one review from source's bucket and from the bucket of all at now, or
-// says how long to wait when either is empty (taking nothing).
-func (l *limiter) allow(source string, now time.Time) *LimitedError {
+// bucket is m's bucket of key, created full (m afresh when it holds max of them).
+func bucket(m map[string]*rate.Limiter, key string, r rate.Limit, burst, max int) *rate.Limiter {
+	b := m[key]
+	if b == nil {
+		if len(m) >= max {
+			clear(m)
+		}
+		b = rate.NewLimiter(r, burst)
+		m[key] = b
+	}
+	return b
+}
+
+// allow takes one review from source's bucket, from namespace's and from the bucket
+// of all at now, or says how long to wait when any is empty (taking nothing).
+func (l *limiter) allow(source, namespace string, now time.Time) *LimitedError {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	s := l.sources[source]
-	if s == nil {
-		if len(l.sources) >= l.maxSourceLen {
-			clear(l.sources)
-		}
-		s = rate.NewLimiter(l.perSource, l.sourceBurst)
-		l.sources[source] = s
-	}
-	if s.TokensAt(now) < 1 {
+	s := bucket(l.sources, source, l.perSource, l.sourceBurst, l.maxSourceLen)
+	n := bucket(l.namespaces, namespace, l.perNamespace, l.nsBurst, l.maxSourceLen)
+	switch {
+	case s.TokensAt(now) < 1:
 		return &LimitedError{RetryAfter: wait(s, now), Source: true}
-	}
-	if l.all.TokensAt(now) < 1 {
+	case n.TokensAt(now) < 1:
+		return &LimitedError{RetryAfter: wait(n, now), Namespace: namespace}
+	case l.all.TokensAt(now) < 1:
 		return &LimitedError{RetryAfter: wait(l.all, now)}
 	}
 	s.AllowN(now, 1)
+	n.AllowN(now, 1)
 	l.all.AllowN(now, 1)
 	return nil
 }

@@ -44,33 +44,54 @@ func TestFit(t *testing.T) {
 	}
 }
 
-// TestLimiter: a source's burst, then its rate; another source has its own; the
-// bucket of all bounds them together; a refusal says how long to wait.
+// TestLimiter: a source's burst, then its rate; another source has its own; a
+// claimed namespace's bucket bounds every source's tokens claiming it, and another
+// namespace has its own; the bucket of all bounds them together; a refusal says how
+// long to wait.
 func TestLimiter(t *testing.T) {
 	now := time.Unix(1_800_000_000, 0)
-	l := newLimiter(Options{ReviewsPerSource: 1, ReviewBurstPerSource: 2, Reviews: 1, ReviewBurst: 3})
+	l := newLimiter(Options{ReviewsPerSource: 1, ReviewBurstPerSource: 2, ReviewsPerNamespace: 1, ReviewBurstPerNamespace: 3,
+		Reviews: 1, ReviewBurst: 5})
 	steps := []struct {
-		src  string
-		at   time.Duration
-		want string // "" allowed, "source" or "all"
+		src, ns string
+		at      time.Duration
+		want    string // "" allowed, "source", "namespace" or "all"
 	}{
-		{"a", 0, ""}, {"a", 0, ""}, {"a", 0, "source"}, {"b", 0, ""}, {"c", 0, "all"},
-		{"a", time.Second, ""}, {"c", 1100 * time.Millisecond, "all"}, {"c", 2100 * time.Millisecond, ""},
+		{"a", "x", 0, ""}, {"a", "x", 0, ""}, {"a", "x", 0, "source"}, {"b", "x", 0, ""}, {"c", "x", 0, "namespace"},
+		{"c", "y", 0, ""}, {"d", "z", 0, ""}, {"e", "w", 0, "all"},
+		{"a", "y", time.Second, ""}, {"c", "w", 1100 * time.Millisecond, "all"}, {"c", "w", 2100 * time.Millisecond, ""},
 	}
 	for i, s := range steps {
-		lim := l.allow(s.src, now.Add(s.at))
+		lim := l.allow(s.src, s.ns, now.Add(s.at))
 		got := ""
 		switch {
 		case lim != nil && lim.Source:
 			got = "source"
+		case lim != nil && lim.Namespace != "":
+			got = "namespace"
 		case lim != nil:
 			got = "all"
 		}
 		if got != s.want {
-			t.Fatalf("step %d (%s at %v): %q, want %q", i, s.src, s.at, got, s.want)
+			t.Fatalf("step %d (%s claiming %s at %v): %q, want %q", i, s.src, s.ns, s.at, got, s.want)
 		}
 		if lim != nil && lim.RetryAfter < time.Second {
 			t.Errorf("step %d: Retry-After %v, want at least a second", i, lim.RetryAfter)
+		}
+	}
+}
+
+func TestClaimedNamespace(t *testing.T) {
+	for _, tc := range []struct{ name, token, want string }{
+		{"the kubernetes.io claim", jwt(`{"sub":"system:serviceaccount:a:ci","kubernetes.io":{"namespace":"b"}}`), "b"},
+		{"the subject", jwt(`{"sub":"system:serviceaccount:team-a:ci"}`), "team-a"},
+		{"a user, not a ServiceAccount", jwt(`{"sub":"alice"}`), ""},
+		{"a subject without a name", jwt(`{"sub":"system:serviceaccount:team-a"}`), ""},
+		{"no claims", "eyJhbGciOiJSUzI1NiJ9.bm90IGpzb24.c2ln", ""},
+		{"not a JWT", "abc", ""},
+	} {
+		if got := ClaimedNamespace(tc.token); got != tc.want {
+			t.Errorf("%s: %q, want %q", tc.name, got, tc.want)
 		}
 	}
 }

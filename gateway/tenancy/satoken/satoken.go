@@ -10,12 +10,17 @@
 // namespace. That Name is what TokenBudget.spec.key and the usage counters name the
 // caller by.
 //
-// A Reviewer caches each review's answer for a short time (Options.TTL, never past the
-// token's own expiry) under the token's SHA-256, so a busy caller costs one TokenReview
-// per TTL and the tokens themselves are never kept. A deleted ServiceAccount, or one
-// re-created under the same name, stops its tokens within the TTL. Tokens are never
-// logged. It reviews only tokens that could pass (Fit), once at a time per token, and
-// limits the reviews of unknown tokens per source and in all (guard.go).
+// A Reviewer caches each review's answer under the token's SHA-256 (the tokens
+// themselves are never kept): reused without asking for a short time (Options.TTL,
+// never past the token's own expiry), so a busy caller costs one TokenReview per TTL.
+// An accepted answer is kept to the token's expiry ("exp"): past the TTL the token is
+// reviewed again when the review limits allow, and answered from the kept answer when
+// they do not, so a flood of forged tokens never turns away a caller that worked. A
+// deleted ServiceAccount, or one re-created under the same name, stops its tokens
+// within the TTL unless the reviews are limited then, and at the token's expiry at
+// the latest (an hour for a projected token). Tokens are never logged. It reviews
+// only tokens that could pass (Fit), once at a time per token, and limits the reviews
+// per source, per claimed namespace and in all (guard.go).
 //
 // The decisions are pure: Identify reads a review's status, LooksLikeToken tells a
 // token from an API key, and the cache takes its clock from the caller.
@@ -46,8 +51,9 @@ import (
 const (
 	// DefaultAudience is the audience a token must be minted for to call the fleet.
 	DefaultAudience = "macfleet"
-	// DefaultTTL is how long a review's answer is reused: the longest a deleted
-	// ServiceAccount's token keeps working.
+	// DefaultTTL is how long a review's answer is reused without asking again: the
+	// longest a deleted ServiceAccount's token keeps working while reviews are not
+	// limited.
 	DefaultTTL = 10 * time.Second
 	// DefaultMaxEntries bounds the cache of accepted tokens; a full cache drops its
 	// expired entries, then arbitrary ones. Refused tokens have their own
@@ -79,17 +85,21 @@ type Options struct {
 	Timeout    time.Duration
 	Clock      clock.PassiveClock
 	// ReviewsPerSource a second, after a burst of ReviewBurstPerSource, are the
-	// reviews of unknown tokens one source address may cause; Reviews and
+	// reviews of unknown tokens one source address may cause; ReviewsPerNamespace and
+	// ReviewBurstPerNamespace those of tokens claiming one namespace; Reviews and
 	// ReviewBurst those of every source together.
-	ReviewsPerSource     float64
-	ReviewBurstPerSource int
-	Reviews              float64
-	ReviewBurst          int
+	ReviewsPerSource        float64
+	ReviewBurstPerSource    int
+	ReviewsPerNamespace     float64
+	ReviewBurstPerNamespace int
+	Reviews                 float64
+	ReviewBurst             int
 	// Registerer, when set, receives macfleet_<Component>_token_reviews_total{result}:
 	// how tokens were answered, ResultCached (from the cache, either way),
 	// ResultAccepted and ResultRefused (by a review), ResultFailed (the review
-	// failed), ResultUnfit (refused without a review: Fit) or ResultLimited (not
-	// reviewed: over the limit).
+	// failed), ResultUnfit (refused without a review: Fit), ResultLimited (not
+	// reviewed: over the limit) or ResultKept (over the limit, answered from an
+	// earlier acceptance the token's expiry has not ended).
 	Registerer prometheus.Registerer
 	Component  string
 }
@@ -102,6 +112,7 @@ const (
 	ResultFailed   = "failed"
 	ResultUnfit    = "unfit"
 	ResultLimited  = "limited"
+	ResultKept     = "kept"
 )
 
 // Reviewer authenticates ServiceAccount tokens through the API server, with a cache.
@@ -119,11 +130,12 @@ type Reviewer struct {
 	entries, refused map[[32]byte]entry
 }
 
-// entry is a cached answer: the identity, or why the token was refused.
+// entry is a cached answer: the identity, or why the token was refused; reused
+// without a review until fresh, kept until expires.
 type entry struct {
-	id      tenancy.Identity
-	refusal string
-	expires time.Time
+	id             tenancy.Identity
+	refusal        string
+	fresh, expires time.Time
 }
 
 // New is a Reviewer asking reviews. It fails only when its counter cannot be
@@ -150,6 +162,7 @@ func New(reviews Reviews, opts Options) (*Reviewer, error) {
 		}
 	}
 	def(&opts.ReviewsPerSource, &opts.ReviewBurstPerSource, DefaultReviewsPerSource, DefaultReviewBurstPerSource)
+	def(&opts.ReviewsPerNamespace, &opts.ReviewBurstPerNamespace, DefaultReviewsPerNamespace, DefaultReviewBurstPerNamespace)
 	def(&opts.Reviews, &opts.ReviewBurst, DefaultReviews, DefaultReviewBurst)
 	if opts.Timeout <= 0 {
 		opts.Timeout = DefaultTimeout
@@ -163,7 +176,8 @@ func New(reviews Reviews, opts Options) (*Reviewer, error) {
 			Name: "macfleet_" + opts.Component + "_token_reviews_total",
 			Help: "ServiceAccount tokens presented, by how they were answered: cached, accepted or refused by a TokenReview, failed " +
 				"(the review failed), unfit (refused without a review: not a JWT, expired, or of another audience or issuer) or " +
-				"limited (not reviewed: too many unknown tokens from the source, or in all; answered 429).",
+				"limited (not reviewed: too many unknown tokens from the source, claiming the namespace, or in all; answered 429) or " +
+				"kept (over those limits, answered from an earlier acceptance before the token's expiry).",
 		}, []string{"result"})
 		if err := opts.Registerer.Register(r.counted); err != nil {
 			// A second reviewer of the process (gateways in one test) shares the counter.
@@ -196,9 +210,9 @@ func (e *RefusedError) Error() string { return "the ServiceAccount token was ref
 
 // Review is the identity of token: a *RefusedError when the API server does not
 // accept it, or would not (Fit); a *LimitedError when it was not reviewed, over the
-// limit of reviews of ctx's source (WithSource) or of all; another error when it
-// could not be asked (not cached: the next request asks again). Concurrent reviews of
-// one token share one TokenReview.
+// limit of reviews of ctx's source (WithSource), of its claimed namespace or of all,
+// and not accepted before; another error when it could not be asked (not cached: the
+// next request asks again). Concurrent reviews of one token share one TokenReview.
 func (r *Reviewer) Review(ctx context.Context, token string) (tenancy.Identity, error) {
 	h := sha256.Sum256([]byte(token))
 	now := r.opts.Clock.Now()
@@ -210,12 +224,17 @@ func (r *Reviewer) Review(ctx context.Context, token string) (tenancy.Identity, 
 		r.count(ResultUnfit)
 		return tenancy.Identity{}, &RefusedError{Reason: why}
 	}
-	source := sourceOf(ctx)
+	source, ns := sourceOf(ctx), ClaimedNamespace(token)
 	v, err, _ := r.flights.Do(string(h[:]), func() (any, error) {
-		if e, ok := r.cached(h, r.opts.Clock.Now()); ok { // answered while this one waited
+		now := r.opts.Clock.Now()
+		if e, ok := r.cached(h, now); ok { // answered while this one waited
 			return e, nil
 		}
-		if lim := r.limits.allow(source, r.opts.Clock.Now()); lim != nil {
+		if lim := r.limits.allow(source, ns, now); lim != nil {
+			if e, ok := r.kept(h, now); ok {
+				r.count(ResultKept)
+				return e, nil
+			}
 			return nil, lim
 		}
 		return r.review(context.WithoutCancel(ctx), h, token)
@@ -242,19 +261,29 @@ func (r *Reviewer) review(ctx context.Context, h [32]byte, token string) (entry,
 		return entry{}, fmt.Errorf("reviewing a ServiceAccount token: %w", err)
 	}
 	now := r.opts.Clock.Now()
-	e := entry{expires: Expiry(token, now, r.opts.TTL)}
+	e := entry{fresh: Expiry(token, now, r.opts.TTL)}
+	e.expires = e.fresh
 	if e.id, err = Identify(tr.Status, r.opts.Audience); err != nil {
 		e.refusal = err.Error()
 		r.count(ResultRefused)
+		r.mu.Lock()
+		delete(r.entries, h) // an acceptance kept past its TTL is withdrawn
+		r.mu.Unlock()
 		r.store(r.refused, r.opts.MaxRefused, h, e, now)
 	} else {
 		r.count(ResultAccepted)
+		e.expires = Expiry(token, now, maxKeep)
 		r.store(r.entries, r.opts.MaxEntries, h, e, now)
 	}
 	return e, nil
 }
 
-// cached is the unexpired answer for h, if any.
+// maxKeep bounds how long an accepted answer is kept when the token's expiry is
+// further away (a legacy token's is unbounded; a projected one's is an hour or
+// more).
+const maxKeep = 24 * time.Hour
+
+// cached is the fresh answer for h, if any.
 func (r *Reviewer) cached(h [32]byte, now time.Time) (entry, bool) {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
@@ -262,6 +291,14 @@ func (r *Reviewer) cached(h [32]byte, now time.Time) (entry, bool) {
 	if !ok {
 		e, ok = r.refused[h]
 	}
+	return e, ok && now.Before(e.fresh)
+}
+
+// kept is the accepted answer for h that its token's expiry has not ended, if any.
+func (r *Reviewer) kept(h [32]byte, now time.Time) (entry, bool) {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	e, ok := r.entries[h]
 	return e, ok && now.Before(e.expires)
 }
 

@@ -229,6 +229,62 @@ func TestReviewerCachesWithinTTL(t *testing.T) {
 	}
 }
 
+// TestReviewerKeepsAcceptedThroughLimits: past its TTL an accepted token is reviewed
+// again when the limits allow, and answered from its acceptance when they do not,
+// until its own expiry; a token never accepted is limited; a refusal withdraws the
+// kept acceptance.
+func TestReviewerKeepsAcceptedThroughLimits(t *testing.T) {
+	clk := clocktesting.NewFakePassiveClock(time.Unix(1_800_000_000, 0))
+	tokA := fitToken(clk.Now(), `,"sub":"system:serviceaccount:team-a:ci"`)
+	tokNew := fitToken(clk.Now(), `,"sub":"system:serviceaccount:team-a:new"`)
+	f := &fakeReviews{users: map[string]string{tokA: "system:serviceaccount:team-a:ci", tokNew: "system:serviceaccount:team-a:new"}}
+	r, err := New(f, Options{TTL: 10 * time.Second, Clock: clk, Reviews: 0.001, ReviewBurst: 2,
+		Registerer: prometheus.NewRegistry(), Component: "test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := t.Context()
+	if _, err := r.Review(ctx, tokA); err != nil {
+		t.Fatal(err)
+	}
+	var limited *LimitedError
+	var refused *RefusedError
+	if _, err := r.Review(ctx, fitToken(clk.Now(), `,"sub":"system:serviceaccount:team-b:forged"`)); !errors.As(err, &refused) {
+		t.Fatalf("a forged token within the limits: %v, want it reviewed and refused", err)
+	}
+	clk.SetTime(clk.Now().Add(time.Minute))
+	if id, err := r.Review(ctx, tokA); err != nil || id.Namespace != "team-a" {
+		t.Errorf("an accepted token past its TTL, reviews limited: %+v %v, want its kept identity", id, err)
+	}
+	if _, err := r.Review(ctx, tokNew); !errors.As(err, &limited) {
+		t.Errorf("a token never accepted, reviews limited: %v, want a LimitedError", err)
+	}
+	if n := f.count(); n != 2 {
+		t.Errorf("the API server was asked %d times, want 2", n)
+	}
+	// A refusal withdraws the acceptance: the ServiceAccount deleted, the next
+	// allowed review refuses tokA, and it is not answered from the kept one again.
+	f.mu.Lock()
+	delete(f.users, tokA)
+	f.mu.Unlock()
+	r.limits.all.SetBurstAt(clk.Now(), 3)
+	r.limits.all.SetLimitAt(clk.Now(), 1000)
+	clk.SetTime(clk.Now().Add(time.Second))
+	for i := range 2 {
+		if _, err := r.Review(ctx, tokA); !errors.As(err, &refused) {
+			t.Errorf("review %d after the ServiceAccount's deletion: %v, want a RefusedError", i, err)
+		}
+	}
+	if got := testutil.ToFloat64(r.counted.WithLabelValues(ResultKept)); got != 1 {
+		t.Errorf("kept answers: %v, want 1", got)
+	}
+	// Past the token's own expiry nothing is kept: Fit refuses it.
+	clk.SetTime(clk.Now().Add(2 * time.Hour))
+	if _, err := r.Review(ctx, tokA); !errors.As(err, &refused) || !strings.Contains(err.Error(), "expired") {
+		t.Errorf("past the token's expiry: %v, want it refused as expired", err)
+	}
+}
+
 func TestReviewerCacheIsBounded(t *testing.T) {
 	clk := clocktesting.NewFakePassiveClock(time.Unix(1_800_000_000, 0))
 	f := &fakeReviews{users: map[string]string{}}

@@ -47,12 +47,12 @@ func (e *engine) planDrafts(budget int) {
 			room = min(room, m-s.job.generated-1)
 			s.job.mu.Unlock()
 		}
-		n := s.policy.Size(room)
-		if n <= 0 {
+		hist := append(s.cached, s.next) // where absorb puts next
+		draft, gram := speculate.Lookup(hist, minGram, maxGram, s.policy.Max)
+		if len(draft) == 0 {
 			continue
 		}
-		hist := append(s.cached, s.next) // where absorb puts next
-		draft := speculate.Lookup(hist, minGram, maxGram, n)
+		draft = draft[:min(len(draft), s.policy.Size(room, gram == maxGram))]
 		if len(draft) == 0 || e.guard(len(draft)) != nil {
 			continue
 		}

@@ -34,12 +34,15 @@ func NewPolicy(max int) Policy {
 }
 
 // Size is how many tokens to draft at this step (0: none); room bounds it (the
-// batch's, the context's and the answer's room). A step without a draft counts
-// down a cool-down.
-func (p *Policy) Size(room int) int {
+// batch's, the context's and the answer's room). strong is a draft found by a long
+// match (Lookup's maxN tokens), which a cool-down lets through: a turn that starts
+// quoting drafts from the first words it quotes. A cool-down counts down each step.
+func (p *Policy) Size(room int, strong bool) int {
 	if p.skip > 0 {
 		p.skip--
-		return 0
+		if !strong {
+			return 0
+		}
 	}
 	return max(0, min(p.k, room))
 }

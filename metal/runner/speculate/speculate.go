@@ -9,10 +9,10 @@ package speculate
 // Lookup is the draft for a slot whose tokens so far (prompt and answer, the token
 // about to be decoded last) are hist: it finds the most recent earlier occurrence of
 // hist's last n tokens, n from maxN down to minN, and proposes up to k of the tokens
-// that followed it. It returns nil when nothing matches.
-func Lookup(hist []int32, minN, maxN, k int) []int32 {
+// that followed it, and the n it matched. It returns nil when nothing matches.
+func Lookup(hist []int32, minN, maxN, k int) ([]int32, int) {
 	if k <= 0 || minN < 1 {
-		return nil
+		return nil, 0
 	}
 	for n := min(maxN, len(hist)-1); n >= minN; n-- {
 		tail := hist[len(hist)-n:]
@@ -22,10 +22,10 @@ func Lookup(hist []int32, minN, maxN, k int) []int32 {
 				continue
 			}
 			from := start + n
-			return hist[from:min(from+k, len(hist))]
+			return hist[from:min(from+k, len(hist))], n
 		}
 	}
-	return nil
+	return nil, 0
 }
 
 func equal(a, b []int32) bool {

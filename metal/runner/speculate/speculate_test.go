@@ -15,20 +15,21 @@ func TestLookup(t *testing.T) {
 		minN, maxN int
 		k          int
 		want       []int32
+		wantN      int
 	}{
-		{"copies what followed the last three", []int32{1, 2, 3, 4, 5, 6, 9, 1, 2, 3}, 1, 3, 3, []int32{4, 5, 6}},
-		{"stops at the history's end", []int32{1, 2, 3, 4, 1, 2, 3}, 1, 3, 8, []int32{4, 1, 2, 3}},
-		{"the most recent occurrence", []int32{1, 2, 7, 1, 2, 8, 1, 2}, 2, 2, 1, []int32{8}},
-		{"falls back to a shorter tail", []int32{5, 2, 3, 4, 9, 3}, 1, 3, 2, []int32{4, 9}},
-		{"nothing below minN", []int32{5, 2, 3, 4, 9, 3}, 2, 3, 2, nil},
-		{"no earlier occurrence", []int32{1, 2, 3, 4}, 1, 3, 4, nil},
-		{"k zero drafts nothing", []int32{1, 2, 1, 2}, 1, 2, 0, nil},
-		{"one token of history", []int32{1}, 1, 3, 4, nil},
-		{"a loop drafts itself", []int32{7, 7, 7, 7}, 1, 3, 2, []int32{7}},
+		{"copies what followed the last three", []int32{1, 2, 3, 4, 5, 6, 9, 1, 2, 3}, 1, 3, 3, []int32{4, 5, 6}, 3},
+		{"stops at the history's end", []int32{1, 2, 3, 4, 1, 2, 3}, 1, 3, 8, []int32{4, 1, 2, 3}, 3},
+		{"the most recent occurrence", []int32{1, 2, 7, 1, 2, 8, 1, 2}, 2, 2, 1, []int32{8}, 2},
+		{"falls back to a shorter tail", []int32{5, 2, 3, 4, 9, 3}, 1, 3, 2, []int32{4, 9}, 1},
+		{"nothing below minN", []int32{5, 2, 3, 4, 9, 3}, 2, 3, 2, nil, 0},
+		{"no earlier occurrence", []int32{1, 2, 3, 4}, 1, 3, 4, nil, 0},
+		{"k zero drafts nothing", []int32{1, 2, 1, 2}, 1, 2, 0, nil, 0},
+		{"one token of history", []int32{1}, 1, 3, 4, nil, 0},
+		{"a loop drafts itself", []int32{7, 7, 7, 7}, 1, 3, 2, []int32{7}, 3},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := Lookup(tc.hist, tc.minN, tc.maxN, tc.k); !slices.Equal(got, tc.want) {
-				t.Fatalf("Lookup(%v, %d, %d, %d) = %v, want %v", tc.hist, tc.minN, tc.maxN, tc.k, got, tc.want)
+			if got, n := Lookup(tc.hist, tc.minN, tc.maxN, tc.k); !slices.Equal(got, tc.want) || n != tc.wantN {
+				t.Fatalf("Lookup(%v, %d, %d, %d) = %v, %d; want %v, %d", tc.hist, tc.minN, tc.maxN, tc.k, got, n, tc.want, tc.wantN)
 			}
 		})
 	}
@@ -178,10 +179,22 @@ func TestPolicy(t *testing.T) {
 			for _, n := range tc.notes {
 				p.Note(n.proposed, n.accepted)
 			}
-			if got := p.Size(tc.room); got != tc.want {
+			if got := p.Size(tc.room, false); got != tc.want {
 				t.Fatalf("Size = %d, want %d", got, tc.want)
 			}
 		})
+	}
+}
+
+func TestPolicyStrongDraftPassesACoolDown(t *testing.T) {
+	p := NewPolicy(DefaultMax)
+	p.Note(4, 0)
+	p.Note(1, 0)
+	if got := p.Size(100, false); got != 0 {
+		t.Fatalf("a weak draft in a cool-down: Size %d, want 0", got)
+	}
+	if got := p.Size(100, true); got != startK {
+		t.Fatalf("a strong draft in a cool-down: Size %d, want %d", got, startK)
 	}
 }
 
@@ -189,7 +202,7 @@ func TestPolicyCoolDownDoubles(t *testing.T) {
 	p := NewPolicy(DefaultMax)
 	skipped := func() int {
 		n := 0
-		for p.Size(100) == 0 {
+		for p.Size(100, false) == 0 {
 			n++
 		}
 		return n

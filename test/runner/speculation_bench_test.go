@@ -1,0 +1,79 @@
+package e2e
+
+import (
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/macfleet/macfleet/api/runnerapi"
+)
+
+// BenchmarkSpeculation measures single-stream decode with speculation off and on in
+// the same run, request by request in turn on one runner, on the trained test model
+// (or the random-weight tiny one): a copy-heavy turn (the answer quotes a file read
+// back) and a turn with nothing to copy. Each request's prompt is cached after the
+// first round, so its time is its decode. It reports both rates, their ratio and the
+// share of drafted tokens kept (make bench-spec; docs/speculative-decoding.md).
+//
+//	MACFLEET_RUNNER=bin/macfleet-runner go test -run '^$' -bench Speculation -benchtime 10x ./test/runner
+func BenchmarkSpeculation(b *testing.B) {
+	path := speculationModelB(b)
+	r := startReady(b, path, "--threads", benchThreads("2"))
+	readFile := `{"model":"m","max_tokens":200,"temperature":0,"tools":[` + readTool + `],"messages":[` +
+		readBack("Finally answer small message important find but with keep run list because read; Review simple finally make editor write into with unless will or directory always clear answer.") + `]}`
+	for _, tc := range []struct{ name, body string }{
+		{"copy-heavy", readFile},
+		{"nothing-to-copy", `{"model":"m","max_tokens":200,"temperature":0,"messages":[{"role":"user","content":"Tell me about the sea."}]}`},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			var m map[string]any
+			if err := json.Unmarshal([]byte(tc.body), &m); err != nil {
+				b.Fatal(err)
+			}
+			timed(b, r, m, runnerapi.SpeculationOff) // warms the prompt cache
+			var offTok, onTok, kept, drafted int
+			var offTime, onTime time.Duration
+			for range b.N {
+				n, d, _ := timed(b, r, m, runnerapi.SpeculationOff)
+				offTok, offTime = offTok+n, offTime+d
+				n, d, u := timed(b, r, m, runnerapi.SpeculationOn)
+				onTok, onTime = onTok+n, onTime+d
+				if det := u.CompletionTokensDetails; det != nil {
+					kept += det.AcceptedPredictionTokens
+					drafted += det.AcceptedPredictionTokens + det.RejectedPredictionTokens
+				}
+			}
+			off, on := float64(offTok)/offTime.Seconds(), float64(onTok)/onTime.Seconds()
+			b.ReportMetric(off, "off-tok/s")
+			b.ReportMetric(on, "on-tok/s")
+			b.ReportMetric(on/off, "on/off")
+			if drafted > 0 {
+				b.ReportMetric(float64(kept)/float64(drafted), "kept/drafted")
+			}
+			b.ReportMetric(float64(onTok)/float64(b.N), "tokens/answer")
+		})
+	}
+}
+
+// speculationModelB is speculationModel for a benchmark.
+func speculationModelB(b *testing.B) string {
+	b.Helper()
+	if path, ok := trainedModel(); ok {
+		return path
+	}
+	return model(b, "tiny")
+}
+
+// timed posts one chat request with speculation spec and returns its completion
+// tokens, its time and its usage.
+func timed(b *testing.B, r *runner, body map[string]any, spec string) (int, time.Duration, runnerapi.Usage) {
+	b.Helper()
+	start := time.Now()
+	resp := postChat(b, r, body, runnerapi.HeaderSpeculation, spec)
+	defer resp.Body.Close()
+	var c runnerapi.ChatCompletion
+	if err := json.NewDecoder(resp.Body).Decode(&c); err != nil || resp.StatusCode != 200 || c.Usage == nil {
+		b.Fatalf("speculation %s: %d %v", spec, resp.StatusCode, err)
+	}
+	return c.Usage.CompletionTokens, time.Since(start), *c.Usage
+}

@@ -18,7 +18,8 @@ var hopHeaders = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Proxy
 // every other one is the gateway's to set (replica, queue, gateway id, the caller's
 // cache partition) and is dropped from the client's request, so that no client can
 // pose as another tenant to an agent.
-var clientHeaders = map[string]bool{runnerapi.HeaderPromptUsage: true, console.ConsoleHeader: true, HeaderPriority: true}
+var clientHeaders = map[string]bool{runnerapi.HeaderPromptUsage: true, console.ConsoleHeader: true, HeaderPriority: true,
+	runnerapi.HeaderSpeculation: true}
 
 // copyRequestHeaders copies the client's headers except the hop-by-hop ones, its API
 // key (the agent gets the fleet token instead), its length (the body is replayed) and

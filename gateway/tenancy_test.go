@@ -200,7 +200,7 @@ func TestCallerHeadersAreTheGateways(t *testing.T) {
 		{keyAdmin, "team-b/secret", ""},
 	} {
 		resp, body := postPath(t, g.url+"/v1/chat/completions", `{"model":"`+tc.model+`","messages":[]}`,
-			append([]string{"Authorization", "Bearer " + tc.key, HeaderPriority, "batch"}, forged...)...)
+			append([]string{"Authorization", "Bearer " + tc.key, HeaderPriority, "batch", runnerapi.HeaderSpeculation, "off"}, forged...)...)
 		if resp.StatusCode != http.StatusOK {
 			t.Fatalf("%s as %s: %d %s", tc.model, tc.key, resp.StatusCode, body)
 		}
@@ -214,8 +214,10 @@ func TestCallerHeadersAreTheGateways(t *testing.T) {
 		if v := h.Get("X-Macfleet-Some-Future-Header"); v != "" {
 			t.Errorf("%s as %s: an unknown X-Macfleet- header from the client reached the agent", tc.model, tc.key)
 		}
-		if v := h.Get(HeaderPriority); v != "batch" {
-			t.Errorf("%s as %s: the client's %s did not reach the agent (%q)", tc.model, tc.key, HeaderPriority, v)
+		for hdr, want := range map[string]string{HeaderPriority: "batch", runnerapi.HeaderSpeculation: "off"} {
+			if v := h.Get(hdr); v != want {
+				t.Errorf("%s as %s: the client's %s did not reach the agent (%q)", tc.model, tc.key, hdr, v)
+			}
 		}
 	}
 }

@@ -78,7 +78,8 @@ func TestTokenCountsReachTheRunner(t *testing.T) {
 	resp, b = a.do(http.MethodPost, "/v1/chat/completions", partial, runnerapi.HeaderContinue, runnerapi.ContinueFinalMessage,
 		runnerapi.HeaderContinuedTokens, strconv.Itoa(maxTokens))
 	out = runnerapi.ChatCompletion{}
-	if resp.StatusCode != http.StatusOK || json.Unmarshal(b, &out) != nil || out.Usage == nil || len(out.Choices) != 1 {
+	if resp.StatusCode != http.StatusOK || json.Unmarshal(b, &out) != nil || out.Usage == nil || len(out.Choices) != 1 ||
+		out.Choices[0].Message.Content == nil {
 		t.Fatalf("%d %s", resp.StatusCode, b)
 	}
 	if c := out.Choices[0]; out.Usage.CompletionTokens != maxTokens || c.FinishReason != "length" ||
@@ -175,5 +176,38 @@ func checkCounted(t *testing.T, what string, resp *http.Response, b []byte, prom
 	}
 	if !slices.Equal(prompts, want) {
 		t.Errorf("%s: the prompt's lines %q, want %q (usage %+v)", what, prompts, want, usage)
+	}
+}
+
+// TestSpeculationHeaderReachesTheRunner: the agent passes runnerapi.HeaderSpeculation
+// on. The tiny model's greedy answer repeats itself, which prompt lookup drafts: with
+// the header absent the usage counts accepted drafts, with it off none, and the
+// answer is the same text either way.
+func TestSpeculationHeaderReachesTheRunner(t *testing.T) {
+	a := startAgent(t, agentOptions{})
+	answer := func(header ...string) (string, runnerapi.Usage) {
+		t.Helper()
+		body := chatBody("tiny", 200, false)
+		body["temperature"] = 0
+		resp, b := a.do(http.MethodPost, "/v1/chat/completions", body, header...)
+		var out runnerapi.ChatCompletion
+		if resp.StatusCode != http.StatusOK || json.Unmarshal(b, &out) != nil || out.Usage == nil || len(out.Choices) != 1 ||
+			out.Choices[0].Message.Content == nil {
+			t.Fatalf("%d %s", resp.StatusCode, b)
+		}
+		return *out.Choices[0].Message.Content, *out.Usage
+	}
+	onText, on := answer()
+	t.Logf("on: %+v %+v", on, on.CompletionTokensDetails)
+	offText, off := answer(runnerapi.HeaderSpeculation, runnerapi.SpeculationOff)
+	if on.CompletionTokensDetails == nil || on.CompletionTokensDetails.AcceptedPredictionTokens == 0 {
+		t.Errorf("speculation on: usage %+v, want accepted drafts counted", on)
+	}
+	if d := off.CompletionTokensDetails; d != nil && d.AcceptedPredictionTokens+d.RejectedPredictionTokens > 0 {
+		t.Errorf("%s: off: usage details %+v, want no drafts", runnerapi.HeaderSpeculation, *d)
+	}
+	if onText != offText || on.CompletionTokens != off.CompletionTokens {
+		t.Errorf("answers differ with speculation on (%d tokens) and off (%d tokens):\n%q\n%q",
+			on.CompletionTokens, off.CompletionTokens, onText, offText)
 	}
 }

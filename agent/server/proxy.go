@@ -73,6 +73,9 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, lease *enginepool
 		req.Header.Set(runnerapi.HeaderPromptUsage, "first-chunk")
 	}
 	passCountHeaders(r, req.Header, pr.path)
+	if v := r.Header.Get(runnerapi.HeaderSpeculation); v != "" && pr.generates {
+		req.Header.Set(runnerapi.HeaderSpeculation, v) // changes the speed only, never the answer
+	}
 	if id := r.Header.Get(runnerapi.HeaderRequestID); id != "" && pr.generates {
 		req.Header.Set(runnerapi.HeaderRequestID, id)
 		defer s.requests.add(id, rn)()

@@ -7,6 +7,7 @@
 #include "netdevice.h"
 #include "worker.h"
 #include "worker_check.h"
+#include "worker_rebuild.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -183,6 +184,11 @@ bool nd_worker::check_nodes(const graph &gr, const std::vector<ggml_tensor *> &t
 				     std::to_string(k) + " is not a tensor of the graph");
 				return false;
 			}
+		}
+		std::string why = t->op == GGML_OP_NONE ? "" : mfnd_rebuild_check(t);
+		if (!why.empty()) {
+			fail(std::string("graph node ") + std::to_string(n) + " (" + ggml_op_desc(t) + "): " + why);
+			return false;
 		}
 		if (t->op != GGML_OP_NONE && !ggml_backend_supports_op(backend, t)) {
 			fail(std::string("graph node ") + std::to_string(n) + " (" + ggml_op_desc(t) + "): the worker's " +
@@ -430,6 +436,7 @@ bool nd_worker::serve_one(uint8_t cmd) {
 
 extern "C" int mfnd_serve(int fd, const char *model_path, int choice, int threads, uint64_t memory, const char *next, int idle_ms,
                           char *err, size_t errlen) {
+	mfnd_install_abort_hook();
 	nd_worker w;
 	w.next = next != NULL ? next : "";
 	w.sock = fd;

@@ -92,6 +92,11 @@ type Options struct {
 	// whatever answers at its status.endpoint). Without it agents are called over
 	// plain HTTP (tests' fake agents).
 	AgentCertificates *pki.Source
+	// PrefixDigestKey returns the key every gateway replica shares for prefix digests
+	// (the manager's, from the Secret with AgentCertificates), ok false until it has
+	// loaded: requests are then not routed by prefix. Nil digests unkeyed (tests, a
+	// gateway without the Secret).
+	PrefixDigestKey func() (key []byte, ok bool)
 	// FleetToken returns a token sent to agents as "Authorization: Bearer <token>";
 	// nil or "" sends none. Agents in cluster mode take certificates instead; this
 	// reaches agents that take a key (tests' fake agents).

@@ -2,6 +2,7 @@ package certsigner
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/x509"
 	"errors"
 	"fmt"
@@ -13,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	mfv1 "github.com/macfleet/macfleet/api/v1alpha1"
+	"github.com/macfleet/macfleet/internal/callercert"
 	"github.com/macfleet/macfleet/internal/pki"
 )
 
@@ -26,6 +28,9 @@ type callerSecret struct {
 	// hosts, when set, make it a serving certificate for them (pki.IssueServing)
 	// instead of one of id.
 	hosts []string
+	// digestKey: the Secret also holds the prefix-digest key every gateway replica
+	// shares (callercert.DigestKeyData), made once and kept through renewals.
+	digestKey bool
 }
 
 // matches: the certificate is what c keeps (a renamed caller, or a changed list of
@@ -42,7 +47,7 @@ func (c callerSecret) matches(cert *x509.Certificate) bool {
 func (a *Authority) callerSecrets() []callerSecret {
 	var out []callerSecret
 	if a.GatewayName != "" {
-		out = append(out, callerSecret{secret: mfv1.GatewayTLSSecret, id: pki.Gateway(a.GatewayName), who: "the gateway"})
+		out = append(out, callerSecret{secret: mfv1.GatewayTLSSecret, id: pki.Gateway(a.GatewayName), who: "the gateway", digestKey: true})
 	}
 	if a.MetricsName != "" {
 		out = append(out, callerSecret{secret: mfv1.MetricsTLSSecret, id: pki.Metrics(a.MetricsName), who: "the metrics scraper"})
@@ -86,8 +91,15 @@ func (a *Authority) ensureCallerSecret(ctx context.Context, c callerSecret, bund
 		renewAt = pki.RenewAt(certs[0])
 	}
 	fresh := !renewAt.IsZero() && a.Clock.Now().Before(renewAt)
-	if fresh && string(sec.Data[mfv1.CABundleKey]) == string(bundle) {
+	digestKey := keptDigestKey(c, sec.Data)
+	if fresh && string(sec.Data[mfv1.CABundleKey]) == string(bundle) && string(digestKey) == string(sec.Data[callercert.DigestKeyData]) {
 		return renewAt, nil
+	}
+	if digestKey == nil && c.digestKey {
+		if digestKey, err = newDigestKey(); err != nil {
+			return time.Time{}, err
+		}
+		a.Log.Info("Made the prefix-digest key the gateways share", "secret", key.String())
 	}
 	if !fresh {
 		certPEM, keyPEM, err := a.issueFor(c)
@@ -99,6 +111,9 @@ func (a *Authority) ensureCallerSecret(ctx context.Context, c callerSecret, bund
 		renewAt = pki.RenewAt(certs[0])
 	}
 	sec.Data[mfv1.CABundleKey] = bundle
+	if digestKey != nil {
+		sec.Data[callercert.DigestKeyData] = digestKey
+	}
 	if exists {
 		err = a.Client.Update(ctx, sec)
 	} else {
@@ -112,6 +127,24 @@ func (a *Authority) ensureCallerSecret(ctx context.Context, c callerSecret, bund
 	}
 	a.Log.Info("Issued a caller's certificate", "caller", c.who, "identity", c.id.String(), "hosts", c.hosts, "secret", key.String(), "renewAt", renewAt)
 	return renewAt, nil
+}
+
+// keptDigestKey is the prefix-digest key in data that c keeps: the one there when it
+// is well formed, nil when c keeps none or there is none to keep.
+func keptDigestKey(c callerSecret, data map[string][]byte) []byte {
+	if k := data[callercert.DigestKeyData]; c.digestKey && len(k) == callercert.DigestKeySize {
+		return k
+	}
+	return nil
+}
+
+// newDigestKey makes a prefix-digest key.
+func newDigestKey() ([]byte, error) {
+	k := make([]byte, callercert.DigestKeySize)
+	if _, err := rand.Read(k); err != nil {
+		return nil, fmt.Errorf("making the prefix-digest key: %w", err)
+	}
+	return k, nil
 }
 
 // names: the certificate names exactly id (a renamed caller gets a new one).

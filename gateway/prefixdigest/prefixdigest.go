@@ -6,9 +6,16 @@
 // the same digests through any of them, and a conversation extended by a turn keeps
 // the digests of its earlier prefixes. The chain is seeded by the caller's cache
 // partition and the deployment, so two tenants, or two models, never share a digest.
+//
+// A fleet's gateways key the chain with a secret they share (KeyedDigests, an HMAC
+// with the key the manager keeps in the gateway's Secret, see callercert): a Mac
+// learns the digests of what it is sent, but cannot compute the digest of a prompt it
+// was never sent, so it cannot claim to hold another conversation's prefix and draw
+// it. Two gateways with the same key compute the same digests.
 package prefixdigest
 
 import (
+	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
@@ -46,9 +53,21 @@ func (c Conversation) Routable(digests []string) []string {
 	return digests
 }
 
-// Digests chains c's digests (see Of).
+// Digests chains c's digests (see Of), unkeyed: anyone who knows the conversation can
+// compute them. A gateway that routes across Macs uses KeyedDigests.
 func (c Conversation) Digests(partition, model string) []string {
+	return c.KeyedDigests(nil, partition, model)
+}
+
+// KeyedDigests chains c's digests as Digests does, each step an HMAC-SHA-256 with key
+// (unkeyed SHA-256 when key is empty). Only 8 of each step's 32 bytes are given out,
+// so the digests of a conversation's prefixes do not let anyone without the key
+// compute those of its next turn.
+func (c Conversation) KeyedDigests(key []byte, partition, model string) []string {
 	h := sha256.New()
+	if len(key) > 0 {
+		h = hmac.New(sha256.New, key)
+	}
 	var sum [sha256.Size]byte
 	write := func(fields ...string) {
 		var n [8]byte

@@ -1,6 +1,7 @@
 package prefixdigest
 
 import (
+	"bytes"
 	"fmt"
 	"regexp"
 	"slices"
@@ -192,5 +193,48 @@ func TestRoutable(t *testing.T) {
 	ra, rb := a.Routable(a.Digests("p", "m")), b.Routable(b.Digests("p", "m"))
 	if len(ra) != 1 || len(rb) != 1 || ra[0] == rb[0] {
 		t.Errorf("two head-less conversations share a routable digest: %v %v", ra, rb)
+	}
+}
+
+// TestKeyedDigests: keyed digests are the same for one key (two gateways), differ
+// from the unkeyed ones and from another key's at every depth, and keep a
+// conversation's earlier prefixes' digests when it grows by a turn.
+func TestKeyedDigests(t *testing.T) {
+	turn1 := []byte(`{"model":"m","messages":[{"role":"system","content":"You review Go."},{"role":"user","content":"Review main.go"}]}`)
+	turn2 := []byte(`{"model":"m","messages":[{"role":"system","content":"You review Go."},{"role":"user","content":"Review main.go"},` +
+		`{"role":"assistant","content":"Looks fine."},{"role":"user","content":"And util.go?"}]}`)
+	k1, k2 := bytes.Repeat([]byte{1}, 32), bytes.Repeat([]byte{2}, 32)
+	digests := func(key, body []byte) []string {
+		c, ok := Parse(body)
+		if !ok {
+			t.Fatalf("%s is not a chat request", body)
+		}
+		return c.KeyedDigests(key, "team-b", "ns/m")
+	}
+	a, b := digests(k1, turn1), digests(k1, turn1)
+	if !slices.Equal(a, b) || len(a) != 2 {
+		t.Fatalf("one key gave %v and %v, want the same two digests", a, b)
+	}
+	for _, other := range []struct {
+		name    string
+		digests []string
+	}{
+		{"unkeyed", Of("team-b", "ns/m", turn1)},
+		{"another key", digests(k2, turn1)},
+	} {
+		if len(other.digests) != len(a) {
+			t.Fatalf("%s: %d digests, want %d", other.name, len(other.digests), len(a))
+		}
+		for i := range a {
+			if other.digests[i] == a[i] {
+				t.Errorf("digest %d keyed is the same %s: %s", i, other.name, a[i])
+			}
+		}
+	}
+	if u, e := Of("team-b", "ns/m", turn1), digests(nil, turn1); !slices.Equal(u, e) {
+		t.Errorf("an empty key gave %v, unkeyed %v", e, u)
+	}
+	if next := digests(k1, turn2); len(next) != 4 || !slices.Equal(next[:2], a) {
+		t.Errorf("the next turn's keyed digests %v do not start with the first turn's %v", next, a)
 	}
 }

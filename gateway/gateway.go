@@ -59,6 +59,7 @@ import (
 	"github.com/macfleet/macfleet/internal/httpserver"
 	"github.com/macfleet/macfleet/internal/openaierr"
 	"github.com/macfleet/macfleet/internal/pki"
+	"github.com/macfleet/macfleet/internal/tunnel"
 )
 
 // HeaderPriority is the request header that asks for a priority class: interactive
@@ -92,11 +93,10 @@ type Options struct {
 	// whatever answers at its status.endpoint). Without it agents are called over
 	// plain HTTP (tests' fake agents).
 	AgentCertificates *pki.Source
-	// PrefixDigestKey returns the key every gateway replica shares for prefix digests
-	// (the manager's, from the Secret with AgentCertificates), ok false until it has
-	// loaded: requests are then not routed by prefix. Nil digests unkeyed (tests, a
-	// gateway without the Secret).
-	PrefixDigestKey func() (key []byte, ok bool)
+	// Tunnels, with AgentCertificates, are the connections of agents that dial out
+	// (package tunnel): a request for a Mac that holds one goes through it instead of
+	// to the replica's endpoint.
+	Tunnels *tunnel.Sessions
 	// FleetToken returns a token sent to agents as "Authorization: Bearer <token>";
 	// nil or "" sends none. Agents in cluster mode take certificates instead; this
 	// reaches agents that take a key (tests' fake agents).
@@ -303,7 +303,15 @@ func (g *Gateway) setAgentTransport() {
 	if g.opts.AgentCertificates != nil {
 		g.agentScheme = "https://"
 		if g.transport == nil {
-			g.transport = pki.NewTransports(g.opts.AgentCertificates, NewTransport)
+			newBase := NewTransport
+			if t := g.opts.Tunnels; t != nil {
+				newBase = func() *http.Transport {
+					tr := NewTransport()
+					tr.DialContext = t.DialContext(pki.NodeFrom, tr.DialContext)
+					return tr
+				}
+			}
+			g.transport = pki.NewTransports(g.opts.AgentCertificates, newBase)
 		}
 	}
 	if g.transport == nil {

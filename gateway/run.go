@@ -84,6 +84,11 @@ type Config struct {
 	// mode refuse.
 	AgentCertSecret string
 	AgentCertPoll   time.Duration
+	// TunnelListen, when set (TunnelListener instead, when that is), takes the
+	// connections of agents that dial out (`macfleet agent --connect outbound`,
+	// package tunnel) with the certificate of AgentCertSecret, which it needs.
+	TunnelListen   string
+	TunnelListener net.Listener
 	// FleetTokenFile, when set, holds a token sent to agents as a bearer key (re-read
 	// when it changes): agents in cluster mode take certificates, not tokens; this
 	// reaches agents that take a key (tests' standalone and fake agents).

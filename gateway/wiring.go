@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"strings"
 	"time"
@@ -33,6 +34,7 @@ import (
 	"github.com/macfleet/macfleet/internal/informers"
 	"github.com/macfleet/macfleet/internal/mgrhttp"
 	"github.com/macfleet/macfleet/internal/pki"
+	"github.com/macfleet/macfleet/internal/tunnel"
 )
 
 // wiring is what Run assembles the gateway from, step by step.
@@ -100,6 +102,9 @@ func (w *wiring) callers() error {
 func (w *wiring) agentCertificates() error {
 	cfg, log := w.cfg, w.log
 	if cfg.AgentCertSecret == "" {
+		if cfg.TunnelListen != "" || cfg.TunnelListener != nil {
+			return errors.New("--tunnel-listen needs --agent-cert-secret: agents that dial out are checked against the fleet's CA")
+		}
 		log.Info("No --agent-cert-secret: requests reach agents over plain HTTP, which agents in cluster mode refuse")
 		return nil
 	}
@@ -111,10 +116,33 @@ func (w *wiring) agentCertificates() error {
 	if err != nil {
 		return fmt.Errorf("creating the client of the agent certificate: %w", err)
 	}
-	certs, key := &pki.Source{}, &callercert.DigestKey{}
-	w.opts.AgentCertificates, w.opts.PrefixDigestKey = certs, key.Get
+	certs := &pki.Source{}
+	w.opts.AgentCertificates = certs
 	w.watchers = append(w.watchers, func(ctx context.Context) {
-		callercert.Keep(ctx, cs, ns, name, certs, key, cfg.AgentCertPoll, nil, log.WithName("agent-cert"))
+		callercert.Keep(ctx, cs, ns, name, certs, cfg.AgentCertPoll, nil, log.WithName("agent-cert"))
+	})
+	return w.tunnels(certs)
+}
+
+// tunnels takes the connections of agents that dial out on --tunnel-listen.
+func (w *wiring) tunnels(certs *pki.Source) error {
+	ln := w.cfg.TunnelListener
+	if ln == nil && w.cfg.TunnelListen == "" {
+		return nil
+	}
+	if ln == nil {
+		var err error
+		if ln, err = net.Listen("tcp", w.cfg.TunnelListen); err != nil {
+			return fmt.Errorf("the tunnel listener (--tunnel-listen): %w", err)
+		}
+	}
+	t := &tunnel.Sessions{Certificates: certs, Log: w.log.WithName("tunnel")}
+	w.opts.Tunnels = t
+	w.log.Info("Taking the connections of agents that dial out", "tunnelListen", ln.Addr().String())
+	w.watchers = append(w.watchers, func(ctx context.Context) {
+		if err := t.Serve(ctx, ln); err != nil {
+			w.log.Error(err, "Serving the tunnels")
+		}
 	})
 	return nil
 }

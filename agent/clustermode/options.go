@@ -3,6 +3,7 @@ package clustermode
 import (
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"time"
@@ -22,6 +23,10 @@ type Options struct {
 	NodeName string
 	// Listen and AdvertiseAddress: see Config.
 	Listen, AdvertiseAddress string
+	// Connect (--connect) is how the fleet reaches the agent: "inbound" (empty too) at
+	// its advertised address, "outbound" through the connection it holds to the
+	// gateway's tunnel listener at GatewayTunnel (--gateway-tunnel), which it needs.
+	Connect, GatewayTunnel string
 	// StoreDir (--store-dir) is the model store, StateDir (--state-dir) the agent's
 	// own state; both required, and created by CreateDirs.
 	StoreDir, StateDir string
@@ -66,6 +71,11 @@ func (o Options) Config() (Config, error) {
 		TokenAudience: o.TokenAudience, TokenIssuer: o.TokenIssuer, NoServiceAccountTokens: o.NoServiceAccountTokens, TokenCacheTTL: o.TokenCacheTTL,
 		PromptCacheSSDBytes: standalone.PromptCacheSSDBytes(o.PromptCacheSSDBytes)}
 	cfg.Pool.CeilingBytes, cfg.Pool.ReserveBytes = o.CeilingBytes, o.ReserveBytes
+	tunnelAddr, err := GatewayTunnel(o.Connect, o.GatewayTunnel)
+	if err != nil {
+		return cfg, err
+	}
+	cfg.GatewayTunnel = tunnelAddr
 	cfg.Pool.PromptCacheHotBytes = standalone.PromptCacheHotBytes(o.PromptCacheHotBytes)
 	if o.PromptCacheDir != "" {
 		dir, err := filepath.Abs(o.PromptCacheDir)
@@ -95,6 +105,33 @@ func (o Options) Config() (Config, error) {
 	}
 	cfg.RunnerSandbox, cfg.AllowUnconfinedRunners = mode, o.AllowUnconfinedRunners
 	return cfg, nil
+}
+
+// Connect modes (--connect).
+const (
+	ConnectInbound  = "inbound"
+	ConnectOutbound = "outbound"
+)
+
+// GatewayTunnel is the gateway tunnel the agent dials for connect and addr (--connect
+// and --gateway-tunnel): addr when outbound, "" when inbound.
+func GatewayTunnel(connect, addr string) (string, error) {
+	switch connect {
+	case "", ConnectInbound:
+		if addr != "" {
+			return "", errors.New("--gateway-tunnel is for --connect outbound (the agent dials the gateway); add --connect outbound or drop --gateway-tunnel")
+		}
+		return "", nil
+	case ConnectOutbound:
+		if addr == "" {
+			return "", errors.New("--connect outbound needs --gateway-tunnel HOST:PORT, the address of the gateway's --tunnel-listen")
+		}
+		if _, _, err := net.SplitHostPort(addr); err != nil {
+			return "", fmt.Errorf("--gateway-tunnel %q: want HOST:PORT: %w", addr, err)
+		}
+		return addr, nil
+	}
+	return "", fmt.Errorf("--connect %q: want %s or %s", connect, ConnectInbound, ConnectOutbound)
 }
 
 // CreateDirs creates the store and state directories (Config checked they are set).

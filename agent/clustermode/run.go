@@ -80,6 +80,10 @@ type Config struct {
 	// first non-loopback IPv4 address with the listen port, and port 0 the listen
 	// port (which a listen address with port 0 leaves to the kernel).
 	AdvertiseAddress string
+	// GatewayTunnel, when set, is the gateway's tunnel listener (host:port): the agent
+	// dials it and serves its API through that connection too (package tunnel), for a
+	// Mac the fleet cannot reach at its advertised address.
+	GatewayTunnel string
 	// The API is served over TLS with the node's certificate, which the agent asks for
 	// with a CertificateSigningRequest and renews (agent/certs); Certificates, when
 	// set, is used as it is instead (its holder keeps it current). Every call but
@@ -211,6 +215,7 @@ func Run(ctx context.Context, cfg Config) error {
 	go func() { poolDone <- eng.Pool.Run(poolCtx) }()
 	serveDone := make(chan error, 1)
 	go func() { serveDone <- httpSrv.Serve(ln) }()
+	dialOut(ctx, cfg, tlsSrc, httpSrv)
 	log.Info("Serving the OpenAI and admin API", "addr", ln.Addr().String(), "endpoint", endpoint, "node", cfg.NodeName,
 		"runner", eng.RunnerPath, "ceiling", eng.Pool.Ceiling().Describe())
 	if cfg.Started != nil {

@@ -132,6 +132,8 @@ func (o *gatewayOptions) addFlags(f *pflag.FlagSet) {
 func keyFlags(f *pflag.FlagSet, cfg *gateway.Config) {
 	f.StringVar(&cfg.AgentCertSecret, "agent-cert-secret", mfv1.SystemNamespace+"/"+mfv1.GatewayTLSSecret, "Secret (namespace/name) with the client "+
 		"certificate presented to agents and the fleet CA bundle, issued and renewed by the manager (re-read every 30s); \"\" calls agents over plain HTTP")
+	f.StringVar(&cfg.TunnelListen, "tunnel-listen", "", "Address (host:port) that takes the mutual-TLS connections of agents that dial out "+
+		"(macfleet agent --connect outbound --gateway-tunnel): requests for their Macs go through them (default: none)")
 	f.StringVar(&cfg.APIKeysFile, "api-keys-file", "", "File of admin API keys (every namespace's models and the console), one per line, optionally followed by priority=batch (re-read when it changes)")
 	f.BoolVar(&cfg.TenantKeys, "tenant-keys", false, "Accept the teams' API keys from Secrets of type macfleet.dev/api-key (as the manager publishes them in Secret macfleet-system/macfleet-api-keys, the only one the gateway reads besides its certificate), each reaching its namespace's models and those granted to it (spec.access); with this or --api-keys-file every request needs a key, with neither none does")
 	f.StringVar(&cfg.TokenAudience, "token-audience", satoken.DefaultAudience,

@@ -55,7 +55,7 @@ func (a *Agent) Run(ctx context.Context, serve func(net.Listener) error) error {
 		if err == nil {
 			a.Log.Info("Connected to the gateway by tunnel", "gateway", a.Gateway)
 			stop := context.AfterFunc(ctx, func() { sess.Close() })
-			err = serve(sess)
+			err = serve(listener{sess})
 			stop()
 			sess.Close()
 			wait = lo

@@ -181,7 +181,7 @@ func (s *Sessions) Dial(node string) (net.Conn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("opening a stream in the tunnel of %s: %w", node, err)
 	}
-	return c, nil
+	return stream{c}, nil
 }
 
 // DialContext is a transport's dial: through the tunnel of the Mac that nodeOf names

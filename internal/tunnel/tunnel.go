@@ -26,6 +26,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
+	"os"
 	"time"
 
 	"github.com/hashicorp/yamux"
@@ -73,4 +75,38 @@ func sessionConfig(w io.Writer) *yamux.Config {
 	c.KeepAliveInterval = KeepAliveInterval
 	c.LogOutput = w
 	return c
+}
+
+// stream is a yamux stream whose deadline errors are the standard library's
+// (os.ErrDeadlineExceeded): yamux's is not Temporary, so a TLS connection on the
+// stream took it for a broken link, and an HTTP server, which ends a pending read
+// with a past deadline after every response, closed each kept-alive connection.
+type stream struct{ net.Conn }
+
+func (s stream) Read(b []byte) (int, error) {
+	n, err := s.Conn.Read(b)
+	return n, deadlineErr(err)
+}
+
+func (s stream) Write(b []byte) (int, error) {
+	n, err := s.Conn.Write(b)
+	return n, deadlineErr(err)
+}
+
+func deadlineErr(err error) error {
+	if errors.Is(err, yamux.ErrTimeout) {
+		return os.ErrDeadlineExceeded
+	}
+	return err
+}
+
+// listener is a session's streams as a listener of streams.
+type listener struct{ *yamux.Session }
+
+func (l listener) Accept() (net.Conn, error) {
+	c, err := l.Session.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return stream{c}, nil
 }

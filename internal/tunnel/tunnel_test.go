@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -297,5 +298,33 @@ func TestTunnelRefusesWhatIsNotAMacOfTheFleet(t *testing.T) {
 	var refused *RefusedError
 	if errors.As(err, &refused) {
 		t.Fatalf("the agent's own check should fail before any answer: %v", err)
+	}
+}
+
+// TestTunnelKeepsConnectionsAlive: sequential requests reuse one connection (one
+// stream, one TLS handshake), as over a direct connection: the agent's HTTP server
+// ends a pending read with a past deadline after each response, which a deadline
+// error that TLS takes for a broken link turned into a new stream per request.
+func TestTunnelKeepsConnectionsAlive(t *testing.T) {
+	fc := newFleetCerts(t)
+	s, addr := startGateway(t, fc.gateway)
+	startAgent(t, addr, "mac-a", source(t, fc.ca, pki.Node("mac-a")), whoami("mac-a"))
+	waitNodes(t, s, "mac-a")
+	var dials atomic.Int32
+	d := &net.Dialer{Timeout: time.Second}
+	dial := s.DialContext(pki.NodeFrom, d.DialContext)
+	c := &http.Client{Transport: pki.NewTransports(fc.gateway, func() *http.Transport {
+		return &http.Transport{DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			dials.Add(1)
+			return dial(ctx, network, addr)
+		}}
+	})}
+	for i := range 20 {
+		if _, err := get(context.Background(), c, "mac-a", "/"); err != nil {
+			t.Fatalf("request %d: %v", i, err)
+		}
+	}
+	if n := dials.Load(); n != 1 {
+		t.Fatalf("20 sequential requests opened %d streams, want 1 kept alive", n)
 	}
 }

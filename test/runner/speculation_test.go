@@ -140,7 +140,8 @@ func TestSpeculationIsLossless(t *testing.T) {
 		{"stop", `{"model":"m","max_tokens":160,"temperature":0,"stop":["small"],` + quote + `}`, false},
 		{"max tokens", `{"model":"m","max_tokens":9,"temperature":0,` + quote + `}`, false},
 		{"json schema", `{"model":"m","max_tokens":120,"temperature":0,"response_format":{"type":"json_schema","json_schema":{"name":"n",
-			"schema":{"type":"object","properties":{"file":{"type":"string"}},"required":["file"]}}},` + quote + `}`, false},
+			"schema":{"type":"object","properties":{"file":{"type":"string"},"text":{"type":"string"}},"required":["file","text"]}}},
+			"messages":[{"role":"user","content":"Return a JSON object with the file and the text of notes.txt: ` + notes + `"}]}`, false},
 		{"tool call", `{"model":"m","max_tokens":120,"temperature":0,"tools":[` + readTool + `],
 			"messages":[{"role":"user","content":"Read notes.txt and then read notes.txt again."}]}`, false},
 		{"seeded temperature 1, n=2", `{"model":"m","max_tokens":120,"temperature":1,"seed":7,"n":2,` + quote + `}`, false},
@@ -151,9 +152,9 @@ func TestSpeculationIsLossless(t *testing.T) {
 			on := specChat(t, r, tc.body, runnerapi.SpeculationOn)
 			sameAnswers(t, off, on)
 			if tc.drafts && accepted(on) == 0 {
-				t.Fatalf("the copy-heavy turn kept no drafted token (usage %+v): the comparison shows nothing", on.Usage)
+				t.Fatalf("the copy-heavy turn kept no drafted token (%q, drafts %+v): the comparison shows nothing", on.Choices[0].Message.Text(), on.Usage.CompletionTokensDetails)
 			}
-			t.Logf("%q: %d tokens, drafts %+v", on.Choices[0].Message.Text(), on.Usage.CompletionTokens, on.Usage.CompletionTokensDetails)
+			t.Logf("%q %s: %d tokens, drafts %+v", on.Choices[0].Message.Text(), callsOf(on.Choices[0].Message.ToolCalls), on.Usage.CompletionTokens, on.Usage.CompletionTokensDetails)
 		})
 	}
 }

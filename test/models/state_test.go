@@ -26,7 +26,9 @@ var pathsOff = map[ggufsynth.Family][]runnerapi.PathOff{
 	// A restore keeps a saved state's first tokens and cuts the rest; a recurrent
 	// state exists only at its sequence's last position and cannot be cut back.
 	ggufsynth.Qwen3Next: {{Path: runnerapi.PathPromptCache,
-		Reason: "off: the model keeps a recurrent state beside its attention cache, which cannot be cut back to a prefix (qwen3next)"}},
+		Reason: "off: the model keeps a recurrent state beside its attention cache, which cannot be cut back to a prefix (qwen3next)"},
+		{Path: runnerapi.PathSpeculation,
+			Reason: "off: the model keeps a recurrent state beside its attention cache, which cannot be cut back past a rejected draft (qwen3next)"}},
 }
 
 // TestStatePathsOff starts each family's runner with a prompt cache and checks the

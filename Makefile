@@ -163,6 +163,12 @@ fuzz: ## Run every fuzz target for FUZZTIME each (default 10000x: inputs, not se
 bench: envtest runner ## Run the benchmarks named in docs/benchmarks.md.
 	hack/bench.sh
 
+SPEC_ROUNDS ?= 10
+
+.PHONY: bench-spec
+bench-spec: runner ## Speculative decoding: single-stream decode off and on in one run, copy-heavy and nothing to copy (docs/speculative-decoding.md).
+	MACFLEET_RUNNER=$(RUNNER) go test -count=1 -run '^$$' -bench Speculation -benchtime $(SPEC_ROUNDS)x ./test/runner
+
 # PEERS_SMOKE=1: one round of the tiny model with short outputs, to check the harness
 # end to end (CI), not the figures.
 PEERS_SMOKE   ?=

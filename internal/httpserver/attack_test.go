@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -75,19 +76,48 @@ func TestAttackIdleConnectionsLockOutTheirSource(t *testing.T) {
 }
 
 // TestAttackStalledBodiesHoldTheirSource: one local process fills the source's share
-// with requests whose headers came and whose body never does (or trickles a byte at
-// a time), each held by its handler for the whole body timeout; another local client
-// must be served within a few seconds, not after that timeout.
+// with requests whose headers came and whose body never does (or trickles a byte
+// every 100 ms), each held for the whole body timeout by its handler reading the
+// body, or — sent to a Host the guard does not answer to — by the server discarding
+// the body of the refusal; once every one is taken up, another local client must be
+// served at once, not after that timeout.
 func TestAttackStalledBodiesHoldTheirSource(t *testing.T) {
+	for _, tc := range []struct {
+		name, host string
+		trickle    bool
+	}{{"read, half trickled", "127.0.0.1", true}, {"refused by the guard", "evil.example", false}} {
+		t.Run(tc.name, func(t *testing.T) { stalledBodies(t, tc.host, tc.trickle) })
+	}
+}
+
+// stalledBodies is TestAttackStalledBodiesHoldTheirSource's attack of bodies sent to
+// host, half of them trickled when trickle is set.
+func stalledBodies(t *testing.T, host string, trickle bool) {
 	const perSource = 16
-	addr := serve(t, echoBody, Limits{MaxConnections: 4 * perSource, MaxConnectionsPerSource: perSource})
+	var entered atomic.Int64
+	hosts, err := NewHosts("127.0.0.1:0", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	guarded := Guard(echoBody, hosts)
+	addr := serve(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		entered.Add(1)
+		guarded.ServeHTTP(w, r)
+	}), Limits{MaxConnections: 4 * perSource, MaxConnectionsPerSource: perSource})
 	var trickled []net.Conn
 	for i := range perSource {
 		c := dialFrom(t, "127.0.0.1", addr)
-		fmt.Fprintf(c, "POST / HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n{")
-		if i%2 == 0 {
+		fmt.Fprintf(c, "POST / HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n{", host)
+		if trickle && i%2 == 0 {
 			trickled = append(trickled, c)
 		}
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for entered.Load() < perSource {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d stalled requests reached the handler in 5s", entered.Load(), perSource)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 	stop := make(chan struct{})
 	defer close(stop)
@@ -103,8 +133,7 @@ func TestAttackStalledBodiesHoldTheirSource(t *testing.T) {
 			}
 		}
 	}()
-	if ok, last := servedWithin(clientFrom("127.0.0.1"), addr, 4*StallGrace+2*time.Second); !ok {
-		t.Fatalf("with %d stalled or trickled bodies open, a client of their source was not served in %v: %s",
-			perSource, 4*StallGrace+2*time.Second, last)
+	if ok, last := servedWithin(clientFrom("127.0.0.1"), addr, 3*time.Second); !ok {
+		t.Fatalf("with %d stalled bodies open, a client of their source was not served in 3s: %s", perSource, last)
 	}
 }

@@ -22,11 +22,11 @@ const refuseTimeout = time.Second
 //     connection first closes the connections that have waited idle (kept alive
 //     after an answer, or not yet sent a first request) for l.PressureIdleTimeout;
 //   - at either cap, a new connection takes the slot of a reclaimable connection
-//     (evict.go): idle, or stalled — its request's headers or body not arriving for
-//     StallGrace. At its source's cap it takes its own source's oldest; at the global
-//     cap the oldest of the source holding the most connections. So idle and stalled
-//     connections never lock anyone out: the caps bound only connections busy with a
-//     request.
+//     (evict.go): idle, or waiting for its client's request headers or body, the
+//     one waiting longest first. At its source's cap it takes its own source's; at
+//     the global cap the one of the source holding the most connections. So idle and
+//     stalled connections never lock anyone out: the caps bound only connections
+//     busy with a request.
 //   - past a cap with nothing reclaimable, a new connection is answered "503 Service
 //     Unavailable" with Retry-After and an OpenAI-shaped error body that names the
 //     cap, then closed; the connections already open are served as before.

@@ -24,7 +24,7 @@ func from(ip string) net.Conn {
 // TestCapListenerAdmit walks the caps' decisions with a fake clock: the cap per
 // source, the global cap, under pressure the closing of connections idle for the
 // pressure timeout, and at a cap the taking of a reclaimable connection's slot (idle,
-// or stalled for StallGrace in its headers or body; never a busy one): its own
+// or waiting for its headers or body, the oldest first; never a busy one): its own
 // source's at the source's cap, the largest source's at the global cap.
 func TestCapListenerAdmit(t *testing.T) {
 	t0 := time.Date(2026, 11, 26, 10, 0, 0, 0, time.UTC)
@@ -36,7 +36,8 @@ func TestCapListenerAdmit(t *testing.T) {
 		at time.Duration
 		// state the connection then takes: "" idle, "busy" (a request served),
 		// "headers" (a request's headers begun, not ended), "body" (its handler waiting
-		// for the body), "trickle" (the handler waiting, 10 bytes of body come).
+		// for more of a body that came fast), "trickle" (the handler waiting, 10 bytes of
+		// body come, the last 900 ms after it began).
 		state string
 		// want: "ok", "source" (refused by its source's cap) or "full" (the global cap);
 		// stale: the steps whose connections it closed.
@@ -62,18 +63,17 @@ func TestCapListenerAdmit(t *testing.T) {
 			{ip: "2001:db8::ffff:1", state: "busy", want: "ok"},
 			{ip: "2001:db8::3", want: "source"}, {ip: "2001:db8:0:1::1", want: "ok"},
 		}},
-		{"stalled headers and bodies are reclaimed after the grace, busy ones never", []step{
+		{"stalled headers and bodies are reclaimed oldest first, busy ones never", []step{
 			{ip: "10.0.0.1", state: "busy", want: "ok"}, {ip: "10.0.0.1", state: "headers", want: "ok"},
 			{ip: "10.0.0.1", at: 100 * time.Millisecond, state: "body", want: "ok"},
-			{ip: "10.0.0.1", at: 500 * time.Millisecond, want: "source"},
-			{ip: "10.0.0.1", at: StallGrace, want: "ok", stale: []int{1}},
-			{ip: "10.0.0.1", at: StallGrace + 100*time.Millisecond, want: "ok", stale: []int{2}},
+			{ip: "10.0.0.1", at: 500 * time.Millisecond, state: "busy", want: "ok", stale: []int{1}},
+			{ip: "10.0.0.1", at: 600 * time.Millisecond, state: "busy", want: "ok", stale: []int{2}},
+			{ip: "10.0.0.1", at: time.Hour, want: "source"},
 		}},
-		{"a body trickled below the minimum rate is reclaimed", []step{
-			{ip: "10.0.0.1", state: "busy", want: "ok"}, {ip: "10.0.0.1", state: "busy", want: "ok"},
+		{"a body trickled below the minimum rate counts from its start", []step{
+			{ip: "10.0.0.1", state: "busy", want: "ok"}, {ip: "10.0.0.1", at: 200 * time.Millisecond, state: "body", want: "ok"},
 			{ip: "10.0.0.1", state: "trickle", want: "ok"},
-			{ip: "10.0.0.1", at: StallGrace / 2, want: "source"},
-			{ip: "10.0.0.1", at: StallGrace, want: "ok", stale: []int{2}},
+			{ip: "10.0.0.1", at: time.Second, want: "ok", stale: []int{2}},
 		}},
 		{"below pressure idle connections stay", []step{
 			{ip: "10.0.0.1", want: "ok"}, {ip: "10.0.0.2", want: "ok"}, {ip: "10.0.0.3", want: "ok"}, {ip: "10.0.0.4", want: "ok"},
@@ -97,8 +97,8 @@ func TestCapListenerAdmit(t *testing.T) {
 			{ip: "10.0.0.1", state: "busy", want: "ok"}, {ip: "10.0.0.2", state: "busy", want: "ok"},
 			{ip: "10.0.0.3", state: "busy", want: "ok"}, {ip: "10.0.0.4", state: "busy", want: "ok"},
 			{ip: "10.0.0.5", state: "busy", want: "ok"}, {ip: "10.0.0.6", state: "busy", want: "ok"},
-			{ip: "10.0.0.7", state: "busy", want: "ok"}, {ip: "10.0.0.8", state: "headers", want: "ok"},
-			{ip: "10.0.0.9", at: StallGrace / 2, want: "full"},
+			{ip: "10.0.0.7", state: "busy", want: "ok"}, {ip: "10.0.0.8", state: "busy", want: "ok"},
+			{ip: "10.0.0.9", at: time.Hour, want: "full"},
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -139,9 +139,9 @@ func setState(sc *slotConn, state string, at time.Time) {
 	case "headers":
 		sc.idleSince, sc.activeSince = time.Time{}, at
 	case "body":
-		sc.idleSince, sc.activeSince, sc.handling, sc.bodyStart, sc.waitSince = time.Time{}, at, true, at, at
+		sc.idleSince, sc.activeSince, sc.handling, sc.bodyStart, sc.waitSince, sc.bodyBytes = time.Time{}, at, true, at, at, 1<<20
 	case "trickle":
-		sc.idleSince, sc.activeSince, sc.handling, sc.bodyStart, sc.waitSince, sc.bodyBytes = time.Time{}, at, true, at, at.Add(StallGrace-time.Millisecond), 10
+		sc.idleSince, sc.activeSince, sc.handling, sc.bodyStart, sc.waitSince, sc.bodyBytes = time.Time{}, at, true, at, at.Add(900*time.Millisecond), 10
 	}
 }
 

@@ -5,33 +5,30 @@ import (
 	"time"
 )
 
-// StallGrace is how long a request's headers or body may not arrive before its
-// connection counts as stalled: reclaimable at a cap like an idle one. A client that
-// sends a request at once is never near it; one that trickles or stalls holds a slot
-// for no work.
-const StallGrace = time.Second
-
 // MinBodyRate (bytes a second) is the slowest a request body may arrive, on average
-// since its handler began, and not count as stalled while its handler waits for it
-// (a body trickled a byte at a time).
+// since its handler began, and count as arriving: a body trickled a byte at a time
+// counts as stalled since its handler began, not since its last byte.
 const MinBodyRate = 4 << 10
 
 // reclaimableSince is since when c (under its listener's lock) holds its slot for no
-// work at now, and whether it does: idle (waiting for a request), or stalled (a
-// request's headers, or the body its handler waits for, not arriving for StallGrace;
-// or that body arriving slower than MinBodyRate once StallGrace passed).
-// A connection whose request is being served is never reclaimable.
+// work at now, and whether it does: idle (waiting for a request), or waiting for its
+// client — a request's headers not ended, or the body its handler reads not there
+// (since that read began, or since the handler began when the body comes slower than
+// MinBodyRate). A connection whose request is being served is never reclaimable.
+// There is no grace: a flood that dials as fast as it is closed would keep every
+// slot younger than any grace. The oldest goes first, so a request whose headers or
+// body are arriving is the newest and the last to go.
 func reclaimableSince(c *slotConn, now time.Time) (time.Time, bool) {
 	switch {
 	case !c.idleSince.IsZero():
 		return c.idleSince, true
-	case !c.handling && !c.activeSince.IsZero() && now.Sub(c.activeSince) >= StallGrace:
+	case !c.handling && !c.activeSince.IsZero():
 		return c.activeSince, true
-	case c.handling && !c.waitSince.IsZero() && now.Sub(c.waitSince) >= StallGrace:
+	case c.handling && !c.waitSince.IsZero():
+		if elapsed := now.Sub(c.bodyStart); float64(c.bodyBytes) < MinBodyRate*elapsed.Seconds() {
+			return c.bodyStart, true
+		}
 		return c.waitSince, true
-	case c.handling && !c.waitSince.IsZero() && now.Sub(c.bodyStart) >= StallGrace &&
-		float64(c.bodyBytes) < MinBodyRate*now.Sub(c.bodyStart).Seconds():
-		return c.bodyStart, true
 	}
 	return time.Time{}, false
 }

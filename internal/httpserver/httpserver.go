@@ -116,7 +116,8 @@ func withConn(ctx context.Context, c net.Conn) context.Context {
 // ErrBodyTimeout is what reading a request's body returns once BodyTimeout passed.
 var ErrBodyTimeout = errors.New("the request body did not arrive in time")
 
-// bodyDeadline marks the request's connection as handled, and sets a read deadline
+// bodyDeadline marks the request's connection as handled until its handler returns,
+// and sets a read deadline
 // of d (none when d <= 0) on a request with a body, lifted once the body is read to
 // its end or closed; while the handler waits for body bytes, the connection's slot
 // knows since when (a stalled body is reclaimable, evict.go). A request without a
@@ -138,6 +139,13 @@ func bodyDeadline(next http.Handler, d time.Duration) http.Handler {
 			r.Body = b
 		}
 		next.ServeHTTP(w, r)
+		if sc != nil {
+			// What is left is the server discarding a body the handler did not read
+			// (before it sends the answer), which a stalled client holds up: like
+			// headers that do not end, that waits for the client.
+			now := time.Now()
+			sc.update(func(sc *slotConn) { sc.handling, sc.activeSince, sc.waitSince = false, now, time.Time{} })
+		}
 	})
 }
 

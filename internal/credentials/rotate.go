@@ -124,6 +124,9 @@ func NewRotator(rc *rest.Config, kubeconfig string, log logr.Logger) (*Rotator, 
 	if err != nil || c.Secret == "" || c.ServiceAccount == "" {
 		return nil, ErrNotRenewable
 	}
+	if err := checkNotExpired(c, kubeconfig, time.Now()); err != nil {
+		return nil, err
+	}
 	r := &Rotator{kubeconfig: kubeconfig, Clock: clock.RealClock{}, log: log, token: rc.BearerToken, claims: c}
 	rc.BearerToken = ""
 	prev := rc.WrapTransport
@@ -137,6 +140,25 @@ func NewRotator(rc *rest.Config, kubeconfig string, log logr.Logger) (*Rotator, 
 		return nil, fmt.Errorf("building the token renewal client: %w", err)
 	}
 	return r, nil
+}
+
+// ErrExpired: the node token expired before the agent started (a Mac offline for
+// longer than its token's lifetime); no renewal can replace it.
+var ErrExpired = errors.New("the node token expired")
+
+// checkNotExpired returns ErrExpired, naming the step that brings the Mac back, when
+// the token expired at or before now.
+func checkNotExpired(c Claims, kubeconfig string, now time.Time) error {
+	if c.Expires.After(now) {
+		return nil
+	}
+	where := "the agent's --kubeconfig"
+	if kubeconfig != "" {
+		where = kubeconfig
+	}
+	return fmt.Errorf("%w at %s (%s ago): give this Mac a new credential: on the admin machine "+
+		"`macfleet nodes credentials %s -o %s.kubeconfig`, copy that file to %s on this Mac and start the agent again",
+		ErrExpired, c.Expires.UTC().Format(time.RFC3339), now.Sub(c.Expires).Round(time.Minute), c.ServiceAccount, c.ServiceAccount, where)
 }
 
 // Claims are the claims of the current token.

@@ -141,6 +141,13 @@ func New(opts ...Option) (*Env, error) {
 	return &Env{Config: cfg, Client: c, Scheme: s, KubeConfig: te.KubeConfig, CRDPaths: crdPaths, env: te}, nil
 }
 
+// ServiceAccountSigningKey is the PEM file of the key the API server signs service
+// account tokens with, for a test that makes a token the API server would have issued
+// at another time (one that expired).
+func (e *Env) ServiceAccountSigningKey() string {
+	return filepath.Join(e.env.ControlPlane.GetAPIServer().CertDir, "sa-signer.key")
+}
+
 // Stop stops the API server and etcd and removes their data.
 func (e *Env) Stop() error {
 	if err := e.env.Stop(); err != nil {

@@ -23,9 +23,13 @@ type idleResult struct {
 	Attacks           []idleAttack
 }
 
-// idleAttack is one attack: how its refused slots dial again (never, or after
-// Redial), the other client's latencies beside it, and what the attacker got.
+// idleAttack is one attack: what it holds (Kind: idle connections from one address,
+// stalled request bodies, or idle connections spread over Sources addresses), how
+// its refused slots dial again (never, or after Redial), the other client's
+// latencies beside it, and what the attacker got.
 type idleAttack struct {
+	Kind             string
+	Conns, Sources   int
 	Redial           time.Duration
 	Attacked         latencies
 	Held, MaxHeld    int64
@@ -38,58 +42,78 @@ type idleAttack struct {
 }
 
 // idlePhase measures the other client (127.0.0.2, a new connection per request)
-// alone, then beside an attacker at 127.0.0.1 that opens o.idleConns idle
-// connections to the same gateway and keeps those it gets (dialling again when the
-// gateway closes one), then beside one whose refused slots also dial again after
-// o.redial (a flood of new connections besides the idle ones), then alone again.
+// alone, then beside each attack of attacks on the gateway (idleAttacks), then alone
+// again.
 func idlePhase(ctx context.Context, o options, fl *benchFleet) (idleResult, error) {
-	r := idleResult{Conns: o.idleConns}
 	url, key := fl.urls[0], fl.keys[keyHot]
-	legit := from("127.0.0.2", false, 1)
-	fmt.Fprintf(o.out, "idle: %d requests alone; load %s\n", o.legit, localfleet.LoadAverage())
+	return attackPhase(ctx, o, "gateway", url, func() (time.Duration, string) { return timed(ctx, from("127.0.0.2", false, 1), url, key) })
+}
+
+// idleAttacks are the attacks of a phase: o.idleConns idle connections from
+// 127.0.0.1 whose refused slots never dial again, the same dialling again after
+// o.redial (a flood of new connections besides the idle ones), o.idleConns stalled
+// request bodies from 127.0.0.1, and o.spreadConns idle connections from
+// o.spreadSources addresses.
+func idleAttacks(o options) []idleAttack {
+	return []idleAttack{{Kind: kindIdle, Conns: o.idleConns, Sources: 1}, {Kind: kindIdle, Conns: o.idleConns, Sources: 1, Redial: o.redial},
+		{Kind: kindStalled, Conns: o.idleConns, Sources: 1, Redial: o.redial},
+		{Kind: kindIdle, Conns: o.spreadConns, Sources: o.spreadSources, Redial: o.redial}}
+}
+
+// attackPhase measures one request of the other client (req) o.legit times alone,
+// beside each of idleAttacks on url, and alone again.
+func attackPhase(ctx context.Context, o options, name, url string, req func() (time.Duration, string)) (idleResult, error) {
+	r := idleResult{Conns: o.idleConns}
+	fmt.Fprintf(o.out, "idle (%s): %d requests alone; load %s\n", name, o.legit, localfleet.LoadAverage())
 	for range o.legit {
-		r.Alone.add(timed(ctx, legit, url, key))
+		r.Alone.add(req())
 	}
-	for _, redial := range []time.Duration{0, o.redial} {
-		at, err := attack(ctx, o, url, redial, func() (l latencies) {
+	for _, spec := range idleAttacks(o) {
+		at, err := attackWith(ctx, o, spec, url, func() (l latencies) {
 			for range o.legit {
-				l.add(timed(ctx, legit, url, key))
+				l.add(req())
 			}
 			return l
 		})
 		if err != nil {
 			return r, err
 		}
-		fmt.Fprintf(o.out, "idle: p99 alone %s, beside %d idle connections (refused ones dial again: %s) %s (%.2f×); "+
-			"the attacker held %d (at most %d), %d refused, %d closed by the gateway, %d dial errors, %d other failures (the last: %s)\n",
-			ms(r.Alone.quantile(0.99)), o.idleConns, redialText(redial), ms(at.Attacked.quantile(0.99)),
+		fmt.Fprintf(o.out, "idle (%s): p99 alone %s, beside %d %s from %d address(es) (refused ones dial again: %s) %s (%.2f×); "+
+			"the attacker held %d (at most %d), %d refused, %d closed by the server, %d dial errors, %d other failures (the last: %s)\n",
+			name, ms(r.Alone.quantile(0.99)), at.Conns, at.Kind, at.Sources, redialText(at.Redial), ms(at.Attacked.quantile(0.99)),
 			ratio(at.Attacked.quantile(0.99), r.Alone.quantile(0.99)), at.Held, at.MaxHeld, at.Refused, at.ClosedByGateway, at.DialErrors, at.Failed, at.LastAttackerFail)
 		r.Attacks = append(r.Attacks, at)
 	}
 	for range o.legit {
-		r.AloneAfter.add(timed(ctx, legit, url, key))
+		r.AloneAfter.add(req())
 	}
 	return r, nil
 }
 
-// attack runs measure beside an attacker on addr once each of its o.idleConns slots
-// has tried once.
-func attack(ctx context.Context, o options, url string, redial time.Duration, measure func() latencies) (idleAttack, error) {
-	at := idleAttack{Redial: redial}
-	a := &attacker{addr: strings.TrimPrefix(url, "http://"), redial: redial, stop: make(chan struct{})}
-	a.start(o.idleConns)
+// The kinds of attack.
+const (
+	kindIdle    = "idle connections"
+	kindStalled = "stalled request bodies"
+)
+
+// attackWith runs measure beside the attack at on url once each of its slots has
+// tried once.
+func attackWith(ctx context.Context, o options, at idleAttack, url string, measure func() latencies) (idleAttack, error) {
+	a := &attacker{addr: strings.TrimPrefix(url, "http://"), redial: at.Redial, stop: make(chan struct{}),
+		stalled: at.Kind == kindStalled, sources: at.Sources}
+	a.start(at.Conns)
 	defer a.end()
 	deadline := time.Now().Add(2 * time.Minute)
-	for a.attempts.Load() < int64(o.idleConns) {
+	for a.attempts.Load() < int64(at.Conns) {
 		if time.Now().After(deadline) {
-			return at, fmt.Errorf("the attacker made %d of %d connections in 2 minutes", a.attempts.Load(), o.idleConns)
+			return at, fmt.Errorf("the attacker made %d of %d connections in 2 minutes", a.attempts.Load(), at.Conns)
 		}
 		if err := sleep(ctx, 50*time.Millisecond); err != nil {
 			return at, err
 		}
 	}
-	fmt.Fprintf(o.out, "idle: the attacker holds %d connections (%d refused so far; refused ones dial again: %s); %d requests beside it; load %s\n",
-		a.held.Load(), a.refused.Load(), redialText(redial), o.legit, localfleet.LoadAverage())
+	fmt.Fprintf(o.out, "idle: the attacker holds %d %s from %d address(es) (%d refused so far; refused ones dial again: %s); %d requests beside it; load %s\n",
+		a.held.Load(), at.Kind, at.Sources, a.refused.Load(), redialText(at.Redial), o.legit, localfleet.LoadAverage())
 	at.Attacked = measure()
 	at.Held, at.MaxHeld, at.Attempts = a.held.Load(), a.maxHeld.Load(), a.attempts.Load()
 	at.Refused, at.ClosedByGateway, at.DialErrors, at.Failed = a.refused.Load(), a.closed.Load(), a.dialErrs.Load(), a.failed.Load()
@@ -107,12 +131,16 @@ func redialText(d time.Duration) string {
 // attacker holds idle connections from 127.0.0.1: each slot dials, sends one
 // GET /healthz kept alive, and then idles until the gateway closes the connection,
 // and dials again a second later; a refused slot dials again after redial, or never
-// when it is 0.
+// when it is 0. A stalled attacker's slots send a chat completion's headers and the
+// body's first byte, and never the rest. With sources above 1 slot i leaves from
+// 127.0.0.(10 + i mod sources).
 type attacker struct {
-	addr   string
-	redial time.Duration
-	stop   chan struct{}
-	wg     sync.WaitGroup
+	addr    string
+	redial  time.Duration
+	stalled bool
+	sources int
+	stop    chan struct{}
+	wg      sync.WaitGroup
 
 	attempts, held, maxHeld, refused, closed, dialErrs, failed atomic.Int64
 
@@ -125,8 +153,12 @@ const dialers = 256
 
 func (a *attacker) start(slots int) {
 	sem := make(chan struct{}, dialers)
-	d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP("127.0.0.1")}, Timeout: 5 * time.Second}
-	for range slots {
+	for i := range slots {
+		ip := "127.0.0.1"
+		if a.sources > 1 {
+			ip = fmt.Sprintf("127.0.0.%d", 10+i%a.sources)
+		}
+		d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(ip)}, Timeout: 5 * time.Second}
 		a.wg.Go(func() {
 			for {
 				sem <- struct{}{}
@@ -166,6 +198,16 @@ func (a *attacker) open(d *net.Dialer) (c net.Conn, ok, refused bool) {
 		a.setFail(err.Error())
 		return nil, false, false
 	}
+	if a.stalled {
+		if _, err := fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"+
+			"Content-Length: 100000\r\n\r\n{"); err != nil {
+			a.failed.Add(1)
+			a.setFail(err.Error())
+			c.Close()
+			return nil, false, false
+		}
+		return c, true, false // held until the server answers or closes it
+	}
 	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
 	status, closed, err := healthz(c)
 	_ = c.SetDeadline(time.Time{})
@@ -186,7 +228,7 @@ func (a *attacker) open(d *net.Dialer) (c net.Conn, ok, refused bool) {
 	return nil, false, refused
 }
 
-// idle holds c until the gateway closes it or the attack ends.
+// idle holds c until the gateway answers or closes it, or the attack ends.
 func (a *attacker) idle(c net.Conn) {
 	n := a.held.Add(1)
 	for m := a.maxHeld.Load(); n > m && !a.maxHeld.CompareAndSwap(m, n); m = a.maxHeld.Load() {

@@ -16,6 +16,11 @@
 //     again a second after the gateway closes one), then while it also dials each
 //     refused one again after -redial (a flood of new connections), then alone
 //     again: p50 and p99 of each and the p99 ratios to alone.
+//     Then the same beside C stalled request bodies from 127.0.0.1 (a chat
+//     completion's headers and one byte of its body), and beside -spread idle
+//     connections from -spread-sources addresses (default 1,000 from 100,
+//     127.0.0.10 on). Then all of it again on `macfleet serve` with the same model,
+//     the other client at 127.0.0.1 too (every local client's address).
 //  3. Bearers: T random JWT-shaped bearers (default 10,000) from one source, once of
 //     random bytes and once forged (claims for the fleet's audience and issuer, a
 //     random signature): the TokenReviews the API server answered by its own count
@@ -27,7 +32,7 @@
 //     it on the same fleet: p50 of each, the difference and the ratio.
 //
 // Every request is bounded in time, each phase in requests, the run by -timeout;
-// traffic stays on loopback (127.0.0.1 to 127.0.0.5) and this machine's address; the
+// traffic stays on loopback (127.0.0.0/24) and this machine's address; the
 // fleet and its directory are removed on exit and on Ctrl-C. Run it from the
 // repository root with KUBEBUILDER_ASSETS set.
 package main
@@ -53,7 +58,9 @@ type options struct {
 	budget                      int64
 	// Idle connections phase.
 	idleConns, legit int
-	redial           time.Duration
+	// spreadConns idle connections from spreadSources addresses: the spread attack.
+	spreadConns, spreadSources int
+	redial                     time.Duration
 	// Bearers phase.
 	bearers, bearerWorkers int
 	// Hot path phase.
@@ -74,6 +81,8 @@ func main() {
 	flag.IntVar(&o.maxTokens, "max-tokens", 25, "max_tokens of each stream (its ask is its body's bytes / 2 + 1 + max_tokens × n)")
 	flag.Int64Var(&o.budget, "budget", 200, "the key's TokenBudget, tokens a minute")
 	flag.IntVar(&o.idleConns, "idle", 5000, "idle connections one source tries to hold")
+	flag.IntVar(&o.spreadConns, "spread", 1000, "idle connections of the spread attack, from -spread-sources addresses (127.0.0.10 on)")
+	flag.IntVar(&o.spreadSources, "spread-sources", 100, "addresses of the spread attack")
 	flag.IntVar(&o.legit, "requests", 200, "sequential requests of the other client, alone and beside the idle connections")
 	flag.DurationVar(&o.redial, "redial", time.Second, "the second attack: how long a refused slot waits to dial again (the first attack's never do)")
 	flag.IntVar(&o.bearers, "bearers", 10000, "random bearers of each kind from one source")
@@ -95,6 +104,7 @@ func main() {
 // smokeSized is o cut to a quick check: enough of each attack to pass each cap once.
 func (o options) smokeSized() options {
 	o.streams, o.idleConns, o.legit, o.bearers, o.pairs = 6, 300, 20, 200, 20
+	o.spreadConns, o.spreadSources = 100, 10
 	return o
 }
 
@@ -104,6 +114,7 @@ type report struct {
 	One, Two      budgetResult
 	Later         budgetResult
 	Idle          idleResult
+	Serve         idleResult
 	Random        bearerResult
 	Forged        bearerResult
 	ValidToken    int
@@ -115,8 +126,10 @@ type report struct {
 
 func run(o options) (*report, error) {
 	if o.streams < 1 || o.choices < 1 || o.maxTokens < 1 || o.budget < 1 || o.idleConns < 1 || o.legit < 1 ||
+		o.spreadConns < 1 || o.spreadSources < 1 || o.spreadSources > 240 ||
 		o.bearers < 1 || o.bearerWorkers < 1 || o.pairs < 1 {
-		return nil, errors.New("-streams, -n, -max-tokens, -budget, -idle, -requests, -bearers, -bearer-workers and -pairs must be positive")
+		return nil, errors.New("-streams, -n, -max-tokens, -budget, -idle, -spread, -spread-sources (at most 240), -requests, -bearers, " +
+			"-bearer-workers and -pairs must be positive")
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -161,6 +174,9 @@ func phases(ctx context.Context, o options, fl *benchFleet, r *report) error {
 	}
 	if r.Idle, err = idlePhase(ctx, o, fl); err != nil {
 		return fmt.Errorf("idle connections: %w", err)
+	}
+	if r.Serve, err = servePhase(ctx, o, fl); err != nil {
+		return fmt.Errorf("idle connections on serve: %w", err)
 	}
 	if r.Random, r.Forged, r.ValidToken, err = bearerPhase(ctx, o, fl); err != nil {
 		return fmt.Errorf("bearers: %w", err)

@@ -66,9 +66,10 @@ func waitingMessage(s *v1alpha1.ReplicaShard) string {
 
 // splitHeadSpec is the pure rule of a split head's pool spec: spec (BuildSpec's, for
 // the whole model) reserving the head shard's memory only, with one worker per worker
-// shard in layer order, at its split link address (addrs, by the shard's Mac) and
-// computing its shard's layers. spec is returned unchanged for a replica not split.
-func splitHeadSpec(spec enginepool.ModelSpec, mr *v1alpha1.ModelReplica, addrs map[string]string) enginepool.ModelSpec {
+// shard in layer order, at its split link's address and with its token (links, by the
+// shard's Mac), computing its shard's layers. spec is returned unchanged for a replica
+// not split.
+func splitHeadSpec(spec enginepool.ModelSpec, mr *v1alpha1.ModelReplica, links map[string]enginepool.SplitWorker) enginepool.ModelSpec {
 	if mr.Spec.Split == nil || len(mr.Spec.Split.Shards) == 0 {
 		return spec
 	}
@@ -76,7 +77,7 @@ func splitHeadSpec(spec enginepool.ModelSpec, mr *v1alpha1.ModelReplica, addrs m
 	spec.EstimatedBytes = shards[0].Memory.Value()
 	spec.SplitWorkers = nil
 	for _, s := range shards[1:] {
-		spec.SplitWorkers = append(spec.SplitWorkers, enginepool.SplitWorker{Addr: addrs[s.Node],
+		spec.SplitWorkers = append(spec.SplitWorkers, enginepool.SplitWorker{Addr: links[s.Node].Addr, Token: links[s.Node].Token,
 			Layers: int(s.LastLayer-s.FirstLayer) + 1})
 	}
 	return spec
@@ -90,6 +91,10 @@ type SplitLinks struct {
 	// Dial opens the link to the worker shard of replica namespace/name on Mac node.
 	Dial func(ctx context.Context, node, namespace, name string) (net.Conn, error)
 	Log  logr.Logger
+	// Tokens makes each link require its token (splitlink.ForwardWithToken): the
+	// head's links, whose runner reads the tokens on its standard input. A worker's
+	// peer link has none: the worker reaching it is started with --next only.
+	Tokens bool
 
 	mu  sync.Mutex
 	fwd map[string]map[string]*splitlink.Forwarder // by replica key, then worker Mac
@@ -98,7 +103,7 @@ type SplitLinks struct {
 // newSplitLinks dials a worker shard's Mac at the agent address its MacNode reports,
 // with this Mac's fleet certificate, checking that the agent is that Mac's.
 func newSplitLinks(c client.Reader, tlsSrc *pki.Source, log logr.Logger) *SplitLinks {
-	return &SplitLinks{Log: log, Dial: dialAgent(c, tlsSrc, splitlink.Dial)}
+	return &SplitLinks{Log: log, Dial: dialAgent(c, tlsSrc, splitlink.Dial), Tokens: true}
 }
 
 // newPeerLinks are a worker shard's Mac's links to the next worker shard's Mac
@@ -123,22 +128,33 @@ func dialAgent(c client.Reader, tlsSrc *pki.Source,
 	}
 }
 
-// Addrs are the loopback addresses of mr's worker shards, by Mac, made on first use.
-func (l *SplitLinks) Addrs(mr *v1alpha1.ModelReplica) (map[string]string, error) {
-	addrs := map[string]string{}
+// Addrs are the loopback addresses of mr's worker shards and the tokens their links
+// require (Layers unset), by Mac, made on first use.
+func (l *SplitLinks) Addrs(mr *v1alpha1.ModelReplica) (map[string]enginepool.SplitWorker, error) {
+	links := map[string]enginepool.SplitWorker{}
 	for _, node := range mr.Spec.Split.WorkerNodes() {
-		addr, err := l.Addr(mr, node)
+		f, err := l.forwarder(mr, node)
 		if err != nil {
 			return nil, err
 		}
-		addrs[node] = addr
+		links[node] = enginepool.SplitWorker{Addr: f.Addr(), Token: f.Token()}
 	}
-	return addrs, nil
+	return links, nil
 }
 
 // Addr is the loopback address of the link to mr's worker shard on Mac node, made on
 // first use.
 func (l *SplitLinks) Addr(mr *v1alpha1.ModelReplica, node string) (string, error) {
+	f, err := l.forwarder(mr, node)
+	if err != nil {
+		return "", err
+	}
+	return f.Addr(), nil
+}
+
+// forwarder is the link to mr's worker shard on Mac node, made on first use (with a
+// token when l.Tokens).
+func (l *SplitLinks) forwarder(mr *v1alpha1.ModelReplica, node string) (*splitlink.Forwarder, error) {
 	key := mr.Namespace + "/" + mr.Name
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -152,14 +168,18 @@ func (l *SplitLinks) Addr(mr *v1alpha1.ModelReplica, node string) (string, error
 	if f == nil {
 		ns, name := mr.Namespace, mr.Name
 		var err error
-		f, err = splitlink.Forward(func(ctx context.Context) (net.Conn, error) { return l.Dial(ctx, node, ns, name) },
+		forward := splitlink.Forward
+		if l.Tokens {
+			forward = splitlink.ForwardWithToken
+		}
+		f, err = forward(func(ctx context.Context) (net.Conn, error) { return l.Dial(ctx, node, ns, name) },
 			l.Log.WithValues("replica", key, "worker", node))
 		if err != nil {
-			return "", fmt.Errorf("forwarding to the worker shard on %s: %w", node, err)
+			return nil, fmt.Errorf("forwarding to the worker shard on %s: %w", node, err)
 		}
 		l.fwd[key][node] = f
 	}
-	return f.Addr(), nil
+	return f, nil
 }
 
 // Close ends the links of replica key.

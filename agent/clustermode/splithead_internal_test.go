@@ -89,11 +89,11 @@ func TestSplitGate(t *testing.T) {
 // each worker shard's layers at its split link address, in layer order.
 func TestSplitHeadSpec(t *testing.T) {
 	base := enginepool.ModelSpec{Name: "ns/r", Path: "/m.gguf", EstimatedBytes: 64 << 20}
-	addrs := map[string]string{"mac-b": "127.0.0.1:40001", "mac-c": "127.0.0.1:40002"}
+	addrs := map[string]enginepool.SplitWorker{"mac-b": {Addr: "127.0.0.1:40001", Token: []byte("b")}, "mac-c": {Addr: "127.0.0.1:40002", Token: []byte("c")}}
 	got := splitHeadSpec(base, splitReplica("", ""), addrs)
 	want := base
 	want.EstimatedBytes = 40 << 20
-	want.SplitWorkers = []enginepool.SplitWorker{{Addr: "127.0.0.1:40001", Layers: 10}, {Addr: "127.0.0.1:40002", Layers: 4}}
+	want.SplitWorkers = []enginepool.SplitWorker{{Addr: "127.0.0.1:40001", Layers: 10, Token: []byte("b")}, {Addr: "127.0.0.1:40002", Layers: 4, Token: []byte("c")}}
 	if d := cmp.Diff(want, got); d != "" {
 		t.Errorf("split head spec (-want +got):\n%s", d)
 	}

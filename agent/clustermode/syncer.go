@@ -299,7 +299,7 @@ func (s *Syncer) sync(ctx context.Context, key string) (time.Duration, error) {
 		sb.spec, sb.err = s.opts.BuildSpec(ctx, key, path, mr)
 		sb.spec.ProjectorPath = projector
 		if sb.err == nil && mr.Spec.Split != nil && s.opts.SplitLinks != nil {
-			var addrs map[string]string
+			var addrs map[string]enginepool.SplitWorker
 			addrs, sb.err = s.opts.SplitLinks.Addrs(mr)
 			sb.spec = splitHeadSpec(sb.spec, mr, addrs)
 		}

@@ -3,6 +3,7 @@ package splitlink
 import (
 	"bufio"
 	"context"
+	"crypto/rand"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -14,6 +15,8 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+
+	"github.com/macfleet/macfleet/api/runnerapi"
 )
 
 // Dial opens the link to the worker shard of replica namespace/name at the agent
@@ -69,11 +72,16 @@ func dial(ctx context.Context, addr string, tlsCfg *tls.Config, path string) (ne
 // Forwarder is the head Mac's side: a loopback listener for the head's runner
 // (--split-worker Addr()) that carries every connection over a link opened by dial.
 // A link that cannot be opened closes the runner's connection, which the runner sees
-// as an unreachable or lost worker.
+// as an unreachable or lost worker. With a token (ForwardWithToken) a connection is
+// carried only once its first frame is runnerapi.SplitAuthFrame(Token()), within
+// TokenTimeout: any other process of the Mac that reaches the loopback port is not
+// the head (the frame itself goes no further; the worker's agent opens the worker's
+// side with the worker's own secret).
 type Forwarder struct {
-	ln   net.Listener
-	dial func(context.Context) (net.Conn, error)
-	log  logr.Logger
+	ln    net.Listener
+	dial  func(context.Context) (net.Conn, error)
+	log   logr.Logger
+	token []byte
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -82,14 +90,31 @@ type Forwarder struct {
 	conns  map[net.Conn]struct{}
 }
 
+// TokenTimeout is how long a connection to a Forwarder with a token has to present it.
+const TokenTimeout = 10 * time.Second
+
 // Forward listens on a free loopback port and forwards connections over dial until
-// Close.
+// Close, to whoever connects (a test's runner; the agent uses ForwardWithToken).
 func Forward(dial func(context.Context) (net.Conn, error), log logr.Logger) (*Forwarder, error) {
+	return forward(dial, log, nil)
+}
+
+// ForwardWithToken is Forward for connections that open with the frame carrying a new
+// random token of the Forwarder's (Token), given to the head's runner only.
+func ForwardWithToken(dial func(context.Context) (net.Conn, error), log logr.Logger) (*Forwarder, error) {
+	token := make([]byte, runnerapi.SplitSecretBytes)
+	if _, err := rand.Read(token); err != nil {
+		return nil, fmt.Errorf("making a split link's token: %w", err)
+	}
+	return forward(dial, log, token)
+}
+
+func forward(dial func(context.Context) (net.Conn, error), log logr.Logger, token []byte) (*Forwarder, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, fmt.Errorf("listening for a split link: %w", err)
 	}
-	f := &Forwarder{ln: ln, dial: dial, log: log, conns: map[net.Conn]struct{}{}}
+	f := &Forwarder{ln: ln, dial: dial, log: log, token: token, conns: map[net.Conn]struct{}{}}
 	f.ctx, f.cancel = context.WithCancel(context.Background())
 	f.wg.Add(1)
 	go f.accept()
@@ -98,6 +123,10 @@ func Forward(dial func(context.Context) (net.Conn, error), log logr.Logger) (*Fo
 
 // Addr is the loopback address the head's runner connects to.
 func (f *Forwarder) Addr() string { return f.ln.Addr().String() }
+
+// Token is what a connection must open with (runnerapi.SplitAuthFrame); nil when any
+// connection is forwarded.
+func (f *Forwarder) Token() []byte { return f.token }
 
 // Close stops listening, ends every forwarded connection and waits for them.
 func (f *Forwarder) Close() error {
@@ -129,6 +158,10 @@ func (f *Forwarder) accept() {
 		go func() {
 			defer f.wg.Done()
 			defer f.untrack(local)
+			if err := f.authenticate(local); err != nil {
+				f.log.Info("Refused a split link connection without the link's token", "from", local.RemoteAddr().String(), "err", err.Error())
+				return
+			}
 			remote, err := f.dial(f.ctx)
 			if err != nil {
 				f.log.Info("Opening a split link failed; closing the runner's connection", "err", err.Error())
@@ -142,6 +175,19 @@ func (f *Forwarder) accept() {
 			pipe(local, remote)
 		}()
 	}
+}
+
+// authenticate reads the token frame from a new connection when the Forwarder has a
+// token, before anything is dialed.
+func (f *Forwarder) authenticate(local net.Conn) error {
+	if f.token == nil {
+		return nil
+	}
+	_ = local.SetReadDeadline(time.Now().Add(TokenTimeout))
+	if err := runnerapi.ReadSplitAuth(local, f.token); err != nil {
+		return err
+	}
+	return local.SetReadDeadline(time.Time{})
 }
 
 // track remembers c for Close; false (and c closed) once closed.

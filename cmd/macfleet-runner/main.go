@@ -118,6 +118,7 @@ func parseFlags(args []string, stderr io.Writer) (server.Config, int, error) {
 	fs.StringVar(&cfg.PromptCache.ModelID, "prompt-cache-model-id", "", "names the model in the prompt cache identity, e.g. its digest (default: derived from the file)")
 	splitWorkers := fs.StringArray("split-worker", nil, "a worker (`macfleet-runner worker`) at HOST:PORT computing the model's last layers; repeat for several, in layer order, each with its --split-layers (docs/split-model.md)")
 	splitLayers := fs.IntSlice("split-layers", nil, "how many layers the matching --split-worker computes")
+	splitTokens := fs.Bool("split-tokens-stdin", false, "read from standard input one token per --split-worker (64 hex digits and a newline each), sent first on every connection to it: the head agent's split links require it")
 	fs.DurationVar(&cfg.SplitTimeout, "split-timeout", server.DefaultSplitTimeout, "bound on every read and write on a split worker's link: a worker silent for longer is lost")
 	fs.IntVar(&cfg.SplitPipeline, "split-pipeline", 1, "llama contexts a split runner decodes at once, each with --parallel divided by it slots, so that its own layers compute for one while a worker computes for another (docs/split-model.md, Pipelining); 1: one context")
 	traceRelay := fs.Bool("trace-relay", false, "trace generation requests, keeping the spans in memory for the agent to drain (POST /spans); the runner itself exports nothing")
@@ -163,6 +164,11 @@ func parseFlags(args []string, stderr io.Writer) (server.Config, int, error) {
 			return cfg, 0, fmt.Errorf("--split-layers must be positive, got %d for %s", (*splitLayers)[i], addr)
 		}
 		cfg.Split = append(cfg.Split, server.SplitWorker{Addr: addr, Layers: (*splitLayers)[i]})
+	}
+	if *splitTokens {
+		if err := readSplitTokens(cfg.Split, os.Stdin); err != nil {
+			return cfg, 0, err
+		}
 	}
 	e, err := engineFlags.Runner()
 	if err != nil {

@@ -90,6 +90,9 @@ type SplitWorker struct {
 	Addr string `json:"addr"`
 	// Layers is how many of the model's blocks the worker computes.
 	Layers int `json:"layers"`
+	// Token, when set, opens every connection to Addr (the agent's split link
+	// requires it); the runner reads it on its standard input, never its arguments.
+	Token []byte `json:"-"`
 }
 
 // PromptCacheSpec is one model's prompt cache settings. The agent's own settings

@@ -334,6 +334,8 @@ func (f *ProcessFactory) launch(ctx context.Context, path string, spec enginepoo
 	cmd := f.command(ctx, path, f.runnerArgs(spec, ceilingBytes, sock, cacheDir, rec), spec, cacheDir, dir, splitPorts(spec))
 	if o.secret != nil {
 		cmd.Stdin = secretInput(o.secret)
+	} else if in := splitTokensInput(spec.SplitWorkers); in != nil {
+		cmd.Stdin = in
 	}
 	out, err := f.attachOutput(cmd, rec, dir)
 	if err != nil {

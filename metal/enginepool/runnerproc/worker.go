@@ -124,7 +124,26 @@ func splitArgs(workers []enginepool.SplitWorker) []string {
 	for _, w := range workers {
 		args = append(args, "--split-worker", w.Addr, "--split-layers", strconv.Itoa(w.Layers))
 	}
+	if splitTokensInput(workers) != nil {
+		args = append(args, "--split-tokens-stdin")
+	}
 	return args
+}
+
+// splitTokensInput is a split head's standard input: its workers' link tokens
+// (--split-tokens-stdin), one line each; nil when they have none.
+func splitTokensInput(workers []enginepool.SplitWorker) io.Reader {
+	var b strings.Builder
+	for _, w := range workers {
+		if w.Token == nil {
+			return nil
+		}
+		b.WriteString(hex.EncodeToString(w.Token) + "\n")
+	}
+	if b.Len() == 0 {
+		return nil
+	}
+	return strings.NewReader(b.String())
 }
 
 // splitPorts are the loopback ports its sandbox lets a process connect to: a split

@@ -76,19 +76,22 @@ func TestSplitWorkerUnderThePool(t *testing.T) {
 
 	// Only a connection that opens with its secret reaches it (the agent's split link
 	// sends it): a real runner split across it (2 + 2 layers) loads through a forward
-	// that does.
+	// that does, and that itself requires the link's token, which the runner reads on
+	// its standard input (--split-tokens-stdin, as launch gives it).
 	if len(w.Secret()) != runnerapi.SplitSecretBytes {
 		t.Fatalf("the worker's secret is %d bytes, want %d", len(w.Secret()), runnerapi.SplitSecretBytes)
 	}
-	fwd, err := splitlink.Forward(func(ctx context.Context) (net.Conn, error) {
+	fwd, err := splitlink.ForwardWithToken(func(ctx context.Context) (net.Conn, error) {
 		return splitlink.DialWorker(ctx, splitlink.Worker{Addr: w.Addr(), Secret: w.Secret()}, 5*time.Second)
 	}, testr.New(t))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { fwd.Close() })
-	head := exec.CommandContext(ctx, bin, "--model", model, "--addr", "127.0.0.1:0", "--threads", "1", "--ctx", "512",
-		"--split-worker", fwd.Addr(), "--split-layers", "2")
+	links := []enginepool.SplitWorker{{Addr: fwd.Addr(), Layers: 2, Token: fwd.Token()}}
+	head := exec.CommandContext(ctx, bin, append([]string{"--model", model, "--addr", "127.0.0.1:0", "--threads", "1", "--ctx", "512"},
+		splitArgs(links)...)...)
+	head.Stdin = splitTokensInput(links)
 	stdout, err := head.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)

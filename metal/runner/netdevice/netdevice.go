@@ -33,6 +33,8 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/macfleet/macfleet/api/runnerapi"
+
 	// ggml itself (the symbols these sources call), as metal/runner/llama links it.
 	_ "github.com/ollama/ollama/llama/llama.cpp/src"
 )
@@ -66,12 +68,22 @@ type Stats struct {
 
 // Connect dials a worker and greets it with the identity of modelPath (the worker
 // refuses a different file); index names the device (NET0, NET1...). timeout bounds the
-// dial and every later read and write on the link.
-func Connect(ctx context.Context, addr, modelPath string, index int, timeout time.Duration) (*Device, error) {
+// dial and every later read and write on the link. A token (the head agent's split
+// link's) is sent first, in runnerapi.SplitAuthFrame.
+func Connect(ctx context.Context, addr string, token []byte, modelPath string, index int, timeout time.Duration) (*Device, error) {
 	d := net.Dialer{Timeout: timeout}
 	conn, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("split worker %s: %w", addr, err)
+	}
+	if token != nil {
+		_ = conn.SetWriteDeadline(time.Now().Add(timeout))
+		_, err = conn.Write(runnerapi.SplitAuthFrame(token))
+		_ = conn.SetWriteDeadline(time.Time{})
+		if err != nil {
+			conn.Close()
+			return nil, fmt.Errorf("split worker %s: sending the link's token: %w", addr, err)
+		}
 	}
 	f, err := conn.(*net.TCPConn).File()
 	conn.Close()

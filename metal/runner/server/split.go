@@ -22,6 +22,8 @@ import (
 type SplitWorker struct {
 	Addr   string
 	Layers int
+	// Token opens every connection to Addr (the head agent's split link requires it).
+	Token []byte
 }
 
 // DefaultSplitTimeout bounds every read and write on a split worker's link.
@@ -51,7 +53,7 @@ func newSplitLinks(cfg Config) *splitLinks {
 func (sl *splitLinks) connect(ctx context.Context) error {
 	var devs []*netdevice.Device
 	for i, w := range sl.workers {
-		d, err := netdevice.Connect(ctx, w.Addr, sl.modelPath, i, sl.timeout)
+		d, err := netdevice.Connect(ctx, w.Addr, w.Token, sl.modelPath, i, sl.timeout)
 		if err != nil {
 			return err
 		}

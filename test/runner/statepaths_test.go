@@ -68,7 +68,9 @@ func TestPromptCacheOffForRecurrentState(t *testing.T) {
 		r := startReady(t, m, cacheFlags(dir)...)
 		st := r.status()
 		want := []runnerapi.PathOff{{Path: runnerapi.PathPromptCache,
-			Reason: "off: the model keeps a recurrent state beside its attention cache, which cannot be cut back to a prefix (qwen3next)"}}
+			Reason: "off: the model keeps a recurrent state beside its attention cache, which cannot be cut back to a prefix (qwen3next)"},
+			{Path: runnerapi.PathSpeculation,
+				Reason: "off: the model keeps a recurrent state beside its attention cache, which cannot be cut back past a rejected draft (qwen3next)"}}
 		if diff := cmp.Diff(want, st.Off); diff != "" || st.PromptCache != nil {
 			t.Errorf("/status off (-want +got):\n%s\nprompt cache %+v (want none)", diff, st.PromptCache)
 		}

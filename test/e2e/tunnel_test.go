@@ -1,0 +1,129 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/macfleet/macfleet/api/v1alpha1"
+	"github.com/macfleet/macfleet/test/support/localfleet"
+	"github.com/macfleet/macfleet/test/support/testenv"
+)
+
+// outboundLabel pins the tunnel test's deployment to its Mac.
+const outboundLabel = "e2e.macfleet.dev/outbound"
+
+// TestAgentThatDialsOut: a Mac whose advertised address nothing answers at (a Mac
+// behind an office NAT) runs its agent with --connect outbound: it dials a gateway's
+// --tunnel-listen, and that gateway serves the Mac's replica through the connection (a
+// streamed and a whole chat). A gateway without the tunnel cannot reach the replica at
+// all. (A stream cancelled by its client through the tunnel: internal/tunnel's
+// TestTunnelStreamsAndCancels.)
+func TestAgentThatDialsOut(t *testing.T) {
+	tunnelAddr := freeLoopback(t)
+	gw, err := fleet.AddGateway(t.Context(), "", "--tunnel-listen", tunnelAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const mac = "mac-outbound"
+	addOutboundMac(t, mac, tunnelAddr)
+
+	ns := testenv.NewNamespace(t, fleet.Client)
+	create(t, deployment(ns, "outbound", 1, func(md *v1alpha1.ModelDeployment) {
+		md.Spec.Placement.NodeSelector = map[string]string{outboundLabel: "true"}
+	}))
+	t.Cleanup(func() { removeDeployment(t, ns, "outbound") })
+	r := waitReady(t, ns, "outbound", 1, 3*time.Minute)[0]
+	if r.Spec.NodeName != mac {
+		t.Fatalf("replica on %s, want %s", r.Spec.NodeName, mac)
+	}
+	model := ns + "/outbound"
+
+	// Through the tunnel gateway: a streamed chat (the agent may still be dialing
+	// when its replica turns Ready, so the first answer is waited for).
+	c := openai.NewClient(option.WithBaseURL(gw+"/v1/"), option.WithAPIKey("unused"), option.WithMaxRetries(0))
+	var text string
+	deadline := time.Now().Add(time.Minute)
+	for {
+		ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+		text, err = chat(ctx, c, model, true)
+		cancel()
+		if err == nil || time.Now().After(deadline) {
+			break
+		}
+		t.Logf("Chat through the tunnel gateway: %v; retrying", err)
+		time.Sleep(time.Second)
+	}
+	if err != nil || text == "" {
+		t.Fatalf("streamed chat through the tunnel: %q, %v", text, err)
+	}
+	if log := fleet.AgentLog(mac); !strings.Contains(log, "Connected to the gateway by tunnel") {
+		t.Fatalf("the agent's log does not say it connected by tunnel")
+	}
+
+	// A gateway without the tunnel dials the advertised address, where nothing answers.
+	ctx, cancel := context.WithTimeout(t.Context(), 15*time.Second)
+	_, direct := chat(ctx, gatewayClient(), model, false)
+	cancel()
+	if direct == nil {
+		t.Fatal("a gateway without the tunnel reached the Mac: its advertised address answers, the test proves nothing")
+	}
+
+	// A non-streamed chat through the tunnel too.
+	if text, err := chat(t.Context(), c, model, false); err != nil || text == "" {
+		t.Fatalf("chat through the tunnel: %q, %v", text, err)
+	}
+}
+
+// addOutboundMac adds a Mac whose agent dials out to tunnelAddr and advertises an
+// address nothing listens on; it is removed when the test ends.
+func addOutboundMac(t *testing.T, name, tunnelAddr string) {
+	t.Helper()
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if err := fleet.RemoveAgent(ctx, name); err != nil {
+			t.Errorf("removing Mac %s: %v", name, err)
+		}
+	})
+	if err := fleet.AddAgent(t.Context(), localfleet.Node{Name: name, MemoryCeiling: "1536Mi",
+		Chip: "Apple M4 (simulated)", UnifiedMemory: "16Gi"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := fleet.StopAgent(name, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if err := fleet.StartAgentWith(name, nil, []string{"--connect", "outbound", "--gateway-tunnel", tunnelAddr,
+		"--advertise-address", freeLoopback(t)}); err != nil {
+		t.Fatal(err)
+	}
+	patch := fmt.Appendf(nil, `{"metadata":{"labels":{%q:"true"}}}`, outboundLabel)
+	mn := &v1alpha1.MacNode{}
+	mn.Name = name
+	if err := fleet.Client.Patch(t.Context(), mn, client.RawPatch(types.MergePatchType, patch)); err != nil {
+		t.Fatal(err)
+	}
+	if err := fleet.WaitNodeReady(t.Context(), name); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// freeLoopback is a loopback address nothing listens on (one that just did).
+func freeLoopback(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	return addr
+}

@@ -47,14 +47,15 @@ func speculationModel(t *testing.T) string {
 // trainedModel is the trained test model's path, where it is present.
 func trainedModel() (string, bool) { return testassets.TrainedModelPath() }
 
-// specChat posts a chat request with speculation set to spec and returns the answer.
-func specChat(t *testing.T, r *runner, body, spec string) runnerapi.ChatCompletion {
+// specChat posts a chat request with speculation set to spec (and the header pairs
+// hdr) and returns the answer.
+func specChat(t *testing.T, r *runner, body, spec string, hdr ...string) runnerapi.ChatCompletion {
 	t.Helper()
 	var m map[string]any
 	if err := json.Unmarshal([]byte(body), &m); err != nil {
 		t.Fatalf("test body %s: %v", body, err)
 	}
-	resp := postChat(t, r, m, runnerapi.HeaderSpeculation, spec)
+	resp := postChat(t, r, m, append([]string{runnerapi.HeaderSpeculation, spec}, hdr...)...)
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	var c runnerapi.ChatCompletion
@@ -126,8 +127,9 @@ func accepted(c runnerapi.ChatCompletion) int {
 }
 
 // TestSpeculationIsLossless: greedy and seeded answers are the same token for token
-// with and without speculation on every path a slot takes, and the copy-heavy turn
-// keeps drafted tokens (else the comparison shows nothing).
+// with and without speculation on every path a slot takes (a continued answer
+// included), and the copy-heavy turns keep drafted tokens (else the comparison shows
+// nothing).
 func TestSpeculationIsLossless(t *testing.T) {
 	r := startReady(t, speculationModel(t), "--parallel", "2")
 	quote := `"messages":[` + readBack(notes) + `],"tools":[` + readTool + `]`
@@ -146,10 +148,16 @@ func TestSpeculationIsLossless(t *testing.T) {
 			"messages":[{"role":"user","content":"Read notes.txt and then read notes.txt again."}]}`, false},
 		{"seeded temperature 1, n=2", `{"model":"m","max_tokens":120,"temperature":1,"seed":7,"n":2,` + quote + `}`, false},
 		{"penalties", `{"model":"m","max_tokens":120,"temperature":0,"frequency_penalty":0.5,` + quote + `}`, false},
+		{"continued answer", `{"model":"m","max_tokens":160,"temperature":0,"tools":[` + readTool + `],"messages":[` + readBack(notes) +
+			`,{"role":"assistant","content":"notes.txt contains: Review the"}]}`, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			off := specChat(t, r, tc.body, runnerapi.SpeculationOff)
-			on := specChat(t, r, tc.body, runnerapi.SpeculationOn)
+			var hdr []string
+			if strings.HasPrefix(tc.name, "continued") {
+				hdr = []string{runnerapi.HeaderContinue, runnerapi.ContinueFinalMessage}
+			}
+			off := specChat(t, r, tc.body, runnerapi.SpeculationOff, hdr...)
+			on := specChat(t, r, tc.body, runnerapi.SpeculationOn, hdr...)
 			sameAnswers(t, off, on)
 			if tc.drafts && accepted(on) == 0 {
 				t.Fatalf("the copy-heavy turn kept no drafted token (%q, drafts %+v): the comparison shows nothing", on.Choices[0].Message.Text(), on.Usage.CompletionTokensDetails)

@@ -4,10 +4,15 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"io"
 	"net/http"
+	"os"
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
+
+	"github.com/hashicorp/yamux"
 
 	"github.com/macfleet/macfleet/internal/pki"
 )
@@ -58,5 +63,33 @@ func TestAttackTunnelClaimsAnotherMac(t *testing.T) {
 	}
 	if n := served.Load(); n != 0 {
 		t.Fatalf("mac-b's agent served %d requests meant for mac-a", n)
+	}
+}
+
+// TestAttackTunnelStreamsTowardTheGateway: a Mac with a tunnel opens streams of its own
+// on it, to reach the gateway (or what the gateway reaches) from inside. Every one is
+// closed unanswered.
+func TestAttackTunnelStreamsTowardTheGateway(t *testing.T) {
+	fc := newFleetCerts(t)
+	s, addr := startGateway(t, fc.gateway)
+	a := &Agent{Gateway: addr, Node: "mac-b", Certificates: source(t, fc.ca, pki.Node("mac-b"))}
+	sess, err := a.Connect(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sess.Close()
+	waitNodes(t, s, "mac-b")
+	for i := range 3 {
+		st, err := sess.Open()
+		if err != nil {
+			t.Fatalf("stream %d: %v", i, err)
+		}
+		_, _ = st.Write([]byte("GET / HTTP/1.1\r\nHost: gateway\r\n\r\n"))
+		_ = st.SetReadDeadline(time.Now().Add(10 * time.Second))
+		b, err := io.ReadAll(st)
+		if len(b) != 0 || errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, yamux.ErrTimeout) {
+			t.Fatalf("stream %d toward the gateway: read %q, %v; want it closed unanswered", i, b, err)
+		}
+		st.Close()
 	}
 }

@@ -37,6 +37,9 @@ func (s *Sessions) Serve(ctx context.Context, ln net.Listener) error {
 		s.closeAll()
 	})
 	defer stop()
+	// Serve returns once every tunnel it accepted has closed.
+	var wg sync.WaitGroup
+	defer wg.Wait()
 	tl := tls.NewListener(ln, s.Certificates.ServerConfig())
 	for {
 		c, err := tl.Accept()
@@ -50,13 +53,15 @@ func (s *Sessions) Serve(ctx context.Context, ln net.Listener) error {
 			}
 			return fmt.Errorf("accepting tunnels: %w", err)
 		}
-		go s.accept(ctx, c.(*tls.Conn))
+		wg.Go(func() { s.accept(ctx, c.(*tls.Conn)) })
 	}
 }
 
 // accept checks a connection's certificate against its opening line and holds its
 // tunnel until it closes.
 func (s *Sessions) accept(ctx context.Context, c *tls.Conn) {
+	stop := context.AfterFunc(ctx, func() { c.Close() })
+	defer stop()
 	node, err := s.open(ctx, c)
 	if err != nil {
 		s.Log.Info("Refused a tunnel", "remote", c.RemoteAddr().String(), "reason", err.Error())
@@ -71,9 +76,22 @@ func (s *Sessions) accept(ctx context.Context, c *tls.Conn) {
 	}
 	s.add(node, sess)
 	s.Log.Info("Mac connected by tunnel", "node", node, "remote", c.RemoteAddr().String())
+	go refuseStreams(sess)
 	<-sess.CloseChan()
 	s.remove(node, sess)
 	s.Log.Info("Mac's tunnel closed", "node", node)
+}
+
+// refuseStreams closes every stream the agent opens: the tunnel carries the gateway's
+// calls to the Mac, and nothing of the Mac's to the gateway or beyond it.
+func refuseStreams(sess *yamux.Session) {
+	for {
+		st, err := sess.AcceptStream()
+		if err != nil {
+			return
+		}
+		_ = st.Close()
+	}
 }
 
 // open runs the handshake and the opening exchange, and answers ok or why not.

@@ -39,10 +39,14 @@ func rebase(b []byte, base uint64) []byte {
 // fuzzer makes, after the secret, an honest greeting and the allocation of a 64 KiB
 // buffer, as a holder of the secret could. Each input must end with the worker's
 // answers and the link closed within 30 s, and the worker must then greet the next
-// session. The one way it may end is ggml's own assertion on a shape its constructors
-// would refuse (an abort, docs/security.md says so); a crash by any other signal, a
-// hang or an exit is a failure. The seeds (run by go test) are a runner's commands,
-// graphs within the buffer, and the attacks of the TestAttackSplitWorker tests.
+// session. The one way it may end is one of ggml's own assertions in a kernel (a row
+// index out of range: an abort before the access, docs/security.md says so; a
+// constructor's assertion is a refusal); a crash by any other signal, a hang or an
+// exit is a failure. hack/fuzz.sh runs it again with a worker built with
+// AddressSanitizer (FUZZ_ASAN), whose report of a read or write outside an allocation
+// ends the worker other than by an assertion. The seeds (run by go test) are a
+// runner's commands, graphs within the buffer, and the attacks of the
+// TestAttackSplitWorker tests.
 func FuzzWorkerProtocol(f *testing.F) {
 	dup := f32Rows(2, ggmlOpDup, 4, fuzzAddr(64), 1)
 	custom := f32Rows(2, ggmlOpMapCustom1, 4, fuzzAddr(64), 1)
@@ -61,6 +65,9 @@ func FuzzWorkerProtocol(f *testing.F) {
 		{0, 0, 0, 0x60, wireSet},
 	} {
 		f.Add(seed)
+	}
+	for _, a := range nodeAttacks() {
+		f.Add(a.frames(fuzzAddr(0)))
 	}
 	w := startAttackWorker(f)
 	f.Fuzz(func(t *testing.T, frames []byte) {

@@ -253,7 +253,7 @@ bool nd_worker::compute() {
 	struct ggml_init_params ip = {tensors.size() * ggml_tensor_overhead() + ggml_graph_overhead_custom(nodes.size(), false), NULL, true};
 	struct ggml_context *ctx = ggml_init(ip);
 	std::vector<ggml_tensor *> ts = build(ctx, tensors);
-	bool refused = !check_nodes(*gr, ts); // the stream's graph is dropped below, once unused
+	bool refused = !check_nodes(*gr, ts) || !check_rows(*gr, ts); // the stream's graph is dropped below, once unused
 	struct ggml_cgraph *g = ggml_new_graph_custom(ctx, nodes.size(), false);
 	// The nodes are placed as they are, so the graph's visited set and use counts stay
 	// empty: a backend that fuses operations (Metal) then fuses none, and always

@@ -146,6 +146,9 @@ struct nd_worker {
 	std::vector<ggml_tensor *> build(struct ggml_context *ctx, const std::vector<mfnd_tensor> &tensors);
 	bool check(const graph &gr);
 	bool check_nodes(const graph &gr, const std::vector<ggml_tensor *> &ts);
+	// check_rows refuses a graph whose GET_ROWS or SET_ROWS node reads row indices,
+	// not computed by the graph, outside its table's rows (worker_rows.cpp).
+	bool check_rows(const graph &gr, const std::vector<ggml_tensor *> &ts);
 	bool alloc(uint64_t size);
 	bool get(uint64_t addr, uint64_t n);
 	bool compute();

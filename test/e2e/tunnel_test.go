@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"strings"
@@ -10,10 +11,13 @@ import (
 
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/macfleet/macfleet/api/v1alpha1"
+	"github.com/macfleet/macfleet/internal/pki"
+	"github.com/macfleet/macfleet/internal/tunnel"
 	"github.com/macfleet/macfleet/test/support/localfleet"
 	"github.com/macfleet/macfleet/test/support/testenv"
 )
@@ -25,7 +29,7 @@ const outboundLabel = "e2e.macfleet.dev/outbound"
 // behind an office NAT) runs its agent with --connect outbound: it dials a gateway's
 // --tunnel-listen, and that gateway serves the Mac's replica through the connection (a
 // streamed and a whole chat). A gateway without the tunnel cannot reach the replica at
-// all. (A stream cancelled by its client through the tunnel: internal/tunnel's
+// all, and another Mac's certificate claiming this Mac is refused a tunnel. (A stream cancelled by its client through the tunnel: internal/tunnel's
 // TestTunnelStreamsAndCancels.)
 func TestAgentThatDialsOut(t *testing.T) {
 	tunnelAddr := freeLoopback(t)
@@ -77,10 +81,39 @@ func TestAgentThatDialsOut(t *testing.T) {
 		t.Fatal("a gateway without the tunnel reached the Mac: its advertised address answers, the test proves nothing")
 	}
 
+	// Another Mac's certificate claiming this Mac is refused, and this Mac's
+	// requests still reach it alone.
+	impostor := &tunnel.Agent{Gateway: tunnelAddr, Node: mac, Certificates: nodeSource(t, "mac-mini-1")}
+	var refused *tunnel.RefusedError
+	if _, err := impostor.Connect(t.Context()); !errors.As(err, &refused) {
+		t.Fatalf("mac-mini-1's certificate claiming %s: %v, want the gateway's refusal", mac, err)
+	}
+	t.Logf("The gateway refused the impostor: %s", refused.Reason)
+
 	// A non-streamed chat through the tunnel too.
 	if text, err := chat(t.Context(), c, model, false); err != nil || text == "" {
 		t.Fatalf("chat through the tunnel: %q, %v", text, err)
 	}
+}
+
+// nodeSource is a certificate of the fleet CA for Mac name, as an attacker who took
+// that Mac holds.
+func nodeSource(t *testing.T, name string) *pki.Source {
+	t.Helper()
+	var sec corev1.Secret
+	if err := fleet.Client.Get(t.Context(), client.ObjectKey{Namespace: v1alpha1.SystemNamespace, Name: v1alpha1.CASecret}, &sec); err != nil {
+		t.Fatal(err)
+	}
+	ca, err := pki.ParseCA(sec.Data["ca.crt"], sec.Data["ca.key"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := pki.Node(name)
+	src, err := ca.NewSource(&id, time.Now(), time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return src
 }
 
 // addOutboundMac adds a Mac whose agent dials out to tunnelAddr and advertises an

@@ -415,18 +415,10 @@ func TestAttackForeignListenerInTenantSlices(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var sec corev1.Secret
-	if err := fleet.Client.Get(t.Context(), client.ObjectKey{Namespace: v1alpha1.SystemNamespace, Name: v1alpha1.CASecret}, &sec); err != nil {
-		t.Fatal(err)
-	}
-	fleetCA, err := pki.ParseCA(sec.Data["ca.crt"], sec.Data["ca.key"])
-	if err != nil {
-		t.Fatal(err)
-	}
 	listeners := []struct{ what, addr string }{
 		{"a plain HTTP service of the LAN", plain.Addr().String()},
 		{"a TLS server with a certificate naming " + impostor + " from another CA", serveTLSOnHost(t, rogue, impostor)},
-		{"a TLS server with mac-studio-1's certificate from the fleet CA", serveTLSOnHost(t, fleetCA, "mac-studio-1")},
+		{"a TLS server with mac-studio-1's certificate from the fleet CA", serveTLSOnHost(t, fleetCA(t), "mac-studio-1")},
 	}
 	register(t, c, impostor, listeners[0].addr, "Apple M2 Max", "8Gi")
 	ns := testenv.NewNamespace(t, fleet.Client)

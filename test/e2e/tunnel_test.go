@@ -96,9 +96,8 @@ func TestAgentThatDialsOut(t *testing.T) {
 	}
 }
 
-// nodeSource is a certificate of the fleet CA for Mac name, as an attacker who took
-// that Mac holds.
-func nodeSource(t *testing.T, name string) *pki.Source {
+// fleetCA is the fleet CA the manager keeps (Secret macfleet-system/macfleet-ca).
+func fleetCA(t *testing.T) *pki.CA {
 	t.Helper()
 	var sec corev1.Secret
 	if err := fleet.Client.Get(t.Context(), client.ObjectKey{Namespace: v1alpha1.SystemNamespace, Name: v1alpha1.CASecret}, &sec); err != nil {
@@ -108,8 +107,15 @@ func nodeSource(t *testing.T, name string) *pki.Source {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return ca
+}
+
+// nodeSource is a certificate of the fleet CA for Mac name, as an attacker who took
+// that Mac holds.
+func nodeSource(t *testing.T, name string) *pki.Source {
+	t.Helper()
 	id := pki.Node(name)
-	src, err := ca.NewSource(&id, time.Now(), time.Hour)
+	src, err := fleetCA(t).NewSource(&id, time.Now(), time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}

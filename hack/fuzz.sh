@@ -24,6 +24,20 @@ while IFS= read -r file; do
 		fi
 	done
 done < <(grep -rl --include='*_test.go' '^func Fuzz' . | sed 's|^\./||' | sort)
+# FUZZ_ASAN=1: the split worker's target again, against a runner built with
+# AddressSanitizer (go build -asan instruments the C and C++ of ggml and the worker),
+# FUZZTIME_ASAN inputs (default 200x): a read or write outside an allocation ends the
+# worker with ASan's report rather than one of ggml's assertions, which the target
+# fails on, printing the report.
+if [[ ${FUZZ_ASAN:-} == 1 ]]; then
+	asan_runner="${TMPDIR:-/tmp}/macfleet-fuzz-asan/macfleet-runner"
+	echo "=== ./test/runner FuzzWorkerProtocol (AddressSanitizer, ${FUZZTIME_ASAN:-200x})"
+	if ! GOFLAGS="${GOFLAGS:+$GOFLAGS }-asan" hack/build-runner.sh "$asan_runner" ||
+		! ASAN_OPTIONS=detect_leaks=0 MACFLEET_RUNNER="$asan_runner" hack/go-env.sh go test -run '^$' \
+			-fuzz '^FuzzWorkerProtocol$' -fuzztime "${FUZZTIME_ASAN:-200x}" ./test/runner; then
+		failed+=("./test/runner FuzzWorkerProtocol (AddressSanitizer)")
+	fi
+fi
 if ((${#failed[@]})); then
 	printf 'fuzz target failed: %s\n' "${failed[@]}"
 	exit 1

@@ -108,6 +108,12 @@ func (a nodeAttack) frames(base uint64) []byte {
 	return append(a.sources(base), wireFrame(wireCompute, wireGraph(g, []uint32{uint32(len(g) - 1)}, 0))...)
 }
 
+// rowsGraph is a GET_ROWS or SET_ROWS node of 4 floats at the canary, whose sources
+// are an F32 tensor of extents src at base and the indices idx.
+func rowsGraph(base uint64, op int32, src [4]int64, idx wireTensor) []wireTensor {
+	return []wireTensor{typed(1, 0, 0, 4, src, base), idx, typed(3, 0, op, 4, [4]int64{4, 1, 1, 1}, base+attackNodeAddr, 1, 2)}
+}
+
 func nodeAttacks() []nodeAttack {
 	one := [4]int64{1, 1, 1, 1}
 	shape := func(ne0, ne1 int64) [4]int64 { return [4]int64{ne0, ne1, 1, 1} }
@@ -115,29 +121,17 @@ func nodeAttacks() []nodeAttack {
 		{"GET_ROWS shorter than its indices", "where ggml builds f32 [4, 8, 1, 1]", func(base uint64) []byte {
 			return wireFrame(wireSet, u64s(base, 64), f32s(16, 1))
 		}, func(base uint64) []wireTensor {
-			return []wireTensor{
-				typed(1, 0, 0, 4, shape(4, 4), base),
-				typed(2, ggmlTypeI32, 0, 4, shape(8, 1), base+1024),
-				typed(3, 0, ggmlOpGetRows, 4, shape(4, 1), base+attackNodeAddr, 1, 2),
-			}
+			return rowsGraph(base, ggmlOpGetRows, shape(4, 4), typed(2, ggmlTypeI32, 0, 4, shape(8, 1), base+1024))
 		}},
 		{"GET_ROWS of a row its table lacks", "row index 0 is 99, outside the 4 rows", func(base uint64) []byte {
 			return append(wireFrame(wireSet, u64s(base, 64), f32s(16, 1)), wireFrame(wireSet, u64s(base+1024, 4), u64s(99)[:4])...)
 		}, func(base uint64) []wireTensor {
-			return []wireTensor{
-				typed(1, 0, 0, 4, shape(4, 4), base),
-				typed(2, ggmlTypeI32, 0, 4, one, base+1024),
-				typed(3, 0, ggmlOpGetRows, 4, shape(4, 1), base+attackNodeAddr, 1, 2),
-			}
+			return rowsGraph(base, ggmlOpGetRows, shape(4, 4), typed(2, ggmlTypeI32, 0, 4, one, base+1024))
 		}},
 		{"SET_ROWS wider than its destination", "ggml's constructor refuses its sources", func(base uint64) []byte {
 			return wireFrame(wireSet, u64s(base, 256), f32s(64, 1))
 		}, func(base uint64) []wireTensor {
-			return []wireTensor{
-				typed(1, 0, 0, 4, shape(64, 1), base),
-				typed(2, ggmlTypeI64, 0, 8, one, base+1024),
-				typed(3, 0, ggmlOpSetRows, 4, shape(4, 1), base+attackNodeAddr, 1, 2),
-			}
+			return rowsGraph(base, ggmlOpSetRows, shape(64, 1), typed(2, ggmlTypeI64, 0, 8, one, base+1024))
 		}},
 		{"SET at a negative offset", "ggml's constructor refuses its sources", func(base uint64) []byte {
 			return wireFrame(wireSet, u64s(base, 8), f32s(2, 1))

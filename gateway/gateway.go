@@ -93,6 +93,11 @@ type Options struct {
 	// whatever answers at its status.endpoint). Without it agents are called over
 	// plain HTTP (tests' fake agents).
 	AgentCertificates *pki.Source
+	// PrefixDigestKey returns the key every gateway replica shares for prefix digests
+	// (the manager's, from the Secret with AgentCertificates), ok false until it has
+	// loaded: requests are then not routed by prefix. Nil digests unkeyed (tests, a
+	// gateway without the Secret).
+	PrefixDigestKey func() (key []byte, ok bool)
 	// Tunnels, with AgentCertificates, are the connections of agents that dial out
 	// (package tunnel): a request for a Mac that holds one goes through it instead of
 	// to the replica's endpoint.

@@ -116,10 +116,10 @@ func (w *wiring) agentCertificates() error {
 	if err != nil {
 		return fmt.Errorf("creating the client of the agent certificate: %w", err)
 	}
-	certs := &pki.Source{}
-	w.opts.AgentCertificates = certs
+	certs, key := &pki.Source{}, &callercert.DigestKey{}
+	w.opts.AgentCertificates, w.opts.PrefixDigestKey = certs, key.Get
 	w.watchers = append(w.watchers, func(ctx context.Context) {
-		callercert.Keep(ctx, cs, ns, name, certs, cfg.AgentCertPoll, nil, log.WithName("agent-cert"))
+		callercert.Keep(ctx, cs, ns, name, certs, key, cfg.AgentCertPoll, nil, log.WithName("agent-cert"))
 	})
 	return w.tunnels(certs)
 }

@@ -135,29 +135,8 @@ func parseFlags(args []string, stderr io.Writer) (server.Config, int, error) {
 	if cfg.Verbose {
 		verbosity = 4
 	}
-	switch {
-	case fs.NArg() > 0:
-		return cfg, 0, fmt.Errorf("unexpected arguments %q", fs.Args())
-	case cfg.ModelPath == "":
-		return cfg, 0, errors.New("--model is required")
-	case (cfg.Socket == "") == (cfg.Addr == ""):
-		return cfg, 0, errors.New("exactly one of --socket and --addr is required")
-	case cfg.OrphanTimeout < 0:
-		return cfg, 0, fmt.Errorf("--orphan-timeout must not be negative, got %s", cfg.OrphanTimeout)
-	case cfg.PromptCache.HotBytes < 0 || cfg.PromptCache.SSDBytes < 0:
-		return cfg, 0, errors.New("--prompt-cache-hot-bytes and --prompt-cache-ssd-bytes must not be negative")
-	case cfg.PromptCache.BlockTokens < 1:
-		return cfg, 0, fmt.Errorf("--prompt-cache-block must be positive, got %d", cfg.PromptCache.BlockTokens)
-	case cfg.CeilingBytes < 0:
-		return cfg, 0, fmt.Errorf("--ceiling-bytes must not be negative, got %d", cfg.CeilingBytes)
-	case len(*splitWorkers) != len(*splitLayers):
-		return cfg, 0, fmt.Errorf("%d --split-worker but %d --split-layers: give one count per worker", len(*splitWorkers), len(*splitLayers))
-	case cfg.SplitTimeout <= 0:
-		return cfg, 0, fmt.Errorf("--split-timeout must be positive, got %s", cfg.SplitTimeout)
-	case cfg.SplitPipeline < 1:
-		return cfg, 0, fmt.Errorf("--split-pipeline must be positive, got %d", cfg.SplitPipeline)
-	case cfg.SplitPipeline > 1 && len(*splitWorkers) == 0:
-		return cfg, 0, errors.New("--split-pipeline needs --split-worker: without workers the runner computes every stage itself")
+	if err := checkFlags(cfg, fs.Args(), len(*splitWorkers), len(*splitLayers)); err != nil {
+		return cfg, 0, err
 	}
 	for i, addr := range *splitWorkers {
 		if (*splitLayers)[i] < 1 {
@@ -176,4 +155,35 @@ func parseFlags(args []string, stderr io.Writer) (server.Config, int, error) {
 	}
 	cfg.Runner = e
 	return cfg, verbosity, nil
+}
+
+// checkFlags refuses a runner's flags that contradict each other or are out of range
+// (args: the arguments left after the flags; workers and layers: how many
+// --split-worker and --split-layers were given).
+func checkFlags(cfg server.Config, args []string, workers, layers int) error {
+	switch {
+	case len(args) > 0:
+		return fmt.Errorf("unexpected arguments %q", args)
+	case cfg.ModelPath == "":
+		return errors.New("--model is required")
+	case (cfg.Socket == "") == (cfg.Addr == ""):
+		return errors.New("exactly one of --socket and --addr is required")
+	case cfg.OrphanTimeout < 0:
+		return fmt.Errorf("--orphan-timeout must not be negative, got %s", cfg.OrphanTimeout)
+	case cfg.PromptCache.HotBytes < 0 || cfg.PromptCache.SSDBytes < 0:
+		return errors.New("--prompt-cache-hot-bytes and --prompt-cache-ssd-bytes must not be negative")
+	case cfg.PromptCache.BlockTokens < 1:
+		return fmt.Errorf("--prompt-cache-block must be positive, got %d", cfg.PromptCache.BlockTokens)
+	case cfg.CeilingBytes < 0:
+		return fmt.Errorf("--ceiling-bytes must not be negative, got %d", cfg.CeilingBytes)
+	case workers != layers:
+		return fmt.Errorf("%d --split-worker but %d --split-layers: give one count per worker", workers, layers)
+	case cfg.SplitTimeout <= 0:
+		return fmt.Errorf("--split-timeout must be positive, got %s", cfg.SplitTimeout)
+	case cfg.SplitPipeline < 1:
+		return fmt.Errorf("--split-pipeline must be positive, got %d", cfg.SplitPipeline)
+	case cfg.SplitPipeline > 1 && workers == 0:
+		return errors.New("--split-pipeline needs --split-worker: without workers the runner computes every stage itself")
+	}
+	return nil
 }

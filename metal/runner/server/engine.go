@@ -234,7 +234,7 @@ func (e *engine) reap() {
 
 func (e *engine) release(s *slot) {
 	j := s.job
-	e.trimAhead(s)
+	s.trimAhead(e.ctx)
 	if s.sampler != nil {
 		s.sampler.Free()
 		s.sampler = nil

@@ -30,10 +30,10 @@ func (e *engine) sampleAll(ss []*slot) {
 		rows = append(rows, e.ctx.Logits(s.outIdx))
 	}
 	e.rows = rows
-	e.readDraftRows(ss)
+	readDraftRows(e.ctx, ss)
 	one := func(i int) {
 		if len(ss[i].draft) > 0 {
-			e.verifyDraft(ss[i], i)
+			ss[i].verifyDraft(e.model, rows[i])
 			return
 		}
 		ss[i].sampled, ss[i].sampleErr = ss[i].sampler.SampleLogits(e.model, rows[i])
@@ -155,7 +155,7 @@ func tokenBytes(m *llama.Model, tok int32) (string, []int) {
 }
 
 func (e *engine) finish(s *slot, reason string) {
-	e.trimAhead(s) // the state saved holds cached's tokens alone
+	s.trimAhead(e.ctx) // the state saved holds cached's tokens alone
 	// Saved before the job completes, so a client's next turn, sent as soon as this
 	// answer ends, finds the state.
 	if !s.job.embed {

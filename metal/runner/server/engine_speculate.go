@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/macfleet/macfleet/api/runnerapi"
+	"github.com/macfleet/macfleet/metal/runner/llama"
 	"github.com/macfleet/macfleet/metal/runner/speculate"
 )
 
@@ -32,13 +33,13 @@ func speculationOff(arch string, recurrent, hybrid bool) string {
 	return ""
 }
 
-// planDrafts gives the generating slots that may draft the batch's room left after
-// every slot's next token and the prefills (budget): each drafts what its policy
+// planDrafts gives the generating slots that may draft the batch's room left
+// after every slot's next token and the prefills (budget): each drafts what its policy
 // allows within that room, its context, its max_tokens and the memory guard.
 func (e *engine) planDrafts(budget int) {
 	for _, s := range e.slots {
 		s.draft = s.draft[:0]
-		if budget <= 0 || s.take != 1 || s.phase != phaseGenerate || !e.mayDraft(s.job) {
+		if budget <= 0 || s.take != 1 || s.phase != phaseGenerate || e.specOff != "" || !s.job.mayDraft() {
 			continue
 		}
 		room := min(budget, e.nCtxSeq-1-len(s.cached))
@@ -62,31 +63,31 @@ func (e *engine) planDrafts(budget int) {
 	}
 }
 
-// mayDraft reports whether job j's slot may draft: not for a model it is off for, a
-// job that turned it off, or one with images (their stand-in ids are no tokens).
-func (e *engine) mayDraft(j *job) bool {
-	return e.specOff == "" && !j.noSpec && !j.embed && len(j.images) == 0
+// mayDraft reports whether job j's slot may draft, where the model allows it: not for
+// a job that turned it off, or one with images (their stand-in ids are no tokens).
+func (j *job) mayDraft() bool {
+	return !j.noSpec && !j.embed && len(j.images) == 0
 }
 
 // readDraftRows reads the rows of logits of each drafting slot of ss, after its
 // first row (sampleAll reads that): reading one waits for the decode and must not race.
-func (e *engine) readDraftRows(ss []*slot) {
+func readDraftRows(lctx *llama.Context, ss []*slot) {
 	for _, s := range ss {
 		s.rows = s.rows[:0]
 		for i := range s.draft {
-			s.rows = append(s.rows, e.ctx.Logits(s.first+1+i))
+			s.rows = append(s.rows, lctx.Logits(s.first+1+i))
 		}
 	}
 }
 
-// verifyDraft samples slot s's rows (first the row of next, which is row, then its
+// verifyDraft samples slot s's rows of model m (first the row of next, then its
 // draft's) with its own sampler while they agree with the draft (speculate.Verify).
-func (e *engine) verifyDraft(s *slot, row int) {
+func (s *slot) verifyDraft(m *llama.Model, first llama.Logits) {
 	s.verified, s.sampleErr = speculate.Verify(s.draft, func(i int) (int32, error) {
 		if i == 0 {
-			return s.sampler.SampleLogits(e.model, e.rows[row])
+			return s.sampler.SampleLogits(m, first)
 		}
-		return s.sampler.SampleLogits(e.model, s.rows[i-1])
+		return s.sampler.SampleLogits(m, s.rows[i-1])
 	})
 }
 
@@ -117,20 +118,20 @@ func (e *engine) takeDraft(s *slot) {
 			s.cached = append(s.cached, tok)
 		}
 	}
-	e.trimAhead(s)
+	s.trimAhead(e.ctx)
 }
 
-// trimAhead removes slot s's drafted cells past its cached tokens, so the sequence
-// holds exactly cached (what the prompt cache saves and the next prompt reuses).
-func (e *engine) trimAhead(s *slot) {
+// trimAhead removes slot s's drafted cells of lctx past its cached tokens, so the
+// sequence holds exactly cached (what the prompt cache saves and the next prompt reuses).
+func (s *slot) trimAhead(lctx *llama.Context) {
 	if !s.ahead {
 		return
 	}
 	s.ahead = false
-	if !e.ctx.SeqRm(s.id, len(s.cached), -1) {
+	if !lctx.SeqRm(s.id, len(s.cached), -1) {
 		// Unreachable where speculation is on (no recurrent state); drop the sequence
 		// rather than keep cells the tokens do not spell.
-		e.ctx.SeqRm(s.id, -1, -1)
+		lctx.SeqRm(s.id, -1, -1)
 		s.cached = nil
 	}
 }

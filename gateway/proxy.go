@@ -165,7 +165,7 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, start time.Time)
 		hint.Keyed = head.keyed
 		var all []string
 		if c, ok := prefixdigest.Parse(body); ok {
-			all = g.prefixDigests(c, id.CachePartition(), model)
+			all = c.DigestsWith(g.opts.PrefixDigestKey, id.CachePartition(), model)
 			hint.Digests = c.Routable(all)
 		}
 		r = r.WithContext(withPrefixDigests(r.Context(), all, hint.Digests))

@@ -100,3 +100,19 @@ func (c Conversation) KeyedDigests(key []byte, partition, model string) []string
 	}
 	return out
 }
+
+// DigestsWith are c's digests for the partition and deployment model keyed by what
+// key returns, the key the gateway replicas share: a Mac cannot compute the digest of
+// a conversation it was never sent, so it cannot claim one to draw it. None while the
+// key has not loaded (the request is routed as if no replica held a prefix of it);
+// unkeyed without a key source (key nil).
+func (c Conversation) DigestsWith(key func() ([]byte, bool), partition, model string) []string {
+	if key == nil {
+		return c.Digests(partition, model)
+	}
+	k, ok := key()
+	if !ok {
+		return nil
+	}
+	return c.KeyedDigests(k, partition, model)
+}

@@ -1,3 +1,5 @@
+//go:build cgo && !race
+
 package main
 
 import (

@@ -308,27 +308,11 @@ func peerClear(r *modelRunner) {
 // (and with their digest when digest), and the prompt tokens it restored.
 func peerChat(r *modelRunner, text string, digest bool) (string, int) {
 	r.t.Helper()
-	body, _ := json.Marshal(map[string]any{"model": "test", "temperature": 0, "max_tokens": answerTokens, "logprobs": true,
-		"messages": []map[string]string{{"role": "user", "content": text}}})
-	req, err := http.NewRequest(http.MethodPost, r.base+"/v1/chat/completions", bytes.NewReader(body))
-	if err != nil {
-		r.t.Fatal(err)
-	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set(runnerapi.HeaderCachePartition, peerPartition)
+	h := map[string]string{runnerapi.HeaderCachePartition: peerPartition}
 	if digest {
-		req.Header.Set(runnerapi.HeaderPrefixDigests, peerDigest)
+		h[runnerapi.HeaderPrefixDigests] = peerDigest
 	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		r.t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	var c runnerapi.ChatCompletion
-	if err := json.NewDecoder(resp.Body).Decode(&c); err != nil || resp.StatusCode != http.StatusOK || len(c.Choices) != 1 ||
-		c.Choices[0].Logprobs == nil || c.Usage == nil {
-		r.t.Fatalf("chat: %d %+v %v", resp.StatusCode, c, err)
-	}
+	c := r.greedyChat(text, answerTokens, h)
 	var out []byte
 	for _, lp := range c.Choices[0].Logprobs.Content {
 		for _, b := range lp.Bytes {
@@ -340,4 +324,31 @@ func peerChat(r *modelRunner, text string, digest bool) (string, int) {
 		cached = d.CachedTokens
 	}
 	return string(out), cached
+}
+
+// greedyChat is r's greedy answer to text, at most maxTokens with their logprobs,
+// sent with headers.
+func (r *modelRunner) greedyChat(text string, maxTokens int, headers map[string]string) runnerapi.ChatCompletion {
+	r.t.Helper()
+	body, _ := json.Marshal(map[string]any{"model": "test", "temperature": 0, "max_tokens": maxTokens, "logprobs": true,
+		"messages": []map[string]string{{"role": "user", "content": text}}})
+	req, err := http.NewRequest(http.MethodPost, r.base+"/v1/chat/completions", bytes.NewReader(body))
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	for k, v := range headers {
+		req.Header.Set(k, v)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var c runnerapi.ChatCompletion
+	if err := json.NewDecoder(resp.Body).Decode(&c); err != nil || resp.StatusCode != http.StatusOK || len(c.Choices) != 1 ||
+		c.Choices[0].Logprobs == nil || c.Usage == nil {
+		r.t.Fatalf("chat: %d %+v %v", resp.StatusCode, c, err)
+	}
+	return c
 }

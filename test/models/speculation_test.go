@@ -1,9 +1,6 @@
 package models_test
 
 import (
-	"bytes"
-	"encoding/json"
-	"net/http"
 	"slices"
 	"strings"
 	"testing"
@@ -37,21 +34,7 @@ func TestSpeculationEachFamily(t *testing.T) {
 // and its drafted tokens' counts.
 func (r *modelRunner) speculated(text, spec string) ([]string, *runnerapi.CompletionTokensDetails) {
 	r.t.Helper()
-	body, _ := json.Marshal(map[string]any{"model": "test", "temperature": 0, "max_tokens": 48, "logprobs": true,
-		"messages": []map[string]string{{"role": "user", "content": text}}})
-	req, _ := http.NewRequest(http.MethodPost, r.base+"/v1/chat/completions", bytes.NewReader(body))
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set(runnerapi.HeaderSpeculation, spec)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		r.t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	var c runnerapi.ChatCompletion
-	if err := json.NewDecoder(resp.Body).Decode(&c); err != nil || resp.StatusCode != http.StatusOK || len(c.Choices) != 1 ||
-		c.Choices[0].Logprobs == nil || c.Usage == nil {
-		r.t.Fatalf("chat: %d %+v %v", resp.StatusCode, c, err)
-	}
+	c := r.greedyChat(text, 48, map[string]string{runnerapi.HeaderSpeculation: spec})
 	var toks []string
 	for _, lp := range c.Choices[0].Logprobs.Content {
 		toks = append(toks, lp.Token)

@@ -73,7 +73,9 @@ func TestGreedyGenerationIsDeterministic(t *testing.T) {
 	if got := *a.Choices[0].FinishReason; got != "length" {
 		t.Errorf("finish_reason = %q, want length", got)
 	}
-	want := runnerapi.Usage{PromptTokens: a.Usage.PromptTokens, CompletionTokens: 24, TotalTokens: a.Usage.PromptTokens + 24}
+	// CompletionTokensDetails: speculative decoding's counts (speculation_test.go).
+	want := runnerapi.Usage{PromptTokens: a.Usage.PromptTokens, CompletionTokens: 24, TotalTokens: a.Usage.PromptTokens + 24,
+		CompletionTokensDetails: a.Usage.CompletionTokensDetails}
 	if d := cmp.Diff(want, *a.Usage); d != "" {
 		t.Errorf("usage (-want +got):\n%s", d)
 	}
@@ -221,8 +223,9 @@ func TestStreamingFraming(t *testing.T) {
 	}
 	// The streamed request reuses the prefix the first one left in the slot.
 	wantUsage := runnerapi.Usage{PromptTokens: whole.Usage.PromptTokens, CompletionTokens: 20,
-		TotalTokens:         whole.Usage.PromptTokens + 20,
-		PromptTokensDetails: &runnerapi.PromptTokensDetails{CachedTokens: whole.Usage.PromptTokens - 1}}
+		TotalTokens:             whole.Usage.PromptTokens + 20,
+		PromptTokensDetails:     &runnerapi.PromptTokensDetails{CachedTokens: whole.Usage.PromptTokens - 1},
+		CompletionTokensDetails: usage.Usage.CompletionTokensDetails} // speculative decoding's counts (speculation_test.go)
 	if d := cmp.Diff(wantUsage, *usage.Usage); d != "" {
 		t.Errorf("stream usage (-want +got):\n%s", d)
 	}

@@ -98,7 +98,8 @@ type ChatTools struct {
 }
 
 // Unsupported are OpenAI chat fields macfleet does not act on: the ones refused
-// unless neutral (logit_bias, audio, modalities, prediction, web_search_options) and
+// unless neutral (logit_bias, audio, modalities, web_search_options), prediction
+// (speculative decoding's drafts: Options.Predicted) and
 // the hints accepted whatever their value (store, metadata, service_tier, verbosity,
 // safety_identifier, user, prompt_cache_retention; see internal/chat/compat), plus
 // prompt_cache_key (the gateway routes by it) and reasoning_effort (the template
@@ -137,8 +138,6 @@ func (u Unsupported) Check() *Error {
 		return unsupported("audio", "audio output is not supported: the models served are text-only")
 	case len(u.Modalities) > 0 && (len(u.Modalities) != 1 || u.Modalities[0] != "text"):
 		return unsupported("modalities", "only the text modality is supported, got %v", u.Modalities)
-	case !isNull(u.Prediction):
-		return unsupported("prediction", "predicted outputs are not supported")
 	case !isNull(u.WebSearch):
 		return unsupported("web_search_options", "web search is not supported")
 	}

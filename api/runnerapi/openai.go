@@ -239,6 +239,10 @@ type Options struct {
 	// Continued is how many completion tokens that answer counts as: ContinuedPrompt,
 	// or what HeaderContinuedTokens says the client was sent.
 	ContinuedPrompt, Continued int
+	// Predicted is the chat request's prediction (OpenAI's predicted outputs): text
+	// the answer is expected to repeat, which speculative decoding drafts from. It
+	// changes the speed only, never the answer.
+	Predicted string
 	// Spent: the continued answer is declared (HeaderContinuedTokens) to have
 	// max_tokens tokens already, so it ends at once, finish reason length, generating
 	// none.
@@ -489,6 +493,9 @@ func (r *ChatRequest) Options() (Options, *Error) {
 		return o, e
 	}
 	o.Logprobs = r.Logprobs != nil && *r.Logprobs
+	if o.Predicted, e = PredictedContent(r.Prediction); e != nil {
+		return o, e
+	}
 	if r.TopLogprobs != nil {
 		switch k := *r.TopLogprobs; {
 		case k < 0 || k > MaxTopLogprobs:

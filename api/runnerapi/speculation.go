@@ -1,5 +1,11 @@
 package runnerapi
 
+import (
+	"bytes"
+	"encoding/json"
+	"strings"
+)
+
 // HeaderSpeculation, set to SpeculationOff, turns speculative decoding (prompt
 // lookup drafts verified in the same pass) off for a generation request; absent or
 // SpeculationOn, the runner drafts where its adaptive policy finds it pays. Either
@@ -24,4 +30,38 @@ const PathSpeculation Path = "speculation"
 type CompletionTokensDetails struct {
 	AcceptedPredictionTokens int `json:"accepted_prediction_tokens"`
 	RejectedPredictionTokens int `json:"rejected_prediction_tokens"`
+}
+
+// PredictedContent is the text of a chat request's prediction (OpenAI's predicted
+// outputs: {"type": "content", "content": a string or text parts}), "" for none.
+func PredictedContent(raw json.RawMessage) (string, *Error) {
+	if len(bytes.TrimSpace(raw)) == 0 || isNull(raw) {
+		return "", nil
+	}
+	var p struct {
+		Type    string          `json:"type"`
+		Content json.RawMessage `json:"content"`
+	}
+	if err := json.Unmarshal(raw, &p); err != nil || p.Type != "content" {
+		return "", InvalidRequest(CodeInvalidValue, "prediction", `prediction must be {"type": "content", "content": ...}`)
+	}
+	var text string
+	if err := json.Unmarshal(p.Content, &text); err == nil {
+		return text, nil
+	}
+	var parts []struct {
+		Type string `json:"type"`
+		Text string `json:"text"`
+	}
+	if err := json.Unmarshal(p.Content, &parts); err != nil {
+		return "", InvalidRequest(CodeInvalidValue, "prediction.content", "prediction.content must be a string or an array of text parts")
+	}
+	var b strings.Builder
+	for i, part := range parts {
+		if part.Type != "text" {
+			return "", InvalidRequest(CodeInvalidValue, "prediction.content", "prediction.content[%d] must be a text part, got type %q", i, part.Type)
+		}
+		b.WriteString(part.Text)
+	}
+	return b.String(), nil
 }

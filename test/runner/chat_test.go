@@ -136,14 +136,15 @@ func TestChatTemplateRealVocabulary(t *testing.T) {
 		t.Errorf("streamed %+v, non-streamed %+v", acc.Choices[0].Message, c.Choices[0].Message)
 	}
 
-	// Fields that are not served are refused by name, through the official client.
+	// Fields that are not served, or malformed, are refused by name, through the
+	// official client.
 	for _, tc := range []struct {
 		opt   option.RequestOption
 		param string
 		code  string
 	}{
 		{option.WithJSONSet("frobnicate", true), "frobnicate", runnerapi.CodeUnknownParameter},
-		{option.WithJSONSet("prediction", map[string]any{"type": "content", "content": "x"}), "prediction", runnerapi.CodeUnsupportedParameter},
+		{option.WithJSONSet("prediction", map[string]any{"type": "file", "content": "x"}), "prediction", runnerapi.CodeInvalidValue},
 		{option.WithJSONSet("audio", map[string]any{"voice": "alloy", "format": "mp3"}), "audio", runnerapi.CodeUnsupportedParameter},
 		{option.WithJSONSet("n", 2), "n", runnerapi.CodeInvalidValue}, // one slot
 		{option.WithJSONSet("tool_choice", map[string]any{"type": "function", "function": map[string]any{"name": "nope"}}), "tool_choice", runnerapi.CodeInvalidValue},

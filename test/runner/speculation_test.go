@@ -243,3 +243,33 @@ func TestSpeculationStreamAndCancel(t *testing.T) {
 		t.Fatalf("after cancelled requests the answer is %q, want %q", again, off)
 	}
 }
+
+// TestSpeculationFromAPrediction: a chat request's prediction (OpenAI's predicted
+// outputs) is what the slot drafts from: an answer with nothing to copy from its
+// conversation keeps most of its tokens as drafts when the prediction is that answer,
+// and is the same token for token with the prediction, with a wrong one, and with
+// speculation off (which drafts nothing, prediction or not).
+func TestSpeculationFromAPrediction(t *testing.T) {
+	r := startReady(t, speculationModel(t))
+	ask := func(prediction string) string {
+		b := `{"model":"m","max_tokens":64,"temperature":0,"logprobs":true,"messages":[{"role":"user","content":"Tell me about the weather in the mountains."}]`
+		if prediction != "" {
+			p, _ := json.Marshal(map[string]any{"type": "content", "content": []map[string]string{{"type": "text", "text": prediction}}})
+			b += `,"prediction":` + string(p)
+		}
+		return b + "}"
+	}
+	off := specChat(t, r, ask(""), runnerapi.SpeculationOff)
+	answer := off.Choices[0].Message.Text()
+	predicted := specChat(t, r, ask(answer), runnerapi.SpeculationOn)
+	sameAnswers(t, off, predicted)
+	if n := accepted(predicted); n*2 < predicted.Usage.CompletionTokens {
+		t.Errorf("predicted its own answer (%q): %d of %d tokens drafted and kept, want at least half (drafts %+v)",
+			answer, n, predicted.Usage.CompletionTokens, predicted.Usage.CompletionTokensDetails)
+	}
+	wrong := specChat(t, r, ask("Completely unrelated text about databases and their indexes."), runnerapi.SpeculationOn)
+	sameAnswers(t, off, wrong)
+	sameAnswers(t, off, specChat(t, r, ask(answer), runnerapi.SpeculationOff))
+	t.Logf("%q: %d tokens; drafts with the answer predicted %+v, with a wrong prediction %+v", answer,
+		predicted.Usage.CompletionTokens, predicted.Usage.CompletionTokensDetails, wrong.Usage.CompletionTokensDetails)
+}

@@ -39,7 +39,7 @@ var Chat = Policy{API: "OpenAI Chat Completions", Endpoint: "/v1/chat/completion
 	{Name: "logit_bias", Treatment: Refused, Does: "400 unless empty"},
 	{Name: "audio", Treatment: Refused, Does: "audio output: the models served are text-only"},
 	{Name: "modalities", Treatment: Refused, Does: "400 unless [\"text\"]"},
-	{Name: "prediction", Treatment: Refused, Does: "predicted outputs are not served"},
+	{Name: "prediction", Treatment: Honoured, Does: "speculative decoding drafts from its content (a string or text parts); the answer is the model's own, token for token, only faster where it repeats the prediction (docs/speculative-decoding.md)"},
 	{Name: "web_search_options", Treatment: Refused, Does: "web search is not served (the answer would lack it)"},
 	{Name: "functions", Treatment: Refused, Does: "deprecated: send tools"},
 	{Name: "function_call", Treatment: Refused, Does: "deprecated: send tool_choice"},

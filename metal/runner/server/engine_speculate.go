@@ -49,7 +49,10 @@ func (e *engine) planDrafts(budget int) {
 			s.job.mu.Unlock()
 		}
 		hist := append(s.cached, s.next) // where absorb puts next
-		draft, gram := speculate.Lookup(hist, minGram, maxGram, s.policy.Max)
+		draft, gram := speculate.Follow(s.job.predicted, hist, minGram, maxGram, s.policy.Max)
+		if len(draft) == 0 {
+			draft, gram = speculate.Lookup(hist, minGram, maxGram, s.policy.Max)
+		}
 		if len(draft) == 0 {
 			continue
 		}

@@ -251,12 +251,18 @@ func (g *generator) generate(w http.ResponseWriter, r *http.Request, eng *engine
 		tokenIDs:   r.Header.Get(runnerapi.HeaderTokenIDs) == runnerapi.TokenCountComments,
 		usageFirst: opts.Stream && opts.IncludeUsage && r.Header.Get(runnerapi.HeaderPromptUsage) == "first-chunk",
 		logprobs:   opts.Logprobs, notify: make(chan struct{}, 1)}
+	var predicted []int32
+	if opts.Predicted != "" {
+		// Drafts only: a prediction the tokenizer refuses drafts nothing.
+		predicted, _ = g.m.model.Tokenize(opts.Predicted, false, false)
+	}
 	for i := range opts.N {
 		o := opts
 		o.Seed += uint32(i) // each choice its own reproducible sequence
 		j := newJob(r.Context(), toks, o, false)
 		j.notify, j.partition, j.digests, j.images = out.notify, partition, digests, images
 		j.noSpec = r.Header.Get(runnerapi.HeaderSpeculation) == runnerapi.SpeculationOff
+		j.predicted = predicted
 		if i == 0 {
 			j.restore, j.held = restore, held
 		}

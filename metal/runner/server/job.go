@@ -45,7 +45,10 @@ type job struct {
 	// a prompt it shares, holdChecked whether it looked for one (engine goroutine only:
 	// see engine_inflight.go).
 	// noSpec turns speculative decoding off for the job (runnerapi.HeaderSpeculation).
-	noSpec      bool
+	noSpec bool
+	// predicted are the tokens of the request's prediction, which the slot drafts
+	// from before its own history (runnerapi.Options.Predicted).
+	predicted   []int32
 	keys        []promptcache.Key
 	hold        *jobHold
 	holdChecked bool

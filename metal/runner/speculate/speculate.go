@@ -28,6 +28,26 @@ func Lookup(hist []int32, minN, maxN, k int) ([]int32, int) {
 	return nil, 0
 }
 
+// Follow drafts from src, a text the answer is expected to repeat (a request's
+// prediction): where the last n tokens of hist (n from maxN down to minN) occur in
+// src, latest occurrence first, up to k of the tokens that follow them there, and n.
+// Nothing when no tail of hist occurs in src with a token after it.
+func Follow(src, hist []int32, minN, maxN, k int) ([]int32, int) {
+	if k <= 0 || minN < 1 {
+		return nil, 0
+	}
+	for n := min(maxN, len(hist)); n >= minN; n-- {
+		tail := hist[len(hist)-n:]
+		for start := len(src) - n - 1; start >= 0; start-- {
+			if equal(src[start:start+n], tail) {
+				from := start + n
+				return src[from:min(from+k, len(src))], n
+			}
+		}
+	}
+	return nil, 0
+}
+
 func equal(a, b []int32) bool {
 	for i := range a {
 		if a[i] != b[i] {

@@ -35,6 +35,31 @@ func TestLookup(t *testing.T) {
 	}
 }
 
+func TestFollow(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		src, hist []int32
+		k         int
+		want      []int32
+		wantN     int
+	}{
+		{"what follows the answer's tail in the prediction", []int32{1, 2, 3, 4, 5, 6}, []int32{9, 9, 2, 3}, 3, []int32{4, 5, 6}, 2},
+		{"the longest tail first", []int32{3, 8, 8, 2, 3, 4}, []int32{2, 3}, 2, []int32{4}, 2},
+		{"the latest occurrence", []int32{5, 1, 6, 5, 1, 7}, []int32{5, 1}, 1, []int32{7}, 2},
+		{"the answer's first token starts the prediction's draft", []int32{4, 5, 6, 7}, []int32{100, 101, 4}, 8, []int32{5, 6, 7}, 1},
+		{"a tail at the prediction's end drafts nothing", []int32{1, 2, 3}, []int32{2, 3}, 4, nil, 0},
+		{"no tail in the prediction", []int32{1, 2, 3}, []int32{9}, 4, nil, 0},
+		{"no prediction", nil, []int32{1, 2}, 4, nil, 0},
+		{"k zero", []int32{1, 2, 3}, []int32{1}, 0, nil, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got, n := Follow(tc.src, tc.hist, 1, 3, tc.k); !slices.Equal(got, tc.want) || n != tc.wantN {
+				t.Fatalf("Follow(%v, %v, 1, 3, %d) = %v, %d; want %v, %d", tc.src, tc.hist, tc.k, got, n, tc.want, tc.wantN)
+			}
+		})
+	}
+}
+
 func TestVerify(t *testing.T) {
 	for _, tc := range []struct {
 		name    string

@@ -121,13 +121,7 @@ func TestAuthorityKeepsTheServingSecret(t *testing.T) {
 		GatewayServingHosts: []string{"llm.example.com", "macfleet-gateway.macfleet-system.svc"}, Clock: clk, Log: logr.Discard()}
 	served := func(host string) (*x509.Certificate, error) {
 		t.Helper()
-		if _, err := a.Sync(ctx); err != nil {
-			t.Fatal(err)
-		}
-		s := &corev1.Secret{}
-		if err := env.Client.Get(ctx, types.NamespacedName{Namespace: mfv1.SystemNamespace, Name: name}, s); err != nil {
-			t.Fatal(err)
-		}
+		s := syncedSecret(t, a, name)
 		certs, err := pki.ParseCerts(s.Data[corev1.TLSCertKey])
 		if err != nil || s.Type != corev1.SecretTypeTLS {
 			t.Fatalf("Secret %s of type %s: %v", name, s.Type, err)
@@ -186,17 +180,7 @@ func TestGatewaySecretKeepsItsDigestKey(t *testing.T) {
 	freshCallerSecrets(t)
 	clk := clocktesting.NewFakeClock(time.Now())
 	a := &certsigner.Authority{Client: env.Client, GatewayName: "gw", MetricsName: "scraper", Clock: clk, Log: logr.Discard()}
-	secret := func(name string) *corev1.Secret {
-		t.Helper()
-		if _, err := a.Sync(ctx); err != nil {
-			t.Fatal(err)
-		}
-		s := &corev1.Secret{}
-		if err := env.Client.Get(ctx, types.NamespacedName{Namespace: mfv1.SystemNamespace, Name: name}, s); err != nil {
-			t.Fatal(err)
-		}
-		return s
-	}
+	secret := func(name string) *corev1.Secret { t.Helper(); return syncedSecret(t, a, name) }
 	first := secret(mfv1.GatewayTLSSecret)
 	key := first.Data[callercert.DigestKeyData]
 	if len(key) != callercert.DigestKeySize || bytes.Equal(key, make([]byte, len(key))) {
@@ -252,4 +236,17 @@ func freshCallerSecrets(t *testing.T) {
 	for _, name := range []string{mfv1.GatewayTLSSecret, mfv1.MetricsTLSSecret} {
 		_ = env.Client.Delete(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: mfv1.SystemNamespace, Name: name}})
 	}
+}
+
+// syncedSecret is the system namespace's Secret name after one Sync of a.
+func syncedSecret(t *testing.T, a *certsigner.Authority, name string) *corev1.Secret {
+	t.Helper()
+	if _, err := a.Sync(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	s := &corev1.Secret{}
+	if err := env.Client.Get(t.Context(), types.NamespacedName{Namespace: mfv1.SystemNamespace, Name: name}, s); err != nil {
+		t.Fatal(err)
+	}
+	return s
 }

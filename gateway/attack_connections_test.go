@@ -10,6 +10,8 @@ import (
 	"net/http"
 	"os"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -124,18 +126,25 @@ func TestAttackIdleConnectionsLockEveryoneOut(t *testing.T) {
 	}
 }
 
-// stillOpen is how many of conns the server has not closed: a read that waits until
-// a shared deadline half a second away instead of failing at once.
+// stillOpen is how many of conns the server has not closed: on each, a read that
+// waits half a second instead of failing at once. The reads run side by side, each
+// with its own deadline set as it starts: a read begun after a deadline passed fails
+// with that deadline before it looks at the socket, so a shared deadline counted
+// connections the server had closed as open once the loop ran past it.
 func stillOpen(conns []net.Conn) int {
-	deadline, n := time.Now().Add(500*time.Millisecond), 0
+	var open atomic.Int64
+	var wg sync.WaitGroup
 	for _, c := range conns {
-		_ = c.SetReadDeadline(deadline)
-		if _, err := c.Read(make([]byte, 1)); errors.Is(err, os.ErrDeadlineExceeded) {
-			n++
-		}
-		_ = c.SetReadDeadline(time.Time{})
+		wg.Go(func() {
+			_ = c.SetReadDeadline(time.Now().Add(500 * time.Millisecond))
+			if _, err := c.Read(make([]byte, 1)); errors.Is(err, os.ErrDeadlineExceeded) {
+				open.Add(1)
+			}
+			_ = c.SetReadDeadline(time.Time{})
+		})
 	}
-	return n
+	wg.Wait()
+	return int(open.Load())
 }
 
 // healthz sends GET /healthz on c, keeping it alive, and reads the answer.

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Usage: hack/trained-model.sh stage [DIR]      (make trained-model)
 #        hack/trained-model.sh convert WEIGHTS  (make trained-model-convert WEIGHTS=...)
+#        hack/trained-model.sh draft-convert WEIGHTS
 #
 # The small trained test model (docs/testing.md, "The trained test model").
 #
@@ -15,6 +16,15 @@
 #
 # convert: writes test/models/tiny-chat-trained.gguf from the weights train.py saved
 # (manifest.json and weights-NNN.bin), with the run's record beside it.
+#
+# draft-convert: the same for the draft model (speculative decoding), trained on the
+# same corpus with a smaller shape:
+#
+#   python3 DIR/train.py --corpus DIR/corpus --valid DIR/valid --out OUT/draft \
+#       --embd 96 --heads 3 --kv-heads 1 --ff 256 --layers 2 --steps 3000 --max-seconds 240
+#
+# and kept zstd-compressed as test/models/tiny-chat-draft.gguf.zst (the tests
+# decompress it once into the user's cache).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 go=(hack/go-env.sh go)
@@ -51,8 +61,20 @@ convert)
 	done
 	ls -la test/models/
 	;;
+draft-convert)
+	weights=${2:?usage: hack/trained-model.sh draft-convert WEIGHTS_DIR}
+	tmp=$(mktemp -d)
+	trap 'rm -rf "$tmp"' EXIT
+	"$tool" convert -weights "$weights" -out "$tmp/draft.gguf"
+	zstd -19 -q -f "$tmp/draft.gguf" -o test/models/tiny-chat-draft.gguf.zst
+	cp "$weights/manifest.json" test/models/tiny-chat-draft.manifest.json
+	for f in loss.csv samples.txt; do
+		if [ -f "$weights/$f" ]; then cp "$weights/$f" "test/models/tiny-chat-draft.$f"; fi
+	done
+	ls -la test/models/tiny-chat-draft.*
+	;;
 *)
-	sed -n '2,3p' "$0" >&2
+	sed -n '2,4p' "$0" >&2
 	exit 2
 	;;
 esac

@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# Speculative decoding on the card (issue 57), and the draft model's training, in one
+# call. The pack (.cache/dspec, carried) holds xz archives made here:
+#   bin.tar.xz        bin/macfleet-runner, bin/runner.test (go test -c ./test/runner),
+#                     bin/trainmodel (./test/trainmodel/cmd/trainmodel)
+#   ggml-src.tar.xz   the ollama module's CMakeLists.txt and ml/backend/ggml/ggml
+#   testassets.tar.xz the module's tokenizer/testdata/llama3.2 and template
+# Steps (bash docs/gpu-runs/spec-bench.sh OUT STEP...):
+#   build  ggml's CUDA backend (hack/test-gpu.sh's build step)
+#   train  the draft's corpus (the trained model's: seed 45, 10 M tokens; held out:
+#          seed 46) and the draft trained on it (DRAFT_ARGS), converted to a GGUF
+#   both   build and train side by side (the build on the cores, training on the GPU)
+#   spec   BenchmarkSpeculation (one stream) and BenchmarkSpeculationStreams (16)
+#          with the trained model on the card, off and on in turn
+#   draft  BenchmarkSpeculation with MACFLEET_DRAFT_MODEL set to the draft
+set -uo pipefail
+out=$1
+shift
+pack=.cache/dspec
+run=$pack/run
+bin=$run/bin
+logs=$out/logs # every log, archived into $out/logs.tgz at the end (the tool brings back 8 files)
+mkdir -p "$logs" "$run"
+[[ -x $bin/runner.test ]] || tar -C "$run" -xJf "$pack/bin.tar.xz"
+[[ -d $run/assets ]] || { mkdir -p "$run/assets" && tar -C "$run/assets" -xJf "$pack/testassets.tar.xz"; }
+# hack/test-gpu.sh unpacks what it misses; it finds bin/macfleet absent and unpacks
+# bin.tar.xz again, which holds the same files.
+export MACFLEET_TESTASSETS_DIR=$PWD/$run/assets
+draft=$run/draft
+
+step_build() { bash hack/test-gpu.sh "$pack" "$logs/build" facts build 2>&1 | tail -4; }
+
+step_train() {
+	local t0=$SECONDS c=$run/corpus
+	[[ -f $c/train/tokens.bin ]] || {
+		"$bin/trainmodel" corpus -out "$c/train" -seed 45 -tokens 10000000 | tail -1
+		"$bin/trainmodel" corpus -out "$c/valid" -seed 46 -tokens 200000 | tail -1
+		rm -f "$c/valid/probes.json"
+	}
+	echo "corpus in $((SECONDS - t0)) s"
+	# shellcheck disable=SC2086
+	PYTHONUNBUFFERED=1 python3 test/trainmodel/train.py --corpus "$c/train" --valid "$c/valid" --out "$draft/weights" \
+		${DRAFT_ARGS:---embd 96 --heads 3 --kv-heads 1 --ff 256 --layers 2 --steps 3000 --max-seconds 240} \
+		>"$logs/train.log" 2>&1
+	tail -3 "$logs/train.log"
+	"$bin/trainmodel" convert -weights "$draft/weights" -out "$draft/tiny-chat-draft.gguf" || return 1
+	xz -T0 -c "$draft/tiny-chat-draft.gguf" >"$out/tiny-chat-draft.gguf.xz" # a file back is at most 16 MiB
+	cp "$draft/weights/manifest.json" "$out/"
+	for f in loss.csv samples.txt; do [[ -f $draft/weights/$f ]] && cp "$draft/weights/$f" "$out/draft.$f"; done
+	echo "train: $((SECONDS - t0)) s"
+}
+
+step_both() {
+	step_build >"$logs/build.log" 2>&1 &
+	local b=$!
+	step_train
+	wait "$b"
+	cat "$logs/build.log"
+}
+
+bench() {
+	MACFLEET_RUNNER="$bin/macfleet-runner" MACFLEET_TRAINED_MODEL="$PWD/test/models/tiny-chat-trained.gguf" \
+		"$bin/runner.test" -test.run '^$' -test.count=1 "$@"
+}
+
+step_spec() {
+	ls "$bin/lib/" || return 1
+	bench -test.bench 'Speculation$' -test.benchtime "${SPEC_ROUNDS:-8}x" 2>&1 | grep -E 'Benchmark|ok|FAIL|no accelerator'
+	bench -test.bench 'SpeculationStreams' -test.benchtime "${STREAM_ROUNDS:-4}x" 2>&1 | grep -E 'Benchmark|ok|FAIL'
+}
+
+step_draft() {
+	MACFLEET_DRAFT_MODEL="${DRAFT:-$draft/tiny-chat-draft.gguf}" bench -test.bench 'Speculation' \
+		-test.benchtime "${SPEC_ROUNDS:-8}x" 2>&1 | grep -E 'Benchmark|ok|FAIL'
+}
+
+for s in "$@"; do
+	echo "=== $s"
+	t0=$SECONDS
+	"step_$s" 2>&1 | tee "$logs/$s.log"
+	echo "=== $s: exit ${PIPESTATUS[0]} in $((SECONDS - t0)) s"
+done
+tar -C "$out" -czf "$out/logs.tgz" logs && rm -rf "$logs"

@@ -1,0 +1,116 @@
+package speculate
+
+import "math/bits"
+
+// Costs are the step times a runner measured, by how many tokens the step's batch
+// held, for deciding whether drafts pay (Pays). A drafted token is free where the
+// step is bound by reading the weights once for all its rows (a large model on a
+// card, a Mac's unified memory), and costs nearly a decoded token where the step is
+// bound by per-row work (a CPU's matrix products, reading and sampling each row's
+// logits over a large vocabulary): only the runner's own timings tell which, on this
+// machine, for this model, at this load. The zero Costs knows nothing.
+type Costs struct {
+	// ewma[b] is the smoothed seconds of a step whose batch held n tokens with
+	// bucket(n) == b; zero where none was measured.
+	ewma [buckets]float64
+}
+
+const (
+	// buckets covers batches of 1 to 2^(buckets-1) tokens and beyond (the last).
+	buckets = 12
+	// alpha is the weight of a new measurement in its bucket's average.
+	alpha = 0.2
+)
+
+// bucket is n's bucket: 1 → 0, 2 → 1, 3–4 → 2, 5–8 → 3, … (the last takes the rest).
+func bucket(n int) int {
+	if n <= 1 {
+		return 0
+	}
+	return min(bits.Len(uint(n-1)), buckets-1)
+}
+
+// Observe records a step of n tokens that took seconds (decode, reading and sampling
+// the rows: the step's whole time between batches).
+func (c *Costs) Observe(n int, seconds float64) {
+	if n <= 0 || seconds <= 0 {
+		return
+	}
+	b := bucket(n)
+	if c.ewma[b] == 0 {
+		c.ewma[b] = seconds
+		return
+	}
+	c.ewma[b] += alpha * (seconds - c.ewma[b])
+}
+
+// Time is the expected seconds of a step of n tokens and whether it was measured:
+// n's bucket's average, else (never measured) the nearest smaller measured bucket's,
+// which assumes a larger batch costs no more: what makes a runner try a draft once
+// and so measure it.
+func (c *Costs) Time(n int) (float64, bool) {
+	b := bucket(n)
+	if c.ewma[b] > 0 {
+		return c.ewma[b], true
+	}
+	for i := b - 1; i >= 0; i-- {
+		if c.ewma[i] > 0 {
+			return c.ewma[i], false
+		}
+	}
+	return 0, false
+}
+
+// Pays reports whether drafting d more tokens into a step of n tokens is expected to
+// raise the runner's rate, given the tokens the drafts are expected to keep
+// (accepted): the step makes n tokens in Time(n) without the drafts and n+accepted in
+// Time(n+d) with them, so they pay when accepted > n·(Time(n+d)/Time(n) − 1). With
+// nothing measured for n, they pay (the step then measures it).
+func (c *Costs) Pays(n, d int, accepted float64) bool {
+	if d <= 0 {
+		return false
+	}
+	base, ok := c.Time(n)
+	if !ok || base <= 0 {
+		return true
+	}
+	with, _ := c.Time(n + d)
+	return accepted > float64(n)*(with/base-1)
+}
+
+// Rate is a slot's running share of drafted tokens kept, for the expected count a
+// draft keeps (Expect). The zero Rate starts at an even chance.
+type Rate struct {
+	kept, drafted float64
+}
+
+// rateDecay is how much of the past a Rate keeps at each draft.
+const rateDecay = 0.8
+
+// Note records a draft of proposed tokens of which accepted were kept.
+func (r *Rate) Note(proposed, accepted int) {
+	if proposed <= 0 {
+		return
+	}
+	r.kept = rateDecay*r.kept + float64(accepted)
+	r.drafted = rateDecay*r.drafted + float64(proposed)
+}
+
+// Share is the running share of drafted tokens kept (one half before any draft).
+func (r Rate) Share() float64 {
+	if r.drafted == 0 {
+		return 0.5
+	}
+	return r.kept / r.drafted
+}
+
+// Expect is how many of a draft of d tokens are expected to be kept, where each is
+// kept with the running share p only if every one before it was: p + p² + … + p^d.
+func (r Rate) Expect(d int) float64 {
+	p, sum, term := r.Share(), 0.0, 1.0
+	for range d {
+		term *= p
+		sum += term
+	}
+	return sum
+}

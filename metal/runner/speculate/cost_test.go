@@ -1,0 +1,91 @@
+package speculate
+
+import (
+	"math"
+	"testing"
+)
+
+func TestBucket(t *testing.T) {
+	for _, tc := range []struct{ n, want int }{
+		{0, 0}, {1, 0}, {2, 1}, {3, 2}, {4, 2}, {5, 3}, {8, 3}, {9, 4}, {16, 4}, {17, 5}, {1 << 20, buckets - 1},
+	} {
+		if got := bucket(tc.n); got != tc.want {
+			t.Errorf("bucket(%d) = %d, want %d", tc.n, got, tc.want)
+		}
+	}
+}
+
+// costs is a Costs with each (tokens, seconds) observed once.
+func costs(obs ...[2]float64) *Costs {
+	var c Costs
+	for _, o := range obs {
+		c.Observe(int(o[0]), o[1])
+	}
+	return &c
+}
+
+func TestPays(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		c        *Costs
+		n, d     int
+		accepted float64
+		want     bool
+	}{
+		{"nothing measured: try it", costs(), 1, 4, 0, true},
+		{"no draft", costs([2]float64{1, 0.01}), 1, 0, 5, false},
+		{"flat step: any kept token pays", costs([2]float64{1, 0.010}, [2]float64{5, 0.0101}), 1, 4, 0.5, true},
+		{"flat step: nothing kept does not", costs([2]float64{1, 0.010}, [2]float64{5, 0.0101}), 1, 4, 0, false},
+		{"per-row step, one stream: 4 rows cost 4 steps, 2.5 kept do not pay", costs([2]float64{1, 0.001}, [2]float64{5, 0.005}), 1, 4, 2.5, false},
+		{"per-row step, one stream: 4.5 kept would", costs([2]float64{1, 0.001}, [2]float64{5, 0.005}), 1, 4, 4.5, true},
+		{"16 streams: a 10 % slower step needs 1.6 kept", costs([2]float64{16, 0.010}, [2]float64{24, 0.011}), 16, 8, 1.5, false},
+		{"16 streams: 1.7 kept pays", costs([2]float64{16, 0.010}, [2]float64{24, 0.011}), 16, 8, 1.7, true},
+		{"the larger batch never measured: assumed as cheap, tried", costs([2]float64{1, 0.001}), 1, 8, 0.1, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := tc.c.Pays(tc.n, tc.d, tc.accepted); got != tc.want {
+				t.Errorf("Pays(%d, %d, %v) = %v, want %v", tc.n, tc.d, tc.accepted, got, tc.want)
+			}
+		})
+	}
+}
+
+func TestObserveSmooths(t *testing.T) {
+	var c Costs
+	c.Observe(4, 1)
+	c.Observe(3, 2) // the same bucket
+	got, ok := c.Time(4)
+	if !ok || math.Abs(got-(1+alpha)) > 1e-9 {
+		t.Errorf("Time(4) = %v, %v; want %v, true", got, ok, 1+alpha)
+	}
+	c.Observe(0, 5)
+	c.Observe(2, -1)
+	if got, ok := c.Time(2); ok || got != 0 {
+		t.Errorf("Time(2) = %v, %v after ignored observations; want 0, false", got, ok)
+	}
+	if got, ok := c.Time(100); ok || got != 1+alpha {
+		t.Errorf("Time(100) = %v, %v; want the nearest smaller bucket's %v, false", got, ok, 1+alpha)
+	}
+}
+
+func TestRate(t *testing.T) {
+	var r Rate
+	if r.Share() != 0.5 || math.Abs(r.Expect(2)-0.75) > 1e-9 {
+		t.Fatalf("fresh rate: share %v, expect(2) %v; want 0.5, 0.75", r.Share(), r.Expect(2))
+	}
+	r.Note(4, 4)
+	r.Note(4, 4)
+	if r.Share() != 1 || r.Expect(3) != 3 {
+		t.Errorf("all kept: share %v, expect(3) %v; want 1, 3", r.Share(), r.Expect(3))
+	}
+	for range 20 {
+		r.Note(4, 0)
+	}
+	if r.Share() > 0.05 {
+		t.Errorf("after 20 drafts that kept nothing the share is %v, want under 0.05", r.Share())
+	}
+	r.Note(0, 0)
+	if r.Expect(0) != 0 {
+		t.Errorf("Expect(0) = %v", r.Expect(0))
+	}
+}

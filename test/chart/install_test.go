@@ -7,6 +7,7 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -46,8 +47,13 @@ func TestInstallUpgradeUninstall(t *testing.T) {
 	for _, s := range networkPolicyOn {
 		values = append(values, "--set", s)
 	}
+	// The install also takes tunnels (Macs behind NAT), so that the real API server
+	// validates their Service and NetworkPolicy rule; the upgrade below, at three
+	// gateway replicas, leaves them off (a tunnel needs one replica) and removes them.
+	installValues := append(slices.Clone(values), "--set", "gateway.tunnel.enabled=true",
+		"--set", "networkPolicy.gateway.tunnelPeers[0].ipBlock.cidr=203.0.113.0/24")
 	notes := mustHelm(t, append([]string{"install", "macfleet", chartDir(t), "--kubeconfig", kubeconfig,
-		"--namespace", installNamespace, "--create-namespace"}, values...)...)
+		"--namespace", installNamespace, "--create-namespace"}, installValues...)...)
 	// NOTES.txt tells what to do next: node credentials, agents, the gateway.
 	for _, want := range []string{"macfleet nodes credentials <mac> -o", "macfleet agent --kubeconfig", "macfleet agent install --",
 		"port-forward svc/macfleet-gateway 8080:80", "/v1/chat/completions",
@@ -61,7 +67,7 @@ func TestInstallUpgradeUninstall(t *testing.T) {
 
 	// Everything the chart renders for this namespace must now exist: CRDs included.
 	rendered := decodeObjects(t, []byte(mustHelm(t, append([]string{"template", "macfleet", chartDir(t),
-		"--namespace", installNamespace, "--include-crds"}, values...)...)))
+		"--namespace", installNamespace, "--include-crds"}, installValues...)...)))
 	if len(rendered) < 20 {
 		t.Fatalf("rendered only %d objects", len(rendered))
 	}
@@ -95,6 +101,10 @@ func TestInstallUpgradeUninstall(t *testing.T) {
 	}
 	if got := secretData(t, c, "macfleet-node-authorizer-client"); !maps.EqualFunc(got, authzClient, bytes.Equal) || len(got["tls.crt"]) == 0 {
 		t.Error("upgrade changed the API server's client certificate for the node authorizer")
+	}
+	tunnelSvc := client.ObjectKey{Namespace: installNamespace, Name: "macfleet-gateway-tunnel"}
+	if err := c.Get(ctx, tunnelSvc, &corev1.Service{}); !apierrors.IsNotFound(err) {
+		t.Errorf("after the upgrade without the tunnel, its Service: %v, want NotFound", err)
 	}
 	for name, want := range map[string]int32{"macfleet-gateway": 3, "macfleet-manager": 2} {
 		var d appsv1.Deployment

@@ -397,7 +397,8 @@ func checkPod(t *testing.T, pod *corev1.PodSpec, serviceAccount, image string, a
 func TestTemplateFlagsExist(t *testing.T) {
 	bin := buildLikeDockerfile(t)
 	objs := render(t, "manager.hfEndpoint=https://hf.example", "manager.ollamaRegistry=https://ollama.example",
-		"gateway.apiKeysSecret=keys", "gateway.console=false", "gateway.tenantKeys=true", "gateway.tls.terminate=true")
+		"gateway.apiKeysSecret=keys", "gateway.console=false", "gateway.tenantKeys=true", "gateway.tls.terminate=true",
+		"gateway.tunnel.enabled=true")
 	flagName := regexp.MustCompile(`^(--[a-z0-9-]+)`)
 	for _, name := range []string{"macfleet-manager", "macfleet-gateway"} {
 		args := findDeployment(t, objs, name).Spec.Template.Spec.Containers[0].Args

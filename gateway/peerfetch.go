@@ -15,6 +15,7 @@ import (
 	"github.com/macfleet/macfleet/gateway/prefixindex"
 	"github.com/macfleet/macfleet/gateway/routing"
 	"github.com/macfleet/macfleet/internal/pki"
+	"github.com/macfleet/macfleet/internal/tunnel"
 )
 
 // TicketLifetime is how long a state ticket the gateway signs is valid: the fetching
@@ -36,6 +37,10 @@ type peerFetcher struct {
 	vouched *peerfetch.Vouched
 	now     func() time.Time
 	log     logr.Logger
+	// tunnels are the connections of Macs that dial out (nil without any): a Mac
+	// holding one fetches through the gateway, a Mac that dials out is fetched from
+	// only that way (reaches).
+	tunnels *tunnel.Sessions
 
 	decisions *prometheus.CounterVec
 	fetches   *prometheus.CounterVec
@@ -50,7 +55,7 @@ func newPeerFetcher(opts Options, index *prefixindex.Index, scheme string) (*pee
 		return nil, nil
 	}
 	p := &peerFetcher{index: index, certs: opts.AgentCertificates, scheme: scheme, margin: opts.PeerFetchMargin,
-		est: peerfetch.NewEstimates(), vouched: peerfetch.NewVouched(0), now: time.Now, log: opts.Log.WithName("peerfetch"),
+		est: peerfetch.NewEstimates(), vouched: peerfetch.NewVouched(0), now: time.Now, log: opts.Log.WithName("peerfetch"), tunnels: opts.Tunnels,
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "macfleet_gateway_peer_fetch_decisions_total",
 			Help: "Requests routed to a replica that holds less of their prefix than one on another Mac, by deployment and decision " +
@@ -112,7 +117,7 @@ type prefixAsk struct {
 func (p *peerFetcher) holder(rt *Route, be Backend, ask prefixAsk) (src peerSource, tokens int, ok bool) {
 	own := p.index.Deepest(be.Key, ask.digests)
 	for _, o := range rt.Backends {
-		if o.Node == "" || o.Node == be.Node || o.Key == be.Key || slices.Contains(ask.broken, o.Key) {
+		if o.Node == "" || o.Node == be.Node || o.Key == be.Key || slices.Contains(ask.broken, o.Key) || !p.reaches(o, be) {
 			continue
 		}
 		hit := p.peerHit(o, ask.partition, ask.digests)
@@ -173,6 +178,22 @@ func (p *peerFetcher) prior(src, target Backend) peerfetch.Prior {
 	return peerfetch.Prior{BytesPerToken: bpt, Link: peerfetch.PairLink(src.Link, target.Link)}
 }
 
+// route is how target's Mac fetches from src's (tunnel.PeerRoute): through this
+// gateway when it holds a tunnel; ok false when src's Mac dials out and target's
+// would have to dial it.
+func (p *peerFetcher) route(src, target Backend) (viaGateway, ok bool) {
+	if p.tunnels == nil {
+		return false, true
+	}
+	return tunnel.PeerRoute(p.tunnels.Holds(src.Node), p.tunnels.Holds(target.Node))
+}
+
+// reaches says whether target's Mac can fetch from src's at all.
+func (p *peerFetcher) reaches(src, target Backend) bool {
+	_, ok := p.route(src, target)
+	return ok
+}
+
 // signHint is the hint for target's Mac to fetch digest (of partition, sparing
 // tokens) from replica src, with a ticket valid for TicketLifetime from now.
 func (p *peerFetcher) signHint(src, target Backend, digest, partition string, tokens int) (runnerapi.PeerStateHint, error) {
@@ -181,6 +202,10 @@ func (p *peerFetcher) signHint(src, target Backend, digest, partition string, to
 		Partition: partition, Issued: now, Expires: now.Add(TicketLifetime)}, p.certs.Certificate())
 	if err != nil {
 		return runnerapi.PeerStateHint{}, err
+	}
+	if via, _ := p.route(src, target); via {
+		// The fetch goes through target's tunnel: the gateway relays it to src's agent.
+		p.tunnels.Grant(target.Node, src.Node, src.Endpoint, now.Add(TicketLifetime))
 	}
 	return runnerapi.PeerStateHint{Agent: p.scheme + src.Endpoint, Model: src.Key, Digest: digest, Tokens: tokens, Ticket: ticket}, nil
 }

@@ -219,7 +219,7 @@ func (w *warmer) candidates(rt *Route, be Backend) []peerfetch.Candidate {
 	for _, c := range w.recent.SentTo(model, be.Node) {
 		own := w.p.index.Deepest(be.Key, c.Digests)
 		for _, o := range rt.Backends {
-			if o.Node == "" || o.Node == be.Node || o.Key == be.Key {
+			if o.Node == "" || o.Node == be.Node || o.Key == be.Key || !w.p.reaches(o, be) {
 				continue
 			}
 			hit := w.p.peerHit(o, c.Partition, c.Digests)

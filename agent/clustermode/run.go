@@ -42,6 +42,7 @@ import (
 	"github.com/macfleet/macfleet/internal/pki"
 	"github.com/macfleet/macfleet/internal/sourcepolicy"
 	"github.com/macfleet/macfleet/internal/tracing/spanrelay"
+	"github.com/macfleet/macfleet/internal/tunnel"
 	"github.com/macfleet/macfleet/metal/enginepool"
 	"github.com/macfleet/macfleet/metal/enginepool/runnerproc"
 	"github.com/macfleet/macfleet/metal/runner/sandbox"
@@ -200,7 +201,8 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return err
 	}
-	a, err := newAgent(cfg, cs, w, eng, endpoint, tlsSrc, keeper)
+	out := outbound(cfg, tlsSrc)
+	a, err := newAgent(cfg, cs, w, eng, endpoint, tlsSrc, keeper, out)
 	if err != nil {
 		ln.Close()
 		return err
@@ -215,7 +217,7 @@ func Run(ctx context.Context, cfg Config) error {
 	go func() { poolDone <- eng.Pool.Run(poolCtx) }()
 	serveDone := make(chan error, 1)
 	go func() { serveDone <- httpSrv.Serve(ln) }()
-	dialOut(ctx, cfg, tlsSrc, httpSrv)
+	dialOut(ctx, cfg, out, tlsSrc, httpSrv)
 	log.Info("Serving the OpenAI and admin API", "addr", ln.Addr().String(), "endpoint", endpoint, "node", cfg.NodeName,
 		"runner", eng.RunnerPath, "ceiling", eng.Pool.Ceiling().Describe())
 	if cfg.Started != nil {
@@ -343,7 +345,7 @@ type agent struct {
 // HTTP server with its token review, and the janitor. With a keeper (the agent asks
 // for its own certificate), no replica is reported Ready before it holds one.
 func newAgent(cfg Config, cs kubernetes.Interface, w *replicaWatch, eng *standalone.Engine, endpoint string, tlsSrc *pki.Source,
-	keeper *certs.Keeper) (*agent, error) {
+	keeper *certs.Keeper, out *tunnel.Agent) (*agent, error) {
 	log := cfg.Log
 	a := &agent{log: log, w: w, eng: eng, endpoint: endpoint}
 	so := cfg.Syncer
@@ -373,7 +375,7 @@ func newAgent(cfg Config, cs kubernetes.Interface, w *replicaWatch, eng *standal
 		ListModels: a.syncer.ListModels, DeploymentOf: a.syncer.DeploymentOf, InlineImages: server.PolicyImages(cfg.SourcePolicy, ""), Log: log.WithName("http"), Registerer: reg, TracerProvider: cfg.TracerProvider,
 		// Peer fetch: this Mac serves prompt states to the Macs a gateway's ticket
 		// names, and fetches from other Macs with its own certificate.
-		Peers: &server.PeerOptions{Node: cfg.NodeName, Roots: tlsSrc.Roots, Transport: pki.NewTransports(tlsSrc, nil)},
+		Peers: &server.PeerOptions{Node: cfg.NodeName, Roots: tlsSrc.Roots, Transport: peerTransports(tlsSrc, out)},
 		// The link of a split replica's head to this Mac's worker shard of it.
 		SplitLink: w.shards.handler(log.WithName("splitlink"))}
 	if !cfg.NoServiceAccountTokens {

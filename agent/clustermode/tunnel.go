@@ -10,16 +10,37 @@ import (
 	"github.com/macfleet/macfleet/internal/tunnel"
 )
 
-// dialOut, with Config.GatewayTunnel, holds the agent's connection to the gateway
-// until ctx ends and serves the API on it as on its own listener: the same TLS with
-// the node certificate inside each stream, the same handler.
-func dialOut(ctx context.Context, cfg Config, tlsSrc *pki.Source, httpSrv *http.Server) {
+// outbound is the agent's half of the tunnel with Config.GatewayTunnel, nil without.
+func outbound(cfg Config, tlsSrc *pki.Source) *tunnel.Agent {
 	if cfg.GatewayTunnel == "" {
+		return nil
+	}
+	return &tunnel.Agent{Gateway: cfg.GatewayTunnel, Node: cfg.NodeName, Certificates: tlsSrc, Log: cfg.Log.WithName("tunnel")}
+}
+
+// dialOut, with a tunnel, holds the agent's connection to the gateway until ctx
+// ends and serves the API on it as on its own listener: the same TLS with the node
+// certificate inside each stream, the same handler.
+func dialOut(ctx context.Context, cfg Config, a *tunnel.Agent, tlsSrc *pki.Source, httpSrv *http.Server) {
+	if a == nil {
 		return
 	}
-	a := &tunnel.Agent{Gateway: cfg.GatewayTunnel, Node: cfg.NodeName, Certificates: tlsSrc, Log: cfg.Log.WithName("tunnel")}
 	cfg.Log.Info("Dialing out to the gateway's tunnel", "gatewayTunnel", cfg.GatewayTunnel)
 	go func() {
 		_ = a.Run(ctx, func(ln net.Listener) error { return httpSrv.Serve(tls.NewListener(ln, tlsSrc.ServerConfig())) })
 	}()
+}
+
+// peerTransports reach other Macs' agents for peer fetch with this Mac's
+// certificate: through the tunnel while one is up (the gateway relays what it asked
+// this Mac to fetch, tunnel.PeerRoute), else at their addresses.
+func peerTransports(tlsSrc *pki.Source, a *tunnel.Agent) *pki.Transports {
+	if a == nil {
+		return pki.NewTransports(tlsSrc, nil)
+	}
+	return pki.NewTransports(tlsSrc, func() *http.Transport {
+		tr := http.DefaultTransport.(*http.Transport).Clone()
+		tr.DialContext = a.DialContext(pki.NodeFrom, tr.DialContext)
+		return tr
+	})
 }

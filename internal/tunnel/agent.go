@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -37,6 +38,9 @@ type Agent struct {
 	// was up.
 	MinBackoff, MaxBackoff time.Duration
 	Log                    logr.Logger
+
+	mu   sync.Mutex
+	sess *yamux.Session // the tunnel up now, for DialPeer
 }
 
 // Run holds a tunnel until ctx ends: serve is called with each tunnel's listener
@@ -55,7 +59,9 @@ func (a *Agent) Run(ctx context.Context, serve func(net.Listener) error) error {
 		if err == nil {
 			a.Log.Info("Connected to the gateway by tunnel", "gateway", a.Gateway)
 			stop := context.AfterFunc(ctx, func() { sess.Close() })
+			a.setSession(sess)
 			err = serve(listener{sess})
+			a.setSession(nil)
 			stop()
 			sess.Close()
 			wait = lo
@@ -73,6 +79,12 @@ func (a *Agent) Run(ctx context.Context, serve func(net.Listener) error) error {
 	}
 }
 
+func (a *Agent) setSession(sess *yamux.Session) {
+	a.mu.Lock()
+	a.sess = sess
+	a.mu.Unlock()
+}
+
 func errString(err error) string {
 	if err == nil {
 		return "closed"
@@ -83,7 +95,7 @@ func errString(err error) string {
 // Connect dials the gateway, proves the Mac and starts the multiplexer: the session
 // is the listener of the gateway's streams.
 func (a *Agent) Connect(ctx context.Context) (*yamux.Session, error) {
-	d := &tls.Dialer{NetDialer: &net.Dialer{Timeout: HandshakeTimeout, KeepAlive: 30 * time.Second}, Config: a.clientConfig()}
+	d := &tls.Dialer{NetDialer: &net.Dialer{Timeout: HandshakeTimeout, KeepAlive: 30 * time.Second}, Config: gatewayClientConfig(a.Certificates)}
 	hctx, cancel := context.WithTimeout(ctx, HandshakeTimeout)
 	defer cancel()
 	c, err := d.DialContext(hctx, "tcp", a.Gateway)
@@ -124,10 +136,9 @@ type RefusedError struct{ Reason string }
 
 func (e *RefusedError) Error() string { return "the gateway refused the tunnel: " + e.Reason }
 
-// clientConfig presents the Mac's certificate and accepts a gateway's certificate of
-// the fleet CA (any gateway replica's name).
-func (a *Agent) clientConfig() *tls.Config {
-	src := a.Certificates
+// gatewayClientConfig presents src's certificate (the Mac's, or the manager's) and
+// accepts a gateway's certificate of the fleet CA (any gateway replica's name).
+func gatewayClientConfig(src *pki.Source) *tls.Config {
 	cfg := src.ClientConfig(pki.Identity{})
 	cfg.VerifyConnection = func(cs tls.ConnectionState) error {
 		now := time.Now()

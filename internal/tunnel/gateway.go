@@ -28,6 +28,7 @@ type Sessions struct {
 
 	mu     sync.Mutex
 	byNode map[string]*yamux.Session
+	grants grants
 }
 
 // Serve accepts tunnels on ln until ctx ends, then closes ln and every tunnel.
@@ -62,10 +63,14 @@ func (s *Sessions) Serve(ctx context.Context, ln net.Listener) error {
 func (s *Sessions) accept(ctx context.Context, c *tls.Conn) {
 	stop := context.AfterFunc(ctx, func() { c.Close() })
 	defer stop()
-	node, err := s.open(ctx, c)
+	node, relay, err := s.open(ctx, c)
 	if err != nil {
 		s.Log.Info("Refused a tunnel", "remote", c.RemoteAddr().String(), "reason", err.Error())
 		c.Close()
+		return
+	}
+	if relay {
+		s.relayCaller(c, node)
 		return
 	}
 	sess, err := yamux.Client(c, sessionConfig(logWriter{s.Log}))
@@ -76,52 +81,47 @@ func (s *Sessions) accept(ctx context.Context, c *tls.Conn) {
 	}
 	s.add(node, sess)
 	s.Log.Info("Mac connected by tunnel", "node", node, "remote", c.RemoteAddr().String())
-	go refuseStreams(sess)
+	go s.serveStreams(ctx, node, sess)
 	<-sess.CloseChan()
 	s.remove(node, sess)
 	s.Log.Info("Mac's tunnel closed", "node", node)
 }
 
-// refuseStreams closes every stream the agent opens: the tunnel carries the gateway's
-// calls to the Mac, and nothing of the Mac's to the gateway or beyond it.
-func refuseStreams(sess *yamux.Session) {
-	for {
-		st, err := sess.AcceptStream()
-		if err != nil {
-			return
-		}
-		_ = st.Close()
-	}
-}
-
-// open runs the handshake and the opening exchange, and answers ok or why not.
-func (s *Sessions) open(ctx context.Context, c *tls.Conn) (string, error) {
+// open runs the handshake and the opening exchange, and answers ok or why not; for
+// the manager's relay line (relay true) the answer is relayCaller's.
+func (s *Sessions) open(ctx context.Context, c *tls.Conn) (node string, relay bool, err error) {
 	_ = c.SetDeadline(time.Now().Add(HandshakeTimeout))
 	hctx, cancel := context.WithTimeout(ctx, HandshakeTimeout)
 	defer cancel()
 	if err := c.HandshakeContext(hctx); err != nil {
-		return "", fmt.Errorf("TLS handshake: %w", err)
+		return "", false, fmt.Errorf("TLS handshake: %w", err)
 	}
 	line, err := readLine(c)
 	if err != nil {
-		return "", fmt.Errorf("reading the opening line: %w", err)
+		return "", false, fmt.Errorf("reading the opening line: %w", err)
 	}
 	cs := c.ConnectionState()
 	id, hasCert := pki.PeerIdentity(&cs)
+	if target, ok := strings.CutPrefix(line, RelayProtocol+" "); ok {
+		if err := AdmitRelay(id, hasCert, target); err != nil {
+			_, _ = io.WriteString(c, "refused: "+err.Error()+"\n")
+			return "", false, err
+		}
+		return target, true, nil
+	}
 	claim, ok := strings.CutPrefix(line, Protocol+" ")
 	if !ok {
 		claim = ""
 	}
-	node, err := Admit(id, hasCert, claim)
-	if err != nil {
+	if node, err = Admit(id, hasCert, claim); err != nil {
 		_, _ = io.WriteString(c, "refused: "+err.Error()+"\n")
-		return "", err
+		return "", false, err
 	}
 	if _, err := io.WriteString(c, "ok\n"); err != nil {
-		return "", err
+		return "", false, err
 	}
 	_ = c.SetDeadline(time.Time{})
-	return node, nil
+	return node, false, nil
 }
 
 // readLine reads one line of at most maxLine bytes a byte at a time, so that nothing
@@ -204,17 +204,8 @@ func (s *Sessions) Dial(node string) (net.Conn, error) {
 
 // DialContext is a transport's dial: through the tunnel of the Mac that nodeOf names
 // in the request's context when it holds one, else direct.
-func (s *Sessions) DialContext(nodeOf func(context.Context) string,
-	direct func(ctx context.Context, network, addr string) (net.Conn, error)) func(ctx context.Context, network, addr string) (net.Conn, error) {
-	return func(ctx context.Context, network, addr string) (net.Conn, error) {
-		if node := nodeOf(ctx); node != "" {
-			c, err := s.Dial(node)
-			if !errors.Is(err, ErrNoSession) {
-				return c, err
-			}
-		}
-		return direct(ctx, network, addr)
-	}
+func (s *Sessions) DialContext(nodeOf func(context.Context) string, direct DialFunc) DialFunc {
+	return dialVia(func(_ context.Context, node string) (net.Conn, error) { return s.Dial(node) }, nodeOf, direct)
 }
 
 // logWriter sends yamux's log lines to a logr.Logger.

@@ -23,6 +23,7 @@
 package tunnel
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -109,4 +110,21 @@ func (l listener) Accept() (net.Conn, error) {
 		return nil, err
 	}
 	return stream{c}, nil
+}
+
+// DialFunc is a transport's dial.
+type DialFunc func(ctx context.Context, network, addr string) (net.Conn, error)
+
+// dialVia is a transport's dial: through via to the Mac that nodeOf names in the
+// request's context, else direct (no Mac named, or via answers ErrNoSession).
+func dialVia(via func(ctx context.Context, node string) (net.Conn, error), nodeOf func(context.Context) string, direct DialFunc) DialFunc {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		if node := nodeOf(ctx); node != "" {
+			c, err := via(ctx, node)
+			if !errors.Is(err, ErrNoSession) {
+				return c, err
+			}
+		}
+		return direct(ctx, network, addr)
+	}
 }

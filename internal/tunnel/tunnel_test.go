@@ -69,7 +69,7 @@ func startGateway(t testing.TB, certs *pki.Source) (*Sessions, string) {
 
 // startAgent runs a Mac's agent that serves h through its tunnel, as the agent serves
 // its API: TLS with its node certificate inside each stream.
-func startAgent(t testing.TB, gw, node string, certs *pki.Source, h http.Handler) {
+func startAgent(t testing.TB, gw, node string, certs *pki.Source, h http.Handler) *Agent {
 	t.Helper()
 	a := &Agent{Gateway: gw, Node: node, Certificates: certs, MinBackoff: 20 * time.Millisecond, Log: testr.NewWithInterface(t, testr.Options{})}
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
@@ -85,6 +85,7 @@ func startAgent(t testing.TB, gw, node string, certs *pki.Source, h http.Handler
 		}
 		srv.Close()
 	})
+	return a
 }
 
 // client is the gateway's transport to the agents, with the tunnels' dial.

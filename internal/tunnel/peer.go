@@ -1,0 +1,232 @@
+package tunnel
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/yamux"
+)
+
+// Peer fetch through the gateway. A Mac that dials out fetches another Mac's prompt
+// state (a gateway's ticket naming both) through its own tunnel: it opens a stream
+// toward the gateway with one line, "macfleet-peer/1 SOURCE", and the gateway joins
+// that stream to SOURCE's agent — through SOURCE's tunnel when it holds one, else at
+// the address the gateway dials it at — only when it granted the fetch (Grant, when
+// it signed the ticket), and answers "ok" or "refused: REASON". The gateway copies
+// bytes and sees none of them: the Mac's TLS with SOURCE's agent runs inside, so
+// SOURCE's agent still checks the fetching Mac's certificate and the ticket. Any
+// other stream a Mac opens is closed unanswered.
+
+// PeerProtocol is the first word of a Mac's line asking for a relay to a peer.
+const PeerProtocol = "macfleet-peer/1"
+
+// PeerRoute is how a Mac fetches prompt state from a peer, given whether each holds
+// a tunnel to the gateway: a Mac that holds one fetches through it (the gateway
+// relays, so it reaches a peer that dials out too, and reaches nothing it was not
+// granted); a Mac that holds none dials the peer's address itself, which a Mac that
+// dials out does not answer at (ok false: no fetch is asked).
+func PeerRoute(sourceTunnel, targetTunnel bool) (viaGateway, ok bool) {
+	switch {
+	case targetTunnel:
+		return true, true
+	case sourceTunnel:
+		return false, false
+	}
+	return false, true
+}
+
+// grant is a relay the gateway allows: from a Mac to its peer at addr, until.
+type grant struct {
+	addr  string
+	until time.Time
+}
+
+type grantKey struct{ target, source string }
+
+// grants are the relays the gateway allows, by fetching Mac and peer.
+type grants struct {
+	mu sync.Mutex
+	m  map[grantKey]grant
+}
+
+func (g *grants) add(target, source, addr string, until, now time.Time) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.m == nil {
+		g.m = map[grantKey]grant{}
+	}
+	for k, v := range g.m {
+		if !now.Before(v.until) {
+			delete(g.m, k)
+		}
+	}
+	k := grantKey{target, source}
+	if old, ok := g.m[k]; ok && old.until.After(until) {
+		until = old.until
+	}
+	g.m[k] = grant{addr: addr, until: until}
+}
+
+func (g *grants) get(target, source string) (grant, bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	v, ok := g.m[grantKey{target, source}]
+	return v, ok
+}
+
+// AdmitPeer decides a Mac's relay line: the peer it may reach, or why not. line is
+// what target sent; g is the gateway's grant for target and the peer the line names,
+// when found.
+func AdmitPeer(target, line string, g grant, found bool, now time.Time) (string, error) {
+	source, ok := strings.CutPrefix(line, PeerProtocol+" ")
+	switch {
+	case !ok || source == "":
+		return "", fmt.Errorf("the line names no peer (want %q)", PeerProtocol+" NODE")
+	case source == target:
+		return "", errors.New("a Mac fetches from another Mac, not from itself")
+	case !found:
+		return "", fmt.Errorf("no gateway asked Mac %q to fetch from Mac %q", target, source)
+	case !now.Before(g.until):
+		return "", fmt.Errorf("the fetch from Mac %q that Mac %q was asked for expired at %s", source, target, g.until.Format(time.RFC3339))
+	}
+	return source, nil
+}
+
+// Grant lets target's tunnel reach source's agent, at addr when source holds no
+// tunnel, until until: the gateway signed target a ticket to fetch from source.
+func (s *Sessions) Grant(target, source, addr string, until time.Time) {
+	s.grants.add(target, source, addr, until, time.Now())
+}
+
+// Holds says whether node holds a tunnel to this gateway now.
+func (s *Sessions) Holds(node string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	sess := s.byNode[node]
+	return sess != nil && !sess.IsClosed()
+}
+
+// serveStreams takes the streams node's agent opens: a granted relay to a peer is
+// joined to it; anything else is closed.
+func (s *Sessions) serveStreams(ctx context.Context, node string, sess *yamux.Session) {
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for {
+		st, err := sess.AcceptStream()
+		if err != nil {
+			return
+		}
+		wg.Go(func() { s.relay(ctx, node, stream{st}) })
+	}
+}
+
+// relay reads a stream's line and joins it to the peer it names, or refuses.
+func (s *Sessions) relay(ctx context.Context, node string, st net.Conn) {
+	defer st.Close()
+	_ = st.SetDeadline(time.Now().Add(HandshakeTimeout))
+	line, err := readLine(st)
+	if err != nil || !strings.HasPrefix(line, PeerProtocol+" ") {
+		return // not a relay: closed unanswered
+	}
+	source, _ := strings.CutPrefix(line, PeerProtocol+" ")
+	g, found := s.grants.get(node, source)
+	if _, err := AdmitPeer(node, line, g, found, time.Now()); err != nil {
+		s.Log.Info("Refused a relay to a peer", "node", node, "reason", err.Error())
+		_, _ = io.WriteString(st, "refused: "+err.Error()+"\n")
+		return
+	}
+	peer, err := s.dialPeer(ctx, source, g.addr)
+	if err != nil {
+		_, _ = io.WriteString(st, "refused: "+err.Error()+"\n")
+		return
+	}
+	defer peer.Close()
+	if _, err := io.WriteString(st, "ok\n"); err != nil {
+		return
+	}
+	_ = st.SetDeadline(time.Time{})
+	s.Log.V(2).Info("Relaying a peer fetch", "node", node, "peer", source)
+	join(st, peer)
+}
+
+// dialPeer reaches source's agent: through its tunnel, else at addr.
+func (s *Sessions) dialPeer(ctx context.Context, source, addr string) (net.Conn, error) {
+	c, err := s.Dial(source)
+	if !errors.Is(err, ErrNoSession) {
+		return c, err
+	}
+	d := net.Dialer{Timeout: HandshakeTimeout}
+	c, err = d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("reaching Mac %q at %s: %w", source, addr, err)
+	}
+	return c, nil
+}
+
+// join copies a and b into each other until both directions end.
+func join(a, b net.Conn) {
+	var wg sync.WaitGroup
+	half := func(dst, src net.Conn) {
+		_, _ = io.Copy(dst, src)
+		if cw, ok := dst.(interface{ CloseWrite() error }); ok {
+			_ = cw.CloseWrite()
+		} else {
+			_ = dst.Close()
+		}
+	}
+	wg.Go(func() { half(a, b) })
+	wg.Go(func() { half(b, a) })
+	wg.Wait()
+}
+
+// DialPeer opens a connection to node's agent through this Mac's tunnel, which the
+// gateway relays only when it asked this Mac to fetch from node; ErrNoSession while
+// no tunnel is up.
+func (a *Agent) DialPeer(ctx context.Context, node string) (net.Conn, error) {
+	a.mu.Lock()
+	sess := a.sess
+	a.mu.Unlock()
+	if sess == nil || sess.IsClosed() {
+		return nil, ErrNoSession
+	}
+	c, err := sess.Open()
+	if err != nil {
+		return nil, fmt.Errorf("opening a stream to the gateway: %w", err)
+	}
+	st := stream{c}
+	deadline := time.Now().Add(HandshakeTimeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	_ = st.SetDeadline(deadline)
+	answer, err := func() (string, error) {
+		if _, err := io.WriteString(st, PeerProtocol+" "+node+"\n"); err != nil {
+			return "", err
+		}
+		return readLine(st)
+	}()
+	if err != nil {
+		st.Close()
+		return nil, fmt.Errorf("asking the gateway for Mac %q: %w", node, err)
+	}
+	if answer != "ok" {
+		st.Close()
+		reason, _ := strings.CutPrefix(answer, "refused: ")
+		return nil, &RefusedError{Reason: reason}
+	}
+	_ = st.SetDeadline(time.Time{})
+	return st, nil
+}
+
+// DialContext is a transport's dial for this Mac's peer fetches: through the tunnel
+// to the Mac that nodeOf names in the request's context while a tunnel is up, else
+// direct (the gateway, seeing no tunnel, asks for fetches this Mac dials itself).
+func (a *Agent) DialContext(nodeOf func(context.Context) string, direct DialFunc) DialFunc {
+	return dialVia(a.DialPeer, nodeOf, direct)
+}

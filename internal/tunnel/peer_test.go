@@ -1,0 +1,135 @@
+package tunnel
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"net"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/macfleet/macfleet/internal/pki"
+)
+
+func TestPeerRoute(t *testing.T) {
+	for _, tc := range []struct {
+		source, target bool
+		viaGateway, ok bool
+	}{
+		{source: false, target: false, viaGateway: false, ok: true},
+		{source: true, target: false, viaGateway: false, ok: false},
+		{source: false, target: true, viaGateway: true, ok: true},
+		{source: true, target: true, viaGateway: true, ok: true},
+	} {
+		via, ok := PeerRoute(tc.source, tc.target)
+		if via != tc.viaGateway || ok != tc.ok {
+			t.Errorf("PeerRoute(source tunnel %v, target tunnel %v) = %v, %v; want %v, %v", tc.source, tc.target, via, ok, tc.viaGateway, tc.ok)
+		}
+	}
+}
+
+func TestAdmitPeer(t *testing.T) {
+	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	valid := grant{addr: "10.0.0.2:8443", until: now.Add(time.Second)}
+	for _, tc := range []struct {
+		name, line string
+		g          grant
+		found      bool
+		want, err  string
+	}{
+		{name: "granted", line: PeerProtocol + " mac-a", g: valid, found: true, want: "mac-a"},
+		{name: "not granted", line: PeerProtocol + " mac-a", err: `no gateway asked Mac "mac-b" to fetch from Mac "mac-a"`},
+		{name: "expired", line: PeerProtocol + " mac-a", g: grant{until: now}, found: true, err: "expired"},
+		{name: "itself", line: PeerProtocol + " mac-b", g: valid, found: true, err: "not from itself"},
+		{name: "no peer", line: PeerProtocol + " ", err: "names no peer"},
+		{name: "another protocol", line: "GET / HTTP/1.1", err: "names no peer"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := AdmitPeer("mac-b", tc.line, tc.g, tc.found, now)
+			switch {
+			case tc.err == "" && (err != nil || got != tc.want):
+				t.Errorf("AdmitPeer = %q, %v; want %q", got, err, tc.want)
+			case tc.err != "" && (err == nil || !strings.Contains(err.Error(), tc.err)):
+				t.Errorf("AdmitPeer = %q, %v; want an error with %q", got, err, tc.err)
+			}
+		})
+	}
+}
+
+// peerGet is a GET of path on node's agent over conns that dial, with from's
+// certificate and TLS requiring node's, as an agent's peer fetch does.
+func peerGet(t *testing.T, from *pki.Source, dial func(ctx context.Context, network, addr string) (net.Conn, error), node, path string) (string, error) {
+	t.Helper()
+	c := &http.Client{Transport: pki.NewTransports(from, func() *http.Transport {
+		return &http.Transport{DialContext: dial}
+	})}
+	defer c.CloseIdleConnections()
+	return get(t.Context(), c, node, path)
+}
+
+// TestPeerFetchThroughTheTunnels: a Mac that dials out (mac-b), asked by the gateway
+// to fetch from a Mac that dials out too (mac-a) and from a Mac reached at its
+// address (mac-d), reaches both through its own tunnel, with TLS between the two
+// Macs inside: each peer sees mac-b's certificate.
+func TestPeerFetchThroughTheTunnels(t *testing.T) {
+	fc := newFleetCerts(t)
+	s, addr := startGateway(t, fc.gateway)
+	macB := source(t, fc.ca, pki.Node("mac-b"))
+	startAgent(t, addr, "mac-a", source(t, fc.ca, pki.Node("mac-a")), whoami("mac-a"))
+	b := startAgent(t, addr, "mac-b", macB, whoami("mac-b"))
+	waitNodes(t, s, "mac-a", "mac-b")
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: whoami("mac-d"), ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = srv.Serve(tls.NewListener(ln, source(t, fc.ca, pki.Node("mac-d")).ServerConfig())) }()
+	t.Cleanup(func() { srv.Close() })
+
+	s.Grant("mac-b", "mac-a", unreachable, time.Now().Add(time.Minute))
+	s.Grant("mac-b", "mac-d", ln.Addr().String(), time.Now().Add(time.Minute))
+	noDirect := func(context.Context, string, string) (net.Conn, error) { return nil, errors.New("dialed direct") }
+	for _, node := range []string{"mac-a", "mac-d"} {
+		got, err := peerGet(t, macB, b.DialContext(pki.NodeFrom, noDirect), node, "/api/models/m/states/d")
+		if want := node + " for macfleet://node/mac-b"; err != nil || got != want {
+			t.Errorf("mac-b fetching from %s through its tunnel: %q, %v; want %q", node, got, err, want)
+		}
+	}
+}
+
+// TestAttackTunnelRelayToAnyMac: a Mac that dials out (mac-b) asks the gateway to
+// relay it to another Mac's agent (mac-a) that no gateway asked it to fetch from, to
+// a Mac it was asked to fetch from once the ask expired, and to a Mac it was asked
+// to fetch from through a Mac it was not: every relay is refused, and mac-a's agent
+// serves nothing.
+func TestAttackTunnelRelayToAnyMac(t *testing.T) {
+	fc := newFleetCerts(t)
+	s, addr := startGateway(t, fc.gateway)
+	var served atomic.Int32
+	startAgent(t, addr, "mac-a", source(t, fc.ca, pki.Node("mac-a")), http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		served.Add(1)
+	}))
+	b := startAgent(t, addr, "mac-b", source(t, fc.ca, pki.Node("mac-b")), whoami("mac-b"))
+	startAgent(t, addr, "mac-c", source(t, fc.ca, pki.Node("mac-c")), whoami("mac-c"))
+	waitNodes(t, s, "mac-a", "mac-b", "mac-c")
+
+	refused := func(what, want string) {
+		t.Helper()
+		_, err := b.DialPeer(t.Context(), "mac-a")
+		var re *RefusedError
+		if !errors.As(err, &re) || !strings.Contains(re.Reason, want) {
+			t.Errorf("%s: %v; want the gateway's refusal with %q", what, err, want)
+		}
+	}
+	refused("never asked", `no gateway asked Mac "mac-b" to fetch from Mac "mac-a"`)
+	s.Grant("mac-c", "mac-a", unreachable, time.Now().Add(time.Minute))
+	refused("asked of another Mac", `no gateway asked Mac "mac-b" to fetch from Mac "mac-a"`)
+	s.Grant("mac-b", "mac-a", unreachable, time.Now().Add(-time.Second))
+	refused("expired", "expired")
+	if n := served.Load(); n != 0 {
+		t.Fatalf("mac-a's agent served %d requests of relays it was not granted", n)
+	}
+}

@@ -1,0 +1,212 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/macfleet/macfleet/api/engine"
+	"github.com/macfleet/macfleet/api/runnerapi"
+	"github.com/macfleet/macfleet/api/v1alpha1"
+	"github.com/macfleet/macfleet/test/support/localfleet"
+	"github.com/macfleet/macfleet/test/support/testenv"
+)
+
+// reachableMac is the Mac that serves beside the outbound one in the tunnel paths
+// test: reached at its address, as before.
+const reachableMac = "mac-studio-1"
+
+// TestOutboundMacPaths: a Mac whose advertised address nothing answers at dials a
+// gateway's --tunnel-listen, and a deployment of two replicas runs on it and on a Mac
+// the gateway reaches directly. Through that gateway only:
+//
+//   - cancel: streams cut by their clients while the outbound Mac's replica writes
+//     some of them end there too (its agent's lease on the runner is released, so the
+//     slot is free), and the replica answers the next request;
+//   - continuation: the outbound Mac's runner is killed with SIGKILL while it writes
+//     streams, and every stream completes as an uninterrupted one does, those it
+//     was writing continued on the other Mac's replica.
+func TestOutboundMacPaths(t *testing.T) {
+	tunnelAddr := freeLoopback(t)
+	gw, err := fleet.AddGateway(t.Context(), "", "--tunnel-listen", tunnelAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const mac = "mac-outbound"
+	addOutboundMac(t, mac, tunnelAddr)
+	labelMac(t, reachableMac)
+	// The streams of this test go to the tunnel gateway (postStream sends to
+	// fleet.GatewayURL; the tests run one after another).
+	saved := fleet.GatewayURL
+	fleet.GatewayURL = gw
+	t.Cleanup(func() { fleet.GatewayURL = saved })
+
+	ns := testenv.NewNamespace(t, fleet.Client)
+	create(t, deployment(ns, "paths", 2, func(md *v1alpha1.ModelDeployment) {
+		md.Spec.Placement.NodeSelector = map[string]string{outboundLabel: "true"}
+		md.Spec.Placement.Strategy = v1alpha1.Spread
+		// Room for a continuation's prompt (TestStreamsSurviveARunnerKill says why).
+		md.Spec.Engine.Settings = engine.Settings{ContextLength: 2048, Parallel: 2}
+	}))
+	key := outboundReplica(t, ns, "paths", mac)
+	model := ns + "/paths"
+	addr := fleet.Agent(mac).Addr
+	waitTunnelServes(t, model)
+
+	t.Run("cancel", func(t *testing.T) { cancelThroughTunnel(t, model, addr, key) })
+	t.Run("continuation", func(t *testing.T) {
+		pid := int(runnerPIDs(t, addr)[key])
+		if pid == 0 {
+			t.Fatalf("no runner for replica %s on %s: %v", key, mac, runnerPIDs(t, addr))
+		}
+		continued := streamsWhile(t, model, 24, func() bool { return activeRequests(t.Context(), addr, key) > 0 },
+			func() { killRunner(t, mac, pid) })
+		t.Logf("24 streams, %d continued on %s's replica after the outbound Mac's runner was killed", continued, reachableMac)
+		if continued == 0 && !t.Failed() {
+			t.Error("no stream was continued: the outbound Mac's replica wrote none when its runner was killed")
+		}
+	})
+}
+
+// labelMac puts the outbound label on a Mac too, until the test ends.
+func labelMac(t *testing.T, name string) {
+	t.Helper()
+	patchLabel := func(ctx context.Context, value string) error {
+		mn := &v1alpha1.MacNode{}
+		mn.Name = name
+		patch := fmt.Appendf(nil, `{"metadata":{"labels":{%q:%s}}}`, outboundLabel, value)
+		return fleet.Client.Patch(ctx, mn, client.RawPatch(types.MergePatchType, patch))
+	}
+	if err := patchLabel(t.Context(), `"true"`); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := patchLabel(ctx, "null"); err != nil {
+			t.Errorf("removing the label of %s: %v", name, err)
+		}
+	})
+}
+
+// outboundReplica waits for the deployment's two replicas, one on mac, and returns
+// the key (namespace/name) of mac's.
+func outboundReplica(t *testing.T, ns, name, mac string) string {
+	t.Helper()
+	for _, r := range waitReady(t, ns, name, 2, 3*time.Minute) {
+		if r.Spec.NodeName == mac {
+			return r.Namespace + "/" + r.Name
+		}
+	}
+	t.Fatalf("no replica of %s/%s on %s", ns, name, mac)
+	return ""
+}
+
+// waitTunnelServes waits until the tunnel gateway answers model (the agent may still
+// be dialing when its replica turns Ready).
+func waitTunnelServes(t *testing.T, model string) {
+	t.Helper()
+	testenv.Eventually(t, time.Minute, 200*time.Millisecond, func() (bool, string) {
+		ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+		defer cancel()
+		var streaming atomic.Int32
+		r := survivorStream(ctx, model, 0, &streaming)
+		return r.err == "", "a stream through the tunnel gateway: " + r.err
+	})
+}
+
+// cancelThroughTunnel sends long streams until the outbound Mac's replica (key, its
+// agent at addr) writes some, cuts them all, and checks that its agent's count of
+// active requests falls to zero long before the answers asked would have ended, and
+// that every slot then serves again.
+func cancelThroughTunnel(t *testing.T, model, addr, key string) {
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	var wg sync.WaitGroup
+	var streaming atomic.Int32
+	for i := range 4 {
+		wg.Go(func() { longStream(ctx, model, i, &streaming) })
+	}
+	tokens := func() float64 {
+		return agentCounter(t, localfleet.AgentURL(addr), "macfleet_agent_generated_tokens_total", map[string]string{"model": key})
+	}
+	before := tokens()
+	testenv.Eventually(t, time.Minute, 5*time.Millisecond, func() (bool, string) {
+		s, active := streaming.Load(), activeRequests(t.Context(), addr, key)
+		return s >= 2 && active > 0, fmt.Sprintf("%d streams have content, the outbound replica has %d requests", s, active)
+	})
+	active := activeRequests(t.Context(), addr, key)
+	cancel()
+	cut := time.Now()
+	wg.Wait()
+	testenv.Eventually(t, 30*time.Second, 20*time.Millisecond, func() (bool, string) {
+		n := activeRequests(t.Context(), addr, key)
+		return n == 0, fmt.Sprintf("the outbound replica still has %d requests after its clients left", n)
+	})
+	generated := tokens() - before
+	t.Logf("the outbound replica's %d streams ended %v after their clients left, %v tokens generated of %d asked",
+		active, time.Since(cut).Round(time.Millisecond), generated, active*longTokens)
+	if generated >= float64(active*longTokens) {
+		t.Errorf("the outbound replica generated %v tokens, all %d its %d streams asked for: the cancel did not reach it", generated, active*longTokens, active)
+	}
+	// Both slots of each replica are free: four streams at once all complete.
+	n := streamsWhile(t, model, 4, func() bool { return true }, func() {})
+	t.Logf("after the cancel, 4 streams completed (%d continued)", n)
+}
+
+// longTokens is a long stream's max_tokens: most of the context.
+const longTokens = 1800
+
+// longStream streams a long answer to model until ctx ends, adding 1 to streaming
+// once it has content.
+func longStream(ctx context.Context, model string, i int, streaming *atomic.Int32) {
+	body := fmt.Sprintf(`{"model":%q,"stream":true,"max_tokens":%d,"temperature":0,
+		"messages":[{"role":"user","content":"Story %d: tell me a very long story."}]}`, model, longTokens, i)
+	resp, problem := postStream(ctx, "/v1/chat/completions", body)
+	if problem != "" {
+		return
+	}
+	defer resp.Body.Close()
+	counted := false
+	_, _ = readChunks(resp.Body, func(c runnerapi.ChatCompletionChunk) {
+		if !counted && len(c.Choices) > 0 && c.Choices[0].Delta.Content != nil && *c.Choices[0].Delta.Content != "" {
+			counted = true
+			streaming.Add(1)
+		}
+	})
+}
+
+// streamsWhile runs n streams to model through the tunnel gateway, calls act once
+// ready says so (polled while they stream), checks every stream as
+// TestStreamsSurviveARunnerKill does, and returns how many were continued.
+func streamsWhile(t *testing.T, model string, n int, ready func() bool, act func()) int {
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	var streaming atomic.Int32
+	results := make([]streamResult, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() { results[i] = survivorStream(ctx, model, i, &streaming) })
+	}
+	testenv.Eventually(t, time.Minute, 5*time.Millisecond, func() (bool, string) {
+		return streaming.Load() >= 2 && ready(), fmt.Sprintf("%d streams have content", streaming.Load())
+	})
+	act()
+	wg.Wait()
+	continued := 0
+	for i, r := range results {
+		if r.err != "" {
+			t.Errorf("stream %d: %s", i, r.err)
+		}
+		if r.continued != "" {
+			continued++
+		}
+	}
+	return continued
+}

@@ -62,6 +62,8 @@ deployments with spec.autoscaling from the requests in flight on their agents.`,
 	f.StringVar(&cfg.GatewayServingSecret, "gateway-serving-secret", "", "kubernetes.io/tls Secret of macfleet-system in which the manager keeps a serving certificate "+
 		"from the fleet CA for --gateway-serving-hosts, renewed at two thirds of its life, for the gateway's own HTTPS listener (its clients trust ca.crt); \"\" issues none")
 	f.StringSliceVar(&cfg.GatewayServingHosts, "gateway-serving-hosts", nil, "DNS names (a leading *. allowed) and IP addresses the gateway's serving certificate names, comma-separated")
+	f.StringVar(&cfg.GatewayTunnel, "gateway-tunnel", "", "host:port of the gateway's --tunnel-listen: the agents of Macs that dial out "+
+		"(macfleet agent --connect outbound) are read through it, the others at their addresses (default: every agent at its address)")
 	f.DurationVar(&cfg.AutoscalerInterval, "autoscaler-interval", autoscaler.DefaultInterval, "How often the load of each autoscaled ModelDeployment is measured")
 	f.StringVar(&cfg.NodeAuthorizerAddr, "node-authorizer-bind-address", "", `Address of the node authorizer webhook (HTTPS, path /authorize) the API server asks about node identities' reads of ModelReplicas; "" or "0" disables it`)
 	f.StringVar(&cfg.NodeAuthorizerCertDir, "node-authorizer-cert-dir", "", "Directory with tls.crt and tls.key for the node authorizer webhook (reloaded when they change)")

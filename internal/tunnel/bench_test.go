@@ -2,9 +2,7 @@ package tunnel
 
 import (
 	"context"
-	"crypto/tls"
 	"io"
-	"net"
 	"net/http"
 	"slices"
 	"strconv"
@@ -40,14 +38,8 @@ func newBenchPair(b *testing.B) *benchPair {
 	s, addr := startGateway(b, fc.gateway)
 	startAgent(b, addr, "mac-t", source(b, fc.ca, pki.Node("mac-t")), http.HandlerFunc(payload))
 	waitNodes(b, s, "mac-t")
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	srv := &http.Server{Handler: http.HandlerFunc(payload), ReadHeaderTimeout: 10 * time.Second}
-	go func() { _ = srv.Serve(tls.NewListener(ln, source(b, fc.ca, pki.Node("mac-d")).ServerConfig())) }()
-	b.Cleanup(func() { srv.Close() })
-	return &benchPair{c: client(s, fc.gateway), direct: ln.Addr().String()}
+	direct := serveDirect(b, source(b, fc.ca, pki.Node("mac-d")), http.HandlerFunc(payload))
+	return &benchPair{c: client(s, fc.gateway), direct: direct}
 }
 
 // fetch reads n bytes from node, the way the gateway reaches it.

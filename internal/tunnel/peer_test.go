@@ -2,7 +2,6 @@ package tunnel
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"net"
 	"net/http"
@@ -81,16 +80,10 @@ func TestPeerFetchThroughTheTunnels(t *testing.T) {
 	startAgent(t, addr, "mac-a", source(t, fc.ca, pki.Node("mac-a")), whoami("mac-a"))
 	b := startAgent(t, addr, "mac-b", macB, whoami("mac-b"))
 	waitNodes(t, s, "mac-a", "mac-b")
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := &http.Server{Handler: whoami("mac-d"), ReadHeaderTimeout: 10 * time.Second}
-	go func() { _ = srv.Serve(tls.NewListener(ln, source(t, fc.ca, pki.Node("mac-d")).ServerConfig())) }()
-	t.Cleanup(func() { srv.Close() })
+	direct := serveDirect(t, source(t, fc.ca, pki.Node("mac-d")), whoami("mac-d"))
 
 	s.Grant("mac-b", "mac-a", unreachable, time.Now().Add(time.Minute))
-	s.Grant("mac-b", "mac-d", ln.Addr().String(), time.Now().Add(time.Minute))
+	s.Grant("mac-b", "mac-d", direct, time.Now().Add(time.Minute))
 	noDirect := func(context.Context, string, string) (net.Conn, error) { return nil, errors.New("dialed direct") }
 	for _, node := range []string{"mac-a", "mac-d"} {
 		got, err := peerGet(t, macB, b.DialContext(pki.NodeFrom, noDirect), node, "/api/models/m/states/d")

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"strings"
 	"time"
 
@@ -109,4 +110,14 @@ func (r *Relay) DialContext(nodeOf func(context.Context) string, direct DialFunc
 		}
 		return c, err
 	}, nodeOf, direct)
+}
+
+// Transports are the manager's transports to the agents (pki.Transports with
+// Certificates) with DialContext's dial, direct dials at net/http's defaults.
+func (r *Relay) Transports() *pki.Transports {
+	return pki.NewTransports(r.Certificates, func() *http.Transport {
+		tr := http.DefaultTransport.(*http.Transport).Clone()
+		tr.DialContext = r.DialContext(pki.NodeFrom, tr.DialContext)
+		return tr
+	})
 }

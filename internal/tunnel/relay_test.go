@@ -2,14 +2,11 @@ package tunnel
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
-	"net"
 	"net/http"
 	"strings"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/macfleet/macfleet/internal/pki"
 )
@@ -37,13 +34,8 @@ func TestAdmitRelay(t *testing.T) {
 	}
 }
 
-// managerClient is the manager's transport to the agents with the relay's dial.
-func managerClient(r *Relay) *http.Client {
-	d := &net.Dialer{Timeout: time.Second}
-	return &http.Client{Transport: pki.NewTransports(r.Certificates, func() *http.Transport {
-		return &http.Transport{DialContext: r.DialContext(pki.NodeFrom, d.DialContext)}
-	})}
-}
+// managerClient is the manager's client of the agents with the relay's dial.
+func managerClient(r *Relay) *http.Client { return &http.Client{Transport: r.Transports()} }
 
 // TestManagerReadsThroughTheTunnel: the manager reads the agent of a Mac that dials
 // out through the gateway's tunnel listener (the agent sees the manager's
@@ -53,20 +45,14 @@ func TestManagerReadsThroughTheTunnel(t *testing.T) {
 	s, addr := startGateway(t, fc.gateway)
 	startAgent(t, addr, "mac-a", source(t, fc.ca, pki.Node("mac-a")), whoami("mac-a"))
 	waitNodes(t, s, "mac-a")
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := &http.Server{Handler: whoami("mac-d"), ReadHeaderTimeout: 10 * time.Second}
-	go func() { _ = srv.Serve(tls.NewListener(ln, source(t, fc.ca, pki.Node("mac-d")).ServerConfig())) }()
-	t.Cleanup(func() { srv.Close() })
+	direct := serveDirect(t, source(t, fc.ca, pki.Node("mac-d")), whoami("mac-d"))
 
 	c := managerClient(&Relay{Gateway: addr, Certificates: source(t, fc.ca, pki.Manager("macfleet-manager"))})
 	got, err := get(t.Context(), c, "mac-a", "/api/status")
 	if want := "mac-a for macfleet://manager/macfleet-manager"; err != nil || got != want {
 		t.Errorf("the manager reading mac-a through the gateway: %q, %v; want %q", got, err, want)
 	}
-	req, _ := http.NewRequestWithContext(pki.WithNode(t.Context(), "mac-d"), http.MethodGet, "https://"+ln.Addr().String()+"/api/status", nil)
+	req, _ := http.NewRequestWithContext(pki.WithNode(t.Context(), "mac-d"), http.MethodGet, "https://"+direct+"/api/status", nil)
 	resp, err := c.Do(req)
 	if err != nil {
 		t.Fatalf("the manager reading mac-d at its address: %v", err)

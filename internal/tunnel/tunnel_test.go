@@ -88,6 +88,20 @@ func startAgent(t testing.TB, gw, node string, certs *pki.Source, h http.Handler
 	return a
 }
 
+// serveDirect serves h with certs on a loopback port, as a Mac the gateway reaches at
+// its address, until the test ends: the address.
+func serveDirect(t testing.TB, certs *pki.Source, h http.Handler) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = srv.Serve(tls.NewListener(ln, certs.ServerConfig())) }()
+	t.Cleanup(func() { srv.Close() })
+	return ln.Addr().String()
+}
+
 // client is the gateway's transport to the agents, with the tunnels' dial.
 func client(s *Sessions, certs *pki.Source) *http.Client {
 	d := &net.Dialer{Timeout: time.Second}

@@ -41,6 +41,7 @@ import (
 	"github.com/macfleet/macfleet/internal/modelsource"
 	"github.com/macfleet/macfleet/internal/nodeauthz"
 	"github.com/macfleet/macfleet/internal/pki"
+	"github.com/macfleet/macfleet/internal/tunnel"
 )
 
 // Config is everything the manager needs; cmd/macfleet fills it from flags.
@@ -86,6 +87,10 @@ type Config struct {
 	// AgentHTTP, when set, reaches the agents instead of per-Mac HTTPS transports with
 	// the manager's certificate (tests' fake agents over plain HTTP).
 	AgentHTTP *http.Client
+	// GatewayTunnel, when set, is the tunnel listener (host:port) of the gateway that
+	// Macs dial out to: the manager reads such a Mac's agent through it (package
+	// tunnel, Relay), any other Mac's at its address.
+	GatewayTunnel string
 	// AutoscalerInterval is how often an autoscaled deployment's load is measured;
 	// 0 means autoscaler.DefaultInterval.
 	AutoscalerInterval time.Duration
@@ -185,6 +190,10 @@ func setupReconcilers(mgr ctrl.Manager, cfg Config, rc *rest.Config, scheme *run
 		return err
 	}
 	agents := &autoscaler.AgentSource{Client: mgr.GetClient(), Certificates: authority.Self}
+	if cfg.GatewayTunnel != "" {
+		relay := &tunnel.Relay{Gateway: cfg.GatewayTunnel, Certificates: authority.Self}
+		agents.HTTP = &http.Client{Timeout: autoscaler.DefaultAgentTimeout, Transport: relay.Transports()}
+	}
 	if cfg.AgentHTTP != nil {
 		agents = &autoscaler.AgentSource{Client: mgr.GetClient(), HTTP: cfg.AgentHTTP}
 	}

@@ -137,6 +137,9 @@ type Status struct {
 	Off []PathOff `json:"off,omitempty"`
 	// Chat is absent until the model is loaded.
 	Chat *ChatInfo `json:"chat,omitempty"`
+	// Draft is the draft model speculative decoding drafts with (--draft), absent
+	// without one.
+	Draft *DraftStatus `json:"draft,omitempty"`
 	// Split lists the workers that hold some of the model's layers (docs/split-model.md),
 	// absent when the runner holds them all.
 	Split []SplitWorkerStatus `json:"split,omitempty"`

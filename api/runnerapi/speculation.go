@@ -23,6 +23,17 @@ const (
 // back by a rejected draft's tokens (a recurrent state) is served without it.
 const PathSpeculation Path = "speculation"
 
+// DraftStatus is the draft model in /status: a smaller model of the same vocabulary
+// whose greedy tokens the slots draft where prompt lookup finds nothing.
+type DraftStatus struct {
+	Path      string `json:"path"`
+	SizeBytes int64  `json:"size_bytes"`
+	// Drafted is the tokens it has drafted, Kept those the model's own sampling
+	// agreed with (they are in the answers).
+	Drafted int64 `json:"drafted"`
+	Kept    int64 `json:"kept"`
+}
+
 // CompletionTokensDetails is OpenAI's breakdown of the completion tokens: of the
 // tokens speculative decoding drafted, those the model's own sampling agreed with
 // (accepted) and those it did not (rejected; they are not in the answer and not

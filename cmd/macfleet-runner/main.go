@@ -96,6 +96,7 @@ func parseFlags(args []string, stderr io.Writer) (server.Config, int, error) {
 	fs := pflag.NewFlagSet("macfleet-runner", pflag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&cfg.ModelPath, "model", "", "GGUF model file (required)")
+	fs.StringVar(&cfg.Draft, "draft", "", "a draft model GGUF for speculative decoding: a smaller model of the same vocabulary whose greedy tokens the model verifies (docs/speculative-decoding.md)")
 	fs.StringVar(&cfg.Projector, "mmproj", "", "the model's multimodal projector GGUF (mmproj): chat messages may then carry images (docs/models.md, Vision)")
 	fs.StringVar(&cfg.Socket, "socket", "", "serve on this unix socket")
 	fs.StringVar(&cfg.Addr, "addr", "", "serve on this TCP address (loopback; port 0 picks one)")

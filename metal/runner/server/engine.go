@@ -48,6 +48,10 @@ type engine struct {
 	rate prefillRate
 	// specOff is why the engine never drafts ("" when it may: engine_speculate.go).
 	specOff string
+	// drafter is the draft model (draft.go; nil: none), asks the scratch of its
+	// requests in a step. Set before run starts.
+	drafter *drafter
+	asks    []*draftAsk
 
 	// queue is what the engine shares with the handlers (engine_queue.go).
 	queue *jobQueue
@@ -98,6 +102,9 @@ type slot struct {
 	rows     []llama.Logits
 	verified []int32
 	ahead    bool
+	// byModel: this step's draft is the draft model's, which ask requested.
+	byModel bool
+	ask     draftAsk
 }
 
 // slotSet is an engine's slots, indexed by sequence id (engine goroutine only).

@@ -35,35 +35,63 @@ func speculationOff(arch string, recurrent, hybrid bool) string {
 
 // planDrafts gives the generating slots that may draft the batch's room left
 // after every slot's next token and the prefills (budget): each drafts what its policy
-// allows within that room, its context, its max_tokens and the memory guard.
+// allows within that room, its context, its max_tokens and the memory guard. A slot
+// drafts from its prediction, else by prompt lookup, else, with a draft model, the
+// draft model's greedy tokens (draft.go: every such slot in one batch a token).
 func (e *engine) planDrafts(budget int) {
+	asks := e.asks[:0]
 	for _, s := range e.slots {
-		s.draft = s.draft[:0]
+		s.draft, s.byModel = s.draft[:0], false
 		if budget <= 0 || s.take != 1 || s.phase != phaseGenerate || e.specOff != "" || !s.job.mayDraft() {
 			continue
-		}
-		room := min(budget, e.nCtxSeq-1-len(s.cached))
-		if m := s.job.opts.MaxTokens; m > 0 {
-			s.job.mu.Lock()
-			room = min(room, m-s.job.generated-1)
-			s.job.mu.Unlock()
 		}
 		hist := append(s.cached, s.next) // where absorb puts next
 		draft, gram := speculate.Follow(s.job.predicted, hist, minGram, maxGram, s.policy.Max)
 		if len(draft) == 0 {
 			draft, gram = speculate.Lookup(hist, minGram, maxGram, s.policy.Max)
 		}
-		if len(draft) == 0 {
+		if len(draft) == 0 && e.drafter == nil {
 			continue
 		}
-		draft = draft[:min(len(draft), s.policy.Size(room, gram == maxGram))]
-		if len(draft) == 0 || e.guard(len(draft)) != nil {
+		n := s.policy.Size(s.draftRoom(budget, e.nCtxSeq), gram == maxGram)
+		if len(draft) > 0 {
+			n = min(n, len(draft))
+		}
+		if n == 0 || e.guard(n) != nil {
 			continue
 		}
-		s.draft = append(s.draft, draft...)
-		s.take += len(draft)
-		budget -= len(draft)
+		if len(draft) > 0 {
+			s.draft = append(s.draft, draft[:n]...)
+		} else {
+			s.ask = draftAsk{seq: s.id, hist: hist, n: n, out: s.ask.out}
+			s.byModel = true
+			asks = append(asks, &s.ask)
+		}
+		s.take += n
+		budget -= n
 	}
+	e.asks = asks
+	if len(asks) == 0 {
+		return
+	}
+	e.drafter.draft(asks)
+	for _, a := range asks {
+		s := e.slots[a.seq]
+		s.draft = append(s.draft, a.out...)
+		s.take -= a.n - len(a.out)
+	}
+}
+
+// draftRoom is the most tokens slot s may draft at this step: within the batch's
+// room left (budget), its context of nCtxSeq cells and its max_tokens.
+func (s *slot) draftRoom(budget, nCtxSeq int) int {
+	room := min(budget, nCtxSeq-1-len(s.cached))
+	if m := s.job.opts.MaxTokens; m > 0 {
+		s.job.mu.Lock()
+		room = min(room, m-s.job.generated-1)
+		s.job.mu.Unlock()
+	}
+	return room
 }
 
 // mayDraft reports whether job j's slot may draft, where the model allows it: not for
@@ -107,6 +135,9 @@ func (e *engine) takeDraft(s *slot) {
 	toks := s.verified
 	accepted := len(toks) - 1
 	s.policy.Note(len(s.draft), accepted)
+	if s.byModel {
+		e.drafter.note(len(s.draft), accepted)
+	}
 	j.mu.Lock()
 	j.accepted += accepted
 	j.rejected += len(s.draft) - accepted

@@ -118,6 +118,7 @@ func (s *Server) handleStatus(w http.ResponseWriter, _ *http.Request) {
 			st.PromptCache, st.Off = s.cache.status(), append(s.cache.offPaths(), s.eng.offPaths()...)
 			ci := s.lm.chat.info
 			st.Chat = &ci
+			st.Draft = s.draft.status()
 			st.SplitHeadComputeSeconds = s.eng.headSeconds()
 		}
 	}

@@ -36,6 +36,9 @@ type Config struct {
 	// Projector is the model's multimodal projector (mmproj GGUF) that reads the
 	// images of chat messages (empty: none, images are refused).
 	Projector string
+	// Draft is a draft model for speculative decoding: a smaller GGUF of the same
+	// vocabulary (empty: none; slots draft by prompt lookup only).
+	Draft string
 	// Exactly one of Socket and Addr is set.
 	Socket, Addr string
 	// Runner is the engine settings as the runner runs them (package engine: the one
@@ -114,6 +117,7 @@ type Server struct {
 	lctxs   []*llama.Context // one per engine
 	nSeqCtx int              // the sequences (slots) of each context
 	lm      *loadedModel     // what the requests and /status read of the model
+	draft   *drafter         // the draft model (nil: none)
 	eng     *engineSet
 }
 
@@ -287,6 +291,8 @@ func (s *Server) free() {
 		c.Free()
 	}
 	s.lctxs = nil
+	s.draft.free()
+	s.draft = nil
 	if s.model != nil {
 		s.model.Free()
 		s.model = nil
@@ -332,6 +338,9 @@ func (s *Server) load() error {
 		return err
 	}
 	chat.info.Vision = chat.proj != nil
+	if s.draft, err = loadDraft(cfg.Draft, m, s.lctxs[0], cfg); err != nil {
+		return err
+	}
 	kvSize, _ := llama.KVTypeSize(cfg.KVType)
 	headDim := m.NEmbd() / max(m.NHead(), 1)
 	kvPerToken := int64(float64(2*m.NLayer()*m.NHeadKV()*headDim) * kvSize)
@@ -345,8 +354,9 @@ func (s *Server) load() error {
 		KVType: kvType, ChatTemplate: m.ChatTemplate() != "", KVBytesPerToken: kvPerToken,
 	}}
 	s.gen.m = s.lm
-	s.mem.loaded(kvPerToken, deviceBytes(m, s.lctxs))
+	s.mem.loaded(kvPerToken, deviceBytes(m, s.lctxs)+s.draft.deviceBytes())
 	s.eng = s.newEngineSet(m)
+	s.eng.engs[0].drafter = s.draft // a split runner, the only one with several, has none
 	pc := s.cache.open(m, kvType, s.nSeqCtx, s.lm.nCtxSeq)
 	for _, e := range s.eng.engs {
 		e.pc = pc

@@ -1,0 +1,138 @@
+package e2e
+
+import (
+	"encoding/json"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/macfleet/macfleet/api/runnerapi"
+	"github.com/macfleet/macfleet/test/support/testassets"
+)
+
+// A draft model (--draft, docs/speculative-decoding.md): a smaller model of the same
+// vocabulary whose greedy tokens the slots draft where prompt lookup finds nothing.
+// Like every draft it changes the speed, never the answer.
+
+// draftModels are the trained test model and its trained draft, or the test skips.
+func draftModels(t *testing.T) (target, draft string) {
+	t.Helper()
+	target, ok := trainedModel()
+	if !ok {
+		t.Skip("the trained test model is not present")
+	}
+	draft, ok, err := testassets.DraftModelPath()
+	if err != nil || !ok {
+		t.Skipf("the trained draft model is not present (%v)", err)
+	}
+	return target, draft
+}
+
+// weather is a turn with nothing to copy from its conversation: prompt lookup finds
+// little, the draft model drafts.
+const weather = `"messages":[{"role":"user","content":"Tell me about the weather in the mountains."}]`
+
+// TestDraftModelIsLossless: with a draft model the answers are the same token for
+// token as without drafting, on every path a slot takes, and the draft model's
+// drafts are verified (its /status counts grow) and some kept.
+func TestDraftModelIsLossless(t *testing.T) {
+	target, draft := draftModels(t)
+	r := startReady(t, target, "--parallel", "2", "--draft", draft)
+	quote := `"messages":[` + readBack(notes) + `],"tools":[` + readTool + `]`
+	for _, tc := range []struct {
+		name, body string
+		hdr        []string
+	}{
+		{"plain", `{"model":"m","max_tokens":96,"temperature":0,` + weather + `}`, nil},
+		{"logprobs", `{"model":"m","max_tokens":96,"temperature":0,"logprobs":true,"top_logprobs":3,` + weather + `}`, nil},
+		{"stop", `{"model":"m","max_tokens":96,"temperature":0,"stop":["light"],` + weather + `}`, nil},
+		{"json schema", `{"model":"m","max_tokens":96,"temperature":0,"response_format":{"type":"json_schema","json_schema":{"name":"n",
+			"schema":{"type":"object","properties":{"place":{"type":"string"},"weather":{"type":"string"}},"required":["place","weather"]}}},` + weather + `}`, nil},
+		{"seeded temperature 1, n=2", `{"model":"m","max_tokens":96,"temperature":1,"seed":11,"n":2,` + weather + `}`, nil},
+		{"copy-heavy", `{"model":"m","max_tokens":160,"temperature":0,` + quote + `}`, nil},
+		{"continued answer", `{"model":"m","max_tokens":96,"temperature":0,"messages":[{"role":"user","content":"Tell me about the weather in the mountains."},
+			{"role":"assistant","content":"The weather"}]}`, []string{runnerapi.HeaderContinue, runnerapi.ContinueFinalMessage}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			before := r.status().Draft
+			off := specChat(t, r, tc.body, runnerapi.SpeculationOff, tc.hdr...)
+			if after := r.status().Draft; after.Drafted != before.Drafted {
+				t.Fatalf("speculation off, the draft model drafted: %+v then %+v", before, after)
+			}
+			on := specChat(t, r, tc.body, runnerapi.SpeculationOn, tc.hdr...)
+			sameAnswers(t, off, on)
+			t.Logf("%q: %d tokens, drafts %+v", on.Choices[0].Message.Text(), on.Usage.CompletionTokens, on.Usage.CompletionTokensDetails)
+		})
+	}
+	st := r.status().Draft
+	if st == nil || st.Path != draft || st.SizeBytes <= 0 || st.Drafted == 0 || st.Kept == 0 {
+		t.Fatalf("/status draft = %+v: want the draft model, with drafted tokens of which some were kept", st)
+	}
+	t.Logf("draft model: %d of %d drafted tokens kept", st.Kept, st.Drafted)
+}
+
+// TestDraftModelPromptCacheTurn: a conversation's next turn, which reuses the
+// previous turn's cells (and the draft's sequence its common prefix), answers the
+// same with and without the draft model.
+func TestDraftModelPromptCacheTurn(t *testing.T) {
+	target, draft := draftModels(t)
+	r := startReady(t, target, "--draft", draft)
+	first := `{"model":"m","max_tokens":64,"temperature":0,` + weather + `}`
+	answers := map[string]string{}
+	for _, spec := range []string{runnerapi.SpeculationOff, runnerapi.SpeculationOn} {
+		c := specChat(t, r, first, spec)
+		next := `{"model":"m","max_tokens":64,"temperature":0,"messages":[{"role":"user","content":"Tell me about the weather in the mountains."},
+			{"role":"assistant","content":` + quoteJSON(c.Choices[0].Message.Text()) + `},{"role":"user","content":"And in the city?"}]}`
+		second := specChat(t, r, next, spec)
+		if second.Usage.PromptTokensDetails == nil || second.Usage.PromptTokensDetails.CachedTokens == 0 {
+			t.Fatalf("speculation %s: the second turn reused no cached token: %+v", spec, second.Usage)
+		}
+		answers[spec] = c.Choices[0].Message.Text() + "\x00" + second.Choices[0].Message.Text()
+	}
+	if answers[runnerapi.SpeculationOff] != answers[runnerapi.SpeculationOn] {
+		t.Fatalf("turns differ:\n off: %q\n on:  %q", answers[runnerapi.SpeculationOff], answers[runnerapi.SpeculationOn])
+	}
+	if st := r.status().Draft; st == nil || st.Drafted == 0 {
+		t.Fatalf("/status draft = %+v: the draft model drafted nothing", st)
+	}
+}
+
+// TestDraftModelItself: with the model itself as its draft, greedy drafts are the
+// model's own greedy tokens, so almost all of them are kept: a check that drafting
+// with a model works at all (a draft out of step with the slot's tokens keeps few).
+func TestDraftModelItself(t *testing.T) {
+	target, _ := draftModels(t)
+	r := startReady(t, target, "--draft", target)
+	for _, q := range []string{"Tell me about the weather in the mountains.", "How do I write a list into a directory?"} {
+		specChat(t, r, `{"model":"m","max_tokens":64,"temperature":0,"messages":[{"role":"user","content":`+quoteJSON(q)+`}]}`, runnerapi.SpeculationOn)
+	}
+	st := r.status().Draft
+	if st == nil || st.Drafted < 20 || float64(st.Kept) < 0.9*float64(st.Drafted) {
+		t.Fatalf("/status draft = %+v: the model as its own draft should keep at least 90%% of at least 20 drafted tokens", st)
+	}
+	t.Logf("the model as its draft: %d of %d drafted tokens kept", st.Kept, st.Drafted)
+}
+
+// TestDraftModelOfAnotherVocabulary: a draft whose vocabulary is not the model's is
+// refused at load, naming the difference and the fix.
+func TestDraftModelOfAnotherVocabulary(t *testing.T) {
+	target, _ := draftModels(t)
+	r := startRunner(t, target, "--draft", model(t, "tiny"))
+	var h runnerapi.Health
+	waitFor(t, 60*time.Second, "the load to fail", func() bool {
+		code, err := r.getJSON("/health", &h)
+		return err == nil && code == http.StatusServiceUnavailable && h.Status == runnerapi.StateFailed
+	})
+	for _, want := range []string{"--draft", "the draft model has 512 tokens", "must share the model's vocabulary"} {
+		if !strings.Contains(h.Error, want) {
+			t.Fatalf("load error %q does not say %q", h.Error, want)
+		}
+	}
+}
+
+// quoteJSON is s as a JSON string.
+func quoteJSON(s string) string {
+	b, _ := json.Marshal(s)
+	return string(b)
+}

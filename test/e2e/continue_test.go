@@ -152,15 +152,7 @@ func survivalRound(t *testing.T, n int, stream streamer, kill func(t *testing.T,
 	kill(t, victim.Spec.NodeName, pid)
 	killed := time.Now()
 	wg.Wait()
-	continued := 0
-	for i, r := range results {
-		if r.err != "" {
-			t.Errorf("stream %d: %s", i, r.err)
-		}
-		if r.continued != "" {
-			continued++
-		}
-	}
+	continued := countContinued(t, results)
 	t.Logf("%d streams, %d continued on the other replica; all ended %v after the kill", n, continued,
 		time.Since(killed).Round(time.Millisecond))
 	return continued, fmt.Sprintf("runner %d of %s", pid, key)

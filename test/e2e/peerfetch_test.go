@@ -193,21 +193,8 @@ func TestPeerFetchRestoresAPrefix(t *testing.T) {
 	})
 
 	// Keep the holder P busy with two long answers to the same system prompt.
-	busy, stop := context.WithCancel(t.Context())
+	stop := busyHolder(t, model, func(ctx context.Context, body string) { _, _, _ = postChatAs(ctx, url, tokA, body) }, gw)
 	defer stop()
-	done := make(chan struct{}, 2)
-	hits := gw("macfleet_gateway_routing_decisions_total", map[string]string{"routing": "prefix_hit"})
-	for i := range 2 {
-		go func() {
-			defer func() { done <- struct{}{} }()
-			_, _, _ = postChatAs(busy, url, tokA, prefixChat(model, 6000, fmt.Sprintf("Tell a very long story about goroutine %d.", i)))
-		}()
-		testenv.Eventually(t, 30*time.Second, 10*time.Millisecond, func() (bool, string) {
-			h := gw("macfleet_gateway_routing_decisions_total", map[string]string{"routing": "prefix_hit"}) - hits
-			in := gw("macfleet_gateway_inflight", map[string]string{})
-			return h == float64(i+1) && in == float64(i+1), fmt.Sprintf("long answer %d is not in flight on the holder (%v prefix hits, %v in flight)", i+1, h, in)
-		})
-	}
 
 	// The same conversation again: P is at its load bound, R holds nothing of it.
 	code, text, err := postChatAs(t.Context(), url, tokA, turn)
@@ -234,8 +221,6 @@ func TestPeerFetchRestoresAPrefix(t *testing.T) {
 		t.Errorf("R's greedy answer after the peer's state %q differs from the full prefill's %q", got, want)
 	}
 	stop()
-	<-done
-	<-done
 
 	// Another namespace's tenant, granted the deployment, sends the same conversation:
 	// its partition holds nothing, and no fetch is asked.

@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -14,6 +15,9 @@ import (
 	"github.com/macfleet/macfleet/api/engine"
 	"github.com/macfleet/macfleet/api/runnerapi"
 	"github.com/macfleet/macfleet/api/v1alpha1"
+	"github.com/macfleet/macfleet/controllers/autoscaler"
+	"github.com/macfleet/macfleet/internal/pki"
+	"github.com/macfleet/macfleet/internal/tunnel"
 	"github.com/macfleet/macfleet/test/support/localfleet"
 	"github.com/macfleet/macfleet/test/support/testenv"
 )
@@ -29,17 +33,15 @@ const reachableMac = "mac-studio-1"
 //   - cancel: streams cut by their clients while the outbound Mac's replica writes
 //     some of them end there too (its agent's lease on the runner is released, so the
 //     slot is free), and the replica answers the next request;
+//   - the manager's reads: the autoscaler's load source, with the manager's
+//     certificate, reads the outbound Mac's agent through the gateway's tunnel
+//     listener (manager --gateway-tunnel), where at the advertised address it fails;
 //   - continuation: the outbound Mac's runner is killed with SIGKILL while it writes
 //     streams, and every stream completes as an uninterrupted one does, those it
 //     was writing continued on the other Mac's replica.
 func TestOutboundMacPaths(t *testing.T) {
-	tunnelAddr := freeLoopback(t)
-	gw, err := fleet.AddGateway(t.Context(), "", "--tunnel-listen", tunnelAddr)
-	if err != nil {
-		t.Fatal(err)
-	}
 	const mac = "mac-outbound"
-	addOutboundMac(t, mac, tunnelAddr)
+	gw, tunnelAddr := tunnelGateway(t, mac)
 	labelMac(t, reachableMac)
 	// The streams of this test go to the tunnel gateway (postStream sends to
 	// fleet.GatewayURL; the tests run one after another).
@@ -59,19 +61,38 @@ func TestOutboundMacPaths(t *testing.T) {
 	addr := fleet.Agent(mac).Addr
 	waitTunnelServes(t, model)
 
+	t.Run("manager reads", func(t *testing.T) { managerReadsThroughTunnel(t, ns, "paths", tunnelAddr) })
 	t.Run("cancel", func(t *testing.T) { cancelThroughTunnel(t, model, addr, key) })
-	t.Run("continuation", func(t *testing.T) {
-		pid := int(runnerPIDs(t, addr)[key])
-		if pid == 0 {
-			t.Fatalf("no runner for replica %s on %s: %v", key, mac, runnerPIDs(t, addr))
+	t.Run("continuation", func(t *testing.T) { continueThroughTunnel(t, model, addr, key) })
+}
+
+// continueThroughTunnel kills the runner of the outbound Mac's replica (key, its agent
+// at addr) with SIGKILL while it writes streams: every stream completes, and some
+// are continued on the other Mac's replica. A kill that broke no stream (all its
+// requests before their first byte) is tried again, up to 5 rounds.
+func continueThroughTunnel(t *testing.T, model, addr, key string) {
+	killed := 0
+	for round := 1; ; round++ {
+		if round > 1 {
+			waitTunnelServes(t, model)
 		}
+		var pid int
+		testenv.Eventually(t, time.Minute, 50*time.Millisecond, func() (bool, string) {
+			pid = int(runnerPIDs(t, addr)[key])
+			return pid != 0 && pid != killed, fmt.Sprintf("runner %d of %s (killed: %d)", pid, key, killed)
+		})
 		continued := streamsWhile(t, model, 24, func() bool { return activeRequests(t.Context(), addr, key) > 0 },
-			func() { killRunner(t, mac, pid) })
-		t.Logf("24 streams, %d continued on %s's replica after the outbound Mac's runner was killed", continued, reachableMac)
-		if continued == 0 && !t.Failed() {
-			t.Error("no stream was continued: the outbound Mac's replica wrote none when its runner was killed")
+			func() { killRunner(t, "", pid) })
+		killed = pid
+		t.Logf("round %d: 24 streams, %d continued on %s's replica after the outbound Mac's runner was killed", round, continued, reachableMac)
+		switch {
+		case continued > 0 || t.Failed():
+			return
+		case round == 5:
+			t.Error("no stream was continued in 5 rounds: the outbound Mac's replica wrote none when its runner was killed")
+			return
 		}
-	})
+	}
 }
 
 // labelMac puts the outbound label on a Mac too, until the test ends.
@@ -195,10 +216,16 @@ func streamsWhile(t *testing.T, model string, n int, ready func() bool, act func
 		wg.Go(func() { results[i] = survivorStream(ctx, model, i, &streaming) })
 	}
 	testenv.Eventually(t, time.Minute, 5*time.Millisecond, func() (bool, string) {
-		return streaming.Load() >= 2 && ready(), fmt.Sprintf("%d streams have content", streaming.Load())
+		return streaming.Load() >= 4 && ready(), fmt.Sprintf("%d streams have content", streaming.Load())
 	})
 	act()
 	wg.Wait()
+	return countContinued(t, results)
+}
+
+// countContinued reports every stream's error and counts those continued.
+func countContinued(t *testing.T, results []streamResult) int {
+	t.Helper()
 	continued := 0
 	for i, r := range results {
 		if r.err != "" {
@@ -209,4 +236,33 @@ func streamsWhile(t *testing.T, model string, n int, ready func() bool, act func
 		}
 	}
 	return continued
+}
+
+// managerReadsThroughTunnel measures deployment name's load as the manager does
+// (autoscaler.AgentSource, the manager's certificate): at the replicas' addresses it
+// fails on the outbound Mac's; through the gateway's tunnel listener it reads both.
+func managerReadsThroughTunnel(t *testing.T, ns, name, tunnelAddr string) {
+	id := pki.Manager("macfleet-manager")
+	certs, err := fleetCA(t).NewSource(&id, time.Now(), time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var md v1alpha1.ModelDeployment
+	if err := fleet.Client.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: name}, &md); err != nil {
+		t.Fatal(err)
+	}
+	direct := &autoscaler.AgentSource{Client: fleet.Client, Certificates: certs}
+	if _, err := direct.Measure(t.Context(), &md); err == nil {
+		t.Fatal("the manager read every replica's agent at its address: the outbound Mac's answers there, the test proves nothing")
+	} else {
+		t.Logf("At the addresses: %v", err)
+	}
+	relay := &tunnel.Relay{Gateway: tunnelAddr, Certificates: certs}
+	via := &autoscaler.AgentSource{Client: fleet.Client, Certificates: certs,
+		HTTP: &http.Client{Timeout: autoscaler.DefaultAgentTimeout, Transport: relay.Transports()}}
+	load, err := via.Measure(t.Context(), &md)
+	if err != nil {
+		t.Fatalf("the manager reading through the gateway's tunnel listener: %v", err)
+	}
+	t.Logf("through the tunnel listener: load %+v", load)
 }

@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -75,29 +76,13 @@ func TestOutboundMacPeerFetch(t *testing.T) {
 	})
 
 	// Keep P busy with two long answers to the same system prompt.
-	busy, stop := context.WithCancel(t.Context())
+	stop := busyHolder(t, model, func(ctx context.Context, body string) { _, _, _ = postChat(ctx, url, body) }, gw)
 	defer stop()
-	done := make(chan struct{}, 2)
-	hits := gw("macfleet_gateway_routing_decisions_total", map[string]string{"routing": "prefix_hit"})
-	for i := range 2 {
-		go func() {
-			defer func() { done <- struct{}{} }()
-			_, _, _ = postChat(busy, url, prefixChat(model, 6000, fmt.Sprintf("Tell a very long story about goroutine %d.", i)))
-		}()
-		testenv.Eventually(t, 30*time.Second, 10*time.Millisecond, func() (bool, string) {
-			h := gw("macfleet_gateway_routing_decisions_total", map[string]string{"routing": "prefix_hit"}) - hits
-			in := gw("macfleet_gateway_inflight", map[string]string{})
-			return h == float64(i+1) && in == float64(i+1), fmt.Sprintf("long answer %d is not in flight on P (%v prefix hits, %v in flight)", i+1, h, in)
-		})
-	}
 
 	code, text, err := postChat(t.Context(), url, turn)
 	if err != nil || code != http.StatusOK {
 		t.Fatalf("the request for R: %d %s (%v)", code, text, err)
 	}
-	stop()
-	<-done
-	<-done
 	got := answerContent(t, text)
 	var imported float64
 	for _, mac := range macs {
@@ -116,4 +101,32 @@ func TestOutboundMacPeerFetch(t *testing.T) {
 	if got != want {
 		t.Errorf("R's greedy answer after the peer's state %q differs from the full prefill's %q", got, want)
 	}
+}
+
+// busyHolder keeps the replica that holds a conversation's prefix busy with two long
+// answers to the same system prompt, each sent with post and waited for in flight
+// there (gw reads the gateway's metrics of the deployment); stop (once or more) ends them
+// and waits.
+func busyHolder(t *testing.T, model string, post func(ctx context.Context, body string), gw func(string, map[string]string) float64) (stop func()) {
+	t.Helper()
+	busy, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{}, 2)
+	stop = sync.OnceFunc(func() {
+		cancel()
+		<-done
+		<-done
+	})
+	hits := gw("macfleet_gateway_routing_decisions_total", map[string]string{"routing": "prefix_hit"})
+	for i := range 2 {
+		go func() {
+			defer func() { done <- struct{}{} }()
+			post(busy, prefixChat(model, 6000, fmt.Sprintf("Tell a very long story about goroutine %d.", i)))
+		}()
+		testenv.Eventually(t, 30*time.Second, 10*time.Millisecond, func() (bool, string) {
+			h := gw("macfleet_gateway_routing_decisions_total", map[string]string{"routing": "prefix_hit"}) - hits
+			in := gw("macfleet_gateway_inflight", map[string]string{})
+			return h == float64(i+1) && in == float64(i+1), fmt.Sprintf("long answer %d is not in flight on the holder (%v prefix hits, %v in flight)", i+1, h, in)
+		})
+	}
+	return stop
 }

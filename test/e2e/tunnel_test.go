@@ -32,13 +32,8 @@ const outboundLabel = "e2e.macfleet.dev/outbound"
 // all, and another Mac's certificate claiming this Mac is refused a tunnel. (A stream cancelled by its client through the tunnel: internal/tunnel's
 // TestTunnelStreamsAndCancels.)
 func TestAgentThatDialsOut(t *testing.T) {
-	tunnelAddr := freeLoopback(t)
-	gw, err := fleet.AddGateway(t.Context(), "", "--tunnel-listen", tunnelAddr)
-	if err != nil {
-		t.Fatal(err)
-	}
 	const mac = "mac-outbound"
-	addOutboundMac(t, mac, tunnelAddr)
+	gw, tunnelAddr := tunnelGateway(t, mac)
 
 	ns := testenv.NewNamespace(t, fleet.Client)
 	create(t, deployment(ns, "outbound", 1, func(md *v1alpha1.ModelDeployment) {
@@ -55,6 +50,7 @@ func TestAgentThatDialsOut(t *testing.T) {
 	// when its replica turns Ready, so the first answer is waited for).
 	c := openai.NewClient(option.WithBaseURL(gw+"/v1/"), option.WithAPIKey("unused"), option.WithMaxRetries(0))
 	var text string
+	var err error
 	deadline := time.Now().Add(time.Minute)
 	for {
 		ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
@@ -94,6 +90,20 @@ func TestAgentThatDialsOut(t *testing.T) {
 	if text, err := chat(t.Context(), c, model, false); err != nil || text == "" {
 		t.Fatalf("chat through the tunnel: %q, %v", text, err)
 	}
+}
+
+// tunnelGateway starts a gateway with --tunnel-listen and Mac mac, whose agent dials
+// out to it and advertises an address nothing listens on: the gateway's URL and
+// tunnel address.
+func tunnelGateway(t *testing.T, mac string) (gw, tunnelAddr string) {
+	t.Helper()
+	tunnelAddr = freeLoopback(t)
+	gw, err := fleet.AddGateway(t.Context(), "", "--tunnel-listen", tunnelAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addOutboundMac(t, mac, tunnelAddr)
+	return gw, tunnelAddr
 }
 
 // fleetCA is the fleet CA the manager keeps (Secret macfleet-system/macfleet-ca).

@@ -1,6 +1,7 @@
 package httpserver
 
 import (
+	"bufio"
 	"fmt"
 	"io"
 	"net"
@@ -135,5 +136,51 @@ func stalledBodies(t *testing.T, host string, trickle bool) {
 	}()
 	if ok, last := servedWithin(clientFrom("127.0.0.1"), addr, 3*time.Second); !ok {
 		t.Fatalf("with %d stalled bodies open, a client of their source was not served in 3s: %s", perSource, last)
+	}
+}
+
+// TestAttackRedialFloodChurnsItsSource: one local process, its share of connections
+// held, dials again and again as fast as it can (each new connection sends a request
+// and stays kept alive, as a flood that redials every connection the server closes).
+// Before the bound on displacements every one took the slot of the source's oldest
+// idle connection: the server served a request and closed a connection per dial,
+// as fast as the attacker dialled. Now past its burst the source's new connections
+// take slots at most DefaultDisplacementsPerSecond a second; the others are refused
+// at once with a 503 naming that rate.
+func TestAttackRedialFloodChurnsItsSource(t *testing.T) {
+	const perSource, dials = 16, 600
+	var served atomic.Int64
+	addr := serve(t, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		served.Add(1)
+		_, _ = io.WriteString(w, "ok")
+	}), Limits{MaxConnections: 4 * perSource, MaxConnectionsPerSource: perSource})
+	start := time.Now()
+	refused, named := 0, ""
+	for i := range dials {
+		c := dialFrom(t, "127.0.0.1", addr)
+		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+		fmt.Fprint(c, "GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			t.Fatalf("dial %d: %v", i, err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode == http.StatusServiceUnavailable {
+			refused++
+			named = string(b)
+			c.Close()
+		}
+		_ = c.SetDeadline(time.Time{})
+	}
+	elapsed := time.Since(start)
+	allowed := perSource + DefaultDisplacementBurst + int64(DefaultDisplacementsPerSecond*elapsed.Seconds()) + 1
+	t.Logf("%d dials in %v: %d requests served, %d refused", dials, elapsed.Round(time.Millisecond), served.Load(), refused)
+	if served.Load() > allowed {
+		t.Errorf("the server served %d of the flood's %d connections in %v, want at most %d (its share, the burst and %d a second)",
+			served.Load(), dials, elapsed.Round(time.Millisecond), allowed, DefaultDisplacementsPerSecond)
+	}
+	if !strings.Contains(named, "too_many_connections") || !strings.Contains(named, "a second") {
+		t.Errorf("the flood's refusals were %q, want the 503 naming the rate of new connections from one address", named)
 	}
 }

@@ -14,6 +14,11 @@ import (
 // refuseTimeout bounds the time spent on a refused connection.
 const refuseTimeout = time.Second
 
+// maxRefusing bounds the refusals in progress at once, each a goroutine that waits
+// up to refuseTimeout for the client to read its answer; past it Accept writes the
+// refusal and closes the connection itself (refuseNow).
+const maxRefusing = 64
+
 // Listener caps the connections open on ln (none when l.MaxConnections is negative):
 //
 //   - at most l.MaxConnectionsPerSource from one source address (an IPv6 address's
@@ -27,6 +32,11 @@ const refuseTimeout = time.Second
 //     the global cap the one of the source holding the most connections. So idle and
 //     stalled connections never lock anyone out: the caps bound only connections
 //     busy with a request.
+//   - a source's new connections take slots at most l.DisplacementsPerSecond a
+//     second (a bucket of l.DisplacementBurst, displace.go): past it, at a cap, a new
+//     connection of that source is refused instead, so that one redialling as fast as
+//     it is closed costs the server a written refusal, not a request served and a
+//     connection closed each;
 //   - past a cap with nothing reclaimable, a new connection is answered "503 Service
 //     Unavailable" with Retry-After and an OpenAI-shaped error body that names the
 //     cap, then closed; the connections already open are served as before.
@@ -44,8 +54,10 @@ func Listener(ln net.Listener, l Limits) net.Listener {
 	if perSource < 0 || perSource > l.MaxConnections {
 		perSource = l.MaxConnections
 	}
+	churn := newDisplacements(l.DisplacementsPerSecond, l.DisplacementBurst)
 	return &capListener{Listener: ln, max: l.MaxConnections, perSource: perSource, pressureIdle: l.PressureIdleTimeout,
 		refusal: Refusal(l.MaxConnections), sourceRefusal: sourceRefusal(perSource),
+		churn: churn, churnRefusal: churnRefusal(l.MaxConnections, perSource, churn), refusing: make(chan struct{}, maxRefusing),
 		sources: map[string]map[*slotConn]struct{}{}, conns: map[*slotConn]struct{}{}}
 }
 
@@ -71,8 +83,13 @@ type capListener struct {
 	max, perSource         int
 	pressureIdle           time.Duration
 	refusal, sourceRefusal []byte
+	churnRefusal           []byte
+	// refusing holds a token per refusal in progress (refuse): past maxRefusing a
+	// refusal is written and closed by Accept itself.
+	refusing chan struct{}
 
-	mu sync.Mutex
+	mu    sync.Mutex
+	churn *displacements
 	// sources holds each source's open connections.
 	sources map[string]map[*slotConn]struct{}
 	conns   map[*slotConn]struct{}
@@ -91,7 +108,15 @@ func (l *capListener) Accept() (net.Conn, error) {
 		if sc != nil {
 			return sc, nil
 		}
-		go refuse(c, refusal)
+		select {
+		case l.refusing <- struct{}{}:
+			go func() {
+				refuse(c, refusal)
+				<-l.refusing
+			}()
+		default:
+			refuseNow(c, refusal)
+		}
 	}
 }
 
@@ -113,16 +138,22 @@ func (l *capListener) admit(c net.Conn, now time.Time) (sc *slotConn, refusal []
 	}
 	if len(l.sources[src]) >= l.perSource {
 		v := oldestReclaimable(l.sources[src], now)
-		if v == nil {
+		switch {
+		case v == nil:
 			return nil, l.sourceRefusal, stale
+		case !l.churn.allow(src, now):
+			return nil, l.churnRefusal, stale
 		}
 		l.releaseLocked(v)
 		stale = append(stale, v)
 	}
 	if len(l.conns) >= l.max {
 		v := l.victimLocked(now)
-		if v == nil {
+		switch {
+		case v == nil:
 			return nil, l.refusal, stale
+		case !l.churn.allow(src, now):
+			return nil, l.churnRefusal, stale
 		}
 		l.releaseLocked(v)
 		stale = append(stale, v)
@@ -145,6 +176,7 @@ func (l *capListener) releaseLocked(s *slotConn) {
 	delete(l.sources[s.src], s)
 	if len(l.sources[s.src]) == 0 {
 		delete(l.sources, s.src)
+		l.churn.forget(s.src)
 	}
 }
 
@@ -189,6 +221,16 @@ func refuse(c net.Conn, refusal []byte) {
 		_ = cw.CloseWrite()
 	}
 	_, _ = io.Copy(io.Discard, io.LimitReader(c, 64<<10))
+}
+
+// refuseNow writes the refusal to c (a new connection's empty send buffer takes it
+// whole) and closes c without waiting: a client whose request came before the close
+// may see the connection reset instead of the answer, which only a flood of
+// refusals (past maxRefusing at once) is given.
+func refuseNow(c net.Conn, refusal []byte) {
+	_ = c.SetWriteDeadline(time.Now().Add(10 * time.Millisecond))
+	_, _ = c.Write(refusal)
+	_ = c.Close()
 }
 
 // slotConn holds a slot of its listener until closed. Under the listener's lock:

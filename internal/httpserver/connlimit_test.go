@@ -28,9 +28,12 @@ func from(ip string) net.Conn {
 // source's at the source's cap, the largest source's at the global cap.
 func TestCapListenerAdmit(t *testing.T) {
 	t0 := time.Date(2026, 11, 26, 10, 0, 0, 0, time.UTC)
-	newL := func() *capListener {
-		return Listener(nil, Limits{MaxConnections: 8, MaxConnectionsPerSource: 3, PressureIdleTimeout: 5 * time.Second}).(*capListener)
+	newL := func(churn Limits) *capListener {
+		return Listener(nil, Limits{MaxConnections: 8, MaxConnectionsPerSource: 3, PressureIdleTimeout: 5 * time.Second,
+			DisplacementsPerSecond: churn.DisplacementsPerSecond, DisplacementBurst: churn.DisplacementBurst}).(*capListener)
 	}
+	// churn: at most 2 displacements at once, then one a second.
+	churn := Limits{DisplacementsPerSecond: 1, DisplacementBurst: 2}
 	type step struct {
 		ip string
 		at time.Duration
@@ -39,53 +42,55 @@ func TestCapListenerAdmit(t *testing.T) {
 		// for more of a body that came fast), "trickle" (the handler waiting, 10 bytes of
 		// body come, the last 900 ms after it began).
 		state string
-		// want: "ok", "source" (refused by its source's cap) or "full" (the global cap);
+		// want: "ok", "source" (refused by its source's cap), "full" (the global cap) or
+		// "churn" (its source took slots faster than the listener allows);
 		// stale: the steps whose connections it closed.
 		want  string
 		stale []int
 	}
 	for _, tc := range []struct {
 		name  string
+		churn Limits
 		steps []step
 	}{
-		{"a source at its cap with busy connections is refused, another is not", []step{
+		{"a source at its cap with busy connections is refused, another is not", Limits{}, []step{
 			{ip: "127.0.0.1", state: "busy", want: "ok"}, {ip: "127.0.0.1", state: "busy", want: "ok"},
 			{ip: "127.0.0.1", state: "busy", want: "ok"}, {ip: "127.0.0.1", want: "source"}, {ip: "127.0.0.2", want: "ok"},
 		}},
-		{"a source at its cap loses its own oldest idle connection", []step{
+		{"a source at its cap loses its own oldest idle connection", Limits{}, []step{
 			{ip: "127.0.0.2", want: "ok"},
 			{ip: "127.0.0.1", state: "busy", want: "ok"}, {ip: "127.0.0.1", at: time.Second, want: "ok"},
 			{ip: "127.0.0.1", at: 2 * time.Second, want: "ok"}, {ip: "127.0.0.1", at: 3 * time.Second, want: "ok", stale: []int{2}},
 			{ip: "127.0.0.1", at: 3 * time.Second, want: "ok", stale: []int{3}},
 		}},
-		{"an IPv6 /64 is one source", []step{
+		{"an IPv6 /64 is one source", Limits{}, []step{
 			{ip: "2001:db8::1", state: "busy", want: "ok"}, {ip: "2001:db8::2", state: "busy", want: "ok"},
 			{ip: "2001:db8::ffff:1", state: "busy", want: "ok"},
 			{ip: "2001:db8::3", want: "source"}, {ip: "2001:db8:0:1::1", want: "ok"},
 		}},
-		{"stalled headers and bodies are reclaimed oldest first, busy ones never", []step{
+		{"stalled headers and bodies are reclaimed oldest first, busy ones never", Limits{}, []step{
 			{ip: "10.0.0.1", state: "busy", want: "ok"}, {ip: "10.0.0.1", state: "headers", want: "ok"},
 			{ip: "10.0.0.1", at: 100 * time.Millisecond, state: "body", want: "ok"},
 			{ip: "10.0.0.1", at: 500 * time.Millisecond, state: "busy", want: "ok", stale: []int{1}},
 			{ip: "10.0.0.1", at: 600 * time.Millisecond, state: "busy", want: "ok", stale: []int{2}},
 			{ip: "10.0.0.1", at: time.Hour, want: "source"},
 		}},
-		{"a body trickled below the minimum rate counts from its start", []step{
+		{"a body trickled below the minimum rate counts from its start", Limits{}, []step{
 			{ip: "10.0.0.1", state: "busy", want: "ok"}, {ip: "10.0.0.1", at: 200 * time.Millisecond, state: "body", want: "ok"},
 			{ip: "10.0.0.1", state: "trickle", want: "ok"},
 			{ip: "10.0.0.1", at: time.Second, want: "ok", stale: []int{2}},
 		}},
-		{"below pressure idle connections stay", []step{
+		{"below pressure idle connections stay", Limits{}, []step{
 			{ip: "10.0.0.1", want: "ok"}, {ip: "10.0.0.2", want: "ok"}, {ip: "10.0.0.3", want: "ok"}, {ip: "10.0.0.4", want: "ok"},
 			{ip: "10.0.0.5", at: time.Hour, want: "ok"},
 		}},
-		{"under pressure connections idle for the timeout are closed", []step{
+		{"under pressure connections idle for the timeout are closed", Limits{}, []step{
 			{ip: "10.0.0.1", want: "ok"}, {ip: "10.0.0.1", want: "ok"}, {ip: "10.0.0.2", want: "ok", state: "busy"},
 			{ip: "10.0.0.3", want: "ok"}, {ip: "10.0.0.4", want: "ok"}, {ip: "10.0.0.5", want: "ok"},
 			{ip: "10.0.0.6", at: 4 * time.Second, want: "ok"},
 			{ip: "10.0.0.7", at: 5 * time.Second, want: "ok", stale: []int{0, 1, 3, 4, 5}},
 		}},
-		{"at the global cap the largest source loses its oldest idle connection", []step{
+		{"at the global cap the largest source loses its oldest idle connection", Limits{}, []step{
 			{ip: "10.0.0.1", state: "busy", want: "ok"}, {ip: "10.0.0.2", want: "ok"},
 			{ip: "10.0.0.3", at: time.Second, want: "ok"}, {ip: "10.0.0.3", at: 2 * time.Second, want: "ok"},
 			{ip: "10.0.0.3", at: 3 * time.Second, want: "ok"},
@@ -93,16 +98,51 @@ func TestCapListenerAdmit(t *testing.T) {
 			{ip: "10.0.0.6", state: "busy", want: "ok"},
 			{ip: "10.0.0.7", at: 4 * time.Second, want: "ok", stale: []int{2}},
 		}},
-		{"at the cap with nothing reclaimable, a new one is refused", []step{
+		{"at the cap with nothing reclaimable, a new one is refused", Limits{}, []step{
 			{ip: "10.0.0.1", state: "busy", want: "ok"}, {ip: "10.0.0.2", state: "busy", want: "ok"},
 			{ip: "10.0.0.3", state: "busy", want: "ok"}, {ip: "10.0.0.4", state: "busy", want: "ok"},
 			{ip: "10.0.0.5", state: "busy", want: "ok"}, {ip: "10.0.0.6", state: "busy", want: "ok"},
 			{ip: "10.0.0.7", state: "busy", want: "ok"}, {ip: "10.0.0.8", state: "busy", want: "ok"},
 			{ip: "10.0.0.9", at: time.Hour, want: "full"},
 		}},
+		{"a source displaces its own connections at most its burst, then its rate", churn, []step{
+			{ip: "10.0.0.1", want: "ok"}, {ip: "10.0.0.1", want: "ok"}, {ip: "10.0.0.1", want: "ok"},
+			{ip: "10.0.0.1", at: time.Millisecond, want: "ok", stale: []int{0}},
+			{ip: "10.0.0.1", at: 2 * time.Millisecond, want: "ok", stale: []int{1}},
+			{ip: "10.0.0.1", at: 3 * time.Millisecond, want: "churn"},
+			{ip: "10.0.0.2", at: 4 * time.Millisecond, want: "ok"},
+			{ip: "10.0.0.1", at: 900 * time.Millisecond, want: "churn"},
+			{ip: "10.0.0.1", at: 1002 * time.Millisecond, want: "ok", stale: []int{2}},
+			{ip: "10.0.0.1", at: 1003 * time.Millisecond, want: "churn"},
+		}},
+		{"a refusal of a source with nothing to displace takes none of its bucket", churn, []step{
+			{ip: "10.0.0.1", state: "busy", want: "ok"}, {ip: "10.0.0.1", state: "busy", want: "ok"},
+			{ip: "10.0.0.1", state: "busy", want: "ok"}, {ip: "10.0.0.1", want: "source"}, {ip: "10.0.0.1", want: "source"},
+			{ip: "10.0.0.1", want: "source"},
+		}},
+		{"at the global cap a newcomer displaces within its own source's bucket", churn, []step{
+			{ip: "10.0.0.1", want: "ok"}, {ip: "10.0.0.1", want: "ok"}, {ip: "10.0.0.1", want: "ok"},
+			{ip: "10.0.0.2", state: "busy", want: "ok"}, {ip: "10.0.0.2", state: "busy", want: "ok"}, {ip: "10.0.0.2", state: "busy", want: "ok"},
+			{ip: "10.0.0.3", state: "busy", want: "ok"}, {ip: "10.0.0.3", state: "busy", want: "ok"},
+			{ip: "10.0.0.4", at: time.Millisecond, want: "ok", stale: []int{0}},
+			{ip: "10.0.0.4", at: 2 * time.Millisecond, want: "ok", stale: []int{1}},
+			{ip: "10.0.0.4", at: 2 * time.Millisecond, want: "churn"},
+			{ip: "10.0.0.5", at: 2 * time.Millisecond, want: "ok", stale: []int{8}},
+		}},
+		{"a source that closed all it held comes back with a full bucket", churn, []step{
+			{ip: "10.0.0.1", want: "ok"}, {ip: "10.0.0.1", at: time.Millisecond, want: "ok"},
+			{ip: "10.0.0.1", at: 2 * time.Millisecond, want: "ok"},
+			{ip: "10.0.0.1", at: 3 * time.Millisecond, want: "ok", stale: []int{0}},
+			{ip: "10.0.0.1", at: 4 * time.Millisecond, want: "ok", stale: []int{1}},
+			{ip: "10.0.0.1", at: 5 * time.Millisecond, want: "churn"},
+			{ip: "10.0.0.1", at: 6 * time.Millisecond, state: "close all", want: "churn"},
+			{ip: "10.0.0.1", at: 7 * time.Millisecond, want: "ok"}, {ip: "10.0.0.1", at: 8 * time.Millisecond, want: "ok"},
+			{ip: "10.0.0.1", at: 9 * time.Millisecond, want: "ok"},
+			{ip: "10.0.0.1", at: 10 * time.Millisecond, want: "ok", stale: []int{7}},
+		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			l := newL()
+			l := newL(tc.churn)
 			var conns []*slotConn
 			for i, s := range tc.steps {
 				at := t0.Add(s.at)
@@ -110,6 +150,8 @@ func TestCapListenerAdmit(t *testing.T) {
 				conns = append(conns, sc)
 				got := "ok"
 				switch {
+				case sc == nil && strings.Contains(string(refusal), "a second"):
+					got = "churn"
 				case sc == nil && strings.Contains(string(refusal), "from your address"):
 					got = "source"
 				case sc == nil:
@@ -125,6 +167,13 @@ func TestCapListenerAdmit(t *testing.T) {
 				}
 				if sc != nil {
 					setState(sc, s.state, at)
+				}
+				if s.state == "close all" {
+					for _, c := range conns {
+						if c != nil {
+							_ = c.Close()
+						}
+					}
 				}
 			}
 		})

@@ -40,6 +40,12 @@ const (
 	// DefaultPressureIdleTimeout is how long a connection may wait idle once three
 	// quarters of MaxConnections are open.
 	DefaultPressureIdleTimeout = 5 * time.Second
+	// DefaultDisplacementsPerSecond is how fast one source's new connections may
+	// take the slots of open ones (at a cap) once DefaultDisplacementBurst is spent.
+	DefaultDisplacementsPerSecond = 16
+	// DefaultDisplacementBurst is how many slots one source's new connections may
+	// take at once.
+	DefaultDisplacementBurst = 64
 )
 
 // Limits bound what a client may hold of a server. Zero fields take the defaults; a
@@ -66,6 +72,14 @@ type Limits struct {
 	// are open: a new connection then closes those idle for it (kept alive after an
 	// answer, or not yet sent a first request).
 	PressureIdleTimeout time.Duration
+	// DisplacementsPerSecond bounds how fast one source's new connections take the
+	// slots of open ones at a cap (a token bucket of DisplacementBurst): past it, a
+	// new connection of that source is refused at once instead of displacing, so a
+	// source that redials as fast as it is closed gets 503s that cost a write, not a
+	// request served and a connection closed each. Negative: no bound.
+	DisplacementsPerSecond float64
+	// DisplacementBurst is the bucket's size (negative: no bound).
+	DisplacementBurst int
 }
 
 // WithDefaults fills the zero fields.
@@ -85,6 +99,12 @@ func (l Limits) WithDefaults() Limits {
 		l.MaxConnectionsPerSource = max(l.MaxConnections/DefaultSourceShare, 1)
 	}
 	def(&l.PressureIdleTimeout, DefaultPressureIdleTimeout)
+	if l.DisplacementsPerSecond == 0 {
+		l.DisplacementsPerSecond = DefaultDisplacementsPerSecond
+	}
+	if l.DisplacementBurst == 0 {
+		l.DisplacementBurst = DefaultDisplacementBurst
+	}
 	return l
 }
 

@@ -45,6 +45,8 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"slices"
+	"strings"
 	"syscall"
 	"time"
 
@@ -66,9 +68,17 @@ type options struct {
 	// Hot path phase.
 	pairs int
 
+	// only names the phases to run (budget, idle, serve, bearers, hot); empty: all.
+	only string
+
 	timeout     time.Duration
 	smoke, keep bool
 	out         io.Writer
+}
+
+// runs says whether phase is one the run measures (-only).
+func (o options) runs(phase string) bool {
+	return o.only == "" || slices.Contains(strings.Split(o.only, ","), phase)
 }
 
 func main() {
@@ -90,6 +100,7 @@ func main() {
 	flag.IntVar(&o.pairs, "pairs", 300, "interleaved pairs of requests through the gateway under test and the baseline's")
 	flag.DurationVar(&o.timeout, "timeout", 20*time.Minute, "the whole run's limit")
 	flag.BoolVar(&o.smoke, "smoke", false, "a quick check of the harness (a few streams, 300 connections, 200 bearers, 20 pairs): not the figures")
+	flag.StringVar(&o.only, "only", "", "the phases to run, comma-separated (budget, idle, serve, bearers, hot); empty: all")
 	flag.BoolVar(&o.keep, "keep", false, "keep the fleet's directory (logs) after the run")
 	flag.Parse()
 	if o.smoke {
@@ -160,26 +171,37 @@ func run(o options) (*report, error) {
 	return r, nil
 }
 
-// phases runs the four measurements in order on fl.
+// phases runs the measurements of o.only in order on fl.
 func phases(ctx context.Context, o options, fl *benchFleet, r *report) error {
 	var err error
-	if r.One, err = budgetPhase(ctx, o, fl, keyOne, fl.urls[:1], 0); err != nil {
-		return fmt.Errorf("budget, one gateway: %w", err)
+	if o.runs("budget") {
+		if r.One, err = budgetPhase(ctx, o, fl, keyOne, fl.urls[:1], 0); err != nil {
+			return fmt.Errorf("budget, one gateway: %w", err)
+		}
+		if r.Two, err = budgetPhase(ctx, o, fl, keyTwo, fl.urls, 0); err != nil {
+			return fmt.Errorf("budget, two gateways: %w", err)
+		}
+		if r.Later, err = budgetPhase(ctx, o, fl, keyLater, fl.urls, laterBy); err != nil {
+			return fmt.Errorf("budget, two gateways, the second later: %w", err)
+		}
 	}
-	if r.Two, err = budgetPhase(ctx, o, fl, keyTwo, fl.urls, 0); err != nil {
-		return fmt.Errorf("budget, two gateways: %w", err)
+	if o.runs("idle") {
+		if r.Idle, err = idlePhase(ctx, o, fl); err != nil {
+			return fmt.Errorf("idle connections: %w", err)
+		}
 	}
-	if r.Later, err = budgetPhase(ctx, o, fl, keyLater, fl.urls, laterBy); err != nil {
-		return fmt.Errorf("budget, two gateways, the second later: %w", err)
+	if o.runs("serve") {
+		if r.Serve, err = servePhase(ctx, o, fl); err != nil {
+			return fmt.Errorf("idle connections on serve: %w", err)
+		}
 	}
-	if r.Idle, err = idlePhase(ctx, o, fl); err != nil {
-		return fmt.Errorf("idle connections: %w", err)
+	if o.runs("bearers") {
+		if r.Random, r.Forged, r.ValidToken, err = bearerPhase(ctx, o, fl); err != nil {
+			return fmt.Errorf("bearers: %w", err)
+		}
 	}
-	if r.Serve, err = servePhase(ctx, o, fl); err != nil {
-		return fmt.Errorf("idle connections on serve: %w", err)
-	}
-	if r.Random, r.Forged, r.ValidToken, err = bearerPhase(ctx, o, fl); err != nil {
-		return fmt.Errorf("bearers: %w", err)
+	if !o.runs("hot") {
+		return nil
 	}
 	base := o.baseline
 	if base == "" {

@@ -7,14 +7,18 @@ import (
 	"time"
 
 	"github.com/macfleet/macfleet/api/runnerapi"
+	"github.com/macfleet/macfleet/test/support/testassets"
 )
 
 // BenchmarkSpeculation measures single-stream decode with speculation off and on in
 // the same run, request by request in turn on one runner, on the trained test model
 // (or the random-weight tiny one): a copy-heavy turn (the answer quotes a file read
-// back) and a turn with nothing to copy. Each request's prompt is cached after the
-// first round, so its time is its decode. It reports both rates, their ratio, the
-// median of the rounds' ratios and the share of drafted tokens kept (make bench-spec; docs/speculative-decoding.md).
+// back) and a turn with nothing to copy; then, where the trained draft model is present
+// (or MACFLEET_DRAFT_MODEL names one), the turn with nothing to copy on a runner with
+// the draft model (--draft), off and on ("draft"). Each request's prompt is cached
+// after the first round, so its time is its decode. It reports both rates, their
+// ratio, the median of the rounds' ratios and the share of drafted tokens kept (make
+// bench-spec; docs/speculative-decoding.md).
 //
 //	MACFLEET_RUNNER=bin/macfleet-runner go test -run '^$' -bench Speculation -benchtime 10x ./test/runner
 func BenchmarkSpeculation(b *testing.B) {
@@ -22,42 +26,50 @@ func BenchmarkSpeculation(b *testing.B) {
 	r := startReady(b, path, "--threads", benchThreads("2"))
 	readFile := `{"model":"m","max_tokens":200,"temperature":0,"tools":[` + readTool + `],"messages":[` +
 		readBack("Finally answer small message important find but with keep run list because read; Review simple finally make editor write into with unless will or directory always clear answer.") + `]}`
-	for _, tc := range []struct{ name, body string }{
-		{"copy-heavy", readFile},
-		{"nothing-to-copy", `{"model":"m","max_tokens":200,"temperature":0,"messages":[{"role":"user","content":"Tell me about the sea."}]}`},
-	} {
-		b.Run(tc.name, func(b *testing.B) {
-			var m map[string]any
-			if err := json.Unmarshal([]byte(tc.body), &m); err != nil {
-				b.Fatal(err)
-			}
-			timed(b, r, m, runnerapi.SpeculationOff) // warms the prompt cache
-			var offTok, onTok, kept, drafted int
-			var offTime, onTime time.Duration
-			ratios := make([]float64, 0, b.N)
-			for range b.N {
-				n, dOff, _ := timed(b, r, m, runnerapi.SpeculationOff)
-				offTok, offTime = offTok+n, offTime+dOff
-				n, dOn, u := timed(b, r, m, runnerapi.SpeculationOn)
-				onTok, onTime = onTok+n, onTime+dOn
-				ratios = append(ratios, dOff.Seconds()/dOn.Seconds()) // the same tokens: a rate ratio
-				if det := u.CompletionTokensDetails; det != nil {
-					kept += det.AcceptedPredictionTokens
-					drafted += det.AcceptedPredictionTokens + det.RejectedPredictionTokens
-				}
-			}
-			off, on := float64(offTok)/offTime.Seconds(), float64(onTok)/onTime.Seconds()
-			b.ReportMetric(off, "off-tok/s")
-			b.ReportMetric(on, "on-tok/s")
-			b.ReportMetric(on/off, "on/off")
-			slices.Sort(ratios) // the median pair: robust to a busy machine's outliers
-			b.ReportMetric(ratios[len(ratios)/2], "median-on/off")
-			if drafted > 0 {
-				b.ReportMetric(float64(kept)/float64(drafted), "kept/drafted")
-			}
-			b.ReportMetric(float64(onTok)/float64(b.N), "tokens/answer")
-		})
+	nothing := `{"model":"m","max_tokens":200,"temperature":0,"messages":[{"role":"user","content":"Tell me about the sea."}]}`
+	b.Run("copy-heavy", func(b *testing.B) { specRow(b, r, readFile) })
+	b.Run("nothing-to-copy", func(b *testing.B) { specRow(b, r, nothing) })
+	draft, ok, err := testassets.DraftModelPath()
+	if err != nil || !ok {
+		b.Logf("no draft row: no draft model (%v); set %s", err, testassets.EnvDraftModel)
+		return
 	}
+	rd := startReady(b, path, "--threads", benchThreads("2"), "--draft", draft)
+	b.Run("draft", func(b *testing.B) { specRow(b, rd, nothing) })
+}
+
+// specRow is one row of BenchmarkSpeculation: body asked of r with speculation off
+// and on in turn, b.N times each.
+func specRow(b *testing.B, r *runner, body string) {
+	var m map[string]any
+	if err := json.Unmarshal([]byte(body), &m); err != nil {
+		b.Fatal(err)
+	}
+	timed(b, r, m, runnerapi.SpeculationOff) // warms the prompt cache
+	var offTok, onTok, kept, drafted int
+	var offTime, onTime time.Duration
+	ratios := make([]float64, 0, b.N)
+	for range b.N {
+		n, dOff, _ := timed(b, r, m, runnerapi.SpeculationOff)
+		offTok, offTime = offTok+n, offTime+dOff
+		n, dOn, u := timed(b, r, m, runnerapi.SpeculationOn)
+		onTok, onTime = onTok+n, onTime+dOn
+		ratios = append(ratios, dOff.Seconds()/dOn.Seconds()) // the same tokens: a rate ratio
+		if det := u.CompletionTokensDetails; det != nil {
+			kept += det.AcceptedPredictionTokens
+			drafted += det.AcceptedPredictionTokens + det.RejectedPredictionTokens
+		}
+	}
+	off, on := float64(offTok)/offTime.Seconds(), float64(onTok)/onTime.Seconds()
+	b.ReportMetric(off, "off-tok/s")
+	b.ReportMetric(on, "on-tok/s")
+	b.ReportMetric(on/off, "on/off")
+	slices.Sort(ratios) // the median pair: robust to a busy machine's outliers
+	b.ReportMetric(ratios[len(ratios)/2], "median-on/off")
+	if drafted > 0 {
+		b.ReportMetric(float64(kept)/float64(drafted), "kept/drafted")
+	}
+	b.ReportMetric(float64(onTok)/float64(b.N), "tokens/answer")
 }
 
 // speculationModelB is speculationModel for a benchmark.

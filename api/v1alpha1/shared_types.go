@@ -108,6 +108,7 @@ const (
 // ModelSource says where a model's GGUF file comes from.
 //
 // +kubebuilder:validation:XValidation:rule="!has(self.projectorSHA256) || has(self.projector)",message="projectorSHA256 needs projector: it is the SHA-256 of the projector's file"
+// +kubebuilder:validation:XValidation:rule="!has(self.draftSHA256) || has(self.draft)",message="draftSHA256 needs draft: it is the SHA-256 of the draft model's file"
 type ModelSource struct {
 	// source is the GGUF file's location: hf://<org>/<repo>/<file>.gguf,
 	// ollama://<name>:<tag>, http(s)://… or file:///absolute/path on the Mac. A model
@@ -144,6 +145,28 @@ type ModelSource struct {
 	// +kubebuilder:validation:MaxLength=64
 	// +kubebuilder:validation:XValidation:rule="self.matches('^[a-f0-9]{64}$')",message="projectorSHA256 must be 64 lowercase hexadecimal characters"
 	ProjectorSHA256 string `json:"projectorSHA256,omitempty"`
+
+	// draft is the location of a draft model for speculative decoding (a smaller GGUF
+	// with the model's vocabulary, e.g. a small model of the same family), in the same
+	// schemes as source: the agent downloads it beside the model and the runner drafts
+	// with it where prompt lookup finds nothing to copy. Answers are the same with or
+	// without it; it costs its weights and its KV cache for every slot, counted in
+	// the replica's memory. A draft of another vocabulary fails the replica's load,
+	// naming the difference.
+	// +optional
+	// +kubebuilder:validation:MinLength=8
+	// +kubebuilder:validation:MaxLength=2048
+	// +kubebuilder:validation:XValidation:rule="self.matches('^(hf|ollama|https?|file)://.+')",message="draft must start with hf://, ollama://, http://, https:// or file:// and name a file"
+	// +kubebuilder:validation:XValidation:rule="!self.startsWith('file://') || self.startsWith('file:///')",message="a file:// draft must be an absolute path (file:///path/to/draft.gguf)"
+	// +kubebuilder:validation:XValidation:rule="!self.matches('-[0-9]{5}-of-[0-9]{5}[.][gG][gG][uU][fF]([@?].*)?$')",message="a draft model is one file: it cannot be stored in parts"
+	Draft string `json:"draft,omitempty"`
+
+	// draftSHA256 is the expected SHA-256 of the draft model, verified after
+	// download.
+	// +optional
+	// +kubebuilder:validation:MaxLength=64
+	// +kubebuilder:validation:XValidation:rule="self.matches('^[a-f0-9]{64}$')",message="draftSHA256 must be 64 lowercase hexadecimal characters"
+	DraftSHA256 string `json:"draftSHA256,omitempty"`
 
 	// servedName is the name clients put in the OpenAI "model" field; defaults to the
 	// deployment's name.

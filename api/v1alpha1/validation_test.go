@@ -196,6 +196,33 @@ func TestModelDeploymentValidation(t *testing.T) {
 			s.Placement = mfv1.Placement{MaxMacsPerReplica: 2}
 			s.Residency = mfv1.ResidencyResident
 		}, wantErr: "a projector needs every replica on one Mac (placement.maxMacsPerReplica 1)"},
+		{name: "draft: hf draft with its sha256", mutate: func(s *mfv1.ModelDeploymentSpec) {
+			s.Model.Draft, s.Model.DraftSHA256 = "hf://org/small-GGUF/small-q8_0.gguf", goodSHA
+		}},
+		{name: "draft: file draft with memory", mutate: func(s *mfv1.ModelDeploymentSpec) {
+			s.Model.Draft, s.Resources = "file:///models/draft.gguf", projectorMemory()
+		}},
+		{name: "draft: unknown scheme", mutate: func(s *mfv1.ModelDeploymentSpec) { s.Model.Draft = "s3://bucket/draft.gguf" },
+			wantErr: "draft must start with hf://, ollama://, http://, https:// or file:// and name a file"},
+		{name: "draft: relative file", mutate: func(s *mfv1.ModelDeploymentSpec) {
+			s.Model.Draft, s.Resources = "file://models/draft.gguf", projectorMemory()
+		}, wantErr: "a file:// draft must be an absolute path"},
+		{name: "draft: file draft without memory", mutate: func(s *mfv1.ModelDeploymentSpec) {
+			s.Model.Draft = "file:///models/draft.gguf"
+		}, wantErr: "a file:// draft needs resources.memory"},
+		{name: "draft: in parts", mutate: func(s *mfv1.ModelDeploymentSpec) {
+			s.Model.Draft = "hf://org/m-GGUF/draft-00001-of-00002.gguf"
+		}, wantErr: "a draft model is one file: it cannot be stored in parts"},
+		{name: "draft: bad sha256", mutate: func(s *mfv1.ModelDeploymentSpec) {
+			s.Model.Draft, s.Model.DraftSHA256 = "https://models.example/draft.gguf", "ABC"
+		}, wantErr: "draftSHA256 must be 64 lowercase hexadecimal characters"},
+		{name: "draft: sha256 without a draft", mutate: func(s *mfv1.ModelDeploymentSpec) { s.Model.DraftSHA256 = goodSHA },
+			wantErr: "draftSHA256 needs draft"},
+		{name: "draft: split replicas", mutate: func(s *mfv1.ModelDeploymentSpec) {
+			s.Model.Draft = "https://models.example/draft.gguf"
+			s.Placement = mfv1.Placement{MaxMacsPerReplica: 2}
+			s.Residency = mfv1.ResidencyResident
+		}, wantErr: "a draft model needs every replica on one Mac (placement.maxMacsPerReplica 1)"},
 	}
 	for i, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -23,9 +23,11 @@ type Options struct {
 	NodeName string
 	// Listen and AdvertiseAddress: see Config.
 	Listen, AdvertiseAddress string
-	// Connect (--connect) is how the fleet reaches the agent: "inbound" (empty too) at
-	// its advertised address, "outbound" through the connection it holds to the
-	// gateway's tunnel listener at GatewayTunnel (--gateway-tunnel), which it needs.
+	// Connect (--connect) is how the fleet reaches the agent: "inbound" at its
+	// advertised address, "outbound" through the connection it holds to the gateway's
+	// tunnel listener at GatewayTunnel (--gateway-tunnel), which it needs, "auto"
+	// through that connection while the gateway does not reach its address; unset,
+	// auto with GatewayTunnel and inbound without (ParseConnect).
 	Connect, GatewayTunnel string
 	// StoreDir (--store-dir) is the model store, StateDir (--state-dir) the agent's
 	// own state; both required, and created by CreateDirs.
@@ -71,11 +73,11 @@ func (o Options) Config() (Config, error) {
 		TokenAudience: o.TokenAudience, TokenIssuer: o.TokenIssuer, NoServiceAccountTokens: o.NoServiceAccountTokens, TokenCacheTTL: o.TokenCacheTTL,
 		PromptCacheSSDBytes: standalone.PromptCacheSSDBytes(o.PromptCacheSSDBytes)}
 	cfg.Pool.CeilingBytes, cfg.Pool.ReserveBytes = o.CeilingBytes, o.ReserveBytes
-	tunnelAddr, err := GatewayTunnel(o.Connect, o.GatewayTunnel)
+	conn, err := ParseConnect(o.Connect, o.GatewayTunnel)
 	if err != nil {
 		return cfg, err
 	}
-	cfg.GatewayTunnel = tunnelAddr
+	cfg.GatewayTunnel, cfg.ConnectAuto = conn.Tunnel, conn.Auto
 	cfg.Pool.PromptCacheHotBytes = standalone.PromptCacheHotBytes(o.PromptCacheHotBytes)
 	if o.PromptCacheDir != "" {
 		dir, err := filepath.Abs(o.PromptCacheDir)
@@ -111,27 +113,42 @@ func (o Options) Config() (Config, error) {
 const (
 	ConnectInbound  = "inbound"
 	ConnectOutbound = "outbound"
+	ConnectAuto     = "auto"
 )
 
-// GatewayTunnel is the gateway tunnel the agent dials for connect and addr (--connect
-// and --gateway-tunnel): addr when outbound, "" when inbound.
-func GatewayTunnel(connect, addr string) (string, error) {
+// Connection is how the fleet reaches the agent: Tunnel is the gateway tunnel it
+// dials ("" none), held always, or with Auto only while the gateway's probe does not
+// reach the agent at its advertised address (tunnel.ChooseOutbound).
+type Connection struct {
+	Tunnel string
+	Auto   bool
+}
+
+// ParseConnect decides --connect and --gateway-tunnel (addr). Unset, it is auto with
+// a tunnel address and inbound without one.
+func ParseConnect(connect, addr string) (Connection, error) {
 	switch connect {
-	case "", ConnectInbound:
-		if addr != "" {
-			return "", errors.New("--gateway-tunnel is for --connect outbound (the agent dials the gateway); add --connect outbound or drop --gateway-tunnel")
-		}
-		return "", nil
-	case ConnectOutbound:
+	case "":
 		if addr == "" {
-			return "", errors.New("--connect outbound needs --gateway-tunnel HOST:PORT, the address of the gateway's --tunnel-listen")
+			return Connection{}, nil
 		}
-		if _, _, err := net.SplitHostPort(addr); err != nil {
-			return "", fmt.Errorf("--gateway-tunnel %q: want HOST:PORT: %w", addr, err)
+		connect = ConnectAuto
+	case ConnectInbound:
+		if addr != "" {
+			return Connection{}, errors.New("--gateway-tunnel is for --connect outbound or auto (the agent dials the gateway); drop --connect inbound or --gateway-tunnel")
 		}
-		return addr, nil
+		return Connection{}, nil
+	case ConnectOutbound, ConnectAuto:
+		if addr == "" {
+			return Connection{}, fmt.Errorf("--connect %s needs --gateway-tunnel HOST:PORT, the address of the gateway's --tunnel-listen", connect)
+		}
+	default:
+		return Connection{}, fmt.Errorf("--connect %q: want %s, %s or %s", connect, ConnectInbound, ConnectOutbound, ConnectAuto)
 	}
-	return "", fmt.Errorf("--connect %q: want %s or %s", connect, ConnectInbound, ConnectOutbound)
+	if _, _, err := net.SplitHostPort(addr); err != nil {
+		return Connection{}, fmt.Errorf("--gateway-tunnel %q: want HOST:PORT: %w", addr, err)
+	}
+	return Connection{Tunnel: addr, Auto: connect == ConnectAuto}, nil
 }
 
 // CreateDirs creates the store and state directories (Config checked they are set).

@@ -85,6 +85,9 @@ type Config struct {
 	// dials it and serves its API through that connection too (package tunnel), for a
 	// Mac the fleet cannot reach at its advertised address.
 	GatewayTunnel string
+	// ConnectAuto holds that connection only while the gateway's probe does not
+	// reach the agent at its advertised address (--connect auto).
+	ConnectAuto bool
 	// The API is served over TLS with the node's certificate, which the agent asks for
 	// with a CertificateSigningRequest and renews (agent/certs); Certificates, when
 	// set, is used as it is instead (its holder keeps it current). Every call but
@@ -201,7 +204,7 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return err
 	}
-	out := outbound(cfg, tlsSrc)
+	out := outbound(cfg, tlsSrc, endpoint)
 	a, err := newAgent(cfg, cs, w, eng, endpoint, tlsSrc, keeper, out)
 	if err != nil {
 		ln.Close()

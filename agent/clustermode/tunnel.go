@@ -10,12 +10,18 @@ import (
 	"github.com/macfleet/macfleet/internal/tunnel"
 )
 
-// outbound is the agent's half of the tunnel with Config.GatewayTunnel, nil without.
-func outbound(cfg Config, tlsSrc *pki.Source) *tunnel.Agent {
+// outbound is the agent's half of the tunnel with Config.GatewayTunnel, nil without;
+// with Config.ConnectAuto it holds the tunnel only while the gateway does not reach
+// endpoint, the advertised address.
+func outbound(cfg Config, tlsSrc *pki.Source, endpoint string) *tunnel.Agent {
 	if cfg.GatewayTunnel == "" {
 		return nil
 	}
-	return &tunnel.Agent{Gateway: cfg.GatewayTunnel, Node: cfg.NodeName, Certificates: tlsSrc, Log: cfg.Log.WithName("tunnel")}
+	a := &tunnel.Agent{Gateway: cfg.GatewayTunnel, Node: cfg.NodeName, Certificates: tlsSrc, Log: cfg.Log.WithName("tunnel")}
+	if cfg.ConnectAuto {
+		a.Advertised = endpoint
+	}
+	return a
 }
 
 // dialOut, with a tunnel, holds the agent's connection to the gateway until ctx

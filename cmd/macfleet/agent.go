@@ -153,9 +153,10 @@ func (fl *agentFlags) register(cmd *cobra.Command, host string, zapOpts *zap.Opt
 	f.StringVar(&fl.opts.NodeName, "node-name", host, "Name of this Mac's MacNode (and of its node identity)")
 	f.StringVar(&fl.opts.Listen, "listen", ":8080", "Address of the OpenAI and admin API")
 	f.StringVar(&fl.opts.AdvertiseAddress, "advertise-address", "", "host:port the gateway and Services reach this agent at (default: the first non-loopback IPv4 address and the listen port; port 0 means the listen port)")
-	f.StringVar(&fl.opts.Connect, "connect", clustermode.ConnectInbound, "How the fleet reaches this agent: inbound (at --advertise-address) "+
-		"or outbound (a Mac behind a NAT: the agent dials the gateway's --tunnel-listen at --gateway-tunnel and serves its requests through that connection)")
-	f.StringVar(&fl.opts.GatewayTunnel, "gateway-tunnel", "", "With --connect outbound, host:port of the gateway's tunnel listener (its --tunnel-listen)")
+	f.StringVar(&fl.opts.Connect, "connect", "", "How the fleet reaches this agent: inbound (at --advertise-address), "+
+		"outbound (a Mac behind a NAT: the agent dials the gateway's --tunnel-listen at --gateway-tunnel and serves its requests through that connection) "+
+		"or auto (through that connection while the gateway's probe does not reach --advertise-address) (default: auto with --gateway-tunnel, inbound without)")
+	f.StringVar(&fl.opts.GatewayTunnel, "gateway-tunnel", "", "With --connect outbound or auto, host:port of the gateway's tunnel listener (its --tunnel-listen)")
 	f.StringVar(&fl.opts.StoreDir, "store-dir", config.DataDir("models"), "Model store directory (persistent; shared by the replicas of one file)")
 	f.StringVar(&fl.maxModelBytes, "max-model-bytes", "", "Refuse to download a model file larger than this, e.g. 60Gi (default: no limit)")
 	f.StringVar(&fl.storeCapacity, "store-capacity", "", "Most bytes the files under --store-dir may take together, e.g. 200Gi: a download that "+

@@ -37,7 +37,12 @@ type Agent struct {
 	// zero); the wait doubles after each failure and starts over after a tunnel that
 	// was up.
 	MinBackoff, MaxBackoff time.Duration
-	Log                    logr.Logger
+	// Advertised, with --connect auto, is the Mac's advertised address: the agent
+	// holds a tunnel only while the gateway's probe does not reach it there
+	// (ChooseOutbound), and asks again every ProbeEvery (ProbeInterval when zero).
+	Advertised string
+	ProbeEvery time.Duration
+	Log        logr.Logger
 
 	mu   sync.Mutex
 	sess *yamux.Session // the tunnel up now, for DialPeer
@@ -55,6 +60,12 @@ func (a *Agent) Run(ctx context.Context, serve func(net.Listener) error) error {
 	}
 	wait := lo
 	for {
+		if a.reachable(ctx) {
+			if !sleep(ctx, a.probeEvery()) {
+				return nil
+			}
+			continue
+		}
 		sess, err := a.Connect(ctx)
 		if err == nil {
 			a.Log.Info("Connected to the gateway by tunnel", "gateway", a.Gateway)
@@ -70,12 +81,44 @@ func (a *Agent) Run(ctx context.Context, serve func(net.Listener) error) error {
 			return nil
 		}
 		a.Log.Info("The tunnel to the gateway is down; dialing again", "gateway", a.Gateway, "in", wait, "reason", errString(err))
-		select {
-		case <-ctx.Done():
+		if !sleep(ctx, wait) {
 			return nil
-		case <-time.After(wait):
 		}
 		wait = min(2*wait, hi)
+	}
+}
+
+// reachable, with Advertised, asks the gateway to probe it: true when the agent
+// needs no tunnel now.
+func (a *Agent) reachable(ctx context.Context) bool {
+	if a.Advertised == "" {
+		return false
+	}
+	ok, err := a.Probe(ctx, a.Advertised)
+	if ChooseOutbound(ok, err) {
+		if err != nil {
+			a.Log.Info("Probing this Mac's address through the gateway failed; dialing out", "address", a.Advertised, "reason", err.Error())
+		}
+		return false
+	}
+	a.Log.Info("The gateway reaches this Mac at its address; not dialing out", "address", a.Advertised, "again", a.probeEvery())
+	return true
+}
+
+func (a *Agent) probeEvery() time.Duration {
+	if a.ProbeEvery > 0 {
+		return a.ProbeEvery
+	}
+	return ProbeInterval
+}
+
+// sleep waits d; false when ctx ended first.
+func sleep(ctx context.Context, d time.Duration) bool {
+	select {
+	case <-ctx.Done():
+		return false
+	case <-time.After(d):
+		return true
 	}
 }
 
@@ -95,12 +138,9 @@ func errString(err error) string {
 // Connect dials the gateway, proves the Mac and starts the multiplexer: the session
 // is the listener of the gateway's streams.
 func (a *Agent) Connect(ctx context.Context) (*yamux.Session, error) {
-	d := &tls.Dialer{NetDialer: &net.Dialer{Timeout: HandshakeTimeout, KeepAlive: 30 * time.Second}, Config: gatewayClientConfig(a.Certificates)}
-	hctx, cancel := context.WithTimeout(ctx, HandshakeTimeout)
-	defer cancel()
-	c, err := d.DialContext(hctx, "tcp", a.Gateway)
+	c, err := a.dialGateway(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("dialing the gateway's tunnel at %s: %w", a.Gateway, err)
+		return nil, err
 	}
 	if err := a.open(c); err != nil {
 		c.Close()
@@ -112,6 +152,18 @@ func (a *Agent) Connect(ctx context.Context) (*yamux.Session, error) {
 		return nil, err
 	}
 	return sess, nil
+}
+
+// dialGateway dials the gateway's tunnel listener with the Mac's certificate.
+func (a *Agent) dialGateway(ctx context.Context) (net.Conn, error) {
+	d := &tls.Dialer{NetDialer: &net.Dialer{Timeout: HandshakeTimeout, KeepAlive: 30 * time.Second}, Config: gatewayClientConfig(a.Certificates)}
+	hctx, cancel := context.WithTimeout(ctx, HandshakeTimeout)
+	defer cancel()
+	c, err := d.DialContext(hctx, "tcp", a.Gateway)
+	if err != nil {
+		return nil, fmt.Errorf("dialing the gateway's tunnel at %s: %w", a.Gateway, err)
+	}
+	return c, nil
 }
 
 // open sends the opening line and reads the gateway's answer.

@@ -63,14 +63,19 @@ func (s *Sessions) Serve(ctx context.Context, ln net.Listener) error {
 func (s *Sessions) accept(ctx context.Context, c *tls.Conn) {
 	stop := context.AfterFunc(ctx, func() { c.Close() })
 	defer stop()
-	node, relay, err := s.open(ctx, c)
+	o, err := s.open(ctx, c)
 	if err != nil {
 		s.Log.Info("Refused a tunnel", "remote", c.RemoteAddr().String(), "reason", err.Error())
 		c.Close()
 		return
 	}
-	if relay {
+	node := o.node
+	switch {
+	case o.relay:
 		s.relayCaller(c, node)
+		return
+	case o.probe != "":
+		s.probe(ctx, c, node, o.probe)
 		return
 	}
 	sess, err := yamux.Client(c, sessionConfig(logWriter{s.Log}))
@@ -87,41 +92,64 @@ func (s *Sessions) accept(ctx context.Context, c *tls.Conn) {
 	s.Log.Info("Mac's tunnel closed", "node", node)
 }
 
-// open runs the handshake and the opening exchange, and answers ok or why not; for
-// the manager's relay line (relay true) the answer is relayCaller's.
-func (s *Sessions) open(ctx context.Context, c *tls.Conn) (node string, relay bool, err error) {
+// opening is what a connection's opening line asks for: node's tunnel; with relay,
+// the manager's relay to node; with probe, whether node's agent answers at that
+// address.
+type opening struct {
+	node  string
+	relay bool
+	probe string
+}
+
+// open runs the handshake and the opening exchange, and answers a tunnel's ok or why
+// not; the answers to a relay or a probe are relayCaller's and probe's.
+func (s *Sessions) open(ctx context.Context, c *tls.Conn) (opening, error) {
 	_ = c.SetDeadline(time.Now().Add(HandshakeTimeout))
 	hctx, cancel := context.WithTimeout(ctx, HandshakeTimeout)
 	defer cancel()
 	if err := c.HandshakeContext(hctx); err != nil {
-		return "", false, fmt.Errorf("TLS handshake: %w", err)
+		return opening{}, fmt.Errorf("TLS handshake: %w", err)
 	}
 	line, err := readLine(c)
 	if err != nil {
-		return "", false, fmt.Errorf("reading the opening line: %w", err)
+		return opening{}, fmt.Errorf("reading the opening line: %w", err)
 	}
 	cs := c.ConnectionState()
 	id, hasCert := pki.PeerIdentity(&cs)
+	refuse := func(err error) (opening, error) {
+		_, _ = io.WriteString(c, "refused: "+err.Error()+"\n")
+		return opening{}, err
+	}
 	if target, ok := strings.CutPrefix(line, RelayProtocol+" "); ok {
 		if err := AdmitRelay(id, hasCert, target); err != nil {
-			_, _ = io.WriteString(c, "refused: "+err.Error()+"\n")
-			return "", false, err
+			return refuse(err)
 		}
-		return target, true, nil
+		return opening{node: target, relay: true}, nil
+	}
+	if addr, ok := strings.CutPrefix(line, ProbeProtocol+" "); ok {
+		// A probe names no Mac: it is about the Mac the certificate names.
+		node, err := Admit(id, hasCert, id.Name)
+		if err != nil {
+			return refuse(err)
+		}
+		if addr == "" {
+			return refuse(fmt.Errorf("the probe names no address (want %q)", ProbeProtocol+" HOST:PORT"))
+		}
+		return opening{node: node, probe: addr}, nil
 	}
 	claim, ok := strings.CutPrefix(line, Protocol+" ")
 	if !ok {
 		claim = ""
 	}
-	if node, err = Admit(id, hasCert, claim); err != nil {
-		_, _ = io.WriteString(c, "refused: "+err.Error()+"\n")
-		return "", false, err
+	node, err := Admit(id, hasCert, claim)
+	if err != nil {
+		return refuse(err)
 	}
 	if _, err := io.WriteString(c, "ok\n"); err != nil {
-		return "", false, err
+		return opening{}, err
 	}
 	_ = c.SetDeadline(time.Time{})
-	return node, false, nil
+	return opening{node: node}, nil
 }
 
 // readLine reads one line of at most maxLine bytes a byte at a time, so that nothing

@@ -20,7 +20,8 @@ import (
 )
 
 // TestOutboundMacPeerFetch: a deployment of two replicas on two Macs that dial out
-// (their advertised addresses answer nothing), behind an in-process gateway with
+// (their advertised addresses answer nothing; one with --connect outbound, one with
+// --connect auto), behind an in-process gateway with
 // --routing=prefix-cache, peer fetch and --tunnel-listen. A conversation's first
 // turn leaves its prefix on the replica that answered, P; P is kept busy with two
 // long answers to the same system prompt, so the conversation's next request goes to
@@ -42,10 +43,16 @@ func TestOutboundMacPeerFetch(t *testing.T) {
 		t.Log(prefix, args)
 	}, funcr.Options{Verbosity: 2})
 	url, reg := inProcessGateway(t, gateway.Config{Routing: gateway.RoutingPrefixCache, PeerFetchMargin: 1e-9, TunnelListener: ln}, log)
+	// The second Mac runs with --gateway-tunnel alone (--connect auto): it dials out
+	// because the gateway's probe of its address fails.
 	macs := []string{"mac-outbound", "mac-outbound-2"}
-	for _, mac := range macs {
-		addOutboundMac(t, mac, ln.Addr().String())
+	for i, mac := range macs {
+		addOutboundMac(t, mac, ln.Addr().String(), i == 1)
 	}
+	testenv.Eventually(t, 30*time.Second, 100*time.Millisecond, func() (bool, string) {
+		return strings.Contains(fleet.AgentLog(macs[1]), "The gateway does not reach this Mac at its address"),
+			"the agent of " + macs[1] + " (--connect auto) does not say the gateway's probe failed"
+	})
 
 	ns := testenv.NewNamespace(t, fleet.Client)
 	create(t, deployment(ns, "peer", 2, func(md *v1alpha1.ModelDeployment) {

@@ -102,7 +102,7 @@ func tunnelGateway(t *testing.T, mac string) (gw, tunnelAddr string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	addOutboundMac(t, mac, tunnelAddr)
+	addOutboundMac(t, mac, tunnelAddr, false)
 	return gw, tunnelAddr
 }
 
@@ -132,9 +132,11 @@ func nodeSource(t *testing.T, name string) *pki.Source {
 	return src
 }
 
-// addOutboundMac adds a Mac whose agent dials out to tunnelAddr and advertises an
-// address nothing listens on; it is removed when the test ends.
-func addOutboundMac(t *testing.T, name, tunnelAddr string) {
+// addOutboundMac adds a Mac whose agent dials out to tunnelAddr (--connect outbound,
+// or with auto --gateway-tunnel alone: the agent dials out because the gateway's
+// probe fails) and advertises an address nothing listens on; it is removed when the
+// test ends.
+func addOutboundMac(t *testing.T, name, tunnelAddr string, auto bool) {
 	t.Helper()
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -150,8 +152,11 @@ func addOutboundMac(t *testing.T, name, tunnelAddr string) {
 	if err := fleet.StopAgent(name, time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	if err := fleet.StartAgentWith(name, nil, []string{"--connect", "outbound", "--gateway-tunnel", tunnelAddr,
-		"--advertise-address", freeLoopback(t)}); err != nil {
+	args := []string{"--gateway-tunnel", tunnelAddr, "--advertise-address", freeLoopback(t)}
+	if !auto {
+		args = append(args, "--connect", "outbound")
+	}
+	if err := fleet.StartAgentWith(name, nil, args); err != nil {
 		t.Fatal(err)
 	}
 	patch := fmt.Appendf(nil, `{"metadata":{"labels":{%q:"true"}}}`, outboundLabel)

@@ -1,0 +1,90 @@
+package tunnel
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"time"
+
+	"github.com/macfleet/macfleet/internal/pki"
+)
+
+// The probe of --connect auto. Before it dials out, an agent asks the gateway whether
+// the gateway reaches it at its advertised address: it dials the tunnel listener with
+// its node certificate and sends one line, "macfleet-probe/1 ADDRESS"; the gateway
+// dials ADDRESS, completes a TLS handshake that requires the certificate of the Mac
+// the agent's own certificate names, closes, and answers "reachable" or
+// "unreachable: REASON". The agent holds a tunnel unless it is reachable
+// (ChooseOutbound). A probe shows a Mac nothing but whether its own listener answers
+// there.
+
+// ProbeProtocol is the first word of an agent's probe line.
+const ProbeProtocol = "macfleet-probe/1"
+
+// ProbeTimeout bounds the gateway's dial and handshake of a probe.
+const ProbeTimeout = 5 * time.Second
+
+// ProbeInterval is how often an agent of --connect auto that the gateway reaches
+// asks again.
+const ProbeInterval = 5 * time.Minute
+
+// ChooseOutbound decides --connect auto from the gateway's probe: hold a tunnel
+// unless the gateway answered that it reaches the Mac's advertised address. A probe
+// that failed (the gateway not reached, a gateway without probes) holds one too: the
+// tunnel serves a Mac whether or not its address answers.
+func ChooseOutbound(reachable bool, probeErr error) bool {
+	return probeErr != nil || !reachable
+}
+
+// probe answers an agent's probe line: whether node's agent answers at addr.
+func (s *Sessions) probe(ctx context.Context, c net.Conn, node, addr string) {
+	defer c.Close()
+	answer := "reachable"
+	if err := s.reach(ctx, node, addr); err != nil {
+		answer = "unreachable: " + err.Error()
+	}
+	_, _ = io.WriteString(c, answer+"\n")
+}
+
+// reach dials addr and completes a TLS handshake requiring node's certificate.
+func (s *Sessions) reach(ctx context.Context, node, addr string) error {
+	if _, _, err := net.SplitHostPort(addr); err != nil {
+		return fmt.Errorf("the address %q: want HOST:PORT", addr)
+	}
+	pctx, cancel := context.WithTimeout(ctx, ProbeTimeout)
+	defer cancel()
+	d := &tls.Dialer{NetDialer: &net.Dialer{Timeout: ProbeTimeout}, Config: s.Certificates.ClientConfig(pki.Node(node))}
+	c, err := d.DialContext(pctx, "tcp", addr)
+	if err != nil {
+		return err
+	}
+	return c.Close()
+}
+
+// Probe asks the gateway whether it reaches this Mac's agent at addr.
+func (a *Agent) Probe(ctx context.Context, addr string) (bool, error) {
+	c, err := a.dialGateway(ctx)
+	if err != nil {
+		return false, err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(HandshakeTimeout + ProbeTimeout))
+	if _, err := io.WriteString(c, ProbeProtocol+" "+addr+"\n"); err != nil {
+		return false, fmt.Errorf("asking the gateway to probe %s: %w", addr, err)
+	}
+	answer, err := readLine(c)
+	switch {
+	case err != nil:
+		return false, fmt.Errorf("reading the gateway's probe of %s: %w", addr, err)
+	case answer == "reachable":
+		return true, nil
+	case strings.HasPrefix(answer, "unreachable: "):
+		a.Log.Info("The gateway does not reach this Mac at its address", "address", addr, "reason", strings.TrimPrefix(answer, "unreachable: "))
+		return false, nil
+	}
+	reason, _ := strings.CutPrefix(answer, "refused: ")
+	return false, &RefusedError{Reason: reason}
+}

@@ -1,0 +1,104 @@
+package tunnel
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"net"
+	"net/http"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr/funcr"
+
+	"github.com/macfleet/macfleet/internal/pki"
+)
+
+func TestChooseOutbound(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		reachable bool
+		err       error
+		want      bool
+	}{
+		{name: "reached at its address", reachable: true, want: false},
+		{name: "not reached", reachable: false, want: true},
+		{name: "the gateway not reached", err: errors.New("dial tcp: connection refused"), want: true},
+		{name: "a gateway without probes", err: &RefusedError{Reason: "the opening line names no Mac"}, want: true},
+	} {
+		if got := ChooseOutbound(tc.reachable, tc.err); got != tc.want {
+			t.Errorf("%s: ChooseOutbound = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
+
+// TestProbe: the gateway answers a Mac's probe by dialing the address and requiring
+// that Mac's certificate there: reachable at its own listener; unreachable where
+// nothing listens, and where another Mac's agent answers.
+func TestProbe(t *testing.T) {
+	fc := newFleetCerts(t)
+	_, addr := startGateway(t, fc.gateway)
+	a := &Agent{Gateway: addr, Node: "mac-a", Certificates: source(t, fc.ca, pki.Node("mac-a"))}
+	own := serveDirect(t, source(t, fc.ca, pki.Node("mac-a")), whoami("mac-a"))
+	other := serveDirect(t, source(t, fc.ca, pki.Node("mac-b")), whoami("mac-b"))
+	for _, tc := range []struct {
+		name, addr string
+		want       bool
+	}{
+		{name: "its own listener", addr: own, want: true},
+		{name: "nothing listening", addr: unreachable, want: false},
+		{name: "another Mac's listener", addr: other, want: false},
+	} {
+		got, err := a.Probe(t.Context(), tc.addr)
+		if err != nil || got != tc.want {
+			t.Errorf("%s: Probe = %v, %v; want %v", tc.name, got, err, tc.want)
+		}
+	}
+	if _, err := a.Probe(t.Context(), ""); err == nil || !strings.Contains(err.Error(), "names no address") {
+		t.Errorf("a probe of no address: %v, want the gateway's refusal", err)
+	}
+}
+
+// TestAgentAutoConnect: with --connect auto, an agent the gateway does not reach at
+// its advertised address holds a tunnel and serves through it; one the gateway
+// reaches holds none.
+func TestAgentAutoConnect(t *testing.T) {
+	fc := newFleetCerts(t)
+	s, addr := startGateway(t, fc.gateway)
+	var decided atomic.Bool
+	log := funcr.New(func(_, args string) {
+		if strings.Contains(args, "not dialing out") {
+			decided.Store(true)
+		}
+	}, funcr.Options{})
+	macR := source(t, fc.ca, pki.Node("mac-r"))
+	reached := &Agent{Gateway: addr, Node: "mac-r", Certificates: macR, Log: log,
+		Advertised: serveDirect(t, macR, whoami("mac-r"))}
+	behindNAT := &Agent{Gateway: addr, Node: "mac-n", Certificates: source(t, fc.ca, pki.Node("mac-n")), Log: log, Advertised: unreachable}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	for _, a := range []*Agent{reached, behindNAT} {
+		srv := &http.Server{Handler: whoami(a.Node), ReadHeaderTimeout: 10 * time.Second}
+		t.Cleanup(func() { srv.Close() })
+		go func() {
+			_ = a.Run(ctx, func(ln net.Listener) error { return srv.Serve(tls.NewListener(ln, a.Certificates.ServerConfig())) })
+		}()
+	}
+	waitNodes(t, s, "mac-n")
+	if got, err := get(t.Context(), client(s, fc.gateway), "mac-n", "/"); err != nil || got != "mac-n for macfleet://gateway/gw" {
+		t.Errorf("mac-n through its tunnel: %q, %v", got, err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for !decided.Load() {
+		if time.Now().After(deadline) {
+			t.Fatal("mac-r's agent did not decide that the gateway reaches it")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if slices.Contains(s.Nodes(), "mac-r") {
+		t.Errorf("mac-r holds a tunnel though the gateway reaches it at its address")
+	}
+}

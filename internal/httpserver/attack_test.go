@@ -2,11 +2,13 @@ package httpserver
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -182,5 +184,88 @@ func TestAttackRedialFloodChurnsItsSource(t *testing.T) {
 	}
 	if !strings.Contains(named, "too_many_connections") || !strings.Contains(named, "a second") {
 		t.Errorf("the flood's refusals were %q, want the 503 naming the rate of new connections from one address", named)
+	}
+}
+
+// TestAttackRedialFloodClosesAKeptAliveClient: on `macfleet serve` every local client
+// is 127.0.0.1, one source. Another local process holds the rest of the source's
+// share in idle connections; a client keeps its connection alive (as the SDKs do)
+// and sends a request every 300 ms, while that process redials as fast as it can.
+// Before the bound on displacements each new connection of the flood took the oldest
+// idle slot, cycling the whole share in tens of milliseconds: the client's
+// connection, idle between requests, was closed under it again and again. Now the
+// flood displaces at most its burst (fewer than the share) and then 16 a second, the
+// oldest idle first, and the client's connection — idle for far less than that
+// takes to come round — stays: every request served on the one connection.
+func TestAttackRedialFloodClosesAKeptAliveClient(t *testing.T) {
+	const perSource, dials = 128, 2000
+	addr := serve(t, echoBody, Limits{MaxConnections: 4 * perSource, MaxConnectionsPerSource: perSource})
+	dialer := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP("127.0.0.1")}, Timeout: 5 * time.Second}
+	flood := func(n int) {
+		for range n {
+			c, err := dialer.Dial("tcp", addr)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			t.Cleanup(func() { c.Close() })
+			fmt.Fprint(c, "GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+			_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+			if resp, err := http.ReadResponse(bufio.NewReader(c), nil); err == nil {
+				resp.Body.Close()
+				if resp.StatusCode == http.StatusServiceUnavailable {
+					c.Close()
+				}
+			}
+		}
+	}
+	flood(perSource - 1)
+	var dialled atomic.Int64
+	client := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{MaxConnsPerHost: 1,
+		DialContext: func(ctx context.Context, network, a string) (net.Conn, error) {
+			dialled.Add(1)
+			return dialer.DialContext(ctx, network, a)
+		}}}
+	defer client.CloseIdleConnections()
+	send := func() string {
+		resp, err := client.Post("http://"+addr+"/", "application/json", strings.NewReader(`{"model":"m"}`))
+		if err != nil {
+			return err.Error()
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Sprintf("%d %s", resp.StatusCode, b)
+		}
+		return ""
+	}
+	if fail := send(); fail != "" {
+		t.Fatalf("before the flood: %s", fail)
+	}
+	stop, fails := make(chan struct{}), make(chan []string, 1)
+	go func() {
+		var fs []string
+		defer func() { fails <- fs }()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(300 * time.Millisecond):
+			}
+			if fail := send(); fail != "" {
+				fs = append(fs, fail)
+			}
+		}
+	}()
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() { flood(dials / 4) })
+	}
+	wg.Wait()
+	close(stop)
+	fs := <-fails
+	if len(fs) > 0 || dialled.Load() != 1 {
+		t.Errorf("through a flood of %d new connections from its address the kept-alive client dialled %d connections, want 1; "+
+			"%d of its requests failed (the first: %v)", dials, dialled.Load(), len(fs), fs)
 	}
 }

@@ -137,6 +137,9 @@ func (l *capListener) admit(c net.Conn, now time.Time) (sc *slotConn, refusal []
 		}
 	}
 	if len(l.sources[src]) >= l.perSource {
+		if l.churn.spent(src, now) {
+			return nil, l.churnRefusal, stale
+		}
 		v := oldestReclaimable(l.sources[src], now)
 		switch {
 		case v == nil:

@@ -38,6 +38,17 @@ func (d *displacements) allow(src string, now time.Time) bool {
 	return lim.AllowN(now, 1)
 }
 
+// spent says whether src has no displacement left at now, taking none: a check
+// before looking for a connection to displace, so that a source past its rate is
+// refused without a scan of its connections.
+func (d *displacements) spent(src string, now time.Time) bool {
+	if d == nil {
+		return false
+	}
+	lim := d.bySource[src]
+	return lim != nil && lim.TokensAt(now) < 1
+}
+
 // forget drops src's bucket once it holds no connection: a source comes back with a
 // full bucket, but it must first have closed every connection it held.
 func (d *displacements) forget(src string) {

@@ -121,11 +121,14 @@ func (o options) smokeSized() options {
 
 // report is what a run measured.
 type report struct {
-	Files         fileLimit
-	One, Two      budgetResult
-	Later         budgetResult
-	Idle          idleResult
-	Serve         idleResult
+	Files    fileLimit
+	One, Two budgetResult
+	Later    budgetResult
+	Idle     idleResult
+	Serve    idleResult
+	// ServeKept is serve's phase again with a client that keeps its connection
+	// alive, as the SDKs do.
+	ServeKept     idleResult
 	Random        bearerResult
 	Forged        bearerResult
 	ValidToken    int
@@ -191,7 +194,7 @@ func phases(ctx context.Context, o options, fl *benchFleet, r *report) error {
 		}
 	}
 	if o.runs("serve") {
-		if r.Serve, err = servePhase(ctx, o, fl); err != nil {
+		if r.Serve, r.ServeKept, err = servePhase(ctx, o, fl); err != nil {
 			return fmt.Errorf("idle connections on serve: %w", err)
 		}
 	}

@@ -17,11 +17,30 @@ var servingLine = regexp.MustCompile(`"msg"="Serving the OpenAI and admin API" "
 
 // servePhase runs `macfleet serve` with the fleet's model (named as the deployment)
 // on a loopback port and measures the other client — at 127.0.0.1, as every local
-// client of serve — alone, beside each of idleAttacks, and alone again.
-func servePhase(ctx context.Context, o options, fl *benchFleet) (idleResult, error) {
+// client of serve — alone, beside each of idleAttacks, and alone again: once with a
+// new connection a request, once keeping one connection alive (as the SDKs do).
+func servePhase(ctx context.Context, o options, fl *benchFleet) (oneShot, kept idleResult, err error) {
+	url, stop, err := startServe(ctx, o, fl)
+	if err != nil {
+		return oneShot, kept, err
+	}
+	defer stop()
+	local := from("127.0.0.1", false, 1)
+	if oneShot, err = attackPhase(ctx, o, "serve", url, func() (time.Duration, string) { return timed(ctx, local, url, "") }); err != nil {
+		return oneShot, kept, err
+	}
+	alive := from("127.0.0.1", true, 1)
+	defer alive.CloseIdleConnections()
+	kept, err = attackPhase(ctx, o, "serve, kept alive", url, func() (time.Duration, string) { return timed(ctx, alive, url, "") })
+	return oneShot, kept, err
+}
+
+// startServe starts `macfleet serve` and waits until it answers a chat completion:
+// its URL, and how to stop it.
+func startServe(ctx context.Context, o options, fl *benchFleet) (url string, stop func(), err error) {
 	dir := filepath.Join(fl.dir, "serve")
 	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return idleResult{}, err
+		return "", nil, err
 	}
 	cmd := exec.CommandContext(ctx, o.macfleet, "serve", "--listen", "127.0.0.1:0", "--runner", o.runner, "--idle-timeout", "1h",
 		"--prompt-cache-dir", filepath.Join(dir, "prompt-cache"),
@@ -30,9 +49,9 @@ func servePhase(ctx context.Context, o options, fl *benchFleet) (idleResult, err
 	out := &syncbuf.Buffer{}
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
-		return idleResult{}, fmt.Errorf("starting macfleet serve: %w", err)
+		return "", nil, fmt.Errorf("starting macfleet serve: %w", err)
 	}
-	defer func() {
+	stop = func() {
 		_ = cmd.Process.Signal(os.Interrupt)
 		done := make(chan struct{})
 		go func() { _ = cmd.Wait(); close(done) }()
@@ -42,10 +61,14 @@ func servePhase(ctx context.Context, o options, fl *benchFleet) (idleResult, err
 			_ = cmd.Process.Kill()
 			<-done
 		}
+	}
+	defer func() {
+		if err != nil {
+			stop()
+		}
 	}()
-	url, err := servingAt(ctx, out)
-	if err != nil {
-		return idleResult{}, err
+	if url, err = servingAt(ctx, out); err != nil {
+		return "", nil, err
 	}
 	local := from("127.0.0.1", false, 1)
 	deadline := time.Now().Add(2 * time.Minute)
@@ -55,13 +78,13 @@ func servePhase(ctx context.Context, o options, fl *benchFleet) (idleResult, err
 			break
 		}
 		if time.Now().After(deadline) {
-			return idleResult{}, fmt.Errorf("macfleet serve did not answer a chat completion in 2 minutes: %s", fail)
+			return "", nil, fmt.Errorf("macfleet serve did not answer a chat completion in 2 minutes: %s", fail)
 		}
-		if err := sleep(ctx, 500*time.Millisecond); err != nil {
-			return idleResult{}, err
+		if err = sleep(ctx, 500*time.Millisecond); err != nil {
+			return "", nil, err
 		}
 	}
-	return attackPhase(ctx, o, "serve", url, func() (time.Duration, string) { return timed(ctx, local, url, "") })
+	return url, stop, nil
 }
 
 // servingAt waits up to a minute for serve's log to name its address.

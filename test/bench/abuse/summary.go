@@ -31,10 +31,12 @@ func (r *report) summary(o options) string {
 			ph.name, ms(i.Alone.quantile(0.5)), ms(i.Alone.quantile(0.99)), ms(i.AloneAfter.quantile(0.5)), ms(i.AloneAfter.quantile(0.99)))
 		for _, at := range i.Attacks {
 			rp99 := ratio(at.Attacked.quantile(0.99), i.Alone.quantile(0.99))
-			p("  beside %d %s from %d address(es) (refused ones dial again: %s): %s / %s, p99 %.2f× (target ≤ %.0f×: %s); "+
-				"the attacker held %d (at most %d) after %d attempts, %d refused, %d closed by the server, %d dial errors, %d other failures",
+			p("  beside %d %s from %d address(es) (refused ones dial again: %s): %s / %s, p99 %.2f× (target ≤ %.0f×: %s), "+
+				"%d of the client's %d requests failed%s; the attacker held %d (at most %d) after %d attempts, %d refused, "+
+				"%d closed by the server, %d dial errors, %d other failures",
 				at.Conns, at.Kind, at.Sources, redialText(at.Redial), ms(at.Attacked.quantile(0.5)), ms(at.Attacked.quantile(0.99)), rp99, idleTarget,
-				verdict(rp99 <= idleTarget), at.Held, at.MaxHeld, at.Attempts, at.Refused, at.ClosedByGateway, at.DialErrors, at.Failed)
+				verdict(rp99 <= idleTarget), at.Attacked.Failed, o.legit, lastFail(at.Attacked), at.Held, at.MaxHeld, at.Attempts, at.Refused,
+				at.ClosedByGateway, at.DialErrors, at.Failed)
 		}
 	}
 	for _, f := range r.bearers(o) {
@@ -82,7 +84,9 @@ func (r *report) problems(o options) []string {
 		lats["idle alone ("+name+")"], lats["idle alone after ("+name+")"] = i.Alone, i.AloneAfter
 		for _, at := range i.Attacks {
 			what := fmt.Sprintf("%s: %d %s from %d address(es), refused ones dial again: %s", name, at.Conns, at.Kind, at.Sources, redialText(at.Redial))
-			lats["idle beside an attack ("+what+")"] = at.Attacked
+			if ph.short != "serve" { // serve's client of a new connection a request shares the flood's address: its failures are a figure
+				lats["idle beside an attack ("+what+")"] = at.Attacked
+			}
 			add(at.Attempts < int64(at.Conns), "idle (%s): the attacker tried %d connections of %d", what, at.Attempts, at.Conns)
 			add(at.MaxHeld == 0, "idle (%s): the attacker held no connection (the last failure: %s)", what, at.LastAttackerFail)
 		}
@@ -133,7 +137,8 @@ func (r *report) idles(o options) []namedIdle {
 		ns = append(ns, namedIdle{"the gateway", "gateway", r.Idle})
 	}
 	if o.runs("serve") {
-		ns = append(ns, namedIdle{"macfleet serve (the other client at 127.0.0.1 too)", "serve", r.Serve})
+		ns = append(ns, namedIdle{"macfleet serve (the other client at 127.0.0.1 too)", "serve", r.Serve},
+			namedIdle{"macfleet serve, the other client (127.0.0.1) keeping its connection alive", "serve, kept alive", r.ServeKept})
 	}
 	return ns
 }
@@ -144,4 +149,15 @@ func (r *report) bearers(o options) []bearerResult {
 		return nil
 	}
 	return []bearerResult{r.Random, r.Forged}
+}
+
+// lastFail is " (the last: …)" of l's last failure, if any.
+func lastFail(l latencies) string {
+	if l.Failed == 0 {
+		return ""
+	}
+	if len(l.LastFail) > 120 {
+		return " (the last: " + l.LastFail[:120] + "…)"
+	}
+	return " (the last: " + l.LastFail + ")"
 }

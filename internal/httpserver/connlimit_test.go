@@ -106,7 +106,8 @@ func TestCapListenerAdmit(t *testing.T) {
 			{ip: "10.0.0.9", at: time.Hour, want: "full"},
 		}},
 		{"a source displaces its own connections at most its burst, then its rate", churn, []step{
-			{ip: "10.0.0.1", want: "ok"}, {ip: "10.0.0.1", want: "ok"}, {ip: "10.0.0.1", want: "ok"},
+			{ip: "10.0.0.1", want: "ok"}, {ip: "10.0.0.1", at: 100 * time.Microsecond, want: "ok"},
+			{ip: "10.0.0.1", at: 200 * time.Microsecond, want: "ok"},
 			{ip: "10.0.0.1", at: time.Millisecond, want: "ok", stale: []int{0}},
 			{ip: "10.0.0.1", at: 2 * time.Millisecond, want: "ok", stale: []int{1}},
 			{ip: "10.0.0.1", at: 3 * time.Millisecond, want: "churn"},
@@ -121,7 +122,8 @@ func TestCapListenerAdmit(t *testing.T) {
 			{ip: "10.0.0.1", want: "source"},
 		}},
 		{"at the global cap a newcomer displaces within its own source's bucket", churn, []step{
-			{ip: "10.0.0.1", want: "ok"}, {ip: "10.0.0.1", want: "ok"}, {ip: "10.0.0.1", want: "ok"},
+			{ip: "10.0.0.1", want: "ok"}, {ip: "10.0.0.1", at: 100 * time.Microsecond, want: "ok"},
+			{ip: "10.0.0.1", at: 200 * time.Microsecond, want: "ok"},
 			{ip: "10.0.0.2", state: "busy", want: "ok"}, {ip: "10.0.0.2", state: "busy", want: "ok"}, {ip: "10.0.0.2", state: "busy", want: "ok"},
 			{ip: "10.0.0.3", state: "busy", want: "ok"}, {ip: "10.0.0.3", state: "busy", want: "ok"},
 			{ip: "10.0.0.4", at: time.Millisecond, want: "ok", stale: []int{0}},

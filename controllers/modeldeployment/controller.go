@@ -275,8 +275,10 @@ func (r *Reconciler) observe(ctx context.Context, md *v1alpha1.ModelDeployment, 
 	in.hash = templateHash(in.tmpl)
 	// A source the policy denies gets no estimate and no new replicas.
 	in.sourceErr = policy.DecideSource(md.Namespace, in.tmpl.Model.Source).Err(md.Namespace, in.tmpl.Model.Source)
-	if p := in.tmpl.Model.Projector; in.sourceErr == nil && p != "" {
-		in.sourceErr = policy.DecideSource(md.Namespace, p).Err(md.Namespace, p)
+	for _, p := range []string{in.tmpl.Model.Projector, in.tmpl.Model.Draft} {
+		if in.sourceErr == nil && p != "" {
+			in.sourceErr = policy.DecideSource(md.Namespace, p).Err(md.Namespace, p)
+		}
 	}
 	// What a replica of the same model and engine settings measured — of this
 	// deployment or of another in its namespace — or what status kept of it.

@@ -49,6 +49,7 @@ type reservation struct {
 type estimateKey struct {
 	Source        string
 	Projector     string
+	Draft         string
 	ContextLength int32
 	Parallel      int32
 	KVCacheType   v1alpha1.KVCacheType
@@ -149,7 +150,7 @@ func (r *Reconciler) reservationFor(ctx context.Context, md *v1alpha1.ModelDeplo
 // estimated is the reservation from the (cached) estimate of the model's GGUF header,
 // rounded up to whole MiB, with the estimate divided over its layers.
 func (r *Reconciler) estimated(ctx context.Context, md *v1alpha1.ModelDeployment, t v1alpha1.ModelReplicaTemplate) reservation {
-	k := estimateKey{Source: t.Model.Source, Projector: t.Model.Projector, ContextLength: t.Engine.ContextLength, Parallel: t.Engine.Parallel, KVCacheType: t.Engine.KVCacheType}
+	k := estimateKey{Source: t.Model.Source, Projector: t.Model.Projector, Draft: t.Model.Draft, ContextLength: t.Engine.ContextLength, Parallel: t.Engine.Parallel, KVCacheType: t.Engine.KVCacheType}
 	now := r.Clock.Now()
 	e, ok := r.estimates.get(k)
 	switch {
@@ -229,7 +230,10 @@ func (r *Reconciler) estimate(ctx context.Context, k estimateKey) (estimate.Resu
 	if err != nil {
 		return res, hubRefusal(src, header != nil, err)
 	}
-	return r.withProjector(ctx, k, res)
+	if res, err = r.withProjector(ctx, k, res); err != nil {
+		return res, err
+	}
+	return r.withDraft(ctx, k, res)
 }
 
 // retryDelay is the wait after the n-th consecutive failure: EstimateRetryInitial

@@ -153,6 +153,9 @@ type Result struct {
 	// Projector is a multimodal projector's memory beside the model (WithProjector):
 	// counted in Total, 0 for a model without one.
 	Projector int64
+	// Draft is a draft model's memory beside the model (WithDraft): its weights, its
+	// KV cache for every slot and its compute buffer, counted in Total, 0 without one.
+	Draft int64
 
 	// ContextLength is the context the KV cache was sized for, after padding.
 	ContextLength int64

@@ -1,0 +1,49 @@
+package estimate
+
+import (
+	"context"
+	"path/filepath"
+	"testing"
+
+	"github.com/macfleet/macfleet/internal/ggufsynth"
+)
+
+func TestWithDraft(t *testing.T) {
+	r := Result{Total: 1000, Weights: 600, Projector: 100}
+	if r = r.WithDraft(300); r.Total != 1300 || r.Draft != 300 || r.Projector != 100 {
+		t.Errorf("WithDraft(300): %+v", r)
+	}
+	if r = r.WithDraft(50); r.Total != 1050 || r.Draft != 50 {
+		t.Errorf("WithDraft again replaces the first: %+v", r)
+	}
+	if got := (Result{Total: RunnerBaseline + 7}).DraftBytes(); got != 7 {
+		t.Errorf("DraftBytes = %d, want the estimate but the runner's baseline (7)", got)
+	}
+}
+
+// TestDraftReadsTheFile: a draft model's bytes are its own estimate for the model's
+// engine settings but the runner's baseline: its KV cache grows with the slots.
+func TestDraftReadsTheFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "d.gguf")
+	if err := ggufsynth.Write(path, ggufsynth.Tiny()); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	one := Params{Path: path, ContextLength: 4096, Parallel: 1}
+	four := Params{Path: path, ContextLength: 4 * 4096, Parallel: 4}
+	r, err := Estimate(ctx, one)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got1, err := Draft(ctx, one)
+	if err != nil || got1 != r.Total-RunnerBaseline || r.Weights == 0 {
+		t.Fatalf("Draft = %d, %v; its estimate is %+v", got1, err, r)
+	}
+	got4, err := Draft(ctx, four)
+	if err != nil || got4-got1 < 3*r.KVCache {
+		t.Fatalf("Draft for 4 slots = %d, %v; for one %d: want at least three more KV caches of %d", got4, err, got1, r.KVCache)
+	}
+	if _, err := Draft(ctx, Params{Path: filepath.Join(t.TempDir(), "missing.gguf")}); err == nil {
+		t.Error("a missing draft estimated")
+	}
+}

@@ -57,9 +57,12 @@ func (s *Syncer) startFetchLocked(ctx context.Context, key string, mr *v1alpha1.
 	s.wg.Go(func() {
 		defer cancel()
 		path, err := s.opts.Store.Fetch(fctx, mr.Namespace, src, sum, func(done, total int64) { s.progress(key, gen, done, total) })
-		var projector string
+		var projector, draft string
 		if err == nil {
 			projector, err = fetchProjector(fctx, s.opts.Store, mr.Namespace, r.template.Model)
+		}
+		if err == nil {
+			draft, err = fetchDraft(fctx, s.opts.Store, mr.Namespace, r.template.Model)
 		}
 		s.mu.Lock()
 		cur := s.replicas[key]
@@ -85,7 +88,7 @@ func (s *Syncer) startFetchLocked(ctx context.Context, key string, mr *v1alpha1.
 			}
 		} else {
 			r.phase = phaseDownloaded
-			r.path, r.projectorPath = path, projector
+			r.path, r.projectorPath, r.draftPath = path, projector, draft
 			r.fetchErr, r.fetchFailures = nil, 0
 			if r.total == 0 {
 				if fi, statErr := statSize(path); statErr == nil {

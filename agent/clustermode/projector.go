@@ -9,7 +9,8 @@ import (
 )
 
 // The files of a replica: its model and, for a model that answers images, its
-// multimodal projector (spec.model.projector), fetched beside it into the store.
+// multimodal projector (spec.model.projector), and its draft model for speculative
+// decoding (spec.model.draft), fetched beside it into the store.
 
 // filesOf are the store's entries of a replica's files, for the store's pruner.
 func filesOf(m v1alpha1.ModelSource) []store.Model {
@@ -17,13 +18,17 @@ func filesOf(m v1alpha1.ModelSource) []store.Model {
 	if m.Projector != "" {
 		files = append(files, store.Model{Source: m.Projector, SHA256: m.ProjectorSHA256})
 	}
+	if m.Draft != "" {
+		files = append(files, store.Model{Source: m.Draft, SHA256: m.DraftSHA256})
+	}
 	return files
 }
 
 // sameFiles says whether two templates' models are the same files (a change starts
 // the replica over).
 func sameFiles(a, b v1alpha1.ModelSource) bool {
-	return a.Source == b.Source && a.SHA256 == b.SHA256 && a.Projector == b.Projector && a.ProjectorSHA256 == b.ProjectorSHA256
+	return a.Source == b.Source && a.SHA256 == b.SHA256 && a.Projector == b.Projector && a.ProjectorSHA256 == b.ProjectorSHA256 &&
+		a.Draft == b.Draft && a.DraftSHA256 == b.DraftSHA256
 }
 
 // fetchProjector fetches the projector of m for a replica in namespace (none: "");
@@ -35,6 +40,19 @@ func fetchProjector(ctx context.Context, st Store, namespace string, m v1alpha1.
 	path, err := st.Fetch(ctx, namespace, m.Projector, m.ProjectorSHA256, func(int64, int64) {})
 	if err != nil {
 		return "", fmt.Errorf("fetching the projector %s: %w", m.Projector, err)
+	}
+	return path, nil
+}
+
+// fetchDraft fetches the draft model of m for a replica in namespace (none: "");
+// its progress is not reported (the model's is).
+func fetchDraft(ctx context.Context, st Store, namespace string, m v1alpha1.ModelSource) (string, error) {
+	if m.Draft == "" {
+		return "", nil
+	}
+	path, err := st.Fetch(ctx, namespace, m.Draft, m.DraftSHA256, func(int64, int64) {})
+	if err != nil {
+		return "", fmt.Errorf("fetching the draft model %s: %w", m.Draft, err)
 	}
 	return path, nil
 }

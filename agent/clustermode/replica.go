@@ -48,6 +48,7 @@ type replica struct {
 	cancelFetch   context.CancelFunc
 	path          string
 	projectorPath string
+	draftPath     string
 	done, total   int64
 	fetchErr      error
 	fetchReason   string

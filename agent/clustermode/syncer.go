@@ -294,10 +294,10 @@ func (s *Syncer) sync(ctx context.Context, key string) (time.Duration, error) {
 	if needsSpec(action) && local != nil && mr != nil && local.phase != phaseRemoving {
 		// The GGUF header is read without the lock, which requests take to resolve
 		// their replica; the record must be unchanged afterwards.
-		path, phase, projector := local.path, local.phase, local.projectorPath
+		path, phase, projector, draft := local.path, local.phase, local.projectorPath, local.draftPath
 		s.mu.Unlock()
 		sb.spec, sb.err = s.opts.BuildSpec(ctx, key, path, mr)
-		sb.spec.ProjectorPath = projector
+		sb.spec.ProjectorPath, sb.spec.DraftPath = projector, draft
 		if sb.err == nil && mr.Spec.Split != nil && s.opts.SplitLinks != nil {
 			var addrs map[string]enginepool.SplitWorker
 			addrs, sb.err = s.opts.SplitLinks.Addrs(mr)
@@ -583,8 +583,10 @@ func (s *Syncer) inUse() ([]store.Model, []string) {
 		if r.path != "" {
 			paths = append(paths, r.path)
 		}
-		if r.projectorPath != "" {
-			paths = append(paths, r.projectorPath)
+		for _, p := range []string{r.projectorPath, r.draftPath} {
+			if p != "" {
+				paths = append(paths, p)
+			}
 		}
 	}
 	s.mu.Unlock()

@@ -41,6 +41,9 @@ type ModelSpec struct {
 	// ProjectorPath is the local file of the model's multimodal projector (mmproj),
 	// which the runner answers images with (--mmproj); empty for none.
 	ProjectorPath string `json:"projectorPath,omitempty"`
+	// DraftPath is the local file of the model's draft model for speculative
+	// decoding (--draft, docs/speculative-decoding.md); empty for none.
+	DraftPath string `json:"draftPath,omitempty"`
 	// Namespace is the tenant the model serves: the namespace of its replica in a
 	// fleet, empty (DefaultNamespace) for `macfleet serve`. Prompt cache directories
 	// are per namespace and model file, so one tenant's runner never restores

@@ -480,6 +480,9 @@ func (f *ProcessFactory) engineArgs(spec enginepool.ModelSpec, ceilingBytes int6
 	if spec.ProjectorPath != "" {
 		args = append(args, "--mmproj", spec.ProjectorPath)
 	}
+	if spec.DraftPath != "" {
+		args = append(args, "--draft", spec.DraftPath)
+	}
 	return append(args, f.cfg.Args...)
 }
 

@@ -62,10 +62,12 @@ func (f *ProcessFactory) command(ctx context.Context, path string, args []string
 	// ProcessConfig.Loopback; a split head connects to its workers through the agent's
 	// split link, on loopback only.
 	// A model stored in parts is named by its first part: the runner reads the others
-	// beside it. A model's projector is read as one of its files.
+	// beside it. A model's projector and its draft model are read as its files.
 	parts := sandbox.OtherParts(model)
-	if spec.ProjectorPath != "" {
-		parts = append(parts, spec.ProjectorPath)
+	for _, f := range []string{spec.ProjectorPath, spec.DraftPath} {
+		if f != "" {
+			parts = append(parts, f)
+		}
 	}
 	p := sandbox.Policy{Runner: path, Model: model, Parts: parts, CacheDir: cacheDir, SocketDir: sockDir,
 		Loopback: f.cfg.Loopback || worker, ConnectPorts: connect, BackendDir: backendDir(path)}

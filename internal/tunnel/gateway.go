@@ -25,6 +25,9 @@ type Sessions struct {
 	// bundle.
 	Certificates *pki.Source
 	Log          logr.Logger
+	// ProbeWait is how long a probe may take, and when one that failed is answered
+	// (ProbeTimeout when zero).
+	ProbeWait time.Duration
 
 	mu     sync.Mutex
 	byNode map[string]*yamux.Session

@@ -80,6 +80,7 @@ func TestPeerFetchThroughTheTunnels(t *testing.T) {
 	startAgent(t, addr, "mac-a", source(t, fc.ca, pki.Node("mac-a")), whoami("mac-a"))
 	b := startAgent(t, addr, "mac-b", macB, whoami("mac-b"))
 	waitNodes(t, s, "mac-a", "mac-b")
+	waitSession(t, b)
 	direct := serveDirect(t, source(t, fc.ca, pki.Node("mac-d")), whoami("mac-d"))
 
 	s.Grant("mac-b", "mac-a", unreachable, time.Now().Add(time.Minute))
@@ -90,6 +91,24 @@ func TestPeerFetchThroughTheTunnels(t *testing.T) {
 		if want := node + " for macfleet://node/mac-b"; err != nil || got != want {
 			t.Errorf("mac-b fetching from %s through its tunnel: %q, %v; want %q", node, got, err, want)
 		}
+	}
+}
+
+// waitSession waits until a's tunnel is up on its side (the gateway files it first).
+func waitSession(t *testing.T, a *Agent) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		a.mu.Lock()
+		up := a.sess != nil
+		a.mu.Unlock()
+		if up {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s's agent holds no tunnel", a.Node)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
 
@@ -108,6 +127,7 @@ func TestAttackTunnelRelayToAnyMac(t *testing.T) {
 	b := startAgent(t, addr, "mac-b", source(t, fc.ca, pki.Node("mac-b")), whoami("mac-b"))
 	startAgent(t, addr, "mac-c", source(t, fc.ca, pki.Node("mac-c")), whoami("mac-c"))
 	waitNodes(t, s, "mac-a", "mac-b", "mac-c")
+	waitSession(t, b)
 
 	refused := func(what, want string) {
 		t.Helper()

@@ -16,15 +16,16 @@ import (
 // the gateway reaches it at its advertised address: it dials the tunnel listener with
 // its node certificate and sends one line, "macfleet-probe/1 ADDRESS"; the gateway
 // dials ADDRESS, completes a TLS handshake that requires the certificate of the Mac
-// the agent's own certificate names, closes, and answers "reachable" or
-// "unreachable: REASON". The agent holds a tunnel unless it is reachable
+// the agent's own certificate names, closes, and answers "reachable" or, after
+// ProbeTimeout whatever failed, "unreachable". The agent holds a tunnel unless it is reachable
 // (ChooseOutbound). A probe shows a Mac nothing but whether its own listener answers
 // there.
 
 // ProbeProtocol is the first word of an agent's probe line.
 const ProbeProtocol = "macfleet-probe/1"
 
-// ProbeTimeout bounds the gateway's dial and handshake of a probe.
+// ProbeTimeout bounds the gateway's dial and handshake of a probe, and is when it
+// answers one that failed.
 const ProbeTimeout = 5 * time.Second
 
 // ProbeInterval is how often an agent of --connect auto that the gateway reaches
@@ -39,12 +40,24 @@ func ChooseOutbound(reachable bool, probeErr error) bool {
 	return probeErr != nil || !reachable
 }
 
-// probe answers an agent's probe line: whether node's agent answers at addr.
+// probe answers an agent's probe line: whether node's agent answers at addr. The
+// answer "unreachable" carries no reason and comes ProbeTimeout after the line
+// whatever failed, so that a Mac learns nothing of what else listens where the
+// gateway dials (TestAttackTunnelProbeScansTheGatewaysNetwork); the gateway logs the
+// reason.
 func (s *Sessions) probe(ctx context.Context, c net.Conn, node, addr string) {
 	defer c.Close()
+	wait := s.ProbeWait
+	if wait <= 0 {
+		wait = ProbeTimeout
+	}
+	pctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
 	answer := "reachable"
-	if err := s.reach(ctx, node, addr); err != nil {
-		answer = "unreachable: " + err.Error()
+	if err := s.reach(pctx, node, addr); err != nil {
+		s.Log.V(1).Info("A Mac's probe did not reach it", "node", node, "address", addr, "reason", err.Error())
+		<-pctx.Done()
+		answer = "unreachable"
 	}
 	_, _ = io.WriteString(c, answer+"\n")
 }
@@ -54,10 +67,8 @@ func (s *Sessions) reach(ctx context.Context, node, addr string) error {
 	if _, _, err := net.SplitHostPort(addr); err != nil {
 		return fmt.Errorf("the address %q: want HOST:PORT", addr)
 	}
-	pctx, cancel := context.WithTimeout(ctx, ProbeTimeout)
-	defer cancel()
-	d := &tls.Dialer{NetDialer: &net.Dialer{Timeout: ProbeTimeout}, Config: s.Certificates.ClientConfig(pki.Node(node))}
-	c, err := d.DialContext(pctx, "tcp", addr)
+	d := &tls.Dialer{Config: s.Certificates.ClientConfig(pki.Node(node))}
+	c, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
 		return err
 	}
@@ -81,8 +92,8 @@ func (a *Agent) Probe(ctx context.Context, addr string) (bool, error) {
 		return false, fmt.Errorf("reading the gateway's probe of %s: %w", addr, err)
 	case answer == "reachable":
 		return true, nil
-	case strings.HasPrefix(answer, "unreachable: "):
-		a.Log.Info("The gateway does not reach this Mac at its address", "address", addr, "reason", strings.TrimPrefix(answer, "unreachable: "))
+	case answer == "unreachable":
+		a.Log.Info("The gateway does not reach this Mac at its address (the gateway's log at level 1 says why)", "address", addr)
 		return false, nil
 	}
 	reason, _ := strings.CutPrefix(answer, "refused: ")

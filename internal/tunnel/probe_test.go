@@ -102,3 +102,43 @@ func TestAgentAutoConnect(t *testing.T) {
 		t.Errorf("mac-r holds a tunnel though the gateway reaches it at its address")
 	}
 }
+
+// TestAttackTunnelProbeScansTheGatewaysNetwork: a Mac probes addresses it does not
+// serve at, to learn what listens where the gateway dials (a closed port, a port that
+// takes TCP and no TLS, another Mac's agent). Every answer is the same word, after the
+// same wait: nothing tells them apart.
+func TestAttackTunnelProbeScansTheGatewaysNetwork(t *testing.T) {
+	fc := newFleetCerts(t)
+	_, addr := startGateway(t, fc.gateway)
+	a := &Agent{Gateway: addr, Node: "mac-a", Certificates: source(t, fc.ca, pki.Node("mac-a"))}
+	plain, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer plain.Close()
+	go func() {
+		for {
+			c, err := plain.Accept()
+			if err != nil {
+				return
+			}
+			_, _ = c.Write([]byte("SSH-2.0-OpenSSH_9.6\r\n"))
+			c.Close()
+		}
+	}()
+	other := serveDirect(t, source(t, fc.ca, pki.Node("mac-b")), whoami("mac-b"))
+	for _, target := range []string{unreachable, plain.Addr().String(), other} {
+		c, err := a.dialGateway(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		_, _ = c.Write([]byte(ProbeProtocol + " " + target + "\n"))
+		answer, err := readLine(c)
+		took := time.Since(start)
+		c.Close()
+		if err != nil || answer != "unreachable" || took < probeWait {
+			t.Errorf("probing %s: %q after %v (%v); want \"unreachable\" after %v, whatever listens there", target, answer, took, err, probeWait)
+		}
+	}
+}

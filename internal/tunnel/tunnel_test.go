@@ -47,6 +47,9 @@ func source(t testing.TB, ca *pki.CA, id pki.Identity) *pki.Source {
 	return s
 }
 
+// probeWait is the tests' gateways' Sessions.ProbeWait.
+const probeWait = 300 * time.Millisecond
+
 // startGateway serves tunnels on a loopback port until the test ends.
 func startGateway(t testing.TB, certs *pki.Source) (*Sessions, string) {
 	t.Helper()
@@ -54,7 +57,7 @@ func startGateway(t testing.TB, certs *pki.Source) (*Sessions, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &Sessions{Certificates: certs, Log: testr.NewWithInterface(t, testr.Options{})}
+	s := &Sessions{Certificates: certs, Log: testr.NewWithInterface(t, testr.Options{}), ProbeWait: probeWait}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- s.Serve(ctx, ln) }()

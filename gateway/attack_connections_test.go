@@ -56,9 +56,10 @@ func from(ip string) *http.Client {
 // GET /healthz. Before the cap per source, the first 1,024 filled the server's cap
 // and a legitimate client at 127.0.0.2 was answered 503 until they were released.
 // Now the attacker holds at most a quarter of the cap: past it each new connection
-// takes the slot of its own source's oldest idle one, which the server closes (a
-// refusal, if any, names the cap per source within a second); and the other
-// client's request is served.
+// takes the slot of its own source's oldest idle one, which the server closes, until
+// the source has displaced its burst (then 16 a second): the rest are refused within
+// a second, the refusal naming the cap per source; and the other client's request is
+// served.
 func TestAttackIdleConnectionsLockEveryoneOut(t *testing.T) {
 	const attempts = 1100
 	raiseFileLimit(t, 2*attempts+1024) // both ends of each connection live in this process

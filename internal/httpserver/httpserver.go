@@ -7,7 +7,8 @@
 //     bound on kept-alive connections (shorter under pressure), and caps on open
 //     connections, overall and per source address. There is no write timeout: a
 //     stream lasts as long as generation does, and a global write deadline would cut
-//     every long one.
+//     every long one. At a cap a new connection takes the slot of an idle or
+//     stalled one, at a bounded rate per source (displace.go).
 //   - Guard: which Host a server answers to (DNS rebinding) and refusal of a web
 //     page's cross-origin requests (CSRF), for servers a browser can reach on a
 //     developer's machine.

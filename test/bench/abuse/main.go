@@ -20,7 +20,9 @@
 //     completion's headers and one byte of its body), and beside -spread idle
 //     connections from -spread-sources addresses (default 1,000 from 100,
 //     127.0.0.10 on). Then all of it again on `macfleet serve` with the same model,
-//     the other client at 127.0.0.1 too (every local client's address).
+//     the other client at 127.0.0.1 too (every local client's address): once with a
+//     new connection a request, once keeping its connection alive (as the SDKs do).
+//     -only runs some of the phases.
 //  3. Bearers: T random JWT-shaped bearers (default 10,000) from one source, once of
 //     random bytes and once forged (claims for the fleet's audience and issuer, a
 //     random signature): the TokenReviews the API server answered by its own count

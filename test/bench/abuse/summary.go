@@ -27,7 +27,7 @@ func (r *report) summary(o options) string {
 	}
 	for _, ph := range r.idles(o) {
 		i := ph.i
-		p("idle connections on %s: another client's p50/p99 (a new connection a request) alone %s / %s, alone again after the attacks %s / %s",
+		p("idle connections on %s: another client's p50/p99 alone %s / %s, alone again after the attacks %s / %s",
 			ph.name, ms(i.Alone.quantile(0.5)), ms(i.Alone.quantile(0.99)), ms(i.AloneAfter.quantile(0.5)), ms(i.AloneAfter.quantile(0.99)))
 		for _, at := range i.Attacks {
 			rp99 := ratio(at.Attacked.quantile(0.99), i.Alone.quantile(0.99))
@@ -134,10 +134,10 @@ type namedIdle struct {
 func (r *report) idles(o options) []namedIdle {
 	var ns []namedIdle
 	if o.runs("idle") {
-		ns = append(ns, namedIdle{"the gateway", "gateway", r.Idle})
+		ns = append(ns, namedIdle{"the gateway (the other client at 127.0.0.2, a new connection a request)", "gateway", r.Idle})
 	}
 	if o.runs("serve") {
-		ns = append(ns, namedIdle{"macfleet serve (the other client at 127.0.0.1 too)", "serve", r.Serve},
+		ns = append(ns, namedIdle{"macfleet serve (the other client at 127.0.0.1 too, a new connection a request)", "serve", r.Serve},
 			namedIdle{"macfleet serve, the other client (127.0.0.1) keeping its connection alive", "serve, kept alive", r.ServeKept})
 	}
 	return ns

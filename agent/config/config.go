@@ -104,6 +104,10 @@ type Model struct {
 	// Projector is the model's multimodal projector (an mmproj GGUF file; `macfleet
 	// serve` also takes a source, pulled as Path is): its runner answers images with it.
 	Projector string `json:"projector,omitempty"`
+	// Draft is the model's draft model for speculative decoding (a smaller GGUF of
+	// the same vocabulary; `macfleet serve` also takes a source, pulled as Path is):
+	// its runner drafts with it (docs/speculative-decoding.md).
+	Draft string `json:"draft,omitempty"`
 	// Settings are the engine settings (contextLength, parallel, kvCacheType, threads)
 	// as in a ModelDeployment, with the same bounds. An unset contextLength gives every
 	// slot the model's training context.

@@ -101,10 +101,19 @@ func BuildSpec(ctx context.Context, m config.Model) (enginepool.ModelSpec, error
 		}
 		est = est.WithProjector(pb)
 	}
+	if m.Draft != "" {
+		// The draft's context is shaped as the model's: the same context and slots.
+		p.Path = m.Draft
+		db, err := estimate.Draft(ctx, p)
+		if err != nil {
+			return enginepool.ModelSpec{}, fmt.Errorf("model %q: estimating its draft model %s: %w", m.Name, m.Draft, err)
+		}
+		est = est.WithDraft(db)
+	}
 	// The KV cache type as configured: unset passes no --kv-type (the runner's default).
 	e.KVCacheType = m.KVCacheType
 	spec := enginepool.ModelSpec{
-		Name: m.Name, Aliases: m.Aliases, Path: m.Path, ProjectorPath: m.Projector, Engine: e, Residency: enginepool.Residency(m.Residency),
+		Name: m.Name, Aliases: m.Aliases, Path: m.Path, ProjectorPath: m.Projector, DraftPath: m.Draft, Engine: e, Residency: enginepool.Residency(m.Residency),
 		IdleTimeout: time.Duration(m.IdleTimeout), EstimatedBytes: est.Total, WeightBytes: est.Weights,
 		Dims: enginepool.ModelDims{Layers: int(est.Dims.Layers), Embedding: int(est.Dims.Embd), Heads: int(est.Dims.Heads),
 			KVHeads: int(est.Dims.KVHeads), Vocab: int(est.Dims.Vocab), KVTypeSize: kvTypeSize(e.KVCacheType)},

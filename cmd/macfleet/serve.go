@@ -26,6 +26,7 @@ type serveFlags struct {
 	configFile             string
 	models                 []string
 	projectors             []string
+	drafts                 []string
 	flags                  config.Config
 	ceiling, reserve, body string
 	pcHot, pcSSD           string
@@ -97,6 +98,9 @@ func (sf serveFlags) config(ctx context.Context, log logr.Logger) (config.Config
 	if err := applyProjectors(sf.flags.Models, sf.projectors); err != nil {
 		return cfg, err
 	}
+	if err := applyFiles(sf.flags.Models, sf.drafts, draftFile); err != nil {
+		return cfg, err
+	}
 	if err := parseSizes(sizeFlag{"memory-ceiling", sf.ceiling, (*int64)(&sf.flags.MemoryCeiling)},
 		sizeFlag{"memory-reserve", sf.reserve, (*int64)(&sf.flags.MemoryReserve)},
 		sizeFlag{"max-body", sf.body, (*int64)(&sf.flags.MaxBodyBytes)}); err != nil {
@@ -161,6 +165,7 @@ func (sf *serveFlags) register(cmd *cobra.Command) {
 	f.StringArrayVar(&sf.models, "model", nil, "a model to serve: NAME=PATH[:ctx=N,parallel=N,threads=N,residency=OnDemand|Resident|Pinned,idle=D,memory=SIZE,kv=T,alias=A,cache=on|off,hot=SIZE,ssd=SIZE,sha256=HEX] "+
 		"(repeatable); PATH may be a source to pull first: hf://OWNER/REPO/FILE.gguf[@REVISION], ollama://NAME[:TAG], https://…")
 	f.StringArrayVar(&sf.projectors, "projector", nil, projectorFlagUsage)
+	f.StringArrayVar(&sf.drafts, "draft", nil, draftFlagUsage)
 	f.StringVar(&sf.flags.Listen, "listen", "", "address of the API (default "+config.DefaultListen+")")
 	f.StringVar(&sf.ceiling, "memory-ceiling", "", "cap the memory of all models together, e.g. 12Gi (default: the machine's ceiling)")
 	f.StringVar(&sf.reserve, "memory-reserve", "", "memory left to the OS below the machine's ceiling (default 4Gi below 24Gi of RAM, else 6Gi)")

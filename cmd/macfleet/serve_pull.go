@@ -113,27 +113,30 @@ func (pf pullFlags) pull(ctx context.Context, models []config.Model, log logr.Lo
 	return pf.pullProjectors(ctx, models, log)
 }
 
-// pullProjectors fetches every model's projector given as a source, as pull does its
-// model, and points it at the stored file.
+// pullProjectors fetches every model's projector and draft model given as a source,
+// as pull does its model, and points them at the stored files.
 func (pf pullFlags) pullProjectors(ctx context.Context, models []config.Model, log logr.Logger) error {
 	var st *store.Store
 	for i := range models {
 		m := &models[i]
-		if !isSource(m.Projector) {
-			continue
-		}
-		if st == nil {
-			var err error
-			if st, err = pf.store(log); err != nil {
-				return err
+		for _, f := range modelFiles {
+			src := f.field(m)
+			if !isSource(*src) {
+				continue
 			}
+			if st == nil {
+				var err error
+				if st, err = pf.store(log); err != nil {
+					return err
+				}
+			}
+			log.Info("Pulling the "+f.noun, "model", m.Name, "source", *src)
+			path, err := st.Fetch(ctx, serveNamespace, *src, "", progressLogger(log, m.Name+" "+f.noun))
+			if err != nil {
+				return fmt.Errorf("model %s: its %s: %w", m.Name, f.noun, tokenHint(*src, err))
+			}
+			*src = path
 		}
-		log.Info("Pulling projector", "model", m.Name, "source", m.Projector)
-		path, err := st.Fetch(ctx, serveNamespace, m.Projector, "", progressLogger(log, m.Name+" projector"))
-		if err != nil {
-			return fmt.Errorf("model %s: its projector: %w", m.Name, tokenHint(m.Projector, err))
-		}
-		m.Projector = path
 	}
 	return nil
 }

@@ -1,0 +1,283 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"math"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr/testr"
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+	"github.com/prometheus/client_golang/prometheus"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/macfleet/macfleet/api/engine"
+	"github.com/macfleet/macfleet/api/v1alpha1"
+	"github.com/macfleet/macfleet/gateway"
+	"github.com/macfleet/macfleet/gateway/ledger"
+	"github.com/macfleet/macfleet/gateway/metering"
+	"github.com/macfleet/macfleet/test/support/testenv"
+)
+
+const (
+	// ledgerStreams and ledgerTokens are the kill test's streams and each one's
+	// max_tokens: 48 × 96 tokens, so that 2 % is about 90 tokens.
+	ledgerStreams, ledgerTokens = 48, 96
+	// ledgerTolerance is how far the ledger may be from what the clients received.
+	ledgerTolerance = 0.02
+)
+
+// TestLedgerAfterAReplicaKill: 48 streamed chat completions of a team's key (the
+// official OpenAI Go client, usage included) through a gateway to a two-replica
+// deployment, one replica's runner killed with SIGKILL while they stream, or its
+// agent's whole process; those it was writing are continued on the other replica.
+// The gateway's ledger (its TokenUsage record of the day, as published to the API
+// server) holds within 2 % of the completion tokens the clients received, counted
+// twice: the usage chunk each client got, and the tokens of its content (a logprob
+// each, plus the end-of-generation token of an answer that stopped).
+func TestLedgerAfterAReplicaKill(t *testing.T) {
+	t.Run("runner", func(t *testing.T) { ledgerRounds(t, killRunner, nil) })
+	t.Run("agent", func(t *testing.T) {
+		m := macDown{down: fleet.KillAgent, up: fleet.StartAgent}
+		ledgerRounds(t, m.kill, m.restore)
+	})
+}
+
+// ledgerRounds runs ledgerRound, with kill, until a kill broke a stream (3 rounds at
+// most: the victim's requests may all be before their first byte when it falls, and
+// are then retried, not continued); restore, when not nil, undoes a kill before the next.
+func ledgerRounds(t *testing.T, kill func(t *testing.T, node string, pid int), restore func(*testing.T)) {
+	for round := 1; ; round++ {
+		if restore != nil && round > 1 {
+			restore(t)
+		}
+		got := ledgerRound(t, kill)
+		switch {
+		case got.broken() || t.Failed():
+			return
+		case round == 3:
+			t.Fatalf("no stream was continued in %d rounds: the kill broke none", round)
+		}
+		t.Logf("round %d: the kill broke no stream; again", round)
+	}
+}
+
+// clientTokens is what the kill test's clients received, summed: the usage chunks'
+// prompt and completion tokens (a stream without one: its content's), the completion
+// tokens counted from the content, streams continued, and what was wrong with any
+// stream (one that broke and could not be continued is metered all the same).
+type clientTokens struct {
+	prompt, usage, counted int64
+	continued, usages      int
+	problems               []string
+}
+
+// ledgerRound runs one round of TestLedgerAfterAReplicaKill in a namespace of its own
+// and compares the gateway's ledger with what the clients received (unless the kill
+// broke no stream: then the round proves nothing and the caller tries again).
+func ledgerRound(t *testing.T, kill func(t *testing.T, node string, pid int)) clientTokens {
+	ns := testenv.NewNamespace(t, fleet.Client)
+	gw := "gw-ledger-" + ns
+	base, reg := inProcessGateway(t, gateway.Config{TenantKeys: true, GatewayID: gw}, testr.New(t))
+	create(t, deployment(ns, "ledger", 2, func(md *v1alpha1.ModelDeployment) {
+		md.Spec.Placement.Strategy = v1alpha1.Spread
+		// Four slots a replica, so that a kill breaks up to four streams; a
+		// continuation's prompt holds the text sent, tokenized again (see
+		// survivalRound): 512 tokens a slot leave room for it beside the prompt.
+		md.Spec.Engine.Settings = engine.Settings{ContextLength: 2048, Parallel: 4}
+	}))
+	defer removeDeployment(t, ns, "ledger") // a next round's replicas need the room
+	// The probe key's requests wait for the gateway; the streams' key counts only theirs.
+	probe, key := newKey(t), newKey(t)
+	createKey(t, ns, "probe", probe)
+	createKey(t, ns, "streams", key)
+	replicas := waitReady(t, ns, "ledger", 2, 3*time.Minute)
+	testenv.Eventually(t, time.Minute, 100*time.Millisecond, func() (bool, string) {
+		code, body := rawPost(t, base, "/v1/chat/completions", probe,
+			`{"model":"ledger","max_tokens":1,"messages":[{"role":"user","content":"Hi"}]}`)
+		return code == http.StatusOK, fmt.Sprintf("the probe: %d %s", code, body)
+	})
+	victim := replicas[0]
+	addr := fleet.Agent(victim.Spec.NodeName).Addr
+	pid := int(runnerPIDs(t, addr)[victim.Namespace+"/"+victim.Name])
+	if pid == 0 {
+		t.Fatalf("no runner for replica %s/%s: %v", victim.Namespace, victim.Name, runnerPIDs(t, addr))
+	}
+
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+	defer cancel()
+	c := openai.NewClient(option.WithBaseURL(base+"/v1/"), option.WithAPIKey(key), option.WithMaxRetries(0))
+	var (
+		streaming atomic.Int32
+		mu        sync.Mutex
+		got       clientTokens
+		wg        sync.WaitGroup
+	)
+	for i := range ledgerStreams {
+		wg.Go(func() {
+			s := ledgerStream(ctx, c, i, &streaming)
+			mu.Lock()
+			defer mu.Unlock()
+			got.add(s)
+		})
+	}
+	// Kill once both replicas' four slots are writing and the victim has requests.
+	testenv.Eventually(t, time.Minute, 5*time.Millisecond, func() (bool, string) {
+		s, active := streaming.Load(), activeRequests(ctx, addr, victim.Namespace+"/"+victim.Name)
+		return s >= 8 && active >= 4, fmt.Sprintf("%d streams have content, the victim has %d requests", s, active)
+	})
+	kill(t, victim.Spec.NodeName, pid)
+	wg.Wait()
+	t.Logf("%d streams, %d continued, %d usage chunks; the clients received %d completion tokens by their usage (or content without one), "+
+		"%d by their content (prompts %d); problems: %v",
+		ledgerStreams, got.continued, got.usages, got.usage, got.counted, got.prompt, got.problems)
+	if !got.broken() {
+		return got
+	}
+	compareLedger(t, ns, gw, reg, got)
+	return got
+}
+
+// ledgerStreamResult is what one client of the kill test received.
+type ledgerStreamResult struct {
+	prompt, usage, counted int64
+	hasUsage, continued    bool
+	problem                string
+}
+
+// broken reports whether the kill broke a stream: one was continued, or one failed.
+func (c *clientTokens) broken() bool { return c.continued > 0 || len(c.problems) > 0 }
+
+func (c *clientTokens) add(s ledgerStreamResult) {
+	c.prompt += s.prompt
+	c.usage += s.usage
+	c.counted += s.counted
+	if s.hasUsage {
+		c.usages++
+	}
+	if s.continued {
+		c.continued++
+	}
+	if s.problem != "" {
+		c.problems = append(c.problems, s.problem)
+	}
+}
+
+// ledgerStream streams one chat completion with the official client and counts what
+// it received: its usage chunk, and the tokens of its content (a logprob each, and
+// the end-of-generation token of an answer that stopped, which has none).
+func ledgerStream(ctx context.Context, c openai.Client, i int, streaming *atomic.Int32) ledgerStreamResult {
+	var hr *http.Response
+	s := c.Chat.Completions.NewStreaming(ctx, openai.ChatCompletionNewParams{
+		Model:         "ledger",
+		Messages:      []openai.ChatCompletionMessageParamUnion{openai.UserMessage(fmt.Sprintf("Story %d: tell me a long story about the sea.", i))},
+		MaxTokens:     openai.Int(ledgerTokens),
+		Temperature:   openai.Float(0),
+		Logprobs:      openai.Bool(true),
+		StreamOptions: openai.ChatCompletionStreamOptionsParam{IncludeUsage: openai.Bool(true)},
+	}, option.WithResponseInto(&hr))
+	defer s.Close()
+	var r ledgerStreamResult
+	finish, content := "", false
+	for s.Next() {
+		ch := s.Current()
+		if ch.JSON.Usage.Valid() {
+			r.hasUsage = true
+			r.prompt, r.usage = ch.Usage.PromptTokens, ch.Usage.CompletionTokens
+		}
+		for _, choice := range ch.Choices {
+			r.counted += int64(len(choice.Logprobs.Content))
+			if choice.FinishReason != "" {
+				finish = choice.FinishReason
+			}
+			if choice.Delta.Content != "" && !content {
+				content = true
+				streaming.Add(1)
+			}
+		}
+	}
+	if finish == "stop" {
+		r.counted++
+	}
+	if err := s.Err(); err != nil {
+		r.problem = fmt.Sprintf("stream %d: %v", i, err)
+	} else if !r.hasUsage {
+		r.problem = fmt.Sprintf("stream %d: no usage chunk", i)
+	}
+	if !r.hasUsage {
+		// A stream that broke without a usage chunk (one that could not be
+		// continued) received what its content holds.
+		r.usage = r.counted
+	}
+	r.continued = hr != nil && hr.Trailer.Get("X-Macfleet-Continued") != ""
+	return r
+}
+
+// compareLedger waits until the gateway gw published every answer of the streams' key
+// that its usage counters hold, and requires the record within ledgerTolerance of the
+// completion tokens the clients received, by their usage and by their content.
+func compareLedger(t *testing.T, ns, gw string, reg *prometheus.Registry, got clientTokens) {
+	t.Helper()
+	deploymentID := ns + "/ledger"
+	labels := map[string]string{"namespace": ns, "key": "streams", "deployment": deploymentID}
+	name := ledger.RecordName(gw, time.Now())
+	var rec v1alpha1.KeyUsage
+	var counters metering.Usage
+	testenv.Eventually(t, 30*time.Second, 100*time.Millisecond, func() (bool, string) {
+		requests := int64(metricValue(t, reg, "macfleet_usage_requests_total", labels))
+		counters = metering.Usage{
+			Input:  int64(metricValue(t, reg, "macfleet_usage_tokens_total", withType(labels, metering.TypeInput))),
+			Output: int64(metricValue(t, reg, "macfleet_usage_tokens_total", withType(labels, metering.TypeOutput))),
+		}
+		var tu v1alpha1.TokenUsage
+		if err := fleet.Client.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: name}, &tu); err != nil {
+			return false, err.Error()
+		}
+		rec = v1alpha1.KeyUsage{}
+		for _, u := range tu.Spec.Usage {
+			if u.Key == "streams" && u.Deployment == deploymentID {
+				rec = u
+			}
+		}
+		return requests >= ledgerStreams && rec.Requests == requests && rec.OutputTokens == counters.Output,
+			fmt.Sprintf("the counters hold %d answers and %+v; record %s: %+v (want every one of %d streams published)",
+				requests, counters, name, rec, ledgerStreams)
+	})
+	t.Logf("ledger (TokenUsage %s/%s): %d answers, %d completion tokens, %d prompt tokens; counters: %+v",
+		ns, name, rec.Requests, rec.OutputTokens, rec.InputTokens, counters)
+	for _, c := range []struct {
+		what     string
+		received int64
+	}{{"usage chunks", got.usage}, {"content", got.counted}} {
+		ok, d := within(rec.OutputTokens, c.received)
+		t.Logf("ledger %d completion tokens against %d received by the clients' %s: %+.2f %%",
+			rec.OutputTokens, c.received, c.what, d)
+		if !ok {
+			t.Errorf("the ledger counts %d completion tokens, the clients received %d by their %s (%+.2f %%, want within ±%.0f %%)",
+				rec.OutputTokens, c.received, c.what, d, ledgerTolerance*100)
+		}
+	}
+}
+
+// withType is labels with the usage type kind.
+func withType(labels map[string]string, kind string) map[string]string {
+	l := maps.Clone(labels)
+	l["type"] = kind
+	return l
+}
+
+// within reports whether a is within ledgerTolerance of b (b > 0), and the difference
+// in percent.
+func within(a, b int64) (bool, float64) {
+	if b <= 0 {
+		return false, math.Inf(1)
+	}
+	d := float64(a-b) / float64(b) * 100
+	return math.Abs(d) <= ledgerTolerance*100, d
+}

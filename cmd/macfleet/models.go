@@ -37,7 +37,7 @@ func init() {
 // fitFlags are the flags of `macfleet models fit`.
 type fitFlags struct {
 	sources                              pullFlags
-	projector                            string
+	projector, draft                     string
 	kubeconfig, kubeContext, namespace   string
 	memory, memoryCeiling, memoryReserve string
 	local, asJSON                        bool
@@ -71,7 +71,9 @@ its first part: the header of every part is read and counted.
 
 With --projector, a vision model's multimodal projector (its mmproj GGUF, a path or a source read
 the same way) is counted in every need beside the model, as the manager counts a deployment's
-spec.model.projector and 'macfleet serve --projector' the agent.`,
+spec.model.projector and 'macfleet serve --projector' the agent. With --draft, a draft model for
+speculative decoding (a path or a source, read the same way) is counted likewise: its weights and
+its KV cache for the same context and slots, as spec.model.draft and 'macfleet serve --draft'.`,
 		Example: `  macfleet models fit hf://Qwen/Qwen2.5-Coder-7B-Instruct-GGUF/qwen2.5-coder-7b-instruct-q4_k_m.gguf
   macfleet models fit ollama://qwen2.5-coder:7b --memory 24Gi
   macfleet models fit ./model.gguf --local --context-length 32768 --parallel 2
@@ -99,6 +101,7 @@ spec.model.projector and 'macfleet serve --projector' the agent.`,
 	f.StringVar(&ff.kubeContext, "context", "", "context of the kubeconfig to use")
 	f.StringVarP(&ff.namespace, "namespace", "n", "", "namespace whose source-policy rules apply (default: the kubeconfig context's; "+serveNamespace+" for one Mac)")
 	f.StringVar(&ff.projector, "projector", "", "count this multimodal projector (mmproj GGUF: a path or a source) beside the model, as a deployment's spec.model.projector")
+	f.StringVar(&ff.draft, "draft", "", "count this draft model (a path or a source) beside the model, at the same context and slots, as a deployment's spec.model.draft")
 	f.StringVar(&ff.memory, "memory", "", "answer for one Mac of this much unified memory (e.g. 24Gi) instead of the fleet")
 	f.BoolVar(&ff.local, "local", false, "answer for this machine instead of the fleet")
 	f.StringVar(&ff.memoryCeiling, "memory-ceiling", "", "with --memory or --local: the agent's --memory-ceiling")
@@ -132,16 +135,20 @@ func (ff *fitFlags) run(ctx context.Context, source string) (modelfit.Report, er
 	if err != nil {
 		return modelfit.Report{}, err
 	}
+	draft, err := ff.readDraft(ctx, policy)
+	if err != nil {
+		return modelfit.Report{}, err
+	}
 	contexts := []int64{ff.contextLength}
 	if ff.contextLength == 0 {
 		// The trained context comes with any estimate; the smallest is quick.
-		m, _, err := modelfit.Needs(h, source, []int64{modelfit.MinLadderContext}, ff.settings, nil)
+		m, _, err := modelfit.Needs(h, source, []int64{modelfit.MinLadderContext}, ff.settings, modelfit.Beside{})
 		if err != nil {
 			return modelfit.Report{}, fmt.Errorf("estimating %s: %w", source, err)
 		}
 		contexts = modelfit.Ladder(m.TrainedContext)
 	}
-	model, needs, err := modelfit.Needs(h, source, contexts, ff.settings, proj)
+	model, needs, err := modelfit.Needs(h, source, contexts, ff.settings, modelfit.Beside{Projector: proj, Draft: draft})
 	if err != nil {
 		return modelfit.Report{}, fmt.Errorf("estimating %s: %w", source, err)
 	}
@@ -165,6 +172,23 @@ func (ff *fitFlags) readProjector(ctx context.Context, policy *sourcepolicy.Poli
 		return nil, fmt.Errorf("--projector: %w", err)
 	}
 	return &modelfit.Projector{Source: src, Bytes: h.ProjectorBytes()}, nil
+}
+
+// readDraft reads the header of --draft as the model's is read; nil when none is
+// named. A draft model is one file, as the API requires of spec.model.draft.
+func (ff *fitFlags) readDraft(ctx context.Context, policy *sourcepolicy.Policy) (*modelfit.Draft, error) {
+	src := ff.draft
+	if src == "" {
+		return nil, nil
+	}
+	if modelsource.IsSplitPart(src) {
+		return nil, fmt.Errorf("--draft %s: a draft model is one file: it cannot be stored in parts", src)
+	}
+	h, err := ff.sources.readHeader(ctx, policy, ff.namespace, src)
+	if err != nil {
+		return nil, fmt.Errorf("--draft: %w", err)
+	}
+	return &modelfit.Draft{Source: src, Header: h}, nil
 }
 
 // macs are the Macs to answer for, a line saying whose they are, and the source

@@ -131,7 +131,7 @@ func TestNeeds(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := Settings{Parallel: 2, KVCacheType: estimate.KVQ8_0}
-	m, needs, err := Needs(h, "file://"+path, []int64{4096, 16384}, s, nil)
+	m, needs, err := Needs(h, "file://"+path, []int64{4096, 16384}, s, Beside{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -152,7 +152,7 @@ func TestNeeds(t *testing.T) {
 	}
 	// A projector is counted in every need, as the manager counts it.
 	proj := &Projector{Source: "hf://org/repo/mmproj.gguf", Bytes: 600 << 20}
-	pm, withProj, err := Needs(h, "file://"+path, []int64{4096, 16384}, s, proj)
+	pm, withProj, err := Needs(h, "file://"+path, []int64{4096, 16384}, s, Beside{Projector: proj})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -164,7 +164,7 @@ func TestNeeds(t *testing.T) {
 	if pm.Projector != proj {
 		t.Errorf("model %+v, want the projector named", pm)
 	}
-	if _, _, err := Needs(h, "x", []int64{1 << 30}, s, nil); err == nil || !strings.Contains(err.Error(), "out of range") {
+	if _, _, err := Needs(h, "x", []int64{1 << 30}, s, Beside{}); err == nil || !strings.Contains(err.Error(), "out of range") {
 		t.Errorf("a context over the estimate's range: %v, want out of range", err)
 	}
 }

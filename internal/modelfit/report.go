@@ -33,6 +33,27 @@ type Model struct {
 	// Projector is the multimodal projector counted beside the model; nil when none
 	// was named.
 	Projector *Projector `json:"projector,omitempty"`
+	// Draft is the draft model counted beside the model; nil when none was named.
+	Draft *Draft `json:"draft,omitempty"`
+}
+
+// Draft is a draft model for speculative decoding, counted in every need as the
+// manager and the agent count it beside the model: its own estimate at the need's
+// context and slots, but the runner's baseline (estimate.Result.DraftBytes).
+type Draft struct {
+	Source string `json:"source"`
+	// Weights are its tensors; each need counts them, its KV cache and its compute
+	// buffer.
+	Weights int64 `json:"weights"`
+	// Header is its GGUF header, read as the model's.
+	Header *estimate.Header `json:"-"`
+}
+
+// Beside are the files a replica loads beside its model, counted in every need: a
+// projector and a draft model, each nil when none was named.
+type Beside struct {
+	Projector *Projector
+	Draft     *Draft
 }
 
 // Projector is a vision model's multimodal projector (an mmproj GGUF), counted in
@@ -56,9 +77,9 @@ type Report struct {
 }
 
 // Needs estimates h at each context with s, the total context being Parallel ×
-// context as the controller sizes a deployment's engine, each need counting proj
-// when it is not nil; it also returns what the header says of the model.
-func Needs(h *estimate.Header, source string, contexts []int64, s Settings, proj *Projector) (Model, []Need, error) {
+// context as the controller sizes a deployment's engine, each need counting the files
+// beside the model; it also returns what the header says of the model.
+func Needs(h *estimate.Header, source string, contexts []int64, s Settings, with Beside) (Model, []Need, error) {
 	parallel := max(s.Parallel, 1)
 	var (
 		m     Model
@@ -69,15 +90,23 @@ func Needs(h *estimate.Header, source string, contexts []int64, s Settings, proj
 		if total <= 0 || total > maxTotalContext {
 			return Model{}, nil, fmt.Errorf("context %d × parallel %d is out of range (1 to %d tokens in all)", c, parallel, maxTotalContext)
 		}
-		r, err := h.Estimate(estimate.Params{ContextLength: int32(total), Parallel: parallel, KVCacheType: s.KVCacheType})
+		p := estimate.Params{ContextLength: int32(total), Parallel: parallel, KVCacheType: s.KVCacheType}
+		r, err := h.Estimate(p)
 		if err != nil {
 			return Model{}, nil, err
 		}
-		if proj != nil {
-			r = r.WithProjector(proj.Bytes)
+		if with.Projector != nil {
+			r = r.WithProjector(with.Projector.Bytes)
+		}
+		if d := with.Draft; d != nil {
+			dr, err := d.Header.Estimate(p)
+			if err != nil {
+				return Model{}, nil, fmt.Errorf("the draft model %s: %w", d.Source, err)
+			}
+			r, d.Weights = r.WithDraft(dr.DraftBytes()), dr.Weights
 		}
 		m = Model{Source: source, Architecture: r.Dims.Architecture, Parameters: r.Dims.Params, FileSize: r.FileSize,
-			Weights: r.Weights, TrainedContext: r.Dims.CtxTrain, Projector: proj}
+			Weights: r.Weights, TrainedContext: r.Dims.CtxTrain, Projector: with.Projector, Draft: with.Draft}
 		needs = append(needs, Need{Context: c, Bytes: r.Total})
 	}
 	return m, needs, nil
@@ -103,6 +132,9 @@ func (r Report) Write(w io.Writer) error {
 		orUnknown(m.Architecture), FormatCount(m.Parameters), bytesize.Format(m.Weights), trained)
 	if p := m.Projector; p != nil {
 		fmt.Fprintf(w, "         with its projector %s: %s, counted in every need\n", p.Source, bytesize.Format(p.Bytes))
+	}
+	if d := m.Draft; d != nil {
+		fmt.Fprintf(w, "         with its draft model %s: %s of weights and its KV cache, counted in every need\n", d.Source, bytesize.Format(d.Weights))
 	}
 	fmt.Fprintf(w, "Engine:  parallel %d, KV cache %s\n", max(r.Settings.Parallel, 1), kv)
 	fmt.Fprintf(w, "Macs:    %s\n\n", r.Where)

@@ -204,8 +204,8 @@ func (p *peerFetcher) signHint(src, target Backend, digest, partition string, to
 		return runnerapi.PeerStateHint{}, err
 	}
 	if via, _ := p.route(src, target); via {
-		// The fetch goes through target's tunnel: the gateway relays it to src's agent.
-		p.tunnels.Grant(target.Node, src.Node, src.Endpoint, now.Add(TicketLifetime))
+		// The fetch goes through target's tunnel: the gateway joins it to src's.
+		p.tunnels.Grant(target.Node, src.Node, now.Add(TicketLifetime))
 	}
 	return runnerapi.PeerStateHint{Agent: p.scheme + src.Endpoint, Model: src.Key, Digest: digest, Tokens: tokens, Ticket: ticket}, nil
 }

@@ -13,37 +13,32 @@ import (
 	"github.com/hashicorp/yamux"
 )
 
-// Peer fetch through the gateway. A Mac that dials out fetches another Mac's prompt
-// state (a gateway's ticket naming both) through its own tunnel: it opens a stream
-// toward the gateway with one line, "macfleet-peer/1 SOURCE", and the gateway joins
-// that stream to SOURCE's agent — through SOURCE's tunnel when it holds one, else at
-// the address the gateway dials it at — only when it granted the fetch (Grant, when
-// it signed the ticket), and answers "ok" or "refused: REASON". The gateway copies
-// bytes and sees none of them: the Mac's TLS with SOURCE's agent runs inside, so
-// SOURCE's agent still checks the fetching Mac's certificate and the ticket. Any
-// other stream a Mac opens is closed unanswered.
+// Peer fetch through the gateway. A Mac that dials out fetches the prompt state of
+// another Mac that dials out (a gateway's ticket naming both) through its own tunnel:
+// it opens a stream toward the gateway with one line, "macfleet-peer/1 SOURCE", and
+// the gateway joins that stream to a stream of SOURCE's tunnel only when it granted
+// the fetch (Grant, when it signed the ticket), and answers "ok" or "refused: REASON";
+// "none" when SOURCE holds no tunnel to it: the Mac dials SOURCE's address itself,
+// and the gateway never dials an address for a Mac (an address a Mac wrote could
+// name anything the gateway reaches). The gateway copies bytes and sees none of them:
+// the Mac's TLS with SOURCE's agent runs inside, so SOURCE's agent still checks the
+// fetching Mac's certificate and the ticket. Any other stream a Mac opens is closed
+// unanswered.
 
 // PeerProtocol is the first word of a Mac's line asking for a relay to a peer.
 const PeerProtocol = "macfleet-peer/1"
 
 // PeerRoute is how a Mac fetches prompt state from a peer, given whether each holds
-// a tunnel to the gateway: a Mac that holds one fetches through it (the gateway
-// relays, so it reaches a peer that dials out too, and reaches nothing it was not
-// granted); a Mac that holds none dials the peer's address itself, which a Mac that
-// dials out does not answer at (ok false: no fetch is asked).
+// a tunnel to the gateway: through the gateway when both do (the gateway joins their
+// tunnels); at the peer's address when the peer holds none, as before; not at all
+// (ok false: no fetch is asked) from a peer that holds one by a Mac that holds none,
+// which has no way to it.
 func PeerRoute(sourceTunnel, targetTunnel bool) (viaGateway, ok bool) {
-	switch {
-	case targetTunnel:
-		return true, true
-	case sourceTunnel:
-		return false, false
-	}
-	return false, true
+	return sourceTunnel && targetTunnel, targetTunnel || !sourceTunnel
 }
 
-// grant is a relay the gateway allows: from a Mac to its peer at addr, until.
+// grant is a relay the gateway allows, until.
 type grant struct {
-	addr  string
 	until time.Time
 }
 
@@ -55,7 +50,7 @@ type grants struct {
 	m  map[grantKey]grant
 }
 
-func (g *grants) add(target, source, addr string, until, now time.Time) {
+func (g *grants) add(target, source string, until, now time.Time) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.m == nil {
@@ -70,7 +65,7 @@ func (g *grants) add(target, source, addr string, until, now time.Time) {
 	if old, ok := g.m[k]; ok && old.until.After(until) {
 		until = old.until
 	}
-	g.m[k] = grant{addr: addr, until: until}
+	g.m[k] = grant{until: until}
 }
 
 func (g *grants) get(target, source string) (grant, bool) {
@@ -98,10 +93,10 @@ func AdmitPeer(target, line string, g grant, found bool, now time.Time) (string,
 	return source, nil
 }
 
-// Grant lets target's tunnel reach source's agent, at addr when source holds no
-// tunnel, until until: the gateway signed target a ticket to fetch from source.
-func (s *Sessions) Grant(target, source, addr string, until time.Time) {
-	s.grants.add(target, source, addr, until, time.Now())
+// Grant lets target's tunnel reach source's until until: the gateway signed target a
+// ticket to fetch from source.
+func (s *Sessions) Grant(target, source string, until time.Time) {
+	s.grants.add(target, source, until, time.Now())
 }
 
 // Holds says whether node holds a tunnel to this gateway now.
@@ -135,13 +130,17 @@ func (s *Sessions) relay(ctx context.Context, node string, st net.Conn) {
 		return // not a relay: closed unanswered
 	}
 	source, _ := strings.CutPrefix(line, PeerProtocol+" ")
+	if source != node && !s.Holds(source) {
+		_, _ = io.WriteString(st, "none\n")
+		return
+	}
 	g, found := s.grants.get(node, source)
 	if _, err := AdmitPeer(node, line, g, found, time.Now()); err != nil {
 		s.Log.Info("Refused a relay to a peer", "node", node, "reason", err.Error())
 		_, _ = io.WriteString(st, "refused: "+err.Error()+"\n")
 		return
 	}
-	peer, err := s.dialPeer(ctx, source, g.addr)
+	peer, err := s.Dial(source)
 	if err != nil {
 		_, _ = io.WriteString(st, "refused: "+err.Error()+"\n")
 		return
@@ -153,20 +152,6 @@ func (s *Sessions) relay(ctx context.Context, node string, st net.Conn) {
 	_ = st.SetDeadline(time.Time{})
 	s.Log.V(2).Info("Relaying a peer fetch", "node", node, "peer", source)
 	join(st, peer)
-}
-
-// dialPeer reaches source's agent: through its tunnel, else at addr.
-func (s *Sessions) dialPeer(ctx context.Context, source, addr string) (net.Conn, error) {
-	c, err := s.Dial(source)
-	if !errors.Is(err, ErrNoSession) {
-		return c, err
-	}
-	d := net.Dialer{Timeout: HandshakeTimeout}
-	c, err = d.DialContext(ctx, "tcp", addr)
-	if err != nil {
-		return nil, fmt.Errorf("reaching Mac %q at %s: %w", source, addr, err)
-	}
-	return c, nil
 }
 
 // join copies a and b into each other until both directions end.
@@ -187,7 +172,7 @@ func join(a, b net.Conn) {
 
 // DialPeer opens a connection to node's agent through this Mac's tunnel, which the
 // gateway relays only when it asked this Mac to fetch from node; ErrNoSession while
-// no tunnel is up.
+// no tunnel is up, or when node holds none (this Mac dials it at its address).
 func (a *Agent) DialPeer(ctx context.Context, node string) (net.Conn, error) {
 	a.mu.Lock()
 	sess := a.sess
@@ -215,7 +200,12 @@ func (a *Agent) DialPeer(ctx context.Context, node string) (net.Conn, error) {
 		st.Close()
 		return nil, fmt.Errorf("asking the gateway for Mac %q: %w", node, err)
 	}
-	if answer != "ok" {
+	switch answer {
+	case "ok":
+	case "none":
+		st.Close()
+		return nil, ErrNoSession
+	default:
 		st.Close()
 		reason, _ := strings.CutPrefix(answer, "refused: ")
 		return nil, &RefusedError{Reason: reason}

@@ -20,7 +20,7 @@ func TestPeerRoute(t *testing.T) {
 	}{
 		{source: false, target: false, viaGateway: false, ok: true},
 		{source: true, target: false, viaGateway: false, ok: false},
-		{source: false, target: true, viaGateway: true, ok: true},
+		{source: false, target: true, viaGateway: false, ok: true},
 		{source: true, target: true, viaGateway: true, ok: true},
 	} {
 		via, ok := PeerRoute(tc.source, tc.target)
@@ -32,7 +32,7 @@ func TestPeerRoute(t *testing.T) {
 
 func TestAdmitPeer(t *testing.T) {
 	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
-	valid := grant{addr: "10.0.0.2:8443", until: now.Add(time.Second)}
+	valid := grant{until: now.Add(time.Second)}
 	for _, tc := range []struct {
 		name, line string
 		g          grant
@@ -70,9 +70,9 @@ func peerGet(t *testing.T, from *pki.Source, dial func(ctx context.Context, netw
 }
 
 // TestPeerFetchThroughTheTunnels: a Mac that dials out (mac-b), asked by the gateway
-// to fetch from a Mac that dials out too (mac-a) and from a Mac reached at its
-// address (mac-d), reaches both through its own tunnel, with TLS between the two
-// Macs inside: each peer sees mac-b's certificate.
+// to fetch from a Mac that dials out too (mac-a), reaches it through the two tunnels,
+// with TLS between the two Macs inside (mac-a sees mac-b's certificate); asked to
+// fetch from a Mac without a tunnel (mac-d), it dials mac-d's address itself.
 func TestPeerFetchThroughTheTunnels(t *testing.T) {
 	fc := newFleetCerts(t)
 	s, addr := startGateway(t, fc.gateway)
@@ -83,14 +83,25 @@ func TestPeerFetchThroughTheTunnels(t *testing.T) {
 	waitSession(t, b)
 	direct := serveDirect(t, source(t, fc.ca, pki.Node("mac-d")), whoami("mac-d"))
 
-	s.Grant("mac-b", "mac-a", unreachable, time.Now().Add(time.Minute))
-	s.Grant("mac-b", "mac-d", direct, time.Now().Add(time.Minute))
-	noDirect := func(context.Context, string, string) (net.Conn, error) { return nil, errors.New("dialed direct") }
-	for _, node := range []string{"mac-a", "mac-d"} {
-		got, err := peerGet(t, macB, b.DialContext(pki.NodeFrom, noDirect), node, "/api/models/m/states/d")
-		if want := node + " for macfleet://node/mac-b"; err != nil || got != want {
-			t.Errorf("mac-b fetching from %s through its tunnel: %q, %v; want %q", node, got, err, want)
+	s.Grant("mac-b", "mac-a", time.Now().Add(time.Minute))
+	s.Grant("mac-b", "mac-d", time.Now().Add(time.Minute))
+	var dialed []string // the addresses mac-b dialed itself
+	d := &net.Dialer{Timeout: time.Second}
+	at := func(ctx context.Context, network, addr string) (net.Conn, error) {
+		dialed = append(dialed, addr)
+		if addr == unreachable {
+			addr = direct // mac-d's address, as mac-b's own routes reach it
 		}
+		return d.DialContext(ctx, network, addr)
+	}
+	for _, node := range []string{"mac-a", "mac-d"} {
+		got, err := peerGet(t, macB, b.DialContext(pki.NodeFrom, at), node, "/api/models/m/states/d")
+		if want := node + " for macfleet://node/mac-b"; err != nil || got != want {
+			t.Errorf("mac-b fetching from %s: %q, %v; want %q", node, got, err, want)
+		}
+	}
+	if len(dialed) != 1 {
+		t.Errorf("mac-b dialed %v itself; want mac-d's address only (mac-a through the tunnels)", dialed)
 	}
 }
 
@@ -138,10 +149,16 @@ func TestAttackTunnelRelayToAnyMac(t *testing.T) {
 		}
 	}
 	refused("never asked", `no gateway asked Mac "mac-b" to fetch from Mac "mac-a"`)
-	s.Grant("mac-c", "mac-a", unreachable, time.Now().Add(time.Minute))
+	s.Grant("mac-c", "mac-a", time.Now().Add(time.Minute))
 	refused("asked of another Mac", `no gateway asked Mac "mac-b" to fetch from Mac "mac-a"`)
-	s.Grant("mac-b", "mac-a", unreachable, time.Now().Add(-time.Second))
+	s.Grant("mac-b", "mac-a", time.Now().Add(-time.Second))
 	refused("expired", "expired")
+	// A Mac without a tunnel is never dialed by the gateway for a Mac, granted or not:
+	// its address is one a Mac wrote.
+	s.Grant("mac-b", "mac-x", time.Now().Add(time.Minute))
+	if _, err := b.DialPeer(t.Context(), "mac-x"); !errors.Is(err, ErrNoSession) {
+		t.Errorf("mac-b asking for mac-x, which holds no tunnel: %v; want ErrNoSession (dial it yourself)", err)
+	}
 	if n := served.Load(); n != 0 {
 		t.Fatalf("mac-a's agent served %d requests of relays it was not granted", n)
 	}

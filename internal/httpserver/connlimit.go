@@ -34,9 +34,9 @@ const maxRefusing = 64
 //     busy with a request.
 //   - a source's new connections take slots at most l.DisplacementsPerSecond a
 //     second (a bucket of l.DisplacementBurst, displace.go): past it, at a cap, a new
-//     connection of that source is refused instead, so that one redialling as fast as
-//     it is closed costs the server a written refusal, not a request served and a
-//     connection closed each;
+//     connection of that source is refused instead (written and closed at once,
+//     refuseNow), so that one redialling as fast as it is closed costs the server a
+//     written refusal, not a request served and a connection closed each;
 //   - past a cap with nothing reclaimable, a new connection is answered "503 Service
 //     Unavailable" with Retry-After and an OpenAI-shaped error body that names the
 //     cap, then closed; the connections already open are served as before.
@@ -107,6 +107,11 @@ func (l *capListener) Accept() (net.Conn, error) {
 		}
 		if sc != nil {
 			return sc, nil
+		}
+		if l.churnRefusal != nil && &refusal[0] == &l.churnRefusal[0] {
+			// A source past its displacement rate is a flood: the cheapest answer.
+			refuseNow(c, refusal)
+			continue
 		}
 		select {
 		case l.refusing <- struct{}{}:
@@ -227,9 +232,11 @@ func refuse(c net.Conn, refusal []byte) {
 }
 
 // refuseNow writes the refusal to c (a new connection's empty send buffer takes it
-// whole) and closes c without waiting: a client whose request came before the close
-// may see the connection reset instead of the answer, which only a flood of
-// refusals (past maxRefusing at once) is given.
+// whole) and closes c without waiting: no goroutine, no wait for the client. A
+// request that came before the close makes it a reset, which the client reads after
+// the answer (Linux and the BSDs keep what was received) unless it was still writing
+// a body. Only floods get it: a source past its displacement rate, and refusals past
+// maxRefusing at once.
 func refuseNow(c net.Conn, refusal []byte) {
 	_ = c.SetWriteDeadline(time.Now().Add(10 * time.Millisecond))
 	_, _ = c.Write(refusal)

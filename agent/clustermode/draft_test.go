@@ -1,9 +1,6 @@
 package clustermode
 
 import (
-	"context"
-	"errors"
-	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -14,7 +11,7 @@ import (
 
 // TestReplicaDraftFile: a replica's draft model (spec.model.draft) is one of its
 // files: kept by the pruner, fetched beside the model, and a changed draft is other
-// files (the replica starts over).
+// files (the replica starts over). Its fetch: TestFetchBeside.
 func TestReplicaDraftFile(t *testing.T) {
 	model := v1alpha1.ModelSource{Source: "hf://o/r/m.gguf", SHA256: "aa"}
 	drafted := model
@@ -31,18 +28,5 @@ func TestReplicaDraftFile(t *testing.T) {
 		if got := sameFiles(tc.a, tc.b); got != tc.same {
 			t.Errorf("sameFiles(%+v, %+v) = %v", tc.a, tc.b, got)
 		}
-	}
-
-	st := &fetchRecorder{}
-	if p, err := fetchDraft(context.Background(), st, "team", model); p != "" || err != nil || len(st.got) != 0 {
-		t.Errorf("a model without a draft fetched %v: %q, %v", st.got, p, err)
-	}
-	p, err := fetchDraft(context.Background(), st, "team", drafted)
-	if p != "/store/small.gguf" || err != nil || cmp.Diff([]string{"team hf://o/r/small.gguf cc"}, st.got) != "" {
-		t.Errorf("fetchDraft: %q, %v, asked %v", p, err, st.got)
-	}
-	st.err = errors.New("404")
-	if _, err := fetchDraft(context.Background(), st, "team", drafted); err == nil || !strings.Contains(err.Error(), "fetching the draft model hf://o/r/small.gguf: 404") {
-		t.Errorf("a failed fetch: %v", err)
 	}
 }

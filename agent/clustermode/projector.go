@@ -31,28 +31,25 @@ func sameFiles(a, b v1alpha1.ModelSource) bool {
 		a.Draft == b.Draft && a.DraftSHA256 == b.DraftSHA256
 }
 
-// fetchProjector fetches the projector of m for a replica in namespace (none: "");
-// its progress is not reported (the model's is).
+// fetchProjector fetches the projector of m for a replica in namespace (none: "").
 func fetchProjector(ctx context.Context, st Store, namespace string, m v1alpha1.ModelSource) (string, error) {
-	if m.Projector == "" {
-		return "", nil
-	}
-	path, err := st.Fetch(ctx, namespace, m.Projector, m.ProjectorSHA256, func(int64, int64) {})
-	if err != nil {
-		return "", fmt.Errorf("fetching the projector %s: %w", m.Projector, err)
-	}
-	return path, nil
+	return fetchBeside(ctx, st, namespace, "projector", m.Projector, m.ProjectorSHA256)
 }
 
-// fetchDraft fetches the draft model of m for a replica in namespace (none: "");
-// its progress is not reported (the model's is).
+// fetchDraft fetches the draft model of m for a replica in namespace (none: "").
 func fetchDraft(ctx context.Context, st Store, namespace string, m v1alpha1.ModelSource) (string, error) {
-	if m.Draft == "" {
+	return fetchBeside(ctx, st, namespace, "draft model", m.Draft, m.DraftSHA256)
+}
+
+// fetchBeside fetches a file beside the model (what it is, its source and digest;
+// none when source is empty); its progress is not reported (the model's is).
+func fetchBeside(ctx context.Context, st Store, namespace, what, source, sha256 string) (string, error) {
+	if source == "" {
 		return "", nil
 	}
-	path, err := st.Fetch(ctx, namespace, m.Draft, m.DraftSHA256, func(int64, int64) {})
+	path, err := st.Fetch(ctx, namespace, source, sha256, func(int64, int64) {})
 	if err != nil {
-		return "", fmt.Errorf("fetching the draft model %s: %w", m.Draft, err)
+		return "", fmt.Errorf("fetching the %s %s: %w", what, source, err)
 	}
 	return path, nil
 }

@@ -44,16 +44,34 @@ func TestReplicaFiles(t *testing.T) {
 		}
 	}
 
-	st := &fetchRecorder{}
-	if p, err := fetchProjector(context.Background(), st, "team", model); p != "" || err != nil || len(st.got) != 0 {
-		t.Errorf("a model without a projector fetched %v: %q, %v", st.got, p, err)
-	}
-	p, err := fetchProjector(context.Background(), st, "team", vision)
-	if p != "/store/mmproj.gguf" || err != nil || cmp.Diff([]string{"team hf://o/r/mmproj.gguf bb"}, st.got) != "" {
-		t.Errorf("fetchProjector: %q, %v, asked %v", p, err, st.got)
-	}
-	st.err = errors.New("404")
-	if _, err := fetchProjector(context.Background(), st, "team", vision); err == nil || !strings.Contains(err.Error(), "fetching the projector hf://o/r/mmproj.gguf: 404") {
-		t.Errorf("a failed fetch: %v", err)
+}
+
+// TestFetchBeside: the files beside a model (its projector, its draft model) are
+// fetched from their own sources and digests, none when the deployment names none,
+// and a failed fetch names the file.
+func TestFetchBeside(t *testing.T) {
+	model := v1alpha1.ModelSource{Source: "hf://o/r/m.gguf", SHA256: "aa"}
+	full := model
+	full.Projector, full.ProjectorSHA256 = "hf://o/r/mmproj.gguf", "bb"
+	full.Draft, full.DraftSHA256 = "hf://o/r/small.gguf", "cc"
+	for _, tc := range []struct {
+		what, path, asked string
+		fetch             func(context.Context, Store, string, v1alpha1.ModelSource) (string, error)
+	}{
+		{"projector", "/store/mmproj.gguf", "team hf://o/r/mmproj.gguf bb", fetchProjector},
+		{"draft model", "/store/small.gguf", "team hf://o/r/small.gguf cc", fetchDraft},
+	} {
+		st := &fetchRecorder{}
+		if p, err := tc.fetch(context.Background(), st, "team", model); p != "" || err != nil || len(st.got) != 0 {
+			t.Errorf("a model without a %s fetched %v: %q, %v", tc.what, st.got, p, err)
+		}
+		p, err := tc.fetch(context.Background(), st, "team", full)
+		if p != tc.path || err != nil || cmp.Diff([]string{tc.asked}, st.got) != "" {
+			t.Errorf("fetching the %s: %q, %v, asked %v", tc.what, p, err, st.got)
+		}
+		st.err = errors.New("404")
+		if _, err := tc.fetch(context.Background(), st, "team", full); err == nil || !strings.Contains(err.Error(), "fetching the "+tc.what+" hf://o/r/") {
+			t.Errorf("a failed fetch of the %s: %v", tc.what, err)
+		}
 	}
 }

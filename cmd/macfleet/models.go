@@ -160,35 +160,38 @@ func (ff *fitFlags) run(ctx context.Context, source string) (modelfit.Report, er
 // the memory it adds beside the model; nil when none is named. A projector is one
 // file, as the API requires of spec.model.projector.
 func (ff *fitFlags) readProjector(ctx context.Context, policy *sourcepolicy.Policy) (*modelfit.Projector, error) {
-	src := ff.projector
+	h, err := ff.readBeside(ctx, policy, "--projector", "a projector", ff.projector)
+	if h == nil || err != nil {
+		return nil, err
+	}
+	return &modelfit.Projector{Source: ff.projector, Bytes: h.ProjectorBytes()}, nil
+}
+
+// readBeside reads the header of a file beside the model given by flag (what it
+// is; nil when src is empty): one file, as the API requires of the files beside a
+// model, read as the model's is.
+func (ff *fitFlags) readBeside(ctx context.Context, policy *sourcepolicy.Policy, flag, what, src string) (*estimate.Header, error) {
 	if src == "" {
 		return nil, nil
 	}
 	if modelsource.IsSplitPart(src) {
-		return nil, fmt.Errorf("--projector %s: a projector is one file: it cannot be stored in parts", src)
+		return nil, fmt.Errorf("%s %s: %s is one file: it cannot be stored in parts", flag, src, what)
 	}
 	h, err := ff.sources.readHeader(ctx, policy, ff.namespace, src)
 	if err != nil {
-		return nil, fmt.Errorf("--projector: %w", err)
+		return nil, fmt.Errorf("%s: %w", flag, err)
 	}
-	return &modelfit.Projector{Source: src, Bytes: h.ProjectorBytes()}, nil
+	return h, nil
 }
 
 // readDraft reads the header of --draft as the model's is read; nil when none is
 // named. A draft model is one file, as the API requires of spec.model.draft.
 func (ff *fitFlags) readDraft(ctx context.Context, policy *sourcepolicy.Policy) (*modelfit.Draft, error) {
-	src := ff.draft
-	if src == "" {
-		return nil, nil
+	h, err := ff.readBeside(ctx, policy, "--draft", "a draft model", ff.draft)
+	if h == nil || err != nil {
+		return nil, err
 	}
-	if modelsource.IsSplitPart(src) {
-		return nil, fmt.Errorf("--draft %s: a draft model is one file: it cannot be stored in parts", src)
-	}
-	h, err := ff.sources.readHeader(ctx, policy, ff.namespace, src)
-	if err != nil {
-		return nil, fmt.Errorf("--draft: %w", err)
-	}
-	return &modelfit.Draft{Source: src, Header: h}, nil
+	return &modelfit.Draft{Source: ff.draft, Header: h}, nil
 }
 
 // macs are the Macs to answer for, a line saying whose they are, and the source

@@ -5,7 +5,6 @@ import (
 	"fmt"
 
 	"github.com/macfleet/macfleet/internal/estimate"
-	"github.com/macfleet/macfleet/internal/modelsource"
 )
 
 // withDraft is res with the memory of the deployment's draft model (k.Draft, none
@@ -16,23 +15,14 @@ func (r *Reconciler) withDraft(ctx context.Context, k estimateKey, res estimate.
 	if k.Draft == "" {
 		return res, nil
 	}
-	src, err := modelsource.Parse(k.Draft)
+	p, refusal, err := r.besideParams(ctx, "draft", k.Draft)
 	if err != nil {
-		return res, fmt.Errorf("draft: %w", err)
+		return res, err
 	}
-	if src.Scheme == modelsource.File {
-		return res, ErrFileSourceNeedsMemory
-	}
-	loc, err := r.Resolver.Resolve(ctx, src)
+	p.ContextLength, p.Parallel, p.KVCacheType = k.ContextLength*max(k.Parallel, 1), k.Parallel, estimate.KVCacheType(k.KVCacheType)
+	d, err := r.Estimate(ctx, p)
 	if err != nil {
-		return res, fmt.Errorf("draft %s: %w", k.Draft, err)
-	}
-	header := r.hubHeader(ctx, src)
-	d, err := r.Estimate(ctx, estimate.Params{URL: loc.URL, ContextLength: k.ContextLength * max(k.Parallel, 1),
-		Parallel: k.Parallel, KVCacheType: estimate.KVCacheType(k.KVCacheType), Header: header,
-		HTTPClient: r.Resolver.HTTPClient, Dial: r.policy.Dialer().DialContext})
-	if err != nil {
-		return res, fmt.Errorf("draft %s: %w", k.Draft, hubRefusal(src, header != nil, err))
+		return res, fmt.Errorf("draft %s: %w", k.Draft, refusal(err))
 	}
 	return res.WithDraft(d.DraftBytes()), nil
 }

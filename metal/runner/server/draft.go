@@ -162,7 +162,7 @@ func (d *drafter) sync(asks []*draftAsk) error {
 	next := make([]int, len(asks)) // the next token of hist to decode
 	for i, a := range asks {
 		a.out, a.last = a.out[:0], -1
-		keep := min(speculate.Common(d.held[a.seq], a.hist), len(a.hist)-1)
+		keep := min(commonPrefix(d.held[a.seq], a.hist), len(a.hist)-1)
 		if !d.ctx.SeqRm(a.seq, keep, -1) {
 			d.ctx.SeqRm(a.seq, -1, -1)
 			keep = 0

@@ -40,15 +40,3 @@ func VocabMismatch(target, draft Vocab) string {
 	}
 	return ""
 }
-
-// Common is how many leading tokens a and b share: what a draft context that holds
-// a keeps when it is synced to b (the rest is removed, b's rest decoded).
-func Common(a, b []int32) int {
-	n := min(len(a), len(b))
-	for i := range n {
-		if a[i] != b[i] {
-			return i
-		}
-	}
-	return n
-}

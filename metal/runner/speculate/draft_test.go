@@ -52,21 +52,3 @@ func TestVocabMismatch(t *testing.T) {
 		})
 	}
 }
-
-func TestCommon(t *testing.T) {
-	for _, tc := range []struct {
-		a, b []int32
-		want int
-	}{
-		{nil, []int32{1}, 0},
-		{[]int32{1, 2, 3}, []int32{1, 2, 3}, 3},
-		{[]int32{1, 2, 3}, []int32{1, 2}, 2},
-		{[]int32{1, 2}, []int32{1, 2, 5, 6}, 2},
-		{[]int32{1, 9, 3}, []int32{1, 2, 3}, 1},
-		{[]int32{7}, []int32{1}, 0},
-	} {
-		if got := Common(tc.a, tc.b); got != tc.want {
-			t.Errorf("Common(%v, %v) = %d, want %d", tc.a, tc.b, got, tc.want)
-		}
-	}
-}

@@ -3,11 +3,13 @@ package e2e
 import (
 	"encoding/json"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/macfleet/macfleet/api/runnerapi"
+	"github.com/macfleet/macfleet/internal/ggufsynth"
 	"github.com/macfleet/macfleet/test/support/testassets"
 )
 
@@ -135,4 +137,19 @@ func TestDraftModelOfAnotherVocabulary(t *testing.T) {
 func quoteJSON(s string) string {
 	b, _ := json.Marshal(s)
 	return string(b)
+}
+
+// TestDraftModelNotLoadedWhereSpeculationIsOff: a model with a recurrent state never
+// drafts, so its runner does not load the draft model it is given: /status has no
+// draft, and lists speculation as off with its reason.
+func TestDraftModelNotLoadedWhereSpeculationIsOff(t *testing.T) {
+	m := familyModel(t, ggufsynth.Qwen3Next)
+	r := startReady(t, m, "--draft", m)
+	st := r.status()
+	if st.Draft != nil {
+		t.Fatalf("/status draft = %+v: a model that never drafts loaded its draft model", st.Draft)
+	}
+	if !slices.ContainsFunc(st.Off, func(p runnerapi.PathOff) bool { return p.Path == runnerapi.PathSpeculation }) {
+		t.Fatalf("/status off = %+v: want speculation off", st.Off)
+	}
 }

@@ -51,9 +51,14 @@ type draftAsk struct {
 
 // loadDraft loads the draft model at path for target m (nil without a path) with a
 // context shaped as the target's lctx: refused unless its vocabulary is m's, for a
-// split runner, and for a draft with a recurrent state.
+// split runner, and for a draft with a recurrent state; not loaded for a target that
+// never drafts (a recurrent state: speculationOff), which /status reports.
 func loadDraft(path string, m *llama.Model, lctx *llama.Context, cfg Config) (*drafter, error) {
 	if path == "" {
+		return nil, nil
+	}
+	if !m.HasKVCells() {
+		cfg.Log.Info("Not loading the draft model: speculative decoding is off for this model", "draft", path)
 		return nil, nil
 	}
 	if len(cfg.Split) > 0 {

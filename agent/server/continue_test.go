@@ -181,8 +181,8 @@ func checkCounted(t *testing.T, what string, resp *http.Response, b []byte, prom
 
 // TestSpeculationHeaderReachesTheRunner: the agent passes runnerapi.HeaderSpeculation
 // on. The tiny model's greedy answer repeats itself, which prompt lookup drafts: with
-// the header absent the usage counts accepted drafts, with it off none, and the
-// answer is the same text either way.
+// the header on the usage counts accepted drafts, with it off none, and the answer is
+// the same text either way.
 func TestSpeculationHeaderReachesTheRunner(t *testing.T) {
 	a := startAgent(t, agentOptions{})
 	answer := func(header ...string) (string, runnerapi.Usage) {
@@ -197,7 +197,7 @@ func TestSpeculationHeaderReachesTheRunner(t *testing.T) {
 		}
 		return *out.Choices[0].Message.Content, *out.Usage
 	}
-	onText, on := answer()
+	onText, on := answer(runnerapi.HeaderSpeculation, runnerapi.SpeculationOn)
 	t.Logf("on: %+v %+v", on, on.CompletionTokensDetails)
 	offText, off := answer(runnerapi.HeaderSpeculation, runnerapi.SpeculationOff)
 	if on.CompletionTokensDetails == nil || on.CompletionTokensDetails.AcceptedPredictionTokens == 0 {

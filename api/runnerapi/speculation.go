@@ -6,18 +6,31 @@ import (
 	"strings"
 )
 
-// HeaderSpeculation, set to SpeculationOff, turns speculative decoding (prompt
-// lookup drafts verified in the same pass) off for a generation request; absent or
-// SpeculationOn, the runner drafts where its adaptive policy finds it pays. Either
+// HeaderSpeculation, set to SpeculationOff, turns speculative decoding (drafts
+// verified in the same pass) off for a generation request; SpeculationOn drafts
+// wherever a slot's policy finds a draft (prompt lookup, the prediction, a draft
+// model), whether or not it pays on this machine; absent (SpeculationAuto), the
+// runner drafts only where its own step times say a draft is expected to pay. Any
 // way the answer is the same token for token: the header changes only the speed.
-// Another value is taken as SpeculationOn.
+// Another value is taken as absent.
 const HeaderSpeculation = "X-Macfleet-Speculation"
 
 // The values of HeaderSpeculation.
 const (
-	SpeculationOff = "off"
-	SpeculationOn  = "on"
+	SpeculationOff  = "off"
+	SpeculationOn   = "on"
+	SpeculationAuto = ""
 )
+
+// SpeculationMode is the mode a HeaderSpeculation value asks for: SpeculationOff,
+// SpeculationOn, or SpeculationAuto for anything else.
+func SpeculationMode(v string) string {
+	switch v = strings.ToLower(strings.TrimSpace(v)); v {
+	case SpeculationOff, SpeculationOn:
+		return v
+	}
+	return SpeculationAuto
+}
 
 // PathSpeculation is speculative decoding: a model whose sequences cannot be cut
 // back by a rejected draft's tokens (a recurrent state) is served without it.

@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"encoding/json"
-	"slices"
 	"testing"
 	"time"
 
@@ -38,38 +37,42 @@ func BenchmarkSpeculation(b *testing.B) {
 	b.Run("draft", func(b *testing.B) { specRow(b, rd, nothing) })
 }
 
-// specRow is one row of BenchmarkSpeculation: body asked of r with speculation off
-// and on in turn, b.N times each.
+// specRow is one row of BenchmarkSpeculation: body asked of r with speculation off,
+// on (drafting wherever a draft is found) and left to the runner (no header: where
+// its step times say drafts pay) in turn, b.N times each.
 func specRow(b *testing.B, r *runner, body string) {
 	var m map[string]any
 	if err := json.Unmarshal([]byte(body), &m); err != nil {
 		b.Fatal(err)
 	}
 	timed(b, r, m, runnerapi.SpeculationOff) // warms the prompt cache
-	var offTok, onTok, kept, drafted int
-	var offTime, onTime time.Duration
-	ratios := make([]float64, 0, b.N)
+	var tok [3]int
+	var took [3]time.Duration
+	var kept, drafted int
+	ratios := [3][]float64{}
 	for range b.N {
-		n, dOff, _ := timed(b, r, m, runnerapi.SpeculationOff)
-		offTok, offTime = offTok+n, offTime+dOff
-		n, dOn, u := timed(b, r, m, runnerapi.SpeculationOn)
-		onTok, onTime = onTok+n, onTime+dOn
-		ratios = append(ratios, dOff.Seconds()/dOn.Seconds()) // the same tokens: a rate ratio
-		if det := u.CompletionTokensDetails; det != nil {
-			kept += det.AcceptedPredictionTokens
-			drafted += det.AcceptedPredictionTokens + det.RejectedPredictionTokens
+		var d [3]time.Duration
+		for i, mode := range specModes {
+			n, t, u := timed(b, r, m, mode)
+			tok[i], took[i], d[i] = tok[i]+n, took[i]+t, t
+			if det := u.CompletionTokensDetails; det != nil && mode == runnerapi.SpeculationOn {
+				kept += det.AcceptedPredictionTokens
+				drafted += det.AcceptedPredictionTokens + det.RejectedPredictionTokens
+			}
+		}
+		for i := 1; i < 3; i++ {
+			ratios[i] = append(ratios[i], d[0].Seconds()/d[i].Seconds()) // the same tokens: a rate ratio
 		}
 	}
-	off, on := float64(offTok)/offTime.Seconds(), float64(onTok)/onTime.Seconds()
-	b.ReportMetric(off, "off-tok/s")
-	b.ReportMetric(on, "on-tok/s")
-	b.ReportMetric(on/off, "on/off")
-	slices.Sort(ratios) // the median pair: robust to a busy machine's outliers
-	b.ReportMetric(ratios[len(ratios)/2], "median-on/off")
+	var rates [3]float64
+	for i := range rates {
+		rates[i] = float64(tok[i]) / took[i].Seconds()
+	}
+	reportModes(b, rates, ratios, "tok/s")
 	if drafted > 0 {
 		b.ReportMetric(float64(kept)/float64(drafted), "kept/drafted")
 	}
-	b.ReportMetric(float64(onTok)/float64(b.N), "tokens/answer")
+	b.ReportMetric(float64(tok[1])/float64(b.N), "tokens/answer")
 }
 
 // speculationModelB is speculationModel for a benchmark.

@@ -20,12 +20,13 @@ const specStreams = 16
 
 // BenchmarkSpeculationStreams measures the aggregate decode rate of 16 requests
 // answered side by side, every slot busy, with speculation off and on in turn on one
-// runner (issue 57: the 16-stream aggregate is to be no worse with speculation). Half
+// runner, and left to the runner (no header), in turn (issue 57: the 16-stream
+// aggregate is to be no worse with speculation). Half
 // of the requests quote a file read back (prompt lookup drafts them), half have
 // nothing to copy; each asks about something else, so the slots answer differently.
 // A round is the 16 answers' completion tokens over the time from the first request
-// sent to the last answer; the rounds alternate off and on, and the median of their
-// ratios is reported with the totals.
+// sent to the last answer; the rounds alternate off, on and auto, and the medians of
+// on's and auto's ratios to off's are reported with the totals.
 //
 //	MACFLEET_RUNNER=bin/macfleet-runner go test -run '^$' -bench SpeculationStreams -benchtime 5x ./test/runner
 func BenchmarkSpeculationStreams(b *testing.B) {
@@ -47,31 +48,51 @@ func BenchmarkSpeculationStreams(b *testing.B) {
 	if _, _, err := streamsRound(r, bodies, runnerapi.SpeculationOff); err != nil { // warms the prompt cache
 		b.Fatal(err)
 	}
-	var off, on roundCounts
-	var offTime, onTime time.Duration
-	ratios := make([]float64, 0, b.N)
+	var sums [3]roundCounts
+	var took [3]time.Duration
+	ratios := [3][]float64{}
 	for range b.N {
-		n, dOff, err := streamsRound(r, bodies, runnerapi.SpeculationOff)
-		if err != nil {
-			b.Fatal(err)
+		var rates [3]float64
+		for i, mode := range specModes {
+			c, d, err := streamsRound(r, bodies, mode)
+			if err != nil {
+				b.Fatal(err)
+			}
+			sums[i].add(c)
+			took[i] += d
+			rates[i] = float64(c.tokens) / d.Seconds()
 		}
-		m, dOn, err := streamsRound(r, bodies, runnerapi.SpeculationOn)
-		if err != nil {
-			b.Fatal(err)
+		for i := 1; i < 3; i++ {
+			ratios[i] = append(ratios[i], rates[i]/rates[0])
 		}
-		off.add(n)
-		on.add(m)
-		offTime, onTime = offTime+dOff, onTime+dOn
-		ratios = append(ratios, (float64(m.tokens)/dOn.Seconds())/(float64(n.tokens)/dOff.Seconds()))
 	}
-	offRate, onRate := float64(off.tokens)/offTime.Seconds(), float64(on.tokens)/onTime.Seconds()
-	b.ReportMetric(offRate, "off-agg-tok/s")
-	b.ReportMetric(onRate, "on-agg-tok/s")
-	b.ReportMetric(onRate/offRate, "on/off")
-	slices.Sort(ratios)
-	b.ReportMetric(ratios[len(ratios)/2], "median-on/off")
-	if on.drafted > 0 {
+	var rates [3]float64
+	for i := range rates {
+		rates[i] = float64(sums[i].tokens) / took[i].Seconds()
+	}
+	reportModes(b, rates, ratios, "agg-tok/s")
+	if on := sums[1]; on.drafted > 0 {
 		b.ReportMetric(float64(on.kept)/float64(on.drafted), "kept/drafted")
+	}
+}
+
+// specModes are the speculation modes the benchmarks compare, off first (the
+// baseline), and their names in the metrics.
+var specModes, specModeNames = []string{runnerapi.SpeculationOff, runnerapi.SpeculationOn, runnerapi.SpeculationAuto},
+	[3]string{"off", "on", "auto"}
+
+// reportModes reports each mode's rate (in unit), on's and auto's ratios to off's, and
+// the medians of their rounds' ratios (ratios[1] and [2]; robust to a busy
+// machine's outliers).
+func reportModes(b *testing.B, rates [3]float64, ratios [3][]float64, unit string) {
+	for i, name := range specModeNames {
+		b.ReportMetric(rates[i], name+"-"+unit)
+		if i == 0 {
+			continue
+		}
+		b.ReportMetric(rates[i]/rates[0], name+"/off")
+		slices.Sort(ratios[i])
+		b.ReportMetric(ratios[i][len(ratios[i])/2], "median-"+name+"/off")
 	}
 }
 

@@ -52,6 +52,10 @@ type engine struct {
 	// requests in a step. Set before run starts.
 	drafter *drafter
 	asks    []*draftAsk
+	// gate decides whether drafts pay, from the engine's own step times; mixed: this
+	// step's batch holds a prefill, whose time is not a decode step's.
+	gate  speculate.Gate
+	mixed bool
 
 	// queue is what the engine shares with the handlers (engine_queue.go).
 	queue *jobQueue
@@ -98,6 +102,7 @@ type slot struct {
 	// step's draft (decoded after next), its rows of logits, the tokens its verify
 	// sampled, and whether the sequence holds drafted cells past cached.
 	policy   speculate.Policy
+	rate     speculate.Rate // the job's share of drafted tokens kept (draftGate)
 	draft    []int32
 	rows     []llama.Logits
 	verified []int32
@@ -383,7 +388,7 @@ func (e *engine) assign(s *slot, j *job, keep int) {
 		}
 	}
 	s.stream = textstream.New(o.Stop)
-	s.policy = speculate.NewPolicy(speculate.DefaultMax)
+	s.policy, s.rate = speculate.NewPolicy(speculate.DefaultMax), speculate.Rate{}
 	for _, tok := range j.held { // a continued answer's text its client never got
 		if text, _ := s.stream.Push(outputPiece(e.model, j, tok)); text != "" {
 			j.emit(text, noToken, nil)

@@ -40,6 +40,7 @@ func speculationOff(arch string, recurrent, hybrid bool) string {
 // draft model's greedy tokens (draft.go: every such slot in one batch a token).
 func (e *engine) planDrafts(budget int) {
 	asks := e.asks[:0]
+	base, drafted, kept := e.nBatch-budget, 0, 0.0
 	for _, s := range e.slots {
 		s.draft, s.byModel = s.draft[:0], false
 		if budget <= 0 || s.take != 1 || s.phase != phaseGenerate || e.specOff != "" || !s.job.mayDraft() {
@@ -57,9 +58,11 @@ func (e *engine) planDrafts(budget int) {
 		if len(draft) > 0 {
 			n = min(n, len(draft))
 		}
-		if n == 0 || e.guard(n) != nil {
+		expect := s.rate.Expect(n)
+		if n == 0 || !s.job.forceSpec && !e.gate.Allows(base, drafted+n, kept+expect) || e.guard(n) != nil {
 			continue
 		}
+		drafted, kept = drafted+n, kept+expect
 		if len(draft) > 0 {
 			s.draft = append(s.draft, draft[:n]...)
 		} else {
@@ -135,6 +138,7 @@ func (e *engine) takeDraft(s *slot) {
 	toks := s.verified
 	accepted := len(toks) - 1
 	s.policy.Note(len(s.draft), accepted)
+	s.rate.Note(len(s.draft), accepted)
 	if s.byModel {
 		e.drafter.note(len(s.draft), accepted)
 	}

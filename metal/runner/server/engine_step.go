@@ -2,7 +2,11 @@
 
 package server
 
-import "github.com/macfleet/macfleet/api/runnerapi"
+import (
+	"time"
+
+	"github.com/macfleet/macfleet/api/runnerapi"
+)
 
 // One decode step of the engine: plan what each slot puts in the batch, fill it,
 // decode it (engine.go), take its outputs back into the slots, sample.
@@ -10,6 +14,7 @@ import "github.com/macfleet/macfleet/api/runnerapi"
 // step decodes one batch and handles its outputs.
 func (e *engine) step() {
 	feedImages(e.slots, imageEval{ctx: e.ctx, nBatch: e.nBatch, guard: e.guard, log: e.log}, e.release)
+	start := time.Now()
 	b := e.batch
 	b.Clear()
 	e.planTakes()
@@ -28,6 +33,7 @@ func (e *engine) step() {
 	}
 	e.sampling = e.absorb(e.sampling[:0])
 	e.sampleAll(e.sampling)
+	e.gate.Stepped(b.N(), time.Since(start), e.mixed)
 }
 
 // planTakes sets how many tokens each slot puts in this step's batch: one for each
@@ -36,6 +42,7 @@ func (e *engine) step() {
 func (e *engine) planTakes() {
 	budget := e.nBatch
 	var prefill []*slot
+	e.mixed = false
 	for _, s := range e.slots {
 		s.take, s.outIdx = 0, -1
 		switch {
@@ -67,6 +74,7 @@ func (e *engine) planTakes() {
 		}
 		s.take = n
 		budget -= n
+		e.mixed = true
 	}
 	e.planDrafts(budget)
 }

@@ -251,12 +251,13 @@ func (g *generator) generate(w http.ResponseWriter, r *http.Request, eng *engine
 		tokenIDs:   r.Header.Get(runnerapi.HeaderTokenIDs) == runnerapi.TokenCountComments,
 		usageFirst: opts.Stream && opts.IncludeUsage && r.Header.Get(runnerapi.HeaderPromptUsage) == "first-chunk",
 		logprobs:   opts.Logprobs, notify: make(chan struct{}, 1)}
-	noSpec, predicted := speculationOf(r, g.m.model, opts)
+	spec, predicted := speculationOf(r, g.m.model, opts)
 	for i := range opts.N {
 		o := opts
 		o.Seed += uint32(i) // each choice its own reproducible sequence
 		j := newJob(r.Context(), toks, o, false)
-		j.notify, j.partition, j.digests, j.images, j.noSpec, j.predicted = out.notify, partition, digests, images, noSpec, predicted
+		j.notify, j.partition, j.digests, j.images, j.predicted = out.notify, partition, digests, images, predicted
+		j.noSpec, j.forceSpec = spec == runnerapi.SpeculationOff, spec == runnerapi.SpeculationOn
 		if i == 0 {
 			j.restore, j.held = restore, held
 		}
@@ -291,15 +292,16 @@ func (g *generator) generate(w http.ResponseWriter, r *http.Request, eng *engine
 	g.traceJob(r.Context(), lookup, out.choices[0].j)
 }
 
-// speculationOf is how request r with options opts speculates on model m: off
-// (runnerapi.HeaderSpeculation), and the tokens of its prediction to draft from
-// (none when off, or when the tokenizer refuses the prediction: it only drafts).
-func speculationOf(r *http.Request, m *llama.Model, opts runnerapi.Options) (off bool, predicted []int32) {
-	off = r.Header.Get(runnerapi.HeaderSpeculation) == runnerapi.SpeculationOff
-	if opts.Predicted != "" && !off {
+// speculationOf is how request r with options opts speculates on model m: its
+// runnerapi.HeaderSpeculation (off, on, or "" where the engine's step times decide),
+// and the tokens of its prediction to draft from (none when off, or when the
+// tokenizer refuses the prediction: it only drafts).
+func speculationOf(r *http.Request, m *llama.Model, opts runnerapi.Options) (spec string, predicted []int32) {
+	spec = runnerapi.SpeculationMode(r.Header.Get(runnerapi.HeaderSpeculation))
+	if opts.Predicted != "" && spec != runnerapi.SpeculationOff {
 		predicted, _ = m.Tokenize(opts.Predicted, false, false)
 	}
-	return off, predicted
+	return spec, predicted
 }
 
 // cachePartition is the prompt cache partition of a request in partition (the

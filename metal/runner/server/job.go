@@ -44,8 +44,10 @@ type job struct {
 	// keys are the block keys of the prompt, hold the job's wait on a slot prefilling
 	// a prompt it shares, holdChecked whether it looked for one (engine goroutine only:
 	// see engine_inflight.go).
-	// noSpec turns speculative decoding off for the job (runnerapi.HeaderSpeculation).
-	noSpec bool
+	// noSpec turns speculative decoding off for the job, forceSpec drafts wherever
+	// the slot's policy finds a draft, paid or not; neither: where the engine's step
+	// times say drafts pay (runnerapi.HeaderSpeculation; engine_speculate.go's draftGate).
+	noSpec, forceSpec bool
 	// predicted are the tokens of the request's prediction, which the slot drafts
 	// from before its own history (runnerapi.Options.Predicted).
 	predicted   []int32

@@ -1,6 +1,9 @@
 package speculate
 
-import "math/bits"
+import (
+	"math/bits"
+	"time"
+)
 
 // Costs are the step times a runner measured, by how many tokens the step's batch
 // held, for deciding whether drafts pay (Pays). A drafted token is free where the
@@ -113,4 +116,37 @@ func (r Rate) Expect(d int) float64 {
 		sum += term
 	}
 	return sum
+}
+
+// Gate decides whether the drafts of slots that left speculation to the runner (no
+// HeaderSpeculation) are expected to pay on this machine: from the engine's own step
+// times by batch size (Costs, measured on steps without a prefill) and the slots'
+// running shares of drafts kept (Rate). A draft verified in the same pass is nearly
+// free where a step reads the weights once for all its rows (a large model on a Mac
+// or a card) and costs almost a decoded token where each row costs its own work (a
+// CPU's small models; a small model on a card, whose single-token steps run as CUDA
+// graphs and whose rows of logits span a large vocabulary). Every ExploreEvery-th
+// step lets drafts through anyway, so that a size measured under a passing load is
+// measured again. The zero Gate knows nothing (and so lets drafts through).
+type Gate struct {
+	costs Costs
+	steps int
+}
+
+// ExploreEvery is how often a Gate lets drafts through whatever the times say.
+const ExploreEvery = 64
+
+// Allows reports whether drafting drafted tokens (expected to keep kept) into a step
+// of base tokens pays, or this step explores.
+func (g *Gate) Allows(base, drafted int, kept float64) bool {
+	return g.steps%ExploreEvery == 0 || g.costs.Pays(base, drafted, kept)
+}
+
+// Stepped records a step of n tokens that took d; a step that held a prefill (mixed)
+// is counted but not measured.
+func (g *Gate) Stepped(n int, d time.Duration, mixed bool) {
+	if !mixed {
+		g.costs.Observe(n, d.Seconds())
+	}
+	g.steps++
 }

@@ -3,6 +3,7 @@ package speculate
 import (
 	"math"
 	"testing"
+	"time"
 )
 
 func TestBucket(t *testing.T) {
@@ -87,5 +88,39 @@ func TestRate(t *testing.T) {
 	r.Note(0, 0)
 	if r.Expect(0) != 0 {
 		t.Errorf("Expect(0) = %v", r.Expect(0))
+	}
+}
+
+// TestGate: where drafted rows cost as decoded ones (a step of 5 tokens 5 times one
+// of 1), a draft expected to keep 2 of 4 is refused, except on an exploring step;
+// where they are nearly free it is let through; a step with a prefill is not
+// measured.
+func TestGate(t *testing.T) {
+	var g Gate
+	if !g.Allows(1, 4, 0) {
+		t.Fatal("a fresh gate refused a draft: it knows nothing yet")
+	}
+	g.Stepped(1, time.Millisecond, false)
+	g.Stepped(5, 5*time.Millisecond, false)
+	g.Stepped(5, 50*time.Millisecond, true) // a prefill's step: not a decode's time
+	if g.Allows(1, 4, 2) {
+		t.Errorf("rows that cost as tokens: a draft keeping 2 of 4 allowed (times %v)", g.costs.ewma[:4])
+	}
+	if !g.Allows(1, 4, 4.5) {
+		t.Errorf("a draft expected to keep more than it costs refused")
+	}
+	for g.steps%ExploreEvery != 0 {
+		g.Stepped(1, time.Millisecond, false)
+	}
+	if !g.Allows(1, 4, 0) {
+		t.Errorf("step %d explores: refused", g.steps)
+	}
+	g.Stepped(1, time.Millisecond, false)
+	var flat Gate
+	flat.Stepped(1, 10*time.Millisecond, false)
+	flat.Stepped(1, 10*time.Millisecond, false)
+	flat.Stepped(5, 10100*time.Microsecond, false)
+	if !flat.Allows(1, 4, 0.5) {
+		t.Errorf("nearly free rows: a draft keeping half a token refused")
 	}
 }

@@ -18,16 +18,23 @@ import (
 // shape (hack/trained-model.sh, the draft's arguments), for speculative decoding.
 const TrainedDraftModel = "test/models/tiny-chat-draft.gguf.zst"
 
-// EnvDraftModel, when set, names an uncompressed draft model file to use instead of
-// the repository's.
+// EnvDraftModel, when set, names the draft model file to use instead of the
+// repository's: a GGUF, or a zstd-compressed one (NAME.zst, decompressed as the
+// repository's is: a test binary run away from the checkout names the repository's).
 const EnvDraftModel = "MACFLEET_DRAFT_MODEL"
 
 // DraftModelPath is the trained draft model's GGUF, decompressed on first use into
 // the user's cache (one file per compressed content), and whether it is there.
 func DraftModelPath() (string, bool, error) {
 	if p := os.Getenv(EnvDraftModel); p != "" {
-		_, err := os.Stat(p)
-		return p, err == nil, nil
+		if _, err := os.Stat(p); err != nil {
+			return p, false, nil
+		}
+		if filepath.Ext(p) != ".zst" {
+			return p, true, nil
+		}
+		p, err := decompressed(p, filepath.Join(os.TempDir(), "macfleet-testassets"))
+		return p, err == nil, err
 	}
 	_, file, _, ok := runtime.Caller(0)
 	if !ok {

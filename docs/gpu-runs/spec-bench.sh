@@ -10,19 +10,21 @@
 #   train  the draft's corpus (the trained model's: seed 45, 10 M tokens; held out:
 #          seed 46) and the draft trained on it (DRAFT_ARGS), converted to a GGUF
 #   both   build and train side by side (the build on the cores, training on the GPU)
-#   spec   BenchmarkSpeculation (one stream) and BenchmarkSpeculationStreams (16)
-#          with the trained model on the card, off and on in turn
-#   draft  BenchmarkSpeculation with MACFLEET_DRAFT_MODEL set to the draft
+#   spec   BenchmarkSpeculation (one stream, with its draft row: the repository's
+#          draft model) and BenchmarkSpeculationStreams (16) with the trained model on
+#          the card, off, on and auto in turn
+# PACK names another pack folder (a bench-only pack: bin.tar.xz with the runner and
+# runner.test, and ggml-src.tar.xz; the repository and a pack must fit 64 MiB).
 set -uo pipefail
 out=$1
 shift
-pack=.cache/dspec
+pack=${PACK:-.cache/dspec}
 run=$pack/run
 bin=$run/bin
 logs=$out/logs # every log, archived into $out/logs.tgz at the end (the tool brings back 8 files)
 mkdir -p "$logs" "$run"
 [[ -x $bin/runner.test ]] || tar -C "$run" -xJf "$pack/bin.tar.xz"
-[[ -d $run/assets ]] || { mkdir -p "$run/assets" && tar -C "$run/assets" -xJf "$pack/testassets.tar.xz"; }
+[[ -d $run/assets || ! -f $pack/testassets.tar.xz ]] || { mkdir -p "$run/assets" && tar -C "$run/assets" -xJf "$pack/testassets.tar.xz"; }
 # hack/test-gpu.sh unpacks what it misses; it finds bin/macfleet absent and unpacks
 # bin.tar.xz again, which holds the same files.
 export MACFLEET_TESTASSETS_DIR=$PWD/$run/assets
@@ -60,6 +62,7 @@ step_both() {
 
 bench() {
 	MACFLEET_RUNNER="$bin/macfleet-runner" MACFLEET_TRAINED_MODEL="$PWD/test/models/tiny-chat-trained.gguf" \
+		MACFLEET_DRAFT_MODEL="${DRAFT:-$PWD/test/models/tiny-chat-draft.gguf.zst}" \
 		"$bin/runner.test" -test.run '^$' -test.count=1 "$@"
 }
 
@@ -67,11 +70,6 @@ step_spec() {
 	ls "$bin/lib/" || return 1
 	bench -test.bench 'Speculation$' -test.benchtime "${SPEC_ROUNDS:-8}x" 2>&1 | grep -E 'Benchmark|ok|FAIL|no accelerator'
 	bench -test.bench 'SpeculationStreams' -test.benchtime "${STREAM_ROUNDS:-4}x" 2>&1 | grep -E 'Benchmark|ok|FAIL'
-}
-
-step_draft() {
-	MACFLEET_DRAFT_MODEL="${DRAFT:-$draft/tiny-chat-draft.gguf}" bench -test.bench 'Speculation' \
-		-test.benchtime "${SPEC_ROUNDS:-8}x" 2>&1 | grep -E 'Benchmark|ok|FAIL'
 }
 
 for s in "$@"; do

@@ -388,7 +388,7 @@ func (e *engine) assign(s *slot, j *job, keep int) {
 		}
 	}
 	s.stream = textstream.New(o.Stop)
-	s.policy, s.rate = speculate.NewPolicy(speculate.DefaultMax), speculate.Rate{}
+	s.policy, s.rate = speculate.NewPolicy(speculate.DefaultMax), e.gate.Prior()
 	for _, tok := range j.held { // a continued answer's text its client never got
 		if text, _ := s.stream.Push(outputPiece(e.model, j, tok)); text != "" {
 			j.emit(text, noToken, nil)

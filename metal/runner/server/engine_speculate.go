@@ -139,6 +139,7 @@ func (e *engine) takeDraft(s *slot) {
 	accepted := len(toks) - 1
 	s.policy.Note(len(s.draft), accepted)
 	s.rate.Note(len(s.draft), accepted)
+	e.gate.Note(len(s.draft), accepted)
 	if s.byModel {
 		e.drafter.note(len(s.draft), accepted)
 	}

@@ -131,10 +131,20 @@ func (r Rate) Expect(d int) float64 {
 type Gate struct {
 	costs Costs
 	steps int
+	// rate is the share of drafted tokens kept over every slot, the prior of a new
+	// answer's own (Prior): a runner whose drafts keep failing does not start each
+	// answer at an even chance.
+	rate Rate
 }
 
 // ExploreEvery is how often a Gate lets drafts through whatever the times say.
-const ExploreEvery = 64
+const ExploreEvery = 256
+
+// Note records a verified draft of proposed tokens of which accepted were kept.
+func (g *Gate) Note(proposed, accepted int) { g.rate.Note(proposed, accepted) }
+
+// Prior is a new answer's starting Rate: the runner's own so far.
+func (g *Gate) Prior() Rate { return g.rate }
 
 // Allows reports whether drafting drafted tokens (expected to keep kept) into a step
 // of base tokens pays, or this step explores.

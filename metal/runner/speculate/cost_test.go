@@ -116,6 +116,15 @@ func TestGate(t *testing.T) {
 		t.Errorf("step %d explores: refused", g.steps)
 	}
 	g.Stepped(1, time.Millisecond, false)
+	if g.Prior().Share() != 0.5 {
+		t.Errorf("a fresh gate's prior share %v, want 0.5", g.Prior().Share())
+	}
+	for range 10 {
+		g.Note(4, 0)
+	}
+	if p := g.Prior(); p.Share() > 0.2 || p.Expect(4) > 0.25 {
+		t.Errorf("after ten drafts that kept nothing, a new answer starts at share %v (expects %v of 4)", p.Share(), p.Expect(4))
+	}
 	var flat Gate
 	flat.Stepped(1, 10*time.Millisecond, false)
 	flat.Stepped(1, 10*time.Millisecond, false)

@@ -54,8 +54,8 @@ type engine struct {
 	asks    []*draftAsk
 	// gate decides whether drafts pay, from the engine's own step times; mixed: this
 	// step's batch holds a prefill, whose time is not a decode step's.
-	gate  speculate.Gate
-	mixed bool
+	gate           speculate.Gate
+	mixed, drafted bool
 
 	// queue is what the engine shares with the handlers (engine_queue.go).
 	queue *jobQueue

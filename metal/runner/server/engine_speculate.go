@@ -73,7 +73,7 @@ func (e *engine) planDrafts(budget int) {
 		s.take += n
 		budget -= n
 	}
-	e.asks = asks
+	e.asks, e.drafted = asks, drafted > 0
 	if len(asks) == 0 {
 		return
 	}

@@ -131,6 +131,15 @@ func (r Rate) Expect(d int) float64 {
 type Gate struct {
 	costs Costs
 	steps int
+	// lastDrafted: the previous step held drafts (or a prefill), another shape of
+	// batch than a plain decode's; pending is that step's size and time, waiting to
+	// be charged with what it cost the step after it.
+	lastDrafted bool
+	pending     struct {
+		n       int
+		seconds float64
+		ok      bool
+	}
 	// rate is the share of drafted tokens kept over every slot, the prior of a new
 	// answer's own (Prior): a runner whose drafts keep failing does not start each
 	// answer at an even chance.
@@ -152,11 +161,31 @@ func (g *Gate) Allows(base, drafted int, kept float64) bool {
 	return g.steps%ExploreEvery == 0 || g.costs.Pays(base, drafted, kept)
 }
 
-// Stepped records a step of n tokens that took d; a step that held a prefill (mixed)
-// is counted but not measured.
-func (g *Gate) Stepped(n int, d time.Duration, mixed bool) {
-	if !mixed {
-		g.costs.Observe(n, d.Seconds())
-	}
+// Stepped records a step of n tokens that took d: one that held drafts (drafted),
+// or a prefill (mixed), which is counted but not measured. A batch of another shape
+// than the step before costs the step after it too (a card's one-token steps run as
+// a recorded graph, recorded again after a batch of another size), so a drafting step
+// that follows a plain one is charged with what the plain step after it took beyond
+// a plain step's time; a plain step after another shape is not measured as plain.
+func (g *Gate) Stepped(n int, d time.Duration, mixed, drafted bool) {
 	g.steps++
+	prev := g.lastDrafted
+	g.lastDrafted = drafted || mixed
+	sec := d.Seconds()
+	switch {
+	case mixed:
+		g.pending.ok = false
+	case drafted && prev:
+		g.costs.Observe(n, sec) // drafting step after drafting step: no change of shape
+	case drafted:
+		g.pending.n, g.pending.seconds, g.pending.ok = n, sec, true
+	case prev:
+		if g.pending.ok {
+			plain, _ := g.costs.Time(n)
+			g.costs.Observe(g.pending.n, g.pending.seconds+max(0, sec-plain))
+			g.pending.ok = false
+		}
+	default:
+		g.costs.Observe(n, sec)
+	}
 }

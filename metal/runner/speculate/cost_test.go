@@ -100,9 +100,10 @@ func TestGate(t *testing.T) {
 	if !g.Allows(1, 4, 0) {
 		t.Fatal("a fresh gate refused a draft: it knows nothing yet")
 	}
-	g.Stepped(1, time.Millisecond, false)
-	g.Stepped(5, 5*time.Millisecond, false)
-	g.Stepped(5, 50*time.Millisecond, true) // a prefill's step: not a decode's time
+	g.Stepped(1, time.Millisecond, false, false)
+	g.Stepped(5, 5*time.Millisecond, false, true)
+	g.Stepped(1, time.Millisecond, false, false)   // charges the drafting step nothing more
+	g.Stepped(5, 50*time.Millisecond, true, false) // a prefill's step: not a decode's time
 	if g.Allows(1, 4, 2) {
 		t.Errorf("rows that cost as tokens: a draft keeping 2 of 4 allowed (times %v)", g.costs.ewma[:4])
 	}
@@ -110,12 +111,12 @@ func TestGate(t *testing.T) {
 		t.Errorf("a draft expected to keep more than it costs refused")
 	}
 	for g.steps%ExploreEvery != 0 {
-		g.Stepped(1, time.Millisecond, false)
+		g.Stepped(1, time.Millisecond, false, false)
 	}
 	if !g.Allows(1, 4, 0) {
 		t.Errorf("step %d explores: refused", g.steps)
 	}
-	g.Stepped(1, time.Millisecond, false)
+	g.Stepped(1, time.Millisecond, false, false)
 	if g.Prior().Share() != 0.5 {
 		t.Errorf("a fresh gate's prior share %v, want 0.5", g.Prior().Share())
 	}
@@ -126,10 +127,37 @@ func TestGate(t *testing.T) {
 		t.Errorf("after ten drafts that kept nothing, a new answer starts at share %v (expects %v of 4)", p.Share(), p.Expect(4))
 	}
 	var flat Gate
-	flat.Stepped(1, 10*time.Millisecond, false)
-	flat.Stepped(1, 10*time.Millisecond, false)
-	flat.Stepped(5, 10100*time.Microsecond, false)
+	flat.Stepped(1, 10*time.Millisecond, false, false)
+	flat.Stepped(1, 10*time.Millisecond, false, false)
+	flat.Stepped(5, 10100*time.Microsecond, false, true)
+	flat.Stepped(1, 10*time.Millisecond, false, false)
 	if !flat.Allows(1, 4, 0.5) {
 		t.Errorf("nearly free rows: a draft keeping half a token refused")
+	}
+}
+
+// TestGateChargesTheStepAfter: a drafting step that costs little itself but makes the
+// plain step after it slow (a graph recorded again) is charged with the difference,
+// and then refused.
+func TestGateChargesTheStepAfter(t *testing.T) {
+	var g Gate
+	for range 3 {
+		g.Stepped(1, time.Millisecond, false, false)
+	}
+	g.Stepped(5, 1100*time.Microsecond, false, true) // cheap by itself
+	if g.pending.ok != true {
+		t.Fatal("the drafting step was measured before the step after it")
+	}
+	g.Stepped(1, 3*time.Millisecond, false, false) // 2 ms more than a plain step
+	got, ok := g.costs.Time(5)
+	if !ok || got < 0.0030 || got > 0.0032 {
+		t.Errorf("the drafting step costs %v s, want 3.1 ms: its own 1.1 and the 2 it added", got)
+	}
+	if plain, _ := g.costs.Time(1); plain != 0.001 {
+		t.Errorf("the plain step after a draft was measured as plain: %v", plain)
+	}
+	g.steps = 1
+	if g.Allows(1, 4, 1.5) {
+		t.Error("a draft expected to keep 1.5 allowed where it costs 2.1 steps")
 	}
 }

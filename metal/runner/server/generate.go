@@ -218,8 +218,7 @@ func (g *generator) generate(w http.ResponseWriter, r *http.Request, eng *engine
 		writeError(w, runnerapi.InvalidRequest(runnerapi.CodeInvalidValue, param, "the prompt is empty"))
 		return
 	}
-	var restore *restoreState
-	var lookup lookupSpan
+	restore, lookup := (*restoreState)(nil), lookupSpan{}
 	partition := cachePartition(r.Header.Get(runnerapi.HeaderCachePartition), opts.CacheSalt)
 	digests := promptcache.ParseDigests(r.Header.Get(runnerapi.HeaderPrefixDigests))
 	if len(images) > 0 {
@@ -256,8 +255,8 @@ func (g *generator) generate(w http.ResponseWriter, r *http.Request, eng *engine
 		o := opts
 		o.Seed += uint32(i) // each choice its own reproducible sequence
 		j := newJob(r.Context(), toks, o, false)
-		j.notify, j.partition, j.digests, j.images, j.predicted = out.notify, partition, digests, images, predicted
-		j.noSpec, j.forceSpec = spec == runnerapi.SpeculationOff, spec == runnerapi.SpeculationOn
+		j.notify, j.partition, j.digests, j.images, j.predicted, j.noSpec, j.forceSpec = out.notify, partition, digests, images, predicted,
+			spec == runnerapi.SpeculationOff, spec == runnerapi.SpeculationOn
 		if i == 0 {
 			j.restore, j.held = restore, held
 		}

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strconv"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -232,15 +233,39 @@ func refuse(c net.Conn, refusal []byte) {
 }
 
 // refuseNow writes the refusal to c (a new connection's empty send buffer takes it
-// whole) and closes c without waiting: no goroutine, no wait for the client. A
-// request that came before the close makes it a reset, which the client reads after
-// the answer (Linux and the BSDs keep what was received) unless it was still writing
-// a body. Only floods get it: a source past its displacement rate, and refusals past
-// maxRefusing at once.
+// whole), reads what the client already sent (drainReceived) and closes c without
+// waiting: no goroutine, no wait for the client. A request that arrives after the
+// close makes it a reset, after the answer was sent. Only floods get it: a source
+// past its displacement rate, and refusals past maxRefusing at once.
 func refuseNow(c net.Conn, refusal []byte) {
 	_ = c.SetWriteDeadline(time.Now().Add(10 * time.Millisecond))
 	_, _ = c.Write(refusal)
+	drainReceived(c)
 	_ = c.Close()
+}
+
+// drainReceived reads what c has already received, without waiting for more: a
+// socket closed with unread bytes is reset at once, its unsent answer dropped, so a
+// client that sent its request as it connected (before the accept) would read a reset
+// instead of the refusal.
+func drainReceived(c net.Conn) {
+	sc, ok := c.(syscall.Conn)
+	if !ok {
+		return
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return
+	}
+	var buf [4096]byte
+	_ = rc.Read(func(fd uintptr) bool {
+		for range 16 { // at most 64 KiB
+			if n, err := syscall.Read(int(fd), buf[:]); n <= 0 || err != nil {
+				break
+			}
+		}
+		return true // one attempt: never wait for bytes not yet here
+	})
 }
 
 // slotConn holds a slot of its listener until closed. Under the listener's lock:

@@ -188,15 +188,15 @@ func TestAttackRedialFloodChurnsItsSource(t *testing.T) {
 }
 
 // TestAttackRedialFloodClosesAKeptAliveClient: on `macfleet serve` every local client
-// is 127.0.0.1, one source. Another local process holds the rest of the source's
-// share in idle connections; a client keeps its connection alive (as the SDKs do)
-// and sends a request every 300 ms, while that process redials as fast as it can.
-// Before the bound on displacements each new connection of the flood took the oldest
-// idle slot, cycling the whole share in tens of milliseconds: the client's
-// connection, idle between requests, was closed under it again and again. Now the
-// flood displaces at most its burst (fewer than the share) and then 16 a second, the
-// oldest idle first, and the client's connection — idle for far less than that
-// takes to come round — stays: every request served on the one connection.
+// is 127.0.0.1, one source. A client keeps its connection alive (as the SDKs do),
+// sends two requests and waits while another local process fills the rest of the
+// source's share with idle connections (each answered one request); then the client
+// sends a request every 300 ms while that process redials as fast as it can. Before,
+// each new connection of the flood took the oldest idle slot — first the client's,
+// then cycling the whole share in tens of milliseconds, the client's connection
+// closed under it again and again. Now the flood displaces at most its burst and
+// then 16 a second, and of the idle connections those answered fewest requests first:
+// the client's stays, every request served on the one connection.
 func TestAttackRedialFloodClosesAKeptAliveClient(t *testing.T) {
 	const perSource, dials = 128, 2000
 	addr := serve(t, echoBody, Limits{MaxConnections: 4 * perSource, MaxConnectionsPerSource: perSource})
@@ -219,7 +219,6 @@ func TestAttackRedialFloodClosesAKeptAliveClient(t *testing.T) {
 			}
 		}
 	}
-	flood(perSource - 1)
 	var dialled atomic.Int64
 	client := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{MaxConnsPerHost: 1,
 		DialContext: func(ctx context.Context, network, a string) (net.Conn, error) {
@@ -239,9 +238,12 @@ func TestAttackRedialFloodClosesAKeptAliveClient(t *testing.T) {
 		}
 		return ""
 	}
-	if fail := send(); fail != "" {
-		t.Fatalf("before the flood: %s", fail)
+	for range 2 {
+		if fail := send(); fail != "" {
+			t.Fatalf("before the flood: %s", fail)
+		}
 	}
+	flood(perSource - 1) // the client's connection, idle meanwhile, is now the oldest
 	stop, fails := make(chan struct{}), make(chan []string, 1)
 	go func() {
 		var fs []string

@@ -273,13 +273,14 @@ func drainReceived(c net.Conn) {
 // served), activeSince when its current request's first byte arrived, handling
 // whether a handler runs it, waitSince when that handler began to wait for body
 // bytes that have not come (zero while it does not wait), bodyStart when the handler
-// began and bodyBytes how much of its request's body came since.
+// began and bodyBytes how much of its request's body came since; served counts the
+// requests it was answered (evict.go lets the most used go last).
 type slotConn struct {
 	net.Conn
 	l                                            *capListener
 	src                                          string
 	idleSince, activeSince, waitSince, bodyStart time.Time
-	bodyBytes                                    int64
+	bodyBytes, served                            int64
 	handling                                     bool
 }
 
@@ -319,6 +320,7 @@ func connState(c net.Conn, st http.ConnState) {
 		switch st {
 		case http.StateIdle:
 			sc.idleSince, sc.handling, sc.waitSince = now, false, time.Time{}
+			sc.served++
 		case http.StateActive:
 			sc.idleSince, sc.activeSince = time.Time{}, now
 		}

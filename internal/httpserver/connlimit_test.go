@@ -37,7 +37,8 @@ func TestCapListenerAdmit(t *testing.T) {
 	type step struct {
 		ip string
 		at time.Duration
-		// state the connection then takes: "" idle, "busy" (a request served),
+		// state the connection then takes: "" idle, "reused" (idle, 5 requests
+		// answered), "busy" (a request served),
 		// "headers" (a request's headers begun, not ended), "body" (its handler waiting
 		// for more of a body that came fast), "trickle" (the handler waiting, 10 bytes of
 		// body come, the last 900 ms after it began).
@@ -104,6 +105,13 @@ func TestCapListenerAdmit(t *testing.T) {
 			{ip: "10.0.0.5", state: "busy", want: "ok"}, {ip: "10.0.0.6", state: "busy", want: "ok"},
 			{ip: "10.0.0.7", state: "busy", want: "ok"}, {ip: "10.0.0.8", state: "busy", want: "ok"},
 			{ip: "10.0.0.9", at: time.Hour, want: "full"},
+		}},
+		{"a connection answered more requests goes after those answered fewer", Limits{}, []step{
+			{ip: "10.0.0.1", state: "reused", want: "ok"}, {ip: "10.0.0.1", at: time.Second, want: "ok"},
+			{ip: "10.0.0.1", at: 2 * time.Second, state: "reused", want: "ok"},
+			{ip: "10.0.0.1", at: 3 * time.Second, want: "ok", stale: []int{1}},
+			{ip: "10.0.0.1", at: 4 * time.Second, want: "ok", stale: []int{3}},
+			{ip: "10.0.0.1", at: 5 * time.Second, want: "ok", stale: []int{4}},
 		}},
 		{"a source displaces its own connections at most its burst, then its rate", churn, []step{
 			{ip: "10.0.0.1", want: "ok"}, {ip: "10.0.0.1", at: 100 * time.Microsecond, want: "ok"},
@@ -185,6 +193,8 @@ func TestCapListenerAdmit(t *testing.T) {
 // setState puts sc in state (TestCapListenerAdmit's) at at.
 func setState(sc *slotConn, state string, at time.Time) {
 	switch state {
+	case "reused": // idle, after 5 requests answered
+		sc.served = 5
 	case "busy":
 		sc.idleSince, sc.activeSince, sc.handling = time.Time{}, at, true
 	case "headers":

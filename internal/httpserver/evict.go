@@ -33,13 +33,17 @@ func reclaimableSince(c *slotConn, now time.Time) (time.Time, bool) {
 	return time.Time{}, false
 }
 
-// oldestReclaimable is the connection of conns reclaimable for longest at now, nil
-// if none is.
+// oldestReclaimable is the connection of conns to reclaim at now, nil if none is
+// reclaimable: of those answered the fewest requests, the one reclaimable for
+// longest. A client that reuses its connection (the SDKs do) thus outlasts a flood
+// whose connections were each answered once, even when it waited idle for longer
+// than they did (before the flood began).
 func oldestReclaimable(conns map[*slotConn]struct{}, now time.Time) *slotConn {
 	var oldest *slotConn
 	var since time.Time
 	for c := range conns {
-		if t, ok := reclaimableSince(c, now); ok && (oldest == nil || t.Before(since)) {
+		t, ok := reclaimableSince(c, now)
+		if ok && (oldest == nil || c.served < oldest.served || c.served == oldest.served && t.Before(since)) {
 			oldest, since = c, t
 		}
 	}

@@ -38,17 +38,32 @@ func reclaimableSince(c *slotConn, now time.Time) (time.Time, bool) {
 // longest. A client that reuses its connection (the SDKs do) thus outlasts a flood
 // whose connections were each answered once, even when it waited idle for longer
 // than they did (before the flood began).
+//
+// A connection not yet answered and reclaimable for less than firstRequestGrace goes
+// last: it has had no chance to send its first request, and taking it first would
+// have a flood's new connections close one another before any was answered.
 func oldestReclaimable(conns map[*slotConn]struct{}, now time.Time) *slotConn {
 	var oldest *slotConn
 	var since time.Time
+	var oldestFresh bool
 	for c := range conns {
 		t, ok := reclaimableSince(c, now)
-		if ok && (oldest == nil || c.served < oldest.served || c.served == oldest.served && t.Before(since)) {
-			oldest, since = c, t
+		if !ok {
+			continue
+		}
+		fresh := c.served == 0 && now.Sub(t) < firstRequestGrace
+		switch {
+		case oldest == nil, oldestFresh && !fresh,
+			fresh == oldestFresh && (c.served < oldest.served || c.served == oldest.served && t.Before(since)):
+			oldest, since, oldestFresh = c, t, fresh
 		}
 	}
 	return oldest
 }
+
+// firstRequestGrace is how long a new connection is left its first request before it
+// ranks as any other to reclaim.
+const firstRequestGrace = time.Second
 
 // victimLocked is the connection a new one takes the slot of at the global cap: the
 // oldest reclaimable connection of the source that holds the most connections (the

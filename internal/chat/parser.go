@@ -65,7 +65,8 @@ type Parser struct {
 	calls int
 	// thought: a reasoning block has closed; no second one opens.
 	thought bool
-	// harmony output is parsed when it ends.
+	// harmony output is parsed when it ends (with tools offered or not: its messages
+	// are channels, of which only final's is content).
 	harmony strings.Builder
 	// tools are o.Defs as the module parsers take them, converted at the first call.
 	tools     []api.Tool
@@ -92,7 +93,7 @@ func (p *Parser) startMarker() string {
 
 // Push adds output text and returns what can be said of it now.
 func (p *Parser) Push(text string) Delta {
-	if p.o.Format == FormatHarmony && p.o.Tools {
+	if p.o.Format == FormatHarmony {
 		p.harmony.WriteString(text)
 		return Delta{}
 	}
@@ -105,7 +106,7 @@ func (p *Parser) Push(text string) Delta {
 // Finish ends the output and returns the rest.
 func (p *Parser) Finish() Delta {
 	var d Delta
-	if p.o.Format == FormatHarmony && p.o.Tools {
+	if p.o.Format == FormatHarmony {
 		return p.finishHarmony()
 	}
 	p.drain(&d, true)
@@ -317,7 +318,7 @@ func (p *Parser) finishHarmony() Delta {
 		channel, recipient, _ := strings.Cut(strings.TrimSpace(header), " ")
 		recipient = strings.TrimSpace(strings.Split(recipient, "<|constrain|>")[0])
 		switch {
-		case strings.HasPrefix(recipient, "to=functions."):
+		case strings.HasPrefix(recipient, "to=functions.") && p.o.Tools:
 			// The name, without a content type written after it ("f json").
 			name, _, _ := strings.Cut(strings.TrimPrefix(recipient, "to=functions."), " ")
 			args, ok := argumentString([]byte(msg))

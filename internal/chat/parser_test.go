@@ -114,6 +114,14 @@ func TestParser(t *testing.T) {
 		{"harmony final", Options{Format: FormatHarmony, Tools: true, Parallel: true},
 			"<|channel|>analysis<|message|>Easy.<|end|><|start|>assistant<|channel|>final<|message|>Hi there<|return|>",
 			answer{Reasoning: "Easy.", Content: "Hi there"}},
+		// Without tools, the channels still split reasoning from the answer (a JSON
+		// answer under response_format is the final channel's message alone).
+		{"harmony without tools", Options{Format: FormatHarmony},
+			"<|channel|>analysis<|message|>A number.<|end|><|start|>assistant<|channel|>final<|message|>{\"n\":1}",
+			answer{Reasoning: "A number.", Content: "{\"n\":1}"}},
+		{"harmony call without tools is content", Options{Format: FormatHarmony},
+			"<|channel|>commentary to=functions.get_time <|constrain|>json<|message|>{\"tz\":\"UTC\"}<|call|>",
+			answer{Content: "{\"tz\":\"UTC\"}"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			whole := collect(NewParser(tc.opts), []string{tc.output})

@@ -53,14 +53,14 @@ const (
 {% endif %}`
 )
 
-// familyTools are each family's call template, the tool format the runner must find
-// in it, and what its 400 says where a forced call is refused for that format.
-var familyTools = map[ggufsynth.Family]struct{ template, format, refused string }{
+// familyTools are each family's call template and the tool format the runner must
+// find in it.
+var familyTools = map[ggufsynth.Family]struct{ template, format string }{
 	ggufsynth.Llama:     {template: hermesFamilyTemplate, format: "hermes"},
 	ggufsynth.Qwen3MoE:  {template: hermesFamilyTemplate, format: "hermes"},
-	ggufsynth.GPTOSS:    {template: harmonyTemplate, format: "harmony", refused: "constrained output (tool_choice) is not supported yet for models that write the harmony format"},
+	ggufsynth.GPTOSS:    {template: harmonyTemplate, format: "harmony"},
 	ggufsynth.GLM4MoE:   {template: glmTemplate, format: "glm"},
-	ggufsynth.Gemma3:    {template: functionGemmaTemplate, format: "function-gemma", refused: "constrained tool calls are not supported yet for models that write the function-gemma format"},
+	ggufsynth.Gemma3:    {template: functionGemmaTemplate, format: "function-gemma"},
 	ggufsynth.Qwen3Next: {template: hermesFamilyTemplate, format: "hermes"},
 }
 
@@ -87,7 +87,7 @@ func TestToolCallPerFamily(t *testing.T) {
 		if st := r.status(); st.Chat == nil || st.Chat.ToolFormat != ft.format || !st.Chat.Tools {
 			t.Fatalf("status chat %+v, want tool format %s", st.Chat, ft.format)
 		}
-		call, first := forcedCall(t, r, ft.refused)
+		call, reasoning, first := forcedCall(t, r)
 		// The next turn: the call and its result, rendered by the template; a result
 		// 39 words longer makes a prompt at least 39 tokens longer.
 		long, short := nextTurn(t, r, call, strings.Repeat("noon ", 40)), nextTurn(t, r, call, "noon")
@@ -95,49 +95,46 @@ func TestToolCallPerFamily(t *testing.T) {
 			t.Errorf("the next turn's prompt: %d tokens with a result of 40 words, %d with one, %d before the call: "+
 				"want the call and its result rendered", long, short, first)
 		}
-		t.Logf("%s: %s call %s(%s); the next turn's prompt %d tokens (was %d)", m.family, ft.format, call.Function.Name,
-			call.Function.Arguments, long, first)
+		t.Logf("%s: %s call %s(%s) after %d bytes of reasoning; the next turn's prompt %d tokens (was %d)", m.family,
+			ft.format, call.Function.Name, call.Function.Arguments, len(reasoning), long, first)
 	})
 }
 
 // forcedCall forces a call to get_time and checks it: one call with arguments of the
-// tool's schema, or where refused is set a 400 on tool_choice saying it (the call is
-// then one written for the next turn). It returns the call and the prompt's tokens.
-func forcedCall(t *testing.T, r *modelRunner, refused string) (runnerapi.ToolCall, int) {
+// tool's schema. The grammar lets a model that writes the harmony format reason in
+// its analysis channel first, which a random-weight model may not close before
+// max_tokens: answers are sampled with one seed after another, each either the call
+// or reasoning cut by the limit (nothing else: content would be a broken grammar),
+// until one calls. It returns the call, the reasoning before it and the prompt's tokens.
+func forcedCall(t *testing.T, r *modelRunner) (call runnerapi.ToolCall, reasoning string, prompt int) {
 	t.Helper()
-	var c runnerapi.ChatCompletion
-	code := r.postChat(t, fmt.Sprintf(`{"model":"m","max_tokens":200,"temperature":0,"tools":%s,"parallel_tool_calls":false,
-		"tool_choice":{"type":"function","function":{"name":"get_time"}},
-		"messages":[{"role":"user","content":"What time is it?"}]}`, toolsParam), &c)
-	if refused != "" {
-		var e runnerapi.ErrorBody
-		if code != http.StatusBadRequest || r.postChat(t, `{"model":"m","max_tokens":1,"messages":[{"role":"user","content":"What time is it?"}],"tools":`+
-			toolsParam+`,"tool_choice":"required"}`, &e) != http.StatusBadRequest || e.Error.Param == nil || *e.Error.Param != "tool_choice" || !strings.Contains(e.Error.Message, refused) {
-			t.Fatalf("forced call: %d, then %+v; want 400 on tool_choice saying %q", code, e, refused)
+	for seed := range 8 {
+		var c runnerapi.ChatCompletion
+		code := r.postChat(t, fmt.Sprintf(`{"model":"m","max_tokens":600,"temperature":1,"seed":%d,"tools":%s,
+			"parallel_tool_calls":false,"tool_choice":{"type":"function","function":{"name":"get_time"}},
+			"messages":[{"role":"user","content":"What time is it?"}]}`, seed, toolsParam), &c)
+		if code != http.StatusOK || len(c.Choices) != 1 || c.Usage == nil {
+			t.Fatalf("forced call: %d %+v", code, c)
 		}
-		var n runnerapi.ChatCompletion
-		if r.postChat(t, `{"model":"m","max_tokens":1,"messages":[{"role":"user","content":"What time is it?"}],"tools":`+toolsParam+`}`, &n) !=
-			http.StatusOK || n.Usage == nil {
-			t.Fatalf("the prompt without a forced call: %+v", n)
+		ch := c.Choices[0]
+		if ch.FinishReason == "length" && len(ch.Message.ToolCalls) == 0 && ch.Message.Text() == "" {
+			t.Logf("seed %d: reasoning cut by max_tokens (%d bytes)", seed, len(ch.Message.ReasoningContent))
+			continue
 		}
-		return runnerapi.ToolCall{ID: "call_written", Type: "function", Function: runnerapi.FunctionCall{Name: "get_time",
-			Arguments: `{"zone":"UTC"}`}}, n.Usage.PromptTokens
+		if ch.FinishReason != "tool_calls" || len(ch.Message.ToolCalls) != 1 || ch.Message.ToolCalls[0].Function.Name != "get_time" {
+			t.Fatalf("forced call (seed %d): finish %q, message %+v; want one call to get_time", seed, ch.FinishReason, ch.Message)
+		}
+		call = ch.Message.ToolCalls[0]
+		var args struct {
+			Zone string `json:"zone"`
+		}
+		if err := json.Unmarshal([]byte(call.Function.Arguments), &args); err != nil || (args.Zone != "UTC" && args.Zone != "CET") {
+			t.Fatalf("arguments %q: %v; want the schema's {\"zone\": \"UTC\" or \"CET\"}", call.Function.Arguments, err)
+		}
+		return call, ch.Message.ReasoningContent, c.Usage.PromptTokens
 	}
-	if code != http.StatusOK || len(c.Choices) != 1 || c.Usage == nil {
-		t.Fatalf("forced call: %d %+v", code, c)
-	}
-	ch := c.Choices[0]
-	if ch.FinishReason != "tool_calls" || len(ch.Message.ToolCalls) != 1 || ch.Message.ToolCalls[0].Function.Name != "get_time" {
-		t.Fatalf("forced call: finish %q, message %+v; want one call to get_time", ch.FinishReason, ch.Message)
-	}
-	call := ch.Message.ToolCalls[0]
-	var args struct {
-		Zone string `json:"zone"`
-	}
-	if err := json.Unmarshal([]byte(call.Function.Arguments), &args); err != nil || (args.Zone != "UTC" && args.Zone != "CET") {
-		t.Fatalf("arguments %q: %v; want the schema's {\"zone\": \"UTC\" or \"CET\"}", call.Function.Arguments, err)
-	}
-	return call, c.Usage.PromptTokens
+	t.Fatal("no seed's answer closed its reasoning and called get_time")
+	return
 }
 
 // nextTurn is the prompt tokens of the turn after call, with result as its result.

@@ -28,7 +28,9 @@ func TestForChatFreeform(t *testing.T) {
 			`"{\"name\": \"apply_patch\", \"parameters\": " mf-args-0 "}"`, false},
 		{"auto hermes", Input{Format: chat.FormatHermes, Tools: []runnerapi.Tool{tool}},
 			`"{\"name\": \"apply_patch\", \"arguments\": " mf-args-0 "}"`, true},
-		{"auto harmony", Input{Format: chat.FormatHarmony, Tools: []runnerapi.Tool{tool}}, "", false},
+		{"auto harmony", Input{Format: chat.FormatHarmony, Tools: []runnerapi.Tool{tool}},
+			`"<|channel|>commentary to=functions.apply_patch <|constrain|>json<|message|>" mf-args-0`, true},
+		{"auto function-gemma: no input syntax, free", Input{Format: chat.FormatFunctionGemma, Tools: []runnerapi.Tool{tool}}, "", false},
 	} {
 		s, e := ForChat(tc.in)
 		if e != nil {

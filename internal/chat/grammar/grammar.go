@@ -63,30 +63,10 @@ func ForChat(in Input) (*Spec, *runnerapi.Error) {
 		}
 		return nil, nil
 	}
-	if in.Format == chat.FormatHarmony {
-		param := "response_format"
-		if forced {
-			param = "tool_choice"
-		}
-		return nil, runnerapi.InvalidRequest(runnerapi.CodeUnsupportedParameter, param,
-			"constrained output (%s) is not supported yet for models that write the harmony format", param)
-	}
 	s := &Spec{Schemas: map[string]json.RawMessage{}, Rules: map[string]string{}, b: &budget{}}
 	var alts []string
 	if forced || callable && format {
-		if in.Format == chat.FormatFunctionGemma {
-			return nil, runnerapi.InvalidRequest(runnerapi.CodeUnsupportedParameter, "tool_choice",
-				"constrained tool calls are not supported yet for models that write the %s format", in.Format)
-		}
-		tools := in.Tools
-		if in.ToolChoice != nil && in.ToolChoice.Mode == "function" {
-			for _, t := range in.Tools {
-				if t.Function.Name == in.ToolChoice.Function {
-					tools = []runnerapi.Tool{t}
-				}
-			}
-		}
-		if e := s.addCalls(in.Format, tools, in.Parallel); e != nil {
+		if e := s.addCalls(in.Format, chosenTools(in), in.Parallel); e != nil {
 			return nil, e
 		}
 		alts = append(alts, "mf-calls")
@@ -101,17 +81,55 @@ func ForChat(in Input) (*Spec, *runnerapi.Error) {
 			}
 		}
 		s.Schemas["mf-answer"] = schema
-		alts = append(alts, "{{mf-answer}}")
+		answer := "{{mf-answer}}"
+		if in.Format == chat.FormatHarmony { // the answer is the final channel's message
+			answer = literal(harmonyFinal) + " " + answer
+		}
+		alts = append(alts, answer)
 		s.Param = "response_format"
 	}
-	body := strings.Join(alts, " | ")
-	if in.InReasoning {
+	s.Rules["root"] = s.reasoningFirst(in, strings.Join(alts, " | "))
+	return s, nil
+}
+
+// chosenTools are the tools a forced call may call: the named one, or all.
+func chosenTools(in Input) []runnerapi.Tool {
+	if in.ToolChoice != nil && in.ToolChoice.Mode == "function" {
+		for _, t := range in.Tools {
+			if t.Function.Name == in.ToolChoice.Function {
+				return []runnerapi.Tool{t}
+			}
+		}
+	}
+	return in.Tools
+}
+
+// The harmony format's messages (gpt-oss): the prompt ends at "<|start|>assistant",
+// and the answer is one or more messages, each a channel's header and its text.
+// Reasoning is the analysis channel; the answer the final one; a call a commentary
+// message to the function, its arguments JSON, ended by <|call|> (an end-of-generation
+// token, which no grammar holds: the constrained part ends at the arguments).
+const (
+	harmonyAnalysis = "<|channel|>analysis<|message|>"
+	harmonyFinal    = "<|channel|>final<|message|>"
+	harmonyCall     = "<|channel|>commentary to=functions."
+)
+
+// reasoningFirst is the root rule of body with the reasoning the format lets the
+// model write before it: the rest of an open <think> block, or an optional harmony
+// analysis message.
+func (s *Spec) reasoningFirst(in Input, body string) string {
+	switch {
+	case in.Format == chat.FormatHarmony:
+		// An analysis message (text without "<") and the next message's start.
+		s.Rules["mf-reasoning"] = literal(harmonyAnalysis) + ` [^<]* "<|end|>" [ \t\n]* "<|start|>assistant"`
+		return "mf-reasoning? ( " + body + " )"
+	case in.InReasoning:
 		// Reasoning text (no "<") until the block closes, then the constrained part.
 		s.Rules["mf-reasoning"] = `[^<]* "</think>" [ \t\n]*`
-		body = "mf-reasoning ( " + body + " )"
+		return "mf-reasoning ( " + body + " )"
 	}
-	s.Rules["root"] = body
-	return s, nil
+	return body
 }
 
 // strictTool is the index of the first tool with strict set, or -1.
@@ -129,8 +147,8 @@ func strictTool(tools []runnerapi.Tool) int {
 // tools, each by its schema) are held to the grammar to their end.
 func forStrict(in Input) (*Spec, *runnerapi.Error) {
 	triggers := Triggers(in.Format, in.InReasoning)
-	if triggers == nil && onlyFreeform(in.Tools) {
-		return nil, nil // freeform tools are free where no call opener is known
+	if onlyFreeform(in.Tools) && (triggers == nil || in.Format == chat.FormatFunctionGemma) {
+		return nil, nil // freeform tools are free where no call opener or input syntax is known
 	}
 	if triggers == nil {
 		return nil, runnerapi.InvalidRequest(runnerapi.CodeUnsupportedParameter,
@@ -164,9 +182,13 @@ func Triggers(f chat.Format, inReasoning bool) []string {
 		opener = "<|tool_calls_section_begin|>"
 	case chat.FormatMistral:
 		opener = "[TOOL_CALLS]"
+	case chat.FormatHarmony:
+		opener = harmonyCall
+	case chat.FormatFunctionGemma:
+		opener = gemmaCallBegin
 	case chat.FormatLlama3, chat.FormatNone:
 		opener, anywhere = "{", false
-	default: // harmony, function-gemma: no call grammar
+	default:
 		return nil
 	}
 	start := `^`
@@ -189,6 +211,13 @@ func (s *Spec) addCalls(f chat.Format, tools []runnerapi.Tool, parallel bool) *r
 	}
 	var calls []string
 	for i, t := range tools {
+		if f == chat.FormatFunctionGemma {
+			if e := s.addGemmaCall(t, i); e != nil {
+				return e
+			}
+			calls = append(calls, fmt.Sprintf("mf-call-%d", i))
+			continue
+		}
 		if t.Function.InputGrammar != nil { // a freeform tool: its input by its grammar
 			if e := s.addFreeform(f, t, i, key); e != nil {
 				return e
@@ -228,6 +257,11 @@ func (s *Spec) addCalls(f chat.Format, tools []runnerapi.Tool, parallel bool) *r
 		one, sep = "mf-call", `", "`
 	case chat.FormatLlama3:
 		one, sep = "mf-call", `"; "`
+	case chat.FormatHarmony:
+		// A call ends the output (<|call|> ends generation): one call, parallel or not.
+		one, parallel = "mf-call", false
+	case chat.FormatFunctionGemma:
+		one = literal(gemmaCallBegin) + " mf-call " + literal(gemmaCallEnd)
 	default: // no known syntax: bare JSON objects, which the parser recognises
 		one, sep = "mf-call", `"\n"`
 	}
@@ -245,6 +279,8 @@ func callRule(f chat.Format, name, key, args string) string {
 	switch f {
 	case chat.FormatDeepSeek:
 		return fmt.Sprintf(`%s {{%s}} %s`, literal("<｜tool▁call▁begin｜>"+name+"<｜tool▁sep｜>"), args, literal("<｜tool▁call▁end｜>"))
+	case chat.FormatHarmony:
+		return fmt.Sprintf(`%s {{%s}}`, literal(harmonyCall+name+" <|constrain|>json<|message|>"), args)
 	case chat.FormatKimi:
 		// The call's index: at most two digits, or a weak model writes digits forever.
 		return fmt.Sprintf(`%s [0-9] [0-9]? %s {{%s}} %s`, literal("<|tool_call_begin|>functions."+name+":"),

@@ -68,8 +68,15 @@ func TestForChat(t *testing.T) {
 			root: "{{mf-answer}}", schemas: []string{"mf-answer"}},
 		{name: "reasoning first", in: Input{ResponseFormat: schema, InReasoning: true},
 			root: "mf-reasoning ( {{mf-answer}} )", schemas: []string{"mf-answer"}},
-		{name: "harmony refused", in: Input{Format: chat.FormatHarmony, Tools: tools("a"),
-			ToolChoice: &runnerapi.ToolChoice{Mode: "required"}}, errParam: "tool_choice"},
+		{name: "harmony required: one call, analysis first or not", in: Input{Format: chat.FormatHarmony, Tools: tools("a", "b"),
+			ToolChoice: &runnerapi.ToolChoice{Mode: "required"}, Parallel: true},
+			root: "mf-reasoning? ( mf-calls )", calls: "mf-call", schemas: []string{"mf-args-0", "mf-args-1"}},
+		{name: "harmony json schema: the final channel's message", in: Input{Format: chat.FormatHarmony, ResponseFormat: schema},
+			root: `mf-reasoning? ( "<|channel|>final<|message|>" {{mf-answer}} )`, schemas: []string{"mf-answer"}},
+		{name: "harmony auto tools with a format: call or final answer", in: Input{Format: chat.FormatHarmony, Tools: tools("a"),
+			ResponseFormat: schema},
+			root: `mf-reasoning? ( mf-calls | "<|channel|>final<|message|>" {{mf-answer}} )`, calls: "mf-call",
+			schemas: []string{"mf-answer", "mf-args-0"}},
 		{name: "qwen3-coder held to JSON in its tags", in: Input{Format: chat.FormatQwen3Coder, Tools: tools("a"),
 			ToolChoice: &runnerapi.ToolChoice{Mode: "required"}},
 			root: "mf-calls", calls: `"<tool_call>\n" mf-call "\n</tool_call>"`, schemas: []string{"mf-args-0"}},
@@ -79,8 +86,15 @@ func TestForChat(t *testing.T) {
 		{name: "kimi section", in: Input{Format: chat.FormatKimi, Tools: tools("a"),
 			ToolChoice: &runnerapi.ToolChoice{Mode: "required"}},
 			root: "mf-calls", calls: `"<|tool_calls_section_begin|>" mf-call "<|tool_calls_section_end|>"`, schemas: []string{"mf-args-0"}},
-		{name: "function-gemma refused", in: Input{Format: chat.FormatFunctionGemma, Tools: tools("a"),
-			ToolChoice: &runnerapi.ToolChoice{Mode: "required"}}, errParam: "tool_choice"},
+		{name: "function-gemma required, parallel: its own syntax, no JSON schemas", in: Input{Format: chat.FormatFunctionGemma,
+			Tools: tools("a"), ToolChoice: &runnerapi.ToolChoice{Mode: "required"}, Parallel: true},
+			root: "mf-calls", calls: `"<start_function_call>" mf-call "<end_function_call>" ( "<start_function_call>" mf-call "<end_function_call>" )*`},
+		{name: "function-gemma forced freeform refused", in: Input{Format: chat.FormatFunctionGemma,
+			Tools:      []runnerapi.Tool{{Type: "function", Function: runnerapi.Function{Name: "p", InputGrammar: &runnerapi.InputGrammar{Syntax: "lark", Definition: `start: "x"`}}}},
+			ToolChoice: &runnerapi.ToolChoice{Mode: "required"}}, errParam: "tools[0].function.input_grammar"},
+		{name: "function-gemma unsupported keyword", in: Input{Format: chat.FormatFunctionGemma,
+			Tools:      []runnerapi.Tool{{Type: "function", Function: runnerapi.Function{Name: "a", Parameters: json.RawMessage(`{"properties":{"d":{"type":"string","format":"date"}}}`)}}},
+			ToolChoice: &runnerapi.ToolChoice{Mode: "required"}}, errParam: "tools[0].function.parameters"},
 		{name: "function-gemma free with a format alone", in: Input{Format: chat.FormatFunctionGemma, ResponseFormat: schema},
 			root: "{{mf-answer}}", schemas: []string{"mf-answer"}},
 		{name: "strict under auto: the calls alone, lazily", in: Input{Format: chat.FormatHermes, Tools: append(tools("a"), strictTools("b")...)},
@@ -91,10 +105,10 @@ func TestForChat(t *testing.T) {
 			ResponseFormat: schema},
 			root: "mf-calls | {{mf-answer}}", calls: `"<tool_call>\n" mf-call "\n</tool_call>"`,
 			schemas: []string{"mf-answer", "mf-args-0"}},
-		{name: "strict under auto refused for harmony", in: Input{Format: chat.FormatHarmony, Tools: append(tools("a"), strictTools("b")...)},
-			errParam: "tools[1].function.strict"},
-		{name: "strict under auto refused for function-gemma", in: Input{Format: chat.FormatFunctionGemma, Tools: strictTools("a")},
-			errParam: "tools[0].function.strict"},
+		{name: "strict under auto for harmony: the call alone, lazily", in: Input{Format: chat.FormatHarmony, Tools: append(tools("a"), strictTools("b")...)},
+			root: "mf-calls", calls: "mf-call", schemas: []string{"mf-args-0", "mf-args-1"}},
+		{name: "strict under auto for function-gemma", in: Input{Format: chat.FormatFunctionGemma, Tools: strictTools("a")},
+			root: "mf-calls", calls: `"<start_function_call>" mf-call "<end_function_call>"`},
 		{name: "unsupported keyword in tool parameters", in: Input{Format: chat.FormatHermes,
 			Tools:      []runnerapi.Tool{{Type: "function", Function: runnerapi.Function{Name: "a", Parameters: json.RawMessage(`{"not":{}}`)}}},
 			ToolChoice: &runnerapi.ToolChoice{Mode: "required"}}, errParam: "tools[0].function.parameters"},
@@ -163,6 +177,11 @@ func TestTriggers(t *testing.T) {
 		{chat.FormatLlama3, false, `It is {"a": 1}`, ""},
 		{chat.FormatLlama3, true, "hm {</think>\n\n{", "{"},
 		{chat.FormatNone, false, "\n{", "{"},
+		{chat.FormatHarmony, false, "<|channel|>analysis<|message|>call get_time<|end|><|start|>assistant<|channel|>commentary to=functions.get",
+			"<|channel|>commentary to=functions.get"},
+		{chat.FormatHarmony, false, "<|channel|>commentary<|message|>Checking.", ""},
+		{chat.FormatFunctionGemma, false, "Sure.<start_function_call>call:", "<start_function_call>call:"},
+		{chat.FormatFunctionGemma, false, "call:get_time{}", ""},
 	}
 	for _, tc := range cases {
 		triggers := Triggers(tc.format, tc.inReasoning)
@@ -181,11 +200,6 @@ func TestTriggers(t *testing.T) {
 			t.Errorf("%v (reasoning %v) on %q: fed %q, want %q", tc.format, tc.inReasoning, tc.output, got, tc.want)
 		}
 	}
-	for _, f := range []chat.Format{chat.FormatHarmony, chat.FormatFunctionGemma} {
-		if got := Triggers(f, false); got != nil {
-			t.Errorf("%v: triggers %q, want none", f, got)
-		}
-	}
 }
 
 func TestCallRuleNamesTheFunction(t *testing.T) {
@@ -197,6 +211,8 @@ func TestCallRuleNamesTheFunction(t *testing.T) {
 		{chat.FormatLlama3, `"{\"name\": \"get_weather\", \"parameters\": " {{mf-args-0}} "}"`},
 		{chat.FormatDeepSeek, `"<｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>" {{mf-args-0}} "<｜tool▁call▁end｜>"`},
 		{chat.FormatKimi, `"<|tool_call_begin|>functions.get_weather:" [0-9] [0-9]? "<|tool_call_argument_begin|>" {{mf-args-0}} "<|tool_call_end|>"`},
+		{chat.FormatHarmony, `"<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>" {{mf-args-0}}`},
+		{chat.FormatFunctionGemma, `"call:get_weather{" mf-args-0 "}"`},
 	} {
 		s, e := ForChat(Input{Format: tc.format, Tools: tools("get_weather"), ToolChoice: &runnerapi.ToolChoice{Mode: "required"}})
 		if e != nil {

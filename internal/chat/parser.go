@@ -65,9 +65,9 @@ type Parser struct {
 	calls int
 	// thought: a reasoning block has closed; no second one opens.
 	thought bool
-	// harmony output is parsed when it ends (with tools offered or not: its messages
-	// are channels, of which only final's is content).
-	harmony strings.Builder
+	// harmony is the parse of harmony output (with tools offered or not: its
+	// messages are channels, of which analysis is reasoning and final content).
+	harmony harmonyState
 	// tools are o.Defs as the module parsers take them, converted at the first call.
 	tools     []api.Tool
 	converted bool
@@ -94,8 +94,10 @@ func (p *Parser) startMarker() string {
 // Push adds output text and returns what can be said of it now.
 func (p *Parser) Push(text string) Delta {
 	if p.o.Format == FormatHarmony {
-		p.harmony.WriteString(text)
-		return Delta{}
+		var d Delta
+		p.harmony.buf += text
+		p.drainHarmony(&d, false)
+		return d
 	}
 	p.buf += text
 	var d Delta
@@ -107,7 +109,8 @@ func (p *Parser) Push(text string) Delta {
 func (p *Parser) Finish() Delta {
 	var d Delta
 	if p.o.Format == FormatHarmony {
-		return p.finishHarmony()
+		p.drainHarmony(&d, true)
+		return d
 	}
 	p.drain(&d, true)
 	switch p.phase {
@@ -287,58 +290,4 @@ func partialSuffix(s, marker string) int {
 		}
 	}
 	return 0
-}
-
-// finishHarmony parses gpt-oss output: messages of the form
-// [<|start|>assistant]<|channel|>NAME[ to=functions.F][ <|constrain|>json]<|message|>BODY<|end|>|<|call|>|<|return|>.
-func (p *Parser) finishHarmony() Delta {
-	var d Delta
-	text := p.harmony.String()
-	for text != "" {
-		text = strings.TrimPrefix(strings.TrimLeft(text, " \t\r\n"), "<|start|>assistant")
-		i := strings.Index(text, "<|channel|>")
-		j := strings.Index(text, "<|message|>")
-		if i < 0 || j < i {
-			d.Content += text
-			break
-		}
-		header := text[i+len("<|channel|>") : j]
-		body := text[j+len("<|message|>"):]
-		end := len(body)
-		for _, m := range []string{"<|end|>", "<|call|>", "<|return|>"} {
-			if k := strings.Index(body, m); k >= 0 && k < end {
-				end = k
-			}
-		}
-		msg, cut := body[:end], end == len(body) // cut: the output ended inside the message
-		text = body[end:]
-		for _, m := range []string{"<|end|>", "<|call|>", "<|return|>"} {
-			text = strings.TrimPrefix(text, m)
-		}
-		channel, recipient, _ := strings.Cut(strings.TrimSpace(header), " ")
-		recipient = strings.TrimSpace(strings.Split(recipient, "<|constrain|>")[0])
-		switch {
-		case strings.HasPrefix(recipient, "to=functions.") && p.o.Tools:
-			// The name, without a content type written after it ("f json").
-			name, _, _ := strings.Cut(strings.TrimPrefix(recipient, "to=functions."), " ")
-			args, ok := argumentString([]byte(msg))
-			ok = ok && name != ""
-			if !ok || (!p.o.Parallel && p.calls > 0) {
-				// A call the end cut after complete ones is dropped, as in closeCall.
-				if !ok && (!cut || p.calls == 0) {
-					d.Content += msg
-				}
-				continue
-			}
-			i := p.calls
-			d.ToolCalls = append(d.ToolCalls, runnerapi.ToolCall{Index: &i, ID: NewCallID(), Type: "function",
-				Function: runnerapi.FunctionCall{Name: name, Arguments: args}})
-			p.calls++
-		case channel == "analysis":
-			d.Reasoning += msg
-		default:
-			d.Content += msg
-		}
-	}
-	return d
 }

@@ -5,12 +5,14 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/macfleet/macfleet/api/runnerapi"
 	"github.com/macfleet/macfleet/internal/ggufsynth"
+	"github.com/macfleet/macfleet/metal/enginepool/runnerproc"
 )
 
 // Templates that write tool calls as each family's own does, written for these tests
@@ -64,10 +66,12 @@ var familyTools = map[ggufsynth.Family]struct{ template, format string }{
 	ggufsynth.Qwen3Next: {template: hermesFamilyTemplate, format: "hermes"},
 }
 
-// toolsParam are the tools offered: one whose arguments a random-weight model can
-// complete under the call grammar.
+// zoneSchema is what a random-weight model can complete under a grammar.
+const zoneSchema = `{"type":"object","properties":{"zone":{"enum":["UTC","CET"]}},"required":["zone"],"additionalProperties":false}`
+
+// toolsParam are the tools offered: one whose arguments are a zoneSchema.
 const toolsParam = `[{"type":"function","function":{"name":"get_time","description":"Current time in a zone",
-	"parameters":{"type":"object","properties":{"zone":{"enum":["UTC","CET"]}},"required":["zone"],"additionalProperties":false}}}]`
+	"parameters":` + zoneSchema + `}}]`
 
 // TestToolCallPerFamily serves each family's tiny model with a template that writes
 // calls in the family's own format, forces a call (a named tool_choice: the grammar
@@ -101,40 +105,79 @@ func TestToolCallPerFamily(t *testing.T) {
 }
 
 // forcedCall forces a call to get_time and checks it: one call with arguments of the
-// tool's schema. The grammar lets a model that writes the harmony format reason in
-// its analysis channel first, which a random-weight model may not close before
-// max_tokens: answers are sampled with one seed after another, each either the call
-// or reasoning cut by the limit (nothing else: content would be a broken grammar),
-// until one calls. It returns the call, the reasoning before it and the prompt's tokens.
+// tool's schema. It returns the call, the reasoning before it and the prompt's tokens.
 func forcedCall(t *testing.T, r *modelRunner) (call runnerapi.ToolCall, reasoning string, prompt int) {
+	t.Helper()
+	c, ch := seededAnswer(t, r, `{"model":"m","max_tokens":600,"temperature":1,"seed":%d,"tools":`+toolsParam+`,
+		"parallel_tool_calls":false,"tool_choice":{"type":"function","function":{"name":"get_time"}},
+		"messages":[{"role":"user","content":"What time is it?"}]}`)
+	if ch.FinishReason != "tool_calls" || len(ch.Message.ToolCalls) != 1 || ch.Message.ToolCalls[0].Function.Name != "get_time" {
+		t.Fatalf("forced call: finish %q, message %+v; want one call to get_time", ch.FinishReason, ch.Message)
+	}
+	call = ch.Message.ToolCalls[0]
+	checkZone(t, call.Function.Arguments)
+	return call, ch.Message.ReasoningContent, c.Usage.PromptTokens
+}
+
+// seededAnswer posts body (its seed a %d) with one seed after another until an
+// answer is more than reasoning cut by max_tokens, and returns it. The grammar lets
+// a model that writes the harmony format reason in its analysis channel first, which
+// a random-weight model may not close before max_tokens; an answer cut there must be
+// reasoning alone (content would be a broken grammar).
+func seededAnswer(t *testing.T, r *modelRunner, body string) (runnerapi.ChatCompletion, runnerapi.ChatChoice) {
 	t.Helper()
 	for seed := range 8 {
 		var c runnerapi.ChatCompletion
-		code := r.postChat(t, fmt.Sprintf(`{"model":"m","max_tokens":600,"temperature":1,"seed":%d,"tools":%s,
-			"parallel_tool_calls":false,"tool_choice":{"type":"function","function":{"name":"get_time"}},
-			"messages":[{"role":"user","content":"What time is it?"}]}`, seed, toolsParam), &c)
-		if code != http.StatusOK || len(c.Choices) != 1 || c.Usage == nil {
-			t.Fatalf("forced call: %d %+v", code, c)
+		if code := r.postChat(t, fmt.Sprintf(body, seed), &c); code != http.StatusOK || len(c.Choices) != 1 || c.Usage == nil {
+			t.Fatalf("seed %d: %d %+v", seed, code, c)
 		}
 		ch := c.Choices[0]
-		if ch.FinishReason == "length" && len(ch.Message.ToolCalls) == 0 && ch.Message.Text() == "" {
-			t.Logf("seed %d: reasoning cut by max_tokens (%d bytes)", seed, len(ch.Message.ReasoningContent))
-			continue
+		if ch.FinishReason != "length" || len(ch.Message.ToolCalls) > 0 || ch.Message.Text() != "" {
+			return c, ch
 		}
-		if ch.FinishReason != "tool_calls" || len(ch.Message.ToolCalls) != 1 || ch.Message.ToolCalls[0].Function.Name != "get_time" {
-			t.Fatalf("forced call (seed %d): finish %q, message %+v; want one call to get_time", seed, ch.FinishReason, ch.Message)
-		}
-		call = ch.Message.ToolCalls[0]
-		var args struct {
-			Zone string `json:"zone"`
-		}
-		if err := json.Unmarshal([]byte(call.Function.Arguments), &args); err != nil || (args.Zone != "UTC" && args.Zone != "CET") {
-			t.Fatalf("arguments %q: %v; want the schema's {\"zone\": \"UTC\" or \"CET\"}", call.Function.Arguments, err)
-		}
-		return call, ch.Message.ReasoningContent, c.Usage.PromptTokens
+		t.Logf("seed %d: reasoning cut by max_tokens (%d bytes)", seed, len(ch.Message.ReasoningContent))
 	}
-	t.Fatal("no seed's answer closed its reasoning and called get_time")
-	return
+	t.Fatal("no seed's answer closed its reasoning")
+	return runnerapi.ChatCompletion{}, runnerapi.ChatChoice{}
+}
+
+// checkZone checks arguments (or an answer) against the tool's schema.
+func checkZone(t *testing.T, arguments string) {
+	t.Helper()
+	var args struct {
+		Zone string `json:"zone"`
+	}
+	if err := json.Unmarshal([]byte(arguments), &args); err != nil || (args.Zone != "UTC" && args.Zone != "CET") {
+		t.Fatalf("%q: %v; want the schema's {\"zone\": \"UTC\" or \"CET\"}", arguments, err)
+	}
+}
+
+// TestHarmonyConstrained: a model that writes the harmony format answers
+// response_format json_schema with the object alone as its content (the final
+// channel's message, markers and reasoning apart).
+func TestHarmonyConstrained(t *testing.T) {
+	bin := os.Getenv(runnerproc.RunnerEnv)
+	if bin == "" {
+		t.Skip("MACFLEET_RUNNER is not set: build the runner with `make runner` and export MACFLEET_RUNNER=$PWD/bin/macfleet-runner")
+	}
+	spec, err := ggufsynth.TinyFamily(ggufsynth.GPTOSS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec.ChatTemplate = harmonyTemplate
+	path := filepath.Join(t.TempDir(), "harmony.gguf")
+	if err := ggufsynth.Write(path, spec); err != nil {
+		t.Fatal(err)
+	}
+	r := startRunner(t, bin, path)
+	_, ch := seededAnswer(t, r, `{"model":"m","max_tokens":600,"temperature":1,"seed":%d,
+		"response_format":{"type":"json_schema","json_schema":{"name":"zone","strict":true,"schema":`+zoneSchema+`}},
+		"messages":[{"role":"user","content":"Which zone?"}]}`)
+	if ch.FinishReason != "stop" {
+		t.Fatalf("structured answer: finish %q, message %+v", ch.FinishReason, ch.Message)
+	}
+	checkZone(t, ch.Message.Text())
+	t.Logf("structured answer %s after %d bytes of reasoning", ch.Message.Text(), len(ch.Message.ReasoningContent))
 }
 
 // nextTurn is the prompt tokens of the turn after call, with result as its result.

@@ -126,7 +126,7 @@ func forcedCall(t *testing.T, r *modelRunner) (call runnerapi.ToolCall, reasonin
 // reasoning alone (content would be a broken grammar).
 func seededAnswer(t *testing.T, r *modelRunner, body string) (runnerapi.ChatCompletion, runnerapi.ChatChoice) {
 	t.Helper()
-	for seed := range 8 {
+	for seed := range 12 {
 		var c runnerapi.ChatCompletion
 		if code := r.postChat(t, fmt.Sprintf(body, seed), &c); code != http.StatusOK || len(c.Choices) != 1 || c.Usage == nil {
 			t.Fatalf("seed %d: %d %+v", seed, code, c)

@@ -121,8 +121,9 @@ const (
 func (s *Spec) reasoningFirst(in Input, body string) string {
 	switch {
 	case in.Format == chat.FormatHarmony:
-		// An analysis message (text without "<") and the next message's start.
-		s.Rules["mf-reasoning"] = literal(harmonyAnalysis) + ` [^<]* "<|end|>" [ \t\n]* "<|start|>assistant"`
+		// An analysis message and the next message's start. Its text may hold "<" (code
+		// does), never "<|", which opens the format's marks.
+		s.Rules["mf-reasoning"] = literal(harmonyAnalysis) + ` ( [^<] | "<" [^|] )* "<|end|>" [ \t\n]* "<|start|>assistant"`
 		return "mf-reasoning? ( " + body + " )"
 	case in.InReasoning:
 		// Reasoning text (no "<") until the block closes, then the constrained part.

@@ -180,6 +180,59 @@ func TestHarmonyConstrained(t *testing.T) {
 	t.Logf("structured answer %s after %d bytes of reasoning", ch.Message.Text(), len(ch.Message.ReasoningContent))
 }
 
+// TestFunctionGemmaStringText: the call grammar of the function-gemma format, as the
+// runner's grammar engine reads it, lets a string argument hold "<" (code and markup
+// do) but not "<e", which opens the format's <escape> and <end_function_call>: an
+// answer continued from a call cut inside such a string is taken, or refused as not
+// following the grammar of tools.
+func TestFunctionGemmaStringText(t *testing.T) {
+	bin := os.Getenv(runnerproc.RunnerEnv)
+	if bin == "" {
+		t.Skip("MACFLEET_RUNNER is not set: build the runner with `make runner` and export MACFLEET_RUNNER=$PWD/bin/macfleet-runner")
+	}
+	spec, err := ggufsynth.TinyFamily(ggufsynth.Gemma3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec.ChatTemplate = functionGemmaTemplate
+	path := filepath.Join(t.TempDir(), "function-gemma.gguf")
+	if err := ggufsynth.Write(path, spec); err != nil {
+		t.Fatal(err)
+	}
+	r := startRunner(t, bin, path)
+	const note = `[{"type":"function","function":{"name":"note","parameters":{"type":"object",
+		"properties":{"text":{"type":"string"}},"required":["text"]}}}]`
+	for _, tc := range []struct {
+		text string
+		want int
+	}{
+		{"if a < b then <div> << x", http.StatusOK},
+		{"ends <", http.StatusOK},
+		{"x <end", http.StatusBadRequest},
+		{"x <em>", http.StatusBadRequest},
+		{"x <escape>y", http.StatusBadRequest}, // the string closed: a comma or "}" next
+	} {
+		answer := "<start_function_call>call:note{text:<escape>" + tc.text
+		body := fmt.Sprintf(`{"model":"m","max_tokens":4,"tools":%s,"tool_choice":"required","messages":[
+			{"role":"user","content":"Take a note"},{"role":"assistant","content":%q}]}`, note, answer)
+		req, err := http.NewRequest(http.MethodPost, r.base+"/v1/chat/completions", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set(runnerapi.HeaderContinue, runnerapi.ContinueFinalMessage)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var raw bytes.Buffer
+		_, _ = raw.ReadFrom(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != tc.want || tc.want != http.StatusOK && !strings.Contains(raw.String(), "does not follow the grammar of tools") {
+			t.Errorf("a call continued inside the string %q: %d %s, want %d", tc.text, resp.StatusCode, raw.String(), tc.want)
+		}
+	}
+}
+
 // nextTurn is the prompt tokens of the turn after call, with result as its result.
 func nextTurn(t *testing.T, r *modelRunner, call runnerapi.ToolCall, result string) int {
 	t.Helper()

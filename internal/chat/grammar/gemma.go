@@ -24,11 +24,11 @@ const (
 	gemmaEscape    = "<escape>"
 )
 
-// The rules any value of a schema that does not narrow it uses: strings hold no "<"
-// (the parser ends them at the next <escape>), arrays at least one value (the
-// parser reads "[]" as null).
+// The rules any value of a schema that does not narrow it uses: strings hold no "<e"
+// (the parser ends a string at the next <escape> and a call at <end_function_call>;
+// other "<" are text), arrays at least one value (the parser reads "[]" as null).
 var gemmaShared = map[string]string{
-	"mf-gemma-string":  `"<escape>" [^<]* "<escape>"`,
+	"mf-gemma-string":  `"<escape>" ( [^<] | "<"+ [^<e] )* "<"* "<escape>"`,
 	"mf-gemma-integer": `"-"? ( "0" | [1-9] [0-9]{0,15} )`,
 	"mf-gemma-number":  `mf-gemma-integer ( "." [0-9]{1,16} )?`,
 	"mf-gemma-key":     `[A-Za-z_] [A-Za-z0-9_]{0,63}`,
@@ -239,7 +239,7 @@ func (w *gemmaWriter) typed(typ string, m map[string]json.RawMessage, raw json.R
 }
 
 // stringRule is the expression of a string between <escape> marks, its length
-// bounded by minLength and maxLength.
+// bounded by minLength and maxLength (then without "<").
 func stringRule(m map[string]json.RawMessage, at string) (string, error) {
 	lo, hi := 0, -1
 	for k, dst := range map[string]*int{"minLength": &lo, "maxLength": &hi} {

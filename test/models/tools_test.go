@@ -10,6 +10,10 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+	"github.com/openai/openai-go/v3/shared"
+
 	"github.com/macfleet/macfleet/api/runnerapi"
 	"github.com/macfleet/macfleet/internal/ggufsynth"
 	"github.com/macfleet/macfleet/metal/enginepool/runnerproc"
@@ -178,6 +182,50 @@ func TestHarmonyConstrained(t *testing.T) {
 	}
 	checkZone(t, ch.Message.Text())
 	t.Logf("structured answer %s after %d bytes of reasoning", ch.Message.Text(), len(ch.Message.ReasoningContent))
+	content, pieces := streamedObject(t, r.base)
+	t.Logf("streamed: %s in %d content chunks", content, pieces)
+	if checkZone(t, content); pieces < 2 {
+		t.Errorf("streamed answer %q came in %d content chunk(s), want the final channel's message streamed", content, pieces)
+	}
+}
+
+// streamedObject streams the zone answer with the official client, one seed after
+// another until content comes, and returns the content and how many chunks carried
+// it. No chunk carries a harmony mark.
+func streamedObject(t *testing.T, base string) (content string, pieces int) {
+	t.Helper()
+	var schema map[string]any
+	if err := json.Unmarshal([]byte(zoneSchema), &schema); err != nil {
+		t.Fatal(err)
+	}
+	oc := openai.NewClient(option.WithBaseURL(base+"/v1/"), option.WithMaxRetries(0))
+	for seed := range 12 {
+		s := oc.Chat.Completions.NewStreaming(t.Context(), openai.ChatCompletionNewParams{Model: "m",
+			Messages:  []openai.ChatCompletionMessageParamUnion{openai.UserMessage("Which zone?")},
+			MaxTokens: openai.Int(600), Temperature: openai.Float(1), Seed: openai.Int(int64(seed)),
+			ResponseFormat: openai.ChatCompletionNewParamsResponseFormatUnion{OfJSONSchema: &shared.ResponseFormatJSONSchemaParam{
+				JSONSchema: shared.ResponseFormatJSONSchemaJSONSchemaParam{Name: "zone", Strict: openai.Bool(true), Schema: schema}}}})
+		content, pieces = "", 0
+		for s.Next() {
+			c := s.Current()
+			if len(c.Choices) == 0 || c.Choices[0].Delta.Content == "" {
+				continue
+			}
+			if d := c.Choices[0].Delta.Content; strings.Contains(d, "<|") {
+				t.Fatalf("a streamed chunk carries a harmony mark: %q", d)
+			}
+			content += c.Choices[0].Delta.Content
+			pieces++
+		}
+		if err := s.Err(); err != nil {
+			t.Fatal(err)
+		}
+		if content != "" {
+			return content, pieces
+		}
+	}
+	t.Fatal("no seed's streamed answer closed its reasoning")
+	return "", 0
 }
 
 // TestFunctionGemmaStringText: the call grammar of the function-gemma format, as the

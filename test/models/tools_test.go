@@ -83,15 +83,9 @@ const toolsParam = `[{"type":"function","function":{"name":"get_time","descripti
 // call parses back into tool_calls with JSON arguments of the tool's schema, and that
 // the template renders the call and its result as the next turn's prompt.
 func TestToolCallPerFamily(t *testing.T) {
-	eachFamily(t, func(t *testing.T, bin string, m tinyModel) {
+	eachFamily(t, func(t *testing.T, _ string, m tinyModel) {
 		ft := familyTools[m.family]
-		spec := m.spec
-		spec.ChatTemplate = ft.template
-		path := filepath.Join(m.dir, m.family.Arch()+"-tools.gguf")
-		if err := ggufsynth.Write(path, spec); err != nil {
-			t.Fatal(err)
-		}
-		r := startRunner(t, bin, path)
+		r := familyRunner(t, m.family, ft.template)
 		if st := r.status(); st.Chat == nil || st.Chat.ToolFormat != ft.format || !st.Chat.Tools {
 			t.Fatalf("status chat %+v, want tool format %s", st.Chat, ft.format)
 		}
@@ -156,24 +150,30 @@ func checkZone(t *testing.T, arguments string) {
 	}
 }
 
-// TestHarmonyConstrained: a model that writes the harmony format answers
-// response_format json_schema with the object alone as its content (the final
-// channel's message, markers and reasoning apart).
-func TestHarmonyConstrained(t *testing.T) {
+// familyRunner serves family's tiny model with template as its chat template.
+func familyRunner(t *testing.T, family ggufsynth.Family, template string) *modelRunner {
+	t.Helper()
 	bin := os.Getenv(runnerproc.RunnerEnv)
 	if bin == "" {
 		t.Skip("MACFLEET_RUNNER is not set: build the runner with `make runner` and export MACFLEET_RUNNER=$PWD/bin/macfleet-runner")
 	}
-	spec, err := ggufsynth.TinyFamily(ggufsynth.GPTOSS)
+	spec, err := ggufsynth.TinyFamily(family)
 	if err != nil {
 		t.Fatal(err)
 	}
-	spec.ChatTemplate = harmonyTemplate
-	path := filepath.Join(t.TempDir(), "harmony.gguf")
+	spec.ChatTemplate = template
+	path := filepath.Join(t.TempDir(), family.Arch()+"-tools.gguf")
 	if err := ggufsynth.Write(path, spec); err != nil {
 		t.Fatal(err)
 	}
-	r := startRunner(t, bin, path)
+	return startRunner(t, bin, path)
+}
+
+// TestHarmonyConstrained: a model that writes the harmony format answers
+// response_format json_schema with the object alone as its content (the final
+// channel's message, markers and reasoning apart).
+func TestHarmonyConstrained(t *testing.T) {
+	r := familyRunner(t, ggufsynth.GPTOSS, harmonyTemplate)
 	_, ch := seededAnswer(t, r, `{"model":"m","max_tokens":600,"temperature":1,"seed":%d,
 		"response_format":{"type":"json_schema","json_schema":{"name":"zone","strict":true,"schema":`+zoneSchema+`}},
 		"messages":[{"role":"user","content":"Which zone?"}]}`)
@@ -234,20 +234,7 @@ func streamedObject(t *testing.T, base string) (content string, pieces int) {
 // answer continued from a call cut inside such a string is taken, or refused as not
 // following the grammar of tools.
 func TestFunctionGemmaStringText(t *testing.T) {
-	bin := os.Getenv(runnerproc.RunnerEnv)
-	if bin == "" {
-		t.Skip("MACFLEET_RUNNER is not set: build the runner with `make runner` and export MACFLEET_RUNNER=$PWD/bin/macfleet-runner")
-	}
-	spec, err := ggufsynth.TinyFamily(ggufsynth.Gemma3)
-	if err != nil {
-		t.Fatal(err)
-	}
-	spec.ChatTemplate = functionGemmaTemplate
-	path := filepath.Join(t.TempDir(), "function-gemma.gguf")
-	if err := ggufsynth.Write(path, spec); err != nil {
-		t.Fatal(err)
-	}
-	r := startRunner(t, bin, path)
+	r := familyRunner(t, ggufsynth.Gemma3, functionGemmaTemplate)
 	const note = `[{"type":"function","function":{"name":"note","parameters":{"type":"object",
 		"properties":{"text":{"type":"string"}},"required":["text"]}}}]`
 	for _, tc := range []struct {

@@ -228,6 +228,43 @@ func streamedObject(t *testing.T, base string) (content string, pieces int) {
 	return "", 0
 }
 
+// TestHarmonyMarksAsControlTokens: where the vocabulary has the harmony marks as
+// control tokens, as gpt-oss's does (<|call|> and <|return|> then end generation,
+// <|end|> does not), the forced call's grammar takes them as their text, the runner
+// shows them to the parser, and the call parses.
+func TestHarmonyMarksAsControlTokens(t *testing.T) {
+	bin := os.Getenv(runnerproc.RunnerEnv)
+	if bin == "" {
+		t.Skip("MACFLEET_RUNNER is not set: build the runner with `make runner` and export MACFLEET_RUNNER=$PWD/bin/macfleet-runner")
+	}
+	spec, err := ggufsynth.TinyFamily(ggufsynth.GPTOSS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tokens, scores, types := ggufsynth.Vocabulary(spec.Vocab)
+	marks := []string{"<|start|>", "<|channel|>", "<|message|>", "<|constrain|>", "<|end|>", "<|call|>", "<|return|>"}
+	for i, m := range marks {
+		at := len(tokens) - len(marks) + i
+		tokens[at], types[at] = m, ggufsynth.TokenControl
+	}
+	spec.Tokenizer = &ggufsynth.Tokenizer{Model: "llama", Tokens: tokens, Types: types, Scores: scores,
+		BOS: ggufsynth.BOSToken, EOS: ggufsynth.EOSToken, EOT: -1, AddBOS: true}
+	spec.ChatTemplate = harmonyTemplate
+	path := filepath.Join(t.TempDir(), "harmony-control.gguf")
+	if err := ggufsynth.Write(path, spec); err != nil {
+		t.Fatal(err)
+	}
+	r := startRunner(t, bin, path)
+	// Each mark one token: the prompt is shorter than with the marks spelled out.
+	plain := familyRunner(t, ggufsynth.GPTOSS, harmonyTemplate)
+	call, reasoning, prompt := forcedCall(t, r)
+	if _, _, spelled := forcedCall(t, plain); prompt >= spelled {
+		t.Errorf("the prompt is %d tokens with the marks as control tokens, %d spelled out: want fewer", prompt, spelled)
+	}
+	t.Logf("call %s(%s) after %d bytes of reasoning; prompt %d tokens", call.Function.Name, call.Function.Arguments,
+		len(reasoning), prompt)
+}
+
 // TestFunctionGemmaStringText: the call grammar of the function-gemma format, as the
 // runner's grammar engine reads it, lets a string argument hold "<" (code and markup
 // do) but not "<e", which opens the format's <escape> and <end_function_call>: an

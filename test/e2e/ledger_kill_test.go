@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"io"
 	"maps"
 	"math"
 	"net/http"
@@ -215,7 +216,11 @@ func ledgerStream(ctx context.Context, c openai.Client, i int, streaming *atomic
 		// continued) received what its content holds.
 		r.usage = r.counted
 	}
-	r.continued = hr != nil && hr.Trailer.Get("X-Macfleet-Continued") != ""
+	if hr != nil {
+		// The client stops at [DONE]; the trailer comes after it, read at the body's end.
+		_, _ = io.Copy(io.Discard, hr.Body)
+		r.continued = hr.Trailer.Get("X-Macfleet-Continued") != ""
+	}
 	return r
 }
 

@@ -44,6 +44,14 @@ func TestContinueFinalMessage(t *testing.T) {
 		t.Errorf("cached tokens %d exceed the prompt's %d", cont.PromptTokensDetails.CachedTokens, cont.PromptTokens)
 	}
 
+	// A cut answer holding a NUL byte (the text of a byte-fallback token <0x00>, which
+	// a sampled answer of a byte-level vocabulary may hold) is continued like any.
+	body["messages"] = []map[string]string{{"role": "user", "content": "Tell me a story about a river"},
+		{"role": "assistant", "content": pieces[0] + "\x00" + pieces[1]}}
+	if rest, _, nul := streamContinue(t, r, body, runnerapi.ContinueFinalMessage); rest == "" || nul.CompletionTokens <= 2 {
+		t.Errorf("the answer cut with a NUL byte was continued with %q, usage %+v; want more of it", rest, nul)
+	}
+
 	// Without an assistant message to continue, or with n > 1, or an unknown mode: 400.
 	for name, tc := range map[string]struct {
 		mode   string

@@ -95,13 +95,19 @@ func (cr *chatRenderer) render(req *runnerapi.ChatRequest) (string, *runnerapi.E
 		default:
 			return "", runnerapi.InvalidRequest(runnerapi.CodeInvalidValue, fmt.Sprintf("messages[%d].role", i), "unsupported role %q", clipText(m.Role, 64))
 		}
-		if strings.IndexByte(string(m.Content), 0) >= 0 {
-			return "", runnerapi.InvalidRequest(runnerapi.CodeInvalidValue, fmt.Sprintf("messages[%d].content", i),
-				"content must not contain NUL bytes")
-		}
 	}
 	if cr.chat != nil {
+		// The Jinja template renders Go strings and the prompt is tokenized by its
+		// length: a NUL byte (the text of a byte-fallback token, which a broken
+		// answer sent back to be continued may hold) is text like any other.
 		return cr.chat.Render(chat.InputOf(req), cr.model.AddBOS())
+	}
+	for i, m := range req.Messages {
+		// llama.cpp's built-in templates take C strings, which end at a NUL byte.
+		if strings.IndexByte(string(m.Content), 0) >= 0 {
+			return "", runnerapi.InvalidRequest(runnerapi.CodeInvalidValue, fmt.Sprintf("messages[%d].content", i),
+				"content must not contain NUL bytes with this model: it has no Jinja chat template, and llama.cpp's built-in templates end a message at its first NUL byte")
+		}
 	}
 	if len(req.Tools) > 0 && (req.ToolChoice == nil || req.ToolChoice.Mode != "none") {
 		return "", runnerapi.InvalidRequest(runnerapi.CodeUnsupportedParameter, "tools",

@@ -7,12 +7,17 @@ import (
 )
 
 // The marks of gpt-oss's harmony format: its output is messages of the form
-// [<|start|>assistant]<|channel|>NAME[ to=functions.F][ <|constrain|>json]<|message|>BODY
-// ended by <|end|>, <|call|> or <|return|> (or the end of the output).
+// [<|start|>assistant][ to=R]<|channel|>NAME[ to=R][ <|constrain|>json]<|message|>BODY
+// ended by <|end|>, <|call|> or <|return|> (or the end of the output). The recipient
+// R is written in the role part (before <|channel|>) or in the channel part (after
+// the channel's name); the first message may begin at the recipient, the prompt
+// having ended at <|start|>assistant.
 const (
-	harmonyStart   = "<|start|>assistant"
-	harmonyChannel = "<|channel|>"
-	harmonyMessage = "<|message|>"
+	harmonyStart     = "<|start|>assistant"
+	harmonyChannel   = "<|channel|>"
+	harmonyMessage   = "<|message|>"
+	harmonyConstrain = "<|constrain|>"
+	harmonyFunctions = "to=functions."
 )
 
 var harmonyEnds = []string{"<|end|>", "<|call|>", "<|return|>"}
@@ -96,20 +101,45 @@ func (p *Parser) harmonyHeader(d *Delta, final bool) bool {
 		}
 		return false
 	}
-	header := text[i+len(harmonyChannel) : j]
+	channel, recipient := harmonyHeaderFields(text[:i], text[i+len(harmonyChannel):j])
 	h.buf, h.inBody = text[j+len(harmonyMessage):], true
-	channel, recipient, _ := strings.Cut(strings.TrimSpace(header), " ")
-	recipient = strings.TrimSpace(strings.Split(recipient, "<|constrain|>")[0])
 	h.kind = harmonyContent
 	switch {
-	case strings.HasPrefix(recipient, "to=functions.") && p.o.Tools:
-		// The name, without a content type written after it ("f json").
+	case strings.HasPrefix(recipient, harmonyFunctions) && p.o.Tools:
 		h.kind = harmonyCall
-		h.name, _, _ = strings.Cut(strings.TrimPrefix(recipient, "to=functions."), " ")
+		h.name = strings.TrimPrefix(recipient, harmonyFunctions)
 	case channel == "analysis":
 		h.kind = harmonyReasoning
 	}
 	return true
+}
+
+// harmonyHeaderFields reads a message's header: the channel's name (the first word
+// after <|channel|>) and the recipient ("to=functions.get_time"), which the channel
+// part holds after the name or the role part before <|channel|> (the channel part's
+// is taken when both hold one). A content type ("json", "<|constrain|>json") is no
+// part of either. The caller reads a recipient other than to=functions.NAME (a
+// built-in tool's, "to=browser.search") as no recipient: the message is its
+// channel's text.
+func harmonyHeaderFields(role, channelPart string) (channel, recipient string) {
+	words := func(s string) []string { return strings.Fields(strings.ReplaceAll(s, harmonyConstrain, " ")) }
+	to := func(ws []string) string {
+		for _, w := range ws {
+			if strings.HasPrefix(w, "to=") {
+				return w
+			}
+		}
+		return ""
+	}
+	ws := words(channelPart)
+	if len(ws) > 0 {
+		channel = ws[0]
+		recipient = to(ws[1:])
+	}
+	if recipient == "" {
+		recipient = to(words(role))
+	}
+	return channel, recipient
 }
 
 // harmonyText adds a streamed message's text to d as its channel's.

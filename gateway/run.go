@@ -375,6 +375,9 @@ func (f *Feeder) rebuild(ctx context.Context) error {
 	}
 	t := BuildTable(mds.Items, mrs.Items, mns.Items)
 	f.g.SetTable(t)
+	if tunnels := f.g.opts.Tunnels; tunnels != nil {
+		tunnels.SetLinks(splitLinks(mrs.Items))
+	}
 	if f.log.V(2).Enabled() {
 		n := 0
 		for _, rt := range t.Routes() {

@@ -366,9 +366,9 @@ func newAgent(cfg Config, cs kubernetes.Interface, w *replicaWatch, eng *standal
 		so.Serving = keeper.Ready()
 	}
 	// The runner of a split replica whose head is this Mac reaches its workers' Macs.
-	so.SplitLinks = newSplitLinks(w.direct, tlsSrc, log.WithName("splitlink"))
+	so.SplitLinks = newSplitLinks(w.direct, tlsSrc, out, log.WithName("splitlink"))
 	// A worker shard here followed by another pushes its output to that one's Mac.
-	a.peers = newPeerLinks(w.direct, tlsSrc, log.WithName("splitlink-peer"))
+	a.peers = newPeerLinks(w.direct, tlsSrc, out, log.WithName("splitlink-peer"))
 	var err error
 	if a.syncer, err = NewSyncer(so); err != nil {
 		return nil, err

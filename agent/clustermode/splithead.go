@@ -2,7 +2,6 @@ package clustermode
 
 import (
 	"context"
-	"crypto/tls"
 	"fmt"
 	"net"
 	"sync"
@@ -13,6 +12,7 @@ import (
 	"github.com/macfleet/macfleet/agent/splitlink"
 	"github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/internal/pki"
+	"github.com/macfleet/macfleet/internal/tunnel"
 	"github.com/macfleet/macfleet/metal/enginepool"
 )
 
@@ -102,20 +102,27 @@ type SplitLinks struct {
 
 // newSplitLinks dials a worker shard's Mac at the agent address its MacNode reports,
 // with this Mac's fleet certificate, checking that the agent is that Mac's.
-func newSplitLinks(c client.Reader, tlsSrc *pki.Source, log logr.Logger) *SplitLinks {
-	return &SplitLinks{Log: log, Dial: dialAgent(c, tlsSrc, splitlink.Dial), Tokens: true}
+// With a tunnel (out), a link goes through it while it is up and the worker's Mac
+// holds one too (the gateway joins the two for the split replica's links).
+func newSplitLinks(c client.Reader, tlsSrc *pki.Source, out *tunnel.Agent, log logr.Logger) *SplitLinks {
+	return &SplitLinks{Log: log, Dial: dialAgent(c, tlsSrc, out, splitlink.Path), Tokens: true}
 }
 
 // newPeerLinks are a worker shard's Mac's links to the next worker shard's Mac
-// (splitlink.DialPeer), dialed as newSplitLinks does.
-func newPeerLinks(c client.Reader, tlsSrc *pki.Source, log logr.Logger) *SplitLinks {
-	return &SplitLinks{Log: log, Dial: dialAgent(c, tlsSrc, splitlink.DialPeer)}
+// (splitlink.PeerPath), dialed as newSplitLinks does.
+func newPeerLinks(c client.Reader, tlsSrc *pki.Source, out *tunnel.Agent, log logr.Logger) *SplitLinks {
+	return &SplitLinks{Log: log, Dial: dialAgent(c, tlsSrc, out, splitlink.PeerPath)}
 }
 
-// dialAgent opens a link with dial to Mac node's agent, at the address its MacNode
-// reports, with this Mac's fleet certificate, checking that the agent is that Mac's.
-func dialAgent(c client.Reader, tlsSrc *pki.Source,
-	dial func(context.Context, string, *tls.Config, string, string) (net.Conn, error)) func(context.Context, string, string, string) (net.Conn, error) {
+// dialAgent opens the link at path to Mac node's agent, at the address its MacNode
+// reports, with this Mac's fleet certificate, checking that the agent is that Mac's:
+// through out, this Mac's tunnel, while it is up and node holds one too.
+func dialAgent(c client.Reader, tlsSrc *pki.Source, out *tunnel.Agent,
+	path func(namespace, name string) string) func(context.Context, string, string, string) (net.Conn, error) {
+	var raw splitlink.DialFunc
+	if out != nil {
+		raw = splitlink.DialFunc(out.DialContext(pki.NodeFrom, (&net.Dialer{}).DialContext))
+	}
 	return func(ctx context.Context, node, namespace, name string) (net.Conn, error) {
 		var mn v1alpha1.MacNode
 		if err := c.Get(ctx, client.ObjectKey{Name: node}, &mn); err != nil {
@@ -124,7 +131,7 @@ func dialAgent(c client.Reader, tlsSrc *pki.Source,
 		if mn.Status.Agent.Address == "" {
 			return nil, fmt.Errorf("MacNode %s reports no agent address", node)
 		}
-		return dial(ctx, mn.Status.Agent.Address, tlsSrc.ClientConfig(pki.Node(node)), namespace, name)
+		return splitlink.Open(pki.WithNode(ctx, node), raw, mn.Status.Agent.Address, tlsSrc.ClientConfig(pki.Node(node)), path(namespace, name))
 	}
 }
 

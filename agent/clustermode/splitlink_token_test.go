@@ -81,7 +81,7 @@ func send(t *testing.T, addr string, b []byte) {
 // with it reaches the worker, the token frame stripped.
 func TestAttackSplitLinkForwarderWithoutTheToken(t *testing.T) {
 	agent := newWorkerAgent(t)
-	l := newSplitLinks(nil, nil, logr.Discard())
+	l := newSplitLinks(nil, nil, nil, logr.Discard())
 	l.Dial = agent.dial
 	mr := splitReplica("", "")
 	t.Cleanup(func() { l.Close(mr.Namespace + "/" + mr.Name) })

@@ -24,17 +24,23 @@ import (
 // check that the agent is the worker's Mac (pki.Source.ClientConfig of its node
 // identity). The connection returned carries the worker protocol's bytes.
 func Dial(ctx context.Context, addr string, tlsCfg *tls.Config, namespace, name string) (net.Conn, error) {
-	return dial(ctx, addr, tlsCfg, Path(namespace, name))
+	return Open(ctx, nil, addr, tlsCfg, Path(namespace, name))
 }
 
 // DialPeer opens the peer link to the worker shard of replica namespace/name at the
 // agent listening on addr, as Dial does, from the Mac of the worker shard before it
 // (tlsCfg: that Mac's client certificate).
 func DialPeer(ctx context.Context, addr string, tlsCfg *tls.Config, namespace, name string) (net.Conn, error) {
-	return dial(ctx, addr, tlsCfg, PeerPath(namespace, name))
+	return Open(ctx, nil, addr, tlsCfg, PeerPath(namespace, name))
 }
 
-func dial(ctx context.Context, addr string, tlsCfg *tls.Config, path string) (net.Conn, error) {
+// DialFunc opens the connection a link's TLS runs over.
+type DialFunc func(ctx context.Context, network, addr string) (net.Conn, error)
+
+// Open opens the link at path (Path, PeerPath) of the agent at addr over a connection
+// that raw opens (a TCP connection to addr when nil; a Mac that dials out passes its
+// tunnel's, which the gateway relays to the worker's Mac), with TLS by tlsCfg inside.
+func Open(ctx context.Context, raw DialFunc, addr string, tlsCfg *tls.Config, path string) (net.Conn, error) {
 	cfg := tlsCfg.Clone()
 	cfg.NextProtos = []string{"http/1.1"} // an HTTP/2 stream cannot be upgraded
 	if _, ok := ctx.Deadline(); !ok {
@@ -42,8 +48,21 @@ func dial(ctx context.Context, addr string, tlsCfg *tls.Config, path string) (ne
 		ctx, cancel = context.WithTimeout(ctx, DefaultDialTimeout)
 		defer cancel()
 	}
-	conn, err := (&tls.Dialer{Config: cfg}).DialContext(ctx, "tcp", addr)
+	if raw == nil {
+		raw = (&net.Dialer{}).DialContext
+	}
+	rc, err := raw(ctx, "tcp", addr)
 	if err != nil {
+		return nil, fmt.Errorf("split link to %s: %w", addr, err)
+	}
+	if cfg.ServerName == "" {
+		if host, _, err := net.SplitHostPort(addr); err == nil {
+			cfg.ServerName = host
+		}
+	}
+	conn := tls.Client(rc, cfg)
+	if err := conn.HandshakeContext(ctx); err != nil {
+		rc.Close()
 		return nil, fmt.Errorf("split link to %s: %w", addr, err)
 	}
 	deadline, _ := ctx.Deadline()

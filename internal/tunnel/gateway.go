@@ -32,6 +32,7 @@ type Sessions struct {
 	mu     sync.Mutex
 	byNode map[string]*yamux.Session
 	grants grants
+	links  map[Link]bool
 }
 
 // Serve accepts tunnels on ln until ctx ends, then closes ln and every tunnel.

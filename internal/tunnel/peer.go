@@ -75,18 +75,25 @@ func (g *grants) get(target, source string) (grant, bool) {
 	return v, ok
 }
 
+// Link is a relay between two Macs that the fleet's objects call for while they
+// exist, not for a ticket's while: a split replica's head dialing a worker shard's Mac,
+// or a worker's Mac dialing the next worker's (SetLinks).
+type Link struct{ From, To string }
+
 // AdmitPeer decides a Mac's relay line: the peer it may reach, or why not. line is
 // what target sent; g is the gateway's grant for target and the peer the line names,
-// when found.
-func AdmitPeer(target, line string, g grant, found bool, now time.Time) (string, error) {
+// when found; linked whether a Link from target to that peer stands.
+func AdmitPeer(target, line string, g grant, found, linked bool, now time.Time) (string, error) {
 	source, ok := strings.CutPrefix(line, PeerProtocol+" ")
 	switch {
 	case !ok || source == "":
 		return "", fmt.Errorf("the line names no peer (want %q)", PeerProtocol+" NODE")
 	case source == target:
 		return "", errors.New("a Mac fetches from another Mac, not from itself")
+	case linked:
+		return source, nil
 	case !found:
-		return "", fmt.Errorf("no gateway asked Mac %q to fetch from Mac %q", target, source)
+		return "", fmt.Errorf("no gateway asked Mac %q to fetch from Mac %q, and no split replica links them", target, source)
 	case !now.Before(g.until):
 		return "", fmt.Errorf("the fetch from Mac %q that Mac %q was asked for expired at %s", source, target, g.until.Format(time.RFC3339))
 	}
@@ -97,6 +104,20 @@ func AdmitPeer(target, line string, g grant, found bool, now time.Time) (string,
 // ticket to fetch from source.
 func (s *Sessions) Grant(target, source string, until time.Time) {
 	s.grants.add(target, source, until, time.Now())
+}
+
+// SetLinks replaces the standing relays (Link) with links: the gateway's routing
+// table sets them from the split replicas it reads.
+func (s *Sessions) SetLinks(links map[Link]bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.links = links
+}
+
+func (s *Sessions) linked(from, to string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.links[Link{from, to}]
 }
 
 // Holds says whether node holds a tunnel to this gateway now.
@@ -135,7 +156,8 @@ func (s *Sessions) relay(ctx context.Context, node string, st net.Conn) {
 		return
 	}
 	g, found := s.grants.get(node, source)
-	if _, err := AdmitPeer(node, line, g, found, time.Now()); err != nil {
+	linked := s.linked(node, source)
+	if _, err := AdmitPeer(node, line, g, found, linked, time.Now()); err != nil {
 		s.Log.Info("Refused a relay to a peer", "node", node, "reason", err.Error())
 		_, _ = io.WriteString(st, "refused: "+err.Error()+"\n")
 		return
@@ -150,7 +172,11 @@ func (s *Sessions) relay(ctx context.Context, node string, st net.Conn) {
 		return
 	}
 	_ = st.SetDeadline(time.Time{})
-	s.Log.V(2).Info("Relaying a peer fetch", "node", node, "peer", source)
+	if linked {
+		s.Log.V(2).Info("Relaying a split link", "node", node, "peer", source)
+	} else {
+		s.Log.V(2).Info("Relaying a peer fetch", "node", node, "peer", source)
+	}
 	join(st, peer)
 }
 

@@ -37,17 +37,21 @@ func TestAdmitPeer(t *testing.T) {
 		name, line string
 		g          grant
 		found      bool
+		linked     bool
 		want, err  string
 	}{
 		{name: "granted", line: PeerProtocol + " mac-a", g: valid, found: true, want: "mac-a"},
-		{name: "not granted", line: PeerProtocol + " mac-a", err: `no gateway asked Mac "mac-b" to fetch from Mac "mac-a"`},
+		{name: "not granted", line: PeerProtocol + " mac-a", err: `no gateway asked Mac "mac-b" to fetch from Mac "mac-a", and no split replica links them`},
+		{name: "linked", line: PeerProtocol + " mac-a", linked: true, want: "mac-a"},
+		{name: "linked, ticket expired", line: PeerProtocol + " mac-a", g: grant{until: now}, found: true, linked: true, want: "mac-a"},
+		{name: "linked to itself", line: PeerProtocol + " mac-b", linked: true, err: "not from itself"},
 		{name: "expired", line: PeerProtocol + " mac-a", g: grant{until: now}, found: true, err: "expired"},
 		{name: "itself", line: PeerProtocol + " mac-b", g: valid, found: true, err: "not from itself"},
 		{name: "no peer", line: PeerProtocol + " ", err: "names no peer"},
 		{name: "another protocol", line: "GET / HTTP/1.1", err: "names no peer"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := AdmitPeer("mac-b", tc.line, tc.g, tc.found, now)
+			got, err := AdmitPeer("mac-b", tc.line, tc.g, tc.found, tc.linked, now)
 			switch {
 			case tc.err == "" && (err != nil || got != tc.want):
 				t.Errorf("AdmitPeer = %q, %v; want %q", got, err, tc.want)
@@ -159,7 +163,35 @@ func TestAttackTunnelRelayToAnyMac(t *testing.T) {
 	if _, err := b.DialPeer(t.Context(), "mac-x"); !errors.Is(err, ErrNoSession) {
 		t.Errorf("mac-b asking for mac-x, which holds no tunnel: %v; want ErrNoSession (dial it yourself)", err)
 	}
+	// A split replica's links go one way, between the Macs it names.
+	s.SetLinks(map[Link]bool{{From: "mac-a", To: "mac-b"}: true, {From: "mac-c", To: "mac-a"}: true})
+	refused("linked the other way, and from another Mac", `no gateway asked Mac "mac-b" to fetch from Mac "mac-a"`)
 	if n := served.Load(); n != 0 {
 		t.Fatalf("mac-a's agent served %d requests of relays it was not granted", n)
+	}
+}
+
+// TestSplitLinkThroughTheTunnels: while a Link from mac-b to mac-a stands (a split
+// replica's head on mac-b, a worker shard on mac-a), mac-b reaches mac-a's agent
+// through the two tunnels, with TLS between the two Macs inside; once the link is
+// gone (the replica was), it is refused again.
+func TestSplitLinkThroughTheTunnels(t *testing.T) {
+	fc := newFleetCerts(t)
+	s, addr := startGateway(t, fc.gateway)
+	macB := source(t, fc.ca, pki.Node("mac-b"))
+	startAgent(t, addr, "mac-a", source(t, fc.ca, pki.Node("mac-a")), whoami("mac-a"))
+	b := startAgent(t, addr, "mac-b", macB, whoami("mac-b"))
+	waitNodes(t, s, "mac-a", "mac-b")
+	waitSession(t, b)
+	through := func(ctx context.Context, network, addr string) (net.Conn, error) { return b.DialPeer(ctx, "mac-a") }
+
+	s.SetLinks(map[Link]bool{{From: "mac-b", To: "mac-a"}: true})
+	if got, err := peerGet(t, macB, through, "mac-a", "/split"); err != nil || got != "mac-a for macfleet://node/mac-b" {
+		t.Errorf("mac-b over its split link to mac-a: %q, %v; want mac-a's agent seeing mac-b's certificate", got, err)
+	}
+	s.SetLinks(nil)
+	var re *RefusedError
+	if _, err := b.DialPeer(t.Context(), "mac-a"); !errors.As(err, &re) {
+		t.Errorf("mac-b once the link is gone: %v; want the gateway's refusal", err)
 	}
 }

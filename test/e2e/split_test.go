@@ -114,6 +114,13 @@ func replicasOf(t testing.TB, ns, name string) []v1alpha1.ModelReplica {
 // registered later and so cleaned up first). It returns their names in order.
 func addSplitPool(t *testing.T, pool string, ceilings ...int64) []string {
 	t.Helper()
+	return addSplitPoolWith(t, pool, nil, ceilings...)
+}
+
+// addSplitPoolWith is addSplitPool with each agent restarted with the arguments
+// restart gives (none when nil), before its Mac is labelled into the pool.
+func addSplitPoolWith(t *testing.T, pool string, restart func() []string, ceilings ...int64) []string {
+	t.Helper()
 	var names []string
 	for i, c := range ceilings {
 		name := fmt.Sprintf("split-%s-%d", pool, i)
@@ -129,6 +136,9 @@ func addSplitPool(t *testing.T, pool string, ceilings ...int64) []string {
 			Chip: "Apple M4 (simulated)", UnifiedMemory: "16Gi"}
 		if err := fleet.AddAgent(t.Context(), n); err != nil {
 			t.Fatal(err)
+		}
+		if restart != nil {
+			restartAgentWith(t, name, restart())
 		}
 		patch := fmt.Appendf(nil, `{"metadata":{"labels":{%q:%q}}}`, splitPoolLabel, pool)
 		mn := &v1alpha1.MacNode{}

@@ -149,16 +149,7 @@ func addOutboundMac(t *testing.T, name, tunnelAddr string, auto bool) {
 		Chip: "Apple M4 (simulated)", UnifiedMemory: "16Gi"}); err != nil {
 		t.Fatal(err)
 	}
-	if err := fleet.StopAgent(name, time.Minute); err != nil {
-		t.Fatal(err)
-	}
-	args := []string{"--gateway-tunnel", tunnelAddr, "--advertise-address", freeLoopback(t)}
-	if !auto {
-		args = append(args, "--connect", "outbound")
-	}
-	if err := fleet.StartAgentWith(name, nil, args); err != nil {
-		t.Fatal(err)
-	}
+	restartAgentWith(t, name, outboundArgs(t, tunnelAddr, auto))
 	patch := fmt.Appendf(nil, `{"metadata":{"labels":{%q:"true"}}}`, outboundLabel)
 	mn := &v1alpha1.MacNode{}
 	mn.Name = name
@@ -166,6 +157,28 @@ func addOutboundMac(t *testing.T, name, tunnelAddr string, auto bool) {
 		t.Fatal(err)
 	}
 	if err := fleet.WaitNodeReady(t.Context(), name); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// outboundArgs are the arguments of an agent whose Mac dials the gateway's tunnel at
+// tunnelAddr: its advertised address answers nothing; --connect outbound, or auto
+// (--gateway-tunnel alone).
+func outboundArgs(t *testing.T, tunnelAddr string, auto bool) []string {
+	args := []string{"--gateway-tunnel", tunnelAddr, "--advertise-address", freeLoopback(t)}
+	if !auto {
+		args = append(args, "--connect", "outbound")
+	}
+	return args
+}
+
+// restartAgentWith stops Mac name's agent and starts it again with args added.
+func restartAgentWith(t *testing.T, name string, args []string) {
+	t.Helper()
+	if err := fleet.StopAgent(name, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if err := fleet.StartAgentWith(name, nil, args); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -34,3 +34,12 @@ app.kubernetes.io/component: {{ .component }}
 {{- define "macfleet.manager.leaderElect" -}}
 {{ gt (int .Values.manager.replicas) 1 }}
 {{- end }}
+
+{{/* The gateway's tunnel listener as the manager dials it (--gateway-tunnel): the
+Service macfleet-gateway-tunnel in the release namespace and its port; empty when the
+gateway takes no tunnels. */}}
+{{- define "macfleet.gateway.tunnelAddress" -}}
+{{- if and .Values.gateway.enabled .Values.gateway.tunnel.enabled -}}
+macfleet-gateway-tunnel.{{ .Release.Namespace }}.svc:{{ .Values.gateway.tunnel.service.port }}
+{{- end -}}
+{{- end }}

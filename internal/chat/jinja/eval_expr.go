@@ -227,8 +227,9 @@ func (r *renderer) evalSlice(e sliceExpr, sc *scope) (any, error) {
 		if sl.step == 1 { // a substring, the same bytes
 			return str.s[str.offset(sl.start):str.offset(sl.start+sl.count)], nil
 		}
-		// the runes it walks, up to 4 bytes each
-		if err := r.work(satMul(4*int64(sl.count), int64(max(sl.step, -sl.step)))); err != nil {
+		// the runes it walks, up to 4 bytes each, each decoded (and every step-th
+		// written out again): a rune walked costs what 16 bytes compared do
+		if err := r.work(satMul(16*int64(sl.count), int64(max(sl.step, -sl.step)))); err != nil {
 			return nil, err
 		}
 		return str.sliceString(sl), nil

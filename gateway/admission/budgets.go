@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -82,21 +83,17 @@ func (b *Budgets) Follow(c cache.Cache) { b.cache = c }
 func (b *Budgets) Synced() bool { return b.synced.Load() }
 
 // SetBudgets replaces every namespace's budgets with bs. The first namespace with a
-// budget (by name, the same on every replica) carries this replica's heartbeat: its
-// record there is renewed every ledger.RenewEvery, so the other replicas know it is
-// live and lease (ledger.SetBeat).
+// budget (by name, the same on every replica) that is not being deleted carries this
+// replica's heartbeat: its record there is renewed every ledger.RenewEvery, so the
+// other replicas know it is live and lease (ledger.SetBeat).
 func (b *Budgets) SetBudgets(bs []mfv1.TokenBudget) {
 	m := map[string][]mfv1.TokenBudget{}
-	beat := ""
 	for _, tb := range bs {
 		m[tb.Namespace] = append(m[tb.Namespace], tb)
-		if beat == "" || tb.Namespace < beat {
-			beat = tb.Namespace
-		}
 	}
 	b.budgets.Store(&m)
 	if b.leaser != nil {
-		b.ledger.SetBeat(beat)
+		b.ledger.SetBeat(slices.Sorted(maps.Keys(m))...)
 		b.leaser.retain(bs)
 	}
 }

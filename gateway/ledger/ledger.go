@@ -41,9 +41,18 @@ type Ledger struct {
 	// ended are the records of days that ended before they were written.
 	ended []*mfv1.TokenUsage
 	// beat is the namespace whose record is renewed every RenewEvery whatever it
-	// holds, so that the other replicas know this one is live (SetBeat).
-	beat string
+	// holds, so that the other replicas know this one is live (SetBeat): the first
+	// of beats not closing.
+	beat  string
+	beats []string
+	// closing are the namespaces being deleted (Closing), each until when no record
+	// is written there.
+	closing map[string]time.Time
 }
+
+// ClosingWait is how long a namespace that refused a record as being deleted gets
+// none (Closing): then its record is tried again, in case it was made anew.
+const ClosingWait = time.Minute
 
 // space is one namespace's counts of the current day.
 type space struct {
@@ -68,14 +77,51 @@ func New(gateway string, c clock.PassiveClock) *Ledger {
 // Gateway is the replica the ledger counts for.
 func (l *Ledger) Gateway() string { return l.gateway }
 
-// SetBeat makes ns the namespace whose record is renewed every RenewEvery even with
-// nothing in it: the other replicas count this one live while it renews
-// (budget.StaleAfter), and then admit budgeted requests only within leases. ""
-// renews none.
-func (l *Ledger) SetBeat(ns string) {
+// SetBeat makes the first of namespaces that is not closing (Closing) the namespace
+// whose record is renewed every RenewEvery even with nothing in it: the other
+// replicas count this one live while it renews a record in any namespace
+// (budget.StaleAfter), and then admit budgeted requests only within leases. None
+// (or only "") renews none.
+func (l *Ledger) SetBeat(namespaces ...string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.beat = ns
+	l.beats = slices.Clone(namespaces)
+	l.pickBeat()
+}
+
+func (l *Ledger) pickBeat() {
+	now := l.clock.Now()
+	l.beat = ""
+	for _, ns := range l.beats {
+		if ns != "" && !l.isClosing(ns, now) {
+			l.beat = ns
+			return
+		}
+	}
+}
+
+func (l *Ledger) isClosing(ns string, now time.Time) bool {
+	until, ok := l.closing[ns]
+	if ok && !now.Before(until) {
+		delete(l.closing, ns)
+		return false
+	}
+	return ok
+}
+
+// Closing writes no record in ns for ClosingWait: the API server refused one because
+// ns is being deleted (a namespace stuck terminating refuses every write until it is
+// gone). Its counts are kept: its budgets hold while they exist. The beat moves to the
+// next namespace SetBeat named.
+func (l *Ledger) Closing(ns string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closing == nil {
+		l.closing = map[string]time.Time{}
+	}
+	l.closing[ns] = l.clock.Now().Add(ClosingWait)
+	l.ended = slices.DeleteFunc(l.ended, func(tu *mfv1.TokenUsage) bool { return tu.Namespace == ns })
+	l.pickBeat()
 }
 
 // space is ns's counts of now's day, a new day's once the last one ended. l.mu is held.
@@ -258,10 +304,14 @@ func (l *Ledger) Take() []*mfv1.TokenUsage {
 	now := l.clock.Now()
 	out := l.ended
 	l.ended = nil
+	l.pickBeat() // a closing namespace's wait may have ended
 	if l.beat != "" {
 		l.space(l.beat, now)
 	}
 	for ns := range l.spaces {
+		if l.isClosing(ns, now) {
+			continue
+		}
 		s := l.space(ns, now)
 		renew := s.total.InFlight > 0 || ns == l.beat
 		if !s.dirty && !(renew && now.Sub(s.published) >= RenewEvery) {

@@ -251,3 +251,37 @@ func TestLedgerBeat(t *testing.T) {
 		}
 	}
 }
+
+// TestLedgerClosing: a namespace whose record was refused as being deleted gets no
+// record for ClosingWait, its counts kept; the beat moves to the next namespace
+// SetBeat named, and back once the wait is over.
+func TestLedgerClosing(t *testing.T) {
+	start := time.Date(2026, 11, 25, 10, 0, 0, 0, time.UTC)
+	clk := clocktesting.NewFakeClock(start)
+	l := New("gw-a", clk)
+	l.SetBeat("team-a", "team-b")
+	l.Record("team-a", "ci", "team-a/qwen", metering.Usage{Input: 1})
+	taken := func() map[string]int64 {
+		out := map[string]int64{}
+		for _, tu := range l.Take() {
+			n := out[tu.Namespace] // a record with no usage (the beat's) is taken too
+			for _, u := range tu.Spec.Usage {
+				n += u.InputTokens
+			}
+			out[tu.Namespace] = n
+		}
+		return out
+	}
+	if diff := cmp.Diff(map[string]int64{"team-a": 1}, taken()); diff != "" {
+		t.Errorf("before: records taken (-want +got):\n%s", diff)
+	}
+	l.Closing("team-a")
+	l.Record("team-a", "ci", "team-a/qwen", metering.Usage{Input: 2})
+	if diff := cmp.Diff(map[string]int64{"team-b": 0}, taken()); diff != "" {
+		t.Errorf("team-a closing: records taken (-want +got):\n%s", diff)
+	}
+	clk.Step(ClosingWait)
+	if diff := cmp.Diff(map[string]int64{"team-a": 3}, taken()); diff != "" {
+		t.Errorf("after the wait: records taken (-want +got):\n%s", diff)
+	}
+}

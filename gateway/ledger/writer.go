@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -121,7 +122,13 @@ func (w *Writer) restore(ctx context.Context) error {
 // flush writes what the ledger gives; a failed write is retried at the next tick.
 func (w *Writer) flush(ctx context.Context) {
 	for _, tu := range w.Ledger.Take() {
-		if err := w.write(ctx, tu); err != nil {
+		err := w.write(ctx, tu)
+		switch {
+		case err == nil:
+		case apierrors.HasStatusCause(err, corev1.NamespaceTerminatingCause):
+			w.Log.Info("Not writing usage records in a namespace being deleted", "namespace", tu.Namespace, "retryAfter", ClosingWait)
+			w.Ledger.Closing(tu.Namespace)
+		default:
 			w.Log.Info("Writing a usage record failed; retrying", "TokenUsage", tu.Namespace+"/"+tu.Name, "err", err.Error())
 			w.Ledger.Retry(tu)
 		}

@@ -219,55 +219,81 @@ func TestAttackRedialFloodClosesAKeptAliveClient(t *testing.T) {
 			}
 		}
 	}
-	var dialled atomic.Int64
-	client := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{MaxConnsPerHost: 1,
-		DialContext: func(ctx context.Context, network, a string) (net.Conn, error) {
-			dialled.Add(1)
-			return dialer.DialContext(ctx, network, a)
-		}}}
-	defer client.CloseIdleConnections()
-	send := func() string {
-		resp, err := client.Post("http://"+addr+"/", "application/json", strings.NewReader(`{"model":"m"}`))
-		if err != nil {
-			return err.Error()
-		}
-		b, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			return fmt.Sprintf("%d %s", resp.StatusCode, b)
-		}
-		return ""
-	}
-	for range 2 {
-		if fail := send(); fail != "" {
-			t.Fatalf("before the flood: %s", fail)
-		}
-	}
+	c := newKeptAlive(t, addr, dialer)
 	flood(perSource - 1) // the client's connection, idle meanwhile, is now the oldest
-	stop, fails := make(chan struct{}), make(chan []string, 1)
-	go func() {
-		var fs []string
-		defer func() { fails <- fs }()
-		for {
-			select {
-			case <-stop:
-				return
-			case <-time.After(300 * time.Millisecond):
-			}
-			if fail := send(); fail != "" {
-				fs = append(fs, fail)
-			}
-		}
-	}()
+	stop := c.every(300 * time.Millisecond)
 	var wg sync.WaitGroup
 	for range 4 {
 		wg.Go(func() { flood(dials / 4) })
 	}
 	wg.Wait()
-	close(stop)
-	fs := <-fails
-	if len(fs) > 0 || dialled.Load() != 1 {
+	if fs, dialled := stop(); len(fs) > 0 || dialled != 1 {
 		t.Errorf("through a flood of %d new connections from its address the kept-alive client dialled %d connections, want 1; "+
-			"%d of its requests failed (the first: %v)", dials, dialled.Load(), len(fs), fs)
+			"%d of its requests failed (the first: %v)", dials, dialled, len(fs), fs)
+	}
+}
+
+// keptAlive is a client that keeps one connection alive, as the SDKs do.
+type keptAlive struct {
+	t       *testing.T
+	addr    string
+	client  *http.Client
+	dialled atomic.Int64
+}
+
+// newKeptAlive is a kept-alive client of addr dialling with dialer, which has sent two
+// requests, both answered, on its one connection.
+func newKeptAlive(t *testing.T, addr string, dialer *net.Dialer) *keptAlive {
+	t.Helper()
+	c := &keptAlive{t: t, addr: addr}
+	c.client = &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{MaxConnsPerHost: 1,
+		DialContext: func(ctx context.Context, network, a string) (net.Conn, error) {
+			c.dialled.Add(1)
+			return dialer.DialContext(ctx, network, a)
+		}}}
+	t.Cleanup(c.client.CloseIdleConnections)
+	for range 2 {
+		if fail := c.send(); fail != "" {
+			t.Fatalf("before the flood: %s", fail)
+		}
+	}
+	return c
+}
+
+// send posts a request: "" when answered 200, else what went wrong.
+func (c *keptAlive) send() string {
+	resp, err := c.client.Post("http://"+c.addr+"/", "application/json", strings.NewReader(`{"model":"m"}`))
+	if err != nil {
+		return err.Error()
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Sprintf("%d %s", resp.StatusCode, b)
+	}
+	return ""
+}
+
+// every sends a request each period until stop, which returns what failed and how
+// many connections the client dialled in all.
+func (c *keptAlive) every(period time.Duration) (stop func() ([]string, int64)) {
+	done, fails := make(chan struct{}), make(chan []string, 1)
+	go func() {
+		var fs []string
+		defer func() { fails <- fs }()
+		for {
+			select {
+			case <-done:
+				return
+			case <-time.After(period):
+			}
+			if fail := c.send(); fail != "" {
+				fs = append(fs, fail)
+			}
+		}
+	}()
+	return func() ([]string, int64) {
+		close(done)
+		return <-fails, c.dialled.Load()
 	}
 }

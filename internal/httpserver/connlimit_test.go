@@ -38,7 +38,7 @@ func TestCapListenerAdmit(t *testing.T) {
 		ip string
 		at time.Duration
 		// state the connection then takes: "" idle, "reused" (idle, 5 requests
-		// answered), "busy" (a request served),
+		// answered), "once" (idle, 1 answered), "busy" (a request served),
 		// "headers" (a request's headers begun, not ended), "body" (its handler waiting
 		// for more of a body that came fast), "trickle" (the handler waiting, 10 bytes of
 		// body come, the last 900 ms after it began).
@@ -112,6 +112,14 @@ func TestCapListenerAdmit(t *testing.T) {
 			{ip: "10.0.0.1", at: 3 * time.Second, want: "ok", stale: []int{1}},
 			{ip: "10.0.0.1", at: 4 * time.Second, want: "ok", stale: []int{3}},
 			{ip: "10.0.0.1", at: 5 * time.Second, want: "ok", stale: []int{4}},
+		}},
+		{"a fresh connection goes before one answered twice, one answered once before both", Limits{}, []step{
+			{ip: "10.0.0.1", state: "reused", want: "ok"},
+			{ip: "10.0.0.1", at: 2 * time.Second, want: "ok"}, {ip: "10.0.0.1", at: 2100 * time.Millisecond, want: "ok"},
+			{ip: "10.0.0.1", at: 2200 * time.Millisecond, want: "ok", stale: []int{1}},
+			{ip: "10.0.0.1", at: 2300 * time.Millisecond, state: "once", want: "ok", stale: []int{2}},
+			{ip: "10.0.0.1", at: 3400 * time.Millisecond, want: "ok", stale: []int{3}},
+			{ip: "10.0.0.1", at: 3500 * time.Millisecond, want: "ok", stale: []int{4}},
 		}},
 		{"a source displaces its own connections at most its burst, then its rate", churn, []step{
 			{ip: "10.0.0.1", want: "ok"}, {ip: "10.0.0.1", at: 100 * time.Microsecond, want: "ok"},
@@ -195,6 +203,8 @@ func setState(sc *slotConn, state string, at time.Time) {
 	switch state {
 	case "reused": // idle, after 5 requests answered
 		sc.served = 5
+	case "once": // idle, after a request answered
+		sc.served = 1
 	case "busy":
 		sc.idleSince, sc.activeSince, sc.handling = time.Time{}, at, true
 	case "headers":

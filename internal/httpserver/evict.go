@@ -34,31 +34,46 @@ func reclaimableSince(c *slotConn, now time.Time) (time.Time, bool) {
 }
 
 // oldestReclaimable is the connection of conns to reclaim at now, nil if none is
-// reclaimable: of those answered the fewest requests, the one reclaimable for
-// longest. A client that reuses its connection (the SDKs do) thus outlasts a flood
-// whose connections were each answered once, even when it waited idle for longer
-// than they did (before the flood began).
+// reclaimable, taken in three tiers (reclaimTier), and within a tier the one answered
+// the fewest requests, then the one reclaimable for longest:
 //
-// A connection not yet answered and reclaimable for less than firstRequestGrace goes
-// last: it has had no chance to send its first request, and taking it first would
-// have a flood's new connections close one another before any was answered.
+//  1. answered at most once and not fresh: a flood's connections, each answered
+//     once (or never) and then held;
+//  2. fresh: not yet answered and reclaimable for less than firstRequestGrace. It has
+//     had no chance to send its first request, and taking it first would have a
+//     flood's new connections close one another before any was answered;
+//  3. answered twice or more: a client that reuses its connection (the SDKs do), even
+//     when it waited idle for longer than the flood's did (before the flood began),
+//     and even beside a flood all of whose connections are fresh (stalled bodies
+//     dialled faster than they age, from the client's own address on `serve`).
 func oldestReclaimable(conns map[*slotConn]struct{}, now time.Time) *slotConn {
 	var oldest *slotConn
 	var since time.Time
-	var oldestFresh bool
+	tier := 0
 	for c := range conns {
 		t, ok := reclaimableSince(c, now)
 		if !ok {
 			continue
 		}
-		fresh := c.served == 0 && now.Sub(t) < firstRequestGrace
+		ct := reclaimTier(c, t, now)
 		switch {
-		case oldest == nil, oldestFresh && !fresh,
-			fresh == oldestFresh && (c.served < oldest.served || c.served == oldest.served && t.Before(since)):
-			oldest, since, oldestFresh = c, t, fresh
+		case oldest == nil, ct < tier,
+			ct == tier && (c.served < oldest.served || c.served == oldest.served && t.Before(since)):
+			oldest, since, tier = c, t, ct
 		}
 	}
 	return oldest
+}
+
+// reclaimTier is c's tier (oldestReclaimable) at now, reclaimable since t.
+func reclaimTier(c *slotConn, t, now time.Time) int {
+	switch {
+	case c.served >= 2:
+		return 3
+	case c.served == 0 && now.Sub(t) < firstRequestGrace:
+		return 2
+	}
+	return 1
 }
 
 // firstRequestGrace is how long a new connection is left its first request before it

@@ -78,13 +78,7 @@ func peerGet(t *testing.T, from *pki.Source, dial func(ctx context.Context, netw
 // with TLS between the two Macs inside (mac-a sees mac-b's certificate); asked to
 // fetch from a Mac without a tunnel (mac-d), it dials mac-d's address itself.
 func TestPeerFetchThroughTheTunnels(t *testing.T) {
-	fc := newFleetCerts(t)
-	s, addr := startGateway(t, fc.gateway)
-	macB := source(t, fc.ca, pki.Node("mac-b"))
-	startAgent(t, addr, "mac-a", source(t, fc.ca, pki.Node("mac-a")), whoami("mac-a"))
-	b := startAgent(t, addr, "mac-b", macB, whoami("mac-b"))
-	waitNodes(t, s, "mac-a", "mac-b")
-	waitSession(t, b)
+	fc, s, macB, b := twoTunnels(t)
 	direct := serveDirect(t, source(t, fc.ca, pki.Node("mac-d")), whoami("mac-d"))
 
 	s.Grant("mac-b", "mac-a", time.Now().Add(time.Minute))
@@ -107,6 +101,20 @@ func TestPeerFetchThroughTheTunnels(t *testing.T) {
 	if len(dialed) != 1 {
 		t.Errorf("mac-b dialed %v itself; want mac-d's address only (mac-a through the tunnels)", dialed)
 	}
+}
+
+// twoTunnels is a gateway holding the tunnels of mac-a and mac-b, whose agents answer
+// with who they are and who called; macB is mac-b's certificates, b its agent.
+func twoTunnels(t *testing.T) (fc *fleetCerts, s *Sessions, macB *pki.Source, b *Agent) {
+	t.Helper()
+	fc = newFleetCerts(t)
+	s, addr := startGateway(t, fc.gateway)
+	macB = source(t, fc.ca, pki.Node("mac-b"))
+	startAgent(t, addr, "mac-a", source(t, fc.ca, pki.Node("mac-a")), whoami("mac-a"))
+	b = startAgent(t, addr, "mac-b", macB, whoami("mac-b"))
+	waitNodes(t, s, "mac-a", "mac-b")
+	waitSession(t, b)
+	return fc, s, macB, b
 }
 
 // waitSession waits until a's tunnel is up on its side (the gateway files it first).
@@ -176,13 +184,7 @@ func TestAttackTunnelRelayToAnyMac(t *testing.T) {
 // through the two tunnels, with TLS between the two Macs inside; once the link is
 // gone (the replica was), it is refused again.
 func TestSplitLinkThroughTheTunnels(t *testing.T) {
-	fc := newFleetCerts(t)
-	s, addr := startGateway(t, fc.gateway)
-	macB := source(t, fc.ca, pki.Node("mac-b"))
-	startAgent(t, addr, "mac-a", source(t, fc.ca, pki.Node("mac-a")), whoami("mac-a"))
-	b := startAgent(t, addr, "mac-b", macB, whoami("mac-b"))
-	waitNodes(t, s, "mac-a", "mac-b")
-	waitSession(t, b)
+	_, s, macB, b := twoTunnels(t)
 	through := func(ctx context.Context, network, addr string) (net.Conn, error) { return b.DialPeer(ctx, "mac-a") }
 
 	s.SetLinks(map[Link]bool{{From: "mac-b", To: "mac-a"}: true})

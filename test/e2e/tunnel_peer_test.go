@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/funcr"
 
 	"github.com/macfleet/macfleet/api/v1alpha1"
@@ -35,13 +36,7 @@ func TestOutboundMacPeerFetch(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var relayed atomic.Int32
-	log := funcr.New(func(prefix, args string) {
-		if strings.Contains(args, `"msg"="Relaying a peer fetch"`) {
-			relayed.Add(1)
-		}
-		t.Log(prefix, args)
-	}, funcr.Options{Verbosity: 2})
+	log, relayed := countingLog(t, "Relaying a peer fetch")
 	url, reg := inProcessGateway(t, gateway.Config{Routing: gateway.RoutingPrefixCache, PeerFetchMargin: 1e-9, TunnelListener: ln}, log)
 	// The second Mac runs with --gateway-tunnel alone (--connect auto): it dials out
 	// because the gateway's probe of its address fails.
@@ -108,6 +103,18 @@ func TestOutboundMacPeerFetch(t *testing.T) {
 	if got != want {
 		t.Errorf("R's greedy answer after the peer's state %q differs from the full prefill's %q", got, want)
 	}
+}
+
+// countingLog is a logger into the test's log, at verbosity 2, that counts the
+// entries with the message msg.
+func countingLog(t *testing.T, msg string) (logr.Logger, *atomic.Int32) {
+	var n atomic.Int32
+	return funcr.New(func(prefix, args string) {
+		if strings.Contains(args, `"msg"="`+msg+`"`) {
+			n.Add(1)
+		}
+		t.Log(prefix, args)
+	}, funcr.Options{Verbosity: 2}), &n
 }
 
 // busyHolder keeps the replica that holds a conversation's prefix busy with two long

@@ -4,12 +4,9 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/go-logr/logr/funcr"
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 
@@ -32,13 +29,7 @@ func TestOutboundMacSplitReplica(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var relayed atomic.Int32
-	log := funcr.New(func(prefix, args string) {
-		if strings.Contains(args, `"msg"="Relaying a split link"`) {
-			relayed.Add(1)
-		}
-		t.Log(prefix, args)
-	}, funcr.Options{Verbosity: 2})
+	log, relayed := countingLog(t, "Relaying a split link")
 	url, _ := inProcessGateway(t, gateway.Config{TunnelListener: ln}, log)
 
 	nsWhole, ns := testenv.NewNamespace(t, fleet.Client), testenv.NewNamespace(t, fleet.Client)

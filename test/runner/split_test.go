@@ -373,7 +373,7 @@ func TestSplitModelWorkerStopsOnSIGTERM(t *testing.T) {
 func TestSplitModelWorkerHangs(t *testing.T) {
 	m := specModel(t, "split-seed3", splitSpec(3))
 	w := startWorker(t, m)
-	r := startReady(t, m, append(splitFlags([]*worker{w}, 3), "--split-timeout", "1s")...)
+	r := startReadyShortLinks(t, m, append(splitFlags([]*worker{w}, 3), "--split-timeout", "1s")...)
 	took, errEv := signalMidStream(t, r, w, syscall.SIGSTOP)
 	if !strings.Contains(errEv.Error.Message, "no answer within") {
 		t.Fatalf("the stream ended with %+v, want an error for the timeout", errEv)

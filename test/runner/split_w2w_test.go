@@ -189,7 +189,7 @@ func TestSplitWorkerRefusesAStrangersPeerLink(t *testing.T) {
 func TestSplitModelWorkerToWorkerHangs(t *testing.T) {
 	m := specModel(t, "split-seed3", splitSpec(3))
 	workers := startChain(t, m, 2)
-	r := startReady(t, m, append(splitFlags(workers, 2, 2), "--split-timeout", "1s")...)
+	r := startReadyShortLinks(t, m, append(splitFlags(workers, 2, 2), "--split-timeout", "1s")...)
 	took, errEv := signalMidStream(t, r, workers[0], syscall.SIGSTOP)
 	if took < time.Second || took > 1900*time.Millisecond {
 		t.Errorf("the stream ended %v after the worker stopped, want after the 1s timeout and before a second one", took)

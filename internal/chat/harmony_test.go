@@ -38,6 +38,16 @@ func TestHarmonyStreams(t *testing.T) {
 	if got := p.Finish(); !got.Empty() {
 		t.Errorf("finish: %+v", got)
 	}
+
+	// Without tools (response_format's answer) the final channel streams the same way.
+	q := NewParser(Options{Format: FormatHarmony})
+	for _, s := range []struct{ push, want string }{
+		{"<|channel|>final<|message|>{ \"zone\"", `{ "zone"`}, {" :\"UT", ` :"UT`}, {"C\" }<|re", `C" }`}, {"turn|>", ""},
+	} {
+		if got := q.Push(s.push); got.Content != s.want || got.Reasoning != "" || len(got.ToolCalls) > 0 {
+			t.Errorf("without tools, push %q: %+v, want content %q as it comes", s.push, got, s.want)
+		}
+	}
 }
 
 // harmonyCases are harmony outputs with the recipient in the role part of the header

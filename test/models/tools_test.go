@@ -171,7 +171,10 @@ func familyRunner(t *testing.T, family ggufsynth.Family, template string) *model
 
 // TestHarmonyConstrained: a model that writes the harmony format answers
 // response_format json_schema with the object alone as its content (the final
-// channel's message, markers and reasoning apart).
+// channel's message, markers and reasoning apart), streamed with no mark in any
+// chunk. How many chunks carry it depends on scheduling: the runner sends what was
+// generated since its last write, all of a short answer at once on a busy machine.
+// That the parser passes the final channel on as it comes is TestHarmonyStreams's.
 func TestHarmonyConstrained(t *testing.T) {
 	r := familyRunner(t, ggufsynth.GPTOSS, harmonyTemplate)
 	_, ch := seededAnswer(t, r, `{"model":"m","max_tokens":600,"temperature":1,"seed":%d,
@@ -184,9 +187,7 @@ func TestHarmonyConstrained(t *testing.T) {
 	t.Logf("structured answer %s after %d bytes of reasoning", ch.Message.Text(), len(ch.Message.ReasoningContent))
 	content, pieces := streamedObject(t, r.base)
 	t.Logf("streamed: %s in %d content chunks", content, pieces)
-	if checkZone(t, content); pieces < 2 {
-		t.Errorf("streamed answer %q came in %d content chunk(s), want the final channel's message streamed", content, pieces)
-	}
+	checkZone(t, content)
 }
 
 // streamedObject streams the zone answer with the official client, one seed after

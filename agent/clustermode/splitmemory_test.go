@@ -37,9 +37,12 @@ func TestSplitReplicaShardsReportTheirMemory(t *testing.T) {
 	if err := env.Client.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: "big-0"}, &mr); err != nil {
 		t.Fatal(err)
 	}
+	// A merge patch, not an update: the agents write the replica's status meanwhile,
+	// which an update of the object read before would conflict with.
 	drainAt := metav1.Now()
+	before := mr.DeepCopy()
 	mr.Spec.Drain = &drainAt
-	if err := env.Client.Update(t.Context(), &mr); err != nil {
+	if err := env.Client.Patch(t.Context(), &mr, client.MergeFrom(before)); err != nil {
 		t.Fatal(err)
 	}
 	unloaded := func(s *v1alpha1.ShardStatus) bool {

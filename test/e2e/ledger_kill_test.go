@@ -28,11 +28,8 @@ import (
 
 const (
 	// ledgerStreams and ledgerTokens are the kill test's streams and each one's
-	// max_tokens: 48 × 192 tokens, so that 2 % is about 180 tokens. Long enough that
-	// the victim's requests in flight when it falls have content more often than not
-	// (shorter, on a busy machine they were often all still before their first byte,
-	// and a round broke no stream).
-	ledgerStreams, ledgerTokens = 48, 192
+	// max_tokens: 48 × 96 tokens, so that 2 % is about 90 tokens.
+	ledgerStreams, ledgerTokens = 48, 96
 	// ledgerTolerance is how far the ledger may be from what the clients received.
 	ledgerTolerance = 0.02
 )

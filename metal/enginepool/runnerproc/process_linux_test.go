@@ -2,6 +2,7 @@ package runnerproc
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -58,23 +59,43 @@ func procTestDiesWithAgent(t *testing.T, bin, model string) {
 	}
 	_ = agent.Wait()
 
-	// The orphan is now our child: reap it and see what killed it.
-	reaped := make(chan error, 1)
-	var ws unix.WaitStatus
-	go func() {
-		_, err := unix.Wait4(runner.pid, &ws, 0, nil)
-		reaped <- err
-	}()
-	select {
-	case err := <-reaped:
-		if err != nil {
-			t.Fatalf("reaping the orphaned runner %d: %v", runner.pid, err)
-		}
-	case <-time.After(10 * time.Second):
+	// The orphan is now our child, or becomes it as the agent's last thread exits: reap
+	// it and see what killed it.
+	ws, err := reapOrphan(runner.pid, 10*time.Second)
+	if err != nil {
 		_ = syscall.Kill(runner.pid, syscall.SIGKILL) // do not leave it running
-		t.Fatalf("the orphaned runner %d outlived its agent by 10s", runner.pid)
+		t.Fatal(err)
 	}
 	if !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
 		t.Errorf("orphaned runner ended with %v, want SIGKILL from the parent-death signal", ws)
+	}
+}
+
+// reapOrphan waits up to timeout for pid, an orphan handed to this subreaper, to end,
+// and reaps it. Until it is handed over, wait4 answers ECHILD while the process is
+// still there (its parent's threads are exiting); gone and never ours, another
+// process reaped it: it died before its agent.
+func reapOrphan(pid int, timeout time.Duration) (unix.WaitStatus, error) {
+	var ws unix.WaitStatus
+	deadline := time.Now().Add(timeout)
+	for tick := time.NewTicker(5 * time.Millisecond); ; <-tick.C {
+		got, err := unix.Wait4(pid, &ws, unix.WNOHANG, nil)
+		switch {
+		case got == pid:
+			tick.Stop()
+			return ws, nil
+		case errors.Is(err, unix.ECHILD):
+			stat, serr := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+			if serr != nil {
+				return ws, fmt.Errorf("the runner %d is gone but was never this process's to reap: it ended before its agent", pid)
+			}
+			if time.Now().After(deadline) {
+				return ws, fmt.Errorf("the runner %d was not handed to this subreaper in %v: %s", pid, timeout, stat)
+			}
+		case err != nil:
+			return ws, fmt.Errorf("reaping the orphaned runner %d: %w", pid, err)
+		case time.Now().After(deadline):
+			return ws, fmt.Errorf("the orphaned runner %d outlived its agent by %v", pid, timeout)
+		}
 	}
 }

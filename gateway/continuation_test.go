@@ -98,6 +98,10 @@ func (a *streamingAgent) serve(_ int, w http.ResponseWriter, r *http.Request) {
 	if a.reported > 0 {
 		w.Header().Set("Trailer", metering.Header)
 	}
+	if end == "stopped_at_once" { // the agent's error event before any chunk
+		fmt.Fprint(w, engineStoppedEvent)
+		return
+	}
 	counts := r.Header.Get(runnerapi.HeaderTokenCounts) == runnerapi.TokenCountComments
 	switch {
 	case counts && a.prompt != "":
@@ -147,7 +151,7 @@ func (a *streamingAgent) serve(_ int, w http.ResponseWriter, r *http.Request) {
 	case "bad_request":
 		fmt.Fprint(w, `data: {"error":{"message":"no","type":"invalid_request_error","code":"invalid_value"}}`+"\n\n")
 	case "engine_stopped":
-		fmt.Fprint(w, `data: {"error":{"message":"the engine of model \"m\" stopped","type":"service_unavailable","code":"engine_stopped"}}`+"\n\n")
+		fmt.Fprint(w, engineStoppedEvent)
 	case "done":
 		fmt.Fprint(w, chunkEvent(id, `{}`, "stop"))
 		fmt.Fprintf(w, `data: {"id":%q,"object":"chat.completion.chunk","created":%d,"model":"m","choices":[],"usage":{"prompt_tokens":5,"completion_tokens":4,"total_tokens":9}}`+"\n\n", id, len(id))
@@ -157,6 +161,9 @@ func (a *streamingAgent) serve(_ int, w http.ResponseWriter, r *http.Request) {
 		}
 	}
 }
+
+// engineStoppedEvent is the agent's error event of a runner that died.
+const engineStoppedEvent = `data: {"error":{"message":"the engine of model \"m\" stopped","type":"service_unavailable","code":"engine_stopped"}}` + "\n\n"
 
 // clientStream is what a client read of a stream.
 type clientStream struct {
@@ -401,6 +408,8 @@ func TestStreamTokenCount(t *testing.T) {
 			agent: &streamingAgent{first: []string{"One"}, firstEnd: "done", reported: 2}, disagree: 1},
 		{name: "a text completion, counted", path: "/v1/completions",
 			agent: &streamingAgent{first: []string{"One"}, firstEnd: "done", reported: 2}, disagree: 1},
+		{name: "continued, the first replica stopped before any chunk", agent: &streamingAgent{firstEnd: "stopped_at_once",
+			rest: []string{"One", ", two"}, contEnd: "done", reported: 2}, contSent: []string{""}},
 		{name: "a text completion, not continued", path: "/v1/completions",
 			agent: &streamingAgent{first: []string{"One"}, firstEnd: "cut", rest: []string{", two"}, contEnd: "done"}, broken: true},
 	} {
@@ -425,6 +434,10 @@ func TestStreamTokenCount(t *testing.T) {
 				n := testutil.ToFloat64(g.metrics.countDisagreements.WithLabelValues("a/m"))
 				return n == tc.disagree, fmt.Sprintf("usage_count_disagreements_total = %v, want %v", n, tc.disagree)
 			})
+			// Every answer is metered once, whatever broke on the way.
+			if n := testutil.ToFloat64(g.metrics.usage.Requests); n != 1 {
+				t.Errorf("%v answers metered, want 1", n)
+			}
 		})
 	}
 }

@@ -3,6 +3,7 @@ package gateway
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -60,9 +61,25 @@ func (f *failure) final() bool {
 	return f.status == http.StatusInsufficientStorage && f.header.Get("Retry-After") == ""
 }
 
+// failureMessageLimit bounds the part of a replica's error message a failure's
+// description (logs, a held request's 503) repeats.
+const failureMessageLimit = 300
+
+// String describes the failure: the transport's error, or the status the replica
+// answered with its error's code and message.
 func (f *failure) String() string {
 	if f.status == 0 {
 		return fmt.Sprintf("replica %s at %s: %v", f.backend.Key, f.backend.Endpoint, f.err)
+	}
+	var e struct {
+		Error struct{ Code, Message string }
+	}
+	if json.Unmarshal(f.body, &e) == nil && e.Error.Message != "" {
+		msg := e.Error.Message
+		if len(msg) > failureMessageLimit {
+			msg = strings.ToValidUTF8(msg[:failureMessageLimit], "") + "…"
+		}
+		return fmt.Sprintf("replica %s answered %d (%s): %s", f.backend.Key, f.status, e.Error.Code, msg)
 	}
 	return fmt.Sprintf("replica %s answered %d", f.backend.Key, f.status)
 }
@@ -245,7 +262,7 @@ func (g *Gateway) serve(p *proxied) (res outcome) {
 		wt.waitable = wt.waitable || !wt.last.final()
 		g.metrics.retries.WithLabelValues(model, wt.last.reason).Inc()
 		g.log.V(1).Info("Attempt failed before the first byte; trying another replica", "model", model,
-			"replica", be.Key, "endpoint", be.Endpoint, "reason", wt.last.reason, "status", wt.last.status, "err", wt.last.err)
+			"replica", be.Key, "endpoint", be.Endpoint, "reason", wt.last.reason, "failure", wt.last.String())
 	}
 }
 

@@ -889,3 +889,28 @@ func TestClientHangsUpAfterDone(t *testing.T) {
 		})
 	}
 }
+
+// TestFailureString: a failed attempt is described with the replica's error code and
+// message (a held request's 503 and the retry log say why the replica refused), the
+// message cut at failureMessageLimit bytes on a rune's boundary.
+func TestFailureString(t *testing.T) {
+	be := Backend{Key: "ns/r", Endpoint: "10.0.0.1:8080"}
+	long := strings.Repeat("é", failureMessageLimit) // two bytes a rune: cut in the middle of none
+	for _, tc := range []struct {
+		name string
+		f    failure
+		want string
+	}{
+		{"transport", failure{backend: be, err: io.ErrUnexpectedEOF}, "replica ns/r at 10.0.0.1:8080: unexpected EOF"},
+		{"an OpenAI error", failure{backend: be, status: 503,
+			body: []byte(`{"error":{"message":"the model is loading (40%)","type":"service_unavailable","code":"model_loading"}}`)},
+			"replica ns/r answered 503 (model_loading): the model is loading (40%)"},
+		{"a body that is not one", failure{backend: be, status: 507, body: []byte("<html>")}, "replica ns/r answered 507"},
+		{"a long message", failure{backend: be, status: 503, body: []byte(`{"error":{"message":"` + long + `","code":"x"}}`)},
+			"replica ns/r answered 503 (x): " + long[:failureMessageLimit] + "…"},
+	} {
+		if got := tc.f.String(); got != tc.want {
+			t.Errorf("%s: %q, want %q", tc.name, got, tc.want)
+		}
+	}
+}

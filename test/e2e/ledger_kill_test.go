@@ -129,9 +129,21 @@ func ledgerRound(t *testing.T, kill func(t *testing.T, node string, pid int)) cl
 		})
 	}
 	// Kill once both replicas' four slots are writing and the victim has requests.
+	other := replicas[1]
+	otherAddr := fleet.Agent(other.Spec.NodeName).Addr
+	deploymentID := ns + "/ledger"
 	testenv.Eventually(t, time.Minute, 5*time.Millisecond, func() (bool, string) {
 		s, active := streaming.Load(), activeRequests(ctx, addr, victim.Namespace+"/"+victim.Name)
-		return s >= 8 && active >= 4, fmt.Sprintf("%d streams have content, the victim has %d requests", s, active)
+		if s >= 8 && active >= 4 {
+			return true, ""
+		}
+		return false, fmt.Sprintf("%d streams have content, the victim (%s on %s) has %d requests, "+
+			"the other replica (%s on %s) %d; the gateway retried %.0f attempts, answered %.0f requests, had %.0f errors",
+			s, victim.Name, victim.Spec.NodeName, active, other.Name, other.Spec.NodeName,
+			activeRequests(ctx, otherAddr, other.Namespace+"/"+other.Name),
+			metricValue(t, reg, "macfleet_gateway_upstream_retries_total", map[string]string{"model": deploymentID}),
+			metricValue(t, reg, "macfleet_gateway_requests_total", map[string]string{"model": deploymentID}),
+			metricValue(t, reg, "macfleet_gateway_errors_total", map[string]string{"model": deploymentID}))
 	})
 	kill(t, victim.Spec.NodeName, pid)
 	wg.Wait()

@@ -49,6 +49,10 @@ const (
 // agent and the one that reads the answer.
 type cancellation struct {
 	state atomic.Int32 // one of the cancel* states below
+	// whole: the client has the whole answer (a stream's [DONE]); one that goes away
+	// then (the official clients close the body at [DONE]) is not cancelled, and the
+	// answer is read to its usage trailer, for at most CancelGrace.
+	whole atomic.Bool
 }
 
 const (
@@ -67,10 +71,16 @@ func newRequestID() string { return rand.Text() }
 // its cancellation, and the function that cancels it. When ctx ends (the client went
 // away) before stop is called, the gateway asks the agent of be to end request id
 // gracefully and cancels the upstream request if the agent does not have it, cannot
-// be asked, or the answer has not ended within CancelGrace.
+// be asked, or the answer has not ended within CancelGrace. A client that goes away
+// with the whole answer (c.whole) leaves it to end by itself within CancelGrace, so
+// that its usage trailer is read.
 func (g *Gateway) detach(ctx context.Context, be Backend, model, id string, c *cancellation) (up context.Context, stop func()) {
 	up, drop := context.WithCancel(context.WithoutCancel(ctx))
 	stopAfter := context.AfterFunc(ctx, func() {
+		if c.whole.Load() {
+			time.AfterFunc(g.opts.CancelGrace, drop)
+			return
+		}
 		c.state.Store(cancelAsked)
 		actx, cancel := context.WithTimeout(up, g.opts.CancelGrace)
 		defer cancel()
@@ -83,6 +93,10 @@ func (g *Gateway) detach(ctx context.Context, be Backend, model, id string, c *c
 			g.log.Info("Asking an agent to cancel a request failed; dropping it, metered at the gateway's count", "model", model,
 				"replica", be.Key, "err", err.Error())
 			drop()
+		case !found && c.whole.Load():
+			// The runner finished it meanwhile and the client had all of it: its
+			// usage trailer follows.
+			time.AfterFunc(g.opts.CancelGrace, drop)
 		case !found:
 			c.state.Store(cancelMissing)
 			drop()

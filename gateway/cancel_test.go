@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -227,5 +228,61 @@ func BenchmarkAttemptCancellable(b *testing.B) {
 		var c cancellation
 		_, stop := g.detach(ctx, Backend{}, "a/m", newRequestID(), &c)
 		stop()
+	}
+}
+
+// TestWholeAnswerOfAClientThatClosesAtDoneIsMetered: the official OpenAI clients close
+// the response body as soon as they read a stream's [DONE]. When that reaches the
+// gateway before the agent's usage trailer (which comes after [DONE], at the body's
+// end), the runner no longer has the request (it finished it) and the agent answers
+// the cancel with found false: the gateway must still read the trailer, not drop the
+// answer unmetered. A Chat Completions stream (read through the splice reader) and a
+// text completion's.
+func TestWholeAnswerOfAClientThatClosesAtDoneIsMetered(t *testing.T) {
+	const lateTrailer = 300 * time.Millisecond // within DefaultCancelGrace
+	for _, path := range []string{"/v1/chat/completions", "/v1/completions"} {
+		t.Run(path, func(t *testing.T) {
+			var asked atomic.Int32
+			up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if r.URL.Path == pathCancel { // the runner finished the request: not found
+					asked.Add(1)
+					writeJSON(w, http.StatusOK, runnerapi.Cancelled{})
+					return
+				}
+				w.Header().Set("Trailer", metering.Header)
+				w.Header().Set("Content-Type", "text/event-stream")
+				fmt.Fprint(w, chunkEvent("chatcmpl-1", content("One"), ""))
+				fmt.Fprint(w, chunkEvent("chatcmpl-1", `{}`, "stop"))
+				fmt.Fprint(w, "data: [DONE]\n\n")
+				_ = http.NewResponseController(w).Flush()
+				// The trailer comes late (the agent was busy), after the client
+				// closed and the gateway could hear the agent's answer to a cancel.
+				select {
+				case <-time.After(lateTrailer):
+				case <-r.Context().Done():
+					return // dropped: no usage
+				}
+				w.Header().Set(metering.Header, metering.Usage{Input: 5, Output: 2}.String())
+			}))
+			t.Cleanup(up.Close)
+			g := newTestGateway(t, Options{})
+			g.serveReplicas(strings.TrimPrefix(up.URL, "http://"))
+			req, _ := http.NewRequest(http.MethodPost, g.url+path, strings.NewReader(`{"model":"m","stream":true,"messages":[],"prompt":"p"}`))
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			sc := bufio.NewScanner(resp.Body)
+			for sc.Scan() && sc.Text() != "data: [DONE]" {
+			}
+			resp.Body.Close() // as the official clients do at [DONE]
+			testenv.Eventually(t, 5*time.Second, 10*time.Millisecond, func() (bool, string) {
+				out := testutil.ToFloat64(g.metrics.usage.Tokens.WithLabelValues("", "", "a/m", metering.TypeOutput))
+				return g.metered() == 1 && out == 2, fmt.Sprintf("metered %v answers, %v output tokens; want 1, 2", g.metered(), out)
+			})
+			if n := asked.Load(); n != 0 {
+				t.Errorf("the gateway asked the agent %d times to cancel an answer the client had whole", n)
+			}
+		})
 	}
 }

@@ -511,6 +511,9 @@ func (g *Gateway) relay(ctx context.Context, p *proxied, resp *http.Response, a 
 			} else {
 				_ = rc.Flush()
 				sent.add(buf[:n])
+				if sent.complete(resp) {
+					a.cancelled.whole.Store(true)
+				}
 			}
 		}
 		if rerr == io.EOF {
@@ -527,6 +530,11 @@ func (g *Gateway) relay(ctx context.Context, p *proxied, resp *http.Response, a 
 				// [DONE], or every byte of a sized body) before the upstream's EOF
 				// reached us was served.
 				if sent.complete(resp) {
+					// Its usage trailer did not come within the grace: a stream is
+					// metered at the gateway's count of what it read.
+					if sr, ok := resp.Body.(*splice.Reader); ok {
+						res.usage = g.relayedUsage(p, be, sr.Stream())
+					}
 					return res
 				}
 				u := g.lostOnCancel(p, model, be, a.cancelled, resp.Body)

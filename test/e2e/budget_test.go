@@ -319,8 +319,10 @@ func TestBudgetCapsAnAskOverTheRoom(t *testing.T) {
 	ns, bases := budgetFleet(t, 1)
 	base := bases[0]
 	keys := map[string]string{"responses": newKey(t), "messages": newKey(t), "probe": newKey(t)}
-	for name, key := range keys {
-		createKey(t, ns, name, key)
+	// The probe's key last: the gateway that knows it knows the others (a map's order
+	// once made it first, and the others' requests were refused as unknown keys).
+	for _, name := range []string{"responses", "messages", "probe"} {
+		createKey(t, ns, name, keys[name])
 	}
 	createBudget(t, ns, "responses", v1alpha1.TokenBudgetSpec{Key: "responses", TokensPerMinute: ptr.To[int64](limit)})
 	createBudget(t, ns, "messages", v1alpha1.TokenBudgetSpec{Key: "messages", TokensPerMinute: ptr.To[int64](limit)})

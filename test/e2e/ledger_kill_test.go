@@ -6,6 +6,7 @@ import (
 	"maps"
 	"math"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -15,6 +16,7 @@ import (
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/macfleet/macfleet/api/engine"
@@ -22,6 +24,7 @@ import (
 	"github.com/macfleet/macfleet/gateway"
 	"github.com/macfleet/macfleet/gateway/ledger"
 	"github.com/macfleet/macfleet/gateway/metering"
+	"github.com/macfleet/macfleet/test/support/localfleet"
 	"github.com/macfleet/macfleet/test/support/testenv"
 )
 
@@ -49,7 +52,7 @@ func TestLedgerAfterAReplicaKill(t *testing.T) {
 	})
 }
 
-// ledgerRounds runs ledgerRound, with kill, until a kill broke a stream (3 rounds at
+// ledgerRounds runs ledgerRound, with kill, until a kill broke a stream (5 rounds at
 // most: the victim's requests may all be before their first byte when it falls, and
 // are then retried, not continued); restore, when not nil, undoes a kill before the next.
 func ledgerRounds(t *testing.T, kill func(t *testing.T, node string, pid int), restore func(*testing.T)) {
@@ -61,7 +64,7 @@ func ledgerRounds(t *testing.T, kill func(t *testing.T, node string, pid int), r
 		switch {
 		case got.broken() || t.Failed():
 			return
-		case round == 3:
+		case round == 5:
 			t.Fatalf("no stream was continued in %d rounds: the kill broke none", round)
 		}
 		t.Logf("round %d: the kill broke no stream; again", round)
@@ -103,11 +106,20 @@ func ledgerRound(t *testing.T, kill func(t *testing.T, node string, pid int)) cl
 			`{"model":"ledger","max_tokens":1,"messages":[{"role":"user","content":"Hi"}]}`)
 		return code == http.StatusOK, fmt.Sprintf("the probe: %d %s", code, body)
 	})
-	victim := replicas[0]
-	addr := fleet.Agent(victim.Spec.NodeName).Addr
-	pid := int(runnerPIDs(t, addr)[victim.Namespace+"/"+victim.Name])
-	if pid == 0 {
-		t.Fatalf("no runner for replica %s/%s: %v", victim.Namespace, victim.Name, runnerPIDs(t, addr))
+	// Either replica may be the victim: the one that writes a stream when the kill comes.
+	type side struct {
+		r          v1alpha1.ModelReplica
+		addr, key  string
+		pid, first int
+	}
+	sides := make([]side, len(replicas))
+	for i, r := range replicas {
+		sd := side{r: r, addr: fleet.Agent(r.Spec.NodeName).Addr, key: r.Namespace + "/" + r.Name}
+		if sd.pid = int(runnerPIDs(t, sd.addr)[sd.key]); sd.pid == 0 {
+			t.Fatalf("no runner for replica %s: %v", sd.key, runnerPIDs(t, sd.addr))
+		}
+		sd.first = streamsPastFirstEvent(t, sd.addr, sd.key)
+		sides[i] = sd
 	}
 
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
@@ -127,24 +139,34 @@ func ledgerRound(t *testing.T, kill func(t *testing.T, node string, pid int)) cl
 			got.add(s)
 		})
 	}
-	// Kill once both replicas' four slots are writing and the victim has requests.
-	other := replicas[1]
-	otherAddr := fleet.Agent(other.Spec.NodeName).Addr
+	// Kill once 8 streams have content and a replica writes one (a request before its
+	// first event is retried, not continued: a kill then proves nothing); that replica
+	// is the victim. Not a replica chosen before: the gateway's fair queue leaves one
+	// of the deployment's eight slots to the probe's key (another client, active
+	// within 30 s), and runs saw one replica take nearly every stream while the other
+	// wrote none for the whole minute.
 	deploymentID := ns + "/ledger"
+	victim := -1
 	testenv.Eventually(t, time.Minute, 5*time.Millisecond, func() (bool, string) {
-		s, active := streaming.Load(), activeRequests(ctx, addr, victim.Namespace+"/"+victim.Name)
-		if s >= 8 && active >= 4 {
-			return true, ""
+		s := streaming.Load()
+		var seen []string
+		for i, sd := range sides {
+			active := activeRequests(ctx, sd.addr, sd.key)
+			writing := streamsPastFirstEvent(t, sd.addr, sd.key) - sd.first
+			if s >= 8 && active >= 1 && writing >= 1 {
+				victim = i
+				return true, ""
+			}
+			seen = append(seen, fmt.Sprintf("%s on %s has %d requests, %d past their first event", sd.r.Name, sd.r.Spec.NodeName, active, writing))
 		}
-		return false, fmt.Sprintf("%d streams have content, the victim (%s on %s) has %d requests, "+
-			"the other replica (%s on %s) %d; the gateway retried %.0f attempts, answered %.0f requests, had %.0f errors",
-			s, victim.Name, victim.Spec.NodeName, active, other.Name, other.Spec.NodeName,
-			activeRequests(ctx, otherAddr, other.Namespace+"/"+other.Name),
+		return false, fmt.Sprintf("%d streams have content; %s; the gateway retried %.0f attempts, answered %.0f requests, had %.0f errors",
+			s, strings.Join(seen, "; "),
 			metricValue(t, reg, "macfleet_gateway_upstream_retries_total", map[string]string{"model": deploymentID}),
 			metricValue(t, reg, "macfleet_gateway_requests_total", map[string]string{"model": deploymentID}),
 			metricValue(t, reg, "macfleet_gateway_errors_total", map[string]string{"model": deploymentID}))
 	})
-	kill(t, victim.Spec.NodeName, pid)
+	t.Logf("killing replica %s on %s", sides[victim].key, sides[victim].r.Spec.NodeName)
+	kill(t, sides[victim].r.Spec.NodeName, sides[victim].pid)
 	wg.Wait()
 	// The official client closes the body at [DONE], before the X-Macfleet-Continued
 	// trailer that follows it: the gateway's count says which streams were continued,
@@ -163,6 +185,22 @@ func ledgerRound(t *testing.T, kill func(t *testing.T, node string, pid int)) cl
 	}
 	compareLedger(t, ns, gw, reg, got)
 	return got
+}
+
+// streamsPastFirstEvent is the agent at addr's streams of replica key that sent their
+// first event and have not ended, less the non-streamed requests it answered (the
+// caller takes a count before as its baseline): its TTFT observations (one a stream,
+// at its first event) less its answered requests.
+func streamsPastFirstEvent(t *testing.T, addr, key string) int {
+	fams := agentFamilies(t, localfleet.AgentURL(addr))
+	var first, ended float64
+	eachSeries(fams["macfleet_agent_ttft_seconds"], map[string]string{"model": key}, func(_ map[string]string, m *dto.Metric) {
+		first += float64(m.GetHistogram().GetSampleCount())
+	})
+	eachSeries(fams["macfleet_agent_requests_total"], map[string]string{"model": key}, func(_ map[string]string, m *dto.Metric) {
+		ended += m.GetCounter().GetValue()
+	})
+	return int(first - ended)
 }
 
 // ledgerStreamResult is what one client of the kill test received.

@@ -511,7 +511,7 @@ func (g *Gateway) relay(ctx context.Context, p *proxied, resp *http.Response, a 
 			} else {
 				_ = rc.Flush()
 				sent.add(buf[:n])
-				if sent.complete(resp) {
+				if sent.endsWithDone() && sent.complete(resp) {
 					a.cancelled.whole.Store(true)
 				}
 			}
@@ -595,7 +595,12 @@ func (d *delivery) complete(resp *http.Response) bool {
 	if resp.ContentLength >= 0 {
 		return d.bytes == resp.ContentLength
 	}
-	return isEventStream(resp.Header) && d.full == len(d.tail) && string(d.tail[:]) == doneEvent
+	return isEventStream(resp.Header) && d.endsWithDone()
+}
+
+// endsWithDone reports whether what was sent ends with a stream's [DONE] event.
+func (d *delivery) endsWithDone() bool {
+	return d.full == len(d.tail) && string(d.tail[:]) == doneEvent
 }
 
 func isEventStream(h http.Header) bool {

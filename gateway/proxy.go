@@ -506,14 +506,18 @@ func (g *Gateway) relay(ctx context.Context, p *proxied, resp *http.Response, a 
 				firstByte(a.span, ttft)
 				first = false
 			}
+			// Whole before the client can read the end: one that closes at [DONE]
+			// must find the cancellation whole (see detach).
+			next := sent
+			next.add(buf[:n])
+			if next.endsWithDone() && next.complete(resp) {
+				a.cancelled.whole.Store(true)
+			}
 			if _, werr := w.Write(buf[:n]); werr != nil {
 				gone = true
 			} else {
 				_ = rc.Flush()
-				sent.add(buf[:n])
-				if sent.endsWithDone() && sent.complete(resp) {
-					a.cancelled.whole.Store(true)
-				}
+				sent = next
 			}
 		}
 		if rerr == io.EOF {

@@ -14,10 +14,13 @@ const DefaultBatch = 512
 // the C++ runtime, ggml's backend and scheduler state, the Go runtime and thread
 // stacks. Measured on Linux (CPU backend): a runner serving the 2 MiB tiny model
 // holds about 21 MiB resident once its weights, KV cache and buffers are taken
-// away; the tests check that this figure keeps the estimate at or above every
-// measured peak. Without it a small model's reservation sits below what its runner
-// measures, and the runner's own ceiling (the reservation plus 10%) refuses prompts.
-const RunnerBaseline = 26 << 20
+// away, and up to 3 MiB more on a busy machine (the full make test measured the tiny
+// model's runner at a 37.5 MiB peak where an idle machine measures 34.3 MiB: more
+// threads, and their allocator arenas); the tests check that this figure keeps the
+// estimate at or above every measured peak. Without it a small model's reservation
+// sits below what its runner measures, and the runner's own ceiling (the
+// reservation plus 10%) refuses prompts.
+const RunnerBaseline = 28 << 20
 
 // metalFlashAttention says whether llama.cpp's Metal backend has a flash-attention
 // kernel for this key head size (its supports_op list). llama.cpp enables flash

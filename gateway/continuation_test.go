@@ -152,6 +152,12 @@ func (a *streamingAgent) serve(_ int, w http.ResponseWriter, r *http.Request) {
 		fmt.Fprint(w, `data: {"error":{"message":"no","type":"invalid_request_error","code":"invalid_value"}}`+"\n\n")
 	case "engine_stopped":
 		fmt.Fprint(w, engineStoppedEvent)
+	case "done_cut": // the whole answer, then the connection cut before the trailer
+		fmt.Fprint(w, chunkEvent(id, `{}`, "stop"))
+		fmt.Fprint(w, "data: [DONE]\n\n")
+		_ = rc.Flush()
+		conn, _, _ := rc.Hijack()
+		conn.Close()
 	case "done":
 		fmt.Fprint(w, chunkEvent(id, `{}`, "stop"))
 		fmt.Fprintf(w, `data: {"id":%q,"object":"chat.completion.chunk","created":%d,"model":"m","choices":[],"usage":{"prompt_tokens":5,"completion_tokens":4,"total_tokens":9}}`+"\n\n", id, len(id))
@@ -317,6 +323,10 @@ func TestStreamContinuation(t *testing.T) {
 		{name: "cut before any chunk", agent: &streamingAgent{firstEnd: "cut_at_once", rest: []string{"One"}, contEnd: "done"},
 			outcome: splice.Continued, conts: []string{"assistant:"}, wantID: "chatcmpl-cont",
 			want: clientStream{text: "One", roles: 1, usages: 1, dones: 1, trailer: "1", finish: "stop"}},
+		// A cut after [DONE] (the Mac lost before the usage trailer) is no break: the
+		// client has the whole answer, and nothing follows its [DONE].
+		{name: "cut after done", agent: &streamingAgent{first: []string{"One"}, firstEnd: "done_cut", rest: []string{", two"}, contEnd: "done"},
+			want: clientStream{text: "One", roles: 1, dones: 1, finish: "stop"}},
 		// An error that is the request's, not the replica's, ends the stream as it did.
 		{name: "the request's error", agent: &streamingAgent{first: []string{"One"}, firstEnd: "bad_request"},
 			want: clientStream{text: "One", roles: 1, errCode: "invalid_value"}},

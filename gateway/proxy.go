@@ -529,18 +529,17 @@ func (g *Gateway) relay(ctx context.Context, p *proxied, resp *http.Response, a 
 			return res
 		}
 		if rerr != nil {
-			if gone || ctx.Err() != nil {
-				// A client that hangs up once it has the whole answer (a stream's
-				// [DONE], or every byte of a sized body) before the upstream's EOF
-				// reached us was served.
-				if sent.complete(resp) {
-					// Its usage trailer did not come within the grace: a stream is
-					// metered at the gateway's count of what it read.
-					if sr, ok := resp.Body.(*splice.Reader); ok {
-						res.usage = g.relayedUsage(p, be, sr.Stream())
-					}
-					return res
+			if sent.complete(resp) {
+				// The client has the whole answer (a stream's [DONE], or every byte
+				// of a sized body): it was served, whether it hung up or the upstream
+				// broke (its Mac lost) before the usage trailer came. Nothing more is
+				// written; a stream is metered at the gateway's count of what it read.
+				if sr, ok := resp.Body.(*splice.Reader); ok {
+					res.usage = g.relayedUsage(p, be, sr.Stream())
 				}
+				return res
+			}
+			if gone || ctx.Err() != nil {
 				u := g.lostOnCancel(p, model, be, a.cancelled, resp.Body)
 				return outcome{status: openaierr.StatusClientGone, reason: "client_gone", usage: u}
 			}

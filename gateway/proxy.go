@@ -262,7 +262,7 @@ func (g *Gateway) serve(p *proxied) (res outcome) {
 		wt.waitable = wt.waitable || !wt.last.final()
 		g.metrics.retries.WithLabelValues(model, wt.last.reason).Inc()
 		g.log.V(1).Info("Attempt failed before the first byte; trying another replica", "model", model,
-			"replica", be.Key, "endpoint", be.Endpoint, "reason", wt.last.reason, "failure", wt.last.String())
+			"replica", be.Key, "endpoint", be.Endpoint, "reason", wt.last.reason, "failure", wt.last)
 	}
 }
 
@@ -510,7 +510,7 @@ func (g *Gateway) relay(ctx context.Context, p *proxied, resp *http.Response, a 
 			// must find the cancellation whole (see detach).
 			next := sent
 			next.add(buf[:n])
-			if next.endsWithDone() && next.complete(resp) {
+			if next.complete(resp) {
 				a.cancelled.whole.Store(true)
 			}
 			if _, werr := w.Write(buf[:n]); werr != nil {
@@ -598,12 +598,8 @@ func (d *delivery) complete(resp *http.Response) bool {
 	if resp.ContentLength >= 0 {
 		return d.bytes == resp.ContentLength
 	}
-	return isEventStream(resp.Header) && d.endsWithDone()
-}
-
-// endsWithDone reports whether what was sent ends with a stream's [DONE] event.
-func (d *delivery) endsWithDone() bool {
-	return d.full == len(d.tail) && string(d.tail[:]) == doneEvent
+	// The tail first: relay asks after every chunk, and the type is parsed.
+	return d.full == len(d.tail) && string(d.tail[:]) == doneEvent && isEventStream(resp.Header)
 }
 
 func isEventStream(h http.Header) bool {

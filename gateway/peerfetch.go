@@ -179,13 +179,14 @@ func (p *peerFetcher) prior(src, target Backend) peerfetch.Prior {
 }
 
 // route is how target's Mac fetches from src's (tunnel.PeerRoute): through this
-// gateway when it holds a tunnel; ok false when src's Mac dials out and target's
-// would have to dial it.
+// gateway when target's Mac holds its tunnel here and src's here or to another
+// replica (this gateway granted the fetch, so it must be the one target's stream
+// reaches); ok false when src's Mac dials out and target's would have to dial it.
 func (p *peerFetcher) route(src, target Backend) (viaGateway, ok bool) {
 	if p.tunnels == nil {
 		return false, true
 	}
-	return tunnel.PeerRoute(p.tunnels.Holds(src.Node), p.tunnels.Holds(target.Node))
+	return tunnel.PeerRoute(p.tunnels.Reaches(src.Node), p.tunnels.Holds(target.Node))
 }
 
 // reaches says whether target's Mac can fetch from src's at all.

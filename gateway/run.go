@@ -89,6 +89,10 @@ type Config struct {
 	// package tunnel) with the certificate of AgentCertSecret, which it needs.
 	TunnelListen   string
 	TunnelListener net.Listener
+	// TunnelReplicas are the other gateway replicas' tunnel listeners (host:port; a
+	// host stands for every address it resolves to): a Mac whose tunnel another
+	// replica holds is reached through that replica (tunnel.Replicas).
+	TunnelReplicas []string
 	// FleetTokenFile, when set, holds a token sent to agents as a bearer key (re-read
 	// when it changes): agents in cluster mode take certificates, not tokens; this
 	// reaches agents that take a key (tests' standalone and fake agents).

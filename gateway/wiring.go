@@ -128,6 +128,9 @@ func (w *wiring) agentCertificates() error {
 func (w *wiring) tunnels(certs *pki.Source) error {
 	ln := w.cfg.TunnelListener
 	if ln == nil && w.cfg.TunnelListen == "" {
+		if len(w.cfg.TunnelReplicas) > 0 {
+			return errors.New("--tunnel-replicas needs --tunnel-listen: the replicas reach each other's Macs through their tunnel listeners")
+		}
 		return nil
 	}
 	if ln == nil {
@@ -144,6 +147,11 @@ func (w *wiring) tunnels(certs *pki.Source) error {
 			w.log.Error(err, "Serving the tunnels")
 		}
 	})
+	if len(w.cfg.TunnelReplicas) > 0 {
+		t.Replicas = &tunnel.Replicas{Addrs: w.cfg.TunnelReplicas, Certificates: certs, Log: w.log.WithName("tunnel-replicas")}
+		w.log.Info("Reaching the Macs that dial out to other gateway replicas through them", "tunnelReplicas", w.cfg.TunnelReplicas)
+		w.watchers = append(w.watchers, t.Replicas.Run)
+	}
 	return nil
 }
 

@@ -134,6 +134,8 @@ func keyFlags(f *pflag.FlagSet, cfg *gateway.Config) {
 		"certificate presented to agents and the fleet CA bundle, issued and renewed by the manager (re-read every 30s); \"\" calls agents over plain HTTP")
 	f.StringVar(&cfg.TunnelListen, "tunnel-listen", "", "Address (host:port) that takes the mutual-TLS connections of agents that dial out "+
 		"(macfleet agent --connect outbound --gateway-tunnel): requests for their Macs go through them (default: none)")
+	f.StringSliceVar(&cfg.TunnelReplicas, "tunnel-replicas", nil, "With --tunnel-listen and several gateway replicas, the replicas' tunnel listeners (host:port, "+
+		"a host standing for every address it resolves to, as a headless Service's name does): a Mac that dials out to another replica is reached through it (default: none)")
 	f.StringVar(&cfg.APIKeysFile, "api-keys-file", "", "File of admin API keys (every namespace's models and the console), one per line, optionally followed by priority=batch (re-read when it changes)")
 	f.BoolVar(&cfg.TenantKeys, "tenant-keys", false, "Accept the teams' API keys from Secrets of type macfleet.dev/api-key (as the manager publishes them in Secret macfleet-system/macfleet-api-keys, the only one the gateway reads besides its certificate), each reaching its namespace's models and those granted to it (spec.access); with this or --api-keys-file every request needs a key, with neither none does")
 	f.StringVar(&cfg.TokenAudience, "token-audience", satoken.DefaultAudience,

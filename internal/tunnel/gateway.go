@@ -28,6 +28,9 @@ type Sessions struct {
 	// ProbeWait is how long a probe may take, and when one that failed is answered
 	// (ProbeTimeout when zero).
 	ProbeWait time.Duration
+	// Replicas, when there are several gateway replicas, are the others: a Mac whose
+	// tunnel another replica holds is dialed through it.
+	Replicas *Replicas
 
 	mu     sync.Mutex
 	byNode map[string]*yamux.Session
@@ -75,8 +78,11 @@ func (s *Sessions) accept(ctx context.Context, c *tls.Conn) {
 	}
 	node := o.node
 	switch {
+	case o.list:
+		s.answerList(c)
+		return
 	case o.relay:
-		s.relayCaller(c, node)
+		s.relayCaller(ctx, c, node, o.throughReplicas)
 		return
 	case o.probe != "":
 		s.probe(ctx, c, node, o.probe)
@@ -97,12 +103,15 @@ func (s *Sessions) accept(ctx context.Context, c *tls.Conn) {
 }
 
 // opening is what a connection's opening line asks for: node's tunnel; with relay,
-// the manager's relay to node; with probe, whether node's agent answers at that
-// address.
+// the manager's or another replica's relay to node (throughReplicas: the manager's,
+// which may go on through another replica); with probe, whether node's agent answers
+// at that address; with list, which Macs hold a tunnel here.
 type opening struct {
-	node  string
-	relay bool
-	probe string
+	node            string
+	relay           bool
+	throughReplicas bool
+	probe           string
+	list            bool
 }
 
 // open runs the handshake and the opening exchange, and answers a tunnel's ok or why
@@ -128,7 +137,13 @@ func (s *Sessions) open(ctx context.Context, c *tls.Conn) (opening, error) {
 		if err := AdmitRelay(id, hasCert, target); err != nil {
 			return refuse(err)
 		}
-		return opening{node: target, relay: true}, nil
+		return opening{node: target, relay: true, throughReplicas: id.Kind == pki.KindManager}, nil
+	}
+	if line == ListProtocol {
+		if err := AdmitList(id, hasCert); err != nil {
+			return refuse(err)
+		}
+		return opening{list: true}, nil
 	}
 	if addr, ok := strings.CutPrefix(line, ProbeProtocol+" "); ok {
 		// A probe names no Mac: it is about the Mac the certificate names.
@@ -234,10 +249,32 @@ func (s *Sessions) Dial(node string) (net.Conn, error) {
 	return stream{c}, nil
 }
 
+// dialAny opens a stream to node's agent through its tunnel here, else through the
+// replica that holds it; ErrNoSession when neither does.
+func (s *Sessions) dialAny(ctx context.Context, node string) (net.Conn, error) {
+	c, err := s.Dial(node)
+	if errors.Is(err, ErrNoSession) && s.Replicas != nil {
+		return s.Replicas.Dial(ctx, node)
+	}
+	return c, err
+}
+
+// Reaches says whether node holds a tunnel to this gateway or to another replica.
+func (s *Sessions) Reaches(node string) bool {
+	return s.Holds(node) || (s.Replicas != nil && s.Replicas.Holds(node))
+}
+
+// answerList answers another replica's list line: "ok" and the Macs holding a tunnel
+// here.
+func (s *Sessions) answerList(c net.Conn) {
+	defer c.Close()
+	_, _ = io.WriteString(c, strings.Join(append([]string{"ok"}, s.Nodes()...), " ")+"\n")
+}
+
 // DialContext is a transport's dial: through the tunnel of the Mac that nodeOf names
-// in the request's context when it holds one, else direct.
+// in the request's context when it holds one here or to another replica, else direct.
 func (s *Sessions) DialContext(nodeOf func(context.Context) string, direct DialFunc) DialFunc {
-	return dialVia(func(_ context.Context, node string) (net.Conn, error) { return s.Dial(node) }, nodeOf, direct)
+	return dialVia(s.dialAny, nodeOf, direct)
 }
 
 // logWriter sends yamux's log lines to a logr.Logger.

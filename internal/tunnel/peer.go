@@ -151,7 +151,7 @@ func (s *Sessions) relay(ctx context.Context, node string, st net.Conn) {
 		return // not a relay: closed unanswered
 	}
 	source, _ := strings.CutPrefix(line, PeerProtocol+" ")
-	if source != node && !s.Holds(source) {
+	if source != node && !s.Reaches(source) {
 		_, _ = io.WriteString(st, "none\n")
 		return
 	}
@@ -162,7 +162,7 @@ func (s *Sessions) relay(ctx context.Context, node string, st net.Conn) {
 		_, _ = io.WriteString(st, "refused: "+err.Error()+"\n")
 		return
 	}
-	peer, err := s.Dial(source)
+	peer, err := s.dialAny(ctx, source)
 	if err != nil {
 		_, _ = io.WriteString(st, "refused: "+err.Error()+"\n")
 		return

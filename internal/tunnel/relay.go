@@ -19,31 +19,39 @@ import (
 // listener with its own certificate and sends one line, "macfleet-relay/1 NODE"; the
 // gateway answers "ok" and joins the connection to a stream of NODE's tunnel, "none"
 // when NODE holds no tunnel to it (the manager then dials NODE's address), or
-// "refused: REASON" for a certificate that is not the manager's. The manager's TLS
-// with the agent runs inside the joined connection, so the agent still checks the
-// manager's certificate and the manager the Mac's.
+// "refused: REASON" for a certificate that is not the manager's or a gateway
+// replica's. The manager's TLS with the agent runs inside the joined connection, so
+// the agent still checks the manager's certificate and the manager the Mac's. Gateway
+// replicas use the same line to reach each other's Macs (replicas.go).
 
 // RelayProtocol is the first word of the manager's line asking for a Mac's tunnel.
 const RelayProtocol = "macfleet-relay/1"
 
 // AdmitRelay decides whether a caller may be joined to node's tunnel: only the
-// manager, with its certificate, and for a Mac named.
+// manager or another gateway replica, with its certificate, and for a Mac named.
 func AdmitRelay(id pki.Identity, hasCert bool, node string) error {
 	switch {
 	case !hasCert:
-		return errors.New("no client certificate: only the manager is relayed to a Mac, with its certificate")
-	case id.Kind != pki.KindManager:
-		return fmt.Errorf("the certificate is a %s's (%s): only the manager is relayed to a Mac", id.Kind, id.Name)
+		return errors.New("no client certificate: only the manager and the gateway replicas are relayed to a Mac, with their certificate")
+	case id.Kind != pki.KindManager && id.Kind != pki.KindGateway:
+		return fmt.Errorf("the certificate is a %s's (%s): only the manager and the gateway replicas are relayed to a Mac", id.Kind, id.Name)
 	case node == "":
 		return fmt.Errorf("the line names no Mac (want %q)", RelayProtocol+" NODE")
 	}
 	return nil
 }
 
-// relayCaller answers an admitted relay line and joins c to node's tunnel.
-func (s *Sessions) relayCaller(c *tls.Conn, node string) {
+// relayCaller answers an admitted relay line and joins c to node's tunnel: one held
+// here, or, with throughReplicas (the manager's line), one another replica holds.
+func (s *Sessions) relayCaller(ctx context.Context, c *tls.Conn, node string, throughReplicas bool) {
 	defer c.Close()
-	peer, err := s.Dial(node)
+	var peer net.Conn
+	var err error
+	if throughReplicas {
+		peer, err = s.dialAny(ctx, node)
+	} else {
+		peer, err = s.Dial(node)
+	}
 	if err != nil {
 		_, _ = io.WriteString(c, "none\n")
 		return

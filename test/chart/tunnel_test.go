@@ -28,8 +28,9 @@ import (
 // TestGatewayTunnel: with gateway.tunnel.enabled the gateway takes agents' outbound
 // connections (--tunnel-listen on container port "tunnel"), a TCP Service of its own
 // exposes that port outside the cluster, and the gateway's NetworkPolicy admits it;
-// off (the default) none of it is rendered; with more than one replica the chart
-// refuses, naming why.
+// off (the default) none of it is rendered; with more than one replica the replicas
+// reach each other's tunnels (--tunnel-replicas, a headless Service of their tunnel
+// ports, and NetworkPolicy rules between them both ways).
 func TestGatewayTunnel(t *testing.T) {
 	off := render(t)
 	if args := findDeployment(t, off, "macfleet-gateway").Spec.Template.Spec.Containers[0].Args; slices.ContainsFunc(args, isTunnelArg) {
@@ -73,17 +74,62 @@ func TestGatewayTunnel(t *testing.T) {
 		t.Errorf("the gateway's NetworkPolicy does not admit the tunnel port from tunnelPeers: %+v", gw.Spec.Ingress)
 	}
 
-	_, err := helm(t, "template", "macfleet", chartDir(t), "--set", "gateway.tunnel.enabled=true", "--set", "gateway.replicas=2")
-	if err == nil || !strings.Contains(err.Error(), "gateway.tunnel.enabled needs gateway.replicas 1") {
-		t.Errorf("tunnel with two replicas: %v, want the chart's refusal", err)
+	if args := c.Args; slices.ContainsFunc(args, isReplicasArg) {
+		t.Errorf("tunnel on, one replica: the gateway's args %v name other replicas", args)
 	}
-	_, err = helm(t, "template", "macfleet", chartDir(t), "--set", "gateway.tunnel.service.type=ClusterIP")
+	checkTunnelReplicas(t, render(t, append(slices.Clone(tunnelOn), append([]string{"gateway.replicas=3"}, networkPolicyOn...)...)...))
+	_, err := helm(t, "template", "macfleet", chartDir(t), "--set", "gateway.tunnel.service.type=ClusterIP")
 	if err == nil || !strings.Contains(err.Error(), "gateway/tunnel/service/type") {
 		t.Errorf("a ClusterIP tunnel Service: %v, want a schema error", err)
 	}
 }
 
 func isTunnelArg(a string) bool { return strings.HasPrefix(a, "--tunnel-listen") }
+
+func isReplicasArg(a string) bool { return strings.HasPrefix(a, "--tunnel-replicas") }
+
+// checkTunnelReplicas: a gateway of several replicas with the tunnel on names every
+// replica's tunnel port by a headless Service that selects the gateway's pods, and
+// its NetworkPolicy lets the replicas reach each other's tunnel port.
+func checkTunnelReplicas(t *testing.T, objs []*unstructured.Unstructured) {
+	t.Helper()
+	c := findDeployment(t, objs, "macfleet-gateway").Spec.Template.Spec.Containers[0]
+	if want := "--tunnel-replicas=macfleet-gateway-tunnel-replicas." + testNamespace + ".svc:9443"; !slices.Contains(c.Args, want) {
+		t.Errorf("three replicas: the gateway's args %v lack %s", c.Args, want)
+	}
+	var svc corev1.Service
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(find(t, objs, "Service", "macfleet-gateway-tunnel-replicas").Object, &svc); err != nil {
+		t.Fatal(err)
+	}
+	pods := findDeployment(t, objs, "macfleet-gateway").Spec.Template.Labels
+	if svc.Spec.ClusterIP != corev1.ClusterIPNone || len(svc.Spec.Ports) != 1 || svc.Spec.Ports[0].Port != 9443 ||
+		!labels.SelectorFromSet(svc.Spec.Selector).Matches(labels.Set(pods)) {
+		t.Errorf("the replicas' Service: clusterIP %q, ports %+v, selector %v; want headless, 9443, selecting the gateway's pods %v",
+			svc.Spec.ClusterIP, svc.Spec.Ports, svc.Spec.Selector, pods)
+	}
+	gw := networkPolicies(t, objs)["macfleet-gateway"]
+	in, out := false, false
+	for _, r := range ingressRules(gw) {
+		for _, p := range r.peers {
+			if p.PodSelector != nil && labels.SelectorFromSet(p.PodSelector.MatchLabels).Matches(labels.Set(pods)) &&
+				len(r.ports) == 1 && r.ports[0].Port != nil && *r.ports[0].Port == intstr.FromString("tunnel") {
+				in = true
+			}
+		}
+	}
+	for _, r := range egressRules(gw) {
+		for _, p := range r.peers {
+			if p.PodSelector != nil && labels.SelectorFromSet(p.PodSelector.MatchLabels).Matches(labels.Set(pods)) &&
+				len(r.ports) == 1 && r.ports[0].Port != nil && *r.ports[0].Port == intstr.FromInt32(9443) {
+				out = true
+			}
+		}
+	}
+	if !in || !out {
+		t.Errorf("the gateway's NetworkPolicy: replicas admitted on the tunnel port %v, let out to it %v; want both (ingress %+v, egress %+v)",
+			in, out, gw.Spec.Ingress, gw.Spec.Egress)
+	}
+}
 
 // tunnelOn takes tunnels on a container port and a Service port that differ from each
 // other and from the defaults, from one network of Macs.

@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"context"
 	"strings"
 	"testing"
 	"time"
@@ -44,21 +43,7 @@ func TestOutboundMacThroughAnotherGatewayReplica(t *testing.T) {
 	// The second replica learns within a few of its list reads that the first holds
 	// the Mac's tunnel: the first answer is waited for.
 	c := openai.NewClient(option.WithBaseURL(gw2+"/v1/"), option.WithAPIKey("unused"), option.WithMaxRetries(0))
-	var text string
-	deadline := time.Now().Add(time.Minute)
-	for {
-		ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
-		text, err = chat(ctx, c, model, true)
-		cancel()
-		if err == nil || time.Now().After(deadline) {
-			break
-		}
-		t.Logf("Chat through the second replica: %v; retrying", err)
-		time.Sleep(time.Second)
-	}
-	if err != nil || text == "" {
-		t.Fatalf("streamed chat through the replica that holds no tunnel of the Mac: %q, %v", text, err)
-	}
+	firstStreamedChat(t, c, model, "the replica that holds no tunnel of the Mac")
 	if text, err := chat(t.Context(), c, model, false); err != nil || text == "" {
 		t.Fatalf("chat through the replica that holds no tunnel of the Mac: %q, %v", text, err)
 	}

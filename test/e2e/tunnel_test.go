@@ -49,22 +49,7 @@ func TestAgentThatDialsOut(t *testing.T) {
 	// Through the tunnel gateway: a streamed chat (the agent may still be dialing
 	// when its replica turns Ready, so the first answer is waited for).
 	c := openai.NewClient(option.WithBaseURL(gw+"/v1/"), option.WithAPIKey("unused"), option.WithMaxRetries(0))
-	var text string
-	var err error
-	deadline := time.Now().Add(time.Minute)
-	for {
-		ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
-		text, err = chat(ctx, c, model, true)
-		cancel()
-		if err == nil || time.Now().After(deadline) {
-			break
-		}
-		t.Logf("Chat through the tunnel gateway: %v; retrying", err)
-		time.Sleep(time.Second)
-	}
-	if err != nil || text == "" {
-		t.Fatalf("streamed chat through the tunnel: %q, %v", text, err)
-	}
+	firstStreamedChat(t, c, model, "the tunnel gateway")
 	if log := fleet.AgentLog(mac); !strings.Contains(log, "Connected to the gateway by tunnel") {
 		t.Fatalf("the agent's log does not say it connected by tunnel")
 	}
@@ -89,6 +74,29 @@ func TestAgentThatDialsOut(t *testing.T) {
 	// A non-streamed chat through the tunnel too.
 	if text, err := chat(t.Context(), c, model, false); err != nil || text == "" {
 		t.Fatalf("chat through the tunnel: %q, %v", text, err)
+	}
+}
+
+// firstStreamedChat asks model for a streamed chat through c (the gateway named
+// through) until one is answered, for a minute: a tunnel may still be coming up when
+// the replica turns Ready.
+func firstStreamedChat(t *testing.T, c openai.Client, model, through string) {
+	t.Helper()
+	var text string
+	var err error
+	deadline := time.Now().Add(time.Minute)
+	for {
+		ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+		text, err = chat(ctx, c, model, true)
+		cancel()
+		if err == nil || time.Now().After(deadline) {
+			break
+		}
+		t.Logf("Chat through %s: %v; retrying", through, err)
+		time.Sleep(time.Second)
+	}
+	if err != nil || text == "" {
+		t.Fatalf("streamed chat through %s: %q, %v", through, text, err)
 	}
 }
 

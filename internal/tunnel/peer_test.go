@@ -118,7 +118,7 @@ func twoTunnels(t *testing.T) (fc *fleetCerts, s *Sessions, macB *pki.Source, b 
 }
 
 // waitSession waits until a's tunnel is up on its side (the gateway files it first).
-func waitSession(t *testing.T, a *Agent) {
+func waitSession(t testing.TB, a *Agent) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {

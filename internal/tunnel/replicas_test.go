@@ -65,7 +65,7 @@ func TestAdmitList(t *testing.T) {
 
 // twoReplicas are two gateway replicas that read each other's lists (and their own):
 // mac-a holds its tunnel to the first, mac-b to the second.
-func twoReplicas(t *testing.T) (fc *fleetCerts, gw1, gw2 *Sessions, addr1, addr2 string, b *Agent) {
+func twoReplicas(t testing.TB) (fc *fleetCerts, gw1, gw2 *Sessions, addr1, addr2 string, b *Agent) {
 	t.Helper()
 	fc = newFleetCerts(t)
 	gw2Certs := source(t, fc.ca, pki.Gateway("gw-2"))
@@ -155,4 +155,31 @@ func TestAttackReplicaListAsAMac(t *testing.T) {
 			t.Errorf("%s reading the list: %q, %v; want the refusal", id, nodes, err)
 		}
 	}
+}
+
+// BenchmarkTunnelThroughAnotherReplica: the p50 latency of a short request over a
+// kept-alive connection from one gateway replica to a Mac whose tunnel it holds and to
+// one whose tunnel the other replica holds, and their ratio.
+func BenchmarkTunnelThroughAnotherReplica(b *testing.B) {
+	fc, gw1, _, _, _, _ := twoReplicas(b)
+	c := client(gw1, fc.gateway)
+	ask := func(node string) time.Duration {
+		start := time.Now()
+		if _, err := get(context.Background(), c, node, "/"); err != nil {
+			b.Fatal(err)
+		}
+		return time.Since(start)
+	}
+	ask("mac-a") // the connections' handshakes are not measured
+	ask("mac-b")
+	var own, other []time.Duration
+	b.ResetTimer()
+	for range b.N {
+		own = append(own, ask("mac-a"))
+		other = append(other, ask("mac-b"))
+	}
+	o, r := p50(own), p50(other)
+	b.ReportMetric(float64(o.Microseconds()), "own-tunnel-p50-µs")
+	b.ReportMetric(float64(r.Microseconds()), "other-replica-p50-µs")
+	b.ReportMetric(float64(r)/float64(o), "other/own-p50")
 }

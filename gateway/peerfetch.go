@@ -1,7 +1,9 @@
 package gateway
 
 import (
+	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"slices"
 	"time"
@@ -152,7 +154,7 @@ func (p *peerFetcher) hint(out *http.Request, rt *Route, model string, be Backen
 	if !d.Fetch {
 		return nil
 	}
-	h, err := p.signHint(src.be, be, digests[src.hit.Depth-1], partition, tokens)
+	h, err := p.signHint(out.Context(), src.be, be, digests[src.hit.Depth-1], partition, tokens)
 	if err != nil {
 		p.log.Error(err, "Signing a state ticket; the request is prefilled", "model", model)
 		return nil
@@ -178,15 +180,15 @@ func (p *peerFetcher) prior(src, target Backend) peerfetch.Prior {
 	return peerfetch.Prior{BytesPerToken: bpt, Link: peerfetch.PairLink(src.Link, target.Link)}
 }
 
-// route is how target's Mac fetches from src's (tunnel.PeerRoute): through this
-// gateway when target's Mac holds its tunnel here and src's here or to another
-// replica (this gateway granted the fetch, so it must be the one target's stream
-// reaches); ok false when src's Mac dials out and target's would have to dial it.
+// route is how target's Mac fetches from src's (tunnel.PeerRoute): through the
+// gateway replicas when both Macs hold a tunnel (to this replica or another: the
+// grant goes to the replica target's tunnel is on); ok false when src's Mac dials out
+// and target's would have to dial it.
 func (p *peerFetcher) route(src, target Backend) (viaGateway, ok bool) {
 	if p.tunnels == nil {
 		return false, true
 	}
-	return tunnel.PeerRoute(p.tunnels.Reaches(src.Node), p.tunnels.Holds(target.Node))
+	return tunnel.PeerRoute(p.tunnels.Reaches(src.Node), p.tunnels.Reaches(target.Node))
 }
 
 // reaches says whether target's Mac can fetch from src's at all.
@@ -195,9 +197,12 @@ func (p *peerFetcher) reaches(src, target Backend) bool {
 	return ok
 }
 
+// grantTimeout bounds giving another gateway replica the grant of a fetch through it.
+const grantTimeout = 2 * time.Second
+
 // signHint is the hint for target's Mac to fetch digest (of partition, sparing
 // tokens) from replica src, with a ticket valid for TicketLifetime from now.
-func (p *peerFetcher) signHint(src, target Backend, digest, partition string, tokens int) (runnerapi.PeerStateHint, error) {
+func (p *peerFetcher) signHint(ctx context.Context, src, target Backend, digest, partition string, tokens int) (runnerapi.PeerStateHint, error) {
 	now := p.now()
 	ticket, err := pki.SignTicket(pki.StateTicket{Target: target.Node, Source: src.Node, Model: src.Key, Digest: digest,
 		Partition: partition, Issued: now, Expires: now.Add(TicketLifetime)}, p.certs.Certificate())
@@ -205,8 +210,12 @@ func (p *peerFetcher) signHint(src, target Backend, digest, partition string, to
 		return runnerapi.PeerStateHint{}, err
 	}
 	if via, _ := p.route(src, target); via {
-		// The fetch goes through target's tunnel: the gateway joins it to src's.
-		p.tunnels.Grant(target.Node, src.Node, now.Add(TicketLifetime))
+		// The fetch goes through target's tunnel: the replica it is on joins it to src's.
+		gctx, cancel := context.WithTimeout(ctx, grantTimeout)
+		defer cancel()
+		if err := p.tunnels.Grant(gctx, target.Node, src.Node, now.Add(TicketLifetime)); err != nil {
+			return runnerapi.PeerStateHint{}, fmt.Errorf("granting %s's fetch from %s through the gateway replicas: %w", target.Node, src.Node, err)
+		}
 	}
 	return runnerapi.PeerStateHint{Agent: p.scheme + src.Endpoint, Model: src.Key, Digest: digest, Tokens: tokens, Ticket: ticket}, nil
 }

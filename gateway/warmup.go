@@ -188,7 +188,7 @@ func (w *warmer) warm(ctx context.Context, t prefixindex.Target) {
 		batch := plan[start:min(start+warmBatch, len(plan))]
 		var req runnerapi.PeerWarmRequest
 		for _, c := range batch {
-			h, err := w.p.signHint(peers[c.Source], be, c.Digest, c.Partition, c.Inputs.Tokens)
+			h, err := w.p.signHint(ctx, peers[c.Source], be, c.Digest, c.Partition, c.Inputs.Tokens)
 			if err != nil {
 				w.p.log.Error(err, "Signing a state ticket; the replica is not warmed", "model", model)
 				return

@@ -78,6 +78,9 @@ func (s *Sessions) accept(ctx context.Context, c *tls.Conn) {
 	}
 	node := o.node
 	switch {
+	case o.granted:
+		c.Close()
+		return
 	case o.list:
 		s.answerList(c)
 		return
@@ -105,13 +108,15 @@ func (s *Sessions) accept(ctx context.Context, c *tls.Conn) {
 // opening is what a connection's opening line asks for: node's tunnel; with relay,
 // the manager's or another replica's relay to node (throughReplicas: the manager's,
 // which may go on through another replica); with probe, whether node's agent answers
-// at that address; with list, which Macs hold a tunnel here.
+// at that address; with list, which Macs hold a tunnel here; granted, another
+// replica's grant was taken (answered).
 type opening struct {
 	node            string
 	relay           bool
 	throughReplicas bool
 	probe           string
 	list            bool
+	granted         bool
 }
 
 // open runs the handshake and the opening exchange, and answers a tunnel's ok or why
@@ -140,10 +145,22 @@ func (s *Sessions) open(ctx context.Context, c *tls.Conn) (opening, error) {
 		return opening{node: target, relay: true, throughReplicas: id.Kind == pki.KindManager}, nil
 	}
 	if line == ListProtocol {
-		if err := AdmitList(id, hasCert); err != nil {
+		if err := AdmitReplica(id, hasCert); err != nil {
 			return refuse(err)
 		}
 		return opening{list: true}, nil
+	}
+	if fields, ok := strings.CutPrefix(line, GrantProtocol+" "); ok {
+		if err := AdmitReplica(id, hasCert); err != nil {
+			return refuse(err)
+		}
+		target, source, until, err := ParseGrant(fields)
+		if err != nil {
+			return refuse(err)
+		}
+		s.grants.add(target, source, until, time.Now())
+		_, _ = io.WriteString(c, "ok\n")
+		return opening{granted: true}, nil
 	}
 	if addr, ok := strings.CutPrefix(line, ProbeProtocol+" "); ok {
 		// A probe names no Mac: it is about the Mac the certificate names.

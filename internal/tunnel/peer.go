@@ -101,9 +101,15 @@ func AdmitPeer(target, line string, g grant, found, linked bool, now time.Time) 
 }
 
 // Grant lets target's tunnel reach source's until until: the gateway signed target a
-// ticket to fetch from source.
-func (s *Sessions) Grant(target, source string, until time.Time) {
+// ticket to fetch from source. When target's tunnel is on another gateway replica the
+// grant is given to that replica (Replicas.Grant), which joins target's stream; an
+// error when it could not be.
+func (s *Sessions) Grant(ctx context.Context, target, source string, until time.Time) error {
+	if !s.Holds(target) && s.Replicas != nil && s.Replicas.Holds(target) {
+		return s.Replicas.Grant(ctx, target, source, until)
+	}
 	s.grants.add(target, source, until, time.Now())
+	return nil
 }
 
 // SetLinks replaces the standing relays (Link) with links: the gateway's routing

@@ -81,8 +81,8 @@ func TestPeerFetchThroughTheTunnels(t *testing.T) {
 	fc, s, macB, b := twoTunnels(t)
 	direct := serveDirect(t, source(t, fc.ca, pki.Node("mac-d")), whoami("mac-d"))
 
-	s.Grant("mac-b", "mac-a", time.Now().Add(time.Minute))
-	s.Grant("mac-b", "mac-d", time.Now().Add(time.Minute))
+	s.Grant(t.Context(), "mac-b", "mac-a", time.Now().Add(time.Minute))
+	s.Grant(t.Context(), "mac-b", "mac-d", time.Now().Add(time.Minute))
 	var dialed []string // the addresses mac-b dialed itself
 	d := &net.Dialer{Timeout: time.Second}
 	at := func(ctx context.Context, network, addr string) (net.Conn, error) {
@@ -161,13 +161,13 @@ func TestAttackTunnelRelayToAnyMac(t *testing.T) {
 		}
 	}
 	refused("never asked", `no gateway asked Mac "mac-b" to fetch from Mac "mac-a"`)
-	s.Grant("mac-c", "mac-a", time.Now().Add(time.Minute))
+	s.Grant(t.Context(), "mac-c", "mac-a", time.Now().Add(time.Minute))
 	refused("asked of another Mac", `no gateway asked Mac "mac-b" to fetch from Mac "mac-a"`)
-	s.Grant("mac-b", "mac-a", time.Now().Add(-time.Second))
+	s.Grant(t.Context(), "mac-b", "mac-a", time.Now().Add(-time.Second))
 	refused("expired", "expired")
 	// A Mac without a tunnel is never dialed by the gateway for a Mac, granted or not:
 	// its address is one a Mac wrote.
-	s.Grant("mac-b", "mac-x", time.Now().Add(time.Minute))
+	s.Grant(t.Context(), "mac-b", "mac-x", time.Now().Add(time.Minute))
 	if _, err := b.DialPeer(t.Context(), "mac-x"); !errors.Is(err, ErrNoSession) {
 		t.Errorf("mac-b asking for mac-x, which holds no tunnel: %v; want ErrNoSession (dial it yourself)", err)
 	}

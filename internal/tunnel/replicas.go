@@ -9,6 +9,7 @@ import (
 	"maps"
 	"net"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -30,6 +31,11 @@ import (
 // ListProtocol is the line a gateway replica asks another's list of Macs with.
 const ListProtocol = "macfleet-tunnels/1"
 
+// GrantProtocol is the line a gateway replica gives another the grant of a peer fetch
+// with: "macfleet-grant/1 TARGET SOURCE UNTIL" (UNTIL in Unix milliseconds), for a
+// fetching Mac (TARGET) whose tunnel the other holds; answered "ok".
+const GrantProtocol = "macfleet-grant/1"
+
 // ListInterval is how often a replica reads the other replicas' lists.
 const ListInterval = 2 * time.Second
 
@@ -39,16 +45,30 @@ const maxList = 1 << 20
 // listTimeout bounds one read of a replica's list, its handshake included.
 const listTimeout = 5 * time.Second
 
-// AdmitList decides whether a caller may read the list of Macs holding a tunnel:
-// only another gateway replica, with its certificate.
-func AdmitList(id pki.Identity, hasCert bool) error {
+// AdmitReplica decides whether a caller may read the list of Macs holding a tunnel
+// or give a grant: only another gateway replica, with its certificate.
+func AdmitReplica(id pki.Identity, hasCert bool) error {
 	switch {
 	case !hasCert:
-		return errors.New("no client certificate: only a gateway replica reads the Macs' tunnels")
+		return errors.New("no client certificate: only a gateway replica reads the Macs' tunnels or grants their fetches")
 	case id.Kind != pki.KindGateway:
-		return fmt.Errorf("the certificate is a %s's (%s): only a gateway replica reads the Macs' tunnels", id.Kind, id.Name)
+		return fmt.Errorf("the certificate is a %s's (%s): only a gateway replica reads the Macs' tunnels or grants their fetches", id.Kind, id.Name)
 	}
 	return nil
+}
+
+// ParseGrant reads a grant line's fields after GrantProtocol: the fetching Mac, the
+// Mac it fetches from, and until when.
+func ParseGrant(fields string) (target, source string, until time.Time, err error) {
+	f := strings.Fields(fields)
+	if len(f) != 3 {
+		return "", "", time.Time{}, fmt.Errorf("want %q", GrantProtocol+" TARGET SOURCE UNTIL_UNIX_MS")
+	}
+	ms, err := strconv.ParseInt(f[2], 10, 64)
+	if err != nil || ms <= 0 {
+		return "", "", time.Time{}, fmt.Errorf("until %q is not Unix milliseconds", f[2])
+	}
+	return f[0], f[1], time.UnixMilli(ms), nil
 }
 
 // Replicas are the other gateway replicas' tunnel listeners, and which Macs hold
@@ -228,4 +248,29 @@ func (r *Replicas) Dial(ctx context.Context, node string) (net.Conn, error) {
 		return nil, ErrNoSession
 	}
 	return (&Relay{Gateway: addr, Certificates: r.Certificates}).Dial(ctx, node)
+}
+
+// Grant gives the replica that holds target's tunnel the grant to join target's
+// stream to source (this replica signed target's ticket).
+func (r *Replicas) Grant(ctx context.Context, target, source string, until time.Time) error {
+	r.mu.Lock()
+	addr := r.where[target]
+	r.mu.Unlock()
+	if addr == "" {
+		return ErrNoSession
+	}
+	c, err := r.dial(ctx, addr, fmt.Sprintf("%s %s %s %d", GrantProtocol, target, source, until.UnixMilli()))
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	answer, err := readLine(c)
+	switch {
+	case err != nil:
+		return fmt.Errorf("giving the replica at %s the grant of %s: %w", addr, target, err)
+	case answer != "ok":
+		reason, _ := strings.CutPrefix(answer, "refused: ")
+		return &RefusedError{Reason: reason}
+	}
+	return nil
 }

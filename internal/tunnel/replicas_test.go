@@ -45,7 +45,19 @@ func TestPlaceMacs(t *testing.T) {
 	}
 }
 
-func TestAdmitList(t *testing.T) {
+func TestParseGrant(t *testing.T) {
+	target, source, until, err := ParseGrant("mac-b mac-a 1700000000123")
+	if err != nil || target != "mac-b" || source != "mac-a" || !until.Equal(time.UnixMilli(1700000000123)) {
+		t.Errorf("ParseGrant = %q, %q, %v, %v", target, source, until, err)
+	}
+	for _, bad := range []string{"mac-b mac-a", "mac-b mac-a soon", "mac-b mac-a -5", "mac-b mac-a 1 2"} {
+		if _, _, _, err := ParseGrant(bad); err == nil {
+			t.Errorf("ParseGrant(%q) took it", bad)
+		}
+	}
+}
+
+func TestAdmitReplica(t *testing.T) {
 	for _, tc := range []struct {
 		id      pki.Identity
 		hasCert bool
@@ -56,9 +68,9 @@ func TestAdmitList(t *testing.T) {
 		{id: pki.Node("mac-a"), hasCert: true, err: "only a gateway replica"},
 		{err: "no client certificate"},
 	} {
-		err := AdmitList(tc.id, tc.hasCert)
+		err := AdmitReplica(tc.id, tc.hasCert)
 		if (tc.err == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), tc.err)) {
-			t.Errorf("AdmitList(%s, %v) = %v; want %q", tc.id, tc.hasCert, err, tc.err)
+			t.Errorf("AdmitReplica(%s, %v) = %v; want %q", tc.id, tc.hasCert, err, tc.err)
 		}
 	}
 }
@@ -141,19 +153,37 @@ func TestReplicasReachEachOthersMacs(t *testing.T) {
 	if got, err := peerGet(t, source(t, fc.ca, pki.Node("mac-b")), through, "mac-a", "/split"); err != nil || got != "mac-a for macfleet://node/mac-b" {
 		t.Errorf("mac-b over its split link to mac-a through two replicas: %q, %v", got, err)
 	}
+
+	// A peer fetch that gw signed for mac-b (its tunnel on gw-2) from mac-a: gw gives
+	// gw-2 the grant, and gw-2 joins mac-b's stream through gw to mac-a.
+	gw2.SetLinks(nil)
+	if err := gw1.Grant(t.Context(), "mac-b", "mac-a", time.Now().Add(time.Minute)); err != nil {
+		t.Fatalf("gw granting mac-b's fetch from mac-a through gw-2: %v", err)
+	}
+	if got, err := peerGet(t, source(t, fc.ca, pki.Node("mac-b")), through, "mac-a", "/state"); err != nil || got != "mac-a for macfleet://node/mac-b" {
+		t.Errorf("mac-b fetching from mac-a on a grant of the other replica: %q, %v", got, err)
+	}
 }
 
 // TestAttackReplicaListAsAMac: a Mac's certificate (or the manager's) asks a replica
-// which Macs dial out to it: refused.
+// which Macs dial out to it, or gives the replica holding its tunnel the grant to
+// fetch from another Mac as a replica would: refused, and no relay follows.
 func TestAttackReplicaListAsAMac(t *testing.T) {
-	fc, _, _, addr1, _, _ := twoReplicas(t)
+	fc, _, _, addr1, addr2, b := twoReplicas(t)
 	for _, id := range []pki.Identity{pki.Node("mac-b"), pki.Manager("macfleet-manager")} {
-		r := &Replicas{Certificates: source(t, fc.ca, id)}
+		r := &Replicas{Certificates: source(t, fc.ca, id), where: map[string]string{"mac-b": addr2}}
 		nodes, err := r.list(t.Context(), addr1)
 		var re *RefusedError
 		if !errors.As(err, &re) || !strings.Contains(re.Reason, "only a gateway replica") {
 			t.Errorf("%s reading the list: %q, %v; want the refusal", id, nodes, err)
 		}
+		err = r.Grant(t.Context(), "mac-b", "mac-a", time.Now().Add(time.Minute))
+		if !errors.As(err, &re) || !strings.Contains(re.Reason, "only a gateway replica") {
+			t.Errorf("%s granting mac-b's fetch from mac-a: %v; want the refusal", id, err)
+		}
+	}
+	if _, err := b.DialPeer(t.Context(), "mac-a"); !errors.As(err, new(*RefusedError)) {
+		t.Errorf("mac-b asking for mac-a after the forged grants: %v; want the refusal", err)
 	}
 }
 

@@ -126,6 +126,9 @@ func (w *wiring) agentCertificates() error {
 
 // tunnels takes the connections of agents that dial out on --tunnel-listen.
 func (w *wiring) tunnels(certs *pki.Source) error {
+	if err := tunnel.CheckReplicaAddrs(w.cfg.TunnelReplicas); err != nil {
+		return fmt.Errorf("--tunnel-replicas: %w", err)
+	}
 	ln := w.cfg.TunnelListener
 	if ln == nil && w.cfg.TunnelListen == "" {
 		if len(w.cfg.TunnelReplicas) > 0 {

@@ -148,6 +148,21 @@ func PlaceMacs(addrs []string, lists [][]string) map[string]string {
 	return where
 }
 
+// CheckReplicaAddrs refuses a replica address that is not host:port with a port
+// number, naming it: it could never be dialed.
+func CheckReplicaAddrs(addrs []string) error {
+	for _, a := range addrs {
+		host, port, err := net.SplitHostPort(a)
+		if err != nil || host == "" {
+			return fmt.Errorf("gateway replica address %q: want HOST:PORT (a headless Service's name and the tunnel port, for instance)", a)
+		}
+		if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+			return fmt.Errorf("gateway replica address %q: the port %q is not a port number", a, port)
+		}
+	}
+	return nil
+}
+
 // resolve expands Addrs to one address per replica, sorted; a host that does not
 // resolve is logged and skipped.
 func (r *Replicas) resolve(ctx context.Context) []string {
@@ -159,8 +174,7 @@ func (r *Replicas) resolve(ctx context.Context) []string {
 	for _, a := range r.Addrs {
 		host, port, err := net.SplitHostPort(a)
 		if err != nil {
-			r.Log.Info("A gateway replica's address is not host:port; skipped", "address", a)
-			continue
+			continue // CheckReplicaAddrs refused it at the start
 		}
 		if net.ParseIP(host) != nil {
 			out = append(out, a)

@@ -45,6 +45,17 @@ func TestPlaceMacs(t *testing.T) {
 	}
 }
 
+func TestCheckReplicaAddrs(t *testing.T) {
+	if err := CheckReplicaAddrs([]string{"10.0.0.1:8444", "macfleet-gateway-tunnel-replicas.macfleet-system.svc:8444", "[::1]:1"}); err != nil {
+		t.Errorf("good addresses: %v", err)
+	}
+	for _, bad := range []string{"macfleet-gateway-tunnel-replicas", ":8444", "gw:http", "gw:0", "gw:70000"} {
+		if err := CheckReplicaAddrs([]string{"10.0.0.1:8444", bad}); err == nil || !strings.Contains(err.Error(), bad) {
+			t.Errorf("CheckReplicaAddrs(%q) = %v; want an error naming it", bad, err)
+		}
+	}
+}
+
 func TestParseGrant(t *testing.T) {
 	target, source, until, err := ParseGrant("mac-b mac-a 1700000000123")
 	if err != nil || target != "mac-b" || source != "mac-a" || !until.Equal(time.UnixMilli(1700000000123)) {

@@ -11,6 +11,7 @@ import (
 	"github.com/macfleet/macfleet/agent/config"
 	"github.com/macfleet/macfleet/agent/janitor"
 	"github.com/macfleet/macfleet/agent/standalone"
+	"github.com/macfleet/macfleet/internal/tunnel"
 	"github.com/macfleet/macfleet/metal/runner/sandbox"
 )
 
@@ -29,6 +30,11 @@ type Options struct {
 	// through that connection while the gateway does not reach its address; unset,
 	// auto with GatewayTunnel and inbound without (ParseConnect).
 	Connect, GatewayTunnel string
+	// TunnelProbeInterval (--tunnel-probe-interval), with --connect auto, is how
+	// often the agent asks the gateway again whether it reaches the agent's address
+	// while it holds no tunnel (tunnel.ProbeInterval when zero; at least
+	// tunnel.MinProbeInterval).
+	TunnelProbeInterval time.Duration
 	// StoreDir (--store-dir) is the model store, StateDir (--state-dir) the agent's
 	// own state; both required, and created by CreateDirs.
 	StoreDir, StateDir string
@@ -78,6 +84,9 @@ func (o Options) Config() (Config, error) {
 		return cfg, err
 	}
 	cfg.GatewayTunnel, cfg.ConnectAuto = conn.Tunnel, conn.Auto
+	if cfg.TunnelProbeInterval, err = probeInterval(o.TunnelProbeInterval, conn.Auto); err != nil {
+		return cfg, err
+	}
 	cfg.Pool.PromptCacheHotBytes = standalone.PromptCacheHotBytes(o.PromptCacheHotBytes)
 	if o.PromptCacheDir != "" {
 		dir, err := filepath.Abs(o.PromptCacheDir)
@@ -149,6 +158,20 @@ func ParseConnect(connect, addr string) (Connection, error) {
 		return Connection{}, fmt.Errorf("--gateway-tunnel %q: want HOST:PORT: %w", addr, err)
 	}
 	return Connection{Tunnel: addr, Auto: connect == ConnectAuto}, nil
+}
+
+// probeInterval checks --tunnel-probe-interval d (0: unset) for a connection that
+// is auto or not.
+func probeInterval(d time.Duration, auto bool) (time.Duration, error) {
+	switch {
+	case d == 0:
+		return 0, nil
+	case !auto:
+		return 0, errors.New("--tunnel-probe-interval is for --connect auto (an agent that probes whether the gateway reaches it); drop it")
+	case d < tunnel.MinProbeInterval:
+		return 0, fmt.Errorf("--tunnel-probe-interval %s: want at least %s (the gateway answers a failed probe after that long)", d, tunnel.MinProbeInterval)
+	}
+	return d, nil
 }
 
 // CreateDirs creates the store and state directories (Config checked they are set).

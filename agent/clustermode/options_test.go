@@ -55,6 +55,15 @@ func TestOptionsConfig(t *testing.T) {
 		{name: "negative retention", edit: func(o *Options) { o.PromptCacheRetention = -time.Second },
 			err: "--prompt-cache-retention: -1s is negative"},
 		{name: "negative interval", edit: func(o *Options) { o.GCInterval = -time.Minute }, err: "--gc-interval: -1m0s is negative"},
+		{name: "auto with a probe interval", edit: func(o *Options) { o.GatewayTunnel, o.TunnelProbeInterval = "gw:7443", 10*time.Second },
+			want: func(c *Config) {
+				c.GatewayTunnel, c.ConnectAuto, c.TunnelProbeInterval = "gw:7443", true, 10*time.Second
+			}},
+		{name: "a probe interval without auto", edit: func(o *Options) {
+			o.Connect, o.GatewayTunnel, o.TunnelProbeInterval = "outbound", "gw:7443", time.Minute
+		}, err: "--tunnel-probe-interval is for --connect auto"},
+		{name: "a probe interval shorter than a failed probe", edit: func(o *Options) { o.GatewayTunnel, o.TunnelProbeInterval = "gw:7443", time.Second },
+			err: "--tunnel-probe-interval 1s: want at least 5s"},
 		{name: "bad runner sandbox", edit: func(o *Options) { o.RunnerSandbox = "maybe" },
 			err: `--runner-sandbox: runner sandbox "maybe": want "on" or "off"`},
 	}

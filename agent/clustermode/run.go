@@ -88,6 +88,9 @@ type Config struct {
 	// ConnectAuto holds that connection only while the gateway's probe does not
 	// reach the agent at its advertised address (--connect auto).
 	ConnectAuto bool
+	// TunnelProbeInterval is how often an agent of --connect auto probes again while
+	// the gateway reaches it (tunnel.ProbeInterval when zero).
+	TunnelProbeInterval time.Duration
 	// The API is served over TLS with the node's certificate, which the agent asks for
 	// with a CertificateSigningRequest and renews (agent/certs); Certificates, when
 	// set, is used as it is instead (its holder keeps it current). Every call but

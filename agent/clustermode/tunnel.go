@@ -19,7 +19,7 @@ func outbound(cfg Config, tlsSrc *pki.Source, endpoint string) *tunnel.Agent {
 	}
 	a := &tunnel.Agent{Gateway: cfg.GatewayTunnel, Node: cfg.NodeName, Certificates: tlsSrc, Log: cfg.Log.WithName("tunnel")}
 	if cfg.ConnectAuto {
-		a.Advertised = endpoint
+		a.Advertised, a.ProbeEvery = endpoint, cfg.TunnelProbeInterval
 	}
 	return a
 }

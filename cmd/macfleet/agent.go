@@ -157,6 +157,8 @@ func (fl *agentFlags) register(cmd *cobra.Command, host string, zapOpts *zap.Opt
 		"outbound (a Mac behind a NAT: the agent dials the gateway's --tunnel-listen at --gateway-tunnel and serves its requests through that connection) "+
 		"or auto (through that connection while the gateway's probe does not reach --advertise-address) (default: auto with --gateway-tunnel, inbound without)")
 	f.StringVar(&fl.opts.GatewayTunnel, "gateway-tunnel", "", "With --connect outbound or auto, host:port of the gateway's tunnel listener (its --tunnel-listen)")
+	f.DurationVar(&fl.opts.TunnelProbeInterval, "tunnel-probe-interval", 0, "With --connect auto, how often the agent asks the gateway again whether it "+
+		"reaches --advertise-address while it holds no tunnel: a Mac that stops answering there dials out within about this long (default 30s; at least 5s)")
 	f.StringVar(&fl.opts.StoreDir, "store-dir", config.DataDir("models"), "Model store directory (persistent; shared by the replicas of one file)")
 	f.StringVar(&fl.maxModelBytes, "max-model-bytes", "", "Refuse to download a model file larger than this, e.g. 60Gi (default: no limit)")
 	f.StringVar(&fl.storeCapacity, "store-capacity", "", "Most bytes the files under --store-dir may take together, e.g. 200Gi: a download that "+

@@ -58,14 +58,16 @@ func (a *Agent) Run(ctx context.Context, serve func(net.Listener) error) error {
 	if hi <= 0 {
 		hi = DefaultMaxBackoff
 	}
-	wait := lo
+	wait, reached := lo, false
 	for {
-		if a.reachable(ctx) {
+		if a.reachable(ctx, reached) {
+			reached = true
 			if !sleep(ctx, a.probeEvery()) {
 				return nil
 			}
 			continue
 		}
+		reached = false
 		sess, err := a.Connect(ctx)
 		if err == nil {
 			a.Log.Info("Connected to the gateway by tunnel", "gateway", a.Gateway)
@@ -89,8 +91,9 @@ func (a *Agent) Run(ctx context.Context, serve func(net.Listener) error) error {
 }
 
 // reachable, with Advertised, asks the gateway to probe it: true when the agent
-// needs no tunnel now.
-func (a *Agent) reachable(ctx context.Context) bool {
+// needs no tunnel now. again says the last probe found it reachable too: the answer
+// is then logged at level 1, not at every probe.
+func (a *Agent) reachable(ctx context.Context, again bool) bool {
 	if a.Advertised == "" {
 		return false
 	}
@@ -101,7 +104,11 @@ func (a *Agent) reachable(ctx context.Context) bool {
 		}
 		return false
 	}
-	a.Log.Info("The gateway reaches this Mac at its address; not dialing out", "address", a.Advertised, "again", a.probeEvery())
+	log := a.Log
+	if again {
+		log = log.V(1)
+	}
+	log.Info("The gateway reaches this Mac at its address; not dialing out", "address", a.Advertised, "again", a.probeEvery())
 	return true
 }
 

@@ -29,8 +29,13 @@ const ProbeProtocol = "macfleet-probe/1"
 const ProbeTimeout = 5 * time.Second
 
 // ProbeInterval is how often an agent of --connect auto that the gateway reaches
-// asks again.
-const ProbeInterval = 5 * time.Minute
+// asks again (--tunnel-probe-interval): a Mac that stops answering at its address
+// dials out within about this long. A probe costs the gateway one TLS handshake.
+const ProbeInterval = 30 * time.Second
+
+// MinProbeInterval is the shortest --tunnel-probe-interval: the gateway answers a
+// probe that failed after ProbeTimeout.
+const MinProbeInterval = ProbeTimeout
 
 // ChooseOutbound decides --connect auto from the gateway's probe: hold a tunnel
 // unless the gateway answered that it reaches the Mac's advertised address. A probe

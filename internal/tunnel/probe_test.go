@@ -103,6 +103,57 @@ func TestAgentAutoConnect(t *testing.T) {
 	}
 }
 
+// TestAgentAutoDialsOutWhenItsAddressStops: an agent of --connect auto that the
+// gateway reached at its advertised address holds no tunnel; once its address stops
+// answering (the Mac moved behind a NAT), its next probe finds it unreachable and it
+// dials out (within ProbeEvery and the gateway's wait for the failed probe; waitNodes
+// allows 10 s, where a probe every 5 minutes would not have come).
+func TestAgentAutoDialsOutWhenItsAddressStops(t *testing.T) {
+	fc := newFleetCerts(t)
+	s, addr := startGateway(t, fc.gateway)
+	var probes atomic.Int32
+	log := funcr.New(func(_, args string) {
+		if strings.Contains(args, "not dialing out") {
+			probes.Add(1)
+		}
+	}, funcr.Options{Verbosity: 1})
+	mac := source(t, fc.ca, pki.Node("mac-r"))
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	direct := &http.Server{Handler: whoami("mac-r"), ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = direct.Serve(tls.NewListener(ln, mac.ServerConfig())) }()
+	t.Cleanup(func() { direct.Close() })
+	const every = 200 * time.Millisecond
+	a := &Agent{Gateway: addr, Node: "mac-r", Certificates: mac, Log: log, Advertised: ln.Addr().String(), ProbeEvery: every}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	srv := &http.Server{Handler: whoami("mac-r"), ReadHeaderTimeout: 10 * time.Second}
+	t.Cleanup(func() { srv.Close() })
+	go func() {
+		_ = a.Run(ctx, func(ln net.Listener) error { return srv.Serve(tls.NewListener(ln, mac.ServerConfig())) })
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for probes.Load() < 2 { // reached, and reached again: it probes on while reached
+		if time.Now().After(deadline) {
+			t.Fatalf("mac-r's agent was found reachable %d times, want 2", probes.Load())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if len(s.Nodes()) != 0 {
+		t.Fatalf("tunnels from %v while the gateway reaches mac-r at its address", s.Nodes())
+	}
+	stopped := time.Now()
+	direct.Close() // its address answers no more
+	waitNodes(t, s, "mac-r")
+	t.Logf("mac-r dialed out %v after its address stopped answering (a probe every %v, a failed one answered after %v)",
+		time.Since(stopped).Round(time.Millisecond), every, probeWait)
+	if got, err := get(t.Context(), client(s, fc.gateway), "mac-r", "/"); err != nil || got != "mac-r for macfleet://gateway/gw" {
+		t.Errorf("mac-r through its tunnel: %q, %v", got, err)
+	}
+}
+
 // TestAttackTunnelProbeScansTheGatewaysNetwork: a Mac probes addresses it does not
 // serve at, to learn what listens where the gateway dials (a closed port, a port that
 // takes TCP and no TLS, another Mac's agent). Every answer is the same word, after the

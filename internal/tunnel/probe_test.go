@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/funcr"
 
 	"github.com/macfleet/macfleet/internal/pki"
@@ -68,31 +69,18 @@ func TestProbe(t *testing.T) {
 func TestAgentAutoConnect(t *testing.T) {
 	fc := newFleetCerts(t)
 	s, addr := startGateway(t, fc.gateway)
-	var decided atomic.Bool
-	log := funcr.New(func(_, args string) {
-		if strings.Contains(args, "not dialing out") {
-			decided.Store(true)
-		}
-	}, funcr.Options{})
+	log, decided := reachedLog()
 	macR := source(t, fc.ca, pki.Node("mac-r"))
 	reached := &Agent{Gateway: addr, Node: "mac-r", Certificates: macR, Log: log,
 		Advertised: serveDirect(t, macR, whoami("mac-r"))}
 	behindNAT := &Agent{Gateway: addr, Node: "mac-n", Certificates: source(t, fc.ca, pki.Node("mac-n")), Log: log, Advertised: unreachable}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	for _, a := range []*Agent{reached, behindNAT} {
-		srv := &http.Server{Handler: whoami(a.Node), ReadHeaderTimeout: 10 * time.Second}
-		t.Cleanup(func() { srv.Close() })
-		go func() {
-			_ = a.Run(ctx, func(ln net.Listener) error { return srv.Serve(tls.NewListener(ln, a.Certificates.ServerConfig())) })
-		}()
-	}
+	runAgents(t, reached, behindNAT)
 	waitNodes(t, s, "mac-n")
 	if got, err := get(t.Context(), client(s, fc.gateway), "mac-n", "/"); err != nil || got != "mac-n for macfleet://gateway/gw" {
 		t.Errorf("mac-n through its tunnel: %q, %v", got, err)
 	}
 	deadline := time.Now().Add(10 * time.Second)
-	for !decided.Load() {
+	for decided.Load() == 0 {
 		if time.Now().After(deadline) {
 			t.Fatal("mac-r's agent did not decide that the gateway reaches it")
 		}
@@ -111,12 +99,7 @@ func TestAgentAutoConnect(t *testing.T) {
 func TestAgentAutoDialsOutWhenItsAddressStops(t *testing.T) {
 	fc := newFleetCerts(t)
 	s, addr := startGateway(t, fc.gateway)
-	var probes atomic.Int32
-	log := funcr.New(func(_, args string) {
-		if strings.Contains(args, "not dialing out") {
-			probes.Add(1)
-		}
-	}, funcr.Options{Verbosity: 1})
+	log, probes := reachedLog()
 	mac := source(t, fc.ca, pki.Node("mac-r"))
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -127,13 +110,7 @@ func TestAgentAutoDialsOutWhenItsAddressStops(t *testing.T) {
 	t.Cleanup(func() { direct.Close() })
 	const every = 200 * time.Millisecond
 	a := &Agent{Gateway: addr, Node: "mac-r", Certificates: mac, Log: log, Advertised: ln.Addr().String(), ProbeEvery: every}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	srv := &http.Server{Handler: whoami("mac-r"), ReadHeaderTimeout: 10 * time.Second}
-	t.Cleanup(func() { srv.Close() })
-	go func() {
-		_ = a.Run(ctx, func(ln net.Listener) error { return srv.Serve(tls.NewListener(ln, mac.ServerConfig())) })
-	}()
+	runAgents(t, a)
 	deadline := time.Now().Add(10 * time.Second)
 	for probes.Load() < 2 { // reached, and reached again: it probes on while reached
 		if time.Now().After(deadline) {
@@ -151,6 +128,31 @@ func TestAgentAutoDialsOutWhenItsAddressStops(t *testing.T) {
 		time.Since(stopped).Round(time.Millisecond), every, probeWait)
 	if got, err := get(t.Context(), client(s, fc.gateway), "mac-r", "/"); err != nil || got != "mac-r for macfleet://gateway/gw" {
 		t.Errorf("mac-r through its tunnel: %q, %v", got, err)
+	}
+}
+
+// reachedLog is a logger (level 1 on) that counts an agent's answers "the gateway
+// reaches this Mac; not dialing out".
+func reachedLog() (logr.Logger, *atomic.Int32) {
+	var n atomic.Int32
+	return funcr.New(func(_, args string) {
+		if strings.Contains(args, "not dialing out") {
+			n.Add(1)
+		}
+	}, funcr.Options{Verbosity: 1}), &n
+}
+
+// runAgents runs each agent until the test ends, serving whoami of its node through
+// its tunnels.
+func runAgents(t *testing.T, agents ...*Agent) {
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	for _, a := range agents {
+		srv := &http.Server{Handler: whoami(a.Node), ReadHeaderTimeout: 10 * time.Second}
+		t.Cleanup(func() { srv.Close() })
+		go func() {
+			_ = a.Run(ctx, func(ln net.Listener) error { return srv.Serve(tls.NewListener(ln, a.Certificates.ServerConfig())) })
+		}()
 	}
 }
 

@@ -5,11 +5,8 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
-	"time"
 
-	"github.com/macfleet/macfleet/api/v1alpha1"
 	"github.com/macfleet/macfleet/internal/chat/lark"
-	"github.com/macfleet/macfleet/test/support/testenv"
 )
 
 // freeformPatch is a patch written for this test in the shape a file-editing tool's
@@ -27,16 +24,7 @@ const freeformPatch = "*** Begin Patch\n*** Add File: hello.txt\n+hello\n+world\
 // shape with bounded lines.
 func TestCodexFreeformApplyPatch(t *testing.T) {
 	_, codex := codingAgents(t)
-	if err := agentModel(); err != nil {
-		t.Fatal(err)
-	}
-	ns := testenv.NewNamespace(t, fleet.Client)
-	create(t, deployment(ns, "coder", 1, func(md *v1alpha1.ModelDeployment) {
-		md.Spec.Model.Source = fleet.ModelsURL + "/llama31-hi.gguf"
-		md.Spec.Engine.ContextLength = agentContextLength
-	}))
-	waitReady(t, ns, "coder", 1, 3*time.Minute)
-	codex.model = ns + "/coder"
+	codex.model = coderDeployment(t)
 	proxy, proxyURL := recordingProxy(t)
 
 	home := t.TempDir()

@@ -176,17 +176,7 @@ enabled = false
 // prompt cache instead of prefilling it again.
 func TestCodingAgents(t *testing.T) {
 	claude, codex := codingAgents(t)
-	if err := agentModel(); err != nil {
-		t.Fatal(err)
-	}
-	ns := testenv.NewNamespace(t, fleet.Client)
-	// One replica: the second turn must find the first turn's prefix on it.
-	create(t, deployment(ns, "coder", 1, func(md *v1alpha1.ModelDeployment) {
-		md.Spec.Model.Source = fleet.ModelsURL + "/llama31-hi.gguf"
-		md.Spec.Engine.ContextLength = agentContextLength
-	}))
-	waitReady(t, ns, "coder", 1, 3*time.Minute)
-	model := ns + "/coder"
+	model := coderDeployment(t)
 	claude.model, codex.model = model, model
 
 	proxy, proxyURL := recordingProxy(t)
@@ -209,6 +199,23 @@ func TestCodingAgents(t *testing.T) {
 		turn2, _ := runAgentTurn(t, proxy, codex, 2, work, env, "exec", "--skip-git-repo-check", "resume", "--last", "Say hi again")
 		checkCacheHit(t, codex, turn1, turn2)
 	})
+}
+
+// coderDeployment deploys agentModel as "coder" in a namespace of the test's own, one
+// replica (a second turn must find the first turn's prefix on it), and returns its
+// name, namespace/name, once it is Ready.
+func coderDeployment(t *testing.T) string {
+	t.Helper()
+	if err := agentModel(); err != nil {
+		t.Fatal(err)
+	}
+	ns := testenv.NewNamespace(t, fleet.Client)
+	create(t, deployment(ns, "coder", 1, func(md *v1alpha1.ModelDeployment) {
+		md.Spec.Model.Source = fleet.ModelsURL + "/llama31-hi.gguf"
+		md.Spec.Engine.ContextLength = agentContextLength
+	}))
+	waitReady(t, ns, "coder", 1, 3*time.Minute)
+	return ns + "/coder"
 }
 
 // recordingProxy starts the recording proxy in front of the gateway that the agents

@@ -39,6 +39,8 @@ type idleAttack struct {
 	DialErrors       int64
 	Failed           int64
 	LastAttackerFail string
+	// CPU is where the CPU went while the other client was measured.
+	CPU cpuUse
 }
 
 // idlePhase measures the other client (127.0.0.2, a new connection per request)
@@ -46,7 +48,11 @@ type idleAttack struct {
 // again.
 func idlePhase(ctx context.Context, o options, fl *benchFleet) (idleResult, error) {
 	url, key := fl.urls[0], fl.keys[keyHot]
-	return attackPhase(ctx, o, "gateway", url, func() (time.Duration, string) { return timed(ctx, from("127.0.0.2", false, 1), url, key) })
+	pid, err := fl.f.GatewayPID(0)
+	if err != nil {
+		return idleResult{}, err
+	}
+	return attackPhase(ctx, o, "gateway", url, pid, func() (time.Duration, string) { return timed(ctx, from("127.0.0.2", false, 1), url, key) })
 }
 
 // idleAttacks are the attacks of a phase: o.idleConns idle connections from
@@ -61,15 +67,15 @@ func idleAttacks(o options) []idleAttack {
 }
 
 // attackPhase measures one request of the other client (req) o.legit times alone,
-// beside each of idleAttacks on url, and alone again.
-func attackPhase(ctx context.Context, o options, name, url string, req func() (time.Duration, string)) (idleResult, error) {
+// beside each of idleAttacks on url (served by process pid), and alone again.
+func attackPhase(ctx context.Context, o options, name, url string, pid int, req func() (time.Duration, string)) (idleResult, error) {
 	r := idleResult{Conns: o.idleConns}
 	fmt.Fprintf(o.out, "idle (%s): %d requests alone; load %s\n", name, o.legit, localfleet.LoadAverage())
 	for range o.legit {
 		r.Alone.add(req())
 	}
 	for _, spec := range idleAttacks(o) {
-		at, err := attackWith(ctx, o, spec, url, func() (l latencies) {
+		at, err := attackWith(ctx, o, spec, url, pid, func() (l latencies) {
 			for range o.legit {
 				l.add(req())
 			}
@@ -79,9 +85,9 @@ func attackPhase(ctx context.Context, o options, name, url string, req func() (t
 			return r, err
 		}
 		fmt.Fprintf(o.out, "idle (%s): p99 alone %s, beside %d %s from %d address(es) (refused ones dial again: %s) %s (%.2f×); "+
-			"the attacker held %d (at most %d), %d refused, %d closed by the server, %d dial errors, %d other failures (the last: %s)\n",
+			"the attacker held %d (at most %d), %d refused, %d closed by the server, %d dial errors, %d other failures (the last: %s); %s\n",
 			name, ms(r.Alone.quantile(0.99)), at.Conns, at.Kind, at.Sources, redialText(at.Redial), ms(at.Attacked.quantile(0.99)),
-			ratio(at.Attacked.quantile(0.99), r.Alone.quantile(0.99)), at.Held, at.MaxHeld, at.Refused, at.ClosedByGateway, at.DialErrors, at.Failed, at.LastAttackerFail)
+			ratio(at.Attacked.quantile(0.99), r.Alone.quantile(0.99)), at.Held, at.MaxHeld, at.Refused, at.ClosedByGateway, at.DialErrors, at.Failed, at.LastAttackerFail, at.CPU)
 		r.Attacks = append(r.Attacks, at)
 	}
 	for range o.legit {
@@ -96,9 +102,9 @@ const (
 	kindStalled = "stalled request bodies"
 )
 
-// attackWith runs measure beside the attack at on url once each of its slots has
-// tried once.
-func attackWith(ctx context.Context, o options, at idleAttack, url string, measure func() latencies) (idleAttack, error) {
+// attackWith runs measure beside the attack at on url (served by process pid) once
+// each of its slots has tried once.
+func attackWith(ctx context.Context, o options, at idleAttack, url string, pid int, measure func() latencies) (idleAttack, error) {
 	a := &attacker{addr: strings.TrimPrefix(url, "http://"), redial: at.Redial, stop: make(chan struct{}),
 		stalled: at.Kind == kindStalled, sources: at.Sources}
 	a.start(at.Conns)
@@ -114,7 +120,9 @@ func attackWith(ctx context.Context, o options, at idleAttack, url string, measu
 	}
 	fmt.Fprintf(o.out, "idle: the attacker holds %d %s from %d address(es) (%d refused so far; refused ones dial again: %s); %d requests beside it; load %s\n",
 		a.held.Load(), at.Kind, at.Sources, a.refused.Load(), redialText(at.Redial), o.legit, localfleet.LoadAverage())
+	before := sampleCPU(pid)
 	at.Attacked = measure()
+	at.CPU = sampleCPU(pid).since(before)
 	at.Held, at.MaxHeld, at.Attempts = a.held.Load(), a.maxHeld.Load(), a.attempts.Load()
 	at.Refused, at.ClosedByGateway, at.DialErrors, at.Failed = a.refused.Load(), a.closed.Load(), a.dialErrs.Load(), a.failed.Load()
 	at.LastAttackerFail = a.lastFail()

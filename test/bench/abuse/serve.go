@@ -20,27 +20,27 @@ var servingLine = regexp.MustCompile(`"msg"="Serving the OpenAI and admin API" "
 // client of serve — alone, beside each of idleAttacks, and alone again: once with a
 // new connection a request, once keeping one connection alive (as the SDKs do).
 func servePhase(ctx context.Context, o options, fl *benchFleet) (oneShot, kept idleResult, err error) {
-	url, stop, err := startServe(ctx, o, fl)
+	url, pid, stop, err := startServe(ctx, o, fl)
 	if err != nil {
 		return oneShot, kept, err
 	}
 	defer stop()
 	local := from("127.0.0.1", false, 1)
-	if oneShot, err = attackPhase(ctx, o, "serve", url, func() (time.Duration, string) { return timed(ctx, local, url, "") }); err != nil {
+	if oneShot, err = attackPhase(ctx, o, "serve", url, pid, func() (time.Duration, string) { return timed(ctx, local, url, "") }); err != nil {
 		return oneShot, kept, err
 	}
 	alive := from("127.0.0.1", true, 1)
 	defer alive.CloseIdleConnections()
-	kept, err = attackPhase(ctx, o, "serve, kept alive", url, func() (time.Duration, string) { return timed(ctx, alive, url, "") })
+	kept, err = attackPhase(ctx, o, "serve, kept alive", url, pid, func() (time.Duration, string) { return timed(ctx, alive, url, "") })
 	return oneShot, kept, err
 }
 
 // startServe starts `macfleet serve` and waits until it answers a chat completion:
-// its URL, and how to stop it.
-func startServe(ctx context.Context, o options, fl *benchFleet) (url string, stop func(), err error) {
+// its URL, its process ID, and how to stop it.
+func startServe(ctx context.Context, o options, fl *benchFleet) (url string, pid int, stop func(), err error) {
 	dir := filepath.Join(fl.dir, "serve")
 	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return "", nil, err
+		return "", 0, nil, err
 	}
 	cmd := exec.CommandContext(ctx, o.macfleet, "serve", "--listen", "127.0.0.1:0", "--runner", o.runner, "--idle-timeout", "1h",
 		"--prompt-cache-dir", filepath.Join(dir, "prompt-cache"),
@@ -49,7 +49,7 @@ func startServe(ctx context.Context, o options, fl *benchFleet) (url string, sto
 	out := &syncbuf.Buffer{}
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
-		return "", nil, fmt.Errorf("starting macfleet serve: %w", err)
+		return "", 0, nil, fmt.Errorf("starting macfleet serve: %w", err)
 	}
 	stop = func() {
 		_ = cmd.Process.Signal(os.Interrupt)
@@ -68,7 +68,7 @@ func startServe(ctx context.Context, o options, fl *benchFleet) (url string, sto
 		}
 	}()
 	if url, err = servingAt(ctx, out); err != nil {
-		return "", nil, err
+		return "", 0, nil, err
 	}
 	local := from("127.0.0.1", false, 1)
 	deadline := time.Now().Add(2 * time.Minute)
@@ -78,13 +78,13 @@ func startServe(ctx context.Context, o options, fl *benchFleet) (url string, sto
 			break
 		}
 		if time.Now().After(deadline) {
-			return "", nil, fmt.Errorf("macfleet serve did not answer a chat completion in 2 minutes: %s", fail)
+			return "", 0, nil, fmt.Errorf("macfleet serve did not answer a chat completion in 2 minutes: %s", fail)
 		}
 		if err = sleep(ctx, 500*time.Millisecond); err != nil {
-			return "", nil, err
+			return "", 0, nil, err
 		}
 	}
-	return url, stop, nil
+	return url, cmd.Process.Pid, stop, nil
 }
 
 // servingAt waits up to a minute for serve's log to name its address.

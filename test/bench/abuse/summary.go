@@ -33,10 +33,10 @@ func (r *report) summary(o options) string {
 			rp99 := ratio(at.Attacked.quantile(0.99), i.Alone.quantile(0.99))
 			p("  beside %d %s from %d address(es) (refused ones dial again: %s): %s / %s, p99 %.2f× (target ≤ %.0f×: %s), "+
 				"%d of the client's %d requests failed%s; the attacker held %d (at most %d) after %d attempts, %d refused, "+
-				"%d closed by the server, %d dial errors, %d other failures",
+				"%d closed by the server, %d dial errors, %d other failures; %s",
 				at.Conns, at.Kind, at.Sources, redialText(at.Redial), ms(at.Attacked.quantile(0.5)), ms(at.Attacked.quantile(0.99)), rp99, idleTarget,
 				verdict(rp99 <= idleTarget), at.Attacked.Failed, o.legit, lastFail(at.Attacked), at.Held, at.MaxHeld, at.Attempts, at.Refused,
-				at.ClosedByGateway, at.DialErrors, at.Failed)
+				at.ClosedByGateway, at.DialErrors, at.Failed, at.CPU)
 		}
 	}
 	for _, f := range r.bearers(o) {

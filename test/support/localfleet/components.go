@@ -78,6 +78,16 @@ func (f *Fleet) RestartGateway(ctx context.Context, i int) error {
 	return f.startComponent(ctx, f.gateways[i])
 }
 
+// GatewayPID is the process ID of gateway replica i (the order of GatewayURLs).
+func (f *Fleet) GatewayPID(i int) (int, error) {
+	if i < 0 || i >= len(f.gateways) {
+		return 0, fmt.Errorf("no gateway %d", i)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.gateways[i].proc.PID(), nil
+}
+
 // Runner is a runner process of one of the fleet's agents.
 type Runner struct {
 	PID int

@@ -128,13 +128,7 @@ func survivalRound(t *testing.T, n int, stream streamer, kill func(t *testing.T,
 		md.Spec.Engine.Settings = engine.Settings{ContextLength: 2048, Parallel: 2}
 	}))
 	defer removeDeployment(t, ns, "survivor") // a next round's replicas need the room
-	replicas := waitReady(t, ns, "survivor", 2, 3*time.Minute)
-	victim := replicas[0]
-	key, addr := victim.Namespace+"/"+victim.Name, fleet.Agent(victim.Spec.NodeName).Addr
-	pid := int(runnerPIDs(t, addr)[key])
-	if pid == 0 {
-		t.Fatalf("no runner for replica %s on %s: %v", key, victim.Spec.NodeName, runnerPIDs(t, addr))
-	}
+	sides := replicaSides(t, waitReady(t, ns, "survivor", 2, 3*time.Minute))
 
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
@@ -144,18 +138,19 @@ func survivalRound(t *testing.T, n int, stream streamer, kill func(t *testing.T,
 	for i := range n {
 		wg.Go(func() { results[i] = stream(ctx, ns+"/survivor", i, &streaming) })
 	}
-	// Kill once both replicas' slots are writing and the victim has requests.
-	testenv.Eventually(t, time.Minute, 5*time.Millisecond, func() (bool, string) {
-		s, active := streaming.Load(), activeRequests(ctx, addr, key)
-		return s >= 4 && active > 0, fmt.Sprintf("%d streams have content, the victim has %d requests", s, active)
-	})
-	kill(t, victim.Spec.NodeName, pid)
+	ended := make(chan struct{})
+	go func() { wg.Wait(); close(ended) }()
+	// Kill a replica that writes a stream once both replicas' slots are writing.
+	victim := killAWriter(ctx, t, sides, &streaming, 4, ended, kill)
 	killed := time.Now()
-	wg.Wait()
+	<-ended
 	continued := countContinued(t, results)
+	if victim < 0 {
+		return continued, "none: every stream ended before a replica was seen writing one"
+	}
 	t.Logf("%d streams, %d continued on the other replica; all ended %v after the kill", n, continued,
 		time.Since(killed).Round(time.Millisecond))
-	return continued, fmt.Sprintf("runner %d of %s", pid, key)
+	return continued, fmt.Sprintf("runner %d of %s", sides[victim].pid, sides[victim].key)
 }
 
 // activeRequests is how many requests the agent at addr reports for model key.

@@ -2,15 +2,12 @@ package e2e
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"maps"
 	"math"
 	"net/http"
-	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -108,16 +105,7 @@ func ledgerRound(t *testing.T, kill func(t *testing.T, node string, pid int)) cl
 			`{"model":"ledger","max_tokens":1,"messages":[{"role":"user","content":"Hi"}]}`)
 		return code == http.StatusOK, fmt.Sprintf("the probe: %d %s", code, body)
 	})
-	// Either replica may be the victim: the one that writes a stream when the kill comes.
-	sides := make([]ledgerSide, len(replicas))
-	for i, r := range replicas {
-		sd := ledgerSide{r: r, addr: fleet.Agent(r.Spec.NodeName).Addr, key: r.Namespace + "/" + r.Name}
-		if sd.pid = int(runnerPIDs(t, sd.addr)[sd.key]); sd.pid == 0 {
-			t.Fatalf("no runner for replica %s: %v", sd.key, runnerPIDs(t, sd.addr))
-		}
-		sd.first = streamsPastFirstEvent(t, sd.addr, sd.key)
-		sides[i] = sd
-	}
+	sides := replicaSides(t, replicas)
 
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 	defer cancel()
@@ -128,53 +116,27 @@ func ledgerRound(t *testing.T, kill func(t *testing.T, node string, pid int)) cl
 		got       clientTokens
 		wg        sync.WaitGroup
 	)
-	// started is signalled as the eighth stream, and each after it, has content.
-	started, ended := make(chan struct{}, 1), make(chan struct{})
-	onContent := func() {
-		if streaming.Add(1) >= 8 {
-			select {
-			case started <- struct{}{}:
-			default:
-			}
-		}
-	}
 	for i := range ledgerStreams {
 		wg.Go(func() {
-			s := ledgerStream(ctx, c, i, onContent)
+			s := ledgerStream(ctx, c, i, func() { streaming.Add(1) })
 			mu.Lock()
 			defer mu.Unlock()
 			got.add(s)
 		})
 	}
+	ended := make(chan struct{})
 	go func() { wg.Wait(); close(ended) }()
-	// Kill once 8 streams have content and a replica writes one (a request before its
-	// first event is retried, not continued: a kill then proves nothing); that replica
-	// is the victim. Not a replica chosen before: the gateway's fair queue leaves one
-	// of the deployment's eight slots to the probe's key (another client, active
-	// within 30 s), and runs saw one replica take nearly every stream while the other
-	// wrote none for the whole minute. Both runners are stopped (SIGSTOP) while the
-	// agents are asked, so that what they answer still holds at the kill however fast
-	// the machine generates: the tiny model's streams took 4 s in all on an idle one.
+	// Kill a replica that writes a stream once 8 have content. Not a replica chosen
+	// before: the gateway's fair queue leaves one of the deployment's eight slots to
+	// the probe's key (another client, active within 30 s), and runs saw one replica
+	// take nearly every stream while the other wrote none for the whole minute.
 	deploymentID := ns + "/ledger"
-	victim, seen := -1, ""
-	for victim < 0 {
-		select {
-		case <-started:
-		case <-ended:
-			t.Logf("every stream ended before a replica was seen writing one (%s)", seen)
-			return got
-		case <-ctx.Done():
-			t.Fatalf("no replica was seen writing a stream: %s", seen)
+	if killAWriter(ctx, t, sides, &streaming, 8, ended, kill) < 0 {
+		if len(got.problems) > 0 {
+			t.Errorf("streams failed with no replica killed: %v", got.problems)
 		}
-		signalRunners(t, sides, syscall.SIGSTOP)
-		victim, seen = writingReplica(ctx, t, sides, streaming.Load())
-		if victim < 0 {
-			signalRunners(t, sides, syscall.SIGCONT)
-		}
+		return got // every stream ended first: the round proves nothing
 	}
-	t.Logf("killing replica %s on %s", sides[victim].key, sides[victim].r.Spec.NodeName)
-	kill(t, sides[victim].r.Spec.NodeName, sides[victim].pid)
-	signalRunners(t, sides, syscall.SIGCONT) // the victim's too, should it outlive its agent
 	wg.Wait()
 	// The official client closes the body at [DONE], before the X-Macfleet-Continued
 	// trailer that follows it: the gateway's count says which streams were continued,
@@ -193,43 +155,6 @@ func ledgerRound(t *testing.T, kill func(t *testing.T, node string, pid int)) cl
 	}
 	compareLedger(t, ns, gw, reg, got)
 	return got
-}
-
-// ledgerSide is a replica of the kill test: its agent's address, its key, its
-// runner's PID and the agent's count of its streams past their first event before
-// the round (streamsPastFirstEvent).
-type ledgerSide struct {
-	r          v1alpha1.ModelReplica
-	addr, key  string
-	pid, first int
-}
-
-// signalRunners sends sig to each side's runner; one that is gone (the victim's,
-// killed with its agent) is no error.
-func signalRunners(t *testing.T, sides []ledgerSide, sig syscall.Signal) {
-	t.Helper()
-	for _, sd := range sides {
-		if err := syscall.Kill(sd.pid, sig); err != nil && !errors.Is(err, syscall.ESRCH) {
-			t.Fatalf("%v to runner %d of %s: %v", sig, sd.pid, sd.key, err)
-		}
-	}
-}
-
-// writingReplica is the index of the first side whose agent has a request of its
-// replica and a stream of it past its first event (beyond its count before the
-// round), or -1 and what each agent answered.
-func writingReplica(ctx context.Context, t *testing.T, sides []ledgerSide, streaming int32) (int, string) {
-	seen := make([]string, 0, len(sides))
-	for i, sd := range sides {
-		active := activeRequests(ctx, sd.addr, sd.key)
-		writing := streamsPastFirstEvent(t, sd.addr, sd.key) - sd.first
-		if active >= 1 && writing >= 1 {
-			return i, ""
-		}
-		seen = append(seen, fmt.Sprintf("%s on %s has %d requests, %d past their first event",
-			sd.r.Name, sd.r.Spec.NodeName, active, writing))
-	}
-	return -1, fmt.Sprintf("%d streams have content; %s", streaming, strings.Join(seen, "; "))
 }
 
 // streamsPastFirstEvent is the agent at addr's streams of replica key that sent their

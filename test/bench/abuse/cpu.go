@@ -62,8 +62,10 @@ func (s cpuSample) since(b cpuSample) cpuUse {
 	if wall <= 0 || s.total <= b.total {
 		return cpuUse{Err: "no time passed between the samples"}
 	}
+	// iowait may go backwards (the kernel counts it per runqueue), which can make the
+	// busy time grow by more than the total: the share is kept within 0 and 1.
 	u := cpuUse{Server: (s.server - b.server) / wall, Self: (s.self - b.self) / wall,
-		MachineBusy: (s.busy - b.busy) / (s.total - b.total)}
+		MachineBusy: min(1, max(0, (s.busy-b.busy)/(s.total-b.total)))}
 	u.Cores = int((s.total-b.total)/wall + 0.5)
 	return u
 }

@@ -5,7 +5,7 @@
 #
 # The small trained test model (docs/testing.md, "The trained test model").
 #
-# stage: generates the training corpus (seed 45, 10 M tokens) and a held-out corpus
+# stage: generates the training corpus (seed 45, 11.7 M tokens) and a held-out corpus
 # (seed 46, 200 k tokens) with the runner's own template renderer and the real Llama 3
 # vocabulary, copies test/trainmodel/{train,weights}.py beside them into DIR (default
 # .cache/trainmodel), and checks the whole layout before any GPU time is spent: random
@@ -36,7 +36,7 @@ stage)
 	dir=${2:-.cache/trainmodel}
 	rm -rf "$dir"
 	mkdir -p "$dir"
-	"$tool" corpus -out "$dir/corpus" -seed 45 -tokens 10000000
+	"$tool" corpus -out "$dir/corpus" -seed 45 -tokens 11700000
 	"$tool" corpus -out "$dir/valid" -seed 46 -tokens 200000
 	rm "$dir/valid/probes.json" # the probes are the training corpus's
 	cp test/trainmodel/train.py test/trainmodel/weights.py "$dir/"

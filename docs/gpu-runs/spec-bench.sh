@@ -7,7 +7,8 @@
 #   testassets.tar.xz the module's tokenizer/testdata/llama3.2 and template
 # Steps (bash docs/gpu-runs/spec-bench.sh OUT STEP...):
 #   build  ggml's CUDA backend (hack/test-gpu.sh's build step)
-#   train  the draft's corpus (the trained model's: seed 45, 10 M tokens; held out:
+#   train  the draft's corpus (seed 45, 10 M tokens, made before the generator's quote
+#          documents: the target's corpus is now train-target.sh's; held out:
 #          seed 46) and the draft trained on it (DRAFT_ARGS), converted to a GGUF
 #   both   build and train side by side (the build on the cores, training on the GPU)
 #   spec   BenchmarkSpeculation (one stream, with its draft row: the repository's

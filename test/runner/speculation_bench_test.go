@@ -24,7 +24,7 @@ func BenchmarkSpeculation(b *testing.B) {
 	path := speculationModelB(b)
 	r := startReady(b, path, "--threads", benchThreads("2"))
 	readFile := `{"model":"m","max_tokens":200,"temperature":0,"tools":[` + readTool + `],"messages":[` +
-		readBack("Finally answer small message important find but with keep run list because read; Review simple finally make editor write into with unless will or directory always clear answer.") + `]}`
+		readBack(unseenFile) + `]}`
 	nothing := `{"model":"m","max_tokens":200,"temperature":0,"messages":[{"role":"user","content":"Tell me about the sea."}]}`
 	b.Run("copy-heavy", func(b *testing.B) { specRow(b, r, readFile) })
 	b.Run("nothing-to-copy", func(b *testing.B) { specRow(b, r, nothing) })
@@ -36,6 +36,13 @@ func BenchmarkSpeculation(b *testing.B) {
 	rd := startReady(b, path, "--threads", benchThreads("2"), "--draft", draft)
 	b.Run("draft", func(b *testing.B) { specRow(b, rd, nothing) })
 }
+
+// unseenFile is the copy-heavy turn's file: the words the trained model's corpus
+// writes its files in, in an order no document of it holds, so that the answer is a
+// quote, not a text the model learned by heart.
+const unseenFile = "Result when small every command make project may prefer tool write. Task while before file model task; " +
+	"Tool explain test session safe safe prefer tool describe prefer when every. List answer build before request find. " +
+	"Warning list finally relevant value code prefer describe exact directory never project show new file;"
 
 // specRow is one row of BenchmarkSpeculation: body asked of r with speculation off,
 // on (drafting wherever a draft is found) and left to the runner (no header: where

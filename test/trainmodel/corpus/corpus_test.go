@@ -76,7 +76,7 @@ func TestDocuments(t *testing.T) {
 			t.Fatalf("document %d (%s): the turn-by-turn tokens differ from the whole text's (-whole +turns):\n%s", i, c.Kind, diff)
 		}
 	}
-	for _, k := range []string{"greeting", "answer", "tool-call", "json", "think"} {
+	for _, k := range []string{"greeting", "answer", "tool-call", "json", "think", "quote"} {
 		if seen[k] == 0 {
 			t.Errorf("no %s document among the first %d (%v)", k, n, seen)
 		}

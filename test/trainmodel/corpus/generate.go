@@ -83,6 +83,9 @@ func NewGenerator(l *Llama3, seed uint64, agentFixtures string) (*Generator, err
 // Conversation is document i: a function of the seed and i alone.
 func (g *Generator) Conversation(i int) (Conversation, error) {
 	r := rand.New(rand.NewPCG(g.seed, uint64(i)))
+	if i%quoteEvery == quoteEvery-1 {
+		return quote(r), nil
+	}
 	w := r.IntN(1000)
 	for _, k := range kinds {
 		if w -= k.weight; w < 0 {

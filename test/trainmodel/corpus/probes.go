@@ -39,6 +39,7 @@ var probeKinds = []struct {
 }{
 	{"greeting", false}, {"answer", false}, {"json", false}, {"think", false}, {"tool-call", false},
 	{"tool-call", true}, {"no-call", false}, {"agent-claude", false}, {"agent-claude", true}, {"agent-codex", false},
+	{"quote", true},
 }
 
 // MakeProbes finds one held-out document of each probed kind.

@@ -117,14 +117,18 @@ func clock(r *rand.Rand) toolUse {
 		answer: fmt.Sprintf("It is %02d:%02d in %s.", hh, mm, city)}
 }
 
-func readFile(r *rand.Rand) toolUse {
+func readFile(r *rand.Rand) toolUse { return readFileOf(r, 30, 60) }
+
+// readFileOf is a read of a file of least+[0, span) characters, quoted whole in the
+// answer.
+func readFileOf(r *rand.Rand, least, span int) toolUse {
 	name := pick(r, []string{"read_file", "read_file", "read", "open_file", "cat"})
 	p := pick(r, []string{"path", "path", "file_path", "filename"})
 	path := filePath(r)
 	t := makeTool(r, name, "Read a file and return its contents.", []param{{p, "string", "Path of the file"}}, 1)
 	q := fmt.Sprintf(pick(r, []string{"Show me what's in %s.", "Read %s.", "What does %s say?", "Open %s and tell me what it contains.",
 		"Can you read the file %s?", "cat %s"}), path)
-	line := filler(r, 30+r.IntN(60))
+	line := filler(r, least+r.IntN(span))
 	return toolUse{tool: t, question: q, args: map[string]any{p: path}, argOrder: []string{p}, result: line,
 		answer: fmt.Sprintf(pick(r, []string{"The file %s says: %s", "%s contains: %s"}), path, line)}
 }
@@ -141,12 +145,16 @@ func listFiles(r *rand.Rand) toolUse {
 		answer: fmt.Sprintf(pick(r, []string{"%s contains %s.", "The files in %s are %s."}), dir, and(files))}
 }
 
-func search(r *rand.Rand) toolUse {
+func search(r *rand.Rand) toolUse { return searchOf(r, 40, 60) }
+
+// searchOf is a search whose one result's snippet of least+[0, span) characters is
+// quoted whole in the answer.
+func searchOf(r *rand.Rand, least, span int) toolUse {
 	name := pick(r, []string{"search_web", "web_search", "search", "lookup"})
 	topic := pick(r, topics)
 	t := makeTool(r, name, "Search the web.", []param{{"query", "string", "The search query"}}, 1)
 	q := fmt.Sprintf(pick(r, []string{"Search the web for %s.", "Look up %s.", "Find something about %s.", "Search for %s"}), topic)
-	snippet := filler(r, 40+r.IntN(60))
+	snippet := filler(r, least+r.IntN(span))
 	return toolUse{tool: t, question: q, args: map[string]any{"query": topic}, argOrder: []string{"query"},
 		result: fmt.Sprintf(`{"results": [{"title": "About %s", "snippet": %q}]}`, topic, snippet),
 		answer: fmt.Sprintf("I found a page about %s. It says: %s", topic, snippet)}
@@ -251,11 +259,16 @@ func toolCall(r *rand.Rand) Conversation {
 		return Conversation{Kind: "no-call", Tools: tools, Messages: msgs}
 	}
 	u := uses[r.IntN(len(uses))]
-	id := callID(r)
-	msgs = append(msgs, msg("user", u.question),
-		runnerapi.Message{Role: "assistant", ToolCalls: []runnerapi.ToolCall{{ID: id, Type: "function",
-			Function: runnerapi.FunctionCall{Name: u.tool.Function.Name, Arguments: argsJSON(u)}}}},
-		runnerapi.Message{Role: "tool", Content: runnerapi.MessageContent(u.result), ToolCallID: id},
-		msg("assistant", u.answer))
+	msgs = append(msgs, callAndAnswer(u, callID(r))...)
 	return Conversation{Kind: "tool-call", Tools: tools, Messages: msgs}
+}
+
+// callAndAnswer is u's turns: the question, the call (with id), the tool's result
+// and the answer from it.
+func callAndAnswer(u toolUse, id string) []runnerapi.Message {
+	return []runnerapi.Message{msg("user", u.question),
+		{Role: "assistant", ToolCalls: []runnerapi.ToolCall{{ID: id, Type: "function",
+			Function: runnerapi.FunctionCall{Name: u.tool.Function.Name, Arguments: argsJSON(u)}}}},
+		{Role: "tool", Content: runnerapi.MessageContent(u.result), ToolCallID: id},
+		msg("assistant", u.answer)}
 }

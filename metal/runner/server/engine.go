@@ -102,7 +102,8 @@ type slot struct {
 	// step's draft (decoded after next), its rows of logits, the tokens its verify
 	// sampled, and whether the sequence holds drafted cells past cached.
 	policy   speculate.Policy
-	rate     speculate.Rate // the job's share of drafted tokens kept (draftGate)
+	rates    speculate.Rates  // the job's shares of drafted tokens kept, by source (the gate's)
+	src      speculate.Source // where this step's draft came from
 	draft    []int32
 	rows     []llama.Logits
 	verified []int32
@@ -388,7 +389,7 @@ func (e *engine) assign(s *slot, j *job, keep int) {
 		}
 	}
 	s.stream = textstream.New(o.Stop)
-	s.policy, s.rate = speculate.NewPolicy(speculate.DefaultMax), e.gate.Prior()
+	s.policy, s.rates = speculate.NewPolicy(speculate.DefaultMax), e.gate.Prior()
 	for _, tok := range j.held { // a continued answer's text its client never got
 		if text, _ := s.stream.Push(outputPiece(e.model, j, tok)); text != "" {
 			j.emit(text, noToken, nil)

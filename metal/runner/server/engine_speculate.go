@@ -41,6 +41,9 @@ func speculationOff(arch string, recurrent, hybrid bool) string {
 func (e *engine) planDrafts(budget int) {
 	asks := e.asks[:0]
 	base, drafted, kept := e.nBatch-budget, 0, 0.0
+	// One draft a step may come from a source the runner has not tried enough to
+	// judge: sixteen slots trying it in one step cost a step of sixteen drafts.
+	explore := true
 	for _, s := range e.slots {
 		s.draft, s.byModel = s.draft[:0], false
 		if budget <= 0 || s.take != 1 || s.phase != phaseGenerate || e.specOff != "" || !s.job.mayDraft() {
@@ -48,20 +51,27 @@ func (e *engine) planDrafts(budget int) {
 		}
 		hist := append(s.cached, s.next) // where absorb puts next
 		draft, gram := speculate.Follow(s.job.predicted, hist, minGram, maxGram, s.policy.Max)
+		s.src = speculate.FromPrediction
 		if len(draft) == 0 {
 			draft, gram = speculate.Lookup(hist, minGram, maxGram, s.policy.Max)
+			s.src = speculate.FromLookup(gram)
 		}
-		if len(draft) == 0 && e.drafter == nil {
-			continue
+		if len(draft) == 0 {
+			if e.drafter == nil {
+				continue
+			}
+			s.src = speculate.FromModel
 		}
 		n := s.policy.Size(s.draftRoom(budget, e.nCtxSeq), gram == maxGram)
 		if len(draft) > 0 {
 			n = min(n, len(draft))
 		}
-		expect := s.rate.Expect(n)
-		if n == 0 || !s.job.forceSpec && !e.gate.Allows(base, drafted+n, kept+expect) || e.guard(n) != nil {
+		expect := s.rates.Expect(s.src, n)
+		untried := explore && e.gate.Untried(s.src)
+		if n == 0 || !s.job.forceSpec && !e.gate.Allows(base, drafted+n, kept+expect, untried) || e.guard(n) != nil {
 			continue
 		}
+		explore = explore && !untried
 		drafted, kept = drafted+n, kept+expect
 		if len(draft) > 0 {
 			s.draft = append(s.draft, draft[:n]...)
@@ -138,8 +148,8 @@ func (e *engine) takeDraft(s *slot) {
 	toks := s.verified
 	accepted := len(toks) - 1
 	s.policy.Note(len(s.draft), accepted)
-	s.rate.Note(len(s.draft), accepted)
-	e.gate.Note(len(s.draft), accepted)
+	s.rates.Note(s.src, len(s.draft), accepted)
+	e.gate.Note(s.src, len(s.draft), accepted)
 	if s.byModel {
 		e.drafter.note(len(s.draft), accepted)
 	}

@@ -46,7 +46,7 @@ type job struct {
 	// see engine_inflight.go).
 	// noSpec turns speculative decoding off for the job, forceSpec drafts wherever
 	// the slot's policy finds a draft, paid or not; neither: where the engine's step
-	// times say drafts pay (runnerapi.HeaderSpeculation; engine_speculate.go's draftGate).
+	// times say drafts pay (runnerapi.HeaderSpeculation; engine_speculate.go's planDrafts).
 	noSpec, forceSpec bool
 	// predicted are the tokens of the request's prediction, which the slot drafts
 	// from before its own history (runnerapi.Options.Predicted).

@@ -107,6 +107,15 @@ func (r Rate) Share() float64 {
 	return r.kept / r.drafted
 }
 
+// Untried reports whether the rate rests on fewer than triedAfter drafted tokens: a
+// source's first drafts are let through whatever they are expected to keep, or a
+// source that starts below what a draft costs would never be tried and so never
+// learnt (Gate.Allows).
+func (r Rate) Untried() bool { return r.drafted < triedAfter }
+
+// triedAfter is how many drafted tokens a Rate must rest on to be trusted.
+const triedAfter = 8
+
 // Expect is how many of a draft of d tokens are expected to be kept, where each is
 // kept with the running share p only if every one before it was: p + p² + … + p^d.
 func (r Rate) Expect(d int) float64 {
@@ -118,14 +127,48 @@ func (r Rate) Expect(d int) float64 {
 	return sum
 }
 
+// Source is where a draft came from; each keeps its own running share of tokens
+// kept (Rates). A prompt lookup's draft found by a match of n tokens is FromLookup(n):
+// in a turn that quotes a file a 3-token match is nearly always kept, while the
+// 1-token matches of the answer's first words (a file name the prompt holds, followed
+// there by other words) nearly never are, and one share for both let those first
+// misses hold the quote back.
+type Source uint8
+
+const (
+	// FromModel is a draft model's greedy tokens.
+	FromModel Source = iota
+	// FromPrediction is a request's prediction (Follow).
+	FromPrediction
+	// fromLookup is FromLookup(1); longer matches follow it, up to lookupSources.
+	fromLookup
+	lookupSources = 4
+	sources       = fromLookup + lookupSources
+)
+
+// FromLookup is the Source of a prompt lookup's draft found by a match of n tokens
+// (n beyond lookupSources shares the last).
+func FromLookup(n int) Source { return fromLookup + Source(min(max(n, 1), lookupSources)-1) }
+
+// Rates are the running shares of drafted tokens kept, by Source. The zero Rates
+// starts every source at an even chance.
+type Rates [sources]Rate
+
+// Note records a verified draft from src of proposed tokens of which accepted were kept.
+func (r *Rates) Note(src Source, proposed, accepted int) { r[src].Note(proposed, accepted) }
+
+// Expect is how many of a draft of d tokens from src are expected to be kept (Rate.Expect).
+func (r *Rates) Expect(src Source, d int) float64 { return r[src].Expect(d) }
+
 // Gate decides whether the drafts of slots that left speculation to the runner (no
 // HeaderSpeculation) are expected to pay on this machine: from the engine's own step
 // times by batch size (Costs, measured on steps without a prefill) and the slots'
-// running shares of drafts kept (Rate). A draft verified in the same pass is nearly
-// free where a step reads the weights once for all its rows (a large model on a Mac
-// or a card) and costs almost a decoded token where each row costs its own work (a
-// CPU's small models; a small model on a card, whose single-token steps run as CUDA
-// graphs and whose rows of logits span a large vocabulary). Every ExploreEvery-th
+// running shares of drafts kept, by where the drafts came from (Rates). A draft
+// verified in the same pass is nearly free where a step reads the weights once for
+// all its rows (a large model on a Mac or a card) and costs almost a decoded token
+// where each row costs its own work (a CPU's small models; a small model on a card,
+// whose single-token steps run as CUDA graphs and whose rows of logits span a large
+// vocabulary). Every ExploreEvery-th
 // step lets drafts through anyway, so that a size measured under a passing load is
 // measured again. The zero Gate knows nothing (and so lets drafts through).
 type Gate struct {
@@ -140,25 +183,33 @@ type Gate struct {
 		seconds float64
 		ok      bool
 	}
-	// rate is the share of drafted tokens kept over every slot, the prior of a new
-	// answer's own (Prior): a runner whose drafts keep failing does not start each
-	// answer at an even chance.
-	rate Rate
+	// tried marks the batch sizes' buckets whose first step was seen: that step is
+	// not measured (observe).
+	tried [buckets]bool
+	// rates are the shares of drafted tokens kept over every slot, by source, the
+	// prior of a new answer's own (Prior): a runner whose drafts from a source keep
+	// failing does not start each answer at an even chance for it.
+	rates Rates
 }
 
 // ExploreEvery is how often a Gate lets drafts through whatever the times say.
 const ExploreEvery = 256
 
-// Note records a verified draft of proposed tokens of which accepted were kept.
-func (g *Gate) Note(proposed, accepted int) { g.rate.Note(proposed, accepted) }
+// Note records a verified draft from src of proposed tokens of which accepted were kept.
+func (g *Gate) Note(src Source, proposed, accepted int) { g.rates.Note(src, proposed, accepted) }
 
-// Prior is a new answer's starting Rate: the runner's own so far.
-func (g *Gate) Prior() Rate { return g.rate }
+// Untried reports whether the runner's drafts from src so far are too few to judge
+// them by (Rate.Untried).
+func (g *Gate) Untried(src Source) bool { return g.rates[src].Untried() }
+
+// Prior is a new answer's starting Rates: the runner's own so far.
+func (g *Gate) Prior() Rates { return g.rates }
 
 // Allows reports whether drafting drafted tokens (expected to keep kept) into a step
-// of base tokens pays, or this step explores.
-func (g *Gate) Allows(base, drafted int, kept float64) bool {
-	return g.steps%ExploreEvery == 0 || g.costs.Pays(base, drafted, kept)
+// of base tokens pays, or this step explores, or the draft's source is untried
+// (Rate.Untried).
+func (g *Gate) Allows(base, drafted int, kept float64, untried bool) bool {
+	return untried || g.steps%ExploreEvery == 0 || g.costs.Pays(base, drafted, kept)
 }
 
 // Stepped records a step of n tokens that took d: one that held drafts (drafted),
@@ -176,16 +227,28 @@ func (g *Gate) Stepped(n int, d time.Duration, mixed, drafted bool) {
 	case mixed:
 		g.pending.ok = false
 	case drafted && prev:
-		g.costs.Observe(n, sec) // drafting step after drafting step: no change of shape
+		g.observe(n, sec) // drafting step after drafting step: no change of shape
 	case drafted:
 		g.pending.n, g.pending.seconds, g.pending.ok = n, sec, true
 	case prev:
-		if g.pending.ok {
-			plain, _ := g.costs.Time(n)
-			g.costs.Observe(g.pending.n, g.pending.seconds+max(0, sec-plain))
-			g.pending.ok = false
+		if plain, ok := g.costs.Time(n); ok && g.pending.ok {
+			g.observe(g.pending.n, g.pending.seconds+max(0, sec-plain))
 		}
+		g.pending.ok = false
 	default:
-		g.costs.Observe(n, sec)
+		g.observe(n, sec)
 	}
+}
+
+// observe measures a step of n tokens that took sec, except the first step of n's
+// bucket: the first step of a batch size sets up what the later ones reuse
+// (buffers on a CPU, a recorded graph on a card), and one such step made the average
+// of a size whose later steps cost a quarter of it, so that no draft of that size
+// passed again to measure it.
+func (g *Gate) observe(n int, sec float64) {
+	if b := bucket(n); !g.tried[b] {
+		g.tried[b] = true
+		return
+	}
+	g.costs.Observe(n, sec)
 }

@@ -97,41 +97,51 @@ func TestRate(t *testing.T) {
 // measured.
 func TestGate(t *testing.T) {
 	var g Gate
-	if !g.Allows(1, 4, 0) {
+	if !g.Allows(1, 4, 0, false) {
 		t.Fatal("a fresh gate refused a draft: it knows nothing yet")
 	}
+	// The first step of each size sets it up and is not measured: an hour each.
+	g.Stepped(1, time.Hour, false, false)
+	g.Stepped(1, time.Millisecond, false, false)
+	g.Stepped(5, time.Hour, false, true)
 	g.Stepped(1, time.Millisecond, false, false)
 	g.Stepped(5, 5*time.Millisecond, false, true)
 	g.Stepped(1, time.Millisecond, false, false)   // charges the drafting step nothing more
 	g.Stepped(5, 50*time.Millisecond, true, false) // a prefill's step: not a decode's time
-	if g.Allows(1, 4, 2) {
+	if g.Allows(1, 4, 2, false) {
 		t.Errorf("rows that cost as tokens: a draft keeping 2 of 4 allowed (times %v)", g.costs.ewma[:4])
 	}
-	if !g.Allows(1, 4, 4.5) {
-		t.Errorf("a draft expected to keep more than it costs refused")
+	if !g.Allows(1, 4, 4.5, false) {
+		t.Errorf("a draft expected to keep more than it costs refused (times %v)", g.costs.ewma[:4])
+	}
+	if !g.Allows(1, 4, 0, true) {
+		t.Errorf("a draft from an untried source refused")
 	}
 	for g.steps%ExploreEvery != 0 {
 		g.Stepped(1, time.Millisecond, false, false)
 	}
-	if !g.Allows(1, 4, 0) {
+	if !g.Allows(1, 4, 0, false) {
 		t.Errorf("step %d explores: refused", g.steps)
 	}
 	g.Stepped(1, time.Millisecond, false, false)
-	if g.Prior().Share() != 0.5 {
-		t.Errorf("a fresh gate's prior share %v, want 0.5", g.Prior().Share())
+	weak := FromLookup(1)
+	if p := g.Prior(); p[weak].Share() != 0.5 {
+		t.Errorf("a fresh gate's prior share %v, want 0.5", p[weak].Share())
 	}
 	for range 10 {
-		g.Note(4, 0)
+		g.Note(weak, 4, 0)
 	}
-	if p := g.Prior(); p.Share() > 0.2 || p.Expect(4) > 0.25 {
-		t.Errorf("after ten drafts that kept nothing, a new answer starts at share %v (expects %v of 4)", p.Share(), p.Expect(4))
+	if p := g.Prior(); p[weak].Share() > 0.2 || p.Expect(weak, 4) > 0.25 {
+		t.Errorf("after ten drafts that kept nothing, a new answer starts at share %v (expects %v of 4)", p[weak].Share(), p.Expect(weak, 4))
 	}
 	var flat Gate
 	flat.Stepped(1, 10*time.Millisecond, false, false)
 	flat.Stepped(1, 10*time.Millisecond, false, false)
-	flat.Stepped(5, 10100*time.Microsecond, false, true)
-	flat.Stepped(1, 10*time.Millisecond, false, false)
-	if !flat.Allows(1, 4, 0.5) {
+	for range 2 {
+		flat.Stepped(5, 10100*time.Microsecond, false, true)
+		flat.Stepped(1, 10*time.Millisecond, false, false)
+	}
+	if !flat.Allows(1, 4, 0.5, false) {
 		t.Errorf("nearly free rows: a draft keeping half a token refused")
 	}
 }
@@ -143,6 +153,11 @@ func TestGateChargesTheStepAfter(t *testing.T) {
 	var g Gate
 	for range 3 {
 		g.Stepped(1, time.Millisecond, false, false)
+	}
+	g.Stepped(5, time.Hour, false, true) // the size's first step: not measured
+	g.Stepped(1, time.Millisecond, false, false)
+	if _, ok := g.costs.Time(5); ok {
+		t.Fatal("the first step of a size was measured")
 	}
 	g.Stepped(5, 1100*time.Microsecond, false, true) // cheap by itself
 	if g.pending.ok != true {
@@ -157,7 +172,43 @@ func TestGateChargesTheStepAfter(t *testing.T) {
 		t.Errorf("the plain step after a draft was measured as plain: %v", plain)
 	}
 	g.steps = 1
-	if g.Allows(1, 4, 1.5) {
+	if g.Allows(1, 4, 1.5, false) {
 		t.Error("a draft expected to keep 1.5 allowed where it costs 2.1 steps")
+	}
+}
+
+// TestRatesBySource: drafts from one source that keep nothing (the 1-token matches of
+// an answer's first words) leave another source's expectation (3-token matches that
+// keep everything) where its own drafts put it, and each lookup length has its own.
+func TestRatesBySource(t *testing.T) {
+	var r Rates
+	weak, strong := FromLookup(1), FromLookup(3)
+	for range 3 {
+		r.Note(weak, 8, 0)
+		r.Note(strong, 8, 8)
+	}
+	if e := r.Expect(weak, 8); e > 0.1 {
+		t.Errorf("after three weak drafts kept nothing, expects %.2f of 8", e)
+	}
+	if e := r.Expect(strong, 8); e < 6 {
+		t.Errorf("after three strong drafts kept whole, expects only %.2f of 8", e)
+	}
+	if r[weak].Untried() || r[strong].Untried() || !r[FromModel].Untried() {
+		t.Errorf("after three drafts of 8: untried weak %v, strong %v; a draft model with none untried %v",
+			r[weak].Untried(), r[strong].Untried(), r[FromModel].Untried())
+	}
+	if e := r.Expect(FromModel, 4); e != (Rate{}).Expect(4) {
+		t.Errorf("a source with no draft yet expects %.2f of 4, want the even chance's %.2f", e, (Rate{}).Expect(4))
+	}
+	for _, c := range []struct {
+		n    int
+		want Source
+	}{{0, fromLookup}, {1, fromLookup}, {2, fromLookup + 1}, {3, fromLookup + 2}, {4, fromLookup + 3}, {9, fromLookup + 3}} {
+		if got := FromLookup(c.n); got != c.want || got >= sources {
+			t.Errorf("FromLookup(%d) = %d, want %d (of %d sources)", c.n, got, c.want, sources)
+		}
+	}
+	if FromLookup(1) == FromPrediction || FromLookup(1) == FromModel {
+		t.Error("a lookup's source is shared with a prediction's or a draft model's")
 	}
 }

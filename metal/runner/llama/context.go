@@ -45,6 +45,12 @@ type ContextParams struct {
 	KVType string
 	// Embeddings makes every output row carry its embedding as well as its logits.
 	Embeddings bool
+	// ThreadsOf, when set, makes the context compute on that context's thread pool
+	// instead of a pool of its own: for a context that never decodes at the same time
+	// as it (a draft model's beside its target). Two pools on the same cores each
+	// keep their threads spinning for a while after their own step, and the other's
+	// step then runs on cores they hold.
+	ThreadsOf *Context
 }
 
 // KVTypeSize is the size in bytes of one KV element of type t (block-averaged).
@@ -112,7 +118,9 @@ func NewContext(m *Model, p ContextParams) (*Context, error) {
 	// and joins its own threads (a disposable pool per graph), which costs each step a
 	// thread start and leaves the threads cold; on a busy host the new threads also
 	// queue behind everything else before the step can begin.
-	if ctx.tp = C.mf_threadpool_new(C.int(max(p.Threads, 1))); ctx.tp != nil {
+	if o := p.ThreadsOf; o != nil && o.tp != nil {
+		C.llama_attach_threadpool(c, o.tp, o.tp) // o's to free
+	} else if ctx.tp = C.mf_threadpool_new(C.int(max(p.Threads, 1))); ctx.tp != nil {
 		C.llama_attach_threadpool(c, ctx.tp, ctx.tp)
 	}
 	return ctx, nil

@@ -82,7 +82,7 @@ func loadDraft(path string, m *llama.Model, lctx *llama.Context, cfg Config) (*d
 	}
 	dctx, err := llama.NewContext(dm, llama.ContextParams{
 		NCtx: lctx.NCtxSeq() * lctx.NSeqMax(), NBatch: lctx.NBatch(), NSeqMax: lctx.NSeqMax(),
-		Threads: cfg.Threads, KVType: cfg.KVType,
+		Threads: cfg.Threads, KVType: cfg.KVType, ThreadsOf: lctx, // the engine drafts, then decodes
 	})
 	if err != nil {
 		dm.Free()

@@ -287,12 +287,12 @@ func (s *Server) free() {
 		s.log.Info("Leaving the context and the model to the process exit (a dynamic backend is loaded)")
 		return
 	}
+	s.draft.free() // first: it computes on the first context's thread pool
+	s.draft = nil
 	for _, c := range s.lctxs {
 		c.Free()
 	}
 	s.lctxs = nil
-	s.draft.free()
-	s.draft = nil
 	if s.model != nil {
 		s.model.Free()
 		s.model = nil

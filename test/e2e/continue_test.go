@@ -180,9 +180,12 @@ type streamResult struct {
 
 // postStream posts a streamed request's body to the gateway's path: its 200 response,
 // or what went wrong.
-func postStream(ctx context.Context, path, body string) (*http.Response, string) {
+func postStream(ctx context.Context, path, body string, hdr ...string) (*http.Response, string) {
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, fleet.GatewayURL+path, strings.NewReader(body))
 	req.Header.Set("Content-Type", "application/json")
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		return nil, err.Error()

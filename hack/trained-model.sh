@@ -18,10 +18,10 @@
 # (manifest.json and weights-NNN.bin), with the run's record beside it.
 #
 # draft-convert: the same for the draft model (speculative decoding), trained on the
-# same corpus with a smaller shape:
+# same corpus with a much smaller shape:
 #
 #   python3 DIR/train.py --corpus DIR/corpus --valid DIR/valid --out OUT/draft \
-#       --embd 96 --heads 3 --kv-heads 1 --ff 256 --layers 2 --steps 3000 --max-seconds 240
+#       --embd 32 --heads 2 --kv-heads 1 --ff 128 --layers 2 --steps 3000 --max-seconds 100
 #
 # and kept zstd-compressed as test/models/tiny-chat-draft.gguf.zst (the tests
 # decompress it once into the user's cache).

@@ -7,9 +7,9 @@
 #   testassets.tar.xz the module's tokenizer/testdata/llama3.2 and template
 # Steps (bash docs/gpu-runs/spec-bench.sh OUT STEP...):
 #   build  ggml's CUDA backend (hack/test-gpu.sh's build step)
-#   train  the draft's corpus (seed 45, 10 M tokens, made before the generator's quote
-#          documents: the target's corpus is now train-target.sh's; held out:
+#   train  the draft's corpus (the target's: seed 45, 11.7 M tokens; held out:
 #          seed 46) and the draft trained on it (DRAFT_ARGS), converted to a GGUF
+#          (the repository's draft was made by train-target.sh: docs/testing.md)
 #   both   build and train side by side (the build on the cores, training on the GPU)
 #   spec   BenchmarkSpeculation (one stream, with its draft row: the repository's
 #          draft model) and BenchmarkSpeculationStreams (16) with the trained model on
@@ -36,14 +36,14 @@ step_build() { bash hack/test-gpu.sh "$pack" "$logs/build" facts build 2>&1 | ta
 step_train() {
 	local t0=$SECONDS c=$run/corpus
 	[[ -f $c/train/tokens.bin ]] || {
-		"$bin/trainmodel" corpus -out "$c/train" -seed 45 -tokens 10000000 | tail -1
+		"$bin/trainmodel" corpus -out "$c/train" -seed 45 -tokens 11700000 | tail -1
 		"$bin/trainmodel" corpus -out "$c/valid" -seed 46 -tokens 200000 | tail -1
 		rm -f "$c/valid/probes.json"
 	}
 	echo "corpus in $((SECONDS - t0)) s"
 	# shellcheck disable=SC2086
 	PYTHONUNBUFFERED=1 python3 test/trainmodel/train.py --corpus "$c/train" --valid "$c/valid" --out "$draft/weights" \
-		${DRAFT_ARGS:---embd 96 --heads 3 --kv-heads 1 --ff 256 --layers 2 --steps 3000 --max-seconds 240} \
+		${DRAFT_ARGS:---embd 32 --heads 2 --kv-heads 1 --ff 128 --layers 2 --steps 3000 --max-seconds 100} \
 		>"$logs/train.log" 2>&1
 	tail -3 "$logs/train.log"
 	"$bin/trainmodel" convert -weights "$draft/weights" -out "$draft/tiny-chat-draft.gguf" || return 1

@@ -9,7 +9,9 @@
 # each training SEED one candidate: train.py (TRAIN_ARGS), converted to a GGUF there,
 # brought back xz-compressed in 15 MiB parts (OUT/SEED.gguf.xz.aa, .ab: a file back
 # is at most 16 MiB) with its record (OUT/SEED.tgz: the log, manifest, loss curve and
-# probe answers). Here: cat OUT/SEED.gguf.xz.* | xz -d > model.gguf.
+# probe answers). Here: cat OUT/SEED.gguf.xz.* | xz -d > model.gguf. NAME prefixes
+# the files (a draft's shape in TRAIN_ARGS beside the target's, in the same call: the
+# corpus is made once).
 set -uo pipefail
 out=$1
 shift
@@ -21,20 +23,23 @@ tar -C "$run/assets" -xJf "$pack/testassets.tar.xz"
 export MACFLEET_TESTASSETS_DIR=$PWD/$run/assets
 c=$run/corpus
 t0=$SECONDS
-"$run/bin/trainmodel" corpus -out "$c/train" -seed 45 -tokens "${TOKENS:-11700000}" | tail -12
-"$run/bin/trainmodel" corpus -out "$c/valid" -seed 46 -tokens 200000 | tail -1
-rm -f "$c/valid/probes.json"
+[[ -f $c/train/tokens.bin ]] || {
+	"$run/bin/trainmodel" corpus -out "$c/train" -seed 45 -tokens "${TOKENS:-11700000}" | tail -12
+	"$run/bin/trainmodel" corpus -out "$c/valid" -seed 46 -tokens 200000 | tail -1
+	rm -f "$c/valid/probes.json"
+}
 echo "corpus in $((SECONDS - t0)) s"
 for seed in "$@"; do
 	t0=$SECONDS
-	w=$run/w$seed
+	name=${NAME:-}$seed
+	w=$run/w$name
 	# shellcheck disable=SC2086
 	PYTHONUNBUFFERED=1 python3 test/trainmodel/train.py --corpus "$c/train" --valid "$c/valid" --out "$w" \
 		--seed "$seed" ${TRAIN_ARGS:-} >"$w.log" 2>&1
 	tail -2 "$w.log"
 	"$run/bin/trainmodel" convert -weights "$w" -out "$w/model.gguf" || continue
-	xz -T0 -6 -c "$w/model.gguf" | split -b 15M - "$out/$seed.gguf.xz."
-	tar -C "$run" -czf "$out/$seed.tgz" "w$seed.log" "w$seed/manifest.json" "w$seed/loss.csv" "w$seed/samples.txt"
+	xz -T0 -6 -c "$w/model.gguf" | split -b 15M - "$out/$name.gguf.xz."
+	tar -C "$run" -czf "$out/$name.tgz" "w$name.log" "w$name/manifest.json" "w$name/loss.csv" "w$name/samples.txt"
 	grep -c '^want' "$w/samples.txt" | sed 's/^/probes: /'
-	echo "seed $seed: $((SECONDS - t0)) s"
+	echo "$name: $((SECONDS - t0)) s"
 done

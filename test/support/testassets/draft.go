@@ -13,7 +13,7 @@ import (
 )
 
 // TrainedDraftModel is the draft model of the trained test model, as the repository
-// keeps it: zstd-compressed (a GGUF of 21 MB in 9.8 MB; docs/testing.md). It shares
+// keeps it: zstd-compressed (a GGUF of 12 MB in 2.4 MB; docs/testing.md). It shares
 // the trained model's vocabulary and was trained on the same corpus with a smaller
 // shape (hack/trained-model.sh, the draft's arguments), for speculative decoding.
 const TrainedDraftModel = "test/models/tiny-chat-draft.gguf.zst"

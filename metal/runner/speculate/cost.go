@@ -168,9 +168,9 @@ func (r *Rates) Expect(src Source, d int) float64 { return r[src].Expect(d) }
 // all its rows (a large model on a Mac or a card) and costs almost a decoded token
 // where each row costs its own work (a CPU's small models; a small model on a card,
 // whose single-token steps run as CUDA graphs and whose rows of logits span a large
-// vocabulary). Every ExploreEvery-th
-// step lets drafts through anyway, so that a size measured under a passing load is
-// measured again. The zero Gate knows nothing (and so lets drafts through).
+// vocabulary). Every ExploreEvery-th step lets drafts through anyway, so that a size
+// measured under a passing load is measured again. The zero Gate knows nothing (and
+// so lets drafts through).
 type Gate struct {
 	costs Costs
 	steps int

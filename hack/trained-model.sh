@@ -5,7 +5,7 @@
 #
 # The small trained test model (docs/testing.md, "The trained test model").
 #
-# stage: generates the training corpus (seed 45, 11.7 M tokens) and a held-out corpus
+# stage: generates the training corpus (seed 45, 10 M tokens) and a held-out corpus
 # (seed 46, 200 k tokens) with the runner's own template renderer and the real Llama 3
 # vocabulary, copies test/trainmodel/{train,weights}.py beside them into DIR (default
 # .cache/trainmodel), and checks the whole layout before any GPU time is spent: random
@@ -17,10 +17,11 @@
 # convert: writes test/models/tiny-chat-trained.gguf from the weights train.py saved
 # (manifest.json and weights-NNN.bin), with the run's record beside it.
 #
-# draft-convert: the same for the draft model (speculative decoding), trained on the
-# same corpus with a much smaller shape:
+# draft-convert: the same for the draft model (speculative decoding), trained with a
+# much smaller shape on the corpus with quotes (docs/testing.md, its draft model):
 #
-#   python3 DIR/train.py --corpus DIR/corpus --valid DIR/valid --out OUT/draft \
+#   bin/trainmodel corpus -out DIR/draft-corpus -seed 45 -tokens 11700000 -quote-every 10
+#   python3 DIR/train.py --corpus DIR/draft-corpus --valid DIR/valid --out OUT/draft \
 #       --embd 32 --heads 2 --kv-heads 1 --ff 128 --layers 2 --steps 3000 --max-seconds 100
 #
 # and kept zstd-compressed as test/models/tiny-chat-draft.gguf.zst (the tests
@@ -36,7 +37,7 @@ stage)
 	dir=${2:-.cache/trainmodel}
 	rm -rf "$dir"
 	mkdir -p "$dir"
-	"$tool" corpus -out "$dir/corpus" -seed 45 -tokens 11700000
+	"$tool" corpus -out "$dir/corpus" -seed 45 -tokens 10000000
 	"$tool" corpus -out "$dir/valid" -seed 46 -tokens 200000
 	rm "$dir/valid/probes.json" # the probes are the training corpus's
 	cp test/trainmodel/train.py test/trainmodel/weights.py "$dir/"

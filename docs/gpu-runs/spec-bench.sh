@@ -7,7 +7,7 @@
 #   testassets.tar.xz the module's tokenizer/testdata/llama3.2 and template
 # Steps (bash docs/gpu-runs/spec-bench.sh OUT STEP...):
 #   build  ggml's CUDA backend (hack/test-gpu.sh's build step)
-#   train  the draft's corpus (the target's: seed 45, 11.7 M tokens; held out:
+#   train  the draft's corpus (seed 45, 11.7 M tokens with quotes; held out:
 #          seed 46) and the draft trained on it (DRAFT_ARGS), converted to a GGUF
 #          (the repository's draft was made by train-target.sh: docs/testing.md)
 #   both   build and train side by side (the build on the cores, training on the GPU)
@@ -36,8 +36,8 @@ step_build() { bash hack/test-gpu.sh "$pack" "$logs/build" facts build 2>&1 | ta
 step_train() {
 	local t0=$SECONDS c=$run/corpus
 	[[ -f $c/train/tokens.bin ]] || {
-		"$bin/trainmodel" corpus -out "$c/train" -seed 45 -tokens 11700000 | tail -1
-		"$bin/trainmodel" corpus -out "$c/valid" -seed 46 -tokens 200000 | tail -1
+		"$bin/trainmodel" corpus -out "$c/train" -seed 45 -tokens 11700000 -quote-every 10 | tail -1
+		"$bin/trainmodel" corpus -out "$c/valid" -seed 46 -tokens 200000 -quote-every 10 | tail -1
 		rm -f "$c/valid/probes.json"
 	}
 	echo "corpus in $((SECONDS - t0)) s"

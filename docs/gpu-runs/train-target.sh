@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The trained test model retrained on the card, candidates in one call (issue 57: the
-# corpus with its quote documents; docs/testing.md, "The trained test model").
+# Candidates of the trained test model trained on the card in one call (issue 57: the
+# corpus with its quote documents, QUOTE_EVERY, default 10; 0 for the committed
+# model's corpus at TOKENS=10000000; docs/testing.md, "The trained test model").
 #   bash docs/gpu-runs/train-target.sh OUT SEED...
 # The pack (PACK, default .cache/dtrain, carried) holds xz archives made here:
 #   bin.tar.xz         bin/trainmodel (./test/trainmodel/cmd/trainmodel)
@@ -24,8 +25,8 @@ export MACFLEET_TESTASSETS_DIR=$PWD/$run/assets
 c=$run/corpus
 t0=$SECONDS
 [[ -f $c/train/tokens.bin ]] || {
-	"$run/bin/trainmodel" corpus -out "$c/train" -seed 45 -tokens "${TOKENS:-11700000}" | tail -12
-	"$run/bin/trainmodel" corpus -out "$c/valid" -seed 46 -tokens 200000 | tail -1
+	"$run/bin/trainmodel" corpus -out "$c/train" -seed 45 -tokens "${TOKENS:-11700000}" -quote-every "${QUOTE_EVERY:-10}" | tail -12
+	"$run/bin/trainmodel" corpus -out "$c/valid" -seed 46 -tokens 200000 -quote-every "${QUOTE_EVERY:-10}" | tail -1
 	rm -f "$c/valid/probes.json"
 }
 echo "corpus in $((SECONDS - t0)) s"

@@ -25,7 +25,9 @@ func generator(t *testing.T) *Generator {
 	genOnce.Do(func() {
 		var l *Llama3
 		if l, genErr = LoadLlama3(); genErr == nil {
-			gen, genErr = NewGenerator(l, 7, filepath.Join("..", "..", "..", AgentFixtures))
+			if gen, genErr = NewGenerator(l, 7, filepath.Join("..", "..", "..", AgentFixtures)); genErr == nil {
+				gen.quoteEvery = 10
+			}
 		}
 	})
 	if genErr != nil {
@@ -94,6 +96,7 @@ func TestDeterministic(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	other.quoteEvery, reseeded.quoteEvery = g.quoteEvery, g.quoteEvery
 	same := 0
 	for _, i := range []int{0, 5, 17} {
 		_, a, err1 := g.Document(i)
@@ -111,6 +114,38 @@ func TestDeterministic(t *testing.T) {
 	}
 	if same == 3 {
 		t.Error("seeds 7 and 8 give the same documents")
+	}
+}
+
+// TestQuotesOnlyWhereAsked: a generator of the same seed without quotes (the
+// trained test model's corpus) makes no quote, and the documents a quote does not
+// take are the same with and without them.
+func TestQuotesOnlyWhereAsked(t *testing.T) {
+	g := generator(t)
+	plain, err := NewGenerator(g.l, g.seed, filepath.Join("..", "..", "..", AgentFixtures))
+	if err != nil {
+		t.Fatal(err)
+	}
+	quotes := 0
+	for i := range 40 {
+		a, errA := g.Conversation(i)
+		b, errB := plain.Conversation(i)
+		if errA != nil || errB != nil {
+			t.Fatal(errA, errB)
+		}
+		if b.Kind == "quote" {
+			t.Fatalf("document %d is a quote in a corpus made without them", i)
+		}
+		if a.Kind == "quote" {
+			quotes++
+			continue
+		}
+		if diff := cmp.Diff(a, b); diff != "" {
+			t.Fatalf("document %d differs with quotes on (-on +off):\n%s", i, diff)
+		}
+	}
+	if quotes != 40/g.quoteEvery {
+		t.Errorf("%d quotes in the first 40 documents, one in %d: want %d", quotes, g.quoteEvery, 40/g.quoteEvery)
 	}
 }
 

@@ -28,11 +28,15 @@ type Config struct {
 	Tokens int
 	// AgentFixtures is the directory of the coding agents' recorded requests.
 	AgentFixtures string
+	// QuoteEvery, above 0, makes document i a quote where i%QuoteEvery ==
+	// QuoteEvery-1 (quote); 0 makes none, as the trained test model's corpus.
+	QuoteEvery int
 }
 
 // Stats describes a generated corpus (corpus.json).
 type Stats struct {
 	Seed       uint64 `json:"seed"`
+	QuoteEvery int    `json:"quoteEvery,omitempty"`
 	Tokens     int    `json:"tokens"`
 	Supervised int    `json:"supervisedTokens"`
 	Documents  int    `json:"documents"`
@@ -69,6 +73,8 @@ type Generator struct {
 	l      *Llama3
 	agents []agentRequest
 	seed   uint64
+	// quoteEvery is Config.QuoteEvery.
+	quoteEvery int
 }
 
 // NewGenerator reads the vocabulary, the template and the agents' requests.
@@ -83,7 +89,7 @@ func NewGenerator(l *Llama3, seed uint64, agentFixtures string) (*Generator, err
 // Conversation is document i: a function of the seed and i alone.
 func (g *Generator) Conversation(i int) (Conversation, error) {
 	r := rand.New(rand.NewPCG(g.seed, uint64(i)))
-	if i%quoteEvery == quoteEvery-1 {
+	if g.quoteEvery > 0 && i%g.quoteEvery == g.quoteEvery-1 {
 		return quote(r), nil
 	}
 	w := r.IntN(1000)
@@ -120,11 +126,15 @@ func Generate(cfg Config, dir string) (Stats, error) {
 	if err != nil {
 		return Stats{}, err
 	}
+	if cfg.QuoteEvery < 0 {
+		return Stats{}, fmt.Errorf("quote-every must not be negative, got %d", cfg.QuoteEvery)
+	}
 	g, err := NewGenerator(l, cfg.Seed, cfg.AgentFixtures)
 	if err != nil {
 		return Stats{}, err
 	}
-	st := Stats{Seed: cfg.Seed, Kinds: map[string]KindStats{}, Vocab: len(l.Tokenizer.Tokens), BOS: l.Tokenizer.BOS,
+	g.quoteEvery = cfg.QuoteEvery
+	st := Stats{Seed: cfg.Seed, QuoteEvery: cfg.QuoteEvery, Kinds: map[string]KindStats{}, Vocab: len(l.Tokenizer.Tokens), BOS: l.Tokenizer.BOS,
 		EOT: l.Tokenizer.EOT, TokenFile: "tokens.bin", MaskFile: "mask.bin"}
 	ids := make([]byte, 0, cfg.Tokens*4+1<<20)
 	mask := make([]byte, 0, cfg.Tokens+1<<18)

@@ -39,7 +39,7 @@ var probeKinds = []struct {
 }{
 	{"greeting", false}, {"answer", false}, {"json", false}, {"think", false}, {"tool-call", false},
 	{"tool-call", true}, {"no-call", false}, {"agent-claude", false}, {"agent-claude", true}, {"agent-codex", false},
-	{"quote", true},
+	{"quote", true}, // only where the corpus makes quotes
 }
 
 // MakeProbes finds one held-out document of each probed kind.
@@ -56,6 +56,9 @@ func (g *Generator) MakeProbes() (*Probes, error) {
 		p.Pieces = append(p.Pieces, hex.EncodeToString([]byte(s)))
 	}
 	for _, pk := range probeKinds {
+		if pk.kind == "quote" && g.quoteEvery == 0 {
+			continue
+		}
 		found := false
 		for i := probeOffset; i < probeOffset+20000 && !found; i++ {
 			c, err := g.Conversation(i)

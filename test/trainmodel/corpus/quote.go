@@ -7,16 +7,17 @@ import (
 	"github.com/macfleet/macfleet/api/runnerapi"
 )
 
-// quoteEvery makes one document in quoteEvery a quote (Conversation).
-const quoteEvery = 10
-
 // quote is a turn whose answer quotes a long tool result whole: a file read back or
 // a search's snippet of several sentences, where toolCall's results are one or two.
 // A coding agent's answers copy what its conversation holds (a file, a command's
 // output), and speculative decoding's prompt lookup drafts those tokens from the
 // prompt (docs/speculative-decoding.md): a model that quotes word for word keeps
 // every token drafted there, one that slips a word in a sentence keeps few. The
-// shorter results of toolCall alone left the trained model slipping.
+// shorter results of toolCall alone left the trained model slipping. A corpus holds
+// them only when asked (Config.QuoteEvery): the model retrained on one in ten quoted
+// word for word but listed a directory wrong in one coding agent's answer in four
+// (docs/testing.md, "A candidate that quotes, not adopted"); the draft model is
+// trained on it.
 func quote(r *rand.Rand) Conversation {
 	var u toolUse
 	if chance(r, 0.25) {

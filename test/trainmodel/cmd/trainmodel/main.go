@@ -34,13 +34,14 @@ func run(args []string) error {
 		seed := fs.Uint64("seed", corpus.DefaultSeed, "seed of the documents")
 		tokens := fs.Int("tokens", corpus.DefaultTokens, "corpus size in tokens")
 		fixtures := fs.String("fixtures", corpus.AgentFixtures, "directory of the coding agents' recorded requests")
+		quoteEvery := fs.Int("quote-every", 0, "make every Nth document a quote (a file or a search result quoted whole); 0: none")
 		if err := fs.Parse(args[1:]); err != nil {
 			return err
 		}
 		if *out == "" {
 			return fmt.Errorf("corpus: -out is required")
 		}
-		st, err := corpus.Generate(corpus.Config{Seed: *seed, Tokens: *tokens, AgentFixtures: *fixtures}, *out)
+		st, err := corpus.Generate(corpus.Config{Seed: *seed, Tokens: *tokens, AgentFixtures: *fixtures, QuoteEvery: *quoteEvery}, *out)
 		if err != nil {
 			return err
 		}

@@ -74,6 +74,14 @@ func BenchmarkSpeculationStreams(b *testing.B) {
 	if on := sums[1]; on.drafted > 0 {
 		b.ReportMetric(float64(on.kept)/float64(on.drafted), "kept/drafted")
 	}
+	if auto := sums[2]; auto.tokens > 0 {
+		// What the gate let through: drafted tokens a token of the answers, and their
+		// share kept.
+		b.ReportMetric(float64(auto.drafted)/float64(auto.tokens), "auto-drafted/tok")
+		if auto.drafted > 0 {
+			b.ReportMetric(float64(auto.kept)/float64(auto.drafted), "auto-kept/drafted")
+		}
+	}
 }
 
 // specModes are the speculation modes the benchmarks compare, off first (the

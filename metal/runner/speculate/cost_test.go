@@ -8,7 +8,7 @@ import (
 
 func TestBucket(t *testing.T) {
 	for _, tc := range []struct{ n, want int }{
-		{0, 0}, {1, 0}, {2, 1}, {3, 2}, {4, 2}, {5, 3}, {8, 3}, {9, 4}, {16, 4}, {17, 5}, {1 << 20, buckets - 1},
+		{0, 0}, {1, 0}, {2, 1}, {16, 15}, {17, 16}, {64, 63}, {65, 64}, {128, 64}, {129, 65}, {2048, 68}, {2049, 69}, {1 << 20, buckets - 1},
 	} {
 		if got := bucket(tc.n); got != tc.want {
 			t.Errorf("bucket(%d) = %d, want %d", tc.n, got, tc.want)
@@ -42,6 +42,9 @@ func TestPays(t *testing.T) {
 		{"16 streams: a 10 % slower step needs 1.6 kept", costs([2]float64{16, 0.010}, [2]float64{24, 0.011}), 16, 8, 1.5, false},
 		{"16 streams: 1.7 kept pays", costs([2]float64{16, 0.010}, [2]float64{24, 0.011}), 16, 8, 1.7, true},
 		{"the larger batch never measured: assumed as cheap, tried", costs([2]float64{1, 0.001}), 1, 8, 0.1, true},
+		{"per-row step, 5 streams: 3 rows more are not free", costs([2]float64{5, 0.005}, [2]float64{8, 0.008}), 5, 3, 0.5, false},
+		{"a size between two measured ones costs the line between them", costs([2]float64{16, 0.016}, [2]float64{24, 0.024}), 16, 1, 0.9, false},
+		{"and pays when more is kept", costs([2]float64{16, 0.016}, [2]float64{24, 0.024}), 16, 1, 1.1, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if got := tc.c.Pays(tc.n, tc.d, tc.accepted); got != tc.want {
@@ -54,7 +57,7 @@ func TestPays(t *testing.T) {
 func TestObserveSmooths(t *testing.T) {
 	var c Costs
 	c.Observe(4, 1)
-	c.Observe(3, 2) // the same bucket
+	c.Observe(4, 2)
 	got, ok := c.Time(4)
 	if !ok || math.Abs(got-(1+alpha)) > 1e-9 {
 		t.Errorf("Time(4) = %v, %v; want %v, true", got, ok, 1+alpha)
@@ -66,6 +69,10 @@ func TestObserveSmooths(t *testing.T) {
 	}
 	if got, ok := c.Time(100); ok || got != 1+alpha {
 		t.Errorf("Time(100) = %v, %v; want the nearest smaller bucket's %v, false", got, ok, 1+alpha)
+	}
+	c.Observe(8, 2)
+	if got, ok := c.Time(6); ok || math.Abs(got-(1+alpha+(2-1-alpha)/2)) > 1e-9 {
+		t.Errorf("Time(6) = %v, %v; want half way between Time(4) and Time(8), false", got, ok)
 	}
 }
 
@@ -196,6 +203,18 @@ func TestRatesBySource(t *testing.T) {
 	if r[weak].Untried() || r[strong].Untried() || !r[FromModel].Untried() {
 		t.Errorf("after three drafts of 8: untried weak %v, strong %v; a draft model with none untried %v",
 			r[weak].Untried(), r[strong].Untried(), r[FromModel].Untried())
+	}
+	var ones Rate
+	for range triedAfter {
+		if !ones.Untried() {
+			t.Fatalf("tried after %v of %d one-token drafts", ones, triedAfter)
+		}
+		ones.Note(1, 0)
+	}
+	for range 50 {
+		if ones.Note(1, 0); ones.Untried() {
+			t.Fatalf("a source of one-token drafts that keep nothing is untried again: %+v", ones)
+		}
 	}
 	if e := r.Expect(FromModel, 4); e != (Rate{}).Expect(4) {
 		t.Errorf("a source with no draft yet expects %.2f of 4, want the even chance's %.2f", e, (Rate{}).Expect(4))

@@ -23,7 +23,8 @@ const loopTurnTimeout = 15 * time.Minute
 
 // TestCodingAgentsToolLoop: Claude Code and Codex CLI, each asked headless for the files of a directory and served the trained
 // test model, calls its shell tool, runs it, sends its output back, and prints an
-// answer that names every file.
+// answer that names every file; with MACFLEET_AGENT_RESAMPLE set, the last request of
+// each loop is asked again that many times (resampleLoop).
 func TestCodingAgentsToolLoop(t *testing.T) {
 	claude, codex := codingAgents(t)
 	model := trainedDeployment(t, "coder", agentContextLength)
@@ -38,6 +39,7 @@ func TestCodingAgentsToolLoop(t *testing.T) {
 		// -p refuses tools that ask for permission; ls is allowed here, nothing else.
 		calls, out := runAgentTurn(t, proxy, claude, 1, work, claudeEnv(home, proxyURL, model),
 			"-p", prompt, "--allowedTools", "Bash(ls:*)")
+		resampleLoop(t, claude, calls) // before the loop's own answer is checked: that check ends the test
 		checkToolLoop(t, claude, calls, out)
 	})
 	t.Run("codex", func(t *testing.T) {
@@ -45,6 +47,7 @@ func TestCodingAgentsToolLoop(t *testing.T) {
 		work := loopDir(t, home)
 		calls, out := runAgentTurn(t, proxy, codex, 1, work, codexEnv(t, home, proxyURL, model),
 			"exec", "--skip-git-repo-check", prompt)
+		resampleLoop(t, codex, calls) // before the loop's own answer is checked: that check ends the test
 		checkToolLoop(t, codex, calls, out)
 	})
 }

@@ -149,6 +149,60 @@ func TestQuotesOnlyWhereAsked(t *testing.T) {
 	}
 }
 
+// TestQuotesNameNoFileBeforeTheQuote: a quote's answer ends with the tool's result
+// word for word, and where it quotes a file the answer does not hold the file's
+// path: the model trained on quotes that began "The file PATH says:" answered a
+// directory listing "The directory contains parser.rs says: …" (quoteLeads).
+func TestQuotesNameNoFileBeforeTheQuote(t *testing.T) {
+	g := generator(t)
+	files := 0
+	for i := g.quoteEvery - 1; i < 400; i += g.quoteEvery {
+		c, err := g.Conversation(i)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.Kind != "quote" {
+			t.Fatalf("document %d is a %s, want a quote (one in %d)", i, c.Kind, g.quoteEvery)
+		}
+		n := len(c.Messages)
+		call, result, answer := c.Messages[n-3].ToolCalls[0], string(c.Messages[n-2].Content), string(c.Messages[n-1].Content)
+		var args map[string]string
+		if err := json.Unmarshal([]byte(call.Function.Arguments), &args); err != nil {
+			t.Fatalf("document %d: %v", i, err)
+		}
+		if _, ok := args["query"]; ok {
+			if !strings.Contains(answer, mustSnippet(t, result)) {
+				t.Errorf("document %d: the answer %q does not quote the snippet of %q", i, answer, result)
+			}
+			continue
+		}
+		files++
+		if !strings.HasSuffix(answer, result) {
+			t.Errorf("document %d: the answer %q does not end with the file %q", i, answer, result)
+		}
+		for _, path := range args {
+			if strings.Contains(answer, path) {
+				t.Errorf("document %d: the answer names the file %q before its quote: %q", i, path, answer)
+			}
+		}
+	}
+	if files < 20 {
+		t.Errorf("%d quotes of a file in 40 quotes, want most of them", files)
+	}
+}
+
+// mustSnippet is a search result's one snippet.
+func mustSnippet(t *testing.T, result string) string {
+	t.Helper()
+	var r struct {
+		Results []struct{ Snippet string } `json:"results"`
+	}
+	if err := json.Unmarshal([]byte(result), &r); err != nil || len(r.Results) != 1 {
+		t.Fatalf("search result %q: %v", result, err)
+	}
+	return r.Results[0].Snippet
+}
+
 // TestToolCalls: in every document with a call, the call names a tool the request
 // offers, in the Llama 3 JSON format, with arguments taken from the user's words;
 // and the final answer carries the tool's result.

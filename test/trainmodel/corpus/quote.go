@@ -17,13 +17,17 @@ import (
 // them only when asked (Config.QuoteEvery): the model retrained on one in ten quoted
 // word for word but listed a directory wrong in one coding agent's answer in four
 // (docs/testing.md, "A candidate that quotes, not adopted"); the draft model is
-// trained on it.
+// trained on it. That model's misses were all one slip: "The directory contains
+// parser.rs says: …", a file's name taken for the start of a quote, since its quotes
+// of a file began "The file PATH says:" or "PATH contains:" as toolCall's short reads
+// do. A quote of a file now names no file before it (quoteLeads).
 func quote(r *rand.Rand) Conversation {
 	var u toolUse
 	if chance(r, 0.25) {
 		u = searchOf(r, 120, 360)
 	} else {
 		u = readFileOf(r, 120, 360)
+		u.answer = pick(r, quoteLeads) + u.result
 	}
 	tools := []runnerapi.Tool{u.tool}
 	for range r.IntN(3) {
@@ -41,3 +45,7 @@ func quote(r *rand.Rand) Conversation {
 	msgs = append(msgs, callAndAnswer(u, callID(r))...)
 	return Conversation{Kind: "quote", Tools: tools, Messages: msgs}
 }
+
+// quoteLeads open a quote of a file: none names the file, so that no file's name in
+// an answer is followed by a quote's colon.
+var quoteLeads = []string{"Here it is, word for word:\n\n", "It reads, word for word:\n\n", "Word for word:\n\n"}

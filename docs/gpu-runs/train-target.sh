@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Candidates of the trained test model trained on the card in one call (issue 57: the
-# corpus with its quote documents, QUOTE_EVERY, default 10; 0 for the committed
-# model's corpus at TOKENS=10000000; docs/testing.md, "The trained test model").
+# corpus with its quote documents, QUOTE_EVERY, default 10, the committed model's; 0
+# and TOKENS=10000000 for the model of 2026-11-27's; docs/testing.md, "The trained
+# test model").
 #   bash docs/gpu-runs/train-target.sh OUT SEED...
 # The pack (PACK, default .cache/dtrain, carried) holds xz archives made here:
 #   bin.tar.xz         bin/trainmodel (./test/trainmodel/cmd/trainmodel)

@@ -20,13 +20,13 @@ import (
 // file. The clients send no temperature, so they are answered at 1: one answer is one
 // sample, and a model that names every file nine times in ten passes one run of the
 // test nine times in ten. This is how a retrained test model is judged before it is
-// adopted (docs/testing.md, "A candidate that quotes, not adopted"); unset or 0, the
+// adopted (docs/testing.md, "How it was chosen"); unset or 0, the
 // loop's own answer is the whole check.
 const resampleEnv = "MACFLEET_AGENT_RESAMPLE"
 
 // resampleShare is the share of resampled answers that must name every file: the
-// model in the repository named them in 60 of 60 of Claude Code's and 39 of 40 of
-// Codex CLI's; the candidate that was dropped, in 37 of 40 and 29 of 40.
+// model in the repository named them in 78 of 80 of Claude Code's and 79 of 80 of
+// Codex CLI's; the first candidate dropped, in 37 of 40 and 29 of 40.
 const resampleShare = 0.9
 
 // resampleLoop asks calls' last request again as resampleEnv says (nothing when it is

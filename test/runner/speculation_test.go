@@ -273,3 +273,30 @@ func TestSpeculationFromAPrediction(t *testing.T) {
 	t.Logf("%q: %d tokens; drafts with the answer predicted %+v, with a wrong prediction %+v", answer,
 		predicted.Usage.CompletionTokens, predicted.Usage.CompletionTokensDetails, wrong.Usage.CompletionTokensDetails)
 }
+
+// TestTrainedModelQuotesWhatItReads: the trained model quotes a file it reads back
+// word for word, files of its corpus's words in orders no document of it holds, and
+// prompt lookup drafts most of such an answer: what the copy-heavy benchmark measures
+// (docs/testing.md, "The trained test model"). The model before it (2026-11-27)
+// slipped a word in each of these and kept at most 4 drafted tokens.
+func TestTrainedModelQuotesWhatItReads(t *testing.T) {
+	r := startTrained(t)
+	for i, file := range []string{unseenFile,
+		"Explain first because file editor test read because. Small always also shell project run this only while ask because unless the; " +
+			"Repository old first context avoid code line this an this small find a.",
+		"Avoid find review never ask into safe prefer file; Into terminal show context directory new. " +
+			"Show into when exact result context exact result check only or a local until. Because avoid each error until this repository into;",
+	} {
+		c := specChat(t, r, `{"model":"m","max_tokens":200,"temperature":0,"tools":[`+readTool+`],"messages":[`+readBack(file)+`]}`,
+			runnerapi.SpeculationOn)
+		answer := c.Choices[0].Message.Text()
+		if !strings.HasSuffix(answer, file) {
+			t.Errorf("file %d: the answer does not end with the file word for word:\n got %q\nfile %q", i, answer, file)
+			continue
+		}
+		det := c.Usage.CompletionTokensDetails
+		if det == nil || 2*det.AcceptedPredictionTokens < c.Usage.CompletionTokens {
+			t.Errorf("file %d: %d answer tokens, drafted tokens kept %+v: want at least half the answer", i, c.Usage.CompletionTokens, det)
+		}
+	}
+}

@@ -14,13 +14,12 @@ import (
 // prompt (docs/speculative-decoding.md): a model that quotes word for word keeps
 // every token drafted there, one that slips a word in a sentence keeps few. The
 // shorter results of toolCall alone left the trained model slipping. A corpus holds
-// them only when asked (Config.QuoteEvery): the model retrained on one in ten quoted
-// word for word but listed a directory wrong in one coding agent's answer in four
-// (docs/testing.md, "A candidate that quotes, not adopted"); the draft model is
-// trained on it. That model's misses were all one slip: "The directory contains
-// parser.rs says: …", a file's name taken for the start of a quote, since its quotes
-// of a file began "The file PATH says:" or "PATH contains:" as toolCall's short reads
-// do. A quote of a file now names no file before it (quoteLeads).
+// them only when asked (Config.QuoteEvery; the trained test model's corpus has one in
+// ten). A candidate trained on quotes of a file that began "The file PATH says:" or
+// "PATH contains:", as toolCall's short reads do, answered a coding agent's listing
+// "The directory contains parser.rs says: …": a file's name taken for the start of a
+// quote. A quote of a file now names no file before it (quoteLeads; docs/testing.md,
+// "How it was chosen").
 func quote(r *rand.Rand) Conversation {
 	var u toolUse
 	if chance(r, 0.25) {

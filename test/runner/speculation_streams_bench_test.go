@@ -7,7 +7,9 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"regexp"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -21,23 +23,37 @@ const specStreams = 16
 // BenchmarkSpeculationStreams measures the aggregate decode rate of 16 requests
 // answered side by side, every slot busy, with speculation off and on in turn on one
 // runner, and left to the runner (no header), in turn (issue 57: the 16-stream
-// aggregate is to be no worse with speculation). Half
-// of the requests quote a file read back (prompt lookup drafts them), half have
-// nothing to copy; each asks about something else, so the slots answer differently.
-// A round is the 16 answers' completion tokens over the time from the first request
-// sent to the last answer; the rounds alternate off, on and auto, and the medians of
-// on's and auto's ratios to off's are reported with the totals.
+// aggregate is to be no worse with speculation), in two mixes, each on a runner of
+// its own: half-copy, where half of the requests quote a file read back (prompt
+// lookup drafts them: copyFile) and half have nothing to copy, and nothing-to-copy,
+// all 16 of the second kind, where every draft is a cost. Each request asks about
+// something else, so the slots answer differently. A round is the 16 answers'
+// completion tokens over the time from the first request sent to the last answer;
+// the rounds alternate off, on and auto, and the medians of on's and auto's ratios to
+// off's are reported with the totals.
 //
 //	MACFLEET_RUNNER=bin/macfleet-runner go test -run '^$' -bench SpeculationStreams -benchtime 5x ./test/runner
 func BenchmarkSpeculationStreams(b *testing.B) {
-	r := startReady(b, speculationModelB(b), "--parallel", fmt.Sprint(specStreams), "--ctx", fmt.Sprint(specStreams*1024),
+	model := speculationModelB(b)
+	for _, mix := range []struct {
+		name string
+		copy bool
+	}{{"half-copy", true}, {"nothing-to-copy", false}} {
+		b.Run(mix.name, func(b *testing.B) { benchStreams(b, model, mix.copy) })
+	}
+}
+
+// benchStreams is one mix of BenchmarkSpeculationStreams: half of the requests copy
+// where halfCopy, none otherwise.
+func benchStreams(b *testing.B, model string, halfCopy bool) {
+	r := startReady(b, model, "--parallel", fmt.Sprint(specStreams), "--ctx", fmt.Sprint(specStreams*1024),
 		"--threads", benchThreads("2"))
 	bodies := make([]map[string]any, specStreams)
 	for i := range bodies {
 		var s string
-		if i%2 == 0 {
+		if halfCopy && i%2 == 0 {
 			s = `{"model":"m","max_tokens":160,"temperature":0,"tools":[` + readTool + `],"messages":[` +
-				readBack(fmt.Sprintf("Entry %d: %s", i, notes)) + `]}`
+				readBack(copyFile(i/2)) + `]}`
 		} else {
 			s = fmt.Sprintf(`{"model":"m","max_tokens":160,"temperature":0,"messages":[{"role":"user","content":"Tell me about topic %d."}]}`, i)
 		}
@@ -70,6 +86,7 @@ func BenchmarkSpeculationStreams(b *testing.B) {
 	for i := range rates {
 		rates[i] = float64(sums[i].tokens) / took[i].Seconds()
 	}
+	b.Logf("auto/off by round, in order: %.2f", ratios[2])
 	reportModes(b, rates, ratios, "agg-tok/s")
 	if on := sums[1]; on.drafted > 0 {
 		b.ReportMetric(float64(on.kept)/float64(on.drafted), "kept/drafted")
@@ -82,6 +99,24 @@ func BenchmarkSpeculationStreams(b *testing.B) {
 			b.ReportMetric(float64(auto.kept)/float64(auto.drafted), "auto-kept/drafted")
 		}
 	}
+}
+
+// copyFile is the i-th copy-heavy stream's file: unseenFile's clauses in another
+// order (rotated by i, reversed from the fifth on), which the trained model quotes
+// as it does unseenFile, each stream its own. (The file before, one sentence of other
+// words behind "Entry i:", the model quoted with a slip in most words: 16 % of the
+// drafted tokens kept, where a stream of the copy-heavy turn keeps three in four.)
+func copyFile(i int) string {
+	clauses := regexp.MustCompile(`[^.;]+[.;]`).FindAllString(unseenFile, -1)
+	for j := range clauses {
+		clauses[j] = strings.TrimSpace(clauses[j])
+	}
+	k := i % len(clauses)
+	c := append(slices.Clone(clauses[k:]), clauses[:k]...)
+	if i/len(clauses)%2 == 1 {
+		slices.Reverse(c)
+	}
+	return strings.Join(c, " ")
 }
 
 // specModes are the speculation modes the benchmarks compare, off first (the

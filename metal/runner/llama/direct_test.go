@@ -4,6 +4,7 @@ package llama
 
 import (
 	"math"
+	"math/rand/v2"
 	"testing"
 )
 
@@ -32,5 +33,49 @@ func TestSampleDirect(t *testing.T) {
 	}
 	if got := sampleDirect([]float32{-1e30, -1e30}, 1, 0.9999999); got < 0 || got > 1 {
 		t.Errorf("a row of equal tiny logits: token %d", got)
+	}
+}
+
+// firstLargest is greedy decoding's rule written plainly: the first index whose float
+// no later one exceeds (a NaN never exceeds, nor is exceeded).
+func firstLargest(row []float32) int32 {
+	best := 0
+	for i, v := range row {
+		if v > row[best] {
+			best = i
+		}
+	}
+	return int32(best)
+}
+
+// TestArgmax: mf_argmax picks the index firstLargest does, over rows of every length
+// around its lanes, a vocabulary's width, ties, NaNs, infinities and signed zeros.
+func TestArgmax(t *testing.T) {
+	nan, inf := float32(math.NaN()), float32(math.Inf(1))
+	negZero := float32(math.Copysign(0, -1))
+	cases := [][]float32{
+		{7}, {1, 3, 3}, {3, 5, 5, 1}, {nan, 5}, {1, nan, 5}, {nan, nan}, {-inf, -inf}, {-inf, -3},
+		{negZero, 0, 0}, {0, negZero}, {inf, inf, 2}, {2, nan, inf},
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	for _, n := range []int{2, 15, 16, 17, 31, 32, 33, 47, 128256} {
+		for range 20 {
+			row := make([]float32, n)
+			for i := range row {
+				row[i] = float32(rng.IntN(64)) // ties are common
+			}
+			if n > 4 && rng.IntN(3) == 0 {
+				row[rng.IntN(n)] = nan
+			}
+			cases = append(cases, row)
+		}
+	}
+	for i, row := range cases {
+		if got, want := argmax(row), firstLargest(row); got != want {
+			t.Errorf("case %d (%d floats): index %d, want %d", i, len(row), got, want)
+		}
+	}
+	if got := argmax(nil); got != -1 {
+		t.Errorf("no floats: %d, want -1", got)
 	}
 }

@@ -7,10 +7,9 @@ package llama
 
 /*
 #include "llama.h"
+#include "direct.h"
 */
 import "C"
-
-import "unsafe"
 
 // Argmax is the token of row l of m's logits with the highest logit (greedy
 // decoding; the lowest id among equals). It touches no context.
@@ -19,14 +18,7 @@ func (l Logits) Argmax(m *Model) int32 {
 	if l.p == nil || n == 0 {
 		return -1
 	}
-	row := unsafe.Slice((*float32)(unsafe.Pointer(l.p)), n)
-	best := 0
-	for i, v := range row {
-		if v > row[best] {
-			best = i
-		}
-	}
-	return int32(best)
+	return int32(C.mf_argmax(l.p, C.int32_t(n)))
 }
 
 // NTokens is the vocabulary's size (NVocab; the name speculate.Vocab asks for).

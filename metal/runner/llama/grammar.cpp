@@ -199,18 +199,21 @@ static bool mf_utf8_next(uint16_t c, uint8_t first, int32_t state, int32_t *next
 extern "C" llama_token mf_sample(struct llama_sampler *chain, struct llama_sampler *grammar,
                                  const uint16_t *utf8_class, const uint8_t *utf8_first, int32_t *utf8_state,
                                  const struct llama_vocab *vocab, const float *logits, llama_token_data *cur,
-                                 int32_t n_vocab, int32_t *resampled) {
+                                 int32_t n_vocab, llama_token chosen, int32_t *resampled) {
     try {
-        if (logits == nullptr) {
+        if (logits == nullptr || chosen >= n_vocab) {
             return -1;
         }
-        mf_fill(cur, logits, n_vocab);
+        llama_token id = chosen;
         llama_token_data_array arr = {cur, (size_t)n_vocab, -1, false};
-        llama_sampler_apply(chain, &arr);
-        if (arr.selected < 0 || arr.selected >= (int64_t)arr.size) {
-            return -1;
+        if (id < 0) {
+            mf_fill(cur, logits, n_vocab);
+            llama_sampler_apply(chain, &arr);
+            if (arr.selected < 0 || arr.selected >= (int64_t)arr.size) {
+                return -1;
+            }
+            id = arr.data[arr.selected].id;
         }
-        llama_token id = arr.data[arr.selected].id;
         if (grammar != nullptr) {
             int32_t next = 0;
             // Fast path: the chain's choice is usually allowed; check it alone.

@@ -33,12 +33,15 @@ int32_t mf_grammar_advance(const struct llama_model *model, struct llama_sampler
 // chain, under grammar when it is not NULL, and accepts the token in both. cur holds
 // n_vocab entries of scratch space, kept by the caller between calls. It touches no
 // context: calls with distinct chains, grammars and scratch may run at once.
+// chosen, when not negative, is the chain's own choice already drawn from the row (a
+// chain sampled straight from the logits, direct.h), which the grammar then checks.
 // It returns -1 when there are no logits and -2 when the grammar allows nothing.
 // Under a grammar the output also stays valid UTF-8: utf8_class and utf8_first have
 // each token's class (see utf8.go) and first byte, *utf8_state what the output needs.
 llama_token mf_sample(struct llama_sampler *chain, struct llama_sampler *grammar, const uint16_t *utf8_class,
                       const uint8_t *utf8_first, int32_t *utf8_state, const struct llama_vocab *vocab,
-                      const float *logits, llama_token_data *cur, int32_t n_vocab, int32_t *resampled);
+                      const float *logits, llama_token_data *cur, int32_t n_vocab, llama_token chosen,
+                      int32_t *resampled);
 
 // mf_logprobs returns the log-probability of chosen in row idx and writes the k most
 // likely tokens with theirs (k <= 20), most likely first.

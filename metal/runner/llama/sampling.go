@@ -47,7 +47,7 @@ type Sampler struct {
 	// Resampled counts the tokens the grammar rejected from the chain's first choice.
 	Resampled int
 	// direct is a chain of a temperature alone or greedy, drawn straight from the
-	// logits (direct.cpp) while no grammar constrains it; rng is its seeded source.
+	// logits (direct.cpp; under a grammar, its first choice); rng is its seeded source.
 	direct  bool
 	temp    float32
 	rng     *rand.Rand
@@ -151,8 +151,35 @@ func (c *Context) Logits(i int) Logits {
 // scratch row is the sampler's own, kept between calls (a fresh one a token cost
 // about as much as the sampling itself).
 func (s *Sampler) SampleLogits(m *Model, l Logits) (int32, error) {
+	return s.sample(m, l, -1)
+}
+
+// Greedy reports whether the chain's choice is the row's first largest logit
+// (Logits.Argmax), so that it can be computed before the sampler's turn, on another
+// goroutine (SampleArgmax): greedy, without penalties.
+func (s *Sampler) Greedy() bool { return s.direct && s.temp <= 0 }
+
+// SampleArgmax is SampleLogits for a Greedy sampler given row l's Argmax.
+func (s *Sampler) SampleArgmax(m *Model, l Logits, argmax int32) (int32, error) {
+	if !s.Greedy() || argmax < 0 {
+		return s.sample(m, l, -1)
+	}
+	return s.sample(m, l, argmax)
+}
+
+// sample is SampleLogits, with the chain's choice already made where chosen is not
+// negative (a greedy chain's argmax).
+func (s *Sampler) sample(m *Model, l Logits, pick int32) (int32, error) {
 	n := m.NVocab()
-	if s.direct && s.grammar == nil {
+	chosen := C.llama_token(pick)
+	switch {
+	case chosen >= 0:
+		if s.grammar == nil {
+			return pick, nil
+		}
+	case s.direct:
+		// The chain's choice straight from the row; a grammar then checks it alone,
+		// and masks the vocabulary for the chain only when it refuses it (mf_sample).
 		if len(s.scratch) < n {
 			s.scratch = make([]float32, n)
 		}
@@ -160,11 +187,13 @@ func (s *Sampler) SampleLogits(m *Model, l Logits) (int32, error) {
 		if s.rng != nil {
 			u = s.rng.Float64()
 		}
-		tok := C.mf_sample_direct(l.p, C.int32_t(n), C.float(s.temp), C.double(u), (*C.float)(unsafe.Pointer(&s.scratch[0])))
-		if tok < 0 {
+		chosen = C.mf_sample_direct(l.p, C.int32_t(n), C.float(s.temp), C.double(u), (*C.float)(unsafe.Pointer(&s.scratch[0])))
+		if chosen < 0 {
 			return 0, errors.New("no logits for the sampled row")
 		}
-		return int32(tok), nil
+		if s.grammar == nil {
+			return int32(chosen), nil
+		}
 	}
 	if len(s.cur) < n {
 		s.cur = make([]C.llama_token_data, n)
@@ -176,7 +205,7 @@ func (s *Sampler) SampleLogits(m *Model, l Logits) (int32, error) {
 		classes = (*C.uint16_t)(unsafe.Pointer(&s.utf8.class[0]))
 		first = (*C.uint8_t)(unsafe.Pointer(&s.utf8.first[0]))
 	}
-	tok := C.mf_sample(s.c, s.grammar, classes, first, &s.state, m.vocab, l.p, &s.cur[0], C.int32_t(n), &resampled)
+	tok := C.mf_sample(s.c, s.grammar, classes, first, &s.state, m.vocab, l.p, &s.cur[0], C.int32_t(n), chosen, &resampled)
 	s.Resampled += int(resampled)
 	switch tok {
 	case -1:

@@ -106,6 +106,7 @@ type slot struct {
 	src      speculate.Source // where this step's draft came from
 	draft    []int32
 	rows     []llama.Logits
+	picks    []int32 // a greedy verify's argmax of each row (argmaxRows)
 	verified []int32
 	ahead    bool
 	// byModel: this step's draft is the draft model's, which ask requested.

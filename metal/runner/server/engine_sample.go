@@ -31,9 +31,10 @@ func (e *engine) sampleAll(ss []*slot) {
 	}
 	e.rows = rows
 	readDraftRows(e.ctx, ss)
+	spare := runtime.GOMAXPROCS(0) / max(len(ss), 1) // cores for each slot's own rows
 	one := func(i int) {
 		if len(ss[i].draft) > 0 {
-			ss[i].verifyDraft(e.model, rows[i])
+			ss[i].verifyDraft(e.model, rows[i], spare)
 			return
 		}
 		ss[i].sampled, ss[i].sampleErr = ss[i].sampler.SampleLogits(e.model, rows[i])

@@ -4,6 +4,9 @@ package server
 
 import (
 	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
 
 	"github.com/macfleet/macfleet/api/runnerapi"
 	"github.com/macfleet/macfleet/metal/runner/llama"
@@ -126,13 +129,43 @@ func readDraftRows(lctx *llama.Context, ss []*slot) {
 
 // verifyDraft samples slot s's rows of model m (first the row of next, then its
 // draft's) with its own sampler while they agree with the draft (speculate.Verify).
-func (s *slot) verifyDraft(m *llama.Model, first llama.Logits) {
-	s.verified, s.sampleErr = speculate.Verify(s.draft, func(i int) (int32, error) {
+// A greedy sampler's choices are each row's argmax, which do not depend on the
+// tokens before: with spare cores beside it (the step's other slots sampling on
+// fewer), they are computed for every row at once first (argmaxRows).
+func (s *slot) verifyDraft(m *llama.Model, first llama.Logits, spare int) {
+	row := func(i int) llama.Logits {
 		if i == 0 {
-			return s.sampler.SampleLogits(m, first)
+			return first
 		}
-		return s.sampler.SampleLogits(m, s.rows[i-1])
+		return s.rows[i-1]
+	}
+	s.picks = s.picks[:0]
+	if spare > 1 && s.sampler.Greedy() {
+		s.picks = argmaxRows(m, len(s.draft)+1, row, spare, s.picks)
+	}
+	s.verified, s.sampleErr = speculate.Verify(s.draft, func(i int) (int32, error) {
+		if len(s.picks) > 0 {
+			return s.sampler.SampleArgmax(m, row(i), s.picks[i])
+		}
+		return s.sampler.SampleLogits(m, row(i))
 	})
+}
+
+// argmaxRows is the argmax of each of n rows of model m's logits (row(i)), computed on
+// up to workers goroutines, into picks' storage.
+func argmaxRows(m *llama.Model, n int, row func(int) llama.Logits, workers int, picks []int32) []int32 {
+	picks = slices.Grow(picks[:0], n)[:n]
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range min(workers, n) {
+		wg.Go(func() {
+			for i := int(next.Add(1)) - 1; i < n; i = int(next.Add(1)) - 1 {
+				picks[i] = row(i).Argmax(m)
+			}
+		})
+	}
+	wg.Wait()
+	return picks
 }
 
 // takeDraft hands the tokens verifyDraft sampled for slot s to sample one after

@@ -157,6 +157,39 @@ func TestContinueUnderGrammar(t *testing.T) {
 	}
 }
 
+// TestStructuredDatesAreCalendarDates: under a json_schema with a string of format
+// "date", an answer may hold only days its month has (February 29 in leap years
+// alone): continuing a message cut inside such a date is refused where the day does
+// not exist and goes on where it does.
+func TestStructuredDatesAreCalendarDates(t *testing.T) {
+	r := startReady(t, model(t, "tiny"))
+	body := chatBody("A date", 16, false)
+	body["response_format"] = map[string]any{"type": "json_schema", "json_schema": map[string]any{"name": "day",
+		"strict": true, "schema": json.RawMessage(`{"type":"object","properties":{"d":{"type":"string","format":"date"}},"required":["d"]}`)}}
+	for _, c := range []struct {
+		date string
+		ok   bool
+	}{
+		{"2023-12-31", true}, {"2023-09-30", true}, {"2024-02-29", true}, {"2000-02-29", true}, {"1600-02-29", true},
+		{"2023-02-28", true}, {"0000-02-29", true},
+		{"2023-09-31", false}, {"2023-02-29", false}, {"1900-02-29", false}, {"2023-02-30", false}, {"2023-11-31", false},
+		{"2023-13-01", false}, {"2023-00-10", false},
+	} {
+		body["messages"] = []map[string]string{{"role": "user", "content": "A date"},
+			{"role": "assistant", "content": `{"d":"` + c.date}}
+		resp := postChat(t, r, body, runnerapi.HeaderContinue, runnerapi.ContinueFinalMessage)
+		msg, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		refused := resp.StatusCode == http.StatusBadRequest && strings.Contains(string(msg), "does not follow the grammar of response_format")
+		switch {
+		case c.ok && resp.StatusCode != http.StatusOK:
+			t.Errorf("%s: %d %s, want the answer continued", c.date, resp.StatusCode, msg)
+		case !c.ok && !refused:
+			t.Errorf("%s: %d %s, want 400: no such day", c.date, resp.StatusCode, msg)
+		}
+	}
+}
+
 // TestContinueInReasoning: an answer cut inside its reasoning and sent back as the
 // final assistant message's reasoning_content (no content yet) goes on as reasoning,
 // inside the open <think> block; one with content after its reasoning goes on as

@@ -299,7 +299,7 @@ func BuildGrammar(schemas, rules []byte) (string, error) {
 		return "", errors.New(C.GoString(cerr))
 	}
 	defer C.free(unsafe.Pointer(out))
-	return C.GoString(out), nil
+	return calendarDates(C.GoString(out)), nil
 }
 
 // TopLogprob is a token and its log-probability.

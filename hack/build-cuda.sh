@@ -32,11 +32,36 @@ command -v nvcc >/dev/null || [[ -x /usr/local/cuda/bin/nvcc ]] || {
 export PATH="$PATH:/usr/local/cuda/bin"
 build="${BUILD_DIR:-$out/.build}"
 mkdir -p "$out" "$build"
+# The sources are built from a copy with hack/cuda-patches applied (the module's files
+# are read-only, and a copy already patched the same way is kept between builds).
+# graph-per-shape.patch: ggml records a CUDA graph for one-token batches only, one a
+# context, recorded again whenever the batch's shape changes; patched, batches of up
+# to 64 tokens (MACFLEET_CUDA_GRAPH_MAX_TOKENS) run as graphs and each shape keeps its
+# own (recorded the second time the shape runs), so a step verifying drafted tokens and
+# the one-token step after it both replay a graph (docs/speculative-decoding.md).
+patches=("$root"/hack/cuda-patches/*.patch)
+stamp="$(cat "${patches[@]}" | sha256sum | cut -c1-16)"
+tree="$build/src"
+if [[ "$(cat "$tree/.patches" 2>/dev/null)" != "$stamp" ]]; then
+	rm -rf "$tree"
+	mkdir -p "$tree/ml/backend/ggml"
+	cp "$src/CMakeLists.txt" "$tree/"
+	cp -r "$src/ml/backend/ggml/ggml" "$tree/ml/backend/ggml/"
+	chmod -R u+w "$tree"
+	for p in "${patches[@]}"; do
+		if command -v patch >/dev/null; then
+			patch -s -d "$tree" -p1 <"$p"
+		else
+			git apply --directory="$tree" --unsafe-paths -p1 "$p"
+		fi
+	done
+	echo "$stamp" >"$tree/.patches"
+fi
 # The module's CMakeLists.txt sets ggml's options as the peer builds them (dynamic
 # backends, CUDA graphs, flash attention); one CPU variant, since the runner links its
 # own CPU backend and loads none. The libraries find each other and the CUDA runtime
 # through their RUNPATH ($ORIGIN, then the toolkit's library folder).
-cmake -S "$src" -B "$build" -G Ninja \
+cmake -S "$tree" -B "$build" -G Ninja \
 	-DCMAKE_BUILD_TYPE=Release \
 	-DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHITECTURES:-90}" \
 	-DGGML_CPU_ALL_VARIANTS=OFF \

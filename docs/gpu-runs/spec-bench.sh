@@ -14,6 +14,11 @@
 #   spec   BenchmarkSpeculation (one stream, with its draft row: the repository's
 #          draft model) and BenchmarkSpeculationStreams (16) with the trained model on
 #          the card, off, on and auto in turn
+#   stock  spec with ggml's own rule for recorded CUDA graphs (one-token batches only;
+#          MACFLEET_CUDA_GRAPH_MAX_TOKENS=1), each shape still keeping its own graph
+#   verify the speculation and draft-model tests with every runner on the card (the last 40 lines)
+#          (VERIFY_RUN), the same answers with and without drafts
+#   verifystock  verify with ggml's own rule for recorded graphs
 # PACK names another pack folder (a bench-only pack: bin.tar.xz with the runner and
 # runner.test, and ggml-src.tar.xz; the repository and a pack must fit 64 MiB).
 set -uo pipefail
@@ -71,6 +76,16 @@ step_spec() {
 	ls "$bin/lib/" || return 1
 	bench -test.bench 'Speculation$' -test.benchtime "${SPEC_ROUNDS:-8}x" 2>&1 | grep -E 'Benchmark|ok|FAIL|no accelerator'
 	bench -test.bench 'SpeculationStreams' -test.benchtime "${STREAM_ROUNDS:-4}x" 2>&1 | grep -E 'Benchmark|ok|FAIL'
+}
+
+step_stock() { MACFLEET_CUDA_GRAPH_MAX_TOKENS=1 step_spec; }
+step_verifystock() { MACFLEET_CUDA_GRAPH_MAX_TOKENS=1 step_verify; }
+
+step_verify() {
+	MACFLEET_RUNNER="$bin/macfleet-runner" MACFLEET_TRAINED_MODEL="$PWD/test/models/tiny-chat-trained.gguf" \
+		MACFLEET_DRAFT_MODEL="$PWD/test/models/tiny-chat-draft.gguf.zst" MACFLEET_TEST_GPU=1 \
+		"$bin/runner.test" -test.count=1 -test.timeout 5m \
+		-test.run "${VERIFY_RUN:-TestSpeculation|TestDraftModel}" -test.v 2>&1 | grep -E '^(=== RUN|--- |PASS|FAIL|ok)|_test.go' | tail -40
 }
 
 for s in "$@"; do

@@ -71,7 +71,7 @@ func (e *engine) planDrafts(budget int) {
 		}
 		expect := s.rates.Expect(s.src, n)
 		untried := explore && e.gate.Untried(s.src)
-		if n == 0 || !s.job.forceSpec && !e.gate.Allows(base, drafted+n, kept+expect, untried) || e.guard(n) != nil {
+		if n == 0 || !s.job.forceSpec && !e.gate.Allows(base, drafted, n, kept+expect, untried) || e.guard(n) != nil {
 			continue
 		}
 		explore = explore && !untried

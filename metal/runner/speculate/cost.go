@@ -82,6 +82,23 @@ func (c *Costs) Time(n int) (float64, bool) {
 	return c.ewma[lo], false
 }
 
+// known reports whether a step of n tokens has a time of its own or lies between two
+// measured sizes of the exact ones (Time's straight line).
+func (c *Costs) known(n int) bool {
+	b := bucket(n)
+	if c.ewma[b] > 0 {
+		return true
+	}
+	lo, hi := false, false
+	for i := 0; i < b; i++ {
+		lo = lo || c.ewma[i] > 0
+	}
+	for i := b + 1; i < exactSizes && b < exactSizes; i++ {
+		hi = hi || c.ewma[i] > 0
+	}
+	return lo && hi
+}
+
 // Pays reports whether drafting d more tokens into a step of n tokens is expected to
 // raise the runner's rate, given the tokens the drafts are expected to keep
 // (accepted): the step makes n tokens in Time(n) without the drafts and n+accepted in
@@ -228,11 +245,19 @@ func (g *Gate) Untried(src Source) bool { return g.rates[src].Untried() }
 // Prior is a new answer's starting Rates: the runner's own so far.
 func (g *Gate) Prior() Rates { return g.rates }
 
-// Allows reports whether drafting drafted tokens (expected to keep kept) into a step
-// of base tokens pays, or this step explores, or the draft's source is untried
-// (Rate.Untried).
-func (g *Gate) Allows(base, drafted int, kept float64, untried bool) bool {
-	return untried || g.steps%ExploreEvery == 0 || g.costs.Pays(base, drafted, kept)
+// Allows reports whether drafting d more tokens into a step of base tokens that
+// holds prior drafted tokens already (all of them expected to keep kept) pays, or
+// this step explores, or the draft's source is untried (Rate.Untried). A size of
+// step whose time is unknown is reached by one slot's draft alone: Time takes it
+// for the nearest smaller size's, which lets a draft through to measure it, and
+// sixteen slots each drafting into such sizes made a step of 62 tokens where 16
+// plain ones were the rule, which cost six plain steps on a card (a size's first
+// steps record what its later ones reuse) and kept one.
+func (g *Gate) Allows(base, prior, d int, kept float64, untried bool) bool {
+	if prior > 0 && !g.costs.known(base+prior+d) {
+		return false
+	}
+	return untried || g.steps%ExploreEvery == 0 || g.costs.Pays(base, prior+d, kept)
 }
 
 // Stepped records a step of n tokens that took d: one that held drafts (drafted),

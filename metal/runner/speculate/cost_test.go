@@ -104,7 +104,7 @@ func TestRate(t *testing.T) {
 // measured.
 func TestGate(t *testing.T) {
 	var g Gate
-	if !g.Allows(1, 4, 0, false) {
+	if !g.Allows(1, 0, 4, 0, false) {
 		t.Fatal("a fresh gate refused a draft: it knows nothing yet")
 	}
 	// The first step of each size sets it up and is not measured: an hour each.
@@ -115,19 +115,19 @@ func TestGate(t *testing.T) {
 	g.Stepped(5, 5*time.Millisecond, false, true)
 	g.Stepped(1, time.Millisecond, false, false)   // charges the drafting step nothing more
 	g.Stepped(5, 50*time.Millisecond, true, false) // a prefill's step: not a decode's time
-	if g.Allows(1, 4, 2, false) {
+	if g.Allows(1, 0, 4, 2, false) {
 		t.Errorf("rows that cost as tokens: a draft keeping 2 of 4 allowed (times %v)", g.costs.ewma[:4])
 	}
-	if !g.Allows(1, 4, 4.5, false) {
+	if !g.Allows(1, 0, 4, 4.5, false) {
 		t.Errorf("a draft expected to keep more than it costs refused (times %v)", g.costs.ewma[:4])
 	}
-	if !g.Allows(1, 4, 0, true) {
+	if !g.Allows(1, 0, 4, 0, true) {
 		t.Errorf("a draft from an untried source refused")
 	}
 	for g.steps%ExploreEvery != 0 {
 		g.Stepped(1, time.Millisecond, false, false)
 	}
-	if !g.Allows(1, 4, 0, false) {
+	if !g.Allows(1, 0, 4, 0, false) {
 		t.Errorf("step %d explores: refused", g.steps)
 	}
 	g.Stepped(1, time.Millisecond, false, false)
@@ -148,7 +148,7 @@ func TestGate(t *testing.T) {
 		flat.Stepped(5, 10100*time.Microsecond, false, true)
 		flat.Stepped(1, 10*time.Millisecond, false, false)
 	}
-	if !flat.Allows(1, 4, 0.5, false) {
+	if !flat.Allows(1, 0, 4, 0.5, false) {
 		t.Errorf("nearly free rows: a draft keeping half a token refused")
 	}
 }
@@ -179,8 +179,44 @@ func TestGateChargesTheStepAfter(t *testing.T) {
 		t.Errorf("the plain step after a draft was measured as plain: %v", plain)
 	}
 	g.steps = 1
-	if g.Allows(1, 4, 1.5, false) {
+	if g.Allows(1, 0, 4, 1.5, false) {
 		t.Error("a draft expected to keep 1.5 allowed where it costs 2.1 steps")
+	}
+}
+
+// TestGateReachesAnUnknownSizeWithOneDraft: where only sixteen-token steps were
+// measured, one slot's draft into the unknown size above is let through (that
+// measures it), a second slot's into a size further up is not, even on an exploring
+// step or from an untried source; once sizes around it are measured, the second is
+// judged by its expected times like any other.
+func TestGateReachesAnUnknownSizeWithOneDraft(t *testing.T) {
+	var g Gate
+	for range 3 {
+		g.Stepped(16, 2*time.Millisecond, false, false)
+	}
+	if !g.Allows(16, 0, 3, 1, false) {
+		t.Fatal("one slot's draft into an unknown size refused")
+	}
+	if g.Allows(16, 3, 3, 2, false) {
+		t.Error("a second slot's draft into an unknown size allowed")
+	}
+	if g.Allows(16, 3, 3, 2, true) {
+		t.Error("a second slot's draft from an untried source into an unknown size allowed")
+	}
+	explore := g
+	for explore.steps%ExploreEvery != 0 {
+		explore.steps++
+	}
+	if explore.Allows(16, 3, 3, 2, false) {
+		t.Error("an exploring step's second draft into an unknown size allowed")
+	}
+	for _, n := range []int{19, 24} {
+		for range 2 { // a size's first step is not measured
+			g.Stepped(n, 2100*time.Microsecond, false, true)
+		}
+	}
+	if !g.Allows(16, 3, 3, 2, false) {
+		t.Errorf("a second draft into a size between measured ones, nearly free, refused (times %v)", g.costs.ewma[15:24])
 	}
 }
 

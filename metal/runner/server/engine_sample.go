@@ -39,22 +39,7 @@ func (e *engine) sampleAll(ss []*slot) {
 		}
 		ss[i].sampled, ss[i].sampleErr = ss[i].sampler.SampleLogits(e.model, rows[i])
 	}
-	if workers := min(len(ss), runtime.GOMAXPROCS(0)); workers <= 1 {
-		for i := range ss {
-			one(i)
-		}
-	} else {
-		var next atomic.Int64
-		var wg sync.WaitGroup
-		for range workers {
-			wg.Go(func() {
-				for i := int(next.Add(1)) - 1; i < len(ss); i = int(next.Add(1)) - 1 {
-					one(i)
-				}
-			})
-		}
-		wg.Wait()
-	}
+	eachOn(runtime.GOMAXPROCS(0), len(ss), one)
 	for _, s := range ss {
 		if len(s.draft) > 0 {
 			e.takeDraft(s)
@@ -62,6 +47,27 @@ func (e *engine) sampleAll(ss []*slot) {
 			e.sample(s)
 		}
 	}
+}
+
+// eachOn calls fn(i) for every i below n, on up to workers goroutines taking the next
+// i in turn (on the caller's alone with one worker or one i).
+func eachOn(workers, n int, fn func(i int)) {
+	if workers = min(workers, n); workers <= 1 {
+		for i := range n {
+			fn(i)
+		}
+		return
+	}
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			for i := int(next.Add(1)) - 1; i < n; i = int(next.Add(1)) - 1 {
+				fn(i)
+			}
+		})
+	}
+	wg.Wait()
 }
 
 // sample takes the token sampled for a generating slot (sampleAll) and decides

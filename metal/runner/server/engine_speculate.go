@@ -5,8 +5,6 @@ package server
 import (
 	"fmt"
 	"slices"
-	"sync"
-	"sync/atomic"
 
 	"github.com/macfleet/macfleet/api/runnerapi"
 	"github.com/macfleet/macfleet/metal/runner/llama"
@@ -155,16 +153,7 @@ func (s *slot) verifyDraft(m *llama.Model, first llama.Logits, spare int) {
 // up to workers goroutines, into picks' storage.
 func argmaxRows(m *llama.Model, n int, row func(int) llama.Logits, workers int, picks []int32) []int32 {
 	picks = slices.Grow(picks[:0], n)[:n]
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	for range min(workers, n) {
-		wg.Go(func() {
-			for i := int(next.Add(1)) - 1; i < n; i = int(next.Add(1)) - 1 {
-				picks[i] = row(i).Argmax(m)
-			}
-		})
-	}
-	wg.Wait()
+	eachOn(workers, n, func(i int) { picks[i] = row(i).Argmax(m) })
 	return picks
 }
 

@@ -61,42 +61,46 @@ func (c *Costs) Observe(n int, seconds float64) {
 // measured bucket's time, which assumes a larger batch costs no more: what makes a
 // runner try a draft once and so measure it.
 func (c *Costs) Time(n int) (float64, bool) {
+	sec, how := c.estimate(n)
+	return sec, how == measured
+}
+
+// known reports whether a step of n tokens has a time of its own or lies between two
+// measured sizes of the exact ones (Time's straight line).
+func (c *Costs) known(n int) bool {
+	_, how := c.estimate(n)
+	return how == measured || how == between
+}
+
+// How Costs.estimate came by a step's time.
+const (
+	unknown  = iota // nothing measured at or below the size
+	measured        // the size's own average
+	between         // the straight line between two measured exact sizes
+	below           // the nearest smaller measured size's average
+)
+
+// estimate is Time's value for a step of n tokens and how it came by it.
+func (c *Costs) estimate(n int) (float64, int) {
 	b := bucket(n)
 	if c.ewma[b] > 0 {
-		return c.ewma[b], true
+		return c.ewma[b], measured
 	}
 	lo := b - 1
 	for lo >= 0 && c.ewma[lo] == 0 {
 		lo--
 	}
 	if lo < 0 {
-		return 0, false
+		return 0, unknown
 	}
 	if b < exactSizes {
 		for hi := b + 1; hi < exactSizes; hi++ {
 			if c.ewma[hi] > 0 {
-				return c.ewma[lo] + (c.ewma[hi]-c.ewma[lo])*float64(b-lo)/float64(hi-lo), false
+				return c.ewma[lo] + (c.ewma[hi]-c.ewma[lo])*float64(b-lo)/float64(hi-lo), between
 			}
 		}
 	}
-	return c.ewma[lo], false
-}
-
-// known reports whether a step of n tokens has a time of its own or lies between two
-// measured sizes of the exact ones (Time's straight line).
-func (c *Costs) known(n int) bool {
-	b := bucket(n)
-	if c.ewma[b] > 0 {
-		return true
-	}
-	lo, hi := false, false
-	for i := 0; i < b; i++ {
-		lo = lo || c.ewma[i] > 0
-	}
-	for i := b + 1; i < exactSizes && b < exactSizes; i++ {
-		hi = hi || c.ewma[i] > 0
-	}
-	return lo && hi
+	return c.ewma[lo], below
 }
 
 // Pays reports whether drafting d more tokens into a step of n tokens is expected to
@@ -252,7 +256,7 @@ func (g *Gate) Prior() Rates { return g.rates }
 // for the nearest smaller size's, which lets a draft through to measure it, and
 // sixteen slots each drafting into such sizes made a step of 62 tokens where 16
 // plain ones were the rule, which cost six plain steps on a card (a size's first
-// steps record what its later ones reuse) and kept one.
+// steps record what its later ones reuse) and kept 16 of its 46 drafted tokens.
 func (g *Gate) Allows(base, prior, d int, kept float64, untried bool) bool {
 	if prior > 0 && !g.costs.known(base+prior+d) {
 		return false

@@ -45,6 +45,11 @@ type DraftStatus struct {
 	// agreed with (they are in the answers).
 	Drafted int64 `json:"drafted"`
 	Kept    int64 `json:"kept"`
+	// HeadBytes is the memory of the draft's greedy head, its copy of the output
+	// matrix: a draft on the CPU with a q8_0 output matrix takes each greedy token
+	// from its hidden state in one fused pass instead of a row of logits. 0 when the
+	// draft reads its logits (on an accelerator, or another type of matrix).
+	HeadBytes int64 `json:"head_bytes,omitempty"`
 }
 
 // CompletionTokensDetails is OpenAI's breakdown of the completion tokens: of the

@@ -71,7 +71,12 @@ func TestDraftModelIsLossless(t *testing.T) {
 	if st == nil || st.Path != draft || st.SizeBytes <= 0 || st.Drafted == 0 || st.Kept == 0 {
 		t.Fatalf("/status draft = %+v: want the draft model, with drafted tokens of which some were kept", st)
 	}
-	t.Logf("draft model: %d of %d drafted tokens kept", st.Kept, st.Drafted)
+	// On the CPU the q8_0 draft takes its tokens from its greedy head (the runner
+	// checked it against the draft's logits at load); on a GPU it reads its logits.
+	if onCPU := !gpuSuite(); onCPU != (st.HeadBytes > 0) {
+		t.Errorf("/status draft head_bytes = %d on the CPU = %v: want a greedy head exactly on the CPU", st.HeadBytes, onCPU)
+	}
+	t.Logf("draft model: %d of %d drafted tokens kept, greedy head %d bytes", st.Kept, st.Drafted, st.HeadBytes)
 }
 
 // TestDraftModelPromptCacheTurn: a conversation's next turn, which reuses the
@@ -102,7 +107,9 @@ func TestDraftModelPromptCacheTurn(t *testing.T) {
 
 // TestDraftModelItself: with the model itself as its draft, greedy drafts are the
 // model's own greedy tokens, so almost all of them are kept: a check that drafting
-// with a model works at all (a draft out of step with the slot's tokens keeps few).
+// with a model works at all (a draft out of step with the slot's tokens keeps few),
+// and, on the CPU, that the greedy head (embeddings of five blocks here) chooses what
+// the model's logits choose.
 func TestDraftModelItself(t *testing.T) {
 	target, _ := draftModels(t)
 	r := startReady(t, target, "--draft", target)

@@ -9,6 +9,12 @@ package llama
 #include <stdlib.h>
 #include "llama.h"
 #include "ggml-cpu.h"
+#include "greedyhead.h"
+
+static void mf_stop_at_norm_set(struct llama_context_params *p, mf_stop *stop) {
+	p->cb_eval = mf_stop_at_norm;
+	p->cb_eval_user_data = stop;
+}
 
 static struct ggml_threadpool *mf_threadpool_new(int n) {
 	struct ggml_threadpool_params p = ggml_threadpool_params_default(n);
@@ -45,6 +51,11 @@ type ContextParams struct {
 	KVType string
 	// Embeddings makes every output row carry its embedding as well as its logits.
 	Embeddings bool
+	// StopAtNorm makes every output row carry its hidden state (its embedding) and
+	// lets the caller end each decode at the final norm (SetStopAtNorm; off at first),
+	// skipping the output projection: for a greedy head (GreedyHead) that needs no
+	// logits.
+	StopAtNorm bool
 	// ThreadsOf, when set, makes the context compute on that context's thread pool
 	// instead of a pool of its own: for a context that never decodes at the same time
 	// as it (a draft model's beside its target). Two pools on the same cores each
@@ -85,6 +96,8 @@ type Context struct {
 	mem   C.llama_memory_t
 	model *Model
 	nEmbd int
+	// stop is StopAtNorm's switch (C memory: the graph callback reads it), nil without.
+	stop *C.mf_stop
 }
 
 // NewContext creates a context for m. Each sequence gets its own KV stream of
@@ -103,7 +116,12 @@ func NewContext(m *Model, p ContextParams) (*Context, error) {
 	cp.n_threads_batch = C.int32_t(p.Threads)
 	cp.type_k = kt
 	cp.type_v = kt
-	cp.embeddings = C._Bool(p.Embeddings)
+	cp.embeddings = C._Bool(p.Embeddings || p.StopAtNorm)
+	var stop *C.mf_stop
+	if p.StopAtNorm {
+		stop = (*C.mf_stop)(C.calloc(1, C.size_t(unsafe.Sizeof(C.mf_stop{}))))
+		C.mf_stop_at_norm_set(&cp, stop)
+	}
 	cp.kv_unified = false
 	if kt != C.GGML_TYPE_F16 {
 		// A quantized V cache needs flash attention.
@@ -111,9 +129,10 @@ func NewContext(m *Model, p ContextParams) (*Context, error) {
 	}
 	c := C.llama_init_from_model(m.c, cp)
 	if c == nil {
+		C.free(unsafe.Pointer(stop))
 		return nil, errors.New("llama.cpp could not create a context (see its log on stderr)")
 	}
-	ctx := &Context{c: c, mem: C.llama_get_memory(c), model: m, nEmbd: m.NEmbd()}
+	ctx := &Context{c: c, mem: C.llama_get_memory(c), model: m, nEmbd: m.NEmbd(), stop: stop}
 	// One thread pool for the context's life. Without it every llama_decode starts
 	// and joins its own threads (a disposable pool per graph), which costs each step a
 	// thread start and leaves the threads cold; on a busy host the new threads also
@@ -135,6 +154,10 @@ func (c *Context) Free() {
 	if c.tp != nil {
 		C.ggml_threadpool_free(c.tp)
 		c.tp = nil
+	}
+	if c.stop != nil {
+		C.free(unsafe.Pointer(c.stop))
+		c.stop = nil
 	}
 }
 

@@ -11,6 +11,8 @@ package llama
 */
 import "C"
 
+import "unsafe"
+
 // Argmax is the token of row l of m's logits with the highest logit (greedy
 // decoding; the lowest id among equals). It touches no context.
 func (l Logits) Argmax(m *Model) int32 {
@@ -19,6 +21,14 @@ func (l Logits) Argmax(m *Model) int32 {
 		return -1
 	}
 	return int32(C.mf_argmax(l.p, C.int32_t(n)))
+}
+
+// At is row l's logit of tok, 0 for a token outside m's vocabulary or no row.
+func (l Logits) At(m *Model, tok int32) float32 {
+	if l.p == nil || tok < 0 || int(tok) >= m.NVocab() {
+		return 0
+	}
+	return unsafe.Slice((*float32)(unsafe.Pointer(l.p)), m.NVocab())[tok]
 }
 
 // NTokens is the vocabulary's size (NVocab; the name speculate.Vocab asks for).

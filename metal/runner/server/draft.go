@@ -5,6 +5,7 @@ package server
 import (
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"sync/atomic"
 
@@ -22,6 +23,12 @@ import (
 // tokens (the common prefix kept, the rest removed, the missing tokens decoded), then
 // it decodes one token at a time, every drafting slot in one batch. A greedy draft is
 // deterministic, so the target's sample-then-compare verify stays lossless.
+//
+// A draft model on the CPU with a q8_0 output matrix takes its greedy tokens from a
+// greedy head (llama.GreedyHead): its context stops each decode at the final norm and
+// the head scores the vocabulary from the hidden state in one fused pass, where
+// llama.cpp would write a row of logits for the runner to scan. A draft sharing a
+// target's vocabulary of 128k tokens spent most of its step there.
 
 // drafter is an engine's draft model (engine goroutine only, but for the counts
 // /status reads).
@@ -30,6 +37,8 @@ type drafter struct {
 	model *llama.Model
 	ctx   *llama.Context
 	batch *llama.Batch
+	// head is the greedy head (nil: the rows' logits are read instead).
+	head *llama.GreedyHead
 	// held is, per sequence, the tokens whose cells the draft's sequence holds.
 	held [][]int32
 
@@ -80,16 +89,86 @@ func loadDraft(path string, m *llama.Model, lctx *llama.Context, cfg Config) (*d
 		dm.Free()
 		return nil, fmt.Errorf("--draft %s: %s", path, why)
 	}
+	log := cfg.Log.WithName("draft")
+	head := greedyHead(log, path, dm)
 	dctx, err := llama.NewContext(dm, llama.ContextParams{
 		NCtx: lctx.NCtxSeq() * lctx.NSeqMax(), NBatch: lctx.NBatch(), NSeqMax: lctx.NSeqMax(),
 		Threads: cfg.Threads, KVType: cfg.KVType, ThreadsOf: lctx, // the engine drafts, then decodes
+		StopAtNorm: head != nil,
 	})
 	if err != nil {
+		head.Free()
 		dm.Free()
 		return nil, fmt.Errorf("--draft %s: %w", path, err)
 	}
-	return &drafter{log: cfg.Log.WithName("draft"), model: dm, ctx: dctx, batch: llama.NewBatch(dctx.NBatch()),
-		held: make([][]int32, dctx.NSeqMax()), path: path, size: st.Size()}, nil
+	d := &drafter{log: log, model: dm, ctx: dctx, batch: llama.NewBatch(dctx.NBatch()),
+		held: make([][]int32, dctx.NSeqMax()), path: path, size: st.Size(), head: head}
+	if head != nil {
+		if why := d.checkHead(); why != "" {
+			log.Info("Not using the greedy head: it disagrees with the model's logits", "why", why)
+			d.head = nil
+			head.Free()
+		} else {
+			dctx.SetStopAtNorm(true)
+		}
+	}
+	return d, nil
+}
+
+// greedyHead is the draft model dm's greedy head (loaded from path), nil where the
+// model is on an accelerator (its output projection is cheap there and the hidden
+// states would have to be copied back) or its output matrix is not q8_0.
+func greedyHead(log logr.Logger, path string, dm *llama.Model) *llama.GreedyHead {
+	if dm.DeviceBytes() > 0 {
+		return nil
+	}
+	head, err := llama.LoadGreedyHead(path, dm)
+	if err != nil {
+		log.V(1).Info("No greedy head for the draft model", "why", err.Error())
+		return nil
+	}
+	return head
+}
+
+// headProbe is the text checkHead decodes.
+const headProbe = "The runner checks that the greedy head chooses what the logits choose, token by token."
+
+// checkHead decodes headProbe with the logits computed and compares, at every token,
+// the head's choice with the logits' greedy token: the same token, or one whose logit
+// is as large to within rounding (a tie the head's quantization of the hidden state
+// may break the other way). It returns what disagreed ("" when nothing did).
+func (d *drafter) checkHead() string {
+	toks, err := d.model.Tokenize(headProbe, true, false)
+	if err != nil || len(toks) < 2 || len(toks) > d.batch.Cap() {
+		return fmt.Sprintf("the probe could not be tokenized (%d tokens, %v)", len(toks), err)
+	}
+	defer d.ctx.SeqRm(0, -1, -1)
+	d.batch.Clear()
+	for i, tok := range toks {
+		d.batch.Add(tok, i, 0, true)
+	}
+	if err := d.ctx.Decode(d.batch); err != nil {
+		return err.Error()
+	}
+	for i := range toks {
+		l := d.ctx.Logits(i)
+		want, got := l.Argmax(d.model), d.head.Argmax(d.ctx, i)
+		if got == want {
+			continue
+		}
+		if w, g := float64(l.At(d.model, want)), float64(l.At(d.model, got)); got < 0 || g < w-1e-3*max(1, math.Abs(w)) {
+			return fmt.Sprintf("at token %d the head chose %d where the logits choose %d", i, got, want)
+		}
+	}
+	return ""
+}
+
+// choice is the draft's greedy token at output row i (batch index) of its last decode.
+func (d *drafter) choice(i int) int32 {
+	if d.head != nil {
+		return d.head.Argmax(d.ctx, i)
+	}
+	return d.ctx.Logits(i).Argmax(d.model)
 }
 
 // free releases the draft's context and model.
@@ -99,6 +178,7 @@ func (d *drafter) free() {
 	}
 	d.batch.Free()
 	d.ctx.Free()
+	d.head.Free()
 	d.model.Free()
 }
 
@@ -115,7 +195,8 @@ func (d *drafter) status() *runnerapi.DraftStatus {
 	if d == nil {
 		return nil
 	}
-	return &runnerapi.DraftStatus{Path: d.path, SizeBytes: d.size, Drafted: d.drafted.Load(), Kept: d.kept.Load()}
+	return &runnerapi.DraftStatus{Path: d.path, SizeBytes: d.size, Drafted: d.drafted.Load(), Kept: d.kept.Load(),
+		HeadBytes: d.head.Bytes()}
 }
 
 // note counts a verified draft of the model's: drafted tokens, kept of them.
@@ -154,7 +235,7 @@ func (d *drafter) draft(asks []*draftAsk) {
 		}
 		for _, a := range asks {
 			if k := len(a.out); k > 0 && k < a.n && !d.model.IsEOG(a.out[k-1]) {
-				a.out = append(a.out, d.ctx.Logits(a.last).Argmax(d.model))
+				a.out = append(a.out, d.choice(a.last))
 			}
 		}
 	}
@@ -194,7 +275,7 @@ func (d *drafter) sync(asks []*draftAsk) error {
 		}
 		for _, a := range asks {
 			if a.last >= 0 {
-				a.out = append(a.out, d.ctx.Logits(a.last).Argmax(d.model))
+				a.out = append(a.out, d.choice(a.last))
 				a.last = -1
 			}
 		}

@@ -53,9 +53,11 @@ type engine struct {
 	drafter *drafter
 	asks    []*draftAsk
 	// gate decides whether drafts pay, from the engine's own step times; mixed: this
-	// step's batch holds a prefill, whose time is not a decode step's.
-	gate           speculate.Gate
-	mixed, drafted bool
+	// step's batch holds a prefill, whose time is not a decode step's; drafters: the
+	// slots whose drafts it holds.
+	gate     speculate.Gate
+	mixed    bool
+	drafters int
 
 	// queue is what the engine shares with the handlers (engine_queue.go).
 	queue *jobQueue

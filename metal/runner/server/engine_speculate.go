@@ -41,7 +41,7 @@ func speculationOff(arch string, recurrent, hybrid bool) string {
 // draft model's greedy tokens (draft.go: every such slot in one batch a token).
 func (e *engine) planDrafts(budget int) {
 	asks := e.asks[:0]
-	base, drafted, kept := e.nBatch-budget, 0, 0.0
+	plan := speculate.Plan{Base: e.nBatch - budget}
 	// One draft a step may come from a source the runner has not tried enough to
 	// judge: sixteen slots trying it in one step cost a step of sixteen drafts.
 	explore := true
@@ -69,11 +69,11 @@ func (e *engine) planDrafts(budget int) {
 		}
 		expect := s.rates.Expect(s.src, n)
 		untried := explore && e.gate.Untried(s.src)
-		if n == 0 || !s.job.forceSpec && !e.gate.Allows(base, drafted, n, kept+expect, untried) || e.guard(n) != nil {
+		if n == 0 || !s.job.forceSpec && !e.gate.Allows(plan, n, expect, untried) || e.guard(n) != nil {
 			continue
 		}
 		explore = explore && !untried
-		drafted, kept = drafted+n, kept+expect
+		e.gate.Add(&plan, n, expect)
 		if len(draft) > 0 {
 			s.draft = append(s.draft, draft[:n]...)
 		} else {
@@ -84,7 +84,7 @@ func (e *engine) planDrafts(budget int) {
 		s.take += n
 		budget -= n
 	}
-	e.asks, e.drafted = asks, drafted > 0
+	e.asks, e.drafters = asks, plan.Drafters
 	if len(asks) == 0 {
 		return
 	}

@@ -33,7 +33,7 @@ func (e *engine) step() {
 	}
 	e.sampling = e.absorb(e.sampling[:0])
 	e.sampleAll(e.sampling)
-	e.gate.Stepped(b.N(), time.Since(start), e.mixed, e.drafted)
+	e.gate.Stepped(b.N(), time.Since(start), e.mixed, e.drafters)
 }
 
 // planTakes sets how many tokens each slot puts in this step's batch: one for each

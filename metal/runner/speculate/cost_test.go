@@ -104,33 +104,33 @@ func TestRate(t *testing.T) {
 // measured.
 func TestGate(t *testing.T) {
 	var g Gate
-	if !g.Allows(1, 0, 4, 0, false) {
+	if !g.Allows(Plan{Base: 1}, 4, 0, false) {
 		t.Fatal("a fresh gate refused a draft: it knows nothing yet")
 	}
 	// The first step of each size sets it up and is not measured: an hour each.
-	g.Stepped(1, time.Hour, false, false)
-	g.Stepped(1, time.Millisecond, false, false)
-	g.Stepped(5, time.Hour, false, true)
-	g.Stepped(1, time.Millisecond, false, false)
-	g.Stepped(5, 5*time.Millisecond, false, true)
-	g.Stepped(1, time.Millisecond, false, false)   // charges the drafting step nothing more
-	g.Stepped(5, 50*time.Millisecond, true, false) // a prefill's step: not a decode's time
-	if g.Allows(1, 0, 4, 2, false) {
-		t.Errorf("rows that cost as tokens: a draft keeping 2 of 4 allowed (times %v)", g.costs.ewma[:4])
+	g.Stepped(1, time.Hour, false, 0)
+	g.Stepped(1, time.Millisecond, false, 0)
+	g.Stepped(5, time.Hour, false, 1)
+	g.Stepped(1, time.Millisecond, false, 0)
+	g.Stepped(5, 5*time.Millisecond, false, 1)
+	g.Stepped(1, time.Millisecond, false, 0)   // charges the drafting step nothing more
+	g.Stepped(5, 50*time.Millisecond, true, 0) // a prefill's step: not a decode's time
+	if g.Allows(Plan{Base: 1}, 4, 2, false) {
+		t.Errorf("rows that cost as tokens: a draft keeping 2 of 4 allowed (times %v)", g.costs[1].ewma[:4])
 	}
-	if !g.Allows(1, 0, 4, 4.5, false) {
-		t.Errorf("a draft expected to keep more than it costs refused (times %v)", g.costs.ewma[:4])
+	if !g.Allows(Plan{Base: 1}, 4, 4.5, false) {
+		t.Errorf("a draft expected to keep more than it costs refused (times %v)", g.costs[1].ewma[:4])
 	}
-	if !g.Allows(1, 0, 4, 0, true) {
+	if !g.Allows(Plan{Base: 1}, 4, 0, true) {
 		t.Errorf("a draft from an untried source refused")
 	}
 	for g.steps%ExploreEvery != 0 {
-		g.Stepped(1, time.Millisecond, false, false)
+		g.Stepped(1, time.Millisecond, false, 0)
 	}
-	if !g.Allows(1, 0, 4, 0, false) {
+	if !g.Allows(Plan{Base: 1}, 4, 0, false) {
 		t.Errorf("step %d explores: refused", g.steps)
 	}
-	g.Stepped(1, time.Millisecond, false, false)
+	g.Stepped(1, time.Millisecond, false, 0)
 	weak := FromLookup(1)
 	if p := g.Prior(); p[weak].Share() != 0.5 {
 		t.Errorf("a fresh gate's prior share %v, want 0.5", p[weak].Share())
@@ -142,13 +142,13 @@ func TestGate(t *testing.T) {
 		t.Errorf("after ten drafts that kept nothing, a new answer starts at share %v (expects %v of 4)", p[weak].Share(), p.Expect(weak, 4))
 	}
 	var flat Gate
-	flat.Stepped(1, 10*time.Millisecond, false, false)
-	flat.Stepped(1, 10*time.Millisecond, false, false)
+	flat.Stepped(1, 10*time.Millisecond, false, 0)
+	flat.Stepped(1, 10*time.Millisecond, false, 0)
 	for range 2 {
-		flat.Stepped(5, 10100*time.Microsecond, false, true)
-		flat.Stepped(1, 10*time.Millisecond, false, false)
+		flat.Stepped(5, 10100*time.Microsecond, false, 1)
+		flat.Stepped(1, 10*time.Millisecond, false, 0)
 	}
-	if !flat.Allows(1, 0, 4, 0.5, false) {
+	if !flat.Allows(Plan{Base: 1}, 4, 0.5, false) {
 		t.Errorf("nearly free rows: a draft keeping half a token refused")
 	}
 }
@@ -159,27 +159,27 @@ func TestGate(t *testing.T) {
 func TestGateChargesTheStepAfter(t *testing.T) {
 	var g Gate
 	for range 3 {
-		g.Stepped(1, time.Millisecond, false, false)
+		g.Stepped(1, time.Millisecond, false, 0)
 	}
-	g.Stepped(5, time.Hour, false, true) // the size's first step: not measured
-	g.Stepped(1, time.Millisecond, false, false)
-	if _, ok := g.costs.Time(5); ok {
+	g.Stepped(5, time.Hour, false, 1) // the size's first step: not measured
+	g.Stepped(1, time.Millisecond, false, 0)
+	if _, ok := g.costs[1].Time(5); ok {
 		t.Fatal("the first step of a size was measured")
 	}
-	g.Stepped(5, 1100*time.Microsecond, false, true) // cheap by itself
+	g.Stepped(5, 1100*time.Microsecond, false, 1) // cheap by itself
 	if g.pending.ok != true {
 		t.Fatal("the drafting step was measured before the step after it")
 	}
-	g.Stepped(1, 3*time.Millisecond, false, false) // 2 ms more than a plain step
-	got, ok := g.costs.Time(5)
+	g.Stepped(1, 3*time.Millisecond, false, 0) // 2 ms more than a plain step
+	got, ok := g.costs[1].Time(5)
 	if !ok || got < 0.0030 || got > 0.0032 {
 		t.Errorf("the drafting step costs %v s, want 3.1 ms: its own 1.1 and the 2 it added", got)
 	}
-	if plain, _ := g.costs.Time(1); plain != 0.001 {
+	if plain, _ := g.costs[0].Time(1); plain != 0.001 {
 		t.Errorf("the plain step after a draft was measured as plain: %v", plain)
 	}
 	g.steps = 1
-	if g.Allows(1, 0, 4, 1.5, false) {
+	if g.Allows(Plan{Base: 1}, 4, 1.5, false) {
 		t.Error("a draft expected to keep 1.5 allowed where it costs 2.1 steps")
 	}
 }
@@ -192,31 +192,65 @@ func TestGateChargesTheStepAfter(t *testing.T) {
 func TestGateReachesAnUnknownSizeWithOneDraft(t *testing.T) {
 	var g Gate
 	for range 3 {
-		g.Stepped(16, 2*time.Millisecond, false, false)
+		g.Stepped(16, 2*time.Millisecond, false, 0)
 	}
-	if !g.Allows(16, 0, 3, 1, false) {
+	p := Plan{Base: 16}
+	if !g.Allows(p, 3, 1, false) {
 		t.Fatal("one slot's draft into an unknown size refused")
 	}
-	if g.Allows(16, 3, 3, 2, false) {
+	g.Add(&p, 3, 1)
+	if g.Allows(p, 3, 1, false) {
 		t.Error("a second slot's draft into an unknown size allowed")
 	}
-	if g.Allows(16, 3, 3, 2, true) {
+	if g.Allows(p, 3, 1, true) {
 		t.Error("a second slot's draft from an untried source into an unknown size allowed")
 	}
 	explore := g
 	for explore.steps%ExploreEvery != 0 {
 		explore.steps++
 	}
-	if explore.Allows(16, 3, 3, 2, false) {
+	if explore.Allows(p, 3, 1, false) {
 		t.Error("an exploring step's second draft into an unknown size allowed")
 	}
-	for _, n := range []int{19, 24} {
-		for range 2 { // a size's first step is not measured
-			g.Stepped(n, 2100*time.Microsecond, false, true)
-		}
+	for range 2 { // a size's first step is not measured
+		g.Stepped(19, 2100*time.Microsecond, false, 1)
+		g.Stepped(19, 2100*time.Microsecond, false, 2)
+		g.Stepped(24, 2100*time.Microsecond, false, 2)
 	}
-	if !g.Allows(16, 3, 3, 2, false) {
-		t.Errorf("a second draft into a size between measured ones, nearly free, refused (times %v)", g.costs.ewma[15:24])
+	p = Plan{Base: 16}
+	g.Add(&p, 3, 1)
+	if !g.Allows(p, 3, 1, false) {
+		t.Errorf("a second draft into a size between measured ones, nearly free, refused (times %v)", g.costs[2].ewma[15:24])
+	}
+}
+
+// TestGateCountsDraftingSlots: a step's time is judged by how many slots drafted in
+// it as well as by its size. Where one slot's draft of 6 into sixteen plain tokens
+// costs 10 % more (one more graph of six rows, where rows are nearly free) and two
+// slots' drafts of 3 each make the same 22 tokens cost twice a plain step (two more
+// graphs, each a pass over the weights), one slot's draft keeping 2 pays and a second
+// slot's does not; a size's times of one drafting slot are not taken for two.
+func TestGateCountsDraftingSlots(t *testing.T) {
+	var g Gate
+	for range 3 {
+		g.Stepped(16, 2*time.Millisecond, false, 0)
+	}
+	for range 3 {
+		g.Stepped(22, 2200*time.Microsecond, false, 1)
+		g.Stepped(22, 4*time.Millisecond, false, 2)
+	}
+	g.steps = 1 // not an exploring step
+	one := Plan{Base: 16}
+	if !g.Allows(one, 6, 2, false) {
+		t.Errorf("one slot's draft of 6 keeping 2 refused where it costs 10 %% more (times %v)", g.costs[1].ewma[15:22])
+	}
+	two := Plan{Base: 16}
+	g.Add(&two, 3, 1)
+	if g.Allows(two, 3, 1, false) {
+		t.Errorf("a second slot's draft allowed where two drafting slots double the step (times %v)", g.costs[2].ewma[15:22])
+	}
+	if two.Drafters != 1 || two.Drafted != 3 || two.Kept != 1 {
+		t.Errorf("plan after one draft: %+v", two)
 	}
 }
 

@@ -147,6 +147,10 @@ type Status struct {
 	// minus the time they waited on the workers' links: the runner's own layers and the
 	// output layer (docs/split-model.md#metrics-and-traces).
 	SplitHeadComputeSeconds float64 `json:"split_head_compute_seconds,omitempty"`
+	// FillerTokens counts the filler tokens decoded so far: one for each idle slot
+	// between two busy ones at a step, so that llama.cpp computes the step as one
+	// micro-batch (its cell is removed after the step; docs/runner-protocol.md).
+	FillerTokens int64 `json:"filler_tokens,omitempty"`
 }
 
 // SplitWorkerStatus is one split worker's link as the runner sees it.

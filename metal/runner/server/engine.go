@@ -4,7 +4,9 @@ package server
 
 import (
 	"math/rand/v2"
+	"os"
 	"runtime"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -58,6 +60,11 @@ type engine struct {
 	gate     speculate.Gate
 	mixed    bool
 	drafters int
+	// fillers are this step's filler tokens (engine_fillers.go); filled counts every
+	// one decoded (/status reads it).
+	fillers    []filler
+	filled     atomic.Int64
+	fillersOff bool
 
 	// queue is what the engine shares with the handlers (engine_queue.go).
 	queue *jobQueue
@@ -164,6 +171,7 @@ func newEngine(log logr.Logger, model *llama.Model, ctx *llama.Context, guard fu
 	}
 	arch, _ := model.Meta("general.architecture")
 	e.specOff = speculationOff(arch, model.IsRecurrent(), model.IsHybrid())
+	e.fillersOff = os.Getenv(noFillers) == "0"
 	for i := range ctx.NSeqMax() {
 		e.slots = append(e.slots, &slot{id: i})
 	}
@@ -413,7 +421,7 @@ func (e *engine) decode(b *llama.Batch) bool {
 		e.ctx.Synchronize()
 	}
 	took := time.Since(start)
-	e.rate.note(took, b.N())
+	e.rate.note(took, b.N()-len(e.fillers))
 	if e.link != nil {
 		e.link.meterStep(before, took, e.slots)
 	}

@@ -145,6 +145,15 @@ func (es *engineSet) stats() (busy, kvUsed, requests int) {
 	return busy, kvUsed, requests
 }
 
+// fillerTokens is the filler tokens the engines decoded so far (engine_fillers.go).
+func (es *engineSet) fillerTokens() int64 {
+	var n int64
+	for _, e := range es.engs {
+		n += e.filled.Load()
+	}
+	return n
+}
+
 // headSeconds is the runner's own compute time so far on a split runner.
 func (es *engineSet) headSeconds() float64 {
 	t := 0.0

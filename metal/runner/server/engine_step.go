@@ -25,15 +25,19 @@ func (e *engine) step() {
 	if b.N() > e.nBatch || b.N() > b.Cap() {
 		// Unreachable by construction; decoding it would abort the process.
 		e.log.Error(nil, "Refusing an oversize batch", "tokens", b.N(), "nBatch", e.nBatch)
+		e.unfill()
 		e.failStep(runnerapi.Internal("internal error: oversize batch"))
 		return
 	}
-	if !e.decode(b) {
+	ok := e.decode(b)
+	n := b.N() - len(e.fillers)
+	e.unfill()
+	if !ok {
 		return
 	}
 	e.sampling = e.absorb(e.sampling[:0])
 	e.sampleAll(e.sampling)
-	e.gate.Stepped(b.N(), time.Since(start), e.mixed, e.drafters)
+	e.gate.Stepped(n, time.Since(start), e.mixed, e.drafters)
 }
 
 // planTakes sets how many tokens each slot puts in this step's batch: one for each
@@ -84,8 +88,16 @@ func (e *engine) planTakes() {
 // sequence ids.
 func (e *engine) fillBatch() {
 	b := e.batch
+	lo, hi, room := -1, -1, 0
+	if e.mayFill() {
+		lo, hi = e.busyRange()
+		room = e.fillerRoom()
+	}
 	for _, s := range e.slots {
 		if s.take == 0 {
+			if s.id > lo && s.id < hi && len(e.fillers) < room {
+				e.addFiller(s) // engine_fillers.go
+			}
 			continue
 		}
 		pos := len(s.cached)

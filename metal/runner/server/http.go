@@ -120,6 +120,7 @@ func (s *Server) handleStatus(w http.ResponseWriter, _ *http.Request) {
 			st.Chat = &ci
 			st.Draft = s.draft.status()
 			st.SplitHeadComputeSeconds = s.eng.headSeconds()
+			st.FillerTokens = s.eng.fillerTokens()
 		}
 	}
 	if state != runnerapi.StateLoading {

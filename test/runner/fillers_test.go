@@ -1,0 +1,166 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/macfleet/macfleet/api/runnerapi"
+)
+
+// TestFillersKeepIdleSlotsIntact: with busy slots 0 and 2 and slot 1 idle between
+// them, holding a cached prompt, the runner decodes a filler token in slot 1 at each
+// step (llama.cpp would otherwise split every step into one micro-batch a run of busy
+// slots: engine_fillers.go) and removes it after the step. The busy slots' answers are
+// what each gives alone, and slot 1's sequence is what its answer left: the answer
+// continued is served from it, prompt and answer, and reads as it does alone.
+func TestFillersKeepIdleSlotsIntact(t *testing.T) {
+	r := startReady(t, model(t, "tiny"), "--parallel", "3", "--ctx", "6144")
+	prompt := func(i int) string {
+		var b strings.Builder
+		for k := range 40 {
+			fmt.Fprintf(&b, "w%d_%d ", i, k*7%13)
+		}
+		return strings.TrimSpace(b.String())
+	}
+	p := [3]string{prompt(0), prompt(1), prompt(2)}
+	follow := [3]string{p[0] + " and then", "", p[2] + " and then"}
+	alone := map[int][]runnerapi.TokenLogprob{0: soloGreedy(t, r, follow[0], 48), 2: soloGreedy(t, r, follow[2], 48)}
+	// Slot 1's answer continued (the final message left open, as the tokens it was
+	// generated as) reuses slot 1's whole sequence, prompt and answer: a cell left past
+	// it would sit where the continuation's first token goes.
+	answer, ids, promptTokens := answerWithIDs(t, r, chatBody(p[1], 64, true))
+	turn := map[string]any{"model": "test", "temperature": 0, "max_tokens": 80, "messages": []map[string]string{
+		{"role": "user", "content": p[1]}, {"role": "assistant", "content": answer}}}
+	continued := func() runnerapi.ChatCompletion {
+		t.Helper()
+		resp := postChat(t, r, turn, runnerapi.HeaderContinue, runnerapi.ContinueFinalMessage,
+			runnerapi.HeaderContinuedTokenIDs, runnerapi.FormatTokenIDs(ids))
+		defer resp.Body.Close()
+		var c runnerapi.ChatCompletion
+		if err := json.NewDecoder(resp.Body).Decode(&c); err != nil || resp.StatusCode != http.StatusOK || len(c.Choices) != 1 {
+			t.Fatalf("the idle slot's answer continued: status %d, %v", resp.StatusCode, err)
+		}
+		return c
+	}
+	turnAlone := continued()
+
+	var cc runnerapi.CacheClear
+	for attempt := 1; ; attempt++ {
+		if code := r.postJSON("/cache/clear", nil, &cc); code != http.StatusOK {
+			t.Fatalf("cache clear: %d", code)
+		}
+		// Park p[0], p[1] and p[2] in slots 0, 1 and 2: each is admitted while the
+		// ones before it run, so each takes the lowest free slot.
+		var parked sync.WaitGroup
+		for i := range p {
+			started := make(chan struct{})
+			parked.Add(1)
+			go func() {
+				defer parked.Done()
+				once := sync.OnceFunc(func() { close(started) })
+				defer once()
+				streamChat(t, r, context.Background(), chatBody(p[i], 64, true), func(chunk) bool { once(); return true })
+			}()
+			<-started
+		}
+		parked.Wait()
+
+		// The follow-ups of p[0] and p[2] reuse slots 0 and 2 (a cached prefix of
+		// more than 32 tokens); slot 1 idles between them.
+		before := r.status().FillerTokens
+		got := map[int][]runnerapi.TokenLogprob{}
+		var mu sync.Mutex
+		var wg sync.WaitGroup
+		for _, i := range []int{0, 2} {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				chunks, _, _, _ := streamChat(t, r, context.Background(), greedyLogprobs(follow[i], 48, true), func(chunk) bool { return true })
+				mu.Lock()
+				defer mu.Unlock()
+				for _, c := range chunks {
+					for _, ch := range c.Choices {
+						if ch.Logprobs != nil {
+							got[i] = append(got[i], ch.Logprobs.Content...)
+						}
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		filled := r.status().FillerTokens - before
+		for _, i := range []int{0, 2} {
+			if d := departure(alone[i], got[i]); d != "" {
+				t.Errorf("slot %d's follow-up beside a filled slot: it %s", i, d)
+			}
+		}
+		// Slot 1's answer continued: its cells are as its answer left them.
+		next := continued()
+		if d := next.Usage.PromptTokensDetails; d == nil || d.CachedTokens < promptTokens {
+			t.Errorf("the idle slot's answer continued: %+v cached, want its whole prompt (%d tokens)",
+				next.Usage.PromptTokensDetails, promptTokens)
+		}
+		if a, b := turnAlone.Choices[0].Message.Text(), next.Choices[0].Message.Text(); a != b {
+			t.Errorf("the idle slot's answer continued reads %q, alone %q", b, a)
+		}
+		if filled > 0 {
+			t.Logf("attempt %d: %d filler tokens beside the two follow-ups", attempt, filled)
+			return
+		}
+		if attempt == 3 {
+			t.Fatalf("in %d attempts no step filled an idle slot between busy ones (the parked prompts did not hold slots 0, 1 and 2, or the follow-ups did not overlap)", attempt)
+		}
+		t.Logf("attempt %d: no filler token; parking again", attempt)
+	}
+}
+
+// answerWithIDs streams body (a chat of one choice) asking for the count lines with
+// token ids, and returns the answer, its tokens' ids and the prompt's token count.
+func answerWithIDs(t *testing.T, r *runner, body map[string]any) (string, []int32, int) {
+	t.Helper()
+	resp := postChat(t, r, body, runnerapi.HeaderTokenCounts, runnerapi.TokenCountComments,
+		runnerapi.HeaderTokenIDs, runnerapi.TokenCountComments)
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("stream: status %d", resp.StatusCode)
+	}
+	var answer strings.Builder
+	var ids []int32
+	prompt := 0
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		line := sc.Text()
+		f := strings.Fields(strings.TrimPrefix(line, ": "))
+		switch {
+		case strings.HasPrefix(line, runnerapi.PromptCountComment+" ") && len(f) >= 2:
+			prompt, _ = strconv.Atoi(f[1])
+		case strings.HasPrefix(line, runnerapi.TokenCountComment+" ") && len(f) == 4:
+			more, err := runnerapi.ParseTokenIDs(f[3])
+			if err != nil {
+				t.Fatalf("count line %q: %v", line, err)
+			}
+			ids = append(ids, more...)
+		case strings.HasPrefix(line, "data: {"):
+			var c runnerapi.ChatCompletionChunk
+			if err := json.Unmarshal([]byte(strings.TrimPrefix(line, "data: ")), &c); err != nil {
+				t.Fatalf("chunk %q: %v", line, err)
+			}
+			for _, ch := range c.Choices {
+				if ch.Delta.Content != nil {
+					answer.WriteString(*ch.Delta.Content)
+				}
+			}
+		}
+	}
+	if len(ids) == 0 || prompt == 0 {
+		t.Fatalf("no token ids (%d) or prompt count (%d) in the stream", len(ids), prompt)
+	}
+	return answer.String(), ids, prompt
+}

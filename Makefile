@@ -169,6 +169,10 @@ SPEC_ROUNDS ?= 10
 bench-spec: runner ## Speculative decoding: single-stream decode off and on in one run, copy-heavy and nothing to copy (docs/speculative-decoding.md).
 	MACFLEET_RUNNER=$(RUNNER) go test -count=1 -run '^$$' -bench Speculation -benchtime $(SPEC_ROUNDS)x ./test/runner
 
+.PHONY: bench-fillers
+bench-fillers: runner ## Fillers: the same streams on one block of slots and on every fourth slot, with and without fillers, in one run (docs/runner-protocol.md#scheduling).
+	MACFLEET_RUNNER=$(RUNNER) go test -count=1 -run '^$$' -bench SlotLayouts -benchtime 3x ./test/runner
+
 # PEERS_SMOKE=1: one round of the tiny model with short outputs, to check the harness
 # end to end (CI), not the figures.
 PEERS_SMOKE   ?=

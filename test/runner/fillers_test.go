@@ -21,6 +21,7 @@ import (
 // what each gives alone, and slot 1's sequence is what its answer left: the answer
 // continued is served from it, prompt and answer, and reads as it does alone.
 func TestFillersKeepIdleSlotsIntact(t *testing.T) {
+	t.Setenv("MACFLEET_FILLERS", "1") // on a CPU they are off by default
 	r := startReady(t, model(t, "tiny"), "--parallel", "3", "--ctx", "6144")
 	prompt := func(i int) string {
 		var b strings.Builder

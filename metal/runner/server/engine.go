@@ -62,9 +62,9 @@ type engine struct {
 	drafters int
 	// fillers are this step's filler tokens (engine_fillers.go); filled counts every
 	// one decoded (/status reads it).
-	fillers    []filler
-	filled     atomic.Int64
-	fillersOff bool
+	fillers   []filler
+	filled    atomic.Int64
+	fillersOn bool
 
 	// queue is what the engine shares with the handlers (engine_queue.go).
 	queue *jobQueue
@@ -171,7 +171,11 @@ func newEngine(log logr.Logger, model *llama.Model, ctx *llama.Context, guard fu
 	}
 	arch, _ := model.Meta("general.architecture")
 	e.specOff = speculationOff(arch, model.IsRecurrent(), model.IsHybrid())
-	e.fillersOff = os.Getenv(noFillers) == "0"
+	env := os.Getenv(envFillers)
+	if env != "" && env != "0" && env != "1" {
+		log.Info("Ignoring "+envFillers+": want 1 (on) or 0 (off)", "value", env)
+	}
+	e.fillersOn = fillersOn(env, model.DeviceBytes())
 	for i := range ctx.NSeqMax() {
 		e.slots = append(e.slots, &slot{id: i})
 	}

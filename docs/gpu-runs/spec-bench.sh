@@ -14,8 +14,8 @@
 #   spec   BenchmarkSpeculation (one stream, with its draft row: the repository's
 #          draft model) and BenchmarkSpeculationStreams (16) with the trained model on
 #          the card, off, on and auto in turn
-#   fillers  the slot layouts of perf-probe.py on the trained model, with the runner's
-#          fillers and without (MACFLEET_FILLERS=0)
+#   fillers  BenchmarkSlotLayouts: one block of slots against every fourth slot, with
+#          the runner's fillers and without
 #   stock  spec with ggml's own rule for recorded CUDA graphs (one-token batches only;
 #          MACFLEET_CUDA_GRAPH_MAX_TOKENS=1), each shape still keeping its own graph
 #   verify the speculation and draft-model tests with every runner on the card (the last 40 lines)
@@ -82,23 +82,11 @@ step_spec() {
 
 step_stock() { MACFLEET_CUDA_GRAPH_MAX_TOKENS=1 step_spec; }
 
-# fillers: perf-probe.py's slot layouts (16 streams on slots 0-15, in two blocks, on
-# every fourth slot of 64) on the trained model, with fillers (the runner's default)
-# and without (MACFLEET_FILLERS=0), each on a fresh runner.
+# fillers: BenchmarkSlotLayouts (the same 16 streams on slots 0-15 and on every fourth
+# slot of 64, with fillers and without, on the synthesized mid model).
 step_fillers() {
-	local port=18600 f
-	for f in 1 0; do
-		MACFLEET_FILLERS=$f "$bin/macfleet-runner" --model test/models/tiny-chat-trained.gguf --addr 127.0.0.1:$port \
-			--parallel 64 --ctx 65536 >"$logs/runner-fillers$f.log" 2>&1 &
-		local pid=$!
-		for _ in $(seq 240); do curl -sf 127.0.0.1:$port/health | grep -q ready && break; sleep 0.25; done
-		echo "== MACFLEET_FILLERS=$f"
-		timeout 120 python3 docs/gpu-runs/perf-probe.py slots http://127.0.0.1:$port 64 "${REPS:-2}" 2>&1 | grep -E 'rep|summary|runs=|decode1'
-		curl -s 127.0.0.1:$port/status | grep -o '"filler_tokens":[0-9]*'
-		kill "$pid"
-		wait "$pid" 2>/dev/null
-		port=$((port + 1))
-	done
+	MACFLEET_BENCH_SLOTS=${FILLER_SLOTS:-64} bench -test.bench 'SlotLayouts' -test.benchtime "${FILLER_ROUNDS:-3}x" 2>&1 |
+		grep -E 'Benchmark|ok|FAIL'
 }
 step_verifystock() { MACFLEET_CUDA_GRAPH_MAX_TOKENS=1 step_verify; }
 

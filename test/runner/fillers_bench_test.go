@@ -17,7 +17,8 @@ import (
 // ids) and on every fourth slot (n blocks), on a runner with fillers and on one
 // without (MACFLEET_FILLERS=0), in the same run, on the synthesized mid model (which
 // writes to max_tokens). Each prompt is first pinned to its slot: prompt i is admitted
-// while prompts 0..i-1 run, so it takes slot i, and asked again it goes back there
+// while prompts 0..i-1 run (a context of 4096 a slot, which none fills before the
+// last is admitted), so it takes slot i, and asked again it goes back there
 // (its cached prefix). MACFLEET_BENCH_SLOTS sets the slots (16; the streams are a
 // quarter of them).
 //
@@ -36,7 +37,7 @@ func BenchmarkSlotLayouts(b *testing.B) {
 	var rate [2][2]float64 // [fillers, none][one block, every fourth]
 	for f, env := range []string{"1", "0"} {
 		b.Setenv("MACFLEET_FILLERS", env)
-		r := startReady(b, path, "--parallel", strconv.Itoa(slots), "--ctx", strconv.Itoa(slots*512),
+		r := startReady(b, path, "--parallel", strconv.Itoa(slots), "--ctx", strconv.Itoa(slots*4096),
 			"--threads", benchThreads("2"))
 		pinSlots(b, r, slots)
 		for l, ids := range layouts {

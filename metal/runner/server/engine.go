@@ -55,11 +55,9 @@ type engine struct {
 	drafter *drafter
 	asks    []*draftAsk
 	// gate decides whether drafts pay, from the engine's own step times; mixed: this
-	// step's batch holds a prefill, whose time is not a decode step's; drafters: the
-	// slots whose drafts it holds.
-	gate     speculate.Gate
-	mixed    bool
-	drafters int
+	// step's batch holds a prefill, whose time is not a decode step's.
+	gate  speculate.Gate
+	mixed bool
 	// fillers are this step's filler tokens (engine_fillers.go); filled counts every
 	// one decoded (/status reads it).
 	fillers   []filler

@@ -84,7 +84,7 @@ func (e *engine) planDrafts(budget int) {
 		s.take += n
 		budget -= n
 	}
-	e.asks, e.drafters = asks, plan.Drafters
+	e.asks = asks
 	if len(asks) == 0 {
 		return
 	}

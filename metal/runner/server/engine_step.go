@@ -29,6 +29,7 @@ func (e *engine) step() {
 		e.failStep(runnerapi.Internal("internal error: oversize batch"))
 		return
 	}
+	drafted, drafters := e.drafts()
 	ok := e.decode(b)
 	n := b.N() - len(e.fillers)
 	e.unfill()
@@ -37,7 +38,7 @@ func (e *engine) step() {
 	}
 	e.sampling = e.absorb(e.sampling[:0])
 	e.sampleAll(e.sampling)
-	e.gate.Stepped(n, time.Since(start), e.mixed, e.drafters)
+	e.gate.Stepped(n, drafted, time.Since(start), e.mixed, drafters)
 }
 
 // planTakes sets how many tokens each slot puts in this step's batch: one for each
@@ -155,4 +156,15 @@ func (e *engine) absorb(sampling []*slot) []*slot {
 		}
 	}
 	return sampling
+}
+
+// drafts is this step's drafted tokens and the slots they belong to.
+func (e *engine) drafts() (tokens, slots int) {
+	for _, s := range e.slots {
+		if s.take > 0 && len(s.draft) > 0 {
+			tokens += len(s.draft)
+			slots++
+		}
+	}
+	return tokens, slots
 }

@@ -206,38 +206,43 @@ func (r *Rates) Expect(src Source, d int) float64 { return r[src].Expect(d) }
 
 // Gate decides whether the drafts of slots that left speculation to the runner (no
 // HeaderSpeculation) are expected to pay on this machine: from the engine's own step
-// times by batch size and by how many slots drafted in the step (Costs, measured on
-// steps without a prefill) and the slots' running shares of drafts kept, by where the
-// drafts came from (Rates). A draft verified in the same pass is nearly free where a
-// step reads the weights once for all its rows (a large model on a Mac or a card) and
-// costs almost a decoded token where each row costs its own work (a CPU's small
-// models; a small model on a card, whose single-token steps run as CUDA graphs and
-// whose rows of logits span a large vocabulary). Every ExploreEvery-th step lets
-// drafts through anyway, so that a size measured under a passing load is measured
-// again. The zero Gate knows nothing (and so lets drafts through).
+// times (Costs, measured on steps without a prefill) and the slots' running shares of
+// drafts kept, by where the drafts came from (Rates). A draft verified in the same
+// pass is nearly free where a step reads the weights once for all its rows (a large
+// model on a Mac or a card) and costs almost a decoded token where each row costs its
+// own work (a CPU's small models; a small model on a card, whose single-token steps
+// run as CUDA graphs and whose rows of logits span a large vocabulary). Every
+// ExploreEvery-th step lets drafts through anyway, so that a time measured under a
+// passing load is measured again. The zero Gate knows nothing (and so lets drafts
+// through).
 //
-// Why the drafting slots count: llama.cpp keeps a KV stream a sequence and splits a
-// batch whose sequences hold different numbers of tokens into micro-batches of equal
-// tokens a sequence, each computed as a graph of its own. A step of sixteen slots
-// where one drafts runs as two graphs (sixteen tokens, then that slot's draft), where
-// two draft as three; on an accelerator each graph is another pass over the weights
-// (or another launch of a small model's kernels), which the size alone does not say.
+// What it measures: plain steps' times by their size, and what drafts add to a step,
+// by how many slots drafted and how many tokens they drafted, whatever the step's
+// size. llama.cpp keeps a KV stream a slot and computes a batch as micro-batches of
+// consecutive sequences holding the same number of tokens each: a step of sixteen
+// slots where one drafts runs as two graphs (the sixteen next tokens, then that
+// slot's draft), where two draft as three. On an accelerator each graph is another
+// launch, or another pass over the weights, so a draft of 6 by one slot and drafts of
+// 3 by two cost differently at the same size; on a CPU what a draft adds is its rows'
+// work. Neither depends much on how many slots decode beside the drafts, and keyed by
+// the step's size the times had to be learnt again for every number of streams.
 type Gate struct {
-	// costs[k] are the times of steps in which k slots drafted (the last table takes
-	// more); costs[0] are the plain steps'.
-	costs [drafterTables]Costs
+	// plain are the plain steps' times by size; extra[k] what the drafts of k slots
+	// (the last table takes more) add to a plain step, by the tokens they drafted.
+	plain Costs
+	extra [drafterTables]Costs
 	steps int
 	// lastDrafted: the previous step held drafts (or a prefill), another shape of
-	// batch than a plain decode's; pending is that step's size, table and time,
-	// waiting to be charged with what it cost the step after it.
+	// batch than a plain decode's; pending is that step's measure, waiting to be
+	// charged with what it cost the step after it.
 	lastDrafted bool
 	pending     struct {
-		n, table int
-		seconds  float64
-		ok       bool
+		base, drafted, table int
+		seconds              float64
+		ok                   bool
 	}
-	// tried marks, by table, the batch sizes' buckets whose first step was seen:
-	// that step is not measured (observe).
+	// tried marks the buckets whose first step was seen, the plain sizes' and each
+	// table's: that step is not measured (observe).
 	tried [drafterTables][buckets]bool
 	// rates are the shares of drafted tokens kept over every slot, by source, the
 	// prior of a new answer's own (Prior): a runner whose drafts from a source keep
@@ -245,12 +250,12 @@ type Gate struct {
 	rates Rates
 }
 
-// drafterTables: plain steps, then steps in which 1, 2, … drafterTables-1 or more
-// slots drafted, each with their own times.
+// drafterTables: plain steps (tried[0]), then steps in which 1, 2, …
+// drafterTables-1 or more slots drafted, each with their own extra times.
 const drafterTables = 5
 
-// table is the cost table of a step in which drafters slots drafted.
-func table(drafters int) int { return min(max(drafters, 0), drafterTables-1) }
+// table is the extra-time table of a step in which drafters slots drafted.
+func table(drafters int) int { return min(max(drafters, 1), drafterTables-1) }
 
 // ExploreEvery is how often a Gate lets drafts through whatever the times say.
 const ExploreEvery = 256
@@ -264,7 +269,7 @@ type Plan struct {
 	// Kept how many of them they are expected to keep.
 	Drafted, Drafters int
 	Kept              float64
-	// unknown: a draft admitted into a size its table has no time for.
+	// unknown: a draft admitted into a count its table has no time for.
 	unknown bool
 }
 
@@ -280,33 +285,33 @@ func (g *Gate) Prior() Rates { return g.rates }
 
 // Allows reports whether one more slot's draft of d tokens, expected to keep kept of
 // them, pays in the step planned so far as p (its drafts all expected to keep what
-// they keep): the step's expected time with it against a plain step of p.Base
-// tokens; or this step explores, or the draft's source is untried (Rate.Untried).
-// One draft a step may reach a size its table has no time for (Time takes it for
-// the nearest smaller size's, which lets the draft through to measure it): sixteen
-// slots each drafting into such sizes made a step of 62 tokens where 16 plain ones
-// were the rule, which cost six plain steps on a card and kept 16 of its 46 drafted
-// tokens.
+// they keep): what the step's drafts would add to a plain step of p.Base tokens
+// against the tokens they are expected to keep; or this step explores, or the draft's
+// source is untried (Rate.Untried). One draft a step may reach a count of drafted
+// tokens its table has no time for (Time takes it for the nearest smaller count's,
+// which lets the draft through to measure it): sixteen slots each drafting into
+// unmeasured sizes made a step of 62 tokens where 16 plain ones were the rule, which
+// cost six plain steps on a card and kept 16 of its 46 drafted tokens.
 func (g *Gate) Allows(p Plan, d int, kept float64, untried bool) bool {
-	with := &g.costs[table(p.Drafters+1)]
-	n := p.Base + p.Drafted + d
+	with := &g.extra[table(p.Drafters+1)]
+	n := p.Drafted + d
 	if p.unknown && !with.known(n) {
 		return false
 	}
 	if untried || g.steps%ExploreEvery == 0 {
 		return true
 	}
-	base, ok := g.costs[0].Time(p.Base)
+	base, ok := g.plain.Time(p.Base)
 	if !ok || base <= 0 {
 		return true // nothing to judge by: the step measures it
 	}
-	t, _ := with.Time(n)
-	return p.Kept+kept > float64(p.Base)*(t/base-1)
+	extra, _ := with.Time(n)
+	return p.Kept+kept > float64(p.Base)*extra/base
 }
 
 // Add admits one more slot's draft of d tokens, expected to keep kept, into p.
 func (g *Gate) Add(p *Plan, d int, kept float64) {
-	if !g.costs[table(p.Drafters+1)].known(p.Base + p.Drafted + d) {
+	if !g.extra[table(p.Drafters+1)].known(p.Drafted + d) {
 		p.unknown = true
 	}
 	p.Drafted += d
@@ -314,44 +319,60 @@ func (g *Gate) Add(p *Plan, d int, kept float64) {
 	p.Kept += kept
 }
 
-// Stepped records a step of n tokens that took d in which drafters slots drafted,
-// or a prefill (mixed), which is counted but not measured. A batch of another shape
-// than the step before costs the step after it too (a card's one-token steps run as
-// a recorded graph, recorded again after a batch of another size), so a drafting step
-// that follows a plain one is charged with what the plain step after it took beyond
-// a plain step's time; a plain step after another shape is not measured as plain.
-func (g *Gate) Stepped(n int, d time.Duration, mixed bool, drafters int) {
+// Stepped records a step of n tokens, drafted of them by drafters slots, that took
+// d; or a prefill (mixed), which is counted but not measured. A batch of another
+// shape than the step before costs the step after it too (a card's one-token steps
+// run as a recorded graph, recorded again after a batch of another size), so a
+// drafting step that follows a plain one is charged with what the plain step after it
+// took beyond a plain step's time; a plain step after another shape is not measured
+// as plain.
+func (g *Gate) Stepped(n, drafted int, d time.Duration, mixed bool, drafters int) {
 	g.steps++
 	prev := g.lastDrafted
-	drafted := drafters > 0
-	g.lastDrafted = drafted || mixed
+	g.lastDrafted = drafters > 0 || mixed
 	sec := d.Seconds()
 	switch {
 	case mixed:
 		g.pending.ok = false
-	case drafted && prev:
-		g.observe(table(drafters), n, sec) // drafting step after drafting step: no change of shape
-	case drafted:
-		g.pending.n, g.pending.table, g.pending.seconds, g.pending.ok = n, table(drafters), sec, true
+	case drafters > 0 && prev:
+		g.observeDrafts(n-drafted, drafted, table(drafters), sec) // no change of shape
+	case drafters > 0:
+		g.pending.base, g.pending.drafted, g.pending.table = n-drafted, drafted, table(drafters)
+		g.pending.seconds, g.pending.ok = sec, true
 	case prev:
-		if plain, ok := g.costs[0].Time(n); ok && g.pending.ok {
-			g.observe(g.pending.table, g.pending.n, g.pending.seconds+max(0, sec-plain))
+		if plain, ok := g.plain.Time(n); ok && g.pending.ok {
+			g.observeDrafts(g.pending.base, g.pending.drafted, g.pending.table, g.pending.seconds+max(0, sec-plain))
 		}
 		g.pending.ok = false
 	default:
-		g.observe(0, n, sec)
+		if g.firstOf(0, n) {
+			return
+		}
+		g.plain.Observe(n, sec)
 	}
 }
 
-// observe measures, in table t, a step of n tokens that took sec, except the first
-// step of n's bucket there: the first step of a batch size sets up what the later
-// ones reuse (buffers on a CPU, a recorded graph on a card), and one such step made
-// the average of a size whose later steps cost a quarter of it, so that no draft of
-// that size passed again to measure it.
-func (g *Gate) observe(t, n int, sec float64) {
-	if b := bucket(n); !g.tried[t][b] {
-		g.tried[t][b] = true
+// observeDrafts measures what drafted tokens by the slots of table t added to a
+// plain step of base tokens, in a step that took sec; not without a plain time for
+// base. (A step's drafts may add nothing measurable: they are measured as adding a
+// nanosecond, Costs' zero being "not measured".)
+func (g *Gate) observeDrafts(base, drafted, t int, sec float64) {
+	plain, ok := g.plain.Time(base)
+	if !ok || g.firstOf(t, drafted) {
 		return
 	}
-	g.costs[t].Observe(n, sec)
+	g.extra[t].Observe(drafted, max(sec-plain, 1e-9))
+}
+
+// firstOf reports whether this is the first step of n's bucket in table t (0: the
+// plain steps), and marks it seen: the first step of a batch shape sets up what the
+// later ones reuse (buffers on a CPU, a recorded graph on a card), and one such step
+// made the average of a size whose later steps cost a quarter of it, so that no draft
+// of that size passed again to measure it.
+func (g *Gate) firstOf(t, n int) bool {
+	if b := bucket(n); !g.tried[t][b] {
+		g.tried[t][b] = true
+		return true
+	}
+	return false
 }

@@ -108,29 +108,29 @@ func TestGate(t *testing.T) {
 		t.Fatal("a fresh gate refused a draft: it knows nothing yet")
 	}
 	// The first step of each size sets it up and is not measured: an hour each.
-	g.Stepped(1, time.Hour, false, 0)
-	g.Stepped(1, time.Millisecond, false, 0)
-	g.Stepped(5, time.Hour, false, 1)
-	g.Stepped(1, time.Millisecond, false, 0)
-	g.Stepped(5, 5*time.Millisecond, false, 1)
-	g.Stepped(1, time.Millisecond, false, 0)   // charges the drafting step nothing more
-	g.Stepped(5, 50*time.Millisecond, true, 0) // a prefill's step: not a decode's time
+	g.Stepped(1, 0, time.Hour, false, 0)
+	g.Stepped(1, 0, time.Millisecond, false, 0)
+	g.Stepped(5, 4, time.Hour, false, 1)
+	g.Stepped(1, 0, time.Millisecond, false, 0)
+	g.Stepped(5, 4, 5*time.Millisecond, false, 1)
+	g.Stepped(1, 0, time.Millisecond, false, 0)   // charges the drafting step nothing more
+	g.Stepped(5, 0, 50*time.Millisecond, true, 0) // a prefill's step: not a decode's time
 	if g.Allows(Plan{Base: 1}, 4, 2, false) {
-		t.Errorf("rows that cost as tokens: a draft keeping 2 of 4 allowed (times %v)", g.costs[1].ewma[:4])
+		t.Errorf("rows that cost as tokens: a draft keeping 2 of 4 allowed (extra %v)", g.extra[1].ewma[:4])
 	}
 	if !g.Allows(Plan{Base: 1}, 4, 4.5, false) {
-		t.Errorf("a draft expected to keep more than it costs refused (times %v)", g.costs[1].ewma[:4])
+		t.Errorf("a draft expected to keep more than it costs refused (extra %v)", g.extra[1].ewma[:4])
 	}
 	if !g.Allows(Plan{Base: 1}, 4, 0, true) {
 		t.Errorf("a draft from an untried source refused")
 	}
 	for g.steps%ExploreEvery != 0 {
-		g.Stepped(1, time.Millisecond, false, 0)
+		g.Stepped(1, 0, time.Millisecond, false, 0)
 	}
 	if !g.Allows(Plan{Base: 1}, 4, 0, false) {
 		t.Errorf("step %d explores: refused", g.steps)
 	}
-	g.Stepped(1, time.Millisecond, false, 0)
+	g.Stepped(1, 0, time.Millisecond, false, 0)
 	weak := FromLookup(1)
 	if p := g.Prior(); p[weak].Share() != 0.5 {
 		t.Errorf("a fresh gate's prior share %v, want 0.5", p[weak].Share())
@@ -142,11 +142,11 @@ func TestGate(t *testing.T) {
 		t.Errorf("after ten drafts that kept nothing, a new answer starts at share %v (expects %v of 4)", p[weak].Share(), p.Expect(weak, 4))
 	}
 	var flat Gate
-	flat.Stepped(1, 10*time.Millisecond, false, 0)
-	flat.Stepped(1, 10*time.Millisecond, false, 0)
+	flat.Stepped(1, 0, 10*time.Millisecond, false, 0)
+	flat.Stepped(1, 0, 10*time.Millisecond, false, 0)
 	for range 2 {
-		flat.Stepped(5, 10100*time.Microsecond, false, 1)
-		flat.Stepped(1, 10*time.Millisecond, false, 0)
+		flat.Stepped(5, 4, 10100*time.Microsecond, false, 1)
+		flat.Stepped(1, 0, 10*time.Millisecond, false, 0)
 	}
 	if !flat.Allows(Plan{Base: 1}, 4, 0.5, false) {
 		t.Errorf("nearly free rows: a draft keeping half a token refused")
@@ -159,23 +159,23 @@ func TestGate(t *testing.T) {
 func TestGateChargesTheStepAfter(t *testing.T) {
 	var g Gate
 	for range 3 {
-		g.Stepped(1, time.Millisecond, false, 0)
+		g.Stepped(1, 0, time.Millisecond, false, 0)
 	}
-	g.Stepped(5, time.Hour, false, 1) // the size's first step: not measured
-	g.Stepped(1, time.Millisecond, false, 0)
-	if _, ok := g.costs[1].Time(5); ok {
-		t.Fatal("the first step of a size was measured")
+	g.Stepped(5, 4, time.Hour, false, 1) // the count's first step: not measured
+	g.Stepped(1, 0, time.Millisecond, false, 0)
+	if _, ok := g.extra[1].Time(4); ok {
+		t.Fatal("the first step of a count of drafted tokens was measured")
 	}
-	g.Stepped(5, 1100*time.Microsecond, false, 1) // cheap by itself
+	g.Stepped(5, 4, 1100*time.Microsecond, false, 1) // cheap by itself
 	if g.pending.ok != true {
 		t.Fatal("the drafting step was measured before the step after it")
 	}
-	g.Stepped(1, 3*time.Millisecond, false, 0) // 2 ms more than a plain step
-	got, ok := g.costs[1].Time(5)
-	if !ok || got < 0.0030 || got > 0.0032 {
-		t.Errorf("the drafting step costs %v s, want 3.1 ms: its own 1.1 and the 2 it added", got)
+	g.Stepped(1, 0, 3*time.Millisecond, false, 0) // 2 ms more than a plain step
+	got, ok := g.extra[1].Time(4)
+	if !ok || got < 0.0020 || got > 0.0022 {
+		t.Errorf("the drafts add %v s, want 2.1 ms: their own 0.1 and the 2 they added after", got)
 	}
-	if plain, _ := g.costs[0].Time(1); plain != 0.001 {
+	if plain, _ := g.plain.Time(1); plain != 0.001 {
 		t.Errorf("the plain step after a draft was measured as plain: %v", plain)
 	}
 	g.steps = 1
@@ -185,72 +185,77 @@ func TestGateChargesTheStepAfter(t *testing.T) {
 }
 
 // TestGateReachesAnUnknownSizeWithOneDraft: where only sixteen-token steps were
-// measured, one slot's draft into the unknown size above is let through (that
-// measures it), a second slot's into a size further up is not, even on an exploring
-// step or from an untried source; once sizes around it are measured, the second is
-// judged by its expected times like any other.
+// measured, one slot's draft is let through (that measures it), a second slot's in
+// the same step is not, even on an exploring step or from an untried source; once
+// counts around it are measured, the second is judged by its expected times like any
+// other.
 func TestGateReachesAnUnknownSizeWithOneDraft(t *testing.T) {
 	var g Gate
 	for range 3 {
-		g.Stepped(16, 2*time.Millisecond, false, 0)
+		g.Stepped(16, 0, 2*time.Millisecond, false, 0)
 	}
 	p := Plan{Base: 16}
 	if !g.Allows(p, 3, 1, false) {
-		t.Fatal("one slot's draft into an unknown size refused")
+		t.Fatal("one slot's draft of an unmeasured count refused")
 	}
 	g.Add(&p, 3, 1)
 	if g.Allows(p, 3, 1, false) {
-		t.Error("a second slot's draft into an unknown size allowed")
+		t.Error("a second slot's draft of an unmeasured count allowed")
 	}
 	if g.Allows(p, 3, 1, true) {
-		t.Error("a second slot's draft from an untried source into an unknown size allowed")
+		t.Error("a second slot's draft from an untried source of an unmeasured count allowed")
 	}
 	explore := g
 	for explore.steps%ExploreEvery != 0 {
 		explore.steps++
 	}
 	if explore.Allows(p, 3, 1, false) {
-		t.Error("an exploring step's second draft into an unknown size allowed")
+		t.Error("an exploring step's second draft of an unmeasured count allowed")
 	}
-	for range 2 { // a size's first step is not measured
-		g.Stepped(19, 2100*time.Microsecond, false, 1)
-		g.Stepped(19, 2100*time.Microsecond, false, 2)
-		g.Stepped(24, 2100*time.Microsecond, false, 2)
+	for range 3 { // a count's first step is not measured
+		g.Stepped(19, 3, 2100*time.Microsecond, false, 1)
+		g.Stepped(20, 4, 2100*time.Microsecond, false, 2)
+		g.Stepped(24, 8, 2100*time.Microsecond, false, 2)
 	}
 	p = Plan{Base: 16}
 	g.Add(&p, 3, 1)
 	if !g.Allows(p, 3, 1, false) {
-		t.Errorf("a second draft into a size between measured ones, nearly free, refused (times %v)", g.costs[2].ewma[15:24])
+		t.Errorf("a second draft of a count between measured ones, nearly free, refused (extra %v)", g.extra[2].ewma[:8])
 	}
 }
 
-// TestGateCountsDraftingSlots: a step's time is judged by how many slots drafted in
-// it as well as by its size. Where one slot's draft of 6 into sixteen plain tokens
-// costs 10 % more (one more graph of six rows, where rows are nearly free) and two
-// slots' drafts of 3 each make the same 22 tokens cost twice a plain step (two more
-// graphs, each a pass over the weights), one slot's draft keeping 2 pays and a second
-// slot's does not; a size's times of one drafting slot are not taken for two.
+// TestGateCountsDraftingSlots: what drafts add to a step is judged by how many slots
+// drafted as well as by how many tokens, and not by how many slots decode beside
+// them. Where one slot's draft of 6 adds 10 % to sixteen plain tokens (one more
+// graph of six rows, where rows are nearly free) and two slots' drafts of 3 each
+// double the step (two more graphs, each a pass over the weights), one slot's draft
+// keeping 2 pays and a second slot's does not; and the same draft pays beside twelve
+// streams, whose plain steps alone were measured.
 func TestGateCountsDraftingSlots(t *testing.T) {
 	var g Gate
 	for range 3 {
-		g.Stepped(16, 2*time.Millisecond, false, 0)
+		g.Stepped(16, 0, 2*time.Millisecond, false, 0)
+		g.Stepped(12, 0, 1800*time.Microsecond, false, 0)
 	}
 	for range 3 {
-		g.Stepped(22, 2200*time.Microsecond, false, 1)
-		g.Stepped(22, 4*time.Millisecond, false, 2)
+		g.Stepped(22, 6, 2200*time.Microsecond, false, 1)
+		g.Stepped(22, 6, 4*time.Millisecond, false, 2)
 	}
 	g.steps = 1 // not an exploring step
 	one := Plan{Base: 16}
 	if !g.Allows(one, 6, 2, false) {
-		t.Errorf("one slot's draft of 6 keeping 2 refused where it costs 10 %% more (times %v)", g.costs[1].ewma[15:22])
+		t.Errorf("one slot's draft of 6 keeping 2 refused where it adds 10 %% (extra %v)", g.extra[1].ewma[:8])
 	}
 	two := Plan{Base: 16}
 	g.Add(&two, 3, 1)
 	if g.Allows(two, 3, 1, false) {
-		t.Errorf("a second slot's draft allowed where two drafting slots double the step (times %v)", g.costs[2].ewma[15:22])
+		t.Errorf("a second slot's draft allowed where two drafting slots double the step (extra %v)", g.extra[2].ewma[:8])
 	}
 	if two.Drafters != 1 || two.Drafted != 3 || two.Kept != 1 {
 		t.Errorf("plan after one draft: %+v", two)
+	}
+	if !g.Allows(Plan{Base: 12}, 6, 2, false) {
+		t.Errorf("beside twelve streams, one slot's draft of 6 keeping 2 refused (extra %v)", g.extra[1].ewma[:8])
 	}
 }
 

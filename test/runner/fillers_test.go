@@ -6,12 +6,14 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
 
 	"github.com/macfleet/macfleet/api/runnerapi"
+	"github.com/macfleet/macfleet/internal/ggufsynth"
 )
 
 // TestFillersKeepIdleSlotsIntact: with busy slots 0 and 2 and slot 1 idle between
@@ -20,9 +22,32 @@ import (
 // slots: engine_fillers.go) and removes it after the step. The busy slots' answers are
 // what each gives alone, and slot 1's sequence is what its answer left: the answer
 // continued is served from it, prompt and answer, and reads as it does alone.
+//
+// Every family the model matrix synthesizes takes the same path (mixtures of experts,
+// sliding-window attention, attention sinks); the hybrid with a recurrent state gets
+// no filler (one would advance its state for good), and its answers are the same.
 func TestFillersKeepIdleSlotsIntact(t *testing.T) {
 	t.Setenv("MACFLEET_FILLERS", "1") // on a CPU they are off by default
-	r := startReady(t, model(t, "tiny"), "--parallel", "3", "--ctx", "6144")
+	t.Run("tiny", func(t *testing.T) { fillersKeepIdleSlot(t, model(t, "tiny"), true) })
+	for _, f := range ggufsynth.Families {
+		t.Run(f.Arch(), func(t *testing.T) {
+			spec, err := ggufsynth.TinyFamily(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			path := filepath.Join(t.TempDir(), f.Arch()+".gguf")
+			if err := ggufsynth.Write(path, spec); err != nil {
+				t.Fatal(err)
+			}
+			fillersKeepIdleSlot(t, path, f != ggufsynth.Qwen3Next)
+		})
+	}
+}
+
+// fillersKeepIdleSlot is TestFillersKeepIdleSlotsIntact on the model at path, whose
+// runner decodes fillers or, where fill is false, must decode none.
+func fillersKeepIdleSlot(t *testing.T, path string, fill bool) {
+	r := startReady(t, path, "--parallel", "3", "--ctx", "6144")
 	prompt := func(i int) string {
 		var b strings.Builder
 		for k := range 40 {
@@ -110,6 +135,12 @@ func TestFillersKeepIdleSlotsIntact(t *testing.T) {
 		}
 		if a, b := turnAlone.Choices[0].Message.Text(), next.Choices[0].Message.Text(); a != b {
 			t.Errorf("the idle slot's answer continued reads %q, alone %q", b, a)
+		}
+		if !fill {
+			if filled != 0 {
+				t.Fatalf("%d filler tokens decoded where the model keeps a recurrent state", filled)
+			}
+			return
 		}
 		if filled > 0 {
 			t.Logf("attempt %d: %d filler tokens beside the two follow-ups", attempt, filled)

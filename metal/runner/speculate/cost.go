@@ -103,21 +103,22 @@ func (c *Costs) estimate(n int) (float64, int) {
 	return c.ewma[lo], below
 }
 
-// Pays reports whether drafting d more tokens into a step of n tokens is expected to
-// raise the runner's rate, given the tokens the drafts are expected to keep
-// (accepted): the step makes n tokens in Time(n) without the drafts and n+accepted in
-// Time(n+d) with them, so they pay when accepted > n·(Time(n+d)/Time(n) − 1). With
-// nothing measured for n, they pay (the step then measures it).
-func (c *Costs) Pays(n, d int, accepted float64) bool {
-	if d <= 0 {
+// Pays reports whether drafts of drafted tokens into a plain step of base tokens,
+// expected to keep kept of them, raise the runner's rate: the plain step makes base
+// tokens in plain.Time(base), and with the drafts base+kept tokens in that time plus
+// extra.Time(drafted) (what the drafts add), so they pay when
+// kept > base·extra/plain. With nothing measured for base they pay (the step then
+// measures it); a count of drafted tokens never measured takes Time's estimate.
+func Pays(plain, extra *Costs, base, drafted int, kept float64) bool {
+	if drafted <= 0 {
 		return false
 	}
-	base, ok := c.Time(n)
-	if !ok || base <= 0 {
+	t, ok := plain.Time(base)
+	if !ok || t <= 0 {
 		return true
 	}
-	with, _ := c.Time(n + d)
-	return accepted > float64(n)*(with/base-1)
+	x, _ := extra.Time(drafted)
+	return kept > float64(base)*x/t
 }
 
 // Rate is a slot's running share of drafted tokens kept, for the expected count a
@@ -298,15 +299,7 @@ func (g *Gate) Allows(p Plan, d int, kept float64, untried bool) bool {
 	if p.unknown && !with.known(n) {
 		return false
 	}
-	if untried || g.steps%ExploreEvery == 0 {
-		return true
-	}
-	base, ok := g.plain.Time(p.Base)
-	if !ok || base <= 0 {
-		return true // nothing to judge by: the step measures it
-	}
-	extra, _ := with.Time(n)
-	return p.Kept+kept > float64(p.Base)*extra/base
+	return untried || g.steps%ExploreEvery == 0 || Pays(&g.plain, with, p.Base, n, p.Kept+kept)
 }
 
 // Add admits one more slot's draft of d tokens, expected to keep kept, into p.

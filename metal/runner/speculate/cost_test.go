@@ -26,29 +26,30 @@ func costs(obs ...[2]float64) *Costs {
 }
 
 func TestPays(t *testing.T) {
+	type obs = [2]float64
 	for _, tc := range []struct {
-		name     string
-		c        *Costs
-		n, d     int
-		accepted float64
-		want     bool
+		name          string
+		plain, extra  *Costs
+		base, drafted int
+		kept          float64
+		want          bool
 	}{
-		{"nothing measured: try it", costs(), 1, 4, 0, true},
-		{"no draft", costs([2]float64{1, 0.01}), 1, 0, 5, false},
-		{"flat step: any kept token pays", costs([2]float64{1, 0.010}, [2]float64{5, 0.0101}), 1, 4, 0.5, true},
-		{"flat step: nothing kept does not", costs([2]float64{1, 0.010}, [2]float64{5, 0.0101}), 1, 4, 0, false},
-		{"per-row step, one stream: 4 rows cost 4 steps, 2.5 kept do not pay", costs([2]float64{1, 0.001}, [2]float64{5, 0.005}), 1, 4, 2.5, false},
-		{"per-row step, one stream: 4.5 kept would", costs([2]float64{1, 0.001}, [2]float64{5, 0.005}), 1, 4, 4.5, true},
-		{"16 streams: a 10 % slower step needs 1.6 kept", costs([2]float64{16, 0.010}, [2]float64{24, 0.011}), 16, 8, 1.5, false},
-		{"16 streams: 1.7 kept pays", costs([2]float64{16, 0.010}, [2]float64{24, 0.011}), 16, 8, 1.7, true},
-		{"the larger batch never measured: assumed as cheap, tried", costs([2]float64{1, 0.001}), 1, 8, 0.1, true},
-		{"per-row step, 5 streams: 3 rows more are not free", costs([2]float64{5, 0.005}, [2]float64{8, 0.008}), 5, 3, 0.5, false},
-		{"a size between two measured ones costs the line between them", costs([2]float64{16, 0.016}, [2]float64{24, 0.024}), 16, 1, 0.9, false},
-		{"and pays when more is kept", costs([2]float64{16, 0.016}, [2]float64{24, 0.024}), 16, 1, 1.1, true},
+		{"nothing measured: try it", costs(), costs(), 1, 4, 0, true},
+		{"no draft", costs(obs{1, 0.01}), costs(), 1, 0, 5, false},
+		{"flat step: any kept token pays", costs(obs{1, 0.010}), costs(obs{4, 0.0001}), 1, 4, 0.5, true},
+		{"flat step: nothing kept does not", costs(obs{1, 0.010}), costs(obs{4, 0.0001}), 1, 4, 0, false},
+		{"per-row step, one stream: 4 rows cost 4 steps, 2.5 kept do not pay", costs(obs{1, 0.001}), costs(obs{4, 0.004}), 1, 4, 2.5, false},
+		{"per-row step, one stream: 4.5 kept would", costs(obs{1, 0.001}), costs(obs{4, 0.004}), 1, 4, 4.5, true},
+		{"16 streams: drafts adding 10 % need 1.6 kept", costs(obs{16, 0.010}), costs(obs{8, 0.001}), 16, 8, 1.5, false},
+		{"16 streams: 1.7 kept pays", costs(obs{16, 0.010}), costs(obs{8, 0.001}), 16, 8, 1.7, true},
+		{"a count never measured: taken for the nearest smaller, tried", costs(obs{1, 0.001}), costs(obs{1, 0.00001}), 1, 8, 0.1, true},
+		{"per-row step, 5 streams: 3 rows more are not free", costs(obs{5, 0.005}), costs(obs{3, 0.003}), 5, 3, 0.5, false},
+		{"a count between two measured ones costs the line between them", costs(obs{16, 0.016}), costs(obs{1, 0.0005}, obs{3, 0.0015}), 16, 2, 0.9, false},
+		{"and pays when more is kept", costs(obs{16, 0.016}), costs(obs{1, 0.0005}, obs{3, 0.0015}), 16, 2, 1.1, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := tc.c.Pays(tc.n, tc.d, tc.accepted); got != tc.want {
-				t.Errorf("Pays(%d, %d, %v) = %v, want %v", tc.n, tc.d, tc.accepted, got, tc.want)
+			if got := Pays(tc.plain, tc.extra, tc.base, tc.drafted, tc.kept); got != tc.want {
+				t.Errorf("Pays(%d, %d, %v) = %v, want %v", tc.base, tc.drafted, tc.kept, got, tc.want)
 			}
 		})
 	}

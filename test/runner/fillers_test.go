@@ -10,7 +10,9 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/macfleet/macfleet/api/runnerapi"
 	"github.com/macfleet/macfleet/internal/ggufsynth"
@@ -56,8 +58,10 @@ func fillersKeepIdleSlot(t *testing.T, path string, fill bool) {
 		return strings.TrimSpace(b.String())
 	}
 	p := [3]string{prompt(0), prompt(1), prompt(2)}
+	// Long enough that the two follow-ups overlap on a loaded machine.
+	const followTokens = 160
 	follow := [3]string{p[0] + " and then", "", p[2] + " and then"}
-	alone := map[int][]runnerapi.TokenLogprob{0: soloGreedy(t, r, follow[0], 48), 2: soloGreedy(t, r, follow[2], 48)}
+	alone := map[int][]runnerapi.TokenLogprob{0: soloGreedy(t, r, follow[0], followTokens), 2: soloGreedy(t, r, follow[2], followTokens)}
 	// Slot 1's answer continued (the final message left open, as the tokens it was
 	// generated as) reuses slot 1's whole sequence, prompt and answer: a cell left past
 	// it would sit where the continuation's first token goes.
@@ -82,21 +86,13 @@ func fillersKeepIdleSlot(t *testing.T, path string, fill bool) {
 		if code := r.postJSON("/cache/clear", nil, &cc); code != http.StatusOK {
 			t.Fatalf("cache clear: %d", code)
 		}
-		// Park p[0], p[1] and p[2] in slots 0, 1 and 2: each is admitted while the
-		// ones before it run, so each takes the lowest free slot.
-		var parked sync.WaitGroup
-		for i := range p {
-			started := make(chan struct{})
-			parked.Add(1)
-			go func() {
-				defer parked.Done()
-				once := sync.OnceFunc(func() { close(started) })
-				defer once()
-				streamChat(t, r, context.Background(), chatBody(p[i], 64, true), func(chunk) bool { once(); return true })
-			}()
-			<-started
+		if !parkInOrder(t, r, p[:]) {
+			t.Logf("attempt %d: a parked answer ended before the next prompt took a slot; parking again", attempt)
+			if attempt == 3 {
+				t.Fatalf("in %d attempts the three prompts never held slots 0, 1 and 2 at once", attempt)
+			}
+			continue
 		}
-		parked.Wait()
 
 		// The follow-ups of p[0] and p[2] reuse slots 0 and 2 (a cached prefix of
 		// more than 32 tokens); slot 1 idles between them.
@@ -108,7 +104,7 @@ func fillersKeepIdleSlot(t *testing.T, path string, fill bool) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				chunks, _, _, _ := streamChat(t, r, context.Background(), greedyLogprobs(follow[i], 48, true), func(chunk) bool { return true })
+				chunks, _, _, _ := streamChat(t, r, context.Background(), greedyLogprobs(follow[i], followTokens, true), func(chunk) bool { return true })
 				mu.Lock()
 				defer mu.Unlock()
 				for _, c := range chunks {
@@ -151,6 +147,48 @@ func fillersKeepIdleSlot(t *testing.T, path string, fill bool) {
 		}
 		t.Logf("attempt %d: no filler token; parking again", attempt)
 	}
+}
+
+// parkInOrder leaves prompts[i] cached in slot i: each is admitted while the ones
+// before it still generate (the runner counts them busy), so each takes the lowest free
+// slot; once all are, their streams are dropped and the runner frees the slots. It is
+// false where an answer ended by itself before the next prompt took its slot (the
+// next would then have taken the freed slot): the slots hold something else.
+func parkInOrder(t *testing.T, r *runner, prompts []string) bool {
+	t.Helper()
+	release := make(chan struct{})
+	var ended atomic.Int32
+	var parked sync.WaitGroup
+	defer func() {
+		close(release)
+		parked.Wait()
+		waitFor(t, 30*time.Second, "the parked answers to free their slots", func() bool { return r.status().SlotsBusy == 0 })
+	}()
+	for i, prompt := range prompts {
+		parked.Add(1)
+		go func() {
+			defer parked.Done()
+			// Long enough to run until dropped: a parked answer that ends by itself is seen.
+			_, _, done, _ := streamChat(t, r, context.Background(), chatBody(prompt, 1500, true), func(chunk) bool {
+				select {
+				case <-release:
+					return false
+				default:
+					return true
+				}
+			})
+			if done {
+				ended.Add(1)
+			}
+		}()
+		waitFor(t, 30*time.Second, fmt.Sprintf("prompt %d to take a slot", i), func() bool {
+			return ended.Load() > 0 || r.status().SlotsBusy == i+1
+		})
+		if ended.Load() > 0 {
+			return false
+		}
+	}
+	return true
 }
 
 // answerWithIDs streams body (a chat of one choice) asking for the count lines with

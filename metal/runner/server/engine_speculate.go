@@ -42,8 +42,9 @@ func speculationOff(arch string, recurrent, hybrid bool) string {
 func (e *engine) planDrafts(budget int) {
 	asks := e.asks[:0]
 	plan := speculate.Plan{Base: e.nBatch - budget}
-	// One draft a step may come from a source the runner has not tried enough to
-	// judge: sixteen slots trying it in one step cost a step of sixteen drafts.
+	// One draft a step may be let through to learn from it (Gate.Tries: a source the
+	// runner has not tried enough to judge, or an exploring step): sixteen slots
+	// trying at once cost a step of sixteen drafts.
 	explore := true
 	for _, s := range e.slots {
 		s.draft, s.byModel = s.draft[:0], false
@@ -68,11 +69,11 @@ func (e *engine) planDrafts(budget int) {
 			n = min(n, len(draft))
 		}
 		expect := s.rates.Expect(s.src, n)
-		untried := explore && e.gate.Untried(s.src)
-		if n == 0 || !s.job.forceSpec && !e.gate.Allows(plan, n, expect, untried) || e.guard(n) != nil {
+		try := explore && e.gate.Tries(s.src)
+		if n == 0 || !s.job.forceSpec && !e.gate.Allows(plan, n, expect, try) || e.guard(n) != nil {
 			continue
 		}
-		explore = explore && !untried
+		explore = explore && !try
 		e.gate.Add(&plan, n, expect)
 		if len(draft) > 0 {
 			s.draft = append(s.draft, draft[:n]...)

@@ -213,8 +213,8 @@ func (r *Rates) Expect(src Source, d int) float64 { return r[src].Expect(d) }
 // model on a Mac or a card) and costs almost a decoded token where each row costs its
 // own work (a CPU's small models; a small model on a card, whose single-token steps
 // run as CUDA graphs and whose rows of logits span a large vocabulary). Every
-// ExploreEvery-th step lets drafts through anyway, so that a time measured under a
-// passing load is measured again. The zero Gate knows nothing (and so lets drafts
+// ExploreEvery-th step lets a draft through anyway (Tries), so that a time measured
+// under a passing load is measured again. The zero Gate knows nothing (and so lets drafts
 // through).
 //
 // What it measures: plain steps' times by their size, and what drafts add to a step,
@@ -258,7 +258,7 @@ const drafterTables = 5
 // table is the extra-time table of a step in which drafters slots drafted.
 func table(drafters int) int { return min(max(drafters, 1), drafterTables-1) }
 
-// ExploreEvery is how often a Gate lets drafts through whatever the times say.
+// ExploreEvery is how often a Gate lets a draft through whatever the times say.
 const ExploreEvery = 256
 
 // Plan is a step's drafts admitted so far (Gate.Add), which the next slot's draft is
@@ -277,9 +277,14 @@ type Plan struct {
 // Note records a verified draft from src of proposed tokens of which accepted were kept.
 func (g *Gate) Note(src Source, proposed, accepted int) { g.rates.Note(src, proposed, accepted) }
 
-// Untried reports whether the runner's drafts from src so far are too few to judge
-// them by (Rate.Untried).
-func (g *Gate) Untried(src Source) bool { return g.rates[src].Untried() }
+// Tries reports whether a draft from src may be let through whatever it is expected
+// to keep, to learn from it: the runner's drafts from src so far are too few to judge
+// them by (Rate.Untried), or this step explores (every ExploreEvery-th). The engine
+// lets one such draft through a step: on a card an exploring step where every slot
+// drafted made a step of sixteen micro-batches, about six plain steps, once every 256.
+func (g *Gate) Tries(src Source) bool {
+	return g.rates[src].Untried() || g.steps%ExploreEvery == 0
+}
 
 // Prior is a new answer's starting Rates: the runner's own so far.
 func (g *Gate) Prior() Rates { return g.rates }
@@ -287,19 +292,19 @@ func (g *Gate) Prior() Rates { return g.rates }
 // Allows reports whether one more slot's draft of d tokens, expected to keep kept of
 // them, pays in the step planned so far as p (its drafts all expected to keep what
 // they keep): what the step's drafts would add to a plain step of p.Base tokens
-// against the tokens they are expected to keep; or this step explores, or the draft's
-// source is untried (Rate.Untried). One draft a step may reach a count of drafted
-// tokens its table has no time for (Time takes it for the nearest smaller count's,
-// which lets the draft through to measure it): sixteen slots each drafting into
-// unmeasured sizes made a step of 62 tokens where 16 plain ones were the rule, which
-// cost six plain steps on a card and kept 16 of its 46 drafted tokens.
-func (g *Gate) Allows(p Plan, d int, kept float64, untried bool) bool {
+// against the tokens they are expected to keep; or the draft is one the runner tries
+// (Tries). One draft a step may reach a count of drafted tokens its table has no time
+// for (Time takes it for the nearest smaller count's, which lets the draft through to
+// measure it): sixteen slots each drafting into unmeasured sizes made a step of 62
+// tokens where 16 plain ones were the rule, which cost six plain steps on a card and
+// kept 16 of its 46 drafted tokens.
+func (g *Gate) Allows(p Plan, d int, kept float64, try bool) bool {
 	with := &g.extra[table(p.Drafters+1)]
 	n := p.Drafted + d
 	if p.unknown && !with.known(n) {
 		return false
 	}
-	return untried || g.steps%ExploreEvery == 0 || Pays(&g.plain, with, p.Base, n, p.Kept+kept)
+	return try || Pays(&g.plain, with, p.Base, n, p.Kept+kept)
 }
 
 // Add admits one more slot's draft of d tokens, expected to keep kept, into p.

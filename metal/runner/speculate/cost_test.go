@@ -123,15 +123,32 @@ func TestGate(t *testing.T) {
 		t.Errorf("a draft expected to keep more than it costs refused (extra %v)", g.extra[1].ewma[:4])
 	}
 	if !g.Allows(Plan{Base: 1}, 4, 0, true) {
-		t.Errorf("a draft from an untried source refused")
+		t.Errorf("a draft the runner tries refused")
+	}
+	strong := FromLookup(3)
+	if !g.Tries(strong) {
+		t.Errorf("a source never drafted from is not tried")
+	}
+	g.Note(strong, triedAfter, triedAfter/2)
+	if g.steps%ExploreEvery == 0 {
+		t.Fatalf("step %d explores", g.steps)
+	}
+	if g.Tries(strong) {
+		t.Errorf("step %d: a source drafted from %d times is tried on a step that does not explore", g.steps, triedAfter)
 	}
 	for g.steps%ExploreEvery != 0 {
 		g.Stepped(1, 0, time.Millisecond, false, 0)
 	}
-	if !g.Allows(Plan{Base: 1}, 4, 0, false) {
-		t.Errorf("step %d explores: refused", g.steps)
+	if !g.Tries(strong) {
+		t.Errorf("step %d explores: a draft is not tried", g.steps)
+	}
+	if g.Allows(Plan{Base: 1}, 4, 0, false) {
+		t.Errorf("step %d explores: a draft not tried (the engine tries one a step) let through", g.steps)
 	}
 	g.Stepped(1, 0, time.Millisecond, false, 0)
+	if g.Tries(strong) {
+		t.Errorf("the step after an exploring one tries a tried source")
+	}
 	weak := FromLookup(1)
 	if p := g.Prior(); p[weak].Share() != 0.5 {
 		t.Errorf("a fresh gate's prior share %v, want 0.5", p[weak].Share())
@@ -210,7 +227,7 @@ func TestGateReachesAnUnknownSizeWithOneDraft(t *testing.T) {
 	for explore.steps%ExploreEvery != 0 {
 		explore.steps++
 	}
-	if explore.Allows(p, 3, 1, false) {
+	if explore.Allows(p, 3, 1, explore.Tries(FromModel)) {
 		t.Error("an exploring step's second draft of an unmeasured count allowed")
 	}
 	for range 3 { // a count's first step is not measured

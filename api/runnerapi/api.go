@@ -151,6 +151,10 @@ type Status struct {
 	// between two busy ones at a step, so that llama.cpp computes the step as one
 	// micro-batch (its cell is removed after the step; docs/runner-protocol.md).
 	FillerTokens int64 `json:"filler_tokens,omitempty"`
+	// PaddedSteps counts the decode steps whose drafts fillers padded: every busy
+	// slot's tokens made as many as the drafting slot's, so that the step stays one
+	// micro-batch (docs/runner-protocol.md).
+	PaddedSteps int64 `json:"padded_steps,omitempty"`
 }
 
 // SplitWorkerStatus is one split worker's link as the runner sees it.

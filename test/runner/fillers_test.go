@@ -21,9 +21,11 @@ import (
 // TestFillersKeepIdleSlotsIntact: with busy slots 0 and 2 and slot 1 idle between
 // them, holding a cached prompt, the runner decodes a filler token in slot 1 at each
 // step (llama.cpp would otherwise split every step into one micro-batch a run of busy
-// slots: engine_fillers.go) and removes it after the step. The busy slots' answers are
-// what each gives alone, and slot 1's sequence is what its answer left: the answer
-// continued is served from it, prompt and answer, and reads as it does alone.
+// slots: engine_fillers.go) and removes it after the step. Slot 0 drafts (speculation
+// asked on), and at its drafting steps slots 1 and 2 are padded with fillers to as
+// many tokens as slot 0 holds. The busy slots' answers are what each gives alone,
+// and slot 1's sequence is what its answer left: the answer continued is served from
+// it, prompt and answer, and reads as it does alone.
 //
 // Every family the model matrix synthesizes takes the same path (mixtures of experts,
 // sliding-window attention, attention sinks); the hybrid with a recurrent state gets
@@ -95,8 +97,10 @@ func fillersKeepIdleSlot(t *testing.T, path string, fill bool) {
 		}
 
 		// The follow-ups of p[0] and p[2] reuse slots 0 and 2 (a cached prefix of
-		// more than 32 tokens); slot 1 idles between them.
-		before := r.status().FillerTokens
+		// more than 32 tokens); slot 1 idles between them. Slot 0 drafts wherever its
+		// prompt lookup finds a draft.
+		st := r.status()
+		before, paddedBefore := st.FillerTokens, st.PaddedSteps
 		got := map[int][]runnerapi.TokenLogprob{}
 		var mu sync.Mutex
 		var wg sync.WaitGroup
@@ -104,6 +108,13 @@ func fillersKeepIdleSlot(t *testing.T, path string, fill bool) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
+				if i == 0 {
+					toks := greedyWith(t, r, greedyLogprobs(follow[i], followTokens, false), runnerapi.HeaderSpeculation, runnerapi.SpeculationOn)
+					mu.Lock()
+					defer mu.Unlock()
+					got[i] = toks
+					return
+				}
 				chunks, _, _, _ := streamChat(t, r, context.Background(), greedyLogprobs(follow[i], followTokens, true), func(chunk) bool { return true })
 				mu.Lock()
 				defer mu.Unlock()
@@ -117,7 +128,8 @@ func fillersKeepIdleSlot(t *testing.T, path string, fill bool) {
 			}()
 		}
 		wg.Wait()
-		filled := r.status().FillerTokens - before
+		st = r.status()
+		filled, padded := st.FillerTokens-before, st.PaddedSteps-paddedBefore
 		for _, i := range []int{0, 2} {
 			if d := departure(alone[i], got[i]); d != "" {
 				t.Errorf("slot %d's follow-up beside a filled slot: it %s", i, d)
@@ -133,20 +145,38 @@ func fillersKeepIdleSlot(t *testing.T, path string, fill bool) {
 			t.Errorf("the idle slot's answer continued reads %q, alone %q", b, a)
 		}
 		if !fill {
-			if filled != 0 {
-				t.Fatalf("%d filler tokens decoded where the model keeps a recurrent state", filled)
+			if filled != 0 || padded != 0 {
+				t.Fatalf("%d filler tokens decoded (%d steps padded) where the model keeps a recurrent state", filled, padded)
 			}
 			return
 		}
-		if filled > 0 {
-			t.Logf("attempt %d: %d filler tokens beside the two follow-ups", attempt, filled)
+		if filled > 0 && padded > 0 {
+			t.Logf("attempt %d: %d filler tokens beside the two follow-ups, %d steps padded", attempt, filled, padded)
 			return
 		}
 		if attempt == 3 {
-			t.Fatalf("in %d attempts no step filled an idle slot between busy ones (the parked prompts did not hold slots 0, 1 and 2, or the follow-ups did not overlap)", attempt)
+			t.Fatalf("in %d attempts no step filled an idle slot between busy ones, or padded one with a draft (the follow-ups did not overlap, or slot 0 drafted only alone): %d fillers, %d steps padded", attempt, filled, padded)
 		}
-		t.Logf("attempt %d: no filler token; parking again", attempt)
+		t.Logf("attempt %d: %d fillers, %d steps padded; parking again", attempt, filled, padded)
 	}
+}
+
+// greedyWith runs body (not streamed, with logprobs) with the headers hdr (name,
+// value, …) and returns its completion's tokens.
+func greedyWith(t *testing.T, r *runner, body map[string]any, hdr ...string) []runnerapi.TokenLogprob {
+	t.Helper()
+	resp := postChat(t, r, body, hdr...)
+	defer resp.Body.Close()
+	var out struct {
+		Choices []struct {
+			Logprobs runnerapi.ChatLogprobs `json:"logprobs"`
+		} `json:"choices"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil || resp.StatusCode != http.StatusOK || len(out.Choices) != 1 {
+		t.Errorf("completion: status %d, %v", resp.StatusCode, err)
+		return nil
+	}
+	return out.Choices[0].Logprobs.Content
 }
 
 // parkInOrder leaves prompts[i] cached in slot i: each is admitted while the ones

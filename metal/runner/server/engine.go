@@ -59,9 +59,10 @@ type engine struct {
 	gate  speculate.Gate
 	mixed bool
 	// fillers are this step's filler tokens (engine_fillers.go); filled counts every
-	// one decoded (/status reads it).
+	// one decoded and padded the steps whose drafts they padded (/status reads both).
 	fillers   []filler
 	filled    atomic.Int64
+	padded    atomic.Int64
 	fillersOn bool
 
 	// queue is what the engine shares with the handlers (engine_queue.go).

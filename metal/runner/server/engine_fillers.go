@@ -79,14 +79,53 @@ func (e *engine) fillerRoom() int {
 	return max(0, room)
 }
 
-// addFiller puts a filler for idle slot s into the batch, where its stream has room.
-func (e *engine) addFiller(s *slot) {
-	pos := e.ctx.SeqPosMax(s.id) + 1
-	if pos >= e.nCtxSeq {
-		return
+// addFillers puts n fillers for sequence seq into the batch, at positions from pos
+// on, as far as its stream has room.
+func (e *engine) addFillers(seq, pos, n int) {
+	for k := range n {
+		if pos+k >= e.nCtxSeq {
+			return
+		}
+		e.batch.Add(fillerToken, pos+k, seq, false)
+		e.fillers = append(e.fillers, filler{seq: seq, pos: pos + k})
 	}
-	e.batch.Add(fillerToken, pos, s.id, false)
-	e.fillers = append(e.fillers, filler{seq: s.id, pos: pos})
+}
+
+// maxPadRows bounds a padded step's rows (padTo): on the card the steps of up to 64
+// tokens run as recorded graphs (MACFLEET_CUDA_GRAPH_MAX_TOKENS), and it is under
+// that bound that padding was measured (docs/benchmarks.md#drafts-padded-to-one-micro-batch-2026-11-29).
+const maxPadRows = 64
+
+// padTo is how many tokens each slot from lo to hi holds in this decode step with its
+// fillers. Where a slot drafts it is the most any slot takes: every other busy slot
+// gets fillers after its tokens, every idle one between them that many, and the step
+// stays one micro-batch, where a drafting slot would otherwise split it in two or
+// three (the slots before it, its own tokens, the slots after it). It is 1 (an idle
+// slot's one filler) where no slot drafts, the step has a prefill, or padding would
+// pass maxPadRows, the batch or a slot's stream.
+func (e *engine) padTo(lo, hi int) int {
+	if lo < 0 || e.mixed {
+		return 1
+	}
+	t := 1
+	for _, s := range e.slots[lo : hi+1] {
+		t = max(t, s.take)
+	}
+	rows := (hi - lo + 1) * t
+	if t == 1 || rows > maxPadRows || rows > e.nBatch {
+		return 1
+	}
+	for _, s := range e.slots[lo : hi+1] {
+		end := e.ctx.SeqPosMax(s.id) + 1
+		if s.take > 0 {
+			end = len(s.cached)
+		}
+		if end+t > e.nCtxSeq {
+			return 1
+		}
+	}
+	e.padded.Add(1)
+	return t
 }
 
 // unfill removes the step's fillers' cells (after its decode, failed or not).

@@ -145,13 +145,14 @@ func (es *engineSet) stats() (busy, kvUsed, requests int) {
 	return busy, kvUsed, requests
 }
 
-// fillerTokens is the filler tokens the engines decoded so far (engine_fillers.go).
-func (es *engineSet) fillerTokens() int64 {
-	var n int64
+// fillers is the filler tokens the engines decoded so far and the steps whose
+// drafts they padded (engine_fillers.go).
+func (es *engineSet) fillers() (tokens, padded int64) {
 	for _, e := range es.engs {
-		n += e.filled.Load()
+		tokens += e.filled.Load()
+		padded += e.padded.Load()
 	}
-	return n
+	return tokens, padded
 }
 
 // headSeconds is the runner's own compute time so far on a split runner.

@@ -89,15 +89,16 @@ func (e *engine) planTakes() {
 // sequence ids.
 func (e *engine) fillBatch() {
 	b := e.batch
-	lo, hi, room := -1, -1, 0
-	if e.mayFill() {
+	lo, hi, room, pad := -1, -1, 0, 1
+	if e.mayFill() { // engine_fillers.go
 		lo, hi = e.busyRange()
 		room = e.fillerRoom()
+		pad = e.padTo(lo, hi)
 	}
 	for _, s := range e.slots {
 		if s.take == 0 {
-			if s.id > lo && s.id < hi && len(e.fillers) < room {
-				e.addFiller(s) // engine_fillers.go
+			if s.id > lo && s.id < hi && len(e.fillers)+pad <= room {
+				e.addFillers(s.id, e.ctx.SeqPosMax(s.id)+1, pad)
 			}
 			continue
 		}
@@ -108,6 +109,7 @@ func (e *engine) fillBatch() {
 			for i, d := range s.draft {
 				b.Add(d, pos+1+i, s.id, true)
 			}
+			e.addFillers(s.id, pos+s.take, pad-s.take)
 			continue
 		}
 		for k := range s.take {

@@ -120,7 +120,7 @@ func (s *Server) handleStatus(w http.ResponseWriter, _ *http.Request) {
 			st.Chat = &ci
 			st.Draft = s.draft.status()
 			st.SplitHeadComputeSeconds = s.eng.headSeconds()
-			st.FillerTokens = s.eng.fillerTokens()
+			st.FillerTokens, st.PaddedSteps = s.eng.fillers()
 		}
 	}
 	if state != runnerapi.StateLoading {

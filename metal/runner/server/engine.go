@@ -64,6 +64,9 @@ type engine struct {
 	filled    atomic.Int64
 	padded    atomic.Int64
 	fillersOn bool
+	// padTakes and padEnds are padTo's scratch (the tokens each slot of the busy
+	// run takes and where its cells end).
+	padTakes, padEnds []int
 
 	// queue is what the engine shares with the handlers (engine_queue.go).
 	queue *jobQueue

@@ -97,34 +97,49 @@ func (e *engine) addFillers(seq, pos, n int) {
 const maxPadRows = 64
 
 // padTo is how many tokens each slot from lo to hi holds in this decode step with its
-// fillers. Where a slot drafts it is the most any slot takes: every other busy slot
-// gets fillers after its tokens, every idle one between them that many, and the step
-// stays one micro-batch, where a drafting slot would otherwise split it in two or
-// three (the slots before it, its own tokens, the slots after it). It is 1 (an idle
-// slot's one filler) where no slot drafts, the step has a prefill, or padding would
-// pass maxPadRows, the batch or a slot's stream.
+// fillers (padding), counting the steps it pads.
 func (e *engine) padTo(lo, hi int) int {
 	if lo < 0 || e.mixed {
 		return 1
 	}
-	t := 1
-	for _, s := range e.slots[lo : hi+1] {
-		t = max(t, s.take)
-	}
-	rows := (hi - lo + 1) * t
-	if t == 1 || rows > maxPadRows || rows > e.nBatch {
-		return 1
-	}
+	takes, ends := e.padTakes[:0], e.padEnds[:0]
 	for _, s := range e.slots[lo : hi+1] {
 		end := e.ctx.SeqPosMax(s.id) + 1
 		if s.take > 0 {
 			end = len(s.cached)
 		}
-		if end+t > e.nCtxSeq {
+		takes, ends = append(takes, s.take), append(ends, end)
+	}
+	e.padTakes, e.padEnds = takes, ends
+	t := padding(takes, ends, e.nBatch, e.nCtxSeq)
+	if t > 1 {
+		e.padded.Add(1)
+	}
+	return t
+}
+
+// padding is how many tokens each of a run of slots holds in a decode step with its
+// fillers, where slot i takes takes[i] tokens (0 for an idle one) and its stream's
+// cells end at ends[i]. Where a slot drafts it is the most any slot takes: every
+// other busy slot gets fillers after its tokens, every idle one that many, and the
+// step stays one micro-batch, where a drafting slot would otherwise split it in two
+// or three (the slots before it, its own tokens, the slots after it). It is 1 (an
+// idle slot's one filler) where no slot takes more than one token, or padding would
+// pass maxPadRows, the batch (nBatch) or a slot's stream of nCtxSeq cells.
+func padding(takes, ends []int, nBatch, nCtxSeq int) int {
+	t := 1
+	for _, n := range takes {
+		t = max(t, n)
+	}
+	rows := len(takes) * t
+	if t == 1 || rows > maxPadRows || rows > nBatch {
+		return 1
+	}
+	for _, end := range ends {
+		if end+t > nCtxSeq {
 			return 1
 		}
 	}
-	e.padded.Add(1)
 	return t
 }
 

@@ -6,7 +6,6 @@ import (
 	"math/rand/v2"
 	"os"
 	"runtime"
-	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -58,15 +57,8 @@ type engine struct {
 	// step's batch holds a prefill, whose time is not a decode step's.
 	gate  speculate.Gate
 	mixed bool
-	// fillers are this step's filler tokens (engine_fillers.go); filled counts every
-	// one decoded and padded the steps whose drafts they padded (/status reads both).
-	fillers   []filler
-	filled    atomic.Int64
-	padded    atomic.Int64
-	fillersOn bool
-	// padTakes and padEnds are padTo's scratch (the tokens each slot of the busy
-	// run takes and where its cells end).
-	padTakes, padEnds []int
+	// fill is the fillers beside the busy slots (engine_fillers.go).
+	fill fillerSet
 
 	// queue is what the engine shares with the handlers (engine_queue.go).
 	queue *jobQueue
@@ -177,7 +169,7 @@ func newEngine(log logr.Logger, model *llama.Model, ctx *llama.Context, guard fu
 	if env != "" && env != "0" && env != "1" {
 		log.Info("Ignoring "+envFillers+": want 1 (on) or 0 (off)", "value", env)
 	}
-	e.fillersOn = fillersOn(env, model.DeviceBytes())
+	e.fill.on = fillersOn(env, model.DeviceBytes())
 	for i := range ctx.NSeqMax() {
 		e.slots = append(e.slots, &slot{id: i})
 	}
@@ -427,7 +419,7 @@ func (e *engine) decode(b *llama.Batch) bool {
 		e.ctx.Synchronize()
 	}
 	took := time.Since(start)
-	e.rate.note(took, b.N()-len(e.fillers))
+	e.rate.note(took, b.N()-len(e.fill.step))
 	if e.link != nil {
 		e.link.meterStep(before, took, e.slots)
 	}

@@ -2,6 +2,8 @@
 
 package server
 
+import "sync/atomic"
+
 // Fillers: one micro-batch for a step whose busy slots have idle ones between them.
 //
 // The runner's context keeps a KV stream a slot, and llama.cpp computes a batch of
@@ -48,75 +50,98 @@ func fillersOn(env string, deviceBytes uint64) bool {
 	return deviceBytes > 0
 }
 
-// mayFill reports whether this step may get fillers: a context of several streams
-// whose cells can be removed again (no recurrent state, which a filler would advance
-// for good: specOff), with fillers on (fillersOn).
-func (e *engine) mayFill() bool {
-	return e.fillersOn && len(e.slots) > 1 && e.specOff == ""
+// fillerSet is an engine's fillers: whether it makes them, this step's, and the
+// counts /status reads. It reaches the engine's context and batch only through its
+// methods' arguments.
+type fillerSet struct {
+	on bool
+	// step is this step's fillers, removed after its decode (remove).
+	step []filler
+	// filled counts every filler decoded, padded the steps whose drafts they padded.
+	filled, padded atomic.Int64
+	// takes and ends are plan's scratch (padding's arguments).
+	takes, ends []int
 }
 
-// busyRange is the first and last slot with tokens in this step (-1, -1 for none).
-func (e *engine) busyRange() (lo, hi int) {
-	lo, hi = -1, -1
-	for _, s := range e.slots {
+// seqCells is what fillers need of a context: where a sequence's cells end, and removing
+// a sequence's cells from a position on.
+type seqCells interface {
+	SeqPosMax(seq int) int
+	SeqRm(seq, p0, p1 int) bool
+}
+
+// batchAdder is what fillers need of a batch.
+type batchAdder interface {
+	Add(tok int32, pos, seq int, output bool) int
+}
+
+// fillPlan is a step's fillers: the run of busy slots from lo to hi (-1, -1 for
+// none: no fillers), the batch's room left for fillers, and how many tokens each
+// slot of the run holds with its fillers (pad: 1 but where a slot drafts, padding).
+type fillPlan struct{ lo, hi, room, pad int }
+
+// plan is this step's fillPlan for slots, whose context is kv: none where fillers are
+// off, the engine has one slot, or its sequences cannot be cut back (cutBack false:
+// a recurrent state, which a filler would advance for good).
+func (f *fillerSet) plan(slots []*slot, kv seqCells, nBatch, nCtxSeq int, mixed, cutBack bool) fillPlan {
+	p := fillPlan{lo: -1, hi: -1, pad: 1}
+	if !f.on || len(slots) < 2 || !cutBack {
+		return p
+	}
+	p.room = nBatch
+	for _, s := range slots {
+		p.room -= s.take
 		if s.take > 0 {
-			if lo < 0 {
-				lo = s.id
+			if p.lo < 0 {
+				p.lo = s.id
 			}
-			hi = s.id
+			p.hi = s.id
 		}
 	}
-	return lo, hi
-}
-
-// fillerRoom is how many fillers this step's batch has room for: nBatch less the
-// tokens the slots take.
-func (e *engine) fillerRoom() int {
-	room := e.nBatch
-	for _, s := range e.slots {
-		room -= s.take
+	p.room = max(0, p.room)
+	if p.lo < 0 || mixed {
+		return p
 	}
-	return max(0, room)
-}
-
-// addFillers puts n fillers for sequence seq into the batch, at positions from pos
-// on, as far as its stream has room.
-func (e *engine) addFillers(seq, pos, n int) {
-	for k := range n {
-		if pos+k >= e.nCtxSeq {
-			return
-		}
-		e.batch.Add(fillerToken, pos+k, seq, false)
-		e.fillers = append(e.fillers, filler{seq: seq, pos: pos + k})
-	}
-}
-
-// maxPadRows bounds a padded step's rows (padTo): on the card the steps of up to 64
-// tokens run as recorded graphs (MACFLEET_CUDA_GRAPH_MAX_TOKENS), and it is under
-// that bound that padding was measured (docs/benchmarks.md#drafts-padded-to-one-micro-batch-2026-11-29).
-const maxPadRows = 64
-
-// padTo is how many tokens each slot from lo to hi holds in this decode step with its
-// fillers (padding), counting the steps it pads.
-func (e *engine) padTo(lo, hi int) int {
-	if lo < 0 || e.mixed {
-		return 1
-	}
-	takes, ends := e.padTakes[:0], e.padEnds[:0]
-	for _, s := range e.slots[lo : hi+1] {
-		end := e.ctx.SeqPosMax(s.id) + 1
+	takes, ends := f.takes[:0], f.ends[:0]
+	for _, s := range slots[p.lo : p.hi+1] {
+		end := kv.SeqPosMax(s.id) + 1
 		if s.take > 0 {
 			end = len(s.cached)
 		}
 		takes, ends = append(takes, s.take), append(ends, end)
 	}
-	e.padTakes, e.padEnds = takes, ends
-	t := padding(takes, ends, e.nBatch, e.nCtxSeq)
-	if t > 1 {
-		e.padded.Add(1)
+	f.takes, f.ends = takes, ends
+	if p.pad = padding(takes, ends, nBatch, nCtxSeq); p.pad > 1 {
+		f.padded.Add(1)
 	}
-	return t
+	return p
 }
+
+// add puts n fillers for sequence seq into the batch b, at positions from pos on, as
+// far as its stream of nCtxSeq cells has room.
+func (f *fillerSet) add(b batchAdder, seq, pos, n, nCtxSeq int) {
+	for k := range n {
+		if pos+k >= nCtxSeq {
+			return
+		}
+		b.Add(fillerToken, pos+k, seq, false)
+		f.step = append(f.step, filler{seq: seq, pos: pos + k})
+	}
+}
+
+// remove removes the step's fillers' cells from kv (after its decode, failed or not).
+func (f *fillerSet) remove(kv seqCells) {
+	f.filled.Add(int64(len(f.step)))
+	for _, fl := range f.step {
+		kv.SeqRm(fl.seq, fl.pos, -1)
+	}
+	f.step = f.step[:0]
+}
+
+// maxPadRows bounds a padded step's rows (padding): on the card the steps of up to 64
+// tokens run as recorded graphs (MACFLEET_CUDA_GRAPH_MAX_TOKENS), and it is under
+// that bound that padding was measured (docs/benchmarks.md#drafts-padded-to-one-micro-batch-2026-11-29).
+const maxPadRows = 64
 
 // padding is how many tokens each of a run of slots holds in a decode step with its
 // fillers, where slot i takes takes[i] tokens (0 for an idle one) and its stream's
@@ -141,13 +166,4 @@ func padding(takes, ends []int, nBatch, nCtxSeq int) int {
 		}
 	}
 	return t
-}
-
-// unfill removes the step's fillers' cells (after its decode, failed or not).
-func (e *engine) unfill() {
-	e.filled.Add(int64(len(e.fillers)))
-	for _, f := range e.fillers {
-		e.ctx.SeqRm(f.seq, f.pos, -1)
-	}
-	e.fillers = e.fillers[:0]
 }

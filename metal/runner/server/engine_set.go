@@ -149,8 +149,8 @@ func (es *engineSet) stats() (busy, kvUsed, requests int) {
 // drafts they padded (engine_fillers.go).
 func (es *engineSet) fillers() (tokens, padded int64) {
 	for _, e := range es.engs {
-		tokens += e.filled.Load()
-		padded += e.padded.Load()
+		tokens += e.fill.filled.Load()
+		padded += e.fill.padded.Load()
 	}
 	return tokens, padded
 }

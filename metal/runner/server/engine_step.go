@@ -25,14 +25,14 @@ func (e *engine) step() {
 	if b.N() > e.nBatch || b.N() > b.Cap() {
 		// Unreachable by construction; decoding it would abort the process.
 		e.log.Error(nil, "Refusing an oversize batch", "tokens", b.N(), "nBatch", e.nBatch)
-		e.unfill()
+		e.fill.remove(e.ctx)
 		e.failStep(runnerapi.Internal("internal error: oversize batch"))
 		return
 	}
-	drafted, drafters := e.drafts()
+	drafted, drafters := drafts(e.slots)
 	ok := e.decode(b)
-	n := b.N() - len(e.fillers)
-	e.unfill()
+	n := b.N() - len(e.fill.step)
+	e.fill.remove(e.ctx)
 	if !ok {
 		return
 	}
@@ -89,16 +89,11 @@ func (e *engine) planTakes() {
 // sequence ids.
 func (e *engine) fillBatch() {
 	b := e.batch
-	lo, hi, room, pad := -1, -1, 0, 1
-	if e.mayFill() { // engine_fillers.go
-		lo, hi = e.busyRange()
-		room = e.fillerRoom()
-		pad = e.padTo(lo, hi)
-	}
+	p := e.fill.plan(e.slots, e.ctx, e.nBatch, e.nCtxSeq, e.mixed, e.specOff == "") // engine_fillers.go
 	for _, s := range e.slots {
 		if s.take == 0 {
-			if s.id > lo && s.id < hi && len(e.fillers)+pad <= room {
-				e.addFillers(s.id, e.ctx.SeqPosMax(s.id)+1, pad)
+			if s.id > p.lo && s.id < p.hi && len(e.fill.step)+p.pad <= p.room {
+				e.fill.add(b, s.id, e.ctx.SeqPosMax(s.id)+1, p.pad, e.nCtxSeq)
 			}
 			continue
 		}
@@ -109,7 +104,7 @@ func (e *engine) fillBatch() {
 			for i, d := range s.draft {
 				b.Add(d, pos+1+i, s.id, true)
 			}
-			e.addFillers(s.id, pos+s.take, pad-s.take)
+			e.fill.add(b, s.id, pos+s.take, p.pad-s.take, e.nCtxSeq)
 			continue
 		}
 		for k := range s.take {
@@ -160,13 +155,13 @@ func (e *engine) absorb(sampling []*slot) []*slot {
 	return sampling
 }
 
-// drafts is this step's drafted tokens and the slots they belong to.
-func (e *engine) drafts() (tokens, slots int) {
-	for _, s := range e.slots {
+// drafts is the drafted tokens in this step of slots and the slots they belong to.
+func drafts(slots []*slot) (tokens, drafters int) {
+	for _, s := range slots {
 		if s.take > 0 && len(s.draft) > 0 {
 			tokens += len(s.draft)
-			slots++
+			drafters++
 		}
 	}
-	return tokens, slots
+	return tokens, drafters
 }

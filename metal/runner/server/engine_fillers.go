@@ -89,8 +89,10 @@ func (f *fillerSet) plan(slots []*slot, kv seqCells, nBatch, nCtxSeq int, mixed,
 		return p
 	}
 	p.room = nBatch
+	most := 0
 	for _, s := range slots {
 		p.room -= s.take
+		most = max(most, s.take)
 		if s.take > 0 {
 			if p.lo < 0 {
 				p.lo = s.id
@@ -99,8 +101,8 @@ func (f *fillerSet) plan(slots []*slot, kv seqCells, nBatch, nCtxSeq int, mixed,
 		}
 	}
 	p.room = max(0, p.room)
-	if p.lo < 0 || mixed {
-		return p
+	if most <= 1 || mixed {
+		return p // no draft: nothing to pad (and no stream's end to read each step)
 	}
 	takes, ends := f.takes[:0], f.ends[:0]
 	for _, s := range slots[p.lo : p.hi+1] {
@@ -129,11 +131,15 @@ func (f *fillerSet) add(b batchAdder, seq, pos, n, nCtxSeq int) {
 	}
 }
 
-// remove removes the step's fillers' cells from kv (after its decode, failed or not).
+// remove removes the step's fillers' cells from kv (after its decode, failed or not):
+// a sequence's fillers lie at consecutive positions after its other cells, so one
+// removal from its first filler on takes them all.
 func (f *fillerSet) remove(kv seqCells) {
 	f.filled.Add(int64(len(f.step)))
-	for _, fl := range f.step {
-		kv.SeqRm(fl.seq, fl.pos, -1)
+	for i, fl := range f.step {
+		if i == 0 || f.step[i-1].seq != fl.seq {
+			kv.SeqRm(fl.seq, fl.pos, -1)
+		}
 	}
 	f.step = f.step[:0]
 }

@@ -107,18 +107,37 @@ func (c *Costs) estimate(n int) (float64, int) {
 // expected to keep kept of them, raise the runner's rate: the plain step makes base
 // tokens in plain.Time(base), and with the drafts base+kept tokens in that time plus
 // extra.Time(drafted) (what the drafts add), so they pay when
-// kept > base·extra/plain. With nothing measured for base they pay (the step then
-// measures it); a count of drafted tokens never measured takes Time's estimate.
+// kept > base·extra/plain. With no plain step measured they pay (the step then
+// measures one); a plain size never measured takes the nearest measured one's time,
+// as a count of drafted tokens never measured takes Time's estimate. (A size never
+// measured once let every draft through, and a step with drafts measures no plain
+// time: at sixteen streams on a card, as answers ended and their slots emptied, each
+// step of the sizes left drafted, each costing more than it kept.)
 func Pays(plain, extra *Costs, base, drafted int, kept float64) bool {
 	if drafted <= 0 {
 		return false
 	}
-	t, ok := plain.Time(base)
-	if !ok || t <= 0 {
+	t := plain.near(base)
+	if t <= 0 {
 		return true
 	}
 	x, _ := extra.Time(drafted)
 	return kept > float64(base)*x/t
+}
+
+// near is the expected seconds of a step of n tokens (Time), or where nothing is
+// measured at or below n, the nearest larger measured size's; zero where nothing is
+// measured.
+func (c *Costs) near(n int) float64 {
+	if sec, how := c.estimate(n); how != unknown {
+		return sec
+	}
+	for b := bucket(n) + 1; b < buckets; b++ {
+		if c.ewma[b] > 0 {
+			return c.ewma[b]
+		}
+	}
+	return 0
 }
 
 // Rate is a slot's running share of drafted tokens kept, for the expected count a

@@ -46,6 +46,10 @@ func TestPays(t *testing.T) {
 		{"per-row step, 5 streams: 3 rows more are not free", costs(obs{5, 0.005}), costs(obs{3, 0.003}), 5, 3, 0.5, false},
 		{"a count between two measured ones costs the line between them", costs(obs{16, 0.016}), costs(obs{1, 0.0005}, obs{3, 0.0015}), 16, 2, 0.9, false},
 		{"and pays when more is kept", costs(obs{16, 0.016}), costs(obs{1, 0.0005}, obs{3, 0.0015}), 16, 2, 1.1, true},
+		{"a plain size never measured takes the nearest measured one's time", costs(obs{16, 0.002}), costs(obs{8, 0.0026}), 7, 8, 5, false},
+		{"and pays past it", costs(obs{16, 0.002}), costs(obs{8, 0.0026}), 7, 8, 9.2, true},
+		{"or the line between two: 1.25 ms for 7", costs(obs{4, 0.001}, obs{16, 0.002}), costs(obs{8, 0.0026}), 7, 8, 14.5, false},
+		{"which 14.7 kept pay", costs(obs{4, 0.001}, obs{16, 0.002}), costs(obs{8, 0.0026}), 7, 8, 14.7, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if got := Pays(tc.plain, tc.extra, tc.base, tc.drafted, tc.kept); got != tc.want {

@@ -1,7 +1,13 @@
 package e2e
 
 import (
+	"bytes"
 	"encoding/json"
+	"fmt"
+	"io"
+	"maps"
+	"net/http"
+	"os"
 	"testing"
 	"time"
 
@@ -17,7 +23,8 @@ import (
 // the draft model (--draft), off and on ("draft"). Each request's prompt is cached
 // after the first round, so its time is its decode. It reports both rates, their
 // ratio, the median of the rounds' ratios and the share of drafted tokens kept (make
-// bench-spec; docs/speculative-decoding.md).
+// bench-spec; docs/speculative-decoding.md). Where MACFLEET_BENCH_PEER names another
+// server, each row also reports that server's rate on the same request (peerRow).
 //
 //	MACFLEET_RUNNER=bin/macfleet-runner go test -run '^$' -bench Speculation -benchtime 10x ./test/runner
 func BenchmarkSpeculation(b *testing.B) {
@@ -84,6 +91,67 @@ func specRow(b *testing.B, r *runner, body string) {
 		b.ReportMetric(float64(kept)/float64(drafted), "kept/drafted")
 	}
 	b.ReportMetric(float64(tok[1])/float64(b.N), "tokens/answer")
+	peerRow(b, m, rates[2])
+}
+
+// envBenchPeer is the base URL of another OpenAI-compatible server serving the
+// benchmark's model as "m" (docs/gpu-runs/spec-peer.sh starts the peer server so on
+// the card, beside the runner).
+const envBenchPeer = "MACFLEET_BENCH_PEER"
+
+// peerRow asks the server envBenchPeer names the row's conversation b.N times, after
+// one not counted, and reports its rate (peer-tok/s), its answers' length
+// (peer-tokens/answer) and auto's rate against it (auto/peer). The request goes
+// without its tool list: the peer server renders the trained model's conversation
+// with a template of its own, detected from the model file, which takes no tools (it
+// refuses a request with them), and still quotes the file read back. A server that
+// refuses the request is logged and leaves the row without these figures.
+func peerRow(b *testing.B, body map[string]any, auto float64) {
+	base := os.Getenv(envBenchPeer)
+	if base == "" {
+		return
+	}
+	body = maps.Clone(body)
+	delete(body, "tools")
+	raw, err := json.Marshal(body)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ask := func() (int, time.Duration, error) {
+		start := time.Now()
+		resp, err := http.Post(base+"/v1/chat/completions", "application/json", bytes.NewReader(raw))
+		if err != nil {
+			return 0, 0, err
+		}
+		defer resp.Body.Close()
+		msg, err := io.ReadAll(resp.Body)
+		var c struct {
+			Usage *struct {
+				CompletionTokens int `json:"completion_tokens"`
+			} `json:"usage"`
+		}
+		if err != nil || resp.StatusCode != http.StatusOK || json.Unmarshal(msg, &c) != nil || c.Usage == nil {
+			return 0, 0, fmt.Errorf("%d %s (%v)", resp.StatusCode, msg, err)
+		}
+		return c.Usage.CompletionTokens, time.Since(start), nil
+	}
+	if _, _, err := ask(); err != nil {
+		b.Logf("the peer at %s: %v; no peer figures", base, err)
+		return
+	}
+	var tok int
+	var took time.Duration
+	for range b.N {
+		n, d, err := ask()
+		if err != nil {
+			b.Fatalf("the peer at %s: %v", base, err)
+		}
+		tok, took = tok+n, took+d
+	}
+	rate := float64(tok) / took.Seconds()
+	b.ReportMetric(rate, "peer-tok/s")
+	b.ReportMetric(auto/rate, "auto/peer")
+	b.ReportMetric(float64(tok)/float64(b.N), "peer-tokens/answer")
 }
 
 // speculationModelB is speculationModel for a benchmark.

@@ -105,7 +105,7 @@ func (c *Costs) estimate(n int) (float64, int) {
 
 // Pays reports whether drafts of drafted tokens into a plain step of base tokens,
 // expected to keep kept of them, raise the runner's rate: the plain step makes base
-// tokens in plain.Time(base), and with the drafts base+kept tokens in that time plus
+// tokens in plain.near(base), and with the drafts base+kept tokens in that time plus
 // extra.Time(drafted) (what the drafts add), so they pay when
 // kept > base·extra/plain. With no plain step measured they pay (the step then
 // measures one); a plain size never measured takes the nearest measured one's time,

@@ -223,7 +223,7 @@ func Run(ctx context.Context, cfg Config) error {
 	go func() { poolDone <- eng.Pool.Run(poolCtx) }()
 	serveDone := make(chan error, 1)
 	go func() { serveDone <- httpSrv.Serve(ln) }()
-	dialOut(ctx, cfg, out, tlsSrc, httpSrv)
+	dialOut(ctx, cfg, out, tlsSrc, keeper, httpSrv)
 	log.Info("Serving the OpenAI and admin API", "addr", ln.Addr().String(), "endpoint", endpoint, "node", cfg.NodeName,
 		"runner", eng.RunnerPath, "ceiling", eng.Pool.Ceiling().Describe())
 	if cfg.Started != nil {

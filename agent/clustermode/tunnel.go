@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 
+	"github.com/macfleet/macfleet/agent/certs"
 	"github.com/macfleet/macfleet/internal/pki"
 	"github.com/macfleet/macfleet/internal/tunnel"
 )
@@ -26,13 +27,22 @@ func outbound(cfg Config, tlsSrc *pki.Source, endpoint string) *tunnel.Agent {
 
 // dialOut, with a tunnel, holds the agent's connection to the gateway until ctx
 // ends and serves the API on it as on its own listener: the same TLS with the node
-// certificate inside each stream, the same handler.
-func dialOut(ctx context.Context, cfg Config, a *tunnel.Agent, tlsSrc *pki.Source, httpSrv *http.Server) {
+// certificate inside each stream, the same handler. With a keeper it dials once the
+// keeper has the certificate and the fleet's CA bundle: a dial before fails and
+// waits out the tunnel's backoff while the Mac already reports Ready.
+func dialOut(ctx context.Context, cfg Config, a *tunnel.Agent, tlsSrc *pki.Source, keeper *certs.Keeper, httpSrv *http.Server) {
 	if a == nil {
 		return
 	}
 	cfg.Log.Info("Dialing out to the gateway's tunnel", "gatewayTunnel", cfg.GatewayTunnel)
 	go func() {
+		if keeper != nil {
+			select {
+			case <-keeper.Ready():
+			case <-ctx.Done():
+				return
+			}
+		}
 		_ = a.Run(ctx, func(ln net.Listener) error { return httpSrv.Serve(tls.NewListener(ln, tlsSrc.ServerConfig())) })
 	}()
 }

@@ -61,7 +61,7 @@ func TestOutboundMacPaths(t *testing.T) {
 	addr := fleet.Agent(mac).Addr
 	waitTunnelServes(t, model)
 
-	t.Run("manager reads", func(t *testing.T) { managerReadsThroughTunnel(t, ns, "paths", tunnelAddr) })
+	t.Run("manager reads", func(t *testing.T) { managerReadsThroughTunnel(t, ns, "paths", mac, tunnelAddr) })
 	t.Run("cancel", func(t *testing.T) { cancelThroughTunnel(t, model, addr, key) })
 	t.Run("continuation", func(t *testing.T) { continueThroughTunnel(t, model, addr, key) })
 }
@@ -274,8 +274,9 @@ func countContinued(t *testing.T, results []streamResult) int {
 
 // managerReadsThroughTunnel measures deployment name's load as the manager does
 // (autoscaler.AgentSource, the manager's certificate): at the replicas' addresses it
-// fails on the outbound Mac's; through the gateway's tunnel listener it reads both.
-func managerReadsThroughTunnel(t *testing.T, ns, name, tunnelAddr string) {
+// fails on the outbound Mac's; through the gateway's tunnel listener, once Mac mac
+// holds its tunnel there, it reads both.
+func managerReadsThroughTunnel(t *testing.T, ns, name, mac, tunnelAddr string) {
 	id := pki.Manager("macfleet-manager")
 	certs, err := fleetCA(t).NewSource(&id, time.Now(), time.Hour)
 	if err != nil {
@@ -292,6 +293,19 @@ func managerReadsThroughTunnel(t *testing.T, ns, name, tunnelAddr string) {
 		t.Logf("At the addresses: %v", err)
 	}
 	relay := &tunnel.Relay{Gateway: tunnelAddr, Certificates: certs}
+	// The replica turns Ready, and waitTunnelServes passes on the other Mac's
+	// replica, before the outbound Mac's tunnel may be up: the gateway answers
+	// "none" until then, and the manager would dial the address that fails.
+	start := time.Now()
+	testenv.Eventually(t, time.Minute, 50*time.Millisecond, func() (bool, string) {
+		c, err := relay.Dial(t.Context(), mac)
+		if err != nil {
+			return false, fmt.Sprintf("asking the gateway's tunnel listener for %s: %v", mac, err)
+		}
+		c.Close()
+		return true, ""
+	})
+	t.Logf("%s holds its tunnel at the gateway (waited %v)", mac, time.Since(start).Round(time.Millisecond))
 	via := &autoscaler.AgentSource{Client: fleet.Client, Certificates: certs,
 		HTTP: &http.Client{Timeout: autoscaler.DefaultAgentTimeout, Transport: relay.Transports()}}
 	load, err := via.Measure(t.Context(), &md)

@@ -29,9 +29,9 @@ const specStreams = 16
 // all 16 of the second kind, where every draft is a cost. Each request asks about
 // something else, so the slots answer differently. A round is the 16 answers'
 // completion tokens over the time from the first request sent to the last answer;
-// the rounds alternate off, on and auto, after a round of each not counted (a fresh
-// runner's first: reported alone), and the medians of on's and auto's ratios to off's
-// are reported with the totals.
+// the rounds alternate off, on and auto, each round in another of their six orders, after
+// a round of each not counted (a fresh runner's first: reported alone), and the
+// medians of on's and auto's ratios to off's are reported with the totals.
 //
 //	MACFLEET_RUNNER=bin/macfleet-runner go test -run '^$' -bench SpeculationStreams -benchtime 5x ./test/runner
 func BenchmarkSpeculationStreams(b *testing.B) {
@@ -81,9 +81,15 @@ func benchStreams(b *testing.B, model string, halfCopy bool) {
 	var took [3]time.Duration
 	ratios := [3][]float64{}
 	var autoDrafted []string // what the gate let through, by round: drafted/kept
-	for range b.N {
+	var runs []string        // each round's modes in the order run, with their rates
+	for n := range b.N {
 		var rates [3]float64
-		for i, mode := range specModes {
+		// Each round runs the modes in another of their six orders: a mode that ran
+		// after another may find its state (a card's graphs of the draft shapes, the
+		// batch's cells), and no mode always does.
+		var run []string
+		for _, i := range modeOrders[n%len(modeOrders)] {
+			mode := specModes[i]
 			c, d, err := streamsRound(r, bodies, mode)
 			if err != nil {
 				b.Fatal(err)
@@ -91,10 +97,12 @@ func benchStreams(b *testing.B, model string, halfCopy bool) {
 			sums[i].add(c)
 			took[i] += d
 			rates[i] = float64(c.tokens) / d.Seconds()
+			run = append(run, fmt.Sprintf("%s %.0f", specModeNames[i], rates[i]))
 			if mode == runnerapi.SpeculationAuto {
 				autoDrafted = append(autoDrafted, fmt.Sprintf("%d/%d", c.drafted, c.kept))
 			}
 		}
+		runs = append(runs, strings.Join(run, ", "))
 		for i := 1; i < 3; i++ {
 			ratios[i] = append(ratios[i], rates[i]/rates[0])
 		}
@@ -103,7 +111,8 @@ func benchStreams(b *testing.B, model string, halfCopy bool) {
 	for i := range rates {
 		rates[i] = float64(sums[i].tokens) / took[i].Seconds()
 	}
-	b.Logf("auto/off by round, in order: %.2f; auto's drafted/kept tokens: %s", ratios[2], strings.Join(autoDrafted, " "))
+	b.Logf("auto/off by round, in order: %.2f; auto's drafted/kept tokens: %s; the rounds, agg-tok/s in the order run: %s",
+		ratios[2], strings.Join(autoDrafted, " "), strings.Join(runs, "; "))
 	reportModes(b, rates, ratios, "agg-tok/s")
 	b.ReportMetric(first[2]/first[0], "first-auto/off")
 	if on := sums[1]; on.drafted > 0 {
@@ -136,6 +145,9 @@ func copyFile(i int) string {
 	}
 	return strings.Join(c, " ")
 }
+
+// modeOrders are the six orders of specModes' indices, one a round.
+var modeOrders = [][3]int{{0, 1, 2}, {1, 2, 0}, {2, 0, 1}, {0, 2, 1}, {2, 1, 0}, {1, 0, 2}}
 
 // specModes are the speculation modes the benchmarks compare, off first (the
 // baseline), and their names in the metrics.

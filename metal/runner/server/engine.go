@@ -169,7 +169,7 @@ func newEngine(log logr.Logger, model *llama.Model, ctx *llama.Context, guard fu
 	if env != "" && env != "0" && env != "1" {
 		log.Info("Ignoring "+envFillers+": want 1 (on) or 0 (off)", "value", env)
 	}
-	e.fill.on = fillersOn(env, model.DeviceBytes())
+	e.fill.on = fillersOn(env, model.DeviceBytes(), modelShape{params: model.NParams(), vocab: uint64(model.NVocab()), embd: uint64(model.NEmbd())})
 	for i := range ctx.NSeqMax() {
 		e.slots = append(e.slots, &slot{id: i})
 	}

@@ -20,12 +20,15 @@ import "sync/atomic"
 // Where the layers run decides whether that pays. On an accelerator (Metal, CUDA, a
 // split runner's workers) a step's rows cost about one pass over the weights and a
 // micro-batch more costs another pass (or a round trip). On a CPU each row costs its
-// own work: the synthesized mid model with four streams on every fourth of sixteen
-// slots ran at 132 tok/s with fillers (thirteen rows) and 153 without (four one-row
-// micro-batches), where the trained model, whose rows are cheap beside its
-// vocabulary's logits, ran a step 1.5 times as fast with them. So fillers are on
-// where the model has weights on an accelerator, and MACFLEET_FILLERS=1 or 0 sets
-// them either way.
+// own work, and a filler's row is the layers' work alone (it has no logits): the
+// synthesized mid model, whose layers are most of a token's work, with four streams
+// on every fourth of sixteen slots ran at 132 tok/s with fillers (thirteen rows) and
+// 153 without (four one-row micro-batches), where the trained model, whose rows are
+// cheap beside its vocabulary's logits, ran a step 1.5 times as fast with them and
+// sixteen streams half quoting 1.4–2.2 times as fast (docs/benchmarks.md). So
+// fillers are on where the model has weights on an accelerator, or where its logits
+// are more of a token's work than its layers (modelShape), and MACFLEET_FILLERS=1 or
+// 0 sets them either way.
 
 // filler is a filler token's sequence and position.
 type filler struct{ seq, pos int }
@@ -39,15 +42,28 @@ const fillerToken = 0
 const envFillers = "MACFLEET_FILLERS"
 
 // fillersOn is whether an engine whose model has deviceBytes of weights on
-// accelerators gets fillers, given env (envFillers' value).
-func fillersOn(env string, deviceBytes uint64) bool {
+// accelerators, and the shape m, gets fillers, given env (envFillers' value).
+func fillersOn(env string, deviceBytes uint64, m modelShape) bool {
 	switch env {
 	case "1":
 		return true
 	case "0":
 		return false
 	}
-	return deviceBytes > 0
+	return deviceBytes > 0 || m.logitsOutweighLayers()
+}
+
+// modelShape is what decides fillers on a CPU: the model's parameters, vocabulary
+// and embedding sizes.
+type modelShape struct{ params, vocab, embd uint64 }
+
+// logitsOutweighLayers reports whether a token's logits (vocab × embd multiply-adds)
+// are more of its work than its layers: the parameters besides the token embedding,
+// counted as if the output projection were the embedding (tied), so that an untied
+// one counts as layers and the answer errs toward no fillers.
+func (m modelShape) logitsOutweighLayers() bool {
+	logits := m.vocab * m.embd
+	return logits > 0 && m.params >= logits && logits > m.params-logits
 }
 
 // fillerSet is an engine's fillers: whether it makes them, this step's, and the

@@ -4,21 +4,35 @@ package server
 
 import "testing"
 
-// TestFillersOn: fillers are on where the model has weights on an accelerator, and
-// MACFLEET_FILLERS=1 or 0 sets them either way; any other value is not a setting.
+// TestFillersOn: fillers are on where the model has weights on an accelerator, or
+// where its logits are more of a token's work than its layers, and MACFLEET_FILLERS=1
+// or 0 sets them either way; any other value is not a setting.
 func TestFillersOn(t *testing.T) {
+	// The trained test model (vocab 128256, embd 160, tied; 22,981,280 parameters) and the
+	// synthesized mid model (vocab 32000, embd 1024, tied; 91,505,664).
+	trained := modelShape{params: 22_981_280, vocab: 128256, embd: 160}
+	mid := modelShape{params: 91_505_664, vocab: 32000, embd: 1024}
 	for _, tc := range []struct {
 		env    string
 		device uint64
+		shape  modelShape
 		want   bool
 	}{
-		{"", 0, false}, {"", 1 << 30, true},
-		{"1", 0, true}, {"1", 1 << 30, true},
-		{"0", 0, false}, {"0", 1 << 30, false},
-		{"yes", 0, false}, {"yes", 1 << 30, true},
+		{"", 0, mid, false}, {"", 1 << 30, mid, true},
+		{"1", 0, mid, true}, {"1", 1 << 30, mid, true},
+		{"0", 0, mid, false}, {"0", 1 << 30, mid, false},
+		{"yes", 0, mid, false}, {"yes", 1 << 30, mid, true},
+		{"", 0, trained, true}, {"0", 0, trained, false}, {"1", 0, trained, true},
+		// Untied, the trained model's output projection counts as layers: no fillers.
+		{"", 0, modelShape{params: trained.params + 128256*160, vocab: 128256, embd: 160}, false},
+		// Logits exactly as much work as the layers: not more.
+		{"", 0, modelShape{params: 2 * 1000 * 10, vocab: 1000, embd: 10}, false},
+		// No shape read (zeros), or fewer parameters than the logits: no fillers.
+		{"", 0, modelShape{}, false},
+		{"", 0, modelShape{params: 10, vocab: 1000, embd: 10}, false},
 	} {
-		if got := fillersOn(tc.env, tc.device); got != tc.want {
-			t.Errorf("fillersOn(%q, %d) = %v, want %v", tc.env, tc.device, got, tc.want)
+		if got := fillersOn(tc.env, tc.device, tc.shape); got != tc.want {
+			t.Errorf("fillersOn(%q, %d, %+v) = %v, want %v", tc.env, tc.device, tc.shape, got, tc.want)
 		}
 	}
 }

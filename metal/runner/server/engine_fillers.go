@@ -25,7 +25,7 @@ import "sync/atomic"
 // on every fourth of sixteen slots ran at 132 tok/s with fillers (thirteen rows) and
 // 153 without (four one-row micro-batches), where the trained model, whose rows are
 // cheap beside its vocabulary's logits, ran a step 1.5 times as fast with them and
-// sixteen streams half quoting 1.4–2.2 times as fast (docs/benchmarks.md). So
+// sixteen streams half quoting 1.3–2.2 times as fast (paired runs) (docs/benchmarks.md). So
 // fillers are on where the model has weights on an accelerator, or where its logits
 // are more of a token's work than its layers (modelShape), and MACFLEET_FILLERS=1 or
 // 0 sets them either way.

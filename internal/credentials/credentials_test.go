@@ -94,6 +94,26 @@ func replica(ns, name, node string) *v1alpha1.ModelReplica {
 
 func lease(name string) *coordinationv1.Lease { return newLease(v1alpha1.NodeLeaseNamespace, name) }
 
+// retryUntilParamSeen calls write until it is not denied for an agent address the
+// policy does not see yet, for at most 10 seconds: the policy reads the MacNodes
+// (its params) from the API server's informer, which may not hold the address the
+// step before wrote (an agent's status writes are retried alike).
+func retryUntilParamSeen(ctx context.Context, write func() error) error {
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		err := write()
+		if err == nil || !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "may only advertise its own agent address") ||
+			time.Now().After(deadline) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
 // waitForPolicy polls until the admission policy denies mac-a creating MacNode
 // mac-b: the API server loads a new policy a moment after it is created. Dry runs
 // pass admission without writing anything.
@@ -309,7 +329,7 @@ func TestNodeIsolation(t *testing.T) {
 			})
 		}, nil},
 		{"mac-b updates status of replica bound to it", b, func(c client.Client) error {
-			return patchReplicaStatus(ctx, c, ns, "on-b", setReadyAt(addrB))
+			return retryUntilParamSeen(ctx, func() error { return patchReplicaStatus(ctx, c, ns, "on-b", setReadyAt(addrB)) })
 		}, nil},
 		{"mac-b updates status of replica bound to mac-a", b, func(c client.Client) error {
 			return patchReplicaStatus(ctx, c, ns, "on-a", func(r *v1alpha1.ModelReplica) {

@@ -50,6 +50,14 @@ type DraftStatus struct {
 	// from its hidden state in one fused pass instead of a row of logits. 0 when the
 	// draft reads its logits (on an accelerator, or another type of matrix).
 	HeadBytes int64 `json:"head_bytes,omitempty"`
+	// Device is where the draft computes: CPU, or the accelerator's name (CUDA0,
+	// MTL0). Placement says how it was chosen (--draft-device; beside a model on an
+	// accelerator the runner times a step of the draft on both and keeps the shorter,
+	// whose times are CPUStepSeconds and AcceleratorStepSeconds, absent when not timed).
+	Device                 string  `json:"device"`
+	Placement              string  `json:"placement"`
+	CPUStepSeconds         float64 `json:"cpu_step_seconds,omitempty"`
+	AcceleratorStepSeconds float64 `json:"accelerator_step_seconds,omitempty"`
 }
 
 // CompletionTokensDetails is OpenAI's breakdown of the completion tokens: of the

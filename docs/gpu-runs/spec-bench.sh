@@ -16,9 +16,11 @@
 #          the card, off, on and auto in turn
 #   fillers  BenchmarkSlotLayouts: one block of slots against every fourth slot, with
 #          the runner's fillers and without
+#   draftgpu  BenchmarkSpeculation's draft row with the draft on the card (--draft-device gpu)
+#          where spec's row leaves it to the runner
 #   stock  spec with ggml's own rule for recorded CUDA graphs (one-token batches only;
 #          MACFLEET_CUDA_GRAPH_MAX_TOKENS=1), each shape still keeping its own graph
-#   verify the speculation and draft-model tests with every runner on the card (the last 40 lines)
+#   verify the speculation and draft-model tests with every runner on the card (the last VERIFY_TAIL lines, 40)
 #          (VERIFY_RUN), the same answers with and without drafts
 #   verifystock  verify with ggml's own rule for recorded graphs
 # PACK names another pack folder (a bench-only pack: bin.tar.xz with the runner and
@@ -82,6 +84,11 @@ step_spec() {
 
 step_stock() { MACFLEET_CUDA_GRAPH_MAX_TOKENS=1 step_spec; }
 
+step_draftgpu() {
+	MACFLEET_BENCH_DRAFT_DEVICE=gpu bench -test.bench 'Speculation$/draft' -test.benchtime "${SPEC_ROUNDS:-8}x" 2>&1 |
+		grep -E 'Benchmark|ok|FAIL|_test.go'
+}
+
 # fillers: BenchmarkSlotLayouts (the same 16 streams on slots 0-15 and on every fourth
 # slot of 64, with fillers and without, on the synthesized mid model).
 step_fillers() {
@@ -94,7 +101,7 @@ step_verify() {
 	MACFLEET_RUNNER="$bin/macfleet-runner" MACFLEET_TRAINED_MODEL="$PWD/test/models/tiny-chat-trained.gguf" \
 		MACFLEET_DRAFT_MODEL="$PWD/test/models/tiny-chat-draft.gguf.zst" MACFLEET_TEST_GPU=1 \
 		"$bin/runner.test" -test.count=1 -test.timeout 5m \
-		-test.run "${VERIFY_RUN:-TestSpeculation|TestDraftModel}" -test.v 2>&1 | grep -E '^(=== RUN|--- |PASS|FAIL|ok)|_test.go' | tail -40
+		-test.run "${VERIFY_RUN:-TestSpeculation|TestDraftModel}" -test.v 2>&1 | grep -E '^(=== RUN|--- |PASS|FAIL|ok)|_test.go' | tail -"${VERIFY_TAIL:-40}"
 }
 
 for s in "$@"; do

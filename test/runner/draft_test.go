@@ -71,12 +71,73 @@ func TestDraftModelIsLossless(t *testing.T) {
 	if st == nil || st.Path != draft || st.SizeBytes <= 0 || st.Drafted == 0 || st.Kept == 0 {
 		t.Fatalf("/status draft = %+v: want the draft model, with drafted tokens of which some were kept", st)
 	}
-	// On the CPU the q8_0 draft takes its tokens from its greedy head (the runner
-	// checked it against the draft's logits at load); on a GPU it reads its logits.
-	if onCPU := !gpuSuite(); onCPU != (st.HeadBytes > 0) {
-		t.Errorf("/status draft head_bytes = %d on the CPU = %v: want a greedy head exactly on the CPU", st.HeadBytes, onCPU)
+	// A draft on the CPU (the model's device here; on a GPU, where a step timed at load
+	// was shorter) takes its q8_0 tokens from its greedy head, which the runner checked
+	// against the draft's logits at load; on a GPU it reads its logits.
+	checkDraftPlacement(t, st, "")
+	if onCPU := st.Device == "CPU"; onCPU != (st.HeadBytes > 0) {
+		t.Errorf("/status draft on %s has head_bytes = %d: want a greedy head exactly on the CPU", st.Device, st.HeadBytes)
 	}
-	t.Logf("draft model: %d of %d drafted tokens kept, greedy head %d bytes", st.Kept, st.Drafted, st.HeadBytes)
+	t.Logf("draft model: %d of %d drafted tokens kept, greedy head %d bytes, on %s (%s)", st.Kept, st.Drafted, st.HeadBytes,
+		st.Device, st.Placement)
+}
+
+// checkDraftPlacement checks /status's draft placement for --draft-device asked ("" for
+// auto): asked, where it was; left to the runner, the CPU beside a model on the CPU,
+// and beside a model on a GPU the device whose step, both timed, was shorter.
+func checkDraftPlacement(t *testing.T, st *runnerapi.DraftStatus, asked string) {
+	t.Helper()
+	switch {
+	case asked == "cpu" && st.Device != "CPU", asked == "gpu" && st.Device == "CPU":
+		t.Errorf("/status draft device %q, placement %q: --draft-device %s was asked", st.Device, st.Placement, asked)
+	case asked != "" && !strings.Contains(st.Placement, "--draft-device "+asked):
+		t.Errorf("/status draft placement %q does not name --draft-device %s", st.Placement, asked)
+	case asked == "" && !gpuSuite() && (st.Device != "CPU" || st.Placement != "the model is on the CPU"):
+		t.Errorf("/status draft device %q, placement %q: want the CPU, as the model", st.Device, st.Placement)
+	case asked == "" && gpuSuite():
+		cpu, accel := st.CPUStepSeconds, st.AcceleratorStepSeconds
+		if cpu <= 0 || accel <= 0 || (cpu < accel) != (st.Device == "CPU") || !strings.HasPrefix(st.Placement, "measured") {
+			t.Errorf("/status draft %+v: beside a model on a GPU, want both steps timed and the shorter one's device", st)
+		}
+	}
+}
+
+// TestDraftModelDevice: --draft-device puts the draft where it is asked, and a GPU
+// asked for beside a model that has none is refused at load, naming the fix. The
+// answers stay the same wherever the draft computes.
+func TestDraftModelDevice(t *testing.T) {
+	target, draft := draftModels(t)
+	body := `{"model":"m","max_tokens":64,"temperature":0,` + weather + `}`
+	var first string
+	for _, dev := range []string{"cpu", "gpu"} {
+		if dev == "gpu" && !gpuSuite() {
+			r := startRunner(t, target, "--draft", draft, "--draft-device", "gpu")
+			var h runnerapi.Health
+			waitFor(t, 60*time.Second, "the load to fail", func() bool {
+				code, err := r.getJSON("/health", &h)
+				return err == nil && code == http.StatusServiceUnavailable && h.Status == runnerapi.StateFailed
+			})
+			for _, want := range []string{"--draft-device gpu", "not on an accelerator", "use auto or cpu"} {
+				if !strings.Contains(h.Error, want) {
+					t.Fatalf("load error %q does not say %q", h.Error, want)
+				}
+			}
+			continue
+		}
+		r := startReady(t, target, "--draft", draft, "--draft-device", dev)
+		c := specChat(t, r, body, runnerapi.SpeculationOn)
+		st := r.status().Draft
+		if st == nil || st.Drafted == 0 {
+			t.Fatalf("--draft-device %s: /status draft = %+v, want drafted tokens", dev, st)
+		}
+		checkDraftPlacement(t, st, dev)
+		if first == "" {
+			first = c.Choices[0].Message.Text()
+		} else if got := c.Choices[0].Message.Text(); got != first && !gpuSuite() {
+			t.Errorf("the draft on the GPU answered %q, on the CPU %q", got, first)
+		}
+		t.Logf("--draft-device %s: on %s (%s), %d of %d kept", dev, st.Device, st.Placement, st.Kept, st.Drafted)
+	}
 }
 
 // TestDraftModelPromptCacheTurn: a conversation's next turn, which reuses the

@@ -20,7 +20,8 @@ import (
 // (or the random-weight tiny one): a copy-heavy turn (the answer quotes a file read
 // back) and a turn with nothing to copy; then, where the trained draft model is present
 // (or MACFLEET_DRAFT_MODEL names one), the turn with nothing to copy on a runner with
-// the draft model (--draft), off and on ("draft"). Each request's prompt is cached
+// the draft model (--draft; MACFLEET_BENCH_DRAFT_DEVICE gives its --draft-device),
+// off and on ("draft"). Each request's prompt is cached
 // after the first round, so its time is its decode. It reports both rates, their
 // ratio, the median of the rounds' ratios and the share of drafted tokens kept (make
 // bench-spec; docs/speculative-decoding.md). Where MACFLEET_BENCH_PEER names another
@@ -40,7 +41,14 @@ func BenchmarkSpeculation(b *testing.B) {
 		b.Logf("no draft row: no draft model (%v); set %s", err, testassets.EnvDraftModel)
 		return
 	}
-	rd := startReady(b, path, "--threads", benchThreads("2"), "--draft", draft)
+	args := []string{"--threads", benchThreads("2"), "--draft", draft}
+	if d := os.Getenv("MACFLEET_BENCH_DRAFT_DEVICE"); d != "" {
+		args = append(args, "--draft-device", d)
+	}
+	rd := startReady(b, path, args...)
+	if st := rd.status().Draft; st != nil {
+		b.Logf("the draft model on %s (%s), greedy head %d bytes", st.Device, st.Placement, st.HeadBytes)
+	}
 	b.Run("draft", func(b *testing.B) { specRow(b, rd, nothing) })
 }
 

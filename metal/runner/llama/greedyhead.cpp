@@ -159,14 +159,21 @@ inline float score(const mf_head *h, int64_t r, const int8_t *q, const float *dh
     return s;
 }
 
-// argmax_portable scores rows from..n_vocab in chunks, then scans each chunk for a
-// better one than best (the row arg).
-int32_t argmax_portable(const mf_head *h, const int8_t *q, const float *dh, int64_t nb, int64_t from, float best,
-                        int32_t arg) {
+// A pick is the best row of a range so far and its score.
+struct pick {
+    float best;
+    int32_t arg;
+};
+
+// argmax_portable scores rows from..to in chunks, then scans each chunk for a better
+// one than p.
+pick argmax_portable(const mf_head *h, const int8_t *q, const float *dh, int64_t nb, int64_t from, int64_t to, pick p) {
     constexpr int64_t chunk = 64;
     float sc[chunk];
-    for (int64_t r0 = from; r0 < h->n_vocab; r0 += chunk) {
-        const int64_t n = h->n_vocab - r0 < chunk ? h->n_vocab - r0 : chunk;
+    float best = p.best;
+    int32_t arg = p.arg;
+    for (int64_t r0 = from; r0 < to; r0 += chunk) {
+        const int64_t n = to - r0 < chunk ? to - r0 : chunk;
         for (int64_t r = 0; r < n; r++) {
             sc[r] = score(h, r0 + r, q, dh, nb);
         }
@@ -177,19 +184,20 @@ int32_t argmax_portable(const mf_head *h, const int8_t *q, const float *dh, int6
             }
         }
     }
-    return arg;
+    return {best, arg};
 }
 
 #if defined(__AVX2__)
-// argmax_avx2 takes four rows at a time: each block's 32 products summed in pairs
-// (unsigned by signed, the sign moved onto the row, as ggml's q8_0 product does),
-// the four rows' sums gathered by horizontal adds; the last rows go the portable way.
-int32_t argmax_avx2(const mf_head *h, const int8_t *q, const float *dh, int64_t nb) {
+// argmax_avx2 scores rows from..to four at a time: each block's 32 products summed in
+// pairs (unsigned by signed, the sign moved onto the row, as ggml's q8_0 product
+// does), the four rows' sums gathered by horizontal adds; the last rows go the
+// portable way.
+pick argmax_avx2(const mf_head *h, const int8_t *q, const float *dh, int64_t nb, int64_t from, int64_t to) {
     const __m256i ones = _mm256_set1_epi16(1);
     float best = -INFINITY;
-    int32_t arg = 0;
-    int64_t r0 = 0;
-    for (; r0 + 4 <= h->n_vocab; r0 += 4) {
+    int32_t arg = int32_t(from);
+    int64_t r0 = from;
+    for (; r0 + 4 <= to; r0 += 4) {
         float s[4] = {0, 0, 0, 0};
         for (int64_t b = 0; b < nb; b++) {
             const __m256i qv = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(q + b * block));
@@ -214,9 +222,25 @@ int32_t argmax_avx2(const mf_head *h, const int8_t *q, const float *dh, int64_t 
             }
         }
     }
-    return argmax_portable(h, q, dh, nb, r0, best, arg); // the last rows
+    return argmax_portable(h, q, dh, nb, r0, to, {best, arg}); // the last rows
 }
 #endif
+
+// range_argmax is the best row of from..to (clamped to the vocabulary) and its score.
+pick range_argmax(const mf_head *h, const float *hidden, int64_t from, int64_t to, bool portable) {
+    int8_t q[max_embd];
+    float dh[max_embd / block];
+    const int64_t nb = quantize(h, hidden, q, dh);
+    from = from < 0 ? 0 : from;
+    to = to > h->n_vocab ? h->n_vocab : to;
+#if defined(__AVX2__)
+    if (!portable) {
+        return argmax_avx2(h, q, dh, nb, from, to);
+    }
+#endif
+    (void)portable;
+    return argmax_portable(h, q, dh, nb, from, to, {-INFINITY, int32_t(from)});
+}
 
 } // namespace
 
@@ -224,20 +248,20 @@ extern "C" int32_t mf_head_argmax_with(const mf_head *h, const float *hidden, bo
     if (h == nullptr || hidden == nullptr) {
         return -1;
     }
-    int8_t q[max_embd];
-    float dh[max_embd / block];
-    const int64_t nb = quantize(h, hidden, q, dh);
-#if defined(__AVX2__)
-    if (!portable) {
-        return argmax_avx2(h, q, dh, nb);
-    }
-#endif
-    (void)portable;
-    return argmax_portable(h, q, dh, nb, 0, -INFINITY, 0);
+    return range_argmax(h, hidden, 0, h->n_vocab, portable).arg;
 }
 
 extern "C" int32_t mf_head_argmax(const mf_head *h, const float *hidden) {
     return mf_head_argmax_with(h, hidden, false);
+}
+
+extern "C" int32_t mf_head_argmax_rows(const mf_head *h, const float *hidden, int64_t from, int64_t to, float *score) {
+    if (h == nullptr || hidden == nullptr || from >= to) {
+        return -1;
+    }
+    const pick p = range_argmax(h, hidden, from, to, false);
+    *score = p.best;
+    return p.arg;
 }
 
 extern "C" bool mf_stop_at_norm(struct ggml_tensor *t, bool ask, void *user) {

@@ -16,14 +16,25 @@ import "C"
 
 import (
 	"errors"
+	"sync"
 	"unsafe"
 )
 
 // GreedyHead holds a copy of a model's q8_0 output matrix and gives the greedy token
-// of a hidden state (Argmax).
+// of a hidden state (Argmax). Its methods are for one goroutine at a time.
 type GreedyHead struct {
-	h *C.mf_head
+	h     *C.mf_head
+	vocab int
+	// ways is how many goroutines scan the vocabulary at once (SetThreads), with
+	// each one's range's choice and score.
+	ways   int
+	args   []C.int32_t
+	scores []C.float
 }
+
+// minHeadRows is the fewest rows a goroutine of a split head scans: below it, waking
+// a thread costs more than the rows.
+const minHeadRows = 16384
 
 // LoadGreedyHead reads the output matrix of the model m loaded from path; it fails
 // unless that matrix is q8_0 and of m's embedding by its vocabulary (the reason says
@@ -36,7 +47,20 @@ func LoadGreedyHead(path string, m *Model) (*GreedyHead, error) {
 	if h == nil {
 		return nil, errors.New(C.GoString(&why[0]))
 	}
-	return &GreedyHead{h: h}, nil
+	return &GreedyHead{h: h, vocab: m.NVocab(), ways: 1}, nil
+}
+
+// SetThreads lets Argmax split the vocabulary among up to n threads (the calling one
+// among them), each range at least minHeadRows: on a host whose cores are idle while
+// the draft drafts (its model's layers on an accelerator) the head's pass is the
+// draft's step.
+func (g *GreedyHead) SetThreads(n int) {
+	if g == nil {
+		return
+	}
+	g.ways = max(1, min(n, g.vocab/minHeadRows))
+	g.args = make([]C.int32_t, g.ways)
+	g.scores = make([]C.float, g.ways)
 }
 
 // Free releases the head's copy of the matrix.
@@ -63,7 +87,34 @@ func (g *GreedyHead) Argmax(c *Context, i int) int32 {
 	if e == nil {
 		return -1
 	}
-	return int32(C.mf_head_argmax(g.h, e))
+	if g.ways <= 1 {
+		return int32(C.mf_head_argmax(g.h, e))
+	}
+	return g.argmaxSplit(e)
+}
+
+// argmaxSplit scans the vocabulary in g.ways ranges at once, the first here, and
+// keeps the best of the ranges' choices, the first among equals (what one pass over
+// the whole vocabulary chooses: a row's score does not depend on its range).
+func (g *GreedyHead) argmaxSplit(e *C.float) int32 {
+	per := (g.vocab + g.ways - 1) / g.ways
+	var wg sync.WaitGroup
+	for w := 1; w < g.ways; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			g.args[w] = C.mf_head_argmax_rows(g.h, e, C.int64_t(w*per), C.int64_t(min((w+1)*per, g.vocab)), &g.scores[w])
+		}()
+	}
+	g.args[0] = C.mf_head_argmax_rows(g.h, e, 0, C.int64_t(per), &g.scores[0])
+	wg.Wait()
+	best := 0
+	for w := 1; w < g.ways; w++ {
+		if g.args[w] >= 0 && (g.args[best] < 0 || g.scores[w] > g.scores[best]) {
+			best = w
+		}
+	}
+	return int32(g.args[best])
 }
 
 // SetStopAtNorm turns on or off, for c's later decodes, the stop at the final norm

@@ -30,6 +30,12 @@ int64_t mf_head_bytes(const mf_head *h);
 // first among equals.
 int32_t mf_head_argmax(const mf_head *h, const float *hidden);
 
+// mf_head_argmax_rows is mf_head_argmax over the rows from..to only, writing the
+// chosen row's score into score: a vocabulary split in ranges, each scanned by
+// another thread, gives mf_head_argmax's row as the best of the ranges' (the first
+// among equals). -1 for an empty range.
+int32_t mf_head_argmax_rows(const mf_head *h, const float *hidden, int64_t from, int64_t to, float *score);
+
 // mf_head_argmax_with is mf_head_argmax by the portable kernel where portable is set
 // (what a machine without the vector kernel runs; the tests compare the two).
 int32_t mf_head_argmax_with(const mf_head *h, const float *hidden, bool portable);

@@ -15,7 +15,8 @@ import (
 // TestGreedyHead: on the trained draft and test models (a tied q8_0 output matrix,
 // embeddings of one and five blocks) and a synthesized model with an untied one, the
 // head chooses at every token of a real text what the model's logits choose (or a
-// token whose logit ties it), its vector and portable kernels choose alike, and a
+// token whose logit ties it), its vector and portable kernels choose alike, the head
+// split among threads chooses as it does whole, and a
 // decode stopped at the final norm gives the head the same hidden state as a whole
 // one while the graph ends there.
 func TestGreedyHead(t *testing.T) {
@@ -76,6 +77,13 @@ func TestGreedyHead(t *testing.T) {
 				if p := g.argmaxPortable(ctx, i); p != got {
 					t.Errorf("token %d: the vector kernel chose %d, the portable one %d", i, got, p)
 				}
+				for _, n := range []int{2, 3, 8} {
+					g.SetThreads(n)
+					if s := g.Argmax(ctx, i); s != got {
+						t.Errorf("token %d: the head split %d ways (%d asked) chose %d, whole %d", i, g.ways, n, s, got)
+					}
+				}
+				g.SetThreads(1)
 				if got == want {
 					same++
 					continue

@@ -242,6 +242,9 @@ type ModelParams struct {
 	// proportions of Split (one weight per device), the rest stay on the CPU.
 	Devices []unsafe.Pointer
 	Split   []float32
+	// CPUOnly keeps every layer and every computation on the CPU, even where an
+	// accelerator is registered (llama.cpp is given an empty list of devices).
+	CPUOnly bool
 }
 
 // Model is a loaded model. Its read-only methods are safe for concurrent use.
@@ -285,6 +288,11 @@ func LoadModel(path string, p ModelParams) (*Model, error) {
 			ds[i] = C.ggml_backend_dev_t(d)
 			ss[i] = C.float(p.Split[i])
 		}
+	}
+	if p.CPUOnly && devs == nil {
+		// A list holding only its terminator: no device, where nil means every GPU.
+		devs = (*C.ggml_backend_dev_t)(C.calloc(1, C.size_t(unsafe.Sizeof(uintptr(0)))))
+		defer C.free(unsafe.Pointer(devs))
 	}
 	c := C.mf_load_model(cpath, C.int(p.GPULayers), C._Bool(p.Mmap), C.uintptr_t(h), devs, split)
 	if c == nil {

@@ -7,7 +7,10 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"runtime"
+	"slices"
 	"sync/atomic"
+	"time"
 
 	"github.com/go-logr/logr"
 
@@ -44,7 +47,12 @@ type drafter struct {
 
 	path    string
 	size    int64
-	drafted atomic.Int64
+	// device is where the draft computes (CPU, or the accelerator's name), placement
+	// why, times the steps timed at load to choose it.
+	device    string
+	placement string
+	times     draftTimes
+	drafted   atomic.Int64
 	kept    atomic.Int64
 }
 
@@ -59,9 +67,10 @@ type draftAsk struct {
 }
 
 // loadDraft loads the draft model at path for target m (nil without a path) with a
-// context shaped as the target's lctx: refused unless its vocabulary is m's, for a
-// split runner, and for a draft with a recurrent state; not loaded for a target that
-// never drafts (a recurrent state: speculationOff), which /status reports.
+// context shaped as the target's lctx, on the device placeDraft chooses: refused
+// unless its vocabulary is m's, for a split runner, and for a draft with a recurrent
+// state; not loaded for a target that never drafts (a recurrent state:
+// speculationOff), which /status reports.
 func loadDraft(path string, m *llama.Model, lctx *llama.Context, cfg Config) (*drafter, error) {
 	if path == "" {
 		return nil, nil
@@ -77,7 +86,66 @@ func loadDraft(path string, m *llama.Model, lctx *llama.Context, cfg Config) (*d
 	if err != nil {
 		return nil, fmt.Errorf("--draft: %w", err)
 	}
-	dm, err := llama.LoadModel(path, llama.ModelParams{GPULayers: cfg.GPULayers, Mmap: cfg.Mmap})
+	accel := cfg.GPULayers > 0 && len(llama.Devices()) > 0
+	plan, err := placeDraft(cfg.DraftDevice, accel, draftTimes{})
+	if err != nil {
+		return nil, err
+	}
+	log := cfg.Log.WithName("draft")
+	var times draftTimes
+	var c *draftCandidate
+	if plan.Measure {
+		if c, times, err = timeDrafts(path, m, lctx, cfg); err != nil {
+			return nil, err
+		}
+		if plan, err = placeDraft(cfg.DraftDevice, accel, times); err != nil {
+			c.free()
+			return nil, err
+		}
+	} else if c, err = loadCandidate(path, m, plan.OnCPU, cfg); err != nil {
+		return nil, err
+	}
+	dctx, err := llama.NewContext(c.model, llama.ContextParams{
+		NCtx: lctx.NCtxSeq() * lctx.NSeqMax(), NBatch: lctx.NBatch(), NSeqMax: lctx.NSeqMax(),
+		Threads: cfg.Threads, KVType: cfg.KVType, ThreadsOf: lctx, // the engine drafts, then decodes
+		StopAtNorm: c.head != nil,
+	})
+	if err != nil {
+		c.free()
+		return nil, fmt.Errorf("--draft %s: %w", path, err)
+	}
+	d := &drafter{log: log, model: c.model, ctx: dctx, batch: llama.NewBatch(dctx.NBatch()),
+		held: make([][]int32, dctx.NSeqMax()), path: path, size: st.Size(), head: c.head,
+		device: c.device(), placement: plan.Why, times: times}
+	if c.head != nil {
+		if why := d.checkHead(); why != "" {
+			log.Info("Not using the greedy head: it disagrees with the model's logits", "why", why)
+			d.head = nil
+			c.head.Free()
+		} else {
+			dctx.SetStopAtNorm(true)
+		}
+	}
+	log.Info("Draft model loaded", "device", d.device, "why", plan.Why, "greedyHead", d.head != nil)
+	return d, nil
+}
+
+// draftCandidate is the draft model loaded on one device, with its greedy head on the
+// CPU where it has one.
+type draftCandidate struct {
+	model *llama.Model
+	head  *llama.GreedyHead
+	onCPU bool
+}
+
+// loadCandidate loads the draft model at path on the CPU or as the model m is (its
+// accelerator), checking that it may draft for m.
+func loadCandidate(path string, m *llama.Model, onCPU bool, cfg Config) (*draftCandidate, error) {
+	p := llama.ModelParams{GPULayers: cfg.GPULayers, Mmap: cfg.Mmap, CPUOnly: onCPU}
+	if onCPU {
+		p.GPULayers = 0
+	}
+	dm, err := llama.LoadModel(path, p)
 	if err != nil {
 		return nil, fmt.Errorf("--draft %s: %w", path, err)
 	}
@@ -89,39 +157,112 @@ func loadDraft(path string, m *llama.Model, lctx *llama.Context, cfg Config) (*d
 		dm.Free()
 		return nil, fmt.Errorf("--draft %s: %s", path, why)
 	}
-	log := cfg.Log.WithName("draft")
-	head := greedyHead(log, path, dm)
-	dctx, err := llama.NewContext(dm, llama.ContextParams{
-		NCtx: lctx.NCtxSeq() * lctx.NSeqMax(), NBatch: lctx.NBatch(), NSeqMax: lctx.NSeqMax(),
-		Threads: cfg.Threads, KVType: cfg.KVType, ThreadsOf: lctx, // the engine drafts, then decodes
-		StopAtNorm: head != nil,
-	})
-	if err != nil {
-		head.Free()
-		dm.Free()
-		return nil, fmt.Errorf("--draft %s: %w", path, err)
+	c := &draftCandidate{model: dm, onCPU: onCPU}
+	if onCPU {
+		c.head = greedyHead(cfg.Log.WithName("draft"), path, dm)
+		// The head scans on the cores the thread pool leaves idle (its spinning
+		// threads would only slow a split head down).
+		c.head.SetThreads(runtime.NumCPU() - max(cfg.Threads, 1) + 1)
 	}
-	d := &drafter{log: log, model: dm, ctx: dctx, batch: llama.NewBatch(dctx.NBatch()),
-		held: make([][]int32, dctx.NSeqMax()), path: path, size: st.Size(), head: head}
-	if head != nil {
-		if why := d.checkHead(); why != "" {
-			log.Info("Not using the greedy head: it disagrees with the model's logits", "why", why)
-			d.head = nil
-			head.Free()
-		} else {
-			dctx.SetStopAtNorm(true)
-		}
-	}
-	return d, nil
+	return c, nil
 }
 
-// greedyHead is the draft model dm's greedy head (loaded from path), nil where the
-// model is on an accelerator (its output projection is cheap there and the hidden
-// states would have to be copied back) or its output matrix is not q8_0.
-func greedyHead(log logr.Logger, path string, dm *llama.Model) *llama.GreedyHead {
-	if dm.DeviceBytes() > 0 {
-		return nil
+// device names where c computes: CPU, or the first accelerator ggml registered.
+func (c *draftCandidate) device() string {
+	if ds := llama.Devices(); !c.onCPU && len(ds) > 0 {
+		return ds[0].Name
 	}
+	return "CPU"
+}
+
+func (c *draftCandidate) free() {
+	if c != nil {
+		c.head.Free()
+		c.model.Free()
+	}
+}
+
+// timeDrafts loads the draft on the model's accelerator and on the CPU, times a step
+// of each (stepTime) and keeps the faster one, freeing the other.
+func timeDrafts(path string, m *llama.Model, lctx *llama.Context, cfg Config) (*draftCandidate, draftTimes, error) {
+	var t draftTimes
+	accel, err := loadCandidate(path, m, false, cfg)
+	if err != nil {
+		return nil, t, err
+	}
+	cpu, err := loadCandidate(path, m, true, cfg)
+	if err != nil {
+		accel.free()
+		return nil, t, err
+	}
+	if t.Accel, err = accel.stepTime(lctx, cfg); err == nil {
+		t.CPU, err = cpu.stepTime(lctx, cfg)
+	}
+	if err != nil {
+		accel.free()
+		cpu.free()
+		return nil, t, fmt.Errorf("--draft %s: timing a step: %w", path, err)
+	}
+	if t.CPU < t.Accel {
+		accel.free()
+		return cpu, t, nil
+	}
+	cpu.free()
+	return accel, t, nil
+}
+
+// stepTimes is how many one-token steps stepTime times, after stepWarmup untimed.
+const stepTimes, stepWarmup = 16, 4
+
+// stepTime is the median time of a one-token decode and greedy choice of c's model,
+// on a context of one sequence sharing lctx's thread pool, over headProbe's tokens
+// and the draft's own greedy tokens after them.
+func (c *draftCandidate) stepTime(lctx *llama.Context, cfg Config) (time.Duration, error) {
+	ctx, err := llama.NewContext(c.model, llama.ContextParams{NCtx: 256, NBatch: 32, NSeqMax: 1,
+		Threads: cfg.Threads, KVType: cfg.KVType, ThreadsOf: lctx, StopAtNorm: c.head != nil})
+	if err != nil {
+		return 0, err
+	}
+	defer ctx.Free()
+	ctx.SetStopAtNorm(c.head != nil)
+	b := llama.NewBatch(1)
+	defer b.Free()
+	toks, err := c.model.Tokenize(headProbe, true, false)
+	if err != nil || len(toks) == 0 {
+		return 0, fmt.Errorf("the probe could not be tokenized (%d tokens, %v)", len(toks), err)
+	}
+	took := make([]time.Duration, 0, stepTimes)
+	tok := toks[0]
+	for pos := 0; pos < stepWarmup+stepTimes; pos++ {
+		start := time.Now()
+		b.Clear()
+		b.Add(tok, pos, 0, true)
+		if err := ctx.Decode(b); err != nil {
+			return 0, err
+		}
+		var next int32 // the draft's choice, taken as a draft step takes it
+		if c.head != nil {
+			next = c.head.Argmax(ctx, 0)
+		} else {
+			next = ctx.Logits(0).Argmax(c.model)
+		}
+		if next < 0 {
+			return 0, errors.New("the step gave no token")
+		}
+		if pos >= stepWarmup {
+			took = append(took, time.Since(start))
+		}
+		if tok = next; pos+1 < len(toks) {
+			tok = toks[pos+1]
+		}
+	}
+	slices.Sort(took)
+	return took[len(took)/2], nil
+}
+
+// greedyHead is the draft model dm's greedy head (loaded from path), nil where its
+// output matrix is not q8_0 (dm is on the CPU).
+func greedyHead(log logr.Logger, path string, dm *llama.Model) *llama.GreedyHead {
 	head, err := llama.LoadGreedyHead(path, dm)
 	if err != nil {
 		log.V(1).Info("No greedy head for the draft model", "why", err.Error())
@@ -196,7 +337,8 @@ func (d *drafter) status() *runnerapi.DraftStatus {
 		return nil
 	}
 	return &runnerapi.DraftStatus{Path: d.path, SizeBytes: d.size, Drafted: d.drafted.Load(), Kept: d.kept.Load(),
-		HeadBytes: d.head.Bytes()}
+		HeadBytes: d.head.Bytes(), Device: d.device, Placement: d.placement,
+		CPUStepSeconds: d.times.CPU.Seconds(), AcceleratorStepSeconds: d.times.Accel.Seconds()}
 }
 
 // note counts a verified draft of the model's: drafted tokens, kept of them.

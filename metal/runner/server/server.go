@@ -39,6 +39,8 @@ type Config struct {
 	// Draft is a draft model for speculative decoding: a smaller GGUF of the same
 	// vocabulary (empty: none; slots draft by prompt lookup only).
 	Draft string
+	// DraftDevice is where the draft model computes ("" is auto: placeDraft).
+	DraftDevice DraftDevice
 	// Exactly one of Socket and Addr is set.
 	Socket, Addr string
 	// Runner is the engine settings as the runner runs them (package engine: the one

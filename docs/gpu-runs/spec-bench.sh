@@ -16,8 +16,9 @@
 #          the card, off, on and auto in turn
 #   fillers  BenchmarkSlotLayouts: one block of slots against every fourth slot, with
 #          the runner's fillers and without
-#   draftgpu  BenchmarkSpeculation's draft row with the draft on the card (--draft-device gpu)
-#          where spec's row leaves it to the runner
+#   draft  BenchmarkSpeculation's draft row alone, its --draft-device DRAFT_DEVICE (default:
+#          left to the runner, which times the draft on the card and on the CPU)
+#   draftgpu  the draft row with the draft on the card (--draft-device gpu)
 #   stock  spec with ggml's own rule for recorded CUDA graphs (one-token batches only;
 #          MACFLEET_CUDA_GRAPH_MAX_TOKENS=1), each shape still keeping its own graph
 #   verify the speculation and draft-model tests with every runner on the card (the last VERIFY_TAIL lines, 40)
@@ -84,10 +85,11 @@ step_spec() {
 
 step_stock() { MACFLEET_CUDA_GRAPH_MAX_TOKENS=1 step_spec; }
 
-step_draftgpu() {
-	MACFLEET_BENCH_DRAFT_DEVICE=gpu bench -test.bench 'Speculation$/draft' -test.benchtime "${SPEC_ROUNDS:-8}x" 2>&1 |
+step_draft() {
+	MACFLEET_BENCH_DRAFT_DEVICE=${DRAFT_DEVICE:-} bench -test.bench 'Speculation$/draft' -test.benchtime "${SPEC_ROUNDS:-8}x" 2>&1 |
 		grep -E 'Benchmark|ok|FAIL|_test.go'
 }
+step_draftgpu() { DRAFT_DEVICE=gpu step_draft; }
 
 # fillers: BenchmarkSlotLayouts (the same 16 streams on slots 0-15 and on every fourth
 # slot of 64, with fillers and without, on the synthesized mid model).

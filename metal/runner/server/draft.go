@@ -45,14 +45,16 @@ type drafter struct {
 	// held is, per sequence, the tokens whose cells the draft's sequence holds.
 	held [][]int32
 
-	path    string
-	size    int64
+	path string
+	size int64
 	// device is where the draft computes (CPU, or the accelerator's name), placement
 	// why, times the steps timed at load to choose it.
 	device    string
 	placement string
 	times     draftTimes
-	drafted   atomic.Int64
+	// unused is the draft's slower copy on an accelerator, left to the process exit.
+	unused  *draftCandidate
+	drafted atomic.Int64
 	kept    atomic.Int64
 }
 
@@ -93,48 +95,59 @@ func loadDraft(path string, m *llama.Model, lctx *llama.Context, cfg Config) (*d
 	}
 	log := cfg.Log.WithName("draft")
 	var times draftTimes
-	var c *draftCandidate
+	var c, kept *draftCandidate
 	if plan.Measure {
-		if c, times, err = timeDrafts(path, m, lctx, cfg); err != nil {
+		if c, kept, times, err = timeDrafts(path, m, lctx, cfg); err != nil {
 			return nil, err
 		}
-		if plan, err = placeDraft(cfg.DraftDevice, accel, times); err != nil {
-			c.free()
-			return nil, err
-		}
+		plan, _ = placeDraft(cfg.DraftDevice, accel, times) // accel and auto: no error
 	} else if c, err = loadCandidate(path, m, plan.OnCPU, cfg); err != nil {
 		return nil, err
 	}
-	dctx, err := llama.NewContext(c.model, llama.ContextParams{
-		NCtx: lctx.NCtxSeq() * lctx.NSeqMax(), NBatch: lctx.NBatch(), NSeqMax: lctx.NSeqMax(),
-		Threads: cfg.Threads, KVType: cfg.KVType, ThreadsOf: lctx, // the engine drafts, then decodes
-		StopAtNorm: c.head != nil,
-	})
-	if err != nil {
-		c.free()
-		return nil, fmt.Errorf("--draft %s: %w", path, err)
+	if c.ctx == nil {
+		if c.ctx, err = draftContext(c, lctx, cfg); err != nil {
+			c.free()
+			kept.free()
+			return nil, fmt.Errorf("--draft %s: %w", path, err)
+		}
 	}
-	d := &drafter{log: log, model: c.model, ctx: dctx, batch: llama.NewBatch(dctx.NBatch()),
-		held: make([][]int32, dctx.NSeqMax()), path: path, size: st.Size(), head: c.head,
-		device: c.device(), placement: plan.Why, times: times}
+	d := &drafter{log: log, model: c.model, ctx: c.ctx, batch: llama.NewBatch(c.ctx.NBatch()),
+		held: make([][]int32, c.ctx.NSeqMax()), path: path, size: st.Size(), head: c.head,
+		device: c.device(), placement: plan.Why, times: times, unused: kept}
 	if c.head != nil {
 		if why := d.checkHead(); why != "" {
 			log.Info("Not using the greedy head: it disagrees with the model's logits", "why", why)
 			d.head = nil
 			c.head.Free()
 		} else {
-			dctx.SetStopAtNorm(true)
+			c.ctx.SetStopAtNorm(true)
 		}
 	}
 	log.Info("Draft model loaded", "device", d.device, "why", plan.Why, "greedyHead", d.head != nil)
+	if kept != nil {
+		log.Info("The draft's copy on the accelerator stays allocated until the runner exits: "+
+			"freeing a context of a loaded accelerator backend crashed it (docs/gpu.md, Open)",
+			"deviceBytes", kept.deviceBytes())
+	}
 	return d, nil
 }
 
+// draftContext is candidate c's drafting context, shaped as the target's lctx: its
+// slots, context per slot, KV type and batch, on lctx's thread pool (the engine
+// drafts, then decodes, never both at once).
+func draftContext(c *draftCandidate, lctx *llama.Context, cfg Config) (*llama.Context, error) {
+	return llama.NewContext(c.model, llama.ContextParams{
+		NCtx: lctx.NCtxSeq() * lctx.NSeqMax(), NBatch: lctx.NBatch(), NSeqMax: lctx.NSeqMax(),
+		Threads: cfg.Threads, KVType: cfg.KVType, ThreadsOf: lctx, StopAtNorm: c.head != nil,
+	})
+}
+
 // draftCandidate is the draft model loaded on one device, with its greedy head on the
-// CPU where it has one.
+// CPU where it has one, and its drafting context once made.
 type draftCandidate struct {
 	model *llama.Model
 	head  *llama.GreedyHead
+	ctx   *llama.Context
 	onCPU bool
 }
 
@@ -175,56 +188,84 @@ func (c *draftCandidate) device() string {
 	return "CPU"
 }
 
-func (c *draftCandidate) free() {
-	if c != nil {
-		c.head.Free()
-		c.model.Free()
+// deviceBytes is c's weights, KV cache and compute buffers on accelerators.
+func (c *draftCandidate) deviceBytes() int64 {
+	if c == nil {
+		return 0
 	}
+	n := int64(c.model.DeviceBytes())
+	if c.ctx != nil {
+		n += int64(c.ctx.DeviceBytes())
+	}
+	return n
 }
 
-// timeDrafts loads the draft on the model's accelerator and on the CPU, times a step
-// of each (stepTime) and keeps the faster one, freeing the other.
-func timeDrafts(path string, m *llama.Model, lctx *llama.Context, cfg Config) (*draftCandidate, draftTimes, error) {
-	var t draftTimes
-	accel, err := loadCandidate(path, m, false, cfg)
-	if err != nil {
-		return nil, t, err
+func (c *draftCandidate) free() {
+	if c == nil {
+		return
 	}
+	if c.ctx != nil {
+		c.ctx.Free()
+	}
+	c.head.Free()
+	c.model.Free()
+}
+
+// timeDrafts times a one-token step of the draft at path on the CPU (on a small
+// context, then freed) and on the model's accelerator (on its drafting context) and
+// returns the faster. The slower copy is freed, but for the accelerator's where an
+// accelerator backend is loaded as a library (CUDA), whose contexts crashed the
+// runner when freed (docs/gpu.md, Open): that copy is returned as kept, for the
+// process exit to free.
+func timeDrafts(path string, m *llama.Model, lctx *llama.Context, cfg Config) (use, kept *draftCandidate, t draftTimes, err error) {
 	cpu, err := loadCandidate(path, m, true, cfg)
 	if err != nil {
-		accel.free()
-		return nil, t, err
+		return nil, nil, t, err
 	}
-	if t.Accel, err = accel.stepTime(lctx, cfg); err == nil {
-		t.CPU, err = cpu.stepTime(lctx, cfg)
+	small, err := llama.NewContext(cpu.model, llama.ContextParams{NCtx: 256, NBatch: 32, NSeqMax: 1,
+		Threads: cfg.Threads, KVType: cfg.KVType, ThreadsOf: lctx, StopAtNorm: cpu.head != nil})
+	if err == nil {
+		t.CPU, err = stepTime(small, cpu)
+		small.Free()
 	}
 	if err != nil {
-		accel.free()
 		cpu.free()
-		return nil, t, fmt.Errorf("--draft %s: timing a step: %w", path, err)
+		return nil, nil, t, fmt.Errorf("--draft %s: timing a step on the CPU: %w", path, err)
 	}
-	if t.CPU < t.Accel {
-		accel.free()
-		return cpu, t, nil
+	accel, err := loadCandidate(path, m, false, cfg)
+	if err == nil {
+		if accel.ctx, err = draftContext(accel, lctx, cfg); err == nil {
+			t.Accel, err = stepTime(accel.ctx, accel)
+		}
 	}
-	cpu.free()
-	return accel, t, nil
+	if err != nil {
+		cpu.free()
+		if backendsReport.Loaded() == 0 {
+			accel.free()
+		}
+		return nil, nil, t, fmt.Errorf("--draft %s: timing a step on the accelerator: %w", path, err)
+	}
+	if t.Accel <= t.CPU {
+		cpu.free()
+		return accel, nil, t, nil
+	}
+	if backendsReport.Loaded() > 0 {
+		return cpu, accel, t, nil
+	}
+	accel.free()
+	return cpu, nil, t, nil
 }
 
 // stepTimes is how many one-token steps stepTime times, after stepWarmup untimed.
 const stepTimes, stepWarmup = 16, 4
 
-// stepTime is the median time of a one-token decode and greedy choice of c's model,
-// on a context of one sequence sharing lctx's thread pool, over headProbe's tokens
-// and the draft's own greedy tokens after them.
-func (c *draftCandidate) stepTime(lctx *llama.Context, cfg Config) (time.Duration, error) {
-	ctx, err := llama.NewContext(c.model, llama.ContextParams{NCtx: 256, NBatch: 32, NSeqMax: 1,
-		Threads: cfg.Threads, KVType: cfg.KVType, ThreadsOf: lctx, StopAtNorm: c.head != nil})
-	if err != nil {
-		return 0, err
-	}
-	defer ctx.Free()
+// stepTime is the median time of a one-token decode and greedy choice of c's model on
+// ctx's sequence 0, over headProbe's tokens and the draft's own greedy tokens after
+// them; the sequence is emptied after.
+func stepTime(ctx *llama.Context, c *draftCandidate) (time.Duration, error) {
+	defer ctx.SeqRm(0, -1, -1)
 	ctx.SetStopAtNorm(c.head != nil)
+	defer ctx.SetStopAtNorm(false)
 	b := llama.NewBatch(1)
 	defer b.Free()
 	toks, err := c.model.Tokenize(headProbe, true, false)
@@ -321,6 +362,7 @@ func (d *drafter) free() {
 	d.ctx.Free()
 	d.head.Free()
 	d.model.Free()
+	d.unused.free()
 }
 
 // deviceBytes is the draft's weights, KV cache and compute buffers on accelerators.
@@ -328,7 +370,7 @@ func (d *drafter) deviceBytes() int64 {
 	if d == nil {
 		return 0
 	}
-	return int64(d.model.DeviceBytes() + d.ctx.DeviceBytes())
+	return int64(d.model.DeviceBytes()+d.ctx.DeviceBytes()) + d.unused.deviceBytes()
 }
 
 // status is the draft's /status entry (nil without one).

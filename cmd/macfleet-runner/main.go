@@ -23,6 +23,7 @@ import (
 	"github.com/macfleet/macfleet/internal/tracing"
 	"github.com/macfleet/macfleet/internal/tracing/spanrelay"
 	"github.com/macfleet/macfleet/internal/version"
+	"github.com/macfleet/macfleet/metal/runner/netdevice"
 	"github.com/macfleet/macfleet/metal/runner/server"
 )
 
@@ -97,7 +98,7 @@ func parseFlags(args []string, stderr io.Writer) (server.Config, int, error) {
 	fs.SetOutput(stderr)
 	fs.StringVar(&cfg.ModelPath, "model", "", "GGUF model file (required)")
 	fs.StringVar(&cfg.Draft, "draft", "", "a draft model GGUF for speculative decoding: a smaller model of the same vocabulary whose greedy tokens the model verifies (docs/speculative-decoding.md)")
-	draftDevice := fs.String("draft-device", string(server.DraftDeviceAuto), "where the draft model computes: auto (beside a model on a GPU, "+
+	draftDevice := fs.String("draft-device", string(netdevice.DeviceAuto), "where the draft model computes: auto (beside a model on a GPU, "+
 		"where a step of the draft timed at load was shorter; else the CPU), cpu, or gpu (the model's GPU; refused without one)")
 	fs.StringVar(&cfg.Projector, "mmproj", "", "the model's multimodal projector GGUF (mmproj): chat messages may then carry images (docs/models.md, Vision)")
 	fs.StringVar(&cfg.Socket, "socket", "", "serve on this unix socket")
@@ -132,8 +133,8 @@ func parseFlags(args []string, stderr io.Writer) (server.Config, int, error) {
 	}
 	cfg.Verbose = *verbose
 	var err error
-	if cfg.DraftDevice, err = server.ParseDraftDevice(*draftDevice); err != nil {
-		return cfg, 0, err
+	if cfg.DraftDevice, err = netdevice.ParseDeviceChoice(*draftDevice); err != nil {
+		return cfg, 0, fmt.Errorf("--draft-device: %w", err)
 	}
 	if *traceRelay {
 		cfg.Spans = spanrelay.NewQueue(spanrelay.DefaultQueueBytes)

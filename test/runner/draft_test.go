@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"encoding/json"
-	"net/http"
 	"slices"
 	"strings"
 	"testing"
@@ -111,12 +110,7 @@ func TestDraftModelDevice(t *testing.T) {
 	var first string
 	for _, dev := range []string{"cpu", "gpu"} {
 		if dev == "gpu" && !gpuSuite() {
-			r := startRunner(t, target, "--draft", draft, "--draft-device", "gpu")
-			var h runnerapi.Health
-			waitFor(t, 60*time.Second, "the load to fail", func() bool {
-				code, err := r.getJSON("/health", &h)
-				return err == nil && code == http.StatusServiceUnavailable && h.Status == runnerapi.StateFailed
-			})
+			h := startRunner(t, target, "--draft", draft, "--draft-device", "gpu").loadFailed(60 * time.Second)
 			for _, want := range []string{"--draft-device gpu", "not on an accelerator", "use auto or cpu"} {
 				if !strings.Contains(h.Error, want) {
 					t.Fatalf("load error %q does not say %q", h.Error, want)
@@ -188,12 +182,7 @@ func TestDraftModelItself(t *testing.T) {
 // refused at load, naming the difference and the fix.
 func TestDraftModelOfAnotherVocabulary(t *testing.T) {
 	target, _ := draftModels(t)
-	r := startRunner(t, target, "--draft", model(t, "tiny"))
-	var h runnerapi.Health
-	waitFor(t, 60*time.Second, "the load to fail", func() bool {
-		code, err := r.getJSON("/health", &h)
-		return err == nil && code == http.StatusServiceUnavailable && h.Status == runnerapi.StateFailed
-	})
+	h := startRunner(t, target, "--draft", model(t, "tiny")).loadFailed(60 * time.Second)
 	for _, want := range []string{"--draft", "the draft model has 512 tokens", "must share the model's vocabulary"} {
 		if !strings.Contains(h.Error, want) {
 			t.Fatalf("load error %q does not say %q", h.Error, want)

@@ -197,6 +197,18 @@ func (r *runner) waitReady(timeout time.Duration) {
 }
 
 // readyErr waits until the runner is ready, or says why it is not within timeout.
+// loadFailed waits up to timeout for r's /health to report a failed load (503,
+// StateFailed) and returns that health.
+func (r *runner) loadFailed(timeout time.Duration) runnerapi.Health {
+	r.t.Helper()
+	var h runnerapi.Health
+	waitFor(r.t, timeout, "/health to report the failed load", func() bool {
+		code, err := r.getJSON("/health", &h)
+		return err == nil && code == http.StatusServiceUnavailable && h.Status == runnerapi.StateFailed
+	})
+	return h
+}
+
 func (r *runner) readyErr(timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	for {

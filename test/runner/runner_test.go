@@ -835,11 +835,7 @@ func TestLoadFailureAndBadFlags(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := startRunner(t, bad)
-	var h runnerapi.Health
-	waitFor(t, 10*time.Second, "/health to report the failure", func() bool {
-		code, err := r.getJSON("/health", &h)
-		return err == nil && code == http.StatusServiceUnavailable && h.Status == runnerapi.StateFailed
-	})
+	h := r.loadFailed(10 * time.Second)
 	if h.Error == "" {
 		t.Error("failed health has no error message")
 	}

@@ -1,8 +1,12 @@
+//go:build cgo && !race
+
 package server
 
 import (
 	"fmt"
 	"time"
+
+	"github.com/macfleet/macfleet/metal/runner/netdevice"
 )
 
 // Where a draft model computes (--draft-device, docs/speculative-decoding.md). A draft
@@ -10,33 +14,10 @@ import (
 // model's step is bound by launching its kernels and copying its row of logits back,
 // not by its weights (the trained test draft's step on an H200 cost about what its
 // target's did), while on the host's idle cores its greedy head scans the vocabulary
-// in a fraction of that. Left to the runner (auto), a draft beside a model on an
-// accelerator is timed on both and computes where its step was shorter.
-
-// DraftDevice is where a draft model computes.
-type DraftDevice string
-
-const (
-	// DraftDeviceAuto: beside a model on an accelerator, where the draft's step was
-	// shorter at load (both timed); else the CPU, as the model.
-	DraftDeviceAuto DraftDevice = "auto"
-	// DraftDeviceCPU: the CPU, whatever the model's device (with its greedy head where
-	// its output matrix is q8_0).
-	DraftDeviceCPU DraftDevice = "cpu"
-	// DraftDeviceGPU: the model's accelerator; refused where the model has none.
-	DraftDeviceGPU DraftDevice = "gpu"
-)
-
-// ParseDraftDevice checks a --draft-device value ("" is auto).
-func ParseDraftDevice(s string) (DraftDevice, error) {
-	switch d := DraftDevice(s); d {
-	case "":
-		return DraftDeviceAuto, nil
-	case DraftDeviceAuto, DraftDeviceCPU, DraftDeviceGPU:
-		return d, nil
-	}
-	return "", fmt.Errorf("--draft-device %q: want auto, cpu or gpu", s)
-}
+// in a fraction of that. Left to the runner (netdevice.DeviceAuto), a draft beside a
+// model on an accelerator is timed on both and computes where its step was shorter;
+// DeviceCPU puts it on the CPU (with its greedy head where its output matrix is q8_0),
+// DeviceGPU on the model's accelerator, refused where the model has none.
 
 // draftTimes is a draft's one-token step (its greedy choice included) as timed at
 // load on each device tried; zero where it was not tried.
@@ -58,14 +39,14 @@ type draftPlan struct {
 // placeDraft decides where a draft computes: choice is --draft-device, accel whether
 // the model's layers are on an accelerator, t the times measured so far (zero before
 // any). An error names a choice that cannot be met.
-func placeDraft(choice DraftDevice, accel bool, t draftTimes) (draftPlan, error) {
+func placeDraft(choice netdevice.DeviceChoice, accel bool, t draftTimes) (draftPlan, error) {
 	switch {
-	case choice == DraftDeviceGPU && !accel:
+	case choice == netdevice.DeviceGPU && !accel:
 		return draftPlan{}, fmt.Errorf("--draft-device gpu: the model is not on an accelerator " +
 			"(no GPU backend was loaded, or --gpu-layers is 0); use auto or cpu")
-	case choice == DraftDeviceGPU:
+	case choice == netdevice.DeviceGPU:
 		return draftPlan{Why: "asked (--draft-device gpu)"}, nil
-	case choice == DraftDeviceCPU:
+	case choice == netdevice.DeviceCPU:
 		return draftPlan{OnCPU: true, Why: "asked (--draft-device cpu)"}, nil
 	case !accel:
 		return draftPlan{OnCPU: true, Why: "the model is on the CPU"}, nil

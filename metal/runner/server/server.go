@@ -28,6 +28,7 @@ import (
 	"github.com/macfleet/macfleet/api/runnerapi"
 	"github.com/macfleet/macfleet/internal/tracing/spanrelay"
 	"github.com/macfleet/macfleet/metal/runner/llama"
+	"github.com/macfleet/macfleet/metal/runner/netdevice"
 )
 
 // Config is the runner's configuration (its command-line flags).
@@ -39,8 +40,8 @@ type Config struct {
 	// Draft is a draft model for speculative decoding: a smaller GGUF of the same
 	// vocabulary (empty: none; slots draft by prompt lookup only).
 	Draft string
-	// DraftDevice is where the draft model computes ("" is auto: placeDraft).
-	DraftDevice DraftDevice
+	// DraftDevice is where the draft model computes (placeDraft; "" is auto).
+	DraftDevice netdevice.DeviceChoice
 	// Exactly one of Socket and Addr is set.
 	Socket, Addr string
 	// Runner is the engine settings as the runner runs them (package engine: the one

@@ -19,6 +19,9 @@ func TestWithDraft(t *testing.T) {
 	if got := (Result{Total: RunnerBaseline + 7}).DraftBytes(); got != 7 {
 		t.Errorf("DraftBytes = %d, want the estimate but the runner's baseline (7)", got)
 	}
+	if got := (Result{Total: RunnerBaseline + 7, GreedyHead: 9}).DraftBytes(); got != 16 {
+		t.Errorf("DraftBytes = %d, want the estimate but the runner's baseline and its greedy head (7 + 9)", got)
+	}
 }
 
 // TestDraftReadsTheFile: a draft model's bytes are its own estimate for the model's
@@ -45,5 +48,51 @@ func TestDraftReadsTheFile(t *testing.T) {
 	}
 	if _, err := Draft(ctx, Params{Path: filepath.Join(t.TempDir(), "missing.gguf")}); err == nil {
 		t.Error("a missing draft estimated")
+	}
+}
+
+// TestDraftCountsTheGreedyHead: a draft whose output matrix is q8_0 adds the greedy
+// head's copy of it (n_vocab × n_embd × 9/8: the size the runner's /status reports as
+// head_bytes), tied or untied; an f32 one adds none.
+func TestDraftCountsTheGreedyHead(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name     string
+		spec     func() ggufsynth.Spec
+		withHead bool
+	}{
+		{"f32", ggufsynth.Tiny, false},
+		{"q8_0 tied", func() ggufsynth.Spec { s := ggufsynth.Small(); s.DType = ggufsynth.Q8_0; return s }, true},
+		{"q8_0 untied", func() ggufsynth.Spec {
+			s := ggufsynth.Small()
+			s.DType, s.Untied = ggufsynth.Q8_0, true
+			return s
+		}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			spec := tc.spec()
+			path := filepath.Join(t.TempDir(), "d.gguf")
+			if err := ggufsynth.Write(path, spec); err != nil {
+				t.Fatal(err)
+			}
+			p := Params{Path: path, ContextLength: 4096, Parallel: 1}
+			r, err := Estimate(ctx, p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := Draft(ctx, p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var want int64
+			if tc.withHead {
+				want = int64(r.Dims.Vocab) * int64(r.Dims.Embd) * 9 / 8
+			}
+			base := r.Total - RunnerBaseline
+			if got-base != want || r.GreedyHead != want || (tc.withHead && want == 0) {
+				t.Errorf("Draft = %d: the estimate but the baseline %d, plus %d (GreedyHead %d); want plus %d (the greedy head)",
+					got, base, got-base, r.GreedyHead, want)
+			}
+		})
 	}
 }

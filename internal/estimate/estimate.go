@@ -156,6 +156,9 @@ type Result struct {
 	// Draft is a draft model's memory beside the model (WithDraft): its weights, its
 	// KV cache for every slot and its compute buffer, counted in Total, 0 without one.
 	Draft int64
+	// GreedyHead is what this model adds as a draft on the CPU: its greedy head's copy
+	// of the output matrix (draft.go); not in Total, counted by DraftBytes.
+	GreedyHead int64
 
 	// ContextLength is the context the KV cache was sized for, after padding.
 	ContextLength int64
@@ -277,7 +280,11 @@ func (h *Header) Estimate(p Params) (Result, error) {
 	if err := p.validate(); err != nil {
 		return Result{}, err
 	}
-	return safeCompute(h.gf, h.loc, p)
+	r, err := safeCompute(h.gf, h.loc, p)
+	if err == nil {
+		r.GreedyHead = greedyHeadBytes(h.gf)
+	}
+	return r, err
 }
 
 // safeCompute is compute, turning the estimator's panics (it indexes tables by what

@@ -28,21 +28,26 @@ const (
 )
 
 // sameFootprint says whether replicas of templates a and b hold the same memory: the
-// same model file and the same engine settings. The rest of the template hash —
+// same model file, the same projector and draft model beside it (a runner loads both
+// into its own memory) and the same engine settings. The rest of the template hash —
 // served name, aliases, residency, idle timeout — changes nothing a runner allocates,
-// so a rollout of an alias keeps the measurement; a new model or context does not.
+// so a rollout of an alias keeps the measurement; a new model, projector, draft or
+// context does not.
 func sameFootprint(a, b *v1alpha1.ModelReplicaTemplate) bool {
-	return a.Model.Source == b.Model.Source && a.Model.SHA256 == b.Model.SHA256 &&
-		equality.Semantic.DeepEqual(a.Engine, b.Engine)
+	return equality.Semantic.DeepEqual(footprintModel(a.Model), footprintModel(b.Model)) && equality.Semantic.DeepEqual(a.Engine, b.Engine)
 }
 
-// footprintHash names what a measurement is of: tmpl's model file and engine settings,
-// the part of the template sameFootprint compares.
+// footprintModel is the part of a model source that sets what a runner holds: the
+// files and their checksums.
+func footprintModel(m v1alpha1.ModelSource) v1alpha1.ModelSource {
+	return v1alpha1.ModelSource{Source: m.Source, SHA256: m.SHA256, Projector: m.Projector, ProjectorSHA256: m.ProjectorSHA256,
+		Draft: m.Draft, DraftSHA256: m.DraftSHA256}
+}
+
+// footprintHash names what a measurement is of: tmpl's model files and engine
+// settings, the part of the template sameFootprint compares.
 func footprintHash(tmpl v1alpha1.ModelReplicaTemplate) string {
-	return templateHash(v1alpha1.ModelReplicaTemplate{
-		Model:  v1alpha1.ModelSource{Source: tmpl.Model.Source, SHA256: tmpl.Model.SHA256},
-		Engine: tmpl.Engine,
-	})
+	return templateHash(v1alpha1.ModelReplicaTemplate{Model: footprintModel(tmpl.Model), Engine: tmpl.Engine})
 }
 
 // measuredFootprint is the largest footprint — peak, or resident where that is

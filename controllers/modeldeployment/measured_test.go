@@ -78,6 +78,14 @@ func TestWithMeasurement(t *testing.T) {
 			replicas: []v1alpha1.ModelReplica{measuredReplica(other(func(md *v1alpha1.ModelDeployment) {
 				md.Spec.Model.SHA256 = "ab"
 			}), 100*mi, 0)}},
+		{name: "with a draft model: not measured", res: estimated(618 * mi),
+			replicas: []v1alpha1.ModelReplica{measuredReplica(other(func(md *v1alpha1.ModelDeployment) {
+				md.Spec.Model.Draft = "https://models.example/draft.gguf"
+			}), 100*mi, 0)}},
+		{name: "with a projector: not measured", res: estimated(618 * mi),
+			replicas: []v1alpha1.ModelReplica{measuredReplica(other(func(md *v1alpha1.ModelDeployment) {
+				md.Spec.Model.Projector = "https://models.example/mmproj.gguf"
+			}), 100*mi, 0)}},
 		{name: "split replica: its head's footprint is not the model's", res: estimated(618 * mi),
 			replicas: []v1alpha1.ModelReplica{measuredGang(base, 100*mi, 90*mi)}},
 		{name: "split and whole replicas: the whole one's", res: estimated(618 * mi),
@@ -118,6 +126,7 @@ func TestMeasuredFootprintKeptInStatus(t *testing.T) {
 	}
 	otherCtx := replicaTemplate(deployment(func(md *v1alpha1.ModelDeployment) { md.Spec.Engine.ContextLength = 8192 }))
 	aliased := replicaTemplate(deployment(func(md *v1alpha1.ModelDeployment) { md.Spec.Model.Aliases = []string{"chat"} }))
+	drafted := replicaTemplate(deployment(func(md *v1alpha1.ModelDeployment) { md.Spec.Model.Draft = "https://models.example/draft.gguf" }))
 	tests := []struct {
 		name     string
 		status   *v1alpha1.ModelDeploymentStatus
@@ -128,6 +137,7 @@ func TestMeasuredFootprintKeptInStatus(t *testing.T) {
 		{name: "kept, no replica: scaled to zero", status: kept(100*mi, footprintHash(tmpl)), want: 100 * mi},
 		{name: "kept for an alias change: same footprint", status: kept(100*mi, footprintHash(aliased)), want: 100 * mi},
 		{name: "kept for another context: dropped", status: kept(100*mi, footprintHash(otherCtx))},
+		{name: "kept with a draft model: dropped", status: kept(100*mi, footprintHash(drafted))},
 		{name: "kept before the hash existed: dropped", status: kept(100*mi, "")},
 		{name: "a replica measures more than was kept", status: kept(100*mi, footprintHash(tmpl)),
 			replicas: []v1alpha1.ModelReplica{measuredReplica(base, 120*mi, 0)}, want: 120 * mi},
@@ -142,8 +152,8 @@ func TestMeasuredFootprintKeptInStatus(t *testing.T) {
 			}
 		})
 	}
-	if footprintHash(tmpl) != footprintHash(aliased) || footprintHash(tmpl) == footprintHash(otherCtx) {
-		t.Error("the footprint hash must follow the model and engine settings, and only them")
+	if footprintHash(tmpl) != footprintHash(aliased) || footprintHash(tmpl) == footprintHash(otherCtx) || footprintHash(tmpl) == footprintHash(drafted) {
+		t.Error("the footprint hash must follow the model, its projector and draft, and the engine settings, and only them")
 	}
 }
 

@@ -136,6 +136,9 @@ func parseFlags(args []string, stderr io.Writer) (server.Config, int, error) {
 	if cfg.DraftDevice, err = netdevice.ParseDeviceChoice(*draftDevice); err != nil {
 		return cfg, 0, fmt.Errorf("--draft-device: %w", err)
 	}
+	if fs.Changed("draft-device") && cfg.Draft == "" {
+		return cfg, 0, errors.New("--draft-device needs --draft: it says where the draft model computes")
+	}
 	if *traceRelay {
 		cfg.Spans = spanrelay.NewQueue(spanrelay.DefaultQueueBytes)
 	}

@@ -857,6 +857,18 @@ func TestLoadFailureAndBadFlags(t *testing.T) {
 			t.Errorf("args %q: %v, want exit code 2", args, err)
 		}
 	}
+	// A flag that would change nothing is refused, naming what it needs.
+	for args, want := range map[string]string{
+		"--draft-device metal": "want auto, cpu or gpu",
+		"--draft-device cpu":   "--draft-device needs --draft",
+	} {
+		var stderr strings.Builder
+		cmd := exec.Command(bin, append([]string{"--model", bad, "--addr", "127.0.0.1:0"}, strings.Fields(args)...)...)
+		cmd.Stderr = &stderr
+		if err := cmd.Run(); cmd.ProcessState == nil || cmd.ProcessState.ExitCode() != 2 || !strings.Contains(stderr.String(), want) {
+			t.Errorf("args %q: %v, stderr %q; want exit code 2 and %q", args, err, stderr.String(), want)
+		}
+	}
 }
 
 func TestOpenAIClient(t *testing.T) {

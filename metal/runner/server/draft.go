@@ -132,14 +132,19 @@ func loadDraft(path string, m *llama.Model, lctx *llama.Context, cfg Config) (*d
 	return d, nil
 }
 
-// draftContext is candidate c's drafting context, shaped as the target's lctx: its
-// slots, context per slot, KV type and batch, on lctx's thread pool (the engine
-// drafts, then decodes, never both at once).
+// draftContext is candidate c's drafting context (draftParams).
 func draftContext(c *draftCandidate, lctx *llama.Context, cfg Config) (*llama.Context, error) {
-	return llama.NewContext(c.model, llama.ContextParams{
+	return llama.NewContext(c.model, draftParams(c, lctx, cfg))
+}
+
+// draftParams shape c's context as the target's lctx: its slots, context per slot, KV
+// type and batch, on lctx's thread pool (the engine drafts, then decodes, never both
+// at once), stopping at the norm where c has a greedy head.
+func draftParams(c *draftCandidate, lctx *llama.Context, cfg Config) llama.ContextParams {
+	return llama.ContextParams{
 		NCtx: lctx.NCtxSeq() * lctx.NSeqMax(), NBatch: lctx.NBatch(), NSeqMax: lctx.NSeqMax(),
 		Threads: cfg.Threads, KVType: cfg.KVType, ThreadsOf: lctx, StopAtNorm: c.head != nil,
-	})
+	}
 }
 
 // draftCandidate is the draft model loaded on one device, with its greedy head on the
@@ -222,8 +227,9 @@ func timeDrafts(path string, m *llama.Model, lctx *llama.Context, cfg Config) (u
 	if err != nil {
 		return nil, nil, t, err
 	}
-	small, err := llama.NewContext(cpu.model, llama.ContextParams{NCtx: 256, NBatch: 32, NSeqMax: 1,
-		Threads: cfg.Threads, KVType: cfg.KVType, ThreadsOf: lctx, StopAtNorm: cpu.head != nil})
+	p := draftParams(cpu, lctx, cfg)
+	p.NCtx, p.NBatch, p.NSeqMax = 256, 32, 1 // one sequence, enough for stepTime's steps
+	small, err := llama.NewContext(cpu.model, p)
 	if err == nil {
 		t.CPU, err = stepTime(small, cpu)
 		small.Free()

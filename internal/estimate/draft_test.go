@@ -96,3 +96,34 @@ func TestDraftCountsTheGreedyHead(t *testing.T) {
 		})
 	}
 }
+
+// TestGreedyHeadPerFamily: every family the matrix synthesizes, stored as q8_0, has
+// its greedy head counted at the size the runner's head holds where its embedding is
+// whole 32-value blocks, and none where it is not.
+func TestGreedyHeadPerFamily(t *testing.T) {
+	for _, f := range ggufsynth.Families {
+		t.Run(string(f), func(t *testing.T) {
+			spec, err := ggufsynth.TinyFamily(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			spec.DType = ggufsynth.Q8_0
+			path := filepath.Join(t.TempDir(), "d.gguf")
+			if err := ggufsynth.Write(path, spec); err != nil {
+				t.Fatal(err)
+			}
+			r, err := Estimate(context.Background(), Params{Path: path, ContextLength: 1024, Parallel: 1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var want int64
+			if r.Dims.Embd%32 == 0 {
+				want = r.Dims.Vocab * r.Dims.Embd * 9 / 8
+			}
+			if r.GreedyHead != want {
+				t.Errorf("GreedyHead %d, want %d (vocabulary %d, embedding %d)", r.GreedyHead, want, r.Dims.Vocab, r.Dims.Embd)
+			}
+			t.Logf("vocabulary %d, embedding %d: greedy head %d bytes", r.Dims.Vocab, r.Dims.Embd, r.GreedyHead)
+		})
+	}
+}
